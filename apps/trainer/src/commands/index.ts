@@ -1,0 +1,5 @@
+import type { CommandModule } from 'yargs';
+
+/** Every `lathe` subcommand; each lives in its own file beside this one. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any -- yargs command modules differ in their argv types
+export const commands: CommandModule<any, any>[] = [];

@@ -1,0 +1,14 @@
+// Shared jest settings for every package: TypeScript through SWC, workspace packages resolved to
+// their sources through the "lathe-source" export condition.
+const path = require('node:path');
+/** @param {string} dir @returns {import('jest').Config} */
+module.exports = (dir) => ({
+  displayName: path.basename(dir),
+  rootDir: dir,
+  testEnvironment: 'node',
+  testEnvironmentOptions: { customExportConditions: ['lathe-source', 'node', 'node-addons'] },
+  testMatch: ['<rootDir>/test/**/*.test.ts'],
+  transform: { '^.+\\.(t|j)s$': ['@swc/jest', { jsc: { target: 'es2022' }, module: { type: 'commonjs' } }] },
+  transformIgnorePatterns: ['/node_modules/'],
+  testTimeout: 60000,
+});
