@@ -1,1 +1,2 @@
 export const PACKAGE_NAME = '@lathe/onnx';
+export * from './proto';
