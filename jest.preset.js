@@ -5,7 +5,7 @@ const path = require('node:path');
 module.exports = (dir) => ({
   displayName: path.basename(dir),
   rootDir: dir,
-  testEnvironment: 'node',
+  testEnvironment: path.join(__dirname, 'tools/jest/node-environment.js'),
   testEnvironmentOptions: { customExportConditions: ['lathe-source', 'node', 'node-addons'] },
   testMatch: ['<rootDir>/test/**/*.test.ts'],
   transform: { '^.+\\.(t|j)s$': ['@swc/jest', { jsc: { target: 'es2022' }, module: { type: 'commonjs' } }] },

@@ -1,2 +1,21 @@
-export const PACKAGE_NAME = '@lathe/onnx';
+/**
+ * @lathe/onnx — Lathe's graph layer: a tensor DSL that emits ONNX, with build-time shape/dtype
+ * inference and reverse-mode autodiff.
+ */
+import './tensor-methods';
+
+export * from './dim';
+export * from './dtype';
+export { Graph, GraphError, Tensor, applyOp, type InitializerData, type Node, type TensorLike } from './graph';
+export { defineOp, registeredOps, attr, type OpDef, type GradContext, type TensorType, type AttrValue } from './op';
+export * from './ops/elementwise';
+export * from './ops/reduce';
+export * from './ops/shape-ops';
+export * from './ops/linalg';
+export * from './ops/indexing';
+export * from './ops/random';
+export * from './ops/control';
+export * from './nn';
+export { grad, type GradOptions } from './autodiff';
+export { toModelProto, toModelBytes, OPSET, IR_VERSION, type SerializeOptions } from './serialize';
 export * from './proto';

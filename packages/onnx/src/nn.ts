@@ -1,0 +1,140 @@
+/**
+ * Composite ops written in the DSL from primitives, so autodiff covers them with no rule of their
+ * own: means, log-sum-exp, activations, norms, cross-entropy, masked reductions and masks.
+ */
+import type { Dim } from './dim';
+import { GraphError, type Tensor, type TensorLike } from './graph';
+import {
+  abs,
+  add,
+  cast,
+  div,
+  erf,
+  exp,
+  log,
+  maximum,
+  minimum,
+  mul,
+  neg,
+  relu,
+  scalarLike,
+  sigmoid,
+  sqrt,
+  stopGradient,
+  sub,
+  where,
+} from './ops/elementwise';
+import { normAxis } from './ops/helpers';
+import { countOver, logSoftmax, reduceMax, reduceSum, softmax } from './ops/reduce';
+import { expand, squeeze, trilu, unsqueeze } from './ops/shape-ops';
+import { gatherElements } from './ops/indexing';
+
+function axesList(x: Tensor, axes?: number | number[]): number[] {
+  if (axes === undefined) return [...Array(x.rank).keys()];
+  return (Array.isArray(axes) ? axes : [axes]).map((a) => normAxis(a, x.rank));
+}
+
+/** Arithmetic mean over axes (all when omitted); the count is read at run time for symbolic dims. */
+export function mean(x: Tensor, axes?: number | number[], keepdims = false): Tensor {
+  const list = axesList(x, axes);
+  return div(reduceSum(x, list, keepdims), countOver(x, list, x.dtype));
+}
+
+/** log Σ exp(x) over axes, computed stably (the max is subtracted and treated as a constant). */
+export function logSumExp(x: Tensor, axes?: number | number[], keepdims = false): Tensor {
+  const list = axesList(x, axes);
+  const m = stopGradient(reduceMax(x, list, true));
+  const lse = add(m, log(reduceSum(exp(sub(x, m)), list, true)));
+  return keepdims ? lse : squeeze(lse, list);
+}
+
+/** x². */
+export function square(x: Tensor): Tensor {
+  return mul(x, x);
+}
+/** 1/√x (Div rather than Reciprocal, which lacks a bf16 CUDA kernel). */
+export function rsqrt(x: Tensor): Tensor {
+  return div(scalarLike(1, x), sqrt(x));
+}
+/** x·σ(x) (a.k.a. swish). */
+export function silu(x: Tensor): Tensor {
+  return mul(x, sigmoid(x));
+}
+/** Exact GELU: ½x(1 + erf(x/√2)). */
+export function gelu(x: Tensor): Tensor {
+  return mul(mul(x, scalarLike(0.5, x)), add(erf(mul(x, scalarLike(Math.SQRT1_2, x))), scalarLike(1, x)));
+}
+/** log(1 + eˣ), stable for large |x|. */
+export function softplus(x: Tensor): Tensor {
+  return add(relu(x), log(add(exp(neg(abs(x))), scalarLike(1, x))));
+}
+/** log σ(x) = −softplus(−x). */
+export function logSigmoid(x: Tensor): Tensor {
+  return neg(softplus(neg(x)));
+}
+/** Clamps into [lo, hi] (built from Max/Min: ONNX Clip has no bf16 CUDA kernel). */
+export function clip(x: Tensor, lo: TensorLike, hi: TensorLike): Tensor {
+  return minimum(maximum(x, lo), hi);
+}
+
+/** RMSNorm over the last axis: x / √(mean(x²) + eps) · weight. */
+export function rmsNorm(x: Tensor, weight: Tensor | undefined, eps: number): Tensor {
+  const ms = mean(square(x), -1, true);
+  const y = mul(x, rsqrt(add(ms, scalarLike(eps, ms))));
+  return weight ? mul(y, weight) : y;
+}
+
+/** LayerNorm over the last axis. */
+export function layerNorm(x: Tensor, weight: Tensor | undefined, bias: Tensor | undefined, eps: number): Tensor {
+  const mu = mean(x, -1, true);
+  const xc = sub(x, mu);
+  const y = mul(xc, rsqrt(add(mean(square(xc), -1, true), scalarLike(eps, mu))));
+  const w = weight ? mul(y, weight) : y;
+  return bias ? add(w, bias) : w;
+}
+
+/** log p(target) under softmax(logits) along the last axis; targets are integer ids. */
+export function tokenLogprobs(logits: Tensor, targets: Tensor): Tensor {
+  if (targets.rank !== logits.rank - 1) {
+    throw new GraphError(`tokenLogprobs: targets ${targets} must have one axis fewer than logits ${logits}`);
+  }
+  const idx = unsqueeze(cast(targets, 'int64'), [targets.rank]);
+  return squeeze(gatherElements(logSoftmax(logits, -1), idx, -1), [targets.rank]);
+}
+
+/** −log p(target): per-position cross-entropy. */
+export function crossEntropy(logits: Tensor, targets: Tensor): Tensor {
+  return neg(tokenLogprobs(logits, targets));
+}
+
+/** Entropy of softmax(logits) along the last axis. */
+export function entropy(logits: Tensor): Tensor {
+  return neg(reduceSum(mul(softmax(logits, -1), logSoftmax(logits, -1)), [-1 + logits.rank]));
+}
+
+/** Σ x·mask over axes (all when omitted); mask is cast to x's dtype. */
+export function maskedSum(x: Tensor, mask: Tensor, axes?: number | number[], keepdims = false): Tensor {
+  return reduceSum(mul(x, cast(mask, x.dtype)), axesList(x, axes), keepdims);
+}
+
+/** Σ x·mask / Σ mask over axes (all when omitted); 0 where the mask is empty. */
+export function maskedMean(x: Tensor, mask: Tensor, axes?: number | number[], keepdims = false): Tensor {
+  const m = cast(mask, x.dtype);
+  const list = axesList(x, axes);
+  const mb = expand(m, x.shape, x);
+  const denom = maximum(reduceSum(mb, list, keepdims), scalarLike(1e-8, x));
+  return div(reduceSum(mul(x, m), list, keepdims), denom);
+}
+
+/** Lower-triangular bool mask [n, n] (true where key ≤ query): the causal attention mask. */
+export function causalMask(n: Dim, like: Tensor): Tensor {
+  const ones = expand(like.graph.constant(1, 'float32', []), [n, n]);
+  return cast(trilu(ones, false, 0), 'bool');
+}
+
+/** Softmax over the last axis with −∞-like scores where `mask` (bool, broadcastable) is false. */
+export function maskedSoftmax(scores: Tensor, mask: Tensor): Tensor {
+  // fp16 cannot hold 1e9; −6e4 is far below any attention score yet finite.
+  const big = scores.dtype === 'float16' ? -6e4 : -1e9;
+  return softmax(where(mask, scores, scalarLike(big, scores)), -1);
+}

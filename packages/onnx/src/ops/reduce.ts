@@ -1,0 +1,191 @@
+/**
+ * Reductions and ops along one axis: ReduceSum/Max/Min, ArgMax/ArgMin, Softmax, LogSoftmax,
+ * CumSum and TopK, with their gradient rules.
+ */
+import type { Dim } from '../dim';
+import type { DType } from '../dtype';
+import { isFloat } from '../dtype';
+import { applyOp, type Tensor } from '../graph';
+import { attr, defineOp, type TensorType } from '../op';
+import { normAxis } from './helpers';
+import { cast, equal, mul, div, sub, exp, zerosLike } from './elementwise';
+import { expand, shapeOf } from './shape-ops';
+import { scatterElements } from './indexing';
+
+interface ReduceAttrs {
+  axes: number[];
+  keepdims: boolean;
+}
+
+function reducedShape(t: TensorType, { axes, keepdims }: ReduceAttrs): Dim[] {
+  const r = t.shape.length;
+  const norm = axes.map((a) => normAxis(a, r));
+  if (new Set(norm).size !== norm.length) throw new Error(`repeated axes [${axes}]`);
+  const out: Dim[] = [];
+  t.shape.forEach((d, i) => {
+    if (!norm.includes(i)) out.push(d);
+    else if (keepdims) out.push(1);
+  });
+  return out;
+}
+
+/** The gradient of a reduction, broadcast back over the reduced axes of x. */
+function spread(g: Tensor, x: Tensor, attrs: ReduceAttrs): Tensor {
+  const kept = attrs.keepdims ? g : unsqueezeAxes(g, attrs.axes.map((a) => normAxis(a, x.rank)));
+  return expand(kept, x.shape, x);
+}
+
+function reduceOp(name: string, grad: (ctx: { x: Tensor; y: Tensor; g: Tensor; attrs: ReduceAttrs }) => Tensor) {
+  return defineOp<ReduceAttrs>({
+    name,
+    nonDiffInputs: [1],
+    infer: ([x], a) => {
+      if (x!.dtype === 'bool') throw new Error('cannot reduce bool tensors; cast first');
+      return [{ dtype: x!.dtype, shape: reducedShape(x!, a) }];
+    },
+    onnxAttrs: (a) => ({ keepdims: attr.int(a.keepdims ? 1 : 0) }),
+    grad: ({ inputs: [x], outputs: [y], attrs, dy: [g] }) => [grad({ x: x!, y, g: g!, attrs }), null],
+  });
+}
+
+export const reduceSumOp = reduceOp('ReduceSum', ({ x, g, attrs }) => spread(g, x, attrs));
+
+/** Max/min: the gradient is shared equally among the elements that attain the extreme. */
+const extremeGrad = ({ x, y, g, attrs }: { x: Tensor; y: Tensor; g: Tensor; attrs: ReduceAttrs }) => {
+  const hit = cast(equal(x, spread(y, x, attrs)), x.dtype);
+  const count = reduceSum(hit, attrs.axes, true);
+  const keptG = attrs.keepdims ? g : unsqueezeAxes(g, attrs.axes.map((a) => normAxis(a, x.rank)));
+  return mul(hit, div(keptG, count));
+};
+export const reduceMaxOp = reduceOp('ReduceMax', extremeGrad);
+export const reduceMinOp = reduceOp('ReduceMin', extremeGrad);
+
+function argOp(name: string) {
+  return defineOp<{ axis: number; keepdims: boolean }>({
+    name,
+    infer: ([x], a) => [{ dtype: 'int64', shape: reducedShape(x!, { axes: [a.axis], keepdims: a.keepdims }) }],
+    onnxAttrs: (a) => ({ axis: attr.int(a.axis), keepdims: attr.int(a.keepdims ? 1 : 0) }),
+    grad: 'none',
+  });
+}
+export const argMaxOp = argOp('ArgMax');
+export const argMinOp = argOp('ArgMin');
+
+function softmaxLike(name: string, grad: (y: Tensor, g: Tensor, axis: number) => Tensor) {
+  return defineOp<{ axis: number }>({
+    name,
+    infer: ([x], { axis }) => {
+      if (!isFloat(x!.dtype)) throw new Error(`expects a floating-point tensor, got ${x!.dtype}`);
+      normAxis(axis, x!.shape.length);
+      return [{ dtype: x!.dtype, shape: x!.shape }];
+    },
+    onnxAttrs: ({ axis }) => ({ axis: attr.int(axis) }),
+    grad: ({ outputs: [y], attrs: { axis }, dy: [g] }) => [grad(y, g!, axis)],
+  });
+}
+/** dx = y ⊙ (g − Σ g⊙y). */
+export const softmaxOp = softmaxLike('Softmax', (y, g, axis) => mul(y, sub(g, reduceSum(mul(g, y), [axis], true))));
+/** dx = g − softmax ⊙ Σ g. */
+export const logSoftmaxOp = softmaxLike('LogSoftmax', (y, g, axis) => sub(g, mul(exp(y), reduceSum(g, [axis], true))));
+
+export const cumSumOp = defineOp<{ axis: number; exclusive: boolean; reverse: boolean }>({
+  name: 'CumSum',
+  nonDiffInputs: [1],
+  infer: ([x], { axis }) => {
+    normAxis(axis, x!.shape.length);
+    return [{ dtype: x!.dtype, shape: x!.shape }];
+  },
+  onnxAttrs: (a) => ({ exclusive: attr.int(a.exclusive ? 1 : 0), reverse: attr.int(a.reverse ? 1 : 0) }),
+  // The adjoint of a prefix sum is a suffix sum (and vice versa), with the same exclusivity.
+  grad: ({ attrs, dy: [g] }) => [cumsum(g!, attrs.axis, { exclusive: attrs.exclusive, reverse: !attrs.reverse }), null],
+});
+
+export const topKOp = defineOp<{ k: Dim; axis: number; largest: boolean }>({
+  name: 'TopK',
+  nonDiffInputs: [1],
+  infer: ([x], { k, axis }) => {
+    const ax = normAxis(axis, x!.shape.length);
+    const d = x!.shape[ax];
+    if (typeof k === 'number' && typeof d === 'number' && k > d) throw new Error(`k=${k} exceeds axis size ${d}`);
+    const shape = [...x!.shape];
+    shape[ax] = k;
+    return [
+      { dtype: x!.dtype, shape },
+      { dtype: 'int64', shape },
+    ];
+  },
+  onnxAttrs: (a) => ({ axis: attr.int(a.axis), largest: attr.int(a.largest ? 1 : 0), sorted: attr.int(1) }),
+  grad: ({ inputs: [x], outputs: [, idx], attrs, dy: [g] }) => [
+    g ? scatterElements(zerosLike(x!), idx, g, attrs.axis, 'add') : null,
+    null,
+  ],
+});
+
+// ---- functional API --------------------------------------------------------------------------
+
+import { unsqueeze } from './shape-ops';
+function unsqueezeAxes(x: Tensor, axes: number[]): Tensor {
+  return unsqueeze(x, [...axes].sort((a, b) => a - b));
+}
+
+function reduceWith(op: typeof reduceSumOp, x: Tensor, axes: number | number[] | undefined, keepdims: boolean): Tensor {
+  const list = axes === undefined ? [...Array(x.rank).keys()] : (Array.isArray(axes) ? axes : [axes]).map((a) => normAxis(a, x.rank));
+  if (list.length === 0) return x;
+  return applyOp(op, [x, x.graph.constant(list, 'int64', [list.length])], { axes: list, keepdims })[0];
+}
+
+/** Σ over axes (all axes when omitted). */
+export function reduceSum(x: Tensor, axes?: number | number[], keepdims = false): Tensor {
+  return reduceWith(reduceSumOp, x, axes, keepdims);
+}
+/** max over axes (all when omitted). */
+export function reduceMax(x: Tensor, axes?: number | number[], keepdims = false): Tensor {
+  return reduceWith(reduceMaxOp, x, axes, keepdims);
+}
+/** min over axes (all when omitted). */
+export function reduceMin(x: Tensor, axes?: number | number[], keepdims = false): Tensor {
+  return reduceWith(reduceMinOp, x, axes, keepdims);
+}
+/** Index of the maximum along an axis (first on ties). */
+export function argMax(x: Tensor, axis: number, keepdims = false): Tensor {
+  return applyOp(argMaxOp, [x], { axis: normAxis(axis, x.rank), keepdims })[0];
+}
+/** Index of the minimum along an axis (first on ties). */
+export function argMin(x: Tensor, axis: number, keepdims = false): Tensor {
+  return applyOp(argMinOp, [x], { axis: normAxis(axis, x.rank), keepdims })[0];
+}
+/** Softmax along an axis. */
+export function softmax(x: Tensor, axis = -1): Tensor {
+  return applyOp(softmaxOp, [x], { axis: normAxis(axis, x.rank) })[0];
+}
+/** log(softmax(x)) along an axis, computed stably. */
+export function logSoftmax(x: Tensor, axis = -1): Tensor {
+  return applyOp(logSoftmaxOp, [x], { axis: normAxis(axis, x.rank) })[0];
+}
+/** Running sum along an axis (exclusive: shifted by one; reverse: from the end). */
+export function cumsum(x: Tensor, axis: number, opts: { exclusive?: boolean; reverse?: boolean } = {}): Tensor {
+  const ax = normAxis(axis, x.rank);
+  return applyOp(cumSumOp, [x, x.graph.constant(ax, 'int64', [])], { axis: ax, exclusive: !!opts.exclusive, reverse: !!opts.reverse })[0];
+}
+/** The k largest (or smallest) values along an axis, sorted, with their int64 indices. */
+export function topK(x: Tensor, k: Dim, axis = -1, largest = true): [Tensor, Tensor] {
+  const ax = normAxis(axis, x.rank);
+  const [v, i] = applyOp(topKOp, [x, x.graph.dimTensor(k)], { k, axis: ax, largest });
+  return [v, i];
+}
+
+/** Number of elements over the given axes, as a scalar of `dtype` (computed at run time if symbolic). */
+export function countOver(x: Tensor, axes: number[], dtype: DType): Tensor {
+  const dims = axes.map((a) => x.shape[normAxis(a, x.rank)]);
+  if (dims.every((d) => typeof d === 'number')) {
+    return x.graph.constant((dims as number[]).reduce((a, b) => a * b, 1), dtype, []);
+  }
+  const sizes = axes.map((a) => {
+    const ax = normAxis(a, x.rank);
+    return shapeOf(x, ax, ax + 1);
+  });
+  let n = sizes[0];
+  for (const s of sizes.slice(1)) n = mul(n, s);
+  return cast(reduceSum(n, [0], false), dtype);
+}
+

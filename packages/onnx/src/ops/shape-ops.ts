@@ -1,0 +1,391 @@
+/**
+ * Shape primitives: Shape, Reshape, Transpose, Concat, Split, Slice, Pad, Squeeze, Unsqueeze,
+ * Expand, Trilu and Range. Ops whose ONNX form takes shape/axes as int64 tensor inputs get them
+ * from the DSL's static description, so shape inference can check them at build time.
+ */
+import {
+  anonymousDim,
+  broadcastShapes,
+  canonicalDim,
+  dimAdd,
+  dimDiv,
+  dimEquals,
+  formatShape,
+  isAnonymousDim,
+  shapeSize,
+  type Dim,
+  type Shape,
+} from '../dim';
+import type { DType } from '../dtype';
+import { applyOp, Tensor } from '../graph';
+import { attr, defineOp, type OpDef } from '../op';
+import { inversePerm, normAxis, unbroadcast } from './helpers';
+
+const INT64_MAX = 2 ** 62; // "to the end" for Slice; ORT clamps any larger value
+
+export const shapeOp: OpDef<{ start?: number; end?: number }> = defineOp<{ start?: number; end?: number }>({
+  name: 'Shape',
+  infer: ([x], a) => {
+    const r = x!.shape.length;
+    const s = a.start === undefined ? 0 : a.start < 0 ? a.start + r : a.start;
+    const e = a.end === undefined ? r : a.end < 0 ? a.end + r : a.end;
+    return [{ dtype: 'int64', shape: [Math.max(0, Math.min(e, r) - Math.max(0, s))] }];
+  },
+  onnxAttrs: (a) => ({ ...(a.start !== undefined ? { start: attr.int(a.start) } : {}), ...(a.end !== undefined ? { end: attr.int(a.end) } : {}) }),
+  grad: 'none',
+});
+
+export const reshapeOp: OpDef<{ dims: Dim[] }> = defineOp<{ dims: Dim[] }>({
+  name: 'Reshape',
+  nonDiffInputs: [1],
+  infer: ([x], { dims }) => {
+    const free = dims.filter((d) => d === -1).length;
+    if (free > 1) throw new Error(`at most one -1 in the target shape ${formatShape(dims)}`);
+    const size = shapeSize(x!.shape);
+    if (free === 1) {
+      const known = shapeSize(dims.filter((d) => d !== -1));
+      const inferred = isAnonymousDim(size) || isAnonymousDim(known) ? undefined : dimDiv(size, known);
+      if (inferred === undefined && typeof size === 'number' && typeof known === 'number') {
+        throw new Error(`cannot reshape ${size} elements into ${formatShape(dims)}`);
+      }
+      return [{ dtype: x!.dtype, shape: dims.map((d) => (d === -1 ? (inferred ?? anonymousDim()) : d)) }];
+    }
+    const target = shapeSize(dims);
+    if (!isAnonymousDim(size) && !isAnonymousDim(target) && !dimEquals(size, target)) {
+      throw new Error(`cannot reshape ${formatShape(x!.shape)} (${size} elements) into ${formatShape(dims)} (${target})`);
+    }
+    return [{ dtype: x!.dtype, shape: [...dims] }];
+  },
+  grad: ({ inputs: [x], dy: [g] }) => [applyOp(reshapeOp, [g!, shapeOf(x!)], { dims: x!.shape })[0], null],
+});
+
+export const transposeOp: OpDef<{ perm: number[] }> = defineOp<{ perm: number[] }>({
+  name: 'Transpose',
+  infer: ([x], { perm }) => {
+    const r = x!.shape.length;
+    if (perm.length !== r || [...perm].sort((a, b) => a - b).some((p, i) => p !== i)) {
+      throw new Error(`perm [${perm}] is not a permutation of ${r} axes`);
+    }
+    return [{ dtype: x!.dtype, shape: perm.map((p) => x!.shape[p]) }];
+  },
+  onnxAttrs: ({ perm }) => ({ perm: attr.ints(perm) }),
+  grad: ({ attrs: { perm }, dy: [g] }) => [transpose(g!, inversePerm(perm))],
+});
+
+export const concatOp: OpDef<{ axis: number }> = defineOp<{ axis: number }>({
+  name: 'Concat',
+  infer: (types, { axis }) => {
+    const first = types[0]!;
+    const ax = normAxis(axis, first.shape.length);
+    for (const t of types) {
+      if (t!.dtype !== first.dtype) throw new Error(`dtypes differ: ${t!.dtype} vs ${first.dtype}`);
+      if (t!.shape.length !== first.shape.length) throw new Error('ranks differ');
+      t!.shape.forEach((d, i) => {
+        if (i !== ax && !dimEquals(d, first.shape[i]) && !isAnonymousDim(d) && !isAnonymousDim(first.shape[i])) {
+          throw new Error(`dim ${i} differs (${d} vs ${first.shape[i]}) outside the concat axis ${ax}`);
+        }
+      });
+    }
+    const shape = [...first.shape];
+    shape[ax] = dimAdd(types.map((t) => t!.shape[ax]));
+    return [{ dtype: first.dtype, shape }];
+  },
+  onnxAttrs: ({ axis }) => ({ axis: attr.int(axis) }),
+  grad: ({ inputs, attrs: { axis }, dy: [g] }) => {
+    const ax = normAxis(axis, g!.rank);
+    const xs = inputs as Tensor[];
+    const sizes = applyOp(concatOp, xs.map((x) => shapeOf(x, ax, ax + 1)), { axis: 0 })[0];
+    return applyOp(splitOp, [g!, sizes], { axis: ax, sizes: xs.map((x) => x.shape[ax]) });
+  },
+});
+
+export const splitOp: OpDef<{ axis: number; sizes: Dim[] }> = defineOp<{ axis: number; sizes: Dim[] }>({
+  name: 'Split',
+  nonDiffInputs: [1],
+  infer: ([x], { axis, sizes }) => {
+    const ax = normAxis(axis, x!.shape.length);
+    const total = dimAdd(sizes);
+    const d = x!.shape[ax];
+    if (typeof total === 'number' && typeof d === 'number' && total !== d) {
+      throw new Error(`split sizes [${sizes}] sum to ${total}, but axis ${ax} has ${d}`);
+    }
+    return sizes.map((s) => {
+      const shape = [...x!.shape];
+      shape[ax] = s;
+      return { dtype: x!.dtype, shape };
+    });
+  },
+  onnxAttrs: ({ axis }) => ({ axis: attr.int(axis) }),
+  grad: ({ outputs, attrs: { axis }, dy }) => {
+    const parts = dy.map((g, i) => g ?? zerosOf(outputs[i]));
+    return [applyOp(concatOp, parts, { axis })[0], null];
+  },
+});
+
+/** Static description of a slice along some axes. */
+export interface SliceSpec {
+  starts: Dim[];
+  ends: Dim[];
+  axes: number[];
+  steps: number[];
+}
+
+function slicedDim(d: Dim, s: Dim, e: Dim, step: number): Dim {
+  if (typeof d === 'number' && typeof s === 'number' && typeof e === 'number') {
+    const norm = (v: number, lo: number, hi: number) => Math.max(lo, Math.min(hi, v < 0 ? v + d : v));
+    if (step > 0) {
+      const a = norm(s, 0, d);
+      const b = norm(e, 0, d);
+      return Math.max(0, Math.ceil((b - a) / step));
+    }
+    const a = norm(s, -1, d - 1);
+    const b = norm(e, -1, d - 1);
+    return Math.max(0, Math.ceil((b - a) / step));
+  }
+  if (step !== 1) return anonymousDim();
+  if (s === 0 && (e === INT64_MAX || dimEquals(e, d))) return d;
+  if (s === 0 && typeof e === 'string') return e; // x[:n] with a symbolic n ≤ dim
+  if (typeof s === 'number' && s < 0 && e === INT64_MAX) return -s; // last k
+  if (typeof s === 'number' && s >= 0 && typeof e === 'number' && e >= s && e < INT64_MAX) return e - s;
+  return anonymousDim();
+}
+
+export const sliceOp: OpDef<SliceSpec> = defineOp<SliceSpec>({
+  name: 'Slice',
+  nonDiffInputs: [1, 2, 3, 4],
+  infer: ([x], spec) => {
+    const shape = [...x!.shape];
+    spec.axes.forEach((axis, i) => {
+      const ax = normAxis(axis, shape.length);
+      if (spec.steps[i] === 0) throw new Error('slice step cannot be 0');
+      shape[ax] = slicedDim(shape[ax], canonicalDim(spec.starts[i]), canonicalDim(spec.ends[i]), spec.steps[i]);
+    });
+    return [{ dtype: x!.dtype, shape }];
+  },
+  grad: ({ inputs: [x], attrs: spec, dy: [g] }) => {
+    if (spec.steps.some((s) => s !== 1)) throw new Error('Slice: gradients need step 1');
+    return [padFromSlice(g!, x!, spec), null, null, null, null];
+  },
+});
+
+/** Zero-pads a slice's gradient back to the sliced input's shape (pads computed at run time). */
+function padFromSlice(g: Tensor, x: Tensor, spec: SliceSpec): Tensor {
+  const graph = x.graph;
+  const full = shapeOf(x);
+  const i64 = (v: number) => graph.constant([v], 'int64', [1]);
+  const before: Tensor[] = [];
+  const after: Tensor[] = [];
+  for (let ax = 0; ax < x.rank; ax++) {
+    const i = spec.axes.map((a) => normAxis(a, x.rank)).indexOf(ax);
+    if (i < 0) {
+      before.push(i64(0));
+      after.push(i64(0));
+      continue;
+    }
+    const d = shapeOf(x, ax, ax + 1);
+    const clampIndex = (v: Tensor) => {
+      const pos = applyOp(whereOpRef(), [lessThanZero(v), addI(v, d), v], {})[0];
+      return minI(maxI(pos, i64(0)), d);
+    };
+    const s = clampIndex(graph.dimTensor(spec.starts[i]));
+    const e = maxI(clampIndex(graph.dimTensor(spec.ends[i])), s);
+    before.push(s);
+    after.push(subI(d, e));
+  }
+  void full;
+  const pads = applyOp(concatOp, [...before, ...after], { axis: 0 })[0];
+  return applyOp(padOp, [g, pads], { shape: x.shape })[0];
+}
+
+export const padOp: OpDef<{ shape: Dim[] }> = defineOp<{ shape: Dim[] }>({
+  name: 'Pad',
+  nonDiffInputs: [1],
+  infer: ([x], { shape }) => {
+    if (shape.length !== x!.shape.length) throw new Error(`padded shape ${formatShape(shape)} has the wrong rank`);
+    return [{ dtype: x!.dtype, shape: [...shape] }];
+  },
+  grad: ({ inputs: [x, pads], outputs: [y], dy: [g] }) => {
+    // Slice the padding back off: starts = pads[:r], ends = starts + x's dims.
+    const r = x!.rank;
+    const starts = applyOp(sliceOp, [pads!, i64c(x!, 0), i64c(x!, r), i64c(x!, 0), i64c(x!, 1)], {
+      starts: [0],
+      ends: [r],
+      axes: [0],
+      steps: [1],
+    })[0];
+    const ends = addI(starts, shapeOf(x!));
+    const axes = x!.graph.constant([...Array(r).keys()], 'int64', [r]);
+    void y;
+    return [
+      applyOp(sliceOp, [g!, starts, ends, axes], {
+        starts: Array(r).fill(anonymousDim()),
+        ends: Array(r).fill(anonymousDim()),
+        axes: [...Array(r).keys()],
+        steps: Array(r).fill(1),
+      })[0],
+      null,
+    ];
+  },
+});
+
+export const squeezeOp: OpDef<{ axes: number[] }> = defineOp<{ axes: number[] }>({
+  name: 'Squeeze',
+  nonDiffInputs: [1],
+  infer: ([x], { axes }) => {
+    const r = x!.shape.length;
+    const norm = axes.map((a) => normAxis(a, r));
+    for (const a of norm) {
+      const d = x!.shape[a];
+      if (d !== 1 && !isAnonymousDim(d)) throw new Error(`cannot squeeze axis ${a} of size ${d}`);
+    }
+    return [{ dtype: x!.dtype, shape: x!.shape.filter((_, i) => !norm.includes(i)) }];
+  },
+  grad: ({ attrs: { axes }, inputs: [x], dy: [g] }) => [unsqueeze(g!, axes.map((a) => normAxis(a, x!.rank))), null],
+});
+
+export const unsqueezeOp: OpDef<{ axes: number[] }> = defineOp<{ axes: number[] }>({
+  name: 'Unsqueeze',
+  nonDiffInputs: [1],
+  infer: ([x], { axes }) => {
+    const r = x!.shape.length + axes.length;
+    const norm = axes.map((a) => normAxis(a, r)).sort((a, b) => a - b);
+    const shape: Dim[] = [];
+    let j = 0;
+    for (let i = 0; i < r; i++) shape.push(norm.includes(i) ? 1 : x!.shape[j++]);
+    return [{ dtype: x!.dtype, shape }];
+  },
+  grad: ({ attrs: { axes }, outputs: [y], dy: [g] }) => [squeeze(g!, axes.map((a) => normAxis(a, y.rank))), null],
+});
+
+export const expandOp: OpDef<{ shape: Dim[] }> = defineOp<{ shape: Dim[] }>({
+  name: 'Expand',
+  nonDiffInputs: [1],
+  infer: ([x], { shape }) => {
+    const out = broadcastShapes(x!.shape, shape);
+    if (!out) throw new Error(`cannot expand ${formatShape(x!.shape)} to ${formatShape(shape)}`);
+    return [{ dtype: x!.dtype, shape: out }];
+  },
+  grad: ({ inputs: [x], dy: [g] }) => [unbroadcast(g!, x!.shape), null],
+});
+
+export const triluOp: OpDef<{ upper: boolean; k: number }> = defineOp<{ upper: boolean; k: number }>({
+  name: 'Trilu',
+  nonDiffInputs: [1],
+  infer: ([x]) => {
+    if (x!.shape.length < 2) throw new Error('needs rank ≥ 2');
+    return [{ dtype: x!.dtype, shape: x!.shape }];
+  },
+  onnxAttrs: ({ upper }) => ({ upper: attr.int(upper ? 1 : 0) }),
+  grad: ({ attrs, dy: [g] }) => [trilu(g!, attrs.upper, attrs.k), null],
+});
+
+export const rangeOp: OpDef<{ length: Dim }> = defineOp<{ length: Dim }>({
+  name: 'Range',
+  infer: ([start], { length }) => [{ dtype: start!.dtype, shape: [length] }],
+  grad: 'none',
+});
+
+// ---- functional API --------------------------------------------------------------------------
+
+import { addOp, lessOp, maxOp, minOp, subOp, whereOp } from './elementwise';
+const whereOpRef = () => whereOp;
+const i64c = (like: Tensor, v: number) => like.graph.constant([v], 'int64', [1]);
+const addI = (a: Tensor, b: Tensor) => applyOp(addOp, [a, b], {})[0];
+const subI = (a: Tensor, b: Tensor) => applyOp(subOp, [a, b], {})[0];
+const maxI = (a: Tensor, b: Tensor) => applyOp(maxOp, [a, b], {})[0];
+const minI = (a: Tensor, b: Tensor) => applyOp(minOp, [a, b], {})[0];
+const lessThanZero = (a: Tensor) => applyOp(lessOp, [a, a.graph.constant([0], 'int64', [1])], {})[0];
+
+function zerosOf(t: Tensor): Tensor {
+  return expand(t.graph.constant(0, t.dtype, []), t.shape, t);
+}
+
+/** The run-time shape of x (or dims start..end) as an int64 vector. */
+export function shapeOf(x: Tensor, start?: number, end?: number): Tensor {
+  return applyOp(shapeOp, [x], { start, end })[0];
+}
+
+/** Reshapes to `dims` (symbolic dims allowed, one -1 inferred). */
+export function reshape(x: Tensor, dims: Shape): Tensor {
+  const target = dims.map(canonicalDim);
+  if (target.length === x.rank && target.every((d, i) => dimEquals(d, x.shape[i]))) return x;
+  return applyOp(reshapeOp, [x, x.graph.shapeTensor(target)], { dims: target })[0];
+}
+
+/** Permutes axes (default: reverse them). */
+export function transpose(x: Tensor, perm?: number[]): Tensor {
+  const p = perm ?? [...Array(x.rank).keys()].reverse();
+  return applyOp(transposeOp, [x], { perm: p.map((a) => normAxis(a, x.rank)) })[0];
+}
+
+/** Concatenates along an axis. */
+export function concat(xs: Tensor[], axis: number): Tensor {
+  if (xs.length === 0) throw new Error('concat needs at least one tensor');
+  if (xs.length === 1) return xs[0];
+  return applyOp(concatOp, xs, { axis: normAxis(axis, xs[0].rank) })[0];
+}
+
+/** Splits along an axis into parts of the given sizes. */
+export function split(x: Tensor, sizes: Dim[], axis: number): Tensor[] {
+  const ax = normAxis(axis, x.rank);
+  return applyOp(splitOp, [x, x.graph.shapeTensor(sizes)], { axis: ax, sizes: sizes.map(canonicalDim) });
+}
+
+/**
+ * x[start:end:step] along each given axis. Negative indices count from the end; `end` may be a
+ * symbolic dim; omitted `end` means "to the end".
+ */
+export function slice(x: Tensor, axes: number[], starts: Dim[], ends?: Dim[], steps?: number[]): Tensor {
+  const spec: SliceSpec = {
+    axes: axes.map((a) => normAxis(a, x.rank)),
+    starts: starts.map(canonicalDim),
+    ends: (ends ?? axes.map(() => INT64_MAX)).map(canonicalDim),
+    steps: steps ?? axes.map(() => 1),
+  };
+  const g = x.graph;
+  const vec = (ds: Dim[]) => g.shapeTensor(ds);
+  return applyOp(sliceOp, [x, vec(spec.starts), vec(spec.ends), g.constant(spec.axes, 'int64', [spec.axes.length]), g.constant(spec.steps, 'int64', [spec.steps.length])], spec)[0];
+}
+
+/** Zero-pads each axis by `before[i]` and `after[i]` elements (static amounts). */
+export function pad(x: Tensor, before: number[], after: number[]): Tensor {
+  if (before.length !== x.rank || after.length !== x.rank) throw new Error(`pad: give ${x.rank} before/after amounts`);
+  const shape = x.shape.map((d, i) => (before[i] === 0 && after[i] === 0 ? d : typeof d === 'number' ? d + before[i] + after[i] : anonymousDim()));
+  return applyOp(padOp, [x, x.graph.constant([...before, ...after], 'int64', [2 * x.rank])], { shape })[0];
+}
+
+/** Removes size-1 axes. */
+export function squeeze(x: Tensor, axes: number[]): Tensor {
+  return applyOp(squeezeOp, [x, x.graph.constant(axes, 'int64', [axes.length])], { axes })[0];
+}
+
+/** Inserts size-1 axes at the given output positions. */
+export function unsqueeze(x: Tensor, axes: number[]): Tensor {
+  return applyOp(unsqueezeOp, [x, x.graph.constant(axes, 'int64', [axes.length])], { axes })[0];
+}
+
+/**
+ * Broadcasts x to `dims`. With `like`, the target shape is read from that tensor at run time
+ * (exact even for dims only known at run time).
+ */
+export function expand(x: Tensor, dims: Shape, like?: Tensor): Tensor {
+  const target = like ? shapeOf(like) : x.graph.shapeTensor(dims);
+  return applyOp(expandOp, [x, target], { shape: dims.map(canonicalDim) })[0];
+}
+
+/** Keeps the lower (or upper) triangle of the last two axes, offset by diagonal k. */
+export function trilu(x: Tensor, upper: boolean, k = 0): Tensor {
+  return applyOp(triluOp, [x, x.graph.constant(k, 'int64', [])], { upper, k })[0];
+}
+
+/** [0, 1, …, n−1] of the given dtype; `n` may be symbolic. `like` picks the graph. */
+export function arange(n: Dim, dtype: DType, like: Tensor): Tensor {
+  const g = like.graph;
+  const limit = typeof n === 'number' ? g.constant(n, dtype, []) : castScalar(squeeze(g.dimTensor(n), [0]), dtype);
+  return applyOp(rangeOp, [g.constant(0, dtype, []), limit, g.constant(1, dtype, [])], { length: canonicalDim(n) })[0];
+}
+
+import { castOp } from './elementwise';
+function castScalar(x: Tensor, dtype: DType): Tensor {
+  return x.dtype === dtype ? x : applyOp(castOp, [x], { to: dtype })[0];
+}
