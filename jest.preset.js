@@ -7,6 +7,7 @@ module.exports = (dir) => ({
   rootDir: dir,
   testEnvironment: path.join(__dirname, 'tools/jest/node-environment.js'),
   testEnvironmentOptions: { customExportConditions: ['lathe-source', 'node', 'node-addons'] },
+  moduleNameMapper: { '^onnxruntime-node$': path.join(__dirname, 'tools/jest/onnxruntime-node-shim.js') },
   testMatch: ['<rootDir>/test/**/*.test.ts'],
   transform: { '^.+\\.(t|j)s$': ['@swc/jest', { jsc: { target: 'es2022' }, module: { type: 'commonjs' } }] },
   transformIgnorePatterns: ['/node_modules/'],

@@ -112,9 +112,15 @@ export class Graph {
 
   /** A fresh unique name with the given prefix. */
   uniqueName(prefix: string): string {
+    const name = this.freshName(prefix);
+    this.counter.names.add(name);
+    return name;
+  }
+
+  /** A name with the given prefix that is not used yet (not reserved: pass it to `input`). */
+  freshName(prefix: string): string {
     let name = `${prefix}${this.counter.next++}`;
     while (this.counter.names.has(name)) name = `${prefix}${this.counter.next++}`;
-    this.counter.names.add(name);
     return name;
   }
 

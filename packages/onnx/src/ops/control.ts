@@ -73,9 +73,9 @@ export function loop(init: Tensor[], body: (i: Tensor, carried: Tensor[]) => Loo
   const g = new Graph(outer.uniqueName('loop_body'), outer);
   const shapes = opts.carriedShapes ?? init.map((t) => t.shape);
   const step = Graph.build(g, () => {
-    const i = g.input(g.uniqueName('iter'), 'int64', []);
-    const condIn = g.input(g.uniqueName('cond_in'), 'bool', []);
-    const carriedIn = init.map((t, k) => g.input(g.uniqueName('carried'), t.dtype, shapes[k]));
+    const i = g.input(g.freshName('iter'), 'int64', []);
+    const condIn = g.input(g.freshName('cond_in'), 'bool', []);
+    const carriedIn = init.map((t, k) => g.input(g.freshName('carried'), t.dtype, shapes[k]));
     const result = body(i, carriedIn);
     return { result, condIn };
   });

@@ -1,0 +1,167 @@
+/**
+ * Every differentiable op's gradient rule against central finite differences (float64 on ORT's
+ * CPU provider; float32 with looser tolerances where ORT has no float64 kernel), on shapes that
+ * exercise broadcasting. The last test fails when a differentiable op has no case here.
+ */
+import * as L from '@lathe/onnx';
+import { registeredOps, type Tensor } from '@lathe/onnx';
+import { gradCheck, type GradCase } from './gradcheck';
+import { compile } from './ort';
+
+const cases: GradCase[] = [
+  // elementwise binary, with broadcasting both ways
+  { name: 'add broadcast', inputs: [{ shape: [2, 3] }, { shape: [3] }], build: ([a, b]) => L.add(a, b) },
+  { name: 'sub broadcast', inputs: [{ shape: [2, 1, 4] }, { shape: [3, 1] }], build: ([a, b]) => L.sub(a, b) },
+  { name: 'mul broadcast', inputs: [{ shape: [2, 3] }, { shape: [2, 1] }], build: ([a, b]) => L.mul(a, b) },
+  { name: 'mul by scalar', inputs: [{ shape: [3] }], build: ([a]) => a.mul(2.5).add(1) },
+  { name: 'div broadcast', inputs: [{ shape: [2, 3] }, { shape: [3], fill: 'positive' }], build: ([a, b]) => L.div(a, b) },
+  { name: 'pow', inputs: [{ shape: [2, 3], fill: 'positive' }, { shape: [3] }], build: ([a, b]) => L.pow(a, b) },
+  { name: 'maximum', inputs: [{ shape: [2, 3], fill: 'distinct' }, { shape: [3], fill: 'distinct' }], build: ([a, b]) => L.maximum(a, b) },
+  { name: 'minimum', inputs: [{ shape: [2, 3], fill: 'distinct' }, { shape: [2, 1], fill: 'distinct' }], build: ([a, b]) => L.minimum(a, b) },
+  // unary
+  { name: 'neg', inputs: [{ shape: [4] }], build: ([a]) => L.neg(a) },
+  { name: 'exp', inputs: [{ shape: [2, 2] }], build: ([a]) => L.exp(a) },
+  { name: 'log', inputs: [{ shape: [2, 2], fill: 'positive' }], build: ([a]) => L.log(a) },
+  { name: 'sqrt', inputs: [{ shape: [3], fill: 'positive' }], build: ([a]) => L.sqrt(a) },
+  { name: 'reciprocal', inputs: [{ shape: [3], fill: 'positive' }], build: ([a]) => L.reciprocal(a) },
+  { name: 'tanh', inputs: [{ shape: [5] }], build: ([a]) => L.tanh(a) },
+  { name: 'sigmoid', inputs: [{ shape: [5] }], build: ([a]) => L.sigmoid(a) },
+  { name: 'erf', inputs: [{ shape: [5] }], build: ([a]) => L.erf(a), dtype: 'float32' },
+  { name: 'sin', inputs: [{ shape: [4] }], build: ([a]) => L.sin(a) },
+  { name: 'cos', inputs: [{ shape: [4] }], build: ([a]) => L.cos(a) },
+  { name: 'abs', inputs: [{ shape: [6], fill: 'distinct' }], build: ([a]) => L.abs(a) },
+  { name: 'relu', inputs: [{ shape: [6], fill: 'distinct' }], build: ([a]) => L.relu(a) },
+  { name: 'identity', inputs: [{ shape: [3] }], build: ([a]) => L.identity(a) },
+  {
+    name: 'where',
+    inputs: [{ shape: [2, 3], dtype: 'bool', fill: { bool: [1, 0, 1, 0, 0, 1] } }, { shape: [2, 3] }, { shape: [3] }],
+    build: ([c, a, b]) => L.where(c, a, b),
+  },
+  { name: 'cast f32→f64→f32', inputs: [{ shape: [3] }], build: ([a]) => L.cast(L.cast(a, 'float64').mul(3), 'float32'), dtype: 'float32' },
+  // linear algebra
+  { name: 'matmul', inputs: [{ shape: [2, 3] }, { shape: [3, 4] }], build: ([a, b]) => L.matmul(a, b) },
+  { name: 'matmul batch broadcast', inputs: [{ shape: [2, 1, 2, 3] }, { shape: [3, 3, 2] }], build: ([a, b]) => L.matmul(a, b) },
+  // reductions and softmax
+  { name: 'reduceSum', inputs: [{ shape: [2, 3, 2] }], build: ([a]) => L.reduceSum(a, [1]) },
+  { name: 'reduceSum keepdims', inputs: [{ shape: [2, 3, 2] }], build: ([a]) => L.reduceSum(a, [0, 2], true) },
+  { name: 'reduceMax', inputs: [{ shape: [2, 4], fill: 'distinct' }], build: ([a]) => L.reduceMax(a, [1]) },
+  { name: 'reduceMin', inputs: [{ shape: [3, 2], fill: 'distinct' }], build: ([a]) => L.reduceMin(a, [0], true) },
+  { name: 'softmax', inputs: [{ shape: [2, 5] }], build: ([a]) => L.softmax(a, -1) },
+  { name: 'softmax axis 0', inputs: [{ shape: [3, 2] }], build: ([a]) => L.softmax(a, 0) },
+  { name: 'logSoftmax', inputs: [{ shape: [2, 5] }], build: ([a]) => L.logSoftmax(a, -1) },
+  { name: 'cumsum', inputs: [{ shape: [2, 4] }], build: ([a]) => L.cumsum(a, 1) },
+  { name: 'cumsum exclusive reverse', inputs: [{ shape: [4, 2] }], build: ([a]) => L.cumsum(a, 0, { exclusive: true, reverse: true }) },
+  { name: 'topK values', inputs: [{ shape: [2, 5], fill: 'distinct' }], build: ([a]) => L.topK(a, 3, -1)[0] },
+  // shape ops
+  { name: 'reshape', inputs: [{ shape: [2, 3, 2] }], build: ([a]) => L.reshape(a, [3, -1]) },
+  { name: 'transpose', inputs: [{ shape: [2, 3, 4] }], build: ([a]) => L.transpose(a, [2, 0, 1]) },
+  { name: 'concat', inputs: [{ shape: [2, 3] }, { shape: [2, 1] }], build: ([a, b]) => L.concat([a, b], 1) },
+  { name: 'split', inputs: [{ shape: [5, 2] }], build: ([a]) => { const [p, q] = L.split(a, [2, 3], 0); return L.concat([q, p.mul(2)], 0); } },
+  { name: 'split unused part', inputs: [{ shape: [4] }], build: ([a]) => L.split(a, [1, 3], 0)[1] },
+  { name: 'slice', inputs: [{ shape: [3, 5] }], build: ([a]) => L.slice(a, [1], [1], [4]) },
+  { name: 'slice negative start', inputs: [{ shape: [2, 6] }], build: ([a]) => L.slice(a, [0, 1], [0, -2]) },
+  { name: 'pad', inputs: [{ shape: [2, 2] }], build: ([a]) => L.pad(a, [1, 0], [0, 2]) },
+  { name: 'squeeze', inputs: [{ shape: [2, 1, 3] }], build: ([a]) => L.squeeze(a, [1]) },
+  { name: 'unsqueeze', inputs: [{ shape: [2, 3] }], build: ([a]) => L.unsqueeze(a, [0, 2]) },
+  { name: 'expand', inputs: [{ shape: [3, 1] }], build: ([a]) => L.expand(a, [2, 3, 4]) },
+  { name: 'trilu lower', inputs: [{ shape: [3, 3] }], build: ([a]) => L.trilu(a, false, 0) },
+  { name: 'trilu upper k=1', inputs: [{ shape: [2, 3, 4] }], build: ([a]) => L.trilu(a, true, 1) },
+  // indexing
+  { name: 'gather axis 0 (embedding)', inputs: [{ shape: [4, 3] }, { shape: [2, 3], dtype: 'int64', fill: { ints: [0, 2, 2, 3, 0, 1] } }], build: ([t, i]) => L.gather(t, i, 0) },
+  { name: 'gather axis 1', inputs: [{ shape: [2, 4, 3] }, { shape: [5], dtype: 'int64', fill: { ints: [3, 1, 1, 0, 3] } }], build: ([t, i]) => L.gather(t, i, 1) },
+  {
+    name: 'gatherElements',
+    inputs: [{ shape: [2, 4] }, { shape: [2, 3], dtype: 'int64', fill: { ints: [0, 3, 3, 1, 2, 1] } }],
+    build: ([t, i]) => L.gatherElements(t, i, 1),
+  },
+  {
+    name: 'gatherND',
+    inputs: [{ shape: [3, 2, 2] }, { shape: [4, 2], dtype: 'int64', fill: { ints: [0, 1, 2, 0, 0, 1, 1, 1] } }],
+    build: ([t, i]) => L.gatherND(t, i),
+  },
+  {
+    name: 'scatterElements',
+    inputs: [{ shape: [2, 4] }, { shape: [2, 2], dtype: 'int64', fill: { ints: [1, 3, 0, 2] } }, { shape: [2, 2] }],
+    build: ([d, i, u]) => L.scatterElements(d, i, u, 1),
+  },
+  {
+    name: 'scatterElements add',
+    inputs: [{ shape: [3] }, { shape: [4], dtype: 'int64', fill: { ints: [0, 2, 2, 1] } }, { shape: [4] }],
+    build: ([d, i, u]) => L.scatterElements(d, i, u, 0, 'add'),
+  },
+  {
+    name: 'scatterND',
+    inputs: [{ shape: [4, 2] }, { shape: [2, 1], dtype: 'int64', fill: { ints: [3, 1] } }, { shape: [2, 2] }],
+    build: ([d, i, u]) => L.scatterND(d, i, u),
+  },
+  // composites (no rule of their own: they test the primitives' rules in combination)
+  { name: 'mean', inputs: [{ shape: [2, 3] }], build: ([a]) => L.mean(a, -1) },
+  { name: 'logSumExp', inputs: [{ shape: [2, 4] }], build: ([a]) => L.logSumExp(a, 1) },
+  { name: 'rmsNorm', inputs: [{ shape: [2, 4] }, { shape: [4] }], build: ([x, w]) => L.rmsNorm(x, w, 1e-6) },
+  { name: 'layerNorm', inputs: [{ shape: [2, 4] }, { shape: [4] }, { shape: [4] }], build: ([x, w, b]) => L.layerNorm(x, w, b, 1e-5) },
+  {
+    name: 'crossEntropy',
+    inputs: [{ shape: [2, 3, 5] }, { shape: [2, 3], dtype: 'int64', fill: { ints: [0, 4, 2, 1, 1, 3] } }],
+    build: ([l, t]) => L.crossEntropy(l, t),
+  },
+  { name: 'entropy', inputs: [{ shape: [2, 5] }], build: ([l]) => L.entropy(l) },
+  { name: 'silu', inputs: [{ shape: [5] }], build: ([a]) => L.silu(a) },
+  { name: 'gelu', inputs: [{ shape: [5] }], build: ([a]) => L.gelu(a), dtype: 'float32' },
+  { name: 'logSigmoid', inputs: [{ shape: [6] }], build: ([a]) => L.logSigmoid(a.mul(4)) },
+  { name: 'clip', inputs: [{ shape: [6], fill: 'distinct' }], build: ([a]) => L.clip(a, -0.5, 0.4) },
+  {
+    name: 'maskedMean',
+    inputs: [{ shape: [2, 3] }, { shape: [2, 3], dtype: 'bool', fill: { bool: [1, 1, 0, 0, 1, 0] } }],
+    build: ([x, m]) => L.maskedMean(x, m, 1),
+  },
+  {
+    name: 'masked attention block',
+    inputs: [{ shape: [1, 3, 4] }, { shape: [4, 4] }, { shape: [4, 4] }],
+    build: ([x, wq, wk]) => {
+      const q = L.matmul(x, wq);
+      const k = L.matmul(x, wk);
+      const s = L.matmul(q, L.transpose(k, [0, 2, 1])).mul(0.5);
+      return L.matmul(L.maskedSoftmax(s, L.causalMask(3, x)), x);
+    },
+  },
+];
+
+describe('gradients match central finite differences', () => {
+  const covered = new Set<string>();
+  for (const c of cases) {
+    test(c.name, async () => {
+      const r = await gradCheck(c);
+      r.ops.forEach((o) => covered.add(o));
+      if (r.worst > 1) throw new Error(`${c.name}: gradient mismatch (${r.worst.toFixed(2)}× tolerance) at ${r.detail}`);
+    });
+  }
+
+  test('every op with a gradient rule has a case', () => {
+    const differentiable = registeredOps().filter((op) => typeof op.grad === 'function').map((op) => op.name);
+    const missing = differentiable.filter((name) => !covered.has(name));
+    expect(missing).toEqual([]);
+  });
+});
+
+test('ops without gradient rules are rejected with the node name', () => {
+  const g = new L.Graph();
+  const x = g.input('x', 'float32', [2]);
+  const [y] = L.loop([x], (_i, [c]) => ({ carried: [c.mul(2)] }), { maxTrips: 3 });
+  expect(() => L.grad(y.sum(), [x])).toThrow(/Loop \(node Loop_\d+\) has no gradient rule/);
+});
+
+test('stopGradient treats its input as a constant', async () => {
+  const g = new L.Graph();
+  const x = g.input('x', 'float32', [3]);
+  const [dx] = L.grad(x.mul(x.stopGradient()).sum(), [x]);
+  g.output(dx, 'dx');
+  const out = await (await compile(g))({ x: { data: Float32Array.from([1, -2, 3]), dims: [3] } });
+  expect(Array.from(out.dx.data as Float32Array)).toEqual([1, -2, 3]); // d(x·c)/dx = c = x, not 2x
+});
+
+test('integer inputs cannot be differentiated', () => {
+  const g = new L.Graph();
+  const i = g.input('i', 'int64', [2]);
+  const x = g.input('x', 'float32', [2]);
+  expect(() => L.grad(x.sum(), [i as Tensor])).toThrow(/cannot differentiate w.r.t. i of dtype int64/);
+});
