@@ -88,12 +88,17 @@ export async function gradCheck(c: GradCase, seed = 1): Promise<GradCheckResult>
   const diff = xs.filter((x, i) => (c.inputs[i].dtype ?? fdt) === fdt);
   const grads = grad(loss, diff);
   g.output(loss, 'loss');
+  g.output(y, 'y');
   grads.forEach((gr, i) => g.output(gr, `grad${i}`));
   const run = await compile(g);
 
   const values = c.inputs.map((inp) => fillValues(inp.shape.reduce((a, b) => a * b, 1), inp.fill ?? 'normal', r));
   const feeds = (vals: number[][]) => Object.fromEntries(c.inputs.map((inp, i) => [`x${i}`, host(vals[i], inp.dtype ?? fdt, inp.shape)]));
   const base = await run(feeds(values));
+  // The shape inferred at build time must be the shape ORT computes.
+  if (base.y.dims.join(',') !== yShape.join(',')) {
+    throw new Error(`${c.name}: inferred shape [${yShape}] but ORT produced [${base.y.dims}]`);
+  }
 
   const h = fdt === 'float64' ? 1e-6 : 1e-3;
   const atol = fdt === 'float64' ? 1e-7 : 2e-3;

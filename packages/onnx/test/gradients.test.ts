@@ -124,6 +124,17 @@ const cases: GradCase[] = [
       return L.matmul(L.maskedSoftmax(s, L.causalMask(3, x)), x);
     },
   },
+  {
+    name: '2-layer MLP with cross-entropy',
+    inputs: [
+      { shape: [4, 3] },
+      { shape: [3, 5] },
+      { shape: [5] },
+      { shape: [5, 2] },
+      { shape: [4], dtype: 'int64', fill: { ints: [0, 1, 1, 0] } },
+    ],
+    build: ([x, w1, b1, w2, t]) => L.crossEntropy(L.matmul(L.add(L.matmul(x, w1), b1).tanh(), w2), t).mean(),
+  },
 ];
 
 describe('gradients match central finite differences', () => {
