@@ -1,5 +1,5 @@
 import { Graph, grad, GraphError, matmul } from '@lathe/onnx';
-import { compile } from './ort';
+import { compile } from '../../../tools/testing/ort-cpu';
 
 test('builds, differentiates and runs a small graph', async () => {
   const g = new Graph();

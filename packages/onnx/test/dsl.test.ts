@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import * as L from '@lathe/onnx';
-import { compile } from './ort';
+import { compile } from '../../../tools/testing/ort-cpu';
 
 const f32 = (xs: number[]) => Float32Array.from(xs);
 

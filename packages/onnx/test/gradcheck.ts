@@ -3,7 +3,7 @@
  * scalar is L = Σ y ⊙ W for a fixed random W, so every output element is weighted differently.
  */
 import { Graph, grad, reduceSum, mul, type Tensor, type DType } from '@lathe/onnx';
-import { compile, rng, type HostTensor } from './ort';
+import { compile, rng, type HostTensor } from '../../../tools/testing/ort-cpu';
 
 /** How a test input is filled. */
 export type Fill = 'normal' | 'positive' | 'distinct' | { ints: number[] } | { values: number[] } | { bool: number[] };

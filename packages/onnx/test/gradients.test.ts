@@ -6,7 +6,7 @@
 import * as L from '@lathe/onnx';
 import { registeredOps, type Tensor } from '@lathe/onnx';
 import { gradCheck, type GradCase } from './gradcheck';
-import { compile } from './ort';
+import { compile } from '../../../tools/testing/ort-cpu';
 
 const cases: GradCase[] = [
   // elementwise binary, with broadcasting both ways

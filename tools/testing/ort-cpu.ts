@@ -1,4 +1,5 @@
 /** Test helper: run a DSL graph on onnxruntime-node's CPU provider. */
+// Shared by the packages' tests; the runtime package's Program replaces it once it lands.
 import * as ort from 'onnxruntime-node';
 import { toModelBytes, type Graph, type DType } from '@lathe/onnx';
 
@@ -18,8 +19,10 @@ const ortType: Partial<Record<DType, ort.Tensor.Type>> = {
 };
 
 /** A compiled CPU session for a graph; `run` feeds inputs by name and returns every output. */
-export async function compile(graph: Graph): Promise<(feeds: Record<string, HostTensor>) => Promise<Record<string, HostTensor>>> {
-  const session = await ort.InferenceSession.create(toModelBytes(graph), { executionProviders: ['cpu'], graphOptimizationLevel: 'all' });
+export async function compile(graph: Graph, path?: string): Promise<(feeds: Record<string, HostTensor>) => Promise<Record<string, HostTensor>>> {
+  const options: ort.InferenceSession.SessionOptions = { executionProviders: ['cpu'], graphOptimizationLevel: 'all' };
+  // A model with external initializers is loaded from its file so ORT can resolve their paths.
+  const session = path ? await ort.InferenceSession.create(path, options) : await ort.InferenceSession.create(toModelBytes(graph), options);
   return async (feeds) => {
     const inputs: Record<string, ort.Tensor> = {};
     for (const t of graph.inputs) {

@@ -1,0 +1,170 @@
+/**
+ * The decoder-only transformer shared by Qwen3, Qwen2 and Llama, in the graph DSL, written to
+ * compute exactly what transformers computes: RMSNorm in float32, RoPE with cos/sin from position
+ * ids, grouped-query attention with a float32 softmax, SwiGLU MLP. Read top to bottom: rmsNorm →
+ * rope → attention → mlp → block → decoder.
+ */
+import * as L from '@lathe/onnx';
+import type { DType, Tensor } from '@lathe/onnx';
+import type { DecoderConfig } from './config';
+import { ropeInverseFrequencies } from './rope';
+
+/** Looks up a weight by its Hugging Face name, already in the compute dtype. */
+export type Weights = (hfName: string) => Tensor;
+
+/** Keys and values of one layer: [B, numKvHeads, S, headDim]. */
+export interface KvPair {
+  key: Tensor;
+  value: Tensor;
+}
+
+/** Inputs of the decoder. */
+export interface DecoderInputs {
+  /** Token ids, int64 [B, T]. */
+  inputIds: Tensor;
+  /** Position of each token, int64 [B, T] (per segment when sequences are packed). */
+  positionIds: Tensor;
+  /** bool [B, 1, T, S] (broadcastable): true where a query may attend a key. */
+  attentionMask: Tensor;
+  /** Cached keys/values of earlier positions, one pair per layer (generation). */
+  past?: KvPair[];
+}
+
+/** What the decoder returns. */
+export interface DecoderOutputs {
+  /** Final-norm hidden states [B, T, hidden]. */
+  hidden: Tensor;
+  /** Keys/values including this call's positions, one pair per layer. */
+  present: KvPair[];
+}
+
+/** The dtype sensitive math (norms, softmax) runs in: float32, or float64 for float64 models. */
+export function accumulationDtype(dtype: DType): DType {
+  return dtype === 'float64' ? 'float64' : 'float32';
+}
+
+/** RMSNorm as transformers computes it: in float32, cast back, then scaled by the weight. */
+export function rmsNormHf(x: Tensor, weight: Tensor, eps: number): Tensor {
+  const y = L.rmsNorm(L.cast(x, accumulationDtype(x.dtype)), undefined, eps);
+  return L.mul(L.cast(y, x.dtype), weight);
+}
+
+/** x·Wᵀ (+ b): a PyTorch Linear with weight [out, in]. */
+export function linear(x: Tensor, weight: Tensor, bias?: Tensor): Tensor {
+  const y = L.matmul(x, L.transpose(weight, [1, 0]));
+  return bias ? L.add(y, bias) : y;
+}
+
+/** cos and sin tables [B, 1, T, headDim] for the given positions (float32 math, cast to dtype). */
+export function ropeTables(cfg: DecoderConfig, positionIds: Tensor, dtype: DType): { cos: Tensor; sin: Tensor } {
+  const { inverse, attentionScale } = ropeInverseFrequencies(cfg);
+  const g = positionIds.graph;
+  const acc = accumulationDtype(dtype);
+  const invFreq = g.constant(inverse.map((f) => Math.fround(f)), acc, [inverse.length]);
+  const freqs = L.mul(L.unsqueeze(L.cast(positionIds, acc), [2]), invFreq); // [B, T, hd/2]
+  const emb = L.concat([freqs, freqs], 2);
+  const scale = (t: Tensor) => (attentionScale === 1 ? t : L.mul(t, attentionScale));
+  const cos = L.cast(scale(L.cos(emb)), dtype);
+  const sin = L.cast(scale(L.sin(emb)), dtype);
+  return { cos: L.unsqueeze(cos, [1]), sin: L.unsqueeze(sin, [1]) };
+}
+
+/** q·cos + rotate_half(q)·sin, where rotate_half([a, b]) = [−b, a] over the last axis. */
+export function applyRope(x: Tensor, cos: Tensor, sin: Tensor, headDim: number): Tensor {
+  const [x1, x2] = L.split(x, [headDim / 2, headDim / 2], -1);
+  const rotated = L.concat([L.neg(x2), x1], -1);
+  return L.add(L.mul(x, cos), L.mul(rotated, sin));
+}
+
+/** Grouped-query self-attention of one layer. */
+export function attention(
+  cfg: DecoderConfig,
+  w: Weights,
+  prefix: string,
+  x: Tensor,
+  rope: { cos: Tensor; sin: Tensor },
+  mask: Tensor,
+  past?: KvPair,
+): { out: Tensor; present: KvPair } {
+  const { numHeads: H, numKvHeads: KV, headDim: hd } = cfg;
+  const [B, T] = x.shape;
+  const bias = (name: string) => (cfg.attentionBias ? w(`${prefix}.${name}.bias`) : undefined);
+  const heads = (t: Tensor, n: number) => L.reshape(t, [B, T, n, hd]);
+  let q = heads(linear(x, w(`${prefix}.q_proj.weight`), bias('q_proj')), H);
+  let k = heads(linear(x, w(`${prefix}.k_proj.weight`), bias('k_proj')), KV);
+  const v = L.transpose(heads(linear(x, w(`${prefix}.v_proj.weight`), bias('v_proj')), KV), [0, 2, 1, 3]);
+  if (cfg.qkNorm) {
+    q = rmsNormHf(q, w(`${prefix}.q_norm.weight`), cfg.rmsNormEps);
+    k = rmsNormHf(k, w(`${prefix}.k_norm.weight`), cfg.rmsNormEps);
+  }
+  q = applyRope(L.transpose(q, [0, 2, 1, 3]), rope.cos, rope.sin, hd); // [B, H, T, hd]
+  k = applyRope(L.transpose(k, [0, 2, 1, 3]), rope.cos, rope.sin, hd); // [B, KV, T, hd]
+  const key = past ? L.concat([past.key, k], 2) : k;
+  const value = past ? L.concat([past.value, v], 2) : v;
+  // Queries grouped per KV head: [B, KV, H/KV, T, hd] against keys [B, KV, 1, S, hd].
+  const G = H / KV;
+  const qg = L.reshape(q, [B, KV, G, T, hd]);
+  const kt = L.unsqueeze(L.transpose(key, [0, 1, 3, 2]), [2]);
+  const scores = L.mul(L.cast(L.matmul(qg, kt), accumulationDtype(x.dtype)), 1 / Math.sqrt(hd)); // [B, KV, G, T, S]
+  const probs = L.cast(L.maskedSoftmax(scores, L.unsqueeze(mask, [1])), x.dtype);
+  const ctx = L.matmul(probs, L.unsqueeze(value, [2])); // [B, KV, G, T, hd]
+  const merged = L.reshape(L.transpose(L.reshape(ctx, [B, H, T, hd]), [0, 2, 1, 3]), [B, T, H * hd]);
+  const out = linear(merged, w(`${prefix}.o_proj.weight`), cfg.outputBias ? w(`${prefix}.o_proj.bias`) : undefined);
+  return { out, present: { key, value } };
+}
+
+/** SwiGLU MLP: down(silu(gate(x)) · up(x)). */
+export function mlp(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor): Tensor {
+  const b = (name: string) => (cfg.mlpBias ? w(`${prefix}.${name}.bias`) : undefined);
+  const gate = linear(x, w(`${prefix}.gate_proj.weight`), b('gate_proj'));
+  const up = linear(x, w(`${prefix}.up_proj.weight`), b('up_proj'));
+  return linear(L.mul(L.silu(gate), up), w(`${prefix}.down_proj.weight`), b('down_proj'));
+}
+
+/** The decoder: embeddings → N pre-norm blocks → final norm. */
+export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs): DecoderOutputs {
+  const g = inputs.inputIds.graph;
+  let h = L.gather(w('model.embed_tokens.weight'), inputs.inputIds, 0);
+  const rope = ropeTables(cfg, inputs.positionIds, h.dtype);
+  const present: KvPair[] = [];
+  for (let i = 0; i < cfg.numLayers; i++) {
+    const p = `model.layers.${i}`;
+    g.scope(`layer${i}`, () => {
+      const a = attention(cfg, w, `${p}.self_attn`, rmsNormHf(h, w(`${p}.input_layernorm.weight`), cfg.rmsNormEps), rope, inputs.attentionMask, inputs.past?.[i]);
+      h = L.add(h, a.out);
+      h = L.add(h, mlp(cfg, w, `${p}.mlp`, rmsNormHf(h, w(`${p}.post_attention_layernorm.weight`), cfg.rmsNormEps)));
+      present.push(a.present);
+    });
+  }
+  return { hidden: rmsNormHf(h, w('model.norm.weight'), cfg.rmsNormEps), present };
+}
+
+// ---- masks and positions -----------------------------------------------------------------------
+
+/** Causal mask combined with key padding: bool [B, 1, T, T] from a [B, T] mask (1 = token). */
+export function paddedCausalMask(padMask: Tensor): Tensor {
+  const T = padMask.shape[1];
+  const causal = L.causalMask(T, padMask); // [T, T]
+  const keys = L.unsqueeze(L.cast(padMask, 'bool'), [1, 2]); // [B, 1, 1, T]
+  return L.and(L.unsqueeze(causal, [0, 1]), keys);
+}
+
+/**
+ * Block-diagonal causal mask for packed rows: bool [B, 1, T, T], true where the key precedes the
+ * query within the same segment. Segment id 0 marks padding.
+ */
+export function packedCausalMask(segmentIds: Tensor): Tensor {
+  const T = segmentIds.shape[1];
+  const causal = L.unsqueeze(L.causalMask(T, segmentIds), [0, 1]);
+  const q = L.unsqueeze(segmentIds, [1, 3]); // [B, 1, T, 1]
+  const k = L.unsqueeze(segmentIds, [1, 2]); // [B, 1, 1, T]
+  const sameSegment = L.equal(q, k);
+  const notPad = L.greater(k, k.graph.constant(0, k.dtype, []));
+  return L.and(L.and(causal, sameSegment), notPad);
+}
+
+/** Positions that skip left padding: cumsum(mask) − 1, clamped at 0 (as HF generate does). */
+export function positionsFromPadding(padMask: Tensor): Tensor {
+  const m = L.cast(padMask, 'int64');
+  return L.maximum(L.sub(L.cumsum(m, 1), 1), 0);
+}

@@ -1,0 +1,52 @@
+/**
+ * Heads on top of the decoder's hidden states: LM logits, per-token log-probs of given tokens
+ * (computed in-graph so full-vocabulary logits never leave the device), scalar value heads and a
+ * restricted-vocabulary head over a contiguous id range.
+ */
+import * as L from '@lathe/onnx';
+import type { Tensor } from '@lathe/onnx';
+import type { DecoderConfig } from './config';
+import { accumulationDtype, linear, type Weights } from './decoder';
+import { lmHeadName } from './params';
+
+/** Logits [B, T, vocab] in the compute dtype. */
+export function lmLogits(cfg: DecoderConfig, w: Weights, hidden: Tensor): Tensor {
+  return linear(hidden, w(lmHeadName(cfg)));
+}
+
+/**
+ * log p(targets) [B, T] under softmax(logits / temperature), in float32: position t scores
+ * targets[:, t] (callers shift inputs and targets as they need).
+ */
+export function targetLogprobs(logits: Tensor, targets: Tensor, temperature = 1): Tensor {
+  const l = L.cast(logits, accumulationDtype(logits.dtype));
+  return L.tokenLogprobs(temperature === 1 ? l : L.div(l, temperature), targets);
+}
+
+/** Logits restricted to ids [start, start + count) (e.g. the critic's distribution tokens). */
+export function restrictedLogits(cfg: DecoderConfig, w: Weights, hidden: Tensor, start: number, count: number): Tensor {
+  if (start < 0 || start + count > cfg.vocabSize) {
+    throw new Error(`restricted head: ids [${start}, ${start + count}) fall outside the vocabulary of ${cfg.vocabSize}`);
+  }
+  const rows = L.slice(w(lmHeadName(cfg)), [0], [start], [start + count]);
+  return linear(hidden, rows);
+}
+
+/** A scalar per position: hidden · weight + bias, weight [1, hidden] (HF `score`-style Linear). */
+export function valuePerToken(hidden: Tensor, weight: Tensor, bias?: Tensor): Tensor {
+  return L.squeeze(linear(hidden, weight, bias), [2]);
+}
+
+/**
+ * A scalar per row read at the last non-pad token (reward models). `padMask` [B, T] is 1 on
+ * tokens; rows may be left- or right-padded.
+ */
+export function valueAtLastToken(hidden: Tensor, padMask: Tensor, weight: Tensor, bias?: Tensor): Tensor {
+  const perToken = valuePerToken(hidden, weight, bias); // [B, T]
+  const T = padMask.shape[1];
+  const pos = L.arange(T, 'int64', padMask);
+  const m = L.cast(padMask, 'int64');
+  // Index of the last position where the mask is 1: max over pos·m.
+  const last = L.reduceMax(L.mul(m, pos), [1], true);
+  return L.squeeze(L.gatherElements(perToken, last, 1), [1]);
+}

@@ -1,0 +1,9 @@
+/** @lathe/models — decoders (Qwen3, Qwen2, Llama) as Lathe graphs, from and to HF files. */
+export * from './config';
+export * from './safetensors';
+export * from './rope';
+export * from './decoder';
+export * from './params';
+export * from './heads';
+export * from './causal-lm';
+export * from './random-model';

@@ -1,0 +1,49 @@
+/**
+ * Decoder behaviour on CPU with tiny random models. Parity with transformers itself is checked on
+ * the GPU machine (tools/reference/models); here: invariances the model must have whatever its
+ * weights — padding, packing and KV caching never change a sequence's logits.
+ */
+import { logitsRunner, tinyLlama, tinyModel, tinyQwen2, tinyQwen3 } from './tiny';
+import type { HfConfig } from '@lathe/models';
+
+function rowLogits(logits: { data: ArrayLike<number | bigint>; dims: number[] }, row: number, from: number, to: number): number[] {
+  const [, T, V] = logits.dims;
+  const out: number[] = [];
+  for (let t = from; t < to; t++) for (let v = 0; v < V; v++) out.push(Number(logits.data[(row * T + t) * V + v]));
+  return out;
+}
+
+function expectClose(a: number[], b: number[], tol: number): void {
+  expect(a.length).toBe(b.length);
+  let worst = 0;
+  for (let i = 0; i < a.length; i++) worst = Math.max(worst, Math.abs(a[i] - b[i]));
+  expect(worst).toBeLessThan(tol);
+}
+
+describe.each([
+  ['Qwen3 (QK-norm, tied)', tinyQwen3],
+  ['Qwen2 (q/k/v biases)', tinyQwen2],
+  ['Llama (llama3 RoPE scaling)', tinyLlama],
+] as [string, HfConfig][])('%s', (_name, hf) => {
+  const { dir, config } = tinyModel(hf);
+
+  test('left padding does not change a sequence’s logits', async () => {
+    const run = await logitsRunner(dir, config, 'padding');
+    const seq = [3, 14, 15, 9, 2];
+    const alone = await run({ input_ids: [seq], attention_mask: [[1, 1, 1, 1, 1]] });
+    const padded = await run({ input_ids: [[0, 0, ...seq], [7, 1, 8, 2, 8, 1, 8]], attention_mask: [[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]] });
+    expect(padded.dims).toEqual([2, 7, config.vocabSize]);
+    expectClose(rowLogits(padded, 0, 2, 7), rowLogits(alone, 0, 0, 5), 1e-4);
+  });
+
+  test('packed sequences equal separate sequences', async () => {
+    const packed = await logitsRunner(dir, config, 'packed');
+    const a = [5, 6, 7];
+    const b = [9, 10, 11, 12];
+    const one = await packed({ input_ids: [[...a, ...b, 0]], segment_ids: [[1, 1, 1, 2, 2, 2, 2, 0]], position_ids: [[0, 1, 2, 0, 1, 2, 3, 0]] });
+    const sepA = await packed({ input_ids: [a], segment_ids: [[1, 1, 1]], position_ids: [[0, 1, 2]] });
+    const sepB = await packed({ input_ids: [b], segment_ids: [[1, 1, 1, 1]], position_ids: [[0, 1, 2, 3]] });
+    expectClose(rowLogits(one, 0, 0, 3), rowLogits(sepA, 0, 0, 3), 1e-4);
+    expectClose(rowLogits(one, 0, 3, 7), rowLogits(sepB, 0, 0, 4), 1e-4);
+  });
+});
