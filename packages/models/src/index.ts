@@ -7,3 +7,4 @@ export * from './params';
 export * from './heads';
 export * from './causal-lm';
 export * from './random-model';
+export * from './save';
