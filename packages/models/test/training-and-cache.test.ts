@@ -44,7 +44,7 @@ test('whole-model gradients match finite differences', async () => {
   g.output(loss, 'loss');
   grads.forEach((t, i) => g.output(t, `grad${i}`));
   const run = await compile(g);
-  const feeds = { ...weightFeeds(dir, config, 'float64'), input_ids: ids([[0, 3, 5, 7], [1, 2, 3, 4]]), attention_mask: ids([[0, 1, 1, 1], [1, 1, 1, 1]]), targets: ids([[0, 5, 7, 9], [2, 3, 4, 5]]) };
+  const feeds: Record<string, HostTensor> = { ...weightFeeds(dir, config, 'float64'), input_ids: ids([[0, 3, 5, 7], [1, 2, 3, 4]]), attention_mask: ids([[0, 1, 1, 1], [1, 1, 1, 1]]), targets: ids([[0, 5, 7, 9], [2, 3, 4, 5]]) };
   const base = await run(feeds);
   const h = 1e-6;
   for (const [k, name] of checked.entries()) {
