@@ -2,6 +2,9 @@
  * Whole graphs for common jobs: a causal LM whose weights are graph inputs (bound device buffers
  * in training and generation) or external initializers backed by the model's safetensors files.
  */
+import { linkSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { basename, dirname, join } from 'node:path';
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import type { DecoderConfig } from './config';
@@ -55,4 +58,26 @@ export function weightInitializers(
     cache.set(name, t);
     return t;
   };
+}
+
+/**
+ * A fresh folder for an .onnx file whose external initializers point into `files`, with each file
+ * hard-linked in (ONNX Runtime refuses external data outside the model's folder, symlinks
+ * included; a hard link is the same bytes, not a copy). Hard links need one filesystem, so the
+ * folder is made beside the first file when the temp dir is elsewhere.
+ */
+export function externalDataFolder(files: string[]): { dir: string; location: (file: string) => string } {
+  const tryIn = (parent: string) => {
+    const dir = mkdtempSync(join(parent, 'lathe-graph-'));
+    for (const f of new Set(files)) linkSync(f, join(dir, basename(f)));
+    return dir;
+  };
+  let dir: string;
+  try {
+    dir = tryIn(tmpdir());
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== 'EXDEV') throw e;
+    dir = tryIn(dirname(files[0]));
+  }
+  return { dir, location: (file) => basename(file) };
 }

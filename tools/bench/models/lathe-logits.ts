@@ -1,0 +1,95 @@
+/**
+ * Computes logits (or per-token log-probs) of a batch with a Lathe decoder built from a Hugging
+ * Face folder, on CUDA or CPU through onnxruntime-node, for parity and throughput checks.
+ *
+ * usage: node lathe-logits.js --model DIR --batch batch.json --dtype float32|bfloat16|float16
+ *          [--device cuda|cpu] [--out logits.bin] [--logprobs] [--repeat N]
+ * batch.json: {"input_ids": [[...]], "attention_mask": [[...]]}
+ * Writes float32 little-endian values to --out and prints one JSON line of timings.
+ */
+import { readFileSync, writeFileSync } from 'node:fs';
+import { basename, join, resolve } from 'node:path';
+import * as ort from 'onnxruntime-node';
+import * as L from '@lathe/onnx';
+import { decoder, externalDataFolder, lmLogits, paddedCausalMask, positionsFromPadding, readConfig, readWeightIndex, targetLogprobs, weightInitializers } from '@lathe/models';
+
+function arg(name: string, fallback?: string): string {
+  const i = process.argv.indexOf(`--${name}`);
+  if (i >= 0 && process.argv[i + 1] !== undefined) return process.argv[i + 1];
+  if (fallback !== undefined) return fallback;
+  throw new Error(`missing --${name}`);
+}
+
+async function main(): Promise<void> {
+  const dir = resolve(arg('model'));
+  const dtype = arg('dtype', 'float32') as L.DType;
+  const device = arg('device', 'cuda');
+  const logprobs = process.argv.includes('--logprobs');
+  const repeat = Number(arg('repeat', '1'));
+  const batch = JSON.parse(readFileSync(arg('batch'), 'utf8')) as { input_ids: number[][]; attention_mask: number[][] };
+  const { config } = readConfig(dir);
+
+  const t0 = performance.now();
+  const g = new L.Graph('lathe_scoring');
+  const ids = g.input('input_ids', 'int64', ['B', 'T']);
+  const mask = g.input('attention_mask', 'int64', ['B', 'T']);
+  const index = readWeightIndex(dir);
+  const { dir: work, location } = externalDataFolder([...index.values()].map((e) => e.file));
+  const w = weightInitializers(g, config, index, dtype, location);
+  const { hidden } = decoder(config, w, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask) });
+  const logits = lmLogits(config, w, hidden);
+  if (logprobs) {
+    // log p(token t+1 | ≤ t) for t < T−1, padded with a 0 at the end.
+    const T = ids.shape[1];
+    const next = L.slice(ids, [1], [1]);
+    const lp = targetLogprobs(L.slice(logits, [1], [0], [-1]), next);
+    g.output(L.concat([lp, L.expand(g.constant(0, 'float32', []), [ids.shape[0], 1])], 1), 'out');
+    void T;
+  } else {
+    g.output(L.cast(logits, 'float32'), 'out');
+  }
+  const modelPath = join(work, 'model.onnx');
+  writeFileSync(modelPath, L.toModelBytes(g));
+  const tBuild = performance.now();
+  const session = await ort.InferenceSession.create(modelPath, {
+    executionProviders: device === 'cuda' ? [{ name: 'cuda', deviceId: 0 }] : ['cpu'],
+    graphOptimizationLevel: 'all',
+    extra: { session: { disable_cpu_ep_fallback: device === 'cuda' ? '1' : '0' } },
+  });
+  const tSession = performance.now();
+  const B = batch.input_ids.length;
+  const T = batch.input_ids[0].length;
+  const feeds = {
+    input_ids: new ort.Tensor('int64', BigInt64Array.from(batch.input_ids.flat().map(BigInt)), [B, T]),
+    attention_mask: new ort.Tensor('int64', BigInt64Array.from(batch.attention_mask.flat().map(BigInt)), [B, T]),
+  };
+  let out = (await session.run(feeds)).out; // warm-up (and the result)
+  const times: number[] = [];
+  for (let i = 0; i < repeat; i++) {
+    const s = performance.now();
+    out = (await session.run(feeds)).out;
+    times.push(performance.now() - s);
+  }
+  const outPath = arg('out', '');
+  if (outPath) writeFileSync(outPath, Buffer.from((out.data as Float32Array).buffer));
+  const best = Math.min(...times);
+  console.log(
+    JSON.stringify({
+      model: basename(dir),
+      dtype,
+      device,
+      batch: [B, T],
+      build_ms: +(tBuild - t0).toFixed(1),
+      session_ms: +(tSession - tBuild).toFixed(1),
+      run_ms_best: +best.toFixed(2),
+      run_ms_median: +times.sort((a, b) => a - b)[Math.floor(times.length / 2)].toFixed(2),
+      tokens_per_s: Math.round((B * T) / (best / 1000)),
+      out_dims: out.dims,
+    }),
+  );
+}
+
+main().catch((e: unknown) => {
+  console.error(e instanceof Error ? e.stack : e);
+  process.exit(1);
+});

@@ -1,0 +1,184 @@
+"""Logit parity and scoring throughput: Lathe vs transformers on random-initialised models.
+
+Runs on the GPU machine (PyTorch + transformers, no hub access). For each model it builds a random
+transformers model, saves it as a Hugging Face folder, runs the same left-padded batch through
+transformers (fp32 eager, bf16 sdpa) and through Lathe (tools/bench/models/lathe-logits.ts,
+bundled to .bundle/lathe-logits.js), and compares the logits at non-pad positions. Then it times
+scoring (per-token log-probs) on the Qwen3-0.6B shape, 16 x 1024, bf16, both ways.
+
+usage: python3 tools/reference/models/parity.py [--out DIR] [--skip-throughput]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+NODE_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "..", ".bundle", "lathe-logits.js")
+
+MODELS = {
+    # The Qwen3-0.6B shape (tied embeddings, QK-norm, GQA 16/8, head_dim 128).
+    "qwen3-0.6b": lambda: Qwen3Config(
+        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+        rope_theta=1_000_000, max_position_embeddings=40960, tie_word_embeddings=True),
+    # A small Qwen2 with q/k/v biases, GQA 8/2.
+    "qwen2-small": lambda: Qwen2Config(
+        vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=10000,
+        max_position_embeddings=512, tie_word_embeddings=False),
+    # A small Llama with llama3 RoPE scaling, GQA 8/4.
+    "llama-small": lambda: LlamaConfig(
+        vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=4, rms_norm_eps=1e-5, rope_theta=500000,
+        max_position_embeddings=512, tie_word_embeddings=False,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+}
+
+
+def make_model(name, root):
+    torch.manual_seed(0)
+    cfg = MODELS[name]()
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    path = os.path.join(root, name)
+    model.save_pretrained(path, safe_serialization=True)
+    return model, path
+
+
+def make_batch(vocab, batch, length, pads, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    for row, p in enumerate(pads):
+        ids[row, :p] = 0
+        mask[row, :p] = 0
+    return ids, mask
+
+
+def hf_logits(model, ids, mask, dtype, attn):
+    model = model.to(dtype)
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(attn)
+    else:
+        model.config._attn_implementation = attn
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        out = model(input_ids=ids.cuda(), attention_mask=mask.cuda(), position_ids=pos.cuda()).logits
+    return out.float().cpu()
+
+
+def lathe_logits(path, batch_file, dtype, out_file):
+    env = dict(os.environ)
+    env["NVIDIA_TF32_OVERRIDE"] = "0"  # fp32 parity: no TF32 inside cuBLAS (torch has TF32 off too)
+    res = subprocess.run(["node", NODE_SCRIPT, "--model", path, "--batch", batch_file, "--dtype", dtype,
+                          "--device", "cuda", "--out", out_file], capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        raise RuntimeError(f"lathe-logits failed for {path} {dtype}:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def compare(lathe, ref, mask):
+    valid = mask.bool()
+    d = (lathe - ref)[valid]
+    r = ref[valid]
+    return {
+        "max_abs": d.abs().max().item(),
+        "rel_to_max": (d.abs().max() / r.abs().max()).item(),
+        "rel_fro": (d.norm() / r.norm()).item(),
+    }
+
+
+def parity(root, out):
+    results = {}
+    for name in MODELS:
+        model, path = make_model(name, root)
+        model.cuda()
+        vocab = model.config.vocab_size
+        B, T = (2, 64) if name == "qwen3-0.6b" else (3, 24)
+        pads = [0, 7, 13][:B]
+        ids, mask = make_batch(vocab, B, T, pads, seed=1)
+        batch_file = os.path.join(root, f"{name}-batch.json")
+        with open(batch_file, "w") as f:
+            json.dump({"input_ids": ids.tolist(), "attention_mask": mask.tolist()}, f)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        ref32 = hf_logits(model, ids, mask, torch.float32, "eager")
+        ref16 = hf_logits(model, ids, mask, torch.bfloat16, "sdpa")
+        row = {"hf_bf16_vs_hf_fp32": compare(ref16, ref32, mask)}
+        for dtype in ("float32", "bfloat16"):
+            out_file = os.path.join(root, f"{name}-{dtype}.bin")
+            timing = lathe_logits(path, batch_file, dtype, out_file)
+            lathe = torch.frombuffer(bytearray(open(out_file, "rb").read()), dtype=torch.float32).reshape(B, T, vocab)
+            row[f"lathe_{dtype}_vs_hf_fp32"] = compare(lathe, ref32, mask)
+            row[f"lathe_{dtype}_timing"] = timing
+        results[name] = row
+        print(f"{name}: fp32 max_abs={row['lathe_float32_vs_hf_fp32']['max_abs']:.2e} "
+              f"rel={row['lathe_float32_vs_hf_fp32']['rel_to_max']:.2e} | "
+              f"bf16 lathe={row['lathe_bfloat16_vs_hf_fp32']['max_abs']:.3e} "
+              f"hf-bf16 spread={row['hf_bf16_vs_hf_fp32']['max_abs']:.3e}", flush=True)
+        del model
+        torch.cuda.empty_cache()
+    return results
+
+
+def throughput(root, B=16, T=1024, repeat=5):
+    path = os.path.join(root, "qwen3-0.6b")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    ids, mask = make_batch(model.config.vocab_size, B, T, [0] * B, seed=2)
+    ids, mask = ids.cuda(), mask.cuda()
+    res = {}
+    with torch.no_grad():
+        for label, logprobs in (("hf_logits", False), ("hf_logprobs", True)):
+            times = []
+            for i in range(repeat + 1):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                logits = model(input_ids=ids, attention_mask=mask).logits
+                if logprobs:
+                    lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])
+                torch.cuda.synchronize()
+                if i:
+                    times.append(time.perf_counter() - t)
+                del logits
+            res[label] = {"best_s": min(times), "tokens_per_s": B * T / min(times)}
+    del model
+    torch.cuda.empty_cache()
+    batch_file = os.path.join(root, "throughput-batch.json")
+    with open(batch_file, "w") as f:
+        json.dump({"input_ids": ids.cpu().tolist(), "attention_mask": mask.cpu().tolist()}, f)
+    proc = subprocess.run(["node", NODE_SCRIPT, "--model", path, "--batch", batch_file, "--dtype", "bfloat16",
+                           "--device", "cuda", "--logprobs", "--repeat", str(repeat)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    res["lathe_logprobs"] = json.loads(proc.stdout.strip().splitlines()[-1])
+    res["ratio_lathe_vs_hf_logprobs"] = res["lathe_logprobs"]["tokens_per_s"] / res["hf_logprobs"]["tokens_per_s"]
+    print(json.dumps(res), flush=True)
+    return res
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.environ.get("OUT", "/tmp/lathe-parity-out"))
+    p.add_argument("--root", default="/tmp/lathe-parity")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--only-throughput", action="store_true")
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    os.makedirs(a.root, exist_ok=True)
+    report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "transformers": __import__("transformers").__version__}
+    if not a.only_throughput:
+        report["parity"] = parity(a.root, a.out)
+    if not a.skip_throughput:
+        report["throughput"] = throughput(a.root)
+    with open(os.path.join(a.out, "models-parity.json"), "w") as f:
+        json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
