@@ -143,8 +143,7 @@ export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs): 
 
 /** Causal mask combined with key padding: bool [B, 1, T, T] from a [B, T] mask (1 = token). */
 export function paddedCausalMask(padMask: Tensor): Tensor {
-  const T = padMask.shape[1];
-  const causal = L.causalMask(T, padMask); // [T, T]
+  const causal = L.causalMask(padMask, 1); // [T, T]
   const keys = L.unsqueeze(L.cast(padMask, 'bool'), [1, 2]); // [B, 1, 1, T]
   return L.and(L.unsqueeze(causal, [0, 1]), keys);
 }
@@ -154,8 +153,7 @@ export function paddedCausalMask(padMask: Tensor): Tensor {
  * query within the same segment. Segment id 0 marks padding.
  */
 export function packedCausalMask(segmentIds: Tensor): Tensor {
-  const T = segmentIds.shape[1];
-  const causal = L.unsqueeze(L.causalMask(T, segmentIds), [0, 1]);
+  const causal = L.unsqueeze(L.causalMask(segmentIds, 1), [0, 1]);
   const q = L.unsqueeze(segmentIds, [1, 3]); // [B, 1, T, 1]
   const k = L.unsqueeze(segmentIds, [1, 2]); // [B, 1, 1, T]
   const sameSegment = L.equal(q, k);

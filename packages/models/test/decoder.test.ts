@@ -4,7 +4,8 @@
  * weights — padding, packing and KV caching never change a sequence's logits.
  */
 import { logitsRunner, tinyLlama, tinyModel, tinyQwen2, tinyQwen3 } from './tiny';
-import type { HfConfig } from '@lathe/models';
+import * as L from '@lathe/onnx';
+import { decoder, lmLogits, paddedCausalMask, positionsFromPadding, targetLogprobs, weightInputs, type HfConfig } from '@lathe/models';
 
 function rowLogits(logits: { data: ArrayLike<number | bigint>; dims: number[] }, row: number, from: number, to: number): number[] {
   const [, T, V] = logits.dims;
@@ -46,4 +47,15 @@ describe.each([
     expectClose(rowLogits(one, 0, 0, 3), rowLogits(sepA, 0, 0, 3), 1e-4);
     expectClose(rowLogits(one, 0, 3, 7), rowLogits(sepB, 0, 0, 4), 1e-4);
   });
+});
+
+test('the scoring graph has no run-time shape arithmetic (nothing for ORT to put on the CPU)', () => {
+  const { config } = tinyModel(tinyQwen3);
+  const g = new L.Graph();
+  const ids = g.input('input_ids', 'int64', ['B', 'T']);
+  const mask = g.input('attention_mask', 'int64', ['B', 'T']);
+  const { weights } = weightInputs(g, config, 'float32', 'bfloat16');
+  const { hidden } = decoder(config, weights, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask) });
+  g.output(targetLogprobs(lmLogits(config, weights, hidden), ids), 'logprobs');
+  expect(L.runtimeShapeNodes(g).map((n) => n.name)).toEqual([]);
 });

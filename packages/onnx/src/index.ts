@@ -19,3 +19,4 @@ export * from './nn';
 export { grad, type GradOptions } from './autodiff';
 export { toModelProto, toModelBytes, OPSET, IR_VERSION, type SerializeOptions } from './serialize';
 export * from './proto';
+export { runtimeShapeNodes } from './lint';

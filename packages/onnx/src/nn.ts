@@ -2,7 +2,6 @@
  * Composite ops written in the DSL from primitives, so autodiff covers them with no rule of their
  * own: means, log-sum-exp, activations, norms, cross-entropy, masked reductions and masks.
  */
-import type { Dim } from './dim';
 import { GraphError, type Tensor, type TensorLike } from './graph';
 import {
   abs,
@@ -23,10 +22,12 @@ import {
   stopGradient,
   sub,
   where,
+  greaterOrEqual,
+  onesLike,
 } from './ops/elementwise';
 import { normAxis } from './ops/helpers';
-import { countOver, logSoftmax, reduceMax, reduceSum, softmax } from './ops/reduce';
-import { expand, squeeze, trilu, unsqueeze } from './ops/shape-ops';
+import { countOver, cumsum, logSoftmax, reduceMax, reduceSum, softmax } from './ops/reduce';
+import { expand, reshape, slice, squeeze, unsqueeze } from './ops/shape-ops';
 import { gatherElements } from './ops/indexing';
 
 function axesList(x: Tensor, axes?: number | number[]): number[] {
@@ -126,10 +127,18 @@ export function maskedMean(x: Tensor, mask: Tensor, axes?: number | number[], ke
   return div(reduceSum(mul(x, m), list, keepdims), denom);
 }
 
-/** Lower-triangular bool mask [n, n] (true where key ≤ query): the causal attention mask. */
-export function causalMask(n: Dim, like: Tensor): Tensor {
-  const ones = expand(like.graph.constant(1, 'float32', []), [n, n]);
-  return cast(trilu(ones, false, 0), 'bool');
+/**
+ * Lower-triangular bool mask [n, n] (true where key ≤ query): the causal attention mask, for the
+ * length n of `like` along `axis`. Built from positions (a running count along one row of `like`),
+ * so no shape arithmetic is needed at run time even when n is symbolic.
+ */
+export function causalMask(like: Tensor, axis = -1): Tensor {
+  const ax = normAxis(axis, like.rank);
+  let row = like;
+  for (let i = 0; i < like.rank; i++) if (i !== ax) row = slice(row, [i], [0], [1]);
+  const line = reshape(row, [like.shape[ax]]);
+  const pos = cumsum(onesLike(cast(line, 'float32')), 0);
+  return greaterOrEqual(unsqueeze(pos, [1]), unsqueeze(pos, [0]));
 }
 
 /** Softmax over the last axis with −∞-like scores where `mask` (bool, broadcastable) is false. */

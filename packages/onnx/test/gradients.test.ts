@@ -121,7 +121,7 @@ const cases: GradCase[] = [
       const q = L.matmul(x, wq);
       const k = L.matmul(x, wk);
       const s = L.matmul(q, L.transpose(k, [0, 2, 1])).mul(0.5);
-      return L.matmul(L.maskedSoftmax(s, L.causalMask(3, x)), x);
+      return L.matmul(L.maskedSoftmax(s, L.causalMask(x, 1)), x);
     },
   },
   {

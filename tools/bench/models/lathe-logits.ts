@@ -54,7 +54,9 @@ async function main(): Promise<void> {
   const session = await ort.InferenceSession.create(modelPath, {
     executionProviders: device === 'cuda' ? [{ name: 'cuda', deviceId: 0 }] : ['cpu'],
     graphOptimizationLevel: 'all',
-    extra: { session: { disable_cpu_ep_fallback: device === 'cuda' ? '1' : '0' } },
+    // CPU fallback stays off on CUDA unless asked for (--allow-cpu-fallback --log 1 lists placements).
+    extra: { session: { disable_cpu_ep_fallback: device === 'cuda' && !process.argv.includes('--allow-cpu-fallback') ? '1' : '0' } },
+    logSeverityLevel: Number(arg('log', '3')) as 0 | 1 | 2 | 3 | 4,
   });
   const tSession = performance.now();
   const B = batch.input_ids.length;

@@ -72,14 +72,28 @@ def hf_logits(model, ids, mask, dtype, attn):
     return out.float().cpu()
 
 
-def lathe_logits(path, batch_file, dtype, out_file):
+def lathe_logits(path, batch_file, dtype, out_file, log_dir):
     env = dict(os.environ)
     env["NVIDIA_TF32_OVERRIDE"] = "0"  # fp32 parity: no TF32 inside cuBLAS (torch has TF32 off too)
-    res = subprocess.run(["node", NODE_SCRIPT, "--model", path, "--batch", batch_file, "--dtype", dtype,
-                          "--device", "cuda", "--out", out_file], capture_output=True, text=True, env=env)
-    if res.returncode != 0:
+    cmd = ["node", NODE_SCRIPT, "--model", path, "--batch", batch_file, "--dtype", dtype, "--device", "cuda", "--out", out_file]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if res.returncode == 0:
+        out = json.loads(res.stdout.strip().splitlines()[-1])
+        out["cpu_fallback"] = False
+        return out
+    if "fallback to CPU EP has been explicitly disabled" not in res.stderr:
         raise RuntimeError(f"lathe-logits failed for {path} {dtype}:\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    # Some node has no CUDA kernel (or ORT prefers the CPU for it): record where nodes went.
+    log = os.path.join(log_dir, f"placement-{os.path.basename(path)}-{dtype}.log")
+    res = subprocess.run(cmd + ["--allow-cpu-fallback", "--log", "0"], capture_output=True, text=True, env=env)
+    with open(log, "w") as f:
+        f.write(res.stderr)
+    if res.returncode != 0:
+        raise RuntimeError(f"lathe-logits failed for {path} {dtype} even with CPU fallback:\n{res.stderr[-3000:]}")
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    out["cpu_fallback"] = True
+    out["cpu_nodes"] = sorted({l.split("node: ")[-1].split(" ")[0] for l in res.stderr.splitlines() if "Force fallback to CPU execution for node" in l})
+    return out
 
 
 def compare(lathe, ref, mask):
@@ -112,7 +126,7 @@ def parity(root, out):
         row = {"hf_bf16_vs_hf_fp32": compare(ref16, ref32, mask)}
         for dtype in ("float32", "bfloat16"):
             out_file = os.path.join(root, f"{name}-{dtype}.bin")
-            timing = lathe_logits(path, batch_file, dtype, out_file)
+            timing = lathe_logits(path, batch_file, dtype, out_file, out)
             lathe = torch.frombuffer(bytearray(open(out_file, "rb").read()), dtype=torch.float32).reshape(B, T, vocab)
             row[f"lathe_{dtype}_vs_hf_fp32"] = compare(lathe, ref32, mask)
             row[f"lathe_{dtype}_timing"] = timing
@@ -120,7 +134,8 @@ def parity(root, out):
         print(f"{name}: fp32 max_abs={row['lathe_float32_vs_hf_fp32']['max_abs']:.2e} "
               f"rel={row['lathe_float32_vs_hf_fp32']['rel_to_max']:.2e} | "
               f"bf16 lathe={row['lathe_bfloat16_vs_hf_fp32']['max_abs']:.3e} "
-              f"hf-bf16 spread={row['hf_bf16_vs_hf_fp32']['max_abs']:.3e}", flush=True)
+              f"hf-bf16 spread={row['hf_bf16_vs_hf_fp32']['max_abs']:.3e} "
+              f"cpu_fallback={[row[f'lathe_{d}_timing']['cpu_fallback'] for d in ('float32', 'bfloat16')]}", flush=True)
         del model
         torch.cuda.empty_cache()
     return results

@@ -309,7 +309,31 @@ export function shapeOf(x: Tensor, start?: number, end?: number): Tensor {
 export function reshape(x: Tensor, dims: Shape): Tensor {
   const target = dims.map(canonicalDim);
   if (target.length === x.rank && target.every((d, i) => dimEquals(d, x.shape[i]))) return x;
-  return applyOp(reshapeOp, [x, x.graph.shapeTensor(target)], { dims: target })[0];
+  const spec = constantReshapeSpec(x.shape, target);
+  const shape = spec ? x.graph.constant(spec, 'int64', [spec.length]) : x.graph.shapeTensor(target);
+  return applyOp(reshapeOp, [x, shape], { dims: target })[0];
+}
+
+/**
+ * A constant ONNX Reshape spec for a target with symbolic dims, when one exists: 0 copies the
+ * input's dim at the same index, -1 stands for the single remaining unknown. Constant shape
+ * inputs keep shape arithmetic out of the graph (ONNX Runtime would run it on the CPU).
+ */
+function constantReshapeSpec(input: Shape, target: Dim[]): number[] | undefined {
+  let free = false;
+  const spec: number[] = [];
+  for (let i = 0; i < target.length; i++) {
+    const d = target[i];
+    if (typeof d === 'number' && d > 0) spec.push(d);
+    else if (d === -1 || typeof d === 'string') {
+      if (typeof d === 'string' && i < input.length && dimEquals(input[i], d)) spec.push(0);
+      else if (!free) {
+        free = true;
+        spec.push(-1);
+      } else return undefined;
+    } else return undefined; // a literal 0 would mean "copy" to ONNX
+  }
+  return spec;
 }
 
 /** Permutes axes (default: reverse them). */
@@ -369,8 +393,26 @@ export function unsqueeze(x: Tensor, axes: number[]): Tensor {
  * (exact even for dims only known at run time).
  */
 export function expand(x: Tensor, dims: Shape, like?: Tensor): Tensor {
-  const target = like ? shapeOf(like) : x.graph.shapeTensor(dims);
-  return applyOp(expandOp, [x, target], { shape: dims.map(canonicalDim) })[0];
+  const wanted = dims.map(canonicalDim);
+  const spec = like ? undefined : constantExpandSpec(x.shape, wanted);
+  const target = like ? shapeOf(like) : spec ? x.graph.constant(spec, 'int64', [spec.length]) : x.graph.shapeTensor(wanted);
+  return applyOp(expandOp, [x, target], { shape: wanted })[0];
+}
+
+/**
+ * A constant Expand target: Expand broadcasts both ways, so a dim x already has can be given as 1
+ * and only new static dims need values.
+ */
+function constantExpandSpec(input: Shape, target: Dim[]): number[] | undefined {
+  const spec: number[] = [];
+  for (let j = 0; j < target.length; j++) {
+    const i = j - (target.length - input.length);
+    const d = target[j];
+    if (i >= 0 && dimEquals(input[i], d)) spec.push(1);
+    else if (typeof d === 'number') spec.push(d);
+    else return undefined;
+  }
+  return spec;
 }
 
 /** Keeps the lower (or upper) triangle of the last two axes, offset by diagonal k. */
