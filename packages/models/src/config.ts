@@ -65,8 +65,18 @@ function field<T>(cfg: HfConfig, key: string, kind: 'number' | 'boolean' | 'stri
   return v as T;
 }
 
+/**
+ * transformers ≥ 5 writes RoPE settings as `rope_parameters` ({rope_type, rope_theta, factor, …});
+ * earlier versions as top-level `rope_theta` plus `rope_scaling`. Both are read.
+ */
+function ropeParameters(cfg: HfConfig): Record<string, unknown> | undefined {
+  const rp = cfg.rope_parameters;
+  return rp && typeof rp === 'object' && !Array.isArray(rp) ? (rp as Record<string, unknown>) : undefined;
+}
+
 function ropeScaling(cfg: HfConfig, where: string): RopeScaling {
-  const rs = (cfg.rope_scaling ?? null) as Record<string, unknown> | null;
+  const rp = ropeParameters(cfg);
+  const rs = (rp && (rp.rope_type ?? rp.type) !== undefined ? rp : (cfg.rope_scaling ?? null)) as Record<string, unknown> | null;
   if (!rs) return { type: 'default' };
   const type = (rs.rope_type ?? rs.type) as string | undefined;
   const num = (k: string, fallback?: number) => field<number>(rs, k, 'number', `${where} rope_scaling`, fallback);
@@ -125,7 +135,7 @@ export function parseConfig(cfg: HfConfig, where = 'config.json'): DecoderConfig
     numKvHeads,
     headDim: n('head_dim', hiddenSize / numHeads),
     rmsNormEps: n('rms_norm_eps'),
-    ropeTheta: n('rope_theta', 10000),
+    ropeTheta: typeof ropeParameters(cfg)?.rope_theta === 'number' ? (ropeParameters(cfg)!.rope_theta as number) : n('rope_theta', 10000),
     ropeScaling: ropeScaling(cfg, where),
     maxPositionEmbeddings: n('max_position_embeddings'),
     tieWordEmbeddings: b('tie_word_embeddings', false),
@@ -192,8 +202,10 @@ export function toHfConfig(c: DecoderConfig, extra: HfConfig = {}): HfConfig {
     num_key_value_heads: c.numKvHeads,
     head_dim: c.headDim,
     rms_norm_eps: c.rmsNormEps,
+    // Both spellings: transformers 4 reads rope_theta/rope_scaling, 5 reads rope_parameters.
     rope_theta: c.ropeTheta,
     rope_scaling: rope,
+    rope_parameters: { rope_theta: c.ropeTheta, ...(rope ?? { rope_type: 'default' }) },
     max_position_embeddings: c.maxPositionEmbeddings,
     tie_word_embeddings: c.tieWordEmbeddings,
     hidden_act: 'silu',

@@ -21,6 +21,11 @@ test('config.json of each architecture parses; defaults follow transformers', ()
   expect(q3).toMatchObject({ architecture: 'Qwen3ForCausalLM', qkNorm: true, attentionBias: false, headDim: 8, numKvHeads: 2, tieWordEmbeddings: true });
   expect(parseConfig(tinyQwen2)).toMatchObject({ attentionBias: true, outputBias: false, qkNorm: false });
   expect(parseConfig(tinyLlama).ropeScaling).toEqual({ type: 'llama3', factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 32 });
+  // transformers ≥ 5 spells RoPE settings as rope_parameters.
+  const v5 = parseConfig({ ...tinyQwen3, rope_theta: undefined, rope_parameters: { rope_type: 'default', rope_theta: 1e6 } });
+  expect(v5.ropeTheta).toBe(1e6);
+  const v5llama = parseConfig({ ...tinyQwen3, rope_parameters: { rope_type: 'llama3', rope_theta: 5e5, factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 32 } });
+  expect(v5llama).toMatchObject({ ropeTheta: 5e5, ropeScaling: { type: 'llama3', factor: 8 } });
   const { head_dim: _hd, ...noHeadDim } = tinyQwen2;
   expect(parseConfig(noHeadDim).headDim).toBe(32 / 4);
 });

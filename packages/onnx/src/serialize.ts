@@ -84,10 +84,15 @@ function graphProto(graph: Graph, domains: Set<string>): GraphProto {
       ],
     };
   });
+  // Every intermediate's type and shape as Lathe inferred them: ONNX Runtime's own symbolic shape
+  // inference is slow on large graphs (superlinear in node count) and starts from these instead.
+  const outputs = new Set(graph.outputs);
+  const intermediates = graph.nodes.flatMap((n) => n.outputs.filter((t) => !outputs.has(t)).map((t) => valueInfo(t, false)));
   return {
     name: graph.name,
     node,
     initializer,
+    valueInfo: intermediates,
     input: graph.inputs.map((t) => valueInfo(t, false)),
     output: graph.outputs.map((t) => valueInfo(t, true)),
   };

@@ -39,12 +39,10 @@ async function main(): Promise<void> {
   const { hidden } = decoder(config, w, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask) });
   const logits = lmLogits(config, w, hidden);
   if (logprobs) {
-    // log p(token t+1 | ≤ t) for t < T−1, padded with a 0 at the end.
-    const T = ids.shape[1];
-    const next = L.slice(ids, [1], [1]);
-    const lp = targetLogprobs(L.slice(logits, [1], [0], [-1]), next);
-    g.output(L.concat([lp, L.expand(g.constant(0, 'float32', []), [ids.shape[0], 1])], 1), 'out');
-    void T;
+    // log p(token t+1 | ≤ t) at every position (the last one scores the first token again, so
+    // every shape stays static: it is dropped by whoever reads the result).
+    const next = L.concat([L.slice(ids, [1], [1]), L.slice(ids, [1], [0], [1])], 1);
+    g.output(targetLogprobs(logits, next), 'out');
   } else {
     g.output(L.cast(logits, 'float32'), 'out');
   }
