@@ -50,3 +50,32 @@ export function valueAtLastToken(hidden: Tensor, padMask: Tensor, weight: Tensor
   const last = L.reduceMax(L.mul(m, pos), [1], true);
   return L.squeeze(L.gatherElements(perToken, last, 1), [1]);
 }
+
+/**
+ * log p(targets) [B, T] in float32 without materialising full-vocabulary logits: the target's
+ * logit comes from its own LM-head row, and the log-partition from a log-sum-exp over vocabulary
+ * chunks of `chunk` rows. Each chunk's logits are [B, T, chunk], which keeps memory small and every
+ * tensor under 2³¹ elements (ONNX Runtime's CUDA kernels index with 32-bit offsets; [16, 1024,
+ * 151936] logits would overflow them).
+ */
+export function chunkedTargetLogprobs(
+  cfg: DecoderConfig,
+  w: Weights,
+  hidden: Tensor,
+  targets: Tensor,
+  opts: { chunk?: number; temperature?: number } = {},
+): Tensor {
+  const chunk = opts.chunk ?? 16384;
+  const temperature = opts.temperature ?? 1;
+  const acc = accumulationDtype(hidden.dtype);
+  const W = w(lmHeadName(cfg));
+  const scale = (t: Tensor) => (temperature === 1 ? t : L.div(t, temperature));
+  const rows = L.gather(W, L.cast(targets, 'int64'), 0); // [B, T, D]
+  const targetLogit = scale(L.reduceSum(L.mul(L.cast(hidden, acc), L.cast(rows, acc)), [-1 + hidden.rank]));
+  const sizes: number[] = [];
+  for (let start = 0; start < cfg.vocabSize; start += chunk) sizes.push(Math.min(chunk, cfg.vocabSize - start));
+  const parts = sizes.length === 1 ? [W] : L.split(W, sizes, 0);
+  const partials = parts.map((Wk) => L.logSumExp(scale(L.cast(linear(hidden, Wk), acc)), -1, true)); // [B, T, 1] each
+  const logZ = L.logSumExp(L.concat(partials, -1), -1);
+  return L.sub(targetLogit, logZ);
+}

@@ -3,9 +3,20 @@
  * the GPU machine (tools/reference/models); here: invariances the model must have whatever its
  * weights — padding, packing and KV caching never change a sequence's logits.
  */
-import { logitsRunner, tinyLlama, tinyModel, tinyQwen2, tinyQwen3 } from './tiny';
+import { logitsRunner, tinyLlama, tinyModel, tinyQwen2, tinyQwen3, weightFeeds } from './tiny';
 import * as L from '@lathe/onnx';
-import { decoder, lmLogits, paddedCausalMask, positionsFromPadding, targetLogprobs, weightInputs, type HfConfig } from '@lathe/models';
+import {
+  chunkedTargetLogprobs,
+  decoder,
+  lmLogits,
+  paddedCausalMask,
+  positionsFromPadding,
+  targetLogprobs,
+  weightInputs,
+  type HfConfig,
+} from '@lathe/models';
+import { compile } from '../../../tools/testing/ort-cpu';
+
 
 function rowLogits(logits: { data: ArrayLike<number | bigint>; dims: number[] }, row: number, from: number, to: number): number[] {
   const [, T, V] = logits.dims;
@@ -58,4 +69,23 @@ test('the scoring graph has no run-time shape arithmetic (nothing for ORT to put
   const { hidden } = decoder(config, weights, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask) });
   g.output(targetLogprobs(lmLogits(config, weights, hidden), ids), 'logprobs');
   expect(L.runtimeShapeNodes(g).map((n) => n.name)).toEqual([]);
+});
+
+test('chunked log-probs equal log-softmax of the full logits', async () => {
+  const { config } = tinyModel(tinyQwen3, 9);
+  const g = new L.Graph();
+  const ids = g.input('input_ids', 'int64', ['B', 'T']);
+  const mask = g.input('attention_mask', 'int64', ['B', 'T']);
+  const { weights } = weightInputs(g, config, 'float32', 'float32');
+  const { hidden } = decoder(config, weights, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask) });
+  g.output(targetLogprobs(lmLogits(config, weights, hidden), ids, 0.7), 'full');
+  g.output(chunkedTargetLogprobs(config, weights, hidden, ids, { chunk: 24, temperature: 0.7 }), 'chunked'); // 64 = 24 + 24 + 16
+  expect(L.runtimeShapeNodes(g)).toEqual([]);
+  const { dir } = tinyModel(tinyQwen3, 9);
+  const feeds = weightFeeds(dir, config, 'float32');
+  const run = await compile(g);
+  const out = await run({ ...feeds, input_ids: { data: BigInt64Array.from([1n, 5n, 9n, 33n, 2n, 7n]), dims: [2, 3] }, attention_mask: { data: BigInt64Array.from([1n, 1n, 1n, 0n, 1n, 1n]), dims: [2, 3] } });
+  const a = Array.from(out.full.data as Float32Array);
+  const b = Array.from(out.chunked.data as Float32Array);
+  expect(Math.max(...a.map((v, i) => Math.abs(v - b[i])))).toBeLessThan(1e-5);
 });

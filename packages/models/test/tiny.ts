@@ -12,6 +12,8 @@ import {
   randomModel,
   readWeightIndex,
   weightInitializers,
+  paramSpecs,
+  readTensorBytes,
   type DecoderConfig,
   type HfConfig,
 } from '@lathe/models';
@@ -77,4 +79,16 @@ export async function logitsRunner(dir: string, config: DecoderConfig, mode: Mas
 
 async function compileFile(path: string, g: L.Graph) {
   return compile(g, path);
+}
+
+/** Host feeds for every weight of a float32 model folder, as float64 or float32. */
+export function weightFeeds(dir: string, config: DecoderConfig, dtype: 'float64' | 'float32'): Record<string, HostTensor> {
+  const index = readWeightIndex(dir);
+  const feeds: Record<string, HostTensor> = {};
+  for (const spec of paramSpecs(config)) {
+    const bytes = readTensorBytes(index.get(spec.name)!);
+    const f32 = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+    feeds[spec.name] = { data: dtype === 'float64' ? Float64Array.from(f32) : Float32Array.from(f32), dims: spec.shape };
+  }
+  return feeds;
 }

@@ -7,26 +7,13 @@ import {
   decoder,
   lmLogits,
   paddedCausalMask,
-  paramSpecs,
   positionsFromPadding,
-  readTensorBytes,
-  readWeightIndex,
   weightInputs,
   type DecoderConfig,
 } from '@lathe/models';
 import { compile, type HostTensor } from '../../../tools/testing/ort-cpu';
-import { tinyModel, tinyQwen3 } from './tiny';
+import { tinyModel, tinyQwen3, weightFeeds } from './tiny';
 
-function weightFeeds(dir: string, config: DecoderConfig, dtype: 'float64' | 'float32'): Record<string, HostTensor> {
-  const index = readWeightIndex(dir);
-  const feeds: Record<string, HostTensor> = {};
-  for (const spec of paramSpecs(config)) {
-    const bytes = readTensorBytes(index.get(spec.name)!);
-    const f32 = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
-    feeds[spec.name] = { data: dtype === 'float64' ? Float64Array.from(f32) : Float32Array.from(f32), dims: spec.shape };
-  }
-  return feeds;
-}
 
 const ids = (rows: number[][]): HostTensor => ({ data: BigInt64Array.from(rows.flat().map(BigInt)), dims: [rows.length, rows[0].length] });
 

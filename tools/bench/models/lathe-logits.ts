@@ -11,7 +11,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { basename, join, resolve } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import * as L from '@lathe/onnx';
-import { decoder, externalDataFolder, lmLogits, paddedCausalMask, positionsFromPadding, readConfig, readWeightIndex, targetLogprobs, weightInitializers } from '@lathe/models';
+import { chunkedTargetLogprobs, decoder, externalDataFolder, lmLogits, paddedCausalMask, positionsFromPadding, readConfig, readWeightIndex, weightInitializers } from '@lathe/models';
 
 function arg(name: string, fallback?: string): string {
   const i = process.argv.indexOf(`--${name}`);
@@ -37,14 +37,13 @@ async function main(): Promise<void> {
   const { dir: work, location } = externalDataFolder([...index.values()].map((e) => e.file));
   const w = weightInitializers(g, config, index, dtype, location);
   const { hidden } = decoder(config, w, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask) });
-  const logits = lmLogits(config, w, hidden);
   if (logprobs) {
     // log p(token t+1 | ≤ t) at every position (the last one scores the first token again, so
     // every shape stays static: it is dropped by whoever reads the result).
     const next = L.concat([L.slice(ids, [1], [1]), L.slice(ids, [1], [0], [1])], 1);
-    g.output(targetLogprobs(logits, next), 'out');
+    g.output(chunkedTargetLogprobs(config, w, hidden, next), 'out');
   } else {
-    g.output(L.cast(logits, 'float32'), 'out');
+    g.output(L.cast(lmLogits(config, w, hidden), 'float32'), 'out');
   }
   const modelPath = join(work, 'model.onnx');
   writeFileSync(modelPath, L.toModelBytes(g));
