@@ -9,7 +9,6 @@ import {
   paddedCausalMask,
   positionsFromPadding,
   weightInputs,
-  type DecoderConfig,
 } from '@lathe/models';
 import { compile, type HostTensor } from '../../../tools/testing/ort-cpu';
 import { tinyModel, tinyQwen3, weightFeeds } from './tiny';
