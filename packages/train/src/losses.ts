@@ -1,0 +1,72 @@
+/**
+ * Losses as LossBuilders (see train-step.ts). Token losses are sums divided by a normaliser fed
+ * per step (`loss_tokens`: the number of loss tokens in the whole optimizer batch), so that a
+ * batch split into micro-batches gives exactly the same gradient as the whole batch.
+ */
+import * as L from '@lathe/onnx';
+import type { DType, Graph, Tensor } from '@lathe/onnx';
+import { chunkedTargetLogprobs, decoder, paddedCausalMask, positionsFromPadding, type DecoderConfig, type Weights } from '@lathe/models';
+import type { LossBuilder } from './train-step';
+
+/** Weights for the decoder from master parameters, cast to the compute dtype once each. */
+export function castWeights(params: Map<string, Tensor>, compute: DType): Weights {
+  const cache = new Map<string, Tensor>();
+  return (name) => {
+    const p = params.get(name);
+    if (!p) throw new Error(`no parameter '${name}'`);
+    let c = cache.get(name);
+    if (!c) cache.set(name, (c = L.cast(p, compute)));
+    return c;
+  };
+}
+
+/** Shifts [B, T] left by one along T (the last column wraps around: mask it out). */
+export function shiftLeft(x: Tensor): Tensor {
+  return L.concat([L.slice(x, [1], [1]), L.slice(x, [1], [0], [1])], 1);
+}
+
+/** Per-token log-probs of the next token, [B, T], position T−1 meaningless (mask it). */
+export function nextTokenLogprobs(cfg: DecoderConfig, w: Weights, ids: Tensor, attentionMask: Tensor, opts: { temperature?: number; chunk?: number } = {}): Tensor {
+  const { hidden } = decoder(cfg, w, { inputIds: ids, positionIds: positionsFromPadding(attentionMask), attentionMask: paddedCausalMask(attentionMask) });
+  return chunkedTargetLogprobs(cfg, w, hidden, shiftLeft(ids), opts);
+}
+
+/** Options of the SFT loss. */
+export interface SftLossOptions {
+  /** Dtype of the forward/backward compute (master weights stay float32). */
+  compute?: DType;
+  /** Vocabulary chunk of the log-prob computation. */
+  chunk?: number;
+}
+
+/**
+ * Masked next-token cross-entropy. Batch inputs: `input_ids` [B, T] int64, `attention_mask`
+ * [B, T] int64 (1 = token), `loss_mask` [B, T] int64 (1 on tokens to predict, e.g. the response),
+ * `loss_tokens` float32 scalar (loss tokens in the whole optimizer batch). Metric: `token_nll_sum`.
+ */
+export function sftLoss(cfg: DecoderConfig, opts: SftLossOptions = {}): LossBuilder {
+  return (g: Graph, params) => {
+    const ids = g.input('input_ids', 'int64', ['B', 'T']);
+    const attention = g.input('attention_mask', 'int64', ['B', 'T']);
+    const lossMask = g.input('loss_mask', 'int64', ['B', 'T']);
+    const normaliser = g.input('loss_tokens', 'float32', []);
+    const w = castWeights(params, opts.compute ?? 'float32');
+    const logp = nextTokenLogprobs(cfg, w, ids, attention, { chunk: opts.chunk });
+    // Position t predicts token t+1: weight it by loss_mask[t+1]; the wrapped last column gets 0.
+    const predicted = L.cast(L.mul(shiftLeft(lossMask), lastColumnZero(lossMask)), 'float32');
+    const nllSum = L.neg(L.reduceSum(L.mul(logp, predicted)));
+    return { loss: L.div(nllSum, normaliser), metrics: { token_nll_sum: nllSum } };
+  };
+}
+
+/** 1 everywhere except the last column (int64 [B, T]). */
+function lastColumnZero(x: Tensor): Tensor {
+  const ones = L.add(L.mul(x, 0), 1);
+  const zeros = L.mul(L.slice(x, [1], [0], [1]), 0);
+  return L.concat([L.slice(ones, [1], [0], [-1]), zeros], 1);
+}
+
+/** −mean log σ(r_chosen − r_rejected): the Bradley-Terry pairwise loss. */
+export function bradleyTerry(chosen: Tensor, rejected: Tensor): Tensor {
+  return L.neg(L.mean(L.logSigmoid(L.sub(chosen, rejected))));
+}

@@ -1,0 +1,138 @@
+/**
+ * Train-step compilation: a loss written in the DSL becomes graphs that run forward, backward and
+ * the AdamW update. Parameters and optimizer state are graph inputs and the updated values graph
+ * outputs, so the runtime can keep them in device buffers and swap them after each run.
+ *
+ * Three graphs come out:
+ * - `step`: loss → grads → clip → AdamW, one run per optimizer step (no accumulation);
+ * - `accumulate`: loss → grads added to gradient buffers (one run per micro-batch);
+ * - `apply`: the AdamW update from accumulated gradients, scaled by 1/micro-batches.
+ *
+ * Names: a parameter `p` has inputs `p`, `adam_m/p`, `adam_v/p`, `grad/p` and outputs `next/p`,
+ * `next/adam_m/p`, `next/adam_v/p`, `next/grad/p`; scalars `lr`, `bc1`, `bc2`, `grad_scale`; outputs
+ * `loss`, `grad_norm`.
+ */
+import * as L from '@lathe/onnx';
+import type { Graph, Tensor } from '@lathe/onnx';
+import { adamwUpdate, type AdamWConfig } from './adamw';
+
+/** A trainable parameter. */
+export interface TrainableParam {
+  name: string;
+  shape: number[];
+  /** Weight decay applies (matrices, embeddings) or not (norms, biases). */
+  decay: boolean;
+}
+
+/** What the loss builder returns. */
+export interface LossOutputs {
+  /** Scalar loss (float32). */
+  loss: Tensor;
+  /** Extra values to return each step (metrics such as token counts or accuracies). */
+  metrics?: Record<string, Tensor>;
+}
+
+/**
+ * Builds the loss in graph `g` from the float32 master parameters (by name). The builder declares
+ * its own batch inputs with `g.input` (token ids, masks, advantages, …) and may cast parameters to
+ * a compute dtype.
+ */
+export type LossBuilder = (g: Graph, params: Map<string, Tensor>) => LossOutputs;
+
+/** Everything a train step needs. */
+export interface TrainStepSpec {
+  params: TrainableParam[];
+  loss: LossBuilder;
+  optimizer?: AdamWConfig;
+}
+
+/** The compiled graphs. */
+export interface TrainStepGraphs {
+  step: Graph;
+  accumulate: Graph;
+  apply: Graph;
+  /** Names of the loss builder's own inputs (the batch). */
+  batchInputs: string[];
+  /** Names of the extra metric outputs. */
+  metrics: string[];
+}
+
+/** Input/output names of a parameter's tensors. */
+export const stateNames = {
+  m: (p: string) => `adam_m/${p}`,
+  v: (p: string) => `adam_v/${p}`,
+  grad: (p: string) => `grad/${p}`,
+  next: (name: string) => `next/${name}`,
+};
+
+function forwardBackward(spec: TrainStepSpec, g: Graph) {
+  const params = new Map(spec.params.map((p) => [p.name, g.input(p.name, 'float32', p.shape)] as const));
+  const before = g.inputs.length;
+  const { loss, metrics = {} } = spec.loss(g, params);
+  if (loss.dtype !== 'float32' || loss.rank !== 0) throw new Error(`train step: the loss must be a float32 scalar, got ${loss}`);
+  const batchInputs = g.inputs.slice(before).map((t) => t.name);
+  const grads = L.grad(loss, spec.params.map((p) => params.get(p.name)!));
+  return { params, loss, metrics, grads, batchInputs };
+}
+
+function scalars(g: Graph) {
+  return { lr: g.input('lr', 'float32', []), bc1: g.input('bc1', 'float32', []), bc2: g.input('bc2', 'float32', []) };
+}
+
+/** Compiles the three train-step graphs for a loss. */
+export function compileTrainStep(spec: TrainStepSpec): TrainStepGraphs {
+  // step: forward + backward + update in one run
+  const step = new L.Graph('train_step');
+  const fb = forwardBackward(spec, step);
+  const s1 = scalars(step);
+  const updated = adamwUpdate(
+    spec.params.map((p, i) => ({
+      param: fb.params.get(p.name)!,
+      grad: fb.grads[i],
+      m: step.input(stateNames.m(p.name), 'float32', p.shape),
+      v: step.input(stateNames.v(p.name), 'float32', p.shape),
+      decay: p.decay,
+    })),
+    s1,
+    spec.optimizer,
+  );
+  step.output(fb.loss, 'loss');
+  step.output(updated.gradNorm, 'grad_norm');
+  for (const [k, t] of Object.entries(fb.metrics)) step.output(t, k);
+  spec.params.forEach((p, i) => {
+    step.output(updated.params[i], stateNames.next(p.name));
+    step.output(updated.m[i], stateNames.next(stateNames.m(p.name)));
+    step.output(updated.v[i], stateNames.next(stateNames.v(p.name)));
+  });
+
+  // accumulate: forward + backward, gradients added to the running sums
+  const accumulate = new L.Graph('train_accumulate');
+  const fa = forwardBackward(spec, accumulate);
+  accumulate.output(fa.loss, 'loss');
+  for (const [k, t] of Object.entries(fa.metrics)) accumulate.output(t, k);
+  spec.params.forEach((p, i) => {
+    const acc = accumulate.input(stateNames.grad(p.name), 'float32', p.shape);
+    accumulate.output(L.add(acc, fa.grads[i]), stateNames.next(stateNames.grad(p.name)));
+  });
+
+  // apply: AdamW from accumulated gradients
+  const apply = new L.Graph('train_apply');
+  const s2 = scalars(apply);
+  const scale = apply.input('grad_scale', 'float32', []);
+  const slots = spec.params.map((p) => ({
+    param: apply.input(p.name, 'float32', p.shape),
+    grad: L.mul(apply.input(stateNames.grad(p.name), 'float32', p.shape), scale),
+    m: apply.input(stateNames.m(p.name), 'float32', p.shape),
+    v: apply.input(stateNames.v(p.name), 'float32', p.shape),
+    decay: p.decay,
+  }));
+  const applied = adamwUpdate(slots, s2, spec.optimizer);
+  apply.output(applied.gradNorm, 'grad_norm');
+  spec.params.forEach((p, i) => {
+    apply.output(applied.params[i], stateNames.next(p.name));
+    apply.output(applied.m[i], stateNames.next(stateNames.m(p.name)));
+    apply.output(applied.v[i], stateNames.next(stateNames.v(p.name)));
+  });
+
+  return { step, accumulate, apply, batchInputs: fb.batchInputs, metrics: Object.keys(fb.metrics) };
+}
