@@ -1,0 +1,4 @@
+/** @lathe/rollout — whole-batch generation and scoring graphs, and the host API around them. */
+export * from './rng';
+export * from './sampling';
+export * from './generation-graph';

@@ -1,0 +1,84 @@
+import * as L from '@lathe/onnx';
+import { filteredScores, sampleNext, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
+import { compile } from '../../../tools/testing/ort-cpu';
+import { rowsOf } from './helpers';
+
+/** Runs `filteredScores` on crafted logits rows and returns which tokens stay sampleable. */
+async function kept(logits: number[][], o: SamplingOptions): Promise<boolean[][]> {
+  const V = logits[0].length;
+  const g = new L.Graph();
+  const x = g.input('logits', 'float32', ['B', V]);
+  g.output(filteredScores(x, o), 'scores');
+  const run = await compile(g);
+  const out = await run({ logits: { data: Float32Array.from(logits.flat()), dims: [logits.length, V] } });
+  return rowsOf(out.scores).map((row) => row.map((s) => s > -Infinity));
+}
+
+const lg = (p: number[]) => p.map(Math.log);
+
+test('top-k keeps the k largest logits (ties at the k-th included)', async () => {
+  expect(await kept([[1, 5, 3, 4, 2]], { topK: 2 })).toEqual([[false, true, false, true, false]]);
+  expect(await kept([[1, 3, 3, 0]], { topK: 2 })).toEqual([[false, true, true, false]]);
+});
+
+test('top-p keeps the smallest most-likely set reaching p; the best token always stays', async () => {
+  const probs = [0.05, 0.5, 0.3, 0.15];
+  expect(await kept([lg(probs)], { topP: 0.5 })).toEqual([[false, true, false, false]]);
+  expect(await kept([lg(probs)], { topP: 0.6 })).toEqual([[false, true, true, false]]);
+  expect(await kept([lg(probs)], { topP: 0.9 })).toEqual([[false, true, true, true]]);
+  expect(await kept([lg(probs)], { topP: 0.1 })).toEqual([[false, true, false, false]]);
+});
+
+test('min-p drops tokens below min_p · p_max, and filters compose after temperature', async () => {
+  const probs = [0.4, 0.3, 0.2, 0.1];
+  expect(await kept([lg(probs)], { minP: 0.5 })).toEqual([[true, true, true, false]]);
+  // Temperature 0.5 squares the ratios: p ∝ 0.16, 0.09, 0.04, 0.01 → relative to max: 1, .56, .25, .06.
+  expect(await kept([lg(probs)], { temperature: 0.5, minP: 0.3 })).toEqual([[true, true, false, false]]);
+  // top-k then top-p: after top-3 the renormalised mass is .44/.33/.22; p = 0.7 keeps two.
+  expect(await kept([lg(probs)], { topK: 3, topP: 0.7 })).toEqual([[true, true, false, false]]);
+});
+
+test('bad sampling options are rejected by name', () => {
+  expect(() => validateSampling({ temperature: -1 }, 10)).toThrow(/temperature/);
+  expect(() => validateSampling({ topK: 11 }, 10)).toThrow(/top_k/);
+  expect(() => validateSampling({ topP: 0 }, 10)).toThrow(/top_p/);
+  expect(() => validateSampling({ minP: 2 }, 10)).toThrow(/min_p/);
+});
+
+test('inverse-CDF sampling with host noise draws the filtered distribution (20,000 draws, χ² test, 3 seeds)', async () => {
+  const probs = [0.02, 0.38, 0.25, 0.2, 0.1, 0.05];
+  const V = probs.length;
+  const R = 20000;
+  const g = new L.Graph();
+  const x = g.input('logits', 'float32', ['B', V]);
+  const u = g.input('uniform', 'float32', ['B']);
+  g.output(sampleNext(x, { topK: 5 }, u).tokens, 'tokens');
+  const run = await compile(g);
+  const logits = { data: Float32Array.from(Array.from({ length: R }, () => lg(probs)).flat()), dims: [R, V] };
+  for (const seed of [1, 2, 3]) {
+    const out = await run({ logits, uniform: { data: uniformNoise(seed, [...Array(R).keys()], 1), dims: [R] } });
+    const counts = new Array(V).fill(0);
+    for (const t of out.tokens.data) counts[Number(t)]++;
+    expect(counts[0]).toBe(0); // removed by top-k
+    const mass = 1 - probs[0];
+    const chi2 = probs.slice(1).reduce((s, p, i) => s + (counts[i + 1] - (R * p) / mass) ** 2 / ((R * p) / mass), 0);
+    // 4 degrees of freedom: P(χ² > 18.47) = 0.001.
+    expect(chi2).toBeLessThan(18.47);
+  }
+});
+
+test('host noise is uniform, reproducible, and distinct across seeds, keys and steps', () => {
+  const a = uniformNoise(7, [0, 1, 2 ** 40], 4);
+  expect(uniformNoise(7, [0, 1, 2 ** 40], 4)).toEqual(a);
+  expect(new Set(a).size).toBe(a.length);
+  expect(uniformNoise(8, [0], 1)[0]).not.toBe(a[0]);
+  expect(uniformNoise(7, [2 ** 40 + 1], 1)[0]).not.toBe(a[8]);
+  // Mean and variance of 100,000 draws: 1/2 and 1/12 within 4 standard errors.
+  const u = uniformNoise(1, [...Array(1000).keys()], 100);
+  const mean = u.reduce((s, x) => s + x, 0) / u.length;
+  const variance = u.reduce((s, x) => s + (x - mean) ** 2, 0) / u.length;
+  expect(Math.abs(mean - 0.5)).toBeLessThan(4 * Math.sqrt(1 / 12 / u.length));
+  expect(Math.abs(variance - 1 / 12)).toBeLessThan(0.002);
+  expect(Math.min(...u)).toBeGreaterThan(0);
+  expect(Math.max(...u)).toBeLessThan(1);
+});
