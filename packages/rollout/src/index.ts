@@ -2,3 +2,4 @@
 export * from './rng';
 export * from './sampling';
 export * from './generation-graph';
+export * from './scoring-graph';

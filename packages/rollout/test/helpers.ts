@@ -14,7 +14,7 @@ import {
   type DecoderConfig,
   type HfConfig,
 } from '@lathe/models';
-import { addGeneration, uniformNoise, type GenerationGraphOptions } from '@lathe/rollout';
+import { addGeneration, addScoring, uniformNoise, type GenerationGraphOptions, type ScoringGraphOptions } from '@lathe/rollout';
 import { compile, type HostTensor } from '../../../tools/testing/ort-cpu';
 
 export const tinyQwen3: HfConfig = {
@@ -95,4 +95,20 @@ export function logSoftmax(row: number[]): number[] {
   const m = Math.max(...row);
   const z = Math.log(row.reduce((s, x) => s + Math.exp(x - m), 0)) + m;
   return row.map((x) => x - z);
+}
+
+/** A float32 CPU scoring graph; feeds right-padded rows, returns every output. */
+export async function scoringRunner(dir: string, config: DecoderConfig, opts: ScoringGraphOptions = {}) {
+  const g = new L.Graph('score');
+  addScoring(g, config, weightInitializers(g, config, readWeightIndex(dir), 'float32', (f) => basename(f)), opts);
+  const path = join(dir, 'score.onnx');
+  writeFileSync(path, L.toModelBytes(g));
+  const run = await compile(g, path);
+  return (seqs: number[][]) => {
+    const T = Math.max(...seqs.map((s) => s.length));
+    return run({
+      input_ids: i64(seqs.map((s) => [...s, ...new Array(T - s.length).fill(0)])),
+      attention_mask: i64(seqs.map((s) => [...s.map(() => 1), ...new Array(T - s.length).fill(0)])),
+    });
+  };
 }

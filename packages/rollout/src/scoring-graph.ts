@@ -1,0 +1,84 @@
+/**
+ * The scoring graph: teacher-forced per-token log-probs of given sequences, next-token entropies,
+ * and optionally each position's min-p candidate set (the ids and log-probs of every token with
+ * p ≥ min_p · p_max, at most K) — the data ICL-V labeling needs.
+ *
+ * Inputs:  input_ids int64 [B, T], attention_mask int64 [B, T] (left or right padding), weights.
+ * Outputs: logprobs float32 [B, T]: position t holds log p(input_ids[t+1] | ids ≤ t) (the last
+ *          column, and positions whose next token is padding, are 0);
+ *          entropies float32 [B, T]: entropy of the next-token distribution at t (0 on padding);
+ *          with candidates: candidate_ids int64 [B, T, K] (−1 past the set) and
+ *          candidate_logprobs float32 [B, T, K] (0 past the set).
+ * Log-probs and entropies are computed over vocabulary chunks, so full-vocabulary logits are never
+ * materialised; candidates need the full logits of the batch ([B, T, V] float32).
+ */
+import * as L from '@lathe/onnx';
+import type { Graph, Tensor } from '@lathe/onnx';
+import {
+  accumulationDtype,
+  chunkedTargetLogprobs,
+  decoder,
+  lmHeadName,
+  linear,
+  lmLogits,
+  paddedCausalMask,
+  positionsFromPadding,
+  type DecoderConfig,
+  type Weights,
+} from '@lathe/models';
+
+/** Compile-time options of a scoring graph. */
+export interface ScoringGraphOptions {
+  /** Vocabulary rows per chunk of the log-partition. Default 16,384. */
+  chunk?: number;
+  /** Also return each position's min-p candidate set, at most `k` tokens. */
+  candidates?: { minP: number; k: number };
+}
+
+/** Shifts [B, T] left by one (the last column wraps around and is masked by the caller). */
+function shiftLeft(x: Tensor): Tensor {
+  return L.concat([L.slice(x, [1], [1]), L.slice(x, [1], [0], [1])], 1);
+}
+
+/** bool [B, T]: true where position t and t+1 are both tokens (t+1 < T). */
+function nextIsToken(mask: Tensor): Tensor {
+  const m = L.cast(mask, 'bool');
+  const next = L.concat([L.slice(m, [1], [1]), L.and(L.slice(m, [1], [0], [1]), L.not(L.slice(m, [1], [0], [1])))], 1);
+  return L.and(m, next);
+}
+
+/** Entropy [B, T] of softmax(hidden · Wᵀ) computed chunk by chunk: H = log Z − Σ p·logit. */
+function chunkedEntropy(cfg: DecoderConfig, w: Weights, hidden: Tensor, chunk: number): Tensor {
+  const acc = accumulationDtype(hidden.dtype);
+  const W = w(lmHeadName(cfg));
+  const sizes: number[] = [];
+  for (let s = 0; s < cfg.vocabSize; s += chunk) sizes.push(Math.min(chunk, cfg.vocabSize - s));
+  const parts = sizes.length === 1 ? [W] : L.split(W, sizes, 0);
+  const logits = parts.map((Wk) => L.cast(linear(hidden, Wk), acc));
+  const logZ = L.logSumExp(L.concat(logits.map((l) => L.logSumExp(l, -1, true)), -1), -1, true); // [B, T, 1]
+  const expected = logits.map((l) => L.reduceSum(L.mul(L.exp(L.sub(l, logZ)), l), [-1])).reduce((a, b) => L.add(a, b));
+  return L.sub(L.squeeze(logZ, [2]), expected);
+}
+
+/** Adds the scoring computation to `g` (declares the inputs and outputs listed above). */
+export function addScoring(g: Graph, cfg: DecoderConfig, weights: Weights, opts: ScoringGraphOptions = {}): void {
+  const chunk = opts.chunk ?? 16384;
+  const ids = g.input('input_ids', 'int64', ['B', 'T']);
+  const mask = g.input('attention_mask', 'int64', ['B', 'T']);
+  const { hidden } = decoder(cfg, weights, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask) });
+  const scored = nextIsToken(mask);
+  const logp = chunkedTargetLogprobs(cfg, weights, hidden, shiftLeft(ids), { chunk });
+  g.output(L.where(scored, logp, 0), 'logprobs');
+  g.output(L.where(L.cast(mask, 'bool'), chunkedEntropy(cfg, weights, hidden, chunk), 0), 'entropies');
+  if (opts.candidates) {
+    const { minP, k } = opts.candidates;
+    if (!(minP > 0 && minP <= 1)) throw new Error(`candidates.minP must be in (0, 1], got ${minP}`);
+    if (!Number.isInteger(k) || k < 1 || k > cfg.vocabSize) throw new Error(`candidates.k must be an integer in [1, ${cfg.vocabSize}], got ${k}`);
+    const lsm = L.logSoftmax(L.cast(lmLogits(cfg, weights, hidden), 'float32'), -1);
+    const [top, idx] = L.topK(lsm, k, -1); // [B, T, k], best first
+    const best = L.slice(top, [2], [0], [1]);
+    const keep = L.greaterOrEqual(top, L.add(best, Math.log(minP)));
+    g.output(L.where(keep, idx, g.constant(-1, 'int64', [])), 'candidate_ids');
+    g.output(L.where(keep, top, 0), 'candidate_logprobs');
+  }
+}
