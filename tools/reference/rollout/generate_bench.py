@@ -1,0 +1,129 @@
+"""Generation: Lathe's in-graph decode loop vs transformers' generate, on random-initialised models.
+
+Runs on the GPU machine (PyTorch + transformers, no hub access).
+1. Agreement: a small Qwen3 in float32, greedy, 4 prompts x 48 new tokens — Lathe's tokens must
+   equal transformers' (fraction of identical tokens and of identical rows reported).
+2. Throughput: the Qwen3-0.6B shape in bfloat16, greedy, B prompts of P tokens, N new tokens, no
+   stop tokens (every row runs to N): new tokens/s for transformers generate (sdpa, dynamic
+   cache) and for Lathe (one ONNX Runtime run per batch), timed the same way (best of repeats
+   after a warm-up).
+
+usage: python3 tools/reference/rollout/generate_bench.py [--out DIR] [--batch 32] [--prompt 128] [--new 128]
+Needs .bundle/lathe-generate.js (esbuild of tools/bench/rollout/lathe-generate.ts).
+"""
+import argparse
+import json
+import os
+import subprocess
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, Qwen3Config
+
+NODE_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "..", ".bundle", "lathe-generate.js")
+
+
+def qwen3_06b():
+    return Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                       rope_theta=1_000_000, max_position_embeddings=40960, tie_word_embeddings=True)
+
+
+def qwen3_small():
+    return Qwen3Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                       num_attention_heads=8, num_key_value_heads=4, head_dim=32, rms_norm_eps=1e-6,
+                       rope_theta=10000, max_position_embeddings=512, tie_word_embeddings=True)
+
+
+def save_random(cfg, path, dtype, std):
+    torch.manual_seed(0)
+    cfg.initializer_range = std
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    model.save_pretrained(path, safe_serialization=True)
+    return model.cuda().eval()
+
+
+def prompts(vocab, batch, length, seed):
+    g = torch.Generator().manual_seed(seed)
+    # Ragged prompts (left-padded by both sides) from length/2 to length tokens.
+    lens = torch.randint(length // 2, length + 1, (batch,), generator=g).tolist()
+    lens[0] = length
+    return [torch.randint(1, vocab, (n,), generator=g).tolist() for n in lens]
+
+
+def hf_generate(model, rows, new, repeat):
+    P = max(len(r) for r in rows)
+    ids = torch.tensor([[0] * (P - len(r)) + r for r in rows]).cuda()
+    mask = torch.tensor([[0] * (P - len(r)) + [1] * len(r) for r in rows]).cuda()
+    kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=new, min_new_tokens=new, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        out = model.generate(ids, **kw)
+        times = []
+        for _ in range(repeat):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            out = model.generate(ids, **kw)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+    return out[:, P:].tolist(), min(times)
+
+
+def lathe_generate(path, rows, new, dtype, out_dir, repeat):
+    pfile = os.path.join(out_dir, "prompts.json")
+    tfile = os.path.join(out_dir, "lathe-tokens.json")
+    with open(pfile, "w") as f:
+        json.dump(rows, f)
+    cmd = ["node", NODE_SCRIPT, "--model", path, "--prompts", pfile, "--max-new", str(new), "--dtype", dtype,
+           "--repeat", str(repeat), "--out", tfile]
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "NVIDIA_TF32_OVERRIDE": "0"})
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr[-4000:])
+    with open(tfile) as f:
+        return json.load(f), json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="/tmp/lathe-generate")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--skip-throughput", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+
+    path = os.path.join(a.out, "qwen3-small")
+    model = save_random(qwen3_small(), path, torch.float32, 0.2)
+    rows = prompts(1000, 4, 24, 1)
+    ref, _ = hf_generate(model, rows, 48, 1)
+    got, info = lathe_generate(path, rows, 48, "float32", a.out, 1)
+    same = sum(x == y for r, g in zip(ref, got) for x, y in zip(r, g))
+    report["agreement"] = {"model": "qwen3-small fp32", "tokens_equal": same, "tokens": 4 * 48,
+                           "rows_equal": sum(r == g for r, g in zip(ref, got)), "rows": 4, "lathe": info}
+    print(json.dumps(report["agreement"]), flush=True)
+    del model
+    torch.cuda.empty_cache()
+
+    if not a.skip_throughput:
+        path = os.path.join(a.out, "qwen3-0.6b")
+        model = save_random(qwen3_06b(), path, torch.bfloat16, 0.02)
+        rows = prompts(151936, a.batch, a.prompt, 2)
+        _, hf_s = hf_generate(model, rows, a.new, a.repeat)
+        del model
+        torch.cuda.empty_cache()
+        _, info = lathe_generate(path, rows, a.new, "bfloat16", a.out, a.repeat)
+        hf_tps = a.batch * a.new / hf_s
+        report["throughput"] = {"model": "qwen3-0.6b shape, bf16", "batch": a.batch, "prompt_max": a.prompt, "new": a.new,
+                                "hf_new_tokens_per_s": round(hf_tps), "lathe_new_tokens_per_s": info["new_tokens_per_s"],
+                                "ratio": round(info["new_tokens_per_s"] / hf_tps, 3), "lathe": info}
+        print(json.dumps(report["throughput"]), flush=True)
+    with open(os.path.join(a.out, "report.json"), "w") as f:
+        json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
