@@ -1,1 +1,9 @@
-export const PACKAGE_NAME = '@lathe/graders';
+/** @lathe/graders: math answer verification, format rewards, sandboxed code execution and LLM judges. */
+export { extractAnswer, lastBoxed, r1ZeroAnswer, gsm8kAnswer, answerIsAnswer, trailingMathSpan, ANSWER_FORMATS, type AnswerFormat } from './math/extract';
+export { normalizeAnswer, type NormalizeOptions } from './math/normalize';
+export { parseNumber, numbersClose, type ParsedNumber, type PercentMode } from './math/numbers';
+export { parseAnswer, type AnswerNode, type RelationOp } from './math/structure';
+export { MATH_DEFAULTS, type MathOptions } from './math/options';
+export { answersEquivalent, type Equivalence, type EquivalenceReason } from './math/equivalence';
+export { CasPool, CAS_POOL_DEFAULTS, type CasPoolOptions, type CasOutcome } from './math/cas-pool';
+export { MathGrader, type MathGraderOptions, type MathVerdict, type MathReason } from './math/grade';

@@ -1,0 +1,134 @@
+/**
+ * Equivalence of two normalised answers: structure first (sets, tuples, intervals, matrices,
+ * relations, lists), then each leaf by string, by number, and only then by the CAS.
+ */
+import { parseNumber, parsedNumbersEqual } from './numbers';
+import type { MathOptions } from './options';
+import { parseAnswer, type AnswerNode } from './structure';
+import type { CasOutcome } from './cas-pool';
+import type { CasRequest } from './cas';
+
+/** The symbolic check the comparison may call; null when symbolic checks are off. */
+export type SymbolicCheck = ((request: CasRequest) => Promise<CasOutcome>) | null;
+
+/** Why a comparison ended as it did, for counting. */
+export type EquivalenceReason = 'string' | 'numeric' | 'symbolic' | 'different' | 'unparseable-gold' | 'timeout';
+
+/** A comparison's outcome. */
+export interface Equivalence {
+  equal: boolean;
+  reason: EquivalenceReason;
+}
+
+const WORD = /^[a-zA-Z][a-zA-Z\s]*$/;
+
+class Comparison {
+  /** The most telling non-equal reason seen (an unparseable gold or a timeout outranks "different"). */
+  failure: EquivalenceReason = 'different';
+  used: EquivalenceReason = 'string';
+
+  constructor(
+    private readonly options: MathOptions,
+    private readonly symbolic: SymbolicCheck,
+  ) {}
+
+  private fail(reason: EquivalenceReason): false {
+    if (reason !== 'different') this.failure = reason;
+    return false;
+  }
+
+  async atoms(gold: string, pred: string): Promise<boolean> {
+    if (gold === pred) return true;
+    if (WORD.test(gold) && WORD.test(pred)) return gold.toLowerCase() === pred.toLowerCase();
+    const g = parseNumber(gold);
+    const p = parseNumber(pred);
+    if (g && p) {
+      if (parsedNumbersEqual(g, p, this.options.percent, this.options)) {
+        this.used = 'numeric';
+        return true;
+      }
+      return false;
+    }
+    if (!this.symbolic) return false;
+    const outcome = await this.symbolic({ kind: 'expr', gold, pred, relTol: Math.max(this.options.relTol, 10 ** -this.options.floatRounding / 2) });
+    if (outcome === 'equal') {
+      this.used = 'symbolic';
+      return true;
+    }
+    if (outcome === 'unparseable-gold') return this.fail('unparseable-gold');
+    if (outcome === 'timeout') return this.fail('timeout');
+    return false;
+  }
+
+  async unordered(gold: AnswerNode[], pred: AnswerNode[]): Promise<boolean> {
+    if (gold.length !== pred.length) return false;
+    const free = pred.map((_, i) => i);
+    for (const g of gold) {
+      let hit = -1;
+      for (const i of free) {
+        if (await this.nodes(g, pred[i])) {
+          hit = i;
+          break;
+        }
+      }
+      if (hit < 0) return false;
+      free.splice(free.indexOf(hit), 1);
+    }
+    return true;
+  }
+
+  async ordered(gold: AnswerNode[], pred: AnswerNode[]): Promise<boolean> {
+    if (gold.length !== pred.length) return false;
+    for (let i = 0; i < gold.length; i++) if (!(await this.nodes(gold[i], pred[i]))) return false;
+    return true;
+  }
+
+  async nodes(gold: AnswerNode, pred: AnswerNode): Promise<boolean> {
+    if (gold.kind === 'atom' && pred.kind === 'atom') return this.atoms(gold.text, pred.text);
+    const listLike = (n: AnswerNode) => n.kind === 'list' || n.kind === 'set';
+    if (listLike(gold) && listLike(pred)) {
+      const g = (gold as { items: AnswerNode[] }).items;
+      const p = (pred as { items: AnswerNode[] }).items;
+      const ordered = gold.kind === 'list' && pred.kind === 'list' && this.options.listOrder === 'strict';
+      return ordered ? this.ordered(g, p) : this.unordered(g, p);
+    }
+    if (gold.kind === 'seq' && pred.kind === 'seq') {
+      if (gold.open !== pred.open || gold.close !== pred.close) return false;
+      return this.ordered(gold.items, pred.items);
+    }
+    // a tuple written without parentheses: (1, 2) vs 1, 2
+    if (gold.kind === 'seq' && pred.kind === 'list' && gold.open === '(' && gold.close === ')') return this.ordered(gold.items, pred.items);
+    if (pred.kind === 'seq' && gold.kind === 'list' && pred.open === '(' && pred.close === ')') return this.ordered(gold.items, pred.items);
+    if (gold.kind === 'union' && pred.kind === 'union') return this.unordered(gold.parts, pred.parts);
+    if (gold.kind === 'matrix' && pred.kind === 'matrix') {
+      if (gold.rows.length !== pred.rows.length) return false;
+      for (let r = 0; r < gold.rows.length; r++) if (!(await this.ordered(gold.rows[r], pred.rows[r]))) return false;
+      return true;
+    }
+    if (gold.kind === 'relation' && pred.kind === 'relation') {
+      if (gold.op !== pred.op) return false;
+      if ((await this.atoms(gold.lhs, pred.lhs)) && (await this.atoms(gold.rhs, pred.rhs))) return true;
+      if (gold.op === '=' || gold.op === '\\ne') {
+        if ((await this.atoms(gold.lhs, pred.rhs)) && (await this.atoms(gold.rhs, pred.lhs))) return true;
+      }
+      if (!this.symbolic) return false;
+      const outcome = await this.symbolic({ kind: 'relation', op: gold.op, gold: [gold.lhs, gold.rhs], pred: [pred.lhs, pred.rhs], relTol: 1e-6 });
+      if (outcome === 'equal') {
+        this.used = 'symbolic';
+        return true;
+      }
+      if (outcome === 'unparseable-gold') return this.fail('unparseable-gold');
+      if (outcome === 'timeout') return this.fail('timeout');
+      return false;
+    }
+    return false;
+  }
+}
+
+/** Compares two normalised answers (gold first). */
+export async function answersEquivalent(gold: string, pred: string, options: MathOptions, symbolic: SymbolicCheck): Promise<Equivalence> {
+  if (gold === pred) return { equal: true, reason: 'string' };
+  const cmp = new Comparison(options, symbolic);
+  const equal = await cmp.nodes(parseAnswer(gold), parseAnswer(pred));
+  return equal ? { equal, reason: cmp.used } : { equal, reason: cmp.failure };
+}

@@ -1,0 +1,86 @@
+/** The math grader: extraction, normalisation and equivalence of a prediction against a gold answer. */
+import { CasPool } from './cas-pool';
+import { answersEquivalent, type EquivalenceReason } from './equivalence';
+import { extractAnswer, type AnswerFormat } from './extract';
+import { normalizeAnswer } from './normalize';
+import { MATH_DEFAULTS, type MathOptions } from './options';
+
+/** Why a verdict is what it is: how equality was shown, or why it was not. */
+export type MathReason = EquivalenceReason | 'no-answer';
+
+/** The outcome of grading one prediction. */
+export interface MathVerdict {
+  correct: boolean;
+  /** The prediction's extracted final answer (before normalisation), or null when it has none. */
+  extracted: string | null;
+  /** The gold answer as extracted, or null when none could be. */
+  gold: string | null;
+  reason: MathReason;
+}
+
+/** Options of {@link MathGrader}: the equivalence options plus the CAS worker count. */
+export interface MathGraderOptions extends MathOptions {
+  /** CAS worker threads. */
+  casWorkers: number;
+}
+
+/**
+ * Grades math answers. The common path (equal strings, plain numbers) runs on the caller's thread;
+ * symbolic checks go to time-bounded worker threads, started on first need. Call `close()` when done
+ * (idle workers do not keep the process alive).
+ */
+export class MathGrader {
+  /** The options in force, defaults filled in. */
+  readonly options: MathGraderOptions;
+  private pool: CasPool | null = null;
+
+  constructor(options: Partial<MathGraderOptions> = {}) {
+    this.options = { ...MATH_DEFAULTS, casWorkers: 1, ...options };
+  }
+
+  /** Symbolic checks cut off by the time limit so far. */
+  get timeouts(): number {
+    return this.pool?.timeouts ?? 0;
+  }
+
+  /**
+   * Grades `pred` (a model response or an answer) against `gold` (a solution or an answer).
+   * The gold is extracted under `format` too, falling back to taking it whole; a gold that yields
+   * nothing usable scores 0 with reason `unparseable-gold`.
+   */
+  async grade(pred: string, gold: string, format: AnswerFormat = 'auto'): Promise<MathVerdict> {
+    const extracted = extractAnswer(pred, format);
+    const goldAnswer = format === 'raw' ? extractAnswer(gold, 'raw') : extractAnswer(gold, format) ?? extractAnswer(gold, 'auto');
+    const normOptions = { stripUnits: this.options.stripUnits };
+    const goldNorm = goldAnswer === null ? '' : normalizeAnswer(goldAnswer, normOptions);
+    if (goldNorm === '') return { correct: false, extracted, gold: goldAnswer, reason: 'unparseable-gold' };
+    if (extracted === null) return { correct: false, extracted, gold: goldAnswer, reason: 'no-answer' };
+    const predNorm = normalizeAnswer(extracted, normOptions);
+    if (predNorm === '') return { correct: false, extracted, gold: goldAnswer, reason: 'no-answer' };
+    const symbolic = this.options.symbolic ? (req: Parameters<CasPool['check']>[0]) => this.casPool().check(req) : null;
+    let eq = await answersEquivalent(goldNorm, predNorm, this.options, symbolic);
+    if (!eq.equal) {
+      // `y = 2x + 1` against `2x - y + 1 = 0`: compare the whole equations when a prefix was dropped
+      const keep = { ...normOptions, keepRelation: true };
+      const goldFull = normalizeAnswer(goldAnswer as string, keep);
+      const predFull = normalizeAnswer(extracted, keep);
+      if ((goldFull !== goldNorm || predFull !== predNorm) && goldFull.includes('=') && predFull.includes('=')) {
+        const full = await answersEquivalent(goldFull, predFull, this.options, symbolic);
+        if (full.equal) eq = full;
+      }
+    }
+    return { correct: eq.equal, extracted, gold: goldAnswer, reason: eq.reason };
+  }
+
+  /** Stops the CAS workers. */
+  async close(): Promise<void> {
+    const pool = this.pool;
+    this.pool = null;
+    await pool?.close();
+  }
+
+  private casPool(): CasPool {
+    this.pool ??= new CasPool({ workers: this.options.casWorkers, timeoutMs: this.options.casTimeoutMs });
+    return this.pool;
+  }
+}

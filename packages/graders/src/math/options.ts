@@ -1,0 +1,31 @@
+/** Options of the math grader; defaults follow Math-Verify where public graders differ. */
+import type { PercentMode } from './numbers';
+
+/** How the math grader decides equivalence. Every field has a default in {@link MATH_DEFAULTS}. */
+export interface MathOptions {
+  /** `28%` vs `28` vs `0.28`: `either` accepts both readings, `value` only 0.28, `strip` only 28. */
+  percent: PercentMode;
+  /** Drop units (`\text{cm}`, `miles`, `cm^2`) and currency signs before comparing. */
+  stripUnits: boolean;
+  /** Bare comma lists (`1, 2, 3`) compare as multisets (`ignore`) or in order (`strict`). Sets are always unordered, tuples and intervals always ordered. */
+  listOrder: 'ignore' | 'strict';
+  /** Decimal places both sides are rounded to when either is written as a decimal (Math-Verify float_rounding). */
+  floatRounding: number;
+  /** Relative tolerance for exact values and symbolic checks evaluated in floating point. */
+  relTol: number;
+  /** Use the computer-algebra system when strings and plain numbers do not decide. */
+  symbolic: boolean;
+  /** Wall-clock limit of one symbolic check in milliseconds (the check then counts as not equal). */
+  casTimeoutMs: number;
+}
+
+/** Defaults of {@link MathOptions}. */
+export const MATH_DEFAULTS: MathOptions = {
+  percent: 'either',
+  stripUnits: true,
+  listOrder: 'ignore',
+  floatRounding: 6,
+  relTol: 1e-9,
+  symbolic: true,
+  casTimeoutMs: 1000,
+};

@@ -1,0 +1,118 @@
+/**
+ * The shape of a normalised answer: a matrix, a union of intervals, a set, a tuple or interval, a
+ * relation, a bare comma list, a `±` pair, or a single expression.
+ */
+
+/** One answer's structure; leaves are normalised strings. */
+export type AnswerNode =
+  | { kind: 'atom'; text: string }
+  | { kind: 'list'; items: AnswerNode[] }
+  | { kind: 'set'; items: AnswerNode[] }
+  | { kind: 'seq'; open: '(' | '['; close: ')' | ']'; items: AnswerNode[] }
+  | { kind: 'union'; parts: AnswerNode[] }
+  | { kind: 'matrix'; rows: AnswerNode[][] }
+  | { kind: 'relation'; op: RelationOp; lhs: string; rhs: string };
+
+/** Relation operators after normalisation; `>` and `\ge` are flipped into `<` and `\le`. */
+export type RelationOp = '=' | '<' | '\\le' | '\\ne';
+
+const OPENERS = new Set(['{', '(', '[']);
+const CLOSERS = new Set(['}', ')', ']']);
+
+/** Splits `s` on `sep` where it is outside every bracket (`\{`/`\}` count as brackets too). */
+export function splitTopLevel(s: string, sep: string): string[] {
+  const out: string[] = [];
+  let depth = 0;
+  let start = 0;
+  for (let i = 0; i < s.length; i++) {
+    const c = s[i];
+    if (c === '\\' && (s[i + 1] === '{' || s[i + 1] === '}')) {
+      depth += s[i + 1] === '{' ? 1 : -1;
+      i++;
+      continue;
+    }
+    if (OPENERS.has(c)) depth++;
+    else if (CLOSERS.has(c)) depth--;
+    else if (depth === 0 && s.startsWith(sep, i)) {
+      // a command separator (\cup) must not be the prefix of a longer command
+      if (sep.startsWith('\\') && /[a-zA-Z]/.test(s[i + sep.length] ?? '')) continue;
+      out.push(s.slice(start, i));
+      start = i + sep.length;
+      i += sep.length - 1;
+    }
+  }
+  out.push(s.slice(start));
+  return out;
+}
+
+/** True when the bracket opened at index 0 closes at the last character. */
+function wrapsWhole(s: string): boolean {
+  let depth = 0;
+  for (let i = 0; i < s.length; i++) {
+    const c = s[i];
+    if (c === '\\' && (s[i + 1] === '{' || s[i + 1] === '}')) {
+      depth += s[i + 1] === '{' ? 1 : -1;
+      i++;
+    } else if (OPENERS.has(c)) depth++;
+    else if (CLOSERS.has(c)) depth--;
+    if (depth === 0 && i < s.length - 1) return false;
+  }
+  return depth === 0;
+}
+
+const MATRIX = /^\\begin\{([pbvBV]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$/;
+
+function parseMatrix(s: string): AnswerNode | null {
+  let inner = s;
+  if (/^[[(].*[\])]$/.test(inner) && wrapsWhole(inner) && inner.slice(1, -1).startsWith('\\begin{')) inner = inner.slice(1, -1);
+  const m = MATRIX.exec(inner);
+  if (!m) return null;
+  const rows = m[2].split('\\\\').filter((r) => r !== '' && !/^\\hline$/.test(r));
+  return { kind: 'matrix', rows: rows.map((r) => r.split('&').map((cell) => parseAnswer(cell))) };
+}
+
+const RELATIONS: [string, RelationOp, boolean][] = [
+  ['≤', '\\le', false],
+  ['≥', '\\le', true],
+  ['≠', '\\ne', false],
+  ['<', '<', false],
+  ['>', '<', true],
+  ['=', '=', false],
+];
+
+function parseRelation(s: string): AnswerNode | null {
+  for (const [token, op, flip] of RELATIONS) {
+    const sides = splitTopLevel(s, token);
+    if (sides.length !== 2 || sides[0] === '' || sides[1] === '') continue;
+    const [lhs, rhs] = flip ? [sides[1], sides[0]] : [sides[0], sides[1]];
+    return { kind: 'relation', op, lhs, rhs };
+  }
+  return null;
+}
+
+/** Parses a normalised answer into its structure. */
+export function parseAnswer(s: string): AnswerNode {
+  const matrix = parseMatrix(s);
+  if (matrix) return matrix;
+  const union = splitTopLevel(s, '\\cup');
+  if (union.length > 1) return { kind: 'union', parts: union.map(parseAnswer) };
+  if (s.startsWith('\\{') && s.endsWith('\\}') && wrapsWhole(s)) {
+    const inner = s.slice(2, -2);
+    return { kind: 'set', items: inner === '' ? [] : splitTopLevel(inner, ',').map(parseAnswer) };
+  }
+  if (/^[([].*[)\]]$/.test(s) && wrapsWhole(s)) {
+    const items = splitTopLevel(s.slice(1, -1), ',');
+    if (items.length === 1 && s[0] === '(' && s.endsWith(')')) return parseAnswer(s.slice(1, -1));
+    if (items.length > 1) return { kind: 'seq', open: s[0] as '(' | '[', close: s.at(-1) as ')' | ']', items: items.map(parseAnswer) };
+  }
+  const listItems = splitTopLevel(s, ',').filter((x) => x !== '');
+  if (listItems.length > 1) return { kind: 'list', items: listItems.map(parseAnswer) };
+  const pm = splitTopLevel(s, '\\pm');
+  if (pm.length === 2 && pm[1] !== '') {
+    const base = pm[0] === '' ? '' : pm[0];
+    return { kind: 'list', items: [{ kind: 'atom', text: `${base}+${pm[1]}` }, { kind: 'atom', text: `${base}-${pm[1]}` }] };
+  }
+  const relation = parseRelation(s);
+  if (relation) return relation;
+  return { kind: 'atom', text: s };
+}

@@ -1,0 +1,57 @@
+import { answerIsAnswer, extractAnswer, gsm8kAnswer, lastBoxed, r1ZeroAnswer, trailingMathSpan } from '@lathe/graders';
+
+describe('lastBoxed', () => {
+  test.each([
+    ['so \\boxed{5}.', '5'],
+    ['\\boxed{1} then \\boxed{2}', '2'],
+    ['\\boxed{\\frac{1}{2}}', '\\frac{1}{2}'],
+    ['\\boxed{\\left\\{ 1, 2 \\right\\}}', '\\left\\{ 1, 2 \\right\\}'],
+    ['\\fbox{x+1}', 'x+1'],
+    ['\\boxed 7.', '7'],
+    ['$\\boxed{\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}}$', '\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}'],
+  ])('%j → %j', (text, expected) => expect(lastBoxed(text)).toBe(expected));
+
+  test.each([['no box here'], ['\\boxed{unclosed'], ['\\boxedx']])('%j has none', (text) => expect(lastBoxed(text)).toBeNull());
+});
+
+describe('r1_zero, gsm8k and "the answer is"', () => {
+  test('the last <answer> block, preferring a box inside it', () => {
+    expect(r1ZeroAnswer('<think>2+2</think> <answer> 4 </answer>')).toBe('4');
+    expect(r1ZeroAnswer('<answer>1</answer><answer>The result is \\boxed{9}</answer>')).toBe('9');
+    expect(r1ZeroAnswer('<think>no answer tag</think>')).toBeNull();
+  });
+  test('the last #### line', () => {
+    expect(gsm8kAnswer('She pays 3*4=<<3*4=12>>12.\n#### 12')).toBe('12');
+    expect(gsm8kAnswer('#### 1,200\n')).toBe('1,200');
+    expect(gsm8kAnswer('####   ')).toBeNull();
+  });
+  test('the answer is …', () => {
+    expect(answerIsAnswer('So the answer is 42.')).toBe('42');
+    expect(answerIsAnswer('The final answer is $\\frac{3}{4}$. Done.')).toBe('\\frac{3}{4}');
+    expect(answerIsAnswer('Final answer: 3.5')).toBe('3.5');
+    expect(answerIsAnswer('I think 5 is right')).toBeNull();
+  });
+  test('a trailing math span ends the text, an earlier one does not count', () => {
+    expect(trailingMathSpan('Thus we get $x = 3$.')).toBe('x = 3');
+    expect(trailingMathSpan('We get $3$ and then more words follow here')).toBeNull();
+  });
+});
+
+describe('extractAnswer', () => {
+  test.each([
+    ['auto', 'Work... \\boxed{12}', '12'],
+    ['auto', '<think>hm</think><answer>7</answer>', '7'],
+    ['auto', 'Tom has 5 apples.\n#### 5', '5'],
+    ['auto', '3/4', '3/4'],
+    ['auto', '\\begin{pmatrix} 1 & 2 \\end{pmatrix}', '\\begin{pmatrix} 1 & 2 \\end{pmatrix}'],
+    ['boxed', '<answer>7</answer>', null],
+    ['r1_zero', '\\boxed{7}', null],
+    ['gsm8k', '\\boxed{7}', null],
+    ['raw', '  \\boxed{7} ', '\\boxed{7}'],
+    ['raw', '   ', null],
+  ] as const)('%s: %j → %j', (format, text, expected) => expect(extractAnswer(text, format)).toBe(expected));
+
+  test('prose without a marked final answer yields nothing: intermediate values earn no credit', () => {
+    expect(extractAnswer('First we compute 3 + 4 = 7, then we multiply by 2 to get 14 and keep going with the rest')).toBeNull();
+  });
+});

@@ -1,0 +1,152 @@
+import fc from 'fast-check';
+import { MathGrader, normalizeAnswer, numbersClose, parseNumber } from '@lathe/graders';
+
+// Cases written from the definitions: [prediction, gold, expected verdict].
+const NUMERIC: [string, string, boolean][] = [
+  ['5', '5', true],
+  ['-5', '-5', true],
+  ['5', '-5', false],
+  ['0.5', '\\frac{1}{2}', true],
+  ['1/2', '\\frac12', true],
+  ['-\\frac{10}{9}', '-10/9', true],
+  ['0.333333', '\\frac{1}{3}', true], // rounded to 6 places, as Math-Verify's float_rounding=6
+  ['0.333', '\\frac{1}{3}', false],
+  ['1000.0', '1000', true],
+  ['1,000', '1000', true],
+  ['1e3', '1000', true],
+  ['2.5\\times10^{3}', '2500', true],
+  ['2\\frac{1}{2}', '2.5', true],
+  ['28\\%', '28', true],
+  ['28\\%', '0.28', true],
+  ['28\\%', '2.8', false],
+  ['100', '99.9999', false],
+  ['3', '4', false],
+  ['10^{100}', '10^{100}', true],
+];
+
+const STRUCTURES: [string, string, boolean][] = [
+  ['\\{1, 2, 3\\}', '\\{3, 2, 1\\}', true], // sets are unordered
+  ['\\{1, 2\\}', '\\{1, 2, 3\\}', false],
+  ['1, 2, 3', '3, 1, 2', true], // bare lists unordered by default (Math-Verify)
+  ['1, 2', '1, 2, 2', false],
+  ['(1, 2)', '(2, 1)', false], // tuples are ordered
+  ['(1, 2)', '(1, 2)', true],
+  ['[0, 1)', '[0, 1)', true],
+  ['(0, 1]', '[0, 1)', false], // interval ends matter
+  ['[0, 1)', '(0, 1)', false],
+  ['(-\\infty, 2) \\cup (3, \\infty)', '(3, \\infty) \\cup (-\\infty, 2)', true],
+  ['(-\\infty, 2) \\cup (3, \\infty)', '(-\\infty, 2]\\cup(3,\\infty)', false],
+  ['\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}', '\\begin{bmatrix}1&2\\\\3&4\\end{bmatrix}', true],
+  ['\\begin{pmatrix} 1 & 2 \\\\ 3 & 5 \\end{pmatrix}', '\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}', false],
+  ['\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}', '\\begin{pmatrix}1&2\\end{pmatrix}', false],
+  ['x = 2', '2', true],
+  ['2', 'x = 2', true],
+  ['x = 3', '2', false],
+  ['x \\ge 5', 'x \\geq 5', true],
+  ['5 \\le x', 'x \\ge 5', true],
+  ['x > 5', 'x < 5', false],
+  ['\\text{Evelyn}', 'Evelyn', true],
+  ['evelyn', 'Evelyn', true],
+  ['Evelyn', 'Briana', false],
+  ['(B)', 'B', true],
+  ['90^\\circ', '90', true],
+  ['125 miles', '125', true],
+  ['\\$18.90', '18.90', true],
+];
+
+const SYMBOLIC: [string, string, boolean][] = [
+  ['\\sqrt{8}', '2\\sqrt{2}', true],
+  ['\\frac{\\sqrt{3}}{3}', '\\frac{1}{\\sqrt{3}}', true],
+  ['(x+1)^2', 'x^2+2x+1', true],
+  ['x^2+2x+2', '(x+1)^2', false],
+  ['\\frac{\\pi}{2}', '\\pi/2', true],
+  ['\\frac{9}{4}\\pi', '\\frac{9\\pi}{4}', true],
+  ['2\\sin b\\cos a', '2 \\cos a \\sin b', true],
+  ['\\sqrt{2}+\\sqrt{5}', '\\sqrt{5}+\\sqrt{2}', true],
+  ['\\sqrt{2}+\\sqrt{5}', '\\sqrt{7}', false],
+  ['1.5708', '\\frac{\\pi}{2}', false],
+  ['y = -\\frac{1}{2}x + \\frac{3}{4}', '2x + 4y - 3 = 0', true],
+  ['-x > -1', 'x < 1', true],
+  ['x > -1', 'x < 1', false],
+  ['1 \\pm \\sqrt{19}', '1 \\pm \\sqrt{19}', true],
+  ['\\{1-\\sqrt{5}, 1+\\sqrt{5}, -2\\}', '\\{1\\pm\\sqrt{5},-2\\}', false], // ± inside a set is not expanded
+  ['(3, \\frac{\\pi}{2})', '\\left( 3, \\frac{\\pi}{2} \\right)', true],
+  ['\\left(\\frac{1}{2}, \\sqrt{3}\\right)', '(0.5, \\sqrt{3})', true],
+];
+
+describe('math equivalence without the CAS', () => {
+  const grader = new MathGrader({ symbolic: false });
+  test.each([...NUMERIC, ...STRUCTURES])('%j vs gold %j → %s', async (pred, gold, expected) => {
+    expect((await grader.grade(pred, gold, 'raw')).correct).toBe(expected);
+  });
+});
+
+describe('math equivalence with the CAS', () => {
+  const grader = new MathGrader();
+  afterAll(() => grader.close());
+  test.each(SYMBOLIC)('%j vs gold %j → %s', async (pred, gold, expected) => {
+    expect((await grader.grade(pred, gold, 'raw')).correct).toBe(expected);
+  });
+
+  test('a gold answer the CAS cannot parse scores 0 and says so', async () => {
+    const v = await grader.grade('\\frac{1}{2}', '\\frac{1}{', 'raw');
+    expect(v).toMatchObject({ correct: false, reason: 'unparseable-gold' });
+  });
+  test('an empty gold scores 0 even against an empty-looking prediction', async () => {
+    const v = await grader.grade('\\boxed{}', '\\boxed{}', 'auto');
+    expect(v.correct).toBe(false);
+    expect(v.reason).toBe('unparseable-gold');
+  });
+  test('a response without a final answer earns nothing from its intermediate values', async () => {
+    const v = await grader.grade('We have 2 + 3 = 5 and so on, and then we try something else entirely', '5');
+    expect(v).toMatchObject({ correct: false, extracted: null, reason: 'no-answer' });
+  });
+  test('a pathological input returns within the time bound', async () => {
+    const slow = new MathGrader({ casTimeoutMs: 300 });
+    const t0 = Date.now();
+    const v = await slow.grade(`${'('.repeat(3000)}x${')'.repeat(3000)}^{${'9^'.repeat(200)}9}`, 'x+1', 'raw');
+    expect(v.correct).toBe(false);
+    expect(Date.now() - t0).toBeLessThan(5000);
+    await slow.close();
+  });
+});
+
+describe('properties', () => {
+  const grader = new MathGrader({ symbolic: false });
+  const answer = fc.oneof(
+    fc.integer({ min: -1e6, max: 1e6 }).map(String),
+    fc.tuple(fc.integer({ min: -99, max: 99 }), fc.integer({ min: 1, max: 99 })).map(([a, b]) => `\\frac{${a}}{${b}}`),
+    fc.double({ min: -1e4, max: 1e4, noNaN: true }).map((x) => x.toFixed(3)),
+    fc.stringMatching(/^[a-z]{1,6}$/),
+    fc.array(fc.integer({ min: 0, max: 50 }), { minLength: 1, maxLength: 4 }).map((xs) => `(${xs.join(', ')})`),
+  );
+  test('any answer matches itself, before and after normalisation', async () => {
+    await fc.assert(
+      fc.asyncProperty(answer, async (a) => {
+        expect((await grader.grade(a, a, 'raw')).correct).toBe(true);
+        expect((await grader.grade(normalizeAnswer(a), a, 'raw')).correct).toBe(true);
+      }),
+      { numRuns: 300 },
+    );
+  });
+  test('distinct integers never match', async () => {
+    await fc.assert(
+      fc.asyncProperty(fc.integer(), fc.integer(), async (a, b) => {
+        fc.pre(a !== b);
+        expect((await grader.grade(String(a), String(b), 'raw')).correct).toBe(false);
+      }),
+      { numRuns: 300 },
+    );
+  });
+  test('distinct decimals that differ in the first 6 places never match', () => {
+    fc.assert(
+      fc.property(fc.double({ min: -1e5, max: 1e5, noNaN: true }), fc.double({ min: 1e-5, max: 10, noNaN: true }), (a, d) => {
+        const x = parseNumber(a.toFixed(4))!;
+        const y = parseNumber((a + d).toFixed(4))!;
+        fc.pre(x.value !== y.value);
+        expect(numbersClose(x.value, y.value, true, { floatRounding: 6, relTol: 1e-9 })).toBe(false);
+      }),
+      { numRuns: 300 },
+    );
+  });
+});

@@ -1,5 +1,0 @@
-import { PACKAGE_NAME } from '@lathe/graders';
-
-test('package resolves to its sources', () => {
-  expect(PACKAGE_NAME).toBe('@lathe/graders');
-});
