@@ -7,3 +7,4 @@ export { MATH_DEFAULTS, type MathOptions } from './math/options';
 export { answersEquivalent, type Equivalence, type EquivalenceReason } from './math/equivalence';
 export { CasPool, CAS_POOL_DEFAULTS, type CasPoolOptions, type CasOutcome } from './math/cas-pool';
 export { MathGrader, type MathGraderOptions, type MathVerdict, type MathReason } from './math/grade';
+export { gradeJsonl, gradeSchema, resolveGradeOptions, formatGradeSummary, type GradeJsonlOptions, type GradeSummary } from './grade-jsonl';

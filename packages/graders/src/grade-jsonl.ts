@@ -1,0 +1,157 @@
+/**
+ * Batch grading of JSONL lines `{"pred" | "response": …, "gold": …}` into lines
+ * `{"correct": bool, "extracted": string | null}`, in input order: the engine of `lathe grade`.
+ */
+import { createInterface } from 'node:readline';
+import type { Readable, Writable } from 'node:stream';
+import { ANSWER_FORMATS, type AnswerFormat } from './math/extract';
+import { MathGrader, type MathReason } from './math/grade';
+import { MATH_DEFAULTS } from './math/options';
+
+/** The options of `lathe grade`: the single source of its flags, defaults and help. */
+export const gradeSchema = {
+  format: { type: 'string', default: 'auto', choices: ANSWER_FORMATS, describe: 'where answers are found: auto (a boxed answer or answer marker when present, else the text as an answer), boxed, r1_zero, gsm8k, raw (both are already answers)' },
+  percent: { type: 'string', default: MATH_DEFAULTS.percent, choices: ['either', 'value', 'strip'], describe: '28% against 28 and 0.28: either accepts both, value only 0.28, strip only 28' },
+  strip_units: { type: 'boolean', default: MATH_DEFAULTS.stripUnits, describe: 'drop units and currency signs before comparing' },
+  list_order: { type: 'string', default: MATH_DEFAULTS.listOrder, choices: ['ignore', 'strict'], describe: 'whether bare comma lists must be in the same order (sets never, tuples always)' },
+  float_rounding: { type: 'number', default: MATH_DEFAULTS.floatRounding, integer: true, min: 0, max: 15, describe: 'decimal places compared when either answer is a decimal' },
+  symbolic: { type: 'boolean', default: MATH_DEFAULTS.symbolic, describe: 'use the computer-algebra system when strings and numbers do not decide' },
+  cas_timeout_ms: { type: 'number', default: MATH_DEFAULTS.casTimeoutMs, integer: true, min: 10, describe: 'wall-clock limit of one symbolic check (milliseconds); an overrun counts as wrong' },
+  cas_workers: { type: 'number', default: 1, integer: true, min: 1, max: 64, describe: 'worker threads for symbolic checks' },
+  concurrency: { type: 'number', default: 64, integer: true, min: 1, describe: 'lines graded at once (output order is kept)' },
+  timing: { type: 'boolean', default: false, describe: 'add "ms" (time to grade the line) to each output line' },
+} as const;
+
+/** One option of {@link gradeSchema}. */
+type GradeOptionSpec = (typeof gradeSchema)[keyof typeof gradeSchema];
+
+/**
+ * The options from `values` (flag name → value; absent or undefined means the default), checked
+ * against {@link gradeSchema}; errors name the flag and say what was expected.
+ */
+export function resolveGradeOptions(values: Record<string, unknown>): GradeJsonlOptions {
+  const out: Record<string, unknown> = {};
+  for (const [name, spec] of Object.entries(gradeSchema) as [string, GradeOptionSpec][]) {
+    const v = values[name] ?? spec.default;
+    const flag = `--${name}`;
+    if (spec.type === 'boolean' && typeof v !== 'boolean') throw new Error(`${flag}: expected true or false, got ${JSON.stringify(v)}`);
+    if (spec.type === 'string' && (typeof v !== 'string' || !(spec.choices as readonly string[]).includes(v))) throw new Error(`${flag}: expected one of ${spec.choices.join(', ')}, got ${JSON.stringify(v)}`);
+    if (spec.type === 'number') {
+      const n = typeof v === 'string' ? Number(v) : v;
+      if (typeof n !== 'number' || !Number.isInteger(n)) throw new Error(`${flag}: expected an integer, got ${JSON.stringify(v)}`);
+      if ('min' in spec && n < spec.min) throw new Error(`${flag}: expected at least ${spec.min}, got ${n}`);
+      if ('max' in spec && n > spec.max) throw new Error(`${flag}: expected at most ${spec.max}, got ${n}`);
+      out[name] = n;
+      continue;
+    }
+    out[name] = v;
+  }
+  return out as unknown as GradeJsonlOptions;
+}
+
+/** Resolved options of {@link gradeJsonl}. */
+export interface GradeJsonlOptions {
+  format: AnswerFormat;
+  percent: 'either' | 'value' | 'strip';
+  strip_units: boolean;
+  list_order: 'ignore' | 'strict';
+  float_rounding: number;
+  symbolic: boolean;
+  cas_timeout_ms: number;
+  cas_workers: number;
+  concurrency: number;
+  timing: boolean;
+}
+
+/** Counts over a graded file. */
+export interface GradeSummary {
+  lines: number;
+  correct: number;
+  /** Predictions without an extractable final answer. */
+  noAnswer: number;
+  /** Gold answers that could not be parsed (scored 0). */
+  unparseableGold: number;
+  /** Symbolic checks cut off by the time limit. */
+  timeouts: number;
+  seconds: number;
+}
+
+interface InputLine {
+  pred: string;
+  gold: string;
+}
+
+function readLine(text: string, where: string): InputLine {
+  let row: unknown;
+  try {
+    row = JSON.parse(text);
+  } catch {
+    throw new Error(`${where}: not valid JSON (expected {"pred": ..., "gold": ...})`);
+  }
+  if (typeof row !== 'object' || row === null || Array.isArray(row)) throw new Error(`${where}: expected a JSON object with "pred" (or "response") and "gold"`);
+  const r = row as Record<string, unknown>;
+  const pred = r.pred ?? r.response;
+  const asText = (v: unknown, field: string): string => {
+    if (typeof v === 'string') return v;
+    if (typeof v === 'number' || typeof v === 'bigint') return String(v);
+    throw new Error(`${where}: field "${field}" must be a string or a number, got ${v === undefined ? 'nothing' : JSON.stringify(v)}`);
+  };
+  return { pred: asText(pred, r.pred === undefined ? 'response' : 'pred'), gold: asText(r.gold, 'gold') };
+}
+
+/**
+ * Grades every non-blank line of `input`, writing one result line per input line to `output` in
+ * order. `source` names the input in errors (`preds.jsonl:12: ...`).
+ */
+export async function gradeJsonl(input: Readable, output: Writable, options: GradeJsonlOptions, source = 'stdin'): Promise<GradeSummary> {
+  const t0 = performance.now();
+  const grader = new MathGrader({
+    percent: options.percent,
+    stripUnits: options.strip_units,
+    listOrder: options.list_order,
+    floatRounding: options.float_rounding,
+    symbolic: options.symbolic,
+    casTimeoutMs: options.cas_timeout_ms,
+    casWorkers: options.cas_workers,
+  });
+  const summary: GradeSummary = { lines: 0, correct: 0, noAnswer: 0, unparseableGold: 0, timeouts: 0, seconds: 0 };
+  const inFlight: Promise<string>[] = [];
+  const count = (correct: boolean, reason: MathReason) => {
+    summary.lines++;
+    if (correct) summary.correct++;
+    if (reason === 'no-answer') summary.noAnswer++;
+    if (reason === 'unparseable-gold') summary.unparseableGold++;
+  };
+  const write = (text: string) => new Promise<void>((resolve, reject) => output.write(text, (err) => (err ? reject(err) : resolve())));
+  try {
+    let lineNo = 0;
+    for await (const text of createInterface({ input, crlfDelay: Infinity })) {
+      lineNo++;
+      if (text.trim() === '') continue;
+      const { pred, gold } = readLine(text, `${source}:${lineNo}`);
+      const started = performance.now();
+      inFlight.push(
+        grader.grade(pred, gold, options.format).then((v) => {
+          count(v.correct, v.reason);
+          const out: Record<string, unknown> = { correct: v.correct, extracted: v.extracted };
+          if (options.timing) out.ms = Number((performance.now() - started).toFixed(2));
+          return `${JSON.stringify(out)}\n`;
+        }),
+      );
+      if (inFlight.length >= options.concurrency) await write(await (inFlight.shift() as Promise<string>));
+    }
+    while (inFlight.length > 0) await write(await (inFlight.shift() as Promise<string>));
+  } finally {
+    summary.timeouts = grader.timeouts;
+    await grader.close();
+  }
+  summary.seconds = (performance.now() - t0) / 1000;
+  return summary;
+}
+
+/** The one-line human summary `lathe grade` prints on stderr. */
+export function formatGradeSummary(s: GradeSummary): string {
+  const pct = s.lines ? ((100 * s.correct) / s.lines).toFixed(2) : '0.00';
+  const rate = s.seconds > 0 ? Math.round(s.lines / s.seconds) : 0;
+  return `graded ${s.lines}: ${s.correct} correct (${pct}%), ${s.noAnswer} without an answer, ${s.unparseableGold} unparseable gold, ${s.timeouts} CAS timeouts; ${s.seconds.toFixed(2)} s (${rate}/s)`;
+}
