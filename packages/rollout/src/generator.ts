@@ -1,0 +1,157 @@
+/**
+ * The host API around the generation graph: `Generator.fromPretrained(dir)` compiles the graph
+ * once for a model folder (weights read by ONNX Runtime from the safetensors files); `generate`
+ * sorts prompts by length into buckets, splits them into runs whose KV caches fit a memory budget,
+ * makes each sample's noise from (seed, sample key), and returns one completion per sample.
+ */
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import * as L from '@lathe/onnx';
+import type { DType } from '@lathe/onnx';
+import { externalDataFolder, readConfig, readWeightIndex, weightInitializers, type DecoderConfig } from '@lathe/models';
+import { addGeneration, type GenerationGraphOptions } from './generation-graph';
+import { HostSession, type SessionDevice } from './host-session';
+import { uniformNoise } from './rng';
+
+/** How a generator is compiled. */
+export interface GeneratorOptions extends GenerationGraphOptions {
+  device?: SessionDevice;
+  /** Compute dtype (weights are cast on load). Default float32 on CPU, bfloat16 on CUDA. */
+  dtype?: DType;
+  /** Bytes the KV caches of one run may take. Default 4 GiB on CUDA, 512 MiB on CPU. */
+  kvBudgetBytes?: number;
+  /** At most this many prompts per run. Default 256. */
+  maxPromptsPerRun?: number;
+}
+
+/** Per-call options. */
+export interface GenerateCallOptions {
+  maxNewTokens: number;
+  seed?: number;
+  /** Token ids that end a sample (e.g. EOS, <|im_end|>). */
+  stopIds?: number[];
+  /** Each prompt's random-stream key (default: its index); sample j of prompt i uses key·n + j. */
+  promptKeys?: number[];
+  /** Called after every run with the number of prompts finished so far. */
+  onProgress?: (done: number, total: number) => void;
+}
+
+/** One sample. */
+export interface Completion {
+  promptIndex: number;
+  sampleIndex: number;
+  tokens: number[];
+  /** Log-prob of each token under the sampling distribution. */
+  logprobs: number[];
+  /** Log-prob of each token under the raw model (temperature 1, no filters). */
+  rawLogprobs: number[];
+  finishReason: 'stop' | 'length';
+}
+
+/** A compiled generation graph for one model and one set of sampling options. */
+export class Generator {
+  private constructor(
+    readonly config: DecoderConfig,
+    private readonly session: HostSession,
+    private readonly opts: GeneratorOptions,
+  ) {}
+
+  /** Compiles generation for a Hugging Face model folder. */
+  static async fromPretrained(dir: string, opts: GeneratorOptions = {}): Promise<Generator> {
+    const { config } = readConfig(dir);
+    const device = opts.device ?? 'cpu';
+    const dtype = opts.dtype ?? (device === 'cuda' ? 'bfloat16' : 'float32');
+    const index = readWeightIndex(dir);
+    const { dir: work, location } = externalDataFolder([...index.values()].map((e) => e.file));
+    const g = new L.Graph('lathe_generate');
+    addGeneration(g, config, weightInitializers(g, config, index, dtype, location), opts);
+    writeFileSync(join(work, 'generate.onnx'), L.toModelBytes(g));
+    const session = await HostSession.create(g, { device, modelPath: join(work, 'generate.onnx') });
+    return new Generator(config, session, { ...opts, device, dtype });
+  }
+
+  /** Samples `groupSize` completions for every prompt (token ids, without padding). */
+  async generate(prompts: number[][], call: GenerateCallOptions): Promise<Completion[]> {
+    if (prompts.length === 0) return [];
+    prompts.forEach((p, i) => {
+      if (p.length === 0) throw new Error(`prompt ${i} is empty`);
+      if (p.length + call.maxNewTokens > this.config.maxPositionEmbeddings) {
+        throw new Error(`prompt ${i}: ${p.length} tokens + ${call.maxNewTokens} new exceed the model's ${this.config.maxPositionEmbeddings} positions`);
+      }
+      const bad = p.find((t) => !Number.isInteger(t) || t < 0 || t >= this.config.vocabSize);
+      if (bad !== undefined) throw new Error(`prompt ${i}: token id ${bad} is outside the vocabulary (0..${this.config.vocabSize - 1})`);
+    });
+    const n = this.opts.groupSize ?? 1;
+    const keys = call.promptKeys ?? prompts.map((_, i) => i);
+    const results: Completion[] = [];
+    let done = 0;
+    for (const run of this.schedule(prompts, call.maxNewTokens)) {
+      const rows = run.map((i) => prompts[i]);
+      const P = Math.max(...rows.map((p) => p.length));
+      const sampleKeys = run.flatMap((i) => [...Array(n).keys()].map((j) => keys[i] * n + j));
+      const feeds = {
+        input_ids: { data: BigInt64Array.from(rows.flatMap((p) => [...new Array(P - p.length).fill(0), ...p]).map(BigInt)), dims: [rows.length, P] },
+        attention_mask: { data: BigInt64Array.from(rows.flatMap((p) => [...new Array(P - p.length).fill(0n), ...p.map(() => 1n)])), dims: [rows.length, P] },
+        max_new_tokens: { data: BigInt64Array.from([BigInt(call.maxNewTokens)]), dims: [] },
+        stop_ids: { data: BigInt64Array.from((call.stopIds?.length ? call.stopIds : [-1]).map(BigInt)), dims: [call.stopIds?.length || 1] },
+        ...((this.opts.temperature ?? 1) === 0 ? {} : { noise: { data: uniformNoise(call.seed ?? 0, sampleKeys, call.maxNewTokens), dims: [sampleKeys.length, call.maxNewTokens] } }),
+      };
+      const out = await this.session.run(feeds);
+      const N = out.tokens.dims[1];
+      run.forEach((promptIndex, r) => {
+        for (let j = 0; j < n; j++) {
+          const row = r * n + j;
+          const len = Number(out.lengths.data[row]);
+          const slice = <T extends { slice(a: number, b: number): ArrayLike<number | bigint> }>(t: T) => Array.from(t.slice(row * N, row * N + len), Number);
+          results.push({
+            promptIndex,
+            sampleIndex: j,
+            tokens: slice(out.tokens.data as BigInt64Array),
+            logprobs: slice(out.logprobs.data as Float32Array),
+            rawLogprobs: slice(out.raw_logprobs.data as Float32Array),
+            finishReason: out.stopped.data[row] ? 'stop' : 'length',
+          });
+        }
+      });
+      done += run.length;
+      call.onProgress?.(done, prompts.length);
+    }
+    return results.sort((a, b) => a.promptIndex - b.promptIndex || a.sampleIndex - b.sampleIndex);
+  }
+
+  /**
+   * Runs as lists of prompt indices: prompts sorted by length (so each run pads little), cut
+   * where the run's KV caches (rows × (longest prompt + new tokens)) would exceed the budget.
+   */
+  schedule(prompts: number[][], maxNewTokens: number): number[][] {
+    const c = this.config;
+    const n = this.opts.groupSize ?? 1;
+    const bytes = L.dtypeBytes(this.opts.dtype ?? 'float32');
+    const budget = this.opts.kvBudgetBytes ?? (this.opts.device === 'cuda' ? 4 * 2 ** 30 : 512 * 2 ** 20);
+    const maxPrompts = this.opts.maxPromptsPerRun ?? 256;
+    const perToken = 2 * c.numLayers * c.numKvHeads * c.headDim * bytes * n;
+    const order = prompts.map((p, i) => ({ i, len: p.length })).sort((a, b) => b.len - a.len);
+    const single = (order[0].len + maxNewTokens) * perToken;
+    if (single > budget) throw new Error(`one prompt's KV cache (${single} bytes) exceeds kvBudgetBytes (${budget})`);
+    const runs: number[][] = [];
+    let cur: number[] = [];
+    let longest = 0;
+    for (const { i, len } of order) {
+      const nextLongest = Math.max(longest, len);
+      if (cur.length > 0 && (cur.length >= maxPrompts || (cur.length + 1) * (nextLongest + maxNewTokens) * perToken > budget)) {
+        runs.push(cur);
+        cur = [];
+        longest = 0;
+      }
+      cur.push(i);
+      longest = Math.max(longest, len);
+    }
+    if (cur.length) runs.push(cur);
+    return runs;
+  }
+
+  /** Releases the session. */
+  async dispose(): Promise<void> {
+    await this.session.dispose();
+  }
+}

@@ -1,0 +1,88 @@
+/**
+ * Running a DSL graph with host-resident tensors through onnxruntime-node's plain API. Every input
+ * and output crosses the host boundary on each run, which is fine on the CPU provider (the "device"
+ * is host memory) and for small models; large-model training on CUDA binds device buffers through
+ * the runtime layer instead.
+ */
+import { writeFileSync } from 'node:fs';
+import * as ort from 'onnxruntime-node';
+import { toModelBytes, type DType, type Graph } from '@lathe/onnx';
+
+/** A host tensor: a typed array and its dims. */
+export interface HostTensor {
+  data: Float32Array | Float64Array | Int32Array | BigInt64Array | Uint8Array | Uint32Array;
+  dims: readonly number[];
+}
+
+/** Where a session runs. */
+export type SessionDevice = 'cpu' | 'cuda';
+
+const ortTypes: Partial<Record<DType, ort.Tensor.Type>> = {
+  float32: 'float32',
+  float64: 'float64',
+  int32: 'int32',
+  int64: 'int64',
+  bool: 'bool',
+  uint8: 'uint8',
+  uint32: 'uint32',
+};
+
+/** A compiled graph and its ONNX Runtime session. */
+export class HostSession {
+  private constructor(
+    private readonly graph: Graph,
+    private readonly session: ort.InferenceSession,
+  ) {}
+
+  /**
+   * Compiles `graph` for `device`. Graphs with external initializers must be written next to their
+   * data: pass `modelPath` and the model is saved there and loaded from the file. CUDA never falls
+   * back to the CPU silently: a missing provider is an error.
+   */
+  static async create(graph: Graph, opts: { device?: SessionDevice; modelPath?: string } = {}): Promise<HostSession> {
+    const device = opts.device ?? 'cpu';
+    const options: ort.InferenceSession.SessionOptions = {
+      executionProviders: [device === 'cuda' ? { name: 'cuda', deviceId: 0 } : 'cpu'],
+      graphOptimizationLevel: 'all',
+      ...(device === 'cuda' ? { extra: { session: { disable_cpu_ep_fallback: '1' } } } : {}),
+    };
+    const bytes = toModelBytes(graph);
+    let session: ort.InferenceSession;
+    try {
+      if (opts.modelPath) {
+        writeFileSync(opts.modelPath, bytes);
+        session = await ort.InferenceSession.create(opts.modelPath, options);
+      } else session = await ort.InferenceSession.create(bytes, options);
+    } catch (e) {
+      const hint = device === 'cuda' ? ' (is the CUDA provider installed? run `lathe doctor`)' : '';
+      throw new Error(`could not create a ${device} session for graph '${graph.name}'${hint}: ${(e as Error).message}`);
+    }
+    return new HostSession(graph, session);
+  }
+
+  /** Names of the graph's inputs. */
+  get inputNames(): string[] {
+    return this.graph.inputs.map((t) => t.name);
+  }
+
+  /** Runs with host feeds (every graph input by name) and returns the requested (default: all) outputs. */
+  async run(feeds: Record<string, HostTensor>, outputs?: string[]): Promise<Record<string, HostTensor>> {
+    const inputs: Record<string, ort.Tensor> = {};
+    for (const t of this.graph.inputs) {
+      const f = feeds[t.name];
+      if (!f) throw new Error(`graph '${this.graph.name}': missing input '${t.name}' (${t.dtype} [${t.shape.join(', ')}])`);
+      const type = ortTypes[t.dtype];
+      if (!type) throw new Error(`graph '${this.graph.name}': input '${t.name}' has dtype ${t.dtype}, which host sessions do not feed`);
+      inputs[t.name] = new ort.Tensor(type, f.data as never, f.dims);
+    }
+    const out = outputs ? await this.session.run(inputs, outputs) : await this.session.run(inputs);
+    const result: Record<string, HostTensor> = {};
+    for (const [k, v] of Object.entries(out)) result[k] = { data: v.data as HostTensor['data'], dims: [...v.dims] };
+    return result;
+  }
+
+  /** Releases the native session. */
+  async dispose(): Promise<void> {
+    await this.session.release();
+  }
+}

@@ -1,0 +1,51 @@
+import { Generator } from '@lathe/rollout';
+import { generationRunner, rowsOf, tinyModel } from './helpers';
+
+const { dir, config } = tinyModel();
+const prompts = [[5, 9, 11, 3], [7, 2], [30, 31, 32, 33, 34, 35], [1], [8, 8, 8]];
+
+test('generate() returns per-sample completions equal to the raw graph, cut at the stop token', async () => {
+  const gen = await Generator.fromPretrained(dir, { temperature: 1, topK: 10, groupSize: 2 });
+  const stopIds = [4, 17];
+  const got = await gen.generate(prompts, { maxNewTokens: 6, seed: 3, stopIds });
+  expect(got).toHaveLength(prompts.length * 2);
+  const raw = await generationRunner(dir, config, { temperature: 1, topK: 10, groupSize: 2 }, 'raw.onnx');
+  const out = await raw(prompts, { maxNew: 6, seed: 3, stop: stopIds });
+  const tokens = rowsOf(out.tokens);
+  got.forEach((c) => {
+    const row = c.promptIndex * 2 + c.sampleIndex;
+    const len = Number(out.lengths.data[row]);
+    expect(c.tokens).toEqual(tokens[row].slice(0, len));
+    expect(c.logprobs).toHaveLength(len);
+    expect(c.finishReason).toBe(out.stopped.data[row] ? 'stop' : 'length');
+    if (c.finishReason === 'stop') expect(stopIds).toContain(c.tokens.at(-1));
+  });
+  await gen.dispose();
+});
+
+test('splitting into length-sorted runs under a small memory budget changes nothing', async () => {
+  const big = await Generator.fromPretrained(dir, { temperature: 0.8, groupSize: 3 });
+  // KV bytes per token per prompt: 2 (K, V) · 2 layers · 2 heads · 8 dims · 4 bytes · 3 samples = 768.
+  const small = await Generator.fromPretrained(dir, { temperature: 0.8, groupSize: 3, kvBudgetBytes: 768 * 2 * 12 });
+  expect(big.schedule(prompts, 6)).toHaveLength(1);
+  const runs = small.schedule(prompts, 6);
+  expect(runs.length).toBeGreaterThan(2);
+  expect(runs.flat().sort()).toEqual([0, 1, 2, 3, 4]);
+  // Longest prompts first, so each run pads little.
+  expect(runs[0][0]).toBe(2);
+  const progress: number[] = [];
+  const a = await big.generate(prompts, { maxNewTokens: 6, seed: 11 });
+  const b = await small.generate(prompts, { maxNewTokens: 6, seed: 11, onProgress: (d) => progress.push(d) });
+  // Same tokens; log-probs equal to float32 rounding (padding changes the reduction lengths).
+  expect(b.map((c) => [c.promptIndex, c.sampleIndex, c.tokens, c.finishReason])).toEqual(a.map((c) => [c.promptIndex, c.sampleIndex, c.tokens, c.finishReason]));
+  b.forEach((c, k) => c.rawLogprobs.forEach((x, t) => expect(x).toBeCloseTo(a[k].rawLogprobs[t], 5)));
+  expect(progress.at(-1)).toBe(prompts.length);
+  expect(() => small.schedule([new Array(40).fill(1)], 6)).toThrow(/exceeds kvBudgetBytes/);
+});
+
+test('bad prompts are rejected by index', async () => {
+  const gen = await Generator.fromPretrained(dir, { temperature: 0 });
+  await expect(gen.generate([[1, 2], []], { maxNewTokens: 2 })).rejects.toThrow(/prompt 1 is empty/);
+  await expect(gen.generate([[1, 99]], { maxNewTokens: 2 })).rejects.toThrow(/prompt 0: token id 99 is outside the vocabulary/);
+  await expect(gen.generate([[1]], { maxNewTokens: 500 })).rejects.toThrow(/exceed the model's 128 positions/);
+});
