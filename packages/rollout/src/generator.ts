@@ -85,7 +85,7 @@ export class Generator {
     const keys = call.promptKeys ?? prompts.map((_, i) => i);
     const results: Completion[] = [];
     let done = 0;
-    for (const run of this.schedule(prompts, call.maxNewTokens)) {
+    const execute = async (run: number[]) => {
       const rows = run.map((i) => prompts[i]);
       const P = Math.max(...rows.map((p) => p.length));
       const sampleKeys = run.flatMap((i) => [...Array(n).keys()].map((j) => keys[i] * n + j));
@@ -115,7 +115,8 @@ export class Generator {
       });
       done += run.length;
       call.onProgress?.(done, prompts.length);
-    }
+    };
+    for (const run of this.schedule(prompts, call.maxNewTokens)) await splitOnOutOfMemory(run, execute);
     return results.sort((a, b) => a.promptIndex - b.promptIndex || a.sampleIndex - b.sampleIndex);
   }
 
@@ -153,5 +154,26 @@ export class Generator {
   /** Releases the session. */
   async dispose(): Promise<void> {
     await this.session.dispose();
+  }
+}
+
+/** Whether an ONNX Runtime error is an allocation failure (worth retrying with a smaller batch). */
+export function isOutOfMemory(e: unknown): boolean {
+  return /out of memory|failed to allocate|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|bad_alloc/i.test(e instanceof Error ? e.message : String(e));
+}
+
+/**
+ * Runs `execute(items)`; when it fails for lack of memory, runs the two halves instead, recursively,
+ * so an over-large batch degrades into smaller runs rather than failing the whole request. Other
+ * errors, and a single item that still does not fit, propagate.
+ */
+export async function splitOnOutOfMemory<T>(items: T[], execute: (items: T[]) => Promise<void>): Promise<void> {
+  try {
+    await execute(items);
+  } catch (e) {
+    if (!isOutOfMemory(e) || items.length < 2) throw e;
+    const half = Math.ceil(items.length / 2);
+    await splitOnOutOfMemory(items.slice(0, half), execute);
+    await splitOnOutOfMemory(items.slice(half), execute);
   }
 }

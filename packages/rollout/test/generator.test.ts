@@ -1,4 +1,4 @@
-import { Generator } from '@lathe/rollout';
+import { Generator, splitOnOutOfMemory } from '@lathe/rollout';
 import { generationRunner, rowsOf, tinyModel } from './helpers';
 
 const { dir, config } = tinyModel();
@@ -48,4 +48,15 @@ test('bad prompts are rejected by index', async () => {
   await expect(gen.generate([[1, 2], []], { maxNewTokens: 2 })).rejects.toThrow(/prompt 1 is empty/);
   await expect(gen.generate([[1, 99]], { maxNewTokens: 2 })).rejects.toThrow(/prompt 0: token id 99 is outside the vocabulary/);
   await expect(gen.generate([[1]], { maxNewTokens: 500 })).rejects.toThrow(/exceed the model's 128 positions/);
+});
+
+test('a run that fails for lack of memory is split in halves and retried; other errors propagate', async () => {
+  const ran: number[][] = [];
+  await splitOnOutOfMemory([1, 2, 3, 4, 5], async (items) => {
+    if (items.length > 2) throw new Error('[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : CUDA failure 2: out of memory');
+    ran.push(items);
+  });
+  expect(ran).toEqual([[1, 2], [3], [4, 5]]);
+  await expect(splitOnOutOfMemory([1, 2], async () => Promise.reject(new Error('shape mismatch')))).rejects.toThrow(/shape mismatch/);
+  await expect(splitOnOutOfMemory([1], async () => Promise.reject(new Error('Failed to allocate memory')))).rejects.toThrow(/Failed to allocate/);
 });
