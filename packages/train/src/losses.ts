@@ -37,6 +37,11 @@ export interface SftLossOptions {
   compute?: DType;
   /** Vocabulary chunk of the log-prob computation. */
   chunk?: number;
+  /**
+   * How the decoder's weights come from the trainable parameters (default: each parameter cast to
+   * `compute`). LoRA passes a function that declares the frozen base and adds the adapters.
+   */
+  weights?: (g: Graph, params: Map<string, Tensor>) => Weights;
 }
 
 /**
@@ -50,7 +55,7 @@ export function sftLoss(cfg: DecoderConfig, opts: SftLossOptions = {}): LossBuil
     const attention = g.input('attention_mask', 'int64', ['B', 'T']);
     const lossMask = g.input('loss_mask', 'int64', ['B', 'T']);
     const normaliser = g.input('loss_tokens', 'float32', []);
-    const w = castWeights(params, opts.compute ?? 'float32');
+    const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
     const logp = nextTokenLogprobs(cfg, w, ids, attention, { chunk: opts.chunk });
     // Position t predicts token t+1: weight it by loss_mask[t+1]; the wrapped last column gets 0.
     const predicted = L.cast(L.mul(shiftLeft(lossMask), lastColumnZero(lossMask)), 'float32');

@@ -1,6 +1,12 @@
 import type { CommandModule } from 'yargs';
+import { demoCommand } from './demo';
+import { sftCommand } from './sft';
 import { gradeCommand } from './grade';
 
 /** Every `lathe` subcommand; each lives in its own file beside this one. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- yargs command modules differ in their argv types
-export const commands: CommandModule<any, any>[] = [gradeCommand];
+export const commands: CommandModule<any, any>[] = [
+  demoCommand,
+  sftCommand,
+  gradeCommand,
+];

@@ -1,0 +1,38 @@
+/**
+ * Turns a command's option schema (the single source of truth, kept in its package) into yargs
+ * flags, and resolves defaults ← `--config file.yaml` ← flags.
+ */
+import { readFileSync } from 'node:fs';
+import { parse as parseYaml } from 'yaml';
+import type { Argv, Options } from 'yargs';
+import { resolveConfig, type ConfigOf, type OptionSchema } from '@lathe/train';
+
+/** Adds `--config` and one flag per schema option (no yargs defaults: absence means "not given"). */
+export function addSchemaFlags<T>(y: Argv<T>, schema: OptionSchema): Argv<T> {
+  let out: Argv<T> = y.option('config', { type: 'string', describe: 'YAML file of options (flags given on the command line override it)' });
+  for (const [name, spec] of Object.entries(schema)) {
+    const o: Options = { type: spec.type, describe: `${spec.describe} [default: ${JSON.stringify(spec.default)}]` };
+    if (spec.type === 'string' && spec.choices) o.choices = [...spec.choices];
+    out = out.option(name, o) as Argv<T>;
+  }
+  return out;
+}
+
+/** The resolved config: schema defaults, then `base` (a command's own defaults), then the YAML file, then the flags present on the command line. */
+export function configFromArgv<S extends OptionSchema>(schema: S, argv: Record<string, unknown>, base?: { name: string; values: Record<string, unknown> }): ConfigOf<S> {
+  const sources: { name: string; values: Record<string, unknown> }[] = base ? [base] : [];
+  if (typeof argv.config === 'string') {
+    let text: string;
+    try {
+      text = readFileSync(argv.config, 'utf8');
+    } catch (e) {
+      throw new Error(`--config ${argv.config}: cannot read (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`);
+    }
+    const values: unknown = parseYaml(text);
+    if (values !== null && (typeof values !== 'object' || Array.isArray(values))) throw new Error(`${argv.config}: expected a mapping of option: value`);
+    sources.push({ name: argv.config, values: (values ?? {}) as Record<string, unknown> });
+  }
+  const flags = Object.fromEntries(Object.keys(schema).filter((k) => argv[k] !== undefined).map((k) => [k, argv[k]]));
+  sources.push({ name: 'command line', values: flags });
+  return resolveConfig(schema, sources);
+}

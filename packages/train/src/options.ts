@@ -1,0 +1,68 @@
+/**
+ * Command options as data: one schema per command is the single source of truth for defaults, CLI
+ * flags (the app turns each field into a yargs option), YAML config files and the config saved
+ * with every checkpoint. Values resolve as defaults ← config file ← CLI flags.
+ */
+
+import { closest } from 'fastest-levenshtein';
+
+/** One option: its type, default and help text. */
+export type OptionSpec =
+  | { type: 'string'; default: string; describe: string; choices?: readonly string[] }
+  | { type: 'number'; default: number; describe: string; integer?: boolean; min?: number; max?: number }
+  | { type: 'boolean'; default: boolean; describe: string };
+
+/** A command's options by name (snake_case, as in YAML files and `--flags`). */
+export type OptionSchema = Record<string, OptionSpec>;
+
+/** The resolved config type of a schema. */
+export type ConfigOf<S extends OptionSchema> = {
+  -readonly [K in keyof S]: S[K] extends { type: 'string'; choices: readonly (infer C)[] }
+    ? C
+    : S[K] extends { type: 'string' }
+      ? string
+      : S[K] extends { type: 'number' }
+        ? number
+        : boolean;
+};
+
+/** The schema's defaults. */
+export function defaults<S extends OptionSchema>(schema: S): ConfigOf<S> {
+  return Object.fromEntries(Object.entries(schema).map(([k, s]) => [k, s.default])) as ConfigOf<S>;
+}
+
+/**
+ * Checks and merges partial configs over the defaults, later sources winning. Each source is
+ * named in errors (`"config.yaml"`, `"--flags"`): an unknown key, a wrong type, a value outside
+ * its range or choices is an error naming the source and the key.
+ */
+export function resolveConfig<S extends OptionSchema>(schema: S, sources: { name: string; values: Record<string, unknown> }[]): ConfigOf<S> {
+  const out: Record<string, unknown> = { ...defaults(schema) };
+  for (const { name, values } of sources) {
+    for (const [key, value] of Object.entries(values)) {
+      if (value === undefined) continue;
+      const spec = schema[key];
+      if (!spec) throw new Error(`${name}: unknown option '${key}' (did you mean '${closest(key, Object.keys(schema))}'?)`);
+      out[key] = checkValue(spec, value, `${name}: option '${key}'`);
+    }
+  }
+  return out as ConfigOf<S>;
+}
+
+function checkValue(spec: OptionSpec, value: unknown, where: string): unknown {
+  if (spec.type === 'number') {
+    const v = typeof value === 'string' && value.trim() !== '' ? Number(value) : value;
+    if (typeof v !== 'number' || !Number.isFinite(v)) throw new Error(`${where} must be a number, got ${JSON.stringify(value)}`);
+    if (spec.integer && !Number.isInteger(v)) throw new Error(`${where} must be an integer, got ${v}`);
+    if (spec.min !== undefined && v < spec.min) throw new Error(`${where} must be ≥ ${spec.min}, got ${v}`);
+    if (spec.max !== undefined && v > spec.max) throw new Error(`${where} must be ≤ ${spec.max}, got ${v}`);
+    return v;
+  }
+  if (spec.type === 'boolean') {
+    if (typeof value !== 'boolean') throw new Error(`${where} must be true or false, got ${JSON.stringify(value)}`);
+    return value;
+  }
+  if (typeof value !== 'string') throw new Error(`${where} must be a string, got ${JSON.stringify(value)}`);
+  if (spec.choices && !spec.choices.includes(value)) throw new Error(`${where} must be one of ${spec.choices.join(', ')}, got '${value}'`);
+  return value;
+}

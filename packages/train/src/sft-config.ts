@@ -1,0 +1,57 @@
+/** `lathe sft`'s options: defaults, flags, YAML keys and the config saved with checkpoints. */
+import type { ConfigOf, OptionSchema } from './options';
+
+/** The built-in demo model: a tiny random Qwen3 with a character tokenizer. */
+export const BUILTIN_MODEL = 'builtin:tiny';
+/** The built-in demo task: two-number addition. */
+export const BUILTIN_DATA = 'builtin:addition';
+
+/** Every option of an SFT run. */
+export const sftSchema = {
+  model: { type: 'string', default: BUILTIN_MODEL, describe: `Hugging Face model folder (config.json, *.safetensors, tokenizer.json), or ${BUILTIN_MODEL} (a tiny random Qwen3 and a character tokenizer)` },
+  data: { type: 'string', default: BUILTIN_DATA, describe: `JSONL file of {"prompt", "response"} rows, or ${BUILTIN_DATA} (synthetic "a+b=" problems)` },
+  run_dir: { type: 'string', default: 'runs/sft', describe: 'Run directory: config.yaml, metrics.jsonl, checkpoints/ and eval/ go here' },
+  device: { type: 'string', default: 'cpu', choices: ['cpu', 'cuda'], describe: 'Where to train (cuda needs the CUDA provider: see `lathe doctor`)' },
+  compute_dtype: { type: 'string', default: 'float32', choices: ['float32', 'bfloat16'], describe: 'Dtype of forward/backward compute; master weights and AdamW state stay float32 (bfloat16 needs --device cuda)' },
+  steps: { type: 'number', default: 1000, integer: true, min: 1, describe: 'Optimizer steps' },
+  batch_size: { type: 'number', default: 32, integer: true, min: 1, describe: 'Sequences per optimizer step' },
+  micro_batches: { type: 'number', default: 1, integer: true, min: 1, describe: 'Split each batch into this many micro-batches (gradient accumulation)' },
+  max_length: { type: 'number', default: 512, integer: true, min: 2, describe: 'Longest training sequence in tokens (see --overlong)' },
+  overlong: { type: 'string', default: 'skip', choices: ['skip', 'truncate'], describe: 'Examples over max_length: skip them, or truncate the response (both counted)' },
+  lr: { type: 'number', default: 2e-5, min: 0, describe: 'Peak learning rate' },
+  schedule: { type: 'string', default: 'cosine', choices: ['constant', 'linear', 'cosine'], describe: 'Learning-rate schedule after warm-up' },
+  warmup_steps: { type: 'number', default: 20, integer: true, min: 0, describe: 'Linear warm-up steps' },
+  min_lr_ratio: { type: 'number', default: 0.1, min: 0, max: 1, describe: 'Cosine floor as a fraction of lr' },
+  weight_decay: { type: 'number', default: 0.01, min: 0, describe: 'AdamW decoupled weight decay (not applied to norms and biases)' },
+  max_grad_norm: { type: 'number', default: 1, min: 0, describe: 'Clip the global gradient norm (0: off)' },
+  lora_rank: { type: 'number', default: 0, integer: true, min: 0, describe: 'LoRA rank (0: full fine-tuning)' },
+  lora_alpha: { type: 'number', default: 16, min: 0, describe: 'LoRA alpha (adapters are scaled by alpha / rank)' },
+  lora_targets: { type: 'string', default: 'q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj', describe: 'Regular expression over HF weight names selecting the matrices LoRA adapts' },
+  seed: { type: 'number', default: 0, integer: true, describe: 'Seed of data order, splits and the built-in model' },
+  eval_examples: { type: 'number', default: 64, integer: true, min: 0, describe: 'Held-out examples scored by greedy generation (exact match)' },
+  eval_every: { type: 'number', default: 100, integer: true, min: 0, describe: 'Evaluate every N steps (0: only at the end)' },
+  max_new_tokens: { type: 'number', default: 16, integer: true, min: 1, describe: 'Generation length limit during evaluation' },
+  save_every: { type: 'number', default: 200, integer: true, min: 0, describe: 'Checkpoint every N steps (0: only at the end)' },
+  keep_last: { type: 'number', default: 2, integer: true, min: 1, describe: 'Checkpoints kept (older ones are deleted)' },
+  resume: { type: 'boolean', default: false, describe: "Continue from the run directory's latest checkpoint" },
+  log_every: { type: 'number', default: 10, integer: true, min: 1, describe: 'Write metrics every N steps' },
+} as const satisfies OptionSchema;
+
+/** A resolved SFT config. */
+export type SftConfig = ConfigOf<typeof sftSchema>;
+
+/**
+ * `lathe demo` (the README's main command): the built-in model and task, with the settings that
+ * make a 2-layer model learn two-digit addition in under a minute on two CPU cores.
+ */
+export const DEMO_SFT_OVERRIDES: Partial<SftConfig> = {
+  model: BUILTIN_MODEL,
+  data: BUILTIN_DATA,
+  run_dir: 'runs/demo',
+  steps: 1000,
+  batch_size: 64,
+  lr: 5e-3,
+  warmup_steps: 20,
+  eval_every: 250,
+  save_every: 500,
+};

@@ -1,0 +1,190 @@
+/**
+ * SFT data: prompt/response pairs → token ids with a loss mask on the response, a deterministic
+ * epoch order (so a run resumes at exactly the example it stopped at), and padded batches.
+ */
+import { readFileSync } from 'node:fs';
+import type { HostTensor } from '@lathe/rollout';
+
+/** What SFT needs of a tokenizer. */
+export interface SftTokenizer {
+  encode(text: string): number[];
+  decode(ids: readonly number[]): string;
+  readonly padId: number;
+  readonly eosId: number;
+  /** Prepended to every sequence when set. */
+  readonly bosId?: number;
+}
+
+/** A prompt and the response to learn. */
+export interface SftExample {
+  prompt: string;
+  response: string;
+}
+
+/** A tokenized example: the loss mask is 1 on the response's tokens and the closing EOS. */
+export interface TokenizedExample {
+  ids: number[];
+  lossMask: number[];
+  promptLength: number;
+}
+
+/** Deterministic uniform numbers in [0, 1) (mulberry32). */
+export function seededRandom(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** A seeded Fisher-Yates permutation of 0..n-1. */
+export function permutation(n: number, seed: number): number[] {
+  const r = seededRandom(seed);
+  const p = [...Array(n).keys()];
+  for (let i = n - 1; i > 0; i--) {
+    const j = Math.floor(r() * (i + 1));
+    [p[i], p[j]] = [p[j], p[i]];
+  }
+  return p;
+}
+
+/** The prompt's ids (with BOS) and the response's ids (with EOS). */
+export function encodePair(tok: SftTokenizer, ex: SftExample): { prompt: number[]; response: number[] } {
+  return { prompt: [...(tok.bosId === undefined ? [] : [tok.bosId]), ...tok.encode(ex.prompt)], response: [...tok.encode(ex.response), tok.eosId] };
+}
+
+/** Tokenizes an example as one sequence (ids are concatenated, never re-tokenized). */
+export function tokenizeExample(tok: SftTokenizer, ex: SftExample): TokenizedExample {
+  const { prompt, response } = encodePair(tok, ex);
+  return { ids: [...prompt, ...response], lossMask: [...prompt.map(() => 0), ...response.map(() => 1)], promptLength: prompt.length };
+}
+
+/** Reads {"prompt", "response"} rows from a JSONL file; errors name the file and line. */
+export function readSftJsonl(path: string): SftExample[] {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (e) {
+    throw new Error(`${path}: cannot read the SFT data file (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`);
+  }
+  const rows: SftExample[] = [];
+  text.split('\n').forEach((line, i) => {
+    if (line.trim() === '') return;
+    let row: unknown;
+    try {
+      row = JSON.parse(line);
+    } catch {
+      throw new Error(`${path}:${i + 1}: not valid JSON`);
+    }
+    const r = row as Record<string, unknown>;
+    for (const k of ['prompt', 'response']) {
+      if (typeof r[k] !== 'string') throw new Error(`${path}:${i + 1}: field '${k}' must be a string`);
+    }
+    rows.push({ prompt: r.prompt as string, response: r.response as string });
+  });
+  if (rows.length === 0) throw new Error(`${path}: no examples`);
+  return rows;
+}
+
+/** The built-in task: every "a+b=" with 0 ≤ a, b < 100, answer "c". */
+export function additionExamples(): SftExample[] {
+  const out: SftExample[] = [];
+  for (let a = 0; a < 100; a++) for (let b = 0; b < 100; b++) out.push({ prompt: `${a}+${b}=`, response: `${a + b}` });
+  return out;
+}
+
+/** The built-in task's alphabet. */
+export const ADDITION_ALPHABET = '0123456789+=';
+
+/**
+ * The built-in task's tokenizer: ids 0, 1, 2 are pad, BOS and EOS, then one id per alphabet
+ * character. (General tokenizers, Hugging Face's included, live in @lathe/tokenizer.)
+ */
+export class AlphabetTokenizer implements SftTokenizer {
+  readonly padId = 0;
+  readonly bosId = 1;
+  readonly eosId = 2;
+  private readonly ids: Map<string, number>;
+
+  constructor(private readonly alphabet: string) {
+    this.ids = new Map([...alphabet].map((c, i) => [c, i + 3]));
+    if (this.ids.size !== [...alphabet].length) throw new Error(`alphabet '${alphabet}' repeats a character`);
+  }
+
+  /** Pad, BOS, EOS and the alphabet. */
+  get vocabSize(): number {
+    return this.ids.size + 3;
+  }
+
+  encode(text: string): number[] {
+    return [...text].map((c, i) => {
+      const id = this.ids.get(c);
+      if (id === undefined) throw new Error(`character '${c}' at position ${i} of '${text}' is not in the alphabet '${this.alphabet}'`);
+      return id;
+    });
+  }
+
+  /** Characters of the ids, special tokens dropped. */
+  decode(ids: readonly number[]): string {
+    const chars = [...this.alphabet];
+    return ids.map((id) => (id >= 3 ? (chars[id - 3] ?? '') : '')).join('');
+  }
+}
+
+/**
+ * An endless, deterministic stream of examples: epoch e visits every example once in the order
+ * `permutation(n, seed + e)`. The position (examples consumed) is all a resume needs.
+ */
+export class EpochStream<T> {
+  private orderEpoch = -1;
+  private order: number[] = [];
+
+  constructor(
+    private readonly items: readonly T[],
+    private readonly seed: number,
+    /** Examples consumed so far. */
+    public position = 0,
+  ) {
+    if (items.length === 0) throw new Error('no training examples');
+  }
+
+  /** The next `count` items. */
+  take(count: number): T[] {
+    const out: T[] = [];
+    for (let k = 0; k < count; k++) {
+      const epoch = Math.floor(this.position / this.items.length);
+      if (epoch !== this.orderEpoch) {
+        this.order = permutation(this.items.length, this.seed + epoch);
+        this.orderEpoch = epoch;
+      }
+      out.push(this.items[this.order[this.position % this.items.length]]);
+      this.position++;
+    }
+    return out;
+  }
+}
+
+/** Right-padded batch tensors for the SFT loss (input_ids, attention_mask, loss_mask). */
+export function padBatch(examples: readonly TokenizedExample[], padId: number): Record<string, HostTensor> {
+  const T = Math.max(...examples.map((e) => e.ids.length));
+  const B = examples.length;
+  const ids = new BigInt64Array(B * T).fill(BigInt(padId));
+  const attention = new BigInt64Array(B * T);
+  const loss = new BigInt64Array(B * T);
+  examples.forEach((e, r) => {
+    e.ids.forEach((id, t) => {
+      ids[r * T + t] = BigInt(id);
+      attention[r * T + t] = 1n;
+      loss[r * T + t] = BigInt(e.lossMask[t]);
+    });
+  });
+  return { input_ids: { data: ids, dims: [B, T] }, attention_mask: { data: attention, dims: [B, T] }, loss_mask: { data: loss, dims: [B, T] } };
+}
+
+/** Tokens the loss predicts in a batch: loss-mask positions that have a preceding token. */
+export function lossTokenCount(examples: readonly TokenizedExample[]): number {
+  return examples.reduce((s, e) => s + e.lossMask.slice(1).reduce((a, b) => a + b, 0), 0);
+}

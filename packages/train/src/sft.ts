@@ -1,0 +1,344 @@
+/**
+ * An SFT run, top to bottom: load the model, tokenizer and data → compile the train step and the
+ * evaluation (greedy generation) graphs → loop over optimizer steps, logging metrics, evaluating and
+ * checkpointing → a final evaluation and checkpoint. Resumes exactly from a checkpoint (weights,
+ * AdamW moments, step, data position) and saves one when interrupted.
+ */
+import { appendFileSync, existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { stringify as toYaml } from 'yaml';
+import * as L from '@lathe/onnx';
+import { paramSpecs, parseConfig, randomModel, weightInputs, type DecoderConfig, type HfConfig } from '@lathe/models';
+
+import { initLora, loraAdapters, loraWeights, mergeLora, type LoraConfig } from './lora';
+import { listCheckpoints, loadCheckpoint, loadFloat32, saveCheckpoint, type TrainerState } from './checkpoint';
+import { addGeneration, HostSession, type HostTensor } from '@lathe/rollout';
+import { biasCorrections, learningRate } from './schedule';
+import { sftLoss } from './losses';
+import { compileTrainStep, stateNames, type TrainableParam } from './train-step';
+import { BUILTIN_DATA, BUILTIN_MODEL, type SftConfig } from './sft-config';
+import {
+  ADDITION_ALPHABET,
+  AlphabetTokenizer,
+  EpochStream,
+  additionExamples,
+  encodePair,
+  lossTokenCount,
+  padBatch,
+  permutation,
+  readSftJsonl,
+  tokenizeExample,
+  type SftExample,
+  type SftTokenizer,
+  type TokenizedExample,
+} from './sft-data';
+
+/** Metrics of one optimizer step (one line of metrics.jsonl). */
+export interface StepMetrics {
+  step: number;
+  /** Mean next-token NLL over the batch's loss tokens. */
+  loss: number;
+  grad_norm: number;
+  lr: number;
+  /** Loss tokens and all tokens in the batch. */
+  loss_tokens: number;
+  tokens: number;
+  tokens_per_s: number;
+  /** Milliseconds spent preparing the batch on the host and inside ONNX Runtime runs. */
+  host_ms: number;
+  run_ms: number;
+}
+
+/** A greedy-generation evaluation on the held-out examples. */
+export interface EvalResult {
+  step: number;
+  /** Exact-match accuracy of the generated response. */
+  accuracy: number;
+  examples: number;
+}
+
+/** Callbacks for progress display. */
+export interface SftEvents {
+  onStart?(info: { startStep: number; totalSteps: number; trainExamples: number; evalExamples: number; dropped: number; truncated: number; parameters: number }): void;
+  onStep?(m: StepMetrics): void;
+  onEval?(r: EvalResult): void;
+  onCheckpoint?(dir: string, step: number): void;
+}
+
+/** What a run returns. */
+export interface SftResult {
+  steps: number;
+  finalLoss: number;
+  evals: EvalResult[];
+  checkpoint: string;
+  interrupted: boolean;
+}
+
+/** The demo model: a tiny Qwen3 sized for the character vocabulary. */
+function builtinModelConfig(vocabSize: number): HfConfig {
+  return {
+    architectures: ['Qwen3ForCausalLM'],
+    vocab_size: vocabSize,
+    hidden_size: 64,
+    intermediate_size: 192,
+    num_hidden_layers: 2,
+    num_attention_heads: 4,
+    num_key_value_heads: 2,
+    head_dim: 16,
+    rms_norm_eps: 1e-6,
+    rope_theta: 10000,
+    max_position_embeddings: 64,
+    tie_word_embeddings: true,
+  };
+}
+
+/** The model folder to start from, the tokenizer, and (for the built-in model) the folder it was written to. */
+function loadModelAndTokenizer(cfg: SftConfig): { dir: string; config: DecoderConfig; tokenizer: SftTokenizer; tokenizerFrom?: string } {
+  if (cfg.model === BUILTIN_MODEL) {
+    const tokenizer = new AlphabetTokenizer(ADDITION_ALPHABET);
+    const dir = join(cfg.run_dir, 'base-model');
+    const config = existsSync(join(dir, 'config.json'))
+      ? parseConfig(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')), join(dir, 'config.json'))
+      : randomModel(dir, builtinModelConfig(tokenizer.vocabSize), { seed: cfg.seed, std: 0.02 });
+    return { dir, config, tokenizer };
+  }
+  const configPath = join(cfg.model, 'config.json');
+  if (!existsSync(configPath)) throw new Error(`--model ${cfg.model}: no config.json in that folder`);
+  throw new Error(`--model ${cfg.model}: training Hugging Face folders needs the HF tokenizer loader, which is not wired into lathe sft yet`);
+}
+
+/** Training and evaluation examples: a seeded split with `eval_examples` held out. */
+function loadExamples(cfg: SftConfig): { train: SftExample[]; evaluation: SftExample[] } {
+  const all = cfg.data === BUILTIN_DATA ? additionExamples() : readSftJsonl(cfg.data);
+  if (cfg.eval_examples >= all.length) throw new Error(`--eval_examples ${cfg.eval_examples} leaves no training data (${all.length} examples in ${cfg.data})`);
+  const order = permutation(all.length, cfg.seed + 0x5eed);
+  return { evaluation: order.slice(0, cfg.eval_examples).map((i) => all[i]), train: order.slice(cfg.eval_examples).map((i) => all[i]) };
+}
+
+const f32 = (v: number): HostTensor => ({ data: Float32Array.from([v]), dims: [] });
+const sizeOf = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
+
+/** Writes a text file atomically (temporary file + rename). */
+function writeAtomic(path: string, text: string): void {
+  const tmp = `${path}.tmp-${process.pid}`;
+  writeFileSync(tmp, text);
+  renameSync(tmp, path);
+}
+
+/** Runs SFT as configured. `signal` interrupts the run after the current step, with a checkpoint. */
+export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: AbortSignal): Promise<SftResult> {
+  const compute = cfg.compute_dtype as 'float32' | 'bfloat16';
+  if (compute === 'bfloat16' && cfg.device !== 'cuda') throw new Error('--compute_dtype bfloat16 needs --device cuda (ONNX Runtime has no bfloat16 CPU kernels for most ops)');
+  if (cfg.batch_size % cfg.micro_batches !== 0) throw new Error(`--batch_size ${cfg.batch_size} is not divisible by --micro_batches ${cfg.micro_batches}`);
+  mkdirSync(cfg.run_dir, { recursive: true });
+  const { dir: modelDir, config, tokenizer, tokenizerFrom } = loadModelAndTokenizer(cfg);
+  const { train, evaluation } = loadExamples(cfg);
+  const tokenized = train.map((e) => tokenizeExample(tokenizer, e));
+  const overlong = tokenized.filter((t) => t.ids.length > cfg.max_length).length;
+  const kept =
+    cfg.overlong === 'truncate'
+      ? tokenized.filter((t) => t.promptLength < cfg.max_length).map((t) => ({ ...t, ids: t.ids.slice(0, cfg.max_length), lossMask: t.lossMask.slice(0, cfg.max_length) }))
+      : tokenized.filter((t) => t.ids.length <= cfg.max_length);
+  if (kept.length === 0) throw new Error(`--max_length ${cfg.max_length}: every training example is longer (--overlong ${cfg.overlong})`);
+
+  // What is trained: every weight, or LoRA adapters over a frozen base fed as `base/<name>` inputs.
+  const specs = paramSpecs(config);
+  const lora: LoraConfig | undefined = cfg.lora_rank > 0 ? { rank: cfg.lora_rank, alpha: cfg.lora_alpha, targets: cfg.lora_targets } : undefined;
+  const adapters = lora ? loraAdapters(config, lora) : [];
+  const params: TrainableParam[] = lora
+    ? adapters.flatMap((a) => [a.a, a.b])
+    : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+  const loss = lora
+    ? sftLoss(config, {
+        weights: (g, trainable) => {
+          const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
+          return loraWeights((name) => base.get(name)!, trainable, adapters, lora, compute);
+        },
+      })
+    : sftLoss(config, { compute });
+
+  // Graphs: the train step (or accumulate + apply), and greedy generation for evaluation.
+  const graphs = compileTrainStep({ params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } });
+  const device = cfg.device as 'cpu' | 'cuda';
+  const stepSession = cfg.micro_batches === 1 ? await HostSession.create(graphs.step, { device }) : undefined;
+  const accumulateSession = cfg.micro_batches > 1 ? await HostSession.create(graphs.accumulate, { device }) : undefined;
+  const applySession = cfg.micro_batches > 1 ? await HostSession.create(graphs.apply, { device }) : undefined;
+  const gen = new L.Graph('sft_eval_generate');
+  addGeneration(gen, config, weightInputs(gen, config, 'float32', 'float32').weights, { temperature: 0, padTokenId: tokenizer.padId });
+  const genSession = await HostSession.create(gen, { device });
+
+  // State: fresh from the model folder, or from the latest checkpoint.
+  let state: TrainerState = { step: 0, dataPosition: 0, seed: cfg.seed };
+  const base = loadFloat32(modelDir, config);
+  let weights = lora ? initLora(adapters, cfg.seed) : base;
+  let m = new Map<string, Float32Array>(params.map((p) => [p.name, new Float32Array(sizeOf(p.shape))]));
+  let v = new Map<string, Float32Array>(params.map((p) => [p.name, new Float32Array(sizeOf(p.shape))]));
+  if (cfg.resume) {
+    const latest = listCheckpoints(cfg.run_dir).at(-1);
+    if (!latest) throw new Error(`--resume: no checkpoint in ${join(cfg.run_dir, 'checkpoints')}`);
+    const c = loadCheckpoint(latest.dir, params);
+    if (c.lora !== Boolean(lora)) throw new Error(`--resume: ${latest.dir} is a ${c.lora ? 'LoRA' : 'full fine-tuning'} checkpoint but --lora_rank is ${cfg.lora_rank}`);
+    ({ state } = c);
+    weights = c.values;
+    m = c.m;
+    v = c.v;
+    if (state.seed !== cfg.seed) throw new Error(`--resume: the checkpoint was trained with --seed ${state.seed}, not ${cfg.seed}`);
+  }
+  const runConfigYaml = toYaml(cfg);
+  writeAtomic(join(cfg.run_dir, 'config.yaml'), runConfigYaml);
+  const metricsPath = join(cfg.run_dir, 'metrics.jsonl');
+  mkdirSync(join(cfg.run_dir, 'eval'), { recursive: true });
+
+  const baseFeeds: Record<string, HostTensor> = lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, { data: base.get(s.name)!, dims: s.shape }])) : {};
+  /** The model's weights now (LoRA merged into the base). */
+  const modelWeights = () => (lora ? mergeLora(base, weights, adapters, lora) : weights);
+  const tensorsOf = () => {
+    const feeds: Record<string, HostTensor> = { ...baseFeeds };
+    for (const p of params) {
+      feeds[p.name] = { data: weights.get(p.name)!, dims: p.shape };
+      feeds[stateNames.m(p.name)] = { data: m.get(p.name)!, dims: p.shape };
+      feeds[stateNames.v(p.name)] = { data: v.get(p.name)!, dims: p.shape };
+    }
+    return feeds;
+  };
+  const takeState = (out: Record<string, HostTensor>) => {
+    for (const p of params) {
+      weights.set(p.name, out[stateNames.next(p.name)].data as Float32Array);
+      m.set(p.name, out[stateNames.next(stateNames.m(p.name))].data as Float32Array);
+      v.set(p.name, out[stateNames.next(stateNames.v(p.name))].data as Float32Array);
+    }
+  };
+
+  const evaluate = async (): Promise<EvalResult> => {
+    const rows: { prompt: string; expected: string; generated: string; correct: boolean }[] = [];
+    const current = modelWeights();
+    const feeds = Object.fromEntries(specs.map((s) => [s.name, { data: current.get(s.name)!, dims: s.shape }]));
+    for (let start = 0; start < evaluation.length; start += 64) {
+      const chunk = evaluation.slice(start, start + 64);
+      const prompts = chunk.map((e) => encodePair(tokenizer, e).prompt);
+      const P = Math.max(...prompts.map((p) => p.length));
+      const ids = prompts.flatMap((p) => [...new Array(P - p.length).fill(tokenizer.padId), ...p]);
+      const mask = prompts.flatMap((p) => [...new Array(P - p.length).fill(0), ...p.map(() => 1)]);
+      const out = await genSession.run({
+        ...feeds,
+        input_ids: { data: BigInt64Array.from(ids.map(BigInt)), dims: [chunk.length, P] },
+        attention_mask: { data: BigInt64Array.from(mask.map(BigInt)), dims: [chunk.length, P] },
+        max_new_tokens: { data: BigInt64Array.from([BigInt(cfg.max_new_tokens)]), dims: [] },
+        stop_ids: { data: BigInt64Array.from([BigInt(tokenizer.eosId)]), dims: [1] },
+      });
+      const N = out.tokens.dims[1];
+      chunk.forEach((e, r) => {
+        const len = Number(out.lengths.data[r]);
+        const stopped = Boolean(out.stopped.data[r]);
+        const toks = Array.from(out.tokens.data.slice(r * N, r * N + len - (stopped ? 1 : 0)) as BigInt64Array, Number);
+        const generated = tokenizer.decode(toks);
+        rows.push({ prompt: e.prompt, expected: e.response, generated, correct: generated.trim() === e.response.trim() });
+      });
+    }
+    const result = { step: state.step, accuracy: rows.length ? rows.filter((r) => r.correct).length / rows.length : 0, examples: rows.length };
+    writeAtomic(join(cfg.run_dir, 'eval', `step-${String(state.step).padStart(8, '0')}.jsonl`), rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+    events.onEval?.(result);
+    return result;
+  };
+
+  const checkpoint = () => {
+    const contents = { config, model: modelWeights(), trainable: params, values: weights, m, v, state, runConfigYaml, lora: Boolean(lora) };
+    const dir = saveCheckpoint(cfg.run_dir, contents, { keepLast: cfg.keep_last, tokenizerFrom });
+    events.onCheckpoint?.(dir, state.step);
+    return dir;
+  };
+
+  events.onStart?.({
+    startStep: state.step,
+    totalSteps: cfg.steps,
+    trainExamples: kept.length,
+    evalExamples: evaluation.length,
+    dropped: tokenized.length - kept.length,
+    truncated: cfg.overlong === 'truncate' ? overlong - (tokenized.length - kept.length) : 0,
+    parameters: params.reduce((s, p) => s + sizeOf(p.shape), 0),
+  });
+  /** A NaN/inf loss: keep the last good state in a checkpoint and stop with a message. */
+  const nonFinite = (loss: number, batchStart: number): never => {
+    const dir = checkpoint();
+    throw new Error(
+      `step ${state.step + 1}: the loss is ${loss} on the batch of training examples ${batchStart}..${batchStart + cfg.batch_size - 1} (stream positions); ` +
+        `the weights before this step are saved in ${dir}. Lower --lr or check the data.`,
+    );
+  };
+  const stream = new EpochStream<TokenizedExample>(kept, cfg.seed, state.dataPosition);
+  const evals: EvalResult[] = [];
+  let lastLoss = NaN;
+  let lastCheckpoint = '';
+  let interrupted = false;
+  if (state.step === 0 && evaluation.length > 0) evals.push(await evaluate());
+
+  while (state.step < cfg.steps) {
+    const t0 = performance.now();
+    const batchStart = stream.position;
+    const batch = stream.take(cfg.batch_size);
+    const lossTokens = lossTokenCount(batch);
+    const lr = learningRate({ lr: cfg.lr, kind: cfg.schedule as 'constant' | 'linear' | 'cosine', warmupSteps: cfg.warmup_steps, totalSteps: cfg.steps, minLrRatio: cfg.min_lr_ratio }, state.step);
+    const { bc1, bc2 } = biasCorrections(state.step + 1);
+    const scalars = { lr: f32(lr), bc1: f32(bc1), bc2: f32(bc2), loss_tokens: f32(Math.max(1, lossTokens)) };
+    let hostMs = performance.now() - t0;
+    let runMs = 0;
+    let loss = 0;
+    let gradNorm = 0;
+    if (stepSession) {
+      const feeds = { ...tensorsOf(), ...padBatch(batch, tokenizer.padId), ...scalars };
+      const t1 = performance.now();
+      const out = await stepSession.run(feeds);
+      runMs += performance.now() - t1;
+      loss = (out.loss.data as Float32Array)[0];
+      if (!Number.isFinite(loss)) nonFinite(loss, batchStart);
+      takeState(out);
+      gradNorm = (out.grad_norm.data as Float32Array)[0];
+    } else {
+      const per = cfg.batch_size / cfg.micro_batches;
+      let grads: Record<string, HostTensor> = Object.fromEntries(params.map((p) => [stateNames.grad(p.name), { data: new Float32Array(sizeOf(p.shape)), dims: p.shape }]));
+      const weightFeeds = { ...baseFeeds, ...Object.fromEntries(params.map((p) => [p.name, { data: weights.get(p.name)!, dims: p.shape }])) };
+      for (let k = 0; k < cfg.micro_batches; k++) {
+        const t1 = performance.now();
+        const feeds = { ...weightFeeds, ...grads, ...padBatch(batch.slice(k * per, (k + 1) * per), tokenizer.padId), loss_tokens: scalars.loss_tokens };
+        const t2 = performance.now();
+        hostMs += t2 - t1;
+        const out = await accumulateSession!.run(feeds);
+        runMs += performance.now() - t2;
+        loss += (out.loss.data as Float32Array)[0];
+        grads = Object.fromEntries(params.map((p) => [stateNames.grad(p.name), out[stateNames.next(stateNames.grad(p.name))]]));
+      }
+      if (!Number.isFinite(loss)) nonFinite(loss, batchStart);
+      const t3 = performance.now();
+      const out = await applySession!.run({ ...tensorsOf(), ...grads, lr: scalars.lr, bc1: scalars.bc1, bc2: scalars.bc2, grad_scale: f32(1) });
+      runMs += performance.now() - t3;
+      takeState(out);
+      gradNorm = (out.grad_norm.data as Float32Array)[0];
+    }
+    state = { ...state, step: state.step + 1, dataPosition: stream.position };
+    lastLoss = loss;
+    const tokens = batch.reduce((s, e) => s + e.ids.length, 0);
+    const metrics: StepMetrics = {
+      step: state.step,
+      loss,
+      grad_norm: gradNorm,
+      lr,
+      loss_tokens: lossTokens,
+      tokens,
+      tokens_per_s: tokens / ((hostMs + runMs) / 1000),
+      host_ms: hostMs,
+      run_ms: runMs,
+    };
+    events.onStep?.(metrics);
+    if (state.step % cfg.log_every === 0 || state.step === cfg.steps || signal?.aborted) appendFileSync(metricsPath, JSON.stringify(metrics) + '\n');
+    if (cfg.eval_every > 0 && state.step % cfg.eval_every === 0 && state.step < cfg.steps && evaluation.length > 0) evals.push(await evaluate());
+    if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) lastCheckpoint = checkpoint();
+    if (signal?.aborted) {
+      interrupted = true;
+      break;
+    }
+  }
+  if (!interrupted && evaluation.length > 0 && evals.at(-1)?.step !== state.step) evals.push(await evaluate());
+  if (!lastCheckpoint.endsWith(String(state.step).padStart(8, '0'))) lastCheckpoint = checkpoint();
+  for (const s of [stepSession, accumulateSession, applySession, genSession]) await s?.dispose();
+  return { steps: state.step, finalLoss: lastLoss, evals, checkpoint: lastCheckpoint, interrupted };
+}

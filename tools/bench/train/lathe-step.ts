@@ -1,0 +1,104 @@
+/**
+ * One or more AdamW steps of SFT on a Hugging Face folder with Lathe's compiled train step, on CUDA
+ * or CPU, through the plain onnxruntime-node API (parameters and moments cross the host boundary
+ * each step). Used for parity with PyTorch and for step timing.
+ *
+ * usage: node lathe-step.js --model DIR --batch batch.json [--device cuda|cpu] [--compute float32|bfloat16]
+ *          [--steps N] [--lr 1e-3] [--max-grad-norm 1] [--weight-decay 0.01] [--out updated.safetensors]
+ * batch.json: {"input_ids": [[...]], "attention_mask": [[...]], "loss_mask": [[...]]}
+ * Prints one JSON line: loss per step, grad norms, step times (run vs host), and writes the
+ * updated float32 parameters to --out.
+ */
+import { readFileSync } from 'node:fs';
+import { resolve } from 'node:path';
+import { paramSpecs, readConfig, writeSafetensors } from '@lathe/models';
+import { HostSession, type HostTensor } from '@lathe/rollout';
+import { biasCorrections, compileTrainStep, loadFloat32, sftLoss, stateNames } from '@lathe/train';
+
+function arg(name: string, fallback?: string): string {
+  const i = process.argv.indexOf(`--${name}`);
+  if (i >= 0 && process.argv[i + 1] !== undefined) return process.argv[i + 1];
+  if (fallback !== undefined) return fallback;
+  throw new Error(`missing --${name}`);
+}
+
+async function main(): Promise<void> {
+  const dir = resolve(arg('model'));
+  const device = arg('device', 'cuda') as 'cuda' | 'cpu';
+  const compute = arg('compute', 'float32') as 'float32' | 'bfloat16';
+  const steps = Number(arg('steps', '1'));
+  const lr = Number(arg('lr', '1e-3'));
+  const batch = JSON.parse(readFileSync(arg('batch'), 'utf8')) as Record<'input_ids' | 'attention_mask' | 'loss_mask', number[][]>;
+  const { config } = readConfig(dir);
+  const specs = paramSpecs(config);
+  const params = specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+  const t0 = performance.now();
+  const graphs = compileTrainStep({ params, loss: sftLoss(config, { compute }), optimizer: { weightDecay: Number(arg('weight-decay', '0.01')), maxGradNorm: Number(arg('max-grad-norm', '1')) } });
+  const session = await HostSession.create(graphs.step, { device });
+  const tSession = performance.now();
+  const weights = loadFloat32(dir, config);
+  const state: Record<string, HostTensor> = {};
+  for (const p of params) {
+    state[p.name] = { data: weights.get(p.name)!, dims: p.shape };
+    const n = p.shape.reduce((a, b) => a * b, 1);
+    state[stateNames.m(p.name)] = { data: new Float32Array(n), dims: p.shape };
+    state[stateNames.v(p.name)] = { data: new Float32Array(n), dims: p.shape };
+  }
+  const B = batch.input_ids.length;
+  const T = batch.input_ids[0].length;
+  const i64 = (rows: number[][]): HostTensor => ({ data: BigInt64Array.from(rows.flat().map(BigInt)), dims: [B, T] });
+  // Tokens the loss predicts: loss-mask positions after the first column.
+  const lossTokens = batch.loss_mask.reduce((s, r) => s + r.slice(1).reduce((a, b) => a + b, 0), 0);
+  const f32 = (v: number): HostTensor => ({ data: Float32Array.from([v]), dims: [] });
+  const losses: number[] = [];
+  const norms: number[] = [];
+  const runMs: number[] = [];
+  const hostMs: number[] = [];
+  for (let t = 0; t < steps; t++) {
+    const h0 = performance.now();
+    const { bc1, bc2 } = biasCorrections(t + 1);
+    const feeds = { ...state, input_ids: i64(batch.input_ids), attention_mask: i64(batch.attention_mask), loss_mask: i64(batch.loss_mask), loss_tokens: f32(lossTokens), lr: f32(lr), bc1: f32(bc1), bc2: f32(bc2) };
+    const r0 = performance.now();
+    const out = await session.run(feeds);
+    const r1 = performance.now();
+    for (const p of params) {
+      state[p.name] = out[stateNames.next(p.name)];
+      state[stateNames.m(p.name)] = out[stateNames.next(stateNames.m(p.name))];
+      state[stateNames.v(p.name)] = out[stateNames.next(stateNames.v(p.name))];
+    }
+    losses.push((out.loss.data as Float32Array)[0]);
+    norms.push((out.grad_norm.data as Float32Array)[0]);
+    runMs.push(r1 - r0);
+    hostMs.push(r0 - h0 + (performance.now() - r1));
+  }
+  const outPath = arg('out', '');
+  if (outPath) {
+    writeSafetensors(
+      outPath,
+      params.map((p) => {
+        const d = state[p.name].data as Float32Array;
+        return { name: p.name, dtype: 'float32' as const, shape: p.shape, data: new Uint8Array(d.buffer, d.byteOffset, d.byteLength) };
+      }),
+    );
+  }
+  const tokens = B * T;
+  const best = Math.min(...runMs.slice(steps > 1 ? 1 : 0));
+  console.log(
+    JSON.stringify({
+      device,
+      compute,
+      batch: [B, T],
+      session_ms: +(tSession - t0).toFixed(0),
+      losses,
+      grad_norms: norms,
+      run_ms: runMs.map((x) => +x.toFixed(1)),
+      host_ms: hostMs.map((x) => +x.toFixed(1)),
+      tokens_per_s_best: Math.round(tokens / (best / 1000)),
+    }),
+  );
+}
+
+main().catch((e: unknown) => {
+  console.error(e instanceof Error ? e.stack : e);
+  process.exit(1);
+});
