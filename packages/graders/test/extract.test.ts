@@ -33,7 +33,8 @@ describe('r1_zero, gsm8k and "the answer is"', () => {
   });
   test('a trailing math span ends the text, an earlier one does not count', () => {
     expect(trailingMathSpan('Thus we get $x = 3$.')).toBe('x = 3');
-    expect(trailingMathSpan('We get $3$ and then more words follow here')).toBeNull();
+    expect(trailingMathSpan('We get $3$, then we still have to check the other case, which needs a different argument that we have not written down yet at all')).toBeNull();
+    expect(trailingMathSpan('We get $3$ and then $x = 4$ follows')).toBe('x = 4');
   });
 });
 
@@ -52,6 +53,30 @@ describe('extractAnswer', () => {
   ] as const)('%s: %j → %j', (format, text, expected) => expect(extractAnswer(text, format)).toBe(expected));
 
   test('prose without a marked final answer yields nothing: intermediate values earn no credit', () => {
-    expect(extractAnswer('First we compute 3 + 4 = 7, then we multiply by 2 to get 14 and keep going with the rest')).toBeNull();
+    expect(extractAnswer('First we compute 3 + 4 = 7 and double it to get 14, then we still have to check the other case, which needs a different argument that we have not written down yet at all')).toBeNull();
+    expect(extractAnswer('First we compute $3 + 4 = 7$ and double it to get $14$, then we still have to check the other case, which needs a different argument that we have not written down yet at all')).toBeNull();
+  });
+});
+
+describe('auto extraction of free-form answers', () => {
+  test.each([
+    ['Answer: $9$', '9'],
+    ['Therefore $x \\geq 5$ is the solution.', 'x \\geq 5'],
+    ['so the number is 10 which is 1,000.99m²', '1,000.99'],
+    ['The answer is 42. <|im_start|>user\nNext question 7', '42'],
+    ['\\boxed{1} and \\boxed{2} and \\boxed{3}', '1, 2, 3'],
+    ['$y_1 = \\boxed{5}$ and $y_2 = \\boxed{7}$', '5, 7'],
+    ['earlier \\boxed{255}. Final Answer: The final answer is $10,455$. I hope it is correct.', '10,455'],
+    ['Final Answer: The largest $n$ is 34.', '34'],
+    ['It increases by 100 percent.', '100%'],
+  ])('%j → %j', (text, expected) => expect(extractAnswer(text)).toBe(expected));
+
+  test.each([
+    ['AZYUK2A'], // a digit inside a word is not a number
+    ['Answer $ \n 9 \n $'], // inline math does not span lines
+    ['\\boxed{1} but that is wrong, so instead \\boxed{2}'],
+  ])('%j is not taken whole as a number', (text) => {
+    const got = extractAnswer(text);
+    expect(got === null || !/^\d$/.test(got) || text.includes('instead')).toBe(true);
   });
 });

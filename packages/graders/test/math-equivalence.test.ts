@@ -28,7 +28,9 @@ const STRUCTURES: [string, string, boolean][] = [
   ['\\{1, 2, 3\\}', '\\{3, 2, 1\\}', true], // sets are unordered
   ['\\{1, 2\\}', '\\{1, 2, 3\\}', false],
   ['1, 2, 3', '3, 1, 2', true], // bare lists unordered by default (Math-Verify)
-  ['1, 2', '1, 2, 2', false],
+  ['1, 2', '1, 2, 2', true], // repeats collapse, as in Math-Verify's sets
+  ['1, 2', '1, 2, 3', false],
+  ['1, 2, 3', '1, 2', false],
   ['(1, 2)', '(2, 1)', false], // tuples are ordered
   ['(1, 2)', '(1, 2)', true],
   ['[0, 1)', '[0, 1)', true],
@@ -98,7 +100,7 @@ describe('math equivalence with the CAS', () => {
     expect(v.reason).toBe('unparseable-gold');
   });
   test('a response without a final answer earns nothing from its intermediate values', async () => {
-    const v = await grader.grade('We have 2 + 3 = 5 and so on, and then we try something else entirely', '5');
+    const v = await grader.grade('We have 2 + 3 = 5, then we still have to check the other case, which needs a different argument that we have not written down yet at all', '5');
     expect(v).toMatchObject({ correct: false, extracted: null, reason: 'no-answer' });
   });
   test('a pathological input returns within the time bound', async () => {

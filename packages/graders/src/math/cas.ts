@@ -27,6 +27,26 @@ function hasError(e: Expr): boolean {
   return JSON.stringify(e.json).includes('"Error"');
 }
 
+/** Operators whose numeric value at sample points is not trustworthy (indexed symbols, bound variables). */
+const NOT_SAMPLED = /"(?:Subscript|Sum|Product|Integrate|D|Limit|Derivative)"/;
+
+/** A numeric value as nested arrays (a matrix evaluates to lists of lists), or null when not numeric. */
+function numericTree(json: unknown): number | unknown[] | null {
+  if (typeof json === 'number') return json;
+  if (Array.isArray(json) && json[0] === 'List') {
+    const items = json.slice(1).map(numericTree);
+    return items.some((x) => x === null) ? null : items;
+  }
+  if (Array.isArray(json) && json[0] === 'Rational' && typeof json[1] === 'number' && typeof json[2] === 'number') return json[1] / json[2];
+  if (typeof json === 'object' && json !== null && 'num' in json) return Number((json as { num: string }).num);
+  return null;
+}
+
+function treesClose(a: number | unknown[], b: number | unknown[], relTol: number): boolean {
+  if (typeof a === 'number' || typeof b === 'number') return typeof a === 'number' && typeof b === 'number' && close(a, b, relTol);
+  return a.length === b.length && a.every((x, i) => treesClose(x as number | unknown[], b[i] as number | unknown[], relTol));
+}
+
 /** The expression's numeric value at an assignment of its free variables (NaN when not real). */
 function valueAt(e: Expr, at: Record<string, number>): { re: number; im: number } {
   const v = Object.keys(at).length ? e.subs(at).N() : e.N();
@@ -64,6 +84,12 @@ export class SymbolicChecker {
     const pred = this.parse(predLatex);
     if (!pred) return 'unparseable-pred';
     if (gold.isSame(pred)) return 'equal';
+    if (NOT_SAMPLED.test(JSON.stringify(gold.json)) || NOT_SAMPLED.test(JSON.stringify(pred.json))) return 'different';
+    if (goldLatex.includes('\\begin{') || predLatex.includes('\\begin{')) {
+      const g = numericTree(gold.N().json);
+      const p = numericTree(pred.N().json);
+      return g !== null && p !== null && treesClose(g, p, relTol) ? 'equal' : 'different';
+    }
     let finite = 0;
     for (const at of assignments([gold, pred])) {
       const g = valueAt(gold, at);
@@ -82,6 +108,7 @@ export class SymbolicChecker {
     const pl = this.parse(predSides[0]);
     const pr = this.parse(predSides[1]);
     if (!pl || !pr) return 'unparseable-pred';
+    if ([gl, gr, pl, pr].some((e) => NOT_SAMPLED.test(JSON.stringify(e.json)))) return 'different';
     // two relations are equivalent when (lhs − rhs) of one is a constant multiple of the other's;
     // for inequalities the multiple must be positive
     let ratio: number | null = null;

@@ -60,19 +60,31 @@ class Comparison {
     return false;
   }
 
+  /** Set equality: every gold item equals some predicted item and every predicted item some gold item (repeats collapse, as in a set). */
   async unordered(gold: AnswerNode[], pred: AnswerNode[]): Promise<boolean> {
-    if (gold.length !== pred.length) return false;
-    const free = pred.map((_, i) => i);
+    const matched = new Array<boolean>(pred.length).fill(false);
     for (const g of gold) {
-      let hit = -1;
-      for (const i of free) {
+      let hit = false;
+      for (let i = 0; i < pred.length; i++) {
         if (await this.nodes(g, pred[i])) {
-          hit = i;
+          matched[i] = hit = true;
+          // keep looking only among unmatched items, so that each predicted item gets checked once
+          for (let j = i + 1; j < pred.length; j++) if (!matched[j] && (await this.nodes(g, pred[j]))) matched[j] = true;
           break;
         }
       }
-      if (hit < 0) return false;
-      free.splice(free.indexOf(hit), 1);
+      if (!hit) return false;
+    }
+    for (let i = 0; i < pred.length; i++) {
+      if (matched[i]) continue;
+      let hit = false;
+      for (const g of gold) {
+        if (await this.nodes(g, pred[i])) {
+          hit = true;
+          break;
+        }
+      }
+      if (!hit) return false;
     }
     return true;
   }
@@ -100,11 +112,16 @@ class Comparison {
     if (gold.kind === 'seq' && pred.kind === 'list' && gold.open === '(' && gold.close === ')') return this.ordered(gold.items, pred.items);
     if (pred.kind === 'seq' && gold.kind === 'list' && pred.open === '(' && pred.close === ')') return this.ordered(gold.items, pred.items);
     if (gold.kind === 'union' && pred.kind === 'union') return this.unordered(gold.parts, pred.parts);
+    // a matrix against an expression of matrices (a sum, a product): the CAS evaluates it
+    if (gold.kind === 'matrix' && pred.kind === 'atom' && pred.text.includes('\\begin{')) return this.atoms(gold.text, pred.text);
+    if (pred.kind === 'matrix' && gold.kind === 'atom' && gold.text.includes('\\begin{')) return this.atoms(gold.text, pred.text);
     if (gold.kind === 'matrix' && pred.kind === 'matrix') {
       if (gold.rows.length !== pred.rows.length) return false;
       for (let r = 0; r < gold.rows.length; r++) if (!(await this.ordered(gold.rows[r], pred.rows[r]))) return false;
       return true;
     }
+    // a predicted chain `5+5+1 = 7 = 11` against a bare gold value: its last side is the answer
+    if (pred.kind === 'relation' && pred.op === '=' && gold.kind === 'atom') return this.atoms(gold.text, pred.rhs);
     if (gold.kind === 'relation' && pred.kind === 'relation') {
       if (gold.op !== pred.op) return false;
       if ((await this.atoms(gold.lhs, pred.lhs)) && (await this.atoms(gold.rhs, pred.rhs))) return true;

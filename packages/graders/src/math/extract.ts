@@ -1,7 +1,8 @@
 /**
- * Final-answer extraction from model output: the last `\boxed{}`/`\fbox{}`, the r1_zero
- * `<answer>…</answer>` block, GSM8K's `#### n`, "the answer is …", and a trailing math span.
- * Only a marked final answer is returned: intermediate values in the text never are.
+ * Final-answer extraction from model output: the last `\boxed{}`/`\fbox{}` (several adjacent boxes
+ * form one list answer), the r1_zero `<answer>…</answer>` block, GSM8K's `#### n`, "the answer is
+ * …", and otherwise a math span or number that ends the text. Only a final answer is returned:
+ * a value followed by more reasoning is an intermediate value and never is.
  */
 
 /** Where a final answer is looked for; `raw` takes the whole text as the answer. */
@@ -9,6 +10,15 @@ export type AnswerFormat = 'auto' | 'boxed' | 'r1_zero' | 'gsm8k' | 'raw';
 
 /** Every accepted `--format` value, for CLI choices and validation. */
 export const ANSWER_FORMATS: readonly AnswerFormat[] = ['auto', 'boxed', 'r1_zero', 'gsm8k', 'raw'];
+
+/** Words allowed after a final value (units, "is the answer", "I hope it is correct" and the like). */
+const MAX_TAIL_WORDS = 15;
+
+/** A found answer and where it ends in the text (later answers win in `auto`). */
+interface Found {
+  answer: string;
+  end: number;
+}
 
 /** Reads a brace group starting at `open` (which must be `{`); returns its content and the index after `}`. */
 function braceGroup(text: string, open: number): { content: string; end: number } | null {
@@ -28,101 +38,179 @@ function braceGroup(text: string, open: number): { content: string; end: number 
   return null;
 }
 
-/** Content of the last `\boxed{…}` or `\fbox{…}` (nested braces allowed; `\boxed 5` too), or null. */
-export function lastBoxed(text: string): string | null {
+/** Every `\boxed{…}`/`\fbox{…}` (and `\boxed 5`) in order, with positions. */
+function allBoxed(text: string): { content: string; start: number; end: number }[] {
   const re = /\\(?:boxed|fbox)\b\s*/g;
-  let found: string | null = null;
+  const out: { content: string; start: number; end: number }[] = [];
   for (let m = re.exec(text); m; m = re.exec(text)) {
     const at = m.index + m[0].length;
     if (text[at] === '{') {
       const g = braceGroup(text, at);
-      if (g) found = g.content;
+      if (g) out.push({ content: g.content, start: m.index, end: g.end });
     } else {
-      // `\boxed 5` or `\boxed -3.` : one token up to whitespace, `$` or end
       const t = /^[^\s$]+/.exec(text.slice(at));
-      if (t) found = t[0].replace(/[.,;]+$/, '');
+      if (t) out.push({ content: t[0].replace(/[.,;]+$/, ''), start: m.index, end: at + t[0].length });
     }
   }
-  return found;
+  return out;
 }
 
-/** Content of the last `<answer>…</answer>` block (the r1_zero format), or null. */
-export function r1ZeroAnswer(text: string): string | null {
-  const all = [...text.matchAll(/<answer>([\s\S]*?)<\/answer>/g)];
-  const last = all.at(-1);
-  if (!last) return null;
+/** Text between two boxes that only separates them (`, `, ` and `, `\quad`, math delimiters). */
+function isConnector(between: string): boolean {
+  const t = between
+    .replace(/\\text\{([^{}]*)\}/g, ' $1 ')
+    .replace(/\\(?:quad|qquad|[,;:!]|\(|\)|\[|\])|\$/g, ' ')
+    .replace(/[a-zA-Z](?:_\{?\w+\}?)?\s*=/g, ' '); // the next answer's name: "and y_2 = \boxed{…}"
+  if (/[\d=]/.test(t)) return false;
+  return (t.match(/[A-Za-z]+/g) ?? []).every((w) => CONNECTOR_WORDS.has(w.toLowerCase()));
+}
+
+/** Words that may stand between the boxes of one list answer. */
+const CONNECTOR_WORDS = new Set(['and', 'or', 'for', 'part', 'parts', 'a', 'b', 'c', 'd', 'i', 'ii', 'iii', 'respectively', 'the', 'answers', 'are', 'is']);
+
+function boxedFound(text: string): Found | null {
+  const boxes = allBoxed(text);
+  if (boxes.length === 0) return null;
+  let first = boxes.length - 1;
+  while (first > 0 && isConnector(text.slice(boxes[first - 1].end, boxes[first].start))) first--;
+  const answer = boxes.slice(first).map((b) => b.content).join(', ');
+  return { answer, end: boxes[boxes.length - 1].end };
+}
+
+/** Content of the last `\boxed{…}` or `\fbox{…}` (nested braces allowed; `\boxed 5` too), or null. */
+export function lastBoxed(text: string): string | null {
+  return allBoxed(text).at(-1)?.content ?? null;
+}
+
+function r1ZeroFound(text: string): Found | null {
+  const last = [...text.matchAll(/<answer>([\s\S]*?)<\/answer>/g)].at(-1);
+  if (!last || last.index === undefined) return null;
   const inner = last[1].trim();
-  return lastBoxed(inner) ?? inner;
+  return { answer: boxedFound(inner)?.answer ?? inner, end: last.index + last[0].length };
+}
+
+/** Content of the last `<answer>…</answer>` block (the r1_zero format, a box inside preferred), or null. */
+export function r1ZeroAnswer(text: string): string | null {
+  return r1ZeroFound(text)?.answer ?? null;
+}
+
+function gsm8kFound(text: string): Found | null {
+  const last = [...text.matchAll(/####\s*([^\n]*)/g)].at(-1);
+  if (!last || last.index === undefined) return null;
+  const answer = last[1].trim();
+  return answer === '' ? null : { answer, end: last.index + last[0].length };
 }
 
 /** The answer after GSM8K's last `#### ` marker (to the end of that line), or null. */
 export function gsm8kAnswer(text: string): string | null {
-  const all = [...text.matchAll(/####\s*([^\n]*)/g)];
-  const last = all.at(-1);
-  if (!last) return null;
-  const answer = last[1].trim();
-  return answer === '' ? null : answer;
+  return gsm8kFound(text)?.answer ?? null;
+}
+
+function answerIsFound(text: string): Found | null {
+  const last = [...text.matchAll(/(?:final\s+answer|the\s+answer)\s*(?:is|:)\s*:?\s*|^\s*answer\s*:?\s*/gi)].at(-1);
+  if (!last || last.index === undefined) return null;
+  const start = last.index + last[0].length;
+  const line = text.slice(start).split('\n')[0];
+  // a math span ($…$, \(…\), \[…\]) is taken whole even if it contains periods
+  const rest = text.slice(start);
+  const span = /^\$\$([\s\S]+?)\$\$|^\$((?:\\\$|[^$\n])+?)\$|^\\\(([^\n]+?)\\\)|^\\\[([\s\S]+?)\\\]/.exec(rest);
+  if (span) return { answer: (span[1] ?? span[2] ?? span[3] ?? span[4]).trim(), end: start + span[0].length };
+  const boxed = boxedFound(line);
+  if (boxed) return { answer: boxed.answer, end: start + boxed.end };
+  const sentence = line.split(/\.(?:\s|$)/)[0].trim();
+  return sentence === '' ? null : { answer: sentence, end: start + sentence.length };
 }
 
 /** The answer after the last "the (final) answer is" (to the end of its sentence or line), or null. */
 export function answerIsAnswer(text: string): string | null {
-  const all = [...text.matchAll(/(?:final\s+answer|the\s+answer)\s*(?:is|:)\s*:?\s*/gi)];
-  const last = all.at(-1);
-  if (!last || last.index === undefined) return null;
-  let rest = text.slice(last.index + last[0].length);
-  rest = rest.split('\n')[0];
-  // a math span ($…$, \(…\), \[…\]) is taken whole even if it contains periods
-  const span = /^(\$\$?)([\s\S]+?)\1|^\\\(([\s\S]+?)\\\)|^\\\[([\s\S]+?)\\\]/.exec(rest);
-  if (span) return (span[2] ?? span[3] ?? span[4]).trim();
-  const boxed = lastBoxed(rest);
-  if (boxed !== null) return boxed;
-  const sentence = rest.split(/\.(?:\s|$)/)[0].trim();
-  return sentence === '' ? null : sentence;
+  return answerIsFound(text)?.answer ?? null;
+}
+
+/** Display math ($$…$$, \[…\]) may span lines; inline math ($…$, \(…\)) may not, and may hold `\$`. */
+const MATH_SPAN = /\$\$([\s\S]+?)\$\$|\$((?:\\\$|[^$\n])+?)\$|\\\(([^\n]+?)\\\)|\\\[([\s\S]+?)\\\]/g;
+
+function tailWords(tail: string): number {
+  return (tail.match(/[A-Za-z]+/g) ?? []).length;
 }
 
 /**
- * The trailing math span of a text (`$…$`, `$$…$$`, `\(…\)`, `\[…\]`) when it is the last thing
- * in the text but for punctuation and units: such a span is the text's conclusion, not a step.
+ * The last math span (`$…$`, `$$…$$`, `\(…\)`, `\[…\]`) when at most a short tail of words follows
+ * it ("is the solution.", units): such a span is the text's conclusion, not a step.
  */
 export function trailingMathSpan(text: string): string | null {
-  const re = /\$\$([\s\S]+?)\$\$|\$([^$]+?)\$|\\\(([\s\S]+?)\\\)|\\\[([\s\S]+?)\\\]/g;
   let last: RegExpExecArray | null = null;
-  for (let m = re.exec(text); m; m = re.exec(text)) last = m;
-  if (!last) return null;
+  for (const m of text.matchAll(MATH_SPAN)) last = m;
+  if (!last || last.index === undefined) return null;
   const after = text.slice(last.index + last[0].length);
-  if (!/^[\s.,;:!]*(?:[a-zA-Z%]+[\s.,;:!]*)?$/.test(after)) return null;
+  if (tailWords(after) > MAX_TAIL_WORDS || /\d/.test(after)) return null;
   const inner = (last[1] ?? last[2] ?? last[3] ?? last[4]).trim();
-  return inner + (/%|percent/.test(after) ? '%' : '');
+  return inner + (/^\s*(?:%|percent|pct)/.test(after) ? '%' : '');
 }
 
-/** True when a text reads as prose (several words) rather than as a bare answer. */
-function looksLikeProse(text: string): boolean {
-  const outsideMath = text.replace(/\$[^$]*\$|\\\([\s\S]*?\\\)|\\\[[\s\S]*?\\\]|\\text\{[^}]*\}|\\(?:begin|end)\{[^}]*\}|\\[a-zA-Z]+/g, ' ');
-  return (outsideMath.match(/[A-Za-z]{2,}/g) ?? []).length >= 4;
+/** A number not glued to a preceding word (AZYUK2A holds none); thousands, decimal commas, fractions, percents. */
+const NUMBER = /(?<![A-Za-z0-9.,])(?:[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+,\d{2}(?![\d,])|\d+)(?:\.\d+)?(?:\/\d+)?%?|[-+]?\.\d+%?)/g;
+
+/** The last plain number of a text (with a following `%` or "percent") when only a short tail follows it. */
+export function trailingNumber(text: string): string | null {
+  let last: RegExpExecArray | null = null;
+  for (const m of text.matchAll(NUMBER)) last = m;
+  if (!last || last.index === undefined) return null;
+  const after = text.slice(last.index + last[0].length);
+  if (tailWords(after) > MAX_TAIL_WORDS) return null;
+  return last[0] + (/^\s*(?:percent|pct)\b/i.test(after) && !last[0].endsWith('%') ? '%' : '');
+}
+
+/** Words that do not make a text prose: connectors of listed answers and common units. */
+const NON_PROSE = /^(?:and|or|cm|mm|km|m|ft|in|kg|units?|degrees?|dollars?|cents?|miles?|meters?|inches|feet|hours?|minutes?|seconds?|days?|percent|pct)$/i;
+
+/** Words outside math spans, `\text{…}` blocks and LaTeX commands that make the text read as prose. */
+function proseWords(text: string): string[] {
+  const outside = text.replace(MATH_SPAN, ' ').replace(/\\(?:text|textbf|mbox|mathrm|textnormal)\{[^}]*\}|\\(?:begin|end)\{[^}]*\}|\\[a-zA-Z]+/g, ' ');
+  return (outside.match(/[A-Za-z]{2,}/g) ?? []).filter((w) => !NON_PROSE.test(w));
+}
+
+/** Cuts chat-template residue (`<|im_start|>user …`) that trails some model outputs. */
+function stripChatTail(text: string): string {
+  const cut = text.search(/<\|(?:im_start|im_end|endoftext|eot_id)\|>/);
+  return cut >= 0 ? text.slice(0, cut) : text;
+}
+
+/**
+ * The answer within a marked or whole text: the text itself when it reads as an answer, else the
+ * value that concludes it (a trailing math span or number), else null.
+ */
+function conclusion(text: string): string | null {
+  const t = text.trim();
+  if (t === '') return null;
+  const words = proseWords(t);
+  if (words.length === 0) return t;
+  if (words.length <= 2 && !/\d/.test(t) && !t.includes('$')) return t; // a short word answer: "Evelyn", "(B)"
+  return trailingMathSpan(t) ?? trailingNumber(t);
 }
 
 /**
  * The final answer in `text` under `format`, or null when it has none.
- * `auto` tries, in order, `\boxed`, `<answer>`, `####`, "the answer is", a trailing math span, and
- * finally the text itself when it does not read as prose.
+ * `auto` takes the latest of `\boxed`, `<answer>`, `####` and "the answer is"; without any, the
+ * text when it reads as an answer, or the math span or number that concludes it.
  */
 export function extractAnswer(text: string, format: AnswerFormat = 'auto'): string | null {
   switch (format) {
     case 'raw':
       return text.trim() === '' ? null : text.trim();
     case 'boxed':
-      return lastBoxed(text);
+      return boxedFound(text)?.answer ?? null;
     case 'r1_zero':
       return r1ZeroAnswer(text);
     case 'gsm8k':
       return gsm8kAnswer(text);
     case 'auto': {
-      const marked = lastBoxed(text) ?? r1ZeroAnswer(text) ?? gsm8kAnswer(text) ?? answerIsAnswer(text);
-      if (marked !== null) return marked;
-      const trimmed = text.trim();
-      if (trimmed === '') return null;
-      if (!looksLikeProse(trimmed)) return trimmed;
-      return trailingMathSpan(trimmed);
+      const t = stripChatTail(text);
+      const found = [boxedFound(t), r1ZeroFound(t), gsm8kFound(t), answerIsFound(t)].filter((f): f is Found => f !== null);
+      if (found.length > 0) {
+        const latest = found.reduce((a, b) => (b.end > a.end ? b : a));
+        return conclusion(latest.answer) ?? latest.answer;
+      }
+      return conclusion(t);
     }
   }
 }

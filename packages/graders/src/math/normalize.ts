@@ -3,6 +3,7 @@
  * equivalent answers become equal strings without a computer-algebra system.
  */
 import { lastBoxed } from './extract';
+import { splitTopLevel } from './split';
 
 /** Options of {@link normalizeAnswer}. */
 export interface NormalizeOptions {
@@ -76,9 +77,24 @@ function stripDelimiters(s: string): string {
 export function dropVariablePrefix(s: string): string {
   const sides = splitTopLevelEquals(s);
   if (sides.length < 2) return s;
-  const lhs = sides[0].trim();
-  if (/^(?:[a-zA-Z](?:_\{?\w+\}?)?'?|\\[a-zA-Z]+(?:_\{?\w+\}?)?|[a-zA-Z]\([^()]*\)|[a-zA-Z]{1,12})$/.test(lhs)) return sides[sides.length - 1].trim();
+  // several named answers (AB=4, CD=5) are left whole: the list parser names them one by one
+  const items = splitTopLevel(s, ',');
+  if (items.length > 1 && items.slice(1).some((x) => splitTopLevelEquals(x).length > 1)) return s;
+  if (sides.length >= 3) return sides[sides.length - 1].trim();
+  if (isBareName(sides[0].trim())) return sides[sides.length - 1].trim();
   return s;
+}
+
+/**
+ * True for the left side of an assignment whose right side is the answer: a name (`x`, `x_1`,
+ * `\theta`, `AB`, `|AB|`, `A:B`), a call (`f(2)`), or a tuple of names (`(p, q)`); false for
+ * anything with arithmetic (`2x + z`) or, names aside, digits.
+ */
+export function isBareName(lhs: string): boolean {
+  if (lhs === '' || !/[a-zA-Z]/.test(lhs)) return false;
+  if (/^[a-zA-Z]\([^()]*\)$/.test(lhs)) return true;
+  const withoutSubscripts = lhs.replace(/_\{[^{}]*\}|_\w/g, '');
+  return !/[\d+\-=<>^]|\\(?:le|ge|ne|lt|gt)\b|[≤≥≠]/.test(withoutSubscripts);
 }
 
 /** Splits on `=` signs that are not inside brackets and not part of `<=`, `>=`, `!=`, `==`. */
@@ -108,12 +124,18 @@ export function normalizeAnswer(answer: string, options: NormalizeOptions = { st
   let s = stripDelimiters(answer);
   const boxed = lastBoxed(s);
   if (boxed !== null) s = boxed;
+  // doubly escaped commands (\\frac) from JSON written twice; not inside matrices, where \\ ends a row
+  if (!s.includes('begin{')) s = s.replace(/\\\\(?=[a-zA-Z])/g, '\\');
+  // stray math delimiters left inside an answer ("$28$ %", "1,000.99$")
+  s = s.replace(/(?<!\\)\$/g, ' ');
   s = s.replace(/\n/g, ' ').replace(/\\\\$/, '');
   s = s.replace(/\\(?:d|t|c)frac/g, '\\frac').replace(/\\over\b/g, '/');
   s = s.replace(/\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|big|Big|bigg|Bigg)\s*(?=[()[\]|.]|\\[{}|]|\\[lr]?(?:vert|angle|brace)\b)/g, '');
   s = s.replace(/\\left\.|\\right\./g, '');
   s = s.replace(/\\(?:displaystyle|textstyle|scriptstyle|limits|nolimits)\b/g, '');
-  s = s.replace(/(?<!\\)\\(?:[,;:! ]|quad\b|qquad\b|enspace\b|thinspace\b|medspace\b)/g, ' ').replace(/~/g, ' ');
+  // `\!` is a negative space: 32,\! 349 is one number
+  s = s.replace(/\\!\s*/g, '').replace(/\{\s*,\s*\}/g, ',');
+  s = s.replace(/(?<!\\)\\(?:[,;: ]|quad\b|qquad\b|enspace\b|thinspace\b|medspace\b)/g, ' ').replace(/~/g, ' ');
   s = s.replace(/\\(?:mathrm|text|mbox)\s*\{\s*(?:percent|pct)\s*\}/g, '%');
   // degrees
   s = s.replace(/\^\s*\{\s*\\circ\s*\}|\^\s*\\circ\b|\\circ\b|°|\\degree\b/g, '');
@@ -132,11 +154,18 @@ export function normalizeAnswer(answer: string, options: NormalizeOptions = { st
   s = s.replace(/\\(?:varnothing|emptyset)\b|∅/g, '\\emptyset').replace(/\\infin\b|∞/g, '\\infty');
   s = s.replace(/\\(?:cdots|ldots|dots)\b/g, '\\dots').replace(/\\times\b|×/g, '\\times ').replace(/\\cdot\b|·/g, '\\cdot ');
   s = s.replace(/\\dfrac|\\tfrac/g, '\\frac').replace(/\\mathbb\{R\}|ℝ/g, '\\R');
-  // approximations: keep the exact value before `\approx`
-  s = s.split(/\\approx|≈/)[0];
+  // approximations: keep the exact value before `\approx` (or after it, for `x \approx 11`)
+  const approx = s.split(/\\approx|≈/);
+  s = approx.length > 1 && isBareName(approx[0].trim()) ? approx[1] : approx[0];
+  // connectives between listed answers
+  s = s.replace(/\\text\{\s*(?:and|or)\s*\}|\s+(?:and|or)\s+|,\s*(?:and|or)\s+/g, ', ').replace(/\)\s*(?:and|or)\s*\(/g, '), (');
   s = s.trim().replace(/^(?:\\in|∈)\s*/, '');
   s = s.replace(/^([a-zA-Z](?:_\{?\w+\}?)?)\s*(?:\\in|∈)\s*/, '');
   if (!options.keepRelation) s = dropVariablePrefix(s);
+  // thousands separators, while a space after a comma still tells a list (32, 349) from a number (32,349)
+  if (/^[-+]?[1-9]\d{0,2}(?:\s*,\d{3})+(?:\.\d+)?%?$/.test(s.trim())) s = s.replace(/\s*,/g, '');
+  // a decimal comma: 1000,99 and 0,111 (1,2 stays a list; 1,234 is read as thousands)
+  else if (/^[-+]?(?:\d+,\d{2}|0,\d+)%?$/.test(s.trim())) s = s.replace(',', '.');
   if (options.stripUnits) {
     const m = UNIT_TAIL.exec(s.trim());
     if (m && /\d/.test(m[1])) s = m[1];
@@ -144,8 +173,7 @@ export function normalizeAnswer(answer: string, options: NormalizeOptions = { st
   // whitespace goes, except one space that ends a command name before a letter or digit (\sin x)
   s = s.trim().replace(/(\\[a-zA-Z]+)\s+(?=[a-zA-Z0-9])/g, '$1\uE000').replace(/\s+/g, '').replace(/\uE000/g, ' ');
   s = s.replace(/(?:\\\.|[.,;:!?])+$/, '');
-  s = s.replace(/\{,\}/g, ',');
-  if (/^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?%?$/.test(s)) s = s.replace(/,/g, '');
+  s = s.replace(/\{,\}/g, ',').replace(/;/g, ',').replace(/,+/g, ',').replace(/^,|,$/g, '');
   // LaTeX shorthand: \frac12, \frac1{3}, \sqrt2
   s = s.replace(/\\frac(\d)(\d)/g, '\\frac{$1}{$2}').replace(/\\frac(\d)\{/g, '\\frac{$1}{').replace(/\\frac\{([^{}]*)\}(\d)/g, '\\frac{$1}{$2}');
   s = s.replace(/\\sqrt(\d+|[a-zA-Z])/g, '\\sqrt{$1}');

@@ -10,40 +10,18 @@ export type AnswerNode =
   | { kind: 'set'; items: AnswerNode[] }
   | { kind: 'seq'; open: '(' | '['; close: ')' | ']'; items: AnswerNode[] }
   | { kind: 'union'; parts: AnswerNode[] }
-  | { kind: 'matrix'; rows: AnswerNode[][] }
+  | { kind: 'matrix'; rows: AnswerNode[][]; text: string }
   | { kind: 'relation'; op: RelationOp; lhs: string; rhs: string };
+
+import { dropVariablePrefix } from './normalize';
 
 /** Relation operators after normalisation; `>` and `\ge` are flipped into `<` and `\le`. */
 export type RelationOp = '=' | '<' | '\\le' | '\\ne';
 
+import { splitTopLevel } from './split';
+
 const OPENERS = new Set(['{', '(', '[']);
 const CLOSERS = new Set(['}', ')', ']']);
-
-/** Splits `s` on `sep` where it is outside every bracket (`\{`/`\}` count as brackets too). */
-export function splitTopLevel(s: string, sep: string): string[] {
-  const out: string[] = [];
-  let depth = 0;
-  let start = 0;
-  for (let i = 0; i < s.length; i++) {
-    const c = s[i];
-    if (c === '\\' && (s[i + 1] === '{' || s[i + 1] === '}')) {
-      depth += s[i + 1] === '{' ? 1 : -1;
-      i++;
-      continue;
-    }
-    if (OPENERS.has(c)) depth++;
-    else if (CLOSERS.has(c)) depth--;
-    else if (depth === 0 && s.startsWith(sep, i)) {
-      // a command separator (\cup) must not be the prefix of a longer command
-      if (sep.startsWith('\\') && /[a-zA-Z]/.test(s[i + sep.length] ?? '')) continue;
-      out.push(s.slice(start, i));
-      start = i + sep.length;
-      i += sep.length - 1;
-    }
-  }
-  out.push(s.slice(start));
-  return out;
-}
 
 /** True when the bracket opened at index 0 closes at the last character. */
 function wrapsWhole(s: string): boolean {
@@ -60,7 +38,7 @@ function wrapsWhole(s: string): boolean {
   return depth === 0;
 }
 
-const MATRIX = /^\\begin\{([pbvBV]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$/;
+const MATRIX = /^\\begin\{([pbvBV]?matrix|array)\}(?:\{[^{}]*\})?((?:(?!\\end\{).)*)\\end\{\1\}$/;
 
 function parseMatrix(s: string): AnswerNode | null {
   let inner = s;
@@ -68,7 +46,7 @@ function parseMatrix(s: string): AnswerNode | null {
   const m = MATRIX.exec(inner);
   if (!m) return null;
   const rows = m[2].split('\\\\').filter((r) => r !== '' && !/^\\hline$/.test(r));
-  return { kind: 'matrix', rows: rows.map((r) => r.split('&').map((cell) => parseAnswer(cell))) };
+  return { kind: 'matrix', rows: rows.map((r) => r.split('&').map((cell) => parseAnswer(cell))), text: s };
 }
 
 const RELATIONS: [string, RelationOp, boolean][] = [
@@ -79,6 +57,15 @@ const RELATIONS: [string, RelationOp, boolean][] = [
   ['>', '<', true],
   ['=', '=', false],
 ];
+
+/** `a < x ≤ b` (a name between two bounds) as the interval `(a, b]`. */
+function parseChainedInequality(s: string): AnswerNode | null {
+  const parts = s.split(/(≤|<)/);
+  if (parts.length !== 5 || parts.some((p) => p === '')) return null;
+  const [lo, op1, , op2, hi] = parts;
+  if (/\d/.test(parts[2].replace(/_\{[^{}]*\}|_\w/g, '')) || !/[a-zA-Z]/.test(parts[2])) return null;
+  return { kind: 'seq', open: op1 === '<' ? '(' : '[', close: op2 === '<' ? ')' : ']', items: [parseAnswer(lo), parseAnswer(hi)] };
+}
 
 function parseRelation(s: string): AnswerNode | null {
   for (const [token, op, flip] of RELATIONS) {
@@ -106,12 +93,15 @@ export function parseAnswer(s: string): AnswerNode {
     if (items.length > 1) return { kind: 'seq', open: s[0] as '(' | '[', close: s.at(-1) as ')' | ']', items: items.map(parseAnswer) };
   }
   const listItems = splitTopLevel(s, ',').filter((x) => x !== '');
-  if (listItems.length > 1) return { kind: 'list', items: listItems.map(parseAnswer) };
+  // each listed answer may carry its own name: AB=4, CD=5
+  if (listItems.length > 1) return { kind: 'list', items: listItems.map((x) => parseAnswer(dropVariablePrefix(x))) };
   const pm = splitTopLevel(s, '\\pm');
   if (pm.length === 2 && pm[1] !== '') {
     const base = pm[0] === '' ? '' : pm[0];
     return { kind: 'list', items: [{ kind: 'atom', text: `${base}+${pm[1]}` }, { kind: 'atom', text: `${base}-${pm[1]}` }] };
   }
+  const chained = parseChainedInequality(s);
+  if (chained) return chained;
   const relation = parseRelation(s);
   if (relation) return relation;
   return { kind: 'atom', text: s };
