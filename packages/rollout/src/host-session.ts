@@ -39,12 +39,14 @@ export class HostSession {
    * data: pass `modelPath` and the model is saved there and loaded from the file. CUDA never falls
    * back to the CPU silently: a missing provider is an error.
    */
-  static async create(graph: Graph, opts: { device?: SessionDevice; modelPath?: string } = {}): Promise<HostSession> {
+  static async create(graph: Graph, opts: { device?: SessionDevice; modelPath?: string; allowCpuFallback?: boolean; logLevel?: 0 | 1 | 2 | 3 | 4 } = {}): Promise<HostSession> {
     const device = opts.device ?? 'cpu';
     const options: ort.InferenceSession.SessionOptions = {
       executionProviders: [device === 'cuda' ? { name: 'cuda', deviceId: 0 } : 'cpu'],
       graphOptimizationLevel: 'all',
-      ...(device === 'cuda' ? { extra: { session: { disable_cpu_ep_fallback: '1' } } } : {}),
+      // CPU fallback is an explicit, diagnostic choice (logLevel 1 makes ORT list node placements).
+      ...(device === 'cuda' && !opts.allowCpuFallback ? { extra: { session: { disable_cpu_ep_fallback: '1' } } } : {}),
+      ...(opts.logLevel !== undefined ? { logSeverityLevel: opts.logLevel } : {}),
     };
     const bytes = toModelBytes(graph);
     let session: ort.InferenceSession;

@@ -34,7 +34,7 @@ async function main(): Promise<void> {
   const params = specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
   const t0 = performance.now();
   const graphs = compileTrainStep({ params, loss: sftLoss(config, { compute }), optimizer: { weightDecay: Number(arg('weight-decay', '0.01')), maxGradNorm: Number(arg('max-grad-norm', '1')) } });
-  const session = await HostSession.create(graphs.step, { device });
+  const session = await HostSession.create(graphs.step, { device, allowCpuFallback: process.argv.includes('--allow-cpu-fallback'), logLevel: Number(arg('log', '3')) as 0 | 1 | 2 | 3 });
   const tSession = performance.now();
   const weights = loadFloat32(dir, config);
   const state: Record<string, HostTensor> = {};

@@ -8,7 +8,7 @@ import { applyOp, type Tensor } from '../graph';
 import { attr, defineOp, type TensorType } from '../op';
 import { normAxis } from './helpers';
 import { cast, zerosLike } from './elementwise';
-import { transpose, unsqueeze } from './shape-ops';
+import { expand, transpose, unsqueeze } from './shape-ops';
 
 function requireIndices(t: TensorType): void {
   if (t.dtype !== 'int32' && t.dtype !== 'int64') throw new Error(`indices must be int32 or int64, got ${t.dtype}`);
@@ -27,6 +27,17 @@ export const gatherOp = defineOp<{ axis: number }>({
 });
 
 /**
+ * A scatter-add of `updates` into zeros shaped like `like`. Half-precision gradients accumulate in
+ * float32 (summing many rows in bfloat16 loses bits, and ONNX Runtime's CUDA ScatterND has no
+ * bfloat16 kernel), then are cast back.
+ */
+function scatterAddZeros(like: Tensor, scatter: (zeros: Tensor, updates: Tensor) => Tensor, updates: Tensor): Tensor {
+  if (like.dtype !== 'bfloat16' && like.dtype !== 'float16') return scatter(zerosLike(like), updates);
+  const zeros = like.rank === 0 ? like.graph.constant(0, 'float32', []) : expand(like.graph.constant(0, 'float32', []), like.shape, like);
+  return cast(scatter(zeros, cast(updates, 'float32')), like.dtype);
+}
+
+/**
  * Scatter-adds the gradient rows back into a zero tensor of data's shape. Gather along axis k is
  * turned into a gather along axis 0 by moving axis k to the front.
  */
@@ -34,13 +45,13 @@ function gatherGrad(data: Tensor, idx: Tensor, g: Tensor, axis: number): Tensor 
   const r = data.rank;
   const q = idx.rank;
   const idx64 = unsqueeze(idx, [q]);
-  if (axis === 0) return scatterND(zerosLike(data), idx64, g, 'add');
+  if (axis === 0) return scatterAddZeros(data, (zeros, upd) => scatterND(zeros, idx64, upd, 'add'), g);
   // data' = data moved so axis is first; g' = g with the index dims first.
   const permData = [axis, ...[...Array(r).keys()].filter((i) => i !== axis)];
   const gPerm = [...Array(q).keys()].map((i) => axis + i);
   const rest = [...Array(axis).keys(), ...[...Array(r - axis - 1).keys()].map((i) => axis + q + i)];
   const gMoved = transpose(g, [...gPerm, ...rest]);
-  const scattered = scatterND(zerosLike(transpose(data, permData)), idx64, gMoved, 'add');
+  const scattered = scatterAddZeros(transpose(data, permData), (zeros, upd) => scatterND(zeros, idx64, upd, 'add'), gMoved);
   const inv = new Array<number>(r);
   permData.forEach((p, i) => (inv[p] = i));
   return transpose(scattered, inv);
@@ -56,7 +67,7 @@ export const gatherElementsOp = defineOp<{ axis: number }>({
     return [{ dtype: data!.dtype, shape: idx!.shape }];
   },
   onnxAttrs: ({ axis }) => ({ axis: attr.int(axis) }),
-  grad: ({ inputs: [data, idx], attrs: { axis }, dy: [g] }) => [scatterElements(zerosLike(data!), idx!, g!, axis, 'add'), null],
+  grad: ({ inputs: [data, idx], attrs: { axis }, dy: [g] }) => [scatterAddZeros(data!, (zeros, upd) => scatterElements(zeros, idx!, upd, axis, 'add'), g!), null],
 });
 
 export const gatherNDOp = defineOp({
@@ -69,7 +80,7 @@ export const gatherNDOp = defineOp({
     if (typeof k !== 'number') throw new Error('the last dim of GatherND indices must be static');
     return [{ dtype: data!.dtype, shape: [...idx!.shape.slice(0, -1), ...data!.shape.slice(k)] }];
   },
-  grad: ({ inputs: [data, idx], dy: [g] }) => [scatterND(zerosLike(data!), idx!, g!, 'add'), null],
+  grad: ({ inputs: [data, idx], dy: [g] }) => [scatterAddZeros(data!, (zeros, upd) => scatterND(zeros, idx!, upd, 'add'), g!), null],
 });
 
 /** How a scatter combines updates with existing values. */

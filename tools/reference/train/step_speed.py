@@ -1,0 +1,83 @@
+"""Training-step speed on the Qwen3-0.6B shape: Lathe (plain onnxruntime-node path) vs PyTorch eager.
+
+Runs on the GPU machine. Both sides: float32 master weights and AdamW state, bfloat16 compute
+(PyTorch: autocast), masked next-token loss, clip 1.0, AdamW; a random batch of B × T tokens.
+Lathe's step here still passes every parameter and moment through onnxruntime-node's JavaScript
+API (host copies each step); the number shows what the runtime layer's device-resident path must
+remove.
+
+usage: python3 tools/reference/train/step_speed.py [--batch 4] [--seq 512] [--steps 3] [--out DIR]
+Needs .bundle/lathe-step.js.
+"""
+import argparse
+import json
+import os
+import subprocess
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, Qwen3Config
+
+NODE_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "..", ".bundle", "lathe-step.js")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--out", default="/tmp/lathe-speed")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                      rope_theta=1_000_000, max_position_embeddings=40960, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    path = os.path.join(a.out, "qwen3-0.6b")
+    model.save_pretrained(path, safe_serialization=True)
+    model = model.cuda().train()
+    B, T = a.batch, a.seq
+    ids = torch.randint(1, 151936, (B, T))
+    mask = torch.ones(B, T, dtype=torch.long)
+    loss_mask = torch.ones(B, T, dtype=torch.long)
+    loss_mask[:, : T // 4] = 0
+    batch_file = os.path.join(a.out, "batch.json")
+    with open(batch_file, "w") as f:
+        json.dump({"input_ids": ids.tolist(), "attention_mask": mask.tolist(), "loss_mask": loss_mask.tolist()}, f)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
+    ids_c, mask_c, w = ids.cuda(), mask.cuda(), loss_mask.cuda()[:, 1:].float()
+    times = []
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(a.steps + 1):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(input_ids=ids_c, attention_mask=mask_c).logits
+        logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids_c[:, 1:, None])[..., 0]
+        loss = -(logp * w).sum() / w.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    torch_best = min(times[1:])
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    del model, opt, logits
+    torch.cuda.empty_cache()
+    res = subprocess.run(["node", NODE_SCRIPT, "--model", path, "--batch", batch_file, "--device", "cuda", "--compute", "bfloat16",
+                          "--steps", str(a.steps), "--lr", "1e-5", "--allow-cpu-fallback"], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr[-4000:])
+    info = json.loads(res.stdout.strip().splitlines()[-1])
+    lathe_best = min(info["run_ms"][1:] if len(info["run_ms"]) > 1 else info["run_ms"]) / 1000
+    report = {"device": torch.cuda.get_device_name(0), "batch": [B, T],
+              "torch_step_s": round(torch_best, 3), "torch_tokens_per_s": round(B * T / torch_best), "torch_peak_gib": round(peak, 1),
+              "lathe_step_s": round(lathe_best, 3), "lathe_tokens_per_s": round(B * T / lathe_best),
+              "ratio": round(torch_best / lathe_best, 3), "lathe": info}
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
