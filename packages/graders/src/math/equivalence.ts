@@ -104,6 +104,9 @@ class Comparison {
       const ordered = gold.kind === 'list' && pred.kind === 'list' && this.options.listOrder === 'strict';
       return ordered ? this.ordered(g, p) : this.unordered(g, p);
     }
+    // one answer against a list of answers that all mean it (15\frac{39}{40}, or \frac{639}{40})
+    if (gold.kind === 'atom' && listLike(pred)) return this.unordered([gold], (pred as { items: AnswerNode[] }).items);
+    if (pred.kind === 'atom' && listLike(gold)) return this.unordered((gold as { items: AnswerNode[] }).items, [pred]);
     if (gold.kind === 'seq' && pred.kind === 'seq') {
       if (gold.open !== pred.open || gold.close !== pred.close) return false;
       return this.ordered(gold.items, pred.items);
