@@ -29,6 +29,7 @@ export const sftSchema = {
   lora_targets: { type: 'string', default: 'q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj', describe: 'Regular expression over HF weight names selecting the matrices LoRA adapts' },
   seed: { type: 'number', default: 0, integer: true, describe: 'Seed of data order, splits and the built-in model' },
   eval_examples: { type: 'number', default: 64, integer: true, min: 0, describe: 'Held-out examples scored by greedy generation (exact match)' },
+  eval_grader: { type: 'string', default: 'exact', choices: ['exact', 'math'], describe: 'How a generated response is judged: exact string match, or the math grader (final answers extracted and compared symbolically)' },
   eval_every: { type: 'number', default: 100, integer: true, min: 0, describe: 'Evaluate every N steps (0: only at the end)' },
   max_new_tokens: { type: 'number', default: 16, integer: true, min: 1, describe: 'Generation length limit during evaluation' },
   save_every: { type: 'number', default: 200, integer: true, min: 0, describe: 'Checkpoint every N steps (0: only at the end)' },

@@ -19,6 +19,8 @@ export interface SftTokenizer {
 export interface SftExample {
   prompt: string;
   response: string;
+  /** Optional grouping for evaluation reports (e.g. MATH's subject). */
+  subject?: string;
 }
 
 /** A tokenized example: the loss mask is 1 on the response's tokens and the closing EOS. */
@@ -62,7 +64,7 @@ export function tokenizeExample(tok: SftTokenizer, ex: SftExample): TokenizedExa
   return { ids: [...prompt, ...response], lossMask: [...prompt.map(() => 0), ...response.map(() => 1)], promptLength: prompt.length };
 }
 
-/** Reads {"prompt", "response"} rows from a JSONL file; errors name the file and line. */
+/** Reads {"prompt", "response"[, "subject"]} rows from a JSONL file; errors name the file and line. */
 export function readSftJsonl(path: string): SftExample[] {
   let text: string;
   try {
@@ -83,7 +85,8 @@ export function readSftJsonl(path: string): SftExample[] {
     for (const k of ['prompt', 'response']) {
       if (typeof r[k] !== 'string') throw new Error(`${path}:${i + 1}: field '${k}' must be a string`);
     }
-    rows.push({ prompt: r.prompt as string, response: r.response as string });
+    if (r.subject !== undefined && typeof r.subject !== 'string') throw new Error(`${path}:${i + 1}: field 'subject' must be a string when present`);
+    rows.push({ prompt: r.prompt as string, response: r.response as string, ...(typeof r.subject === 'string' ? { subject: r.subject } : {}) });
   });
   if (rows.length === 0) throw new Error(`${path}: no examples`);
   return rows;

@@ -12,6 +12,7 @@ import { paramSpecs, parseConfig, randomModel, weightInputs, type DecoderConfig,
 
 import { initLora, loraAdapters, loraWeights, mergeLora, type LoraConfig } from './lora';
 import { listCheckpoints, loadCheckpoint, loadFloat32, saveCheckpoint, type TrainerState } from './checkpoint';
+import { MathGrader } from '@lathe/graders';
 import { addGeneration, HostSession, type HostTensor } from '@lathe/rollout';
 import { biasCorrections, learningRate } from './schedule';
 import { sftLoss } from './losses';
@@ -52,9 +53,11 @@ export interface StepMetrics {
 /** A greedy-generation evaluation on the held-out examples. */
 export interface EvalResult {
   step: number;
-  /** Exact-match accuracy of the generated response. */
+  /** Fraction of generated responses judged correct (exact match or the math grader). */
   accuracy: number;
   examples: number;
+  /** Accuracy per `subject` of the examples that have one. */
+  bySubject?: Record<string, { accuracy: number; examples: number }>;
 }
 
 /** Callbacks for progress display. */
@@ -209,8 +212,9 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     }
   };
 
+  const grader = cfg.eval_grader === 'math' ? new MathGrader() : undefined;
   const evaluate = async (): Promise<EvalResult> => {
-    const rows: { prompt: string; expected: string; generated: string; correct: boolean }[] = [];
+    const rows: { prompt: string; expected: string; generated: string; correct: boolean; subject?: string; extracted?: string | null; reason?: string }[] = [];
     const current = modelWeights();
     const feeds = Object.fromEntries(specs.map((s) => [s.name, { data: current.get(s.name)!, dims: s.shape }]));
     for (let start = 0; start < evaluation.length; start += 64) {
@@ -227,15 +231,30 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
         stop_ids: { data: BigInt64Array.from([BigInt(tokenizer.eosId)]), dims: [1] },
       });
       const N = out.tokens.dims[1];
-      chunk.forEach((e, r) => {
+      for (let r = 0; r < chunk.length; r++) {
+        const e = chunk[r];
         const len = Number(out.lengths.data[r]);
         const stopped = Boolean(out.stopped.data[r]);
         const toks = Array.from(out.tokens.data.slice(r * N, r * N + len - (stopped ? 1 : 0)) as BigInt64Array, Number);
         const generated = tokenizer.decode(toks);
-        rows.push({ prompt: e.prompt, expected: e.response, generated, correct: generated.trim() === e.response.trim() });
-      });
+        const base = { prompt: e.prompt, expected: e.response, generated, ...(e.subject ? { subject: e.subject } : {}) };
+        if (grader) {
+          const v = await grader.grade(generated, e.response);
+          rows.push({ ...base, correct: v.correct, extracted: v.extracted, reason: v.reason });
+        } else rows.push({ ...base, correct: generated.trim() === e.response.trim() });
+      }
     }
-    const result = { step: state.step, accuracy: rows.length ? rows.filter((r) => r.correct).length / rows.length : 0, examples: rows.length };
+    const share = (rs: typeof rows) => (rs.length ? rs.filter((r) => r.correct).length / rs.length : 0);
+    const subjects = [...new Set(rows.flatMap((r) => (r.subject ? [r.subject] : [])))].sort();
+    const result: EvalResult = { step: state.step, accuracy: share(rows), examples: rows.length };
+    if (subjects.length) {
+      result.bySubject = Object.fromEntries(
+        subjects.map((sub) => {
+          const rs = rows.filter((r) => r.subject === sub);
+          return [sub, { accuracy: share(rs), examples: rs.length }];
+        }),
+      );
+    }
     writeAtomic(join(cfg.run_dir, 'eval', `step-${String(state.step).padStart(8, '0')}.jsonl`), rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
     events.onEval?.(result);
     return result;
@@ -340,5 +359,6 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   if (!interrupted && evaluation.length > 0 && evals.at(-1)?.step !== state.step) evals.push(await evaluate());
   if (!lastCheckpoint.endsWith(String(state.step).padStart(8, '0'))) lastCheckpoint = checkpoint();
   for (const s of [stepSession, accumulateSession, applySession, genSession]) await s?.dispose();
+  await grader?.close();
   return { steps: state.step, finalLoss: lastLoss, evals, checkpoint: lastCheckpoint, interrupted };
 }

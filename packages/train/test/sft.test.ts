@@ -150,3 +150,21 @@ test('overlong examples are skipped or truncated as configured', async () => {
   expect(starts[0]).toMatchObject({ dropped: 20, truncated: 0, trainExamples: 20 });
   expect(starts[1]).toMatchObject({ dropped: 0, truncated: 20, trainExamples: 40 });
 }, 60_000);
+
+test('evaluation with the math grader reports per-example verdicts and accuracy by subject', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'lathe-sft-'));
+  const rows = Array.from({ length: 60 }, (_, i) => ({ prompt: `${i}+${i}=`, response: `${2 * i}`, subject: i % 2 ? 'odd' : 'even' }));
+  writeFileSync(join(dir, 'd.jsonl'), rows.map((r) => JSON.stringify(r)).join('\n'));
+  const cfg = config({ data: join(dir, 'd.jsonl'), steps: 2, batch_size: 4, eval_examples: 10, eval_grader: 'math' });
+  const result = await runSft(cfg);
+  const last = result.evals.at(-1)!;
+  expect(Object.keys(last.bySubject!).sort()).toEqual(['even', 'odd']);
+  expect(Object.values(last.bySubject!).reduce((s, v) => s + v.examples, 0)).toBe(10);
+  const evalRows = readFileSync(join(cfg.run_dir, 'eval', 'step-00000002.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+  expect(evalRows).toHaveLength(10);
+  for (const r of evalRows) {
+    expect(r).toHaveProperty('reason');
+    expect(r).toHaveProperty('extracted');
+    expect(['even', 'odd']).toContain(r.subject);
+  }
+}, 60_000);
