@@ -3,7 +3,7 @@
  * decode loop) from a Hugging Face folder, on CUDA or CPU, and reports tokens/s.
  *
  * usage: node lathe-generate.js --model DIR --prompts prompts.json --max-new N --dtype float32|bfloat16
- *          [--device cuda|cpu] [--temperature T] [--group N] [--repeat N] [--out tokens.json]
+ *          [--device cuda|cpu] [--temperature T] [--group N] [--repeat N] [--out tokens.json] [--profile PREFIX]
  * prompts.json: [[ids...], ...] (left-padded here). With no stop ids every row runs to --max-new,
  * so the token count is exact. Prints one JSON line.
  */
@@ -45,6 +45,9 @@ async function main(): Promise<void> {
     executionProviders: device === 'cuda' ? [{ name: 'cuda', deviceId: 0 }] : ['cpu'],
     graphOptimizationLevel: 'all',
     extra: { session: { disable_cpu_ep_fallback: device === 'cuda' ? '1' : '0' } },
+    // --profile PREFIX: ORT writes a chrome-trace JSON of every node run (summarise with
+    // tools/bench/rollout/profile_summary.py).
+    ...(arg('profile', '') ? { enableProfiling: true, profileFilePrefix: arg('profile', '') } : {}),
   });
   const tSession = performance.now();
   const B = prompts.length;
@@ -66,6 +69,7 @@ async function main(): Promise<void> {
     out = await session.run(feeds);
     times.push(performance.now() - s);
   }
+  if (arg('profile', '')) session.endProfiling();
   const N = out.tokens.dims[1];
   const tokens = Array.from({ length: rows }, (_, r) => Array.from((out.tokens.data as BigInt64Array).slice(r * N, (r + 1) * N), Number));
   const outPath = arg('out', '');
