@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs the Debian packages Lathe's tests need (the code sandbox's OS isolation). Idempotent;
+# Installs the Debian packages Lathe's tests need (the code sandbox's OS isolation: bubblewrap for
+# namespaces, prlimit for resource limits, python3 as a sandboxed language). Idempotent;
 # does nothing when everything is already present or when not running as root.
 set -euo pipefail
 need=()
-for bin in bwrap:bubblewrap python3:python3; do
+for bin in bwrap:bubblewrap python3:python3 prlimit:util-linux; do
   command -v "${bin%%:*}" >/dev/null 2>&1 || need+=("${bin##*:}")
 done
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi

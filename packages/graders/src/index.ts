@@ -11,3 +11,6 @@ export { gradeJsonl, gradeSchema, resolveGradeOptions, formatGradeSummary, type 
 export { thinkFormatReward, r1ZeroFormatReward, overlongPenalty, type ThinkFormatOptions, type OverlongOptions } from './format-rewards';
 export { accuracyReport, passAtK, meanPassAtK, bestOfN, majorityVote, voteKey, type AccuracyReport, type AccuracyCell, type GradedRow } from './eval/metrics';
 export { loadMath500, loadGsm8k, type MathProblem } from './eval/datasets';
+export { runSandboxed, sandboxAvailable, SANDBOX_DEFAULTS, type SandboxLimits, type SandboxLanguage, type RunRequest, type RunResult, type RunStatus } from './code/sandbox';
+export { runCodeTests, normalizeOutput, jsonEqual, type CodeTestRequest, type CodeTestResult, type CodeCaseResult, type StdioTestCase, type CallTestCase } from './code/tests';
+export { startSandboxService, SANDBOX_SERVICE_DEFAULTS, type SandboxService, type SandboxServiceOptions } from './code/service';
