@@ -14,3 +14,4 @@ export { loadMath500, loadGsm8k, type MathProblem } from './eval/datasets';
 export { runSandboxed, sandboxAvailable, SANDBOX_DEFAULTS, type SandboxLimits, type SandboxLanguage, type RunRequest, type RunResult, type RunStatus } from './code/sandbox';
 export { runCodeTests, normalizeOutput, jsonEqual, type CodeTestRequest, type CodeTestResult, type CodeCaseResult, type StdioTestCase, type CallTestCase } from './code/tests';
 export { startSandboxService, SANDBOX_SERVICE_DEFAULTS, type SandboxService, type SandboxServiceOptions } from './code/service';
+export { LlmJudge, parseVerdict, DEFAULT_JUDGE_PROMPT, JUDGE_DEFAULTS, type JudgeOptions, type JudgeItem, type JudgeVerdict } from './judge/judge';
