@@ -17,6 +17,7 @@ export const gradeSchema = {
   float_rounding: { type: 'number', default: MATH_DEFAULTS.floatRounding, integer: true, min: 0, max: 15, describe: 'decimal places compared when either answer is a decimal' },
   symbolic: { type: 'boolean', default: MATH_DEFAULTS.symbolic, describe: 'use the computer-algebra system when strings and numbers do not decide' },
   cas_timeout_ms: { type: 'number', default: MATH_DEFAULTS.casTimeoutMs, integer: true, min: 10, describe: 'wall-clock limit of one symbolic check (milliseconds); an overrun counts as wrong' },
+  grade_timeout_ms: { type: 'number', default: MATH_DEFAULTS.gradeTimeoutMs, integer: true, min: 10, describe: 'no symbolic check starts after this many milliseconds on one line (long lists of answers)' },
   cas_workers: { type: 'number', default: 1, integer: true, min: 1, max: 64, describe: 'worker threads for symbolic checks' },
   concurrency: { type: 'number', default: 64, integer: true, min: 1, describe: 'lines graded at once (output order is kept)' },
   timing: { type: 'boolean', default: false, describe: 'add "ms" (time to grade the line) to each output line' },
@@ -58,6 +59,7 @@ export interface GradeJsonlOptions {
   float_rounding: number;
   symbolic: boolean;
   cas_timeout_ms: number;
+  grade_timeout_ms: number;
   cas_workers: number;
   concurrency: number;
   timing: boolean;
@@ -112,6 +114,7 @@ export async function gradeJsonl(input: Readable, output: Writable, options: Gra
     floatRounding: options.float_rounding,
     symbolic: options.symbolic,
     casTimeoutMs: options.cas_timeout_ms,
+    gradeTimeoutMs: options.grade_timeout_ms,
     casWorkers: options.cas_workers,
   });
   const summary: GradeSummary = { lines: 0, correct: 0, noAnswer: 0, unparseableGold: 0, timeouts: 0, seconds: 0 };

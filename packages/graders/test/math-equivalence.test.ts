@@ -113,6 +113,25 @@ describe('math equivalence with the CAS', () => {
   });
 });
 
+describe('pathological inputs return quickly', () => {
+  const grader = new MathGrader({ casTimeoutMs: 300, gradeTimeoutMs: 300 });
+  afterAll(() => grader.close());
+  test.each([
+    ['nested braces', '{'.repeat(50000)],
+    ['many boxes', '\\boxed{'.repeat(20000)],
+    ['many dollars', '$'.repeat(50000)],
+    ['a long list', Array.from({ length: 3000 }, (_, i) => `x_${i}`).join(', ')],
+    ['deep parentheses', `${'('.repeat(20000)}1${')'.repeat(20000)}`],
+    ['many fractions', '\\frac{'.repeat(10000)],
+    ['a long list of expressions', Array.from({ length: 200 }, (_, i) => `\\sqrt{${i}}+x`).join(', ')],
+  ])('%s', async (_name, text) => {
+    const t0 = performance.now();
+    await grader.grade(text, '5');
+    await grader.grade(text, text.split('').reverse().join(''), 'raw');
+    expect(performance.now() - t0).toBeLessThan(4000);
+  });
+});
+
 describe('properties', () => {
   const grader = new MathGrader({ symbolic: false });
   const answer = fc.oneof(

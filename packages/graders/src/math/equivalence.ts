@@ -27,10 +27,15 @@ class Comparison {
   failure: EquivalenceReason = 'different';
   used: EquivalenceReason = 'string';
 
+  /** When symbolic checks stop being started for this comparison (performance.now() time). */
+  private readonly deadline: number;
+
   constructor(
     private readonly options: MathOptions,
     private readonly symbolic: SymbolicCheck,
-  ) {}
+  ) {
+    this.deadline = performance.now() + options.gradeTimeoutMs;
+  }
 
   private fail(reason: EquivalenceReason): false {
     if (reason !== 'different') this.failure = reason;
@@ -50,6 +55,7 @@ class Comparison {
       return false;
     }
     if (!this.symbolic) return false;
+    if (performance.now() > this.deadline) return this.fail('timeout');
     const outcome = await this.symbolic({ kind: 'expr', gold, pred, relTol: Math.max(this.options.relTol, 10 ** -this.options.floatRounding / 2) });
     if (outcome === 'equal') {
       this.used = 'symbolic';
@@ -132,6 +138,7 @@ class Comparison {
         if ((await this.atoms(gold.lhs, pred.rhs)) && (await this.atoms(gold.rhs, pred.lhs))) return true;
       }
       if (!this.symbolic) return false;
+      if (performance.now() > this.deadline) return this.fail('timeout');
       const outcome = await this.symbolic({ kind: 'relation', op: gold.op, gold: [gold.lhs, gold.rhs], pred: [pred.lhs, pred.rhs], relTol: 1e-6 });
       if (outcome === 'equal') {
         this.used = 'symbolic';

@@ -20,33 +20,30 @@ interface Found {
   end: number;
 }
 
-/** Reads a brace group starting at `open` (which must be `{`); returns its content and the index after `}`. */
-function braceGroup(text: string, open: number): { content: string; end: number } | null {
-  let depth = 0;
-  for (let i = open; i < text.length; i++) {
+/** For every `{` its matching `}` (or -1 when unclosed), in one pass, so many boxes cost linear time. */
+function matchingBraces(text: string): Int32Array {
+  const match = new Int32Array(text.length).fill(-1);
+  const stack: number[] = [];
+  for (let i = 0; i < text.length; i++) {
     const c = text[i];
-    if (c === '\\') {
-      i++; // an escaped brace (\{ or \}) does not open or close a group
-      continue;
-    }
-    if (c === '{') depth++;
-    else if (c === '}') {
-      depth--;
-      if (depth === 0) return { content: text.slice(open + 1, i), end: i + 1 };
-    }
+    if (c === '\\') i++;
+    else if (c === '{') stack.push(i);
+    else if (c === '}' && stack.length > 0) match[stack.pop() as number] = i;
   }
-  return null;
+  return match;
 }
 
 /** Every `\boxed{…}`/`\fbox{…}` (and `\boxed 5`) in order, with positions. */
 function allBoxed(text: string): { content: string; start: number; end: number }[] {
   const re = /\\(?:boxed|fbox)\b\s*/g;
   const out: { content: string; start: number; end: number }[] = [];
+  let match: Int32Array | null = null;
   for (let m = re.exec(text); m; m = re.exec(text)) {
     const at = m.index + m[0].length;
     if (text[at] === '{') {
-      const g = braceGroup(text, at);
-      if (g) out.push({ content: g.content, start: m.index, end: g.end });
+      match ??= matchingBraces(text);
+      const close = match[at];
+      if (close >= 0) out.push({ content: text.slice(at + 1, close), start: m.index, end: close + 1 });
     } else {
       const t = /^[^\s$]+/.exec(text.slice(at));
       if (t) out.push({ content: t[0].replace(/[.,;]+$/, ''), start: m.index, end: at + t[0].length });

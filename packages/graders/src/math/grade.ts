@@ -5,6 +5,9 @@ import { extractAnswer, type AnswerFormat } from './extract';
 import { normalizeAnswer } from './normalize';
 import { MATH_DEFAULTS, type MathOptions } from './options';
 
+/** Normalised answers longer than this skip structure and CAS checks. */
+const MAX_ANSWER_CHARS = 2000;
+
 /** Why a verdict is what it is: how equality was shown, or why it was not. */
 export type MathReason = EquivalenceReason | 'no-answer';
 
@@ -58,6 +61,11 @@ export class MathGrader {
     const predNorm = normalizeAnswer(extracted, normOptions);
     if (predNorm === '') return { correct: false, extracted, gold: goldAnswer, reason: 'no-answer' };
     const symbolic = this.options.symbolic ? (req: Parameters<CasPool['check']>[0]) => this.casPool().check(req) : null;
+    // answers this long are not answers anyone writes: compare them as strings only
+    if (goldNorm.length > MAX_ANSWER_CHARS || predNorm.length > MAX_ANSWER_CHARS) {
+      const equal = goldNorm === predNorm;
+      return { correct: equal, extracted, gold: goldAnswer, reason: equal ? 'string' : 'different' };
+    }
     let eq = await answersEquivalent(goldNorm, predNorm, this.options, symbolic);
     if (!eq.equal) {
       // `y = 2x + 1` against `2x - y + 1 = 0`: compare the whole equations when a prefix was dropped

@@ -17,6 +17,8 @@ export interface MathOptions {
   symbolic: boolean;
   /** Wall-clock limit of one symbolic check in milliseconds (the check then counts as not equal). */
   casTimeoutMs: number;
+  /** No symbolic check starts after this many milliseconds of one comparison (long lists of answers). */
+  gradeTimeoutMs: number;
 }
 
 /** Defaults of {@link MathOptions}. */
@@ -27,5 +29,6 @@ export const MATH_DEFAULTS: MathOptions = {
   floatRounding: 6,
   relTol: 1e-9,
   symbolic: true,
-  casTimeoutMs: 1000,
+  casTimeoutMs: 800,
+  gradeTimeoutMs: 1000,
 };

@@ -40,13 +40,13 @@ function wrapsWhole(s: string): boolean {
 
 const MATRIX = /^\\begin\{([pbvBV]?matrix|array)\}(?:\{[^{}]*\})?((?:(?!\\end\{).)*)\\end\{\1\}$/;
 
-function parseMatrix(s: string): AnswerNode | null {
+function parseMatrix(s: string, depth: number): AnswerNode | null {
   let inner = s;
   if (/^[[(].*[\])]$/.test(inner) && wrapsWhole(inner) && inner.slice(1, -1).startsWith('\\begin{')) inner = inner.slice(1, -1);
   const m = MATRIX.exec(inner);
   if (!m) return null;
   const rows = m[2].split('\\\\').filter((r) => r !== '' && !/^\\hline$/.test(r));
-  return { kind: 'matrix', rows: rows.map((r) => r.split('&').map((cell) => parseAnswer(cell))), text: s };
+  return { kind: 'matrix', rows: rows.map((r) => r.split('&').map((cell) => parseAnswer(cell, depth + 1))), text: s };
 }
 
 const RELATIONS: [string, RelationOp, boolean][] = [
@@ -59,12 +59,12 @@ const RELATIONS: [string, RelationOp, boolean][] = [
 ];
 
 /** `a < x ≤ b` (a name between two bounds) as the interval `(a, b]`. */
-function parseChainedInequality(s: string): AnswerNode | null {
+function parseChainedInequality(s: string, depth: number): AnswerNode | null {
   const parts = s.split(/(≤|<)/);
   if (parts.length !== 5 || parts.some((p) => p === '')) return null;
   const [lo, op1, , op2, hi] = parts;
   if (/\d/.test(parts[2].replace(/_\{[^{}]*\}|_\w/g, '')) || !/[a-zA-Z]/.test(parts[2])) return null;
-  return { kind: 'seq', open: op1 === '<' ? '(' : '[', close: op2 === '<' ? ')' : ']', items: [parseAnswer(lo), parseAnswer(hi)] };
+  return { kind: 'seq', open: op1 === '<' ? '(' : '[', close: op2 === '<' ? ')' : ']', items: [parseAnswer(lo, depth + 1), parseAnswer(hi, depth + 1)] };
 }
 
 function parseRelation(s: string): AnswerNode | null {
@@ -77,30 +77,35 @@ function parseRelation(s: string): AnswerNode | null {
   return null;
 }
 
+/** Nesting deeper than this is not an answer anyone writes: the rest is kept as one leaf. */
+const MAX_DEPTH = 32;
+
 /** Parses a normalised answer into its structure. */
-export function parseAnswer(s: string): AnswerNode {
-  const matrix = parseMatrix(s);
+export function parseAnswer(s: string, depth = 0): AnswerNode {
+  if (depth > MAX_DEPTH) return { kind: 'atom', text: s };
+  const child = (x: string) => parseAnswer(x, depth + 1);
+  const matrix = parseMatrix(s, depth);
   if (matrix) return matrix;
   const union = splitTopLevel(s, '\\cup');
-  if (union.length > 1) return { kind: 'union', parts: union.map(parseAnswer) };
+  if (union.length > 1) return { kind: 'union', parts: union.map(child) };
   if (s.startsWith('\\{') && s.endsWith('\\}') && wrapsWhole(s)) {
     const inner = s.slice(2, -2);
-    return { kind: 'set', items: inner === '' ? [] : splitTopLevel(inner, ',').map(parseAnswer) };
+    return { kind: 'set', items: inner === '' ? [] : splitTopLevel(inner, ',').map(child) };
   }
   if (/^[([].*[)\]]$/.test(s) && wrapsWhole(s)) {
     const items = splitTopLevel(s.slice(1, -1), ',');
-    if (items.length === 1 && s[0] === '(' && s.endsWith(')')) return parseAnswer(s.slice(1, -1));
-    if (items.length > 1) return { kind: 'seq', open: s[0] as '(' | '[', close: s.at(-1) as ')' | ']', items: items.map(parseAnswer) };
+    if (items.length === 1 && s[0] === '(' && s.endsWith(')')) return child(s.slice(1, -1));
+    if (items.length > 1) return { kind: 'seq', open: s[0] as '(' | '[', close: s.at(-1) as ')' | ']', items: items.map(child) };
   }
   const listItems = splitTopLevel(s, ',').filter((x) => x !== '');
   // each listed answer may carry its own name: AB=4, CD=5
-  if (listItems.length > 1) return { kind: 'list', items: listItems.map((x) => parseAnswer(dropVariablePrefix(x))) };
+  if (listItems.length > 1) return { kind: 'list', items: listItems.map((x) => child(dropVariablePrefix(x))) };
   const pm = splitTopLevel(s, '\\pm');
   if (pm.length === 2 && pm[1] !== '') {
     const base = pm[0] === '' ? '' : pm[0];
     return { kind: 'list', items: [{ kind: 'atom', text: `${base}+${pm[1]}` }, { kind: 'atom', text: `${base}-${pm[1]}` }] };
   }
-  const chained = parseChainedInequality(s);
+  const chained = parseChainedInequality(s, depth);
   if (chained) return chained;
   const relation = parseRelation(s);
   if (relation) return relation;
