@@ -56,7 +56,8 @@ const TEXT_COMMANDS = ['text', 'textbf', 'textit', 'textrm', 'textnormal', 'text
 /** Common units and unit-like words dropped after a numeric answer when `stripUnits` is on. */
 const UNIT_WORDS =
   'units?|square|cubic|sq|cm|mm|km|m|meters?|metres?|centimeters?|kilometers?|millimeters?|inch(?:es)?|in|feet|foot|ft|yards?|yd|miles?|mi|mph|kg|g|grams?|kilograms?|pounds?|lbs?|lb|ounces?|oz|tons?|seconds?|sec|s|minutes?|min|hours?|hrs?|h|days?|weeks?|months?|years?|liters?|litres?|l|ml|gallons?|dollars?|cents?|euros?|degrees?|deg|radians?|rad|people|persons?|students?|points?|ways?|times|percent|pct|items?|apples?|pages?|books?|marbles?|cookies?|boxes|box|balls?|cars?|trees?|hats?';
-const UNIT_TAIL = new RegExp(`^(.*?[\\d}.)])\\s*(?:(?:${UNIT_WORDS})\\b\\.?\\s*)+(\\^\\{?[23]\\}?)?$`, 'i');
+// a space must separate the quantity from its unit: 3s^2 is an expression, 3 s^2 a quantity
+const UNIT_TAIL = new RegExp(`^(.*?[\\d}.)])\\s+(?:(?:${UNIT_WORDS})\\b\\.?\\s*)+(\\^\\{?[23]\\}?)?$`, 'i');
 
 function stripDelimiters(s: string): string {
   let t = s.trim();
@@ -152,6 +153,8 @@ export function normalizeAnswer(answer: string, options: NormalizeOptions = { st
   s = s.replace(/\\(?:leqslant|leq|le)\b|<=|≤/g, '≤').replace(/\\(?:geqslant|geq|ge)\b|>=|≥/g, '≥');
   s = s.replace(/\\(?:neq|ne)\b|!=|≠/g, '≠').replace(/\\lt\b/g, '<').replace(/\\gt\b/g, '>');
   s = s.replace(/\\(?:varnothing|emptyset)\b|∅/g, '\\emptyset').replace(/\\infin\b|∞/g, '\\infty');
+  // plain-text arithmetic as models write it: x**2, 3*s
+  s = s.replace(/\*\*\s*(\([^()]*\)|[\w.]+)/g, (_, e: string) => `^{${e.startsWith('(') ? e.slice(1, -1) : e}}`).replace(/\*/g, '\\cdot ');
   s = s.replace(/\\(?:cdots|ldots|dots)\b/g, '\\dots').replace(/\\times\b|×/g, '\\times ').replace(/\\cdot\b|·/g, '\\cdot ');
   s = s.replace(/\\dfrac|\\tfrac/g, '\\frac').replace(/\\mathbb\{R\}|ℝ/g, '\\R');
   // approximations: keep the exact value before `\approx` (or after it, for `x \approx 11`)
