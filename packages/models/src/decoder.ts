@@ -28,6 +28,11 @@ export interface DecoderInputs {
   attentionMask: Tensor;
   /** Cached keys/values of earlier positions, one pair per layer (generation). */
   past?: KvPair[];
+  /**
+   * Use ONNX Runtime's fused kernels for RMSNorm and RoPE (far fewer nodes per layer; what
+   * generation and scoring use). They have no gradient rules, so training leaves this off.
+   */
+  fused?: boolean;
 }
 
 /** What the decoder returns. */
@@ -43,16 +48,62 @@ export function accumulationDtype(dtype: DType): DType {
   return dtype === 'float64' ? 'float64' : 'float32';
 }
 
-/** RMSNorm as transformers computes it: in float32, cast back, then scaled by the weight. */
-export function rmsNormHf(x: Tensor, weight: Tensor, eps: number): Tensor {
+/**
+ * RMSNorm as transformers computes it: in float32, cast back, then scaled by the weight. The fused
+ * kernel keeps the product with the weight in float32 too (one rounding fewer in half precision).
+ */
+export function rmsNormHf(x: Tensor, weight: Tensor, eps: number, fused = false): Tensor {
+  if (fused) return L.simplifiedLayerNorm(x, weight, eps);
   const y = L.rmsNorm(L.cast(x, accumulationDtype(x.dtype)), undefined, eps);
   return L.mul(L.cast(y, x.dtype), weight);
 }
 
-/** x·Wᵀ (+ b): a PyTorch Linear with weight [out, in]. */
+const transposed = new WeakMap<Tensor, Tensor>();
+
+/**
+ * x·Wᵀ (+ b): a PyTorch Linear with weight [out, in]. Wᵀ is made once per weight, in the weight's
+ * own graph: inside a decode loop's body it is then an outer value, not a per-step transpose.
+ */
 export function linear(x: Tensor, weight: Tensor, bias?: Tensor): Tensor {
-  const y = L.matmul(x, L.transpose(weight, [1, 0]));
+  let wt = transposed.get(weight);
+  if (!wt) {
+    wt = L.Graph.build(weight.graph, () => L.transpose(weight, [1, 0]));
+    transposed.set(weight, wt);
+  }
+  const y = L.matmul(x, wt);
   return bias ? L.add(y, bias) : y;
+}
+
+/** Applies rotary position embedding to queries or keys [B, heads, T, headDim]. */
+export type Rope = (x: Tensor) => Tensor;
+
+/**
+ * RoPE at the given positions [B, T]: composed from primitives (cos/sin computed per position), or
+ * fused (ONNX Runtime's RotaryEmbedding reading cos/sin tables precomputed for every position).
+ */
+export function rope(cfg: DecoderConfig, positionIds: Tensor, dtype: DType, fused = false): Rope {
+  if (!fused) {
+    const { cos, sin } = ropeTables(cfg, positionIds, dtype);
+    return (x) => applyRope(x, cos, sin, cfg.headDim);
+  }
+  const { inverse, attentionScale } = ropeInverseFrequencies(cfg);
+  const P = cfg.maxPositionEmbeddings;
+  const half = inverse.length;
+  const cos = new Float32Array(P * half);
+  const sin = new Float32Array(P * half);
+  for (let p = 0; p < P; p++) {
+    for (let i = 0; i < half; i++) {
+      // Angles in float32 as transformers forms them (position · fp32 inverse frequency).
+      const angle = Math.fround(p * Math.fround(inverse[i]));
+      cos[p * half + i] = Math.cos(angle) * attentionScale;
+      sin[p * half + i] = Math.sin(angle) * attentionScale;
+    }
+  }
+  const g = positionIds.graph;
+  const table = (v: Float32Array) => L.cast(g.constant(v, 'float32', [P, half]), dtype);
+  const cosCache = table(cos);
+  const sinCache = table(sin);
+  return (x) => L.rotaryEmbedding(x, positionIds, cosCache, sinCache);
 }
 
 /** cos and sin tables [B, 1, T, headDim] for the given positions (float32 math, cast to dtype). */
@@ -82,9 +133,10 @@ export function attention(
   w: Weights,
   prefix: string,
   x: Tensor,
-  rope: { cos: Tensor; sin: Tensor },
+  applyRotary: Rope,
   mask: Tensor,
   past?: KvPair,
+  fused = false,
 ): { out: Tensor; present: KvPair } {
   const { numHeads: H, numKvHeads: KV, headDim: hd } = cfg;
   const [B, T] = x.shape;
@@ -94,15 +146,26 @@ export function attention(
   let k = heads(linear(x, w(`${prefix}.k_proj.weight`), bias('k_proj')), KV);
   const v = L.transpose(heads(linear(x, w(`${prefix}.v_proj.weight`), bias('v_proj')), KV), [0, 2, 1, 3]);
   if (cfg.qkNorm) {
-    q = rmsNormHf(q, w(`${prefix}.q_norm.weight`), cfg.rmsNormEps);
-    k = rmsNormHf(k, w(`${prefix}.k_norm.weight`), cfg.rmsNormEps);
+    q = rmsNormHf(q, w(`${prefix}.q_norm.weight`), cfg.rmsNormEps, fused);
+    k = rmsNormHf(k, w(`${prefix}.k_norm.weight`), cfg.rmsNormEps, fused);
   }
-  q = applyRope(L.transpose(q, [0, 2, 1, 3]), rope.cos, rope.sin, hd); // [B, H, T, hd]
-  k = applyRope(L.transpose(k, [0, 2, 1, 3]), rope.cos, rope.sin, hd); // [B, KV, T, hd]
+  q = applyRotary(L.transpose(q, [0, 2, 1, 3])); // [B, H, T, hd]
+  k = applyRotary(L.transpose(k, [0, 2, 1, 3])); // [B, KV, T, hd]
   const key = past ? L.concat([past.key, k], 2) : k;
   const value = past ? L.concat([past.value, v], 2) : v;
-  // Queries grouped per KV head: [B, KV, H/KV, T, hd] against keys [B, KV, 1, S, hd].
   const G = H / KV;
+  if (T === 1) {
+    // One query per row (a decode step): the G query heads of each KV head are the rows of one
+    // plain batched matmul, [B, KV, G, hd] · [B, KV, hd, S] — no broadcast copies of the cache,
+    // and ONNX Runtime folds the key transpose into the matmul.
+    const q4 = L.reshape(q, [B, KV, G, hd]);
+    const s4 = L.mul(L.cast(L.matmul(q4, L.transpose(key, [0, 1, 3, 2])), accumulationDtype(x.dtype)), 1 / Math.sqrt(hd)); // [B, KV, G, S]
+    const p4 = L.cast(L.maskedSoftmax(s4, mask), x.dtype); // mask [B, 1, 1, S] broadcasts over KV and G
+    const merged1 = L.reshape(L.matmul(p4, value), [B, 1, H * hd]); // [B, KV, G, hd] → [B, 1, H·hd]
+    const out1 = linear(merged1, w(`${prefix}.o_proj.weight`), cfg.outputBias ? w(`${prefix}.o_proj.bias`) : undefined);
+    return { out: out1, present: { key, value } };
+  }
+  // Queries grouped per KV head: [B, KV, H/KV, T, hd] against keys [B, KV, 1, S, hd].
   const qg = L.reshape(q, [B, KV, G, T, hd]);
   const kt = L.unsqueeze(L.transpose(key, [0, 1, 3, 2]), [2]);
   const scores = L.mul(L.cast(L.matmul(qg, kt), accumulationDtype(x.dtype)), 1 / Math.sqrt(hd)); // [B, KV, G, T, S]
@@ -125,18 +188,20 @@ export function mlp(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor): 
 export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs): DecoderOutputs {
   const g = inputs.inputIds.graph;
   let h = L.gather(w('model.embed_tokens.weight'), inputs.inputIds, 0);
-  const rope = ropeTables(cfg, inputs.positionIds, h.dtype);
+  const fused = inputs.fused ?? false;
+  const rotary = rope(cfg, inputs.positionIds, h.dtype, fused);
+  const norm = (x: Tensor, name: string) => rmsNormHf(x, w(name), cfg.rmsNormEps, fused);
   const present: KvPair[] = [];
   for (let i = 0; i < cfg.numLayers; i++) {
     const p = `model.layers.${i}`;
     g.scope(`layer${i}`, () => {
-      const a = attention(cfg, w, `${p}.self_attn`, rmsNormHf(h, w(`${p}.input_layernorm.weight`), cfg.rmsNormEps), rope, inputs.attentionMask, inputs.past?.[i]);
+      const a = attention(cfg, w, `${p}.self_attn`, norm(h, `${p}.input_layernorm.weight`), rotary, inputs.attentionMask, inputs.past?.[i], fused);
       h = L.add(h, a.out);
-      h = L.add(h, mlp(cfg, w, `${p}.mlp`, rmsNormHf(h, w(`${p}.post_attention_layernorm.weight`), cfg.rmsNormEps)));
+      h = L.add(h, mlp(cfg, w, `${p}.mlp`, norm(h, `${p}.post_attention_layernorm.weight`)));
       present.push(a.present);
     });
   }
-  return { hidden: rmsNormHf(h, w('model.norm.weight'), cfg.rmsNormEps), present };
+  return { hidden: norm(h, 'model.norm.weight'), present };
 }
 
 // ---- masks and positions -----------------------------------------------------------------------

@@ -15,6 +15,7 @@ export * from './ops/linalg';
 export * from './ops/indexing';
 export * from './ops/random';
 export * from './ops/control';
+export * from './ops/fused';
 export * from './nn';
 export { grad, type GradOptions } from './autodiff';
 export { toModelProto, toModelBytes, OPSET, IR_VERSION, type SerializeOptions } from './serialize';

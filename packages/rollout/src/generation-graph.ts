@@ -24,6 +24,8 @@ export interface GenerationGraphOptions extends SamplingOptions {
   groupSize?: number;
   /** Token written after a row has stopped. Default 0. */
   padTokenId?: number;
+  /** Use ONNX Runtime's fused RMSNorm and RoPE kernels (default true; false: primitives only). */
+  fusedKernels?: boolean;
 }
 
 /** Row indices 0..B-1 as int64 [B, 1], computed from the values of `like` [B, …] (no Shape op). */
@@ -56,10 +58,12 @@ export function addGeneration(g: Graph, cfg: DecoderConfig, weights: Weights, op
   const noise = (opts.temperature ?? 1) === 0 ? undefined : g.input('noise', 'float32', [rowsDim, 'N']);
 
   // Prefill: every prompt position, logits at the last one only (prompts are left-padded).
+  const fused = opts.fusedKernels ?? true;
   const prefill = decoder(cfg, weights, {
     inputIds,
     positionIds: positionsFromPadding(promptMask),
     attentionMask: paddedCausalMask(promptMask),
+    fused,
   });
   const lastHidden = L.slice(prefill.hidden, [1], [-1], [Number.MAX_SAFE_INTEGER]);
   const firstLogits = L.cast(L.squeeze(lmLogits(cfg, weights, lastHidden), [1]), 'float32'); // [B, V]
@@ -93,6 +97,7 @@ export function addGeneration(g: Graph, cfg: DecoderConfig, weights: Weights, op
         positionIds: position,
         attentionMask: L.unsqueeze(L.cast(mask, 'bool'), [1, 2]),
         past,
+        fused,
       });
       const nextLogits = L.cast(L.squeeze(lmLogits(cfg, weights, out.hidden), [1]), 'float32');
       const allDone = L.equal(L.reduceMin(L.cast(nowDone, 'int64'), [0]), g.constant(1, 'int64', []));

@@ -33,6 +33,8 @@ export interface ScoringGraphOptions {
   chunk?: number;
   /** Also return each position's min-p candidate set, at most `k` tokens. */
   candidates?: { minP: number; k: number };
+  /** Use ONNX Runtime's fused RMSNorm and RoPE kernels (default true). */
+  fusedKernels?: boolean;
 }
 
 /** Shifts [B, T] left by one (the last column wraps around and is masked by the caller). */
@@ -65,7 +67,7 @@ export function addScoring(g: Graph, cfg: DecoderConfig, weights: Weights, opts:
   const chunk = opts.chunk ?? 16384;
   const ids = g.input('input_ids', 'int64', ['B', 'T']);
   const mask = g.input('attention_mask', 'int64', ['B', 'T']);
-  const { hidden } = decoder(cfg, weights, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask) });
+  const { hidden } = decoder(cfg, weights, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask), fused: opts.fusedKernels ?? true });
   const scored = nextIsToken(mask);
   const logp = chunkedTargetLogprobs(cfg, weights, hidden, shiftLeft(ids), { chunk });
   g.output(L.where(scored, logp, 0), 'logprobs');

@@ -1,4 +1,4 @@
-import { generationRunner, logitsRunner, logSoftmax, rowsOf, tinyModel } from './helpers';
+import { generationRunner, logitsRunner, logSoftmax, rowsOf, tinyModel, tinyQwen3 } from './helpers';
 
 const { dir, config } = tinyModel();
 const prompts = [
@@ -104,4 +104,24 @@ test('a group of n samples per prompt equals n separate generations keyed r·n +
   }
   // The group's samples differ from each other.
   expect(new Set(tokens.slice(0, n).map((t) => t.join(','))).size).toBeGreaterThan(1);
+});
+
+test("ONNX Runtime's fused RMSNorm/RoPE kernels give the primitives' results (Qwen3, and Llama with llama3 RoPE scaling)", async () => {
+  const llama = tinyModel(
+    {
+      ...tinyQwen3,
+      architectures: ['LlamaForCausalLM'],
+      tie_word_embeddings: false,
+      rope_scaling: { rope_type: 'llama3', factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 16 },
+    },
+    5,
+  );
+  for (const m of [{ dir, config }, llama]) {
+    const fused = await generationRunner(m.dir, m.config, { temperature: 1, fusedKernels: true }, 'fused.onnx');
+    const plain = await generationRunner(m.dir, m.config, { temperature: 1, fusedKernels: false }, 'plain.onnx');
+    const a = await fused(prompts, { maxNew: 8, seed: 4 });
+    const b = await plain(prompts, { maxNew: 8, seed: 4 });
+    expect(rowsOf(a.tokens)).toEqual(rowsOf(b.tokens));
+    rowsOf(a.raw_logprobs).forEach((row, r) => row.forEach((x, t) => expect(x).toBeCloseTo(rowsOf(b.raw_logprobs)[r][t], 5)));
+  }
 });

@@ -3,7 +3,7 @@
  * Face folder, on CUDA or CPU through onnxruntime-node, for parity and throughput checks.
  *
  * usage: node lathe-logits.js --model DIR --batch batch.json --dtype float32|bfloat16|float16
- *          [--device cuda|cpu] [--out logits.bin] [--logprobs] [--repeat N]
+ *          [--device cuda|cpu] [--out logits.bin] [--logprobs] [--repeat N] [--primitives]
  * batch.json: {"input_ids": [[...]], "attention_mask": [[...]]}
  * Writes float32 little-endian values to --out and prints one JSON line of timings.
  */
@@ -36,7 +36,9 @@ async function main(): Promise<void> {
   const index = readWeightIndex(dir);
   const { dir: work, location } = externalDataFolder([...index.values()].map((e) => e.file));
   const w = weightInitializers(g, config, index, dtype, location);
-  const { hidden } = decoder(config, w, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask) });
+  // Fused RMSNorm/RoPE kernels unless --primitives (the training graphs' composition) is asked for.
+  const fused = !process.argv.includes('--primitives');
+  const { hidden } = decoder(config, w, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask), fused });
   if (logprobs) {
     // log p(token t+1 | ≤ t) at every position (the last one scores the first token again, so
     // every shape stays static: it is dropped by whoever reads the result).
