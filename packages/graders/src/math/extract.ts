@@ -59,7 +59,8 @@ function isConnector(between: string): boolean {
     .replace(/\\(?:quad|qquad|[,;:!]|\(|\)|\[|\])|\$/g, ' ')
     .replace(/[a-zA-Z](?:_\{?\w+\}?)?\s*=/g, ' '); // the next answer's name: "and y_2 = \boxed{…}"
   if (/[\d=]/.test(t)) return false;
-  return (t.match(/[A-Za-z]+/g) ?? []).every((w) => CONNECTOR_WORDS.has(w.toLowerCase()));
+  // connector words, plus at most two others (units or labels: "\boxed{1} papers and \boxed{2} bins")
+  return (t.match(/[A-Za-z]+/g) ?? []).filter((w) => !CONNECTOR_WORDS.has(w.toLowerCase())).length <= 2;
 }
 
 /** Words that may stand between the boxes of one list answer. */
@@ -110,7 +111,9 @@ function answerIsFound(text: string): Found | null {
   const line = text.slice(start).split('\n')[0];
   // a math span ($…$, \(…\), \[…\]) is taken whole even if it contains periods
   const rest = text.slice(start);
-  const span = /^\$\$([\s\S]+?)\$\$|^\$((?:\\\$|[^$\n])+?)\$|^\\\(([^\n]+?)\\\)|^\\\[([\s\S]+?)\\\]/.exec(rest);
+  // several math spans in the answer's sentence ($12$ and $13$) are read together, not just the first
+  const sentenceSpans = (rest.split('\n')[0].split(/\.(?:\s|$)/)[0].match(/\$/g) ?? []).length;
+  const span = sentenceSpans > 2 ? null : /^\$\$([\s\S]+?)\$\$|^\$((?:\\\$|[^$\n])+?)\$|^\\\(([^\n]+?)\\\)|^\\\[([\s\S]+?)\\\]/.exec(rest);
   if (span) return { answer: (span[1] ?? span[2] ?? span[3] ?? span[4]).trim(), end: start + span[0].length };
   const boxed = boxedFound(line);
   if (boxed) return { answer: boxed.answer, end: start + boxed.end };
@@ -181,7 +184,8 @@ function conclusion(text: string): string | null {
   if (t === '') return null;
   const words = proseWords(t);
   if (words.length === 0) return t;
-  if (words.length <= 2 && !/\d/.test(t) && !t.includes('$')) return t; // a short word answer: "Evelyn", "(B)"
+  // a short word answer ("Evelyn", "(B)") or one unspaced token (W(x)=1orW(x)=-1) is the answer itself
+  if (words.length <= 2 && (!/\d/.test(t) || !/\s/.test(t)) && !t.includes('$')) return t;
   return trailingMathSpan(t) ?? trailingNumber(t);
 }
 

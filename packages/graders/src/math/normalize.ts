@@ -86,6 +86,20 @@ export function dropVariablePrefix(s: string): string {
   return s;
 }
 
+/** `p=5,q=2;p=7,q=2` (solutions as groups of named values) as the tuples `(5,2),(7,2)`. */
+function namedGroupsAsTuples(s: string): string {
+  const groups = splitTopLevel(s, ';');
+  if (groups.length < 2) return s;
+  const values = groups.map((g) =>
+    splitTopLevel(g, ',').map((item) => {
+      const sides = splitTopLevelEquals(item);
+      return sides.length === 2 && isBareName(sides[0]) ? sides[1] : null;
+    }),
+  );
+  if (values.some((v) => v.length < 2 || v.some((x) => x === null))) return s;
+  return values.map((v) => `(${v.join(',')})`).join(',');
+}
+
 /**
  * True for the left side of an assignment whose right side is the answer: a name (`x`, `x_1`,
  * `\theta`, `AB`, `|AB|`, `A:B`), a call (`f(2)`), or a tuple of names (`(p, q)`); false for
@@ -162,6 +176,8 @@ export function normalizeAnswer(answer: string, options: NormalizeOptions = { st
   s = approx.length > 1 && isBareName(approx[0].trim()) ? approx[1] : approx[0];
   // connectives between listed answers
   s = s.replace(/\\text\{\s*(?:and|or)\s*\}|\s+(?:and|or)\s+|,\s*(?:and|or)\s+/g, ', ').replace(/\)\s*(?:and|or)\s*\(/g, '), (');
+  s = s.replace(/(?<=[\d)}])(?:and|or)(?=[A-Za-z(\\-])/g, ', '); // glued: W(x)=1orW(x)=-1
+  s = s.replace(/\\?"/g, ' '); // quotes around an answer
   s = s.trim().replace(/^(?:\\in|∈)\s*/, '');
   s = s.replace(/^([a-zA-Z](?:_\{?\w+\}?)?)\s*(?:\\in|∈)\s*/, '');
   if (!options.keepRelation) s = dropVariablePrefix(s);
@@ -176,6 +192,7 @@ export function normalizeAnswer(answer: string, options: NormalizeOptions = { st
   // whitespace goes, except one space that ends a command name before a letter or digit (\sin x)
   s = s.trim().replace(/(\\[a-zA-Z]+)\s+(?=[a-zA-Z0-9])/g, '$1\uE000').replace(/\s+/g, '').replace(/\uE000/g, ' ');
   s = s.replace(/(?:\\\.|[.,;:!?])+$/, '');
+  s = namedGroupsAsTuples(s);
   s = s.replace(/\{,\}/g, ',').replace(/;/g, ',').replace(/,+/g, ',').replace(/^,|,$/g, '');
   // LaTeX shorthand: \frac12, \frac1{3}, \sqrt2
   s = s.replace(/\\frac(\d)(\d)/g, '\\frac{$1}{$2}').replace(/\\frac(\d)\{/g, '\\frac{$1}{').replace(/\\frac\{([^{}]*)\}(\d)/g, '\\frac{$1}{$2}');
