@@ -1,1 +1,6 @@
-export const PACKAGE_NAME = '@lathe/tokenizer';
+/** @lathe/tokenizer — Hugging Face tokenizers and chat templates, a character tokenizer, sequence assembly. */
+export * from './types';
+export * from './char';
+export * from './hf';
+export * from './text';
+export * from './qwen';

@@ -13,6 +13,8 @@ export interface SftTokenizer {
   readonly eosId: number;
   /** Prepended to every sequence when set. */
   readonly bosId?: number;
+  /** How a prompt becomes ids when it is more than its text (e.g. wrapped in a chat template). */
+  encodePrompt?(text: string): number[];
 }
 
 /** A prompt and the response to learn. */
@@ -55,7 +57,8 @@ export function permutation(n: number, seed: number): number[] {
 
 /** The prompt's ids (with BOS) and the response's ids (with EOS). */
 export function encodePair(tok: SftTokenizer, ex: SftExample): { prompt: number[]; response: number[] } {
-  return { prompt: [...(tok.bosId === undefined ? [] : [tok.bosId]), ...tok.encode(ex.prompt)], response: [...tok.encode(ex.response), tok.eosId] };
+  const prompt = tok.encodePrompt ? tok.encodePrompt(ex.prompt) : tok.encode(ex.prompt);
+  return { prompt: [...(tok.bosId === undefined ? [] : [tok.bosId]), ...prompt], response: [...tok.encode(ex.response), tok.eosId] };
 }
 
 /** Tokenizes an example as one sequence (ids are concatenated, never re-tokenized). */
@@ -101,41 +104,6 @@ export function additionExamples(): SftExample[] {
 
 /** The built-in task's alphabet. */
 export const ADDITION_ALPHABET = '0123456789+=';
-
-/**
- * The built-in task's tokenizer: ids 0, 1, 2 are pad, BOS and EOS, then one id per alphabet
- * character. (General tokenizers, Hugging Face's included, live in @lathe/tokenizer.)
- */
-export class AlphabetTokenizer implements SftTokenizer {
-  readonly padId = 0;
-  readonly bosId = 1;
-  readonly eosId = 2;
-  private readonly ids: Map<string, number>;
-
-  constructor(private readonly alphabet: string) {
-    this.ids = new Map([...alphabet].map((c, i) => [c, i + 3]));
-    if (this.ids.size !== [...alphabet].length) throw new Error(`alphabet '${alphabet}' repeats a character`);
-  }
-
-  /** Pad, BOS, EOS and the alphabet. */
-  get vocabSize(): number {
-    return this.ids.size + 3;
-  }
-
-  encode(text: string): number[] {
-    return [...text].map((c, i) => {
-      const id = this.ids.get(c);
-      if (id === undefined) throw new Error(`character '${c}' at position ${i} of '${text}' is not in the alphabet '${this.alphabet}'`);
-      return id;
-    });
-  }
-
-  /** Characters of the ids, special tokens dropped. */
-  decode(ids: readonly number[]): string {
-    const chars = [...this.alphabet];
-    return ids.map((id) => (id >= 3 ? (chars[id - 3] ?? '') : '')).join('');
-  }
-}
 
 /**
  * An endless, deterministic stream of examples: epoch e visits every example once in the order

@@ -13,6 +13,7 @@ import { paramSpecs, parseConfig, randomModel, weightInputs, type DecoderConfig,
 import { initLora, loraAdapters, loraWeights, mergeLora, type LoraConfig } from './lora';
 import { listCheckpoints, loadCheckpoint, loadFloat32, saveCheckpoint, type TrainerState } from './checkpoint';
 import { MathGrader } from '@lathe/graders';
+import { CharTokenizer, HfTokenizer } from '@lathe/tokenizer';
 import { addGeneration, HostSession, type HostTensor } from '@lathe/rollout';
 import { biasCorrections, learningRate } from './schedule';
 import { sftLoss } from './losses';
@@ -20,7 +21,6 @@ import { compileTrainStep, stateNames, type TrainableParam } from './train-step'
 import { BUILTIN_DATA, BUILTIN_MODEL, type SftConfig } from './sft-config';
 import {
   ADDITION_ALPHABET,
-  AlphabetTokenizer,
   EpochStream,
   additionExamples,
   encodePair,
@@ -96,9 +96,9 @@ function builtinModelConfig(vocabSize: number): HfConfig {
 }
 
 /** The model folder to start from, the tokenizer, and (for the built-in model) the folder it was written to. */
-function loadModelAndTokenizer(cfg: SftConfig): { dir: string; config: DecoderConfig; tokenizer: SftTokenizer; tokenizerFrom?: string } {
+async function loadModelAndTokenizer(cfg: SftConfig): Promise<{ dir: string; config: DecoderConfig; tokenizer: SftTokenizer; tokenizerFrom?: string }> {
   if (cfg.model === BUILTIN_MODEL) {
-    const tokenizer = new AlphabetTokenizer(ADDITION_ALPHABET);
+    const tokenizer = new CharTokenizer({ alphabet: ADDITION_ALPHABET });
     const dir = join(cfg.run_dir, 'base-model');
     const config = existsSync(join(dir, 'config.json'))
       ? parseConfig(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')), join(dir, 'config.json'))
@@ -107,7 +107,23 @@ function loadModelAndTokenizer(cfg: SftConfig): { dir: string; config: DecoderCo
   }
   const configPath = join(cfg.model, 'config.json');
   if (!existsSync(configPath)) throw new Error(`--model ${cfg.model}: no config.json in that folder`);
-  throw new Error(`--model ${cfg.model}: training Hugging Face folders needs the HF tokenizer loader, which is not wired into lathe sft yet`);
+  const config = parseConfig(JSON.parse(readFileSync(configPath, 'utf8')), configPath);
+  const tokenizer = await HfTokenizer.fromFolder(cfg.model);
+  if (tokenizer.vocabSize > config.vocabSize) throw new Error(`--model ${cfg.model}: the tokenizer has ${tokenizer.vocabSize} ids but the model's vocab_size is ${config.vocabSize}`);
+  if (cfg.prompt_format === 'chat') {
+    // The prompt becomes the user turn of the model's chat template, ending with the assistant's turn opened.
+    const render = (text: string) => tokenizer.applyChatTemplate([{ role: 'user', content: text }], { addGenerationPrompt: true, enableThinking: cfg.enable_thinking });
+    const chat: SftTokenizer = {
+      padId: tokenizer.padId,
+      eosId: tokenizer.eosId,
+      bosId: tokenizer.bosId,
+      encode: (text) => tokenizer.encode(text),
+      decode: (ids) => tokenizer.decode(ids),
+      encodePrompt: (text) => tokenizer.encode(render(text)),
+    };
+    return { dir: cfg.model, config, tokenizer: chat, tokenizerFrom: cfg.model };
+  }
+  return { dir: cfg.model, config, tokenizer, tokenizerFrom: cfg.model };
 }
 
 /** Training and evaluation examples: a seeded split with `eval_examples` held out. */
@@ -134,7 +150,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   if (compute === 'bfloat16' && cfg.device !== 'cuda') throw new Error('--compute_dtype bfloat16 needs --device cuda (ONNX Runtime has no bfloat16 CPU kernels for most ops)');
   if (cfg.batch_size % cfg.micro_batches !== 0) throw new Error(`--batch_size ${cfg.batch_size} is not divisible by --micro_batches ${cfg.micro_batches}`);
   mkdirSync(cfg.run_dir, { recursive: true });
-  const { dir: modelDir, config, tokenizer, tokenizerFrom } = loadModelAndTokenizer(cfg);
+  const { dir: modelDir, config, tokenizer, tokenizerFrom } = await loadModelAndTokenizer(cfg);
   const { train, evaluation } = loadExamples(cfg);
   const tokenized = train.map((e) => tokenizeExample(tokenizer, e));
   const overlong = tokenized.filter((t) => t.ids.length > cfg.max_length).length;

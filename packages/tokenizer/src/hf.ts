@@ -1,0 +1,104 @@
+/**
+ * Hugging Face tokenizers (tokenizer.json + tokenizer_config.json, chat templates) through
+ * @huggingface/transformers, from local folders only: Lathe never reaches a model hub.
+ */
+import { existsSync, statSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { AutoTokenizer, env, type PreTrainedTokenizer } from '@huggingface/transformers';
+import type { Tokenizer } from './types';
+
+/** A chat message as chat templates take it. */
+export interface ChatMessage {
+  role: 'system' | 'user' | 'assistant' | 'tool';
+  content: string;
+}
+
+/** Options of {@link HfTokenizer.applyChatTemplate}. */
+export interface ChatTemplateOptions {
+  /** End with the assistant's turn opened, ready for generation (default true). */
+  addGenerationPrompt?: boolean;
+  /** Qwen3's switch: false renders an empty `<think></think>` block so the model answers directly. */
+  enableThinking?: boolean;
+  /** Use this Jinja template instead of the tokenizer's own. */
+  template?: string;
+}
+
+/** A tokenizer loaded from a Hugging Face model folder. */
+export class HfTokenizer implements Tokenizer {
+  readonly vocabSize: number;
+  readonly padId: number;
+  readonly eosId: number;
+  readonly bosId?: number;
+
+  private constructor(
+    /** The folder it was loaded from. */
+    readonly dir: string,
+    private readonly tok: PreTrainedTokenizer,
+  ) {
+    const vocab = tok.get_vocab() as Map<string, number> | Record<string, number>;
+    const ids = vocab instanceof Map ? [...vocab.values()] : Object.values(vocab);
+    this.vocabSize = [...ids, ...tok.all_special_ids].reduce((m, id) => Math.max(m, id), -1) + 1;
+    const eos = tok.eos_token_id;
+    if (eos === undefined || eos === null) throw new Error(`${join(dir, 'tokenizer_config.json')}: no eos_token, so generation could not stop`);
+    this.eosId = eos as number;
+    // Without a pad token, padding reuses EOS (never attended, never in a loss).
+    this.padId = (tok.pad_token_id as number | undefined | null) ?? this.eosId;
+    const bos = tok.bos_token_id as number | undefined | null;
+    if (bos !== undefined && bos !== null) this.bosId = bos;
+  }
+
+  /** Loads tokenizer.json and tokenizer_config.json from `dir`; a missing file is an error naming it. */
+  static async fromFolder(dir: string): Promise<HfTokenizer> {
+    const abs = resolve(dir);
+    if (!existsSync(abs) || !statSync(abs).isDirectory()) throw new Error(`tokenizer folder ${abs} does not exist`);
+    for (const f of ['tokenizer.json', 'tokenizer_config.json']) {
+      if (!existsSync(join(abs, f))) throw new Error(`tokenizer folder ${abs} has no ${f}`);
+    }
+    env.allowRemoteModels = false;
+    env.allowLocalModels = true;
+    env.localModelPath = '/';
+    let tok: PreTrainedTokenizer;
+    try {
+      tok = await AutoTokenizer.from_pretrained(abs, { local_files_only: true });
+    } catch (e) {
+      throw new Error(`tokenizer folder ${abs}: ${(e as Error).message}`);
+    }
+    return new HfTokenizer(abs, tok);
+  }
+
+  encode(text: string, opts: { addSpecialTokens?: boolean } = {}): number[] {
+    return this.tok.encode(text, { add_special_tokens: opts.addSpecialTokens ?? false });
+  }
+
+  decode(ids: readonly number[], opts: { skipSpecialTokens?: boolean } = {}): string {
+    return this.tok.decode([...ids], { skip_special_tokens: opts.skipSpecialTokens ?? true });
+  }
+
+  tokenId(token: string): number {
+    const id = this.tok.convert_tokens_to_ids(token) as number | undefined | null;
+    if (id === undefined || id === null) throw new Error(`${this.dir}: unknown token ${JSON.stringify(token)}`);
+    return id;
+  }
+
+  /** Whether the folder's tokenizer_config.json carries a chat template. */
+  get hasChatTemplate(): boolean {
+    return Boolean(this.tok.chat_template);
+  }
+
+  /** Renders a conversation with the model's chat template (text, not ids). */
+  applyChatTemplate(messages: ChatMessage[], opts: ChatTemplateOptions = {}): string {
+    if (!opts.template && !this.hasChatTemplate) throw new Error(`${join(this.dir, 'tokenizer_config.json')}: no chat_template (pass one with { template })`);
+    const rendered = this.tok.apply_chat_template(messages as never, {
+      tokenize: false,
+      add_generation_prompt: opts.addGenerationPrompt ?? true,
+      ...(opts.template ? { chat_template: opts.template } : {}),
+      ...(opts.enableThinking === undefined ? {} : { enable_thinking: opts.enableThinking }),
+    });
+    return rendered as unknown as string;
+  }
+
+  /** Token ids of a rendered conversation (the template's own special tokens included). */
+  encodeChat(messages: ChatMessage[], opts: ChatTemplateOptions = {}): number[] {
+    return this.encode(this.applyChatTemplate(messages, opts));
+  }
+}
