@@ -71,6 +71,13 @@ const SYMBOLIC: [string, string, boolean][] = [
   ['-x > -1', 'x < 1', true],
   ['x > -1', 'x < 1', false],
   ['1 \\pm \\sqrt{19}', '1 \\pm \\sqrt{19}', true],
+  ['x + 1', '2', false], // an expression that varies never equals a constant
+  ['2', '\\sin x', false],
+  ['e^{i\\pi}', '-1', true], // e and i are constants
+  ['2i', '\\sqrt{-4}', true],
+  ['x - x + 2', '2', true], // variables that cancel: the CAS decides
+  ['\\sin^2 x + \\cos^2 x', '1', true],
+  ['\\det\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}', '-2', true], // environment names are not variables
   ['\\{1-\\sqrt{5}, 1+\\sqrt{5}, -2\\}', '\\{1\\pm\\sqrt{5},-2\\}', false], // ± inside a set is not expanded
   ['(3, \\frac{\\pi}{2})', '\\left( 3, \\frac{\\pi}{2} \\right)', true],
   ['\\left(\\frac{1}{2}, \\sqrt{3}\\right)', '(0.5, \\sqrt{3})', true],
