@@ -1,0 +1,271 @@
+/**
+ * Dataset loaders: MATH (problem form and the SFT `{prompt, response}` form), GSM8K, preference pairs
+ * (HH-RLHF transcripts split into a shared prompt and two responses) and plain prompt sets for RL.
+ * Each reads JSONL, JSONL.gz or Parquet (by content), returns typed examples and a report of what it
+ * skipped and why; errors name the file, the row and the field.
+ */
+import { closeSync, openSync, readSync } from 'node:fs';
+import { readJsonl } from './jsonl';
+import { readParquet } from './parquet';
+
+/** One raw record and where it came from (`file:line` for JSONL, `file row i` for Parquet). */
+export interface SourceRecord {
+  value: Record<string, unknown>;
+  where: string;
+  /** 0-based index in the file. */
+  index: number;
+}
+
+function isParquet(file: string): boolean {
+  let fd: number;
+  try {
+    fd = openSync(file, 'r');
+  } catch (e) {
+    throw new Error(`${file}: cannot open (${(e as NodeJS.ErrnoException).code ?? String(e)})`);
+  }
+  try {
+    const b = Buffer.alloc(4);
+    return readSync(fd, b, 0, 4, 0) === 4 && b.toString('latin1') === 'PAR1';
+  } finally {
+    closeSync(fd);
+  }
+}
+
+const plain = (v: unknown): unknown => {
+  if (typeof v === 'bigint') return Number(v);
+  if (v !== null && typeof v === 'object' && 'toArray' in v && typeof (v as { toArray: unknown }).toArray === 'function') {
+    return Array.from((v as { toArray(): ArrayLike<unknown> }).toArray(), plain);
+  }
+  return v;
+};
+
+/** The records of a JSONL(.gz) or Parquet file as plain objects. */
+export async function readRecords(file: string): Promise<SourceRecord[]> {
+  const out: SourceRecord[] = [];
+  if (isParquet(file)) {
+    const t = await readParquet(file);
+    const names = t.schema.fields.map((f) => f.name);
+    const cols = names.map((n) => t.getChild(n)!);
+    for (let i = 0; i < t.numRows; i++) {
+      out.push({ value: Object.fromEntries(names.map((n, k) => [n, plain(cols[k].get(i))])), where: `${file} row ${i}`, index: i });
+    }
+    return out;
+  }
+  for await (const r of readJsonl(file)) out.push({ value: r.value, where: `${file}:${r.line}`, index: out.length });
+  return out;
+}
+
+function str(r: SourceRecord, field: string, opts: { optional?: boolean } = {}): string | undefined {
+  const v = r.value[field];
+  if (typeof v === 'string') return v;
+  if (typeof v === 'number') return String(v);
+  if ((v === undefined || v === null) && opts.optional) return undefined;
+  throw new Error(`${r.where}: field '${field}' ${v === undefined ? 'is missing' : `is ${JSON.stringify(v)}, expected a string`}`);
+}
+
+/** What a loader skipped. */
+export interface LoadReport {
+  file: string;
+  /** Records read. */
+  read: number;
+  /** Examples returned. */
+  loaded: number;
+  /** Records left out, each with where it is and why. */
+  skipped: { where: string; reason: string }[];
+}
+
+/** A MATH problem. */
+export interface MathExample {
+  id: string;
+  problem: string;
+  /** Worked solution (absent in some evaluation sets). */
+  solution?: string;
+  /** Final answer: the `answer` field, or the last `\boxed{…}` of the solution. */
+  answer: string;
+  subject?: string;
+  level?: number;
+}
+
+/** The content of the last `\boxed{…}` (or `\fbox{…}`) in a text, or null. */
+export function lastBoxed(text: string): string | null {
+  const at = Math.max(text.lastIndexOf('\\boxed'), text.lastIndexOf('\\fbox'));
+  if (at < 0) return null;
+  const open = text.indexOf('{', at);
+  if (open < 0) return null;
+  let depth = 0;
+  for (let i = open; i < text.length; i++) {
+    if (text[i] === '{') depth++;
+    else if (text[i] === '}' && --depth === 0) return text.slice(open + 1, i);
+  }
+  return null;
+}
+
+/**
+ * MATH rows `{problem, solution, answer, subject, level}` (MATH-500, or the original MATH without
+ * `answer`, whose answer is then the solution's last `\boxed{}`; `type` is read as the subject and
+ * "Level 3" as 3). Rows without an answer are skipped and reported.
+ */
+export async function loadMath(file: string): Promise<{ examples: MathExample[]; report: LoadReport }> {
+  const records = await readRecords(file);
+  const examples: MathExample[] = [];
+  const skipped: LoadReport['skipped'] = [];
+  for (const r of records) {
+    const problem = str(r, 'problem')!;
+    const solution = str(r, 'solution', { optional: true });
+    const answer = str(r, 'answer', { optional: true }) ?? (solution !== undefined ? lastBoxed(solution) : null);
+    if (answer === null || answer === undefined) {
+      skipped.push({ where: r.where, reason: "no 'answer' field and no \\boxed{} in the solution" });
+      continue;
+    }
+    const subject = str(r, 'subject', { optional: true }) ?? str(r, 'type', { optional: true });
+    const levelRaw = r.value.level;
+    const level = typeof levelRaw === 'number' ? levelRaw : typeof levelRaw === 'string' ? Number(/\d+/.exec(levelRaw)?.[0]) : undefined;
+    const ex: MathExample = { id: str(r, 'unique_id', { optional: true }) ?? str(r, 'id', { optional: true }) ?? String(r.index), problem, answer };
+    if (solution !== undefined) ex.solution = solution;
+    if (subject !== undefined) ex.subject = subject;
+    if (level !== undefined && Number.isFinite(level)) ex.level = level;
+    examples.push(ex);
+  }
+  return { examples, report: { file, read: records.length, loaded: examples.length, skipped } };
+}
+
+/** A supervised pair. Extra string fields of the record (e.g. `subject`, `answer`) are kept in `meta`. */
+export interface SftPair {
+  prompt: string;
+  response: string;
+  meta?: Record<string, string>;
+}
+
+/** SFT rows `{prompt, response}` (the form `lathe sft` trains on). */
+export async function loadSftPairs(file: string): Promise<{ examples: SftPair[]; report: LoadReport }> {
+  const records = await readRecords(file);
+  const examples = records.map((r) => {
+    const pair: SftPair = { prompt: str(r, 'prompt')!, response: str(r, 'response')! };
+    const meta = Object.fromEntries(Object.entries(r.value).filter(([k, v]) => k !== 'prompt' && k !== 'response' && typeof v === 'string') as [string, string][]);
+    if (Object.keys(meta).length) pair.meta = meta;
+    return pair;
+  });
+  return { examples, report: { file, read: records.length, loaded: examples.length, skipped: [] } };
+}
+
+/**
+ * MATH problems as SFT pairs: the prompt from a template (`{question}` is replaced by the problem)
+ * and the response from a function of the example (default: the solution).
+ */
+export function mathToSft(examples: readonly MathExample[], options: { template: string; response?: (e: MathExample) => string }): SftPair[] {
+  if (!options.template.includes('{question}')) throw new Error(`mathToSft: the template has no {question} placeholder`);
+  return examples.map((e) => {
+    const response = options.response ? options.response(e) : e.solution;
+    if (response === undefined) throw new Error(`mathToSft: example '${e.id}' has no solution (pass options.response)`);
+    const meta: Record<string, string> = { answer: e.answer };
+    if (e.subject) meta.subject = e.subject;
+    return { prompt: options.template.split('{question}').join(e.problem), response, meta };
+  });
+}
+
+/** A GSM8K problem. */
+export interface Gsm8kExample {
+  id: string;
+  question: string;
+  /** The worked solution with `<<…>>` calculator notes and the final `#### n` line. */
+  solution: string;
+  /** The number after `#### `, thousands separators removed. */
+  answer: string;
+}
+
+/** GSM8K rows `{question, answer}` (answer: a worked solution ending in `#### n`). */
+export async function loadGsm8k(file: string): Promise<{ examples: Gsm8kExample[]; report: LoadReport }> {
+  const records = await readRecords(file);
+  const examples: Gsm8kExample[] = [];
+  const skipped: LoadReport['skipped'] = [];
+  for (const r of records) {
+    const solution = str(r, 'answer')!;
+    const m = /####\s*(.+?)\s*$/.exec(solution);
+    if (!m) {
+      skipped.push({ where: r.where, reason: "field 'answer' has no '#### n' line" });
+      continue;
+    }
+    examples.push({ id: String(r.index), question: str(r, 'question')!, solution, answer: m[1].replace(/,/g, '') });
+  }
+  return { examples, report: { file, read: records.length, loaded: examples.length, skipped } };
+}
+
+/** A preference pair: a shared prompt (the conversation so far) and two final responses. */
+export interface PreferencePair {
+  id: string;
+  /** The transcript up to and including the last `\n\nAssistant:` both share. */
+  prompt: string;
+  chosen: string;
+  rejected: string;
+}
+
+const ASSISTANT = '\n\nAssistant:';
+
+/**
+ * Splits two HH-RLHF transcripts ("\n\nHuman: …\n\nAssistant: …") into the shared prompt, up to
+ * and including the last `\n\nAssistant:` that begins the same turn in both, and the two responses.
+ * Returns null when they share no assistant turn.
+ */
+export function splitPreference(chosen: string, rejected: string): { prompt: string; chosen: string; rejected: string } | null {
+  let common = 0;
+  const n = Math.min(chosen.length, rejected.length);
+  while (common < n && chosen.charCodeAt(common) === rejected.charCodeAt(common)) common++;
+  // The last assistant turn that starts inside the common prefix (its marker wholly shared).
+  const at = chosen.lastIndexOf(ASSISTANT, common - ASSISTANT.length);
+  if (at < 0) return null;
+  const cut = at + ASSISTANT.length;
+  return { prompt: chosen.slice(0, cut), chosen: chosen.slice(cut), rejected: rejected.slice(cut) };
+}
+
+/**
+ * Preference pairs: HH-RLHF rows `{chosen, rejected}` (whole transcripts, split by
+ * {@link splitPreference}), or rows that already have `{prompt, chosen, rejected}`. Pairs with no
+ * shared assistant turn, or whose responses are identical, are skipped and reported.
+ */
+export async function loadPreferencePairs(file: string): Promise<{ examples: PreferencePair[]; report: LoadReport }> {
+  const records = await readRecords(file);
+  const examples: PreferencePair[] = [];
+  const skipped: LoadReport['skipped'] = [];
+  for (const r of records) {
+    const chosen = str(r, 'chosen')!;
+    const rejected = str(r, 'rejected')!;
+    const given = str(r, 'prompt', { optional: true });
+    const split = given !== undefined ? { prompt: given, chosen, rejected } : splitPreference(chosen, rejected);
+    if (!split) {
+      skipped.push({ where: r.where, reason: `the transcripts share no "${ASSISTANT.trim()}" turn` });
+      continue;
+    }
+    if (split.chosen === split.rejected) {
+      skipped.push({ where: r.where, reason: 'chosen and rejected responses are identical' });
+      continue;
+    }
+    examples.push({ id: String(r.index), ...split });
+  }
+  return { examples, report: { file, read: records.length, loaded: examples.length, skipped } };
+}
+
+/** A prompt for RL, with its reference answer when the set has one and the record's other fields. */
+export interface PromptExample {
+  id: string;
+  prompt: string;
+  answer?: string;
+  meta: Record<string, unknown>;
+}
+
+/**
+ * Plain prompt sets for RL: `{prompt}` rows (the field name is an option, e.g. `problem` or
+ * `question`), with an optional answer field (default `answer`).
+ */
+export async function loadPrompts(file: string, options: { field?: string; answerField?: string } = {}): Promise<{ examples: PromptExample[]; report: LoadReport }> {
+  const field = options.field ?? 'prompt';
+  const answerField = options.answerField ?? 'answer';
+  const records = await readRecords(file);
+  const examples = records.map((r) => {
+    const { [field]: _p, [answerField]: _a, ...meta } = r.value;
+    const ex: PromptExample = { id: String(r.index), prompt: str(r, field)!, meta };
+    const answer = str(r, answerField, { optional: true });
+    if (answer !== undefined) ex.answer = answer;
+    return ex;
+  });
+  return { examples, report: { file, read: records.length, loaded: examples.length, skipped: [] } };
+}

@@ -1,0 +1,240 @@
+/**
+ * Parquet in and out through parquet-wasm (the Rust arrow-rs/parquet implementation compiled to
+ * WebAssembly, no install scripts). Whole files read into an Arrow table; big files stream in record
+ * batches from a file-backed Blob (only the row groups being read are in memory); writes stream
+ * record batches through row groups into a temporary file renamed into place, so a crash never
+ * leaves a half-written file under the final name. Errors name the file (and the column).
+ */
+import { createWriteStream, existsSync, openAsBlob, openSync, closeSync, readSync, fstatSync, renameSync, rmSync, fsyncSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import { Writable } from 'node:stream';
+import * as arrow from 'apache-arrow';
+import * as pw from 'parquet-wasm';
+
+/** Compression codecs for writing. */
+export type ParquetCompression = 'uncompressed' | 'snappy' | 'zstd' | 'lz4' | 'gzip';
+
+/** Options for {@link writeParquet}. */
+export interface ParquetWriteOptions {
+  /** Codec of every column (default `snappy`, as pyarrow). */
+  compression?: ParquetCompression;
+  /** Rows per row group (default 16,384): bounds the writer's memory and is the unit of streaming reads. */
+  rowGroupSize?: number;
+  /**
+   * Dictionary encoding (default false). arrow-rs's dictionary encoder is slow on token columns
+   * (high-cardinality integers) and gains little there; strings with few distinct values benefit.
+   */
+  dictionary?: boolean;
+  /** Key/value metadata stored in the file footer. */
+  metadata?: Record<string, string>;
+}
+
+/** Options for reading. */
+export interface ParquetReadOptions {
+  /** Read only these columns (an unknown name is an error naming the file and column). */
+  columns?: string[];
+}
+
+const CODECS: Record<ParquetCompression, pw.Compression> = {
+  uncompressed: pw.Compression.UNCOMPRESSED,
+  snappy: pw.Compression.SNAPPY,
+  zstd: pw.Compression.ZSTD,
+  lz4: pw.Compression.LZ4_RAW,
+  gzip: pw.Compression.GZIP,
+};
+
+const MAGIC = 'PAR1';
+
+/**
+ * Checks the file's framing before parsing (so a truncated or foreign file gets a plain message):
+ * `PAR1` at both ends and a footer length that fits. Returns the file size.
+ */
+export function checkParquetFraming(file: string): number {
+  let fd: number;
+  try {
+    fd = openSync(file, 'r');
+  } catch (e) {
+    throw new Error(`${file}: cannot open (${(e as NodeJS.ErrnoException).code ?? String(e)})`);
+  }
+  try {
+    const size = fstatSync(fd).size;
+    if (size < 12) throw new Error(`${file}: not a Parquet file (${size} bytes; a Parquet file has at least 12)`);
+    const head = Buffer.alloc(4);
+    const tail = Buffer.alloc(8);
+    readSync(fd, head, 0, 4, 0);
+    readSync(fd, tail, 0, 8, size - 8);
+    if (head.toString('latin1') !== MAGIC) throw new Error(`${file}: not a Parquet file (it does not start with ${MAGIC})`);
+    if (tail.toString('latin1', 4) !== MAGIC) throw new Error(`${file}: truncated or incomplete Parquet file (no ${MAGIC} footer at the end of its ${size} bytes; was it still being written?)`);
+    const footer = tail.readUInt32LE(0);
+    if (footer + 12 > size) throw new Error(`${file}: corrupt Parquet file (footer length ${footer} exceeds the file size ${size})`);
+    return size;
+  } finally {
+    closeSync(fd);
+  }
+}
+
+function wasmError(file: string, e: unknown): Error {
+  const msg = e instanceof Error ? e.message : String(e);
+  return new Error(`${file}: cannot read Parquet (${msg})`);
+}
+
+function checkColumns(file: string, schema: arrow.Schema, columns?: string[]): void {
+  if (!columns) return;
+  const names = new Set(schema.fields.map((f) => f.name));
+  for (const c of columns) if (!names.has(c)) throw new Error(`${file}: no column '${c}' (the file has ${[...names].map((n) => `'${n}'`).join(', ')})`);
+}
+
+/** The Arrow schema of a Parquet file (reads only its footer). */
+export async function readParquetSchema(file: string): Promise<arrow.Schema> {
+  checkParquetFraming(file);
+  let pf: pw.ParquetFile;
+  try {
+    pf = await pw.ParquetFile.fromFile(await openAsBlob(file));
+  } catch (e) {
+    throw wasmError(file, e);
+  }
+  try {
+    const s = pf.schema();
+    return arrow.tableFromIPC(s.intoIPCStream()).schema;
+  } finally {
+    pf.free();
+  }
+}
+
+/** Reads a whole Parquet file (or some of its columns) into an Arrow table. */
+export async function readParquet(file: string, options: ParquetReadOptions = {}): Promise<arrow.Table> {
+  checkParquetFraming(file);
+  if (options.columns) checkColumns(file, await readParquetSchema(file), options.columns);
+  const bytes = await readFile(file);
+  let t: pw.Table;
+  try {
+    t = pw.readParquet(bytes, options.columns ? { columns: options.columns } : undefined);
+  } catch (e) {
+    throw wasmError(file, e);
+  }
+  return arrow.tableFromIPC(t.intoIPCStream());
+}
+
+/** Number of rows and row groups of a Parquet file (from its footer). */
+export async function parquetInfo(file: string): Promise<{ rows: number; rowGroups: number; metadata: Record<string, string> }> {
+  checkParquetFraming(file);
+  let pf: pw.ParquetFile;
+  try {
+    pf = await pw.ParquetFile.fromFile(await openAsBlob(file));
+  } catch (e) {
+    throw wasmError(file, e);
+  }
+  try {
+    const meta = pf.metadata();
+    const fm = meta.fileMetadata();
+    const kv = fm.keyValueMetadata() as Map<string, string | undefined>;
+    const metadata: Record<string, string> = {};
+    for (const [k, v] of kv) if (k !== 'ARROW:schema' && v !== undefined) metadata[k] = v;
+    return { rows: Number(fm.numRows()), rowGroups: meta.numRowGroups(), metadata };
+  } finally {
+    pf.free();
+  }
+}
+
+/**
+ * Streams a Parquet file as Arrow record batches of up to `batchSize` rows (default 8,192), reading
+ * one row group at a time from disk: files larger than memory are fine.
+ */
+export async function* readParquetBatches(file: string, options: ParquetReadOptions & { batchSize?: number } = {}): AsyncGenerator<arrow.RecordBatch> {
+  checkParquetFraming(file);
+  let pf: pw.ParquetFile;
+  try {
+    pf = await pw.ParquetFile.fromFile(await openAsBlob(file));
+  } catch (e) {
+    throw wasmError(file, e);
+  }
+  try {
+    const groups = pf.metadata().numRowGroups();
+    if (options.columns) checkColumns(file, arrow.tableFromIPC(pf.schema().intoIPCStream()).schema, options.columns);
+    for (let g = 0; g < groups; g++) {
+      let t: pw.Table;
+      try {
+        t = await pf.read({ rowGroups: [g], batchSize: options.batchSize ?? 8192, ...(options.columns ? { columns: options.columns } : {}) });
+      } catch (e) {
+        throw wasmError(file, e);
+      }
+      const table = arrow.tableFromIPC(t.intoIPCStream());
+      for (const b of table.batches) yield b;
+    }
+  } finally {
+    pf.free();
+  }
+}
+
+type BatchSource = arrow.Table | Iterable<arrow.RecordBatch> | AsyncIterable<arrow.RecordBatch>;
+
+/** Arrow JS batches to parquet-wasm batches (through Arrow IPC). */
+function toWasmBatches(batches: arrow.RecordBatch[]): pw.RecordBatch[] {
+  return pw.Table.fromIPCStream(arrow.tableToIPC(new arrow.Table(batches), 'stream')).recordBatches();
+}
+
+/**
+ * Writes Arrow data to a Parquet file: a table, or an (async) iterable of record batches that is
+ * consumed as it is written (memory stays bounded by one row group). The file appears under its
+ * name only once complete (written to `file.tmp-<pid>`, synced, renamed). All batches must share
+ * one schema. Returns the rows and bytes written.
+ */
+export async function writeParquet(file: string, data: BatchSource, options: ParquetWriteOptions = {}): Promise<{ rows: number; bytes: number }> {
+  const props = new pw.WriterPropertiesBuilder()
+    .setCompression(CODECS[options.compression ?? 'snappy'])
+    .setMaxRowGroupSize(options.rowGroupSize ?? 16384)
+    .setDictionaryEnabled(options.dictionary ?? false)
+    .setCreatedBy('lathe (parquet-wasm)');
+  const withMeta = options.metadata ? props.setKeyValueMetadata(new Map(Object.entries(options.metadata))) : props;
+  const source: Iterable<arrow.RecordBatch> | AsyncIterable<arrow.RecordBatch> = data instanceof arrow.Table ? data.batches : data;
+  const it = Symbol.asyncIterator in source ? source[Symbol.asyncIterator]() : (source as Iterable<arrow.RecordBatch>)[Symbol.iterator]();
+  let rows = 0;
+  let schema: arrow.Schema | undefined;
+  const pending: pw.RecordBatch[] = [];
+  const input = new ReadableStream<pw.RecordBatch>({
+    async pull(controller) {
+      while (pending.length === 0) {
+        const next = await it.next();
+        if (next.done) {
+          controller.close();
+          return;
+        }
+        const b = next.value;
+        if (!schema) schema = b.schema;
+        else if (!sameSchema(schema, b.schema)) throw new Error(`${file}: record batch ${rows} rows in has schema ${describeSchema(b.schema)}, the first had ${describeSchema(schema)}`);
+        if (b.numRows === 0) continue;
+        rows += b.numRows;
+        pending.push(...toWasmBatches([b]));
+      }
+      controller.enqueue(pending.shift()!);
+    },
+  });
+  const tmp = `${file}.tmp-${process.pid}`;
+  try {
+    const output = await pw.transformParquetStream(input, withMeta.build());
+    const sink = createWriteStream(tmp);
+    await output.pipeTo(Writable.toWeb(sink) as WritableStream<Uint8Array>);
+    if (!schema) {
+      // No batches at all: parquet-wasm needs one to know the schema.
+      throw new Error(`${file}: nothing to write (no record batches; write an empty table with a schema instead)`);
+    }
+    const fd = openSync(tmp, 'r+');
+    const bytes = fstatSync(fd).size;
+    fsyncSync(fd);
+    closeSync(fd);
+    renameSync(tmp, file);
+    return { rows, bytes };
+  } catch (e) {
+    if (existsSync(tmp)) rmSync(tmp, { force: true });
+    const msg = e instanceof Error ? e.message : String(e);
+    throw new Error(msg.startsWith(`${file}:`) ? msg : `${file}: cannot write Parquet (${msg})`);
+  }
+}
+
+function sameSchema(a: arrow.Schema, b: arrow.Schema): boolean {
+  return a.fields.length === b.fields.length && a.fields.every((f, i) => f.name === b.fields[i].name && String(f.type) === String(b.fields[i].type));
+}
+
+function describeSchema(s: arrow.Schema): string {
+  return `{${s.fields.map((f) => `${f.name}: ${String(f.type)}`).join(', ')}}`;
+}
