@@ -1,0 +1,13 @@
+/**
+ * @lathe/grpo — GRPO-family reinforcement learning: advantage estimators (GRPO, Dr.GRPO, RLOO,
+ * ReMax, REINFORCE++, GAE), the PPO-style policy loss in the tensor DSL (clip ranges, GSPO ratios,
+ * KL, entropy, aggregation modes), KL reward penalties, weighted reward functions with failure
+ * accounting, and DAPO's dynamic sampling.
+ */
+export * from './advantages';
+export * from './kl';
+export * from './policy-loss';
+export * from './policies';
+export * from './rl-loss';
+export * from './rewards';
+export * from './dynamic-sampling';

@@ -1,0 +1,81 @@
+/**
+ * KL to the reference policy on the host, as a *reward penalty* (the alternative to the in-loss KL
+ * term of `policyLoss`). Estimators from Schulman, "Approximating KL divergence" (2020), with
+ * x = log π_θ(a) − log π_ref(a) on tokens a sampled from π_θ:
+ *
+ * - k1 = x                        (unbiased, high variance, can be negative)
+ * - k2 = x² / 2                   (biased, low variance, ≥ 0)
+ * - k3 = e^(−x) − 1 + x           (unbiased, low variance, ≥ 0; verl's `low_var_kl`, TRL's only one)
+ *
+ * The same formulas are used by TRL, verl and OpenRLHF. Lathe clamps nothing: verl clamps k3 to
+ * [−10, 10] and OpenRLHF every estimate to [−10, 10]; a KL that large is a bug to see, not hide.
+ */
+
+/** Which per-token KL estimator. */
+export type KlEstimator = 'k1' | 'k2' | 'k3';
+
+/** One token's KL estimate from its log-probs under the policy and the reference. */
+export function klEstimate(logp: number, refLogp: number, estimator: KlEstimator): number {
+  const x = logp - refLogp;
+  switch (estimator) {
+    case 'k1':
+      return x;
+    case 'k2':
+      return 0.5 * x * x;
+    case 'k3':
+      return Math.exp(-x) - 1 + x;
+  }
+}
+
+/** Inputs of {@link klPenalisedRewards}. */
+export interface KlPenaltyInput {
+  /** Outcome reward of each completion. */
+  rewards: readonly number[];
+  /** Per response token log-probs under the policy that sampled (the old policy), one row per completion. */
+  logp: readonly (readonly number[])[];
+  /** Per response token log-probs under the reference, same shape as `logp`. */
+  refLogp: readonly (readonly number[])[];
+}
+
+/** Options of {@link klPenalisedRewards}. */
+export interface KlPenaltyOptions {
+  /** β: the penalty is −β·KL. */
+  coef: number;
+  /** Default 'k1' (the classic RLHF reward penalty, as verl's `kl_penalty="kl"` and OpenRLHF's default). */
+  estimator?: KlEstimator;
+}
+
+/** Rewards with the KL penalty applied. */
+export interface KlPenalisedRewards {
+  /** Outcome reward − β·Σ_t kl_t per completion (for outcome estimators such as GRPO). */
+  sequenceRewards: number[];
+  /** −β·kl_t per response token (for token-level estimators: `TokenRewards.tokenRewards`). */
+  tokenPenalties: number[][];
+  /** Mean over completions of Σ_t kl_t (the sequence KL), for logging. */
+  meanSequenceKl: number;
+}
+
+/**
+ * The KL penalty as reward shaping: per-token penalties −β·kl_t and penalised outcome rewards
+ * r − β·Σ_t kl_t. Computed from stored log-probs (no gradient flows through a reward penalty).
+ */
+export function klPenalisedRewards(input: KlPenaltyInput, options: KlPenaltyOptions): KlPenalisedRewards {
+  const { coef, estimator = 'k1' } = options;
+  if (!(coef >= 0)) throw new Error(`klPenalisedRewards: coef must be ≥ 0, got ${coef}`);
+  const n = input.rewards.length;
+  if (input.logp.length !== n || input.refLogp.length !== n) {
+    throw new Error(`klPenalisedRewards: ${n} rewards but ${input.logp.length} logp rows and ${input.refLogp.length} refLogp rows`);
+  }
+  let klTotal = 0;
+  const tokenPenalties = input.logp.map((row, i) => {
+    const ref = input.refLogp[i];
+    if (ref.length !== row.length) throw new Error(`klPenalisedRewards: completion ${i} has ${row.length} logp but ${ref.length} refLogp`);
+    return row.map((lp, t) => {
+      const k = klEstimate(lp, ref[t], estimator);
+      klTotal += k;
+      return -coef * k;
+    });
+  });
+  const sequenceRewards = input.rewards.map((r, i) => r + tokenPenalties[i].reduce((a, b) => a + b, 0));
+  return { sequenceRewards, tokenPenalties, meanSequenceKl: n ? klTotal / n : 0 };
+}

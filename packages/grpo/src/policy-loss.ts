@@ -1,0 +1,216 @@
+/**
+ * The RL policy loss in the tensor DSL: PPO's clipped surrogate (separate low/high clip ranges,
+ * optional dual clip), token- or sequence-level importance ratios (GSPO), a KL-to-reference term
+ * (k1/k2/k3), an entropy bonus, and four aggregation modes — every one a sum over tokens divided by a
+ * normaliser that is a *batch-level input*, so a batch split into micro-batches gives exactly the
+ * gradient of the whole batch (the micro-batch losses add up to the batch loss).
+ *
+ * Tensors are [B, T] in "predicting position" coordinates, as `nextTokenLogprobs` and the scoring
+ * graph give them: position t holds log π(ids[t+1] | ids ≤ t), and `mask` is 1 where ids[t+1] is a
+ * response token.
+ *
+ * Per token, with r the ratio π_θ/π_old and A the advantage:
+ *   pg_t   = −min(r·A, clip(r, 1 − clipLow, 1 + clipHigh)·A)   (and, with dual clip c, for A < 0:
+ *            min(pg_t, −c·A))
+ *   loss_t = pg_t + klCoef·kl_t − entropyCoef·H_t
+ * and loss = aggregate(loss_t).
+ */
+import * as L from '@lathe/onnx';
+import type { Tensor } from '@lathe/onnx';
+import type { KlEstimator } from './kl';
+
+/**
+ * How per-token losses become one number. Each is Σ (weighted token losses) / `normaliser`; the
+ * modes differ in the per-sequence weight and in what the normaliser counts over the *whole
+ * optimizer batch* (compute it with {@link lossNormaliser}):
+ *
+ * | mode | per-sequence weight | normaliser | reference systems |
+ * | --- | --- | --- | --- |
+ * | `token-mean` | 1 | response tokens in the batch | verl default; TRL `bnpo`/`dapo`; DAPO |
+ * | `seq-mean-token-sum` | 1 | sequences in the batch | verl |
+ * | `seq-mean-token-mean` | 1 / its length | sequences in the batch | original GRPO; TRL `grpo`; GSPO |
+ * | `token-sum-norm` | 1 | sequences × a constant max length | Dr.GRPO; TRL `dr_grpo`; verl `seq-mean-token-sum-norm` |
+ */
+export type LossAggregation = 'token-mean' | 'seq-mean-token-sum' | 'seq-mean-token-mean' | 'token-sum-norm';
+
+/** Every aggregation mode, for loops in tests and option validation. */
+export const LOSS_AGGREGATIONS: readonly LossAggregation[] = ['token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean', 'token-sum-norm'];
+
+/** The tensors of one (micro-)batch. */
+export interface PolicyLossTensors {
+  /** log π_θ of each sampled token, [B, T] float (differentiable: the gradient flows through it). */
+  logp: Tensor;
+  /** log π_old (the policy that sampled the batch), [B, T], a constant. */
+  oldLogp: Tensor;
+  /** Advantages per token, [B, T] (see `advantageMatrix`). */
+  advantages: Tensor;
+  /** 1 on response tokens, 0 elsewhere, [B, T] (any numeric or bool dtype). */
+  mask: Tensor;
+  /** The aggregation's batch-level normaliser, a scalar of logp's dtype (see {@link lossNormaliser}). */
+  normaliser: Tensor;
+  /** log π_ref, [B, T]; required when `klCoef` > 0. */
+  refLogp?: Tensor;
+  /** Per-token entropy of π_θ, [B, T] (differentiable); required when `entropyCoef` > 0. */
+  entropy?: Tensor;
+}
+
+/** Hyperparameters of the policy loss. */
+export interface PolicyLossConfig {
+  /** ε_low: the ratio is clipped below at 1 − clipLow. Default 0.2 (PPO, TRL `epsilon`, verl `clip_ratio`). */
+  clipLow?: number;
+  /** ε_high: the ratio is clipped above at 1 + clipHigh. Default 0.2; DAPO's clip-higher uses 0.28. */
+  clipHigh?: number;
+  /**
+   * Dual-clip PPO (Ye et al. 2020): for negative advantages the loss is capped at −c·A. Off by
+   * default; verl's default c is 3.
+   */
+  dualClip?: number;
+  /**
+   * `'token'`: r_t = π_θ(a_t)/π_old(a_t) (PPO, GRPO). `'sequence'` (GSPO): one ratio per sequence,
+   * r = exp(mean over its tokens of log π_θ − log π_old), applied to every token. Default `'token'`.
+   */
+  ratio?: 'token' | 'sequence';
+  /** Default `'token-mean'`. */
+  aggregation?: LossAggregation;
+  /** β of the KL-to-reference loss term. Default 0 (no term, no `refLogp` needed). */
+  klCoef?: number;
+  /** Estimator of the KL term (see kl.ts). Default 'k3' (GRPO's, TRL's, verl's `low_var_kl`). */
+  klEstimator?: KlEstimator;
+  /** Coefficient of the entropy bonus (subtracted from the loss). Default 0. */
+  entropyCoef?: number;
+}
+
+/**
+ * The scalar loss and the metrics, all scalars that add up across micro-batches (sums, or sums
+ * divided by the batch-level normaliser): clip fraction = clipped_tokens / tokens, mean approximate
+ * KL(π_old‖π_θ) = approx_kl_sum / tokens, and so on.
+ */
+export interface PolicyLossOutputs {
+  loss: Tensor;
+  metrics: {
+    /** The clipped-surrogate part of the loss, aggregated like the loss. */
+    pg_loss: Tensor;
+    /** Response tokens in this micro-batch. */
+    tokens: Tensor;
+    /** Tokens whose clipped branch is active (zero gradient): below 1 − ε_low with A < 0, or above 1 + ε_high with A > 0. */
+    clipped_tokens: Tensor;
+    /** Of those, the ones clipped below. */
+    clipped_low_tokens: Tensor;
+    /** Σ over tokens of (r − 1) − log r: the k3 estimate of KL(π_old‖π_θ), with token ratios. */
+    approx_kl_sum: Tensor;
+    /** Σ over tokens of the KL-to-reference estimate (present with a reference). */
+    ref_kl_sum?: Tensor;
+    /** Σ over tokens of the entropy (present when an entropy is given). */
+    entropy_sum?: Tensor;
+  };
+}
+
+/** Log-ratios are clamped to ±20 before exp (as verl does) so a wild token cannot overflow. */
+const LOG_RATIO_LIMIT = 20;
+
+/** The PPO-family policy loss; see the module comment for the formula. */
+export function policyLoss(t: PolicyLossTensors, config: PolicyLossConfig = {}): PolicyLossOutputs {
+  const { clipLow = 0.2, clipHigh = 0.2, dualClip, ratio: ratioLevel = 'token', aggregation = 'token-mean', klCoef = 0, klEstimator = 'k3', entropyCoef = 0 } = config;
+  if (!(clipLow >= 0 && clipLow < 1)) throw new Error(`policyLoss: clipLow must be in [0, 1), got ${clipLow}`);
+  if (!(clipHigh >= 0)) throw new Error(`policyLoss: clipHigh must be ≥ 0, got ${clipHigh}`);
+  if (dualClip !== undefined && !(dualClip > 1)) throw new Error(`policyLoss: dualClip must be > 1, got ${dualClip}`);
+  if (!LOSS_AGGREGATIONS.includes(aggregation)) throw new Error(`policyLoss: aggregation must be one of ${LOSS_AGGREGATIONS.join(', ')}, got '${aggregation}'`);
+  if (klCoef > 0 && !t.refLogp) throw new Error('policyLoss: klCoef > 0 needs refLogp (the reference log-probs)');
+  if (entropyCoef !== 0 && !t.entropy) throw new Error('policyLoss: entropyCoef ≠ 0 needs the per-token entropy');
+
+  const dtype = t.logp.dtype;
+  const mask = L.cast(t.mask, dtype);
+  const adv = L.cast(t.advantages, dtype);
+  const tokenLogRatio = L.sub(t.logp, t.oldLogp);
+  const logRatio =
+    ratioLevel === 'sequence'
+      ? L.div(L.reduceSum(L.mul(tokenLogRatio, mask), [1], true), L.maximum(L.reduceSum(mask, [1], true), 1)) // [B, 1]
+      : tokenLogRatio;
+  const ratio = L.exp(L.clip(logRatio, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT));
+
+  // −min(r·A, clip(r)·A) = max(−r·A, −clip(r)·A)
+  const unclipped = L.neg(L.mul(ratio, adv));
+  const clipped = L.neg(L.mul(L.clip(ratio, 1 - clipLow, 1 + clipHigh), adv));
+  let pg = L.maximum(unclipped, clipped);
+  if (dualClip !== undefined) pg = L.where(L.less(adv, 0), L.minimum(pg, L.mul(adv, -dualClip)), pg);
+
+  const negative = L.less(adv, 0);
+  const low = L.and(negative, L.less(ratio, 1 - clipLow));
+  const high = L.and(L.greater(adv, 0), L.greater(ratio, 1 + clipHigh));
+  const count = (b: Tensor) => L.reduceSum(L.mul(L.cast(b, dtype), mask));
+
+  const agg = (x: Tensor) => aggregateLoss(x, mask, aggregation, t.normaliser);
+  const pgLoss = agg(pg);
+  let loss = pgLoss;
+  const r = L.exp(L.clip(tokenLogRatio, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT));
+  const metrics: PolicyLossOutputs['metrics'] = {
+    pg_loss: pgLoss,
+    tokens: L.reduceSum(mask),
+    clipped_tokens: count(L.or(low, high)),
+    clipped_low_tokens: count(low),
+    approx_kl_sum: L.reduceSum(L.mul(L.sub(L.sub(r, 1), tokenLogRatio), mask)),
+  };
+  if (t.refLogp) {
+    const kl = klTerm(t.logp, t.refLogp, klEstimator);
+    metrics.ref_kl_sum = L.reduceSum(L.mul(kl, mask));
+    if (klCoef > 0) loss = L.add(loss, L.mul(agg(kl), klCoef));
+  }
+  if (t.entropy) {
+    metrics.entropy_sum = L.reduceSum(L.mul(t.entropy, mask));
+    if (entropyCoef !== 0) loss = L.sub(loss, L.mul(agg(t.entropy), entropyCoef));
+  }
+  return { loss, metrics };
+}
+
+/** Per-token KL(π_θ‖π_ref) estimate in the graph, x = logp − refLogp (formulas in kl.ts). */
+export function klTerm(logp: Tensor, refLogp: Tensor, estimator: KlEstimator): Tensor {
+  const x = L.sub(logp, refLogp);
+  switch (estimator) {
+    case 'k1':
+      return x;
+    case 'k2':
+      return L.mul(L.mul(x, x), 0.5);
+    case 'k3':
+      return L.add(L.sub(L.exp(L.neg(L.clip(x, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))), 1), x);
+  }
+}
+
+/**
+ * Σ over the batch of per-token values, weighted per `mode` and divided by `normaliser` (see
+ * {@link LossAggregation}). `mask` must already have `perToken`'s dtype.
+ */
+export function aggregateLoss(perToken: Tensor, mask: Tensor, mode: LossAggregation, normaliser: Tensor): Tensor {
+  const masked = L.mul(perToken, mask);
+  if (mode === 'seq-mean-token-mean') {
+    const lengths = L.maximum(L.reduceSum(mask, [1]), 1);
+    return L.div(L.reduceSum(L.div(L.reduceSum(masked, [1]), lengths)), normaliser);
+  }
+  return L.div(L.reduceSum(masked), normaliser);
+}
+
+/**
+ * The normaliser of an aggregation mode over the *whole optimizer batch* (feed the same value to
+ * every micro-batch of the step): `lengths` are the response lengths of all its sequences.
+ * `token-sum-norm` needs `maxLength`, the constant of Dr.GRPO (the generation limit, as TRL's
+ * `max_completion_length`): its normaliser is sequences × maxLength.
+ */
+export function lossNormaliser(mode: LossAggregation, lengths: readonly number[], opts: { maxLength?: number } = {}): number {
+  const sequences = lengths.filter((n) => n > 0).length;
+  let value: number;
+  switch (mode) {
+    case 'token-mean':
+      value = lengths.reduce((a, b) => a + b, 0);
+      break;
+    case 'seq-mean-token-sum':
+    case 'seq-mean-token-mean':
+      value = sequences;
+      break;
+    case 'token-sum-norm':
+      if (!(opts.maxLength && opts.maxLength > 0)) throw new Error("lossNormaliser: aggregation 'token-sum-norm' needs maxLength (the constant length, e.g. max new tokens)");
+      value = lengths.length * opts.maxLength;
+      break;
+    default:
+      throw new Error(`lossNormaliser: unknown aggregation '${mode as string}'`);
+  }
+  return Math.max(value, 1);
+}
