@@ -5,7 +5,7 @@
  * record batches through row groups into a temporary file renamed into place, so a crash never
  * leaves a half-written file under the final name. Errors name the file (and the column).
  */
-import { createWriteStream, existsSync, openAsBlob, openSync, closeSync, readSync, fstatSync, renameSync, rmSync, fsyncSync } from 'node:fs';
+import { createWriteStream, existsSync, writeFileSync, openAsBlob, openSync, closeSync, readSync, fstatSync, renameSync, rmSync, fsyncSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { Writable } from 'node:stream';
 import * as arrow from 'apache-arrow';
@@ -186,34 +186,48 @@ export async function writeParquet(file: string, data: BatchSource, options: Par
     .setDictionaryEnabled(options.dictionary ?? false)
     .setCreatedBy('lathe (parquet-wasm)');
   const withMeta = options.metadata ? props.setKeyValueMetadata(new Map(Object.entries(options.metadata))) : props;
+  if (data instanceof arrow.Table && data.numRows === 0) return writeEmpty(file, data, withMeta.build());
   const source: Iterable<arrow.RecordBatch> | AsyncIterable<arrow.RecordBatch> = data instanceof arrow.Table ? data.batches : data;
   const it = Symbol.asyncIterator in source ? source[Symbol.asyncIterator]() : (source as Iterable<arrow.RecordBatch>)[Symbol.iterator]();
   let rows = 0;
   let schema: arrow.Schema | undefined;
   const pending: pw.RecordBatch[] = [];
+  let failure: Error | null = null;
   const input = new ReadableStream<pw.RecordBatch>({
     async pull(controller) {
-      while (pending.length === 0) {
-        const next = await it.next();
-        if (next.done) {
-          controller.close();
-          return;
-        }
-        const b = next.value;
-        if (!schema) schema = b.schema;
-        else if (!sameSchema(schema, b.schema)) throw new Error(`${file}: record batch ${rows} rows in has schema ${describeSchema(b.schema)}, the first had ${describeSchema(schema)}`);
-        if (b.numRows === 0) continue;
-        rows += b.numRows;
-        pending.push(...toWasmBatches([b]));
+      try {
+        await fill(controller);
+      } catch (e) {
+        // Kept and rethrown after the pipe: parquet-wasm may end its output quietly on an input error.
+        failure = e instanceof Error ? e : new Error(String(e));
+        controller.error(failure);
       }
-      controller.enqueue(pending.shift()!);
     },
   });
+  const fill = async (controller: ReadableStreamDefaultController<pw.RecordBatch>) => {
+    while (pending.length === 0) {
+      const next = await it.next();
+      if (next.done) {
+        controller.close();
+        return;
+      }
+      const b = next.value;
+      if (!schema) schema = b.schema;
+      else if (!sameSchema(schema, b.schema)) throw new Error(`${file}: record batch ${rows} rows in has schema ${describeSchema(b.schema)}, the first had ${describeSchema(schema)}`);
+      if (b.numRows === 0) continue;
+      rows += b.numRows;
+      pending.push(...toWasmBatches([b]));
+    }
+    controller.enqueue(pending.shift()!);
+  };
   const tmp = `${file}.tmp-${process.pid}`;
   try {
     const output = await pw.transformParquetStream(input, withMeta.build());
     const sink = createWriteStream(tmp);
-    await output.pipeTo(Writable.toWeb(sink) as WritableStream<Uint8Array>);
+    await output.pipeTo(Writable.toWeb(sink) as WritableStream<Uint8Array>).catch((e: unknown) => {
+      throw failure ?? e;
+    });
+    if (failure) throw failure;
     if (!schema) {
       // No batches at all: parquet-wasm needs one to know the schema.
       throw new Error(`${file}: nothing to write (no record batches; write an empty table with a schema instead)`);
@@ -228,6 +242,20 @@ export async function writeParquet(file: string, data: BatchSource, options: Par
     if (existsSync(tmp)) rmSync(tmp, { force: true });
     const msg = e instanceof Error ? e.message : String(e);
     throw new Error(msg.startsWith(`${file}:`) ? msg : `${file}: cannot write Parquet (${msg})`);
+  }
+}
+
+/** A table with a schema and no rows (the streaming writer needs a first batch to learn the schema). */
+function writeEmpty(file: string, table: arrow.Table, props: pw.WriterProperties): { rows: number; bytes: number } {
+  const tmp = `${file}.tmp-${process.pid}`;
+  try {
+    const bytes = pw.writeParquet(pw.Table.fromIPCStream(arrow.tableToIPC(table, 'stream')), props);
+    writeFileSync(tmp, bytes);
+    renameSync(tmp, file);
+    return { rows: 0, bytes: bytes.length };
+  } catch (e) {
+    rmSync(tmp, { force: true });
+    throw new Error(`${file}: cannot write Parquet (${e instanceof Error ? e.message : String(e)})`);
   }
 }
 

@@ -5,6 +5,7 @@
  * transaction, so the training loop only queues rows. The database is in WAL mode: a crash (even
  * kill -9) loses only the batches not yet committed and never corrupts the file.
  */
+import { existsSync } from 'node:fs';
 import { Worker } from 'node:worker_threads';
 import Database from 'libsql';
 
@@ -307,6 +308,7 @@ export interface StoredEvalRollout extends EvalRollout {
 }
 
 function openRead(file: string): Database.Database {
+  if (!existsSync(file)) throw new Error(`${file}: cannot open the rollout store (no such file)`);
   try {
     return new Database(file, { readonly: true, fileMustExist: true });
   } catch (e) {
