@@ -2,6 +2,7 @@ import type { CommandModule } from 'yargs';
 import { demoCommand } from './demo';
 import { sftCommand } from './sft';
 import { gradeCommand } from './grade';
+import { runsCommand } from './runs';
 
 /** Every `lathe` subcommand; each lives in its own file beside this one. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- yargs command modules differ in their argv types
@@ -9,4 +10,5 @@ export const commands: CommandModule<any, any>[] = [
   demoCommand,
   sftCommand,
   gradeCommand,
+  runsCommand,
 ];
