@@ -10,7 +10,7 @@ import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
 import { externalDataFolder, readConfig, readWeightIndex, weightInitializers, type DecoderConfig } from '@lathe/models';
 import { addGeneration, type GenerationGraphOptions } from './generation-graph';
-import { HostSession, type SessionDevice } from './host-session';
+import { PlainSession, type SessionDevice } from '@lathe/runtime';
 import { uniformNoise } from './rng';
 
 /** How a generator is compiled. */
@@ -52,7 +52,7 @@ export interface Completion {
 export class Generator {
   private constructor(
     readonly config: DecoderConfig,
-    private readonly session: HostSession,
+    private readonly session: PlainSession,
     private readonly opts: GeneratorOptions,
   ) {}
 
@@ -66,7 +66,7 @@ export class Generator {
     const g = new L.Graph('lathe_generate');
     addGeneration(g, config, weightInitializers(g, config, index, dtype, location), opts);
     writeFileSync(join(work, 'generate.onnx'), L.toModelBytes(g));
-    const session = await HostSession.create(g, { device, modelPath: join(work, 'generate.onnx') });
+    const session = await PlainSession.create(g, { device, modelPath: join(work, 'generate.onnx') });
     return new Generator(config, session, { ...opts, device, dtype });
   }
 

@@ -3,5 +3,4 @@ export * from './rng';
 export * from './sampling';
 export * from './generation-graph';
 export * from './scoring-graph';
-export * from './host-session';
 export * from './generator';

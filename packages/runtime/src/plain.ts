@@ -1,25 +1,22 @@
 /**
- * Running a DSL graph with host-resident tensors through onnxruntime-node's plain API. Every input
- * and output crosses the host boundary on each run, which is fine on the CPU provider (the "device"
- * is host memory) and for small models; large-model training on CUDA binds device buffers through
- * the runtime layer instead.
+ * Running a DSL graph with host tensors through onnxruntime-node's plain JavaScript API. Every input
+ * and output crosses the host boundary on each run (about 2 GB/s and 0.5 ms per run on CUDA): fine
+ * on the CPU provider and for simple inference; state that should stay on the GPU goes through
+ * `Device` + `Session` (the C API path) instead.
  */
 import { writeFileSync } from 'node:fs';
 import * as ort from 'onnxruntime-node';
 import { toModelBytes, type DType, type Graph } from '@lathe/onnx';
-
-/** A host tensor: a typed array and its dims. */
-export interface HostTensor {
-  data: Float32Array | Float64Array | Int32Array | BigInt64Array | Uint8Array | Uint32Array;
-  dims: readonly number[];
-}
+import type { HostTensor } from './host';
 
 /** Where a session runs. */
 export type SessionDevice = 'cpu' | 'cuda';
 
 const ortTypes: Partial<Record<DType, ort.Tensor.Type>> = {
   float32: 'float32',
+  float16: 'float16',
   float64: 'float64',
+  int8: 'int8',
   int32: 'int32',
   int64: 'int64',
   bool: 'bool',
@@ -28,7 +25,7 @@ const ortTypes: Partial<Record<DType, ort.Tensor.Type>> = {
 };
 
 /** A compiled graph and its ONNX Runtime session. */
-export class HostSession {
+export class PlainSession {
   private constructor(
     private readonly graph: Graph,
     private readonly session: ort.InferenceSession,
@@ -39,7 +36,7 @@ export class HostSession {
    * data: pass `modelPath` and the model is saved there and loaded from the file. CUDA never falls
    * back to the CPU silently: a missing provider is an error.
    */
-  static async create(graph: Graph, opts: { device?: SessionDevice; modelPath?: string; allowCpuFallback?: boolean; logLevel?: 0 | 1 | 2 | 3 | 4 } = {}): Promise<HostSession> {
+  static async create(graph: Graph, opts: { device?: SessionDevice; modelPath?: string; allowCpuFallback?: boolean; logLevel?: 0 | 1 | 2 | 3 | 4 } = {}): Promise<PlainSession> {
     const device = opts.device ?? 'cpu';
     const options: ort.InferenceSession.SessionOptions = {
       executionProviders: [device === 'cuda' ? { name: 'cuda', deviceId: 0 } : 'cpu'],
@@ -59,7 +56,7 @@ export class HostSession {
       const hint = device === 'cuda' ? ' (is the CUDA provider installed? run `lathe doctor`)' : '';
       throw new Error(`could not create a ${device} session for graph '${graph.name}'${hint}: ${(e as Error).message}`);
     }
-    return new HostSession(graph, session);
+    return new PlainSession(graph, session);
   }
 
   /** Names of the graph's inputs. */

@@ -3,7 +3,7 @@
  * epoch order (so a run resumes at exactly the example it stopped at), and padded batches.
  */
 import { readFileSync } from 'node:fs';
-import type { HostTensor } from '@lathe/rollout';
+import type { HostTensor } from '@lathe/runtime';
 
 /** What SFT needs of a tokenizer. */
 export interface SftTokenizer {

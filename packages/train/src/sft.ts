@@ -14,7 +14,8 @@ import { initLora, loraAdapters, loraWeights, mergeLora, type LoraConfig } from 
 import { listCheckpoints, loadCheckpoint, loadFloat32, saveCheckpoint, type TrainerState } from './checkpoint';
 import { MathGrader } from '@lathe/graders';
 import { CharTokenizer, HfTokenizer } from '@lathe/tokenizer';
-import { addGeneration, HostSession, type HostTensor } from '@lathe/rollout';
+import { addGeneration } from '@lathe/rollout';
+import { PlainSession, type HostTensor } from '@lathe/runtime';
 import { biasCorrections, learningRate } from './schedule';
 import { sftLoss } from './losses';
 import { compileTrainStep, stateNames, type TrainableParam } from './train-step';
@@ -179,12 +180,12 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   // Graphs: the train step (or accumulate + apply), and greedy generation for evaluation.
   const graphs = compileTrainStep({ params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } });
   const device = cfg.device as 'cpu' | 'cuda';
-  const stepSession = cfg.micro_batches === 1 ? await HostSession.create(graphs.step, { device }) : undefined;
-  const accumulateSession = cfg.micro_batches > 1 ? await HostSession.create(graphs.accumulate, { device }) : undefined;
-  const applySession = cfg.micro_batches > 1 ? await HostSession.create(graphs.apply, { device }) : undefined;
+  const stepSession = cfg.micro_batches === 1 ? await PlainSession.create(graphs.step, { device }) : undefined;
+  const accumulateSession = cfg.micro_batches > 1 ? await PlainSession.create(graphs.accumulate, { device }) : undefined;
+  const applySession = cfg.micro_batches > 1 ? await PlainSession.create(graphs.apply, { device }) : undefined;
   const gen = new L.Graph('sft_eval_generate');
   addGeneration(gen, config, weightInputs(gen, config, 'float32', 'float32').weights, { temperature: 0, padTokenId: tokenizer.padId });
-  const genSession = await HostSession.create(gen, { device });
+  const genSession = await PlainSession.create(gen, { device });
 
   // State: fresh from the model folder, or from the latest checkpoint.
   let state: TrainerState = { step: 0, dataPosition: 0, seed: cfg.seed };

@@ -12,7 +12,7 @@
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { paramSpecs, readConfig, writeSafetensors } from '@lathe/models';
-import { HostSession, type HostTensor } from '@lathe/rollout';
+import { PlainSession, type HostTensor } from '@lathe/runtime';
 import { biasCorrections, compileTrainStep, loadFloat32, sftLoss, stateNames } from '@lathe/train';
 
 function arg(name: string, fallback?: string): string {
@@ -34,7 +34,7 @@ async function main(): Promise<void> {
   const params = specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
   const t0 = performance.now();
   const graphs = compileTrainStep({ params, loss: sftLoss(config, { compute }), optimizer: { weightDecay: Number(arg('weight-decay', '0.01')), maxGradNorm: Number(arg('max-grad-norm', '1')) } });
-  const session = await HostSession.create(graphs.step, { device, allowCpuFallback: process.argv.includes('--allow-cpu-fallback'), logLevel: Number(arg('log', '3')) as 0 | 1 | 2 | 3 });
+  const session = await PlainSession.create(graphs.step, { device, allowCpuFallback: process.argv.includes('--allow-cpu-fallback'), logLevel: Number(arg('log', '3')) as 0 | 1 | 2 | 3 });
   const tSession = performance.now();
   const weights = loadFloat32(dir, config);
   const state: Record<string, HostTensor> = {};
