@@ -39,6 +39,16 @@ describe('lathe grade', () => {
     expect(gsm.stdout.trim().split('\n').map((l) => JSON.parse(l).correct)).toEqual([true, false]);
   });
 
+  test('--set_relation lets an inequality answer a gold interval; --timing adds each line\'s time', () => {
+    const line = `${JSON.stringify({ pred: '$-2 \\le x \\le 7$', gold: '$[-2, 7]$' })}\n`;
+    const verdict = (args: string[]) => JSON.parse(lathe(['grade', ...args], line).stdout.trim());
+    expect(verdict([]).correct).toBe(false);
+    expect(verdict(['--set_relation']).correct).toBe(true);
+    const timed = verdict(['--timing']);
+    expect(typeof timed.ms).toBe('number');
+    expect(timed.ms).toBeLessThan(2000);
+  });
+
   test('a malformed line is an error naming the source and line', () => {
     const r = lathe(['grade'], '{"pred": "1", "gold": "1"}\nnot json\n');
     expect(r.status).not.toBe(0);

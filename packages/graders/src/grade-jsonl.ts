@@ -14,13 +14,14 @@ export const gradeSchema = {
   percent: { type: 'string', default: MATH_DEFAULTS.percent, choices: ['either', 'value', 'strip'], describe: '28% against 28 and 0.28: either accepts both, value only 0.28, strip only 28' },
   strip_units: { type: 'boolean', default: MATH_DEFAULTS.stripUnits, describe: 'drop units and currency signs before comparing' },
   list_order: { type: 'string', default: MATH_DEFAULTS.listOrder, choices: ['ignore', 'strict'], describe: 'whether bare comma lists must be in the same order (sets never, tuples always)' },
+  set_relation: { type: 'boolean', default: MATH_DEFAULTS.setRelation, describe: 'accept an inequality (-2 <= x <= 7) for a gold interval or set ([-2, 7]), as Math-Verify allow_set_relation_comp' },
   float_rounding: { type: 'number', default: MATH_DEFAULTS.floatRounding, integer: true, min: 0, max: 15, describe: 'decimal places compared when either answer is a decimal' },
   symbolic: { type: 'boolean', default: MATH_DEFAULTS.symbolic, describe: 'use the computer-algebra system when strings and numbers do not decide' },
   cas_timeout_ms: { type: 'number', default: MATH_DEFAULTS.casTimeoutMs, integer: true, min: 10, describe: 'wall-clock limit of one symbolic check (milliseconds); an overrun counts as wrong' },
   grade_timeout_ms: { type: 'number', default: MATH_DEFAULTS.gradeTimeoutMs, integer: true, min: 10, describe: 'no symbolic check starts after this many milliseconds on one line (long lists of answers)' },
   cas_workers: { type: 'number', default: 1, integer: true, min: 1, max: 64, describe: 'worker threads for symbolic checks' },
   concurrency: { type: 'number', default: 64, integer: true, min: 1, describe: 'lines graded at once (output order is kept)' },
-  timing: { type: 'boolean', default: false, describe: 'add "ms" (time to grade the line) to each output line' },
+  timing: { type: 'boolean', default: false, describe: 'add "ms" (time to grade the line) to each output line; the CAS worker is started before the first line' },
 } as const;
 
 /** One option of {@link gradeSchema}. */
@@ -56,6 +57,7 @@ export interface GradeJsonlOptions {
   percent: 'either' | 'value' | 'strip';
   strip_units: boolean;
   list_order: 'ignore' | 'strict';
+  set_relation: boolean;
   float_rounding: number;
   symbolic: boolean;
   cas_timeout_ms: number;
@@ -111,6 +113,7 @@ export async function gradeJsonl(input: Readable, output: Writable, options: Gra
     percent: options.percent,
     stripUnits: options.strip_units,
     listOrder: options.list_order,
+    setRelation: options.set_relation,
     floatRounding: options.float_rounding,
     symbolic: options.symbolic,
     casTimeoutMs: options.cas_timeout_ms,
@@ -127,6 +130,8 @@ export async function gradeJsonl(input: Readable, output: Writable, options: Gra
   };
   const write = (text: string) => new Promise<void>((resolve, reject) => output.write(text, (err) => (err ? reject(err) : resolve())));
   try {
+    // with --timing, each line's time is its own: the CAS worker's one-off start-up is paid first
+    if (options.timing) await grader.warmUp();
     let lineNo = 0;
     for await (const text of createInterface({ input, crlfDelay: Infinity })) {
       lineNo++;

@@ -6,7 +6,7 @@ export { parseAnswer, type AnswerNode, type RelationOp } from './math/structure'
 export { MATH_DEFAULTS, type MathOptions } from './math/options';
 export { answersEquivalent, type Equivalence, type EquivalenceReason } from './math/equivalence';
 export { CasPool, CAS_POOL_DEFAULTS, type CasPoolOptions, type CasOutcome } from './math/cas-pool';
-export { MathGrader, type MathGraderOptions, type MathVerdict, type MathReason } from './math/grade';
+export { MathGrader, closeTruncatedBox, type MathGraderOptions, type MathVerdict, type MathReason } from './math/grade';
 export { gradeJsonl, gradeSchema, resolveGradeOptions, formatGradeSummary, type GradeJsonlOptions, type GradeSummary } from './grade-jsonl';
 export { thinkFormatReward, r1ZeroFormatReward, overlongPenalty, type ThinkFormatOptions, type OverlongOptions } from './format-rewards';
 export { accuracyReport, passAtK, meanPassAtK, bestOfN, majorityVote, voteKey, type AccuracyReport, type AccuracyCell, type GradedRow } from './eval/metrics';

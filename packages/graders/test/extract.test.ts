@@ -80,3 +80,33 @@ describe('auto extraction of free-form answers', () => {
     expect(got === null || !/^\d$/.test(got) || text.includes('instead')).toBe(true);
   });
 });
+
+describe('the final part of a response', () => {
+  test('an answer written inside the reasoning block is not the final answer', () => {
+    expect(extractAnswer('<think>so it is \\boxed{42}</think> I am not sure.')).toBeNull();
+    expect(extractAnswer('<think>maybe \\boxed{42}</think> Final: \\boxed{43}')).toBe('43');
+    expect(extractAnswer('<think>maybe \\boxed{42}</think>', 'boxed')).toBeNull();
+  });
+  test('only what follows the last </think> counts, with or without an opening tag', () => {
+    expect(extractAnswer('reasoning </think> \\boxed{7}')).toBe('7');
+    expect(extractAnswer('<think>a</think><think>b \\boxed{1}</think>\\boxed{2}')).toBe('2');
+  });
+  test('a response without </think> is read whole', () => {
+    expect(extractAnswer('<think> unfinished reasoning \\boxed{5}')).toBe('5');
+  });
+  test('opening special tokens are dropped, trailing turns cut', () => {
+    expect(extractAnswer('<|im_start|>assistant\nSo \\boxed{42}<|im_end|>')).toBe('42');
+    expect(extractAnswer('<|im_start|>Answer: \\boxed{42}<|im_end|>\n<|im_start|>user\n\\boxed{7}')).toBe('42');
+  });
+});
+
+describe('answer lines', () => {
+  test('"Answer:" or "Answer is" at the start of any line; the last one wins', () => {
+    expect(extractAnswer('Answer: 41 was a guess.\nAnswer: 42')).toBe('42');
+    expect(extractAnswer('We simplify.\nAnswer is 0.25 + 3')).toBe('0.25 + 3');
+    expect(answerIsAnswer('answer is 12')).toBe('12');
+  });
+  test('"answer" inside a sentence is not a marker', () => {
+    expect(answerIsAnswer('We check our answer 5 twice')).toBeNull();
+  });
+});

@@ -1,5 +1,5 @@
 import fc from 'fast-check';
-import { MathGrader, normalizeAnswer, numbersClose, parseNumber } from '@lathe/graders';
+import { closeTruncatedBox, MathGrader, normalizeAnswer, numbersClose, parseNumber } from '@lathe/graders';
 
 // Cases written from the definitions: [prediction, gold, expected verdict].
 const NUMERIC: [string, string, boolean][] = [
@@ -54,6 +54,23 @@ const STRUCTURES: [string, string, boolean][] = [
   ['90^\\circ', '90', true],
   ['125 miles', '125', true],
   ['\\$18.90', '18.90', true],
+  ['[45]', '45', true], // one item in brackets is grouping, not an interval
+  ['(5)', '5', true],
+  ['[\\sqrt{4}] = [2]', '2', true], // a chain is read at its last side, brackets and all
+  ['[0, 1]', '0, 1', false], // an interval is not a list of two answers
+  ['[0, 1)', '[0, 1]', false],
+  // a ≤ |x| ≤ b describes two intervals, mirrored about 0
+  ['[-\\frac{3}{2}, -1] \\cup [1, \\frac{3}{2}]', '1 \\le |z| \\le \\frac{3}{2}', true],
+  ['(-2, -1] \\cup [1, 2)', '1 \\le |x| < 2', true],
+  ['[-2, -1] \\cup [1, 2]', '1 < |x| \\le 2', false],
+  ['(-3, 0) \\cup (0, 3)', '0 < |x| < 3', true],
+  ['[-3, 3]', '0 \\le |x| \\le 3', true],
+  ['[1, 2]', '1 \\le |x| \\le 2', false],
+  // a gold inequality accepts its interval; an inequality does not answer a gold interval (Math-Verify's default)
+  ['[-2, 7]', '-2 \\le x \\le 7', true],
+  ['(0, 1)', '0 < f(x) < 1', true],
+  ['-2 \\le x \\le 7', '[-2, 7]', false],
+  ['0 < x < 1', '(0, 1)', false],
 ];
 
 const SYMBOLIC: [string, string, boolean][] = [
@@ -87,6 +104,29 @@ describe('math equivalence without the CAS', () => {
   const grader = new MathGrader({ symbolic: false });
   test.each([...NUMERIC, ...STRUCTURES])('%j vs gold %j → %s', async (pred, gold, expected) => {
     expect((await grader.grade(pred, gold, 'raw')).correct).toBe(expected);
+  });
+});
+
+describe('options', () => {
+  test('setRelation accepts an inequality for a gold interval', async () => {
+    const grader = new MathGrader({ symbolic: false, setRelation: true });
+    expect((await grader.grade('-2 \\le x \\le 7', '[-2, 7]', 'raw')).correct).toBe(true);
+    expect((await grader.grade('-2 < x \\le 7', '[-2, 7]', 'raw')).correct).toBe(false);
+  });
+});
+
+describe('gold answers cut short', () => {
+  const grader = new MathGrader({ symbolic: false });
+  test('a gold whose box is never closed is read to its end', async () => {
+    expect(closeTruncatedBox('\\boxed{\\frac{1}{2}')).toBe('\\boxed{\\frac{1}{2}}');
+    expect((await grader.grade('1, -1', '\\boxed{W(n) = 1 \\text{ and } W(n) = -1')).correct).toBe(true);
+  });
+  test('a prediction cut inside its box earns nothing', async () => {
+    expect((await grader.grade('so the answer is \\boxed{12', '12')).correct).toBe(false);
+  });
+  test('a closed or box-free text is left alone', () => {
+    expect(closeTruncatedBox('\\boxed{1} and {2')).toBe('\\boxed{1} and {2}');
+    expect(closeTruncatedBox('{x')).toBe('{x');
   });
 });
 

@@ -50,6 +50,7 @@ export class CasPool {
   private readonly cache = new Map<string, CasOutcome>();
   private nextId = 1;
   private closed = false;
+  private readonly readyWaiters: (() => void)[] = [];
   /** Checks cut off by the time limit so far. */
   timeouts = 0;
 
@@ -74,10 +75,19 @@ export class CasPool {
     });
   }
 
+  /** Starts a worker if none runs and resolves once one has loaded the CAS (start-up is paid once per process). */
+  warmUp(): Promise<void> {
+    if (this.closed) return Promise.reject(new Error('CasPool: warmUp() after close()'));
+    if (this.slots.some((s) => s.ready)) return Promise.resolve();
+    if (this.slots.length === 0) this.slots.push(this.spawn());
+    return new Promise((resolve) => this.readyWaiters.push(resolve));
+  }
+
   /** Terminates every worker; pending checks are answered "error". */
   async close(): Promise<void> {
     this.closed = true;
     for (const job of this.queue.splice(0)) job.resolve('error');
+    for (const wake of this.readyWaiters.splice(0)) wake();
     await Promise.all(
       this.slots.splice(0).map((slot) => {
         if (slot.timer) clearTimeout(slot.timer);
@@ -100,6 +110,7 @@ export class CasPool {
       if (reply.id === 0) {
         // the worker has loaded the CAS: only now do time limits start
         slot.ready = true;
+        for (const wake of this.readyWaiters.splice(0)) wake();
         this.pump();
       } else this.finish(slot, reply.verdict ?? 'error');
     });
@@ -130,6 +141,8 @@ export class CasPool {
     const job = slot.job;
     slot.job = null;
     void slot.worker.terminate();
+    // a worker that died while starting wakes whoever waited for it: the next check starts another
+    for (const wake of this.readyWaiters.splice(0)) wake();
     if (job) {
       this.remember(job.key, outcome);
       job.resolve(outcome);

@@ -39,6 +39,16 @@ function constantAgainstVariable(gold: string, pred: string): boolean {
   return (g.length === 0 && varies(p)) || (p.length === 0 && varies(g));
 }
 
+/** Intervals, unions and sets: the answers an inequality may describe. */
+function isSetLike(n: AnswerNode): boolean {
+  return n.kind === 'seq' || n.kind === 'union' || n.kind === 'set';
+}
+
+/** True for an interval or union read from an inequality (`a < x ≤ b`). */
+function readFromRelation(n: AnswerNode): boolean {
+  return (n.kind === 'seq' || n.kind === 'union') && n.fromRelation === true;
+}
+
 class Comparison {
   /** The most telling non-equal reason seen (an unparseable gold or a timeout outranks "different"). */
   failure: EquivalenceReason = 'different';
@@ -121,6 +131,8 @@ class Comparison {
   }
 
   async nodes(gold: AnswerNode, pred: AnswerNode): Promise<boolean> {
+    // an inequality does not answer a question whose gold is an interval or set, unless allowed
+    if (!this.options.setRelation && isSetLike(gold) && !readFromRelation(gold) && readFromRelation(pred)) return false;
     if (gold.kind === 'atom' && pred.kind === 'atom') return this.atoms(gold.text, pred.text);
     const listLike = (n: AnswerNode) => n.kind === 'list' || n.kind === 'set';
     if (listLike(gold) && listLike(pred)) {
@@ -149,7 +161,7 @@ class Comparison {
       return true;
     }
     // a predicted chain `5+5+1 = 7 = 11` against a bare gold value: its last side is the answer
-    if (pred.kind === 'relation' && pred.op === '=' && gold.kind === 'atom') return this.atoms(gold.text, pred.rhs);
+    if (pred.kind === 'relation' && pred.op === '=' && gold.kind === 'atom') return this.nodes(gold, parseAnswer(pred.rhs));
     if (gold.kind === 'relation' && pred.kind === 'relation') {
       if (gold.op !== pred.op) return false;
       if ((await this.atoms(gold.lhs, pred.lhs)) && (await this.atoms(gold.rhs, pred.rhs))) return true;

@@ -105,7 +105,8 @@ export function gsm8kAnswer(text: string): string | null {
 }
 
 function answerIsFound(text: string): Found | null {
-  const last = [...text.matchAll(/(?:final\s+answer|the\s+answer)\s*(?:is|:)\s*:?\s*|^\s*answer\s*:?\s*/gi)].at(-1);
+  // "the (final) answer is/:" anywhere; "Answer:" or "Answer is" at the start of any line
+  const last = [...text.matchAll(/(?:final\s+answer|the\s+answer)\s*(?:is|:)\s*:?\s*|^[ \t]*answer\b\s*(?:is\b|:)?\s*:?\s*/gim)].at(-1);
   if (!last || last.index === undefined) return null;
   const start = last.index + last[0].length;
   const line = text.slice(start).split('\n')[0];
@@ -169,10 +170,21 @@ function proseWords(text: string): string[] {
   return (outside.match(/[A-Za-z]{2,}/g) ?? []).filter((w) => !NON_PROSE.test(w));
 }
 
-/** Cuts chat-template residue (`<|im_start|>user …`) that trails some model outputs. */
-function stripChatTail(text: string): string {
-  const cut = text.search(/<\|(?:im_start|im_end|endoftext|eot_id)\|>/);
-  return cut >= 0 ? text.slice(0, cut) : text;
+/** Chat-template special tokens some model outputs carry. */
+const CHAT_TOKEN = /<\|(?:im_start|im_end|endoftext|eot_id|start_header_id|end_header_id)\|>/;
+
+/**
+ * The part of a response that may hold its final answer: special tokens that open it
+ * (`<|im_start|>assistant`) are dropped, residue after the turn (`<|im_end|>`, `<|im_start|>user …`)
+ * is cut, and when the response closes a reasoning block, only what follows the last `</think>`
+ * counts: an answer written while thinking is not the final answer.
+ */
+function finalPart(text: string): string {
+  let t = text.replace(/^\s*(?:<\|(?:im_start|start_header_id)\|>(?:assistant\b)?(?:<\|end_header_id\|>)?\s*)+/, '');
+  const cut = t.search(CHAT_TOKEN);
+  if (cut >= 0) t = t.slice(0, cut);
+  const think = t.lastIndexOf('</think>');
+  return think >= 0 ? t.slice(think + '</think>'.length) : t;
 }
 
 /**
@@ -190,7 +202,8 @@ function conclusion(text: string): string | null {
 }
 
 /**
- * The final answer in `text` under `format`, or null when it has none.
+ * The final answer in `text` under `format`, or null when it has none. Outside `raw`, only the
+ * response's final part is read (after the last `</think>`, before chat-template residue).
  * `auto` takes the latest of `\boxed`, `<answer>`, `####` and "the answer is"; without any, the
  * text when it reads as an answer, or the math span or number that concludes it.
  */
@@ -199,13 +212,13 @@ export function extractAnswer(text: string, format: AnswerFormat = 'auto'): stri
     case 'raw':
       return text.trim() === '' ? null : text.trim();
     case 'boxed':
-      return boxedFound(text)?.answer ?? null;
+      return boxedFound(finalPart(text))?.answer ?? null;
     case 'r1_zero':
-      return r1ZeroAnswer(text);
+      return r1ZeroAnswer(finalPart(text));
     case 'gsm8k':
-      return gsm8kAnswer(text);
+      return gsm8kAnswer(finalPart(text));
     case 'auto': {
-      const t = stripChatTail(text);
+      const t = finalPart(text);
       const found = [boxedFound(t), r1ZeroFound(t), gsm8kFound(t), answerIsFound(t)].filter((f): f is Found => f !== null);
       if (found.length > 0) {
         const latest = found.reduce((a, b) => (b.end > a.end ? b : a));

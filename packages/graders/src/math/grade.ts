@@ -8,6 +8,21 @@ import { MATH_DEFAULTS, type MathOptions } from './options';
 /** Normalised answers longer than this skip structure and CAS checks. */
 const MAX_ANSWER_CHARS = 2000;
 
+/**
+ * A gold whose `\boxed{` is never closed (a reference cut short) is read to its end: the missing
+ * closing braces are added. Only golds are repaired: a prediction cut inside its box has no final answer.
+ */
+export function closeTruncatedBox(gold: string): string {
+  if (!/\\(?:boxed|fbox)\s*\{/.test(gold)) return gold;
+  let depth = 0;
+  for (let i = 0; i < gold.length; i++) {
+    if (gold[i] === '\\') i++;
+    else if (gold[i] === '{') depth++;
+    else if (gold[i] === '}' && depth > 0) depth--;
+  }
+  return depth > 0 && depth <= 8 ? gold + '}'.repeat(depth) : gold;
+}
+
 /** Why a verdict is what it is: how equality was shown, or why it was not. */
 export type MathReason = EquivalenceReason | 'no-answer';
 
@@ -53,7 +68,8 @@ export class MathGrader {
    */
   async grade(pred: string, gold: string, format: AnswerFormat = 'auto'): Promise<MathVerdict> {
     const extracted = extractAnswer(pred, format);
-    const goldAnswer = format === 'raw' ? extractAnswer(gold, 'raw') : extractAnswer(gold, format) ?? extractAnswer(gold, 'auto');
+    const goldText = closeTruncatedBox(gold);
+    const goldAnswer = format === 'raw' ? extractAnswer(goldText, 'raw') : extractAnswer(goldText, format) ?? extractAnswer(goldText, 'auto');
     const normOptions = { stripUnits: this.options.stripUnits };
     const goldNorm = goldAnswer === null ? '' : normalizeAnswer(goldAnswer, normOptions);
     if (goldNorm === '') return { correct: false, extracted, gold: goldAnswer, reason: 'unparseable-gold' };
@@ -78,6 +94,11 @@ export class MathGrader {
       }
     }
     return { correct: eq.equal, extracted, gold: goldAnswer, reason: eq.reason };
+  }
+
+  /** Starts the CAS worker now and resolves once it has loaded (otherwise it starts on the first symbolic check). */
+  async warmUp(): Promise<void> {
+    if (this.options.symbolic) await this.casPool().warmUp();
   }
 
   /** Stops the CAS workers. */

@@ -9,6 +9,8 @@ export interface MathOptions {
   stripUnits: boolean;
   /** Bare comma lists (`1, 2, 3`) compare as multisets (`ignore`) or in order (`strict`). Sets are always unordered, tuples and intervals always ordered. */
   listOrder: 'ignore' | 'strict';
+  /** Accept an inequality (`-2 ≤ x ≤ 7`) for a gold interval or set (`[-2, 7]`); off by default, as Math-Verify's `allow_set_relation_comp`. A gold inequality always accepts the interval it describes. */
+  setRelation: boolean;
   /** Decimal places both sides are rounded to when either is written as a decimal (Math-Verify float_rounding). */
   floatRounding: number;
   /** Relative tolerance for exact values and symbolic checks evaluated in floating point. */
@@ -26,6 +28,7 @@ export const MATH_DEFAULTS: MathOptions = {
   percent: 'either',
   stripUnits: true,
   listOrder: 'ignore',
+  setRelation: false,
   floatRounding: 6,
   relTol: 1e-9,
   symbolic: true,

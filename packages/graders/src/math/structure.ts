@@ -8,12 +8,13 @@ export type AnswerNode =
   | { kind: 'atom'; text: string }
   | { kind: 'list'; items: AnswerNode[] }
   | { kind: 'set'; items: AnswerNode[] }
-  | { kind: 'seq'; open: '(' | '['; close: ')' | ']'; items: AnswerNode[] }
-  | { kind: 'union'; parts: AnswerNode[] }
+  | { kind: 'seq'; open: '(' | '['; close: ')' | ']'; items: AnswerNode[]; fromRelation?: true }
+  | { kind: 'union'; parts: AnswerNode[]; fromRelation?: true }
   | { kind: 'matrix'; rows: AnswerNode[][]; text: string }
   | { kind: 'relation'; op: RelationOp; lhs: string; rhs: string };
 
 import { dropVariablePrefix } from './normalize';
+import { parseNumber } from './numbers';
 
 /** Relation operators after normalisation; `>` and `\ge` are flipped into `<` and `\le`. */
 export type RelationOp = '=' | '<' | '\\le' | '\\ne';
@@ -58,13 +59,38 @@ const RELATIONS: [string, RelationOp, boolean][] = [
   ['=', '=', false],
 ];
 
-/** `a < x ≤ b` (a name between two bounds) as the interval `(a, b]`. */
+/** The negation of a bound as text: `-3`, `\\frac{3}{2}` → `-\\frac{3}{2}`, `a+b` → `-(a+b)`. */
+function negated(bound: string): string {
+  if (bound.startsWith('-') && parseNumber(bound.slice(1))) return bound.slice(1);
+  return parseNumber(bound) ? `-${bound}` : `-(${bound})`;
+}
+
+/**
+ * `a < x ≤ b` (a name between two bounds) as the interval `(a, b]`, and `a ≤ |x| ≤ b` with
+ * `a ≥ 0` as the union `[-b, -a] ∪ [a, b]` (one interval `[-b, b]` when `a = 0` is included).
+ * Both are marked as read from a relation.
+ */
 function parseChainedInequality(s: string, depth: number): AnswerNode | null {
   const parts = s.split(/(≤|<)/);
   if (parts.length !== 5 || parts.some((p) => p === '')) return null;
-  const [lo, op1, , op2, hi] = parts;
-  if (/\d/.test(parts[2].replace(/_\{[^{}]*\}|_\w/g, '')) || !/[a-zA-Z]/.test(parts[2])) return null;
-  return { kind: 'seq', open: op1 === '<' ? '(' : '[', close: op2 === '<' ? ')' : ']', items: [parseAnswer(lo, depth + 1), parseAnswer(hi, depth + 1)] };
+  const [lo, op1, middle, op2, hi] = parts;
+  if (/\d/.test(middle.replace(/_\{[^{}]*\}|_\w/g, '')) || !/[a-zA-Z]/.test(middle)) return null;
+  const openOf = (op: string) => (op === '<' ? '(' : '[');
+  const closeOf = (op: string) => (op === '<' ? ')' : ']');
+  const interval = (open: '(' | '[', a: string, b: string, close: ')' | ']'): AnswerNode => ({
+    kind: 'seq',
+    open,
+    close,
+    items: [parseAnswer(a, depth + 1), parseAnswer(b, depth + 1)],
+    fromRelation: true,
+  });
+  if (/^\|[^|]+\|$/.test(middle)) {
+    const low = parseNumber(lo);
+    if (!low || low.value < 0) return null;
+    if (low.value === 0 && op1 === '≤') return interval(openOf(op2), negated(hi), hi, closeOf(op2));
+    return { kind: 'union', parts: [interval(openOf(op2), negated(hi), negated(lo), closeOf(op1)), interval(openOf(op1), lo, hi, closeOf(op2))], fromRelation: true };
+  }
+  return interval(openOf(op1), lo, hi, closeOf(op2));
 }
 
 function parseRelation(s: string): AnswerNode | null {
@@ -94,7 +120,8 @@ export function parseAnswer(s: string, depth = 0): AnswerNode {
   }
   if (/^[([].*[)\]]$/.test(s) && wrapsWhole(s)) {
     const items = splitTopLevel(s.slice(1, -1), ',');
-    if (items.length === 1 && s[0] === '(' && s.endsWith(')')) return child(s.slice(1, -1));
+    // one item in brackets is grouping, not a tuple or an interval (an interval needs two ends): (5), [45]
+    if (items.length === 1) return child(s.slice(1, -1));
     if (items.length > 1) return { kind: 'seq', open: s[0] as '(' | '[', close: s.at(-1) as ')' | ']', items: items.map(child) };
   }
   const listItems = splitTopLevel(s, ',').filter((x) => x !== '');
