@@ -174,6 +174,9 @@ const pruneCommand: CommandModule = {
   },
 };
 
+/** The subcommands of `lathe runs` (exported for tests, which call their handlers directly). */
+export const runsSubcommands = { list: listCommand, show: showCommand, diff: diffCommand, prune: pruneCommand };
+
 /** `lathe runs`: list, show, compare and prune run directories. */
 export const runsCommand: CommandModule = {
   command: 'runs <command>',
