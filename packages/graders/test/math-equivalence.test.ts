@@ -206,6 +206,18 @@ describe('properties', () => {
       { numRuns: 300 },
     );
   });
+  test('distinct fractions never match, equal ones always do', async () => {
+    const frac = fc.tuple(fc.integer({ min: -999, max: 999 }), fc.integer({ min: 1, max: 999 }));
+    await fc.assert(
+      fc.asyncProperty(frac, frac, fc.integer({ min: 1, max: 50 }), async ([a, b], [c, d], k) => {
+        const equal = a * d === c * b;
+        expect((await grader.grade(`\\frac{${a}}{${b}}`, `${c}/${d}`, 'raw')).correct).toBe(equal);
+        // the same value written unreduced
+        expect((await grader.grade(`\\frac{${a * k}}{${b * k}}`, `\\frac{${a}}{${b}}`, 'raw')).correct).toBe(true);
+      }),
+      { numRuns: 300 },
+    );
+  });
   test('distinct decimals that differ in the first 6 places never match', () => {
     fc.assert(
       fc.property(fc.double({ min: -1e5, max: 1e5, noNaN: true }), fc.double({ min: 1e-5, max: 10, noNaN: true }), (a, d) => {

@@ -1,3 +1,5 @@
+import { existsSync } from 'node:fs';
+import path from 'node:path';
 import { runCodeTests, runSandboxed, startSandboxService, type SandboxService } from '@lathe/graders';
 
 // Small limits keep the attack cases fast; each attack must end as a failed run, never escape.
@@ -89,6 +91,45 @@ describe('attacks are contained', () => {
     const r = await runSandboxed({ language: 'python', source: 'while True: print("y" * 1000)', limits: FAST });
     expect(r.status).toBe('output-limit');
     expect(r.stdout.length).toBeLessThanOrEqual(FAST.maxOutputBytes);
+  });
+});
+
+describe('each attack, in Python and JavaScript, is a failed test case', () => {
+  // every program prints ESCAPED only if its attack worked; the case expects ESCAPED, so a pass is an escape
+  const hostFile = path.join(__dirname, `escape-${process.pid}.txt`);
+  const ESCAPE = [{ input: '', output: 'ESCAPED' }];
+  const attacks: Record<'python' | 'javascript', [string, string][]> = {
+    python: [
+      ['/etc/passwd', 'print("ESCAPED" if "root:" in open("/etc/passwd").read() else "")'],
+      ['project files', `print("ESCAPED" if "each attack" in open(${JSON.stringify(__filename)}).read() else "")`],
+      ['network', 'import socket\nsocket.create_connection(("1.1.1.1", 80), timeout=2)\nprint("ESCAPED")'],
+      ['write outside', `open(${JSON.stringify(hostFile)}, "w").write("x")\nprint("ESCAPED")`],
+      ['fork bomb', 'import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass'],
+      ['infinite loop', 'while True: pass'],
+      ['huge output', 'while True: print("ESCAPED" * 1000)'],
+    ],
+    javascript: [
+      ['/etc/passwd', 'console.log(require("fs").readFileSync("/etc/passwd", "utf8").includes("root:") ? "ESCAPED" : "")'],
+      ['project files', `console.log(require("fs").readFileSync(${JSON.stringify(__filename)}, "utf8").includes("each attack") ? "ESCAPED" : "")`],
+      ['network', 'require("net").connect(80, "1.1.1.1").on("connect", () => console.log("ESCAPED")).on("error", () => process.exit(3))'],
+      ['write outside', `require("fs").writeFileSync(${JSON.stringify(hostFile)}, "x"); console.log("ESCAPED")`],
+      ['fork bomb', 'const cp = require("child_process"); for (;;) { try { cp.spawn(process.execPath, [__filename], { stdio: "ignore" }); } catch (e) {} }'],
+      ['infinite loop', 'for (;;) {}'],
+      ['huge output', 'for (;;) process.stdout.write("ESCAPED".repeat(1000) + "\\n")'],
+    ],
+  };
+  afterAll(() => expect(existsSync(hostFile)).toBe(false));
+  for (const language of ['python', 'javascript'] as const) {
+    test.each(attacks[language])(`${language}: %s`, async (_name, source) => {
+      const r = await runCodeTests({ language, source, tests: ESCAPE, limits: { ...FAST, wallMs: 2000, maxProcesses: 32 } });
+      expect(r.cases[0].passed).toBe(false);
+      expect(r.passed).toBe(0);
+      expect(r.cases[0].got).not.toContain('root:');
+    });
+  }
+  test('the sandbox still runs programs afterwards', async () => {
+    await new Promise((res) => setTimeout(res, 300));
+    expect(await runSandboxed({ language: 'javascript', source: 'console.log("alive")', limits: FAST })).toMatchObject({ status: 'ok', stdout: 'alive\n' });
   });
 });
 
