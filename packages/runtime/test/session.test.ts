@@ -63,18 +63,18 @@ test('bindings persist: rebinding one input re-runs with the others unchanged; o
   const out = cpu.empty('float32', [3]);
   const b = s.binding().input('a', { data: Float32Array.from([2]), dims: [] }).input('x', xs).input('y', ys).output('out', out).output('sum', 'host');
   b.runSync();
-  expect(Array.from(out.download().data)).toEqual([12, 24, 36]);
+  expect(Array.from(out.download().data as Float32Array)).toEqual([12, 24, 36]);
   expect(b.scalar('sum')).toBe(12);
   b.input('a', { data: Float32Array.from([-1]), dims: [] }).runSync();
-  expect(Array.from(out.download().data)).toEqual([9, 18, 27]);
+  expect(Array.from(out.download().data as Float32Array)).toEqual([9, 18, 27]);
   // double buffering: the output of one run becomes the input of the next
   const other = cpu.empty('float32', [3]);
   b.input('y', out).output('out', other).runSync();
-  expect(Array.from(other.download().data)).toEqual([8, 16, 24]);
+  expect(Array.from(other.download().data as Float32Array)).toEqual([8, 16, 24]);
   b.output('out', 'device').runSync();
   const kept = b.take('out');
   b.runSync();
-  expect(Array.from(kept.download().data)).toEqual([8, 16, 24]);
+  expect(Array.from(kept.download().data as Float32Array)).toEqual([8, 16, 24]);
   expect(kept.device).toBe(cpu);
   for (const t of [xs, ys, out, other, kept]) t.dispose();
   s.dispose();
@@ -123,7 +123,7 @@ test('10,000 runs with rebinding, allocated outputs and host inputs keep memory 
   const growth = process.memoryUsage().rss - rss;
   expect(cpu.memory().tensors).toBe(tensors);
   expect(growth).toBeLessThan(256 * 1024 * 1024); // one leaked 256 KB buffer per run would be 2.5 GB
-  expect(Array.from(y.download().data.slice(0, 3))).toEqual(Array.from(host.data.slice(0, 3)).map((v, i) => Math.fround(v * w1.download().data[i])));
+  expect(Array.from((y.download().data as Float32Array).slice(0, 3))).toEqual(Array.from(host.data.slice(0, 3)).map((v, i) => Math.fround(v * (w1.download().data as Float32Array)[i])));
   b.dispose();
   for (const t of [w1, w2, y]) t.dispose();
   s.dispose();

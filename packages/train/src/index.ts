@@ -9,3 +9,4 @@ export * from './sft-config';
 export * from './sft-data';
 export * from './sft';
 export * from './lora';
+export * from './trainer';

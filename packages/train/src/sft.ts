@@ -15,10 +15,11 @@ import { listCheckpoints, loadCheckpoint, loadFloat32, saveCheckpoint, type Trai
 import { MathGrader } from '@lathe/graders';
 import { CharTokenizer, HfTokenizer } from '@lathe/tokenizer';
 import { addGeneration } from '@lathe/rollout';
-import { PlainSession, type HostTensor } from '@lathe/runtime';
-import { biasCorrections, learningRate } from './schedule';
+import { Device, type HostTensor } from '@lathe/runtime';
+import { learningRate } from './schedule';
 import { sftLoss } from './losses';
-import { compileTrainStep, stateNames, type TrainableParam } from './train-step';
+import type { TrainableParam } from './train-step';
+import { Trainer } from './trainer';
 import { BUILTIN_DATA, BUILTIN_MODEL, type SftConfig } from './sft-config';
 import {
   ADDITION_ALPHABET,
@@ -177,76 +178,66 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
       })
     : sftLoss(config, { compute });
 
-  // Graphs: the train step (or accumulate + apply), and greedy generation for evaluation.
-  const graphs = compileTrainStep({ params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } });
-  const device = cfg.device as 'cpu' | 'cuda';
-  const stepSession = cfg.micro_batches === 1 ? await PlainSession.create(graphs.step, { device }) : undefined;
-  const accumulateSession = cfg.micro_batches > 1 ? await PlainSession.create(graphs.accumulate, { device }) : undefined;
-  const applySession = cfg.micro_batches > 1 ? await PlainSession.create(graphs.apply, { device }) : undefined;
-  const gen = new L.Graph('sft_eval_generate');
-  addGeneration(gen, config, weightInputs(gen, config, 'float32', 'float32').weights, { temperature: 0, padTokenId: tokenizer.padId });
-  const genSession = await PlainSession.create(gen, { device });
-
   // State: fresh from the model folder, or from the latest checkpoint.
   let state: TrainerState = { step: 0, dataPosition: 0, seed: cfg.seed };
   const base = loadFloat32(modelDir, config);
-  let weights = lora ? initLora(adapters, cfg.seed) : base;
-  let m = new Map<string, Float32Array>(params.map((p) => [p.name, new Float32Array(sizeOf(p.shape))]));
-  let v = new Map<string, Float32Array>(params.map((p) => [p.name, new Float32Array(sizeOf(p.shape))]));
+  let init = { params: lora ? initLora(adapters, cfg.seed) : base, m: undefined as Map<string, Float32Array> | undefined, v: undefined as Map<string, Float32Array> | undefined };
   if (cfg.resume) {
     const latest = listCheckpoints(cfg.run_dir).at(-1);
     if (!latest) throw new Error(`--resume: no checkpoint in ${join(cfg.run_dir, 'checkpoints')}`);
     const c = loadCheckpoint(latest.dir, params);
     if (c.lora !== Boolean(lora)) throw new Error(`--resume: ${latest.dir} is a ${c.lora ? 'LoRA' : 'full fine-tuning'} checkpoint but --lora_rank is ${cfg.lora_rank}`);
     ({ state } = c);
-    weights = c.values;
-    m = c.m;
-    v = c.v;
+    init = { params: c.values, m: c.m, v: c.v };
     if (state.seed !== cfg.seed) throw new Error(`--resume: the checkpoint was trained with --seed ${state.seed}, not ${cfg.seed}`);
   }
+
+  // The trainer holds parameters and AdamW state on the device; a LoRA base is bound once, read-only.
+  const device = Device.open(cfg.device as 'cpu' | 'cuda');
+  const frozenBase = lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, device.upload({ data: base.get(s.name)!, dims: s.shape })])) : {};
+  const trainer = Trainer.create(
+    { params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } },
+    { ...init, step: state.step },
+    { device, microBatches: cfg.micro_batches, frozen: frozenBase },
+  );
+  // Greedy generation for evaluation reads float32 weights: the trainer's own buffers in full
+  // fine-tuning (no copy), the merged base + adapters with LoRA.
+  const gen = new L.Graph('sft_eval_generate');
+  addGeneration(gen, config, weightInputs(gen, config, 'float32', 'float32').weights, { temperature: 0, padTokenId: tokenizer.padId });
+  const genSession = device.compile(gen);
   const runConfigYaml = toYaml(cfg);
   writeAtomic(join(cfg.run_dir, 'config.yaml'), runConfigYaml);
   const metricsPath = join(cfg.run_dir, 'metrics.jsonl');
   mkdirSync(join(cfg.run_dir, 'eval'), { recursive: true });
 
-  const baseFeeds: Record<string, HostTensor> = lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, { data: base.get(s.name)!, dims: s.shape }])) : {};
-  /** The model's weights now (LoRA merged into the base). */
-  const modelWeights = () => (lora ? mergeLora(base, weights, adapters, lora) : weights);
-  const tensorsOf = () => {
-    const feeds: Record<string, HostTensor> = { ...baseFeeds };
-    for (const p of params) {
-      feeds[p.name] = { data: weights.get(p.name)!, dims: p.shape };
-      feeds[stateNames.m(p.name)] = { data: m.get(p.name)!, dims: p.shape };
-      feeds[stateNames.v(p.name)] = { data: v.get(p.name)!, dims: p.shape };
-    }
-    return feeds;
-  };
-  const takeState = (out: Record<string, HostTensor>) => {
-    for (const p of params) {
-      weights.set(p.name, out[stateNames.next(p.name)].data as Float32Array);
-      m.set(p.name, out[stateNames.next(stateNames.m(p.name))].data as Float32Array);
-      v.set(p.name, out[stateNames.next(stateNames.v(p.name))].data as Float32Array);
-    }
+  /** The trained values, moments and the model's weights now (LoRA merged into the base), on the host. */
+  const snapshot = () => {
+    const snap = trainer.snapshot();
+    return { ...snap, model: lora ? mergeLora(base, snap.params, adapters, lora) : snap.params };
   };
 
   const grader = cfg.eval_grader === 'math' ? new MathGrader() : undefined;
   const evaluate = async (): Promise<EvalResult> => {
     const rows: { prompt: string; expected: string; generated: string; correct: boolean; subject?: string; extracted?: string | null; reason?: string }[] = [];
-    const current = modelWeights();
-    const feeds = Object.fromEntries(specs.map((s) => [s.name, { data: current.get(s.name)!, dims: s.shape }]));
+    const binding = genSession.binding();
+    if (lora) {
+      const merged = mergeLora(base, trainer.snapshot().params, adapters, lora);
+      for (const s of specs) binding.input(s.name, { data: merged.get(s.name)!, dims: s.shape });
+    } else for (const [name, t] of trainer.params()) binding.input(name, t);
+    for (const o of ['tokens', 'lengths', 'stopped']) binding.output(o, 'host');
     for (let start = 0; start < evaluation.length; start += 64) {
       const chunk = evaluation.slice(start, start + 64);
       const prompts = chunk.map((e) => encodePair(tokenizer, e).prompt);
       const P = Math.max(...prompts.map((p) => p.length));
       const ids = prompts.flatMap((p) => [...new Array(P - p.length).fill(tokenizer.padId), ...p]);
       const mask = prompts.flatMap((p) => [...new Array(P - p.length).fill(0), ...p.map(() => 1)]);
-      const out = await genSession.run({
-        ...feeds,
-        input_ids: { data: BigInt64Array.from(ids.map(BigInt)), dims: [chunk.length, P] },
-        attention_mask: { data: BigInt64Array.from(mask.map(BigInt)), dims: [chunk.length, P] },
-        max_new_tokens: { data: BigInt64Array.from([BigInt(cfg.max_new_tokens)]), dims: [] },
-        stop_ids: { data: BigInt64Array.from([BigInt(tokenizer.eosId)]), dims: [1] },
-      });
+      binding
+        .input('input_ids', { data: BigInt64Array.from(ids.map(BigInt)), dims: [chunk.length, P] })
+        .input('attention_mask', { data: BigInt64Array.from(mask.map(BigInt)), dims: [chunk.length, P] })
+        .input('max_new_tokens', { data: BigInt64Array.from([BigInt(cfg.max_new_tokens)]), dims: [] })
+        .input('stop_ids', { data: BigInt64Array.from([BigInt(tokenizer.eosId)]), dims: [1] });
+      await binding.run();
+      const out = { tokens: binding.fetch('tokens'), lengths: binding.fetch('lengths'), stopped: binding.fetch('stopped') };
       const N = out.tokens.dims[1];
       for (let r = 0; r < chunk.length; r++) {
         const e = chunk[r];
@@ -272,13 +263,15 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
         }),
       );
     }
+    binding.dispose();
     writeAtomic(join(cfg.run_dir, 'eval', `step-${String(state.step).padStart(8, '0')}.jsonl`), rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
     events.onEval?.(result);
     return result;
   };
 
   const checkpoint = () => {
-    const contents = { config, model: modelWeights(), trainable: params, values: weights, m, v, state, runConfigYaml, lora: Boolean(lora) };
+    const snap = snapshot();
+    const contents = { config, model: snap.model, trainable: params, values: snap.params, m: snap.m, v: snap.v, state, runConfigYaml, lora: Boolean(lora) };
     const dir = saveCheckpoint(cfg.run_dir, contents, { keepLast: cfg.keep_last, tokenizerFrom });
     events.onCheckpoint?.(dir, state.step);
     return dir;
@@ -314,42 +307,16 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     const batch = stream.take(cfg.batch_size);
     const lossTokens = lossTokenCount(batch);
     const lr = learningRate({ lr: cfg.lr, kind: cfg.schedule as 'constant' | 'linear' | 'cosine', warmupSteps: cfg.warmup_steps, totalSteps: cfg.steps, minLrRatio: cfg.min_lr_ratio }, state.step);
-    const { bc1, bc2 } = biasCorrections(state.step + 1);
-    const scalars = { lr: f32(lr), bc1: f32(bc1), bc2: f32(bc2), loss_tokens: f32(Math.max(1, lossTokens)) };
-    let hostMs = performance.now() - t0;
-    let runMs = 0;
-    let loss = 0;
-    let gradNorm = 0;
-    if (stepSession) {
-      const feeds = { ...tensorsOf(), ...padBatch(batch, tokenizer.padId), ...scalars };
-      const t1 = performance.now();
-      const out = await stepSession.run(feeds);
-      runMs += performance.now() - t1;
-      loss = (out.loss.data as Float32Array)[0];
-      if (!Number.isFinite(loss)) nonFinite(loss, batchStart);
-      takeState(out);
-      gradNorm = (out.grad_norm.data as Float32Array)[0];
-    } else {
-      const per = cfg.batch_size / cfg.micro_batches;
-      let grads: Record<string, HostTensor> = Object.fromEntries(params.map((p) => [stateNames.grad(p.name), { data: new Float32Array(sizeOf(p.shape)), dims: p.shape }]));
-      const weightFeeds = { ...baseFeeds, ...Object.fromEntries(params.map((p) => [p.name, { data: weights.get(p.name)!, dims: p.shape }])) };
-      for (let k = 0; k < cfg.micro_batches; k++) {
-        const t1 = performance.now();
-        const feeds = { ...weightFeeds, ...grads, ...padBatch(batch.slice(k * per, (k + 1) * per), tokenizer.padId), loss_tokens: scalars.loss_tokens };
-        const t2 = performance.now();
-        hostMs += t2 - t1;
-        const out = await accumulateSession!.run(feeds);
-        runMs += performance.now() - t2;
-        loss += (out.loss.data as Float32Array)[0];
-        grads = Object.fromEntries(params.map((p) => [stateNames.grad(p.name), out[stateNames.next(stateNames.grad(p.name))]]));
-      }
-      if (!Number.isFinite(loss)) nonFinite(loss, batchStart);
-      const t3 = performance.now();
-      const out = await applySession!.run({ ...tensorsOf(), ...grads, lr: scalars.lr, bc1: scalars.bc1, bc2: scalars.bc2, grad_scale: f32(1) });
-      runMs += performance.now() - t3;
-      takeState(out);
-      gradNorm = (out.grad_norm.data as Float32Array)[0];
-    }
+    const lossTokensInput = f32(Math.max(1, lossTokens));
+    const per = cfg.batch_size / cfg.micro_batches;
+    const micro = Array.from({ length: cfg.micro_batches }, (_, k) => ({ ...padBatch(batch.slice(k * per, (k + 1) * per), tokenizer.padId), loss_tokens: lossTokensInput }));
+    const hostMs0 = performance.now() - t0;
+    const result = trainer.trainStep(micro, lr);
+    const loss = result.loss;
+    if (!Number.isFinite(loss)) nonFinite(loss, batchStart);
+    const gradNorm = result.gradNorm;
+    const hostMs = hostMs0 + result.hostMs;
+    const runMs = result.runMs;
     state = { ...state, step: state.step + 1, dataPosition: stream.position };
     lastLoss = loss;
     const tokens = batch.reduce((s, e) => s + e.ids.length, 0);
@@ -375,7 +342,9 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   }
   if (!interrupted && evaluation.length > 0 && evals.at(-1)?.step !== state.step) evals.push(await evaluate());
   if (!lastCheckpoint.endsWith(String(state.step).padStart(8, '0'))) lastCheckpoint = checkpoint();
-  for (const s of [stepSession, accumulateSession, applySession, genSession]) await s?.dispose();
+  genSession.dispose();
+  trainer.dispose();
+  for (const t of Object.values(frozenBase)) t.dispose();
   await grader?.close();
   return { steps: state.step, finalLoss: lastLoss, evals, checkpoint: lastCheckpoint, interrupted };
 }

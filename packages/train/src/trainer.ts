@@ -1,0 +1,310 @@
+/**
+ * `Trainer`: runs compiled train steps with parameters and AdamW state resident on a device.
+ *
+ * Every parameter has two sets of buffers (value, first moment, second moment). A step reads set k
+ * and writes set 1 − k, so the graph never reads and writes one buffer in the same run, and a
+ * session that reads the weights (generation, scoring) never sees a half-written tensor. The
+ * bindings for both directions are made once; a step binds only the batch and three scalars, runs,
+ * and flips. Nothing else crosses the host boundary until `snapshot()` is called for a checkpoint.
+ *
+ * Gradient accumulation keeps two gradient buffers per parameter the same way: each micro-batch's
+ * run adds its gradients into the other buffer; `apply` then runs AdamW on the sum.
+ */
+import type { Graph } from '@lathe/onnx';
+import { Device, type Binding, type DeviceTensor, type HostTensor, type Session, type SessionOptions } from '@lathe/runtime';
+import { biasCorrections } from './schedule';
+import { compileTrainStep, stateNames, type TrainStepGraphs, type TrainStepSpec } from './train-step';
+
+/** A batch input: host data (copied at bind time) or a device tensor (bound by address). */
+export type BatchTensor = HostTensor | DeviceTensor;
+
+/** Options of `Trainer.create`. */
+export interface TrainerOptions {
+  /** Where state lives and steps run (default: the CPU). */
+  device?: Device;
+  /** Micro-batches per optimizer step (default 1: forward, backward and update in one run). */
+  microBatches?: number;
+  /** Inputs that stay fixed for the whole run (e.g. a LoRA base's `base/<name>` weights). */
+  frozen?: Record<string, BatchTensor>;
+  /** Options for the step sessions (optimization level, profiling, …). */
+  session?: SessionOptions;
+}
+
+/** Initial state: parameter values, and optionally AdamW moments (a resume). */
+export interface TrainerInit {
+  params: Map<string, Float32Array | DeviceTensor>;
+  m?: Map<string, Float32Array>;
+  v?: Map<string, Float32Array>;
+  /** Optimizer steps already taken (bias corrections continue from here). */
+  step?: number;
+}
+
+/** What one optimizer step reports. */
+export interface TrainStepResult {
+  /** The loss (summed over micro-batches; losses normalised by a whole-batch count add up exactly). */
+  loss: number;
+  /** Global gradient norm before clipping. */
+  gradNorm: number;
+  /** The loss builder's extra outputs, summed over micro-batches. */
+  metrics: Record<string, number>;
+  /** Milliseconds spent binding inputs (host → device copies of the batch and scalars). */
+  hostMs: number;
+  /** Milliseconds spent in runs (including reading the scalar outputs back). */
+  runMs: number;
+}
+
+interface Buffers {
+  p: DeviceTensor;
+  m: DeviceTensor;
+  v: DeviceTensor;
+}
+
+const f32 = (v: number): HostTensor => ({ data: Float32Array.from([v]), dims: [] });
+
+/** Device-resident training state and the compiled step that updates it. */
+export class Trainer {
+  private current = 0;
+  private optimizerStep: number;
+  private readonly sessions: Session[] = [];
+  private disposed = false;
+
+  private constructor(
+    readonly graphs: TrainStepGraphs,
+    readonly device: Device,
+    private readonly names: string[],
+    /** sets[k].get(name): the value and moments of set k. */
+    private readonly sets: [Map<string, Buffers>, Map<string, Buffers>],
+    /** step[k]: reads set k, writes set 1 − k (single-run steps). */
+    private readonly stepBindings: Binding[] | undefined,
+    /** accumulate[k][j]: params of set k, gradients from buffer j into 1 − j. */
+    private readonly accumulateBindings: Binding[][] | undefined,
+    /** apply[k][j]: set k and gradients j → set 1 − k. */
+    private readonly applyBindings: Binding[][] | undefined,
+    private readonly grads: [Map<string, DeviceTensor>, Map<string, DeviceTensor>] | undefined,
+    readonly microBatches: number,
+    step: number,
+    /** The loss builder's inputs that each batch supplies (the frozen ones are bound once). */
+    readonly batchInputs: string[],
+  ) {
+    this.optimizerStep = step;
+  }
+
+  /** Compiles the step for `spec`, uploads the initial state and prepares the bindings. */
+  static create(spec: TrainStepSpec, init: TrainerInit, opts: TrainerOptions = {}): Trainer {
+    const device = opts.device ?? Device.cpu();
+    const microBatches = opts.microBatches ?? 1;
+    if (!Number.isInteger(microBatches) || microBatches < 1) throw new Error(`microBatches must be a positive integer, got ${microBatches}`);
+    const graphs = compileTrainStep(spec);
+    const names = spec.params.map((p) => p.name);
+    for (const p of spec.params) {
+      const v = init.params.get(p.name);
+      if (!v) throw new Error(`Trainer: no initial value for parameter '${p.name}'`);
+      const n = p.shape.reduce((a, b) => a * b, 1);
+      const size = v instanceof Float32Array ? v.length : v.size;
+      if (size !== n) throw new Error(`Trainer: parameter '${p.name}' has ${size} elements, its shape [${p.shape.join(', ')}] needs ${n}`);
+    }
+    const alloc = (): Map<string, Buffers> =>
+      new Map(spec.params.map((p) => [p.name, { p: device.empty('float32', p.shape), m: device.empty('float32', p.shape), v: device.empty('float32', p.shape) }]));
+    const sets: [Map<string, Buffers>, Map<string, Buffers>] = [alloc(), alloc()];
+    for (const p of spec.params) {
+      const b = sets[0].get(p.name)!;
+      const v = init.params.get(p.name)!;
+      if (v instanceof Float32Array) b.p.upload(v);
+      else b.p.copyFrom(v);
+      const m = init.m?.get(p.name);
+      const vv = init.v?.get(p.name);
+      if (m) b.m.upload(m);
+      else b.m.fill(0);
+      if (vv) b.v.upload(vv);
+      else b.v.fill(0);
+    }
+    const sessionOpts = { ...opts.session };
+    const frozen = opts.frozen ?? {};
+    for (const k of Object.keys(frozen)) if (!graphs.batchInputs.includes(k)) throw new Error(`Trainer: frozen input '${k}' is not an input of the loss (it reads: ${graphs.batchInputs.join(', ')})`);
+    const batchInputs = graphs.batchInputs.filter((n) => !(n in frozen));
+    const trainer = (() => {
+      if (microBatches === 1) {
+        const session = device.compile(graphs.step, sessionOpts);
+        const stepBindings = [0, 1].map((k) => {
+          const b = session.binding();
+          bindState(b, sets[k], sets[1 - k], names);
+          bindFrozen(b, frozen);
+          bindScalarOutputs(b, graphs);
+          return b;
+        });
+        return new Trainer(graphs, device, names, sets, stepBindings, undefined, undefined, undefined, 1, init.step ?? 0, batchInputs).own(session);
+      }
+      const grads: [Map<string, DeviceTensor>, Map<string, DeviceTensor>] = [0, 1].map(() => new Map(spec.params.map((p) => [p.name, device.zeros('float32', p.shape)]))) as [
+        Map<string, DeviceTensor>,
+        Map<string, DeviceTensor>,
+      ];
+      const accumulate = device.compile(graphs.accumulate, sessionOpts);
+      const apply = device.compile(graphs.apply, sessionOpts);
+      const accumulateBindings = [0, 1].map((k) =>
+        [0, 1].map((j) => {
+          const b = accumulate.binding();
+          for (const n of names) {
+            b.input(n, sets[k].get(n)!.p);
+            b.input(stateNames.grad(n), grads[j].get(n)!);
+            b.output(stateNames.next(stateNames.grad(n)), grads[1 - j].get(n)!);
+          }
+          bindFrozen(b, frozen);
+          b.output('loss', 'host');
+          for (const m of graphs.metrics) b.output(m, 'host');
+          return b;
+        }),
+      );
+      const applyBindings = [0, 1].map((k) =>
+        [0, 1].map((j) => {
+          const b = apply.binding();
+          bindState(b, sets[k], sets[1 - k], names);
+          for (const n of names) b.input(stateNames.grad(n), grads[j].get(n)!);
+          b.input('grad_scale', f32(1));
+          b.output('grad_norm', 'host');
+          return b;
+        }),
+      );
+      return new Trainer(graphs, device, names, sets, undefined, accumulateBindings, applyBindings, grads, microBatches, init.step ?? 0, batchInputs).own(accumulate).own(apply);
+    })();
+    return trainer;
+  }
+
+  private own(s: Session): this {
+    this.sessions.push(s);
+    return this;
+  }
+
+  /** Optimizer steps taken. */
+  get step(): number {
+    return this.optimizerStep;
+  }
+
+  /** The parameter's current value (valid until the next step; never write to it). */
+  param(name: string): DeviceTensor {
+    const b = this.sets[this.current].get(name);
+    if (!b) throw new Error(`Trainer: no parameter '${name}'`);
+    return b.p;
+  }
+
+  /** Every parameter's current value by name. */
+  params(): Map<string, DeviceTensor> {
+    return new Map(this.names.map((n) => [n, this.sets[this.current].get(n)!.p]));
+  }
+
+  /** The graph whose inputs a batch must supply (the step graph, or the accumulate graph). */
+  get batchGraph(): Graph {
+    return this.microBatches === 1 ? this.graphs.step : this.graphs.accumulate;
+  }
+
+  /**
+   * One optimizer step at learning rate `lr` over `batches` (one per micro-batch; exactly
+   * `microBatches` of them). Each batch holds the loss builder's inputs.
+   */
+  trainStep(batches: Record<string, BatchTensor>[], lr: number): TrainStepResult {
+    if (this.disposed) throw new Error('Trainer: disposed');
+    if (batches.length !== this.microBatches) throw new Error(`trainStep: ${batches.length} micro-batches given, the trainer was built for ${this.microBatches}`);
+    const { bc1, bc2 } = biasCorrections(this.optimizerStep + 1);
+    const k = this.current;
+    let hostMs = 0;
+    let runMs = 0;
+    const metrics: Record<string, number> = Object.fromEntries(this.graphs.metrics.map((m) => [m, 0]));
+    let loss = 0;
+    let gradNorm: number;
+    if (this.stepBindings) {
+      const b = this.stepBindings[k];
+      const t0 = performance.now();
+      bindBatch(b, batches[0], this.batchInputs);
+      b.input('lr', f32(lr)).input('bc1', f32(bc1)).input('bc2', f32(bc2));
+      const t1 = performance.now();
+      b.runSync();
+      loss = b.scalar('loss');
+      gradNorm = b.scalar('grad_norm');
+      for (const m of this.graphs.metrics) metrics[m] = b.scalar(m);
+      runMs += performance.now() - t1;
+      hostMs += t1 - t0;
+    } else {
+      let j = 0;
+      for (const batch of batches) {
+        const b = this.accumulateBindings![k][j];
+        const t0 = performance.now();
+        bindBatch(b, batch, this.batchInputs);
+        const t1 = performance.now();
+        b.runSync();
+        loss += b.scalar('loss');
+        for (const m of this.graphs.metrics) metrics[m] += b.scalar(m);
+        runMs += performance.now() - t1;
+        hostMs += t1 - t0;
+        j = 1 - j;
+      }
+      const a = this.applyBindings![k][j];
+      const t0 = performance.now();
+      a.input('lr', f32(lr)).input('bc1', f32(bc1)).input('bc2', f32(bc2));
+      const t1 = performance.now();
+      a.runSync();
+      gradNorm = a.scalar('grad_norm');
+      // every step's first micro-batch reads buffer 0: it must hold zeros again
+      for (const t of this.grads![0].values()) t.fill(0);
+      runMs += performance.now() - t1;
+      hostMs += t1 - t0;
+    }
+    if (!Number.isFinite(loss)) {
+      // the new state is not adopted: the trainer stays at the last good parameters
+      return { loss, gradNorm, metrics, hostMs, runMs };
+    }
+    this.current = 1 - k;
+    this.optimizerStep++;
+    return { loss, gradNorm, metrics, hostMs, runMs };
+  }
+
+  /** Downloads parameters and moments (for checkpoints). */
+  snapshot(): { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; step: number } {
+    const set = this.sets[this.current];
+    const get = (pick: (b: Buffers) => DeviceTensor) => new Map(this.names.map((n) => [n, pick(set.get(n)!).download().data as Float32Array]));
+    return { params: get((b) => b.p), m: get((b) => b.m), v: get((b) => b.v), step: this.optimizerStep };
+  }
+
+  /** Bytes of device memory the trainer's state holds (both buffer sets and gradient sums). */
+  get stateBytes(): number {
+    let n = 0;
+    for (const set of this.sets) for (const b of set.values()) n += b.p.byteLength + b.m.byteLength + b.v.byteLength;
+    for (const g of this.grads ?? []) for (const t of g.values()) n += t.byteLength;
+    return n;
+  }
+
+  /** Frees the sessions and every buffer. */
+  dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    for (const s of this.sessions) s.dispose();
+    for (const set of this.sets) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
+    for (const g of this.grads ?? []) for (const t of g.values()) t.dispose();
+  }
+}
+
+/** Binds parameters and moments of `from` as inputs and of `to` as the `next/…` outputs. */
+function bindState(b: Binding, from: Map<string, Buffers>, to: Map<string, Buffers>, names: string[]): void {
+  for (const n of names) {
+    const s = from.get(n)!;
+    const d = to.get(n)!;
+    b.input(n, s.p).input(stateNames.m(n), s.m).input(stateNames.v(n), s.v);
+    b.output(stateNames.next(n), d.p).output(stateNames.next(stateNames.m(n)), d.m).output(stateNames.next(stateNames.v(n)), d.v);
+  }
+}
+
+function bindFrozen(b: Binding, frozen: Record<string, BatchTensor>): void {
+  for (const [k, t] of Object.entries(frozen)) b.input(k, t);
+}
+
+function bindScalarOutputs(b: Binding, graphs: TrainStepGraphs): void {
+  b.output('loss', 'host').output('grad_norm', 'host');
+  for (const m of graphs.metrics) b.output(m, 'host');
+}
+
+function bindBatch(b: Binding, batch: Record<string, BatchTensor>, expected: string[]): void {
+  for (const name of expected) {
+    const t = batch[name];
+    if (!t) throw new Error(`trainStep: the batch has no '${name}' (the loss reads: ${expected.join(', ')})`);
+    b.input(name, t);
+  }
+  for (const k of Object.keys(batch)) if (!expected.includes(k)) throw new Error(`trainStep: the batch has '${k}', which the loss does not read (it reads: ${expected.join(', ')})`);
+}

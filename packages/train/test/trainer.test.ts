@@ -1,0 +1,129 @@
+import * as L from '@lathe/onnx';
+import { Device, PlainSession, type HostTensor } from '@lathe/runtime';
+import { biasCorrections, compileTrainStep, stateNames, Trainer, type LossBuilder, type TrainableParam } from '@lathe/train';
+
+// A small regression problem: y = tanh(x W1) W2, loss = Σ (y − t)² / n_total (normalised by the
+// whole optimizer batch, so accumulation is exact).
+const params: TrainableParam[] = [
+  { name: 'w1', shape: [6, 8], decay: true },
+  { name: 'w2', shape: [8, 3], decay: true },
+  { name: 'b', shape: [3], decay: false },
+];
+const loss: LossBuilder = (g, p) => {
+  const x = g.input('x', 'float32', ['B', 6]);
+  const t = g.input('t', 'float32', ['B', 3]);
+  const n = g.input('n_total', 'float32', []);
+  const y = L.add(L.matmul(L.matmul(x, p.get('w1')!).tanh(), p.get('w2')!), p.get('b')!);
+  const err = L.sub(y, t);
+  return { loss: L.div(L.mul(err, err).sum(), n), metrics: { abs_err: L.div(err.abs().sum(), n) } };
+};
+
+function rand(n: number, seed: number): Float32Array {
+  let s = seed >>> 0;
+  return Float32Array.from({ length: n }, () => ((s = (Math.imul(s, 1664525) + 1013904223) >>> 0) / 2 ** 32) * 2 - 1);
+}
+const init = () => new Map(params.map((p, i) => [p.name, rand(p.shape.reduce((a, b) => a * b, 1), 10 + i)]));
+const batchOf = (rows: number, seed: number, total: number): Record<string, HostTensor> => ({
+  x: { data: rand(rows * 6, seed), dims: [rows, 6] },
+  t: { data: rand(rows * 3, seed + 1), dims: [rows, 3] },
+  n_total: { data: Float32Array.from([total]), dims: [] },
+});
+const optimizer = { weightDecay: 0.1, maxGradNorm: 0.5 };
+
+test('device-resident steps equal the same steps with state passed through the host each run', async () => {
+  const spec = { params, loss, optimizer };
+  const trainer = Trainer.create(spec, { params: init() });
+  // reference: the plain onnxruntime-node path, every tensor in and out of JS each step
+  const graphs = compileTrainStep(spec);
+  const plain = await PlainSession.create(graphs.step);
+  let state: Record<string, HostTensor> = {};
+  for (const [n, v] of init()) {
+    const dims = params.find((p) => p.name === n)!.shape;
+    state[n] = { data: v, dims };
+    state[stateNames.m(n)] = { data: new Float32Array(v.length), dims };
+    state[stateNames.v(n)] = { data: new Float32Array(v.length), dims };
+  }
+  for (let step = 0; step < 4; step++) {
+    const batch = batchOf(16, 100 + step, 48);
+    const lr = 0.05 / (step + 1);
+    const mine = trainer.trainStep([batch], lr);
+    const { bc1, bc2 } = biasCorrections(step + 1);
+    const f = (v: number): HostTensor => ({ data: Float32Array.from([v]), dims: [] });
+    const out = await plain.run({ ...state, ...batch, lr: f(lr), bc1: f(bc1), bc2: f(bc2) });
+    expect(mine.loss).toBe((out.loss.data as Float32Array)[0]);
+    expect(mine.gradNorm).toBe((out.grad_norm.data as Float32Array)[0]);
+    expect(mine.metrics.abs_err).toBe((out.abs_err.data as Float32Array)[0]);
+    const next: Record<string, HostTensor> = {};
+    for (const p of params) for (const k of [p.name, stateNames.m(p.name), stateNames.v(p.name)]) next[k] = out[stateNames.next(k)];
+    state = next;
+  }
+  const snap = trainer.snapshot();
+  expect(snap.step).toBe(4);
+  for (const p of params) {
+    expect(Array.from(snap.params.get(p.name)!)).toEqual(Array.from(state[p.name].data as Float32Array));
+    expect(Array.from(snap.v.get(p.name)!)).toEqual(Array.from(state[stateNames.v(p.name)].data as Float32Array));
+  }
+  trainer.dispose();
+  await plain.dispose();
+});
+
+test('accumulating 4 micro-batches gives the update of one batch holding all of them', () => {
+  const whole = Trainer.create({ params, loss, optimizer }, { params: init() });
+  const parts = Trainer.create({ params, loss, optimizer }, { params: init() }, { microBatches: 4 });
+  for (let step = 0; step < 3; step++) {
+    const rows = Array.from({ length: 4 }, (_, k) => batchOf(4, 200 + 10 * step + k, 16));
+    const joined: Record<string, HostTensor> = {
+      x: { data: Float32Array.from(rows.flatMap((r) => Array.from(r.x.data as Float32Array))), dims: [16, 6] },
+      t: { data: Float32Array.from(rows.flatMap((r) => Array.from(r.t.data as Float32Array))), dims: [16, 3] },
+      n_total: rows[0].n_total,
+    };
+    const a = whole.trainStep([joined], 0.03);
+    const b = parts.trainStep(rows, 0.03);
+    expect(b.loss).toBeCloseTo(a.loss, 5);
+    expect(b.gradNorm).toBeCloseTo(a.gradNorm, 5);
+    expect(b.metrics.abs_err).toBeCloseTo(a.metrics.abs_err, 5);
+  }
+  const sa = whole.snapshot();
+  const sb = parts.snapshot();
+  for (const p of params) {
+    const x = sa.params.get(p.name)!;
+    const y = sb.params.get(p.name)!;
+    x.forEach((v, i) => expect(y[i]).toBeCloseTo(v, 5));
+  }
+  whole.dispose();
+  parts.dispose();
+});
+
+test('a reader session bound to the parameter buffers sees each step with no copy (double buffering)', async () => {
+  const trainer = Trainer.create({ params, loss, optimizer }, { params: init() });
+  const g = new L.Graph('reader');
+  g.output(g.input('b', 'float32', [3]).sum(), 'sum_b');
+  const reader = Device.cpu().compile(g);
+  const before = trainer.param('b');
+  const r0 = await reader.run({ b: before });
+  trainer.trainStep([batchOf(8, 7, 8)], 0.1);
+  const after = trainer.param('b');
+  expect(after).not.toBe(before); // the step wrote the other buffer
+  const r1 = await reader.run({ b: after });
+  const expected = (trainer.snapshot().params.get('b') as Float32Array).reduce((a, v) => a + v, 0);
+  expect((r1.sum_b.data as Float32Array)[0]).toBeCloseTo(expected, 5);
+  expect((r1.sum_b.data as Float32Array)[0]).not.toBe((r0.sum_b.data as Float32Array)[0]);
+  reader.dispose();
+  trainer.dispose();
+});
+
+test('a non-finite loss leaves the parameters at the last good step; bad batches are named', () => {
+  const trainer = Trainer.create({ params, loss, optimizer }, { params: init() });
+  const good = trainer.snapshot().params;
+  const bad = batchOf(4, 9, 4);
+  (bad.x.data as Float32Array)[0] = NaN;
+  const r = trainer.trainStep([bad], 0.1);
+  expect(Number.isNaN(r.loss)).toBe(true);
+  expect(trainer.step).toBe(0);
+  expect(Array.from(trainer.snapshot().params.get('w1')!)).toEqual(Array.from(good.get('w1')!));
+  expect(() => trainer.trainStep([{ x: bad.x, t: bad.t }], 0.1)).toThrow(/the batch has no 'n_total'/);
+  expect(() => trainer.trainStep([{ ...bad, extra: bad.n_total }], 0.1)).toThrow(/'extra', which the loss does not read/);
+  expect(() => trainer.trainStep([bad, bad], 0.1)).toThrow(/2 micro-batches given, the trainer was built for 1/);
+  expect(() => Trainer.create({ params, loss, optimizer }, { params: new Map() })).toThrow(/no initial value for parameter 'w1'/);
+  trainer.dispose();
+});
