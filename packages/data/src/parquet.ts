@@ -5,11 +5,11 @@
  * record batches through row groups into a temporary file renamed into place, so a crash never
  * leaves a half-written file under the final name. Errors name the file (and the column).
  */
-import { createWriteStream, existsSync, writeFileSync, openAsBlob, openSync, closeSync, readSync, fstatSync, renameSync, rmSync, fsyncSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
-import { Writable } from 'node:stream';
+import { existsSync, writeFileSync, openAsBlob, openSync, closeSync, readSync, fstatSync, renameSync, rmSync, statSync } from 'node:fs';
+import { open, readFile } from 'node:fs/promises';
 import * as arrow from 'apache-arrow';
 import * as pw from 'parquet-wasm';
+import { parseTable } from 'arrow-js-ffi';
 
 /** Compression codecs for writing. */
 export type ParquetCompression = 'uncompressed' | 'snappy' | 'zstd' | 'lz4' | 'gzip';
@@ -73,6 +73,26 @@ export function checkParquetFraming(file: string): number {
   }
 }
 
+/**
+ * A parquet-wasm table as an Arrow JS table, copied out of WebAssembly memory through the Arrow C
+ * data interface (arrow-js-ffi; several times faster than an IPC round trip). Frees the wasm table.
+ */
+function fromWasm(t: pw.Table): arrow.Table {
+  const schema = arrow.tableFromIPC(t.schema.intoIPCStream()).schema;
+  if (t.numBatches === 0) {
+    t.free();
+    return new arrow.Table(schema);
+  }
+  const ffi = t.intoFFI();
+  try {
+    const table = parseTable(pw.wasmMemory().buffer, ffi.arrayAddrs(), ffi.schemaAddr(), true);
+    // Keep the file's schema (field nullability and metadata) on the copied batches.
+    return new arrow.Table(schema, table.batches.map((b: arrow.RecordBatch) => new arrow.RecordBatch(schema, b.data)));
+  } finally {
+    ffi.drop();
+  }
+}
+
 function wasmError(file: string, e: unknown): Error {
   const msg = e instanceof Error ? e.message : String(e);
   return new Error(`${file}: cannot read Parquet (${msg})`);
@@ -112,7 +132,7 @@ export async function readParquet(file: string, options: ParquetReadOptions = {}
   } catch (e) {
     throw wasmError(file, e);
   }
-  return arrow.tableFromIPC(t.intoIPCStream());
+  return fromWasm(t);
 }
 
 /** Number of rows and row groups of a Parquet file (from its footer). */
@@ -158,8 +178,7 @@ export async function* readParquetBatches(file: string, options: ParquetReadOpti
       } catch (e) {
         throw wasmError(file, e);
       }
-      const table = arrow.tableFromIPC(t.intoIPCStream());
-      for (const b of table.batches) yield b;
+      for (const b of fromWasm(t).batches) yield b;
     }
   } finally {
     pf.free();
@@ -170,7 +189,12 @@ type BatchSource = arrow.Table | Iterable<arrow.RecordBatch> | AsyncIterable<arr
 
 /** Arrow JS batches to parquet-wasm batches (through Arrow IPC). */
 function toWasmBatches(batches: arrow.RecordBatch[]): pw.RecordBatch[] {
-  return pw.Table.fromIPCStream(arrow.tableToIPC(new arrow.Table(batches), 'stream')).recordBatches();
+  const t = pw.Table.fromIPCStream(arrow.tableToIPC(new arrow.Table(batches), 'stream'));
+  try {
+    return t.recordBatches();
+  } finally {
+    t.free();
+  }
 }
 
 /**
@@ -193,7 +217,8 @@ export async function writeParquet(file: string, data: BatchSource, options: Par
   let schema: arrow.Schema | undefined;
   const pending: pw.RecordBatch[] = [];
   let failure: Error | null = null;
-  const input = new ReadableStream<pw.RecordBatch>({
+  const input = new ReadableStream<pw.RecordBatch>(
+    {
     async pull(controller) {
       try {
         await fill(controller);
@@ -203,7 +228,9 @@ export async function writeParquet(file: string, data: BatchSource, options: Par
         controller.error(failure);
       }
     },
-  });
+    },
+    { highWaterMark: 0 }, // pull only when the writer reads: nothing is queued ahead of it
+  );
   const fill = async (controller: ReadableStreamDefaultController<pw.RecordBatch>) => {
     while (pending.length === 0) {
       const next = await it.next();
@@ -218,24 +245,32 @@ export async function writeParquet(file: string, data: BatchSource, options: Par
       rows += b.numRows;
       pending.push(...toWasmBatches([b]));
     }
+    // The writer takes ownership of each batch (and frees it).
     controller.enqueue(pending.shift()!);
   };
   const tmp = `${file}.tmp-${process.pid}`;
   try {
     const output = await pw.transformParquetStream(input, withMeta.build());
-    const sink = createWriteStream(tmp);
-    await output.pipeTo(Writable.toWeb(sink) as WritableStream<Uint8Array>).catch((e: unknown) => {
-      throw failure ?? e;
-    });
+    const out = await open(tmp, 'w');
+    try {
+      const reader = (output as ReadableStream<Uint8Array>).getReader();
+      for (;;) {
+        const { done, value } = await reader.read().catch((e: unknown) => {
+          throw failure ?? e;
+        });
+        if (done) break;
+        await out.write(value);
+      }
+      await out.sync();
+    } finally {
+      await out.close();
+    }
     if (failure) throw failure;
     if (!schema) {
       // No batches at all: parquet-wasm needs one to know the schema.
       throw new Error(`${file}: nothing to write (no record batches; write an empty table with a schema instead)`);
     }
-    const fd = openSync(tmp, 'r+');
-    const bytes = fstatSync(fd).size;
-    fsyncSync(fd);
-    closeSync(fd);
+    const bytes = statSync(tmp).size;
     renameSync(tmp, file);
     return { rows, bytes };
   } catch (e) {

@@ -7,7 +7,8 @@
  */
 import { existsSync } from 'node:fs';
 import { Worker } from 'node:worker_threads';
-import Database from 'libsql';
+import { createRequire } from 'node:module';
+import type Database from 'libsql';
 
 /** One training rollout: a sampled completion of a prompt at a step. */
 export interface TrainRollout {
@@ -307,10 +308,16 @@ export interface StoredEvalRollout extends EvalRollout {
   created_at: number;
 }
 
+/** libsql, loaded on first use: the Parquet and JSONL parts of this package never load the native binary. */
+function libsql(): typeof Database {
+  return createRequire(__filename)('libsql') as typeof Database;
+}
+
 function openRead(file: string): Database.Database {
   if (!existsSync(file)) throw new Error(`${file}: cannot open the rollout store (no such file)`);
   try {
-    return new Database(file, { readonly: true, fileMustExist: true });
+    const Sqlite = libsql();
+    return new Sqlite(file, { readonly: true, fileMustExist: true });
   } catch (e) {
     throw new Error(`${file}: cannot open the rollout store (${(e as Error).message})`);
   }
