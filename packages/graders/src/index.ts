@@ -1,6 +1,7 @@
 /** @lathe/graders: math answer verification, format rewards, sandboxed code execution and LLM judges. */
 export { extractAnswer, lastBoxed, r1ZeroAnswer, gsm8kAnswer, answerIsAnswer, trailingMathSpan, ANSWER_FORMATS, type AnswerFormat } from './math/extract';
 export { normalizeAnswer, type NormalizeOptions } from './math/normalize';
+export { evaluateConstant, evaluateAt, takesTwoValues } from './math/evaluate';
 export { parseNumber, numbersClose, type ParsedNumber, type PercentMode } from './math/numbers';
 export { parseAnswer, type AnswerNode, type RelationOp } from './math/structure';
 export { MATH_DEFAULTS, type MathOptions } from './math/options';

@@ -92,6 +92,9 @@ const SYMBOLIC: [string, string, boolean][] = [
   ['2', '\\sin x', false],
   ['e^{i\\pi}', '-1', true], // e and i are constants
   ['2i', '\\sqrt{-4}', true],
+  ['x^5-x^4+x^3-x^2+x-1', '70\\sqrt{2}', false], // takes two values at two points: not a constant
+  ['\\frac 59', '\\sqrt{0.3}', false], // two constants of different value
+  ['\\frac 59', '\\frac{10}{18}', true],
   ['x - x + 2', '2', true], // variables that cancel: the CAS decides
   ['\\sin^2 x + \\cos^2 x', '1', true],
   ['\\det\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}', '-2', true], // environment names are not variables

@@ -3,7 +3,9 @@
  * Each MATH-500 reference solution's final boxed answer is graded against the row's `answer` field
  * (all 500 should be correct), and the same predicted answers against the next row's answer of the
  * same subject (a mismatch set; equal answers are excluded). Times the in-process grader on one
- * thread (one core; CAS on its worker thread counted in wall time) and prints answers per second.
+ * thread (CAS on its worker thread) and prints answers per wall-clock second and per CPU second
+ * (the process's user + system time, worker included): the second is the per-core rate, and it
+ * holds on a machine shared with other work, where wall-clock rates fall.
  * Usage: npx tsx --conditions=lathe-source tools/bench/graders/math-throughput.ts [/work/shared/datasets]
  */
 import { readFileSync } from 'node:fs';
@@ -34,6 +36,7 @@ async function main(): Promise<void> {
   const misses: string[] = [];
   const run = async (cases: { pred: string; gold: string; id: string }[], expected: boolean, format: 'raw' | 'auto') => {
     const t0 = performance.now();
+    const cpu0 = process.cpuUsage();
     let agree = 0;
     for (const c of cases) {
       const v = await grader.grade(c.pred, c.gold, format);
@@ -41,7 +44,9 @@ async function main(): Promise<void> {
       else misses.push(`${expected ? 'missed match' : 'false match'} ${c.id}: pred ${JSON.stringify(c.pred)} gold ${JSON.stringify(c.gold)} (${v.reason})`);
     }
     const s = (performance.now() - t0) / 1000;
-    return { agree, n: cases.length, perSecond: Math.round(cases.length / s) };
+    const cpu = process.cpuUsage(cpu0);
+    const cpuSeconds = (cpu.user + cpu.system) / 1e6;
+    return { agree, n: cases.length, perSecond: Math.round(cases.length / s), perCpuSecond: Math.round(cases.length / cpuSeconds) };
   };
   const pos = await run(positives, true, 'raw');
   const neg = await run(negatives, false, 'raw');
@@ -49,10 +54,11 @@ async function main(): Promise<void> {
   // a second pass over the answers: the steady state of a training run, with the CAS cache warm
   const warm = await run(positives, true, 'raw');
   await grader.close();
-  console.log(`MATH-500 boxed answer vs answer field: ${pos.agree}/${pos.n} correct, ${pos.perSecond} answers/s (cold CAS cache)`);
-  console.log(`MATH-500 answer vs another problem's answer: ${neg.agree}/${neg.n} judged different, ${neg.perSecond} answers/s`);
-  console.log(`MATH-500 whole solution (--format auto) vs answer field: ${full.agree}/${full.n} correct, ${full.perSecond} solutions/s`);
-  console.log(`second pass over the answers (warm cache): ${warm.perSecond} answers/s`);
+  const rate = (r: { perSecond: number; perCpuSecond: number }) => `${r.perSecond}/s wall, ${r.perCpuSecond}/CPU-s`;
+  console.log(`MATH-500 boxed answer vs answer field: ${pos.agree}/${pos.n} correct, ${rate(pos)} (cold CAS cache)`);
+  console.log(`MATH-500 answer vs another problem's answer: ${neg.agree}/${neg.n} judged different, ${rate(neg)}`);
+  console.log(`MATH-500 whole solution (--format auto) vs answer field: ${full.agree}/${full.n} correct, ${rate(full)}`);
+  console.log(`second pass over the answers (warm cache): ${rate(warm)}`);
   for (const m of misses) console.log(`MISS ${m}`);
 }
 

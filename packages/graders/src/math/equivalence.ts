@@ -2,6 +2,7 @@
  * Equivalence of two normalised answers: structure first (sets, tuples, intervals, matrices,
  * relations, lists), then each leaf by string, by number, and only then by the CAS.
  */
+import { evaluateConstant, takesTwoValues } from './evaluate';
 import { parseNumber, parsedNumbersEqual } from './numbers';
 import type { MathOptions } from './options';
 import { parseAnswer, type AnswerNode } from './structure';
@@ -29,14 +30,15 @@ function variableLetters(expr: string): string[] {
 
 /**
  * True when one side is a constant and the other certainly varies: some variable of it occurs
- * exactly once (x + 1, \sin x), so it cannot cancel out. Expressions whose variables all repeat
- * (x - x + 2, \sin^2 x + \cos^2 x) are left to the CAS.
+ * exactly once (x + 1, \sin x), so it cannot cancel out, or it takes two values at two points
+ * (x^2 + x). Other expressions whose variables all repeat (x - x + 2, \sin^2 x + \cos^2 x) are
+ * left to the CAS.
  */
 function constantAgainstVariable(gold: string, pred: string): boolean {
-  const varies = (letters: string[]) => letters.some((l, i) => letters.indexOf(l) === i && letters.lastIndexOf(l) === i);
+  const onceOrTwoValues = (expr: string, letters: string[]) => letters.some((l, i) => letters.indexOf(l) === i && letters.lastIndexOf(l) === i) || takesTwoValues(expr);
   const g = variableLetters(gold);
   const p = variableLetters(pred);
-  return (g.length === 0 && varies(p)) || (p.length === 0 && varies(g));
+  return (g.length === 0 && onceOrTwoValues(pred, p)) || (p.length === 0 && onceOrTwoValues(gold, g));
 }
 
 /** Intervals, unions and sets: the answers an inequality may describe. */
@@ -84,8 +86,13 @@ class Comparison {
     if (!this.symbolic) return false;
     // a constant never equals an expression that varies with a variable: no CAS needed
     if (constantAgainstVariable(gold, pred)) return false;
+    const casTol = Math.max(this.options.relTol, 10 ** -this.options.floatRounding / 2);
+    // two constants whose values differ well beyond the CAS's tolerance: no CAS needed (equality is still the CAS's call)
+    const gv = evaluateConstant(gold);
+    const pv = gv === null ? null : evaluateConstant(pred);
+    if (gv !== null && pv !== null && Math.abs(gv - pv) > 4 * casTol * Math.max(1, Math.abs(gv), Math.abs(pv))) return false;
     if (performance.now() > this.deadline) return this.fail('timeout');
-    const outcome = await this.symbolic({ kind: 'expr', gold, pred, relTol: Math.max(this.options.relTol, 10 ** -this.options.floatRounding / 2) });
+    const outcome = await this.symbolic({ kind: 'expr', gold, pred, relTol: casTol });
     if (outcome === 'equal') {
       this.used = 'symbolic';
       return true;

@@ -195,8 +195,8 @@ export function normalizeAnswer(answer: string, options: NormalizeOptions = { st
   s = namedGroupsAsTuples(s);
   s = s.replace(/\{,\}/g, ',').replace(/;/g, ',').replace(/,+/g, ',').replace(/^,|,$/g, '');
   // LaTeX shorthand: \frac12, \frac1{3}, \sqrt2
-  s = s.replace(/\\frac(\d)(\d)/g, '\\frac{$1}{$2}').replace(/\\frac(\d)\{/g, '\\frac{$1}{').replace(/\\frac\{([^{}]*)\}(\d)/g, '\\frac{$1}{$2}');
-  s = s.replace(/\\sqrt(\d+|[a-zA-Z])/g, '\\sqrt{$1}');
+  s = s.replace(/\\frac ?(\d)(\d)/g, '\\frac{$1}{$2}').replace(/\\frac ?(\d)\{/g, '\\frac{$1}{').replace(/\\frac\{([^{}]*)\}(\d)/g, '\\frac{$1}{$2}');
+  s = s.replace(/\\sqrt ?(\d+|[a-zA-Z])/g, '\\sqrt{$1}');
   s = s.replace(/^\+/, '').replace(/(^|[^\d])\.(\d)/g, '$10.$2');
   // a choice letter in parentheses: (B) → B
   s = s.replace(/^\(([A-Ea-e])\)$/, '$1');
