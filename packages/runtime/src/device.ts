@@ -91,7 +91,7 @@ export class Device {
     if (existing) return existing;
     const { api, env } = ortEnv();
     const memoryInfo = api.out('CreateMemoryInfo', 'Cuda', OrtAllocatorType.device, id, OrtMemType.default);
-    const d = new Device('cuda', id, memoryInfo, { id, tf32: opts.tf32 ?? true, sharedArena: opts.sharedArena ?? true, memoryLimitBytes: opts.memoryLimitBytes });
+    const d = new Device('cuda', id, memoryInfo, { id, tf32: opts.tf32 ?? true, sharedArena: opts.sharedArena ?? false, memoryLimitBytes: opts.memoryLimitBytes });
     // Probe the provider first: registering an allocator for a provider that cannot load aborts the
     // process inside ORT (a C++ exception across the C API), while appending it returns a status.
     const probe = api.out('CreateSessionOptions');

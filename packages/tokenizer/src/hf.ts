@@ -4,7 +4,7 @@
  */
 import { existsSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { AutoTokenizer, env, type PreTrainedTokenizer } from '@huggingface/transformers';
+import type { PreTrainedTokenizer } from '@huggingface/transformers';
 import type { Tokenizer } from './types';
 
 /** A chat message as chat templates take it. */
@@ -54,6 +54,8 @@ export class HfTokenizer implements Tokenizer {
     for (const f of ['tokenizer.json', 'tokenizer_config.json']) {
       if (!existsSync(join(abs, f))) throw new Error(`tokenizer folder ${abs} has no ${f}`);
     }
+    // loaded on first use: transformers.js is large, and most of Lathe never needs it
+    const { AutoTokenizer, env } = await import('@huggingface/transformers');
     env.allowRemoteModels = false;
     env.allowLocalModels = true;
     env.localModelPath = '/';

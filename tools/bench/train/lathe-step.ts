@@ -1,10 +1,13 @@
 /**
  * One or more AdamW steps of SFT on a Hugging Face folder with Lathe's compiled train step, on CUDA
- * or CPU, through the plain onnxruntime-node API (parameters and moments cross the host boundary
- * each step). Used for parity with PyTorch and for step timing.
+ * or CPU. `--path bound` (default): the Trainer keeps parameters and moments on the device (only
+ * the batch and three scalars cross the host boundary); `--path plain`: onnxruntime-node's JS API,
+ * every parameter and moment in and out of the host each step. Used for parity with PyTorch and for
+ * step timing.
  *
  * usage: node lathe-step.js --model DIR --batch batch.json [--device cuda|cpu] [--compute float32|bfloat16]
- *          [--steps N] [--lr 1e-3] [--max-grad-norm 1] [--weight-decay 0.01] [--out updated.safetensors]
+ *          [--path bound|plain] [--micro-batches 1] [--steps N] [--lr 1e-3] [--max-grad-norm 1]
+ *          [--weight-decay 0.01] [--out updated.safetensors]
  * batch.json: {"input_ids": [[...]], "attention_mask": [[...]], "loss_mask": [[...]]}
  * Prints one JSON line: loss per step, grad norms, step times (run vs host), and writes the
  * updated float32 parameters to --out.
@@ -12,8 +15,8 @@
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { paramSpecs, readConfig, writeSafetensors } from '@lathe/models';
-import { PlainSession, type HostTensor } from '@lathe/runtime';
-import { biasCorrections, compileTrainStep, loadFloat32, sftLoss, stateNames } from '@lathe/train';
+import { Device, PlainSession, type HostTensor } from '@lathe/runtime';
+import { biasCorrections, compileTrainStep, loadFloat32, sftLoss, stateNames, Trainer } from '@lathe/train';
 
 function arg(name: string, fallback?: string): string {
   const i = process.argv.indexOf(`--${name}`);
@@ -32,21 +35,11 @@ async function main(): Promise<void> {
   const { config } = readConfig(dir);
   const specs = paramSpecs(config);
   const params = specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
-  const t0 = performance.now();
-  const graphs = compileTrainStep({ params, loss: sftLoss(config, { compute }), optimizer: { weightDecay: Number(arg('weight-decay', '0.01')), maxGradNorm: Number(arg('max-grad-norm', '1')) } });
-  const session = await PlainSession.create(graphs.step, { device, allowCpuFallback: process.argv.includes('--allow-cpu-fallback'), logLevel: Number(arg('log', '3')) as 0 | 1 | 2 | 3 });
-  const tSession = performance.now();
-  const weights = loadFloat32(dir, config);
-  const state: Record<string, HostTensor> = {};
-  for (const p of params) {
-    state[p.name] = { data: weights.get(p.name)!, dims: p.shape };
-    const n = p.shape.reduce((a, b) => a * b, 1);
-    state[stateNames.m(p.name)] = { data: new Float32Array(n), dims: p.shape };
-    state[stateNames.v(p.name)] = { data: new Float32Array(n), dims: p.shape };
-  }
+  const optimizer = { weightDecay: Number(arg('weight-decay', '0.01')), maxGradNorm: Number(arg('max-grad-norm', '1')) };
+  const path = arg('path', 'bound');
   const B = batch.input_ids.length;
   const T = batch.input_ids[0].length;
-  const i64 = (rows: number[][]): HostTensor => ({ data: BigInt64Array.from(rows.flat().map(BigInt)), dims: [B, T] });
+  const i64 = (rows: number[][]): HostTensor => ({ data: BigInt64Array.from(rows.flat().map(BigInt)), dims: [rows.length, T] });
   // Tokens the loss predicts: loss-mask positions after the first column.
   const lossTokens = batch.loss_mask.reduce((s, r) => s + r.slice(1).reduce((a, b) => a + b, 0), 0);
   const f32 = (v: number): HostTensor => ({ data: Float32Array.from([v]), dims: [] });
@@ -54,29 +47,74 @@ async function main(): Promise<void> {
   const norms: number[] = [];
   const runMs: number[] = [];
   const hostMs: number[] = [];
-  for (let t = 0; t < steps; t++) {
-    const h0 = performance.now();
-    const { bc1, bc2 } = biasCorrections(t + 1);
-    const feeds = { ...state, input_ids: i64(batch.input_ids), attention_mask: i64(batch.attention_mask), loss_mask: i64(batch.loss_mask), loss_tokens: f32(lossTokens), lr: f32(lr), bc1: f32(bc1), bc2: f32(bc2) };
-    const r0 = performance.now();
-    const out = await session.run(feeds);
-    const r1 = performance.now();
-    for (const p of params) {
-      state[p.name] = out[stateNames.next(p.name)];
-      state[stateNames.m(p.name)] = out[stateNames.next(stateNames.m(p.name))];
-      state[stateNames.v(p.name)] = out[stateNames.next(stateNames.v(p.name))];
+  const weights = loadFloat32(dir, config);
+  const t0 = performance.now();
+  let tSession = t0;
+  let final: Map<string, Float32Array>;
+  let memory: unknown;
+  if (path === 'bound') {
+    const micro = Number(arg('micro-batches', '1'));
+    const dev = Device.open(device, { tf32: process.argv.includes('--tf32') });
+    const trainer = Trainer.create({ params, loss: sftLoss(config, { compute }), optimizer }, { params: weights }, { device: dev, microBatches: micro, session: { allowCpuFallback: process.argv.includes('--allow-cpu-fallback') } });
+    tSession = performance.now();
+    const per = B / micro;
+    const parts = Array.from({ length: micro }, (_, k) => {
+      const rows = (x: number[][]) => x.slice(k * per, (k + 1) * per);
+      // the batch lives on the device for the timing (a real run uploads each batch: its bind time is in host_ms)
+      return {
+        input_ids: dev.upload(i64(rows(batch.input_ids))),
+        attention_mask: dev.upload(i64(rows(batch.attention_mask))),
+        loss_mask: dev.upload(i64(rows(batch.loss_mask))),
+        loss_tokens: f32(lossTokens),
+      };
+    });
+    for (let t = 0; t < steps; t++) {
+      const h0 = performance.now();
+      const r = trainer.trainStep(parts, lr);
+      losses.push(r.loss);
+      norms.push(r.gradNorm);
+      runMs.push(r.runMs);
+      hostMs.push(performance.now() - h0 - r.runMs);
     }
-    losses.push((out.loss.data as Float32Array)[0]);
-    norms.push((out.grad_norm.data as Float32Array)[0]);
-    runMs.push(r1 - r0);
-    hostMs.push(r0 - h0 + (performance.now() - r1));
+    memory = dev.memory();
+    final = trainer.snapshot().params;
+    trainer.dispose();
+  } else {
+    const graphs = compileTrainStep({ params, loss: sftLoss(config, { compute }), optimizer });
+    const session = await PlainSession.create(graphs.step, { device, allowCpuFallback: process.argv.includes('--allow-cpu-fallback'), logLevel: Number(arg('log', '3')) as 0 | 1 | 2 | 3 });
+    tSession = performance.now();
+    const state: Record<string, HostTensor> = {};
+    for (const p of params) {
+      state[p.name] = { data: weights.get(p.name)!, dims: p.shape };
+      const n = p.shape.reduce((a, b) => a * b, 1);
+      state[stateNames.m(p.name)] = { data: new Float32Array(n), dims: p.shape };
+      state[stateNames.v(p.name)] = { data: new Float32Array(n), dims: p.shape };
+    }
+    for (let t = 0; t < steps; t++) {
+      const h0 = performance.now();
+      const { bc1, bc2 } = biasCorrections(t + 1);
+      const feeds = { ...state, input_ids: i64(batch.input_ids), attention_mask: i64(batch.attention_mask), loss_mask: i64(batch.loss_mask), loss_tokens: f32(lossTokens), lr: f32(lr), bc1: f32(bc1), bc2: f32(bc2) };
+      const r0 = performance.now();
+      const out = await session.run(feeds);
+      const r1 = performance.now();
+      for (const p of params) {
+        state[p.name] = out[stateNames.next(p.name)];
+        state[stateNames.m(p.name)] = out[stateNames.next(stateNames.m(p.name))];
+        state[stateNames.v(p.name)] = out[stateNames.next(stateNames.v(p.name))];
+      }
+      losses.push((out.loss.data as Float32Array)[0]);
+      norms.push((out.grad_norm.data as Float32Array)[0]);
+      runMs.push(r1 - r0);
+      hostMs.push(r0 - h0 + (performance.now() - r1));
+    }
+    final = new Map(params.map((p) => [p.name, state[p.name].data as Float32Array]));
   }
   const outPath = arg('out', '');
   if (outPath) {
     writeSafetensors(
       outPath,
       params.map((p) => {
-        const d = state[p.name].data as Float32Array;
+        const d = final.get(p.name)!;
         return { name: p.name, dtype: 'float32' as const, shape: p.shape, data: new Uint8Array(d.buffer, d.byteOffset, d.byteLength) };
       }),
     );
@@ -86,7 +124,9 @@ async function main(): Promise<void> {
   console.log(
     JSON.stringify({
       device,
+      path,
       compute,
+      memory,
       batch: [B, T],
       session_ms: +(tSession - t0).toFixed(0),
       losses,

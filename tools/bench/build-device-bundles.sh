@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds the entry points the GPU machine runs into .bundle/ (git-ignored), with koffi's JavaScript
+# and its Linux x64 binary beside them (the GPU machine has Node.js but no registry: everything a
+# bundle loads at run time must travel with it). onnxruntime-node is not bundled: the device
+# runtime provides it (see ../shared/device/README.md).
+# usage: bash tools/bench/build-device-bundles.sh [name ...]   (default: all)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+declare -A entries=(
+  [runtime-bench]=tools/bench/runtime/device-bench.ts
+  [lathe-step]=tools/bench/train/lathe-step.ts
+  [lathe-generate]=tools/bench/rollout/lathe-generate.ts
+  [lathe-logits]=tools/bench/models/lathe-logits.ts
+)
+names=("$@")
+[ ${#names[@]} -eq 0 ] && names=("${!entries[@]}")
+mkdir -p .bundle/node_modules/@koromix
+for n in "${names[@]}"; do
+  npx esbuild "${entries[$n]}" --bundle --platform=node --conditions=lathe-source \
+    --external:onnxruntime-node --external:koffi --external:@huggingface/transformers --log-level=warning --outfile=".bundle/$n.js"
+done
+rm -rf .bundle/node_modules/koffi .bundle/node_modules/@koromix/koffi-linux-x64
+cp -r node_modules/koffi .bundle/node_modules/koffi
+mkdir -p .bundle/node_modules/@koromix/koffi-linux-x64
+cp node_modules/@koromix/koffi-linux-x64/{package.json,index.js} .bundle/node_modules/@koromix/koffi-linux-x64/
+cp -r node_modules/@koromix/koffi-linux-x64/linux_x64 .bundle/node_modules/@koromix/koffi-linux-x64/
+rm -rf .bundle/node_modules/koffi/doc .bundle/node_modules/koffi/vendor
+du -sh .bundle
