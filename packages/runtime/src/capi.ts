@@ -17,6 +17,9 @@ import * as koffi from 'koffi';
 /** A native pointer (koffi represents pointers as BigInts). */
 export type Ptr = bigint;
 
+/** The koffi FFI's version. */
+export const koffiVersion: string = (koffi as unknown as { version: string }).version;
+
 /** The ORT API version Lathe asks for: the one of ONNX Runtime 1.29. */
 export const ORT_API_VERSION = 29;
 

@@ -49,6 +49,11 @@ export interface MemoryReport {
   arena?: Record<string, string>;
 }
 
+/** Size of the pinned host buffer that uploads and downloads go through. */
+const STAGING_BYTES = 64 * 1024 * 1024;
+/** Device-to-device copies run in pieces of at most this many bytes (kernels index with 32 bits). */
+const DEVICE_COPY_CHUNK = 1024 * 1024 * 1024;
+
 let leakWarned = false;
 const cudaDevices = new Map<number, Device>();
 let cpuDevice: Device | undefined;
@@ -62,6 +67,9 @@ export class Device {
   private readonly utility = new Map<string, Session>();
   private arenaShared = false;
   private allocatorHandle: Ptr | undefined;
+  private staging: { info: Ptr; at: Ptr; bytes: number; value: Ptr } | undefined;
+  /** Whether transfers go through page-locked memory (known after the first transfer). */
+  pinned: boolean | undefined;
 
   private constructor(
     readonly kind: DeviceKind,
@@ -118,7 +126,7 @@ export class Device {
     }
     try {
       // The float32 copy session anchors the device: its allocator allocates every tensor.
-      const anchor = d.utilitySession('float32', 'copy');
+      const anchor = d.utilitySession('uint8', 'copy');
       d.allocatorHandle = api.out('CreateAllocator', anchor.handle, memoryInfo);
     } catch (e) {
       throw cudaUnavailable(e);
@@ -273,6 +281,7 @@ export class Device {
 
   /** A cached one-node session over flat tensors: `copy` (y = x) or `fill` (y = expand(value, shape)). */
   private utilitySession(dtype: DType, kind: 'copy' | 'fill'): Session {
+    // the copy session moves bytes (every dtype copies as uint8); fills are per dtype
     const key = `${kind}:${dtype}`;
     let s = this.utility.get(key);
     if (!s) {
@@ -291,38 +300,85 @@ export class Device {
     return s;
   }
 
+  /**
+   * Runs the uint8 copy session over raw byte ranges: `src` and `dst` are (memory info, address)
+   * pairs. Every dtype copies as bytes, so one session serves all.
+   */
+  private copyBytes(src: { info: Ptr; at: Ptr }, dst: { info: Ptr; at: Ptr }, bytes: number): void {
+    const { api } = ortEnv();
+    const view = (x: { info: Ptr; at: Ptr }) => api.out('CreateTensorWithDataAsOrtValue', x.info, x.at, bytes, BigInt64Array.from([BigInt(bytes)]), 1, onnxTypeCode('uint8'));
+    const a = view(src);
+    const c = view(dst);
+    const b = this.utilitySession('uint8', 'copy').binding();
+    try {
+      b.bindRaw('x', a, 'input').bindRaw('y', c, 'output').runSync();
+    } finally {
+      b.dispose();
+      api.fn('ReleaseValue')(a);
+      api.fn('ReleaseValue')(c);
+    }
+  }
+
+  /**
+   * A page-locked host buffer for transfers, allocated once per device by the CUDA provider's pinned
+   * allocator: data moves JS array → pinned buffer (memcpy) → GPU (DMA), in chunks of its size.
+   */
+  private pinnedStaging(): { info: Ptr; at: Ptr; bytes: number } {
+    if (!this.staging) {
+      const { api } = ortEnv();
+      const bytes = STAGING_BYTES;
+      const shape = BigInt64Array.from([BigInt(bytes)]);
+      let info: Ptr;
+      let value: Ptr;
+      try {
+        info = api.out('CreateMemoryInfo', 'CudaPinned', OrtAllocatorType.device, 0, -1 /* OrtMemTypeCPUOutput */);
+        const allocator = api.out('CreateAllocator', this.utilitySession('uint8', 'copy').handle, info);
+        value = api.out('CreateTensorAsOrtValue', allocator, shape, 1, onnxTypeCode('uint8'));
+        this.pinned = true;
+      } catch {
+        // no pinned allocator: a persistent pageable buffer still avoids re-faulting fresh pages per transfer
+        info = cpuMemoryInfo();
+        value = api.out('CreateTensorAsOrtValue', cpuAllocator(), shape, 1, onnxTypeCode('uint8'));
+        this.pinned = false;
+      }
+      this.staging = { info, at: api.out('GetTensorMutableData', value), bytes, value };
+    }
+    return this.staging;
+  }
+
   /** @internal */
   writeFromHost(dst: DeviceTensor, data: HostArray): void {
     if (dst.size === 0) return;
+    const { api } = ortEnv();
     if (this.kind === 'cpu') {
-      ortEnv().api.copyIn(dst.dataPointer(), data);
+      api.copyIn(dst.dataPointer(), data);
       return;
     }
-    const flat = dst.reshape([dst.size]);
-    const b = this.utilitySession(dst.dtype, 'copy').binding();
-    try {
-      b.input('x', { data, dims: [dst.size] }).output('y', flat).runSync();
-    } finally {
-      b.dispose();
-      flat.dispose();
+    const stage = this.pinnedStaging();
+    const base = dst.dataPointer();
+    const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+    for (let off = 0; off < bytes.length; off += stage.bytes) {
+      const n = Math.min(stage.bytes, bytes.length - off);
+      api.copyIn(stage.at, bytes.subarray(off, off + n));
+      this.copyBytes({ info: stage.info, at: stage.at }, { info: this.memoryInfo, at: base + BigInt(off) }, n);
     }
   }
 
   /** @internal */
   readToHost(src: DeviceTensor, out: HostArray): void {
     if (src.size === 0) return;
+    const { api } = ortEnv();
     if (this.kind === 'cpu') {
-      ortEnv().api.copyOut(out, src.dataPointer());
+      api.copyOut(out, src.dataPointer());
       return;
     }
-    const flat = src.reshape([src.size]);
-    const b = this.utilitySession(src.dtype, 'copy').binding();
-    try {
-      b.input('x', flat).output('y', 'host').runSync();
-      ortEnv().api.copyOut(out, b.get('y').dataPointer());
-    } finally {
-      b.dispose();
-      flat.dispose();
+    const stage = this.pinnedStaging();
+    const base = src.dataPointer();
+    const bytes = new Uint8Array(out.buffer, out.byteOffset, out.byteLength);
+    for (let off = 0; off < bytes.length; off += stage.bytes) {
+      const n = Math.min(stage.bytes, bytes.length - off);
+      this.copyBytes({ info: this.memoryInfo, at: base + BigInt(off) }, { info: stage.info, at: stage.at }, n);
+      api.copyOut(bytes.subarray(off, off + n), stage.at);
     }
   }
 
@@ -359,15 +415,11 @@ export class Device {
       ortEnv().api.copy(dst.dataPointer(), src.dataPointer(), src.byteLength);
       return;
     }
-    const a = src.reshape([src.size]);
-    const c = dst.reshape([dst.size]);
-    const b = this.utilitySession(src.dtype, 'copy').binding();
-    try {
-      b.input('x', a).output('y', c).runSync();
-    } finally {
-      b.dispose();
-      a.dispose();
-      c.dispose();
+    const a = src.dataPointer();
+    const c = dst.dataPointer();
+    for (let off = 0; off < src.byteLength; off += DEVICE_COPY_CHUNK) {
+      const n = Math.min(DEVICE_COPY_CHUNK, src.byteLength - off);
+      this.copyBytes({ info: this.memoryInfo, at: a + BigInt(off) }, { info: this.memoryInfo, at: c + BigInt(off) }, n);
     }
   }
 }

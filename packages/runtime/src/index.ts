@@ -12,3 +12,4 @@ export { byteSize, checkHostTensor, hostArrayType, hostTensor, sizeOf, type Host
 export { fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits } from './half';
 export { PlainSession, type SessionDevice } from './plain';
 export { Program, type ProgramBackend, type ProgramOptions, type ProgramIO } from './program';
+export { availableProviders, diagnose, type DoctorCheck } from './doctor';

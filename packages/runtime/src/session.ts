@@ -233,7 +233,7 @@ export class Session {
 }
 
 /** What is bound to one output. */
-type OutputSlot = { kind: 'tensor'; tensor: DeviceTensor } | { kind: 'device' } | { kind: 'host' };
+type OutputSlot = { kind: 'tensor'; tensor: DeviceTensor } | { kind: 'device' } | { kind: 'host' } | { kind: 'raw' };
 
 /**
  * An IoBinding: inputs and outputs attached to a session, run as often as needed. A host tensor
@@ -250,6 +250,8 @@ export class Binding {
   /** Host inputs staged in ORT-allocated CPU values (released on rebind or dispose). */
   private readonly stagedInputs = new Map<string, Ptr>();
   private readonly outputSlots = new Map<string, OutputSlot>();
+  /** Inputs bound to raw values by the runtime itself. */
+  private readonly rawInputs = new Set<string>();
   /** Outputs of the last run that ORT allocated, by name (owned until `take` hands them over). */
   private produced = new Map<string, DeviceTensor>();
 
@@ -283,6 +285,7 @@ export class Binding {
     const b = this.live();
     const info = this.session.input(name);
     this.releaseStaged(name);
+    this.rawInputs.delete(name);
     if (t instanceof DeviceTensor) {
       this.checkType('input', info, t.dtype, t.dims);
       api.call('BindInput', b, name, t.live(`input '${name}'`));
@@ -299,6 +302,26 @@ export class Binding {
       }
       this.stagedInputs.set(name, staged);
       this.inputTensors.delete(name);
+    }
+    return this;
+  }
+
+  /**
+   * @internal Binds a raw OrtValue the caller owns and keeps alive until the binding is done with it
+   * (the runtime's own byte copies use this).
+   */
+  bindRaw(name: string, value: Ptr, as: 'input' | 'output'): this {
+    const { api } = ortEnv();
+    const b = this.live();
+    if (as === 'input') {
+      this.session.input(name);
+      this.releaseStaged(name);
+      api.call('BindInput', b, name, value);
+      this.rawInputs.add(name);
+    } else {
+      this.session.output(name);
+      api.call('BindOutput', b, name, value);
+      this.outputSlots.set(name, { kind: 'raw' });
     }
     return this;
   }
@@ -324,7 +347,7 @@ export class Binding {
 
   private prepareRun(): void {
     this.live();
-    const missing = this.session.inputs.filter((i) => !this.inputTensors.has(i.name) && !this.stagedInputs.has(i.name));
+    const missing = this.session.inputs.filter((i) => !this.inputTensors.has(i.name) && !this.stagedInputs.has(i.name) && !this.rawInputs.has(i.name));
     if (missing.length) throw new Error(`session '${this.session.name}': unbound inputs ${missing.map((i) => `'${i.name}'`).join(', ')}`);
     for (const [name, t] of this.inputTensors) t.live(`input '${name}'`);
     for (const [name, s] of this.outputSlots) if (s.kind === 'tensor') s.tensor.live(`output '${name}'`);
@@ -365,7 +388,7 @@ export class Binding {
 
   /** Wraps the outputs ORT allocated in the last run. */
   private collect(): void {
-    const allocated = [...this.outputSlots].filter(([, s]) => s.kind !== 'tensor');
+    const allocated = [...this.outputSlots].filter(([, s]) => s.kind === 'device' || s.kind === 'host');
     if (allocated.length === 0) return;
     const { api } = ortEnv();
     const alloc = cpuAllocator();
@@ -391,7 +414,7 @@ export class Binding {
     api.call('AllocatorFree', alloc, valuesOut[0]);
     names.forEach((name, i) => {
       const slot = this.outputSlots.get(name);
-      if (!slot || slot.kind === 'tensor') {
+      if (!slot || (slot.kind !== 'device' && slot.kind !== 'host')) {
         api.fn('ReleaseValue')(values[i]);
         return;
       }
@@ -410,6 +433,7 @@ export class Binding {
     const slot = this.outputSlots.get(name);
     if (!slot) throw new Error(`session '${this.session.name}': output '${name}' is not bound`);
     if (slot.kind === 'tensor') return slot.tensor;
+    if (slot.kind === 'raw') throw new Error(`session '${this.session.name}': output '${name}' is bound to a raw value`);
     const t = this.produced.get(name);
     if (!t) throw new Error(`session '${this.session.name}': output '${name}' has no value (run first)`);
     return t;

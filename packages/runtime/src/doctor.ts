@@ -1,0 +1,94 @@
+/**
+ * `diagnose()`: what this machine offers ONNX Runtime — versions, compiled-in providers, whether the
+ * CUDA provider and the CUDA libraries it needs are present, the GPUs, and whether a CUDA device
+ * actually opens. `lathe doctor` prints it.
+ */
+import { execFileSync } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { join } from 'node:path';
+import { koffiVersion, ortLibraryDir } from './capi';
+import { Device } from './device';
+import { ortEnv } from './env';
+
+/** One check: what was found and whether it is fine. */
+export interface DoctorCheck {
+  name: string;
+  ok: boolean;
+  detail: string;
+}
+
+/** The CUDA libraries ORT 1.29's CUDA 13 provider links against. */
+const CUDA_LIBS = ['libcudart.so.13', 'libcublas.so.13', 'libcublasLt.so.13', 'libcurand.so.10', 'libcuda.so.1'];
+
+function version(pkg: string): string {
+  try {
+    const require = createRequire(__filename);
+    return (JSON.parse(readFileSync(require.resolve(`${pkg}/package.json`), 'utf8')) as { version: string }).version;
+  } catch {
+    return 'not installed';
+  }
+}
+
+/** ORT's compiled-in execution providers (present in the build, not necessarily loadable). */
+export function availableProviders(): string[] {
+  const { api } = ortEnv();
+  const out: (bigint | null)[] = [null];
+  const n: number[] = [0];
+  api.check('GetAvailableProviders', api.fn('GetAvailableProviders')(out, n));
+  const names = api.strings(out[0]!, n[0]);
+  api.call('ReleaseAvailableProviders', out[0], n[0]);
+  return names;
+}
+
+/** Runs every check (opening CUDA only when `tryCuda`). */
+export function diagnose(opts: { tryCuda?: boolean } = {}): DoctorCheck[] {
+  const checks: DoctorCheck[] = [];
+  checks.push({ name: 'node', ok: Number(process.versions.node.split('.')[0]) >= 20, detail: `${process.version} ${process.platform} ${process.arch}` });
+  const ortNode = version('onnxruntime-node');
+  const dir = ortLibraryDir();
+  let core = 'not loaded';
+  try {
+    core = ortEnv().api.version;
+    checks.push({ name: 'onnxruntime', ok: core === ortNode, detail: `onnxruntime-node ${ortNode}, C API library ${core} (${dir})` });
+  } catch (e) {
+    checks.push({ name: 'onnxruntime', ok: false, detail: `cannot load ${dir}: ${(e as Error).message}` });
+    return checks;
+  }
+  checks.push({ name: 'koffi', ok: true, detail: koffiVersion });
+  checks.push({ name: 'providers (compiled in)', ok: true, detail: availableProviders().join(', ') });
+  const files = ['libonnxruntime_providers_cuda.so', 'libonnxruntime_providers_shared.so'];
+  const present = files.filter((f) => existsSync(join(dir, f)));
+  checks.push({
+    name: 'CUDA provider files',
+    ok: present.length === files.length,
+    detail: present.length === files.length ? `present in ${dir}` : `missing ${files.filter((f) => !present.includes(f)).join(', ')} — run node tools/install-cuda-provider.mjs`,
+  });
+  let cache = '';
+  try {
+    cache = execFileSync('ldconfig', ['-p'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] });
+  } catch {
+    // no ldconfig: LD_LIBRARY_PATH alone
+  }
+  const search = (process.env.LD_LIBRARY_PATH ?? '').split(':').filter(Boolean);
+  const found = CUDA_LIBS.filter((l) => cache.includes(l) || search.some((d) => existsSync(join(d, l))));
+  checks.push({ name: 'CUDA 13 libraries', ok: found.length === CUDA_LIBS.length, detail: found.length === CUDA_LIBS.length ? 'all found' : `missing ${CUDA_LIBS.filter((l) => !found.includes(l)).join(', ')}` });
+  try {
+    const gpus = execFileSync('nvidia-smi', ['--query-gpu=name,memory.total,driver_version', '--format=csv,noheader'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+    checks.push({ name: 'GPUs', ok: gpus.length > 0, detail: gpus.split('\n').join('; ') });
+  } catch {
+    checks.push({ name: 'GPUs', ok: false, detail: 'nvidia-smi not found or no NVIDIA driver' });
+  }
+  if (opts.tryCuda) {
+    try {
+      const d = Device.cuda();
+      const t = d.full('float32', [4], 2);
+      const ok = (t.download().data as Float32Array).every((v) => v === 2);
+      t.dispose();
+      checks.push({ name: 'CUDA device', ok, detail: ok ? `${d.name} opened; a tensor round-tripped (transfers ${d.pinned ? 'through pinned memory' : 'through pageable memory'})` : 'a tensor did not round-trip' });
+    } catch (e) {
+      checks.push({ name: 'CUDA device', ok: false, detail: (e as Error).message.split('\n')[0] });
+    }
+  }
+  return checks;
+}
