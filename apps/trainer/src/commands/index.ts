@@ -2,6 +2,7 @@ import type { CommandModule } from 'yargs';
 import { demoCommand } from './demo';
 import { sftCommand } from './sft';
 import { gradeCommand } from './grade';
+import { doctorCommand } from './doctor';
 import { runsCommand } from './runs';
 
 /** Every `lathe` subcommand; each lives in its own file beside this one. */
@@ -10,5 +11,6 @@ export const commands: CommandModule<any, any>[] = [
   demoCommand,
   sftCommand,
   gradeCommand,
+  doctorCommand,
   runsCommand,
 ];
