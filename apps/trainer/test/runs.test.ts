@@ -108,5 +108,5 @@ describe('lathe runs (on real lathe sft run directories)', () => {
     for (const sub of ['list', 'show <run>', 'diff <a> <b>', 'prune <run>']) expect(r.stdout).toContain(`lathe runs ${sub}`);
     const prune = spawnSync(process.execPath, [LATHE, 'runs', 'prune', '--help'], { encoding: 'utf8', timeout: 60_000 });
     expect(prune.stdout).toMatch(/--keep_last\s+Keep the newest N checkpoints \[default: 2\]/);
-  });
+  }, 60_000);
 });

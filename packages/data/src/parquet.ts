@@ -6,7 +6,7 @@
  * leaves a half-written file under the final name. Errors name the file (and the column).
  */
 import { existsSync, writeFileSync, openAsBlob, openSync, closeSync, readSync, fstatSync, renameSync, rmSync, statSync } from 'node:fs';
-import { open, readFile } from 'node:fs/promises';
+import { open } from 'node:fs/promises';
 import * as arrow from 'apache-arrow';
 import * as pw from 'parquet-wasm';
 import { parseTable } from 'arrow-js-ffi';
@@ -33,6 +33,8 @@ export interface ParquetWriteOptions {
 export interface ParquetReadOptions {
   /** Read only these columns (an unknown name is an error naming the file and column). */
   columns?: string[];
+  /** Refuse row groups that need more bytes than this to decode (default {@link MAX_ROW_GROUP_BYTES}). */
+  maxRowGroupBytes?: number;
 }
 
 const CODECS: Record<ParquetCompression, pw.Compression> = {
@@ -121,18 +123,34 @@ export async function readParquetSchema(file: string): Promise<arrow.Schema> {
   }
 }
 
-/** Reads a whole Parquet file (or some of its columns) into an Arrow table. */
+/**
+ * Reads a whole Parquet file (or some of its columns) into an Arrow table, one row group at a time
+ * (the file itself is never copied into WebAssembly memory whole).
+ */
 export async function readParquet(file: string, options: ParquetReadOptions = {}): Promise<arrow.Table> {
-  checkParquetFraming(file);
-  if (options.columns) checkColumns(file, await readParquetSchema(file), options.columns);
-  const bytes = await readFile(file);
-  let t: pw.Table;
-  try {
-    t = pw.readParquet(bytes, options.columns ? { columns: options.columns } : undefined);
-  } catch (e) {
-    throw wasmError(file, e);
+  const batches: arrow.RecordBatch[] = [];
+  let schema: arrow.Schema | undefined;
+  for await (const b of readParquetBatches(file, { ...options, batchSize: 65536, onSchema: (s) => (schema = s) })) batches.push(b);
+  return new arrow.Table(schema!, batches);
+}
+
+/**
+ * The most bytes (compressed + uncompressed, of the columns read) one row group may hold: parquet-wasm
+ * decodes a row group at once inside WebAssembly's 4 GB memory.
+ */
+export const MAX_ROW_GROUP_BYTES = 1.5e9;
+
+function checkRowGroupSize(file: string, g: number, rg: pw.RowGroupMetaData, columns: string[] | undefined, max: number): void {
+  let bytes = 0;
+  for (const c of rg.columns()) {
+    if (!columns || columns.includes(c.columnPath()[0])) bytes += c.compressedSize() + c.uncompressedSize();
   }
-  return fromWasm(t);
+  if (bytes > max) {
+    throw new Error(
+      `${file}: row group ${g} (${rg.numRows()} rows) needs ${(bytes / 1e9).toFixed(2)} GB to decode, over the ${max / 1e9} GB a row group may take in WebAssembly memory; ` +
+        'rewrite the file with smaller row groups (pyarrow: pq.write_table(t, path, row_group_size=100_000); its default is 1Mi rows) or read fewer columns',
+    );
+  }
 }
 
 /** Number of rows and row groups of a Parquet file (from its footer). */
@@ -160,7 +178,7 @@ export async function parquetInfo(file: string): Promise<{ rows: number; rowGrou
  * Streams a Parquet file as Arrow record batches of up to `batchSize` rows (default 8,192), reading
  * one row group at a time from disk: files larger than memory are fine.
  */
-export async function* readParquetBatches(file: string, options: ParquetReadOptions & { batchSize?: number } = {}): AsyncGenerator<arrow.RecordBatch> {
+export async function* readParquetBatches(file: string, options: ParquetReadOptions & { batchSize?: number; onSchema?: (schema: arrow.Schema) => void } = {}): AsyncGenerator<arrow.RecordBatch> {
   checkParquetFraming(file);
   let pf: pw.ParquetFile;
   try {
@@ -169,9 +187,14 @@ export async function* readParquetBatches(file: string, options: ParquetReadOpti
     throw wasmError(file, e);
   }
   try {
-    const groups = pf.metadata().numRowGroups();
-    if (options.columns) checkColumns(file, arrow.tableFromIPC(pf.schema().intoIPCStream()).schema, options.columns);
+    const meta = pf.metadata();
+    const groups = meta.numRowGroups();
+    const fileSchema = arrow.tableFromIPC(pf.schema().intoIPCStream()).schema;
+    if (options.columns) checkColumns(file, fileSchema, options.columns);
+    const schema = options.columns ? new arrow.Schema(options.columns.map((c) => fileSchema.fields.find((f) => f.name === c)!), fileSchema.metadata) : fileSchema;
+    options.onSchema?.(schema);
     for (let g = 0; g < groups; g++) {
+      checkRowGroupSize(file, g, meta.rowGroup(g), options.columns, options.maxRowGroupBytes ?? MAX_ROW_GROUP_BYTES);
       let t: pw.Table;
       try {
         t = await pf.read({ rowGroups: [g], batchSize: options.batchSize ?? 8192, ...(options.columns ? { columns: options.columns } : {}) });

@@ -167,6 +167,11 @@ describe('Parquet errors name the file and the column', () => {
     await expect(readParquet(path.join(dir, 'nope.parquet'))).rejects.toThrow(/nope\.parquet: cannot open \(ENOENT\)/);
   });
 
+  test('a row group too big to decode in WebAssembly memory is refused before reading, naming the file and the remedy', async () => {
+    await expect(readParquet(good, { maxRowGroupBytes: 1000 })).rejects.toThrow(new RegExp(`${good.replace(/[.]/g, '\\.')}: row group 0 \\(100 rows\\) needs .* GB to decode, over the 0.000001 GB .* row_group_size=100_000`));
+    expect((await readParquet(good, { columns: ['id'], maxRowGroupBytes: 5000 })).numRows).toBe(100); // only the columns read count
+  });
+
   test('asking for a column the file lacks', async () => {
     await expect(readParquet(good, { columns: ['id', 'output_token_ids'] })).rejects.toThrow(`${good}: no column 'output_token_ids' (the file has 'id', 'text', 'tokens', 'q')`);
     await expect(readParquetBatches(good, { columns: ['nope'] }).next()).rejects.toThrow(`${good}: no column 'nope'`);

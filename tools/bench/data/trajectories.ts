@@ -8,6 +8,7 @@
  * tools/reference/data/pyarrow_bench.py, which does the same in pyarrow.
  *
  * Usage: npx tsx --conditions=lathe-source tools/bench/data/trajectories.ts [--rows 1000000] [--dir /tmp] [--keep]
+ *        … trajectories.ts --read FILE   (stream another tool's file: rows, token-id sum, time)
  * Prints one JSON line.
  */
 import { mkdtempSync, rmSync, statSync } from 'node:fs';
@@ -65,7 +66,35 @@ function poolBatch(seed: number): PoolBatch {
   };
 }
 
+/** Streams a file written elsewhere (e.g. by pyarrow) and sums its token ids. */
+async function readOnly(file: string): Promise<void> {
+  const t = performance.now();
+  let rows = 0;
+  let sum = 0;
+  for await (const b of readParquetBatches(file, { batchSize: BATCH })) {
+    rows += b.numRows;
+    sum += tokenSum(b);
+  }
+  const s = (performance.now() - t) / 1000;
+  const info = await parquetInfo(file);
+  console.log(JSON.stringify({ tool: 'lathe (parquet-wasm 0.8.0)', read: file, rows, row_groups: info.rowGroups, token_sum: sum, read_s: Number(s.toFixed(2)), read_rows_per_s: Math.round(rows / s), peak_rss_mb: Math.round(process.resourceUsage().maxRSS / 1024) }));
+}
+
+function tokenSum(b: arrow.RecordBatch): number {
+  let sum = 0;
+  for (const col of ['prompt_token_ids', 'output_token_ids']) {
+    for (const d of b.getChild(col)!.data) {
+      const values = d.children[0].values as Int32Array;
+      const offsets = d.valueOffsets;
+      for (let i = offsets[0]; i < offsets[d.length]; i++) sum += values[i];
+    }
+  }
+  return sum;
+}
+
 async function main(): Promise<void> {
+  const other = process.argv.indexOf('--read');
+  if (other >= 0) return readOnly(process.argv[other + 1]);
   const rows = Number(arg('rows', '1000000'));
   const dir = mkdtempSync(path.join(arg('dir', tmpdir()), 'lathe-bench-data-'));
   const file = path.join(dir, 'trajectories.parquet');
@@ -101,13 +130,7 @@ async function main(): Promise<void> {
   let sum = 0;
   for await (const b of readParquetBatches(file, { batchSize: BATCH })) {
     readRows += b.numRows;
-    for (const col of ['prompt_token_ids', 'output_token_ids']) {
-      for (const d of b.getChild(col)!.data) {
-        const values = d.children[0].values as Int32Array;
-        const offsets = d.valueOffsets;
-        for (let i = offsets[0]; i < offsets[d.length]; i++) sum += values[i];
-      }
-    }
+    sum += tokenSum(b);
   }
   const readS = (performance.now() - t1) / 1000;
   if (readRows !== rows || sum !== expectedSum) throw new Error(`read back ${readRows} rows, token sum ${sum}; expected ${rows}, ${expectedSum}`);

@@ -8,7 +8,11 @@ streams the file back in 8,192-row batches and checks the sum of every token id.
 with the same keys as the Lathe benchmark. Optionally (--verify FILE) reads a Parquet file written by
 Lathe and prints its schema and row count, as an independent check of Lathe's writer.
 
-Usage: python3 tools/reference/data/pyarrow_bench.py [--rows 1000000] [--dir /tmp] [--verify FILE]
+With --keep, the file stays and its path and token-id sum are printed (for the Lathe reader:
+tools/bench/data/trajectories.ts --read FILE); --row-group-size sets pyarrow's row groups (default
+16384; 0 leaves pyarrow's own default of 1Mi rows).
+
+Usage: python3 tools/reference/data/pyarrow_bench.py [--rows 1000000] [--dir /tmp] [--keep] [--row-group-size N] [--verify FILE]
 Exits with status 2 and a one-line JSON {"error": ...} when pyarrow is not installed.
 """
 import argparse
@@ -59,6 +63,8 @@ def main():
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--verify", help="a Parquet file written by Lathe to read and describe")
+    ap.add_argument("--keep", action="store_true", help="keep the file; print its path and token-id sum")
+    ap.add_argument("--row-group-size", type=int, default=16384)
     args = ap.parse_args()
     if args.verify:
         t = pq.read_table(args.verify)
@@ -91,8 +97,9 @@ def main():
             expected += int(p["sum_up_to"][n])
             data_bytes += int(p["bytes_up_to"][n])
             group.append(batch)
-            if len(group) == 2 or b == n_batches - 1:
-                w.write_table(pa.Table.from_batches(group, schema=schema), row_group_size=16384)
+            per = max(1, args.row_group_size // BATCH) if args.row_group_size else n_batches
+            if len(group) == per or b == n_batches - 1:
+                w.write_table(pa.Table.from_batches(group, schema=schema), row_group_size=args.row_group_size or None)
                 group = []
     write_s = time.perf_counter() - t0
 
@@ -110,7 +117,8 @@ def main():
         sys.exit(1)
     file_bytes = os.path.getsize(path)
     groups = f.metadata.num_row_groups
-    shutil.rmtree(work, ignore_errors=True)
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
     mb = data_bytes / 1e6
     print(json.dumps({
         "tool": f"pyarrow {pa.__version__}",
@@ -126,6 +134,7 @@ def main():
         "read_mb_per_s": round(mb / read_s, 1),
         "token_sum_ok": True,
         "cpus": os.cpu_count(),
+        **({"file": path, "token_sum": total} if args.keep else {}),
     }))
 
 
