@@ -11,3 +11,7 @@ export * from './policies';
 export * from './rl-loss';
 export * from './rewards';
 export * from './dynamic-sampling';
+export * from './estimators';
+export * from './rollout-batch';
+export * from './policy-sessions';
+export * from './grpo-trainer';

@@ -9,12 +9,17 @@
  * - `response_mask` int64: 1 where the predicted token is a response token;
  * - `loss_normaliser` float32 scalar: the aggregation's normaliser over the whole optimizer batch
  *   (see `lossNormaliser`), the same for every micro-batch of a step;
- * - `ref_logp` float32: reference log-probs, only when `klCoef` > 0.
- * Metric outputs: those of `policyLoss` (sums that add up over micro-batches).
+ * - `ref_logp` float32: reference log-probs, only when the objective reads them (`klCoef` > 0, or
+ *   `reference: true` for a custom objective).
+ * Metric outputs: those of the objective (for `policyLoss`: sums that add up over micro-batches),
+ * plus `logp_parity_sum` = Σ over response tokens of exp(|log π_θ − log π_old|): divided by
+ * `tokens` it is the log-prob parity metric (1 when the training forward reproduces the old
+ * log-probs; meaningful before the first update of a batch).
  */
+import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
 import type { LossBuilder } from '@lathe/train';
-import { policyLoss, type PolicyLossConfig } from './policy-loss';
+import { policyLoss, type PolicyLossConfig, type PolicyLossTensors } from './policy-loss';
 import type { PolicyBuilder } from './policies';
 
 /** Names of the RL batch inputs. */
@@ -26,8 +31,27 @@ export const RL_INPUTS = {
   normaliser: 'loss_normaliser',
 } as const;
 
-/** The policy loss of `config` over `policy`'s log-probs, ready for `compileTrainStep`. */
-export function rlLoss(policy: PolicyBuilder, config: PolicyLossConfig = {}): LossBuilder {
+/**
+ * A custom RL objective: the scalar loss (and named scalar metrics) from the batch's tensors. The
+ * default objective is `policyLoss` with a config; a new loss term is a function that calls
+ * `policyLoss` and adds to its loss (see docs/guides/custom-algorithm.md).
+ */
+export type RlObjective = (t: PolicyLossTensors) => { loss: Tensor; metrics?: Record<string, Tensor | undefined> };
+
+/** Options of {@link rlLoss}. */
+export interface RlLossOptions {
+  /**
+   * Declare the `ref_logp` input and pass it to the objective. Default: `klCoef > 0` for a config;
+   * false for a custom objective (set it when yours reads `refLogp`).
+   */
+  reference?: boolean;
+}
+
+const PARITY_LOG_LIMIT = 20;
+
+/** The loss of `objective` (a `policyLoss` config, or a custom function) over `policy`'s log-probs, ready for `compileTrainStep`. */
+export function rlLoss(policy: PolicyBuilder, objective: PolicyLossConfig | RlObjective = {}, opts: RlLossOptions = {}): LossBuilder {
+  const reference = opts.reference ?? (typeof objective === 'function' ? false : (objective.klCoef ?? 0) > 0);
   return (g, params) => {
     const { logp, entropy } = policy(g, params);
     if (logp.rank !== 2 || logp.dtype !== 'float32') throw new Error(`rlLoss: the policy's logp must be float32 [B, T], got ${logp}`);
@@ -36,10 +60,13 @@ export function rlLoss(policy: PolicyBuilder, config: PolicyLossConfig = {}): Lo
     const advantages = g.input(RL_INPUTS.advantages, 'float32', shape);
     const mask = g.input(RL_INPUTS.mask, 'int64', shape);
     const normaliser = g.input(RL_INPUTS.normaliser, 'float32', []);
-    const refLogp = (config.klCoef ?? 0) > 0 ? g.input(RL_INPUTS.refLogp, 'float32', shape) : undefined;
-    const out = policyLoss({ logp, oldLogp, advantages, mask, normaliser, refLogp, entropy }, config);
+    const refLogp = reference ? g.input(RL_INPUTS.refLogp, 'float32', shape) : undefined;
+    const tensors: PolicyLossTensors = { logp, oldLogp, advantages, mask, normaliser, refLogp, entropy };
+    const out = typeof objective === 'function' ? objective(tensors) : policyLoss(tensors, objective);
     const metrics: Record<string, Tensor> = {};
-    for (const [k, v] of Object.entries(out.metrics)) if (v) metrics[k] = v;
+    for (const [k, v] of Object.entries(out.metrics ?? {})) if (v) metrics[k] = v;
+    const deviation = L.exp(L.clip(L.abs(L.sub(logp, oldLogp)), 0, PARITY_LOG_LIMIT));
+    metrics.logp_parity_sum = L.reduceSum(L.mul(deviation, L.cast(mask, 'float32')));
     return { loss: out.loss, metrics };
   };
 }

@@ -1,0 +1,689 @@
+/**
+ * `GrpoTrainer`: the RL loop of the GRPO family, one step at a time. `step()` reads top to bottom:
+ *
+ *   1. rollouts — G completions per prompt from the generation graph bound to the trainer's current
+ *      weight buffers (one prefill per prompt, the group expanded after it, the decode loop inside
+ *      one run); with dynamic sampling, more rounds until enough groups have differing rewards;
+ *   2. rewards — the reward scorer (`combineRewards`: graders, format rewards, user functions) on the
+ *      decoded completions; the token ids themselves are kept and trained on, never re-tokenised;
+ *   3. the token batch — prompt ids + sampled ids as generated;
+ *   4. old log-probs — re-scored by the training policy's forward (`oldLogprobs: 'rescore'`, the
+ *      default) or taken from generation (`'generation'`); reference log-probs from the frozen
+ *      initial weights (a device copy; with LoRA the base itself) when the KL needs them;
+ *   5. advantages — a built-in estimator or the user's function;
+ *   6. `epochs` × `minibatches` optimizer steps through `Trainer` with the RL loss;
+ *   7. metrics.
+ * The next step's generation reads the weights the last update wrote: the trainer's buffers are
+ * bound by name, nothing is copied.
+ *
+ * Log-prob parity (`logp_parity`): the mean over response tokens of exp(|log π_train − log π_rollout|),
+ * where π_rollout is the generation graph's log-prob of each sampled token and π_train the training
+ * policy's (`decoderPolicy`, the loss's own builder) at the same weights. With re-scoring it is
+ * computed over the whole batch from the scoring pass; with generation log-probs, from the first
+ * update's forward (its first minibatch, before any weight changes). 1 up to rounding when
+ * generation and training agree; the reference systems treat > 1.05 as a bug. Top-k/top-p/min-p
+ * filters make the sampling distribution differ from π_θ, so with filters old log-probs must be
+ * re-scored (the parity then shows how far the filtered distribution is from the policy).
+ */
+import type { DType, Graph, Tensor } from '@lathe/onnx';
+import type { DecoderConfig } from '@lathe/models';
+import { paramSpecs } from '@lathe/models';
+import type { SamplingOptions } from '@lathe/rollout';
+import { Device, type DeviceTensor } from '@lathe/runtime';
+import { castWeights, initLora, loraAdapters, loraWeights, mergeLora, permutation, Trainer, type AdamWConfig, type LoraConfig, type TrainableParam } from '@lathe/train';
+import { advantageMatrix } from './advantages';
+import { dynamicSampling } from './dynamic-sampling';
+import { builtinEstimator, type AdvantageBatch, type AdvantageFunction, type EstimatorName } from './estimators';
+import { klEstimate, klPenalisedRewards, type KlEstimator } from './kl';
+import { decoderPolicy } from './policies';
+import { lossNormaliser, type LossAggregation, type PolicyLossConfig } from './policy-loss';
+import { GenerationRunner, ScoringRunner, type BoundWeights, type PolicyWeights } from './policy-sessions';
+import type { RewardScorer, SourceStats } from './rewards';
+import { rlLoss, type RlObjective } from './rl-loss';
+import { evenSplit, responseValues, selectRows, tokenBatch, type SampledCompletion, type TokenBatch } from './rollout-batch';
+
+/** A prompt for the RL loop. */
+export interface RlPrompt<M = unknown> {
+  /** The prompt's token ids, as the model reads them (chat template, BOS). */
+  ids: readonly number[];
+  /** The prompt text handed to reward functions. */
+  text: string;
+  /** Per-prompt data for reward functions (e.g. the reference answer). */
+  meta: M;
+  /**
+   * The prompt's random-stream key, unique per occurrence in a run (e.g. its data-stream position):
+   * sample j draws its noise from key·G + j, so rollouts are reproducible and resume exactly.
+   */
+  key: number;
+  /** Index of the prompt in its dataset (for logs). */
+  index?: number;
+}
+
+/** The KL to the reference. */
+export interface KlOptions {
+  /** β. 0: no reference at all. */
+  coef: number;
+  /** 'loss': a term of the policy loss (GRPO); 'reward': a per-token reward penalty before the advantages (PPO-RLHF, REINFORCE++). Default 'loss'. */
+  mode?: 'loss' | 'reward';
+  /** Default 'k3' in the loss, 'k1' as a reward penalty. */
+  estimator?: KlEstimator;
+}
+
+/** A custom loss and what the loop must feed it. */
+export interface CustomObjective {
+  objective: RlObjective;
+  /** The aggregation whose batch-level normaliser the loop feeds as `loss_normaliser`. Default 'token-mean'. */
+  aggregation?: LossAggregation;
+  /** The objective reads `refLogp`: the reference is scored each step. Default false. */
+  readsReference?: boolean;
+}
+
+/** Everything a GRPO-family run needs. */
+export interface GrpoTrainerOptions<M> {
+  /** The decoder's architecture. */
+  config: DecoderConfig;
+  /** The starting policy's float32 weights by HF name; also the frozen reference. */
+  weights: Map<string, Float32Array>;
+  /** Completions are decoded for reward functions only. */
+  tokenizer: { decode(ids: readonly number[]): string; readonly padId: number };
+  /** Token ids that end a completion (EOS, `<|im_end|>`). */
+  stopIds: readonly number[];
+  /** Scores completions (see `combineRewards`). */
+  rewards: RewardScorer<M & { completionTokens: number; stopped: boolean }>;
+  /** Completions per prompt (G). */
+  groupSize: number;
+  /** Generation limit per completion. */
+  maxNewTokens: number;
+  /** Sampling for rollouts (temperature > 0). Default temperature 1, no filters. */
+  sampling?: SamplingOptions;
+  /** A built-in estimator or your own function. Default 'grpo'. */
+  estimator?: EstimatorName | AdvantageFunction;
+  /** Generate each prompt's greedy completion and pass its reward as `greedyRewards` (set by 'remax'). */
+  greedyBaseline?: boolean;
+  /** The policy loss: a `policyLoss` config (clip ranges, aggregation, entropy, …) or a custom objective. */
+  loss?: PolicyLossConfig | CustomObjective;
+  /** KL to the frozen reference. Default none. */
+  kl?: KlOptions;
+  /** Passes over each batch. Default 1. */
+  epochs?: number;
+  /** Optimizer steps per epoch (the batch split into this many minibatches). Default 1. */
+  minibatches?: number;
+  /** Micro-batches per minibatch (gradient accumulation). Default 1. */
+  microBatches?: number;
+  /** Shuffle rows before splitting into minibatches (seeded by step and epoch). Default true. */
+  shuffle?: boolean;
+  /** AdamW settings. Default weight decay 0, gradient clipping at 1. */
+  optimizer?: AdamWConfig;
+  /** Train LoRA adapters over a frozen base instead of every weight. */
+  lora?: LoraConfig;
+  /** Where old log-probs come from. Default 'rescore'. */
+  oldLogprobs?: 'rescore' | 'generation';
+  /** DAPO dynamic sampling: drop groups with all-equal rewards and sample more prompts, at most `maxRounds` rounds per step. */
+  dynamicSampling?: { maxRounds: number };
+  /** Compute the policy's entropy on the batch (a metric; also needed for an entropy bonus). Default true. */
+  entropy?: boolean;
+  device?: Device;
+  /** Forward/backward dtype (master weights and AdamW state stay float32). Default float32. */
+  compute?: DType;
+  /** Vocabulary chunk of log-prob computations. */
+  chunk?: number;
+  /** Prompts per generation run (0: all of a round). */
+  promptsPerRun?: number;
+  /** Seed of sampling noise, LoRA init and minibatch shuffles. Default 0. */
+  seed?: number;
+  /** Continue from a checkpoint: trained values, AdamW moments, optimizer steps, RL steps. */
+  resume?: { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; optimizerStep: number; rlStep: number };
+}
+
+/** One completion of a step, for logs and rollout stores. */
+export interface RolloutRecord {
+  promptIndex: number | undefined;
+  promptText: string;
+  /** Sample j of its prompt's group. */
+  sample: number;
+  /** Response token ids (stop token included). */
+  tokens: number[];
+  completion: string;
+  stopped: boolean;
+  reward: number;
+  bySource: Record<string, number>;
+  /** The sequence advantage, or the mean of its token advantages. */
+  advantage: number;
+}
+
+/** Metrics of one RL step (one line of metrics.jsonl). Times are milliseconds. */
+export interface GrpoStepMetrics {
+  rl_step: number;
+  lr: number;
+  prompts: number;
+  samples: number;
+  reward_mean: number;
+  reward_std: number;
+  /** Per reward source: `reward/<name>/mean`, `/std`, `/failures`. */
+  [perSource: `reward/${string}`]: number;
+  reward_failures: number;
+  /** Groups whose rewards were all equal (zero advantage under a group baseline). */
+  uniform_groups: number;
+  zero_advantage_fraction: number;
+  advantage_abs_mean: number;
+  response_length_mean: number;
+  response_length_max: number;
+  /** Completions that hit the token limit without a stop id. */
+  truncated_fraction: number;
+  /** KL(π_old‖π_ref) per response token (the KL estimator on the sampled tokens); NaN without a reference. */
+  kl_ref: number;
+  loss: number;
+  pg_loss: number;
+  grad_norm: number;
+  clip_fraction: number;
+  clip_low_fraction: number;
+  /** k3 estimate of KL(π_old‖π_θ) per token, over every update. */
+  approx_kl: number;
+  /** Entropy per response token, over every update (NaN when not computed). */
+  entropy: number;
+  logp_parity: number;
+  /** Largest |log π_train − log π_rollout| over the tokens the parity was measured on. */
+  logp_max_abs_diff: number;
+  updates: number;
+  nonfinite_updates: number;
+  sampling_rounds: number;
+  dropped_groups: number;
+  generation_ms: number;
+  scoring_ms: number;
+  rewards_ms: number;
+  training_ms: number;
+  host_ms: number;
+  step_ms: number;
+}
+
+/** What `step()` returns. */
+export interface GrpoStepResult {
+  metrics: GrpoStepMetrics;
+  rollouts: RolloutRecord[];
+}
+
+/** A group: one prompt's G completions and their rewards. */
+interface SampledGroup<M> {
+  prompt: RlPrompt<M>;
+  completions: SampledCompletion[];
+  texts: string[];
+  rewards: number[];
+  bySource: Record<string, number[]>;
+  /** Failed reward calls per source (each replaced by the scorer's fallback). */
+  failures: Record<string, number>;
+  greedyReward?: number;
+}
+
+/** Where time goes in a step. */
+class PhaseClock {
+  readonly ms = { generation: 0, scoring: 0, rewards: 0, training: 0 };
+  private readonly start = performance.now();
+  async time<T>(phase: keyof PhaseClock['ms'], fn: () => Promise<T> | T): Promise<T> {
+    const t0 = performance.now();
+    try {
+      return await fn();
+    } finally {
+      this.ms[phase] += performance.now() - t0;
+    }
+  }
+  get total(): number {
+    return performance.now() - this.start;
+  }
+}
+
+const mean = (xs: readonly number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : NaN);
+const std = (xs: readonly number[]) => {
+  const m = mean(xs);
+  return xs.length ? Math.sqrt(xs.reduce((a, x) => a + (x - m) ** 2, 0) / xs.length) : NaN;
+};
+
+/** The GRPO-family RL loop over a decoder policy on one device. */
+export class GrpoTrainer<M = unknown> {
+  private rlStep: number;
+  private disposed = false;
+
+  private constructor(
+    private readonly opts: GrpoTrainerOptions<M>,
+    /** The compiled train step and the device-resident parameters and AdamW state. */
+    readonly trainer: Trainer,
+    private readonly frozen: Record<string, DeviceTensor>,
+    private readonly reference: BoundWeights | undefined,
+    private readonly sampler: GenerationRunner,
+    private readonly greedy: () => GenerationRunner,
+    private readonly policyScorer: () => ScoringRunner,
+    private readonly refScorer: ScoringRunner | undefined,
+    private readonly estimate: AdvantageFunction,
+    private readonly greedyBaseline: boolean,
+    private readonly toMerged: () => Map<string, Float32Array>,
+    private readonly owned: { dispose(): void }[],
+  ) {
+    this.rlStep = opts.resume?.rlStep ?? 0;
+  }
+
+  /** Compiles the train step, generation and scoring sessions and uploads the weights. */
+  static create<M>(opts: GrpoTrainerOptions<M>): GrpoTrainer<M> {
+    const { config, weights } = opts;
+    const device = opts.device ?? Device.cpu();
+    const compute = opts.compute ?? 'float32';
+    const sampling: SamplingOptions = { temperature: 1, ...opts.sampling };
+    const temperature = sampling.temperature ?? 1;
+    check(temperature > 0, `sampling.temperature must be > 0 for RL rollouts (got ${temperature}); greedy generation is for evaluation`);
+    check(Number.isInteger(opts.groupSize) && opts.groupSize >= 1, `groupSize must be a positive integer, got ${opts.groupSize}`);
+    check(Number.isInteger(opts.maxNewTokens) && opts.maxNewTokens >= 1, `maxNewTokens must be a positive integer, got ${opts.maxNewTokens}`);
+    for (const [k, v] of [['epochs', opts.epochs], ['minibatches', opts.minibatches], ['microBatches', opts.microBatches]] as const) {
+      check(v === undefined || (Number.isInteger(v) && v >= 1), `${k} must be a positive integer, got ${v}`);
+    }
+    const filtered = Boolean(sampling.topK) || (sampling.topP !== undefined && sampling.topP < 1) || Boolean(sampling.minP);
+    check(!(filtered && opts.oldLogprobs === 'generation'), "oldLogprobs 'generation' with top_k/top_p/min_p: generation's log-probs are of the filtered distribution, not the policy's; use 'rescore'");
+
+    // What is trained: every weight, or LoRA adapters over the frozen base (bound as `base/<name>`).
+    const specs = paramSpecs(config);
+    const lora = opts.lora;
+    const adapters = lora ? loraAdapters(config, lora) : [];
+    const trainable: TrainableParam[] = lora ? adapters.flatMap((a) => [a.a, a.b]) : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+    const policyWeights: PolicyWeights = {
+      trainable,
+      weights: lora
+        ? (g: Graph, t: Map<string, Tensor>) => {
+            const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
+            return loraWeights((n) => base.get(n)!, t, adapters, lora, compute);
+          }
+        : (_g: Graph, t: Map<string, Tensor>) => castWeights(t, compute),
+    };
+    for (const s of specs) check(weights.has(s.name), `weights: missing '${s.name}'`);
+    const frozen: Record<string, DeviceTensor> = lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, device.upload({ data: weights.get(s.name)!, dims: s.shape })])) : {};
+
+    // The train step with the RL loss over the same policy builder the scoring graph uses.
+    const kl = opts.kl ?? { coef: 0 };
+    check(kl.coef >= 0, `kl.coef must be ≥ 0, got ${kl.coef}`);
+    const klInLoss = kl.coef > 0 && (kl.mode ?? 'loss') === 'loss';
+    const lossSpec = opts.loss ?? {};
+    const custom = 'objective' in lossSpec ? lossSpec : undefined;
+    const objective: PolicyLossConfig | RlObjective = custom ? custom.objective : { ...lossSpec, klCoef: klInLoss ? kl.coef : 0, klEstimator: kl.estimator ?? (lossSpec as PolicyLossConfig).klEstimator };
+    const entropy = opts.entropy ?? true;
+    const policy = decoderPolicy(config, { compute, chunk: opts.chunk, temperature, entropy, weights: policyWeights.weights });
+    const readsReference = custom ? Boolean(custom.readsReference) : klInLoss;
+    const init = opts.resume
+      ? { params: opts.resume.params, m: opts.resume.m, v: opts.resume.v, step: opts.resume.optimizerStep }
+      : { params: lora ? initLora(adapters, opts.seed ?? 0) : weights };
+    const trainer = Trainer.create(
+      { params: trainable, loss: rlLoss(policy, objective, { reference: readsReference }), optimizer: { weightDecay: 0, maxGradNorm: 1, ...opts.optimizer } },
+      init,
+      { device, microBatches: opts.microBatches ?? 1, frozen },
+    );
+
+    // Generation and scoring sessions, fed the trainer's buffers by binding.
+    const padId = opts.tokenizer.padId;
+    const sampler = GenerationRunner.create(device, config, policyWeights, { groupSize: opts.groupSize, sampling, padId, promptsPerRun: opts.promptsPerRun });
+    const owned: { dispose(): void }[] = [sampler];
+    const lazy = <T extends { dispose(): void }>(make: () => T) => {
+      let v: T | undefined;
+      return () => {
+        if (!v) owned.push((v = make()));
+        return v;
+      };
+    };
+    const greedy = lazy(() => GenerationRunner.create(device, config, policyWeights, { groupSize: 1, sampling: { temperature: 0 }, padId, promptsPerRun: opts.promptsPerRun }));
+    const policyScorer = lazy(() => ScoringRunner.create(device, config, policyWeights, { temperature, compute, chunk: opts.chunk }));
+
+    // The frozen reference: the initial weights (with LoRA, the base itself — no copy).
+    const needsReference = kl.coef > 0 || readsReference;
+    let reference: BoundWeights | undefined;
+    let refScorer: ScoringRunner | undefined;
+    if (needsReference) {
+      const plain: PolicyWeights = { trainable: specs.map((s) => ({ name: s.name, shape: s.shape, decay: false })), weights: (_g, t) => castWeights(t, compute) };
+      refScorer = ScoringRunner.create(device, config, plain, { temperature, compute, chunk: opts.chunk });
+      owned.push(refScorer);
+      if (lora) reference = specs.map((s) => [s.name, frozen[`base/${s.name}`]] as const);
+      else {
+        const copies = specs.map((s) => [s.name, device.upload({ data: weights.get(s.name)!, dims: s.shape })] as const);
+        owned.push({ dispose: () => copies.forEach(([, t]) => t.dispose()) });
+        reference = copies;
+      }
+    }
+    owned.push({ dispose: () => Object.values(frozen).forEach((t) => t.dispose()) });
+
+    const est = typeof opts.estimator === 'function' ? { estimate: opts.estimator, greedyBaseline: false } : builtinEstimator(opts.estimator ?? 'grpo');
+    const toMerged = () => {
+      const snap = trainer.snapshot().params;
+      return lora ? mergeLora(weights, snap, adapters, lora) : snap;
+    };
+    return new GrpoTrainer(opts, trainer, frozen, reference, sampler, greedy, policyScorer, refScorer, est.estimate, est.greedyBaseline || Boolean(opts.greedyBaseline), toMerged, owned);
+  }
+
+  /** RL steps taken. */
+  get steps(): number {
+    return this.rlStep;
+  }
+
+  /** The policy's weights now, as sessions bind them: the trainer's buffers (and a LoRA base). */
+  private policyWeights(): BoundWeights[] {
+    return [this.trainer.params(), Object.entries(this.frozen)];
+  }
+
+  /**
+   * One RL step at learning rate `lr`. `prompts` gives each sampling round's prompts (round 0, and
+   * more rounds with dynamic sampling); an array is round 0's prompts.
+   */
+  async step(prompts: readonly RlPrompt<M>[] | ((round: number) => readonly RlPrompt<M>[]), lr: number): Promise<GrpoStepResult> {
+    if (this.disposed) throw new Error('GrpoTrainer: disposed');
+    const o = this.opts;
+    const G = o.groupSize;
+    const clock = new PhaseClock();
+    const next = typeof prompts === 'function' ? prompts : (round: number) => (round === 0 ? prompts : []);
+
+    // 1–2. Rollouts from the current weights, scored by the reward functions.
+    const first = next(0);
+    let groups: SampledGroup<M>[];
+    let rounds = 1;
+    let dropped = 0;
+    if (o.dynamicSampling) {
+      const r = await dynamicSampling((round) => this.sampleGroups(round === 0 ? first : next(round), clock), { targetGroups: first.length, maxRounds: o.dynamicSampling.maxRounds });
+      ({ groups, rounds, dropped } = r);
+      if (groups.length === 0) throw new Error(`dynamic sampling: every group of ${rounds} round(s) had all-equal rewards; nothing to train on (raise maxRounds or check the rewards)`);
+    } else groups = await this.sampleGroups(first, clock);
+
+    // 3. The token batch: prompt ids + sampled ids exactly as generated.
+    const rows = groups.flatMap((g) => g.completions.map((c) => ({ prompt: g.prompt.ids, c })));
+    const batch = tokenBatch(
+      rows.map((r) => r.prompt),
+      rows.map((r) => r.c),
+      o.tokenizer.padId,
+    );
+    const rowChunks = evenSplit([...Array(batch.rows).keys()], this.minibatchCount(batch.rows) * this.trainer.microBatches);
+
+    // 4. Old log-probs (re-scored by the training policy, or generation's) and the reference's.
+    let oldLogp = batch.rolloutLogp;
+    let parity: { mean: number; maxAbs: number } | undefined;
+    if ((o.oldLogprobs ?? 'rescore') === 'rescore') {
+      oldLogp = await clock.time('scoring', () => this.scoreRows(this.policyScorer(), this.policyWeights(), batch, rowChunks));
+      parity = logpParity(batch, oldLogp);
+    }
+    const refLogp = this.refScorer ? await clock.time('scoring', () => this.scoreRows(this.refScorer!, [this.reference!], batch, rowChunks)) : undefined;
+
+    // 5. Advantages (a KL reward penalty first shapes the rewards per token).
+    const outcome = groups.flatMap((g) => g.rewards);
+    const logpRows = responseValues(batch, oldLogp);
+    const refRows = refLogp && responseValues(batch, refLogp);
+    const klMode = o.kl && o.kl.coef > 0 ? (o.kl.mode ?? 'loss') : undefined;
+    const tokenRewards = klMode === 'reward' ? klPenalisedRewards({ rewards: outcome, logp: logpRows, refLogp: refRows! }, { coef: o.kl!.coef, estimator: o.kl!.estimator ?? 'k1' }).tokenPenalties : undefined;
+    const advBatch: AdvantageBatch = {
+      rewards: outcome,
+      groupSize: G,
+      lengths: batch.lengths,
+      tokenRewards,
+      greedyRewards: this.greedyBaseline ? groups.map((g) => g.greedyReward!) : undefined,
+      logp: logpRows,
+      refLogp: refRows,
+    };
+    const adv = this.estimate(advBatch);
+    const advantages = advantageMatrix(adv, batch.responseMask, [batch.rows, batch.width]);
+
+    // 6. epochs × minibatches optimizer steps on the stored batch.
+    const aggregation: LossAggregation = (o.loss && o.loss.aggregation) || 'token-mean';
+    const sums: Record<string, number> = {};
+    let updates = 0;
+    let nonfinite = 0;
+    let gradNorm = 0;
+    let lossSum = 0;
+    let firstUpdate: Record<string, number> | undefined;
+    const extra: Record<string, Float32Array> = { old_logp: oldLogp, advantages, ...(refLogp ? { ref_logp: refLogp } : {}) };
+    for (let epoch = 0; epoch < (o.epochs ?? 1); epoch++) {
+      const order = (o.shuffle ?? true) ? permutation(batch.rows, hashSeed(o.seed ?? 0, this.rlStep, epoch)) : [...Array(batch.rows).keys()];
+      for (const mb of evenSplit(order, this.minibatchCount(batch.rows))) {
+        const normaliser = lossNormaliser(aggregation, mb.map((r) => batch.lengths[r]), { maxLength: o.maxNewTokens });
+        const micro = evenSplit(mb, this.trainer.microBatches).map((part) => {
+          const t = selectRows(batch, part, extra);
+          return Object.fromEntries(this.trainer.batchInputs.map((name) => [name, name === 'loss_normaliser' ? { data: Float32Array.from([normaliser]), dims: [] } : t[name]]));
+        });
+        const r = this.trainer.trainStep(micro, lr);
+        clock.ms.training += r.runMs;
+        updates++;
+        if (!Number.isFinite(r.loss)) {
+          nonfinite++;
+          continue;
+        }
+        firstUpdate ??= r.metrics;
+        lossSum += r.loss;
+        gradNorm += r.gradNorm;
+        for (const [k, v] of Object.entries(r.metrics)) sums[k] = (sums[k] ?? 0) + v;
+      }
+    }
+    if (!parity && firstUpdate) parity = { mean: firstUpdate.logp_parity_sum / Math.max(1, firstUpdate.tokens), maxAbs: NaN };
+    this.rlStep++;
+
+    // 7. Metrics and the rollouts for logs.
+    const good = updates - nonfinite;
+    const tokens = sums.tokens ?? 0;
+    const per = (k: string) => (k in sums && tokens > 0 ? sums[k] / tokens : NaN);
+    const allRewards = outcome;
+    const sourceStats = perSourceStats(groups);
+    const advPerRow = adv.kind === 'sequence' ? adv.advantages : adv.advantages.map((a) => mean(a));
+    const klEst = o.kl?.estimator ?? (klMode === 'reward' ? 'k1' : 'k3');
+    const metrics: GrpoStepMetrics = {
+      rl_step: this.rlStep,
+      lr,
+      prompts: groups.length,
+      samples: batch.rows,
+      reward_mean: mean(allRewards),
+      reward_std: std(allRewards),
+      reward_failures: Object.values(sourceStats).reduce((s, x) => s + x.failures, 0),
+      uniform_groups: adv.stats.uniformGroups,
+      zero_advantage_fraction: adv.stats.zeroAdvantages / batch.rows,
+      advantage_abs_mean: mean(advPerRow.map(Math.abs)),
+      response_length_mean: mean(batch.lengths),
+      response_length_max: Math.max(...batch.lengths),
+      truncated_fraction: rows.filter((r) => !r.c.stopped).length / batch.rows,
+      kl_ref: refRows ? mean(logpRows.flatMap((row, i) => row.map((lp, t) => klEstimate(lp, refRows[i][t], klEst)))) : NaN,
+      loss: good ? lossSum / good : NaN,
+      pg_loss: good && 'pg_loss' in sums ? sums.pg_loss / good : NaN,
+      grad_norm: good ? gradNorm / good : NaN,
+      clip_fraction: per('clipped_tokens'),
+      clip_low_fraction: per('clipped_low_tokens'),
+      approx_kl: per('approx_kl_sum'),
+      entropy: per('entropy_sum'),
+      logp_parity: parity?.mean ?? NaN,
+      logp_max_abs_diff: parity?.maxAbs ?? NaN,
+      updates,
+      nonfinite_updates: nonfinite,
+      sampling_rounds: rounds,
+      dropped_groups: dropped,
+      generation_ms: clock.ms.generation,
+      scoring_ms: clock.ms.scoring,
+      rewards_ms: clock.ms.rewards,
+      training_ms: clock.ms.training,
+      host_ms: 0,
+      step_ms: 0,
+    };
+    for (const [name, s] of Object.entries(sourceStats)) {
+      metrics[`reward/${name}/mean`] = s.mean;
+      metrics[`reward/${name}/std`] = s.std;
+      metrics[`reward/${name}/failures`] = s.failures;
+    }
+    metrics.step_ms = clock.total;
+    metrics.host_ms = metrics.step_ms - clock.ms.generation - clock.ms.scoring - clock.ms.rewards - clock.ms.training;
+
+    let row = 0;
+    const rollouts: RolloutRecord[] = groups.flatMap((g) =>
+      g.completions.map((c, j) => {
+        const rec: RolloutRecord = {
+          promptIndex: g.prompt.index,
+          promptText: g.prompt.text,
+          sample: j,
+          tokens: c.tokens,
+          completion: g.texts[j],
+          stopped: c.stopped,
+          reward: g.rewards[j],
+          bySource: Object.fromEntries(Object.entries(g.bySource).map(([k, v]) => [k, v[j]])),
+          advantage: advPerRow[row],
+        };
+        row++;
+        return rec;
+      }),
+    );
+    return { metrics, rollouts };
+  }
+
+  /** Minibatches per epoch for a batch of `rows` (fewer when a dynamic-sampling batch is too small to split). */
+  private minibatchCount(rows: number): number {
+    const want = this.opts.minibatches ?? 1;
+    const fit = Math.floor(rows / this.trainer.microBatches);
+    if (fit < 1) throw new Error(`a batch of ${rows} completions cannot fill ${this.trainer.microBatches} micro-batches`);
+    return Math.min(want, fit);
+  }
+
+  /** G completions of each prompt (one generation run per `promptsPerRun`), decoded and scored. */
+  private async sampleGroups(prompts: readonly RlPrompt<M>[], clock: PhaseClock): Promise<SampledGroup<M>[]> {
+    if (prompts.length === 0) return [];
+    const o = this.opts;
+    const G = o.groupSize;
+    const completions = await clock.time('generation', () =>
+      this.sampler.generate(
+        this.policyWeights(),
+        prompts.map((p) => p.ids),
+        { maxNewTokens: o.maxNewTokens, stopIds: o.stopIds, seed: o.seed ?? 0, keys: prompts.map((p) => p.key) },
+      ),
+    );
+    const texts = completions.map((c) => o.tokenizer.decode(c.stopped ? c.tokens.slice(0, -1) : c.tokens));
+    const samples = completions.map((c, r) => {
+      const p = prompts[Math.floor(r / G)];
+      return { prompt: p.text, completion: texts[r], meta: { ...p.meta, completionTokens: c.tokens.length, stopped: c.stopped } };
+    });
+    const scored = await clock.time('rewards', () => o.rewards(samples));
+    let greedyRewards: number[] | undefined;
+    if (this.greedyBaseline) {
+      const best = await clock.time('generation', () => this.generateGreedy(prompts));
+      const s = await clock.time('rewards', () => o.rewards(best.map((b, i) => ({ prompt: prompts[i].text, completion: b.text, meta: { ...prompts[i].meta, completionTokens: b.tokens.length, stopped: b.stopped } }))));
+      greedyRewards = s.rewards;
+    }
+    return prompts.map((prompt, k) => {
+      const at = (xs: readonly number[]) => xs.slice(k * G, (k + 1) * G);
+      return {
+        prompt,
+        completions: completions.slice(k * G, (k + 1) * G),
+        texts: texts.slice(k * G, (k + 1) * G),
+        rewards: at(scored.rewards),
+        bySource: Object.fromEntries(Object.entries(scored.bySource).map(([name, v]) => [name, at(v)])),
+        failures: Object.fromEntries(Object.keys(scored.bySource).map((name) => [name, scored.failures.filter((f) => f.source === name && Math.floor(f.index / G) === k).length])),
+        greedyReward: greedyRewards?.[k],
+      };
+    });
+  }
+
+  /** Scores the batch's rows in the given chunks; returns a [rows, width] matrix in the batch's layout. */
+  private async scoreRows(scorer: ScoringRunner, weights: BoundWeights[], batch: TokenBatch, chunks: readonly number[][]): Promise<Float32Array> {
+    const out = new Float32Array(batch.rows * batch.width);
+    for (const rows of chunks) {
+      if (rows.length === 0) continue;
+      const t = selectRows(batch, rows);
+      const logp = await scorer.score(weights, { input_ids: t.input_ids, attention_mask: t.attention_mask });
+      // place back: the selection dropped leading all-padding columns of these rows
+      const T = t.input_ids.dims[1];
+      const offset = firstColumn(batch, rows);
+      rows.forEach((r, i) => out.set(logp.subarray(i * T, (i + 1) * T), r * batch.width + offset));
+    }
+    return out;
+  }
+
+  /**
+   * Greedy completions of `prompts` from the current weights (evaluation; ReMax's baseline): token
+   * ids, the decoded text (without the stop token) and whether a stop id ended it.
+   */
+  async generateGreedy(prompts: readonly { ids: readonly number[] }[]): Promise<{ tokens: number[]; text: string; stopped: boolean }[]> {
+    const out = await this.greedy().generate(
+      this.policyWeights(),
+      prompts.map((p) => p.ids),
+      { maxNewTokens: this.opts.maxNewTokens, stopIds: this.opts.stopIds, seed: 0, keys: prompts.map(() => 0) },
+    );
+    return out.map((c) => ({ tokens: c.tokens, stopped: c.stopped, text: this.opts.tokenizer.decode(c.stopped ? c.tokens.slice(0, -1) : c.tokens) }));
+  }
+
+  /**
+   * Re-scores `batch` with the training policy's forward at the current weights, and the parity of
+   * those log-probs with generation's (used by tests and benchmarks).
+   */
+  async rescore(batch: TokenBatch): Promise<{ logp: Float32Array; parity: { mean: number; maxAbs: number } }> {
+    const logp = await this.scoreRows(this.policyScorer(), this.policyWeights(), batch, [[...Array(batch.rows).keys()]]);
+    return { logp, parity: logpParity(batch, logp) };
+  }
+
+  /** Samples G completions per prompt from the current weights without training (tests, inspection). */
+  async sample(prompts: readonly RlPrompt<M>[]): Promise<TokenBatch> {
+    const groups = await this.sampleGroups(prompts, new PhaseClock());
+    const rows = groups.flatMap((g) => g.completions.map((c) => ({ prompt: g.prompt.ids, c })));
+    return tokenBatch(
+      rows.map((r) => r.prompt),
+      rows.map((r) => r.c),
+      this.opts.tokenizer.padId,
+    );
+  }
+
+  /**
+   * Host copies for a checkpoint: the trained tensors (adapters with LoRA), AdamW moments, the
+   * model's merged weights, optimizer steps and RL steps.
+   */
+  snapshot(): { values: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; model: Map<string, Float32Array>; optimizerStep: number; rlStep: number } {
+    const s = this.trainer.snapshot();
+    return { values: s.params, m: s.m, v: s.v, model: this.toMerged(), optimizerStep: s.step, rlStep: this.rlStep };
+  }
+
+  /** The trained parameters (adapters with LoRA). */
+  get trainable(): TrainableParam[] {
+    return this.opts.lora ? loraAdapters(this.opts.config, this.opts.lora).flatMap((a) => [a.a, a.b]) : paramSpecs(this.opts.config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+  }
+
+  /** Frees every session and device buffer. */
+  dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    for (const x of this.owned) x.dispose();
+    this.trainer.dispose();
+  }
+}
+
+/** Index of the first column that holds a token in any of `rows` (what `selectRows` keeps from). */
+function firstColumn(batch: TokenBatch, rows: readonly number[]): number {
+  let first = batch.promptWidth - 1;
+  for (const r of rows) {
+    let c = 0;
+    while (c < batch.promptWidth && batch.attentionMask[r * batch.width + c] === 0n) c++;
+    first = Math.min(first, c);
+  }
+  return first;
+}
+
+/** mean exp(|a − b|) and max |a − b| over response tokens, a = `logp`, b = the batch's rollout log-probs. */
+export function logpParity(batch: TokenBatch, logp: ArrayLike<number>): { mean: number; maxAbs: number } {
+  let sum = 0;
+  let n = 0;
+  let maxAbs = 0;
+  for (let i = 0; i < batch.responseMask.length; i++) {
+    if (batch.responseMask[i] === 0n) continue;
+    const d = Math.abs(logp[i] - batch.rolloutLogp[i]);
+    sum += Math.exp(d);
+    maxAbs = Math.max(maxAbs, d);
+    n++;
+  }
+  return { mean: n ? sum / n : NaN, maxAbs };
+}
+
+function perSourceStats<M>(groups: readonly SampledGroup<M>[]): Record<string, SourceStats> {
+  const names = groups.length ? Object.keys(groups[0].bySource) : [];
+  return Object.fromEntries(
+    names.map((name) => {
+      const xs = groups.flatMap((g) => g.bySource[name]);
+      return [name, { mean: mean(xs), std: std(xs), failures: groups.reduce((s, g) => s + (g.failures[name] ?? 0), 0) }];
+    }),
+  );
+}
+
+function hashSeed(seed: number, step: number, epoch: number): number {
+  let h = (seed ^ 0x9e3779b9) >>> 0;
+  for (const x of [step, epoch]) h = Math.imul(h ^ (x + 0x7f4a7c15), 0x85ebca6b) >>> 0;
+  return h;
+}
+
+function check(ok: boolean, message: string): void {
+  if (!ok) throw new Error(`GrpoTrainer: ${message}`);
+}
+

@@ -1,0 +1,215 @@
+/**
+ * GrpoTrainer end to end on tiny random Qwen3s (CPU): generation and training log-probs agree
+ * (generation vs re-scoring, and the update each gives), generation reads the updated weights
+ * with no copy, the frozen reference, LoRA, reward failures, dynamic sampling, and learning with
+ * every built-in estimator.
+ */
+import * as L from '@lathe/onnx';
+import { paramSpecs } from '@lathe/models';
+import { addGeneration } from '@lathe/rollout';
+import { Device } from '@lathe/runtime';
+import { castWeights } from '@lathe/train';
+import { combineRewards, ESTIMATOR_NAMES, GrpoTrainer, type EstimatorName, type GrpoTrainerOptions, type RewardFailure, type RlPrompt } from '@lathe/grpo';
+import { tinyModel } from './tiny-qwen3';
+
+interface Meta {
+  answer: number;
+}
+type Opts = GrpoTrainerOptions<Meta>;
+
+/** One-token task: prompt token p must be answered by ANSWERS[p] (chance 1/8). */
+const ANSWERS = [5, 7, 3, 2];
+const V = 8;
+const exact = combineRewards<Meta & { completionTokens: number; stopped: boolean }>([{ name: 'correct', fn: (_p, c, m) => (c === String(m.answer) ? 1 : 0) }], { fallback: 0 });
+const tokenizer = { decode: (ids: readonly number[]) => ids.join(' '), padId: 0 };
+const prompts = (step: number): RlPrompt<Meta>[] => ANSWERS.map((answer, p) => ({ ids: [p], text: String(p), meta: { answer }, key: step * ANSWERS.length + p, index: p }));
+
+function make(overrides: Partial<Opts> = {}, model = tinyModel(V)): GrpoTrainer<Meta> {
+  return GrpoTrainer.create<Meta>({
+    config: model.config,
+    weights: model.weights,
+    tokenizer,
+    stopIds: [],
+    rewards: exact,
+    groupSize: 8,
+    maxNewTokens: 1,
+    loss: { aggregation: 'seq-mean-token-mean', clipHigh: 0.28 },
+    minibatches: 2,
+    ...overrides,
+  });
+}
+
+/** Runs steps until the last 3 batches all score ≥ 0.9 (or `max` steps); returns each step's mean reward. */
+async function train(t: GrpoTrainer<Meta>, lr: number, max = 60): Promise<number[]> {
+  const mean: number[] = [];
+  for (let s = 0; s < max; s++) {
+    const { metrics } = await t.step(prompts(s), lr);
+    mean.push(metrics.reward_mean);
+    expect(metrics.logp_parity).toBeCloseTo(1, 4);
+    if (mean.length >= 3 && mean.slice(-3).every((m) => m >= 0.9)) break;
+  }
+  return mean;
+}
+
+const maxAbsDiff = (a: Float32Array, b: Float32Array) => a.reduce((m, x, i) => Math.max(m, Math.abs(x - b[i])), 0);
+
+test('generation log-probs equal the training policy’s re-scoring (left-padded prompts, groups, temperature, stop ids, 2 layers)', async () => {
+  const model = tinyModel(24, { layers: 2, std: 0.5, seed: 9 });
+  const t = make({ groupSize: 4, maxNewTokens: 6, stopIds: [3], sampling: { temperature: 0.7 } }, model);
+  const ps: RlPrompt<Meta>[] = [[5], [9, 1, 4], [13, 6], [20, 21, 22, 23]].map((ids, i) => ({ ids, text: '', meta: { answer: 0 }, key: i }));
+  const batch = await t.sample(ps);
+  expect(batch.rows).toBe(16);
+  expect(batch.lengths.some((n) => n < 6)).toBe(true); // some rows stopped early (right padding inside the batch)
+  const { parity } = await t.rescore(batch);
+  console.log(`parity over ${batch.lengths.reduce((a, b) => a + b)} tokens: mean exp|Δ| = ${parity.mean}, max |Δ| = ${parity.maxAbs.toExponential(2)}`);
+  expect(parity.mean).toBeGreaterThanOrEqual(1);
+  expect(parity.mean).toBeLessThan(1 + 1e-5);
+  expect(parity.maxAbs).toBeLessThan(1e-4);
+  t.dispose();
+});
+
+test('a step on generation log-probs and a step on re-scored log-probs give the same update', async () => {
+  const model = tinyModel(V);
+  const [gen, rescore] = (['generation', 'rescore'] as const).map((oldLogprobs) => make({ oldLogprobs, epochs: 2, kl: { coef: 0.05 } }, model));
+  for (let s = 0; s < 3; s++) {
+    const a = await gen.step(prompts(s), 0.03);
+    const b = await rescore.step(prompts(s), 0.03);
+    expect(a.rollouts.map((r) => r.tokens)).toEqual(b.rollouts.map((r) => r.tokens));
+    expect(a.metrics.loss).toBeCloseTo(b.metrics.loss, 5);
+    expect(a.metrics.logp_parity).toBeCloseTo(1, 5);
+    expect(b.metrics.logp_parity).toBeCloseTo(1, 5);
+    expect(b.metrics.logp_max_abs_diff).toBeLessThan(1e-5);
+  }
+  const [sa, sb] = [gen.snapshot(), rescore.snapshot()];
+  for (const [name, v] of sa.values) expect([name, maxAbsDiff(v, sb.values.get(name)!)]).toEqual([name, expect.any(Number)]);
+  const worst = Math.max(...[...sa.values].map(([name, v]) => maxAbsDiff(v, sb.values.get(name)!)));
+  expect(worst).toBeLessThan(1e-5);
+  gen.dispose();
+  rescore.dispose();
+});
+
+test('the next step generates from the weights the last update wrote (bound buffers, no copy)', async () => {
+  const model = tinyModel(V);
+  const t = make({}, model);
+  await train(t, 0.03, 6);
+  const snap = t.snapshot();
+  expect(maxAbsDiff(snap.model.get('model.embed_tokens.weight')!, model.weights.get('model.embed_tokens.weight')!)).toBeGreaterThan(1e-3);
+  // independent truth: a separately compiled greedy generation fed the snapshot's weights from the host
+  const g = new L.Graph('check');
+  const inputs = new Map(paramSpecs(model.config).map((s) => [s.name, g.input(s.name, 'float32', s.shape)] as const));
+  addGeneration(g, model.config, castWeights(inputs, 'float32'), { temperature: 0 });
+  const session = Device.cpu().compile(g);
+  const b = session.binding();
+  for (const s of paramSpecs(model.config)) b.input(s.name, { data: snap.model.get(s.name)!, dims: s.shape });
+  const ps = prompts(0);
+  b.input('input_ids', { data: BigInt64Array.from(ps.map((p) => BigInt(p.ids[0]))), dims: [ps.length, 1] })
+    .input('attention_mask', { data: BigInt64Array.from(ps.map(() => 1n)), dims: [ps.length, 1] })
+    .input('max_new_tokens', { data: BigInt64Array.from([3n]), dims: [] })
+    .input('stop_ids', { data: BigInt64Array.from([-1n]), dims: [1] })
+    .output('tokens', 'host');
+  await b.run();
+  const expected = Array.from(b.fetch('tokens').data as BigInt64Array, Number);
+  b.dispose();
+  session.dispose();
+  // a trainer resumed from the snapshot (3 new tokens), and the trainer that took the steps (its
+  // bound buffers are the updated ones): both generate what the independent session does
+  const resumed = make({ maxNewTokens: 3, resume: { params: snap.values, m: snap.m, v: snap.v, optimizerStep: snap.optimizerStep, rlStep: snap.rlStep } }, model);
+  expect((await resumed.generateGreedy(ps)).flatMap((c) => c.tokens)).toEqual(expected);
+  expect((await t.generateGreedy(ps)).map((c) => c.tokens[0])).toEqual(expected.filter((_x, i) => i % 3 === 0));
+  resumed.dispose();
+  t.dispose();
+});
+
+test.each(ESTIMATOR_NAMES.map((n) => [n]))('%s through GrpoTrainer: reward rises from chance to ≥ 0.9', async (name) => {
+  const t = make({ estimator: name as EstimatorName, kl: name === 'reinforce_pp_baseline' ? { coef: 0.01, mode: 'reward' } : undefined, loss: { aggregation: name === 'dr_grpo' ? 'token-sum-norm' : 'token-mean', clipHigh: 0.28 } });
+  // ReMax's greedy baseline gives no signal once a prompt's samples all equal its greedy answer: a smaller step keeps exploring
+  const mean = await train(t, name === 'remax' ? 0.01 : 0.03);
+  console.log(`${name}: ${mean.length} steps, mean reward ${mean[0].toFixed(2)} → ${mean.at(-1)!.toFixed(2)}`);
+  expect(mean[0]).toBeLessThan(0.4);
+  expect(mean.slice(-3).every((m) => m >= 0.9)).toBe(true);
+  t.dispose();
+});
+
+test('KL to the frozen reference: 0 at the start, growing as the policy moves; the reference never changes', async () => {
+  const t = make({ kl: { coef: 0.02 } });
+  const kls: number[] = [];
+  for (let s = 0; s < 8; s++) kls.push((await t.step(prompts(s), 0.03)).metrics.kl_ref);
+  expect(kls[0]).toBeCloseTo(0, 6);
+  expect(kls.at(-1)!).toBeGreaterThan(0.05);
+  t.dispose();
+});
+
+test('LoRA: adapters start at the base (KL 0), learn, and the reference is the base itself', async () => {
+  // LoRA cannot train the norms or the tied embedding: a larger init gives the logits room to separate
+  const model = tinyModel(V, { std: 0.4 });
+  const t = make({ lora: { rank: 4, alpha: 8, targets: 'q_proj|v_proj|up_proj|down_proj' }, kl: { coef: 0.001 } }, model);
+  expect(t.trainable.every((p) => p.name.includes('lora_'))).toBe(true);
+  const mean: number[] = [];
+  let firstKl = NaN;
+  for (let s = 0; s < 60 && !(mean.length >= 3 && mean.slice(-3).every((m) => m >= 0.9)); s++) {
+    const { metrics } = await t.step(prompts(s), 0.03);
+    if (s === 0) firstKl = metrics.kl_ref;
+    expect(metrics.logp_parity).toBeCloseTo(1, 4);
+    mean.push(metrics.reward_mean);
+  }
+  console.log(`LoRA: ${mean.length} steps, mean reward ${mean[0].toFixed(2)} → ${mean.at(-1)!.toFixed(2)}`);
+  expect(firstKl).toBeCloseTo(0, 6);
+  expect(mean.slice(-3).every((m) => m >= 0.9)).toBe(true);
+  // the adapters merged into the base on the host give the model the sessions run
+  const snap = t.snapshot();
+  expect([...snap.values.keys()].every((k) => k.includes('lora_'))).toBe(true);
+  expect(maxAbsDiff(snap.model.get('model.layers.0.mlp.down_proj.weight')!, model.weights.get('model.layers.0.mlp.down_proj.weight')!)).toBeGreaterThan(1e-3);
+  expect(snap.model.get('model.embed_tokens.weight')).toEqual(model.weights.get('model.embed_tokens.weight'));
+  t.dispose();
+});
+
+test('a reward function that throws or returns NaN: counted per source, reported with the prompt, replaced by the fallback', async () => {
+  const failures: RewardFailure[] = [];
+  const rewards = combineRewards<Meta & { completionTokens: number; stopped: boolean }>(
+    [
+      { name: 'correct', fn: (_p, c, m) => (c === String(m.answer) ? 1 : 0) },
+      {
+        name: 'flaky',
+        weight: 0.5,
+        fn: (p) => {
+          if (p === '1') throw new Error('grader crashed');
+          return p === '2' ? NaN : 1;
+        },
+      },
+    ],
+    { fallback: -1, onFailure: (f) => failures.push(f) },
+  );
+  const t = make({ rewards });
+  const { metrics, rollouts } = await t.step(prompts(0), 0.01);
+  expect(metrics['reward/flaky/failures']).toBe(16);
+  expect(metrics['reward/correct/failures']).toBe(0);
+  expect(metrics.reward_failures).toBe(16);
+  expect(failures.filter((f) => f.kind === 'threw' && f.prompt === '1')).toHaveLength(8);
+  expect(failures.filter((f) => f.kind === 'non-finite' && f.prompt === '2')).toHaveLength(8);
+  expect(rollouts.filter((r) => r.promptText === '1').every((r) => r.bySource.flaky === -1)).toBe(true);
+  expect(metrics['reward/flaky/mean']).toBeCloseTo((16 * 1 + 16 * -1) / 32, 6);
+  t.dispose();
+});
+
+test('dynamic sampling drops groups with all-equal rewards and samples more prompts until the batch is full', async () => {
+  // prompt 3's reward is always 1: its group is uniform and dropped
+  const rewards = combineRewards<Meta & { completionTokens: number; stopped: boolean }>([{ name: 'r', fn: (p, c, m) => (p === '3' ? 1 : c === String(m.answer) ? 1 : 0) }], { fallback: 0 });
+  const t = make({ rewards, dynamicSampling: { maxRounds: 4 } });
+  let asked = 0;
+  const { metrics } = await t.step((round) => {
+    asked++;
+    return prompts(10 + round);
+  }, 0.01);
+  expect(metrics.dropped_groups).toBeGreaterThanOrEqual(1);
+  expect(metrics.sampling_rounds).toBe(asked);
+  expect(metrics.sampling_rounds).toBeGreaterThan(1);
+  expect(metrics.prompts).toBe(4);
+  expect(metrics.uniform_groups).toBe(0);
+  t.dispose();
+});
+
+test('bad options are refused by name', () => {
+  expect(() => make({ sampling: { temperature: 0 } })).toThrow(/sampling.temperature must be > 0/);
+  expect(() => make({ oldLogprobs: 'generation', sampling: { topK: 3 } })).toThrow(/use 'rescore'/);
+  expect(() => make({ minibatches: 0 })).toThrow(/minibatches must be a positive integer/);
+});
