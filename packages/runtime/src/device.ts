@@ -116,7 +116,13 @@ export class Device {
       try {
         const keys = ['device_id', ...(opts.memoryLimitBytes ? ['gpu_mem_limit'] : [])];
         const values = [String(id), ...(opts.memoryLimitBytes ? [String(opts.memoryLimitBytes)] : [])];
-        api.call('CreateAndRegisterAllocatorV2', env, 'CUDAExecutionProvider', arenaInfo, null, keys, values, keys.length);
+        // an explicit arena config (ORT 1.29 crashed here when given none)
+        const arenaCfg = api.out('CreateArenaCfgV2', ['arena_extend_strategy'], BigUint64Array.from([1n]) /* kSameAsRequested */, 1);
+        try {
+          api.call('CreateAndRegisterAllocatorV2', env, 'CUDAExecutionProvider', arenaInfo, arenaCfg, keys, values, keys.length);
+        } finally {
+          api.fn('ReleaseArenaCfg')(arenaCfg);
+        }
         d.arenaShared = true;
       } catch (e) {
         throw cudaUnavailable(e);
@@ -331,6 +337,9 @@ export class Device {
       let info: Ptr;
       let value: Ptr;
       try {
+        // Page-locked staging is opt-in: with ORT 1.29 a pinned input to the copy session failed
+        // GPUDataTransfer's `dst_data != src_data` check on the H100 (2026-11-23).
+        if (!process.env.LATHE_PINNED_STAGING) throw new Error('pinned staging not enabled');
         info = api.out('CreateMemoryInfo', 'CudaPinned', OrtAllocatorType.device, 0, -1 /* OrtMemTypeCPUOutput */);
         const allocator = api.out('CreateAllocator', this.utilitySession('uint8', 'copy').handle, info);
         value = api.out('CreateTensorAsOrtValue', allocator, shape, 1, onnxTypeCode('uint8'));

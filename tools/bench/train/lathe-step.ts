@@ -6,8 +6,10 @@
  * step timing.
  *
  * usage: node lathe-step.js --model DIR --batch batch.json [--device cuda|cpu] [--compute float32|bfloat16]
- *          [--path bound|plain] [--micro-batches 1] [--steps N] [--lr 1e-3] [--max-grad-norm 1]
- *          [--weight-decay 0.01] [--out updated.safetensors]
+ *          [--path bound|plain] [--micro-batches 1] [--shared-arena] [--steps N] [--lr 1e-3] [--max-grad-norm 1]
+ *          [--weight-decay 0.01] [--out updated.safetensors] [--profile PREFIX]
+ * --profile writes ORT's profile of the step session when the trainer is disposed (run with
+ * CUDA_LAUNCH_BLOCKING=1 so each node's time includes its GPU work).
  * batch.json: {"input_ids": [[...]], "attention_mask": [[...]], "loss_mask": [[...]]}
  * Prints one JSON line: loss per step, grad norms, step times (run vs host), and writes the
  * updated float32 parameters to --out.
@@ -54,8 +56,8 @@ async function main(): Promise<void> {
   let memory: unknown;
   if (path === 'bound') {
     const micro = Number(arg('micro-batches', '1'));
-    const dev = Device.open(device, { tf32: process.argv.includes('--tf32') });
-    const trainer = Trainer.create({ params, loss: sftLoss(config, { compute }), optimizer }, { params: weights }, { device: dev, microBatches: micro, session: { allowCpuFallback: process.argv.includes('--allow-cpu-fallback') } });
+    const dev = Device.open(device, { tf32: process.argv.includes('--tf32'), sharedArena: process.argv.includes('--shared-arena') });
+    const trainer = Trainer.create({ params, loss: sftLoss(config, { compute }), optimizer }, { params: weights }, { device: dev, microBatches: micro, session: { allowCpuFallback: process.argv.includes('--allow-cpu-fallback'), ...(arg('profile', '') ? { profilePrefix: arg('profile', '') } : {}) } });
     tSession = performance.now();
     const per = B / micro;
     const parts = Array.from({ length: micro }, (_, k) => {
@@ -79,6 +81,7 @@ async function main(): Promise<void> {
     memory = dev.memory();
     final = trainer.snapshot().params;
     trainer.dispose();
+    for (const part of parts) for (const t of [part.input_ids, part.attention_mask, part.loss_mask]) t.dispose();
   } else {
     const graphs = compileTrainStep({ params, loss: sftLoss(config, { compute }), optimizer });
     const session = await PlainSession.create(graphs.step, { device, allowCpuFallback: process.argv.includes('--allow-cpu-fallback'), logLevel: Number(arg('log', '3')) as 0 | 1 | 2 | 3 });
