@@ -6,31 +6,6 @@
 const f32 = new Float32Array(1);
 const u32 = new Uint32Array(f32.buffer);
 
-/** float32 bit pattern → float16 bit pattern, round to nearest even. */
-function f16BitsOf(u: number): number {
-  const sign = (u >>> 16) & 0x8000;
-  const exp = (u >>> 23) & 0xff;
-  let mant = u & 0x7fffff;
-  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 | (mant >>> 13) : 0);
-  const e = exp - 127 + 15;
-  if (e >= 0x1f) return sign | 0x7c00;
-  if (e <= 0) {
-    if (e < -10) return sign;
-    mant |= 0x800000;
-    const shift = 14 - e;
-    const half = 1 << (shift - 1);
-    let r = mant >>> shift;
-    const rem = mant & ((1 << shift) - 1);
-    if (rem > half || (rem === half && r & 1)) r++;
-    return sign | r;
-  }
-  let r = (e << 10) | (mant >>> 13);
-  const rem = mant & 0x1fff;
-  // a carry out of the mantissa correctly bumps the exponent (up to inf)
-  if (rem > 0x1000 || (rem === 0x1000 && r & 1)) r++;
-  return sign | r;
-}
-
 let f16Table: Float32Array | undefined;
 /** All 65,536 float16 values as float32 (built once, 256 KB). */
 function float16Table(): Float32Array {
@@ -50,17 +25,34 @@ function float16Table(): Float32Array {
 
 /** float32 values → float16 bit patterns. */
 export function toFloat16Bits(src: ArrayLike<number>, out = new Uint16Array(src.length)): Uint16Array {
-  if (src instanceof Float32Array) {
-    const bits = new Uint32Array(src.buffer, src.byteOffset, src.length);
-    for (let i = 0; i < bits.length; i++) out[i] = f16BitsOf(bits[i]);
-  } else {
-    for (let i = 0; i < src.length; i++) {
-      f32[0] = src[i];
-      out[i] = f16BitsOf(u32[0]);
+  const f = src instanceof Float32Array ? src : Float32Array.from(src);
+  const bits = new Uint32Array(f.buffer, f.byteOffset, f.length);
+  // F. Giesen's round-to-nearest-even conversion: integer rounding for normals, a float add that
+  // lets the FPU round subnormals; branch-light, so the JIT keeps the loop tight.
+  const magic = new Float32Array(1);
+  const magicBits = new Uint32Array(magic.buffer);
+  const DENORM_MAGIC = ((127 - 15) + (23 - 10) + 1) << 23;
+  for (let i = 0; i < bits.length; i++) {
+    let u = bits[i];
+    const sign = (u >>> 16) & 0x8000;
+    u &= 0x7fffffff;
+    let o: number;
+    if (u >= 0x47800000) o = u > 0x7f800000 ? 0x7e00 | ((u >>> 13) & 0x3ff) : 0x7c00; // overflow, inf, NaN
+    else if (u < 0x38800000) {
+      // subnormal or zero: add the magic number so the FPU shifts and rounds the mantissa
+      magicBits[0] = u;
+      magic[0] += f16DenormMagic;
+      o = magicBits[0] - DENORM_MAGIC;
+    } else {
+      const odd = (u >>> 13) & 1;
+      o = (u + ((15 - 127) << 23) + 0xfff + odd) >>> 13;
     }
+    out[i] = o | sign;
   }
   return out;
 }
+
+const f16DenormMagic = new Float32Array(new Uint32Array([((127 - 15) + (23 - 10) + 1) << 23]).buffer)[0];
 
 /** float16 bit patterns → float32 values (exact). */
 export function fromFloat16Bits(src: Uint16Array, out = new Float32Array(src.length)): Float32Array {
