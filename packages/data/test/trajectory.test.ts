@@ -107,6 +107,37 @@ describe('trajectory schema', () => {
     expect(plain(back)).toEqual(plain(ts));
   });
 
+  test('reads a pyarrow-written file (pyarrow defaults: dictionary pages, "element" list children, float64 value) exactly', async () => {
+    // tools/reference/data/make_pyarrow_fixture.py, run with pyarrow 25.0.1 on the GPU machine; the
+    // JSON holds the rows as Python wrote them.
+    const fixtures = path.join(__dirname, 'fixtures');
+    const file = path.join(fixtures, 'pyarrow-trajectories.parquet');
+    const rows = JSON.parse(readFileSync(path.join(fixtures, 'pyarrow-trajectories.json'), 'utf8')) as Record<string, unknown>[];
+    const f32 = (v: unknown): unknown => (typeof v === 'number' ? Math.fround(v) : Array.isArray(v) ? v.map(f32) : v);
+    const expected = rows.map((r) => ({
+      prompt_idx: r.prompt_idx,
+      prompt: r.prompt,
+      prompt_token_ids: r.prompt_token_ids,
+      output_token_ids: r.output_token_ids,
+      correct: f32(r.correct),
+      value: r.value,
+      candidate_ids: r.candidate_ids,
+      candidate_q_values: f32(r.candidate_q_values),
+      candidate_ref_logprobs: f32(r.candidate_ref_logprobs),
+      step: r.step,
+      group_id: r.group_id,
+      old_logprobs: f32(r.old_logprobs),
+      rewards: { math: r.reward_math },
+    }));
+    const back = await readTrajectories(file);
+    expect(plain(back)).toEqual(plain(expected as unknown as Trajectory[]));
+    expect(back[7].correct).toBeNull();
+    expect(back[3].old_logprobs).toBeNull();
+    const streamed: Trajectory[] = [];
+    for await (const b of readTrajectoryBatches(file, { batchSize: 3 })) streamed.push(...tableToTrajectories(b));
+    expect(plain(streamed)).toEqual(plain(back));
+  });
+
   test('reads the DuckDB-written fixture as trajectories', async () => {
     const fixtures = path.join(__dirname, 'fixtures');
     const back = await readTrajectories(path.join(fixtures, 'duckdb-trajectories.parquet'));
