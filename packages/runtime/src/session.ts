@@ -250,6 +250,8 @@ export class Binding {
   /** Host inputs staged in ORT-allocated CPU values (released on rebind or dispose). */
   private readonly stagedInputs = new Map<string, Ptr>();
   private readonly outputSlots = new Map<string, OutputSlot>();
+  /** Run config entries set with `runConfig` (applied to every run). */
+  private readonly runConfigEntries = new Map<string, string>();
   /** Inputs bound to raw values by the runtime itself. */
   private readonly rawInputs = new Set<string>();
   /** Outputs of the last run that ORT allocated, by name (owned until `take` hands them over). */
@@ -277,6 +279,18 @@ export class Binding {
     info.dims.forEach((d, i) => {
       if (typeof d === 'number' && d !== dims[i]) throw new Error(`${where} has dims [${info.dims.join(', ')}], got [${dims.join(', ')}] (axis ${i})`);
     });
+  }
+
+  /**
+   * Sets a run config entry for every run of this binding — e.g. `gpu_graph_id`: with CUDA graph
+   * capture on, each binding whose tensors sit at other addresses needs its own graph id.
+   */
+  runConfig(key: string, value: string): this {
+    const { api } = ortEnv();
+    this.live();
+    for (const ro of [this.runOptions, this.asyncRunOptions]) api.call('AddRunConfigEntry', ro, key, value);
+    this.runConfigEntries.set(key, value);
+    return this;
   }
 
   /** Binds an input to a device tensor (by address) or a host tensor (copied now). */
@@ -369,6 +383,7 @@ export class Binding {
     // a fresh RunOptions per async run, so terminating it cannot leak into later runs
     const ro = api.out('CreateRunOptions');
     if (opts.synchronize === false) api.call('AddRunConfigEntry', ro, 'disable_synchronize_execution_providers', '1');
+    for (const [k, v] of this.runConfigEntries) api.call('AddRunConfigEntry', ro, k, v);
     const abort = () => api.call('RunOptionsSetTerminate', ro);
     if (opts.signal?.aborted) abort();
     opts.signal?.addEventListener('abort', abort);

@@ -42,6 +42,11 @@ export interface SftLossOptions {
    * `compute`). LoRA passes a function that declares the frozen base and adds the adapters.
    */
   weights?: (g: Graph, params: Map<string, Tensor>) => Weights;
+  /**
+   * A fixed batch shape [B, T] instead of symbolic dims: every shape in the graph is then a
+   * constant, no shape arithmetic runs at run time, and the step can be captured as a CUDA graph.
+   */
+  shape?: [number, number];
 }
 
 /**
@@ -51,9 +56,10 @@ export interface SftLossOptions {
  */
 export function sftLoss(cfg: DecoderConfig, opts: SftLossOptions = {}): LossBuilder {
   return (g: Graph, params) => {
-    const ids = g.input('input_ids', 'int64', ['B', 'T']);
-    const attention = g.input('attention_mask', 'int64', ['B', 'T']);
-    const lossMask = g.input('loss_mask', 'int64', ['B', 'T']);
+    const dims = opts.shape ?? ['B', 'T'];
+    const ids = g.input('input_ids', 'int64', dims);
+    const attention = g.input('attention_mask', 'int64', dims);
+    const lossMask = g.input('loss_mask', 'int64', dims);
     const normaliser = g.input('loss_tokens', 'float32', []);
     const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
     const logp = nextTokenLogprobs(cfg, w, ids, attention, { chunk: opts.chunk });

@@ -10,7 +10,7 @@
  * Gradient accumulation keeps two gradient buffers per parameter the same way: each micro-batch's
  * run adds its gradients into the other buffer; `apply` then runs AdamW on the sum.
  */
-import type { Graph } from '@lathe/onnx';
+import type { DType, Graph } from '@lathe/onnx';
 import { Device, type Binding, type DeviceTensor, type HostTensor, type Session, type SessionOptions } from '@lathe/runtime';
 import { biasCorrections } from './schedule';
 import { compileTrainStep, stateNames, type TrainStepGraphs, type TrainStepSpec } from './train-step';
@@ -28,6 +28,17 @@ export interface TrainerOptions {
   frozen?: Record<string, BatchTensor>;
   /** Options for the step sessions (optimization level, profiling, …). */
   session?: SessionOptions;
+  /**
+   * Capture the step as a CUDA graph and replay it (CUDA, one micro-batch, a loss compiled with a
+   * fixed batch shape). Implies `staticInputs`. The two bindings get graph ids 0 and 1.
+   */
+  cudaGraph?: boolean;
+  /**
+   * Bind the batch, the three scalars and the scalar outputs to device buffers that never move:
+   * each step copies the batch into them. What CUDA graph replay needs; on its own, a way to test
+   * that path on the CPU.
+   */
+  staticInputs?: boolean;
 }
 
 /** Initial state: parameter values, and optionally AdamW moments (a resume). */
@@ -85,6 +96,8 @@ export class Trainer {
     step: number,
     /** The loss builder's inputs that each batch supplies (the frozen ones are bound once). */
     readonly batchInputs: string[],
+    /** Fixed buffers for the batch, the scalars and the scalar outputs (staticInputs only). */
+    private readonly fixed?: StaticBuffers,
   ) {
     this.optimizerStep = step;
   }
@@ -122,17 +135,32 @@ export class Trainer {
     const frozen = opts.frozen ?? {};
     for (const k of Object.keys(frozen)) if (!graphs.batchInputs.includes(k)) throw new Error(`Trainer: frozen input '${k}' is not an input of the loss (it reads: ${graphs.batchInputs.join(', ')})`);
     const batchInputs = graphs.batchInputs.filter((n) => !(n in frozen));
+    const staticInputs = Boolean(opts.staticInputs || opts.cudaGraph);
+    if (staticInputs && microBatches !== 1) throw new Error('Trainer: cudaGraph / staticInputs need microBatches = 1');
+    if (opts.cudaGraph) sessionOpts.cudaGraph = true;
     const trainer = (() => {
       if (microBatches === 1) {
         const session = device.compile(graphs.step, sessionOpts);
+        const fixed: StaticBuffers | undefined = staticInputs
+          ? {
+              scalars: { lr: device.empty('float32', []), bc1: device.empty('float32', []), bc2: device.empty('float32', []) },
+              outputs: Object.fromEntries(['loss', 'grad_norm', ...graphs.metrics].map((n) => [n, device.empty('float32', [])])),
+              batch: new Map(),
+              dtypes: new Map(session.inputs.map((i) => [i.name, i.dtype])),
+            }
+          : undefined;
         const stepBindings = [0, 1].map((k) => {
           const b = session.binding();
           bindState(b, sets[k], sets[1 - k], names);
           bindFrozen(b, frozen);
-          bindScalarOutputs(b, graphs);
+          if (fixed) {
+            for (const [n, t] of Object.entries(fixed.scalars)) b.input(n, t);
+            for (const [n, t] of Object.entries(fixed.outputs)) b.output(n, t);
+            if (opts.cudaGraph) b.runConfig('gpu_graph_id', String(k));
+          } else bindScalarOutputs(b, graphs);
           return b;
         });
-        return new Trainer(graphs, device, names, sets, stepBindings, undefined, undefined, undefined, 1, init.step ?? 0, batchInputs).own(session);
+        return new Trainer(graphs, device, names, sets, stepBindings, undefined, undefined, undefined, 1, init.step ?? 0, batchInputs, fixed).own(session);
       }
       const grads: [Map<string, DeviceTensor>, Map<string, DeviceTensor>] = [0, 1].map(() => new Map(spec.params.map((p) => [p.name, device.zeros('float32', p.shape)]))) as [
         Map<string, DeviceTensor>,
@@ -210,7 +238,22 @@ export class Trainer {
     const metrics: Record<string, number> = Object.fromEntries(this.graphs.metrics.map((m) => [m, 0]));
     let loss = 0;
     let gradNorm: number;
-    if (this.stepBindings) {
+    if (this.stepBindings && this.fixed) {
+      const t0 = performance.now();
+      this.stageBatch(batches[0]);
+      const f = this.fixed;
+      f.scalars.lr.fill(lr);
+      f.scalars.bc1.fill(bc1);
+      f.scalars.bc2.fill(bc2);
+      const t1 = performance.now();
+      this.stepBindings[k].runSync();
+      const read = (n: string) => (f.outputs[n].download().data as Float32Array)[0];
+      loss = read('loss');
+      gradNorm = read('grad_norm');
+      for (const m of this.graphs.metrics) metrics[m] = read(m);
+      runMs += performance.now() - t1;
+      hostMs += t1 - t0;
+    } else if (this.stepBindings) {
       const b = this.stepBindings[k];
       const t0 = performance.now();
       bindBatch(b, batches[0], this.batchInputs);
@@ -256,6 +299,27 @@ export class Trainer {
     return { loss, gradNorm, metrics, hostMs, runMs };
   }
 
+  /** Copies a batch into the fixed batch buffers (allocated and bound on first use). */
+  private stageBatch(batch: Record<string, BatchTensor>): void {
+    const f = this.fixed!;
+    for (const k of Object.keys(batch)) if (!this.batchInputs.includes(k)) throw new Error(`trainStep: the batch has '${k}', which the loss does not read (it reads: ${this.batchInputs.join(', ')})`);
+    for (const name of this.batchInputs) {
+      const t = batch[name];
+      if (!t) throw new Error(`trainStep: the batch has no '${name}' (the loss reads: ${this.batchInputs.join(', ')})`);
+      let buf = f.batch.get(name);
+      if (!buf) {
+        buf = this.device.empty(f.dtypes.get(name)!, t.dims);
+        f.batch.set(name, buf);
+        for (const b of this.stepBindings!) b.input(name, buf);
+      }
+      if (buf.dims.length !== t.dims.length || buf.dims.some((d, i) => d !== t.dims[i])) {
+        throw new Error(`trainStep: '${name}' is [${t.dims.join(', ')}], but a trainer with fixed input buffers (cudaGraph) was first given [${buf.dims.join(', ')}]`);
+      }
+      if ('data' in t) buf.upload(t.data);
+      else buf.copyFrom(t);
+    }
+  }
+
   /** Downloads parameters and moments (for checkpoints). */
   snapshot(): { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; step: number } {
     const set = this.sets[this.current];
@@ -278,7 +342,16 @@ export class Trainer {
     for (const s of this.sessions) s.dispose();
     for (const set of this.sets) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
     for (const g of this.grads ?? []) for (const t of g.values()) t.dispose();
+    if (this.fixed) for (const t of [...Object.values(this.fixed.scalars), ...Object.values(this.fixed.outputs), ...this.fixed.batch.values()]) t.dispose();
   }
+}
+
+/** Device buffers that stay at one address for every step (what CUDA graph replay needs). */
+interface StaticBuffers {
+  scalars: { lr: DeviceTensor; bc1: DeviceTensor; bc2: DeviceTensor };
+  outputs: Record<string, DeviceTensor>;
+  batch: Map<string, DeviceTensor>;
+  dtypes: Map<string, DType>;
 }
 
 /** Binds parameters and moments of `from` as inputs and of `to` as the `next/…` outputs. */

@@ -127,3 +127,22 @@ test('a non-finite loss leaves the parameters at the last good step; bad batches
   expect(() => Trainer.create({ params, loss, optimizer }, { params: new Map() })).toThrow(/no initial value for parameter 'w1'/);
   trainer.dispose();
 });
+
+test('fixed input buffers (the CUDA-graph path) give the same steps; a changed batch shape is refused', () => {
+  const normal = Trainer.create({ params, loss, optimizer }, { params: init() });
+  const fixed = Trainer.create({ params, loss, optimizer }, { params: init() }, { staticInputs: true });
+  for (let step = 0; step < 3; step++) {
+    const batch = batchOf(8, 300 + step, 8);
+    const a = normal.trainStep([batch], 0.05);
+    const b = fixed.trainStep([batch], 0.05);
+    expect(b.loss).toBe(a.loss);
+    expect(b.gradNorm).toBe(a.gradNorm);
+    expect(b.metrics.abs_err).toBe(a.metrics.abs_err);
+  }
+  expect(Array.from(fixed.snapshot().params.get('w2')!)).toEqual(Array.from(normal.snapshot().params.get('w2')!));
+  expect(() => fixed.trainStep([batchOf(4, 1, 4)], 0.05)).toThrow(/'x' is \[4, 6\], but a trainer with fixed input buffers \(cudaGraph\) was first given \[8, 6\]/);
+  expect(() => Trainer.create({ params, loss, optimizer }, { params: init() }, { cudaGraph: true })).toThrow(/CUDA graphs need a CUDA device/);
+  expect(() => Trainer.create({ params, loss, optimizer }, { params: init() }, { staticInputs: true, microBatches: 2 })).toThrow(/microBatches = 1/);
+  normal.dispose();
+  fixed.dispose();
+});

@@ -6,7 +6,8 @@
  * step timing.
  *
  * usage: node lathe-step.js --model DIR --batch batch.json [--device cuda|cpu] [--compute float32|bfloat16]
- *          [--path bound|plain] [--micro-batches 1] [--shared-arena] [--steps N] [--lr 1e-3] [--max-grad-norm 1]
+ *          [--path bound|plain] [--micro-batches 1] [--shared-arena] [--static-shape] [--cuda-graph]
+ *          [--steps N] [--lr 1e-3] [--max-grad-norm 1]
  *          [--weight-decay 0.01] [--out updated.safetensors] [--profile PREFIX]
  * --profile writes ORT's profile of the step session when the trainer is disposed (run with
  * CUDA_LAUNCH_BLOCKING=1 so each node's time includes its GPU work).
@@ -57,7 +58,10 @@ async function main(): Promise<void> {
   if (path === 'bound') {
     const micro = Number(arg('micro-batches', '1'));
     const dev = Device.open(device, { tf32: process.argv.includes('--tf32'), sharedArena: process.argv.includes('--shared-arena') });
-    const trainer = Trainer.create({ params, loss: sftLoss(config, { compute }), optimizer }, { params: weights }, { device: dev, microBatches: micro, session: { allowCpuFallback: process.argv.includes('--allow-cpu-fallback'), ...(arg('profile', '') ? { profilePrefix: arg('profile', '') } : {}) } });
+    const graphMode = process.argv.includes('--cuda-graph');
+    const staticShape = graphMode || process.argv.includes('--static-shape');
+    const loss = sftLoss(config, { compute, ...(staticShape ? { shape: [B / micro, T] as [number, number] } : {}) });
+    const trainer = Trainer.create({ params, loss, optimizer }, { params: weights }, { device: dev, microBatches: micro, cudaGraph: graphMode, session: { allowCpuFallback: process.argv.includes('--allow-cpu-fallback'), ...(arg('profile', '') ? { profilePrefix: arg('profile', '') } : {}) } });
     tSession = performance.now();
     const per = B / micro;
     const parts = Array.from({ length: micro }, (_, k) => {
