@@ -280,7 +280,7 @@ export class GrpoTrainer<M = unknown> {
     const specs = paramSpecs(config);
     const lora = opts.lora;
     const adapters = lora ? loraAdapters(config, lora) : [];
-    const trainable: TrainableParam[] = lora ? adapters.flatMap((a) => [a.a, a.b]) : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+    const trainable = GrpoTrainer.trainableParams(config, lora);
     const policyWeights: PolicyWeights = {
       trainable,
       weights: lora
@@ -629,7 +629,12 @@ export class GrpoTrainer<M = unknown> {
 
   /** The trained parameters (adapters with LoRA). */
   get trainable(): TrainableParam[] {
-    return this.opts.lora ? loraAdapters(this.opts.config, this.opts.lora).flatMap((a) => [a.a, a.b]) : paramSpecs(this.opts.config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+    return GrpoTrainer.trainableParams(this.opts.config, this.opts.lora);
+  }
+
+  /** What a policy of `config` trains: every weight (decay on matrices and embeddings), or the LoRA adapters. */
+  static trainableParams(config: DecoderConfig, lora?: LoraConfig): TrainableParam[] {
+    return lora ? loraAdapters(config, lora).flatMap((a) => [a.a, a.b]) : paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
   }
 
   /** Frees every session and device buffer. */

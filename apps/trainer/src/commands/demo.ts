@@ -1,12 +1,101 @@
+import { existsSync, readFileSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
 import type { CommandModule } from 'yargs';
-import { DEMO_SFT_OVERRIDES, sftSchema } from '@lathe/train';
+import { parse as parseYaml } from 'yaml';
+import { DEMO_SFT_OVERRIDES, resolveConfig, runSft, sftSchema, type SftConfig, type SftResult } from '@lathe/train';
+import { DEMO_GRPO_OVERRIDES, grpoSchema, type GrpoConfig } from '@lathe/grpo';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
-import { sftMain } from './sft';
+import { sftReporter } from '../progress';
+import { grpoRun } from './grpo';
 
-/** `lathe demo`: the quick start's job — `lathe sft` on the built-in model and task, in runs/demo. */
+/** Runs the SFT stage with Ctrl-C handling (the first stops after the current step with a checkpoint). */
+async function sftStage(cfg: SftConfig): Promise<SftResult> {
+  const controller = new AbortController();
+  const stop = () => {
+    if (controller.signal.aborted) process.exit(130);
+    process.stderr.write('\nstopping after this step (a checkpoint will be saved); press Ctrl-C again to quit now\n');
+    controller.abort();
+  };
+  process.on('SIGINT', stop);
+  process.on('SIGTERM', stop);
+  const reporter = sftReporter(cfg);
+  try {
+    return await runSft(cfg, reporter.events, controller.signal);
+  } finally {
+    reporter.stop();
+    process.off('SIGINT', stop);
+    process.off('SIGTERM', stop);
+  }
+}
+
+/** The GRPO stage's config: the demo settings, the SFT stage's checkpoint, seed and held-out split, then `--grpo_config`, then `--grpo_steps`. */
+export function demoGrpoConfig(sft: SftConfig, checkpoint: string, argv: Record<string, unknown>): GrpoConfig {
+  const sources: { name: string; values: Record<string, unknown> }[] = [
+    { name: 'demo settings', values: { ...DEMO_GRPO_OVERRIDES, model: checkpoint, run_dir: `${sft.run_dir}-grpo`, seed: sft.seed, eval_examples: sft.eval_examples, device: sft.device } },
+  ];
+  if (typeof argv.grpo_config === 'string') {
+    let text: string;
+    try {
+      text = readFileSync(argv.grpo_config, 'utf8');
+    } catch (e) {
+      throw new Error(`--grpo_config ${argv.grpo_config}: cannot read (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`);
+    }
+    const values: unknown = parseYaml(text);
+    if (values !== null && (typeof values !== 'object' || Array.isArray(values))) throw new Error(`${argv.grpo_config}: expected a mapping of lathe grpo option: value`);
+    sources.push({ name: argv.grpo_config, values: (values ?? {}) as Record<string, unknown> });
+  }
+  if (argv.grpo_steps !== undefined) sources.push({ name: 'command line', values: { steps: argv.grpo_steps } });
+  return resolveConfig(grpoSchema, sources);
+}
+
+/**
+ * `lathe demo`: the quick start's job — SFT of the built-in model on the built-in task (runs/demo),
+ * then GRPO from its final checkpoint with an exact-match reward (runs/demo-grpo), each scored on
+ * the same held-out problems. Prints one JSON summary line.
+ */
 export const demoCommand: CommandModule = {
   command: 'demo',
-  describe: 'SFT of a tiny random Qwen3 on synthetic two-digit addition, on the CPU with no downloads; prints held-out accuracy before and after',
-  builder: (y) => addSchemaFlags(y, sftSchema).epilogue(`Demo settings (flags override them): ${JSON.stringify(DEMO_SFT_OVERRIDES)}`),
-  handler: async (argv) => sftMain(configFromArgv(sftSchema, argv, { name: 'demo settings', values: { ...DEMO_SFT_OVERRIDES } })),
+  describe: 'SFT, then GRPO, of a tiny random Qwen3 on synthetic two-digit addition, on the CPU with no downloads; prints held-out accuracy before SFT, after SFT and after GRPO',
+  builder: (y) =>
+    addSchemaFlags(y, sftSchema)
+      .option('grpo_steps', { type: 'number', describe: `RL steps of the GRPO stage (0: skip it) [default: ${DEMO_GRPO_OVERRIDES.steps}]` })
+      .option('grpo_config', { type: 'string', describe: 'YAML file of `lathe grpo` options for the GRPO stage (over the demo settings; --grpo_steps overrides it)' })
+      .epilogue(`SFT stage settings (flags override them): ${JSON.stringify(DEMO_SFT_OVERRIDES)}\nGRPO stage settings (--grpo_config overrides them): ${JSON.stringify(DEMO_GRPO_OVERRIDES)}`),
+  handler: async (argv) => {
+    const started = performance.now();
+    const sft = configFromArgv(sftSchema, argv, { name: 'demo settings', values: { ...DEMO_SFT_OVERRIDES } });
+    const grpoSteps = argv.grpo_steps === undefined ? DEMO_GRPO_OVERRIDES.steps : Number(argv.grpo_steps);
+    const sftResult = await sftStage(sft);
+    const summary: Record<string, unknown> = {
+      run_dir: sft.run_dir,
+      steps: sftResult.steps,
+      final_loss: Number(sftResult.finalLoss.toFixed(4)),
+      acc_before_sft: sftResult.evals[0]?.accuracy,
+      acc_after_sft: sftResult.evals.at(-1)?.accuracy,
+      eval_examples: sftResult.evals.at(-1)?.examples,
+      checkpoint: sftResult.checkpoint,
+    };
+    let interrupted = sftResult.interrupted;
+    if (!interrupted && grpoSteps !== 0) {
+      const cfg = demoGrpoConfig(sft, sftResult.checkpoint, argv);
+      // the GRPO stage starts over from this SFT run's checkpoint
+      if (existsSync(join(cfg.run_dir, 'config.yaml'))) rmSync(cfg.run_dir, { recursive: true, force: true });
+      const g = await grpoRun(cfg, 'grpo');
+      const rewards = (from: number, to?: number) => g.stepRewards.slice(from, to);
+      const mean = (xs: number[]) => (xs.length ? Number((xs.reduce((a, b) => a + b, 0) / xs.length).toFixed(4)) : undefined);
+      Object.assign(summary, {
+        grpo_run_dir: cfg.run_dir,
+        grpo_steps: g.steps,
+        reward_first_10_steps: mean(rewards(0, 10)),
+        reward_last_10_steps: mean(rewards(-10)),
+        acc_after_grpo: g.evals.at(-1)?.accuracy,
+        grpo_checkpoint: g.checkpoint,
+      });
+      interrupted = g.interrupted;
+    }
+    summary.seconds = Math.round((performance.now() - started) / 1000);
+    summary.interrupted = interrupted;
+    console.log(JSON.stringify(summary));
+    if (interrupted) process.exitCode = 130;
+  },
 };

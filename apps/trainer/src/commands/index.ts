@@ -4,12 +4,14 @@ import { sftCommand } from './sft';
 import { gradeCommand } from './grade';
 import { doctorCommand } from './doctor';
 import { runsCommand } from './runs';
+import { grpoCommand } from './grpo';
 
 /** Every `lathe` subcommand; each lives in its own file beside this one. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- yargs command modules differ in their argv types
 export const commands: CommandModule<any, any>[] = [
   demoCommand,
   sftCommand,
+  grpoCommand,
   gradeCommand,
   doctorCommand,
   runsCommand,

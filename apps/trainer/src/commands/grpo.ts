@@ -1,0 +1,98 @@
+import type { CommandModule } from 'yargs';
+import { SingleBar, Presets } from 'cli-progress';
+import { grpoSchema, runGrpo, type GrpoConfig, type GrpoEvents, type GrpoRunResult } from '@lathe/grpo';
+import { addSchemaFlags, configFromArgv } from '../config-flags';
+
+/** Progress for a GRPO run: a bar on stderr when it is a terminal, log lines otherwise. */
+export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEvents; stop(): void } {
+  const tty = Boolean(process.stderr.isTTY);
+  const bar = new SingleBar({ format: `${label} |{bar}| {value}/{total} steps | reward {reward} | kl {kl} | {sps} s/step | eval {acc}`, stream: process.stderr, hideCursor: true }, Presets.shades_classic);
+  let running = false;
+  let acc = '-';
+  const log = (s: string) => (tty && running ? bar.update({ acc }) : process.stderr.write(s + '\n'));
+  const events: GrpoEvents = {
+    onStart: (i) => {
+      process.stderr.write(
+        `${label}: ${i.parameters.toLocaleString('en-US')} parameters (${i.trainable.toLocaleString('en-US')} trained), ${i.trainPrompts} training prompts, ${i.evalPrompts} held out; ` +
+          `${cfg.prompts_per_step} prompts × ${cfg.group_size} samples per step; steps ${i.startStep} → ${i.totalSteps} on ${cfg.device}\n`,
+      );
+      if (tty) {
+        bar.start(i.totalSteps, i.startStep, { reward: '-', kl: '-', sps: '-', acc });
+        running = true;
+      }
+    },
+    onStep: (m) => {
+      const kl = Number.isNaN(m.kl_ref) ? '-' : m.kl_ref.toExponential(1);
+      if (tty) bar.update(m.step, { reward: m.reward_mean.toFixed(3), kl, sps: (m.step_ms / 1000).toFixed(2), acc });
+      else if (m.step % cfg.log_every === 0) {
+        process.stderr.write(
+          `step ${m.step}/${cfg.steps} reward ${m.reward_mean.toFixed(3)}±${m.reward_std.toFixed(3)} kl ${kl} clip ${m.clip_fraction.toFixed(3)} len ${m.response_length_mean.toFixed(1)} parity ${m.logp_parity.toFixed(5)} ` +
+            `${(m.step_ms / 1000).toFixed(2)} s (gen ${(m.generation_ms / 1000).toFixed(2)}, score ${(m.scoring_ms / 1000).toFixed(2)}, train ${(m.training_ms / 1000).toFixed(2)}, rewards ${(m.rewards_ms / 1000).toFixed(2)}, host ${(m.host_ms / 1000).toFixed(2)})\n`,
+        );
+      }
+    },
+    onEval: (r) => {
+      acc = `${(100 * r.accuracy).toFixed(1)}%`;
+      log(`${label} eval at step ${r.step}: accuracy ${acc} of ${r.examples}`);
+    },
+    onCheckpoint: (dir) => log(`checkpoint ${dir}`),
+  };
+  return {
+    events,
+    stop: () => {
+      if (running) bar.stop();
+      running = false;
+    },
+  };
+}
+
+/** Runs GRPO with Ctrl-C handling (the first stops after the current step with a checkpoint). */
+export async function grpoRun(cfg: GrpoConfig, label?: string): Promise<GrpoRunResult> {
+  const controller = new AbortController();
+  const stop = () => {
+    if (controller.signal.aborted) process.exit(130);
+    process.stderr.write('\nstopping after this step (a checkpoint will be saved); press Ctrl-C again to quit now\n');
+    controller.abort();
+  };
+  process.on('SIGINT', stop);
+  process.on('SIGTERM', stop);
+  const reporter = grpoReporter(cfg, label);
+  try {
+    return await runGrpo(cfg, reporter.events, controller.signal);
+  } finally {
+    reporter.stop();
+    process.off('SIGINT', stop);
+    process.off('SIGTERM', stop);
+  }
+}
+
+/** Runs GRPO and prints a one-line JSON summary. */
+export async function grpoMain(cfg: GrpoConfig): Promise<void> {
+  const result = await grpoRun(cfg);
+  const first = result.evals[0];
+  const last = result.evals.at(-1);
+  console.log(
+    JSON.stringify({
+      run_dir: cfg.run_dir,
+      steps: result.steps,
+      reward_mean: result.last?.reward_mean,
+      acc_before_grpo: first?.step === 0 ? first.accuracy : undefined,
+      acc_after_grpo: last?.accuracy,
+      eval_examples: last?.examples,
+      checkpoint: result.checkpoint,
+      interrupted: result.interrupted,
+    }),
+  );
+  if (result.interrupted) process.exitCode = 130;
+}
+
+/** `lathe grpo`: GRPO-family RL (GRPO, Dr.GRPO, RLOO, ReMax, REINFORCE++; DAPO options). */
+export const grpoCommand: CommandModule = {
+  command: 'grpo',
+  describe: 'GRPO-family RL: G samples per prompt, rewards, group advantages, PPO-clipped updates with a KL to the frozen start model; rollouts to SQLite',
+  builder: (y) =>
+    addSchemaFlags(y, grpoSchema)
+      .example('$0 grpo --model runs/demo/checkpoints/step-00001000 --tokenizer builtin:addition --lr 2e-4 --max_new_tokens 6', 'RL on the built-in addition task after `lathe demo`’s SFT stage')
+      .example('$0 grpo --config grpo.yaml --resume', 'continue a run (the config must match the checkpoint’s; --force accepts changes)'),
+  handler: async (argv) => grpoMain(configFromArgv(grpoSchema, argv)),
+};

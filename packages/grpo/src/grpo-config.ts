@@ -1,0 +1,101 @@
+/** `lathe grpo`'s options: defaults, flags, YAML keys and the config saved with every checkpoint. */
+import { BUILTIN_DATA, BUILTIN_MODEL, type ConfigOf, type OptionSchema } from '@lathe/train';
+import { ESTIMATOR_NAMES } from './estimators';
+import { LOSS_AGGREGATIONS } from './policy-loss';
+
+/** The character tokenizer of the built-in addition task (for models `lathe demo`/`lathe sft` trained on it). */
+export const BUILTIN_TOKENIZER = 'builtin:addition';
+
+/** Every option of a GRPO-family run. */
+export const grpoSchema = {
+  // model and data
+  model: { type: 'string', default: BUILTIN_MODEL, describe: `Policy to start from: a Hugging Face model folder (config.json, *.safetensors), e.g. an SFT checkpoint, or ${BUILTIN_MODEL} (a tiny random Qwen3); also the frozen KL reference` },
+  tokenizer: { type: 'string', default: 'model', describe: `'model' (the model folder's tokenizer.json), a folder holding tokenizer.json, or ${BUILTIN_TOKENIZER} (the character tokenizer of the built-in task)` },
+  data: { type: 'string', default: BUILTIN_DATA, describe: `Prompts with reference answers: a JSONL or Parquet file of {"prompt", "answer"} rows (see --prompt_field, --answer_field), or ${BUILTIN_DATA} (synthetic "a+b=" problems)` },
+  prompt_field: { type: 'string', default: 'prompt', describe: 'Field of a data row holding the prompt' },
+  answer_field: { type: 'string', default: 'answer', describe: 'Field of a data row holding the reference answer (e.g. "response" for SFT-style files)' },
+  prompt_format: { type: 'string', default: 'raw', choices: ['raw', 'chat'], describe: "Prompts as they are, or as the user turn of the model's chat template" },
+  enable_thinking: { type: 'boolean', default: false, describe: "With --prompt_format chat: Qwen3's enable_thinking switch" },
+  eval_examples: { type: 'number', default: 64, integer: true, min: 0, describe: 'Held-out prompts (the same seeded split `lathe sft` makes with the same data, seed and count), scored by greedy generation' },
+  run_dir: { type: 'string', default: 'runs/grpo', describe: 'Run directory: config.yaml, metrics.jsonl, rollouts.sqlite, checkpoints/ and eval/ go here' },
+  device: { type: 'string', default: 'cpu', choices: ['cpu', 'cuda'], describe: 'Where the policy, its optimizer state, the reference and every run live' },
+  compute_dtype: { type: 'string', default: 'float32', choices: ['float32', 'bfloat16'], describe: 'Dtype of forward/backward and generation compute; master weights and AdamW state stay float32 (bfloat16 needs --device cuda)' },
+  // rewards
+  reward: { type: 'string', default: 'exact', choices: ['exact', 'math'], describe: "Correctness reward (source 'correct', 1 or 0): exact match of the completion with the answer, or the math grader (final answer extracted and compared symbolically)" },
+  format_reward: { type: 'number', default: 0, describe: "Weight of the r1_zero format reward (source 'format': 1 when the completion is '…</think> <answer>…</answer>'); 0: off" },
+  overlong_buffer: { type: 'number', default: 0, integer: true, min: 0, describe: "DAPO's overlong shaping (source 'overlong'): the penalty falls linearly from 0 to -1 over the last N tokens before --max_new_tokens; 0: off" },
+  reward_fallback: { type: 'number', default: 0, describe: 'Value a reward source contributes when it throws or returns NaN/±∞ (each failure is logged with its prompt and counted)' },
+  // rollouts
+  steps: { type: 'number', default: 100, integer: true, min: 1, describe: 'RL steps (each: rollouts, rewards, advantages, epochs × minibatch updates)' },
+  prompts_per_step: { type: 'number', default: 16, integer: true, min: 1, describe: 'Prompts per RL step (the training set must hold at least this many; epochs of the set are reshuffled)' },
+  group_size: { type: 'number', default: 8, integer: true, min: 1, describe: 'Completions sampled per prompt (G; group baselines need ≥ 2)' },
+  max_new_tokens: { type: 'number', default: 256, integer: true, min: 1, describe: 'Generation limit per completion (also the constant of --aggregation token-sum-norm)' },
+  temperature: { type: 'number', default: 1, min: 0, describe: 'Sampling temperature of rollouts (> 0); the loss uses log-probs at the same temperature' },
+  top_k: { type: 'number', default: 0, integer: true, min: 0, describe: 'Sample from the k most likely tokens (0: off; needs --old_logprobs rescore)' },
+  top_p: { type: 'number', default: 1, min: 0, max: 1, describe: 'Nucleus sampling mass (1: off; needs --old_logprobs rescore)' },
+  min_p: { type: 'number', default: 0, min: 0, max: 1, describe: 'Drop tokens below min_p × the top probability (0: off; needs --old_logprobs rescore)' },
+  prompts_per_run: { type: 'number', default: 0, integer: true, min: 0, describe: 'Prompts per generation run (each run holds their G completions’ KV caches; 0: all prompts of a step in one run)' },
+  dynamic_sampling: { type: 'boolean', default: false, describe: "DAPO's dynamic sampling: drop groups whose rewards are all equal and sample more prompts until the step has --prompts_per_step informative groups" },
+  max_sampling_rounds: { type: 'number', default: 3, integer: true, min: 1, describe: 'With --dynamic_sampling: at most this many sampling rounds per step (a shortfall is logged, not hidden)' },
+  // algorithm
+  estimator: { type: 'string', default: 'grpo', choices: ESTIMATOR_NAMES, describe: 'Advantage estimator: grpo (group mean/std), dr_grpo (no std), rloo (leave-one-out), remax (greedy baseline), reinforce_pp (batch whitening), reinforce_pp_baseline (group mean, then whitening)' },
+  aggregation: { type: 'string', default: 'token-mean', choices: LOSS_AGGREGATIONS, describe: 'Loss aggregation: token-mean (DAPO, verl), seq-mean-token-sum, seq-mean-token-mean (original GRPO), token-sum-norm (Dr.GRPO: normalised by sequences × max_new_tokens)' },
+  clip_low: { type: 'number', default: 0.2, min: 0, max: 0.999, describe: 'PPO ratio clip below at 1 - clip_low' },
+  clip_high: { type: 'number', default: 0.2, min: 0, describe: "PPO ratio clip above at 1 + clip_high (DAPO's clip-higher: 0.28)" },
+  dual_clip: { type: 'number', default: 0, min: 0, describe: 'Dual-clip PPO constant c > 1 (loss capped at -c·A for negative advantages); 0: off' },
+  ratio: { type: 'string', default: 'token', choices: ['token', 'sequence'], describe: 'Importance ratio per token (PPO, GRPO) or per sequence (GSPO; use small clip ranges such as 3e-4/4e-4)' },
+  kl_coef: { type: 'number', default: 0.04, min: 0, describe: 'β of the KL to the frozen reference (the starting model; with LoRA the base itself); 0: no reference' },
+  kl_mode: { type: 'string', default: 'loss', choices: ['loss', 'reward'], describe: 'KL as a loss term (GRPO) or as a per-token reward penalty before the advantages (PPO-RLHF, REINFORCE++)' },
+  kl_estimator: { type: 'string', default: 'k3', choices: ['k1', 'k2', 'k3'], describe: 'KL estimator: k1 = log ratio, k2 = half its square, k3 = exp(-x) - 1 + x (low variance, unbiased)' },
+  entropy_coef: { type: 'number', default: 0, describe: 'Entropy bonus coefficient (subtracted from the loss)' },
+  old_logprobs: { type: 'string', default: 'rescore', choices: ['rescore', 'generation'], describe: "Old log-probs: re-scored by the training policy's forward before the updates, or taken from generation (one forward pass fewer; the same values up to rounding, see logp_parity)" },
+  epochs: { type: 'number', default: 1, integer: true, min: 1, describe: 'PPO epochs: passes over each step’s batch' },
+  n_minibatches: { type: 'number', default: 1, integer: true, min: 1, describe: 'Optimizer steps per epoch: the batch (prompts_per_step × group_size completions) is shuffled and split into this many minibatches' },
+  micro_batches: { type: 'number', default: 1, integer: true, min: 1, describe: 'Micro-batches per minibatch (gradient accumulation: same update, less memory)' },
+  // optimizer
+  lr: { type: 'number', default: 1e-6, min: 0, describe: 'Peak learning rate' },
+  schedule: { type: 'string', default: 'constant', choices: ['constant', 'linear', 'cosine'], describe: 'Learning-rate schedule over RL steps after warm-up' },
+  warmup_steps: { type: 'number', default: 0, integer: true, min: 0, describe: 'Linear warm-up over this many RL steps' },
+  min_lr_ratio: { type: 'number', default: 0.1, min: 0, max: 1, describe: 'Cosine floor as a fraction of lr' },
+  weight_decay: { type: 'number', default: 0, min: 0, describe: 'AdamW decoupled weight decay (not applied to norms and biases)' },
+  max_grad_norm: { type: 'number', default: 1, min: 0, describe: 'Clip the global gradient norm of each update (0: off)' },
+  lora_rank: { type: 'number', default: 0, integer: true, min: 0, describe: 'LoRA rank (0: train every weight)' },
+  lora_alpha: { type: 'number', default: 16, min: 0, describe: 'LoRA alpha (adapters are scaled by alpha / rank)' },
+  lora_targets: { type: 'string', default: 'q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj', describe: 'Regular expression over HF weight names selecting the matrices LoRA adapts' },
+  seed: { type: 'number', default: 0, integer: true, describe: 'Seed of prompt order, the held-out split, sampling noise, minibatch shuffles and LoRA init' },
+  // bookkeeping (these may change on --resume without --force)
+  eval_every: { type: 'number', default: 10, integer: true, min: 0, describe: 'Evaluate on the held-out prompts every N steps (also before the first and after the last; 0: only then) [may change on resume]' },
+  save_every: { type: 'number', default: 50, integer: true, min: 0, describe: 'Checkpoint every N steps (0: only at the end) [may change on resume]' },
+  keep_last: { type: 'number', default: 2, integer: true, min: 1, describe: 'Checkpoints kept (older ones are deleted) [may change on resume]' },
+  log_every: { type: 'number', default: 1, integer: true, min: 1, describe: 'Write metrics.jsonl every N steps [may change on resume]' },
+  resume: { type: 'boolean', default: false, describe: "Continue from the run directory's latest checkpoint (weights, AdamW state, step, data position; sampling noise is a function of seed and position)" },
+  force: { type: 'boolean', default: false, describe: 'With --resume: accept a config that differs from the checkpoint’s (the changed keys are listed)' },
+} as const satisfies OptionSchema;
+
+/** A resolved GRPO config. */
+export type GrpoConfig = ConfigOf<typeof grpoSchema>;
+
+/** Options that may change between a checkpoint and its resume without --force (they do not change what is trained). */
+export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'eval_every', 'save_every', 'keep_last', 'log_every'];
+
+/**
+ * `lathe demo`'s GRPO stage: the SFT stage's final checkpoint on the same task and held-out split,
+ * rewarded by exact match. Sized for two CPU cores.
+ */
+export const DEMO_GRPO_OVERRIDES: Partial<GrpoConfig> = {
+  tokenizer: BUILTIN_TOKENIZER,
+  data: BUILTIN_DATA,
+  run_dir: 'runs/demo-grpo',
+  reward: 'exact',
+  steps: 200,
+  prompts_per_step: 64,
+  group_size: 8,
+  max_new_tokens: 6,
+  lr: 3e-4,
+  warmup_steps: 10,
+  kl_coef: 0.001,
+  clip_high: 0.28,
+  n_minibatches: 4,
+  eval_every: 50,
+  save_every: 100,
+};

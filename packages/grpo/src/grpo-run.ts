@@ -1,0 +1,342 @@
+/**
+ * A GRPO-family run, top to bottom (what `lathe grpo` and the demo's RL stage call): load the
+ * policy, tokenizer and prompts → build the reward functions → `GrpoTrainer` → loop over RL steps,
+ * logging metrics and rollouts, evaluating on held-out prompts and checkpointing → a final
+ * evaluation and checkpoint. Resumes exactly from a checkpoint (weights, AdamW state, optimizer and
+ * RL steps, data position; sampling noise and minibatch order are functions of the seed and the
+ * position) and refuses a resume whose config differs unless forced.
+ *
+ * Prompts come from a seeded endless stream: each epoch of the training prompts is a new
+ * permutation, so a step's prompts are distinct whenever the set holds at least `prompts_per_step`
+ * prompts — a smaller set is an error naming the flag.
+ */
+import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { parse as parseYaml, stringify as toYaml } from 'yaml';
+import { paramSpecs, parseConfig, randomModel, type DecoderConfig } from '@lathe/models';
+import { MathGrader } from '@lathe/graders';
+import { CharTokenizer, HfTokenizer } from '@lathe/tokenizer';
+import { Device } from '@lathe/runtime';
+import { diffConfigs, loadPrompts, MetricsLog, RolloutStore } from '@lathe/data';
+import { ADDITION_ALPHABET, BUILTIN_DATA, BUILTIN_MODEL, EpochStream, additionExamples, learningRate, listCheckpoints, loadCheckpoint, loadFloat32, permutation, saveCheckpoint, type TrainerState } from '@lathe/train';
+import { combineRewards, overlongReward, type RewardSource } from './rewards';
+import { r1ZeroFormatReward } from '@lathe/graders';
+import { BUILTIN_TOKENIZER, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
+import { GrpoTrainer, type GrpoStepMetrics, type RlPrompt } from './grpo-trainer';
+import type { EstimatorName } from './estimators';
+import type { KlEstimator } from './kl';
+import type { LossAggregation } from './policy-loss';
+
+/** A prompt with its reference answer. */
+export interface PromptWithAnswer {
+  prompt: string;
+  answer: string;
+  /** Index in the dataset. */
+  index: number;
+}
+
+/** The metadata reward functions of a `lathe grpo` run read. */
+export interface AnswerMeta {
+  answer: string;
+  completionTokens: number;
+  stopped: boolean;
+}
+
+/** A greedy evaluation on the held-out prompts. */
+export interface GrpoEvalResult {
+  step: number;
+  /** Fraction of greedy completions the correctness reward accepts. */
+  accuracy: number;
+  examples: number;
+  response_length_mean: number;
+}
+
+/** Callbacks for progress display. */
+export interface GrpoEvents {
+  onStart?(info: { startStep: number; totalSteps: number; trainPrompts: number; evalPrompts: number; parameters: number; trainable: number }): void;
+  onStep?(m: GrpoStepMetrics & { step: number }): void;
+  onEval?(r: GrpoEvalResult): void;
+  onCheckpoint?(dir: string, step: number): void;
+}
+
+/** What a run returns. */
+export interface GrpoRunResult {
+  steps: number;
+  evals: GrpoEvalResult[];
+  /** The last step's metrics (undefined when no step ran). */
+  last?: GrpoStepMetrics;
+  /** Mean reward of each step this invocation ran. */
+  stepRewards: number[];
+  checkpoint: string;
+  interrupted: boolean;
+}
+
+/** The trainer state a GRPO checkpoint saves: `step` counts RL steps. */
+interface GrpoState extends TrainerState {
+  /** AdamW steps taken (several per RL step). */
+  optimizerStep: number;
+}
+
+/** The model folder, its config, the tokenizer and the folder to copy tokenizer files from. */
+interface Loaded {
+  dir: string;
+  config: DecoderConfig;
+  tokenizer: { encode(text: string): number[]; decode(ids: readonly number[]): string; padId: number; eosId: number; bosId?: number };
+  encodePrompt: (text: string) => number[];
+  tokenizerFrom?: string;
+}
+
+async function loadModel(cfg: GrpoConfig): Promise<Loaded> {
+  const builtinTokenizer = () => new CharTokenizer({ alphabet: ADDITION_ALPHABET });
+  let dir: string;
+  let config: DecoderConfig;
+  if (cfg.model === BUILTIN_MODEL) {
+    dir = join(cfg.run_dir, 'base-model');
+    const vocab = builtinTokenizer().vocabSize;
+    config = existsSync(join(dir, 'config.json'))
+      ? parseConfig(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')), join(dir, 'config.json'))
+      : randomModel(dir, { architectures: ['Qwen3ForCausalLM'], vocab_size: vocab, hidden_size: 64, intermediate_size: 192, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, rms_norm_eps: 1e-6, rope_theta: 10000, max_position_embeddings: 64, tie_word_embeddings: true }, { seed: cfg.seed, std: 0.02 });
+  } else {
+    dir = cfg.model;
+    const path = join(dir, 'config.json');
+    if (!existsSync(path)) throw new Error(`--model ${cfg.model}: no config.json in that folder`);
+    config = parseConfig(JSON.parse(readFileSync(path, 'utf8')), path);
+  }
+  const useBuiltin = cfg.tokenizer === BUILTIN_TOKENIZER || (cfg.tokenizer === 'model' && cfg.model === BUILTIN_MODEL);
+  if (useBuiltin) {
+    const tok = builtinTokenizer();
+    if (tok.vocabSize > config.vocabSize) throw new Error(`--tokenizer ${BUILTIN_TOKENIZER}: ${tok.vocabSize} ids, the model's vocab_size is ${config.vocabSize}`);
+    if (cfg.prompt_format === 'chat') throw new Error(`--prompt_format chat: the ${BUILTIN_TOKENIZER} tokenizer has no chat template`);
+    return { dir, config, tokenizer: tok, encodePrompt: (t) => tok.encode(t) };
+  }
+  const from = cfg.tokenizer === 'model' ? dir : cfg.tokenizer;
+  if (!existsSync(join(from, 'tokenizer.json'))) {
+    throw new Error(`--tokenizer ${cfg.tokenizer}: no tokenizer.json in ${from} (a model trained on the built-in task by \`lathe sft\` uses --tokenizer ${BUILTIN_TOKENIZER})`);
+  }
+  const tok = await HfTokenizer.fromFolder(from);
+  if (tok.vocabSize > config.vocabSize) throw new Error(`--tokenizer ${cfg.tokenizer}: ${tok.vocabSize} ids, the model's vocab_size is ${config.vocabSize}`);
+  const encodePrompt =
+    cfg.prompt_format === 'chat' ? (t: string) => tok.encode(tok.applyChatTemplate([{ role: 'user', content: t }], { addGenerationPrompt: true, enableThinking: cfg.enable_thinking })) : (t: string) => tok.encode(t);
+  return { dir, config, tokenizer: tok, encodePrompt, tokenizerFrom: from };
+}
+
+/**
+ * Training and held-out prompts: the same seeded split `lathe sft` makes (`eval_examples` held
+ * out of a permutation seeded by `seed`), so GRPO after SFT on the same data never trains on the
+ * SFT run's held-out prompts.
+ */
+export async function loadPromptSplit(cfg: Pick<GrpoConfig, 'data' | 'seed' | 'eval_examples' | 'prompt_field' | 'answer_field'>): Promise<{ train: PromptWithAnswer[]; evaluation: PromptWithAnswer[] }> {
+  let all: PromptWithAnswer[];
+  if (cfg.data === BUILTIN_DATA) all = additionExamples().map((e, index) => ({ prompt: e.prompt, answer: e.response, index }));
+  else {
+    const { examples } = await loadPrompts(cfg.data, { field: cfg.prompt_field, answerField: cfg.answer_field });
+    all = examples.map((e, index) => {
+      if (e.answer === undefined) throw new Error(`${cfg.data}: row ${index + 1} has no '${cfg.answer_field}' field (the reference answer; see --answer_field)`);
+      return { prompt: e.prompt, answer: e.answer, index };
+    });
+  }
+  if (cfg.eval_examples >= all.length) throw new Error(`--eval_examples ${cfg.eval_examples} leaves no training prompts (${all.length} in ${cfg.data})`);
+  const order = permutation(all.length, cfg.seed + 0x5eed);
+  return { evaluation: order.slice(0, cfg.eval_examples).map((i) => all[i]), train: order.slice(cfg.eval_examples).map((i) => all[i]) };
+}
+
+/** Writes a text file atomically (temporary file + rename). */
+function writeAtomic(path: string, text: string): void {
+  const tmp = `${path}.tmp-${process.pid}`;
+  writeFileSync(tmp, text);
+  renameSync(tmp, path);
+}
+
+/** Refuses a resume whose config differs from the checkpoint's, unless `force`; names the keys. */
+export function checkResumeConfig(saved: Record<string, unknown>, cfg: GrpoConfig, where: string): string[] {
+  const relevant = (c: Record<string, unknown>) => Object.fromEntries(Object.entries(c).filter(([k]) => !(RESUMABLE_KEYS as readonly string[]).includes(k)));
+  const changed = diffConfigs(relevant(saved), relevant(cfg as unknown as Record<string, unknown>));
+  if (changed.length && !cfg.force) {
+    const list = changed.map((d) => `${d.key}: ${JSON.stringify(d.a)} → ${JSON.stringify(d.b)}`).join(', ');
+    throw new Error(`--resume: the config differs from the checkpoint's (${where}) in ${list}; pass --force to resume with the new values`);
+  }
+  return changed.map((d) => d.key);
+}
+
+/** Runs GRPO as configured. `signal` interrupts the run after the current step, with a checkpoint. */
+export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?: AbortSignal): Promise<GrpoRunResult> {
+  if (cfg.compute_dtype === 'bfloat16' && cfg.device !== 'cuda') throw new Error('--compute_dtype bfloat16 needs --device cuda (ONNX Runtime has no bfloat16 CPU kernels for most ops)');
+  if (!(cfg.temperature > 0)) throw new Error(`--temperature ${cfg.temperature}: RL rollouts need a temperature > 0`);
+  if (cfg.group_size < 2 && !['remax', 'reinforce_pp'].includes(cfg.estimator)) throw new Error(`--group_size ${cfg.group_size}: --estimator ${cfg.estimator} needs groups of at least 2 (remax and reinforce_pp work with 1)`);
+  const rows = cfg.prompts_per_step * cfg.group_size;
+  if (rows < cfg.n_minibatches * cfg.micro_batches) throw new Error(`--prompts_per_step ${cfg.prompts_per_step} × --group_size ${cfg.group_size} = ${rows} completions cannot fill --n_minibatches ${cfg.n_minibatches} × --micro_batches ${cfg.micro_batches}`);
+  mkdirSync(cfg.run_dir, { recursive: true });
+  const model = await loadModel(cfg);
+  const { train, evaluation } = await loadPromptSplit(cfg);
+  if (train.length < cfg.prompts_per_step) {
+    throw new Error(`--prompts_per_step ${cfg.prompts_per_step} needs at least that many training prompts; ${cfg.data} has ${train.length} after holding out --eval_examples ${cfg.eval_examples} (lower --prompts_per_step, or --eval_examples)`);
+  }
+  const encoded = new Map<number, number[]>();
+  const idsOf = (p: PromptWithAnswer) => {
+    let ids = encoded.get(p.index);
+    if (!ids) {
+      ids = [...(model.tokenizer.bosId === undefined ? [] : [model.tokenizer.bosId]), ...model.encodePrompt(p.prompt)];
+      if (ids.length + cfg.max_new_tokens > model.config.maxPositionEmbeddings) throw new Error(`${cfg.data}: prompt ${p.index} has ${ids.length} tokens; with --max_new_tokens ${cfg.max_new_tokens} it exceeds the model's ${model.config.maxPositionEmbeddings} positions`);
+      encoded.set(p.index, ids);
+    }
+    return ids;
+  };
+  const eos = model.config.eosTokenId;
+  const stopIds = [...new Set([model.tokenizer.eosId, ...(eos === undefined ? [] : Array.isArray(eos) ? eos : [eos])])];
+
+  // Rewards: correctness, optional format and overlong shaping; failures are counted and logged.
+  const grader = cfg.reward === 'math' ? new MathGrader() : undefined;
+  const correct = grader ? async (_p: string, c: string, m: AnswerMeta) => ((await grader.grade(c, m.answer)).correct ? 1 : 0) : (_p: string, c: string, m: AnswerMeta) => (c.trim() === m.answer.trim() ? 1 : 0);
+  const sources: RewardSource<AnswerMeta>[] = [{ name: 'correct', fn: correct }];
+  if (cfg.format_reward !== 0) sources.push({ name: 'format', fn: (_p, c) => r1ZeroFormatReward(c), weight: cfg.format_reward });
+  if (cfg.overlong_buffer > 0) sources.push({ name: 'overlong', fn: overlongReward({ maxLength: cfg.max_new_tokens, buffer: Math.min(cfg.overlong_buffer, cfg.max_new_tokens), maxPenalty: 1 }) });
+  const rewards = combineRewards<AnswerMeta>(sources, { fallback: cfg.reward_fallback });
+
+  // State: fresh, or the latest checkpoint (its config must match unless --force).
+  const initial = loadFloat32(model.dir, model.config);
+  let state: GrpoState = { step: 0, dataPosition: 0, seed: cfg.seed, optimizerStep: 0 };
+  let resume: { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; optimizerStep: number; rlStep: number } | undefined;
+  const lora = cfg.lora_rank > 0 ? { rank: cfg.lora_rank, alpha: cfg.lora_alpha, targets: cfg.lora_targets } : undefined;
+  if (cfg.resume) {
+    const latest = listCheckpoints(cfg.run_dir).at(-1);
+    if (!latest) throw new Error(`--resume: no checkpoint in ${join(cfg.run_dir, 'checkpoints')}`);
+    const saved = parseYaml(readFileSync(join(latest.dir, 'config.yaml'), 'utf8')) as Record<string, unknown>;
+    checkResumeConfig(saved, cfg, join(latest.dir, 'config.yaml'));
+    const trainableSpecs = GrpoTrainer.trainableParams(model.config, lora);
+    const c = loadCheckpoint(latest.dir, trainableSpecs);
+    if (c.lora !== Boolean(lora)) throw new Error(`--resume: ${latest.dir} is a ${c.lora ? 'LoRA' : 'full fine-tuning'} checkpoint but --lora_rank is ${cfg.lora_rank}`);
+    const s = c.state as Partial<GrpoState>;
+    if (typeof s.optimizerStep !== 'number') throw new Error(`${join(latest.dir, 'trainer_state.json')}: no 'optimizerStep' (not a GRPO checkpoint?)`);
+    state = { step: c.state.step, dataPosition: c.state.dataPosition, seed: c.state.seed, optimizerStep: s.optimizerStep };
+    resume = { params: c.values, m: c.m, v: c.v, optimizerStep: state.optimizerStep, rlStep: state.step };
+  } else if (listCheckpoints(cfg.run_dir).length > 0) {
+    throw new Error(`${cfg.run_dir} already holds checkpoints: pass --resume to continue that run, or choose another --run_dir`);
+  }
+
+  const device = Device.open(cfg.device as 'cpu' | 'cuda');
+  const trainer = GrpoTrainer.create<AnswerMeta>({
+    config: model.config,
+    weights: initial,
+    tokenizer: model.tokenizer,
+    stopIds,
+    rewards,
+    groupSize: cfg.group_size,
+    maxNewTokens: cfg.max_new_tokens,
+    sampling: { temperature: cfg.temperature, topK: cfg.top_k || undefined, topP: cfg.top_p < 1 ? cfg.top_p : undefined, minP: cfg.min_p || undefined },
+    estimator: cfg.estimator as EstimatorName,
+    loss: {
+      aggregation: cfg.aggregation as LossAggregation,
+      clipLow: cfg.clip_low,
+      clipHigh: cfg.clip_high,
+      dualClip: cfg.dual_clip > 0 ? cfg.dual_clip : undefined,
+      ratio: cfg.ratio as 'token' | 'sequence',
+      entropyCoef: cfg.entropy_coef,
+    },
+    kl: { coef: cfg.kl_coef, mode: cfg.kl_mode as 'loss' | 'reward', estimator: cfg.kl_estimator as KlEstimator },
+    epochs: cfg.epochs,
+    minibatches: cfg.n_minibatches,
+    microBatches: cfg.micro_batches,
+    optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm },
+    lora,
+    oldLogprobs: cfg.old_logprobs as 'rescore' | 'generation',
+    dynamicSampling: cfg.dynamic_sampling ? { maxRounds: cfg.max_sampling_rounds } : undefined,
+    device,
+    compute: cfg.compute_dtype as 'float32' | 'bfloat16',
+    promptsPerRun: cfg.prompts_per_run,
+    seed: cfg.seed,
+    resume,
+  });
+
+  const runConfigYaml = toYaml(cfg);
+  writeAtomic(join(cfg.run_dir, 'config.yaml'), runConfigYaml);
+  mkdirSync(join(cfg.run_dir, 'eval'), { recursive: true });
+  const metricsLog = new MetricsLog(join(cfg.run_dir, 'metrics.jsonl'));
+  const store = await RolloutStore.open(join(cfg.run_dir, 'rollouts.sqlite'));
+
+  const evaluate = async (): Promise<GrpoEvalResult> => {
+    const out = await trainer.generateGreedy(evaluation.map((p) => ({ ids: idsOf(p) })));
+    const verdicts = await Promise.all(out.map((c, i) => correct(evaluation[i].prompt, c.text, { answer: evaluation[i].answer, completionTokens: c.tokens.length, stopped: c.stopped })));
+    const rowsOut = evaluation.map((p, i) => ({ prompt: p.prompt, expected: p.answer, generated: out[i].text, correct: verdicts[i] === 1, tokens: out[i].tokens.length }));
+    rowsOut.forEach((r, i) => store.addEval({ step: state.step, dataset: 'heldout', prompt_index: evaluation[i].index, rollout_index: 0, prompt: r.prompt, completion: r.generated, reward: verdicts[i], correct: r.correct, extra: { expected: r.expected, tokens: out[i].tokens, stopped: out[i].stopped } }));
+    writeAtomic(join(cfg.run_dir, 'eval', `step-${String(state.step).padStart(8, '0')}.jsonl`), rowsOut.map((r) => JSON.stringify(r)).join('\n') + '\n');
+    const result: GrpoEvalResult = { step: state.step, accuracy: rowsOut.filter((r) => r.correct).length / Math.max(1, rowsOut.length), examples: rowsOut.length, response_length_mean: rowsOut.reduce((s, r) => s + r.tokens, 0) / Math.max(1, rowsOut.length) };
+    events.onEval?.(result);
+    return result;
+  };
+  const checkpoint = async () => {
+    const snap = trainer.snapshot();
+    const contents = { config: model.config, model: snap.model, trainable: trainer.trainable, values: snap.values, m: snap.m, v: snap.v, state, runConfigYaml, lora: Boolean(lora) };
+    await store.flush(); // rollouts up to the checkpoint are durable with it
+    const dir = saveCheckpoint(cfg.run_dir, contents, { keepLast: cfg.keep_last, tokenizerFrom: model.tokenizerFrom });
+    events.onCheckpoint?.(dir, state.step);
+    return dir;
+  };
+
+  events.onStart?.({
+    startStep: state.step,
+    totalSteps: cfg.steps,
+    trainPrompts: train.length,
+    evalPrompts: evaluation.length,
+    parameters: paramSpecs(model.config).reduce((s, p) => s + p.shape.reduce((a, b) => a * b, 1), 0),
+    trainable: trainer.trainable.reduce((s, p) => s + p.shape.reduce((a, b) => a * b, 1), 0),
+  });
+  const stream = new EpochStream<PromptWithAnswer>(train, cfg.seed, state.dataPosition);
+  const nextPrompts = (): RlPrompt<AnswerMeta>[] => {
+    const start = stream.position;
+    return stream.take(cfg.prompts_per_step).map((p, k) => ({ ids: idsOf(p), text: p.prompt, meta: { answer: p.answer, completionTokens: 0, stopped: false }, key: start + k, index: p.index }));
+  };
+  const evals: GrpoEvalResult[] = [];
+  let last: GrpoStepMetrics | undefined;
+  const stepRewards: number[] = [];
+  let lastCheckpoint = '';
+  let interrupted = false;
+  try {
+    if (evaluation.length > 0 && state.step === 0) {
+      const r = await evaluate();
+      evals.push(r);
+      metricsLog.log({ step: 0, eval_accuracy: r.accuracy });
+    }
+    while (state.step < cfg.steps) {
+      const lr = learningRate({ lr: cfg.lr, kind: cfg.schedule as 'constant' | 'linear' | 'cosine', warmupSteps: cfg.warmup_steps, totalSteps: cfg.steps, minLrRatio: cfg.min_lr_ratio }, state.step);
+      const { metrics, rollouts } = await trainer.step(() => nextPrompts(), lr);
+      state = { ...state, step: state.step + 1, dataPosition: stream.position, optimizerStep: trainer.trainer.step };
+      last = metrics;
+      stepRewards.push(metrics.reward_mean);
+      rollouts.forEach((r) =>
+        store.addTrain({
+          step: state.step,
+          epoch: Math.floor((stream.position - 1) / train.length),
+          prompt_index: r.promptIndex ?? -1,
+          rollout_index: r.sample,
+          prompt: r.promptText,
+          completion: r.completion,
+          reward: r.reward,
+          advantage: r.advantage,
+          extra: { rewards: r.bySource, tokens: r.tokens, stopped: r.stopped },
+        }),
+      );
+      if (metrics.nonfinite_updates > 0) {
+        throw new Error(`step ${state.step}: ${metrics.nonfinite_updates} of ${metrics.updates} updates had a non-finite loss and were skipped (the weights kept the last good values); lower --lr or check the rewards`);
+      }
+      let evalResult: GrpoEvalResult | undefined;
+      if (evaluation.length > 0 && ((cfg.eval_every > 0 && state.step % cfg.eval_every === 0) || state.step === cfg.steps)) evals.push((evalResult = await evaluate()));
+      events.onStep?.({ ...metrics, step: state.step });
+      if (state.step % cfg.log_every === 0 || state.step === cfg.steps || signal?.aborted || evalResult) {
+        // NaN (e.g. kl_ref without a reference) is left out rather than written as null
+        const finite = Object.fromEntries(Object.entries(metrics).filter(([, v]) => Number.isFinite(v)));
+        metricsLog.log({ step: state.step, ...finite, ...(evalResult ? { eval_accuracy: evalResult.accuracy } : {}) });
+      }
+      if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) lastCheckpoint = await checkpoint();
+      if (signal?.aborted) {
+        interrupted = true;
+        break;
+      }
+    }
+    if (!lastCheckpoint.endsWith(String(state.step).padStart(8, '0'))) lastCheckpoint = await checkpoint();
+  } finally {
+    await store.close();
+    trainer.dispose();
+    await grader?.close();
+  }
+  return { steps: state.step, evals, last, stepRewards, checkpoint: lastCheckpoint, interrupted };
+}
