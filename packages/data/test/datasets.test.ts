@@ -114,7 +114,43 @@ describe('loaders on small files made here', () => {
   });
 });
 
-shared('loaders on the real datasets in ../shared/datasets', () => {
+/** Slices (first 40 lines) of the same files, committed so these tests also run without ../shared. */
+const FIXTURES = path.resolve(__dirname, '../../../fixtures/datasets');
+
+describe('loaders on slices of the real datasets (fixtures/datasets)', () => {
+  test('MATH-500 slice: every row loads, the first answer as in the README, answers match the solutions\' last box', async () => {
+    const { examples, report } = await loadMath(path.join(FIXTURES, 'math500-test-head40.jsonl'));
+    expect(report).toMatchObject({ read: 40, loaded: 40, skipped: [] });
+    expect(examples[0]).toMatchObject({ id: 'test/precalculus/807.json', answer: '\\left( 3, \\frac{\\pi}{2} \\right)', subject: 'Precalculus', level: 2 });
+    expect(examples.every((e) => e.level! >= 1 && e.level! <= 5)).toBe(true);
+    expect(examples.filter((e) => lastBoxed(e.solution!) === e.answer).length).toBeGreaterThan(34);
+  });
+
+  test('GSM8K slice: the first answer is 18 (Janet\'s ducks), every answer a number', async () => {
+    const { examples, report } = await loadGsm8k(path.join(FIXTURES, 'gsm8k-test-head40.jsonl'));
+    expect(report).toMatchObject({ read: 40, loaded: 40, skipped: [] });
+    expect(examples[0].question).toMatch(/^Janet’s ducks/);
+    expect(examples[0].answer).toBe('18');
+    expect(examples.every((e) => /^-?\d+(\.\d+)?$/.test(e.answer))).toBe(true);
+  });
+
+  test('HH-RLHF slice: prompt + response gives back each transcript; only the final turn differs', async () => {
+    const file = path.join(FIXTURES, 'hh-rlhf-harmless-base-test-head40.jsonl.gz');
+    const raw = (await readJsonlAll(file)).map((r) => r.value as { chosen: string; rejected: string });
+    const { examples, report } = await loadPreferencePairs(file);
+    expect(raw.length).toBe(40);
+    expect(report.loaded + report.skipped.length).toBe(40);
+    expect(report.loaded).toBeGreaterThan(30);
+    for (const e of examples) {
+      const source = raw[Number(e.id)];
+      expect(e.prompt + e.chosen).toBe(source.chosen);
+      expect(e.prompt + e.rejected).toBe(source.rejected);
+      expect(e.prompt.endsWith('\n\nAssistant:')).toBe(true);
+    }
+  });
+});
+
+shared('loaders on the whole datasets in ../shared/datasets (where present)', () => {
   test('MATH-500: 500 problems, the README\'s first answer, 7 subjects, levels 1–5', async () => {
     const { examples, report } = await loadMath(path.join(SHARED, 'math500/test.jsonl'));
     expect(report.loaded).toBe(500);
