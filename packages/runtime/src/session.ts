@@ -366,6 +366,12 @@ export class Binding {
     for (const [name, t] of this.inputTensors) t.live(`input '${name}'`);
     for (const [name, s] of this.outputSlots) if (s.kind === 'tensor') s.tensor.live(`output '${name}'`);
     this.disposeProduced();
+    // ORT keeps the values it allocated in the last run bound as if preallocated: bind allocated
+    // outputs afresh so a run with other input shapes gets outputs of its own shapes.
+    const { api } = ortEnv();
+    for (const [name, s] of this.outputSlots) {
+      if (s.kind === 'device' || s.kind === 'host') api.call('BindOutputToDevice', this.handle, name, s.kind === 'host' ? cpuMemoryInfo() : this.session.device.memoryInfo);
+    }
   }
 
   /** Runs synchronously (blocks the event loop; the lowest overhead for short runs). */

@@ -157,3 +157,17 @@ test('async runs leave the event loop free and give the same result as sync runs
   expect(b.fetch('probs')).toEqual(sync);
   s.dispose();
 });
+
+test('allocated outputs follow the input shapes from run to run', () => {
+  const g = new L.Graph('rows');
+  const x = g.input('x', 'float32', ['B', 3]);
+  g.output(x.mul(2), 'y');
+  const s = cpu.compile(g);
+  const b = s.binding().output('y', 'device');
+  for (const rows of [2, 4, 1]) {
+    b.input('x', { data: new Float32Array(rows * 3).fill(1), dims: [rows, 3] }).runSync();
+    expect(b.get('y').dims).toEqual([rows, 3]);
+    expect(Array.from(b.fetch('y').data as Float32Array)).toEqual(new Array(rows * 3).fill(2));
+  }
+  s.dispose();
+});
