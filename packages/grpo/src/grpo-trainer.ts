@@ -161,6 +161,8 @@ export interface GrpoStepMetrics {
   reward_std: number;
   /** Per reward source: `reward/<name>/mean`, `/std`, `/failures`. */
   [perSource: `reward/${string}`]: number;
+  /** A custom objective's own metrics: `objective/<name>`, the mean over the step's updates. */
+  [custom: `objective/${string}`]: number;
   reward_failures: number;
   /** Groups whose rewards were all equal (zero advantage under a group baseline). */
   uniform_groups: number;
@@ -495,6 +497,7 @@ export class GrpoTrainer<M = unknown> {
       host_ms: 0,
       step_ms: 0,
     };
+    for (const [name, v] of Object.entries(sums)) if (!BUILTIN_METRICS.has(name)) metrics[`objective/${name}`] = v / good;
     for (const [name, s] of Object.entries(sourceStats)) {
       metrics[`reward/${name}/mean`] = s.mean;
       metrics[`reward/${name}/std`] = s.std;
@@ -645,6 +648,9 @@ export class GrpoTrainer<M = unknown> {
     this.trainer.dispose();
   }
 }
+
+/** Metric outputs of `policyLoss` and `rlLoss` that the step turns into its own metrics. */
+const BUILTIN_METRICS = new Set(['pg_loss', 'tokens', 'clipped_tokens', 'clipped_low_tokens', 'approx_kl_sum', 'ref_kl_sum', 'entropy_sum', 'logp_parity_sum']);
 
 /** Index of the first column that holds a token in any of `rows` (what `selectRows` keeps from). */
 function firstColumn(batch: TokenBatch, rows: readonly number[]): number {
