@@ -29,7 +29,7 @@ import type { DType, Graph, Tensor } from '@lathe/onnx';
 import type { DecoderConfig } from '@lathe/models';
 import { paramSpecs } from '@lathe/models';
 import type { SamplingOptions } from '@lathe/rollout';
-import { Device, type DeviceTensor } from '@lathe/runtime';
+import { Device, type DeviceTensor, type SessionOptions } from '@lathe/runtime';
 import { castWeights, initLora, loraAdapters, loraWeights, mergeLora, permutation, Trainer, type AdamWConfig, type LoraConfig, type TrainableParam } from '@lathe/train';
 import { advantageMatrix } from './advantages';
 import { dynamicSampling } from './dynamic-sampling';
@@ -123,6 +123,8 @@ export interface GrpoTrainerOptions<M> {
   /** Compute the policy's entropy on the batch (a metric; also needed for an entropy bonus). Default true. */
   entropy?: boolean;
   device?: Device;
+  /** Options for every session the trainer compiles (profiling, optimization level, …; CPU fallback stays off on CUDA). */
+  session?: SessionOptions;
   /** Forward/backward dtype (master weights and AdamW state stay float32). Default float32. */
   compute?: DType;
   /** Vocabulary chunk of log-prob computations. */
@@ -311,12 +313,12 @@ export class GrpoTrainer<M = unknown> {
     const trainer = Trainer.create(
       { params: trainable, loss: rlLoss(policy, objective, { reference: readsReference }), optimizer: { weightDecay: 0, maxGradNorm: 1, ...opts.optimizer } },
       init,
-      { device, microBatches: opts.microBatches ?? 1, frozen },
+      { device, microBatches: opts.microBatches ?? 1, frozen, session: opts.session },
     );
 
     // Generation and scoring sessions, fed the trainer's buffers by binding.
     const padId = opts.tokenizer.padId;
-    const sampler = GenerationRunner.create(device, config, policyWeights, { groupSize: opts.groupSize, sampling, padId, promptsPerRun: opts.promptsPerRun });
+    const sampler = GenerationRunner.create(device, config, policyWeights, { groupSize: opts.groupSize, sampling, padId, promptsPerRun: opts.promptsPerRun, session: opts.session });
     const owned: { dispose(): void }[] = [sampler];
     const lazy = <T extends { dispose(): void }>(make: () => T) => {
       let v: T | undefined;
@@ -325,8 +327,8 @@ export class GrpoTrainer<M = unknown> {
         return v;
       };
     };
-    const greedy = lazy(() => GenerationRunner.create(device, config, policyWeights, { groupSize: 1, sampling: { temperature: 0 }, padId, promptsPerRun: opts.promptsPerRun }));
-    const policyScorer = lazy(() => ScoringRunner.create(device, config, policyWeights, { temperature, compute, chunk: opts.chunk }));
+    const greedy = lazy(() => GenerationRunner.create(device, config, policyWeights, { groupSize: 1, sampling: { temperature: 0 }, padId, promptsPerRun: opts.promptsPerRun, session: opts.session }));
+    const policyScorer = lazy(() => ScoringRunner.create(device, config, policyWeights, { temperature, compute, chunk: opts.chunk, session: opts.session }));
 
     // The frozen reference: the initial weights (with LoRA, the base itself — no copy).
     const needsReference = kl.coef > 0 || readsReference;
@@ -334,7 +336,7 @@ export class GrpoTrainer<M = unknown> {
     let refScorer: ScoringRunner | undefined;
     if (needsReference) {
       const plain: PolicyWeights = { trainable: specs.map((s) => ({ name: s.name, shape: s.shape, decay: false })), weights: (_g, t) => castWeights(t, compute) };
-      refScorer = ScoringRunner.create(device, config, plain, { temperature, compute, chunk: opts.chunk });
+      refScorer = ScoringRunner.create(device, config, plain, { temperature, compute, chunk: opts.chunk, session: opts.session });
       owned.push(refScorer);
       if (lora) reference = specs.map((s) => [s.name, frozen[`base/${s.name}`]] as const);
       else {

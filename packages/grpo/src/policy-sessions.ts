@@ -14,7 +14,7 @@ import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import type { DecoderConfig, Weights } from '@lathe/models';
 import { addGeneration, uniformNoise, type SamplingOptions } from '@lathe/rollout';
-import type { Binding, Device, DeviceTensor, HostTensor, Session } from '@lathe/runtime';
+import type { Binding, Device, DeviceTensor, HostTensor, Session, SessionOptions } from '@lathe/runtime';
 import type { TrainableParam } from '@lathe/train';
 import { decoderPolicy } from './policies';
 import type { SampledCompletion } from './rollout-batch';
@@ -46,6 +46,7 @@ export interface GenerationRunnerOptions {
   padId: number;
   /** Rows of prompts per run (0: all prompts of a call in one run). */
   promptsPerRun?: number;
+  session?: SessionOptions;
 }
 
 /** Generation bound to the policy's weights. */
@@ -63,7 +64,7 @@ export class GenerationRunner {
   static create(device: Device, config: DecoderConfig, pw: PolicyWeights, opts: GenerationRunnerOptions): GenerationRunner {
     const g = new L.Graph((opts.sampling.temperature ?? 1) === 0 ? 'grpo_generate_greedy' : 'grpo_generate');
     addGeneration(g, config, pw.weights(g, declareTrainable(g, pw)), { ...opts.sampling, groupSize: opts.groupSize, padTokenId: opts.padId });
-    return new GenerationRunner(device.compile(g), opts);
+    return new GenerationRunner(device.compile(g, opts.session), opts);
   }
 
   /**
@@ -133,6 +134,7 @@ export interface ScoringRunnerOptions {
   compute: DType;
   /** Vocabulary chunk of the log-partition. */
   chunk?: number;
+  session?: SessionOptions;
 }
 
 /** Teacher-forced log-probs through `decoderPolicy`, bound to a set of weights. */
@@ -148,7 +150,7 @@ export class ScoringRunner {
     const g = new L.Graph('grpo_score');
     const policy = decoderPolicy(config, { compute: opts.compute, chunk: opts.chunk, temperature: opts.temperature, weights: pw.weights });
     g.output(policy(g, declareTrainable(g, pw)).logp, 'logp');
-    return new ScoringRunner(device.compile(g));
+    return new ScoringRunner(device.compile(g, opts.session));
   }
 
   /** log π(ids[t+1] | ids ≤ t), [B, T] row-major (meaningful where the response mask is 1). */

@@ -88,6 +88,24 @@ test('a step on generation log-probs and a step on re-scored log-probs give the 
   rescore.dispose();
 });
 
+test('micro-batches change nothing: 4 micro-batches per minibatch give the update of 1 (responses of different lengths)', async () => {
+  const model = tinyModel(V);
+  const firstToken = combineRewards<Meta & { completionTokens: number; stopped: boolean }>([{ name: 'first', fn: (_p, c, m) => (c.split(' ')[0] === String(m.answer) ? 1 : 0) }], { fallback: 0 });
+  const common: Partial<Opts> = { rewards: firstToken, maxNewTokens: 3, stopIds: [1], loss: { aggregation: 'seq-mean-token-mean' }, kl: { coef: 0.05 }, epochs: 2 };
+  const [one, four] = [1, 4].map((microBatches) => make({ ...common, microBatches }, model));
+  for (let s = 0; s < 2; s++) {
+    const a = await one.step(prompts(s), 0.03);
+    const b = await four.step(prompts(s), 0.03);
+    expect(new Set(a.rollouts.map((r) => r.tokens.length)).size).toBeGreaterThan(1);
+    expect(b.metrics.loss).toBeCloseTo(a.metrics.loss, 5);
+    expect(b.metrics.clip_fraction).toBeCloseTo(a.metrics.clip_fraction, 6);
+  }
+  const [sa, sb] = [one.snapshot(), four.snapshot()];
+  expect(Math.max(...[...sa.values].map(([name, v]) => maxAbsDiff(v, sb.values.get(name)!)))).toBeLessThan(1e-5);
+  one.dispose();
+  four.dispose();
+});
+
 test('the next step generates from the weights the last update wrote (bound buffers, no copy)', async () => {
   const model = tinyModel(V);
   const t = make({}, model);

@@ -1,0 +1,80 @@
+/**
+ * RL steps of GrpoTrainer on a random decoder, on CUDA or CPU: a smoke test of the whole step on a
+ * device (generation bound to the trainer's buffers, re-scoring, the reference, updates) and its
+ * time split. Prints one JSON line per step (the step's metrics) and a summary line.
+ *
+ * usage: node grpo-step.js [--device cuda|cpu] [--compute float32|bfloat16] [--shape tiny|qwen3-0.6b]
+ *          [--prompts 8] [--group 8] [--prompt-len 32] [--new-tokens 32] [--steps 3] [--minibatches 2]
+ *          [--old-logprobs rescore|generation] [--lora 0]
+ * On the GPU machine run it as a bundle (see ../shared/device/README.md):
+ *   npx esbuild tools/bench/grpo/grpo-step.ts --bundle --platform=node --conditions=lathe-source \
+ *     --external:onnxruntime-node --external:koffi --external:@huggingface/transformers --external:libsql \
+ *     --outfile=.bundle/grpo-step.js     (koffi beside it, as tools/bench/build-device-bundles.sh copies it)
+ * Checked on CPU only so far (the tiny shape: parity 1 + 2e-7, 0.16 s per step).
+ */
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { randomModel, type HfConfig } from '@lathe/models';
+import { Device } from '@lathe/runtime';
+import { loadFloat32 } from '@lathe/train';
+import { combineRewards, GrpoTrainer, type GrpoStepMetrics, type RlPrompt } from '@lathe/grpo';
+
+function arg(name: string, fallback: string): string {
+  const i = process.argv.indexOf(`--${name}`);
+  return i >= 0 && process.argv[i + 1] !== undefined ? process.argv[i + 1] : fallback;
+}
+
+const SHAPES: Record<string, HfConfig> = {
+  tiny: { architectures: ['Qwen3ForCausalLM'], vocab_size: 512, hidden_size: 64, intermediate_size: 192, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, rms_norm_eps: 1e-6, rope_theta: 10000, max_position_embeddings: 1024, tie_word_embeddings: true },
+  'qwen3-0.6b': { architectures: ['Qwen3ForCausalLM'], vocab_size: 151936, hidden_size: 1024, intermediate_size: 3072, num_hidden_layers: 28, num_attention_heads: 16, num_key_value_heads: 8, head_dim: 128, rms_norm_eps: 1e-6, rope_theta: 1000000, max_position_embeddings: 40960, tie_word_embeddings: true },
+};
+
+async function main(): Promise<void> {
+  const device = Device.open(arg('device', 'cuda') as 'cuda' | 'cpu');
+  const compute = arg('compute', 'float32') as 'float32' | 'bfloat16';
+  const shape = arg('shape', 'tiny');
+  const P = Number(arg('prompts', '8'));
+  const G = Number(arg('group', '8'));
+  const promptLen = Number(arg('prompt-len', '32'));
+  const maxNew = Number(arg('new-tokens', '32'));
+  const steps = Number(arg('steps', '3'));
+  const lora = Number(arg('lora', '0'));
+  const t0 = performance.now();
+  const dir = mkdtempSync(join(tmpdir(), 'grpo-step-'));
+  const config = randomModel(dir, SHAPES[shape], { seed: 1, std: 0.02 });
+  const weights = loadFloat32(dir, config);
+  const tModel = performance.now();
+  // reward: the share of even token ids in the completion (non-uniform across a group)
+  const rewards = combineRewards<{ completionTokens: number; stopped: boolean }>([{ name: 'even', fn: (_p, c) => { const ids = c.split(' ').filter(Boolean).map(Number); return ids.length ? ids.filter((x) => x % 2 === 0).length / ids.length : 0; } }], { fallback: 0 });
+  const trainer = GrpoTrainer.create<Record<string, never>>({
+    config, weights, tokenizer: { decode: (ids) => ids.join(' '), padId: 0 }, stopIds: [config.vocabSize - 1], rewards,
+    groupSize: G, maxNewTokens: maxNew, loss: { aggregation: 'token-mean', clipHigh: 0.28 }, kl: { coef: 0.001 },
+    minibatches: Number(arg('minibatches', '2')), device, compute, oldLogprobs: arg('old-logprobs', 'rescore') as 'rescore' | 'generation',
+    lora: lora > 0 ? { rank: lora, alpha: 2 * lora, targets: 'q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj' } : undefined,
+  });
+  const tCreate = performance.now();
+  let seed = 7;
+  const rand = () => ((seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0) / 2 ** 32);
+  const lines: GrpoStepMetrics[] = [];
+  for (let s = 0; s < steps; s++) {
+    const prompts: RlPrompt<Record<string, never>>[] = Array.from({ length: P }, (_, i) => ({ ids: Array.from({ length: promptLen }, () => 1 + Math.floor(rand() * (config.vocabSize - 2))), text: '', meta: {}, key: s * P + i }));
+    const { metrics } = await trainer.step(prompts, 1e-5);
+    lines.push(metrics);
+    console.log(JSON.stringify({ step: s + 1, ...metrics }));
+  }
+  const last = lines.at(-1)!;
+  console.log(JSON.stringify({
+    summary: true, device: device.name, compute, shape, prompts: P, group: G, prompt_len: promptLen, new_tokens: maxNew, lora,
+    model_s: (tModel - t0) / 1000, create_s: (tCreate - tModel) / 1000,
+    last_step_s: last.step_ms / 1000, generation_s: last.generation_ms / 1000, scoring_s: last.scoring_ms / 1000, training_s: last.training_ms / 1000, rewards_s: last.rewards_ms / 1000, host_s: last.host_ms / 1000,
+    logp_parity_max: Math.max(...lines.map((l) => l.logp_parity)), logp_max_abs_diff: Math.max(...lines.map((l) => l.logp_max_abs_diff)), response_length_mean: last.response_length_mean,
+    memory: device.memory(),
+  }));
+  trainer.dispose();
+}
+
+main().catch((e: unknown) => {
+  console.error(e instanceof Error ? e.stack : String(e));
+  process.exit(1);
+});
