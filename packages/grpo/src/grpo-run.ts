@@ -35,9 +35,13 @@ export interface PromptWithAnswer {
   index: number;
 }
 
-/** The metadata reward functions of a `lathe grpo` run read. */
-export interface AnswerMeta {
+/** What a `lathe grpo` prompt carries for the reward functions. */
+export interface PromptMeta {
   answer: string;
+}
+
+/** The metadata reward functions of a `lathe grpo` run read: the prompt's, and the completion's length and stop. */
+export interface AnswerMeta extends PromptMeta {
   completionTokens: number;
   stopped: boolean;
 }
@@ -214,7 +218,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   }
 
   const device = Device.open(cfg.device as 'cpu' | 'cuda');
-  const trainer = GrpoTrainer.create<AnswerMeta>({
+  const trainer = GrpoTrainer.create<PromptMeta>({
     config: model.config,
     weights: initial,
     tokenizer: model.tokenizer,
@@ -281,9 +285,9 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     trainable: trainer.trainable.reduce((s, p) => s + p.shape.reduce((a, b) => a * b, 1), 0),
   });
   const stream = new EpochStream<PromptWithAnswer>(train, cfg.seed, state.dataPosition);
-  const nextPrompts = (): RlPrompt<AnswerMeta>[] => {
+  const nextPrompts = (): RlPrompt<PromptMeta>[] => {
     const start = stream.position;
-    return stream.take(cfg.prompts_per_step).map((p, k) => ({ ids: idsOf(p), text: p.prompt, meta: { answer: p.answer, completionTokens: 0, stopped: false }, key: start + k, index: p.index }));
+    return stream.take(cfg.prompts_per_step).map((p, k) => ({ ids: idsOf(p), text: p.prompt, meta: { answer: p.answer }, key: start + k, index: p.index }));
   };
   const evals: GrpoEvalResult[] = [];
   let last: GrpoStepMetrics | undefined;
