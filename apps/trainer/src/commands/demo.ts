@@ -1,30 +1,19 @@
-import { existsSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { CommandModule } from 'yargs';
-import { parse as parseYaml } from 'yaml';
 import { DEMO_SFT_OVERRIDES, resolveConfig, runSft, sftSchema, type SftConfig, type SftResult } from '@lathe/train';
 import { DEMO_GRPO_OVERRIDES, grpoSchema, type GrpoConfig } from '@lathe/grpo';
-import { addSchemaFlags, configFromArgv } from '../config-flags';
+import { addSchemaFlags, configFromArgv, readYamlOptions, withInterrupt } from '../config-flags';
 import { sftReporter } from '../progress';
 import { grpoRun } from './grpo';
 
-/** Runs the SFT stage with Ctrl-C handling (the first stops after the current step with a checkpoint). */
+/** Runs the SFT stage with Ctrl-C handling and a progress bar. */
 async function sftStage(cfg: SftConfig): Promise<SftResult> {
-  const controller = new AbortController();
-  const stop = () => {
-    if (controller.signal.aborted) process.exit(130);
-    process.stderr.write('\nstopping after this step (a checkpoint will be saved); press Ctrl-C again to quit now\n');
-    controller.abort();
-  };
-  process.on('SIGINT', stop);
-  process.on('SIGTERM', stop);
   const reporter = sftReporter(cfg);
   try {
-    return await runSft(cfg, reporter.events, controller.signal);
+    return await withInterrupt((signal) => runSft(cfg, reporter.events, signal));
   } finally {
     reporter.stop();
-    process.off('SIGINT', stop);
-    process.off('SIGTERM', stop);
   }
 }
 
@@ -33,17 +22,7 @@ export function demoGrpoConfig(sft: SftConfig, checkpoint: string, argv: Record<
   const sources: { name: string; values: Record<string, unknown> }[] = [
     { name: 'demo settings', values: { ...DEMO_GRPO_OVERRIDES, model: checkpoint, run_dir: `${sft.run_dir}-grpo`, seed: sft.seed, eval_examples: sft.eval_examples, device: sft.device } },
   ];
-  if (typeof argv.grpo_config === 'string') {
-    let text: string;
-    try {
-      text = readFileSync(argv.grpo_config, 'utf8');
-    } catch (e) {
-      throw new Error(`--grpo_config ${argv.grpo_config}: cannot read (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`);
-    }
-    const values: unknown = parseYaml(text);
-    if (values !== null && (typeof values !== 'object' || Array.isArray(values))) throw new Error(`${argv.grpo_config}: expected a mapping of lathe grpo option: value`);
-    sources.push({ name: argv.grpo_config, values: (values ?? {}) as Record<string, unknown> });
-  }
+  if (typeof argv.grpo_config === 'string') sources.push(readYamlOptions(argv.grpo_config, '--grpo_config'));
   if (argv.grpo_steps !== undefined) sources.push({ name: 'command line', values: { steps: argv.grpo_steps } });
   return resolveConfig(grpoSchema, sources);
 }

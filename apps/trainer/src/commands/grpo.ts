@@ -1,7 +1,7 @@
 import type { CommandModule } from 'yargs';
 import { SingleBar, Presets } from 'cli-progress';
 import { grpoSchema, runGrpo, type GrpoConfig, type GrpoEvents, type GrpoRunResult } from '@lathe/grpo';
-import { addSchemaFlags, configFromArgv } from '../config-flags';
+import { addSchemaFlags, configFromArgv, withInterrupt } from '../config-flags';
 
 /** Progress for a GRPO run: a bar on stderr when it is a terminal, log lines otherwise. */
 export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEvents; stop(): void } {
@@ -48,21 +48,11 @@ export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEve
 
 /** Runs GRPO with Ctrl-C handling (the first stops after the current step with a checkpoint). */
 export async function grpoRun(cfg: GrpoConfig, label?: string): Promise<GrpoRunResult> {
-  const controller = new AbortController();
-  const stop = () => {
-    if (controller.signal.aborted) process.exit(130);
-    process.stderr.write('\nstopping after this step (a checkpoint will be saved); press Ctrl-C again to quit now\n');
-    controller.abort();
-  };
-  process.on('SIGINT', stop);
-  process.on('SIGTERM', stop);
   const reporter = grpoReporter(cfg, label);
   try {
-    return await runGrpo(cfg, reporter.events, controller.signal);
+    return await withInterrupt((signal) => runGrpo(cfg, reporter.events, signal));
   } finally {
     reporter.stop();
-    process.off('SIGINT', stop);
-    process.off('SIGTERM', stop);
   }
 }
 

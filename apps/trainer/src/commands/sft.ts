@@ -1,42 +1,32 @@
 import type { CommandModule } from 'yargs';
 import { runSft, sftSchema, type SftConfig } from '@lathe/train';
-import { addSchemaFlags, configFromArgv } from '../config-flags';
+import { addSchemaFlags, configFromArgv, withInterrupt } from '../config-flags';
 import { sftReporter } from '../progress';
 
 /** Runs SFT with a config, reporting progress and a one-line JSON summary. */
 export async function sftMain(cfg: SftConfig): Promise<void> {
-  const controller = new AbortController();
-  const stop = () => {
-    if (controller.signal.aborted) process.exit(130);
-    process.stderr.write('\nstopping after this step (a checkpoint will be saved); press Ctrl-C again to quit now\n');
-    controller.abort();
-  };
-  process.on('SIGINT', stop);
-  process.on('SIGTERM', stop);
   const reporter = sftReporter(cfg);
+  let result;
   try {
-    const result = await runSft(cfg, reporter.events, controller.signal);
-    reporter.stop();
-    const first = result.evals[0];
-    const last = result.evals.at(-1);
-    console.log(
-      JSON.stringify({
-        run_dir: cfg.run_dir,
-        steps: result.steps,
-        final_loss: Number(result.finalLoss.toFixed(4)),
-        acc_before_sft: first?.accuracy,
-        acc_after_sft: last?.accuracy,
-        eval_examples: last?.examples,
-        checkpoint: result.checkpoint,
-        interrupted: result.interrupted,
-      }),
-    );
-    if (result.interrupted) process.exitCode = 130;
+    result = await withInterrupt((signal) => runSft(cfg, reporter.events, signal));
   } finally {
     reporter.stop();
-    process.off('SIGINT', stop);
-    process.off('SIGTERM', stop);
   }
+  const first = result.evals[0];
+  const last = result.evals.at(-1);
+  console.log(
+    JSON.stringify({
+      run_dir: cfg.run_dir,
+      steps: result.steps,
+      final_loss: Number(result.finalLoss.toFixed(4)),
+      acc_before_sft: first?.accuracy,
+      acc_after_sft: last?.accuracy,
+      eval_examples: last?.examples,
+      checkpoint: result.checkpoint,
+      interrupted: result.interrupted,
+    }),
+  );
+  if (result.interrupted) process.exitCode = 130;
 }
 
 /** `lathe sft`: supervised fine-tuning. */
