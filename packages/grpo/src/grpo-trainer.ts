@@ -349,7 +349,7 @@ export class GrpoTrainer<M = unknown> {
 
     const est = typeof opts.estimator === 'function' ? { estimate: opts.estimator, greedyBaseline: false } : builtinEstimator(opts.estimator ?? 'grpo');
     const toMerged = () => {
-      const snap = trainer.snapshot().params;
+      const snap = trainer.downloadParams();
       return lora ? mergeLora(weights, snap, adapters, lora) : snap;
     };
     return new GrpoTrainer(opts, trainer, frozen, reference, sampler, greedy, policyScorer, refScorer, est.estimate, est.greedyBaseline || Boolean(opts.greedyBaseline), toMerged, owned);

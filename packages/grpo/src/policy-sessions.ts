@@ -57,7 +57,9 @@ export class GenerationRunner {
     private readonly session: Session,
     private readonly opts: GenerationRunnerOptions,
   ) {
+    // allocated host outputs: the runtime binds them afresh each run, so their shapes follow the batch
     this.binding = session.binding();
+    for (const o of ['tokens', 'logprobs', 'lengths', 'stopped']) this.binding.output(o, 'host');
   }
 
   /** Compiles the generation graph for `config` on `device`. */
@@ -96,9 +98,6 @@ export class GenerationRunner {
         .input('attention_mask', { data: mask, dims: [chunk.length, W] })
         .input('max_new_tokens', { data: BigInt64Array.from([BigInt(call.maxNewTokens)]), dims: [] })
         .input('stop_ids', { data: BigInt64Array.from((call.stopIds.length ? call.stopIds : [-1]).map(BigInt)), dims: [Math.max(1, call.stopIds.length)] });
-      // Outputs are (re)bound to fresh host memory before every run: ORT keeps the last run's
-      // outputs bound as preallocated values, which fails when the shapes change (N varies).
-      for (const o of ['tokens', 'logprobs', 'lengths', 'stopped']) this.binding.output(o, 'host');
       if (!greedy) {
         const keys = call.keys.slice(start, start + per).flatMap((k) => Array.from({ length: G }, (_, j) => k * G + j));
         this.binding.input('noise', { data: uniformNoise(call.seed, keys, call.maxNewTokens), dims: [keys.length, call.maxNewTokens] });
@@ -142,7 +141,7 @@ export class ScoringRunner {
   private readonly binding: Binding;
 
   private constructor(private readonly session: Session) {
-    this.binding = session.binding();
+    this.binding = session.binding().output('logp', 'host');
   }
 
   /** Compiles the scoring graph for `config` on `device`. */
@@ -157,7 +156,6 @@ export class ScoringRunner {
   async score(weights: BoundWeights[], batch: { input_ids: HostTensor; attention_mask: HostTensor }): Promise<Float32Array> {
     bindAll(this.binding, ...weights);
     this.binding.input('input_ids', batch.input_ids).input('attention_mask', batch.attention_mask);
-    this.binding.output('logp', 'host'); // rebound each run: the shape changes (see GenerationRunner)
     await this.binding.run();
     return this.binding.fetch('logp').data as Float32Array;
   }

@@ -176,6 +176,7 @@ export class CApi {
    */
   private readonly library: ReturnType<typeof koffi.load>;
   private readonly memcpy: (dst: Ptr, src: Ptr, n: number) => Ptr;
+  private readonly memset: (dst: Ptr, value: number, n: number) => Ptr;
 
   private constructor() {
     const dir = ortLibraryDir();
@@ -184,6 +185,7 @@ export class CApi {
     const lib = (this.library = koffi.load(this.libraryPath));
     const libc = koffi.load(process.platform === 'darwin' ? 'libSystem.B.dylib' : process.platform === 'win32' ? 'msvcrt.dll' : 'libc.so.6');
     this.memcpy = libc.func('void* memcpy(void* dst, const void* src, size_t n)') as (dst: Ptr, src: Ptr, n: number) => Ptr;
+    this.memset = libc.func('void* memset(void* dst, int value, size_t n)') as (dst: Ptr, value: number, n: number) => Ptr;
     const ApiBase = namedType('LatheOrtApiBase', () => koffi.struct('LatheOrtApiBase', { GetApi: 'void*', GetVersionString: 'void*' }));
     const base = koffi.decode(lib.func('void* OrtGetApiBase()')() as Ptr, ApiBase) as { GetApi: Ptr; GetVersionString: Ptr };
     this.version = (koffi.decode(base.GetVersionString, namedType('LatheOrtGetVersionString', () => koffi.proto('const char* LatheOrtGetVersionString()'))) as () => string)();
@@ -286,6 +288,11 @@ export class CApi {
   /** Copies native memory into a host array (its whole byte length). */
   copyOut(dst: ArrayBufferView, src: Ptr): void {
     if (dst.byteLength > 0) this.memcpy(koffi.address(dst), src, dst.byteLength);
+  }
+
+  /** Sets `n` bytes of native memory to zero. */
+  zero(dst: Ptr, n: number): void {
+    if (n > 0) this.memset(dst, 0, n);
   }
 
   /** Copies `n` bytes between native addresses. */

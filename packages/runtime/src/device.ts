@@ -398,6 +398,11 @@ export class Device {
     const one = new Type(1);
     (one as unknown as (number | bigint)[])[0] = dst.dtype === 'int64' ? BigInt(value) : encodeScalar(dst.dtype, Number(value));
     if (this.kind === 'cpu') {
+      if (Object.is(one[0], 0) || one[0] === 0n) {
+        // all-zero bits (+0 in every dtype): no host array needed
+        ortEnv().api.zero(dst.dataPointer(), dst.byteLength);
+        return;
+      }
       const all = new Type(dst.size);
       (all as unknown as { fill(v: number | bigint): void }).fill(one[0]);
       ortEnv().api.copyIn(dst.dataPointer(), all);

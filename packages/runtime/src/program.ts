@@ -53,12 +53,12 @@ export class Program {
 
   /** The graph's inputs. */
   get inputs(): ProgramIO[] {
-    return this.graph.inputs.map((t) => ({ name: t.name, dtype: t.dtype, dims: t.shape.map(String).map((d) => (/^\d+$/.test(d) ? Number(d) : d)) }));
+    return this.graph.inputs.map((t) => ({ name: t.name, dtype: t.dtype, dims: t.shape.map((d) => (typeof d === 'number' ? d : String(d))) }));
   }
 
   /** The graph's outputs. */
   get outputs(): ProgramIO[] {
-    return this.graph.outputs.map((t) => ({ name: t.name, dtype: t.dtype, dims: t.shape.map(String).map((d) => (/^\d+$/.test(d) ? Number(d) : d)) }));
+    return this.graph.outputs.map((t) => ({ name: t.name, dtype: t.dtype, dims: t.shape.map((d) => (typeof d === 'number' ? d : String(d))) }));
   }
 
   /** Checks feeds against the graph's inputs: every input present, dtype and static dims right. */

@@ -221,7 +221,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     const rows: { prompt: string; expected: string; generated: string; correct: boolean; subject?: string; extracted?: string | null; reason?: string }[] = [];
     const binding = genSession.binding();
     if (lora) {
-      const merged = mergeLora(base, trainer.snapshot().params, adapters, lora);
+      const merged = mergeLora(base, trainer.downloadParams(), adapters, lora);
       for (const s of specs) binding.input(s.name, { data: merged.get(s.name)!, dims: s.shape });
     } else for (const [name, t] of trainer.params()) binding.input(name, t);
     for (const o of ['tokens', 'lengths', 'stopped']) binding.output(o, 'host');

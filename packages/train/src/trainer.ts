@@ -302,10 +302,9 @@ export class Trainer {
   /** Copies a batch into the fixed batch buffers (allocated and bound on first use). */
   private stageBatch(batch: Record<string, BatchTensor>): void {
     const f = this.fixed!;
-    for (const k of Object.keys(batch)) if (!this.batchInputs.includes(k)) throw new Error(`trainStep: the batch has '${k}', which the loss does not read (it reads: ${this.batchInputs.join(', ')})`);
+    checkBatch(batch, this.batchInputs);
     for (const name of this.batchInputs) {
       const t = batch[name];
-      if (!t) throw new Error(`trainStep: the batch has no '${name}' (the loss reads: ${this.batchInputs.join(', ')})`);
       let buf = f.batch.get(name);
       if (!buf) {
         buf = this.device.empty(f.dtypes.get(name)!, t.dims);
@@ -322,9 +321,17 @@ export class Trainer {
 
   /** Downloads parameters and moments (for checkpoints). */
   snapshot(): { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; step: number } {
+    return { params: this.download((b) => b.p), m: this.download((b) => b.m), v: this.download((b) => b.v), step: this.optimizerStep };
+  }
+
+  /** Downloads the current parameter values only (what an export or a merge needs; no moments). */
+  downloadParams(): Map<string, Float32Array> {
+    return this.download((b) => b.p);
+  }
+
+  private download(pick: (b: Buffers) => DeviceTensor): Map<string, Float32Array> {
     const set = this.sets[this.current];
-    const get = (pick: (b: Buffers) => DeviceTensor) => new Map(this.names.map((n) => [n, pick(set.get(n)!).download().data as Float32Array]));
-    return { params: get((b) => b.p), m: get((b) => b.m), v: get((b) => b.v), step: this.optimizerStep };
+    return new Map(this.names.map((n) => [n, pick(set.get(n)!).download().data as Float32Array]));
   }
 
   /** Bytes of device memory the trainer's state holds (both buffer sets and gradient sums). */
@@ -373,11 +380,13 @@ function bindScalarOutputs(b: Binding, graphs: TrainStepGraphs): void {
   for (const m of graphs.metrics) b.output(m, 'host');
 }
 
-function bindBatch(b: Binding, batch: Record<string, BatchTensor>, expected: string[]): void {
-  for (const name of expected) {
-    const t = batch[name];
-    if (!t) throw new Error(`trainStep: the batch has no '${name}' (the loss reads: ${expected.join(', ')})`);
-    b.input(name, t);
-  }
+/** Throws unless the batch holds exactly the loss's batch inputs, naming what is missing or extra. */
+function checkBatch(batch: Record<string, BatchTensor>, expected: string[]): void {
+  for (const name of expected) if (!batch[name]) throw new Error(`trainStep: the batch has no '${name}' (the loss reads: ${expected.join(', ')})`);
   for (const k of Object.keys(batch)) if (!expected.includes(k)) throw new Error(`trainStep: the batch has '${k}', which the loss does not read (it reads: ${expected.join(', ')})`);
+}
+
+function bindBatch(b: Binding, batch: Record<string, BatchTensor>, expected: string[]): void {
+  checkBatch(batch, expected);
+  for (const name of expected) b.input(name, batch[name]);
 }
