@@ -14,7 +14,8 @@ export interface JsonlRecord {
   line: number;
 }
 
-function isGzip(file: string): boolean {
+/** The first `n` bytes of a file (fewer if it is shorter); an unopenable file is an error naming it. */
+export function leadingBytes(file: string, n: number): Buffer {
   let fd: number;
   try {
     fd = openSync(file, 'r');
@@ -22,12 +23,16 @@ function isGzip(file: string): boolean {
     throw new Error(`${file}: cannot open (${(e as NodeJS.ErrnoException).code ?? String(e)})`);
   }
   try {
-    const b = Buffer.alloc(2);
-    const n = readSync(fd, b, 0, 2, 0);
-    return n === 2 && b[0] === 0x1f && b[1] === 0x8b;
+    const b = Buffer.alloc(n);
+    return b.subarray(0, readSync(fd, b, 0, n, 0));
   } finally {
     closeSync(fd);
   }
+}
+
+function isGzip(file: string): boolean {
+  const b = leadingBytes(file, 2);
+  return b.length === 2 && b[0] === 0x1f && b[1] === 0x8b;
 }
 
 /**

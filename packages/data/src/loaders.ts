@@ -4,8 +4,7 @@
  * Each reads JSONL, JSONL.gz or Parquet (by content), returns typed examples and a report of what it
  * skipped and why; errors name the file, the row and the field.
  */
-import { closeSync, openSync, readSync } from 'node:fs';
-import { readJsonl } from './jsonl';
+import { leadingBytes, readJsonl } from './jsonl';
 import { readParquet } from './parquet';
 
 /** One raw record and where it came from (`file:line` for JSONL, `file row i` for Parquet). */
@@ -17,18 +16,7 @@ export interface SourceRecord {
 }
 
 function isParquet(file: string): boolean {
-  let fd: number;
-  try {
-    fd = openSync(file, 'r');
-  } catch (e) {
-    throw new Error(`${file}: cannot open (${(e as NodeJS.ErrnoException).code ?? String(e)})`);
-  }
-  try {
-    const b = Buffer.alloc(4);
-    return readSync(fd, b, 0, 4, 0) === 4 && b.toString('latin1') === 'PAR1';
-  } finally {
-    closeSync(fd);
-  }
+  return leadingBytes(file, 4).toString('latin1') === 'PAR1';
 }
 
 const plain = (v: unknown): unknown => {

@@ -106,15 +106,19 @@ function checkColumns(file: string, schema: arrow.Schema, columns?: string[]): v
   for (const c of columns) if (!names.has(c)) throw new Error(`${file}: no column '${c}' (the file has ${[...names].map((n) => `'${n}'`).join(', ')})`);
 }
 
-/** The Arrow schema of a Parquet file (reads only its footer). */
-export async function readParquetSchema(file: string): Promise<arrow.Schema> {
+/** Opens a Parquet file for reading (its framing checked first); errors name the file. */
+async function openParquet(file: string): Promise<pw.ParquetFile> {
   checkParquetFraming(file);
-  let pf: pw.ParquetFile;
   try {
-    pf = await pw.ParquetFile.fromFile(await openAsBlob(file));
+    return await pw.ParquetFile.fromFile(await openAsBlob(file));
   } catch (e) {
     throw wasmError(file, e);
   }
+}
+
+/** The Arrow schema of a Parquet file (reads only its footer). */
+export async function readParquetSchema(file: string): Promise<arrow.Schema> {
+  const pf = await openParquet(file);
   try {
     const s = pf.schema();
     return arrow.tableFromIPC(s.intoIPCStream()).schema;
@@ -155,13 +159,7 @@ function checkRowGroupSize(file: string, g: number, rg: pw.RowGroupMetaData, col
 
 /** Number of rows and row groups of a Parquet file (from its footer). */
 export async function parquetInfo(file: string): Promise<{ rows: number; rowGroups: number; metadata: Record<string, string> }> {
-  checkParquetFraming(file);
-  let pf: pw.ParquetFile;
-  try {
-    pf = await pw.ParquetFile.fromFile(await openAsBlob(file));
-  } catch (e) {
-    throw wasmError(file, e);
-  }
+  const pf = await openParquet(file);
   try {
     const meta = pf.metadata();
     const fm = meta.fileMetadata();
@@ -179,13 +177,7 @@ export async function parquetInfo(file: string): Promise<{ rows: number; rowGrou
  * one row group at a time from disk: files larger than memory are fine.
  */
 export async function* readParquetBatches(file: string, options: ParquetReadOptions & { batchSize?: number; onSchema?: (schema: arrow.Schema) => void } = {}): AsyncGenerator<arrow.RecordBatch> {
-  checkParquetFraming(file);
-  let pf: pw.ParquetFile;
-  try {
-    pf = await pw.ParquetFile.fromFile(await openAsBlob(file));
-  } catch (e) {
-    throw wasmError(file, e);
-  }
+  const pf = await openParquet(file);
   try {
     const meta = pf.metadata();
     const groups = meta.numRowGroups();
