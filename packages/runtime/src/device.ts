@@ -45,7 +45,11 @@ export interface MemoryReport {
   peakBytes: number;
   /** Tensors freed by the garbage collector instead of `dispose()` (a leak in the caller). */
   leaked: number;
-  /** ORT's allocator statistics (e.g. InUse, TotalAllocated, Limit), when the allocator reports them. */
+  /**
+   * ORT's statistics (e.g. InUse, MaxInUse, TotalAllocated) of the arena tensors are allocated from.
+   * With per-session arenas (the default) this excludes the sessions' own working memory
+   * (activations); with `sharedArena` it covers every session on the device.
+   */
   arena?: Record<string, string>;
 }
 
