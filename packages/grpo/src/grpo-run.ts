@@ -10,7 +10,7 @@
  * permutation, so a step's prompts are distinct whenever the set holds at least `prompts_per_step`
  * prompts — a smaller set is an error naming the flag.
  */
-import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parse as parseYaml, stringify as toYaml } from 'yaml';
 import { paramSpecs, parseConfig, randomModel, type DecoderConfig } from '@lathe/models';
@@ -18,7 +18,7 @@ import { MathGrader } from '@lathe/graders';
 import { CharTokenizer, HfTokenizer } from '@lathe/tokenizer';
 import { Device } from '@lathe/runtime';
 import { diffConfigs, loadPrompts, MetricsLog, RolloutStore } from '@lathe/data';
-import { ADDITION_ALPHABET, BUILTIN_DATA, BUILTIN_MODEL, EpochStream, additionExamples, learningRate, listCheckpoints, loadCheckpoint, loadFloat32, permutation, saveCheckpoint, type TrainerState } from '@lathe/train';
+import { ADDITION_ALPHABET, BUILTIN_DATA, BUILTIN_MODEL, EpochStream, additionExamples, learningRate, listCheckpoints, loadCheckpoint, loadFloat32, heldOutSplit, saveCheckpoint, writeAtomic, type TrainerState } from '@lathe/train';
 import { combineRewards, overlongReward, type RewardSource } from './rewards';
 import { r1ZeroFormatReward } from '@lathe/graders';
 import { BUILTIN_TOKENIZER, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
@@ -140,15 +140,7 @@ export async function loadPromptSplit(cfg: Pick<GrpoConfig, 'data' | 'seed' | 'e
     });
   }
   if (cfg.eval_examples >= all.length) throw new Error(`--eval_examples ${cfg.eval_examples} leaves no training prompts (${all.length} in ${cfg.data})`);
-  const order = permutation(all.length, cfg.seed + 0x5eed);
-  return { evaluation: order.slice(0, cfg.eval_examples).map((i) => all[i]), train: order.slice(cfg.eval_examples).map((i) => all[i]) };
-}
-
-/** Writes a text file atomically (temporary file + rename). */
-function writeAtomic(path: string, text: string): void {
-  const tmp = `${path}.tmp-${process.pid}`;
-  writeFileSync(tmp, text);
-  renameSync(tmp, path);
+  return heldOutSplit(all, cfg.eval_examples, cfg.seed);
 }
 
 /** Refuses a resume whose config differs from the checkpoint's, unless `force`; names the keys. */

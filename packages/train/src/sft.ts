@@ -4,7 +4,7 @@
  * checkpointing → a final evaluation and checkpoint. Resumes exactly from a checkpoint (weights,
  * AdamW moments, step, data position) and saves one when interrupted.
  */
-import { appendFileSync, existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { stringify as toYaml } from 'yaml';
 import * as L from '@lathe/onnx';
@@ -28,7 +28,8 @@ import {
   encodePair,
   lossTokenCount,
   padBatch,
-  permutation,
+  heldOutSplit,
+  writeAtomic,
   readSftJsonl,
   tokenizeExample,
   type SftExample,
@@ -132,19 +133,11 @@ async function loadModelAndTokenizer(cfg: SftConfig): Promise<{ dir: string; con
 function loadExamples(cfg: SftConfig): { train: SftExample[]; evaluation: SftExample[] } {
   const all = cfg.data === BUILTIN_DATA ? additionExamples() : readSftJsonl(cfg.data);
   if (cfg.eval_examples >= all.length) throw new Error(`--eval_examples ${cfg.eval_examples} leaves no training data (${all.length} examples in ${cfg.data})`);
-  const order = permutation(all.length, cfg.seed + 0x5eed);
-  return { evaluation: order.slice(0, cfg.eval_examples).map((i) => all[i]), train: order.slice(cfg.eval_examples).map((i) => all[i]) };
+  return heldOutSplit(all, cfg.eval_examples, cfg.seed);
 }
 
 const f32 = (v: number): HostTensor => ({ data: Float32Array.from([v]), dims: [] });
 const sizeOf = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
-
-/** Writes a text file atomically (temporary file + rename). */
-function writeAtomic(path: string, text: string): void {
-  const tmp = `${path}.tmp-${process.pid}`;
-  writeFileSync(tmp, text);
-  renameSync(tmp, path);
-}
 
 /** Runs SFT as configured. `signal` interrupts the run after the current step, with a checkpoint. */
 export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: AbortSignal): Promise<SftResult> {
