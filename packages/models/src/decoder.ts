@@ -18,7 +18,7 @@ export interface KvPair {
   value: Tensor;
 }
 
-/** Inputs of the decoder. */
+/** Inputs of the decoder with attention composed from primitives (masks of any shape). */
 export interface DecoderInputs {
   /** Token ids, int64 [B, T]. */
   inputIds: Tensor;
@@ -33,6 +33,25 @@ export interface DecoderInputs {
    * generation and scoring use). They have no gradient rules, so training leaves this off.
    */
   fused?: boolean;
+}
+
+/**
+ * Inputs of the decoder with ONNX Runtime's GroupQueryAttention (flash attention on CUDA; no
+ * gradient rules, so inference only). Rows are right-padded and positions implicit: row b holds
+ * positions 0..seqlensK[b]. Norms and RoPE are always fused here.
+ */
+export interface GqaDecoderInputs {
+  /** Token ids, int64 [B, T]: a right-padded prompt (T > 1) or one new token per row (T = 1). */
+  inputIds: Tensor;
+  /** int32 [B]: each row's total length − 1 (for a decode step: the new token's position). */
+  seqlensK: Tensor;
+  /** int32 scalar: T for a prompt; the cache length M for a decode step. */
+  totalSequenceLength: Tensor;
+  /**
+   * KV cache buffers [B, numKvHeads, M, headDim], one pair per layer, bound as both the input and
+   * the output of each layer so the kernel appends in place. Omitted: no cache (scoring).
+   */
+  past?: KvPair[];
 }
 
 /** What the decoder returns. */
@@ -86,6 +105,12 @@ export function rope(cfg: DecoderConfig, positionIds: Tensor, dtype: DType, fuse
     const { cos, sin } = ropeTables(cfg, positionIds, dtype);
     return (x) => applyRope(x, cos, sin, cfg.headDim);
   }
+  const { cos: cosCache, sin: sinCache } = ropeCaches(cfg, positionIds.graph, dtype);
+  return (x) => L.rotaryEmbedding(x, positionIds, cosCache, sinCache);
+}
+
+/** cos and sin tables [maxPositions, headDim/2] for every position, as the fused kernels read them. */
+export function ropeCaches(cfg: DecoderConfig, g: L.Graph, dtype: DType): { cos: Tensor; sin: Tensor } {
   const { inverse, attentionScale } = ropeInverseFrequencies(cfg);
   const P = cfg.maxPositionEmbeddings;
   const half = inverse.length;
@@ -99,11 +124,8 @@ export function rope(cfg: DecoderConfig, positionIds: Tensor, dtype: DType, fuse
       sin[p * half + i] = Math.sin(angle) * attentionScale;
     }
   }
-  const g = positionIds.graph;
   const table = (v: Float32Array) => L.cast(g.constant(v, 'float32', [P, half]), dtype);
-  const cosCache = table(cos);
-  const sinCache = table(sin);
-  return (x) => L.rotaryEmbedding(x, positionIds, cosCache, sinCache);
+  return { cos: table(cos), sin: table(sin) };
 }
 
 /** cos and sin tables [B, 1, T, headDim] for the given positions (float32 math, cast to dtype). */
@@ -176,6 +198,34 @@ export function attention(
   return { out, present: { key, value } };
 }
 
+/**
+ * The same attention through ONNX Runtime's GroupQueryAttention: projections and QK-norm here,
+ * then one kernel applies RoPE, appends keys/values to the cache and attends causally.
+ */
+export function gqaAttention(
+  cfg: DecoderConfig,
+  w: Weights,
+  prefix: string,
+  x: Tensor,
+  kv: { seqlensK: Tensor; totalSequenceLength: Tensor; rotary: { cos: Tensor; sin: Tensor } },
+  past?: KvPair,
+): { out: Tensor; present: KvPair } {
+  const { numHeads: H, numKvHeads: KV, headDim: hd } = cfg;
+  const [B, T] = x.shape;
+  const bias = (name: string) => (cfg.attentionBias ? w(`${prefix}.${name}.bias`) : undefined);
+  let q = linear(x, w(`${prefix}.q_proj.weight`), bias('q_proj'));
+  let k = linear(x, w(`${prefix}.k_proj.weight`), bias('k_proj'));
+  const v = linear(x, w(`${prefix}.v_proj.weight`), bias('v_proj'));
+  if (cfg.qkNorm) {
+    const norm = (t: Tensor, n: number, name: string) => L.reshape(rmsNormHf(L.reshape(t, [B, T, n, hd]), w(`${prefix}.${name}.weight`), cfg.rmsNormEps, true), [B, T, n * hd]);
+    q = norm(q, H, 'q_norm');
+    k = norm(k, KV, 'k_norm');
+  }
+  const r = L.groupQueryAttention({ query: q, key: k, value: v, past, seqlensK: kv.seqlensK, totalSequenceLength: kv.totalSequenceLength, rotary: kv.rotary }, { numHeads: H, kvNumHeads: KV });
+  const out = linear(r.output, w(`${prefix}.o_proj.weight`), cfg.outputBias ? w(`${prefix}.o_proj.bias`) : undefined);
+  return { out, present: { key: r.presentKey, value: r.presentValue } };
+}
+
 /** SwiGLU MLP: down(silu(gate(x)) · up(x)). */
 export function mlp(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor): Tensor {
   const b = (name: string) => (cfg.mlpBias ? w(`${prefix}.${name}.bias`) : undefined);
@@ -184,18 +234,28 @@ export function mlp(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor): 
   return linear(L.mul(L.silu(gate), up), w(`${prefix}.down_proj.weight`), b('down_proj'));
 }
 
-/** The decoder: embeddings → N pre-norm blocks → final norm. */
-export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs): DecoderOutputs {
+/**
+ * The decoder: embeddings → N pre-norm blocks → final norm. Attention is composed from
+ * primitives (any mask; differentiable) or, given {@link GqaDecoderInputs}, ONNX Runtime's
+ * GroupQueryAttention (right-padded rows; inference only).
+ */
+export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | GqaDecoderInputs): DecoderOutputs {
   const g = inputs.inputIds.graph;
   let h = L.gather(w('model.embed_tokens.weight'), inputs.inputIds, 0);
-  const fused = inputs.fused ?? false;
-  const rotary = rope(cfg, inputs.positionIds, h.dtype, fused);
+  const gqa = 'seqlensK' in inputs ? inputs : undefined;
+  const composed = 'seqlensK' in inputs ? undefined : inputs;
+  const fused = gqa ? true : (composed?.fused ?? false);
+  const rotary = composed && rope(cfg, composed.positionIds, h.dtype, fused);
+  const caches = gqa && { seqlensK: gqa.seqlensK, totalSequenceLength: gqa.totalSequenceLength, rotary: ropeCaches(cfg, g, h.dtype) };
   const norm = (x: Tensor, name: string) => rmsNormHf(x, w(name), cfg.rmsNormEps, fused);
   const present: KvPair[] = [];
   for (let i = 0; i < cfg.numLayers; i++) {
     const p = `model.layers.${i}`;
     g.scope(`layer${i}`, () => {
-      const a = attention(cfg, w, `${p}.self_attn`, norm(h, `${p}.input_layernorm.weight`), rotary, inputs.attentionMask, inputs.past?.[i], fused);
+      const x = norm(h, `${p}.input_layernorm.weight`);
+      const a = caches
+        ? gqaAttention(cfg, w, `${p}.self_attn`, x, caches, inputs.past?.[i])
+        : attention(cfg, w, `${p}.self_attn`, x, rotary!, composed!.attentionMask, inputs.past?.[i], fused);
       h = L.add(h, a.out);
       h = L.add(h, mlp(cfg, w, `${p}.mlp`, norm(h, `${p}.post_attention_layernorm.weight`)));
       present.push(a.present);

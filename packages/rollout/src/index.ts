@@ -4,3 +4,5 @@ export * from './sampling';
 export * from './generation-graph';
 export * from './scoring-graph';
 export * from './generator';
+export * from './kv-cache-graphs';
+export * from './kv-cache-generator';

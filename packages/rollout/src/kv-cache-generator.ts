@@ -1,0 +1,301 @@
+/**
+ * Generation as a loop of runs over a KV cache that stays bound on the device: one prefill run per
+ * batch of prompts, then one decode-step run per token, each step a replay of the same bound
+ * buffers (a CUDA graph when enabled). Only the sampled tokens and their log-probs (a few bytes per
+ * row) come back to the host each step, for the stop check; weights, caches, positions and noise
+ * stay on the device.
+ *
+ * The engine is sized once — `rows` samples per run, caches of `maxLength` positions — and every
+ * buffer is allocated at creation, so the decode step's addresses never change and a captured
+ * CUDA graph stays valid across runs. A run with fewer samples fills the spare rows with a
+ * one-token dummy prompt whose output is dropped.
+ */
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import * as L from '@lathe/onnx';
+import type { DType } from '@lathe/onnx';
+import { paramSpecs, readConfig, readTensorBytes, readWeightIndex, weightInputs, type DecoderConfig } from '@lathe/models';
+import { Device, DeviceTensor, fromBfloat16Bits, fromFloat16Bits, hostTensor, toBfloat16Bits, toFloat16Bits, type Binding, type HostTensor, type Session } from '@lathe/runtime';
+import { addKvDecodeStep, addKvPrefill, cacheName } from './kv-cache-graphs';
+import { uniformNoise } from './rng';
+import { validateSampling, type SamplingOptions } from './sampling';
+import type { Completion, GenerateCallOptions } from './generator';
+
+/** How a KV-cache generator is built. */
+export interface KvCacheGeneratorOptions extends SamplingOptions {
+  /** Samples per prompt (a GRPO group); row r·n + j is sample j of prompt r. Default 1. */
+  groupSize?: number;
+  /** Samples per run (a multiple of groupSize): the rows of the cache. */
+  rows: number;
+  /** Cache positions per row: the longest prompt plus the most new tokens a call may ask for. */
+  maxLength: number;
+  /** Compute dtype; weights and caches are held in it. Default bfloat16 on CUDA, float32 on CPU. */
+  dtype?: DType;
+  /** Replay the decode step as a CUDA graph (CUDA only). Default false. */
+  cudaGraph?: boolean;
+  /** Token used to pad prompts and for the spare rows. Default 0. */
+  padTokenId?: number;
+}
+
+/** Time spent per phase of the last `generate` call, in milliseconds. */
+export interface GenerationTimings {
+  prefillMs: number;
+  decodeMs: number;
+  /** Host ↔ device copies of the per-step results and the per-run inputs. */
+  transferMs: number;
+  decodeSteps: number;
+}
+
+/** Converts a safetensors tensor's bytes to the compute dtype's host representation. */
+function toComputeDtype(bytes: Uint8Array, from: DType, to: DType, where: string): HostTensor['data'] {
+  const copy = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength);
+  if (from === to) return L.dtypeBytes(to) === 2 ? new Uint16Array(copy) : new Float32Array(copy);
+  const f32 = from === 'float32' ? new Float32Array(copy) : from === 'bfloat16' ? fromBfloat16Bits(new Uint16Array(copy)) : from === 'float16' ? fromFloat16Bits(new Uint16Array(copy)) : undefined;
+  if (!f32) throw new Error(`${where}: weights of dtype ${from} cannot be loaded (float32, bfloat16 and float16 can)`);
+  if (to === 'float32') return f32;
+  if (to === 'bfloat16') return toBfloat16Bits(f32);
+  if (to === 'float16') return toFloat16Bits(f32);
+  throw new Error(`compute dtype ${to} is not supported for generation (float32, bfloat16, float16)`);
+}
+
+/**
+ * Uploads a model folder's weights to the device in `dtype`, one tensor at a time (the model never
+ * sits in JS memory as a whole).
+ */
+export function uploadWeights(device: Device, dir: string, config: DecoderConfig, dtype: DType): Map<string, DeviceTensor> {
+  const index = readWeightIndex(dir);
+  const out = new Map<string, DeviceTensor>();
+  for (const spec of paramSpecs(config)) {
+    const e = index.get(spec.name);
+    if (!e) throw new Error(`${dir}: missing weight '${spec.name}'`);
+    if (e.shape.join(',') !== spec.shape.join(',')) throw new Error(`${e.file}: '${spec.name}' has shape [${e.shape}], the config implies [${spec.shape}]`);
+    out.set(spec.name, device.upload({ data: toComputeDtype(readTensorBytes(e), e.dtype, dtype, `${e.file}: '${spec.name}'`), dims: spec.shape }, dtype));
+  }
+  return out;
+}
+
+/** Buffers one decode binding reads (`from`) and writes (`to`). */
+interface StepBuffers {
+  token: DeviceTensor;
+  seqlens: DeviceTensor;
+  step: DeviceTensor;
+  logprob: DeviceTensor;
+  rawLogprob: DeviceTensor;
+}
+
+/** A compiled prefill + decode-step pair over device-resident weights and caches. */
+export class KvCacheGenerator {
+  /** Wall time split of the last `generate` call. */
+  lastTimings: GenerationTimings = { prefillMs: 0, decodeMs: 0, transferMs: 0, decodeSteps: 0 };
+  private readonly n: number;
+  private readonly caches: DeviceTensor[] = [];
+  private readonly ping: StepBuffers;
+  private readonly pong: StepBuffers;
+  private readonly noise: DeviceTensor | undefined;
+  private readonly prefillBinding: Binding;
+  /** decode[0] reads ping and writes pong; decode[1] the reverse. */
+  private readonly decode: [Binding, Binding];
+
+  private constructor(
+    readonly config: DecoderConfig,
+    readonly device: Device,
+    private readonly opts: KvCacheGeneratorOptions & { dtype: DType },
+    private readonly prefill: Session,
+    private readonly step: Session,
+    weights: Map<string, DeviceTensor>,
+  ) {
+    const { rows: R, maxLength: M, dtype } = opts;
+    this.n = opts.groupSize ?? 1;
+    for (let i = 0; i < config.numLayers; i++) {
+      for (let k = 0; k < 2; k++) this.caches.push(device.zeros(dtype, [R, config.numKvHeads, M, config.headDim]));
+    }
+    const buffers = (): StepBuffers => ({
+      token: device.zeros('int64', [R, 1]),
+      seqlens: device.zeros('int32', [R]),
+      step: device.zeros('int64', [1]),
+      logprob: device.zeros('float32', [R]),
+      rawLogprob: device.zeros('float32', [R]),
+    });
+    this.ping = buffers();
+    this.pong = buffers();
+    this.noise = (opts.temperature ?? 1) === 0 ? undefined : device.zeros('float32', [R, M]);
+
+    const bindWeights = (b: Binding) => {
+      for (const [name, t] of weights) b.input(name, t);
+    };
+    const bindOutputs = (b: Binding, to: StepBuffers) => {
+      b.output('next_token', to.token).output('next_seqlens', to.seqlens).output('next_step', to.step).output('logprob', to.logprob).output('raw_logprob', to.rawLogprob);
+      for (let i = 0; i < config.numLayers; i++) {
+        b.output(cacheName(i, 'key', 'output'), this.caches[2 * i]).output(cacheName(i, 'value', 'output'), this.caches[2 * i + 1]);
+      }
+    };
+    this.prefillBinding = prefill.binding();
+    bindWeights(this.prefillBinding);
+    bindOutputs(this.prefillBinding, this.ping);
+    if (this.noise) this.prefillBinding.input('noise', this.noise);
+    this.prefillBinding.input('cache_length', hostTensor('int64', [], [BigInt(M)]));
+
+    const decodeBinding = (from: StepBuffers, to: StepBuffers, graphId: number) => {
+      const b = step.binding();
+      bindWeights(b);
+      b.input('token', from.token).input('seqlens', from.seqlens).input('step', from.step).input('cache_length', hostTensor('int32', [], [M]));
+      if (this.noise) b.input('noise', this.noise);
+      for (let i = 0; i < config.numLayers; i++) {
+        b.input(cacheName(i, 'key', 'input'), this.caches[2 * i]).input(cacheName(i, 'value', 'input'), this.caches[2 * i + 1]);
+      }
+      bindOutputs(b, to);
+      if (opts.cudaGraph) b.runConfig('gpu_graph_id', String(graphId));
+      return b;
+    };
+    this.decode = [decodeBinding(this.ping, this.pong, 1), decodeBinding(this.pong, this.ping, 2)];
+  }
+
+  /**
+   * Compiles the two graphs for `config` over `weights` (device tensors in the compute dtype, by HF
+   * name — e.g. from {@link uploadWeights}, or a trainer's parameters cast to the compute dtype).
+   */
+  static create(device: Device, config: DecoderConfig, weights: Map<string, DeviceTensor>, opts: KvCacheGeneratorOptions): KvCacheGenerator {
+    validateSampling(opts, config.vocabSize);
+    const dtype = opts.dtype ?? (device.kind === 'cuda' ? 'bfloat16' : 'float32');
+    const n = opts.groupSize ?? 1;
+    if (!Number.isInteger(n) || n < 1) throw new Error(`groupSize must be a positive integer, got ${opts.groupSize}`);
+    if (!Number.isInteger(opts.rows) || opts.rows < n || opts.rows % n !== 0) throw new Error(`rows must be a positive multiple of groupSize (${n}), got ${opts.rows}`);
+    if (!Number.isInteger(opts.maxLength) || opts.maxLength < 2 || opts.maxLength > config.maxPositionEmbeddings) {
+      throw new Error(`maxLength must be an integer in [2, ${config.maxPositionEmbeddings}] (the model's max_position_embeddings), got ${opts.maxLength}`);
+    }
+    if (opts.cudaGraph && device.kind !== 'cuda') throw new Error('cudaGraph needs a CUDA device');
+    for (const spec of paramSpecs(config)) {
+      const t = weights.get(spec.name);
+      if (!t) throw new Error(`weights: missing '${spec.name}'`);
+      if (t.dtype !== dtype || t.dims.join(',') !== spec.shape.join(',')) {
+        throw new Error(`weights: '${spec.name}' is ${t.dtype}[${t.dims}], expected ${dtype}[${spec.shape}]`);
+      }
+    }
+    const build = (name: string, add: (g: L.Graph, w: ReturnType<typeof weightInputs>['weights']) => void) => {
+      const g = new L.Graph(name);
+      add(g, weightInputs(g, config, dtype, dtype).weights);
+      return g;
+    };
+    const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, opts)), { name: 'kv-prefill' });
+    const step = device.compile(build('lathe_kv_decode', (g, w) => addKvDecodeStep(g, config, w, dtype, opts)), { name: 'kv-decode', cudaGraph: opts.cudaGraph });
+    return new KvCacheGenerator(config, device, { ...opts, dtype }, prefill, step, weights);
+  }
+
+  /** Loads a Hugging Face model folder onto `device` and compiles the graphs. */
+  static fromPretrained(dir: string, device: Device, opts: KvCacheGeneratorOptions): KvCacheGenerator {
+    const { config } = readConfig(dir);
+    const dtype = opts.dtype ?? (device.kind === 'cuda' ? 'bfloat16' : 'float32');
+    return KvCacheGenerator.create(device, config, uploadWeights(device, dir, config, dtype), { ...opts, dtype });
+  }
+
+  /** Samples `groupSize` completions for every prompt (token ids, without padding). */
+  async generate(prompts: number[][], call: GenerateCallOptions): Promise<Completion[]> {
+    const { rows: R, maxLength: M } = this.opts;
+    const n = this.n;
+    if (!Number.isInteger(call.maxNewTokens) || call.maxNewTokens < 1) throw new Error(`maxNewTokens must be a positive integer, got ${call.maxNewTokens}`);
+    prompts.forEach((p, i) => {
+      if (p.length === 0) throw new Error(`prompt ${i} is empty`);
+      if (p.length + call.maxNewTokens > M) throw new Error(`prompt ${i}: ${p.length} tokens + ${call.maxNewTokens} new exceed the generator's maxLength of ${M}`);
+      const bad = p.find((t) => !Number.isInteger(t) || t < 0 || t >= this.config.vocabSize);
+      if (bad !== undefined) throw new Error(`prompt ${i}: token id ${bad} is outside the vocabulary (0..${this.config.vocabSize - 1})`);
+    });
+    const timings: GenerationTimings = { prefillMs: 0, decodeMs: 0, transferMs: 0, decodeSteps: 0 };
+    const keys = call.promptKeys ?? prompts.map((_, i) => i);
+    const stop = new Set(call.stopIds ?? []);
+    // Longest prompts first, so each run's padding is small.
+    const order = prompts.map((p, i) => ({ i, len: p.length })).sort((a, b) => b.len - a.len).map((o) => o.i);
+    const perRun = R / n;
+    const results: Completion[] = [];
+    for (let start = 0; start < order.length; start += perRun) {
+      const run = order.slice(start, start + perRun);
+      results.push(...this.generateRun(run.map((i) => prompts[i]), run, run.map((i) => keys[i]), call, stop, timings));
+      call.onProgress?.(Math.min(start + perRun, order.length), order.length);
+      await new Promise((r) => setImmediate(r)); // let progress bars and signals run between runs
+    }
+    this.lastTimings = timings;
+    return results.sort((a, b) => a.promptIndex - b.promptIndex || a.sampleIndex - b.sampleIndex);
+  }
+
+  private generateRun(prompts: number[][], promptIndex: number[], keys: number[], call: GenerateCallOptions, stop: Set<number>, t: GenerationTimings): Completion[] {
+    const { rows: R, maxLength: M } = this.opts;
+    const n = this.n;
+    const B = R / n;
+    const pad = this.opts.padTokenId ?? 0;
+    const live = prompts.length * n;
+    const lens = Array.from({ length: B }, (_, b) => (b < prompts.length ? prompts[b].length : 1));
+    const P = Math.max(...lens);
+    const ids = new BigInt64Array(B * P).fill(BigInt(pad));
+    prompts.forEach((p, b) => p.forEach((tok, j) => (ids[b * P + j] = BigInt(tok))));
+
+    let clock = performance.now();
+    const lap = (phase: 'prefillMs' | 'decodeMs' | 'transferMs') => {
+      const now = performance.now();
+      t[phase] += now - clock;
+      clock = now;
+    };
+    const pb = this.prefillBinding;
+    pb.input('input_ids', { data: ids, dims: [B, P] });
+    pb.input('seqlens', hostTensor('int32', [B], lens.map((l) => l - 1)));
+    pb.input('prompt_width', hostTensor('int32', [], [P]));
+    pb.input('expand_index', hostTensor('int64', [R], Array.from({ length: R }, (_, r) => BigInt(Math.floor(r / n)))));
+    if (this.noise) {
+      const sampleKeys = Array.from({ length: R }, (_, r) => (r < live ? keys[Math.floor(r / n)] * n + (r % n) : 0));
+      this.noise.upload(uniformNoise(call.seed ?? 0, sampleKeys, M));
+    }
+    lap('transferMs');
+    pb.runSync();
+    lap('prefillMs');
+
+    const tokens: number[][] = Array.from({ length: live }, () => []);
+    const logprobs: number[][] = Array.from({ length: live }, () => []);
+    const raw: number[][] = Array.from({ length: live }, () => []);
+    const done = new Array<boolean>(live).fill(false);
+    let remaining = live;
+    const collect = (from: StepBuffers) => {
+      const tok = from.token.download().data as BigInt64Array;
+      const lp = from.logprob.download().data as Float32Array;
+      const rl = from.rawLogprob.download().data as Float32Array;
+      for (let r = 0; r < live; r++) {
+        if (done[r]) continue;
+        const id = Number(tok[r]);
+        tokens[r].push(id);
+        logprobs[r].push(lp[r]);
+        raw[r].push(rl[r]);
+        if (stop.has(id)) {
+          done[r] = true;
+          remaining--;
+        }
+      }
+    };
+    collect(this.ping);
+    lap('transferMs');
+    for (let s = 1; s < call.maxNewTokens && remaining > 0; s++) {
+      const odd = s % 2 === 1;
+      this.decode[odd ? 0 : 1].runSync();
+      t.decodeSteps++;
+      lap('decodeMs');
+      collect(odd ? this.pong : this.ping);
+      lap('transferMs');
+    }
+    const out: Completion[] = [];
+    for (let r = 0; r < live; r++) {
+      out.push({
+        promptIndex: promptIndex[Math.floor(r / n)],
+        sampleIndex: r % n,
+        tokens: tokens[r],
+        logprobs: logprobs[r],
+        rawLogprobs: raw[r],
+        finishReason: done[r] ? 'stop' : 'length',
+      });
+    }
+    return out;
+  }
+
+  /** Releases the sessions and the engine's buffers (not the weights, which the caller owns). */
+  dispose(): void {
+    for (const b of [this.prefillBinding, ...this.decode]) b.dispose();
+    this.prefill.dispose();
+    this.step.dispose();
+    for (const t of [...this.caches, ...Object.values(this.ping), ...Object.values(this.pong), ...(this.noise ? [this.noise] : [])]) t.dispose();
+  }
+}

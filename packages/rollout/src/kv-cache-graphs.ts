@@ -1,0 +1,94 @@
+/**
+ * The two graphs of generation as a loop of runs over a KV cache that stays bound on the device
+ * (the runtime layer's IoBinding), both built on ONNX Runtime's GroupQueryAttention:
+ *
+ * - **prefill**: B right-padded prompts → their keys/values, repeated for the group (row r of the
+ *   cache holds prompt expand_index[r]) and zero-padded to the cache length M, written straight
+ *   into the bound cache buffers; and the first sampled token of every row.
+ * - **decode step**: one token per row → the next one. Each layer's cache is bound as both its
+ *   past input and its present output, so GroupQueryAttention appends the new key/value in place
+ *   (no cache copies) and attends over each row's own length. The step's bookkeeping (the next
+ *   position per row, the step counter that picks the noise column) is computed in the graph, so
+ *   a step needs no host input: two bindings over swapped token/position buffers ("ping-pong")
+ *   alternate, and each can be replayed as a CUDA graph.
+ *
+ * Row lengths live in `seqlens` (int32 [R], the GroupQueryAttention convention: the index of each
+ * row's newest token). Graph inputs and outputs (beyond the weights, named by their HF names):
+ *
+ *   prefill  in:  input_ids int64 [B, P] (right-padded), seqlens int32 [B] (prompt length − 1),
+ *                 prompt_width int32 [] (= P, host), cache_length int64 [] (= M, host),
+ *                 expand_index int64 [R], noise float32 [R, N] (when sampling)
+ *            out: present.{i}.key / present.{i}.value [R, KV, M, hd], next_token int64 [R, 1],
+ *                 next_seqlens int32 [R], next_step int64 [1], logprob / raw_logprob float32 [R]
+ *   decode   in:  token int64 [R, 1], seqlens int32 [R], step int64 [1], noise float32 [R, N],
+ *                 cache_length int32 [] (= M, host), cache.{i}.key / value (bound in place)
+ *            out: the same outputs as prefill, present.{i}.key / value bound to the cache buffers
+ */
+import * as L from '@lathe/onnx';
+import type { DType, Graph, Tensor } from '@lathe/onnx';
+import { decoder, lmLogits, type DecoderConfig, type KvPair, type Weights } from '@lathe/models';
+import { sampleNext, type SamplingOptions } from './sampling';
+
+/** Name of layer i's key or value cache: `cache.*` as a decode input, `present.*` as an output. */
+export function cacheName(i: number, which: 'key' | 'value', as: 'input' | 'output'): string {
+  return `${as === 'input' ? 'cache' : 'present'}.${i}.${which}`;
+}
+
+function emitStep(g: Graph, cfg: DecoderConfig, weights: Weights, lastHidden: Tensor, noiseColumn: Tensor | undefined, opts: SamplingOptions, expand?: Tensor): void {
+  let logits = L.cast(L.squeeze(lmLogits(cfg, weights, lastHidden), [1]), 'float32'); // [rows, V]
+  if (expand) logits = L.gather(logits, expand, 0);
+  const s = sampleNext(logits, opts, noiseColumn);
+  g.output(L.unsqueeze(s.tokens, [1]), 'next_token');
+  g.output(s.logprobs, 'logprob');
+  g.output(s.rawLogprobs, 'raw_logprob');
+}
+
+const sampling = (o: SamplingOptions) => (o.temperature ?? 1) !== 0;
+
+/** The prefill graph (see the module comment). */
+export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, opts: SamplingOptions): void {
+  const ids = g.input('input_ids', 'int64', ['B', 'P']);
+  const seqlens = g.input('seqlens', 'int32', ['B']);
+  const width = g.input('prompt_width', 'int32', []);
+  const cacheLength = g.input('cache_length', 'int64', []);
+  const expand = g.input('expand_index', 'int64', ['R']);
+  const noise = sampling(opts) ? g.input('noise', 'float32', ['R', 'N']) : undefined;
+
+  const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width });
+  out.present.forEach((p, i) => {
+    for (const which of ['key', 'value'] as const) {
+      g.output(L.padEndTo(L.gather(p[which], expand, 0), 2, cacheLength, 'M'), cacheName(i, which, 'output'));
+    }
+  });
+  // Each prompt's last token is at (row, seqlens[row]) of the right-padded batch.
+  const P = ids.shape[1];
+  const D = cfg.hiddenSize;
+  const flat = L.reshape(out.hidden, [-1, D]);
+  const rowStart = L.mul(L.arange(ids.shape[0], 'int64', ids), L.squeeze(g.dimTensor(P), [0]));
+  const last = L.unsqueeze(L.gather(flat, L.add(rowStart, L.cast(seqlens, 'int64')), 0), [1]); // [B, 1, D]
+  emitStep(g, cfg, weights, last, noise && L.squeeze(L.slice(noise, [1], [0], [1]), [1]), opts, expand);
+  g.output(L.add(L.gather(seqlens, expand, 0), g.constant(1, 'int32', [])), 'next_seqlens');
+  g.output(g.constant([1], 'int64', [1]), 'next_step');
+}
+
+/** The decode-step graph (see the module comment). */
+export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions): void {
+  const token = g.input('token', 'int64', ['R', 1]);
+  const seqlens = g.input('seqlens', 'int32', ['R']);
+  const step = g.input('step', 'int64', [1]);
+  const noise = sampling(opts) ? g.input('noise', 'float32', ['R', 'N']) : undefined;
+  const cacheLength = g.input('cache_length', 'int32', []);
+  const past: KvPair[] = [];
+  for (let i = 0; i < cfg.numLayers; i++) {
+    const shape = ['R', cfg.numKvHeads, 'M', cfg.headDim];
+    past.push({ key: g.input(cacheName(i, 'key', 'input'), dtype, shape), value: g.input(cacheName(i, 'value', 'input'), dtype, shape) });
+  }
+  const out = decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past });
+  out.present.forEach((p, i) => {
+    g.output(p.key, cacheName(i, 'key', 'output'));
+    g.output(p.value, cacheName(i, 'value', 'output'));
+  });
+  emitStep(g, cfg, weights, out.hidden, noise && L.squeeze(L.gather(noise, step, 1), [1]), opts);
+  g.output(L.add(seqlens, g.constant(1, 'int32', [])), 'next_seqlens');
+  g.output(L.add(step, g.constant(1, 'int64', [])), 'next_step');
+}
