@@ -10,11 +10,9 @@
  * CUDA graph stays valid across runs. A run with fewer samples fills the spare rows with a
  * one-token dummy prompt whose output is dropped.
  */
-import { writeFileSync } from 'node:fs';
-import { join } from 'node:path';
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
-import { paramSpecs, readConfig, readTensorBytes, readWeightIndex, weightInputs, type DecoderConfig } from '@lathe/models';
+import { paramSpecs, readConfig, readTensorBytes, readWeightIndex, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
 import { Device, DeviceTensor, fromBfloat16Bits, fromFloat16Bits, hostTensor, toBfloat16Bits, toFloat16Bits, type Binding, type HostTensor, type Session } from '@lathe/runtime';
 import { addKvDecodeStep, addKvPrefill, cacheName } from './kv-cache-graphs';
 import { uniformNoise } from './rng';
@@ -35,6 +33,12 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
   cudaGraph?: boolean;
   /** Token used to pad prompts and for the spare rows. Default 0. */
   padTokenId?: number;
+  /**
+   * How the graphs read the weights (default: one input per HF name in the compute dtype). A
+   * trainer passes its own — e.g. float32 master weights cast in the graph, or LoRA's base plus
+   * adapters — and binds the matching tensors with {@link KvCacheGenerator.bindWeights}.
+   */
+  graphWeights?: (g: L.Graph) => Weights;
 }
 
 /** Time spent per phase of the last `generate` call, in milliseconds. */
@@ -102,7 +106,7 @@ export class KvCacheGenerator {
     private readonly opts: KvCacheGeneratorOptions & { dtype: DType },
     private readonly prefill: Session,
     private readonly step: Session,
-    weights: Map<string, DeviceTensor>,
+    private readonly weights: Map<string, DeviceTensor> | undefined,
   ) {
     const { rows: R, maxLength: M, dtype } = opts;
     this.n = opts.groupSize ?? 1;
@@ -121,7 +125,7 @@ export class KvCacheGenerator {
     this.noise = (opts.temperature ?? 1) === 0 ? undefined : device.zeros('float32', [R, M]);
 
     const bindWeights = (b: Binding) => {
-      for (const [name, t] of weights) b.input(name, t);
+      for (const [name, t] of weights ?? []) b.input(name, t);
     };
     const bindOutputs = (b: Binding, to: StepBuffers) => {
       b.output('next_token', to.token).output('next_seqlens', to.seqlens).output('next_step', to.step).output('logprob', to.logprob).output('raw_logprob', to.rawLogprob);
@@ -154,7 +158,7 @@ export class KvCacheGenerator {
    * Compiles the two graphs for `config` over `weights` (device tensors in the compute dtype, by HF
    * name — e.g. from {@link uploadWeights}, or a trainer's parameters cast to the compute dtype).
    */
-  static create(device: Device, config: DecoderConfig, weights: Map<string, DeviceTensor>, opts: KvCacheGeneratorOptions): KvCacheGenerator {
+  static create(device: Device, config: DecoderConfig, weights: Map<string, DeviceTensor> | undefined, opts: KvCacheGeneratorOptions): KvCacheGenerator {
     validateSampling(opts, config.vocabSize);
     const dtype = opts.dtype ?? (device.kind === 'cuda' ? 'bfloat16' : 'float32');
     const n = opts.groupSize ?? 1;
@@ -164,8 +168,9 @@ export class KvCacheGenerator {
       throw new Error(`maxLength must be an integer in [2, ${config.maxPositionEmbeddings}] (the model's max_position_embeddings), got ${opts.maxLength}`);
     }
     if (opts.cudaGraph && device.kind !== 'cuda') throw new Error('cudaGraph needs a CUDA device');
-    for (const spec of paramSpecs(config)) {
-      const t = weights.get(spec.name);
+    if (!weights && !opts.graphWeights) throw new Error('weights: give device tensors, or graphWeights and bind them with bindWeights');
+    for (const spec of opts.graphWeights ? [] : paramSpecs(config)) {
+      const t = weights!.get(spec.name);
       if (!t) throw new Error(`weights: missing '${spec.name}'`);
       if (t.dtype !== dtype || t.dims.join(',') !== spec.shape.join(',')) {
         throw new Error(`weights: '${spec.name}' is ${t.dtype}[${t.dims}], expected ${dtype}[${spec.shape}]`);
@@ -173,7 +178,7 @@ export class KvCacheGenerator {
     }
     const build = (name: string, add: (g: L.Graph, w: ReturnType<typeof weightInputs>['weights']) => void) => {
       const g = new L.Graph(name);
-      add(g, weightInputs(g, config, dtype, dtype).weights);
+      add(g, opts.graphWeights ? opts.graphWeights(g) : weightInputs(g, config, dtype, dtype).weights);
       return g;
     };
     const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, opts)), { name: 'kv-prefill' });
@@ -186,6 +191,30 @@ export class KvCacheGenerator {
     const { config } = readConfig(dir);
     const dtype = opts.dtype ?? (device.kind === 'cuda' ? 'bfloat16' : 'float32');
     return KvCacheGenerator.create(device, config, uploadWeights(device, dir, config, dtype), { ...opts, dtype });
+  }
+
+  /**
+   * A new weight version: copies `src` (same names, dtypes and shapes, e.g. a trainer's updated
+   * parameters in the compute dtype) into the bound weight tensors, device to device. The bound
+   * addresses stay the same, so a captured CUDA graph stays valid.
+   */
+  loadWeights(src: Map<string, DeviceTensor>): void {
+    if (!this.weights) throw new Error('loadWeights: this generator binds caller-owned weights (bindWeights)');
+    for (const [name, dst] of this.weights) {
+      const t = src.get(name);
+      if (!t) throw new Error(`loadWeights: missing '${name}'`);
+      dst.copyFrom(t);
+    }
+  }
+
+  /**
+   * Binds weight tensors by graph input name (with `graphWeights`: the inputs it declared), e.g. a
+   * trainer's current parameter buffers — generation then reads them with no copy. Rebinding moves
+   * the addresses a captured CUDA graph read, so it is refused when `cudaGraph` is on.
+   */
+  bindWeights(...sets: Iterable<readonly [string, DeviceTensor]>[]): void {
+    if (this.opts.cudaGraph) throw new Error('bindWeights: a CUDA-graph generator keeps its weight addresses; use loadWeights');
+    for (const b of [this.prefillBinding, ...this.decode]) for (const set of sets) for (const [name, t] of set) b.input(name, t);
   }
 
   /** Samples `groupSize` completions for every prompt (token ids, without padding). */

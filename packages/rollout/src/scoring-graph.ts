@@ -3,7 +3,8 @@
  * and optionally each position's min-p candidate set (the ids and log-probs of every token with
  * p ≥ min_p · p_max, at most K) — the data ICL-V labeling needs.
  *
- * Inputs:  input_ids int64 [B, T], attention_mask int64 [B, T] (left or right padding), weights.
+ * Inputs:  input_ids int64 [B, T], attention_mask int64 [B, T] (left or right padding; right only
+ *          with `groupQueryAttention`), weights.
  * Outputs: logprobs float32 [B, T]: position t holds log p(input_ids[t+1] | ids ≤ t) (the last
  *          column, and positions whose next token is padding, are 0);
  *          entropies float32 [B, T]: entropy of the next-token distribution at t (0 on padding);
@@ -35,6 +36,11 @@ export interface ScoringGraphOptions {
   candidates?: { minP: number; k: number };
   /** Use ONNX Runtime's fused RMSNorm and RoPE kernels (default true). */
   fusedKernels?: boolean;
+  /**
+   * Attention through ONNX Runtime's GroupQueryAttention (flash attention on CUDA, which runs it in
+   * float16/bfloat16 only). Rows must then be right-padded: each row's tokens first.
+   */
+  groupQueryAttention?: boolean;
 }
 
 /** Shifts [B, T] left by one (the last column wraps around and is masked by the caller). */
@@ -67,7 +73,13 @@ export function addScoring(g: Graph, cfg: DecoderConfig, weights: Weights, opts:
   const chunk = opts.chunk ?? 16384;
   const ids = g.input('input_ids', 'int64', ['B', 'T']);
   const mask = g.input('attention_mask', 'int64', ['B', 'T']);
-  const { hidden } = decoder(cfg, weights, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask), fused: opts.fusedKernels ?? true });
+  const { hidden } = opts.groupQueryAttention
+    ? decoder(cfg, weights, {
+        inputIds: ids,
+        seqlensK: L.sub(L.reduceSum(L.cast(mask, 'int32'), [1]), g.constant(1, 'int32', [])),
+        totalSequenceLength: L.cast(L.squeeze(g.dimTensor(ids.shape[1]), [0]), 'int32'),
+      })
+    : decoder(cfg, weights, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask), fused: opts.fusedKernels ?? true });
   const scored = nextIsToken(mask);
   const logp = chunkedTargetLogprobs(cfg, weights, hidden, shiftLeft(ids), { chunk });
   g.output(L.where(scored, logp, 0), 'logprobs');

@@ -1,4 +1,4 @@
-import { generationRunner, logitsRunner, logSoftmax, rowsOf, scoringRunner, tinyModel } from './helpers';
+import { generationRunner, logitsRunner, logSoftmax, rowsOf, scoringRunner, tinyModel, tinyQwen3 } from './helpers';
 
 const { dir, config } = tinyModel();
 const prompts = [
@@ -51,5 +51,21 @@ test('entropies and min-p candidate sets match the logits computed independently
       expect(ids.slice(expected.length).every((i) => i === -1)).toBe(true);
       expected.forEach((c, i) => expect(lps[i]).toBeCloseTo(c.l, 4));
     }
+  }
+});
+
+test('with GroupQueryAttention: the same log-probs and entropies as the composed attention', async () => {
+  // GroupQueryAttention's rotary needs head_dim ≥ 16.
+  const wide = tinyModel({ ...tinyQwen3, hidden_size: 64, head_dim: 16 }, 9);
+  const composed = await scoringRunner(wide.dir, wide.config, { chunk: 20 });
+  const gqa = await scoringRunner(wide.dir, wide.config, { chunk: 20, groupQueryAttention: true });
+  const seqs = [[1, 2, 3, 4, 5, 6, 7], [9, 8, 7], [40]];
+  const a = await composed(seqs);
+  const b = await gqa(seqs);
+  for (const name of ['logprobs', 'entropies']) {
+    const x = Array.from(a[name].data as Float32Array);
+    const y = Array.from(b[name].data as Float32Array);
+    expect(x.some((v) => Math.abs(v) > 0.1)).toBe(true);
+    x.forEach((v, i) => expect(y[i]).toBeCloseTo(v, 4));
   }
 });

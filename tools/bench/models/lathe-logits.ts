@@ -3,7 +3,9 @@
  * Face folder, on CUDA or CPU through onnxruntime-node, for parity and throughput checks.
  *
  * usage: node lathe-logits.js --model DIR --batch batch.json --dtype float32|bfloat16|float16
- *          [--device cuda|cpu] [--out logits.bin] [--logprobs] [--repeat N] [--primitives]
+ *          [--device cuda|cpu] [--out logits.bin] [--logprobs] [--repeat N] [--primitives] [--gqa]
+ * --gqa: attention through ONNX Runtime's GroupQueryAttention (flash attention; fp16/bf16 on CUDA),
+ * which takes right-padded rows: left-padded rows are moved left here and the results moved back.
  * batch.json: {"input_ids": [[...]], "attention_mask": [[...]]}
  * Writes float32 little-endian values to --out and prints one JSON line of timings.
  */
@@ -38,7 +40,14 @@ async function main(): Promise<void> {
   const w = weightInitializers(g, config, index, dtype, location);
   // Fused RMSNorm/RoPE kernels unless --primitives (the training graphs' composition) is asked for.
   const fused = !process.argv.includes('--primitives');
-  const { hidden } = decoder(config, w, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask), fused });
+  const gqa = process.argv.includes('--gqa');
+  const { hidden } = gqa
+    ? decoder(config, w, {
+        inputIds: ids,
+        seqlensK: L.sub(L.reduceSum(L.cast(mask, 'int32'), [1]), g.constant(1, 'int32', [])),
+        totalSequenceLength: L.cast(L.squeeze(g.dimTensor(ids.shape[1]), [0]), 'int32'),
+      })
+    : decoder(config, w, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask), fused });
   if (logprobs) {
     // log p(token t+1 | ≤ t) at every position (the last one scores the first token again, so
     // every shape stays static: it is dropped by whoever reads the result).
@@ -60,9 +69,12 @@ async function main(): Promise<void> {
   const tSession = performance.now();
   const B = batch.input_ids.length;
   const T = batch.input_ids[0].length;
+  // Left pads per row; with --gqa each row's tokens are moved to the front.
+  const pads = batch.attention_mask.map((m) => m.indexOf(1) < 0 ? T : m.indexOf(1));
+  const move = <X>(row: X[], p: number, fill: X) => (gqa ? [...row.slice(p), ...new Array<X>(p).fill(fill)] : row);
   const feeds = {
-    input_ids: new ort.Tensor('int64', BigInt64Array.from(batch.input_ids.flat().map(BigInt)), [B, T]),
-    attention_mask: new ort.Tensor('int64', BigInt64Array.from(batch.attention_mask.flat().map(BigInt)), [B, T]),
+    input_ids: new ort.Tensor('int64', BigInt64Array.from(batch.input_ids.flatMap((r, b) => move(r, pads[b], 0)).map(BigInt)), [B, T]),
+    attention_mask: new ort.Tensor('int64', BigInt64Array.from(batch.attention_mask.flatMap((r, b) => move(r, pads[b], 0)).map(BigInt)), [B, T]),
   };
   let out = (await session.run(feeds)).out; // warm-up (and the result)
   const times: number[] = [];
@@ -72,13 +84,24 @@ async function main(): Promise<void> {
     times.push(performance.now() - s);
   }
   const outPath = arg('out', '');
-  if (outPath) writeFileSync(outPath, Buffer.from((out.data as Float32Array).buffer));
+  if (outPath) {
+    let data = out.data as Float32Array;
+    if (gqa) {
+      // Move each row's positions back to where the left-padded batch had them.
+      const per = data.length / (B * T);
+      const back = new Float32Array(data.length);
+      for (let b = 0; b < B; b++) for (let t = 0; t + pads[b] < T; t++) back.set(data.subarray((b * T + t) * per, (b * T + t + 1) * per), (b * T + t + pads[b]) * per);
+      data = back;
+    }
+    writeFileSync(outPath, Buffer.from(data.buffer));
+  }
   const best = Math.min(...times);
   console.log(
     JSON.stringify({
       model: basename(dir),
       dtype,
       device,
+      attention: gqa ? 'GroupQueryAttention' : fused ? 'composed, fused norms/rope' : 'primitives',
       batch: [B, T],
       build_ms: +(tBuild - t0).toFixed(1),
       session_ms: +(tSession - tBuild).toFixed(1),

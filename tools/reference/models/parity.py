@@ -72,10 +72,10 @@ def hf_logits(model, ids, mask, dtype, attn):
     return out.float().cpu()
 
 
-def lathe_logits(path, batch_file, dtype, out_file, log_dir):
+def lathe_logits(path, batch_file, dtype, out_file, log_dir, extra=()):
     env = dict(os.environ)
     env["NVIDIA_TF32_OVERRIDE"] = "0"  # fp32 parity: no TF32 inside cuBLAS (torch has TF32 off too)
-    cmd = ["node", NODE_SCRIPT, "--model", path, "--batch", batch_file, "--dtype", dtype, "--device", "cuda", "--out", out_file]
+    cmd = ["node", NODE_SCRIPT, "--model", path, "--batch", batch_file, "--dtype", dtype, "--device", "cuda", "--out", out_file, *extra]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if res.returncode == 0:
         out = json.loads(res.stdout.strip().splitlines()[-1])
@@ -124,16 +124,18 @@ def parity(root, out):
         ref32 = hf_logits(model, ids, mask, torch.float32, "eager")
         ref16 = hf_logits(model, ids, mask, torch.bfloat16, "sdpa")
         row = {"hf_bf16_vs_hf_fp32": compare(ref16, ref32, mask)}
-        for dtype in ("float32", "bfloat16"):
-            out_file = os.path.join(root, f"{name}-{dtype}.bin")
-            timing = lathe_logits(path, batch_file, dtype, out_file, out)
+        # GroupQueryAttention (flash attention) runs in half precision only on CUDA.
+        for dtype, extra, label in (("float32", (), "float32"), ("bfloat16", (), "bfloat16"), ("bfloat16", ("--gqa",), "bfloat16_gqa")):
+            out_file = os.path.join(root, f"{name}-{label}.bin")
+            timing = lathe_logits(path, batch_file, dtype, out_file, out, extra)
             lathe = torch.frombuffer(bytearray(open(out_file, "rb").read()), dtype=torch.float32).reshape(B, T, vocab)
-            row[f"lathe_{dtype}_vs_hf_fp32"] = compare(lathe, ref32, mask)
-            row[f"lathe_{dtype}_timing"] = timing
+            row[f"lathe_{label}_vs_hf_fp32"] = compare(lathe, ref32, mask)
+            row[f"lathe_{label}_timing"] = timing
         results[name] = row
         print(f"{name}: fp32 max_abs={row['lathe_float32_vs_hf_fp32']['max_abs']:.2e} "
               f"rel={row['lathe_float32_vs_hf_fp32']['rel_to_max']:.2e} | "
               f"bf16 lathe={row['lathe_bfloat16_vs_hf_fp32']['max_abs']:.3e} "
+              f"bf16 lathe gqa={row['lathe_bfloat16_gqa_vs_hf_fp32']['max_abs']:.3e} "
               f"hf-bf16 spread={row['hf_bf16_vs_hf_fp32']['max_abs']:.3e} "
               f"cpu_fallback={[row[f'lathe_{d}_timing']['cpu_fallback'] for d in ('float32', 'bfloat16')]}", flush=True)
         del model
@@ -166,12 +168,14 @@ def throughput(root, B=16, T=1024, repeat=5):
     batch_file = os.path.join(root, "throughput-batch.json")
     with open(batch_file, "w") as f:
         json.dump({"input_ids": ids.cpu().tolist(), "attention_mask": mask.cpu().tolist()}, f)
-    proc = subprocess.run(["node", NODE_SCRIPT, "--model", path, "--batch", batch_file, "--dtype", "bfloat16",
-                           "--device", "cuda", "--logprobs", "--repeat", str(repeat)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-3000:])
-    res["lathe_logprobs"] = json.loads(proc.stdout.strip().splitlines()[-1])
-    res["ratio_lathe_vs_hf_logprobs"] = res["lathe_logprobs"]["tokens_per_s"] / res["hf_logprobs"]["tokens_per_s"]
+    for label, extra in (("lathe_logprobs", []), ("lathe_logprobs_gqa", ["--gqa"])):
+        proc = subprocess.run(["node", NODE_SCRIPT, "--model", path, "--batch", batch_file, "--dtype", "bfloat16",
+                               "--device", "cuda", "--logprobs", "--repeat", str(repeat), *extra], capture_output=True, text=True)
+        if proc.returncode != 0:
+            res[label] = {"error": proc.stderr[-3000:]}
+            continue
+        res[label] = json.loads(proc.stdout.strip().splitlines()[-1])
+        res[f"ratio_{label}_vs_hf_logprobs"] = res[label]["tokens_per_s"] / res["hf_logprobs"]["tokens_per_s"]
     print(json.dumps(res), flush=True)
     return res
 
