@@ -11,13 +11,15 @@ declare -A entries=(
   [lathe-step]=tools/bench/train/lathe-step.ts
   [lathe-generate]=tools/bench/rollout/lathe-generate.ts
   [lathe-logits]=tools/bench/models/lathe-logits.ts
+  [lathe-kv-generate]=tools/bench/rollout/lathe-kv-generate.ts
+  [grpo-step]=tools/bench/grpo/grpo-step.ts
 )
 names=("$@")
 [ ${#names[@]} -eq 0 ] && names=("${!entries[@]}")
 mkdir -p .bundle/node_modules/@koromix
 for n in "${names[@]}"; do
   npx esbuild "${entries[$n]}" --bundle --platform=node --conditions=lathe-source \
-    --external:onnxruntime-node --external:koffi --external:@huggingface/transformers --log-level=warning --outfile=".bundle/$n.js"
+    --external:onnxruntime-node --external:koffi --external:@huggingface/transformers --external:libsql --log-level=warning --outfile=".bundle/$n.js"
 done
 rm -rf .bundle/node_modules/koffi .bundle/node_modules/@koromix/koffi-linux-x64
 cp -r node_modules/koffi .bundle/node_modules/koffi

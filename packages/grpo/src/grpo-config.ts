@@ -35,6 +35,13 @@ export const grpoSchema = {
   top_p: { type: 'number', default: 1, min: 0, max: 1, describe: 'Nucleus sampling mass (1: off; needs --old_logprobs rescore)' },
   min_p: { type: 'number', default: 0, min: 0, max: 1, describe: 'Drop tokens below min_p × the top probability (0: off; needs --old_logprobs rescore)' },
   prompts_per_run: { type: 'number', default: 0, integer: true, min: 0, describe: 'Prompts per generation run (each run holds their G completions’ KV caches; 0: all prompts of a step in one run)' },
+  generation_engine: {
+    type: 'string',
+    default: 'auto',
+    choices: ['auto', 'kv-cache', 'graph'],
+    describe:
+      "Rollout generator: kv-cache (prefill, then bound decode-step runs over GroupQueryAttention with in-place KV caches; much faster on GPU; needs head_dim a multiple of 16 and, on cuda, --compute_dtype bfloat16), graph (the in-graph generation loop; any model and dtype), or auto (kv-cache where it runs, else graph). Same samples either way up to rounding [may change on resume]",
+  },
   dynamic_sampling: { type: 'boolean', default: false, describe: "DAPO's dynamic sampling: drop groups whose rewards are all equal and sample more prompts until the step has --prompts_per_step informative groups" },
   max_sampling_rounds: { type: 'number', default: 3, integer: true, min: 1, describe: 'With --dynamic_sampling: at most this many sampling rounds per step (a shortfall is logged, not hidden)' },
   // algorithm
@@ -75,8 +82,11 @@ export const grpoSchema = {
 /** A resolved GRPO config. */
 export type GrpoConfig = ConfigOf<typeof grpoSchema>;
 
-/** Options that may change between a checkpoint and its resume without --force (they do not change what is trained). */
-export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'eval_every', 'save_every', 'keep_last', 'log_every'];
+/**
+ * Options that may change between a checkpoint and its resume without --force (they do not change
+ * what is trained; the generation engine draws the same samples either way, up to rounding).
+ */
+export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'eval_every', 'save_every', 'keep_last', 'log_every', 'generation_engine'];
 
 /**
  * `lathe demo`'s GRPO stage: the SFT stage's final checkpoint on the same task and held-out split,

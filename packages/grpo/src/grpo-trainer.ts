@@ -1,9 +1,10 @@
 /**
  * `GrpoTrainer`: the RL loop of the GRPO family, one step at a time. `step()` reads top to bottom:
  *
- *   1. rollouts — G completions per prompt from the generation graph bound to the trainer's current
- *      weight buffers (one prefill per prompt, the group expanded after it, the decode loop inside
- *      one run); with dynamic sampling, more rounds until enough groups have differing rewards;
+ *   1. rollouts — G completions per prompt from a generator bound to the trainer's current weight
+ *      buffers (`generationEngine`: the KV-cache engine — prefill, then bound decode-step runs over
+ *      in-place caches — where it runs, else the in-graph generation loop); with dynamic sampling,
+ *      more rounds until enough groups have differing rewards;
  *   2. rewards — the reward scorer (`combineRewards`: graders, format rewards, user functions) on the
  *      decoded completions; the token ids themselves are kept and trained on, never re-tokenised;
  *   3. the token batch — prompt ids + sampled ids as generated;
@@ -17,7 +18,7 @@
  * bound by name, nothing is copied.
  *
  * Log-prob parity (`logp_parity`): the mean over response tokens of exp(|log π_train − log π_rollout|),
- * where π_rollout is the generation graph's log-prob of each sampled token and π_train the training
+ * where π_rollout is the generator's log-prob of each sampled token and π_train the training
  * policy's (`decoderPolicy`, the loss's own builder) at the same weights. With re-scoring it is
  * computed over the whole batch from the scoring pass; with generation log-probs, from the first
  * update's forward (its first minibatch, before any weight changes). 1 up to rounding when
@@ -37,7 +38,7 @@ import { builtinEstimator, type AdvantageBatch, type AdvantageFunction, type Est
 import { klEstimate, klPenalisedRewards, type KlEstimator } from './kl';
 import { decoderPolicy } from './policies';
 import { lossNormaliser, type LossAggregation, type PolicyLossConfig } from './policy-loss';
-import { GenerationRunner, ScoringRunner, type BoundWeights, type PolicyWeights } from './policy-sessions';
+import { GenerationRunner, KvGenerationRunner, kvCacheUnsupported, ScoringRunner, type BoundWeights, type GenerationEngine, type PolicyWeights, type RolloutGenerator } from './policy-sessions';
 import type { RewardScorer, SourceStats } from './rewards';
 import { rlLoss, type RlObjective } from './rl-loss';
 import { evenSplit, responseValues, selectRows, tokenBatch, type SampledCompletion, type TokenBatch } from './rollout-batch';
@@ -131,6 +132,15 @@ export interface GrpoTrainerOptions<M> {
   chunk?: number;
   /** Prompts per generation run (0: all of a round). */
   promptsPerRun?: number;
+  /**
+   * What generates rollouts (and greedy completions): 'kv-cache' — `KvCacheGenerator`, a prefill
+   * then a loop of bound decode-step runs over GroupQueryAttention with in-place KV caches (much
+   * faster on GPU; needs head_dim a multiple of 16 and, on CUDA, compute bfloat16/float16) — or
+   * 'graph' — the in-graph generation loop (any model, any dtype). Both draw the same noise per
+   * sample, so they give the same samples up to rounding. Default: 'kv-cache' where it runs, else
+   * 'graph'; an explicit 'kv-cache' where it cannot run is an error saying why.
+   */
+  generationEngine?: GenerationEngine;
   /** Seed of sampling noise, LoRA init and minibatch shuffles. Default 0. */
   seed?: number;
   /** Continue from a checkpoint: trained values, AdamW moments, optimizer steps, RL steps. */
@@ -252,14 +262,16 @@ export class GrpoTrainer<M = unknown> {
     readonly trainer: Trainer,
     private readonly frozen: Record<string, DeviceTensor>,
     private readonly reference: BoundWeights | undefined,
-    private readonly sampler: GenerationRunner,
-    private readonly greedy: () => GenerationRunner,
+    private readonly sampler: RolloutGenerator,
+    private readonly greedy: () => RolloutGenerator,
     private readonly policyScorer: () => ScoringRunner,
     private readonly refScorer: ScoringRunner | undefined,
     private readonly estimate: AdvantageFunction,
     private readonly greedyBaseline: boolean,
     private readonly toMerged: () => Map<string, Float32Array>,
     private readonly owned: { dispose(): void }[],
+    /** The backend that generates rollouts and greedy completions. */
+    readonly generationEngine: GenerationEngine,
   ) {
     this.rlStep = opts.resume?.rlStep ?? 0;
   }
@@ -279,6 +291,7 @@ export class GrpoTrainer<M = unknown> {
     }
     const filtered = Boolean(sampling.topK) || (sampling.topP !== undefined && sampling.topP < 1) || Boolean(sampling.minP);
     check(!(filtered && opts.oldLogprobs === 'generation'), "oldLogprobs 'generation' with top_k/top_p/min_p: generation's log-probs are of the filtered distribution, not the policy's; use 'rescore'");
+    const engine = GrpoTrainer.chooseGenerationEngine(opts.generationEngine, config, device, compute);
 
     // What is trained: every weight, or LoRA adapters over the frozen base (bound as `base/<name>`).
     const specs = paramSpecs(config);
@@ -318,7 +331,11 @@ export class GrpoTrainer<M = unknown> {
 
     // Generation and scoring sessions, fed the trainer's buffers by binding.
     const padId = opts.tokenizer.padId;
-    const sampler = GenerationRunner.create(device, config, policyWeights, { groupSize: opts.groupSize, sampling, padId, promptsPerRun: opts.promptsPerRun, session: opts.session });
+    const generator = (groupSize: number, s: SamplingOptions): RolloutGenerator =>
+      engine === 'kv-cache'
+        ? KvGenerationRunner.create(device, config, policyWeights, { groupSize, sampling: s, padId, promptsPerRun: opts.promptsPerRun, compute })
+        : GenerationRunner.create(device, config, policyWeights, { groupSize, sampling: s, padId, promptsPerRun: opts.promptsPerRun, session: opts.session });
+    const sampler = generator(opts.groupSize, sampling);
     const owned: { dispose(): void }[] = [sampler];
     const lazy = <T extends { dispose(): void }>(make: () => T) => {
       let v: T | undefined;
@@ -327,7 +344,7 @@ export class GrpoTrainer<M = unknown> {
         return v;
       };
     };
-    const greedy = lazy(() => GenerationRunner.create(device, config, policyWeights, { groupSize: 1, sampling: { temperature: 0 }, padId, promptsPerRun: opts.promptsPerRun, session: opts.session }));
+    const greedy = lazy(() => generator(1, { temperature: 0 }));
     const policyScorer = lazy(() => ScoringRunner.create(device, config, policyWeights, { temperature, compute, chunk: opts.chunk, session: opts.session }));
 
     // The frozen reference: the initial weights (with LoRA, the base itself — no copy).
@@ -352,7 +369,19 @@ export class GrpoTrainer<M = unknown> {
       const snap = trainer.downloadParams();
       return lora ? mergeLora(weights, snap, adapters, lora) : snap;
     };
-    return new GrpoTrainer(opts, trainer, frozen, reference, sampler, greedy, policyScorer, refScorer, est.estimate, est.greedyBaseline || Boolean(opts.greedyBaseline), toMerged, owned);
+    return new GrpoTrainer(opts, trainer, frozen, reference, sampler, greedy, policyScorer, refScorer, est.estimate, est.greedyBaseline || Boolean(opts.greedyBaseline), toMerged, owned, engine);
+  }
+
+  /**
+   * The generation backend for `config` in `compute` on `device`: `requested`, or by default
+   * 'kv-cache' where it runs (head_dim a multiple of 16; CPU, or a bfloat16/float16 compute dtype)
+   * and 'graph' elsewhere. An explicit 'kv-cache' where it cannot run is an error naming the reason.
+   */
+  static chooseGenerationEngine(requested: GenerationEngine | undefined, config: DecoderConfig, device: Pick<Device, 'kind'>, compute: DType): GenerationEngine {
+    check(requested === undefined || requested === 'kv-cache' || requested === 'graph', `generationEngine must be 'kv-cache' or 'graph', got '${String(requested)}'`);
+    const why = kvCacheUnsupported(config, device, compute);
+    if (requested === 'kv-cache' && why) throw new Error(`GrpoTrainer: generationEngine 'kv-cache' cannot run this policy: ${why}; use 'graph'`);
+    return requested ?? (why ? 'graph' : 'kv-cache');
   }
 
   /** RL steps taken. */

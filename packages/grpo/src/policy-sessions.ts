@@ -1,11 +1,19 @@
 /**
- * The sessions an RL step runs besides the train step, each compiled once on the trainer's device
- * and fed the policy's weights *by binding*: the trainer's current parameter buffers (and a LoRA
- * run's frozen base) are bound by name before each run, so a generation or scoring run reads the
- * weights the last update wrote, with no copy.
+ * The sessions an RL step runs besides the train step, each compiled on the trainer's device and
+ * fed the policy's weights *by binding*: the trainer's current parameter buffers (and a LoRA run's
+ * frozen base) are bound by name before each run, so a generation or scoring run reads the weights
+ * the last update wrote, with no copy.
  *
- * - `GenerationRunner`: the rollout generation graph (`addGeneration`: one prefill per prompt, the
- *   group expanded after it, the decode loop inside the run).
+ * Rollouts come from one of two generation backends with one signature (`RolloutGenerator`; both
+ * draw sample j of prompt key k from the noise stream k·G + j, so they give the same samples):
+ * - `KvGenerationRunner` (the default where it runs): `KvCacheGenerator` — one prefill run, then a
+ *   loop of bound decode-step runs over ONNX Runtime's GroupQueryAttention with in-place KV caches.
+ *   Much faster on GPU; needs head_dim a multiple of 16, and on CUDA a float16/bfloat16 compute
+ *   dtype (`kvCacheUnsupported` says why not). Its engine is sized (rows, cache length) on first use
+ *   and rebuilt only when a call needs more.
+ * - `GenerationRunner` (the fallback): the in-graph generation loop (`addGeneration`: one prefill
+ *   per prompt, the group expanded after it, the decode loop inside the run); any head_dim, any
+ *   dtype.
  * - `ScoringRunner`: teacher-forced log-probs of given rows through the *same policy builder as the
  *   loss* (`decoderPolicy`), forward only — the "training engine" log-probs used for re-scored old
  *   log-probs, the reference's log-probs, and the parity check against generation.
@@ -13,7 +21,7 @@
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import type { DecoderConfig, Weights } from '@lathe/models';
-import { addGeneration, uniformNoise, type SamplingOptions } from '@lathe/rollout';
+import { addGeneration, KvCacheGenerator, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
 import type { Binding, Device, DeviceTensor, HostTensor, Session, SessionOptions } from '@lathe/runtime';
 import type { TrainableParam } from '@lathe/train';
 import { decoderPolicy } from './policies';
@@ -49,8 +57,40 @@ export interface GenerationRunnerOptions {
   session?: SessionOptions;
 }
 
-/** Generation bound to the policy's weights. */
-export class GenerationRunner {
+/** One generation call: the limit, the stop ids, and the noise stream of each prompt (seed, key). */
+export interface RolloutCall {
+  maxNewTokens: number;
+  stopIds: readonly number[];
+  seed: number;
+  /** One key per prompt: sample j of a prompt with key k reads noise stream k·G + j. */
+  keys: readonly number[];
+}
+
+/** What the trainer generates rollouts with: either backend. */
+export interface RolloutGenerator {
+  /** `groupSize` completions of each prompt, row p·G + j being sample j of prompt p, reading the bound weights. */
+  generate(weights: BoundWeights[], prompts: readonly (readonly number[])[], call: RolloutCall): Promise<SampledCompletion[]>;
+  dispose(): void;
+}
+
+/** The generation backends: `KvGenerationRunner` ('kv-cache') and `GenerationRunner` ('graph'). */
+export type GenerationEngine = 'kv-cache' | 'graph';
+
+/**
+ * Why the KV-cache engine cannot generate for `config` with compute dtype `compute` on a `device`
+ * of this kind, or undefined when it can: GroupQueryAttention's rotary needs head_dim a multiple of
+ * 16, and its CUDA kernel runs in float16/bfloat16 only (the CPU kernel takes float32 too).
+ */
+export function kvCacheUnsupported(config: DecoderConfig, device: Pick<Device, 'kind'>, compute: DType): string | undefined {
+  if (config.headDim % 16 !== 0) return `head_dim ${config.headDim} is not a multiple of 16 (GroupQueryAttention's rotary needs one)`;
+  if (device.kind !== 'cpu' && compute !== 'bfloat16' && compute !== 'float16') {
+    return `GroupQueryAttention on ${device.kind} runs in bfloat16/float16 only, and the compute dtype is ${compute}`;
+  }
+  return undefined;
+}
+
+/** Generation bound to the policy's weights: the in-graph generation loop (the 'graph' backend). */
+export class GenerationRunner implements RolloutGenerator {
   private readonly binding: Binding;
 
   private constructor(
@@ -74,7 +114,7 @@ export class GenerationRunner {
    * weights. Sampling noise is a function of (seed, key·G + j, position), so a sample does not
    * depend on which other prompts share its run.
    */
-  async generate(weights: BoundWeights[], prompts: readonly (readonly number[])[], call: { maxNewTokens: number; stopIds: readonly number[]; seed: number; keys: readonly number[] }): Promise<SampledCompletion[]> {
+  async generate(weights: BoundWeights[], prompts: readonly (readonly number[])[], call: RolloutCall): Promise<SampledCompletion[]> {
     if (call.keys.length !== prompts.length) throw new Error(`generate: ${call.keys.length} keys for ${prompts.length} prompts`);
     bindAll(this.binding, ...weights);
     const G = this.opts.groupSize;
@@ -123,6 +163,85 @@ export class GenerationRunner {
   dispose(): void {
     this.binding.dispose();
     this.session.dispose();
+  }
+}
+
+/** Options of a KV-cache generation runner. */
+export interface KvGenerationRunnerOptions extends Omit<GenerationRunnerOptions, 'session'> {
+  /** Compute dtype of the caches and activations (the trainer's); weights are cast to it in the graph. */
+  compute: DType;
+}
+
+/** Cache lengths are rounded up to this many positions, so a slightly longer prompt rarely rebuilds the engine. */
+const LENGTH_QUANTUM = 64;
+
+/**
+ * Generation bound to the policy's weights through `KvCacheGenerator` (the 'kv-cache' backend):
+ * prefill, then a loop of decode-step runs over in-place KV caches. The engine's rows and cache
+ * length are fixed when it is built, so it is built on first use — rows for `promptsPerRun` prompts
+ * (all of the call's with 0) × G, cache length the longest prompt + `maxNewTokens` rounded up to 64
+ * positions — and rebuilt, larger, only when a call needs more.
+ */
+export class KvGenerationRunner implements RolloutGenerator {
+  private engine: { generator: KvCacheGenerator; rows: number; maxLength: number } | undefined;
+
+  private constructor(
+    private readonly device: Device,
+    private readonly config: DecoderConfig,
+    private readonly pw: PolicyWeights,
+    private readonly opts: KvGenerationRunnerOptions,
+  ) {}
+
+  /** Checks that the engine can run here; the graphs are compiled on the first `generate`. */
+  static create(device: Device, config: DecoderConfig, pw: PolicyWeights, opts: KvGenerationRunnerOptions): KvGenerationRunner {
+    const why = kvCacheUnsupported(config, device, opts.compute);
+    if (why) throw new Error(`KvGenerationRunner: ${why}`);
+    validateSampling(opts.sampling, config.vocabSize);
+    return new KvGenerationRunner(device, config, pw, opts);
+  }
+
+  /** Same contract as {@link GenerationRunner.generate}. */
+  async generate(weights: BoundWeights[], prompts: readonly (readonly number[])[], call: RolloutCall): Promise<SampledCompletion[]> {
+    if (call.keys.length !== prompts.length) throw new Error(`generate: ${call.keys.length} keys for ${prompts.length} prompts`);
+    if (prompts.length === 0) return [];
+    prompts.forEach((p, i) => {
+      if (p.length === 0) throw new Error(`generate: prompt ${i} is empty`);
+    });
+    const longest = Math.max(...prompts.map((p) => p.length));
+    const positions = this.config.maxPositionEmbeddings;
+    if (longest + call.maxNewTokens > positions) throw new Error(`generate: a prompt of ${longest} tokens + ${call.maxNewTokens} new exceed the model's ${positions} positions`);
+    const generator = this.engineFor((this.opts.promptsPerRun || prompts.length) * this.opts.groupSize, Math.min(positions, Math.ceil((longest + call.maxNewTokens) / LENGTH_QUANTUM) * LENGTH_QUANTUM));
+    generator.bindWeights(...weights);
+    const out = await generator.generate(
+      prompts.map((p) => [...p]),
+      { maxNewTokens: call.maxNewTokens, seed: call.seed, stopIds: [...call.stopIds], promptKeys: [...call.keys] },
+    );
+    // sorted by (prompt, sample): row p·G + j
+    return out.map((c) => ({ tokens: c.tokens, logprobs: c.logprobs, stopped: c.finishReason === 'stop' }));
+  }
+
+  /** The engine, rebuilt (the old one disposed) when a call needs more rows or a longer cache. */
+  private engineFor(rows: number, maxLength: number): KvCacheGenerator {
+    const e = this.engine;
+    if (e && e.rows >= rows && e.maxLength >= maxLength) return e.generator;
+    e?.generator.dispose();
+    this.engine = undefined;
+    const size = { rows: Math.max(rows, e?.rows ?? 0), maxLength: Math.max(maxLength, e?.maxLength ?? 0) };
+    const generator = KvCacheGenerator.create(this.device, this.config, undefined, {
+      ...this.opts.sampling,
+      groupSize: this.opts.groupSize,
+      ...size,
+      dtype: this.opts.compute,
+      padTokenId: this.opts.padId,
+      graphWeights: (g) => this.pw.weights(g, declareTrainable(g, this.pw)),
+    });
+    this.engine = { generator, ...size };
+    return generator;
+  }
+
+  dispose(): void {
+    this.engine?.generator.dispose();
+    this.engine = undefined;
   }
 }
 

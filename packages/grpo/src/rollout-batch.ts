@@ -1,7 +1,7 @@
 /**
  * The token batch of an RL step, on the host: each row is a prompt's ids followed by one sampled
  * completion's ids, exactly as generation produced them (never decoded and re-tokenised), laid out
- * the way the generation graph saw them — prompts left-padded to a common width W, responses from
+ * as the training policy reads them — prompts left-padded to a common width W, responses from
  * column W on, right-padded.
  *
  * Loss tensors are in predicting-position coordinates (column t holds log π(ids[t+1] | ids ≤ t)), so
@@ -11,11 +11,11 @@
  */
 import type { HostTensor } from '@lathe/runtime';
 
-/** One sampled completion, as the generation graph returned it. */
+/** One sampled completion, as the generator returned it. */
 export interface SampledCompletion {
   /** Response token ids, the stop token included when the sample stopped. */
   tokens: number[];
-  /** log-prob of each token under the sampling distribution (the generation graph's `logprobs`). */
+  /** log-prob of each token under the sampling distribution (the generator's `logprobs`). */
   logprobs: number[];
   /** True when the sample ended with a stop id; false when it hit the token limit. */
   stopped: boolean;

@@ -1,11 +1,15 @@
-/** Test helper: a tiny random Qwen3 (1 layer, hidden 16) written to a temporary folder, with its float32 weights. */
+/**
+ * Test helper: a tiny random Qwen3 (1 layer, hidden 16, head_dim 8 — or 16, the smallest the
+ * KV-cache generator's GroupQueryAttention takes) written to a temporary folder, with its float32
+ * weights.
+ */
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { paramSpecs, randomModel, readTensorBytes, readWeightIndex, type DecoderConfig, type HfConfig } from '@lathe/models';
 
 /** The HF config of the tiny model. */
-export const tinyQwen3 = (vocab: number, layers = 1): HfConfig => ({
+export const tinyQwen3 = (vocab: number, layers = 1, headDim = 8): HfConfig => ({
   architectures: ['Qwen3ForCausalLM'],
   vocab_size: vocab,
   hidden_size: 16,
@@ -13,7 +17,7 @@ export const tinyQwen3 = (vocab: number, layers = 1): HfConfig => ({
   num_hidden_layers: layers,
   num_attention_heads: 2,
   num_key_value_heads: 1,
-  head_dim: 8,
+  head_dim: headDim,
   rms_norm_eps: 1e-6,
   rope_theta: 10000,
   max_position_embeddings: 32,
@@ -21,9 +25,9 @@ export const tinyQwen3 = (vocab: number, layers = 1): HfConfig => ({
 });
 
 /** A random tiny Qwen3: its config, folder and float32 weights by name. */
-export function tinyModel(vocab: number, opts: { seed?: number; std?: number; layers?: number } = {}): { config: DecoderConfig; dir: string; weights: Map<string, Float32Array> } {
+export function tinyModel(vocab: number, opts: { seed?: number; std?: number; layers?: number; headDim?: number } = {}): { config: DecoderConfig; dir: string; weights: Map<string, Float32Array> } {
   const dir = mkdtempSync(join(tmpdir(), 'lathe-grpo-'));
-  const config = randomModel(dir, tinyQwen3(vocab, opts.layers), { seed: opts.seed ?? 4, std: opts.std ?? 0.1 });
+  const config = randomModel(dir, tinyQwen3(vocab, opts.layers, opts.headDim), { seed: opts.seed ?? 4, std: opts.std ?? 0.1 });
   const index = readWeightIndex(dir);
   const weights = new Map<string, Float32Array>();
   for (const s of paramSpecs(config)) {

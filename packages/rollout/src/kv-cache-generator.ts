@@ -96,6 +96,8 @@ export class KvCacheGenerator {
   private readonly ping: StepBuffers;
   private readonly pong: StepBuffers;
   private readonly noise: DeviceTensor | undefined;
+  /** Zeros the prefill extends each prompt's cache with (one layer's cache in size). */
+  private readonly tail: DeviceTensor;
   private readonly prefillBinding: Binding;
   /** decode[0] reads ping and writes pong; decode[1] the reverse. */
   private readonly decode: [Binding, Binding];
@@ -137,7 +139,8 @@ export class KvCacheGenerator {
     bindWeights(this.prefillBinding);
     bindOutputs(this.prefillBinding, this.ping);
     if (this.noise) this.prefillBinding.input('noise', this.noise);
-    this.prefillBinding.input('cache_length', hostTensor('int64', [], [BigInt(M)]));
+    this.tail = device.zeros(dtype, [R, config.numKvHeads, M, config.headDim]);
+    this.prefillBinding.input('cache_tail', this.tail);
 
     const decodeBinding = (from: StepBuffers, to: StepBuffers, graphId: number) => {
       const b = step.binding();
@@ -181,7 +184,7 @@ export class KvCacheGenerator {
       add(g, opts.graphWeights ? opts.graphWeights(g) : weightInputs(g, config, dtype, dtype).weights);
       return g;
     };
-    const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, opts)), { name: 'kv-prefill' });
+    const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts)), { name: 'kv-prefill' });
     const step = device.compile(build('lathe_kv_decode', (g, w) => addKvDecodeStep(g, config, w, dtype, opts)), { name: 'kv-decode', cudaGraph: opts.cudaGraph });
     return new KvCacheGenerator(config, device, { ...opts, dtype }, prefill, step, weights);
   }
@@ -266,6 +269,7 @@ export class KvCacheGenerator {
     pb.input('input_ids', { data: ids, dims: [B, P] });
     pb.input('seqlens', hostTensor('int32', [B], lens.map((l) => l - 1)));
     pb.input('prompt_width', hostTensor('int32', [], [P]));
+    pb.input('cache_start', hostTensor('int64', [1], [P]));
     pb.input('expand_index', hostTensor('int64', [R], Array.from({ length: R }, (_, r) => BigInt(Math.floor(r / n)))));
     if (this.noise) {
       const sampleKeys = Array.from({ length: R }, (_, r) => (r < live ? keys[Math.floor(r / n)] * n + (r % n) : 0));
@@ -325,6 +329,6 @@ export class KvCacheGenerator {
     for (const b of [this.prefillBinding, ...this.decode]) b.dispose();
     this.prefill.dispose();
     this.step.dispose();
-    for (const t of [...this.caches, ...Object.values(this.ping), ...Object.values(this.pong), ...(this.noise ? [this.noise] : [])]) t.dispose();
+    for (const t of [...this.caches, this.tail, ...Object.values(this.ping), ...Object.values(this.pong), ...(this.noise ? [this.noise] : [])]) t.dispose();
   }
 }

@@ -3,8 +3,10 @@
  * (the runtime layer's IoBinding), both built on ONNX Runtime's GroupQueryAttention:
  *
  * - **prefill**: B right-padded prompts → their keys/values, repeated for the group (row r of the
- *   cache holds prompt expand_index[r]) and zero-padded to the cache length M, written straight
- *   into the bound cache buffers; and the first sampled token of every row.
+ *   cache holds prompt expand_index[r]) and extended to the cache length M (by a slice of a bound
+ *   zero buffer: Pad has no bfloat16 CUDA kernel, and computing pad amounts from shapes would put
+ *   nodes on the CPU), written straight into the bound cache buffers; and the first sampled token
+ *   of every row.
  * - **decode step**: one token per row → the next one. Each layer's cache is bound as both its
  *   past input and its present output, so GroupQueryAttention appends the new key/value in place
  *   (no cache copies) and attends over each row's own length. The step's bookkeeping (the next
@@ -16,8 +18,9 @@
  * row's newest token). Graph inputs and outputs (beyond the weights, named by their HF names):
  *
  *   prefill  in:  input_ids int64 [B, P] (right-padded), seqlens int32 [B] (prompt length − 1),
- *                 prompt_width int32 [] (= P, host), cache_length int64 [] (= M, host),
- *                 expand_index int64 [R], noise float32 [R, N] (when sampling)
+ *                 prompt_width int32 [] (= P, host), cache_start int64 [1] (= P, host),
+ *                 cache_tail [R, KV, M, hd] (zeros, device), expand_index int64 [R],
+ *                 noise float32 [R, N] (when sampling)
  *            out: present.{i}.key / present.{i}.value [R, KV, M, hd], next_token int64 [R, 1],
  *                 next_seqlens int32 [R], next_step int64 [1], logprob / raw_logprob float32 [R]
  *   decode   in:  token int64 [R, 1], seqlens int32 [R], step int64 [1], noise float32 [R, N],
@@ -46,18 +49,22 @@ function emitStep(g: Graph, cfg: DecoderConfig, weights: Weights, lastHidden: Te
 const sampling = (o: SamplingOptions) => (o.temperature ?? 1) !== 0;
 
 /** The prefill graph (see the module comment). */
-export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, opts: SamplingOptions): void {
+export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions): void {
   const ids = g.input('input_ids', 'int64', ['B', 'P']);
   const seqlens = g.input('seqlens', 'int32', ['B']);
   const width = g.input('prompt_width', 'int32', []);
-  const cacheLength = g.input('cache_length', 'int64', []);
+  const cacheStart = g.input('cache_start', 'int64', [1]);
+  const zeros = g.input('cache_tail', dtype, ['R', cfg.numKvHeads, 'M', cfg.headDim]);
   const expand = g.input('expand_index', 'int64', ['R']);
   const noise = sampling(opts) ? g.input('noise', 'float32', ['R', 'N']) : undefined;
 
   const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width });
+  const axis = g.constant([2], 'int64', [1]);
+  const spec = { axes: [2], starts: ['P'], ends: [Number.MAX_SAFE_INTEGER], steps: [1] };
+  const tail = L.applyOp(L.sliceOp, [zeros, cacheStart, g.constant([Number.MAX_SAFE_INTEGER], 'int64', [1]), axis, g.constant([1], 'int64', [1])], spec)[0];
   out.present.forEach((p, i) => {
     for (const which of ['key', 'value'] as const) {
-      g.output(L.padEndTo(L.gather(p[which], expand, 0), 2, cacheLength, 'M'), cacheName(i, which, 'output'));
+      g.output(L.concat([L.gather(p[which], expand, 0), tail], 2), cacheName(i, which, 'output'));
     }
   });
   // Each prompt's last token is at (row, seqlens[row]) of the right-padded batch.

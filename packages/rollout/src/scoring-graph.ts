@@ -4,7 +4,9 @@
  * p ≥ min_p · p_max, at most K) — the data ICL-V labeling needs.
  *
  * Inputs:  input_ids int64 [B, T], attention_mask int64 [B, T] (left or right padding; right only
- *          with `groupQueryAttention`), weights.
+ *          with `groupQueryAttention`), weights; with `groupQueryAttention` also
+ *          total_sequence_length int32 [] = T, in host memory (the kernel reads it on the CPU; computed
+ *          from the shape in the graph it would put nodes on the CPU, which CUDA sessions refuse).
  * Outputs: logprobs float32 [B, T]: position t holds log p(input_ids[t+1] | ids ≤ t) (the last
  *          column, and positions whose next token is padding, are 0);
  *          entropies float32 [B, T]: entropy of the next-token distribution at t (0 on padding);
@@ -77,7 +79,7 @@ export function addScoring(g: Graph, cfg: DecoderConfig, weights: Weights, opts:
     ? decoder(cfg, weights, {
         inputIds: ids,
         seqlensK: L.sub(L.reduceSum(L.cast(mask, 'int32'), [1]), g.constant(1, 'int32', [])),
-        totalSequenceLength: L.cast(L.squeeze(g.dimTensor(ids.shape[1]), [0]), 'int32'),
+        totalSequenceLength: g.input('total_sequence_length', 'int32', []),
       })
     : decoder(cfg, weights, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask), fused: opts.fusedKernels ?? true });
   const scored = nextIsToken(mask);

@@ -109,6 +109,7 @@ export async function scoringRunner(dir: string, config: DecoderConfig, opts: Sc
     return run({
       input_ids: i64(seqs.map((s) => [...s, ...new Array(T - s.length).fill(0)])),
       attention_mask: i64(seqs.map((s) => [...s.map(() => 1), ...new Array(T - s.length).fill(0)])),
+      ...(opts.groupQueryAttention ? { total_sequence_length: { data: Int32Array.from([T]), dims: [] } } : {}),
     });
   };
 }

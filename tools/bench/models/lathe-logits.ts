@@ -45,7 +45,9 @@ async function main(): Promise<void> {
     ? decoder(config, w, {
         inputIds: ids,
         seqlensK: L.sub(L.reduceSum(L.cast(mask, 'int32'), [1]), g.constant(1, 'int32', [])),
-        totalSequenceLength: L.cast(L.squeeze(g.dimTensor(ids.shape[1]), [0]), 'int32'),
+        // T as a host input: GroupQueryAttention reads it on the CPU (computing it from the shape
+        // in the graph puts two nodes on the CPU, which a CUDA session without fallback refuses).
+        totalSequenceLength: g.input('total_sequence_length', 'int32', []),
       })
     : decoder(config, w, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask), fused });
   if (logprobs) {
@@ -75,6 +77,7 @@ async function main(): Promise<void> {
   const feeds = {
     input_ids: new ort.Tensor('int64', BigInt64Array.from(batch.input_ids.flatMap((r, b) => move(r, pads[b], 0)).map(BigInt)), [B, T]),
     attention_mask: new ort.Tensor('int64', BigInt64Array.from(batch.attention_mask.flatMap((r, b) => move(r, pads[b], 0)).map(BigInt)), [B, T]),
+    ...(gqa ? { total_sequence_length: new ort.Tensor('int32', Int32Array.from([T]), []) } : {}),
   };
   let out = (await session.run(feeds)).out; // warm-up (and the result)
   const times: number[] = [];

@@ -5,7 +5,7 @@
  * weight swap (copying a new weight version into the bound weights on the device).
  *
  * usage: node lathe-kv-generate.js --model DIR --prompts prompts.json --max-new N
- *          [--dtype bfloat16] [--group N] [--temperature T] [--repeat N] [--cuda-graph] [--out tokens.json]
+ *          [--dtype bfloat16] [--group N] [--temperature T] [--repeat N] [--cuda-graph] [--out tokens.json] [--device cuda|cpu]
  * With no stop ids every row runs to --max-new, so the token count is exact. Prints one JSON line.
  */
 import { readFileSync, writeFileSync } from 'node:fs';
@@ -32,7 +32,7 @@ async function main(): Promise<void> {
   const cudaGraph = process.argv.includes('--cuda-graph');
   const prompts = JSON.parse(readFileSync(arg('prompts'), 'utf8')) as number[][];
   const { config } = readConfig(dir);
-  const device = Device.cuda();
+  const device = Device.open(arg('device', 'cuda') as 'cuda' | 'cpu');
   const P = Math.max(...prompts.map((p) => p.length));
 
   const t0 = performance.now();

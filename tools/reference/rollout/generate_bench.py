@@ -1,4 +1,4 @@
-"""Generation: Lathe's in-graph decode loop vs transformers' generate, on random-initialised models.
+"""Generation: Lathe (the KV-cache generator, or the in-graph decode loop) vs transformers generate.
 
 Runs on the GPU machine (PyTorch + transformers, no hub access).
 1. Agreement: a small Qwen3 in float32, greedy, 4 prompts x 48 new tokens — Lathe's tokens must
@@ -21,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 NODE_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "..", ".bundle", "lathe-generate.js")
+KV_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "..", ".bundle", "lathe-kv-generate.js")
 
 
 def qwen3_06b():
@@ -68,13 +69,14 @@ def hf_generate(model, rows, new, repeat):
     return out[:, P:].tolist(), min(times)
 
 
-def lathe_generate(path, rows, new, dtype, out_dir, repeat):
+def lathe_generate(path, rows, new, dtype, out_dir, repeat, engine="graph", extra=()):
     pfile = os.path.join(out_dir, "prompts.json")
     tfile = os.path.join(out_dir, "lathe-tokens.json")
     with open(pfile, "w") as f:
         json.dump(rows, f)
-    cmd = ["node", NODE_SCRIPT, "--model", path, "--prompts", pfile, "--max-new", str(new), "--dtype", dtype,
-           "--repeat", str(repeat), "--out", tfile]
+    script = KV_SCRIPT if engine == "kv" else NODE_SCRIPT
+    cmd = ["node", script, "--model", path, "--prompts", pfile, "--max-new", str(new), "--dtype", dtype,
+           "--repeat", str(repeat), "--out", tfile, *extra]
     res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "NVIDIA_TF32_OVERRIDE": "0"})
     if res.returncode != 0:
         raise RuntimeError(res.stderr[-4000:])
@@ -90,23 +92,32 @@ def main():
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--skip-agreement", action="store_true")
+    ap.add_argument("--engine", choices=["graph", "kv"], default="kv",
+                    help="kv: the KV-cache generator (GroupQueryAttention, bf16/fp16 on CUDA), with and without CUDA graphs")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
 
-    path = os.path.join(a.out, "qwen3-small")
-    model = save_random(qwen3_small(), path, torch.float32, 0.2)
-    rows = prompts(1000, 4, 24, 1)
-    ref, _ = hf_generate(model, rows, 48, 1)
-    got, info = lathe_generate(path, rows, 48, "float32", a.out, 1)
-    same = sum(x == y for r, g in zip(ref, got) for x, y in zip(r, g))
-    report["agreement"] = {"model": "qwen3-small fp32", "tokens_equal": same, "tokens": 4 * 48,
-                           "rows_equal": sum(r == g for r, g in zip(ref, got)), "rows": 4, "lathe": info}
-    print(json.dumps(report["agreement"]), flush=True)
-    del model
-    torch.cuda.empty_cache()
+    if not a.skip_agreement:
+        path = os.path.join(a.out, "qwen3-small")
+        # The KV-cache engine's GroupQueryAttention runs in half precision only: compare in bf16
+        # against transformers in bf16, and report where each row first diverges (bf16 rounding
+        # makes near-ties flip; an engine bug diverges at once).
+        dtype = torch.bfloat16 if a.engine == "kv" else torch.float32
+        model = save_random(qwen3_small(), path, dtype, 0.2)
+        rows = prompts(1000, 4, 24, 1)
+        ref, _ = hf_generate(model, rows, 48, 1)
+        got, info = lathe_generate(path, rows, 48, "bfloat16" if a.engine == "kv" else "float32", a.out, 1, a.engine)
+        same = sum(x == y for r, g in zip(ref, got) for x, y in zip(r, g))
+        first = [next((i for i, (x, y) in enumerate(zip(r, g)) if x != y), len(r)) for r, g in zip(ref, got)]
+        report["agreement"] = {"model": f"qwen3-small {dtype}", "engine": a.engine, "tokens_equal": same, "tokens": 4 * 48,
+                               "rows_equal": sum(r == g for r, g in zip(ref, got)), "rows": 4, "first_divergence": first, "lathe": info}
+        print(json.dumps(report["agreement"]), flush=True)
+        del model
+        torch.cuda.empty_cache()
 
     if not a.skip_throughput:
         path = os.path.join(a.out, "qwen3-0.6b")
@@ -115,13 +126,20 @@ def main():
         _, hf_s = hf_generate(model, rows, a.new, a.repeat)
         del model
         torch.cuda.empty_cache()
-        _, info = lathe_generate(path, rows, a.new, "bfloat16", a.out, a.repeat)
         hf_tps = a.batch * a.new / hf_s
         report["throughput"] = {"model": "qwen3-0.6b shape, bf16", "batch": a.batch, "prompt_max": a.prompt, "new": a.new,
-                                "hf_new_tokens_per_s": round(hf_tps), "lathe_new_tokens_per_s": info["new_tokens_per_s"],
-                                "ratio": round(info["new_tokens_per_s"] / hf_tps, 3), "lathe": info}
+                                "hf_new_tokens_per_s": round(hf_tps), "engine": a.engine}
+        modes = [("plain", ()), ("cuda_graph", ("--cuda-graph",))] if a.engine == "kv" else [("graph", ())]
+        for label, extra in modes:
+            try:
+                _, info = lathe_generate(path, rows, a.new, "bfloat16", a.out, a.repeat, a.engine, extra)
+            except RuntimeError as e:
+                report["throughput"][label] = {"error": str(e)[-1500:]}
+                continue
+            report["throughput"][label] = {"lathe_new_tokens_per_s": info["new_tokens_per_s"],
+                                           "ratio": round(info["new_tokens_per_s"] / hf_tps, 3), "lathe": info}
         print(json.dumps(report["throughput"]), flush=True)
-    with open(os.path.join(a.out, "report.json"), "w") as f:
+    with open(os.path.join(a.out, f"generate-{a.engine}-{a.batch}.json"), "w") as f:
         json.dump(report, f, indent=2)
 
 

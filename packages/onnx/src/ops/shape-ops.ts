@@ -378,22 +378,6 @@ export function pad(x: Tensor, before: number[], after: number[]): Tensor {
   return applyOp(padOp, [x, x.graph.constant([...before, ...after], 'int64', [2 * x.rank])], { shape })[0];
 }
 
-/**
- * Zero-pads `axis` at its end up to `length` (an int64 scalar computed in the graph, at least the
- * axis' size); `dim` is the size the result's shape records for that axis.
- */
-export function padEndTo(x: Tensor, axis: number, length: Tensor, dim: Dim): Tensor {
-  const r = x.rank;
-  const a = axis < 0 ? axis + r : axis;
-  const g = x.graph;
-  const size = slice(shapeOf(x), [0], [a], [a + 1]); // [1]
-  const extra = subI(reshape(castScalar(length, 'int64'), [1]), size);
-  const zeros = (n: number) => g.constant(new Array(n).fill(0), 'int64', [n]);
-  const pads = concat([zeros(r + a), extra, ...(r - a - 1 > 0 ? [zeros(r - a - 1)] : [])], 0);
-  const shape = x.shape.map((d, i) => (i === a ? canonicalDim(dim) : d));
-  return applyOp(padOp, [x, pads], { shape })[0];
-}
-
 /** Removes size-1 axes. */
 export function squeeze(x: Tensor, axes: number[]): Tensor {
   return applyOp(squeezeOp, [x, x.graph.constant(axes, 'int64', [axes.length])], { axes })[0];

@@ -1,0 +1,97 @@
+/**
+ * GrpoTrainer's two rollout generators on a tiny random Qwen3 of head_dim 16 (CPU, float32): the
+ * KV-cache engine (`KvCacheGenerator`: prefill + bound decode steps over GroupQueryAttention) and the
+ * in-graph generation loop sample the same tokens from the same seed, and the steps built on them
+ * give the same metrics and the same weights — through updates (generation must read the buffers
+ * the last update wrote) and a larger batch (the KV engine is rebuilt with more rows). Also: which
+ * engine the default picks, and the error of an explicit 'kv-cache' where it cannot run.
+ */
+import { combineRewards, GrpoTrainer, type GenerationEngine, type GrpoStepMetrics, type GrpoTrainerOptions, type RlPrompt } from '@lathe/grpo';
+import { tinyModel } from './tiny-qwen3';
+
+type Meta = Record<string, never>;
+const V = 24;
+/** Rewards that differ within groups: how many 5s a completion holds, minus its length. */
+const rewards = combineRewards<Meta & { completionTokens: number; stopped: boolean }>(
+  [
+    { name: 'fives', fn: (_p, c) => c.split(' ').filter((t) => t === '5').length },
+    { name: 'short', fn: (_p, _c, m) => -m.completionTokens / 6, weight: 0.5 },
+  ],
+  { fallback: 0 },
+);
+const tokenizer = { decode: (ids: readonly number[]) => ids.join(' '), padId: 0 };
+const promptIds = [[5], [9, 1, 4], [13, 6], [20, 21, 22, 23]];
+const prompts = (step: number, n: number): RlPrompt<Meta>[] => promptIds.slice(0, n).map((ids, i) => ({ ids, text: String(i), meta: {}, key: step * 10 + i, index: i }));
+
+function make(model: ReturnType<typeof tinyModel>, over: Partial<GrpoTrainerOptions<Meta>> = {}): GrpoTrainer<Meta> {
+  return GrpoTrainer.create<Meta>({
+    config: model.config,
+    weights: model.weights,
+    tokenizer,
+    stopIds: [3],
+    rewards,
+    groupSize: 4,
+    maxNewTokens: 6,
+    sampling: { temperature: 0.8 },
+    kl: { coef: 0.05 },
+    minibatches: 3, // an odd number of updates per step: the trainer's current buffers alternate between steps
+    seed: 11,
+    ...over,
+  });
+}
+
+/** Timings differ between engines; every other metric must agree. */
+const TIMINGS = new Set(['generation_ms', 'scoring_ms', 'rewards_ms', 'training_ms', 'host_ms', 'step_ms']);
+
+function expectSameMetrics(a: GrpoStepMetrics, b: GrpoStepMetrics): void {
+  expect(Object.keys(a).sort()).toEqual(Object.keys(b).sort());
+  for (const [k, v] of Object.entries(a) as [string, number][]) {
+    if (TIMINGS.has(k)) continue;
+    const w = (b as unknown as Record<string, number>)[k];
+    if (Number.isNaN(v)) expect([k, w]).toEqual([k, NaN]);
+    else expect([k, Math.abs(v - w) <= 1e-4 * Math.max(1, Math.abs(v))]).toEqual([k, true]);
+  }
+}
+
+test("'kv-cache' and 'graph' rollouts: the same tokens, metrics and updates from the same seed", async () => {
+  const model = tinyModel(V, { headDim: 16, std: 0.5, seed: 9 });
+  const [kv, graph] = (['kv-cache', 'graph'] as const).map((generationEngine) => make(model, { generationEngine }));
+  expect([kv.generationEngine, graph.generationEngine]).toEqual(['kv-cache', 'graph']);
+  // 3 prompts, then 4 (the KV engine is rebuilt with more rows), then 4 again (the same engine,
+  // rebound to the buffers the last update wrote)
+  for (const [step, n] of [[0, 3], [1, 4], [2, 4]]) {
+    const a = await kv.step(prompts(step, n), 0.05);
+    const b = await graph.step(prompts(step, n), 0.05);
+    expect(a.rollouts.map((r) => [r.tokens, r.stopped])).toEqual(b.rollouts.map((r) => [r.tokens, r.stopped]));
+    expect(a.rollouts.some((r) => r.stopped) && a.rollouts.some((r) => !r.stopped)).toBe(true);
+    expect(a.metrics.reward_std).toBeGreaterThan(0);
+    expectSameMetrics(a.metrics, b.metrics);
+    expect(a.metrics.logp_parity).toBeCloseTo(1, 4);
+  }
+  const [sa, sb] = [kv.snapshot(), graph.snapshot()];
+  let worst = 0;
+  for (const [name, v] of sa.values) v.forEach((x, i) => (worst = Math.max(worst, Math.abs(x - sb.values.get(name)![i]))));
+  expect(worst).toBeLessThan(1e-5);
+  // the greedy runner uses the chosen engine too
+  const ps = prompts(3, 4);
+  expect(await kv.generateGreedy(ps)).toEqual(await graph.generateGreedy(ps));
+  kv.dispose();
+  graph.dispose();
+});
+
+test("the default engine, and an explicit 'kv-cache' where GroupQueryAttention cannot run", () => {
+  const narrow = tinyModel(8); // head_dim 8
+  expect(() => make(narrow, { generationEngine: 'kv-cache' })).toThrow("GrpoTrainer: generationEngine 'kv-cache' cannot run this policy: head_dim 8 is not a multiple of 16 (GroupQueryAttention's rotary needs one); use 'graph'");
+  const byDefault = make(narrow);
+  expect(byDefault.generationEngine).toBe('graph');
+  byDefault.dispose();
+
+  const wide = tinyModel(8, { headDim: 16 });
+  const choose = (requested: GenerationEngine | undefined, kind: 'cpu' | 'cuda', compute: 'float32' | 'bfloat16') => GrpoTrainer.chooseGenerationEngine(requested, wide.config, { kind }, compute);
+  expect(choose(undefined, 'cpu', 'float32')).toBe('kv-cache');
+  expect(choose(undefined, 'cuda', 'bfloat16')).toBe('kv-cache');
+  expect(choose(undefined, 'cuda', 'float32')).toBe('graph');
+  expect(choose('graph', 'cpu', 'float32')).toBe('graph');
+  expect(() => choose('kv-cache', 'cuda', 'float32')).toThrow(/'kv-cache' cannot run this policy: GroupQueryAttention on cuda runs in bfloat16\/float16 only, and the compute dtype is float32/);
+  expect(() => choose('fast' as GenerationEngine, 'cpu', 'float32')).toThrow(/generationEngine must be 'kv-cache' or 'graph', got 'fast'/);
+});
