@@ -13,7 +13,7 @@
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
 import { paramSpecs, readConfig, readTensorBytes, readWeightIndex, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
-import { Device, DeviceTensor, fromBfloat16Bits, fromFloat16Bits, hostTensor, toBfloat16Bits, toFloat16Bits, type Binding, type HostTensor, type Session } from '@lathe/runtime';
+import { Device, DeviceTensor, fromBfloat16Bits, fromFloat16Bits, hostTensor, toBfloat16Bits, toFloat16Bits, type Binding, type HostTensor, type Session, type SessionOptions } from '@lathe/runtime';
 import { addKvDecodeStep, addKvPrefill, cacheName } from './kv-cache-graphs';
 import { uniformNoise } from './rng';
 import { validateSampling, type SamplingOptions } from './sampling';
@@ -33,6 +33,8 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
   cudaGraph?: boolean;
   /** Token used to pad prompts and for the spare rows. Default 0. */
   padTokenId?: number;
+  /** Options of both sessions (e.g. `allowCpuFallback`, `profilePrefix`); `cudaGraph` above wins. */
+  session?: SessionOptions;
   /**
    * How the graphs read the weights (default: one input per HF name in the compute dtype). A
    * trainer passes its own — e.g. float32 master weights cast in the graph, or LoRA's base plus
@@ -184,8 +186,8 @@ export class KvCacheGenerator {
       add(g, opts.graphWeights ? opts.graphWeights(g) : weightInputs(g, config, dtype, dtype).weights);
       return g;
     };
-    const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts)), { name: 'kv-prefill' });
-    const step = device.compile(build('lathe_kv_decode', (g, w) => addKvDecodeStep(g, config, w, dtype, opts)), { name: 'kv-decode', cudaGraph: opts.cudaGraph });
+    const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts)), { ...opts.session, name: 'kv-prefill', cudaGraph: false });
+    const step = device.compile(build('lathe_kv_decode', (g, w) => addKvDecodeStep(g, config, w, dtype, opts)), { ...opts.session, name: 'kv-decode', cudaGraph: opts.cudaGraph });
     return new KvCacheGenerator(config, device, { ...opts, dtype }, prefill, step, weights);
   }
 
@@ -268,6 +270,7 @@ export class KvCacheGenerator {
     const pb = this.prefillBinding;
     pb.input('input_ids', { data: ids, dims: [B, P] });
     pb.input('seqlens', hostTensor('int32', [B], lens.map((l) => l - 1)));
+    pb.input('last_index', hostTensor('int64', [B], lens.map((l, b) => b * P + l - 1)));
     pb.input('prompt_width', hostTensor('int32', [], [P]));
     pb.input('cache_start', hostTensor('int64', [1], [P]));
     pb.input('expand_index', hostTensor('int64', [R], Array.from({ length: R }, (_, r) => BigInt(Math.floor(r / n)))));
@@ -322,6 +325,11 @@ export class KvCacheGenerator {
       });
     }
     return out;
+  }
+
+  /** Ends ORT profiling (with `session.profilePrefix`) and returns the prefill and decode profile paths. */
+  endProfiling(): string[] {
+    return [this.prefill.endProfiling(), this.step.endProfiling()];
   }
 
   /** Releases the sessions and the engine's buffers (not the weights, which the caller owns). */

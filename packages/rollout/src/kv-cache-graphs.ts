@@ -18,6 +18,8 @@
  * row's newest token). Graph inputs and outputs (beyond the weights, named by their HF names):
  *
  *   prefill  in:  input_ids int64 [B, P] (right-padded), seqlens int32 [B] (prompt length − 1),
+ *                 last_index int64 [B] (= b·P + seqlens[b]: each prompt's last token in the
+ *                 flattened batch, from the host so no shape arithmetic lands on the CPU),
  *                 prompt_width int32 [] (= P, host), cache_start int64 [1] (= P, host),
  *                 cache_tail [R, KV, M, hd] (zeros, device), expand_index int64 [R],
  *                 noise float32 [R, N] (when sampling)
@@ -52,6 +54,7 @@ const sampling = (o: SamplingOptions) => (o.temperature ?? 1) !== 0;
 export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions): void {
   const ids = g.input('input_ids', 'int64', ['B', 'P']);
   const seqlens = g.input('seqlens', 'int32', ['B']);
+  const lastIndex = g.input('last_index', 'int64', ['B']);
   const width = g.input('prompt_width', 'int32', []);
   const cacheStart = g.input('cache_start', 'int64', [1]);
   const zeros = g.input('cache_tail', dtype, ['R', cfg.numKvHeads, 'M', cfg.headDim]);
@@ -67,12 +70,7 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
       g.output(L.concat([L.gather(p[which], expand, 0), tail], 2), cacheName(i, which, 'output'));
     }
   });
-  // Each prompt's last token is at (row, seqlens[row]) of the right-padded batch.
-  const P = ids.shape[1];
-  const D = cfg.hiddenSize;
-  const flat = L.reshape(out.hidden, [-1, D]);
-  const rowStart = L.mul(L.arange(ids.shape[0], 'int64', ids), L.squeeze(g.dimTensor(P), [0]));
-  const last = L.unsqueeze(L.gather(flat, L.add(rowStart, L.cast(seqlens, 'int64')), 0), [1]); // [B, 1, D]
+  const last = L.unsqueeze(L.gather(L.reshape(out.hidden, [-1, cfg.hiddenSize]), lastIndex, 0), [1]); // [B, 1, D]
   emitStep(g, cfg, weights, last, noise && L.squeeze(L.slice(noise, [1], [0], [1]), [1]), opts, expand);
   g.output(L.add(L.gather(seqlens, expand, 0), g.constant(1, 'int32', [])), 'next_seqlens');
   g.output(g.constant([1], 'int64', [1]), 'next_step');

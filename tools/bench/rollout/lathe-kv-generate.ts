@@ -5,7 +5,7 @@
  * weight swap (copying a new weight version into the bound weights on the device).
  *
  * usage: node lathe-kv-generate.js --model DIR --prompts prompts.json --max-new N
- *          [--dtype bfloat16] [--group N] [--temperature T] [--repeat N] [--cuda-graph] [--out tokens.json] [--device cuda|cpu]
+ *          [--dtype bfloat16] [--group N] [--temperature T] [--repeat N] [--cuda-graph] [--out tokens.json] [--device cuda|cpu] [--profile PREFIX]
  * With no stop ids every row runs to --max-new, so the token count is exact. Prints one JSON line.
  */
 import { readFileSync, writeFileSync } from 'node:fs';
@@ -38,7 +38,19 @@ async function main(): Promise<void> {
   const t0 = performance.now();
   const weights = uploadWeights(device, dir, config, dtype);
   const tUpload = performance.now();
-  const gen = KvCacheGenerator.create(device, config, weights, { temperature, groupSize: group, rows: prompts.length * group, maxLength: P + maxNew, dtype, cudaGraph });
+  const profile = arg('profile', '');
+  const genOpts = { temperature, groupSize: group, rows: prompts.length * group, maxLength: P + maxNew, dtype, cudaGraph, session: profile ? { profilePrefix: profile } : undefined };
+  // CPU fallback stays off; if ORT moves a node to the CPU, rerun with it on (log level 1 lists
+  // the placements on stderr) and say so in the report.
+  let cpuFallback = false;
+  let gen: KvCacheGenerator;
+  try {
+    gen = KvCacheGenerator.create(device, config, weights, genOpts);
+  } catch (e) {
+    if (!/fallback to CPU EP has been explicitly disabled/.test(String(e))) throw e;
+    cpuFallback = true;
+    gen = KvCacheGenerator.create(device, config, weights, { ...genOpts, session: { allowCpuFallback: true, logLevel: 1 } });
+  }
   const tSession = performance.now();
   const call = { maxNewTokens: maxNew, seed: 1 };
   let out = await gen.generate(prompts, call); // warm-up (and CUDA graph capture)
@@ -79,6 +91,7 @@ async function main(): Promise<void> {
       rows,
       new_tokens: maxNew,
       cuda_graph: cudaGraph,
+      cpu_fallback: cpuFallback,
       upload_ms: +(tUpload - t0).toFixed(1),
       session_ms: +(tSession - tUpload).toFixed(1),
       run_ms_best: +best.ms.toFixed(1),
@@ -95,6 +108,7 @@ async function main(): Promise<void> {
       first_tokens: out[0].tokens.slice(0, 8),
     }),
   );
+  if (profile) console.error(`profiles: ${gen.endProfiling().join(' ')}`);
   gen.dispose();
 }
 
