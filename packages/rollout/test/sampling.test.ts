@@ -82,3 +82,21 @@ test('host noise is uniform, reproducible, and distinct across seeds, keys and s
   expect(Math.min(...u)).toBeGreaterThan(0);
   expect(Math.max(...u)).toBeLessThan(1);
 });
+
+test('firstArgMax equals the first maximum, one- and two-stage, ties included', async () => {
+  const { Graph } = await import('@lathe/onnx');
+  const { firstArgMax } = await import('@lathe/rollout');
+  const { compile } = await import('../../../tools/testing/ort-cpu');
+  for (const V of [256, 37]) { // two-stage (8 chunks of 32) and one-stage
+    const g = new Graph('argmax');
+    const x = g.input('x', 'float32', [3, V]);
+    g.output(firstArgMax(x), 'i');
+    const run = await compile(g);
+    const data = new Float32Array(3 * V).map((_, i) => Math.sin(i * 1.7) * 3);
+    data[5] = 9; data[V - 1] = 9; // row 0: a tie, the first wins
+    data[V + V - 1] = 11; // row 1: the last position
+    data[2 * V] = 7; // row 2: the first position
+    const out = await run({ x: { data, dims: [3, V] } });
+    expect(Array.from(out.i.data as BigInt64Array, Number)).toEqual([5, V - 1, 0]);
+  }
+});
