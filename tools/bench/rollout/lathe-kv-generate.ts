@@ -76,6 +76,7 @@ async function main(): Promise<void> {
     swaps.push(performance.now() - s);
   }
   const after = await gen.generate(prompts.slice(0, 1), { maxNewTokens: 4, seed: 1 });
+  for (const c of copy.values()) c.dispose();
   const outPath = arg('out', '');
   if (outPath) writeFileSync(outPath, JSON.stringify(out.map((c) => c.tokens)));
   const rows = prompts.length * group;
