@@ -1,5 +1,5 @@
 import * as L from '@lathe/onnx';
-import { filteredScores, sampleNext, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
+import { filteredScores, firstArgMax, sampleNext, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
 import { compile } from '../../../tools/testing/ort-cpu';
 import { rowsOf } from './helpers';
 
@@ -84,11 +84,8 @@ test('host noise is uniform, reproducible, and distinct across seeds, keys and s
 });
 
 test('firstArgMax equals the first maximum, one- and two-stage, ties included', async () => {
-  const { Graph } = await import('@lathe/onnx');
-  const { firstArgMax } = await import('@lathe/rollout');
-  const { compile } = await import('../../../tools/testing/ort-cpu');
   for (const V of [256, 37]) { // two-stage (8 chunks of 32) and one-stage
-    const g = new Graph('argmax');
+    const g = new L.Graph('argmax');
     const x = g.input('x', 'float32', [3, V]);
     g.output(firstArgMax(x), 'i');
     const run = await compile(g);
