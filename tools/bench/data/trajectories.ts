@@ -16,15 +16,12 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import * as arrow from 'apache-arrow';
 import { batchOf, listData, parquetInfo, readParquetBatches, scalarData, seededRandom, writeParquet } from '@lathe/data';
+import { arg, flag } from '../argv';
 
 const BATCH = 8192;
 const POOL = 8;
 const PROMPT_TOKENS = 64;
 
-function arg(name: string, fallback: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 ? process.argv[i + 1] : fallback;
-}
 
 interface PoolBatch {
   prompt: arrow.Data;
@@ -136,7 +133,7 @@ async function main(): Promise<void> {
   if (readRows !== rows || sum !== expectedSum) throw new Error(`read back ${readRows} rows, token sum ${sum}; expected ${rows}, ${expectedSum}`);
   const info = await parquetInfo(file);
   const fileBytes = statSync(file).size;
-  if (!process.argv.includes('--keep')) rmSync(dir, { recursive: true, force: true });
+  if (!flag('keep')) rmSync(dir, { recursive: true, force: true });
   const mb = logicalBytes / 1e6;
   console.log(
     JSON.stringify({
@@ -154,7 +151,7 @@ async function main(): Promise<void> {
       read_mb_per_s: Number((mb / readS).toFixed(1)),
       token_sum_ok: true,
       peak_rss_mb: Math.round(process.resourceUsage().maxRSS / 1024),
-      ...(process.argv.includes('--keep') ? { file } : {}),
+      ...(flag('keep') ? { file } : {}),
     }),
   );
 }

@@ -14,19 +14,14 @@ import { basename, join, resolve } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import * as L from '@lathe/onnx';
 import { chunkedTargetLogprobs, decoder, externalDataFolder, lmLogits, paddedCausalMask, positionsFromPadding, readConfig, readWeightIndex, weightInitializers } from '@lathe/models';
+import { arg, flag } from '../argv';
 
-function arg(name: string, fallback?: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  if (i >= 0 && process.argv[i + 1] !== undefined) return process.argv[i + 1];
-  if (fallback !== undefined) return fallback;
-  throw new Error(`missing --${name}`);
-}
 
 async function main(): Promise<void> {
   const dir = resolve(arg('model'));
   const dtype = arg('dtype', 'float32') as L.DType;
   const device = arg('device', 'cuda');
-  const logprobs = process.argv.includes('--logprobs');
+  const logprobs = flag('logprobs');
   const repeat = Number(arg('repeat', '1'));
   const batch = JSON.parse(readFileSync(arg('batch'), 'utf8')) as { input_ids: number[][]; attention_mask: number[][] };
   const { config } = readConfig(dir);
@@ -39,8 +34,8 @@ async function main(): Promise<void> {
   const { dir: work, location } = externalDataFolder([...index.values()].map((e) => e.file));
   const w = weightInitializers(g, config, index, dtype, location);
   // Fused RMSNorm/RoPE kernels unless --primitives (the training graphs' composition) is asked for.
-  const fused = !process.argv.includes('--primitives');
-  const gqa = process.argv.includes('--gqa');
+  const fused = !flag('primitives');
+  const gqa = flag('gqa');
   const { hidden } = gqa
     ? decoder(config, w, {
         inputIds: ids,
@@ -65,7 +60,7 @@ async function main(): Promise<void> {
     executionProviders: device === 'cuda' ? [{ name: 'cuda', deviceId: 0 }] : ['cpu'],
     graphOptimizationLevel: 'all',
     // CPU fallback stays off on CUDA unless asked for (--allow-cpu-fallback --log 1 lists placements).
-    extra: { session: { disable_cpu_ep_fallback: device === 'cuda' && !process.argv.includes('--allow-cpu-fallback') ? '1' : '0' } },
+    extra: { session: { disable_cpu_ep_fallback: device === 'cuda' && !flag('allow-cpu-fallback') ? '1' : '0' } },
     logSeverityLevel: Number(arg('log', '3')) as 0 | 1 | 2 | 3 | 4,
   });
   const tSession = performance.now();

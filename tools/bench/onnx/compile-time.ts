@@ -9,11 +9,8 @@
 import * as ort from 'onnxruntime-node';
 import * as L from '@lathe/onnx';
 import { decoder, lmLogits, paddedCausalMask, paramSpecs, parseConfig, positionsFromPadding, weightInputs } from '@lathe/models';
+import { arg, flag } from '../argv';
 
-function arg(name: string, fallback: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 ? process.argv[i + 1] : fallback;
-}
 
 async function main(): Promise<void> {
   const layers = Number(arg('layers', '28'));
@@ -25,7 +22,7 @@ async function main(): Promise<void> {
   });
   const t0 = performance.now();
   const g = new L.Graph('train_step');
-  const dims: L.Dim[] = process.argv.includes('--static') ? [8, 1024] : ['B', 'T'];
+  const dims: L.Dim[] = flag('static') ? [8, 1024] : ['B', 'T'];
   const ids = g.input('input_ids', 'int64', dims);
   const mask = g.input('attention_mask', 'int64', dims);
   const targets = g.input('targets', 'int64', dims);
@@ -35,7 +32,7 @@ async function main(): Promise<void> {
   const loss = L.maskedMean(L.crossEntropy(L.cast(lmLogits(config, weights, hidden), 'float32'), targets), mask);
   const t1 = performance.now();
   const params = paramSpecs(config).map((s) => inputs.get(s.name)!);
-  const grads = process.argv.includes('--forward-only') ? [] : L.grad(loss, params);
+  const grads = flag('forward-only') ? [] : L.grad(loss, params);
   g.output(loss, 'loss');
   grads.forEach((gr, i) => g.output(gr, `grad_${i}`));
   const t2 = performance.now();

@@ -14,13 +14,8 @@ import * as ort from 'onnxruntime-node';
 import * as L from '@lathe/onnx';
 import { externalDataFolder, readConfig, readWeightIndex, weightInitializers } from '@lathe/models';
 import { addGeneration, uniformNoise } from '@lathe/rollout';
+import { arg } from '../argv';
 
-function arg(name: string, fallback?: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  if (i >= 0 && process.argv[i + 1] !== undefined) return process.argv[i + 1];
-  if (fallback !== undefined) return fallback;
-  throw new Error(`missing --${name}`);
-}
 
 async function main(): Promise<void> {
   const dir = resolve(arg('model'));

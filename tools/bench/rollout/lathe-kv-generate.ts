@@ -14,13 +14,8 @@ import type { DType } from '@lathe/onnx';
 import { readConfig } from '@lathe/models';
 import { Device, DeviceTensor } from '@lathe/runtime';
 import { KvCacheGenerator, uploadWeights } from '@lathe/rollout';
+import { arg, flag } from '../argv';
 
-function arg(name: string, fallback?: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  if (i >= 0 && process.argv[i + 1] !== undefined) return process.argv[i + 1];
-  if (fallback !== undefined) return fallback;
-  throw new Error(`missing --${name}`);
-}
 
 async function main(): Promise<void> {
   const dir = resolve(arg('model'));
@@ -29,7 +24,7 @@ async function main(): Promise<void> {
   const temperature = Number(arg('temperature', '0'));
   const group = Number(arg('group', '1'));
   const repeat = Number(arg('repeat', '2'));
-  const cudaGraph = process.argv.includes('--cuda-graph');
+  const cudaGraph = flag('cuda-graph');
   const prompts = JSON.parse(readFileSync(arg('prompts'), 'utf8')) as number[][];
   const { config } = readConfig(dir);
   const device = Device.open(arg('device', 'cuda') as 'cuda' | 'cpu');

@@ -20,13 +20,8 @@ import { resolve } from 'node:path';
 import { paramSpecs, readConfig, writeSafetensors } from '@lathe/models';
 import { Device, PlainSession, type HostTensor } from '@lathe/runtime';
 import { biasCorrections, compileTrainStep, loadFloat32, sftLoss, stateNames, Trainer } from '@lathe/train';
+import { arg, flag } from '../argv';
 
-function arg(name: string, fallback?: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  if (i >= 0 && process.argv[i + 1] !== undefined) return process.argv[i + 1];
-  if (fallback !== undefined) return fallback;
-  throw new Error(`missing --${name}`);
-}
 
 async function main(): Promise<void> {
   const dir = resolve(arg('model'));
@@ -57,11 +52,11 @@ async function main(): Promise<void> {
   let memory: unknown;
   if (path === 'bound') {
     const micro = Number(arg('micro-batches', '1'));
-    const dev = Device.open(device, { tf32: process.argv.includes('--tf32'), sharedArena: process.argv.includes('--shared-arena') });
-    const graphMode = process.argv.includes('--cuda-graph');
-    const staticShape = graphMode || process.argv.includes('--static-shape');
+    const dev = Device.open(device, { tf32: flag('tf32'), sharedArena: flag('shared-arena') });
+    const graphMode = flag('cuda-graph');
+    const staticShape = graphMode || flag('static-shape');
     const loss = sftLoss(config, { compute, ...(staticShape ? { shape: [B / micro, T] as [number, number] } : {}) });
-    const trainer = Trainer.create({ params, loss, optimizer }, { params: weights }, { device: dev, microBatches: micro, cudaGraph: graphMode, session: { allowCpuFallback: process.argv.includes('--allow-cpu-fallback'), ...(arg('profile', '') ? { profilePrefix: arg('profile', '') } : {}) } });
+    const trainer = Trainer.create({ params, loss, optimizer }, { params: weights }, { device: dev, microBatches: micro, cudaGraph: graphMode, session: { allowCpuFallback: flag('allow-cpu-fallback'), ...(arg('profile', '') ? { profilePrefix: arg('profile', '') } : {}) } });
     tSession = performance.now();
     const per = B / micro;
     const parts = Array.from({ length: micro }, (_, k) => {
@@ -88,7 +83,7 @@ async function main(): Promise<void> {
     for (const part of parts) for (const t of [part.input_ids, part.attention_mask, part.loss_mask]) t.dispose();
   } else {
     const graphs = compileTrainStep({ params, loss: sftLoss(config, { compute }), optimizer });
-    const session = await PlainSession.create(graphs.step, { device, allowCpuFallback: process.argv.includes('--allow-cpu-fallback'), logLevel: Number(arg('log', '3')) as 0 | 1 | 2 | 3 });
+    const session = await PlainSession.create(graphs.step, { device, allowCpuFallback: flag('allow-cpu-fallback'), logLevel: Number(arg('log', '3')) as 0 | 1 | 2 | 3 });
     tSession = performance.now();
     const state: Record<string, HostTensor> = {};
     for (const p of params) {
