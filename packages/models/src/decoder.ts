@@ -286,6 +286,16 @@ export function packedCausalMask(segmentIds: Tensor): Tensor {
   return L.and(L.and(causal, sameSegment), notPad);
 }
 
+/**
+ * GroupQueryAttention inputs for a right-padded batch without a cache (scoring): each row's length
+ * − 1 from its mask [B, T], and T as given (an int32 scalar the kernel reads in host memory — a
+ * graph input, since computing it from a shape would put nodes on the CPU).
+ */
+export function rightPaddedGqaInputs(inputIds: Tensor, padMask: Tensor, totalSequenceLength: Tensor): GqaDecoderInputs {
+  const g = padMask.graph;
+  return { inputIds, seqlensK: L.sub(L.reduceSum(L.cast(padMask, 'int32'), [1]), g.constant(1, 'int32', [])), totalSequenceLength };
+}
+
 /** Positions that skip left padding: cumsum(mask) − 1, clamped at 0 (as HF generate does). */
 export function positionsFromPadding(padMask: Tensor): Tensor {
   const m = L.cast(padMask, 'int64');

@@ -13,7 +13,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { basename, join, resolve } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import * as L from '@lathe/onnx';
-import { chunkedTargetLogprobs, decoder, externalDataFolder, lmLogits, paddedCausalMask, positionsFromPadding, readConfig, readWeightIndex, weightInitializers } from '@lathe/models';
+import { chunkedTargetLogprobs, decoder, externalDataFolder, lmLogits, paddedCausalMask, positionsFromPadding, readConfig, rightPaddedGqaInputs, readWeightIndex, weightInitializers } from '@lathe/models';
 import { arg, flag } from '../argv';
 
 
@@ -37,13 +37,8 @@ async function main(): Promise<void> {
   const fused = !flag('primitives');
   const gqa = flag('gqa');
   const { hidden } = gqa
-    ? decoder(config, w, {
-        inputIds: ids,
-        seqlensK: L.sub(L.reduceSum(L.cast(mask, 'int32'), [1]), g.constant(1, 'int32', [])),
-        // T as a host input: GroupQueryAttention reads it on the CPU (computing it from the shape
-        // in the graph puts two nodes on the CPU, which a CUDA session without fallback refuses).
-        totalSequenceLength: g.input('total_sequence_length', 'int32', []),
-      })
+    ? // T as a host input: GroupQueryAttention reads it on the CPU.
+      decoder(config, w, rightPaddedGqaInputs(ids, mask, g.input('total_sequence_length', 'int32', [])))
     : decoder(config, w, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask), fused });
   if (logprobs) {
     // log p(token t+1 | ≤ t) at every position (the last one scores the first token again, so
