@@ -333,7 +333,7 @@ export class GrpoTrainer<M = unknown> {
     const padId = opts.tokenizer.padId;
     const generator = (groupSize: number, s: SamplingOptions): RolloutGenerator =>
       engine === 'kv-cache'
-        ? KvGenerationRunner.create(device, config, policyWeights, { groupSize, sampling: s, padId, promptsPerRun: opts.promptsPerRun, compute })
+        ? KvGenerationRunner.create(device, config, policyWeights, { groupSize, sampling: s, padId, promptsPerRun: opts.promptsPerRun, compute, session: opts.session })
         : GenerationRunner.create(device, config, policyWeights, { groupSize, sampling: s, padId, promptsPerRun: opts.promptsPerRun, session: opts.session });
     const sampler = generator(opts.groupSize, sampling);
     const owned: { dispose(): void }[] = [sampler];

@@ -167,7 +167,7 @@ export class GenerationRunner implements RolloutGenerator {
 }
 
 /** Options of a KV-cache generation runner. */
-export interface KvGenerationRunnerOptions extends Omit<GenerationRunnerOptions, 'session'> {
+export interface KvGenerationRunnerOptions extends GenerationRunnerOptions {
   /** Compute dtype of the caches and activations (the trainer's); weights are cast to it in the graph. */
   compute: DType;
 }
@@ -204,9 +204,6 @@ export class KvGenerationRunner implements RolloutGenerator {
   async generate(weights: BoundWeights[], prompts: readonly (readonly number[])[], call: RolloutCall): Promise<SampledCompletion[]> {
     if (call.keys.length !== prompts.length) throw new Error(`generate: ${call.keys.length} keys for ${prompts.length} prompts`);
     if (prompts.length === 0) return [];
-    prompts.forEach((p, i) => {
-      if (p.length === 0) throw new Error(`generate: prompt ${i} is empty`);
-    });
     const longest = Math.max(...prompts.map((p) => p.length));
     const positions = this.config.maxPositionEmbeddings;
     if (longest + call.maxNewTokens > positions) throw new Error(`generate: a prompt of ${longest} tokens + ${call.maxNewTokens} new exceed the model's ${positions} positions`);
@@ -234,6 +231,7 @@ export class KvGenerationRunner implements RolloutGenerator {
       dtype: this.opts.compute,
       padTokenId: this.opts.padId,
       graphWeights: (g) => this.pw.weights(g, declareTrainable(g, this.pw)),
+      session: this.opts.session,
     });
     this.engine = { generator, ...size };
     return generator;
