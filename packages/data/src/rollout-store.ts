@@ -95,9 +95,10 @@ const Database = require(workerData.libsql);
 let db;
 try {
   db = new Database(workerData.file);
+  // The wait first: after a crash, setting WAL mode can meet a reader still recovering the log.
+  db.pragma('busy_timeout = 10000');
   db.pragma('journal_mode = WAL');
   db.pragma('synchronous = ' + (workerData.durability === 'full' ? 'FULL' : 'NORMAL'));
-  db.pragma('busy_timeout = 10000');
   const version = db.prepare('PRAGMA user_version').raw(true).get()[0];
   if (version !== 0 && version !== workerData.version) throw new Error('schema version ' + version + ', this Lathe writes version ' + workerData.version);
   db.exec(workerData.schema);
@@ -317,7 +318,9 @@ function openRead(file: string): Database.Database {
   if (!existsSync(file)) throw new Error(`${file}: cannot open the rollout store (no such file)`);
   try {
     const Sqlite = libsql();
-    return new Sqlite(file, { readonly: true, fileMustExist: true });
+    const db = new Sqlite(file, { readonly: true, fileMustExist: true });
+    db.pragma('busy_timeout = 10000'); // wait out a writer's checkpoint instead of failing
+    return db;
   } catch (e) {
     throw new Error(`${file}: cannot open the rollout store (${(e as Error).message})`);
   }
