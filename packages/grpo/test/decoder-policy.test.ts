@@ -177,3 +177,15 @@ test('GRPO on a tiny Qwen3: the answer token of each prompt, reward from chance 
   expect(mean[0]).toBeLessThan(0.35); // chance: 1/8
   expect(mean.slice(-5).every((m) => m >= 0.9)).toBe(true);
 });
+
+test('the bf16 RL train step (entropy, KL to the reference, GSPO ratios) has no run-time shape arithmetic', () => {
+  // ORT would run such int64 arithmetic on the CPU; on CUDA (fallback off) the session is refused.
+  const dir = mkdtempSync(join(tmpdir(), 'lathe-rl-shape-'));
+  const config = randomModel(dir, { ...qwen3(64), head_dim: 16 }, { seed: 2 });
+  const params: TrainableParam[] = paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: false }));
+  for (const ratio of ['token', 'sequence'] as const) {
+    const policy = decoderPolicy(config, { compute: 'bfloat16', entropy: true, chunk: 24 });
+    const graphs = compileTrainStep({ params, loss: rlLoss(policy, { ratio, klCoef: 0.01, entropyCoef: 0.001 }, { reference: true }) });
+    for (const g of [graphs.step, graphs.accumulate]) expect([ratio, L.runtimeShapeNodes(g).map((n) => n.name)]).toEqual([ratio, []]);
+  }
+});

@@ -3,7 +3,7 @@ import { paramSpecs, randomModel, readTensorBytes, readWeightIndex, type Decoder
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { adamwUpdate, biasCorrections, compileTrainStep, learningRate, sftLoss, stateNames, type TrainableParam } from '@lathe/train';
+import { adamwUpdate, biasCorrections, compileTrainStep, learningRate, loraAdapters, loraWeights, sftLoss, stateNames, type LossBuilder, type TrainableParam } from '@lathe/train';
 import { compile, rng, type HostTensor } from '../../../tools/testing/ort-cpu';
 
 const f32 = (a: ArrayLike<number>, dims: number[]): HostTensor => ({ data: Float32Array.from(a), dims });
@@ -180,4 +180,29 @@ test('SFT on a fixed batch drives the loss down', async () => {
   }
   expect(losses[0]).toBeGreaterThan(3); // ≈ ln 32 at random init
   expect(losses[29]).toBeLessThan(0.5 * losses[0]);
+});
+
+test('bf16 train-step graphs (full and LoRA) have no run-time shape arithmetic: nothing ORT must put on the CPU', () => {
+  // Backward rules (Concat → Split sizes, Slice → Pad amounts) once read shapes at run time; ORT runs
+  // such int64 arithmetic on the CPU, and a CUDA session with CPU fallback off refuses it.
+  const dir = mkdtempSync(join(tmpdir(), 'lathe-shape-'));
+  const config = randomModel(dir, { architectures: ['Qwen3ForCausalLM'], vocab_size: 64, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1, head_dim: 16, rms_norm_eps: 1e-6, rope_theta: 10000, max_position_embeddings: 64, tie_word_embeddings: true }, { seed: 1 });
+  const full = paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.shape.length > 1 }));
+  const lora = { rank: 2, alpha: 4, targets: 'q_proj|v_proj' };
+  const adapters = loraAdapters(config, lora);
+  const variants: [string, TrainableParam[], LossBuilder][] = [
+    ['full', full, sftLoss(config, { compute: 'bfloat16', chunk: 24 })],
+    [
+      'lora',
+      adapters.flatMap((a) => [a.a, a.b]),
+      sftLoss(config, {
+        compute: 'bfloat16',
+        weights: (g, t) => loraWeights((n) => g.input(`base/${n}`, 'float32', paramSpecs(config).find((s) => s.name === n)!.shape), t, adapters, lora, 'bfloat16'),
+      }),
+    ],
+  ];
+  for (const [name, params, loss] of variants) {
+    const graphs = compileTrainStep({ params, loss });
+    for (const g of [graphs.step, graphs.accumulate, graphs.apply]) expect([name, L.runtimeShapeNodes(g).map((n) => n.name)]).toEqual([name, []]);
+  }
 });

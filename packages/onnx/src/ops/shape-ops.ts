@@ -94,8 +94,13 @@ export const concatOp: OpDef<{ axis: number }> = defineOp<{ axis: number }>({
   grad: ({ inputs, attrs: { axis }, dy: [g] }) => {
     const ax = normAxis(axis, g!.rank);
     const xs = inputs as Tensor[];
-    const sizes = applyOp(concatOp, xs.map((x) => shapeOf(x, ax, ax + 1)), { axis: 0 })[0];
-    return applyOp(splitOp, [g!, sizes], { axis: ax, sizes: xs.map((x) => x.shape[ax]) });
+    const dims = xs.map((x) => x.shape[ax]);
+    // Static sizes are a constant: sizes read from Shape at run time are shape arithmetic, which
+    // ONNX Runtime places on the CPU (a refused session on CUDA with fallback off).
+    const sizes = dims.every((d): d is number => typeof d === 'number')
+      ? g!.graph.constant(dims, 'int64', [dims.length])
+      : applyOp(concatOp, xs.map((x) => shapeOf(x, ax, ax + 1)), { axis: 0 })[0];
+    return applyOp(splitOp, [g!, sizes], { axis: ax, sizes: dims });
   },
 });
 
@@ -168,9 +173,32 @@ export const sliceOp: OpDef<SliceSpec> = defineOp<SliceSpec>({
   },
 });
 
-/** Zero-pads a slice's gradient back to the sliced input's shape (pads computed at run time). */
+/**
+ * The Pad amounts [before…, after…] that undo a slice, when the sliced axes' sizes, starts and ends
+ * are all static; undefined otherwise. Starts and ends are clamped as Slice clamps them.
+ */
+function staticSlicePads(shape: readonly Dim[], spec: SliceSpec): number[] | undefined {
+  const rank = shape.length;
+  const before = new Array<number>(rank).fill(0);
+  const after = new Array<number>(rank).fill(0);
+  for (let i = 0; i < spec.axes.length; i++) {
+    const ax = normAxis(spec.axes[i], rank);
+    const [d, start, end] = [shape[ax], spec.starts[i], spec.ends[i]];
+    if (typeof d !== 'number' || typeof start !== 'number' || typeof end !== 'number') return undefined;
+    const clamp = (v: number) => Math.min(Math.max(v < 0 ? v + d : v, 0), d);
+    const s = clamp(start);
+    before[ax] = s;
+    after[ax] = d - Math.max(clamp(end), s);
+  }
+  return [...before, ...after];
+}
+
+/** Zero-pads a slice's gradient back to the sliced input's shape (pads computed at run time unless static). */
 function padFromSlice(g: Tensor, x: Tensor, spec: SliceSpec): Tensor {
   const graph = x.graph;
+  const constantPads = staticSlicePads(x.shape, spec);
+  // Known at build time: a constant, so no shape arithmetic runs (on the CPU) at run time.
+  if (constantPads) return applyOp(padOp, [g, graph.constant(constantPads, 'int64', [constantPads.length])], { shape: x.shape })[0];
   const full = shapeOf(x);
   const i64 = (v: number) => graph.constant([v], 'int64', [1]);
   const before: Tensor[] = [];
