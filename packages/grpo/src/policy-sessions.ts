@@ -20,7 +20,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import type { DecoderConfig, Weights } from '@lathe/models';
+import { paramSpecs, type DecoderConfig, type Weights } from '@lathe/models';
 import { addGeneration, KvCacheGenerator, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
 import type { Binding, Device, DeviceTensor, HostTensor, Session, SessionOptions } from '@lathe/runtime';
 import type { TrainableParam } from '@lathe/train';
@@ -181,9 +181,16 @@ const LENGTH_QUANTUM = 64;
  * length are fixed when it is built, so it is built on first use — rows for `promptsPerRun` prompts
  * (all of the call's with 0) × G, cache length the longest prompt + `maxNewTokens` rounded up to 64
  * positions — and rebuilt, larger, only when a call needs more.
+ *
+ * The decoder's weights in the compute dtype are *materialised once per call*: one run casts the
+ * trainer's float32 parameters (with LoRA: base + scale·B·A) into buffers the engine owns for its
+ * lifetime. Casting inside the decode step instead would read every float32 weight again for every
+ * token (2.4 GB per step at 0.6B). The buffers never move, so on CUDA the decode step is replayed
+ * as a CUDA graph. The cost: one copy of the weights in the compute dtype.
  */
 export class KvGenerationRunner implements RolloutGenerator {
   private engine: { generator: KvCacheGenerator; rows: number; maxLength: number } | undefined;
+  private materialised: { session: Session; binding: Binding; buffers: Map<string, DeviceTensor> } | undefined;
 
   private constructor(
     private readonly device: Device,
@@ -207,8 +214,8 @@ export class KvGenerationRunner implements RolloutGenerator {
     const longest = Math.max(...prompts.map((p) => p.length));
     const positions = this.config.maxPositionEmbeddings;
     if (longest + call.maxNewTokens > positions) throw new Error(`generate: a prompt of ${longest} tokens + ${call.maxNewTokens} new exceed the model's ${positions} positions`);
-    const generator = this.engineFor((this.opts.promptsPerRun || prompts.length) * this.opts.groupSize, Math.min(positions, Math.ceil((longest + call.maxNewTokens) / LENGTH_QUANTUM) * LENGTH_QUANTUM));
-    generator.bindWeights(...weights);
+    const buffers = await this.materialise(weights);
+    const generator = this.engineFor((this.opts.promptsPerRun || prompts.length) * this.opts.groupSize, Math.min(positions, Math.ceil((longest + call.maxNewTokens) / LENGTH_QUANTUM) * LENGTH_QUANTUM), buffers);
     const out = await generator.generate(
       prompts.map((p) => [...p]),
       { maxNewTokens: call.maxNewTokens, seed: call.seed, stopIds: [...call.stopIds], promptKeys: [...call.keys] },
@@ -217,20 +224,42 @@ export class KvGenerationRunner implements RolloutGenerator {
     return out.map((c) => ({ tokens: c.tokens, logprobs: c.logprobs, stopped: c.finishReason === 'stop' }));
   }
 
+  /**
+   * Writes the decoder's weights in the compute dtype, computed from the bound trainer tensors, into
+   * the runner's buffers (compiled and allocated on first use) and returns them by HF name.
+   */
+  private async materialise(weights: BoundWeights[]): Promise<Map<string, DeviceTensor>> {
+    if (!this.materialised) {
+      const g = new L.Graph('grpo_materialise_weights');
+      const w = this.pw.weights(g, declareTrainable(g, this.pw));
+      const specs = paramSpecs(this.config);
+      for (const spec of specs) g.output(L.cast(w(spec.name), this.opts.compute), `compute/${spec.name}`);
+      const session = this.device.compile(g, { ...this.opts.session, name: 'grpo-materialise-weights', cudaGraph: false });
+      const binding = session.binding();
+      const buffers = new Map(specs.map((spec) => [spec.name, this.device.zeros(this.opts.compute, spec.shape)] as const));
+      for (const [name, t] of buffers) binding.output(`compute/${name}`, t);
+      this.materialised = { session, binding, buffers };
+    }
+    const { binding, buffers } = this.materialised;
+    bindAll(binding, ...weights);
+    await binding.run();
+    return buffers;
+  }
+
   /** The engine, rebuilt (the old one disposed) when a call needs more rows or a longer cache. */
-  private engineFor(rows: number, maxLength: number): KvCacheGenerator {
+  private engineFor(rows: number, maxLength: number, weights: Map<string, DeviceTensor>): KvCacheGenerator {
     const e = this.engine;
     if (e && e.rows >= rows && e.maxLength >= maxLength) return e.generator;
     e?.generator.dispose();
     this.engine = undefined;
     const size = { rows: Math.max(rows, e?.rows ?? 0), maxLength: Math.max(maxLength, e?.maxLength ?? 0) };
-    const generator = KvCacheGenerator.create(this.device, this.config, undefined, {
+    const generator = KvCacheGenerator.create(this.device, this.config, weights, {
       ...this.opts.sampling,
       groupSize: this.opts.groupSize,
       ...size,
       dtype: this.opts.compute,
       padTokenId: this.opts.padId,
-      graphWeights: (g) => this.pw.weights(g, declareTrainable(g, this.pw)),
+      cudaGraph: this.device.kind === 'cuda',
       session: this.opts.session,
     });
     this.engine = { generator, ...size };
@@ -240,6 +269,12 @@ export class KvGenerationRunner implements RolloutGenerator {
   dispose(): void {
     this.engine?.generator.dispose();
     this.engine = undefined;
+    if (this.materialised) {
+      this.materialised.binding.dispose();
+      this.materialised.session.dispose();
+      this.materialised.buffers.forEach((t) => t.dispose());
+      this.materialised = undefined;
+    }
   }
 }
 

@@ -4,7 +4,8 @@
  * in-graph generation loop sample the same tokens from the same seed, and the steps built on them
  * give the same metrics and the same weights — through updates (generation must read the buffers
  * the last update wrote) and a larger batch (the KV engine is rebuilt with more rows). Also: which
- * engine the default picks, and the error of an explicit 'kv-cache' where it cannot run.
+ * engine the default picks, and the error of an explicit 'kv-cache' where it cannot run. With LoRA, the
+ * KV engine's materialised weights (base + scale·B·A) give the same rollouts as the graph engine's.
  */
 import { combineRewards, GrpoTrainer, type GenerationEngine, type GrpoStepMetrics, type GrpoTrainerOptions, type RlPrompt } from '@lathe/grpo';
 import { tinyModel } from './tiny-qwen3';
@@ -75,6 +76,21 @@ test("'kv-cache' and 'graph' rollouts: the same tokens, metrics and updates from
   // the greedy runner uses the chosen engine too
   const ps = prompts(3, 4);
   expect(await kv.generateGreedy(ps)).toEqual(await graph.generateGreedy(ps));
+  kv.dispose();
+  graph.dispose();
+});
+
+test("LoRA: the KV engine's weights (base + scale·B·A, materialised once per call) give the graph engine's rollouts", async () => {
+  const model = tinyModel(V, { headDim: 16, std: 0.5, seed: 5 });
+  const lora = { rank: 2, alpha: 4, targets: 'q_proj|v_proj|gate_proj' };
+  const [kv, graph] = (['kv-cache', 'graph'] as const).map((generationEngine) => make(model, { generationEngine, lora }));
+  // step 0 samples from the base (B = 0); steps 1 and 2 from base + the updated adapters
+  for (const step of [0, 1, 2]) {
+    const a = await kv.step(prompts(step, 4), 0.2);
+    const b = await graph.step(prompts(step, 4), 0.2);
+    expect(a.rollouts.map((r) => r.tokens)).toEqual(b.rollouts.map((r) => r.tokens));
+    expectSameMetrics(a.metrics, b.metrics);
+  }
   kv.dispose();
   graph.dispose();
 });
