@@ -5,7 +5,8 @@
  *
  * usage: node grpo-step.js [--device cuda|cpu] [--compute float32|bfloat16] [--shape tiny|qwen3-0.6b]
  *          [--prompts 8] [--group 8] [--prompt-len 32] [--new-tokens 32] [--steps 3] [--minibatches 2]
- *          [--old-logprobs rescore|generation] [--lora 0]
+ *          [--old-logprobs rescore|generation] [--lora 0] [--prompts-per-run 0] [--micro-batches 1]
+ *          [--allow-cpu-fallback] [--log-level 0..4]   (the last two: to see ORT's node placements)
  * On the GPU machine run it as a bundle (see ../shared/device/README.md):
  *   npx esbuild tools/bench/grpo/grpo-step.ts --bundle --platform=node --conditions=lathe-source \
  *     --external:onnxruntime-node --external:koffi --external:@huggingface/transformers --external:libsql \
@@ -19,7 +20,7 @@ import { randomModel, type HfConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { loadFloat32 } from '@lathe/train';
 import { combineRewards, GrpoTrainer, type GrpoStepMetrics, type RlPrompt } from '@lathe/grpo';
-import { arg } from '../argv';
+import { arg, flag } from '../argv';
 
 
 const SHAPES: Record<string, HfConfig> = {
@@ -48,6 +49,8 @@ async function main(): Promise<void> {
     config, weights, tokenizer: { decode: (ids) => ids.join(' '), padId: 0 }, stopIds: [config.vocabSize - 1], rewards,
     groupSize: G, maxNewTokens: maxNew, loss: { aggregation: 'token-mean', clipHigh: 0.28 }, kl: { coef: 0.001 },
     minibatches: Number(arg('minibatches', '2')), device, compute, oldLogprobs: arg('old-logprobs', 'rescore') as 'rescore' | 'generation',
+    promptsPerRun: Number(arg('prompts-per-run', '0')), microBatches: Number(arg('micro-batches', '1')),
+    session: { allowCpuFallback: flag('allow-cpu-fallback'), ...(arg('log-level', '') ? { logLevel: Number(arg('log-level', '')) as 0 | 1 | 2 | 3 | 4 } : {}) },
     lora: lora > 0 ? { rank: lora, alpha: 2 * lora, targets: 'q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj' } : undefined,
   });
   const tCreate = performance.now();
