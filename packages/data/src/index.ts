@@ -42,6 +42,7 @@ export {
   validateTrajectoryTable,
   writeTrajectories,
   type Trajectory,
+  type TrajectoryBatchOptions,
 } from './trajectory';
 export {
   lastBoxed,

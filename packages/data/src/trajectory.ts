@@ -50,6 +50,12 @@ export interface Trajectory {
   /** RL: log-probs of the output tokens under the sampling (old) policy and the frozen reference. */
   old_logprobs?: ArrayLike<number> | null;
   ref_logprobs?: ArrayLike<number> | null;
+  /** Generation: whether the prompt was rendered with thinking on (Qwen3's enable_thinking); null where the template has no switch. */
+  thinking?: boolean | null;
+  /** Generation: the sample's index among its prompt's samples of the same thinking mode. */
+  sample_idx?: number | null;
+  /** Generation: 'stop' (a stop token ended the sample) or 'length' (the token limit did). */
+  finish_reason?: string | null;
 }
 
 /** Every column of the trajectory schema, in file order. `reward_<source>` columns come after them. */
@@ -70,6 +76,9 @@ export const TRAJECTORY_COLUMNS: readonly ColumnSpec[] = [
   { name: 'token_advantages', kind: 'list<float32>', required: false, nullable: true, describe: 'RL per-token advantages' },
   { name: 'old_logprobs', kind: 'list<float32>', required: false, nullable: true, describe: 'RL sampling-policy log-probs of the output tokens' },
   { name: 'ref_logprobs', kind: 'list<float32>', required: false, nullable: true, describe: 'RL reference-policy log-probs of the output tokens' },
+  { name: 'thinking', kind: 'bool', required: false, nullable: true, describe: 'generation: prompt rendered with thinking on (null: the template has no switch)' },
+  { name: 'sample_idx', kind: 'int64', required: false, nullable: true, describe: "generation: index of the sample among its prompt's samples of the same thinking mode" },
+  { name: 'finish_reason', kind: 'string', required: false, nullable: true, describe: "generation: 'stop' (stop token) or 'length' (token limit)" },
 ];
 
 /** Prefix of the per-source reward columns. */
@@ -111,7 +120,7 @@ export function validateTrajectories(rows: readonly Trajectory[], where = 'traje
       if (v === undefined || v === null) continue;
       if (!isNum(v) || v < 0 || v > 1) throw at(col, `expected a number in 0–1, got ${JSON.stringify(v)}`);
     }
-    for (const col of ['step', 'group_id'] as const) {
+    for (const col of ['step', 'group_id', 'sample_idx'] as const) {
       const v = r[col];
       if (v !== undefined && v !== null && !Number.isInteger(v)) throw at(col, `expected an integer, got ${JSON.stringify(v)}`);
     }
@@ -119,6 +128,8 @@ export function validateTrajectories(rows: readonly Trajectory[], where = 'traje
       const v = r[col];
       if (v !== undefined && v !== null && !Number.isFinite(v)) throw at(col, `expected a finite number, got ${JSON.stringify(v)}`);
     }
+    if (r.thinking !== undefined && r.thinking !== null && typeof r.thinking !== 'boolean') throw at('thinking', `expected true, false or null, got ${JSON.stringify(r.thinking)}`);
+    if (r.finish_reason !== undefined && r.finish_reason !== null && typeof r.finish_reason !== 'string') throw at('finish_reason', `expected a string, got ${JSON.stringify(r.finish_reason)}`);
     for (const [s, v] of Object.entries(r.rewards ?? {})) {
       if (!REWARD_SOURCE.test(s)) throw at(REWARD_PREFIX + s, `reward source '${s}' must be letters, digits and _`);
       if (!Number.isFinite(v)) throw at(REWARD_PREFIX + s, `expected a finite number, got ${JSON.stringify(v)}`);
@@ -144,13 +155,25 @@ export function validateTrajectories(rows: readonly Trajectory[], where = 'traje
   });
 }
 
+/** Options of {@link trajectoriesToBatch}. */
+export interface TrajectoryBatchOptions {
+  /**
+   * Optional columns to write even where every row's value is null, so that files written in parts
+   * (some without a value in that column) share one schema.
+   */
+  columns?: readonly string[];
+}
+
 /**
  * Trajectories as an Arrow record batch in the schema's column order. Optional columns appear when
- * any row has them; reward sources become `reward_<source>` columns. Validates first.
+ * any row has them (or `options.columns` names them); reward sources become `reward_<source>`
+ * columns. Validates first.
  */
-export function trajectoriesToBatch(rows: readonly Trajectory[], where?: string): arrow.RecordBatch {
+export function trajectoriesToBatch(rows: readonly Trajectory[], where?: string, options: TrajectoryBatchOptions = {}): arrow.RecordBatch {
   validateTrajectories(rows, where);
-  const has = (k: keyof Trajectory) => rows.some((r) => r[k] !== undefined && r[k] !== null);
+  const forced = new Set(options.columns ?? []);
+  for (const c of forced) if (!TRAJECTORY_COLUMNS.some((s) => s.name === c)) throw new Error(`${where ?? 'trajectories'}: unknown column '${c}' in options.columns`);
+  const has = (k: keyof Trajectory) => forced.has(k) || rows.some((r) => r[k] !== undefined && r[k] !== null);
   const cols: { name: string; data: arrow.Data; nullable?: boolean }[] = [];
   const i32 = (n: number) => new Int32Array(n);
   const f32 = (n: number) => new Float32Array(n);
@@ -178,7 +201,7 @@ export function trajectoriesToBatch(rows: readonly Trajectory[], where?: string)
         break;
       }
       default:
-        data = scalarData(spec.kind as 'int64' | 'float32' | 'string', values);
+        data = scalarData(spec.kind as 'int64' | 'float32' | 'string' | 'bool', values);
     }
     cols.push({ name: spec.name, data, nullable: spec.nullable });
   }
@@ -238,7 +261,9 @@ export function tableToTrajectories(table: arrow.Table | arrow.RecordBatch, wher
       prompt_token_ids: Int32Array.from(nums(c.prompt_token_ids!.get(i)) ?? []),
       output_token_ids: Int32Array.from(nums(c.output_token_ids!.get(i)) ?? []),
     };
-    for (const k of ['correct', 'value', 'step', 'group_id', 'reward', 'advantage'] as const) if (c[k]) t[k] = num(c[k]!.get(i));
+    for (const k of ['correct', 'value', 'step', 'group_id', 'reward', 'advantage', 'sample_idx'] as const) if (c[k]) t[k] = num(c[k]!.get(i));
+    if (c.thinking) t.thinking = c.thinking.get(i) as boolean | null;
+    if (c.finish_reason) t.finish_reason = c.finish_reason.get(i) as string | null;
     for (const k of ['token_advantages', 'old_logprobs', 'ref_logprobs'] as const) if (c[k]) t[k] = nums(c[k]!.get(i));
     for (const k of ['candidate_ids', 'candidate_q_values', 'candidate_ref_logprobs'] as const) if (c[k]) t[k] = nested(c[k]!.get(i));
     if (sources.length) {
@@ -254,8 +279,8 @@ export function tableToTrajectories(table: arrow.Table | arrow.RecordBatch, wher
 }
 
 /** Writes trajectories to a Parquet file (validated; see {@link trajectoriesToBatch}). */
-export async function writeTrajectories(file: string, rows: readonly Trajectory[], options?: ParquetWriteOptions): Promise<{ rows: number; bytes: number }> {
-  return writeParquet(file, [trajectoriesToBatch(rows, file)], options);
+export async function writeTrajectories(file: string, rows: readonly Trajectory[], options: ParquetWriteOptions & TrajectoryBatchOptions = {}): Promise<{ rows: number; bytes: number }> {
+  return writeParquet(file, [trajectoriesToBatch(rows, file, options)], options);
 }
 
 /** Reads a trajectory Parquet file (a pyarrow/pandas one too), validated with errors naming file, row and column. */
