@@ -2,6 +2,15 @@
  * Sampling from next-token logits in the graph: temperature, top-k, top-p, min-p (applied in that
  * order, each to the scores the previous one left, as transformers' logits processors do), then
  * inverse-CDF sampling with one host-made uniform per row (ONNX Runtime has no CUDA Multinomial).
+ *
+ * Why everything reduces over vocabulary *chunks*: ONNX Runtime's CUDA reductions over one long
+ * axis parallelise over rows only (ArgMax over [64, 151936] took 9.4 ms on an H100, most of a
+ * decode step), and its CUDA CumSum has every output element re-add its whole prefix — O(V²) work
+ * per row over a 151,936-token vocabulary. So when a chunk width k ∈ {256, 128, 64, 32} divides V,
+ * the scores are viewed as [B, V/k, k] and every max, sum and prefix sum runs in two stages: within
+ * chunks (k wide), then across chunks (V/k wide). Only the picked token's log-prob is gathered; no
+ * full [B, V] log-softmax is materialised. When no width divides V, the same code runs with one
+ * chunk of V (the one-stage form).
  */
 import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
@@ -32,8 +41,49 @@ export function validateSampling(o: SamplingOptions, vocabSize: number): void {
 const NEG_INF = -Infinity;
 
 /**
+ * Width of the vocabulary chunks that two-stage reductions use: the widest of 256, 128, 64, 32
+ * that splits V into at least two chunks, or V itself (one chunk: the one-stage form) when none
+ * does. 151,936 (Qwen) gives 128.
+ */
+export function vocabChunkWidth(V: number): number {
+  return [256, 128, 64, 32].find((c) => V % c === 0 && V / c >= 2) ?? V;
+}
+
+/** float32 [B, V] viewed as chunks [B, V/k, k] (k = {@link vocabChunkWidth}). */
+function chunks(x: Tensor): Tensor {
+  const [B, V] = x.shape;
+  if (typeof V !== 'number') throw new Error(`sampling: the vocabulary axis must be static, got [${x.shape}]`);
+  const k = vocabChunkWidth(V);
+  return L.reshape(x, [B, V / k, k]);
+}
+
+/** The row maximum of chunks [B, C, k], as [B, 1, 1]: within chunks, then across them. */
+function chunkedMax(c: Tensor): Tensor {
+  return L.reduceMax(L.reduceMax(c, [2], true), [1], true);
+}
+
+/**
+ * Running sum along the last axis of [B, V] (exclusive: of the elements before), in two stages
+ * when V splits into chunks: prefix sums within each chunk plus the exclusive prefix sum of the
+ * chunk totals. ONNX Runtime's CUDA CumSum re-adds each element's whole prefix (O(V²) per row);
+ * this is O(V·k + (V/k)²).
+ */
+function prefixSum(x: Tensor, exclusive: boolean): Tensor {
+  const [B, V] = x.shape as [number | string, number];
+  const c = chunks(x);
+  if (c.shape[1] === 1) return L.cumsum(x, 1, { exclusive });
+  const offsets = L.cumsum(L.reduceSum(c, [2]), 1, { exclusive: true }); // [B, C]
+  return L.reshape(L.add(L.cumsum(c, 2, { exclusive }), L.unsqueeze(offsets, [2])), [B, V]);
+}
+
+/**
  * The scores sampling draws from (float32 [B, V]): logits / temperature with −∞ on every token the
  * filters remove. With temperature 0 the logits are returned unchanged (greedy).
+ *
+ * Cost on a large vocabulary: temperature and min-p are elementwise plus a two-stage max. top-k
+ * is a TopK(k) over the whole vocabulary per row, and top-p a full sort (TopK(V)) per row plus a
+ * softmax over V — one-stage work that a decode step pays for every token; leave them off where
+ * speed matters (GRPO samples at temperature 1 with neither).
  */
 export function filteredScores(logits: Tensor, o: SamplingOptions): Tensor {
   const t = o.temperature ?? 1;
@@ -50,41 +100,75 @@ export function filteredScores(logits: Tensor, o: SamplingOptions): Tensor {
     const [sorted, idx] = L.topK(s, V, -1);
     const probs = L.softmax(sorted, -1);
     // Keep a sorted token if the mass before it is < p (so the first always stays).
-    const before = L.cumsum(probs, 1, { exclusive: true });
+    const before = prefixSum(probs, true);
     const keepSorted = L.cast(L.less(before, o.topP), 'float32');
     const keep = L.scatterElements(L.zerosLike(s), idx, keepSorted, 1);
     s = drop(L.greater(keep, 0.5));
   }
   if (o.minP) {
-    const probs = L.softmax(s, -1);
-    const pmax = L.reduceMax(probs, [1], true);
-    s = drop(L.greaterOrEqual(probs, L.mul(pmax, o.minP)));
+    // p ≥ min_p · p_max ⇔ s − max(s) ≥ log(min_p): no softmax over the vocabulary needed.
+    const max = L.squeeze(chunkedMax(chunks(s)), [2]); // [B, 1]
+    s = drop(L.greaterOrEqual(L.sub(s, max), Math.log(o.minP)));
   }
   return s;
+}
+
+/** Index (int64 [B, 1]) of the first element of chunks [B, C, k] equal to their row maximum `max` [B, 1, 1]. */
+function firstMaxIndex(c: Tensor, max: Tensor): Tensor {
+  const [, C, k] = c.shape as [unknown, number, number];
+  const V = C * k;
+  const index = c.graph.constant(Float32Array.from({ length: V }, (_, i) => i), 'float32', [C, k]);
+  const candidates = L.where(L.equal(c, max), index, V);
+  return L.cast(L.reduceMin(L.reduceMin(candidates, [2]), [1], true), 'int64');
 }
 
 /**
  * Index of the first maximum along the last axis of float32 [B, V], as int64 [B, 1] — ArgMax's
  * result, from max, compare and min reductions over float indices (exact below 2²⁴), in two stages
- * over [B, V/k, k] when k ∈ {256, 128, 64, 32} divides V. ONNX Runtime's CUDA reductions over one
- * long axis parallelise over rows only: ArgMax over [64, 151936] took 9.4 ms (H100), most of a
- * decode step; reducing 128-wide chunks first gives every block work.
+ * over [B, V/k, k] (see {@link vocabChunkWidth}). ONNX Runtime's CUDA reductions over one long
+ * axis parallelise over rows only: ArgMax over [64, 151936] took 9.4 ms (H100), most of a decode
+ * step; reducing 128-wide chunks first gives every block work.
  */
 export function firstArgMax(x: Tensor): Tensor {
-  const [B, V] = x.shape as [number | string, number];
-  const g = x.graph;
-  const k = [256, 128, 64, 32].find((c) => V % c === 0 && V / c >= 2);
-  if (!k) {
-    const isMax = L.equal(x, L.reduceMax(x, [1], true));
-    const index = g.constant(Float32Array.from({ length: V }, (_, i) => i), 'float32', [V]);
-    return L.cast(L.reduceMin(L.where(isMax, index, g.constant(V, 'float32', [])), [1], true), 'int64');
-  }
-  const chunks = L.reshape(x, [B, V / k, k]);
-  const max = L.reduceMax(L.reduceMax(chunks, [2], true), [1], true); // [B, 1, 1]
-  const index = g.constant(Float32Array.from({ length: V }, (_, i) => i), 'float32', [V / k, k]);
-  const candidates = L.where(L.equal(chunks, max), index, g.constant(V, 'float32', []));
-  const first = L.reduceMin(L.reduceMin(candidates, [2]), [1], true); // [B, 1]
-  return L.cast(first, 'int64');
+  const c = chunks(x);
+  return firstMaxIndex(c, chunkedMax(c));
+}
+
+/**
+ * Where an inverse CDF lands along the last axis of [B, N], as a float32 index [B, 1]: the first
+ * position of positive `mass` whose cumulative mass `through` reaches `threshold` [B, 1]. When
+ * float rounding leaves the threshold above every cumulative value, the last position of positive
+ * mass; a position of zero mass (a filtered token, an empty chunk) is never returned, whatever the
+ * rounding. (Requiring positive mass also makes the pick independent of how CumSum rounds.)
+ */
+function firstReaching(through: Tensor, mass: Tensor, threshold: Tensor): Tensor {
+  const N = through.shape[1] as number;
+  const index = through.graph.constant(Float32Array.from({ length: N }, (_, i) => i), 'float32', [N]);
+  const positive = L.greater(mass, 0);
+  const first = L.reduceMin(L.where(L.and(positive, L.greaterOrEqual(through, threshold)), index, N), [1], true);
+  const lastPositive = L.reduceMax(L.where(positive, index, 0), [1], true);
+  return L.minimum(first, lastPositive);
+}
+
+/**
+ * Inverse-CDF sampling over chunks: `e` [B, C, k] holds unnormalised probabilities (0 on filtered
+ * tokens), `mass` [B, C] their chunk sums, `uniform` [B] one number in (0, 1) per row. Picks the
+ * chunk whose cumulative mass first reaches u·total (a CumSum over C = V/k chunks), then, within
+ * that chunk's k probabilities, the token whose cumulative mass first reaches the remainder (a
+ * CumSum over k). Returns int64 [B, 1].
+ */
+function inverseCdf(e: Tensor, mass: Tensor, uniform: Tensor): Tensor {
+  const k = e.shape[2] as number;
+  const before = L.cumsum(mass, 1, { exclusive: true }); // [B, C]: mass of the chunks before
+  const through = L.add(before, mass); // [B, C]: … and including each chunk
+  const total = L.slice(through, [1], [-1], [Number.MAX_SAFE_INTEGER]); // [B, 1]
+  const threshold = L.mul(L.unsqueeze(uniform, [1]), total);
+  const chunk = L.cast(firstReaching(through, mass, threshold), 'int64'); // [B, 1]
+  const spread = L.add(L.unsqueeze(chunk, [2]), e.graph.constant(new Array<number>(k).fill(0), 'int64', [1, 1, k]));
+  const p = L.squeeze(L.gatherElements(e, spread, 1), [1]); // [B, k]: the chunk's probabilities
+  const rest = L.sub(threshold, L.gatherElements(before, chunk, 1)); // [B, 1]
+  const offset = L.cast(firstReaching(L.cumsum(p, 1), p, rest), 'int64');
+  return L.add(L.mul(chunk, k), offset);
 }
 
 /** What one sampling step returns, each [B]. */
@@ -96,27 +180,37 @@ export interface SampledTokens {
   rawLogprobs: Tensor;
 }
 
+/** log Σ exp over the rows of chunks [B, C, k] with their maximum `max` [B, 1, 1], as [B, 1]. */
+function logPartition(max: Tensor, mass: Tensor): Tensor {
+  return L.add(L.squeeze(max, [2]), L.log(L.reduceSum(mass, [1], true)));
+}
+
+/** log p(token) = x[token] − log Σ exp(x), picked per row: [B]. */
+function pickLogprob(x: Tensor, tokens: Tensor, logZ: Tensor): Tensor {
+  return L.squeeze(L.sub(L.gatherElements(x, tokens, 1), logZ), [1]);
+}
+
 /**
  * Picks one token per row from float32 logits [B, V]: argmax when the temperature is 0, otherwise
- * the token whose cumulative probability interval holds `uniform` (float32 [B], in (0, 1)).
+ * the token whose cumulative probability interval holds `uniform` (float32 [B], in (0, 1)). Every
+ * reduction and prefix sum over the vocabulary runs in two stages over chunks (module comment);
+ * the log-probs are the picked scores minus a two-stage log-partition.
  */
 export function sampleNext(logits: Tensor, o: SamplingOptions, uniform?: Tensor): SampledTokens {
+  const greedy = (o.temperature ?? 1) === 0;
+  if (!greedy && !uniform) throw new Error('sampling with temperature > 0 needs uniform noise');
   const scores = filteredScores(logits, o);
-  let tokens: Tensor;
-  if ((o.temperature ?? 1) === 0) tokens = firstArgMax(scores);
-  else {
-    if (!uniform) throw new Error('sampling with temperature > 0 needs uniform noise');
-    // token = #{i : cdf_i < u·total}: the first index whose cumulative mass reaches u·total.
-    // Filtered tokens add nothing to the cdf, so they can never be that first index.
-    const cdf = L.cumsum(L.softmax(scores, -1), 1);
-    const total = L.slice(cdf, [1], [-1], [Number.MAX_SAFE_INTEGER]); // [B, 1]
-    const threshold = L.mul(L.unsqueeze(uniform, [1]), total);
-    tokens = L.reduceSum(L.cast(L.less(cdf, threshold), 'int64'), [1], true); // [B, 1]
+  const c = chunks(scores);
+  const max = chunkedMax(c); // [B, 1, 1]
+  const e = L.exp(L.sub(c, max)); // [B, C, k]: unnormalised probabilities, 0 on filtered tokens
+  const mass = L.reduceSum(e, [2]); // [B, C]
+  const tokens = uniform && !greedy ? inverseCdf(e, mass, uniform) : firstMaxIndex(c, max);
+  const logprobs = pickLogprob(scores, tokens, logPartition(max, mass));
+  let rawLogprobs = logprobs;
+  if (scores !== logits) {
+    const raw = chunks(logits);
+    const rawMax = chunkedMax(raw);
+    rawLogprobs = pickLogprob(logits, tokens, logPartition(rawMax, L.reduceSum(L.exp(L.sub(raw, rawMax)), [2])));
   }
-  const pick = (t: Tensor) => L.squeeze(L.gatherElements(t, tokens, 1), [1]);
-  return {
-    tokens: L.squeeze(tokens, [1]),
-    logprobs: pick(L.logSoftmax(scores, -1)),
-    rawLogprobs: pick(L.logSoftmax(logits, -1)),
-  };
+  return { tokens: L.squeeze(tokens, [1]), logprobs, rawLogprobs };
 }
