@@ -1,23 +1,28 @@
 /**
  * Generation as a loop of runs over a KV cache that stays bound on the device: one prefill run per
  * batch of prompts, then one decode-step run per token, each step a replay of the same bound
- * buffers (a CUDA graph when enabled). Only the sampled tokens and their log-probs (a few bytes per
- * row) come back to the host each step, for the stop check; weights, caches, positions and noise
- * stay on the device.
+ * buffers (a CUDA graph when enabled). Only the sampled tokens and their log-probs (12 bytes per
+ * row, in one packed tensor: one device→host copy per step) come back to the host each step, for
+ * the stop check; weights, caches, positions and noise stay on the device.
  *
  * The engine is sized once — `rows` samples per run, caches of `maxLength` positions — and every
  * buffer is allocated at creation, so the decode step's addresses never change and a captured
- * CUDA graph stays valid across runs. A run with fewer samples fills the spare rows with a
- * one-token dummy prompt whose output is dropped.
+ * CUDA graph stays valid across runs. A run with fewer prompts prefills only those; the spare
+ * rows repeat the first prompt's cache and their output is dropped.
+ *
+ * A run that fails for lack of device memory is split in halves (a prompt's samples stay
+ * together) and retried; samples depend only on (seed, prompt key), so the results equal an
+ * unsplit run's. Splitting shrinks the prefill (prompts × prompt width); the decode step always
+ * runs all `rows`, so an out-of-memory that persists down to one prompt propagates.
  */
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
 import { paramSpecs, readConfig, readTensorBytes, readWeightIndex, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
 import { Device, DeviceTensor, fromBfloat16Bits, fromFloat16Bits, hostTensor, toBfloat16Bits, toFloat16Bits, type Binding, type HostTensor, type Session, type SessionOptions } from '@lathe/runtime';
-import { addKvDecodeStep, addKvPrefill, cacheName } from './kv-cache-graphs';
+import { addKvDecodeStep, addKvPrefill, cacheName, SAMPLED_COLUMNS } from './kv-cache-graphs';
 import { uniformNoise } from './rng';
 import { validateSampling, type SamplingOptions } from './sampling';
-import type { Completion, GenerateCallOptions } from './generator';
+import { isOutOfMemory, splitOnOutOfMemory, type Completion, type GenerateCallOptions } from './generator';
 
 /** How a KV-cache generator is built. */
 export interface KvCacheGeneratorOptions extends SamplingOptions {
@@ -41,6 +46,11 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
    * adapters — and binds the matching tensors with {@link KvCacheGenerator.bindWeights}.
    */
   graphWeights?: (g: L.Graph) => Weights;
+  /**
+   * Called before every prefill and decode-step run with the number of prompts in the run. A hook
+   * that throws fails that run — tests use it to inject out-of-memory errors on the CPU.
+   */
+  beforeRun?: (phase: 'prefill' | 'decode', prompts: number) => void;
 }
 
 /** Time spent per phase of the last `generate` call, in milliseconds. */
@@ -71,11 +81,16 @@ function toComputeDtype(bytes: Uint8Array, from: DType, to: DType, where: string
 export function uploadWeights(device: Device, dir: string, config: DecoderConfig, dtype: DType): Map<string, DeviceTensor> {
   const index = readWeightIndex(dir);
   const out = new Map<string, DeviceTensor>();
-  for (const spec of paramSpecs(config)) {
-    const e = index.get(spec.name);
-    if (!e) throw new Error(`${dir}: missing weight '${spec.name}'`);
-    if (e.shape.join(',') !== spec.shape.join(',')) throw new Error(`${e.file}: '${spec.name}' has shape [${e.shape}], the config implies [${spec.shape}]`);
-    out.set(spec.name, device.upload({ data: toComputeDtype(readTensorBytes(e), e.dtype, dtype, `${e.file}: '${spec.name}'`), dims: spec.shape }, dtype));
+  try {
+    for (const spec of paramSpecs(config)) {
+      const e = index.get(spec.name);
+      if (!e) throw new Error(`${dir}: missing weight '${spec.name}'`);
+      if (e.shape.join(',') !== spec.shape.join(',')) throw new Error(`${e.file}: '${spec.name}' has shape [${e.shape}], the config implies [${spec.shape}]`);
+      out.set(spec.name, device.upload({ data: toComputeDtype(readTensorBytes(e), e.dtype, dtype, `${e.file}: '${spec.name}'`), dims: spec.shape }, dtype));
+    }
+  } catch (e) {
+    for (const t of out.values()) t.dispose(); // a failed load leaves nothing on the device
+    throw e;
   }
   return out;
 }
@@ -85,8 +100,56 @@ interface StepBuffers {
   token: DeviceTensor;
   seqlens: DeviceTensor;
   step: DeviceTensor;
-  logprob: DeviceTensor;
-  rawLogprob: DeviceTensor;
+}
+
+/** Every buffer an engine owns, allocated once at creation. */
+interface EngineBuffers {
+  /** Layer i's key cache at 2i, its value cache at 2i + 1: [rows, kvHeads, maxLength, headDim]. */
+  caches: DeviceTensor[];
+  ping: StepBuffers;
+  pong: StepBuffers;
+  /** The packed per-step result, float32 [rows, 3] (see SAMPLED_COLUMNS); written by every run. */
+  sampled: DeviceTensor;
+  /** Zeros the prefill extends each prompt's cache with (one layer's cache in size). */
+  tail: DeviceTensor;
+  noise: DeviceTensor | undefined;
+}
+
+/**
+ * Allocates an engine's buffers. On failure frees what it had allocated and, for lack of memory,
+ * says what the sizes asked for (the original message kept, so it still reads as out-of-memory).
+ */
+function allocateBuffers(device: Device, config: DecoderConfig, opts: KvCacheGeneratorOptions & { dtype: DType }): EngineBuffers {
+  const { rows: R, maxLength: M, dtype } = opts;
+  const made: DeviceTensor[] = [];
+  const zeros = (d: DType, dims: number[]) => {
+    const t = device.zeros(d, dims);
+    made.push(t);
+    return t;
+  };
+  const cacheDims = [R, config.numKvHeads, M, config.headDim];
+  try {
+    const caches: DeviceTensor[] = [];
+    for (let i = 0; i < 2 * config.numLayers; i++) caches.push(zeros(dtype, cacheDims));
+    const step = (): StepBuffers => ({ token: zeros('int64', [R, 1]), seqlens: zeros('int32', [R]), step: zeros('int64', [1]) });
+    return {
+      caches,
+      ping: step(),
+      pong: step(),
+      sampled: zeros('float32', [R, SAMPLED_COLUMNS.length]),
+      tail: zeros(dtype, cacheDims),
+      noise: (opts.temperature ?? 1) === 0 ? undefined : zeros('float32', [R, M]),
+    };
+  } catch (e) {
+    for (const t of made) t.dispose();
+    if (!isOutOfMemory(e)) throw e;
+    const gib = ((2 * config.numLayers + 1) * R * config.numKvHeads * M * config.headDim * L.dtypeBytes(dtype)) / 2 ** 30;
+    throw new Error(`KvCacheGenerator: out of memory allocating caches for rows ${R} × maxLength ${M} (${gib.toFixed(2)} GiB in ${dtype}); lower rows or maxLength. ${e instanceof Error ? e.message : String(e)}`);
+  }
+}
+
+function disposeBuffers({ caches, ping, pong, sampled, tail, noise }: EngineBuffers): void {
+  for (const t of [...caches, tail, sampled, ...Object.values(ping), ...Object.values(pong), ...(noise ? [noise] : [])]) t.dispose();
 }
 
 /** A compiled prefill + decode-step pair over device-resident weights and caches. */
@@ -94,12 +157,8 @@ export class KvCacheGenerator {
   /** Wall time split of the last `generate` call. */
   lastTimings: GenerationTimings = { prefillMs: 0, decodeMs: 0, transferMs: 0, decodeSteps: 0 };
   private readonly n: number;
-  private readonly caches: DeviceTensor[] = [];
-  private readonly ping: StepBuffers;
-  private readonly pong: StepBuffers;
-  private readonly noise: DeviceTensor | undefined;
-  /** Zeros the prefill extends each prompt's cache with (one layer's cache in size). */
-  private readonly tail: DeviceTensor;
+  /** Whether `dispose` frees the weights (loaded by `fromPretrained`, not given by the caller). */
+  private ownsWeights = false;
   private readonly prefillBinding: Binding;
   /** decode[0] reads ping and writes pong; decode[1] the reverse. */
   private readonly decode: [Binding, Binding];
@@ -111,52 +170,40 @@ export class KvCacheGenerator {
     private readonly prefill: Session,
     private readonly step: Session,
     private readonly weights: Map<string, DeviceTensor> | undefined,
+    private readonly buffers: EngineBuffers,
   ) {
-    const { rows: R, maxLength: M, dtype } = opts;
+    const { maxLength: M } = opts;
+    const { caches, ping, pong, sampled, tail, noise } = buffers;
     this.n = opts.groupSize ?? 1;
-    for (let i = 0; i < config.numLayers; i++) {
-      for (let k = 0; k < 2; k++) this.caches.push(device.zeros(dtype, [R, config.numKvHeads, M, config.headDim]));
-    }
-    const buffers = (): StepBuffers => ({
-      token: device.zeros('int64', [R, 1]),
-      seqlens: device.zeros('int32', [R]),
-      step: device.zeros('int64', [1]),
-      logprob: device.zeros('float32', [R]),
-      rawLogprob: device.zeros('float32', [R]),
-    });
-    this.ping = buffers();
-    this.pong = buffers();
-    this.noise = (opts.temperature ?? 1) === 0 ? undefined : device.zeros('float32', [R, M]);
 
     const bindWeights = (b: Binding) => {
       for (const [name, t] of weights ?? []) b.input(name, t);
     };
     const bindOutputs = (b: Binding, to: StepBuffers) => {
-      b.output('next_token', to.token).output('next_seqlens', to.seqlens).output('next_step', to.step).output('logprob', to.logprob).output('raw_logprob', to.rawLogprob);
+      b.output('next_token', to.token).output('next_seqlens', to.seqlens).output('next_step', to.step).output('sampled', sampled);
       for (let i = 0; i < config.numLayers; i++) {
-        b.output(cacheName(i, 'key', 'output'), this.caches[2 * i]).output(cacheName(i, 'value', 'output'), this.caches[2 * i + 1]);
+        b.output(cacheName(i, 'key', 'output'), caches[2 * i]).output(cacheName(i, 'value', 'output'), caches[2 * i + 1]);
       }
     };
     this.prefillBinding = prefill.binding();
     bindWeights(this.prefillBinding);
-    bindOutputs(this.prefillBinding, this.ping);
-    if (this.noise) this.prefillBinding.input('noise', this.noise);
-    this.tail = device.zeros(dtype, [R, config.numKvHeads, M, config.headDim]);
-    this.prefillBinding.input('cache_tail', this.tail);
+    bindOutputs(this.prefillBinding, ping);
+    if (noise) this.prefillBinding.input('noise', noise);
+    this.prefillBinding.input('cache_tail', tail);
 
     const decodeBinding = (from: StepBuffers, to: StepBuffers, graphId: number) => {
       const b = step.binding();
       bindWeights(b);
       b.input('token', from.token).input('seqlens', from.seqlens).input('step', from.step).input('cache_length', hostTensor('int32', [], [M]));
-      if (this.noise) b.input('noise', this.noise);
+      if (noise) b.input('noise', noise);
       for (let i = 0; i < config.numLayers; i++) {
-        b.input(cacheName(i, 'key', 'input'), this.caches[2 * i]).input(cacheName(i, 'value', 'input'), this.caches[2 * i + 1]);
+        b.input(cacheName(i, 'key', 'input'), caches[2 * i]).input(cacheName(i, 'value', 'input'), caches[2 * i + 1]);
       }
       bindOutputs(b, to);
       if (opts.cudaGraph) b.runConfig('gpu_graph_id', String(graphId));
       return b;
     };
-    this.decode = [decodeBinding(this.ping, this.pong, 1), decodeBinding(this.pong, this.ping, 2)];
+    this.decode = [decodeBinding(ping, pong, 1), decodeBinding(pong, ping, 2)];
   }
 
   /**
@@ -173,6 +220,8 @@ export class KvCacheGenerator {
       throw new Error(`maxLength must be an integer in [2, ${config.maxPositionEmbeddings}] (the model's max_position_embeddings), got ${opts.maxLength}`);
     }
     if (opts.cudaGraph && device.kind !== 'cuda') throw new Error('cudaGraph needs a CUDA device');
+    const pad = opts.padTokenId ?? 0;
+    if (!Number.isInteger(pad) || pad < 0 || pad >= config.vocabSize) throw new Error(`padTokenId must be a token id in [0, ${config.vocabSize}), got ${opts.padTokenId}`);
     if (!weights && !opts.graphWeights) throw new Error('weights: give device tensors, or graphWeights and bind them with bindWeights');
     for (const spec of opts.graphWeights ? [] : paramSpecs(config)) {
       const t = weights!.get(spec.name);
@@ -187,15 +236,34 @@ export class KvCacheGenerator {
       return g;
     };
     const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts)), { ...opts.session, name: 'kv-prefill', cudaGraph: false });
-    const step = device.compile(build('lathe_kv_decode', (g, w) => addKvDecodeStep(g, config, w, dtype, opts)), { ...opts.session, name: 'kv-decode', cudaGraph: opts.cudaGraph });
-    return new KvCacheGenerator(config, device, { ...opts, dtype }, prefill, step, weights);
+    let step: Session | undefined;
+    let buffers: EngineBuffers | undefined;
+    try {
+      step = device.compile(build('lathe_kv_decode', (g, w) => addKvDecodeStep(g, config, w, dtype, opts)), { ...opts.session, name: 'kv-decode', cudaGraph: opts.cudaGraph });
+      buffers = allocateBuffers(device, config, { ...opts, dtype });
+      return new KvCacheGenerator(config, device, { ...opts, dtype }, prefill, step, weights, buffers);
+    } catch (e) {
+      if (buffers) disposeBuffers(buffers);
+      step?.dispose();
+      prefill.dispose();
+      throw e;
+    }
   }
 
   /** Loads a Hugging Face model folder onto `device` and compiles the graphs. */
   static fromPretrained(dir: string, device: Device, opts: KvCacheGeneratorOptions): KvCacheGenerator {
     const { config } = readConfig(dir);
+    validateSampling(opts, config.vocabSize);
     const dtype = opts.dtype ?? (device.kind === 'cuda' ? 'bfloat16' : 'float32');
-    return KvCacheGenerator.create(device, config, uploadWeights(device, dir, config, dtype), { ...opts, dtype });
+    const weights = uploadWeights(device, dir, config, dtype);
+    try {
+      const generator = KvCacheGenerator.create(device, config, weights, { ...opts, dtype });
+      generator.ownsWeights = true;
+      return generator;
+    } catch (e) {
+      for (const t of weights.values()) t.dispose();
+      throw e;
+    }
   }
 
   /**
@@ -222,44 +290,74 @@ export class KvCacheGenerator {
     for (const b of [this.prefillBinding, ...this.decode]) for (const set of sets) for (const [name, t] of set) b.input(name, t);
   }
 
-  /** Samples `groupSize` completions for every prompt (token ids, without padding). */
+  /**
+   * Samples `groupSize` completions for every prompt (token ids, without padding), sorted by
+   * (prompt, sample). Every argument is checked before any device work. A run that fails for lack
+   * of device memory is split in halves and retried (module comment); later runs of the call start
+   * at the smaller size.
+   */
   async generate(prompts: number[][], call: GenerateCallOptions): Promise<Completion[]> {
-    const { rows: R, maxLength: M } = this.opts;
-    const n = this.n;
-    if (!Number.isInteger(call.maxNewTokens) || call.maxNewTokens < 1) throw new Error(`maxNewTokens must be a positive integer, got ${call.maxNewTokens}`);
-    prompts.forEach((p, i) => {
-      if (p.length === 0) throw new Error(`prompt ${i} is empty`);
-      if (p.length + call.maxNewTokens > M) throw new Error(`prompt ${i}: ${p.length} tokens + ${call.maxNewTokens} new exceed the generator's maxLength of ${M}`);
-      const bad = p.find((t) => !Number.isInteger(t) || t < 0 || t >= this.config.vocabSize);
-      if (bad !== undefined) throw new Error(`prompt ${i}: token id ${bad} is outside the vocabulary (0..${this.config.vocabSize - 1})`);
-    });
+    this.checkCall(prompts, call);
     const timings: GenerationTimings = { prefillMs: 0, decodeMs: 0, transferMs: 0, decodeSteps: 0 };
     const keys = call.promptKeys ?? prompts.map((_, i) => i);
     const stop = new Set(call.stopIds ?? []);
     // Longest prompts first, so each run's padding is small.
     const order = prompts.map((p, i) => ({ i, len: p.length })).sort((a, b) => b.len - a.len).map((o) => o.i);
-    const perRun = R / n;
+    let perRun = this.opts.rows / this.n;
     const results: Completion[] = [];
-    for (let start = 0; start < order.length; start += perRun) {
-      const run = order.slice(start, start + perRun);
-      results.push(...this.generateRun(run.map((i) => prompts[i]), run, run.map((i) => keys[i]), call, stop, timings));
-      call.onProgress?.(Math.min(start + perRun, order.length), order.length);
+    let done = 0;
+    const execute = async (run: number[]) => {
+      try {
+        results.push(...this.generateRun(run, prompts, keys, call, stop, timings));
+      } catch (e) {
+        if (isOutOfMemory(e)) perRun = Math.min(perRun, Math.ceil(run.length / 2));
+        throw e;
+      }
+      done += run.length;
+      call.onProgress?.(done, order.length);
       await new Promise((r) => setImmediate(r)); // let progress bars and signals run between runs
+    };
+    for (let start = 0; start < order.length; ) {
+      const run = order.slice(start, start + perRun);
+      start += run.length;
+      await splitOnOutOfMemory(run, execute);
     }
     this.lastTimings = timings;
     return results.sort((a, b) => a.promptIndex - b.promptIndex || a.sampleIndex - b.sampleIndex);
   }
 
-  private generateRun(prompts: number[][], promptIndex: number[], keys: number[], call: GenerateCallOptions, stop: Set<number>, t: GenerationTimings): Completion[] {
+  /** Rejects a call's bad arguments by name, before any device work. */
+  private checkCall(prompts: number[][], call: GenerateCallOptions): void {
+    const M = this.opts.maxLength;
+    const V = this.config.vocabSize;
+    if (!Number.isInteger(call.maxNewTokens) || call.maxNewTokens < 1) throw new Error(`maxNewTokens must be a positive integer, got ${call.maxNewTokens}`);
+    if (call.seed !== undefined && !Number.isSafeInteger(call.seed)) throw new Error(`seed must be an integer, got ${call.seed}`);
+    if (call.promptKeys) {
+      if (call.promptKeys.length !== prompts.length) throw new Error(`promptKeys: ${call.promptKeys.length} keys for ${prompts.length} prompts`);
+      const bad = call.promptKeys.findIndex((k) => !Number.isSafeInteger(k));
+      if (bad >= 0) throw new Error(`promptKeys[${bad}] must be an integer, got ${call.promptKeys[bad]}`);
+    }
+    const badStop = (call.stopIds ?? []).find((t) => !Number.isInteger(t));
+    if (badStop !== undefined) throw new Error(`stopIds must be integer token ids, got ${badStop}`);
+    prompts.forEach((p, i) => {
+      if (p.length === 0) throw new Error(`prompt ${i} is empty`);
+      if (p.length + call.maxNewTokens > M) throw new Error(`prompt ${i}: ${p.length} tokens + ${call.maxNewTokens} new exceed the generator's maxLength of ${M}`);
+      const bad = p.find((t) => !Number.isInteger(t) || t < 0 || t >= V);
+      if (bad !== undefined) throw new Error(`prompt ${i}: token id ${bad} is outside the vocabulary (0..${V - 1})`);
+    });
+  }
+
+  /** One prefill and its decode loop for the prompts `run` (indices into `prompts`), ≤ rows / groupSize of them. */
+  private generateRun(run: number[], prompts: number[][], keys: number[], call: GenerateCallOptions, stop: Set<number>, t: GenerationTimings): Completion[] {
     const { rows: R, maxLength: M } = this.opts;
     const n = this.n;
-    const B = R / n;
+    const B = run.length;
     const pad = this.opts.padTokenId ?? 0;
-    const live = prompts.length * n;
-    const lens = Array.from({ length: B }, (_, b) => (b < prompts.length ? prompts[b].length : 1));
+    const live = B * n;
+    const lens = run.map((i) => prompts[i].length);
     const P = Math.max(...lens);
     const ids = new BigInt64Array(B * P).fill(BigInt(pad));
-    prompts.forEach((p, b) => p.forEach((tok, j) => (ids[b * P + j] = BigInt(tok))));
+    run.forEach((i, b) => prompts[i].forEach((tok, j) => (ids[b * P + j] = BigInt(tok))));
 
     let clock = performance.now();
     const lap = (phase: 'prefillMs' | 'decodeMs' | 'transferMs') => {
@@ -273,12 +371,15 @@ export class KvCacheGenerator {
     pb.input('last_index', hostTensor('int64', [B], lens.map((l, b) => b * P + l - 1)));
     pb.input('prompt_width', hostTensor('int32', [], [P]));
     pb.input('cache_start', hostTensor('int64', [1], [P]));
-    pb.input('expand_index', hostTensor('int64', [R], Array.from({ length: R }, (_, r) => BigInt(Math.floor(r / n)))));
-    if (this.noise) {
-      const sampleKeys = Array.from({ length: R }, (_, r) => (r < live ? keys[Math.floor(r / n)] * n + (r % n) : 0));
-      this.noise.upload(uniformNoise(call.seed ?? 0, sampleKeys, M));
+    // Row r·n + j is sample j of prompt r; spare rows (r ≥ live) repeat prompt 0, output dropped.
+    pb.input('expand_index', hostTensor('int64', [R], Array.from({ length: R }, (_, r) => BigInt(r < live ? Math.floor(r / n) : 0))));
+    const { noise, sampled } = this.buffers;
+    if (noise) {
+      const sampleKeys = Array.from({ length: R }, (_, r) => (r < live ? keys[run[Math.floor(r / n)]] * n + (r % n) : 0));
+      noise.upload(uniformNoise(call.seed ?? 0, sampleKeys, M));
     }
     lap('transferMs');
+    this.opts.beforeRun?.('prefill', B);
     pb.runSync();
     lap('prefillMs');
 
@@ -287,36 +388,36 @@ export class KvCacheGenerator {
     const raw: number[][] = Array.from({ length: live }, () => []);
     const done = new Array<boolean>(live).fill(false);
     let remaining = live;
-    const collect = (from: StepBuffers) => {
-      const tok = from.token.download().data as BigInt64Array;
-      const lp = from.logprob.download().data as Float32Array;
-      const rl = from.rawLogprob.download().data as Float32Array;
+    const width = SAMPLED_COLUMNS.length;
+    // One device→host copy per step: token id, log-prob, raw log-prob per row.
+    const collect = () => {
+      const out = sampled.download().data as Float32Array;
       for (let r = 0; r < live; r++) {
         if (done[r]) continue;
-        const id = Number(tok[r]);
+        const id = out[r * width];
         tokens[r].push(id);
-        logprobs[r].push(lp[r]);
-        raw[r].push(rl[r]);
+        logprobs[r].push(out[r * width + 1]);
+        raw[r].push(out[r * width + 2]);
         if (stop.has(id)) {
           done[r] = true;
           remaining--;
         }
       }
     };
-    collect(this.ping);
+    collect();
     lap('transferMs');
     for (let s = 1; s < call.maxNewTokens && remaining > 0; s++) {
-      const odd = s % 2 === 1;
-      this.decode[odd ? 0 : 1].runSync();
+      this.opts.beforeRun?.('decode', B);
+      this.decode[s % 2 === 1 ? 0 : 1].runSync();
       t.decodeSteps++;
       lap('decodeMs');
-      collect(odd ? this.pong : this.ping);
+      collect();
       lap('transferMs');
     }
     const out: Completion[] = [];
     for (let r = 0; r < live; r++) {
       out.push({
-        promptIndex: promptIndex[Math.floor(r / n)],
+        promptIndex: run[Math.floor(r / n)],
         sampleIndex: r % n,
         tokens: tokens[r],
         logprobs: logprobs[r],
@@ -332,11 +433,15 @@ export class KvCacheGenerator {
     return [this.prefill.endProfiling(), this.step.endProfiling()];
   }
 
-  /** Releases the sessions and the engine's buffers (not the weights, which the caller owns). */
+  /**
+   * Releases the sessions and the engine's buffers, and the weights when `fromPretrained` loaded
+   * them (weights given to `create` or bound with `bindWeights` belong to the caller).
+   */
   dispose(): void {
     for (const b of [this.prefillBinding, ...this.decode]) b.dispose();
     this.prefill.dispose();
     this.step.dispose();
-    for (const t of [...this.caches, this.tail, ...Object.values(this.ping), ...Object.values(this.pong), ...(this.noise ? [this.noise] : [])]) t.dispose();
+    disposeBuffers(this.buffers);
+    if (this.ownsWeights) for (const t of this.weights?.values() ?? []) t.dispose();
   }
 }

@@ -24,10 +24,15 @@
  *                 cache_tail [R, KV, M, hd] (zeros, device), expand_index int64 [R],
  *                 noise float32 [R, N] (when sampling)
  *            out: present.{i}.key / present.{i}.value [R, KV, M, hd], next_token int64 [R, 1],
- *                 next_seqlens int32 [R], next_step int64 [1], logprob / raw_logprob float32 [R]
+ *                 next_seqlens int32 [R], next_step int64 [1], sampled float32 [R, 3]
  *   decode   in:  token int64 [R, 1], seqlens int32 [R], step int64 [1], noise float32 [R, N],
  *                 cache_length int32 [] (= M, host), cache.{i}.key / value (bound in place)
  *            out: the same outputs as prefill, present.{i}.key / value bound to the cache buffers
+ *
+ * `sampled` packs what the host reads after every step into one tensor, so a step costs one
+ * device→host copy rather than one per result: per row the token id (exact in float32, as ids are
+ * below 2²⁴), its log-prob under the sampling distribution and under the raw model. `next_token`
+ * carries the same ids as int64 for the next step's input and stays on the device.
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
@@ -39,13 +44,17 @@ export function cacheName(i: number, which: 'key' | 'value', as: 'input' | 'outp
   return `${as === 'input' ? 'cache' : 'present'}.${i}.${which}`;
 }
 
+/** Columns of the `sampled` output, per row. */
+export const SAMPLED_COLUMNS = ['token', 'logprob', 'raw_logprob'] as const;
+
 function emitStep(g: Graph, cfg: DecoderConfig, weights: Weights, lastHidden: Tensor, noiseColumn: Tensor | undefined, opts: SamplingOptions, expand?: Tensor): void {
+  if (cfg.vocabSize >= 2 ** 24) throw new Error(`KV-cache generation: vocab_size ${cfg.vocabSize} ≥ 2²⁴: token ids would not be exact in the float32 'sampled' output`);
   let logits = L.cast(L.squeeze(lmLogits(cfg, weights, lastHidden), [1]), 'float32'); // [rows, V]
   if (expand) logits = L.gather(logits, expand, 0);
   const s = sampleNext(logits, opts, noiseColumn);
   g.output(L.unsqueeze(s.tokens, [1]), 'next_token');
-  g.output(s.logprobs, 'logprob');
-  g.output(s.rawLogprobs, 'raw_logprob');
+  const column = (t: Tensor) => L.unsqueeze(t, [1]);
+  g.output(L.concat([column(L.cast(s.tokens, 'float32')), column(s.logprobs), column(s.rawLogprobs)], 1), 'sampled');
 }
 
 const sampling = (o: SamplingOptions) => (o.temperature ?? 1) !== 0;

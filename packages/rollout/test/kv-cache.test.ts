@@ -3,10 +3,10 @@
  * against the in-graph generator (attention composed from primitives, caches grown by Concat):
  * same tokens, same log-probs, same stop handling, on CPU in float32.
  */
-import { Device } from '@lathe/runtime';
-import { Generator, KvCacheGenerator, type Completion } from '@lathe/rollout';
+import { Device, DeviceTensor } from '@lathe/runtime';
+import { Generator, KvCacheGenerator, vocabChunkWidth, type Completion } from '@lathe/rollout';
 import type { HfConfig } from '@lathe/models';
-import { tinyModel, tinyQwen3 } from './helpers';
+import { logitsRunner, logSoftmax, tinyModel, tinyQwen3 } from './helpers';
 
 // GroupQueryAttention's rotary needs head_dim ≥ 16.
 const wideQwen3: HfConfig = { ...tinyQwen3, hidden_size: 64, head_dim: 16 };
@@ -51,6 +51,36 @@ test('sampling with groups and stop tokens: same samples as the in-graph generat
   for (const c of got) if (c.finishReason === 'stop') expect(call.stopIds).toContain(c.tokens.at(-1));
   // A rerun of the same engine (caches hold the last run's values) gives the same samples.
   expectSame(await kv.generate(prompts, call), want);
+  kv.dispose();
+  await reference.dispose();
+});
+
+test('two-stage sampling over a chunked vocabulary (96 = 3 × 32): the in-graph samples, the teacher-forced log-probs, one download per step', async () => {
+  const chunked: HfConfig = { ...wideQwen3, vocab_size: 96 };
+  expect(vocabChunkWidth(96)).toBe(32);
+  const m = tinyModel(chunked, 6);
+  const opts = { temperature: 1, groupSize: 2 };
+  const call = { maxNewTokens: 6, seed: 5 };
+  const reference = await Generator.fromPretrained(m.dir, opts);
+  const want = await reference.generate(prompts, call);
+  const kv = KvCacheGenerator.fromPretrained(m.dir, device, { ...opts, rows: 4, maxLength: 16 });
+  // Every host read of a run goes through one packed [rows, 3] tensor: one download per step.
+  const downloads = jest.spyOn(DeviceTensor.prototype, 'download');
+  const got = await kv.generate(prompts, call);
+  expect(downloads).toHaveBeenCalledTimes(3 + kv.lastTimings.decodeSteps); // 3 runs (2 + 2 + 1 prompts): 3 prefills
+  downloads.mockRestore();
+  expectSame(got, want);
+  // Independent truth: log-softmax (float64) of the teacher-forced logits at each sampled token.
+  const logits = await logitsRunner(m.dir, m.config);
+  for (const c of got) {
+    const p = prompts[c.promptIndex];
+    const teacher = await logits([...p, ...c.tokens]);
+    c.tokens.forEach((tok, t) => {
+      const lp = logSoftmax(teacher[p.length - 1 + t])[tok];
+      expect(Math.abs(c.rawLogprobs[t] - lp)).toBeLessThan(1e-4);
+      expect(c.logprobs[t]).toBe(c.rawLogprobs[t]); // temperature 1, no filters: the same distribution
+    });
+  }
   kv.dispose();
   await reference.dispose();
 });
