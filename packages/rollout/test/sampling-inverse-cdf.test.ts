@@ -162,7 +162,7 @@ test.each([
   expect(mismatches).toBe(0);
 });
 
-test('temperature, top-k and min-p on a chunked vocabulary: the exact filtered distribution', async () => {
+test('temperature, top-k, top-p and min-p on a chunked vocabulary: the exact filtered distribution', async () => {
   const V = 1024;
   const rows = [randomLogits(V, 7, 0), randomLogits(V, 8, 0)];
   const host = (topK: number, minP: number) => (row: Float32Array) => {
@@ -174,6 +174,20 @@ test('temperature, top-k and min-p on a chunked vocabulary: the exact filtered d
   };
   expect((await checkAgainstExact(V, rows, { temperature: 0.7, topK: 300 }, host(300, 0), 2e-6)).mismatches).toBe(0);
   expect((await checkAgainstExact(V, rows, { temperature: 0.7, minP: 0.02 }, host(V, 0.02), 2e-6)).mismatches).toBe(0);
+  // top-p: keep a token when the mass of the more likely ones is below p (its prefix sum is chunked).
+  const nucleus = (row: Float32Array) => {
+    const s = Array.from(row, (x) => x / 0.7);
+    const d = exact(s);
+    const order = s.map((_, i) => i).sort((a, b) => s[b] - s[a]);
+    const kept = new Array<number>(V).fill(-Infinity);
+    let before = 0;
+    for (const i of order) {
+      if (before < 0.8) kept[i] = s[i];
+      before += d.p[i];
+    }
+    return kept;
+  };
+  expect((await checkAgainstExact(V, rows, { temperature: 0.7, topP: 0.8 }, nucleus, 2e-6)).mismatches).toBe(0);
 });
 
 test("Qwen's vocabulary (151,936 = 1,187 chunks of 128): exact picks and log-probs", async () => {
