@@ -56,7 +56,13 @@ export const reshapeOp: OpDef<{ dims: Dim[] }> = defineOp<{ dims: Dim[] }>({
     }
     return [{ dtype: x!.dtype, shape: [...dims] }];
   },
-  grad: ({ inputs: [x], dy: [g] }) => [applyOp(reshapeOp, [g!, shapeOf(x!)], { dims: x!.shape })[0], null],
+  grad: ({ inputs: [x], dy: [g] }) => {
+    // A constant spec where one exists: ONNX Runtime's transpose optimizer rewrites Shape(Transpose(x))
+    // into a Gather over Shape(x), and places that Gather on the CPU (refused on CUDA with fallback off).
+    const spec = constantReshapeSpec(g!.shape, x!.shape);
+    const shape = spec ? x!.graph.constant(spec, 'int64', [spec.length]) : shapeOf(x!);
+    return [applyOp(reshapeOp, [g!, shape], { dims: x!.shape })[0], null];
+  },
 });
 
 export const transposeOp: OpDef<{ perm: number[] }> = defineOp<{ perm: number[] }>({
