@@ -626,16 +626,63 @@ function footerMetadata(cfg: GenerateConfig, engine: TrajectoryEngine): Record<s
  * part in progress is dropped.
  */
 export async function runGenerate(cfg: GenerateConfig, events: GenerateEvents = {}, signal?: AbortSignal): Promise<GenerateResult> {
+  // 1. Everything checked before a file is touched: flags, the prompt file, every prompt's encoding.
   checkGenerateConfig(cfg);
-  const paths = generatePaths(cfg.output);
   const prompts = await readPromptFile(cfg);
-  const result: GenerateResult = { output: paths.output, rows: 0, prompts: prompts.length, partsGenerated: 0, partsResumed: 0, tokens: 0, correctMean: null, interrupted: false };
-  const complete = prepareOutput(cfg, paths);
-  if (complete) return { ...result, rows: (await parquetInfo(paths.output)).rows, correctMean: await correctMean(paths.output) };
-
-  let gen: TrajectoryGenerator;
+  const gen = await createForConfig(cfg);
   try {
-    gen = await TrajectoryGenerator.create(cfg.model, {
+    const plan = gen.plan(prompts);
+    gen.reserve(plan.reduce((m, s) => Math.max(m, s.ids.length), 0)); // KV caches sized once, for the longest prompt
+
+    // 2. The output's files: refuse to clobber, check a resume, save the config.
+    const paths = generatePaths(cfg.output);
+    const result: GenerateResult = { output: paths.output, rows: 0, prompts: prompts.length, partsGenerated: 0, partsResumed: 0, tokens: 0, correctMean: null, interrupted: false };
+    if (prepareOutput(cfg, paths)) return { ...result, rows: (await parquetInfo(paths.output)).rows, correctMean: await correctMean(paths.output) };
+
+    // 3. Parts: the complete ones of an earlier run are kept, the rest generated, each written atomically.
+    const perPrompt = cfg.samples_thinking + cfg.samples_non_thinking;
+    const shards = Array.from({ length: Math.ceil(prompts.length / cfg.shard_prompts) }, (_, i) => prompts.slice(i * cfg.shard_prompts, (i + 1) * cfg.shard_prompts));
+    const done = await completeParts(paths.parts, shards.map((s) => s.length * perPrompt));
+    result.partsResumed = done.size;
+    let samples = [...done].reduce((n, i) => n + shards[i].length * perPrompt, 0);
+    events.onStart?.({ prompts: prompts.length, samples: plan.length, parts: shards.length, partsDone: done.size, samplesDone: samples, engine: gen.engine.engine, why: gen.engine.why });
+    // Columns every part writes, even where a part has no value, so that the parts share one schema.
+    const columns = ['sample_idx', 'finish_reason', ...(cfg.prompt_format === 'raw' ? [] : ['thinking']), ...(cfg.grader !== 'none' && prompts.some((p) => p.answer !== undefined) ? ['correct'] : [])];
+    for (let i = 0; i < shards.length; i++) {
+      if (done.has(i)) continue;
+      const rows: GeneratedTrajectory[] = [];
+      let tokens = 0;
+      const onProgress = (p: TrajectoryProgress) => {
+        tokens = p.tokens;
+        events.onProgress?.({ samples: samples + p.samples, total: plan.length, tokens: result.tokens + p.tokens });
+      };
+      for await (const row of gen.generate(shards[i], { signal, onProgress })) rows.push(row);
+      result.tokens += tokens;
+      if (rows.length < shards[i].length * perPrompt) return { ...result, interrupted: true }; // stopped mid-part: the part is dropped
+      await writeTrajectories(partFile(paths.parts, i), rows, { columns });
+      result.partsGenerated++;
+      samples += rows.length;
+      events.onPart?.({ file: partFile(paths.parts, i), index: i, rows: rows.length });
+      if (signal?.aborted && i < shards.length - 1) return { ...result, interrupted: true };
+    }
+
+    // 4. The parts merged into the output (atomically), then removed.
+    async function* batches() {
+      for (let i = 0; i < shards.length; i++) yield* readParquetBatches(partFile(paths.parts, i));
+    }
+    result.rows = (await writeParquet(paths.output, batches(), { metadata: footerMetadata(cfg, gen.engine.engine) })).rows;
+    result.correctMean = await correctMean(paths.output);
+    rmSync(paths.parts, { recursive: true, force: true });
+    return result;
+  } finally {
+    await gen.dispose();
+  }
+}
+
+/** The generator a config describes; the library's errors are given the flag they concern. */
+async function createForConfig(cfg: GenerateConfig): Promise<TrajectoryGenerator> {
+  try {
+    return await TrajectoryGenerator.create(cfg.model, {
       format: cfg.prompt_format,
       samplesThinking: cfg.samples_thinking,
       samplesNonThinking: cfg.samples_non_thinking,
@@ -653,60 +700,29 @@ export async function runGenerate(cfg: GenerateConfig, events: GenerateEvents = 
       grade: cfg.grader,
     });
   } catch (e) {
-    // the library's messages name its options; say which flag they are
     const msg = (e as Error).message;
     const flag = msg.startsWith('the kv-cache engine') ? '--generation_engine kv-cache: ' : msg.startsWith('format chat: ') ? '--prompt_format chat: ' : '';
     throw new Error(flag + msg.replace(/^format chat: /, ''));
   }
-  try {
-    // Every prompt checked (and the KV caches sized) before any generation.
-    const plan = gen.plan(prompts);
-    gen.reserve(plan.reduce((m, s) => Math.max(m, s.ids.length), 0));
-    const perPrompt = cfg.samples_thinking + cfg.samples_non_thinking;
-    const shards = Array.from({ length: Math.ceil(prompts.length / cfg.shard_prompts) }, (_, i) => prompts.slice(i * cfg.shard_prompts, (i + 1) * cfg.shard_prompts));
-    mkdirSync(paths.parts, { recursive: true });
-    for (const f of readdirSync(paths.parts)) if (f.includes('.tmp-')) rmSync(join(paths.parts, f), { force: true }); // left by a crash mid-write
-    const done = new Set<number>();
-    for (let i = 0; i < shards.length; i++) {
-      if (!existsSync(partFile(paths.parts, i))) continue;
-      const rows = (await parquetInfo(partFile(paths.parts, i))).rows;
-      if (rows !== shards[i].length * perPrompt) throw new Error(`${partFile(paths.parts, i)}: ${rows} rows, expected ${shards[i].length * perPrompt}; remove it (or use --overwrite)`);
-      done.add(i);
-    }
-    const samplesDone = [...done].reduce((n, i) => n + shards[i].length * perPrompt, 0);
-    result.partsResumed = done.size;
-    events.onStart?.({ prompts: prompts.length, samples: plan.length, parts: shards.length, partsDone: done.size, samplesDone, engine: gen.engine.engine, why: gen.engine.why });
-    // Columns every part writes, even where a part has no value, so that the parts share one schema.
-    const columns = ['sample_idx', 'finish_reason', ...(cfg.prompt_format === 'raw' ? [] : ['thinking']), ...(cfg.grader !== 'none' && prompts.some((p) => p.answer !== undefined) ? ['correct'] : [])];
-    let before = samplesDone;
-    for (let i = 0; i < shards.length; i++) {
-      if (done.has(i)) continue;
-      const rows: GeneratedTrajectory[] = [];
-      let tokens = 0;
-      const onProgress = (p: TrajectoryProgress) => {
-        tokens = p.tokens;
-        events.onProgress?.({ samples: before + p.samples, total: plan.length, tokens: result.tokens + p.tokens });
-      };
-      for await (const row of gen.generate(shards[i], { signal, onProgress })) rows.push(row);
-      result.tokens += tokens;
-      if (rows.length < shards[i].length * perPrompt) return { ...result, interrupted: true }; // stopped mid-part: the part is dropped
-      await writeTrajectories(partFile(paths.parts, i), rows, { columns });
-      result.partsGenerated++;
-      before += rows.length;
-      events.onPart?.({ file: partFile(paths.parts, i), index: i, rows: rows.length });
-      if (signal?.aborted && i < shards.length - 1) return { ...result, interrupted: true };
-    }
-    const files = shards.map((_, i) => partFile(paths.parts, i));
-    async function* batches() {
-      for (const f of files) yield* readParquetBatches(f);
-    }
-    result.rows = (await writeParquet(paths.output, batches(), { metadata: footerMetadata(cfg, gen.engine.engine) })).rows;
-    result.correctMean = await correctMean(paths.output);
-    rmSync(paths.parts, { recursive: true, force: true });
-    return result;
-  } finally {
-    await gen.dispose();
+}
+
+/**
+ * The indices of the complete parts in `parts` (created if missing), given each part's expected
+ * row count; temporary files a crash left mid-write are removed. Parts are written atomically, so a
+ * part file under its final name is complete — unless it holds the wrong number of rows (an error).
+ */
+async function completeParts(parts: string, expected: number[]): Promise<Set<number>> {
+  mkdirSync(parts, { recursive: true });
+  for (const f of readdirSync(parts)) if (f.includes('.tmp-')) rmSync(join(parts, f), { force: true });
+  const done = new Set<number>();
+  for (const [i, n] of expected.entries()) {
+    const file = partFile(parts, i);
+    if (!existsSync(file)) continue;
+    const rows = (await parquetInfo(file)).rows;
+    if (rows !== n) throw new Error(`${file}: ${rows} rows, expected ${n}; remove it, or start over with --overwrite`);
+    done.add(i);
   }
+  return done;
 }
 
 /** Mean of the non-null `correct` values of a trajectory file (null when there is none). */
