@@ -5,6 +5,7 @@ import { gradeCommand } from './grade';
 import { doctorCommand } from './doctor';
 import { runsCommand } from './runs';
 import { grpoCommand } from './grpo';
+import { generateCommand } from './generate';
 
 /** Every `lathe` subcommand; each lives in its own file beside this one. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- yargs command modules differ in their argv types
@@ -12,6 +13,7 @@ export const commands: CommandModule<any, any>[] = [
   demoCommand,
   sftCommand,
   grpoCommand,
+  generateCommand,
   gradeCommand,
   doctorCommand,
   runsCommand,
