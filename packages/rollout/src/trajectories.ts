@@ -291,7 +291,11 @@ export class TrajectoryGenerator {
 
   /** The prompt's ids in a thinking mode: the rendered text's, after BOS when the tokenizer has one and the template did not add it. */
   encode(prompt: string, thinking: boolean | null): number[] {
-    const ids = this.tokenizer.encode(this.render(prompt, thinking));
+    return this.idsOf(this.render(prompt, thinking));
+  }
+
+  private idsOf(rendered: string): number[] {
+    const ids = this.tokenizer.encode(rendered);
     const bos = this.tokenizer.bosId;
     return bos === undefined || ids[0] === bos ? ids : [bos, ...ids];
   }
@@ -315,7 +319,7 @@ export class TrajectoryGenerator {
       for (const mode of this.modes) {
         if (mode.samples === 0) continue;
         const rendered = this.render(p.prompt, mode.thinking);
-        const ids = this.encode(p.prompt, mode.thinking);
+        const ids = this.idsOf(rendered);
         const limit = this.config.maxPositionEmbeddings;
         if (ids.length + this.o.maxNewTokens > limit) {
           throw new Error(`${where}: the prompt has ${ids.length} tokens${mode.thinking === null ? '' : ` (thinking ${mode.thinking ? 'on' : 'off'})`}; with max_new_tokens ${this.o.maxNewTokens} that exceeds the model's ${limit} positions`);
