@@ -5,7 +5,7 @@
  * two sets of state buffers rebinds only what changed, and nothing crosses the host boundary that
  * the caller did not ask for.
  */
-import { writeFileSync } from 'node:fs';
+import { writeFileSync, writeSync } from 'node:fs';
 import { dtypeFromOnnxCode, onnxTypeCode, toModelBytes, type DType, type Graph } from '@lathe/onnx';
 import { OrtError, type Ptr } from './capi';
 import { cpuAllocator, cpuMemoryInfo, graphOptimizationLevels, ortEnv, type LogLevel } from './env';
@@ -378,12 +378,24 @@ export class Binding {
   runSync(opts: Omit<RunOptions, 'signal'> = {}): void {
     const { api } = ortEnv();
     this.prepareRun();
+    traceRun(this.session.name, 'sync');
     api.call('RunWithBinding', this.session.handle, opts.synchronize === false ? this.asyncRunOptions : this.runOptions, this.live());
+    traceRun(this.session.name, 'done');
     this.collect();
   }
 
-  /** Runs on a worker thread, so the event loop (progress, signals) keeps going during long runs. */
+  /**
+   * Runs on a worker thread, so the event loop (progress, signals) keeps going during long runs —
+   * on the CPU. On CUDA the run is synchronous: runs issued from libuv's pool threads (several
+   * threads per process) crashed ONNX Runtime's CUDA provider with a segmentation fault in 8 of 12
+   * GRPO runs of 512 rows (H100, 2026-11-23); with runs on one thread, 0 of 14 did (docs/runtime.md).
+   */
   async run(opts: RunOptions = {}): Promise<void> {
+    if (this.session.device.kind !== 'cpu') {
+      if (opts.signal?.aborted) throw new Error(`session '${this.session.name}': run aborted before it started`);
+      this.runSync(opts);
+      return;
+    }
     const { api } = ortEnv();
     this.prepareRun();
     // a fresh RunOptions per async run, so terminating it cannot leak into later runs
@@ -394,7 +406,9 @@ export class Binding {
     if (opts.signal?.aborted) abort();
     opts.signal?.addEventListener('abort', abort);
     try {
+      traceRun(this.session.name, 'async');
       await api.callAsync('RunWithBinding', this.session.handle, ro, this.live());
+      traceRun(this.session.name, 'done');
     } finally {
       opts.signal?.removeEventListener('abort', abort);
       api.fn('ReleaseRunOptions')(ro);
@@ -505,6 +519,15 @@ export class Binding {
     api.fn('ReleaseRunOptions')(this.asyncRunOptions);
     this.session.forget(this);
   }
+}
+
+/**
+ * With LATHE_TRACE_RUNS=1, every run's start and end goes to stderr, written synchronously so the
+ * last line survives a crash of the process (a native fault names no JavaScript frame).
+ */
+const TRACE_RUNS = process.env.LATHE_TRACE_RUNS === '1';
+function traceRun(session: string, what: 'sync' | 'async' | 'done'): void {
+  if (TRACE_RUNS) writeSync(2, `[lathe-run] ${what} ${session} ${performance.now().toFixed(1)}\n`);
 }
 
 /** Copies a host tensor into a new ORT-allocated CPU value (the caller releases it). */
