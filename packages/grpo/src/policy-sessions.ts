@@ -259,7 +259,8 @@ export class KvGenerationRunner implements RolloutGenerator {
       ...size,
       dtype: this.opts.compute,
       padTokenId: this.opts.padId,
-      cudaGraph: this.device.kind === 'cuda',
+      // on CUDA unless the session options turn graphs off (`cudaGraph: false`)
+      cudaGraph: this.device.kind === 'cuda' && this.opts.session?.cudaGraph !== false,
       session: this.opts.session,
     });
     this.engine = { generator, ...size };

@@ -24,7 +24,7 @@ The first step is warm-up: the summary gives the fastest later step (or the only
 
 usage: python3 tools/reference/grpo/grpo_step.py [--shape tiny|qwen3-0.6b] [--prompts 64] [--group 8]
          [--prompt-len 256] [--new-tokens 512] [--steps 2] [--minibatches 2] [--micro 16]
-         [--score-micro 32] [--lr 1e-6] [--compile] [--out PATH]  (default $OUT/grpo-step-torch.json)
+         [--score-micro 32] [--gen-chunks 1] [--lr 1e-6] [--compile] [--out PATH]  (default $OUT/grpo-step-torch.json)
 """
 import argparse
 import copy
@@ -93,7 +93,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="qwen3-0.6b", choices=list(SHAPES))
     for name, default in [("prompts", 64), ("group", 8), ("prompt-len", 256), ("new-tokens", 512), ("steps", 2),
-                          ("minibatches", 2), ("micro", 16), ("score-micro", 32)]:
+                          ("minibatches", 2), ("micro", 16), ("score-micro", 32), ("gen-chunks", 1)]:
         ap.add_argument(f"--{name}", type=int, default=default)
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--compile", action="store_true", help="torch.compile the training forward")
@@ -107,7 +107,7 @@ def main():
     except (RuntimeError, TypeError):
         opt = torch.optim.AdamW(policy.parameters(), lr=a.lr, betas=(0.9, 0.999), weight_decay=0.0)
     gen = torch.Generator().manual_seed(7)
-    gen_chunks, lines = 1, []
+    gen_chunks, lines = a.gen_chunks, []  # --gen-chunks 2 skips a known OOM attempt at 512 rows
     for step in range(a.steps):
         # Prompts: random ids in [1, vocab - 1), lengths uniform in [L/2, L], left-padded with PAD to L.
         lens = torch.randint(L // 2, L + 1, (P,), generator=gen)
