@@ -29,7 +29,7 @@
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import type { DecoderConfig } from '@lathe/models';
 import { paramSpecs } from '@lathe/models';
-import type { SamplingOptions } from '@lathe/rollout';
+import { kvCacheUnsupported, type SamplingOptions } from '@lathe/rollout';
 import { Device, type DeviceTensor, type SessionOptions } from '@lathe/runtime';
 import { castWeights, initLora, loraAdapters, loraWeights, mergeLora, permutation, Trainer, type AdamWConfig, type LoraConfig, type TrainableParam } from '@lathe/train';
 import { advantageMatrix } from './advantages';
@@ -38,7 +38,7 @@ import { builtinEstimator, type AdvantageBatch, type AdvantageFunction, type Est
 import { klEstimate, klPenalisedRewards, type KlEstimator } from './kl';
 import { decoderPolicy } from './policies';
 import { lossNormaliser, type LossAggregation, type PolicyLossConfig } from './policy-loss';
-import { GenerationRunner, KvGenerationRunner, kvCacheUnsupported, ScoringRunner, type BoundWeights, type GenerationEngine, type PolicyWeights, type RolloutGenerator } from './policy-sessions';
+import { GenerationRunner, KvGenerationRunner, ScoringRunner, type BoundWeights, type GenerationEngine, type PolicyWeights, type RolloutGenerator } from './policy-sessions';
 import type { RewardScorer, SourceStats } from './rewards';
 import { rlLoss, type RlObjective } from './rl-loss';
 import { evenSplit, responseValues, selectRows, tokenBatch, type SampledCompletion, type TokenBatch } from './rollout-batch';
@@ -379,7 +379,7 @@ export class GrpoTrainer<M = unknown> {
    */
   static chooseGenerationEngine(requested: GenerationEngine | undefined, config: DecoderConfig, device: Pick<Device, 'kind'>, compute: DType): GenerationEngine {
     check(requested === undefined || requested === 'kv-cache' || requested === 'graph', `generationEngine must be 'kv-cache' or 'graph', got '${String(requested)}'`);
-    const why = kvCacheUnsupported(config, device, compute);
+    const why = kvCacheUnsupported(config, device.kind, compute);
     if (requested === 'kv-cache' && why) throw new Error(`GrpoTrainer: generationEngine 'kv-cache' cannot run this policy: ${why}; use 'graph'`);
     return requested ?? (why ? 'graph' : 'kv-cache');
   }

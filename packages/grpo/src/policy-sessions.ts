@@ -21,7 +21,7 @@
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { paramSpecs, type DecoderConfig, type Weights } from '@lathe/models';
-import { addGeneration, KvCacheGenerator, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
+import { addGeneration, KvCacheGenerator, kvCacheUnsupported, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
 import type { Binding, Device, DeviceTensor, HostTensor, Session, SessionOptions } from '@lathe/runtime';
 import type { TrainableParam } from '@lathe/train';
 import { decoderPolicy } from './policies';
@@ -76,18 +76,6 @@ export interface RolloutGenerator {
 /** The generation backends: `KvGenerationRunner` ('kv-cache') and `GenerationRunner` ('graph'). */
 export type GenerationEngine = 'kv-cache' | 'graph';
 
-/**
- * Why the KV-cache engine cannot generate for `config` with compute dtype `compute` on a `device`
- * of this kind, or undefined when it can: GroupQueryAttention's rotary needs head_dim a multiple of
- * 16, and its CUDA kernel runs in float16/bfloat16 only (the CPU kernel takes float32 too).
- */
-export function kvCacheUnsupported(config: DecoderConfig, device: Pick<Device, 'kind'>, compute: DType): string | undefined {
-  if (config.headDim % 16 !== 0) return `head_dim ${config.headDim} is not a multiple of 16 (GroupQueryAttention's rotary needs one)`;
-  if (device.kind !== 'cpu' && compute !== 'bfloat16' && compute !== 'float16') {
-    return `GroupQueryAttention on ${device.kind} runs in bfloat16/float16 only, and the compute dtype is ${compute}`;
-  }
-  return undefined;
-}
 
 /** Generation bound to the policy's weights: the in-graph generation loop (the 'graph' backend). */
 export class GenerationRunner implements RolloutGenerator {
@@ -201,7 +189,7 @@ export class KvGenerationRunner implements RolloutGenerator {
 
   /** Checks that the engine can run here; the graphs are compiled on the first `generate`. */
   static create(device: Device, config: DecoderConfig, pw: PolicyWeights, opts: KvGenerationRunnerOptions): KvGenerationRunner {
-    const why = kvCacheUnsupported(config, device, opts.compute);
+    const why = kvCacheUnsupported(config, device.kind, opts.compute);
     if (why) throw new Error(`KvGenerationRunner: ${why}`);
     validateSampling(opts.sampling, config.vocabSize);
     return new KvGenerationRunner(device, config, pw, opts);

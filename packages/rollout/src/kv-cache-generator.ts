@@ -18,11 +18,22 @@
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
 import { paramSpecs, readConfig, readTensorBytes, readWeightIndex, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
-import { Device, DeviceTensor, fromBfloat16Bits, fromFloat16Bits, hostTensor, toBfloat16Bits, toFloat16Bits, type Binding, type HostTensor, type Session, type SessionOptions } from '@lathe/runtime';
+import { Device, DeviceTensor, fromBfloat16Bits, fromFloat16Bits, hostTensor, toBfloat16Bits, toFloat16Bits, type Binding, type HostTensor, type DeviceKind, type Session, type SessionOptions } from '@lathe/runtime';
 import { addKvDecodeStep, addKvPrefill, cacheName, SAMPLED_COLUMNS } from './kv-cache-graphs';
 import { uniformNoise } from './rng';
 import { validateSampling, type SamplingOptions } from './sampling';
 import { isOutOfMemory, splitOnOutOfMemory, type Completion, type GenerateCallOptions } from './generator';
+
+/**
+ * Why the KV-cache generator cannot run `config` in compute dtype `dtype` on a `device` of this
+ * kind, or undefined when it can: GroupQueryAttention's rotary needs head_dim a multiple of 16, and
+ * its CUDA kernel runs in float16/bfloat16 only (the CPU kernel takes float32 too).
+ */
+export function kvCacheUnsupported(config: Pick<DecoderConfig, 'headDim'>, device: DeviceKind, dtype: DType): string | undefined {
+  if (config.headDim % 16 !== 0) return `head_dim ${config.headDim} is not a multiple of 16 (GroupQueryAttention's rotary needs one)`;
+  if (device !== 'cpu' && dtype !== 'bfloat16' && dtype !== 'float16') return `GroupQueryAttention on ${device} runs in bfloat16/float16 only, and the compute dtype is ${dtype}`;
+  return undefined;
+}
 
 /** How a KV-cache generator is built. */
 export interface KvCacheGeneratorOptions extends SamplingOptions {

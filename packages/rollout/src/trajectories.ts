@@ -25,7 +25,7 @@ import { HfTokenizer, splitThinking } from '@lathe/tokenizer';
 import { MathGrader } from '@lathe/graders';
 import { diffConfigs, parquetInfo, readParquetBatches, readParquetSchema, readRecords, writeParquet, writeTrajectories, type SourceRecord, type Trajectory } from '@lathe/data';
 import { Generator, type Completion, type GenerateCallOptions } from './generator';
-import { KvCacheGenerator, uploadWeights } from './kv-cache-generator';
+import { KvCacheGenerator, kvCacheUnsupported, uploadWeights } from './kv-cache-generator';
 import { validateSampling, type SamplingOptions } from './sampling';
 
 // ---------------------------------------------------------------------------------------------
@@ -123,16 +123,6 @@ export function sampleKey(promptIdx: number, thinking: boolean | null, sampleIdx
   return (promptIdx * 2 + (thinking === false ? 1 : 0)) * MAX_SAMPLES_PER_MODE + sampleIdx;
 }
 
-/**
- * Why the KV-cache generator cannot run `config` in `dtype` on a device of this kind, or undefined
- * when it can: GroupQueryAttention's rotary needs head_dim a multiple of 16, and its CUDA kernel
- * runs in float16/bfloat16 only (the CPU kernel takes float32 too). The same rule as @lathe/grpo's.
- */
-export function kvCacheUnsupported(config: Pick<DecoderConfig, 'headDim'>, device: DeviceKind, dtype: DType): string | undefined {
-  if (config.headDim % 16 !== 0) return `head_dim ${config.headDim} is not a multiple of 16 (GroupQueryAttention's rotary needs one)`;
-  if (device !== 'cpu' && dtype !== 'bfloat16' && dtype !== 'float16') return `GroupQueryAttention on ${device} runs in bfloat16/float16 only, and the compute dtype is ${dtype}`;
-  return undefined;
-}
 
 /**
  * The part of a response the math grader reads: the text after its reasoning (`</think>`), or null
