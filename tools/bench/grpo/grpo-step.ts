@@ -6,7 +6,7 @@
  * usage: node grpo-step.js [--device cuda|cpu] [--compute float32|bfloat16] [--shape tiny|qwen3-0.6b]
  *          [--prompts 8] [--group 8] [--prompt-len 32] [--new-tokens 32] [--steps 3] [--minibatches 2]
  *          [--old-logprobs rescore|generation] [--lora 0] [--prompts-per-run 0] [--micro-batches 1]
- *          [--generation-engine kv-cache|graph] [--no-cuda-graph] [--allow-cpu-fallback] [--log-level 0..4]   (the last two: to see ORT's node placements)
+ *          [--generation-engine kv-cache|graph] [--no-cuda-graph] [--shared-arena] [--allow-cpu-fallback] [--log-level 0..4]   (the last two: to see ORT's node placements)
  * On the GPU machine run it as a bundle (see ../shared/device/README.md):
  *   npx esbuild tools/bench/grpo/grpo-step.ts --bundle --platform=node --conditions=lathe-source \
  *     --external:onnxruntime-node --external:koffi --external:@huggingface/transformers --external:libsql \
@@ -29,7 +29,7 @@ const SHAPES: Record<string, HfConfig> = {
 };
 
 async function main(): Promise<void> {
-  const device = Device.open(arg('device', 'cuda') as 'cuda' | 'cpu');
+  const device = Device.open(arg('device', 'cuda') as 'cuda' | 'cpu', { sharedArena: flag('shared-arena') });
   const compute = arg('compute', 'float32') as 'float32' | 'bfloat16';
   const shape = arg('shape', 'tiny');
   const P = Number(arg('prompts', '8'));
