@@ -5,7 +5,7 @@
 import { readFileSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
 import type { Argv, Options } from 'yargs';
-import { resolveConfig, type ConfigOf, type OptionSchema } from '@lathe/train';
+import { resolveConfig, type ConfigOf, type OptionSchema } from '@lathe/data';
 
 /** Adds `--config` and one flag per schema option (no yargs defaults: absence means "not given"). */
 export function addSchemaFlags<T>(y: Argv<T>, schema: OptionSchema): Argv<T> {

@@ -10,8 +10,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import { randomModel } from '@lathe/models';
-import { batchOf, parquetInfo, readParquetSchema, readTrajectories, scalarData, writeParquet, type Trajectory } from '@lathe/data';
-import { defaults } from '@lathe/train';
+import { batchOf, defaults, parquetInfo, readParquetSchema, readTrajectories, scalarData, writeParquet, type Trajectory } from '@lathe/data';
 import { generate, generatePaths, generateSchema, runGenerate, type GenerateConfig } from '@lathe/rollout';
 import { configFromArgv } from '../src/config-flags';
 

@@ -10,7 +10,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import { readEvalRollouts, readMetrics, readTrainRollouts } from '@lathe/data';
-import { defaults, loadCheckpoint } from '@lathe/train';
+import { defaults } from '@lathe/data';
+import { loadCheckpoint } from '@lathe/train';
 import { GrpoTrainer, grpoSchema, runGrpo, type GrpoConfig } from '@lathe/grpo';
 import { configFromArgv } from '../src/config-flags';
 

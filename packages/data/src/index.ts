@@ -98,4 +98,6 @@ export {
   type PruneResult,
   type RunSummary,
 } from './run-dir';
-export { runsDiffSchema, runsListSchema, runsPruneSchema, runsShowSchema, type RunsOptionSpec } from './runs-options';
+export { runsDiffSchema, runsListSchema, runsPruneSchema, runsShowSchema } from './runs-options';
+export { defaults, resolveConfig, type ConfigOf, type OptionSchema, type OptionSpec } from './options';
+export { writeAtomic } from './atomic';

@@ -1,5 +1,6 @@
 /** `lathe grpo`'s options: defaults, flags, YAML keys and the config saved with every checkpoint. */
-import { BUILTIN_DATA, BUILTIN_MODEL, type ConfigOf, type OptionSchema } from '@lathe/train';
+import { BUILTIN_DATA, BUILTIN_MODEL } from '@lathe/train';
+import type { ConfigOf, OptionSchema } from '@lathe/data';
 import { ESTIMATOR_NAMES } from './estimators';
 import { LOSS_AGGREGATIONS } from './policy-loss';
 

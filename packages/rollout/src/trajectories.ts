@@ -15,7 +15,7 @@
  * prompt and its key alone — not on the batch size, the engine, part boundaries, a resume, or how
  * many samples are asked for.
  */
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { parse as parseYaml, stringify as toYaml } from 'yaml';
 import type { DType } from '@lathe/onnx';
@@ -23,7 +23,7 @@ import { readConfig, type DecoderConfig } from '@lathe/models';
 import { Device, type DeviceKind, type DeviceTensor } from '@lathe/runtime';
 import { HfTokenizer, splitThinking } from '@lathe/tokenizer';
 import { MathGrader } from '@lathe/graders';
-import { diffConfigs, parquetInfo, readParquetBatches, readParquetSchema, readRecords, writeParquet, writeTrajectories, type SourceRecord, type Trajectory } from '@lathe/data';
+import { diffConfigs, parquetInfo, readParquetBatches, readParquetSchema, readRecords, writeAtomic, writeParquet, writeTrajectories, type ConfigOf, type OptionSchema, type SourceRecord, type Trajectory } from '@lathe/data';
 import { Generator, type Completion, type GenerateCallOptions } from './generator';
 import { KvCacheGenerator, kvCacheUnsupported, uploadWeights } from './kv-cache-generator';
 import { validateSampling, type SamplingOptions } from './sampling';
@@ -421,12 +421,6 @@ export async function* generateTrajectories(options: TrajectoryOptions & { model
 // ---------------------------------------------------------------------------------------------
 // `lathe generate`: its options, and a run over a prompt file
 
-/** One option of {@link generateSchema}: @lathe/train's `OptionSpec` shape (rollout cannot import train, which imports rollout; the CLI checks the schema against it). */
-type GenerateOptionSpec =
-  | { type: 'string'; default: string; describe: string; choices?: readonly string[] }
-  | { type: 'number'; default: number; describe: string; integer?: boolean; min?: number; max?: number }
-  | { type: 'boolean'; default: boolean; describe: string };
-
 /** Every option of `lathe generate`: defaults, flags, YAML keys and the config saved beside the output. */
 export const generateSchema = {
   model: { type: 'string', default: '', describe: 'Hugging Face model folder: config.json, *.safetensors and (unless --tokenizer) tokenizer.json + tokenizer_config.json [required]' },
@@ -463,18 +457,10 @@ export const generateSchema = {
     describe: 'kv-cache (prefill + bound decode steps over GroupQueryAttention; needs head_dim a multiple of 16 and, on cuda, bfloat16/float16), graph (the in-graph generation loop; any model and dtype), or auto (kv-cache where it runs) [may change on resume]',
   },
   batch_size: { type: 'number', default: 64, integer: true, min: 1, describe: 'Samples per generation run (the KV-cache rows): speed and memory, not the samples [may change on resume]' },
-} as const satisfies Record<string, GenerateOptionSpec>;
+} as const satisfies OptionSchema;
 
 /** A resolved `lathe generate` config. */
-export type GenerateConfig = {
-  -readonly [K in keyof typeof generateSchema]: (typeof generateSchema)[K] extends { type: 'string'; choices: readonly (infer C)[] }
-    ? C
-    : (typeof generateSchema)[K] extends { type: 'string' }
-      ? string
-      : (typeof generateSchema)[K] extends { type: 'number' }
-        ? number
-        : boolean;
-};
+export type GenerateConfig = ConfigOf<typeof generateSchema>;
 
 /** Options that may change between a run and its `--resume` (they change speed, not the samples). */
 export const GENERATE_RESUMABLE_KEYS: readonly (keyof GenerateConfig)[] = ['resume', 'overwrite', 'batch_size', 'generation_engine'];
@@ -542,13 +528,6 @@ export async function readPromptFile(cfg: Pick<GenerateConfig, 'data' | 'prompt_
   });
 }
 
-/** Writes a text file atomically (temporary name, then rename). */
-function writeTextAtomic(file: string, text: string): void {
-  const tmp = `${file}.tmp-${process.pid}`;
-  writeFileSync(tmp, text);
-  renameSync(tmp, file);
-}
-
 /** Checks the config before any file is touched; errors name the flag. */
 function checkGenerateConfig(cfg: GenerateConfig): void {
   for (const k of ['model', 'data', 'output'] as const) if (cfg[k] === '') throw new Error(`--${k} is required (see lathe generate --help)`);
@@ -597,7 +576,7 @@ function prepareOutput(cfg: GenerateConfig, paths: ReturnType<typeof generatePat
     throw new Error(`--output ${paths.output}: cannot create its folder ${dirname(paths.output)} (${errCode(e)})`);
   }
   try {
-    writeTextAtomic(paths.config, toYaml(cfg));
+    writeAtomic(paths.config, toYaml(cfg));
   } catch (e) {
     throw new Error(`--output ${paths.output}: cannot write beside it (${paths.config}: ${errCode(e)})`);
   }

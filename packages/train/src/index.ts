@@ -3,7 +3,6 @@ export * from './adamw';
 export * from './schedule';
 export * from './train-step';
 export * from './losses';
-export * from './options';
 export * from './checkpoint';
 export * from './sft-config';
 export * from './sft-data';

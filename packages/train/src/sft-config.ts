@@ -1,5 +1,5 @@
 /** `lathe sft`'s options: defaults, flags, YAML keys and the config saved with checkpoints. */
-import type { ConfigOf, OptionSchema } from './options';
+import type { ConfigOf, OptionSchema } from '@lathe/data';
 
 /** The built-in demo model: a tiny random Qwen3 with a character tokenizer. */
 export const BUILTIN_MODEL = 'builtin:tiny';

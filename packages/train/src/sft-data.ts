@@ -2,7 +2,7 @@
  * SFT data: prompt/response pairs → token ids with a loss mask on the response, a deterministic
  * epoch order (so a run resumes at exactly the example it stopped at), and padded batches.
  */
-import { readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import type { HostTensor } from '@lathe/runtime';
 
 /** What SFT needs of a tokenizer. */
@@ -62,13 +62,6 @@ export function permutation(n: number, seed: number): number[] {
 export function heldOutSplit<T>(items: readonly T[], evalCount: number, seed: number): { train: T[]; evaluation: T[] } {
   const order = permutation(items.length, seed + 0x5eed);
   return { evaluation: order.slice(0, evalCount).map((i) => items[i]), train: order.slice(evalCount).map((i) => items[i]) };
-}
-
-/** Writes a text file atomically (temporary file + rename): readers see the old or the new file, never a part. */
-export function writeAtomic(path: string, text: string): void {
-  const tmp = `${path}.tmp-${process.pid}`;
-  writeFileSync(tmp, text);
-  renameSync(tmp, path);
 }
 
 /** The prompt's ids (with BOS) and the response's ids (with EOS). */

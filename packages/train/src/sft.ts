@@ -17,6 +17,7 @@ import { CharTokenizer, HfTokenizer } from '@lathe/tokenizer';
 import { addGeneration } from '@lathe/rollout';
 import { Device, type HostTensor } from '@lathe/runtime';
 import { learningRate } from './schedule';
+import { writeAtomic } from '@lathe/data';
 import { sftLoss } from './losses';
 import type { TrainableParam } from './train-step';
 import { Trainer } from './trainer';
@@ -29,7 +30,6 @@ import {
   lossTokenCount,
   padBatch,
   heldOutSplit,
-  writeAtomic,
   readSftJsonl,
   tokenizeExample,
   type SftExample,

@@ -2,7 +2,8 @@ import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } fro
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { parseConfig } from '@lathe/models';
-import { defaults, listCheckpoints, loadCheckpoint, loadFloat32, resolveConfig, runSft, sftSchema, type SftConfig } from '@lathe/train';
+import { defaults, resolveConfig } from '@lathe/data';
+import { listCheckpoints, loadCheckpoint, loadFloat32, runSft, sftSchema, type SftConfig } from '@lathe/train';
 
 /** The built-in run's initial weights (written to <run>/base-model). */
 function readBase(runDir: string) {

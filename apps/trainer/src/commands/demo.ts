@@ -1,7 +1,8 @@
 import { existsSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { CommandModule } from 'yargs';
-import { DEMO_SFT_OVERRIDES, resolveConfig, runSft, sftSchema, type SftConfig, type SftResult } from '@lathe/train';
+import { resolveConfig } from '@lathe/data';
+import { DEMO_SFT_OVERRIDES, runSft, sftSchema, type SftConfig, type SftResult } from '@lathe/train';
 import { DEMO_GRPO_OVERRIDES, grpoSchema, type GrpoConfig } from '@lathe/grpo';
 import { addSchemaFlags, configFromArgv, readYamlOptions, withInterrupt } from '../config-flags';
 import { sftReporter } from '../progress';

@@ -14,7 +14,7 @@ import {
   summarizeRun,
   type RunSummary,
 } from '@lathe/data';
-import { resolveConfig, type ConfigOf, type OptionSchema } from '@lathe/train';
+import { resolveConfig, type ConfigOf, type OptionSchema } from '@lathe/data';
 
 /** One flag per schema entry (the schema in @lathe/data is the single source of flags, defaults and help). */
 function addFlags<T>(y: Argv<T>, schema: OptionSchema): Argv<T> {
