@@ -121,7 +121,12 @@ export interface GrpoTrainerOptions<M> {
   oldLogprobs?: 'rescore' | 'generation';
   /** DAPO dynamic sampling: drop groups with all-equal rewards and sample more prompts, at most `maxRounds` rounds per step. */
   dynamicSampling?: { maxRounds: number };
-  /** Compute the policy's entropy on the batch (a metric; also needed for an entropy bonus). Default true. */
+  /**
+   * Compute the policy's entropy on the batch (a metric; also needed for an entropy bonus). Default
+   * true. It costs a second pass over the LM head, so it is computed where it is cheapest: in the
+   * re-scoring pass (the entropy of π_old) unless the loss reads it (an entropy bonus, a custom
+   * objective) or old log-probs come from generation — then in the train step.
+   */
   entropy?: boolean;
   device?: Device;
   /** Options for every session the trainer compiles (profiling, optimization level, …; CPU fallback stays off on CUDA). */
@@ -317,8 +322,10 @@ export class GrpoTrainer<M = unknown> {
     const lossSpec = opts.loss ?? {};
     const custom = 'objective' in lossSpec ? lossSpec : undefined;
     const objective: PolicyLossConfig | RlObjective = custom ? custom.objective : { ...lossSpec, klCoef: klInLoss ? kl.coef : 0, klEstimator: kl.estimator ?? (lossSpec as PolicyLossConfig).klEstimator };
-    const entropy = opts.entropy ?? true;
-    const policy = decoderPolicy(config, { compute, chunk: opts.chunk, temperature, entropy, weights: policyWeights.weights });
+    const wantEntropy = opts.entropy ?? true;
+    const lossReadsEntropy = custom !== undefined || ((lossSpec as PolicyLossConfig).entropyCoef ?? 0) !== 0;
+    const entropyInStep = wantEntropy && (lossReadsEntropy || opts.oldLogprobs === 'generation');
+    const policy = decoderPolicy(config, { compute, chunk: opts.chunk, temperature, entropy: entropyInStep, weights: policyWeights.weights });
     const readsReference = custom ? Boolean(custom.readsReference) : klInLoss;
     const init = opts.resume
       ? { params: opts.resume.params, m: opts.resume.m, v: opts.resume.v, step: opts.resume.optimizerStep }
@@ -345,7 +352,7 @@ export class GrpoTrainer<M = unknown> {
       };
     };
     const greedy = lazy(() => generator(1, { temperature: 0 }));
-    const policyScorer = lazy(() => ScoringRunner.create(device, config, policyWeights, { temperature, compute, chunk: opts.chunk, session: opts.session }));
+    const policyScorer = lazy(() => ScoringRunner.create(device, config, policyWeights, { temperature, compute, chunk: opts.chunk, entropy: wantEntropy && !entropyInStep, session: opts.session }));
 
     // The frozen reference: the initial weights (with LoRA, the base itself — no copy).
     const needsReference = kl.coef > 0 || readsReference;
@@ -428,11 +435,14 @@ export class GrpoTrainer<M = unknown> {
     // 4. Old log-probs (re-scored by the training policy, or generation's) and the reference's.
     let oldLogp = batch.rolloutLogp;
     let parity: { mean: number; maxAbs: number } | undefined;
+    let scoredEntropy: number | undefined;
     if ((o.oldLogprobs ?? 'rescore') === 'rescore') {
-      oldLogp = await clock.time('scoring', () => this.scoreRows(this.policyScorer(), this.policyWeights(), batch, rowChunks));
+      const scored = await clock.time('scoring', () => this.scoreRows(this.policyScorer(), this.policyWeights(), batch, rowChunks));
+      oldLogp = scored.logp;
+      if (scored.entropy) scoredEntropy = mean(responseValues(batch, scored.entropy).flat());
       parity = logpParity(batch, oldLogp);
     }
-    const refLogp = this.refScorer ? await clock.time('scoring', () => this.scoreRows(this.refScorer!, [this.reference!], batch, rowChunks)) : undefined;
+    const refLogp = this.refScorer ? (await clock.time('scoring', () => this.scoreRows(this.refScorer!, [this.reference!], batch, rowChunks))).logp : undefined;
 
     // 5. Advantages (a KL reward penalty first shapes the rewards per token).
     const outcome = groups.flatMap((g) => g.rewards);
@@ -514,7 +524,8 @@ export class GrpoTrainer<M = unknown> {
       clip_fraction: per('clipped_tokens'),
       clip_low_fraction: per('clipped_low_tokens'),
       approx_kl: per('approx_kl_sum'),
-      entropy: per('entropy_sum'),
+      // π_old's entropy from re-scoring, or the mean over the updates' train-step passes
+      entropy: scoredEntropy ?? per('entropy_sum'),
       logp_parity: parity?.mean ?? NaN,
       logp_max_abs_diff: parity?.maxAbs ?? NaN,
       updates,
@@ -605,18 +616,22 @@ export class GrpoTrainer<M = unknown> {
   }
 
   /** Scores the batch's rows in the given chunks; returns a [rows, width] matrix in the batch's layout. */
-  private async scoreRows(scorer: ScoringRunner, weights: BoundWeights[], batch: TokenBatch, chunks: readonly number[][]): Promise<Float32Array> {
-    const out = new Float32Array(batch.rows * batch.width);
+  /** Log-probs (and, when the scorer makes them, entropies) of every row, [rows, width], scored chunk by chunk. */
+  private async scoreRows(scorer: ScoringRunner, weights: BoundWeights[], batch: TokenBatch, chunks: readonly number[][]): Promise<{ logp: Float32Array; entropy?: Float32Array }> {
+    const logp = new Float32Array(batch.rows * batch.width);
+    let entropy: Float32Array | undefined;
     for (const rows of chunks) {
       if (rows.length === 0) continue;
       const t = selectRows(batch, rows);
-      const logp = await scorer.score(weights, { input_ids: t.input_ids, attention_mask: t.attention_mask });
+      const scored = await scorer.score(weights, { input_ids: t.input_ids, attention_mask: t.attention_mask });
       // place back: the selection dropped leading all-padding columns of these rows
       const T = t.input_ids.dims[1];
       const offset = firstColumn(batch, rows);
-      rows.forEach((r, i) => out.set(logp.subarray(i * T, (i + 1) * T), r * batch.width + offset));
+      const place = (from: Float32Array, to: Float32Array) => rows.forEach((r, i) => to.set(from.subarray(i * T, (i + 1) * T), r * batch.width + offset));
+      place(scored.logp, logp);
+      if (scored.entropy) place(scored.entropy, (entropy ??= new Float32Array(batch.rows * batch.width)));
     }
-    return out;
+    return { logp, entropy };
   }
 
   /**
@@ -637,7 +652,7 @@ export class GrpoTrainer<M = unknown> {
    * those log-probs with generation's (used by tests and benchmarks).
    */
   async rescore(batch: TokenBatch): Promise<{ logp: Float32Array; parity: { mean: number; maxAbs: number } }> {
-    const logp = await this.scoreRows(this.policyScorer(), this.policyWeights(), batch, [[...Array(batch.rows).keys()]]);
+    const { logp } = await this.scoreRows(this.policyScorer(), this.policyWeights(), batch, [[...Array(batch.rows).keys()]]);
     return { logp, parity: logpParity(batch, logp) };
   }
 

@@ -274,6 +274,8 @@ export interface ScoringRunnerOptions {
   compute: DType;
   /** Vocabulary chunk of the log-partition. */
   chunk?: number;
+  /** Also output each position's entropy (one more pass over the LM head). Default false. */
+  entropy?: boolean;
   session?: SessionOptions;
 }
 
@@ -281,24 +283,34 @@ export interface ScoringRunnerOptions {
 export class ScoringRunner {
   private readonly binding: Binding;
 
-  private constructor(private readonly session: Session) {
+  private constructor(
+    private readonly session: Session,
+    private readonly entropy: boolean,
+  ) {
     this.binding = session.binding().output('logp', 'host');
+    if (entropy) this.binding.output('entropy', 'host');
   }
 
   /** Compiles the scoring graph for `config` on `device`. */
   static create(device: Device, config: DecoderConfig, pw: PolicyWeights, opts: ScoringRunnerOptions): ScoringRunner {
     const g = new L.Graph('grpo_score');
-    const policy = decoderPolicy(config, { compute: opts.compute, chunk: opts.chunk, temperature: opts.temperature, weights: pw.weights });
-    g.output(policy(g, declareTrainable(g, pw)).logp, 'logp');
-    return new ScoringRunner(device.compile(g, opts.session));
+    const policy = decoderPolicy(config, { compute: opts.compute, chunk: opts.chunk, temperature: opts.temperature, entropy: opts.entropy, weights: pw.weights });
+    const out = policy(g, declareTrainable(g, pw));
+    g.output(out.logp, 'logp');
+    if (out.entropy) g.output(out.entropy, 'entropy');
+    return new ScoringRunner(device.compile(g, opts.session), Boolean(out.entropy));
   }
 
-  /** log π(ids[t+1] | ids ≤ t), [B, T] row-major (meaningful where the response mask is 1). */
-  async score(weights: BoundWeights[], batch: { input_ids: HostTensor; attention_mask: HostTensor }): Promise<Float32Array> {
+  /**
+   * log π(ids[t+1] | ids ≤ t), [B, T] row-major (meaningful where the response mask is 1), and with
+   * the `entropy` option the entropy of π(· | ids ≤ t) at each position.
+   */
+  async score(weights: BoundWeights[], batch: { input_ids: HostTensor; attention_mask: HostTensor }): Promise<{ logp: Float32Array; entropy?: Float32Array }> {
     bindAll(this.binding, ...weights);
     this.binding.input('input_ids', batch.input_ids).input('attention_mask', batch.attention_mask);
     await this.binding.run();
-    return this.binding.fetch('logp').data as Float32Array;
+    const logp = this.binding.fetch('logp').data as Float32Array;
+    return this.entropy ? { logp, entropy: this.binding.fetch('entropy').data as Float32Array } : { logp };
   }
 
   dispose(): void {

@@ -231,3 +231,20 @@ test('bad options are refused by name', () => {
   expect(() => make({ oldLogprobs: 'generation', sampling: { topK: 3 } })).toThrow(/use 'rescore'/);
   expect(() => make({ minibatches: 0 })).toThrow(/minibatches must be a positive integer/);
 });
+
+test('the entropy metric: from re-scoring when the loss does not read it, equal to the train step’s own pass', async () => {
+  const model = tinyModel(24, { layers: 2, std: 0.5, seed: 3 });
+  const opts: Partial<Opts> = { groupSize: 4, maxNewTokens: 5, sampling: { temperature: 0.9 }, optimizer: { weightDecay: 0 } };
+  // entropyCoef 0: the train step has no entropy pass; an entropy bonus puts it back in the step
+  const scored = make(opts, model);
+  const inStep = make({ ...opts, loss: { aggregation: 'seq-mean-token-mean', clipHigh: 0.28, entropyCoef: 1e-9 } }, model);
+  expect(scored.trainer.batchGraph.outputs.map((o) => o.name)).not.toContain('entropy_sum');
+  expect(inStep.trainer.batchGraph.outputs.map((o) => o.name)).toContain('entropy_sum');
+  // learning rate 0: every update sees π_old, so the step's mean over updates is π_old's entropy
+  const [a, b] = [await scored.step(prompts(0), 0), await inStep.step(prompts(0), 0)];
+  expect(a.rollouts.map((r) => r.tokens)).toEqual(b.rollouts.map((r) => r.tokens));
+  expect(a.metrics.entropy).toBeGreaterThan(0.5);
+  expect(Math.abs(a.metrics.entropy - b.metrics.entropy)).toBeLessThan(1e-5);
+  scored.dispose();
+  inStep.dispose();
+});
