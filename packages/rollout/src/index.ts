@@ -7,3 +7,4 @@ export * from './generator';
 export * from './kv-cache-graphs';
 export * from './kv-cache-generator';
 export * from './trajectories';
+export * from './generate-run';
