@@ -13,15 +13,13 @@
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parse as parseYaml, stringify as toYaml } from 'yaml';
-import { paramSpecs, parseConfig, randomModel, type DecoderConfig } from '@lathe/models';
-import { MathGrader } from '@lathe/graders';
+import { paramCount, parseConfig, randomModel, type DecoderConfig } from '@lathe/models';
+import { MathGrader, r1ZeroFormatReward } from '@lathe/graders';
 import { CharTokenizer, HfTokenizer } from '@lathe/tokenizer';
-import { Device } from '@lathe/runtime';
-import { diffConfigs, loadPrompts, MetricsLog, RolloutStore } from '@lathe/data';
+import { Device, sizeOf } from '@lathe/runtime';
+import { diffConfigs, loadPrompts, MetricsLog, RolloutStore, writeAtomic } from '@lathe/data';
 import { ADDITION_ALPHABET, BUILTIN_DATA, BUILTIN_MODEL, EpochStream, additionExamples, learningRate, listCheckpoints, loadCheckpoint, loadFloat32, heldOutSplit, saveCheckpoint, type TrainerState } from '@lathe/train';
-import { writeAtomic } from '@lathe/data';
 import { combineRewards, overlongReward, type RewardSource } from './rewards';
-import { r1ZeroFormatReward } from '@lathe/graders';
 import { BUILTIN_TOKENIZER, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
 import { GrpoTrainer, type GrpoStepMetrics, type RlPrompt } from './grpo-trainer';
 import type { EstimatorName } from './estimators';
@@ -275,8 +273,8 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     totalSteps: cfg.steps,
     trainPrompts: train.length,
     evalPrompts: evaluation.length,
-    parameters: paramSpecs(model.config).reduce((s, p) => s + p.shape.reduce((a, b) => a * b, 1), 0),
-    trainable: trainer.trainable.reduce((s, p) => s + p.shape.reduce((a, b) => a * b, 1), 0),
+    parameters: paramCount(model.config),
+    trainable: trainer.trainable.reduce((s, p) => s + sizeOf(p.shape), 0),
   });
   const stream = new EpochStream<PromptWithAnswer>(train, cfg.seed, state.dataPosition);
   const nextPrompts = (): RlPrompt<PromptMeta>[] => {

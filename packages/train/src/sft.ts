@@ -15,7 +15,7 @@ import { listCheckpoints, loadCheckpoint, loadFloat32, saveCheckpoint, type Trai
 import { MathGrader } from '@lathe/graders';
 import { CharTokenizer, HfTokenizer } from '@lathe/tokenizer';
 import { addGeneration } from '@lathe/rollout';
-import { Device, type HostTensor } from '@lathe/runtime';
+import { Device, sizeOf, type HostTensor } from '@lathe/runtime';
 import { learningRate } from './schedule';
 import { writeAtomic } from '@lathe/data';
 import { sftLoss } from './losses';
@@ -137,7 +137,6 @@ function loadExamples(cfg: SftConfig): { train: SftExample[]; evaluation: SftExa
 }
 
 const f32 = (v: number): HostTensor => ({ data: Float32Array.from([v]), dims: [] });
-const sizeOf = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
 
 /** Runs SFT as configured. `signal` interrupts the run after the current step, with a checkpoint. */
 export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: AbortSignal): Promise<SftResult> {
