@@ -38,7 +38,7 @@ import { builtinEstimator, type AdvantageBatch, type AdvantageFunction, type Est
 import { klEstimate, klPenalisedRewards, type KlEstimator } from './kl';
 import { decoderPolicy } from './policies';
 import { lossNormaliser, type LossAggregation, type PolicyLossConfig } from './policy-loss';
-import { GenerationRunner, KvGenerationRunner, ScoringRunner, type BoundWeights, type GenerationEngine, type PolicyWeights, type RolloutGenerator } from './policy-sessions';
+import { ComputeWeights, GenerationRunner, KvGenerationRunner, ScoringRunner, type BoundWeights, type GenerationEngine, type PolicyWeights, type RolloutGenerator } from './policy-sessions';
 import type { RewardScorer, SourceStats } from './rewards';
 import { rlLoss, type RlObjective } from './rl-loss';
 import { evenSplit, responseValues, selectRows, tokenBatch, type SampledCompletion, type TokenBatch } from './rollout-batch';
@@ -338,12 +338,14 @@ export class GrpoTrainer<M = unknown> {
 
     // Generation and scoring sessions, fed the trainer's buffers by binding.
     const padId = opts.tokenizer.padId;
+    // one compute-dtype copy of the weights for both KV runners (rollouts and greedy evaluation)
+    const computeWeights = engine === 'kv-cache' ? new ComputeWeights(device, config, policyWeights, compute, opts.session) : undefined;
     const generator = (groupSize: number, s: SamplingOptions): RolloutGenerator =>
-      engine === 'kv-cache'
-        ? KvGenerationRunner.create(device, config, policyWeights, { groupSize, sampling: s, padId, promptsPerRun: opts.promptsPerRun, compute, session: opts.session })
+      computeWeights
+        ? KvGenerationRunner.create(device, config, { groupSize, sampling: s, padId, promptsPerRun: opts.promptsPerRun, weights: computeWeights, session: opts.session })
         : GenerationRunner.create(device, config, policyWeights, { groupSize, sampling: s, padId, promptsPerRun: opts.promptsPerRun, session: opts.session });
     const sampler = generator(opts.groupSize, sampling);
-    const owned: { dispose(): void }[] = [sampler];
+    const owned: { dispose(): void }[] = [sampler, ...(computeWeights ? [computeWeights] : [])];
     const lazy = <T extends { dispose(): void }>(make: () => T) => {
       let v: T | undefined;
       return () => {
@@ -586,7 +588,7 @@ export class GrpoTrainer<M = unknown> {
       this.sampler.generate(
         this.policyWeights(),
         prompts.map((p) => p.ids),
-        { maxNewTokens: o.maxNewTokens, stopIds: o.stopIds, seed: o.seed ?? 0, keys: prompts.map((p) => p.key) },
+        { maxNewTokens: o.maxNewTokens, stopIds: o.stopIds, seed: o.seed ?? 0, keys: prompts.map((p) => p.key), weightsVersion: this.trainer.step },
       ),
     );
     const texts = completions.map((c) => o.tokenizer.decode(c.stopped ? c.tokens.slice(0, -1) : c.tokens));
@@ -642,7 +644,7 @@ export class GrpoTrainer<M = unknown> {
     const out = await this.greedy().generate(
       this.policyWeights(),
       prompts.map((p) => p.ids),
-      { maxNewTokens: this.opts.maxNewTokens, stopIds: this.opts.stopIds, seed: 0, keys: prompts.map(() => 0) },
+      { maxNewTokens: this.opts.maxNewTokens, stopIds: this.opts.stopIds, seed: 0, keys: prompts.map(() => 0), weightsVersion: this.trainer.step },
     );
     return out.map((c) => ({ tokens: c.tokens, stopped: c.stopped, text: this.opts.tokenizer.decode(c.stopped ? c.tokens.slice(0, -1) : c.tokens) }));
   }

@@ -64,6 +64,11 @@ export interface RolloutCall {
   seed: number;
   /** One key per prompt: sample j of a prompt with key k reads noise stream k·G + j. */
   keys: readonly number[];
+  /**
+   * Identifies the contents of the bound weights (e.g. the optimizer step): a runner that keeps a
+   * derived copy of them refreshes it only when this changes. Undefined: refresh on every call.
+   */
+  weightsVersion?: number;
 }
 
 /** What the trainer generates rollouts with: either backend. */
@@ -156,8 +161,60 @@ export class GenerationRunner implements RolloutGenerator {
 
 /** Options of a KV-cache generation runner. */
 export interface KvGenerationRunnerOptions extends GenerationRunnerOptions {
-  /** Compute dtype of the caches and activations (the trainer's); weights are cast to it in the graph. */
-  compute: DType;
+  /** The decoder's weights in the compute dtype (shared with the trainer's other KV runners). */
+  weights: ComputeWeights;
+}
+
+/**
+ * The decoder's weights in the compute dtype, *materialised* from the trainer's tensors: one run
+ * casts the float32 parameters (with LoRA: base + scale·B·A) into buffers held for the object's
+ * lifetime, and only when the weight version changes. Casting inside the KV decode step instead
+ * would read every float32 weight again for every token (2.4 GB per step at 0.6B). The buffers never
+ * move, so a decode step reading them can replay as a CUDA graph. One object serves every KV runner
+ * of a trainer (rollouts and greedy evaluation), so the copy (1.2 GB at 0.6B in bf16) exists once.
+ */
+export class ComputeWeights {
+  private built: { session: Session; binding: Binding; buffers: Map<string, DeviceTensor> } | undefined;
+  private version: number | undefined;
+
+  constructor(
+    private readonly device: Device,
+    private readonly config: DecoderConfig,
+    private readonly pw: PolicyWeights,
+    /** Compute dtype of the buffers (the trainer's). */
+    readonly compute: DType,
+    private readonly session?: SessionOptions,
+  ) {}
+
+  /**
+   * The buffers by HF name, holding the weights computed from `weights` (compiled and allocated on
+   * first use; recomputed unless `version` is defined and equals the last one's).
+   */
+  async update(weights: BoundWeights[], version: number | undefined): Promise<Map<string, DeviceTensor>> {
+    if (!this.built) {
+      const g = new L.Graph('grpo_materialise_weights');
+      const w = this.pw.weights(g, declareTrainable(g, this.pw));
+      const specs = paramSpecs(this.config);
+      for (const spec of specs) g.output(L.cast(w(spec.name), this.compute), `compute/${spec.name}`);
+      const session = this.device.compile(g, { ...this.session, name: 'grpo-materialise-weights', cudaGraph: false });
+      const binding = session.binding();
+      const buffers = new Map(specs.map((spec) => [spec.name, this.device.zeros(this.compute, spec.shape)] as const));
+      for (const [name, t] of buffers) binding.output(`compute/${name}`, t);
+      this.built = { session, binding, buffers };
+    } else if (version !== undefined && version === this.version) return this.built.buffers;
+    bindAll(this.built.binding, ...weights);
+    await this.built.binding.run();
+    this.version = version;
+    return this.built.buffers;
+  }
+
+  dispose(): void {
+    if (!this.built) return;
+    this.built.binding.dispose();
+    this.built.session.dispose();
+    this.built.buffers.forEach((t) => t.dispose());
+    this.built = undefined;
+  }
 }
 
 /** Cache lengths are rounded up to this many positions, so a slightly longer prompt rarely rebuilds the engine. */
@@ -168,31 +225,25 @@ const LENGTH_QUANTUM = 64;
  * prefill, then a loop of decode-step runs over in-place KV caches. The engine's rows and cache
  * length are fixed when it is built, so it is built on first use — rows for `promptsPerRun` prompts
  * (all of the call's with 0) × G, cache length the longest prompt + `maxNewTokens` rounded up to 64
- * positions — and rebuilt, larger, only when a call needs more.
- *
- * The decoder's weights in the compute dtype are *materialised once per call*: one run casts the
- * trainer's float32 parameters (with LoRA: base + scale·B·A) into buffers the engine owns for its
- * lifetime. Casting inside the decode step instead would read every float32 weight again for every
- * token (2.4 GB per step at 0.6B). The buffers never move, so on CUDA the decode step is replayed
- * as a CUDA graph. The cost: one copy of the weights in the compute dtype.
+ * positions — and rebuilt, larger, only when a call needs more. It reads the weights from
+ * {@link ComputeWeights} (refreshed when `call.weightsVersion` changes), whose buffers never move,
+ * so on CUDA its decode step replays as a CUDA graph.
  */
 export class KvGenerationRunner implements RolloutGenerator {
   private engine: { generator: KvCacheGenerator; rows: number; maxLength: number } | undefined;
-  private materialised: { session: Session; binding: Binding; buffers: Map<string, DeviceTensor> } | undefined;
 
   private constructor(
     private readonly device: Device,
     private readonly config: DecoderConfig,
-    private readonly pw: PolicyWeights,
     private readonly opts: KvGenerationRunnerOptions,
   ) {}
 
   /** Checks that the engine can run here; the graphs are compiled on the first `generate`. */
-  static create(device: Device, config: DecoderConfig, pw: PolicyWeights, opts: KvGenerationRunnerOptions): KvGenerationRunner {
-    const why = kvCacheUnsupported(config, device.kind, opts.compute);
+  static create(device: Device, config: DecoderConfig, opts: KvGenerationRunnerOptions): KvGenerationRunner {
+    const why = kvCacheUnsupported(config, device.kind, opts.weights.compute);
     if (why) throw new Error(`KvGenerationRunner: ${why}`);
     validateSampling(opts.sampling, config.vocabSize);
-    return new KvGenerationRunner(device, config, pw, opts);
+    return new KvGenerationRunner(device, config, opts);
   }
 
   /** Same contract as {@link GenerationRunner.generate}. */
@@ -202,7 +253,7 @@ export class KvGenerationRunner implements RolloutGenerator {
     const longest = Math.max(...prompts.map((p) => p.length));
     const positions = this.config.maxPositionEmbeddings;
     if (longest + call.maxNewTokens > positions) throw new Error(`generate: a prompt of ${longest} tokens + ${call.maxNewTokens} new exceed the model's ${positions} positions`);
-    const buffers = await this.materialise(weights);
+    const buffers = await this.opts.weights.update(weights, call.weightsVersion);
     const generator = this.engineFor((this.opts.promptsPerRun || prompts.length) * this.opts.groupSize, Math.min(positions, Math.ceil((longest + call.maxNewTokens) / LENGTH_QUANTUM) * LENGTH_QUANTUM), buffers);
     const out = await generator.generate(
       prompts.map((p) => [...p]),
@@ -210,28 +261,6 @@ export class KvGenerationRunner implements RolloutGenerator {
     );
     // sorted by (prompt, sample): row p·G + j
     return out.map((c) => ({ tokens: c.tokens, logprobs: c.logprobs, stopped: c.finishReason === 'stop' }));
-  }
-
-  /**
-   * Writes the decoder's weights in the compute dtype, computed from the bound trainer tensors, into
-   * the runner's buffers (compiled and allocated on first use) and returns them by HF name.
-   */
-  private async materialise(weights: BoundWeights[]): Promise<Map<string, DeviceTensor>> {
-    if (!this.materialised) {
-      const g = new L.Graph('grpo_materialise_weights');
-      const w = this.pw.weights(g, declareTrainable(g, this.pw));
-      const specs = paramSpecs(this.config);
-      for (const spec of specs) g.output(L.cast(w(spec.name), this.opts.compute), `compute/${spec.name}`);
-      const session = this.device.compile(g, { ...this.opts.session, name: 'grpo-materialise-weights', cudaGraph: false });
-      const binding = session.binding();
-      const buffers = new Map(specs.map((spec) => [spec.name, this.device.zeros(this.opts.compute, spec.shape)] as const));
-      for (const [name, t] of buffers) binding.output(`compute/${name}`, t);
-      this.materialised = { session, binding, buffers };
-    }
-    const { binding, buffers } = this.materialised;
-    bindAll(binding, ...weights);
-    await binding.run();
-    return buffers;
   }
 
   /** The engine, rebuilt (the old one disposed) when a call needs more rows or a longer cache. */
@@ -245,7 +274,7 @@ export class KvGenerationRunner implements RolloutGenerator {
       ...this.opts.sampling,
       groupSize: this.opts.groupSize,
       ...size,
-      dtype: this.opts.compute,
+      dtype: this.opts.weights.compute,
       padTokenId: this.opts.padId,
       // on CUDA unless the session options turn graphs off (`cudaGraph: false`)
       cudaGraph: this.device.kind === 'cuda' && this.opts.session?.cudaGraph !== false,
@@ -255,15 +284,10 @@ export class KvGenerationRunner implements RolloutGenerator {
     return generator;
   }
 
+  /** Frees the engine (not the shared {@link ComputeWeights}). */
   dispose(): void {
     this.engine?.generator.dispose();
     this.engine = undefined;
-    if (this.materialised) {
-      this.materialised.binding.dispose();
-      this.materialised.session.dispose();
-      this.materialised.buffers.forEach((t) => t.dispose());
-      this.materialised = undefined;
-    }
   }
 }
 

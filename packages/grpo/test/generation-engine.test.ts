@@ -80,7 +80,7 @@ test("'kv-cache' and 'graph' rollouts: the same tokens, metrics and updates from
   graph.dispose();
 });
 
-test("LoRA: the KV engine's weights (base + scale·B·A, materialised once per call) give the graph engine's rollouts", async () => {
+test("LoRA: the KV engine's weights (base + scale·B·A, materialised once per weight version) give the graph engine's rollouts", async () => {
   const model = tinyModel(V, { headDim: 16, std: 0.5, seed: 5 });
   const lora = { rank: 2, alpha: 4, targets: 'q_proj|v_proj|gate_proj' };
   const [kv, graph] = (['kv-cache', 'graph'] as const).map((generationEngine) => make(model, { generationEngine, lora }));
