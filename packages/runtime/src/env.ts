@@ -2,6 +2,7 @@
  * The process-wide ONNX Runtime environment and the enums of the C API that Lathe passes around.
  * ORT keeps one environment per process (onnxruntime-node shares it when both are used).
  */
+import { writeSync } from 'node:fs';
 import { CApi, type Ptr } from './capi';
 
 /** `OrtAllocatorType`. */
@@ -38,4 +39,15 @@ export function cpuMemoryInfo(): Ptr {
 export function cpuAllocator(): Ptr {
   const { api } = ortEnv();
   return (cpuAllocatorHandle ??= api.out('GetAllocatorWithDefaultOptions'));
+}
+
+const TRACE = process.env.LATHE_TRACE_RUNS === '1';
+
+/**
+ * With LATHE_TRACE_RUNS=1, a line to stderr (every run's start and end, every tensor the garbage
+ * collector releases), written synchronously so the last line survives a crash of the process: a
+ * native fault names no JavaScript frame.
+ */
+export function trace(line: string): void {
+  if (TRACE) writeSync(2, `[lathe-run] ${line} ${performance.now().toFixed(1)}\n`);
 }

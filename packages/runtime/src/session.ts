@@ -5,10 +5,10 @@
  * two sets of state buffers rebinds only what changed, and nothing crosses the host boundary that
  * the caller did not ask for.
  */
-import { writeFileSync, writeSync } from 'node:fs';
+import { writeFileSync } from 'node:fs';
 import { dtypeFromOnnxCode, onnxTypeCode, toModelBytes, type DType, type Graph } from '@lathe/onnx';
 import { OrtError, type Ptr } from './capi';
-import { cpuAllocator, cpuMemoryInfo, graphOptimizationLevels, ortEnv, type LogLevel } from './env';
+import { cpuAllocator, cpuMemoryInfo, graphOptimizationLevels, ortEnv, trace, type LogLevel } from './env';
 import { checkHostTensor, sizeOf, type HostTensor } from './host';
 import { DeviceTensor, tensorTypeOf } from './tensor';
 import type { Device } from './device';
@@ -378,9 +378,9 @@ export class Binding {
   runSync(opts: Omit<RunOptions, 'signal'> = {}): void {
     const { api } = ortEnv();
     this.prepareRun();
-    traceRun(this.session.name, 'sync');
+    trace(`sync ${this.session.name}`);
     api.call('RunWithBinding', this.session.handle, opts.synchronize === false ? this.asyncRunOptions : this.runOptions, this.live());
-    traceRun(this.session.name, 'done');
+    trace(`done ${this.session.name}`);
     this.collect();
   }
 
@@ -406,9 +406,9 @@ export class Binding {
     if (opts.signal?.aborted) abort();
     opts.signal?.addEventListener('abort', abort);
     try {
-      traceRun(this.session.name, 'async');
+      trace(`async ${this.session.name}`);
       await api.callAsync('RunWithBinding', this.session.handle, ro, this.live());
-      traceRun(this.session.name, 'done');
+      trace(`done ${this.session.name}`);
     } finally {
       opts.signal?.removeEventListener('abort', abort);
       api.fn('ReleaseRunOptions')(ro);
@@ -519,15 +519,6 @@ export class Binding {
     api.fn('ReleaseRunOptions')(this.asyncRunOptions);
     this.session.forget(this);
   }
-}
-
-/**
- * With LATHE_TRACE_RUNS=1, every run's start and end goes to stderr, written synchronously so the
- * last line survives a crash of the process (a native fault names no JavaScript frame).
- */
-const TRACE_RUNS = process.env.LATHE_TRACE_RUNS === '1';
-function traceRun(session: string, what: 'sync' | 'async' | 'done'): void {
-  if (TRACE_RUNS) writeSync(2, `[lathe-run] ${what} ${session} ${performance.now().toFixed(1)}\n`);
 }
 
 /** Copies a host tensor into a new ORT-allocated CPU value (the caller releases it). */

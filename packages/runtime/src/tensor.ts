@@ -6,10 +6,9 @@
  * `dispose()` is freed by a finalizer and counted as a leak (Device.memory().leaked, and a warning),
  * because GPU memory should not wait for the JavaScript GC.
  */
-import { writeSync } from 'node:fs';
 import { dtypeFromOnnxCode, onnxTypeCode, type DType } from '@lathe/onnx';
 import type { Ptr } from './capi';
-import { ortEnv } from './env';
+import { ortEnv, trace } from './env';
 import { byteSize, checkHostTensor, hostArrayType, sizeOf, type HostArray, type HostTensor } from './host';
 import type { Device } from './device';
 
@@ -21,7 +20,7 @@ interface Finalized {
 }
 
 const finalizer = new FinalizationRegistry<Finalized>((f) => {
-  if (process.env.LATHE_TRACE_RUNS === '1') writeSync(2, `[lathe-run] finalize ${f.bytes} bytes\n`);
+  trace(`finalize ${f.bytes} bytes`);
   ortEnv().api.fn('ReleaseValue')(f.handle);
   f.device.noteFreed(f.bytes, f.owned, true);
 });
