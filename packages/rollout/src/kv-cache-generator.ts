@@ -18,7 +18,7 @@
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
 import { paramSpecs, readConfig, readTensorBytes, readWeightIndex, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
-import { Device, DeviceTensor, fromBfloat16Bits, fromFloat16Bits, hostTensor, toBfloat16Bits, toFloat16Bits, type Binding, type HostTensor, type DeviceKind, type Session, type SessionOptions } from '@lathe/runtime';
+import { bytesToFloat32, Device, DeviceTensor, hostTensor, toBfloat16Bits, toFloat16Bits, type Binding, type HostTensor, type DeviceKind, type Session, type SessionOptions } from '@lathe/runtime';
 import { addKvDecodeStep, addKvPrefill, cacheName, SAMPLED_COLUMNS } from './kv-cache-graphs';
 import { uniformNoise } from './rng';
 import { validateSampling, type SamplingOptions } from './sampling';
@@ -75,10 +75,8 @@ export interface GenerationTimings {
 
 /** Converts a safetensors tensor's bytes to the compute dtype's host representation. */
 function toComputeDtype(bytes: Uint8Array, from: DType, to: DType, where: string): HostTensor['data'] {
-  const copy = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength);
-  if (from === to) return L.dtypeBytes(to) === 2 ? new Uint16Array(copy) : new Float32Array(copy);
-  const f32 = from === 'float32' ? new Float32Array(copy) : from === 'bfloat16' ? fromBfloat16Bits(new Uint16Array(copy)) : from === 'float16' ? fromFloat16Bits(new Uint16Array(copy)) : undefined;
-  if (!f32) throw new Error(`${where}: weights of dtype ${from} cannot be loaded (float32, bfloat16 and float16 can)`);
+  if (from === to && L.dtypeBytes(to) === 2) return new Uint16Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+  const f32 = bytesToFloat32(bytes, from, where);
   if (to === 'float32') return f32;
   if (to === 'bfloat16') return toBfloat16Bits(f32);
   if (to === 'float16') return toFloat16Bits(f32);

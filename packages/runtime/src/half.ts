@@ -83,3 +83,16 @@ export function fromBfloat16Bits(src: Uint16Array, out = new Float32Array(src.le
   for (let i = 0; i < src.length; i++) bits[i] = src[i] << 16;
   return out;
 }
+
+/**
+ * Raw little-endian tensor bytes (e.g. a safetensors entry) of a float dtype as float32 values: a
+ * copy for float32, an exact widening for bfloat16 and float16. Other dtypes are an error that
+ * names `where`.
+ */
+export function bytesToFloat32(bytes: Uint8Array, dtype: string, where: string): Float32Array {
+  const copy = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength);
+  if (dtype === 'float32') return new Float32Array(copy);
+  if (dtype === 'bfloat16') return fromBfloat16Bits(new Uint16Array(copy));
+  if (dtype === 'float16') return fromFloat16Bits(new Uint16Array(copy));
+  throw new Error(`${where}: dtype ${dtype} cannot be read as floats (float32, bfloat16 and float16 can)`);
+}

@@ -9,7 +9,7 @@ export { Device, type CudaDeviceOptions, type DeviceKind, type MemoryReport } fr
 export { DeviceTensor } from './tensor';
 export { Session, Binding, type SessionOptions, type TensorInfo, type RunOptions, type OutputPlacement } from './session';
 export { byteSize, checkHostTensor, hostArrayType, hostTensor, sizeOf, type HostArray, type HostTensor } from './host';
-export { fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits } from './half';
+export { bytesToFloat32, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits } from './half';
 export { PlainSession, type SessionDevice } from './plain';
 export { Program, type ProgramBackend, type ProgramOptions, type ProgramIO } from './program';
 export { availableProviders, diagnose, type DoctorCheck } from './doctor';

@@ -1,5 +1,5 @@
 import * as L from '@lathe/onnx';
-import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits } from '@lathe/runtime';
+import { bytesToFloat32, Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits } from '@lathe/runtime';
 
 /** float32 values that exercise every rounding path: ties, subnormals, overflow, specials. */
 function probes(): Float32Array {
@@ -75,4 +75,19 @@ test('plain number arrays convert like Float32Arrays', () => {
   const v = [0.1, -2.5, 1e-6, 70000];
   expect(Array.from(toFloat16Bits(v))).toEqual(Array.from(toFloat16Bits(Float32Array.from(v))));
   expect(Array.from(toBfloat16Bits(v))).toEqual(Array.from(toBfloat16Bits(Float32Array.from(v))));
+});
+
+test('bytesToFloat32: float32 copied, bfloat16 and float16 widened exactly, other dtypes named in the error', () => {
+  const values = Float32Array.from([0, 1.5, -2.25, 65504, 1e-3]);
+  const bytes = (a: ArrayBufferView) => new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
+  expect(Array.from(bytesToFloat32(bytes(values), 'float32', 'x'))).toEqual(Array.from(values));
+  const bf = toBfloat16Bits(values);
+  expect(Array.from(bytesToFloat32(bytes(bf), 'bfloat16', 'x'))).toEqual(Array.from(fromBfloat16Bits(bf)));
+  const h = toFloat16Bits(values);
+  expect(Array.from(bytesToFloat32(bytes(h), 'float16', 'x'))).toEqual(Array.from(fromFloat16Bits(h)));
+  // an unaligned view (safetensors offsets need not be 4-byte aligned) reads the same values
+  const shifted = new Uint8Array(values.byteLength + 1);
+  shifted.set(bytes(values), 1);
+  expect(Array.from(bytesToFloat32(shifted.subarray(1), 'float32', 'x'))).toEqual(Array.from(values));
+  expect(() => bytesToFloat32(new Uint8Array(4), 'int32', 'model.safetensors: w')).toThrow(/model\.safetensors: w: dtype int32/);
 });

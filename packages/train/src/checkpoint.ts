@@ -8,6 +8,7 @@
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseConfig, readSafetensorsHeader, readTensorBytes, readWeightIndex, saveHfModel, writeSafetensors, paramSpecs, type DecoderConfig } from '@lathe/models';
+import { bytesToFloat32 } from '@lathe/runtime';
 import type { TrainableParam } from './train-step';
 
 /** Where a run is in its data and schedule. */
@@ -106,7 +107,7 @@ export function loadCheckpoint(dir: string, trainable?: TrainableParam[]): Check
     if (adapterFile) {
       const e = adapterFile.get(s.name);
       if (!e) throw new Error(`${join(dir, 'adapter_model.safetensors')}: missing tensor '${s.name}'`);
-      values.set(s.name, toFloat32(readTensorBytes(e), e.dtype, `${e.file}: '${e.name}'`));
+      values.set(s.name, bytesToFloat32(readTensorBytes(e), e.dtype, `${e.file}: '${e.name}'`));
     } else {
       const w = model.get(s.name);
       if (!w) throw new Error(`${dir}: missing trained tensor '${s.name}' (a LoRA run resumed from a full fine-tuning checkpoint, or the reverse?)`);
@@ -115,13 +116,13 @@ export function loadCheckpoint(dir: string, trainable?: TrainableParam[]): Check
     for (const [prefix, into] of [['adam_m/', m], ['adam_v/', v]] as const) {
       const e = opt.get(prefix + s.name);
       if (!e) throw new Error(`${join(dir, 'optimizer.safetensors')}: missing tensor '${prefix}${s.name}'`);
-      into.set(s.name, toFloat32(readTensorBytes(e), e.dtype, `${e.file}: '${e.name}'`));
+      into.set(s.name, bytesToFloat32(readTensorBytes(e), e.dtype, `${e.file}: '${e.name}'`));
     }
   }
   return { config, model, trainable: specs, values, m, v, state, runConfigYaml: readFileSync(join(dir, 'config.yaml'), 'utf8'), lora };
 }
 
-/** A model folder's weights as float32 arrays by HF name (from float32 or bfloat16 files). */
+/** A model folder's weights as float32 arrays by HF name (from float32, bfloat16 or float16 files). */
 export function loadFloat32(dir: string, config: DecoderConfig): Map<string, Float32Array> {
   const index = readWeightIndex(dir);
   const out = new Map<string, Float32Array>();
@@ -129,19 +130,7 @@ export function loadFloat32(dir: string, config: DecoderConfig): Map<string, Flo
     const e = index.get(s.name);
     if (!e) throw new Error(`${dir}: missing weight '${s.name}'`);
     if (e.shape.join(',') !== s.shape.join(',')) throw new Error(`${e.file}: '${s.name}' has shape [${e.shape}], the config implies [${s.shape}]`);
-    out.set(s.name, toFloat32(readTensorBytes(e), e.dtype, `${e.file}: '${s.name}'`));
+    out.set(s.name, bytesToFloat32(readTensorBytes(e), e.dtype, `${e.file}: '${s.name}'`));
   }
   return out;
-}
-
-function toFloat32(bytes: Uint8Array, dtype: string, where: string): Float32Array {
-  if (dtype === 'float32') return new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
-  if (dtype === 'bfloat16') {
-    // bf16 is the top half of a float32: widening is exact.
-    const src = new Uint16Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
-    const bits = new Uint32Array(src.length);
-    for (let i = 0; i < src.length; i++) bits[i] = src[i] << 16;
-    return new Float32Array(bits.buffer);
-  }
-  throw new Error(`${where}: dtype ${dtype} cannot be trained yet (float32 and bfloat16 weights can)`);
 }
