@@ -1,11 +1,64 @@
 /**
  * Reverse-mode automatic differentiation over a graph: `grad(loss, wrt)` appends the backward
- * nodes to the same graph, using each op's gradient rule (see op.ts).
+ * nodes to the same graph, using each op's gradient rule (see op.ts). `checkpoint` marks a region
+ * whose activations the backward pass recomputes instead of keeping.
  */
 import { dimEquals, formatShape, isAnonymousDim } from './dim';
 import { isFloat } from './dtype';
-import { GraphError, type Node, type Tensor } from './graph';
-import { add, onesLike, zerosLike } from './ops/elementwise';
+import { applyOp, GraphError, type Node, type Tensor } from './graph';
+import { add, cast, mul, onesLike, zerosLike } from './ops/elementwise';
+import { reshape, slice } from './ops/shape-ops';
+
+/** A recomputation region: the nodes `fn` built, and the inputs it recomputes from. */
+interface Region {
+  nodes: Node[];
+  inputs: Set<Tensor>;
+}
+
+const regionOf = new WeakMap<Node, Region>();
+
+/**
+ * Activation recomputation (gradient checkpointing). Runs `fn` now; when `grad` later reaches the
+ * nodes `fn` built, it rebuilds the ones that depend on `inputs` from those inputs and
+ * differentiates the copies, so the forward pass's intermediate values are no longer needed by the
+ * backward pass and ONNX Runtime frees them after their last forward use. Memory for the region
+ * falls to its inputs plus one region's activations at a time; the price is running the region's
+ * forward twice. Nodes of the region that do not depend on `inputs` (weight casts, transposes)
+ * are not copied: the backward pass reads the originals.
+ *
+ * The copies must not run before the backward pass reaches the region, or they would be alive
+ * as long as the originals: their inputs are made to depend on the region's output gradients by
+ * adding zero derived from one element of one of them (ONNX has no control edges; ORT orders
+ * nodes by data dependencies only). A NaN or infinite gradient there turns the recomputed values
+ * non-finite too, which the update's non-finite check reports as it would the gradient itself.
+ * Nested regions count as the outermost one.
+ */
+export function checkpoint<T>(inputs: Tensor[], fn: () => T): T {
+  if (inputs.length === 0) throw new GraphError('checkpoint: give the tensors the region is recomputed from');
+  const graph = inputs[0].graph;
+  const start = graph.nodes.length;
+  const result = fn();
+  const region: Region = { nodes: graph.nodes.slice(start), inputs: new Set(inputs) };
+  for (const n of region.nodes) regionOf.set(n, region);
+  return result;
+}
+
+/**
+ * Copies of a region's nodes that depend on its inputs, gated on `late` (a gradient the backward
+ * pass computes just before it needs the region). Returns original → copy for every copied value.
+ */
+function recomputeRegion(region: Region, late: Tensor): Map<Tensor, Tensor> {
+  const copies = new Map<Tensor, Tensor>();
+  const corner = late.rank === 0 ? late : slice(late, [...Array(late.rank).keys()], Array(late.rank).fill(0), Array(late.rank).fill(1));
+  const zero = mul(reshape(corner, []), 0);
+  for (const x of region.inputs) if (isFloat(x.dtype)) copies.set(x, add(x, cast(zero, x.dtype)));
+  for (const node of region.nodes) {
+    if (!node.inputs.some((t) => t && copies.has(t))) continue;
+    const outs = applyOp(node.op, node.inputs.map((t) => (t && copies.get(t)) ?? t), node.attrs, node.outputs[0].graph);
+    node.outputs.forEach((o, i) => copies.set(o, outs[i]));
+  }
+  return copies;
+}
 
 /** Options of `grad`. */
 export interface GradOptions {
@@ -51,6 +104,22 @@ export function grad(loss: Tensor, wrt: Tensor[], opts: GradOptions = {}): Tenso
     const prev = grads.get(t);
     grads.set(t, prev ? add(prev, g) : g);
   };
+  // Recomputed copies per checkpoint region, made when the backward pass first reaches it: by then
+  // every consumer outside the region has been differentiated (regions are contiguous in node
+  // order), so the gradients of its outputs are complete.
+  // Copies no rule reads are left for serialization, which emits only live nodes.
+  const recomputed = new Map<Region, Map<Tensor, Tensor>>();
+  const copiesFor = (node: Node): Map<Tensor, Tensor> | undefined => {
+    const region = regionOf.get(node);
+    if (!region) return undefined;
+    let copies = recomputed.get(region);
+    if (!copies) {
+      const late = region.nodes.flatMap((n) => n.outputs).map((o) => grads.get(o)).find((g) => g !== undefined)!;
+      copies = graph.scope('recompute', () => recomputeRegion(region, late));
+      recomputed.set(region, copies);
+    }
+    return copies;
+  };
   return graph.scope('grad', () => {
     accumulate(loss, opts.seed ?? onesLike(loss));
     for (const node of path) {
@@ -61,7 +130,12 @@ export function grad(loss: Tensor, wrt: Tensor[], opts: GradOptions = {}): Tenso
       if (rule === undefined) {
         throw new GraphError(`grad: ${node.op.name} (node ${node.name}) has no gradient rule; it lies between the loss and a differentiated input`);
       }
-      const dx = rule({ inputs: node.inputs, outputs: node.outputs, attrs: node.attrs, dy });
+      // In a checkpoint region the rule reads the recomputed values; gradients stay keyed by the
+      // original tensors.
+      const copies = copiesFor(node);
+      const inputs = copies ? node.inputs.map((t) => (t && copies.get(t)) ?? t) : node.inputs;
+      const outputs = copies ? node.outputs.map((t) => copies.get(t) ?? t) : node.outputs;
+      const dx = rule({ inputs, outputs, attrs: node.attrs, dy });
       node.inputs.forEach((x, i) => {
         const g = dx[i];
         if (!x || !g || !dependsOnWrt.has(x) || !isFloat(x.dtype) || node.op.nonDiffInputs?.includes(i)) return;

@@ -1,7 +1,7 @@
 /** Graph → ONNX ModelProto → bytes. */
 import { isAnonymousDim, type Dim } from './dim';
 import { onnxTypeCode } from './dtype';
-import type { Graph, Tensor } from './graph';
+import type { Graph, Node, Tensor } from './graph';
 import { AttributeType, encodeModelProto, type AttributeProto, type GraphProto, type ModelProto, type NodeProto, type TensorProto, type ValueInfoProto } from './proto';
 import type { AttrValue } from './op';
 import { encodeValues } from './graph';
@@ -55,8 +55,50 @@ function attribute(name: string, v: AttrValue, domains: Set<string>): AttributeP
   }
 }
 
+/** The Loop/If bodies a node carries. */
+function bodies(n: Node): Graph[] {
+  const attrs = n.op.onnxAttrs ? n.op.onnxAttrs(n.attrs as never) : {};
+  return Object.values(attrs).flatMap((v) => (v.kind === 'graph' ? [v.value] : []));
+}
+
+/** Values of enclosing graphs that a body (or its own bodies) reads. */
+function outerReads(body: Graph): Tensor[] {
+  const reads: Tensor[] = [];
+  for (const n of body.nodes) {
+    for (const t of n.inputs) if (t && t.graph !== body) reads.push(t);
+    for (const b of bodies(n)) for (const t of outerReads(b)) if (t.graph !== body) reads.push(t);
+  }
+  for (const t of body.outputs) if (t.graph !== body) reads.push(t);
+  return reads;
+}
+
+/**
+ * The nodes the graph's outputs depend on, in order. Autodiff rules build every input's gradient
+ * and drop the ones nothing needs (a scalar constant's, say), and ONNX Runtime runs such dead
+ * nodes anyway — last, keeping whatever they read alive for the whole backward pass.
+ */
+function liveNodes(graph: Graph): Node[] {
+  const needed = new Set<Tensor>(graph.outputs);
+  const live: Node[] = [];
+  for (let k = graph.nodes.length - 1; k >= 0; k--) {
+    const n = graph.nodes[k];
+    if (!n.outputs.some((o) => needed.has(o))) continue;
+    live.push(n);
+    for (const t of n.inputs) if (t) needed.add(t);
+    for (const b of bodies(n)) for (const t of outerReads(b)) needed.add(t);
+  }
+  return live.reverse();
+}
+
 function graphProto(graph: Graph, domains: Set<string>): GraphProto {
-  const node: NodeProto[] = graph.nodes.map((n) => {
+  const nodes = liveNodes(graph);
+  // Initializers only dead nodes read go too (ORT would warn about each).
+  const read = new Set<Tensor>(graph.outputs);
+  for (const n of nodes) {
+    for (const t of n.inputs) if (t) read.add(t);
+    for (const b of bodies(n)) for (const t of outerReads(b)) read.add(t);
+  }
+  const node: NodeProto[] = nodes.map((n) => {
     const inputs = n.inputs.map((t) => (t ? t.name : ''));
     while (inputs.length && inputs[inputs.length - 1] === '') inputs.pop();
     const domain = n.op.domain ?? '';
@@ -71,7 +113,7 @@ function graphProto(graph: Graph, domains: Set<string>): GraphProto {
       attribute: Object.entries(attrs).map(([k, v]) => attribute(k, v, domains)),
     };
   });
-  const initializer: TensorProto[] = [...graph.initializers.values()].map(({ tensor, data }) => {
+  const initializer: TensorProto[] = [...graph.initializers.values()].filter(({ tensor }) => read.has(tensor) || graph.inputs.includes(tensor)).map(({ tensor, data }) => {
     const base = { name: tensor.name, dims: tensor.shape as number[], dataType: onnxTypeCode(tensor.dtype) };
     if (data.kind === 'inline') return { ...base, rawData: data.bytes };
     return {
@@ -87,7 +129,7 @@ function graphProto(graph: Graph, domains: Set<string>): GraphProto {
   // Every intermediate's type and shape as Lathe inferred them: ONNX Runtime's own symbolic shape
   // inference is slow on large graphs (superlinear in node count) and starts from these instead.
   const outputs = new Set(graph.outputs);
-  const intermediates = graph.nodes.flatMap((n) => n.outputs.filter((t) => !outputs.has(t)).map((t) => valueInfo(t, false)));
+  const intermediates = nodes.flatMap((n) => n.outputs.filter((t) => !outputs.has(t)).map((t) => valueInfo(t, false)));
   return {
     name: graph.name,
     node,

@@ -61,6 +61,7 @@ const cases: GradCase[] = [
   { name: 'slice', inputs: [{ shape: [3, 5] }], build: ([a]) => L.slice(a, [1], [1], [4]) },
   { name: 'slice negative start', inputs: [{ shape: [2, 6] }], build: ([a]) => L.slice(a, [0, 1], [0, -2]) },
   { name: 'pad', inputs: [{ shape: [2, 2] }], build: ([a]) => L.pad(a, [1, 0], [0, 2]) },
+  { name: 'pad before and after, squared', inputs: [{ shape: [2, 3] }], build: ([a]) => L.pad(a, [0, 2], [1, 1]).mul(L.pad(a, [0, 2], [1, 1])) },
   { name: 'squeeze', inputs: [{ shape: [2, 1, 3] }], build: ([a]) => L.squeeze(a, [1]) },
   { name: 'unsqueeze', inputs: [{ shape: [2, 3] }], build: ([a]) => L.unsqueeze(a, [0, 2]) },
   { name: 'expand', inputs: [{ shape: [3, 1] }], build: ([a]) => L.expand(a, [2, 3, 4]) },

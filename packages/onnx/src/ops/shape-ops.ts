@@ -204,7 +204,10 @@ function padFromSlice(g: Tensor, x: Tensor, spec: SliceSpec): Tensor {
   const graph = x.graph;
   const constantPads = staticSlicePads(x.shape, spec);
   // Known at build time: a constant, so no shape arithmetic runs (on the CPU) at run time.
-  if (constantPads) return applyOp(padOp, [g, graph.constant(constantPads, 'int64', [constantPads.length])], { shape: x.shape })[0];
+  if (constantPads) {
+    const amounts = { before: constantPads.slice(0, x.rank), after: constantPads.slice(x.rank) };
+    return applyOp(padOp, [g, graph.constant(constantPads, 'int64', [constantPads.length])], { shape: x.shape, amounts })[0];
+  }
   const full = shapeOf(x);
   const i64 = (v: number) => graph.constant([v], 'int64', [1]);
   const before: Tensor[] = [];
@@ -231,14 +234,27 @@ function padFromSlice(g: Tensor, x: Tensor, spec: SliceSpec): Tensor {
   return applyOp(padOp, [g, pads], { shape: x.shape })[0];
 }
 
-export const padOp: OpDef<{ shape: Dim[] }> = defineOp<{ shape: Dim[] }>({
+/** Pad's attributes: the output shape, and the amounts when they are known at build time. */
+interface PadAttrs {
+  shape: Dim[];
+  /** Static amounts per axis (from `pad`): the gradient then slices with constant bounds. */
+  amounts?: { before: number[]; after: number[] };
+}
+
+export const padOp: OpDef<PadAttrs> = defineOp<PadAttrs>({
   name: 'Pad',
   nonDiffInputs: [1],
   infer: ([x], { shape }) => {
     if (shape.length !== x!.shape.length) throw new Error(`padded shape ${formatShape(shape)} has the wrong rank`);
     return [{ dtype: x!.dtype, shape: [...shape] }];
   },
-  grad: ({ inputs: [x, pads], outputs: [y], dy: [g] }) => {
+  grad: ({ inputs: [x, pads], outputs: [y], dy: [g], attrs: { amounts } }) => {
+    if (amounts) {
+      // Static amounts: slice each padded axis with constant bounds (a negative end counts from
+      // the padded size), so no shape arithmetic runs at run time.
+      const axes = amounts.before.map((_, i) => i).filter((i) => amounts.before[i] !== 0 || amounts.after[i] !== 0);
+      return [axes.length === 0 ? g! : slice(g!, axes, axes.map((i) => amounts.before[i]), axes.map((i) => (amounts.after[i] > 0 ? -amounts.after[i] : INT64_MAX))), null];
+    }
     // Slice the padding back off: starts = pads[:r], ends = starts + x's dims.
     const r = x!.rank;
     const starts = applyOp(sliceOp, [pads!, i64c(x!, 0), i64c(x!, r), i64c(x!, 0), i64c(x!, 1)], {
@@ -408,8 +424,9 @@ export function slice(x: Tensor, axes: number[], starts: Dim[], ends?: Dim[], st
 /** Zero-pads each axis by `before[i]` and `after[i]` elements (static amounts). */
 export function pad(x: Tensor, before: number[], after: number[]): Tensor {
   if (before.length !== x.rank || after.length !== x.rank) throw new Error(`pad: give ${x.rank} before/after amounts`);
+  if ([...before, ...after].some((n) => !Number.isInteger(n) || n < 0)) throw new Error(`pad: amounts must be non-negative integers, got [${before}] / [${after}]`);
   const shape = x.shape.map((d, i) => (before[i] === 0 && after[i] === 0 ? d : typeof d === 'number' ? d + before[i] + after[i] : anonymousDim()));
-  return applyOp(padOp, [x, x.graph.constant([...before, ...after], 'int64', [2 * x.rank])], { shape })[0];
+  return applyOp(padOp, [x, x.graph.constant([...before, ...after], 'int64', [2 * x.rank])], { shape, amounts: { before: [...before], after: [...after] } })[0];
 }
 
 /** Removes size-1 axes. */
