@@ -1,21 +1,54 @@
 /**
- * Decoder configuration read from a Hugging Face config.json (Qwen3ForCausalLM,
- * Qwen2ForCausalLM, LlamaForCausalLM). Unknown architectures and missing fields are errors that
- * name the file and field.
+ * Decoder configuration read from a Hugging Face config.json (Qwen3, Qwen2 and Llama, as causal LMs
+ * or as sequence classifiers, i.e. reward models). Unknown architectures and missing fields are
+ * errors that name the file and field.
  */
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-/** Architectures Lathe builds. */
-export type Architecture = 'Qwen3ForCausalLM' | 'Qwen2ForCausalLM' | 'LlamaForCausalLM';
-const ARCHITECTURES: Architecture[] = ['Qwen3ForCausalLM', 'Qwen2ForCausalLM', 'LlamaForCausalLM'];
+/**
+ * Architectures Lathe builds: a causal LM (head `lm_head`), or the same decoder with a `score`
+ * Linear instead (…ForSequenceClassification: reward models, read at the last non-pad token).
+ */
+export type Architecture =
+  | 'Qwen3ForCausalLM'
+  | 'Qwen2ForCausalLM'
+  | 'LlamaForCausalLM'
+  | 'Qwen3ForSequenceClassification'
+  | 'Qwen2ForSequenceClassification'
+  | 'LlamaForSequenceClassification';
+const ARCHITECTURES: Architecture[] = [
+  'Qwen3ForCausalLM',
+  'Qwen2ForCausalLM',
+  'LlamaForCausalLM',
+  'Qwen3ForSequenceClassification',
+  'Qwen2ForSequenceClassification',
+  'LlamaForSequenceClassification',
+];
+
+/** The model family of an architecture (what decides biases, QK-norm and model_type). */
+export function architectureFamily(arch: Architecture): 'qwen3' | 'qwen2' | 'llama' {
+  return arch.startsWith('Qwen3') ? 'qwen3' : arch.startsWith('Qwen2') ? 'qwen2' : 'llama';
+}
 
 /** RoPE frequency scaling (the variants these model families ship with). */
 export type RopeScaling =
   | { type: 'default' }
   | { type: 'linear'; factor: number }
   | { type: 'llama3'; factor: number; lowFreqFactor: number; highFreqFactor: number; originalMaxPositionEmbeddings: number }
-  | { type: 'yarn'; factor: number; originalMaxPositionEmbeddings: number; betaFast: number; betaSlow: number; attentionFactor?: number };
+  | {
+      type: 'yarn';
+      factor: number;
+      originalMaxPositionEmbeddings: number;
+      betaFast: number;
+      betaSlow: number;
+      attentionFactor?: number;
+      /** Round the ramp's ends to whole dimensions (transformers' `truncate`, default true). */
+      truncate?: boolean;
+      /** DeepSeek-style `mscale` / `mscale_all_dim`: with both, the attention factor is their ratio. */
+      mscale?: number;
+      mscaleAllDim?: number;
+    };
 
 /** Everything the decoder graph needs, with HF's names mapped to camelCase. */
 export interface DecoderConfig {
@@ -32,17 +65,24 @@ export interface DecoderConfig {
   ropeScaling: RopeScaling;
   maxPositionEmbeddings: number;
   tieWordEmbeddings: boolean;
-  /** Bias on q/k/v projections (Qwen2; Llama's `attention_bias`, which also biases o_proj). */
+  /** Bias on q/k/v projections (always for Qwen2; Llama's and Qwen3's `attention_bias`, which also biases o_proj). */
   attentionBias: boolean;
-  /** Bias on o_proj (Llama's `attention_bias`). */
+  /** Bias on o_proj (Llama's and Qwen3's `attention_bias`). */
   outputBias: boolean;
   /** Bias on the MLP projections (Llama's `mlp_bias`). */
   mlpBias: boolean;
   /** Per-head RMSNorm of queries and keys before RoPE (Qwen3). */
   qkNorm: boolean;
+  /**
+   * Outputs of the `score` head of a …ForSequenceClassification model (transformers' `num_labels`:
+   * 1 for a reward model); absent for a causal LM, whose head is `lm_head`.
+   */
+  scoreLabels?: number;
   /** Token ids from config.json (may be absent). */
   bosTokenId?: number;
   eosTokenId?: number | number[];
+  /** transformers' sequence classifiers find each row's last token through it when batching. */
+  padTokenId?: number;
   /** Dtype the weights are stored in (`torch_dtype`/`dtype`), when given. */
   torchDtype?: string;
 }
@@ -101,10 +141,28 @@ function ropeScaling(cfg: HfConfig, where: string): RopeScaling {
         betaFast: num('beta_fast', 32),
         betaSlow: num('beta_slow', 1),
         attentionFactor: typeof rs.attention_factor === 'number' ? rs.attention_factor : undefined,
+        ...(typeof rs.truncate === 'boolean' ? { truncate: rs.truncate } : {}),
+        ...(typeof rs.mscale === 'number' ? { mscale: rs.mscale } : {}),
+        ...(typeof rs.mscale_all_dim === 'number' ? { mscaleAllDim: rs.mscale_all_dim } : {}),
       };
+    case 'dynamic':
+      // Dynamic NTK recomputes the frequencies from each batch's length, which a graph built once
+      // (and a KV cache filled across calls) cannot follow.
+      throw new ModelConfigError(`${where}: rope_scaling rope_type 'dynamic' (dynamic NTK) is not supported (supported: default, linear, llama3, yarn)`);
     default:
-      throw new ModelConfigError(`${where}: rope_scaling type '${type}' is not supported (supported: default, linear, llama3, yarn)`);
+      throw new ModelConfigError(`${where}: rope_scaling rope_type '${type}' is not supported (supported: default, linear, llama3, yarn)`);
   }
+}
+
+/**
+ * transformers' `num_labels`: saved as `id2label` (one entry per label), read from `num_labels`
+ * when given that way, and 2 when neither is present (PretrainedConfig's default).
+ */
+function scoreLabels(cfg: HfConfig, where: string): number {
+  const id2label = cfg.id2label;
+  const n = id2label && typeof id2label === 'object' ? Object.keys(id2label).length : field<number>(cfg, 'num_labels', 'number', where, 2);
+  if (!Number.isInteger(n) || n < 1) throw new ModelConfigError(`${where}: field 'num_labels' should be a positive integer, got ${n}`);
+  return n;
 }
 
 /** Parses a config.json object; `where` names the file in errors. */
@@ -123,8 +181,9 @@ export function parseConfig(cfg: HfConfig, where = 'config.json'): DecoderConfig
   if (numHeads % numKvHeads !== 0) {
     throw new ModelConfigError(`${where}: num_attention_heads (${numHeads}) must be a multiple of num_key_value_heads (${numKvHeads})`);
   }
-  const isLlama = arch === 'LlamaForCausalLM';
-  const llamaBias = isLlama ? b('attention_bias', false) : false;
+  const family = architectureFamily(arch as Architecture);
+  // Qwen2 always biases q/k/v (never o); Llama and Qwen3 read attention_bias for all four.
+  const qkvoBias = family === 'qwen2' ? false : b('attention_bias', false);
   return {
     architecture: arch as Architecture,
     vocabSize: n('vocab_size'),
@@ -139,15 +198,23 @@ export function parseConfig(cfg: HfConfig, where = 'config.json'): DecoderConfig
     ropeScaling: ropeScaling(cfg, where),
     maxPositionEmbeddings: n('max_position_embeddings'),
     tieWordEmbeddings: b('tie_word_embeddings', false),
-    attentionBias: arch === 'Qwen2ForCausalLM' ? true : llamaBias,
-    outputBias: llamaBias,
-    mlpBias: isLlama ? b('mlp_bias', false) : false,
-    qkNorm: arch === 'Qwen3ForCausalLM',
+    attentionBias: family === 'qwen2' ? true : qkvoBias,
+    outputBias: qkvoBias,
+    mlpBias: family === 'llama' ? b('mlp_bias', false) : false,
+    qkNorm: family === 'qwen3',
+    ...(arch.endsWith('ForSequenceClassification') ? { scoreLabels: scoreLabels(cfg, where) } : {}),
     bosTokenId: typeof cfg.bos_token_id === 'number' ? cfg.bos_token_id : undefined,
     eosTokenId: typeof cfg.eos_token_id === 'number' || Array.isArray(cfg.eos_token_id) ? (cfg.eos_token_id as number | number[]) : undefined,
+    padTokenId: typeof cfg.pad_token_id === 'number' ? cfg.pad_token_id : undefined,
     torchDtype: typeof cfg.torch_dtype === 'string' ? cfg.torch_dtype : typeof cfg.dtype === 'string' ? cfg.dtype : undefined,
   };
 }
+
+/**
+ * The config.json each config was read from. Kept beside the config, not in it, so configs still
+ * compare and serialise by their model fields alone; a copy (`{ ...config }`) loses it.
+ */
+const configFiles = new WeakMap<DecoderConfig, string>();
 
 /** Reads and parses `<dir>/config.json`. */
 export function readConfig(dir: string): { config: DecoderConfig; raw: HfConfig } {
@@ -164,12 +231,31 @@ export function readConfig(dir: string): { config: DecoderConfig; raw: HfConfig 
   } catch (e) {
     throw new ModelConfigError(`${path}: invalid JSON (${(e as Error).message})`);
   }
-  return { config: parseConfig(raw, path), raw };
+  const config = parseConfig(raw, path);
+  configFiles.set(config, path);
+  return { config, raw };
+}
+
+/** The config.json `config` was read from by {@link readConfig}, when it was. */
+export function configFile(config: DecoderConfig): string | undefined {
+  return configFiles.get(config);
+}
+
+/**
+ * Throws when a sequence of `length` positions does not fit the model: RoPE tables and the
+ * model's training stop at `max_position_embeddings`. The error names `where` (the caller, e.g.
+ * `prompt 3`), the config file when known and the field.
+ */
+export function checkSequenceLength(config: DecoderConfig, length: number, where: string): void {
+  if (!Number.isInteger(length) || length < 0) throw new Error(`${where}: sequence length ${length} is not a non-negative integer`);
+  if (length <= config.maxPositionEmbeddings) return;
+  const file = configFile(config) ?? 'config.json';
+  throw new ModelConfigError(`${where}: ${length} positions exceed max_position_embeddings = ${config.maxPositionEmbeddings} (${file})`);
 }
 
 /** A config.json object for a DecoderConfig (what transformers needs to load the model). */
 export function toHfConfig(c: DecoderConfig, extra: HfConfig = {}): HfConfig {
-  const modelType = { Qwen3ForCausalLM: 'qwen3', Qwen2ForCausalLM: 'qwen2', LlamaForCausalLM: 'llama' }[c.architecture];
+  const family = architectureFamily(c.architecture);
   const rope: HfConfig | null =
     c.ropeScaling.type === 'default'
       ? null
@@ -190,10 +276,13 @@ export function toHfConfig(c: DecoderConfig, extra: HfConfig = {}): HfConfig {
               beta_fast: c.ropeScaling.betaFast,
               beta_slow: c.ropeScaling.betaSlow,
               ...(c.ropeScaling.attentionFactor !== undefined ? { attention_factor: c.ropeScaling.attentionFactor } : {}),
+              ...(c.ropeScaling.truncate !== undefined ? { truncate: c.ropeScaling.truncate } : {}),
+              ...(c.ropeScaling.mscale !== undefined ? { mscale: c.ropeScaling.mscale } : {}),
+              ...(c.ropeScaling.mscaleAllDim !== undefined ? { mscale_all_dim: c.ropeScaling.mscaleAllDim } : {}),
             };
   return {
     architectures: [c.architecture],
-    model_type: modelType,
+    model_type: family,
     vocab_size: c.vocabSize,
     hidden_size: c.hiddenSize,
     intermediate_size: c.intermediateSize,
@@ -209,10 +298,18 @@ export function toHfConfig(c: DecoderConfig, extra: HfConfig = {}): HfConfig {
     max_position_embeddings: c.maxPositionEmbeddings,
     tie_word_embeddings: c.tieWordEmbeddings,
     hidden_act: 'silu',
-    ...(c.architecture === 'LlamaForCausalLM' ? { attention_bias: c.outputBias, mlp_bias: c.mlpBias } : {}),
-    ...(c.architecture === 'Qwen3ForCausalLM' ? { attention_bias: false } : {}),
+    ...(family === 'llama' ? { attention_bias: c.outputBias, mlp_bias: c.mlpBias } : {}),
+    ...(family === 'qwen3' ? { attention_bias: c.outputBias } : {}),
+    // transformers counts labels by id2label (num_labels is not a saved field).
+    ...(c.scoreLabels !== undefined
+      ? {
+          id2label: Object.fromEntries([...Array(c.scoreLabels).keys()].map((i) => [String(i), `LABEL_${i}`])),
+          label2id: Object.fromEntries([...Array(c.scoreLabels).keys()].map((i) => [`LABEL_${i}`, i])),
+        }
+      : {}),
     ...(c.bosTokenId !== undefined ? { bos_token_id: c.bosTokenId } : {}),
     ...(c.eosTokenId !== undefined ? { eos_token_id: c.eosTokenId } : {}),
+    ...(c.padTokenId !== undefined ? { pad_token_id: c.padTokenId } : {}),
     torch_dtype: c.torchDtype ?? 'float32',
     ...extra,
   };

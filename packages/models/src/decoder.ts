@@ -33,6 +33,12 @@ export interface DecoderInputs {
    * generation and scoring use). They have no gradient rules, so training leaves this off.
    */
   fused?: boolean;
+  /**
+   * Recompute each layer's activations in the backward pass instead of keeping them (gradient
+   * checkpointing, see `checkpoint` in @lathe/onnx): training keeps only the layers' inputs, at
+   * the cost of running every layer's forward twice. No effect without gradients.
+   */
+  recompute?: boolean;
 }
 
 /**
@@ -251,15 +257,17 @@ export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | 
   const present: KvPair[] = [];
   for (let i = 0; i < cfg.numLayers; i++) {
     const p = `model.layers.${i}`;
-    g.scope(`layer${i}`, () => {
-      const x = norm(h, `${p}.input_layernorm.weight`);
+    const layer = (x0: Tensor): Tensor => {
+      const x = norm(x0, `${p}.input_layernorm.weight`);
       const a = caches
         ? gqaAttention(cfg, w, `${p}.self_attn`, x, caches, inputs.past?.[i])
         : attention(cfg, w, `${p}.self_attn`, x, rotary!, composed!.attentionMask, inputs.past?.[i], fused);
-      h = L.add(h, a.out);
-      h = L.add(h, mlp(cfg, w, `${p}.mlp`, norm(h, `${p}.post_attention_layernorm.weight`)));
+      const mid = L.add(x0, a.out);
       present.push(a.present);
-    });
+      return L.add(mid, mlp(cfg, w, `${p}.mlp`, norm(mid, `${p}.post_attention_layernorm.weight`)));
+    };
+    const input = h;
+    h = g.scope(`layer${i}`, () => (composed?.recompute ? L.checkpoint([input], () => layer(input)) : layer(input)));
   }
   return { hidden: norm(h, 'model.norm.weight'), present };
 }

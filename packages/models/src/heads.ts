@@ -32,6 +32,16 @@ export function restrictedLogits(cfg: DecoderConfig, w: Weights, hidden: Tensor,
   return linear(hidden, rows);
 }
 
+/**
+ * log-softmax over ids [start, start + count) only, in float32 [B, T, count]: the distribution
+ * renormalised over the range (the critic's distribution tokens), whatever the rest of the
+ * vocabulary would score.
+ */
+export function restrictedLogprobs(cfg: DecoderConfig, w: Weights, hidden: Tensor, start: number, count: number): Tensor {
+  const logits = restrictedLogits(cfg, w, hidden, start, count);
+  return L.logSoftmax(L.cast(logits, accumulationDtype(logits.dtype)), -1);
+}
+
 /** A scalar per position: hidden · weight + bias, weight [1, hidden] (HF `score`-style Linear). */
 export function valuePerToken(hidden: Tensor, weight: Tensor, bias?: Tensor): Tensor {
   return L.squeeze(linear(hidden, weight, bias), [2]);
@@ -63,7 +73,7 @@ export function chunkedTargetLogprobs(
   w: Weights,
   hidden: Tensor,
   targets: Tensor,
-  opts: { chunk?: number; temperature?: number } = {},
+  opts: { chunk?: number; temperature?: number; recompute?: boolean } = {},
 ): Tensor {
   const chunk = opts.chunk ?? 16384;
   const temperature = opts.temperature ?? 1;
@@ -75,7 +85,10 @@ export function chunkedTargetLogprobs(
   const sizes: number[] = [];
   for (let start = 0; start < cfg.vocabSize; start += chunk) sizes.push(Math.min(chunk, cfg.vocabSize - start));
   const parts = sizes.length === 1 ? [W] : L.split(W, sizes, 0);
-  const partials = parts.map((Wk) => L.logSumExp(scale(L.cast(linear(hidden, Wk), acc)), -1, true)); // [B, T, 1] each
+  const partial = (Wk: Tensor) => L.logSumExp(scale(L.cast(linear(hidden, Wk), acc)), -1, true); // [B, T, 1]
+  // With `recompute`, each chunk's logits are rebuilt in the backward pass (one chunk alive at a
+  // time) instead of all chunks' logits being kept from the forward pass for it.
+  const partials = parts.map((Wk) => (opts.recompute ? L.checkpoint([hidden], () => partial(Wk)) : partial(Wk)));
   const logZ = L.logSumExp(L.concat(partials, -1), -1);
   return L.sub(targetLogit, logZ);
 }

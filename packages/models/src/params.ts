@@ -10,7 +10,10 @@ export interface ParamSpec {
   kind: 'embedding' | 'matrix' | 'norm' | 'bias';
 }
 
-/** Every parameter of the decoder + LM head, in a stable order. */
+/** The `score` head's weight name of a sequence classifier (reward model): [scoreLabels, hidden]. */
+export const SCORE_WEIGHT = 'score.weight';
+
+/** Every parameter of the decoder + LM head (or score head), in a stable order. */
 export function paramSpecs(c: DecoderConfig): ParamSpec[] {
   const D = c.hiddenSize;
   const qDim = c.numHeads * c.headDim;
@@ -43,7 +46,9 @@ export function paramSpecs(c: DecoderConfig): ParamSpec[] {
     if (c.mlpBias) specs.push({ name: `${p}.mlp.down_proj.bias`, shape: [D], kind: 'bias' });
   }
   specs.push({ name: 'model.norm.weight', shape: [D], kind: 'norm' });
-  if (!c.tieWordEmbeddings) specs.push({ name: 'lm_head.weight', shape: [c.vocabSize, D], kind: 'matrix' });
+  // A sequence classifier (reward model) has transformers' `score` Linear, without bias, and no LM head.
+  if (c.scoreLabels !== undefined) specs.push({ name: SCORE_WEIGHT, shape: [c.scoreLabels, D], kind: 'matrix' });
+  else if (!c.tieWordEmbeddings) specs.push({ name: 'lm_head.weight', shape: [c.vocabSize, D], kind: 'matrix' });
   return specs;
 }
 
@@ -52,7 +57,10 @@ export function paramCount(c: DecoderConfig): number {
   return paramSpecs(c).reduce((n, s) => n + s.shape.reduce((a, b) => a * b, 1), 0);
 }
 
-/** The LM head's weight name (the embedding when tied). */
+/** The LM head's weight name (the embedding when tied); a sequence classifier has none. */
 export function lmHeadName(c: DecoderConfig): string {
+  if (c.scoreLabels !== undefined) {
+    throw new Error(`${c.architecture} has a 'score' head (${c.scoreLabels} outputs) and no LM head: read it with valueAtLastToken or valuePerToken`);
+  }
   return c.tieWordEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight';
 }

@@ -31,17 +31,23 @@ export function ropeInverseFrequencies(cfg: DecoderConfig): { inverse: number[];
       return { inverse, attentionScale: 1 };
     }
     case 'yarn': {
+      // Frequency pair i turns original/(2π·base^(2i/d)) times over the original context; pairs
+      // turning more than betaFast times keep their frequency, fewer than betaSlow are slowed by
+      // `factor`, and a linear ramp over the pair index blends the band between.
       const maxPos = rs.originalMaxPositionEmbeddings;
       const correctionDim = (rotations: number) => (d * Math.log(maxPos / (rotations * 2 * Math.PI))) / (2 * Math.log(base));
-      const low = Math.max(Math.floor(correctionDim(rs.betaFast)), 0);
-      let high = Math.min(Math.ceil(correctionDim(rs.betaSlow)), d - 1);
+      const truncate = rs.truncate ?? true;
+      const low = Math.max(truncate ? Math.floor(correctionDim(rs.betaFast)) : correctionDim(rs.betaFast), 0);
+      let high = Math.min(truncate ? Math.ceil(correctionDim(rs.betaSlow)) : correctionDim(rs.betaSlow), d - 1);
       if (low === high) high += 0.001;
       const inverse = inv.map((f, i) => {
         const ramp = Math.min(1, Math.max(0, (i - low) / (high - low)));
         const extrapolation = 1 - ramp;
         return (f / rs.factor) * (1 - extrapolation) + f * extrapolation;
       });
-      const attentionScale = rs.attentionFactor ?? (rs.factor <= 1 ? 1 : 0.1 * Math.log(rs.factor) + 1);
+      const mscale = (scale: number, m = 1) => (scale <= 1 ? 1 : 0.1 * m * Math.log(scale) + 1);
+      const attentionScale =
+        rs.attentionFactor ?? (rs.mscale && rs.mscaleAllDim ? mscale(rs.factor, rs.mscale) / mscale(rs.factor, rs.mscaleAllDim) : mscale(rs.factor));
       return { inverse, attentionScale };
     }
   }

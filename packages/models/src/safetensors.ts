@@ -93,20 +93,44 @@ export function readWeightIndex(dir: string): Map<string, TensorEntry> {
   const single = join(dir, 'model.safetensors');
   const indexFile = join(dir, 'model.safetensors.index.json');
   let files: string[];
+  let weightMap: Record<string, string> | undefined;
   if (existsSync(single)) files = [single];
   else if (existsSync(indexFile)) {
-    const index = JSON.parse(readFileSync(indexFile, 'utf8')) as { weight_map?: Record<string, string> };
-    if (!index.weight_map) throw new SafetensorsError(`${indexFile}: missing 'weight_map'`);
-    files = [...new Set(Object.values(index.weight_map))].map((f) => join(dir, f));
+    weightMap = readIndexWeightMap(indexFile);
+    files = [...new Set(Object.values(weightMap))].map((f) => join(dir, f));
   } else {
     throw new SafetensorsError(`${dir}: no model.safetensors or model.safetensors.index.json`);
   }
   const all = new Map<string, TensorEntry>();
   for (const f of files) {
-    if (!existsSync(f)) throw new SafetensorsError(`${f}: listed in the index but missing`);
+    if (!existsSync(f)) throw new SafetensorsError(`${f}: listed in ${indexFile} but missing`);
     for (const t of readSafetensorsHeader(f).tensors) all.set(t.name, t);
   }
+  // A stale index (shards rewritten, index not) would otherwise load a tensor from a shard it does
+  // not name, or miss one it promises.
+  for (const [name, shard] of Object.entries(weightMap ?? {})) {
+    const e = all.get(name);
+    if (!e) throw new SafetensorsError(`${indexFile}: tensor '${name}' is listed in ${shard}, which does not hold it`);
+    if (e.file !== join(dir, shard)) throw new SafetensorsError(`${indexFile}: tensor '${name}' is listed in ${shard} but found in ${basename(e.file)}`);
+  }
   return all;
+}
+
+/** The `weight_map` of a model.safetensors.index.json; unreadable or malformed files name the file. */
+function readIndexWeightMap(indexFile: string): Record<string, string> {
+  let index: unknown;
+  try {
+    index = JSON.parse(readFileSync(indexFile, 'utf8'));
+  } catch (e) {
+    const what = e instanceof SyntaxError ? 'is not valid JSON' : 'cannot be read';
+    throw new SafetensorsError(`${indexFile}: ${what} (${(e as Error).message})`);
+  }
+  const map = index && typeof index === 'object' ? (index as { weight_map?: unknown }).weight_map : undefined;
+  if (!map || typeof map !== 'object' || Array.isArray(map)) throw new SafetensorsError(`${indexFile}: missing 'weight_map' (an object from tensor name to shard file)`);
+  for (const [name, shard] of Object.entries(map)) {
+    if (typeof shard !== 'string' || shard === '') throw new SafetensorsError(`${indexFile}: weight_map entry '${name}' should name a shard file, got ${JSON.stringify(shard)}`);
+  }
+  return map as Record<string, string>;
 }
 
 /** Reads one tensor's raw bytes. */

@@ -60,8 +60,11 @@ describe.each([
   });
 });
 
-test('the scoring graph has no run-time shape arithmetic (nothing for ORT to put on the CPU)', () => {
-  const { config } = tinyModel(tinyQwen3);
+test.each([
+  ['Qwen3', tinyQwen3],
+  ['Qwen2 (q/k/v biases)', tinyQwen2],
+] as [string, HfConfig][])('the %s scoring graph has no run-time shape arithmetic (nothing for ORT to put on the CPU)', (_name, hf) => {
+  const { config } = tinyModel(hf);
   const g = new L.Graph();
   const ids = g.input('input_ids', 'int64', ['B', 'T']);
   const mask = g.input('attention_mask', 'int64', ['B', 'T']);

@@ -8,7 +8,7 @@ import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
-import { externalDataFolder, readConfig, readWeightIndex, weightInitializers, type DecoderConfig } from '@lathe/models';
+import { checkSequenceLength, externalDataFolder, readConfig, readWeightIndex, weightInitializers, type DecoderConfig } from '@lathe/models';
 import { addGeneration, type GenerationGraphOptions } from './generation-graph';
 import { PlainSession, type SessionDevice } from '@lathe/runtime';
 import { uniformNoise } from './rng';
@@ -75,9 +75,7 @@ export class Generator {
     if (prompts.length === 0) return [];
     prompts.forEach((p, i) => {
       if (p.length === 0) throw new Error(`prompt ${i} is empty`);
-      if (p.length + call.maxNewTokens > this.config.maxPositionEmbeddings) {
-        throw new Error(`prompt ${i}: ${p.length} tokens + ${call.maxNewTokens} new exceed the model's ${this.config.maxPositionEmbeddings} positions`);
-      }
+      checkSequenceLength(this.config, p.length + call.maxNewTokens, `prompt ${i} (${p.length} tokens + ${call.maxNewTokens} new)`);
       const bad = p.find((t) => !Number.isInteger(t) || t < 0 || t >= this.config.vocabSize);
       if (bad !== undefined) throw new Error(`prompt ${i}: token id ${bad} is outside the vocabulary (0..${this.config.vocabSize - 1})`);
     });

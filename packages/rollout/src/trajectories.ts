@@ -17,7 +17,7 @@
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import type { DType } from '@lathe/onnx';
-import { readConfig, type DecoderConfig } from '@lathe/models';
+import { checkSequenceLength, readConfig, type DecoderConfig } from '@lathe/models';
 import { Device, type DeviceKind, type DeviceTensor } from '@lathe/runtime';
 import { HfTokenizer, splitThinking } from '@lathe/tokenizer';
 import { MathGrader } from '@lathe/graders';
@@ -308,10 +308,7 @@ export class TrajectoryGenerator {
         if (mode.samples === 0) continue;
         const rendered = this.render(p.prompt, mode.thinking);
         const ids = this.idsOf(rendered);
-        const limit = this.config.maxPositionEmbeddings;
-        if (ids.length + this.o.maxNewTokens > limit) {
-          throw new Error(`${where}: the prompt has ${ids.length} tokens${mode.thinking === null ? '' : ` (thinking ${mode.thinking ? 'on' : 'off'})`}; with max_new_tokens ${this.o.maxNewTokens} that exceeds the model's ${limit} positions`);
-        }
+        checkSequenceLength(this.config, ids.length + this.o.maxNewTokens, `${where}: the prompt's ${ids.length} tokens${mode.thinking === null ? '' : ` (thinking ${mode.thinking ? 'on' : 'off'})`} + max_new_tokens ${this.o.maxNewTokens}`);
         const opensThink = /<think>\s*$/.test(rendered);
         for (let j = 0; j < mode.samples; j++) out.push({ prompt, thinking: mode.thinking, sampleIdx: j, ids, key: sampleKey(idx, mode.thinking, j), opensThink });
       }

@@ -47,7 +47,7 @@ test('bad prompts are rejected by index', async () => {
   const gen = await Generator.fromPretrained(dir, { temperature: 0 });
   await expect(gen.generate([[1, 2], []], { maxNewTokens: 2 })).rejects.toThrow(/prompt 1 is empty/);
   await expect(gen.generate([[1, 99]], { maxNewTokens: 2 })).rejects.toThrow(/prompt 0: token id 99 is outside the vocabulary/);
-  await expect(gen.generate([[1]], { maxNewTokens: 500 })).rejects.toThrow(/exceed the model's 128 positions/);
+  await expect(gen.generate([[1]], { maxNewTokens: 500 })).rejects.toThrow(/prompt 0 \(1 tokens \+ 500 new\): 501 positions exceed max_position_embeddings = 128 \(.*config\.json\)/);
 });
 
 test('a run that fails for lack of memory is split in halves and retried; other errors propagate', async () => {

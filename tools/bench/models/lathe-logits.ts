@@ -4,6 +4,9 @@
  *
  * usage: node lathe-logits.js --model DIR --batch batch.json --dtype float32|bfloat16|float16
  *          [--device cuda|cpu] [--out logits.bin] [--logprobs] [--repeat N] [--primitives] [--gqa]
+ *        node lathe-logits.js --model DIR --save OUT_DIR
+ * --save: read the model's weights and write them with Lathe's saver (saveHfModel) to OUT_DIR,
+ * then exit; the parity script checks that transformers loads that folder to the same logits.
  * --gqa: attention through ONNX Runtime's GroupQueryAttention (flash attention; fp16/bf16 on CUDA),
  * which takes right-padded rows: left-padded rows are moved left here and the results moved back.
  * batch.json: {"input_ids": [[...]], "attention_mask": [[...]]}
@@ -13,12 +16,41 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { basename, join, resolve } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import * as L from '@lathe/onnx';
-import { chunkedTargetLogprobs, decoder, externalDataFolder, lmLogits, paddedCausalMask, positionsFromPadding, readConfig, rightPaddedGqaInputs, readWeightIndex, weightInitializers } from '@lathe/models';
+import {
+  chunkedTargetLogprobs,
+  decoder,
+  externalDataFolder,
+  lmLogits,
+  paddedCausalMask,
+  paramSpecs,
+  positionsFromPadding,
+  readConfig,
+  readTensorBytes,
+  rightPaddedGqaInputs,
+  readWeightIndex,
+  saveHfModel,
+  weightInitializers,
+} from '@lathe/models';
 import { arg, flag } from '../argv';
 
 
+/** Writes the model in `dir` to `out` through Lathe's saver (weights as stored, tokenizer files copied). */
+function saveWithLathe(dir: string, out: string): void {
+  const { config } = readConfig(dir);
+  const index = readWeightIndex(dir);
+  const tensors = paramSpecs(config).map((s) => {
+    const e = index.get(s.name);
+    if (!e) throw new Error(`${dir}: missing tensor '${s.name}'`);
+    return { name: s.name, dtype: e.dtype, shape: e.shape, data: readTensorBytes(e) };
+  });
+  saveHfModel(out, config, tensors, { tokenizerFrom: dir });
+  console.log(JSON.stringify({ model: basename(dir), saved: out, tensors: tensors.length }));
+}
+
 async function main(): Promise<void> {
   const dir = resolve(arg('model'));
+  const saveTo = arg('save', '');
+  if (saveTo) return saveWithLathe(dir, resolve(saveTo));
   const dtype = arg('dtype', 'float32') as L.DType;
   const device = arg('device', 'cuda');
   const logprobs = flag('logprobs');

@@ -6,7 +6,11 @@ transformers (fp32 eager, bf16 sdpa) and through Lathe (tools/bench/models/lathe
 bundled to .bundle/lathe-logits.js), and compares the logits at non-pad positions. Then it times
 scoring (per-token log-probs) on the Qwen3-0.6B shape, 16 x 1024, bf16, both ways.
 
-usage: python3 tools/reference/models/parity.py [--out DIR] [--skip-throughput]
+--save-check: after Lathe's runs on each model, Lathe also writes the model with its own saver
+(lathe-logits --save, i.e. saveHfModel); transformers must load that folder with no missing,
+unexpected or mismatched weights and give fp32 logits within 1e-5 of the original model's.
+
+usage: python3 tools/reference/models/parity.py [--out DIR] [--skip-throughput] [--seeds 1] [--save-check]
 """
 import argparse
 import json
@@ -41,11 +45,17 @@ MODELS = {
 }
 
 
-def make_model(name, root):
-    torch.manual_seed(0)
+def make_model(name, root, seed=0):
+    torch.manual_seed(seed)
     cfg = MODELS[name]()
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    path = os.path.join(root, name)
+    # transformers initialises Linear biases to zero, which would leave Qwen2's bias loading and
+    # adds untested (and their rounding invisible): give them values of a trained model's size.
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith(".bias"):
+                p.normal_(0.0, 0.5)
+    path = os.path.join(root, name if seed == 0 else f"{name}-seed{seed}")
     model.save_pretrained(path, safe_serialization=True)
     return model, path
 
@@ -96,6 +106,29 @@ def lathe_logits(path, batch_file, dtype, out_file, log_dir, extra=()):
     return out
 
 
+SAVE_CHECK_TOL = 1e-5
+
+
+def save_check(path, ids, mask, ref32):
+    """Lathe saves the model at `path`; transformers loads Lathe's folder; fp32 logits vs `ref32`."""
+    saved = path.rstrip("/") + "-lathe-saved"
+    res = subprocess.run(["node", NODE_SCRIPT, "--model", path, "--save", saved], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"lathe-logits --save failed for {path}:\n{res.stderr[-3000:]}")
+    model, info = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    # Weights transformers had to initialise itself (missing) or drop (unexpected) would make the
+    # logits differ too, but naming them says what the saver got wrong.
+    loading = {k: sorted(str(x) for x in v) for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    model.cuda()
+    logits = hf_logits(model, ids, mask, torch.float32, "eager")
+    row = compare(logits, ref32, mask)
+    row.update(loading)
+    row["ok"] = row["max_abs"] <= SAVE_CHECK_TOL and not any(loading.values())
+    del model
+    torch.cuda.empty_cache()
+    return row
+
+
 def compare(lathe, ref, mask):
     valid = mask.bool()
     d = (lathe - ref)[valid]
@@ -111,16 +144,19 @@ def compare(lathe, ref, mask):
     }
 
 
-def parity(root, out):
+def parity(root, out, seeds=1, check_save=False):
     results = {}
-    for name in MODELS:
-        model, path = make_model(name, root)
+    # the small models again with other weights: how much of a gap to the spread is one draw's luck
+    runs = [(name, 0) for name in MODELS] + [(name, s) for s in range(1, seeds) for name in MODELS if name != "qwen3-0.6b"]
+    for name, seed in runs:
+        model, path = make_model(name, root, seed)
         model.cuda()
         vocab = model.config.vocab_size
         B, T = (4, 128) if name == "qwen3-0.6b" else (8, 24)
         pads = [0, 7, 0, 30] if name == "qwen3-0.6b" else [0, 7, 13, 0, 3, 5, 0, 11]
         ids, mask = make_batch(vocab, B, T, pads, seed=1)
         batch_file = os.path.join(root, f"{name}-batch.json")
+        name = name if seed == 0 else f"{name}@seed{seed}"
         with open(batch_file, "w") as f:
             json.dump({"input_ids": ids.tolist(), "attention_mask": mask.tolist()}, f)
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -135,6 +171,9 @@ def parity(root, out):
             lathe = torch.frombuffer(bytearray(open(out_file, "rb").read()), dtype=torch.float32).reshape(B, T, vocab)
             row[f"lathe_{label}_vs_hf_fp32"] = compare(lathe, ref32, mask)
             row[f"lathe_{label}_timing"] = timing
+        if check_save:
+            row["lathe_saved_hf_fp32_vs_hf_fp32"] = save_check(path, ids, mask, ref32)
+            print(f"{name}: save check {row['lathe_saved_hf_fp32_vs_hf_fp32']}", flush=True)
         results[name] = row
         print(f"{name}: fp32 max_abs={row['lathe_float32_vs_hf_fp32']['max_abs']:.2e} "
               f"rel={row['lathe_float32_vs_hf_fp32']['rel_to_max']:.2e} | "
@@ -193,13 +232,19 @@ def main():
     p.add_argument("--root", default="/tmp/lathe-parity")
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--only-throughput", action="store_true")
+    p.add_argument("--seeds", type=int, default=1, help="weight seeds for the small models (1 = seed 0 only)")
+    p.add_argument("--save-check", action="store_true",
+                   help="also save each model with Lathe's saver and check transformers loads it to the same fp32 logits (1e-5)")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.root, exist_ok=True)
     report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "transformers": __import__("transformers").__version__}
     if not a.only_throughput:
-        report["parity"] = parity(a.root, a.out)
+        report["parity"] = parity(a.root, a.out, a.seeds, a.save_check)
+        failed = [n for n, r in report["parity"].items() if not r.get("lathe_saved_hf_fp32_vs_hf_fp32", {"ok": True})["ok"]]
+        if failed:
+            print(f"save check FAILED for {failed}", flush=True)
     if not a.skip_throughput:
         try:
             report["throughput"] = throughput(a.root)
