@@ -13,7 +13,10 @@
  *
  * All-equal rewards in a group: GRPO, Dr.GRPO and RLOO give exactly 0 to every completion of the
  * group (set explicitly, not left to rounding: the float mean of [0.1, 0.1, 0.1] is not 0.1), and
- * every estimator counts such groups in `stats.uniformGroups`.
+ * every estimator counts such groups in `stats.uniformGroups`. "All equal" is decided on the
+ * outcome rewards (`outcomeRewards`, when the rewards were shaped after the outcome, e.g. by a KL
+ * penalty): a penalty that differs per completion would otherwise make every group look
+ * informative and hide the groups the outcome cannot rank.
  */
 
 /** Rewards of a batch of groups. */
@@ -22,6 +25,12 @@ export interface GroupedRewards {
   rewards: readonly number[];
   /** Completions per prompt (G). */
   groupSize: number;
+  /**
+   * The outcome rewards before any shaping, one per completion, when `rewards` are shaped (the
+   * sequence rewards of `klPenalisedRewards`): groups whose outcome rewards are all equal are the
+   * uniform ones — zeroed where the estimator zeroes uniform groups, and counted. Default `rewards`.
+   */
+  outcomeRewards?: readonly number[];
 }
 
 /** Counters every estimator reports. */
@@ -82,21 +91,21 @@ export interface GrpoAdvantageOptions {
 /**
  * GRPO (DeepSeekMath): A_i = (r_i − mean_g) / (std_g + eps), mean and std over the completions of
  * completion i's group g (see {@link GrpoAdvantageOptions} for the std's scope, epsilon and
- * correction). Uniform groups get exactly 0. Needs groupSize ≥ 2.
+ * correction). Uniform groups (all-equal outcome rewards) get exactly 0. Needs groupSize ≥ 2.
  */
 export function grpoAdvantages(batch: GroupedRewards, options: GrpoAdvantageOptions = {}): SequenceAdvantages {
   const { scale = 'group', stdEpsilon = 1e-6, unbiasedStd = true } = options;
-  const { rewards, groupSize: G } = checkGroups(batch, 'grpoAdvantages', 2);
+  const { rewards, groupSize: G, outcome } = checkGroups(batch, 'grpoAdvantages', 2);
   const batchStd = scale === 'batch' ? std(rewards, unbiasedStd) : 1;
   const out = new Array<number>(rewards.length);
-  forEachGroup(rewards, G, (group, start, uniform) => {
+  forEachGroup(rewards, G, outcome, (group, start, uniform) => {
     const mu = mean(group);
     const sigma = scale === 'group' ? std(group, unbiasedStd) : batchStd;
     group.forEach((r, j) => {
       out[start + j] = uniform ? 0 : scale === 'none' ? r - mu : (r - mu) / (sigma + stdEpsilon);
     });
   });
-  return { kind: 'sequence', advantages: out, stats: stats(rewards, G, out) };
+  return { kind: 'sequence', advantages: out, stats: stats(outcome, G, out) };
 }
 
 /**
@@ -113,18 +122,19 @@ export function drGrpoAdvantages(batch: GroupedRewards): SequenceAdvantages {
 /**
  * RLOO (Ahmadian et al. 2024): each completion's baseline is the mean reward of the other G − 1
  * completions of its group: A_i = r_i − (Σ_j r_j − r_i) / (G − 1) = G/(G − 1) · (r_i − mean_g).
- * The same as verl and OpenRLHF. Uniform groups get exactly 0. Needs groupSize ≥ 2.
+ * The same as verl and OpenRLHF. Uniform groups (all-equal outcome rewards) get exactly 0. Needs
+ * groupSize ≥ 2.
  */
 export function rlooAdvantages(batch: GroupedRewards): SequenceAdvantages {
-  const { rewards, groupSize: G } = checkGroups(batch, 'rlooAdvantages', 2);
+  const { rewards, groupSize: G, outcome } = checkGroups(batch, 'rlooAdvantages', 2);
   const out = new Array<number>(rewards.length);
-  forEachGroup(rewards, G, (group, start, uniform) => {
+  forEachGroup(rewards, G, outcome, (group, start, uniform) => {
     const total = group.reduce((a, b) => a + b, 0);
     group.forEach((r, j) => {
       out[start + j] = uniform ? 0 : r - (total - r) / (G - 1);
     });
   });
-  return { kind: 'sequence', advantages: out, stats: stats(rewards, G, out) };
+  return { kind: 'sequence', advantages: out, stats: stats(outcome, G, out) };
 }
 
 /** Rewards plus the reward of each prompt's greedy completion (ReMax's baseline). */
@@ -137,17 +147,17 @@ export interface RemaxRewards extends GroupedRewards {
  * ReMax (Li et al. 2023): the baseline is the reward of the prompt's greedy completion:
  * A_i = r_i − r_greedy(g). As in verl (`compute_remax_outcome_advantage` with outcome rewards).
  * Works with groupSize 1. A uniform group is not zeroed (its rewards may still differ from the
- * greedy one); it is counted.
+ * greedy one); it is counted (on the outcome rewards).
  */
 export function remaxAdvantages(batch: RemaxRewards): SequenceAdvantages {
-  const { rewards, groupSize: G } = checkGroups(batch, 'remaxAdvantages', 1);
+  const { rewards, groupSize: G, outcome } = checkGroups(batch, 'remaxAdvantages', 1);
   const groups = rewards.length / G;
   if (batch.greedyRewards.length !== groups) {
     throw new Error(`remaxAdvantages: greedyRewards has ${batch.greedyRewards.length} entries; expected one per group (${groups})`);
   }
   checkFinite(batch.greedyRewards, 'remaxAdvantages', 'greedyRewards');
   const out = rewards.map((r, i) => r - batch.greedyRewards[Math.floor(i / G)]);
-  return { kind: 'sequence', advantages: out, stats: stats(rewards, G, out) };
+  return { kind: 'sequence', advantages: out, stats: stats(outcome, G, out) };
 }
 
 // ---- REINFORCE++ --------------------------------------------------------------------------------
@@ -192,14 +202,22 @@ export interface ReinforcePlusPlusOptions {
  * REINFORCE++ (Hu 2025): per-token returns of the (optionally group-centred) outcome reward plus any
  * per-token shaping rewards, whitened over all response tokens of the batch (token-weighted, so a
  * long response counts once per token, as in verl and OpenRLHF).
+ *
+ * Uniform groups (all-equal outcome rewards) are counted but, with the default `'mean-std'`
+ * whitening, do not get zero advantage: whitening subtracts the batch's token mean μ, so a uniform
+ * group's tokens end up at (x − μ)/σ — x is 0 after the group baseline, the shared reward without
+ * one, plus any KL shaping — which is 0 only by coincidence. That is verl's and OpenRLHF's
+ * definition, kept on purpose: REINFORCE++'s baseline is the batch's mean, not the group's (the
+ * group baseline only removes the prompt's difficulty first). `whiten: 'std'` with
+ * `baseline: 'group'` and no shaping keeps uniform groups at exactly 0.
  */
 export function reinforcePlusPlusAdvantages(batch: TokenRewards, options: ReinforcePlusPlusOptions = {}): TokenAdvantages {
   const { baseline = 'none', gamma = 1, whiten = 'mean-std', whitenEpsilon = 1e-8, unbiasedVariance = false } = options;
-  const { rewards, groupSize: G } = checkGroups(batch, 'reinforcePlusPlusAdvantages', baseline === 'group' ? 2 : 1);
+  const { rewards, groupSize: G, outcome: uniformBy } = checkGroups(batch, 'reinforcePlusPlusAdvantages', baseline === 'group' ? 2 : 1);
   checkLengths(batch, 'reinforcePlusPlusAdvantages');
   const outcome = rewards.slice();
   if (baseline === 'group') {
-    forEachGroup(rewards, G, (group, start, uniform) => {
+    forEachGroup(rewards, G, uniformBy, (group, start, uniform) => {
       const mu = mean(group);
       group.forEach((r, j) => (outcome[start + j] = uniform ? 0 : r - mu));
     });
@@ -211,7 +229,7 @@ export function reinforcePlusPlusAdvantages(batch: TokenRewards, options: Reinfo
     return discountedReturns(perToken, gamma);
   });
   const advantages = whiten === 'none' ? returns.map((r) => r.slice()) : whitenTokens(returns, whiten === 'mean-std', whitenEpsilon, unbiasedVariance);
-  return { kind: 'token', advantages, returns, stats: stats(rewards, G, advantages) };
+  return { kind: 'token', advantages, returns, stats: stats(uniformBy, G, advantages) };
 }
 
 /** G_t = Σ_{s≥t} γ^{s−t} r_s. */
@@ -321,12 +339,18 @@ export function advantageMatrix(adv: SequenceAdvantages | TokenAdvantages, mask:
 
 // ---- helpers ------------------------------------------------------------------------------------
 
-function checkGroups(batch: GroupedRewards, fn: string, minGroup: number): { rewards: number[]; groupSize: number } {
+/** Validated rewards, group size, and the rewards that decide uniform groups (`outcomeRewards` or `rewards`). */
+function checkGroups(batch: GroupedRewards, fn: string, minGroup: number): { rewards: number[]; groupSize: number; outcome: number[] } {
   const G = batch.groupSize;
   if (!Number.isInteger(G) || G < minGroup) throw new Error(`${fn}: groupSize must be an integer ≥ ${minGroup}, got ${G}`);
   if (batch.rewards.length % G !== 0) throw new Error(`${fn}: ${batch.rewards.length} rewards do not split into groups of groupSize ${G}`);
   checkFinite(batch.rewards, fn, 'rewards');
-  return { rewards: [...batch.rewards], groupSize: G };
+  const outcome = batch.outcomeRewards;
+  if (outcome) {
+    if (outcome.length !== batch.rewards.length) throw new Error(`${fn}: ${outcome.length} outcomeRewards for ${batch.rewards.length} rewards`);
+    checkFinite(outcome, fn, 'outcomeRewards');
+  }
+  return { rewards: [...batch.rewards], groupSize: G, outcome: [...(outcome ?? batch.rewards)] };
 }
 
 function checkFinite(xs: readonly number[], fn: string, field: string): void {
@@ -347,20 +371,22 @@ function checkLengths(batch: TokenRewards, fn: string): void {
   }
 }
 
-function forEachGroup(rewards: readonly number[], G: number, fn: (group: number[], start: number, uniform: boolean) => void): void {
+/** Calls `fn` with each group of `rewards`, uniform when the same group of `uniformBy` is all equal. */
+function forEachGroup(rewards: readonly number[], G: number, uniformBy: readonly number[], fn: (group: number[], start: number, uniform: boolean) => void): void {
   for (let start = 0; start < rewards.length; start += G) {
-    const group = rewards.slice(start, start + G);
-    fn(group, start, group.every((r) => r === group[0]));
+    const by = uniformBy.slice(start, start + G);
+    fn(rewards.slice(start, start + G), start, by.every((r) => r === by[0]));
   }
 }
 
-function stats(rewards: readonly number[], G: number, adv: readonly (number | readonly number[])[]): AdvantageStats {
+/** `uniformBy`: the outcome rewards, which decide which groups are uniform. */
+function stats(uniformBy: readonly number[], G: number, adv: readonly (number | readonly number[])[]): AdvantageStats {
   let uniformGroups = 0;
-  forEachGroup(rewards, G, (_g, _s, uniform) => {
+  forEachGroup(uniformBy, G, uniformBy, (_g, _s, uniform) => {
     if (uniform && G > 1) uniformGroups++;
   });
   const zeroAdvantages = adv.filter((a) => (typeof a === 'number' ? a === 0 : a.every((x) => x === 0))).length;
-  return { groups: rewards.length / G, uniformGroups, zeroAdvantages };
+  return { groups: uniformBy.length / G, uniformGroups, zeroAdvantages };
 }
 
 function mean(xs: readonly number[]): number {

@@ -5,7 +5,7 @@
  * penalty when the KL is a reward), greedy-baseline rewards (ReMax), and the per-token old and
  * reference log-probs.
  */
-import { drGrpoAdvantages, grpoAdvantages, reinforcePlusPlusAdvantages, remaxAdvantages, rlooAdvantages, type SequenceAdvantages, type TokenAdvantages, type TokenRewards } from './advantages';
+import { drGrpoAdvantages, grpoAdvantages, reinforcePlusPlusAdvantages, remaxAdvantages, rlooAdvantages, type GroupedRewards, type SequenceAdvantages, type TokenAdvantages, type TokenRewards } from './advantages';
 
 /** What an estimator gets for one RL step. Rows are prompt by prompt, `groupSize` per prompt. */
 export interface AdvantageBatch extends TokenRewards {
@@ -35,20 +35,29 @@ export function sequenceRewards(batch: AdvantageBatch): number[] {
   return shaping ? batch.rewards.map((r, i) => r + shaping[i].reduce((a, b) => a + b, 0)) : [...batch.rewards];
 }
 
+/**
+ * What a sequence-level estimator reads: the {@link sequenceRewards} as `rewards`, and the outcome
+ * rewards as `outcomeRewards`, so groups whose outcomes are all equal stay uniform (zeroed where the
+ * estimator zeroes them, and counted) whatever the KL penalty adds per completion.
+ */
+export function sequenceRewardBatch(batch: AdvantageBatch): GroupedRewards {
+  return { rewards: sequenceRewards(batch), groupSize: batch.groupSize, outcomeRewards: batch.rewards };
+}
+
 /** A built-in estimator (with its defaults; see advantages.ts for each formula and constant) and whether it needs greedy-completion rewards. */
 export function builtinEstimator(name: EstimatorName): { estimate: AdvantageFunction; greedyBaseline: boolean } {
   switch (name) {
     case 'grpo':
-      return { estimate: (b) => grpoAdvantages({ rewards: sequenceRewards(b), groupSize: b.groupSize }), greedyBaseline: false };
+      return { estimate: (b) => grpoAdvantages(sequenceRewardBatch(b)), greedyBaseline: false };
     case 'dr_grpo':
-      return { estimate: (b) => drGrpoAdvantages({ rewards: sequenceRewards(b), groupSize: b.groupSize }), greedyBaseline: false };
+      return { estimate: (b) => drGrpoAdvantages(sequenceRewardBatch(b)), greedyBaseline: false };
     case 'rloo':
-      return { estimate: (b) => rlooAdvantages({ rewards: sequenceRewards(b), groupSize: b.groupSize }), greedyBaseline: false };
+      return { estimate: (b) => rlooAdvantages(sequenceRewardBatch(b)), greedyBaseline: false };
     case 'remax':
       return {
         estimate: (b) => {
           if (!b.greedyRewards) throw new Error("estimator 'remax': the batch has no greedyRewards (the loop must generate greedy baselines)");
-          return remaxAdvantages({ rewards: sequenceRewards(b), groupSize: b.groupSize, greedyRewards: b.greedyRewards });
+          return remaxAdvantages({ ...sequenceRewardBatch(b), greedyRewards: b.greedyRewards });
         },
         greedyBaseline: true,
       };

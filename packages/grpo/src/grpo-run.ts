@@ -197,9 +197,10 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     if (!latest) throw new Error(`--resume: no checkpoint in ${join(cfg.run_dir, 'checkpoints')}`);
     const saved = parseYaml(readFileSync(join(latest.dir, 'config.yaml'), 'utf8')) as Record<string, unknown>;
     checkResumeConfig(saved, cfg, join(latest.dir, 'config.yaml'));
-    const trainableSpecs = GrpoTrainer.trainableParams(model.config, lora);
-    const c = loadCheckpoint(latest.dir, trainableSpecs);
-    if (c.lora !== Boolean(lora)) throw new Error(`--resume: ${latest.dir} is a ${c.lora ? 'LoRA' : 'full fine-tuning'} checkpoint but --lora_rank is ${cfg.lora_rank}`);
+    // checked before loading: loading with the other kind's tensor names fails on a missing tensor, not on the cause
+    const savedLora = existsSync(join(latest.dir, 'adapter_model.safetensors'));
+    if (savedLora !== Boolean(lora)) throw new Error(`--resume: ${latest.dir} is a ${savedLora ? 'LoRA' : 'full fine-tuning'} checkpoint but --lora_rank is ${cfg.lora_rank}`);
+    const c = loadCheckpoint(latest.dir, GrpoTrainer.trainableParams(model.config, lora));
     const s = c.state as Partial<GrpoState>;
     if (typeof s.optimizerStep !== 'number') throw new Error(`${join(latest.dir, 'trainer_state.json')}: no 'optimizerStep' (not a GRPO checkpoint?)`);
     state = { step: c.state.step, dataPosition: c.state.dataPosition, seed: c.state.seed, optimizerStep: s.optimizerStep };
@@ -237,6 +238,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     dynamicSampling: cfg.dynamic_sampling ? { maxRounds: cfg.max_sampling_rounds } : undefined,
     device,
     compute: cfg.compute_dtype as 'float32' | 'bfloat16',
+    gradientCheckpointing: cfg.gradient_checkpointing,
     promptsPerRun: cfg.prompts_per_run,
     generationEngine: cfg.generation_engine === 'auto' ? undefined : cfg.generation_engine,
     seed: cfg.seed,

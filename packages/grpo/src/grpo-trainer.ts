@@ -39,7 +39,7 @@ import { klEstimate, klPenalisedRewards, type KlEstimator } from './kl';
 import { decoderPolicy } from './policies';
 import { lossNormaliser, type LossAggregation, type PolicyLossConfig } from './policy-loss';
 import { ComputeWeights, GenerationRunner, KvGenerationRunner, ScoringRunner, type BoundWeights, type GenerationEngine, type PolicyWeights, type RolloutGenerator } from './policy-sessions';
-import type { RewardScorer, SourceStats } from './rewards';
+import type { RewardScorer, ScoredBatch, SourceStats } from './rewards';
 import { rlLoss, type RlObjective } from './rl-loss';
 import { evenSplit, responseValues, selectRows, tokenBatch, type SampledCompletion, type TokenBatch } from './rollout-batch';
 
@@ -135,6 +135,8 @@ export interface GrpoTrainerOptions<M> {
   compute?: DType;
   /** Vocabulary chunk of log-prob computations. */
   chunk?: number;
+  /** Recompute each decoder layer in the train step's backward pass instead of keeping its activations. Default false. */
+  gradientCheckpointing?: boolean;
   /** Prompts per generation run (0: all of a round). */
   promptsPerRun?: number;
   /**
@@ -180,8 +182,15 @@ export interface GrpoStepMetrics {
   [perSource: `reward/${string}`]: number;
   /** A custom objective's own metrics: `objective/<name>`, the mean over the step's updates. */
   [custom: `objective/${string}`]: number;
+  /**
+   * Failed reward calls (each replaced by the scorer's fallback): the sampled completions' and, with
+   * a greedy baseline (ReMax), the greedy completions'; also per source in `reward/<name>/failures`.
+   */
   reward_failures: number;
-  /** Groups whose rewards were all equal (zero advantage under a group baseline). */
+  /**
+   * Groups whose outcome rewards were all equal (zero advantage under a group baseline), counted by
+   * the loop before any KL penalty and whatever the estimator.
+   */
   uniform_groups: number;
   zero_advantage_fraction: number;
   advantage_abs_mean: number;
@@ -207,6 +216,11 @@ export interface GrpoStepMetrics {
   nonfinite_updates: number;
   sampling_rounds: number;
   dropped_groups: number;
+  /**
+   * Dynamic sampling: groups missing from the batch when the last sampling round ended with fewer
+   * informative groups than prompts asked for (the step trains on fewer); 0 otherwise.
+   */
+  dynamic_sampling_shortfall: number;
   generation_ms: number;
   scoring_ms: number;
   rewards_ms: number;
@@ -228,7 +242,7 @@ interface SampledGroup<M> {
   texts: string[];
   rewards: number[];
   bySource: Record<string, number[]>;
-  /** Failed reward calls per source (each replaced by the scorer's fallback). */
+  /** Failed reward calls per source (each replaced by the scorer's fallback), the greedy completion's included. */
   failures: Record<string, number>;
   greedyReward?: number;
 }
@@ -325,7 +339,7 @@ export class GrpoTrainer<M = unknown> {
     const wantEntropy = opts.entropy ?? true;
     const lossReadsEntropy = custom !== undefined || ((lossSpec as PolicyLossConfig).entropyCoef ?? 0) !== 0;
     const entropyInStep = wantEntropy && (lossReadsEntropy || opts.oldLogprobs === 'generation');
-    const policy = decoderPolicy(config, { compute, chunk: opts.chunk, temperature, entropy: entropyInStep, weights: policyWeights.weights });
+    const policy = decoderPolicy(config, { compute, chunk: opts.chunk, temperature, entropy: entropyInStep, weights: policyWeights.weights, recompute: opts.gradientCheckpointing });
     const readsReference = custom ? Boolean(custom.readsReference) : klInLoss;
     const init = opts.resume
       ? { params: opts.resume.params, m: opts.resume.m, v: opts.resume.v, step: opts.resume.optimizerStep }
@@ -419,9 +433,11 @@ export class GrpoTrainer<M = unknown> {
     let groups: SampledGroup<M>[];
     let rounds = 1;
     let dropped = 0;
+    let shortfall = 0;
     if (o.dynamicSampling) {
       const r = await dynamicSampling((round) => this.sampleGroups(round === 0 ? first : next(round), clock), { targetGroups: first.length, maxRounds: o.dynamicSampling.maxRounds });
       ({ groups, rounds, dropped } = r);
+      shortfall = first.length - groups.length;
       if (groups.length === 0) throw new Error(`dynamic sampling: every group of ${rounds} round(s) had all-equal rewards; nothing to train on (raise maxRounds or check the rewards)`);
     } else groups = await this.sampleGroups(first, clock);
 
@@ -446,7 +462,8 @@ export class GrpoTrainer<M = unknown> {
     }
     const refLogp = this.refScorer ? (await clock.time('scoring', () => this.scoreRows(this.refScorer!, [this.reference!], batch, rowChunks))).logp : undefined;
 
-    // 5. Advantages (a KL reward penalty first shapes the rewards per token).
+    // 5. Advantages (a KL reward penalty first shapes the rewards per token; uniform groups are
+    // still decided on the outcome rewards — the estimators get them as `rewards`).
     const outcome = groups.flatMap((g) => g.rewards);
     const logpRows = responseValues(batch, oldLogp);
     const refRows = refLogp && responseValues(batch, refLogp);
@@ -513,7 +530,8 @@ export class GrpoTrainer<M = unknown> {
       reward_mean: mean(allRewards),
       reward_std: std(allRewards),
       reward_failures: Object.values(sourceStats).reduce((s, x) => s + x.failures, 0),
-      uniform_groups: adv.stats.uniformGroups,
+      // the outcome's, not the estimator's: a custom estimator may shape rewards before its groups
+      uniform_groups: G > 1 ? groups.filter((g) => g.rewards.every((r) => r === g.rewards[0])).length : 0,
       zero_advantage_fraction: adv.stats.zeroAdvantages / batch.rows,
       advantage_abs_mean: mean(advPerRow.map(Math.abs)),
       response_length_mean: mean(batch.lengths),
@@ -534,6 +552,7 @@ export class GrpoTrainer<M = unknown> {
       nonfinite_updates: nonfinite,
       sampling_rounds: rounds,
       dropped_groups: dropped,
+      dynamic_sampling_shortfall: shortfall,
       generation_ms: clock.ms.generation,
       scoring_ms: clock.ms.scoring,
       rewards_ms: clock.ms.rewards,
@@ -598,10 +617,13 @@ export class GrpoTrainer<M = unknown> {
     });
     const scored = await clock.time('rewards', () => o.rewards(samples));
     let greedyRewards: number[] | undefined;
+    let greedyFailures: ScoredBatch['failures'] = [];
     if (this.greedyBaseline) {
       const best = await clock.time('generation', () => this.generateGreedy(prompts));
       const s = await clock.time('rewards', () => o.rewards(best.map((b, i) => ({ prompt: prompts[i].text, completion: b.text, meta: { ...prompts[i].meta, completionTokens: b.tokens.length, stopped: b.stopped } }))));
+      // a failed baseline got the scorer's fallback like any sample: count it with its prompt's group
       greedyRewards = s.rewards;
+      greedyFailures = s.failures;
     }
     return prompts.map((prompt, k) => {
       const at = (xs: readonly number[]) => xs.slice(k * G, (k + 1) * G);
@@ -611,7 +633,12 @@ export class GrpoTrainer<M = unknown> {
         texts: texts.slice(k * G, (k + 1) * G),
         rewards: at(scored.rewards),
         bySource: Object.fromEntries(Object.entries(scored.bySource).map(([name, v]) => [name, at(v)])),
-        failures: Object.fromEntries(Object.keys(scored.bySource).map((name) => [name, scored.failures.filter((f) => f.source === name && Math.floor(f.index / G) === k).length])),
+        failures: Object.fromEntries(
+          Object.keys(scored.bySource).map((name) => [
+            name,
+            scored.failures.filter((f) => f.source === name && Math.floor(f.index / G) === k).length + greedyFailures.filter((f) => f.source === name && f.index === k).length,
+          ]),
+        ),
         greedyReward: greedyRewards?.[k],
       };
     });

@@ -20,7 +20,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { paramSpecs, type DecoderConfig, type Weights } from '@lathe/models';
+import { checkSequenceLength, paramSpecs, type DecoderConfig, type Weights } from '@lathe/models';
 import { addGeneration, KvCacheGenerator, kvCacheUnsupported, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
 import type { Binding, Device, DeviceTensor, HostTensor, Session, SessionOptions } from '@lathe/runtime';
 import type { TrainableParam } from '@lathe/train';
@@ -252,7 +252,7 @@ export class KvGenerationRunner implements RolloutGenerator {
     if (prompts.length === 0) return [];
     const longest = Math.max(...prompts.map((p) => p.length));
     const positions = this.config.maxPositionEmbeddings;
-    if (longest + call.maxNewTokens > positions) throw new Error(`generate: a prompt of ${longest} tokens + ${call.maxNewTokens} new exceed the model's ${positions} positions`);
+    checkSequenceLength(this.config, longest + call.maxNewTokens, `generate: the longest prompt (${longest} tokens) + ${call.maxNewTokens} new`);
     const buffers = await this.opts.weights.update(weights, call.weightsVersion);
     const generator = this.engineFor((this.opts.promptsPerRun || prompts.length) * this.opts.groupSize, Math.min(positions, Math.ceil((longest + call.maxNewTokens) / LENGTH_QUANTUM) * LENGTH_QUANTUM), buffers);
     const out = await generator.generate(

@@ -1,5 +1,6 @@
 import {
   advantageMatrix,
+  builtinEstimator,
   discountedReturns,
   drGrpoAdvantages,
   gaeAdvantages,
@@ -150,5 +151,49 @@ describe('KL on the host', () => {
     close(r.sequenceRewards, [0.95, 0.025]);
     expect(r.meanSequenceKl).toBeCloseTo((0.5 - 0.25) / 2, 12);
     expect(() => klPenalisedRewards({ rewards: [1], logp: [[-1]], refLogp: [[-1, -2]] }, { coef: 0.1 })).toThrow(/completion 0 has 1 logp but 2 refLogp/);
+  });
+});
+
+describe('uniform groups are decided on the outcome rewards (a KL reward penalty shapes the rewards after the outcome)', () => {
+  test('GRPO, RLOO and ReMax with outcomeRewards', () => {
+    // group 1: outcomes [1, 1] are uniform though the shaped rewards [0.9, 0.8] differ; group 2: [0.3, 1.1], mean 0.7, unbiased std √(2·0.16) = 0.4√2
+    const batch = { rewards: [0.9, 0.8, 0.3, 1.1], groupSize: 2, outcomeRewards: [1, 1, 0, 1] };
+    const s = 0.4 * Math.SQRT2 + 1e-6;
+    const grpo = grpoAdvantages(batch);
+    expect(grpo.advantages.slice(0, 2)).toEqual([0, 0]);
+    close(grpo.advantages.slice(2), [-0.4 / s, 0.4 / s]);
+    expect(grpo.stats).toEqual({ groups: 2, uniformGroups: 1, zeroAdvantages: 2 });
+    // RLOO: 0.3 − 1.1 = −0.8, 1.1 − 0.3 = 0.8
+    const rloo = rlooAdvantages(batch);
+    expect(rloo.advantages.slice(0, 2)).toEqual([0, 0]);
+    close(rloo.advantages.slice(2), [-0.8, 0.8]);
+    expect(rloo.stats.uniformGroups).toBe(1);
+    // ReMax does not zero uniform groups (the greedy reward is the baseline) but counts them on the outcome
+    const remax = remaxAdvantages({ ...batch, greedyRewards: [0.5, 0.5] });
+    close(remax.advantages, [0.4, 0.3, -0.2, 0.6]);
+    expect(remax.stats.uniformGroups).toBe(1);
+    // without outcomeRewards the shaped rewards decide: no uniform group
+    expect(grpoAdvantages({ rewards: batch.rewards, groupSize: 2 }).stats.uniformGroups).toBe(0);
+    expect(() => grpoAdvantages({ ...batch, outcomeRewards: [1, 1] })).toThrow(/2 outcomeRewards for 4 rewards/);
+  });
+
+  test('the built-in grpo estimator: KL-shaped sequence rewards, uniform groups from the outcome', () => {
+    const est = builtinEstimator('grpo').estimate;
+    const lengths = [1, 1, 1, 1];
+    const logp = lengths.map(() => [0]);
+    // outcomes [1, 1 | 0, 1], penalties −0.1, −0.2, 0, −0.1: group 2's sequence rewards [0, 0.9], mean 0.45, std 0.45√2
+    const a = est({ rewards: [1, 1, 0, 1], groupSize: 2, lengths, logp, tokenRewards: [[-0.1], [-0.2], [0], [-0.1]] });
+    const s = 0.45 * Math.SQRT2 + 1e-6;
+    expect(a.advantages.slice(0, 2)).toEqual([0, 0]);
+    close(a.advantages.slice(2) as number[], [-0.45 / s, 0.45 / s]);
+    expect(a.stats.uniformGroups).toBe(1);
+  });
+
+  test('REINFORCE++-baseline with mean-std whitening counts uniform groups but does not zero them (batch mean, as verl)', () => {
+    // centred outcomes [0.5, −0.5 | 0, 0], lengths [2, 1, 1, 1]: tokens [0.5, 0.5, −0.5, 0, 0], mean 0.1, variance 0.7/5 = 0.14
+    const r = reinforcePlusPlusAdvantages({ rewards: [1, 0, 1, 1], groupSize: 2, lengths: [2, 1, 1, 1] }, { baseline: 'group' });
+    const s = Math.sqrt(0.14 + 1e-8);
+    close(r.advantages.flat(), [0.4 / s, 0.4 / s, -0.6 / s, -0.1 / s, -0.1 / s]);
+    expect(r.stats).toEqual({ groups: 2, uniformGroups: 1, zeroAdvantages: 0 });
   });
 });

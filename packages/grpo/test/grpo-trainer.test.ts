@@ -248,3 +248,86 @@ test('the entropy metric: from re-scoring when the loss does not read it, equal 
   scored.dispose();
   inStep.dispose();
 });
+
+/** Groups (of the rollouts, in order) whose rewards are all equal: counted here, independently of the trainer. */
+function uniformGroupsOf(rollouts: readonly { reward: number }[], G: number): number[] {
+  const out: number[] = [];
+  for (let k = 0; k * G < rollouts.length; k++) {
+    const rs = rollouts.slice(k * G, (k + 1) * G).map((r) => r.reward);
+    if (rs.every((r) => r === rs[0])) out.push(k);
+  }
+  return out;
+}
+
+test.each([['loss'], ['reward']] as const)('KL as a %s: a group whose outcome rewards are all equal gets zero advantage and is counted', async (mode) => {
+  // prompt 3's reward is always 1: its group is uniform in outcome; the KL penalty (kl mode 'reward')
+  // differs per completion once the policy has moved, which must not make the group look informative
+  const rewards = combineRewards<Meta & { completionTokens: number; stopped: boolean }>([{ name: 'r', fn: (p, c, m) => (p === '3' ? 1 : c === String(m.answer) ? 1 : 0) }], { fallback: 0 });
+  const t = make({ rewards, kl: { coef: 0.5, mode } });
+  for (let s = 0; s < 3; s++) {
+    const { metrics, rollouts } = await t.step(prompts(s), 0.05);
+    const uniform = uniformGroupsOf(rollouts, 8);
+    expect(uniform).toContain(3);
+    expect(metrics.uniform_groups).toBe(uniform.length);
+    for (const k of uniform) expect(rollouts.slice(k * 8, (k + 1) * 8).map((r) => r.advantage)).toEqual(new Array(8).fill(0));
+    expect(metrics.zero_advantage_fraction).toBeGreaterThanOrEqual(uniform.length / 4);
+    // after the first update the policy has left the reference: the penalty is not 0 (the case the check is for)
+    if (s > 0) expect(metrics.kl_ref).toBeGreaterThan(1e-4);
+  }
+  t.dispose();
+});
+
+test('ReMax: a greedy baseline whose reward throws or is NaN is counted and replaced by the fallback', async () => {
+  type RMeta = Meta & { completionTokens: number; stopped: boolean };
+  const correct = (c: string, m: RMeta) => (c === String(m.answer) ? 1 : 0);
+  const failures: RewardFailure[] = [];
+  // the same source, failing only when it scores the greedy completions (the batch of one per prompt)
+  const greedyBatch = combineRewards<RMeta>(
+    [
+      {
+        name: 'correct',
+        fn: (p, c, m) => {
+          if (p === '1') throw new Error('grader crashed');
+          return p === '2' ? NaN : correct(c, m);
+        },
+      },
+    ],
+    { fallback: -1, onFailure: (f) => failures.push(f) },
+  );
+  const sampled = combineRewards<RMeta>([{ name: 'correct', fn: (_p, c, m) => correct(c, m) }], { fallback: -1 });
+  const t = make({ estimator: 'remax', rewards: (samples) => (samples.length === ANSWERS.length ? greedyBatch(samples) : sampled(samples)) });
+  // independent truth: the greedy completions of the weights the step samples from, graded here
+  const greedy = (await t.generateGreedy(prompts(0))).map((c, p) => correct(c.text, { answer: ANSWERS[p], completionTokens: 1, stopped: false }));
+  const { metrics, rollouts } = await t.step(prompts(0), 0.01);
+  expect(failures.map((f) => [f.prompt, f.kind])).toEqual([
+    ['1', 'threw'],
+    ['2', 'non-finite'],
+  ]);
+  expect(metrics.reward_failures).toBe(2);
+  expect(metrics['reward/correct/failures']).toBe(2);
+  // A = r − r_greedy, with the fallback −1 as the failed prompts' baseline
+  const baseline = [greedy[0], -1, -1, greedy[3]];
+  expect(rollouts.map((r) => r.advantage)).toEqual(rollouts.map((r, i) => r.reward - baseline[Math.floor(i / 8)]));
+  t.dispose();
+});
+
+test('dynamic sampling: a shortfall after the last round is reported as dynamic_sampling_shortfall', async () => {
+  // prompts 2 and 3 always score 1 (uniform, dropped); prompts 0 and 1 score the sampled token id, which
+  // differs within a group of 8 samples: each round yields exactly 2 informative groups of the 4 wanted
+  const rewards = combineRewards<Meta & { completionTokens: number; stopped: boolean }>([{ name: 'r', fn: (p, c) => (p === '2' || p === '3' ? 1 : Number(c)) }], { fallback: 0 });
+  const run = async (maxRounds: number) => {
+    const t = make({ rewards, dynamicSampling: { maxRounds } });
+    const { metrics } = await t.step((round) => prompts(20 + round), 0.01);
+    t.dispose();
+    return metrics;
+  };
+  const short = await run(1);
+  expect([short.sampling_rounds, short.dropped_groups, short.prompts, short.samples, short.dynamic_sampling_shortfall]).toEqual([1, 2, 2, 16, 2]);
+  const full = await run(3); // the second round fills the batch
+  expect([full.sampling_rounds, full.dropped_groups, full.prompts, full.dynamic_sampling_shortfall]).toEqual([2, 4, 4, 0]);
+  // without dynamic sampling nothing is dropped and nothing is short
+  const t = make({ rewards });
+  const plain = await t.step(prompts(20), 0.01);
+  expect([plain.metrics.prompts, plain.metrics.uniform_groups, plain.metrics.dynamic_sampling_shortfall]).toEqual([4, 2, 0]);
+  t.dispose();
+});

@@ -167,8 +167,9 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
           const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
           return loraWeights((name) => base.get(name)!, trainable, adapters, lora, compute);
         },
+        recompute: cfg.gradient_checkpointing,
       })
-    : sftLoss(config, { compute });
+    : sftLoss(config, { compute, recompute: cfg.gradient_checkpointing });
 
   // State: fresh from the model folder, or from the latest checkpoint.
   let state: TrainerState = { step: 0, dataPosition: 0, seed: cfg.seed };

@@ -166,6 +166,45 @@ test('gradient accumulation: 4 micro-batches of 1 give the same update as 1 batc
   }
 });
 
+test('gradient checkpointing (each layer recomputed in the backward pass) gives the same step, and its backward reads no layer activation', async () => {
+  const { config, params, state } = setup();
+  const feeds = { ...state, lr: scalar(0.01), ...Object.fromEntries(Object.entries(biasCorrections(1)).map(([k, x]) => [k, scalar(x)])), input_ids: i64(batch.ids), attention_mask: i64(batch.attn), loss_mask: i64(batch.loss), loss_tokens: scalar(lossTokens) };
+  // chunk 8: the LM head's log-partition in several vocabulary chunks, each its own recomputed region
+  const plainGraphs = compileTrainStep({ params, loss: sftLoss(config, { chunk: 8 }), optimizer: { maxGradNorm: 1 } });
+  const recomputeGraphs = compileTrainStep({ params, loss: sftLoss(config, { chunk: 8, recompute: true }), optimizer: { maxGradNorm: 1 } });
+  expect(config.vocabSize).toBeGreaterThan(16);
+  const [plain, recomputed] = await Promise.all([compile(plainGraphs.step).then((f) => f(feeds)), compile(recomputeGraphs.step).then((f) => f(feeds))]);
+  expect(Number(recomputed.loss.data[0])).toBeCloseTo(Number(plain.loss.data[0]), 6);
+  for (const p of params) {
+    const a = plain[stateNames.next(p.name)].data as Float32Array;
+    const b = recomputed[stateNames.next(p.name)].data as Float32Array;
+    for (let i = 0; i < a.length; i++) expect(Math.abs(a[i] - b[i])).toBeLessThan(1e-6);
+  }
+  // Memory: no backward node reads an activation computed inside a layer — a value that depends on
+  // the token ids, other than a layer's result (the next layer's input, kept either way).
+  const activations = (g: L.Graph) => {
+    const dependent = new Set<L.Tensor>(g.inputs.filter((t) => t.name === 'input_ids'));
+    for (const n of g.nodes) if (n.inputs.some((t) => t && dependent.has(t))) for (const o of n.outputs) dependent.add(o);
+    const scopeOf = (n: L.Node) => /^layer\d+\//.exec(n.name)?.[0];
+    const exported = new Set(g.nodes.filter((n) => !n.name.startsWith('grad/')).flatMap((n) => n.inputs.filter((t) => t?.node && scopeOf(t.node) && scopeOf(t.node) !== scopeOf(n)))) as Set<L.Tensor>;
+    return new Set(g.nodes.filter((n) => scopeOf(n)).flatMap((n) => n.outputs).filter((t) => dependent.has(t) && !exported.has(t)));
+  };
+  const readsActivation = (g: L.Graph) => {
+    const acts = activations(g);
+    return g.nodes.filter((n) => n.name.startsWith('grad/') && !n.name.startsWith('grad/recompute/') && n.inputs.some((t) => t && acts.has(t))).map((n) => n.name);
+  };
+  expect(readsActivation(recomputeGraphs.step)).toEqual([]);
+  // …nor a vocabulary chunk's values (the head's [B, T, chunk] logits, exps, …: forward values
+  // outside the layers whose last dim is the chunk)
+  const chunkLogits = (g: L.Graph) => new Set(g.nodes.filter((n) => !n.name.startsWith('grad/') && !/^layer\d+\//.test(n.name)).flatMap((n) => n.outputs).filter((t) => t.rank === 3 && t.shape[2] === 8 && t.dtype === 'float32'));
+  const readsChunk = (g: L.Graph) => { const c = chunkLogits(g); return g.nodes.filter((n) => n.name.startsWith('grad/') && !n.name.startsWith('grad/recompute/') && n.inputs.some((t) => t && c.has(t))).length; };
+  expect(chunkLogits(recomputeGraphs.step).size).toBeGreaterThan(1);
+  expect(readsChunk(recomputeGraphs.step)).toBe(0);
+  expect(readsChunk(plainGraphs.step)).toBeGreaterThan(0);
+  const plainReaders = readsActivation(plainGraphs.step);
+  expect(plainReaders.length).toBeGreaterThan(20);
+});
+
 test('SFT on a fixed batch drives the loss down', async () => {
   const { config, params, state: init } = setup();
   const graphs = compileTrainStep({ params, loss: sftLoss(config), optimizer: { maxGradNorm: 1, weightDecay: 0 } });
@@ -192,6 +231,7 @@ test('bf16 train-step graphs (full and LoRA) have no run-time shape arithmetic: 
   const adapters = loraAdapters(config, lora);
   const variants: [string, TrainableParam[], LossBuilder][] = [
     ['full', full, sftLoss(config, { compute: 'bfloat16', chunk: 24 })],
+    ['full, recomputed layers', full, sftLoss(config, { compute: 'bfloat16', chunk: 24, recompute: true })],
     [
       'lora',
       adapters.flatMap((a) => [a.a, a.b]),

@@ -27,6 +27,8 @@ export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEve
       else if (m.step % cfg.log_every === 0) {
         process.stderr.write(
           `step ${m.step}/${cfg.steps} reward ${m.reward_mean.toFixed(3)}±${m.reward_std.toFixed(3)} kl ${kl} clip ${m.clip_fraction.toFixed(3)} len ${m.response_length_mean.toFixed(1)} parity ${m.logp_parity.toFixed(5)} ` +
+            // dynamic sampling ran out of rounds: the step trained on fewer groups than --prompts_per_step
+            (m.dynamic_sampling_shortfall > 0 ? `short ${m.dynamic_sampling_shortfall} groups ` : '') +
             `${(m.step_ms / 1000).toFixed(2)} s (gen ${(m.generation_ms / 1000).toFixed(2)}, score ${(m.scoring_ms / 1000).toFixed(2)}, train ${(m.training_ms / 1000).toFixed(2)}, rewards ${(m.rewards_ms / 1000).toFixed(2)}, host ${(m.host_ms / 1000).toFixed(2)})\n`,
         );
       }
