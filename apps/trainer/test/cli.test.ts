@@ -2,21 +2,29 @@ import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import type { OptionSchema } from '@lathe/data';
+import { grpoSchema } from '@lathe/grpo';
+import { generateSchema } from '@lathe/rollout';
 import { sftSchema } from '@lathe/train';
 
 const bin = join(__dirname, '..', 'bin', 'lathe.cjs');
 const lathe = (...args: string[]) => spawnSync(process.execPath, [bin, ...args], { encoding: 'utf8', cwd: mkdtempSync(join(tmpdir(), 'lathe-cli-')) });
 
-test('lathe sft --help lists every option of the schema with its default', () => {
-  const r = lathe('sft', '--help');
+test.each([
+  ['sft', sftSchema],
+  ['grpo', grpoSchema],
+  ['generate', generateSchema],
+] as [string, OptionSchema][])('lathe %s --help lists every option of the schema with its help text and default', (command, schema) => {
+  const r = lathe(command, '--help');
   expect(r.status).toBe(0);
   const squash = (s: string) => s.replace(/\s+/g, ''); // yargs wraps (and breaks) long lines
   const text = squash(r.stdout);
-  for (const [name, spec] of Object.entries(sftSchema)) {
+  for (const [name, spec] of Object.entries(schema)) {
     expect(text).toContain(`--${name}`);
+    expect(text).toContain(squash(spec.describe.slice(0, 30)));
     expect(text).toContain(squash(`[default: ${JSON.stringify(spec.default)}]`));
   }
-}, 30_000);
+}, 60_000);
 
 test('bad flags and config files are reported by name, before any work', () => {
   const dir = mkdtempSync(join(tmpdir(), 'lathe-cli-'));

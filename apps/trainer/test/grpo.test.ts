@@ -2,16 +2,17 @@
  * `lathe grpo` on the built-in tiny model (random weights: these tests check the run's machinery,
  * not learning — packages/grpo's tests and the demo show learning): help text, YAML + flags, the
  * run directory (config, metrics, rollouts in SQLite, evaluations, checkpoints), exact resume after
- * an interruption, a changed config refused unless forced, a prompt set smaller than a step.
+ * an interruption, a changed config refused unless forced, a prompt set smaller than a step; and
+ * the plumbing of options into the trainer: LoRA (adapters, exact resume), epochs, the sampling
+ * filters, the overlong reward.
  */
-import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import { readEvalRollouts, readMetrics, readTrainRollouts } from '@lathe/data';
 import { defaults } from '@lathe/data';
-import { loadCheckpoint } from '@lathe/train';
+import { loadCheckpoint, loadFloat32 } from '@lathe/train';
 import { GrpoTrainer, grpoSchema, runGrpo, type GrpoConfig } from '@lathe/grpo';
 import { configFromArgv } from '../src/config-flags';
 
@@ -32,18 +33,6 @@ const small = (run: string, over: Partial<GrpoConfig> = {}): GrpoConfig => ({
   lr: 1e-3,
   ...over,
 });
-
-test('lathe grpo --help lists every option of the schema with its help text and default', () => {
-  const r = spawnSync(process.execPath, [join(__dirname, '..', 'bin', 'lathe.cjs'), 'grpo', '--help'], { encoding: 'utf8', timeout: 60_000 });
-  expect(r.status).toBe(0);
-  const squash = (s: string) => s.replace(/\s+/g, '');
-  const text = squash(r.stdout);
-  for (const [name, spec] of Object.entries(grpoSchema)) {
-    expect(text).toContain(`--${name}`);
-    expect(text).toContain(squash(spec.describe.slice(0, 30)));
-    expect(text).toContain(squash(`[default: ${JSON.stringify(spec.default)}]`));
-  }
-}, 60_000);
 
 test('config: defaults ← YAML ← flags, errors name the source and key', () => {
   const file = join(root, 'grpo.yaml');
@@ -114,4 +103,89 @@ test('a prompt set smaller than a step is an error naming --prompts_per_step', a
   expect(ok.steps).toBe(2);
   const seen = readTrainRollouts(join(root, 'few', 'rollouts.sqlite')).map((r) => r.prompt);
   expect(new Set(seen.slice(0, 12)).size).toBe(3);
+}, 60_000);
+
+test('--lora_rank: a LoRA run writes adapters over the unchanged base, and its resume continues exactly', async () => {
+  const lora = (run: string, over: Partial<GrpoConfig> = {}) => small(run, { lora_rank: 4, lora_alpha: 8, steps: 2, eval_every: 0, ...over });
+  const straight = await runGrpo(lora('lora'));
+  // the adapter file's own header: 2 layers × 7 projections × (A [4, in], B [out, 4]), rank 4
+  const file = readFileSync(join(straight.checkpoint, 'adapter_model.safetensors'));
+  const header = JSON.parse(file.subarray(8, 8 + Number(file.readBigUInt64LE(0))).toString()) as Record<string, { shape: number[] }>;
+  const adapters = Object.entries(header)
+    .filter(([name]) => name !== '__metadata__')
+    .map(([name, t]) => ({ name, shape: t.shape, decay: false }));
+  expect(adapters).toHaveLength(2 * 7 * 2);
+  for (const p of adapters) expect([p.name, /lora_A/.test(p.name) ? p.shape[0] : /lora_B/.test(p.name) ? p.shape[1] : NaN]).toEqual([p.name, 4]);
+  const a = loadCheckpoint(straight.checkpoint, adapters);
+  expect(a.lora).toBe(true);
+  const base = loadFloat32(join(root, 'lora', 'base-model'), a.config);
+  // the adapters moved (B starts at 0), the merged model differs from the base only in adapted matrices
+  expect([...a.values].some(([name, v]) => name.includes('lora_B') && v.some((x) => x !== 0))).toBe(true);
+  expect(a.model.get('model.embed_tokens.weight')).toEqual(base.get('model.embed_tokens.weight'));
+  expect(a.model.get('model.layers.0.self_attn.q_proj.weight')).not.toEqual(base.get('model.layers.0.self_attn.q_proj.weight'));
+
+  const controller = new AbortController();
+  const first = await runGrpo(lora('lora-resumed'), { onStep: (m) => m.step === 1 && controller.abort() }, controller.signal);
+  expect([first.steps, first.interrupted]).toEqual([1, true]);
+  const second = await runGrpo(lora('lora-resumed', { resume: true }));
+  expect(second.steps).toBe(2);
+  const b = loadCheckpoint(second.checkpoint, adapters);
+  expect(b.state).toEqual(a.state);
+  for (const [name, v] of a.values) expect([name, Buffer.from(b.values.get(name)!.buffer).equals(Buffer.from(v.buffer))]).toEqual([name, true]);
+  for (const [name, v] of a.v) expect([name, Buffer.from(b.v.get(name)!.buffer).equals(Buffer.from(v.buffer))]).toEqual([name, true]);
+  const rows = (run: string) => readTrainRollouts(join(root, run, 'rollouts.sqlite'), { minStep: 2 }).map((r) => [r.prompt_index, r.rollout_index, r.completion, r.reward, r.advantage]);
+  expect(rows('lora-resumed')).toEqual(rows('lora'));
+  // a full fine-tuning resume of a LoRA checkpoint is refused
+  await expect(runGrpo(lora('lora-resumed', { resume: true, force: true, lora_rank: 0, steps: 3 }))).rejects.toThrow(/is a LoRA checkpoint but --lora_rank is 0/);
+}, 60_000);
+
+test('--epochs 2: twice the updates per step', async () => {
+  const r = await runGrpo(small('epochs', { epochs: 2, steps: 2, eval_every: 0 }));
+  const steps = readMetrics(join(root, 'epochs', 'metrics.jsonl')).filter((m) => 'updates' in m);
+  expect(steps.map((m) => m.updates)).toEqual([4, 4]); // 2 epochs × 2 minibatches (the 1-epoch run above makes 2)
+  expect((loadCheckpoint(r.checkpoint, GrpoTrainer.trainableParams(loadCheckpoint(r.checkpoint).config)).state as { optimizerStep?: number }).optimizerStep).toBe(8);
+}, 60_000);
+
+test('--top_k 1, --top_p ≈ 0 and --min_p 1 reach the sampler: every sample is the greedy completion, whatever the seed', async () => {
+  // 4 prompts, each 4 times: the held-out split then shares prompts with the training set, so the
+  // greedy evaluation before step 1 gives the greedy completion of the prompts step 1 samples
+  const data = join(root, 'repeated.jsonl');
+  const problems = ['12+34=', '5+6=', '70+8=', '9+90='];
+  writeFileSync(data, problems.flatMap((p) => [0, 1, 2, 3].map(() => JSON.stringify({ prompt: p, answer: '0' }))).join('\n') + '\n');
+  const model = join(root, 'sampler-0', 'base-model');
+  const sampled = async (run: string, over: Partial<GrpoConfig>) => {
+    await runGrpo(small(run, { data, eval_examples: 8, steps: 1, eval_every: 0, ...over }));
+    const greedy = new Map(readFileSync(join(root, run, 'eval', 'step-00000000.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { prompt: string; generated: string }).map((e) => [e.prompt, e.generated]));
+    const rollouts = readTrainRollouts(join(root, run, 'rollouts.sqlite'));
+    expect(rollouts).toHaveLength(16);
+    return { greedy, rollouts };
+  };
+  // the first run makes the built-in model; the others (other seeds: other prompts, splits and noise) load it
+  const runs = [
+    await sampled('sampler-0', { top_k: 1, seed: 0 }),
+    await sampled('sampler-1', { model, tokenizer: 'builtin:addition', top_p: 1e-6, seed: 1 }),
+    await sampled('sampler-2', { model, tokenizer: 'builtin:addition', min_p: 1, seed: 2 }),
+  ];
+  const greedy = new Map(runs.flatMap((r) => [...r.greedy]));
+  expect(greedy.size).toBe(problems.length);
+  for (const r of runs) {
+    for (const [p, g] of r.greedy) expect(greedy.get(p)).toBe(g); // one model: one greedy completion per prompt
+    for (const x of r.rollouts) expect([x.prompt, x.completion]).toEqual([x.prompt, greedy.get(x.prompt)]);
+  }
+  // control: unfiltered sampling from the same model and seed does not give the greedy completions
+  const free = await sampled('sampler-free', { model, tokenizer: 'builtin:addition', seed: 0 });
+  expect(free.rollouts.filter((x) => x.completion !== greedy.get(x.prompt)).length).toBeGreaterThan(8);
+}, 60_000);
+
+test('--overlong_buffer adds the overlong reward source: 0 up to max_new_tokens − buffer, then down to −1', async () => {
+  await runGrpo(small('overlong', { overlong_buffer: 2, steps: 1, eval_every: 0 }));
+  const [m] = readMetrics(join(root, 'overlong', 'metrics.jsonl')).filter((x) => 'reward_mean' in x);
+  for (const k of ['reward/overlong/mean', 'reward/overlong/std', 'reward/overlong/failures']) expect([k, typeof m[k]]).toEqual([k, 'number']);
+  const rollouts = readTrainRollouts(join(root, 'overlong', 'rollouts.sqlite'));
+  // max_new_tokens 4, buffer 2: lengths ≤ 2 → 0, 3 → −0.5, 4 → −1 (the stop token counts)
+  const expected = rollouts.map((r) => [0, 0, 0, -0.5, -1][(r.extra as { tokens: number[] }).tokens.length]);
+  expect(new Set(expected).size).toBeGreaterThan(1);
+  expect(rollouts.map((r) => (r.extra as { rewards: Record<string, number> }).rewards.overlong)).toEqual(expected);
+  expect(rollouts.map((r) => r.reward)).toEqual(rollouts.map((r, i) => (r.extra as { rewards: Record<string, number> }).rewards.correct + expected[i]));
+  expect(m['reward/overlong/mean'] as number).toBeCloseTo(expected.reduce((a, b) => a + b, 0) / expected.length, 6);
 }, 60_000);

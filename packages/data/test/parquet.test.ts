@@ -138,7 +138,7 @@ describe('Parquet errors name the file and the column', () => {
   const good = path.join(dir, 'good.parquet');
   beforeAll(async () => {
     await writeParquet(good, new arrow.Table([toBatch(randomRows(100, 5))]));
-  });
+  }, 60_000); // a loaded machine (CI: 2 cores) can take longer than the 5 s default
 
   test('a truncated file', async () => {
     const bytes = readFileSync(good);

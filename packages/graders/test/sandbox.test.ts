@@ -175,7 +175,7 @@ describe('sandbox HTTP service', () => {
   let service: SandboxService;
   beforeAll(async () => {
     service = await startSandboxService({ concurrency: 2 });
-  });
+  }, 60_000); // a loaded machine (CI: 2 cores) can take longer than the 5 s default
   afterAll(() => service.close());
 
   const post = async (route: string, body: unknown) => {

@@ -6,7 +6,7 @@
  * step timing.
  *
  * usage: node lathe-step.js --model DIR --batch batch.json [--device cuda|cpu] [--compute float32|bfloat16]
- *          [--path bound|plain] [--micro-batches 1] [--shared-arena] [--static-shape] [--cuda-graph]
+ *          [--path bound|plain] [--micro-batches 1] [--shared-arena] [--static-shape] [--cuda-graph] [--recompute]
  *          [--steps N] [--lr 1e-3] [--max-grad-norm 1]
  *          [--weight-decay 0.01] [--out updated.safetensors] [--profile PREFIX]
  * --profile writes ORT's profile of the step session when the trainer is disposed (run with
@@ -55,7 +55,7 @@ async function main(): Promise<void> {
     const dev = Device.open(device, { tf32: flag('tf32'), sharedArena: flag('shared-arena') });
     const graphMode = flag('cuda-graph');
     const staticShape = graphMode || flag('static-shape');
-    const loss = sftLoss(config, { compute, ...(staticShape ? { shape: [B / micro, T] as [number, number] } : {}) });
+    const loss = sftLoss(config, { compute, recompute: flag('recompute'), ...(staticShape ? { shape: [B / micro, T] as [number, number] } : {}) });
     const trainer = Trainer.create({ params, loss, optimizer }, { params: weights }, { device: dev, microBatches: micro, cudaGraph: graphMode, session: { allowCpuFallback: flag('allow-cpu-fallback'), ...(arg('profile', '') ? { profilePrefix: arg('profile', '') } : {}) } });
     tSession = performance.now();
     const per = B / micro;
