@@ -39,6 +39,37 @@ export interface DecoderInputs {
    * the cost of running every layer's forward twice. No effect without gradients.
    */
   recompute?: boolean;
+  /**
+   * Attend through ONNX Runtime's GroupQueryAttention (flash attention on CUDA) instead of the
+   * composed MatMul/Softmax — differentiable (the op's gradient rule recomputes the probabilities
+   * in the backward pass), so it serves training as well as scoring, and keeps no [B, heads, T, T]
+   * value alive between the passes. Rows must be right-padded (see {@link rightPaddedAttention}):
+   * `attentionMask` is then not read; a left-padded row would attend its padding.
+   */
+  flashAttention?: FlashAttentionInputs;
+}
+
+/** The row lengths GroupQueryAttention reads for a right-padded batch; see {@link rightPaddedAttention}. */
+export interface FlashAttentionInputs {
+  /** int32 [B]: each row's length − 1. */
+  seqlensK: Tensor;
+  /** int32 scalar T, read by the CUDA kernel in host memory: a constant or a graph input (never computed on the device). */
+  totalSequenceLength: Tensor;
+  /** bool [B, T, 1]: true at tokens; attention outputs at padding are zeroed with it. */
+  tokens: Tensor;
+}
+
+/**
+ * {@link FlashAttentionInputs} from a right-padded batch's mask [B, T] (1 = token, every row's
+ * tokens first) and T (a constant when the shape is static, else an int32 scalar graph input).
+ */
+export function rightPaddedAttention(padMask: Tensor, totalSequenceLength: Tensor): FlashAttentionInputs {
+  const g = padMask.graph;
+  return {
+    seqlensK: L.sub(L.reduceSum(L.cast(padMask, 'int32'), [1]), g.constant(1, 'int32', [])),
+    totalSequenceLength,
+    tokens: L.unsqueeze(L.cast(padMask, 'bool'), [2]),
+  };
 }
 
 /**
@@ -134,6 +165,12 @@ export function ropeCaches(cfg: DecoderConfig, g: L.Graph, dtype: DType): { cos:
   return { cos: table(cos), sin: table(sin) };
 }
 
+/** {@link ropeTables} laid out [B, T, 1, headDim], for queries and keys in [B, T, heads, headDim]. */
+function ropeTablesBTHD(cfg: DecoderConfig, positionIds: Tensor, dtype: DType): { cos: Tensor; sin: Tensor } {
+  const { cos, sin } = ropeTables(cfg, positionIds, dtype);
+  return { cos: L.transpose(cos, [0, 2, 1, 3]), sin: L.transpose(sin, [0, 2, 1, 3]) };
+}
+
 /** cos and sin tables [B, 1, T, headDim] for the given positions (float32 math, cast to dtype). */
 export function ropeTables(cfg: DecoderConfig, positionIds: Tensor, dtype: DType): { cos: Tensor; sin: Tensor } {
   const { inverse, attentionScale } = ropeInverseFrequencies(cfg);
@@ -205,6 +242,31 @@ export function attention(
 }
 
 /**
+ * Attention of a right-padded batch through GroupQueryAttention, differentiable: projections,
+ * QK-norm and RoPE composed here (in [B, T, heads, headDim] layout, so no transposes), then the
+ * kernel attends causally within each row's length. Outputs at padding are zeroed, which keeps
+ * them out of later layers and makes their output gradients 0, as the op's gradient rule expects.
+ */
+export function flashAttention(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor, rotary: { cos: Tensor; sin: Tensor }, rows: FlashAttentionInputs): { out: Tensor; present: KvPair } {
+  const { numHeads: H, numKvHeads: KV, headDim: hd } = cfg;
+  const [B, T] = x.shape;
+  const bias = (name: string) => (cfg.attentionBias ? w(`${prefix}.${name}.bias`) : undefined);
+  const heads = (t: Tensor, n: number) => L.reshape(t, [B, T, n, hd]);
+  let q = heads(linear(x, w(`${prefix}.q_proj.weight`), bias('q_proj')), H);
+  let k = heads(linear(x, w(`${prefix}.k_proj.weight`), bias('k_proj')), KV);
+  const v = linear(x, w(`${prefix}.v_proj.weight`), bias('v_proj'));
+  if (cfg.qkNorm) {
+    q = rmsNormHf(q, w(`${prefix}.q_norm.weight`), cfg.rmsNormEps);
+    k = rmsNormHf(k, w(`${prefix}.k_norm.weight`), cfg.rmsNormEps);
+  }
+  const flat = (t: Tensor, n: number) => L.reshape(applyRope(t, rotary.cos, rotary.sin, hd), [B, T, n * hd]);
+  const r = L.groupQueryAttention({ query: flat(q, H), key: flat(k, KV), value: v, seqlensK: rows.seqlensK, totalSequenceLength: rows.totalSequenceLength }, { numHeads: H, kvNumHeads: KV });
+  const attended = L.where(rows.tokens, r.output, x.graph.constant(0, r.output.dtype, []));
+  const out = linear(attended, w(`${prefix}.o_proj.weight`), cfg.outputBias ? w(`${prefix}.o_proj.bias`) : undefined);
+  return { out, present: { key: r.presentKey, value: r.presentValue } };
+}
+
+/**
  * The same attention through ONNX Runtime's GroupQueryAttention: projections and QK-norm here,
  * then one kernel applies RoPE, appends keys/values to the cache and attends causally.
  */
@@ -251,7 +313,11 @@ export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | 
   const gqa = 'seqlensK' in inputs ? inputs : undefined;
   const composed = 'seqlensK' in inputs ? undefined : inputs;
   const fused = gqa ? true : (composed?.fused ?? false);
-  const rotary = composed && rope(cfg, composed.positionIds, h.dtype, fused);
+  const flash = composed?.flashAttention;
+  if (flash && inputs.past) throw new Error('decoder: flashAttention takes no KV cache (it attends within the batch)');
+  const rotary = composed && !flash ? rope(cfg, composed.positionIds, h.dtype, fused) : undefined;
+  // cos/sin [B, T, 1, headDim] for the flash path's [B, T, heads, headDim] layout.
+  const flashRotary = composed && flash ? ropeTablesBTHD(cfg, composed.positionIds, h.dtype) : undefined;
   const caches = gqa && { seqlensK: gqa.seqlensK, totalSequenceLength: gqa.totalSequenceLength, rotary: ropeCaches(cfg, g, h.dtype) };
   const norm = (x: Tensor, name: string) => rmsNormHf(x, w(name), cfg.rmsNormEps, fused);
   const present: KvPair[] = [];
@@ -261,7 +327,9 @@ export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | 
       const x = norm(x0, `${p}.input_layernorm.weight`);
       const a = caches
         ? gqaAttention(cfg, w, `${p}.self_attn`, x, caches, inputs.past?.[i])
-        : attention(cfg, w, `${p}.self_attn`, x, rotary!, composed!.attentionMask, inputs.past?.[i], fused);
+        : flash
+          ? flashAttention(cfg, w, `${p}.self_attn`, x, flashRotary!, flash)
+          : attention(cfg, w, `${p}.self_attn`, x, rotary!, composed!.attentionMask, inputs.past?.[i], fused);
       const mid = L.add(x0, a.out);
       present.push(a.present);
       return L.add(mid, mlp(cfg, w, `${p}.mlp`, norm(mid, `${p}.post_attention_layernorm.weight`)));

@@ -95,6 +95,27 @@ const cases: GradCase[] = [
     inputs: [{ shape: [4, 2] }, { shape: [2, 1], dtype: 'int64', fill: { ints: [3, 1] } }, { shape: [2, 2] }],
     build: ([d, i, u]) => L.scatterND(d, i, u),
   },
+  // fused: GroupQueryAttention over right-padded rows (lengths 5 and 3), 4 query heads on 2 KV heads
+  {
+    name: 'groupQueryAttention, padded query rows zeroed as the decoder does',
+    inputs: [{ shape: [2, 5, 32] }, { shape: [2, 5, 16] }, { shape: [2, 5, 16] }, { shape: [2], dtype: 'int32', fill: { ints: [4, 2] } }],
+    build: ([q, k, v, seqlens]) => {
+      const g = q.graph;
+      const { output } = L.groupQueryAttention({ query: q, key: k, value: v, seqlensK: seqlens, totalSequenceLength: g.constant(5, 'int32', []) }, { numHeads: 4, kvNumHeads: 2 });
+      const valid = g.constant([1, 1, 1, 1, 1, 1, 1, 1, 0, 0], 'bool', [2, 5, 1]);
+      return L.where(valid, output, L.zerosLike(output));
+    },
+    dtype: 'float32',
+  },
+  {
+    name: 'groupQueryAttention present key and value',
+    inputs: [{ shape: [1, 3, 16] }, { shape: [1, 3, 8] }, { shape: [1, 3, 8] }, { shape: [1], dtype: 'int32', fill: { ints: [2] } }],
+    build: ([q, k, v, seqlens]) => {
+      const r = L.groupQueryAttention({ query: q, key: k, value: v, seqlensK: seqlens, totalSequenceLength: q.graph.constant(3, 'int32', []) }, { numHeads: 2, kvNumHeads: 1 });
+      return L.add(L.mul(r.presentKey, r.presentValue), L.unsqueeze(L.reduceSum(r.output, [2], true), [1]));
+    },
+    dtype: 'float32',
+  },
   // composites (no rule of their own: they test the primitives' rules in combination)
   { name: 'mean', inputs: [{ shape: [2, 3] }], build: ([a]) => L.mean(a, -1) },
   { name: 'logSumExp', inputs: [{ shape: [2, 4] }], build: ([a]) => L.logSumExp(a, 1) },

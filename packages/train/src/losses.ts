@@ -5,8 +5,30 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { chunkedTargetLogprobs, decoder, paddedCausalMask, positionsFromPadding, type DecoderConfig, type Weights } from '@lathe/models';
+import { chunkedTargetLogprobs, decoder, paddedCausalMask, positionsFromPadding, rightPaddedAttention, type DecoderConfig, type Weights } from '@lathe/models';
+import type { HostTensor } from '@lathe/runtime';
 import type { LossBuilder } from './train-step';
+
+/**
+ * The int32 scalar input holding a batch's width T in graphs that attend through flash attention
+ * with symbolic shapes: the CUDA kernel reads T in host memory, so it is fed, never computed on the
+ * device (that would copy it back to the host every run).
+ */
+export const TOTAL_LENGTH_INPUT = 'total_sequence_length';
+
+/** The {@link TOTAL_LENGTH_INPUT} tensor of a batch T tokens wide. */
+export function totalLengthTensor(T: number): HostTensor {
+  return { data: Int32Array.of(T), dims: [] };
+}
+
+/**
+ * The total-length tensor of a flash-attention graph: a constant when T is static, else the
+ * {@link TOTAL_LENGTH_INPUT} graph input.
+ */
+export function totalLength(g: Graph, ids: Tensor): Tensor {
+  const T = ids.shape[1];
+  return typeof T === 'number' ? g.constant(T, 'int32', []) : g.input(TOTAL_LENGTH_INPUT, 'int32', []);
+}
 
 /** Weights for the decoder from master parameters, cast to the compute dtype once each. */
 export function castWeights(params: Map<string, Tensor>, compute: DType): Weights {
@@ -25,9 +47,24 @@ export function shiftLeft(x: Tensor): Tensor {
   return L.concat([L.slice(x, [1], [1]), L.slice(x, [1], [0], [1])], 1);
 }
 
-/** Per-token log-probs of the next token, [B, T], position T−1 meaningless (mask it). */
-export function nextTokenLogprobs(cfg: DecoderConfig, w: Weights, ids: Tensor, attentionMask: Tensor, opts: { temperature?: number; chunk?: number; recompute?: boolean } = {}): Tensor {
-  const { hidden } = decoder(cfg, w, { inputIds: ids, positionIds: positionsFromPadding(attentionMask), attentionMask: paddedCausalMask(attentionMask), recompute: opts.recompute });
+/**
+ * Per-token log-probs of the next token, [B, T], position T−1 meaningless (mask it). With
+ * `flashAttention` (the total-length tensor, see {@link totalLength}) rows must be right-padded.
+ */
+export function nextTokenLogprobs(
+  cfg: DecoderConfig,
+  w: Weights,
+  ids: Tensor,
+  attentionMask: Tensor,
+  opts: { temperature?: number; chunk?: number; recompute?: boolean; flashAttention?: Tensor } = {},
+): Tensor {
+  const { hidden } = decoder(cfg, w, {
+    inputIds: ids,
+    positionIds: positionsFromPadding(attentionMask),
+    attentionMask: paddedCausalMask(attentionMask),
+    recompute: opts.recompute,
+    ...(opts.flashAttention ? { flashAttention: rightPaddedAttention(attentionMask, opts.flashAttention) } : {}),
+  });
   return chunkedTargetLogprobs(cfg, w, hidden, shiftLeft(ids), opts);
 }
 
@@ -49,12 +86,20 @@ export interface SftLossOptions {
   shape?: [number, number];
   /** Recompute each decoder layer in the backward pass instead of keeping its activations (less memory, ~⅓ more compute). */
   recompute?: boolean;
+  /**
+   * Attend through GroupQueryAttention (flash attention on CUDA) with its composed backward pass
+   * instead of MatMul/Softmax: no [B, heads, T, T] activations kept. Rows must be right-padded (as
+   * `padBatch` makes them); with symbolic shapes the batch also carries `total_sequence_length`.
+   */
+  flashAttention?: boolean;
 }
 
 /**
  * Masked next-token cross-entropy. Batch inputs: `input_ids` [B, T] int64, `attention_mask`
  * [B, T] int64 (1 = token), `loss_mask` [B, T] int64 (1 on tokens to predict, e.g. the response),
- * `loss_tokens` float32 scalar (loss tokens in the whole optimizer batch). Metric: `token_nll_sum`.
+ * `loss_tokens` float32 scalar (loss tokens in the whole optimizer batch), and with
+ * `flashAttention` over symbolic shapes `total_sequence_length` (int32 scalar T, see
+ * {@link totalLengthTensor}). Metric: `token_nll_sum`.
  */
 export function sftLoss(cfg: DecoderConfig, opts: SftLossOptions = {}): LossBuilder {
   return (g: Graph, params) => {
@@ -64,7 +109,8 @@ export function sftLoss(cfg: DecoderConfig, opts: SftLossOptions = {}): LossBuil
     const lossMask = g.input('loss_mask', 'int64', dims);
     const normaliser = g.input('loss_tokens', 'float32', []);
     const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
-    const logp = nextTokenLogprobs(cfg, w, ids, attention, { chunk: opts.chunk, recompute: opts.recompute });
+    const flashAttention = opts.flashAttention ? totalLength(g, ids) : undefined;
+    const logp = nextTokenLogprobs(cfg, w, ids, attention, { chunk: opts.chunk, recompute: opts.recompute, flashAttention });
     // Position t predicts token t+1: weight it by loss_mask[t+1]; the wrapped last column gets 0.
     const predicted = L.cast(L.mul(shiftLeft(lossMask), lastColumnZero(lossMask)), 'float32');
     const nllSum = L.neg(L.reduceSum(L.mul(logp, predicted)));

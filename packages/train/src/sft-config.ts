@@ -18,6 +18,12 @@ export const sftSchema = {
   steps: { type: 'number', default: 1000, integer: true, min: 1, describe: 'Optimizer steps' },
   batch_size: { type: 'number', default: 32, integer: true, min: 1, describe: 'Sequences per optimizer step' },
   micro_batches: { type: 'number', default: 1, integer: true, min: 1, describe: 'Split each batch into this many micro-batches (gradient accumulation)' },
+  attention: {
+    type: 'string',
+    default: 'composed',
+    choices: ['composed', 'flash'],
+    describe: "Attention in the train step: 'composed' (MatMul/Softmax, keeps [B, heads, T, T] activations) or 'flash' (ONNX Runtime's GroupQueryAttention forward, the backward recomputing the probabilities one layer at a time)",
+  },
   gradient_checkpointing: { type: 'boolean', default: false, describe: "Recompute each decoder layer's activations in the backward pass instead of keeping them: less memory, one more forward pass of the layers" },
   max_length: { type: 'number', default: 512, integer: true, min: 2, describe: 'Longest training sequence in tokens (see --overlong)' },
   overlong: { type: 'string', default: 'skip', choices: ['skip', 'truncate'], describe: 'Examples over max_length: skip them, or truncate the response (both counted)' },

@@ -18,7 +18,7 @@ import { addGeneration } from '@lathe/rollout';
 import { Device, sizeOf, type HostTensor } from '@lathe/runtime';
 import { learningRate } from './schedule';
 import { writeAtomic } from '@lathe/data';
-import { sftLoss } from './losses';
+import { sftLoss, TOTAL_LENGTH_INPUT, totalLengthTensor } from './losses';
 import type { TrainableParam } from './train-step';
 import { Trainer } from './trainer';
 import { BUILTIN_DATA, BUILTIN_MODEL, type SftConfig } from './sft-config';
@@ -161,6 +161,8 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   const params: TrainableParam[] = lora
     ? adapters.flatMap((a) => [a.a, a.b])
     : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+  // Flash attention needs right-padded rows, which padBatch makes, and each batch's width T.
+  const flashAttention = cfg.attention === 'flash';
   const loss = lora
     ? sftLoss(config, {
         weights: (g, trainable) => {
@@ -168,8 +170,9 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
           return loraWeights((name) => base.get(name)!, trainable, adapters, lora, compute);
         },
         recompute: cfg.gradient_checkpointing,
+        flashAttention,
       })
-    : sftLoss(config, { compute, recompute: cfg.gradient_checkpointing });
+    : sftLoss(config, { compute, recompute: cfg.gradient_checkpointing, flashAttention });
 
   // State: fresh from the model folder, or from the latest checkpoint.
   let state: TrainerState = { step: 0, dataPosition: 0, seed: cfg.seed };
@@ -302,7 +305,11 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     const lr = learningRate({ lr: cfg.lr, kind: cfg.schedule as 'constant' | 'linear' | 'cosine', warmupSteps: cfg.warmup_steps, totalSteps: cfg.steps, minLrRatio: cfg.min_lr_ratio }, state.step);
     const lossTokensInput = f32(Math.max(1, lossTokens));
     const per = cfg.batch_size / cfg.micro_batches;
-    const micro = Array.from({ length: cfg.micro_batches }, (_, k) => ({ ...padBatch(batch.slice(k * per, (k + 1) * per), tokenizer.padId), loss_tokens: lossTokensInput }));
+    const micro = Array.from({ length: cfg.micro_batches }, (_, k) => {
+      const tensors = padBatch(batch.slice(k * per, (k + 1) * per), tokenizer.padId);
+      const width = tensors.input_ids.dims[1];
+      return { ...tensors, loss_tokens: lossTokensInput, ...(flashAttention ? { [TOTAL_LENGTH_INPUT]: totalLengthTensor(width) } : {}) };
+    });
     const hostMs0 = performance.now() - t0;
     const result = trainer.trainStep(micro, lr);
     const loss = result.loss;

@@ -205,6 +205,38 @@ test('gradient checkpointing (each layer recomputed in the backward pass) gives 
   expect(plainReaders.length).toBeGreaterThan(20);
 });
 
+test('flash attention (GroupQueryAttention forward, composed backward) gives the same step as composed attention', async () => {
+  const { config, params, state } = setup();
+  const common = { ...state, lr: scalar(0.01), ...Object.fromEntries(Object.entries(biasCorrections(1)).map(([k, x]) => [k, scalar(x)])), loss_tokens: scalar(lossTokens) };
+  // The same rows right-padded (tokens first), as flash attention requires and padBatch makes.
+  const right = (rows: number[][]) => rows.map((r, i) => { const pad = batch.attn[i].indexOf(1); return [...r.slice(pad), ...r.slice(0, pad).map(() => 0)]; });
+  const composedGraphs = compileTrainStep({ params, loss: sftLoss(config, { chunk: 8 }), optimizer: { maxGradNorm: 1 } });
+  const flashGraphs = compileTrainStep({ params, loss: sftLoss(config, { chunk: 8, flashAttention: true }), optimizer: { maxGradNorm: 1 } });
+  const flashRecomputed = compileTrainStep({ params, loss: sftLoss(config, { chunk: 8, flashAttention: true, recompute: true }), optimizer: { maxGradNorm: 1 } });
+  expect(flashGraphs.batchInputs).toEqual(['input_ids', 'attention_mask', 'loss_mask', 'loss_tokens', 'total_sequence_length']);
+  const rightFeeds = { ...common, input_ids: i64(right(batch.ids)), attention_mask: i64(right(batch.attn)), loss_mask: i64(right(batch.loss)), total_sequence_length: { data: Int32Array.of(6), dims: [] } };
+  const [composed, flash, flashRe] = await Promise.all([
+    compile(composedGraphs.step).then((f) => f({ ...common, input_ids: i64(batch.ids), attention_mask: i64(batch.attn), loss_mask: i64(batch.loss) })),
+    compile(flashGraphs.step).then((f) => f(rightFeeds)),
+    compile(flashRecomputed.step).then((f) => f(rightFeeds)),
+  ]);
+  for (const out of [flash, flashRe]) {
+    expect(Number(out.loss.data[0])).toBeCloseTo(Number(composed.loss.data[0]), 5);
+    expect(Number(out.grad_norm.data[0])).toBeCloseTo(Number(composed.grad_norm.data[0]), 4);
+    for (const p of params) {
+      const a = composed[stateNames.next(p.name)].data as Float32Array;
+      const b = out[stateNames.next(p.name)].data as Float32Array;
+      for (let i = 0; i < a.length; i++) expect(Math.abs(a[i] - b[i])).toBeLessThan(1e-5);
+    }
+  }
+  // No [B, heads, T, T] value of the forward pass reaches the backward pass: the probabilities
+  // exist only inside each layer's gradient rule.
+  const square = (t: L.Tensor) => t.rank >= 4 && t.shape[t.rank - 1] === t.shape[t.rank - 2] && t.shape[t.rank - 1] !== 1;
+  const keptSquares = (g: L.Graph) => g.nodes.filter((n) => n.name.startsWith('grad/')).flatMap((n) => n.inputs).filter((t) => t?.node && !t.node.name.startsWith('grad/') && square(t)).length;
+  expect(keptSquares(composedGraphs.step)).toBeGreaterThan(0);
+  expect(keptSquares(flashGraphs.step)).toBe(0);
+});
+
 test('SFT on a fixed batch drives the loss down', async () => {
   const { config, params, state: init } = setup();
   const graphs = compileTrainStep({ params, loss: sftLoss(config), optimizer: { maxGradNorm: 1, weightDecay: 0 } });
@@ -232,6 +264,7 @@ test('bf16 train-step graphs (full and LoRA) have no run-time shape arithmetic: 
   const variants: [string, TrainableParam[], LossBuilder][] = [
     ['full', full, sftLoss(config, { compute: 'bfloat16', chunk: 24 })],
     ['full, recomputed layers', full, sftLoss(config, { compute: 'bfloat16', chunk: 24, recompute: true })],
+    ['full, flash attention', full, sftLoss(config, { compute: 'bfloat16', chunk: 24, flashAttention: true })],
     [
       'lora',
       adapters.flatMap((a) => [a.a, a.b]),

@@ -6,7 +6,7 @@
  * step timing.
  *
  * usage: node lathe-step.js --model DIR --batch batch.json [--device cuda|cpu] [--compute float32|bfloat16]
- *          [--path bound|plain] [--micro-batches 1] [--shared-arena] [--static-shape] [--cuda-graph] [--recompute]
+ *          [--path bound|plain] [--micro-batches 1] [--shared-arena] [--static-shape] [--cuda-graph] [--recompute] [--flash-attention]
  *          [--steps N] [--lr 1e-3] [--max-grad-norm 1]
  *          [--weight-decay 0.01] [--out updated.safetensors] [--profile PREFIX]
  * --profile writes ORT's profile of the step session when the trainer is disposed (run with
@@ -19,7 +19,7 @@ import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { paramSpecs, readConfig, writeSafetensors } from '@lathe/models';
 import { Device, PlainSession, type HostTensor } from '@lathe/runtime';
-import { biasCorrections, compileTrainStep, loadFloat32, sftLoss, stateNames, Trainer } from '@lathe/train';
+import { biasCorrections, compileTrainStep, loadFloat32, sftLoss, stateNames, TOTAL_LENGTH_INPUT, totalLengthTensor, Trainer } from '@lathe/train';
 import { arg, flag } from '../argv';
 
 
@@ -55,7 +55,8 @@ async function main(): Promise<void> {
     const dev = Device.open(device, { tf32: flag('tf32'), sharedArena: flag('shared-arena') });
     const graphMode = flag('cuda-graph');
     const staticShape = graphMode || flag('static-shape');
-    const loss = sftLoss(config, { compute, recompute: flag('recompute'), ...(staticShape ? { shape: [B / micro, T] as [number, number] } : {}) });
+    const flash = flag('flash-attention'); // rows must be right-padded (step_speed.py's batches have no padding)
+    const loss = sftLoss(config, { compute, recompute: flag('recompute'), flashAttention: flash, ...(staticShape ? { shape: [B / micro, T] as [number, number] } : {}) });
     const trainer = Trainer.create({ params, loss, optimizer }, { params: weights }, { device: dev, microBatches: micro, cudaGraph: graphMode, session: { allowCpuFallback: flag('allow-cpu-fallback'), ...(arg('profile', '') ? { profilePrefix: arg('profile', '') } : {}) } });
     tSession = performance.now();
     const per = B / micro;
@@ -67,6 +68,7 @@ async function main(): Promise<void> {
         attention_mask: dev.upload(i64(rows(batch.attention_mask))),
         loss_mask: dev.upload(i64(rows(batch.loss_mask))),
         loss_tokens: f32(lossTokens),
+        ...(flash && !staticShape ? { [TOTAL_LENGTH_INPUT]: totalLengthTensor(T) } : {}),
       };
     });
     for (let t = 0; t < steps; t++) {

@@ -1,13 +1,19 @@
 /**
  * Fused ops ONNX Runtime provides beyond the ONNX standard, used where they measure faster: one
  * node instead of the 6–10 primitives they replace, which matters most inside a decode loop whose
- * every node is a kernel launch per token. They have no gradient rules (training builds the same
- * math from primitives); each is tested against its primitive composition.
+ * every node is a kernel launch per token. Each is tested against its primitive composition.
+ * GroupQueryAttention alone has a gradient rule (composed from primitives, in the manner of flash
+ * attention's backward pass), so training can run its forward through the fused kernel.
  */
-import { formatShape } from '../dim';
+import { formatShape, type Dim } from '../dim';
 import { isFloat } from '../dtype';
-import { applyOp, type Tensor } from '../graph';
-import { attr, defineOp } from '../op';
+import { applyOp, GraphError, type Tensor } from '../graph';
+import { attr, defineOp, type GradContext } from '../op';
+import { add, and, cast, lessOrEqual, mul, sub, where } from './elementwise';
+import { matmul } from './linalg';
+import { reduceSum } from './reduce';
+import { reshape, slice, transpose, unsqueeze } from './shape-ops';
+import { causalMask, maskedSoftmax } from '../nn';
 
 /** RMSNorm over the last axis: x / √(mean(x²) + ε) · scale, statistics in float32. */
 export const simplifiedLayerNormOp = defineOp<{ epsilon: number }>({
@@ -110,7 +116,74 @@ export const groupQueryAttentionOp = defineOp<GroupQueryAttentionAttrs>({
     rotary_interleaved: attr.int(0),
   }),
   nonDiffInputs: [5, 6],
+  grad: (ctx) => groupQueryAttentionGrad(ctx),
 });
+
+/**
+ * Gradient of GroupQueryAttention without a KV cache and without in-kernel rotary (a whole
+ * right-padded batch at once, as training runs it). The forward kernel keeps no probabilities, so
+ * the rule recomputes them from q and k — P = softmax(q·kᵀ·scale) under the causal and key-length
+ * masks, in float32 — and applies flash attention's backward:
+ *   dV = Pᵀ·dO,  dP = dO·Vᵀ,  D = rowsum(dO ⊙ O),  dS = P ⊙ (dP − D) · scale,  dQ = dS·K,  dK = dSᵀ·Q,
+ * summing dK and dV over the query heads that share a KV head. The [B, heads, S, S] values exist
+ * only while this layer's backward runs. Query rows past a row's length (padding) use O = 0 in D,
+ * so whatever the kernel wrote there cannot reach the gradient; their dO is expected to be 0
+ * (the decoder zeroes those outputs, so it is).
+ */
+function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<GroupQueryAttentionAttrs>): (Tensor | null)[] {
+  const [q, k, v, pastKey, , seqlens, , cos] = inputs;
+  if (pastKey || cos || attrs.doRotary) {
+    throw new GraphError('GroupQueryAttention: the gradient rule covers calls without a KV cache and without in-kernel rotary only (apply RoPE before the op)');
+  }
+  const [dOut, dPresentKey, dPresentValue] = dy;
+  const { numHeads: H, kvNumHeads: KV } = attrs;
+  const G = H / KV;
+  const [B, S, W] = q!.shape as [Dim, Dim, number];
+  const hd = W / H;
+  const scale = 1 / Math.sqrt(hd);
+  const dt = q!.dtype;
+  const acc = dt === 'float64' ? 'float64' : 'float32';
+  // Queries [B, KV, G, S, hd]; keys and values [B, KV, 1, S, hd] (broadcast over the G query heads).
+  const queries = (t: Tensor) => transpose(reshape(t, [B, S, KV, G, hd]), [0, 2, 3, 1, 4]);
+  const keys = (t: Tensor) => unsqueeze(transpose(reshape(t, [B, S, KV, hd]), [0, 2, 1, 3]), [2]);
+  const fromQueries = (t: Tensor) => reshape(transpose(t, [0, 3, 1, 2, 4]), [B, S, W]);
+  const fromKeys = (t: Tensor) => reshape(transpose(reduceSum(t, [2]), [0, 2, 1, 3]), [B, S, KV * hd]); // sums the G heads
+  const swap = (t: Tensor) => transpose(t, [0, 1, 2, 4, 3]);
+  const q5 = queries(q!);
+  const k5 = keys(k!);
+  const v5 = keys(v!);
+
+  // Masks: key j visible to query i when j ≤ i and j < len_b (len_b = seqlens_k[b] + 1).
+  const line = reshape(slice(q!, [0, 2], [0, 0], [1, 1]), [S]); // any [S] value, for the masks' shape
+  const causal = causalMask(line, 0); // [S, S]: query i sees key j ≤ i
+  const pos = reduceSum(cast(causal, acc), [1]); // row i of the lower triangle holds i + 1 ones
+  const last = cast(unsqueeze(seqlens!, [1]), acc); // len_b − 1, [B, 1]
+  const valid = lessOrEqual(unsqueeze(pos, [0]), add(last, 1)); // [B, S]: position i < len_b
+  const keyValid = reshape(valid, [B, 1, 1, 1, S]);
+  const queryValid = reshape(valid, [B, 1, 1, S, 1]);
+  const mask = and(causal, keyValid); // [B, 1, 1, S, S]
+
+  const scores = mul(cast(matmul(q5, swap(k5)), acc), scale); // [B, KV, G, S, S]
+  const p = maskedSoftmax(scores, mask);
+  let dq: Tensor | null = null;
+  let dk: Tensor | null = null;
+  let dv: Tensor | null = null;
+  if (dOut) {
+    const dO5 = queries(dOut);
+    const o5 = where(queryValid, queries(outputs[0]), q!.graph.constant(0, dt, []));
+    const rowDot = reduceSum(mul(cast(dO5, acc), cast(o5, acc)), [-1], true); // D, [B, KV, G, S, 1]
+    const dP = cast(matmul(dO5, swap(v5)), acc);
+    const dS = cast(mul(mul(p, sub(dP, rowDot)), scale), dt);
+    dv = fromKeys(matmul(swap(cast(p, dt)), dO5));
+    dq = fromQueries(matmul(dS, k5));
+    dk = fromKeys(matmul(swap(dS), q5));
+  }
+  // The present key/value outputs are k and v in [B, KV, S, hd] layout (no cache): their gradients
+  // flow straight back.
+  const fromPresent = (t: Tensor) => reshape(transpose(t, [0, 2, 1, 3]), [B, S, KV * hd]);
+  const plus = (a: Tensor | null, b: Tensor | null | undefined): Tensor | null => (b ? (a ? add(a, fromPresent(b)) : fromPresent(b)) : a);
+  return [dq, plus(dk, dPresentKey), plus(dv, dPresentValue), null, null, null, null, null, null];
+}
 
 /** Inputs of {@link groupQueryAttention}. */
 export interface GroupQueryAttentionInputs {

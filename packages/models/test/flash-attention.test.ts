@@ -1,0 +1,84 @@
+/**
+ * The decoder's flash-attention path (GroupQueryAttention with its gradient rule) against the
+ * composed MatMul/Softmax attention, in float32 on ORT's CPU provider: the same log-probs at every
+ * token of a right-padded batch, and the same gradient for every weight. The rule itself is checked
+ * against finite differences in @lathe/onnx's gradient tests.
+ */
+import * as L from '@lathe/onnx';
+import { decoder, lmLogits, paddedCausalMask, paramSpecs, positionsFromPadding, rightPaddedAttention, targetLogprobs, weightInputs, type HfConfig } from '@lathe/models';
+import { compile } from '../../../tools/testing/ort-cpu';
+import { tinyLlama, tinyModel, tinyQwen2, tinyQwen3, weightFeeds } from './tiny';
+
+const ids = [
+  [3, 14, 15, 9, 2, 6],
+  [7, 1, 8, 0, 0, 0], // right-padded: 3 tokens
+  [5, 5, 4, 3, 2, 0],
+];
+const mask = ids.map((row, r) => row.map((_, t) => (r === 1 ? t < 3 : r === 2 ? t < 5 : true) ? 1 : 0));
+
+describe.each([
+  ['Qwen3 (QK-norm, GQA 4:2, tied)', tinyQwen3],
+  ['Qwen2 (q/k/v biases)', tinyQwen2],
+  ['Llama (llama3 RoPE scaling)', tinyLlama],
+] as [string, HfConfig][])('%s', (_name, hf) => {
+  test('flash attention gives the composed attention’s log-probs and weight gradients', async () => {
+    const { dir, config } = tinyModel(hf, 3);
+    const g = new L.Graph('flash_vs_composed');
+    const inputIds = g.input('input_ids', 'int64', [3, 6]);
+    const padMask = g.input('attention_mask', 'int64', [3, 6]);
+    const total = g.input('total_sequence_length', 'int32', []);
+    const { weights, inputs } = weightInputs(g, config, 'float32', 'float32');
+    const positionIds = positionsFromPadding(padMask);
+    const logprobs = (flash: boolean) => {
+      const { hidden } = decoder(config, weights, {
+        inputIds,
+        positionIds,
+        attentionMask: paddedCausalMask(padMask),
+        ...(flash ? { flashAttention: rightPaddedAttention(padMask, total) } : {}),
+      });
+      return targetLogprobs(lmLogits(config, weights, hidden), inputIds); // [B, T]
+    };
+    // A loss that weighs every token differently (and ignores padding).
+    const tokenWeights = g.constant(Array.from({ length: 18 }, (_, i) => Math.sin(i + 1)), 'float32', [3, 6]);
+    const lossOf = (lp: L.Tensor) => L.reduceSum(L.mul(L.mul(lp, tokenWeights), L.cast(padMask, 'float32')));
+    const paths = { composed: logprobs(false), flash: logprobs(true) };
+    const names = paramSpecs(config).map((s) => s.name);
+    for (const [path, lp] of Object.entries(paths)) {
+      g.output(lp, `${path}/logp`);
+      L.grad(lossOf(lp), names.map((n) => inputs.get(n)!)).forEach((d, i) => g.output(d, `${path}/d/${names[i]}`));
+    }
+    const run = await compile(g);
+    const out = await run({
+      ...weightFeeds(dir, config, 'float32'),
+      input_ids: { data: BigInt64Array.from(ids.flat().map(BigInt)), dims: [3, 6] },
+      attention_mask: { data: BigInt64Array.from(mask.flat().map(BigInt)), dims: [3, 6] },
+      total_sequence_length: { data: Int32Array.of(6), dims: [] },
+    });
+    const values = (name: string) => Array.from(out[name].data as Float32Array);
+    const composed = values('composed/logp');
+    const flash = values('flash/logp');
+    mask.flat().forEach((m, i) => {
+      if (m) expect(Math.abs(flash[i] - composed[i])).toBeLessThan(2e-5);
+    });
+    for (const name of names) {
+      const a = values(`composed/d/${name}`);
+      const b = values(`flash/d/${name}`);
+      const scale = Math.max(...a.map(Math.abs));
+      expect(scale).toBeGreaterThan(0); // every weight gets a gradient
+      const worst = Math.max(...a.map((x, i) => Math.abs(x - b[i])));
+      expect(worst / scale).toBeLessThan(1e-4);
+    }
+  });
+});
+
+test('flash attention with a KV cache is refused', () => {
+  const { config } = tinyModel(tinyQwen3, 3);
+  const g = new L.Graph();
+  const inputIds = g.input('input_ids', 'int64', [1, 2]);
+  const padMask = g.input('attention_mask', 'int64', [1, 2]);
+  const { weights } = weightInputs(g, config, 'float32', 'float32');
+  const past = Array.from({ length: config.numLayers }, () => ({ key: g.input(`k${Math.random()}`, 'float32', [1, 2, 1, 8]), value: g.input(`v${Math.random()}`, 'float32', [1, 2, 1, 8]) }));
+  expect(() =>
+    decoder(config, weights, { inputIds, positionIds: positionsFromPadding(padMask), attentionMask: paddedCausalMask(padMask), past, flashAttention: rightPaddedAttention(padMask, g.constant(2, 'int32', [])) }),
+  ).toThrow(/flashAttention takes no KV cache/);
+});
