@@ -7,7 +7,8 @@
  *      more rounds until enough groups have differing rewards;
  *   2. rewards — the reward scorer (`combineRewards`: graders, format rewards, user functions) on the
  *      decoded completions; the token ids themselves are kept and trained on, never re-tokenised;
- *   3. the token batch — prompt ids + sampled ids as generated;
+ *   3. the token batch — prompt ids + sampled ids as generated, each row contiguous from column 0
+ *      and right-padded (the layout fused attention takes; see rollout-batch.ts);
  *   4. old log-probs — re-scored by the training policy's forward (`oldLogprobs: 'rescore'`, the
  *      default) or taken from generation (`'generation'`); reference log-probs from the frozen
  *      initial weights (a device copy; with LoRA the base itself) when the KL needs them;
@@ -441,7 +442,7 @@ export class GrpoTrainer<M = unknown> {
       if (groups.length === 0) throw new Error(`dynamic sampling: every group of ${rounds} round(s) had all-equal rewards; nothing to train on (raise maxRounds or check the rewards)`);
     } else groups = await this.sampleGroups(first, clock);
 
-    // 3. The token batch: prompt ids + sampled ids exactly as generated.
+    // 3. The token batch: prompt ids + sampled ids exactly as generated, rows right-padded.
     const rows = groups.flatMap((g) => g.completions.map((c) => ({ prompt: g.prompt.ids, c })));
     const batch = tokenBatch(
       rows.map((r) => r.prompt),
@@ -644,8 +645,7 @@ export class GrpoTrainer<M = unknown> {
     });
   }
 
-  /** Scores the batch's rows in the given chunks; returns a [rows, width] matrix in the batch's layout. */
-  /** Log-probs (and, when the scorer makes them, entropies) of every row, [rows, width], scored chunk by chunk. */
+  /** Log-probs (and, when the scorer makes them, entropies) of every row, [rows, width] in the batch's layout, scored chunk by chunk. */
   private async scoreRows(scorer: ScoringRunner, weights: BoundWeights[], batch: TokenBatch, chunks: readonly number[][]): Promise<{ logp: Float32Array; entropy?: Float32Array }> {
     const logp = new Float32Array(batch.rows * batch.width);
     let entropy: Float32Array | undefined;
@@ -653,10 +653,9 @@ export class GrpoTrainer<M = unknown> {
       if (rows.length === 0) continue;
       const t = selectRows(batch, rows);
       const scored = await scorer.score(weights, { input_ids: t.input_ids, attention_mask: t.attention_mask });
-      // place back: the selection dropped leading all-padding columns of these rows
+      // place back: rows start at column 0 in the batch and in the selection, which only dropped trailing padding
       const T = t.input_ids.dims[1];
-      const offset = firstColumn(batch, rows);
-      const place = (from: Float32Array, to: Float32Array) => rows.forEach((r, i) => to.set(from.subarray(i * T, (i + 1) * T), r * batch.width + offset));
+      const place = (from: Float32Array, to: Float32Array) => rows.forEach((r, i) => to.set(from.subarray(i * T, (i + 1) * T), r * batch.width));
       place(scored.logp, logp);
       if (scored.entropy) place(scored.entropy, (entropy ??= new Float32Array(batch.rows * batch.width)));
     }
@@ -726,17 +725,6 @@ export class GrpoTrainer<M = unknown> {
 
 /** Metric outputs of `policyLoss` and `rlLoss` that the step turns into its own metrics. */
 const BUILTIN_METRICS = new Set(['pg_loss', 'tokens', 'clipped_tokens', 'clipped_low_tokens', 'approx_kl_sum', 'ref_kl_sum', 'entropy_sum', 'logp_parity_sum']);
-
-/** Index of the first column that holds a token in any of `rows` (what `selectRows` keeps from). */
-function firstColumn(batch: TokenBatch, rows: readonly number[]): number {
-  let first = batch.promptWidth - 1;
-  for (const r of rows) {
-    let c = 0;
-    while (c < batch.promptWidth && batch.attentionMask[r * batch.width + c] === 0n) c++;
-    first = Math.min(first, c);
-  }
-  return first;
-}
 
 /** mean exp(|a − b|) and max |a − b| over response tokens, a = `logp`, b = the batch's rollout log-probs. */
 export function logpParity(batch: TokenBatch, logp: ArrayLike<number>): { mean: number; maxAbs: number } {

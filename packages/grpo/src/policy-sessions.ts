@@ -16,7 +16,11 @@
  *   dtype.
  * - `ScoringRunner`: teacher-forced log-probs of given rows through the *same policy builder as the
  *   loss* (`decoderPolicy`), forward only — the "training engine" log-probs used for re-scored old
- *   log-probs, the reference's log-probs, and the parity check against generation.
+ *   log-probs, the reference's log-probs, and the parity check against generation. Its rows are the
+ *   RL batch's (rollout-batch.ts): right-padded, each contiguous from column 0 — the layout a fused
+ *   (GroupQueryAttention) scoring graph requires.
+ * The generators take prompts as id lists and pad them for their own graphs (the in-graph loop
+ * left-pads its prompt batch); nothing they return depends on the RL batch's layout.
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
@@ -25,7 +29,7 @@ import { addGeneration, KvCacheGenerator, kvCacheUnsupported, uniformNoise, vali
 import type { Binding, Device, DeviceTensor, HostTensor, Session, SessionOptions } from '@lathe/runtime';
 import type { TrainableParam } from '@lathe/train';
 import { decoderPolicy } from './policies';
-import type { SampledCompletion } from './rollout-batch';
+import { TOTAL_SEQUENCE_LENGTH, type SampledCompletion } from './rollout-batch';
 
 /** How graphs read a policy's weights: trainable tensors by name, plus any frozen inputs the weight function declares. */
 export interface PolicyWeights {
@@ -306,6 +310,8 @@ export interface ScoringRunnerOptions {
 /** Teacher-forced log-probs through `decoderPolicy`, bound to a set of weights. */
 export class ScoringRunner {
   private readonly binding: Binding;
+  /** The graph attends through GroupQueryAttention with a symbolic width: each run is told T. */
+  private readonly readsWidth: boolean;
 
   private constructor(
     private readonly session: Session,
@@ -313,6 +319,7 @@ export class ScoringRunner {
   ) {
     this.binding = session.binding().output('logp', 'host');
     if (entropy) this.binding.output('entropy', 'host');
+    this.readsWidth = session.inputs.some((i) => i.name === TOTAL_SEQUENCE_LENGTH);
   }
 
   /** Compiles the scoring graph for `config` on `device`. */
@@ -327,11 +334,14 @@ export class ScoringRunner {
 
   /**
    * log π(ids[t+1] | ids ≤ t), [B, T] row-major (meaningful where the response mask is 1), and with
-   * the `entropy` option the entropy of π(· | ids ≤ t) at each position.
+   * the `entropy` option the entropy of π(· | ids ≤ t) at each position. Rows must be right-padded
+   * (tokens contiguous from column 0, as `selectRows` cuts them): the composed attention would take
+   * any padding, but a fused-attention graph takes only this layout.
    */
   async score(weights: BoundWeights[], batch: { input_ids: HostTensor; attention_mask: HostTensor }): Promise<{ logp: Float32Array; entropy?: Float32Array }> {
     bindAll(this.binding, ...weights);
     this.binding.input('input_ids', batch.input_ids).input('attention_mask', batch.attention_mask);
+    if (this.readsWidth) this.binding.input(TOTAL_SEQUENCE_LENGTH, { data: Int32Array.of(batch.input_ids.dims[1]), dims: [] });
     await this.binding.run();
     const logp = this.binding.fetch('logp').data as Float32Array;
     return this.entropy ? { logp, entropy: this.binding.fetch('entropy').data as Float32Array } : { logp };

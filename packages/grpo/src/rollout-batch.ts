@@ -1,13 +1,20 @@
 /**
  * The token batch of an RL step, on the host: each row is a prompt's ids followed by one sampled
  * completion's ids, exactly as generation produced them (never decoded and re-tokenised), laid out
- * as the training policy reads them — prompts left-padded to a common width W, responses from
- * column W on, right-padded.
+ * as the training policy reads them — *right-padded*: row r holds prompt_r at columns
+ * 0 … p_r − 1, completion_r at columns p_r … p_r + n_r − 1, then padding to the batch's width.
  *
- * Loss tensors are in predicting-position coordinates (column t holds log π(ids[t+1] | ids ≤ t)), so
- * row b's k-th response token (column W + k) is predicted at column W − 1 + k, and that is where
- * its old log-prob, reference log-prob and advantage go. `selectRows` cuts a minibatch out of the
- * batch, dropping columns that are padding in every selected row.
+ * Why right padding: every row's tokens are contiguous from column 0 (its attention mask is a run
+ * of ones followed by zeros), which is the only layout ONNX Runtime's fused GroupQueryAttention
+ * accepts without a cache (row b's keys are positions 0 … len_b − 1). Positions come from the mask
+ * (cumsum(mask) − 1, `positionsFromPadding`), so they are 0 … len − 1 in either layout and the
+ * log-probs are the same as with left-padded prompts. The generators take the prompts without
+ * this batch (they pad them for their own graphs), so it does not constrain them.
+ *
+ * Loss tensors are in predicting-position coordinates (column t holds log π(ids[t+1] | ids ≤ t)),
+ * so row r's k-th response token (column p_r + k) is predicted at column p_r − 1 + k, and that is
+ * where its old log-prob, reference log-prob and advantage go. `selectRows` cuts a minibatch out of
+ * the batch, dropping the trailing columns that are padding in every selected row.
  */
 import type { HostTensor } from '@lathe/runtime';
 
@@ -21,37 +28,42 @@ export interface SampledCompletion {
   stopped: boolean;
 }
 
-/** Rows of prompt + response ids and their masks, [rows, width] row-major. */
+/**
+ * Rows of prompt + response ids and their masks, [rows, width] row-major, right-padded: row r is
+ * `promptLengths[r]` prompt tokens from column 0, then `lengths[r]` response tokens, then padding
+ * (attention mask 0) up to `width` = the longest row.
+ */
 export interface TokenBatch {
   rows: number;
+  /** The longest row's token count (prompt + response). */
   width: number;
-  /** Prompt width W: every response starts at column W. */
-  promptWidth: number;
+  /** Prompt lengths p_r in tokens: row r's response starts at column p_r. */
+  promptLengths: number[];
   inputIds: BigInt64Array;
+  /** 1 on each row's first p_r + n_r columns, 0 after (never a gap, never leading padding). */
   attentionMask: BigInt64Array;
-  /** Predicting-position mask: 1 at column W − 1 + k for each response token k. */
+  /** Predicting-position mask: 1 at column p_r − 1 + k for each response token k of row r. */
   responseMask: BigInt64Array;
-  /** Response lengths in tokens. */
+  /** Response lengths n_r in tokens. */
   lengths: number[];
   /** The generation's log-prob of each response token, placed at its predicting position. */
   rolloutLogp: Float32Array;
 }
 
 /**
- * Builds the batch: row r is `prompts[r]` (left-padded with `padId`) followed by `completions[r]`'s
- * tokens (right-padded). Every completion must have at least one token.
+ * Builds the batch: row r is `prompts[r]` followed by `completions[r]`'s tokens from column 0,
+ * right-padded with `padId`. Every prompt and completion must have at least one token.
  */
 export function tokenBatch(prompts: readonly (readonly number[])[], completions: readonly SampledCompletion[], padId: number): TokenBatch {
   if (prompts.length !== completions.length) throw new Error(`tokenBatch: ${prompts.length} prompts for ${completions.length} completions`);
   const rows = prompts.length;
-  const W = Math.max(...prompts.map((p) => p.length));
-  const N = Math.max(...completions.map((c) => c.tokens.length));
-  const width = W + N;
+  const width = Math.max(...prompts.map((p, r) => p.length + completions[r].tokens.length));
   const inputIds = new BigInt64Array(rows * width).fill(BigInt(padId));
   const attentionMask = new BigInt64Array(rows * width);
   const responseMask = new BigInt64Array(rows * width);
   const rolloutLogp = new Float32Array(rows * width);
   const lengths: number[] = [];
+  const promptLengths: number[] = [];
   for (let r = 0; r < rows; r++) {
     const p = prompts[r];
     const c = completions[r];
@@ -59,26 +71,30 @@ export function tokenBatch(prompts: readonly (readonly number[])[], completions:
     if (c.tokens.length === 0) throw new Error(`tokenBatch: completion of row ${r} has no tokens`);
     if (c.logprobs.length !== c.tokens.length) throw new Error(`tokenBatch: row ${r} has ${c.tokens.length} tokens but ${c.logprobs.length} log-probs`);
     const base = r * width;
+    const P = p.length;
     p.forEach((id, i) => {
-      inputIds[base + W - p.length + i] = BigInt(id);
-      attentionMask[base + W - p.length + i] = 1n;
+      inputIds[base + i] = BigInt(id);
+      attentionMask[base + i] = 1n;
     });
     c.tokens.forEach((id, k) => {
-      inputIds[base + W + k] = BigInt(id);
-      attentionMask[base + W + k] = 1n;
-      responseMask[base + W - 1 + k] = 1n;
-      rolloutLogp[base + W - 1 + k] = c.logprobs[k];
+      inputIds[base + P + k] = BigInt(id);
+      attentionMask[base + P + k] = 1n;
+      // token P + k is predicted from the position before it
+      responseMask[base + P - 1 + k] = 1n;
+      rolloutLogp[base + P - 1 + k] = c.logprobs[k];
     });
+    promptLengths.push(P);
     lengths.push(c.tokens.length);
   }
-  return { rows, width, promptWidth: W, inputIds, attentionMask, responseMask, lengths, rolloutLogp };
+  return { rows, width, promptLengths, inputIds, attentionMask, responseMask, lengths, rolloutLogp };
 }
 
 /** Per response token values of each row (e.g. log-probs), read from a [rows, width] matrix at the predicting positions. */
 export function responseValues(batch: TokenBatch, matrix: ArrayLike<number>): number[][] {
+  if (matrix.length !== batch.rows * batch.width) throw new Error(`responseValues: the matrix has ${matrix.length} entries, the batch is ${batch.rows}×${batch.width}`);
   const out: number[][] = [];
   for (let r = 0; r < batch.rows; r++) {
-    const start = r * batch.width + batch.promptWidth - 1;
+    const start = r * batch.width + batch.promptLengths[r] - 1;
     out.push(Array.from({ length: batch.lengths[r] }, (_, k) => matrix[start + k]));
   }
   return out;
@@ -86,52 +102,61 @@ export function responseValues(batch: TokenBatch, matrix: ArrayLike<number>): nu
 
 /** The inverse of {@link responseValues}: a [rows, width] matrix with each row's values at its predicting positions, 0 elsewhere. */
 export function responseMatrix(batch: TokenBatch, values: readonly (readonly number[])[]): Float32Array {
+  if (values.length !== batch.rows) throw new Error(`responseMatrix: ${values.length} rows of values for a batch of ${batch.rows}`);
   const out = new Float32Array(batch.rows * batch.width);
   values.forEach((row, r) => {
     if (row.length !== batch.lengths[r]) throw new Error(`responseMatrix: row ${r} has ${row.length} values for ${batch.lengths[r]} response tokens`);
-    const start = r * batch.width + batch.promptWidth - 1;
+    const start = r * batch.width + batch.promptLengths[r] - 1;
     row.forEach((v, k) => (out[start + k] = v));
   });
   return out;
 }
 
 /**
+ * Columns `selectRows` keeps for `rows`: 0 … (the longest selected row's prompt + response) − 1.
+ * Rows start at column 0, so only trailing columns can be all padding.
+ */
+export function selectedWidth(batch: TokenBatch, rows: readonly number[]): number {
+  let T = 0;
+  for (const r of rows) {
+    if (!(Number.isInteger(r) && r >= 0 && r < batch.rows)) throw new Error(`selectRows: row ${r} is outside 0..${batch.rows - 1}`);
+    T = Math.max(T, batch.promptLengths[r] + batch.lengths[r]);
+  }
+  return T;
+}
+
+/**
+ * Name of the int32 scalar input holding a batch's width T, as ONNX Runtime's GroupQueryAttention
+ * takes it (`total_sequence_length`, read in host memory) and `@lathe/rollout`'s scoring graph
+ * declares it: a fused-attention graph with a symbolic T reads it, others do not declare it.
+ */
+export const TOTAL_SEQUENCE_LENGTH = 'total_sequence_length';
+
+/**
  * The tensors of rows `rows` (in that order): `input_ids`, `attention_mask`, `response_mask` and
- * each of `extra` (float32 matrices of the batch's shape), with leading and trailing columns that
- * are padding in every selected row removed.
+ * each of `extra` (float32 matrices of the batch's shape), [rows.length, T] with T =
+ * {@link selectedWidth}: the trailing columns that are padding in every selected row are removed,
+ * and column t of a selected row is column t of the batch (rows stay right-padded). Also
+ * {@link TOTAL_SEQUENCE_LENGTH} (int32 scalar T) for graphs that attend through GroupQueryAttention;
+ * a caller feeds a graph only the inputs it declares.
  */
 export function selectRows(batch: TokenBatch, rows: readonly number[], extra: Record<string, Float32Array> = {}): Record<string, HostTensor> {
   if (rows.length === 0) throw new Error('selectRows: no rows selected');
-  const W = batch.promptWidth;
-  let first = W - 1;
-  let last = W;
-  for (const r of rows) {
-    if (!(r >= 0 && r < batch.rows)) throw new Error(`selectRows: row ${r} is outside 0..${batch.rows - 1}`);
-    let c = 0;
-    while (c < W && batch.attentionMask[r * batch.width + c] === 0n) c++;
-    first = Math.min(first, c);
-    last = Math.max(last, W + batch.lengths[r]);
-  }
-  const T = last - first;
+  const T = selectedWidth(batch, rows);
   const B = rows.length;
-  const ints = (src: BigInt64Array) => {
-    const out = new BigInt64Array(B * T);
-    rows.forEach((r, i) => out.set(src.subarray(r * batch.width + first, r * batch.width + last), i * T));
-    return out;
-  };
-  const floats = (src: Float32Array) => {
-    const out = new Float32Array(B * T);
-    rows.forEach((r, i) => out.set(src.subarray(r * batch.width + first, r * batch.width + last), i * T));
+  const take = <A extends { subarray(begin: number, end: number): A; set(src: A, offset: number): void }>(src: A, out: A): A => {
+    rows.forEach((r, i) => out.set(src.subarray(r * batch.width, r * batch.width + T), i * T));
     return out;
   };
   const out: Record<string, HostTensor> = {
-    input_ids: { data: ints(batch.inputIds), dims: [B, T] },
-    attention_mask: { data: ints(batch.attentionMask), dims: [B, T] },
-    response_mask: { data: ints(batch.responseMask), dims: [B, T] },
+    input_ids: { data: take(batch.inputIds, new BigInt64Array(B * T)), dims: [B, T] },
+    attention_mask: { data: take(batch.attentionMask, new BigInt64Array(B * T)), dims: [B, T] },
+    response_mask: { data: take(batch.responseMask, new BigInt64Array(B * T)), dims: [B, T] },
+    [TOTAL_SEQUENCE_LENGTH]: { data: Int32Array.of(T), dims: [] },
   };
   for (const [name, m] of Object.entries(extra)) {
     if (m.length !== batch.rows * batch.width) throw new Error(`selectRows: '${name}' has ${m.length} entries, the batch is ${batch.rows}×${batch.width}`);
-    out[name] = { data: floats(m), dims: [B, T] };
+    out[name] = { data: take(m, new Float32Array(B * T)), dims: [B, T] };
   }
   return out;
 }

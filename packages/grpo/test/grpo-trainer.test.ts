@@ -53,13 +53,21 @@ async function train(t: GrpoTrainer<Meta>, lr: number, max = 60): Promise<number
 
 const maxAbsDiff = (a: Float32Array, b: Float32Array) => a.reduce((m, x, i) => Math.max(m, Math.abs(x - b[i])), 0);
 
-test('generation log-probs equal the training policy’s re-scoring (left-padded prompts, groups, temperature, stop ids, 2 layers)', async () => {
+test('generation log-probs equal the training policy’s re-scoring (prompts of different lengths in right-padded rows, groups, temperature, stop ids, 2 layers)', async () => {
   const model = tinyModel(24, { layers: 2, std: 0.5, seed: 9 });
   const t = make({ groupSize: 4, maxNewTokens: 6, stopIds: [3], sampling: { temperature: 0.7 } }, model);
   const ps: RlPrompt<Meta>[] = [[5], [9, 1, 4], [13, 6], [20, 21, 22, 23]].map((ids, i) => ({ ids, text: '', meta: { answer: 0 }, key: i }));
   const batch = await t.sample(ps);
   expect(batch.rows).toBe(16);
-  expect(batch.lengths.some((n) => n < 6)).toBe(true); // some rows stopped early (right padding inside the batch)
+  expect(batch.lengths.some((n) => n < 6)).toBe(true); // some rows stopped early
+  // every row is its prompt then its completion from column 0, padding only after: rows of many lengths
+  const rowLengths = batch.promptLengths.map((p, r) => p + batch.lengths[r]);
+  expect(new Set(rowLengths).size).toBeGreaterThan(2);
+  for (let r = 0; r < batch.rows; r++) {
+    const mask = Array.from(batch.attentionMask.subarray(r * batch.width, (r + 1) * batch.width), Number);
+    expect(mask).toEqual(mask.map((_m, c) => (c < rowLengths[r] ? 1 : 0)));
+    expect(Array.from(batch.inputIds.subarray(r * batch.width, r * batch.width + batch.promptLengths[r]), Number)).toEqual(ps[Math.floor(r / 4)].ids);
+  }
   const { parity } = await t.rescore(batch);
   console.log(`parity over ${batch.lengths.reduce((a, b) => a + b)} tokens: mean exp|Δ| = ${parity.mean}, max |Δ| = ${parity.maxAbs.toExponential(2)}`);
   expect(parity.mean).toBeGreaterThanOrEqual(1);
