@@ -6,8 +6,8 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { accumulationDtype, chunkedTargetLogprobs, decoder, linear, lmHeadName, paddedCausalMask, positionsFromPadding, type DecoderConfig, type Weights } from '@lathe/models';
-import { castWeights, shiftLeft } from '@lathe/train';
+import { accumulationDtype, chunkedTargetLogprobs, decoder, linear, lmHeadName, paddedCausalMask, positionsFromPadding, rightPaddedAttention, type DecoderConfig, type Weights } from '@lathe/models';
+import { castWeights, shiftLeft, totalLength } from '@lathe/train';
 
 /** What a policy gives the loss. */
 export interface PolicyOutputs {
@@ -37,11 +37,17 @@ export interface DecoderPolicyOptions {
   weights?: (g: Graph, params: Map<string, Tensor>) => Weights;
   /** Recompute each decoder layer in the backward pass instead of keeping its activations (less memory, ~⅓ more compute). */
   recompute?: boolean;
+  /**
+   * Attend through GroupQueryAttention (flash attention on CUDA; composed backward pass) instead of
+   * MatMul/Softmax. Rows must be right-padded, as the RL batch lays them out; the graph then also
+   * reads `total_sequence_length` (int32 scalar T).
+   */
+  flashAttention?: boolean;
 }
 
 /**
  * A decoder LM as the policy. Inputs: `input_ids` int64 [B, T] (prompt + response, padded),
- * `attention_mask` int64 [B, T] (1 = token).
+ * `attention_mask` int64 [B, T] (1 = token), and with `flashAttention` `total_sequence_length`.
  */
 export function decoderPolicy(cfg: DecoderConfig, opts: DecoderPolicyOptions = {}): PolicyBuilder {
   const chunk = opts.chunk ?? 16384;
@@ -51,7 +57,13 @@ export function decoderPolicy(cfg: DecoderConfig, opts: DecoderPolicyOptions = {
     const ids = g.input('input_ids', 'int64', ['B', 'T']);
     const attention = g.input('attention_mask', 'int64', ['B', 'T']);
     const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
-    const { hidden } = decoder(cfg, w, { inputIds: ids, positionIds: positionsFromPadding(attention), attentionMask: paddedCausalMask(attention), recompute: opts.recompute });
+    const { hidden } = decoder(cfg, w, {
+      inputIds: ids,
+      positionIds: positionsFromPadding(attention),
+      attentionMask: paddedCausalMask(attention),
+      recompute: opts.recompute,
+      ...(opts.flashAttention ? { flashAttention: rightPaddedAttention(attention, totalLength(g, ids)) } : {}),
+    });
     const logp = chunkedTargetLogprobs(cfg, w, hidden, shiftLeft(ids), { chunk, temperature, recompute: opts.recompute });
     return opts.entropy ? { logp, entropy: chunkedEntropy(cfg, w, hidden, { chunk, temperature, recompute: opts.recompute }) } : { logp };
   };

@@ -105,6 +105,45 @@ test('log-probs and entropies equal the rollout scoring graph’s (left padding,
   expect(compared).toBe(9);
 });
 
+test('flash attention: the same log-probs, entropies and gradients as composed attention on right-padded rows', async () => {
+  const { config, params, weights } = model(24, 0.5);
+  const seqs = [
+    [3, 7, 11, 2, 0, 0],
+    [5, 9, 1, 4, 4, 20],
+    [13, 6, 0, 0, 0, 0],
+  ];
+  const attention = seqs.map((s, b) => s.map((_x, t) => (t < [4, 6, 2][b] ? 1 : 0)));
+  const run = async (flashAttention: boolean) => {
+    const g = new L.Graph('policy_grads');
+    const p = new Map(params.map((x) => [x.name, g.input(x.name, 'float32', x.shape)] as const));
+    const o = decoderPolicy(config, { chunk: 10, entropy: true, flashAttention })(g, p);
+    const mask = L.cast(g.inputs.find((t) => t.name === 'attention_mask')!, 'float32');
+    // a different weight per token (the ids, shifted away from 0)
+    const lossWeights = L.sin(L.add(L.cast(g.inputs.find((t) => t.name === 'input_ids')!, 'float32'), 0.5));
+    g.output(o.logp, 'logp');
+    g.output(o.entropy!, 'entropy');
+    L.grad(L.reduceSum(L.mul(L.mul(L.add(o.logp, o.entropy!), lossWeights), mask)), [...p.values()]).forEach((d, i) => g.output(d, `d${i}`));
+    const feeds = { ...weights, input_ids: i64(seqs), attention_mask: i64(attention) };
+    return (await compile(g))(flashAttention ? { ...feeds, total_sequence_length: { data: Int32Array.of(6), dims: [] } } : feeds);
+  };
+  const [composed, flash] = await Promise.all([run(false), run(true)]);
+  const out: Record<string, HostTensor> = {};
+  for (const [k, v] of Object.entries(composed)) out[`composed/${k}`] = v;
+  for (const [k, v] of Object.entries(flash)) out[`flash/${k}`] = v;
+  for (let i = 0; i < 18; i++) {
+    if (!attention.flat()[i]) continue;
+    expect(out['flash/logp'].data[i]).toBeCloseTo(Number(out['composed/logp'].data[i]), 5);
+    expect(out['flash/entropy'].data[i]).toBeCloseTo(Number(out['composed/entropy'].data[i]), 5);
+  }
+  params.forEach((_p, k) => {
+    const a = out[`composed/d${k}`].data as Float32Array;
+    const b = out[`flash/d${k}`].data as Float32Array;
+    const scale = Math.max(...Array.from(a, Math.abs));
+    expect(scale).toBeGreaterThan(0);
+    expect(Math.max(...Array.from(a, (x, i) => Math.abs(x - b[i]))) / scale).toBeLessThan(1e-4);
+  });
+});
+
 test('temperature: log-probs and entropy of softmax(logits / τ)', async () => {
   const { config, params, weights } = model(24, 0.5);
   const tau = 0.7;
@@ -184,8 +223,10 @@ test('the bf16 RL train step (entropy, KL to the reference, GSPO ratios) has no 
   const config = randomModel(dir, { ...qwen3(64), head_dim: 16 }, { seed: 2 });
   const params: TrainableParam[] = paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: false }));
   for (const ratio of ['token', 'sequence'] as const) {
-    const policy = decoderPolicy(config, { compute: 'bfloat16', entropy: true, chunk: 24 });
-    const graphs = compileTrainStep({ params, loss: rlLoss(policy, { ratio, klCoef: 0.01, entropyCoef: 0.001 }, { reference: true }) });
-    for (const g of [graphs.step, graphs.accumulate]) expect([ratio, L.runtimeShapeNodes(g).map((n) => n.name)]).toEqual([ratio, []]);
+    for (const flashAttention of [false, true]) {
+      const policy = decoderPolicy(config, { compute: 'bfloat16', entropy: true, chunk: 24, flashAttention });
+      const graphs = compileTrainStep({ params, loss: rlLoss(policy, { ratio, klCoef: 0.01, entropyCoef: 0.001 }, { reference: true }) });
+      for (const g of [graphs.step, graphs.accumulate]) expect([ratio, flashAttention, L.runtimeShapeNodes(g).map((n) => n.name)]).toEqual([ratio, flashAttention, []]);
+    }
   }
 });
