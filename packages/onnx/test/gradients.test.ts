@@ -41,6 +41,8 @@ const cases: GradCase[] = [
   // linear algebra
   { name: 'matmul', inputs: [{ shape: [2, 3] }, { shape: [3, 4] }], build: ([a, b]) => L.matmul(a, b) },
   { name: 'matmul batch broadcast', inputs: [{ shape: [2, 1, 2, 3] }, { shape: [3, 3, 2] }], build: ([a, b]) => L.matmul(a, b) },
+  { name: 'matmul of a batch by a 2-D weight (one GEMM for the weight gradient)', inputs: [{ shape: [2, 3, 4] }, { shape: [4, 5] }], build: ([a, b]) => L.matmul(a, b) },
+  { name: 'matmul of a rank-4 batch by a 2-D weight', inputs: [{ shape: [2, 2, 3, 4] }, { shape: [4, 2] }], build: ([a, b]) => L.matmul(a, b) },
   // reductions and softmax
   { name: 'reduceSum', inputs: [{ shape: [2, 3, 2] }], build: ([a]) => L.reduceSum(a, [1]) },
   { name: 'reduceSum keepdims', inputs: [{ shape: [2, 3, 2] }], build: ([a]) => L.reduceSum(a, [0, 2], true) },

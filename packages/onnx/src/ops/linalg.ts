@@ -3,7 +3,7 @@ import { broadcastShapes, dimEquals, formatShape, isAnonymousDim } from '../dim'
 import { applyOp, type Tensor } from '../graph';
 import { defineOp } from '../op';
 import { unbroadcast } from './helpers';
-import { transpose } from './shape-ops';
+import { reshape, transpose } from './shape-ops';
 
 export const matMulOp = defineOp({
   name: 'MatMul',
@@ -22,9 +22,21 @@ export const matMulOp = defineOp({
   // dA = g·Bᵀ, dB = Aᵀ·g, each summed over batch dims the operand was broadcast along.
   grad: ({ inputs: [a, b], dy: [g] }) => [
     unbroadcast(matmul(g!, swapLast(b!)), a!.shape),
-    unbroadcast(matmul(swapLast(a!), g!), b!.shape),
+    b!.rank === 2 && a!.rank > 2 && b!.shape.every((d) => typeof d === 'number') ? weightGrad(a!, g!) : unbroadcast(matmul(swapLast(a!), g!), b!.shape),
   ],
 });
+
+/**
+ * dB of x [..., M, K] @ B [K, N] (a Linear's weight, broadcast over x's batch dims): one GEMM over
+ * all rows, [K, rows]·[rows, N], instead of a batched product [..., K, N] summed over the batch —
+ * which would materialise a weight-sized value per batch entry, run one small GEMM per entry, and
+ * sum the partial products in the compute dtype (the GEMM accumulates in float32).
+ */
+function weightGrad(x: Tensor, g: Tensor): Tensor {
+  const k = x.shape[x.rank - 1];
+  const n = g.shape[g.rank - 1];
+  return matmul(transpose(reshape(x, [-1, k]), [1, 0]), reshape(g, [-1, n]));
+}
 
 function swapLast(x: Tensor): Tensor {
   const perm = [...Array(x.rank).keys()];
