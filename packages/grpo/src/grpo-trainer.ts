@@ -11,7 +11,8 @@
  *      and right-padded (the layout fused attention takes; see rollout-batch.ts);
  *   4. old log-probs — re-scored by the training policy's forward (`oldLogprobs: 'rescore'`, the
  *      default) or taken from generation (`'generation'`); reference log-probs from the frozen
- *      initial weights (a device copy; with LoRA the base itself) when the KL needs them;
+ *      initial weights (a device copy in the compute dtype; with LoRA the base itself) when the KL
+ *      needs them;
  *   5. advantages — a built-in estimator or the user's function;
  *   6. `epochs` × `minibatches` optimizer steps through `Trainer` with the RL loss;
  *   7. metrics.
@@ -39,7 +40,7 @@ import { builtinEstimator, type AdvantageBatch, type AdvantageFunction, type Est
 import { klEstimate, klPenalisedRewards, type KlEstimator } from './kl';
 import { decoderPolicy } from './policies';
 import { lossNormaliser, type LossAggregation, type PolicyLossConfig } from './policy-loss';
-import { ComputeWeights, GenerationRunner, KvGenerationRunner, ScoringRunner, type BoundWeights, type GenerationEngine, type PolicyWeights, type RolloutGenerator } from './policy-sessions';
+import { ComputeWeights, frozenReference, GenerationRunner, KvGenerationRunner, ScoringRunner, type BoundWeights, type GenerationEngine, type PolicyWeights, type RolloutGenerator } from './policy-sessions';
 import type { RewardScorer, ScoredBatch, SourceStats } from './rewards';
 import { rlLoss, type RlObjective } from './rl-loss';
 import { evenSplit, responseValues, selectRows, tokenBatch, type SampledCompletion, type TokenBatch } from './rollout-batch';
@@ -371,20 +372,26 @@ export class GrpoTrainer<M = unknown> {
     const greedy = lazy(() => generator(1, { temperature: 0 }));
     const policyScorer = lazy(() => ScoringRunner.create(device, config, policyWeights, { temperature, compute, chunk: opts.chunk, entropy: wantEntropy && !entropyInStep, session: opts.session }));
 
-    // The frozen reference: the initial weights (with LoRA, the base itself — no copy).
+    // The frozen reference: the initial weights, stored once in the compute dtype (it is never
+    // trained, so a float32 copy would only be cast on every scoring run); with LoRA, the float32
+    // base itself — no copy, cast when scored, as the train step reads it.
     const needsReference = kl.coef > 0 || readsReference;
     let reference: BoundWeights | undefined;
     let refScorer: ScoringRunner | undefined;
     if (needsReference) {
-      const plain: PolicyWeights = { trainable: specs.map((s) => ({ name: s.name, shape: s.shape, decay: false })), weights: (_g, t) => castWeights(t, compute) };
-      refScorer = ScoringRunner.create(device, config, plain, { temperature, compute, chunk: opts.chunk, session: opts.session });
-      owned.push(refScorer);
-      if (lora) reference = specs.map((s) => [s.name, frozen[`base/${s.name}`]] as const);
-      else {
-        const copies = specs.map((s) => [s.name, device.upload({ data: weights.get(s.name)!, dims: s.shape })] as const);
-        owned.push({ dispose: () => copies.forEach(([, t]) => t.dispose()) });
-        reference = copies;
+      let refPolicy: PolicyWeights;
+      if (lora) {
+        refPolicy = { trainable: specs.map((s) => ({ name: s.name, shape: s.shape, decay: false })), weights: (_g, t) => castWeights(t, compute) };
+        reference = specs.map((s) => [s.name, frozen[`base/${s.name}`]] as const);
+      } else {
+        // before any update (no resume) the trainer's parameters are these weights, already on the device
+        const ref = frozenReference(device, config, weights, compute, { onDevice: opts.resume ? undefined : trainer.params(), session: opts.session });
+        owned.push(ref);
+        refPolicy = ref.policy;
+        reference = [...ref.weights];
       }
+      refScorer = ScoringRunner.create(device, config, refPolicy, { temperature, compute, chunk: opts.chunk, session: opts.session });
+      owned.push(refScorer);
     }
     owned.push({ dispose: () => Object.values(frozen).forEach((t) => t.dispose()) });
 
@@ -682,6 +689,24 @@ export class GrpoTrainer<M = unknown> {
   async rescore(batch: TokenBatch): Promise<{ logp: Float32Array; parity: { mean: number; maxAbs: number } }> {
     const { logp } = await this.scoreRows(this.policyScorer(), this.policyWeights(), batch, [[...Array(batch.rows).keys()]]);
     return { logp, parity: logpParity(batch, logp) };
+  }
+
+  /**
+   * The frozen reference's log-probs of `batch`, [rows, width] like {@link rescore}'s (tests,
+   * inspection); undefined when the trainer has no reference (no KL).
+   */
+  async referenceLogprobs(batch: TokenBatch): Promise<Float32Array | undefined> {
+    if (!this.refScorer) return undefined;
+    return (await this.scoreRows(this.refScorer, [this.reference!], batch, [[...Array(batch.rows).keys()]])).logp;
+  }
+
+  /**
+   * The frozen reference's device tensors by HF name — in the compute dtype, or with LoRA the
+   * float32 base shared with the train step — for memory accounting and tests; undefined without a
+   * reference.
+   */
+  get referenceWeights(): ReadonlyMap<string, DeviceTensor> | undefined {
+    return this.reference && new Map(this.reference);
   }
 
   /** Samples G completions per prompt from the current weights without training (tests, inspection). */

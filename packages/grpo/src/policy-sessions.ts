@@ -24,10 +24,10 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { checkSequenceLength, paramSpecs, type DecoderConfig, type Weights } from '@lathe/models';
+import { checkSequenceLength, paramSpecs, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
 import { addGeneration, KvCacheGenerator, kvCacheUnsupported, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
 import type { Binding, Device, DeviceTensor, HostTensor, Session, SessionOptions } from '@lathe/runtime';
-import type { TrainableParam } from '@lathe/train';
+import { castWeights, type TrainableParam } from '@lathe/train';
 import { decoderPolicy } from './policies';
 import { TOTAL_SEQUENCE_LENGTH, type SampledCompletion } from './rollout-batch';
 
@@ -176,10 +176,14 @@ export interface KvGenerationRunnerOptions extends GenerationRunnerOptions {
  * would read every float32 weight again for every token (2.4 GB per step at 0.6B). The buffers never
  * move, so a decode step reading them can replay as a CUDA graph. One object serves every KV runner
  * of a trainer (rollouts and greedy evaluation), so the copy (1.2 GB at 0.6B in bf16) exists once.
+ * Weights that never change (the frozen KL reference, {@link frozenReference}) are materialised
+ * once with {@link ComputeWeights.materialiseOnce}, which then frees the session that wrote them.
  */
 export class ComputeWeights {
   private built: { session: Session; binding: Binding; buffers: Map<string, DeviceTensor> } | undefined;
   private version: number | undefined;
+  /** Set by `materialiseOnce`: the buffers, whose session is gone; they are never written again. */
+  private frozen: Map<string, DeviceTensor> | undefined;
 
   constructor(
     private readonly device: Device,
@@ -192,32 +196,116 @@ export class ComputeWeights {
 
   /**
    * The buffers by HF name, holding the weights computed from `weights` (compiled and allocated on
-   * first use; recomputed unless `version` is defined and equals the last one's).
+   * first use; recomputed unless `version` is defined and equals the last one's). After
+   * {@link materialiseOnce}: those buffers, unchanged.
    */
   async update(weights: BoundWeights[], version: number | undefined): Promise<Map<string, DeviceTensor>> {
-    if (!this.built) {
-      const g = new L.Graph('grpo_materialise_weights');
-      const w = this.pw.weights(g, declareTrainable(g, this.pw));
-      const specs = paramSpecs(this.config);
-      for (const spec of specs) g.output(L.cast(w(spec.name), this.compute), `compute/${spec.name}`);
-      const session = this.device.compile(g, { ...this.session, name: 'grpo-materialise-weights', cudaGraph: false });
-      const binding = session.binding();
-      const buffers = new Map(specs.map((spec) => [spec.name, this.device.zeros(this.compute, spec.shape)] as const));
-      for (const [name, t] of buffers) binding.output(`compute/${name}`, t);
-      this.built = { session, binding, buffers };
-    } else if (version !== undefined && version === this.version) return this.built.buffers;
+    if (this.frozen) return this.frozen;
+    if (!this.built) this.built = this.build();
+    else if (version !== undefined && version === this.version) return this.built.buffers;
     bindAll(this.built.binding, ...weights);
     await this.built.binding.run();
     this.version = version;
     return this.built.buffers;
   }
 
-  dispose(): void {
-    if (!this.built) return;
-    this.built.binding.dispose();
-    this.built.session.dispose();
-    this.built.buffers.forEach((t) => t.dispose());
+  /**
+   * Materialises `weights` once (a synchronous run, so a constructor can call it), then frees the
+   * session and binding that did it: only the compute-dtype buffers stay on the device — the
+   * float32 sources may be disposed as soon as this returns. For weights that never change.
+   */
+  materialiseOnce(weights: BoundWeights[]): Map<string, DeviceTensor> {
+    if (this.frozen) return this.frozen;
+    const built = this.built ?? this.build();
     this.built = undefined;
+    try {
+      bindAll(built.binding, ...weights);
+      built.binding.runSync();
+    } catch (e) {
+      built.buffers.forEach((t) => t.dispose());
+      throw e;
+    } finally {
+      built.binding.dispose();
+      built.session.dispose();
+    }
+    this.frozen = built.buffers;
+    return this.frozen;
+  }
+
+  /** The graph that writes `compute/<name>` = the weight in the compute dtype, its session and the buffers it writes into. */
+  private build(): { session: Session; binding: Binding; buffers: Map<string, DeviceTensor> } {
+    const g = new L.Graph('grpo_materialise_weights');
+    const w = this.pw.weights(g, declareTrainable(g, this.pw));
+    const specs = paramSpecs(this.config);
+    for (const spec of specs) g.output(L.cast(w(spec.name), this.compute), `compute/${spec.name}`);
+    const session = this.device.compile(g, { ...this.session, name: 'grpo-materialise-weights', cudaGraph: false });
+    const binding = session.binding();
+    const buffers = new Map(specs.map((spec) => [spec.name, this.device.zeros(this.compute, spec.shape)] as const));
+    for (const [name, t] of buffers) binding.output(`compute/${name}`, t);
+    return { session, binding, buffers };
+  }
+
+  dispose(): void {
+    if (this.built) {
+      this.built.binding.dispose();
+      this.built.session.dispose();
+      this.built.buffers.forEach((t) => t.dispose());
+      this.built = undefined;
+    }
+    this.frozen?.forEach((t) => t.dispose());
+    this.frozen = undefined;
+  }
+}
+
+/**
+ * How a graph reads weights that are already in the compute dtype (a {@link ComputeWeights}'
+ * buffers, or float32 weights for float32 compute): one input per weight, by HF name, in `compute`,
+ * used as they are — no Cast in the graph.
+ */
+export function computeDtypeWeights(config: DecoderConfig, compute: DType): PolicyWeights {
+  return { trainable: [], weights: (g) => weightInputs(g, config, compute, compute).weights };
+}
+
+/** The frozen reference policy of the KL: its weights on the device, and how a scoring graph reads them. */
+export interface ReferencePolicy {
+  /** The weights by HF name, in the compute dtype, to bind to the reference scorer. */
+  weights: Map<string, DeviceTensor>;
+  /** How the reference scorer's graph declares them ({@link computeDtypeWeights}). */
+  policy: PolicyWeights;
+  /** Frees the weights. */
+  dispose(): void;
+}
+
+/**
+ * The frozen reference from the starting float32 `weights`, stored once in the compute dtype: it
+ * is never trained, so nothing needs its float32 values. With float32 compute that is a device copy
+ * of `weights` (as it always was); with bfloat16/float16, {@link ComputeWeights} materialises the
+ * copy in one run and frees that run's session — half the memory of a float32 copy (1.2 GB less
+ * at the 0.6B shape), and the reference scorer casts nothing per step. `onDevice`, when given,
+ * holds the same values already on the device (the trainer's parameters before any update): the
+ * run reads them instead of float32 uploads, so nothing float32 is allocated even for a moment.
+ */
+export function frozenReference(
+  device: Device,
+  config: DecoderConfig,
+  weights: ReadonlyMap<string, Float32Array>,
+  compute: DType,
+  opts: { onDevice?: BoundWeights; session?: SessionOptions } = {},
+): ReferencePolicy {
+  const specs = paramSpecs(config);
+  for (const s of specs) if (!weights.has(s.name)) throw new Error(`frozenReference: missing weight '${s.name}'`);
+  const policy = computeDtypeWeights(config, compute);
+  if (compute === 'float32') {
+    const copies = new Map(specs.map((s) => [s.name, device.upload({ data: weights.get(s.name)!, dims: s.shape })] as const));
+    return { weights: copies, policy, dispose: () => copies.forEach((t) => t.dispose()) };
+  }
+  const source: PolicyWeights = { trainable: specs.map((s) => ({ name: s.name, shape: s.shape, decay: false })), weights: (_g, t) => castWeights(t, compute) };
+  const materialised = new ComputeWeights(device, config, source, compute, opts.session);
+  const uploads = opts.onDevice ? undefined : specs.map((s) => [s.name, device.upload({ data: weights.get(s.name)!, dims: s.shape })] as const);
+  try {
+    return { weights: materialised.materialiseOnce([opts.onDevice ?? uploads!]), policy, dispose: () => materialised.dispose() };
+  } finally {
+    uploads?.forEach(([, t]) => t.dispose());
   }
 }
 
@@ -307,6 +395,20 @@ export interface ScoringRunnerOptions {
   session?: SessionOptions;
 }
 
+/**
+ * The graph a {@link ScoringRunner} compiles: `decoderPolicy` over the weights `pw` declares, with
+ * outputs `logp` (and `entropy` with the option). Separate so its inputs can be inspected without
+ * a device (e.g. that a reference in bfloat16 is read without a cast).
+ */
+export function scoringGraph(config: DecoderConfig, pw: PolicyWeights, opts: Omit<ScoringRunnerOptions, 'session'>): Graph {
+  const g = new L.Graph('grpo_score');
+  const policy = decoderPolicy(config, { compute: opts.compute, chunk: opts.chunk, temperature: opts.temperature, entropy: opts.entropy, weights: pw.weights });
+  const out = policy(g, declareTrainable(g, pw));
+  g.output(out.logp, 'logp');
+  if (out.entropy) g.output(out.entropy, 'entropy');
+  return g;
+}
+
 /** Teacher-forced log-probs through `decoderPolicy`, bound to a set of weights. */
 export class ScoringRunner {
   private readonly binding: Binding;
@@ -322,14 +424,10 @@ export class ScoringRunner {
     this.readsWidth = session.inputs.some((i) => i.name === TOTAL_SEQUENCE_LENGTH);
   }
 
-  /** Compiles the scoring graph for `config` on `device`. */
+  /** Compiles the scoring graph ({@link scoringGraph}) for `config` on `device`. */
   static create(device: Device, config: DecoderConfig, pw: PolicyWeights, opts: ScoringRunnerOptions): ScoringRunner {
-    const g = new L.Graph('grpo_score');
-    const policy = decoderPolicy(config, { compute: opts.compute, chunk: opts.chunk, temperature: opts.temperature, entropy: opts.entropy, weights: pw.weights });
-    const out = policy(g, declareTrainable(g, pw));
-    g.output(out.logp, 'logp');
-    if (out.entropy) g.output(out.entropy, 'entropy');
-    return new ScoringRunner(device.compile(g, opts.session), Boolean(out.entropy));
+    const g = scoringGraph(config, pw, opts);
+    return new ScoringRunner(device.compile(g, opts.session), g.outputs.some((o) => o.name === 'entropy'));
   }
 
   /**
