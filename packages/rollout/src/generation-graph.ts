@@ -12,6 +12,9 @@
  * Outputs: tokens int64 [B·n, N], logprobs / raw_logprobs float32 [B·n, N] (0 after the end),
  *          lengths int64 [B·n] (tokens up to and including the stop token), stopped bool [B·n].
  *          N ≤ max_new_tokens is the number of steps run. Row r·n + j is sample j of prompt r.
+ * With `expandIndexInput` the rows come from the host instead: input expand_index int64 [R] (row k
+ * continues prompt expand_index[k]), and every [B·n] above is [R] — prompts may then have different
+ * sample counts in one run, each still prefilled once.
  */
 import * as L from '@lathe/onnx';
 import type { Graph, Tensor } from '@lathe/onnx';
@@ -22,6 +25,12 @@ import { sampleNext, validateSampling, type SamplingOptions } from './sampling';
 export interface GenerationGraphOptions extends SamplingOptions {
   /** Samples per prompt (a GRPO group). Default 1. */
   groupSize?: number;
+  /**
+   * Read the group expansion from a host input `expand_index` int64 [R] (row k samples prompt
+   * expand_index[k]) instead of repeating every prompt groupSize times, so one compiled graph
+   * serves runs whose prompts have different sample counts. groupSize must then be 1. Default false.
+   */
+  expandIndexInput?: boolean;
   /** Token written after a row has stopped. Default 0. */
   padTokenId?: number;
   /** Use ONNX Runtime's fused RMSNorm and RoPE kernels (default true; false: primitives only). */
@@ -48,13 +57,15 @@ export function addGeneration(g: Graph, cfg: DecoderConfig, weights: Weights, op
   validateSampling(opts, cfg.vocabSize);
   const n = opts.groupSize ?? 1;
   if (!Number.isInteger(n) || n < 1) throw new Error(`group size must be a positive integer, got ${opts.groupSize}`);
+  if (opts.expandIndexInput && n !== 1) throw new Error(`expandIndexInput takes the rows from expand_index: groupSize must be 1, got ${n}`);
   const pad = opts.padTokenId ?? 0;
 
   const inputIds = g.input('input_ids', 'int64', ['B', 'P']);
   const promptMask = g.input('attention_mask', 'int64', ['B', 'P']);
   const maxNew = g.input('max_new_tokens', 'int64', []);
   const stopIds = g.input('stop_ids', 'int64', ['E']);
-  const rowsDim = n === 1 ? 'B' : `B*${n}`;
+  const rowsDim = opts.expandIndexInput ? 'R' : n === 1 ? 'B' : `B*${n}`;
+  const hostExpand = opts.expandIndexInput ? g.input('expand_index', 'int64', ['R']) : undefined;
   const noise = (opts.temperature ?? 1) === 0 ? undefined : g.input('noise', 'float32', [rowsDim, 'N']);
 
   // Prefill: every prompt position, logits at the last one only (prompts are left-padded).
@@ -69,9 +80,8 @@ export function addGeneration(g: Graph, cfg: DecoderConfig, weights: Weights, op
   const firstLogits = L.cast(L.squeeze(lmLogits(cfg, weights, lastHidden), [1]), 'float32'); // [B, V]
   const firstPosition = L.reduceSum(promptMask, [1], true); // [B, 1]: the next token's position
 
-  // Group expansion: sample j of prompt r is row r·n + j.
-  const rows = rowIndex(inputIds); // [B, 1]
-  const expandIndex = n === 1 ? undefined : L.reshape(L.add(rows, g.constant(new Array(n).fill(0), 'int64', [1, n])), [rowsDim]);
+  // Group expansion: sample j of prompt r is row r·n + j (or row k continues prompt expand_index[k]).
+  const expandIndex = hostExpand ?? (n === 1 ? undefined : L.reshape(L.add(rowIndex(inputIds), g.constant(new Array(n).fill(0), 'int64', [1, n])), [rowsDim]));
   const rep = (t: Tensor) => (expandIndex ? repeatRows(t, expandIndex) : t);
   const kvInit = prefill.present.flatMap((p) => [rep(p.key), rep(p.value)]);
   const doneInit = L.cast(L.mul(rep(firstPosition), 0), 'bool'); // [B·n, 1] all false

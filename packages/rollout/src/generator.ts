@@ -3,6 +3,10 @@
  * once for a model folder (weights read by ONNX Runtime from the safetensors files); `generate`
  * sorts prompts by length into buckets, splits them into runs whose KV caches fit a memory budget,
  * makes each sample's noise from (seed, sample key), and returns one completion per sample.
+ *
+ * The graph takes its group expansion (which prompt each sample row continues) as a host input, so
+ * one compiled graph serves `groupSize` samples per prompt and calls that give each prompt its own
+ * sample count (`sampleKeys`); either way a prompt is prefilled once per run.
  */
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -22,6 +26,11 @@ export interface GeneratorOptions extends GenerationGraphOptions {
   kvBudgetBytes?: number;
   /** At most this many prompts per run. Default 256. */
   maxPromptsPerRun?: number;
+  /**
+   * Called before every run with its prompts and sample rows (each prompt is prefilled once per
+   * run). A hook that throws fails that run — tests count runs and inject errors with it.
+   */
+  beforeRun?: (prompts: number, rows: number) => void;
 }
 
 /** Per-call options. */
@@ -32,6 +41,14 @@ export interface GenerateCallOptions {
   stopIds?: number[];
   /** Each prompt's random-stream key (default: its index); sample j of prompt i uses key·n + j. */
   promptKeys?: number[];
+  /**
+   * Each prompt's samples, as their random-stream keys (instead of `promptKeys` and the engine's
+   * group size): prompt i gets `sampleKeys[i].length` samples, all from its one prefill, and its
+   * sample j reads stream `sampleKeys[i][j]`. So one call can give prompts different sample counts,
+   * and a sample's stream need not depend on how many samples its prompt has (with `promptKeys`,
+   * key·n + j does).
+   */
+  sampleKeys?: readonly (readonly number[])[];
   /** Called after every run with the number of prompts finished so far. */
   onProgress?: (done: number, total: number) => void;
 }
@@ -46,6 +63,30 @@ export interface Completion {
   /** Log-prob of each token under the raw model (temperature 1, no filters). */
   rawLogprobs: number[];
   finishReason: 'stop' | 'length';
+}
+
+/**
+ * Each prompt's samples as their random-stream keys: `call.sampleKeys` as given, else `n` per prompt
+ * with sample j of prompt i on stream promptKeys[i]·n + j (promptKeys default to the indices).
+ * Rejects malformed keys by name.
+ */
+export function sampleKeysOf(prompts: number, call: Pick<GenerateCallOptions, 'promptKeys' | 'sampleKeys'>, n: number): number[][] {
+  const integer = (k: number, where: string) => {
+    if (!Number.isSafeInteger(k)) throw new Error(`${where} must be an integer, got ${k}`);
+  };
+  if (call.sampleKeys) {
+    if (call.promptKeys) throw new Error('give promptKeys or sampleKeys, not both');
+    if (call.sampleKeys.length !== prompts) throw new Error(`sampleKeys: ${call.sampleKeys.length} lists for ${prompts} prompts`);
+    return call.sampleKeys.map((keys, i) => {
+      if (keys.length === 0) throw new Error(`sampleKeys[${i}] is empty (every prompt needs a sample)`);
+      keys.forEach((k, j) => integer(k, `sampleKeys[${i}][${j}]`));
+      return [...keys];
+    });
+  }
+  if (call.promptKeys && call.promptKeys.length !== prompts) throw new Error(`promptKeys: ${call.promptKeys.length} keys for ${prompts} prompts`);
+  call.promptKeys?.forEach((k, i) => integer(k, `promptKeys[${i}]`));
+  const keys = call.promptKeys ?? Array.from({ length: prompts }, (_, i) => i);
+  return keys.map((k) => Array.from({ length: n }, (_, j) => k * n + j));
 }
 
 /** A compiled generation graph for one model and one set of sampling options. */
@@ -64,13 +105,17 @@ export class Generator {
     const index = readWeightIndex(dir);
     const { dir: work, location } = externalDataFolder([...index.values()].map((e) => e.file));
     const g = new L.Graph('lathe_generate');
-    addGeneration(g, config, weightInitializers(g, config, index, dtype, location), opts);
+    // groupSize is the default sample count of a call; the rows themselves come from expand_index.
+    addGeneration(g, config, weightInitializers(g, config, index, dtype, location), { ...opts, groupSize: 1, expandIndexInput: true });
     writeFileSync(join(work, 'generate.onnx'), L.toModelBytes(g));
     const session = await PlainSession.create(g, { device, modelPath: join(work, 'generate.onnx') });
     return new Generator(config, session, { ...opts, device, dtype });
   }
 
-  /** Samples `groupSize` completions for every prompt (token ids, without padding). */
+  /**
+   * Samples `groupSize` completions for every prompt (or `call.sampleKeys[i].length` for prompt i),
+   * token ids without padding, sorted by (prompt, sample).
+   */
   async generate(prompts: number[][], call: GenerateCallOptions): Promise<Completion[]> {
     if (prompts.length === 0) return [];
     prompts.forEach((p, i) => {
@@ -79,26 +124,29 @@ export class Generator {
       const bad = p.find((t) => !Number.isInteger(t) || t < 0 || t >= this.config.vocabSize);
       if (bad !== undefined) throw new Error(`prompt ${i}: token id ${bad} is outside the vocabulary (0..${this.config.vocabSize - 1})`);
     });
-    const n = this.opts.groupSize ?? 1;
-    const keys = call.promptKeys ?? prompts.map((_, i) => i);
+    const samples = sampleKeysOf(prompts.length, call, this.opts.groupSize ?? 1);
     const results: Completion[] = [];
     let done = 0;
     const execute = async (run: number[]) => {
       const rows = run.map((i) => prompts[i]);
       const P = Math.max(...rows.map((p) => p.length));
-      const sampleKeys = run.flatMap((i) => [...Array(n).keys()].map((j) => keys[i] * n + j));
+      // Row k continues prompt expand[k] of the run: a prompt's samples are adjacent, in sample order.
+      const sampleKeys = run.flatMap((i) => samples[i]);
+      const expand = run.flatMap((i, b) => samples[i].map(() => BigInt(b)));
       const feeds = {
         input_ids: { data: BigInt64Array.from(rows.flatMap((p) => [...new Array(P - p.length).fill(0), ...p]).map(BigInt)), dims: [rows.length, P] },
         attention_mask: { data: BigInt64Array.from(rows.flatMap((p) => [...new Array(P - p.length).fill(0n), ...p.map(() => 1n)])), dims: [rows.length, P] },
         max_new_tokens: { data: BigInt64Array.from([BigInt(call.maxNewTokens)]), dims: [] },
         stop_ids: { data: BigInt64Array.from((call.stopIds?.length ? call.stopIds : [-1]).map(BigInt)), dims: [call.stopIds?.length || 1] },
+        expand_index: { data: BigInt64Array.from(expand), dims: [expand.length] },
         ...((this.opts.temperature ?? 1) === 0 ? {} : { noise: { data: uniformNoise(call.seed ?? 0, sampleKeys, call.maxNewTokens), dims: [sampleKeys.length, call.maxNewTokens] } }),
       };
+      this.opts.beforeRun?.(run.length, expand.length);
       const out = await this.session.run(feeds);
       const N = out.tokens.dims[1];
-      run.forEach((promptIndex, r) => {
-        for (let j = 0; j < n; j++) {
-          const row = r * n + j;
+      let row = 0;
+      run.forEach((promptIndex) => {
+        for (let j = 0; j < samples[promptIndex].length; j++, row++) {
           const len = Number(out.lengths.data[row]);
           const slice = <T extends { slice(a: number, b: number): ArrayLike<number | bigint> }>(t: T) => Array.from(t.slice(row * N, row * N + len), Number);
           results.push({
@@ -114,35 +162,39 @@ export class Generator {
       done += run.length;
       call.onProgress?.(done, prompts.length);
     };
-    for (const run of this.schedule(prompts, call.maxNewTokens)) await splitOnOutOfMemory(run, execute);
+    for (const run of this.schedule(prompts, call.maxNewTokens, samples.map((k) => k.length))) await splitOnOutOfMemory(run, execute);
     return results.sort((a, b) => a.promptIndex - b.promptIndex || a.sampleIndex - b.sampleIndex);
   }
 
   /**
    * Runs as lists of prompt indices: prompts sorted by length (so each run pads little), cut
-   * where the run's KV caches (rows × (longest prompt + new tokens)) would exceed the budget.
+   * where the run's KV caches (sample rows × (longest prompt + new tokens)) would exceed the budget.
+   * `samples[i]`: prompt i's sample rows (default: groupSize each).
    */
-  schedule(prompts: number[][], maxNewTokens: number): number[][] {
+  schedule(prompts: number[][], maxNewTokens: number, samples?: readonly number[]): number[][] {
     const c = this.config;
-    const n = this.opts.groupSize ?? 1;
+    const rowsOf = (i: number) => samples?.[i] ?? this.opts.groupSize ?? 1;
     const bytes = L.dtypeBytes(this.opts.dtype ?? 'float32');
     const budget = this.opts.kvBudgetBytes ?? (this.opts.device === 'cuda' ? 4 * 2 ** 30 : 512 * 2 ** 20);
     const maxPrompts = this.opts.maxPromptsPerRun ?? 256;
-    const perToken = 2 * c.numLayers * c.numKvHeads * c.headDim * bytes * n;
+    const perToken = 2 * c.numLayers * c.numKvHeads * c.headDim * bytes; // per sample row
     const order = prompts.map((p, i) => ({ i, len: p.length })).sort((a, b) => b.len - a.len);
-    const single = (order[0].len + maxNewTokens) * perToken;
+    const single = Math.max(...order.map(({ i, len }) => (len + maxNewTokens) * perToken * rowsOf(i)));
     if (single > budget) throw new Error(`one prompt's KV cache (${single} bytes) exceeds kvBudgetBytes (${budget})`);
     const runs: number[][] = [];
     let cur: number[] = [];
+    let rows = 0;
     let longest = 0;
     for (const { i, len } of order) {
       const nextLongest = Math.max(longest, len);
-      if (cur.length > 0 && (cur.length >= maxPrompts || (cur.length + 1) * (nextLongest + maxNewTokens) * perToken > budget)) {
+      if (cur.length > 0 && (cur.length >= maxPrompts || (rows + rowsOf(i)) * (nextLongest + maxNewTokens) * perToken > budget)) {
         runs.push(cur);
         cur = [];
+        rows = 0;
         longest = 0;
       }
       cur.push(i);
+      rows += rowsOf(i);
       longest = Math.max(longest, len);
     }
     if (cur.length) runs.push(cur);

@@ -10,6 +10,10 @@
  * CUDA graph stays valid across runs. A run with fewer prompts prefills only those; the spare
  * rows repeat the first prompt's cache and their output is dropped.
  *
+ * Which prompt a row continues is a host input of the prefill (`expand_index`), not part of the
+ * graphs: a call may give each prompt its own sample count (`sampleKeys`), and a run then holds as
+ * many whole prompts as fit its rows, each prefilled once.
+ *
  * A run that fails for lack of device memory is split in halves (a prompt's samples stay
  * together) and retried; samples depend only on (seed, prompt key), so the results equal an
  * unsplit run's. Splitting shrinks the prefill (prompts × prompt width); the decode step always
@@ -22,7 +26,7 @@ import { bytesToFloat32, Device, DeviceTensor, hostTensor, toBfloat16Bits, toFlo
 import { addKvDecodeStep, addKvPrefill, cacheName, SAMPLED_COLUMNS } from './kv-cache-graphs';
 import { uniformNoise } from './rng';
 import { validateSampling, type SamplingOptions } from './sampling';
-import { isOutOfMemory, splitOnOutOfMemory, type Completion, type GenerateCallOptions } from './generator';
+import { isOutOfMemory, sampleKeysOf, splitOnOutOfMemory, type Completion, type GenerateCallOptions } from './generator';
 
 /**
  * Why the KV-cache generator cannot run `config` in compute dtype `dtype` on a `device` of this
@@ -37,7 +41,10 @@ export function kvCacheUnsupported(config: Pick<DecoderConfig, 'headDim'>, devic
 
 /** How a KV-cache generator is built. */
 export interface KvCacheGeneratorOptions extends SamplingOptions {
-  /** Samples per prompt (a GRPO group); row r·n + j is sample j of prompt r. Default 1. */
+  /**
+   * Samples per prompt (a GRPO group); row r·n + j is sample j of prompt r. Default 1. A call's
+   * `sampleKeys` overrides it (each prompt its own count, at most `rows`).
+   */
   groupSize?: number;
   /** Samples per run (a multiple of groupSize): the rows of the cache. */
   rows: number;
@@ -58,8 +65,9 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
    */
   graphWeights?: (g: L.Graph) => Weights;
   /**
-   * Called before every prefill and decode-step run with the number of prompts in the run. A hook
-   * that throws fails that run — tests use it to inject out-of-memory errors on the CPU.
+   * Called before every prefill and decode-step run with the number of prompts in the run (each
+   * prefilled once, whatever its sample count). A hook that throws fails that run — tests use it to
+   * inject out-of-memory errors on the CPU, and to count prefills.
    */
   beforeRun?: (phase: 'prefill' | 'decode', prompts: number) => void;
 }
@@ -300,24 +308,24 @@ export class KvCacheGenerator {
   }
 
   /**
-   * Samples `groupSize` completions for every prompt (token ids, without padding), sorted by
-   * (prompt, sample). Every argument is checked before any device work. A run that fails for lack
-   * of device memory is split in halves and retried (module comment); later runs of the call start
-   * at the smaller size.
+   * Samples `groupSize` completions for every prompt (or, with `call.sampleKeys`, that many for
+   * each prompt), token ids without padding, sorted by (prompt, sample). Every argument is checked
+   * before any device work. Runs hold whole prompts with all their samples: each prompt is
+   * prefilled once. A run that fails for lack of device memory is split in halves and retried
+   * (module comment); later runs of the call start at the smaller size.
    */
   async generate(prompts: number[][], call: GenerateCallOptions): Promise<Completion[]> {
-    this.checkCall(prompts, call);
+    const samples = this.checkCall(prompts, call);
     const timings: GenerationTimings = { prefillMs: 0, decodeMs: 0, transferMs: 0, decodeSteps: 0 };
-    const keys = call.promptKeys ?? prompts.map((_, i) => i);
     const stop = new Set(call.stopIds ?? []);
     // Longest prompts first, so each run's padding is small.
     const order = prompts.map((p, i) => ({ i, len: p.length })).sort((a, b) => b.len - a.len).map((o) => o.i);
-    let perRun = this.opts.rows / this.n;
+    let perRun = Infinity; // prompts per run, lowered by an out-of-memory
     const results: Completion[] = [];
     let done = 0;
     const execute = async (run: number[]) => {
       try {
-        results.push(...this.generateRun(run, prompts, keys, call, stop, timings));
+        results.push(...this.generateRun(run, prompts, samples, call, stop, timings));
       } catch (e) {
         if (isOutOfMemory(e)) perRun = Math.min(perRun, Math.ceil(run.length / 2));
         throw e;
@@ -327,25 +335,27 @@ export class KvCacheGenerator {
       await new Promise((r) => setImmediate(r)); // let progress bars and signals run between runs
     };
     for (let start = 0; start < order.length; ) {
-      const run = order.slice(start, start + perRun);
-      start += run.length;
+      // As many whole prompts as the rows hold (with groupSize n: rows / n of them).
+      const run: number[] = [];
+      for (let rows = 0; start < order.length && run.length < perRun && rows + samples[order[start]].length <= this.opts.rows; start++) {
+        rows += samples[order[start]].length;
+        run.push(order[start]);
+      }
       await splitOnOutOfMemory(run, execute);
     }
     this.lastTimings = timings;
     return results.sort((a, b) => a.promptIndex - b.promptIndex || a.sampleIndex - b.sampleIndex);
   }
 
-  /** Rejects a call's bad arguments by name, before any device work. */
-  private checkCall(prompts: number[][], call: GenerateCallOptions): void {
+  /** Rejects a call's bad arguments by name, before any device work; returns each prompt's sample keys. */
+  private checkCall(prompts: number[][], call: GenerateCallOptions): number[][] {
     const M = this.opts.maxLength;
     const V = this.config.vocabSize;
     if (!Number.isInteger(call.maxNewTokens) || call.maxNewTokens < 1) throw new Error(`maxNewTokens must be a positive integer, got ${call.maxNewTokens}`);
     if (call.seed !== undefined && !Number.isSafeInteger(call.seed)) throw new Error(`seed must be an integer, got ${call.seed}`);
-    if (call.promptKeys) {
-      if (call.promptKeys.length !== prompts.length) throw new Error(`promptKeys: ${call.promptKeys.length} keys for ${prompts.length} prompts`);
-      const bad = call.promptKeys.findIndex((k) => !Number.isSafeInteger(k));
-      if (bad >= 0) throw new Error(`promptKeys[${bad}] must be an integer, got ${call.promptKeys[bad]}`);
-    }
+    const samples = sampleKeysOf(prompts.length, call, this.n);
+    const tooMany = samples.findIndex((k) => k.length > this.opts.rows);
+    if (tooMany >= 0) throw new Error(`sampleKeys[${tooMany}]: ${samples[tooMany].length} samples of one prompt exceed the generator's ${this.opts.rows} rows (a prompt's samples share one run)`);
     const badStop = (call.stopIds ?? []).find((t) => !Number.isInteger(t));
     if (badStop !== undefined) throw new Error(`stopIds must be integer token ids, got ${badStop}`);
     prompts.forEach((p, i) => {
@@ -354,15 +364,22 @@ export class KvCacheGenerator {
       const bad = p.find((t) => !Number.isInteger(t) || t < 0 || t >= V);
       if (bad !== undefined) throw new Error(`prompt ${i}: token id ${bad} is outside the vocabulary (0..${V - 1})`);
     });
+    return samples;
   }
 
-  /** One prefill and its decode loop for the prompts `run` (indices into `prompts`), ≤ rows / groupSize of them. */
-  private generateRun(run: number[], prompts: number[][], keys: number[], call: GenerateCallOptions, stop: Set<number>, t: GenerationTimings): Completion[] {
+  /**
+   * One prefill and its decode loop for the prompts `run` (indices into `prompts`), whose samples
+   * (`samples[i]`: prompt i's sample keys) fill at most `rows` rows.
+   */
+  private generateRun(run: number[], prompts: number[][], samples: number[][], call: GenerateCallOptions, stop: Set<number>, t: GenerationTimings): Completion[] {
     const { rows: R, maxLength: M } = this.opts;
-    const n = this.n;
     const B = run.length;
     const pad = this.opts.padTokenId ?? 0;
-    const live = B * n;
+    // Live row k is sample rowSample[k] of the run's prompt rowPrompt[k]: a prompt's samples are
+    // adjacent, in sample order (with groupSize n, row r·n + j is sample j of prompt r).
+    const rowPrompt = run.flatMap((i, b) => samples[i].map(() => b));
+    const rowSample = run.flatMap((i) => samples[i].map((_, j) => j));
+    const live = rowPrompt.length;
     const lens = run.map((i) => prompts[i].length);
     const P = Math.max(...lens);
     const ids = new BigInt64Array(B * P).fill(BigInt(pad));
@@ -380,11 +397,12 @@ export class KvCacheGenerator {
     pb.input('last_index', hostTensor('int64', [B], lens.map((l, b) => b * P + l - 1)));
     pb.input('prompt_width', hostTensor('int32', [], [P]));
     pb.input('cache_start', hostTensor('int64', [1], [P]));
-    // Row r·n + j is sample j of prompt r; spare rows (r ≥ live) repeat prompt 0, output dropped.
-    pb.input('expand_index', hostTensor('int64', [R], Array.from({ length: R }, (_, r) => BigInt(r < live ? Math.floor(r / n) : 0))));
+    // Spare rows (r ≥ live) repeat prompt 0; their output is dropped.
+    pb.input('expand_index', hostTensor('int64', [R], Array.from({ length: R }, (_, r) => BigInt(r < live ? rowPrompt[r] : 0))));
     const { noise, sampled } = this.buffers;
     if (noise) {
-      const sampleKeys = Array.from({ length: R }, (_, r) => (r < live ? keys[run[Math.floor(r / n)]] * n + (r % n) : 0));
+      // A row's noise is its sample's stream, whatever row the sample landed on.
+      const sampleKeys = Array.from({ length: R }, (_, r) => (r < live ? samples[run[rowPrompt[r]]][rowSample[r]] : 0));
       noise.upload(uniformNoise(call.seed ?? 0, sampleKeys, M));
     }
     lap('transferMs');
@@ -426,8 +444,8 @@ export class KvCacheGenerator {
     const out: Completion[] = [];
     for (let r = 0; r < live; r++) {
       out.push({
-        promptIndex: run[Math.floor(r / n)],
-        sampleIndex: r % n,
+        promptIndex: run[rowPrompt[r]],
+        sampleIndex: rowSample[r],
         tokens: tokens[r],
         logprobs: logprobs[r],
         rawLogprobs: raw[r],

@@ -9,10 +9,15 @@
  * - `TrajectoryGenerator`: the same, holding the compiled engine across calls.
  * (`lathe generate`, the run over a prompt file, is in generate-run.ts.)
  *
+ * Groups: the samples of one (prompt, thinking mode) are one group of the engine — the prompt is
+ * prefilled once and its rows are copies of that prefill's cache — rather than one row per sample
+ * with the prompt prefilled for each (see `groupsOf`).
+ *
  * Reproducibility: sample j of prompt p in thinking mode m draws its sampling noise from stream
- * `sampleKey(p, m, j)` of `seed` (see rng.ts), so a sample depends on the seed, the model, its
- * prompt and its key alone — not on the batch size, the engine, part boundaries, a resume, or how
- * many samples are asked for.
+ * `sampleKey(p, m, j)` of `seed` (see rng.ts), whatever row or group it is generated in, so a
+ * sample depends on the seed, the model, its prompt and its key alone — not on the batch size, the
+ * engine, which samples share its run or its group, part boundaries, a resume, or how many samples
+ * are asked for.
  */
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
@@ -107,6 +112,19 @@ export interface TrajectoryProgress {
   tokens: number;
 }
 
+/** Work a {@link TrajectoryGenerator} has done, over all its calls. */
+export interface TrajectoryCounters {
+  /** Generation runs started (each one prefill; an out-of-memory retry counts again). */
+  runs: number;
+  /**
+   * Prompts those runs prefilled: each (prompt, thinking mode) once per run that holds any of its
+   * samples — once in all when `batchSize` is a multiple of the samples per prompt.
+   */
+  prefilledPrompts: number;
+  /** Samples generated. */
+  samples: number;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Keys and engine choice
 
@@ -145,11 +163,14 @@ interface Engine {
   dispose(): Promise<void>;
 }
 
+/** Called before each generation run with the prompts it prefills. */
+type OnRun = (prompts: number) => void;
+
 /** Cache lengths are rounded up to this many positions, so a slightly longer prompt rarely rebuilds the engine. */
 const LENGTH_QUANTUM = 64;
 
 /** The KV-cache generator over weights uploaded once, rebuilt (larger) only when a prompt needs a longer cache. */
-function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dtype: DType; rows: number; sampling: SamplingOptions; padId: number; maxLength: number }): Engine {
+function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dtype: DType; rows: number; sampling: SamplingOptions; padId: number; maxLength: number; onRun: OnRun }): Engine {
   const device = Device.open(o.kind);
   const weights: Map<string, DeviceTensor> = uploadWeights(device, dir, config, o.dtype);
   let built: { gen: KvCacheGenerator; maxLength: number } | undefined;
@@ -159,7 +180,9 @@ function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dty
       const need = lengthFor(prompts.reduce((m, p) => Math.max(m, p.length + call.maxNewTokens), o.maxLength));
       if (!built || built.maxLength < need) {
         built?.gen.dispose();
-        built = { gen: KvCacheGenerator.create(device, config, weights, { ...o.sampling, groupSize: 1, rows: o.rows, maxLength: need, dtype: o.dtype, padTokenId: o.padId }), maxLength: need };
+        // No groupSize: every call passes sampleKeys, one list per (prompt, mode) group of its run.
+        const beforeRun = (phase: 'prefill' | 'decode', prompts: number) => phase === 'prefill' && o.onRun(prompts);
+        built = { gen: KvCacheGenerator.create(device, config, weights, { ...o.sampling, rows: o.rows, maxLength: need, dtype: o.dtype, padTokenId: o.padId, beforeRun }), maxLength: need };
       }
       return built.gen.generate(prompts, call);
     },
@@ -185,6 +208,31 @@ export interface PlannedSample {
 }
 
 /**
+ * The engine groups of one run's samples (consecutive in output order): each maximal stretch of
+ * samples of the same prompt and thinking mode is one group — one prompt for the engine, prefilled
+ * once, with one sample key per row.
+ *
+ * Why this layout: both engines take a per-prompt sample count (`sampleKeys`: the KV prefill's row
+ * expansion is a host input, and so is the in-graph generator's), so samples_thinking ≠
+ * samples_non_thinking needs neither one engine per group size (a second set of caches as large as
+ * the first) nor groups padded to a common size (rows computed and thrown away). Runs are cut
+ * every `batchSize` samples in output order, as before: every run but the last is full (a decode
+ * step computes all its rows, live or not), progress and the rows per run do not change, and a
+ * group that crosses a run boundary is prefilled once in each of its runs — at most one extra
+ * prompt per run, none when batchSize is a multiple of the samples per prompt, against whole-group
+ * runs that would leave rows idle in every decode step to save that one prompt's prefill.
+ */
+export function groupsOf(run: readonly PlannedSample[]): PlannedSample[][] {
+  const groups: PlannedSample[][] = [];
+  for (const s of run) {
+    const last = groups.at(-1)?.[0];
+    if (last && last.prompt === s.prompt && last.thinking === s.thinking) groups.at(-1)!.push(s);
+    else groups.push([s]);
+  }
+  return groups;
+}
+
+/**
  * Renders, samples and grades trajectories for one model and one set of options. The tokenizer
  * and model config load at `create`; the engine compiles on the first `generate` (so `plan` can
  * check every prompt before any heavy work). Call `dispose()` when done.
@@ -198,6 +246,7 @@ export class TrajectoryGenerator {
   private readonly modes: { thinking: boolean | null; samples: number }[];
   /** The longest prompt (tokens) the KV caches are sized for. */
   private promptTokens = 0;
+  private readonly work: TrajectoryCounters = { runs: 0, prefilledPrompts: 0, samples: 0 };
 
   private constructor(
     readonly dir: string,
@@ -316,9 +365,15 @@ export class TrajectoryGenerator {
     return out;
   }
 
+  /** Runs, prefills and samples so far (see {@link TrajectoryCounters}), e.g. to check prefill sharing. */
+  get counters(): Readonly<TrajectoryCounters> {
+    return { ...this.work };
+  }
+
   /**
    * Samples and grades every sample of `prompts`, yielding rows in output order as each run of
-   * `batchSize` samples finishes. With `signal` aborted it stops before the next run.
+   * `batchSize` samples finishes; the samples of one prompt and thinking mode in a run share one
+   * prefill ({@link groupsOf}). With `signal` aborted it stops before the next run.
    */
   async *generate(prompts: readonly (string | TrajectoryPrompt)[], call: { onProgress?: (p: TrajectoryProgress) => void; signal?: AbortSignal } = {}): AsyncGenerator<GeneratedTrajectory> {
     const samples = this.plan(prompts);
@@ -327,12 +382,17 @@ export class TrajectoryGenerator {
     for (let start = 0; start < samples.length; start += this.o.batchSize) {
       if (call.signal?.aborted) return;
       const chunk = samples.slice(start, start + this.o.batchSize);
+      const groups = groupsOf(chunk);
       const completions = await engine.generate(
-        chunk.map((s) => s.ids),
-        { maxNewTokens: this.o.maxNewTokens, seed: this.o.seed, stopIds: this.stopIds, promptKeys: chunk.map((s) => s.key) },
+        groups.map((g) => g[0].ids),
+        { maxNewTokens: this.o.maxNewTokens, seed: this.o.seed, stopIds: this.stopIds, sampleKeys: groups.map((g) => g.map((s) => s.key)) },
       );
-      // both engines return completions sorted by prompt index: completions[i] is chunk[i]'s
-      const rows = await Promise.all(chunk.map((s, i) => this.row(s, completions[i])));
+      const rows = await Promise.all(completions.map((c) => this.row(groups[c.promptIndex][c.sampleIndex], c)));
+      // both engines sort completions by (prompt, sample), i.e. in the chunk's order
+      rows.forEach((r, i) => {
+        if (r.prompt_idx !== chunk[i].prompt.prompt_idx || r.sample_idx !== chunk[i].sampleIdx) throw new Error(`internal: completion ${i} of a run is out of order`);
+      });
+      this.work.samples += rows.length;
       tokens += rows.reduce((n, r) => n + r.output_token_ids.length, 0);
       call.onProgress?.({ samples: start + chunk.length, total: samples.length, tokens });
       yield* rows;
@@ -378,10 +438,16 @@ export class TrajectoryGenerator {
     const longest = this.promptTokens;
     const o = this.o;
     const padId = this.tokenizer.padId;
+    const onRun: OnRun = (prompts) => {
+      this.work.runs++;
+      this.work.prefilledPrompts += prompts;
+    };
     if (this.engine.engine === 'kv-cache') {
-      this.running = kvEngine(this.dir, this.config, { kind: o.device, dtype: o.dtype, rows: o.batchSize, sampling: o.sampling, padId, maxLength: longest + o.maxNewTokens });
+      this.running = kvEngine(this.dir, this.config, { kind: o.device, dtype: o.dtype, rows: o.batchSize, sampling: o.sampling, padId, maxLength: longest + o.maxNewTokens, onRun });
     } else {
-      const gen = await Generator.fromPretrained(this.dir, { ...o.sampling, device: o.device, dtype: o.dtype, groupSize: 1, padTokenId: padId, maxPromptsPerRun: o.batchSize });
+      // A call's groups hold at most batchSize samples in all, so maxPromptsPerRun = batchSize never
+      // cuts a run; the KV budget still may (samples unchanged: they depend on their keys alone).
+      const gen = await Generator.fromPretrained(this.dir, { ...o.sampling, device: o.device, dtype: o.dtype, padTokenId: padId, maxPromptsPerRun: o.batchSize, beforeRun: onRun });
       this.running = { generate: (p, call) => gen.generate(p, call), dispose: () => gen.dispose() };
     }
     return this.running;

@@ -43,6 +43,28 @@ test('splitting into length-sorted runs under a small memory budget changes noth
   expect(() => small.schedule([new Array(40).fill(1)], 6)).toThrow(/exceeds kvBudgetBytes/);
 });
 
+test('sampleKeys: per-prompt sample counts in one run, one prefill per prompt, equal to one-sample-per-prompt generation with the same keys', async () => {
+  const runs: [number, number][] = [];
+  const gen = await Generator.fromPretrained(dir, { temperature: 1, topK: 10, beforeRun: (p, rows) => runs.push([p, rows]) });
+  const counts = [3, 1, 2, 2, 1];
+  const sampleKeys = counts.map((n, i) => Array.from({ length: n }, (_, j) => 1000 * i + 7 * j));
+  const call = { maxNewTokens: 6, seed: 3, stopIds: [4, 17] };
+  const got = await gen.generate(prompts, { ...call, sampleKeys });
+  expect(runs).toEqual([[5, 9]]); // 5 prompts prefilled once, 9 sample rows
+  expect(got.map((c) => [c.promptIndex, c.sampleIndex])).toEqual(counts.flatMap((n, i) => Array.from({ length: n }, (_, j) => [i, j])));
+  const flat = await gen.generate(counts.flatMap((n, i) => new Array<number[]>(n).fill(prompts[i])), { ...call, promptKeys: sampleKeys.flat() });
+  expect(runs[1]).toEqual([9, 9]);
+  expect(got.map((c) => [c.tokens, c.finishReason])).toEqual(flat.map((c) => [c.tokens, c.finishReason]));
+  got.forEach((c, k) => c.rawLogprobs.forEach((x, t) => expect(x).toBeCloseTo(flat[k].rawLogprobs[t], 5)));
+  // The memory budget counts sample rows (256 bytes per row and position): with room for 8 rows of
+  // 12 positions, these 9 rows take two runs; one row per prompt takes one.
+  const tight = await Generator.fromPretrained(dir, { temperature: 1, kvBudgetBytes: 256 * 8 * 12 });
+  expect(tight.schedule(prompts, 6, counts)).toHaveLength(2);
+  expect(tight.schedule(prompts, 6)).toHaveLength(1);
+  await expect(gen.generate(prompts, { ...call, sampleKeys: [[1]] })).rejects.toThrow(/sampleKeys: 1 lists for 5 prompts/);
+  await Promise.all([gen.dispose(), tight.dispose()]);
+});
+
 test('bad prompts are rejected by index', async () => {
   const gen = await Generator.fromPretrained(dir, { temperature: 0 });
   await expect(gen.generate([[1, 2], []], { maxNewTokens: 2 })).rejects.toThrow(/prompt 1 is empty/);

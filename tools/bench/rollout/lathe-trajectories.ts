@@ -1,0 +1,134 @@
+/**
+ * `lathe generate`'s generation path — TrajectoryGenerator: prompts rendered with the chat
+ * template, tokenised, sampled in runs of `--batch` samples (the samples of one prompt and thinking
+ * mode sharing one prefill), rows built — timed end to end on a random Qwen3-0.6B-shape model.
+ * Reports new tokens/s, the runs and prompt prefills counted by the generator, and, with
+ * `--compare`, the KV-cache engine alone on the same prompt ids with one prefill per (prompt, mode)
+ * against one prefill per sample (the layout before grouping), with its prefill/decode split.
+ *
+ * usage: node lathe-trajectories.js --tokenizer DIR [--model DIR] [--shape qwen3-0.6b|tiny]
+ *          [--prompts 64] [--samples-thinking 8] [--samples-non-thinking 0] [--prompt-words 230]
+ *          [--max-new 512] [--batch 256] [--device cuda|cpu] [--dtype bfloat16|float32]
+ *          [--temperature 1] [--seed 0] [--compare] [--out rows.json]
+ * --tokenizer: a folder with tokenizer.json and tokenizer_config.json (build-device-bundles.sh
+ * copies Qwen3's into .bundle/qwen3-tokenizer). Without --model a random model of --shape is
+ * written to a temporary folder first (not timed). A random model rarely draws a stop token, so
+ * nearly every sample runs to --max-new; the token count reported is the one generated. One
+ * warm-up call (one prompt) compiles the engine before the timed call. Prints one JSON line.
+ */
+import { copyFileSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { randomModel, type HfConfig } from '@lathe/models';
+import { Device } from '@lathe/runtime';
+import { groupsOf, KvCacheGenerator, TrajectoryGenerator, type GeneratedTrajectory, type TrajectoryPrompt } from '@lathe/rollout';
+import { arg, flag } from '../argv';
+
+const SHAPES: Record<string, HfConfig> = {
+  tiny: { architectures: ['Qwen3ForCausalLM'], vocab_size: 151936, hidden_size: 64, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, rms_norm_eps: 1e-6, rope_theta: 1e6, max_position_embeddings: 2048, tie_word_embeddings: true },
+  'qwen3-0.6b': { architectures: ['Qwen3ForCausalLM'], vocab_size: 151936, hidden_size: 1024, intermediate_size: 3072, num_hidden_layers: 28, num_attention_heads: 16, num_key_value_heads: 8, head_dim: 128, rms_norm_eps: 1e-6, rope_theta: 1000000, max_position_embeddings: 40960, tie_word_embeddings: true },
+};
+
+const WORDS = 'the of a sum prime number triangle circle area find compute integer value square root angle equal solve let real positive sequence'.split(' ');
+
+/** Distinct math-flavoured prompts of about `words` words each (deterministic). */
+function makePrompts(n: number, words: number): TrajectoryPrompt[] {
+  return Array.from({ length: n }, (_, i) => ({
+    prompt: `Problem ${i}: ` + Array.from({ length: words }, (_, w) => WORDS[(i * 7 + w * 13 + ((i * w) % 5)) % WORDS.length]).join(' ') + '?',
+  }));
+}
+
+async function main(): Promise<void> {
+  const tokenizer = resolve(arg('tokenizer'));
+  const device = arg('device', 'cuda') as 'cuda' | 'cpu';
+  const dtype = arg('dtype', device === 'cuda' ? 'bfloat16' : 'float32') as 'bfloat16' | 'float32';
+  const nPrompts = Number(arg('prompts', '64'));
+  const samplesThinking = Number(arg('samples-thinking', '8'));
+  const samplesNonThinking = Number(arg('samples-non-thinking', '0'));
+  const maxNew = Number(arg('max-new', '512'));
+  const batch = Number(arg('batch', '256'));
+  const temperature = Number(arg('temperature', '1'));
+  const seed = Number(arg('seed', '0'));
+  const shape = arg('shape', 'qwen3-0.6b');
+
+  const t0 = performance.now();
+  let model = arg('model', '');
+  if (!model) {
+    model = mkdtempSync(join(tmpdir(), 'lathe-traj-bench-'));
+    randomModel(model, SHAPES[shape], { seed: 1, std: 0.02 });
+    for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(tokenizer, f), join(model, f));
+  }
+  const tModel = performance.now();
+
+  const prompts = makePrompts(nPrompts, Number(arg('prompt-words', '230')));
+  const options = { maxNewTokens: maxNew, samplesThinking, samplesNonThinking, temperature, seed, device, dtype, batchSize: batch, tokenizer, grade: 'none' as const, engine: 'kv-cache' as const };
+  const gen = await TrajectoryGenerator.create(model, options);
+  const plan = gen.plan(prompts);
+  gen.reserve(plan.reduce((m, s) => Math.max(m, s.ids.length), 0)); // caches sized once, as lathe generate does
+  const promptTokens = plan.map((s) => s.ids.length);
+
+  // Warm-up: compiles the engine (and uploads the weights) on one prompt.
+  const tWarm = performance.now();
+  for await (const row of gen.generate(prompts.slice(0, 1).map((p) => ({ ...p, prompt_idx: nPrompts })))) void row;
+  const warm = gen.counters;
+  const tStart = performance.now();
+  const rows: GeneratedTrajectory[] = [];
+  for await (const row of gen.generate(prompts)) rows.push(row);
+  const ms = performance.now() - tStart;
+  const counters = gen.counters;
+  await gen.dispose();
+  const newTokens = rows.reduce((n, r) => n + r.output_token_ids.length, 0);
+  if (arg('out', '')) writeFileSync(arg('out', ''), JSON.stringify(rows.map((r) => [r.prompt_idx, r.thinking, r.sample_idx, r.output_token_ids])));
+
+  const result: Record<string, unknown> = {
+    bench: 'lathe-trajectories',
+    shape: arg('model', '') ? model : shape,
+    device,
+    dtype,
+    prompts: nPrompts,
+    samples_thinking: samplesThinking,
+    samples_non_thinking: samplesNonThinking,
+    prompt_tokens: { min: Math.min(...promptTokens), max: Math.max(...promptTokens) },
+    max_new: maxNew,
+    batch,
+    model_s: +((tModel - t0) / 1000).toFixed(1),
+    warmup_s: +((tStart - tWarm) / 1000).toFixed(1),
+    rows: rows.length,
+    new_tokens: newTokens,
+    generate_s: +(ms / 1000).toFixed(2),
+    new_tokens_per_s: Math.round(newTokens / (ms / 1000)),
+    runs: counters.runs - warm.runs,
+    prefilled_prompts: counters.prefilledPrompts - warm.prefilledPrompts,
+  };
+
+  if (flag('compare')) {
+    // The KV-cache engine alone on the planned prompt ids and keys, in runs of `batch` samples:
+    // grouped (sampleKeys: one prefill per (prompt, mode) group) and one row per sample (promptKeys).
+    const dev = Device.open(device);
+    const kv = KvCacheGenerator.fromPretrained(model, dev, { temperature, rows: batch, maxLength: Math.ceil((Math.max(...promptTokens) + maxNew) / 64) * 64, dtype, cudaGraph: device === 'cuda' });
+    const stopIds: number[] = []; // every sample runs to max-new: the same work in both layouts
+    const time = async (label: string, call: (chunk: typeof plan) => Promise<unknown>) => {
+      await call(plan.slice(0, Math.min(batch, plan.length))); // warm-up (and CUDA-graph capture)
+      const sum = { prefillMs: 0, decodeMs: 0, transferMs: 0, decodeSteps: 0 };
+      const s = performance.now();
+      for (let i = 0; i < plan.length; i += batch) {
+        await call(plan.slice(i, i + batch));
+        for (const k of Object.keys(sum) as (keyof typeof sum)[]) sum[k] += kv.lastTimings[k];
+      }
+      const total = performance.now() - s;
+      result[label] = { s: +(total / 1000).toFixed(2), new_tokens_per_s: Math.round((plan.length * maxNew) / (total / 1000)), prefill_s: +(sum.prefillMs / 1000).toFixed(3), decode_s: +(sum.decodeMs / 1000).toFixed(2), transfer_s: +(sum.transferMs / 1000).toFixed(2), decode_steps: sum.decodeSteps };
+    };
+    await time('engine_grouped', (chunk) => {
+      const groups = groupsOf(chunk);
+      return kv.generate(groups.map((g) => g[0].ids), { maxNewTokens: maxNew, seed, stopIds, sampleKeys: groups.map((g) => g.map((s) => s.key)) });
+    });
+    await time('engine_one_row_per_sample', (chunk) => kv.generate(chunk.map((s) => s.ids), { maxNewTokens: maxNew, seed, stopIds, promptKeys: chunk.map((s) => s.key) }));
+    kv.dispose();
+  }
+  console.log(JSON.stringify(result));
+}
+
+main().catch((e: unknown) => {
+  console.error(e instanceof Error ? e.stack : String(e));
+  process.exit(1);
+});
