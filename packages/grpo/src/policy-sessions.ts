@@ -27,9 +27,9 @@ import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { checkSequenceLength, paramSpecs, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
 import { addGeneration, KvCacheGenerator, kvCacheUnsupported, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
 import type { Binding, Device, DeviceTensor, HostTensor, Session, SessionOptions } from '@lathe/runtime';
-import { castWeights, type TrainableParam } from '@lathe/train';
+import { castWeights, TOTAL_LENGTH_INPUT, totalLengthTensor, type TrainableParam } from '@lathe/train';
 import { decoderPolicy } from './policies';
-import { TOTAL_SEQUENCE_LENGTH, type SampledCompletion } from './rollout-batch';
+import type { SampledCompletion } from './rollout-batch';
 
 /** How graphs read a policy's weights: trainable tensors by name, plus any frozen inputs the weight function declares. */
 export interface PolicyWeights {
@@ -421,7 +421,7 @@ export class ScoringRunner {
   ) {
     this.binding = session.binding().output('logp', 'host');
     if (entropy) this.binding.output('entropy', 'host');
-    this.readsWidth = session.inputs.some((i) => i.name === TOTAL_SEQUENCE_LENGTH);
+    this.readsWidth = session.inputs.some((i) => i.name === TOTAL_LENGTH_INPUT);
   }
 
   /** Compiles the scoring graph ({@link scoringGraph}) for `config` on `device`. */
@@ -439,7 +439,7 @@ export class ScoringRunner {
   async score(weights: BoundWeights[], batch: { input_ids: HostTensor; attention_mask: HostTensor }): Promise<{ logp: Float32Array; entropy?: Float32Array }> {
     bindAll(this.binding, ...weights);
     this.binding.input('input_ids', batch.input_ids).input('attention_mask', batch.attention_mask);
-    if (this.readsWidth) this.binding.input(TOTAL_SEQUENCE_LENGTH, { data: Int32Array.of(batch.input_ids.dims[1]), dims: [] });
+    if (this.readsWidth) this.binding.input(TOTAL_LENGTH_INPUT, totalLengthTensor(batch.input_ids.dims[1]));
     await this.binding.run();
     const logp = this.binding.fetch('logp').data as Float32Array;
     return this.entropy ? { logp, entropy: this.binding.fetch('entropy').data as Float32Array } : { logp };

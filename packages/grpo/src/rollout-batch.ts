@@ -17,6 +17,7 @@
  * the batch, dropping the trailing columns that are padding in every selected row.
  */
 import type { HostTensor } from '@lathe/runtime';
+import { TOTAL_LENGTH_INPUT, totalLengthTensor } from '@lathe/train';
 
 /** One sampled completion, as the generator returned it. */
 export interface SampledCompletion {
@@ -126,19 +127,13 @@ export function selectedWidth(batch: TokenBatch, rows: readonly number[]): numbe
 }
 
 /**
- * Name of the int32 scalar input holding a batch's width T, as ONNX Runtime's GroupQueryAttention
- * takes it (`total_sequence_length`, read in host memory) and `@lathe/rollout`'s scoring graph
- * declares it: a fused-attention graph with a symbolic T reads it, others do not declare it.
- */
-export const TOTAL_SEQUENCE_LENGTH = 'total_sequence_length';
-
-/**
  * The tensors of rows `rows` (in that order): `input_ids`, `attention_mask`, `response_mask` and
  * each of `extra` (float32 matrices of the batch's shape), [rows.length, T] with T =
  * {@link selectedWidth}: the trailing columns that are padding in every selected row are removed,
  * and column t of a selected row is column t of the batch (rows stay right-padded). Also
- * {@link TOTAL_SEQUENCE_LENGTH} (int32 scalar T) for graphs that attend through GroupQueryAttention;
- * a caller feeds a graph only the inputs it declares.
+ * `total_sequence_length` (`TOTAL_LENGTH_INPUT`, the int32 scalar T) for graphs that attend through
+ * GroupQueryAttention (`decoderPolicy`'s `flashAttention`); a caller feeds a graph only the inputs
+ * it declares.
  */
 export function selectRows(batch: TokenBatch, rows: readonly number[], extra: Record<string, Float32Array> = {}): Record<string, HostTensor> {
   if (rows.length === 0) throw new Error('selectRows: no rows selected');
@@ -152,7 +147,7 @@ export function selectRows(batch: TokenBatch, rows: readonly number[], extra: Re
     input_ids: { data: take(batch.inputIds, new BigInt64Array(B * T)), dims: [B, T] },
     attention_mask: { data: take(batch.attentionMask, new BigInt64Array(B * T)), dims: [B, T] },
     response_mask: { data: take(batch.responseMask, new BigInt64Array(B * T)), dims: [B, T] },
-    [TOTAL_SEQUENCE_LENGTH]: { data: Int32Array.of(T), dims: [] },
+    [TOTAL_LENGTH_INPUT]: totalLengthTensor(T),
   };
   for (const [name, m] of Object.entries(extra)) {
     if (m.length !== batch.rows * batch.width) throw new Error(`selectRows: '${name}' has ${m.length} entries, the batch is ${batch.rows}×${batch.width}`);
