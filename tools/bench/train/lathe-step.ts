@@ -9,17 +9,39 @@
  *          [--path bound|plain] [--micro-batches 1] [--shared-arena] [--static-shape] [--cuda-graph] [--recompute] [--flash-attention]
  *          [--steps N] [--lr 1e-3] [--max-grad-norm 1]
  *          [--weight-decay 0.01] [--out updated.safetensors] [--profile PREFIX]
+ *          [--lora-rank R [--lora-alpha 2R] [--lora-targets 'q_proj|k_proj|v_proj|o_proj'] [--seed 0]]
+ * --lora-rank: LoRA as `lathe sft` trains it (packages/train/src/sft.ts): the base weights stay
+ * float32 on the device, bound once as the loss's `base/<name>` inputs (the Trainer's `frozen`
+ * option); the trainable parameters, and all AdamW state, are the adapters' A [R, in] and
+ * B [out, R] of each matrix whose HF name matches --lora-targets (a regular expression). Each
+ * targeted matrix is used as base + (alpha / R)·B·A, formed in float32 and cast to --compute.
+ * A ~ U(±1/√in) (seeded by --seed), B = 0. Only `--path bound`; --out then holds the adapters.
  * --profile writes ORT's profile of the step session when the trainer is disposed (run with
  * CUDA_LAUNCH_BLOCKING=1 so each node's time includes its GPU work).
  * batch.json: {"input_ids": [[...]], "attention_mask": [[...]], "loss_mask": [[...]]}
- * Prints one JSON line: loss per step, grad norms, step times (run vs host), and writes the
- * updated float32 parameters to --out.
+ * Prints one JSON line: loss per step, grad norms, step times (run vs host), the trainable parameter
+ * count (`trainable_params`), and writes the updated float32 parameters to --out.
  */
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { paramSpecs, readConfig, writeSafetensors } from '@lathe/models';
-import { Device, PlainSession, type HostTensor } from '@lathe/runtime';
-import { biasCorrections, compileTrainStep, loadFloat32, sftLoss, stateNames, TOTAL_LENGTH_INPUT, totalLengthTensor, Trainer } from '@lathe/train';
+import { Device, PlainSession, sizeOf, type DeviceTensor, type HostTensor } from '@lathe/runtime';
+import {
+  biasCorrections,
+  compileTrainStep,
+  initLora,
+  loadFloat32,
+  loraAdapters,
+  loraWeights,
+  sftLoss,
+  stateNames,
+  TOTAL_LENGTH_INPUT,
+  totalLengthTensor,
+  Trainer,
+  type LoraConfig,
+  type SftLossOptions,
+  type TrainableParam,
+} from '@lathe/train';
 import { arg, flag } from '../argv';
 
 
@@ -32,9 +54,17 @@ async function main(): Promise<void> {
   const batch = JSON.parse(readFileSync(arg('batch'), 'utf8')) as Record<'input_ids' | 'attention_mask' | 'loss_mask', number[][]>;
   const { config } = readConfig(dir);
   const specs = paramSpecs(config);
-  const params = specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+  // What is trained: every weight, or (--lora-rank) LoRA adapters over a frozen base, as runSft does it.
+  const rank = Number(arg('lora-rank', '0'));
+  const lora: LoraConfig | undefined = rank > 0 ? { rank, alpha: Number(arg('lora-alpha', String(2 * rank))), targets: arg('lora-targets', 'q_proj|k_proj|v_proj|o_proj') } : undefined;
+  const adapters = lora ? loraAdapters(config, lora) : [];
+  const params: TrainableParam[] = lora
+    ? adapters.flatMap((a) => [a.a, a.b])
+    : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+  const trainableParams = params.reduce((s, p) => s + sizeOf(p.shape), 0);
   const optimizer = { weightDecay: Number(arg('weight-decay', '0.01')), maxGradNorm: Number(arg('max-grad-norm', '1')) };
   const path = arg('path', 'bound');
+  if (lora && path !== 'bound') throw new Error(`--lora-rank needs --path bound (the plain path has no frozen-base inputs), got --path ${path}`);
   const B = batch.input_ids.length;
   const T = batch.input_ids[0].length;
   const i64 = (rows: number[][]): HostTensor => ({ data: BigInt64Array.from(rows.flat().map(BigInt)), dims: [rows.length, T] });
@@ -56,8 +86,24 @@ async function main(): Promise<void> {
     const graphMode = flag('cuda-graph');
     const staticShape = graphMode || flag('static-shape');
     const flash = flag('flash-attention'); // rows must be right-padded (step_speed.py's batches have no padding)
-    const loss = sftLoss(config, { compute, recompute: flag('recompute'), flashAttention: flash, ...(staticShape ? { shape: [B / micro, T] as [number, number] } : {}) });
-    const trainer = Trainer.create({ params, loss, optimizer }, { params: weights }, { device: dev, microBatches: micro, cudaGraph: graphMode, session: { allowCpuFallback: flag('allow-cpu-fallback'), ...(arg('profile', '') ? { profilePrefix: arg('profile', '') } : {}) } });
+    const lossOpts: SftLossOptions = { compute, recompute: flag('recompute'), flashAttention: flash, ...(staticShape ? { shape: [B / micro, T] as [number, number] } : {}) };
+    const loss = lora
+      ? sftLoss(config, {
+          ...lossOpts,
+          weights: (g, trainable) => {
+            const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
+            return loraWeights((name) => base.get(name)!, trainable, adapters, lora, compute);
+          },
+        })
+      : sftLoss(config, lossOpts);
+    // A LoRA base is bound once, read-only, for every step.
+    const frozen: Record<string, DeviceTensor> = lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, dev.upload({ data: weights.get(s.name)!, dims: s.shape })])) : {};
+    const init = lora ? initLora(adapters, Number(arg('seed', '0'))) : weights;
+    const trainer = Trainer.create(
+      { params, loss, optimizer },
+      { params: init },
+      { device: dev, microBatches: micro, cudaGraph: graphMode, frozen, session: { allowCpuFallback: flag('allow-cpu-fallback'), ...(arg('profile', '') ? { profilePrefix: arg('profile', '') } : {}) } },
+    );
     tSession = performance.now();
     const per = B / micro;
     const parts = Array.from({ length: micro }, (_, k) => {
@@ -82,6 +128,7 @@ async function main(): Promise<void> {
     memory = dev.memory();
     final = trainer.snapshot().params;
     trainer.dispose();
+    for (const t of Object.values(frozen)) t.dispose();
     for (const part of parts) for (const t of [part.input_ids, part.attention_mask, part.loss_mask]) t.dispose();
   } else {
     const graphs = compileTrainStep({ params, loss: sftLoss(config, { compute }), optimizer });
@@ -132,6 +179,8 @@ async function main(): Promise<void> {
       compute,
       memory,
       batch: [B, T],
+      trainable_params: trainableParams,
+      lora: lora ? { ...lora, adapters: adapters.length } : null,
       session_ms: +(tSession - t0).toFixed(0),
       losses,
       grad_norms: norms,
