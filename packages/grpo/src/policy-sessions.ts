@@ -79,6 +79,12 @@ export interface RolloutCall {
 export interface RolloutGenerator {
   /** `groupSize` completions of each prompt, row p·G + j being sample j of prompt p, reading the bound weights. */
   generate(weights: BoundWeights[], prompts: readonly (readonly number[])[], call: RolloutCall): Promise<SampledCompletion[]>;
+  /**
+   * Frees the device memory the generator holds between calls (KV caches and the sessions that use
+   * them), which the next `generate` rebuilds — memory for scoring and training, paid for with the
+   * rebuild. The generator stays usable.
+   */
+  release(): void;
   dispose(): void;
 }
 
@@ -156,6 +162,12 @@ export class GenerationRunner implements RolloutGenerator {
     }
     return out;
   }
+
+  /**
+   * Nothing to free: the in-graph loop grows its caches inside one run and holds none between runs
+   * (its session's working memory stays with the session, as every session's does).
+   */
+  release(): void {}
 
   dispose(): void {
     this.binding.dispose();
@@ -245,13 +257,22 @@ export class ComputeWeights {
     return { session, binding, buffers };
   }
 
+  /**
+   * Frees the buffers and the session that writes them, unless they were materialised once (those
+   * cannot be rebuilt): the next `update` compiles, allocates and runs again whatever the version.
+   * Nothing may still read the old buffers (a KV engine bound to them must be released first).
+   */
+  release(): void {
+    if (!this.built) return;
+    this.built.binding.dispose();
+    this.built.session.dispose();
+    this.built.buffers.forEach((t) => t.dispose());
+    this.built = undefined;
+    this.version = undefined;
+  }
+
   dispose(): void {
-    if (this.built) {
-      this.built.binding.dispose();
-      this.built.session.dispose();
-      this.built.buffers.forEach((t) => t.dispose());
-      this.built = undefined;
-    }
+    this.release();
     this.frozen?.forEach((t) => t.dispose());
     this.frozen = undefined;
   }
@@ -376,10 +397,20 @@ export class KvGenerationRunner implements RolloutGenerator {
     return generator;
   }
 
-  /** Frees the engine (not the shared {@link ComputeWeights}). */
-  dispose(): void {
+  /**
+   * Frees the engine — its KV caches (with the tail and noise buffers: (2·layers + 1) × rows ×
+   * kvHeads × cache length × headDim in the compute dtype) and its prefill and decode sessions —
+   * but not the shared {@link ComputeWeights}. The next `generate` builds it again at its size
+   * (compiling both sessions and, on CUDA, capturing the decode step's graph again).
+   */
+  release(): void {
     this.engine?.generator.dispose();
     this.engine = undefined;
+  }
+
+  /** Frees the engine (not the shared {@link ComputeWeights}). */
+  dispose(): void {
+    this.release();
   }
 }
 
