@@ -21,6 +21,12 @@ export const grpoSchema = {
   run_dir: { type: 'string', default: 'runs/grpo', describe: 'Run directory: config.yaml, metrics.jsonl, rollouts.sqlite, checkpoints/ and eval/ go here' },
   device: { type: 'string', default: 'cpu', choices: ['cpu', 'cuda'], describe: 'Where the policy, its optimizer state, the reference and every run live' },
   compute_dtype: { type: 'string', default: 'float32', choices: ['float32', 'bfloat16'], describe: 'Dtype of forward/backward and generation compute; master weights and AdamW state stay float32 (bfloat16 needs --device cuda)' },
+  attention: {
+    type: 'string',
+    default: 'composed',
+    choices: ['composed', 'flash'],
+    describe: "Attention of the scoring and training graphs: 'composed' (MatMul/Softmax) or 'flash' (ONNX Runtime's GroupQueryAttention, the backward recomputing each layer's probabilities) [may change on resume]",
+  },
   gradient_checkpointing: { type: 'boolean', default: false, describe: "Recompute each decoder layer's activations in the train step's backward pass instead of keeping them: less memory, one more forward pass of the layers [may change on resume]" },
   // rewards
   reward: { type: 'string', default: 'exact', choices: ['exact', 'math'], describe: "Correctness reward (source 'correct', 1 or 0): exact match of the completion with the answer, or the math grader (final answer extracted and compared symbolically)" },
@@ -88,7 +94,7 @@ export type GrpoConfig = ConfigOf<typeof grpoSchema>;
  * Options that may change between a checkpoint and its resume without --force (they do not change
  * what is trained; the generation engine draws the same samples either way, up to rounding).
  */
-export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'eval_every', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing'];
+export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'eval_every', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention'];
 
 /**
  * `lathe demo`'s GRPO stage: the SFT stage's final checkpoint on the same task and held-out split,

@@ -239,6 +239,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     device,
     compute: cfg.compute_dtype as 'float32' | 'bfloat16',
     gradientCheckpointing: cfg.gradient_checkpointing,
+    attention: cfg.attention as 'composed' | 'flash',
     promptsPerRun: cfg.prompts_per_run,
     generationEngine: cfg.generation_engine === 'auto' ? undefined : cfg.generation_engine,
     seed: cfg.seed,

@@ -140,6 +140,13 @@ export interface GrpoTrainerOptions<M> {
   chunk?: number;
   /** Recompute each decoder layer in the train step's backward pass instead of keeping its activations. Default false. */
   gradientCheckpointing?: boolean;
+  /**
+   * Attention of the scoring and training graphs: 'composed' (MatMul/Softmax; default) or 'flash'
+   * (ONNX Runtime's GroupQueryAttention — flash attention on CUDA — with a backward pass that
+   * recomputes each layer's probabilities, so no [B, heads, T, T] activation is kept). The RL batch
+   * is right-padded, as 'flash' requires. Generation always uses GroupQueryAttention.
+   */
+  attention?: 'composed' | 'flash';
   /** Prompts per generation run (0: all of a round). */
   promptsPerRun?: number;
   /**
@@ -357,7 +364,9 @@ export class GrpoTrainer<M = unknown> {
     const wantEntropy = opts.entropy ?? true;
     const lossReadsEntropy = custom !== undefined || ((lossSpec as PolicyLossConfig).entropyCoef ?? 0) !== 0;
     const entropyInStep = wantEntropy && (lossReadsEntropy || opts.oldLogprobs === 'generation');
-    const policy = decoderPolicy(config, { compute, chunk: opts.chunk, temperature, entropy: entropyInStep, weights: policyWeights.weights, recompute: opts.gradientCheckpointing });
+    check(opts.attention === undefined || opts.attention === 'composed' || opts.attention === 'flash', `attention must be 'composed' or 'flash', got ${String(opts.attention)}`);
+    const flashAttention = opts.attention === 'flash';
+    const policy = decoderPolicy(config, { compute, chunk: opts.chunk, temperature, entropy: entropyInStep, weights: policyWeights.weights, recompute: opts.gradientCheckpointing, flashAttention });
     const readsReference = custom ? Boolean(custom.readsReference) : klInLoss;
     const init = opts.resume
       ? { params: opts.resume.params, m: opts.resume.m, v: opts.resume.v, step: opts.resume.optimizerStep }
@@ -398,7 +407,7 @@ export class GrpoTrainer<M = unknown> {
           computeWeights?.release();
         }
       : undefined;
-    const policyScorer = lazy(() => ScoringRunner.create(device, config, policyWeights, { temperature, compute, chunk: opts.chunk, entropy: wantEntropy && !entropyInStep, session: opts.session }));
+    const policyScorer = lazy(() => ScoringRunner.create(device, config, policyWeights, { temperature, compute, chunk: opts.chunk, entropy: wantEntropy && !entropyInStep, flashAttention, session: opts.session }));
 
     // The frozen reference: the initial weights, stored once in the compute dtype (it is never
     // trained, so a float32 copy would only be cast on every scoring run); with LoRA, the float32
@@ -418,7 +427,7 @@ export class GrpoTrainer<M = unknown> {
         refPolicy = ref.policy;
         reference = [...ref.weights];
       }
-      refScorer = ScoringRunner.create(device, config, refPolicy, { temperature, compute, chunk: opts.chunk, session: opts.session });
+      refScorer = ScoringRunner.create(device, config, refPolicy, { temperature, compute, chunk: opts.chunk, flashAttention, session: opts.session });
       owned.push(refScorer);
     }
     owned.push({ dispose: () => Object.values(frozen).forEach((t) => t.dispose()) });

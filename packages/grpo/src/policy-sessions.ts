@@ -423,6 +423,8 @@ export interface ScoringRunnerOptions {
   chunk?: number;
   /** Also output each position's entropy (one more pass over the LM head). Default false. */
   entropy?: boolean;
+  /** Attend through GroupQueryAttention (`decoderPolicy`'s `flashAttention`): the graph then reads `total_sequence_length`. */
+  flashAttention?: boolean;
   session?: SessionOptions;
 }
 
@@ -433,7 +435,7 @@ export interface ScoringRunnerOptions {
  */
 export function scoringGraph(config: DecoderConfig, pw: PolicyWeights, opts: Omit<ScoringRunnerOptions, 'session'>): Graph {
   const g = new L.Graph('grpo_score');
-  const policy = decoderPolicy(config, { compute: opts.compute, chunk: opts.chunk, temperature: opts.temperature, entropy: opts.entropy, weights: pw.weights });
+  const policy = decoderPolicy(config, { compute: opts.compute, chunk: opts.chunk, temperature: opts.temperature, entropy: opts.entropy, weights: pw.weights, flashAttention: opts.flashAttention });
   const out = policy(g, declareTrainable(g, pw));
   g.output(out.logp, 'logp');
   if (out.entropy) g.output(out.entropy, 'entropy');

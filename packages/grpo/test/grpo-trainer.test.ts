@@ -96,6 +96,29 @@ test('a step on generation log-probs and a step on re-scored log-probs give the 
   rescore.dispose();
 });
 
+test('flash attention in scoring and training gives the composed attention’s steps (prompts and responses of different lengths, KL to the reference, entropy)', async () => {
+  const model = tinyModel(24, { layers: 2, std: 0.5, seed: 9 });
+  const ps = (s: number): RlPrompt<Meta>[] => [[5], [9, 1, 4], [13, 6]].map((ids, i) => ({ ids, text: '', meta: { answer: 0 }, key: s * 3 + i }));
+  const firstToken = combineRewards<Meta & { completionTokens: number; stopped: boolean }>([{ name: 'odd', fn: (_p, c) => Number(c.split(' ')[0]) % 2 }], { fallback: 0 });
+  const common: Partial<Opts> = { groupSize: 4, maxNewTokens: 5, stopIds: [3], rewards: firstToken, kl: { coef: 0.05 }, loss: { aggregation: 'token-mean', entropyCoef: 0.01 } };
+  const [composed, flash] = (['composed', 'flash'] as const).map((attention) => make({ ...common, attention }, model));
+  for (let s = 0; s < 2; s++) {
+    const a = await composed.step(ps(s), 0.03);
+    const b = await flash.step(ps(s), 0.03);
+    expect(b.rollouts.map((r) => r.tokens)).toEqual(a.rollouts.map((r) => r.tokens));
+    expect(new Set(a.rollouts.map((r) => r.tokens.length)).size).toBeGreaterThan(1);
+    // float32 rounding of two attention kernels: relative 1e-4
+    for (const k of ['loss', 'kl_ref', 'entropy', 'grad_norm', 'logp_parity'] as const) expect([k, Math.abs(b.metrics[k] - a.metrics[k]) <= 1e-4 * Math.max(1, Math.abs(a.metrics[k]))]).toEqual([k, true]);
+  }
+  // Adam divides by √v: entries with near-zero gradients move by up to lr on rounding alone, so the
+  // weights agree to 1e-4 (0.3 % of the 0.03 step), not to float32 epsilon.
+  const [sa, sb] = [composed.snapshot(), flash.snapshot()];
+  expect(Math.max(...[...sa.values].map(([name, v]) => maxAbsDiff(v, sb.values.get(name)!)))).toBeLessThan(1e-4);
+  expect(() => make({ attention: 'fast' as never }, model)).toThrow(/attention must be 'composed' or 'flash', got fast/);
+  composed.dispose();
+  flash.dispose();
+});
+
 test('micro-batches change nothing: 4 micro-batches per minibatch give the update of 1 (responses of different lengths)', async () => {
   const model = tinyModel(V);
   const firstToken = combineRewards<Meta & { completionTokens: number; stopped: boolean }>([{ name: 'first', fn: (_p, c, m) => (c.split(' ')[0] === String(m.answer) ? 1 : 0) }], { fallback: 0 });
