@@ -3,7 +3,7 @@
  * the SFT stage, then the GRPO stage from its final checkpoint on the same held-out problems, and
  * one JSON summary line with acc_after_grpo, re-derived here from the runs' own files.
  *
- * GRPO's learning effect is asserted on the full demo (about a minute on 2 cores, the README's
+ * GRPO's learning effect is asserted on the full demo (75–100 s on 2 cores, the README's
  * main command itself): the demo is deterministic given its seed on the CPU (two runs give
  * bit-identical final weights and the same summary), but a GRPO stage short enough for the default
  * run shows no effect to assert — measured from a 500-step SFT checkpoint, 30–40 RL steps of 32
@@ -79,13 +79,15 @@ test('--grpo_steps 0 skips the GRPO stage', async () => {
   expect(s.acc_after_grpo).toBeUndefined();
 }, 60_000);
 
-/** The full demo (about a minute on 2 cores): GRPO raises the reward and held-out accuracy beyond SFT. */
+/** The full demo (75–100 s on 2 cores): GRPO raises the reward and held-out accuracy beyond SFT. */
 test('the full demo: the GRPO stage raises the reward over its run and held-out accuracy beyond SFT', async () => {
   const root = mkdtempSync(join(tmpdir(), 'lathe-demo-full-'));
   const s = await demo({ run_dir: join(root, 'demo') });
   console.log(JSON.stringify(s));
   expect(s).toMatchObject({ steps: 1000, grpo_steps: 200, interrupted: false });
-  // measured with seed 0: reward 0.782 → 0.833 over the first and last 10 of 200 steps, accuracy 0.891 → 0.969
-  expect(s.reward_last_10_steps as number).toBeGreaterThan(s.reward_first_10_steps as number);
-  expect(s.acc_after_grpo as number).toBeGreaterThanOrEqual(s.acc_after_sft as number);
+  // measured with seed 0 (2026-11-24): reward 0.747 → 0.812 over the first and last 10 of 200 steps,
+  // accuracy 0.922 → 0.953. Strict, with a margin on the reward: an RL stage that learned nothing
+  // (lr 0) keeps both where they were.
+  expect(s.reward_last_10_steps as number).toBeGreaterThan((s.reward_first_10_steps as number) + 0.03);
+  expect(s.acc_after_grpo as number).toBeGreaterThan(s.acc_after_sft as number);
 }, 600_000);
