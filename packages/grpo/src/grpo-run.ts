@@ -52,6 +52,11 @@ export interface GrpoEvalResult {
   accuracy: number;
   examples: number;
   response_length_mean: number;
+  /**
+   * Completions the grader failed on (threw or returned a non-finite value): each is logged with
+   * its prompt, scored incorrect, and marked `grader_error` in the eval file.
+   */
+  grader_failures: number;
 }
 
 /** Callbacks for progress display. */
@@ -254,11 +259,25 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
 
   const evaluate = async (): Promise<GrpoEvalResult> => {
     const out = await trainer.generateGreedy(evaluation.map((p) => ({ ids: idsOf(p) })));
-    const verdicts = await Promise.all(out.map((c, i) => correct(evaluation[i].prompt, c.text, { answer: evaluation[i].answer, completionTokens: c.tokens.length, stopped: c.stopped })));
-    const rowsOut = evaluation.map((p, i) => ({ prompt: p.prompt, expected: p.answer, generated: out[i].text, correct: verdicts[i] === 1, tokens: out[i].tokens.length }));
+    // A grader failure is not a crash and not a silent 0: logged with its prompt, counted, marked.
+    const errors: (string | undefined)[] = [];
+    const verdicts = await Promise.all(
+      out.map(async (c, i) => {
+        try {
+          const v = await correct(evaluation[i].prompt, c.text, { answer: evaluation[i].answer, completionTokens: c.tokens.length, stopped: c.stopped });
+          if (!Number.isFinite(v)) throw new Error(`returned ${v}`);
+          return v;
+        } catch (e) {
+          errors[i] = (e as Error).message;
+          process.stderr.write(`eval at step ${state.step}: the grader failed on held-out prompt ${evaluation[i].index} (${JSON.stringify(evaluation[i].prompt.slice(0, 80))}): ${errors[i]}; scored incorrect\n`);
+          return 0;
+        }
+      }),
+    );
+    const rowsOut = evaluation.map((p, i) => ({ prompt: p.prompt, expected: p.answer, generated: out[i].text, correct: verdicts[i] === 1, tokens: out[i].tokens.length, ...(errors[i] !== undefined ? { grader_error: errors[i] } : {}) }));
     rowsOut.forEach((r, i) => store.addEval({ step: state.step, dataset: 'heldout', prompt_index: evaluation[i].index, rollout_index: 0, prompt: r.prompt, completion: r.generated, reward: verdicts[i], correct: r.correct, extra: { expected: r.expected, tokens: out[i].tokens, stopped: out[i].stopped } }));
     writeAtomic(join(cfg.run_dir, 'eval', `step-${String(state.step).padStart(8, '0')}.jsonl`), rowsOut.map((r) => JSON.stringify(r)).join('\n') + '\n');
-    const result: GrpoEvalResult = { step: state.step, accuracy: rowsOut.filter((r) => r.correct).length / Math.max(1, rowsOut.length), examples: rowsOut.length, response_length_mean: rowsOut.reduce((s, r) => s + r.tokens, 0) / Math.max(1, rowsOut.length) };
+    const result: GrpoEvalResult = { step: state.step, accuracy: rowsOut.filter((r) => r.correct).length / Math.max(1, rowsOut.length), examples: rowsOut.length, response_length_mean: rowsOut.reduce((s, r) => s + r.tokens, 0) / Math.max(1, rowsOut.length), grader_failures: errors.filter((e) => e !== undefined).length };
     events.onEval?.(result);
     return result;
   };

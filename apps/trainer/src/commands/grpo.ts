@@ -35,7 +35,7 @@ export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEve
     },
     onEval: (r) => {
       acc = `${(100 * r.accuracy).toFixed(1)}%`;
-      log(`${label} eval at step ${r.step}: accuracy ${acc} of ${r.examples}`);
+      log(`${label} eval at step ${r.step}: accuracy ${acc} of ${r.examples}${r.grader_failures ? ` (${r.grader_failures} grader failures, scored incorrect)` : ""}`);
     },
     onCheckpoint: (dir) => log(`checkpoint ${dir}`),
   };
