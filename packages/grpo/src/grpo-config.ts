@@ -53,7 +53,7 @@ export const grpoSchema = {
   dynamic_sampling: { type: 'boolean', default: false, describe: "DAPO's dynamic sampling: drop groups whose rewards are all equal and sample more prompts until the step has --prompts_per_step informative groups" },
   max_sampling_rounds: { type: 'number', default: 3, integer: true, min: 1, describe: 'With --dynamic_sampling: at most this many sampling rounds per step (a shortfall is logged, not hidden)' },
   // algorithm
-  estimator: { type: 'string', default: 'grpo', choices: ESTIMATOR_NAMES, describe: 'Advantage estimator: grpo (group mean/std), dr_grpo (no std), rloo (leave-one-out), remax (greedy baseline), reinforce_pp (batch whitening), reinforce_pp_baseline (group mean, then whitening)' },
+  estimator: { type: 'string', default: 'grpo', choices: ESTIMATOR_NAMES, describe: 'Advantage estimator: grpo (group mean/std), dr_grpo (no std; with --aggregation token-sum-norm, Dr.GRPO), rloo (leave-one-out), remax (greedy baseline), reinforce_pp (batch whitening), reinforce_pp_baseline (group mean, then whitening)' },
   aggregation: { type: 'string', default: 'token-mean', choices: LOSS_AGGREGATIONS, describe: 'Loss aggregation: token-mean (DAPO, verl), seq-mean-token-sum, seq-mean-token-mean (original GRPO), token-sum-norm (Dr.GRPO: normalised by sequences × max_new_tokens)' },
   clip_low: { type: 'number', default: 0.2, min: 0, max: 0.999, describe: 'PPO ratio clip below at 1 - clip_low' },
   clip_high: { type: 'number', default: 0.2, min: 0, describe: "PPO ratio clip above at 1 + clip_high (DAPO's clip-higher: 0.28)" },

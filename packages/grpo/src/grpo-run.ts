@@ -163,6 +163,10 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   if (cfg.compute_dtype === 'bfloat16' && cfg.device !== 'cuda') throw new Error('--compute_dtype bfloat16 needs --device cuda (ONNX Runtime has no bfloat16 CPU kernels for most ops)');
   if (!(cfg.temperature > 0)) throw new Error(`--temperature ${cfg.temperature}: RL rollouts need a temperature > 0`);
   if (cfg.group_size < 2 && !['remax', 'reinforce_pp'].includes(cfg.estimator)) throw new Error(`--group_size ${cfg.group_size}: --estimator ${cfg.estimator} needs groups of at least 2 (remax and reinforce_pp work with 1)`);
+  if (cfg.estimator === 'dr_grpo' && cfg.aggregation !== 'token-sum-norm') {
+    // allowed (an ablation), but rarely meant: Dr.GRPO is both changes
+    process.stderr.write(`warning: --estimator dr_grpo with --aggregation ${cfg.aggregation}: Dr.GRPO also drops the length normalisation (--aggregation token-sum-norm)\n`);
+  }
   const rows = cfg.prompts_per_step * cfg.group_size;
   if (rows < cfg.n_minibatches * cfg.micro_batches) throw new Error(`--prompts_per_step ${cfg.prompts_per_step} × --group_size ${cfg.group_size} = ${rows} completions cannot fill --n_minibatches ${cfg.n_minibatches} × --micro_batches ${cfg.micro_batches}`);
   mkdirSync(cfg.run_dir, { recursive: true });
