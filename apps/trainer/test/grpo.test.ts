@@ -4,7 +4,8 @@
  * run directory (config, metrics, rollouts in SQLite, evaluations, checkpoints), exact resume after
  * an interruption, a changed config refused unless forced, a prompt set smaller than a step; and
  * the plumbing of options into the trainer: LoRA (adapters, exact resume), epochs, the sampling
- * filters, the overlong reward.
+ * filters, the overlong reward, the math grader with the format reward, and exact resume under
+ * dynamic sampling.
  */
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -188,4 +189,40 @@ test('--overlong_buffer adds the overlong reward source: 0 up to max_new_tokens 
   expect(rollouts.map((r) => (r.extra as { rewards: Record<string, number> }).rewards.overlong)).toEqual(expected);
   expect(rollouts.map((r) => r.reward)).toEqual(rollouts.map((r, i) => (r.extra as { rewards: Record<string, number> }).rewards.correct + expected[i]));
   expect(m['reward/overlong/mean'] as number).toBeCloseTo(expected.reduce((a, b) => a + b, 0) / expected.length, 6);
+}, 60_000);
+
+test('--reward math with --format_reward: both sources reach the scorer and combine with their weights', async () => {
+  await runGrpo(small('math-format', { reward: 'math', format_reward: 0.5, steps: 1, eval_every: 1 }));
+  const [m] = readMetrics(join(root, 'math-format', 'metrics.jsonl')).filter((x) => 'reward_mean' in x);
+  for (const k of ['reward/correct/mean', 'reward/format/mean', 'reward/format/failures']) expect([k, typeof m[k]]).toEqual([k, 'number']);
+  const rollouts = readTrainRollouts(join(root, 'math-format', 'rollouts.sqlite'));
+  expect(rollouts).toHaveLength(16);
+  for (const r of rollouts) {
+    const { correct, format } = (r.extra as { rewards: Record<string, number> }).rewards;
+    // 4 new tokens cannot spell '…</think> <answer>…</answer>': the format reward is 0 for all
+    expect(format).toBe(0);
+    expect(r.reward).toBe(correct + 0.5 * format);
+    // the math grader on a bare integer is numeric equality with the sum the prompt 'a+b=' asks for
+    const [a, b] = r.prompt.replace('=', '').split('+').map(Number);
+    if (/^\s*-?\d+\s*$/.test(r.completion)) expect([r.prompt, r.completion, correct]).toEqual([r.prompt, r.completion, Number(r.completion) === a + b ? 1 : 0]);
+    else expect([0, 1]).toContain(correct);
+  }
+  expect(rollouts.filter((r) => /^\s*-?\d+\s*$/.test(r.completion)).length).toBeGreaterThan(0); // the check above ran
+  const evals = readEvalRollouts(join(root, 'math-format', 'rollouts.sqlite'));
+  expect(evals.length).toBeGreaterThan(0);
+}, 60_000);
+
+test('with --dynamic_sampling an interrupted run resumes exactly (the prompt stream moved by the extra rounds is restored)', async () => {
+  const cfg = (run: string, over: Partial<GrpoConfig> = {}) => small(run, { dynamic_sampling: true, max_sampling_rounds: 3, eval_every: 0, overlong_buffer: 2, ...over }); // length-shaped rewards: the random model's correctness is all 0
+  const straight = await runGrpo(cfg('dyn-straight'));
+  const metrics = readMetrics(join(root, 'dyn-straight', 'metrics.jsonl')).filter((m) => 'reward_mean' in m);
+  expect(metrics.some((m) => (m.sampling_rounds as number) > 1)).toBe(true); // extra rounds did consume prompts
+  const controller = new AbortController();
+  await runGrpo(cfg('dyn-resumed'), { onStep: (m) => m.step === 2 && controller.abort() }, controller.signal);
+  const resumed = await runGrpo(cfg('dyn-resumed', { resume: true }));
+  const [a, b] = [loadCheckpoint(straight.checkpoint), loadCheckpoint(resumed.checkpoint)];
+  expect(b.state).toEqual(a.state);
+  for (const [name, v] of a.values) expect([name, Buffer.from(b.values.get(name)!.buffer).equals(Buffer.from(v.buffer))]).toEqual([name, true]);
+  const rows = (run: string) => readTrainRollouts(join(root, run, 'rollouts.sqlite'), { minStep: 3 }).map((r) => [r.step, r.prompt_index, r.completion, r.reward]);
+  expect(rows('dyn-resumed')).toEqual(rows('dyn-straight'));
 }, 60_000);
