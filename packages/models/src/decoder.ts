@@ -192,6 +192,23 @@ export function applyRope(x: Tensor, cos: Tensor, sin: Tensor, headDim: number):
   return L.add(L.mul(x, cos), L.mul(rotated, sin));
 }
 
+/**
+ * A layer's attention inputs from x [B, T, hidden]: queries [B, T, H, headDim] and keys
+ * [B, T, KV, headDim] (QK-normed where the model has it, before RoPE), values [B, T, KV·headDim].
+ */
+function projectQkv(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor, fused = false): { q: Tensor; k: Tensor; v: Tensor } {
+  const [B, T] = x.shape;
+  const bias = (name: string) => (cfg.attentionBias ? w(`${prefix}.${name}.bias`) : undefined);
+  const heads = (t: Tensor, n: number) => L.reshape(t, [B, T, n, cfg.headDim]);
+  let q = heads(linear(x, w(`${prefix}.q_proj.weight`), bias('q_proj')), cfg.numHeads);
+  let k = heads(linear(x, w(`${prefix}.k_proj.weight`), bias('k_proj')), cfg.numKvHeads);
+  if (cfg.qkNorm) {
+    q = rmsNormHf(q, w(`${prefix}.q_norm.weight`), cfg.rmsNormEps, fused);
+    k = rmsNormHf(k, w(`${prefix}.k_norm.weight`), cfg.rmsNormEps, fused);
+  }
+  return { q, k, v: linear(x, w(`${prefix}.v_proj.weight`), bias('v_proj')) };
+}
+
 /** Grouped-query self-attention of one layer. */
 export function attention(
   cfg: DecoderConfig,
@@ -205,17 +222,10 @@ export function attention(
 ): { out: Tensor; present: KvPair } {
   const { numHeads: H, numKvHeads: KV, headDim: hd } = cfg;
   const [B, T] = x.shape;
-  const bias = (name: string) => (cfg.attentionBias ? w(`${prefix}.${name}.bias`) : undefined);
-  const heads = (t: Tensor, n: number) => L.reshape(t, [B, T, n, hd]);
-  let q = heads(linear(x, w(`${prefix}.q_proj.weight`), bias('q_proj')), H);
-  let k = heads(linear(x, w(`${prefix}.k_proj.weight`), bias('k_proj')), KV);
-  const v = L.transpose(heads(linear(x, w(`${prefix}.v_proj.weight`), bias('v_proj')), KV), [0, 2, 1, 3]);
-  if (cfg.qkNorm) {
-    q = rmsNormHf(q, w(`${prefix}.q_norm.weight`), cfg.rmsNormEps, fused);
-    k = rmsNormHf(k, w(`${prefix}.k_norm.weight`), cfg.rmsNormEps, fused);
-  }
-  q = applyRotary(L.transpose(q, [0, 2, 1, 3])); // [B, H, T, hd]
-  k = applyRotary(L.transpose(k, [0, 2, 1, 3])); // [B, KV, T, hd]
+  const p = projectQkv(cfg, w, prefix, x, fused);
+  const v = L.transpose(L.reshape(p.v, [B, T, KV, hd]), [0, 2, 1, 3]);
+  const q = applyRotary(L.transpose(p.q, [0, 2, 1, 3])); // [B, H, T, hd]
+  const k = applyRotary(L.transpose(p.k, [0, 2, 1, 3])); // [B, KV, T, hd]
   const key = past ? L.concat([past.key, k], 2) : k;
   const value = past ? L.concat([past.value, v], 2) : v;
   const G = H / KV;
@@ -250,15 +260,7 @@ export function attention(
 export function flashAttention(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor, rotary: { cos: Tensor; sin: Tensor }, rows: FlashAttentionInputs): { out: Tensor; present: KvPair } {
   const { numHeads: H, numKvHeads: KV, headDim: hd } = cfg;
   const [B, T] = x.shape;
-  const bias = (name: string) => (cfg.attentionBias ? w(`${prefix}.${name}.bias`) : undefined);
-  const heads = (t: Tensor, n: number) => L.reshape(t, [B, T, n, hd]);
-  let q = heads(linear(x, w(`${prefix}.q_proj.weight`), bias('q_proj')), H);
-  let k = heads(linear(x, w(`${prefix}.k_proj.weight`), bias('k_proj')), KV);
-  const v = linear(x, w(`${prefix}.v_proj.weight`), bias('v_proj'));
-  if (cfg.qkNorm) {
-    q = rmsNormHf(q, w(`${prefix}.q_norm.weight`), cfg.rmsNormEps);
-    k = rmsNormHf(k, w(`${prefix}.k_norm.weight`), cfg.rmsNormEps);
-  }
+  const { q, k, v } = projectQkv(cfg, w, prefix, x);
   const flat = (t: Tensor, n: number) => L.reshape(applyRope(t, rotary.cos, rotary.sin, hd), [B, T, n * hd]);
   const r = L.groupQueryAttention({ query: flat(q, H), key: flat(k, KV), value: v, seqlensK: rows.seqlensK, totalSequenceLength: rows.totalSequenceLength }, { numHeads: H, kvNumHeads: KV });
   const attended = L.where(rows.tokens, r.output, x.graph.constant(0, r.output.dtype, []));
@@ -280,16 +282,10 @@ export function gqaAttention(
 ): { out: Tensor; present: KvPair } {
   const { numHeads: H, numKvHeads: KV, headDim: hd } = cfg;
   const [B, T] = x.shape;
-  const bias = (name: string) => (cfg.attentionBias ? w(`${prefix}.${name}.bias`) : undefined);
-  let q = linear(x, w(`${prefix}.q_proj.weight`), bias('q_proj'));
-  let k = linear(x, w(`${prefix}.k_proj.weight`), bias('k_proj'));
-  const v = linear(x, w(`${prefix}.v_proj.weight`), bias('v_proj'));
-  if (cfg.qkNorm) {
-    const norm = (t: Tensor, n: number, name: string) => L.reshape(rmsNormHf(L.reshape(t, [B, T, n, hd]), w(`${prefix}.${name}.weight`), cfg.rmsNormEps, true), [B, T, n * hd]);
-    q = norm(q, H, 'q_norm');
-    k = norm(k, KV, 'k_norm');
-  }
-  const r = L.groupQueryAttention({ query: q, key: k, value: v, past, seqlensK: kv.seqlensK, totalSequenceLength: kv.totalSequenceLength, rotary: kv.rotary }, { numHeads: H, kvNumHeads: KV });
+  const p = projectQkv(cfg, w, prefix, x, true);
+  const q = L.reshape(p.q, [B, T, H * hd]);
+  const k = L.reshape(p.k, [B, T, KV * hd]);
+  const r = L.groupQueryAttention({ query: q, key: k, value: p.v, past, seqlensK: kv.seqlensK, totalSequenceLength: kv.totalSequenceLength, rotary: kv.rotary }, { numHeads: H, kvNumHeads: KV });
   const out = linear(r.output, w(`${prefix}.o_proj.weight`), cfg.outputBias ? w(`${prefix}.o_proj.bias`) : undefined);
   return { out, present: { key: r.presentKey, value: r.presentValue } };
 }
