@@ -147,7 +147,8 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
   const queries = (t: Tensor) => transpose(reshape(t, [B, S, KV, G, hd]), [0, 2, 3, 1, 4]);
   const keys = (t: Tensor) => unsqueeze(transpose(reshape(t, [B, S, KV, hd]), [0, 2, 1, 3]), [2]);
   const fromQueries = (t: Tensor) => reshape(transpose(t, [0, 3, 1, 2, 4]), [B, S, W]);
-  const fromKeys = (t: Tensor) => reshape(transpose(reduceSum(t, [2]), [0, 2, 1, 3]), [B, S, KV * hd]); // sums the G heads
+  // [B, KV, G, hd, S] → [B, S, KV·hd], summing the G query heads that share a KV head
+  const fromKeysTransposed = (t: Tensor) => reshape(transpose(reduceSum(t, [2]), [0, 3, 1, 2]), [B, S, KV * hd]);
   const swap = (t: Tensor) => transpose(t, [0, 1, 2, 4, 3]);
   const q5 = queries(q!);
   const k5 = keys(k!);
@@ -173,10 +174,13 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
     const o5 = where(queryValid, queries(outputs[0]), q!.graph.constant(0, dt, []));
     const rowDot = reduceSum(mul(cast(dO5, acc), cast(o5, acc)), [-1], true); // D, [B, KV, G, S, 1]
     const dP = cast(matmul(dO5, swap(v5)), acc);
-    const dS = cast(mul(mul(p, sub(dP, rowDot)), scale), dt);
-    dv = fromKeys(matmul(swap(cast(p, dt)), dO5));
-    dq = fromQueries(matmul(dS, k5));
-    dk = fromKeys(matmul(swap(dS), q5));
+    // Passes over [.., S, S] are the rule's cost: the softmax scale is applied to dQ and dK
+    // ([.., S, hd]) instead of dS, and the products that need an [S, S] operand transposed are
+    // formed transposed — (dOᵀ·P)ᵀ, (Qᵀ·dS)ᵀ — so only [S, hd] values are transposed.
+    const dS = cast(mul(p, sub(dP, rowDot)), dt);
+    dv = fromKeysTransposed(matmul(swap(dO5), cast(p, dt)));
+    dq = mul(fromQueries(matmul(dS, k5)), scale);
+    dk = mul(fromKeysTransposed(matmul(swap(q5), dS)), scale);
   }
   // The present key/value outputs are k and v in [B, KV, S, hd] layout (no cache): their gradients
   // flow straight back.
