@@ -25,7 +25,7 @@
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { checkSequenceLength, paramSpecs, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
-import { addGeneration, KvCacheGenerator, kvCacheUnsupported, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
+import { addGeneration, isOutOfMemory, KvCacheGenerator, kvCacheUnsupported, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
 import type { Binding, Device, DeviceTensor, HostTensor, Session, SessionOptions } from '@lathe/runtime';
 import { castWeights, TOTAL_LENGTH_INPUT, totalLengthTensor, type TrainableParam } from '@lathe/train';
 import { decoderPolicy } from './policies';
@@ -179,6 +179,11 @@ export class GenerationRunner implements RolloutGenerator {
 export interface KvGenerationRunnerOptions extends GenerationRunnerOptions {
   /** The decoder's weights in the compute dtype (shared with the trainer's other KV runners). */
   weights: ComputeWeights;
+  /**
+   * Called before each engine run with its phase, the prompts it prefills and the engine's rows.
+   * For tests: an out-of-memory error thrown here stands in for a real one.
+   */
+  beforeRun?: (phase: 'prefill' | 'decode', prompts: number, rows: number) => void;
 }
 
 /**
@@ -344,6 +349,10 @@ const LENGTH_QUANTUM = 64;
  */
 export class KvGenerationRunner implements RolloutGenerator {
   private engine: { generator: KvCacheGenerator; rows: number; maxLength: number } | undefined;
+  /** The most rows an engine may have: lowered (to a multiple of the group size) by an out-of-memory. */
+  private rowLimit = Infinity;
+  /** Times an out-of-memory rebuilt the engine with half the rows. */
+  shrinks = 0;
 
   private constructor(
     private readonly device: Device,
@@ -367,11 +376,29 @@ export class KvGenerationRunner implements RolloutGenerator {
     const positions = this.config.maxPositionEmbeddings;
     checkSequenceLength(this.config, longest + call.maxNewTokens, `generate: the longest prompt (${longest} tokens) + ${call.maxNewTokens} new`);
     const buffers = await this.opts.weights.update(weights, call.weightsVersion);
-    const generator = this.engineFor((this.opts.promptsPerRun || prompts.length) * this.opts.groupSize, Math.min(positions, Math.ceil((longest + call.maxNewTokens) / LENGTH_QUANTUM) * LENGTH_QUANTUM), buffers);
-    const out = await generator.generate(
-      prompts.map((p) => [...p]),
-      { maxNewTokens: call.maxNewTokens, seed: call.seed, stopIds: [...call.stopIds], promptKeys: [...call.keys] },
-    );
+    const G = this.opts.groupSize;
+    const maxLength = Math.min(positions, Math.ceil((longest + call.maxNewTokens) / LENGTH_QUANTUM) * LENGTH_QUANTUM);
+    let out;
+    for (;;) {
+      const rows = Math.min((this.opts.promptsPerRun || prompts.length) * G, this.rowLimit);
+      try {
+        out = await this.engineFor(rows, maxLength, buffers).generate(
+          prompts.map((p) => [...p]),
+          { maxNewTokens: call.maxNewTokens, seed: call.seed, stopIds: [...call.stopIds], promptKeys: [...call.keys] },
+        );
+        break;
+      } catch (e) {
+        // The generator splits a run's prompts on out-of-memory, which shrinks only the prefill;
+        // past that (caches, the decode step over all rows) the engine is rebuilt with half the
+        // prompts per run. Samples depend on (seed, key) alone, so they are unchanged.
+        const smaller = Math.max(G, Math.floor(rows / 2 / G) * G);
+        if (!isOutOfMemory(e) || smaller >= rows) throw e;
+        this.engine?.generator.dispose();
+        this.engine = undefined;
+        this.rowLimit = smaller;
+        this.shrinks++;
+      }
+    }
     // sorted by (prompt, sample): row p·G + j
     return out.map((c) => ({ tokens: c.tokens, logprobs: c.logprobs, stopped: c.finishReason === 'stop' }));
   }
@@ -392,6 +419,7 @@ export class KvGenerationRunner implements RolloutGenerator {
       // on CUDA unless the session options turn graphs off (`cudaGraph: false`)
       cudaGraph: this.device.kind === 'cuda' && this.opts.session?.cudaGraph !== false,
       session: this.opts.session,
+      ...(this.opts.beforeRun ? { beforeRun: (phase: 'prefill' | 'decode', prompts: number) => this.opts.beforeRun!(phase, prompts, size.rows) } : {}),
     });
     this.engine = { generator, ...size };
     return generator;

@@ -7,7 +7,11 @@
  * engine the default picks, and the error of an explicit 'kv-cache' where it cannot run. With LoRA, the
  * KV engine's materialised weights (base + scale·B·A) give the same rollouts as the graph engine's.
  */
-import { combineRewards, GrpoTrainer, type GenerationEngine, type GrpoStepMetrics, type GrpoTrainerOptions, type RlPrompt } from '@lathe/grpo';
+import * as L from '@lathe/onnx';
+import { paramSpecs } from '@lathe/models';
+import { Device } from '@lathe/runtime';
+import { castWeights } from '@lathe/train';
+import { combineRewards, ComputeWeights, GrpoTrainer, KvGenerationRunner, type GenerationEngine, type GrpoStepMetrics, type GrpoTrainerOptions, type RlPrompt } from '@lathe/grpo';
 import { tinyModel } from './tiny-qwen3';
 
 type Meta = Record<string, never>;
@@ -110,4 +114,35 @@ test("the default engine, and an explicit 'kv-cache' where GroupQueryAttention c
   expect(choose('graph', 'cpu', 'float32')).toBe('graph');
   expect(() => choose('kv-cache', 'cuda', 'float32')).toThrow(/'kv-cache' cannot run this policy: GroupQueryAttention on cuda runs in bfloat16\/float16 only, and the compute dtype is float32/);
   expect(() => choose('fast' as GenerationEngine, 'cpu', 'float32')).toThrow(/generationEngine must be 'kv-cache' or 'graph', got 'fast'/);
+});
+
+test('an out-of-memory past what splitting a run fixes rebuilds the KV engine with half the prompts per run; the samples are unchanged', async () => {
+  const model = tinyModel(V, { headDim: 16, std: 0.5, seed: 9 });
+  const device = Device.cpu();
+  const trainable = paramSpecs(model.config).map((s) => ({ name: s.name, shape: s.shape, decay: false }));
+  const pw = { trainable, weights: (_g: L.Graph, t: Map<string, L.Tensor>) => castWeights(t, 'float32') };
+  const bound = trainable.map((p) => [p.name, device.upload({ data: model.weights.get(p.name)!, dims: p.shape })] as const);
+  const ids = promptIds.map((p) => [...p]);
+  const call = { maxNewTokens: 5, stopIds: [3], seed: 7, keys: [0, 1, 2, 3], weightsVersion: 0 };
+  const runner = (beforeRun?: (phase: 'prefill' | 'decode', prompts: number, rows: number) => void) =>
+    KvGenerationRunner.create(device, model.config, { groupSize: 4, sampling: { temperature: 0.8 }, padId: 0, weights: new ComputeWeights(device, model.config, pw, 'float32'), beforeRun });
+  const plain = runner();
+  const expected = await plain.generate([bound], ids, call);
+  // Decode steps over more than 4 rows (one prompt's group) "run out of memory".
+  const decodeRows: number[] = [];
+  const tight = runner((phase, _p, rows) => {
+    if (phase !== 'decode') return;
+    decodeRows.push(rows);
+    if (rows > 4) throw new Error('Failed to allocate memory for requested buffer (simulated)');
+  });
+  expect((await tight.generate([bound], ids, call)).map((c) => c.tokens)).toEqual(expected.map((c) => c.tokens));
+  expect(tight.shrinks).toBe(2); // 16 → 8 → 4 rows
+  expect(new Set(decodeRows)).toEqual(new Set([16, 8, 4]));
+  // one group's rows still failing: the error propagates, as does any other error
+  const never = runner((phase) => { if (phase === 'decode') throw new Error('CUDA_ERROR_OUT_OF_MEMORY (simulated)'); });
+  await expect(never.generate([bound], ids, call)).rejects.toThrow(/OUT_OF_MEMORY/);
+  const other = runner(() => { throw new Error('not memory'); });
+  await expect(other.generate([bound], ids, call)).rejects.toThrow('not memory');
+  for (const r of [plain, tight, never, other]) r.dispose();
+  for (const [, t] of bound) t.dispose();
 });

@@ -27,7 +27,7 @@ import { Device, type DeviceKind, type DeviceTensor } from '@lathe/runtime';
 import { HfTokenizer, splitThinking } from '@lathe/tokenizer';
 import { MathGrader } from '@lathe/graders';
 import type { Trajectory } from '@lathe/data';
-import { Generator, type Completion, type GenerateCallOptions } from './generator';
+import { Generator, isOutOfMemory, type Completion, type GenerateCallOptions } from './generator';
 import { KvCacheGenerator, kvCacheUnsupported, uploadWeights } from './kv-cache-generator';
 import { validateSampling, type SamplingOptions } from './sampling';
 
@@ -102,6 +102,11 @@ export interface TrajectoryOptions extends SamplingOptions {
   tokenizer?: string;
   /** How rows are graded: 'math' (default: the math grader, for prompts with an answer), 'none', or a function. */
   grade?: 'math' | 'none' | TrajectoryGrader;
+  /**
+   * Called before each run of the KV-cache engine with its phase, the prompts it prefills and the
+   * engine's rows. For tests: an out-of-memory error thrown here stands in for a real one.
+   */
+  beforeEngineRun?: (phase: 'prefill' | 'decode', prompts: number, rows: number) => void;
 }
 
 /** Progress of a generation call, after each run. */
@@ -123,6 +128,13 @@ export interface TrajectoryCounters {
   prefilledPrompts: number;
   /** Samples generated. */
   samples: number;
+  /**
+   * Times the KV-cache engine ran out of device memory past what splitting a run's prompts fixes
+   * (its decode step always computes all of its rows) and was rebuilt with half the rows.
+   */
+  engineShrinks: number;
+  /** The KV-cache engine's rows now (`batchSize`, halved at each shrink); 0 before it is built. */
+  engineRows: number;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -169,22 +181,58 @@ type OnRun = (prompts: number) => void;
 /** Cache lengths are rounded up to this many positions, so a slightly longer prompt rarely rebuilds the engine. */
 const LENGTH_QUANTUM = 64;
 
-/** The KV-cache generator over weights uploaded once, rebuilt (larger) only when a prompt needs a longer cache. */
-function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dtype: DType; rows: number; sampling: SamplingOptions; padId: number; maxLength: number; onRun: OnRun }): Engine {
+/** What the KV-cache engine reports back to its generator. */
+interface KvEngineEvents {
+  onRun: OnRun;
+  /** The engine was rebuilt with fewer rows after running out of memory. */
+  onShrink: (from: number, to: number) => void;
+  beforeRun?: TrajectoryOptions['beforeEngineRun'];
+}
+
+/**
+ * The KV-cache generator over weights uploaded once, rebuilt (larger) only when a prompt needs a
+ * longer cache — or smaller when it runs out of device memory. The generator itself splits a run
+ * that fails for memory into halves of its prompts, which shrinks the prefill; its decode step
+ * always computes all of its rows, so an out-of-memory that survives that (caches, or the decode
+ * step's working set) rebuilds the engine here with half the rows — never fewer than a call's
+ * largest group, whose samples share one run — and retries the call. Samples depend on their keys
+ * alone, so the rows come out the same.
+ */
+function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dtype: DType; rows: number; sampling: SamplingOptions; padId: number; maxLength: number }, events: KvEngineEvents): Engine {
   const device = Device.open(o.kind);
   const weights: Map<string, DeviceTensor> = uploadWeights(device, dir, config, o.dtype);
-  let built: { gen: KvCacheGenerator; maxLength: number } | undefined;
+  let built: { gen: KvCacheGenerator; maxLength: number; rows: number } | undefined;
+  let rows = o.rows;
   const lengthFor = (n: number) => Math.min(config.maxPositionEmbeddings, Math.ceil(n / LENGTH_QUANTUM) * LENGTH_QUANTUM);
+  const build = (maxLength: number) => {
+    built?.gen.dispose();
+    built = undefined;
+    const size = rows;
+    const beforeRun = (phase: 'prefill' | 'decode', prompts: number) => {
+      events.beforeRun?.(phase, prompts, size);
+      if (phase === 'prefill') events.onRun(prompts);
+    };
+    // No groupSize: every call passes sampleKeys, one list per (prompt, mode) group of its run.
+    built = { gen: KvCacheGenerator.create(device, config, weights, { ...o.sampling, rows: size, maxLength, dtype: o.dtype, padTokenId: o.padId, beforeRun }), maxLength, rows: size };
+    return built.gen;
+  };
   return {
     generate: async (prompts, call) => {
       const need = lengthFor(prompts.reduce((m, p) => Math.max(m, p.length + call.maxNewTokens), o.maxLength));
-      if (!built || built.maxLength < need) {
-        built?.gen.dispose();
-        // No groupSize: every call passes sampleKeys, one list per (prompt, mode) group of its run.
-        const beforeRun = (phase: 'prefill' | 'decode', prompts: number) => phase === 'prefill' && o.onRun(prompts);
-        built = { gen: KvCacheGenerator.create(device, config, weights, { ...o.sampling, rows: o.rows, maxLength: need, dtype: o.dtype, padTokenId: o.padId, beforeRun }), maxLength: need };
+      const group = Math.max(1, ...(call.sampleKeys ?? []).map((k) => k.length));
+      for (;;) {
+        try {
+          const gen = built && built.maxLength >= need && built.rows === rows ? built.gen : build(Math.max(need, built?.maxLength ?? 0));
+          return await gen.generate(prompts, call);
+        } catch (e) {
+          const smaller = Math.max(group, Math.floor(rows / 2));
+          if (!isOutOfMemory(e) || smaller >= rows) throw e;
+          built?.gen.dispose();
+          built = undefined;
+          events.onShrink(rows, smaller);
+          rows = smaller;
+        }
       }
-      return built.gen.generate(prompts, call);
     },
     dispose: async () => {
       built?.gen.dispose();
@@ -246,14 +294,14 @@ export class TrajectoryGenerator {
   private readonly modes: { thinking: boolean | null; samples: number }[];
   /** The longest prompt (tokens) the KV caches are sized for. */
   private promptTokens = 0;
-  private readonly work: TrajectoryCounters = { runs: 0, prefilledPrompts: 0, samples: 0 };
+  private readonly work: TrajectoryCounters = { runs: 0, prefilledPrompts: 0, samples: 0, engineShrinks: 0, engineRows: 0 };
 
   private constructor(
     readonly dir: string,
     readonly config: DecoderConfig,
     /** The tokenizer, e.g. to decode `output_token_ids`. */
     readonly tokenizer: HfTokenizer,
-    private readonly o: Required<Omit<TrajectoryOptions, 'tokenizer' | keyof SamplingOptions>> & { sampling: SamplingOptions },
+    private readonly o: Required<Omit<TrajectoryOptions, 'tokenizer' | 'beforeEngineRun' | keyof SamplingOptions>> & { sampling: SamplingOptions; beforeEngineRun?: TrajectoryOptions['beforeEngineRun'] },
   ) {
     this.engine = chooseEngine(config, o.device, o.dtype, o.engine);
     const eos = config.eosTokenId;
@@ -285,6 +333,7 @@ export class TrajectoryGenerator {
       batchSize: options.batchSize ?? 64,
       grade: options.grade ?? 'math',
       sampling: { temperature: options.temperature, topK: options.topK, topP: options.topP, minP: options.minP },
+      beforeEngineRun: options.beforeEngineRun,
     } as const;
     const count = (name: string, v: number) => {
       if (!Number.isInteger(v) || v < 0 || v >= MAX_SAMPLES_PER_MODE) throw new Error(`${name} must be an integer in [0, ${MAX_SAMPLES_PER_MODE}), got ${v}`);
@@ -443,7 +492,13 @@ export class TrajectoryGenerator {
       this.work.prefilledPrompts += prompts;
     };
     if (this.engine.engine === 'kv-cache') {
-      this.running = kvEngine(this.dir, this.config, { kind: o.device, dtype: o.dtype, rows: o.batchSize, sampling: o.sampling, padId, maxLength: longest + o.maxNewTokens, onRun });
+      this.work.engineRows = o.batchSize;
+      const onShrink = (from: number, to: number) => {
+        this.work.engineShrinks++;
+        this.work.engineRows = to;
+        process.stderr.write(`generate: out of device memory with ${from} rows per run; retrying with ${to}\n`);
+      };
+      this.running = kvEngine(this.dir, this.config, { kind: o.device, dtype: o.dtype, rows: o.batchSize, sampling: o.sampling, padId, maxLength: longest + o.maxNewTokens }, { onRun, onShrink, beforeRun: o.beforeEngineRun });
     } else {
       // A call's groups hold at most batchSize samples in all, so maxPromptsPerRun = batchSize never
       // cuts a run; the KV budget still may (samples unchanged: they depend on their keys alone).

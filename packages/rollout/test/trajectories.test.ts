@@ -116,7 +116,7 @@ test('the samples of a prompt and thinking mode share one prefill, with the samp
   // batchSize 8 = one prompt's 4 + 4 samples per run: each (prompt, mode) prefilled once — 6
   // prefills for 24 samples, where one row per sample (the layout before grouping) takes 24.
   const a = await run({ ...grouped, batchSize: 8 });
-  expect(a.counters).toEqual({ runs: 3, prefilledPrompts: 3 * 2, samples: 24 });
+  expect(a.counters).toEqual({ runs: 3, prefilledPrompts: 3 * 2, samples: 24, engineShrinks: 0, engineRows: 8 });
   expect(a.progress).toEqual([8, 16, 24]);
   // The samples are those of the KV-cache generator with one row (and one prefill) per sample.
   const prefills: number[] = [];
@@ -132,12 +132,40 @@ test('the samples of a prompt and thinking mode share one prefill, with the samp
   // batchSize 6 cuts the groups of prompt 0 (thinking off) and prompt 2 (thinking on) across runs:
   // each is prefilled once in each of its two runs; the samples do not change.
   const b = await run({ ...grouped, batchSize: 6 });
-  expect(b.counters).toEqual({ runs: 4, prefilledPrompts: 6 + 2, samples: 24 });
+  expect(b.counters).toEqual({ runs: 4, prefilledPrompts: 6 + 2, samples: 24, engineShrinks: 0, engineRows: 6 });
   expect(tokensOf(b.out)).toEqual(tokensOf(a.out));
   // Unequal counts (3 thinking, 1 non-thinking) share one engine: still one prefill per (prompt, mode).
   const c = await run({ ...grouped, samplesThinking: 3, samplesNonThinking: 1, batchSize: 8 });
-  expect(c.counters).toEqual({ runs: 2, prefilledPrompts: 3 * 2, samples: 12 });
+  expect(c.counters).toEqual({ runs: 2, prefilledPrompts: 3 * 2, samples: 12, engineShrinks: 0, engineRows: 8 });
   expect(tokensOf(c.out)).toEqual(tokensOf(a.out.filter((r) => r.sample_idx < (r.thinking ? 3 : 1))));
+}, 120_000);
+
+test('an out-of-memory the run splits cannot fix (the decode step) rebuilds the engine with half the rows; the rows are unchanged', async () => {
+  const o = { ...options, samplesThinking: 2, samplesNonThinking: 2, grade: 'none' as const, batchSize: 8 };
+  const collect = async (extra: Partial<typeof o> & { beforeEngineRun?: (phase: 'prefill' | 'decode', prompts: number, rows: number) => void }) => {
+    const gen = await TrajectoryGenerator.create(dir, { ...o, ...extra });
+    const out: GeneratedTrajectory[] = [];
+    for await (const r of gen.generate(prompts)) out.push(r);
+    await gen.dispose();
+    return { out, counters: gen.counters };
+  };
+  const plain = await collect({});
+  // A decode step with more than 2 rows "runs out of memory" (prefills of any size fit).
+  const seen: string[] = [];
+  const tight = await collect({
+    beforeEngineRun: (phase, _prompts, rows) => {
+      seen.push(`${phase}:${rows}`);
+      if (phase === 'decode' && rows > 2) throw new Error('Failed to allocate memory for requested buffer of size 123456 (simulated)');
+    },
+  });
+  expect(tight.counters).toMatchObject({ engineShrinks: 2, engineRows: 2 }); // 8 → 4 → 2
+  expect(new Set(seen.filter((x) => x.startsWith('decode')))).toEqual(new Set(['decode:8', 'decode:4', 'decode:2']));
+  expect(tokensOf(tight.out)).toEqual(tokensOf(plain.out));
+  // A group (a prompt's samples in one mode: 2 here) never splits: below it the error propagates.
+  const never = collect({ beforeEngineRun: (phase) => { if (phase === 'decode') throw new Error('CUDA_ERROR_OUT_OF_MEMORY (simulated)'); } });
+  await expect(never).rejects.toThrow(/CUDA_ERROR_OUT_OF_MEMORY/);
+  // Other errors are not retried.
+  await expect(collect({ beforeEngineRun: () => { throw new Error('something else'); } })).rejects.toThrow('something else');
 }, 120_000);
 
 test('the in-graph engine groups samples too: one prefill per (prompt, mode), the samples of one row per sample', async () => {
@@ -145,7 +173,7 @@ test('the in-graph engine groups samples too: one prefill per (prompt, mode), th
   const gen = await TrajectoryGenerator.create(dir, o);
   const out: GeneratedTrajectory[] = [];
   for await (const r of gen.generate(prompts)) out.push(r);
-  expect(gen.counters).toEqual({ runs: 2, prefilledPrompts: 3 * 2, samples: 12 });
+  expect(gen.counters).toEqual({ runs: 2, prefilledPrompts: 3 * 2, samples: 12, engineShrinks: 0, engineRows: 0 });
   await gen.dispose();
   const one = await Generator.fromPretrained(dir, { temperature: 1 });
   const direct = await one.generate(out.map((r) => r.prompt_token_ids), { maxNewTokens: 6, seed: 11, stopIds: [QWEN_SPECIAL_IDS.imEnd], promptKeys: out.map((r) => key(r.prompt_idx, r.thinking, r.sample_idx)) });
