@@ -2,10 +2,12 @@
  * GrpoTrainer end to end on tiny random Qwen3s (CPU): generation and training log-probs agree
  * (generation vs re-scoring, and the update each gives), generation reads the updated weights
  * with no copy, the frozen reference, LoRA, reward failures, dynamic sampling, and learning with
- * every built-in estimator.
+ * every built-in estimator; flash attention against composed; step metrics against values computed
+ * outside the trainer.
  */
 import * as L from '@lathe/onnx';
-import { paramSpecs } from '@lathe/models';
+import { decoder, lmLogits, paddedCausalMask, paramSpecs, positionsFromPadding, weightInputs } from '@lathe/models';
+import { compile } from '../../../tools/testing/ort-cpu';
 import { addGeneration } from '@lathe/rollout';
 import { Device } from '@lathe/runtime';
 import { castWeights } from '@lathe/train';
@@ -361,4 +363,44 @@ test('dynamic sampling: a shortfall after the last round is reported as dynamic_
   const plain = await t.step(prompts(20), 0.01);
   expect([plain.metrics.prompts, plain.metrics.uniform_groups, plain.metrics.dynamic_sampling_shortfall]).toEqual([4, 2, 0]);
   t.dispose();
+});
+
+test('step metrics against values computed outside the trainer: entropy, response length, truncation', async () => {
+  const model = tinyModel(24, { layers: 2, std: 0.5, seed: 5 });
+  const tau = 0.8;
+  const ps: RlPrompt<Meta>[] = [[5], [9, 1, 4], [13, 6]].map((ids, i) => ({ ids, text: '', meta: { answer: 0 }, key: i }));
+  const t = make({ groupSize: 4, maxNewTokens: 4, stopIds: [3], sampling: { temperature: tau }, minibatches: 1 }, model);
+  const { metrics, rollouts } = await t.step(ps, 0.01);
+  t.dispose();
+  // The policy's logits before the update, from a separate composed decoder graph over each row.
+  const g = new L.Graph('logits');
+  const { weights, inputs } = weightInputs(g, model.config, 'float32', 'float32');
+  const ids = g.input('input_ids', 'int64', [1, 'T']);
+  const mask = g.input('attention_mask', 'int64', [1, 'T']);
+  const { hidden } = decoder(model.config, weights, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask) });
+  g.output(lmLogits(model.config, weights, hidden), 'logits');
+  const run = await compile(g);
+  const feeds = Object.fromEntries([...inputs.keys()].map((n) => [n, { data: model.weights.get(n)!, dims: paramSpecs(model.config).find((s) => s.name === n)!.shape }]));
+  let entropySum = 0;
+  let tokens = 0;
+  for (const r of rollouts) {
+    const prompt = ps[Math.floor(rollouts.indexOf(r) / 4)].ids;
+    const row = [...prompt, ...r.tokens];
+    const out = await run({ ...feeds, input_ids: { data: BigInt64Array.from(row.map(BigInt)), dims: [1, row.length] }, attention_mask: { data: BigInt64Array.from(row.map(() => 1n)), dims: [1, row.length] } });
+    const l = out.logits.data as Float32Array;
+    const V = 24;
+    // positions prompt.length − 1 … row.length − 2 predict the response tokens
+    for (let pos = prompt.length - 1; pos < row.length - 1; pos++) {
+      const z = Array.from(l.subarray(pos * V, (pos + 1) * V), (x) => x / tau);
+      const m = Math.max(...z);
+      const logZ = m + Math.log(z.reduce((a, x) => a + Math.exp(x - m), 0));
+      entropySum += -z.reduce((a, x) => a + Math.exp(x - logZ) * (x - logZ), 0);
+      tokens++;
+    }
+  }
+  expect(tokens).toBe(rollouts.reduce((n, r) => n + r.tokens.length, 0));
+  expect(metrics.entropy).toBeCloseTo(entropySum / tokens, 5);
+  expect(metrics.response_length_mean).toBeCloseTo(tokens / rollouts.length, 10);
+  expect(metrics.truncated_fraction).toBeCloseTo(rollouts.filter((r) => !r.stopped).length / rollouts.length, 10);
+  expect(new Set(rollouts.map((r) => r.tokens.length)).size).toBeGreaterThan(1); // a meaningful mix
 });
