@@ -195,6 +195,9 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   if (cfg.format_reward !== 0) sources.push({ name: 'format', fn: (_p, c) => r1ZeroFormatReward(c), weight: cfg.format_reward });
   if (cfg.overlong_buffer > 0) sources.push({ name: 'overlong', fn: overlongReward({ maxLength: cfg.max_new_tokens, buffer: Math.min(cfg.overlong_buffer, cfg.max_new_tokens), maxPenalty: 1 }) });
   const rewards = combineRewards<AnswerMeta>(sources, { fallback: cfg.reward_fallback });
+  // Held-out verdicts through the same failure handling (logged with the prompt, counted): a grader
+  // that fails scores the completion incorrect, never crashes the run.
+  const verdictOf = combineRewards<AnswerMeta>([{ name: 'correct', fn: correct }], { fallback: 0 });
 
   // State: fresh, or the latest checkpoint (its config must match unless --force).
   const initial = loadFloat32(model.dir, model.config);
@@ -263,25 +266,14 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
 
   const evaluate = async (): Promise<GrpoEvalResult> => {
     const out = await trainer.generateGreedy(evaluation.map((p) => ({ ids: idsOf(p) })));
-    // A grader failure is not a crash and not a silent 0: logged with its prompt, counted, marked.
+    const scored = await verdictOf(out.map((c, i) => ({ prompt: evaluation[i].prompt, completion: c.text, meta: { answer: evaluation[i].answer, completionTokens: c.tokens.length, stopped: c.stopped } })));
+    const verdicts = scored.rewards;
     const errors: (string | undefined)[] = [];
-    const verdicts = await Promise.all(
-      out.map(async (c, i) => {
-        try {
-          const v = await correct(evaluation[i].prompt, c.text, { answer: evaluation[i].answer, completionTokens: c.tokens.length, stopped: c.stopped });
-          if (!Number.isFinite(v)) throw new Error(`returned ${v}`);
-          return v;
-        } catch (e) {
-          errors[i] = (e as Error).message;
-          process.stderr.write(`eval at step ${state.step}: the grader failed on held-out prompt ${evaluation[i].index} (${JSON.stringify(evaluation[i].prompt.slice(0, 80))}): ${errors[i]}; scored incorrect\n`);
-          return 0;
-        }
-      }),
-    );
+    for (const f of scored.failures) errors[f.index] = `${f.kind}: ${f.detail}`;
     const rowsOut = evaluation.map((p, i) => ({ prompt: p.prompt, expected: p.answer, generated: out[i].text, correct: verdicts[i] === 1, tokens: out[i].tokens.length, ...(errors[i] !== undefined ? { grader_error: errors[i] } : {}) }));
     rowsOut.forEach((r, i) => store.addEval({ step: state.step, dataset: 'heldout', prompt_index: evaluation[i].index, rollout_index: 0, prompt: r.prompt, completion: r.generated, reward: verdicts[i], correct: r.correct, extra: { expected: r.expected, tokens: out[i].tokens, stopped: out[i].stopped } }));
     writeAtomic(join(cfg.run_dir, 'eval', `step-${String(state.step).padStart(8, '0')}.jsonl`), rowsOut.map((r) => JSON.stringify(r)).join('\n') + '\n');
-    const result: GrpoEvalResult = { step: state.step, accuracy: rowsOut.filter((r) => r.correct).length / Math.max(1, rowsOut.length), examples: rowsOut.length, response_length_mean: rowsOut.reduce((s, r) => s + r.tokens, 0) / Math.max(1, rowsOut.length), grader_failures: errors.filter((e) => e !== undefined).length };
+    const result: GrpoEvalResult = { step: state.step, accuracy: rowsOut.filter((r) => r.correct).length / Math.max(1, rowsOut.length), examples: rowsOut.length, response_length_mean: rowsOut.reduce((s, r) => s + r.tokens, 0) / Math.max(1, rowsOut.length), grader_failures: scored.failures.length };
     events.onEval?.(result);
     return result;
   };
