@@ -119,13 +119,18 @@ test("the default engine, and an explicit 'kv-cache' where GroupQueryAttention c
 test('an out-of-memory past what splitting a run fixes rebuilds the KV engine with half the prompts per run; the samples are unchanged', async () => {
   const model = tinyModel(V, { headDim: 16, std: 0.5, seed: 9 });
   const device = Device.cpu();
+  const tensorsBefore = device.memory().tensors;
   const trainable = paramSpecs(model.config).map((s) => ({ name: s.name, shape: s.shape, decay: false }));
   const pw = { trainable, weights: (_g: L.Graph, t: Map<string, L.Tensor>) => castWeights(t, 'float32') };
   const bound = trainable.map((p) => [p.name, device.upload({ data: model.weights.get(p.name)!, dims: p.shape })] as const);
   const ids = promptIds.map((p) => [...p]);
   const call = { maxNewTokens: 5, stopIds: [3], seed: 7, keys: [0, 1, 2, 3], weightsVersion: 0 };
-  const runner = (beforeRun?: (phase: 'prefill' | 'decode', prompts: number, rows: number) => void) =>
-    KvGenerationRunner.create(device, model.config, { groupSize: 4, sampling: { temperature: 0.8 }, padId: 0, weights: new ComputeWeights(device, model.config, pw, 'float32'), beforeRun });
+  const computeWeights: ComputeWeights[] = [];
+  const runner = (beforeRun?: (phase: 'prefill' | 'decode', prompts: number, rows: number) => void) => {
+    const weights = new ComputeWeights(device, model.config, pw, 'float32');
+    computeWeights.push(weights);
+    return KvGenerationRunner.create(device, model.config, { groupSize: 4, sampling: { temperature: 0.8 }, padId: 0, weights, beforeRun });
+  };
   const plain = runner();
   const expected = await plain.generate([bound], ids, call);
   // Decode steps over more than 4 rows (one prompt's group) "run out of memory".
@@ -144,5 +149,7 @@ test('an out-of-memory past what splitting a run fixes rebuilds the KV engine wi
   const other = runner(() => { throw new Error('not memory'); });
   await expect(other.generate([bound], ids, call)).rejects.toThrow('not memory');
   for (const r of [plain, tight, never, other]) r.dispose();
+  for (const w of computeWeights) w.dispose();
   for (const [, t] of bound) t.dispose();
+  expect(device.memory().tensors).toBe(tensorsBefore); // the failed runs freed what they built
 });

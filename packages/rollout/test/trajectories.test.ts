@@ -145,8 +145,11 @@ test('an out-of-memory the run splits cannot fix (the decode step) rebuilds the 
   const collect = async (extra: Partial<typeof o> & { beforeEngineRun?: (phase: 'prefill' | 'decode', prompts: number, rows: number) => void }) => {
     const gen = await TrajectoryGenerator.create(dir, { ...o, ...extra });
     const out: GeneratedTrajectory[] = [];
-    for await (const r of gen.generate(prompts)) out.push(r);
-    await gen.dispose();
+    try {
+      for await (const r of gen.generate(prompts)) out.push(r);
+    } finally {
+      await gen.dispose(); // also when generation fails: the engine's buffers are freed
+    }
     return { out, counters: gen.counters };
   };
   const plain = await collect({});
