@@ -6,6 +6,7 @@
  * `dispose()` is freed by a finalizer and counted as a leak (Device.memory().leaked, and a warning),
  * because GPU memory should not wait for the JavaScript GC.
  */
+import { writeSync } from 'node:fs';
 import { dtypeFromOnnxCode, onnxTypeCode, type DType } from '@lathe/onnx';
 import type { Ptr } from './capi';
 import { ortEnv, trace } from './env';
@@ -17,12 +18,18 @@ interface Finalized {
   device: Device;
   bytes: number;
   owned: boolean;
+  /** Where the tensor was made (LATHE_TRACE_LEAKS=1 only: capturing a stack costs). */
+  stack?: string;
 }
+
+/** LATHE_TRACE_LEAKS=1: each leaked tensor's allocation stack goes to stderr when the GC finds it. */
+const TRACE_LEAKS = process.env.LATHE_TRACE_LEAKS === '1';
 
 const finalizer = new FinalizationRegistry<Finalized>((f) => {
   trace(`finalize ${f.bytes} bytes`);
   ortEnv().api.fn('ReleaseValue')(f.handle);
   f.device.noteFreed(f.bytes, f.owned, true);
+  if (f.stack && f.owned) writeSync(2, `[lathe-leak] a ${f.bytes}-byte tensor was garbage-collected without dispose(); allocated ${f.stack.replace(/^Error\n/, '\n')}\n`);
 });
 
 /** Reads the element type and dims of an OrtValue holding a tensor. */
@@ -57,7 +64,7 @@ export class DeviceTensor {
   ) {
     const owned = !parent;
     device.noteAllocated(this.byteLength, owned);
-    finalizer.register(this, { handle, device, bytes: this.byteLength, owned }, this);
+    finalizer.register(this, { handle, device, bytes: this.byteLength, owned, ...(TRACE_LEAKS ? { stack: new Error().stack } : {}) }, this);
   }
 
   /** Element count. */

@@ -15,7 +15,7 @@ import { listCheckpoints, loadCheckpoint, loadFloat32, saveCheckpoint, type Trai
 import { MathGrader } from '@lathe/graders';
 import { CharTokenizer, HfTokenizer } from '@lathe/tokenizer';
 import { addGeneration } from '@lathe/rollout';
-import { Device, sizeOf, type HostTensor } from '@lathe/runtime';
+import { Device, sizeOf, type HostTensor, type Session } from '@lathe/runtime';
 import { learningRate } from './schedule';
 import { writeAtomic } from '@lathe/data';
 import { sftLoss, TOTAL_LENGTH_INPUT, totalLengthTensor } from './losses';
@@ -196,155 +196,162 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     { ...init, step: state.step },
     { device, microBatches: cfg.micro_batches, frozen: frozenBase },
   );
-  // Greedy generation for evaluation reads float32 weights: the trainer's own buffers in full
-  // fine-tuning (no copy), the merged base + adapters with LoRA.
-  const gen = new L.Graph('sft_eval_generate');
-  addGeneration(gen, config, weightInputs(gen, config, 'float32', 'float32').weights, { temperature: 0, padTokenId: tokenizer.padId });
-  const genSession = device.compile(gen);
-  const runConfigYaml = toYaml(cfg);
-  writeAtomic(join(cfg.run_dir, 'config.yaml'), runConfigYaml);
-  const metricsPath = join(cfg.run_dir, 'metrics.jsonl');
-  mkdirSync(join(cfg.run_dir, 'eval'), { recursive: true });
+  // Everything below holds device memory: released however the run ends (a non-finite loss
+  // throws after its checkpoint; a caller may go on to the next run in the same process).
+  let genSession: Session | undefined;
+  let grader: MathGrader | undefined;
+  try {
+    // Greedy generation for evaluation reads float32 weights: the trainer's own buffers in full
+    // fine-tuning (no copy), the merged base + adapters with LoRA.
+    const gen = new L.Graph('sft_eval_generate');
+    addGeneration(gen, config, weightInputs(gen, config, 'float32', 'float32').weights, { temperature: 0, padTokenId: tokenizer.padId });
+    const evalSession = (genSession = device.compile(gen));
+    const runConfigYaml = toYaml(cfg);
+    writeAtomic(join(cfg.run_dir, 'config.yaml'), runConfigYaml);
+    const metricsPath = join(cfg.run_dir, 'metrics.jsonl');
+    mkdirSync(join(cfg.run_dir, 'eval'), { recursive: true });
 
-  /** The trained values, moments and the model's weights now (LoRA merged into the base), on the host. */
-  const snapshot = () => {
-    const snap = trainer.snapshot();
-    return { ...snap, model: lora ? mergeLora(base, snap.params, adapters, lora) : snap.params };
-  };
+    /** The trained values, moments and the model's weights now (LoRA merged into the base), on the host. */
+    const snapshot = () => {
+      const snap = trainer.snapshot();
+      return { ...snap, model: lora ? mergeLora(base, snap.params, adapters, lora) : snap.params };
+    };
 
-  const grader = cfg.eval_grader === 'math' ? new MathGrader() : undefined;
-  const evaluate = async (): Promise<EvalResult> => {
-    const rows: { prompt: string; expected: string; generated: string; correct: boolean; subject?: string; extracted?: string | null; reason?: string }[] = [];
-    const binding = genSession.binding();
-    if (lora) {
-      const merged = mergeLora(base, trainer.downloadParams(), adapters, lora);
-      for (const s of specs) binding.input(s.name, { data: merged.get(s.name)!, dims: s.shape });
-    } else for (const [name, t] of trainer.params()) binding.input(name, t);
-    for (const o of ['tokens', 'lengths', 'stopped']) binding.output(o, 'host');
-    for (let start = 0; start < evaluation.length; start += 64) {
-      const chunk = evaluation.slice(start, start + 64);
-      const prompts = chunk.map((e) => encodePair(tokenizer, e).prompt);
-      const P = Math.max(...prompts.map((p) => p.length));
-      const ids = prompts.flatMap((p) => [...new Array(P - p.length).fill(tokenizer.padId), ...p]);
-      const mask = prompts.flatMap((p) => [...new Array(P - p.length).fill(0), ...p.map(() => 1)]);
-      binding
-        .input('input_ids', { data: BigInt64Array.from(ids.map(BigInt)), dims: [chunk.length, P] })
-        .input('attention_mask', { data: BigInt64Array.from(mask.map(BigInt)), dims: [chunk.length, P] })
-        .input('max_new_tokens', { data: BigInt64Array.from([BigInt(cfg.max_new_tokens)]), dims: [] })
-        .input('stop_ids', { data: BigInt64Array.from([BigInt(tokenizer.eosId)]), dims: [1] });
-      await binding.run();
-      const out = { tokens: binding.fetch('tokens'), lengths: binding.fetch('lengths'), stopped: binding.fetch('stopped') };
-      const N = out.tokens.dims[1];
-      for (let r = 0; r < chunk.length; r++) {
-        const e = chunk[r];
-        const len = Number(out.lengths.data[r]);
-        const stopped = Boolean(out.stopped.data[r]);
-        const toks = Array.from(out.tokens.data.slice(r * N, r * N + len - (stopped ? 1 : 0)) as BigInt64Array, Number);
-        const generated = tokenizer.decode(toks);
-        const base = { prompt: e.prompt, expected: e.response, generated, ...(e.subject ? { subject: e.subject } : {}) };
-        if (grader) {
-          const v = await grader.grade(generated, e.response);
-          rows.push({ ...base, correct: v.correct, extracted: v.extracted, reason: v.reason });
-        } else rows.push({ ...base, correct: generated.trim() === e.response.trim() });
+    grader = cfg.eval_grader === 'math' ? new MathGrader() : undefined;
+    const evaluate = async (): Promise<EvalResult> => {
+      const rows: { prompt: string; expected: string; generated: string; correct: boolean; subject?: string; extracted?: string | null; reason?: string }[] = [];
+      const binding = evalSession.binding();
+      if (lora) {
+        const merged = mergeLora(base, trainer.downloadParams(), adapters, lora);
+        for (const s of specs) binding.input(s.name, { data: merged.get(s.name)!, dims: s.shape });
+      } else for (const [name, t] of trainer.params()) binding.input(name, t);
+      for (const o of ['tokens', 'lengths', 'stopped']) binding.output(o, 'host');
+      for (let start = 0; start < evaluation.length; start += 64) {
+        const chunk = evaluation.slice(start, start + 64);
+        const prompts = chunk.map((e) => encodePair(tokenizer, e).prompt);
+        const P = Math.max(...prompts.map((p) => p.length));
+        const ids = prompts.flatMap((p) => [...new Array(P - p.length).fill(tokenizer.padId), ...p]);
+        const mask = prompts.flatMap((p) => [...new Array(P - p.length).fill(0), ...p.map(() => 1)]);
+        binding
+          .input('input_ids', { data: BigInt64Array.from(ids.map(BigInt)), dims: [chunk.length, P] })
+          .input('attention_mask', { data: BigInt64Array.from(mask.map(BigInt)), dims: [chunk.length, P] })
+          .input('max_new_tokens', { data: BigInt64Array.from([BigInt(cfg.max_new_tokens)]), dims: [] })
+          .input('stop_ids', { data: BigInt64Array.from([BigInt(tokenizer.eosId)]), dims: [1] });
+        await binding.run();
+        const out = { tokens: binding.fetch('tokens'), lengths: binding.fetch('lengths'), stopped: binding.fetch('stopped') };
+        const N = out.tokens.dims[1];
+        for (let r = 0; r < chunk.length; r++) {
+          const e = chunk[r];
+          const len = Number(out.lengths.data[r]);
+          const stopped = Boolean(out.stopped.data[r]);
+          const toks = Array.from(out.tokens.data.slice(r * N, r * N + len - (stopped ? 1 : 0)) as BigInt64Array, Number);
+          const generated = tokenizer.decode(toks);
+          const base = { prompt: e.prompt, expected: e.response, generated, ...(e.subject ? { subject: e.subject } : {}) };
+          if (grader) {
+            const v = await grader.grade(generated, e.response);
+            rows.push({ ...base, correct: v.correct, extracted: v.extracted, reason: v.reason });
+          } else rows.push({ ...base, correct: generated.trim() === e.response.trim() });
+        }
+      }
+      const share = (rs: typeof rows) => (rs.length ? rs.filter((r) => r.correct).length / rs.length : 0);
+      const subjects = [...new Set(rows.flatMap((r) => (r.subject ? [r.subject] : [])))].sort();
+      const result: EvalResult = { step: state.step, accuracy: share(rows), examples: rows.length };
+      if (subjects.length) {
+        result.bySubject = Object.fromEntries(
+          subjects.map((sub) => {
+            const rs = rows.filter((r) => r.subject === sub);
+            return [sub, { accuracy: share(rs), examples: rs.length }];
+          }),
+        );
+      }
+      binding.dispose();
+      writeAtomic(join(cfg.run_dir, 'eval', `step-${String(state.step).padStart(8, '0')}.jsonl`), rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+      events.onEval?.(result);
+      return result;
+    };
+
+    const checkpoint = () => {
+      const snap = snapshot();
+      const contents = { config, model: snap.model, trainable: params, values: snap.params, m: snap.m, v: snap.v, state, runConfigYaml, lora: Boolean(lora) };
+      const dir = saveCheckpoint(cfg.run_dir, contents, { keepLast: cfg.keep_last, tokenizerFrom });
+      events.onCheckpoint?.(dir, state.step);
+      return dir;
+    };
+
+    events.onStart?.({
+      startStep: state.step,
+      totalSteps: cfg.steps,
+      trainExamples: kept.length,
+      evalExamples: evaluation.length,
+      dropped: tokenized.length - kept.length,
+      truncated: cfg.overlong === 'truncate' ? overlong - (tokenized.length - kept.length) : 0,
+      parameters: params.reduce((s, p) => s + sizeOf(p.shape), 0),
+    });
+    /** A NaN/inf loss: keep the last good state in a checkpoint and stop with a message. */
+    const nonFinite = (loss: number, batchStart: number): never => {
+      const dir = checkpoint();
+      throw new Error(
+        `step ${state.step + 1}: the loss is ${loss} on the batch of training examples ${batchStart}..${batchStart + cfg.batch_size - 1} (stream positions); ` +
+          `the weights before this step are saved in ${dir}. Lower --lr or check the data.`,
+      );
+    };
+    const stream = new EpochStream<TokenizedExample>(kept, cfg.seed, state.dataPosition);
+    const evals: EvalResult[] = [];
+    let lastLoss = NaN;
+    let lastCheckpoint = '';
+    let interrupted = false;
+    if (state.step === 0 && evaluation.length > 0) evals.push(await evaluate());
+
+    while (state.step < cfg.steps) {
+      const t0 = performance.now();
+      const batchStart = stream.position;
+      const batch = stream.take(cfg.batch_size);
+      const lossTokens = lossTokenCount(batch);
+      const lr = learningRate({ lr: cfg.lr, kind: cfg.schedule as 'constant' | 'linear' | 'cosine', warmupSteps: cfg.warmup_steps, totalSteps: cfg.steps, minLrRatio: cfg.min_lr_ratio }, state.step);
+      const lossTokensInput = f32(Math.max(1, lossTokens));
+      const per = cfg.batch_size / cfg.micro_batches;
+      const micro = Array.from({ length: cfg.micro_batches }, (_, k) => {
+        const tensors = padBatch(batch.slice(k * per, (k + 1) * per), tokenizer.padId);
+        const width = tensors.input_ids.dims[1];
+        return { ...tensors, loss_tokens: lossTokensInput, ...(flashAttention ? { [TOTAL_LENGTH_INPUT]: totalLengthTensor(width) } : {}) };
+      });
+      const hostMs0 = performance.now() - t0;
+      const result = trainer.trainStep(micro, lr);
+      const loss = result.loss;
+      if (!Number.isFinite(loss)) nonFinite(loss, batchStart);
+      const gradNorm = result.gradNorm;
+      const hostMs = hostMs0 + result.hostMs;
+      const runMs = result.runMs;
+      state = { ...state, step: state.step + 1, dataPosition: stream.position };
+      lastLoss = loss;
+      const tokens = batch.reduce((s, e) => s + e.ids.length, 0);
+      const metrics: StepMetrics = {
+        step: state.step,
+        loss,
+        grad_norm: gradNorm,
+        lr,
+        loss_tokens: lossTokens,
+        tokens,
+        tokens_per_s: tokens / ((hostMs + runMs) / 1000),
+        host_ms: hostMs,
+        run_ms: runMs,
+      };
+      events.onStep?.(metrics);
+      if (state.step % cfg.log_every === 0 || state.step === cfg.steps || signal?.aborted) appendFileSync(metricsPath, JSON.stringify(metrics) + '\n');
+      if (cfg.eval_every > 0 && state.step % cfg.eval_every === 0 && state.step < cfg.steps && evaluation.length > 0) evals.push(await evaluate());
+      if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) lastCheckpoint = checkpoint();
+      if (signal?.aborted) {
+        interrupted = true;
+        break;
       }
     }
-    const share = (rs: typeof rows) => (rs.length ? rs.filter((r) => r.correct).length / rs.length : 0);
-    const subjects = [...new Set(rows.flatMap((r) => (r.subject ? [r.subject] : [])))].sort();
-    const result: EvalResult = { step: state.step, accuracy: share(rows), examples: rows.length };
-    if (subjects.length) {
-      result.bySubject = Object.fromEntries(
-        subjects.map((sub) => {
-          const rs = rows.filter((r) => r.subject === sub);
-          return [sub, { accuracy: share(rs), examples: rs.length }];
-        }),
-      );
-    }
-    binding.dispose();
-    writeAtomic(join(cfg.run_dir, 'eval', `step-${String(state.step).padStart(8, '0')}.jsonl`), rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
-    events.onEval?.(result);
-    return result;
-  };
-
-  const checkpoint = () => {
-    const snap = snapshot();
-    const contents = { config, model: snap.model, trainable: params, values: snap.params, m: snap.m, v: snap.v, state, runConfigYaml, lora: Boolean(lora) };
-    const dir = saveCheckpoint(cfg.run_dir, contents, { keepLast: cfg.keep_last, tokenizerFrom });
-    events.onCheckpoint?.(dir, state.step);
-    return dir;
-  };
-
-  events.onStart?.({
-    startStep: state.step,
-    totalSteps: cfg.steps,
-    trainExamples: kept.length,
-    evalExamples: evaluation.length,
-    dropped: tokenized.length - kept.length,
-    truncated: cfg.overlong === 'truncate' ? overlong - (tokenized.length - kept.length) : 0,
-    parameters: params.reduce((s, p) => s + sizeOf(p.shape), 0),
-  });
-  /** A NaN/inf loss: keep the last good state in a checkpoint and stop with a message. */
-  const nonFinite = (loss: number, batchStart: number): never => {
-    const dir = checkpoint();
-    throw new Error(
-      `step ${state.step + 1}: the loss is ${loss} on the batch of training examples ${batchStart}..${batchStart + cfg.batch_size - 1} (stream positions); ` +
-        `the weights before this step are saved in ${dir}. Lower --lr or check the data.`,
-    );
-  };
-  const stream = new EpochStream<TokenizedExample>(kept, cfg.seed, state.dataPosition);
-  const evals: EvalResult[] = [];
-  let lastLoss = NaN;
-  let lastCheckpoint = '';
-  let interrupted = false;
-  if (state.step === 0 && evaluation.length > 0) evals.push(await evaluate());
-
-  while (state.step < cfg.steps) {
-    const t0 = performance.now();
-    const batchStart = stream.position;
-    const batch = stream.take(cfg.batch_size);
-    const lossTokens = lossTokenCount(batch);
-    const lr = learningRate({ lr: cfg.lr, kind: cfg.schedule as 'constant' | 'linear' | 'cosine', warmupSteps: cfg.warmup_steps, totalSteps: cfg.steps, minLrRatio: cfg.min_lr_ratio }, state.step);
-    const lossTokensInput = f32(Math.max(1, lossTokens));
-    const per = cfg.batch_size / cfg.micro_batches;
-    const micro = Array.from({ length: cfg.micro_batches }, (_, k) => {
-      const tensors = padBatch(batch.slice(k * per, (k + 1) * per), tokenizer.padId);
-      const width = tensors.input_ids.dims[1];
-      return { ...tensors, loss_tokens: lossTokensInput, ...(flashAttention ? { [TOTAL_LENGTH_INPUT]: totalLengthTensor(width) } : {}) };
-    });
-    const hostMs0 = performance.now() - t0;
-    const result = trainer.trainStep(micro, lr);
-    const loss = result.loss;
-    if (!Number.isFinite(loss)) nonFinite(loss, batchStart);
-    const gradNorm = result.gradNorm;
-    const hostMs = hostMs0 + result.hostMs;
-    const runMs = result.runMs;
-    state = { ...state, step: state.step + 1, dataPosition: stream.position };
-    lastLoss = loss;
-    const tokens = batch.reduce((s, e) => s + e.ids.length, 0);
-    const metrics: StepMetrics = {
-      step: state.step,
-      loss,
-      grad_norm: gradNorm,
-      lr,
-      loss_tokens: lossTokens,
-      tokens,
-      tokens_per_s: tokens / ((hostMs + runMs) / 1000),
-      host_ms: hostMs,
-      run_ms: runMs,
-    };
-    events.onStep?.(metrics);
-    if (state.step % cfg.log_every === 0 || state.step === cfg.steps || signal?.aborted) appendFileSync(metricsPath, JSON.stringify(metrics) + '\n');
-    if (cfg.eval_every > 0 && state.step % cfg.eval_every === 0 && state.step < cfg.steps && evaluation.length > 0) evals.push(await evaluate());
-    if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) lastCheckpoint = checkpoint();
-    if (signal?.aborted) {
-      interrupted = true;
-      break;
-    }
+    if (!interrupted && evaluation.length > 0 && evals.at(-1)?.step !== state.step) evals.push(await evaluate());
+    if (!lastCheckpoint.endsWith(String(state.step).padStart(8, '0'))) lastCheckpoint = checkpoint();
+    return { steps: state.step, finalLoss: lastLoss, evals, checkpoint: lastCheckpoint, interrupted };
+  } finally {
+    genSession?.dispose();
+    trainer.dispose();
+    for (const t of Object.values(frozenBase)) t.dispose();
+    await grader?.close();
   }
-  if (!interrupted && evaluation.length > 0 && evals.at(-1)?.step !== state.step) evals.push(await evaluate());
-  if (!lastCheckpoint.endsWith(String(state.step).padStart(8, '0'))) lastCheckpoint = checkpoint();
-  genSession.dispose();
-  trainer.dispose();
-  for (const t of Object.values(frozenBase)) t.dispose();
-  await grader?.close();
-  return { steps: state.step, finalLoss: lastLoss, evals, checkpoint: lastCheckpoint, interrupted };
 }

@@ -1,3 +1,4 @@
+import { Device } from '@lathe/runtime';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -129,6 +130,7 @@ test('LoRA: only adapters train; the exported model is the base with B·A merged
 
 test('a non-finite loss stops the run with a checkpoint of the weights before that step and a message naming step and batch', async () => {
   const cfg = config({ lr: 1e12, warmup_steps: 0, eval_examples: 0, steps: 20 });
+  const tensorsBefore = Device.cpu().memory().tensors;
   const error = await runSft(cfg).then(
     () => undefined,
     (e: Error) => e,
@@ -138,6 +140,7 @@ test('a non-finite loss stops the run with a checkpoint of the weights before th
   const step = Number(m![1]);
   expect(Number(m![3])).toBe((step - 1) * 8);
   expect(listCheckpoints(cfg.run_dir).at(-1)!.step).toBe(step - 1);
+  expect(Device.cpu().memory().tensors).toBe(tensorsBefore); // the failed run released its device memory
 }, 60_000);
 
 test('overlong examples are skipped or truncated as configured', async () => {
