@@ -21,6 +21,7 @@ describe('pass@k', () => {
         const k = 1 + (kRaw % n);
         expect(passAtK(n, c, k)).toBeCloseTo(1 - choose(n - c, k) / choose(n, k), 9);
       }),
+      { seed: 20261124 }, // the same cases every CI run
     );
   });
   test('bad arguments name themselves', () => expect(() => passAtK(3, 4, 1)).toThrow(/n=3, c=4, k=1/));

@@ -60,7 +60,7 @@ describe('evaluateConstant', () => {
         expect(Number.isFinite(cas.re)).toBe(true);
         expect(Math.abs(mine - cas.re)).toBeLessThanOrEqual(1e-9 * Math.max(1, Math.abs(mine)));
       }),
-      { numRuns: 400 },
+      { numRuns: 400, seed: 20261124 }, // the same cases every CI run
     );
     quiet.mockRestore();
   });

@@ -183,6 +183,9 @@ describe('pathological inputs return quickly', () => {
 });
 
 describe('properties', () => {
+  // Seeded: CI sees the same 300 cases every run (an unseeded run once drew 2147483636 vs
+  // 2147483637, which a relative tolerance called equal; that case is pinned below).
+  const SEED = 20261124;
   const grader = new MathGrader({ symbolic: false });
   const answer = fc.oneof(
     fc.integer({ min: -1e6, max: 1e6 }).map(String),
@@ -197,8 +200,17 @@ describe('properties', () => {
         expect((await grader.grade(a, a, 'raw')).correct).toBe(true);
         expect((await grader.grade(normalizeAnswer(a), a, 'raw')).correct).toBe(true);
       }),
-      { numRuns: 300 },
+      { numRuns: 300, seed: SEED },
     );
+  });
+  test('neighbouring large integers never match; integers written as decimals still round', async () => {
+    for (const [a, b] of [[2147483636, 2147483637], [999999999, 1000000000], [-123456789012, -123456789013]]) {
+      expect([a, b, (await grader.grade(String(a), String(b), 'raw')).correct]).toEqual([a, b, false]);
+    }
+    expect((await grader.grade('2147483636', '2147483636', 'raw')).correct).toBe(true);
+    expect((await grader.grade('2.0000001', '2', 'raw')).correct).toBe(true); // decimal: rounded to 6 places
+    expect(numbersClose(1e6, 1e6 + 1, false, { floatRounding: 6, relTol: 1e-9 })).toBe(false);
+    expect(numbersClose(1 / 3, 0.33333333333333337, false, { floatRounding: 6, relTol: 1e-9 })).toBe(true); // fractions keep the tolerance
   });
   test('distinct integers never match', async () => {
     await fc.assert(
@@ -206,7 +218,7 @@ describe('properties', () => {
         fc.pre(a !== b);
         expect((await grader.grade(String(a), String(b), 'raw')).correct).toBe(false);
       }),
-      { numRuns: 300 },
+      { numRuns: 300, seed: SEED },
     );
   });
   test('distinct fractions never match, equal ones always do', async () => {
@@ -218,7 +230,7 @@ describe('properties', () => {
         // the same value written unreduced
         expect((await grader.grade(`\\frac{${a * k}}{${b * k}}`, `\\frac{${a}}{${b}}`, 'raw')).correct).toBe(true);
       }),
-      { numRuns: 300 },
+      { numRuns: 300, seed: SEED },
     );
   });
   test('distinct decimals that differ in the first 6 places never match', () => {
@@ -229,7 +241,7 @@ describe('properties', () => {
         fc.pre(x.value !== y.value);
         expect(numbersClose(x.value, y.value, true, { floatRounding: 6, relTol: 1e-9 })).toBe(false);
       }),
-      { numRuns: 300 },
+      { numRuns: 300, seed: SEED },
     );
   });
 });

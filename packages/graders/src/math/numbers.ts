@@ -61,9 +61,14 @@ function roundTo(x: number, places: number): number {
   return Math.round(x * f) / f;
 }
 
-/** True when two reals are equal: rounded to `floatRounding` places if `rounded`, else within `relTol`. */
+/**
+ * True when two reals are equal: rounded to `floatRounding` places if `rounded`, else within
+ * `relTol` — except two integers that floating point holds exactly, which are equal only when they
+ * are (a relative tolerance of 1e-9 would call 2147483636 and 2147483637 equal).
+ */
 export function numbersClose(a: number, b: number, rounded: boolean, tol: NumericTolerance): boolean {
   if (a === b) return true;
+  if (!rounded && Number.isSafeInteger(a) && Number.isSafeInteger(b)) return false;
   const scale = Math.max(Math.abs(a), Math.abs(b));
   if (Math.abs(a - b) <= tol.relTol * scale) return true;
   if (!rounded) return false;
