@@ -77,7 +77,7 @@ test('flash attention with a KV cache is refused', () => {
   const inputIds = g.input('input_ids', 'int64', [1, 2]);
   const padMask = g.input('attention_mask', 'int64', [1, 2]);
   const { weights } = weightInputs(g, config, 'float32', 'float32');
-  const past = Array.from({ length: config.numLayers }, () => ({ key: g.input(`k${Math.random()}`, 'float32', [1, 2, 1, 8]), value: g.input(`v${Math.random()}`, 'float32', [1, 2, 1, 8]) }));
+  const past = Array.from({ length: config.numLayers }, (_, i) => ({ key: g.input(`past_key_${i}`, 'float32', [1, 2, 1, 8]), value: g.input(`past_value_${i}`, 'float32', [1, 2, 1, 8]) }));
   expect(() =>
     decoder(config, weights, { inputIds, positionIds: positionsFromPadding(padMask), attentionMask: paddedCausalMask(padMask), past, flashAttention: rightPaddedAttention(padMask, g.constant(2, 'int32', [])) }),
   ).toThrow(/flashAttention takes no KV cache/);
