@@ -25,7 +25,7 @@
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { checkSequenceLength, paramSpecs, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
-import { addGeneration, isOutOfMemory, KvCacheGenerator, kvCacheUnsupported, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
+import { addGeneration, KvCacheGenerator, kvCacheUnsupported, shrinkOnOutOfMemory, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
 import type { Binding, Device, DeviceTensor, HostTensor, Session, SessionOptions } from '@lathe/runtime';
 import { castWeights, TOTAL_LENGTH_INPUT, totalLengthTensor, type TrainableParam } from '@lathe/train';
 import { decoderPolicy } from './policies';
@@ -378,27 +378,17 @@ export class KvGenerationRunner implements RolloutGenerator {
     const buffers = await this.opts.weights.update(weights, call.weightsVersion);
     const G = this.opts.groupSize;
     const maxLength = Math.min(positions, Math.ceil((longest + call.maxNewTokens) / LENGTH_QUANTUM) * LENGTH_QUANTUM);
-    let out;
-    for (;;) {
-      const rows = Math.min((this.opts.promptsPerRun || prompts.length) * G, this.rowLimit);
-      try {
-        out = await this.engineFor(rows, maxLength, buffers).generate(
-          prompts.map((p) => [...p]),
-          { maxNewTokens: call.maxNewTokens, seed: call.seed, stopIds: [...call.stopIds], promptKeys: [...call.keys] },
-        );
-        break;
-      } catch (e) {
-        // The generator splits a run's prompts on out-of-memory, which shrinks only the prefill;
-        // past that (caches, the decode step over all rows) the engine is rebuilt with half the
-        // prompts per run. Samples depend on (seed, key) alone, so they are unchanged.
-        const smaller = Math.max(G, Math.floor(rows / 2 / G) * G);
-        if (!isOutOfMemory(e) || smaller >= rows) throw e;
-        this.engine?.generator.dispose();
-        this.engine = undefined;
-        this.rowLimit = smaller;
-        this.shrinks++;
-      }
-    }
+    // The generator splits a run's prompts on out-of-memory, which shrinks only the prefill; past
+    // that the engine is rebuilt with half the prompts per run (samples depend on (seed, key) alone).
+    const onShrink = (_from: number, to: number) => {
+      this.release();
+      this.rowLimit = to;
+      this.shrinks++;
+    };
+    const rows = Math.min((this.opts.promptsPerRun || prompts.length) * G, this.rowLimit);
+    const out = await shrinkOnOutOfMemory(rows, { minRows: G, step: G, onShrink }, (size) =>
+      this.engineFor(size, maxLength, buffers).generate(prompts.map((p) => [...p]), { maxNewTokens: call.maxNewTokens, seed: call.seed, stopIds: [...call.stopIds], promptKeys: [...call.keys] }),
+    );
     // sorted by (prompt, sample): row p·G + j
     return out.map((c) => ({ tokens: c.tokens, logprobs: c.logprobs, stopped: c.finishReason === 'stop' }));
   }

@@ -213,6 +213,27 @@ export function isOutOfMemory(e: unknown): boolean {
 }
 
 /**
+ * Runs `attempt(rows)` with an engine of `rows` rows; when that fails for lack of memory (past what
+ * {@link splitOnOutOfMemory} inside the engine fixes: its buffers, or a step over all its rows),
+ * calls `onShrink(from, to)` — the caller frees the failed engine and remembers the new size — and
+ * tries again with half the rows, rounded down to a multiple of `step` and never below `minRows`.
+ * Other errors, and an out-of-memory at `minRows`, propagate.
+ */
+export async function shrinkOnOutOfMemory<T>(rows: number, opts: { minRows: number; step?: number; onShrink: (from: number, to: number) => void }, attempt: (rows: number) => Promise<T>): Promise<T> {
+  const step = opts.step ?? 1;
+  for (let r = rows; ; ) {
+    try {
+      return await attempt(r);
+    } catch (e) {
+      const smaller = Math.max(opts.minRows, Math.floor(r / 2 / step) * step);
+      if (!isOutOfMemory(e) || smaller >= r) throw e;
+      opts.onShrink(r, smaller);
+      r = smaller;
+    }
+  }
+}
+
+/**
  * Runs `execute(items)`; when it fails for lack of memory, runs the two halves instead, recursively,
  * so an over-large batch degrades into smaller runs rather than failing the whole request. Other
  * errors, and a single item that still does not fit, propagate.

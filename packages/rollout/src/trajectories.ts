@@ -27,7 +27,7 @@ import { Device, type DeviceKind, type DeviceTensor } from '@lathe/runtime';
 import { HfTokenizer, splitThinking } from '@lathe/tokenizer';
 import { MathGrader } from '@lathe/graders';
 import type { Trajectory } from '@lathe/data';
-import { Generator, isOutOfMemory, type Completion, type GenerateCallOptions } from './generator';
+import { Generator, shrinkOnOutOfMemory, type Completion, type GenerateCallOptions } from './generator';
 import { KvCacheGenerator, kvCacheUnsupported, uploadWeights } from './kv-cache-generator';
 import { validateSampling, type SamplingOptions } from './sampling';
 
@@ -219,20 +219,18 @@ function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dty
   return {
     generate: async (prompts, call) => {
       const need = lengthFor(prompts.reduce((m, p) => Math.max(m, p.length + call.maxNewTokens), o.maxLength));
-      const group = Math.max(1, ...(call.sampleKeys ?? []).map((k) => k.length));
-      for (;;) {
-        try {
-          const gen = built && built.maxLength >= need && built.rows === rows ? built.gen : build(Math.max(need, built?.maxLength ?? 0));
-          return await gen.generate(prompts, call);
-        } catch (e) {
-          const smaller = Math.max(group, Math.floor(rows / 2));
-          if (!isOutOfMemory(e) || smaller >= rows) throw e;
-          built?.gen.dispose();
-          built = undefined;
-          events.onShrink(rows, smaller);
-          rows = smaller;
-        }
-      }
+      // a prompt's samples share one run: never fewer rows than the call's largest group
+      const minRows = Math.max(1, ...(call.sampleKeys ?? []).map((k) => k.length));
+      const onShrink = (from: number, to: number) => {
+        built?.gen.dispose();
+        built = undefined;
+        rows = to;
+        events.onShrink(from, to);
+      };
+      return shrinkOnOutOfMemory(rows, { minRows, onShrink }, (size) => {
+        const gen = built && built.maxLength >= need && built.rows === size ? built.gen : build(Math.max(need, built?.maxLength ?? 0));
+        return gen.generate(prompts, call);
+      });
     },
     dispose: async () => {
       built?.gen.dispose();
