@@ -6,8 +6,8 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { accumulationDtype, chunkedTargetLogprobs, decoder, linear, lmHeadName, paddedCausalMask, positionsFromPadding, rightPaddedAttention, type DecoderConfig, type Weights } from '@lathe/models';
-import { castWeights, shiftLeft, totalLength } from '@lathe/train';
+import { accumulationDtype, chunkedTargetLogprobs, decoder, linear, lmHeadName, paddedCausalMask, positionsFromPadding, rightPaddedAttention, totalLength, type DecoderConfig, type Weights } from '@lathe/models';
+import { castWeights, shiftLeft } from '@lathe/train';
 
 /** What a policy gives the loss. */
 export interface PolicyOutputs {

@@ -17,7 +17,8 @@
  * the batch, dropping the trailing columns that are padding in every selected row.
  */
 import type { HostTensor } from '@lathe/runtime';
-import { TOTAL_LENGTH_INPUT, totalLengthTensor } from '@lathe/train';
+import { TOTAL_LENGTH_INPUT } from '@lathe/models';
+import { totalLengthTensor } from '@lathe/train';
 
 /** One sampled completion, as the generator returned it. */
 export interface SampledCompletion {

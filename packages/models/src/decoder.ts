@@ -60,6 +60,19 @@ export interface FlashAttentionInputs {
 }
 
 /**
+ * The int32 scalar graph input holding a batch's width T where GroupQueryAttention reads it with
+ * symbolic shapes: the CUDA kernel reads T in host memory, so it is fed, never computed on the
+ * device (that would copy it back to the host every run).
+ */
+export const TOTAL_LENGTH_INPUT = 'total_sequence_length';
+
+/** T for GroupQueryAttention: a constant when `ids` [B, T] has a static T, else the {@link TOTAL_LENGTH_INPUT} input. */
+export function totalLength(g: L.Graph, ids: Tensor): Tensor {
+  const T = ids.shape[1];
+  return typeof T === 'number' ? g.constant(T, 'int32', []) : g.input(TOTAL_LENGTH_INPUT, 'int32', []);
+}
+
+/**
  * {@link FlashAttentionInputs} from a right-padded batch's mask [B, T] (1 = token, every row's
  * tokens first) and T (a constant when the shape is static, else an int32 scalar graph input).
  */

@@ -5,29 +5,13 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { chunkedTargetLogprobs, decoder, paddedCausalMask, positionsFromPadding, rightPaddedAttention, type DecoderConfig, type Weights } from '@lathe/models';
+import { chunkedTargetLogprobs, decoder, paddedCausalMask, positionsFromPadding, rightPaddedAttention, totalLength, type DecoderConfig, type Weights } from '@lathe/models';
 import type { HostTensor } from '@lathe/runtime';
 import type { LossBuilder } from './train-step';
 
-/**
- * The int32 scalar input holding a batch's width T in graphs that attend through flash attention
- * with symbolic shapes: the CUDA kernel reads T in host memory, so it is fed, never computed on the
- * device (that would copy it back to the host every run).
- */
-export const TOTAL_LENGTH_INPUT = 'total_sequence_length';
-
-/** The {@link TOTAL_LENGTH_INPUT} tensor of a batch T tokens wide. */
+/** The host tensor a batch T tokens wide feeds to `total_sequence_length` (TOTAL_LENGTH_INPUT in @lathe/models). */
 export function totalLengthTensor(T: number): HostTensor {
   return { data: Int32Array.of(T), dims: [] };
-}
-
-/**
- * The total-length tensor of a flash-attention graph: a constant when T is static, else the
- * {@link TOTAL_LENGTH_INPUT} graph input.
- */
-export function totalLength(g: Graph, ids: Tensor): Tensor {
-  const T = ids.shape[1];
-  return typeof T === 'number' ? g.constant(T, 'int32', []) : g.input(TOTAL_LENGTH_INPUT, 'int32', []);
 }
 
 /** Weights for the decoder from master parameters, cast to the compute dtype once each. */

@@ -27,6 +27,7 @@ import {
   readConfig,
   readTensorBytes,
   rightPaddedGqaInputs,
+  TOTAL_LENGTH_INPUT,
   readWeightIndex,
   saveHfModel,
   weightInitializers,
@@ -70,7 +71,7 @@ async function main(): Promise<void> {
   const gqa = flag('gqa');
   const { hidden } = gqa
     ? // T as a host input: GroupQueryAttention reads it on the CPU.
-      decoder(config, w, rightPaddedGqaInputs(ids, mask, g.input('total_sequence_length', 'int32', [])))
+      decoder(config, w, rightPaddedGqaInputs(ids, mask, g.input(TOTAL_LENGTH_INPUT, 'int32', [])))
     : decoder(config, w, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask), fused });
   if (logprobs) {
     // log p(token t+1 | ≤ t) at every position (the last one scores the first token again, so
