@@ -308,8 +308,8 @@ export interface ReferencePolicy {
  * of `weights` (as it always was); with bfloat16/float16, {@link ComputeWeights} materialises the
  * copy in one run and frees that run's session — half the memory of a float32 copy (1.2 GB less
  * at the 0.6B shape), and the reference scorer casts nothing per step. `onDevice`, when given,
- * holds the same values already on the device (the trainer's parameters before any update): the
- * run reads them instead of float32 uploads, so nothing float32 is allocated even for a moment.
+ * holds the same values already on the device (the trainer's parameters before any update): they
+ * are copied (float32) or read by the materialising run (else) on the device, with no host upload.
  */
 export function frozenReference(
   device: Device,
@@ -322,7 +322,16 @@ export function frozenReference(
   for (const s of specs) if (!weights.has(s.name)) throw new Error(`frozenReference: missing weight '${s.name}'`);
   const policy = computeDtypeWeights(config, compute);
   if (compute === 'float32') {
-    const copies = new Map(specs.map((s) => [s.name, device.upload({ data: weights.get(s.name)!, dims: s.shape })] as const));
+    // a device-to-device copy of `onDevice` when given (no host round trip), else an upload
+    const onDevice = opts.onDevice && new Map(opts.onDevice);
+    const copy = (s: (typeof specs)[number]) => {
+      const src = onDevice?.get(s.name);
+      if (!src) return device.upload({ data: weights.get(s.name)!, dims: s.shape });
+      const t = device.empty('float32', s.shape);
+      t.copyFrom(src);
+      return t;
+    };
+    const copies = new Map(specs.map((s) => [s.name, copy(s)] as const));
     return { weights: copies, policy, dispose: () => copies.forEach((t) => t.dispose()) };
   }
   const source: PolicyWeights = { trainable: specs.map((s) => ({ name: s.name, shape: s.shape, decay: false })), weights: (_g, t) => castWeights(t, compute) };

@@ -54,6 +54,20 @@ test('materialised from weights already on the device, a bfloat16 reference allo
   onDevice.forEach(([, t]) => t.dispose());
 });
 
+test('a float32 reference of weights already on the device is a device-to-device copy: no upload', () => {
+  const device = Device.cpu();
+  const onDevice = specs.map((s) => [s.name, device.upload({ data: model.weights.get(s.name)!, dims: s.shape })] as const);
+  const uploads = jest.spyOn(device, 'upload');
+  const ref = frozenReference(device, model.config, model.weights, 'float32', { onDevice });
+  expect(uploads.mock.calls).toHaveLength(0);
+  uploads.mockRestore();
+  // a copy, not the same buffers: changing the source leaves the reference as it was
+  onDevice[0][1].upload(new Float32Array(onDevice[0][1].size));
+  for (const s of specs) expect(ref.weights.get(s.name)!.download().data).toEqual(model.weights.get(s.name)!);
+  ref.dispose();
+  onDevice.forEach(([, t]) => t.dispose());
+});
+
 test('the reference scorer reads bfloat16 weights as they are: no float32 weight input, no Cast of a weight', () => {
   const weightNames = new Set(specs.map((s) => s.name));
   const castsOfWeights = (pw: PolicyWeights) => {
