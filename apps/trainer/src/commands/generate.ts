@@ -30,6 +30,7 @@ export function generateReporter(cfg: GenerateConfig): { events: GenerateEvents;
       tokens = p.tokens;
       if (tty) bar.update(p.samples, { tps: tps(), part: parts });
     },
+    onEngineShrink: (from, to) => process.stderr.write(`\ngenerate: out of device memory with ${from} rows per run; retrying with ${to} (--batch_size ${to} avoids the retry)\n`),
     onPart: (p) => {
       parts = `${p.index + 1}/${parts.split('/')[1]}`;
       if (tty) bar.update({ part: parts });
