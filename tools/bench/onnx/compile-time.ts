@@ -10,16 +10,13 @@ import * as ort from 'onnxruntime-node';
 import * as L from '@lathe/onnx';
 import { decoder, lmLogits, paddedCausalMask, paramSpecs, parseConfig, positionsFromPadding, weightInputs } from '@lathe/models';
 import { arg, flag } from '../argv';
+import { QWEN3_0_6B } from '../shapes';
 
 
 async function main(): Promise<void> {
   const layers = Number(arg('layers', '28'));
   const opt = arg('opt', 'all') as 'all' | 'basic' | 'disabled';
-  const config = parseConfig({
-    architectures: ['Qwen3ForCausalLM'], vocab_size: 151936, hidden_size: 1024, intermediate_size: 3072,
-    num_hidden_layers: layers, num_attention_heads: 16, num_key_value_heads: 8, head_dim: 128,
-    rms_norm_eps: 1e-6, rope_theta: 1e6, max_position_embeddings: 40960, tie_word_embeddings: true,
-  });
+  const config = parseConfig({ ...QWEN3_0_6B, num_hidden_layers: layers });
   const t0 = performance.now();
   const g = new L.Graph('train_step');
   const dims: L.Dim[] = flag('static') ? [8, 1024] : ['B', 'T'];

@@ -23,10 +23,11 @@ import { randomModel, type HfConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { groupsOf, KvCacheGenerator, TrajectoryGenerator, type GeneratedTrajectory, type TrajectoryPrompt } from '@lathe/rollout';
 import { arg, flag } from '../argv';
+import { QWEN3_0_6B } from '../shapes';
 
 const SHAPES: Record<string, HfConfig> = {
   tiny: { architectures: ['Qwen3ForCausalLM'], vocab_size: 151936, hidden_size: 64, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, rms_norm_eps: 1e-6, rope_theta: 1e6, max_position_embeddings: 2048, tie_word_embeddings: true },
-  'qwen3-0.6b': { architectures: ['Qwen3ForCausalLM'], vocab_size: 151936, hidden_size: 1024, intermediate_size: 3072, num_hidden_layers: 28, num_attention_heads: 16, num_key_value_heads: 8, head_dim: 128, rms_norm_eps: 1e-6, rope_theta: 1000000, max_position_embeddings: 40960, tie_word_embeddings: true },
+  'qwen3-0.6b': QWEN3_0_6B,
 };
 
 const WORDS = 'the of a sum prime number triangle circle area find compute integer value square root angle equal solve let real positive sequence'.split(' ');

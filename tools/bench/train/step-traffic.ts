@@ -12,21 +12,9 @@ import * as L from '@lathe/onnx';
 import { parseConfig, paramSpecs } from '@lathe/models';
 import { compileTrainStep, sftLoss } from '@lathe/train';
 import { arg, flag } from '../argv';
+import { QWEN3_0_6B } from '../shapes';
 
-const config = parseConfig({
-  architectures: ['Qwen3ForCausalLM'],
-  vocab_size: 151936,
-  hidden_size: 1024,
-  intermediate_size: 3072,
-  num_hidden_layers: 28,
-  num_attention_heads: 16,
-  num_key_value_heads: 8,
-  head_dim: 128,
-  rms_norm_eps: 1e-6,
-  rope_theta: 1000000,
-  max_position_embeddings: 40960,
-  tie_word_embeddings: true,
-});
+const config = parseConfig(QWEN3_0_6B);
 const B = Number(arg('batch', '4'));
 const T = Number(arg('seq', '1024'));
 const params = paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
