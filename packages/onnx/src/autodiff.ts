@@ -135,7 +135,9 @@ export function grad(loss: Tensor, wrt: Tensor[], opts: GradOptions = {}): Tenso
       const copies = copiesFor(node);
       const inputs = copies ? node.inputs.map((t) => (t && copies.get(t)) ?? t) : node.inputs;
       const outputs = copies ? node.outputs.map((t) => copies.get(t) ?? t) : node.outputs;
-      const dx = rule({ inputs, outputs, attrs: node.attrs, dy });
+      // Named after the forward node (grad/layer3/attn/MatMul_7/…): profiles attribute backward
+      // time to the forward op it differentiates.
+      const dx = graph.scope(node.name, () => rule({ inputs, outputs, attrs: node.attrs, dy }));
       node.inputs.forEach((x, i) => {
         const g = dx[i];
         if (!x || !g || !dependsOnWrt.has(x) || !isFloat(x.dtype) || node.op.nonDiffInputs?.includes(i)) return;

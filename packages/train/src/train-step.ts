@@ -85,7 +85,7 @@ export function compileTrainStep(spec: TrainStepSpec): TrainStepGraphs {
   const step = new L.Graph('train_step');
   const fb = forwardBackward(spec, step);
   const s1 = scalars(step);
-  const updated = adamwUpdate(
+  const updated = step.scope('optimizer', () => adamwUpdate(
     spec.params.map((p, i) => ({
       param: fb.params.get(p.name)!,
       grad: fb.grads[i],
@@ -95,7 +95,7 @@ export function compileTrainStep(spec: TrainStepSpec): TrainStepGraphs {
     })),
     s1,
     spec.optimizer,
-  );
+  ));
   step.output(fb.loss, 'loss');
   step.output(updated.gradNorm, 'grad_norm');
   for (const [k, t] of Object.entries(fb.metrics)) step.output(t, k);
@@ -126,7 +126,7 @@ export function compileTrainStep(spec: TrainStepSpec): TrainStepGraphs {
     v: apply.input(stateNames.v(p.name), 'float32', p.shape),
     decay: p.decay,
   }));
-  const applied = adamwUpdate(slots, s2, spec.optimizer);
+  const applied = apply.scope('optimizer', () => adamwUpdate(slots, s2, spec.optimizer));
   apply.output(applied.gradNorm, 'grad_norm');
   spec.params.forEach((p, i) => {
     apply.output(applied.params[i], stateNames.next(p.name));

@@ -20,14 +20,14 @@ speed() { # one step_speed.py run; a failure is logged and the suite goes on
 has() { [[ " ${groups[*]} " == *" $1 "* ]]; }
 if has full; then
   # PyTorch at 8 × 1024 in one micro-batch; Lathe in 2 micro-batches of 4 (what fitted before), composed attention
-  speed --batch 8 --seq 1024 --micro 2 --lathe-args "--shared-arena"
-  speed --batch 8 --seq 1024 --micro 2 --skip-torch --lathe-args "--shared-arena --flash-attention"
-  speed --batch 8 --seq 1024 --micro 1 --skip-torch --lathe-args "--shared-arena --flash-attention"
-  speed --batch 8 --seq 1024 --micro 1 --skip-torch --lathe-args "--shared-arena --flash-attention --recompute"
+  speed --batch 8 --seq 1024 --micro 2 --lathe-args="--shared-arena"
+  speed --batch 8 --seq 1024 --micro 2 --skip-torch --lathe-args="--shared-arena --flash-attention"
+  speed --batch 8 --seq 1024 --micro 1 --skip-torch --lathe-args="--shared-arena --flash-attention"
+  speed --batch 8 --seq 1024 --micro 1 --skip-torch --lathe-args="--shared-arena --flash-attention --recompute"
 fi
 if has lora; then
-  speed --batch 8 --seq 1024 --micro 1 --lora 16 --lathe-args "--shared-arena --flash-attention"
+  speed --batch 8 --seq 1024 --micro 1 --lora 16 --lathe-args="--shared-arena --flash-attention"
 fi
 if has 1.7b; then
-  speed --shape 1.7b --batch 8 --seq 1024 --micro 4 --skip-torch --lathe-args "--shared-arena --flash-attention --recompute"
+  speed --shape 1.7b --batch 8 --seq 1024 --micro 4 --skip-torch --lathe-args="--shared-arena --flash-attention --recompute"
 fi
