@@ -46,6 +46,8 @@ const cases: GradCase[] = [
   // reductions and softmax
   { name: 'reduceSum', inputs: [{ shape: [2, 3, 2] }], build: ([a]) => L.reduceSum(a, [1]) },
   { name: 'reduceSum keepdims', inputs: [{ shape: [2, 3, 2] }], build: ([a]) => L.reduceSum(a, [0, 2], true) },
+  { name: 'reduceSumSquare', inputs: [{ shape: [2, 3, 2] }], build: ([a]) => L.reduceSumSquare(a, [1]) },
+  { name: 'reduceSumSquare all keepdims', inputs: [{ shape: [2, 3] }], build: ([a]) => L.reduceSumSquare(a, undefined, true) },
   { name: 'reduceMax', inputs: [{ shape: [2, 4], fill: 'distinct' }], build: ([a]) => L.reduceMax(a, [1]) },
   { name: 'reduceMin', inputs: [{ shape: [3, 2], fill: 'distinct' }], build: ([a]) => L.reduceMin(a, [0], true) },
   { name: 'softmax', inputs: [{ shape: [2, 5] }], build: ([a]) => L.softmax(a, -1) },

@@ -11,9 +11,9 @@ import { applyOp, GraphError, type Tensor } from '../graph';
 import { attr, defineOp, type GradContext } from '../op';
 import { add, and, cast, lessOrEqual, mul, sub, where } from './elementwise';
 import { matmul } from './linalg';
-import { reduceSum } from './reduce';
 import { reshape, slice, transpose, unsqueeze } from './shape-ops';
-import { causalMask, maskedSoftmax } from '../nn';
+import { causalMask } from '../nn';
+import { reduceSum, softmax } from './reduce';
 
 /** RMSNorm over the last axis: x / √(mean(x²) + ε) · scale, statistics in float32. */
 export const simplifiedLayerNormOp = defineOp<{ epsilon: number }>({
@@ -122,11 +122,15 @@ export const groupQueryAttentionOp = defineOp<GroupQueryAttentionAttrs>({
 /**
  * Gradient of GroupQueryAttention without a KV cache and without in-kernel rotary (a whole
  * right-padded batch at once, as training runs it). The forward kernel keeps no probabilities, so
- * the rule recomputes them from q and k — P = softmax(q·kᵀ·scale) under the causal and key-length
- * masks, in float32 — and applies flash attention's backward:
- *   dV = Pᵀ·dO,  dP = dO·Vᵀ,  D = rowsum(dO ⊙ O),  dS = P ⊙ (dP − D) · scale,  dQ = dS·K,  dK = dSᵀ·Q,
+ * the rule recomputes them from q and k — P = softmax((q·scale)·kᵀ + mask bias) under the causal
+ * and key-length masks — and applies flash attention's backward:
+ *   dV = Pᵀ·dO,  dP = dO·Vᵀ,  D = rowsum(dO ⊙ O),  dS = P ⊙ (dP − D),  dQ = dS·K·scale,  dK = dSᵀ·(Q·scale),
  * summing dK and dV over the query heads that share a KV head. The [B, heads, S, S] values exist
- * only while this layer's backward runs. Query rows past a row's length (padding) use O = 0 in D,
+ * only while this layer's backward runs, and they are the rule's cost (each pass over them moves
+ * 8·16·1024² elements per layer at 8 × 1024 for the 0.6B shape), so they stay in the compute dtype:
+ * the softmax accumulates in float32 inside its kernel and D is summed in float32, as flash
+ * attention does in registers, but P, dP and dS are stored in bf16/fp16 — as PyTorch's eager
+ * attention stores its probabilities and gradients under autocast. In float32 nothing is rounded. Query rows past a row's length (padding) use O = 0 in D,
  * so whatever the kernel wrote there cannot reach the gradient; their dO is expected to be 0
  * (the decoder zeroes those outputs, so it is).
  */
@@ -150,7 +154,8 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
   // [B, KV, G, hd, S] → [B, S, KV·hd], summing the G query heads that share a KV head
   const fromKeysTransposed = (t: Tensor) => reshape(transpose(reduceSum(t, [2]), [0, 3, 1, 2]), [B, S, KV * hd]);
   const swap = (t: Tensor) => transpose(t, [0, 1, 2, 4, 3]);
-  const q5 = queries(q!);
+  // The scale goes on q ([S, hd]) rather than on the scores ([S, S]).
+  const qScaled = mul(queries(q!), q!.graph.constant(scale, dt, []));
   const k5 = keys(k!);
   const v5 = keys(v!);
 
@@ -162,25 +167,24 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
   const valid = lessOrEqual(unsqueeze(pos, [0]), add(last, 1)); // [B, S]: position i < len_b
   const keyValid = reshape(valid, [B, 1, 1, 1, S]);
   const queryValid = reshape(valid, [B, 1, 1, S, 1]);
-  const mask = and(causal, keyValid); // [B, 1, 1, S, S]
-
-  const scores = mul(cast(matmul(q5, swap(k5)), acc), scale); // [B, KV, G, S, S]
-  const p = maskedSoftmax(scores, mask);
+  // An additive bias [B, 1, 1, S, S] (0 or a large negative, finite so that a row with no visible
+  // key — an empty row — gives finite probabilities; its dO is 0, so they never matter).
+  const hidden = dt === 'float16' ? -6e4 : -1e9;
+  const bias = cast(where(and(causal, keyValid), q!.graph.constant(0, acc, []), q!.graph.constant(hidden, acc, [])), dt);
+  const p = softmax(add(matmul(qScaled, swap(k5)), bias), -1); // [B, KV, G, S, S]
   let dq: Tensor | null = null;
   let dk: Tensor | null = null;
   let dv: Tensor | null = null;
   if (dOut) {
     const dO5 = queries(dOut);
     const o5 = where(queryValid, queries(outputs[0]), q!.graph.constant(0, dt, []));
-    const rowDot = reduceSum(mul(cast(dO5, acc), cast(o5, acc)), [-1], true); // D, [B, KV, G, S, 1]
-    const dP = cast(matmul(dO5, swap(v5)), acc);
-    // Passes over [.., S, S] are the rule's cost: the softmax scale is applied to dQ and dK
-    // ([.., S, hd]) instead of dS, and the products that need an [S, S] operand transposed are
-    // formed transposed — (dOᵀ·P)ᵀ, (Qᵀ·dS)ᵀ — so only [S, hd] values are transposed.
-    const dS = cast(mul(p, sub(dP, rowDot)), dt);
-    dv = fromKeysTransposed(matmul(swap(dO5), cast(p, dt)));
-    dq = mul(fromQueries(matmul(dS, k5)), scale);
-    dk = mul(fromKeysTransposed(matmul(swap(q5), dS)), scale);
+    const rowDot = cast(reduceSum(mul(cast(dO5, acc), cast(o5, acc)), [-1], true), dt); // D, [B, KV, G, S, 1]
+    // The products that need an [S, S] operand transposed are formed transposed — (dOᵀ·P)ᵀ,
+    // (Qᵀ·dS)ᵀ — so only [S, hd] values are transposed.
+    const dS = mul(p, sub(matmul(dO5, swap(v5)), rowDot));
+    dv = fromKeysTransposed(matmul(swap(dO5), p));
+    dq = mul(fromQueries(matmul(dS, k5)), q!.graph.constant(scale, dt, []));
+    dk = fromKeysTransposed(matmul(swap(qScaled), dS));
   }
   // The present key/value outputs are k and v in [B, KV, S, hd] layout (no cache): their gradients
   // flow straight back.

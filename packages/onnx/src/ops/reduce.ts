@@ -1,5 +1,5 @@
 /**
- * Reductions and ops along one axis: ReduceSum/Max/Min, ArgMax/ArgMin, Softmax, LogSoftmax,
+ * Reductions and ops along one axis: ReduceSum/SumSquare/Max/Min, ArgMax/ArgMin, Softmax, LogSoftmax,
  * CumSum and TopK, with their gradient rules.
  */
 import type { Dim } from '../dim';
@@ -49,6 +49,8 @@ function reduceOp(name: string, grad: (ctx: { x: Tensor; y: Tensor; g: Tensor; a
 }
 
 export const reduceSumOp = reduceOp('ReduceSum', ({ x, g, attrs }) => spread(g, x, attrs));
+/** Σx² in one pass (no x² tensor written): d/dx = 2·x·g. */
+export const reduceSumSquareOp = reduceOp('ReduceSumSquare', ({ x, g, attrs }) => mul(mul(x, spread(g, x, attrs)), 2));
 
 /** Max/min: the gradient is shared equally among the elements that attain the extreme. */
 const extremeGrad = ({ x, y, g, attrs }: { x: Tensor; y: Tensor; g: Tensor; attrs: ReduceAttrs }) => {
@@ -137,6 +139,10 @@ function reduceWith(op: typeof reduceSumOp, x: Tensor, axes: number | number[] |
 /** Σ over axes (all axes when omitted). */
 export function reduceSum(x: Tensor, axes?: number | number[], keepdims = false): Tensor {
   return reduceWith(reduceSumOp, x, axes, keepdims);
+}
+/** Σ x² over axes (all axes when omitted), in one kernel. */
+export function reduceSumSquare(x: Tensor, axes?: number | number[], keepdims = false): Tensor {
+  return reduceWith(reduceSumSquareOp, x, axes, keepdims);
 }
 /** max over axes (all when omitted). */
 export function reduceMax(x: Tensor, axes?: number | number[], keepdims = false): Tensor {
