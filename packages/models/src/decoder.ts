@@ -118,13 +118,14 @@ export function accumulationDtype(dtype: DType): DType {
 }
 
 /**
- * RMSNorm as transformers computes it: in float32, cast back, then scaled by the weight. The fused
- * kernel keeps the product with the weight in float32 too (one rounding fewer in half precision).
+ * RMSNorm as transformers computes it: in float32, cast to the weight's (compute) dtype, then scaled
+ * by the weight. The fused kernel keeps the product with the weight in float32 too (one rounding
+ * fewer in half precision). `x` may be float32 when the weight is not (the residual stream, below).
  */
 export function rmsNormHf(x: Tensor, weight: Tensor, eps: number, fused = false): Tensor {
-  if (fused) return L.simplifiedLayerNorm(x, weight, eps);
+  if (fused) return L.simplifiedLayerNorm(L.cast(x, weight.dtype), weight, eps);
   const y = L.rmsNorm(L.cast(x, accumulationDtype(x.dtype)), undefined, eps);
-  return L.mul(L.cast(y, x.dtype), weight);
+  return L.mul(L.cast(y, weight.dtype), weight);
 }
 
 const transposed = new WeakMap<Tensor, Tensor>();
@@ -318,30 +319,39 @@ export function mlp(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor): 
  */
 export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | GqaDecoderInputs): DecoderOutputs {
   const g = inputs.inputIds.graph;
-  let h = L.gather(w('model.embed_tokens.weight'), inputs.inputIds, 0);
+  const embedded = L.gather(w('model.embed_tokens.weight'), inputs.inputIds, 0);
+  // The residual stream is float32 whatever the compute dtype: in bf16/fp16 each layer's output is
+  // rounded once, as a matmul output, but the running sum is not rounded again after every add (as
+  // it is when transformers runs in bf16). The layers themselves compute in the weights' dtype.
+  let h = L.cast(embedded, accumulationDtype(embedded.dtype));
+  const toStream = (t: Tensor) => L.cast(t, h.dtype);
   const gqa = 'seqlensK' in inputs ? inputs : undefined;
   const composed = 'seqlensK' in inputs ? undefined : inputs;
   const fused = gqa ? true : (composed?.fused ?? false);
   const flash = composed?.flashAttention;
   if (flash && inputs.past) throw new Error('decoder: flashAttention takes no KV cache (it attends within the batch)');
-  const rotary = composed && !flash ? rope(cfg, composed.positionIds, h.dtype, fused) : undefined;
+  const cd = embedded.dtype;
+  const rotary = composed && !flash ? rope(cfg, composed.positionIds, cd, fused) : undefined;
   // cos/sin [B, T, 1, headDim] for the flash path's [B, T, heads, headDim] layout.
-  const flashRotary = composed && flash ? ropeTablesBTHD(cfg, composed.positionIds, h.dtype) : undefined;
-  const caches = gqa && { seqlensK: gqa.seqlensK, totalSequenceLength: gqa.totalSequenceLength, rotary: ropeCaches(cfg, g, h.dtype) };
+  const flashRotary = composed && flash ? ropeTablesBTHD(cfg, composed.positionIds, cd) : undefined;
+  const caches = gqa && { seqlensK: gqa.seqlensK, totalSequenceLength: gqa.totalSequenceLength, rotary: ropeCaches(cfg, g, cd) };
   const norm = (x: Tensor, name: string) => rmsNormHf(x, w(name), cfg.rmsNormEps, fused);
   const present: KvPair[] = [];
   for (let i = 0; i < cfg.numLayers; i++) {
     const p = `model.layers.${i}`;
     const layer = (x0: Tensor): Tensor => {
-      const x = norm(x0, `${p}.input_layernorm.weight`);
-      const a = caches
-        ? gqaAttention(cfg, w, `${p}.self_attn`, x, caches, inputs.past?.[i])
-        : flash
-          ? flashAttention(cfg, w, `${p}.self_attn`, x, flashRotary!, flash)
-          : attention(cfg, w, `${p}.self_attn`, x, rotary!, composed!.attentionMask, inputs.past?.[i], fused);
-      const mid = L.add(x0, a.out);
+      // Scopes name the nodes (layerN/attn/…, layerN/mlp/…) so profiles attribute time by block.
+      const a = g.scope('attn', () => {
+        const x = norm(x0, `${p}.input_layernorm.weight`);
+        return caches
+          ? gqaAttention(cfg, w, `${p}.self_attn`, x, caches, inputs.past?.[i])
+          : flash
+            ? flashAttention(cfg, w, `${p}.self_attn`, x, flashRotary!, flash)
+            : attention(cfg, w, `${p}.self_attn`, x, rotary!, composed!.attentionMask, inputs.past?.[i], fused);
+      });
+      const mid = L.add(x0, toStream(a.out));
       present.push(a.present);
-      return L.add(mid, mlp(cfg, w, `${p}.mlp`, norm(mid, `${p}.post_attention_layernorm.weight`)));
+      return L.add(mid, toStream(g.scope('mlp', () => mlp(cfg, w, `${p}.mlp`, norm(mid, `${p}.post_attention_layernorm.weight`)))));
     };
     const input = h;
     h = g.scope(`layer${i}`, () => (composed?.recompute ? L.checkpoint([input], () => layer(input)) : layer(input)));

@@ -92,3 +92,20 @@ test('chunked log-probs equal log-softmax of the full logits', async () => {
   const b = Array.from(out.chunked.data as Float32Array);
   expect(Math.max(...a.map((v, i) => Math.abs(v - b[i])))).toBeLessThan(1e-5);
 });
+
+test('in bf16 the residual stream is float32 while the layers compute in bf16', () => {
+  const { config } = tinyModel(tinyQwen3);
+  const g = new L.Graph();
+  const ids = g.input('input_ids', 'int64', ['B', 'T']);
+  const mask = g.input('attention_mask', 'int64', ['B', 'T']);
+  const { weights } = weightInputs(g, config, 'float32', 'bfloat16');
+  const { hidden } = decoder(config, weights, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask) });
+  expect(hidden.dtype).toBe('bfloat16');
+  // The two adds per layer outside its attn/ and mlp/ scopes are the residual adds.
+  const residualAdds = g.nodes.filter((n) => /^layer\d+\/Add_\d+$/.test(n.name));
+  expect(residualAdds).toHaveLength(2 * config.numLayers);
+  for (const n of residualAdds) expect(n.inputs.map((t) => t!.dtype)).toEqual(['float32', 'float32']);
+  const matmuls = g.nodes.filter((n) => n.op.name === 'MatMul');
+  expect(matmuls.length).toBeGreaterThan(0);
+  for (const n of matmuls) expect(n.outputs[0]!.dtype).toBe('bfloat16');
+});
