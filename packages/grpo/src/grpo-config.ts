@@ -23,9 +23,9 @@ export const grpoSchema = {
   compute_dtype: { type: 'string', default: 'float32', choices: ['float32', 'bfloat16'], describe: 'Dtype of forward/backward and generation compute; master weights and AdamW state stay float32 (bfloat16 needs --device cuda)' },
   attention: {
     type: 'string',
-    default: 'composed',
-    choices: ['composed', 'flash'],
-    describe: "Attention of the scoring and training graphs: 'composed' (MatMul/Softmax) or 'flash' (ONNX Runtime's GroupQueryAttention, the backward recomputing each layer's probabilities) [may change on resume]",
+    default: 'auto',
+    choices: ['auto', 'composed', 'flash'],
+    describe: "Attention of the scoring and training graphs: 'composed' (MatMul/Softmax), 'flash' (ONNX Runtime's GroupQueryAttention, the backward recomputing each layer's probabilities) or 'auto': flash on cuda, composed on cpu (where each is the faster) [may change on resume]",
   },
   gradient_checkpointing: { type: 'boolean', default: false, describe: "Recompute each decoder layer's activations in the train step's backward pass instead of keeping them: less memory, one more forward pass of the layers [may change on resume]" },
   // rewards
@@ -79,6 +79,7 @@ export const grpoSchema = {
   lora_targets: { type: 'string', default: 'q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj', describe: 'Regular expression over HF weight names selecting the matrices LoRA adapts' },
   seed: { type: 'number', default: 0, integer: true, describe: 'Seed of prompt order, the held-out split, sampling noise, minibatch shuffles and LoRA init' },
   // bookkeeping (these may change on --resume without --force)
+  eval_sampled: { type: 'boolean', default: false, describe: 'At each evaluation also sample group_size completions per held-out prompt as rollouts are sampled, and report the fraction correct (eval_sampled_accuracy, mean@G) beside the greedy accuracy [may change on resume]' },
   eval_every: { type: 'number', default: 10, integer: true, min: 0, describe: 'Evaluate on the held-out prompts every N steps (also before the first and after the last; 0: only then) [may change on resume]' },
   save_every: { type: 'number', default: 50, integer: true, min: 0, describe: 'Checkpoint every N steps (0: only at the end) [may change on resume]' },
   keep_last: { type: 'number', default: 2, integer: true, min: 1, describe: 'Checkpoints kept (older ones are deleted) [may change on resume]' },
@@ -94,7 +95,7 @@ export type GrpoConfig = ConfigOf<typeof grpoSchema>;
  * Options that may change between a checkpoint and its resume without --force (they do not change
  * what is trained; the generation engine draws the same samples either way, up to rounding).
  */
-export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'eval_every', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention'];
+export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention'];
 
 /**
  * `lathe demo`'s GRPO stage: the SFT stage's final checkpoint on the same task and held-out split,
@@ -105,7 +106,7 @@ export const DEMO_GRPO_OVERRIDES: Partial<GrpoConfig> = {
   data: BUILTIN_DATA,
   run_dir: 'runs/demo-grpo',
   reward: 'exact',
-  steps: 200,
+  steps: 400,
   prompts_per_step: 64,
   group_size: 8,
   max_new_tokens: 6,
@@ -115,5 +116,6 @@ export const DEMO_GRPO_OVERRIDES: Partial<GrpoConfig> = {
   clip_high: 0.28,
   n_minibatches: 4,
   eval_every: 50,
+  eval_sampled: true,
   save_every: 100,
 };

@@ -45,11 +45,19 @@ export interface AnswerMeta extends PromptMeta {
   stopped: boolean;
 }
 
+/** Random-stream keys of sampled evaluation: 2⁴⁰ + the held-out prompt's index (training's keys count prompts drawn from 0). */
+const EVAL_KEY_BASE = 2 ** 40;
+
 /** A greedy evaluation on the held-out prompts. */
 export interface GrpoEvalResult {
   step: number;
   /** Fraction of greedy completions the correctness reward accepts. */
   accuracy: number;
+  /**
+   * With `eval_sampled`: the fraction of G completions per prompt, sampled as rollouts are (the
+   * sampling temperature), that the correctness reward accepts — mean@G, what RL optimises.
+   */
+  sampled_accuracy?: number;
   examples: number;
   response_length_mean: number;
   /**
@@ -251,7 +259,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     device,
     compute: cfg.compute_dtype as 'float32' | 'bfloat16',
     gradientCheckpointing: cfg.gradient_checkpointing,
-    attention: cfg.attention as 'composed' | 'flash',
+    attention: cfg.attention as 'auto' | 'composed' | 'flash',
     promptsPerRun: cfg.prompts_per_run,
     generationEngine: cfg.generation_engine === 'auto' ? undefined : cfg.generation_engine,
     seed: cfg.seed,
@@ -274,6 +282,14 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     rowsOut.forEach((r, i) => store.addEval({ step: state.step, dataset: 'heldout', prompt_index: evaluation[i].index, rollout_index: 0, prompt: r.prompt, completion: r.generated, reward: verdicts[i], correct: r.correct, extra: { expected: r.expected, tokens: out[i].tokens, stopped: out[i].stopped } }));
     writeAtomic(join(cfg.run_dir, 'eval', `step-${String(state.step).padStart(8, '0')}.jsonl`), rowsOut.map((r) => JSON.stringify(r)).join('\n') + '\n');
     const result: GrpoEvalResult = { step: state.step, accuracy: rowsOut.filter((r) => r.correct).length / Math.max(1, rowsOut.length), examples: rowsOut.length, response_length_mean: rowsOut.reduce((s, r) => s + r.tokens, 0) / Math.max(1, rowsOut.length), grader_failures: scored.failures.length };
+    if (cfg.eval_sampled) {
+      // Keys far above any training prompt's (a running count of prompts drawn), one per held-out prompt.
+      const groups = await trainer.generateSamples(evaluation.map((p) => ({ ids: idsOf(p), key: EVAL_KEY_BASE + p.index })));
+      const flat = groups.flatMap((gr, i) => gr.map((c) => ({ prompt: evaluation[i].prompt, completion: c.text, meta: { answer: evaluation[i].answer, completionTokens: c.tokens.length, stopped: c.stopped } })));
+      const sampled = await verdictOf(flat);
+      result.sampled_accuracy = sampled.rewards.filter((r) => r === 1).length / Math.max(1, flat.length);
+      result.grader_failures += sampled.failures.length;
+    }
     events.onEval?.(result);
     return result;
   };
@@ -308,7 +324,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     if (evaluation.length > 0 && state.step === 0) {
       const r = await evaluate();
       evals.push(r);
-      metricsLog.log({ step: 0, eval_accuracy: r.accuracy });
+      metricsLog.log({ step: 0, eval_accuracy: r.accuracy, ...(r.sampled_accuracy !== undefined ? { eval_sampled_accuracy: r.sampled_accuracy } : {}) });
     }
     while (state.step < cfg.steps) {
       const lr = learningRate({ lr: cfg.lr, kind: cfg.schedule as 'constant' | 'linear' | 'cosine', warmupSteps: cfg.warmup_steps, totalSteps: cfg.steps, minLrRatio: cfg.min_lr_ratio }, state.step);
@@ -338,7 +354,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
       if (state.step % cfg.log_every === 0 || state.step === cfg.steps || signal?.aborted || evalResult) {
         // NaN (e.g. kl_ref without a reference) is left out rather than written as null
         const finite = Object.fromEntries(Object.entries(metrics).filter(([, v]) => Number.isFinite(v)));
-        metricsLog.log({ step: state.step, ...finite, ...(evalResult ? { eval_accuracy: evalResult.accuracy } : {}) });
+        metricsLog.log({ step: state.step, ...finite, ...(evalResult ? { eval_accuracy: evalResult.accuracy, ...(evalResult.sampled_accuracy !== undefined ? { eval_sampled_accuracy: evalResult.sampled_accuracy } : {}) } : {}) });
       }
       if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) lastCheckpoint = await checkpoint();
       if (signal?.aborted) {

@@ -141,12 +141,13 @@ export interface GrpoTrainerOptions<M> {
   /** Recompute each decoder layer in the train step's backward pass instead of keeping its activations. Default false. */
   gradientCheckpointing?: boolean;
   /**
-   * Attention of the scoring and training graphs: 'composed' (MatMul/Softmax; default) or 'flash'
-   * (ONNX Runtime's GroupQueryAttention — flash attention on CUDA — with a backward pass that
-   * recomputes each layer's probabilities, so no [B, heads, T, T] activation is kept). The RL batch
-   * is right-padded, as 'flash' requires. Generation always uses GroupQueryAttention.
+   * Attention of the scoring and training graphs: 'composed' (MatMul/Softmax), 'flash' (ONNX
+   * Runtime's GroupQueryAttention — flash attention on CUDA — with a backward pass that recomputes
+   * each layer's probabilities, so no [B, heads, T, T] activation is kept) or 'auto' (default):
+   * flash on a CUDA device, composed on the CPU, where each measured faster. The RL batch is
+   * right-padded, as 'flash' requires. Generation always uses GroupQueryAttention.
    */
-  attention?: 'composed' | 'flash';
+  attention?: 'auto' | 'composed' | 'flash';
   /** Prompts per generation run (0: all of a round). */
   promptsPerRun?: number;
   /**
@@ -364,8 +365,8 @@ export class GrpoTrainer<M = unknown> {
     const wantEntropy = opts.entropy ?? true;
     const lossReadsEntropy = custom !== undefined || ((lossSpec as PolicyLossConfig).entropyCoef ?? 0) !== 0;
     const entropyInStep = wantEntropy && (lossReadsEntropy || opts.oldLogprobs === 'generation');
-    check(opts.attention === undefined || opts.attention === 'composed' || opts.attention === 'flash', `attention must be 'composed' or 'flash', got ${String(opts.attention)}`);
-    const flashAttention = opts.attention === 'flash';
+    check(opts.attention === undefined || ['auto', 'composed', 'flash'].includes(opts.attention), `attention must be 'auto', 'composed' or 'flash', got ${String(opts.attention)}`);
+    const flashAttention = opts.attention === 'flash' || ((opts.attention ?? 'auto') === 'auto' && device.kind === 'cuda');
     const policy = decoderPolicy(config, { compute, chunk: opts.chunk, temperature, entropy: entropyInStep, weights: policyWeights.weights, recompute: opts.gradientCheckpointing, flashAttention });
     const readsReference = custom ? Boolean(custom.readsReference) : klInLoss;
     const init = opts.resume
@@ -706,6 +707,25 @@ export class GrpoTrainer<M = unknown> {
       if (scored.entropy) place(scored.entropy, (entropy ??= new Float32Array(batch.rows * batch.width)));
     }
     return { logp, entropy };
+  }
+
+  /**
+   * G completions per prompt (the group size) sampled from the current weights as rollouts are —
+   * same sampling options — without rewards or training (evaluation at the sampling temperature).
+   * `key` picks each prompt's random streams: samples depend only on (seed, key, weights), so an
+   * evaluation never moves the training's streams. A generation phase of its own.
+   */
+  async generateSamples(prompts: readonly { ids: readonly number[]; key: number }[]): Promise<{ tokens: number[]; text: string; stopped: boolean }[][]> {
+    const o = this.opts;
+    const G = o.groupSize;
+    const out = await this.sampler.generate(
+      this.policyWeights(),
+      prompts.map((p) => p.ids),
+      { maxNewTokens: o.maxNewTokens, stopIds: o.stopIds, seed: o.seed ?? 0, keys: prompts.map((p) => p.key), weightsVersion: this.trainer.step },
+    );
+    this.releaseGeneration?.();
+    const decoded = out.map((c) => ({ tokens: c.tokens, stopped: c.stopped, text: o.tokenizer.decode(c.stopped ? c.tokens.slice(0, -1) : c.tokens) }));
+    return prompts.map((_, k) => decoded.slice(k * G, (k + 1) * G));
   }
 
   /**

@@ -116,9 +116,14 @@ test('flash attention in scoring and training gives the composed attention’s s
   // weights agree to 1e-4 (0.3 % of the 0.03 step), not to float32 epsilon.
   const [sa, sb] = [composed.snapshot(), flash.snapshot()];
   expect(Math.max(...[...sa.values].map(([name, v]) => maxAbsDiff(v, sb.values.get(name)!)))).toBeLessThan(1e-4);
-  expect(() => make({ attention: 'fast' as never }, model)).toThrow(/attention must be 'composed' or 'flash', got fast/);
-  composed.dispose();
-  flash.dispose();
+  expect(() => make({ attention: 'fast' as never }, model)).toThrow(/attention must be 'auto', 'composed' or 'flash', got fast/);
+  // 'auto' (the default) is composed attention on the CPU: the same step, bit for bit.
+  const auto = make({ ...common }, model);
+  const again = make({ ...common, attention: 'composed' }, model);
+  const [x, y] = [await auto.step(ps(0), 0.03), await again.step(ps(0), 0.03)];
+  const untimed = (m: object) => Object.entries(m).filter(([k]) => !k.endsWith('_ms') && k !== 'tokens_per_s');
+  expect(untimed(x.metrics)).toEqual(untimed(y.metrics));
+  for (const t of [composed, flash, auto, again]) t.dispose();
 });
 
 test('micro-batches change nothing: 4 micro-batches per minibatch give the update of 1 (responses of different lengths)', async () => {

@@ -20,9 +20,9 @@ export const sftSchema = {
   micro_batches: { type: 'number', default: 1, integer: true, min: 1, describe: 'Split each batch into this many micro-batches (gradient accumulation)' },
   attention: {
     type: 'string',
-    default: 'composed',
-    choices: ['composed', 'flash'],
-    describe: "Attention in the train step: 'composed' (MatMul/Softmax, keeps [B, heads, T, T] activations) or 'flash' (ONNX Runtime's GroupQueryAttention forward, the backward recomputing the probabilities one layer at a time)",
+    default: 'auto',
+    choices: ['auto', 'composed', 'flash'],
+    describe: "Attention in the train step: 'composed' (MatMul/Softmax, keeps [B, heads, T, T] activations), 'flash' (ONNX Runtime's GroupQueryAttention forward, the backward recomputing the probabilities one layer at a time; 2.3× faster steps on an H100 at 8 × 1024) or 'auto': flash on cuda, composed on cpu (where it is faster)",
   },
   gradient_checkpointing: { type: 'boolean', default: false, describe: "Recompute each decoder layer's activations in the backward pass instead of keeping them: less memory, one more forward pass of the layers" },
   max_length: { type: 'number', default: 512, integer: true, min: 2, describe: 'Longest training sequence in tokens (see --overlong)' },

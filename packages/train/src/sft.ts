@@ -162,7 +162,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     ? adapters.flatMap((a) => [a.a, a.b])
     : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
   // Flash attention needs right-padded rows, which padBatch makes, and each batch's width T.
-  const flashAttention = cfg.attention === 'flash';
+  const flashAttention = cfg.attention === 'flash' || (cfg.attention === 'auto' && cfg.device === 'cuda');
   const loss = lora
     ? sftLoss(config, {
         weights: (g, trainable) => {

@@ -69,6 +69,10 @@ export const demoCommand: CommandModule = {
         reward_first_10_steps: mean(rewards(0, 10)),
         reward_last_10_steps: mean(rewards(-10)),
         acc_after_grpo: g.evals.at(-1)?.accuracy,
+        // mean@8 at temperature 1 on the held-out prompts: before the first GRPO step (the SFT
+        // model) and after the last — the quantity the RL stage optimises
+        sampled_acc_after_sft: g.evals[0]?.sampled_accuracy,
+        sampled_acc_after_grpo: g.evals.at(-1)?.sampled_accuracy,
         grpo_checkpoint: g.checkpoint,
       });
       interrupted = g.interrupted;
