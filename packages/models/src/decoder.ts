@@ -30,7 +30,8 @@ export interface DecoderInputs {
   past?: KvPair[];
   /**
    * Use ONNX Runtime's fused kernels for RMSNorm and RoPE (far fewer nodes per layer; what
-   * generation and scoring use). They have no gradient rules, so training leaves this off.
+   * generation and scoring use; both have gradient rules). Default: on with `flashAttention`, off
+   * otherwise (the composed path keeps the CPU training numerics it was tested with).
    */
   fused?: boolean;
   /**
@@ -144,7 +145,7 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor): Tensor {
   return bias ? L.add(y, bias) : y;
 }
 
-/** Applies rotary position embedding to queries or keys [B, heads, T, headDim]. */
+/** Applies rotary position embedding to queries or keys [B, heads, T, headDim] (the fused form also [B, T, heads·headDim]). */
 export type Rope = (x: Tensor) => Tensor;
 
 /**
@@ -177,12 +178,6 @@ export function ropeCaches(cfg: DecoderConfig, g: L.Graph, dtype: DType): { cos:
   }
   const table = (v: Float32Array) => L.cast(g.constant(v, 'float32', [P, half]), dtype);
   return { cos: table(cos), sin: table(sin) };
-}
-
-/** {@link ropeTables} laid out [B, T, 1, headDim], for queries and keys in [B, T, heads, headDim]. */
-function ropeTablesBTHD(cfg: DecoderConfig, positionIds: Tensor, dtype: DType): { cos: Tensor; sin: Tensor } {
-  const { cos, sin } = ropeTables(cfg, positionIds, dtype);
-  return { cos: L.transpose(cos, [0, 2, 1, 3]), sin: L.transpose(sin, [0, 2, 1, 3]) };
 }
 
 /** cos and sin tables [B, 1, T, headDim] for the given positions (float32 math, cast to dtype). */
@@ -267,15 +262,16 @@ export function attention(
 
 /**
  * Attention of a right-padded batch through GroupQueryAttention, differentiable: projections,
- * QK-norm and RoPE composed here (in [B, T, heads, headDim] layout, so no transposes), then the
- * kernel attends causally within each row's length. Outputs at padding are zeroed, which keeps
- * them out of later layers and makes their output gradients 0, as the op's gradient rule expects.
+ * QK-norm (fused RMSNorm kernels) and RoPE (the fused RotaryEmbedding kernel on [B, T, heads·headDim],
+ * so no transposes) here, each with its gradient rule, then the kernel attends causally within
+ * each row's length. Outputs at padding are zeroed, which keeps them out of later layers and makes
+ * their output gradients 0, as the op's gradient rule expects.
  */
-export function flashAttention(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor, rotary: { cos: Tensor; sin: Tensor }, rows: FlashAttentionInputs): { out: Tensor; present: KvPair } {
+export function flashAttention(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor, rotary: Rope, rows: FlashAttentionInputs): { out: Tensor; present: KvPair } {
   const { numHeads: H, numKvHeads: KV, headDim: hd } = cfg;
   const [B, T] = x.shape;
-  const { q, k, v } = projectQkv(cfg, w, prefix, x);
-  const flat = (t: Tensor, n: number) => L.reshape(applyRope(t, rotary.cos, rotary.sin, hd), [B, T, n * hd]);
+  const { q, k, v } = projectQkv(cfg, w, prefix, x, true);
+  const flat = (t: Tensor, n: number) => rotary(L.reshape(t, [B, T, n * hd]));
   const r = L.groupQueryAttention({ query: flat(q, H), key: flat(k, KV), value: v, seqlensK: rows.seqlensK, totalSequenceLength: rows.totalSequenceLength }, { numHeads: H, kvNumHeads: KV });
   const attended = L.where(rows.tokens, r.output, x.graph.constant(0, r.output.dtype, []));
   const out = linear(attended, w(`${prefix}.o_proj.weight`), cfg.outputBias ? w(`${prefix}.o_proj.bias`) : undefined);
@@ -327,13 +323,14 @@ export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | 
   const toStream = (t: Tensor) => L.cast(t, h.dtype);
   const gqa = 'seqlensK' in inputs ? inputs : undefined;
   const composed = 'seqlensK' in inputs ? undefined : inputs;
-  const fused = gqa ? true : (composed?.fused ?? false);
   const flash = composed?.flashAttention;
+  // ONNX Runtime's fused RMSNorm/RoPE kernels: for GroupQueryAttention graphs, and by default with
+  // flash attention (a kernel path already; their gradient rules make them trainable).
+  const fused = gqa ? true : (composed?.fused ?? Boolean(flash));
   if (flash && inputs.past) throw new Error('decoder: flashAttention takes no KV cache (it attends within the batch)');
   const cd = embedded.dtype;
   const rotary = composed && !flash ? rope(cfg, composed.positionIds, cd, fused) : undefined;
-  // cos/sin [B, T, 1, headDim] for the flash path's [B, T, heads, headDim] layout.
-  const flashRotary = composed && flash ? ropeTablesBTHD(cfg, composed.positionIds, cd) : undefined;
+  const flashRotary = composed && flash ? rope(cfg, composed.positionIds, cd, true) : undefined;
   const caches = gqa && { seqlensK: gqa.seqlensK, totalSequenceLength: gqa.totalSequenceLength, rotary: ropeCaches(cfg, g, cd) };
   const norm = (x: Tensor, name: string) => rmsNormHf(x, w(name), cfg.rmsNormEps, fused);
   const present: KvPair[] = [];

@@ -8,6 +8,13 @@ import { registeredOps, type Tensor } from '@lathe/onnx';
 import { gradCheck, type GradCase } from './gradcheck';
 import { compile } from '../../../tools/testing/ort-cpu';
 
+/** cos/sin tables [positions, half] of RoPE angles p·10000^(−i/half), float32. */
+function ropeTables(g: L.Graph, positions: number, half: number): [Tensor, Tensor] {
+  const angle = (p: number, i: number) => p * Math.pow(10000, -i / half);
+  const table = (f: (a: number) => number) => g.constant(Array.from({ length: positions * half }, (_, k) => f(angle(Math.floor(k / half), k % half))), 'float32', [positions, half]);
+  return [table(Math.cos), table(Math.sin)];
+}
+
 const cases: GradCase[] = [
   // elementwise binary, with broadcasting both ways
   { name: 'add broadcast', inputs: [{ shape: [2, 3] }, { shape: [3] }], build: ([a, b]) => L.add(a, b) },
@@ -118,6 +125,20 @@ const cases: GradCase[] = [
       const r = L.groupQueryAttention({ query: q, key: k, value: v, seqlensK: seqlens, totalSequenceLength: q.graph.constant(3, 'int32', []) }, { numHeads: 2, kvNumHeads: 1 });
       return L.add(L.mul(r.presentKey, r.presentValue), L.unsqueeze(L.reduceSum(r.output, [2], true), [1]));
     },
+    dtype: 'float32',
+  },
+  // fused: RMSNorm with a scale, and RoPE (the gradient is the inverse rotation)
+  { name: 'simplifiedLayerNorm', inputs: [{ shape: [2, 3, 4] }, { shape: [4] }], build: ([x, w]) => L.simplifiedLayerNorm(x, w, 1e-6), dtype: 'float32' },
+  {
+    name: 'rotaryEmbedding [B, heads, S, headDim]',
+    inputs: [{ shape: [2, 2, 3, 4] }],
+    build: ([x]) => L.rotaryEmbedding(x, x.graph.constant([0, 1, 2, 2, 3, 4], 'int64', [2, 3]), ...ropeTables(x.graph, 5, 2)),
+    dtype: 'float32',
+  },
+  {
+    name: 'rotaryEmbedding [B, S, heads·headDim]',
+    inputs: [{ shape: [2, 3, 8] }],
+    build: ([x]) => L.rotaryEmbedding(x, x.graph.constant([4, 0, 1, 1, 2, 3], 'int64', [2, 3]), ...ropeTables(x.graph, 5, 2)),
     dtype: 'float32',
   },
   // composites (no rule of their own: they test the primitives' rules in combination)

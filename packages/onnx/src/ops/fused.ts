@@ -2,18 +2,18 @@
  * Fused ops ONNX Runtime provides beyond the ONNX standard, used where they measure faster: one
  * node instead of the 6–10 primitives they replace, which matters most inside a decode loop whose
  * every node is a kernel launch per token. Each is tested against its primitive composition.
- * GroupQueryAttention alone has a gradient rule (composed from primitives, in the manner of flash
- * attention's backward pass), so training can run its forward through the fused kernel.
+ * Each has a gradient rule composed from primitives (GroupQueryAttention's in the manner of flash
+ * attention's backward pass), so training runs its forward through the fused kernels.
  */
 import { formatShape, type Dim } from '../dim';
 import { isFloat } from '../dtype';
 import { applyOp, GraphError, type Tensor } from '../graph';
 import { attr, defineOp, type GradContext } from '../op';
-import { add, and, cast, lessOrEqual, mul, sub, where } from './elementwise';
+import { add, and, cast, div, lessOrEqual, mul, neg, reciprocal, sqrt, sub, where } from './elementwise';
 import { matmul } from './linalg';
 import { reshape, slice, transpose, unsqueeze } from './shape-ops';
 import { causalMask } from '../nn';
-import { reduceSum, softmax } from './reduce';
+import { reduceSum, reduceSumSquare, softmax } from './reduce';
 
 /** RMSNorm over the last axis: x / √(mean(x²) + ε) · scale, statistics in float32. */
 export const simplifiedLayerNormOp = defineOp<{ epsilon: number }>({
@@ -25,7 +25,28 @@ export const simplifiedLayerNormOp = defineOp<{ epsilon: number }>({
     return [{ dtype: x!.dtype, shape: [...x!.shape] }];
   },
   onnxAttrs: ({ epsilon }) => ({ axis: attr.int(-1), epsilon: attr.float(epsilon), stash_type: attr.int(1) }),
+  grad: (ctx) => simplifiedLayerNormGrad(ctx),
 });
+
+/**
+ * y = x̂ ⊙ w with x̂ = x·r, r = (mean(x²) + ε)^(−1/2) per row, in float32 (the kernel's stash type):
+ *   dw = Σ_rows dy ⊙ x̂,   dx = r · (g − x̂ · mean(g ⊙ x̂))  with g = dy ⊙ w.
+ * r is recomputed from x (the kernel's inverse-std output would need a second output kept alive).
+ */
+function simplifiedLayerNormGrad({ inputs: [x, scale], dy: [dy], attrs }: GradContext<{ epsilon: number }>): (Tensor | null)[] {
+  const acc = x!.dtype === 'float64' ? 'float64' : 'float32';
+  const D = x!.shape[x!.rank - 1] as number;
+  const xf = cast(x!, acc);
+  const dyf = cast(dy!, acc);
+  const r = reciprocal(sqrt(add(div(reduceSumSquare(xf, [-1], true), D), attrs.epsilon)));
+  const xhat = mul(xf, r);
+  const g = mul(dyf, cast(scale!, acc));
+  const dot = div(reduceSum(mul(g, xhat), [-1], true), D);
+  const dx = cast(mul(r, sub(g, mul(xhat, dot))), x!.dtype);
+  const rows = [...Array(x!.rank - 1).keys()];
+  const dw = cast(reduceSum(mul(dyf, xhat), rows), scale!.dtype);
+  return [dx, dw];
+}
 
 /** RMSNorm over the last axis with a learned scale, as one ONNX Runtime kernel. */
 export function simplifiedLayerNorm(x: Tensor, scale: Tensor, epsilon: number): Tensor {
@@ -34,28 +55,33 @@ export function simplifiedLayerNorm(x: Tensor, scale: Tensor, epsilon: number): 
 
 /**
  * Rotary embedding (com.microsoft.RotaryEmbedding, non-interleaved: the halves of each head are
- * rotated as transformers' `rotate_half` does). x is [B, heads, S, headDim]; positions int64
- * [B, S]; caches [maxPositions, headDim/2] in x's dtype.
+ * rotated as transformers' `rotate_half` does). x is [B, heads, S, headDim], or [B, S, heads·headDim]
+ * (headDim from the caches); positions int64 [B, S]; caches [maxPositions, headDim/2] in x's dtype.
+ * The gradient is the inverse rotation: the same op on dy with the sine negated.
  */
 export const rotaryEmbeddingOp = defineOp({
   name: 'RotaryEmbedding',
   domain: 'com.microsoft',
+  nonDiffInputs: [1, 2, 3],
   infer: ([x, pos, cos, sin]) => {
-    if (x!.shape.length !== 4) throw new Error(`input must be [B, heads, S, headDim], got ${formatShape(x!.shape)}`);
+    if (x!.shape.length !== 4 && x!.shape.length !== 3) throw new Error(`input must be [B, heads, S, headDim] or [B, S, heads·headDim], got ${formatShape(x!.shape)}`);
     if (pos!.dtype !== 'int64') throw new Error(`position ids must be int64, got ${pos!.dtype}`);
     for (const c of [cos!, sin!]) {
       if (c.dtype !== x!.dtype) throw new Error(`cos/sin caches must be ${x!.dtype}, got ${c.dtype}`);
-      const hd = x!.shape[3];
-      if (c.shape.length !== 2 || (typeof hd === 'number' && c.shape[1] !== hd / 2)) {
-        throw new Error(`cos/sin caches must be [maxPositions, ${typeof hd === 'number' ? hd / 2 : 'headDim/2'}], got ${formatShape(c.shape)}`);
+      const last = x!.shape[x!.shape.length - 1];
+      const half = c.shape[1];
+      const fits = x!.shape.length === 4 ? last === (half as number) * 2 : (last as number) % ((half as number) * 2) === 0;
+      if (c.shape.length !== 2 || (typeof last === 'number' && typeof half === 'number' && !fits)) {
+        throw new Error(`cos/sin caches must be [maxPositions, headDim/2] for input ${formatShape(x!.shape)}, got ${formatShape(c.shape)}`);
       }
     }
     return [{ dtype: x!.dtype, shape: [...x!.shape] }];
   },
   onnxAttrs: () => ({ interleaved: attr.int(0) }),
+  grad: ({ inputs: [, pos, cos, sin], dy: [dy] }) => [rotaryEmbedding(dy!, pos!, cos!, neg(sin!)), null, null, null],
 });
 
-/** Applies RoPE to [B, heads, S, headDim] at the given positions, reading precomputed cos/sin tables. */
+/** Applies RoPE to [B, heads, S, headDim] (or [B, S, heads·headDim]) at the given positions, reading precomputed cos/sin tables. */
 export function rotaryEmbedding(x: Tensor, positionIds: Tensor, cosCache: Tensor, sinCache: Tensor): Tensor {
   return applyOp(rotaryEmbeddingOp, [x, positionIds, cosCache, sinCache], {})[0];
 }
