@@ -156,9 +156,9 @@ export const groupQueryAttentionOp = defineOp<GroupQueryAttentionAttrs>({
  * 8·16·1024² elements per layer at 8 × 1024 for the 0.6B shape), so they stay in the compute dtype:
  * the softmax accumulates in float32 inside its kernel and D is summed in float32, as flash
  * attention does in registers, but P, dP and dS are stored in bf16/fp16 — as PyTorch's eager
- * attention stores its probabilities and gradients under autocast. In float32 nothing is rounded. Query rows past a row's length (padding) use O = 0 in D,
- * so whatever the kernel wrote there cannot reach the gradient; their dO is expected to be 0
- * (the decoder zeroes those outputs, so it is).
+ * attention stores its probabilities and gradients under autocast. In float32 nothing is rounded.
+ * Query rows past a row's length (padding) use O = 0 in D, so whatever the kernel wrote there cannot
+ * reach the gradient; their dO is expected to be 0 (the decoder zeroes those outputs, so it is).
  */
 function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<GroupQueryAttentionAttrs>): (Tensor | null)[] {
   const [q, k, v, pastKey, , seqlens, , cos] = inputs;
@@ -195,8 +195,8 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
   const queryValid = reshape(valid, [B, 1, 1, S, 1]);
   // An additive bias [B, 1, 1, S, S] (0 or a large negative, finite so that a row with no visible
   // key — an empty row — gives finite probabilities; its dO is 0, so they never matter).
-  const hidden = dt === 'float16' ? -6e4 : -1e9;
-  const bias = cast(where(and(causal, keyValid), q!.graph.constant(0, acc, []), q!.graph.constant(hidden, acc, [])), dt);
+  const masked = dt === 'float16' ? -6e4 : -1e9;
+  const bias = cast(where(and(causal, keyValid), q!.graph.constant(0, acc, []), q!.graph.constant(masked, acc, [])), dt);
   const p = softmax(add(matmul(qScaled, swap(k5)), bias), -1); // [B, KV, G, S, S]
   let dq: Tensor | null = null;
   let dk: Tensor | null = null;
