@@ -9,7 +9,7 @@ export const BUILTIN_DATA = 'builtin:addition';
 /** Every option of an SFT run. */
 export const sftSchema = {
   model: { type: 'string', default: BUILTIN_MODEL, describe: `Hugging Face model folder (config.json, *.safetensors, tokenizer.json), or ${BUILTIN_MODEL} (a tiny random Qwen3 and a character tokenizer)` },
-  data: { type: 'string', default: BUILTIN_DATA, describe: `JSONL file of {"prompt", "response"} rows, or ${BUILTIN_DATA} (synthetic "a+b=" problems)` },
+  data: { type: 'string', default: BUILTIN_DATA, describe: `JSONL file of {"prompt", "response"[, "subject"]} rows, a .parquet file with those columns, or ${BUILTIN_DATA} (synthetic "a+b=" problems)` },
   prompt_format: { type: 'string', default: 'raw', choices: ['raw', 'chat'], describe: "Prompts as they are, or as the user turn of the model's chat template" },
   enable_thinking: { type: 'boolean', default: false, describe: "With --prompt_format chat: Qwen3's enable_thinking switch" },
   run_dir: { type: 'string', default: 'runs/sft', describe: 'Run directory: config.yaml, metrics.jsonl, checkpoints/ and eval/ go here' },

@@ -2,7 +2,8 @@
  * SFT data: prompt/response pairs → token ids with a loss mask on the response, a deterministic
  * epoch order (so a run resumes at exactly the example it stopped at), and padded batches.
  */
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
+import { loadSftPairs } from '@lathe/data';
 import type { HostTensor } from '@lathe/runtime';
 
 /** What SFT needs of a tokenizer. */
@@ -102,6 +103,18 @@ export function readSftJsonl(path: string): SftExample[] {
   });
   if (rows.length === 0) throw new Error(`${path}: no examples`);
   return rows;
+}
+
+/**
+ * SFT rows from a Parquet file (columns `prompt`, `response`, optionally `subject`) or, for any
+ * other name, a JSONL file ({@link readSftJsonl}); errors name the file and row.
+ */
+export async function readSftData(path: string): Promise<SftExample[]> {
+  if (!path.endsWith('.parquet')) return readSftJsonl(path);
+  if (!existsSync(path)) throw new Error(`${path}: cannot read the SFT data file (ENOENT)`);
+  const { examples } = await loadSftPairs(path);
+  if (examples.length === 0) throw new Error(`${path}: no examples`);
+  return examples.map((e) => ({ prompt: e.prompt, response: e.response, ...(e.meta?.subject !== undefined ? { subject: e.meta.subject } : {}) }));
 }
 
 /** The built-in task: every "a+b=" with 0 ≤ a, b < 100, answer "c". */

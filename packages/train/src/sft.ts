@@ -30,7 +30,7 @@ import {
   lossTokenCount,
   padBatch,
   heldOutSplit,
-  readSftJsonl,
+  readSftData,
   tokenizeExample,
   type SftExample,
   type SftTokenizer,
@@ -130,8 +130,8 @@ async function loadModelAndTokenizer(cfg: SftConfig): Promise<{ dir: string; con
 }
 
 /** Training and evaluation examples: a seeded split with `eval_examples` held out. */
-function loadExamples(cfg: SftConfig): { train: SftExample[]; evaluation: SftExample[] } {
-  const all = cfg.data === BUILTIN_DATA ? additionExamples() : readSftJsonl(cfg.data);
+async function loadExamples(cfg: SftConfig): Promise<{ train: SftExample[]; evaluation: SftExample[] }> {
+  const all = cfg.data === BUILTIN_DATA ? additionExamples() : await readSftData(cfg.data);
   if (cfg.eval_examples >= all.length) throw new Error(`--eval_examples ${cfg.eval_examples} leaves no training data (${all.length} examples in ${cfg.data})`);
   return heldOutSplit(all, cfg.eval_examples, cfg.seed);
 }
@@ -145,7 +145,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   if (cfg.batch_size % cfg.micro_batches !== 0) throw new Error(`--batch_size ${cfg.batch_size} is not divisible by --micro_batches ${cfg.micro_batches}`);
   mkdirSync(cfg.run_dir, { recursive: true });
   const { dir: modelDir, config, tokenizer, tokenizerFrom } = await loadModelAndTokenizer(cfg);
-  const { train, evaluation } = loadExamples(cfg);
+  const { train, evaluation } = await loadExamples(cfg);
   const tokenized = train.map((e) => tokenizeExample(tokenizer, e));
   const overlong = tokenized.filter((t) => t.ids.length > cfg.max_length).length;
   const kept =

@@ -3,8 +3,9 @@ import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } fro
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { parseConfig } from '@lathe/models';
-import { defaults, resolveConfig } from '@lathe/data';
-import { listCheckpoints, loadCheckpoint, loadFloat32, runSft, sftSchema, type SftConfig } from '@lathe/train';
+import { defaults, resolveConfig, writeParquet } from '@lathe/data';
+import { tableFromArrays } from 'apache-arrow';
+import { listCheckpoints, loadCheckpoint, loadFloat32, readSftData, runSft, sftSchema, type SftConfig } from '@lathe/train';
 
 /** The built-in run's initial weights (written to <run>/base-model). */
 function readBase(runDir: string) {
@@ -108,6 +109,22 @@ test('bad inputs: a missing data file, a bad JSONL row, resume without a checkpo
   writeFileSync(join(dir, 'bad.jsonl'), '{"prompt": "1+1=", "response": "2"}\n{"prompt": 3}\n');
   await expect(runSft(config({ data: join(dir, 'bad.jsonl') }))).rejects.toThrow(/bad.jsonl:2: field 'prompt' must be a string/);
   await expect(runSft(config({ resume: true }))).rejects.toThrow(/--resume: no checkpoint/);
+});
+
+test('SFT data from Parquet: the same examples as the JSONL of the same rows; errors name the file and row', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'lathe-sft-parquet-'));
+  const rows = { prompt: ['1+1=', '2+3=', '9+9='], response: ['2', '5', '18'], subject: ['easy', 'easy', 'carry'] };
+  await writeParquet(join(dir, 'd.parquet'), tableFromArrays(rows));
+  writeFileSync(join(dir, 'd.jsonl'), rows.prompt.map((p, i) => JSON.stringify({ prompt: p, response: rows.response[i], subject: rows.subject[i] })).join('\n') + '\n');
+  const fromParquet = await readSftData(join(dir, 'd.parquet'));
+  expect(fromParquet).toEqual(await readSftData(join(dir, 'd.jsonl')));
+  expect(fromParquet[2]).toEqual({ prompt: '9+9=', response: '18', subject: 'carry' });
+  await expect(readSftData(join(dir, 'none.parquet'))).rejects.toThrow(/none.parquet: cannot read the SFT data file/);
+  await writeParquet(join(dir, 'bad.parquet'), tableFromArrays({ prompt: ['1+1='], answer: ['2'] }));
+  await expect(readSftData(join(dir, 'bad.parquet'))).rejects.toThrow(/bad.parquet row 0: field 'response' is missing/);
+  // and a run trains on it
+  const r = await runSft(config({ data: join(dir, 'd.parquet'), steps: 1, batch_size: 2, eval_examples: 1, eval_every: 0, save_every: 0 }));
+  expect(r.steps).toBe(1);
 });
 
 test('LoRA: only adapters train; the exported model is the base with B·A merged into the targeted matrices', async () => {
