@@ -83,6 +83,25 @@ test('a run writes its config, metrics, rollouts (SQLite) and evaluations; an in
   expect(losses('resumed')).toEqual(losses('straight'));
 }, 60_000);
 
+test('eval_sampled: mean@G on the held-out prompts in metrics and SQLite, without changing what is trained', async () => {
+  const plain = await runGrpo(small('eval-plain', { steps: 2 }));
+  const sampled = await runGrpo(small('eval-sampled', { steps: 2, eval_sampled: true }));
+  expect(sampled.evals.map((e) => e.step)).toEqual([0, 2]);
+  for (const e of sampled.evals) {
+    expect(e.sampled_accuracy).toBeGreaterThanOrEqual(0);
+    expect(e.sampled_accuracy).toBeLessThanOrEqual(1);
+  }
+  const rows = readEvalRollouts(join(root, 'eval-sampled', 'rollouts.sqlite'), { dataset: 'heldout-sampled' });
+  expect(rows).toHaveLength(2 * 8 * 4); // evaluations × held-out prompts × group size
+  expect(rows.filter((r) => r.step === 2).reduce((n, r) => n + (r.correct ? 1 : 0), 0) / 32).toBeCloseTo(sampled.evals[1].sampled_accuracy!, 10);
+  const m = readMetrics(join(root, 'eval-sampled', 'metrics.jsonl')).filter((x) => 'eval_sampled_accuracy' in x);
+  expect(m.map((x) => x.step)).toEqual([0, 2]);
+  // evaluation samples on streams of their own: the trained weights are bit-identical
+  const a = loadCheckpoint(plain.checkpoint);
+  const b = loadCheckpoint(sampled.checkpoint);
+  for (const [name, v] of a.values) expect([name, Buffer.from(b.values.get(name)!.buffer).equals(Buffer.from(v.buffer))]).toEqual([name, true]);
+}, 60_000);
+
 test('a resume with a changed config is refused, naming the keys, unless --force; bookkeeping keys may change', async () => {
   const cfg = small('changed', { steps: 2 });
   await runGrpo(cfg);

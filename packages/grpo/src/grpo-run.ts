@@ -287,6 +287,8 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
       const groups = await trainer.generateSamples(evaluation.map((p) => ({ ids: idsOf(p), key: EVAL_KEY_BASE + p.index })));
       const flat = groups.flatMap((gr, i) => gr.map((c) => ({ prompt: evaluation[i].prompt, completion: c.text, meta: { answer: evaluation[i].answer, completionTokens: c.tokens.length, stopped: c.stopped } })));
       const sampled = await verdictOf(flat);
+      const G = groups[0]?.length ?? 0;
+      groups.forEach((gr, i) => gr.forEach((c, j) => store.addEval({ step: state.step, dataset: 'heldout-sampled', prompt_index: evaluation[i].index, rollout_index: j, prompt: evaluation[i].prompt, completion: c.text, reward: sampled.rewards[i * G + j], correct: sampled.rewards[i * G + j] === 1, extra: { expected: evaluation[i].answer, tokens: c.tokens, stopped: c.stopped } })));
       result.sampled_accuracy = sampled.rewards.filter((r) => r === 1).length / Math.max(1, flat.length);
       result.grader_failures += sampled.failures.length;
     }
