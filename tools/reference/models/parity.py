@@ -2,8 +2,9 @@
 
 Runs on the GPU machine (PyTorch + transformers, no hub access). For each model it builds a random
 transformers model, saves it as a Hugging Face folder, runs the same left-padded batch through
-transformers (fp32 eager, bf16 sdpa) and through Lathe (tools/bench/models/lathe-logits.ts,
-bundled to .bundle/lathe-logits.js), and compares the logits at non-pad positions. Then it times
+transformers (fp32 eager; bf16 and fp16 sdpa, the spreads) and through Lathe in fp32, bf16 (composed
+and GroupQueryAttention) and fp16 (tools/bench/models/lathe-logits.ts, bundled to
+.bundle/lathe-logits.js), and compares the logits at non-pad positions. Then it times
 scoring (per-token log-probs) on the Qwen3-0.6B shape, 16 x 1024, bf16, both ways.
 
 --save-check: after Lathe's runs on each model, Lathe also writes the model with its own saver
@@ -163,9 +164,10 @@ def parity(root, out, seeds=1, check_save=False):
         torch.backends.cudnn.allow_tf32 = False
         ref32 = hf_logits(model, ids, mask, torch.float32, "eager")
         ref16 = hf_logits(model, ids, mask, torch.bfloat16, "sdpa")
-        row = {"hf_bf16_vs_hf_fp32": compare(ref16, ref32, mask)}
+        ref_half = hf_logits(model, ids, mask, torch.float16, "sdpa")
+        row = {"hf_bf16_vs_hf_fp32": compare(ref16, ref32, mask), "hf_fp16_vs_hf_fp32": compare(ref_half, ref32, mask)}
         # GroupQueryAttention (flash attention) runs in half precision only on CUDA.
-        for dtype, extra, label in (("float32", (), "float32"), ("bfloat16", (), "bfloat16"), ("bfloat16", ("--gqa",), "bfloat16_gqa")):
+        for dtype, extra, label in (("float32", (), "float32"), ("bfloat16", (), "bfloat16"), ("bfloat16", ("--gqa",), "bfloat16_gqa"), ("float16", (), "float16")):
             out_file = os.path.join(root, f"{name}-{label}.bin")
             timing = lathe_logits(path, batch_file, dtype, out_file, out, extra)
             lathe = torch.frombuffer(bytearray(open(out_file, "rb").read()), dtype=torch.float32).reshape(B, T, vocab)
@@ -183,7 +185,9 @@ def parity(root, out, seeds=1, check_save=False):
               f"lathe={row['lathe_bfloat16_vs_hf_fp32']['mean_abs']:.3e} gqa={row['lathe_bfloat16_gqa_vs_hf_fp32']['mean_abs']:.3e} "
               f"spread={row['hf_bf16_vs_hf_fp32']['mean_abs']:.3e} | rel_fro: lathe={row['lathe_bfloat16_vs_hf_fp32']['rel_fro']:.3e} "
               f"gqa={row['lathe_bfloat16_gqa_vs_hf_fp32']['rel_fro']:.3e} spread={row['hf_bf16_vs_hf_fp32']['rel_fro']:.3e} "
-              f"cpu_fallback={[row[f'lathe_{d}_timing']['cpu_fallback'] for d in ('float32', 'bfloat16')]}", flush=True)
+              f"| fp16 lathe max={row['lathe_float16_vs_hf_fp32']['max_abs']:.3e} mean={row['lathe_float16_vs_hf_fp32']['mean_abs']:.3e} "
+              f"hf-fp16 spread max={row['hf_fp16_vs_hf_fp32']['max_abs']:.3e} mean={row['hf_fp16_vs_hf_fp32']['mean_abs']:.3e} "
+              f"cpu_fallback={[row[f'lathe_{d}_timing']['cpu_fallback'] for d in ('float32', 'bfloat16', 'float16')]}", flush=True)
         del model
         torch.cuda.empty_cache()
     return results
