@@ -82,3 +82,24 @@ test('flash attention with a KV cache is refused', () => {
     decoder(config, weights, { inputIds, positionIds: positionsFromPadding(padMask), attentionMask: paddedCausalMask(padMask), past, flashAttention: rightPaddedAttention(padMask, g.constant(2, 'int32', [])) }),
   ).toThrow(/flashAttention takes no KV cache/);
 });
+
+test('the flash path runs the fused RMSNorm and RoPE kernels, and its backward the inverse rotation', () => {
+  const { config } = tinyModel(tinyQwen3, 3);
+  const g = new L.Graph('flash_kernels');
+  const inputIds = g.input('input_ids', 'int64', ['B', 'T']);
+  const padMask = g.input('attention_mask', 'int64', ['B', 'T']);
+  const total = g.input('total_sequence_length', 'int32', []);
+  const { weights, inputs } = weightInputs(g, config, 'float32', 'float32');
+  const { hidden } = decoder(config, weights, { inputIds, positionIds: positionsFromPadding(padMask), attentionMask: paddedCausalMask(padMask), flashAttention: rightPaddedAttention(padMask, total) });
+  const loss = L.reduceSum(targetLogprobs(lmLogits(config, weights, hidden), inputIds));
+  const forward = (op: string) => g.nodes.filter((n) => n.op.name === op && !n.name.startsWith('grad/')).length;
+  const L_ = config.numLayers;
+  // two norms per layer, QK-norm on q and k, the final norm; RoPE on q and k
+  expect(forward('SimplifiedLayerNormalization')).toBe(4 * L_ + 1);
+  expect(forward('RotaryEmbedding')).toBe(2 * L_);
+  expect(forward('Sin') + forward('Cos')).toBe(0); // no composed RoPE tables
+  L.grad(loss, [...inputs.values()]);
+  const backward = g.nodes.filter((n) => n.op.name === 'RotaryEmbedding' && n.name.startsWith('grad/'));
+  expect(backward).toHaveLength(2 * L_);
+  for (const n of backward) expect(n.inputs[3]!.node?.op.name).toBe('Neg'); // the sine negated
+});
