@@ -24,10 +24,10 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { checkSequenceLength, paramSpecs, TOTAL_LENGTH_INPUT, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
+import { checkSequenceLength, paramSpecs, TOTAL_LENGTH_INPUT, totalLengthTensor, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
 import { addGeneration, KvCacheGenerator, kvCacheUnsupported, shrinkOnOutOfMemory, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
 import type { Binding, Device, DeviceTensor, HostTensor, Session, SessionOptions } from '@lathe/runtime';
-import { castWeights, totalLengthTensor, type TrainableParam } from '@lathe/train';
+import { castWeights, type TrainableParam } from '@lathe/train';
 import { decoderPolicy } from './policies';
 import type { SampledCompletion } from './rollout-batch';
 

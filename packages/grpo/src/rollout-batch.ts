@@ -17,8 +17,7 @@
  * the batch, dropping the trailing columns that are padding in every selected row.
  */
 import type { HostTensor } from '@lathe/runtime';
-import { TOTAL_LENGTH_INPUT } from '@lathe/models';
-import { totalLengthTensor } from '@lathe/train';
+import { TOTAL_LENGTH_INPUT, totalLengthTensor } from '@lathe/models';
 
 /** One sampled completion, as the generator returned it. */
 export interface SampledCompletion {

@@ -73,6 +73,11 @@ export function totalLength(g: L.Graph, ids: Tensor): Tensor {
   return typeof T === 'number' ? g.constant(T, 'int32', []) : g.input(TOTAL_LENGTH_INPUT, 'int32', []);
 }
 
+/** The host value fed to {@link TOTAL_LENGTH_INPUT} for a batch T tokens wide. */
+export function totalLengthTensor(T: number): { data: Int32Array; dims: number[] } {
+  return { data: Int32Array.of(T), dims: [] };
+}
+
 /**
  * {@link FlashAttentionInputs} from a right-padded batch's mask [B, T] (1 = token, every row's
  * tokens first) and T (a constant when the shape is static, else an int32 scalar graph input).

@@ -27,7 +27,7 @@ import {
   paddedCausalMask,
   positionsFromPadding,
   rightPaddedGqaInputs,
-  TOTAL_LENGTH_INPUT,
+  totalLength,
   type DecoderConfig,
   type Weights,
 } from '@lathe/models';
@@ -78,7 +78,7 @@ export function addScoring(g: Graph, cfg: DecoderConfig, weights: Weights, opts:
   const ids = g.input('input_ids', 'int64', ['B', 'T']);
   const mask = g.input('attention_mask', 'int64', ['B', 'T']);
   const { hidden } = opts.groupQueryAttention
-    ? decoder(cfg, weights, rightPaddedGqaInputs(ids, mask, g.input(TOTAL_LENGTH_INPUT, 'int32', [])))
+    ? decoder(cfg, weights, rightPaddedGqaInputs(ids, mask, totalLength(g, ids)))
     : decoder(cfg, weights, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask), fused: opts.fusedKernels ?? true });
   const scored = nextIsToken(mask);
   const logp = chunkedTargetLogprobs(cfg, weights, hidden, shiftLeft(ids), { chunk });

@@ -6,13 +6,7 @@
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { chunkedTargetLogprobs, decoder, paddedCausalMask, positionsFromPadding, rightPaddedAttention, totalLength, type DecoderConfig, type Weights } from '@lathe/models';
-import type { HostTensor } from '@lathe/runtime';
 import type { LossBuilder } from './train-step';
-
-/** The host tensor a batch T tokens wide feeds to `total_sequence_length` (TOTAL_LENGTH_INPUT in @lathe/models). */
-export function totalLengthTensor(T: number): HostTensor {
-  return { data: Int32Array.of(T), dims: [] };
-}
 
 /** Weights for the decoder from master parameters, cast to the compute dtype once each. */
 export function castWeights(params: Map<string, Tensor>, compute: DType): Weights {
@@ -83,7 +77,7 @@ export interface SftLossOptions {
  * [B, T] int64 (1 = token), `loss_mask` [B, T] int64 (1 on tokens to predict, e.g. the response),
  * `loss_tokens` float32 scalar (loss tokens in the whole optimizer batch), and with
  * `flashAttention` over symbolic shapes `total_sequence_length` (int32 scalar T, see
- * {@link totalLengthTensor}). Metric: `token_nll_sum`.
+ * `totalLengthTensor` in @lathe/models). Metric: `token_nll_sum`.
  */
 export function sftLoss(cfg: DecoderConfig, opts: SftLossOptions = {}): LossBuilder {
   return (g: Graph, params) => {

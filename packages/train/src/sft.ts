@@ -8,7 +8,7 @@ import { appendFileSync, existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { stringify as toYaml } from 'yaml';
 import * as L from '@lathe/onnx';
-import { paramSpecs, parseConfig, randomModel, TOTAL_LENGTH_INPUT, weightInputs, type DecoderConfig, type HfConfig } from '@lathe/models';
+import { paramSpecs, parseConfig, randomModel, TOTAL_LENGTH_INPUT, totalLengthTensor, weightInputs, type DecoderConfig, type HfConfig } from '@lathe/models';
 
 import { initLora, loraAdapters, loraWeights, mergeLora, type LoraConfig } from './lora';
 import { listCheckpoints, loadCheckpoint, loadFloat32, saveCheckpoint, type TrainerState } from './checkpoint';
@@ -18,7 +18,7 @@ import { addGeneration } from '@lathe/rollout';
 import { Device, sizeOf, type HostTensor, type Session } from '@lathe/runtime';
 import { learningRate } from './schedule';
 import { writeAtomic } from '@lathe/data';
-import { sftLoss, totalLengthTensor } from './losses';
+import { sftLoss } from './losses';
 import type { TrainableParam } from './train-step';
 import { Trainer } from './trainer';
 import { BUILTIN_DATA, BUILTIN_MODEL, type SftConfig } from './sft-config';

@@ -27,7 +27,7 @@ import {
   readConfig,
   readTensorBytes,
   rightPaddedGqaInputs,
-  TOTAL_LENGTH_INPUT,
+  totalLength,
   readWeightIndex,
   saveHfModel,
   weightInitializers,
@@ -70,8 +70,8 @@ async function main(): Promise<void> {
   const fused = !flag('primitives');
   const gqa = flag('gqa');
   const { hidden } = gqa
-    ? // T as a host input: GroupQueryAttention reads it on the CPU.
-      decoder(config, w, rightPaddedGqaInputs(ids, mask, g.input(TOTAL_LENGTH_INPUT, 'int32', [])))
+    ? // T: fed as a host input (GroupQueryAttention reads it on the CPU) unless the shape is static
+      decoder(config, w, rightPaddedGqaInputs(ids, mask, totalLength(g, ids)))
     : decoder(config, w, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask), fused });
   if (logprobs) {
     // log p(token t+1 | ≤ t) at every position (the last one scores the first token again, so

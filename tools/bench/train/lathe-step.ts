@@ -24,7 +24,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
-import { paramSpecs, readConfig, TOTAL_LENGTH_INPUT, writeSafetensors } from '@lathe/models';
+import { paramSpecs, readConfig, TOTAL_LENGTH_INPUT, totalLengthTensor, writeSafetensors } from '@lathe/models';
 import { Device, PlainSession, sizeOf, type DeviceTensor, type HostTensor } from '@lathe/runtime';
 import {
   biasCorrections,
@@ -35,7 +35,6 @@ import {
   loraWeights,
   sftLoss,
   stateNames,
-  totalLengthTensor,
   Trainer,
   type LoraConfig,
   type SftLossOptions,
