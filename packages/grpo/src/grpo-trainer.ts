@@ -658,7 +658,7 @@ export class GrpoTrainer<M = unknown> {
         { maxNewTokens: o.maxNewTokens, stopIds: o.stopIds, seed: o.seed ?? 0, keys: prompts.map((p) => p.key), weightsVersion: this.trainer.step },
       ),
     );
-    const texts = completions.map((c) => o.tokenizer.decode(c.stopped ? c.tokens.slice(0, -1) : c.tokens));
+    const texts = completions.map((c) => this.textOf(c));
     const samples = completions.map((c, r) => {
       const p = prompts[Math.floor(r / G)];
       return { prompt: p.text, completion: texts[r], meta: { ...p.meta, completionTokens: c.tokens.length, stopped: c.stopped } };
@@ -724,7 +724,7 @@ export class GrpoTrainer<M = unknown> {
       { maxNewTokens: o.maxNewTokens, stopIds: o.stopIds, seed: o.seed ?? 0, keys: prompts.map((p) => p.key), weightsVersion: this.trainer.step },
     );
     this.releaseGeneration?.();
-    const decoded = out.map((c) => ({ tokens: c.tokens, stopped: c.stopped, text: o.tokenizer.decode(c.stopped ? c.tokens.slice(0, -1) : c.tokens) }));
+    const decoded = out.map((c) => ({ tokens: c.tokens, stopped: c.stopped, text: this.textOf(c) }));
     return prompts.map((_, k) => decoded.slice(k * G, (k + 1) * G));
   }
 
@@ -746,7 +746,12 @@ export class GrpoTrainer<M = unknown> {
       prompts.map((p) => p.ids),
       { maxNewTokens: this.opts.maxNewTokens, stopIds: this.opts.stopIds, seed: 0, keys: prompts.map(() => 0), weightsVersion: this.trainer.step },
     );
-    return out.map((c) => ({ tokens: c.tokens, stopped: c.stopped, text: this.opts.tokenizer.decode(c.stopped ? c.tokens.slice(0, -1) : c.tokens) }));
+    return out.map((c) => ({ tokens: c.tokens, stopped: c.stopped, text: this.textOf(c) }));
+  }
+
+  /** A completion's text: its tokens decoded without the stop token that ended it. */
+  private textOf(c: { tokens: readonly number[]; stopped: boolean }): string {
+    return this.opts.tokenizer.decode(c.stopped ? c.tokens.slice(0, -1) : c.tokens);
   }
 
   /**
