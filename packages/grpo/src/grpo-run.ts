@@ -272,9 +272,11 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   const metricsLog = new MetricsLog(join(cfg.run_dir, 'metrics.jsonl'));
   const store = await RolloutStore.open(join(cfg.run_dir, 'rollouts.sqlite'));
 
+  /** A held-out completion of prompt i as the correctness reward reads it. */
+  const heldOutSample = (i: number, c: { text: string; tokens: number[]; stopped: boolean }) => ({ prompt: evaluation[i].prompt, completion: c.text, meta: { answer: evaluation[i].answer, completionTokens: c.tokens.length, stopped: c.stopped } });
   const evaluate = async (): Promise<GrpoEvalResult> => {
     const out = await trainer.generateGreedy(evaluation.map((p) => ({ ids: idsOf(p) })));
-    const scored = await verdictOf(out.map((c, i) => ({ prompt: evaluation[i].prompt, completion: c.text, meta: { answer: evaluation[i].answer, completionTokens: c.tokens.length, stopped: c.stopped } })));
+    const scored = await verdictOf(out.map((c, i) => heldOutSample(i, c)));
     const verdicts = scored.rewards;
     const errors: (string | undefined)[] = [];
     for (const f of scored.failures) errors[f.index] = `${f.kind}: ${f.detail}`;
@@ -285,7 +287,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     if (cfg.eval_sampled) {
       // Keys far above any training prompt's (a running count of prompts drawn), one per held-out prompt.
       const groups = await trainer.generateSamples(evaluation.map((p) => ({ ids: idsOf(p), key: EVAL_KEY_BASE + p.index })));
-      const flat = groups.flatMap((gr, i) => gr.map((c) => ({ prompt: evaluation[i].prompt, completion: c.text, meta: { answer: evaluation[i].answer, completionTokens: c.tokens.length, stopped: c.stopped } })));
+      const flat = groups.flatMap((gr, i) => gr.map((c) => heldOutSample(i, c)));
       const sampled = await verdictOf(flat);
       const G = groups[0]?.length ?? 0;
       groups.forEach((gr, i) => gr.forEach((c, j) => store.addEval({ step: state.step, dataset: 'heldout-sampled', prompt_index: evaluation[i].index, rollout_index: j, prompt: evaluation[i].prompt, completion: c.text, reward: sampled.rewards[i * G + j], correct: sampled.rewards[i * G + j] === 1, extra: { expected: evaluation[i].answer, tokens: c.tokens, stopped: c.stopped } })));
@@ -295,6 +297,8 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     events.onEval?.(result);
     return result;
   };
+  /** An evaluation's entries in metrics.jsonl. */
+  const evalMetrics = (r: GrpoEvalResult) => ({ eval_accuracy: r.accuracy, ...(r.sampled_accuracy !== undefined ? { eval_sampled_accuracy: r.sampled_accuracy } : {}) });
   const checkpoint = async () => {
     const snap = trainer.snapshot();
     const contents = { config: model.config, model: snap.model, trainable: trainer.trainable, values: snap.values, m: snap.m, v: snap.v, state, runConfigYaml, lora: Boolean(lora) };
@@ -326,7 +330,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     if (evaluation.length > 0 && state.step === 0) {
       const r = await evaluate();
       evals.push(r);
-      metricsLog.log({ step: 0, eval_accuracy: r.accuracy, ...(r.sampled_accuracy !== undefined ? { eval_sampled_accuracy: r.sampled_accuracy } : {}) });
+      metricsLog.log({ step: 0, ...evalMetrics(r) });
     }
     while (state.step < cfg.steps) {
       const lr = learningRate({ lr: cfg.lr, kind: cfg.schedule as 'constant' | 'linear' | 'cosine', warmupSteps: cfg.warmup_steps, totalSteps: cfg.steps, minLrRatio: cfg.min_lr_ratio }, state.step);
@@ -356,7 +360,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
       if (state.step % cfg.log_every === 0 || state.step === cfg.steps || signal?.aborted || evalResult) {
         // NaN (e.g. kl_ref without a reference) is left out rather than written as null
         const finite = Object.fromEntries(Object.entries(metrics).filter(([, v]) => Number.isFinite(v)));
-        metricsLog.log({ step: state.step, ...finite, ...(evalResult ? { eval_accuracy: evalResult.accuracy, ...(evalResult.sampled_accuracy !== undefined ? { eval_sampled_accuracy: evalResult.sampled_accuracy } : {}) } : {}) });
+        metricsLog.log({ step: state.step, ...finite, ...(evalResult ? evalMetrics(evalResult) : {}) });
       }
       if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) lastCheckpoint = await checkpoint();
       if (signal?.aborted) {
