@@ -154,9 +154,11 @@ export const groupQueryAttentionOp = defineOp<GroupQueryAttentionAttrs>({
  * summing dK and dV over the query heads that share a KV head. The [B, heads, S, S] values exist
  * only while this layer's backward runs, and they are the rule's cost (each pass over them moves
  * 8·16·1024² elements per layer at 8 × 1024 for the 0.6B shape), so they stay in the compute dtype:
- * the softmax accumulates in float32 inside its kernel and D is summed in float32, as flash
- * attention does in registers, but P, dP and dS are stored in bf16/fp16 — as PyTorch's eager
- * attention stores its probabilities and gradients under autocast. In float32 nothing is rounded.
+ * the softmax accumulates in float32 inside its kernel and D is summed in float32, but P, dP and dS
+ * are stored in bf16/fp16. Flash attention also rounds P and dS to half precision for its products;
+ * it forms dS = P ⊙ (dP − D) in float32 registers first, where this rule rounds the difference and
+ * the product too (measured at the 0.6B shape: losses within 4e-6 of PyTorch's after 5 steps,
+ * docs/benchmarks.md). In float32 nothing is rounded.
  * Query rows past a row's length (padding) use O = 0 in D, so whatever the kernel wrote there cannot
  * reach the gradient; their dO is expected to be 0 (the decoder zeroes those outputs, so it is).
  */
