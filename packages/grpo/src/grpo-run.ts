@@ -18,7 +18,7 @@ import { MathGrader, r1ZeroFormatReward } from '@lathe/graders';
 import { CharTokenizer, HfTokenizer } from '@lathe/tokenizer';
 import { Device, sizeOf } from '@lathe/runtime';
 import { diffConfigs, loadPrompts, MetricsLog, RolloutStore, writeAtomic } from '@lathe/data';
-import { ADDITION_ALPHABET, BUILTIN_DATA, BUILTIN_MODEL, EpochStream, additionExamples, learningRate, listCheckpoints, loadCheckpoint, loadFloat32, heldOutSplit, saveCheckpoint, type TrainerState } from '@lathe/train';
+import { ADDITION_ALPHABET, BUILTIN_DATA, BUILTIN_MODEL, EpochStream, additionExamples, learningRate, listCheckpoints, loadCheckpoint, loadFloat32, heldOutSplit, saveCheckpoint, type AttentionChoice, type TrainerState } from '@lathe/train';
 import { combineRewards, overlongReward, type RewardSource } from './rewards';
 import { BUILTIN_TOKENIZER, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
 import { GrpoTrainer, type GrpoStepMetrics, type RlPrompt } from './grpo-trainer';
@@ -259,7 +259,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     device,
     compute: cfg.compute_dtype as 'float32' | 'bfloat16',
     gradientCheckpointing: cfg.gradient_checkpointing,
-    attention: cfg.attention as 'auto' | 'composed' | 'flash',
+    attention: cfg.attention as AttentionChoice,
     promptsPerRun: cfg.prompts_per_run,
     generationEngine: cfg.generation_engine === 'auto' ? undefined : cfg.generation_engine,
     seed: cfg.seed,

@@ -34,7 +34,7 @@ import type { DecoderConfig } from '@lathe/models';
 import { paramSpecs } from '@lathe/models';
 import { kvCacheUnsupported, type SamplingOptions } from '@lathe/rollout';
 import { Device, type DeviceTensor, type SessionOptions } from '@lathe/runtime';
-import { castWeights, initLora, loraAdapters, loraWeights, mergeLora, permutation, Trainer, type AdamWConfig, type LoraConfig, type TrainableParam } from '@lathe/train';
+import { castWeights, initLora, loraAdapters, loraWeights, mergeLora, permutation, Trainer, useFlashAttention, type AdamWConfig, type AttentionChoice, type LoraConfig, type TrainableParam } from '@lathe/train';
 import { advantageMatrix } from './advantages';
 import { dynamicSampling } from './dynamic-sampling';
 import { builtinEstimator, type AdvantageBatch, type AdvantageFunction, type EstimatorName } from './estimators';
@@ -147,7 +147,7 @@ export interface GrpoTrainerOptions<M> {
    * flash on a CUDA device, composed on the CPU, where each measured faster. The RL batch is
    * right-padded, as 'flash' requires. Generation always uses GroupQueryAttention.
    */
-  attention?: 'auto' | 'composed' | 'flash';
+  attention?: AttentionChoice;
   /** Prompts per generation run (0: all of a round). */
   promptsPerRun?: number;
   /**
@@ -366,7 +366,7 @@ export class GrpoTrainer<M = unknown> {
     const lossReadsEntropy = custom !== undefined || ((lossSpec as PolicyLossConfig).entropyCoef ?? 0) !== 0;
     const entropyInStep = wantEntropy && (lossReadsEntropy || opts.oldLogprobs === 'generation');
     check(opts.attention === undefined || ['auto', 'composed', 'flash'].includes(opts.attention), `attention must be 'auto', 'composed' or 'flash', got ${String(opts.attention)}`);
-    const flashAttention = opts.attention === 'flash' || ((opts.attention ?? 'auto') === 'auto' && device.kind === 'cuda');
+    const flashAttention = useFlashAttention(opts.attention, device.kind);
     const policy = decoderPolicy(config, { compute, chunk: opts.chunk, temperature, entropy: entropyInStep, weights: policyWeights.weights, recompute: opts.gradientCheckpointing, flashAttention });
     const readsReference = custom ? Boolean(custom.readsReference) : klInLoss;
     const init = opts.resume

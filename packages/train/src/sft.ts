@@ -18,7 +18,7 @@ import { addGeneration } from '@lathe/rollout';
 import { Device, sizeOf, type HostTensor, type Session } from '@lathe/runtime';
 import { learningRate } from './schedule';
 import { writeAtomic } from '@lathe/data';
-import { sftLoss } from './losses';
+import { sftLoss, useFlashAttention, type AttentionChoice } from './losses';
 import type { TrainableParam } from './train-step';
 import { Trainer } from './trainer';
 import { BUILTIN_DATA, BUILTIN_MODEL, type SftConfig } from './sft-config';
@@ -162,7 +162,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     ? adapters.flatMap((a) => [a.a, a.b])
     : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
   // Flash attention needs right-padded rows, which padBatch makes, and each batch's width T.
-  const flashAttention = cfg.attention === 'flash' || (cfg.attention === 'auto' && cfg.device === 'cuda');
+  const flashAttention = useFlashAttention(cfg.attention as AttentionChoice, cfg.device as 'cpu' | 'cuda');
   const loss = lora
     ? sftLoss(config, {
         weights: (g, trainable) => {
