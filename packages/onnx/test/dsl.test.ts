@@ -77,6 +77,24 @@ describe('non-differentiable ops compute what they say', () => {
     expect(Array.from(out.excl.data as Float32Array)).toEqual([0, 3, 4, 0, 0.5, 3]);
   });
 
+  test('window max: each window\'s maximum and the flattened index of its first maximum', async () => {
+    const g = new L.Graph();
+    const x = g.input('x', 'float32', [2, 1, 7]);
+    const [values, index] = L.windowMaxWithIndex(x, 3);
+    expect(values.shape).toEqual([2, 1, 2]); // ⌊7 / 3⌋ windows; the 7th element is in none
+    g.output(values, 'values');
+    g.output(index, 'index');
+    g.output(L.windowMax(x, 3), 'plain');
+    // Row 0: windows [4, 9, 9] (a tie: the first wins) and [−1, −5, −1]; row 1: [0, 0, 0], [2, 8, 1].
+    const data = f32([4, 9, 9, -1, -5, -1, 100, 0, 0, 0, 2, 8, 1, 7]);
+    const out = await (await compile(g))({ x: { data, dims: [2, 1, 7] } });
+    expect(Array.from(out.values.data as Float32Array)).toEqual([9, -1, 0, 8]);
+    expect(Array.from(out.plain.data as Float32Array)).toEqual([9, -1, 0, 8]);
+    expect(Array.from(out.index.data as BigInt64Array, Number)).toEqual([1, 3, 7, 11]);
+    expect(() => L.windowMax(g.input('w', 'float32', [2, 1, 'W']), 3)).toThrow(/static/);
+    expect(() => L.windowMax(g.input('n', 'float32', [2, 2]), 2)).toThrow(/\[N, C, W\]/);
+  });
+
   test('random uniform stays in range; multinomial follows the distribution', async () => {
     const g = new L.Graph();
     const logits = g.input('logits', 'float32', [1, 3]);

@@ -8,9 +8,14 @@
  * decode step), and its CUDA CumSum has every output element re-add its whole prefix — O(V²) work
  * per row over a 151,936-token vocabulary. So when a chunk width k ∈ {256, 128, 64, 32} divides V,
  * the scores are viewed as [B, V/k, k] and every max, sum and prefix sum runs in two stages: within
- * chunks (k wide), then across chunks (V/k wide). Only the picked token's log-prob is gathered; no
- * full [B, V] log-softmax is materialised. When no width divides V, the same code runs with one
- * chunk of V (the one-stage form).
+ * chunks (k wide), then across chunks (V/k wide). When no width divides V, the same code runs with
+ * one chunk of V (the one-stage form).
+ *
+ * Which kernels, measured on [256, 151936] float32 (H100, 2026-11-24, tools/bench/rollout/
+ * pick-bench.ts): the within-chunk max runs as MaxPool (92 µs; 132 µs with the argmax indices)
+ * rather than ReduceMax (345 µs: the CUDA provider hands Max/Min reductions to cuDNN), and a
+ * log-partition the pick does not otherwise need comes from one LogSoftmax kernel (140 µs) rather
+ * than max, subtract, exp and sum passes. Greedy picking went from 1.41 ms to ~0.3 ms per step.
  */
 import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
@@ -57,9 +62,10 @@ function chunks(x: Tensor): Tensor {
   return L.reshape(x, [B, V / k, k]);
 }
 
-/** The row maximum of chunks [B, C, k], as [B, 1, 1]: within chunks, then across them. */
-function chunkedMax(c: Tensor): Tensor {
-  return L.reduceMax(L.reduceMax(c, [2], true), [1], true);
+/** The row maximum of float32 [B, V], as [B, 1, 1]: within chunks (MaxPool), then across them. */
+function rowMax(x: Tensor): Tensor {
+  const [B, V] = x.shape as [number | string, number];
+  return L.reduceMax(L.windowMax(L.reshape(x, [B, 1, V]), vocabChunkWidth(V)), [2], true);
 }
 
 /**
@@ -107,31 +113,30 @@ export function filteredScores(logits: Tensor, o: SamplingOptions): Tensor {
   }
   if (o.minP) {
     // p ≥ min_p · p_max ⇔ s − max(s) ≥ log(min_p): no softmax over the vocabulary needed.
-    const max = L.squeeze(chunkedMax(chunks(s)), [2]); // [B, 1]
+    const max = L.squeeze(rowMax(s), [2]); // [B, 1]
     s = drop(L.greaterOrEqual(L.sub(s, max), Math.log(o.minP)));
   }
   return s;
 }
 
-/** Index (int64 [B, 1]) of the first element of chunks [B, C, k] equal to their row maximum `max` [B, 1, 1]. */
-function firstMaxIndex(c: Tensor, max: Tensor): Tensor {
-  const [, C, k] = c.shape as [unknown, number, number];
-  const V = C * k;
-  const index = c.graph.constant(Float32Array.from({ length: V }, (_, i) => i), 'float32', [C, k]);
-  const candidates = L.where(L.equal(c, max), index, V);
-  return L.cast(L.reduceMin(L.reduceMin(candidates, [2]), [1], true), 'int64');
-}
-
 /**
  * Index of the first maximum along the last axis of float32 [B, V], as int64 [B, 1] — ArgMax's
- * result, from max, compare and min reductions over float indices (exact below 2²⁴), in two stages
- * over [B, V/k, k] (see {@link vocabChunkWidth}). ONNX Runtime's CUDA reductions over one long
- * axis parallelise over rows only: ArgMax over [64, 151936] took 9.4 ms (H100), most of a decode
- * step; reducing 128-wide chunks first gives every block work.
+ * result, in two stages over k-wide chunks (see {@link vocabChunkWidth}): MaxPool gives each
+ * chunk's maximum and where its first maximum is; across the V/k chunks, the first chunk holding
+ * the row maximum (a compare and a min over float chunk numbers) picks which index to keep.
+ * ONNX Runtime's CUDA ArgMax over one long axis parallelises over rows only: over [64, 151936] it
+ * took 9.4 ms (H100), most of a decode step.
  */
 export function firstArgMax(x: Tensor): Tensor {
-  const c = chunks(x);
-  return firstMaxIndex(c, chunkedMax(c));
+  const [B, V] = x.shape as [number | string, number];
+  const k = vocabChunkWidth(V);
+  const C = V / k;
+  const [chunkMax, where] = L.windowMaxWithIndex(L.reshape(x, [B, 1, V]), k); // [B, 1, C] each
+  const rowMaxima = L.reduceMax(chunkMax, [2], true); // [B, 1, 1]
+  const chunkNumber = x.graph.constant(Float32Array.from({ length: C }, (_, i) => i), 'float32', [C]);
+  const firstChunk = L.reduceMin(L.where(L.equal(chunkMax, rowMaxima), chunkNumber, C), [2], true); // [B, 1, 1]
+  const flat = L.gatherElements(where, L.cast(firstChunk, 'int64'), 2); // [B, 1, 1]: row·V + token
+  return L.mod(L.reshape(flat, [B, 1]), x.graph.constant(V, 'int64', []));
 }
 
 /**
@@ -180,37 +185,35 @@ export interface SampledTokens {
   rawLogprobs: Tensor;
 }
 
-/** log Σ exp over the rows of chunks [B, C, k] with their maximum `max` [B, 1, 1], as [B, 1]. */
-function logPartition(max: Tensor, mass: Tensor): Tensor {
-  return L.add(L.squeeze(max, [2]), L.log(L.reduceSum(mass, [1], true)));
-}
-
-/** log p(token) = x[token] − log Σ exp(x), picked per row: [B]. */
-function pickLogprob(x: Tensor, tokens: Tensor, logZ: Tensor): Tensor {
-  return L.squeeze(L.sub(L.gatherElements(x, tokens, 1), logZ), [1]);
+/** log p(token) per row, [B], from log-probabilities [B, V] and tokens int64 [B, 1]. */
+function pickLogprob(logp: Tensor, tokens: Tensor): Tensor {
+  return L.squeeze(L.gatherElements(logp, tokens, 1), [1]);
 }
 
 /**
  * Picks one token per row from float32 logits [B, V]: argmax when the temperature is 0, otherwise
  * the token whose cumulative probability interval holds `uniform` (float32 [B], in (0, 1)). Every
- * reduction and prefix sum over the vocabulary runs in two stages over chunks (module comment);
- * the log-probs are the picked scores minus a two-stage log-partition.
+ * max and prefix sum over the vocabulary runs in two stages over chunks (module comment). Sampling
+ * takes its log-prob from the chunk masses it already has (picked score − max − log Σ mass);
+ * greedy picking and the raw model's log-prob take theirs from one LogSoftmax.
  */
 export function sampleNext(logits: Tensor, o: SamplingOptions, uniform?: Tensor): SampledTokens {
   const greedy = (o.temperature ?? 1) === 0;
   if (!greedy && !uniform) throw new Error('sampling with temperature > 0 needs uniform noise');
   const scores = filteredScores(logits, o);
-  const c = chunks(scores);
-  const max = chunkedMax(c); // [B, 1, 1]
-  const e = L.exp(L.sub(c, max)); // [B, C, k]: unnormalised probabilities, 0 on filtered tokens
-  const mass = L.reduceSum(e, [2]); // [B, C]
-  const tokens = uniform && !greedy ? inverseCdf(e, mass, uniform) : firstMaxIndex(c, max);
-  const logprobs = pickLogprob(scores, tokens, logPartition(max, mass));
-  let rawLogprobs = logprobs;
-  if (scores !== logits) {
-    const raw = chunks(logits);
-    const rawMax = chunkedMax(raw);
-    rawLogprobs = pickLogprob(logits, tokens, logPartition(rawMax, L.reduceSum(L.exp(L.sub(raw, rawMax)), [2])));
+  let tokens: Tensor;
+  let logprobs: Tensor;
+  if (greedy) {
+    tokens = firstArgMax(scores);
+    logprobs = pickLogprob(L.logSoftmax(scores, 1), tokens);
+  } else {
+    const max = rowMax(scores); // [B, 1, 1]
+    const e = L.exp(L.sub(chunks(scores), max)); // [B, C, k]: unnormalised probabilities, 0 on filtered tokens
+    const mass = L.reduceSum(e, [2]); // [B, C]
+    tokens = inverseCdf(e, mass, uniform!);
+    const logZ = L.add(L.squeeze(max, [2]), L.log(L.reduceSum(mass, [1], true))); // [B, 1]
+    logprobs = L.squeeze(L.sub(L.gatherElements(scores, tokens, 1), logZ), [1]);
   }
+  const rawLogprobs = scores === logits ? logprobs : pickLogprob(L.logSoftmax(logits, 1), tokens);
   return { tokens: L.squeeze(tokens, [1]), logprobs, rawLogprobs };
 }

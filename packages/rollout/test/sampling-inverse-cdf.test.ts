@@ -252,11 +252,15 @@ test('two-stage sampling draws the distribution (χ², 20,000 draws over 2 chunk
   expect(chi2).toBeLessThan(20.52); // 5 degrees of freedom: P(χ² > 20.52) = 0.001
 });
 
-/** Lengths of the axes each reduction, prefix sum or softmax in the graph runs over. */
+/** Lengths of the axes each reduction, prefix sum, softmax or window max in the graph runs over. */
 function reducedAxisLengths(g: L.Graph): { op: string; length: number }[] {
   const out: { op: string; length: number }[] = [];
   for (const n of g.nodes) {
     const shape = n.inputs[0]?.shape ?? [];
+    if (n.op.name === 'MaxPool') {
+      out.push({ op: 'MaxPool', length: (n.attrs as { k: number }).k });
+      continue;
+    }
     const axesOf = (a: { axes?: number[]; axis?: number }) => a.axes ?? (a.axis !== undefined ? [a.axis] : []);
     if (!/^(Reduce|ArgM|CumSum|Softmax|LogSoftmax|TopK)/.test(n.op.name)) continue;
     for (const a of axesOf(n.attrs as { axes?: number[]; axis?: number })) {
@@ -267,8 +271,16 @@ function reducedAxisLengths(g: L.Graph): { op: string; length: number }[] {
   return out;
 }
 
-test('over a 151,936-token vocabulary no sampling op reduces or scans more than 1,187 elements in one stage, and no shape arithmetic lands on the CPU', () => {
-  for (const o of [{ temperature: 0 }, { temperature: 1 }, { temperature: 0.6 }, { temperature: 0.8, minP: 0.05 }]) {
+test('over a 151,936-token vocabulary no sampling reduction or scan covers more than 1,187 elements in one stage (LogSoftmax, one row-wise kernel, aside), and no shape arithmetic lands on the CPU', () => {
+  const cases: [SamplingOptions, number][] = [
+    // [options, LogSoftmax kernels expected]: greedy and the raw log-prob of a tempered sample take
+    // theirs from one LogSoftmax; a temperature-1 sample needs none (its masses give the log-prob).
+    [{ temperature: 0 }, 1],
+    [{ temperature: 1 }, 0],
+    [{ temperature: 0.6 }, 1],
+    [{ temperature: 0.8, minP: 0.05 }, 1],
+  ];
+  for (const [o, logSoftmaxes] of cases) {
     const g = new L.Graph('sample');
     const x = g.input('logits', 'float32', ['B', 151936]);
     const s = sampleNext(x, o, g.input('uniform', 'float32', ['B']));
@@ -276,8 +288,11 @@ test('over a 151,936-token vocabulary no sampling op reduces or scans more than 
     g.output(s.logprobs, 'logprobs');
     g.output(s.rawLogprobs, 'raw');
     const lengths = reducedAxisLengths(g);
-    expect(lengths.length).toBeGreaterThan(3);
-    expect(Math.max(...lengths.map((l) => l.length))).toBe(1187);
+    const staged = lengths.filter((l) => l.op !== 'LogSoftmax');
+    expect(staged.length).toBeGreaterThan(2);
+    expect(Math.max(...staged.map((l) => l.length))).toBe(1187);
+    expect(staged.filter((l) => l.op === 'MaxPool').map((l) => l.length)).toEqual(expect.arrayContaining([128]));
+    expect(lengths.filter((l) => l.op === 'LogSoftmax')).toEqual(new Array(logSoftmaxes).fill({ op: 'LogSoftmax', length: 151936 }));
     expect(L.runtimeShapeNodes(g).map((n) => n.name)).toEqual([]);
   }
 });

@@ -1,6 +1,6 @@
 /**
  * Reductions and ops along one axis: ReduceSum/SumSquare/Max/Min, ArgMax/ArgMin, Softmax, LogSoftmax,
- * CumSum and TopK, with their gradient rules.
+ * CumSum, TopK and windowed max (MaxPool), with their gradient rules.
  */
 import type { Dim } from '../dim';
 import type { DType } from '../dtype';
@@ -177,6 +177,44 @@ export function cumsum(x: Tensor, axis: number, opts: { exclusive?: boolean; rev
 export function topK(x: Tensor, k: Dim, axis = -1, largest = true): [Tensor, Tensor] {
   const ax = normAxis(axis, x.rank);
   const [v, i] = applyOp(topKOp, [x, x.graph.dimTensor(k)], { k, axis: ax, largest });
+  return [v, i];
+}
+
+/**
+ * MaxPool over the last axis of [N, C, W] in non-overlapping windows of k (stride k): the maximum
+ * of each window, [N, C, ⌊W/k⌋], and where it is, as ONNX gives it: the index into the flattened
+ * input, ((n·C + c)·W + w), of the window's first maximum. No gradient (sampling uses it).
+ *
+ * A reduction's equal in value, but ONNX Runtime's CUDA provider runs it as a pooling kernel: a max
+ * over 128-wide chunks of [256, 151936] float32 took 92 µs as MaxPool and 345 µs as ReduceMax
+ * (H100, 2026-11-24, docs/benchmarks.md).
+ */
+export const maxPoolOp = defineOp<{ k: number; indices: boolean }>({
+  name: 'MaxPool',
+  infer: ([x], { k, indices }) => {
+    if (x!.shape.length !== 3) throw new Error(`MaxPool: expects [N, C, W], got [${x!.shape}]`);
+    if (!isFloat(x!.dtype)) throw new Error(`MaxPool: expects a floating-point tensor, got ${x!.dtype}`);
+    const [n, c, w] = x!.shape;
+    if (typeof w !== 'number') throw new Error(`MaxPool: the pooled axis must be static, got [${x!.shape}]`);
+    if (w < k) throw new Error(`MaxPool: window ${k} is wider than the axis (${w})`);
+    const out = { dtype: x!.dtype, shape: [n, c, Math.floor(w / k)] };
+    return indices ? [out, { dtype: 'int64' as DType, shape: out.shape }] : [out];
+  },
+  onnxAttrs: ({ k }) => ({ kernel_shape: attr.ints([k]), strides: attr.ints([k]) }),
+  grad: 'none',
+});
+
+/** Maximum of each k-wide window along the last axis of [N, C, W], as [N, C, ⌊W/k⌋] (see {@link maxPoolOp}). */
+export function windowMax(x: Tensor, k: number): Tensor {
+  return applyOp(maxPoolOp, [x], { k, indices: false })[0];
+}
+
+/**
+ * {@link windowMax} with the flattened input index of each window's first maximum (int64,
+ * ((n·C + c)·W + w); see {@link maxPoolOp}).
+ */
+export function windowMaxWithIndex(x: Tensor, k: number): [Tensor, Tensor] {
+  const [v, i] = applyOp(maxPoolOp, [x], { k, indices: true });
   return [v, i];
 }
 
