@@ -2,8 +2,9 @@
  * Generation as a loop of runs over a KV cache that stays bound on the device: one prefill run per
  * batch of prompts, then one decode-step run per token, each step a replay of the same bound
  * buffers (a CUDA graph when enabled). Only the sampled tokens and their log-probs (12 bytes per
- * row, in one packed tensor: one device→host copy per step) come back to the host each step, for
- * the stop check; weights, caches, positions and noise stay on the device.
+ * row per step) come back to the host, for the stop check, and only once every `readEvery` steps:
+ * the steps in between are queued without waiting, each writing its result into a device-side
+ * history of the last `readEvery` steps. Weights, caches, positions and noise stay on the device.
  *
  * The engine is sized once — `rows` samples per run, caches of `maxLength` positions — and every
  * buffer is allocated at creation, so the decode step's addresses never change and a captured
@@ -56,6 +57,14 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
   cudaGraph?: boolean;
   /** Token used to pad prompts and for the spare rows. Default 0. */
   padTokenId?: number;
+  /**
+   * Decode steps per read of the results (tokens and log-probs) and per stop check. The runs in
+   * between are queued without waiting for the device, and each writes its result into a history
+   * of the last `readEvery` steps that one copy then brings back. A row that stops keeps running
+   * until the next read (its extra tokens are dropped), so a run can take up to `readEvery` − 1
+   * steps more than its longest row needs. Default 8; 1 reads and waits after every step.
+   */
+  readEvery?: number;
   /** Options of both sessions (e.g. `allowCpuFallback`, `profilePrefix`); `cudaGraph` above wins. */
   session?: SessionOptions;
   /**
@@ -117,6 +126,8 @@ interface StepBuffers {
   token: DeviceTensor;
   seqlens: DeviceTensor;
   step: DeviceTensor;
+  /** The results of the last `readEvery` steps, float32 [rows, readEvery, 3] (see SAMPLED_COLUMNS). */
+  history: DeviceTensor;
 }
 
 /** Every buffer an engine owns, allocated once at creation. */
@@ -125,8 +136,6 @@ interface EngineBuffers {
   caches: DeviceTensor[];
   ping: StepBuffers;
   pong: StepBuffers;
-  /** The packed per-step result, float32 [rows, 3] (see SAMPLED_COLUMNS); written by every run. */
-  sampled: DeviceTensor;
   /** Zeros the prefill extends each prompt's cache with (one layer's cache in size). */
   tail: DeviceTensor;
   noise: DeviceTensor | undefined;
@@ -136,7 +145,7 @@ interface EngineBuffers {
  * Allocates an engine's buffers. On failure frees what it had allocated and, for lack of memory,
  * says what the sizes asked for (the original message kept, so it still reads as out-of-memory).
  */
-function allocateBuffers(device: Device, config: DecoderConfig, opts: KvCacheGeneratorOptions & { dtype: DType }): EngineBuffers {
+function allocateBuffers(device: Device, config: DecoderConfig, opts: KvCacheGeneratorOptions & { dtype: DType; readEvery: number }): EngineBuffers {
   const { rows: R, maxLength: M, dtype } = opts;
   const made: DeviceTensor[] = [];
   const zeros = (d: DType, dims: number[]) => {
@@ -148,12 +157,11 @@ function allocateBuffers(device: Device, config: DecoderConfig, opts: KvCacheGen
   try {
     const caches: DeviceTensor[] = [];
     for (let i = 0; i < 2 * config.numLayers; i++) caches.push(zeros(dtype, cacheDims));
-    const step = (): StepBuffers => ({ token: zeros('int64', [R, 1]), seqlens: zeros('int32', [R]), step: zeros('int64', [1]) });
+    const step = (): StepBuffers => ({ token: zeros('int64', [R, 1]), seqlens: zeros('int32', [R]), step: zeros('int64', [1]), history: zeros('float32', [R, opts.readEvery, SAMPLED_COLUMNS.length]) });
     return {
       caches,
       ping: step(),
       pong: step(),
-      sampled: zeros('float32', [R, SAMPLED_COLUMNS.length]),
       tail: zeros(dtype, cacheDims),
       noise: (opts.temperature ?? 1) === 0 ? undefined : zeros('float32', [R, M]),
     };
@@ -165,8 +173,8 @@ function allocateBuffers(device: Device, config: DecoderConfig, opts: KvCacheGen
   }
 }
 
-function disposeBuffers({ caches, ping, pong, sampled, tail, noise }: EngineBuffers): void {
-  for (const t of [...caches, tail, sampled, ...Object.values(ping), ...Object.values(pong), ...(noise ? [noise] : [])]) t.dispose();
+function disposeBuffers({ caches, ping, pong, tail, noise }: EngineBuffers): void {
+  for (const t of [...caches, tail, ...Object.values(ping), ...Object.values(pong), ...(noise ? [noise] : [])]) t.dispose();
 }
 
 /** A compiled prefill + decode-step pair over device-resident weights and caches. */
@@ -183,21 +191,21 @@ export class KvCacheGenerator {
   private constructor(
     readonly config: DecoderConfig,
     readonly device: Device,
-    private readonly opts: KvCacheGeneratorOptions & { dtype: DType },
+    private readonly opts: KvCacheGeneratorOptions & { dtype: DType; readEvery: number },
     private readonly prefill: Session,
     private readonly step: Session,
     private readonly weights: Map<string, DeviceTensor> | undefined,
     private readonly buffers: EngineBuffers,
   ) {
     const { maxLength: M } = opts;
-    const { caches, ping, pong, sampled, tail, noise } = buffers;
+    const { caches, ping, pong, tail, noise } = buffers;
     this.n = opts.groupSize ?? 1;
 
     const bindWeights = (b: Binding) => {
       for (const [name, t] of weights ?? []) b.input(name, t);
     };
     const bindOutputs = (b: Binding, to: StepBuffers) => {
-      b.output('next_token', to.token).output('next_seqlens', to.seqlens).output('next_step', to.step).output('sampled', sampled);
+      b.output('next_token', to.token).output('next_seqlens', to.seqlens).output('next_step', to.step).output('next_history', to.history);
       for (let i = 0; i < config.numLayers; i++) {
         b.output(cacheName(i, 'key', 'output'), caches[2 * i]).output(cacheName(i, 'value', 'output'), caches[2 * i + 1]);
       }
@@ -211,7 +219,7 @@ export class KvCacheGenerator {
     const decodeBinding = (from: StepBuffers, to: StepBuffers, graphId: number) => {
       const b = step.binding();
       bindWeights(b);
-      b.input('token', from.token).input('seqlens', from.seqlens).input('step', from.step).input('cache_length', hostTensor('int32', [], [M]));
+      b.input('token', from.token).input('seqlens', from.seqlens).input('step', from.step).input('history', from.history).input('cache_length', hostTensor('int32', [], [M]));
       if (noise) b.input('noise', noise);
       for (let i = 0; i < config.numLayers; i++) {
         b.input(cacheName(i, 'key', 'input'), caches[2 * i]).input(cacheName(i, 'value', 'input'), caches[2 * i + 1]);
@@ -237,6 +245,8 @@ export class KvCacheGenerator {
       throw new Error(`maxLength must be an integer in [2, ${config.maxPositionEmbeddings}] (the model's max_position_embeddings), got ${opts.maxLength}`);
     }
     if (opts.cudaGraph && device.kind !== 'cuda') throw new Error('cudaGraph needs a CUDA device');
+    const readEvery = opts.readEvery ?? 8;
+    if (!Number.isInteger(readEvery) || readEvery < 1) throw new Error(`readEvery must be a positive integer, got ${opts.readEvery}`);
     const pad = opts.padTokenId ?? 0;
     if (!Number.isInteger(pad) || pad < 0 || pad >= config.vocabSize) throw new Error(`padTokenId must be a token id in [0, ${config.vocabSize}), got ${opts.padTokenId}`);
     if (!weights && !opts.graphWeights) throw new Error('weights: give device tensors, or graphWeights and bind them with bindWeights');
@@ -252,13 +262,13 @@ export class KvCacheGenerator {
       add(g, opts.graphWeights ? opts.graphWeights(g) : weightInputs(g, config, dtype, dtype).weights);
       return g;
     };
-    const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts)), { ...opts.session, name: 'kv-prefill', cudaGraph: false });
+    const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts, readEvery)), { ...opts.session, name: 'kv-prefill', cudaGraph: false });
     let step: Session | undefined;
     let buffers: EngineBuffers | undefined;
     try {
-      step = device.compile(build('lathe_kv_decode', (g, w) => addKvDecodeStep(g, config, w, dtype, opts)), { ...opts.session, name: 'kv-decode', cudaGraph: opts.cudaGraph });
-      buffers = allocateBuffers(device, config, { ...opts, dtype });
-      return new KvCacheGenerator(config, device, { ...opts, dtype }, prefill, step, weights, buffers);
+      step = device.compile(build('lathe_kv_decode', (g, w) => addKvDecodeStep(g, config, w, dtype, opts, readEvery)), { ...opts.session, name: 'kv-decode', cudaGraph: opts.cudaGraph });
+      buffers = allocateBuffers(device, config, { ...opts, dtype, readEvery });
+      return new KvCacheGenerator(config, device, { ...opts, dtype, readEvery }, prefill, step, weights, buffers);
     } catch (e) {
       if (buffers) disposeBuffers(buffers);
       step?.dispose();
@@ -399,7 +409,7 @@ export class KvCacheGenerator {
     pb.input('cache_start', hostTensor('int64', [1], [P]));
     // Spare rows (r ≥ live) repeat prompt 0; their output is dropped.
     pb.input('expand_index', hostTensor('int64', [R], Array.from({ length: R }, (_, r) => BigInt(r < live ? rowPrompt[r] : 0))));
-    const { noise, sampled } = this.buffers;
+    const { noise, ping, pong } = this.buffers;
     if (noise) {
       // A row's noise is its sample's stream, whatever row the sample landed on.
       const sampleKeys = Array.from({ length: R }, (_, r) => (r < live ? samples[run[rowPrompt[r]]][rowSample[r]] : 0));
@@ -416,30 +426,42 @@ export class KvCacheGenerator {
     const done = new Array<boolean>(live).fill(false);
     let remaining = live;
     const width = SAMPLED_COLUMNS.length;
-    // One device→host copy per step: token id, log-prob, raw log-prob per row.
-    const collect = () => {
-      const out = sampled.download().data as Float32Array;
-      for (let r = 0; r < live; r++) {
-        if (done[r]) continue;
-        const id = out[r * width];
-        tokens[r].push(id);
-        logprobs[r].push(out[r * width + 1]);
-        raw[r].push(out[r * width + 2]);
-        if (stop.has(id)) {
-          done[r] = true;
-          remaining--;
+    const K = this.opts.readEvery;
+    // Step s's results sit in column s mod K of the history it wrote: the prefill (step 0) and
+    // even steps write ping's, odd steps pong's (decode[0] reads ping and writes pong).
+    let read = -1; // the last step whose results the host has
+    const readThrough = (s: number) => {
+      this.decode[0].synchronize();
+      lap('decodeMs');
+      const out = (s % 2 === 1 ? pong : ping).history.download().data as Float32Array;
+      for (let j = read + 1; j <= s; j++) {
+        const col = j % K;
+        for (let r = 0; r < live; r++) {
+          if (done[r]) continue;
+          const at = (r * K + col) * width;
+          const id = out[at];
+          tokens[r].push(id);
+          logprobs[r].push(out[at + 1]);
+          raw[r].push(out[at + 2]);
+          if (stop.has(id)) {
+            done[r] = true;
+            remaining--;
+          }
         }
       }
+      read = s;
+      lap('transferMs');
     };
-    collect();
-    lap('transferMs');
-    for (let s = 1; s < call.maxNewTokens && remaining > 0; s++) {
+    const last = call.maxNewTokens - 1;
+    // Read once every K steps (steps K−1, 2K−1, …) and after the last.
+    const readDue = (s: number) => (s + 1) % K === 0 || s === last;
+    if (readDue(0)) readThrough(0);
+    for (let s = 1; s <= last && remaining > 0; s++) {
       this.opts.beforeRun?.('decode', B);
-      this.decode[s % 2 === 1 ? 0 : 1].runSync();
+      this.decode[s % 2 === 1 ? 0 : 1].runSync({ synchronize: false });
       t.decodeSteps++;
       lap('decodeMs');
-      collect();
-      lap('transferMs');
+      if (readDue(s)) readThrough(s);
     }
     const out: Completion[] = [];
     for (let r = 0; r < live; r++) {

@@ -44,18 +44,22 @@ test('sampling with groups and stop tokens: same samples as the in-graph generat
   const free = await reference.generate(prompts, { maxNewTokens: 8, seed: 7 });
   const call = { maxNewTokens: 8, seed: 7, stopIds: [free[0].tokens[2], free[7].tokens[4]] };
   const want = await reference.generate(prompts, call);
-  const kv = KvCacheGenerator.fromPretrained(dir, device, { ...opts, rows: 6, maxLength: 16 });
-  const got = await kv.generate(prompts, call);
-  expectSame(got, want);
-  expect(got.some((c) => c.finishReason === 'stop')).toBe(true);
-  for (const c of got) if (c.finishReason === 'stop') expect(call.stopIds).toContain(c.tokens.at(-1));
-  // A rerun of the same engine (caches hold the last run's values) gives the same samples.
-  expectSame(await kv.generate(prompts, call), want);
-  kv.dispose();
+  // Results read after every step, every 3 steps (stops seen late: rows run on, their extra
+  // tokens dropped) and once per run (8 > the 7 decode steps).
+  for (const readEvery of [1, 3, 8]) {
+    const kv = KvCacheGenerator.fromPretrained(dir, device, { ...opts, rows: 6, maxLength: 16, readEvery });
+    const got = await kv.generate(prompts, call);
+    expectSame(got, want);
+    expect(got.some((c) => c.finishReason === 'stop')).toBe(true);
+    for (const c of got) if (c.finishReason === 'stop') expect(call.stopIds).toContain(c.tokens.at(-1));
+    // A rerun of the same engine (caches hold the last run's values) gives the same samples.
+    expectSame(await kv.generate(prompts, call), want);
+    kv.dispose();
+  }
   await reference.dispose();
 });
 
-test('two-stage sampling over a chunked vocabulary (96 = 3 × 32): the in-graph samples, the teacher-forced log-probs, one download per step', async () => {
+test('two-stage sampling over a chunked vocabulary (96 = 3 × 32): the in-graph samples, the teacher-forced log-probs, one download per readEvery steps', async () => {
   const chunked: HfConfig = { ...wideQwen3, vocab_size: 96 };
   expect(vocabChunkWidth(96)).toBe(32);
   const m = tinyModel(chunked, 6);
@@ -63,12 +67,20 @@ test('two-stage sampling over a chunked vocabulary (96 = 3 × 32): the in-graph 
   const call = { maxNewTokens: 6, seed: 5 };
   const reference = await Generator.fromPretrained(m.dir, opts);
   const want = await reference.generate(prompts, call);
-  const kv = KvCacheGenerator.fromPretrained(m.dir, device, { ...opts, rows: 4, maxLength: 16 });
-  // Every host read of a run goes through one packed [rows, 3] tensor: one download per step.
-  const downloads = jest.spyOn(DeviceTensor.prototype, 'download');
-  const got = await kv.generate(prompts, call);
-  expect(downloads).toHaveBeenCalledTimes(3 + kv.lastTimings.decodeSteps); // 3 runs (2 + 2 + 1 prompts): 3 prefills
-  downloads.mockRestore();
+  // Every host read goes through one packed history of the last readEvery steps: 3 runs (2 + 2 + 1
+  // prompts) of 6 steps each (the prefill's and 5 decode steps) read 6, 2 (after steps 3 and 5)
+  // or 1 times each.
+  let kv: KvCacheGenerator | undefined;
+  for (const [readEvery, reads] of [[1, 6], [4, 2], [8, 1]]) {
+    kv?.dispose();
+    kv = KvCacheGenerator.fromPretrained(m.dir, device, { ...opts, rows: 4, maxLength: 16, readEvery });
+    const downloads = jest.spyOn(DeviceTensor.prototype, 'download');
+    expectSame(await kv.generate(prompts, call), want);
+    expect(downloads).toHaveBeenCalledTimes(3 * reads);
+    expect(kv.lastTimings.decodeSteps).toBe(3 * 5);
+    downloads.mockRestore();
+  }
+  const got = await kv!.generate(prompts, call);
   expectSame(got, want);
   // Independent truth: log-softmax (float64) of the teacher-forced logits at each sampled token.
   const logits = await logitsRunner(m.dir, m.config);
@@ -81,7 +93,7 @@ test('two-stage sampling over a chunked vocabulary (96 = 3 × 32): the in-graph 
       expect(c.logprobs[t]).toBe(c.rawLogprobs[t]); // temperature 1, no filters: the same distribution
     });
   }
-  kv.dispose();
+  kv!.dispose();
   await reference.dispose();
 });
 
@@ -90,6 +102,7 @@ test('bad input is rejected before any run', () => {
   expect(() => KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 3, maxLength: 8, groupSize: 2 })).toThrow(/multiple of groupSize/);
   expect(() => KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 4096 })).toThrow(/max_position_embeddings/);
   expect(() => KvCacheGenerator.fromPretrained(dir, device, { topP: 1.5, rows: 2, maxLength: 8 })).toThrow(/top_p/);
+  expect(() => KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 8, readEvery: 0 })).toThrow(/readEvery must be a positive integer, got 0/);
   return Promise.all([
     expect(kv.generate([[1, 2, 3, 4, 5, 6]], { maxNewTokens: 4 })).rejects.toThrow(/prompt 0: 6 tokens \+ 4 new exceed the generator's maxLength of 8/),
     expect(kv.generate([[1], []], { maxNewTokens: 2 })).rejects.toThrow(/prompt 1 is empty/),

@@ -4,8 +4,9 @@ large share with small per-call times means dispatch-bound; run with CUDA_LAUNCH
 node times kernel times). With --by-scope, also the time per scope of the node names Lathe writes
 (layerN/attn/…, layerN/mlp/…, grad/<forward node>/…, optimizer/…), layers merged as layer*, and the
 top op types within each scope. --last-run counts only the nodes of the last model run (the first
-runs of a session include the memory arena's growth and algorithm searches).
-usage: python3 profile_summary.py PROFILE.json [--top 25] [--by-scope] [--last-run]"""
+runs of a session include the memory arena's growth and algorithm searches); --run K only those of
+run K (0-based in time order, negative from the end).
+usage: python3 profile_summary.py PROFILE.json [--top 25] [--by-scope] [--last-run | --run K]"""
 import re
 import json
 import sys
@@ -20,10 +21,11 @@ def main():
     by_scope = defaultdict(lambda: [0.0, 0])
     by_scope_op = defaultdict(lambda: defaultdict(float))
     runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
-    if "--last-run" in sys.argv and runs:
-        last = max(runs, key=lambda e: e["ts"])
-        events = [e for e in events if last["ts"] <= e.get("ts", -1) <= last["ts"] + last["dur"]]
-        runs = [last]
+    pick = -1 if "--last-run" in sys.argv else int(sys.argv[sys.argv.index("--run") + 1]) if "--run" in sys.argv else None
+    if pick is not None and runs:
+        one = sorted(runs, key=lambda e: e["ts"])[pick]
+        events = [e for e in events if one["ts"] <= e.get("ts", -1) <= one["ts"] + one["dur"]]
+        runs = [one]
     for e in events:
         if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
             op = e.get("args", {}).get("op_name", "?")
