@@ -9,8 +9,16 @@ import type { DType, Tensor } from '@lathe/onnx';
 import type { DecoderConfig } from './config';
 import { ropeInverseFrequencies } from './rope';
 
-/** Looks up a weight by its Hugging Face name, already in the compute dtype. */
-export type Weights = (hfName: string) => Tensor;
+/**
+ * Looks up a weight by its Hugging Face name, already in the compute dtype. It may also carry a
+ * side branch for the decoder's projections (LoRA's low-rank term): {@link project} adds
+ * `branch(name, x)` to x·Wᵀ, and `w(name)` is then the frozen base alone.
+ */
+export interface Weights {
+  (hfName: string): Tensor;
+  /** The term added to the output of the projection whose weight is `hfName` (input x), or undefined where there is none. */
+  branch?: (hfName: string, x: Tensor) => Tensor | undefined;
+}
 
 /** Keys and values of one layer: [B, numKvHeads, S, headDim]. */
 export interface KvPair {
@@ -150,6 +158,23 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor): Tensor {
   return bias ? L.add(y, bias) : y;
 }
 
+/**
+ * A projection of the decoder (q/k/v/o, gate/up/down) by its module name: x·Wᵀ (+ `<module>.bias`
+ * when `bias`) (+ the weights' side branch for that weight, if any). Every projection goes through
+ * here, so a side branch reaches them all.
+ */
+export function project(w: Weights, module: string, x: Tensor, bias = false): Tensor {
+  const name = `${module}.weight`;
+  const y = linear(x, w(name), bias ? w(`${module}.bias`) : undefined);
+  const side = w.branch?.(name, x);
+  return side ? L.add(y, side) : y;
+}
+
+/** Whether `hfName` is a weight the decoder reads through {@link project} (where a side branch applies). */
+export function isProjectionWeight(hfName: string): boolean {
+  return /\.(self_attn\.[qkvo]|mlp\.(gate|up|down))_proj\.weight$/.test(hfName);
+}
+
 /** Applies rotary position embedding to queries or keys [B, heads, T, headDim] (the fused form also [B, T, heads·headDim]). */
 export type Rope = (x: Tensor) => Tensor;
 
@@ -212,15 +237,15 @@ export function applyRope(x: Tensor, cos: Tensor, sin: Tensor, headDim: number):
  */
 function projectQkv(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor, fused = false): { q: Tensor; k: Tensor; v: Tensor } {
   const [B, T] = x.shape;
-  const bias = (name: string) => (cfg.attentionBias ? w(`${prefix}.${name}.bias`) : undefined);
+  const proj = (name: string) => project(w, `${prefix}.${name}`, x, cfg.attentionBias);
   const heads = (t: Tensor, n: number) => L.reshape(t, [B, T, n, cfg.headDim]);
-  let q = heads(linear(x, w(`${prefix}.q_proj.weight`), bias('q_proj')), cfg.numHeads);
-  let k = heads(linear(x, w(`${prefix}.k_proj.weight`), bias('k_proj')), cfg.numKvHeads);
+  let q = heads(proj('q_proj'), cfg.numHeads);
+  let k = heads(proj('k_proj'), cfg.numKvHeads);
   if (cfg.qkNorm) {
     q = rmsNormHf(q, w(`${prefix}.q_norm.weight`), cfg.rmsNormEps, fused);
     k = rmsNormHf(k, w(`${prefix}.k_norm.weight`), cfg.rmsNormEps, fused);
   }
-  return { q, k, v: linear(x, w(`${prefix}.v_proj.weight`), bias('v_proj')) };
+  return { q, k, v: proj('v_proj') };
 }
 
 /** Grouped-query self-attention of one layer. */
@@ -251,7 +276,7 @@ export function attention(
     const s4 = L.mul(L.cast(L.matmul(q4, L.transpose(key, [0, 1, 3, 2])), accumulationDtype(x.dtype)), 1 / Math.sqrt(hd)); // [B, KV, G, S]
     const p4 = L.cast(L.maskedSoftmax(s4, mask), x.dtype); // mask [B, 1, 1, S] broadcasts over KV and G
     const merged1 = L.reshape(L.matmul(p4, value), [B, 1, H * hd]); // [B, KV, G, hd] → [B, 1, H·hd]
-    const out1 = linear(merged1, w(`${prefix}.o_proj.weight`), cfg.outputBias ? w(`${prefix}.o_proj.bias`) : undefined);
+    const out1 = project(w, `${prefix}.o_proj`, merged1, cfg.outputBias);
     return { out: out1, present: { key, value } };
   }
   // Queries grouped per KV head: [B, KV, H/KV, T, hd] against keys [B, KV, 1, S, hd].
@@ -261,7 +286,7 @@ export function attention(
   const probs = L.cast(L.maskedSoftmax(scores, L.unsqueeze(mask, [1])), x.dtype);
   const ctx = L.matmul(probs, L.unsqueeze(value, [2])); // [B, KV, G, T, hd]
   const merged = L.reshape(L.transpose(L.reshape(ctx, [B, H, T, hd]), [0, 2, 1, 3]), [B, T, H * hd]);
-  const out = linear(merged, w(`${prefix}.o_proj.weight`), cfg.outputBias ? w(`${prefix}.o_proj.bias`) : undefined);
+  const out = project(w, `${prefix}.o_proj`, merged, cfg.outputBias);
   return { out, present: { key, value } };
 }
 
@@ -279,7 +304,7 @@ export function flashAttention(cfg: DecoderConfig, w: Weights, prefix: string, x
   const flat = (t: Tensor, n: number) => rotary(L.reshape(t, [B, T, n * hd]));
   const r = L.groupQueryAttention({ query: flat(q, H), key: flat(k, KV), value: v, seqlensK: rows.seqlensK, totalSequenceLength: rows.totalSequenceLength }, { numHeads: H, kvNumHeads: KV });
   const attended = L.where(rows.tokens, r.output, x.graph.constant(0, r.output.dtype, []));
-  const out = linear(attended, w(`${prefix}.o_proj.weight`), cfg.outputBias ? w(`${prefix}.o_proj.bias`) : undefined);
+  const out = project(w, `${prefix}.o_proj`, attended, cfg.outputBias);
   return { out, present: { key: r.presentKey, value: r.presentValue } };
 }
 
@@ -301,16 +326,15 @@ export function gqaAttention(
   const q = L.reshape(p.q, [B, T, H * hd]);
   const k = L.reshape(p.k, [B, T, KV * hd]);
   const r = L.groupQueryAttention({ query: q, key: k, value: p.v, past, seqlensK: kv.seqlensK, totalSequenceLength: kv.totalSequenceLength, rotary: kv.rotary }, { numHeads: H, kvNumHeads: KV });
-  const out = linear(r.output, w(`${prefix}.o_proj.weight`), cfg.outputBias ? w(`${prefix}.o_proj.bias`) : undefined);
+  const out = project(w, `${prefix}.o_proj`, r.output, cfg.outputBias);
   return { out, present: { key: r.presentKey, value: r.presentValue } };
 }
 
 /** SwiGLU MLP: down(silu(gate(x)) · up(x)). */
 export function mlp(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor): Tensor {
-  const b = (name: string) => (cfg.mlpBias ? w(`${prefix}.${name}.bias`) : undefined);
-  const gate = linear(x, w(`${prefix}.gate_proj.weight`), b('gate_proj'));
-  const up = linear(x, w(`${prefix}.up_proj.weight`), b('up_proj'));
-  return linear(L.mul(L.silu(gate), up), w(`${prefix}.down_proj.weight`), b('down_proj'));
+  const gate = project(w, `${prefix}.gate_proj`, x, cfg.mlpBias);
+  const up = project(w, `${prefix}.up_proj`, x, cfg.mlpBias);
+  return project(w, `${prefix}.down_proj`, L.mul(L.silu(gate), up), cfg.mlpBias);
 }
 
 /**
