@@ -9,7 +9,7 @@ import { closest } from 'fastest-levenshtein';
 /** One option: its type, default and help text. */
 export type OptionSpec =
   | { type: 'string'; default: string; describe: string; choices?: readonly string[] }
-  | { type: 'number'; default: number; describe: string; integer?: boolean; min?: number; max?: number }
+  | { type: 'number'; default: number; describe: string; integer?: boolean; min?: number; max?: number; /** Exclusive upper bound. */ below?: number }
   | { type: 'boolean'; default: boolean; describe: string };
 
 /** A command's options by name (snake_case, as in YAML files and `--flags`). */
@@ -56,6 +56,7 @@ function checkValue(spec: OptionSpec, value: unknown, where: string): unknown {
     if (spec.integer && !Number.isInteger(v)) throw new Error(`${where} must be an integer, got ${v}`);
     if (spec.min !== undefined && v < spec.min) throw new Error(`${where} must be ≥ ${spec.min}, got ${v}`);
     if (spec.max !== undefined && v > spec.max) throw new Error(`${where} must be ≤ ${spec.max}, got ${v}`);
+    if (spec.below !== undefined && v >= spec.below) throw new Error(`${where} must be < ${spec.below}, got ${v}`);
     return v;
   }
   if (spec.type === 'boolean') {
