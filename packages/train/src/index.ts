@@ -8,4 +8,5 @@ export * from './sft-config';
 export * from './sft-data';
 export * from './sft';
 export * from './lora';
+export * from './dropout';
 export * from './trainer';
