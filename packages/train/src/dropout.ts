@@ -69,7 +69,8 @@ export function elementIndex(x: Tensor): Tensor {
   if (typeof last !== 'number') throw new Error(`elementIndex: the last dim of ${x} must be static`);
   const columns = x.graph.constant(Array.from({ length: last }, (_, i) => i), 'int64', [last]);
   if (x.rank === 1) return columns;
-  const ones = L.cast(L.onesLike(L.slice(x, [x.rank - 1], [0], [1])), 'int64'); // [d0, …, d_{r−2}, 1]
+  // ones [d0, …, d_{r−2}, 1] from x's first column: cast, ×0, +1 (no Shape: no shape arithmetic; no bf16 Expand)
+  const ones = L.add(L.mul(L.cast(L.slice(x, [x.rank - 1], [0], [1]), 'int64'), 0), 1);
   let row: Tensor | undefined;
   for (let ax = 0; ax < x.rank - 1; ax++) {
     const at = L.cumsum(ones, ax, { exclusive: true });
