@@ -1,14 +1,23 @@
 /**
- * LoRA: a targeted matrix W [out, in] is used as W + (alpha / rank) · B · A with trainable
- * A [rank, in] and B [out, rank]; the base stays frozen (a read-only graph input shared by every
- * step) and only the adapters carry optimizer state. A starts uniform in ±1/√in and B at zero, so
- * training starts from the base model exactly. Adapters are named as PEFT names them
- * (`<module>.lora_A.weight`, `<module>.lora_B.weight`), and `mergeLora` folds them into the base
- * for export.
+ * LoRA: a targeted projection y = x·Wᵀ gains a trainable low-rank side branch,
+ *   y = x·Wᵀ (+ bias) + (alpha / rank) · (drop(x)·Aᵀ)·Bᵀ,
+ * with A [rank, in] and B [out, rank] (PEFT's `LoraLayer.forward`; drop is `lora_dropout` on the
+ * adapter's input, training only). The base stays frozen (a read-only graph input shared by every
+ * step) and only the adapters carry optimizer state. Because W enters the loss only through x·Wᵀ,
+ * the backward pass forms dx from it but no [out, in] gradient: the autodiff builds gradients only
+ * toward the adapters. A starts uniform in ±1/√in and B at zero, so training starts from the base
+ * model exactly. Adapters are named as PEFT names them (`<module>.lora_A.weight`,
+ * `<module>.lora_B.weight`); `mergeLora` folds them into the base for export, and
+ * `mergedLoraWeights` in the graph for generation, which reads whole weights.
+ *
+ * Dropout masks come from an in-graph counter-based hash (dropout.ts) keyed by the
+ * {@link LORA_DROPOUT_KEY} input — (seed, optimizer step, micro-batch index) — and salted per
+ * adapter, so a resumed run draws the same masks bit for bit.
  */
 import * as L from '@lathe/onnx';
 import type { DType, Tensor } from '@lathe/onnx';
-import { paramSpecs, type DecoderConfig, type Weights } from '@lathe/models';
+import { isProjectionWeight, linear, paramSpecs, type DecoderConfig, type Weights } from '@lathe/models';
+import { droppedElements, streamKey } from './dropout';
 import { seededRandom } from './sft-data';
 import type { TrainableParam } from './train-step';
 
@@ -18,6 +27,8 @@ export interface LoraConfig {
   alpha: number;
   /** Regular expression matched against HF parameter names of matrices (e.g. `q_proj|v_proj`). */
   targets: string;
+  /** Dropout probability on each adapter's input in training (PEFT's `lora_dropout`), in [0, 1). Default 0. */
+  dropout?: number;
 }
 
 /** One adapted matrix. */
@@ -31,6 +42,8 @@ export interface LoraAdapter {
 /** The adapters a config implies; an empty match is an error naming the pattern. */
 export function loraAdapters(cfg: DecoderConfig, lora: LoraConfig): LoraAdapter[] {
   if (!Number.isInteger(lora.rank) || lora.rank < 1) throw new Error(`lora rank must be a positive integer, got ${lora.rank}`);
+  const dropout = lora.dropout ?? 0;
+  if (!(dropout >= 0 && dropout < 1)) throw new Error(`lora_dropout must be in [0, 1), got ${dropout}`);
   let pattern: RegExp;
   try {
     pattern = new RegExp(lora.targets);
@@ -65,24 +78,68 @@ export function initLora(adapters: LoraAdapter[], seed: number): Map<string, Flo
   return out;
 }
 
+/** The batch input of a LoRA train step with dropout: int64 [3] = (seed, optimizer step, micro-batch index). */
+export const LORA_DROPOUT_KEY = 'lora_dropout_key';
+
+/** The {@link LORA_DROPOUT_KEY} value of one micro-batch: what the masks of that run are a function of. */
+export function loraDropoutKey(seed: number, step: number, microBatch: number): { data: BigInt64Array; dims: number[] } {
+  return { data: BigInt64Array.of(BigInt(seed), BigInt(step), BigInt(microBatch)), dims: [3] };
+}
+
+/** Options of {@link loraWeights}. */
+export interface LoraWeightsOptions {
+  /**
+   * The graph trains: with `dropout` > 0 each adapter's input is dropped out, the masks keyed by
+   * the {@link LORA_DROPOUT_KEY} input this declares. Default false (scoring, evaluation: no dropout).
+   */
+  training?: boolean;
+}
+
 /**
- * Weights for the decoder: targeted matrices become base + scale · B·A (computed in float32, then
- * cast to `compute`), the rest are the base weights cast to `compute`.
+ * Weights for the decoder with LoRA as a side branch: every weight is the base cast to `compute`,
+ * and `branch` adds scale·(drop(x)·Aᵀ)·Bᵀ to each targeted projection (A and scale·B cast to
+ * `compute`; inverted dropout's 1/(1 − p) is folded into the scale). A targeted matrix the decoder
+ * does not read through a projection (an LM or score head) is merged instead, as in
+ * {@link mergedLoraWeights}, and gets no dropout.
  */
-export function loraWeights(base: (name: string) => Tensor, trainable: Map<string, Tensor>, adapters: LoraAdapter[], lora: LoraConfig, compute: DType): Weights {
+export function loraWeights(base: (name: string) => Tensor, trainable: Map<string, Tensor>, adapters: LoraAdapter[], lora: LoraConfig, compute: DType, opts: LoraWeightsOptions = {}): Weights {
+  const byTarget = new Map(adapters.map((a, index) => [a.target, { ...a, index }]));
+  const p = opts.training ? (lora.dropout ?? 0) : 0;
+  const graph = (trainable.values().next().value as Tensor).graph;
+  const key = p > 0 ? graph.input(LORA_DROPOUT_KEY, 'int64', [3]) : undefined;
+  const merged = mergedLoraWeights(base, trainable, adapters, lora, compute);
+  const scale = lora.alpha / lora.rank / (1 - p);
+  // A and scale·B in the compute dtype, once per adapter
+  const factors = memo((ad: LoraAdapter) => {
+    const b = trainable.get(ad.b.name)!;
+    return { a: L.cast(trainable.get(ad.a.name)!, compute), b: L.cast(scale === 1 ? b : L.mul(b, scale), compute) };
+  });
+  const weights: Weights = memo((name: string) => (byTarget.has(name) && !isProjectionWeight(name) ? merged(name) : L.cast(base(name), compute)));
+  weights.branch = (name, x) => {
+    const ad = byTarget.get(name);
+    if (!ad || !isProjectionWeight(name)) return undefined;
+    const input = key ? L.where(droppedElements(x, streamKey(key, ad.index), p), graph.constant(0, x.dtype, []), x) : x;
+    const { a, b } = factors(ad);
+    return linear(linear(input, a), b);
+  };
+  return weights;
+}
+
+/**
+ * Weights for the decoder with LoRA merged: targeted matrices become base + scale · B·A (computed
+ * in float32, then cast to `compute`), the rest are the base weights cast to `compute`. For graphs
+ * that read whole weights (generation: merged once per run, outside the decode loop); training
+ * uses {@link loraWeights}, which never forms an [out, in] gradient.
+ */
+export function mergedLoraWeights(base: (name: string) => Tensor, trainable: Map<string, Tensor>, adapters: LoraAdapter[], lora: LoraConfig, compute: DType): Weights {
   const byTarget = new Map(adapters.map((a) => [a.target, a]));
-  const cache = new Map<string, Tensor>();
   const scale = lora.alpha / lora.rank;
-  return (name) => {
-    const hit = cache.get(name);
-    if (hit) return hit;
+  return memo((name: string) => {
     const ad = byTarget.get(name);
     let w = base(name);
     if (ad) w = L.add(w, L.mul(L.matmul(trainable.get(ad.b.name)!, trainable.get(ad.a.name)!), scale));
-    const t = w.dtype === compute ? w : L.cast(w, compute);
-    cache.set(name, t);
-    return t;
-  };
+    return L.cast(w, compute);
+  });
 }
 
 /** base + scale · B·A for every adapter, on the host (for export and evaluation). */
@@ -107,4 +164,13 @@ export function mergeLora(base: Map<string, Float32Array>, values: Map<string, F
     merged.set(ad.target, W);
   }
   return merged;
+}
+
+/** `fn` computed once per argument. */
+function memo<K, V>(fn: (k: K) => V): (k: K) => V {
+  const done = new Map<K, V>();
+  return (k) => {
+    if (!done.has(k)) done.set(k, fn(k));
+    return done.get(k)!;
+  };
 }

@@ -36,6 +36,7 @@ export const sftSchema = {
   lora_rank: { type: 'number', default: 0, integer: true, min: 0, describe: 'LoRA rank (0: full fine-tuning)' },
   lora_alpha: { type: 'number', default: 16, min: 0, describe: 'LoRA alpha (adapters are scaled by alpha / rank)' },
   lora_targets: { type: 'string', default: 'q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj', describe: 'Regular expression over HF weight names selecting the matrices LoRA adapts' },
+  lora_dropout: { type: 'number', default: 0, min: 0, below: 1, describe: "Dropout on each LoRA adapter's input in training (PEFT's lora_dropout), in [0, 1); masks from an in-graph hash of (seed, step, micro-batch), so --resume redraws them exactly" },
   seed: { type: 'number', default: 0, integer: true, describe: 'Seed of data order, splits and the built-in model' },
   eval_examples: { type: 'number', default: 64, integer: true, min: 0, describe: 'Held-out examples scored by greedy generation (exact match)' },
   eval_grader: { type: 'string', default: 'exact', choices: ['exact', 'math'], describe: 'How a generated response is judged: exact string match, or the math grader (final answers extracted and compared symbolically)' },

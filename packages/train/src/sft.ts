@@ -10,7 +10,7 @@ import { stringify as toYaml } from 'yaml';
 import * as L from '@lathe/onnx';
 import { paramSpecs, parseConfig, randomModel, TOTAL_LENGTH_INPUT, totalLengthTensor, weightInputs, type DecoderConfig, type HfConfig } from '@lathe/models';
 
-import { initLora, loraAdapters, loraWeights, mergeLora, type LoraConfig } from './lora';
+import { initLora, LORA_DROPOUT_KEY, loraAdapters, loraDropoutKey, loraWeights, mergeLora, type LoraConfig } from './lora';
 import { listCheckpoints, loadCheckpoint, loadFloat32, saveCheckpoint, type TrainerState } from './checkpoint';
 import { MathGrader } from '@lathe/graders';
 import { CharTokenizer, HfTokenizer } from '@lathe/tokenizer';
@@ -156,7 +156,8 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
 
   // What is trained: every weight, or LoRA adapters over a frozen base fed as `base/<name>` inputs.
   const specs = paramSpecs(config);
-  const lora: LoraConfig | undefined = cfg.lora_rank > 0 ? { rank: cfg.lora_rank, alpha: cfg.lora_alpha, targets: cfg.lora_targets } : undefined;
+  if (cfg.lora_dropout !== 0 && cfg.lora_rank === 0) throw new Error(`--lora_dropout ${cfg.lora_dropout} applies to LoRA adapters, but --lora_rank is 0 (full fine-tuning)`);
+  const lora: LoraConfig | undefined = cfg.lora_rank > 0 ? { rank: cfg.lora_rank, alpha: cfg.lora_alpha, targets: cfg.lora_targets, dropout: cfg.lora_dropout } : undefined;
   const adapters = lora ? loraAdapters(config, lora) : [];
   const params: TrainableParam[] = lora
     ? adapters.flatMap((a) => [a.a, a.b])
@@ -167,7 +168,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     ? sftLoss(config, {
         weights: (g, trainable) => {
           const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
-          return loraWeights((name) => base.get(name)!, trainable, adapters, lora, compute);
+          return loraWeights((name) => base.get(name)!, trainable, adapters, lora, compute, { training: true });
         },
         recompute: cfg.gradient_checkpointing,
         flashAttention,
@@ -196,6 +197,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     { ...init, step: state.step },
     { device, microBatches: cfg.micro_batches, frozen: frozenBase },
   );
+  const dropoutKeyed = trainer.batchInputs.includes(LORA_DROPOUT_KEY);
   // Everything below holds device memory: released however the run ends (a non-finite loss
   // throws after its checkpoint; a caller may go on to the next run in the same process).
   let genSession: Session | undefined;
@@ -313,7 +315,13 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
       const micro = Array.from({ length: cfg.micro_batches }, (_, k) => {
         const tensors = padBatch(batch.slice(k * per, (k + 1) * per), tokenizer.padId);
         const width = tensors.input_ids.dims[1];
-        return { ...tensors, loss_tokens: lossTokensInput, ...(flashAttention ? { [TOTAL_LENGTH_INPUT]: totalLengthTensor(width) } : {}) };
+        return {
+          ...tensors,
+          loss_tokens: lossTokensInput,
+          ...(flashAttention ? { [TOTAL_LENGTH_INPUT]: totalLengthTensor(width) } : {}),
+          // LoRA dropout's masks: a function of (seed, optimizer step, micro-batch), so a resume redraws them
+          ...(dropoutKeyed ? { [LORA_DROPOUT_KEY]: loraDropoutKey(cfg.seed, trainer.step, k) } : {}),
+        };
       });
       const hostMs0 = performance.now() - t0;
       const result = trainer.trainStep(micro, lr);
