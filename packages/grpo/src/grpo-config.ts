@@ -77,6 +77,7 @@ export const grpoSchema = {
   lora_rank: { type: 'number', default: 0, integer: true, min: 0, describe: 'LoRA rank (0: train every weight)' },
   lora_alpha: { type: 'number', default: 16, min: 0, describe: 'LoRA alpha (adapters are scaled by alpha / rank)' },
   lora_targets: { type: 'string', default: 'q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj', describe: 'Regular expression over HF weight names selecting the matrices LoRA adapts' },
+  lora_dropout: { type: 'number', default: 0, min: 0, below: 1, describe: "Dropout on each LoRA adapter's input in the train step (PEFT's lora_dropout), in [0, 1); never in generation or scoring. Masks from an in-graph hash of (seed, optimizer step, micro-batch), so --resume redraws them exactly" },
   seed: { type: 'number', default: 0, integer: true, describe: 'Seed of prompt order, the held-out split, sampling noise, minibatch shuffles and LoRA init' },
   // bookkeeping (these may change on --resume without --force)
   eval_sampled: { type: 'boolean', default: false, describe: 'At each evaluation also sample group_size completions per held-out prompt as rollouts are sampled, and report the fraction correct (eval_sampled_accuracy, mean@G) beside the greedy accuracy [may change on resume]' },

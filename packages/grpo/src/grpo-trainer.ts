@@ -34,7 +34,23 @@ import type { DecoderConfig } from '@lathe/models';
 import { paramSpecs } from '@lathe/models';
 import { kvCacheUnsupported, type SamplingOptions } from '@lathe/rollout';
 import { Device, type DeviceTensor, type SessionOptions } from '@lathe/runtime';
-import { castWeights, initLora, loraAdapters, loraWeights, mergeLora, permutation, Trainer, useFlashAttention, type AdamWConfig, type AttentionChoice, type LoraConfig, type TrainableParam } from '@lathe/train';
+import {
+  castWeights,
+  initLora,
+  LORA_DROPOUT_KEY,
+  loraAdapters,
+  loraDropoutKey,
+  loraWeights,
+  mergedLoraWeights,
+  mergeLora,
+  permutation,
+  Trainer,
+  useFlashAttention,
+  type AdamWConfig,
+  type AttentionChoice,
+  type LoraConfig,
+  type TrainableParam,
+} from '@lathe/train';
 import { advantageMatrix } from './advantages';
 import { dynamicSampling } from './dynamic-sampling';
 import { builtinEstimator, type AdvantageBatch, type AdvantageFunction, type EstimatorName } from './estimators';
@@ -118,7 +134,10 @@ export interface GrpoTrainerOptions<M> {
   shuffle?: boolean;
   /** AdamW settings. Default weight decay 0, gradient clipping at 1. */
   optimizer?: AdamWConfig;
-  /** Train LoRA adapters over a frozen base instead of every weight. */
+  /**
+   * Train LoRA adapters over a frozen base instead of every weight: a side branch on each targeted
+   * projection (merged into the base for generation); `dropout` applies in the train step only.
+   */
   lora?: LoraConfig;
   /** Where old log-probs come from. Default 'rescore'. */
   oldLogprobs?: 'rescore' | 'generation';
@@ -343,15 +362,21 @@ export class GrpoTrainer<M = unknown> {
     const lora = opts.lora;
     const adapters = lora ? loraAdapters(config, lora) : [];
     const trainable = GrpoTrainer.trainableParams(config, lora);
-    const policyWeights: PolicyWeights = {
-      trainable,
-      weights: lora
-        ? (g: Graph, t: Map<string, Tensor>) => {
-            const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
-            return loraWeights((n) => base.get(n)!, t, adapters, lora, compute);
-          }
-        : (_g: Graph, t: Map<string, Tensor>) => castWeights(t, compute),
+    // With LoRA the adapters are a side branch (scoring reads the train step's forward, without
+    // dropout), merged into the base for generation, which reads whole weights.
+    const baseInputs = (g: Graph) => {
+      const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
+      return (n: string) => base.get(n)!;
     };
+    const policyWeights: PolicyWeights = lora
+      ? {
+          trainable,
+          weights: (g, t) => loraWeights(baseInputs(g), t, adapters, lora, compute),
+          merged: (g, t) => mergedLoraWeights(baseInputs(g), t, adapters, lora, compute),
+        }
+      : { trainable, weights: (_g, t) => castWeights(t, compute) };
+    // the train step's: LoRA dropout (when configured) applies here only
+    const trainWeights = lora ? (g: Graph, t: Map<string, Tensor>) => loraWeights(baseInputs(g), t, adapters, lora, compute, { training: true }) : policyWeights.weights;
     for (const s of specs) check(weights.has(s.name), `weights: missing '${s.name}'`);
     const frozen: Record<string, DeviceTensor> = lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, device.upload({ data: weights.get(s.name)!, dims: s.shape })])) : {};
 
@@ -367,7 +392,7 @@ export class GrpoTrainer<M = unknown> {
     const entropyInStep = wantEntropy && (lossReadsEntropy || opts.oldLogprobs === 'generation');
     check(opts.attention === undefined || ['auto', 'composed', 'flash'].includes(opts.attention), `attention must be 'auto', 'composed' or 'flash', got ${String(opts.attention)}`);
     const flashAttention = useFlashAttention(opts.attention, device.kind);
-    const policy = decoderPolicy(config, { compute, chunk: opts.chunk, temperature, entropy: entropyInStep, weights: policyWeights.weights, recompute: opts.gradientCheckpointing, flashAttention });
+    const policy = decoderPolicy(config, { compute, chunk: opts.chunk, temperature, entropy: entropyInStep, weights: trainWeights, recompute: opts.gradientCheckpointing, flashAttention });
     const readsReference = custom ? Boolean(custom.readsReference) : klInLoss;
     const init = opts.resume
       ? { params: opts.resume.params, m: opts.resume.m, v: opts.resume.v, step: opts.resume.optimizerStep }
@@ -542,9 +567,15 @@ export class GrpoTrainer<M = unknown> {
       const order = (o.shuffle ?? true) ? permutation(batch.rows, hashSeed(o.seed ?? 0, this.rlStep, epoch)) : [...Array(batch.rows).keys()];
       for (const mb of evenSplit(order, this.minibatchCount(batch.rows))) {
         const normaliser = lossNormaliser(aggregation, mb.map((r) => batch.lengths[r]), { maxLength: o.maxNewTokens });
-        const micro = evenSplit(mb, this.trainer.microBatches).map((part) => {
+        const micro = evenSplit(mb, this.trainer.microBatches).map((part, j) => {
           const t = selectRows(batch, part, extra);
-          return Object.fromEntries(this.trainer.batchInputs.map((name) => [name, name === 'loss_normaliser' ? { data: Float32Array.from([normaliser]), dims: [] } : t[name]]));
+          const fed = (name: string) =>
+            name === 'loss_normaliser'
+              ? { data: Float32Array.from([normaliser]), dims: [] }
+              : name === LORA_DROPOUT_KEY
+                ? loraDropoutKey(o.seed ?? 0, this.trainer.step, j) // masks resume exactly: a function of (seed, optimizer step, micro-batch)
+                : t[name];
+          return Object.fromEntries(this.trainer.batchInputs.map((name) => [name, fed(name)]));
         });
         const r = this.trainer.trainStep(micro, lr);
         clock.ms.training += r.runMs;

@@ -36,6 +36,11 @@ export interface PolicyWeights {
   trainable: readonly TrainableParam[];
   /** The decoder's weights from the trainable tensors (a LoRA run declares its `base/<name>` inputs here). */
   weights: (g: Graph, trainable: Map<string, Tensor>) => Weights;
+  /**
+   * Whole weights for generation, where `weights` adds a side branch (LoRA): the adapters merged
+   * into the base once per run instead of a branch computed for every token. Default: `weights`.
+   */
+  merged?: (g: Graph, trainable: Map<string, Tensor>) => Weights;
 }
 
 /** Device tensors to bind by input name. */
@@ -108,7 +113,7 @@ export class GenerationRunner implements RolloutGenerator {
   /** Compiles the generation graph for `config` on `device`. */
   static create(device: Device, config: DecoderConfig, pw: PolicyWeights, opts: GenerationRunnerOptions): GenerationRunner {
     const g = new L.Graph((opts.sampling.temperature ?? 1) === 0 ? 'grpo_generate_greedy' : 'grpo_generate');
-    addGeneration(g, config, pw.weights(g, declareTrainable(g, pw)), { ...opts.sampling, groupSize: opts.groupSize, padTokenId: opts.padId });
+    addGeneration(g, config, (pw.merged ?? pw.weights)(g, declareTrainable(g, pw)), { ...opts.sampling, groupSize: opts.groupSize, padTokenId: opts.padId });
     return new GenerationRunner(device.compile(g, opts.session), opts);
   }
 
@@ -188,11 +193,12 @@ export interface KvGenerationRunnerOptions extends GenerationRunnerOptions {
 
 /**
  * The decoder's weights in the compute dtype, *materialised* from the trainer's tensors: one run
- * casts the float32 parameters (with LoRA: base + scale·B·A) into buffers held for the object's
- * lifetime, and only when the weight version changes. Casting inside the KV decode step instead
- * would read every float32 weight again for every token (2.4 GB per step at 0.6B). The buffers never
- * move, so a decode step reading them can replay as a CUDA graph. One object serves every KV runner
- * of a trainer (rollouts and greedy evaluation), so the copy (1.2 GB at 0.6B in bf16) exists once.
+ * casts the float32 parameters (with LoRA: base + scale·B·A, `PolicyWeights.merged`) into buffers
+ * held for the object's lifetime, and only when the weight version changes. Casting inside the KV
+ * decode step instead would read every float32 weight again for every token (2.4 GB per step at
+ * 0.6B). The buffers never move, so a decode step reading them can replay as a CUDA graph. One
+ * object serves every KV runner of a trainer (rollouts and greedy evaluation), so the copy (1.2 GB
+ * at 0.6B in bf16) exists once.
  * Weights that never change (the frozen KL reference, {@link frozenReference}) are materialised
  * once with {@link ComputeWeights.materialiseOnce}, which then frees the session that wrote them.
  */
@@ -252,7 +258,8 @@ export class ComputeWeights {
   /** The graph that writes `compute/<name>` = the weight in the compute dtype, its session and the buffers it writes into. */
   private build(): { session: Session; binding: Binding; buffers: Map<string, DeviceTensor> } {
     const g = new L.Graph('grpo_materialise_weights');
-    const w = this.pw.weights(g, declareTrainable(g, this.pw));
+    const w = (this.pw.merged ?? this.pw.weights)(g, declareTrainable(g, this.pw));
+    if (w.branch) throw new Error('ComputeWeights: the policy adds a side branch to its weights; materialising needs whole ones (PolicyWeights.merged)');
     const specs = paramSpecs(this.config);
     for (const spec of specs) g.output(L.cast(w(spec.name), this.compute), `compute/${spec.name}`);
     const session = this.device.compile(g, { ...this.session, name: 'grpo-materialise-weights', cudaGraph: false });
