@@ -14,7 +14,8 @@
  * float32 on the device, bound once as the loss's `base/<name>` inputs (the Trainer's `frozen`
  * option); the trainable parameters, and all AdamW state, are the adapters' A [R, in] and
  * B [out, R] of each matrix whose HF name matches --lora-targets (a regular expression). Each
- * targeted matrix is used as base + (alpha / R)·B·A, formed in float32 and cast to --compute.
+ * targeted projection gets LoRA's side branch, x·Wᵀ + (alpha / R)·(x·Aᵀ)·Bᵀ with A and B cast to
+ * --compute (`loraWeights`; the frozen base gets no [out, in] gradient). No LoRA dropout.
  * A ~ U(±1/√in) (seeded by --seed), B = 0. Only `--path bound`; --out then holds the adapters.
  * --profile writes ORT's profile of the step session when the trainer is disposed (run with
  * CUDA_LAUNCH_BLOCKING=1 so each node's time includes its GPU work).
