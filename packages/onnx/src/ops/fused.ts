@@ -9,9 +9,9 @@ import { formatShape, type Dim } from '../dim';
 import { isFloat } from '../dtype';
 import { applyOp, GraphError, type Tensor } from '../graph';
 import { attr, defineOp, type GradContext } from '../op';
-import { add, and, cast, div, lessOrEqual, mul, neg, reciprocal, sqrt, sub, where } from './elementwise';
+import { add, and, cast, div, lessOrEqual, mul, neg, onesLike, reciprocal, sqrt, sub, where, zerosLike } from './elementwise';
 import { matmul } from './linalg';
-import { reshape, slice, transpose, unsqueeze } from './shape-ops';
+import { concat, reshape, slice, transpose, unsqueeze } from './shape-ops';
 import { causalMask } from '../nn';
 import { reduceSum, reduceSumSquare, softmax } from './reduce';
 
@@ -151,13 +151,14 @@ export const groupQueryAttentionOp = defineOp<GroupQueryAttentionAttrs>({
  * the rule recomputes them from q and k — P = softmax((q·scale)·kᵀ + mask bias) under the causal
  * and key-length masks — and applies flash attention's backward:
  *   dV = Pᵀ·dO,  dP = dO·Vᵀ,  D = rowsum(dO ⊙ O),  dS = P ⊙ (dP − D),  dQ = dS·K·scale,  dK = dSᵀ·(Q·scale),
- * summing dK and dV over the query heads that share a KV head. The [B, heads, S, S] values exist
- * only while this layer's backward runs, and they are the rule's cost (each pass over them moves
- * 8·16·1024² elements per layer at 8 × 1024 for the 0.6B shape), so they stay in the compute dtype:
- * the softmax accumulates in float32 inside its kernel and D is summed in float32, but P, dP and dS
- * are stored in bf16/fp16. Flash attention also rounds P and dS to half precision for its products;
- * it forms dS = P ⊙ (dP − D) in float32 registers first, where this rule rounds the difference and
- * the product too (measured at the 0.6B shape: losses within 4e-6 of PyTorch's after 5 steps,
+ * summing dK and dV over the query heads that share a KV head (inside the products). The
+ * [B, heads, S, S] values exist only while this layer's backward runs, and they are the rule's cost
+ * (each pass over them moves 8·16·1024² elements per layer at 8 × 1024 for the 0.6B shape), so
+ * they stay in the compute dtype: the softmax accumulates in float32 inside its kernel, D is summed
+ * in float32 and dP − D is formed in the float32 accumulator of one matmul, but P, dP − D and dS
+ * are stored in bf16/fp16. Flash attention also rounds P and dS to half precision for its
+ * products; it forms dS = P ⊙ (dP − D) in float32 registers, where this rule rounds dP − D before
+ * the product (measured at the 0.6B shape: losses within 4e-6 of PyTorch's after 5 steps,
  * docs/benchmarks.md). In float32 nothing is rounded.
  * Query rows past a row's length (padding) use O = 0 in D, so whatever the kernel wrote there cannot
  * reach the gradient; their dO is expected to be 0 (the decoder zeroes those outputs, so it is).
@@ -179,9 +180,15 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
   const queries = (t: Tensor) => transpose(reshape(t, [B, S, KV, G, hd]), [0, 2, 3, 1, 4]);
   const keys = (t: Tensor) => unsqueeze(transpose(reshape(t, [B, S, KV, hd]), [0, 2, 1, 3]), [2]);
   const fromQueries = (t: Tensor) => reshape(transpose(t, [0, 3, 1, 2, 4]), [B, S, W]);
-  // [B, KV, G, hd, S] → [B, S, KV·hd], summing the G query heads that share a KV head
-  const fromKeysTransposed = (t: Tensor) => reshape(transpose(reduceSum(t, [2]), [0, 3, 1, 2]), [B, S, KV * hd]);
+  // [B, KV, G, S, X] → [B, KV, G·S, X] (free: the G query heads' rows stacked). A product that
+  // contracts over these rows — dV = Pᵀ·dO, dK = dSᵀ·Q — then also sums over the G heads that
+  // share a KV head, inside the matmul (a separate ReduceSum over that middle axis ran as a cuDNN
+  // reduction at 244 µs per call, 14 ms a step at the 0.6B shape, 8 × 1024).
+  const stacked = (t: Tensor) => reshape(t, [B, KV, -1, t.shape[4]!]);
+  // [B, KV, hd, S] → [B, S, KV·hd]
+  const fromKeysTransposed = (t: Tensor) => reshape(transpose(t, [0, 3, 1, 2]), [B, S, KV * hd]);
   const swap = (t: Tensor) => transpose(t, [0, 1, 2, 4, 3]);
+  const swap4 = (t: Tensor) => transpose(t, [0, 1, 3, 2]);
   // The scale goes on q ([S, hd]) rather than on the scores ([S, S]).
   const qScaled = mul(queries(q!), q!.graph.constant(scale, dt, []));
   const k5 = keys(k!);
@@ -209,10 +216,16 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
     const rowDot = cast(reduceSum(mul(cast(dO5, acc), cast(o5, acc)), [-1], true), dt); // D, [B, KV, G, S, 1]
     // The products that need an [S, S] operand transposed are formed transposed — (dOᵀ·P)ᵀ,
     // (Qᵀ·dS)ᵀ — so only [S, hd] values are transposed.
-    const dS = mul(p, sub(matmul(dO5, swap(v5)), rowDot));
-    dv = fromKeysTransposed(matmul(swap(dO5), p));
+    // dP − D as one product, [dO, −D, 0…]·[V, 1, 0…]ᵀ: the matmul accumulates the difference in
+    // float32 and rounds it once, and no broadcast subtract runs over [S, S] (465 µs a layer at
+    // 8 × 1024 on the H100). 7 zero columns pad hd + 1 to a multiple of 8 for the tensor cores.
+    const columns = (t: Tensor, n: number) => slice(t, [4], [0], [n]);
+    const dOD = concat([dO5, neg(rowDot), zerosLike(columns(dO5, 7))], 4); // [B, KV, G, S, hd + 8]
+    const v1 = concat([v5, onesLike(columns(v5, 1)), zerosLike(columns(v5, 7))], 4); // [B, KV, 1, S, hd + 8]
+    const dS = mul(p, matmul(dOD, swap(v1)));
+    dv = fromKeysTransposed(matmul(swap4(stacked(dO5)), stacked(p)));
     dq = mul(fromQueries(matmul(dS, k5)), q!.graph.constant(scale, dt, []));
-    dk = fromKeysTransposed(matmul(swap(qScaled), dS));
+    dk = fromKeysTransposed(matmul(swap4(stacked(qScaled)), stacked(dS)));
   }
   // The present key/value outputs are k and v in [B, KV, S, hd] layout (no cache): their gradients
   // flow straight back.
