@@ -26,7 +26,7 @@ import {
   onesLike,
 } from './ops/elementwise';
 import { normAxis } from './ops/helpers';
-import { countOver, cumsum, logSoftmax, reduceMax, reduceSum, softmax } from './ops/reduce';
+import { countOver, cumsum, logSoftmax, reduceMax, reduceSum, softmax, windowMax } from './ops/reduce';
 import { expand, reshape, slice, squeeze, unsqueeze } from './ops/shape-ops';
 import { gatherElements } from './ops/indexing';
 
@@ -41,10 +41,36 @@ export function mean(x: Tensor, axes?: number | number[], keepdims = false): Ten
   return div(reduceSum(x, list, keepdims), countOver(x, list, x.dtype));
 }
 
+/**
+ * Width of the windows a long axis of D elements is reduced in first: the widest of 256, 128, 64,
+ * 32 that splits D into at least two windows, or D itself (one window: no first stage) when none
+ * does. 151,936 (Qwen's vocabulary) gives 128; 16,384 gives 256.
+ */
+export function windowWidth(D: number): number {
+  return [256, 128, 64, 32].find((c) => D % c === 0 && D / c >= 2) ?? D;
+}
+
+/**
+ * max over the last axis, keeping it (size 1). A static axis that splits into windows (see
+ * {@link windowWidth}) is reduced in two stages: MaxPool over the windows, then ReduceMax across
+ * them. ONNX Runtime's CUDA provider runs Max reductions through cuDNN, slowly on long rows: over
+ * [8192, 16384] float32 (an LM-head chunk of the loss) ReduceMax took 1.95 ms on the H100, where
+ * MaxPool over 128-wide windows of [256, 151936] took 92 µs (docs/benchmarks.md).
+ */
+export function lastAxisMax(x: Tensor): Tensor {
+  const D = x.shape[x.rank - 1];
+  const k = typeof D === 'number' ? windowWidth(D) : 0;
+  // MaxPool pools the last axis of [N, C, W]: rank 3 as is, rank 2 as [N, 1, W] (no reshape that
+  // would need the shape at run time).
+  if (k === 0 || k === D || (x.rank !== 2 && x.rank !== 3)) return reduceMax(x, [x.rank - 1], true);
+  const max = reduceMax(windowMax(x.rank === 2 ? unsqueeze(x, [1]) : x, k), [2], true);
+  return x.rank === 2 ? squeeze(max, [1]) : max;
+}
+
 /** log Σ exp(x) over axes, computed stably (the max is subtracted and treated as a constant). */
 export function logSumExp(x: Tensor, axes?: number | number[], keepdims = false): Tensor {
   const list = axesList(x, axes);
-  const m = stopGradient(reduceMax(x, list, true));
+  const m = stopGradient(list.length === 1 && list[0] === x.rank - 1 ? lastAxisMax(x) : reduceMax(x, list, true));
   const lse = add(m, log(reduceSum(exp(sub(x, m)), list, true)));
   return keepdims ? lse : squeeze(lse, list);
 }

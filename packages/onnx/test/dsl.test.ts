@@ -95,6 +95,30 @@ describe('non-differentiable ops compute what they say', () => {
     expect(() => L.windowMax(g.input('n', 'float32', [2, 2]), 2)).toThrow(/\[N, C, W\]/);
   });
 
+  test('lastAxisMax and logSumExp over a long axis: two stages (MaxPool windows, then across), same values', async () => {
+    const g = new L.Graph();
+    const x3 = g.input('x3', 'float32', ['B', 2, 256]);
+    const x2 = g.input('x2', 'float32', ['B', 96]);
+    g.output(L.lastAxisMax(x3), 'max3');
+    g.output(L.lastAxisMax(x2), 'max2');
+    g.output(L.logSumExp(x3, -1), 'lse3');
+    expect(g.nodes.filter((n) => n.op.name === 'MaxPool').map((n) => (n.attrs as { k: number }).k)).toEqual([128, 32, 128]);
+    expect(g.nodes.filter((n) => n.op.name === 'ReduceMax').every((n) => n.inputs[0]!.shape.at(-1) === 2 || n.inputs[0]!.shape.at(-1) === 3)).toBe(true);
+    const r = (n: number) => Float32Array.from({ length: n }, (_, i) => Math.sin(i * 12.9898) * 40);
+    const a = r(3 * 2 * 256);
+    const b = r(3 * 96);
+    const out = await (await compile(g))({ x3: { data: a, dims: [3, 2, 256] }, x2: { data: b, dims: [3, 96] } });
+    const rowsOf = (d: Float32Array, w: number) => Array.from({ length: d.length / w }, (_, i) => Array.from(d.subarray(i * w, (i + 1) * w)));
+    expect(Array.from(out.max3.data as Float32Array)).toEqual(rowsOf(a, 256).map((row) => Math.max(...row)));
+    expect(Array.from(out.max2.data as Float32Array)).toEqual(rowsOf(b, 96).map((row) => Math.max(...row)));
+    expect(out.max3.dims).toEqual([3, 2, 1]);
+    expect(out.max2.dims).toEqual([3, 1]);
+    rowsOf(a, 256).forEach((row, i) => {
+      const m = Math.max(...row);
+      expect((out.lse3.data as Float32Array)[i]).toBeCloseTo(m + Math.log(row.reduce((s, v) => s + Math.exp(v - m), 0)), 4);
+    });
+  });
+
   test('random uniform stays in range; multinomial follows the distribution', async () => {
     const g = new L.Graph();
     const logits = g.input('logits', 'float32', [1, 3]);

@@ -144,6 +144,8 @@ const cases: GradCase[] = [
   // composites (no rule of their own: they test the primitives' rules in combination)
   { name: 'mean', inputs: [{ shape: [2, 3] }], build: ([a]) => L.mean(a, -1) },
   { name: 'logSumExp', inputs: [{ shape: [2, 4] }], build: ([a]) => L.logSumExp(a, 1) },
+  // over a last axis long enough for the two-stage (MaxPool windows) max
+  { name: 'logSumExp over 64, windowed max', inputs: [{ shape: [2, 3, 64] }], build: ([a]) => L.logSumExp(a, -1) },
   { name: 'rmsNorm', inputs: [{ shape: [2, 4] }, { shape: [4] }], build: ([x, w]) => L.rmsNorm(x, w, 1e-6) },
   { name: 'layerNorm', inputs: [{ shape: [2, 4] }, { shape: [4] }, { shape: [4] }], build: ([x, w, b]) => L.layerNorm(x, w, b, 1e-5) },
   {

@@ -48,10 +48,10 @@ const NEG_INF = -Infinity;
 /**
  * Width of the vocabulary chunks that two-stage reductions use: the widest of 256, 128, 64, 32
  * that splits V into at least two chunks, or V itself (one chunk: the one-stage form) when none
- * does. 151,936 (Qwen) gives 128.
+ * does (`windowWidth` in @lathe/onnx). 151,936 (Qwen) gives 128.
  */
 export function vocabChunkWidth(V: number): number {
-  return [256, 128, 64, 32].find((c) => V % c === 0 && V / c >= 2) ?? V;
+  return L.windowWidth(V);
 }
 
 /** float32 [B, V] viewed as chunks [B, V/k, k] (k = {@link vocabChunkWidth}). */
@@ -64,8 +64,7 @@ function chunks(x: Tensor): Tensor {
 
 /** The row maximum of float32 [B, V], as [B, 1, 1]: within chunks (MaxPool), then across them. */
 function rowMax(x: Tensor): Tensor {
-  const [B, V] = x.shape as [number | string, number];
-  return L.reduceMax(L.windowMax(L.reshape(x, [B, 1, V]), vocabChunkWidth(V)), [2], true);
+  return L.unsqueeze(L.lastAxisMax(x), [2]);
 }
 
 /**
