@@ -4,7 +4,8 @@
  * back to back (synchronised once at the end), time per run reported. The candidates are the
  * decode step's current greedy tail (sampleNext at temperature 0) and the primitives a faster one
  * could be built from: max and argmax over 128-wide chunks by ReduceMax (what the tail uses) and
- * by MaxPool (ONNX Runtime runs it as a pooling kernel, not a general reduction), TopK(1), and the
+ * by MaxPool (windowMax: ONNX Runtime runs it as a pooling kernel, not a general reduction), as
+ * [rows, 1, V], as [8, rows/8, V] (rows as channels) and as [8, 1, rows/8, V], lastAxisMax, TopK(1), and the
  * log-partition by Exp/ReduceSum or by LogSoftmax. A run's fixed overhead (an empty graph) is
  * printed too, to subtract.
  *
@@ -16,18 +17,6 @@ import type { Tensor } from '@lathe/onnx';
 import { Device } from '@lathe/runtime';
 import { sampleNext } from '@lathe/rollout';
 import { arg } from '../argv';
-
-/** ONNX MaxPool over the last axis of [N, C, W] with window = stride = k: values and (first) indices. */
-const maxPoolOp = L.defineOp<{ k: number; indices: boolean }>({
-  name: 'MaxPool',
-  infer: ([x], { k, indices }) => {
-    const [n, c, w] = x!.shape;
-    const out = { dtype: x!.dtype, shape: [n, c, typeof w === 'number' ? Math.floor(w / k) : 'W'] };
-    return indices ? [out, { dtype: 'int64', shape: out.shape }] : [out];
-  },
-  onnxAttrs: ({ k }) => ({ kernel_shape: L.attr.ints([k]), strides: L.attr.ints([k]) }),
-  grad: 'none',
-});
 
 function main(): void {
   const R = Number(arg('rows', '256'));
@@ -54,11 +43,15 @@ function main(): void {
     reducemax_chunks: (x) => [L.reduceMax(L.reshape(x, [R, C, k]), [2])],
     reducemax_row: (x) => [L.reduceMax(x, [1])],
     reducemax_bf16_chunks: (x) => [L.reduceMax(L.reshape(L.cast(x, 'bfloat16'), [R, C, k]), [2])],
-    maxpool_chunks: (x) => [L.applyOp(maxPoolOp, [L.reshape(x, [R, 1, V])], { k, indices: false })[0]],
-    maxpool_chunks_indices: (x) => L.applyOp(maxPoolOp, [L.reshape(x, [R, 1, V])], { k, indices: true }),
+    maxpool_chunks: (x) => [L.windowMax(L.reshape(x, [R, 1, V]), k)],
+    maxpool_chunks_indices: (x) => L.windowMaxWithIndex(L.reshape(x, [R, 1, V]), k),
+    maxpool_rows_as_channels: (x) => [L.windowMax(L.reshape(x, [8, R / 8, V]), k)],
+    maxpool_rows_as_height: (x) => [L.windowMax(L.reshape(x, [8, 1, R / 8, V]), k)],
+    lastaxismax_rank3: (x) => [L.lastAxisMax(L.reshape(x, [8, R / 8, V]))],
+    lastaxismax: (x) => [L.lastAxisMax(x)],
     maxpool_two_stage: (x) => {
-      const c = L.applyOp(maxPoolOp, [L.reshape(x, [R, 1, V])], { k, indices: false })[0];
-      return [L.applyOp(maxPoolOp, [c], { k: C, indices: false })[0]];
+      const c = L.windowMax(L.reshape(x, [R, 1, V]), k);
+      return [L.windowMax(c, C)];
     },
     topk1: (x) => L.topK(x, 1, -1),
     exp_sum_chunks: (x) => [L.reduceSum(L.exp(L.sub(L.reshape(x, [R, C, k]), 3)), [2])],

@@ -181,32 +181,38 @@ export function topK(x: Tensor, k: Dim, axis = -1, largest = true): [Tensor, Ten
 }
 
 /**
- * MaxPool over the last axis of [N, C, W] in non-overlapping windows of k (stride k): the maximum
- * of each window, [N, C, ⌊W/k⌋], and where it is, as ONNX gives it: the index into the flattened
- * input, ((n·C + c)·W + w), of the window's first maximum. No gradient (sampling uses it).
+ * MaxPool over the last axis of [N, C, W] (or [N, C, H, W], pooled 1 × k) in non-overlapping
+ * windows of k (stride k): the maximum of each window, [N, C, ⌊W/k⌋], and where it is, as ONNX
+ * gives it: the index into the flattened input (((n·C + c)·H + h)·W + w) of the window's first
+ * maximum. No gradient (sampling and the loss's stabiliser use it).
  *
  * A reduction's equal in value, but ONNX Runtime's CUDA provider runs it as a pooling kernel: a max
- * over 128-wide chunks of [256, 151936] float32 took 92 µs as MaxPool and 345 µs as ReduceMax
- * (H100, 2026-11-24, docs/benchmarks.md).
+ * over 128-wide windows of [256, 151936] float32 took 92 µs as MaxPool and 345 µs as ReduceMax
+ * (H100, 2026-11-24, docs/benchmarks.md). Keep C = 1: with the rows as channels, [8, 1024, 16384]
+ * took 3.3 ms, against 0.45 ms as [8192, 1, 16384].
  */
-export const maxPoolOp = defineOp<{ k: number; indices: boolean }>({
+export const maxPoolOp = defineOp<{ k: number; indices: boolean; rank: number }>({
   name: 'MaxPool',
   infer: ([x], { k, indices }) => {
-    if (x!.shape.length !== 3) throw new Error(`MaxPool: expects [N, C, W], got [${x!.shape}]`);
+    const r = x!.shape.length;
+    if (r !== 3 && r !== 4) throw new Error(`MaxPool: expects [N, C, W] or [N, C, H, W], got [${x!.shape}]`);
     if (!isFloat(x!.dtype)) throw new Error(`MaxPool: expects a floating-point tensor, got ${x!.dtype}`);
-    const [n, c, w] = x!.shape;
+    const w = x!.shape[r - 1];
     if (typeof w !== 'number') throw new Error(`MaxPool: the pooled axis must be static, got [${x!.shape}]`);
     if (w < k) throw new Error(`MaxPool: window ${k} is wider than the axis (${w})`);
-    const out = { dtype: x!.dtype, shape: [n, c, Math.floor(w / k)] };
+    const out = { dtype: x!.dtype, shape: [...x!.shape.slice(0, -1), Math.floor(w / k)] };
     return indices ? [out, { dtype: 'int64' as DType, shape: out.shape }] : [out];
   },
-  onnxAttrs: ({ k }) => ({ kernel_shape: attr.ints([k]), strides: attr.ints([k]) }),
+  onnxAttrs: ({ k, rank }) => {
+    const window = rank === 4 ? [1, k] : [k];
+    return { kernel_shape: attr.ints(window), strides: attr.ints(window) };
+  },
   grad: 'none',
 });
 
-/** Maximum of each k-wide window along the last axis of [N, C, W], as [N, C, ⌊W/k⌋] (see {@link maxPoolOp}). */
+/** Maximum of each k-wide window along the last axis of [N, C, (H,) W], as [N, C, (H,) ⌊W/k⌋] (see {@link maxPoolOp}). */
 export function windowMax(x: Tensor, k: number): Tensor {
-  return applyOp(maxPoolOp, [x], { k, indices: false })[0];
+  return applyOp(maxPoolOp, [x], { k, indices: false, rank: x.rank })[0];
 }
 
 /**
@@ -214,7 +220,7 @@ export function windowMax(x: Tensor, k: number): Tensor {
  * ((n·C + c)·W + w); see {@link maxPoolOp}).
  */
 export function windowMaxWithIndex(x: Tensor, k: number): [Tensor, Tensor] {
-  const [v, i] = applyOp(maxPoolOp, [x], { k, indices: true });
+  const [v, i] = applyOp(maxPoolOp, [x], { k, indices: true, rank: x.rank });
   return [v, i];
 }
 
