@@ -85,9 +85,13 @@ describe('non-differentiable ops compute what they say', () => {
     g.output(values, 'values');
     g.output(index, 'index');
     g.output(L.windowMax(x, 3), 'plain');
+    const x4 = g.input('x4', 'float32', [1, 1, 2, 4]); // [N, C, H, W], pooled 1 × k along W
+    g.output(L.windowMax(x4, 2), 'pooled4');
     // Row 0: windows [4, 9, 9] (a tie: the first wins) and [−1, −5, −1]; row 1: [0, 0, 0], [2, 8, 1].
     const data = f32([4, 9, 9, -1, -5, -1, 100, 0, 0, 0, 2, 8, 1, 7]);
-    const out = await (await compile(g))({ x: { data, dims: [2, 1, 7] } });
+    const out = await (await compile(g))({ x: { data, dims: [2, 1, 7] }, x4: { data: f32([1, 5, 2, 3, 9, 0, 4, 8]), dims: [1, 1, 2, 4] } });
+    expect(out.pooled4.dims).toEqual([1, 1, 2, 2]);
+    expect(Array.from(out.pooled4.data as Float32Array)).toEqual([5, 3, 9, 8]);
     expect(Array.from(out.values.data as Float32Array)).toEqual([9, -1, 0, 8]);
     expect(Array.from(out.plain.data as Float32Array)).toEqual([9, -1, 0, 8]);
     expect(Array.from(out.index.data as BigInt64Array, Number)).toEqual([1, 3, 7, 11]);
