@@ -217,7 +217,7 @@ test('GRPO on a tiny Qwen3: the answer token of each prompt, reward from chance 
   expect(mean.slice(-5).every((m) => m >= 0.9)).toBe(true);
 });
 
-test('the bf16 RL train step (entropy, KL to the reference, GSPO ratios) has no run-time shape arithmetic', () => {
+test('the bf16 RL train step (entropy, KL to the reference, GSPO ratios) has no run-time shape arithmetic and no op without a CUDA kernel', () => {
   // ORT would run such int64 arithmetic on the CPU; on CUDA (fallback off) the session is refused.
   const dir = mkdtempSync(join(tmpdir(), 'lathe-rl-shape-'));
   const config = randomModel(dir, { ...qwen3(64), head_dim: 16 }, { seed: 2 });
@@ -226,7 +226,10 @@ test('the bf16 RL train step (entropy, KL to the reference, GSPO ratios) has no 
     for (const flashAttention of [false, true]) {
       const policy = decoderPolicy(config, { compute: 'bfloat16', entropy: true, chunk: 24, flashAttention });
       const graphs = compileTrainStep({ params, loss: rlLoss(policy, { ratio, klCoef: 0.01, entropyCoef: 0.001 }, { reference: true }) });
-      for (const g of [graphs.step, graphs.accumulate]) expect([ratio, flashAttention, L.runtimeShapeNodes(g).map((n) => n.name)]).toEqual([ratio, flashAttention, []]);
+      for (const g of [graphs.step, graphs.accumulate]) {
+        expect([ratio, flashAttention, L.runtimeShapeNodes(g).map((n) => n.name)]).toEqual([ratio, flashAttention, []]);
+        expect([ratio, flashAttention, L.noCudaKernelNodes(g).map((n) => `${n.op.name} ${n.outputs[0]?.dtype} ${n.name}`)]).toEqual([ratio, flashAttention, []]);
+      }
     }
   }
 });

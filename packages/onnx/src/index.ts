@@ -20,4 +20,4 @@ export * from './nn';
 export { checkpoint, grad, type GradOptions } from './autodiff';
 export { toModelProto, toModelBytes, OPSET, IR_VERSION, type SerializeOptions } from './serialize';
 export * from './proto';
-export { runtimeShapeNodes } from './lint';
+export { noCudaKernelNodes, runtimeShapeNodes } from './lint';

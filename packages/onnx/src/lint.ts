@@ -1,13 +1,23 @@
 /** Static checks on built graphs. */
 import type { Graph, Node, Tensor } from './graph';
 
+/** Whether t is a Transpose's output, directly or through Slice/Reshape/Unsqueeze/Squeeze (ORT folds Shape through them). */
+function readsTranspose(t: Tensor | null | undefined): boolean {
+  for (let n = t?.node; n; n = n.inputs[0]?.node) {
+    if (n.op.name === 'Transpose') return true;
+    if (!['Slice', 'Reshape', 'Unsqueeze', 'Squeeze'].includes(n.op.name)) return false;
+  }
+  return false;
+}
+
 /**
  * Nodes that do arithmetic on run-time shapes: int64 results computed from Shape outputs (and
  * constants). ONNX Runtime runs such nodes on the CPU, with device synchronisation around them, and
  * refuses the session when CPU fallback is disabled. A Shape output used directly as the shape
- * input of Expand/Reshape is fine — unless the Shape reads a Transpose's output: ORT's transpose
- * optimizer rewrites Shape(Transpose(x)) into a Gather over Shape(x), which it also runs on the CPU,
- * so such Shape nodes are listed too. Graphs meant for the GPU should have none; `reshape`, `expand`
+ * input of Expand/Reshape is fine — unless the Shape reads a Transpose's output, directly or through
+ * Slice/Reshape/Unsqueeze/Squeeze: ORT rewrites Shape(Transpose(x)) into a Gather over Shape(x),
+ * which it runs on the CPU (seen on the H100 for Shape(Slice(Transpose(x))) too), so such Shape
+ * nodes are listed too. Graphs meant for the GPU should have none; `reshape`, `expand`
  * and `causalMask` avoid them where they can.
  */
 export function runtimeShapeNodes(graph: Graph): Node[] {
@@ -17,7 +27,7 @@ export function runtimeShapeNodes(graph: Graph): Node[] {
   for (const node of graph.nodes) {
     if (node.op.name === 'Shape') {
       node.outputs.forEach((o) => fromShape.add(o));
-      if (node.inputs[0]?.node?.op.name === 'Transpose') found.push(node);
+      if (readsTranspose(node.inputs[0])) found.push(node);
       continue;
     }
     const ins = node.inputs.filter((t): t is Tensor => t !== null);
@@ -30,4 +40,29 @@ export function runtimeShapeNodes(graph: Graph): Node[] {
     }
   }
   return found;
+}
+
+/**
+ * (op, dtype) pairs ONNX Runtime 1.29's CUDA provider has no kernel for, each found on the H100: a
+ * session with CPU fallback off refuses a graph holding one, and with fallback on the node runs on
+ * the CPU with copies around it. Keyed by the node's first output dtype.
+ * - Pad, bfloat16: the KV prefill extends caches by a Slice of a zero buffer instead.
+ * - ReduceMax, bfloat16: maxima over logits run in float32.
+ * - Reciprocal, bfloat16: `rsqrt` divides instead.
+ * - Multinomial (any dtype): GPU sampling draws by inverse CDF from host-made uniforms.
+ */
+const NO_CUDA_KERNEL: Record<string, readonly string[] | 'any'> = {
+  Pad: ['bfloat16'],
+  ReduceMax: ['bfloat16'],
+  Reciprocal: ['bfloat16'],
+  Multinomial: 'any',
+};
+
+/** Nodes that ONNX Runtime's CUDA provider cannot run (see NO_CUDA_KERNEL): graphs meant for the GPU should have none. */
+export function noCudaKernelNodes(graph: Graph): Node[] {
+  return graph.nodes.filter((n) => {
+    const gap = NO_CUDA_KERNEL[n.op.name];
+    const dtype = n.outputs[0]?.dtype;
+    return gap !== undefined && (gap === 'any' || (dtype !== undefined && gap.includes(dtype)));
+  });
 }

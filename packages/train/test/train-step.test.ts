@@ -253,7 +253,7 @@ test('SFT on a fixed batch drives the loss down', async () => {
   expect(losses[29]).toBeLessThan(0.5 * losses[0]);
 });
 
-test('bf16 train-step graphs (full and LoRA) have no run-time shape arithmetic: nothing ORT must put on the CPU', () => {
+test('bf16 train-step graphs (full and LoRA) have no run-time shape arithmetic and no op without a CUDA kernel: nothing ORT must put on the CPU', () => {
   // Backward rules (Concat → Split sizes, Slice → Pad amounts) once read shapes at run time; ORT runs
   // such int64 arithmetic on the CPU, and a CUDA session with CPU fallback off refuses it.
   const dir = mkdtempSync(join(tmpdir(), 'lathe-shape-'));
@@ -276,6 +276,10 @@ test('bf16 train-step graphs (full and LoRA) have no run-time shape arithmetic: 
   ];
   for (const [name, params, loss] of variants) {
     const graphs = compileTrainStep({ params, loss });
-    for (const g of [graphs.step, graphs.accumulate, graphs.apply]) expect([name, L.runtimeShapeNodes(g).map((n) => n.name)]).toEqual([name, []]);
+    for (const g of [graphs.step, graphs.accumulate, graphs.apply]) {
+      expect([name, L.runtimeShapeNodes(g).map((n) => n.name)]).toEqual([name, []]);
+      // nor a node the CUDA provider has no kernel for (bf16 Pad, ReduceMax, …)
+      expect([name, L.noCudaKernelNodes(g).map((n) => `${n.op.name} ${n.outputs[0]?.dtype} ${n.name}`)]).toEqual([name, []]);
+    }
   }
 });

@@ -9,7 +9,7 @@ import { formatShape, type Dim } from '../dim';
 import { isFloat } from '../dtype';
 import { applyOp, GraphError, type Tensor } from '../graph';
 import { attr, defineOp, type GradContext } from '../op';
-import { add, and, cast, div, lessOrEqual, mul, neg, onesLike, reciprocal, sqrt, sub, where, zerosLike } from './elementwise';
+import { add, and, cast, div, lessOrEqual, mul, neg, reciprocal, sqrt, sub, where } from './elementwise';
 import { matmul } from './linalg';
 import { concat, reshape, slice, transpose, unsqueeze } from './shape-ops';
 import { causalMask } from '../nn';
@@ -219,9 +219,11 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
     // dP − D as one product, [dO, −D, 0…]·[V, 1, 0…]ᵀ: the matmul accumulates the difference in
     // float32 and rounds it once, and no broadcast subtract runs over [S, S] (465 µs a layer at
     // 8 × 1024 on the H100). 7 zero columns pad hd + 1 to a multiple of 8 for the tensor cores.
-    const columns = (t: Tensor, n: number) => slice(t, [4], [0], [n]);
-    const dOD = concat([dO5, neg(rowDot), zerosLike(columns(dO5, 7))], 4); // [B, KV, G, S, hd + 8]
-    const v1 = concat([v5, onesLike(columns(v5, 1)), zerosLike(columns(v5, 7))], 4); // [B, KV, 1, S, hd + 8]
+    // The constant columns are sliced and scaled rather than made from a Shape: ONNX Runtime turns
+    // Shape(Slice(Transpose(…))) into a Gather it runs on the CPU, one per layer (seen on the H100).
+    const zeros = (t: Tensor, n: number) => mul(slice(t, [4], [0], [n]), q!.graph.constant(0, dt, []));
+    const dOD = concat([dO5, neg(rowDot), zeros(dO5, 7)], 4); // [B, KV, G, S, hd + 8]
+    const v1 = concat([v5, add(zeros(v5, 1), q!.graph.constant(1, dt, [])), zeros(v5, 7)], 4); // [B, KV, 1, S, hd + 8]
     const dS = mul(p, matmul(dOD, swap(v1)));
     dv = fromKeysTransposed(matmul(swap4(stacked(dO5)), stacked(p)));
     dq = mul(fromQueries(matmul(dS, k5)), q!.graph.constant(scale, dt, []));
