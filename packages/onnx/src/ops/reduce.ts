@@ -2,7 +2,7 @@
  * Reductions and ops along one axis: ReduceSum/SumSquare/Max/Min, ArgMax/ArgMin, Softmax, LogSoftmax,
  * CumSum, TopK and windowed max (MaxPool), with their gradient rules.
  */
-import type { Dim } from '../dim';
+import { dimDiv, type Dim } from '../dim';
 import type { DType } from '../dtype';
 import { isFloat } from '../dtype';
 import { applyOp, type Tensor } from '../graph';
@@ -198,9 +198,10 @@ export const maxPoolOp = defineOp<{ k: number; indices: boolean; rank: number }>
     if (r !== 3 && r !== 4) throw new Error(`MaxPool: expects [N, C, W] or [N, C, H, W], got [${x!.shape}]`);
     if (!isFloat(x!.dtype)) throw new Error(`MaxPool: expects a floating-point tensor, got ${x!.dtype}`);
     const w = x!.shape[r - 1];
-    if (typeof w !== 'number') throw new Error(`MaxPool: the pooled axis must be static, got [${x!.shape}]`);
-    if (w < k) throw new Error(`MaxPool: window ${k} is wider than the axis (${w})`);
-    const out = { dtype: x!.dtype, shape: [...x!.shape.slice(0, -1), Math.floor(w / k)] };
+    if (typeof w === 'number' && w < k) throw new Error(`MaxPool: window ${k} is wider than the axis (${w})`);
+    const pooled = typeof w === 'number' ? Math.floor(w / k) : dimDiv(w, k);
+    if (pooled === undefined) throw new Error(`MaxPool: the pooled axis must be static or a multiple of the window ${k}, got [${x!.shape}]`);
+    const out = { dtype: x!.dtype, shape: [...x!.shape.slice(0, -1), pooled] };
     return indices ? [out, { dtype: 'int64' as DType, shape: out.shape }] : [out];
   },
   onnxAttrs: ({ k, rank }) => {

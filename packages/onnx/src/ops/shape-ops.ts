@@ -365,15 +365,6 @@ export function reshape(x: Tensor, dims: Shape): Tensor {
 }
 
 /**
- * Reshapes to `like`'s shape, read from it at run time (a Shape node feeding Reshape directly, no
- * shape arithmetic): for targets with several symbolic dims that the input does not share.
- */
-export function reshapeAs(x: Tensor, like: Tensor): Tensor {
-  if (like.rank === x.rank && like.shape.every((d, i) => dimEquals(d, x.shape[i]))) return x;
-  return applyOp(reshapeOp, [x, shapeOf(like)], { dims: [...like.shape] })[0];
-}
-
-/**
  * A constant ONNX Reshape spec for a target with symbolic dims, when one exists: 0 copies the
  * input's dim at the same index, -1 stands for the single remaining unknown. Constant shape
  * inputs keep shape arithmetic out of the graph (ONNX Runtime would run it on the CPU).
