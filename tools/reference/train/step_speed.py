@@ -168,7 +168,7 @@ def main():
     torch.cuda.empty_cache()
     lora_args = ["--lora-rank", str(a.lora), "--lora-alpha", f"{lora_alpha:g}", "--lora-targets", "|".join(LORA_TARGETS)] if a.lora else []
     res = subprocess.run(["node", NODE_SCRIPT, "--model", path, "--batch", batch_file, "--device", "cuda", "--compute", "bfloat16",
-                          "--steps", str(a.steps), "--lr", str(a.lr), "--allow-cpu-fallback",
+                          "--steps", str(a.steps), "--lr", str(a.lr),
                           "--path", a.path, "--micro-batches", str(a.micro), *lora_args, *a.lathe_args.split()], capture_output=True, text=True)
     fpt = flops_per_token(cfg, T, a.lora)
     report = {"device": torch.cuda.get_device_name(0), "shape": a.shape, "batch": [B, T], "path": a.path, "micro_batches": a.micro,
