@@ -14,17 +14,7 @@ cd "$(dirname "$0")/../../.."
 B=${1:-256} P=${2:-256} N=${3:-32} T=${4:-0}
 out="${OUT:-/tmp}"
 D=/tmp/kv-profile
-mkdir -p "$D"
-python3 - "$D" "$B" "$P" <<'PY'
-import json, os, sys
-import torch
-sys.path.insert(0, "tools/reference/rollout")
-import generate_bench as g
-d, batch, plen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-if not os.path.exists(os.path.join(d, "model", "config.json")):
-    g.save_random(g.qwen3_06b(), os.path.join(d, "model"), torch.bfloat16, 0.02)
-json.dump(g.prompts(151936, batch, plen, 2), open(os.path.join(d, "prompts.json"), "w"))
-PY
+bash tools/bench/rollout/qwen3-inputs.sh "$D" "$B" "$P"
 CUDA_LAUNCH_BLOCKING=1 node .bundle/lathe-kv-generate.js --model "$D/model" --prompts "$D/prompts.json" --max-new "$N" \
   --dtype bfloat16 --temperature "$T" --repeat 1 --device cuda --profile "$out/decode" > "$out/profile-run.json" 2> "$out/profile-run.log"
 # The decode session's profile is the one with the most runs (the prefill session has one per batch).
