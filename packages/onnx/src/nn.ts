@@ -54,8 +54,8 @@ export function windowWidth(D: number): number {
  * max over the last axis, keeping it (size 1). A static axis that splits into windows (see
  * {@link windowWidth}) is reduced in two stages: MaxPool over the windows, then ReduceMax across
  * them. ONNX Runtime's CUDA provider runs Max reductions through cuDNN, slowly on long rows: over
- * [8192, 16384] float32 (an LM-head chunk of the loss) ReduceMax took 1.95 ms on the H100, where
- * MaxPool over 128-wide windows of [256, 151936] took 92 µs (docs/benchmarks.md).
+ * [8192, 16384] float32 (an LM-head chunk of the loss) ReduceMax took 1.95 ms per run on the H100
+ * and this 0.61 ms, ~0.1 ms of run overhead included in both (pick-bench.ts, docs/benchmarks.md).
  */
 export function lastAxisMax(x: Tensor): Tensor {
   const D = x.shape[x.rank - 1];
@@ -63,9 +63,9 @@ export function lastAxisMax(x: Tensor): Tensor {
   if (k === 0 || k === D || (x.rank !== 2 && x.rank !== 3)) return reduceMax(x, [x.rank - 1], true);
   const W = D as number;
   if (x.rank === 2) return squeeze(reduceMax(windowMax(unsqueeze(x, [1]), k), [2], true), [1]);
-  // [B, T, W] pooled as [B, 1, T·W]: the rows go to MaxPool's N and W (as channels, [B, T, W] took
-  // 3.3 ms where [B·T, 1, W] took 0.45, see maxPoolOp), windows never straddle rows (k divides W),
-  // and both reshapes are constant specs, so no shape is read or computed at run time.
+  // [B, T, W] pooled as [B, 1, T·W]: the rows go to MaxPool's N and W, never to its channels (slow,
+  // see maxPoolOp); windows never straddle rows (k divides W), and both reshapes are constant
+  // specs, so no shape is read or computed at run time.
   const [B, T] = x.shape;
   const windows = windowMax(reshape(x, [B, 1, -1]), k); // [B, 1, T·W/k]
   return reduceMax(reshape(windows, [B, T, W / k]), [2], true); // [B, T, 1]

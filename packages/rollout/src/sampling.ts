@@ -15,7 +15,8 @@
  * pick-bench.ts): the within-chunk max runs as MaxPool (92 µs; 132 µs with the argmax indices)
  * rather than ReduceMax (345 µs: the CUDA provider hands Max/Min reductions to cuDNN), and a
  * log-partition the pick does not otherwise need comes from one LogSoftmax kernel (140 µs) rather
- * than max, subtract, exp and sum passes. Greedy picking went from 1.41 ms to ~0.3 ms per step.
+ * than max, subtract, exp and sum passes. The greedy tail was 1.41 ms of GPU time per step at
+ * batch 256 before; after the change the whole decode step fell by 0.94 ms (9.38 → 8.44 ms).
  */
 import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';

@@ -188,8 +188,8 @@ export function topK(x: Tensor, k: Dim, axis = -1, largest = true): [Tensor, Ten
  *
  * A reduction's equal in value, but ONNX Runtime's CUDA provider runs it as a pooling kernel: a max
  * over 128-wide windows of [256, 151936] float32 took 92 µs as MaxPool and 345 µs as ReduceMax
- * (H100, 2026-11-24, docs/benchmarks.md). Keep C = 1: with the rows as channels, [8, 1024, 16384]
- * took 3.3 ms, against 0.45 ms as [8192, 1, 16384].
+ * (H100, 2026-11-24, pick-bench.ts, net of run overhead; docs/benchmarks.md). Keep the rows out of
+ * the channels: [8, 1024, 16384] took 3.3 ms against 0.45 ms as [8192, 1, 16384].
  */
 export const maxPoolOp = defineOp<{ k: number; indices: boolean; rank: number }>({
   name: 'MaxPool',
