@@ -62,7 +62,9 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
    * between are queued without waiting for the device, and each writes its result into a history
    * of the last `readEvery` steps that one copy then brings back. A row that stops keeps running
    * until the next read (its extra tokens are dropped), so a run can take up to `readEvery` − 1
-   * steps more than its longest row needs. Default 8; 1 reads and waits after every step.
+   * steps more than its longest row needs. Default 8 on CUDA; 1 on the CPU, whose runs are
+   * synchronous anyway (queuing gains nothing there, and short completions would pay the extra
+   * steps). 1 reads and waits after every step.
    */
   readEvery?: number;
   /** Options of both sessions (e.g. `allowCpuFallback`, `profilePrefix`); `cudaGraph` above wins. */
@@ -245,7 +247,7 @@ export class KvCacheGenerator {
       throw new Error(`maxLength must be an integer in [2, ${config.maxPositionEmbeddings}] (the model's max_position_embeddings), got ${opts.maxLength}`);
     }
     if (opts.cudaGraph && device.kind !== 'cuda') throw new Error('cudaGraph needs a CUDA device');
-    const readEvery = opts.readEvery ?? 8;
+    const readEvery = opts.readEvery ?? (device.kind === 'cuda' ? 8 : 1);
     if (!Number.isInteger(readEvery) || readEvery < 1) throw new Error(`readEvery must be a positive integer, got ${opts.readEvery}`);
     const pad = opts.padTokenId ?? 0;
     if (!Number.isInteger(pad) || pad < 0 || pad >= config.vocabSize) throw new Error(`padTokenId must be a token id in [0, ${config.vocabSize}), got ${opts.padTokenId}`);
