@@ -218,3 +218,41 @@ describe('serialization', () => {
     expect(y.node!.name).toMatch(/^layer0\/mlp\/Exp_\d+$/);
   });
 });
+
+describe('Expand folded into a broadcasting operand', () => {
+  test("log-sum-exp's backward multiplies the [B, T, 1] gradient by exp's output with no Expand written", async () => {
+    const g = new L.Graph();
+    const x = g.input('x', 'float32', ['B', 3, 5]);
+    const w = g.input('w', 'float32', ['B', 3]);
+    const lse = L.logSumExp(x, -1);
+    g.output(lse, 'lse');
+    const [dx] = L.grad(L.reduceSum(L.mul(lse, w)), [x]);
+    g.output(dx!, 'dx');
+    const live = L.toModelProto(g).graph!.node!.map((n) => n.opType);
+    expect(live).not.toContain('Expand');
+    const run = await compile(g);
+    const data = Float32Array.from({ length: 2 * 15 }, (_, i) => Math.sin(i));
+    const weights = f32([1, 2, 3, -1, 0.5, 4]);
+    const out = await run({ x: { data, dims: [2, 3, 5] }, w: { data: weights, dims: [2, 3] } });
+    expect(out.dx.dims).toEqual([2, 3, 5]);
+    // d Σ w·lse / dx = w · softmax(x) over the last axis
+    for (let r = 0; r < 6; r++) {
+      const row = Array.from(data.slice(r * 5, r * 5 + 5));
+      const z = row.reduce((s, v) => s + Math.exp(v), 0);
+      row.forEach((v, j) => expect(out.dx.data[r * 5 + j]).toBeCloseTo((weights[r] * Math.exp(v)) / z, 6));
+    }
+  });
+
+  test('two expanded operands are not both unfolded when their sources would broadcast to less', async () => {
+    const g = new L.Graph();
+    const a = g.input('a', 'float32', [2, 1]);
+    const c = g.input('c', 'float32', [2, 1]);
+    const y = L.mul(L.expand(a, [2, 3]), L.expand(c, [2, 3]));
+    expect(y.shape).toEqual([2, 3]);
+    g.output(y, 'y');
+    const run = await compile(g);
+    const out = await run({ a: { data: f32([1, 2]), dims: [2, 1] }, c: { data: f32([3, 4]), dims: [2, 1] } });
+    expect(out.y.dims).toEqual([2, 3]);
+    expect(Array.from(out.y.data as Float32Array)).toEqual([3, 3, 3, 8, 8, 8]);
+  });
+});

@@ -3,7 +3,7 @@
  * Cast and Identity. Each op's shape rule and gradient rule sit together.
  */
 import { isFloat, isInteger, type DType } from '../dtype';
-import { broadcastShapes, formatShape } from '../dim';
+import { broadcastShapes, dimEquals, formatShape } from '../dim';
 import { applyOp, setCoreOps, Tensor, type TensorLike } from '../graph';
 import { attr, defineOp, type OpDef, type TensorType } from '../op';
 import { concatOp } from './shape-ops';
@@ -197,7 +197,29 @@ function pair(a: TensorLike, b: TensorLike): [Tensor, Tensor] {
   throw new Error('at least one operand must be a tensor');
 }
 
-const bin = (op: OpDef) => (a: TensorLike, b: TensorLike): Tensor => applyOp(op, pair(a, b), {})[0];
+/**
+ * An operand made by Expand whose input broadcasts against the other operand to the same shape is
+ * replaced by that input: the op broadcasts it itself, and the expanded tensor is never written.
+ * Reductions' gradient rules expand their [.., 1] gradients to the input's shape, and the rule
+ * downstream usually multiplies them straight away (log-sum-exp's backward: an expanded
+ * [B, T, 1] times exp's [B, T, V] output — at 8 × 1024 × 16,384 float32, 512 MB written and read
+ * again per LM-head chunk for nothing).
+ */
+function unexpanded(t: Tensor, other: Tensor): Tensor {
+  const node = t.node;
+  if (node?.op.name !== 'Expand') return t;
+  const source = node.inputs[0]!;
+  const direct = broadcastShapes(source.shape, other.shape);
+  const expanded = broadcastShapes(t.shape, other.shape);
+  if (!direct || !expanded || direct.length !== expanded.length || direct.some((d, i) => !dimEquals(d, expanded[i]!))) return t;
+  return source;
+}
+
+const bin = (op: OpDef) => (a: TensorLike, b: TensorLike): Tensor => {
+  const [x, y] = pair(a, b);
+  const x1 = unexpanded(x, y);
+  return applyOp(op, [x1, unexpanded(y, x1)], {})[0]; // y against x1: both sources could be too small together
+};
 const un = (op: OpDef) => (x: Tensor): Tensor => applyOp(op, [x], {})[0];
 
 /** a + b (broadcasting). */
