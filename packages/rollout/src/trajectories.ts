@@ -109,6 +109,19 @@ export interface TrajectoryOptions extends SamplingOptions {
   beforeEngineRun?: (phase: 'prefill' | 'decode', prompts: number, rows: number) => void;
   /** Called when the KV-cache engine ran out of device memory and was rebuilt with fewer rows (also counted in `counters`). */
   onEngineShrink?: (from: number, to: number) => void;
+  /**
+   * Replaces the engine: no weights are read or compiled, and each run's groups go to this object
+   * instead (its completions sorted by (prompt, sample), as the engines return them). For tests and
+   * for benchmarks of the generator's own host work (tools/bench/rollout/trajectory-host-stages.ts).
+   * `engine` still names the engine that would have run; each call counts as one run.
+   */
+  standInEngine?: TrajectoryEngineRunner;
+}
+
+/** What the generator asks of an engine (both built-in ones, or {@link TrajectoryOptions.standInEngine}). */
+export interface TrajectoryEngineRunner {
+  generate(prompts: number[][], call: GenerateCallOptions): Promise<Completion[]>;
+  dispose?(): Promise<void>;
 }
 
 /** Progress of a generation call, after each run. */
@@ -172,10 +185,7 @@ export function chooseEngine(config: Pick<DecoderConfig, 'headDim'>, device: Dev
 }
 
 /** What both engines offer (the KV-cache one sized on demand). */
-interface Engine {
-  generate(prompts: number[][], call: GenerateCallOptions): Promise<Completion[]>;
-  dispose(): Promise<void>;
-}
+type Engine = Required<TrajectoryEngineRunner>;
 
 /** Called before each generation run with the prompts it prefills. */
 type OnRun = (prompts: number) => void;
@@ -301,7 +311,7 @@ export class TrajectoryGenerator {
     readonly config: DecoderConfig,
     /** The tokenizer, e.g. to decode `output_token_ids`. */
     readonly tokenizer: HfTokenizer,
-    private readonly o: Required<Omit<TrajectoryOptions, 'tokenizer' | 'beforeEngineRun' | 'onEngineShrink' | keyof SamplingOptions>> & Pick<TrajectoryOptions, 'beforeEngineRun' | 'onEngineShrink'> & { sampling: SamplingOptions },
+    private readonly o: Required<Omit<TrajectoryOptions, 'tokenizer' | 'beforeEngineRun' | 'onEngineShrink' | 'standInEngine' | keyof SamplingOptions>> & Pick<TrajectoryOptions, 'beforeEngineRun' | 'onEngineShrink' | 'standInEngine'> & { sampling: SamplingOptions },
   ) {
     this.engine = chooseEngine(config, o.device, o.dtype, o.engine);
     const eos = config.eosTokenId;
@@ -335,6 +345,7 @@ export class TrajectoryGenerator {
       sampling: { temperature: options.temperature, topK: options.topK, topP: options.topP, minP: options.minP },
       beforeEngineRun: options.beforeEngineRun,
       onEngineShrink: options.onEngineShrink,
+      standInEngine: options.standInEngine,
     } as const;
     const count = (name: string, v: number) => {
       if (!Number.isInteger(v) || v < 0 || v >= MAX_SAMPLES_PER_MODE) throw new Error(`${name} must be an integer in [0, ${MAX_SAMPLES_PER_MODE}), got ${v}`);
@@ -492,7 +503,16 @@ export class TrajectoryGenerator {
       this.work.runs++;
       this.work.prefilledPrompts += prompts;
     };
-    if (this.engine.engine === 'kv-cache') {
+    if (o.standInEngine) {
+      const stand = o.standInEngine;
+      this.running = {
+        generate: (p, call) => {
+          onRun(p.length);
+          return stand.generate(p, call);
+        },
+        dispose: async () => stand.dispose?.(),
+      };
+    } else if (this.engine.engine === 'kv-cache') {
       this.work.engineRows = o.batchSize;
       const onShrink = (from: number, to: number) => {
         this.work.engineShrinks++;
