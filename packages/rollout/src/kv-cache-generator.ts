@@ -413,9 +413,10 @@ export class KvCacheGenerator {
     pb.input('expand_index', hostTensor('int64', [R], Array.from({ length: R }, (_, r) => BigInt(r < live ? rowPrompt[r] : 0))));
     const { noise, ping, pong } = this.buffers;
     if (noise) {
-      // A row's noise is its sample's stream, whatever row the sample landed on.
+      // A row's noise is its sample's stream, whatever row the sample landed on. Steps ≥
+      // maxNewTokens never run: their columns are left 0 (not drawn).
       const sampleKeys = Array.from({ length: R }, (_, r) => (r < live ? samples[run[rowPrompt[r]]][rowSample[r]] : 0));
-      noise.upload(uniformNoise(call.seed ?? 0, sampleKeys, M));
+      noise.upload(uniformNoise(call.seed ?? 0, sampleKeys, call.maxNewTokens, M));
     }
     lap('transferMs');
     this.opts.beforeRun?.('prefill', B);

@@ -1,5 +1,5 @@
 import * as L from '@lathe/onnx';
-import { filteredScores, firstArgMax, sampleNext, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
+import { filteredScores, firstArgMax, hash32, sampleNext, uniformAt, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
 import { compile } from '../../../tools/testing/ort-cpu';
 import { rowsOf } from './helpers';
 
@@ -81,6 +81,30 @@ test('host noise is uniform, reproducible, and distinct across seeds, keys and s
   expect(Math.abs(variance - 1 / 12)).toBeLessThan(0.002);
   expect(Math.min(...u)).toBeGreaterThan(0);
   expect(Math.max(...u)).toBeLessThan(1);
+});
+
+test('host noise: every element is the per-element formula (the streams did not change when the hashes were hoisted); columns past `steps` of a wider buffer are 0', () => {
+  // The formula as first written, one element at a time.
+  const fold = (v: number) => hash32((v >>> 0) ^ hash32(Math.floor(v / 4294967296) + 0x9e3779b9));
+  const reference = (seed: number, key: number, step: number) => ((hash32(fold(seed) ^ hash32(fold(key) ^ hash32(step + 0x632be5ab))) >>> 8) + 0.5) / 16777216;
+  const keys = [0, 1, 65536 * 3 + 2, 2 ** 37 + 5, 2 ** 40 + 3, 123456789];
+  for (const seed of [0, 11, -5, 2 ** 40 + 3]) {
+    const wide = uniformNoise(seed, keys, 37, 50);
+    const exact = uniformNoise(seed, keys, 37);
+    keys.forEach((k, r) => {
+      for (let t = 0; t < 50; t++) {
+        const want = t < 37 ? Math.fround(reference(seed, k, t)) : 0;
+        expect(wide[r * 50 + t]).toBe(want);
+        if (t < 37) {
+          expect(exact[r * 37 + t]).toBe(want);
+          expect(uniformAt(seed, k, t)).toBe(reference(seed, k, t));
+        }
+      }
+    });
+  }
+  // Pinned values of the stream (seed 0, key 0, steps 0–2).
+  expect([0, 1, 2].map((t) => uniformAt(0, 0, t))).toEqual([0.116364985704422, 0.09470430016517639, 0.19944122433662415]);
+  expect(() => uniformNoise(0, [0], 4, 3)).toThrow('width 3 is below steps 4');
 });
 
 test('firstArgMax equals the first maximum, one- and two-stage, ties included', async () => {
