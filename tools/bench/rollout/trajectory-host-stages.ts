@@ -105,7 +105,7 @@ async function main(): Promise<void> {
   const rows: { stage: string; ms: number; note: string }[] = [];
   const add = (stage: string, ms: number, note = '') => rows.push({ stage, ms, note });
 
-  let t = performance.now();
+  const t = performance.now();
   const gen = await TrajectoryGenerator.create(model, base);
   add('tokenizer load + create (once per generator)', performance.now() - t, 'not in the GPU bench\'s timed call');
   const tok = gen.tokenizer;
