@@ -100,6 +100,12 @@ export interface TrajectoryOptions extends SamplingOptions {
   batchSize?: number;
   /** Folder with tokenizer.json and tokenizer_config.json. Default: the model folder. */
   tokenizer?: string;
+  /**
+   * Token ids that end a sample. Default: the tokenizer's EOS and the model config's
+   * eos_token_id(s). `[]` runs every sample to `maxNewTokens` (benchmarks: the same work whatever
+   * a random model draws).
+   */
+  stopIds?: readonly number[];
   /** How rows are graded: 'math' (default: the math grader, for prompts with an answer), 'none', or a function. */
   grade?: 'math' | 'none' | TrajectoryGrader;
   /**
@@ -320,11 +326,11 @@ export class TrajectoryGenerator {
     readonly config: DecoderConfig,
     /** The tokenizer, e.g. to decode `output_token_ids`. */
     readonly tokenizer: HfTokenizer,
-    private readonly o: Required<Omit<TrajectoryOptions, 'tokenizer' | 'beforeEngineRun' | 'onEngineShrink' | 'standInEngine' | keyof SamplingOptions>> & Pick<TrajectoryOptions, 'beforeEngineRun' | 'onEngineShrink' | 'standInEngine'> & { sampling: SamplingOptions },
+    private readonly o: Required<Omit<TrajectoryOptions, 'tokenizer' | 'stopIds' | 'beforeEngineRun' | 'onEngineShrink' | 'standInEngine' | keyof SamplingOptions>> & Pick<TrajectoryOptions, 'stopIds' | 'beforeEngineRun' | 'onEngineShrink' | 'standInEngine'> & { sampling: SamplingOptions },
   ) {
     this.engine = chooseEngine(config, o.device, o.dtype, o.engine);
     const eos = config.eosTokenId;
-    this.stopIds = [...new Set([tokenizer.eosId, ...(eos === undefined ? [] : Array.isArray(eos) ? eos : [eos])])];
+    this.stopIds = o.stopIds ? [...o.stopIds] : [...new Set([tokenizer.eosId, ...(eos === undefined ? [] : Array.isArray(eos) ? eos : [eos])])];
     this.modes =
       o.format === 'chat'
         ? [
@@ -351,6 +357,7 @@ export class TrajectoryGenerator {
       engine: options.engine ?? 'auto',
       batchSize: options.batchSize ?? 64,
       grade: options.grade ?? 'math',
+      stopIds: options.stopIds,
       sampling: { temperature: options.temperature, topK: options.topK, topP: options.topP, minP: options.minP },
       beforeEngineRun: options.beforeEngineRun,
       onEngineShrink: options.onEngineShrink,
@@ -367,6 +374,8 @@ export class TrajectoryGenerator {
     if (!Number.isInteger(o.batchSize) || o.batchSize < 1) throw new Error(`batchSize must be a positive integer, got ${o.batchSize}`);
     if (!Number.isSafeInteger(o.seed)) throw new Error(`seed must be an integer, got ${o.seed}`);
     if (device === 'cpu' && o.dtype !== 'float32') throw new Error(`dtype ${o.dtype} needs device cuda (ONNX Runtime's CPU kernels are float32)`);
+    const badStop = o.stopIds?.find((t) => !Number.isInteger(t) || t < 0 || t >= config.vocabSize);
+    if (badStop !== undefined) throw new Error(`stopIds: ${badStop} is not a token id of the model (0..${config.vocabSize - 1})`);
     validateSampling(o.sampling, config.vocabSize);
     const tokDir = options.tokenizer ?? model;
     const tokenizer = await HfTokenizer.fromFolder(tokDir);

@@ -44,12 +44,22 @@ test('sampling with groups and stop tokens: same samples as the in-graph generat
   const free = await reference.generate(prompts, { maxNewTokens: 8, seed: 7 });
   const call = { maxNewTokens: 8, seed: 7, stopIds: [free[0].tokens[2], free[7].tokens[4]] };
   const want = await reference.generate(prompts, call);
+  // Independent counts: a stop only ends a sample, so each sample is its stop-free draw up to and
+  // including the first stop id (all 8 tokens when there is none).
+  const stopAt = free.map((c) => c.tokens.findIndex((t) => call.stopIds.includes(t)));
+  const lengths = stopAt.map((i) => (i < 0 ? 8 : i + 1));
+  // Stops that land inside a block of 3 steps (steps 0–2, 3–5, 6–7), not only on its last step.
+  expect(stopAt.filter((i) => i >= 0 && i % 3 !== 2).length).toBeGreaterThan(0);
+  expect(want.map((c) => c.tokens.length)).toEqual(lengths);
   // Results read after every step, every 3 steps (stops seen late: rows run on, their extra
   // tokens dropped) and once per run (8 > the 7 decode steps).
   for (const readEvery of [1, 3, 8]) {
     const kv = KvCacheGenerator.fromPretrained(dir, device, { ...opts, rows: 6, maxLength: 16, readEvery });
     const got = await kv.generate(prompts, call);
     expectSame(got, want);
+    expect(got.map((c) => c.tokens.length)).toEqual(lengths);
+    expect(got.map((c) => c.tokens)).toEqual(free.map((c, k) => c.tokens.slice(0, lengths[k])));
+    expect(got.map((c) => c.finishReason)).toEqual(stopAt.map((i) => (i < 0 ? 'length' : 'stop')));
     expect(got.some((c) => c.finishReason === 'stop')).toBe(true);
     for (const c of got) if (c.finishReason === 'stop') expect(call.stopIds).toContain(c.tokens.at(-1));
     // A rerun of the same engine (caches hold the last run's values) gives the same samples.

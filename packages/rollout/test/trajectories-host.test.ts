@@ -2,7 +2,7 @@
  * TrajectoryGenerator's own host work, with a stand-in engine (no model weights) and the real Qwen3
  * tokenizer: the rows of long completions equal a direct construction (key order included); a
  * response is decoded once, and only where a grader reads it; each prompt object is rendered and
- * tokenised once across plan() and generate(); the keys and stop ids the engine is called with.
+ * tokenised once across plan() and generate(); the stop ids and keys the engine is called with.
  */
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -161,4 +161,18 @@ test('each prompt object is rendered and tokenised once per thinking mode across
   const strings = await collect(gen, ['What is 2+3?']);
   expect(strings.map((r) => r.prompt_token_ids)).toEqual(rows.slice(0, 3).map((r) => r.prompt_token_ids));
   await gen.dispose();
+}, 60_000);
+
+test('stopIds: the default, none (every sample to maxNewTokens), a given list; bad values are rejected', async () => {
+  const stopsOf = async (o: Partial<TrajectoryOptions>) => {
+    const stand = standIn(table());
+    const gen = await TrajectoryGenerator.create(dir, { ...options, grade: 'none', ...o, standInEngine: stand.engine });
+    await collect(gen, prompts);
+    return [...new Set(stand.calls.map((c) => JSON.stringify(c.call.stopIds)))];
+  };
+  expect(await stopsOf({})).toEqual([JSON.stringify([QWEN_SPECIAL_IDS.imEnd])]);
+  expect(await stopsOf({ stopIds: [] })).toEqual(['[]']);
+  expect(await stopsOf({ stopIds: [QWEN_SPECIAL_IDS.endOfText, QWEN_SPECIAL_IDS.imEnd] })).toEqual([JSON.stringify([QWEN_SPECIAL_IDS.endOfText, QWEN_SPECIAL_IDS.imEnd])]);
+  await expect(TrajectoryGenerator.create(dir, { ...options, stopIds: [151936] })).rejects.toThrow('stopIds: 151936 is not a token id of the model (0..151935)');
+  await expect(TrajectoryGenerator.create(dir, { ...options, stopIds: [1.5] })).rejects.toThrow('stopIds: 1.5 is not a token id');
 }, 60_000);

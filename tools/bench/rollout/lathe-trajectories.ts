@@ -9,12 +9,17 @@
  * usage: node lathe-trajectories.js --tokenizer DIR [--model DIR] [--shape qwen3-0.6b|tiny]
  *          [--prompts 64] [--samples-thinking 8] [--samples-non-thinking 0] [--prompt-words 230]
  *          [--max-new 512] [--batch 256] [--device cuda|cpu] [--dtype bfloat16|float32]
- *          [--temperature 1] [--seed 0] [--compare] [--out rows.json]
+ *          [--temperature 1] [--seed 0] [--compare] [--stop-at-eos] [--out rows.json]
  * --tokenizer: a folder with tokenizer.json and tokenizer_config.json (build-device-bundles.sh
  * copies Qwen3's into .bundle/qwen3-tokenizer). Without --model a random model of --shape is
- * written to a temporary folder first (not timed). A random model rarely draws a stop token, so
- * nearly every sample runs to --max-new; the token count reported is the one generated. One
- * warm-up call (one prompt) compiles the engine before the timed call. Prints one JSON line.
+ * written to a temporary folder first (not timed). No stop tokens (`stopIds: []`), so every
+ * sample runs to --max-new, as in the engine comparison. With lathe generate's stops
+ * (--stop-at-eos: the tokenizer's <|im_end|>) a random model's near-flat next-token distribution
+ * draws <|im_end|> about once per vocabulary size of tokens (an estimate: ~1.7 times in 262,144),
+ * so a few samples end early and the count depends on the draws (262,144 in one measurement,
+ * 261,123 in the next). The decode steps are the same either way (a run goes on while any row is
+ * live), so fewer tokens read as fewer tokens/s. One warm-up call (one prompt) compiles the
+ * engine before the timed call. Prints one JSON line.
  */
 import { copyFileSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -62,7 +67,8 @@ async function main(): Promise<void> {
   const tModel = performance.now();
 
   const prompts = makePrompts(nPrompts, Number(arg('prompt-words', '230')));
-  const options = { maxNewTokens: maxNew, samplesThinking, samplesNonThinking, temperature, seed, device, dtype, batchSize: batch, tokenizer, grade: 'none' as const, engine: 'kv-cache' as const };
+  const stopAtEos = flag('stop-at-eos');
+  const options = { maxNewTokens: maxNew, samplesThinking, samplesNonThinking, temperature, seed, device, dtype, batchSize: batch, tokenizer, grade: 'none' as const, engine: 'kv-cache' as const, ...(stopAtEos ? {} : { stopIds: [] }) };
   const gen = await TrajectoryGenerator.create(model, options);
   const plan = gen.plan(prompts);
   gen.reserve(plan.reduce((m, s) => Math.max(m, s.ids.length), 0)); // caches sized once, as lathe generate does
@@ -92,6 +98,7 @@ async function main(): Promise<void> {
     prompt_tokens: { min: Math.min(...promptTokens), max: Math.max(...promptTokens) },
     max_new: maxNew,
     batch,
+    stop_ids: stopAtEos ? 'eos' : 'none',
     model_s: +((tModel - t0) / 1000).toFixed(1),
     warmup_s: +((tStart - tWarm) / 1000).toFixed(1),
     rows: rows.length,
