@@ -106,6 +106,11 @@ export interface TrajectoryOptions extends SamplingOptions {
    * a random model draws).
    */
   stopIds?: readonly number[];
+  /**
+   * Replay the KV-cache engine's decode step as a CUDA graph (as GRPO's KV engine does). Default
+   * true on CUDA; false turns it off (plain runs). CUDA only; the in-graph engine ignores it.
+   */
+  cudaGraph?: boolean;
   /** How rows are graded: 'math' (default: the math grader, for prompts with an answer), 'none', or a function. */
   grade?: 'math' | 'none' | TrajectoryGrader;
   /**
@@ -216,7 +221,7 @@ interface KvEngineEvents {
  * largest group, whose samples share one run — and retries the call. Samples depend on their keys
  * alone, so the rows come out the same.
  */
-function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dtype: DType; rows: number; sampling: SamplingOptions; padId: number; maxLength: number }, events: KvEngineEvents): Engine {
+function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dtype: DType; rows: number; sampling: SamplingOptions; padId: number; maxLength: number; cudaGraph: boolean }, events: KvEngineEvents): Engine {
   const device = Device.open(o.kind);
   const weights: Map<string, DeviceTensor> = uploadWeights(device, dir, config, o.dtype);
   let built: { gen: KvCacheGenerator; maxLength: number; rows: number } | undefined;
@@ -231,7 +236,7 @@ function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dty
       if (phase === 'prefill') events.onRun(prompts);
     };
     // No groupSize: every call passes sampleKeys, one list per (prompt, mode) group of its run.
-    built = { gen: KvCacheGenerator.create(device, config, weights, { ...o.sampling, rows: size, maxLength, dtype: o.dtype, padTokenId: o.padId, beforeRun }), maxLength, rows: size };
+    built = { gen: KvCacheGenerator.create(device, config, weights, { ...o.sampling, rows: size, maxLength, dtype: o.dtype, padTokenId: o.padId, cudaGraph: o.cudaGraph, beforeRun }), maxLength, rows: size };
     return built.gen;
   };
   return {
@@ -358,6 +363,7 @@ export class TrajectoryGenerator {
       batchSize: options.batchSize ?? 64,
       grade: options.grade ?? 'math',
       stopIds: options.stopIds,
+      cudaGraph: options.cudaGraph ?? device === 'cuda',
       sampling: { temperature: options.temperature, topK: options.topK, topP: options.topP, minP: options.minP },
       beforeEngineRun: options.beforeEngineRun,
       onEngineShrink: options.onEngineShrink,
@@ -374,6 +380,7 @@ export class TrajectoryGenerator {
     if (!Number.isInteger(o.batchSize) || o.batchSize < 1) throw new Error(`batchSize must be a positive integer, got ${o.batchSize}`);
     if (!Number.isSafeInteger(o.seed)) throw new Error(`seed must be an integer, got ${o.seed}`);
     if (device === 'cpu' && o.dtype !== 'float32') throw new Error(`dtype ${o.dtype} needs device cuda (ONNX Runtime's CPU kernels are float32)`);
+    if (o.cudaGraph && device !== 'cuda') throw new Error(`cudaGraph needs device cuda, got ${device}`);
     const badStop = o.stopIds?.find((t) => !Number.isInteger(t) || t < 0 || t >= config.vocabSize);
     if (badStop !== undefined) throw new Error(`stopIds: ${badStop} is not a token id of the model (0..${config.vocabSize - 1})`);
     validateSampling(o.sampling, config.vocabSize);
@@ -553,7 +560,7 @@ export class TrajectoryGenerator {
         this.work.engineRows = to;
         o.onEngineShrink?.(from, to);
       };
-      this.running = kvEngine(this.dir, this.config, { kind: o.device, dtype: o.dtype, rows: o.batchSize, sampling: o.sampling, padId, maxLength: longest + o.maxNewTokens }, { onRun, onShrink, beforeRun: o.beforeEngineRun });
+      this.running = kvEngine(this.dir, this.config, { kind: o.device, dtype: o.dtype, rows: o.batchSize, sampling: o.sampling, padId, maxLength: longest + o.maxNewTokens, cudaGraph: o.cudaGraph }, { onRun, onShrink, beforeRun: o.beforeEngineRun });
     } else {
       // A call's groups hold at most batchSize samples in all, so maxPromptsPerRun = batchSize never
       // cuts a run; the KV budget still may (samples unchanged: they depend on their keys alone).

@@ -163,7 +163,7 @@ test('each prompt object is rendered and tokenised once per thinking mode across
   await gen.dispose();
 }, 60_000);
 
-test('stopIds: the default, none (every sample to maxNewTokens), a given list; bad values are rejected', async () => {
+test('stopIds: the default, none (every sample to maxNewTokens), a given list; bad values and cudaGraph on the CPU are rejected', async () => {
   const stopsOf = async (o: Partial<TrajectoryOptions>) => {
     const stand = standIn(table());
     const gen = await TrajectoryGenerator.create(dir, { ...options, grade: 'none', ...o, standInEngine: stand.engine });
@@ -175,4 +175,5 @@ test('stopIds: the default, none (every sample to maxNewTokens), a given list; b
   expect(await stopsOf({ stopIds: [QWEN_SPECIAL_IDS.endOfText, QWEN_SPECIAL_IDS.imEnd] })).toEqual([JSON.stringify([QWEN_SPECIAL_IDS.endOfText, QWEN_SPECIAL_IDS.imEnd])]);
   await expect(TrajectoryGenerator.create(dir, { ...options, stopIds: [151936] })).rejects.toThrow('stopIds: 151936 is not a token id of the model (0..151935)');
   await expect(TrajectoryGenerator.create(dir, { ...options, stopIds: [1.5] })).rejects.toThrow('stopIds: 1.5 is not a token id');
+  await expect(TrajectoryGenerator.create(dir, { ...options, cudaGraph: true })).rejects.toThrow('cudaGraph needs device cuda, got cpu');
 }, 60_000);

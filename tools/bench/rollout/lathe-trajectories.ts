@@ -9,7 +9,7 @@
  * usage: node lathe-trajectories.js --tokenizer DIR [--model DIR] [--shape qwen3-0.6b|tiny]
  *          [--prompts 64] [--samples-thinking 8] [--samples-non-thinking 0] [--prompt-words 230]
  *          [--max-new 512] [--batch 256] [--device cuda|cpu] [--dtype bfloat16|float32]
- *          [--temperature 1] [--seed 0] [--compare] [--stop-at-eos] [--out rows.json]
+ *          [--temperature 1] [--seed 0] [--compare] [--stop-at-eos] [--no-cuda-graph] [--out rows.json]
  * --tokenizer: a folder with tokenizer.json and tokenizer_config.json (build-device-bundles.sh
  * copies Qwen3's into .bundle/qwen3-tokenizer). Without --model a random model of --shape is
  * written to a temporary folder first (not timed). No stop tokens (`stopIds: []`), so every
@@ -18,8 +18,10 @@
  * draws <|im_end|> about once per vocabulary size of tokens (an estimate: ~1.7 times in 262,144),
  * so a few samples end early and the count depends on the draws (262,144 in one measurement,
  * 261,123 in the next). The decode steps are the same either way (a run goes on while any row is
- * live), so fewer tokens read as fewer tokens/s. One warm-up call (one prompt) compiles the
- * engine before the timed call. Prints one JSON line.
+ * live), so fewer tokens read as fewer tokens/s. --no-cuda-graph:
+ * the generator's KV engine in plain runs (its only mode before 2026-11-24; the comparison's engine
+ * always replays CUDA graphs). One warm-up call (one prompt) compiles the engine before the timed
+ * call. Prints one JSON line.
  */
 import { copyFileSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -68,7 +70,8 @@ async function main(): Promise<void> {
 
   const prompts = makePrompts(nPrompts, Number(arg('prompt-words', '230')));
   const stopAtEos = flag('stop-at-eos');
-  const options = { maxNewTokens: maxNew, samplesThinking, samplesNonThinking, temperature, seed, device, dtype, batchSize: batch, tokenizer, grade: 'none' as const, engine: 'kv-cache' as const, ...(stopAtEos ? {} : { stopIds: [] }) };
+  const cudaGraph = device === 'cuda' && !flag('no-cuda-graph');
+  const options = { maxNewTokens: maxNew, samplesThinking, samplesNonThinking, temperature, seed, device, dtype, batchSize: batch, tokenizer, grade: 'none' as const, engine: 'kv-cache' as const, cudaGraph, ...(stopAtEos ? {} : { stopIds: [] }) };
   const gen = await TrajectoryGenerator.create(model, options);
   const plan = gen.plan(prompts);
   gen.reserve(plan.reduce((m, s) => Math.max(m, s.ids.length), 0)); // caches sized once, as lathe generate does
@@ -99,6 +102,7 @@ async function main(): Promise<void> {
     max_new: maxNew,
     batch,
     stop_ids: stopAtEos ? 'eos' : 'none',
+    cuda_graph: cudaGraph,
     model_s: +((tModel - t0) / 1000).toFixed(1),
     warmup_s: +((tStart - tWarm) / 1000).toFixed(1),
     rows: rows.length,
