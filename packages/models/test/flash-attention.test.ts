@@ -21,11 +21,15 @@ describe.each([
   ['Qwen2 (q/k/v biases)', tinyQwen2],
   ['Llama (llama3 RoPE scaling)', tinyLlama],
 ] as [string, HfConfig][])('%s', (_name, hf) => {
-  test('flash attention gives the composed attention’s log-probs and weight gradients', async () => {
+  // Static dims (the rule's causal bias from constants) and symbolic ones (read at run time).
+  test.each([
+    ['static [3, 6]', [3, 6]],
+    ['symbolic [B, T]', ['B', 'T']],
+  ] as [string, L.Dim[]][])('flash attention gives the composed attention’s log-probs and weight gradients, %s', async (_dims, dims) => {
     const { dir, config } = tinyModel(hf, 3);
     const g = new L.Graph('flash_vs_composed');
-    const inputIds = g.input('input_ids', 'int64', [3, 6]);
-    const padMask = g.input('attention_mask', 'int64', [3, 6]);
+    const inputIds = g.input('input_ids', 'int64', dims);
+    const padMask = g.input('attention_mask', 'int64', dims);
     const total = g.input('total_sequence_length', 'int32', []);
     const { weights, inputs } = weightInputs(g, config, 'float32', 'float32');
     const positionIds = positionsFromPadding(padMask);
@@ -39,7 +43,7 @@ describe.each([
       return targetLogprobs(lmLogits(config, weights, hidden), inputIds); // [B, T]
     };
     // A loss that weighs every token differently (and ignores padding).
-    const tokenWeights = g.constant(Array.from({ length: 18 }, (_, i) => Math.sin(i + 1)), 'float32', [3, 6]);
+    const tokenWeights = g.input('token_weights', 'float32', dims);
     const lossOf = (lp: L.Tensor) => L.reduceSum(L.mul(L.mul(lp, tokenWeights), L.cast(padMask, 'float32')));
     const paths = { composed: logprobs(false), flash: logprobs(true) };
     const names = paramSpecs(config).map((s) => s.name);
@@ -53,6 +57,7 @@ describe.each([
       input_ids: { data: BigInt64Array.from(ids.flat().map(BigInt)), dims: [3, 6] },
       attention_mask: { data: BigInt64Array.from(mask.flat().map(BigInt)), dims: [3, 6] },
       total_sequence_length: { data: Int32Array.of(6), dims: [] },
+      token_weights: { data: Float32Array.from({ length: 18 }, (_, i) => Math.sin(i + 1)), dims: [3, 6] },
     });
     const values = (name: string) => Array.from(out[name].data as Float32Array);
     const composed = values('composed/logp');
@@ -83,7 +88,7 @@ test('flash attention with a KV cache is refused', () => {
   ).toThrow(/flashAttention takes no KV cache/);
 });
 
-test('the flash path runs the fused RMSNorm and RoPE kernels, and its backward the inverse rotation', () => {
+test('the flash path runs the fused RMSNorm, RoPE and SiLU kernels, and its backward the inverse rotation', () => {
   const { config } = tinyModel(tinyQwen3, 3);
   const g = new L.Graph('flash_kernels');
   const inputIds = g.input('input_ids', 'int64', ['B', 'T']);
@@ -97,6 +102,8 @@ test('the flash path runs the fused RMSNorm and RoPE kernels, and its backward t
   // two norms per layer, QK-norm on q and k, the final norm; RoPE on q and k
   expect(forward('SimplifiedLayerNormalization')).toBe(4 * L_ + 1);
   expect(forward('RotaryEmbedding')).toBe(2 * L_);
+  expect(forward('QuickGelu')).toBe(L_); // SiLU in one kernel
+  expect(forward('Sigmoid')).toBe(0);
   expect(forward('Sin') + forward('Cos')).toBe(0); // no composed RoPE tables
   L.grad(loss, [...inputs.values()]);
   const backward = g.nodes.filter((n) => n.op.name === 'RotaryEmbedding' && n.name.startsWith('grad/'));

@@ -127,27 +127,9 @@ const cases: GradCase[] = [
     },
     dtype: 'float32',
   },
-  // the same rule taken in causal blocks of query rows (as at sequence 1024: 4 blocks of 256)
-  {
-    name: 'groupQueryAttention in 3 causal blocks, padded query rows zeroed',
-    inputs: [{ shape: [2, 6, 32] }, { shape: [2, 6, 16] }, { shape: [2, 6, 16] }, { shape: [2], dtype: 'int32', fill: { ints: [5, 3] } }],
-    build: ([q, k, v, seqlens]) => {
-      const g = q.graph;
-      const { output } = L.groupQueryAttention({ query: q, key: k, value: v, seqlensK: seqlens, totalSequenceLength: g.constant(6, 'int32', []) }, { numHeads: 4, kvNumHeads: 2, gradBlocks: 3 });
-      const valid = g.constant([1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0], 'bool', [2, 6, 1]);
-      return L.where(valid, output, L.zerosLike(output));
-    },
-    dtype: 'float32',
-  },
-  {
-    name: 'groupQueryAttention present key and value in 2 causal blocks',
-    inputs: [{ shape: [1, 4, 16] }, { shape: [1, 4, 8] }, { shape: [1, 4, 8] }, { shape: [1], dtype: 'int32', fill: { ints: [3] } }],
-    build: ([q, k, v, seqlens]) => {
-      const r = L.groupQueryAttention({ query: q, key: k, value: v, seqlensK: seqlens, totalSequenceLength: q.graph.constant(4, 'int32', []) }, { numHeads: 2, kvNumHeads: 1, gradBlocks: 2 });
-      return L.add(L.mul(r.presentKey, r.presentValue), L.unsqueeze(L.reduceSum(r.output, [2], true), [1]));
-    },
-    dtype: 'float32',
-  },
+  // fused: QuickGelu (SiLU at α = 1), from its output and a recomputed sigmoid
+  { name: 'quickGelu α = 1 (SiLU)', inputs: [{ shape: [2, 5] }], build: ([x]) => L.quickGelu(x, 1), dtype: 'float32' },
+  { name: 'quickGelu α = 1.702', inputs: [{ shape: [2, 5] }], build: ([x]) => L.quickGelu(x, 1.702), dtype: 'float32' },
   // fused: RMSNorm with a scale, and RoPE (the gradient is the inverse rotation)
   { name: 'simplifiedLayerNorm', inputs: [{ shape: [2, 3, 4] }, { shape: [4] }], build: ([x, w]) => L.simplifiedLayerNorm(x, w, 1e-6), dtype: 'float32' },
   {

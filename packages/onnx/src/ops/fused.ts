@@ -5,15 +5,15 @@
  * Each has a gradient rule composed from primitives (GroupQueryAttention's in the manner of flash
  * attention's backward pass), so training runs its forward through the fused kernels.
  */
-import { formatShape, type Dim } from '../dim';
+import { formatShape, shapeSize, type Dim } from '../dim';
 import { isFloat } from '../dtype';
 import { applyOp, GraphError, type Tensor } from '../graph';
 import { attr, defineOp, type GradContext } from '../op';
-import { add, cast, div, greaterOrEqual, lessOrEqual, mul, neg, reciprocal, sqrt, sub, where } from './elementwise';
+import { add, cast, div, greaterOrEqual, lessOrEqual, mul, neg, onesLike, reciprocal, sigmoid, sqrt, sub, where } from './elementwise';
 import { matmul } from './linalg';
-import { concat, reshape, slice, split, transpose, unsqueeze } from './shape-ops';
+import { concat, reshape, reshapeLike, slice, transpose, unsqueeze } from './shape-ops';
 import { causalMask } from '../nn';
-import { reduceSum, reduceSumSquare, softmax } from './reduce';
+import { cumsum, reduceSum, reduceSumSquare, softmax } from './reduce';
 
 /** RMSNorm over the last axis: x / √(mean(x²) + ε) · scale, statistics in float32. */
 export const simplifiedLayerNormOp = defineOp<{ epsilon: number }>({
@@ -86,29 +86,39 @@ export function rotaryEmbedding(x: Tensor, positionIds: Tensor, cosCache: Tensor
   return applyOp(rotaryEmbeddingOp, [x, positionIds, cosCache, sinCache], {})[0];
 }
 
+/**
+ * x·σ(α·x) (com.microsoft.QuickGelu; with α = 1, SiLU in one kernel where the composed form runs
+ * Sigmoid and Mul; CUDA kernels for float32, float16 and bfloat16, a CPU kernel for float32).
+ * Gradient from the output y and a recomputed s = σ(α·x): dy/dx = s + α·y·(1 − s), five passes
+ * (the composed form's autodiff takes six and keeps σ(x) from the forward pass).
+ */
+export const quickGeluOp = defineOp<{ alpha: number }>({
+  name: 'QuickGelu',
+  domain: 'com.microsoft',
+  infer: ([x]) => {
+    if (!isFloat(x!.dtype)) throw new Error(`expects a floating-point tensor, got ${x!.dtype}`);
+    return [{ dtype: x!.dtype, shape: [...x!.shape] }];
+  },
+  onnxAttrs: ({ alpha }) => ({ alpha: attr.float(alpha) }),
+  grad: ({ inputs: [x], outputs: [y], dy: [g], attrs: { alpha } }) => {
+    const one = x!.graph.constant(1, x!.dtype, []);
+    const s = sigmoid(alpha === 1 ? x! : mul(x!, x!.graph.constant(alpha, x!.dtype, [])));
+    const ay = alpha === 1 ? y! : mul(y!, x!.graph.constant(alpha, x!.dtype, []));
+    return [mul(g!, add(s, mul(ay, sub(one, s))))];
+  },
+});
+
+/** x·σ(α·x) in one kernel; {@link quickGeluOp}. `quickGelu(x, 1)` is SiLU. */
+export function quickGelu(x: Tensor, alpha: number): Tensor {
+  return applyOp(quickGeluOp, [x], { alpha })[0];
+}
+
 /** Attributes of {@link groupQueryAttention}. */
 export interface GroupQueryAttentionAttrs {
   numHeads: number;
   kvNumHeads: number;
   /** Apply RoPE (non-interleaved) to queries and keys inside the kernel, from cos/sin caches. */
   doRotary: boolean;
-  /**
-   * Query blocks the gradient rule splits the sequence into (see {@link causalBlockCount}, the
-   * default). Not an ONNX attribute: it shapes only the backward graph.
-   */
-  gradBlocks?: number;
-}
-
-/**
- * How many query blocks the attention gradient rule splits a sequence of S positions into: 4
- * blocks of at least 256 rows, else 2, else 1 (a symbolic S is never split). Block i's queries see
- * keys [0, (i + 1)·S/n) only, so the [S, S] values the rule forms — scores, P, dP − D, dS — and the
- * products over them cover (n + 1)/(2n) of the square: 5/8 with 4 blocks. Flash attention skips
- * the masked tiles the same way, at a finer grain.
- */
-export function causalBlockCount(S: Dim): number {
-  if (typeof S !== 'number') return 1;
-  return [4, 2].find((n) => S % n === 0 && S / n >= 256) ?? 1;
 }
 
 /**
@@ -165,23 +175,27 @@ export const groupQueryAttentionOp = defineOp<GroupQueryAttentionAttrs>({
 /**
  * Gradient of GroupQueryAttention without a KV cache and without in-kernel rotary (a whole
  * right-padded batch at once, as training runs it). The forward kernel keeps no probabilities, so
- * the rule recomputes them from q and k — P = softmax((q·scale)·kᵀ + causal mask bias), the
- * key-length mask being implied for the rows that matter (see below) — and applies flash
- * attention's backward:
- *   dV = Pᵀ·dO,  dP = dO·Vᵀ,  D = rowsum(dO ⊙ O),  dS = P ⊙ (dP − D),  dQ = dS·K·scale,  dK = dSᵀ·(Q·scale),
- * summing dK and dV over the query heads that share a KV head (inside the products). The rows are
- * taken in causal blocks ({@link causalBlockCount}): block i's queries against keys
- * [0, (i + 1)·S/n) only, key blocks' gradients summed over the query blocks that see them. The
- * [B, heads, S, S] values exist only while this layer's backward runs, and they are the rule's cost
- * (each pass over them moves 8·16·1024² elements per layer at 8 × 1024 for the 0.6B shape), so
- * they stay in the compute dtype: the softmax accumulates in float32 inside its kernel, D is summed
- * in float32 and dP − D is formed in the float32 accumulator of one matmul, but P, dP − D and dS
- * are stored in bf16/fp16. Flash attention also rounds P and dS to half precision for its
+ * the rule recomputes them from q and k — P = softmax((q·scale)·kᵀ + causal mask bias) — and
+ * applies flash attention's backward:
+ *   dV = Pᵀ·dO,  dP = dO·Vᵀ,  D = rowsum(dO ⊙ O),  dS = P ⊙ (dP − D),  dQ = dS·K·scale,  dK = dSᵀ·(Q·scale).
+ * The G query heads that share a KV head are stacked as rows, [B, KV, G·S, ·], so every product
+ * is a plain strided batch over [B, KV] — with a [B, KV, 1, S, hd] key broadcast over G instead,
+ * ONNX Runtime ran QKᵀ, dP and dQ as pointer-array batches at ~280 TFLOP/s — and dV = Pᵀ·dO and
+ * dK = dSᵀ·Q sum over the G heads inside the matmul (a ReduceSum over that axis ran as a cuDNN
+ * reduction at 244 µs per call, 14 ms a step at the 0.6B shape, 8 × 1024).
+ * The [B, heads, S, S] values exist only while this layer's backward runs, and they are the rule's
+ * cost (each pass over them moves 8·16·1024² elements per layer at 8 × 1024 for the 0.6B shape),
+ * so they stay in the compute dtype: the softmax accumulates in float32 inside its kernel, D is
+ * summed in float32 and dP − D is formed in the float32 accumulator of one matmul, but P, dP − D
+ * and dS are stored in bf16/fp16. Flash attention also rounds P and dS to half precision for its
  * products; it forms dS = P ⊙ (dP − D) in float32 registers, where this rule rounds dP − D before
  * the product (measured at the 0.6B shape: losses within 4e-6 of PyTorch's after 5 steps,
  * docs/benchmarks.md). In float32 nothing is rounded.
- * Query rows past a row's length (padding) use O = 0 in D, so whatever the kernel wrote there cannot
- * reach the gradient; their dO is expected to be 0 (the decoder zeroes those outputs, so it is).
+ * Only the causal mask is applied: the key-length mask is implied for every query row that
+ * matters, since a query i < len_b sees keys j ≤ i < len_b. Rows past a row's length (padding)
+ * see padding keys, but their dO is expected to be 0 (the decoder zeroes those outputs, so it is),
+ * which makes their dS rows 0; they use O = 0 in D, so whatever the kernel wrote there cannot reach
+ * the gradient.
  */
 function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<GroupQueryAttentionAttrs>): (Tensor | null)[] {
   const [q, k, v, pastKey, , seqlens, , cos] = inputs;
@@ -196,118 +210,82 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
   const scale = 1 / Math.sqrt(hd);
   const dt = q!.dtype;
   const acc = dt === 'float64' ? 'float64' : 'float32';
-  const n = attrs.gradBlocks ?? causalBlockCount(S);
-  if (n > 1 && (typeof S !== 'number' || S % n !== 0)) throw new GraphError(`GroupQueryAttention: ${n} gradient blocks do not divide the sequence length ${S}`);
-  const b = n > 1 ? (S as number) / n : S; // rows per query block
-  // Queries [B, KV, G, s, hd] for s rows; keys and values [B, KV, 1, S, hd] (broadcast over the G
-  // query heads).
-  const queries = (t: Tensor) => transpose(reshape(t, [B, t.shape[1]!, KV, G, hd]), [0, 2, 3, 1, 4]);
-  const keys = (t: Tensor) => unsqueeze(transpose(reshape(t, [B, S, KV, hd]), [0, 2, 1, 3]), [2]);
-  const fromQueries = (t: Tensor) => reshape(transpose(t, [0, 3, 1, 2, 4]), [B, S, W]);
-  // [B, KV, G, s, X] → [B, KV, G·s, X] (free: the G query heads' rows stacked). A product that
-  // contracts over these rows — dV = Pᵀ·dO, dK = dSᵀ·Q — then also sums over the G heads that
-  // share a KV head, inside the matmul (a separate ReduceSum over that middle axis ran as a cuDNN
-  // reduction at 244 µs per call, 14 ms a step at the 0.6B shape, 8 × 1024).
+  const g = q!.graph;
+  // Queries [B, KV, G·S, hd] (head g's rows at g·S…); keys and values [B, KV, S, hd].
+  const queries5 = (t: Tensor) => transpose(reshape(t, [B, S, KV, G, hd]), [0, 2, 3, 1, 4]); // [B, KV, G, S, hd]
   const stacked = (t: Tensor) => reshape(t, [B, KV, -1, t.shape[4]!]);
+  const fromQueries = (t: Tensor) => reshape(transpose(reshape(t, [B, KV, G, S, hd]), [0, 3, 1, 2, 4]), [B, S, W]);
+  const keys = (t: Tensor) => transpose(reshape(t, [B, S, KV, hd]), [0, 2, 1, 3]);
   // [B, KV, hd, S] → [B, S, KV·hd]
   const fromKeysTransposed = (t: Tensor) => reshape(transpose(t, [0, 3, 1, 2]), [B, S, KV * hd]);
-  const swap = (t: Tensor) => transpose(t, [0, 1, 2, 4, 3]);
-  const swap4 = (t: Tensor) => transpose(t, [0, 1, 3, 2]);
-  // Query rows in n blocks of b (one Split node each); keys [0, (i + 1)·b) of a [B, KV, ·, S, ·]
-  // value for block i (the rest are masked for every query of the block).
-  const blocks = (t: Tensor, axis: number) => (n === 1 ? [t] : split(t, new Array<Dim>(n).fill(b), axis));
-  const visible = (t: Tensor, i: number) => (i === n - 1 ? t : slice(t, [3], [0], [(i + 1) * (b as number)]));
-  const k5 = keys(k!);
-  const v5 = keys(v!);
-
-  // Key j is visible to query i when j ≤ i and j < len_b (len_b = seqlens_k[b] + 1). The additive
-  // bias (0 or a large negative) comes from the causal mask alone: the key-length mask is implied
-  // for every query row that matters, since a query i < len_b sees keys j ≤ i < len_b. Rows past
-  // the length (padding) see padding keys, but their dO is 0, so their dS row is 0 and they reach
-  // no gradient. A bias of [rows, keys] (not [B, 1, 1, rows, keys]) also gets ONNX Runtime's
-  // per-channel broadcast kernel; the batch-shaped one took its general kernel (465 µs a layer at
-  // 8 × 1024 on the H100).
-  const masked = dt === 'float16' ? -6e4 : -1e9;
-  const biases = causalBiasBlocks(q!, S, n, masked);
-  const pos = typeof S === 'number' ? q!.graph.constant(Array.from({ length: S }, (_, i) => i + 1), acc, [S]) : reduceSum(cast(causalMask(reshape(slice(q!, [0, 2], [0, 0], [1, 1]), [S]), 0), acc), [1]);
-  const last = cast(unsqueeze(seqlens!, [1]), acc); // len_b − 1, [B, 1]
-  const valid = lessOrEqual(unsqueeze(pos, [0]), add(last, 1)); // [B, S]: position i < len_b
-  const queryValid = reshape(valid, [B, 1, 1, S, 1]);
-
-  const dqs: Tensor[] = [];
-  const dks: Tensor[] = [];
-  const dvs: Tensor[] = [];
-  if (dOut) {
-    // The scale goes on q ([S, hd]) rather than on the scores ([S, S]).
-    const qScaled = blocks(mul(queries(q!), q!.graph.constant(scale, dt, [])), 3);
-    const dO5 = queries(dOut);
-    const o5 = where(queryValid, queries(outputs[0]!), q!.graph.constant(0, dt, []));
-    const rowDot = cast(reduceSum(mul(cast(dO5, acc), cast(o5, acc)), [-1], true), dt); // D, [B, KV, G, S, 1]
-    // dP − D as one product, [dO, −D, 0…]·[V, 1, 0…]ᵀ: the matmul accumulates the difference in
-    // float32 and rounds it once, and no broadcast subtract runs over [S, S] (465 µs a layer at
-    // 8 × 1024 on the H100). 7 zero columns pad hd + 1 to a multiple of 8 for the tensor cores.
-    // They are sliced and scaled rather than made from a Shape: ONNX Runtime turns
-    // Shape(Slice(Transpose(…))) into a Gather it runs on the CPU, one per layer (seen on the H100).
-    const zeros = (t: Tensor, width: number) => mul(slice(t, [4], [0], [width]), q!.graph.constant(0, dt, []));
-    const dOD = blocks(concat([dO5, neg(rowDot), zeros(dO5, 7)], 4), 3); // [B, KV, G, b, hd + 8] each
-    const dOs = blocks(dO5, 3);
-    const v1 = concat([v5, add(zeros(v5, 1), q!.graph.constant(1, dt, [])), zeros(v5, 7)], 4); // [B, KV, 1, S, hd + 8]
-    for (let i = 0; i < n; i++) {
-      const ki = visible(k5, i);
-      const p = softmax(add(matmul(qScaled[i]!, swap(ki)), biases[i]!), -1); // [B, KV, G, b, visible keys]
-      // The products that need an [S, S] operand transposed are formed transposed — (dOᵀ·P)ᵀ,
-      // (Qᵀ·dS)ᵀ — so only [S, hd] values are transposed.
-      const dS = mul(p, matmul(dOD[i]!, swap(visible(v1, i))));
-      dvs.push(matmul(swap4(stacked(dOs[i]!)), stacked(p))); // [B, KV, hd, visible keys]
-      dqs.push(matmul(dS, ki)); // [B, KV, G, b, hd]
-      dks.push(matmul(swap4(stacked(qScaled[i]!)), stacked(dS))); // [B, KV, hd, visible keys]
-    }
-  }
-  // Key block j's gradient sums the contributions of query blocks j..n−1.
-  const keyBlocks = (parts: Tensor[]) => {
-    if (n === 1) return parts[0]!;
-    // parts[i] covers key blocks 0..i; key block j sums parts[j..n−1]'s block j
-    const pieces = parts.map((t, i) => (i === 0 ? [t] : split(t, new Array<Dim>(i + 1).fill(b), 3)));
-    const sums = pieces.map((_, j) => pieces.slice(j).map((ps) => ps[j]!).reduce((x, y) => add(x, y)));
-    return concat(sums, 3);
-  };
-  const dq = dOut ? mul(fromQueries(n === 1 ? dqs[0]! : concat(dqs, 3)), q!.graph.constant(scale, dt, [])) : null;
-  const dk = dOut ? fromKeysTransposed(keyBlocks(dks)) : null;
-  const dv = dOut ? fromKeysTransposed(keyBlocks(dvs)) : null;
+  const swap = (t: Tensor) => transpose(t, [0, 1, 3, 2]);
   // The present key/value outputs are k and v in [B, KV, S, hd] layout (no cache): their gradients
   // flow straight back.
   const fromPresent = (t: Tensor) => reshape(transpose(t, [0, 2, 1, 3]), [B, S, KV * hd]);
   const plus = (a: Tensor | null, x: Tensor | null | undefined): Tensor | null => (x ? (a ? add(a, fromPresent(x)) : fromPresent(x)) : a);
+  if (!dOut) return [null, plus(null, dPresentKey), plus(null, dPresentValue), null, null, null, null, null, null];
+
+  // The scale goes on q ([S, hd]) rather than on the scores ([S, S]).
+  const qScaled = stacked(mul(queries5(q!), g.constant(scale, dt, [])));
+  const k4 = keys(k!);
+  const v4 = keys(v!);
+  const masked = dt === 'float16' ? -6e4 : -1e9;
+  const bias = causalBias(q!, masked); // [S, S]
+  // scores [B, KV, G·S, S] + bias [S, S], added as [B, KV, G, S·S] + [S·S] (free reshapes): ONNX
+  // Runtime 1.29 runs a right-aligned operand with two non-1 dims through its general broadcast
+  // kernel (465 µs a layer at 8 × 1024 on the H100), one with a single non-1 dim through its
+  // per-channel kernel.
+  const scores = matmul(qScaled, swap(k4));
+  const area = shapeSize(bias.shape);
+  const p = softmax(reshapeLike(add(reshape(scores, [B, KV, G, area]), reshape(bias, [area])), scores), -1); // [B, KV, G·S, S]
+
+  const line = reshape(slice(q!, [0, 2], [0, 0], [1, 1]), [S]); // any [S] value, for the positions' shape
+  const pos = typeof S === 'number' ? g.constant(Array.from({ length: S }, (_, i) => i + 1), acc, [S]) : cumsum(onesLike(cast(line, acc)), 0); // i + 1
+  const valid = lessOrEqual(unsqueeze(pos, [0]), add(cast(unsqueeze(seqlens!, [1]), acc), 1)); // [B, S]: position i < len_b
+  const dO = stacked(queries5(dOut));
+  const o = stacked(where(reshape(valid, [B, 1, 1, S, 1]), queries5(outputs[0]!), g.constant(0, dt, [])));
+  const rowDot = cast(reduceSum(mul(cast(dO, acc), cast(o, acc)), [-1], true), dt); // D, [B, KV, G·S, 1]
+  // dP − D as one product, [dO, −D, 0…]·[V, 1, 0…]ᵀ: the matmul accumulates the difference in
+  // float32 and rounds it once, and no broadcast subtract runs over [S, S] (465 µs a layer at
+  // 8 × 1024 on the H100). 7 zero columns pad hd + 1 to a multiple of 8 for the tensor cores.
+  // They are sliced and scaled rather than made from a Shape: ONNX Runtime turns
+  // Shape(Slice(Transpose(…))) into a Gather it runs on the CPU, one per layer (seen on the H100).
+  const zeros = (t: Tensor, width: number) => mul(slice(t, [3], [0], [width]), g.constant(0, dt, []));
+  const dOD = concat([dO, neg(rowDot), zeros(dO, 7)], 3); // [B, KV, G·S, hd + 8]
+  const v1 = concat([v4, add(zeros(v4, 1), g.constant(1, dt, [])), zeros(v4, 7)], 3); // [B, KV, S, hd + 8]
+  const dS = mul(p, matmul(dOD, swap(v1)));
+  // The products that need an [S, S] operand transposed are formed transposed — (dOᵀ·P)ᵀ,
+  // (Qᵀ·dS)ᵀ — so only [S, hd] values are transposed.
+  const dv = fromKeysTransposed(matmul(swap(dO), p)); // from [B, KV, hd, S]
+  const dq = mul(fromQueries(matmul(dS, k4)), g.constant(scale, dt, []));
+  const dk = fromKeysTransposed(matmul(swap(qScaled), dS));
   return [dq, plus(dk, dPresentKey), plus(dv, dPresentValue), null, null, null, null, null, null];
 }
 
-/** Each graph's causal bias blocks, by (S, n, dtype): built once and shared by every layer's rule. */
-const causalBiasCache = new WeakMap<object, Map<string, Tensor[]>>();
+/** Each graph's causal bias for a static sequence length, by (S, dtype): shared by every layer's rule. */
+const causalBiasCache = new WeakMap<object, Map<string, Tensor>>();
 
 /**
- * The causal additive bias for the rule's n query blocks: block i is [S/n, (i + 1)·S/n], 0 where
- * key ≤ query and `masked` elsewhere. With a static S it is built from constants (ONNX Runtime
- * folds it when the session is created) and shared by all layers; a symbolic S (one block) reads
- * its length from `like` [B, S, ·] at run time.
+ * The causal additive bias [S, S] for queries `like` [B, S, ·]: 0 where key ≤ query and `masked`
+ * elsewhere. With a static S it is built from constants (ONNX Runtime folds it when the session is
+ * created) and shared by all layers; a symbolic S is read from `like` at run time.
  */
-function causalBiasBlocks(like: Tensor, S: Dim, n: number, masked: number): Tensor[] {
+function causalBias(like: Tensor, masked: number): Tensor {
   const g = like.graph;
   const dt = like.dtype;
+  const S = like.shape[1]!;
   const acc = dt === 'float64' ? 'float64' : 'float32';
   const toBias = (visibleMask: Tensor) => cast(where(visibleMask, g.constant(0, acc, []), g.constant(masked, acc, [])), dt);
-  if (typeof S !== 'number') return [toBias(causalMask(reshape(slice(like, [0, 2], [0, 0], [1, 1]), [S]), 0))];
-  const key = `${S}|${n}|${dt}|${masked}`;
-  const perGraph = causalBiasCache.get(g) ?? new Map<string, Tensor[]>();
+  if (typeof S !== 'number') return toBias(causalMask(reshape(slice(like, [0, 2], [0, 0], [1, 1]), [S]), 0));
+  const key = `${S}|${dt}|${masked}`;
+  const perGraph = causalBiasCache.get(g) ?? new Map<string, Tensor>();
   causalBiasCache.set(g, perGraph);
-  const cached = perGraph.get(key);
-  if (cached) return cached;
-  const b = S / n;
-  const made = Array.from({ length: n }, (_, i) => {
-    const queryPos = g.constant(Array.from({ length: b }, (_, r) => i * b + r), 'int64', [b, 1]);
-    const keyPos = g.constant(Array.from({ length: (i + 1) * b }, (_, c) => c), 'int64', [1, (i + 1) * b]);
-    return toBias(greaterOrEqual(queryPos, keyPos));
-  });
-  perGraph.set(key, made);
+  let made = perGraph.get(key);
+  if (!made) {
+    const positions = Array.from({ length: S }, (_, i) => i);
+    made = toBias(greaterOrEqual(g.constant(positions, 'int64', [S, 1]), g.constant(positions, 'int64', [1, S])));
+    perGraph.set(key, made);
+  }
   return made;
 }
 
@@ -325,7 +303,7 @@ export interface GroupQueryAttentionInputs {
 /** Causal GQA with an optional in-place KV cache; see {@link groupQueryAttentionOp}. */
 export function groupQueryAttention(
   x: GroupQueryAttentionInputs,
-  heads: { numHeads: number; kvNumHeads: number; gradBlocks?: number },
+  heads: { numHeads: number; kvNumHeads: number },
 ): { output: Tensor; presentKey: Tensor; presentValue: Tensor } {
   const [output, presentKey, presentValue] = applyOp(
     groupQueryAttentionOp,

@@ -365,6 +365,14 @@ export function reshape(x: Tensor, dims: Shape): Tensor {
 }
 
 /**
+ * x reshaped to the shape of `like` (same element count), read from `like` at run time by one
+ * Shape node — for targets no constant spec can express (two symbolic dims that are not copies).
+ */
+export function reshapeLike(x: Tensor, like: Tensor): Tensor {
+  return applyOp(reshapeOp, [x, shapeOf(like)], { dims: like.shape.map(canonicalDim) })[0];
+}
+
+/**
  * A constant ONNX Reshape spec for a target with symbolic dims, when one exists: 0 copies the
  * input's dim at the same index, -1 stands for the single remaining unknown. Constant shape
  * inputs keep shape arithmetic out of the graph (ONNX Runtime would run it on the CPU).
