@@ -21,7 +21,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { randomModel, type HfConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
-import { writeTrajectories } from '@lathe/data';
+import { seededRandom, writeTrajectories } from '@lathe/data';
 import { QWEN_SPECIAL_IDS } from '@lathe/tokenizer';
 import { finalResponse, groupsOf, KvCacheGenerator, TrajectoryGenerator, type Completion, type GenerateCallOptions, type GeneratedTrajectory, type TrajectoryOptions, type TrajectoryPrompt } from '@lathe/rollout';
 import { arg, flag } from '../argv';
@@ -36,21 +36,9 @@ function makePrompts(n: number, words: number, answers: boolean): TrajectoryProm
   }));
 }
 
-/** A 32-bit PRNG (mulberry32). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** A completion of `n` ids for a sample key (see the module comment). */
 function completionTokens(key: number, n: number): number[] {
-  const r = rng(key * 2654435761);
+  const r = seededRandom(key * 2654435761);
   const ids = Array.from({ length: n }, () => Math.floor(r() * 151643));
   if (key % 2 === 0) ids[Math.floor(n / 4 + r() * (n / 2))] = QWEN_SPECIAL_IDS.thinkEnd;
   return ids;

@@ -30,7 +30,9 @@ export const simplifiedLayerNormOp = defineOp<{ epsilon: number }>({
 
 /**
  * y = x̂ ⊙ w with x̂ = x·r, r = (mean(x²) + ε)^(−1/2) per row, in float32 (the kernel's stash type):
- *   dw = Σ_rows dy ⊙ x̂,   dx = r · (g − x̂ · mean(g ⊙ x̂))  with g = dy ⊙ w.
+ *   dw = Σ_rows u,   dx = r · (g − x̂ · mean(g ⊙ x̂))  with u = dy ⊙ x̂ and g = dy ⊙ w.
+ * mean(g ⊙ x̂) = (u · w) / D is one matrix-vector product over u, which dw needs anyway: no
+ * g ⊙ x̂ tensor is written (a pass over [rows, D] float32 per norm, four norms a layer in Qwen3).
  * r is recomputed from x (the kernel's inverse-std output would need a second output kept alive).
  */
 function simplifiedLayerNormGrad({ inputs: [x, scale], dy: [dy], attrs }: GradContext<{ epsilon: number }>): (Tensor | null)[] {
@@ -38,13 +40,14 @@ function simplifiedLayerNormGrad({ inputs: [x, scale], dy: [dy], attrs }: GradCo
   const D = x!.shape[x!.rank - 1] as number;
   const xf = cast(x!, acc);
   const dyf = cast(dy!, acc);
+  const w = cast(scale!, acc);
   const r = reciprocal(sqrt(add(div(reduceSumSquare(xf, [-1], true), D), attrs.epsilon)));
   const xhat = mul(xf, r);
-  const g = mul(dyf, cast(scale!, acc));
-  const dot = div(reduceSum(mul(g, xhat), [-1], true), D);
-  const dx = cast(mul(r, sub(g, mul(xhat, dot))), x!.dtype);
+  const u = mul(dyf, xhat);
+  const dot = div(matmul(u, reshape(w, [D, 1])), D); // [.., 1]
+  const dx = cast(mul(r, sub(mul(dyf, w), mul(xhat, dot))), x!.dtype);
   const rows = [...Array(x!.rank - 1).keys()];
-  const dw = cast(reduceSum(mul(dyf, xhat), rows), scale!.dtype);
+  const dw = cast(reduceSum(u, rows), scale!.dtype);
   return [dx, dw];
 }
 
