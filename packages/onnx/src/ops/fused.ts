@@ -182,10 +182,10 @@ export const groupQueryAttentionOp = defineOp<GroupQueryAttentionAttrs>({
  * applies flash attention's backward:
  *   dV = Pᵀ·dO,  dP = dO·Vᵀ,  D = rowsum(dO ⊙ O),  dS = P ⊙ (dP − D),  dQ = dS·K·scale,  dK = dSᵀ·(Q·scale).
  * The G query heads that share a KV head are stacked as rows, [B, KV, G·S, ·], so every product
- * is a plain strided batch over [B, KV] — with a [B, KV, 1, S, hd] key broadcast over G instead,
- * ONNX Runtime ran QKᵀ, dP and dQ as pointer-array batches at ~280 TFLOP/s — and dV = Pᵀ·dO and
- * dK = dSᵀ·Q sum over the G heads inside the matmul (a ReduceSum over that axis ran as a cuDNN
- * reduction at 244 µs per call, 14 ms a step at the 0.6B shape, 8 × 1024).
+ * is a strided batch over [B, KV] (a key broadcast over a G axis ran as pointer-array batches,
+ * measured no slower: ~120 µs either way for QKᵀ at 8 × 1024), and dV = Pᵀ·dO and dK = dSᵀ·Q sum
+ * over the G heads inside the matmul (a ReduceSum over that axis ran as a cuDNN reduction at
+ * 244 µs per call, 14 ms a step at the 0.6B shape, 8 × 1024).
  * The [B, heads, S, S] values exist only while this layer's backward runs, and they are the rule's
  * cost (each pass over them moves 8·16·1024² elements per layer at 8 × 1024 for the 0.6B shape),
  * so they stay in the compute dtype: the softmax accumulates in float32 inside its kernel, D is
