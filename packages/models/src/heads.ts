@@ -80,15 +80,19 @@ export function chunkedTargetLogprobs(
   const acc = accumulationDtype(hidden.dtype);
   const W = w(lmHeadName(cfg));
   const scale = (t: Tensor) => (temperature === 1 ? t : L.div(t, temperature));
-  const rows = L.gather(W, L.cast(targets, 'int64'), 0); // [B, T, D]
-  const targetLogit = scale(L.reduceSum(L.mul(L.cast(hidden, acc), L.cast(rows, acc)), [-1 + hidden.rank]));
+  // Tokens as rows, [B·T, D]: the per-row [rows, 1] max and sums then broadcast with ONNX Runtime's
+  // per-channel kernels, where [B, T, 1] (two non-1 dims) takes its general broadcast kernel.
+  const h = L.reshape(hidden, [-1, hidden.shape[hidden.rank - 1]!]);
+  const t = L.reshape(targets, [-1]);
+  const rows = L.gather(W, L.cast(t, 'int64'), 0); // [rows, D]
+  const targetLogit = scale(L.reduceSum(L.mul(L.cast(h, acc), L.cast(rows, acc)), [1]));
   const sizes: number[] = [];
   for (let start = 0; start < cfg.vocabSize; start += chunk) sizes.push(Math.min(chunk, cfg.vocabSize - start));
   const parts = sizes.length === 1 ? [W] : L.split(W, sizes, 0);
-  const partial = (Wk: Tensor) => L.logSumExp(scale(L.cast(linear(hidden, Wk), acc)), -1, true); // [B, T, 1]
+  const partial = (Wk: Tensor) => L.logSumExp(scale(L.cast(linear(h, Wk), acc)), -1, true); // [rows, 1]
   // With `recompute`, each chunk's logits are rebuilt in the backward pass (one chunk alive at a
   // time) instead of all chunks' logits being kept from the forward pass for it.
-  const partials = parts.map((Wk) => (opts.recompute ? L.checkpoint([hidden], () => partial(Wk)) : partial(Wk)));
-  const logZ = L.logSumExp(L.concat(partials, -1), -1);
-  return L.sub(targetLogit, logZ);
+  const partials = parts.map((Wk) => (opts.recompute ? L.checkpoint([h], () => partial(Wk)) : partial(Wk)));
+  const logp = L.sub(targetLogit, L.logSumExp(L.concat(partials, -1), -1)); // [rows]
+  return targets.shape.every((d) => typeof d === 'number') ? L.reshape(logp, targets.shape) : L.reshapeLike(logp, targets);
 }

@@ -123,7 +123,9 @@ export const notOp = defineOp({
 });
 
 export const negOp = unary('Neg', ({ dy: [g] }) => [neg(g!)], { floatOnly: false });
-export const expOp = unary('Exp', ({ outputs: [y], dy: [g] }) => [mul(g!, y)]);
+// y first: g may be a broadcast [.., 1] (a folded Expand), and ONNX Runtime's fast broadcasting
+// kernels want the full-size operand on the left.
+export const expOp = unary('Exp', ({ outputs: [y], dy: [g] }) => [mul(y, g!)]);
 export const logOp = unary('Log', ({ inputs: [x], dy: [g] }) => [div(g!, x!)]);
 export const sqrtOp = unary('Sqrt', ({ outputs: [y], dy: [g] }) => [div(mul(g!, scalarLike(0.5, y)), y)]);
 export const reciprocalOp = unary('Reciprocal', ({ outputs: [y], dy: [g] }) => [neg(mul(g!, mul(y, y)))]);

@@ -33,21 +33,25 @@ export const simplifiedLayerNormOp = defineOp<{ epsilon: number }>({
  *   dw = Σ_rows u,   dx = r · (g − x̂ · mean(g ⊙ x̂))  with u = dy ⊙ x̂ and g = dy ⊙ w.
  * mean(g ⊙ x̂) = (u · w) / D is one matrix-vector product over u, which dw needs anyway: no
  * g ⊙ x̂ tensor is written (a pass over [rows, D] float32 per norm, four norms a layer in Qwen3).
+ * The rule works on [rows, D]: ONNX Runtime 1.29 multiplies by a per-row [rows, 1] operand with
+ * its per-channel kernel, but by a [B, T, 1] one (two non-1 dims) with its general broadcast kernel.
  * r is recomputed from x (the kernel's inverse-std output would need a second output kept alive).
  */
 function simplifiedLayerNormGrad({ inputs: [x, scale], dy: [dy], attrs }: GradContext<{ epsilon: number }>): (Tensor | null)[] {
   const acc = x!.dtype === 'float64' ? 'float64' : 'float32';
   const D = x!.shape[x!.rank - 1] as number;
-  const xf = cast(x!, acc);
-  const dyf = cast(dy!, acc);
+  const rows = (t: Tensor) => reshape(t, [-1, D]);
+  const xf = rows(cast(x!, acc));
+  const dyf = rows(cast(dy!, acc));
   const w = cast(scale!, acc);
-  const r = reciprocal(sqrt(add(div(reduceSumSquare(xf, [-1], true), D), attrs.epsilon)));
+  const r = reciprocal(sqrt(add(div(reduceSumSquare(xf, [-1], true), D), attrs.epsilon))); // [rows, 1]
   const xhat = mul(xf, r);
   const u = mul(dyf, xhat);
-  const dot = div(matmul(u, reshape(w, [D, 1])), D); // [.., 1]
-  const dx = cast(mul(r, sub(mul(dyf, w), mul(xhat, dot))), x!.dtype);
-  const rows = [...Array(x!.rank - 1).keys()];
-  const dw = cast(reduceSum(u, rows), scale!.dtype);
+  const dot = div(matmul(u, reshape(w, [D, 1])), D); // [rows, 1]
+  const dxRows = mul(sub(mul(dyf, w), mul(xhat, dot)), r);
+  // Back to x's shape: by a constant spec when it is static, else read from x at run time.
+  const dx = cast(x!.shape.every((d) => typeof d === 'number') ? reshape(dxRows, x!.shape) : reshapeLike(dxRows, x!), x!.dtype);
+  const dw = cast(reduceSum(u, [0]), scale!.dtype);
   return [dx, dw];
 }
 
