@@ -94,6 +94,27 @@ def add_lora(model, rank, alpha):
         setattr(holder, child, LoraLinear(getattr(holder, child), rank, alpha))
 
 
+def qwen3_config(shape):
+    """The benchmark's Qwen3 configuration at `shape` (a key of SHAPES)."""
+    return Qwen3Config(vocab_size=151936, **SHAPES[shape], num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                       rope_theta=1_000_000, max_position_embeddings=40960, tie_word_embeddings=True)
+
+
+def torch_train_step(model, ids, mask, w, trainable, opt):
+    """One PyTorch step as the benchmark takes it: autocast bf16 forward, masked next-token loss
+    over float32 log-softmax, backward, clip_grad_norm_(1.0), AdamW. Returns the loss tensor."""
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
+    loss = -(logp * w).sum() / w.sum()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="0.6b", choices=list(SHAPES))
@@ -113,9 +134,7 @@ def main():
     lora_alpha = a.lora_alpha if a.lora_alpha is not None else 2.0 * a.lora
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=151936, **SHAPES[a.shape], num_hidden_layers=28,
-                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
-                      rope_theta=1_000_000, max_position_embeddings=40960, tie_word_embeddings=True)
+    cfg = qwen3_config(a.shape)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     path = os.path.join(a.out, f"qwen3-{a.shape}")
     model.save_pretrained(path, safe_serialization=True)
@@ -147,14 +166,7 @@ def main():
         try:
             torch.cuda.synchronize()
             t = time.perf_counter()
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                logits = model(input_ids=ids_c, attention_mask=mask_c).logits
-            logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids_c[:, 1:, None])[..., 0]
-            loss = -(logp * w).sum() / w.sum()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            loss = torch_train_step(model, ids_c, mask_c, w, trainable, opt)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t)
             torch_losses.append(loss.item())  # the first (warm-up) step's included: one more than Lathe's

@@ -18,10 +18,10 @@ import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from transformers import AutoModelForCausalLM, Qwen3Config
+from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, os.path.dirname(__file__))
-from step_speed import SHAPES, add_lora  # noqa: E402  (the reference's model and LoRA, not a copy)
+from step_speed import SHAPES, add_lora, qwen3_config, torch_train_step  # noqa: E402  (the reference's model, step and LoRA)
 
 
 def main():
@@ -33,10 +33,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     a = ap.parse_args()
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=151936, **SHAPES[a.shape], num_hidden_layers=28,
-                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
-                      rope_theta=1_000_000, max_position_embeddings=40960, tie_word_embeddings=True)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(qwen3_config(a.shape), dtype=torch.float32)
     if a.lora:
         add_lora(model, a.lora, 2.0 * a.lora)
     model = model.cuda().train()
@@ -49,14 +46,7 @@ def main():
     w[:, : T // 4 - 1] = 0
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(input_ids=ids, attention_mask=mask).logits
-        logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
-        loss = -(logp * w).sum() / w.sum()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        torch_train_step(model, ids, mask, w, trainable, opt)
 
     for _ in range(3):
         step()
