@@ -246,8 +246,11 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
   const area = shapeSize(bias.shape);
   const p = softmax(reshapeLike(add(reshape(scores, [B, KV, G, area]), reshape(bias, [area])), scores), -1); // [B, KV, G·S, S]
 
-  const line = reshape(slice(q!, [0, 2], [0, 0], [1, 1]), [S]); // any [S] value, for the positions' shape
-  const pos = typeof S === 'number' ? g.constant(Array.from({ length: S }, (_, i) => i + 1), acc, [S]) : cumsum(onesLike(cast(line, acc)), 0); // i + 1
+  // Positions i + 1 ([S]): constants for a static S, else counted along any [S] slice of q.
+  const pos =
+    typeof S === 'number'
+      ? g.constant(Array.from({ length: S }, (_, i) => i + 1), acc, [S])
+      : cumsum(onesLike(cast(reshape(slice(q!, [0, 2], [0, 0], [1, 1]), [S]), acc)), 0);
   const valid = lessOrEqual(unsqueeze(pos, [0]), add(cast(unsqueeze(seqlens!, [1]), acc), 1)); // [B, S]: position i < len_b
   const dO = stacked(queries5(dOut));
   const o = stacked(where(reshape(valid, [B, 1, 1, S, 1]), queries5(outputs[0]!), g.constant(0, dt, [])));
@@ -269,28 +272,31 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
   return [dq, plus(dk, dPresentKey), plus(dv, dPresentValue), null, null, null, null, null, null];
 }
 
-/** Each graph's causal bias for a static sequence length, by (S, dtype): shared by every layer's rule. */
+/** Each graph's causal bias, by (S, dtype): built once and shared by every layer's rule. */
 const causalBiasCache = new WeakMap<object, Map<string, Tensor>>();
 
 /**
  * The causal additive bias [S, S] for queries `like` [B, S, ·]: 0 where key ≤ query and `masked`
- * elsewhere. With a static S it is built from constants (ONNX Runtime folds it when the session is
- * created) and shared by all layers; a symbolic S is read from `like` at run time.
+ * elsewhere, built once per graph and sequence-length dim and shared by all layers. With a static
+ * S it comes from constants (ONNX Runtime folds it when the session is created); a symbolic S is
+ * read at run time from the first `like` it is built for.
  */
 function causalBias(like: Tensor, masked: number): Tensor {
   const g = like.graph;
   const dt = like.dtype;
   const S = like.shape[1]!;
   const acc = dt === 'float64' ? 'float64' : 'float32';
-  const toBias = (visibleMask: Tensor) => cast(where(visibleMask, g.constant(0, acc, []), g.constant(masked, acc, [])), dt);
-  if (typeof S !== 'number') return toBias(causalMask(reshape(slice(like, [0, 2], [0, 0], [1, 1]), [S]), 0));
   const key = `${S}|${dt}|${masked}`;
   const perGraph = causalBiasCache.get(g) ?? new Map<string, Tensor>();
   causalBiasCache.set(g, perGraph);
   let made = perGraph.get(key);
   if (!made) {
-    const positions = Array.from({ length: S }, (_, i) => i);
-    made = toBias(greaterOrEqual(g.constant(positions, 'int64', [S, 1]), g.constant(positions, 'int64', [1, S])));
+    const positions = Array.from({ length: typeof S === 'number' ? S : 0 }, (_, i) => i);
+    const visible =
+      typeof S === 'number'
+        ? greaterOrEqual(g.constant(positions, 'int64', [S, 1]), g.constant(positions, 'int64', [1, S]))
+        : causalMask(reshape(slice(like, [0, 2], [0, 0], [1, 1]), [S]), 0);
+    made = cast(where(visible, g.constant(0, acc, []), g.constant(masked, acc, [])), dt);
     perGraph.set(key, made);
   }
   return made;
