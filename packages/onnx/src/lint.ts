@@ -43,19 +43,23 @@ export function runtimeShapeNodes(graph: Graph): Node[] {
 }
 
 /**
- * (op, dtype) pairs ONNX Runtime 1.29's CUDA provider has no kernel for, each found on the H100: a
- * session with CPU fallback off refuses a graph holding one, and with fallback on the node runs on
- * the CPU with copies around it. Keyed by the node's first output dtype.
+ * (op, dtype) pairs ONNX Runtime 1.29's CUDA provider has no kernel for: a session with CPU
+ * fallback off refuses a graph holding one, and with fallback on the node runs on the CPU with
+ * copies around it. Keyed by the node's first output dtype. Found on the H100:
  * - Pad, bfloat16: the KV prefill extends caches by a Slice of a zero buffer instead.
  * - ReduceMax, bfloat16: maxima over logits run in float32.
  * - Reciprocal, bfloat16: `rsqrt` divides instead.
  * - Multinomial (any dtype): GPU sampling draws by inverse CDF from host-made uniforms.
+ * From the provider's kernel registrations (not yet seen failing on the H100):
+ * - MaxPool, bfloat16 (`windowMax`, `lastAxisMax`): registered for float32, float64, float16 and
+ *   8-bit integers only; the loss takes its maxima over float32 logits.
  */
 const NO_CUDA_KERNEL: Record<string, readonly string[] | 'any'> = {
   Pad: ['bfloat16'],
   ReduceMax: ['bfloat16'],
   Reciprocal: ['bfloat16'],
   Multinomial: 'any',
+  MaxPool: ['bfloat16'],
 };
 
 /** Nodes that ONNX Runtime's CUDA provider cannot run (see NO_CUDA_KERNEL): graphs meant for the GPU should have none. */
