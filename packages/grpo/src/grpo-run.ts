@@ -18,7 +18,7 @@ import { MathGrader, r1ZeroFormatReward } from '@lathe/graders';
 import { CharTokenizer, HfTokenizer } from '@lathe/tokenizer';
 import { Device, sizeOf } from '@lathe/runtime';
 import { diffConfigs, loadPrompts, MetricsLog, RolloutStore, writeAtomic } from '@lathe/data';
-import { ADDITION_ALPHABET, BUILTIN_DATA, BUILTIN_MODEL, EpochStream, additionExamples, learningRate, listCheckpoints, loadCheckpoint, loadFloat32, heldOutSplit, saveCheckpoint, type AttentionChoice, type TrainerState } from '@lathe/train';
+import { ADDITION_ALPHABET, BUILTIN_DATA, BUILTIN_MODEL, EpochStream, additionExamples, learningRate, listCheckpoints, loadCheckpoint, loadFloat32, loraFromOptions, heldOutSplit, saveCheckpoint, type AttentionChoice, type TrainerState } from '@lathe/train';
 import { combineRewards, overlongReward, type RewardSource } from './rewards';
 import { BUILTIN_TOKENIZER, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
 import { GrpoTrainer, type GrpoStepMetrics, type RlPrompt } from './grpo-trainer';
@@ -211,8 +211,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   const initial = loadFloat32(model.dir, model.config);
   let state: GrpoState = { step: 0, dataPosition: 0, seed: cfg.seed, optimizerStep: 0 };
   let resume: { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; optimizerStep: number; rlStep: number } | undefined;
-  if (cfg.lora_dropout !== 0 && cfg.lora_rank === 0) throw new Error(`--lora_dropout ${cfg.lora_dropout} applies to LoRA adapters, but --lora_rank is 0 (every weight trains)`);
-  const lora = cfg.lora_rank > 0 ? { rank: cfg.lora_rank, alpha: cfg.lora_alpha, targets: cfg.lora_targets, dropout: cfg.lora_dropout } : undefined;
+  const lora = loraFromOptions(cfg);
   if (cfg.resume) {
     const latest = listCheckpoints(cfg.run_dir).at(-1);
     if (!latest) throw new Error(`--resume: no checkpoint in ${join(cfg.run_dir, 'checkpoints')}`);

@@ -39,6 +39,26 @@ export interface LoraAdapter {
   b: TrainableParam;
 }
 
+/** A command's LoRA options, as `lathe sft` and `lathe grpo` name them. */
+export interface LoraOptions {
+  lora_rank: number;
+  lora_alpha: number;
+  lora_targets: string;
+  lora_dropout: number;
+}
+
+/**
+ * The LoRA config a command's options imply: undefined when `lora_rank` is 0 (every weight
+ * trains); `lora_dropout` without LoRA is an error naming both flags.
+ */
+export function loraFromOptions(o: LoraOptions): LoraConfig | undefined {
+  if (o.lora_rank === 0) {
+    if (o.lora_dropout !== 0) throw new Error(`--lora_dropout ${o.lora_dropout} applies to LoRA adapters, but --lora_rank is 0 (every weight trains)`);
+    return undefined;
+  }
+  return { rank: o.lora_rank, alpha: o.lora_alpha, targets: o.lora_targets, dropout: o.lora_dropout };
+}
+
 /** The adapters a config implies; an empty match is an error naming the pattern. */
 export function loraAdapters(cfg: DecoderConfig, lora: LoraConfig): LoraAdapter[] {
   if (!Number.isInteger(lora.rank) || lora.rank < 1) throw new Error(`lora rank must be a positive integer, got ${lora.rank}`);

@@ -10,7 +10,7 @@ import { stringify as toYaml } from 'yaml';
 import * as L from '@lathe/onnx';
 import { paramSpecs, parseConfig, randomModel, TOTAL_LENGTH_INPUT, totalLengthTensor, weightInputs, type DecoderConfig, type HfConfig } from '@lathe/models';
 
-import { initLora, LORA_DROPOUT_KEY, loraAdapters, loraDropoutKey, loraWeights, mergeLora, type LoraConfig } from './lora';
+import { initLora, LORA_DROPOUT_KEY, loraAdapters, loraDropoutKey, loraFromOptions, loraWeights, mergeLora, type LoraConfig } from './lora';
 import { listCheckpoints, loadCheckpoint, loadFloat32, saveCheckpoint, type TrainerState } from './checkpoint';
 import { MathGrader } from '@lathe/graders';
 import { CharTokenizer, HfTokenizer } from '@lathe/tokenizer';
@@ -156,8 +156,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
 
   // What is trained: every weight, or LoRA adapters over a frozen base fed as `base/<name>` inputs.
   const specs = paramSpecs(config);
-  if (cfg.lora_dropout !== 0 && cfg.lora_rank === 0) throw new Error(`--lora_dropout ${cfg.lora_dropout} applies to LoRA adapters, but --lora_rank is 0 (full fine-tuning)`);
-  const lora: LoraConfig | undefined = cfg.lora_rank > 0 ? { rank: cfg.lora_rank, alpha: cfg.lora_alpha, targets: cfg.lora_targets, dropout: cfg.lora_dropout } : undefined;
+  const lora: LoraConfig | undefined = loraFromOptions(cfg);
   const adapters = lora ? loraAdapters(config, lora) : [];
   const params: TrainableParam[] = lora
     ? adapters.flatMap((a) => [a.a, a.b])
