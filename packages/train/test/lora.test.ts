@@ -191,6 +191,22 @@ test('the side branch builds no [out, in] gradient for the frozen base (the merg
   }
 });
 
+test('without dropout, adapters of projections that read one input share one A product (q, k, v; gate, up); with dropout each has its own', () => {
+  const { config } = setup();
+  const lora = { rank: 3, alpha: 6, targets: 'q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj' };
+  const adapters = loraAdapters(config, lora);
+  // products whose output has the adapters' rank as its last dim: x·Aᵀ, one per adapter or per group
+  const rankProducts = (g: L.Graph, width: number) => liveNodes(g).filter((n) => n.op.name === 'MatMul' && !n.name.startsWith('grad/') && n.outputs[0].shape.at(-1) === width).length;
+  const layers = config.numLayers;
+  const fused = loraStep(config, adapters, lora, 'side').step;
+  expect(rankProducts(fused, 3 * 3)).toBe(layers); // x·[A_q; A_k; A_v]ᵀ
+  expect(rankProducts(fused, 2 * 3)).toBe(layers); // x·[A_gate; A_up]ᵀ
+  expect(rankProducts(fused, 3)).toBe(layers); // o_proj alone
+  const dropped = loraStep(config, adapters, { ...lora, dropout: 0.1 }, 'side').step;
+  expect(rankProducts(dropped, 3 * 3) + rankProducts(dropped, 2 * 3)).toBe(0);
+  expect(rankProducts(dropped, 3)).toBe(6 * layers);
+});
+
 /**
  * A CPU session at ORT's basic optimization level: the extended level fuses SiLU into QuickGelu,
  * which has no float64 kernel.
