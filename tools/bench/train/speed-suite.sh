@@ -6,7 +6,11 @@
 # in the same process tree). Needs .bundle/lathe-step.js (bash tools/bench/build-device-bundles.sh
 # lathe-step) and the device runtime sourced (/opt/device-rt/env.sh).
 #
-# usage: bash tools/bench/train/speed-suite.sh [group ...]   groups: full lora 1.7b (default: all)
+# usage: bash tools/bench/train/speed-suite.sh [group ...]
+#   groups: full lora 1.7b (default: these three), and on request:
+#   graph    8 × 1024, full and LoRA, PyTorch against Lathe with and without CUDA-graph replay
+#   largest  each side's largest micro-batch: PyTorch at 14, Lathe (CUDA graph) at 16, 20 and 24
+#   compile  PyTorch with torch.compile at 8 × 1024 (PyTorch only)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out="${OUT:-/tmp}/train-speed.jsonl"
@@ -15,7 +19,7 @@ groups=("${@:-full lora 1.7b}")
 groups=(${groups[*]})
 speed() { # one step_speed.py run; a failure is logged and the suite goes on
   echo "== step_speed.py $*" | tee -a "$log"
-  timeout 300 python3 tools/reference/train/step_speed.py --steps 3 --out /tmp/lathe-speed "$@" 2>>"$log" | tee -a "$out" || echo "{\"failed\": \"$*\"}" | tee -a "$out"
+  timeout "${SPEED_TIMEOUT:-300}" python3 tools/reference/train/step_speed.py --steps 3 --out /tmp/lathe-speed "$@" 2>>"$log" | tee -a "$out" || echo "{\"failed\": \"$*\"}" | tee -a "$out"
 }
 has() { [[ " ${groups[*]} " == *" $1 "* ]]; }
 if has full; then
@@ -27,6 +31,20 @@ if has full; then
 fi
 if has lora; then
   speed --batch 8 --seq 1024 --micro 1 --lora 16 --lathe-args="--shared-arena --flash-attention"
+fi
+flash="--shared-arena --flash-attention"
+if has graph; then
+  speed --steps 5 --batch 8 --seq 1024 --lathe-args="$flash"
+  speed --steps 5 --batch 8 --seq 1024 --skip-torch --lathe-args="$flash --cuda-graph"
+  speed --steps 5 --batch 8 --seq 1024 --lora 16 --lathe-args="$flash"
+  speed --steps 5 --batch 8 --seq 1024 --lora 16 --skip-torch --lathe-args="$flash --cuda-graph"
+fi
+if has largest; then
+  speed --steps 4 --batch 14 --seq 1024 --skip-lathe
+  for b in 16 20 24; do speed --steps 4 --batch $b --seq 1024 --skip-torch --lathe-args="$flash --cuda-graph"; done
+fi
+if has compile; then
+  SPEED_TIMEOUT=420 speed --steps 5 --batch 8 --seq 1024 --skip-lathe --torch-compile
 fi
 if has 1.7b; then
   speed --shape 1.7b --batch 8 --seq 1024 --micro 4 --skip-torch --lathe-args="--shared-arena --flash-attention --recompute"

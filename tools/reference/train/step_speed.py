@@ -7,11 +7,14 @@ Lathe's `--path bound` (default) keeps parameters and moments on the GPU (the Tr
 
 usage: python3 tools/reference/train/step_speed.py [--shape 0.6b|1.7b] [--batch 4] [--seq 512] [--steps 3]
          [--micro 1] [--path bound|plain] [--lathe-args "--recompute --cuda-graph"] [--torch-checkpointing]
-         [--lora R [--lora-alpha 2R]] [--lr 1e-5] [--skip-torch] [--out DIR]
+         [--lora R [--lora-alpha 2R]] [--lr 1e-5] [--skip-torch] [--skip-lathe] [--torch-compile] [--out DIR]
 MFU counts 6·N FLOPs per token for the N parameters that multiply (the tied embedding once, as the
 LM head) plus causal attention (6·layers·T·heads·head_dim), against the H100 SXM's 989 TFLOP/s
 dense bf16. A side that fails (out of memory) is reported with its error; the other still runs.
 Needs .bundle/lathe-step.js.
+
+--torch-compile: the PyTorch side's model is wrapped in torch.compile (default mode, inductor)
+before its first step; the first step, which compiles, is the warm-up the timing already drops.
 
 --lora R: LoRA of rank R on q_proj, k_proj, v_proj and o_proj of every layer instead of full
 fine-tuning. PyTorch side: hand-written (no peft) — each of those nn.Linear modules is wrapped as
@@ -121,6 +124,8 @@ def main():
     ap.add_argument("--lathe-args", default="")
     ap.add_argument("--torch-checkpointing", action="store_true")
     ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--skip-lathe", action="store_true")
+    ap.add_argument("--torch-compile", action="store_true", help="torch.compile the PyTorch model (inductor, default mode)")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--steps", type=int, default=3)
@@ -142,6 +147,8 @@ def main():
     if a.lora:
         add_lora(model, a.lora, lora_alpha)
     model = model.cuda().train()
+    if a.torch_compile:
+        model = torch.compile(model)
     # full fine-tuning: every parameter; LoRA: the adapters' A and B only
     trainable = [p for p in model.parameters() if p.requires_grad]
     if a.torch_checkpointing:
@@ -179,12 +186,15 @@ def main():
     del model, opt, trainable
     torch.cuda.empty_cache()
     lora_args = ["--lora-rank", str(a.lora), "--lora-alpha", f"{lora_alpha:g}", "--lora-targets", "|".join(LORA_TARGETS)] if a.lora else []
-    res = subprocess.run(["node", NODE_SCRIPT, "--model", path, "--batch", batch_file, "--device", "cuda", "--compute", "bfloat16",
-                          "--steps", str(a.steps), "--lr", str(a.lr),
-                          "--path", a.path, "--micro-batches", str(a.micro), *lora_args, *a.lathe_args.split()], capture_output=True, text=True)
+    if a.skip_lathe:
+        res = None
+    else:
+        res = subprocess.run(["node", NODE_SCRIPT, "--model", path, "--batch", batch_file, "--device", "cuda", "--compute", "bfloat16",
+                              "--steps", str(a.steps), "--lr", str(a.lr),
+                              "--path", a.path, "--micro-batches", str(a.micro), *lora_args, *a.lathe_args.split()], capture_output=True, text=True)
     fpt = flops_per_token(cfg, T, a.lora)
     report = {"device": torch.cuda.get_device_name(0), "shape": a.shape, "batch": [B, T], "path": a.path, "micro_batches": a.micro,
-              "lathe_args": a.lathe_args, "torch_checkpointing": a.torch_checkpointing, "lr": a.lr,
+              "lathe_args": a.lathe_args, "torch_checkpointing": a.torch_checkpointing, "torch_compile": a.torch_compile, "lr": a.lr,
               "lora": {"rank": a.lora, "alpha": lora_alpha, "targets": list(LORA_TARGETS)} if a.lora else None,
               "flops_per_token": fpt, "torch_trainable_params": torch_trainable}
     if torch_losses:
@@ -193,7 +203,9 @@ def main():
         report.update(torch_step_s=round(torch_best, 3), torch_tokens_per_s=round(B * T / torch_best), torch_mfu=round(B * T / torch_best * fpt / PEAK_BF16, 3))
     if not a.skip_torch:
         report.update(torch_peak_gib=round(peak, 1), torch_error=torch_error)
-    if res.returncode != 0:
+    if res is None:
+        pass
+    elif res.returncode != 0:
         report["lathe_error"] = "\n".join(l for l in res.stderr.splitlines() if not l.startswith("    at"))[-1500:]
     else:
         info = json.loads(res.stdout.strip().splitlines()[-1])
