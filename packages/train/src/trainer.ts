@@ -243,7 +243,6 @@ export class Trainer {
     if (this.stepBindings && this.fixed) {
       const t0 = performance.now();
       this.stageBatch(batches[0], { lr, bc1, bc2 });
-      const f = this.fixed;
       const t1 = performance.now();
       this.stepBindings[k].runSync();
       const read = this.readOutputs();
