@@ -22,9 +22,15 @@ export const sftSchema = {
     type: 'string',
     default: 'auto',
     choices: ['auto', 'composed', 'flash'],
-    describe: "Attention in the train step: 'composed' (MatMul/Softmax, keeps [B, heads, T, T] activations), 'flash' (ONNX Runtime's GroupQueryAttention forward, the backward recomputing the probabilities one layer at a time; 2.3× faster steps on an H100 at 8 × 1024) or 'auto': flash on cuda, composed on cpu (where it is faster)",
+    describe: "Attention in the train step: 'composed' (MatMul/Softmax, keeps [B, heads, T, T] activations), 'flash' (ONNX Runtime's GroupQueryAttention forward, the backward recomputing the probabilities one layer at a time; 2.3× faster steps on an H100 at 8 × 1024) or 'auto': flash on cuda with bfloat16 compute, composed otherwise (faster on cpu; GroupQueryAttention has no float32 CUDA kernel)",
   },
   gradient_checkpointing: { type: 'boolean', default: false, describe: "Recompute each decoder layer's activations in the backward pass instead of keeping them: less memory, one more forward pass of the layers" },
+  cuda_graph: {
+    type: 'boolean',
+    default: false,
+    describe:
+      'Replay the train step as a CUDA graph: no gaps between kernel launches (H100, 8 × 1024: step 282 → 266 ms full fine-tuning, 257 → 228 ms LoRA r=16). Every batch is padded to exactly [batch_size, max_length], so it pays off when examples are near max_length (e.g. long-context SFT) and wastes compute on short ones. Needs --device cuda and --micro_batches 1',
+  },
   max_length: { type: 'number', default: 512, integer: true, min: 2, describe: 'Longest training sequence in tokens (see --overlong)' },
   overlong: { type: 'string', default: 'skip', choices: ['skip', 'truncate'], describe: 'Examples over max_length: skip them, or truncate the response (both counted)' },
   lr: { type: 'number', default: 2e-5, min: 0, describe: 'Peak learning rate' },

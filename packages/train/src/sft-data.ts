@@ -160,9 +160,15 @@ export class EpochStream<T> {
   }
 }
 
-/** Right-padded batch tensors for the SFT loss (input_ids, attention_mask, loss_mask). */
-export function padBatch(examples: readonly TokenizedExample[], padId: number): Record<string, HostTensor> {
-  const T = Math.max(...examples.map((e) => e.ids.length));
+/**
+ * Right-padded batch tensors for the SFT loss (input_ids, attention_mask, loss_mask), `width`
+ * tokens wide: by default the longest example's length; a fixed width (e.g. `--max_length` for a
+ * loss compiled with a static shape) must be at least that.
+ */
+export function padBatch(examples: readonly TokenizedExample[], padId: number, width?: number): Record<string, HostTensor> {
+  const longest = Math.max(...examples.map((e) => e.ids.length));
+  if (width !== undefined && (!Number.isInteger(width) || width < longest)) throw new Error(`padBatch: width ${width} must be an integer no less than the longest example (${longest} tokens)`);
+  const T = width ?? longest;
   const B = examples.length;
   const ids = new BigInt64Array(B * T).fill(BigInt(padId));
   const attention = new BigInt64Array(B * T);

@@ -138,11 +138,35 @@ async function loadExamples(cfg: SftConfig): Promise<{ train: SftExample[]; eval
 
 const f32 = (v: number): HostTensor => ({ data: Float32Array.from([v]), dims: [] });
 
-/** Runs SFT as configured. `signal` interrupts the run after the current step, with a checkpoint. */
-export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: AbortSignal): Promise<SftResult> {
+/**
+ * Test hooks of {@link runSft}: not options of `lathe sft` (not in `sftSchema`, never saved with
+ * a run). Production callers pass nothing.
+ */
+export interface SftTestHooks {
+  /**
+   * Run `--cuda_graph`'s padded static-shape path — the loss compiled for [batch_size, max_length],
+   * every batch padded to exactly that, the batch copied into fixed device buffers each step — but
+   * with the Trainer's `staticInputs` instead of `cudaGraph`, so it runs on any device, the CPU
+   * included. Graph capture needs a GPU; this lets CPU tests check that the padding and the fixed
+   * shape leave every loss and update unchanged. `cuda_graph` may stay false (its --device cuda
+   * check is then skipped); --micro_batches must still be 1.
+   */
+  staticShapeWithoutCudaGraph?: boolean;
+}
+
+/**
+ * Runs SFT as configured. `signal` interrupts the run after the current step, with a checkpoint.
+ * `testHooks` are for tests only (see {@link SftTestHooks}).
+ */
+export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: AbortSignal, testHooks: SftTestHooks = {}): Promise<SftResult> {
   const compute = cfg.compute_dtype as 'float32' | 'bfloat16';
   if (compute === 'bfloat16' && cfg.device !== 'cuda') throw new Error('--compute_dtype bfloat16 needs --device cuda (ONNX Runtime has no bfloat16 CPU kernels for most ops)');
   if (cfg.batch_size % cfg.micro_batches !== 0) throw new Error(`--batch_size ${cfg.batch_size} is not divisible by --micro_batches ${cfg.micro_batches}`);
+  // --cuda_graph: one fixed batch shape [batch_size, max_length], captured once and replayed.
+  const cudaGraph = cfg.cuda_graph && !testHooks.staticShapeWithoutCudaGraph;
+  const staticShape = cfg.cuda_graph || Boolean(testHooks.staticShapeWithoutCudaGraph);
+  if (cudaGraph && cfg.device !== 'cuda') throw new Error(`--cuda_graph needs --device cuda (got --device ${cfg.device})`);
+  if (staticShape && cfg.micro_batches !== 1) throw new Error(`--cuda_graph needs --micro_batches 1 (got ${cfg.micro_batches})`);
   mkdirSync(cfg.run_dir, { recursive: true });
   const { dir: modelDir, config, tokenizer, tokenizerFrom } = await loadModelAndTokenizer(cfg);
   const { train, evaluation } = await loadExamples(cfg);
@@ -161,8 +185,10 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   const params: TrainableParam[] = lora
     ? adapters.flatMap((a) => [a.a, a.b])
     : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
-  // Flash attention needs right-padded rows, which padBatch makes, and each batch's width T.
-  const flashAttention = useFlashAttention(cfg.attention as AttentionChoice, cfg.device as 'cpu' | 'cuda');
+  // Flash attention needs right-padded rows, which padBatch makes, and each batch's width T (fed
+  // as total_sequence_length, or with a static shape a constant in the graph).
+  const flashAttention = useFlashAttention(cfg.attention as AttentionChoice, cfg.device as 'cpu' | 'cuda', compute);
+  const shape: { shape?: [number, number] } = staticShape ? { shape: [cfg.batch_size, cfg.max_length] } : {};
   const loss = lora
     ? sftLoss(config, {
         weights: (g, trainable) => {
@@ -171,8 +197,9 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
         },
         recompute: cfg.gradient_checkpointing,
         flashAttention,
+        ...shape,
       })
-    : sftLoss(config, { compute, recompute: cfg.gradient_checkpointing, flashAttention });
+    : sftLoss(config, { compute, recompute: cfg.gradient_checkpointing, flashAttention, ...shape });
 
   // State: fresh from the model folder, or from the latest checkpoint.
   let state: TrainerState = { step: 0, dataPosition: 0, seed: cfg.seed };
@@ -194,7 +221,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   const trainer = Trainer.create(
     { params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } },
     { ...init, step: state.step },
-    { device, microBatches: cfg.micro_batches, frozen: frozenBase },
+    { device, microBatches: cfg.micro_batches, frozen: frozenBase, ...(cudaGraph ? { cudaGraph: true } : staticShape ? { staticInputs: true } : {}) },
   );
   const dropoutKeyed = trainer.batchInputs.includes(LORA_DROPOUT_KEY);
   // Everything below holds device memory: released however the run ends (a non-finite loss
@@ -306,18 +333,19 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     while (state.step < cfg.steps) {
       const t0 = performance.now();
       const batchStart = stream.position;
-      const batch = stream.take(cfg.batch_size);
+      const batch = stream.take(cfg.batch_size); // always batch_size examples: the stream is endless
       const lossTokens = lossTokenCount(batch);
       const lr = learningRate({ lr: cfg.lr, kind: cfg.schedule as 'constant' | 'linear' | 'cosine', warmupSteps: cfg.warmup_steps, totalSteps: cfg.steps, minLrRatio: cfg.min_lr_ratio }, state.step);
       const lossTokensInput = f32(Math.max(1, lossTokens));
       const per = cfg.batch_size / cfg.micro_batches;
       const micro = Array.from({ length: cfg.micro_batches }, (_, k) => {
-        const tensors = padBatch(batch.slice(k * per, (k + 1) * per), tokenizer.padId);
+        // A static shape pads every row to max_length (kept examples are at most that long).
+        const tensors = padBatch(batch.slice(k * per, (k + 1) * per), tokenizer.padId, staticShape ? cfg.max_length : undefined);
         const width = tensors.input_ids.dims[1];
         return {
           ...tensors,
           loss_tokens: lossTokensInput,
-          ...(flashAttention ? { [TOTAL_LENGTH_INPUT]: totalLengthTensor(width) } : {}),
+          ...(flashAttention && !staticShape ? { [TOTAL_LENGTH_INPUT]: totalLengthTensor(width) } : {}),
           // LoRA dropout's masks: a function of (seed, optimizer step, micro-batch), so a resume redraws them
           ...(dropoutKeyed ? { [LORA_DROPOUT_KEY]: loraDropoutKey(cfg.seed, trainer.step, k) } : {}),
         };
