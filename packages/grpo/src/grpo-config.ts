@@ -25,7 +25,7 @@ export const grpoSchema = {
     type: 'string',
     default: 'auto',
     choices: ['auto', 'composed', 'flash'],
-    describe: "Attention of the scoring and training graphs: 'composed' (MatMul/Softmax), 'flash' (ONNX Runtime's GroupQueryAttention, the backward recomputing each layer's probabilities) or 'auto': flash on cuda, composed on cpu (where each is the faster) [may change on resume]",
+    describe: "Attention of the scoring and training graphs: 'composed' (MatMul/Softmax), 'flash' (ONNX Runtime's GroupQueryAttention, the backward recomputing each layer's probabilities) or 'auto': flash on cuda with bfloat16 compute, composed otherwise (faster on cpu; GroupQueryAttention has no float32 CUDA kernel) [may change on resume]",
   },
   gradient_checkpointing: { type: 'boolean', default: false, describe: "Recompute each decoder layer's activations in the train step's backward pass instead of keeping them: less memory, one more forward pass of the layers [may change on resume]" },
   // rewards

@@ -391,7 +391,7 @@ export class GrpoTrainer<M = unknown> {
     const lossReadsEntropy = custom !== undefined || ((lossSpec as PolicyLossConfig).entropyCoef ?? 0) !== 0;
     const entropyInStep = wantEntropy && (lossReadsEntropy || opts.oldLogprobs === 'generation');
     check(opts.attention === undefined || ['auto', 'composed', 'flash'].includes(opts.attention), `attention must be 'auto', 'composed' or 'flash', got ${String(opts.attention)}`);
-    const flashAttention = useFlashAttention(opts.attention, device.kind);
+    const flashAttention = useFlashAttention(opts.attention, device.kind, compute);
     const policy = decoderPolicy(config, { compute, chunk: opts.chunk, temperature, entropy: entropyInStep, weights: trainWeights, recompute: opts.gradientCheckpointing, flashAttention });
     const readsReference = custom ? Boolean(custom.readsReference) : klInLoss;
     const init = opts.resume

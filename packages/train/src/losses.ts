@@ -12,11 +12,18 @@ import type { LossBuilder } from './train-step';
 export type AttentionChoice = 'auto' | 'composed' | 'flash';
 
 /**
- * Whether a train step attends through flash attention: 'auto' (the default) picks it on CUDA,
- * where it is 2.3× faster at the 0.6B shape, and composed attention on the CPU, where that is.
+ * Whether a train step attends through flash attention: 'auto' (the default) picks it on CUDA with
+ * a half-precision compute dtype, where it is 2.3× faster at the 0.6B shape, and composed attention
+ * otherwise: on the CPU that is faster, and ONNX Runtime's CUDA GroupQueryAttention kernel exists
+ * for float16/bfloat16 only, so a float32 step on CUDA cannot use it. 'flash' there is an error
+ * naming the setting rather than ONNX Runtime's "nodes assigned to the CPU" at session creation.
  */
-export function useFlashAttention(choice: AttentionChoice | undefined, device: 'cpu' | 'cuda'): boolean {
-  return choice === 'flash' || ((choice ?? 'auto') === 'auto' && device === 'cuda');
+export function useFlashAttention(choice: AttentionChoice | undefined, device: 'cpu' | 'cuda', compute: DType = 'bfloat16'): boolean {
+  const half = compute === 'bfloat16' || compute === 'float16';
+  if (choice === 'flash' && device === 'cuda' && !half) {
+    throw new Error(`attention 'flash' on cuda needs a bfloat16 or float16 compute dtype, got ${compute} (ONNX Runtime's CUDA GroupQueryAttention has no ${compute} kernel); use attention 'composed' or 'auto'`);
+  }
+  return choice === 'flash' || ((choice ?? 'auto') === 'auto' && device === 'cuda' && half);
 }
 
 /** Weights for the decoder from master parameters, cast to the compute dtype once each. */

@@ -5,7 +5,7 @@ import { dirname, join } from 'node:path';
 import { parseConfig } from '@lathe/models';
 import { defaults, resolveConfig, writeParquet } from '@lathe/data';
 import { tableFromArrays } from 'apache-arrow';
-import { listCheckpoints, loadCheckpoint, loadFloat32, readSftData, runSft, sftSchema, type SftConfig } from '@lathe/train';
+import { listCheckpoints, loadCheckpoint, loadFloat32, readSftData, runSft, sftSchema, useFlashAttention, type SftConfig } from '@lathe/train';
 
 /** The built-in run's initial weights (written to <run>/base-model). */
 function readBase(runDir: string) {
@@ -209,3 +209,14 @@ test('a Hugging Face folder trains with its own tokenizer and chat template; che
   const evalRows = readFileSync(join(cfg.run_dir, 'eval', 'step-00000003.jsonl'), 'utf8').trim().split('\n');
   expect(evalRows).toHaveLength(2);
 }, 120_000);
+
+test("attention 'auto' is flash only on cuda with half-precision compute; 'flash' with float32 on cuda is refused by name", () => {
+  expect(useFlashAttention('auto', 'cuda', 'bfloat16')).toBe(true);
+  expect(useFlashAttention('auto', 'cuda', 'float16')).toBe(true);
+  // ONNX Runtime's CUDA GroupQueryAttention has no float32 kernel: the session would not build
+  expect(useFlashAttention('auto', 'cuda', 'float32')).toBe(false);
+  expect(useFlashAttention('auto', 'cpu', 'float32')).toBe(false);
+  expect(useFlashAttention('composed', 'cuda', 'bfloat16')).toBe(false);
+  expect(useFlashAttention('flash', 'cpu', 'float32')).toBe(true);
+  expect(() => useFlashAttention('flash', 'cuda', 'float32')).toThrow(/attention 'flash' on cuda needs a bfloat16 or float16 compute dtype, got float32/);
+});
