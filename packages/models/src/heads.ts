@@ -89,7 +89,8 @@ export function chunkedTargetLogprobs(
   const sizes: number[] = [];
   for (let start = 0; start < cfg.vocabSize; start += chunk) sizes.push(Math.min(chunk, cfg.vocabSize - start));
   const parts = sizes.length === 1 ? [W] : L.split(W, sizes, 0);
-  const partial = (Wk: Tensor) => L.logSumExp(scale(L.cast(linear(h, Wk), acc)), -1, true); // [rows, 1]
+  // Each chunk's log-partition in one LogSoftmax pass (rowLogSumExp), not max, subtract, exp, sum.
+  const partial = (Wk: Tensor) => L.rowLogSumExp(scale(L.cast(linear(h, Wk), acc))); // [rows, 1]
   // With `recompute`, each chunk's logits are rebuilt in the backward pass (one chunk alive at a
   // time) instead of all chunks' logits being kept from the forward pass for it.
   const partials = parts.map((Wk) => (opts.recompute ? L.checkpoint([h], () => partial(Wk)) : partial(Wk)));

@@ -1,7 +1,8 @@
 /**
  * Reverse-mode automatic differentiation over a graph: `grad(loss, wrt)` appends the backward
  * nodes to the same graph, using each op's gradient rule (see op.ts). `checkpoint` marks a region
- * whose activations the backward pass recomputes instead of keeping.
+ * whose activations the backward pass recomputes instead of keeping; `customGradient` a region
+ * differentiated by one rule of its own instead of its nodes' rules.
  */
 import { dimEquals, formatShape, isAnonymousDim } from './dim';
 import { isFloat } from './dtype';
@@ -58,6 +59,46 @@ function recomputeRegion(region: Region, late: Tensor): Map<Tensor, Tensor> {
     node.outputs.forEach((o, i) => copies.set(o, outs[i]));
   }
   return copies;
+}
+
+/** What a {@link customGradient} rule is given: the region's inputs, output, saved values and dy. */
+export interface CustomGradientContext {
+  inputs: Tensor[];
+  output: Tensor;
+  /** The region values the rule reads, as `fn` declared them (recomputed copies inside a checkpoint). */
+  saved: Tensor[];
+  /** d(loss)/d(output). */
+  dy: Tensor;
+}
+
+/** A region with a rule of its own: its nodes, inputs, the one value leaving it, and the rule. */
+interface CustomRegion {
+  nodes: Set<Node>;
+  inputs: Tensor[];
+  output: Tensor;
+  saved: Tensor[];
+  rule: (ctx: CustomGradientContext) => (Tensor | null)[];
+}
+
+const customOf = new WeakMap<Node, CustomRegion>();
+
+/**
+ * A region whose backward pass is `rule` rather than the rules of the nodes `fn` builds (JAX's
+ * custom_vjp): for a composite whose gradient is cheaper written whole than chained through its
+ * parts. `fn` returns the one value leaving the region and the values `rule` reads; `rule` returns
+ * d(loss)/d(input) per input (null: none). No other value built inside may be used outside the
+ * region on a path to the loss (`grad` refuses it, since its gradient would be lost).
+ */
+export function customGradient(inputs: Tensor[], fn: () => { output: Tensor; saved?: Tensor[] }, rule: (ctx: CustomGradientContext) => (Tensor | null)[]): Tensor {
+  if (inputs.length === 0) throw new GraphError('customGradient: give the tensors the region is differentiated with respect to');
+  const graph = inputs[0].graph;
+  const start = graph.nodes.length;
+  const { output, saved = [] } = fn();
+  const nodes = graph.nodes.slice(start);
+  if (!nodes.some((n) => n.outputs.includes(output))) throw new GraphError('customGradient: the output must be built inside the region');
+  const region: CustomRegion = { nodes: new Set(nodes), inputs, output, saved, rule };
+  for (const n of nodes) customOf.set(n, region);
+  return output;
 }
 
 /** Options of `grad`. */
@@ -120,9 +161,35 @@ export function grad(loss: Tensor, wrt: Tensor[], opts: GradOptions = {}): Tenso
     }
     return copies;
   };
+  // A custom region's rule runs when the backward pass reaches the node making its output (every
+  // consumer of the output comes later in node order, so its gradient is complete); the region's
+  // other nodes are skipped, and must have no gradient of their own from outside.
+  const applyCustom = (node: Node, custom: CustomRegion) => {
+    if (!node.outputs.includes(custom.output)) {
+      const leaked = node.outputs.find((o) => grads.has(o));
+      if (leaked) throw new GraphError(`grad: ${leaked.name}, built inside a customGradient region, is used outside it on a path to the loss`);
+      return;
+    }
+    const dy = grads.get(custom.output);
+    if (!dy) return;
+    const copies = copiesFor(node);
+    const pick = (t: Tensor) => (copies && copies.get(t)) ?? t;
+    const dx = graph.scope(node.name, () => custom.rule({ inputs: custom.inputs.map(pick), output: pick(custom.output), saved: custom.saved.map(pick), dy }));
+    custom.inputs.forEach((x, i) => {
+      const g = dx[i];
+      if (!g || !dependsOnWrt.has(x) || !isFloat(x.dtype)) return;
+      checkGradShape(node, x, g);
+      accumulate(x, g);
+    });
+  };
   return graph.scope('grad', () => {
     accumulate(loss, opts.seed ?? onesLike(loss));
     for (const node of path) {
+      const custom = customOf.get(node);
+      if (custom) {
+        applyCustom(node, custom);
+        continue;
+      }
       const dy = node.outputs.map((o) => grads.get(o) ?? null);
       if (dy.every((g) => g === null)) continue;
       const rule = node.op.grad;

@@ -17,7 +17,7 @@ export * from './ops/random';
 export * from './ops/control';
 export * from './ops/fused';
 export * from './nn';
-export { checkpoint, grad, type GradOptions } from './autodiff';
+export { checkpoint, customGradient, grad, type CustomGradientContext, type GradOptions } from './autodiff';
 export { toModelProto, toModelBytes, OPSET, IR_VERSION, type SerializeOptions } from './serialize';
 export * from './proto';
 export { noCudaKernelNodes, runtimeShapeNodes } from './lint';

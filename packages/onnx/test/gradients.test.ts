@@ -149,6 +149,9 @@ const cases: GradCase[] = [
   { name: 'logSumExp', inputs: [{ shape: [2, 4] }], build: ([a]) => L.logSumExp(a, 1) },
   // over a last axis long enough for the two-stage (MaxPool windows) max
   { name: 'logSumExp over 64, windowed max', inputs: [{ shape: [2, 3, 64] }], build: ([a]) => L.logSumExp(a, -1) },
+  // a customGradient region: LogSoftmax forward, exp(y)·dy by its own rule
+  { name: 'rowLogSumExp', inputs: [{ shape: [3, 7] }], build: ([a]) => L.rowLogSumExp(a) },
+  { name: 'rowLogSumExp, x also used outside the region', inputs: [{ shape: [2, 5] }], build: ([a]) => L.add(L.mul(L.rowLogSumExp(L.mul(a, 3)), 2), L.reduceSum(L.mul(a, a), [1], true)) },
   { name: 'rmsNorm', inputs: [{ shape: [2, 4] }, { shape: [4] }], build: ([x, w]) => L.rmsNorm(x, w, 1e-6) },
   { name: 'layerNorm', inputs: [{ shape: [2, 4] }, { shape: [4] }, { shape: [4] }], build: ([x, w, b]) => L.layerNorm(x, w, b, 1e-5) },
   {
