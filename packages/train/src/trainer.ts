@@ -149,6 +149,7 @@ export class Trainer {
               batch: new Map(),
               dtypes: new Map(session.inputs.map((i) => [i.name, i.dtype])),
               sessionOptions: { ...opts.session, cudaGraph: false, optimization: 'disabled', name: 'train-stage-batch' },
+              graphs: Boolean(opts.cudaGraph),
             }
           : undefined;
         const stepBindings = [0, 1].map((k) => {
@@ -244,7 +245,11 @@ export class Trainer {
       const t0 = performance.now();
       this.stageBatch(batches[0], { lr, bc1, bc2 });
       const t1 = performance.now();
-      this.stepBindings[k].runSync();
+      try {
+        this.stepBindings[k].runSync();
+      } catch (e) {
+        throw this.fixed.graphs ? captureError(e as Error, batches[0]) : e;
+      }
       const read = this.readOutputs();
       loss = read.scalar('read/loss');
       gradNorm = read.scalar('read/grad_norm');
@@ -394,12 +399,30 @@ interface StaticBuffers {
   outputs: Record<string, DeviceTensor>;
   batch: Map<string, DeviceTensor>;
   dtypes: Map<string, DType>;
+  /** Whether the step bindings are captured as CUDA graphs (not just fixed buffers). */
+  graphs: boolean;
   /** The copy session's options (the step's, without CUDA graphs or graph optimizations). */
   sessionOptions: SessionOptions;
   /** Copies a batch and the scalars into the buffers above in one run (made on the first step). */
   stage?: Binding;
   /** Copies the scalar outputs to the host in one run (made on the first step). */
   read?: Binding;
+}
+
+/**
+ * A failed CUDA-graph capture, said plainly. ONNX Runtime reports it as CUDA error 901 ("operation
+ * failed due to a previous error during capture") from cudaStreamEndCapture, naming no cause. Seen
+ * on the H100 for full fine-tuning of the Qwen3-0.6B shape at 16 × 1024 and 20 × 1024, which run
+ * without graphs (54 and 64 GiB), while 8 × 1024 and LoRA at 16 × 1024 capture fine.
+ * @internal exported for tests
+ */
+export function captureError(e: Error, batch: Record<string, BatchTensor>): Error {
+  if (!/during capture|cudaStreamEndCapture|cudaGraph/i.test(e.message)) return e;
+  const shapes = Object.entries(batch)
+    .filter(([, t]) => t.dims.length > 0)
+    .map(([n, t]) => `${n} [${t.dims.join(', ')}]`)
+    .join(', ');
+  return new Error(`CUDA graph capture of the train step failed (${shapes}); run without cudaGraph (lathe sft: without --cuda_graph), or with a smaller batch. ONNX Runtime said: ${e.message.slice(0, 400)}`);
 }
 
 /** Binds parameters and moments of `from` as inputs and of `to` as the `next/…` outputs. */

@@ -1,6 +1,6 @@
 import * as L from '@lathe/onnx';
 import { Device, PlainSession, type HostTensor } from '@lathe/runtime';
-import { biasCorrections, compileTrainStep, stateNames, Trainer, type LossBuilder, type TrainableParam } from '@lathe/train';
+import { biasCorrections, captureError, compileTrainStep, stateNames, Trainer, type LossBuilder, type TrainableParam } from '@lathe/train';
 
 // A small regression problem: y = tanh(x W1) W2, loss = Σ (y − t)² / n_total (normalised by the
 // whole optimizer batch, so accumulation is exact).
@@ -146,4 +146,14 @@ test('fixed input buffers (the CUDA-graph path) give the same steps; a changed b
   expect(() => Trainer.create({ params, loss, optimizer }, { params: init() }, { staticInputs: true, microBatches: 2 })).toThrow(/microBatches = 1/);
   normal.dispose();
   fixed.dispose();
+});
+
+test('a failed CUDA-graph capture is reported with the batch shape and what to do; other errors pass through', () => {
+  const batch = { input_ids: { data: new BigInt64Array(32), dims: [2, 16] }, lr: { data: Float32Array.of(1), dims: [] } };
+  const ort = new Error('RunWithBinding: CUDA failure 901: operation failed due to a previous error during capture ; expr=cudaStreamEndCapture(stream_, &graph);');
+  const e = captureError(ort, batch);
+  expect(e.message).toMatch(/^CUDA graph capture of the train step failed \(input_ids \[2, 16\]\); run without cudaGraph \(lathe sft: without --cuda_graph\)/);
+  expect(e.message).toContain('CUDA failure 901');
+  const other = new Error('Failed to allocate memory for requested buffer');
+  expect(captureError(other, batch)).toBe(other);
 });

@@ -9,7 +9,8 @@
 # usage: bash tools/bench/train/speed-suite.sh [group ...]
 #   groups: full lora 1.7b (default: these three), and on request:
 #   graph    8 × 1024, full and LoRA, PyTorch against Lathe with and without CUDA-graph replay
-#   largest  each side's largest micro-batch: PyTorch at 14, Lathe (CUDA graph) at 16, 20 and 24
+#   largest  each side's largest micro-batch: PyTorch at 14, Lathe at 16 and 20, with and without CUDA graph
+#   largest-lora  the same for LoRA r=16: PyTorch at 16 and 20, Lathe at 16 and 20 (and CUDA graph at 16)
 #   compile  PyTorch with torch.compile at 8 × 1024 (PyTorch only)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -41,7 +42,17 @@ if has graph; then
 fi
 if has largest; then
   speed --steps 4 --batch 14 --seq 1024 --skip-lathe
-  for b in 16 20 24; do speed --steps 4 --batch $b --seq 1024 --skip-torch --lathe-args="$flash --cuda-graph"; done
+  for b in 16 20; do
+    speed --steps 4 --batch $b --seq 1024 --skip-torch --lathe-args="$flash"
+    speed --steps 4 --batch $b --seq 1024 --skip-torch --lathe-args="$flash --cuda-graph"
+  done
+fi
+if has largest-lora; then
+  for b in 16 20; do
+    speed --steps 4 --batch $b --seq 1024 --lora 16 --skip-lathe
+    speed --steps 4 --batch $b --seq 1024 --lora 16 --skip-torch --lathe-args="$flash"
+  done
+  speed --steps 4 --batch 16 --seq 1024 --lora 16 --skip-torch --lathe-args="$flash --cuda-graph"
 fi
 if has compile; then
   SPEED_TIMEOUT=420 speed --steps 5 --batch 8 --seq 1024 --skip-lathe --torch-compile
