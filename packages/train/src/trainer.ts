@@ -411,9 +411,11 @@ interface StaticBuffers {
 
 /**
  * A failed CUDA-graph capture, said plainly. ONNX Runtime reports it as CUDA error 901 ("operation
- * failed due to a previous error during capture") from cudaStreamEndCapture, naming no cause. Seen
- * on the H100 for full fine-tuning of the Qwen3-0.6B shape at 16 × 1024 and 20 × 1024, which run
- * without graphs (54 and 64 GiB), while 8 × 1024 and LoRA at 16 × 1024 capture fine.
+ * failed due to a previous error during capture") from cudaStreamEndCapture, naming no cause. On
+ * an 80 GB H100 (Qwen3-0.6B shape, 1024 tokens a row) it failed exactly where the plain step's
+ * state plus twice its activation memory passes the GPU's memory: full fine-tuning captured at
+ * 8 and 10 rows (39 and 42 GiB plain) and failed at 12, 16 and 20 (48–64 GiB); LoRA captured at 16
+ * rows (37.5 GiB) and failed at 20 (45.8 GiB). The message passes that rule of thumb on.
  * @internal exported for tests
  */
 export function captureError(e: Error, batch: Record<string, BatchTensor>): Error {
@@ -422,7 +424,10 @@ export function captureError(e: Error, batch: Record<string, BatchTensor>): Erro
     .filter(([, t]) => t.dims.length > 0)
     .map(([n, t]) => `${n} [${t.dims.join(', ')}]`)
     .join(', ');
-  return new Error(`CUDA graph capture of the train step failed (${shapes}); run without cudaGraph (lathe sft: without --cuda_graph), or with a smaller batch. ONNX Runtime said: ${e.message.slice(0, 400)}`);
+  return new Error(
+    `CUDA graph capture of the train step failed (${shapes}). Capture seems to need room for a second copy of the step's activations; ` +
+      `run with a smaller batch, or without cudaGraph (lathe sft: without --cuda_graph). ONNX Runtime said: ${e.message.slice(0, 400)}`,
+  );
 }
 
 /** Binds parameters and moments of `from` as inputs and of `to` as the `next/…` outputs. */
