@@ -69,6 +69,42 @@ test('in-graph AdamW with clipping matches torch.optim.AdamW written out in floa
   expect(res.norm.data[0]).toBeCloseTo(Math.sqrt(gr.flat().reduce((s, x) => s + x * x, 0)), 5);
 });
 
+test('small parameters updated together (concatenated, one set of passes, split back) get bit-identical results', async () => {
+  const r = rng(9);
+  const shapes = [[3, 4], [4], [5], [2, 3], [7], [4]];
+  const decay = [true, false, false, true, false, true];
+  const g = new L.Graph();
+  const slots = shapes.map((sh, k) => ({
+    param: g.input(`p${k}`, 'float32', sh),
+    grad: g.input(`g${k}`, 'float32', sh),
+    m: g.input(`m${k}`, 'float32', sh),
+    v: g.input(`v${k}`, 'float32', sh),
+    decay: decay[k],
+  }));
+  const sc = { lr: g.input('lr', 'float32', []), bc1: g.input('bc1', 'float32', []), bc2: g.input('bc2', 'float32', []) };
+  // without clipping a parameter's update does not depend on the others: one-by-one is the reference
+  const together = adamwUpdate(slots, sc, { maxGradNorm: 0, weightDecay: 0.1 });
+  const alone = slots.map((x) => adamwUpdate([x], sc, { maxGradNorm: 0, weightDecay: 0.1 }));
+  shapes.forEach((_s, k) => {
+    for (const [name, t] of Object.entries({ tp: together.params[k], tm: together.m[k], tv: together.v[k], ap: alone[k].params[0], am: alone[k].m[0], av: alone[k].v[0] })) g.output(t, `${name}${k}`);
+  });
+  // both decay groups were concatenated: one Split per output kind per group
+  expect(g.nodes.filter((n) => n.op.name === 'Split')).toHaveLength(6);
+  const feeds: Record<string, HostTensor> = { lr: scalar(0.03), ...Object.fromEntries(Object.entries(biasCorrections(5)).map(([k, x]) => [k, scalar(x)])) };
+  shapes.forEach((sh, k) => {
+    const n = sh.reduce((a, b) => a * b, 1);
+    const vals = (f: () => number) => f32(Array.from({ length: n }, f), sh);
+    Object.assign(feeds, { [`p${k}`]: vals(() => r() - 0.5), [`g${k}`]: vals(() => r() * 2 - 1), [`m${k}`]: vals(() => (r() - 0.5) * 0.1), [`v${k}`]: vals(() => r() * 0.01) });
+  });
+  const res = await (await compile(g))(feeds);
+  shapes.forEach((sh, k) => {
+    for (const kind of ['p', 'm', 'v']) {
+      expect(res[`t${kind}${k}`].dims).toEqual(sh);
+      expect(Array.from(res[`t${kind}${k}`].data as Float32Array)).toEqual(Array.from(res[`a${kind}${k}`].data as Float32Array));
+    }
+  });
+});
+
 test('learning-rate schedules', () => {
   expect(learningRate({ lr: 1, warmupSteps: 4 }, 0)).toBe(0.25);
   expect(learningRate({ lr: 1, warmupSteps: 4 }, 10)).toBe(1);
