@@ -117,87 +117,96 @@ export class Trainer {
       const size = v instanceof Float32Array ? v.length : v.size;
       if (size !== n) throw new Error(`Trainer: parameter '${p.name}' has ${size} elements, its shape [${p.shape.join(', ')}] needs ${n}`);
     }
-    const alloc = (): Map<string, Buffers> =>
-      new Map(spec.params.map((p) => [p.name, { p: device.empty('float32', p.shape), m: device.empty('float32', p.shape), v: device.empty('float32', p.shape) }]));
-    const sets: [Map<string, Buffers>, Map<string, Buffers>] = [alloc(), alloc()];
-    for (const p of spec.params) {
-      const b = sets[0].get(p.name)!;
-      const v = init.params.get(p.name)!;
-      if (v instanceof Float32Array) b.p.upload(v);
-      else b.p.copyFrom(v);
-      const m = init.m?.get(p.name);
-      const vv = init.v?.get(p.name);
-      if (m) b.m.upload(m);
-      else b.m.fill(0);
-      if (vv) b.v.upload(vv);
-      else b.v.fill(0);
-    }
+    // Everything that can be refused is checked before any device memory is taken.
     const sessionOpts = { ...opts.session };
     const frozen = opts.frozen ?? {};
     for (const k of Object.keys(frozen)) if (!graphs.batchInputs.includes(k)) throw new Error(`Trainer: frozen input '${k}' is not an input of the loss (it reads: ${graphs.batchInputs.join(', ')})`);
     const batchInputs = graphs.batchInputs.filter((n) => !(n in frozen));
     const staticInputs = Boolean(opts.staticInputs || opts.cudaGraph);
     if (staticInputs && microBatches !== 1) throw new Error('Trainer: cudaGraph / staticInputs need microBatches = 1');
+    if (opts.cudaGraph && device.kind !== 'cuda') throw new Error(`Trainer: cudaGraph: CUDA graphs need a CUDA device, got ${device.kind}`);
     if (opts.cudaGraph) sessionOpts.cudaGraph = true;
-    const trainer = (() => {
-      if (microBatches === 1) {
-        const session = device.compile(graphs.step, sessionOpts);
-        const fixed: StaticBuffers | undefined = staticInputs
-          ? {
-              scalars: { lr: device.empty('float32', []), bc1: device.empty('float32', []), bc2: device.empty('float32', []) },
-              outputs: Object.fromEntries(['loss', 'grad_norm', ...graphs.metrics].map((n) => [n, device.empty('float32', [])])),
-              batch: new Map(),
-              dtypes: new Map(session.inputs.map((i) => [i.name, i.dtype])),
-              sessionOptions: { ...opts.session, cudaGraph: false, optimization: 'disabled', name: 'train-stage-batch' },
-              graphs: Boolean(opts.cudaGraph),
-            }
-          : undefined;
-        const stepBindings = [0, 1].map((k) => {
-          const b = session.binding();
-          bindState(b, sets[k], sets[1 - k], names);
-          bindFrozen(b, frozen);
-          if (fixed) {
-            for (const [n, t] of Object.entries(fixed.scalars)) b.input(n, t);
-            for (const [n, t] of Object.entries(fixed.outputs)) b.output(n, t);
-            if (opts.cudaGraph) b.runConfig('gpu_graph_id', String(k));
-          } else bindScalarOutputs(b, graphs);
-          return b;
-        });
-        return new Trainer(graphs, device, names, sets, stepBindings, undefined, undefined, undefined, 1, init.step ?? 0, batchInputs, fixed).own(session);
+    const alloc = (): Map<string, Buffers> =>
+      new Map(spec.params.map((p) => [p.name, { p: device.empty('float32', p.shape), m: device.empty('float32', p.shape), v: device.empty('float32', p.shape) }]));
+    const sets: [Map<string, Buffers>, Map<string, Buffers>] = [alloc(), alloc()];
+    // A failure after this point (a session ORT refuses) frees the state buffers instead of leaving
+    // them to the garbage collector.
+    try {
+      for (const p of spec.params) {
+        const b = sets[0].get(p.name)!;
+        const v = init.params.get(p.name)!;
+        if (v instanceof Float32Array) b.p.upload(v);
+        else b.p.copyFrom(v);
+        const m = init.m?.get(p.name);
+        const vv = init.v?.get(p.name);
+        if (m) b.m.upload(m);
+        else b.m.fill(0);
+        if (vv) b.v.upload(vv);
+        else b.v.fill(0);
       }
-      const grads: [Map<string, DeviceTensor>, Map<string, DeviceTensor>] = [0, 1].map(() => new Map(spec.params.map((p) => [p.name, device.zeros('float32', p.shape)]))) as [
-        Map<string, DeviceTensor>,
-        Map<string, DeviceTensor>,
-      ];
-      const accumulate = device.compile(graphs.accumulate, sessionOpts);
-      const apply = device.compile(graphs.apply, sessionOpts);
-      const accumulateBindings = [0, 1].map((k) =>
-        [0, 1].map((j) => {
-          const b = accumulate.binding();
-          for (const n of names) {
-            b.input(n, sets[k].get(n)!.p);
-            b.input(stateNames.grad(n), grads[j].get(n)!);
-            b.output(stateNames.next(stateNames.grad(n)), grads[1 - j].get(n)!);
-          }
-          bindFrozen(b, frozen);
-          b.output('loss', 'host');
-          for (const m of graphs.metrics) b.output(m, 'host');
-          return b;
-        }),
-      );
-      const applyBindings = [0, 1].map((k) =>
-        [0, 1].map((j) => {
-          const b = apply.binding();
-          bindState(b, sets[k], sets[1 - k], names);
-          for (const n of names) b.input(stateNames.grad(n), grads[j].get(n)!);
-          b.input('grad_scale', f32(1));
-          b.output('grad_norm', 'host');
-          return b;
-        }),
-      );
-      return new Trainer(graphs, device, names, sets, undefined, accumulateBindings, applyBindings, grads, microBatches, init.step ?? 0, batchInputs).own(accumulate).own(apply);
-    })();
-    return trainer;
+      const trainer = (() => {
+        if (microBatches === 1) {
+          const session = device.compile(graphs.step, sessionOpts);
+          const fixed: StaticBuffers | undefined = staticInputs
+            ? {
+                scalars: { lr: device.empty('float32', []), bc1: device.empty('float32', []), bc2: device.empty('float32', []) },
+                outputs: Object.fromEntries(['loss', 'grad_norm', ...graphs.metrics].map((n) => [n, device.empty('float32', [])])),
+                batch: new Map(),
+                dtypes: new Map(session.inputs.map((i) => [i.name, i.dtype])),
+                sessionOptions: { ...opts.session, cudaGraph: false, optimization: 'disabled', name: 'train-stage-batch' },
+                graphs: Boolean(opts.cudaGraph),
+              }
+            : undefined;
+          const stepBindings = [0, 1].map((k) => {
+            const b = session.binding();
+            bindState(b, sets[k], sets[1 - k], names);
+            bindFrozen(b, frozen);
+            if (fixed) {
+              for (const [n, t] of Object.entries(fixed.scalars)) b.input(n, t);
+              for (const [n, t] of Object.entries(fixed.outputs)) b.output(n, t);
+              if (opts.cudaGraph) b.runConfig('gpu_graph_id', String(k));
+            } else bindScalarOutputs(b, graphs);
+            return b;
+          });
+          return new Trainer(graphs, device, names, sets, stepBindings, undefined, undefined, undefined, 1, init.step ?? 0, batchInputs, fixed).own(session);
+        }
+        const grads: [Map<string, DeviceTensor>, Map<string, DeviceTensor>] = [0, 1].map(() => new Map(spec.params.map((p) => [p.name, device.zeros('float32', p.shape)]))) as [
+          Map<string, DeviceTensor>,
+          Map<string, DeviceTensor>,
+        ];
+        const accumulate = device.compile(graphs.accumulate, sessionOpts);
+        const apply = device.compile(graphs.apply, sessionOpts);
+        const accumulateBindings = [0, 1].map((k) =>
+          [0, 1].map((j) => {
+            const b = accumulate.binding();
+            for (const n of names) {
+              b.input(n, sets[k].get(n)!.p);
+              b.input(stateNames.grad(n), grads[j].get(n)!);
+              b.output(stateNames.next(stateNames.grad(n)), grads[1 - j].get(n)!);
+            }
+            bindFrozen(b, frozen);
+            b.output('loss', 'host');
+            for (const m of graphs.metrics) b.output(m, 'host');
+            return b;
+          }),
+        );
+        const applyBindings = [0, 1].map((k) =>
+          [0, 1].map((j) => {
+            const b = apply.binding();
+            bindState(b, sets[k], sets[1 - k], names);
+            for (const n of names) b.input(stateNames.grad(n), grads[j].get(n)!);
+            b.input('grad_scale', f32(1));
+            b.output('grad_norm', 'host');
+            return b;
+          }),
+        );
+        return new Trainer(graphs, device, names, sets, undefined, accumulateBindings, applyBindings, grads, microBatches, init.step ?? 0, batchInputs).own(accumulate).own(apply);
+      })();
+      return trainer;
+    } catch (e) {
+      for (const set of sets) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
+      throw e;
+    }
   }
 
   private own(s: Session): this {

@@ -142,8 +142,11 @@ test('fixed input buffers (the CUDA-graph path) give the same steps; a changed b
   }
   expect(Array.from(fixed.snapshot().params.get('w2')!)).toEqual(Array.from(normal.snapshot().params.get('w2')!));
   expect(() => fixed.trainStep([batchOf(4, 1, 4)], 0.05)).toThrow(/'x' is \[4, 6\], but a trainer with fixed input buffers \(cudaGraph\) was first given \[8, 6\]/);
+  // refused before any device memory is taken: no tensor is left for the garbage collector
+  const live = Device.cpu().memory().tensors;
   expect(() => Trainer.create({ params, loss, optimizer }, { params: init() }, { cudaGraph: true })).toThrow(/CUDA graphs need a CUDA device/);
   expect(() => Trainer.create({ params, loss, optimizer }, { params: init() }, { staticInputs: true, microBatches: 2 })).toThrow(/microBatches = 1/);
+  expect(Device.cpu().memory().tensors).toBe(live);
   normal.dispose();
   fixed.dispose();
 });
