@@ -116,6 +116,12 @@ export interface GqaDecoderInputs {
    * the output of each layer so the kernel appends in place. Omitted: no cache (scoring).
    */
   past?: KvPair[];
+  /**
+   * Qwen3's per-head Q/K RMSNorm inside GroupQueryAttention's kernel (its q_norm_weight /
+   * k_norm_weight inputs) rather than as two norm nodes per layer. CUDA only: ONNX Runtime's CPU
+   * kernel refuses those inputs. No effect on models without a Q/K norm.
+   */
+  qkNormInKernel?: boolean;
 }
 
 /** What the decoder returns. */
@@ -235,13 +241,13 @@ export function applyRope(x: Tensor, cos: Tensor, sin: Tensor, headDim: number):
  * A layer's attention inputs from x [B, T, hidden]: queries [B, T, H, headDim] and keys
  * [B, T, KV, headDim] (QK-normed where the model has it, before RoPE), values [B, T, KV·headDim].
  */
-function projectQkv(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor, fused = false): { q: Tensor; k: Tensor; v: Tensor } {
+function projectQkv(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor, fused = false, qkNorm = true): { q: Tensor; k: Tensor; v: Tensor } {
   const [B, T] = x.shape;
   const proj = (name: string) => project(w, `${prefix}.${name}`, x, cfg.attentionBias);
   const heads = (t: Tensor, n: number) => L.reshape(t, [B, T, n, cfg.headDim]);
   let q = heads(proj('q_proj'), cfg.numHeads);
   let k = heads(proj('k_proj'), cfg.numKvHeads);
-  if (cfg.qkNorm) {
+  if (cfg.qkNorm && qkNorm) {
     q = rmsNormHf(q, w(`${prefix}.q_norm.weight`), cfg.rmsNormEps, fused);
     k = rmsNormHf(k, w(`${prefix}.k_norm.weight`), cfg.rmsNormEps, fused);
   }
@@ -317,15 +323,17 @@ export function gqaAttention(
   w: Weights,
   prefix: string,
   x: Tensor,
-  kv: { seqlensK: Tensor; totalSequenceLength: Tensor; rotary: { cos: Tensor; sin: Tensor } },
+  kv: { seqlensK: Tensor; totalSequenceLength: Tensor; rotary: { cos: Tensor; sin: Tensor }; qkNormInKernel?: boolean },
   past?: KvPair,
 ): { out: Tensor; present: KvPair } {
   const { numHeads: H, numKvHeads: KV, headDim: hd } = cfg;
   const [B, T] = x.shape;
-  const p = projectQkv(cfg, w, prefix, x, true);
+  const inKernel = cfg.qkNorm && kv.qkNormInKernel;
+  const p = projectQkv(cfg, w, prefix, x, true, !inKernel);
   const q = L.reshape(p.q, [B, T, H * hd]);
   const k = L.reshape(p.k, [B, T, KV * hd]);
-  const r = L.groupQueryAttention({ query: q, key: k, value: p.v, past, seqlensK: kv.seqlensK, totalSequenceLength: kv.totalSequenceLength, rotary: kv.rotary }, { numHeads: H, kvNumHeads: KV });
+  const qkNorm = inKernel ? { q: w(`${prefix}.q_norm.weight`), k: w(`${prefix}.k_norm.weight`), epsilon: cfg.rmsNormEps } : undefined;
+  const r = L.groupQueryAttention({ query: q, key: k, value: p.v, past, seqlensK: kv.seqlensK, totalSequenceLength: kv.totalSequenceLength, rotary: kv.rotary, qkNorm }, { numHeads: H, kvNumHeads: KV });
   const out = project(w, `${prefix}.o_proj`, r.output, cfg.outputBias);
   return { out, present: { key: r.presentKey, value: r.presentValue } };
 }
@@ -363,7 +371,7 @@ export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | 
   const cd = embedded.dtype;
   const rotary = composed && !flash ? rope(cfg, composed.positionIds, cd, fused) : undefined;
   const flashRotary = composed && flash ? rope(cfg, composed.positionIds, cd, true) : undefined;
-  const caches = gqa && { seqlensK: gqa.seqlensK, totalSequenceLength: gqa.totalSequenceLength, rotary: ropeCaches(cfg, g, cd) };
+  const caches = gqa && { seqlensK: gqa.seqlensK, totalSequenceLength: gqa.totalSequenceLength, rotary: ropeCaches(cfg, g, cd), qkNormInKernel: gqa.qkNormInKernel };
   const norm = (x: Tensor, name: string) => rmsNormHf(x, w(name), cfg.rmsNormEps, fused);
   const present: KvPair[] = [];
   for (let i = 0; i < cfg.numLayers; i++) {

@@ -72,8 +72,16 @@ function emitStep(g: Graph, cfg: DecoderConfig, weights: Weights, lastHidden: Te
 
 const sampling = (o: SamplingOptions) => (o.temperature ?? 1) !== 0;
 
-/** The prefill graph (see the module comment); `K`: the history's width. */
-export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, K: number): void {
+/** How the two graphs are built beyond the model and sampling. */
+export interface KvGraphOptions {
+  /** The history's width: steps per host read. */
+  K: number;
+  /** Qwen3's Q/K norm inside GroupQueryAttention's kernel (CUDA only; see `GqaDecoderInputs`). */
+  qkNormInKernel?: boolean;
+}
+
+/** The prefill graph (see the module comment). */
+export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel }: KvGraphOptions): void {
   const ids = g.input('input_ids', 'int64', ['B', 'P']);
   const seqlens = g.input('seqlens', 'int32', ['B']);
   const lastIndex = g.input('last_index', 'int64', ['B']);
@@ -83,7 +91,7 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
   const expand = g.input('expand_index', 'int64', ['R']);
   const noise = sampling(opts) ? g.input('noise', 'float32', ['R', 'N']) : undefined;
 
-  const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width });
+  const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width, qkNormInKernel });
   const axis = g.constant([2], 'int64', [1]);
   const spec = { axes: [2], starts: ['P'], ends: [Number.MAX_SAFE_INTEGER], steps: [1] };
   const tail = L.applyOp(L.sliceOp, [zeros, cacheStart, g.constant([Number.MAX_SAFE_INTEGER], 'int64', [1]), axis, g.constant([1], 'int64', [1])], spec)[0];
@@ -98,8 +106,8 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
   g.output(g.constant([1], 'int64', [1]), 'next_step');
 }
 
-/** The decode-step graph (see the module comment); `K`: the history's width. */
-export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, K: number): void {
+/** The decode-step graph (see the module comment). */
+export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel }: KvGraphOptions): void {
   const token = g.input('token', 'int64', ['R', 1]);
   const seqlens = g.input('seqlens', 'int32', ['R']);
   const step = g.input('step', 'int64', [1]);
@@ -111,7 +119,7 @@ export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, 
     const shape = ['R', cfg.numKvHeads, 'M', cfg.headDim];
     past.push({ key: g.input(cacheName(i, 'key', 'input'), dtype, shape), value: g.input(cacheName(i, 'value', 'input'), dtype, shape) });
   }
-  const out = decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past });
+  const out = decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel });
   out.present.forEach((p, i) => {
     g.output(p.key, cacheName(i, 'key', 'output'));
     g.output(p.value, cacheName(i, 'value', 'output'));

@@ -3,9 +3,10 @@
  * against the in-graph generator (attention composed from primitives, caches grown by Concat):
  * same tokens, same log-probs, same stop handling, on CPU in float32.
  */
+import * as L from '@lathe/onnx';
 import { Device, DeviceTensor } from '@lathe/runtime';
-import { Generator, KvCacheGenerator, vocabChunkWidth, type Completion } from '@lathe/rollout';
-import type { HfConfig } from '@lathe/models';
+import { addKvDecodeStep, addKvPrefill, Generator, KvCacheGenerator, vocabChunkWidth, type Completion } from '@lathe/rollout';
+import { weightInputs, type HfConfig } from '@lathe/models';
 import { logitsRunner, logSoftmax, tinyModel, tinyQwen3 } from './helpers';
 
 // GroupQueryAttention's rotary needs head_dim ≥ 16.
@@ -118,4 +119,47 @@ test('bad input is rejected before any run', () => {
     expect(kv.generate([[1, 2, 3, 4, 5, 6]], { maxNewTokens: 4 })).rejects.toThrow(/prompt 0: 6 tokens \+ 4 new exceed the generator's maxLength of 8/),
     expect(kv.generate([[1], []], { maxNewTokens: 2 })).rejects.toThrow(/prompt 1 is empty/),
   ]).finally(() => kv.dispose());
+});
+
+test("the CUDA variant of the graphs: Qwen3's Q/K norm inside GroupQueryAttention, two norm nodes fewer per layer", () => {
+  const { config } = tinyModel(wideQwen3, 5);
+  const build = (qkNormInKernel: boolean, add: typeof addKvDecodeStep) => {
+    const g = new L.Graph();
+    add(g, config, weightInputs(g, config, 'bfloat16', 'bfloat16').weights, 'bfloat16', { temperature: 0 }, { K: 4, qkNormInKernel });
+    return L.toModelProto(g).graph.node;
+  };
+  for (const add of [addKvDecodeStep, addKvPrefill]) {
+    const plain = build(false, add);
+    const inKernel = build(true, add);
+    const norms = (nodes: typeof plain) => nodes.filter((n) => n.opType === 'SimplifiedLayerNormalization').length;
+    expect(norms(plain) - norms(inKernel)).toBe(2 * config.numLayers);
+    for (const n of inKernel.filter((x) => x.opType === 'GroupQueryAttention')) {
+      const layer = /layer(\d+)/.exec(n.name ?? '')![1];
+      expect(n.input.slice(14)).toEqual([`model.layers.${layer}.self_attn.q_norm.weight`, `model.layers.${layer}.self_attn.k_norm.weight`]);
+    }
+  }
+});
+
+test('the decode kernel switch (ORT_ENABLE_XQA) is set only while the decode session compiles, and never over a user value', () => {
+  const before = process.env.ORT_ENABLE_XQA;
+  try {
+    delete process.env.ORT_ENABLE_XQA;
+    const seen: (string | undefined)[] = [];
+    const compile = device.compile.bind(device);
+    const spy = jest.spyOn(device, 'compile').mockImplementation((...args) => {
+      seen.push(process.env.ORT_ENABLE_XQA);
+      return compile(...args);
+    });
+    KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 8 }).dispose();
+    expect(seen).toEqual([undefined, '0']); // prefill, then the decode step (2 query heads per KV head)
+    expect(process.env.ORT_ENABLE_XQA).toBeUndefined();
+    seen.length = 0;
+    process.env.ORT_ENABLE_XQA = '1';
+    KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 8 }).dispose();
+    expect(seen).toEqual(['1', '1']);
+    spy.mockRestore();
+  } finally {
+    if (before === undefined) delete process.env.ORT_ENABLE_XQA;
+    else process.env.ORT_ENABLE_XQA = before;
+  }
 });

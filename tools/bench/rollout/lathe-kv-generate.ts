@@ -5,8 +5,9 @@
  * weight swap (copying a new weight version into the bound weights on the device).
  *
  * usage: node lathe-kv-generate.js --model DIR --prompts prompts.json --max-new N
- *          [--dtype bfloat16] [--group N] [--temperature T] [--repeat N] [--cuda-graph] [--out tokens.json] [--device cuda|cpu] [--profile PREFIX]
- * With no stop ids every row runs to --max-new, so the token count is exact. Prints one JSON line.
+ *          [--dtype bfloat16] [--group N] [--temperature T] [--repeat N] [--cuda-graph] [--out samples.json] [--device cuda|cpu] [--profile PREFIX]
+ * With no stop ids every row runs to --max-new, so the token count is exact. Prints one JSON line;
+ * --out writes each row's tokens and their raw log-probs ({ tokens, raw }[]) for agreement checks.
  */
 import { readFileSync, writeFileSync } from 'node:fs';
 import { basename, resolve } from 'node:path';
@@ -73,7 +74,7 @@ async function main(): Promise<void> {
   const after = await gen.generate(prompts.slice(0, 1), { maxNewTokens: 4, seed: 1 });
   for (const c of copy.values()) c.dispose();
   const outPath = arg('out', '');
-  if (outPath) writeFileSync(outPath, JSON.stringify(out.map((c) => c.tokens)));
+  if (outPath) writeFileSync(outPath, JSON.stringify(out.map((c) => ({ tokens: c.tokens, raw: c.rawLogprobs }))));
   const rows = prompts.length * group;
   const tokens = out.reduce((s, c) => s + c.tokens.length, 0);
   const t = best.timings;

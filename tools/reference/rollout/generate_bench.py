@@ -1,15 +1,21 @@
 """Generation: Lathe (the KV-cache generator, or the in-graph decode loop) vs transformers generate.
 
 Runs on the GPU machine (PyTorch + transformers, no hub access).
-1. Agreement: a small Qwen3 in float32, greedy, 4 prompts x 48 new tokens — Lathe's tokens must
-   equal transformers' (fraction of identical tokens and of identical rows reported).
+1. Agreement: a small Qwen3 (norm weights drawn from [0.5, 1.5], so they matter), greedy, 4 prompts
+   x 48 new tokens. The in-graph engine runs in float32 and its tokens must equal transformers'. The
+   KV engine runs in bfloat16, where near-ties flip, so besides where its rows first diverge from
+   transformers' greedy rows, the log-probs it reports for its own tokens are compared with
+   transformers' teacher-forced float32 log-probs of the same sequences, beside transformers' own
+   bfloat16 error on them (its spread).
 2. Throughput: the Qwen3-0.6B shape in bfloat16, greedy, B prompts of P tokens, N new tokens, no
    stop tokens (every row runs to N): new tokens/s for transformers generate (sdpa, dynamic
    cache) and for Lathe (one ONNX Runtime run per batch), timed the same way (best of repeats
    after a warm-up).
 
 usage: python3 tools/reference/rollout/generate_bench.py [--out DIR] [--batch 32] [--prompt 128] [--new 128]
-Needs .bundle/lathe-generate.js (esbuild of tools/bench/rollout/lathe-generate.ts).
+         [--engine kv|graph] [--prev]
+Needs .bundle/lathe-generate.js or .bundle/lathe-kv-generate.js (tools/bench/build-device-bundles.sh);
+--prev also times .bundle/lathe-kv-generate-prev.js (an earlier build) with CUDA graphs in the same call.
 """
 import argparse
 import json
@@ -22,6 +28,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 
 NODE_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "..", ".bundle", "lathe-generate.js")
 KV_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "..", ".bundle", "lathe-kv-generate.js")
+KV_PREV_SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "..", ".bundle", "lathe-kv-generate-prev.js")
 
 
 def qwen3_06b():
@@ -40,6 +47,10 @@ def save_random(cfg, path, dtype, std):
     torch.manual_seed(0)
     cfg.initializer_range = std
     model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    with torch.no_grad():  # norm weights other than 1, so a norm applied with the wrong weight shows
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
     model.save_pretrained(path, safe_serialization=True)
     return model.cuda().eval()
 
@@ -69,12 +80,13 @@ def hf_generate(model, rows, new, repeat):
     return out[:, P:].tolist(), min(times)
 
 
-def lathe_generate(path, rows, new, dtype, out_dir, repeat, engine="graph", extra=()):
+def lathe_generate(path, rows, new, dtype, out_dir, repeat, engine="graph", extra=(), label="lathe", script=None):
+    """Runs a Lathe engine on `rows`: each row's output as the script wrote it, and its report."""
     pfile = os.path.join(out_dir, "prompts.json")
-    tfile = os.path.join(out_dir, "lathe-tokens.json")
+    tfile = os.path.join(out_dir, f"{label}-samples.json")
     with open(pfile, "w") as f:
         json.dump(rows, f)
-    script = KV_SCRIPT if engine == "kv" else NODE_SCRIPT
+    script = script or (KV_SCRIPT if engine == "kv" else NODE_SCRIPT)
     cmd = ["node", script, "--model", path, "--prompts", pfile, "--max-new", str(new), "--dtype", dtype,
            "--repeat", str(repeat), "--out", tfile, *extra]
     res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "NVIDIA_TF32_OVERRIDE": "0"})
@@ -82,6 +94,28 @@ def lathe_generate(path, rows, new, dtype, out_dir, repeat, engine="graph", extr
         raise RuntimeError(res.stderr[-4000:])
     with open(tfile) as f:
         return json.load(f), json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def tokens_of(samples):
+    """Token lists from an engine's --out file: plain lists (in-graph engine) or {tokens, raw} (KV engine)."""
+    return [s["tokens"] if isinstance(s, dict) else s for s in samples]
+
+
+def teacher_forced(model, rows, samples):
+    """transformers' log-prob of each sampled token given its prompt and the tokens before it."""
+    out = []
+    with torch.no_grad():
+        for prompt, s in zip(rows, samples):
+            ids = torch.tensor([prompt + s["tokens"]]).cuda()
+            logp = torch.log_softmax(model(ids).logits.float()[0], -1)
+            at = torch.arange(len(prompt) - 1, len(prompt) + len(s["tokens"]) - 1)
+            out.append(logp[at, ids[0, at + 1]].tolist())
+    return out
+
+
+def abs_diff(a, b):
+    d = [abs(x - y) for r, q in zip(a, b) for x, y in zip(r, q)]
+    return {"max": round(max(d), 5), "mean": round(sum(d) / len(d), 6)}
 
 
 def main():
@@ -95,6 +129,7 @@ def main():
     ap.add_argument("--skip-agreement", action="store_true")
     ap.add_argument("--engine", choices=["graph", "kv"], default="kv",
                     help="kv: the KV-cache generator (GroupQueryAttention, bf16/fp16 on CUDA), with and without CUDA graphs")
+    ap.add_argument("--prev", action="store_true", help="kv: also time .bundle/lathe-kv-generate-prev.js (CUDA graphs)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -110,11 +145,16 @@ def main():
         model = save_random(qwen3_small(), path, dtype, 0.2)
         rows = prompts(1000, 4, 24, 1)
         ref, _ = hf_generate(model, rows, 48, 1)
-        got, info = lathe_generate(path, rows, 48, "bfloat16" if a.engine == "kv" else "float32", a.out, 1, a.engine)
+        samples, info = lathe_generate(path, rows, 48, "bfloat16" if a.engine == "kv" else "float32", a.out, 1, a.engine)
+        got = tokens_of(samples)
         same = sum(x == y for r, g in zip(ref, got) for x, y in zip(r, g))
         first = [next((i for i, (x, y) in enumerate(zip(r, g)) if x != y), len(r)) for r, g in zip(ref, got)]
         report["agreement"] = {"model": f"qwen3-small {dtype}", "engine": a.engine, "tokens_equal": same, "tokens": 4 * 48,
                                "rows_equal": sum(r == g for r, g in zip(ref, got)), "rows": 4, "first_divergence": first, "lathe": info}
+        if a.engine == "kv":
+            exact = teacher_forced(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval(), rows, samples)
+            report["agreement"]["raw_logprob_vs_hf_fp32"] = abs_diff([s["raw"] for s in samples], exact)
+            report["agreement"]["hf_bf16_vs_hf_fp32"] = abs_diff(teacher_forced(model, rows, samples), exact)
         print(json.dumps(report["agreement"]), flush=True)
         del model
         torch.cuda.empty_cache()
@@ -129,10 +169,12 @@ def main():
         hf_tps = a.batch * a.new / hf_s
         report["throughput"] = {"model": "qwen3-0.6b shape, bf16", "batch": a.batch, "prompt_max": a.prompt, "new": a.new,
                                 "hf_new_tokens_per_s": round(hf_tps), "engine": a.engine}
-        modes = [("plain", ()), ("cuda_graph", ("--cuda-graph",))] if a.engine == "kv" else [("graph", ())]
-        for label, extra in modes:
+        modes = [("plain", (), None), ("cuda_graph", ("--cuda-graph",), None)] if a.engine == "kv" else [("graph", (), None)]
+        if a.engine == "kv" and a.prev:
+            modes.append(("cuda_graph_prev", ("--cuda-graph",), KV_PREV_SCRIPT))
+        for label, extra, script in modes:
             try:
-                _, info = lathe_generate(path, rows, a.new, "bfloat16", a.out, a.repeat, a.engine, extra)
+                _, info = lathe_generate(path, rows, a.new, "bfloat16", a.out, a.repeat, a.engine, extra, label, script)
             except RuntimeError as e:
                 report["throughput"][label] = {"error": str(e)[-1500:]}
                 continue

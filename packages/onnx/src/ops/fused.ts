@@ -126,6 +126,12 @@ export interface GroupQueryAttentionAttrs {
   kvNumHeads: number;
   /** Apply RoPE (non-interleaved) to queries and keys inside the kernel, from cos/sin caches. */
   doRotary: boolean;
+  /**
+   * Epsilon of the per-head RMSNorm the kernel applies to queries and keys before RoPE, with
+   * weights given as inputs 14 and 15 (Qwen3's q_norm/k_norm). Unset: no norm. CUDA only: ONNX
+   * Runtime's CPU kernel refuses these inputs.
+   */
+  qkNormEpsilon?: number;
 }
 
 /**
@@ -142,7 +148,7 @@ export interface GroupQueryAttentionAttrs {
 export const groupQueryAttentionOp = defineOp<GroupQueryAttentionAttrs>({
   name: 'GroupQueryAttention',
   domain: 'com.microsoft',
-  infer: ([q, k, v, pastK, pastV, seqlens, total, cos, sin], { numHeads, kvNumHeads }) => {
+  infer: ([q, k, v, pastK, pastV, seqlens, total, cos, sin, , , , , , qNorm, kNorm], { numHeads, kvNumHeads, doRotary, qkNormEpsilon }) => {
     if (q!.shape.length !== 3 || k!.shape.length !== 3 || v!.shape.length !== 3) {
       throw new Error(`query/key/value must be [B, S, heads·headDim], got ${formatShape(q!.shape)}, ${formatShape(k!.shape)}, ${formatShape(v!.shape)}`);
     }
@@ -161,6 +167,12 @@ export const groupQueryAttentionOp = defineOp<GroupQueryAttentionAttrs>({
         throw new Error(`cos/sin caches must be ${q!.dtype} [maxPositions, ${hd / 2}], got ${c.dtype} ${formatShape(c.shape)}`);
       }
     }
+    if (qkNormEpsilon !== undefined) {
+      if (!doRotary) throw new Error('the in-kernel Q/K norm needs the in-kernel rotary (it runs before RoPE)');
+      for (const w of [qNorm, kNorm]) {
+        if (!w || w.dtype !== q!.dtype || w.shape.length !== 1 || w.shape[0] !== hd) throw new Error(`q/k norm weights must both be ${q!.dtype} [${hd}], got ${w ? `${w.dtype} ${formatShape(w.shape)}` : 'none'}`);
+      }
+    }
     const [B, S] = q!.shape;
     const kvShape = pastK ? [...pastK.shape] : [B, kvNumHeads, S, hd];
     return [
@@ -169,11 +181,12 @@ export const groupQueryAttentionOp = defineOp<GroupQueryAttentionAttrs>({
       { dtype: q!.dtype, shape: kvShape },
     ];
   },
-  onnxAttrs: ({ numHeads, kvNumHeads, doRotary }) => ({
+  onnxAttrs: ({ numHeads, kvNumHeads, doRotary, qkNormEpsilon }) => ({
     num_heads: attr.int(numHeads),
     kv_num_heads: attr.int(kvNumHeads),
     do_rotary: attr.int(doRotary ? 1 : 0),
     rotary_interleaved: attr.int(0),
+    ...(qkNormEpsilon !== undefined ? { qk_norm_epsilon: attr.float(qkNormEpsilon) } : {}),
   }),
   nonDiffInputs: [5, 6],
   grad: (ctx) => groupQueryAttentionGrad(ctx),
@@ -311,6 +324,8 @@ export interface GroupQueryAttentionInputs {
   seqlensK: Tensor;
   totalSequenceLength: Tensor;
   rotary?: { cos: Tensor; sin: Tensor };
+  /** Per-head RMSNorm of queries and keys inside the kernel, before RoPE (CUDA only; needs `rotary`). */
+  qkNorm?: { q: Tensor; k: Tensor; epsilon: number };
 }
 
 /** Causal GQA with an optional in-place KV cache; see {@link groupQueryAttentionOp}. */
@@ -320,8 +335,11 @@ export function groupQueryAttention(
 ): { output: Tensor; presentKey: Tensor; presentValue: Tensor } {
   const [output, presentKey, presentValue] = applyOp(
     groupQueryAttentionOp,
-    [x.query, x.key, x.value, x.past?.key ?? null, x.past?.value ?? null, x.seqlensK, x.totalSequenceLength, x.rotary?.cos ?? null, x.rotary?.sin ?? null],
-    { ...heads, doRotary: !!x.rotary },
+    [
+      x.query, x.key, x.value, x.past?.key ?? null, x.past?.value ?? null, x.seqlensK, x.totalSequenceLength, x.rotary?.cos ?? null, x.rotary?.sin ?? null,
+      ...(x.qkNorm ? [null, null, null, null, null, x.qkNorm.q, x.qkNorm.k] : []),
+    ],
+    { ...heads, doRotary: !!x.rotary, ...(x.qkNorm ? { qkNormEpsilon: x.qkNorm.epsilon } : {}) },
   );
   return { output, presentKey, presentValue };
 }
