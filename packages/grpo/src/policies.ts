@@ -4,9 +4,8 @@
  * log π(ids[t+1] | ids ≤ t). `decoderPolicy` is the LLM; any other differentiable builder (a tabular
  * policy in tests, a value-augmented model later) plugs into `rlLoss` the same way.
  */
-import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { accumulationDtype, chunkedTargetLogprobs, decoder, linear, lmHeadName, paddedCausalMask, positionsFromPadding, rightPaddedAttention, totalLength, type DecoderConfig, type Weights } from '@lathe/models';
+import { chunkedLogprobsAndEntropy, chunkedTargetLogprobs, decoder, paddedCausalMask, positionsFromPadding, rightPaddedAttention, totalLength, type DecoderConfig, type Weights } from '@lathe/models';
 import { castWeights, shiftLeft } from '@lathe/train';
 
 /** What a policy gives the loss. */
@@ -64,38 +63,10 @@ export function decoderPolicy(cfg: DecoderConfig, opts: DecoderPolicyOptions = {
       recompute: opts.recompute,
       ...(opts.flashAttention ? { flashAttention: rightPaddedAttention(attention, totalLength(g, ids)) } : {}),
     });
-    const logp = chunkedTargetLogprobs(cfg, w, hidden, shiftLeft(ids), { chunk, temperature, recompute: opts.recompute });
-    return opts.entropy ? { logp, entropy: chunkedEntropy(cfg, w, hidden, { chunk, temperature, recompute: opts.recompute }) } : { logp };
+    const head = { chunk, temperature, recompute: opts.recompute };
+    // With the entropy, one pass over each chunk's logits gives both; alone, the log-probs keep less
+    // for the backward pass (chunkedTargetLogprobs).
+    return opts.entropy ? chunkedLogprobsAndEntropy(cfg, w, hidden, shiftLeft(ids), head) : { logp: chunkedTargetLogprobs(cfg, w, hidden, shiftLeft(ids), head) };
   };
 }
 
-/**
- * Entropy [B, T] of softmax(hidden · Wᵀ / temperature), vocabulary chunk by chunk:
- * H = log Z − Σ_v p_v·l_v. Differentiable (built from primitives).
- */
-export function chunkedEntropy(cfg: DecoderConfig, w: Weights, hidden: Tensor, opts: { chunk?: number; temperature?: number; recompute?: boolean } = {}): Tensor {
-  const chunk = opts.chunk ?? 16384;
-  const temperature = opts.temperature ?? 1;
-  const acc = accumulationDtype(hidden.dtype);
-  const W = w(lmHeadName(cfg));
-  const sizes: number[] = [];
-  for (let s = 0; s < cfg.vocabSize; s += chunk) sizes.push(Math.min(chunk, cfg.vocabSize - s));
-  const parts = sizes.length === 1 ? [W] : L.split(W, sizes, 0);
-  // Without recompute each chunk's logits are built once and feed both sums.
-  const built = new Map<Tensor, Tensor>();
-  const logits = (Wk: Tensor) => {
-    const cached = opts.recompute ? undefined : built.get(Wk);
-    if (cached) return cached;
-    const l0 = L.cast(linear(hidden, Wk), acc);
-    const l = temperature === 1 ? l0 : L.div(l0, temperature);
-    built.set(Wk, l);
-    return l;
-  };
-  // With `recompute`, each chunk's logits are rebuilt in the backward pass, one chunk at a time.
-  const region = (inputs: Tensor[], fn: () => Tensor) => (opts.recompute ? L.checkpoint(inputs, fn) : fn());
-  const logZ = L.logSumExp(L.concat(parts.map((Wk) => region([hidden], () => L.logSumExp(logits(Wk), -1, true))), -1), -1, true); // [B, T, 1]
-  const expected = parts
-    .map((Wk) => region([hidden, logZ], () => { const l = logits(Wk); return L.reduceSum(L.mul(L.exp(L.sub(l, logZ)), l), [-1]); }))
-    .reduce((a, b) => L.add(a, b));
-  return L.sub(L.squeeze(logZ, [hidden.rank - 1]), expected);
-}

@@ -97,3 +97,49 @@ export function chunkedTargetLogprobs(
   const logp = L.sub(targetLogit, L.logSumExp(L.concat(partials, -1), -1)); // [rows]
   return targets.shape.every((d) => typeof d === 'number') ? L.reshape(logp, targets.shape) : L.reshapeLike(logp, targets);
 }
+
+/**
+ * log p(targets) and the entropy, both [B, T] in float32, under softmax(hidden·Wᵀ / temperature),
+ * from one pass over each vocabulary chunk's logits (computed once for both). Per chunk k one
+ * LogSoftmax gives y = l − lse_k, so lse_k = l₀ − y₀ and the entropy within the chunk is
+ * H_k = −Σ exp(y)·y; with log Z = logsumexp_k lse_k and w_k = exp(lse_k − log Z) (the chunk's
+ * probability mass), the entropy is Σ_k w_k·(H_k − log w_k) and log p = target logit − log Z.
+ * Differentiable; with `recompute` each chunk's logits are rebuilt in the backward pass, one chunk
+ * alive at a time. For log-probs alone {@link chunkedTargetLogprobs} keeps less for the backward pass.
+ */
+export function chunkedLogprobsAndEntropy(
+  cfg: DecoderConfig,
+  w: Weights,
+  hidden: Tensor,
+  targets: Tensor,
+  opts: { chunk?: number; temperature?: number; recompute?: boolean } = {},
+): { logp: Tensor; entropy: Tensor } {
+  const chunk = opts.chunk ?? 16384;
+  const temperature = opts.temperature ?? 1;
+  const acc = accumulationDtype(hidden.dtype);
+  const W = w(lmHeadName(cfg));
+  const scale = (t: Tensor) => (temperature === 1 ? t : L.div(t, temperature));
+  const h = L.reshape(hidden, [-1, hidden.shape[hidden.rank - 1]!]); // tokens as rows, as in chunkedTargetLogprobs
+  const rows = L.gather(W, L.cast(L.reshape(targets, [-1]), 'int64'), 0);
+  const targetLogit = scale(L.reduceSum(L.mul(L.cast(h, acc), L.cast(rows, acc)), [1]));
+  const sizes: number[] = [];
+  for (let start = 0; start < cfg.vocabSize; start += chunk) sizes.push(Math.min(chunk, cfg.vocabSize - start));
+  const parts = sizes.length === 1 ? [W] : L.split(W, sizes, 0);
+  // [rows, 2] per chunk: its log-partition lse_k and its within-chunk entropy H_k.
+  const perChunk = (Wk: Tensor) => {
+    const l = scale(L.cast(linear(h, Wk), acc));
+    const y = L.logSoftmax(l, -1);
+    const first = (t: Tensor) => L.slice(t, [1], [0], [1]);
+    const within = L.neg(L.reduceSum(L.mul(L.exp(y), y), [1], true));
+    return L.concat([L.sub(first(l), first(y)), within], 1);
+  };
+  const stats = parts.map((Wk) => (opts.recompute ? L.checkpoint([h], () => perChunk(Wk)) : perChunk(Wk)));
+  const pick = (j: number) => L.concat(stats.map((s) => L.slice(s, [1], [j], [j + 1])), 1); // [rows, chunks]
+  const lse = pick(0);
+  const logZ = L.logSumExp(lse, -1, true); // [rows, 1]
+  const logMass = L.sub(lse, logZ);
+  const entropy = L.reduceSum(L.mul(L.exp(logMass), L.sub(pick(1), logMass)), [1]);
+  const logp = L.sub(targetLogit, L.squeeze(logZ, [1]));
+  const like = (t: Tensor) => (targets.shape.every((d) => typeof d === 'number') ? L.reshape(t, targets.shape) : L.reshapeLike(t, targets));
+  return { logp: like(logp), entropy: like(entropy) };
+}

@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import * as L from '@lathe/onnx';
 import {
+  chunkedLogprobsAndEntropy,
   decoder,
   lmHeadName,
   lmLogits,
@@ -31,6 +32,7 @@ import {
 } from '@lathe/models';
 import { compile, rng, type HostTensor } from '../../../tools/testing/ort-cpu';
 import { tinyModel, tinyQwen2, tinyQwen3, weightFeeds } from './tiny';
+import { gradCheck } from '../../onnx/test/gradcheck';
 
 const ids64 = (rows: number[][]): HostTensor => ({ data: BigInt64Array.from(rows.flat().map(BigInt)), dims: [rows.length, rows[0].length] });
 const maxAbsDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => {
@@ -196,5 +198,67 @@ describe('reward models (…ForSequenceClassification, score.weight)', () => {
     const score = new Float32Array(scoreBytes.buffer, scoreBytes.byteOffset, D);
     const expected = [3, 5].map((flat) => score.reduce((s, x, d) => s + x * h[flat * D + d], 0)); // rows' last tokens: (0, 3) and (1, 1)
     expect(maxAbsDiff(out.reward.data as Float32Array, expected)).toBeLessThan(1e-5);
+  });
+});
+
+describe('chunkedLogprobsAndEntropy: one pass over each vocabulary chunk', () => {
+  const V = 10;
+  const D = 8;
+  // Only vocabSize and the LM head's name are read; the head is an input here.
+  const { config } = tinyModel(tinyQwen3, 2);
+  const cfg = { ...config, vocabSize: V };
+  const targets = [[3, 9, 0], [7, 7, 4]];
+  const build = (hidden: L.Tensor, head: L.Tensor, opts: { chunk: number; temperature: number; recompute?: boolean }) => {
+    const g = hidden.graph;
+    const ids = g.constant(targets.flat(), 'int64', [2, 3]);
+    return chunkedLogprobsAndEntropy(cfg, (name) => (name === lmHeadName(cfg) ? head : hidden), hidden, ids, opts);
+  };
+
+  test.each([
+    [{ chunk: 4, temperature: 0.7 }], // 10 = 4 + 4 + 2
+    [{ chunk: 16, temperature: 1 }], // one chunk
+    [{ chunk: 3, temperature: 1.3, recompute: true }],
+  ])('equal the full softmax in float64 (%j)', async (opts) => {
+    const g = new L.Graph();
+    const hidden = g.input('hidden', 'float64', [2, 3, D]);
+    const head = g.input('head', 'float64', [V, D]);
+    const { logp, entropy } = build(hidden, head, opts);
+    g.output(logp, 'logp');
+    g.output(entropy, 'entropy');
+    const r = rng(4);
+    const h = Float64Array.from({ length: 2 * 3 * D }, () => 3 * (r() - 0.5));
+    const w = Float64Array.from({ length: V * D }, () => 3 * (r() - 0.5));
+    const out = await (await compile(g))({ hidden: { data: h, dims: [2, 3, D] }, head: { data: w, dims: [V, D] } });
+    for (let row = 0; row < 6; row++) {
+      const logits = Array.from({ length: V }, (_, v) => {
+        let s = 0;
+        for (let d = 0; d < D; d++) s += h[row * D + d] * w[v * D + d];
+        return s / opts.temperature;
+      });
+      const m = Math.max(...logits);
+      const logZ = m + Math.log(logits.reduce((s, l) => s + Math.exp(l - m), 0));
+      const wantLogp = logits[targets.flat()[row]] - logZ;
+      const wantEntropy = -logits.reduce((s, l) => s + Math.exp(l - logZ) * (l - logZ), 0);
+      // Not 1e-12: ONNX Runtime folds the division by the temperature into the LM-head MatMul as a
+      // float32 `alpha` (1/0.7 to ~3e-8 relative, on logits up to ~25 here); at temperature 1 the match is to ~1e-15.
+      const tol = opts.temperature === 1 ? 1e-12 : 1e-6;
+      expect(Math.abs(Number(out.logp.data[row]) - wantLogp)).toBeLessThan(tol);
+      expect(Math.abs(Number(out.entropy.data[row]) - wantEntropy)).toBeLessThan(tol);
+    }
+  });
+
+  test.each([
+    [{ chunk: 4, temperature: 0.7 }],
+    [{ chunk: 4, temperature: 1, recompute: true }],
+  ])('gradients match finite differences (%j)', async (opts) => {
+    const result = await gradCheck({
+      name: `logprobs and entropy ${JSON.stringify(opts)}`,
+      inputs: [{ shape: [2, 3, D] }, { shape: [V, D] }],
+      build: ([hidden, head]) => {
+        const { logp, entropy } = build(hidden, head, opts);
+        return L.concat([logp, entropy], 1);
+      },
+    });
+    expect(result.worst).toBeLessThanOrEqual(1);
   });
 });

@@ -26,7 +26,7 @@ test('the Q/K norm weights go to inputs 14 and 15 (9–13 left empty), with qk_n
   expect(node.input).toHaveLength(16);
   expect(node.input.slice(9, 14)).toEqual(['', '', '', '', '']);
   expect(node.input.slice(14)).toEqual(['q_norm', 'k_norm']);
-  const eps = node.attribute.find((a) => a.name === 'qk_norm_epsilon');
+  const eps = (node.attribute ?? []).find((a) => a.name === 'qk_norm_epsilon');
   expect(eps?.f).toBeCloseTo(1e-6, 12);
 });
 
@@ -36,7 +36,7 @@ test('without the norm the node keeps its 9 inputs and no epsilon', () => {
   g.output(r.output, 'out');
   const node = L.toModelProto(g).graph.node.find((n) => n.opType === 'GroupQueryAttention')!;
   expect(node.input).toHaveLength(9);
-  expect(node.attribute.map((a) => a.name)).not.toContain('qk_norm_epsilon');
+  expect((node.attribute ?? []).map((a) => a.name)).not.toContain('qk_norm_epsilon');
 });
 
 test('refuses the norm without the in-kernel rotary, and weights of the wrong shape or dtype', () => {

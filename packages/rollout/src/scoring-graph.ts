@@ -18,11 +18,8 @@
 import * as L from '@lathe/onnx';
 import type { Graph, Tensor } from '@lathe/onnx';
 import {
-  accumulationDtype,
-  chunkedTargetLogprobs,
+  chunkedLogprobsAndEntropy,
   decoder,
-  lmHeadName,
-  linear,
   lmLogits,
   paddedCausalMask,
   positionsFromPadding,
@@ -59,19 +56,6 @@ function nextIsToken(mask: Tensor): Tensor {
   return L.and(m, next);
 }
 
-/** Entropy [B, T] of softmax(hidden · Wᵀ) computed chunk by chunk: H = log Z − Σ p·logit. */
-function chunkedEntropy(cfg: DecoderConfig, w: Weights, hidden: Tensor, chunk: number): Tensor {
-  const acc = accumulationDtype(hidden.dtype);
-  const W = w(lmHeadName(cfg));
-  const sizes: number[] = [];
-  for (let s = 0; s < cfg.vocabSize; s += chunk) sizes.push(Math.min(chunk, cfg.vocabSize - s));
-  const parts = sizes.length === 1 ? [W] : L.split(W, sizes, 0);
-  const logits = parts.map((Wk) => L.cast(linear(hidden, Wk), acc));
-  const logZ = L.logSumExp(L.concat(logits.map((l) => L.logSumExp(l, -1, true)), -1), -1, true); // [B, T, 1]
-  const expected = logits.map((l) => L.reduceSum(L.mul(L.exp(L.sub(l, logZ)), l), [-1])).reduce((a, b) => L.add(a, b));
-  return L.sub(L.squeeze(logZ, [2]), expected);
-}
-
 /** Adds the scoring computation to `g` (declares the inputs and outputs listed above). */
 export function addScoring(g: Graph, cfg: DecoderConfig, weights: Weights, opts: ScoringGraphOptions = {}): void {
   const chunk = opts.chunk ?? 16384;
@@ -81,9 +65,9 @@ export function addScoring(g: Graph, cfg: DecoderConfig, weights: Weights, opts:
     ? decoder(cfg, weights, rightPaddedGqaInputs(ids, mask, totalLength(g, ids)))
     : decoder(cfg, weights, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask), fused: opts.fusedKernels ?? true });
   const scored = nextIsToken(mask);
-  const logp = chunkedTargetLogprobs(cfg, weights, hidden, shiftLeft(ids), { chunk });
+  const { logp, entropy } = chunkedLogprobsAndEntropy(cfg, weights, hidden, shiftLeft(ids), { chunk });
   g.output(L.where(scored, logp, 0), 'logprobs');
-  g.output(L.where(L.cast(mask, 'bool'), chunkedEntropy(cfg, weights, hidden, chunk), 0), 'entropies');
+  g.output(L.where(L.cast(mask, 'bool'), entropy, 0), 'entropies');
   if (opts.candidates) {
     const { minP, k } = opts.candidates;
     if (!(minP > 0 && minP <= 1)) throw new Error(`candidates.minP must be in (0, 1], got ${minP}`);
