@@ -27,7 +27,10 @@ export interface SamplingOptions {
   temperature?: number;
   /** Keep the k most likely tokens (0 or undefined: off). */
   topK?: number;
-  /** Keep the smallest set of most likely tokens whose probability reaches p (1 or undefined: off). */
+  /**
+   * Keep the smallest set of most likely tokens whose probability reaches p (1 or undefined: off).
+   * After a top-k of at most 256, tokens tied with the last kept value are kept with it.
+   */
   topP?: number;
   /** Drop tokens with p < minP · p_max (0 or undefined: off). */
   minP?: number;
@@ -83,13 +86,34 @@ function prefixSum(x: Tensor, exclusive: boolean): Tensor {
 }
 
 /**
+ * The k largest values of each row of float32 [B, V], sorted (largest first), [B, k], without a
+ * TopK over V: the k largest chunk maxima are k distinct elements, so the k-th largest value v* is
+ * at least the k-th largest chunk maximum m_k. If v* > m_k, every element ≥ v* lies in a chunk whose
+ * maximum exceeds m_k, and those chunks are all among the k picked by a TopK over the V/w chunk
+ * maxima; if v* = m_k, the picked chunks' own maxima supply it. Either way a TopK(k) over the k·w
+ * elements of the picked chunks gives the row's k largest values. Needs k ≤ V/w.
+ */
+function largestValues(s: Tensor, k: number): Tensor {
+  const c = chunks(s); // [B, C, w]
+  const [B, C, w] = c.shape as [number | string, number, number];
+  const [, picked] = L.topK(L.windowMax(L.reshape(s, [B, 1, C * w]), w), k, -1); // [B, 1, k]: chunk numbers
+  const spread = L.add(L.unsqueeze(L.squeeze(picked, [1]), [2]), s.graph.constant(new Array<number>(w).fill(0), 'int64', [1, 1, w])); // [B, k, w]
+  const candidates = L.reshape(L.gatherElements(c, spread, 1), [B, k * w]);
+  return L.topK(candidates, k, -1)[0];
+}
+
+/** Largest k for which {@link largestValues} runs instead of a TopK over the vocabulary. */
+const TWO_STAGE_TOP_K = 256;
+
+/**
  * The scores sampling draws from (float32 [B, V]): logits / temperature with −∞ on every token the
  * filters remove. With temperature 0 the logits are returned unchanged (greedy).
  *
  * Cost on a large vocabulary: temperature and min-p are elementwise plus a two-stage max. top-k
- * is a TopK(k) over the whole vocabulary per row, and top-p a full sort (TopK(V)) per row plus a
- * softmax over V — one-stage work that a decode step pays for every token; leave them off where
- * speed matters (GRPO samples at temperature 1 with neither).
+ * with k ≤ 256 (and k ≤ V/w chunks) finds its threshold in two stages ({@link largestValues}); top-p
+ * after such a top-k ranks only those k values. A larger top-k is a TopK(k) over the vocabulary per
+ * row, and top-p alone a full sort (TopK(V)) per row plus a softmax over V — one-stage work that a
+ * decode step pays for every token; leave those off where speed matters.
  */
 export function filteredScores(logits: Tensor, o: SamplingOptions): Tensor {
   const t = o.temperature ?? 1;
@@ -97,17 +121,34 @@ export function filteredScores(logits: Tensor, o: SamplingOptions): Tensor {
   if (t === 0) return s;
   const V = logits.shape[1] as number;
   const drop = (keep: Tensor) => L.where(keep, s, NEG_INF);
-  if (o.topK && o.topK < V) {
-    const [vals] = L.topK(s, o.topK, -1);
-    const kth = L.slice(vals, [1], [o.topK - 1], [o.topK]);
+  const k = o.topK && o.topK < V ? o.topK : 0;
+  const twoStage = k > 0 && k <= TWO_STAGE_TOP_K && k <= V / vocabChunkWidth(V);
+  const nucleus = o.topP !== undefined && o.topP < 1;
+  if (twoStage) {
+    const top = largestValues(s, k); // [B, k], largest first
+    s = drop(L.greaterOrEqual(s, L.slice(top, [1], [k - 1], [k])));
+    if (nucleus) {
+      // Top-p over the top-k survivors, ranked by the k sorted values: probabilities over every
+      // survivor (ties at the k-th value included), a token kept while the mass before it is < p.
+      // Tokens tied with the last kept value are kept with it.
+      const max = rowMax(s); // [B, 1, 1]
+      const Z = L.reduceSum(L.reduceSum(L.exp(L.sub(chunks(s), max)), [2]), [1], true); // [B, 1]
+      const probs = L.div(L.exp(L.sub(top, L.squeeze(max, [2]))), Z); // [B, k]
+      const keepSorted = L.less(prefixSum(probs, true), o.topP!);
+      const lowest = L.reduceMin(L.where(keepSorted, top, Infinity), [1], true); // [B, 1]
+      s = drop(L.greaterOrEqual(s, lowest));
+    }
+  } else if (k) {
+    const [vals] = L.topK(s, k, -1);
+    const kth = L.slice(vals, [1], [k - 1], [k]);
     s = drop(L.greaterOrEqual(s, kth));
   }
-  if (o.topP !== undefined && o.topP < 1) {
+  if (nucleus && !twoStage) {
     const [sorted, idx] = L.topK(s, V, -1);
     const probs = L.softmax(sorted, -1);
     // Keep a sorted token if the mass before it is < p (so the first always stays).
     const before = prefixSum(probs, true);
-    const keepSorted = L.cast(L.less(before, o.topP), 'float32');
+    const keepSorted = L.cast(L.less(before, o.topP!), 'float32');
     const keep = L.scatterElements(L.zerosLike(s), idx, keepSorted, 1);
     s = drop(L.greater(keep, 0.5));
   }

@@ -38,6 +38,46 @@ test('min-p drops tokens below min_p · p_max, and filters compose after tempera
   expect(await kept([lg(probs)], { topK: 3, topP: 0.7 })).toEqual([[true, true, false, false]]);
 });
 
+test('two-stage top-k, and top-p over its survivors, equal a direct sort (41 chunks of 32; ties; k up to the chunk count)', async () => {
+  const V = 1312; // 41 × 32: no wider chunk divides it, so 41 chunks
+  const rows = 6;
+  let seed = 7;
+  const rand = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+  const logits = Array.from({ length: rows }, (_, r) => Array.from({ length: V }, () => (r + 1) * 1.5 * (rand() - 0.5)));
+  logits[0][10] = logits[0][700] = logits[0][1300] = 5; // three tied maxima in different chunks
+  logits[1].fill(0.25, 0, 64); // two whole chunks of one value
+  logits[2][3] = logits[2][4] = 4; // a tie inside one chunk
+  // Direct: top-k keeps s ≥ the k-th largest; top-p ranks the survivors and keeps tokens while the
+  // mass before them is < p, ties with the last kept value included.
+  const want = (row: number[], k: number, p: number | undefined): boolean[] => {
+    const sorted = [...row].sort((a, b) => b - a);
+    const kth = sorted[k - 1];
+    const survivors = sorted.filter((v) => v >= kth);
+    if (p === undefined) return row.map((v) => v >= kth);
+    const z = survivors.reduce((acc, v) => acc + Math.exp(v - sorted[0]), 0);
+    let before = 0;
+    let lowest = Infinity;
+    for (const v of survivors) {
+      if (before < p) lowest = v;
+      before += Math.exp(v - sorted[0]) / z;
+    }
+    return row.map((v) => v >= lowest);
+  };
+  for (const [k, p] of [[1, undefined], [5, undefined], [20, undefined], [41, undefined], [20, 0.95], [20, 0.5], [5, 0.8], [41, 0.3]] as [number, number | undefined][]) {
+    const got = await kept(logits, { topK: k, ...(p !== undefined ? { topP: p } : {}) });
+    got.forEach((row, r) => expect([k, p, r, row]).toEqual([k, p, r, want(logits[r], k, p)]));
+    if (p === undefined) expect(got.map((row) => row.filter(Boolean).length >= k)).toEqual(new Array(rows).fill(true));
+  }
+  // Which path ran: two TopKs over short rows (chunk maxima, then candidates) up to 41, one over V past it.
+  const topKs = (k: number) => {
+    const g = new L.Graph();
+    filteredScores(g.input('logits', 'float32', ['B', V]), { topK: k });
+    return g.nodes.filter((n) => n.op.name === 'TopK').map((n) => n.inputs[0]!.shape.at(-1));
+  };
+  expect(topKs(20)).toEqual([41, 20 * 32]);
+  expect(topKs(42)).toEqual([V]);
+});
+
 test('bad sampling options are rejected by name', () => {
   expect(() => validateSampling({ temperature: -1 }, 10)).toThrow(/temperature/);
   expect(() => validateSampling({ topK: 11 }, 10)).toThrow(/top_k/);

@@ -5,7 +5,8 @@
  * weight swap (copying a new weight version into the bound weights on the device).
  *
  * usage: node lathe-kv-generate.js --model DIR --prompts prompts.json --max-new N
- *          [--dtype bfloat16] [--group N] [--temperature T] [--repeat N] [--cuda-graph] [--out samples.json] [--device cuda|cpu] [--profile PREFIX]
+ *          [--dtype bfloat16] [--group N] [--temperature T] [--top-k K] [--top-p P] [--repeat N] [--cuda-graph]
+ *          [--out samples.json] [--device cuda|cpu] [--profile PREFIX]
  * With no stop ids every row runs to --max-new, so the token count is exact. Prints one JSON line;
  * --out writes each row's tokens and their raw log-probs ({ tokens, raw }[]) for agreement checks.
  */
@@ -23,6 +24,8 @@ async function main(): Promise<void> {
   const dtype = arg('dtype', 'bfloat16') as DType;
   const maxNew = Number(arg('max-new', '128'));
   const temperature = Number(arg('temperature', '0'));
+  const topK = Number(arg('top-k', '0'));
+  const topP = Number(arg('top-p', '1'));
   const group = Number(arg('group', '1'));
   const repeat = Number(arg('repeat', '2'));
   const cudaGraph = flag('cuda-graph');
@@ -35,7 +38,7 @@ async function main(): Promise<void> {
   const weights = uploadWeights(device, dir, config, dtype);
   const tUpload = performance.now();
   const profile = arg('profile', '');
-  const genOpts = { temperature, groupSize: group, rows: prompts.length * group, maxLength: P + maxNew, dtype, cudaGraph, session: profile ? { profilePrefix: profile } : undefined };
+  const genOpts = { temperature, topK, topP, groupSize: group, rows: prompts.length * group, maxLength: P + maxNew, dtype, cudaGraph, session: profile ? { profilePrefix: profile } : undefined };
   // CPU fallback stays off; if ORT moves a node to the CPU, rerun with it on (log level 1 lists
   // the placements on stderr) and say so in the report.
   let cpuFallback = false;
@@ -83,6 +86,7 @@ async function main(): Promise<void> {
       engine: 'kv-cache',
       model: basename(dir),
       dtype,
+      sampling: { temperature, top_k: topK, top_p: topP },
       prompts: [prompts.length, P],
       group,
       rows,
