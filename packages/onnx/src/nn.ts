@@ -53,25 +53,23 @@ export function windowWidth(D: number): number {
 
 /**
  * max over the last axis, keeping it (size 1). A static axis that splits into windows (see
- * {@link windowWidth}) is reduced in two stages, both MaxPool: over the windows, then one window
- * across the window maxima. ONNX Runtime's CUDA provider runs Max reductions through cuDNN, slowly:
- * over [8192, 16384] float32 (an LM-head chunk of the loss) ReduceMax took 1.95 ms per run on the
- * H100 and MaxPool-then-ReduceMax 0.61 ms, ~0.1 ms of run overhead included in both (pick-bench.ts,
- * docs/benchmarks.md); even across the 1,187 window maxima of a [256, 151936] row block its
- * ReduceMax took 89 µs of kernel time in a decode step, where a pooling kernel reads 1.2 MB.
+ * {@link windowWidth}) is reduced in two stages: MaxPool over the windows, then ReduceMax across
+ * them. ONNX Runtime's CUDA provider runs Max reductions through cuDNN, slowly on long rows: over
+ * [8192, 16384] float32 (an LM-head chunk of the loss) ReduceMax took 1.95 ms per run on the H100
+ * and this 0.61 ms, ~0.1 ms of run overhead included in both (pick-bench.ts, docs/benchmarks.md).
  */
 export function lastAxisMax(x: Tensor): Tensor {
   const D = x.shape[x.rank - 1];
   const k = typeof D === 'number' ? windowWidth(D) : 0;
   if (k === 0 || k === D || (x.rank !== 2 && x.rank !== 3)) return reduceMax(x, [x.rank - 1], true);
-  const n = (D as number) / k;
-  if (x.rank === 2) return squeeze(windowMax(windowMax(unsqueeze(x, [1]), k), n), [1]);
-  // [B, T, D] pooled as [B, 1, T·D]: the rows go to MaxPool's N and W, never to its channels (slow,
-  // see maxPoolOp). Neither stage's windows straddle rows (k divides D, and each row leaves n
-  // window maxima), and both reshapes are constant specs, so no shape is read or computed at run time.
+  const W = D as number;
+  if (x.rank === 2) return squeeze(reduceMax(windowMax(unsqueeze(x, [1]), k), [2], true), [1]);
+  // [B, T, W] pooled as [B, 1, T·W]: the rows go to MaxPool's N and W, never to its channels (slow,
+  // see maxPoolOp); windows never straddle rows (k divides W), and both reshapes are constant
+  // specs, so no shape is read or computed at run time.
   const [B, T] = x.shape;
-  const windows = windowMax(reshape(x, [B!, 1, -1]), k); // [B, 1, T·n]
-  return reshape(windowMax(windows, n), [B!, T!, 1]); // [B, 1, T] → [B, T, 1]
+  const windows = windowMax(reshape(x, [B, 1, -1]), k); // [B, 1, T·W/k]
+  return reduceMax(reshape(windows, [B, T, W / k]), [2], true); // [B, T, 1]
 }
 
 /** log Σ exp(x) over axes, computed stably (the max is subtracted and treated as a constant). */

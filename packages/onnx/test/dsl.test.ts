@@ -106,9 +106,8 @@ describe('non-differentiable ops compute what they say', () => {
     g.output(L.lastAxisMax(x3), 'max3');
     g.output(L.lastAxisMax(x2), 'max2');
     g.output(L.logSumExp(x3, -1), 'lse3');
-    // Each: MaxPool over the windows, then one MaxPool window across the window maxima; no ReduceMax.
-    expect(g.nodes.filter((n) => n.op.name === 'MaxPool').map((n) => (n.attrs as { k: number }).k)).toEqual([128, 2, 32, 3, 128, 2]);
-    expect(g.nodes.filter((n) => n.op.name === 'ReduceMax')).toEqual([]);
+    expect(g.nodes.filter((n) => n.op.name === 'MaxPool').map((n) => (n.attrs as { k: number }).k)).toEqual([128, 32, 128]);
+    expect(g.nodes.filter((n) => n.op.name === 'ReduceMax').every((n) => n.inputs[0]!.shape.at(-1) === 2 || n.inputs[0]!.shape.at(-1) === 3)).toBe(true);
     expect(L.runtimeShapeNodes(g)).toEqual([]);
     const r = (n: number) => Float32Array.from({ length: n }, (_, i) => Math.sin(i * 12.9898) * 40);
     const a = r(3 * 2 * 256);

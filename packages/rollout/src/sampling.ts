@@ -72,20 +72,6 @@ function rowMax(x: Tensor): Tensor {
 }
 
 /**
- * The maximum of float32 [B, N] along N, [B, 1], as one MaxPool window per row: the across-chunk
- * stages here run over N ≤ 1,187 values, where ONNX Runtime's CUDA ReduceMax/ReduceMin (cuDNN)
- * took 89 µs a call in a decode step's kernel times (docs/benchmarks.md).
- */
-function poolMax(x: Tensor): Tensor {
-  return L.squeeze(L.windowMax(L.unsqueeze(x, [1]), x.shape[1] as number), [1]);
-}
-
-/** The minimum of float32 [B, N] along N, [B, 1] (see {@link poolMax}). */
-function poolMin(x: Tensor): Tensor {
-  return L.neg(poolMax(L.neg(x)));
-}
-
-/**
  * Running sum along the last axis of [B, V] (exclusive: of the elements before), in two stages
  * when V splits into chunks: prefix sums within each chunk plus the exclusive prefix sum of the
  * chunk totals. ONNX Runtime's CUDA CumSum re-adds each element's whole prefix (O(V²) per row);
@@ -149,7 +135,7 @@ export function filteredScores(logits: Tensor, o: SamplingOptions): Tensor {
       const Z = L.reduceSum(L.reduceSum(L.exp(L.sub(chunks(s), max)), [2]), [1], true); // [B, 1]
       const probs = L.div(L.exp(L.sub(top, L.squeeze(max, [2]))), Z); // [B, k]
       const keepSorted = L.less(prefixSum(probs, true), o.topP!);
-      const lowest = poolMin(L.where(keepSorted, top, Infinity)); // [B, 1]
+      const lowest = L.reduceMin(L.where(keepSorted, top, Infinity), [1], true); // [B, 1]
       s = drop(L.greaterOrEqual(s, lowest));
     }
   } else if (k) {
@@ -177,8 +163,8 @@ export function filteredScores(logits: Tensor, o: SamplingOptions): Tensor {
 /**
  * Index of the first maximum along the last axis of float32 [B, V], as int64 [B, 1] — ArgMax's
  * result, in two stages over k-wide chunks (see {@link vocabChunkWidth}): MaxPool gives each
- * chunk's maximum and where its first maximum is; across the V/k chunks, one more MaxPool window
- * finds the first chunk holding the row maximum, which picks the index to keep.
+ * chunk's maximum and where its first maximum is; across the V/k chunks, the first chunk holding
+ * the row maximum (a compare and a min over float chunk numbers) picks which index to keep.
  * ONNX Runtime's CUDA ArgMax over one long axis parallelises over rows only: over [64, 151936] it
  * took 9.4 ms (H100), most of a decode step.
  */
@@ -187,10 +173,10 @@ export function firstArgMax(x: Tensor): Tensor {
   const k = vocabChunkWidth(V);
   const C = V / k;
   const [chunkMax, where] = L.windowMaxWithIndex(L.reshape(x, [B, 1, V]), k); // [B, 1, C] each
-  // One window over the C chunk maxima: its first maximum is the first chunk holding the row max,
-  // at flattened index b·C + chunk.
-  const [, firstChunk] = L.windowMaxWithIndex(chunkMax, C); // [B, 1, 1]
-  const flat = L.gatherElements(where, L.mod(firstChunk, x.graph.constant(C, 'int64', [])), 2); // [B, 1, 1]: row·V + token
+  const rowMaxima = L.reduceMax(chunkMax, [2], true); // [B, 1, 1]
+  const chunkNumber = x.graph.constant(Float32Array.from({ length: C }, (_, i) => i), 'float32', [C]);
+  const firstChunk = L.reduceMin(L.where(L.equal(chunkMax, rowMaxima), chunkNumber, C), [2], true); // [B, 1, 1]
+  const flat = L.gatherElements(where, L.cast(firstChunk, 'int64'), 2); // [B, 1, 1]: row·V + token
   return L.mod(L.reshape(flat, [B, 1]), x.graph.constant(V, 'int64', []));
 }
 
@@ -205,8 +191,8 @@ function firstReaching(through: Tensor, mass: Tensor, threshold: Tensor): Tensor
   const N = through.shape[1] as number;
   const index = through.graph.constant(Float32Array.from({ length: N }, (_, i) => i), 'float32', [N]);
   const positive = L.greater(mass, 0);
-  const first = poolMin(L.where(L.and(positive, L.greaterOrEqual(through, threshold)), index, N));
-  const lastPositive = poolMax(L.where(positive, index, 0));
+  const first = L.reduceMin(L.where(L.and(positive, L.greaterOrEqual(through, threshold)), index, N), [1], true);
+  const lastPositive = L.reduceMax(L.where(positive, index, 0), [1], true);
   return L.minimum(first, lastPositive);
 }
 

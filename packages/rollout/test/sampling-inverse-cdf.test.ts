@@ -289,7 +289,7 @@ test('over a 151,936-token vocabulary no sampling reduction or scan covers more 
     g.output(s.rawLogprobs, 'raw');
     const lengths = reducedAxisLengths(g);
     const staged = lengths.filter((l) => l.op !== 'LogSoftmax');
-    expect(staged.length).toBeGreaterThanOrEqual(2); // greedy: MaxPool over 128-wide chunks, then one window over the 1,187 maxima
+    expect(staged.length).toBeGreaterThan(2);
     expect(Math.max(...staged.map((l) => l.length))).toBe(1187);
     expect(staged.filter((l) => l.op === 'MaxPool').map((l) => l.length)).toEqual(expect.arrayContaining([128]));
     expect(lengths.filter((l) => l.op === 'LogSoftmax')).toEqual(new Array(logSoftmaxes).fill({ op: 'LogSoftmax', length: 151936 }));
