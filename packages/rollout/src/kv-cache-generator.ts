@@ -126,10 +126,10 @@ export function uploadWeights(device: Device, dir: string, config: DecoderConfig
 /**
  * Runs `compile` with ONNX Runtime's decode kernel for GroupQueryAttention chosen for the model's
  * query heads per KV head. ORT 1.29 decodes with its XQA kernel by default; with 2 query heads per
- * KV head (Qwen3-0.6B and 1.7B) its flash-decoding kernel measured 4 % less time a decode step at
- * batch 256 on an H100 (8.13 vs 8.44 ms, docs/benchmarks.md). ORT reads the switch
- * (ORT_ENABLE_XQA) from the environment when it builds the kernel, so it is set around the
- * compile only, and never over a value the user set.
+ * KV head (Qwen3-0.6B and 1.7B) the path it takes without XQA — a cuDNN flash-attention kernel,
+ * by Nsight Compute — measured 4 % less time a decode step at batch 256 on an H100 (8.13 vs
+ * 8.44 ms, docs/benchmarks.md). ORT reads the switch (ORT_ENABLE_XQA) from the environment when
+ * it builds the kernel, so it is set around the compile only, and never over a value the user set.
  */
 function withDecodeKernelChoice<T>(config: DecoderConfig, compile: () => T): T {
   const KEY = 'ORT_ENABLE_XQA';
