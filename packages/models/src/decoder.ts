@@ -8,7 +8,6 @@ import * as L from '@lathe/onnx';
 import type { DType, Tensor } from '@lathe/onnx';
 import type { DecoderConfig } from './config';
 import { ropeInverseFrequencies } from './rope';
-import { paramSpecs } from './params';
 
 /**
  * Looks up a weight by its Hugging Face name, already in the compute dtype. It may also carry a
@@ -123,12 +122,6 @@ export interface GqaDecoderInputs {
    * kernel refuses those inputs. No effect on models without a Q/K norm.
    */
   qkNormInKernel?: boolean;
-  /**
-   * Read q/k/v and gate/up as fused projections (`qkv_proj`, `gate_up_proj`; see
-   * {@link fusedProjectionSpecs}): the weights function must serve those names. Side branches
-   * (LoRA) do not apply to them.
-   */
-  fusedProjections?: boolean;
 }
 
 /** What the decoder returns. */
@@ -248,54 +241,17 @@ export function applyRope(x: Tensor, cos: Tensor, sin: Tensor, headDim: number):
  * A layer's attention inputs from x [B, T, hidden]: queries [B, T, H, headDim] and keys
  * [B, T, KV, headDim] (QK-normed where the model has it, before RoPE), values [B, T, KV·headDim].
  */
-function projectQkv(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor, fused = false, qkNorm = true, fusedProjections = false): { q: Tensor; k: Tensor; v: Tensor } {
+function projectQkv(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor, fused = false, qkNorm = true): { q: Tensor; k: Tensor; v: Tensor } {
   const [B, T] = x.shape;
   const proj = (name: string) => project(w, `${prefix}.${name}`, x, cfg.attentionBias);
   const heads = (t: Tensor, n: number) => L.reshape(t, [B, T, n, cfg.headDim]);
-  const [qp, kp, vp] = fusedProjections
-    ? L.split(proj('qkv_proj'), [cfg.numHeads * cfg.headDim, cfg.numKvHeads * cfg.headDim, cfg.numKvHeads * cfg.headDim], 2)
-    : [proj('q_proj'), proj('k_proj'), proj('v_proj')];
-  let q = heads(qp, cfg.numHeads);
-  let k = heads(kp, cfg.numKvHeads);
+  let q = heads(proj('q_proj'), cfg.numHeads);
+  let k = heads(proj('k_proj'), cfg.numKvHeads);
   if (cfg.qkNorm && qkNorm) {
     q = rmsNormHf(q, w(`${prefix}.q_norm.weight`), cfg.rmsNormEps, fused);
     k = rmsNormHf(k, w(`${prefix}.k_norm.weight`), cfg.rmsNormEps, fused);
   }
-  return { q, k, v: vp };
-}
-
-/** A projection weight (or bias) made by concatenating others along the output axis; see {@link fusedProjectionSpecs}. */
-export interface FusedProjectionSpec {
-  name: string;
-  shape: number[];
-  /** The HF tensors it concatenates, in order. */
-  parts: string[];
-}
-
-/**
- * The weights a decoder with `fusedProjections` reads instead of its q/k/v and gate/up ones: per
- * layer `self_attn.qkv_proj` = [q; k; v] and `mlp.gate_up_proj` = [gate; up] along the output
- * axis (biases likewise where the model has them). One matmul then does the work of three or two:
- * at a decode step's 256 rows the projections are too small to fill an H100 (197 matmuls took
- * 1.56 ms of an 8.3 ms step, against the 0.36 ms their weights take to read).
- */
-export function fusedProjectionSpecs(cfg: DecoderConfig): FusedProjectionSpec[] {
-  const shapes = new Map(paramSpecs(cfg).map((s) => [s.name, s.shape]));
-  const out: FusedProjectionSpec[] = [];
-  const fuse = (module: string, parts: string[], suffixes: string[]) => {
-    for (const suffix of suffixes) {
-      const names = parts.map((p) => `${p}.${suffix}`);
-      const first = shapes.get(names[0]!)!;
-      out.push({ name: `${module}.${suffix}`, shape: [names.reduce((n, x) => n + shapes.get(x)![0]!, 0), ...first.slice(1)], parts: names });
-    }
-  };
-  for (let i = 0; i < cfg.numLayers; i++) {
-    const a = `model.layers.${i}.self_attn`;
-    const m = `model.layers.${i}.mlp`;
-    fuse(`${a}.qkv_proj`, [`${a}.q_proj`, `${a}.k_proj`, `${a}.v_proj`], cfg.attentionBias ? ['weight', 'bias'] : ['weight']);
-    fuse(`${m}.gate_up_proj`, [`${m}.gate_proj`, `${m}.up_proj`], cfg.mlpBias ? ['weight', 'bias'] : ['weight']);
-  }
-  return out;
+  return { q, k, v: proj('v_proj') };
 }
 
 /** Grouped-query self-attention of one layer. */
@@ -367,13 +323,13 @@ export function gqaAttention(
   w: Weights,
   prefix: string,
   x: Tensor,
-  kv: { seqlensK: Tensor; totalSequenceLength: Tensor; rotary: { cos: Tensor; sin: Tensor }; qkNormInKernel?: boolean; fusedProjections?: boolean },
+  kv: { seqlensK: Tensor; totalSequenceLength: Tensor; rotary: { cos: Tensor; sin: Tensor }; qkNormInKernel?: boolean },
   past?: KvPair,
 ): { out: Tensor; present: KvPair } {
   const { numHeads: H, numKvHeads: KV, headDim: hd } = cfg;
   const [B, T] = x.shape;
   const inKernel = cfg.qkNorm && kv.qkNormInKernel;
-  const p = projectQkv(cfg, w, prefix, x, true, !inKernel, kv.fusedProjections);
+  const p = projectQkv(cfg, w, prefix, x, true, !inKernel);
   const q = L.reshape(p.q, [B, T, H * hd]);
   const k = L.reshape(p.k, [B, T, KV * hd]);
   const qkNorm = inKernel ? { q: w(`${prefix}.q_norm.weight`), k: w(`${prefix}.k_norm.weight`), epsilon: cfg.rmsNormEps } : undefined;
@@ -386,10 +342,9 @@ export function gqaAttention(
  * SwiGLU MLP: down(silu(gate(x)) · up(x)). `fused`: SiLU as ONNX Runtime's QuickGelu kernel (α = 1),
  * one pass where the composed x·σ(x) takes two, and two fewer in the backward pass.
  */
-export function mlp(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor, fused = false, fusedProjections = false): Tensor {
-  const [gate, up] = fusedProjections
-    ? L.split(project(w, `${prefix}.gate_up_proj`, x, cfg.mlpBias), [cfg.intermediateSize, cfg.intermediateSize], 2)
-    : [project(w, `${prefix}.gate_proj`, x, cfg.mlpBias), project(w, `${prefix}.up_proj`, x, cfg.mlpBias)];
+export function mlp(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor, fused = false): Tensor {
+  const gate = project(w, `${prefix}.gate_proj`, x, cfg.mlpBias);
+  const up = project(w, `${prefix}.up_proj`, x, cfg.mlpBias);
   return project(w, `${prefix}.down_proj`, L.mul(fused ? L.quickGelu(gate, 1) : L.silu(gate), up), cfg.mlpBias);
 }
 
@@ -416,8 +371,7 @@ export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | 
   const cd = embedded.dtype;
   const rotary = composed && !flash ? rope(cfg, composed.positionIds, cd, fused) : undefined;
   const flashRotary = composed && flash ? rope(cfg, composed.positionIds, cd, true) : undefined;
-  const caches = gqa && { seqlensK: gqa.seqlensK, totalSequenceLength: gqa.totalSequenceLength, rotary: ropeCaches(cfg, g, cd), qkNormInKernel: gqa.qkNormInKernel, fusedProjections: gqa.fusedProjections };
-  if (gqa?.fusedProjections && w.branch) throw new Error('decoder: fusedProjections takes no side branches (LoRA applies to q/k/v and gate/up separately)');
+  const caches = gqa && { seqlensK: gqa.seqlensK, totalSequenceLength: gqa.totalSequenceLength, rotary: ropeCaches(cfg, g, cd), qkNormInKernel: gqa.qkNormInKernel };
   const norm = (x: Tensor, name: string) => rmsNormHf(x, w(name), cfg.rmsNormEps, fused);
   const present: KvPair[] = [];
   for (let i = 0; i < cfg.numLayers; i++) {
@@ -434,7 +388,7 @@ export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | 
       });
       const mid = L.add(x0, toStream(a.out));
       present.push(a.present);
-      return L.add(mid, toStream(g.scope('mlp', () => mlp(cfg, w, `${p}.mlp`, norm(mid, `${p}.post_attention_layernorm.weight`), fused, gqa?.fusedProjections))));
+      return L.add(mid, toStream(g.scope('mlp', () => mlp(cfg, w, `${p}.mlp`, norm(mid, `${p}.post_attention_layernorm.weight`), fused))));
     };
     const input = h;
     h = g.scope(`layer${i}`, () => (composed?.recompute ? L.checkpoint([input], () => layer(input)) : layer(input)));

@@ -22,7 +22,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
-import { fusedProjectionSpecs, paramSpecs, readConfig, readTensorBytes, readWeightIndex, weightInputs, type DecoderConfig, type FusedProjectionSpec, type Weights } from '@lathe/models';
+import { paramSpecs, readConfig, readTensorBytes, readWeightIndex, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
 import { bytesToFloat32, Device, DeviceTensor, hostTensor, toBfloat16Bits, toFloat16Bits, type Binding, type HostTensor, type DeviceKind, type Session, type SessionOptions } from '@lathe/runtime';
 import { addKvDecodeStep, addKvPrefill, cacheName, SAMPLED_COLUMNS } from './kv-cache-graphs';
 import { uniformNoise } from './rng';
@@ -55,14 +55,6 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
   dtype?: DType;
   /** Replay the decode step as a CUDA graph (CUDA only). Default false. */
   cudaGraph?: boolean;
-  /**
-   * Run each layer's q/k/v and gate/up projections as one matmul each, over fused copies of their
-   * weights (`fusedProjectionSpecs` in @lathe/models). Default true; not with `graphWeights`. The
-   * engine holds the copies (0.56 GB for Qwen3-0.6B in bfloat16) and remakes them from the given
-   * weights at the start of every `generate` (one device-side concatenation), so weights that a
-   * trainer updates in place are always current.
-   */
-  fuseProjections?: boolean;
   /** Token used to pad prompts and for the spare rows. Default 0. */
   padTokenId?: number;
   /**
@@ -202,64 +194,8 @@ function allocateBuffers(device: Device, config: DecoderConfig, opts: KvCacheGen
   }
 }
 
-function disposeFused({ tensors, session, binding }: FusedWeights): void {
-  binding.dispose();
-  session.dispose();
-  for (const t of tensors.values()) t.dispose();
-}
-
 function disposeBuffers({ caches, ping, pong, tail, noise }: EngineBuffers): void {
   for (const t of [...caches, tail, ...Object.values(ping), ...Object.values(pong), ...(noise ? [noise] : [])]) t.dispose();
-}
-
-/** Fused projection weights, and the session that makes them from their parts. */
-interface FusedWeights {
-  specs: FusedProjectionSpec[];
-  tensors: Map<string, DeviceTensor>;
-  session: Session;
-  binding: Binding;
-}
-
-/** Compiles the fusing session for `weights` and allocates its outputs; on failure frees what it made. */
-function fuseWeights(device: Device, config: DecoderConfig, dtype: DType, weights: Map<string, DeviceTensor>, session: SessionOptions | undefined): FusedWeights {
-  const specs = fusedProjectionSpecs(config);
-  const shapes = new Map(paramSpecs(config).map((s) => [s.name, s.shape]));
-  const g = new L.Graph('lathe_kv_fuse_projections');
-  for (const f of specs) g.output(L.concat(f.parts.map((p) => g.input(p, dtype, shapes.get(p)!)), 0), f.name);
-  const tensors = new Map<string, DeviceTensor>();
-  let compiled: Session | undefined;
-  try {
-    compiled = device.compile(g, { ...session, name: 'kv-fuse-projections', cudaGraph: false });
-    const binding = compiled.binding();
-    for (const f of specs) {
-      const t = device.empty(dtype, f.shape);
-      tensors.set(f.name, t);
-      binding.output(f.name, t);
-      for (const p of f.parts) binding.input(p, weights.get(p)!);
-    }
-    return { specs, tensors, session: compiled, binding };
-  } catch (e) {
-    for (const t of tensors.values()) t.dispose();
-    compiled?.dispose();
-    throw e;
-  }
-}
-
-/**
- * The decode graphs' weight inputs, by HF name; with fused projections, the fused tensors in place
- * of their parts.
- */
-function engineWeightInputs(g: L.Graph, config: DecoderConfig, dtype: DType, fused: FusedProjectionSpec[] | undefined): Weights {
-  if (!fused) return weightInputs(g, config, dtype, dtype).weights;
-  const parts = new Set(fused.flatMap((f) => f.parts));
-  const inputs = new Map<string, L.Tensor>();
-  for (const s of paramSpecs(config)) if (!parts.has(s.name)) inputs.set(s.name, g.input(s.name, dtype, s.shape));
-  for (const f of fused) inputs.set(f.name, g.input(f.name, dtype, f.shape));
-  return (name) => {
-    const t = inputs.get(name);
-    if (!t) throw new Error(`weight '${name}' is not an input of the decode graphs with fused projections`);
-    return t;
-  };
 }
 
 /** A compiled prefill + decode-step pair over device-resident weights and caches. */
@@ -281,16 +217,13 @@ export class KvCacheGenerator {
     private readonly step: Session,
     private readonly weights: Map<string, DeviceTensor> | undefined,
     private readonly buffers: EngineBuffers,
-    private readonly fused: FusedWeights | undefined,
   ) {
     const { maxLength: M } = opts;
     const { caches, ping, pong, tail, noise } = buffers;
     this.n = opts.groupSize ?? 1;
 
-    const parts = new Set(fused?.specs.flatMap((f) => f.parts) ?? []);
     const bindWeights = (b: Binding) => {
-      for (const [name, t] of weights ?? []) if (!parts.has(name)) b.input(name, t);
-      for (const [name, t] of fused?.tensors ?? []) b.input(name, t);
+      for (const [name, t] of weights ?? []) b.input(name, t);
     };
     const bindOutputs = (b: Binding, to: StepBuffers) => {
       b.output('next_token', to.token).output('next_seqlens', to.seqlens).output('next_step', to.step).output('next_history', to.history);
@@ -345,27 +278,22 @@ export class KvCacheGenerator {
         throw new Error(`weights: '${spec.name}' is ${t.dtype}[${t.dims}], expected ${dtype}[${spec.shape}]`);
       }
     }
-    const fuse = !opts.graphWeights && (opts.fuseProjections ?? true);
-    const fusedSpecs = fuse ? fusedProjectionSpecs(config) : undefined;
-    const build = (name: string, add: (g: L.Graph, w: Weights) => void) => {
+    const build = (name: string, add: (g: L.Graph, w: ReturnType<typeof weightInputs>['weights']) => void) => {
       const g = new L.Graph(name);
-      add(g, opts.graphWeights ? opts.graphWeights(g) : engineWeightInputs(g, config, dtype, fusedSpecs));
+      add(g, opts.graphWeights ? opts.graphWeights(g) : weightInputs(g, config, dtype, dtype).weights);
       return g;
     };
     // ONNX Runtime's CPU kernel has no in-kernel Q/K norm; on CUDA it saves two norm launches a layer.
-    const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda', fusedProjections: fuse };
+    const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda' };
     const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts, graphOpts)), { ...opts.session, name: 'kv-prefill', cudaGraph: false });
     let step: Session | undefined;
     let buffers: EngineBuffers | undefined;
-    let fused: FusedWeights | undefined;
     try {
       const decodeGraph = build('lathe_kv_decode', (g, w) => addKvDecodeStep(g, config, w, dtype, opts, graphOpts));
       step = withDecodeKernelChoice(config, () => device.compile(decodeGraph, { ...opts.session, name: 'kv-decode', cudaGraph: opts.cudaGraph }));
       buffers = allocateBuffers(device, config, { ...opts, dtype, readEvery });
-      if (fuse) fused = fuseWeights(device, config, dtype, weights!, opts.session);
-      return new KvCacheGenerator(config, device, { ...opts, dtype, readEvery }, prefill, step, weights, buffers, fused);
+      return new KvCacheGenerator(config, device, { ...opts, dtype, readEvery }, prefill, step, weights, buffers);
     } catch (e) {
-      if (fused) disposeFused(fused);
       if (buffers) disposeBuffers(buffers);
       step?.dispose();
       prefill.dispose();
@@ -423,12 +351,6 @@ export class KvCacheGenerator {
   async generate(prompts: number[][], call: GenerateCallOptions): Promise<Completion[]> {
     const samples = this.checkCall(prompts, call);
     const timings: GenerationTimings = { prefillMs: 0, decodeMs: 0, transferMs: 0, decodeSteps: 0 };
-    if (this.fused) {
-      // The fused copies are remade from the weights as they are now (a trainer updates in place).
-      const t0 = performance.now();
-      this.fused.binding.runSync();
-      timings.prefillMs += performance.now() - t0;
-    }
     const stop = new Set(call.stopIds ?? []);
     // Longest prompts first, so each run's padding is small.
     const order = prompts.map((p, i) => ({ i, len: p.length })).sort((a, b) => b.len - a.len).map((o) => o.i);
@@ -594,7 +516,6 @@ export class KvCacheGenerator {
     this.prefill.dispose();
     this.step.dispose();
     disposeBuffers(this.buffers);
-    if (this.fused) disposeFused(this.fused);
     if (this.ownsWeights) for (const t of this.weights?.values() ?? []) t.dispose();
   }
 }

@@ -78,12 +78,10 @@ export interface KvGraphOptions {
   K: number;
   /** Qwen3's Q/K norm inside GroupQueryAttention's kernel (CUDA only; see `GqaDecoderInputs`). */
   qkNormInKernel?: boolean;
-  /** Read the fused q/k/v and gate/up weights (`fusedProjectionSpecs` in @lathe/models). */
-  fusedProjections?: boolean;
 }
 
 /** The prefill graph (see the module comment). */
-export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, fusedProjections }: KvGraphOptions): void {
+export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel }: KvGraphOptions): void {
   const ids = g.input('input_ids', 'int64', ['B', 'P']);
   const seqlens = g.input('seqlens', 'int32', ['B']);
   const lastIndex = g.input('last_index', 'int64', ['B']);
@@ -93,7 +91,7 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
   const expand = g.input('expand_index', 'int64', ['R']);
   const noise = sampling(opts) ? g.input('noise', 'float32', ['R', 'N']) : undefined;
 
-  const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width, qkNormInKernel, fusedProjections });
+  const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width, qkNormInKernel });
   const axis = g.constant([2], 'int64', [1]);
   const spec = { axes: [2], starts: ['P'], ends: [Number.MAX_SAFE_INTEGER], steps: [1] };
   const tail = L.applyOp(L.sliceOp, [zeros, cacheStart, g.constant([Number.MAX_SAFE_INTEGER], 'int64', [1]), axis, g.constant([1], 'int64', [1])], spec)[0];
@@ -109,7 +107,7 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
 }
 
 /** The decode-step graph (see the module comment). */
-export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, fusedProjections }: KvGraphOptions): void {
+export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel }: KvGraphOptions): void {
   const token = g.input('token', 'int64', ['R', 1]);
   const seqlens = g.input('seqlens', 'int32', ['R']);
   const step = g.input('step', 'int64', [1]);
@@ -121,7 +119,7 @@ export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, 
     const shape = ['R', cfg.numKvHeads, 'M', cfg.headDim];
     past.push({ key: g.input(cacheName(i, 'key', 'input'), dtype, shape), value: g.input(cacheName(i, 'value', 'input'), dtype, shape) });
   }
-  const out = decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel, fusedProjections });
+  const out = decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel });
   out.present.forEach((p, i) => {
     g.output(p.key, cacheName(i, 'key', 'output'));
     g.output(p.value, cacheName(i, 'value', 'output'));
