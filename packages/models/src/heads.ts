@@ -75,6 +75,21 @@ export function chunkedTargetLogprobs(
   targets: Tensor,
   opts: { chunk?: number; temperature?: number; recompute?: boolean } = {},
 ): Tensor {
+  const head = vocabularyHead(cfg, w, hidden, targets, opts);
+  // Each chunk's log-partition in one LogSoftmax pass (rowLogSumExp), not max, subtract, exp, sum.
+  const partial = (Wk: Tensor) => L.rowLogSumExp(head.logits(Wk)); // [rows, 1]
+  // With `recompute`, each chunk's logits are rebuilt in the backward pass (one chunk alive at a
+  // time) instead of all chunks' logits being kept from the forward pass for it.
+  const partials = head.parts.map((Wk) => (opts.recompute ? L.checkpoint([head.h], () => partial(Wk)) : partial(Wk)));
+  return head.like(L.sub(head.targetLogit, L.logSumExp(L.concat(partials, -1), -1)));
+}
+
+/**
+ * What the chunked heads share: hidden states as rows [B·T, D], the LM head split into vocabulary
+ * chunks, each chunk's logits (float32, divided by the temperature), the targets' own logits [rows]
+ * from their LM-head rows, and the reshape of a [rows] result back to the targets' shape.
+ */
+function vocabularyHead(cfg: DecoderConfig, w: Weights, hidden: Tensor, targets: Tensor, opts: { chunk?: number; temperature?: number }) {
   const chunk = opts.chunk ?? 16384;
   const temperature = opts.temperature ?? 1;
   const acc = accumulationDtype(hidden.dtype);
@@ -83,19 +98,16 @@ export function chunkedTargetLogprobs(
   // Tokens as rows, [B·T, D]: the per-row [rows, 1] max and sums then broadcast with ONNX Runtime's
   // per-channel kernels, where [B, T, 1] (two non-1 dims) takes its general broadcast kernel.
   const h = L.reshape(hidden, [-1, hidden.shape[hidden.rank - 1]!]);
-  const t = L.reshape(targets, [-1]);
-  const rows = L.gather(W, L.cast(t, 'int64'), 0); // [rows, D]
-  const targetLogit = scale(L.reduceSum(L.mul(L.cast(h, acc), L.cast(rows, acc)), [1]));
+  const rows = L.gather(W, L.cast(L.reshape(targets, [-1]), 'int64'), 0); // [rows, D]
   const sizes: number[] = [];
   for (let start = 0; start < cfg.vocabSize; start += chunk) sizes.push(Math.min(chunk, cfg.vocabSize - start));
-  const parts = sizes.length === 1 ? [W] : L.split(W, sizes, 0);
-  // Each chunk's log-partition in one LogSoftmax pass (rowLogSumExp), not max, subtract, exp, sum.
-  const partial = (Wk: Tensor) => L.rowLogSumExp(scale(L.cast(linear(h, Wk), acc))); // [rows, 1]
-  // With `recompute`, each chunk's logits are rebuilt in the backward pass (one chunk alive at a
-  // time) instead of all chunks' logits being kept from the forward pass for it.
-  const partials = parts.map((Wk) => (opts.recompute ? L.checkpoint([h], () => partial(Wk)) : partial(Wk)));
-  const logp = L.sub(targetLogit, L.logSumExp(L.concat(partials, -1), -1)); // [rows]
-  return targets.shape.every((d) => typeof d === 'number') ? L.reshape(logp, targets.shape) : L.reshapeLike(logp, targets);
+  return {
+    h,
+    parts: sizes.length === 1 ? [W] : L.split(W, sizes, 0),
+    logits: (Wk: Tensor) => scale(L.cast(linear(h, Wk), acc)),
+    targetLogit: scale(L.reduceSum(L.mul(L.cast(h, acc), L.cast(rows, acc)), [1])),
+    like: (t: Tensor) => (targets.shape.every((d) => typeof d === 'number') ? L.reshape(t, targets.shape) : L.reshapeLike(t, targets)),
+  };
 }
 
 /**
@@ -114,32 +126,20 @@ export function chunkedLogprobsAndEntropy(
   targets: Tensor,
   opts: { chunk?: number; temperature?: number; recompute?: boolean } = {},
 ): { logp: Tensor; entropy: Tensor } {
-  const chunk = opts.chunk ?? 16384;
-  const temperature = opts.temperature ?? 1;
-  const acc = accumulationDtype(hidden.dtype);
-  const W = w(lmHeadName(cfg));
-  const scale = (t: Tensor) => (temperature === 1 ? t : L.div(t, temperature));
-  const h = L.reshape(hidden, [-1, hidden.shape[hidden.rank - 1]!]); // tokens as rows, as in chunkedTargetLogprobs
-  const rows = L.gather(W, L.cast(L.reshape(targets, [-1]), 'int64'), 0);
-  const targetLogit = scale(L.reduceSum(L.mul(L.cast(h, acc), L.cast(rows, acc)), [1]));
-  const sizes: number[] = [];
-  for (let start = 0; start < cfg.vocabSize; start += chunk) sizes.push(Math.min(chunk, cfg.vocabSize - start));
-  const parts = sizes.length === 1 ? [W] : L.split(W, sizes, 0);
+  const head = vocabularyHead(cfg, w, hidden, targets, opts);
   // [rows, 2] per chunk: its log-partition lse_k and its within-chunk entropy H_k.
   const perChunk = (Wk: Tensor) => {
-    const l = scale(L.cast(linear(h, Wk), acc));
+    const l = head.logits(Wk);
     const y = L.logSoftmax(l, -1);
     const first = (t: Tensor) => L.slice(t, [1], [0], [1]);
     const within = L.neg(L.reduceSum(L.mul(L.exp(y), y), [1], true));
     return L.concat([L.sub(first(l), first(y)), within], 1);
   };
-  const stats = parts.map((Wk) => (opts.recompute ? L.checkpoint([h], () => perChunk(Wk)) : perChunk(Wk)));
+  const stats = head.parts.map((Wk) => (opts.recompute ? L.checkpoint([head.h], () => perChunk(Wk)) : perChunk(Wk)));
   const pick = (j: number) => L.concat(stats.map((s) => L.slice(s, [1], [j], [j + 1])), 1); // [rows, chunks]
   const lse = pick(0);
   const logZ = L.logSumExp(lse, -1, true); // [rows, 1]
   const logMass = L.sub(lse, logZ);
   const entropy = L.reduceSum(L.mul(L.exp(logMass), L.sub(pick(1), logMass)), [1]);
-  const logp = L.sub(targetLogit, L.squeeze(logZ, [1]));
-  const like = (t: Tensor) => (targets.shape.every((d) => typeof d === 'number') ? L.reshape(t, targets.shape) : L.reshapeLike(t, targets));
-  return { logp: like(logp), entropy: like(entropy) };
+  return { logp: head.like(L.sub(head.targetLogit, L.squeeze(logZ, [1]))), entropy: head.like(entropy) };
 }

@@ -239,8 +239,9 @@ describe('chunkedLogprobsAndEntropy: one pass over each vocabulary chunk', () =>
       const logZ = m + Math.log(logits.reduce((s, l) => s + Math.exp(l - m), 0));
       const wantLogp = logits[targets.flat()[row]] - logZ;
       const wantEntropy = -logits.reduce((s, l) => s + Math.exp(l - logZ) * (l - logZ), 0);
-      // Not 1e-12: ONNX Runtime folds the division by the temperature into the LM-head MatMul as a
-      // float32 `alpha` (1/0.7 to ~3e-8 relative, on logits up to ~25 here); at temperature 1 the match is to ~1e-15.
+      // Not 1e-12: ONNX Runtime folds the division by the temperature into the LM-head MatMul as
+      // a float32 `alpha` (1/0.7 to ~3e-8 relative, on logits up to ~25 here); at temperature 1
+      // the match is to ~1e-15.
       const tol = opts.temperature === 1 ? 1e-12 : 1e-6;
       expect(Math.abs(Number(out.logp.data[row]) - wantLogp)).toBeLessThan(tol);
       expect(Math.abs(Number(out.entropy.data[row]) - wantEntropy)).toBeLessThan(tol);
