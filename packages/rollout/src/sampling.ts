@@ -126,15 +126,20 @@ export function filteredScores(logits: Tensor, o: SamplingOptions): Tensor {
   const nucleus = o.topP !== undefined && o.topP < 1;
   if (twoStage) {
     const top = largestValues(s, k); // [B, k], largest first
-    s = drop(L.greaterOrEqual(s, L.slice(top, [1], [k - 1], [k])));
+    const kth = L.slice(top, [1], [k - 1], [k]);
+    const survives = L.greaterOrEqual(s, kth);
+    s = drop(survives);
     if (nucleus) {
-      // Top-p over the top-k survivors, ranked by the k sorted values: probabilities over every
-      // survivor (ties at the k-th value included), a token kept while the mass before it is < p.
-      // Tokens tied with the last kept value are kept with it.
-      const max = rowMax(s); // [B, 1, 1]
-      const Z = L.reduceSum(L.reduceSum(L.exp(L.sub(chunks(s), max)), [2]), [1], true); // [B, 1]
-      const probs = L.div(L.exp(L.sub(top, L.squeeze(max, [2]))), Z); // [B, k]
-      const keepSorted = L.less(prefixSum(probs, true), o.topP!);
+      // Top-p over the top-k survivors, ranked by the k sorted values, a token kept while the mass
+      // before it is < p; tokens tied with the last kept value are kept with it. The mass is over
+      // every survivor, read off the sorted values: the k of them, plus any further ties at the
+      // k-th value (each weighing what the k-th does), so no pass over the vocabulary is needed
+      // beyond counting the survivors.
+      const max = L.slice(top, [1], [0], [1]); // [B, 1]
+      const weights = L.exp(L.sub(top, max)); // [B, k]
+      const extraTies = L.sub(L.reduceSum(L.cast(survives, 'float32'), [1], true), k); // [B, 1]
+      const Z = L.add(L.reduceSum(weights, [1], true), L.mul(extraTies, L.exp(L.sub(kth, max))));
+      const keepSorted = L.less(prefixSum(L.div(weights, Z), true), o.topP!);
       const lowest = L.reduceMin(L.where(keepSorted, top, Infinity), [1], true); // [B, 1]
       s = drop(L.greaterOrEqual(s, lowest));
     }

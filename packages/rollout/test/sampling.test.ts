@@ -47,6 +47,8 @@ test('two-stage top-k, and top-p over its survivors, equal a direct sort (41 chu
   logits[0][10] = logits[0][700] = logits[0][1300] = 5; // three tied maxima in different chunks
   logits[1].fill(0.25, 0, 64); // two whole chunks of one value
   logits[2][3] = logits[2][4] = 4; // a tie inside one chunk
+  logits[3][3] = 4; // with k = 2: the k-th value 3.5 held by three tokens, two of them past the top-k list
+  logits[3][100] = logits[3][500] = logits[3][900] = 3.5;
   // Direct: top-k keeps s ≥ the k-th largest; top-p ranks the survivors and keeps tokens while the
   // mass before them is < p, ties with the last kept value included.
   const want = (row: number[], k: number, p: number | undefined): boolean[] => {
@@ -63,7 +65,7 @@ test('two-stage top-k, and top-p over its survivors, equal a direct sort (41 chu
     }
     return row.map((v) => v >= lowest);
   };
-  for (const [k, p] of [[1, undefined], [5, undefined], [20, undefined], [41, undefined], [20, 0.95], [20, 0.5], [5, 0.8], [41, 0.3]] as [number, number | undefined][]) {
+  for (const [k, p] of [[1, undefined], [5, undefined], [20, undefined], [41, undefined], [20, 0.95], [20, 0.5], [5, 0.8], [41, 0.3], [2, 0.5], [2, 0.3]] as [number, number | undefined][]) {
     const got = await kept(logits, { topK: k, ...(p !== undefined ? { topP: p } : {}) });
     got.forEach((row, r) => expect([k, p, r, row]).toEqual([k, p, r, want(logits[r], k, p)]));
     if (p === undefined) expect(got.map((row) => row.filter(Boolean).length >= k)).toEqual(new Array(rows).fill(true));
