@@ -28,19 +28,25 @@ function referenceAdamW(p: number[][], g: number[][], m: number[][], v: number[]
   );
 }
 
+/** A graph with AdamW's inputs for parameters of these shapes: p/g/m/v{k} and the lr/bc1/bc2 scalars. */
+function adamwInputs(shapes: number[][], decay: boolean[]) {
+  const g = new L.Graph();
+  const slots = shapes.map((sh, k) => ({
+    param: g.input(`p${k}`, 'float32', sh),
+    grad: g.input(`g${k}`, 'float32', sh),
+    m: g.input(`m${k}`, 'float32', sh),
+    v: g.input(`v${k}`, 'float32', sh),
+    decay: decay[k],
+  }));
+  const sc = { lr: g.input('lr', 'float32', []), bc1: g.input('bc1', 'float32', []), bc2: g.input('bc2', 'float32', []) };
+  return { g, slots, sc };
+}
+
 test('in-graph AdamW with clipping matches torch.optim.AdamW written out in float64', async () => {
   const r = rng(4);
   const shapes = [[3, 4], [4]];
   const decay = [true, false];
-  const g = new L.Graph();
-  const slots = shapes.map((s, k) => ({
-    param: g.input(`p${k}`, 'float32', s),
-    grad: g.input(`g${k}`, 'float32', s),
-    m: g.input(`m${k}`, 'float32', s),
-    v: g.input(`v${k}`, 'float32', s),
-    decay: decay[k],
-  }));
-  const sc = { lr: g.input('lr', 'float32', []), bc1: g.input('bc1', 'float32', []), bc2: g.input('bc2', 'float32', []) };
+  const { g, slots, sc } = adamwInputs(shapes, decay);
   const out = adamwUpdate(slots, sc, { maxGradNorm: 0.5, weightDecay: 0.01 });
   out.params.forEach((t, k) => g.output(t, `np${k}`));
   out.m.forEach((t, k) => g.output(t, `nm${k}`));
@@ -73,15 +79,7 @@ test('small parameters updated together (concatenated, one set of passes, split 
   const r = rng(9);
   const shapes = [[3, 4], [4], [5], [2, 3], [7], [4]];
   const decay = [true, false, false, true, false, true];
-  const g = new L.Graph();
-  const slots = shapes.map((sh, k) => ({
-    param: g.input(`p${k}`, 'float32', sh),
-    grad: g.input(`g${k}`, 'float32', sh),
-    m: g.input(`m${k}`, 'float32', sh),
-    v: g.input(`v${k}`, 'float32', sh),
-    decay: decay[k],
-  }));
-  const sc = { lr: g.input('lr', 'float32', []), bc1: g.input('bc1', 'float32', []), bc2: g.input('bc2', 'float32', []) };
+  const { g, slots, sc } = adamwInputs(shapes, decay);
   // without clipping a parameter's update does not depend on the others: one-by-one is the reference
   const together = adamwUpdate(slots, sc, { maxGradNorm: 0, weightDecay: 0.1 });
   const alone = slots.map((x) => adamwUpdate([x], sc, { maxGradNorm: 0, weightDecay: 0.1 }));
