@@ -8,12 +8,13 @@ Runs on the GPU machine (PyTorch + transformers, no hub access).
    transformers' teacher-forced float32 log-probs of the same sequences, beside transformers' own
    bfloat16 error on them (its spread).
 2. Throughput: the Qwen3-0.6B shape in bfloat16, greedy, B prompts of P tokens, N new tokens, no
-   stop tokens (every row runs to N): new tokens/s for transformers generate (sdpa, dynamic
-   cache) and for Lathe (one ONNX Runtime run per batch), timed the same way (best of repeats
-   after a warm-up).
+   stop tokens (every row runs to N): new tokens/s for transformers generate (sdpa; its dynamic
+   cache, and with --hf-cache also its static cache, which generate compiles with torch.compile)
+   and for Lathe, timed the same way (best of repeats after a warm-up, which for transformers'
+   static cache includes the compile). The ratio is against the fastest transformers set-up.
 
 usage: python3 tools/reference/rollout/generate_bench.py [--out DIR] [--batch 32] [--prompt 128] [--new 128]
-         [--engine kv|graph] [--prev]
+         [--engine kv|graph] [--prev] [--hf-cache dynamic,static,static_eager] [--lathe-modes plain,cuda_graph]
 Needs .bundle/lathe-generate.js or .bundle/lathe-kv-generate.js (tools/bench/build-device-bundles.sh);
 --prev also times .bundle/lathe-kv-generate-prev.js (an earlier build) with CUDA graphs in the same call.
 """
@@ -63,13 +64,28 @@ def prompts(vocab, batch, length, seed):
     return [torch.randint(1, vocab, (n,), generator=g).tolist() for n in lens]
 
 
-def hf_generate(model, rows, new, repeat):
+HF_CACHES = {
+    # transformers' default: a cache grown by concatenation every step, eager forward.
+    "dynamic": {},
+    # A preallocated cache: generate compiles the decode forward with torch.compile on its own
+    # (transformers' auto-compile for compileable caches; CUDA graphs via "reduce-overhead").
+    "static": {"cache_implementation": "static"},
+    # The same preallocated cache with the auto-compile turned off, to show what each part buys.
+    "static_eager": {"cache_implementation": "static", "disable_compile": True},
+}
+
+
+def hf_generate(model, rows, new, repeat, cache="dynamic"):
     P = max(len(r) for r in rows)
     ids = torch.tensor([[0] * (P - len(r)) + r for r in rows]).cuda()
     mask = torch.tensor([[0] * (P - len(r)) + [1] * len(r) for r in rows]).cuda()
-    kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=new, min_new_tokens=new, eos_token_id=None, pad_token_id=0)
+    kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=new, min_new_tokens=new, eos_token_id=None, pad_token_id=0,
+              **HF_CACHES[cache])
     with torch.no_grad():
-        out = model.generate(ids, **kw)
+        t = time.perf_counter()
+        out = model.generate(ids, **kw)  # warm-up; for the static cache, also torch.compile's compile
+        torch.cuda.synchronize()
+        warm_s = time.perf_counter() - t
         times = []
         for _ in range(repeat):
             torch.cuda.synchronize()
@@ -77,6 +93,7 @@ def hf_generate(model, rows, new, repeat):
             out = model.generate(ids, **kw)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t)
+    hf_generate.warm_up_s = warm_s
     return out[:, P:].tolist(), min(times)
 
 
@@ -130,6 +147,9 @@ def main():
     ap.add_argument("--engine", choices=["graph", "kv"], default="kv",
                     help="kv: the KV-cache generator (GroupQueryAttention, bf16/fp16 on CUDA), with and without CUDA graphs")
     ap.add_argument("--prev", action="store_true", help="kv: also time .bundle/lathe-kv-generate-prev.js (CUDA graphs)")
+    ap.add_argument("--hf-cache", default="dynamic",
+                    help="comma-separated transformers set-ups to time: " + ", ".join(HF_CACHES) + "; the ratio is against the fastest")
+    ap.add_argument("--lathe-modes", default="plain,cuda_graph", help="kv: plain and/or cuda_graph")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -163,13 +183,22 @@ def main():
         path = os.path.join(a.out, "qwen3-0.6b")
         model = save_random(qwen3_06b(), path, torch.bfloat16, 0.02)
         rows = prompts(151936, a.batch, a.prompt, 2)
-        _, hf_s = hf_generate(model, rows, a.new, a.repeat)
+        hf = {}
+        for cache in a.hf_cache.split(","):
+            if cache not in HF_CACHES:
+                raise SystemExit(f"--hf-cache: unknown set-up {cache!r} (choose from {', '.join(HF_CACHES)})")
+            _, hf_s = hf_generate(model, rows, a.new, a.repeat, cache)
+            hf[cache] = {"new_tokens_per_s": round(a.batch * a.new / hf_s), "warm_up_s": round(hf_generate.warm_up_s, 1)}
+            print(json.dumps({"hf": cache, **hf[cache]}), flush=True)
+            torch._dynamo.reset()
+            torch.cuda.empty_cache()
         del model
         torch.cuda.empty_cache()
-        hf_tps = a.batch * a.new / hf_s
+        hf_tps = max(v["new_tokens_per_s"] for v in hf.values())
         report["throughput"] = {"model": "qwen3-0.6b shape, bf16", "batch": a.batch, "prompt_max": a.prompt, "new": a.new,
-                                "hf_new_tokens_per_s": round(hf_tps), "engine": a.engine}
-        modes = [("plain", (), None), ("cuda_graph", ("--cuda-graph",), None)] if a.engine == "kv" else [("graph", (), None)]
+                                "hf": hf, "hf_new_tokens_per_s": hf_tps, "engine": a.engine}
+        kv_modes = {"plain": ("plain", (), None), "cuda_graph": ("cuda_graph", ("--cuda-graph",), None)}
+        modes = [kv_modes[m] for m in a.lathe_modes.split(",")] if a.engine == "kv" else [("graph", (), None)]
         if a.engine == "kv" and a.prev:
             modes.append(("cuda_graph_prev", ("--cuda-graph",), KV_PREV_SCRIPT))
         for label, extra, script in modes:
