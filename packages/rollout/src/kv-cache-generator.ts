@@ -30,6 +30,16 @@ import { validateSampling, type SamplingOptions } from './sampling';
 import { isOutOfMemory, sampleKeysOf, splitOnOutOfMemory, type Completion, type GenerateCallOptions } from './generator';
 
 /**
+ * Session options the engine starts from (a caller's `session` overrides them). ORT's memory-pattern
+ * planning is off: it plans a run's allocations from the run before with the same input shapes and
+ * makes that one block on the second such run, which cost that run's prefill ~250 ms at batch 256
+ * (H100: 484 vs 229 ms, every later run 229 ms either way; docs/benchmarks.md). Every new prompt
+ * width is a new shape, so a generator fed varying prompts would pay it again and again. With the
+ * pattern off, allocations come from the arena, which keeps what the first run took.
+ */
+export const KV_SESSION_DEFAULTS: SessionOptions = { memoryPattern: false };
+
+/**
  * Why the KV-cache generator cannot run `config` in compute dtype `dtype` on a `device` of this
  * kind, or undefined when it can: GroupQueryAttention's rotary needs head_dim a multiple of 16, and
  * its CUDA kernel runs in float16/bfloat16 only (the CPU kernel takes float32 too).
@@ -67,7 +77,10 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
    * steps). 1 reads and waits after every step.
    */
   readEvery?: number;
-  /** Options of both sessions (e.g. `allowCpuFallback`, `profilePrefix`); `cudaGraph` above wins. */
+  /**
+   * Options of both sessions (e.g. `allowCpuFallback`, `profilePrefix`); `cudaGraph` above wins.
+   * `memoryPattern` defaults to false here (see {@link KV_SESSION_DEFAULTS}).
+   */
   session?: SessionOptions;
   /**
    * How the graphs read the weights (default: one input per HF name in the compute dtype). A
@@ -285,12 +298,13 @@ export class KvCacheGenerator {
     };
     // ONNX Runtime's CPU kernel has no in-kernel Q/K norm; on CUDA it saves two norm launches a layer.
     const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda' };
-    const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts, graphOpts)), { ...opts.session, name: 'kv-prefill', cudaGraph: false });
+    const session: SessionOptions = { ...opts.session, memoryPattern: opts.session?.memoryPattern ?? KV_SESSION_DEFAULTS.memoryPattern };
+    const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts, graphOpts)), { ...session, name: 'kv-prefill', cudaGraph: false });
     let step: Session | undefined;
     let buffers: EngineBuffers | undefined;
     try {
       const decodeGraph = build('lathe_kv_decode', (g, w) => addKvDecodeStep(g, config, w, dtype, opts, graphOpts));
-      step = withDecodeKernelChoice(config, () => device.compile(decodeGraph, { ...opts.session, name: 'kv-decode', cudaGraph: opts.cudaGraph }));
+      step = withDecodeKernelChoice(config, () => device.compile(decodeGraph, { ...session, name: 'kv-decode', cudaGraph: opts.cudaGraph }));
       buffers = allocateBuffers(device, config, { ...opts, dtype, readEvery });
       return new KvCacheGenerator(config, device, { ...opts, dtype, readEvery }, prefill, step, weights, buffers);
     } catch (e) {

@@ -163,3 +163,21 @@ test('the decode kernel switch (ORT_ENABLE_XQA) is set only while the decode ses
     else process.env.ORT_ENABLE_XQA = before;
   }
 });
+
+test('both sessions compile with ORT memory-pattern planning off, unless the caller turns it on', () => {
+  const compile = device.compile.bind(device);
+  const patterns: (boolean | undefined)[] = [];
+  const spy = jest.spyOn(device, 'compile').mockImplementation((graph, opts) => {
+    patterns.push(opts?.memoryPattern);
+    return compile(graph, opts);
+  });
+  try {
+    KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 8, session: { allowCpuFallback: false } }).dispose();
+    expect(patterns).toEqual([false, false]);
+    patterns.length = 0;
+    KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 8, session: { memoryPattern: true } }).dispose();
+    expect(patterns).toEqual([true, true]);
+  } finally {
+    spy.mockRestore();
+  }
+});

@@ -6,7 +6,7 @@
  * usage: node grpo-step.js [--device cuda|cpu] [--compute float32|bfloat16] [--shape tiny|qwen3-0.6b]
  *          [--prompts 8] [--group 8] [--prompt-len 32] [--new-tokens 32] [--steps 3] [--minibatches 2]
  *          [--old-logprobs rescore|generation] [--lora 0] [--prompts-per-run 0] [--micro-batches 1]
- *          [--generation-engine kv-cache|graph] [--no-cuda-graph] [--shared-arena] [--recompute] [--attention composed|flash] [--release-generation-memory] [--allow-cpu-fallback] [--log-level 0..4]   (the last two: to see ORT's node placements)
+ *          [--generation-engine kv-cache|graph] [--no-cuda-graph] [--shared-arena] [--recompute] [--attention composed|flash] [--release-generation-memory] [--memory-pattern on|off] [--allow-cpu-fallback] [--log-level 0..4]   (the last two: to see ORT's node placements)
  * On the GPU machine run it as a bundle (see ../shared/device/README.md):
  *   npx esbuild tools/bench/grpo/grpo-step.ts --bundle --platform=node --conditions=lathe-source \
  *     --external:onnxruntime-node --external:koffi --external:@huggingface/transformers --external:libsql \
@@ -53,7 +53,13 @@ async function main(): Promise<void> {
     generationEngine: (arg('generation-engine', '') || undefined) as 'kv-cache' | 'graph' | undefined,
     promptsPerRun: Number(arg('prompts-per-run', '0')), microBatches: Number(arg('micro-batches', '1')), gradientCheckpointing: flag('recompute'),
     attention: arg('attention', 'composed') as 'composed' | 'flash', releaseGenerationMemory: flag('release-generation-memory'),
-    session: { allowCpuFallback: flag('allow-cpu-fallback'), ...(flag('no-cuda-graph') ? { cudaGraph: false } : {}), ...(arg('log-level', '') ? { logLevel: Number(arg('log-level', '')) as 0 | 1 | 2 | 3 | 4 } : {}) },
+    session: {
+      allowCpuFallback: flag('allow-cpu-fallback'),
+      ...(flag('no-cuda-graph') ? { cudaGraph: false } : {}),
+      ...(arg('log-level', '') ? { logLevel: Number(arg('log-level', '')) as 0 | 1 | 2 | 3 | 4 } : {}),
+      // on|off: ORT's memory-pattern planning in every session (default: ORT's, except the KV engine's off)
+      ...(arg('memory-pattern', '') ? { memoryPattern: arg('memory-pattern', '') === 'on' } : {}),
+    },
     lora: lora > 0 ? { rank: lora, alpha: 2 * lora, targets: 'q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj' } : undefined,
   });
   const tCreate = performance.now();

@@ -5,7 +5,7 @@
  * weight swap (copying a new weight version into the bound weights on the device).
  *
  * usage: node lathe-kv-generate.js --model DIR --prompts prompts.json --max-new N
- *          [--dtype bfloat16] [--group N] [--temperature T] [--top-k K] [--top-p P] [--repeat N] [--cuda-graph]
+ *          [--dtype bfloat16] [--group N] [--temperature T] [--top-k K] [--top-p P] [--repeat N] [--cuda-graph] [--memory-pattern]
  *          [--out samples.json] [--device cuda|cpu] [--profile PREFIX]
  * With no stop ids every row runs to --max-new, so the token count is exact. Prints one JSON line;
  * --out writes each row's tokens and their raw log-probs ({ tokens, raw }[]) for agreement checks.
@@ -38,7 +38,10 @@ async function main(): Promise<void> {
   const weights = uploadWeights(device, dir, config, dtype);
   const tUpload = performance.now();
   const profile = arg('profile', '');
-  const genOpts = { temperature, topK, topP, groupSize: group, rows: prompts.length * group, maxLength: P + maxNew, dtype, cudaGraph, session: profile ? { profilePrefix: profile } : undefined };
+  // --memory-pattern: ORT's memory-pattern planning back on in both sessions (the engine turns it
+  // off: KV_SESSION_DEFAULTS), for an A/B of its cost.
+  const session = { ...(profile ? { profilePrefix: profile } : {}), ...(flag('memory-pattern') ? { memoryPattern: true } : {}) };
+  const genOpts = { temperature, topK, topP, groupSize: group, rows: prompts.length * group, maxLength: P + maxNew, dtype, cudaGraph, session };
   // CPU fallback stays off; if ORT moves a node to the CPU, rerun with it on (log level 1 lists
   // the placements on stderr) and say so in the report.
   let cpuFallback = false;
@@ -52,7 +55,9 @@ async function main(): Promise<void> {
   }
   const tSession = performance.now();
   const call = { maxNewTokens: maxNew, seed: 1 };
+  const w0 = performance.now();
   let out = await gen.generate(prompts, call); // warm-up (and CUDA graph capture)
+  const warmUp = { ms: performance.now() - w0, timings: { ...gen.lastTimings } };
   const runs: { ms: number; timings: typeof gen.lastTimings }[] = [];
   for (let i = 0; i < repeat; i++) {
     const s = performance.now();
@@ -97,6 +102,14 @@ async function main(): Promise<void> {
       session_ms: +(tSession - tUpload).toFixed(1),
       run_ms_best: +best.ms.toFixed(1),
       run_ms_all: runs.map((r) => +r.ms.toFixed(1)),
+      // Each timed run's split, to tell a slow prefill from a slow decode loop.
+      runs: [warmUp, ...runs].map((r, i) => ({
+        run: i === 0 ? 'warm-up' : i,
+        ms: +r.ms.toFixed(1),
+        prefill_ms: +r.timings.prefillMs.toFixed(1),
+        decode_ms: +r.timings.decodeMs.toFixed(1),
+        transfer_ms: +r.timings.transferMs.toFixed(1),
+      })),
       prefill_ms: +t.prefillMs.toFixed(1),
       decode_ms: +t.decodeMs.toFixed(1),
       transfer_ms: +t.transferMs.toFixed(1),
