@@ -297,7 +297,7 @@ export class KvCacheGenerator {
       return g;
     };
     // ONNX Runtime's CPU kernel has no in-kernel Q/K norm; on CUDA it saves two norm launches a layer.
-    const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda' };
+    const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda', rows: opts.rows };
     const session: SessionOptions = { ...opts.session, memoryPattern: opts.session?.memoryPattern ?? KV_SESSION_DEFAULTS.memoryPattern };
     const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts, graphOpts)), { ...session, name: 'kv-prefill', cudaGraph: false });
     let step: Session | undefined;

@@ -78,18 +78,24 @@ export interface KvGraphOptions {
   K: number;
   /** Qwen3's Q/K norm inside GroupQueryAttention's kernel (CUDA only; see `GqaDecoderInputs`). */
   qkNormInKernel?: boolean;
+  /**
+   * The engine's row count, when fixed: the graphs' R is then a static dim, which lets top-p without
+   * a two-stage top-k sort all rows at once (`nucleusOneSort` in sampling.ts). Default: symbolic.
+   */
+  rows?: number;
 }
 
 /** The prefill graph (see the module comment). */
-export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel }: KvGraphOptions): void {
+export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows }: KvGraphOptions): void {
+  const R = rows ?? 'R';
   const ids = g.input('input_ids', 'int64', ['B', 'P']);
   const seqlens = g.input('seqlens', 'int32', ['B']);
   const lastIndex = g.input('last_index', 'int64', ['B']);
   const width = g.input('prompt_width', 'int32', []);
   const cacheStart = g.input('cache_start', 'int64', [1]);
-  const zeros = g.input('cache_tail', dtype, ['R', cfg.numKvHeads, 'M', cfg.headDim]);
-  const expand = g.input('expand_index', 'int64', ['R']);
-  const noise = sampling(opts) ? g.input('noise', 'float32', ['R', 'N']) : undefined;
+  const zeros = g.input('cache_tail', dtype, [R, cfg.numKvHeads, 'M', cfg.headDim]);
+  const expand = g.input('expand_index', 'int64', [R]);
+  const noise = sampling(opts) ? g.input('noise', 'float32', [R, 'N']) : undefined;
 
   const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width, qkNormInKernel });
   const axis = g.constant([2], 'int64', [1]);
@@ -107,16 +113,17 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
 }
 
 /** The decode-step graph (see the module comment). */
-export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel }: KvGraphOptions): void {
-  const token = g.input('token', 'int64', ['R', 1]);
-  const seqlens = g.input('seqlens', 'int32', ['R']);
+export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows }: KvGraphOptions): void {
+  const R = rows ?? 'R';
+  const token = g.input('token', 'int64', [R, 1]);
+  const seqlens = g.input('seqlens', 'int32', [R]);
   const step = g.input('step', 'int64', [1]);
-  const history = g.input('history', 'float32', ['R', K, SAMPLED_COLUMNS.length]);
-  const noise = sampling(opts) ? g.input('noise', 'float32', ['R', 'N']) : undefined;
+  const history = g.input('history', 'float32', [R, K, SAMPLED_COLUMNS.length]);
+  const noise = sampling(opts) ? g.input('noise', 'float32', [R, 'N']) : undefined;
   const cacheLength = g.input('cache_length', 'int32', []);
   const past: KvPair[] = [];
   for (let i = 0; i < cfg.numLayers; i++) {
-    const shape = ['R', cfg.numKvHeads, 'M', cfg.headDim];
+    const shape = [R, cfg.numKvHeads, 'M', cfg.headDim];
     past.push({ key: g.input(cacheName(i, 'key', 'input'), dtype, shape), value: g.input(cacheName(i, 'value', 'input'), dtype, shape) });
   }
   const out = decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel });

@@ -106,14 +106,53 @@ function largestValues(s: Tensor, k: number): Tensor {
 const TWO_STAGE_TOP_K = 256;
 
 /**
+ * Which tokens of float32 [B, V] the nucleus keeps when its threshold is not read off a two-stage
+ * top-k: rows sorted (TopK(V)), then a sorted token is kept while the mass before it is < p, so
+ * the most likely token always stays. Ties rank by index, as TopK orders them.
+ */
+function nucleusPerRow(s: Tensor, p: number): Tensor {
+  const [sorted, idx] = L.topK(s, s.shape[1], -1);
+  const before = prefixSum(L.softmax(sorted, -1), true);
+  const keep = L.scatterElements(L.zerosLike(s), idx, L.cast(L.less(before, p), 'float32'), 1);
+  return L.greater(keep, 0.5);
+}
+
+/**
+ * {@link nucleusPerRow}'s result from one sort of the whole batch, for a static row count.
+ *
+ * Why: ONNX Runtime's CUDA TopK sorts a K this large with cub's radix sort, launched once per row
+ * in a loop over the rows: 256 sorts of 151,936 took ~18 ms of a 24.6 ms decode step (H100, batch
+ * 256). Here each row is given a disjoint key range: float64 r·512 + (s − row max), clamped at
+ * −256 (far below where exp underflows, so the clamped tokens weigh 0 and are ranked last either
+ * way). One descending TopK over the flattened [1, B·V] then lists row B−1's tokens first, then row
+ * B−2's, and so on, each row's in its own descending order. Ties rank by index, as in the per-row
+ * sort. The key of a token is within 2⁻³⁵ of its exact value, so two scores closer than that may
+ * swap places; distinct float32 scores are that close only near zero.
+ */
+function nucleusOneSort(s: Tensor, B: number, p: number): Tensor {
+  const V = s.shape[1] as number;
+  const g = s.graph;
+  const relative = L.sub(L.cast(s, 'float64'), L.cast(L.squeeze(rowMax(s), [2]), 'float64')); // ≤ 0, −∞ where dropped
+  const offsets = g.constant(Array.from({ length: B }, (_, r) => r * 512), 'float64', [B, 1]);
+  const keys = L.reshape(L.add(L.maximum(relative, g.constant([-256], 'float64', [])), offsets), [1, B * V]);
+  const [, order] = L.topK(keys, B * V, -1); // [1, B·V]: flat indices, V per row, rows from the last
+  const sorted = L.reshape(L.gather(L.reshape(s, [B * V]), L.reshape(order, [B * V]), 0), [B, V]);
+  const before = prefixSum(L.softmax(sorted, -1), true);
+  const keepSorted = L.reshape(L.cast(L.less(before, p), 'float32'), [1, B * V]);
+  const keep = L.scatterElements(L.zerosLike(keepSorted), order, keepSorted, 1);
+  return L.greater(L.reshape(keep, [B, V]), 0.5);
+}
+
+/**
  * The scores sampling draws from (float32 [B, V]): logits / temperature with −∞ on every token the
  * filters remove. With temperature 0 the logits are returned unchanged (greedy).
  *
  * Cost on a large vocabulary: temperature and min-p are elementwise plus a two-stage max. top-k
  * with k ≤ 256 (and k ≤ V/w chunks) finds its threshold in two stages ({@link largestValues}); top-p
  * after such a top-k ranks only those k values. A larger top-k is a TopK(k) over the vocabulary per
- * row, and top-p alone a full sort (TopK(V)) per row plus a softmax over V — one-stage work that a
- * decode step pays for every token; leave those off where speed matters.
+ * row, and top-p alone a sort of every score (one sort of the batch when the row count is static,
+ * {@link nucleusOneSort}) plus a softmax over V — one-stage work that a decode step pays for every
+ * token; leave those off where speed matters.
  */
 export function filteredScores(logits: Tensor, o: SamplingOptions): Tensor {
   const t = o.temperature ?? 1;
@@ -149,13 +188,8 @@ export function filteredScores(logits: Tensor, o: SamplingOptions): Tensor {
     s = drop(L.greaterOrEqual(s, kth));
   }
   if (nucleus && !twoStage) {
-    const [sorted, idx] = L.topK(s, V, -1);
-    const probs = L.softmax(sorted, -1);
-    // Keep a sorted token if the mass before it is < p (so the first always stays).
-    const before = prefixSum(probs, true);
-    const keepSorted = L.cast(L.less(before, o.topP!), 'float32');
-    const keep = L.scatterElements(L.zerosLike(s), idx, keepSorted, 1);
-    s = drop(L.greater(keep, 0.5));
+    const B = s.shape[0];
+    s = drop(typeof B === 'number' && B > 1 ? nucleusOneSort(s, B, o.topP!) : nucleusPerRow(s, o.topP!));
   }
   if (o.minP) {
     // p ≥ min_p · p_max ⇔ s − max(s) ≥ log(min_p): no softmax over the vocabulary needed.

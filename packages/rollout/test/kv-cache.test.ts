@@ -11,7 +11,7 @@ import { logitsRunner, logSoftmax, tinyModel, tinyQwen3 } from './helpers';
 
 // GroupQueryAttention's rotary needs head_dim ≥ 16.
 const wideQwen3: HfConfig = { ...tinyQwen3, hidden_size: 64, head_dim: 16 };
-const { dir } = tinyModel(wideQwen3, 5);
+const { dir, config } = tinyModel(wideQwen3, 5);
 const prompts = [[5, 9, 11, 3], [7, 2], [30, 31, 32, 33, 34, 35], [1], [8, 8, 8]];
 const device = Device.cpu();
 
@@ -70,6 +70,23 @@ test('sampling with groups and stop tokens: same samples as the in-graph generat
   await reference.dispose();
 });
 
+test('top-p alone: the engine sorts all its rows at once and draws the in-graph generator samples (one sort per row)', async () => {
+  const opts = { temperature: 1.3, topP: 0.6, groupSize: 2 };
+  const reference = await Generator.fromPretrained(dir, opts);
+  const call = { maxNewTokens: 6, seed: 3 };
+  const want = await reference.generate(prompts, call);
+  const kv = KvCacheGenerator.fromPretrained(dir, device, { ...opts, rows: 6, maxLength: 16 });
+  // The engine's rows are static, so its graphs sort the batch once (TopK over [1, rows · V]).
+  const g = new L.Graph('decode');
+  addKvDecodeStep(g, config, weightInputs(g, config, 'float32', 'float32').weights, 'float32', opts, { K: 1, rows: 6 });
+  expect(g.nodes.filter((n) => n.op.name === 'TopK').map((n) => n.inputs[0]!.shape)).toEqual([[1, 6 * config.vocabSize]]);
+  expectSame(await kv.generate(prompts, call), want);
+  // The filter bites: some sampled token's log-prob under the filtered distribution differs from its raw one.
+  expect(want.some((c) => c.logprobs.some((x, t) => Math.abs(x - c.rawLogprobs[t]) > 1e-3))).toBe(true);
+  kv.dispose();
+  await reference.dispose();
+});
+
 test('two-stage sampling over a chunked vocabulary (96 = 3 × 32): the in-graph samples, the teacher-forced log-probs, one download per readEvery steps', async () => {
   const chunked: HfConfig = { ...wideQwen3, vocab_size: 96 };
   expect(vocabChunkWidth(96)).toBe(32);
@@ -122,7 +139,6 @@ test('bad input is rejected before any run', () => {
 });
 
 test("the CUDA variant of the graphs: Qwen3's Q/K norm inside GroupQueryAttention, two norm nodes fewer per layer", () => {
-  const { config } = tinyModel(wideQwen3, 5);
   const build = (qkNormInKernel: boolean, add: typeof addKvDecodeStep) => {
     const g = new L.Graph();
     add(g, config, weightInputs(g, config, 'bfloat16', 'bfloat16').weights, 'bfloat16', { temperature: 0 }, { K: 4, qkNormInKernel });

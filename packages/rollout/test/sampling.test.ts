@@ -80,6 +80,46 @@ test('two-stage top-k, and top-p over its survivors, equal a direct sort (41 chu
   expect(topKs(42)).toEqual([V]);
 });
 
+test('top-p alone: one sort of the whole batch (static rows) equals a direct sort and the per-row sort (ties, dropped tokens, far-below scores)', async () => {
+  const V = 300; // no chunk width divides it: top-k 5 below is one-stage, so its −∞ reach the nucleus
+  const rows = 5;
+  let seed = 11;
+  const rand = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+  const logits = Array.from({ length: rows }, (_, r) => Array.from({ length: V }, () => (r + 1) * 2 * (rand() - 0.5)));
+  logits[0].fill(0.5, 40, 60); // a run of ties
+  logits[1][7] = logits[1][200] = 6; // tied maxima
+  logits[2][3] = 400; // the rest of the row lies far below (clamped keys)
+  logits[3][5] = -1e30;
+  const runBoth = async (o: SamplingOptions) => {
+    const direct = await kept(logits, o); // 'B' symbolic: the per-row sort
+    const g = new L.Graph();
+    g.output(filteredScores(g.input('logits', 'float32', [rows, V]), o), 'scores');
+    expect(g.nodes.filter((n) => n.op.name === 'TopK').map((n) => n.inputs[0]!.shape)).toEqual(o.topK ? [[rows, V], [1, rows * V]] : [[1, rows * V]]);
+    const run = await compile(g);
+    const out = await run({ logits: { data: Float32Array.from(logits.flat()), dims: [rows, V] } });
+    return { direct, oneSort: rowsOf(out.scores).map((row) => row.map((x) => x > -Infinity)) };
+  };
+  // Direct: rank by score (ties by index), keep a token while the mass before it is < p.
+  const want = (row: number[], p: number, k = 0): boolean[] => {
+    const kth = k ? [...row].sort((a, b) => b - a)[k - 1] : -Infinity;
+    const order = row.map((v, i) => ({ v: v >= kth ? v : -Infinity, i })).sort((a, b) => b.v - a.v || a.i - b.i);
+    const z = order.reduce((acc, t) => acc + Math.exp(t.v - order[0].v), 0);
+    const keep = new Array<boolean>(row.length).fill(false);
+    let before = 0;
+    for (const t of order) {
+      if (before < p && t.v > -Infinity) keep[t.i] = true;
+      before += Math.exp(t.v - order[0].v) / z;
+    }
+    return keep;
+  };
+  for (const o of [{ topP: 0.9 }, { topP: 0.3 }, { topP: 0.5, temperature: 0.7 }, { topP: 0.8, topK: 5 }] as SamplingOptions[]) {
+    const { direct, oneSort } = await runBoth(o);
+    const scaled = logits.map((row) => row.map((v) => v / (o.temperature ?? 1)));
+    oneSort.forEach((row, r) => expect([o, r, row]).toEqual([o, r, want(scaled[r], o.topP!, o.topK)]));
+    expect(oneSort).toEqual(direct);
+  }
+});
+
 test('bad sampling options are rejected by name', () => {
   expect(() => validateSampling({ temperature: -1 }, 10)).toThrow(/temperature/);
   expect(() => validateSampling({ topK: 11 }, 10)).toThrow(/top_k/);
