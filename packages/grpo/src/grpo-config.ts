@@ -40,7 +40,7 @@ export const grpoSchema = {
   max_new_tokens: { type: 'number', default: 256, integer: true, min: 1, describe: 'Generation limit per completion (also the constant of --aggregation token-sum-norm)' },
   temperature: { type: 'number', default: 1, min: 0, describe: 'Sampling temperature of rollouts (> 0); the loss uses log-probs at the same temperature' },
   top_k: { type: 'number', default: 0, integer: true, min: 0, describe: 'Sample from the k most likely tokens (0: off; needs --old_logprobs rescore)' },
-  top_p: { type: 'number', default: 1, min: 0, max: 1, describe: 'Nucleus sampling mass (1: off; needs --old_logprobs rescore)' },
+  top_p: { type: 'number', default: 1, min: 0, max: 1, describe: 'Nucleus sampling mass (1: off; needs --old_logprobs rescore). Without a top_k of at most 256 it sorts every score at every step (~2.5× slower a step on a 150k vocabulary)' },
   min_p: { type: 'number', default: 0, min: 0, max: 1, describe: 'Drop tokens below min_p × the top probability (0: off; needs --old_logprobs rescore)' },
   prompts_per_run: { type: 'number', default: 0, integer: true, min: 0, describe: 'Prompts per generation run (each run holds their G completions’ KV caches; 0: all prompts of a step in one run)' },
   generation_engine: {

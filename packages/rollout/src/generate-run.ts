@@ -30,7 +30,7 @@ export const generateSchema = {
   max_new_tokens: { type: 'number', default: 1024, integer: true, min: 1, describe: "Generation limit per sample (finish_reason 'length' when reached)" },
   temperature: { type: 'number', default: 1, min: 0, describe: 'Sampling temperature (0: greedy)' },
   top_k: { type: 'number', default: 0, integer: true, min: 0, describe: 'Sample from the k most likely tokens (0: off)' },
-  top_p: { type: 'number', default: 1, min: 0, max: 1, describe: 'Nucleus sampling mass, in (0, 1] (1: off). Without a top_k of at most 256 it sorts the vocabulary at every step (~4× slower a step on a 150k vocabulary); Qwen3 recommends top_k 20 with it' },
+  top_p: { type: 'number', default: 1, min: 0, max: 1, describe: 'Nucleus sampling mass, in (0, 1] (1: off). Without a top_k of at most 256 it sorts every score at every step (~2.5× slower a step on a 150k vocabulary); Qwen3 recommends top_k 20 with it' },
   min_p: { type: 'number', default: 0, min: 0, max: 1, describe: 'Drop tokens below min_p × the top probability (0: off)' },
   seed: { type: 'number', default: 0, integer: true, describe: 'Seed: sample j of prompt p in a thinking mode reads noise stream sampleKey(p, mode, j) of it, so samples do not depend on batch size, engine, parts or resume' },
   grader: { type: 'string', default: 'math', choices: ['math', 'none'], describe: "'correct' of rows whose prompt has an answer: the math grader (the answer after </think> extracted and compared symbolically; an unclosed <think> scores 0), or none" },
