@@ -126,8 +126,9 @@ function nucleusPerRow(s: Tensor, p: number): Tensor {
  * −256 (far below where exp underflows, so the clamped tokens weigh 0 and are ranked last either
  * way). One descending TopK over the flattened [1, B·V] then lists row B−1's tokens first, then row
  * B−2's, and so on, each row's in its own descending order. Ties rank by index, as in the per-row
- * sort. The key of a token is within 2⁻³⁵ of its exact value, so two scores closer than that may
- * swap places; distinct float32 scores are that close only near zero.
+ * sort. Keys stay below B·512 in magnitude, so each is within B·2⁻⁴⁴ of its exact value (2⁻³⁶ at
+ * B = 256): two scores closer than that may swap places, and distinct float32 scores are that close
+ * only within ~2.4·10⁻⁴ of zero. Used while B·V fits cub's int32 item count.
  */
 function nucleusOneSort(s: Tensor, B: number, p: number): Tensor {
   const V = s.shape[1] as number;
@@ -189,7 +190,8 @@ export function filteredScores(logits: Tensor, o: SamplingOptions): Tensor {
   }
   if (nucleus && !twoStage) {
     const B = s.shape[0];
-    s = drop(typeof B === 'number' && B > 1 ? nucleusOneSort(s, B, o.topP!) : nucleusPerRow(s, o.topP!));
+    const oneSort = typeof B === 'number' && B > 1 && B * V < 2 ** 31;
+    s = drop(oneSort ? nucleusOneSort(s, B, o.topP!) : nucleusPerRow(s, o.topP!));
   }
   if (o.minP) {
     // p ≥ min_p · p_max ⇔ s − max(s) ≥ log(min_p): no softmax over the vocabulary needed.
