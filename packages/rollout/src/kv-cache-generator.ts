@@ -30,16 +30,6 @@ import { validateSampling, type SamplingOptions } from './sampling';
 import { isOutOfMemory, sampleKeysOf, splitOnOutOfMemory, type Completion, type GenerateCallOptions } from './generator';
 
 /**
- * Session options the engine starts from (a caller's `session` overrides them). ORT's memory-pattern
- * planning is off: it plans a run's allocations from the run before with the same input shapes and
- * makes that one block on the second such run, which cost that run's prefill ~250 ms at batch 256
- * (H100: 484 vs 229 ms, every later run 229 ms either way; docs/benchmarks.md). Every new prompt
- * width is a new shape, so a generator fed varying prompts would pay it again and again. With the
- * pattern off, allocations come from the arena, which keeps what the first run took.
- */
-export const KV_SESSION_DEFAULTS: SessionOptions = { memoryPattern: false };
-
-/**
  * Why the KV-cache generator cannot run `config` in compute dtype `dtype` on a `device` of this
  * kind, or undefined when it can: GroupQueryAttention's rotary needs head_dim a multiple of 16, and
  * its CUDA kernel runs in float16/bfloat16 only (the CPU kernel takes float32 too).
@@ -79,7 +69,7 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
   readEvery?: number;
   /**
    * Options of both sessions (e.g. `allowCpuFallback`, `profilePrefix`); `cudaGraph` above wins.
-   * `memoryPattern` defaults to false here (see {@link KV_SESSION_DEFAULTS}).
+   * `memoryPattern` defaults to false here (see `create`).
    */
   session?: SessionOptions;
   /**
@@ -146,7 +136,7 @@ export function uploadWeights(device: Device, dir: string, config: DecoderConfig
  */
 function withDecodeKernelChoice<T>(config: DecoderConfig, compile: () => T): T {
   const KEY = 'ORT_ENABLE_XQA';
-  if (process.env[KEY] !== undefined || config.numHeads / config.numKvHeads > 2) return compile();
+  if (process.env[KEY] !== undefined || config.numHeads / config.numKvHeads !== 2) return compile();
   process.env[KEY] = '0';
   try {
     return compile();
@@ -298,7 +288,11 @@ export class KvCacheGenerator {
     };
     // ONNX Runtime's CPU kernel has no in-kernel Q/K norm; on CUDA it saves two norm launches a layer.
     const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda', rows: opts.rows };
-    const session: SessionOptions = { ...opts.session, memoryPattern: opts.session?.memoryPattern ?? KV_SESSION_DEFAULTS.memoryPattern };
+    // ORT's memory-pattern planning off unless asked for: it plans a run's allocations from the run
+    // before with the same input shapes and applies the plan from the second such run on, which
+    // made that run's prefill ~250 ms slower at batch 256 (H100: 484–518 vs 228 ms, later runs
+    // 228 either way; docs/benchmarks.md). Each recurring prompt width pays it once.
+    const session: SessionOptions = { ...opts.session, memoryPattern: opts.session?.memoryPattern ?? false };
     const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts, graphOpts)), { ...session, name: 'kv-prefill', cudaGraph: false });
     let step: Session | undefined;
     let buffers: EngineBuffers | undefined;

@@ -121,14 +121,15 @@ function nucleusPerRow(s: Tensor, p: number): Tensor {
  * {@link nucleusPerRow}'s result from one sort of the whole batch, for a static row count.
  *
  * Why: ONNX Runtime's CUDA TopK sorts a K this large with cub's radix sort, launched once per row
- * in a loop over the rows: 256 sorts of 151,936 took ~18 ms of a 24.6 ms decode step (H100, batch
- * 256). Here each row is given a disjoint key range: float64 r·512 + (s − row max), clamped at
+ * in a loop over the rows: the per-row nucleus took ~18 ms of a 24.6 ms decode step (H100, batch
+ * 256; the filter alone 22 ms, this one 11 ms). Here each row is given a disjoint key range: float64 r·512 + (s − row max), clamped at
  * −256 (far below where exp underflows, so the clamped tokens weigh 0 and are ranked last either
  * way). One descending TopK over the flattened [1, B·V] then lists row B−1's tokens first, then row
  * B−2's, and so on, each row's in its own descending order. Ties rank by index, as in the per-row
  * sort. Keys stay below B·512 in magnitude, so each is within B·2⁻⁴⁴ of its exact value (2⁻³⁶ at
  * B = 256): two scores closer than that may swap places, and distinct float32 scores are that close
- * only within ~2.4·10⁻⁴ of zero. Used while B·V fits cub's int32 item count.
+ * only within ~2.4·10⁻⁴ of zero. Used while B·V < 2³¹ (cub's radix sort has counted its items in
+ * an int; past that, and for a symbolic row count, the per-row sort).
  */
 function nucleusOneSort(s: Tensor, B: number, p: number): Tensor {
   const V = s.shape[1] as number;

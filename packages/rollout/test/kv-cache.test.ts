@@ -173,6 +173,11 @@ test('the decode kernel switch (ORT_ENABLE_XQA) is set only while the decode ses
     process.env.ORT_ENABLE_XQA = '1';
     KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 8 }).dispose();
     expect(seen).toEqual(['1', '1']);
+    // Another group size (1 query head per KV head here) was not measured: ORT's default stays.
+    seen.length = 0;
+    delete process.env.ORT_ENABLE_XQA;
+    KvCacheGenerator.fromPretrained(tinyModel({ ...wideQwen3, num_key_value_heads: 4 }, 5).dir, device, { temperature: 0, rows: 2, maxLength: 8 }).dispose();
+    expect(seen).toEqual([undefined, undefined]);
     spy.mockRestore();
   } finally {
     if (before === undefined) delete process.env.ORT_ENABLE_XQA;

@@ -29,6 +29,13 @@ const SHAPES: Record<string, HfConfig> = {
   'qwen3-0.6b': QWEN3_0_6B,
 };
 
+/** --memory-pattern on|off: ORT's memory-pattern planning in every session; empty: each session's default. */
+function memoryPattern(flagValue: string): { memoryPattern?: boolean } {
+  if (flagValue === '') return {};
+  if (flagValue !== 'on' && flagValue !== 'off') throw new Error(`--memory-pattern must be on or off, got ${flagValue}`);
+  return { memoryPattern: flagValue === 'on' };
+}
+
 async function main(): Promise<void> {
   const device = Device.open(arg('device', 'cuda') as 'cuda' | 'cpu', { sharedArena: flag('shared-arena') });
   const compute = arg('compute', 'float32') as 'float32' | 'bfloat16';
@@ -57,8 +64,7 @@ async function main(): Promise<void> {
       allowCpuFallback: flag('allow-cpu-fallback'),
       ...(flag('no-cuda-graph') ? { cudaGraph: false } : {}),
       ...(arg('log-level', '') ? { logLevel: Number(arg('log-level', '')) as 0 | 1 | 2 | 3 | 4 } : {}),
-      // on|off: ORT's memory-pattern planning in every session (default: ORT's, except the KV engine's off)
-      ...(arg('memory-pattern', '') ? { memoryPattern: arg('memory-pattern', '') === 'on' } : {}),
+      ...memoryPattern(arg('memory-pattern', '')),
     },
     lora: lora > 0 ? { rank: lora, alpha: 2 * lora, targets: 'q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj' } : undefined,
   });

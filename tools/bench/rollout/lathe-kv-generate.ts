@@ -39,7 +39,7 @@ async function main(): Promise<void> {
   const tUpload = performance.now();
   const profile = arg('profile', '');
   // --memory-pattern: ORT's memory-pattern planning back on in both sessions (the engine turns it
-  // off: KV_SESSION_DEFAULTS), for an A/B of its cost.
+  // off by default), for an A/B of its cost.
   const session = { ...(profile ? { profilePrefix: profile } : {}), ...(flag('memory-pattern') ? { memoryPattern: true } : {}) };
   const genOpts = { temperature, topK, topP, groupSize: group, rows: prompts.length * group, maxLength: P + maxNew, dtype, cudaGraph, session };
   // CPU fallback stays off; if ORT moves a node to the CPU, rerun with it on (log level 1 lists
