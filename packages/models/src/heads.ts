@@ -85,6 +85,20 @@ export function chunkedTargetLogprobs(
 }
 
 /**
+ * Sizes of the vocabulary chunks for a requested chunk size: equal chunks where a count between
+ * ⌈V / chunk⌉ and 32 divides V (151,936 in 16 chunks of 9,496 for chunk 16,384), since ONNX Runtime's
+ * CUDA Split and Concat copy per-run index tables from the host for unequal parts (stale under
+ * CUDA-graph replay); otherwise chunks of `chunk` and a shorter last one.
+ */
+export function vocabularyChunks(vocabSize: number, chunk: number): number[] {
+  const least = Math.ceil(vocabSize / chunk);
+  for (let n = least; n <= Math.max(least, 32); n++) if (vocabSize % n === 0) return new Array<number>(n).fill(vocabSize / n);
+  const sizes: number[] = [];
+  for (let start = 0; start < vocabSize; start += chunk) sizes.push(Math.min(chunk, vocabSize - start));
+  return sizes;
+}
+
+/**
  * What the chunked heads share: hidden states as rows [B·T, D], the LM head split into vocabulary
  * chunks, each chunk's logits (float32, divided by the temperature), the targets' own logits [rows]
  * from their LM-head rows, and the reshape of a [rows] result back to the targets' shape.
@@ -99,8 +113,7 @@ function vocabularyHead(cfg: DecoderConfig, w: Weights, hidden: Tensor, targets:
   // per-channel kernels, where [B, T, 1] (two non-1 dims) takes its general broadcast kernel.
   const h = L.reshape(hidden, [-1, hidden.shape[hidden.rank - 1]!]);
   const rows = L.gather(W, L.cast(L.reshape(targets, [-1]), 'int64'), 0); // [rows, D]
-  const sizes: number[] = [];
-  for (let start = 0; start < cfg.vocabSize; start += chunk) sizes.push(Math.min(chunk, cfg.vocabSize - start));
+  const sizes = vocabularyChunks(cfg.vocabSize, chunk);
   return {
     h,
     parts: sizes.length === 1 ? [W] : L.split(W, sizes, 0),

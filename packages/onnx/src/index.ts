@@ -20,4 +20,4 @@ export * from './nn';
 export { checkpoint, customGradient, grad, type CustomGradientContext, type GradOptions } from './autodiff';
 export { toModelProto, toModelBytes, OPSET, IR_VERSION, type SerializeOptions } from './serialize';
 export * from './proto';
-export { noCudaKernelNodes, runtimeShapeNodes } from './lint';
+export { hostTableNodes, noCudaKernelNodes, runtimeShapeNodes } from './lint';

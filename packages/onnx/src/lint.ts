@@ -70,3 +70,21 @@ export function noCudaKernelNodes(graph: Graph): Node[] {
     return gap !== undefined && (gap === 'any' || (dtype !== undefined && gap.includes(dtype)));
   });
 }
+
+/**
+ * Concat and Split nodes whose CUDA kernels build tables on the host and copy them to the device on
+ * every run: more than 32 parts, or parts whose sizes along the axis differ or are not static
+ * (ONNX Runtime passes up to 32 equal parts' addresses in the kernel's arguments instead). The
+ * tables cost host time in proportion to the axis length, and CUDA-graph replay repeats the copy
+ * from host memory ORT freed after capture, so a replayed kernel can read stale addresses. Graphs
+ * captured as CUDA graphs should have none.
+ */
+export function hostTableNodes(graph: Graph): Node[] {
+  return graph.nodes.filter((n) => {
+    if (n.op.name !== 'Concat' && n.op.name !== 'Split') return false;
+    const parts = n.op.name === 'Concat' ? n.inputs.filter((t): t is Tensor => t !== null) : n.outputs;
+    const { axis } = n.attrs as { axis: number };
+    const sizes = parts.map((t) => t.shape[axis]);
+    return parts.length > 32 || sizes.some((d) => typeof d !== 'number' || d !== sizes[0]);
+  });
+}

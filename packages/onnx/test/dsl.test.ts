@@ -256,3 +256,19 @@ describe('Expand folded into a broadcasting operand', () => {
     expect(Array.from(out.y.data as Float32Array)).toEqual([3, 3, 3, 8, 8, 8]);
   });
 });
+
+test('hostTableNodes: Concat/Split with unequal, symbolic or more than 32 parts along the axis', () => {
+  const g = new L.Graph();
+  const x = g.input('x', 'float32', [4, 8]);
+  const y = g.input('y', 'float32', ['T', 8]);
+  const equal = L.concat([x, x, x], 0);
+  const unequal = L.concat([x, L.slice(x, [0], [0], [2])], 0);
+  const symbolic = L.concat([x, y], 0);
+  const many = L.concat(Array.from({ length: 33 }, () => x), 1);
+  const equalSplit = L.split(x, [4, 4], 1);
+  const unequalSplit = L.split(x, [3, 5], 1);
+  [equal, unequal, symbolic, many, ...equalSplit, ...unequalSplit].forEach((t, i) => g.output(t, `o${i}`));
+  const flagged = new Set(L.hostTableNodes(g));
+  const producer = (t: L.Tensor) => t.node!;
+  expect([equal, unequal, symbolic, many, equalSplit[0], unequalSplit[0]].map((t) => flagged.has(producer(t)))).toEqual([false, true, true, true, false, true]);
+});

@@ -6,7 +6,7 @@
  * the caller did not ask for.
  */
 import { writeFileSync } from 'node:fs';
-import { dtypeFromOnnxCode, onnxTypeCode, toModelBytes, type DType, type Graph } from '@lathe/onnx';
+import { dtypeFromOnnxCode, Graph, hostTableNodes, onnxTypeCode, toModelBytes, type DType } from '@lathe/onnx';
 import { OrtError, type Ptr } from './capi';
 import { cpuAllocator, cpuMemoryInfo, graphOptimizationLevels, ortEnv, trace, type LogLevel } from './env';
 import { checkHostTensor, sizeOf, type HostTensor } from './host';
@@ -87,6 +87,7 @@ export class Session {
   static create(device: Device, model: Graph | Uint8Array | { path: string }, opts: SessionOptions = {}): Session {
     const { api, env } = ortEnv();
     const name = opts.name ?? (model instanceof Uint8Array ? 'model' : 'path' in model ? model.path : model.name);
+    if (opts.cudaGraph && model instanceof Graph) refuseHostTables(model, name);
     const so = api.out('CreateSessionOptions');
     let handle: Ptr | undefined;
     try {
@@ -527,4 +528,19 @@ export function stageOnHost(dtype: DType, t: HostTensor): Ptr {
   const value = api.out('CreateTensorAsOrtValue', cpuAllocator(), BigInt64Array.from(t.dims.map(BigInt)), t.dims.length, onnxTypeCode(dtype));
   if (sizeOf(t.dims) > 0) api.copyIn(api.out('GetTensorMutableData', value), t.data);
   return value;
+}
+
+/**
+ * CUDA-graph replay re-runs a captured host-to-device copy from host memory ONNX Runtime freed
+ * after capture, so a kernel that copies per-run tables from the host (see `hostTableNodes`) can
+ * read stale addresses on replay: such a graph is refused, naming the nodes.
+ */
+function refuseHostTables(graph: Graph, name: string): void {
+  const nodes = hostTableNodes(graph);
+  if (nodes.length === 0) return;
+  const list = nodes.slice(0, 5).map((n) => `${n.name} (${n.op.name} of ${n.op.name === 'Concat' ? n.inputs.length : n.outputs.length} parts)`);
+  throw new Error(
+    `cudaGraph: '${name}' has ${nodes.length} Concat/Split node(s) whose CUDA kernels copy index tables from the host on every run, which CUDA-graph replay would read stale: ` +
+      `${list.join(', ')}${nodes.length > 5 ? ', …' : ''}. Give their parts equal static sizes along the axis, at most 32 of them, or run without cudaGraph.`,
+  );
 }

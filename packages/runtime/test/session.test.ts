@@ -171,3 +171,10 @@ test('allocated outputs follow the input shapes from run to run', () => {
   }
   s.dispose();
 });
+
+test('a CUDA-graph session is refused, naming the node, when a Concat would copy host tables on every run', () => {
+  const g = new L.Graph('host-table');
+  const x = g.input('x', 'float32', [4, 8]);
+  g.output(L.concat([x, L.slice(x, [0], [0], [2])], 0), 'y');
+  expect(() => cpu.compile(g, { cudaGraph: true })).toThrow(/cudaGraph: 'host-table' has 1 Concat\/Split node\(s\).*Concat_\d+ \(Concat of 2 parts\)/);
+});

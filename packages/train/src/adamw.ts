@@ -53,12 +53,44 @@ export function globalNorm(ts: Tensor[]): Tensor {
 }
 
 /**
- * Parameters below this many elements (norm weights, biases) are updated together: one set of
- * passes over their concatenation instead of one set per tensor. Each pass is a kernel launch, and
- * at the Qwen3-0.6B shape 113 such tensors of ≤ 1,024 elements cost 14 launches apiece (1,582 of a
- * train step's ~10,900) for almost no arithmetic.
+ * Parameters below this many elements (norm weights, biases, LoRA adapters) are updated in groups:
+ * one set of passes over a group's stacked tensors instead of one set per tensor. Each pass is a
+ * kernel launch, and at the Qwen3-0.6B shape 113 such tensors of ≤ 1,024 elements cost 14 launches
+ * apiece for almost no arithmetic.
  */
 export const SMALL_PARAMETER_ELEMENTS = 65536;
+
+/**
+ * The most tensors stacked in one group. ONNX Runtime's CUDA Concat and Split pass up to 32
+ * equal-size parts' addresses in the kernel's arguments; with more parts, or parts of unequal size,
+ * they build per-element index tables on the host and copy them to the device on every run — slow
+ * for long axes, and stale under CUDA-graph replay, which re-runs the copy from freed host memory.
+ */
+export const GROUP_MAX_TENSORS = 32;
+
+/**
+ * Groups of slot indices updated together: small parameters of one decay group and one element
+ * count, at most {@link GROUP_MAX_TENSORS} to a group, in slot order; singletons are left out.
+ */
+export function smallParameterGroups(slots: AdamWSlot[]): number[][] {
+  const buckets = new Map<string, number[]>();
+  slots.forEach((x, i) => {
+    const n = staticSize(x.param);
+    if (n >= SMALL_PARAMETER_ELEMENTS) return;
+    const key = `${x.decay}/${n}`;
+    buckets.set(key, [...(buckets.get(key) ?? []), i]);
+  });
+  const groups: number[][] = [];
+  for (const idx of buckets.values()) {
+    for (let k = 0; k < idx.length; k += GROUP_MAX_TENSORS) groups.push(idx.slice(k, k + GROUP_MAX_TENSORS));
+  }
+  return groups.filter((g) => g.length > 1);
+}
+
+/** Element count of a tensor with a static shape; Infinity when any dim is symbolic. */
+function staticSize(t: Tensor): number {
+  return t.shape.reduce<number>((a, d) => (typeof d === 'number' ? a * d : Infinity), 1);
+}
 
 /**
  * Applies clipping (if configured) and one AdamW step to every slot.
@@ -72,9 +104,9 @@ export const SMALL_PARAMETER_ELEMENTS = 65536;
  *   p' = (1 − lr·λ)·p − (lr·√bc₂/bc₁) · m' / (√v' + ε·√bc₂)
  * which equals torch's p − (lr/bc₁)·m'/(√v'/√bc₂ + ε) after decay, to rounding. 14 passes per
  * decayed parameter, the norm's included (13 without decay), against 17 written term by term.
- * Small parameters (see {@link SMALL_PARAMETER_ELEMENTS}) of one decay group are concatenated,
- * updated as one tensor and split back: every element goes through the same operations, so the
- * result is bit-identical to updating them one by one.
+ * Small parameters (see {@link smallParameterGroups}) are stacked, updated as one tensor and split
+ * back: every element goes through the same operations, so the result is bit-identical to updating
+ * them one by one.
  */
 export function adamwUpdate(slots: AdamWSlot[], s: AdamWScalars, cfg: AdamWConfig = {}): AdamWResult {
   const [b1, b2] = cfg.betas ?? [0.9, 0.999];
@@ -101,17 +133,14 @@ export function adamwUpdate(slots: AdamWSlot[], s: AdamWScalars, cfg: AdamWConfi
     out.m[i] = r.m;
     out.v[i] = r.v;
   };
-  const size = (t: Tensor) => t.shape.reduce<number>((a, d) => (typeof d === 'number' ? a * d : Infinity), 1);
   const grouped = new Set<number>();
-  for (const decay of [true, false]) {
-    const idx = slots.flatMap((x, i) => (x.decay === decay && size(x.param) < SMALL_PARAMETER_ELEMENTS ? [i] : []));
-    if (idx.length < 2) continue;
-    const flat = (t: Tensor) => (t.rank === 1 ? t : L.reshape(t, [-1]));
-    const joined = (pick: (x: AdamWSlot) => Tensor) => L.concat(idx.map((i) => flat(pick(slots[i]))), 0);
-    const r = update({ param: joined((x) => x.param), grad: joined((x) => x.grad), m: joined((x) => x.m), v: joined((x) => x.v), decay });
-    const sizes = idx.map((i) => size(slots[i].param));
-    const parts = (t: Tensor) => L.split(t, sizes, 0).map((part, k) => (slots[idx[k]].param.rank === 1 ? part : L.reshape(part, slots[idx[k]].param.shape)));
-    const [ps, ms, vs] = [parts(r.p), parts(r.m), parts(r.v)];
+  for (const idx of smallParameterGroups(slots)) {
+    // Each tensor becomes one row of a [k, n] stack: equal parts along axis 0, at most 32 of them.
+    const n = staticSize(slots[idx[0]].param);
+    const stacked = (pick: (x: AdamWSlot) => Tensor) => L.concat(idx.map((i) => L.reshape(pick(slots[i]), [1, n])), 0);
+    const r = update({ param: stacked((x) => x.param), grad: stacked((x) => x.grad), m: stacked((x) => x.m), v: stacked((x) => x.v), decay: slots[idx[0]].decay });
+    const rows = (t: Tensor) => L.split(t, idx.map(() => 1), 0).map((row, k) => L.reshape(row, slots[idx[k]].param.shape));
+    const [ps, ms, vs] = [rows(r.p), rows(r.m), rows(r.v)];
     idx.forEach((i, k) => {
       set(i, { p: ps[k], m: ms[k], v: vs[k] });
       grouped.add(i);

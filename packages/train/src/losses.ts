@@ -38,8 +38,13 @@ export function castWeights(params: Map<string, Tensor>, compute: DType): Weight
   };
 }
 
-/** Shifts [B, T] left by one along T (the last column wraps around: mask it out). */
+/**
+ * Shifts [B, T] left by one along T (the last column wraps around: mask it out). A static T takes
+ * one Gather: a Concat of unequal parts would copy an index table from the host on every run.
+ */
 export function shiftLeft(x: Tensor): Tensor {
+  const T = x.shape[1];
+  if (typeof T === 'number') return L.gather(x, x.graph.constant(Array.from({ length: T }, (_, t) => (t + 1) % T), 'int64', [T]), 1);
   return L.concat([L.slice(x, [1], [1]), L.slice(x, [1], [0], [1])], 1);
 }
 
@@ -116,6 +121,8 @@ export function sftLoss(cfg: DecoderConfig, opts: SftLossOptions = {}): LossBuil
 
 /** 1 everywhere except the last column (int64 [B, T]). */
 function lastColumnZero(x: Tensor): Tensor {
+  const T = x.shape[1];
+  if (typeof T === 'number') return L.mul(L.add(L.mul(x, 0), 1), x.graph.constant(Array.from({ length: T }, (_, t) => (t < T - 1 ? 1 : 0)), x.dtype, [1, T]));
   const ones = L.add(L.mul(x, 0), 1);
   const zeros = L.mul(L.slice(x, [1], [0], [1]), 0);
   return L.concat([L.slice(ones, [1], [0], [-1]), zeros], 1);

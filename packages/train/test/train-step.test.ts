@@ -3,7 +3,7 @@ import { paramSpecs, randomModel, readTensorBytes, readWeightIndex, type Decoder
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { adamwUpdate, biasCorrections, compileTrainStep, learningRate, loraAdapters, loraWeights, sftLoss, stateNames, type LossBuilder, type TrainableParam } from '@lathe/train';
+import { adamwUpdate, biasCorrections, smallParameterGroups, compileTrainStep, learningRate, loraAdapters, loraWeights, sftLoss, stateNames, type LossBuilder, type TrainableParam } from '@lathe/train';
 import { compile, rng, type HostTensor } from '../../../tools/testing/ort-cpu';
 
 const f32 = (a: ArrayLike<number>, dims: number[]): HostTensor => ({ data: Float32Array.from(a), dims });
@@ -75,10 +75,11 @@ test('in-graph AdamW with clipping matches torch.optim.AdamW written out in floa
   expect(res.norm.data[0]).toBeCloseTo(Math.sqrt(gr.flat().reduce((s, x) => s + x * x, 0)), 5);
 });
 
-test('small parameters updated together (concatenated, one set of passes, split back) get bit-identical results', async () => {
+test('small parameters updated together (stacked, one set of passes, split back) get bit-identical results, with no host-table Concat/Split', async () => {
   const r = rng(9);
-  const shapes = [[3, 4], [4], [5], [2, 3], [7], [4]];
-  const decay = [true, false, false, true, false, true];
+  // decayed [3, 4] ×3 (one group), undecayed [4] ×35 (groups of 32 and 3), one [5] and one [2, 6] alone
+  const shapes = [[3, 4], [4], [5], [3, 4], ...Array.from({ length: 34 }, () => [4]), [2, 6], [3, 4]];
+  const decay = shapes.map((sh, k) => sh.length === 2 && k !== shapes.length - 2);
   const { g, slots, sc } = adamwInputs(shapes, decay);
   // without clipping a parameter's update does not depend on the others: one-by-one is the reference
   const together = adamwUpdate(slots, sc, { maxGradNorm: 0, weightDecay: 0.1 });
@@ -86,8 +87,10 @@ test('small parameters updated together (concatenated, one set of passes, split 
   shapes.forEach((_s, k) => {
     for (const [name, t] of Object.entries({ tp: together.params[k], tm: together.m[k], tv: together.v[k], ap: alone[k].params[0], am: alone[k].m[0], av: alone[k].v[0] })) g.output(t, `${name}${k}`);
   });
-  // both decay groups were concatenated: one Split per output kind per group
-  expect(g.nodes.filter((n) => n.op.name === 'Split')).toHaveLength(6);
+  expect(smallParameterGroups(slots).map((idx) => idx.length)).toEqual([3, 32, 3]);
+  // one Split per output kind per group, each of equal parts: nothing copied from the host per run
+  expect(g.nodes.filter((n) => n.op.name === 'Split')).toHaveLength(9);
+  expect(L.hostTableNodes(g)).toEqual([]);
   const feeds: Record<string, HostTensor> = { lr: scalar(0.03), ...Object.fromEntries(Object.entries(biasCorrections(5)).map(([k, x]) => [k, scalar(x)])) };
   shapes.forEach((sh, k) => {
     const n = sh.reduce((a, b) => a * b, 1);
@@ -316,4 +319,25 @@ test('bf16 train-step graphs (full and LoRA) have no run-time shape arithmetic a
       expect([name, L.noCudaKernelNodes(g).map((n) => `${n.op.name} ${n.outputs[0]?.dtype} ${n.name}`)]).toEqual([name, []]);
     }
   }
+});
+
+test('the train steps a CUDA graph captures (static batch shape) hold no Concat/Split that copies host tables, full and LoRA, at 40 layers', () => {
+  // 40 layers: 80 norm weights and 320 LoRA adapter matrices, well past the 32 parts ORT passes by value
+  const dir = mkdtempSync(join(tmpdir(), 'lathe-train-'));
+  const config = randomModel(dir, { ...tiny, vocab_size: 300, num_hidden_layers: 40 }, { seed: 2, std: 0.1 });
+  const specs = paramSpecs(config);
+  const full = specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+  const shape: [number, number] = [2, 8];
+  expect(L.hostTableNodes(compileTrainStep({ params: full, loss: sftLoss(config, { chunk: 64, shape }), optimizer: { maxGradNorm: 1 } }).step)).toEqual([]);
+  const lora = { rank: 4, alpha: 8, targets: 'q_proj|k_proj|v_proj|o_proj' };
+  const adapters = loraAdapters(config, lora);
+  const loss = sftLoss(config, {
+    chunk: 64,
+    shape,
+    weights: (g, trainable) => {
+      const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
+      return loraWeights((name) => base.get(name)!, trainable, adapters, lora, 'float32');
+    },
+  });
+  expect(L.hostTableNodes(compileTrainStep({ params: adapters.flatMap((a) => [a.a, a.b]), loss, optimizer: { maxGradNorm: 1 } }).step)).toEqual([]);
 });

@@ -9,7 +9,7 @@
  *          [--path bound|plain] [--micro-batches 1] [--shared-arena] [--static-shape] [--cuda-graph] [--recompute] [--flash-attention]
  *          [--steps N] [--lr 1e-3] [--max-grad-norm 1]
  *          [--weight-decay 0.01] [--out updated.safetensors] [--profile PREFIX]
- *          [--lora-rank R [--lora-alpha 2R] [--lora-targets 'q_proj|k_proj|v_proj|o_proj'] [--seed 0]]
+ *          [--lora-rank R [--lora-alpha 2R] [--lora-targets 'q_proj|k_proj|v_proj|o_proj'] [--seed 0]] [--freeze REGEX]
  * --lora-rank: LoRA as `lathe sft` trains it (packages/train/src/sft.ts): the base weights stay
  * float32 on the device, bound once as the loss's `base/<name>` inputs (the Trainer's `frozen`
  * option); the trainable parameters, and all AdamW state, are the adapters' A [R, in] and
@@ -17,6 +17,9 @@
  * targeted projection gets LoRA's side branch, x·Wᵀ + (alpha / R)·(x·Aᵀ)·Bᵀ with A and B cast to
  * --compute (`loraWeights`; the frozen base gets no [out, in] gradient). No LoRA dropout.
  * A ~ U(±1/√in) (seeded by --seed), B = 0. Only `--path bound`; --out then holds the adapters.
+ * --freeze: full fine-tuning with the weights whose names match frozen the same way (e.g.
+ * `embed_tokens`: the embedding's scatter-add gradient sums with atomics, so it is what makes two
+ * runs of a full fine-tuning step differ in the last bits; frozen, two runs agree).
  * --profile writes ORT's profile of the step session when the trainer is disposed (run with
  * CUDA_LAUNCH_BLOCKING=1 so each node's time includes its GPU work).
  * batch.json: {"input_ids": [[...]], "attention_mask": [[...]], "loss_mask": [[...]]}
@@ -29,6 +32,7 @@ import { paramSpecs, readConfig, TOTAL_LENGTH_INPUT, totalLengthTensor, writeSaf
 import { Device, PlainSession, sizeOf, type DeviceTensor, type HostTensor } from '@lathe/runtime';
 import {
   biasCorrections,
+  castWeights,
   compileTrainStep,
   initLora,
   loadFloat32,
@@ -57,9 +61,12 @@ async function main(): Promise<void> {
   const rank = Number(arg('lora-rank', '0'));
   const lora: LoraConfig | undefined = rank > 0 ? { rank, alpha: Number(arg('lora-alpha', String(2 * rank))), targets: arg('lora-targets', 'q_proj|k_proj|v_proj|o_proj') } : undefined;
   const adapters = lora ? loraAdapters(config, lora) : [];
+  // --freeze REGEX: full fine-tuning with the matching weights frozen (bound once, like LoRA's base).
+  const freeze = arg('freeze', '') ? new RegExp(arg('freeze', '')) : undefined;
+  const frozenSpecs = lora ? specs : specs.filter((s) => freeze?.test(s.name));
   const params: TrainableParam[] = lora
     ? adapters.flatMap((a) => [a.a, a.b])
-    : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+    : specs.filter((s) => !freeze?.test(s.name)).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
   const trainableParams = params.reduce((s, p) => s + sizeOf(p.shape), 0);
   const optimizer = { weightDecay: Number(arg('weight-decay', '0.01')), maxGradNorm: Number(arg('max-grad-norm', '1')) };
   const path = arg('path', 'bound');
@@ -94,9 +101,14 @@ async function main(): Promise<void> {
             return loraWeights((name) => base.get(name)!, trainable, adapters, lora, compute);
           },
         })
-      : sftLoss(config, lossOpts);
-    // A LoRA base is bound once, read-only, for every step.
-    const frozen: Record<string, DeviceTensor> = lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, dev.upload({ data: weights.get(s.name)!, dims: s.shape })])) : {};
+      : freeze
+        ? sftLoss(config, {
+            ...lossOpts,
+            weights: (g, trainable) => castWeights(new Map([...trainable, ...frozenSpecs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)] as const)]), compute),
+          })
+        : sftLoss(config, lossOpts);
+    // A LoRA base (or the --freeze weights) is bound once, read-only, for every step.
+    const frozen: Record<string, DeviceTensor> = Object.fromEntries(frozenSpecs.map((s) => [`base/${s.name}`, dev.upload({ data: weights.get(s.name)!, dims: s.shape })]));
     const init = lora ? initLora(adapters, Number(arg('seed', '0'))) : weights;
     const trainer = Trainer.create(
       { params, loss, optimizer },

@@ -13,8 +13,9 @@ Runs on the GPU machine (PyTorch + transformers, no hub access).
    and for Lathe, timed the same way (best of repeats after a warm-up, which for transformers'
    static cache includes the compile). The ratio is against the fastest transformers set-up.
 
-usage: python3 tools/reference/rollout/generate_bench.py [--out DIR] [--batch 32] [--prompt 128] [--new 128]
+usage: python3 tools/reference/rollout/generate_bench.py [--out DIR] [--batch 32] [--prompt 128] [--prompt-kind ragged|unpadded] [--new 128]
          [--engine kv|graph] [--prev] [--hf-cache dynamic,static,static_eager] [--lathe-modes plain,cuda_graph]
+         [--workloads 256:ragged,64:unpadded] [--hf-cache-for ragged=static,unpadded=dynamic]
 Needs .bundle/lathe-generate.js or .bundle/lathe-kv-generate.js (tools/bench/build-device-bundles.sh);
 --prev also times .bundle/lathe-kv-generate-prev.js (an earlier build) with CUDA graphs in the same call.
 """
@@ -56,11 +57,13 @@ def save_random(cfg, path, dtype, std):
     return model.cuda().eval()
 
 
-def prompts(vocab, batch, length, seed):
+def prompts(vocab, batch, length, seed, kind="ragged"):
     g = torch.Generator().manual_seed(seed)
-    # Ragged prompts (left-padded by both sides) from length/2 to length tokens.
+    # Ragged prompts (left-padded by both sides) from length/2 to length tokens; unpadded: all of length.
     lens = torch.randint(length // 2, length + 1, (batch,), generator=g).tolist()
     lens[0] = length
+    if kind == "unpadded":
+        lens = [length] * batch
     return [torch.randint(1, vocab, (n,), generator=g).tolist() for n in lens]
 
 
@@ -76,15 +79,19 @@ HF_CACHES = {
 
 
 def hf_generate(model, rows, new, repeat, cache="dynamic"):
-    """transformers generate on left-padded `rows`: (new tokens per row, best of `repeat` timed calls in s, the warm-up call in s)."""
+    """transformers generate on left-padded `rows`: (new tokens per row, best of `repeat` timed calls in s, the warm-up call in s).
+
+    The warm-up runs every new token for the static cache (its length, and so its compiled graph,
+    depends on them) and 16 for the dynamic one (which has no fixed shapes to warm)."""
     P = max(len(r) for r in rows)
     ids = torch.tensor([[0] * (P - len(r)) + r for r in rows]).cuda()
     mask = torch.tensor([[0] * (P - len(r)) + [1] * len(r) for r in rows]).cuda()
     kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=new, min_new_tokens=new, eos_token_id=None, pad_token_id=0,
               **HF_CACHES[cache])
+    warm_new = new if cache != "dynamic" else min(new, 16)
     with torch.no_grad():
         t = time.perf_counter()
-        out = model.generate(ids, **kw)  # warm-up; for the static cache, also torch.compile's compile
+        out = model.generate(ids, **{**kw, "max_new_tokens": warm_new, "min_new_tokens": warm_new})  # for the static cache, also torch.compile's compile
         torch.cuda.synchronize()
         warm_s = time.perf_counter() - t
         times = []
@@ -147,6 +154,10 @@ def main():
     ap.add_argument("--engine", choices=["graph", "kv"], default="kv",
                     help="kv: the KV-cache generator (GroupQueryAttention, bf16/fp16 on CUDA), with and without CUDA graphs")
     ap.add_argument("--prev", action="store_true", help="kv: also time .bundle/lathe-kv-generate-prev.js (CUDA graphs)")
+    ap.add_argument("--prompt-kind", choices=["ragged", "unpadded"], default="ragged",
+                    help="ragged: lengths from prompt/2 to prompt, left-padded; unpadded: every prompt of --prompt tokens")
+    ap.add_argument("--workloads", default="", help="several throughput runs in one process, e.g. 256:ragged,64:unpadded (batch:prompt kind)")
+    ap.add_argument("--hf-cache-for", default="", help="transformers set-ups per prompt kind, e.g. ragged=static,unpadded=static;dynamic (else --hf-cache)")
     ap.add_argument("--hf-cache", default="dynamic",
                     help="comma-separated transformers set-ups to time: " + ", ".join(HF_CACHES) + "; the ratio is against the fastest")
     ap.add_argument("--lathe-modes", default="plain,cuda_graph", help="kv: plain and/or cuda_graph")
@@ -182,35 +193,40 @@ def main():
     if not a.skip_throughput:
         path = os.path.join(a.out, "qwen3-0.6b")
         model = save_random(qwen3_06b(), path, torch.bfloat16, 0.02)
-        rows = prompts(151936, a.batch, a.prompt, 2)
-        hf = {}
-        for cache in a.hf_cache.split(","):
-            if cache not in HF_CACHES:
-                raise SystemExit(f"--hf-cache: unknown set-up {cache!r} (choose from {', '.join(HF_CACHES)})")
-            _, hf_s, warm_s = hf_generate(model, rows, a.new, a.repeat, cache)
-            hf[cache] = {"new_tokens_per_s": round(a.batch * a.new / hf_s), "warm_up_s": round(warm_s, 1)}
-            print(json.dumps({"hf": cache, **hf[cache]}), flush=True)
-            torch._dynamo.reset()
-            torch.cuda.empty_cache()
+        workloads = [(int(b), k) for b, k in (w.split(":") for w in a.workloads.split(","))] if a.workloads else [(a.batch, a.prompt_kind)]
+        per_kind = dict(x.split("=") for x in a.hf_cache_for.split(",")) if a.hf_cache_for else {}
+        report["workloads"] = []
+        for batch, kind in workloads:
+            rows = prompts(151936, batch, a.prompt, 2, kind)
+            hf = {}
+            for cache in per_kind.get(kind, a.hf_cache).replace(";", ",").split(","):
+                if cache not in HF_CACHES:
+                    raise SystemExit(f"--hf-cache: unknown set-up {cache!r} (choose from {', '.join(HF_CACHES)})")
+                _, hf_s, warm_s = hf_generate(model, rows, a.new, a.repeat, cache)
+                hf[cache] = {"new_tokens_per_s": round(batch * a.new / hf_s), "warm_up_s": round(warm_s, 1)}
+                print(json.dumps({"hf": cache, "batch": batch, "prompt_kind": kind, **hf[cache]}), flush=True)
+                torch._dynamo.reset()
+                torch.cuda.empty_cache()
+            hf_tps = max(v["new_tokens_per_s"] for v in hf.values())
+            tp = {"model": "qwen3-0.6b shape, bf16", "batch": batch, "prompt_max": a.prompt, "prompt_kind": kind, "new": a.new,
+                  "hf": hf, "hf_new_tokens_per_s": hf_tps, "engine": a.engine}
+            kv_modes = {"plain": ("plain", (), None), "cuda_graph": ("cuda_graph", ("--cuda-graph",), None)}
+            modes = [kv_modes[m] for m in a.lathe_modes.split(",")] if a.engine == "kv" else [("graph", (), None)]
+            if a.engine == "kv" and a.prev:
+                modes.append(("cuda_graph_prev", ("--cuda-graph",), KV_PREV_SCRIPT))
+            for label, extra, script in modes:
+                try:
+                    _, info = lathe_generate(path, rows, a.new, "bfloat16", a.out, a.repeat, a.engine, extra, label, script)
+                except RuntimeError as e:
+                    tp[label] = {"error": str(e)[-1500:]}
+                    continue
+                tp[label] = {"lathe_new_tokens_per_s": info["new_tokens_per_s"], "ratio": round(info["new_tokens_per_s"] / hf_tps, 3), "lathe": info}
+            print(json.dumps(tp), flush=True)
+            report["workloads"].append(tp)
+        report["throughput"] = report["workloads"][0]
         del model
         torch.cuda.empty_cache()
-        hf_tps = max(v["new_tokens_per_s"] for v in hf.values())
-        report["throughput"] = {"model": "qwen3-0.6b shape, bf16", "batch": a.batch, "prompt_max": a.prompt, "new": a.new,
-                                "hf": hf, "hf_new_tokens_per_s": hf_tps, "engine": a.engine}
-        kv_modes = {"plain": ("plain", (), None), "cuda_graph": ("cuda_graph", ("--cuda-graph",), None)}
-        modes = [kv_modes[m] for m in a.lathe_modes.split(",")] if a.engine == "kv" else [("graph", (), None)]
-        if a.engine == "kv" and a.prev:
-            modes.append(("cuda_graph_prev", ("--cuda-graph",), KV_PREV_SCRIPT))
-        for label, extra, script in modes:
-            try:
-                _, info = lathe_generate(path, rows, a.new, "bfloat16", a.out, a.repeat, a.engine, extra, label, script)
-            except RuntimeError as e:
-                report["throughput"][label] = {"error": str(e)[-1500:]}
-                continue
-            report["throughput"][label] = {"lathe_new_tokens_per_s": info["new_tokens_per_s"],
-                                           "ratio": round(info["new_tokens_per_s"] / hf_tps, 3), "lathe": info}
-        print(json.dumps(report["throughput"]), flush=True)
-    with open(os.path.join(a.out, f"generate-{a.engine}-{a.batch}.json"), "w") as f:
+    with open(os.path.join(a.out, f"generate-{a.engine}-{'suite' if a.workloads else a.batch}.json"), "w") as f:
         json.dump(report, f, indent=2)
 
 

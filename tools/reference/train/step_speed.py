@@ -133,6 +133,7 @@ def main():
     ap.add_argument("--path", default="bound")
     ap.add_argument("--micro", type=int, default=1)
     ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--reuse-model", action="store_true", help="keep a model already saved in --out (same seed, so the same weights)")
     ap.add_argument("--lora", type=int, default=0, help="LoRA rank on q,k,v,o (0: full fine-tuning)")
     ap.add_argument("--lora-alpha", type=float, default=None, help="default 2·rank")
     a = ap.parse_args()
@@ -142,7 +143,8 @@ def main():
     cfg = qwen3_config(a.shape)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     path = os.path.join(a.out, f"qwen3-{a.shape}")
-    model.save_pretrained(path, safe_serialization=True)
+    if not (a.reuse_model and os.path.exists(os.path.join(path, "config.json"))):
+        model.save_pretrained(path, safe_serialization=True)
     # the saved model is the plain one; LoRA wraps the projections after saving
     if a.lora:
         add_lora(model, a.lora, lora_alpha)

@@ -11,7 +11,7 @@ import { applyOp, GraphError, type Tensor } from '../graph';
 import { attr, defineOp, type GradContext } from '../op';
 import { add, cast, div, greaterOrEqual, lessOrEqual, mul, neg, onesLike, reciprocal, sigmoid, sqrt, sub, where } from './elementwise';
 import { matmul } from './linalg';
-import { concat, reshape, reshapeLike, slice, transpose, unsqueeze } from './shape-ops';
+import { concat, reshape, reshapeLike, slice, split, transpose, unsqueeze } from './shape-ops';
 import { causalMask } from '../nn';
 import { cumsum, reduceSum, reduceSumSquare, softmax } from './reduce';
 
@@ -273,9 +273,11 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
   // 8 × 1024 on the H100). 7 zero columns pad hd + 1 to a multiple of 8 for the tensor cores.
   // They are sliced and scaled rather than made from a Shape: ONNX Runtime turns
   // Shape(Slice(Transpose(…))) into a Gather it runs on the CPU, one per layer (seen on the H100).
-  const zeros = (t: Tensor, width: number) => mul(slice(t, [3], [0], [width]), g.constant(0, dt, []));
-  const dOD = concat([dO, neg(rowDot), zeros(dO, 7)], 3); // [B, KV, G·S, hd + 8]
-  const v1 = concat([v4, add(zeros(v4, 1), g.constant(1, dt, [])), zeros(v4, 7)], 3); // [B, KV, S, hd + 8]
+  // The 8 extra columns are [−D, 0…] and [1, 0…]: a column broadcast against e₀ = [1, 0, …, 0].
+  const e0 = g.constant([1, 0, 0, 0, 0, 0, 0, 0], dt, [8]);
+  const zeros8 = (t: Tensor) => mul(slice(t, [3], [0], [8]), g.constant(0, dt, []));
+  const dOD = appendColumns(dO, mul(neg(rowDot), e0)); // [B, KV, G·S, hd + 8]
+  const v1 = appendColumns(v4, add(zeros8(v4), e0)); // [B, KV, S, hd + 8]
   const dS = mul(p, matmul(dOD, swap(v1)));
   // The products that need an [S, S] operand transposed are formed transposed — (dOᵀ·P)ᵀ,
   // (Qᵀ·dS)ᵀ — so only [S, hd] values are transposed.
@@ -283,6 +285,20 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
   const dq = mul(fromQueries(matmul(dS, k4)), g.constant(scale, dt, []));
   const dk = fromKeysTransposed(matmul(swap(qScaled), dS));
   return [dq, plus(dk, dPresentKey), plus(dv, dPresentValue), null, null, null, null, null, null];
+}
+
+/**
+ * [t, extra] along the last axis, t [B, KV, R, hd] and extra [B, KV, R, 8], joined as hd/8 + 1
+ * equal 8-wide parts: ONNX Runtime's CUDA Split and Concat pass up to 32 equal parts by value,
+ * while a Concat of unequal parts copies index tables from the host on every run, which CUDA-graph
+ * replay would read stale. Head sizes that do not split so fall back to the plain Concat.
+ */
+function appendColumns(t: Tensor, extra: Tensor): Tensor {
+  const hd = t.shape[3];
+  if (typeof hd !== 'number' || hd % 8 !== 0 || hd / 8 + 1 > 32) return concat([t, extra], 3);
+  const lead = t.shape.slice(0, 3);
+  const columns = split(reshape(t, [...lead, hd / 8, 8]), new Array<number>(hd / 8).fill(1), 3);
+  return reshape(concat([...columns, reshape(extra, [...lead, 1, 8])], 3), [...lead, hd + 8]);
 }
 
 /** Each graph's causal bias, by (S, dtype): built once and shared by every layer's rule. */
