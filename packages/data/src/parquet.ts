@@ -100,6 +100,72 @@ function wasmError(file: string, e: unknown): Error {
   return new Error(`${file}: cannot read Parquet (${msg})`);
 }
 
+/** A WebAssembly trap: how a Rust panic inside parquet-wasm surfaces (`RuntimeError: unreachable`). */
+function isWasmTrap(e: unknown): e is Error {
+  return e instanceof Error && e.name === 'RuntimeError' && /wasm/.test(e.stack ?? '');
+}
+
+/** The end of the wasm call now in flight: reads queue behind it so that a trap is blamed on the read that caused it. */
+let wasmCallDone: Promise<void> = Promise.resolve();
+
+/**
+ * Runs one asynchronous parquet-wasm call, turning a WebAssembly trap into a rejection made by
+ * `onTrap`. parquet-wasm drives its futures from queued microtasks, so a panic (a damaged page that
+ * fails to decompress, say) reaches no caller: it is an uncaught exception that ends the process,
+ * and the call's promise never settles. While the call runs, the process's uncaught-exception
+ * capture takes such traps; any other uncaught exception is thrown again as it would have been.
+ */
+async function guardWasm<T>(call: () => Promise<T>, onTrap: (trap: Error) => Error): Promise<T> {
+  const before = wasmCallDone;
+  let done!: () => void;
+  wasmCallDone = new Promise((resolve) => (done = resolve));
+  await before;
+  // Another capture (the domain module's) owns the process's uncaught exceptions: run unguarded.
+  if (process.hasUncaughtExceptionCaptureCallback()) {
+    try {
+      return await call();
+    } finally {
+      done();
+    }
+  }
+  try {
+    return await new Promise<T>((resolve, reject) => {
+      const release = () => process.setUncaughtExceptionCaptureCallback(null);
+      process.setUncaughtExceptionCaptureCallback((e) => {
+        release();
+        if (isWasmTrap(e)) reject(onTrap(e));
+        else
+          setImmediate(() => {
+            throw e;
+          });
+      });
+      call().then(
+        (v) => (release(), resolve(v)),
+        (e: unknown) => (release(), reject(e)),
+      );
+    });
+  } finally {
+    done();
+  }
+}
+
+function freeQuietly(pf: pw.ParquetFile): void {
+  try {
+    pf.free();
+  } catch {
+    // the trap's error is the one to report
+  }
+}
+
+/** The error for a trap while decoding row group `g` (rows `first`…): a damaged page, most likely. */
+function rowGroupTrap(file: string, g: number, first: number, rows: number, columns: string[] | undefined, trap: Error): Error {
+  const which = columns ? ` (columns ${columns.map((c) => `'${c}'`).join(', ')})` : '';
+  return new Error(
+    `${file}: row group ${g} (rows ${first}–${first + rows - 1}) cannot be decoded${which}: a page in it is damaged (parquet-wasm stopped with "${trap.name}: ${trap.message}" ` +
+      `decompressing or decoding it); re-create the file, or check it with pyarrow: pq.ParquetFile(path).read_row_group(${g})`,
+  );
+}
+
 function checkColumns(file: string, schema: arrow.Schema, columns?: string[]): void {
   if (!columns) return;
   const names = new Set(schema.fields.map((f) => f.name));
@@ -109,10 +175,11 @@ function checkColumns(file: string, schema: arrow.Schema, columns?: string[]): v
 /** Opens a Parquet file for reading (its framing checked first); errors name the file. */
 async function openParquet(file: string): Promise<pw.ParquetFile> {
   checkParquetFraming(file);
+  const blob = await openAsBlob(file);
   try {
-    return await pw.ParquetFile.fromFile(await openAsBlob(file));
+    return await guardWasm(() => pw.ParquetFile.fromFile(blob), (trap) => new Error(`${file}: corrupt Parquet file (its footer cannot be decoded: parquet-wasm stopped with "${trap.name}: ${trap.message}")`));
   } catch (e) {
-    throw wasmError(file, e);
+    throw (e as Error).message.startsWith(`${file}:`) ? e : wasmError(file, e);
   }
 }
 
@@ -178,6 +245,7 @@ export async function parquetInfo(file: string): Promise<{ rows: number; rowGrou
  */
 export async function* readParquetBatches(file: string, options: ParquetReadOptions & { batchSize?: number; onSchema?: (schema: arrow.Schema) => void } = {}): AsyncGenerator<arrow.RecordBatch> {
   const pf = await openParquet(file);
+  let trapped = false;
   try {
     const meta = pf.metadata();
     const groups = meta.numRowGroups();
@@ -185,18 +253,29 @@ export async function* readParquetBatches(file: string, options: ParquetReadOpti
     if (options.columns) checkColumns(file, fileSchema, options.columns);
     const schema = options.columns ? new arrow.Schema(options.columns.map((c) => fileSchema.fields.find((f) => f.name === c)!), fileSchema.metadata) : fileSchema;
     options.onSchema?.(schema);
+    let first = 0;
     for (let g = 0; g < groups; g++) {
-      checkRowGroupSize(file, g, meta.rowGroup(g), options.columns, options.maxRowGroupBytes ?? MAX_ROW_GROUP_BYTES);
+      const rg = meta.rowGroup(g);
+      const rows = Number(rg.numRows());
+      checkRowGroupSize(file, g, rg, options.columns, options.maxRowGroupBytes ?? MAX_ROW_GROUP_BYTES);
       let t: pw.Table;
       try {
-        t = await pf.read({ rowGroups: [g], batchSize: options.batchSize ?? 8192, ...(options.columns ? { columns: options.columns } : {}) });
+        t = await guardWasm(
+          () => pf.read({ rowGroups: [g], batchSize: options.batchSize ?? 8192, ...(options.columns ? { columns: options.columns } : {}) }),
+          (trap) => {
+            trapped = true;
+            return rowGroupTrap(file, g, first, rows, options.columns, trap);
+          },
+        );
       } catch (e) {
-        throw wasmError(file, e);
+        throw trapped ? e : wasmError(file, e);
       }
       for (const b of fromWasm(t).batches) yield b;
+      first += rows;
     }
   } finally {
-    pf.free();
+    if (!trapped) pf.free();
+    else freeQuietly(pf); // after a trap the file's wasm state may be inconsistent: freeing it must not hide the error
   }
 }
 
