@@ -7,7 +7,7 @@ runtime sourced (/opt/device-rt/env.sh). Groups, each at the Qwen3-0.6B shape in
          same initial weights): Lathe plain and with CUDA-graph replay; parity is the first loss
          against PyTorch's, and every graph-replay loss against the plain path's: LoRA within 2e-5
          over 20 steps; full fine-tuning, whose own plain runs part in the last bits from step 3
-         or so, within 5× the spread of two plain runs (or 1e-4) over 12 steps.
+         or so, within 5× the spread of two plain runs (or 1e-4) over 8 steps.
   gen    `generate` at batch 256 and 64, on ragged left-padded prompts (128–256 tokens) and on
          unpadded 256-token prompts, 512 new tokens, greedy: Lathe's KV engine with CUDA graphs
          against transformers' fastest set-up for that workload (HF_FASTEST below; --hf-all times
@@ -33,15 +33,15 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 OUT = os.environ.get("OUT", "/tmp")
 BASELINE = os.path.join(ROOT, "docs", "benchmarks", "suite-baseline.json")
 WORK = "/tmp/lathe-suite"
-# transformers' fastest set-up per prompt kind (H100 2026-11-24, H200 2026-11-26, batch 256 and 64;
-# `--hf-all` re-checks): its static cache, compiled by generate, on ragged prompts; its dynamic
-# cache on unpadded ones.
-HF_FASTEST = {"ragged": "static", "unpadded": "dynamic"}
+# transformers' fastest set-up per workload (prompt kind, or kind@batch), as measured on the H200
+# 2026-11-26 (`--hf-all` times both everywhere): its static cache, compiled by generate, on ragged
+# prompts; its dynamic cache on unpadded prompts at batch 256; at batch 64 unpadded, both are timed.
+HF_FASTEST = {"ragged": "static", "unpadded": "dynamic", "unpadded@64": "static;dynamic"}
 LORA = ["--lora-rank", "16", "--lora-alpha", "32", "--lora-targets", "q_proj|k_proj|v_proj|o_proj"]
 # Two plain runs of the same step differ in the last bits of the loss from step to step (ORT's CUDA
 # kernels are not all deterministic): graph replay must stay within this of the plain path.
 LOSS_TOLERANCE = 2e-5
-# Full fine-tuning's floor for the same check, whose plain runs part by ~1e-4 within 12 steps.
+# Full fine-tuning's floor for the same check, whose plain runs part by up to ~1e-4 within 8 steps.
 FULL_TOLERANCE = 1e-4
 # Speeds: larger is better for these keys, smaller for the rest; compared at 5 %.
 HIGHER_IS_BETTER = ("tokens_per_s", "ratio")
@@ -72,7 +72,7 @@ def lathe_step(extra, steps=20):
 
 
 def train(results):
-    for kind, torch_extra, lathe_extra, steps in (("full", [], [], 12), ("lora", ["--lora", "16"], LORA, 20)):
+    for kind, torch_extra, lathe_extra, steps in (("full", [], [], 8), ("lora", ["--lora", "16"], LORA, 20)):
         ref, err, _ = run([sys.executable, "tools/reference/train/step_speed.py", "--steps", str(steps), "--batch", "8", "--seq", "1024",
                            "--out", WORK, "--reuse-model", "--lathe-args=--shared-arena --flash-attention", *torch_extra], 420)
         if not ref or "lathe" not in ref:
@@ -201,13 +201,13 @@ def main():
 
     results = {"device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("LATHE_COMMIT", "")}
     groups = a.groups.split(",")
-    if "train" in groups:
-        train(results)
-    if "gen" in groups:
-        gen(results, a.hf_all)
-    if "rl" in groups:
-        rl(results, a.rl_reference)
-    results["suite_s"] = round(time.perf_counter() - t0, 1)
+    # Each group's results are written as soon as it ends, so a call cut short keeps what ran.
+    for name, fn in (("train", lambda: train(results)), ("rl", lambda: rl(results, a.rl_reference)), ("gen", lambda: gen(results, a.hf_all))):
+        if name in groups:
+            fn()
+            results["suite_s"] = round(time.perf_counter() - t0, 1)
+            with open(os.path.join(OUT, "suite.json"), "w") as f:
+                json.dump(results, f, indent=1)
     baseline = {}
     if os.path.exists(BASELINE):
         with open(BASELINE) as f:

@@ -79,19 +79,16 @@ HF_CACHES = {
 
 
 def hf_generate(model, rows, new, repeat, cache="dynamic"):
-    """transformers generate on left-padded `rows`: (new tokens per row, best of `repeat` timed calls in s, the warm-up call in s).
-
-    The warm-up runs every new token for the static cache (its length, and so its compiled graph,
-    depends on them) and 16 for the dynamic one (which has no fixed shapes to warm)."""
+    """transformers generate on left-padded `rows`: (new tokens per row, best of `repeat` timed calls in s, the warm-up call in s)."""
     P = max(len(r) for r in rows)
     ids = torch.tensor([[0] * (P - len(r)) + r for r in rows]).cuda()
     mask = torch.tensor([[0] * (P - len(r)) + [1] * len(r) for r in rows]).cuda()
     kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=new, min_new_tokens=new, eos_token_id=None, pad_token_id=0,
               **HF_CACHES[cache])
-    warm_new = new if cache != "dynamic" else min(new, 16)
     with torch.no_grad():
         t = time.perf_counter()
-        out = model.generate(ids, **{**kw, "max_new_tokens": warm_new, "min_new_tokens": warm_new})  # for the static cache, also torch.compile's compile
+        # a whole call: after a short warm-up the dynamic cache's timed call ran slower
+        out = model.generate(ids, **kw)  # warm-up; for the static cache, also torch.compile's compile
         torch.cuda.synchronize()
         warm_s = time.perf_counter() - t
         times = []
@@ -157,7 +154,7 @@ def main():
     ap.add_argument("--prompt-kind", choices=["ragged", "unpadded"], default="ragged",
                     help="ragged: lengths from prompt/2 to prompt, left-padded; unpadded: every prompt of --prompt tokens")
     ap.add_argument("--workloads", default="", help="several throughput runs in one process, e.g. 256:ragged,64:unpadded (batch:prompt kind)")
-    ap.add_argument("--hf-cache-for", default="", help="transformers set-ups per prompt kind, e.g. ragged=static,unpadded=static;dynamic (else --hf-cache)")
+    ap.add_argument("--hf-cache-for", default="", help="transformers set-ups per prompt kind, or kind@batch, e.g. ragged=static,unpadded=dynamic,unpadded@64=static;dynamic (else --hf-cache)")
     ap.add_argument("--hf-cache", default="dynamic",
                     help="comma-separated transformers set-ups to time: " + ", ".join(HF_CACHES) + "; the ratio is against the fastest")
     ap.add_argument("--lathe-modes", default="plain,cuda_graph", help="kv: plain and/or cuda_graph")
@@ -196,16 +193,19 @@ def main():
         workloads = [(int(b), k) for b, k in (w.split(":") for w in a.workloads.split(","))] if a.workloads else [(a.batch, a.prompt_kind)]
         per_kind = dict(x.split("=") for x in a.hf_cache_for.split(",")) if a.hf_cache_for else {}
         report["workloads"] = []
+        compiled_batch = None  # the static cache's compiled graphs serve every workload of one batch size
         for batch, kind in workloads:
             rows = prompts(151936, batch, a.prompt, 2, kind)
             hf = {}
-            for cache in per_kind.get(kind, a.hf_cache).replace(";", ",").split(","):
+            for cache in per_kind.get(f"{kind}@{batch}", per_kind.get(kind, a.hf_cache)).replace(";", ",").split(","):
                 if cache not in HF_CACHES:
                     raise SystemExit(f"--hf-cache: unknown set-up {cache!r} (choose from {', '.join(HF_CACHES)})")
+                if cache == "static" and compiled_batch not in (None, batch):
+                    torch._dynamo.reset()
                 _, hf_s, warm_s = hf_generate(model, rows, a.new, a.repeat, cache)
+                compiled_batch = batch if cache == "static" else compiled_batch
                 hf[cache] = {"new_tokens_per_s": round(batch * a.new / hf_s), "warm_up_s": round(warm_s, 1)}
                 print(json.dumps({"hf": cache, "batch": batch, "prompt_kind": kind, **hf[cache]}), flush=True)
-                torch._dynamo.reset()
                 torch.cuda.empty_cache()
             hf_tps = max(v["new_tokens_per_s"] for v in hf.values())
             tp = {"model": "qwen3-0.6b shape, bf16", "batch": batch, "prompt_max": a.prompt, "prompt_kind": kind, "new": a.new,
