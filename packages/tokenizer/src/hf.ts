@@ -5,6 +5,7 @@
 import { existsSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import type { PreTrainedTokenizer } from '@huggingface/transformers';
+import { loadTransformers } from './transformers';
 import type { Tokenizer } from './types';
 
 /** A chat message as chat templates take it. */
@@ -55,7 +56,7 @@ export class HfTokenizer implements Tokenizer {
       if (!existsSync(join(abs, f))) throw new Error(`tokenizer folder ${abs} has no ${f}`);
     }
     // loaded on first use: transformers.js is large, and most of Lathe never needs it
-    const { AutoTokenizer, env } = await import('@huggingface/transformers');
+    const { AutoTokenizer, env } = await loadTransformers();
     env.allowRemoteModels = false;
     env.allowLocalModels = true;
     env.localModelPath = '/';
