@@ -92,6 +92,11 @@ export interface GrpoAdvantageOptions {
  * GRPO (DeepSeekMath): A_i = (r_i − mean_g) / (std_g + eps), mean and std over the completions of
  * completion i's group g (see {@link GrpoAdvantageOptions} for the std's scope, epsilon and
  * correction). Uniform groups (all-equal outcome rewards) get exactly 0. Needs groupSize ≥ 2.
+ *
+ * Where verl differs (a choice, not an accident): with a KL penalty in the reward, verl's scores
+ * are the token rewards summed (outcome + KL), so a group of equal outcomes still gets the advantage
+ * of its KL differences; Lathe decides uniformity on the outcome (`outcome`, default the rewards) and
+ * gives such a group 0. A group of one is refused here; verl gives it mean 0 and std 1 (A = r).
  */
 export function grpoAdvantages(batch: GroupedRewards, options: GrpoAdvantageOptions = {}): SequenceAdvantages {
   const { scale = 'group', stdEpsilon = 1e-6, unbiasedStd = true } = options;
@@ -178,7 +183,11 @@ export interface ReinforcePlusPlusOptions {
   /**
    * `'none'`: REINFORCE++ (no baseline beyond whitening). `'group'`: REINFORCE++-baseline — the
    * group's mean outcome reward is subtracted from each outcome reward before the returns are
-   * formed (as verl's `reinforce_plus_plus_baseline` and OpenRLHF's `reinforce_baseline`). Default `'none'`.
+   * formed (OpenRLHF's `reinforce_baseline`; uniform groups' outcomes become exactly 0). verl's
+   * `reinforce_plus_plus_baseline` agrees without per-token shaping rewards; with a KL penalty in the
+   * reward it centres each completion's *total* (outcome + Σ KL) on its group's mean and spreads that
+   * one number over every token before whitening, where Lathe centres the outcome alone and forms
+   * per-token returns of outcome + KL. Default `'none'`.
    */
   baseline?: 'none' | 'group';
   /** Discount of the returns G_t = Σ_{s≥t} γ^{s−t} r_s. Default 1 (OpenRLHF forces 1 with a baseline). */
@@ -192,8 +201,8 @@ export interface ReinforcePlusPlusOptions {
   /** Added to the variance before the square root. Default 1e-8 (verl adds 1e-8; OpenRLHF clamps at 1e-8). */
   whitenEpsilon?: number;
   /**
-   * Bessel's correction of the token variance. Default false (OpenRLHF divides by the token count);
-   * verl's `masked_whiten` uses the unbiased estimate.
+   * Bessel's correction of the token variance. Default false, the biased estimate (OpenRLHF divides
+   * by the token count); verl's `masked_whiten` uses the unbiased one: set true to match it.
    */
   unbiasedVariance?: boolean;
 }
@@ -265,11 +274,14 @@ export interface GaeInput {
 
 /** Options of {@link gaeAdvantages}. */
 export interface GaeOptions {
-  /** Discount γ. Default 1 (verl's and OpenRLHF's default for LLMs). */
+  /** Discount γ. Default 1 (verl's default, as for LLMs generally). */
   gamma?: number;
-  /** GAE λ. Default 0.95 (verl and OpenRLHF). */
+  /** GAE λ. Default 0.95 (TRL's PPO `lam`); verl's default is 1.0 — pass `lambda: 1` to match it. */
   lambda?: number;
-  /** Whiten the advantages over all tokens of the batch (both references do). Default true. */
+  /**
+   * Whiten the advantages over all tokens of the batch (verl and OpenRLHF do), with the biased
+   * variance; verl's `masked_whiten` uses the unbiased one. Default true.
+   */
   whiten?: boolean;
 }
 

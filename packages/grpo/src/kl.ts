@@ -7,8 +7,10 @@
  * - k2 = x² / 2                   (biased, low variance, ≥ 0)
  * - k3 = e^(−x) − 1 + x           (unbiased, low variance, ≥ 0; verl's `low_var_kl`, TRL's only one)
  *
- * The same formulas are used by TRL, verl and OpenRLHF. Lathe clamps nothing: verl clamps k3 to
- * [−10, 10] and OpenRLHF every estimate to [−10, 10]; a KL that large is a bug to see, not hide.
+ * The same formulas are used by TRL, verl and OpenRLHF. On the host (this file, the reward
+ * penalty) Lathe clamps nothing: verl clamps k3 to [−10, 10] and OpenRLHF every estimate to
+ * [−10, 10]; a KL that large is a bug to see, not hide. In the graph (`klTerm`, the loss term) k3's
+ * exponent −x is clamped to ±20, as the policy ratio's is, so e^(−x) cannot overflow float32.
  */
 
 /** Which per-token KL estimator. */

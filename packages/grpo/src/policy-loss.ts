@@ -29,7 +29,12 @@ import type { KlEstimator } from './kl';
  * | `token-mean` | 1 | response tokens in the batch | verl default; TRL `bnpo`/`dapo`; DAPO |
  * | `seq-mean-token-sum` | 1 | sequences in the batch | verl |
  * | `seq-mean-token-mean` | 1 / its length | sequences in the batch | original GRPO; TRL `grpo`; GSPO |
- * | `token-sum-norm` | 1 | sequences × a constant max length | Dr.GRPO; TRL `dr_grpo`; verl `seq-mean-token-sum-norm` |
+ * | `token-sum-norm` | 1 | sequences × a constant max length | Dr.GRPO; TRL `dr_grpo` |
+ *
+ * verl's `seq-mean-token-sum-norm` divides the token sum by its `loss_scale_factor` (a constant
+ * length) alone, not by sequences × that length, so its loss is B × `token-sum-norm`'s for B
+ * sequences — a constant scale that still acts through the learning rate, clipping and Adam's ε.
+ * `lossNormaliser`'s `lossScaleFactor` reproduces it exactly.
  */
 export type LossAggregation = 'token-mean' | 'seq-mean-token-sum' | 'seq-mean-token-mean' | 'token-sum-norm';
 
@@ -62,12 +67,16 @@ export interface PolicyLossConfig {
   clipHigh?: number;
   /**
    * Dual-clip PPO (Ye et al. 2020): for negative advantages the loss is capped at −c·A. Off by
-   * default; verl's default c is 3.
+   * default; verl's vanilla loss always applies it, with c = 3 (`clip_ratio_c`): pass 3 to match.
    */
   dualClip?: number;
   /**
    * `'token'`: r_t = π_θ(a_t)/π_old(a_t) (PPO, GRPO). `'sequence'` (GSPO): one ratio per sequence,
    * r = exp(mean over its tokens of log π_θ − log π_old), applied to every token. Default `'token'`.
+   * Against verl's GSPO: with one advantage per sequence the two agree; with per-token advantages
+   * Lathe's gradient at token t is (r/|y|)·Σ_s A_s where verl's (its ratio sg[r]·π_t/sg[π_t]) is r·A_t.
+   * Lathe keeps the configured aggregation and dual clip for GSPO; verl forces
+   * `seq-mean-token-mean` and has no dual clip there.
    */
   ratio?: 'token' | 'sequence';
   /** Default `'token-mean'`. */
@@ -94,9 +103,16 @@ export interface PolicyLossOutputs {
     tokens: Tensor;
     /** Tokens whose clipped branch is active (zero gradient): below 1 − ε_low with A < 0, or above 1 + ε_high with A > 0. */
     clipped_tokens: Tensor;
-    /** Of those, the ones clipped below. */
+    /**
+     * Of those, the ones clipped below. Not verl's `pg_clipfrac_lower`, which counts the tokens
+     * where dual clip's cap is active (A < 0 and −c·A below the clipped loss).
+     */
     clipped_low_tokens: Tensor;
-    /** Σ over tokens of (r − 1) − log r: the k3 estimate of KL(π_old‖π_θ), with token ratios. */
+    /**
+     * Σ over tokens of (r − 1) − log r: the k3 estimate of KL(π_old‖π_θ), with token ratios. verl's
+     * `ppo_kl` is the k1 estimate, the mean of log π_old − log π_θ: both estimate KL(π_old‖π_θ)
+     * without bias on tokens sampled from π_old, k3 with less variance.
+     */
     approx_kl_sum: Tensor;
     /** Σ over tokens of the KL-to-reference estimate (present with a reference). */
     ref_kl_sum?: Tensor;
@@ -105,7 +121,11 @@ export interface PolicyLossOutputs {
   };
 }
 
-/** Log-ratios are clamped to ±20 before exp (as verl does) so a wild token cannot overflow. */
+/**
+ * Log-ratios are clamped to ±20 before exp so a wild token cannot overflow: what verl's vanilla PPO
+ * loss does to the token log-ratio. verl's GSPO clamps its sequence log-ratio at 10, above only;
+ * Lathe keeps ±20 for both ratio levels, and for k3's exponent in {@link klTerm}.
+ */
 const LOG_RATIO_LIMIT = 20;
 
 /** The PPO-family policy loss; see the module comment for the formula. */
@@ -192,9 +212,16 @@ export function aggregateLoss(perToken: Tensor, mask: Tensor, mode: LossAggregat
  * The normaliser of an aggregation mode over the *whole optimizer batch* (feed the same value to
  * every micro-batch of the step): `lengths` are the response lengths of all its sequences.
  * `token-sum-norm` needs `maxLength`, the constant of Dr.GRPO (the generation limit, as TRL's
- * `max_completion_length`): its normaliser is sequences × maxLength.
+ * `max_completion_length`): its normaliser is sequences × maxLength. `lossScaleFactor`, for
+ * `token-sum-norm` only, replaces that normaliser with the constant itself: verl's
+ * `seq-mean-token-sum-norm` with its `loss_scale_factor`.
  */
-export function lossNormaliser(mode: LossAggregation, lengths: readonly number[], opts: { maxLength?: number } = {}): number {
+export function lossNormaliser(mode: LossAggregation, lengths: readonly number[], opts: { maxLength?: number; lossScaleFactor?: number } = {}): number {
+  if (opts.lossScaleFactor !== undefined) {
+    if (mode !== 'token-sum-norm') throw new Error(`lossNormaliser: lossScaleFactor applies to 'token-sum-norm' only, got '${mode}'`);
+    if (!(opts.lossScaleFactor > 0)) throw new Error(`lossNormaliser: lossScaleFactor must be > 0, got ${opts.lossScaleFactor}`);
+    return opts.lossScaleFactor;
+  }
   const sequences = lengths.filter((n) => n > 0).length;
   let value: number;
   switch (mode) {
