@@ -1,6 +1,7 @@
 /**
- * Batch grading of JSONL lines `{"pred" | "response": …, "gold": …}` into lines
- * `{"correct": bool, "extracted": string | null}`, in input order: the engine of `lathe grade`.
+ * Batch grading of JSONL lines `{"pred" | "response" | "completion": …, "gold" | "answer": …}` (or
+ * fields named by `pred_field` / `gold_field`) into lines `{"correct": bool, "extracted": string | null}`,
+ * in input order: the engine of `lathe grade`.
  */
 import { createInterface } from 'node:readline';
 import type { Readable, Writable } from 'node:stream';
@@ -8,8 +9,19 @@ import { ANSWER_FORMATS, type AnswerFormat } from './math/extract';
 import { MathGrader, type MathReason } from './math/grade';
 import { MATH_DEFAULTS } from './math/options';
 
+/** Fields tried, in order, for the prediction when `pred_field` is auto. */
+export const PRED_FIELDS = ['pred', 'response', 'completion'] as const;
+/** Fields tried, in order, for the gold answer when `gold_field` is auto (`answer`: GSM8K, MATH-500, AIME; `final_answer`: OlympiadBench). */
+export const GOLD_FIELDS = ['gold', 'answer', 'final_answer'] as const;
+
 /** The options of `lathe grade`: the single source of its flags, defaults and help. */
 export const gradeSchema = {
+  pred_field: { type: 'string', default: 'auto', describe: `field holding the prediction (auto: the first of ${PRED_FIELDS.map((f) => `"${f}"`).join(', ')} a line has)` },
+  gold_field: {
+    type: 'string',
+    default: 'auto',
+    describe: `field holding the gold answer (auto: the first of ${GOLD_FIELDS.map((f) => `"${f}"`).join(', ')} a line has: GSM8K's and MATH-500's "answer" work as they are; a list of answers is graded as one comma list)`,
+  },
   format: { type: 'string', default: 'auto', choices: ANSWER_FORMATS, describe: 'where answers are found: auto (a boxed answer or answer marker when present, else the text as an answer), boxed, r1_zero, gsm8k, raw (both are already answers)' },
   percent: { type: 'string', default: MATH_DEFAULTS.percent, choices: ['either', 'value', 'strip'], describe: '28% against 28 and 0.28: either accepts both, value only 0.28, strip only 28' },
   strip_units: { type: 'boolean', default: MATH_DEFAULTS.stripUnits, describe: 'drop units and currency signs before comparing' },
@@ -37,7 +49,8 @@ export function resolveGradeOptions(values: Record<string, unknown>): GradeJsonl
     const v = values[name] ?? spec.default;
     const flag = `--${name}`;
     if (spec.type === 'boolean' && typeof v !== 'boolean') throw new Error(`${flag}: expected true or false, got ${JSON.stringify(v)}`);
-    if (spec.type === 'string' && (typeof v !== 'string' || !(spec.choices as readonly string[]).includes(v))) throw new Error(`${flag}: expected one of ${spec.choices.join(', ')}, got ${JSON.stringify(v)}`);
+    if (spec.type === 'string' && typeof v !== 'string') throw new Error(`${flag}: expected a string, got ${JSON.stringify(v)}`);
+    if (spec.type === 'string' && 'choices' in spec && !(spec.choices as readonly string[]).includes(v as string)) throw new Error(`${flag}: expected one of ${spec.choices.join(', ')}, got ${JSON.stringify(v)}`);
     if (spec.type === 'number') {
       const n = typeof v === 'string' ? Number(v) : v;
       if (typeof n !== 'number' || !Number.isInteger(n)) throw new Error(`${flag}: expected an integer, got ${JSON.stringify(v)}`);
@@ -53,6 +66,10 @@ export function resolveGradeOptions(values: Record<string, unknown>): GradeJsonl
 
 /** Resolved options of {@link gradeJsonl}. */
 export interface GradeJsonlOptions {
+  /** The prediction's field, or `auto` ({@link PRED_FIELDS}). */
+  pred_field: string;
+  /** The gold answer's field, or `auto` ({@link GOLD_FIELDS}). */
+  gold_field: string;
   format: AnswerFormat;
   percent: 'either' | 'value' | 'strip';
   strip_units: boolean;
@@ -85,22 +102,38 @@ interface InputLine {
   gold: string;
 }
 
-function readLine(text: string, where: string): InputLine {
+/** A line's field by name, or the first of `auto` present; errors name the line, the field and the flag that picks it. */
+function field(r: Record<string, unknown>, name: string, auto: readonly string[], what: string, flag: string, where: string): { key: string; value: unknown } {
+  const has = Object.keys(r).map((k) => `"${k}"`).join(', ');
+  if (name !== 'auto') {
+    if (!(name in r)) throw new Error(`${where}: no field "${name}" (the line has ${has}; --${flag} names the ${what}'s)`);
+    return { key: name, value: r[name] };
+  }
+  const key = auto.find((k) => r[k] !== undefined);
+  if (key === undefined) throw new Error(`${where}: no ${what} field (looked for ${auto.map((k) => `"${k}"`).join(', ')}; the line has ${has}; --${flag} names it)`);
+  return { key, value: r[key] };
+}
+
+function readLine(text: string, where: string, options: Pick<GradeJsonlOptions, 'pred_field' | 'gold_field'>): InputLine {
   let row: unknown;
   try {
     row = JSON.parse(text);
   } catch {
-    throw new Error(`${where}: not valid JSON (expected {"pred": ..., "gold": ...})`);
+    throw new Error(`${where}: not valid JSON (expected an object with a prediction and a gold answer, e.g. {"pred": ..., "gold": ...})`);
   }
-  if (typeof row !== 'object' || row === null || Array.isArray(row)) throw new Error(`${where}: expected a JSON object with "pred" (or "response") and "gold"`);
+  if (typeof row !== 'object' || row === null || Array.isArray(row)) throw new Error(`${where}: expected a JSON object with a prediction ("pred") and a gold answer ("gold")`);
   const r = row as Record<string, unknown>;
-  const pred = r.pred ?? r.response;
-  const asText = (v: unknown, field: string): string => {
-    if (typeof v === 'string') return v;
-    if (typeof v === 'number' || typeof v === 'bigint') return String(v);
-    throw new Error(`${where}: field "${field}" must be a string or a number, got ${v === undefined ? 'nothing' : JSON.stringify(v)}`);
+  const asText = ({ key, value }: { key: string; value: unknown }, lists: boolean): string => {
+    if (typeof value === 'string') return value;
+    if (typeof value === 'number' || typeof value === 'bigint') return String(value);
+    // several gold answers (OlympiadBench's final_answer) grade as one comma list
+    if (lists && Array.isArray(value) && value.length > 0 && value.every((v) => typeof v === 'string' || typeof v === 'number')) return value.join(', ');
+    throw new Error(`${where}: field "${key}" must be a string or a number${lists ? ' (or a list of them)' : ''}, got ${value === undefined ? 'nothing' : JSON.stringify(value)}`);
   };
-  return { pred: asText(pred, r.pred === undefined ? 'response' : 'pred'), gold: asText(r.gold, 'gold') };
+  return {
+    pred: asText(field(r, options.pred_field, PRED_FIELDS, 'prediction', 'pred_field', where), false),
+    gold: asText(field(r, options.gold_field, GOLD_FIELDS, 'gold answer', 'gold_field', where), true),
+  };
 }
 
 /**
@@ -136,7 +169,7 @@ export async function gradeJsonl(input: Readable, output: Writable, options: Gra
     for await (const text of createInterface({ input, crlfDelay: Infinity })) {
       lineNo++;
       if (text.trim() === '') continue;
-      const { pred, gold } = readLine(text, `${source}:${lineNo}`);
+      const { pred, gold } = readLine(text, `${source}:${lineNo}`, options);
       const started = performance.now();
       inFlight.push(
         grader.grade(pred, gold, options.format).then((v) => {
