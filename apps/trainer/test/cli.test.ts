@@ -31,10 +31,10 @@ test('bad flags and config files are reported by name, before any work', () => {
   let r = lathe('sft', '--steps', 'many');
   expect(r.status).not.toBe(0);
   expect(r.stderr).toMatch(/option 'steps' must be a number/);
-  writeFileSync(join(dir, 'bad.yaml'), 'steps: 3\nlearning_rate: 0.1\n');
+  writeFileSync(join(dir, 'bad.yaml'), 'steps: 3\nlearning_rat: 0.1\n');
   r = lathe('sft', '--config', join(dir, 'bad.yaml'));
   expect(r.status).not.toBe(0);
-  expect(r.stderr).toMatch(/bad.yaml: unknown option 'learning_rate'/);
+  expect(r.stderr).toMatch(/bad.yaml: unknown option 'learning_rat' \(did you mean 'lr'\?\)/);
   r = lathe('sft', '--config', join(dir, 'missing.yaml'));
   expect(r.stderr).toMatch(/--config .*missing.yaml: cannot read \(ENOENT\)/);
 }, 30_000);

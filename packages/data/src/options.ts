@@ -33,8 +33,8 @@ export function defaults<S extends OptionSchema>(schema: S): ConfigOf<S> {
 
 /**
  * Checks and merges partial configs over the defaults, later sources winning. Each source is
- * named in errors (`"config.yaml"`, `"--flags"`): an unknown key, a wrong type, a value outside
- * its range or choices is an error naming the source and the key.
+ * named in errors (`"config.yaml"`, `"command line"`): an unknown key, a wrong type, a value
+ * outside its range or choices is an error naming the source and the key.
  */
 export function resolveConfig<S extends OptionSchema>(schema: S, sources: { name: string; values: Record<string, unknown> }[]): ConfigOf<S> {
   const out: Record<string, unknown> = { ...defaults(schema) };
@@ -49,10 +49,13 @@ export function resolveConfig<S extends OptionSchema>(schema: S, sources: { name
   return out as ConfigOf<S>;
 }
 
+/** A value as an error shows it (a flag that did not parse as a number reaches here as NaN). */
+const shown = (v: unknown) => (typeof v === 'number' && Number.isNaN(v) ? 'text that is not a number' : JSON.stringify(v));
+
 function checkValue(spec: OptionSpec, value: unknown, where: string): unknown {
   if (spec.type === 'number') {
     const v = typeof value === 'string' && value.trim() !== '' ? Number(value) : value;
-    if (typeof v !== 'number' || !Number.isFinite(v)) throw new Error(`${where} must be a number, got ${JSON.stringify(value)}`);
+    if (typeof v !== 'number' || !Number.isFinite(v)) throw new Error(`${where} must be a number, got ${shown(value)}`);
     if (spec.integer && !Number.isInteger(v)) throw new Error(`${where} must be an integer, got ${v}`);
     if (spec.min !== undefined && v < spec.min) throw new Error(`${where} must be ≥ ${spec.min}, got ${v}`);
     if (spec.max !== undefined && v > spec.max) throw new Error(`${where} must be ≤ ${spec.max}, got ${v}`);
@@ -60,10 +63,10 @@ function checkValue(spec: OptionSpec, value: unknown, where: string): unknown {
     return v;
   }
   if (spec.type === 'boolean') {
-    if (typeof value !== 'boolean') throw new Error(`${where} must be true or false, got ${JSON.stringify(value)}`);
+    if (typeof value !== 'boolean') throw new Error(`${where} must be true or false, got ${shown(value)}`);
     return value;
   }
-  if (typeof value !== 'string') throw new Error(`${where} must be a string, got ${JSON.stringify(value)}`);
+  if (typeof value !== 'string') throw new Error(`${where} must be a string, got ${shown(value)}`);
   if (spec.choices && !spec.choices.includes(value)) throw new Error(`${where} must be one of ${spec.choices.join(', ')}, got '${value}'`);
   return value;
 }

@@ -1,10 +1,9 @@
 import { existsSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { CommandModule } from 'yargs';
-import { resolveConfig } from '@lathe/data';
 import { DEMO_SFT_OVERRIDES, runSft, sftSchema, type SftConfig, type SftResult } from '@lathe/train';
 import { DEMO_GRPO_OVERRIDES, grpoSchema, type GrpoConfig } from '@lathe/grpo';
-import { addSchemaFlags, configFromArgv, readYamlOptions, withInterrupt } from '../config-flags';
+import { addSchemaFlags, configFromArgv, resolveOptions, withInterrupt, yamlSource } from '../config-flags';
 import { sftReporter } from '../progress';
 import { grpoRun } from './grpo';
 
@@ -23,9 +22,9 @@ export function demoGrpoConfig(sft: SftConfig, checkpoint: string, argv: Record<
   const sources: { name: string; values: Record<string, unknown> }[] = [
     { name: 'demo settings', values: { ...DEMO_GRPO_OVERRIDES, model: checkpoint, run_dir: `${sft.run_dir}-grpo`, seed: sft.seed, eval_examples: sft.eval_examples, device: sft.device } },
   ];
-  if (typeof argv.grpo_config === 'string') sources.push(readYamlOptions(argv.grpo_config, '--grpo_config'));
+  if (typeof argv.grpo_config === 'string') sources.push(yamlSource(grpoSchema, argv.grpo_config, '--grpo_config'));
   if (argv.grpo_steps !== undefined) sources.push({ name: 'command line', values: { steps: argv.grpo_steps } });
-  return resolveConfig(grpoSchema, sources);
+  return resolveOptions(grpoSchema, sources);
 }
 
 /**
@@ -45,6 +44,7 @@ export const demoCommand: CommandModule = {
     const started = performance.now();
     const sft = configFromArgv(sftSchema, argv, { name: 'demo settings', values: { ...DEMO_SFT_OVERRIDES } });
     const grpoSteps = argv.grpo_steps === undefined ? DEMO_GRPO_OVERRIDES.steps : Number(argv.grpo_steps);
+    if (grpoSteps !== 0) demoGrpoConfig(sft, sft.run_dir, argv); // a bad --grpo_config fails now, not after the SFT stage
     const sftResult = await sftStage(sft);
     const summary: Record<string, unknown> = {
       run_dir: sft.run_dir,

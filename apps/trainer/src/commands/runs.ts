@@ -1,4 +1,4 @@
-import type { Argv, CommandModule, Options } from 'yargs';
+import type { CommandModule } from 'yargs';
 import {
   diffConfigs,
   listRuns,
@@ -14,24 +14,7 @@ import {
   summarizeRun,
   type RunSummary,
 } from '@lathe/data';
-import { resolveConfig, type ConfigOf, type OptionSchema } from '@lathe/data';
-
-/** One flag per schema entry (the schema in @lathe/data is the single source of flags, defaults and help). */
-function addFlags<T>(y: Argv<T>, schema: OptionSchema): Argv<T> {
-  let out = y;
-  for (const [name, spec] of Object.entries(schema)) {
-    const o: Options = { type: spec.type, describe: `${spec.describe} [default: ${JSON.stringify(spec.default)}]` };
-    if (spec.type === 'string' && spec.choices) o.choices = [...spec.choices];
-    out = out.option(name, o) as Argv<T>;
-  }
-  return out;
-}
-
-/** The schema's values from the flags given (defaults for the rest), checked: errors name the flag. */
-function options<S extends OptionSchema>(schema: S, argv: Record<string, unknown>): ConfigOf<S> {
-  const given = Object.fromEntries(Object.keys(schema).filter((k) => argv[k] !== undefined).map((k) => [k, argv[k]]));
-  return resolveConfig(schema, [{ name: 'command line', values: given }]);
-}
+import { addSchemaFlags, configFromArgv } from '../config-flags';
 
 const out = (text: string) => process.stdout.write(`${text}\n`);
 const json = (v: unknown) => out(JSON.stringify(v, null, 2));
@@ -67,9 +50,9 @@ function table(rows: string[][]): string {
 const listCommand: CommandModule = {
   command: 'list',
   describe: 'List the runs under --root, newest first: last metrics, checkpoints, evaluations, rollouts',
-  builder: (y) => addFlags(y, runsListSchema).example('$0 runs list --root runs --json', 'every run as JSON'),
+  builder: (y) => addSchemaFlags(y, runsListSchema, { config: false }).example('$0 runs list --root runs --json', 'every run as JSON'),
   handler: (argv) => {
-    const o = options(runsListSchema, argv);
+    const o = configFromArgv(runsListSchema, argv);
     const runs = listRuns(o.root);
     if (o.json) {
       json(runs);
@@ -99,11 +82,11 @@ const showCommand: CommandModule = {
   command: 'show <run>',
   describe: "Show a run: its config, latest metrics, checkpoints, evaluations and rollout counts",
   builder: (y) =>
-    addFlags(y.positional('run', { type: 'string', describe: 'Run name under --root, or a run directory' }), runsShowSchema)
+    addSchemaFlags(y.positional('run', { type: 'string', describe: 'Run name under --root, or a run directory' }), runsShowSchema, { config: false })
       .example('$0 runs show sft', 'runs/sft in words')
       .example('$0 runs show runs/sft --metrics 5 --json', 'as JSON with the last 5 metrics lines'),
   handler: (argv) => {
-    const o = options(runsShowSchema, argv);
+    const o = configFromArgv(runsShowSchema, argv);
     const dir = resolveRun(String(argv.run), o.root);
     const summary = summarizeRun(dir);
     const config = readRunConfig(dir);
@@ -127,12 +110,13 @@ const diffCommand: CommandModule = {
   command: 'diff <a> <b>',
   describe: "Compare two runs' configs: the options whose values differ",
   builder: (y) =>
-    addFlags(
+    addSchemaFlags(
       y.positional('a', { type: 'string', describe: 'First run (name under --root, or a directory)' }).positional('b', { type: 'string', describe: 'Second run' }),
       runsDiffSchema,
+      { config: false },
     ).example('$0 runs diff sft-lr1e-5 sft-lr2e-5', 'what changed between two runs'),
   handler: (argv) => {
-    const o = options(runsDiffSchema, argv);
+    const o = configFromArgv(runsDiffSchema, argv);
     const [a, b] = [String(argv.a), String(argv.b)].map((r) => resolveRun(r, o.root));
     const load = (dir: string) => {
       const c = readRunConfig(dir);
@@ -156,11 +140,11 @@ const pruneCommand: CommandModule = {
   command: 'prune <run>',
   describe: 'Delete checkpoints except the newest --keep_last and the --keep_best best by --metric',
   builder: (y) =>
-    addFlags(y.positional('run', { type: 'string', describe: 'Run name under --root, or a run directory' }), runsPruneSchema)
+    addSchemaFlags(y.positional('run', { type: 'string', describe: 'Run name under --root, or a run directory' }), runsPruneSchema, { config: false })
       .example('$0 runs prune sft --keep_last 1', 'keep only the newest checkpoint')
       .example('$0 runs prune sft --keep_last 1 --keep_best 1 --metric eval_accuracy --dry_run', 'also keep the most accurate; only report'),
   handler: (argv) => {
-    const o = options(runsPruneSchema, argv);
+    const o = configFromArgv(runsPruneSchema, argv);
     const dir = resolveRun(String(argv.run), o.root);
     const r = pruneCheckpoints(dir, { keepLast: o.keep_last, keepBest: o.keep_best, metric: o.metric, mode: o.mode, dryRun: o.dry_run });
     if (o.json) {
@@ -181,6 +165,6 @@ export const runsSubcommands = { list: listCommand, show: showCommand, diff: dif
 export const runsCommand: CommandModule = {
   command: 'runs <command>',
   describe: 'Inspect run directories: list, show, diff configs, prune checkpoints',
-  builder: (y) => y.command(listCommand).command(showCommand).command(diffCommand).command(pruneCommand).demandCommand(1, 'name a runs subcommand (see lathe runs --help)'),
+  builder: (y) => y.command(listCommand).command(showCommand).command(diffCommand).command(pruneCommand).demandCommand(1, 'name a runs subcommand: list, show, diff, prune'),
   handler: () => undefined,
 };
