@@ -357,12 +357,15 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
       let evalResult: GrpoEvalResult | undefined;
       if (evaluation.length > 0 && ((cfg.eval_every > 0 && state.step % cfg.eval_every === 0) || state.step === cfg.steps)) evals.push((evalResult = await evaluate()));
       events.onStep?.({ ...metrics, step: state.step });
-      if (state.step % cfg.log_every === 0 || state.step === cfg.steps || signal?.aborted || evalResult) {
+      // on the schedule only (not at an interruption), so a resumed run's metrics.jsonl equals an uninterrupted run's
+      if (state.step % cfg.log_every === 0 || state.step === cfg.steps || evalResult) {
         // NaN (e.g. kl_ref without a reference) is left out rather than written as null
         const finite = Object.fromEntries(Object.entries(metrics).filter(([, v]) => Number.isFinite(v)));
         metricsLog.log({ step: state.step, ...finite, ...(evalResult ? evalMetrics(evalResult) : {}) });
       }
       if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) lastCheckpoint = await checkpoint();
+      // a Ctrl-C/SIGTERM handler (which aborts `signal`) gets a turn even when the step never waited on I/O
+      await new Promise<void>((resolve) => setImmediate(resolve));
       if (signal?.aborted) {
         interrupted = true;
         break;

@@ -372,9 +372,12 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
         run_ms: runMs,
       };
       events.onStep?.(metrics);
-      if (state.step % cfg.log_every === 0 || state.step === cfg.steps || signal?.aborted) appendFileSync(metricsPath, JSON.stringify(metrics) + '\n');
+      // on the log_every schedule only, so a resumed run's metrics.jsonl equals an uninterrupted run's
+      if (state.step % cfg.log_every === 0 || state.step === cfg.steps) appendFileSync(metricsPath, JSON.stringify(metrics) + '\n');
       if (cfg.eval_every > 0 && state.step % cfg.eval_every === 0 && state.step < cfg.steps && evaluation.length > 0) evals.push(await evaluate());
       if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) lastCheckpoint = checkpoint();
+      // the train step is synchronous: a Ctrl-C/SIGTERM handler (which aborts `signal`) runs only here
+      await new Promise<void>((resolve) => setImmediate(resolve));
       if (signal?.aborted) {
         interrupted = true;
         break;

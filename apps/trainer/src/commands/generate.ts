@@ -1,7 +1,8 @@
 import type { CommandModule } from 'yargs';
 import { SingleBar, Presets } from 'cli-progress';
 import { generatePaths, generateSchema, runGenerate, type GenerateConfig, type GenerateEvents, type GenerateResult } from '@lathe/rollout';
-import { addSchemaFlags, configFromArgv, withInterrupt } from '../config-flags';
+import { addSchemaFlags, configFromArgv } from '../config-flags';
+import { runInterruptible, stopExitCode, type StopSignal } from '../interrupt';
 
 /** Progress for a generation run: a bar on stderr when it is a terminal, a line per part otherwise. */
 export function generateReporter(cfg: GenerateConfig): { events: GenerateEvents; stop(): void } {
@@ -46,12 +47,16 @@ export function generateReporter(cfg: GenerateConfig): { events: GenerateEvents;
   };
 }
 
-/** Runs generation with Ctrl-C handling and prints a one-line JSON summary. */
+/**
+ * Runs generation and prints a one-line JSON summary. Ctrl-C or SIGTERM stops it before the next
+ * generation run, keeping the complete parts (exit status 130 or 143); a second quits at once.
+ */
 export async function generateMain(cfg: GenerateConfig): Promise<GenerateResult> {
   const reporter = generateReporter(cfg);
   let result: GenerateResult;
+  let stoppedBy: StopSignal | undefined;
   try {
-    result = await withInterrupt((signal) => runGenerate(cfg, reporter.events, signal));
+    ({ value: result, stoppedBy } = await runInterruptible((signal) => runGenerate(cfg, reporter.events, signal), 'stopping before the next generation run (complete parts are kept)'));
   } finally {
     reporter.stop();
   }
@@ -69,7 +74,7 @@ export async function generateMain(cfg: GenerateConfig): Promise<GenerateResult>
   );
   if (result.interrupted) {
     process.stderr.write(`interrupted: the complete parts are in ${generatePaths(cfg.output).parts}; run the same command with --resume to finish\n`);
-    process.exitCode = 130;
+    process.exitCode = stopExitCode(stoppedBy);
   }
   return result;
 }

@@ -1,7 +1,8 @@
 import type { CommandModule } from 'yargs';
 import { SingleBar, Presets } from 'cli-progress';
 import { grpoSchema, runGrpo, type GrpoConfig, type GrpoEvents, type GrpoRunResult } from '@lathe/grpo';
-import { addSchemaFlags, configFromArgv, withInterrupt } from '../config-flags';
+import { addSchemaFlags, configFromArgv } from '../config-flags';
+import { runInterruptible, stopExitCode, type Interruptible } from '../interrupt';
 
 /** Progress for a GRPO run: a bar on stderr when it is a terminal, log lines otherwise. */
 export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEvents; stop(): void } {
@@ -48,19 +49,28 @@ export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEve
   };
 }
 
-/** Runs GRPO with Ctrl-C handling (the first stops after the current step with a checkpoint). */
-export async function grpoRun(cfg: GrpoConfig, label?: string): Promise<GrpoRunResult> {
+/**
+ * Runs GRPO with a progress display and Ctrl-C/SIGTERM handling: the first stops after the current
+ * step with a checkpoint (`stoppedBy` names the signal), a second quits at once.
+ */
+export async function grpoRunInterruptible(cfg: GrpoConfig, label?: string): Promise<Interruptible<GrpoRunResult>> {
   const reporter = grpoReporter(cfg, label);
   try {
-    return await withInterrupt((signal) => runGrpo(cfg, reporter.events, signal));
+    return await runInterruptible((signal) => runGrpo(cfg, reporter.events, signal));
   } finally {
     reporter.stop();
   }
 }
 
-/** Runs GRPO and prints a one-line JSON summary. */
+/** {@link grpoRunInterruptible}'s result alone (the demo's GRPO stage). */
+export async function grpoRun(cfg: GrpoConfig, label?: string): Promise<GrpoRunResult> {
+  return (await grpoRunInterruptible(cfg, label)).value;
+}
+
+/** Runs GRPO and prints a one-line JSON summary; an interrupted run exits 130 (SIGINT) or 143 (SIGTERM). */
 export async function grpoMain(cfg: GrpoConfig): Promise<void> {
-  const result = await grpoRun(cfg);
+  const run = await grpoRunInterruptible(cfg);
+  const result = run.value;
   const first = result.evals[0];
   const last = result.evals.at(-1);
   console.log(
@@ -75,7 +85,7 @@ export async function grpoMain(cfg: GrpoConfig): Promise<void> {
       interrupted: result.interrupted,
     }),
   );
-  if (result.interrupted) process.exitCode = 130;
+  if (result.interrupted) process.exitCode = stopExitCode(run.stoppedBy);
 }
 
 /** `lathe grpo`: GRPO-family RL (GRPO, Dr.GRPO, RLOO, ReMax, REINFORCE++; DAPO options). */

@@ -1,17 +1,22 @@
 import type { CommandModule } from 'yargs';
 import { runSft, sftSchema, type SftConfig } from '@lathe/train';
-import { addSchemaFlags, configFromArgv, withInterrupt } from '../config-flags';
+import { addSchemaFlags, configFromArgv } from '../config-flags';
+import { runInterruptible, stopExitCode } from '../interrupt';
 import { sftReporter } from '../progress';
 
-/** Runs SFT with a config, reporting progress and a one-line JSON summary. */
+/**
+ * Runs SFT with a config, reporting progress and a one-line JSON summary. Ctrl-C or SIGTERM stops
+ * it after the current step with a checkpoint (exit status 130 or 143).
+ */
 export async function sftMain(cfg: SftConfig): Promise<void> {
   const reporter = sftReporter(cfg);
-  let result;
+  let run;
   try {
-    result = await withInterrupt((signal) => runSft(cfg, reporter.events, signal));
+    run = await runInterruptible((signal) => runSft(cfg, reporter.events, signal));
   } finally {
     reporter.stop();
   }
+  const result = run.value;
   const first = result.evals[0];
   const last = result.evals.at(-1);
   console.log(
@@ -19,14 +24,14 @@ export async function sftMain(cfg: SftConfig): Promise<void> {
       run_dir: cfg.run_dir,
       steps: result.steps,
       final_loss: Number(result.finalLoss.toFixed(4)),
-      acc_before_sft: first?.accuracy,
+      acc_before_sft: first?.step === 0 ? first.accuracy : undefined,
       acc_after_sft: last?.accuracy,
       eval_examples: last?.examples,
       checkpoint: result.checkpoint,
       interrupted: result.interrupted,
     }),
   );
-  if (result.interrupted) process.exitCode = 130;
+  if (result.interrupted) process.exitCode = stopExitCode(run.stoppedBy);
 }
 
 /** `lathe sft`: supervised fine-tuning. */
