@@ -1,7 +1,8 @@
 /**
- * `diagnose()`: what this machine offers ONNX Runtime — versions, compiled-in providers, whether the
- * CUDA provider and the CUDA libraries it needs are present, the GPUs, and whether a CUDA device
- * actually opens. `lathe doctor` prints it.
+ * `diagnose()`: what this machine offers ONNX Runtime — versions, compiled-in providers, whether a
+ * CPU device runs, whether the CUDA provider and the CUDA libraries it needs are present, the GPUs,
+ * and whether a CUDA device actually opens. `lathe doctor` prints it. The CPU alone runs everything
+ * (training and generation of small models); the CUDA checks matter only for GPU speed.
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
@@ -16,6 +17,8 @@ export interface DoctorCheck {
   name: string;
   ok: boolean;
   detail: string;
+  /** Needed only to run on an NVIDIA GPU: when it fails, the CPU still runs training and generation. */
+  gpuOnly?: boolean;
 }
 
 /** The CUDA libraries ORT 1.29's CUDA 13 provider links against. */
@@ -41,6 +44,19 @@ export function availableProviders(): string[] {
   return names;
 }
 
+/** Opens the CPU device and runs an ORT session on it (the fill of a tensor), reading the result back. */
+function cpuCheck(): DoctorCheck {
+  try {
+    const d = Device.cpu();
+    const t = d.full('float32', [4], 2);
+    const ok = (t.download().data as Float32Array).every((v) => v === 2);
+    t.dispose();
+    return { name: 'CPU device', ok, detail: ok ? `${d.name} opened; a tensor filled by an ORT session round-tripped` : 'a tensor filled on the CPU did not round-trip' };
+  } catch (e) {
+    return { name: 'CPU device', ok: false, detail: (e as Error).message.split('\n')[0] };
+  }
+}
+
 /** Runs every check (opening CUDA only when `tryCuda`). */
 export function diagnose(opts: { tryCuda?: boolean } = {}): DoctorCheck[] {
   const checks: DoctorCheck[] = [];
@@ -57,9 +73,11 @@ export function diagnose(opts: { tryCuda?: boolean } = {}): DoctorCheck[] {
   }
   checks.push({ name: 'koffi', ok: true, detail: koffiVersion });
   checks.push({ name: 'providers (compiled in)', ok: true, detail: availableProviders().join(', ') });
+  checks.push(cpuCheck());
+  const gpu = (c: Omit<DoctorCheck, 'gpuOnly'>) => checks.push({ ...c, gpuOnly: true });
   const files = ['libonnxruntime_providers_cuda.so', 'libonnxruntime_providers_shared.so'];
   const present = files.filter((f) => existsSync(join(dir, f)));
-  checks.push({
+  gpu({
     name: 'CUDA provider files',
     ok: present.length === files.length,
     detail: present.length === files.length ? `present in ${dir}` : `missing ${files.filter((f) => !present.includes(f)).join(', ')} — run node tools/install-cuda-provider.mjs`,
@@ -72,22 +90,24 @@ export function diagnose(opts: { tryCuda?: boolean } = {}): DoctorCheck[] {
   }
   const search = (process.env.LD_LIBRARY_PATH ?? '').split(':').filter(Boolean);
   const found = CUDA_LIBS.filter((l) => cache.includes(l) || search.some((d) => existsSync(join(d, l))));
-  checks.push({ name: 'CUDA 13 libraries', ok: found.length === CUDA_LIBS.length, detail: found.length === CUDA_LIBS.length ? 'all found' : `missing ${CUDA_LIBS.filter((l) => !found.includes(l)).join(', ')}` });
+  gpu({ name: 'CUDA 13 libraries', ok: found.length === CUDA_LIBS.length, detail: found.length === CUDA_LIBS.length ? 'all found' : `missing ${CUDA_LIBS.filter((l) => !found.includes(l)).join(', ')}` });
+  let gpus = '';
   try {
-    const gpus = execFileSync('nvidia-smi', ['--query-gpu=name,memory.total,driver_version', '--format=csv,noheader'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
-    checks.push({ name: 'GPUs', ok: gpus.length > 0, detail: gpus.split('\n').join('; ') });
+    gpus = execFileSync('nvidia-smi', ['--query-gpu=name,memory.total,driver_version', '--format=csv,noheader'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
   } catch {
-    checks.push({ name: 'GPUs', ok: false, detail: 'nvidia-smi not found or no NVIDIA driver' });
+    // no driver: no GPU to use
   }
-  if (opts.tryCuda) {
+  gpu({ name: 'GPUs', ok: gpus.length > 0, detail: gpus ? gpus.split('\n').join('; ') : 'none found (nvidia-smi not found or no NVIDIA driver)' });
+  if (opts.tryCuda && !gpus) gpu({ name: 'CUDA device', ok: false, detail: 'not tried: no NVIDIA GPU found' });
+  else if (opts.tryCuda) {
     try {
       const d = Device.cuda();
       const t = d.full('float32', [4], 2);
       const ok = (t.download().data as Float32Array).every((v) => v === 2);
       t.dispose();
-      checks.push({ name: 'CUDA device', ok, detail: ok ? `${d.name} opened; a tensor round-tripped (transfers ${d.pinned ? 'through pinned memory' : 'through pageable memory'})` : 'a tensor did not round-trip' });
+      gpu({ name: 'CUDA device', ok, detail: ok ? `${d.name} opened; a tensor round-tripped (transfers ${d.pinned ? 'through pinned memory' : 'through pageable memory'})` : 'a tensor did not round-trip' });
     } catch (e) {
-      checks.push({ name: 'CUDA device', ok: false, detail: (e as Error).message.split('\n')[0] });
+      gpu({ name: 'CUDA device', ok: false, detail: (e as Error).message.split('\n')[0] });
     }
   }
   return checks;
