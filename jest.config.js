@@ -2,4 +2,7 @@
 /** @type {import('jest').Config} */
 module.exports = {
   projects: ['<rootDir>/packages/*/jest.config.js', '<rootDir>/apps/*/jest.config.js'],
+  // A project's own testTimeout is not applied in a multi-project run: without this, any test past
+  // jest's default 5 s fails on a busy machine.
+  testTimeout: 60000,
 };

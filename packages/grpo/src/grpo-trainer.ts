@@ -54,7 +54,7 @@ import {
 import { advantageMatrix } from './advantages';
 import { dynamicSampling } from './dynamic-sampling';
 import { builtinEstimator, type AdvantageBatch, type AdvantageFunction, type EstimatorName } from './estimators';
-import { klEstimate, klPenalisedRewards, type KlEstimator } from './kl';
+import { AdaptiveKlController, klEstimate, klPenalisedRewards, meanCompletionKl, type KlEstimator } from './kl';
 import { decoderPolicy } from './policies';
 import { lossNormaliser, type LossAggregation, type PolicyLossConfig } from './policy-loss';
 import { ComputeWeights, frozenReference, GenerationRunner, KvGenerationRunner, ScoringRunner, type BoundWeights, type GenerationEngine, type PolicyWeights, type RolloutGenerator } from './policy-sessions';
@@ -87,6 +87,13 @@ export interface KlOptions {
   mode?: 'loss' | 'reward';
   /** Default 'k3' in the loss, 'k1' as a reward penalty. */
   estimator?: KlEstimator;
+  /**
+   * Adapt β towards this KL per token after every step (`AdaptiveKlController`, as verl's
+   * `kl_ctrl.type: adaptive`), starting from `coef`. With mode 'reward' only. Default: β fixed.
+   */
+  target?: number;
+  /** The adaptive controller's horizon in completions (verl's default 10,000). Needs `target`. */
+  horizon?: number;
 }
 
 /** A custom loss and what the loop must feed it. */
@@ -194,7 +201,7 @@ export interface GrpoTrainerOptions<M> {
   /** Seed of sampling noise, LoRA init and minibatch shuffles. Default 0. */
   seed?: number;
   /** Continue from a checkpoint: trained values, AdamW moments, optimizer steps, RL steps. */
-  resume?: { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; optimizerStep: number; rlStep: number };
+  resume?: { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; optimizerStep: number; rlStep: number; klCoef?: number };
 }
 
 /** One completion of a step, for logs and rollout stores. */
@@ -243,6 +250,8 @@ export interface GrpoStepMetrics {
   truncated_fraction: number;
   /** KL(π_old‖π_ref) per response token (the KL estimator on the sampled tokens); NaN without a reference. */
   kl_ref: number;
+  /** β this step used (it moves under an adaptive `kl.target`); 0 without a KL term. */
+  kl_coef: number;
   loss: number;
   pg_loss: number;
   grad_norm: number;
@@ -316,6 +325,8 @@ const std = (xs: readonly number[]) => {
 /** The GRPO-family RL loop over a decoder policy on one device. */
 export class GrpoTrainer<M = unknown> {
   private rlStep: number;
+  /** The KL reward penalty's coefficient controller, when `kl.target` adapts it. */
+  private readonly klController: AdaptiveKlController | undefined;
   private disposed = false;
 
   private constructor(
@@ -338,6 +349,8 @@ export class GrpoTrainer<M = unknown> {
     readonly generationEngine: GenerationEngine,
   ) {
     this.rlStep = opts.resume?.rlStep ?? 0;
+    const kl = opts.kl;
+    this.klController = kl?.target !== undefined ? new AdaptiveKlController(opts.resume?.klCoef ?? kl.coef, kl.target, kl.horizon ?? 10000) : undefined;
   }
 
   /** Compiles the train step, generation and scoring sessions and uploads the weights. */
@@ -383,6 +396,8 @@ export class GrpoTrainer<M = unknown> {
     // The train step with the RL loss over the same policy builder the scoring graph uses.
     const kl = opts.kl ?? { coef: 0 };
     check(kl.coef >= 0, `kl.coef must be ≥ 0, got ${kl.coef}`);
+    check(kl.target === undefined || (kl.coef > 0 && kl.mode === 'reward'), `kl.target (an adaptive coefficient) needs kl.mode 'reward' and kl.coef > 0 to start from, got mode '${kl.mode ?? 'loss'}', coef ${kl.coef}`);
+    check(kl.horizon === undefined || kl.target !== undefined, 'kl.horizon needs kl.target');
     const klInLoss = kl.coef > 0 && (kl.mode ?? 'loss') === 'loss';
     const lossSpec = opts.loss ?? {};
     const custom = 'objective' in lossSpec ? lossSpec : undefined;
@@ -541,7 +556,9 @@ export class GrpoTrainer<M = unknown> {
     const logpRows = responseValues(batch, oldLogp);
     const refRows = refLogp && responseValues(batch, refLogp);
     const klMode = o.kl && o.kl.coef > 0 ? (o.kl.mode ?? 'loss') : undefined;
-    const tokenRewards = klMode === 'reward' ? klPenalisedRewards({ rewards: outcome, logp: logpRows, refLogp: refRows! }, { coef: o.kl!.coef, estimator: o.kl!.estimator ?? 'k1' }).tokenPenalties : undefined;
+    const klCoef = klMode ? (this.klController?.value ?? o.kl!.coef) : 0;
+    const tokenRewards = klMode === 'reward' ? klPenalisedRewards({ rewards: outcome, logp: logpRows, refLogp: refRows! }, { coef: klCoef, estimator: o.kl!.estimator ?? 'k1' }).tokenPenalties : undefined;
+    this.klController?.update(meanCompletionKl(logpRows, refRows!, o.kl!.estimator ?? 'k1'), batch.rows);
     const advBatch: AdvantageBatch = {
       rewards: outcome,
       groupSize: G,
@@ -566,7 +583,7 @@ export class GrpoTrainer<M = unknown> {
     for (let epoch = 0; epoch < (o.epochs ?? 1); epoch++) {
       const order = (o.shuffle ?? true) ? permutation(batch.rows, hashSeed(o.seed ?? 0, this.rlStep, epoch)) : [...Array(batch.rows).keys()];
       for (const mb of evenSplit(order, this.minibatchCount(batch.rows))) {
-        const normaliser = lossNormaliser(aggregation, mb.map((r) => batch.lengths[r]), { maxLength: o.maxNewTokens });
+        const normaliser = lossNormaliser(aggregation, mb.map((r) => batch.lengths[r]), { maxLength: o.maxNewTokens, lossScaleFactor: o.loss && 'lossScaleFactor' in o.loss ? o.loss.lossScaleFactor : undefined });
         const micro = evenSplit(mb, this.trainer.microBatches).map((part, j) => {
           const t = selectRows(batch, part, extra);
           const fed = (name: string) =>
@@ -616,6 +633,7 @@ export class GrpoTrainer<M = unknown> {
       response_length_mean: mean(batch.lengths),
       response_length_max: Math.max(...batch.lengths),
       truncated_fraction: rows.filter((r) => !r.c.stopped).length / batch.rows,
+      kl_coef: klCoef,
       kl_ref: refRows ? mean(logpRows.flatMap((row, i) => row.map((lp, t) => klEstimate(lp, refRows[i][t], klEst)))) : NaN,
       loss: good ? lossSum / good : NaN,
       pg_loss: good && 'pg_loss' in sums ? sums.pg_loss / good : NaN,
@@ -828,9 +846,9 @@ export class GrpoTrainer<M = unknown> {
    * Host copies for a checkpoint: the trained tensors (adapters with LoRA), AdamW moments, the
    * model's merged weights, optimizer steps and RL steps.
    */
-  snapshot(): { values: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; model: Map<string, Float32Array>; optimizerStep: number; rlStep: number } {
+  snapshot(): { values: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; model: Map<string, Float32Array>; optimizerStep: number; rlStep: number; klCoef?: number } {
     const s = this.trainer.snapshot();
-    return { values: s.params, m: s.m, v: s.v, model: this.toMerged(), optimizerStep: s.step, rlStep: this.rlStep };
+    return { values: s.params, m: s.m, v: s.v, model: this.toMerged(), optimizerStep: s.step, rlStep: this.rlStep, klCoef: this.klController?.value };
   }
 
   /** The trained parameters (adapters with LoRA). */

@@ -81,3 +81,41 @@ export function klPenalisedRewards(input: KlPenaltyInput, options: KlPenaltyOpti
   const sequenceRewards = input.rewards.map((r, i) => r + tokenPenalties[i].reduce((a, b) => a + b, 0));
   return { sequenceRewards, tokenPenalties, meanSequenceKl: n ? klTotal / n : 0 };
 }
+
+/**
+ * The adaptive KL coefficient of Ziegler et al. (2019), as verl's `AdaptiveKLController`: after
+ * each batch of n completions whose KL estimate (the per-token mean of each completion, averaged
+ * over completions) is `kl`, β ← β · (1 + clip(kl / target − 1, −0.2, 0.2) · n / horizon). The
+ * coefficient rises while the KL is above the target and falls below it, by at most 20 % of n/horizon
+ * a batch. verl's defaults: target 0.1, horizon 10,000.
+ */
+export class AdaptiveKlController {
+  /** The current coefficient β. */
+  value: number;
+
+  constructor(
+    initial: number,
+    /** The KL per token the coefficient steers towards. */
+    readonly target: number,
+    /** Completions over which a full proportional correction is applied. */
+    readonly horizon: number,
+  ) {
+    if (!(initial >= 0)) throw new Error(`AdaptiveKlController: the initial coefficient must be ≥ 0, got ${initial}`);
+    if (!(target > 0)) throw new Error(`AdaptiveKlController: target must be > 0, got ${target}`);
+    if (!(horizon > 0)) throw new Error(`AdaptiveKlController: horizon must be > 0, got ${horizon}`);
+    this.value = initial;
+  }
+
+  /** Updates β from a batch of `completions` whose KL estimate was `kl`; returns the new β. */
+  update(kl: number, completions: number): number {
+    const error = Math.min(Math.max(kl / this.target - 1, -0.2), 0.2);
+    this.value *= 1 + (error * completions) / this.horizon;
+    return this.value;
+  }
+}
+
+/** The KL an {@link AdaptiveKlController} reads: each completion's mean per-token estimate, averaged over completions. */
+export function meanCompletionKl(logp: readonly (readonly number[])[], refLogp: readonly (readonly number[])[], estimator: KlEstimator): number {
+  const perCompletion = logp.map((row, i) => (row.length ? row.reduce((a, lp, t) => a + klEstimate(lp, refLogp[i][t], estimator), 0) / row.length : 0));
+  return perCompletion.length ? perCompletion.reduce((a, b) => a + b, 0) / perCompletion.length : 0;
+}

@@ -9,11 +9,13 @@
  * graph give them: position t holds log π(ids[t+1] | ids ≤ t), and `mask` is 1 where ids[t+1] is a
  * response token.
  *
- * Per token, with r the ratio π_θ/π_old and A the advantage:
- *   pg_t   = −min(r·A, clip(r, 1 − clipLow, 1 + clipHigh)·A)   (and, with dual clip c, for A < 0:
- *            min(pg_t, −c·A))
- *   loss_t = pg_t + klCoef·kl_t − entropyCoef·H_t
- * and loss = aggregate(loss_t).
+ * Per token, with r the ratio π_θ/π_old and A the advantage, the policy term (`policyTerm`):
+ *   ppo        pg_t = −min(r·A, clip(r, 1 − clipLow, 1 + clipHigh)·A)   (and, with dual clip c,
+ *              for A < 0: min(pg_t, −c·A))
+ *   cispo      pg_t = −sg[clip(r, 1 − clipLow, 1 + clipHigh)]·A·log π_θ   (MiniMax-M1's CISPO: the
+ *              importance weight is clipped and held constant, so no token's gradient is dropped)
+ *   reinforce  pg_t = −A·log π_θ   (the plain policy gradient; verl's `gpg`)
+ * then loss_t = pg_t + klCoef·kl_t − entropyCoef·H_t and loss = aggregate(loss_t).
  */
 import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
@@ -59,8 +61,20 @@ export interface PolicyLossTensors {
   entropy?: Tensor;
 }
 
+/** The policy term of the loss (formulas in the module comment). */
+export type PolicyTerm = 'ppo' | 'cispo' | 'reinforce';
+
+/** Every policy term, for option validation. */
+export const POLICY_TERMS: readonly PolicyTerm[] = ['ppo', 'cispo', 'reinforce'];
+
 /** Hyperparameters of the policy loss. */
 export interface PolicyLossConfig {
+  /**
+   * `'ppo'` (default): the clipped surrogate. `'cispo'`: the clipped importance weight, held
+   * constant, times −A·log π_θ (clipLow/clipHigh bound the weight; verl's `cispo`). `'reinforce'`:
+   * −A·log π_θ, no ratio (on-policy; verl's `gpg`). The last two take token ratios and no dual clip.
+   */
+  policyTerm?: PolicyTerm;
   /** ε_low: the ratio is clipped below at 1 − clipLow. Default 0.2 (PPO, TRL `epsilon`, verl `clip_ratio`). */
   clipLow?: number;
   /** ε_high: the ratio is clipped above at 1 + clipHigh. Default 0.2; DAPO's clip-higher uses 0.28. */
@@ -87,6 +101,11 @@ export interface PolicyLossConfig {
   klEstimator?: KlEstimator;
   /** Coefficient of the entropy bonus (subtracted from the loss). Default 0. */
   entropyCoef?: number;
+  /**
+   * For `token-sum-norm`: the loss's normaliser is this constant instead of sequences × max length
+   * (verl's `loss_scale_factor` of `seq-mean-token-sum-norm`). Read by the loop's `lossNormaliser`.
+   */
+  lossScaleFactor?: number;
 }
 
 /**
@@ -101,7 +120,10 @@ export interface PolicyLossOutputs {
     pg_loss: Tensor;
     /** Response tokens in this micro-batch. */
     tokens: Tensor;
-    /** Tokens whose clipped branch is active (zero gradient): below 1 − ε_low with A < 0, or above 1 + ε_high with A > 0. */
+    /**
+     * Tokens whose clipped branch is active (zero gradient): below 1 − ε_low with A < 0, or above
+     * 1 + ε_high with A > 0; with `cispo`, tokens whose weight was clipped; 0 with `reinforce`.
+     */
     clipped_tokens: Tensor;
     /**
      * Of those, the ones clipped below. Not verl's `pg_clipfrac_lower`, which counts the tokens
@@ -130,7 +152,10 @@ const LOG_RATIO_LIMIT = 20;
 
 /** The PPO-family policy loss; see the module comment for the formula. */
 export function policyLoss(t: PolicyLossTensors, config: PolicyLossConfig = {}): PolicyLossOutputs {
-  const { clipLow = 0.2, clipHigh = 0.2, dualClip, ratio: ratioLevel = 'token', aggregation = 'token-mean', klCoef = 0, klEstimator = 'k3', entropyCoef = 0 } = config;
+  const { policyTerm: objective = 'ppo', clipLow = 0.2, clipHigh = 0.2, dualClip, ratio: ratioLevel = 'token', aggregation = 'token-mean', klCoef = 0, klEstimator = 'k3', entropyCoef = 0 } = config;
+  if (!POLICY_TERMS.includes(objective)) throw new Error(`policyLoss: policyTerm must be one of ${POLICY_TERMS.join(', ')}, got '${objective}'`);
+  if (objective !== 'ppo' && ratioLevel !== 'token') throw new Error(`policyLoss: policyTerm '${objective}' takes token ratios, got ratio '${ratioLevel}'`);
+  if (objective !== 'ppo' && dualClip !== undefined) throw new Error(`policyLoss: dualClip applies to policyTerm 'ppo' only, got '${objective}'`);
   if (!(clipLow >= 0 && clipLow < 1)) throw new Error(`policyLoss: clipLow must be in [0, 1), got ${clipLow}`);
   if (!(clipHigh >= 0)) throw new Error(`policyLoss: clipHigh must be ≥ 0, got ${clipHigh}`);
   if (dualClip !== undefined && !(dualClip > 1)) throw new Error(`policyLoss: dualClip must be > 1, got ${dualClip}`);
@@ -148,16 +173,14 @@ export function policyLoss(t: PolicyLossTensors, config: PolicyLossConfig = {}):
       : tokenLogRatio;
   const ratio = L.exp(L.clip(logRatio, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT));
 
-  // −min(r·A, clip(r)·A) = max(−r·A, −clip(r)·A)
-  const unclipped = L.neg(L.mul(ratio, adv));
-  const clipped = L.neg(L.mul(L.clip(ratio, 1 - clipLow, 1 + clipHigh), adv));
-  let pg = L.maximum(unclipped, clipped);
-  if (dualClip !== undefined) pg = L.where(L.less(adv, 0), L.minimum(pg, L.mul(adv, -dualClip)), pg);
-
-  const negative = L.less(adv, 0);
-  const low = L.and(negative, L.less(ratio, 1 - clipLow));
-  const high = L.and(L.greater(adv, 0), L.greater(ratio, 1 + clipHigh));
-  const count = (b: Tensor) => L.reduceSum(L.mul(L.cast(b, dtype), mask));
+  const pg = policyTermLoss(objective, t.logp, ratio, adv, clipLow, clipHigh, dualClip);
+  // Clipped tokens: PPO's zero-gradient branch (below with A < 0, above with A > 0); the weights
+  // CISPO's clip changed, on either side; none for REINFORCE, which has no ratio.
+  const below = L.less(ratio, 1 - clipLow);
+  const above = L.greater(ratio, 1 + clipHigh);
+  const low = objective === 'cispo' ? below : L.and(L.less(adv, 0), below);
+  const high = objective === 'cispo' ? above : L.and(L.greater(adv, 0), above);
+  const count = (b: Tensor) => (objective === 'reinforce' ? L.mul(L.reduceSum(mask), 0) : L.reduceSum(L.mul(L.cast(b, dtype), mask)));
 
   const agg = (x: Tensor) => aggregateLoss(x, mask, aggregation, t.normaliser);
   const pgLoss = agg(pg);
@@ -180,6 +203,16 @@ export function policyLoss(t: PolicyLossTensors, config: PolicyLossConfig = {}):
     if (entropyCoef !== 0) loss = L.sub(loss, L.mul(agg(t.entropy), entropyCoef));
   }
   return { loss, metrics };
+}
+
+/** The per-token policy term (formulas in the module comment). */
+function policyTermLoss(objective: PolicyTerm, logp: Tensor, ratio: Tensor, adv: Tensor, clipLow: number, clipHigh: number, dualClip: number | undefined): Tensor {
+  if (objective === 'reinforce') return L.neg(L.mul(adv, logp));
+  const clippedRatio = L.clip(ratio, 1 - clipLow, 1 + clipHigh);
+  if (objective === 'cispo') return L.neg(L.mul(L.mul(L.stopGradient(clippedRatio), adv), logp));
+  // −min(r·A, clip(r)·A) = max(−r·A, −clip(r)·A)
+  const pg = L.maximum(L.neg(L.mul(ratio, adv)), L.neg(L.mul(clippedRatio, adv)));
+  return dualClip === undefined ? pg : L.where(L.less(adv, 0), L.minimum(pg, L.mul(adv, -dualClip)), pg);
 }
 
 /** Per-token KL(π_θ‖π_ref) estimate in the graph, x = logp − refLogp (formulas in kl.ts). */

@@ -186,6 +186,39 @@ test.each(ESTIMATOR_NAMES.map((n) => [n]))('%s through GrpoTrainer: reward rises
   t.dispose();
 });
 
+test.each([['cispo'], ['reinforce']] as const)('policy term %s through GrpoTrainer: reward rises from chance to ≥ 0.9', async (policyTerm) => {
+  const t = make({ loss: { policyTerm, clipHigh: 0.28 } });
+  const mean = await train(t, 0.03);
+  console.log(`${policyTerm}: ${mean.length} steps, mean reward ${mean[0].toFixed(2)} → ${mean.at(-1)!.toFixed(2)}`);
+  expect(mean[0]).toBeLessThan(0.4);
+  expect(mean.slice(-3).every((m) => m >= 0.9)).toBe(true);
+  t.dispose();
+});
+
+test('adaptive KL (reward mode): reward still rises; β grows while the KL is above target, by verl\'s rule; a resumed trainer continues from it', async () => {
+  const t = make({ estimator: 'reinforce_pp_baseline', kl: { coef: 0.01, mode: 'reward', target: 1e-4, horizon: 256 } });
+  const betas: number[] = [];
+  const mean: number[] = [];
+  for (let s = 0; s < 60 && !(mean.length >= 3 && mean.slice(-3).every((m) => m >= 0.9)); s++) {
+    const { metrics } = await t.step(prompts(s), 0.03);
+    betas.push(metrics.kl_coef);
+    mean.push(metrics.reward_mean);
+  }
+  console.log(`adaptive KL: ${mean.length} steps, mean reward ${mean[0].toFixed(2)} → ${mean.at(-1)!.toFixed(2)}, β ${betas[0]} → ${betas.at(-1)!.toFixed(4)}`);
+  expect(mean.slice(-3).every((m) => m >= 0.9)).toBe(true);
+  expect(betas[0]).toBe(0.01);
+  // the KL (k1) sits far above 1e-4 once the policy moves: each step multiplies β by 1 + 0.2 · samples / horizon
+  const samples = 8 * ANSWERS.length;
+  expect(betas.at(-1)! / betas.at(-2)!).toBeCloseTo(1 + (0.2 * samples) / 256, 10);
+  const snap = t.snapshot();
+  expect(snap.klCoef).toBeCloseTo(betas.at(-1)! * (1 + (0.2 * samples) / 256), 10);
+  const resumed = make({ estimator: 'reinforce_pp_baseline', kl: { coef: 0.01, mode: 'reward', target: 1e-4, horizon: 256 }, resume: { params: snap.values, m: snap.m, v: snap.v, optimizerStep: snap.optimizerStep, rlStep: snap.rlStep, klCoef: snap.klCoef } });
+  expect((await resumed.step(prompts(99), 0.03)).metrics.kl_coef).toBe(snap.klCoef);
+  expect(() => make({ kl: { coef: 0.01, target: 0.1 } })).toThrow(/kl.target .* needs kl.mode 'reward'/);
+  t.dispose();
+  resumed.dispose();
+});
+
 test('KL to the frozen reference: 0 at the start, growing as the policy moves; the reference never changes', async () => {
   const t = make({ kl: { coef: 0.02 } });
   const kls: number[] = [];

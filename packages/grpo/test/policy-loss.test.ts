@@ -59,7 +59,7 @@ function kl(logp: number, ref: number, est: KlEstimator): number {
 }
 
 /** The loss written out on the host in float64 (independent of the DSL code). */
-function hostLoss(inp: Inputs, cfg: Required<Omit<PolicyLossConfig, 'dualClip'>> & { dualClip?: number }, normaliser: number) {
+function hostLoss(inp: Inputs, cfg: Required<Omit<PolicyLossConfig, 'dualClip' | 'lossScaleFactor'>> & { dualClip?: number }, normaliser: number) {
   let sum = 0;
   let pgSum = 0;
   let clipped = 0;
@@ -79,13 +79,13 @@ function hostLoss(inp: Inputs, cfg: Required<Omit<PolicyLossConfig, 'dualClip'>>
       const r = Math.exp(cfg.ratio === 'sequence' ? seqLogRatio : tokenLogRatio);
       const A = inp.adv[b][t];
       const rc = Math.min(Math.max(r, 1 - cfg.clipLow), 1 + cfg.clipHigh);
-      let pg = -Math.min(r * A, rc * A);
+      let pg = cfg.policyTerm === 'cispo' ? -rc * A * inp.logp[b][t] : cfg.policyTerm === 'reinforce' ? -A * inp.logp[b][t] : -Math.min(r * A, rc * A);
       if (cfg.dualClip !== undefined && A < 0) pg = Math.min(pg, -cfg.dualClip * A);
       const k = kl(inp.logp[b][t], inp.ref[b][t], cfg.klEstimator);
       sum += w * (pg + cfg.klCoef * k - cfg.entropyCoef * inp.ent[b][t]);
       pgSum += w * pg;
-      const low = A < 0 && r < 1 - cfg.clipLow;
-      const high = A > 0 && r > 1 + cfg.clipHigh;
+      const low = cfg.policyTerm === 'reinforce' ? false : (cfg.policyTerm === 'cispo' || A < 0) && r < 1 - cfg.clipLow;
+      const high = cfg.policyTerm === 'reinforce' ? false : (cfg.policyTerm === 'cispo' || A > 0) && r > 1 + cfg.clipHigh;
       clipped += low || high ? 1 : 0;
       clippedLow += low ? 1 : 0;
       const rt = Math.exp(tokenLogRatio);
@@ -126,7 +126,7 @@ async function lossGraph(cfg: PolicyLossConfig) {
     });
 }
 
-const full = (cfg: PolicyLossConfig) => ({ clipLow: 0.2, clipHigh: 0.2, ratio: 'token' as const, aggregation: 'token-mean' as const, klCoef: 0, klEstimator: 'k3' as const, entropyCoef: 0, ...cfg });
+const full = (cfg: PolicyLossConfig) => ({ policyTerm: 'ppo' as const, clipLow: 0.2, clipHigh: 0.2, ratio: 'token' as const, aggregation: 'token-mean' as const, klCoef: 0, klEstimator: 'k3' as const, entropyCoef: 0, ...cfg });
 
 const configs: PolicyLossConfig[] = [
   {},
@@ -181,6 +181,38 @@ describe.each(configs.map((c, i) => [i, JSON.stringify(c), c] as const))('config
   });
 });
 
+describe.each([
+  ['cispo', { policyTerm: 'cispo', clipLow: 0.2, clipHigh: 0.28, klCoef: 0.1, entropyCoef: 0.01 }],
+  ['reinforce', { policyTerm: 'reinforce', aggregation: 'seq-mean-token-mean', klCoef: 0.1, klEstimator: 'k1' }],
+] as const)('policy term %s', (name, cfg: PolicyLossConfig) => {
+  const inp = makeInputs(name === 'cispo' ? 200 : 201);
+  const c = full(cfg);
+  const normaliser = lossNormaliser(c.aggregation, lengths);
+
+  test('loss and metrics match the float64 host formula', async () => {
+    const out = await (await lossGraph(cfg))(inp, normaliser);
+    const ref = hostLoss(inp, c, normaliser);
+    for (const [k, v] of Object.entries(ref)) expect([k, Number(out[k].data[0])]).toEqual([k, expect.closeTo(v, 10)]);
+    if (name === 'cispo') expect(ref.clipped_tokens).toBeGreaterThan(0);
+  });
+
+  test('d loss / d logp: the (clipped, constant) weight times −A, plus the KL term, over the normaliser', async () => {
+    const out = await (await lossGraph(cfg))(inp, normaliser);
+    const grad = out.d_logp.data as Float64Array;
+    for (let b = 0; b < B; b++) {
+      const w = c.aggregation === 'seq-mean-token-mean' ? 1 / lengths[b] : 1;
+      for (let t = 0; t < T; t++) {
+        const x = inp.logp[b][t] - inp.ref[b][t];
+        const dKl = c.klEstimator === 'k1' ? 1 : c.klEstimator === 'k2' ? x : 1 - Math.exp(-x);
+        const r = Math.exp(inp.logp[b][t] - inp.old[b][t]);
+        const weight = name === 'cispo' ? Math.min(Math.max(r, 1 - c.clipLow), 1 + c.clipHigh) : 1;
+        const expected = maskRows[b][t] ? (w * (-weight * inp.adv[b][t] + c.klCoef * dKl)) / normaliser : 0;
+        expect(grad[b * T + t]).toBeCloseTo(expected, 12);
+      }
+    }
+  });
+});
+
 test('normalisers of the aggregation modes', () => {
   const lens = [3, 0, 5, 2];
   expect(lossNormaliser('token-mean', lens)).toBe(10);
@@ -199,4 +231,7 @@ test('bad configurations name the option', () => {
   expect(() => policyLoss(base, { clipLow: 1.5 })).toThrow(/clipLow must be in \[0, 1\)/);
   expect(() => policyLoss(base, { dualClip: 0.5 })).toThrow(/dualClip must be > 1/);
   expect(() => policyLoss(base, { aggregation: 'mean' as never })).toThrow(/aggregation must be one of token-mean/);
+  expect(() => policyLoss(base, { policyTerm: 'a2c' as never })).toThrow(/policyTerm must be one of ppo, cispo, reinforce/);
+  expect(() => policyLoss(base, { policyTerm: 'cispo', ratio: 'sequence' })).toThrow(/policyTerm 'cispo' takes token ratios/);
+  expect(() => policyLoss(base, { policyTerm: 'reinforce', dualClip: 3 })).toThrow(/dualClip applies to policyTerm 'ppo' only/);
 });

@@ -5,7 +5,7 @@
  * they do not.
  */
 import * as L from '@lathe/onnx';
-import { aggregateLoss, gaeAdvantages, lossNormaliser, policyLoss, reinforcePlusPlusAdvantages } from '@lathe/grpo';
+import { AdaptiveKlController, aggregateLoss, gaeAdvantages, lossNormaliser, meanCompletionKl, policyLoss, reinforcePlusPlusAdvantages } from '@lathe/grpo';
 import { compile, rng, type HostTensor } from '../../../tools/testing/ort-cpu';
 
 const f64 = (rows: number[][]): HostTensor => ({ data: Float64Array.from(rows.flat()), dims: [rows.length, rows[0].length] });
@@ -114,4 +114,22 @@ test("GSPO's sequence log-ratio is clamped at ±20 (verl's GSPO: at 10, above on
   // A = −1: the unclipped branch −r·A = r is the larger; token-mean over 2 tokens of r each
   expect(await loss(15)).toBeCloseTo(Math.exp(15), 3); // verl: exp(min(15, 10)) = e^10
   expect(await loss(25)).toBeCloseTo(Math.exp(20), 1);
+});
+
+test("the adaptive KL controller follows verl's AdaptiveKLController update, written out by hand", () => {
+  const ctl = new AdaptiveKlController(0.05, 0.1, 10000);
+  let beta = 0.05;
+  for (const [kl, n] of [
+    [0.3, 512],
+    [0.11, 512],
+    [0.02, 256],
+    [0.1, 64],
+  ] as const) {
+    // verl: proportional_error = clip(kl / target − 1, −0.2, 0.2); value *= 1 + error · n_steps / horizon
+    beta *= 1 + (Math.min(Math.max(kl / 0.1 - 1, -0.2), 0.2) * n) / 10000;
+    expect(ctl.update(kl, n)).toBeCloseTo(beta, 15);
+  }
+  expect(() => new AdaptiveKlController(0.05, 0, 100)).toThrow(/target must be > 0/);
+  // the KL it reads: each completion's token mean, averaged over completions (k1 here)
+  expect(meanCompletionKl([[0.1, 0.3], [0.5]], [[0, 0.1], [0.1]], 'k1')).toBeCloseTo(((0.1 + 0.2) / 2 + 0.4) / 2, 12);
 });
