@@ -5,6 +5,24 @@ import { runCodeTests, runSandboxed, startSandboxService, type SandboxService } 
 // Small limits keep the attack cases fast; each attack must end as a failed run, never escape.
 const FAST = { cpuSeconds: 1, wallMs: 3000, memoryMb: 256, maxOutputBytes: 64 * 1024 };
 
+// A sandbox that cannot run at all (a missing binary, bubblewrap refused by the kernel) fails every
+// test here with its cause, instead of each one with a bare 'sandbox-error'.
+beforeAll(async () => {
+  const probe = await runSandboxed({ language: 'python', source: 'print(1)' });
+  if (probe.status === 'sandbox-error') throw new Error(`the code sandbox cannot run here: ${probe.error}`);
+});
+
+describe('sandbox failures', () => {
+  test("bubblewrap's own message is the run's error and the grader's case error", async () => {
+    // a zero-size tmpfs is refused by bubblewrap itself, before any program starts
+    const r = await runSandboxed({ language: 'python', source: 'print(1)', limits: { diskMb: 0 } });
+    expect(r).toMatchObject({ status: 'sandbox-error', error: expect.stringContaining('bwrap: --size takes a non-zero number of bytes') });
+    expect(r.error).toContain('/usr/bin/bwrap exited with code 1');
+    const graded = await runCodeTests({ language: 'python', source: 'print(1)', tests: [{ input: '', output: '1' }], limits: { diskMb: 0 } });
+    expect(graded.cases[0]).toMatchObject({ passed: false, status: 'sandbox-error', error: r.error });
+  });
+});
+
 describe('sandboxed runs', () => {
   test('Python and JavaScript read stdin and write stdout', async () => {
     const py = await runSandboxed({ language: 'python', source: 'print(input()[::-1])', stdin: 'abc\n' });

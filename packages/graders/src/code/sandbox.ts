@@ -42,6 +42,8 @@ export interface RunResult {
   stdout: string;
   stderr: string;
   wallMs: number;
+  /** With `sandbox-error`: why the sandbox could not run the program (a missing binary, or bubblewrap's own message). */
+  error?: string;
 }
 
 /** One program run. */
@@ -60,10 +62,32 @@ const INTERPRETERS: Record<SandboxLanguage, { file: string; argv: (limits: Sandb
   javascript: { file: 'main.js', argv: (l) => [process.execPath, `--max-old-space-size=${Math.max(16, Math.floor(l.memoryMb * 0.75))}`, '/sandbox/main.js'] },
 };
 
-/** True when bubblewrap is installed (the sandbox refuses to run without it). */
+/** The programs the sandbox runs, by absolute path, with the Debian package of each. */
+const REQUIRED_BINARIES: { path: string; debianPackage: string; only?: SandboxLanguage }[] = [
+  { path: '/usr/bin/bwrap', debianPackage: 'bubblewrap' },
+  { path: '/usr/bin/prlimit', debianPackage: 'util-linux' },
+  { path: '/usr/bin/python3', debianPackage: 'python3', only: 'python' },
+];
+
+/**
+ * Why the sandbox cannot run `language` (any language when omitted) on this machine: the missing
+ * binaries and the command that installs them; null when nothing is missing.
+ */
+export function sandboxMissing(language?: SandboxLanguage): string | null {
+  const missing = REQUIRED_BINARIES.filter((b) => (language === undefined || b.only === undefined || b.only === language) && !executable(b.path));
+  if (missing.length === 0) return null;
+  const packages = missing.map((b) => b.debianPackage).join(' ');
+  return `the code sandbox needs ${missing.map((b) => b.path).join(', ')}, not installed: run \`apt-get install -y ${packages}\` as root (in Lathe's repository: bash tools/setup/system-deps.sh)`;
+}
+
+/** True when the sandbox's binaries are installed (it refuses to run without them); see {@link sandboxMissing} for what is missing. */
 export function sandboxAvailable(): boolean {
+  return sandboxMissing() === null;
+}
+
+function executable(file: string): boolean {
   try {
-    accessSync('/usr/bin/bwrap', constants.X_OK);
+    accessSync(file, constants.X_OK);
     return true;
   } catch {
     return false;
@@ -122,7 +146,8 @@ export async function runSandboxed(request: RunRequest): Promise<RunResult> {
   const limits: SandboxLimits = { ...SANDBOX_DEFAULTS, ...request.limits };
   const interpreter = INTERPRETERS[request.language];
   if (!interpreter) throw new Error(`runSandboxed: language must be python or javascript, got ${JSON.stringify(request.language)}`);
-  if (!sandboxAvailable()) return { status: 'sandbox-error', exitCode: null, signal: null, stdout: '', stderr: 'bubblewrap (/usr/bin/bwrap) is not installed: run tools/setup/system-deps.sh', wallMs: 0 };
+  const missing = sandboxMissing(request.language);
+  if (missing) return { status: 'sandbox-error', exitCode: null, signal: null, stdout: '', stderr: missing, wallMs: 0, error: missing };
   const dir = mkdtempSync(path.join(tmpdir(), 'lathe-sandbox-'));
   try {
     writeFileSync(path.join(dir, interpreter.file), request.source);
@@ -167,7 +192,8 @@ function execute(dir: string, limits: SandboxLimits, argv: string[], stdin: stri
     child.stdin.end(stdin);
     child.on('error', (e) => {
       clearTimeout(timer);
-      resolve({ status: 'sandbox-error', exitCode: null, signal: null, stdout: '', stderr: `cannot start bubblewrap: ${e.message}`, wallMs: performance.now() - started });
+      const error = `cannot start /usr/bin/bwrap: ${e.message}`;
+      resolve({ status: 'sandbox-error', exitCode: null, signal: null, stdout: '', stderr: error, wallMs: performance.now() - started, error });
     });
     child.on('close', (code, signal) => {
       clearTimeout(timer);
@@ -176,8 +202,11 @@ function execute(dir: string, limits: SandboxLimits, argv: string[], stdin: stri
       let status: RunStatus = ended ?? (code === 0 ? 'ok' : 'runtime-error');
       // RLIMIT_CPU ends a program with SIGXCPU (exit 152 through bwrap), or SIGKILL at the hard limit
       if (ended === null && (signal === 'SIGXCPU' || code === 128 + 24 || (code === 128 + 9 && performance.now() - started >= limits.cpuSeconds * 1000))) status = 'timeout';
-      if (ended === null && code !== 0 && /^bwrap: /m.test(stderr)) status = 'sandbox-error';
-      resolve({ status, exitCode: code, signal, stdout: Buffer.concat(out).toString('utf8'), stderr, wallMs: performance.now() - started });
+      // bubblewrap (or prlimit inside it) failed before the program ran: its own lines say why
+      const setupFailure = stderr.split('\n').filter((l) => /^(bwrap|prlimit): /.test(l));
+      if (ended === null && code !== 0 && setupFailure.length > 0) status = 'sandbox-error';
+      const error = status === 'sandbox-error' ? `/usr/bin/bwrap exited with ${signal ?? `code ${code}`}: ${setupFailure.join('; ')}` : undefined;
+      resolve({ status, exitCode: code, signal, stdout: Buffer.concat(out).toString('utf8'), stderr, wallMs: performance.now() - started, ...(error ? { error } : {}) });
     });
   });
 }

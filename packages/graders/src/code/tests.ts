@@ -4,7 +4,7 @@
  * function with JSON arguments and the JSON result is compared).
  */
 import { randomBytes } from 'node:crypto';
-import { runSandboxed, type RunStatus, type SandboxLanguage, type SandboxLimits } from './sandbox';
+import { runSandboxed, type RunResult, type RunStatus, type SandboxLanguage, type SandboxLimits } from './sandbox';
 
 /** A stdin/stdout test: the program reads `input` and must print `output`. */
 export interface StdioTestCase {
@@ -37,6 +37,8 @@ export interface CodeCaseResult {
   /** The program's output (or returned JSON), truncated to 1000 characters. */
   got: string;
   stderr: string;
+  /** With `sandbox-error`: why the sandbox could not run the program (see {@link RunResult.error}). */
+  error?: string;
 }
 
 /** All cases' outcomes. */
@@ -82,12 +84,16 @@ function withDriver(language: SandboxLanguage, source: string, entry: string, ma
   return `${source}\n;(async () => {\n  const args = JSON.parse(require('fs').readFileSync(0, 'utf8'));\n  const result = await (${target})(...args);\n  process.stdout.write('\\n${marker}' + JSON.stringify(result === undefined ? null : result) + '\\n');\n})().catch((e) => { console.error(e); process.exit(1); });\n`;
 }
 
+function failedRun(run: RunResult, got: string): CodeCaseResult {
+  return { passed: false, status: run.status, got, stderr: run.stderr.slice(-1000), ...(run.error ? { error: run.error } : {}) };
+}
+
 async function runCase(req: CodeTestRequest, test: StdioTestCase | CallTestCase): Promise<CodeCaseResult> {
   if (isCall(test)) {
     if (!req.entry || !ENTRY.test(req.entry)) throw new Error(`runCodeTests: function-call tests need "entry" as a name or Class.method, got ${JSON.stringify(req.entry)}`);
     const marker = `__lathe_result_${randomBytes(8).toString('hex')}__`;
     const run = await runSandboxed({ language: req.language, source: withDriver(req.language, req.source, req.entry, marker), stdin: JSON.stringify(test.args), limits: req.limits });
-    if (run.status !== 'ok') return { passed: false, status: run.status, got: run.stdout.slice(-1000), stderr: run.stderr.slice(-1000) };
+    if (run.status !== 'ok') return failedRun(run, run.stdout.slice(-1000));
     const line = run.stdout.split('\n').reverse().find((l) => l.startsWith(marker));
     let value: unknown = undefined;
     try {
@@ -99,7 +105,7 @@ async function runCase(req: CodeTestRequest, test: StdioTestCase | CallTestCase)
     return { passed, status: passed ? 'ok' : 'wrong-answer', got: (line?.slice(marker.length) ?? '').slice(0, 1000), stderr: run.stderr.slice(-1000) };
   }
   const run = await runSandboxed({ language: req.language, source: req.source, stdin: test.input, limits: req.limits });
-  if (run.status !== 'ok') return { passed: false, status: run.status, got: run.stdout.slice(0, 1000), stderr: run.stderr.slice(-1000) };
+  if (run.status !== 'ok') return failedRun(run, run.stdout.slice(0, 1000));
   const passed = normalizeOutput(run.stdout) === normalizeOutput(test.output);
   return { passed, status: passed ? 'ok' : 'wrong-answer', got: run.stdout.slice(0, 1000), stderr: run.stderr.slice(-1000) };
 }
