@@ -8,3 +8,4 @@ export * from './heads';
 export * from './causal-lm';
 export * from './random-model';
 export * from './save';
+export * from './presets';

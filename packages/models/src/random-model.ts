@@ -1,9 +1,7 @@
-/** Random-initialised Hugging Face model folders for tests and benchmarks. */
-import { mkdirSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
-import { parseConfig, toHfConfig, type DecoderConfig, type HfConfig } from './config';
+/** Random-initialised Hugging Face model folders for tests, benchmarks and `lathe model init`. */
+import { parseConfig, type DecoderConfig, type HfConfig } from './config';
 import { paramSpecs } from './params';
-import { writeSafetensors } from './safetensors';
+import { saveHfModel } from './save';
 
 /** Deterministic normal samples (mulberry32 + Box-Muller). */
 export function normalSampler(seed: number): () => number {
@@ -23,17 +21,24 @@ export interface RandomModelOptions {
   seed?: number;
   /** Standard deviation of matrix and embedding entries (transformers' initializer_range). */
   std?: number;
+  /**
+   * Stores the weights in a 16-bit dtype: `encode` turns each tensor's float32 values into that
+   * dtype's bit patterns (e.g. @lathe/runtime's toBfloat16Bits). Default: float32 as sampled.
+   */
+  store?: { dtype: 'bfloat16' | 'float16'; encode: (values: Float32Array) => Uint16Array };
+  /** A folder whose tokenizer files (tokenizer.json, tokenizer_config.json, …) are copied beside the weights. */
+  tokenizerFrom?: string;
 }
 
 /**
- * Writes `<dir>/config.json` and `<dir>/model.safetensors` (float32) for a config with random
- * weights: matrices ~ N(0, std²), norm weights around 1, biases small. Returns the parsed config.
+ * Writes `<dir>/config.json` and `<dir>/model.safetensors` for a config with random weights:
+ * matrices ~ N(0, std²), norm weights around 1, biases small; the values depend only on the seed
+ * (a 16-bit `store` rounds the same float32 samples). Returns the parsed config.
  */
 export function randomModel(dir: string, config: HfConfig | DecoderConfig, opts: RandomModelOptions = {}): DecoderConfig {
   const cfg = 'architecture' in config ? (config as DecoderConfig) : parseConfig(config as HfConfig, 'randomModel config');
   const normal = normalSampler(opts.seed ?? 0);
   const std = opts.std ?? 0.02;
-  mkdirSync(dir, { recursive: true });
   const tensors = paramSpecs(cfg).map((spec) => {
     const n = spec.shape.reduce((a, b) => a * b, 1);
     const data = new Float32Array(n);
@@ -41,9 +46,10 @@ export function randomModel(dir: string, config: HfConfig | DecoderConfig, opts:
       const z = normal();
       data[i] = spec.kind === 'norm' ? 1 + 0.1 * z : spec.kind === 'bias' ? 0.02 * z : std * z;
     }
-    return { name: spec.name, dtype: 'float32' as const, shape: spec.shape, data: new Uint8Array(data.buffer) };
+    // each tensor is encoded as it is sampled, so only one float32 copy is ever held
+    const stored = opts.store ? opts.store.encode(data) : data;
+    return { name: spec.name, dtype: opts.store?.dtype ?? ('float32' as const), shape: spec.shape, data: new Uint8Array(stored.buffer, stored.byteOffset, stored.byteLength) };
   });
-  writeSafetensors(join(dir, 'model.safetensors'), tensors, { format: 'pt' });
-  writeFileSync(join(dir, 'config.json'), JSON.stringify(toHfConfig({ ...cfg, torchDtype: 'float32' }), null, 2));
+  saveHfModel(dir, cfg, tensors, { tokenizerFrom: opts.tokenizerFrom });
   return cfg;
 }

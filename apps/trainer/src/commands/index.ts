@@ -6,6 +6,7 @@ import { doctorCommand } from './doctor';
 import { runsCommand } from './runs';
 import { grpoCommand } from './grpo';
 import { generateCommand } from './generate';
+import { modelCommand } from './model';
 
 /** Every `lathe` subcommand; each lives in its own file beside this one. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- yargs command modules differ in their argv types
@@ -17,4 +18,5 @@ export const commands: CommandModule<any, any>[] = [
   gradeCommand,
   doctorCommand,
   runsCommand,
+  modelCommand,
 ];
