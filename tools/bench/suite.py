@@ -35,16 +35,15 @@ BASELINE = os.path.join(ROOT, "docs", "benchmarks", "suite-baseline.json")
 WORK = "/tmp/lathe-suite"
 # transformers' fastest set-up per workload (prompt kind, or kind@batch), as measured on the H200
 # 2026-11-26 (`--hf-all` times both everywhere): its static cache, compiled by generate, on ragged
-# prompts; its dynamic cache on unpadded prompts at batch 256; at batch 64 unpadded, both are timed.
-HF_FASTEST = {"ragged": "static", "unpadded": "dynamic", "unpadded@64": "static;dynamic"}
+# prompts and on unpadded ones at batch 64; its dynamic cache on unpadded prompts at batch 256.
+HF_FASTEST = {"ragged": "static", "unpadded": "dynamic", "unpadded@64": "static"}
 LORA = ["--lora-rank", "16", "--lora-alpha", "32", "--lora-targets", "q_proj|k_proj|v_proj|o_proj"]
 # Two plain runs of the same step differ in the last bits of the loss from step to step (ORT's CUDA
 # kernels are not all deterministic): graph replay must stay within this of the plain path.
 LOSS_TOLERANCE = 2e-5
 # Full fine-tuning's floor for the same check, whose plain runs part by up to ~1e-4 within 8 steps.
 FULL_TOLERANCE = 1e-4
-# Speeds: larger is better for these keys, smaller for the rest; compared at 5 %.
-HIGHER_IS_BETTER = ("tokens_per_s", "ratio")
+# A Lathe speed more than this much worse than the baseline's is flagged.
 WORSE_BY = 0.05
 
 
@@ -177,11 +176,11 @@ def compare(results, baseline):
             b = base.get(k)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not isinstance(b, (int, float)) or b == 0:
                 continue
-            if not (k.endswith("_ms") or k.endswith("_s") or k.startswith(HIGHER_IS_BETTER) or k.endswith(HIGHER_IS_BETTER)):
+            # Lathe's own speeds only: a ratio moves with the reference too (transformers' dynamic
+            # cache ran 8,634 and 11,215 tok/s on one workload in two calls), so it is context.
+            if not (k.startswith("lathe_") or k.startswith("tokens_per_s")) or not (k.endswith(("_ms", "_s")) or "tokens_per_s" in k):
                 continue
-            if k.startswith("torch") or k.startswith("hf"):
-                continue  # the reference's own speed is context, not Lathe's regression
-            higher = k.startswith(HIGHER_IS_BETTER) or k.endswith(HIGHER_IS_BETTER)
+            higher = "tokens_per_s" in k
             worse = (b - v) / b if higher else (v - b) / b
             if worse > WORSE_BY:
                 flags.append((name, f"{k} {v} vs baseline {b} ({worse * 100:.1f} % worse)"))
