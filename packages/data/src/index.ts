@@ -66,6 +66,7 @@ export { filterByTokenLength, seededRandom, seededShuffle, trainTestSplit, type 
 export {
   ROLLOUT_SCHEMA_VERSION,
   RolloutStore,
+  deleteRolloutsAfter,
   inspectRolloutStore,
   readEvalRollouts,
   readTrainRollouts,
@@ -88,7 +89,9 @@ export {
   readMetrics,
   readRunConfig,
   resolveRun,
+  rewindRunDir,
   runPaths,
+  startRunDir,
   summarizeRun,
   type CheckpointEntry,
   type ConfigDifference,
@@ -96,6 +99,7 @@ export {
   type MetricsLine,
   type PruneOptions,
   type PruneResult,
+  type RewindResult,
   type RunSummary,
 } from './run-dir';
 export { runsDiffSchema, runsListSchema, runsPruneSchema, runsShowSchema } from './runs-options';

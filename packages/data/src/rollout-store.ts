@@ -392,6 +392,34 @@ export function readEvalRollouts(file: string, filter: Filter & { dataset?: stri
   }
 }
 
+/**
+ * Deletes the training and evaluation rollouts of steps after `step`, in one transaction: what a
+ * run wrote after the checkpoint a resume starts from (see `rewindRunDir`). Call it while no
+ * {@link RolloutStore} has the file open. Returns the rows deleted.
+ */
+export function deleteRolloutsAfter(file: string, step: number): { train: number; eval: number } {
+  if (!Number.isInteger(step)) throw new Error(`${file}: deleteRolloutsAfter needs an integer step, got ${step}`);
+  if (!existsSync(file)) throw new Error(`${file}: cannot open the rollout store (no such file)`);
+  let db: Database.Database;
+  try {
+    const Sqlite = libsql();
+    db = new Sqlite(file, { fileMustExist: true });
+    db.pragma('busy_timeout = 10000');
+  } catch (e) {
+    throw new Error(`${file}: cannot open the rollout store (${(e as Error).message})`);
+  }
+  try {
+    // a store that a crash cut short before its first commit may lack the tables
+    const tables = new Set((db.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").raw(true).all() as unknown[][]).map((r) => r[0]));
+    const from = (table: string) => (tables.has(table) ? db.prepare(`DELETE FROM ${table} WHERE step > ?`).run(step).changes : 0);
+    return db.transaction(() => ({ train: from('train_rollouts'), eval: from('eval_rollouts') }))();
+  } catch (e) {
+    throw new Error(`${file}: cannot delete the rollouts after step ${step} (${(e as Error).message})`);
+  } finally {
+    db.close();
+  }
+}
+
 /** Row counts and SQLite's own integrity verdict (`ok` when the file is sound). */
 export function inspectRolloutStore(file: string): { train: number; eval: number; lastStep: number | null; integrity: string } {
   const db = openRead(file);

@@ -14,7 +14,8 @@
 import { appendFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { basename, dirname, join } from 'node:path';
 import { parse as parseYaml, stringify as toYaml } from 'yaml';
-import { inspectRolloutStore } from './rollout-store';
+import { writeAtomic } from './atomic';
+import { deleteRolloutsAfter, inspectRolloutStore } from './rollout-store';
 
 /** The paths inside a run directory. */
 export function runPaths(dir: string) {
@@ -25,7 +26,86 @@ export function runPaths(dir: string) {
     checkpoints: join(dir, 'checkpoints'),
     rollouts: join(dir, 'rollouts.sqlite'),
     eval: join(dir, 'eval'),
+    /** The built-in model a run made for itself (`--model builtin:tiny`), which a resume reads back. */
+    baseModel: join(dir, 'base-model'),
   };
+}
+
+const hasEntries = (dir: string) => existsSync(dir) && readdirSync(dir).length > 0;
+
+/**
+ * Prepares a run directory for a new run (not a resume): an earlier run's metrics, evaluations,
+ * checkpoints or rollouts are an error naming what is there and the way on (--resume when it has a
+ * checkpoint, --overwrite, another --run_dir), unless `overwrite`, which deletes them first. What
+ * a run writes before its first step and would write again — config.yaml and the built-in model in
+ * base-model/ — is deleted either way, so a failed run's copy is never taken for this run's.
+ */
+export function startRunDir(dir: string, options: { overwrite: boolean }): void {
+  const p = runPaths(dir);
+  const found = [
+    ...(existsSync(p.metrics) ? ['metrics.jsonl'] : []),
+    ...(hasEntries(p.checkpoints) ? ['checkpoints/'] : []),
+    ...(hasEntries(p.eval) ? ['eval/'] : []),
+    ...(existsSync(p.rollouts) ? ['rollouts.sqlite'] : []),
+  ];
+  if (found.length && !options.overwrite) {
+    if (listRunCheckpoints(dir, { sizes: false }).length) throw new Error(`--run_dir ${dir} already holds checkpoints: pass --resume to continue that run, --overwrite to start over, or choose another --run_dir`);
+    throw new Error(`--run_dir ${dir} holds an earlier run (${found.join(', ')}) with no checkpoint to resume from: pass --overwrite to start over, or choose another --run_dir`);
+  }
+  // config.yaml last: until the rest is gone, the folder still reads as a run directory
+  for (const f of [p.metrics, p.eval, p.rollouts, `${p.rollouts}-wal`, `${p.rollouts}-shm`, p.checkpoints, p.baseModel, p.config]) rmSync(f, { recursive: true, force: true });
+}
+
+/** What {@link rewindRunDir} removed. */
+export interface RewindResult {
+  /** metrics.jsonl lines of later steps (and a line torn by a crash). */
+  metricsLines: number;
+  /** eval/step-N.jsonl files of later steps. */
+  evalFiles: number;
+  /** rollouts.sqlite rows of later steps. */
+  trainRollouts: number;
+  evalRollouts: number;
+}
+
+/**
+ * Cuts a run's logs back to `step`, the checkpoint a resume starts from, so that the resumed run
+ * writes each later step once and its files equal an uninterrupted run's: metrics.jsonl keeps its
+ * lines of steps ≤ `step` (each as it was; rewritten atomically), eval/step-N.jsonl files and
+ * rollouts.sqlite rows of later steps are deleted. Running it again after a crash midway finishes it.
+ */
+export function rewindRunDir(dir: string, step: number): RewindResult {
+  const p = runPaths(dir);
+  const result: RewindResult = { metricsLines: 0, evalFiles: 0, trainRollouts: 0, evalRollouts: 0 };
+  if (existsSync(p.metrics)) {
+    const lines = readFileSync(p.metrics, 'utf8').split('\n');
+    const kept: string[] = [];
+    lines.forEach((text, i) => {
+      if (text.trim() === '') return;
+      let v: unknown;
+      try {
+        v = JSON.parse(text);
+      } catch {
+        if (i >= lines.length - 2) return void result.metricsLines++; // the last line, torn by a crash
+        throw new Error(`${p.metrics}:${i + 1}: not valid JSON`);
+      }
+      const s = (v as { step?: unknown } | null)?.step;
+      if (typeof s !== 'number') throw new Error(`${p.metrics}:${i + 1}: expected an object with a numeric 'step'`);
+      if (s <= step) kept.push(text);
+      else result.metricsLines++;
+    });
+    if (result.metricsLines) writeAtomic(p.metrics, kept.map((l) => `${l}\n`).join(''));
+  }
+  for (const e of listEvals(dir)) {
+    if (e.step <= step) continue;
+    rmSync(e.file, { force: true });
+    result.evalFiles++;
+  }
+  if (existsSync(p.rollouts)) {
+    const deleted = deleteRolloutsAfter(p.rollouts, step);
+    result.trainRollouts = deleted.train;
+    result.evalRollouts = deleted.eval;
+  }
+  return result;
 }
 
 /** Creates a run directory (config.yaml written atomically, checkpoints/ and eval/ made). */
@@ -107,14 +187,17 @@ function dirBytes(dir: string): number {
   return n;
 }
 
-/** A run's complete checkpoints, oldest first (temporary and incomplete folders are ignored). */
-export function listRunCheckpoints(dir: string): CheckpointEntry[] {
+/**
+ * A run's complete checkpoints, oldest first (temporary and incomplete folders are ignored).
+ * `sizes: false` skips measuring them (`bytes` is then 0).
+ */
+export function listRunCheckpoints(dir: string, options: { sizes?: boolean } = {}): CheckpointEntry[] {
   const root = runPaths(dir).checkpoints;
   if (!existsSync(root)) return [];
   return readdirSync(root)
     .map((name) => ({ m: STEP_DIR.exec(name), name }))
     .filter((e) => e.m && existsSync(join(root, e.name, 'trainer_state.json')))
-    .map((e) => ({ step: Number(e.m![1]), dir: join(root, e.name), bytes: dirBytes(join(root, e.name)) }))
+    .map((e) => ({ step: Number(e.m![1]), dir: join(root, e.name), bytes: options.sizes === false ? 0 : dirBytes(join(root, e.name)) }))
     .sort((a, b) => a.step - b.step);
 }
 

@@ -50,7 +50,8 @@ export const sftSchema = {
   max_new_tokens: { type: 'number', default: 16, integer: true, min: 1, describe: 'Generation length limit during evaluation' },
   save_every: { type: 'number', default: 200, integer: true, min: 0, describe: 'Checkpoint every N steps (0: only at the end)' },
   keep_last: { type: 'number', default: 2, integer: true, min: 1, describe: 'Checkpoints kept (older ones are deleted)' },
-  resume: { type: 'boolean', default: false, describe: "Continue from the run directory's latest checkpoint" },
+  resume: { type: 'boolean', default: false, describe: "Continue from the run directory's latest checkpoint (metrics, evaluations of later steps are cut back to it)" },
+  overwrite: { type: 'boolean', default: false, describe: 'Start over in a run directory that holds an earlier run, deleting its checkpoints, metrics and evaluations (without it, such a directory is an error; ignored with --resume)' },
   log_every: { type: 'number', default: 10, integer: true, min: 1, describe: 'Write metrics every N steps' },
 } as const satisfies OptionSchema;
 
@@ -71,4 +72,6 @@ export const DEMO_SFT_OVERRIDES: Partial<SftConfig> = {
   warmup_steps: 20,
   eval_every: 250,
   save_every: 500,
+  // the quick start's command is run again as it is: each run replaces runs/demo
+  overwrite: true,
 };

@@ -4,7 +4,7 @@
  * checkpointing → a final evaluation and checkpoint. Resumes exactly from a checkpoint (weights,
  * AdamW moments, step, data position) and saves one when interrupted.
  */
-import { appendFileSync, existsSync, mkdirSync, readFileSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { stringify as toYaml } from 'yaml';
 import * as L from '@lathe/onnx';
@@ -17,7 +17,7 @@ import { CharTokenizer, HfTokenizer } from '@lathe/tokenizer';
 import { addGeneration } from '@lathe/rollout';
 import { Device, sizeOf, type HostTensor, type Session } from '@lathe/runtime';
 import { learningRate } from './schedule';
-import { writeAtomic } from '@lathe/data';
+import { listEvals, rewindRunDir, runPaths, startRunDir, writeAtomic } from '@lathe/data';
 import { sftLoss, useFlashAttention, type AttentionChoice } from './losses';
 import type { TrainableParam } from './train-step';
 import { Trainer } from './trainer';
@@ -98,16 +98,26 @@ function builtinModelConfig(vocabSize: number): HfConfig {
   };
 }
 
+/**
+ * The built-in model of a run: `<run_dir>/base-model`, read back when it is there (a resume; a new
+ * run's `startRunDir` has removed any earlier copy) and otherwise made from `seed` and written
+ * atomically, so a crash never leaves a partial copy for a resume to read.
+ */
+export function builtinBaseModel(runDir: string, seed: number): { dir: string; config: DecoderConfig } {
+  const dir = runPaths(runDir).baseModel;
+  const configPath = join(dir, 'config.json');
+  if (existsSync(configPath)) return { dir, config: parseConfig(JSON.parse(readFileSync(configPath, 'utf8')), configPath) };
+  const tmp = `${dir}.tmp-${process.pid}`;
+  rmSync(tmp, { recursive: true, force: true });
+  const config = randomModel(tmp, builtinModelConfig(new CharTokenizer({ alphabet: ADDITION_ALPHABET }).vocabSize), { seed, std: 0.02 });
+  rmSync(dir, { recursive: true, force: true }); // a folder without config.json: an unfinished copy
+  renameSync(tmp, dir);
+  return { dir, config };
+}
+
 /** The model folder to start from, the tokenizer, and (for the built-in model) the folder it was written to. */
 async function loadModelAndTokenizer(cfg: SftConfig): Promise<{ dir: string; config: DecoderConfig; tokenizer: SftTokenizer; tokenizerFrom?: string }> {
-  if (cfg.model === BUILTIN_MODEL) {
-    const tokenizer = new CharTokenizer({ alphabet: ADDITION_ALPHABET });
-    const dir = join(cfg.run_dir, 'base-model');
-    const config = existsSync(join(dir, 'config.json'))
-      ? parseConfig(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')), join(dir, 'config.json'))
-      : randomModel(dir, builtinModelConfig(tokenizer.vocabSize), { seed: cfg.seed, std: 0.02 });
-    return { dir, config, tokenizer };
-  }
+  if (cfg.model === BUILTIN_MODEL) return { ...builtinBaseModel(cfg.run_dir, cfg.seed), tokenizer: new CharTokenizer({ alphabet: ADDITION_ALPHABET }) };
   const configPath = join(cfg.model, 'config.json');
   if (!existsSync(configPath)) throw new Error(`--model ${cfg.model}: no config.json in that folder`);
   const config = parseConfig(JSON.parse(readFileSync(configPath, 'utf8')), configPath);
@@ -138,6 +148,43 @@ async function loadExamples(cfg: SftConfig): Promise<{ train: SftExample[]; eval
 
 const f32 = (v: number): HostTensor => ({ data: Float32Array.from([v]), dims: [] });
 
+/** An evaluation's summary from its per-example rows (as eval/step-N.jsonl holds them). */
+function summarizeEval(step: number, rows: readonly { correct: boolean; subject?: string }[]): EvalResult {
+  const share = (rs: readonly { correct: boolean }[]) => (rs.length ? rs.filter((r) => r.correct).length / rs.length : 0);
+  const subjects = [...new Set(rows.flatMap((r) => (r.subject ? [r.subject] : [])))].sort();
+  const result: EvalResult = { step, accuracy: share(rows), examples: rows.length };
+  if (subjects.length) {
+    result.bySubject = Object.fromEntries(
+      subjects.map((sub) => {
+        const rs = rows.filter((r) => r.subject === sub);
+        return [sub, { accuracy: share(rs), examples: rs.length }];
+      }),
+    );
+  }
+  return result;
+}
+
+/** The evaluations of a run up to `step`, read back from its eval/step-N.jsonl files. */
+function earlierEvals(runDir: string, step: number): EvalResult[] {
+  return listEvals(runDir)
+    .filter((e) => e.step <= step)
+    .map((e) =>
+      summarizeEval(
+        e.step,
+        readFileSync(e.file, 'utf8')
+          .split('\n')
+          .filter((l) => l.trim() !== '')
+          .map((l, i) => {
+            try {
+              return JSON.parse(l) as { correct: boolean; subject?: string };
+            } catch {
+              throw new Error(`${e.file}:${i + 1}: not valid JSON (an evaluation of the run being resumed)`);
+            }
+          }),
+      ),
+    );
+}
+
 /**
  * Test hooks of {@link runSft}: not options of `lathe sft` (not in `sftSchema`, never saved with
  * a run). Production callers pass nothing.
@@ -167,6 +214,10 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   const staticShape = cfg.cuda_graph || Boolean(testHooks.staticShapeWithoutCudaGraph);
   if (cudaGraph && cfg.device !== 'cuda') throw new Error(`--cuda_graph needs --device cuda (got --device ${cfg.device})`);
   if (staticShape && cfg.micro_batches !== 1) throw new Error(`--cuda_graph needs --micro_batches 1 (got ${cfg.micro_batches})`);
+  // The run directory: a resume continues its newest checkpoint; a new run refuses an earlier run's files unless --overwrite.
+  const latest = cfg.resume ? listCheckpoints(cfg.run_dir).at(-1) : undefined;
+  if (cfg.resume && !latest) throw new Error(`--resume: no checkpoint in ${join(cfg.run_dir, 'checkpoints')}`);
+  if (!cfg.resume) startRunDir(cfg.run_dir, { overwrite: cfg.overwrite });
   mkdirSync(cfg.run_dir, { recursive: true });
   const { dir: modelDir, config, tokenizer, tokenizerFrom } = await loadModelAndTokenizer(cfg);
   const { train, evaluation } = await loadExamples(cfg);
@@ -205,14 +256,14 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   let state: TrainerState = { step: 0, dataPosition: 0, seed: cfg.seed };
   const base = loadFloat32(modelDir, config);
   let init = { params: lora ? initLora(adapters, cfg.seed) : base, m: undefined as Map<string, Float32Array> | undefined, v: undefined as Map<string, Float32Array> | undefined };
-  if (cfg.resume) {
-    const latest = listCheckpoints(cfg.run_dir).at(-1);
-    if (!latest) throw new Error(`--resume: no checkpoint in ${join(cfg.run_dir, 'checkpoints')}`);
+  if (latest) {
     const c = loadCheckpoint(latest.dir, params);
     if (c.lora !== Boolean(lora)) throw new Error(`--resume: ${latest.dir} is a ${c.lora ? 'LoRA' : 'full fine-tuning'} checkpoint but --lora_rank is ${cfg.lora_rank}`);
     ({ state } = c);
     init = { params: c.values, m: c.m, v: c.v };
     if (state.seed !== cfg.seed) throw new Error(`--resume: the checkpoint was trained with --seed ${state.seed}, not ${cfg.seed}`);
+    // what was logged after the checkpoint is logged again by this run
+    rewindRunDir(cfg.run_dir, state.step);
   }
 
   // The trainer holds parameters and AdamW state on the device; a LoRA base is bound once, read-only.
@@ -281,17 +332,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
           } else rows.push({ ...base, correct: generated.trim() === e.response.trim() });
         }
       }
-      const share = (rs: typeof rows) => (rs.length ? rs.filter((r) => r.correct).length / rs.length : 0);
-      const subjects = [...new Set(rows.flatMap((r) => (r.subject ? [r.subject] : [])))].sort();
-      const result: EvalResult = { step: state.step, accuracy: share(rows), examples: rows.length };
-      if (subjects.length) {
-        result.bySubject = Object.fromEntries(
-          subjects.map((sub) => {
-            const rs = rows.filter((r) => r.subject === sub);
-            return [sub, { accuracy: share(rs), examples: rs.length }];
-          }),
-        );
-      }
+      const result = summarizeEval(state.step, rows);
       binding.dispose();
       writeAtomic(join(cfg.run_dir, 'eval', `step-${String(state.step).padStart(8, '0')}.jsonl`), rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
       events.onEval?.(result);
@@ -324,7 +365,8 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
       );
     };
     const stream = new EpochStream<TokenizedExample>(kept, cfg.seed, state.dataPosition);
-    const evals: EvalResult[] = [];
+    // a resumed run's evaluations start with those before its checkpoint (acc_before_sft is the step-0 one)
+    const evals: EvalResult[] = latest ? earlierEvals(cfg.run_dir, state.step) : [];
     let lastLoss = NaN;
     let lastCheckpoint = '';
     let interrupted = false;
