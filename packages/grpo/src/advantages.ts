@@ -2,7 +2,8 @@
  * Advantage estimators: pure host-side functions from rewards to advantages, one per method.
  *
  * Layout: completions are ordered prompt by prompt, `groupSize` (G) consecutive completions per
- * prompt, so completions [k·G, (k+1)·G) answer prompt k. Outcome estimators (GRPO, Dr.GRPO, RLOO,
+ * prompt, so completions [k·G, (k+1)·G) answer prompt k — or, with `groupIds`, grouped by id in any
+ * order and of any sizes (each estimator's minimum group size still applies). Outcome estimators (GRPO, Dr.GRPO, RLOO,
  * ReMax) give one advantage per completion, the same for each of its tokens; token-level estimators
  * (REINFORCE++, GAE) give one per response token. {@link advantageMatrix} lays either out as the
  * [B, T] `advantages` input of the policy loss.
@@ -23,8 +24,15 @@
 export interface GroupedRewards {
   /** One scalar reward per completion, prompt by prompt (`groupSize` consecutive completions per prompt). */
   rewards: readonly number[];
-  /** Completions per prompt (G). */
+  /** Completions per prompt (G), consecutive. Ignored when `groupIds` is given. */
   groupSize: number;
+  /**
+   * The group (prompt) of each completion, when groups are not `groupSize` consecutive completions:
+   * completions with equal ids form a group, in any order and of any size (off-policy traces,
+   * filtering and dynamic sampling change group sizes). ReMax's `greedyRewards` then follow the
+   * groups in order of first appearance.
+   */
+  groupIds?: readonly (number | string)[];
   /**
    * The outcome rewards before any shaping, one per completion, when `rewards` are shaped (the
    * sequence rewards of `klPenalisedRewards`): groups whose outcome rewards are all equal are the
@@ -100,17 +108,17 @@ export interface GrpoAdvantageOptions {
  */
 export function grpoAdvantages(batch: GroupedRewards, options: GrpoAdvantageOptions = {}): SequenceAdvantages {
   const { scale = 'group', stdEpsilon = 1e-6, unbiasedStd = true } = options;
-  const { rewards, groupSize: G, outcome } = checkGroups(batch, 'grpoAdvantages', 2);
+  const { rewards, groups, outcome } = checkGroups(batch, 'grpoAdvantages', 2);
   const batchStd = scale === 'batch' ? std(rewards, unbiasedStd) : 1;
   const out = new Array<number>(rewards.length);
-  forEachGroup(rewards, G, outcome, (group, start, uniform) => {
+  forEachGroup(rewards, groups, outcome, (group, at, uniform) => {
     const mu = mean(group);
     const sigma = scale === 'group' ? std(group, unbiasedStd) : batchStd;
     group.forEach((r, j) => {
-      out[start + j] = uniform ? 0 : scale === 'none' ? r - mu : (r - mu) / (sigma + stdEpsilon);
+      out[at[j]] = uniform ? 0 : scale === 'none' ? r - mu : (r - mu) / (sigma + stdEpsilon);
     });
   });
-  return { kind: 'sequence', advantages: out, stats: stats(outcome, G, out) };
+  return { kind: 'sequence', advantages: out, stats: stats(outcome, groups, out) };
 }
 
 /**
@@ -131,15 +139,15 @@ export function drGrpoAdvantages(batch: GroupedRewards): SequenceAdvantages {
  * groupSize ≥ 2.
  */
 export function rlooAdvantages(batch: GroupedRewards): SequenceAdvantages {
-  const { rewards, groupSize: G, outcome } = checkGroups(batch, 'rlooAdvantages', 2);
+  const { rewards, groups, outcome } = checkGroups(batch, 'rlooAdvantages', 2);
   const out = new Array<number>(rewards.length);
-  forEachGroup(rewards, G, outcome, (group, start, uniform) => {
+  forEachGroup(rewards, groups, outcome, (group, at, uniform) => {
     const total = group.reduce((a, b) => a + b, 0);
     group.forEach((r, j) => {
-      out[start + j] = uniform ? 0 : r - (total - r) / (G - 1);
+      out[at[j]] = uniform ? 0 : r - (total - r) / (group.length - 1);
     });
   });
-  return { kind: 'sequence', advantages: out, stats: stats(outcome, G, out) };
+  return { kind: 'sequence', advantages: out, stats: stats(outcome, groups, out) };
 }
 
 /** Rewards plus the reward of each prompt's greedy completion (ReMax's baseline). */
@@ -155,14 +163,14 @@ export interface RemaxRewards extends GroupedRewards {
  * greedy one); it is counted (on the outcome rewards).
  */
 export function remaxAdvantages(batch: RemaxRewards): SequenceAdvantages {
-  const { rewards, groupSize: G, outcome } = checkGroups(batch, 'remaxAdvantages', 1);
-  const groups = rewards.length / G;
-  if (batch.greedyRewards.length !== groups) {
-    throw new Error(`remaxAdvantages: greedyRewards has ${batch.greedyRewards.length} entries; expected one per group (${groups})`);
+  const { rewards, groups, outcome } = checkGroups(batch, 'remaxAdvantages', 1);
+  if (batch.greedyRewards.length !== groups.length) {
+    throw new Error(`remaxAdvantages: greedyRewards has ${batch.greedyRewards.length} entries; expected one per group (${groups.length})`);
   }
   checkFinite(batch.greedyRewards, 'remaxAdvantages', 'greedyRewards');
-  const out = rewards.map((r, i) => r - batch.greedyRewards[Math.floor(i / G)]);
-  return { kind: 'sequence', advantages: out, stats: stats(outcome, G, out) };
+  const out = new Array<number>(rewards.length);
+  groups.forEach((at, g) => at.forEach((i) => (out[i] = rewards[i] - batch.greedyRewards[g])));
+  return { kind: 'sequence', advantages: out, stats: stats(outcome, groups, out) };
 }
 
 // ---- REINFORCE++ --------------------------------------------------------------------------------
@@ -222,13 +230,13 @@ export interface ReinforcePlusPlusOptions {
  */
 export function reinforcePlusPlusAdvantages(batch: TokenRewards, options: ReinforcePlusPlusOptions = {}): TokenAdvantages {
   const { baseline = 'none', gamma = 1, whiten = 'mean-std', whitenEpsilon = 1e-8, unbiasedVariance = false } = options;
-  const { rewards, groupSize: G, outcome: uniformBy } = checkGroups(batch, 'reinforcePlusPlusAdvantages', baseline === 'group' ? 2 : 1);
+  const { rewards, groups, outcome: uniformBy } = checkGroups(batch, 'reinforcePlusPlusAdvantages', baseline === 'group' ? 2 : 1);
   checkLengths(batch, 'reinforcePlusPlusAdvantages');
   const outcome = rewards.slice();
   if (baseline === 'group') {
-    forEachGroup(rewards, G, uniformBy, (group, start, uniform) => {
+    forEachGroup(rewards, groups, uniformBy, (group, at, uniform) => {
       const mu = mean(group);
-      group.forEach((r, j) => (outcome[start + j] = uniform ? 0 : r - mu));
+      group.forEach((r, j) => (outcome[at[j]] = uniform ? 0 : r - mu));
     });
   }
   const returns = outcome.map((r, i) => {
@@ -238,7 +246,7 @@ export function reinforcePlusPlusAdvantages(batch: TokenRewards, options: Reinfo
     return discountedReturns(perToken, gamma);
   });
   const advantages = whiten === 'none' ? returns.map((r) => r.slice()) : whitenTokens(returns, whiten === 'mean-std', whitenEpsilon, unbiasedVariance);
-  return { kind: 'token', advantages, returns, stats: stats(uniformBy, G, advantages) };
+  return { kind: 'token', advantages, returns, stats: stats(uniformBy, groups, advantages) };
 }
 
 /** G_t = Σ_{s≥t} γ^{s−t} r_s. */
@@ -313,9 +321,9 @@ export function gaeAdvantages(input: GaeInput, options: GaeOptions = {}): TokenA
   });
   const returns = adv.map((a, i) => a.map((x, t) => x + values[i][t]));
   const advantages = whiten ? whitenTokens(adv, true, 1e-8, false) : adv;
-  const G = input.groupSize ?? 1;
   const outcome = tokenRewards.map((r) => r.reduce((a, b) => a + b, 0));
-  return { kind: 'token', advantages, returns, stats: stats(outcome, G, advantages) };
+  const groups = consecutiveGroups(outcome.length, input.groupSize ?? 1, 'gaeAdvantages');
+  return { kind: 'token', advantages, returns, stats: stats(outcome, groups, advantages) };
 }
 
 // ---- layout ---------------------------------------------------------------------------------------
@@ -352,17 +360,33 @@ export function advantageMatrix(adv: SequenceAdvantages | TokenAdvantages, mask:
 // ---- helpers ------------------------------------------------------------------------------------
 
 /** Validated rewards, group size, and the rewards that decide uniform groups (`outcomeRewards` or `rewards`). */
-function checkGroups(batch: GroupedRewards, fn: string, minGroup: number): { rewards: number[]; groupSize: number; outcome: number[] } {
-  const G = batch.groupSize;
-  if (!Number.isInteger(G) || G < minGroup) throw new Error(`${fn}: groupSize must be an integer ≥ ${minGroup}, got ${G}`);
-  if (batch.rewards.length % G !== 0) throw new Error(`${fn}: ${batch.rewards.length} rewards do not split into groups of groupSize ${G}`);
+/** The completions' indices, group by group: `groupIds` when given, else runs of `groupSize`. */
+function checkGroups(batch: GroupedRewards, fn: string, minGroup: number): { rewards: number[]; groups: number[][]; outcome: number[] } {
+  let groups: number[][];
+  if (batch.groupIds) {
+    if (batch.groupIds.length !== batch.rewards.length) throw new Error(`${fn}: ${batch.groupIds.length} groupIds for ${batch.rewards.length} rewards`);
+    const byId = new Map<number | string, number[]>();
+    batch.groupIds.forEach((id, i) => byId.set(id, [...(byId.get(id) ?? []), i]));
+    groups = [...byId.values()];
+    const small = [...byId].find(([, at]) => at.length < minGroup);
+    if (small) throw new Error(`${fn}: group '${String(small[0])}' has ${small[1].length} completion(s); this estimator needs ≥ ${minGroup}`);
+  } else {
+    const G = batch.groupSize;
+    if (!Number.isInteger(G) || G < minGroup) throw new Error(`${fn}: groupSize must be an integer ≥ ${minGroup}, got ${G}`);
+    groups = consecutiveGroups(batch.rewards.length, G, fn);
+  }
   checkFinite(batch.rewards, fn, 'rewards');
   const outcome = batch.outcomeRewards;
   if (outcome) {
     if (outcome.length !== batch.rewards.length) throw new Error(`${fn}: ${outcome.length} outcomeRewards for ${batch.rewards.length} rewards`);
     checkFinite(outcome, fn, 'outcomeRewards');
   }
-  return { rewards: [...batch.rewards], groupSize: G, outcome: [...(outcome ?? batch.rewards)] };
+  return { rewards: [...batch.rewards], groups, outcome: [...(outcome ?? batch.rewards)] };
+}
+
+function consecutiveGroups(n: number, G: number, fn: string): number[][] {
+  if (n % G !== 0) throw new Error(`${fn}: ${n} rewards do not split into groups of groupSize ${G}`);
+  return Array.from({ length: n / G }, (_, g) => Array.from({ length: G }, (_x, j) => g * G + j));
 }
 
 function checkFinite(xs: readonly number[], fn: string, field: string): void {
@@ -383,22 +407,19 @@ function checkLengths(batch: TokenRewards, fn: string): void {
   }
 }
 
-/** Calls `fn` with each group of `rewards`, uniform when the same group of `uniformBy` is all equal. */
-function forEachGroup(rewards: readonly number[], G: number, uniformBy: readonly number[], fn: (group: number[], start: number, uniform: boolean) => void): void {
-  for (let start = 0; start < rewards.length; start += G) {
-    const by = uniformBy.slice(start, start + G);
-    fn(rewards.slice(start, start + G), start, by.every((r) => r === by[0]));
-  }
+/** Calls `fn` with each group's rewards and indices, uniform when its `uniformBy` values are all equal. */
+function forEachGroup(rewards: readonly number[], groups: readonly number[][], uniformBy: readonly number[], fn: (group: number[], at: number[], uniform: boolean) => void): void {
+  for (const at of groups) fn(at.map((i) => rewards[i]), at, at.every((i) => uniformBy[i] === uniformBy[at[0]]));
 }
 
 /** `uniformBy`: the outcome rewards, which decide which groups are uniform. */
-function stats(uniformBy: readonly number[], G: number, adv: readonly (number | readonly number[])[]): AdvantageStats {
+function stats(uniformBy: readonly number[], groups: readonly number[][], adv: readonly (number | readonly number[])[]): AdvantageStats {
   let uniformGroups = 0;
-  forEachGroup(uniformBy, G, uniformBy, (_g, _s, uniform) => {
-    if (uniform && G > 1) uniformGroups++;
+  forEachGroup(uniformBy, groups, uniformBy, (group, _at, uniform) => {
+    if (uniform && group.length > 1) uniformGroups++;
   });
   const zeroAdvantages = adv.filter((a) => (typeof a === 'number' ? a === 0 : a.every((x) => x === 0))).length;
-  return { groups: uniformBy.length / G, uniformGroups, zeroAdvantages };
+  return { groups: groups.length, uniformGroups, zeroAdvantages };
 }
 
 function mean(xs: readonly number[]): number {

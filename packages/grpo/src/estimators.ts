@@ -41,7 +41,7 @@ export function sequenceRewards(batch: AdvantageBatch): number[] {
  * estimator zeroes them, and counted) whatever the KL penalty adds per completion.
  */
 export function sequenceRewardBatch(batch: AdvantageBatch): GroupedRewards {
-  return { rewards: sequenceRewards(batch), groupSize: batch.groupSize, outcomeRewards: batch.rewards };
+  return { rewards: sequenceRewards(batch), groupSize: batch.groupSize, groupIds: batch.groupIds, outcomeRewards: batch.rewards };
 }
 
 /** A built-in estimator (with its defaults; see advantages.ts for each formula and constant) and whether it needs greedy-completion rewards. */

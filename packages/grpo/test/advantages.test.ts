@@ -197,3 +197,40 @@ describe('uniform groups are decided on the outcome rewards (a KL reward penalty
     expect(r.stats).toEqual({ groups: 2, uniformGroups: 1, zeroAdvantages: 0 });
   });
 });
+
+describe('groups of unequal size, members in any order (groupIds)', () => {
+  // groups: a = [1, 0, 1] (indices 0, 2, 5), b = [0, 1] (1, 4), c = [1, 1, 1, 1] (3, 6, 7, 8)
+  const ids = ['a', 'b', 'a', 'c', 'b', 'a', 'c', 'c', 'c'];
+  const rewards = [1, 0, 0, 1, 1, 1, 1, 1, 1];
+  const batch = { rewards, groupSize: 0, groupIds: ids };
+
+  test('GRPO and RLOO by hand, each group with its own size', () => {
+    const sa = Math.sqrt(((1 - 2 / 3) ** 2 * 2 + (2 / 3) ** 2) / 2); // group a's unbiased std
+    const sb = Math.sqrt(0.5);
+    const grpo = grpoAdvantages(batch).advantages;
+    const expected = [(1 - 2 / 3) / (sa + 1e-6), (0 - 0.5) / (sb + 1e-6), (0 - 2 / 3) / (sa + 1e-6), 0, (1 - 0.5) / (sb + 1e-6), (1 - 2 / 3) / (sa + 1e-6), 0, 0, 0];
+    grpo.forEach((a, i) => expect(a).toBeCloseTo(expected[i], 12));
+    // RLOO: r_i − mean of the others in its group (a: 3 members, b: 2)
+    expect(rlooAdvantages(batch).advantages).toEqual([1 - 0.5, 0 - 1, 0 - 1, 0, 1 - 0, 1 - 0.5, 0, 0, 0]);
+    expect(grpoAdvantages(batch).stats).toEqual({ groups: 3, uniformGroups: 1, zeroAdvantages: 4 });
+  });
+
+  test('the same groups laid out consecutively give the same advantages, permuted', () => {
+    const order = [0, 2, 5, 1, 4, 3, 6, 7, 8]; // a, b, c
+    const shuffled = grpoAdvantages(batch).advantages;
+    const asConsecutive = grpoAdvantages({ rewards: order.map((i) => rewards[i]), groupSize: 0, groupIds: order.map((i) => ids[i]) }).advantages;
+    order.forEach((i, k) => expect(asConsecutive[k]).toBe(shuffled[i]));
+  });
+
+  test('ReMax takes one greedy reward per group in order of first appearance; REINFORCE++-baseline centres per group', () => {
+    expect(remaxAdvantages({ ...batch, greedyRewards: [1, 0, 0.5] }).advantages).toEqual([0, 0, -1, 0.5, 1, 0, 0.5, 0.5, 0.5]);
+    const lengths = rewards.map(() => 1);
+    const rpp = reinforcePlusPlusAdvantages({ ...batch, lengths }, { baseline: 'group', whiten: 'none' }).advantages.map((row) => row[0]);
+    expect(rpp).toEqual([1 - 2 / 3, -0.5, -2 / 3, 0, 0.5, 1 - 2 / 3, 0, 0, 0].map((x) => expect.closeTo(x, 12)));
+  });
+
+  test('a group below the estimator\'s minimum is named', () => {
+    expect(() => grpoAdvantages({ rewards: [1, 0, 1], groupSize: 0, groupIds: [7, 7, 9] })).toThrow(/group '9' has 1 completion\(s\); this estimator needs ≥ 2/);
+    expect(() => grpoAdvantages({ rewards: [1, 0], groupSize: 0, groupIds: [1] })).toThrow(/1 groupIds for 2 rewards/);
+  });
+});
