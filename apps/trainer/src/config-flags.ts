@@ -95,14 +95,15 @@ export function suggestName(given: string, names: readonly string[]): string | u
  * spellings as hidden flags, and `--config` unless `config` is false.
  */
 export function addSchemaFlags<T>(y: Argv<T>, schema: OptionSchema, { config = true }: { config?: boolean } = {}): Argv<T> {
-  let out: Argv<T> = config ? y.option('config', { type: 'string', describe: 'YAML file of options (flags given on the command line override it)' }) : y;
+  let out: Argv<T> = config ? y.option('config', { type: 'string', requiresArg: true, describe: 'YAML file of options (flags given on the command line override it)' }) : y;
   for (const [name, spec] of Object.entries(schema)) {
     const aliases = OPTION_ALIASES[name] ?? [];
     const also = aliases.length ? ` [also: ${aliases.map((a) => `--${a}`).join(', ')}]` : '';
-    const o: Options = { type: spec.type, describe: `${spec.describe} [default: ${JSON.stringify(spec.default)}]${also}` };
+    // a string or number flag with nothing after it is an error, not an empty value
+    const o: Options = { type: spec.type, requiresArg: spec.type !== 'boolean', describe: `${spec.describe} [default: ${JSON.stringify(spec.default)}]${also}` };
     if (spec.type === 'string' && spec.choices) o.choices = [...spec.choices];
     out = out.option(name, o) as Argv<T>;
-    for (const alt of alternativeNames(name)) if (!(alt in schema)) out = out.option(alt, { type: o.type, choices: o.choices, hidden: true }) as Argv<T>;
+    for (const alt of alternativeNames(name)) if (!(alt in schema)) out = out.option(alt, { type: o.type, requiresArg: o.requiresArg, choices: o.choices, hidden: true }) as Argv<T>;
   }
   return out;
 }

@@ -37,6 +37,8 @@ function usageMessage(msg: string, at: ParseContext, argv: readonly string[]): s
     const hint = nearest(given, choices);
     return `--${invalid[1]} must be one of ${choices.join(', ')}, got '${given}'${hint ? ` (did you mean '${hint}'?)` : ''}`;
   }
+  const bare = /^Not enough arguments following: (.+)$/.exec(msg);
+  if (bare) return `--${bare[1]} needs a value`;
   return msg.replace(/\s*\n\s*/g, '; ');
 }
 
@@ -73,7 +75,9 @@ function parser(argv: string[], at: ParseContext): Argv {
     )
     .middleware(recordContext(at), true)
     .fail((msg, err) => {
-      throw err ?? new UsageError(usageMessage(msg, at, argv));
+      // yargs' own errors (YError: a flag without its value, …) are usage errors like its messages
+      if (err && err.name !== 'YError') throw err;
+      throw new UsageError(usageMessage(msg ?? err?.message ?? '', at, argv));
     })
     .help()
     .alias('h', 'help');

@@ -41,6 +41,13 @@ describe('usage errors: one line and a hint, exit code 2', () => {
     expect(msg).toBe("lathe: unknown command 'sfft' (did you mean 'sft'?)");
     expect(hint).toMatch(/lathe --help/);
     expect(expectShortError(lathe([]), 2)[0]).toMatch(/^lathe: name a command/);
+    expect(expectShortError(lathe(['runs', 'lst']), 2)).toEqual(["lathe runs: unknown command 'lst' (did you mean 'list'?)", "Run 'lathe runs --help' for usage."]);
+    expect(expectShortError(lathe(['runs']), 2)[0]).toBe('lathe runs: name a runs subcommand: list, show, diff, prune');
+  }, 60_000);
+
+  test('a flag with nothing after it is refused by name, not read as an empty value', () => {
+    expect(expectShortError(lathe(['sft', '--run-dir']), 2)[0]).toBe('lathe sft: --run-dir needs a value');
+    expect(expectShortError(lathe(['sft', '--steps']), 2)[0]).toBe('lathe sft: --steps needs a value');
   }, 60_000);
 
   test('a value outside the choices names the flag, the choices and the nearest one', () => {

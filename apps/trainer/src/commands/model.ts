@@ -85,7 +85,7 @@ const initCommand: CommandModule = {
 
 /** `lathe model`: model folders (for now `init`). */
 export const modelCommand: CommandModule = {
-  command: 'model <command>',
+  command: 'model',
   describe: 'Model folders: init writes a random model of a preset shape (tiny-qwen3 for the CPU; Qwen3 shapes for benchmarks) with the Qwen3 tokenizer',
   builder: (y) => y.command(initCommand).demandCommand(1, 'name a model subcommand: init'),
   handler: () => undefined,

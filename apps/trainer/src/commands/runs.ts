@@ -163,7 +163,7 @@ export const runsSubcommands = { list: listCommand, show: showCommand, diff: dif
 
 /** `lathe runs`: list, show, compare and prune run directories. */
 export const runsCommand: CommandModule = {
-  command: 'runs <command>',
+  command: 'runs',
   describe: 'Inspect run directories: list, show, diff configs, prune checkpoints',
   builder: (y) => y.command(listCommand).command(showCommand).command(diffCommand).command(pruneCommand).demandCommand(1, 'name a runs subcommand: list, show, diff, prune'),
   handler: () => undefined,
