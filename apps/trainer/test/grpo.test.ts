@@ -118,7 +118,7 @@ test('a prompt set smaller than a step is an error naming --prompts_per_step', a
   writeFileSync(data, ['1+1=', '2+2=', '3+3=', '4+4=', '5+5='].map((p, i) => JSON.stringify({ question: p, solution: String(2 * (i + 1)) })).join('\n') + '\n');
   const cfg = small('few', { data, prompt_field: 'question', answer_field: 'solution', eval_examples: 2 });
   await expect(runGrpo(cfg)).rejects.toThrow(/--prompts_per_step 4 needs at least that many training prompts; .*few.jsonl has 3 after holding out --eval_examples 2/);
-  await expect(runGrpo({ ...cfg, answer_field: 'answer' })).rejects.toThrow(/row 1 has no 'answer' field/);
+  await expect(runGrpo({ ...cfg, answer_field: 'answer' })).rejects.toThrow(/few.jsonl:1: no field 'answer' \(the row has 'question', 'solution'; the reference answer: see --answer_field\)/);
   const ok = await runGrpo({ ...cfg, prompts_per_step: 3, steps: 2, eval_every: 0 }); // 3 prompts per step cycle through the 3 training prompts, reshuffled each epoch
   expect(ok.steps).toBe(2);
   const seen = readTrainRollouts(join(root, 'few', 'rollouts.sqlite')).map((r) => r.prompt);

@@ -85,7 +85,8 @@ export const grpoSchema = {
   save_every: { type: 'number', default: 50, integer: true, min: 0, describe: 'Checkpoint every N steps (0: only at the end) [may change on resume]' },
   keep_last: { type: 'number', default: 2, integer: true, min: 1, describe: 'Checkpoints kept (older ones are deleted) [may change on resume]' },
   log_every: { type: 'number', default: 1, integer: true, min: 1, describe: 'Write metrics.jsonl every N steps [may change on resume]' },
-  resume: { type: 'boolean', default: false, describe: "Continue from the run directory's latest checkpoint (weights, AdamW state, step, data position; sampling noise is a function of seed and position)" },
+  resume: { type: 'boolean', default: false, describe: "Continue from the run directory's latest checkpoint (weights, AdamW state, step, data position; sampling noise is a function of seed and position); metrics, rollouts and evaluations of later steps are cut back to it" },
+  overwrite: { type: 'boolean', default: false, describe: 'Start over in a run directory that holds an earlier run, deleting its checkpoints, metrics, rollouts and evaluations (without it, such a directory is an error; ignored with --resume)' },
   force: { type: 'boolean', default: false, describe: 'With --resume: accept a config that differs from the checkpoint’s (the changed keys are listed)' },
 } as const satisfies OptionSchema;
 
@@ -96,7 +97,7 @@ export type GrpoConfig = ConfigOf<typeof grpoSchema>;
  * Options that may change between a checkpoint and its resume without --force (they do not change
  * what is trained; the generation engine draws the same samples either way, up to rounding).
  */
-export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention'];
+export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention'];
 
 /**
  * `lathe demo`'s GRPO stage: the SFT stage's final checkpoint on the same task and held-out split,

@@ -13,12 +13,13 @@
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parse as parseYaml, stringify as toYaml } from 'yaml';
-import { paramCount, parseConfig, randomModel, type DecoderConfig } from '@lathe/models';
+import { paramCount, parseConfig, type DecoderConfig } from '@lathe/models';
 import { MathGrader, r1ZeroFormatReward } from '@lathe/graders';
 import { CharTokenizer, HfTokenizer } from '@lathe/tokenizer';
 import { Device, sizeOf } from '@lathe/runtime';
-import { diffConfigs, loadPrompts, MetricsLog, RolloutStore, writeAtomic } from '@lathe/data';
-import { ADDITION_ALPHABET, BUILTIN_DATA, BUILTIN_MODEL, EpochStream, additionExamples, learningRate, listCheckpoints, loadCheckpoint, loadFloat32, loraFromOptions, heldOutSplit, saveCheckpoint, type AttentionChoice, type TrainerState } from '@lathe/train';
+import { diffConfigs, MetricsLog, rewindRunDir, RolloutStore, startRunDir, writeAtomic } from '@lathe/data';
+import { readPromptFile } from '@lathe/rollout';
+import { ADDITION_ALPHABET, BUILTIN_DATA, BUILTIN_MODEL, EpochStream, additionExamples, builtinBaseModel, learningRate, listCheckpoints, loadCheckpoint, loadFloat32, loraFromOptions, heldOutSplit, saveCheckpoint, type AttentionChoice, type TrainerState } from '@lathe/train';
 import { combineRewards, overlongReward, type RewardSource } from './rewards';
 import { BUILTIN_TOKENIZER, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
 import { GrpoTrainer, type GrpoStepMetrics, type RlPrompt } from './grpo-trainer';
@@ -106,13 +107,8 @@ async function loadModel(cfg: GrpoConfig): Promise<Loaded> {
   const builtinTokenizer = () => new CharTokenizer({ alphabet: ADDITION_ALPHABET });
   let dir: string;
   let config: DecoderConfig;
-  if (cfg.model === BUILTIN_MODEL) {
-    dir = join(cfg.run_dir, 'base-model');
-    const vocab = builtinTokenizer().vocabSize;
-    config = existsSync(join(dir, 'config.json'))
-      ? parseConfig(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')), join(dir, 'config.json'))
-      : randomModel(dir, { architectures: ['Qwen3ForCausalLM'], vocab_size: vocab, hidden_size: 64, intermediate_size: 192, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, rms_norm_eps: 1e-6, rope_theta: 10000, max_position_embeddings: 64, tie_word_embeddings: true }, { seed: cfg.seed, std: 0.02 });
-  } else {
+  if (cfg.model === BUILTIN_MODEL) ({ dir, config } = builtinBaseModel(cfg.run_dir, cfg.seed));
+  else {
     dir = cfg.model;
     const path = join(dir, 'config.json');
     if (!existsSync(path)) throw new Error(`--model ${cfg.model}: no config.json in that folder`);
@@ -145,11 +141,9 @@ export async function loadPromptSplit(cfg: Pick<GrpoConfig, 'data' | 'seed' | 'e
   let all: PromptWithAnswer[];
   if (cfg.data === BUILTIN_DATA) all = additionExamples().map((e, index) => ({ prompt: e.prompt, answer: e.response, index }));
   else {
-    const { examples } = await loadPrompts(cfg.data, { field: cfg.prompt_field, answerField: cfg.answer_field });
-    all = examples.map((e, index) => {
-      if (e.answer === undefined) throw new Error(`${cfg.data}: row ${index + 1} has no '${cfg.answer_field}' field (the reference answer; see --answer_field)`);
-      return { prompt: e.prompt, answer: e.answer, index };
-    });
+    // lathe generate's reader: a missing field is an error naming the row, its fields and the flag
+    const prompts = await readPromptFile({ data: cfg.data, prompt_field: cfg.prompt_field, answer_field: cfg.answer_field, limit: 0 }, { answers: 'required' });
+    all = prompts.map((p, index) => ({ prompt: p.prompt, answer: p.answer!, index }));
   }
   if (cfg.eval_examples >= all.length) throw new Error(`--eval_examples ${cfg.eval_examples} leaves no training prompts (${all.length} in ${cfg.data})`);
   return heldOutSplit(all, cfg.eval_examples, cfg.seed);
@@ -177,12 +171,16 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   }
   const rows = cfg.prompts_per_step * cfg.group_size;
   if (rows < cfg.n_minibatches * cfg.micro_batches) throw new Error(`--prompts_per_step ${cfg.prompts_per_step} × --group_size ${cfg.group_size} = ${rows} completions cannot fill --n_minibatches ${cfg.n_minibatches} × --micro_batches ${cfg.micro_batches}`);
-  mkdirSync(cfg.run_dir, { recursive: true });
-  const model = await loadModel(cfg);
   const { train, evaluation } = await loadPromptSplit(cfg);
   if (train.length < cfg.prompts_per_step) {
     throw new Error(`--prompts_per_step ${cfg.prompts_per_step} needs at least that many training prompts; ${cfg.data} has ${train.length} after holding out --eval_examples ${cfg.eval_examples} (lower --prompts_per_step, or --eval_examples)`);
   }
+  // The run directory: a resume continues its newest checkpoint; a new run refuses an earlier run's files unless --overwrite.
+  const latest = cfg.resume ? listCheckpoints(cfg.run_dir).at(-1) : undefined;
+  if (cfg.resume && !latest) throw new Error(`--resume: no checkpoint in ${join(cfg.run_dir, 'checkpoints')}`);
+  if (!cfg.resume) startRunDir(cfg.run_dir, { overwrite: cfg.overwrite });
+  mkdirSync(cfg.run_dir, { recursive: true });
+  const model = await loadModel(cfg);
   const encoded = new Map<number, number[]>();
   const idsOf = (p: PromptWithAnswer) => {
     let ids = encoded.get(p.index);
@@ -212,9 +210,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   let state: GrpoState = { step: 0, dataPosition: 0, seed: cfg.seed, optimizerStep: 0 };
   let resume: { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; optimizerStep: number; rlStep: number } | undefined;
   const lora = loraFromOptions(cfg);
-  if (cfg.resume) {
-    const latest = listCheckpoints(cfg.run_dir).at(-1);
-    if (!latest) throw new Error(`--resume: no checkpoint in ${join(cfg.run_dir, 'checkpoints')}`);
+  if (latest) {
     const saved = parseYaml(readFileSync(join(latest.dir, 'config.yaml'), 'utf8')) as Record<string, unknown>;
     checkResumeConfig(saved, cfg, join(latest.dir, 'config.yaml'));
     // checked before loading: loading with the other kind's tensor names fails on a missing tensor, not on the cause
@@ -225,8 +221,8 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     if (typeof s.optimizerStep !== 'number') throw new Error(`${join(latest.dir, 'trainer_state.json')}: no 'optimizerStep' (not a GRPO checkpoint?)`);
     state = { step: c.state.step, dataPosition: c.state.dataPosition, seed: c.state.seed, optimizerStep: s.optimizerStep };
     resume = { params: c.values, m: c.m, v: c.v, optimizerStep: state.optimizerStep, rlStep: state.step };
-  } else if (listCheckpoints(cfg.run_dir).length > 0) {
-    throw new Error(`${cfg.run_dir} already holds checkpoints: pass --resume to continue that run, or choose another --run_dir`);
+    // what was logged after the checkpoint (metrics, rollouts, evaluations) is logged again by this run
+    rewindRunDir(cfg.run_dir, state.step);
   }
 
   const device = Device.open(cfg.device as 'cpu' | 'cuda');

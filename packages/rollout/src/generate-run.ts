@@ -90,8 +90,12 @@ export function generatePaths(output: string): { output: string; config: string;
 const partFile = (parts: string, i: number) => join(parts, `part-${String(i).padStart(5, '0')}.parquet`);
 const errCode = (e: unknown) => (e as NodeJS.ErrnoException).code ?? (e as Error).message;
 
-/** The prompts of `cfg.data` (the first `limit`), with errors naming the file, the row and the field. */
-export async function readPromptFile(cfg: Pick<GenerateConfig, 'data' | 'prompt_field' | 'answer_field' | 'limit'>): Promise<TrajectoryPrompt[]> {
+/**
+ * The prompts of `cfg.data` (the first `limit`), with errors naming the file, the row, its fields
+ * and the flag. A row's answer is optional (an ungraded prompt) unless `answers` is 'required'
+ * (`lathe grpo`'s reference answers).
+ */
+export async function readPromptFile(cfg: Pick<GenerateConfig, 'data' | 'prompt_field' | 'answer_field' | 'limit'>, options: { answers?: 'optional' | 'required' } = {}): Promise<TrajectoryPrompt[]> {
   let records: SourceRecord[];
   try {
     records = await readRecords(cfg.data);
@@ -116,6 +120,7 @@ export async function readPromptFile(cfg: Pick<GenerateConfig, 'data' | 'prompt_
     const answer = r.value[cfg.answer_field];
     if (typeof answer === 'string' || typeof answer === 'number') p.answer = String(answer);
     else if (answer !== undefined && answer !== null) throw new Error(`${r.where}: field '${cfg.answer_field}' is ${JSON.stringify(answer)}, expected the answer text (see --answer_field)`);
+    else if (options.answers === 'required') throw new Error(`${r.where}: no field '${cfg.answer_field}' (the row has ${fields(r)}; the reference answer: see --answer_field)`);
     return p;
   });
 }

@@ -1,5 +1,6 @@
 import type { CommandModule } from 'yargs';
 import { SingleBar, Presets } from 'cli-progress';
+import { listEvals } from '@lathe/data';
 import { grpoSchema, runGrpo, type GrpoConfig, type GrpoEvents, type GrpoRunResult } from '@lathe/grpo';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
 import { runInterruptible, stopExitCode, type Interruptible } from '../interrupt';
@@ -78,7 +79,8 @@ export async function grpoMain(cfg: GrpoConfig): Promise<void> {
       run_dir: cfg.run_dir,
       steps: result.steps,
       reward_mean: result.last?.reward_mean,
-      acc_before_grpo: first?.step === 0 ? first.accuracy : undefined,
+      // a resumed run evaluated step 0 before its checkpoint: read back from eval/
+      acc_before_grpo: first?.step === 0 ? first.accuracy : listEvals(cfg.run_dir).find((e) => e.step === 0)?.accuracy ?? undefined,
       acc_after_grpo: last?.accuracy,
       eval_examples: last?.examples,
       checkpoint: result.checkpoint,
