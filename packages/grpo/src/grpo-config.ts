@@ -2,7 +2,7 @@
 import { BUILTIN_DATA, BUILTIN_MODEL } from '@lathe/train';
 import type { ConfigOf, OptionSchema } from '@lathe/data';
 import { ESTIMATOR_NAMES } from './estimators';
-import { LOSS_AGGREGATIONS } from './policy-loss';
+import { LOSS_AGGREGATIONS, POLICY_TERMS } from './policy-loss';
 
 /** The character tokenizer of the built-in addition task (for models `lathe demo`/`lathe sft` trained on it). */
 export const BUILTIN_TOKENIZER = 'builtin:addition';
@@ -58,9 +58,13 @@ export const grpoSchema = {
   clip_low: { type: 'number', default: 0.2, min: 0, max: 0.999, describe: 'PPO ratio clip below at 1 - clip_low' },
   clip_high: { type: 'number', default: 0.2, min: 0, describe: "PPO ratio clip above at 1 + clip_high (DAPO's clip-higher: 0.28)" },
   dual_clip: { type: 'number', default: 0, min: 0, describe: 'Dual-clip PPO constant c > 1 (loss capped at -c·A for negative advantages); 0: off' },
+  policy_term: { type: 'string', default: 'ppo', choices: POLICY_TERMS, describe: "Policy term of the loss: ppo (clipped surrogate), cispo (MiniMax-M1's CISPO: the ratio clipped to [1-clip_low, 1+clip_high] and held constant, times -A·log π; no token's gradient is dropped), reinforce (-A·log π, on-policy; verl's gpg)" },
+  loss_scale_factor: { type: 'number', default: 0, min: 0, describe: "With --aggregation token-sum-norm: divide the token sum by this constant instead of sequences × max_new_tokens (verl's loss_scale_factor of seq-mean-token-sum-norm); 0: off" },
   ratio: { type: 'string', default: 'token', choices: ['token', 'sequence'], describe: 'Importance ratio per token (PPO, GRPO) or per sequence (GSPO; use small clip ranges such as 3e-4/4e-4)' },
   kl_coef: { type: 'number', default: 0.04, min: 0, describe: 'β of the KL to the frozen reference (the starting model; with LoRA the base itself); 0: no reference' },
   kl_mode: { type: 'string', default: 'loss', choices: ['loss', 'reward'], describe: 'KL as a loss term (GRPO) or as a per-token reward penalty before the advantages (PPO-RLHF, REINFORCE++)' },
+  kl_target: { type: 'number', default: 0, min: 0, describe: "With --kl_mode reward: adapt β after each step towards this KL per token, starting from --kl_coef (verl's adaptive KL controller); 0: β fixed" },
+  kl_horizon: { type: 'number', default: 10000, min: 1, describe: 'The adaptive KL controller’s horizon in completions (verl’s default 10000)' },
   kl_estimator: { type: 'string', default: 'k3', choices: ['k1', 'k2', 'k3'], describe: 'KL estimator: k1 = log ratio, k2 = half its square, k3 = exp(-x) - 1 + x (low variance, unbiased)' },
   entropy_coef: { type: 'number', default: 0, describe: 'Entropy bonus coefficient (subtracted from the loss)' },
   old_logprobs: { type: 'string', default: 'rescore', choices: ['rescore', 'generation'], describe: "Old log-probs: re-scored by the training policy's forward before the updates, or taken from generation (one forward pass fewer; the same values up to rounding, see logp_parity)" },

@@ -25,7 +25,7 @@ import { BUILTIN_TOKENIZER, RESUMABLE_KEYS, type GrpoConfig } from './grpo-confi
 import { GrpoTrainer, type GrpoStepMetrics, type RlPrompt } from './grpo-trainer';
 import type { EstimatorName } from './estimators';
 import type { KlEstimator } from './kl';
-import type { LossAggregation } from './policy-loss';
+import type { LossAggregation, PolicyTerm } from './policy-loss';
 
 /** A prompt with its reference answer. */
 export interface PromptWithAnswer {
@@ -92,6 +92,8 @@ export interface GrpoRunResult {
 interface GrpoState extends TrainerState {
   /** AdamW steps taken (several per RL step). */
   optimizerStep: number;
+  /** The adaptive KL controller's β (with --kl_target). */
+  klCoef?: number;
 }
 
 /** The model folder, its config, the tokenizer and the folder to copy tokenizer files from. */
@@ -208,7 +210,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   // State: fresh, or the latest checkpoint (its config must match unless --force).
   const initial = loadFloat32(model.dir, model.config);
   let state: GrpoState = { step: 0, dataPosition: 0, seed: cfg.seed, optimizerStep: 0 };
-  let resume: { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; optimizerStep: number; rlStep: number } | undefined;
+  let resume: { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; optimizerStep: number; rlStep: number; klCoef?: number } | undefined;
   const lora = loraFromOptions(cfg);
   if (latest) {
     const saved = parseYaml(readFileSync(join(latest.dir, 'config.yaml'), 'utf8')) as Record<string, unknown>;
@@ -219,8 +221,8 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     const c = loadCheckpoint(latest.dir, GrpoTrainer.trainableParams(model.config, lora));
     const s = c.state as Partial<GrpoState>;
     if (typeof s.optimizerStep !== 'number') throw new Error(`${join(latest.dir, 'trainer_state.json')}: no 'optimizerStep' (not a GRPO checkpoint?)`);
-    state = { step: c.state.step, dataPosition: c.state.dataPosition, seed: c.state.seed, optimizerStep: s.optimizerStep };
-    resume = { params: c.values, m: c.m, v: c.v, optimizerStep: state.optimizerStep, rlStep: state.step };
+    state = { step: c.state.step, dataPosition: c.state.dataPosition, seed: c.state.seed, optimizerStep: s.optimizerStep, ...(typeof s.klCoef === 'number' ? { klCoef: s.klCoef } : {}) };
+    resume = { params: c.values, m: c.m, v: c.v, optimizerStep: state.optimizerStep, rlStep: state.step, klCoef: state.klCoef };
     // what was logged after the checkpoint (metrics, rollouts, evaluations) is logged again by this run
     rewindRunDir(cfg.run_dir, state.step);
   }
@@ -243,8 +245,15 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
       dualClip: cfg.dual_clip > 0 ? cfg.dual_clip : undefined,
       ratio: cfg.ratio as 'token' | 'sequence',
       entropyCoef: cfg.entropy_coef,
+      policyTerm: cfg.policy_term as PolicyTerm,
+      lossScaleFactor: cfg.loss_scale_factor > 0 ? cfg.loss_scale_factor : undefined,
     },
-    kl: { coef: cfg.kl_coef, mode: cfg.kl_mode as 'loss' | 'reward', estimator: cfg.kl_estimator as KlEstimator },
+    kl: {
+      coef: cfg.kl_coef,
+      mode: cfg.kl_mode as 'loss' | 'reward',
+      estimator: cfg.kl_estimator as KlEstimator,
+      ...(cfg.kl_target > 0 ? { target: cfg.kl_target, horizon: cfg.kl_horizon } : {}),
+    },
     epochs: cfg.epochs,
     minibatches: cfg.n_minibatches,
     microBatches: cfg.micro_batches,
@@ -331,7 +340,8 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     while (state.step < cfg.steps) {
       const lr = learningRate({ lr: cfg.lr, kind: cfg.schedule as 'constant' | 'linear' | 'cosine', warmupSteps: cfg.warmup_steps, totalSteps: cfg.steps, minLrRatio: cfg.min_lr_ratio }, state.step);
       const { metrics, rollouts } = await trainer.step(() => nextPrompts(), lr);
-      state = { ...state, step: state.step + 1, dataPosition: stream.position, optimizerStep: trainer.trainer.step };
+      const klCoef = trainer.adaptiveKlCoef;
+      state = { ...state, step: state.step + 1, dataPosition: stream.position, optimizerStep: trainer.trainer.step, ...(klCoef !== undefined ? { klCoef } : {}) };
       last = metrics;
       stepRewards.push(metrics.reward_mean);
       rollouts.forEach((r) =>

@@ -846,6 +846,11 @@ export class GrpoTrainer<M = unknown> {
    * Host copies for a checkpoint: the trained tensors (adapters with LoRA), AdamW moments, the
    * model's merged weights, optimizer steps and RL steps.
    */
+  /** The adaptive KL controller's current β (`kl.target`), for checkpoints; undefined when β is fixed. */
+  get adaptiveKlCoef(): number | undefined {
+    return this.klController?.value;
+  }
+
   snapshot(): { values: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; model: Map<string, Float32Array>; optimizerStep: number; rlStep: number; klCoef?: number } {
     const s = this.trainer.snapshot();
     return { values: s.params, m: s.m, v: s.v, model: this.toMerged(), optimizerStep: s.step, rlStep: this.rlStep, klCoef: this.klController?.value };
