@@ -42,7 +42,7 @@ test('the adaptive KL coefficient moves by verl\'s rule each step, and a resumed
 }, 120_000);
 
 test('--policy_term cispo and reinforce run; --loss_scale_factor with token-sum-norm scales the loss as verl\'s', async () => {
-  for (const policy_term of ['cispo', 'reinforce']) {
+  for (const policy_term of ['cispo', 'reinforce'] as const) {
     const r = await runGrpo(small(`term-${policy_term}`, { policy_term, steps: 2 }));
     expect(r.steps).toBe(2);
   }
