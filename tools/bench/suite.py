@@ -33,9 +33,10 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 OUT = os.environ.get("OUT", "/tmp")
 BASELINE = os.path.join(ROOT, "docs", "benchmarks", "suite-baseline.json")
 WORK = "/tmp/lathe-suite"
-# transformers' fastest set-up per workload (prompt kind, or kind@batch), as measured on the H200
-# 2026-11-26 (`--hf-all` times both everywhere): its static cache, compiled by generate, on ragged
-# prompts and on unpadded ones at batch 64; its dynamic cache on unpadded prompts at batch 256.
+# transformers' fastest set-up per workload (prompt kind, or kind@batch), as docs/benchmarks.md
+# records it (`--hf-all` times both caches everywhere to re-check): its static cache, compiled by
+# generate, on ragged prompts and on unpadded ones at batch 64; its dynamic cache on unpadded
+# prompts at batch 256.
 HF_FASTEST = {"ragged": "static", "unpadded": "dynamic", "unpadded@64": "static"}
 LORA = ["--lora-rank", "16", "--lora-alpha", "32", "--lora-targets", "q_proj|k_proj|v_proj|o_proj"]
 # Two plain runs of the same step differ in the last bits of the loss from step to step (ORT's CUDA
@@ -176,8 +177,8 @@ def compare(results, baseline):
             b = base.get(k)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not isinstance(b, (int, float)) or b == 0:
                 continue
-            # Lathe's own speeds only: a ratio moves with the reference too (transformers' dynamic
-            # cache ran 8,634 and 11,215 tok/s on one workload in two calls), so it is context.
+            # Lathe's own speeds only: a ratio also moves with the reference, whose speed varies
+            # from call to call (docs/benchmarks.md), so it is context.
             if not (k.startswith("lathe_") or k.startswith("tokens_per_s")) or not (k.endswith(("_ms", "_s")) or "tokens_per_s" in k):
                 continue
             higher = "tokens_per_s" in k
