@@ -5,23 +5,12 @@
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { defaults, readMetrics } from '@lathe/data';
-import { grpoSchema, runGrpo, type GrpoConfig, type GrpoEvents } from '@lathe/grpo';
+import { readMetrics } from '@lathe/data';
+import { runGrpo, type GrpoConfig, type GrpoEvents } from '@lathe/grpo';
+import { smallGrpo } from './small-grpo';
 
 const root = mkdtempSync(join(tmpdir(), 'lathe-grpo-objectives-'));
-const small = (run: string, over: Partial<GrpoConfig> = {}): GrpoConfig => ({
-  ...defaults(grpoSchema),
-  run_dir: join(root, run),
-  steps: 4,
-  prompts_per_step: 4,
-  group_size: 4,
-  max_new_tokens: 4,
-  eval_examples: 0,
-  save_every: 2,
-  n_minibatches: 2,
-  lr: 1e-3,
-  ...over,
-});
+const small = (run: string, over: Partial<GrpoConfig> = {}): GrpoConfig => smallGrpo(root, run, { eval_examples: 0, ...over });
 const adaptive: Partial<GrpoConfig> = { kl_mode: 'reward', kl_coef: 0.05, kl_estimator: 'k1', kl_target: 1e-3, kl_horizon: 64 };
 
 test('the adaptive KL coefficient moves by verl\'s rule each step, and a resumed run continues it exactly', async () => {

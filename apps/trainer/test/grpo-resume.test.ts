@@ -8,30 +8,16 @@ import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { defaults, readEvalRollouts, readMetrics, readTrainRollouts } from '@lathe/data';
+import { readEvalRollouts, readMetrics, readTrainRollouts } from '@lathe/data';
 import { loadCheckpoint } from '@lathe/train';
-import { grpoSchema, runGrpo, type GrpoConfig, type GrpoEvents } from '@lathe/grpo';
+import { runGrpo, type GrpoConfig, type GrpoEvents } from '@lathe/grpo';
 import { grpoMain } from '../src/commands/grpo';
+import { smallGrpo } from './small-grpo';
 
 const root = mkdtempSync(join(tmpdir(), 'lathe-grpo-resume-'));
 const bin = join(__dirname, '..', 'bin', 'lathe.cjs');
 
-/** A small run: 4 steps of 4 prompts × 4 samples, an evaluation and a checkpoint every 2 steps. */
-const small = (run: string, over: Partial<GrpoConfig> = {}): GrpoConfig => ({
-  ...defaults(grpoSchema),
-  run_dir: join(root, run),
-  steps: 4,
-  prompts_per_step: 4,
-  group_size: 4,
-  max_new_tokens: 4,
-  eval_examples: 8,
-  eval_every: 2,
-  save_every: 2,
-  keep_last: 5,
-  n_minibatches: 2,
-  lr: 1e-3,
-  ...over,
-});
+const small = (run: string, over: Partial<GrpoConfig> = {}): GrpoConfig => smallGrpo(root, run, over);
 
 /** Stands in for kill -9 when step `step` is reported: nothing after it is logged or saved. */
 const crashAt = (step: number): GrpoEvents => ({

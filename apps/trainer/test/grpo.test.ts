@@ -12,28 +12,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import { readEvalRollouts, readMetrics, readTrainRollouts } from '@lathe/data';
-import { defaults } from '@lathe/data';
 import { loadCheckpoint, loadFloat32 } from '@lathe/train';
 import { GrpoTrainer, grpoSchema, runGrpo, type GrpoConfig } from '@lathe/grpo';
 import { configFromArgv } from '../src/config-flags';
+import { smallGrpo } from './small-grpo';
 
 const root = mkdtempSync(join(tmpdir(), 'lathe-grpo-cli-'));
-/** A small run: 4 prompts × 4 samples per step, 2 minibatches, KL to the reference. */
-const small = (run: string, over: Partial<GrpoConfig> = {}): GrpoConfig => ({
-  ...defaults(grpoSchema),
-  run_dir: join(root, run),
-  steps: 4,
-  prompts_per_step: 4,
-  group_size: 4,
-  max_new_tokens: 4,
-  eval_examples: 8,
-  eval_every: 2,
-  save_every: 2,
-  keep_last: 5,
-  n_minibatches: 2,
-  lr: 1e-3,
-  ...over,
-});
+const small = (run: string, over: Partial<GrpoConfig> = {}): GrpoConfig => smallGrpo(root, run, over);
 
 test('config: defaults ← YAML ← flags, errors name the source and key', () => {
   const file = join(root, 'grpo.yaml');

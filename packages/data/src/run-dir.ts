@@ -77,23 +77,10 @@ export function rewindRunDir(dir: string, step: number): RewindResult {
   const p = runPaths(dir);
   const result: RewindResult = { metricsLines: 0, evalFiles: 0, trainRollouts: 0, evalRollouts: 0 };
   if (existsSync(p.metrics)) {
-    const lines = readFileSync(p.metrics, 'utf8').split('\n');
-    const kept: string[] = [];
-    lines.forEach((text, i) => {
-      if (text.trim() === '') return;
-      let v: unknown;
-      try {
-        v = JSON.parse(text);
-      } catch {
-        if (i >= lines.length - 2) return void result.metricsLines++; // the last line, torn by a crash
-        throw new Error(`${p.metrics}:${i + 1}: not valid JSON`);
-      }
-      const s = (v as { step?: unknown } | null)?.step;
-      if (typeof s !== 'number') throw new Error(`${p.metrics}:${i + 1}: expected an object with a numeric 'step'`);
-      if (s <= step) kept.push(text);
-      else result.metricsLines++;
-    });
-    if (result.metricsLines) writeAtomic(p.metrics, kept.map((l) => `${l}\n`).join(''));
+    const { lines, torn } = metricsLines(p.metrics);
+    const kept = lines.filter((l) => l.line.step <= step);
+    result.metricsLines = lines.length - kept.length + torn;
+    if (result.metricsLines) writeAtomic(p.metrics, kept.map((l) => `${l.text}\n`).join(''));
   }
   for (const e of listEvals(dir)) {
     if (e.step <= step) continue;
@@ -137,22 +124,27 @@ export type MetricsLine = { step: number } & Record<string, unknown>;
  * is an error naming the file and line.
  */
 export function readMetrics(file: string): MetricsLine[] {
-  if (!existsSync(file)) return [];
-  const lines = readFileSync(file, 'utf8').split('\n');
-  const out: MetricsLine[] = [];
-  lines.forEach((text, i) => {
+  return existsSync(file) ? metricsLines(file).lines.map((l) => l.line) : [];
+}
+
+/** A metrics file's lines, each parsed and as written; `torn`: 1 when its last line was cut off by a crash. */
+function metricsLines(file: string): { lines: { line: MetricsLine; text: string }[]; torn: number } {
+  const texts = readFileSync(file, 'utf8').split('\n');
+  const lines: { line: MetricsLine; text: string }[] = [];
+  let torn = 0;
+  texts.forEach((text, i) => {
     if (text.trim() === '') return;
     let v: unknown;
     try {
       v = JSON.parse(text);
     } catch {
-      if (i >= lines.length - 2) return; // the last line, possibly torn by a crash
+      if (i >= texts.length - 2) return void torn++; // the last line, torn by a crash mid-append
       throw new Error(`${file}:${i + 1}: not valid JSON`);
     }
     if (v === null || typeof v !== 'object' || typeof (v as MetricsLine).step !== 'number') throw new Error(`${file}:${i + 1}: expected an object with a numeric 'step'`);
-    out.push(v as MetricsLine);
+    lines.push({ line: v as MetricsLine, text });
   });
-  return out;
+  return { lines, torn };
 }
 
 /** Reads a run's config.yaml as a plain object (null when absent). */

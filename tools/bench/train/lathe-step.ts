@@ -18,8 +18,7 @@
  * --compute (`loraWeights`; the frozen base gets no [out, in] gradient). No LoRA dropout.
  * A ~ U(±1/√in) (seeded by --seed), B = 0. Only `--path bound`; --out then holds the adapters.
  * --freeze: full fine-tuning with the weights whose names match frozen the same way (e.g.
- * `embed_tokens`: the embedding's scatter-add gradient sums with atomics, so it is what makes two
- * runs of a full fine-tuning step differ in the last bits; frozen, two runs agree).
+ * `embed_tokens`, to see how far two runs part without the embedding's scatter-add gradient).
  * --profile writes ORT's profile of the step session when the trainer is disposed (run with
  * CUDA_LAUNCH_BLOCKING=1 so each node's time includes its GPU work).
  * batch.json: {"input_ids": [[...]], "attention_mask": [[...]], "loss_mask": [[...]]}
