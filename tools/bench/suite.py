@@ -48,25 +48,32 @@ FULL_TOLERANCE = 1e-4
 WORSE_BY = 0.05
 
 
-def run(cmd, timeout):
+# Wall seconds of each command the suite ran, by label: where the call's time goes.
+TIMES = {}
+
+
+def run(cmd, timeout, label):
     """Runs a command; (its last JSON line or None, stderr tail, seconds)."""
     t = time.perf_counter()
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
+        TIMES[label] = round(time.perf_counter() - t, 1)
         return None, f"timed out after {timeout} s", time.perf_counter() - t
+    TIMES[label] = round(time.perf_counter() - t, 1)
     lines = [l for l in res.stdout.strip().splitlines() if l.startswith("{")]
     out = json.loads(lines[-1]) if res.returncode == 0 and lines else None
     return out, res.stderr[-1500:], time.perf_counter() - t
 
 
-def lathe_step(extra, steps=20):
+def lathe_step(extra, steps, label):
     """One lathe-step run on the model and batch step_speed.py saved: (losses, best step ms) or an error."""
     cmd = ["node", ".bundle/lathe-step.js", "--model", f"{WORK}/qwen3-0.6b", "--batch", f"{WORK}/batch.json", "--device", "cuda",
            "--compute", "bfloat16", "--steps", str(steps), "--lr", "1e-5", "--path", "bound", "--shared-arena", "--flash-attention", *extra]
-    info, err, _ = run(cmd, 300)
+    info, err, _ = run(cmd, 300, label)
     if not info:
         return {"error": err}
+    TIMES[label + "_session"] = round(info["session_ms"] / 1000, 1)
     totals = [r + h for r, h in zip(info["run_ms"], info["host_ms"])]
     return {"losses": info["losses"], "step_ms": round(min(totals[1:]), 1)}
 
@@ -74,13 +81,13 @@ def lathe_step(extra, steps=20):
 def train(results):
     for kind, torch_extra, lathe_extra, steps in (("full", [], [], 8), ("lora", ["--lora", "16"], LORA, 20)):
         ref, err, _ = run([sys.executable, "tools/reference/train/step_speed.py", "--steps", str(steps), "--batch", "8", "--seq", "1024",
-                           "--out", WORK, "--reuse-model", "--lathe-args=--shared-arena --flash-attention", *torch_extra], 420)
+                           "--out", WORK, "--reuse-model", "--lathe-args=--shared-arena --flash-attention", *torch_extra], 420, f"train_{kind}_torch_and_plain")
         if not ref or "lathe" not in ref:
             results[f"train_{kind}"] = {"error": (ref or {}).get("lathe_error") or err}
             continue
         plain = ref["lathe"]["losses"]
         totals = [r + h for r, h in zip(ref["lathe"]["run_ms"], ref["lathe"]["host_ms"])]
-        graph = lathe_step(["--cuda-graph", *lathe_extra], steps)
+        graph = lathe_step(["--cuda-graph", *lathe_extra], steps, f"train_{kind}_graph")
         torch_ms = ref["torch_step_s"] * 1000
         r = {"torch_step_ms": round(torch_ms, 1), "lathe_plain_step_ms": round(min(totals[1:]), 1),
              "torch_first_loss": ref["torch_losses"][0], "lathe_first_loss": plain[0]}
@@ -103,7 +110,7 @@ def train(results):
             # Two plain runs of full fine-tuning part in the last bits from step 3 or so (some of
             # ORT's CUDA kernels here are not deterministic) and the gap grows with the steps: graph
             # replay must stay within a few times that spread, measured in the same call.
-            again = lathe_step([], steps)
+            again = lathe_step([], steps, "train_full_plain_again")
             if "error" in again:
                 r["parity_graph_vs_plain"] = False
             else:
@@ -117,7 +124,7 @@ def gen(results, hf_all):
     caches = "ragged=static;dynamic,unpadded=static;dynamic" if hf_all else ",".join(f"{k}={v}" for k, v in HF_FASTEST.items())
     cmd = [sys.executable, "tools/reference/rollout/generate_bench.py", "--engine", "kv", "--prompt", "256", "--new", "512", "--repeat", "1",
            "--workloads", "256:ragged,256:unpadded,64:ragged,64:unpadded", "--hf-cache-for", caches, "--lathe-modes", "cuda_graph", "--out", f"{WORK}/gen"]
-    _, err, _ = run(cmd, 540)
+    _, err, _ = run(cmd, 540, "gen")
     try:
         with open(f"{WORK}/gen/generate-kv-suite.json") as f:
             rep = json.load(f)
@@ -141,7 +148,7 @@ def gen(results, hf_all):
 def rl(results, reference):
     common = ["--device", "cuda", "--compute", "bfloat16", "--shape", "qwen3-0.6b", "--prompts", "64", "--group", "8", "--prompt-len", "256",
               "--new-tokens", "512", "--prompts-per-run", "8"]
-    info, err, _ = run(["node", ".bundle/grpo-step.js", *common, "--steps", "2", "--micro-batches", "16", "--attention", "flash", "--shared-arena"], 420)
+    info, err, _ = run(["node", ".bundle/grpo-step.js", *common, "--steps", "2", "--micro-batches", "16", "--attention", "flash", "--shared-arena"], 420, "rl")
     if not info:
         results["rl_step"] = {"error": err}
         return
@@ -151,7 +158,7 @@ def rl(results, reference):
          "parity_logp": info["logp_parity_max"] < 1.02}
     if reference:
         ref, err2, _ = run([sys.executable, "tools/reference/grpo/grpo_step.py", "--shape", "qwen3-0.6b", "--prompts", "64", "--group", "8",
-                            "--prompt-len", "256", "--new-tokens", "512", "--steps", "1", "--gen-chunks", "2", "--out", f"{WORK}/grpo-torch.json"], 420)
+                            "--prompt-len", "256", "--new-tokens", "512", "--steps", "1", "--gen-chunks", "2", "--out", f"{WORK}/grpo-torch.json"], 420, "rl_reference")
         if ref and "step_s" in ref:
             r["torch_step_s"] = ref["step_s"]
             r["ratio"] = round(ref["step_s"] / r["lathe_step_s"], 3)
@@ -206,6 +213,7 @@ def main():
         if name in groups:
             fn()
             results["suite_s"] = round(time.perf_counter() - t0, 1)
+            results["timings_s"] = TIMES
             with open(os.path.join(OUT, "suite.json"), "w") as f:
                 json.dump(results, f, indent=1)
     baseline = {}
