@@ -1,5 +1,5 @@
 /**
- * Turns a command's option schema (the single source of truth, kept in its package) into yargs
+ * Turns a command's option schema (the single source of truth, kept with its recipe) into yargs
  * flags, and resolves defaults ← `--config file.yaml` ← flags. Every option also answers to its
  * kebab-case spelling (`--run-dir`) and to the name TRL gives it (`--learning_rate` for `--lr`),
  * on the command line and in YAML files alike; the resolved config uses the schema's names.
@@ -7,7 +7,7 @@
 import { readFileSync } from 'node:fs';
 import { parse as parseYaml, YAMLParseError } from 'yaml';
 import type { Argv, Options } from 'yargs';
-import { resolveConfig, type ConfigOf, type OptionSchema } from '@lathe/data';
+import { resolveConfig, type ConfigOf, type OptionSchema } from '@lathe/recipes';
 
 /** A mistake in how a command was called (a flag, a value, a config file): exit code 2, with a pointer to `--help`. */
 export class UsageError extends Error {
@@ -181,23 +181,3 @@ function readYamlOptions(file: string, flag: string): { name: string; values: Re
   return { name: file, values: (values ?? {}) as Record<string, unknown> };
 }
 
-/**
- * Runs a long job with Ctrl-C handling: the first SIGINT/SIGTERM aborts `signal` (the job stops
- * after its current step with a checkpoint), a second one exits at once.
- */
-export async function withInterrupt<T>(job: (signal: AbortSignal) => Promise<T>): Promise<T> {
-  const controller = new AbortController();
-  const stop = () => {
-    if (controller.signal.aborted) process.exit(130);
-    process.stderr.write('\nstopping after this step (a checkpoint will be saved); press Ctrl-C again to quit now\n');
-    controller.abort();
-  };
-  process.on('SIGINT', stop);
-  process.on('SIGTERM', stop);
-  try {
-    return await job(controller.signal);
-  } finally {
-    process.off('SIGINT', stop);
-    process.off('SIGTERM', stop);
-  }
-}

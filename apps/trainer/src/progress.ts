@@ -1,6 +1,6 @@
 /** Progress display for training commands: a bar on stderr when it is a terminal, log lines otherwise. */
 import { SingleBar, Presets } from 'cli-progress';
-import type { SftConfig, SftEvents } from '@lathe/train';
+import type { SftConfig, SftEvents } from '@lathe/recipes';
 
 /** Events that drive a progress bar (or plain lines) for an SFT run. */
 export function sftReporter(cfg: SftConfig): { events: SftEvents; stop(): void } {

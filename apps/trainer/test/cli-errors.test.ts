@@ -2,7 +2,7 @@ import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { sftSchema } from '@lathe/train';
+import { sftSchema } from '@lathe/recipes';
 import { configFromArgv, suggestName } from '../src/config-flags';
 
 const bin = join(__dirname, '..', 'bin', 'lathe.cjs');

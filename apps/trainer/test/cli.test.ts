@@ -2,10 +2,7 @@ import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import type { OptionSchema } from '@lathe/data';
-import { grpoSchema } from '@lathe/grpo';
-import { generateSchema } from '@lathe/rollout';
-import { sftSchema } from '@lathe/train';
+import { generateSchema, grpoSchema, sftSchema, type OptionSchema } from '@lathe/recipes';
 
 const bin = join(__dirname, '..', 'bin', 'lathe.cjs');
 const lathe = (...args: string[]) => spawnSync(process.execPath, [bin, ...args], { encoding: 'utf8', cwd: mkdtempSync(join(tmpdir(), 'lathe-cli-')) });

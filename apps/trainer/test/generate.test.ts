@@ -9,8 +9,8 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import { randomModel } from '@lathe/models';
-import { batchOf, defaults, parquetInfo, readParquetSchema, readTrajectories, scalarData, writeParquet, type Trajectory } from '@lathe/data';
-import { generate, generatePaths, generateSchema, runGenerate, type GenerateConfig } from '@lathe/rollout';
+import { batchOf, parquetInfo, readParquetSchema, readTrajectories, scalarData, writeParquet, type Trajectory } from '@lathe/data';
+import { defaults, generate, generatePaths, generateSchema, runGenerate, type GenerateConfig } from '@lathe/recipes';
 import { configFromArgv } from '../src/config-flags';
 
 const root = mkdtempSync(join(tmpdir(), 'lathe-generate-'));

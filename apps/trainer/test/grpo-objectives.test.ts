@@ -6,7 +6,7 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { readMetrics } from '@lathe/data';
-import { runGrpo, type GrpoConfig, type GrpoEvents } from '@lathe/grpo';
+import { runGrpo, type GrpoConfig, type GrpoEvents } from '@lathe/recipes';
 import { smallGrpo } from './small-grpo';
 
 const root = mkdtempSync(join(tmpdir(), 'lathe-grpo-objectives-'));

@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { readEvalRollouts, readMetrics, readTrainRollouts } from '@lathe/data';
 import { loadCheckpoint } from '@lathe/train';
-import { runGrpo, type GrpoConfig, type GrpoEvents } from '@lathe/grpo';
+import { runGrpo, type GrpoConfig, type GrpoEvents } from '@lathe/recipes';
 import { grpoMain } from '../src/commands/grpo';
 import { smallGrpo } from './small-grpo';
 

@@ -13,7 +13,8 @@ import { join } from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import { readEvalRollouts, readMetrics, readTrainRollouts } from '@lathe/data';
 import { loadCheckpoint, loadFloat32 } from '@lathe/train';
-import { GrpoTrainer, grpoSchema, runGrpo, type GrpoConfig } from '@lathe/grpo';
+import { GrpoTrainer } from '@lathe/grpo';
+import { grpoSchema, runGrpo, type GrpoConfig } from '@lathe/recipes';
 import { configFromArgv } from '../src/config-flags';
 import { smallGrpo } from './small-grpo';
 

@@ -2,8 +2,7 @@ import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { defaults } from '@lathe/data';
-import { runSft, sftSchema } from '@lathe/train';
+import { defaults, runSft, sftSchema } from '@lathe/recipes';
 import { runsSubcommands } from '../src/commands/runs';
 
 /**

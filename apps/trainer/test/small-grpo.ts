@@ -1,7 +1,6 @@
 /** The small GRPO run the CLI tests share: 4 steps of 4 prompts × 4 samples, 2 minibatches, an evaluation and a checkpoint every 2 steps. */
 import { join } from 'node:path';
-import { defaults } from '@lathe/data';
-import { grpoSchema, type GrpoConfig } from '@lathe/grpo';
+import { defaults, grpoSchema, type GrpoConfig } from '@lathe/recipes';
 
 /** The config of such a run in `root/run`, with `over` on top. */
 export function smallGrpo(root: string, run: string, over: Partial<GrpoConfig> = {}): GrpoConfig {

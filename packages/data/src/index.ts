@@ -102,6 +102,4 @@ export {
   type RewindResult,
   type RunSummary,
 } from './run-dir';
-export { runsDiffSchema, runsListSchema, runsPruneSchema, runsShowSchema } from './runs-options';
-export { defaults, resolveConfig, type ConfigOf, type OptionSchema, type OptionSpec } from './options';
 export { writeAtomic } from './atomic';

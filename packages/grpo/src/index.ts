@@ -15,5 +15,3 @@ export * from './estimators';
 export * from './rollout-batch';
 export * from './policy-sessions';
 export * from './grpo-trainer';
-export * from './grpo-config';
-export * from './grpo-run';

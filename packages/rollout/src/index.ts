@@ -6,5 +6,3 @@ export * from './scoring-graph';
 export * from './generator';
 export * from './kv-cache-graphs';
 export * from './kv-cache-generator';
-export * from './trajectories';
-export * from './generate-run';

@@ -1,7 +1,8 @@
 /**
  * LoRA as a side branch (y = x·Wᵀ + scale·(drop(x)·Aᵀ)·Bᵀ) against the merged form and the host
  * merge; the frozen base's missing [out, in] gradient; LoRA dropout — its gradient by finite
- * differences, training-only, exact resume — and the in-graph hash its masks come from.
+ * differences, training-only — and the in-graph hash its masks come from (an SFT run's exact resume
+ * with dropout: packages/recipes/test/sft-lora.test.ts).
  */
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -9,7 +10,6 @@ import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import * as L from '@lathe/onnx';
 import { decoder, lmLogits, paddedCausalMask, paramSpecs, positionsFromPadding, randomModel, type DecoderConfig, type Weights } from '@lathe/models';
-import { defaults, resolveConfig } from '@lathe/data';
 import {
   compileTrainStep,
   droppedElements,
@@ -24,14 +24,11 @@ import {
   mergeLora,
   nextTokenLogprobs,
   permuteQpr,
-  runSft,
   sftLoss,
-  sftSchema,
   shiftLeft,
   streamKey,
   type LoraAdapter,
   type LoraConfig,
-  type SftConfig,
   type TrainableParam,
 } from '@lathe/train';
 import { compile, rng, type HostTensor } from '../../../tools/testing/ort-cpu';
@@ -354,66 +351,8 @@ test('dropout masks: keep rate 1 − p, independent across steps, micro-batches,
   }
 });
 
-// ---- lathe sft with LoRA dropout ------------------------------------------------------------------
-
-/** A short built-in LoRA run in a fresh directory. */
-function sftConfig(over: Partial<SftConfig> = {}): SftConfig {
-  return {
-    ...defaults(sftSchema),
-    run_dir: mkdtempSync(join(tmpdir(), 'lathe-sft-lora-')),
-    steps: 20,
-    batch_size: 8,
-    micro_batches: 2,
-    eval_examples: 0,
-    eval_every: 0,
-    save_every: 0,
-    warmup_steps: 2,
-    lr: 1e-2,
-    lora_rank: 4,
-    lora_alpha: 8,
-    lora_targets: 'q_proj|v_proj|down_proj',
-    lora_dropout: 0.3,
-    ...over,
-  };
-}
-
-test('resume with lora_dropout 0.3 is exact: 20 steps == 10 + resume + 10 (adapters and moments bit-identical)', async () => {
-  const losses: number[] = [];
-  const straight = await runSft(sftConfig(), { onStep: (m) => losses.push(m.loss) });
-  const dir = mkdtempSync(join(tmpdir(), 'lathe-sft-lora-'));
-  const controller = new AbortController();
-  const first = await runSft(sftConfig({ run_dir: dir }), { onStep: (m) => m.step === 10 && controller.abort() }, controller.signal);
-  expect(first.steps).toBe(10);
-  const resumed = await runSft(sftConfig({ run_dir: dir, resume: true }));
-  expect(resumed.steps).toBe(20);
-  const model = loadCheckpoint(straight.checkpoint, []).config;
-  const trainable = adapterParams(loraAdapters(model, { rank: 4, alpha: 8, targets: 'q_proj|v_proj|down_proj' }));
-  const a = loadCheckpoint(straight.checkpoint, trainable);
-  const b = loadCheckpoint(resumed.checkpoint, trainable);
-  expect(b.state).toEqual(a.state);
-  expect(a.values.size).toBe(2 * 3 * model.numLayers);
-  for (const [name, w] of a.model) expect([name, Buffer.from(b.model.get(name)!.buffer).equals(Buffer.from(w.buffer))]).toEqual([name, true]);
-  for (const [name, v] of a.values) {
-    expect([name, Buffer.from(b.values.get(name)!.buffer).equals(Buffer.from(v.buffer))]).toEqual([name, true]);
-    expect([name, Buffer.from(b.m.get(name)!.buffer).equals(Buffer.from(a.m.get(name)!.buffer))]).toEqual([name, true]);
-    expect([name, Buffer.from(b.v.get(name)!.buffer).equals(Buffer.from(a.v.get(name)!.buffer))]).toEqual([name, true]);
-  }
-  // dropout is on in these runs: without it the same steps give other losses (B = 0 at step 1, so from step 2)
-  const plain: number[] = [];
-  await runSft(sftConfig({ steps: 3, lora_dropout: 0 }), { onStep: (m) => plain.push(m.loss) });
-  expect(plain[0]).toBe(losses[0]);
-  expect(Math.abs(plain[2] - losses[2])).toBeGreaterThan(1e-6);
-}, 120_000);
-
-test('bad lora_dropout values are refused with a message naming lora_dropout', async () => {
-  for (const bad of [-0.1, 1]) {
-    expect(() => resolveConfig(sftSchema, [{ name: 'command line', values: { lora_dropout: bad } }])).toThrow(/lora_dropout/);
-    expect(() => loraAdapters(setup().config, { rank: 2, alpha: 4, targets: 'q_proj', dropout: bad })).toThrow(/lora_dropout must be in \[0, 1\)/);
-    await expect(runSft(sftConfig({ lora_dropout: bad, steps: 1 }))).rejects.toThrow(/lora_dropout/);
-  }
-  expect(resolveConfig(sftSchema, [{ name: 'command line', values: { lora_dropout: 0.05 } }]).lora_dropout).toBe(0.05);
-  // dropout without LoRA is a mistake, not a silent no-op
-  await expect(runSft(sftConfig({ lora_rank: 0, lora_dropout: 0.1, steps: 1 }))).rejects.toThrow(/--lora_dropout 0.1 applies to LoRA adapters/);
+test('bad lora_dropout values are refused with a message naming lora_dropout', () => {
+  for (const bad of [-0.1, 1]) expect(() => loraAdapters(setup().config, { rank: 2, alpha: 4, targets: 'q_proj', dropout: bad })).toThrow(/lora_dropout must be in \[0, 1\)/);
 });
 
 test('LoRA settings are checked', async () => {

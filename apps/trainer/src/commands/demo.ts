@@ -1,17 +1,17 @@
 import { existsSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { CommandModule } from 'yargs';
-import { DEMO_SFT_OVERRIDES, runSft, sftSchema, type SftConfig, type SftResult } from '@lathe/train';
-import { DEMO_GRPO_OVERRIDES, grpoSchema, type GrpoConfig } from '@lathe/grpo';
-import { addSchemaFlags, configFromArgv, resolveOptions, withInterrupt, yamlSource } from '../config-flags';
+import { DEMO_GRPO_OVERRIDES, DEMO_SFT_OVERRIDES, grpoSchema, runSft, sftSchema, type GrpoConfig, type SftConfig, type SftResult } from '@lathe/recipes';
+import { addSchemaFlags, configFromArgv, resolveOptions, yamlSource } from '../config-flags';
+import { runInterruptible, stopExitCode, type Interruptible } from '../interrupt';
 import { sftReporter } from '../progress';
-import { grpoRun } from './grpo';
+import { grpoRunInterruptible } from './grpo';
 
-/** Runs the SFT stage with Ctrl-C handling and a progress bar. */
-async function sftStage(cfg: SftConfig): Promise<SftResult> {
+/** Runs the SFT stage with a progress bar; Ctrl-C or SIGTERM stops it after the current step with a checkpoint. */
+async function sftStage(cfg: SftConfig): Promise<Interruptible<SftResult>> {
   const reporter = sftReporter(cfg);
   try {
-    return await withInterrupt((signal) => runSft(cfg, reporter.events, signal));
+    return await runInterruptible((signal) => runSft(cfg, reporter.events, signal));
   } finally {
     reporter.stop();
   }
@@ -45,7 +45,9 @@ export const demoCommand: CommandModule = {
     const sft = configFromArgv(sftSchema, argv, { name: 'demo settings', values: { ...DEMO_SFT_OVERRIDES } });
     const grpoSteps = argv.grpo_steps === undefined ? DEMO_GRPO_OVERRIDES.steps : Number(argv.grpo_steps);
     if (grpoSteps !== 0) demoGrpoConfig(sft, sft.run_dir, argv); // a bad --grpo_config fails now, not after the SFT stage
-    const sftResult = await sftStage(sft);
+    const sftRun = await sftStage(sft);
+    const sftResult = sftRun.value;
+    let stoppedBy = sftRun.stoppedBy;
     const summary: Record<string, unknown> = {
       run_dir: sft.run_dir,
       steps: sftResult.steps,
@@ -60,7 +62,9 @@ export const demoCommand: CommandModule = {
       const cfg = demoGrpoConfig(sft, sftResult.checkpoint, argv);
       // the GRPO stage starts over from this SFT run's checkpoint
       if (existsSync(join(cfg.run_dir, 'config.yaml'))) rmSync(cfg.run_dir, { recursive: true, force: true });
-      const g = await grpoRun(cfg, 'grpo');
+      const grpoRun = await grpoRunInterruptible(cfg, 'grpo');
+      const g = grpoRun.value;
+      stoppedBy = grpoRun.stoppedBy;
       const rewards = (from: number, to?: number) => g.stepRewards.slice(from, to);
       const mean = (xs: number[]) => (xs.length ? Number((xs.reduce((a, b) => a + b, 0) / xs.length).toFixed(4)) : undefined);
       Object.assign(summary, {
@@ -80,6 +84,6 @@ export const demoCommand: CommandModule = {
     summary.seconds = Math.round((performance.now() - started) / 1000);
     summary.interrupted = interrupted;
     console.log(JSON.stringify(summary));
-    if (interrupted) process.exitCode = 130;
+    if (interrupted) process.exitCode = stopExitCode(stoppedBy);
   },
 };

@@ -1,6 +1,6 @@
 import type { CommandModule } from 'yargs';
 import { SingleBar, Presets } from 'cli-progress';
-import { generatePaths, generateSchema, runGenerate, type GenerateConfig, type GenerateEvents, type GenerateResult } from '@lathe/rollout';
+import { generatePaths, generateSchema, runGenerate, type GenerateConfig, type GenerateEvents, type GenerateResult } from '@lathe/recipes';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
 import { runInterruptible, stopExitCode, type StopSignal } from '../interrupt';
 

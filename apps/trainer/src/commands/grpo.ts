@@ -1,7 +1,7 @@
 import type { CommandModule } from 'yargs';
 import { SingleBar, Presets } from 'cli-progress';
 import { listEvals } from '@lathe/data';
-import { grpoSchema, runGrpo, type GrpoConfig, type GrpoEvents, type GrpoRunResult } from '@lathe/grpo';
+import { grpoSchema, runGrpo, type GrpoConfig, type GrpoEvents, type GrpoRunResult } from '@lathe/recipes';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
 import { runInterruptible, stopExitCode, type Interruptible } from '../interrupt';
 
@@ -61,11 +61,6 @@ export async function grpoRunInterruptible(cfg: GrpoConfig, label?: string): Pro
   } finally {
     reporter.stop();
   }
-}
-
-/** {@link grpoRunInterruptible}'s result alone (the demo's GRPO stage). */
-export async function grpoRun(cfg: GrpoConfig, label?: string): Promise<GrpoRunResult> {
-  return (await grpoRunInterruptible(cfg, label)).value;
 }
 
 /** Runs GRPO and prints a one-line JSON summary; an interrupted run exits 130 (SIGINT) or 143 (SIGTERM). */

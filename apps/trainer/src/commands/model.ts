@@ -1,7 +1,7 @@
 import { existsSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import type { CommandModule } from 'yargs';
-import type { OptionSchema } from '@lathe/data';
+import type { OptionSchema } from '@lathe/recipes';
 import { MODEL_PRESETS, MODEL_PRESET_NAMES, TOKENIZER_FILES, paramSpecs, randomModel } from '@lathe/models';
 import { toBfloat16Bits } from '@lathe/runtime';
 import { addSchemaFlags, configFromArgv, UsageError } from '../config-flags';

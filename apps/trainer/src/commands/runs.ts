@@ -7,13 +7,10 @@ import {
   readRunConfig,
   resolveRun,
   runPaths,
-  runsDiffSchema,
-  runsListSchema,
-  runsPruneSchema,
-  runsShowSchema,
   summarizeRun,
   type RunSummary,
 } from '@lathe/data';
+import { runsDiffSchema, runsListSchema, runsPruneSchema, runsShowSchema } from '@lathe/recipes';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
 
 const out = (text: string) => process.stdout.write(`${text}\n`);

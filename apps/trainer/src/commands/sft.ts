@@ -1,5 +1,5 @@
 import type { CommandModule } from 'yargs';
-import { runSft, sftSchema, type SftConfig } from '@lathe/train';
+import { runSft, sftSchema, type SftConfig } from '@lathe/recipes';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
 import { runInterruptible, stopExitCode } from '../interrupt';
 import { sftReporter } from '../progress';

@@ -1,10 +1,6 @@
 /** `lathe sft`'s options: defaults, flags, YAML keys and the config saved with checkpoints. */
-import type { ConfigOf, OptionSchema } from '@lathe/data';
-
-/** The built-in demo model: a tiny random Qwen3 with a character tokenizer. */
-export const BUILTIN_MODEL = 'builtin:tiny';
-/** The built-in demo task: two-number addition. */
-export const BUILTIN_DATA = 'builtin:addition';
+import { BUILTIN_DATA, BUILTIN_MODEL } from './demo-task';
+import type { ConfigOf, OptionSchema } from './options';
 
 /** Every option of an SFT run. */
 export const sftSchema = {

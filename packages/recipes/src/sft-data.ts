@@ -1,6 +1,6 @@
 /**
- * SFT data: prompt/response pairs → token ids with a loss mask on the response, a deterministic
- * epoch order (so a run resumes at exactly the example it stopped at), and padded batches.
+ * SFT data: prompt/response pairs from JSONL or Parquet → token ids with a loss mask on the
+ * response, and padded batches for the SFT loss.
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { loadSftPairs } from '@lathe/data';
@@ -31,38 +31,6 @@ export interface TokenizedExample {
   ids: number[];
   lossMask: number[];
   promptLength: number;
-}
-
-/** Deterministic uniform numbers in [0, 1) (mulberry32). */
-export function seededRandom(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-/** A seeded Fisher-Yates permutation of 0..n-1. */
-export function permutation(n: number, seed: number): number[] {
-  const r = seededRandom(seed);
-  const p = [...Array(n).keys()];
-  for (let i = n - 1; i > 0; i--) {
-    const j = Math.floor(r() * (i + 1));
-    [p[i], p[j]] = [p[j], p[i]];
-  }
-  return p;
-}
-
-/**
- * The seeded held-out split every run uses (SFT, GRPO, the demo's two stages): the first
- * `evalCount` items of a permutation seeded by `seed`, and the rest for training.
- */
-export function heldOutSplit<T>(items: readonly T[], evalCount: number, seed: number): { train: T[]; evaluation: T[] } {
-  const order = permutation(items.length, seed + 0x5eed);
-  return { evaluation: order.slice(0, evalCount).map((i) => items[i]), train: order.slice(evalCount).map((i) => items[i]) };
 }
 
 /** The prompt's ids (with BOS) and the response's ids (with EOS). */
@@ -115,49 +83,6 @@ export async function readSftData(path: string): Promise<SftExample[]> {
   const { examples } = await loadSftPairs(path);
   if (examples.length === 0) throw new Error(`${path}: no examples`);
   return examples.map((e) => ({ prompt: e.prompt, response: e.response, ...(e.meta?.subject !== undefined ? { subject: e.meta.subject } : {}) }));
-}
-
-/** The built-in task: every "a+b=" with 0 ≤ a, b < 100, answer "c". */
-export function additionExamples(): SftExample[] {
-  const out: SftExample[] = [];
-  for (let a = 0; a < 100; a++) for (let b = 0; b < 100; b++) out.push({ prompt: `${a}+${b}=`, response: `${a + b}` });
-  return out;
-}
-
-/** The built-in task's alphabet. */
-export const ADDITION_ALPHABET = '0123456789+=';
-
-/**
- * An endless, deterministic stream of examples: epoch e visits every example once in the order
- * `permutation(n, seed + e)`. The position (examples consumed) is all a resume needs.
- */
-export class EpochStream<T> {
-  private orderEpoch = -1;
-  private order: number[] = [];
-
-  constructor(
-    private readonly items: readonly T[],
-    private readonly seed: number,
-    /** Examples consumed so far. */
-    public position = 0,
-  ) {
-    if (items.length === 0) throw new Error('no training examples');
-  }
-
-  /** The next `count` items. */
-  take(count: number): T[] {
-    const out: T[] = [];
-    for (let k = 0; k < count; k++) {
-      const epoch = Math.floor(this.position / this.items.length);
-      if (epoch !== this.orderEpoch) {
-        this.order = permutation(this.items.length, this.seed + epoch);
-        this.orderEpoch = epoch;
-      }
-      out.push(this.items[this.order[this.position % this.items.length]]);
-      this.position++;
-    }
-    return out;
-  }
 }
 
 /**

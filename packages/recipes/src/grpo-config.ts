@@ -1,11 +1,7 @@
 /** `lathe grpo`'s options: defaults, flags, YAML keys and the config saved with every checkpoint. */
-import { BUILTIN_DATA, BUILTIN_MODEL } from '@lathe/train';
-import type { ConfigOf, OptionSchema } from '@lathe/data';
-import { ESTIMATOR_NAMES } from './estimators';
-import { LOSS_AGGREGATIONS, POLICY_TERMS } from './policy-loss';
-
-/** The character tokenizer of the built-in addition task (for models `lathe demo`/`lathe sft` trained on it). */
-export const BUILTIN_TOKENIZER = 'builtin:addition';
+import { ESTIMATOR_NAMES, LOSS_AGGREGATIONS, POLICY_TERMS } from '@lathe/grpo';
+import { BUILTIN_DATA, BUILTIN_MODEL, BUILTIN_TOKENIZER } from './demo-task';
+import type { ConfigOf, OptionSchema } from './options';
 
 /** Every option of a GRPO-family run. */
 export const grpoSchema = {

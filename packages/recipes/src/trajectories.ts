@@ -7,7 +7,7 @@
  *
  * - `generate(model, prompts, options)`: the rows of a list of prompts, for TypeScript users.
  * - `TrajectoryGenerator`: the same, holding the compiled engine across calls.
- * (`lathe generate`, the run over a prompt file, is in generate-run.ts.)
+ * (`lathe generate`, the run over a prompt file, is in generate.ts.)
  *
  * Groups: the samples of one (prompt, thinking mode) are one group of the engine — the prompt is
  * prefilled once and its rows are copies of that prefill's cache — rather than one row per sample
@@ -27,9 +27,7 @@ import { Device, type DeviceKind, type DeviceTensor } from '@lathe/runtime';
 import { HfTokenizer, splitThinking } from '@lathe/tokenizer';
 import { MathGrader } from '@lathe/graders';
 import type { Trajectory } from '@lathe/data';
-import { Generator, shrinkOnOutOfMemory, type Completion, type GenerateCallOptions } from './generator';
-import { KvCacheGenerator, kvCacheUnsupported, uploadWeights } from './kv-cache-generator';
-import { validateSampling, type SamplingOptions } from './sampling';
+import { Generator, KvCacheGenerator, kvCacheUnsupported, shrinkOnOutOfMemory, uploadWeights, validateSampling, type Completion, type GenerateCallOptions, type SamplingOptions } from '@lathe/rollout';
 
 // ---------------------------------------------------------------------------------------------
 // Prompts, rows and options

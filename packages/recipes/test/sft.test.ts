@@ -3,9 +3,10 @@ import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } fro
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { parseConfig } from '@lathe/models';
-import { defaults, resolveConfig, writeParquet } from '@lathe/data';
+import { writeParquet } from '@lathe/data';
 import { tableFromArrays } from 'apache-arrow';
-import { listCheckpoints, loadCheckpoint, loadFloat32, readSftData, runSft, sftSchema, useFlashAttention, type SftConfig } from '@lathe/train';
+import { listCheckpoints, loadCheckpoint, loadFloat32, useFlashAttention } from '@lathe/train';
+import { defaults, readSftData, resolveConfig, runSft, sftSchema, type SftConfig } from '@lathe/recipes';
 
 /** The built-in run's initial weights (written to <run>/base-model). */
 function readBase(runDir: string) {

@@ -1,0 +1,19 @@
+/**
+ * @lathe/recipes — the runs behind Lathe's commands, above the libraries: SFT (`runSft`), GRPO
+ * (`runGrpo`) and trajectory generation (`runGenerate`, `TrajectoryGenerator`), each with its option
+ * schema (the single source of defaults, CLI flags, YAML keys and the saved config); the built-in
+ * demo task; and the scaffold they share (model and tokenizer loading, the held-out split, the run
+ * directory with resume and checkpoints, evaluation files).
+ */
+export * from './options';
+export * from './scaffold';
+export * from './demo-task';
+export * from './sft-config';
+export * from './sft-data';
+export * from './sft';
+export * from './grpo-config';
+export * from './grpo';
+export * from './trajectories';
+export * from './generate-config';
+export * from './generate';
+export * from './runs-options';

@@ -1,0 +1,277 @@
+/**
+ * What every recipe does around its own loop, written once: load the model and its tokenizer (or
+ * the built-in demo pair), hold evaluation examples out of the data, start or resume the run
+ * directory, write the config, metrics, evaluation files and checkpoints, and stop cleanly on
+ * Ctrl-C. `runSft`, `runGrpo` and `runGenerate` are their own loops between these calls.
+ */
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { parse as parseYaml, stringify as toYaml } from 'yaml';
+import { readConfig, type DecoderConfig } from '@lathe/models';
+import { HfTokenizer } from '@lathe/tokenizer';
+import { diffConfigs, listEvals, MetricsLog, rewindRunDir, runPaths, startRunDir, writeAtomic } from '@lathe/data';
+import { learningRate, listCheckpoints, loadCheckpoint, permutation, saveCheckpoint, type CheckpointContents, type TrainableParam } from '@lathe/train';
+import { BUILTIN_MODEL, BUILTIN_TOKENIZER, additionTokenizer, builtinBaseModel } from './demo-task';
+
+// ---------------------------------------------------------------------------------------------
+// Model and tokenizer
+
+/** What a recipe asks of a tokenizer: text in and out, its special ids, and how a prompt is encoded. */
+export interface RunTokenizer {
+  encode(text: string): number[];
+  decode(ids: readonly number[]): string;
+  readonly padId: number;
+  readonly eosId: number;
+  /** Prepended to every sequence when set. */
+  readonly bosId?: number;
+  /** A prompt's ids: its text's, or (`prompt_format: chat`) the chat template's user turn with the assistant's turn opened. */
+  encodePrompt(text: string): number[];
+}
+
+/** A loaded model folder and its tokenizer. */
+export interface RunModel {
+  /** The folder holding config.json and the weights. */
+  dir: string;
+  config: DecoderConfig;
+  tokenizer: RunTokenizer;
+  /** The folder checkpoints copy tokenizer files from (none for the built-in character tokenizer). */
+  tokenizerFrom?: string;
+}
+
+/** The options of a recipe's config that say which model and tokenizer to load. */
+export interface ModelOptions {
+  /** A Hugging Face model folder, or {@link BUILTIN_MODEL} (made in `run_dir` from `seed`). */
+  model: string;
+  /**
+   * 'model' (the model folder's tokenizer.json), a folder holding one, or {@link BUILTIN_TOKENIZER};
+   * absent for a command without `--tokenizer` (the model's own, as 'model').
+   */
+  tokenizer?: string;
+  prompt_format: 'raw' | 'chat';
+  enable_thinking: boolean;
+  run_dir: string;
+  seed: number;
+}
+
+/** `<dir>/config.json` parsed; the error names `--model` when the folder has none. */
+export function modelConfig(dir: string): DecoderConfig {
+  if (!existsSync(join(dir, 'config.json'))) throw new Error(`--model ${dir}: no config.json in that folder (expected a Hugging Face model folder)`);
+  return readConfig(dir).config;
+}
+
+/**
+ * The model and tokenizer a config names. The built-in model is written to `<run_dir>/base-model`
+ * first (before any tokenizer check), and reads the built-in tokenizer unless another is named.
+ */
+export async function loadRunModel(cfg: ModelOptions): Promise<RunModel> {
+  const { dir, config } = cfg.model === BUILTIN_MODEL ? builtinBaseModel(cfg.run_dir, cfg.seed) : { dir: cfg.model, config: modelConfig(cfg.model) };
+  const choice = cfg.tokenizer ?? 'model';
+  const flag = cfg.tokenizer === undefined ? `--model ${cfg.model}` : `--tokenizer ${cfg.tokenizer}`;
+  const checkVocab = (ids: number) => {
+    if (ids > config.vocabSize) throw new Error(`${flag}: the tokenizer has ${ids} ids but the model's vocab_size is ${config.vocabSize}`);
+  };
+  if (choice === BUILTIN_TOKENIZER || (choice === 'model' && cfg.model === BUILTIN_MODEL)) {
+    const tok = additionTokenizer();
+    checkVocab(tok.vocabSize);
+    if (cfg.prompt_format === 'chat') throw new Error(`--prompt_format chat: the ${BUILTIN_TOKENIZER} tokenizer has no chat template`);
+    return { dir, config, tokenizer: { encode: (t) => tok.encode(t), decode: (ids) => tok.decode(ids), padId: tok.padId, eosId: tok.eosId, bosId: tok.bosId, encodePrompt: (t) => tok.encode(t) } };
+  }
+  const from = choice === 'model' ? dir : choice;
+  if (!existsSync(join(from, 'tokenizer.json'))) {
+    const hint = cfg.tokenizer === undefined ? '' : ` (a model trained on the built-in task by \`lathe sft\` uses --tokenizer ${BUILTIN_TOKENIZER})`;
+    throw new Error(`${flag}: no tokenizer.json in ${from}${hint}`);
+  }
+  const tok = await HfTokenizer.fromFolder(from);
+  checkVocab(tok.vocabSize);
+  // chat: the prompt becomes the user turn of the model's chat template, ending with the assistant's turn opened
+  const render = (text: string) => tok.applyChatTemplate([{ role: 'user', content: text }], { addGenerationPrompt: true, enableThinking: cfg.enable_thinking });
+  const encodePrompt = cfg.prompt_format === 'chat' ? (t: string) => tok.encode(render(t)) : (t: string) => tok.encode(t);
+  return { dir, config, tokenizer: { encode: (t) => tok.encode(t), decode: (ids) => tok.decode(ids), padId: tok.padId, eosId: tok.eosId, bosId: tok.bosId, encodePrompt }, tokenizerFrom: from };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data: the held-out split and the training order
+
+/**
+ * The seeded held-out split every recipe makes (SFT, GRPO, the demo's two stages): the first
+ * `evalCount` items of a permutation seeded by `seed`, and the rest for training — so GRPO after
+ * SFT on the same data, seed and count never trains on the SFT run's held-out examples.
+ */
+export function heldOutSplit<T>(items: readonly T[], evalCount: number, seed: number): { train: T[]; evaluation: T[] } {
+  const order = permutation(items.length, seed + 0x5eed);
+  return { evaluation: order.slice(0, evalCount).map((i) => items[i]), train: order.slice(evalCount).map((i) => items[i]) };
+}
+
+/** {@link heldOutSplit} of a config's data; an error names `--eval_examples` when nothing is left to train on (`what`: the items' name). */
+export function splitHeldOut<T>(items: readonly T[], cfg: { data: string; eval_examples: number; seed: number }, what: string): { train: T[]; evaluation: T[] } {
+  if (cfg.eval_examples >= items.length) throw new Error(`--eval_examples ${cfg.eval_examples} leaves no training ${what} (${items.length} ${what} in ${cfg.data})`);
+  return heldOutSplit(items, cfg.eval_examples, cfg.seed);
+}
+
+/**
+ * An endless, deterministic stream of examples: epoch e visits every example once in the order
+ * `permutation(n, seed + e)`. The position (examples consumed) is all a resume needs.
+ */
+export class EpochStream<T> {
+  private orderEpoch = -1;
+  private order: number[] = [];
+
+  constructor(
+    private readonly items: readonly T[],
+    private readonly seed: number,
+    /** Examples consumed so far. */
+    public position = 0,
+  ) {
+    if (items.length === 0) throw new Error('no training examples');
+  }
+
+  /** The next `count` items. */
+  take(count: number): T[] {
+    const out: T[] = [];
+    for (let k = 0; k < count; k++) {
+      const epoch = Math.floor(this.position / this.items.length);
+      if (epoch !== this.orderEpoch) {
+        this.order = permutation(this.items.length, this.seed + epoch);
+        this.orderEpoch = epoch;
+      }
+      out.push(this.items[this.order[this.position % this.items.length]]);
+      this.position++;
+    }
+    return out;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Options every training recipe shares
+
+/** Refuses bfloat16 compute off the GPU (ONNX Runtime has no bfloat16 CPU kernels for most ops). */
+export function checkComputeDtype(cfg: { compute_dtype: string; device: string }): void {
+  if (cfg.compute_dtype === 'bfloat16' && cfg.device !== 'cuda') throw new Error('--compute_dtype bfloat16 needs --device cuda (ONNX Runtime has no bfloat16 CPU kernels for most ops)');
+}
+
+/** The learning rate of optimizer step `step` under a config's schedule options. */
+export function scheduledLr(cfg: { lr: number; schedule: 'constant' | 'linear' | 'cosine'; warmup_steps: number; steps: number; min_lr_ratio: number }, step: number): number {
+  return learningRate({ lr: cfg.lr, kind: cfg.schedule, warmupSteps: cfg.warmup_steps, totalSteps: cfg.steps, minLrRatio: cfg.min_lr_ratio }, step);
+}
+
+/**
+ * The options whose values differ between a saved config (YAML) and `cfg`, leaving out `resumable`
+ * ones (those a resume may change); each as its key and `key: old → new`.
+ */
+export function configChanges(savedFile: string, cfg: object, resumable: readonly string[]): { key: string; text: string }[] {
+  const saved = parseYaml(readFileSync(savedFile, 'utf8')) as Record<string, unknown>;
+  const relevant = (c: Record<string, unknown>) => Object.fromEntries(Object.entries(c).filter(([k]) => !resumable.includes(k)));
+  return diffConfigs(relevant(saved), relevant(cfg as Record<string, unknown>)).map((d) => ({ key: d.key, text: `${d.key}: ${JSON.stringify(d.a)} → ${JSON.stringify(d.b)}` }));
+}
+
+/**
+ * Gives Ctrl-C/SIGTERM handlers a turn (a synchronous train step never yields to them) and says
+ * whether `signal` asks the run to stop after the step just done.
+ */
+export async function stopRequested(signal?: AbortSignal): Promise<boolean> {
+  await new Promise<void>((resolve) => setImmediate(resolve));
+  return Boolean(signal?.aborted);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The run directory
+
+/** The options of a recipe's config that say where its run lives and whether it continues one. */
+export interface RunDirOptions {
+  run_dir: string;
+  resume: boolean;
+  overwrite: boolean;
+}
+
+/** What a recipe saves in each checkpoint: everything but the run's config, which the run directory adds. */
+export type CheckpointOf = Omit<CheckpointContents, 'runConfigYaml'>;
+
+/**
+ * A training run's directory (data's `runPaths` layout): config.yaml, metrics.jsonl, eval/step-N.jsonl
+ * and checkpoints/. A new run refuses an earlier run's files unless `overwrite`; a resume continues
+ * the newest checkpoint and cuts what was logged after it.
+ */
+export class RunDir {
+  /** metrics.jsonl. */
+  readonly metrics: MetricsLog;
+  private configYaml: string | undefined;
+  private saved: { step: number; dir: string } | undefined;
+
+  private constructor(
+    readonly dir: string,
+    /** The checkpoint a resume continues (undefined for a new run). */
+    readonly latest: { step: number; dir: string } | undefined,
+  ) {
+    this.metrics = new MetricsLog(runPaths(dir).metrics);
+  }
+
+  /** Starts a new run in `run_dir`, or finds the checkpoint a resume continues. */
+  static open(cfg: RunDirOptions): RunDir {
+    const latest = cfg.resume ? listCheckpoints(cfg.run_dir).at(-1) : undefined;
+    if (cfg.resume && !latest) throw new Error(`--resume: no checkpoint in ${runPaths(cfg.run_dir).checkpoints}`);
+    if (!cfg.resume) startRunDir(cfg.run_dir, { overwrite: cfg.overwrite });
+    mkdirSync(cfg.run_dir, { recursive: true });
+    return new RunDir(cfg.run_dir, latest);
+  }
+
+  /**
+   * Reads the resumed checkpoint's tensors for `trainable`. Its kind is checked first: a LoRA
+   * checkpoint read as full fine-tuning (or the reverse) would fail on a missing tensor instead.
+   */
+  resume(trainable: TrainableParam[], lora: { rank: number }): CheckpointContents {
+    if (!this.latest) throw new Error(`${this.dir}: not resuming (no checkpoint to continue)`);
+    const dir = this.latest.dir;
+    const savedLora = existsSync(join(dir, 'adapter_model.safetensors'));
+    if (savedLora !== lora.rank > 0) throw new Error(`--resume: ${dir} is a ${savedLora ? 'LoRA' : 'full fine-tuning'} checkpoint but --lora_rank is ${lora.rank}`);
+    return loadCheckpoint(dir, trainable);
+  }
+
+  /** Cuts metrics, evaluations and rollouts logged after `step`: the resumed run logs them again. */
+  rewind(step: number): void {
+    rewindRunDir(this.dir, step);
+  }
+
+  /** Saves the run's config as config.yaml (every checkpoint keeps a copy) and makes eval/. */
+  saveConfig(cfg: object): void {
+    this.configYaml = toYaml(cfg);
+    writeAtomic(runPaths(this.dir).config, this.configYaml);
+    mkdirSync(runPaths(this.dir).eval, { recursive: true });
+  }
+
+  /** Writes a checkpoint of `c.state.step` (keeping the newest `keepLast`); returns its folder. */
+  checkpoint(c: CheckpointOf, options: { keepLast: number; tokenizerFrom?: string }): string {
+    if (this.configYaml === undefined) throw new Error(`${this.dir}: saveConfig before the first checkpoint`);
+    const dir = saveCheckpoint(this.dir, { ...c, runConfigYaml: this.configYaml }, options);
+    this.saved = { step: c.state.step, dir };
+    return dir;
+  }
+
+  /** The checkpoint this process saved at `step`, if it did. */
+  savedAt(step: number): string | undefined {
+    return this.saved?.step === step ? this.saved.dir : undefined;
+  }
+
+  /** Writes eval/step-N.jsonl: one JSON object per evaluated example. */
+  writeEval(step: number, rows: readonly object[]): void {
+    writeAtomic(join(runPaths(this.dir).eval, `step-${String(step).padStart(8, '0')}.jsonl`), rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+  }
+
+  /** The rows of each evaluation up to `step`, read back from eval/step-N.jsonl (a resumed run's earlier ones). */
+  readEvals<Row>(step: number): { step: number; rows: Row[] }[] {
+    return listEvals(this.dir)
+      .filter((e) => e.step <= step)
+      .map((e) => ({
+        step: e.step,
+        rows: readFileSync(e.file, 'utf8')
+          .split('\n')
+          .filter((l) => l.trim() !== '')
+          .map((l, i) => {
+            try {
+              return JSON.parse(l) as Row;
+            } catch {
+              throw new Error(`${e.file}:${i + 1}: not valid JSON (an evaluation of the run being resumed)`);
+            }
+          }),
+      }));
+  }
+}

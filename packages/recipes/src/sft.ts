@@ -1,0 +1,361 @@
+/**
+ * An SFT run, top to bottom: load the model, tokenizer and data → compile the train step and the
+ * evaluation (greedy generation) graphs → loop over optimizer steps, logging metrics, evaluating and
+ * checkpointing → a final evaluation and checkpoint. Resumes exactly from a checkpoint (weights,
+ * AdamW moments, step, data position) and saves one when interrupted.
+ */
+import * as L from '@lathe/onnx';
+import { paramSpecs, TOTAL_LENGTH_INPUT, totalLengthTensor, weightInputs, type DecoderConfig } from '@lathe/models';
+import { MathGrader } from '@lathe/graders';
+import { addGeneration } from '@lathe/rollout';
+import { Device, sizeOf, type DeviceTensor, type HostTensor, type Session } from '@lathe/runtime';
+import {
+  initLora,
+  LORA_DROPOUT_KEY,
+  loadFloat32,
+  loraAdapters,
+  loraDropoutKey,
+  loraFromOptions,
+  loraWeights,
+  mergeLora,
+  sftLoss,
+  Trainer,
+  useFlashAttention,
+  type LoraConfig,
+  type TrainableParam,
+  type TrainerState,
+} from '@lathe/train';
+import { additionExamples, BUILTIN_DATA } from './demo-task';
+import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested, type RunTokenizer } from './scaffold';
+import type { SftConfig } from './sft-config';
+import { encodePair, lossTokenCount, padBatch, readSftData, tokenizeExample, type SftExample, type TokenizedExample } from './sft-data';
+
+/** Metrics of one optimizer step (one line of metrics.jsonl). */
+export interface StepMetrics {
+  step: number;
+  /** Mean next-token NLL over the batch's loss tokens. */
+  loss: number;
+  grad_norm: number;
+  lr: number;
+  /** Loss tokens and all tokens in the batch. */
+  loss_tokens: number;
+  tokens: number;
+  tokens_per_s: number;
+  /** Milliseconds spent preparing the batch on the host and inside ONNX Runtime runs. */
+  host_ms: number;
+  run_ms: number;
+}
+
+/** A greedy-generation evaluation on the held-out examples. */
+export interface EvalResult {
+  step: number;
+  /** Fraction of generated responses judged correct (exact match or the math grader). */
+  accuracy: number;
+  examples: number;
+  /** Accuracy per `subject` of the examples that have one. */
+  bySubject?: Record<string, { accuracy: number; examples: number }>;
+}
+
+/** Callbacks for progress display. */
+export interface SftEvents {
+  onStart?(info: { startStep: number; totalSteps: number; trainExamples: number; evalExamples: number; dropped: number; truncated: number; parameters: number }): void;
+  onStep?(m: StepMetrics): void;
+  onEval?(r: EvalResult): void;
+  onCheckpoint?(dir: string, step: number): void;
+}
+
+/** What a run returns. */
+export interface SftResult {
+  steps: number;
+  finalLoss: number;
+  evals: EvalResult[];
+  checkpoint: string;
+  interrupted: boolean;
+}
+
+/** Training and evaluation examples: a seeded split with `eval_examples` held out. */
+async function loadExamples(cfg: SftConfig): Promise<{ train: SftExample[]; evaluation: SftExample[] }> {
+  return splitHeldOut(cfg.data === BUILTIN_DATA ? additionExamples() : await readSftData(cfg.data), cfg, 'examples');
+}
+
+const f32 = (v: number): HostTensor => ({ data: Float32Array.from([v]), dims: [] });
+
+/** An evaluation's summary from its per-example rows (as eval/step-N.jsonl holds them). */
+function summarizeEval(step: number, rows: readonly { correct: boolean; subject?: string }[]): EvalResult {
+  const share = (rs: readonly { correct: boolean }[]) => (rs.length ? rs.filter((r) => r.correct).length / rs.length : 0);
+  const subjects = [...new Set(rows.flatMap((r) => (r.subject ? [r.subject] : [])))].sort();
+  const result: EvalResult = { step, accuracy: share(rows), examples: rows.length };
+  if (subjects.length) {
+    result.bySubject = Object.fromEntries(
+      subjects.map((sub) => {
+        const rs = rows.filter((r) => r.subject === sub);
+        return [sub, { accuracy: share(rs), examples: rs.length }];
+      }),
+    );
+  }
+  return result;
+}
+
+/**
+ * Test hooks of {@link runSft}: not options of `lathe sft` (not in `sftSchema`, never saved with
+ * a run). Production callers pass nothing.
+ */
+export interface SftTestHooks {
+  /**
+   * Run `--cuda_graph`'s padded static-shape path — the loss compiled for [batch_size, max_length],
+   * every batch padded to exactly that, the batch copied into fixed device buffers each step — but
+   * with the Trainer's `staticInputs` instead of `cudaGraph`, so it runs on any device, the CPU
+   * included. Graph capture needs a GPU; this lets CPU tests check that the padding and the fixed
+   * shape leave every loss and update unchanged. `cuda_graph` may stay false (its --device cuda
+   * check is then skipped); --micro_batches must still be 1.
+   */
+  staticShapeWithoutCudaGraph?: boolean;
+}
+
+/** What an SFT run trains: every weight, or LoRA adapters over a frozen base fed as `base/<name>` inputs; and the loss graph over them. */
+function trainedTensors(config: DecoderConfig, cfg: SftConfig, lora: LoraConfig | undefined, compile: { compute: 'float32' | 'bfloat16'; flashAttention: boolean; staticShape: boolean }) {
+  const specs = paramSpecs(config);
+  const adapters = lora ? loraAdapters(config, lora) : [];
+  const params: TrainableParam[] = lora
+    ? adapters.flatMap((a) => [a.a, a.b])
+    : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+  const shape: { shape?: [number, number] } = compile.staticShape ? { shape: [cfg.batch_size, cfg.max_length] } : {};
+  const loss = lora
+    ? sftLoss(config, {
+        weights: (g, trainable) => {
+          const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
+          return loraWeights((name) => base.get(name)!, trainable, adapters, lora, compile.compute, { training: true });
+        },
+        recompute: cfg.gradient_checkpointing,
+        flashAttention: compile.flashAttention,
+        ...shape,
+      })
+    : sftLoss(config, { compute: compile.compute, recompute: cfg.gradient_checkpointing, flashAttention: compile.flashAttention, ...shape });
+  return { specs, adapters, params, loss };
+}
+
+/** One held-out example's evaluation row, as eval/step-N.jsonl holds it. */
+interface EvalRow {
+  prompt: string;
+  expected: string;
+  generated: string;
+  correct: boolean;
+  subject?: string;
+  extracted?: string | null;
+  reason?: string;
+}
+
+/**
+ * Greedy generation over the held-out examples, judged by exact match or the math grader: the
+ * rows of one evaluation, with the model's float32 weights given per call.
+ */
+function greedyEvaluator(device: Device, config: DecoderConfig, tokenizer: RunTokenizer, cfg: SftConfig) {
+  const gen = new L.Graph('sft_eval_generate');
+  addGeneration(gen, config, weightInputs(gen, config, 'float32', 'float32').weights, { temperature: 0, padTokenId: tokenizer.padId });
+  const session: Session = device.compile(gen);
+  const grader = cfg.eval_grader === 'math' ? new MathGrader() : undefined;
+  const evaluate = async (examples: readonly SftExample[], weights: Iterable<[string, HostTensor | DeviceTensor]>): Promise<EvalRow[]> => {
+    const rows: EvalRow[] = [];
+    const binding = session.binding();
+    for (const [name, t] of weights) binding.input(name, t);
+    for (const o of ['tokens', 'lengths', 'stopped']) binding.output(o, 'host');
+    for (let start = 0; start < examples.length; start += 64) {
+      const chunk = examples.slice(start, start + 64);
+      const prompts = chunk.map((e) => encodePair(tokenizer, e).prompt);
+      const P = Math.max(...prompts.map((p) => p.length));
+      const ids = prompts.flatMap((p) => [...new Array(P - p.length).fill(tokenizer.padId), ...p]);
+      const mask = prompts.flatMap((p) => [...new Array(P - p.length).fill(0), ...p.map(() => 1)]);
+      binding
+        .input('input_ids', { data: BigInt64Array.from(ids.map(BigInt)), dims: [chunk.length, P] })
+        .input('attention_mask', { data: BigInt64Array.from(mask.map(BigInt)), dims: [chunk.length, P] })
+        .input('max_new_tokens', { data: BigInt64Array.from([BigInt(cfg.max_new_tokens)]), dims: [] })
+        .input('stop_ids', { data: BigInt64Array.from([BigInt(tokenizer.eosId)]), dims: [1] });
+      await binding.run();
+      const out = { tokens: binding.fetch('tokens'), lengths: binding.fetch('lengths'), stopped: binding.fetch('stopped') };
+      const N = out.tokens.dims[1];
+      for (let r = 0; r < chunk.length; r++) {
+        const e = chunk[r];
+        const len = Number(out.lengths.data[r]);
+        const stopped = Boolean(out.stopped.data[r]);
+        const toks = Array.from(out.tokens.data.slice(r * N, r * N + len - (stopped ? 1 : 0)) as BigInt64Array, Number);
+        const generated = tokenizer.decode(toks);
+        const row = { prompt: e.prompt, expected: e.response, generated, ...(e.subject ? { subject: e.subject } : {}) };
+        if (grader) {
+          const v = await grader.grade(generated, e.response);
+          rows.push({ ...row, correct: v.correct, extracted: v.extracted, reason: v.reason });
+        } else rows.push({ ...row, correct: generated.trim() === e.response.trim() });
+      }
+    }
+    binding.dispose();
+    return rows;
+  };
+  return {
+    evaluate,
+    dispose: async () => {
+      session.dispose();
+      await grader?.close();
+    },
+  };
+}
+
+/**
+ * Runs SFT as configured. `signal` interrupts the run after the current step, with a checkpoint.
+ * `testHooks` are for tests only (see {@link SftTestHooks}).
+ */
+export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: AbortSignal, testHooks: SftTestHooks = {}): Promise<SftResult> {
+  checkComputeDtype(cfg);
+  const compute = cfg.compute_dtype;
+  if (cfg.batch_size % cfg.micro_batches !== 0) throw new Error(`--batch_size ${cfg.batch_size} is not divisible by --micro_batches ${cfg.micro_batches}`);
+  // --cuda_graph: one fixed batch shape [batch_size, max_length], captured once and replayed.
+  const cudaGraph = cfg.cuda_graph && !testHooks.staticShapeWithoutCudaGraph;
+  const staticShape = cfg.cuda_graph || Boolean(testHooks.staticShapeWithoutCudaGraph);
+  if (cudaGraph && cfg.device !== 'cuda') throw new Error(`--cuda_graph needs --device cuda (got --device ${cfg.device})`);
+  if (staticShape && cfg.micro_batches !== 1) throw new Error(`--cuda_graph needs --micro_batches 1 (got ${cfg.micro_batches})`);
+  const run = RunDir.open(cfg);
+  const { dir: modelDir, config, tokenizer, tokenizerFrom } = await loadRunModel(cfg);
+  const { train, evaluation } = await loadExamples(cfg);
+  const tokenized = train.map((e) => tokenizeExample(tokenizer, e));
+  const overlong = tokenized.filter((t) => t.ids.length > cfg.max_length).length;
+  const kept =
+    cfg.overlong === 'truncate'
+      ? tokenized.filter((t) => t.promptLength < cfg.max_length).map((t) => ({ ...t, ids: t.ids.slice(0, cfg.max_length), lossMask: t.lossMask.slice(0, cfg.max_length) }))
+      : tokenized.filter((t) => t.ids.length <= cfg.max_length);
+  if (kept.length === 0) throw new Error(`--max_length ${cfg.max_length}: every training example is longer (--overlong ${cfg.overlong})`);
+
+  // Flash attention needs right-padded rows, which padBatch makes, and each batch's width T (fed
+  // as total_sequence_length, or with a static shape a constant in the graph).
+  const flashAttention = useFlashAttention(cfg.attention, cfg.device, compute);
+  const lora = loraFromOptions(cfg);
+  const { specs, adapters, params, loss } = trainedTensors(config, cfg, lora, { compute, flashAttention, staticShape });
+
+  // State: fresh from the model folder, or from the latest checkpoint.
+  let state: TrainerState = { step: 0, dataPosition: 0, seed: cfg.seed };
+  const base = loadFloat32(modelDir, config);
+  let init = { params: lora ? initLora(adapters, cfg.seed) : base, m: undefined as Map<string, Float32Array> | undefined, v: undefined as Map<string, Float32Array> | undefined };
+  if (run.latest) {
+    const c = run.resume(params, { rank: cfg.lora_rank });
+    ({ state } = c);
+    init = { params: c.values, m: c.m, v: c.v };
+    if (state.seed !== cfg.seed) throw new Error(`--resume: the checkpoint was trained with --seed ${state.seed}, not ${cfg.seed}`);
+    run.rewind(state.step);
+  }
+
+  // The trainer holds parameters and AdamW state on the device; a LoRA base is bound once, read-only.
+  const device = Device.open(cfg.device);
+  const frozenBase = lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, device.upload({ data: base.get(s.name)!, dims: s.shape })])) : {};
+  const trainer = Trainer.create(
+    { params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } },
+    { ...init, step: state.step },
+    { device, microBatches: cfg.micro_batches, frozen: frozenBase, ...(cudaGraph ? { cudaGraph: true } : staticShape ? { staticInputs: true } : {}) },
+  );
+  const dropoutKeyed = trainer.batchInputs.includes(LORA_DROPOUT_KEY);
+  // Everything below holds device memory: released however the run ends (a non-finite loss
+  // throws after its checkpoint; a caller may go on to the next run in the same process).
+  let evaluator: ReturnType<typeof greedyEvaluator> | undefined;
+  try {
+    evaluator = greedyEvaluator(device, config, tokenizer, cfg);
+    const greedy = evaluator;
+    run.saveConfig(cfg);
+
+    // Greedy generation reads float32 weights: the trainer's own buffers in full fine-tuning (no
+    // copy), the base with the adapters merged in with LoRA.
+    const evaluate = async (): Promise<EvalResult> => {
+      const merged = lora ? mergeLora(base, trainer.downloadParams(), adapters, lora) : undefined;
+      const weights = merged ? specs.map((s): [string, HostTensor] => [s.name, { data: merged.get(s.name)!, dims: s.shape }]) : trainer.params();
+      const rows = await greedy.evaluate(evaluation, weights);
+      run.writeEval(state.step, rows);
+      const result = summarizeEval(state.step, rows);
+      events.onEval?.(result);
+      return result;
+    };
+    const checkpoint = () => {
+      const snap = trainer.snapshot();
+      const model = lora ? mergeLora(base, snap.params, adapters, lora) : snap.params;
+      const dir = run.checkpoint({ config, model, trainable: params, values: snap.params, m: snap.m, v: snap.v, state, lora: Boolean(lora) }, { keepLast: cfg.keep_last, tokenizerFrom });
+      events.onCheckpoint?.(dir, state.step);
+      return dir;
+    };
+
+    events.onStart?.({
+      startStep: state.step,
+      totalSteps: cfg.steps,
+      trainExamples: kept.length,
+      evalExamples: evaluation.length,
+      dropped: tokenized.length - kept.length,
+      truncated: cfg.overlong === 'truncate' ? overlong - (tokenized.length - kept.length) : 0,
+      parameters: params.reduce((s, p) => s + sizeOf(p.shape), 0),
+    });
+    /** A NaN/inf loss: keep the last good state in a checkpoint and stop with a message. */
+    const nonFinite = (loss: number, batchStart: number): never => {
+      const dir = checkpoint();
+      throw new Error(
+        `step ${state.step + 1}: the loss is ${loss} on the batch of training examples ${batchStart}..${batchStart + cfg.batch_size - 1} (stream positions); ` +
+          `the weights before this step are saved in ${dir}. Lower --lr or check the data.`,
+      );
+    };
+    const stream = new EpochStream<TokenizedExample>(kept, cfg.seed, state.dataPosition);
+    // a resumed run's evaluations start with those before its checkpoint (acc_before_sft is the step-0 one)
+    const evals: EvalResult[] = run.latest ? run.readEvals<EvalRow>(state.step).map((e) => summarizeEval(e.step, e.rows)) : [];
+    let lastLoss = NaN;
+    let interrupted = false;
+    if (state.step === 0 && evaluation.length > 0) evals.push(await evaluate());
+
+    while (state.step < cfg.steps) {
+      const t0 = performance.now();
+      const batchStart = stream.position;
+      const batch = stream.take(cfg.batch_size); // always batch_size examples: the stream is endless
+      const lossTokens = lossTokenCount(batch);
+      const lr = scheduledLr(cfg, state.step);
+      const lossTokensInput = f32(Math.max(1, lossTokens));
+      const per = cfg.batch_size / cfg.micro_batches;
+      const micro = Array.from({ length: cfg.micro_batches }, (_, k) => {
+        // A static shape pads every row to max_length (kept examples are at most that long).
+        const tensors = padBatch(batch.slice(k * per, (k + 1) * per), tokenizer.padId, staticShape ? cfg.max_length : undefined);
+        const width = tensors.input_ids.dims[1];
+        return {
+          ...tensors,
+          loss_tokens: lossTokensInput,
+          ...(flashAttention && !staticShape ? { [TOTAL_LENGTH_INPUT]: totalLengthTensor(width) } : {}),
+          // LoRA dropout's masks: a function of (seed, optimizer step, micro-batch), so a resume redraws them
+          ...(dropoutKeyed ? { [LORA_DROPOUT_KEY]: loraDropoutKey(cfg.seed, trainer.step, k) } : {}),
+        };
+      });
+      const hostMs0 = performance.now() - t0;
+      const result = trainer.trainStep(micro, lr);
+      const loss = result.loss;
+      if (!Number.isFinite(loss)) nonFinite(loss, batchStart);
+      const hostMs = hostMs0 + result.hostMs;
+      const runMs = result.runMs;
+      state = { ...state, step: state.step + 1, dataPosition: stream.position };
+      lastLoss = loss;
+      const tokens = batch.reduce((s, e) => s + e.ids.length, 0);
+      const metrics: StepMetrics = {
+        step: state.step,
+        loss,
+        grad_norm: result.gradNorm,
+        lr,
+        loss_tokens: lossTokens,
+        tokens,
+        tokens_per_s: tokens / ((hostMs + runMs) / 1000),
+        host_ms: hostMs,
+        run_ms: runMs,
+      };
+      events.onStep?.(metrics);
+      // on the log_every schedule only, so a resumed run's metrics.jsonl equals an uninterrupted run's
+      if (state.step % cfg.log_every === 0 || state.step === cfg.steps) run.metrics.log({ ...metrics });
+      if (cfg.eval_every > 0 && state.step % cfg.eval_every === 0 && state.step < cfg.steps && evaluation.length > 0) evals.push(await evaluate());
+      if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) checkpoint();
+      if (await stopRequested(signal)) {
+        interrupted = true;
+        break;
+      }
+    }
+    if (!interrupted && evaluation.length > 0 && evals.at(-1)?.step !== state.step) evals.push(await evaluate());
+    const last = run.savedAt(state.step) ?? checkpoint();
+    return { steps: state.step, finalLoss: lastLoss, evals, checkpoint: last, interrupted };
+  } finally {
+    await evaluator?.dispose();
+    trainer.dispose();
+    for (const t of Object.values(frozenBase)) t.dispose();
+  }
+}
