@@ -1,24 +1,26 @@
 /**
- * `GrpoTrainer`: the RL loop of the GRPO family, one step at a time. `step()` reads top to bottom:
+ * `GrpoTrainer`: the RL loop of the GRPO family, one step at a time. `step()` is its table of
+ * contents, one call per stage:
  *
  *   1. rollouts — G completions per prompt from a generator bound to the trainer's current weight
  *      buffers (`generationEngine`: the KV-cache engine — prefill, then bound decode-step runs over
- *      in-place caches — where it runs, else the in-graph generation loop); with dynamic sampling,
- *      more rounds until enough groups have differing rewards; with `releaseGenerationMemory` the
- *      KV engines and the compute-dtype weight copy are freed once the phase is over;
- *   2. rewards — the reward scorer (`combineRewards`: graders, format rewards, user functions) on the
- *      decoded completions; the token ids themselves are kept and trained on, never re-tokenised;
- *   3. the token batch — prompt ids + sampled ids as generated, each row contiguous from column 0
- *      and right-padded (the layout fused attention takes; see rollout-batch.ts);
- *   4. old log-probs — re-scored by the training policy's forward (`oldLogprobs: 'rescore'`, the
+ *      in-place caches — where it runs, else the in-graph generation loop), scored by the reward
+ *      scorer (`combineRewards`: graders, format rewards, user functions) on the decoded
+ *      completions; with dynamic sampling, more rounds until enough groups have differing rewards;
+ *      with `releaseGenerationMemory` the KV engines and the compute-dtype weight copy are freed
+ *      once the phase is over;
+ *   2. tokens — prompt ids + sampled ids as generated (never re-tokenised), each row contiguous
+ *      from column 0 and right-padded (the layout fused attention takes; see rollout-batch.ts);
+ *   3. old log-probs — re-scored by the training policy's forward (`oldLogprobs: 'rescore'`, the
  *      default) or taken from generation (`'generation'`); reference log-probs from the frozen
  *      initial weights (a device copy in the compute dtype; with LoRA the base itself) when the KL
  *      needs them;
- *   5. advantages — a built-in estimator or the user's function;
- *   6. `epochs` × `minibatches` optimizer steps through `Trainer` with the RL loss;
- *   7. metrics.
+ *   4. advantages — a KL reward penalty first where the KL is a reward, then a built-in estimator
+ *      or the user's function;
+ *   5. optimise — `epochs` × `minibatches` optimizer steps through `Trainer` with the RL loss;
+ *   6. metrics (grpo-metrics.ts).
  * The next step's generation reads the weights the last update wrote: the trainer's buffers are
- * bound by name, nothing is copied.
+ * bound by name, nothing is copied. Options and their defaults are in grpo-options.ts.
  *
  * Log-prob parity (`logp_parity`): the mean over response tokens of exp(|log π_train − log π_rollout|),
  * where π_rollout is the generator's log-prob of each sampled token and π_train the training
@@ -32,8 +34,8 @@
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import type { DecoderConfig } from '@lathe/models';
 import { paramSpecs } from '@lathe/models';
-import { kvCacheUnsupported, type SamplingOptions } from '@lathe/rollout';
-import { Device, type DeviceTensor, type SessionOptions } from '@lathe/runtime';
+import { chooseGenerationEngine, type GenerationEngine, type SamplingOptions } from '@lathe/rollout';
+import type { DeviceTensor } from '@lathe/runtime';
 import {
   castWeights,
   initLora,
@@ -46,21 +48,21 @@ import {
   permutation,
   Trainer,
   useFlashAttention,
-  type AdamWConfig,
-  type AttentionChoice,
   type LoraConfig,
   type TrainableParam,
 } from '@lathe/train';
 import { advantageMatrix } from './advantages';
 import { dynamicSampling } from './dynamic-sampling';
-import { builtinEstimator, type AdvantageBatch, type AdvantageFunction, type EstimatorName } from './estimators';
-import { AdaptiveKlController, klEstimate, klPenalisedRewards, meanCompletionKl, type KlEstimator } from './kl';
+import { builtinEstimator, type AdvantageFunction } from './estimators';
+import { logpParity, mean, PhaseClock, rolloutRecords, stepMetrics, type GrpoStepResult, type SamplingRounds, type ScoredGroup, type StepAdvantages, type StepLogprobs, type UpdateTotals } from './grpo-metrics';
+import { isCustomObjective, resolveGrpoOptions, type GrpoTrainerOptions, type ResolvedGrpoOptions } from './grpo-options';
+import { AdaptiveKlController, klPenalisedRewards, meanCompletionKl } from './kl';
 import { decoderPolicy } from './policies';
-import { lossNormaliser, type LossAggregation, type PolicyLossConfig } from './policy-loss';
-import { ComputeWeights, frozenReference, GenerationRunner, KvGenerationRunner, ScoringRunner, type BoundWeights, type GenerationEngine, type PolicyWeights, type RolloutGenerator } from './policy-sessions';
-import type { RewardScorer, ScoredBatch, SourceStats } from './rewards';
-import { rlLoss, type RlObjective } from './rl-loss';
-import { evenSplit, responseValues, selectRows, tokenBatch, type SampledCompletion, type TokenBatch } from './rollout-batch';
+import { lossNormaliser, type PolicyLossConfig } from './policy-loss';
+import { ComputeWeights, frozenReference, GenerationRunner, KvGenerationRunner, ScoringRunner, type BoundWeights, type PolicyWeights, type RolloutGenerator } from './policy-sessions';
+import type { ScoredBatch } from './rewards';
+import { rlLoss } from './rl-loss';
+import { evenSplit, responseValues, selectRows, tokenBatch, type TokenBatch } from './rollout-batch';
 
 /** A prompt for the RL loop. */
 export interface RlPrompt<M = unknown> {
@@ -79,428 +81,113 @@ export interface RlPrompt<M = unknown> {
   index?: number;
 }
 
-/** The KL to the reference. */
-export interface KlOptions {
-  /** β. 0: no reference at all. */
-  coef: number;
-  /** 'loss': a term of the policy loss (GRPO); 'reward': a per-token reward penalty before the advantages (PPO-RLHF, REINFORCE++). Default 'loss'. */
-  mode?: 'loss' | 'reward';
-  /** Default 'k3' in the loss, 'k1' as a reward penalty. */
-  estimator?: KlEstimator;
-  /**
-   * Adapt β towards this KL per token after every step (`AdaptiveKlController`, as verl's
-   * `kl_ctrl.type: adaptive`), starting from `coef`. With mode 'reward' only. Default: β fixed.
-   */
-  target?: number;
-  /** The adaptive controller's horizon in completions (verl's default 10,000). Needs `target`. */
-  horizon?: number;
-}
-
-/** A custom loss and what the loop must feed it. */
-export interface CustomObjective {
-  objective: RlObjective;
-  /** The aggregation whose batch-level normaliser the loop feeds as `loss_normaliser`. Default 'token-mean'. */
-  aggregation?: LossAggregation;
-  /** The objective reads `refLogp`: the reference is scored each step. Default false. */
-  readsReference?: boolean;
-}
-
-/** Everything a GRPO-family run needs. */
-export interface GrpoTrainerOptions<M> {
-  /** The decoder's architecture. */
-  config: DecoderConfig;
-  /** The starting policy's float32 weights by HF name; also the frozen reference. */
-  weights: Map<string, Float32Array>;
-  /** Completions are decoded for reward functions only. */
-  tokenizer: { decode(ids: readonly number[]): string; readonly padId: number };
-  /** Token ids that end a completion (EOS, `<|im_end|>`). */
-  stopIds: readonly number[];
-  /** Scores completions (see `combineRewards`). */
-  rewards: RewardScorer<M & { completionTokens: number; stopped: boolean }>;
-  /** Completions per prompt (G). */
-  groupSize: number;
-  /** Generation limit per completion. */
-  maxNewTokens: number;
-  /** Sampling for rollouts (temperature > 0). Default temperature 1, no filters. */
-  sampling?: SamplingOptions;
-  /** A built-in estimator or your own function. Default 'grpo'. */
-  estimator?: EstimatorName | AdvantageFunction;
-  /** Generate each prompt's greedy completion and pass its reward as `greedyRewards` (set by 'remax'). */
-  greedyBaseline?: boolean;
-  /** The policy loss: a `policyLoss` config (clip ranges, aggregation, entropy, …) or a custom objective. */
-  loss?: PolicyLossConfig | CustomObjective;
-  /** KL to the frozen reference. Default none. */
-  kl?: KlOptions;
-  /** Passes over each batch. Default 1. */
-  epochs?: number;
-  /** Optimizer steps per epoch (the batch split into this many minibatches). Default 1. */
-  minibatches?: number;
-  /** Micro-batches per minibatch (gradient accumulation). Default 1. */
-  microBatches?: number;
-  /** Shuffle rows before splitting into minibatches (seeded by step and epoch). Default true. */
-  shuffle?: boolean;
-  /** AdamW settings. Default weight decay 0, gradient clipping at 1. */
-  optimizer?: AdamWConfig;
-  /**
-   * Train LoRA adapters over a frozen base instead of every weight: a side branch on each targeted
-   * projection (merged into the base for generation); `dropout` applies in the train step only.
-   */
-  lora?: LoraConfig;
-  /** Where old log-probs come from. Default 'rescore'. */
-  oldLogprobs?: 'rescore' | 'generation';
-  /** DAPO dynamic sampling: drop groups with all-equal rewards and sample more prompts, at most `maxRounds` rounds per step. */
-  dynamicSampling?: { maxRounds: number };
-  /**
-   * Compute the policy's entropy on the batch (a metric; also needed for an entropy bonus). Default
-   * true. It costs a second pass over the LM head, so it is computed where it is cheapest: in the
-   * re-scoring pass (the entropy of π_old) unless the loss reads it (an entropy bonus, a custom
-   * objective) or old log-probs come from generation — then in the train step.
-   */
-  entropy?: boolean;
-  device?: Device;
-  /** Options for every session the trainer compiles (profiling, optimization level, …; CPU fallback stays off on CUDA). */
-  session?: SessionOptions;
-  /** Forward/backward dtype (master weights and AdamW state stay float32). Default float32. */
-  compute?: DType;
-  /** Vocabulary chunk of log-prob computations. */
-  chunk?: number;
-  /** Recompute each decoder layer in the train step's backward pass instead of keeping its activations. Default false. */
-  gradientCheckpointing?: boolean;
-  /**
-   * Attention of the scoring and training graphs: 'composed' (MatMul/Softmax), 'flash' (ONNX
-   * Runtime's GroupQueryAttention — flash attention on CUDA — with a backward pass that recomputes
-   * each layer's probabilities, so no [B, heads, T, T] activation is kept) or 'auto' (default):
-   * flash on a CUDA device, composed on the CPU, where each measured faster. The RL batch is
-   * right-padded, as 'flash' requires. Generation always uses GroupQueryAttention.
-   */
-  attention?: AttentionChoice;
-  /** Prompts per generation run (0: all of a round). */
-  promptsPerRun?: number;
-  /**
-   * Free generation's device memory after each generation phase — the KV engines (caches, their
-   * prefill and decode sessions) and the compute-dtype weight copy they read — and rebuild them at
-   * the next one. Default false: they are built once and kept, which is fastest. True trades a
-   * rebuild per phase (session compilation: 1.6–1.9 s per KV engine at the 0.6B shape on an H100,
-   * plus a CUDA-graph capture and a weight materialisation) for memory during scoring and training:
-   * at the 0.6B shape in bf16 the caches of 64 rows × 768 positions are 5.7 GB and the weight copy
-   * 1.2 GB. That memory is reusable by the scoring and training sessions only with one shared arena
-   * (`Device.cuda({ sharedArena: true })`); with per-session arenas it returns to the arena device
-   * tensors come from, which only later tensors (the next phase's caches) reuse. No effect with the
-   * 'graph' engine, which holds no caches between runs.
-   */
-  releaseGenerationMemory?: boolean;
-  /**
-   * What generates rollouts (and greedy completions): 'kv-cache' — `KvCacheGenerator`, a prefill
-   * then a loop of bound decode-step runs over GroupQueryAttention with in-place KV caches (much
-   * faster on GPU; needs head_dim a multiple of 16 and, on CUDA, compute bfloat16/float16) — or
-   * 'graph' — the in-graph generation loop (any model, any dtype). Both draw the same noise per
-   * sample, so they give the same samples up to rounding. Default: 'kv-cache' where it runs, else
-   * 'graph'; an explicit 'kv-cache' where it cannot run is an error saying why.
-   */
-  generationEngine?: GenerationEngine;
-  /** Seed of sampling noise, LoRA init and minibatch shuffles. Default 0. */
-  seed?: number;
-  /** Continue from a checkpoint: trained values, AdamW moments, optimizer steps, RL steps. */
-  resume?: { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; optimizerStep: number; rlStep: number; klCoef?: number };
-}
-
-/** One completion of a step, for logs and rollout stores. */
-export interface RolloutRecord {
-  promptIndex: number | undefined;
-  promptText: string;
-  /** Sample j of its prompt's group. */
-  sample: number;
-  /** Response token ids (stop token included). */
-  tokens: number[];
-  completion: string;
-  stopped: boolean;
-  reward: number;
-  bySource: Record<string, number>;
-  /** The sequence advantage, or the mean of its token advantages. */
-  advantage: number;
-}
-
-/** Metrics of one RL step (one line of metrics.jsonl). Times are milliseconds. */
-export interface GrpoStepMetrics {
-  rl_step: number;
-  lr: number;
-  prompts: number;
-  samples: number;
-  reward_mean: number;
-  reward_std: number;
-  /** Per reward source: `reward/<name>/mean`, `/std`, `/failures`. */
-  [perSource: `reward/${string}`]: number;
-  /** A custom objective's own metrics: `objective/<name>`, the mean over the step's updates. */
-  [custom: `objective/${string}`]: number;
-  /**
-   * Failed reward calls (each replaced by the scorer's fallback): the sampled completions' and, with
-   * a greedy baseline (ReMax), the greedy completions'; also per source in `reward/<name>/failures`.
-   */
-  reward_failures: number;
-  /**
-   * Groups whose outcome rewards were all equal (zero advantage under a group baseline), counted by
-   * the loop before any KL penalty and whatever the estimator.
-   */
-  uniform_groups: number;
-  zero_advantage_fraction: number;
-  advantage_abs_mean: number;
-  response_length_mean: number;
-  response_length_max: number;
-  /** Completions that hit the token limit without a stop id. */
-  truncated_fraction: number;
-  /** KL(π_old‖π_ref) per response token (the KL estimator on the sampled tokens); NaN without a reference. */
-  kl_ref: number;
-  /** β this step used (it moves under an adaptive `kl.target`); 0 without a KL term. */
-  kl_coef: number;
-  loss: number;
-  pg_loss: number;
-  grad_norm: number;
-  clip_fraction: number;
-  clip_low_fraction: number;
-  /** k3 estimate of KL(π_old‖π_θ) per token, over every update. */
-  approx_kl: number;
-  /** Entropy per response token, over every update (NaN when not computed). */
-  entropy: number;
-  logp_parity: number;
-  /** Largest |log π_train − log π_rollout| over the tokens the parity was measured on. */
-  logp_max_abs_diff: number;
-  updates: number;
-  nonfinite_updates: number;
-  sampling_rounds: number;
-  dropped_groups: number;
-  /**
-   * Dynamic sampling: groups missing from the batch when the last sampling round ended with fewer
-   * informative groups than prompts asked for (the step trains on fewer); 0 otherwise.
-   */
-  dynamic_sampling_shortfall: number;
-  generation_ms: number;
-  scoring_ms: number;
-  rewards_ms: number;
-  training_ms: number;
-  host_ms: number;
-  step_ms: number;
-}
-
-/** What `step()` returns. */
-export interface GrpoStepResult {
-  metrics: GrpoStepMetrics;
-  rollouts: RolloutRecord[];
-}
-
 /** A group: one prompt's G completions and their rewards. */
-interface SampledGroup<M> {
+interface SampledGroup<M> extends ScoredGroup {
   prompt: RlPrompt<M>;
-  completions: SampledCompletion[];
-  texts: string[];
-  rewards: number[];
-  bySource: Record<string, number[]>;
-  /** Failed reward calls per source (each replaced by the scorer's fallback), the greedy completion's included. */
-  failures: Record<string, number>;
   greedyReward?: number;
 }
 
-/** Where time goes in a step. */
-class PhaseClock {
-  readonly ms = { generation: 0, scoring: 0, rewards: 0, training: 0 };
-  private readonly start = performance.now();
-  async time<T>(phase: keyof PhaseClock['ms'], fn: () => Promise<T> | T): Promise<T> {
-    const t0 = performance.now();
-    try {
-      return await fn();
-    } finally {
-      this.ms[phase] += performance.now() - t0;
-    }
-  }
-  get total(): number {
-    return performance.now() - this.start;
-  }
+/** A generated completion as evaluation and the greedy baseline read it. */
+interface DecodedCompletion {
+  tokens: number[];
+  text: string;
+  stopped: boolean;
 }
 
-const mean = (xs: readonly number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : NaN);
-const std = (xs: readonly number[]) => {
-  const m = mean(xs);
-  return xs.length ? Math.sqrt(xs.reduce((a, x) => a + (x - m) ** 2, 0) / xs.length) : NaN;
-};
+/** What `create` builds and the trainer holds. */
+interface GrpoTrainerParts<M> {
+  opts: ResolvedGrpoOptions<M>;
+  /** The compiled train step and the device-resident parameters and AdamW state. */
+  trainer: Trainer;
+  /** A LoRA run's frozen base, bound as `base/<name>`; empty otherwise. */
+  frozen: Record<string, DeviceTensor>;
+  reference: BoundWeights | undefined;
+  sampler: RolloutGenerator;
+  greedy: () => RolloutGenerator;
+  /** Frees generation's device memory between phases (`releaseGenerationMemory`); undefined: keep it. */
+  releaseGeneration: (() => void) | undefined;
+  policyScorer: () => ScoringRunner;
+  refScorer: ScoringRunner | undefined;
+  estimate: AdvantageFunction;
+  toMerged: () => Map<string, Float32Array>;
+  owned: { dispose(): void }[];
+  generationEngine: GenerationEngine;
+}
 
 /** The GRPO-family RL loop over a decoder policy on one device. */
 export class GrpoTrainer<M = unknown> {
+  /** The compiled train step and the device-resident parameters and AdamW state. */
+  readonly trainer: Trainer;
+  /** The backend that generates rollouts and greedy completions. */
+  readonly generationEngine: GenerationEngine;
+  private readonly opts: ResolvedGrpoOptions<M>;
+  private readonly parts: Omit<GrpoTrainerParts<M>, 'opts' | 'trainer' | 'generationEngine'>;
   private rlStep: number;
   /** The KL reward penalty's coefficient controller, when `kl.target` adapts it. */
   private readonly klController: AdaptiveKlController | undefined;
   private disposed = false;
 
-  private constructor(
-    private readonly opts: GrpoTrainerOptions<M>,
-    /** The compiled train step and the device-resident parameters and AdamW state. */
-    readonly trainer: Trainer,
-    private readonly frozen: Record<string, DeviceTensor>,
-    private readonly reference: BoundWeights | undefined,
-    private readonly sampler: RolloutGenerator,
-    private readonly greedy: () => RolloutGenerator,
-    /** Frees generation's device memory between phases (`releaseGenerationMemory`); undefined: keep it. */
-    private readonly releaseGeneration: (() => void) | undefined,
-    private readonly policyScorer: () => ScoringRunner,
-    private readonly refScorer: ScoringRunner | undefined,
-    private readonly estimate: AdvantageFunction,
-    private readonly greedyBaseline: boolean,
-    private readonly toMerged: () => Map<string, Float32Array>,
-    private readonly owned: { dispose(): void }[],
-    /** The backend that generates rollouts and greedy completions. */
-    readonly generationEngine: GenerationEngine,
-  ) {
+  private constructor({ opts, trainer, generationEngine, ...parts }: GrpoTrainerParts<M>) {
+    this.opts = opts;
+    this.trainer = trainer;
+    this.generationEngine = generationEngine;
+    this.parts = parts;
     this.rlStep = opts.resume?.rlStep ?? 0;
     const kl = opts.kl;
-    this.klController = kl?.target !== undefined ? new AdaptiveKlController(opts.resume?.klCoef ?? kl.coef, kl.target, kl.horizon ?? 10000) : undefined;
+    this.klController = kl.target !== undefined ? new AdaptiveKlController(opts.resume?.klCoef ?? kl.coef, kl.target, kl.horizon) : undefined;
   }
 
   /** Compiles the train step, generation and scoring sessions and uploads the weights. */
-  static create<M>(opts: GrpoTrainerOptions<M>): GrpoTrainer<M> {
-    const { config, weights } = opts;
-    const device = opts.device ?? Device.cpu();
-    const compute = opts.compute ?? 'float32';
-    const sampling: SamplingOptions = { temperature: 1, ...opts.sampling };
-    const temperature = sampling.temperature ?? 1;
-    check(temperature > 0, `sampling.temperature must be > 0 for RL rollouts (got ${temperature}); greedy generation is for evaluation`);
-    check(Number.isInteger(opts.groupSize) && opts.groupSize >= 1, `groupSize must be a positive integer, got ${opts.groupSize}`);
-    check(Number.isInteger(opts.maxNewTokens) && opts.maxNewTokens >= 1, `maxNewTokens must be a positive integer, got ${opts.maxNewTokens}`);
-    for (const [k, v] of [['epochs', opts.epochs], ['minibatches', opts.minibatches], ['microBatches', opts.microBatches]] as const) {
-      check(v === undefined || (Number.isInteger(v) && v >= 1), `${k} must be a positive integer, got ${v}`);
-    }
-    const filtered = Boolean(sampling.topK) || (sampling.topP !== undefined && sampling.topP < 1) || Boolean(sampling.minP);
-    check(!(filtered && opts.oldLogprobs === 'generation'), "oldLogprobs 'generation' with top_k/top_p/min_p: generation's log-probs are of the filtered distribution, not the policy's; use 'rescore'");
-    const engine = GrpoTrainer.chooseGenerationEngine(opts.generationEngine, config, device, compute);
-
-    // What is trained: every weight, or LoRA adapters over the frozen base (bound as `base/<name>`).
-    const specs = paramSpecs(config);
-    const lora = opts.lora;
+  static create<M>(options: GrpoTrainerOptions<M>): GrpoTrainer<M> {
+    const o = resolveGrpoOptions(options);
+    const { config, weights, device, compute, lora } = o;
+    const engine = chooseGenerationEngine(o.generationEngine, config, device.kind, compute, 'generationEngine').engine;
+    for (const s of paramSpecs(config)) check(weights.has(s.name), `weights: missing '${s.name}'`);
     const adapters = lora ? loraAdapters(config, lora) : [];
-    const trainable = GrpoTrainer.trainableParams(config, lora);
-    // With LoRA the adapters are a side branch (scoring reads the train step's forward, without
-    // dropout), merged into the base for generation, which reads whole weights.
-    const baseInputs = (g: Graph) => {
-      const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
-      return (n: string) => base.get(n)!;
-    };
-    const policyWeights: PolicyWeights = lora
-      ? {
-          trainable,
-          weights: (g, t) => loraWeights(baseInputs(g), t, adapters, lora, compute),
-          merged: (g, t) => mergedLoraWeights(baseInputs(g), t, adapters, lora, compute),
-        }
-      : { trainable, weights: (_g, t) => castWeights(t, compute) };
-    // the train step's: LoRA dropout (when configured) applies here only
-    const trainWeights = lora ? (g: Graph, t: Map<string, Tensor>) => loraWeights(baseInputs(g), t, adapters, lora, compute, { training: true }) : policyWeights.weights;
-    for (const s of specs) check(weights.has(s.name), `weights: missing '${s.name}'`);
-    const frozen: Record<string, DeviceTensor> = lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, device.upload({ data: weights.get(s.name)!, dims: s.shape })])) : {};
+    const policy = policyWeightsOf(config, lora, compute);
+    const frozen: Record<string, DeviceTensor> = lora ? Object.fromEntries(paramSpecs(config).map((s) => [`base/${s.name}`, device.upload({ data: weights.get(s.name)!, dims: s.shape })])) : {};
+    const flashAttention = useFlashAttention(o.attention, device.kind, compute);
 
     // The train step with the RL loss over the same policy builder the scoring graph uses.
-    const kl = opts.kl ?? { coef: 0 };
-    check(kl.coef >= 0, `kl.coef must be ≥ 0, got ${kl.coef}`);
-    check(kl.target === undefined || (kl.coef > 0 && kl.mode === 'reward'), `kl.target (an adaptive coefficient) needs kl.mode 'reward' and kl.coef > 0 to start from, got mode '${kl.mode ?? 'loss'}', coef ${kl.coef}`);
-    check(kl.horizon === undefined || kl.target !== undefined, 'kl.horizon needs kl.target');
-    const klInLoss = kl.coef > 0 && (kl.mode ?? 'loss') === 'loss';
-    const lossSpec = opts.loss ?? {};
-    const custom = 'objective' in lossSpec ? lossSpec : undefined;
-    const objective: PolicyLossConfig | RlObjective = custom ? custom.objective : { ...lossSpec, klCoef: klInLoss ? kl.coef : 0, klEstimator: kl.estimator ?? (lossSpec as PolicyLossConfig).klEstimator };
-    const wantEntropy = opts.entropy ?? true;
-    const lossReadsEntropy = custom !== undefined || ((lossSpec as PolicyLossConfig).entropyCoef ?? 0) !== 0;
-    const entropyInStep = wantEntropy && (lossReadsEntropy || opts.oldLogprobs === 'generation');
-    check(opts.attention === undefined || ['auto', 'composed', 'flash'].includes(opts.attention), `attention must be 'auto', 'composed' or 'flash', got ${String(opts.attention)}`);
-    const flashAttention = useFlashAttention(opts.attention, device.kind, compute);
-    const policy = decoderPolicy(config, { compute, chunk: opts.chunk, temperature, entropy: entropyInStep, weights: trainWeights, recompute: opts.gradientCheckpointing, flashAttention });
-    const readsReference = custom ? Boolean(custom.readsReference) : klInLoss;
-    const init = opts.resume
-      ? { params: opts.resume.params, m: opts.resume.m, v: opts.resume.v, step: opts.resume.optimizerStep }
-      : { params: lora ? initLora(adapters, opts.seed ?? 0) : weights };
-    const trainer = Trainer.create(
-      { params: trainable, loss: rlLoss(policy, objective, { reference: readsReference }), optimizer: { weightDecay: 0, maxGradNorm: 1, ...opts.optimizer } },
-      init,
-      { device, microBatches: opts.microBatches ?? 1, frozen, session: opts.session },
+    const klInLoss = o.kl.coef > 0 && o.kl.mode === 'loss';
+    const custom = isCustomObjective(o.loss) ? o.loss : undefined;
+    const lossConfig = o.loss as PolicyLossConfig;
+    const lossReadsEntropy = custom !== undefined || lossConfig.entropyCoef !== 0;
+    const entropyInStep = o.entropy && (lossReadsEntropy || o.oldLogprobs === 'generation');
+    const readsReference = custom ? custom.readsReference : klInLoss;
+    const loss = rlLoss(
+      decoderPolicy(config, { compute, chunk: o.chunk, temperature: o.sampling.temperature, entropy: entropyInStep, weights: policy.train, recompute: o.gradientCheckpointing, flashAttention }),
+      custom ? custom.objective : { ...lossConfig, klCoef: klInLoss ? o.kl.coef : 0, klEstimator: o.kl.estimator },
+      { reference: readsReference },
     );
+    const init = o.resume ? { params: o.resume.params, m: o.resume.m, v: o.resume.v, step: o.resume.optimizerStep } : { params: lora ? initLora(adapters, o.seed) : weights };
+    const trainer = Trainer.create({ params: [...policy.weights.trainable], loss, optimizer: o.optimizer }, init, { device, microBatches: o.microBatches, frozen, session: o.session });
 
     // Generation and scoring sessions, fed the trainer's buffers by binding.
-    const padId = opts.tokenizer.padId;
-    // one compute-dtype copy of the weights for both KV runners (rollouts and greedy evaluation)
-    const computeWeights = engine === 'kv-cache' ? new ComputeWeights(device, config, policyWeights, compute, opts.session) : undefined;
-    const generator = (groupSize: number, s: SamplingOptions): RolloutGenerator =>
-      computeWeights
-        ? KvGenerationRunner.create(device, config, { groupSize, sampling: s, padId, promptsPerRun: opts.promptsPerRun, weights: computeWeights, session: opts.session })
-        : GenerationRunner.create(device, config, policyWeights, { groupSize, sampling: s, padId, promptsPerRun: opts.promptsPerRun, session: opts.session });
-    const sampler = generator(opts.groupSize, sampling);
-    const owned: { dispose(): void }[] = [sampler, ...(computeWeights ? [computeWeights] : [])];
-    const lazy = <T extends { dispose(): void }>(make: () => T) => {
-      let v: T | undefined;
-      return () => {
-        if (!v) owned.push((v = make()));
-        return v;
-      };
+    const generation = generationRunners(o, engine, policy.weights);
+    const owned = generation.owned;
+    const scoring = { temperature: o.sampling.temperature, compute, chunk: o.chunk, flashAttention, session: o.session };
+    let scorer: ScoringRunner | undefined;
+    const policyScorer = () => {
+      if (!scorer) owned.push((scorer = ScoringRunner.create(device, config, policy.weights, { ...scoring, entropy: o.entropy && !entropyInStep })));
+      return scorer;
     };
-    let greedyRunner: RolloutGenerator | undefined;
-    const greedy = () => {
-      if (!greedyRunner) owned.push((greedyRunner = generator(1, { temperature: 0 })));
-      return greedyRunner;
-    };
-    // the runners first: their engines read the compute-dtype weights
-    const releaseGeneration = opts.releaseGenerationMemory
-      ? () => {
-          sampler.release();
-          greedyRunner?.release();
-          computeWeights?.release();
-        }
-      : undefined;
-    const policyScorer = lazy(() => ScoringRunner.create(device, config, policyWeights, { temperature, compute, chunk: opts.chunk, entropy: wantEntropy && !entropyInStep, flashAttention, session: opts.session }));
-
-    // The frozen reference: the initial weights, stored once in the compute dtype (it is never
-    // trained, so a float32 copy would only be cast on every scoring run); with LoRA, the float32
-    // base itself — no copy, cast when scored, as the train step reads it.
-    const needsReference = kl.coef > 0 || readsReference;
-    let reference: BoundWeights | undefined;
-    let refScorer: ScoringRunner | undefined;
-    if (needsReference) {
-      let refPolicy: PolicyWeights;
-      if (lora) {
-        refPolicy = { trainable: specs.map((s) => ({ name: s.name, shape: s.shape, decay: false })), weights: (_g, t) => castWeights(t, compute) };
-        reference = specs.map((s) => [s.name, frozen[`base/${s.name}`]] as const);
-      } else {
-        // before any update (no resume) the trainer's parameters are these weights, already on the device
-        const ref = frozenReference(device, config, weights, compute, { onDevice: opts.resume ? undefined : trainer.params(), session: opts.session });
-        owned.push(ref);
-        refPolicy = ref.policy;
-        reference = [...ref.weights];
-      }
-      refScorer = ScoringRunner.create(device, config, refPolicy, { temperature, compute, chunk: opts.chunk, flashAttention, session: opts.session });
-      owned.push(refScorer);
-    }
+    const reference = o.kl.coef > 0 || readsReference ? frozenReferenceOf(o, trainer, frozen, owned) : undefined;
+    const refScorer = reference && ScoringRunner.create(device, config, reference.policy, scoring);
+    if (refScorer) owned.push(refScorer);
     owned.push({ dispose: () => Object.values(frozen).forEach((t) => t.dispose()) });
 
-    const est = typeof opts.estimator === 'function' ? { estimate: opts.estimator, greedyBaseline: false } : builtinEstimator(opts.estimator ?? 'grpo');
+    const estimate = typeof o.estimator === 'function' ? o.estimator : builtinEstimator(o.estimator).estimate;
     const toMerged = () => {
       const snap = trainer.downloadParams();
       return lora ? mergeLora(weights, snap, adapters, lora) : snap;
     };
-    return new GrpoTrainer(opts, trainer, frozen, reference, sampler, greedy, releaseGeneration, policyScorer, refScorer, est.estimate, est.greedyBaseline || Boolean(opts.greedyBaseline), toMerged, owned, engine);
-  }
-
-  /**
-   * The generation backend for `config` in `compute` on `device`: `requested`, or by default
-   * 'kv-cache' where it runs (head_dim a multiple of 16; CPU, or a bfloat16/float16 compute dtype)
-   * and 'graph' elsewhere. An explicit 'kv-cache' where it cannot run is an error naming the reason.
-   */
-  static chooseGenerationEngine(requested: GenerationEngine | undefined, config: DecoderConfig, device: Pick<Device, 'kind'>, compute: DType): GenerationEngine {
-    check(requested === undefined || requested === 'kv-cache' || requested === 'graph', `generationEngine must be 'kv-cache' or 'graph', got '${String(requested)}'`);
-    const why = kvCacheUnsupported(config, device.kind, compute);
-    if (requested === 'kv-cache' && why) throw new Error(`GrpoTrainer: generationEngine 'kv-cache' cannot run this policy: ${why}; use 'graph'`);
-    return requested ?? (why ? 'graph' : 'kv-cache');
+    return new GrpoTrainer({ opts: o, trainer, frozen, reference: reference?.weights, ...generation, policyScorer, refScorer, estimate, toMerged, generationEngine: engine });
   }
 
   /** RL steps taken. */
   get steps(): number {
     return this.rlStep;
-  }
-
-  /** The policy's weights now, as sessions bind them: the trainer's buffers (and a LoRA base). */
-  private policyWeights(): BoundWeights[] {
-    return [this.trainer.params(), Object.entries(this.frozen)];
   }
 
   /**
@@ -509,190 +196,148 @@ export class GrpoTrainer<M = unknown> {
    */
   async step(prompts: readonly RlPrompt<M>[] | ((round: number) => readonly RlPrompt<M>[]), lr: number): Promise<GrpoStepResult> {
     if (this.disposed) throw new Error('GrpoTrainer: disposed');
-    const o = this.opts;
-    const G = o.groupSize;
     const clock = new PhaseClock();
-    const next = typeof prompts === 'function' ? prompts : (round: number) => (round === 0 ? prompts : []);
+    const rounds = typeof prompts === 'function' ? prompts : (round: number) => (round === 0 ? prompts : []);
 
-    // 1–2. Rollouts from the current weights, scored by the reward functions.
+    // 1. Rollouts from the current weights, scored by the reward functions.
+    const sampled = await this.rollouts(rounds, clock);
+    // 2. The token batch: prompt ids + sampled ids exactly as generated, rows right-padded.
+    const batch = this.tokens(sampled.groups);
+    // 3. Old log-probs (re-scored by the training policy, or generation's) and the reference's.
+    const logps = await this.oldAndReferenceLogprobs(batch, clock);
+    // 4. Advantages, after the KL penalty where the KL is a reward.
+    const advantages = this.advantages(sampled.groups, batch, logps);
+    // 5. epochs × minibatches optimizer steps on the stored batch.
+    const updates = this.optimise(batch, logps, advantages.matrix, lr, clock);
+    this.rlStep++;
+
+    // 6. Metrics and the rollouts for logs.
+    return {
+      metrics: stepMetrics({ rlStep: this.rlStep, lr, groupSize: this.opts.groupSize, sampled, batch, logps, advantages, updates, klEstimator: this.opts.kl.estimator, clock }),
+      rollouts: rolloutRecords(sampled.groups, advantages.perRow),
+    };
+  }
+
+  /**
+   * The step's groups: round 0's prompts sampled and scored, or with dynamic sampling rounds until
+   * enough groups have differing rewards. Ends the generation phase.
+   */
+  private async rollouts(next: (round: number) => readonly RlPrompt<M>[], clock: PhaseClock): Promise<SamplingRounds<SampledGroup<M>>> {
     const first = next(0);
-    let groups: SampledGroup<M>[];
-    let rounds = 1;
-    let dropped = 0;
-    let shortfall = 0;
-    if (o.dynamicSampling) {
-      const r = await dynamicSampling((round) => this.sampleGroups(round === 0 ? first : next(round), clock), { targetGroups: first.length, maxRounds: o.dynamicSampling.maxRounds });
-      ({ groups, rounds, dropped } = r);
-      shortfall = first.length - groups.length;
-      if (groups.length === 0) throw new Error(`dynamic sampling: every group of ${rounds} round(s) had all-equal rewards; nothing to train on (raise maxRounds or check the rewards)`);
-    } else groups = await this.sampleGroups(first, clock);
+    const dynamic = this.opts.dynamicSampling;
+    let sampled: SamplingRounds<SampledGroup<M>>;
+    if (dynamic) {
+      const r = await dynamicSampling((round) => this.sampleGroups(round === 0 ? first : next(round), clock), { targetGroups: first.length, maxRounds: dynamic.maxRounds });
+      if (r.groups.length === 0) throw new Error(`dynamic sampling: every group of ${r.rounds} round(s) had all-equal rewards; nothing to train on (raise maxRounds or check the rewards)`);
+      sampled = { groups: r.groups, rounds: r.rounds, dropped: r.dropped, shortfall: first.length - r.groups.length };
+    } else sampled = { groups: await this.sampleGroups(first, clock), rounds: 1, dropped: 0, shortfall: 0 };
     // the generation phase is over (every sampling round, ReMax's greedy baseline)
-    this.releaseGeneration?.();
+    this.parts.releaseGeneration?.();
+    return sampled;
+  }
 
-    // 3. The token batch: prompt ids + sampled ids exactly as generated, rows right-padded.
+  /** The token batch of `groups`: each prompt's ids then a completion's ids, one row per completion. */
+  private tokens(groups: readonly SampledGroup<M>[]): TokenBatch {
     const rows = groups.flatMap((g) => g.completions.map((c) => ({ prompt: g.prompt.ids, c })));
-    const batch = tokenBatch(
+    return tokenBatch(
       rows.map((r) => r.prompt),
       rows.map((r) => r.c),
-      o.tokenizer.padId,
+      this.opts.tokenizer.padId,
     );
-    const rowChunks = evenSplit([...Array(batch.rows).keys()], this.minibatchCount(batch.rows) * this.trainer.microBatches);
+  }
 
-    // 4. Old log-probs (re-scored by the training policy, or generation's) and the reference's.
-    let oldLogp = batch.rolloutLogp;
-    let parity: { mean: number; maxAbs: number } | undefined;
-    let scoredEntropy: number | undefined;
-    if ((o.oldLogprobs ?? 'rescore') === 'rescore') {
-      const scored = await clock.time('scoring', () => this.scoreRows(this.policyScorer(), this.policyWeights(), batch, rowChunks));
-      oldLogp = scored.logp;
-      if (scored.entropy) scoredEntropy = mean(responseValues(batch, scored.entropy).flat());
-      parity = logpParity(batch, oldLogp);
+  /** Old log-probs (re-scored, or generation's), their parity with generation's, and the reference's, scored in the micro-batches' row chunks. */
+  private async oldAndReferenceLogprobs(batch: TokenBatch, clock: PhaseClock): Promise<StepLogprobs> {
+    const chunks = evenSplit([...Array(batch.rows).keys()], this.minibatchCount(batch.rows) * this.trainer.microBatches);
+    let old = batch.rolloutLogp;
+    let parity: StepLogprobs['parity'];
+    let entropy: number | undefined;
+    if (this.opts.oldLogprobs === 'rescore') {
+      const scored = await clock.time('scoring', () => this.scoreRows(this.parts.policyScorer(), this.policyWeights(), batch, chunks));
+      old = scored.logp;
+      if (scored.entropy) entropy = mean(responseValues(batch, scored.entropy).flat());
+      parity = logpParity(batch, old);
     }
-    const refLogp = this.refScorer ? (await clock.time('scoring', () => this.scoreRows(this.refScorer!, [this.reference!], batch, rowChunks))).logp : undefined;
+    const { refScorer, reference } = this.parts;
+    const ref = refScorer ? (await clock.time('scoring', () => this.scoreRows(refScorer, [reference!], batch, chunks))).logp : undefined;
+    return { old, ref, oldRows: responseValues(batch, old), refRows: ref && responseValues(batch, ref), parity, entropy };
+  }
 
-    // 5. Advantages (a KL reward penalty first shapes the rewards per token; uniform groups are
-    // still decided on the outcome rewards — the estimators get them as `rewards`).
-    const outcome = groups.flatMap((g) => g.rewards);
-    const logpRows = responseValues(batch, oldLogp);
-    const refRows = refLogp && responseValues(batch, refLogp);
-    const klMode = o.kl && o.kl.coef > 0 ? (o.kl.mode ?? 'loss') : undefined;
-    const klCoef = klMode ? (this.klController?.value ?? o.kl!.coef) : 0;
-    const tokenRewards = klMode === 'reward' ? klPenalisedRewards({ rewards: outcome, logp: logpRows, refLogp: refRows! }, { coef: klCoef, estimator: o.kl!.estimator ?? 'k1' }).tokenPenalties : undefined;
-    this.klController?.update(meanCompletionKl(logpRows, refRows!, o.kl!.estimator ?? 'k1'), batch.rows);
-    const advBatch: AdvantageBatch = {
-      rewards: outcome,
-      groupSize: G,
+  /**
+   * The estimator's advantages as a [rows, width] matrix. A KL reward penalty first shapes the
+   * rewards per token (and moves an adaptive β); uniform groups are still decided on the outcome
+   * rewards, which the estimators get as `rewards`.
+   */
+  private advantages(groups: readonly SampledGroup<M>[], batch: TokenBatch, logps: StepLogprobs): StepAdvantages {
+    const { kl } = this.opts;
+    const rewards = groups.flatMap((g) => g.rewards);
+    const klCoef = kl.coef > 0 ? (this.klController?.value ?? kl.coef) : 0;
+    const penalty = kl.coef > 0 && kl.mode === 'reward' ? klPenalisedRewards({ rewards, logp: logps.oldRows, refLogp: logps.refRows! }, { coef: klCoef, estimator: kl.estimator }) : undefined;
+    this.klController?.update(meanCompletionKl(logps.oldRows, logps.refRows!, kl.estimator), batch.rows);
+    const estimate = this.parts.estimate({
+      rewards,
+      groupSize: this.opts.groupSize,
       lengths: batch.lengths,
-      tokenRewards,
-      greedyRewards: this.greedyBaseline ? groups.map((g) => g.greedyReward!) : undefined,
-      logp: logpRows,
-      refLogp: refRows,
+      tokenRewards: penalty?.tokenPenalties,
+      greedyRewards: this.opts.greedyBaseline ? groups.map((g) => g.greedyReward!) : undefined,
+      logp: logps.oldRows,
+      refLogp: logps.refRows,
+    });
+    return {
+      estimate,
+      matrix: advantageMatrix(estimate, batch.responseMask, [batch.rows, batch.width]),
+      perRow: estimate.kind === 'sequence' ? estimate.advantages : estimate.advantages.map((a) => mean(a)),
+      klCoef,
     };
-    const adv = this.estimate(advBatch);
-    const advantages = advantageMatrix(adv, batch.responseMask, [batch.rows, batch.width]);
+  }
 
-    // 6. epochs × minibatches optimizer steps on the stored batch.
-    const aggregation: LossAggregation = (o.loss && o.loss.aggregation) || 'token-mean';
-    const sums: Record<string, number> = {};
-    let updates = 0;
-    let nonfinite = 0;
-    let gradNorm = 0;
-    let lossSum = 0;
-    let firstUpdate: Record<string, number> | undefined;
-    const extra: Record<string, Float32Array> = { old_logp: oldLogp, advantages, ...(refLogp ? { ref_logp: refLogp } : {}) };
-    for (let epoch = 0; epoch < (o.epochs ?? 1); epoch++) {
-      const order = (o.shuffle ?? true) ? permutation(batch.rows, hashSeed(o.seed ?? 0, this.rlStep, epoch)) : [...Array(batch.rows).keys()];
+  /** `epochs` × `minibatches` optimizer steps on the stored batch, each over its micro-batches. */
+  private optimise(batch: TokenBatch, logps: StepLogprobs, advantages: Float32Array, lr: number, clock: PhaseClock): UpdateTotals {
+    const o = this.opts;
+    const aggregation = o.loss.aggregation;
+    const lossScaleFactor = isCustomObjective(o.loss) ? undefined : o.loss.lossScaleFactor;
+    const extra: Record<string, Float32Array> = { old_logp: logps.old, advantages, ...(logps.ref ? { ref_logp: logps.ref } : {}) };
+    const totals: UpdateTotals = { updates: 0, nonfinite: 0, lossSum: 0, gradNormSum: 0, sums: {} };
+    for (let epoch = 0; epoch < o.epochs; epoch++) {
+      const order = o.shuffle ? permutation(batch.rows, hashSeed(o.seed, this.rlStep, epoch)) : [...Array(batch.rows).keys()];
       for (const mb of evenSplit(order, this.minibatchCount(batch.rows))) {
-        const normaliser = lossNormaliser(aggregation, mb.map((r) => batch.lengths[r]), { maxLength: o.maxNewTokens, lossScaleFactor: o.loss && 'lossScaleFactor' in o.loss ? o.loss.lossScaleFactor : undefined });
+        const normaliser = lossNormaliser(aggregation, mb.map((r) => batch.lengths[r]), { maxLength: o.maxNewTokens, lossScaleFactor });
         const micro = evenSplit(mb, this.trainer.microBatches).map((part, j) => {
           const t = selectRows(batch, part, extra);
           const fed = (name: string) =>
             name === 'loss_normaliser'
               ? { data: Float32Array.from([normaliser]), dims: [] }
               : name === LORA_DROPOUT_KEY
-                ? loraDropoutKey(o.seed ?? 0, this.trainer.step, j) // masks resume exactly: a function of (seed, optimizer step, micro-batch)
+                ? loraDropoutKey(o.seed, this.trainer.step, j) // masks resume exactly: a function of (seed, optimizer step, micro-batch)
                 : t[name];
           return Object.fromEntries(this.trainer.batchInputs.map((name) => [name, fed(name)]));
         });
         const r = this.trainer.trainStep(micro, lr);
         clock.ms.training += r.runMs;
-        updates++;
+        totals.updates++;
         if (!Number.isFinite(r.loss)) {
-          nonfinite++;
+          totals.nonfinite++;
           continue;
         }
-        firstUpdate ??= r.metrics;
-        lossSum += r.loss;
-        gradNorm += r.gradNorm;
-        for (const [k, v] of Object.entries(r.metrics)) sums[k] = (sums[k] ?? 0) + v;
+        totals.first ??= r.metrics;
+        totals.lossSum += r.loss;
+        totals.gradNormSum += r.gradNorm;
+        for (const [k, v] of Object.entries(r.metrics)) totals.sums[k] = (totals.sums[k] ?? 0) + v;
       }
     }
-    if (!parity && firstUpdate) parity = { mean: firstUpdate.logp_parity_sum / Math.max(1, firstUpdate.tokens), maxAbs: NaN };
-    this.rlStep++;
+    return totals;
+  }
 
-    // 7. Metrics and the rollouts for logs.
-    const good = updates - nonfinite;
-    const tokens = sums.tokens ?? 0;
-    const per = (k: string) => (k in sums && tokens > 0 ? sums[k] / tokens : NaN);
-    const allRewards = outcome;
-    const sourceStats = perSourceStats(groups);
-    const advPerRow = adv.kind === 'sequence' ? adv.advantages : adv.advantages.map((a) => mean(a));
-    const klEst = o.kl?.estimator ?? (klMode === 'reward' ? 'k1' : 'k3');
-    const metrics: GrpoStepMetrics = {
-      rl_step: this.rlStep,
-      lr,
-      prompts: groups.length,
-      samples: batch.rows,
-      reward_mean: mean(allRewards),
-      reward_std: std(allRewards),
-      reward_failures: Object.values(sourceStats).reduce((s, x) => s + x.failures, 0),
-      // the outcome's, not the estimator's: a custom estimator may shape rewards before its groups
-      uniform_groups: G > 1 ? groups.filter((g) => g.rewards.every((r) => r === g.rewards[0])).length : 0,
-      zero_advantage_fraction: adv.stats.zeroAdvantages / batch.rows,
-      advantage_abs_mean: mean(advPerRow.map(Math.abs)),
-      response_length_mean: mean(batch.lengths),
-      response_length_max: Math.max(...batch.lengths),
-      truncated_fraction: rows.filter((r) => !r.c.stopped).length / batch.rows,
-      kl_coef: klCoef,
-      kl_ref: refRows ? mean(logpRows.flatMap((row, i) => row.map((lp, t) => klEstimate(lp, refRows[i][t], klEst)))) : NaN,
-      loss: good ? lossSum / good : NaN,
-      pg_loss: good && 'pg_loss' in sums ? sums.pg_loss / good : NaN,
-      grad_norm: good ? gradNorm / good : NaN,
-      clip_fraction: per('clipped_tokens'),
-      clip_low_fraction: per('clipped_low_tokens'),
-      approx_kl: per('approx_kl_sum'),
-      // π_old's entropy from re-scoring, or the mean over the updates' train-step passes
-      entropy: scoredEntropy ?? per('entropy_sum'),
-      logp_parity: parity?.mean ?? NaN,
-      logp_max_abs_diff: parity?.maxAbs ?? NaN,
-      updates,
-      nonfinite_updates: nonfinite,
-      sampling_rounds: rounds,
-      dropped_groups: dropped,
-      dynamic_sampling_shortfall: shortfall,
-      generation_ms: clock.ms.generation,
-      scoring_ms: clock.ms.scoring,
-      rewards_ms: clock.ms.rewards,
-      training_ms: clock.ms.training,
-      host_ms: 0,
-      step_ms: 0,
-    };
-    for (const [name, v] of Object.entries(sums)) if (!BUILTIN_METRICS.has(name)) metrics[`objective/${name}`] = v / good;
-    for (const [name, s] of Object.entries(sourceStats)) {
-      metrics[`reward/${name}/mean`] = s.mean;
-      metrics[`reward/${name}/std`] = s.std;
-      metrics[`reward/${name}/failures`] = s.failures;
-    }
-    metrics.step_ms = clock.total;
-    metrics.host_ms = metrics.step_ms - clock.ms.generation - clock.ms.scoring - clock.ms.rewards - clock.ms.training;
-
-    let row = 0;
-    const rollouts: RolloutRecord[] = groups.flatMap((g) =>
-      g.completions.map((c, j) => {
-        const rec: RolloutRecord = {
-          promptIndex: g.prompt.index,
-          promptText: g.prompt.text,
-          sample: j,
-          tokens: c.tokens,
-          completion: g.texts[j],
-          stopped: c.stopped,
-          reward: g.rewards[j],
-          bySource: Object.fromEntries(Object.entries(g.bySource).map(([k, v]) => [k, v[j]])),
-          advantage: advPerRow[row],
-        };
-        row++;
-        return rec;
-      }),
-    );
-    return { metrics, rollouts };
+  /** The policy's weights now, as sessions bind them: the trainer's buffers (and a LoRA base). */
+  private policyWeights(): BoundWeights[] {
+    return [this.trainer.params(), Object.entries(this.parts.frozen)];
   }
 
   /** Minibatches per epoch for a batch of `rows` (fewer when a dynamic-sampling batch is too small to split). */
   private minibatchCount(rows: number): number {
-    const want = this.opts.minibatches ?? 1;
     const fit = Math.floor(rows / this.trainer.microBatches);
     if (fit < 1) throw new Error(`a batch of ${rows} completions cannot fill ${this.trainer.microBatches} micro-batches`);
-    return Math.min(want, fit);
+    return Math.min(this.opts.minibatches, fit);
   }
 
   /** G completions of each prompt (one generation run per `promptsPerRun`), decoded and scored. */
@@ -700,34 +345,24 @@ export class GrpoTrainer<M = unknown> {
     if (prompts.length === 0) return [];
     const o = this.opts;
     const G = o.groupSize;
-    const completions = await clock.time('generation', () =>
-      this.sampler.generate(
-        this.policyWeights(),
-        prompts.map((p) => p.ids),
-        { maxNewTokens: o.maxNewTokens, stopIds: o.stopIds, seed: o.seed ?? 0, keys: prompts.map((p) => p.key), weightsVersion: this.trainer.step },
-      ),
-    );
+    const completions = await clock.time('generation', () => this.parts.sampler.generate(this.policyWeights(), prompts.map((p) => p.ids), this.call(prompts.map((p) => p.key))));
     const texts = completions.map((c) => this.textOf(c));
-    const samples = completions.map((c, r) => {
-      const p = prompts[Math.floor(r / G)];
-      return { prompt: p.text, completion: texts[r], meta: { ...p.meta, completionTokens: c.tokens.length, stopped: c.stopped } };
-    });
-    const scored = await clock.time('rewards', () => o.rewards(samples));
+    const scored = await clock.time('rewards', () => o.rewards(completions.map((c, r) => this.rewardSample(prompts[Math.floor(r / G)], { ...c, text: texts[r] }))));
     let greedyRewards: number[] | undefined;
     let greedyFailures: ScoredBatch['failures'] = [];
-    if (this.greedyBaseline) {
+    if (o.greedyBaseline) {
       const best = await clock.time('generation', () => this.greedyCompletions(prompts));
-      const s = await clock.time('rewards', () => o.rewards(best.map((b, i) => ({ prompt: prompts[i].text, completion: b.text, meta: { ...prompts[i].meta, completionTokens: b.tokens.length, stopped: b.stopped } }))));
+      const s = await clock.time('rewards', () => o.rewards(best.map((b, i) => this.rewardSample(prompts[i], b))));
       // a failed baseline got the scorer's fallback like any sample: count it with its prompt's group
       greedyRewards = s.rewards;
       greedyFailures = s.failures;
     }
     return prompts.map((prompt, k) => {
-      const at = (xs: readonly number[]) => xs.slice(k * G, (k + 1) * G);
+      const at = <T>(xs: readonly T[]) => xs.slice(k * G, (k + 1) * G);
       return {
         prompt,
-        completions: completions.slice(k * G, (k + 1) * G),
-        texts: texts.slice(k * G, (k + 1) * G),
+        completions: at(completions),
+        texts: at(texts),
         rewards: at(scored.rewards),
         bySource: Object.fromEntries(Object.entries(scored.bySource).map(([name, v]) => [name, at(v)])),
         failures: Object.fromEntries(
@@ -739,6 +374,16 @@ export class GrpoTrainer<M = unknown> {
         greedyReward: greedyRewards?.[k],
       };
     });
+  }
+
+  /** What the reward scorer reads of a completion of `prompt`. */
+  private rewardSample(prompt: RlPrompt<M>, c: { tokens: readonly number[]; text: string; stopped: boolean }) {
+    return { prompt: prompt.text, completion: c.text, meta: { ...prompt.meta, completionTokens: c.tokens.length, stopped: c.stopped } };
+  }
+
+  /** A generation call at the current weights with each prompt's noise key. */
+  private call(keys: readonly number[], seed = this.opts.seed) {
+    return { maxNewTokens: this.opts.maxNewTokens, stopIds: this.opts.stopIds, seed, keys, weightsVersion: this.trainer.step };
   }
 
   /** Log-probs (and, when the scorer makes them, entropies) of every row, [rows, width] in the batch's layout, scored chunk by chunk. */
@@ -764,15 +409,10 @@ export class GrpoTrainer<M = unknown> {
    * `key` picks each prompt's random streams: samples depend only on (seed, key, weights), so an
    * evaluation never moves the training's streams. A generation phase of its own.
    */
-  async generateSamples(prompts: readonly { ids: readonly number[]; key: number }[]): Promise<{ tokens: number[]; text: string; stopped: boolean }[][]> {
-    const o = this.opts;
-    const G = o.groupSize;
-    const out = await this.sampler.generate(
-      this.policyWeights(),
-      prompts.map((p) => p.ids),
-      { maxNewTokens: o.maxNewTokens, stopIds: o.stopIds, seed: o.seed ?? 0, keys: prompts.map((p) => p.key), weightsVersion: this.trainer.step },
-    );
-    this.releaseGeneration?.();
+  async generateSamples(prompts: readonly { ids: readonly number[]; key: number }[]): Promise<DecodedCompletion[][]> {
+    const G = this.opts.groupSize;
+    const out = await this.parts.sampler.generate(this.policyWeights(), prompts.map((p) => p.ids), this.call(prompts.map((p) => p.key)));
+    this.parts.releaseGeneration?.();
     const decoded = out.map((c) => ({ tokens: c.tokens, stopped: c.stopped, text: this.textOf(c) }));
     return prompts.map((_, k) => decoded.slice(k * G, (k + 1) * G));
   }
@@ -782,19 +422,15 @@ export class GrpoTrainer<M = unknown> {
    * ids, the decoded text (without the stop token) and whether a stop id ended it. A generation
    * phase of its own: with `releaseGenerationMemory` its memory is freed afterwards.
    */
-  async generateGreedy(prompts: readonly { ids: readonly number[] }[]): Promise<{ tokens: number[]; text: string; stopped: boolean }[]> {
+  async generateGreedy(prompts: readonly { ids: readonly number[] }[]): Promise<DecodedCompletion[]> {
     const out = await this.greedyCompletions(prompts);
-    this.releaseGeneration?.();
+    this.parts.releaseGeneration?.();
     return out;
   }
 
   /** {@link generateGreedy} inside a generation phase (ReMax's baseline): nothing released. */
-  private async greedyCompletions(prompts: readonly { ids: readonly number[] }[]): Promise<{ tokens: number[]; text: string; stopped: boolean }[]> {
-    const out = await this.greedy().generate(
-      this.policyWeights(),
-      prompts.map((p) => p.ids),
-      { maxNewTokens: this.opts.maxNewTokens, stopIds: this.opts.stopIds, seed: 0, keys: prompts.map(() => 0), weightsVersion: this.trainer.step },
-    );
+  private async greedyCompletions(prompts: readonly { ids: readonly number[] }[]): Promise<DecodedCompletion[]> {
+    const out = await this.parts.greedy().generate(this.policyWeights(), prompts.map((p) => p.ids), this.call(prompts.map(() => 0), 0));
     return out.map((c) => ({ tokens: c.tokens, stopped: c.stopped, text: this.textOf(c) }));
   }
 
@@ -808,7 +444,7 @@ export class GrpoTrainer<M = unknown> {
    * those log-probs with generation's (used by tests and benchmarks).
    */
   async rescore(batch: TokenBatch): Promise<{ logp: Float32Array; parity: { mean: number; maxAbs: number } }> {
-    const { logp } = await this.scoreRows(this.policyScorer(), this.policyWeights(), batch, [[...Array(batch.rows).keys()]]);
+    const { logp } = await this.scoreRows(this.parts.policyScorer(), this.policyWeights(), batch, [[...Array(batch.rows).keys()]]);
     return { logp, parity: logpParity(batch, logp) };
   }
 
@@ -817,8 +453,9 @@ export class GrpoTrainer<M = unknown> {
    * inspection); undefined when the trainer has no reference (no KL).
    */
   async referenceLogprobs(batch: TokenBatch): Promise<Float32Array | undefined> {
-    if (!this.refScorer) return undefined;
-    return (await this.scoreRows(this.refScorer, [this.reference!], batch, [[...Array(batch.rows).keys()]])).logp;
+    const { refScorer, reference } = this.parts;
+    if (!refScorer) return undefined;
+    return (await this.scoreRows(refScorer, [reference!], batch, [[...Array(batch.rows).keys()]])).logp;
   }
 
   /**
@@ -827,33 +464,28 @@ export class GrpoTrainer<M = unknown> {
    * reference.
    */
   get referenceWeights(): ReadonlyMap<string, DeviceTensor> | undefined {
-    return this.reference && new Map(this.reference);
+    return this.parts.reference && new Map(this.parts.reference);
   }
 
   /** Samples G completions per prompt from the current weights without training (tests, inspection). */
   async sample(prompts: readonly RlPrompt<M>[]): Promise<TokenBatch> {
     const groups = await this.sampleGroups(prompts, new PhaseClock());
-    this.releaseGeneration?.();
-    const rows = groups.flatMap((g) => g.completions.map((c) => ({ prompt: g.prompt.ids, c })));
-    return tokenBatch(
-      rows.map((r) => r.prompt),
-      rows.map((r) => r.c),
-      this.opts.tokenizer.padId,
-    );
+    this.parts.releaseGeneration?.();
+    return this.tokens(groups);
   }
 
-  /**
-   * Host copies for a checkpoint: the trained tensors (adapters with LoRA), AdamW moments, the
-   * model's merged weights, optimizer steps and RL steps.
-   */
   /** The adaptive KL controller's current β (`kl.target`), for checkpoints; undefined when β is fixed. */
   get adaptiveKlCoef(): number | undefined {
     return this.klController?.value;
   }
 
+  /**
+   * Host copies for a checkpoint: the trained tensors (adapters with LoRA), AdamW moments, the
+   * model's merged weights, optimizer steps, RL steps and the adaptive β.
+   */
   snapshot(): { values: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; model: Map<string, Float32Array>; optimizerStep: number; rlStep: number; klCoef?: number } {
     const s = this.trainer.snapshot();
-    return { values: s.params, m: s.m, v: s.v, model: this.toMerged(), optimizerStep: s.step, rlStep: this.rlStep, klCoef: this.klController?.value };
+    return { values: s.params, m: s.m, v: s.v, model: this.parts.toMerged(), optimizerStep: s.step, rlStep: this.rlStep, klCoef: this.klController?.value };
   }
 
   /** The trained parameters (adapters with LoRA). */
@@ -870,37 +502,83 @@ export class GrpoTrainer<M = unknown> {
   dispose(): void {
     if (this.disposed) return;
     this.disposed = true;
-    for (const x of this.owned) x.dispose();
+    for (const x of this.parts.owned) x.dispose();
     this.trainer.dispose();
   }
 }
 
-/** Metric outputs of `policyLoss` and `rlLoss` that the step turns into its own metrics. */
-const BUILTIN_METRICS = new Set(['pg_loss', 'tokens', 'clipped_tokens', 'clipped_low_tokens', 'approx_kl_sum', 'ref_kl_sum', 'entropy_sum', 'logp_parity_sum']);
-
-/** mean exp(|a − b|) and max |a − b| over response tokens, a = `logp`, b = the batch's rollout log-probs. */
-export function logpParity(batch: TokenBatch, logp: ArrayLike<number>): { mean: number; maxAbs: number } {
-  let sum = 0;
-  let n = 0;
-  let maxAbs = 0;
-  for (let i = 0; i < batch.responseMask.length; i++) {
-    if (batch.responseMask[i] === 0n) continue;
-    const d = Math.abs(logp[i] - batch.rolloutLogp[i]);
-    sum += Math.exp(d);
-    maxAbs = Math.max(maxAbs, d);
-    n++;
-  }
-  return { mean: n ? sum / n : NaN, maxAbs };
+/**
+ * How the graphs read the policy: `weights` for scoring and generation (with LoRA the adapters as a
+ * side branch over the `base/<name>` inputs, merged into the base for generation) and `train` for
+ * the train step, where LoRA dropout (when configured) applies.
+ */
+function policyWeightsOf(config: DecoderConfig, lora: LoraConfig | undefined, compute: DType): { weights: PolicyWeights; train: PolicyWeights['weights'] } {
+  const trainable = GrpoTrainer.trainableParams(config, lora);
+  if (!lora) return { weights: { trainable, weights: (_g, t) => castWeights(t, compute) }, train: (_g, t) => castWeights(t, compute) };
+  const specs = paramSpecs(config);
+  const adapters = loraAdapters(config, lora);
+  const baseInputs = (g: Graph) => {
+    const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
+    return (n: string) => base.get(n)!;
+  };
+  return {
+    weights: {
+      trainable,
+      weights: (g, t) => loraWeights(baseInputs(g), t, adapters, lora, compute),
+      merged: (g, t) => mergedLoraWeights(baseInputs(g), t, adapters, lora, compute),
+    },
+    train: (g: Graph, t: Map<string, Tensor>) => loraWeights(baseInputs(g), t, adapters, lora, compute, { training: true }),
+  };
 }
 
-function perSourceStats<M>(groups: readonly SampledGroup<M>[]): Record<string, SourceStats> {
-  const names = groups.length ? Object.keys(groups[0].bySource) : [];
-  return Object.fromEntries(
-    names.map((name) => {
-      const xs = groups.flatMap((g) => g.bySource[name]);
-      return [name, { mean: mean(xs), std: std(xs), failures: groups.reduce((s, g) => s + (g.failures[name] ?? 0), 0) }];
-    }),
-  );
+/**
+ * The rollout sampler, the greedy generator (made on first use) and what frees their memory between
+ * phases; with the KV-cache engine both read one compute-dtype copy of the weights.
+ */
+function generationRunners<M>(o: ResolvedGrpoOptions<M>, engine: GenerationEngine, policy: PolicyWeights): Pick<GrpoTrainerParts<M>, 'sampler' | 'greedy' | 'releaseGeneration' | 'owned'> {
+  const { device, config, session, promptsPerRun } = o;
+  const padId = o.tokenizer.padId;
+  const computeWeights = engine === 'kv-cache' ? new ComputeWeights(device, config, policy, o.compute, session) : undefined;
+  const generator = (groupSize: number, sampling: SamplingOptions): RolloutGenerator =>
+    computeWeights
+      ? KvGenerationRunner.create(device, config, { groupSize, sampling, padId, promptsPerRun, weights: computeWeights, session })
+      : GenerationRunner.create(device, config, policy, { groupSize, sampling, padId, promptsPerRun, session });
+  const sampler = generator(o.groupSize, o.sampling);
+  const owned: { dispose(): void }[] = [sampler, ...(computeWeights ? [computeWeights] : [])];
+  let greedyRunner: RolloutGenerator | undefined;
+  const greedy = () => {
+    if (!greedyRunner) owned.push((greedyRunner = generator(1, { temperature: 0 })));
+    return greedyRunner;
+  };
+  // the runners first: their engines read the compute-dtype weights
+  const releaseGeneration = o.releaseGenerationMemory
+    ? () => {
+        sampler.release();
+        greedyRunner?.release();
+        computeWeights?.release();
+      }
+    : undefined;
+  return { sampler, greedy, releaseGeneration, owned };
+}
+
+/**
+ * The frozen reference: the initial weights, stored once in the compute dtype (it is never trained,
+ * so a float32 copy would only be cast on every scoring run); with LoRA, the float32 base itself —
+ * no copy, cast when scored, as the train step reads it.
+ */
+function frozenReferenceOf<M>(o: ResolvedGrpoOptions<M>, trainer: Trainer, frozen: Record<string, DeviceTensor>, owned: { dispose(): void }[]): { policy: PolicyWeights; weights: BoundWeights } {
+  const { config, compute } = o;
+  const specs = paramSpecs(config);
+  if (o.lora) {
+    return {
+      policy: { trainable: specs.map((s) => ({ name: s.name, shape: s.shape, decay: false })), weights: (_g, t) => castWeights(t, compute) },
+      weights: specs.map((s) => [s.name, frozen[`base/${s.name}`]] as const),
+    };
+  }
+  // before any update (no resume) the trainer's parameters are these weights, already on the device
+  const ref = frozenReference(o.device, config, o.weights, compute, { onDevice: o.resume ? undefined : trainer.params(), session: o.session });
+  owned.push(ref);
+  return { policy: ref.policy, weights: [...ref.weights] };
 }
 
 function hashSeed(seed: number, step: number, epoch: number): number {
@@ -912,4 +590,3 @@ function hashSeed(seed: number, step: number, epoch: number): number {
 function check(ok: boolean, message: string): void {
   if (!ok) throw new Error(`GrpoTrainer: ${message}`);
 }
-

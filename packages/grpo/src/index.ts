@@ -15,3 +15,5 @@ export * from './estimators';
 export * from './rollout-batch';
 export * from './policy-sessions';
 export * from './grpo-trainer';
+export * from './grpo-options';
+export type { GrpoStepMetrics, GrpoStepResult, RolloutRecord } from './grpo-metrics';

@@ -16,6 +16,16 @@
 /** Which per-token KL estimator. */
 export type KlEstimator = 'k1' | 'k2' | 'k3';
 
+/** Where the KL acts: a term of the policy loss, or a per-token penalty on the rewards. */
+export type KlMode = 'loss' | 'reward';
+
+/**
+ * The default estimator where the KL acts, as verl's defaults: k3 in the loss (`kl_loss_type:
+ * low_var_kl`; GRPO's and TRL's too) and k1 as a reward penalty (`kl_penalty: kl`; OpenRLHF's too),
+ * which makes a penalised return the classic RLHF reward r − β·log(π/π_ref).
+ */
+export const DEFAULT_KL_ESTIMATOR: Readonly<Record<KlMode, KlEstimator>> = { loss: 'k3', reward: 'k1' };
+
 /** One token's KL estimate from its log-probs under the policy and the reference. */
 export function klEstimate(logp: number, refLogp: number, estimator: KlEstimator): number {
   const x = logp - refLogp;
@@ -43,7 +53,7 @@ export interface KlPenaltyInput {
 export interface KlPenaltyOptions {
   /** β: the penalty is −β·KL. */
   coef: number;
-  /** Default 'k1' (the classic RLHF reward penalty, as verl's `kl_penalty="kl"` and OpenRLHF's default). */
+  /** Default `DEFAULT_KL_ESTIMATOR.reward` (k1, the classic RLHF reward penalty). */
   estimator?: KlEstimator;
 }
 
@@ -62,7 +72,7 @@ export interface KlPenalisedRewards {
  * r − β·Σ_t kl_t. Computed from stored log-probs (no gradient flows through a reward penalty).
  */
 export function klPenalisedRewards(input: KlPenaltyInput, options: KlPenaltyOptions): KlPenalisedRewards {
-  const { coef, estimator = 'k1' } = options;
+  const { coef, estimator = DEFAULT_KL_ESTIMATOR.reward } = options;
   if (!(coef >= 0)) throw new Error(`klPenalisedRewards: coef must be ≥ 0, got ${coef}`);
   const n = input.rewards.length;
   if (input.logp.length !== n || input.refLogp.length !== n) {

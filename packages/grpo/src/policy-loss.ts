@@ -19,7 +19,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
-import type { KlEstimator } from './kl';
+import { DEFAULT_KL_ESTIMATOR, type KlEstimator } from './kl';
 
 /**
  * How per-token losses become one number. Each is Σ (weighted token losses) / `normaliser`; the
@@ -97,7 +97,7 @@ export interface PolicyLossConfig {
   aggregation?: LossAggregation;
   /** β of the KL-to-reference loss term. Default 0 (no term, no `refLogp` needed). */
   klCoef?: number;
-  /** Estimator of the KL term (see kl.ts). Default 'k3' (GRPO's, TRL's, verl's `low_var_kl`). */
+  /** Estimator of the KL term (see kl.ts). Default `DEFAULT_KL_ESTIMATOR.loss`: k3 (GRPO's, TRL's, verl's `low_var_kl`). */
   klEstimator?: KlEstimator;
   /** Coefficient of the entropy bonus (subtracted from the loss). Default 0. */
   entropyCoef?: number;
@@ -107,6 +107,19 @@ export interface PolicyLossConfig {
    */
   lossScaleFactor?: number;
 }
+
+/**
+ * The defaults of {@link PolicyLossConfig}'s policy terms. Dual clip and the loss scale factor are
+ * off unless set; the KL term is off (`klCoef` 0) and its estimator is `DEFAULT_KL_ESTIMATOR.loss`.
+ */
+export const POLICY_LOSS_DEFAULTS = {
+  policyTerm: 'ppo',
+  clipLow: 0.2,
+  clipHigh: 0.2,
+  ratio: 'token',
+  aggregation: 'token-mean',
+  entropyCoef: 0,
+} as const satisfies Required<Omit<PolicyLossConfig, 'dualClip' | 'lossScaleFactor' | 'klCoef' | 'klEstimator'>>;
 
 /**
  * The scalar loss and the metrics, all scalars that add up across micro-batches (sums, or sums
@@ -152,7 +165,8 @@ const LOG_RATIO_LIMIT = 20;
 
 /** The PPO-family policy loss; see the module comment for the formula. */
 export function policyLoss(t: PolicyLossTensors, config: PolicyLossConfig = {}): PolicyLossOutputs {
-  const { policyTerm: objective = 'ppo', clipLow = 0.2, clipHigh = 0.2, dualClip, ratio: ratioLevel = 'token', aggregation = 'token-mean', klCoef = 0, klEstimator = 'k3', entropyCoef = 0 } = config;
+  const d = POLICY_LOSS_DEFAULTS;
+  const { policyTerm: objective = d.policyTerm, clipLow = d.clipLow, clipHigh = d.clipHigh, dualClip, ratio: ratioLevel = d.ratio, aggregation = d.aggregation, klCoef = 0, klEstimator = DEFAULT_KL_ESTIMATOR.loss, entropyCoef = d.entropyCoef } = config;
   if (!POLICY_TERMS.includes(objective)) throw new Error(`policyLoss: policyTerm must be one of ${POLICY_TERMS.join(', ')}, got '${objective}'`);
   if (objective !== 'ppo' && ratioLevel !== 'token') throw new Error(`policyLoss: policyTerm '${objective}' takes token ratios, got ratio '${ratioLevel}'`);
   if (objective !== 'ppo' && dualClip !== undefined) throw new Error(`policyLoss: dualClip applies to policyTerm 'ppo' only, got '${objective}'`);

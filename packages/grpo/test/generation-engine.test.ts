@@ -11,7 +11,8 @@ import * as L from '@lathe/onnx';
 import { paramSpecs } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { castWeights } from '@lathe/train';
-import { combineRewards, ComputeWeights, GrpoTrainer, KvGenerationRunner, type GenerationEngine, type GrpoStepMetrics, type GrpoTrainerOptions, type RlPrompt } from '@lathe/grpo';
+import type { GenerationEngine } from '@lathe/rollout';
+import { combineRewards, ComputeWeights, GrpoTrainer, KvGenerationRunner, type GrpoStepMetrics, type GrpoTrainerOptions, type RlPrompt } from '@lathe/grpo';
 import { tinyModel } from './tiny-qwen3';
 
 type Meta = Record<string, never>;
@@ -99,21 +100,16 @@ test("LoRA: the KV engine's weights (base + scale·B·A, materialised once per w
   graph.dispose();
 });
 
-test("the default engine, and an explicit 'kv-cache' where GroupQueryAttention cannot run", () => {
+test("the default engine, and an explicit 'kv-cache' where GroupQueryAttention cannot run (the choice itself: rollout's engine-choice test)", () => {
   const narrow = tinyModel(8); // head_dim 8
-  expect(() => make(narrow, { generationEngine: 'kv-cache' })).toThrow("GrpoTrainer: generationEngine 'kv-cache' cannot run this policy: head_dim 8 is not a multiple of 16 (GroupQueryAttention's rotary needs one); use 'graph'");
+  expect(() => make(narrow, { generationEngine: 'kv-cache' })).toThrow("generationEngine 'kv-cache' cannot run this model: head_dim 8 is not a multiple of 16 (GroupQueryAttention's rotary needs one); use 'graph'");
+  expect(() => make(narrow, { generationEngine: 'fast' as GenerationEngine })).toThrow(/generationEngine must be 'auto', 'kv-cache' or 'graph', got 'fast'/);
   const byDefault = make(narrow);
   expect(byDefault.generationEngine).toBe('graph');
   byDefault.dispose();
-
-  const wide = tinyModel(8, { headDim: 16 });
-  const choose = (requested: GenerationEngine | undefined, kind: 'cpu' | 'cuda', compute: 'float32' | 'bfloat16') => GrpoTrainer.chooseGenerationEngine(requested, wide.config, { kind }, compute);
-  expect(choose(undefined, 'cpu', 'float32')).toBe('kv-cache');
-  expect(choose(undefined, 'cuda', 'bfloat16')).toBe('kv-cache');
-  expect(choose(undefined, 'cuda', 'float32')).toBe('graph');
-  expect(choose('graph', 'cpu', 'float32')).toBe('graph');
-  expect(() => choose('kv-cache', 'cuda', 'float32')).toThrow(/'kv-cache' cannot run this policy: GroupQueryAttention on cuda runs in bfloat16\/float16 only, and the compute dtype is float32/);
-  expect(() => choose('fast' as GenerationEngine, 'cpu', 'float32')).toThrow(/generationEngine must be 'kv-cache' or 'graph', got 'fast'/);
+  const wide = make(tinyModel(8, { headDim: 16 }));
+  expect(wide.generationEngine).toBe('kv-cache');
+  wide.dispose();
 });
 
 test('an out-of-memory past what splitting a run fixes rebuilds the KV engine with half the prompts per run; the samples are unchanged', async () => {

@@ -6,3 +6,4 @@ export * from './scoring-graph';
 export * from './generator';
 export * from './kv-cache-graphs';
 export * from './kv-cache-generator';
+export * from './engine-choice';

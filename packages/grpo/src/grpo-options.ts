@@ -1,0 +1,330 @@
+/**
+ * What a `GrpoTrainer` is built from, and every default it applies: `GRPO_DEFAULTS` holds them and
+ * `resolveGrpoOptions` applies them (and checks the options), so the trainer, the `lathe grpo`
+ * schema and a saved config read one set of values.
+ */
+import type { DecoderConfig } from '@lathe/models';
+import type { DType } from '@lathe/onnx';
+import type { GenerationEngine, SamplingOptions } from '@lathe/rollout';
+import { Device, type DeviceKind, type SessionOptions } from '@lathe/runtime';
+import type { AdamWConfig, AttentionChoice, LoraConfig } from '@lathe/train';
+import { builtinEstimator, type AdvantageFunction, type EstimatorName } from './estimators';
+import { DEFAULT_KL_ESTIMATOR, type KlEstimator, type KlMode } from './kl';
+import { POLICY_LOSS_DEFAULTS, type LossAggregation, type PolicyLossConfig } from './policy-loss';
+import type { RewardScorer } from './rewards';
+import type { RlObjective } from './rl-loss';
+
+/** The KL to the reference. */
+export interface KlOptions {
+  /** β. 0: no reference at all. */
+  coef: number;
+  /** 'loss': a term of the policy loss (GRPO); 'reward': a per-token reward penalty before the advantages (PPO-RLHF, REINFORCE++). Default 'loss'. */
+  mode?: KlMode;
+  /** Default by mode (`DEFAULT_KL_ESTIMATOR`, verl's): 'k3' in the loss, 'k1' as a reward penalty. */
+  estimator?: KlEstimator;
+  /**
+   * Adapt β towards this KL per token after every step (`AdaptiveKlController`, as verl's
+   * `kl_ctrl.type: adaptive`), starting from `coef`. With mode 'reward' only. Default: β fixed.
+   */
+  target?: number;
+  /** The adaptive controller's horizon in completions. Needs `target`. Default 10,000 (verl's). */
+  horizon?: number;
+}
+
+/** The policy loss's hyperparameters as the trainer takes them: the KL is set through {@link KlOptions}. */
+export type GrpoLossConfig = Omit<PolicyLossConfig, 'klCoef' | 'klEstimator'>;
+
+/** A custom loss and what the loop must feed it. */
+export interface CustomObjective {
+  objective: RlObjective;
+  /** The aggregation whose batch-level normaliser the loop feeds as `loss_normaliser`. Default 'token-mean'. */
+  aggregation?: LossAggregation;
+  /** The objective reads `refLogp`: the reference is scored each step. Default false. */
+  readsReference?: boolean;
+}
+
+/** Where a resumed trainer continues from: trained values, AdamW moments, optimizer steps, RL steps and the adaptive β. */
+export interface GrpoResumeState {
+  params: Map<string, Float32Array>;
+  m: Map<string, Float32Array>;
+  v: Map<string, Float32Array>;
+  optimizerStep: number;
+  rlStep: number;
+  klCoef?: number;
+}
+
+/** Everything a GRPO-family run needs. Defaults are in {@link GRPO_DEFAULTS}. */
+export interface GrpoTrainerOptions<M> {
+  /** The decoder's architecture. */
+  config: DecoderConfig;
+  /** The starting policy's float32 weights by HF name; also the frozen reference. */
+  weights: Map<string, Float32Array>;
+  /** Completions are decoded for reward functions only. */
+  tokenizer: { decode(ids: readonly number[]): string; readonly padId: number };
+  /** Token ids that end a completion (EOS, `<|im_end|>`). */
+  stopIds: readonly number[];
+  /** Scores completions (see `combineRewards`). */
+  rewards: RewardScorer<M & { completionTokens: number; stopped: boolean }>;
+  /** Completions per prompt (G). */
+  groupSize: number;
+  /** Generation limit per completion. */
+  maxNewTokens: number;
+  /** Sampling for rollouts (temperature > 0). Default temperature 1, no filters. */
+  sampling?: SamplingOptions;
+  /** A built-in estimator or your own function. Default 'grpo'. */
+  estimator?: EstimatorName | AdvantageFunction;
+  /** Generate each prompt's greedy completion and pass its reward as `greedyRewards` (set by 'remax'). */
+  greedyBaseline?: boolean;
+  /** The policy loss: a `policyLoss` config (clip ranges, aggregation, entropy, …) or a custom objective. */
+  loss?: GrpoLossConfig | CustomObjective;
+  /** KL to the frozen reference. Default none (β 0). */
+  kl?: KlOptions;
+  /** Passes over each batch. Default 1. */
+  epochs?: number;
+  /** Optimizer steps per epoch (the batch split into this many minibatches). Default 1. */
+  minibatches?: number;
+  /** Micro-batches per minibatch (gradient accumulation). Default 1. */
+  microBatches?: number;
+  /** Shuffle rows before splitting into minibatches (seeded by step and epoch). Default true. */
+  shuffle?: boolean;
+  /** AdamW settings. Default weight decay 0, gradient clipping at 1. */
+  optimizer?: AdamWConfig;
+  /**
+   * Train LoRA adapters over a frozen base instead of every weight: a side branch on each targeted
+   * projection (merged into the base for generation); `dropout` applies in the train step only.
+   */
+  lora?: LoraConfig;
+  /** Where old log-probs come from. Default 'rescore'. */
+  oldLogprobs?: 'rescore' | 'generation';
+  /** DAPO dynamic sampling: drop groups with all-equal rewards and sample more prompts, at most `maxRounds` rounds per step. */
+  dynamicSampling?: { maxRounds: number };
+  /**
+   * Compute the policy's entropy on the batch (a metric; also needed for an entropy bonus). Default
+   * true. It costs a second pass over the LM head, so it is computed where it is cheapest: in the
+   * re-scoring pass (the entropy of π_old) unless the loss reads it (an entropy bonus, a custom
+   * objective) or old log-probs come from generation — then in the train step.
+   */
+  entropy?: boolean;
+  /** Where everything lives. Default the CPU. */
+  device?: Device;
+  /** Options for every session the trainer compiles (profiling, optimization level, …; CPU fallback stays off on CUDA). */
+  session?: SessionOptions;
+  /** Forward/backward dtype (master weights and AdamW state stay float32). Default float32. */
+  compute?: DType;
+  /** Vocabulary chunk of log-prob computations. */
+  chunk?: number;
+  /** Recompute each decoder layer in the train step's backward pass instead of keeping its activations. Default false. */
+  gradientCheckpointing?: boolean;
+  /**
+   * Attention of the scoring and training graphs: 'composed' (MatMul/Softmax), 'flash' (ONNX
+   * Runtime's GroupQueryAttention — flash attention on CUDA — with a backward pass that recomputes
+   * each layer's probabilities, so no [B, heads, T, T] activation is kept) or 'auto' (default):
+   * flash on a CUDA device with a half-precision compute dtype, composed elsewhere. The RL batch is
+   * right-padded, as 'flash' requires. Generation always uses GroupQueryAttention.
+   */
+  attention?: AttentionChoice;
+  /** Prompts per generation run (0, the default: all of a round). */
+  promptsPerRun?: number;
+  /**
+   * Free generation's device memory after each generation phase — the KV engines (caches, their
+   * prefill and decode sessions) and the compute-dtype weight copy they read — and rebuild them at
+   * the next one. Default false: they are built once and kept, which is fastest. True trades a
+   * rebuild per phase (session compilation, a CUDA-graph capture, a weight materialisation) for
+   * memory during scoring and training. That memory is reusable by the scoring and training
+   * sessions only with one shared arena (`Device.cuda({ sharedArena: true })`); with per-session
+   * arenas it returns to the arena device tensors come from, which only later tensors (the next
+   * phase's caches) reuse. No effect with the 'graph' engine, which holds no caches between runs.
+   */
+  releaseGenerationMemory?: boolean;
+  /**
+   * What generates rollouts (and greedy completions): 'kv-cache' — `KvCacheGenerator`, a prefill
+   * then a loop of bound decode-step runs over GroupQueryAttention with in-place KV caches (much
+   * faster on GPU; needs head_dim a multiple of 16 and, on CUDA, compute bfloat16/float16) — or
+   * 'graph' — the in-graph generation loop (any model, any dtype). Both draw the same noise per
+   * sample, so they give the same samples up to rounding. Default 'auto': 'kv-cache' where it runs,
+   * else 'graph'; an explicit 'kv-cache' where it cannot run is an error saying why.
+   */
+  generationEngine?: 'auto' | GenerationEngine;
+  /** Seed of sampling noise, LoRA init and minibatch shuffles. Default 0. */
+  seed?: number;
+  /** Continue from a checkpoint (see `GrpoTrainer.snapshot`). */
+  resume?: GrpoResumeState;
+}
+
+/**
+ * Every default of {@link GrpoTrainerOptions}, the one place they are written: the trainer applies
+ * them through {@link resolveGrpoOptions}, and `lathe grpo`'s option schema reads its defaults from
+ * here. The KL estimator's default depends on the mode (`DEFAULT_KL_ESTIMATOR`).
+ */
+export const GRPO_DEFAULTS = {
+  temperature: 1,
+  estimator: 'grpo',
+  loss: POLICY_LOSS_DEFAULTS,
+  kl: { coef: 0, mode: 'loss', estimator: DEFAULT_KL_ESTIMATOR, horizon: 10000 },
+  epochs: 1,
+  minibatches: 1,
+  microBatches: 1,
+  shuffle: true,
+  optimizer: { weightDecay: 0, maxGradNorm: 1 },
+  oldLogprobs: 'rescore',
+  entropy: true,
+  device: 'cpu',
+  compute: 'float32',
+  gradientCheckpointing: false,
+  attention: 'auto',
+  promptsPerRun: 0,
+  releaseGenerationMemory: false,
+  generationEngine: 'auto',
+  seed: 0,
+} as const satisfies {
+  temperature: number;
+  estimator: EstimatorName;
+  loss: Required<Omit<GrpoLossConfig, 'dualClip' | 'lossScaleFactor'>>;
+  kl: Required<Omit<KlOptions, 'target' | 'estimator'>> & { estimator: Record<KlMode, KlEstimator> };
+  epochs: number;
+  minibatches: number;
+  microBatches: number;
+  shuffle: boolean;
+  optimizer: AdamWConfig;
+  oldLogprobs: 'rescore' | 'generation';
+  entropy: boolean;
+  device: DeviceKind;
+  compute: DType;
+  gradientCheckpointing: boolean;
+  attention: AttentionChoice;
+  promptsPerRun: number;
+  releaseGenerationMemory: boolean;
+  generationEngine: 'auto' | GenerationEngine;
+  seed: number;
+};
+
+/** The KL with its defaults applied: the estimator is the mode's. */
+export interface ResolvedKlOptions {
+  coef: number;
+  mode: KlMode;
+  estimator: KlEstimator;
+  target?: number;
+  horizon: number;
+}
+
+/** A built-in loss config with its defaults applied. */
+export type ResolvedLossConfig = GrpoLossConfig & Required<Omit<GrpoLossConfig, 'dualClip' | 'lossScaleFactor'>>;
+
+/** A custom objective with its defaults applied. */
+export type ResolvedCustomObjective = Required<CustomObjective>;
+
+/** {@link GrpoTrainerOptions} with every default applied (what the trainer reads). */
+export interface ResolvedGrpoOptions<M>
+  extends Omit<
+    GrpoTrainerOptions<M>,
+    | 'sampling'
+    | 'estimator'
+    | 'greedyBaseline'
+    | 'loss'
+    | 'kl'
+    | 'epochs'
+    | 'minibatches'
+    | 'microBatches'
+    | 'shuffle'
+    | 'optimizer'
+    | 'oldLogprobs'
+    | 'entropy'
+    | 'device'
+    | 'compute'
+    | 'gradientCheckpointing'
+    | 'attention'
+    | 'promptsPerRun'
+    | 'releaseGenerationMemory'
+    | 'generationEngine'
+    | 'seed'
+  > {
+  sampling: SamplingOptions & { temperature: number };
+  estimator: EstimatorName | AdvantageFunction;
+  /** The loop generates greedy baselines: asked for, or the built-in estimator needs them ('remax'). */
+  greedyBaseline: boolean;
+  loss: ResolvedLossConfig | ResolvedCustomObjective;
+  kl: ResolvedKlOptions;
+  epochs: number;
+  minibatches: number;
+  microBatches: number;
+  shuffle: boolean;
+  optimizer: AdamWConfig;
+  oldLogprobs: 'rescore' | 'generation';
+  entropy: boolean;
+  device: Device;
+  compute: DType;
+  gradientCheckpointing: boolean;
+  attention: AttentionChoice;
+  promptsPerRun: number;
+  releaseGenerationMemory: boolean;
+  generationEngine: 'auto' | GenerationEngine;
+  seed: number;
+}
+
+/** `given` over `defaults`, where a key set to undefined keeps its default. */
+function withDefaults<D extends object, G extends object>(defaults: D, given: G | undefined): D & G {
+  const out = { ...defaults } as Record<string, unknown>;
+  for (const [k, v] of Object.entries(given ?? {})) if (v !== undefined) out[k] = v;
+  return out as D & G;
+}
+
+/** Whether a loss option is a custom objective rather than a `policyLoss` config. */
+export function isCustomObjective(loss: GrpoLossConfig | CustomObjective | undefined): loss is CustomObjective {
+  return loss !== undefined && 'objective' in loss;
+}
+
+/**
+ * Applies {@link GRPO_DEFAULTS} to `opts` and checks the values that can be checked without
+ * compiling anything; an invalid option is an error naming it.
+ */
+export function resolveGrpoOptions<M>(opts: GrpoTrainerOptions<M>): ResolvedGrpoOptions<M> {
+  const d = GRPO_DEFAULTS;
+  const sampling = withDefaults({ temperature: d.temperature as number }, opts.sampling);
+  check(sampling.temperature > 0, `sampling.temperature must be > 0 for RL rollouts (got ${sampling.temperature}); greedy generation is for evaluation`);
+  check(Number.isInteger(opts.groupSize) && opts.groupSize >= 1, `groupSize must be a positive integer, got ${opts.groupSize}`);
+  check(Number.isInteger(opts.maxNewTokens) && opts.maxNewTokens >= 1, `maxNewTokens must be a positive integer, got ${opts.maxNewTokens}`);
+  for (const [k, v] of [['epochs', opts.epochs], ['minibatches', opts.minibatches], ['microBatches', opts.microBatches]] as const) {
+    check(v === undefined || (Number.isInteger(v) && v >= 1), `${k} must be a positive integer, got ${v}`);
+  }
+  const oldLogprobs = opts.oldLogprobs ?? d.oldLogprobs;
+  const filtered = Boolean(sampling.topK) || (sampling.topP !== undefined && sampling.topP < 1) || Boolean(sampling.minP);
+  check(!(filtered && oldLogprobs === 'generation'), "oldLogprobs 'generation' with top_k/top_p/min_p: generation's log-probs are of the filtered distribution, not the policy's; use 'rescore'");
+  check(opts.attention === undefined || ['auto', 'composed', 'flash'].includes(opts.attention), `attention must be 'auto', 'composed' or 'flash', got ${String(opts.attention)}`);
+  const estimator = opts.estimator ?? d.estimator;
+
+  const given = opts.kl ?? { coef: d.kl.coef };
+  check(given.coef >= 0, `kl.coef must be ≥ 0, got ${given.coef}`);
+  check(given.target === undefined || (given.coef > 0 && given.mode === 'reward'), `kl.target (an adaptive coefficient) needs kl.mode 'reward' and kl.coef > 0 to start from, got mode '${given.mode ?? d.kl.mode}', coef ${given.coef}`);
+  check(given.horizon === undefined || given.target !== undefined, 'kl.horizon needs kl.target');
+  const mode = given.mode ?? d.kl.mode;
+  const kl: ResolvedKlOptions = { coef: given.coef, mode, estimator: given.estimator ?? d.kl.estimator[mode], horizon: given.horizon ?? d.kl.horizon, ...(given.target !== undefined ? { target: given.target } : {}) };
+
+  const loss = isCustomObjective(opts.loss) ? withDefaults({ aggregation: d.loss.aggregation as LossAggregation, readsReference: false }, opts.loss) : withDefaults({ ...d.loss } as ResolvedLossConfig, opts.loss);
+  return {
+    ...opts,
+    sampling,
+    estimator,
+    greedyBaseline: Boolean(opts.greedyBaseline) || (typeof estimator === 'string' && builtinEstimator(estimator).greedyBaseline),
+    loss,
+    kl,
+    epochs: opts.epochs ?? d.epochs,
+    minibatches: opts.minibatches ?? d.minibatches,
+    microBatches: opts.microBatches ?? d.microBatches,
+    shuffle: opts.shuffle ?? d.shuffle,
+    optimizer: { ...d.optimizer, ...opts.optimizer },
+    oldLogprobs,
+    entropy: opts.entropy ?? d.entropy,
+    device: opts.device ?? Device.open(d.device),
+    compute: opts.compute ?? d.compute,
+    gradientCheckpointing: opts.gradientCheckpointing ?? d.gradientCheckpointing,
+    attention: opts.attention ?? d.attention,
+    promptsPerRun: opts.promptsPerRun ?? d.promptsPerRun,
+    releaseGenerationMemory: opts.releaseGenerationMemory ?? d.releaseGenerationMemory,
+    generationEngine: opts.generationEngine ?? d.generationEngine,
+    seed: opts.seed ?? d.seed,
+  };
+}
+
+function check(ok: boolean, message: string): void {
+  if (!ok) throw new Error(`GrpoTrainer: ${message}`);
+}
