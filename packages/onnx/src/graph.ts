@@ -1,10 +1,66 @@
 /**
- * The graph: symbolic tensors, the nodes that produce them, graph inputs/outputs and initializers.
- * Nodes are appended as ops are called, so the node list is always in topological order.
+ * The graph: symbolic tensors, the nodes that produce them, graph inputs/outputs and initializers,
+ * and the op definition type nodes apply (Tensor, Node and OpDef refer to each other, so they share
+ * this module). Nodes are appended as ops are called, so the node list is always in topological
+ * order. This module builds no nodes of its own: Graph's methods that add nodes (`constant`,
+ * `output`, `dimTensor`, `shapeTensor`) are attached in tensor-methods.ts over ops/core.ts.
  */
 import { dtypeBytes, type DType } from './dtype';
-import { canonicalDim, dimSymbols, dimCoefficient, formatShape, isStaticDim, type Dim, type Shape } from './dim';
-import type { OpDef, TensorType } from './op';
+import { canonicalDim, dimSymbols, dimCoefficient, formatShape, type Dim, type Shape } from './dim';
+
+/** Static type of a value: what shape inference works on. */
+export interface TensorType {
+  dtype: DType;
+  shape: Dim[];
+}
+
+/** An ONNX attribute value, tagged with its ONNX attribute type. */
+export type AttrValue =
+  | { kind: 'int'; value: number }
+  | { kind: 'float'; value: number }
+  | { kind: 'string'; value: string }
+  | { kind: 'ints'; value: number[] }
+  | { kind: 'floats'; value: number[] }
+  | { kind: 'tensor'; dtype: DType; shape: number[]; data: ArrayLike<number | bigint> }
+  | { kind: 'graph'; value: Graph };
+
+/** What a gradient rule receives. */
+export interface GradContext<A> {
+  /** The node's inputs (null for omitted optional inputs). */
+  inputs: (Tensor | null)[];
+  /** The node's outputs. */
+  outputs: Tensor[];
+  /** The op's attributes, as the DSL gave them. */
+  attrs: A;
+  /** Gradient of the loss w.r.t. each output (null where the loss does not depend on it). */
+  dy: (Tensor | null)[];
+}
+
+/**
+ * A primitive op (registered with `defineOp`, op.ts). `infer` throws (with a message naming what
+ * was expected) on bad input; the graph adds the op name, the input shapes and the caller's source line.
+ */
+export interface OpDef<A = object> {
+  /** Name used in errors and the registry (the ONNX op type unless `onnxOp` says otherwise). */
+  name: string;
+  /** ONNX op type emitted (defaults to `name`). */
+  onnxOp?: string;
+  /** ONNX domain ('' = ai.onnx, 'com.microsoft' for contrib ops). */
+  domain?: string;
+  /** Shape and dtype rule: the types of the outputs. */
+  infer(inputs: (TensorType | null)[], attrs: A): TensorType[];
+  /** ONNX attributes of the emitted node (default: none). */
+  onnxAttrs?(attrs: A): Record<string, AttrValue>;
+  /**
+   * Gradient rule: d(loss)/d(input) for each input, or null for inputs without a gradient.
+   * `'none'` marks ops whose outputs are piecewise constant or integral (comparisons, argmax,
+   * sampling): gradients stop there. An op with no `grad` at all is not differentiable yet:
+   * asking autodiff to go through it is an error.
+   */
+  grad?: ((ctx: GradContext<A>) => (Tensor | null)[]) | 'none';
+  /** Indices of inputs that are never differentiated (integer indices, shape tensors...). */
+  nonDiffInputs?: number[];
+}
 
 /** Where a graph's weight lives when it is an initializer. */
 export type InitializerData =
@@ -77,10 +133,12 @@ export class Graph {
   readonly outputs: Tensor[] = [];
   /** Initializer data by tensor name. */
   readonly initializers = new Map<string, { tensor: Tensor; data: InitializerData }>();
+  /** Small constants of the root graph by dtype, shape and values, so each is built once. */
+  readonly constants = new Map<string, Tensor>();
+  /** Run-time values of dims (and of single symbols) already read in this graph. */
+  readonly dimValues = new Map<string, Tensor>();
   /** Where each symbolic dim can be read at run time: a tensor and an axis. */
   private readonly dimSources = new Map<string, { tensor: Tensor; axis: number }>();
-  private readonly dimCache = new Map<string, Tensor>();
-  private readonly constCache = new Map<string, Tensor>();
   private readonly counter: Counter;
   private readonly scopes: string[] = [];
 
@@ -138,12 +196,13 @@ export class Graph {
     return t;
   }
 
-  /** Marks a tensor as a graph output, optionally under a new name. */
-  output(t: Tensor, name?: string): Tensor {
-    const renamable = t.node !== undefined && t.graph === this && !this.outputs.includes(t);
-    if (!renamable) {
-      // Inputs, initializers, outer values and tensors output twice go through an Identity.
-      t = applyOp(identityOp(), [t], {}, this)[0];
+  /**
+   * Appends `t`, a node output of this graph that is not an output yet, to the graph outputs,
+   * optionally under a new name. `graph.output(t)` takes any tensor (an Identity first where needed).
+   */
+  addOutput(t: Tensor, name?: string): Tensor {
+    if (t.node === undefined || t.graph !== this || this.outputs.includes(t)) {
+      throw new GraphError(`addOutput: ${t.name} is not a new node output of graph '${this.name}'; use graph.output`);
     }
     if (name !== undefined && name !== t.name) {
       this.claimName(name);
@@ -172,28 +231,6 @@ export class Graph {
     return t;
   }
 
-  /** A constant tensor from JS values (deduplicated for small constants). */
-  constant(values: ArrayLike<number> | number, dtype: DType, shape?: number[]): Tensor {
-    if (this.parent) return this.root.constant(values, dtype, shape);
-    const arr = typeof values === 'number' ? [values] : Array.from(values);
-    const dims = shape ?? (typeof values === 'number' ? [] : [arr.length]);
-    const n = dims.reduce((a, b) => a * b, 1);
-    if (n !== arr.length) throw new GraphError(`constant of shape ${formatShape(dims)} needs ${n} values, got ${arr.length}`);
-    const key = arr.length <= 64 ? `${dtype}|${dims.join(',')}|${arr.join(',')}` : undefined;
-    const cached = key === undefined ? undefined : this.constCache.get(key);
-    if (cached) return cached;
-    let t: Tensor;
-    if (dtype === 'float16' || dtype === 'bfloat16') {
-      // Stored as float32 and cast: ORT folds the Cast when the session is created.
-      const f32 = this.constant(arr, 'float32', dims);
-      t = applyOp(castOp(), [f32], { to: dtype }, this)[0];
-    } else {
-      t = this.addInitializer(this.uniqueName('const'), dtype, dims, { kind: 'inline', bytes: encodeValues(arr, dtype) });
-    }
-    if (key !== undefined) this.constCache.set(key, t);
-    return t;
-  }
-
   /** Runs `fn` with node names prefixed by `name/` (shows in ORT profiles and errors). */
   scope<T>(name: string, fn: () => T): T {
     this.scopes.push(name);
@@ -215,52 +252,19 @@ export class Graph {
   registerDims(t: Tensor): void {
     t.shape.forEach((d, axis) => {
       if (typeof d !== 'string') return;
-      if (dimSymbols(d).length === 1 && dimCoefficient(d) === 1 && !this.findDimSource(d)) {
+      if (dimSymbols(d).length === 1 && dimCoefficient(d) === 1 && !this.dimSource(d)) {
         this.dimSources.set(d, { tensor: t, axis });
       }
     });
   }
 
-  private findDimSource(symbol: string): { tensor: Tensor; axis: number } | undefined {
+  /** Where a symbolic dim can be read at run time, in this graph or an ancestor. */
+  dimSource(symbol: string): { tensor: Tensor; axis: number } | undefined {
     for (const g of this.lineage()) {
       const s = g.dimSources.get(symbol);
       if (s) return s;
     }
     return undefined;
-  }
-
-  /** The run-time value of a dim as an int64 tensor of shape [1]. */
-  dimTensor(d: Dim): Tensor {
-    const c = canonicalDim(d);
-    if (isStaticDim(c)) return this.constant([c], 'int64', [1]);
-    const cached = this.dimCache.get(c);
-    if (cached) return cached;
-    let result: Tensor | undefined;
-    for (const symbol of symbolFactors(c)) {
-      const source = this.findDimSource(symbol);
-      if (!source) throw new GraphError(`symbolic dim '${symbol}' has no graph input or op output to read it from`);
-      const part = source.tensor.graph.symbolTensor(symbol, source);
-      result = result ? applyOp(mulOp(), [result, part], {}, this)[0] : part;
-    }
-    const coef = dimCoefficient(c);
-    if (coef !== 1) result = applyOp(mulOp(), [result!, this.constant([coef], 'int64', [1])], {}, this)[0];
-    this.dimCache.set(c, result!);
-    return result!;
-  }
-
-  private symbolTensor(symbol: string, source: { tensor: Tensor; axis: number }): Tensor {
-    const cached = this.dimCache.get(symbol);
-    if (cached) return cached;
-    const t = applyOp(shapeOp(), [source.tensor], { start: source.axis, end: source.axis + 1 }, this)[0];
-    this.dimCache.set(symbol, t);
-    return t;
-  }
-
-  /** A 1-D int64 tensor holding a shape (constant when every dim is static; -1 stays -1). */
-  shapeTensor(dims: Shape): Tensor {
-    if (dims.every(isStaticDim)) return this.constant(dims as number[], 'int64', [dims.length]);
-    const parts = dims.map((d) => this.dimTensor(d));
-    return applyOp(concatOp(), parts, { axis: 0 }, this)[0];
   }
 
   /** The graph new nodes go to: the innermost graph under construction, else this one. */
@@ -277,13 +281,6 @@ export class Graph {
       building.pop();
     }
   }
-}
-
-function symbolFactors(d: string): string[] {
-  return d
-    .split('*')
-    .map((s) => s.trim())
-    .filter((s) => !/^\d+$/.test(s));
 }
 
 /** Raw little-endian bytes of JS values in a dtype (not for float16/bfloat16). */
@@ -313,19 +310,6 @@ export function encodeValues(values: ArrayLike<number>, dtype: DType): Uint8Arra
       throw new GraphError(`cannot encode JS numbers as ${dtype}`);
   }
 }
-
-// The ops the graph itself needs (Identity, Cast, Mul, Shape, Concat) are looked up lazily to avoid
-// an import cycle with the op modules.
-let coreOps: { identity: OpDef<object>; cast: OpDef<object>; mul: OpDef<object>; shape: OpDef<object>; concat: OpDef<object> } | undefined;
-/** Called once by the op modules to hand the graph the ops it builds with. */
-export function setCoreOps(ops: NonNullable<typeof coreOps>): void {
-  coreOps = ops;
-}
-const identityOp = () => coreOps!.identity;
-const castOp = () => coreOps!.cast;
-const mulOp = () => coreOps!.mul;
-const shapeOp = () => coreOps!.shape;
-const concatOp = () => coreOps!.concat;
 
 /** Where the DSL user called from: the first stack frame outside this package. */
 export function callerLocation(): string {

@@ -1,10 +1,13 @@
 /**
  * Method-style API on Tensor (`x.sub(y).exp().maskedMean(mask)`), delegating to the functional
  * ops. Elementwise `min`/`max` take a second operand; reductions are `sum`, `mean`, `amax`, `amin`.
+ * Also Graph's methods that add nodes (`constant`, `output`, `dimTensor`, `shapeTensor`): graph.ts
+ * stays below the op modules, so these are attached here over the builders in ops/core.ts.
  */
 import type { Dim, Shape } from './dim';
 import type { DType } from './dtype';
-import { Tensor, type TensorLike } from './graph';
+import { Graph, Tensor, type TensorLike } from './graph';
+import * as core from './ops/core';
 import * as ew from './ops/elementwise';
 import * as red from './ops/reduce';
 import * as sh from './ops/shape-ops';
@@ -13,6 +16,16 @@ import { matmul } from './ops/linalg';
 import * as nn from './nn';
 
 declare module './graph' {
+  interface Graph {
+    /** A constant tensor from JS values (deduplicated for small constants). */
+    constant(values: ArrayLike<number> | number, dtype: DType, shape?: number[]): Tensor;
+    /** Marks a tensor as a graph output, optionally under a new name. */
+    output(t: Tensor, name?: string): Tensor;
+    /** The run-time value of a dim as an int64 tensor of shape [1]. */
+    dimTensor(d: Dim): Tensor;
+    /** A 1-D int64 tensor holding a shape (constant when every dim is static; -1 stays -1). */
+    shapeTensor(dims: Shape): Tensor;
+  }
   interface Tensor {
     /** this + b */ add(b: TensorLike): Tensor;
     /** this − b */ sub(b: TensorLike): Tensor;
@@ -68,6 +81,12 @@ declare module './graph' {
     /** Elementwise take along an axis. */ gatherElements(indices: Tensor, axis: number): Tensor;
   }
 }
+
+const gp = Graph.prototype;
+gp.constant = function (values, dtype, shape) { return core.constant(this, values, dtype, shape); };
+gp.output = function (t, name) { return core.output(this, t, name); };
+gp.dimTensor = function (d) { return core.dimTensor(this, d); };
+gp.shapeTensor = function (dims) { return core.shapeTensor(this, dims); };
 
 const p = Tensor.prototype;
 p.add = function (b) { return ew.add(this, b); };

@@ -6,6 +6,7 @@ import { anonymousDim, dimEquals, formatShape, type Dim } from '../dim';
 import type { DType } from '../dtype';
 import { applyOp, Graph, GraphError, type Tensor } from '../graph';
 import { defineOp } from '../op';
+import { constant, output } from './core';
 
 /** Static description of a Loop node. */
 export interface LoopAttrs {
@@ -87,10 +88,10 @@ export function loop(init: Tensor[], body: (i: Tensor, carried: Tensor[]) => Loo
     if (t.dtype !== init[k].dtype) throw new GraphError(`loop carried value ${k}: body returns ${t.dtype}, initial is ${init[k].dtype}`);
   });
   Graph.build(g, () => {
-    g.output(result.cond ?? condIn);
-    for (const t of [...result.carried, ...(result.scans ?? [])]) g.output(t);
+    output(g, result.cond ?? condIn);
+    for (const t of [...result.carried, ...(result.scans ?? [])]) output(g, t);
   });
-  const trips = opts.maxTrips === undefined ? null : typeof opts.maxTrips === 'number' ? anchor.graph.constant(opts.maxTrips, 'int64', []) : opts.maxTrips;
+  const trips = opts.maxTrips === undefined ? null : typeof opts.maxTrips === 'number' ? constant(anchor.graph, opts.maxTrips, 'int64', []) : opts.maxTrips;
   const carried = result.carried.map((t, k) => ({ dtype: t.dtype, shape: mergeShapes(shapes[k], t.shape) }));
   const scans = (result.scans ?? []).map((t) => ({ dtype: t.dtype, shape: t.shape }));
   return applyOp(loopOp, [trips, opts.cond ?? null, ...init], { body: g, carried, scans }, outer);
@@ -102,7 +103,7 @@ export function ifElse(cond: Tensor, thenFn: () => Tensor[], elseFn: () => Tenso
   const outer = Graph.active() ?? cond.graph;
   const branch = (fn: () => Tensor[], label: string) => {
     const g = new Graph(outer.uniqueName(label), outer);
-    const outs = Graph.build(g, () => fn().map((t) => g.output(t)));
+    const outs = Graph.build(g, () => fn().map((t) => output(g, t)));
     return { g, outs };
   };
   const a = branch(thenFn, 'then');

@@ -1,75 +1,28 @@
 /**
  * Elementwise primitives: NumPy-broadcasting binary ops, unary math, comparisons, logic, Where,
- * Cast and Identity. Each op's shape rule and gradient rule sit together.
+ * Cast and Identity. Each op's shape rule and gradient rule sit together. Mul, Cast and Identity
+ * are defined in core.ts (constants and run-time dims are built with them) and re-exported here.
  */
-import { isFloat, isInteger, type DType } from '../dtype';
-import { broadcastShapes, dimEquals, formatShape } from '../dim';
-import { applyOp, setCoreOps, Tensor, type TensorLike } from '../graph';
-import { attr, defineOp, type OpDef, type TensorType } from '../op';
-import { concatOp } from './shape-ops';
-import { shapeOp } from './shape-ops';
-import { unbroadcast } from './helpers';
+import { isInteger } from '../dtype';
+import { broadcastShapes, formatShape } from '../dim';
+import { applyOp, type Tensor, type TensorLike } from '../graph';
+import { attr, defineOp, type OpDef } from '../op';
+import { binaryFn, binaryGrads, expand, identityOp, mul, pair, scalarLike, unaryFn, unbroadcast } from './core';
+import { binary, broadcastRule, unary } from './helpers';
 
-function sameDtype(types: (TensorType | null)[]): DType {
-  const ts = types.filter((t): t is TensorType => t !== null);
-  const d = ts[0].dtype;
-  if (ts.some((t) => t.dtype !== d)) throw new Error(`dtypes differ (${ts.map((t) => t.dtype).join(' vs ')}); cast explicitly`);
-  return d;
-}
-
-function broadcastRule(types: (TensorType | null)[], outDtype?: DType): TensorType[] {
-  const dtype = sameDtype(types);
-  const shape = broadcastShapes(...types.map((t) => t!.shape));
-  if (!shape) throw new Error(`shapes ${types.map((t) => formatShape(t!.shape)).join(' and ')} do not broadcast`);
-  return [{ dtype: outDtype ?? dtype, shape }];
-}
-
-function requireFloat(types: (TensorType | null)[]): void {
-  for (const t of types) if (t && !isFloat(t.dtype)) throw new Error(`expects a floating-point tensor, got ${t.dtype}`);
-}
-
-function binary(name: string, grad: OpDef['grad'], opts: { floatOnly?: boolean } = {}): OpDef {
-  return defineOp({
-    name,
-    infer: (types) => {
-      if (opts.floatOnly) requireFloat(types);
-      return broadcastRule(types);
-    },
-    grad,
-  });
-}
-
-function unary(name: string, grad: OpDef['grad'], opts: { floatOnly?: boolean } = { floatOnly: true }): OpDef {
-  return defineOp({
-    name,
-    infer: (types) => {
-      if (opts.floatOnly) requireFloat(types);
-      return [{ dtype: types[0]!.dtype, shape: types[0]!.shape }];
-    },
-    grad,
-  });
-}
+export { cast, castOp, identityOp, mul, mulOp, scalarLike } from './core';
 
 const one = (x: Tensor): Tensor => scalarLike(1, x);
 
-/** d/da, d/db of a binary op, each reduced back to its input's shape. */
-function both(inputs: (Tensor | null)[], da: () => Tensor | null, db: () => Tensor | null): (Tensor | null)[] {
-  const [a, b] = inputs as Tensor[];
-  const ga = da();
-  const gb = db();
-  return [ga && unbroadcast(ga, a.shape), gb && unbroadcast(gb, b.shape)];
-}
-
-export const addOp = binary('Add', ({ inputs, dy: [g] }) => both(inputs, () => g, () => g));
-export const subOp = binary('Sub', ({ inputs, dy: [g] }) => both(inputs, () => g, () => neg(g!)));
-export const mulOp = binary('Mul', ({ inputs: [a, b], dy: [g] }) => both([a, b], () => mul(g!, b!), () => mul(g!, a!)));
+export const addOp = binary('Add', ({ inputs, dy: [g] }) => binaryGrads(inputs, () => g, () => g));
+export const subOp = binary('Sub', ({ inputs, dy: [g] }) => binaryGrads(inputs, () => g, () => neg(g!)));
 export const divOp = binary('Div', ({ inputs: [a, b], outputs: [y], dy: [g] }) =>
-  both([a, b], () => div(g!, b!), () => neg(div(mul(g!, y), b!))),
+  binaryGrads([a, b], () => div(g!, b!), () => neg(div(mul(g!, y), b!))),
 );
 export const powOp = binary(
   'Pow',
   ({ inputs: [a, b], outputs: [y], dy: [g] }) =>
-    both(
+    binaryGrads(
       [a, b],
       () => mul(g!, mul(b!, pow(a!, sub(b!, one(b!))))),
       () => mul(g!, mul(y, log(a!))),
@@ -78,11 +31,11 @@ export const powOp = binary(
 );
 export const maxOp = binary('Max', ({ inputs: [a, b], dy: [g] }) => {
   const aWins = greaterOrEqual(a!, b!);
-  return both([a, b], () => where(aWins, g!, zerosLike(g!)), () => where(aWins, zerosLike(g!), g!));
+  return binaryGrads([a, b], () => where(aWins, g!, zerosLike(g!)), () => where(aWins, zerosLike(g!), g!));
 });
 export const minOp = binary('Min', ({ inputs: [a, b], dy: [g] }) => {
   const aWins = lessOrEqual(a!, b!);
-  return both([a, b], () => where(aWins, g!, zerosLike(g!)), () => where(aWins, zerosLike(g!), g!));
+  return binaryGrads([a, b], () => where(aWins, g!, zerosLike(g!)), () => where(aWins, zerosLike(g!), g!));
 });
 export const modOp = defineOp<{ fmod: number }>({
   name: 'Mod',
@@ -161,19 +114,6 @@ export const whereOp = defineOp({
   },
 });
 
-export const castOp = defineOp<{ to: DType }>({
-  name: 'Cast',
-  infer: ([x], a) => [{ dtype: a.to, shape: x!.shape }],
-  onnxAttrs: (a) => ({ to: { kind: 'int', value: dtypeCode(a.to) } }),
-  grad: ({ inputs: [x], dy: [g] }) => [isFloat(x!.dtype) ? cast(g!, x!.dtype) : null],
-});
-
-export const identityOp = defineOp({
-  name: 'Identity',
-  infer: ([x]) => [{ dtype: x!.dtype, shape: x!.shape }],
-  grad: ({ dy: [g] }) => [g],
-});
-
 /** Identity whose output is treated as a constant by autodiff. */
 export const stopGradientOp = defineOp({
   name: 'StopGradient',
@@ -184,118 +124,76 @@ export const stopGradientOp = defineOp({
 
 // ---- functional API --------------------------------------------------------------------------
 
-import { onnxTypeCode as dtypeCode } from '../dtype';
-
-/** A scalar constant with the dtype of `like`, in `like`'s graph. */
-export function scalarLike(value: number, like: Tensor): Tensor {
-  return like.graph.constant(value, like.dtype, []);
-}
-
-/** Turns a JS number into a scalar of the other operand's dtype. */
-function pair(a: TensorLike, b: TensorLike): [Tensor, Tensor] {
-  if (a instanceof Tensor && b instanceof Tensor) return [a, b];
-  if (a instanceof Tensor) return [a, scalarLike(b as number, a)];
-  if (b instanceof Tensor) return [scalarLike(a, b), b];
-  throw new Error('at least one operand must be a tensor');
-}
-
-/**
- * An operand made by Expand whose input broadcasts against the other operand to the same shape is
- * replaced by that input: the op broadcasts it itself, and the expanded tensor is never written.
- * Reductions' gradient rules expand their [.., 1] gradients to the input's shape, and the rule
- * downstream usually multiplies them straight away (log-sum-exp's backward: an expanded
- * [B, T, 1] times exp's [B, T, V] output — at 8 × 1024 × 16,384 float32, 512 MB written and read
- * again per LM-head chunk for nothing).
- */
-function unexpanded(t: Tensor, other: Tensor): Tensor {
-  const node = t.node;
-  if (node?.op.name !== 'Expand') return t;
-  const source = node.inputs[0]!;
-  const direct = broadcastShapes(source.shape, other.shape);
-  const expanded = broadcastShapes(t.shape, other.shape);
-  if (!direct || !expanded || direct.length !== expanded.length || direct.some((d, i) => !dimEquals(d, expanded[i]!))) return t;
-  return source;
-}
-
-const bin = (op: OpDef) => (a: TensorLike, b: TensorLike): Tensor => {
-  const [x, y] = pair(a, b);
-  const x1 = unexpanded(x, y);
-  return applyOp(op, [x1, unexpanded(y, x1)], {})[0]; // y against x1: both sources could be too small together
-};
-const un = (op: OpDef) => (x: Tensor): Tensor => applyOp(op, [x], {})[0];
-
 /** a + b (broadcasting). */
-export const add = bin(addOp);
+export const add = binaryFn(addOp);
 /** a − b (broadcasting). */
-export const sub = bin(subOp);
-/** a · b (broadcasting). */
-export const mul = bin(mulOp);
+export const sub = binaryFn(subOp);
 /** a / b (broadcasting; integer division truncates). */
-export const div = bin(divOp);
+export const div = binaryFn(divOp);
 /** a ** b (broadcasting, floating point). */
-export const pow = bin(powOp);
+export const pow = binaryFn(powOp);
 /** Elementwise maximum. */
-export const maximum = bin(maxOp);
+export const maximum = binaryFn(maxOp);
 /** Elementwise minimum. */
-export const minimum = bin(minOp);
+export const minimum = binaryFn(minOp);
 /** a == b → bool. */
-export const equal = bin(equalOp);
+export const equal = binaryFn(equalOp);
 /** a < b → bool. */
-export const less = bin(lessOp);
+export const less = binaryFn(lessOp);
 /** a <= b → bool. */
-export const lessOrEqual = bin(lessOrEqualOp);
+export const lessOrEqual = binaryFn(lessOrEqualOp);
 /** a > b → bool. */
-export const greater = bin(greaterOp);
+export const greater = binaryFn(greaterOp);
 /** a >= b → bool. */
-export const greaterOrEqual = bin(greaterOrEqualOp);
+export const greaterOrEqual = binaryFn(greaterOrEqualOp);
 /** Logical and of bool tensors. */
-export const and = bin(andOp);
+export const and = binaryFn(andOp);
 /** Logical or of bool tensors. */
-export const or = bin(orOp);
+export const or = binaryFn(orOp);
 /** Logical xor of bool tensors. */
-export const xor = bin(xorOp);
+export const xor = binaryFn(xorOp);
 /** Logical not. */
-export const not = un(notOp);
+export const not = unaryFn(notOp);
 /** −x. */
-export const neg = un(negOp);
+export const neg = unaryFn(negOp);
 /** eˣ. */
-export const exp = un(expOp);
+export const exp = unaryFn(expOp);
 /** Natural log. */
-export const log = un(logOp);
+export const log = unaryFn(logOp);
 /** √x. */
-export const sqrt = un(sqrtOp);
+export const sqrt = unaryFn(sqrtOp);
 /** 1/x. */
-export const reciprocal = un(reciprocalOp);
+export const reciprocal = unaryFn(reciprocalOp);
 /** tanh x. */
-export const tanh = un(tanhOp);
+export const tanh = unaryFn(tanhOp);
 /** 1/(1+e⁻ˣ). */
-export const sigmoid = un(sigmoidOp);
+export const sigmoid = unaryFn(sigmoidOp);
 /** Gauss error function. */
-export const erf = un(erfOp);
+export const erf = unaryFn(erfOp);
 /** sin x. */
-export const sin = un(sinOp);
+export const sin = unaryFn(sinOp);
 /** cos x. */
-export const cos = un(cosOp);
+export const cos = unaryFn(cosOp);
 /** |x|. */
-export const abs = un(absOp);
+export const abs = unaryFn(absOp);
 /** max(x, 0). */
-export const relu = un(reluOp);
+export const relu = unaryFn(reluOp);
 /** Sign of x (−1, 0, 1); no gradient. */
-export const sign = un(signOp);
+export const sign = unaryFn(signOp);
 /** ⌊x⌋; no gradient. */
-export const floor = un(floorOp);
+export const floor = unaryFn(floorOp);
 /** ⌈x⌉; no gradient. */
-export const ceil = un(ceilOp);
+export const ceil = unaryFn(ceilOp);
 /** Round half to even; no gradient. */
-export const round = un(roundOp);
+export const round = unaryFn(roundOp);
 /** Whether each element is NaN. */
-export const isNaN = un(isNaNOp);
+export const isNaN = unaryFn(isNaNOp);
 /** Whether each element is ±inf. */
-export const isInf = un(isInfOp);
+export const isInf = unaryFn(isInfOp);
 /** The tensor itself, as a new value. */
-export const identity = un(identityOp);
+export const identity = unaryFn(identityOp);
 /** The tensor itself, with gradients stopped. */
-export const stopGradient = un(stopGradientOp);
+export const stopGradient = unaryFn(stopGradientOp);
 
 /** Integer remainder (sign of the divisor, like Python's %). */
 export function mod(a: TensorLike, b: TensorLike): Tensor {
@@ -310,12 +208,6 @@ export function where(cond: Tensor, a: TensorLike, b: TensorLike): Tensor {
   return applyOp(whereOp, [cond, x, y], {})[0];
 }
 
-/** Converts to another dtype (float → int truncates toward zero). */
-export function cast(x: Tensor, to: DType): Tensor {
-  if (x.dtype === to) return x;
-  return applyOp(castOp, [x], { to })[0];
-}
-
 /** Zeros with x's shape and dtype (computed from x's shape, not from its values). */
 export function zerosLike(x: Tensor): Tensor {
   return constantOfShapeLike(x, 0);
@@ -326,12 +218,8 @@ export function onesLike(x: Tensor): Tensor {
   return constantOfShapeLike(x, 1);
 }
 
-import { expand } from './shape-ops';
-
 function constantOfShapeLike(x: Tensor, value: number): Tensor {
   const s = scalarLike(value, x);
   if (x.rank === 0) return s;
   return expand(s, x.shape, x);
 }
-
-setCoreOps({ identity: identityOp as OpDef<object>, cast: castOp as OpDef<object>, mul: mulOp, shape: shapeOp as OpDef<object>, concat: concatOp as OpDef<object> });

@@ -9,11 +9,12 @@ import { formatShape, shapeSize, type Dim } from '../dim';
 import { isFloat } from '../dtype';
 import { applyOp, GraphError, type Tensor } from '../graph';
 import { attr, defineOp, type GradContext } from '../op';
+import { causalMask } from '../nn';
+import { constant } from './core';
 import { add, cast, div, greaterOrEqual, lessOrEqual, mul, neg, onesLike, reciprocal, sigmoid, sqrt, sub, where } from './elementwise';
 import { matmul } from './linalg';
-import { concat, reshape, reshapeLike, slice, split, transpose, unsqueeze } from './shape-ops';
-import { causalMask } from '../nn';
 import { cumsum, reduceSum, reduceSumSquare, softmax } from './reduce';
+import { concat, reshape, reshapeLike, slice, split, transpose, unsqueeze } from './shape-ops';
 
 /** RMSNorm over the last axis: x / √(mean(x²) + ε) · scale, statistics in float32. */
 export const simplifiedLayerNormOp = defineOp<{ epsilon: number }>({
@@ -108,9 +109,9 @@ export const quickGeluOp = defineOp<{ alpha: number }>({
   },
   onnxAttrs: ({ alpha }) => ({ alpha: attr.float(alpha) }),
   grad: ({ inputs: [x], outputs: [y], dy: [g], attrs: { alpha } }) => {
-    const one = x!.graph.constant(1, x!.dtype, []);
-    const s = sigmoid(alpha === 1 ? x! : mul(x!, x!.graph.constant(alpha, x!.dtype, [])));
-    const ay = alpha === 1 ? y! : mul(y!, x!.graph.constant(alpha, x!.dtype, []));
+    const one = constant(x!.graph, 1, x!.dtype, []);
+    const s = sigmoid(alpha === 1 ? x! : mul(x!, constant(x!.graph, alpha, x!.dtype, [])));
+    const ay = alpha === 1 ? y! : mul(y!, constant(x!.graph, alpha, x!.dtype, []));
     return [mul(g!, add(s, mul(ay, sub(one, s))))];
   },
 });
@@ -246,7 +247,7 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
   if (!dOut) return [null, plus(null, dPresentKey), plus(null, dPresentValue), null, null, null, null, null, null];
 
   // The scale goes on q ([S, hd]) rather than on the scores ([S, S]).
-  const qScaled = stacked(mul(queries5(q!), g.constant(scale, dt, [])));
+  const qScaled = stacked(mul(queries5(q!), constant(g, scale, dt, [])));
   const k4 = keys(k!);
   const v4 = keys(v!);
   const masked = dt === 'float16' ? -6e4 : -1e9;
@@ -262,11 +263,11 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
   // Positions i + 1 ([S]): constants for a static S, else counted along any [S] slice of q.
   const pos =
     typeof S === 'number'
-      ? g.constant(Array.from({ length: S }, (_, i) => i + 1), acc, [S])
+      ? constant(g, Array.from({ length: S }, (_, i) => i + 1), acc, [S])
       : cumsum(onesLike(cast(reshape(slice(q!, [0, 2], [0, 0], [1, 1]), [S]), acc)), 0);
   const valid = lessOrEqual(unsqueeze(pos, [0]), add(cast(unsqueeze(seqlens!, [1]), acc), 1)); // [B, S]: position i < len_b
   const dO = stacked(queries5(dOut));
-  const o = stacked(where(reshape(valid, [B, 1, 1, S, 1]), queries5(outputs[0]!), g.constant(0, dt, [])));
+  const o = stacked(where(reshape(valid, [B, 1, 1, S, 1]), queries5(outputs[0]!), constant(g, 0, dt, [])));
   const rowDot = cast(reduceSum(mul(cast(dO, acc), cast(o, acc)), [-1], true), dt); // D, [B, KV, G·S, 1]
   // dP − D as one product, [dO, −D, 0…]·[V, 1, 0…]ᵀ: the matmul accumulates the difference in
   // float32 and rounds it once, and no broadcast subtract runs over [S, S] (465 µs a layer at
@@ -274,15 +275,15 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
   // They are sliced and scaled rather than made from a Shape: ONNX Runtime turns
   // Shape(Slice(Transpose(…))) into a Gather it runs on the CPU, one per layer (seen on the H100).
   // The 8 extra columns are [−D, 0…] and [1, 0…]: a column broadcast against e₀ = [1, 0, …, 0].
-  const e0 = g.constant([1, 0, 0, 0, 0, 0, 0, 0], dt, [8]);
-  const zeros8 = (t: Tensor) => mul(slice(t, [3], [0], [8]), g.constant(0, dt, []));
+  const e0 = constant(g, [1, 0, 0, 0, 0, 0, 0, 0], dt, [8]);
+  const zeros8 = (t: Tensor) => mul(slice(t, [3], [0], [8]), constant(g, 0, dt, []));
   const dOD = appendColumns(dO, mul(neg(rowDot), e0)); // [B, KV, G·S, hd + 8]
   const v1 = appendColumns(v4, add(zeros8(v4), e0)); // [B, KV, S, hd + 8]
   const dS = mul(p, matmul(dOD, swap(v1)));
   // The products that need an [S, S] operand transposed are formed transposed — (dOᵀ·P)ᵀ,
   // (Qᵀ·dS)ᵀ — so only [S, hd] values are transposed.
   const dv = fromKeysTransposed(matmul(swap(dO), p)); // from [B, KV, hd, S]
-  const dq = mul(fromQueries(matmul(dS, k4)), g.constant(scale, dt, []));
+  const dq = mul(fromQueries(matmul(dS, k4)), constant(g, scale, dt, []));
   const dk = fromKeysTransposed(matmul(swap(qScaled), dS));
   return [dq, plus(dk, dPresentKey), plus(dv, dPresentValue), null, null, null, null, null, null];
 }
@@ -323,9 +324,9 @@ function causalBias(like: Tensor, masked: number): Tensor {
     const positions = Array.from({ length: typeof S === 'number' ? S : 0 }, (_, i) => i);
     const visible =
       typeof S === 'number'
-        ? greaterOrEqual(g.constant(positions, 'int64', [S, 1]), g.constant(positions, 'int64', [1, S]))
+        ? greaterOrEqual(constant(g, positions, 'int64', [S, 1]), constant(g, positions, 'int64', [1, S]))
         : causalMask(reshape(slice(like, [0, 2], [0, 0], [1, 1]), [S]), 0);
-    made = cast(where(visible, g.constant(0, acc, []), g.constant(masked, acc, [])), dt);
+    made = cast(where(visible, constant(g, 0, acc, []), constant(g, masked, acc, [])), dt);
     perGraph.set(key, made);
   }
   return made;

@@ -6,9 +6,10 @@ import { dimEquals, formatShape, isAnonymousDim, type Dim } from '../dim';
 import { isInteger, type DType } from '../dtype';
 import { applyOp, type Tensor } from '../graph';
 import { attr, defineOp, type TensorType } from '../op';
+import { cast, constant, dimTensor, expand, unsqueeze } from './core';
+import { zerosLike } from './elementwise';
 import { normAxis } from './helpers';
-import { cast, zerosLike } from './elementwise';
-import { expand, transpose, unsqueeze } from './shape-ops';
+import { transpose } from './shape-ops';
 
 function requireIndices(t: TensorType): void {
   if (t.dtype !== 'int32' && t.dtype !== 'int64') throw new Error(`indices must be int32 or int64, got ${t.dtype}`);
@@ -33,7 +34,7 @@ export const gatherOp = defineOp<{ axis: number }>({
  */
 function scatterAddZeros(like: Tensor, scatter: (zeros: Tensor, updates: Tensor) => Tensor, updates: Tensor): Tensor {
   if (like.dtype !== 'bfloat16' && like.dtype !== 'float16') return scatter(zerosLike(like), updates);
-  const zeros = like.rank === 0 ? like.graph.constant(0, 'float32', []) : expand(like.graph.constant(0, 'float32', []), like.shape, like);
+  const zeros = like.rank === 0 ? constant(like.graph, 0, 'float32', []) : expand(constant(like.graph, 0, 'float32', []), like.shape, like);
   return cast(scatter(zeros, cast(updates, 'float32')), like.dtype);
 }
 
@@ -164,9 +165,9 @@ export function scatterND(data: Tensor, indices: Tensor, updates: Tensor, reduct
 /** One-hot encoding of integer indices (`depth` classes, inserted at `axis`). */
 export function oneHot(indices: Tensor, depth: Dim, dtype: DType = 'float32', axis = -1): Tensor {
   const g = indices.graph;
-  const depthT = typeof depth === 'number' ? g.constant(depth, 'int64', []) : g.dimTensor(depth);
+  const depthT = typeof depth === 'number' ? constant(g, depth, 'int64', []) : dimTensor(g, depth);
   // Half-precision one-hots are built in float32 and cast (the values are exact either way).
   const built = dtype === 'bfloat16' || dtype === 'float16' ? 'float32' : dtype;
-  const out = applyOp(oneHotOp, [indices, depthT, g.constant([0, 1], built, [2])], { depth, axis, dtype: built })[0];
+  const out = applyOp(oneHotOp, [indices, depthT, constant(g, [0, 1], built, [2])], { depth, axis, dtype: built })[0];
   return cast(out, dtype);
 }

@@ -2,7 +2,7 @@
 import { broadcastShapes, dimEquals, formatShape, isAnonymousDim } from '../dim';
 import { applyOp, type Tensor } from '../graph';
 import { defineOp } from '../op';
-import { unbroadcast } from './helpers';
+import { unbroadcast } from './core';
 import { reshape, transpose } from './shape-ops';
 
 export const matMulOp = defineOp({

@@ -1,5 +1,5 @@
 /** Random primitives: uniform noise and categorical sampling. Neither has a gradient. */
-import { isFloat, type DType } from '../dtype';
+import { isFloat, onnxTypeCode as dtypeCodeOf, type DType } from '../dtype';
 import { applyOp, type Tensor } from '../graph';
 import { attr, defineOp } from '../op';
 
@@ -31,8 +31,6 @@ export const multinomialOp = defineOp<{ samples: number; seed?: number; dtype: '
   }),
   grad: 'none',
 });
-
-import { onnxTypeCode as dtypeCodeOf } from '../dtype';
 
 /**
  * Uniform noise in [low, high) with x's shape. With a seed, a session draws the same sequence

@@ -1,54 +1,19 @@
 /**
  * Reductions and ops along one axis: ReduceSum/SumSquare/Max/Min, ArgMax/ArgMin, Softmax, LogSoftmax,
- * CumSum, TopK and windowed max (MaxPool), with their gradient rules.
+ * CumSum, TopK and windowed max (MaxPool), with their gradient rules. ReduceSum is defined in
+ * core.ts (broadcast gradients are summed back with it) and re-exported here.
  */
 import { dimDiv, type Dim } from '../dim';
-import type { DType } from '../dtype';
-import { isFloat } from '../dtype';
+import { isFloat, type DType } from '../dtype';
 import { applyOp, type Tensor } from '../graph';
-import { attr, defineOp, type TensorType } from '../op';
+import { attr, defineOp } from '../op';
+import { cast, constant, dimTensor, mul, reducedShape, reduceOp, reduceSum, reduceWith, shapeOf, spread, unsqueezeAxes, type ReduceAttrs } from './core';
+import { div, equal, exp, sub, zerosLike } from './elementwise';
 import { normAxis } from './helpers';
-import { cast, equal, mul, div, sub, exp, zerosLike } from './elementwise';
-import { expand, shapeOf } from './shape-ops';
 import { scatterElements } from './indexing';
 
-interface ReduceAttrs {
-  axes: number[];
-  keepdims: boolean;
-}
+export { reduceSum, reduceSumOp } from './core';
 
-function reducedShape(t: TensorType, { axes, keepdims }: ReduceAttrs): Dim[] {
-  const r = t.shape.length;
-  const norm = axes.map((a) => normAxis(a, r));
-  if (new Set(norm).size !== norm.length) throw new Error(`repeated axes [${axes}]`);
-  const out: Dim[] = [];
-  t.shape.forEach((d, i) => {
-    if (!norm.includes(i)) out.push(d);
-    else if (keepdims) out.push(1);
-  });
-  return out;
-}
-
-/** The gradient of a reduction, broadcast back over the reduced axes of x. */
-function spread(g: Tensor, x: Tensor, attrs: ReduceAttrs): Tensor {
-  const kept = attrs.keepdims ? g : unsqueezeAxes(g, attrs.axes.map((a) => normAxis(a, x.rank)));
-  return expand(kept, x.shape, x);
-}
-
-function reduceOp(name: string, grad: (ctx: { x: Tensor; y: Tensor; g: Tensor; attrs: ReduceAttrs }) => Tensor) {
-  return defineOp<ReduceAttrs>({
-    name,
-    nonDiffInputs: [1],
-    infer: ([x], a) => {
-      if (x!.dtype === 'bool') throw new Error('cannot reduce bool tensors; cast first');
-      return [{ dtype: x!.dtype, shape: reducedShape(x!, a) }];
-    },
-    onnxAttrs: (a) => ({ keepdims: attr.int(a.keepdims ? 1 : 0) }),
-    grad: ({ inputs: [x], outputs: [y], attrs, dy: [g] }) => [grad({ x: x!, y, g: g!, attrs }), null],
-  });
-}
-
-export const reduceSumOp = reduceOp('ReduceSum', ({ x, g, attrs }) => spread(g, x, attrs));
 /** Σx² in one pass (no x² tensor written): d/dx = 2·x·g. */
 export const reduceSumSquareOp = reduceOp('ReduceSumSquare', ({ x, g, attrs }) => mul(mul(x, spread(g, x, attrs)), 2));
 
@@ -125,21 +90,6 @@ export const topKOp = defineOp<{ k: Dim; axis: number; largest: boolean }>({
 
 // ---- functional API --------------------------------------------------------------------------
 
-import { unsqueeze } from './shape-ops';
-function unsqueezeAxes(x: Tensor, axes: number[]): Tensor {
-  return unsqueeze(x, [...axes].sort((a, b) => a - b));
-}
-
-function reduceWith(op: typeof reduceSumOp, x: Tensor, axes: number | number[] | undefined, keepdims: boolean): Tensor {
-  const list = axes === undefined ? [...Array(x.rank).keys()] : (Array.isArray(axes) ? axes : [axes]).map((a) => normAxis(a, x.rank));
-  if (list.length === 0) return x;
-  return applyOp(op, [x, x.graph.constant(list, 'int64', [list.length])], { axes: list, keepdims })[0];
-}
-
-/** Σ over axes (all axes when omitted). */
-export function reduceSum(x: Tensor, axes?: number | number[], keepdims = false): Tensor {
-  return reduceWith(reduceSumOp, x, axes, keepdims);
-}
 /** Σ x² over axes (all axes when omitted), in one kernel. */
 export function reduceSumSquare(x: Tensor, axes?: number | number[], keepdims = false): Tensor {
   return reduceWith(reduceSumSquareOp, x, axes, keepdims);
@@ -171,12 +121,12 @@ export function logSoftmax(x: Tensor, axis = -1): Tensor {
 /** Running sum along an axis (exclusive: shifted by one; reverse: from the end). */
 export function cumsum(x: Tensor, axis: number, opts: { exclusive?: boolean; reverse?: boolean } = {}): Tensor {
   const ax = normAxis(axis, x.rank);
-  return applyOp(cumSumOp, [x, x.graph.constant(ax, 'int64', [])], { axis: ax, exclusive: !!opts.exclusive, reverse: !!opts.reverse })[0];
+  return applyOp(cumSumOp, [x, constant(x.graph, ax, 'int64', [])], { axis: ax, exclusive: !!opts.exclusive, reverse: !!opts.reverse })[0];
 }
 /** The k largest (or smallest) values along an axis, sorted, with their int64 indices. */
 export function topK(x: Tensor, k: Dim, axis = -1, largest = true): [Tensor, Tensor] {
   const ax = normAxis(axis, x.rank);
-  const [v, i] = applyOp(topKOp, [x, x.graph.dimTensor(k)], { k, axis: ax, largest });
+  const [v, i] = applyOp(topKOp, [x, dimTensor(x.graph, k)], { k, axis: ax, largest });
   return [v, i];
 }
 
@@ -229,7 +179,7 @@ export function windowMaxWithIndex(x: Tensor, k: number): [Tensor, Tensor] {
 export function countOver(x: Tensor, axes: number[], dtype: DType): Tensor {
   const dims = axes.map((a) => x.shape[normAxis(a, x.rank)]);
   if (dims.every((d) => typeof d === 'number')) {
-    return x.graph.constant((dims as number[]).reduce((a, b) => a * b, 1), dtype, []);
+    return constant(x.graph, (dims as number[]).reduce((a, b) => a * b, 1), dtype, []);
   }
   const sizes = axes.map((a) => {
     const ax = normAxis(a, x.rank);

@@ -1,39 +1,21 @@
 /**
  * Shape primitives: Shape, Reshape, Transpose, Concat, Split, Slice, Pad, Squeeze, Unsqueeze,
  * Expand, Trilu and Range. Ops whose ONNX form takes shape/axes as int64 tensor inputs get them
- * from the DSL's static description, so shape inference can check them at build time.
+ * from the DSL's static description, so shape inference can check them at build time. Shape,
+ * Concat, Split, Expand, Squeeze and Unsqueeze are defined in core.ts (constants, run-time dims
+ * and broadcast gradients are built with them) and re-exported here.
  */
-import {
-  anonymousDim,
-  broadcastShapes,
-  canonicalDim,
-  dimAdd,
-  dimDiv,
-  dimEquals,
-  formatShape,
-  isAnonymousDim,
-  shapeSize,
-  type Dim,
-  type Shape,
-} from '../dim';
+import { anonymousDim, canonicalDim, dimDiv, dimEquals, formatShape, isAnonymousDim, shapeSize, type Dim, type Shape } from '../dim';
 import type { DType } from '../dtype';
-import { applyOp, Tensor } from '../graph';
+import { applyOp, type Tensor } from '../graph';
 import { attr, defineOp, type OpDef } from '../op';
-import { inversePerm, normAxis, unbroadcast } from './helpers';
+import { castOp, concatOp, constant, dimTensor, shapeOf, shapeTensor, splitOp, squeeze } from './core';
+import { addOp, lessOp, maxOp, minOp, subOp, whereOp } from './elementwise';
+import { inversePerm, normAxis } from './helpers';
+
+export { concatOp, expand, expandOp, shapeOf, shapeOp, splitOp, squeeze, squeezeOp, unsqueeze, unsqueezeOp } from './core';
 
 const INT64_MAX = 2 ** 62; // "to the end" for Slice; ORT clamps any larger value
-
-export const shapeOp: OpDef<{ start?: number; end?: number }> = defineOp<{ start?: number; end?: number }>({
-  name: 'Shape',
-  infer: ([x], a) => {
-    const r = x!.shape.length;
-    const s = a.start === undefined ? 0 : a.start < 0 ? a.start + r : a.start;
-    const e = a.end === undefined ? r : a.end < 0 ? a.end + r : a.end;
-    return [{ dtype: 'int64', shape: [Math.max(0, Math.min(e, r) - Math.max(0, s))] }];
-  },
-  onnxAttrs: (a) => ({ ...(a.start !== undefined ? { start: attr.int(a.start) } : {}), ...(a.end !== undefined ? { end: attr.int(a.end) } : {}) }),
-  grad: 'none',
-});
 
 export const reshapeOp: OpDef<{ dims: Dim[] }> = defineOp<{ dims: Dim[] }>({
   name: 'Reshape',
@@ -60,7 +42,7 @@ export const reshapeOp: OpDef<{ dims: Dim[] }> = defineOp<{ dims: Dim[] }>({
     // A constant spec where one exists: ONNX Runtime's transpose optimizer rewrites Shape(Transpose(x))
     // into a Gather over Shape(x), and places that Gather on the CPU (refused on CUDA with fallback off).
     const spec = constantReshapeSpec(g!.shape, x!.shape);
-    const shape = spec ? x!.graph.constant(spec, 'int64', [spec.length]) : shapeOf(x!);
+    const shape = spec ? constant(x!.graph, spec, 'int64', [spec.length]) : shapeOf(x!);
     return [applyOp(reshapeOp, [g!, shape], { dims: x!.shape })[0], null];
   },
 });
@@ -76,61 +58,6 @@ export const transposeOp: OpDef<{ perm: number[] }> = defineOp<{ perm: number[] 
   },
   onnxAttrs: ({ perm }) => ({ perm: attr.ints(perm) }),
   grad: ({ attrs: { perm }, dy: [g] }) => [transpose(g!, inversePerm(perm))],
-});
-
-export const concatOp: OpDef<{ axis: number }> = defineOp<{ axis: number }>({
-  name: 'Concat',
-  infer: (types, { axis }) => {
-    const first = types[0]!;
-    const ax = normAxis(axis, first.shape.length);
-    for (const t of types) {
-      if (t!.dtype !== first.dtype) throw new Error(`dtypes differ: ${t!.dtype} vs ${first.dtype}`);
-      if (t!.shape.length !== first.shape.length) throw new Error('ranks differ');
-      t!.shape.forEach((d, i) => {
-        if (i !== ax && !dimEquals(d, first.shape[i]) && !isAnonymousDim(d) && !isAnonymousDim(first.shape[i])) {
-          throw new Error(`dim ${i} differs (${d} vs ${first.shape[i]}) outside the concat axis ${ax}`);
-        }
-      });
-    }
-    const shape = [...first.shape];
-    shape[ax] = dimAdd(types.map((t) => t!.shape[ax]));
-    return [{ dtype: first.dtype, shape }];
-  },
-  onnxAttrs: ({ axis }) => ({ axis: attr.int(axis) }),
-  grad: ({ inputs, attrs: { axis }, dy: [g] }) => {
-    const ax = normAxis(axis, g!.rank);
-    const xs = inputs as Tensor[];
-    const dims = xs.map((x) => x.shape[ax]);
-    // Static sizes are a constant: sizes read from Shape at run time are shape arithmetic, which
-    // ONNX Runtime places on the CPU (a refused session on CUDA with fallback off).
-    const sizes = dims.every((d): d is number => typeof d === 'number')
-      ? g!.graph.constant(dims, 'int64', [dims.length])
-      : applyOp(concatOp, xs.map((x) => shapeOf(x, ax, ax + 1)), { axis: 0 })[0];
-    return applyOp(splitOp, [g!, sizes], { axis: ax, sizes: dims });
-  },
-});
-
-export const splitOp: OpDef<{ axis: number; sizes: Dim[] }> = defineOp<{ axis: number; sizes: Dim[] }>({
-  name: 'Split',
-  nonDiffInputs: [1],
-  infer: ([x], { axis, sizes }) => {
-    const ax = normAxis(axis, x!.shape.length);
-    const total = dimAdd(sizes);
-    const d = x!.shape[ax];
-    if (typeof total === 'number' && typeof d === 'number' && total !== d) {
-      throw new Error(`split sizes [${sizes}] sum to ${total}, but axis ${ax} has ${d}`);
-    }
-    return sizes.map((s) => {
-      const shape = [...x!.shape];
-      shape[ax] = s;
-      return { dtype: x!.dtype, shape };
-    });
-  },
-  onnxAttrs: ({ axis }) => ({ axis: attr.int(axis) }),
-  grad: ({ outputs, attrs: { axis }, dy }) => {
-    const parts = dy.map((g, i) => g ?? zerosOf(outputs[i]));
-    return [applyOp(concatOp, parts, { axis })[0], null];
-  },
 });
 
 /** Static description of a slice along some axes. */
@@ -206,10 +133,10 @@ function padFromSlice(g: Tensor, x: Tensor, spec: SliceSpec): Tensor {
   // Known at build time: a constant, so no shape arithmetic runs (on the CPU) at run time.
   if (constantPads) {
     const amounts = { before: constantPads.slice(0, x.rank), after: constantPads.slice(x.rank) };
-    return applyOp(padOp, [g, graph.constant(constantPads, 'int64', [constantPads.length])], { shape: x.shape, amounts })[0];
+    return applyOp(padOp, [g, constant(graph, constantPads, 'int64', [constantPads.length])], { shape: x.shape, amounts })[0];
   }
   const full = shapeOf(x);
-  const i64 = (v: number) => graph.constant([v], 'int64', [1]);
+  const i64 = (v: number) => constant(graph, [v], 'int64', [1]);
   const before: Tensor[] = [];
   const after: Tensor[] = [];
   for (let ax = 0; ax < x.rank; ax++) {
@@ -221,11 +148,11 @@ function padFromSlice(g: Tensor, x: Tensor, spec: SliceSpec): Tensor {
     }
     const d = shapeOf(x, ax, ax + 1);
     const clampIndex = (v: Tensor) => {
-      const pos = applyOp(whereOpRef(), [lessThanZero(v), addI(v, d), v], {})[0];
+      const pos = applyOp(whereOp, [lessThanZero(v), addI(v, d), v], {})[0];
       return minI(maxI(pos, i64(0)), d);
     };
-    const s = clampIndex(graph.dimTensor(spec.starts[i]));
-    const e = maxI(clampIndex(graph.dimTensor(spec.ends[i])), s);
+    const s = clampIndex(dimTensor(graph, spec.starts[i]));
+    const e = maxI(clampIndex(dimTensor(graph, spec.ends[i])), s);
     before.push(s);
     after.push(subI(d, e));
   }
@@ -264,7 +191,7 @@ export const padOp: OpDef<PadAttrs> = defineOp<PadAttrs>({
       steps: [1],
     })[0];
     const ends = addI(starts, shapeOf(x!));
-    const axes = x!.graph.constant([...Array(r).keys()], 'int64', [r]);
+    const axes = constant(x!.graph, [...Array(r).keys()], 'int64', [r]);
     void y;
     return [
       applyOp(sliceOp, [g!, starts, ends, axes], {
@@ -276,46 +203,6 @@ export const padOp: OpDef<PadAttrs> = defineOp<PadAttrs>({
       null,
     ];
   },
-});
-
-export const squeezeOp: OpDef<{ axes: number[] }> = defineOp<{ axes: number[] }>({
-  name: 'Squeeze',
-  nonDiffInputs: [1],
-  infer: ([x], { axes }) => {
-    const r = x!.shape.length;
-    const norm = axes.map((a) => normAxis(a, r));
-    for (const a of norm) {
-      const d = x!.shape[a];
-      if (d !== 1 && !isAnonymousDim(d)) throw new Error(`cannot squeeze axis ${a} of size ${d}`);
-    }
-    return [{ dtype: x!.dtype, shape: x!.shape.filter((_, i) => !norm.includes(i)) }];
-  },
-  grad: ({ attrs: { axes }, inputs: [x], dy: [g] }) => [unsqueeze(g!, axes.map((a) => normAxis(a, x!.rank))), null],
-});
-
-export const unsqueezeOp: OpDef<{ axes: number[] }> = defineOp<{ axes: number[] }>({
-  name: 'Unsqueeze',
-  nonDiffInputs: [1],
-  infer: ([x], { axes }) => {
-    const r = x!.shape.length + axes.length;
-    const norm = axes.map((a) => normAxis(a, r)).sort((a, b) => a - b);
-    const shape: Dim[] = [];
-    let j = 0;
-    for (let i = 0; i < r; i++) shape.push(norm.includes(i) ? 1 : x!.shape[j++]);
-    return [{ dtype: x!.dtype, shape }];
-  },
-  grad: ({ attrs: { axes }, outputs: [y], dy: [g] }) => [squeeze(g!, axes.map((a) => normAxis(a, y.rank))), null],
-});
-
-export const expandOp: OpDef<{ shape: Dim[] }> = defineOp<{ shape: Dim[] }>({
-  name: 'Expand',
-  nonDiffInputs: [1],
-  infer: ([x], { shape }) => {
-    const out = broadcastShapes(x!.shape, shape);
-    if (!out) throw new Error(`cannot expand ${formatShape(x!.shape)} to ${formatShape(shape)}`);
-    return [{ dtype: x!.dtype, shape: out }];
-  },
-  grad: ({ inputs: [x], dy: [g] }) => [unbroadcast(g!, x!.shape), null],
 });
 
 export const triluOp: OpDef<{ upper: boolean; k: number }> = defineOp<{ upper: boolean; k: number }>({
@@ -337,30 +224,19 @@ export const rangeOp: OpDef<{ length: Dim }> = defineOp<{ length: Dim }>({
 
 // ---- functional API --------------------------------------------------------------------------
 
-import { addOp, lessOp, maxOp, minOp, subOp, whereOp } from './elementwise';
-const whereOpRef = () => whereOp;
-const i64c = (like: Tensor, v: number) => like.graph.constant([v], 'int64', [1]);
+const i64c = (like: Tensor, v: number) => constant(like.graph, [v], 'int64', [1]);
 const addI = (a: Tensor, b: Tensor) => applyOp(addOp, [a, b], {})[0];
 const subI = (a: Tensor, b: Tensor) => applyOp(subOp, [a, b], {})[0];
 const maxI = (a: Tensor, b: Tensor) => applyOp(maxOp, [a, b], {})[0];
 const minI = (a: Tensor, b: Tensor) => applyOp(minOp, [a, b], {})[0];
-const lessThanZero = (a: Tensor) => applyOp(lessOp, [a, a.graph.constant([0], 'int64', [1])], {})[0];
-
-function zerosOf(t: Tensor): Tensor {
-  return expand(t.graph.constant(0, t.dtype, []), t.shape, t);
-}
-
-/** The run-time shape of x (or dims start..end) as an int64 vector. */
-export function shapeOf(x: Tensor, start?: number, end?: number): Tensor {
-  return applyOp(shapeOp, [x], { start, end })[0];
-}
+const lessThanZero = (a: Tensor) => applyOp(lessOp, [a, constant(a.graph, [0], 'int64', [1])], {})[0];
 
 /** Reshapes to `dims` (symbolic dims allowed, one -1 inferred). */
 export function reshape(x: Tensor, dims: Shape): Tensor {
   const target = dims.map(canonicalDim);
   if (target.length === x.rank && target.every((d, i) => dimEquals(d, x.shape[i]))) return x;
   const spec = constantReshapeSpec(x.shape, target);
-  const shape = spec ? x.graph.constant(spec, 'int64', [spec.length]) : x.graph.shapeTensor(target);
+  const shape = spec ? constant(x.graph, spec, 'int64', [spec.length]) : shapeTensor(x.graph, target);
   return applyOp(reshapeOp, [x, shape], { dims: target })[0];
 }
 
@@ -410,7 +286,7 @@ export function concat(xs: Tensor[], axis: number): Tensor {
 /** Splits along an axis into parts of the given sizes. */
 export function split(x: Tensor, sizes: Dim[], axis: number): Tensor[] {
   const ax = normAxis(axis, x.rank);
-  return applyOp(splitOp, [x, x.graph.shapeTensor(sizes)], { axis: ax, sizes: sizes.map(canonicalDim) });
+  return applyOp(splitOp, [x, shapeTensor(x.graph, sizes)], { axis: ax, sizes: sizes.map(canonicalDim) });
 }
 
 /**
@@ -425,8 +301,8 @@ export function slice(x: Tensor, axes: number[], starts: Dim[], ends?: Dim[], st
     steps: steps ?? axes.map(() => 1),
   };
   const g = x.graph;
-  const vec = (ds: Dim[]) => g.shapeTensor(ds);
-  return applyOp(sliceOp, [x, vec(spec.starts), vec(spec.ends), g.constant(spec.axes, 'int64', [spec.axes.length]), g.constant(spec.steps, 'int64', [spec.steps.length])], spec)[0];
+  const vec = (ds: Dim[]) => shapeTensor(g, ds);
+  return applyOp(sliceOp, [x, vec(spec.starts), vec(spec.ends), constant(g, spec.axes, 'int64', [spec.axes.length]), constant(g, spec.steps, 'int64', [spec.steps.length])], spec)[0];
 }
 
 /** Zero-pads each axis by `before[i]` and `after[i]` elements (static amounts). */
@@ -434,59 +310,21 @@ export function pad(x: Tensor, before: number[], after: number[]): Tensor {
   if (before.length !== x.rank || after.length !== x.rank) throw new Error(`pad: give ${x.rank} before/after amounts`);
   if ([...before, ...after].some((n) => !Number.isInteger(n) || n < 0)) throw new Error(`pad: amounts must be non-negative integers, got [${before}] / [${after}]`);
   const shape = x.shape.map((d, i) => (before[i] === 0 && after[i] === 0 ? d : typeof d === 'number' ? d + before[i] + after[i] : anonymousDim()));
-  return applyOp(padOp, [x, x.graph.constant([...before, ...after], 'int64', [2 * x.rank])], { shape, amounts: { before: [...before], after: [...after] } })[0];
-}
-
-/** Removes size-1 axes. */
-export function squeeze(x: Tensor, axes: number[]): Tensor {
-  return applyOp(squeezeOp, [x, x.graph.constant(axes, 'int64', [axes.length])], { axes })[0];
-}
-
-/** Inserts size-1 axes at the given output positions. */
-export function unsqueeze(x: Tensor, axes: number[]): Tensor {
-  return applyOp(unsqueezeOp, [x, x.graph.constant(axes, 'int64', [axes.length])], { axes })[0];
-}
-
-/**
- * Broadcasts x to `dims`. With `like`, the target shape is read from that tensor at run time
- * (exact even for dims only known at run time).
- */
-export function expand(x: Tensor, dims: Shape, like?: Tensor): Tensor {
-  const wanted = dims.map(canonicalDim);
-  const spec = like ? undefined : constantExpandSpec(x.shape, wanted);
-  const target = like ? shapeOf(like) : spec ? x.graph.constant(spec, 'int64', [spec.length]) : x.graph.shapeTensor(wanted);
-  return applyOp(expandOp, [x, target], { shape: wanted })[0];
-}
-
-/**
- * A constant Expand target: Expand broadcasts both ways, so a dim x already has can be given as 1
- * and only new static dims need values.
- */
-function constantExpandSpec(input: Shape, target: Dim[]): number[] | undefined {
-  const spec: number[] = [];
-  for (let j = 0; j < target.length; j++) {
-    const i = j - (target.length - input.length);
-    const d = target[j];
-    if (i >= 0 && dimEquals(input[i], d)) spec.push(1);
-    else if (typeof d === 'number') spec.push(d);
-    else return undefined;
-  }
-  return spec;
+  return applyOp(padOp, [x, constant(x.graph, [...before, ...after], 'int64', [2 * x.rank])], { shape, amounts: { before: [...before], after: [...after] } })[0];
 }
 
 /** Keeps the lower (or upper) triangle of the last two axes, offset by diagonal k. */
 export function trilu(x: Tensor, upper: boolean, k = 0): Tensor {
-  return applyOp(triluOp, [x, x.graph.constant(k, 'int64', [])], { upper, k })[0];
+  return applyOp(triluOp, [x, constant(x.graph, k, 'int64', [])], { upper, k })[0];
 }
 
 /** [0, 1, …, n−1] of the given dtype; `n` may be symbolic. `like` picks the graph. */
 export function arange(n: Dim, dtype: DType, like: Tensor): Tensor {
   const g = like.graph;
-  const limit = typeof n === 'number' ? g.constant(n, dtype, []) : castScalar(squeeze(g.dimTensor(n), [0]), dtype);
-  return applyOp(rangeOp, [g.constant(0, dtype, []), limit, g.constant(1, dtype, [])], { length: canonicalDim(n) })[0];
+  const limit = typeof n === 'number' ? constant(g, n, dtype, []) : castScalar(squeeze(dimTensor(g, n), [0]), dtype);
+  return applyOp(rangeOp, [constant(g, 0, dtype, []), limit, constant(g, 1, dtype, [])], { length: canonicalDim(n) })[0];
 }
 
-import { castOp } from './elementwise';
 function castScalar(x: Tensor, dtype: DType): Tensor {
   return x.dtype === dtype ? x : applyOp(castOp, [x], { to: dtype })[0];
 }
