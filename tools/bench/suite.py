@@ -7,7 +7,7 @@ runtime sourced (/opt/device-rt/env.sh). Groups, each at the Qwen3-0.6B shape in
          same initial weights): Lathe plain and with CUDA-graph replay; parity is the first loss
          against PyTorch's, and every graph-replay loss against the plain path's: LoRA within 2e-5
          over 20 steps; full fine-tuning, whose own plain runs part in the last bits from step 3
-         or so, within 5× the spread of two plain runs (or 1e-4) over 8 steps.
+         or so, within 3e-4 over 8 steps (twice the largest gap seen between two plain runs).
   gen    `generate` at batch 256 and 64, on ragged left-padded prompts (128–256 tokens) and on
          unpadded 256-token prompts, 512 new tokens, greedy: Lathe's KV engine with CUDA graphs
          against transformers' fastest set-up for that workload (HF_FASTEST below; --hf-all times
@@ -16,9 +16,10 @@ runtime sourced (/opt/device-rt/env.sh). Groups, each at the Qwen3-0.6B shape in
   rl     one GRPO step, 64 prompts × 8 samples, prompt 256, 512 new tokens (Lathe only: the
          PyTorch + transformers step takes ~145 s; --rl-reference adds it); parity is the trainer's
          log-prob parity between generation and re-scoring.
-Writes $OUT/suite.json and compares it with the baseline (docs/benchmarks/suite-baseline.json):
-any speed more than 5 % worse, or any parity check failing, is flagged, and the exit code is 1.
---update-baseline writes $OUT/suite-baseline.json to copy over the recorded one.
+Writes $OUT/suite.json and compares it with the baseline of the same GPU model
+(docs/benchmarks/suite-baseline.json holds one per GPU model): any Lathe speed more than 5 % worse,
+or any parity check failing, is flagged, and the exit code is 1. --update-baseline writes
+$OUT/suite-baseline.json, the recorded file with this GPU's entry replaced, to copy over it.
 
 usage: python3 tools/bench/suite.py [--groups train,gen,rl] [--hf-all] [--rl-reference] [--update-baseline]
 """
@@ -42,8 +43,9 @@ LORA = ["--lora-rank", "16", "--lora-alpha", "32", "--lora-targets", "q_proj|k_p
 # Two plain runs of the same step differ in the last bits of the loss from step to step (ORT's CUDA
 # kernels are not all deterministic): graph replay must stay within this of the plain path.
 LOSS_TOLERANCE = 2e-5
-# Full fine-tuning's floor for the same check, whose plain runs part by up to ~1e-4 within 8 steps.
-FULL_TOLERANCE = 1e-4
+# Full fine-tuning's bound for the same check: twice the largest gap between two plain runs over
+# 8 steps (1.6e-4; docs/benchmarks.md), below the 4.7e-4 that stale replay tables gave by step 4.
+FULL_TOLERANCE = 3e-4
 # A Lathe speed more than this much worse than the baseline's is flagged.
 WORSE_BY = 0.05
 
@@ -106,16 +108,11 @@ def train(results):
             r["graph_losses"], r["plain_losses"] = graph["losses"], plain
             if kind == "lora":
                 r["parity_graph_vs_plain"] = len(graph["losses"]) == len(plain) and r["graph_vs_plain_max_abs"] <= LOSS_TOLERANCE
-        if kind == "full" and "error" not in graph:
-            # Two plain runs of full fine-tuning part in the last bits from step 3 or so (some of
-            # ORT's CUDA kernels here are not deterministic) and the gap grows with the steps: graph
-            # replay must stay within a few times that spread, measured in the same call.
-            again = lathe_step([], steps, "train_full_plain_again")
-            if "error" in again:
-                r["parity_graph_vs_plain"] = False
             else:
-                r["plain_vs_plain_max_abs"] = max(abs(a - b) for a, b in zip(again["losses"], plain))
-                r["parity_graph_vs_plain"] = r["graph_vs_plain_max_abs"] <= max(FULL_TOLERANCE, 5 * r["plain_vs_plain_max_abs"])
+                # Full fine-tuning's step is not bitwise deterministic on ORT's CUDA kernels: two
+                # plain runs part by ~1.5e-4 within 8 steps (docs/benchmarks.md), so replay must
+                # stay within twice that rather than match.
+                r["parity_graph_vs_plain"] = len(graph["losses"]) == len(plain) and r["graph_vs_plain_max_abs"] <= FULL_TOLERANCE
         results[f"train_{kind}"] = r
         print(json.dumps({f"train_{kind}": {k: v for k, v in r.items() if not k.endswith("losses")}}), flush=True)
 
@@ -152,6 +149,7 @@ def rl(results, reference):
     if not info:
         results["rl_step"] = {"error": err}
         return
+    TIMES["rl_model"], TIMES["rl_session"] = round(info["model_s"], 1), round(info["create_s"], 1)
     r = {"lathe_step_s": round(info["last_step_s"], 2), "generation_s": round(info["generation_s"], 2), "training_s": round(info["training_s"], 2),
          "logp_parity": info["logp_parity_max"], "logp_max_abs_diff": info["logp_max_abs_diff"],
          # exp|Δ log π| averaged over tokens: 1 is exact; bf16 rollouts against fp32-master re-scoring sit near 1.005
@@ -179,7 +177,7 @@ def compare(results, baseline):
         for k, v in r.items():
             if k.startswith("parity") and v is False:
                 flags.append((name, f"{k} failed"))
-        base = baseline.get(name, {}) if baseline.get("device") == results.get("device") else {}
+        base = baseline.get(name, {})
         for k, v in r.items():
             b = base.get(k)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not isinstance(b, (int, float)) or b == 0:
@@ -216,19 +214,20 @@ def main():
             results["timings_s"] = TIMES
             with open(os.path.join(OUT, "suite.json"), "w") as f:
                 json.dump(results, f, indent=1)
-    baseline = {}
+    recorded = {}
     if os.path.exists(BASELINE):
         with open(BASELINE) as f:
-            baseline = json.load(f)
+            recorded = json.load(f)
+    baseline = recorded.get(results["device"], {})
     flags = compare(results, baseline)
     results["flags"] = [f"{n}: {d}" for n, d in flags]
     with open(os.path.join(OUT, "suite.json"), "w") as f:
         json.dump(results, f, indent=1)
     if a.update_baseline:
         with open(os.path.join(OUT, "suite-baseline.json"), "w") as f:
-            json.dump({k: v for k, v in results.items() if k != "flags"}, f, indent=1)
-    if baseline and baseline.get("device") != results["device"]:
-        print(f"note: the baseline was measured on {baseline.get('device')}, this run on {results['device']}: speeds not compared", flush=True)
+            json.dump({**recorded, results["device"]: {k: v for k, v in results.items() if k != "flags"}}, f, indent=1)
+    if not baseline:
+        print(f"note: no baseline recorded for {results['device']} (only {', '.join(recorded) or 'none'}): speeds not compared", flush=True)
     print(f"suite: {results['suite_s']} s, {len(flags)} flag(s)" + "".join(f"\n  FLAG {n}: {d}" for n, d in flags), flush=True)
     sys.exit(1 if flags else 0)
 

@@ -4,11 +4,13 @@
  * tokens/s and the time split between prefill, decode steps and host transfers, and the cost of a
  * weight swap (copying a new weight version into the bound weights on the device).
  *
- * usage: node lathe-kv-generate.js --model DIR --prompts prompts.json --max-new N
+ * usage: node lathe-kv-generate.js --model DIR --prompts prompts.json[,more.json] --max-new N
  *          [--dtype bfloat16] [--group N] [--temperature T] [--top-k K] [--top-p P] [--repeat N] [--cuda-graph] [--memory-pattern]
- *          [--out samples.json] [--device cuda|cpu] [--profile PREFIX]
- * With no stop ids every row runs to --max-new, so the token count is exact. Prints one JSON line;
- * --out writes each row's tokens and their raw log-probs ({ tokens, raw }[]) for agreement checks.
+ *          [--out samples.json[,more-samples.json]] [--device cuda|cpu] [--profile PREFIX]
+ * With no stop ids every row runs to --max-new, so the token count is exact. Prints one JSON line
+ * per prompt file, in order; several prompt files share one process and one weight upload (and
+ * one generator while their row count and length agree). --out writes each row's tokens and their
+ * raw log-probs ({ tokens, raw }[]) for agreement checks, one file per prompt file.
  */
 import { readFileSync, writeFileSync } from 'node:fs';
 import { basename, resolve } from 'node:path';
@@ -29,10 +31,12 @@ async function main(): Promise<void> {
   const group = Number(arg('group', '1'));
   const repeat = Number(arg('repeat', '2'));
   const cudaGraph = flag('cuda-graph');
-  const prompts = JSON.parse(readFileSync(arg('prompts'), 'utf8')) as number[][];
+  const promptFiles = arg('prompts').split(',');
+  const outPaths = arg('out', '') ? arg('out', '').split(',') : [];
+  if (outPaths.length && outPaths.length !== promptFiles.length) throw new Error(`--out names ${outPaths.length} files for ${promptFiles.length} --prompts files`);
+  const sets = promptFiles.map((f) => JSON.parse(readFileSync(f, 'utf8')) as number[][]);
   const { config } = readConfig(dir);
   const device = Device.open(arg('device', 'cuda') as 'cuda' | 'cpu');
-  const P = Math.max(...prompts.map((p) => p.length));
 
   const t0 = performance.now();
   const weights = uploadWeights(device, dir, config, dtype);
@@ -41,25 +45,62 @@ async function main(): Promise<void> {
   // --memory-pattern: ORT's memory-pattern planning back on in both sessions (the engine turns it
   // off by default), for an A/B of its cost.
   const session = { ...(profile ? { profilePrefix: profile } : {}), ...(flag('memory-pattern') ? { memoryPattern: true } : {}) };
-  const genOpts = { temperature, topK, topP, groupSize: group, rows: prompts.length * group, maxLength: P + maxNew, dtype, cudaGraph, session };
-  // CPU fallback stays off; if ORT moves a node to the CPU, rerun with it on (log level 1 lists
-  // the placements on stderr) and say so in the report.
-  let cpuFallback = false;
-  let gen: KvCacheGenerator;
-  try {
-    gen = KvCacheGenerator.create(device, config, weights, genOpts);
-  } catch (e) {
-    if (!/fallback to CPU EP has been explicitly disabled/.test(String(e))) throw e;
-    cpuFallback = true;
-    gen = KvCacheGenerator.create(device, config, weights, { ...genOpts, session: { allowCpuFallback: true, logLevel: 1 } });
+  // One generator serves every prompt file with its row count: sized for the longest of them.
+  const maxLengthFor = (rows: number) => Math.max(...sets.filter((p) => p.length * group === rows).map((p) => Math.max(...p.map((r) => r.length)))) + maxNew;
+  let gen: KvCacheGenerator | undefined;
+  let genRows = 0;
+  for (const [k, prompts] of sets.entries()) {
+    const P = Math.max(...prompts.map((p) => p.length));
+    const rows = prompts.length * group;
+    const s0 = performance.now();
+    // CPU fallback stays off; if ORT moves a node to the CPU, rerun with it on (log level 1 lists
+    // the placements on stderr) and say so in the report.
+    let cpuFallback = false;
+    if (!gen || genRows !== rows) {
+      gen?.dispose();
+      const genOpts = { temperature, topK, topP, groupSize: group, rows, maxLength: maxLengthFor(rows), dtype, cudaGraph, session };
+      try {
+        gen = KvCacheGenerator.create(device, config, weights, genOpts);
+      } catch (e) {
+        if (!/fallback to CPU EP has been explicitly disabled/.test(String(e))) throw e;
+        cpuFallback = true;
+        gen = KvCacheGenerator.create(device, config, weights, { ...genOpts, session: { allowCpuFallback: true, logLevel: 1 } });
+      }
+      genRows = rows;
+    }
+    const tSession = performance.now();
+    const report = await measure(gen, device, weights, prompts, { maxNew, repeat });
+    if (outPaths[k]) writeFileSync(outPaths[k], JSON.stringify(report.out.map((c) => ({ tokens: c.tokens, raw: c.rawLogprobs }))));
+    console.log(
+      JSON.stringify({
+        engine: 'kv-cache',
+        model: basename(dir),
+        dtype,
+        sampling: { temperature, top_k: topK, top_p: topP },
+        prompts: [prompts.length, P],
+        group,
+        rows,
+        new_tokens: maxNew,
+        cuda_graph: cudaGraph,
+        cpu_fallback: cpuFallback,
+        upload_ms: k === 0 ? +(tUpload - t0).toFixed(1) : 0,
+        session_ms: +(tSession - s0).toFixed(1),
+        ...report.summary,
+      }),
+    );
   }
-  const tSession = performance.now();
-  const call = { maxNewTokens: maxNew, seed: 1 };
+  if (profile) console.error(`profiles: ${gen!.endProfiling().join(' ')}`);
+  gen?.dispose();
+}
+
+/** A warm-up call (which captures the CUDA graphs), `repeat` timed calls and a weight swap: the report's timings. */
+async function measure(gen: KvCacheGenerator, device: Device, weights: Map<string, DeviceTensor>, prompts: number[][], o: { maxNew: number; repeat: number }) {
+  const call = { maxNewTokens: o.maxNew, seed: 1 };
   const w0 = performance.now();
-  let out = await gen.generate(prompts, call); // warm-up (and CUDA graph capture)
+  let out = await gen.generate(prompts, call);
   const warmUp = { ms: performance.now() - w0, timings: { ...gen.lastTimings } };
   const runs: { ms: number; timings: typeof gen.lastTimings }[] = [];
-  for (let i = 0; i < repeat; i++) {
+  for (let i = 0; i < o.repeat; i++) {
     const s = performance.now();
     out = await gen.generate(prompts, call);
     runs.push({ ms: performance.now() - s, timings: { ...gen.lastTimings } });
@@ -81,25 +122,11 @@ async function main(): Promise<void> {
   }
   const after = await gen.generate(prompts.slice(0, 1), { maxNewTokens: 4, seed: 1 });
   for (const c of copy.values()) c.dispose();
-  const outPath = arg('out', '');
-  if (outPath) writeFileSync(outPath, JSON.stringify(out.map((c) => ({ tokens: c.tokens, raw: c.rawLogprobs }))));
-  const rows = prompts.length * group;
   const tokens = out.reduce((s, c) => s + c.tokens.length, 0);
   const t = best.timings;
-  console.log(
-    JSON.stringify({
-      engine: 'kv-cache',
-      model: basename(dir),
-      dtype,
-      sampling: { temperature, top_k: topK, top_p: topP },
-      prompts: [prompts.length, P],
-      group,
-      rows,
-      new_tokens: maxNew,
-      cuda_graph: cudaGraph,
-      cpu_fallback: cpuFallback,
-      upload_ms: +(tUpload - t0).toFixed(1),
-      session_ms: +(tSession - tUpload).toFixed(1),
+  return {
+    out,
+    summary: {
       run_ms_best: +best.ms.toFixed(1),
       run_ms_all: runs.map((r) => +r.ms.toFixed(1)),
       // Each timed run's split, to tell a slow prefill from a slow decode loop.
@@ -120,10 +147,8 @@ async function main(): Promise<void> {
       weight_bytes: [...weights.values()].reduce((s, w) => s + w.byteLength, 0),
       after_swap_tokens: after[0].tokens,
       first_tokens: out[0].tokens.slice(0, 8),
-    }),
-  );
-  if (profile) console.error(`profiles: ${gen.endProfiling().join(' ')}`);
-  gen.dispose();
+    },
+  };
 }
 
 main().catch((e: unknown) => {

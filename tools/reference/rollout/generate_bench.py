@@ -17,7 +17,8 @@ usage: python3 tools/reference/rollout/generate_bench.py [--out DIR] [--batch 32
          [--engine kv|graph] [--prev] [--hf-cache dynamic,static,static_eager] [--lathe-modes plain,cuda_graph]
          [--workloads 256:ragged,64:unpadded] [--hf-cache-for ragged=static,unpadded=dynamic]
 Needs .bundle/lathe-generate.js or .bundle/lathe-kv-generate.js (tools/bench/build-device-bundles.sh);
---prev also times .bundle/lathe-kv-generate-prev.js (an earlier build) with CUDA graphs in the same call.
+--prev also times .bundle/lathe-kv-generate-prev.js (an earlier build, one that takes several prompt
+files in one --prompts) with CUDA graphs in the same call.
 """
 import argparse
 import json
@@ -117,6 +118,27 @@ def lathe_generate(path, rows, new, dtype, out_dir, repeat, engine="graph", extr
         return json.load(f), json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def lathe_generate_sets(path, sets, new, dtype, out_dir, repeat, engine, extra, label, script=None):
+    """Runs a Lathe engine once over several prompt sets: each set's report, in order (the KV engine's
+    script takes them all in one process; the in-graph one runs once per set)."""
+    if engine != "kv":
+        return [lathe_generate(path, rows, new, dtype, out_dir, repeat, engine, extra, f"{label}-{k}", script)[1] for k, rows in enumerate(sets)]
+    files = []
+    for k, rows in enumerate(sets):
+        files.append(os.path.join(out_dir, f"prompts-{k}.json"))
+        with open(files[-1], "w") as f:
+            json.dump(rows, f)
+    cmd = ["node", script or KV_SCRIPT, "--model", path, "--prompts", ",".join(files), "--max-new", str(new), "--dtype", dtype,
+           "--repeat", str(repeat), *extra]
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "NVIDIA_TF32_OVERRIDE": "0"})
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr[-4000:])
+    lines = [json.loads(l) for l in res.stdout.strip().splitlines() if l.startswith("{")]
+    if len(lines) != len(sets):
+        raise RuntimeError(f"expected {len(sets)} reports, got {len(lines)}: {res.stdout[-1000:]}")
+    return lines
+
+
 def tokens_of(samples):
     """Token lists from an engine's --out file: plain lists (in-graph engine) or {tokens, raw} (KV engine)."""
     return [s["tokens"] if isinstance(s, dict) else s for s in samples]
@@ -194,8 +216,10 @@ def main():
         per_kind = dict(x.split("=") for x in a.hf_cache_for.split(",")) if a.hf_cache_for else {}
         report["workloads"] = []
         compiled_batch = None  # the static cache's compiled graphs serve every workload of one batch size
+        all_rows = []
         for batch, kind in workloads:
             rows = prompts(151936, batch, a.prompt, 2, kind)
+            all_rows.append(rows)
             hf = {}
             for cache in per_kind.get(f"{kind}@{batch}", per_kind.get(kind, a.hf_cache)).replace(";", ",").split(","):
                 if cache not in HF_CACHES:
@@ -208,21 +232,25 @@ def main():
                 print(json.dumps({"hf": cache, "batch": batch, "prompt_kind": kind, **hf[cache]}), flush=True)
                 torch.cuda.empty_cache()
             hf_tps = max(v["new_tokens_per_s"] for v in hf.values())
-            tp = {"model": "qwen3-0.6b shape, bf16", "batch": batch, "prompt_max": a.prompt, "prompt_kind": kind, "new": a.new,
-                  "hf": hf, "hf_new_tokens_per_s": hf_tps, "engine": a.engine}
-            kv_modes = {"plain": ("plain", (), None), "cuda_graph": ("cuda_graph", ("--cuda-graph",), None)}
-            modes = [kv_modes[m] for m in a.lathe_modes.split(",")] if a.engine == "kv" else [("graph", (), None)]
-            if a.engine == "kv" and a.prev:
-                modes.append(("cuda_graph_prev", ("--cuda-graph",), KV_PREV_SCRIPT))
-            for label, extra, script in modes:
-                try:
-                    _, info = lathe_generate(path, rows, a.new, "bfloat16", a.out, a.repeat, a.engine, extra, label, script)
-                except RuntimeError as e:
+            report["workloads"].append({"model": "qwen3-0.6b shape, bf16", "batch": batch, "prompt_max": a.prompt, "prompt_kind": kind, "new": a.new,
+                                        "hf": hf, "hf_new_tokens_per_s": hf_tps, "engine": a.engine})
+        # Lathe after transformers, each mode in one process over every workload (one weight upload;
+        # one generator per batch size).
+        kv_modes = {"plain": ("plain", (), None), "cuda_graph": ("cuda_graph", ("--cuda-graph",), None)}
+        modes = [kv_modes[m] for m in a.lathe_modes.split(",")] if a.engine == "kv" else [("graph", (), None)]
+        if a.engine == "kv" and a.prev:
+            modes.append(("cuda_graph_prev", ("--cuda-graph",), KV_PREV_SCRIPT))
+        for label, extra, script in modes:
+            try:
+                infos = lathe_generate_sets(path, all_rows, a.new, "bfloat16", a.out, a.repeat, a.engine, extra, label, script)
+            except RuntimeError as e:
+                for tp in report["workloads"]:
                     tp[label] = {"error": str(e)[-1500:]}
-                    continue
-                tp[label] = {"lathe_new_tokens_per_s": info["new_tokens_per_s"], "ratio": round(info["new_tokens_per_s"] / hf_tps, 3), "lathe": info}
+                continue
+            for tp, info in zip(report["workloads"], infos):
+                tp[label] = {"lathe_new_tokens_per_s": info["new_tokens_per_s"], "ratio": round(info["new_tokens_per_s"] / tp["hf_new_tokens_per_s"], 3), "lathe": info}
+        for tp in report["workloads"]:
             print(json.dumps(tp), flush=True)
-            report["workloads"].append(tp)
         report["throughput"] = report["workloads"][0]
         del model
         torch.cuda.empty_cache()
