@@ -1,13 +1,14 @@
 /**
  * The decoder-only transformer shared by Qwen3, Qwen2 and Llama, in the graph DSL, written to
  * compute exactly what transformers computes: RMSNorm in float32, RoPE with cos/sin from position
- * ids, grouped-query attention with a float32 softmax, SwiGLU MLP. Read top to bottom: rmsNorm →
- * rope → attention → mlp → block → decoder.
+ * ids (rope.ts), grouped-query attention with a float32 softmax, SwiGLU MLP. Read top to bottom:
+ * rmsNorm → attention (three kinds) → mlp → decoderLayer → decoder.
  */
 import * as L from '@lathe/onnx';
 import type { DType, Tensor } from '@lathe/onnx';
 import type { DecoderConfig } from './config';
-import { ropeInverseFrequencies } from './rope';
+import { accumulationDtype } from './precision';
+import { rope, ropeCaches, type Rope } from './rope';
 
 /**
  * Looks up a weight by its Hugging Face name, already in the compute dtype. It may also carry a
@@ -132,11 +133,6 @@ export interface DecoderOutputs {
   present: KvPair[];
 }
 
-/** The dtype sensitive math (norms, softmax) runs in: float32, or float64 for float64 models. */
-export function accumulationDtype(dtype: DType): DType {
-  return dtype === 'float64' ? 'float64' : 'float32';
-}
-
 /**
  * RMSNorm as transformers computes it: in float32, cast to the weight's (compute) dtype, then scaled
  * by the weight. The fused kernel keeps the product with the weight in float32 too (one rounding
@@ -179,62 +175,6 @@ export function project(w: Weights, module: string, x: Tensor, bias = false): Te
 /** Whether `hfName` is a weight the decoder reads through {@link project} (where a side branch applies). */
 export function isProjectionWeight(hfName: string): boolean {
   return /\.(self_attn\.[qkvo]|mlp\.(gate|up|down))_proj\.weight$/.test(hfName);
-}
-
-/** Applies rotary position embedding to queries or keys [B, heads, T, headDim] (the fused form also [B, T, heads·headDim]). */
-export type Rope = (x: Tensor) => Tensor;
-
-/**
- * RoPE at the given positions [B, T]: composed from primitives (cos/sin computed per position), or
- * fused (ONNX Runtime's RotaryEmbedding reading cos/sin tables precomputed for every position).
- */
-export function rope(cfg: DecoderConfig, positionIds: Tensor, dtype: DType, fused = false): Rope {
-  if (!fused) {
-    const { cos, sin } = ropeTables(cfg, positionIds, dtype);
-    return (x) => applyRope(x, cos, sin, cfg.headDim);
-  }
-  const { cos: cosCache, sin: sinCache } = ropeCaches(cfg, positionIds.graph, dtype);
-  return (x) => L.rotaryEmbedding(x, positionIds, cosCache, sinCache);
-}
-
-/** cos and sin tables [maxPositions, headDim/2] for every position, as the fused kernels read them. */
-export function ropeCaches(cfg: DecoderConfig, g: L.Graph, dtype: DType): { cos: Tensor; sin: Tensor } {
-  const { inverse, attentionScale } = ropeInverseFrequencies(cfg);
-  const P = cfg.maxPositionEmbeddings;
-  const half = inverse.length;
-  const cos = new Float32Array(P * half);
-  const sin = new Float32Array(P * half);
-  for (let p = 0; p < P; p++) {
-    for (let i = 0; i < half; i++) {
-      // Angles in float32 as transformers forms them (position · fp32 inverse frequency).
-      const angle = Math.fround(p * Math.fround(inverse[i]));
-      cos[p * half + i] = Math.cos(angle) * attentionScale;
-      sin[p * half + i] = Math.sin(angle) * attentionScale;
-    }
-  }
-  const table = (v: Float32Array) => L.cast(g.constant(v, 'float32', [P, half]), dtype);
-  return { cos: table(cos), sin: table(sin) };
-}
-
-/** cos and sin tables [B, 1, T, headDim] for the given positions (float32 math, cast to dtype). */
-export function ropeTables(cfg: DecoderConfig, positionIds: Tensor, dtype: DType): { cos: Tensor; sin: Tensor } {
-  const { inverse, attentionScale } = ropeInverseFrequencies(cfg);
-  const g = positionIds.graph;
-  const acc = accumulationDtype(dtype);
-  const invFreq = g.constant(inverse.map((f) => Math.fround(f)), acc, [inverse.length]);
-  const freqs = L.mul(L.unsqueeze(L.cast(positionIds, acc), [2]), invFreq); // [B, T, hd/2]
-  const emb = L.concat([freqs, freqs], 2);
-  const scale = (t: Tensor) => (attentionScale === 1 ? t : L.mul(t, attentionScale));
-  const cos = L.cast(scale(L.cos(emb)), dtype);
-  const sin = L.cast(scale(L.sin(emb)), dtype);
-  return { cos: L.unsqueeze(cos, [1]), sin: L.unsqueeze(sin, [1]) };
-}
-
-/** q·cos + rotate_half(q)·sin, where rotate_half([a, b]) = [−b, a] over the last axis. */
-export function applyRope(x: Tensor, cos: Tensor, sin: Tensor, headDim: number): Tensor {
-  const [x1, x2] = L.split(x, [headDim / 2, headDim / 2], -1);
-  const rotated = L.concat([L.neg(x2), x1], -1);
-  return L.add(L.mul(x, cos), L.mul(rotated, sin));
 }
 
 /**
@@ -349,9 +289,51 @@ export function mlp(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor, f
 }
 
 /**
- * The decoder: embeddings → N pre-norm blocks → final norm. Attention is composed from
- * primitives (any mask; differentiable) or, given {@link GqaDecoderInputs}, ONNX Runtime's
- * GroupQueryAttention (right-padded rows; inference only).
+ * One layer's self-attention over its normed input x [B, T, hidden] — the same kind for every layer
+ * of a decoder call, chosen once by {@link layerAttention}. `prefix` is the layer's `self_attn`
+ * module name; `past` its cached keys/values, if any.
+ */
+export type LayerAttention = (x: Tensor, prefix: string, past?: KvPair) => { out: Tensor; present: KvPair };
+
+/**
+ * The attention of a decoder call, chosen once from its inputs (with the RoPE tables it reads):
+ * GroupQueryAttention with RoPE inside the kernel ({@link GqaDecoderInputs}), differentiable flash
+ * attention (`flashAttention`), or attention composed from primitives (any mask).
+ */
+export function layerAttention(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | GqaDecoderInputs, dtype: DType, fused: boolean): LayerAttention {
+  if ('seqlensK' in inputs) {
+    const kv = { seqlensK: inputs.seqlensK, totalSequenceLength: inputs.totalSequenceLength, rotary: ropeCaches(cfg, inputs.inputIds.graph, dtype), qkNormInKernel: inputs.qkNormInKernel };
+    return (x, prefix, past) => gqaAttention(cfg, w, prefix, x, kv, past);
+  }
+  const flash = inputs.flashAttention;
+  if (flash) {
+    if (inputs.past) throw new Error('decoder: flashAttention takes no KV cache (it attends within the batch)');
+    const rotary = rope(cfg, inputs.positionIds, dtype, true);
+    return (x, prefix) => flashAttention(cfg, w, prefix, x, rotary, flash);
+  }
+  const rotary = rope(cfg, inputs.positionIds, dtype, fused);
+  return (x, prefix, past) => attention(cfg, w, prefix, x, rotary, inputs.attentionMask, past, fused);
+}
+
+/**
+ * Layer `i`, a pre-norm block: h + attention(norm(h)), then + mlp(norm(·)). `x` is the float32
+ * residual stream; each sub-block's output is cast into it. Scopes name the nodes (attn/…, mlp/…)
+ * so profiles attribute time by block.
+ */
+export function decoderLayer(cfg: DecoderConfig, w: Weights, i: number, x: Tensor, attend: LayerAttention, past?: KvPair, fused = false): { hidden: Tensor; present: KvPair } {
+  const g = x.graph;
+  const p = `model.layers.${i}`;
+  const norm = (t: Tensor, name: string) => rmsNormHf(t, w(name), cfg.rmsNormEps, fused);
+  const a = g.scope('attn', () => attend(norm(x, `${p}.input_layernorm.weight`), `${p}.self_attn`, past));
+  const mid = L.add(x, L.cast(a.out, x.dtype));
+  const hidden = L.add(mid, L.cast(g.scope('mlp', () => mlp(cfg, w, `${p}.mlp`, norm(mid, `${p}.post_attention_layernorm.weight`), fused)), x.dtype));
+  return { hidden, present: a.present };
+}
+
+/**
+ * The decoder: embeddings → N {@link decoderLayer} blocks → final norm. Attention is composed from
+ * primitives (any mask; differentiable), differentiable flash attention, or, given
+ * {@link GqaDecoderInputs}, ONNX Runtime's GroupQueryAttention (right-padded rows; inference only).
  */
 export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | GqaDecoderInputs): DecoderOutputs {
   const g = inputs.inputIds.graph;
@@ -360,40 +342,23 @@ export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | 
   // rounded once, as a matmul output, but the running sum is not rounded again after every add (as
   // it is when transformers runs in bf16). The layers themselves compute in the weights' dtype.
   let h = L.cast(embedded, accumulationDtype(embedded.dtype));
-  const toStream = (t: Tensor) => L.cast(t, h.dtype);
-  const gqa = 'seqlensK' in inputs ? inputs : undefined;
-  const composed = 'seqlensK' in inputs ? undefined : inputs;
-  const flash = composed?.flashAttention;
+  const gqa = 'seqlensK' in inputs;
   // ONNX Runtime's fused RMSNorm/RoPE/SiLU kernels: for GroupQueryAttention graphs, and by default with
   // flash attention (a kernel path already; their gradient rules make them trainable).
-  const fused = gqa ? true : (composed?.fused ?? Boolean(flash));
-  if (flash && inputs.past) throw new Error('decoder: flashAttention takes no KV cache (it attends within the batch)');
-  const cd = embedded.dtype;
-  const rotary = composed && !flash ? rope(cfg, composed.positionIds, cd, fused) : undefined;
-  const flashRotary = composed && flash ? rope(cfg, composed.positionIds, cd, true) : undefined;
-  const caches = gqa && { seqlensK: gqa.seqlensK, totalSequenceLength: gqa.totalSequenceLength, rotary: ropeCaches(cfg, g, cd), qkNormInKernel: gqa.qkNormInKernel };
-  const norm = (x: Tensor, name: string) => rmsNormHf(x, w(name), cfg.rmsNormEps, fused);
+  const fused = gqa ? true : (inputs.fused ?? Boolean(inputs.flashAttention));
+  const recompute = !gqa && inputs.recompute;
+  const attend = layerAttention(cfg, w, inputs, embedded.dtype, fused);
   const present: KvPair[] = [];
   for (let i = 0; i < cfg.numLayers; i++) {
-    const p = `model.layers.${i}`;
-    const layer = (x0: Tensor): Tensor => {
-      // Scopes name the nodes (layerN/attn/…, layerN/mlp/…) so profiles attribute time by block.
-      const a = g.scope('attn', () => {
-        const x = norm(x0, `${p}.input_layernorm.weight`);
-        return caches
-          ? gqaAttention(cfg, w, `${p}.self_attn`, x, caches, inputs.past?.[i])
-          : flash
-            ? flashAttention(cfg, w, `${p}.self_attn`, x, flashRotary!, flash)
-            : attention(cfg, w, `${p}.self_attn`, x, rotary!, composed!.attentionMask, inputs.past?.[i], fused);
-      });
-      const mid = L.add(x0, toStream(a.out));
-      present.push(a.present);
-      return L.add(mid, toStream(g.scope('mlp', () => mlp(cfg, w, `${p}.mlp`, norm(mid, `${p}.post_attention_layernorm.weight`), fused))));
-    };
     const input = h;
-    h = g.scope(`layer${i}`, () => (composed?.recompute ? L.checkpoint([input], () => layer(input)) : layer(input)));
+    const layer = () => {
+      const out = decoderLayer(cfg, w, i, input, attend, inputs.past?.[i], fused);
+      present.push(out.present);
+      return out.hidden;
+    };
+    h = g.scope(`layer${i}`, () => (recompute ? L.checkpoint([input], layer) : layer()));
   }
-  return { hidden: norm(h, 'model.norm.weight'), present };
+  return { hidden: rmsNormHf(h, w('model.norm.weight'), cfg.rmsNormEps, fused), present };
 }
 
 // ---- masks and positions -----------------------------------------------------------------------

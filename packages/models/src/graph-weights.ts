@@ -1,6 +1,6 @@
 /**
- * Whole graphs for common jobs: a causal LM whose weights are graph inputs (bound device buffers
- * in training and generation) or external initializers backed by the model's safetensors files.
+ * How a graph reads a decoder's weights: as graph inputs (bound device buffers in training and
+ * generation) or as external initializers backed by the model's safetensors files.
  */
 import { linkSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';

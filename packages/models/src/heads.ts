@@ -6,7 +6,8 @@
 import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
 import type { DecoderConfig } from './config';
-import { accumulationDtype, linear, type Weights } from './decoder';
+import { linear, type Weights } from './decoder';
+import { accumulationDtype } from './precision';
 import { lmHeadName } from './params';
 
 /** Logits [B, T, vocab] in the compute dtype. */

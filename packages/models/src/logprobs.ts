@@ -1,0 +1,88 @@
+/**
+ * Teacher-forced next-token log-probs of a causal LM — the one graph builder that training losses,
+ * RL policies and scoring graphs all wrap. Position t holds log p(ids[t+1] | ids ≤ t) ("predicting
+ * position" coordinates); the last column wraps around and is the caller's to mask.
+ */
+import * as L from '@lathe/onnx';
+import type { Tensor } from '@lathe/onnx';
+import type { DecoderConfig } from './config';
+import { decoder, paddedCausalMask, positionsFromPadding, rightPaddedAttention, rightPaddedGqaInputs, totalLength, type Weights } from './decoder';
+import { chunkedLogprobsAndEntropy, chunkedTargetLogprobs } from './heads';
+
+/**
+ * Shifts [B, T] left by one along T (the last column wraps around: mask it out). A static T takes
+ * one Gather: a Concat of unequal parts would copy an index table from the host on every run.
+ */
+export function shiftLeft(x: Tensor): Tensor {
+  const T = x.shape[1];
+  if (typeof T === 'number') return L.gather(x, x.graph.constant(Array.from({ length: T }, (_, t) => (t + 1) % T), 'int64', [T]), 1);
+  return L.concat([L.slice(x, [1], [1]), L.slice(x, [1], [0], [1])], 1);
+}
+
+/**
+ * How {@link causalLmLogprobs} attends:
+ * - 'composed': MatMul/Softmax from primitives — any padding, differentiable.
+ * - 'flash': GroupQueryAttention with a composed backward pass (flash attention on CUDA, which runs
+ *   it in float16/bfloat16 only) — differentiable, keeps no [B, heads, T, T] activations; rows must
+ *   be right-padded.
+ * - 'gqa': GroupQueryAttention with RoPE inside the kernel — inference only (scoring), right-padded.
+ */
+export type LogprobAttention = 'composed' | 'flash' | 'gqa';
+
+/** Options of {@link causalLmLogprobs}. */
+export interface CausalLmLogprobsOptions {
+  /** Log-probs of softmax(logits / temperature) (the sampling temperature). Default 1. */
+  temperature?: number;
+  /** Vocabulary rows per chunk of the log-partition (and entropy). Default 16,384. */
+  chunk?: number;
+  /** Also the entropy of each next-token distribution (one pass over each chunk gives both). Default false. */
+  entropy?: boolean;
+  /** Recompute each decoder layer (and head chunk) in the backward pass instead of keeping its activations. */
+  recompute?: boolean;
+  /** Default 'composed'. */
+  attention?: LogprobAttention;
+  /**
+   * With 'flash' or 'gqa': the batch width T as an int32 scalar (see `totalLength`); default
+   * `totalLength(g, ids)` — a constant for a static T, else the `total_sequence_length` input.
+   */
+  totalSequenceLength?: Tensor;
+  /** With 'composed': ONNX Runtime's fused RMSNorm/RoPE/SiLU kernels. Default off (the decoder's default). */
+  fused?: boolean;
+}
+
+/** What {@link causalLmLogprobs} returns. */
+export interface CausalLmLogprobs {
+  /** log p(ids[t+1] | ids ≤ t), [B, T] float32; the last column is meaningless. */
+  logp: Tensor;
+  /** Entropy of p(· | ids ≤ t), [B, T] float32, with the `entropy` option. */
+  entropy?: Tensor;
+  /** The decoder's final hidden states [B, T, hidden] (for other heads over the same forward pass). */
+  hidden: Tensor;
+}
+
+/**
+ * Next-token log-probs (and entropies) of token ids [B, T] under the decoder with weights `w`;
+ * `attentionMask` [B, T] is 1 on tokens. Full-vocabulary logits are never materialised: the
+ * log-partition runs over vocabulary chunks (`chunkedTargetLogprobs`, or with the entropy
+ * `chunkedLogprobsAndEntropy`, which keeps more for the backward pass).
+ */
+export function causalLmLogprobs(cfg: DecoderConfig, w: Weights, ids: Tensor, attentionMask: Tensor, opts: CausalLmLogprobsOptions & { entropy: true }): CausalLmLogprobs & { entropy: Tensor };
+export function causalLmLogprobs(cfg: DecoderConfig, w: Weights, ids: Tensor, attentionMask: Tensor, opts?: CausalLmLogprobsOptions): CausalLmLogprobs;
+export function causalLmLogprobs(cfg: DecoderConfig, w: Weights, ids: Tensor, attentionMask: Tensor, opts: CausalLmLogprobsOptions = {}): CausalLmLogprobs {
+  const attention = opts.attention ?? 'composed';
+  const width = () => opts.totalSequenceLength ?? totalLength(ids.graph, ids);
+  const { hidden } =
+    attention === 'gqa'
+      ? decoder(cfg, w, rightPaddedGqaInputs(ids, attentionMask, width()))
+      : decoder(cfg, w, {
+          inputIds: ids,
+          positionIds: positionsFromPadding(attentionMask),
+          attentionMask: paddedCausalMask(attentionMask),
+          recompute: opts.recompute,
+          ...(opts.fused === undefined ? {} : { fused: opts.fused }),
+          ...(attention === 'flash' ? { flashAttention: rightPaddedAttention(attentionMask, width()) } : {}),
+        });
+  const head = { chunk: opts.chunk, temperature: opts.temperature, recompute: opts.recompute };
+  if (opts.entropy) return { ...chunkedLogprobsAndEntropy(cfg, w, hidden, shiftLeft(ids), head), hidden };
+  return { logp: chunkedTargetLogprobs(cfg, w, hidden, shiftLeft(ids), head), hidden };
+}
