@@ -1,5 +1,4 @@
 /** Test helper: run a DSL graph on onnxruntime-node's CPU provider. */
-// Shared by the packages' tests; the runtime package's Program replaces it once it lands.
 import * as ort from 'onnxruntime-node';
 import { toModelBytes, type Graph, type DType } from '@lathe/onnx';
 

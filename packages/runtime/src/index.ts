@@ -11,5 +11,4 @@ export { Session, Binding, type SessionOptions, type TensorInfo, type RunOptions
 export { byteSize, checkHostTensor, hostArrayType, hostTensor, sizeOf, type HostArray, type HostTensor } from './host';
 export { bytesToFloat32, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits } from './half';
 export { PlainSession, type SessionDevice } from './plain';
-export { Program, type ProgramBackend, type ProgramOptions, type ProgramIO } from './program';
 export { availableProviders, diagnose, type DoctorCheck } from './doctor';

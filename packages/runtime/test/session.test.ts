@@ -1,7 +1,7 @@
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import * as L from '@lathe/onnx';
-import { Device, Program, type HostTensor } from '@lathe/runtime';
+import { Device, PlainSession, type HostTensor } from '@lathe/runtime';
 
 const cpu = Device.cpu();
 
@@ -32,8 +32,8 @@ test('the binding path and the plain onnxruntime-node path give identical result
     w: { data: rand(128, 2), dims: [8, 16] },
     ids: { data: BigInt64Array.from({ length: 15 }, (_, i) => BigInt((i * 7) % 16)), dims: [5, 3] },
   };
-  const plain = await Program.compile(g, { backend: 'plain' });
-  const bound = await Program.compile(g, { backend: 'binding' });
+  const plain = await PlainSession.create(g);
+  const bound = cpu.compile(g);
   const a = await plain.run(feeds);
   const b = await bound.run(feeds);
   // device tensors as inputs too
@@ -46,7 +46,7 @@ test('the binding path and the plain onnxruntime-node path give identical result
   }
   w.dispose();
   await plain.dispose();
-  await bound.dispose();
+  bound.dispose();
 });
 
 test('bindings persist: rebinding one input re-runs with the others unchanged; outputs in place, allocated, or on the host', () => {
