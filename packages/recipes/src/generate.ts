@@ -7,14 +7,14 @@ import { existsSync, mkdirSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { stringify as toYaml } from 'yaml';
 import { parquetInfo, readParquetBatches, readParquetSchema, readRecords, writeAtomic, writeParquet, writeTrajectories, type SourceRecord } from '@lathe/data';
-import { validateSampling } from '@lathe/rollout';
+import { validateSampling, type GenerationEngine } from '@lathe/rollout';
 import { GENERATE_RESUMABLE_KEYS, type GenerateConfig } from './generate-config';
 import { configChanges, modelConfig } from './scaffold';
-import { TrajectoryGenerator, type GeneratedTrajectory, type TrajectoryEngine, type TrajectoryProgress, type TrajectoryPrompt } from './trajectories';
+import { TrajectoryGenerator, type GeneratedTrajectory, type TrajectoryProgress, type TrajectoryPrompt } from './trajectories';
 
 /** Callbacks for progress display. */
 export interface GenerateEvents {
-  onStart?(info: { prompts: number; samples: number; parts: number; partsDone: number; samplesDone: number; engine: TrajectoryEngine; why?: string }): void;
+  onStart?(info: { prompts: number; samples: number; parts: number; partsDone: number; samplesDone: number; engine: GenerationEngine; why?: string }): void;
   /** After every generation run: samples done of the whole file (resumed parts included). */
   onProgress?(p: TrajectoryProgress): void;
   onPart?(info: { file: string; index: number; rows: number }): void;
@@ -133,7 +133,7 @@ function prepareOutput(cfg: GenerateConfig, paths: ReturnType<typeof generatePat
 }
 
 /** The generation settings stored in the output's footer (what determines the samples, nothing else). */
-function footerMetadata(cfg: GenerateConfig, engine: TrajectoryEngine): Record<string, string> {
+function footerMetadata(cfg: GenerateConfig, engine: GenerationEngine): Record<string, string> {
   const keys = ['model', 'prompt_format', 'samples_thinking', 'samples_non_thinking', 'max_new_tokens', 'temperature', 'top_k', 'top_p', 'min_p', 'seed', 'grader', 'device', 'compute_dtype'] as const;
   return { 'lathe:generate': JSON.stringify({ ...Object.fromEntries(keys.map((k) => [k, cfg[k]])), sample_key: '(prompt_idx*2 + (thinking===false ? 1 : 0))*65536 + sample_idx', engine }) };
 }

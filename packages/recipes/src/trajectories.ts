@@ -27,7 +27,7 @@ import { Device, type DeviceKind, type DeviceTensor } from '@lathe/runtime';
 import { HfTokenizer, splitThinking } from '@lathe/tokenizer';
 import { MathGrader } from '@lathe/graders';
 import type { Trajectory } from '@lathe/data';
-import { Generator, KvCacheGenerator, kvCacheUnsupported, shrinkOnOutOfMemory, uploadWeights, validateSampling, type Completion, type GenerateCallOptions, type SamplingOptions } from '@lathe/rollout';
+import { chooseGenerationEngine, Generator, KvCacheGenerator, shrinkOnOutOfMemory, uploadWeights, validateSampling, type Completion, type EngineChoice, type GenerateCallOptions, type GenerationEngineRequest, type SamplingOptions } from '@lathe/rollout';
 
 // ---------------------------------------------------------------------------------------------
 // Prompts, rows and options
@@ -73,9 +73,6 @@ export interface GeneratedTrajectory extends Trajectory {
 /** A grader: the decoded response (special tokens dropped) → a score in 0–1, or null for "not graded". */
 export type TrajectoryGrader = (response: string, prompt: TrajectoryPrompt, sample: { thinking: boolean | null }) => number | null | Promise<number | null>;
 
-/** The generation backends: the KV-cache generator, or the in-graph generation loop. */
-export type TrajectoryEngine = 'kv-cache' | 'graph';
-
 /** Options of {@link generate} and {@link TrajectoryGenerator}. */
 export interface TrajectoryOptions extends SamplingOptions {
   /** Generation limit per sample. */
@@ -92,8 +89,8 @@ export interface TrajectoryOptions extends SamplingOptions {
   device?: DeviceKind;
   /** Compute dtype. Default float32 on CPU, bfloat16 on CUDA. */
   dtype?: 'float32' | 'bfloat16' | 'float16';
-  /** 'auto' (default): the KV-cache generator where {@link kvCacheUnsupported} allows, else the graph. */
-  engine?: 'auto' | TrajectoryEngine;
+  /** 'auto' (default): the KV-cache generator where it runs (`chooseGenerationEngine`), else the graph. */
+  engine?: GenerationEngineRequest;
   /** Samples per generation run (the KV-cache engine's rows). Changes speed and memory, not samples. Default 64. */
   batchSize?: number;
   /** Folder with tokenizer.json and tokenizer_config.json. Default: the model folder. */
@@ -183,14 +180,6 @@ export function sampleKey(promptIdx: number, thinking: boolean | null, sampleIdx
  */
 export function finalResponse(response: string, promptOpensThink: boolean): string | null {
   return splitThinking(promptOpensThink ? `<think>${response}` : response).answer;
-}
-
-/** The engine for a request: `requested`, or with 'auto' the KV-cache generator unless it cannot run (then why). */
-export function chooseEngine(config: Pick<DecoderConfig, 'headDim'>, device: DeviceKind, dtype: DType, requested: 'auto' | TrajectoryEngine): { engine: TrajectoryEngine; why?: string } {
-  const why = kvCacheUnsupported(config, device, dtype);
-  if (requested === 'kv-cache' && why) throw new Error(`the kv-cache engine cannot run here: ${why}`);
-  if (requested === 'graph') return { engine: 'graph' };
-  return why ? { engine: 'graph', why } : { engine: 'kv-cache' };
 }
 
 /** What both engines offer (the KV-cache one sized on demand). */
@@ -306,7 +295,7 @@ export function groupsOf(run: readonly PlannedSample[]): PlannedSample[][] {
  */
 export class TrajectoryGenerator {
   /** The engine in use and, when 'auto' fell back to the graph, why. */
-  readonly engine: { engine: TrajectoryEngine; why?: string };
+  readonly engine: EngineChoice;
   private running: Engine | undefined;
   private grader: MathGrader | undefined;
   private readonly stopIds: number[];
@@ -331,7 +320,7 @@ export class TrajectoryGenerator {
     readonly tokenizer: HfTokenizer,
     private readonly o: Required<Omit<TrajectoryOptions, 'tokenizer' | 'stopIds' | 'beforeEngineRun' | 'onEngineShrink' | 'standInEngine' | keyof SamplingOptions>> & Pick<TrajectoryOptions, 'stopIds' | 'beforeEngineRun' | 'onEngineShrink' | 'standInEngine'> & { sampling: SamplingOptions },
   ) {
-    this.engine = chooseEngine(config, o.device, o.dtype, o.engine);
+    this.engine = chooseGenerationEngine(o.engine, config, o.device, o.dtype);
     const eos = config.eosTokenId;
     this.stopIds = o.stopIds ? [...o.stopIds] : [...new Set([tokenizer.eosId, ...(eos === undefined ? [] : Array.isArray(eos) ? eos : [eos])])];
     this.modes =
