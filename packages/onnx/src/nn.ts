@@ -54,9 +54,8 @@ export function windowWidth(D: number): number {
 /**
  * max over the last axis, keeping it (size 1). A static axis that splits into windows (see
  * {@link windowWidth}) is reduced in two stages: MaxPool over the windows, then ReduceMax across
- * them. ONNX Runtime's CUDA provider runs Max reductions through cuDNN, slowly on long rows: over
- * [8192, 16384] float32 (an LM-head chunk of the loss) ReduceMax took 1.95 ms per run on the H100
- * and this 0.61 ms, ~0.1 ms of run overhead included in both (pick-bench.ts, docs/benchmarks.md).
+ * them. ONNX Runtime's CUDA provider runs Max reductions through cuDNN, slowly on long rows such as
+ * an LM-head chunk of the loss (figures in docs/benchmarks.md).
  */
 export function lastAxisMax(x: Tensor): Tensor {
   const D = x.shape[x.rank - 1];
@@ -85,9 +84,8 @@ export function logSumExp(x: Tensor, axes?: number | number[], keepdims = false)
  * (y = x − lse, its max and sum inside the kernel), and lse = x₀ − y₀ from the first column; the
  * gradient, softmax(x)·dy = exp(y)·dy, by a rule of its own. Passes over x: one forward and two
  * backward (Exp, Mul), where `logSumExp` takes four forward (max, subtract, exp, sum) and one
- * backward; on an LM-head chunk of the loss ([8192, 16384] float32, ~0.3–0.6 ms a pass on the
- * H100) this saved ~6.5 ms of a 264 ms train step. x must be finite in column 0: a −∞ there makes
- * the result NaN (x₀ − y₀ = −∞ + ∞).
+ * backward, which shows in the train step on the loss's LM-head chunks (docs/benchmarks.md). x must
+ * be finite in column 0: a −∞ there makes the result NaN (x₀ − y₀ = −∞ + ∞).
  */
 export function rowLogSumExp(x: Tensor): Tensor {
   if (x.rank !== 2) throw new GraphError(`rowLogSumExp: x must be [rows, n], got rank ${x.rank}`);

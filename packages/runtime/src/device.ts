@@ -341,8 +341,8 @@ export class Device {
       let info: Ptr;
       let value: Ptr;
       try {
-        // Page-locked staging is opt-in: with ORT 1.29 a pinned input to the copy session failed
-        // GPUDataTransfer's `dst_data != src_data` check on the H100 (2026-11-23).
+        // Page-locked staging is opt-in: with ORT 1.29 a pinned input to the copy session fails
+        // GPUDataTransfer's `dst_data != src_data` check.
         if (!process.env.LATHE_PINNED_STAGING) throw new Error('pinned staging not enabled');
         info = api.out('CreateMemoryInfo', 'CudaPinned', OrtAllocatorType.device, 0, -1 /* OrtMemTypeCPUOutput */);
         const allocator = api.out('CreateAllocator', this.utilitySession('uint8', 'copy').handle, info);

@@ -388,8 +388,8 @@ export class Binding {
   /**
    * Runs on a worker thread, so the event loop (progress, signals) keeps going during long runs —
    * on the CPU. On CUDA the run is synchronous: runs issued from libuv's pool threads (several
-   * threads per process) crashed ONNX Runtime's CUDA provider with a segmentation fault in 8 of 12
-   * GRPO runs of 512 rows (H100, 2026-11-23); with runs on one thread, 0 of 14 did (docs/runtime.md).
+   * threads per process) crash ONNX Runtime's CUDA provider with a segmentation fault, and runs on
+   * one thread do not (docs/runtime.md).
    */
   async run(opts: RunOptions = {}): Promise<void> {
     if (this.session.device.kind !== 'cpu') {

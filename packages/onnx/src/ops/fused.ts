@@ -200,18 +200,17 @@ export const groupQueryAttentionOp = defineOp<GroupQueryAttentionAttrs>({
  * applies flash attention's backward:
  *   dV = Pᵀ·dO,  dP = dO·Vᵀ,  D = rowsum(dO ⊙ O),  dS = P ⊙ (dP − D),  dQ = dS·K·scale,  dK = dSᵀ·(Q·scale).
  * The G query heads that share a KV head are stacked as rows, [B, KV, G·S, ·], so every product
- * is a strided batch over [B, KV] (a key broadcast over a G axis ran as pointer-array batches,
- * measured no slower: ~120 µs either way for QKᵀ at 8 × 1024), and dV = Pᵀ·dO and dK = dSᵀ·Q sum
- * over the G heads inside the matmul (a ReduceSum over that axis ran as a cuDNN reduction at
- * 244 µs per call, 14 ms a step at the 0.6B shape, 8 × 1024).
+ * is a strided batch over [B, KV] (a key broadcast over a G axis, as pointer-array batches, is no
+ * faster), and dV = Pᵀ·dO and dK = dSᵀ·Q sum over the G heads inside the matmul (a ReduceSum over
+ * that axis runs as a slow cuDNN reduction; docs/benchmarks.md).
  * The [B, heads, S, S] values exist only while this layer's backward runs, and they are the rule's
  * cost (each pass over them moves 8·16·1024² elements per layer at 8 × 1024 for the 0.6B shape),
  * so they stay in the compute dtype: the softmax accumulates in float32 inside its kernel, D is
  * summed in float32 and dP − D is formed in the float32 accumulator of one matmul, but P, dP − D
  * and dS are stored in bf16/fp16. Flash attention also rounds P and dS to half precision for its
  * products; it forms dS = P ⊙ (dP − D) in float32 registers, where this rule rounds dP − D before
- * the product (measured at the 0.6B shape: losses within 4e-6 of PyTorch's after 5 steps,
- * docs/benchmarks.md). In float32 nothing is rounded.
+ * the product (the losses still agree with PyTorch's; docs/benchmarks.md). In float32 nothing is
+ * rounded.
  * Only the causal mask is applied: the key-length mask is implied for every query row that
  * matters, since a query i < len_b sees keys j ≤ i < len_b. Rows past a row's length (padding)
  * see padding keys, but their dO is expected to be 0 (the decoder zeroes those outputs, so it is),
@@ -253,9 +252,8 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
   const masked = dt === 'float16' ? -6e4 : -1e9;
   const bias = causalBias(q!, masked); // [S, S]
   // scores [B, KV, G·S, S] + bias [S, S], added as [B, KV, G, S·S] + [S·S] (free reshapes): ONNX
-  // Runtime 1.29 runs a right-aligned operand with two non-1 dims through its general broadcast
-  // kernel (465 µs a layer at 8 × 1024 on the H100), one with a single non-1 dim through its
-  // per-channel kernel.
+  // Runtime 1.29 runs a right-aligned operand with two non-1 dims through its slow general
+  // broadcast kernel, one with a single non-1 dim through its per-channel kernel.
   const scores = matmul(qScaled, swap(k4));
   const area = shapeSize(bias.shape);
   const p = softmax(reshapeLike(add(reshape(scores, [B, KV, G, area]), reshape(bias, [area])), scores), -1); // [B, KV, G·S, S]
@@ -270,10 +268,10 @@ function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<Gro
   const o = stacked(where(reshape(valid, [B, 1, 1, S, 1]), queries5(outputs[0]!), constant(g, 0, dt, [])));
   const rowDot = cast(reduceSum(mul(cast(dO, acc), cast(o, acc)), [-1], true), dt); // D, [B, KV, G·S, 1]
   // dP − D as one product, [dO, −D, 0…]·[V, 1, 0…]ᵀ: the matmul accumulates the difference in
-  // float32 and rounds it once, and no broadcast subtract runs over [S, S] (465 µs a layer at
-  // 8 × 1024 on the H100). 7 zero columns pad hd + 1 to a multiple of 8 for the tensor cores.
+  // float32 and rounds it once, and no broadcast subtract runs over [S, S] (the slow general
+  // broadcast kernel). 7 zero columns pad hd + 1 to a multiple of 8 for the tensor cores.
   // They are sliced and scaled rather than made from a Shape: ONNX Runtime turns
-  // Shape(Slice(Transpose(…))) into a Gather it runs on the CPU, one per layer (seen on the H100).
+  // Shape(Slice(Transpose(…))) into a Gather it runs on the CPU, one per layer.
   // The 8 extra columns are [−D, 0…] and [1, 0…]: a column broadcast against e₀ = [1, 0, …, 0].
   const e0 = constant(g, [1, 0, 0, 0, 0, 0, 0, 0], dt, [8]);
   const zeros8 = (t: Tensor) => mul(slice(t, [3], [0], [8]), constant(g, 0, dt, []));

@@ -136,10 +136,9 @@ export function topK(x: Tensor, k: Dim, axis = -1, largest = true): [Tensor, Ten
  * gives it: the index into the flattened input (((n·C + c)·H + h)·W + w) of the window's first
  * maximum. No gradient (sampling and the loss's stabiliser use it).
  *
- * A reduction's equal in value, but ONNX Runtime's CUDA provider runs it as a pooling kernel: a max
- * over 128-wide windows of [256, 151936] float32 took 92 µs as MaxPool and 345 µs as ReduceMax
- * (H100, 2026-11-24, pick-bench.ts, net of run overhead; docs/benchmarks.md). Keep the rows out of
- * the channels: [8, 1024, 16384] took 3.3 ms against 0.45 ms as [8192, 1, 16384].
+ * A reduction's equal in value, but ONNX Runtime's CUDA provider runs it as a pooling kernel,
+ * several times faster than ReduceMax. Keep the rows out of the channels ([8192, 1, 16384] rather
+ * than [8, 1024, 16384]): many channels make it several times slower (docs/benchmarks.md).
  */
 export const maxPoolOp = defineOp<{ k: number; indices: boolean; rank: number }>({
   name: 'MaxPool',
