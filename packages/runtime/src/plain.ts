@@ -1,8 +1,8 @@
 /**
- * Running a DSL graph with host tensors through onnxruntime-node's plain JavaScript API. Every input
- * and output crosses the host boundary on each run (slow on CUDA; docs/runtime.md, "Why a C API path"):
- * fine on the CPU provider and for simple inference; state that should stay on the GPU goes through
- * `Device` + `Session` (the C API path) instead.
+ * Running a DSL graph with host tensors through onnxruntime-node's plain JavaScript API. Every
+ * input and output crosses the host boundary on each run (slow on CUDA: docs/runtime.md, "Why a C
+ * API path"): fine on the CPU provider and for simple inference; state that should stay on the GPU
+ * goes through `Device` + `Session` (the C API path) instead.
  */
 import { writeFileSync } from 'node:fs';
 import * as ort from 'onnxruntime-node';
