@@ -73,36 +73,65 @@ interface Buffers {
 
 const f32 = (v: number): HostTensor => ({ data: Float32Array.from([v]), dims: [] });
 
+/** What `Trainer.create` builds and the trainer holds. */
+interface TrainerParts {
+  graphs: TrainStepGraphs;
+  device: Device;
+  names: string[];
+  /** sets[k].get(name): the value and moments of set k. */
+  sets: [Map<string, Buffers>, Map<string, Buffers>];
+  /** step[k]: reads set k, writes set 1 − k (single-run steps). */
+  stepBindings?: Binding[];
+  /** accumulate[k][j]: params of set k, gradients from buffer j into 1 − j. */
+  accumulateBindings?: Binding[][];
+  /** apply[k][j]: set k and gradients j → set 1 − k. */
+  applyBindings?: Binding[][];
+  grads?: [Map<string, DeviceTensor>, Map<string, DeviceTensor>];
+  microBatches: number;
+  /** Optimizer steps already taken. */
+  step: number;
+  /** The loss builder's inputs that each batch supplies (the frozen ones are bound once). */
+  batchInputs: string[];
+  /** Fixed buffers for the batch, the scalars and the scalar outputs (staticInputs only). */
+  fixed?: StaticBuffers;
+  /** Writes zeros to gradient buffer 0 in one run (accumulation only). */
+  zeroGradients?: Binding;
+}
+
 /** Device-resident training state and the compiled step that updates it. */
 export class Trainer {
+  readonly graphs: TrainStepGraphs;
+  readonly device: Device;
+  readonly microBatches: number;
+  /** The loss builder's inputs that each batch supplies (the frozen ones are bound once). */
+  readonly batchInputs: string[];
+  private readonly names: string[];
+  private readonly sets: TrainerParts['sets'];
+  private readonly stepBindings: Binding[] | undefined;
+  private readonly accumulateBindings: Binding[][] | undefined;
+  private readonly applyBindings: Binding[][] | undefined;
+  private readonly grads: TrainerParts['grads'];
+  private readonly fixed: StaticBuffers | undefined;
+  private readonly zeroGradients: Binding | undefined;
   private current = 0;
   private optimizerStep: number;
   private readonly sessions: Session[] = [];
   private disposed = false;
 
-  private constructor(
-    readonly graphs: TrainStepGraphs,
-    readonly device: Device,
-    private readonly names: string[],
-    /** sets[k].get(name): the value and moments of set k. */
-    private readonly sets: [Map<string, Buffers>, Map<string, Buffers>],
-    /** step[k]: reads set k, writes set 1 − k (single-run steps). */
-    private readonly stepBindings: Binding[] | undefined,
-    /** accumulate[k][j]: params of set k, gradients from buffer j into 1 − j. */
-    private readonly accumulateBindings: Binding[][] | undefined,
-    /** apply[k][j]: set k and gradients j → set 1 − k. */
-    private readonly applyBindings: Binding[][] | undefined,
-    private readonly grads: [Map<string, DeviceTensor>, Map<string, DeviceTensor>] | undefined,
-    readonly microBatches: number,
-    step: number,
-    /** The loss builder's inputs that each batch supplies (the frozen ones are bound once). */
-    readonly batchInputs: string[],
-    /** Fixed buffers for the batch, the scalars and the scalar outputs (staticInputs only). */
-    private readonly fixed?: StaticBuffers,
-    /** Writes zeros to gradient buffer 0 in one run (accumulation only). */
-    private readonly zeroGradients?: Binding,
-  ) {
-    this.optimizerStep = step;
+  private constructor(parts: TrainerParts) {
+    this.graphs = parts.graphs;
+    this.device = parts.device;
+    this.microBatches = parts.microBatches;
+    this.batchInputs = parts.batchInputs;
+    this.names = parts.names;
+    this.sets = parts.sets;
+    this.stepBindings = parts.stepBindings;
+    this.accumulateBindings = parts.accumulateBindings;
+    this.applyBindings = parts.applyBindings;
+    this.grads = parts.grads;
+    this.fixed = parts.fixed;
+    this.zeroGradients = parts.zeroGradients;
+    this.optimizerStep = parts.step;
   }
 
   /** Compiles the step for `spec`, uploads the initial state and prepares the bindings. */
@@ -170,7 +199,7 @@ export class Trainer {
             } else bindScalarOutputs(b, graphs);
             return b;
           });
-          return new Trainer(graphs, device, names, sets, stepBindings, undefined, undefined, undefined, 1, init.step ?? 0, batchInputs, fixed).own(session);
+          return new Trainer({ graphs, device, names, sets, stepBindings, microBatches: 1, step: init.step ?? 0, batchInputs, fixed }).own(session);
         }
         const grads: [Map<string, DeviceTensor>, Map<string, DeviceTensor>] = [0, 1].map(() => new Map(spec.params.map((p) => [p.name, device.zeros('float32', p.shape)]))) as [
           Map<string, DeviceTensor>,
@@ -179,10 +208,9 @@ export class Trainer {
         const accumulate = device.compile(graphs.accumulate, sessionOpts);
         const apply = device.compile(graphs.apply, sessionOpts);
         // Every step's first micro-batch adds into gradient buffer 0, so it is zeroed after each
-        // apply, by one run writing zeros to all of them. A fill per tensor is a session run each
-        // on CUDA: 310 of them at the 0.6B shape, where this one run took 8 × 1024 steps in 2
-        // micro-batches from 526–546 ms to 314–320 ms (H100). No graph optimization, or ORT would
-        // fold the zeros into weight-sized initializers.
+        // apply by one run writing zeros to all of them, since a fill per tensor is a session run
+        // each on CUDA. No graph optimization, or ORT would fold the zeros into weight-sized
+        // initializers.
         const zeroGraph = new L.Graph('train_zero_gradients');
         for (const p of spec.params) zeroGraph.output(L.expand(zeroGraph.constant(0, 'float32', []), p.shape), `zero/${p.name}`);
         const zero = device.compile(zeroGraph, { ...opts.session, cudaGraph: false, optimization: 'disabled', name: 'train-zero-gradients' });
@@ -212,7 +240,7 @@ export class Trainer {
             return b;
           }),
         );
-        return new Trainer(graphs, device, names, sets, undefined, accumulateBindings, applyBindings, grads, microBatches, init.step ?? 0, batchInputs, undefined, zeroBinding)
+        return new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding })
           .own(accumulate)
           .own(apply)
           .own(zero);
@@ -328,9 +356,8 @@ export class Trainer {
 
   /**
    * Copies a batch and the step's scalars into the fixed buffers, in one run of a copy session
-   * (buffers and session made on first use). Each separate device copy or fill is a session run
-   * of its own, ~1 ms of host time apiece: seven of them per step cost 5–8 ms at 8 × 1024 on the
-   * H100, 2–3 % of a CUDA-graph step.
+   * (buffers and session made on first use), since each separate device copy or fill is a session
+   * run of its own with its fixed host cost.
    */
   private stageBatch(batch: Record<string, BatchTensor>, scalars: { lr: number; bc1: number; bc2: number }): void {
     const f = this.fixed!;
@@ -435,11 +462,9 @@ interface StaticBuffers {
 
 /**
  * A failed CUDA-graph capture, said plainly. ONNX Runtime reports it as CUDA error 901 ("operation
- * failed due to a previous error during capture") from cudaStreamEndCapture, naming no cause. On
- * an 80 GB H100 (Qwen3-0.6B shape, 1024 tokens a row) it failed exactly where the plain step's
- * state plus twice its activation memory passes the GPU's memory: full fine-tuning captured at
- * 8 and 10 rows (39 and 42 GiB plain) and failed at 12, 16 and 20 (48–64 GiB); LoRA captured at 16
- * rows (37.5 GiB) and failed at 20 (45.8 GiB). The message passes that rule of thumb on.
+ * failed due to a previous error during capture") from cudaStreamEndCapture, naming no cause;
+ * measured captures failed where the step's state plus twice its activation memory passes the
+ * GPU's memory, and the message passes that rule of thumb on.
  * @internal exported for tests
  */
 export function captureError(e: Error, batch: Record<string, BatchTensor>): Error {
