@@ -1,6 +1,6 @@
 /**
- * The host API around the generation graph: `Generator.fromPretrained(dir)` compiles the graph
- * once for a model folder (weights read by ONNX Runtime from the safetensors files); `generate`
+ * The host API around the generation graph: `Generator.create(model)` compiles the graph once for
+ * a `CausalLM` (weights read by ONNX Runtime from its safetensors files); `generate`
  * sorts prompts by length into buckets, splits them into runs whose KV caches fit a memory budget,
  * makes each sample's noise from (seed, sample key), and returns one completion per sample.
  *
@@ -12,7 +12,7 @@ import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
-import { checkSequenceLength, externalDataFolder, readConfig, readWeightIndex, weightInitializers, type DecoderConfig } from '@lathe/models';
+import { CausalLM, checkSequenceLength, externalDataFolder, weightInitializers, type DecoderConfig } from '@lathe/models';
 import { addGeneration, type GenerationGraphOptions } from './generation-graph';
 import { PlainSession, type SessionDevice } from '@lathe/runtime';
 import { uniformNoise } from './rng';
@@ -97,12 +97,16 @@ export class Generator {
     private readonly opts: GeneratorOptions,
   ) {}
 
-  /** Compiles generation for a Hugging Face model folder. */
-  static async fromPretrained(dir: string, opts: GeneratorOptions = {}): Promise<Generator> {
-    const { config } = readConfig(dir);
-    const device = opts.device ?? 'cpu';
-    const dtype = opts.dtype ?? (device === 'cuda' ? 'bfloat16' : 'float32');
-    const index = readWeightIndex(dir);
+  /**
+   * Compiles generation for `model`, whose weights ONNX Runtime reads from its safetensors files (a
+   * model without files is saved to a temporary folder first). Device and dtype default to the
+   * model's when it is on a device, else to the CPU in float32 (CUDA: bfloat16).
+   */
+  static async create(model: CausalLM, opts: GeneratorOptions = {}): Promise<Generator> {
+    const config = model.config;
+    const device = opts.device ?? model.device?.kind ?? 'cpu';
+    const dtype = opts.dtype ?? (model.device ? model.dtype : device === 'cuda' ? 'bfloat16' : 'float32');
+    const index = model.weightFiles();
     const { dir: work, location } = externalDataFolder([...index.values()].map((e) => e.file));
     const g = new L.Graph('lathe_generate');
     // groupSize is the default sample count of a call; the rows themselves come from expand_index.
@@ -110,6 +114,11 @@ export class Generator {
     writeFileSync(join(work, 'generate.onnx'), L.toModelBytes(g));
     const session = await PlainSession.create(g, { device, modelPath: join(work, 'generate.onnx') });
     return new Generator(config, session, { ...opts, device, dtype });
+  }
+
+  /** @deprecated Use `Generator.create(await CausalLM.fromPretrained(dir), opts)`. */
+  static async fromPretrained(dir: string, opts: GeneratorOptions = {}): Promise<Generator> {
+    return Generator.create(await CausalLM.fromPretrained(dir), opts);
   }
 
   /**

@@ -22,8 +22,8 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
-import { paramSpecs, readConfig, readTensorBytes, readWeightIndex, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
-import { bytesToFloat32, Device, DeviceTensor, hostTensor, toBfloat16Bits, toFloat16Bits, type Binding, type HostTensor, type DeviceKind, type Session, type SessionOptions } from '@lathe/runtime';
+import { CausalLM, paramSpecs, readConfig, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
+import { Device, DeviceTensor, hostTensor, type Binding, type DeviceKind, type Session, type SessionOptions } from '@lathe/runtime';
 import { addKvDecodeStep, addKvPrefill, cacheName, SAMPLED_COLUMNS } from './kv-cache-graphs';
 import { uniformNoise } from './rng';
 import { validateSampling, type SamplingOptions } from './sampling';
@@ -95,44 +95,21 @@ export interface GenerationTimings {
   decodeSteps: number;
 }
 
-/** Converts a safetensors tensor's bytes to the compute dtype's host representation. */
-function toComputeDtype(bytes: Uint8Array, from: DType, to: DType, where: string): HostTensor['data'] {
-  if (from === to && L.dtypeBytes(to) === 2) return new Uint16Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
-  const f32 = bytesToFloat32(bytes, from, where);
-  if (to === 'float32') return f32;
-  if (to === 'bfloat16') return toBfloat16Bits(f32);
-  if (to === 'float16') return toFloat16Bits(f32);
-  throw new Error(`compute dtype ${to} is not supported for generation (float32, bfloat16, float16)`);
-}
-
 /**
- * Uploads a model folder's weights to the device in `dtype`, one tensor at a time (the model never
- * sits in JS memory as a whole).
+ * @deprecated Use `(await CausalLM.fromPretrained(dir, { device, dtype })).weights` (the model then
+ * owns them: `model.dispose()`). Uploads a model folder's weights to the device in `dtype`; the
+ * caller owns the tensors. `config` is read from the folder.
  */
-export function uploadWeights(device: Device, dir: string, config: DecoderConfig, dtype: DType): Map<string, DeviceTensor> {
-  const index = readWeightIndex(dir);
-  const out = new Map<string, DeviceTensor>();
-  try {
-    for (const spec of paramSpecs(config)) {
-      const e = index.get(spec.name);
-      if (!e) throw new Error(`${dir}: missing weight '${spec.name}'`);
-      if (e.shape.join(',') !== spec.shape.join(',')) throw new Error(`${e.file}: '${spec.name}' has shape [${e.shape}], the config implies [${spec.shape}]`);
-      out.set(spec.name, device.upload({ data: toComputeDtype(readTensorBytes(e), e.dtype, dtype, `${e.file}: '${spec.name}'`), dims: spec.shape }, dtype));
-    }
-  } catch (e) {
-    for (const t of out.values()) t.dispose(); // a failed load leaves nothing on the device
-    throw e;
-  }
-  return out;
+export function uploadWeights(device: Device, dir: string, _config: DecoderConfig, dtype: DType): Map<string, DeviceTensor> {
+  return new Map(CausalLM.fromPretrainedSync(dir, { device, dtype }).weights);
 }
 
 /**
  * Runs `compile` with ONNX Runtime's decode kernel for GroupQueryAttention chosen for the model's
- * query heads per KV head. ORT 1.29 decodes with its XQA kernel by default; with 2 query heads per
- * KV head (Qwen3-0.6B and 1.7B) the path it takes without XQA — a cuDNN flash-attention kernel,
- * by Nsight Compute — measured 4 % less time a decode step at batch 256 on an H100 (8.13 vs
- * 8.44 ms, docs/benchmarks.md). ORT reads the switch (ORT_ENABLE_XQA) from the environment when
- * it builds the kernel, so it is set around the compile only, and never over a value the user set.
+ * query heads per KV head: with 2 of them (Qwen3-0.6B and 1.7B), the path ORT 1.29 takes without
+ * its default XQA kernel (a cuDNN flash-attention kernel) decodes faster (docs/benchmarks.md). ORT
+ * reads the switch (ORT_ENABLE_XQA) from the environment when it builds the kernel, so it is set
+ * around the compile only, and never over a value the user set.
  */
 function withDecodeKernelChoice<T>(config: DecoderConfig, compile: () => T): T {
   const KEY = 'ORT_ENABLE_XQA';
@@ -206,8 +183,8 @@ export class KvCacheGenerator {
   /** Wall time split of the last `generate` call. */
   lastTimings: GenerationTimings = { prefillMs: 0, decodeMs: 0, transferMs: 0, decodeSteps: 0 };
   private readonly n: number;
-  /** Whether `dispose` frees the weights (loaded by `fromPretrained`, not given by the caller). */
-  private ownsWeights = false;
+  /** The model `dispose` frees with the engine (one the deprecated `fromPretrained` loaded), if any. */
+  private ownedModel: CausalLM | undefined;
   private readonly prefillBinding: Binding;
   /** decode[0] reads ping and writes pong; decode[1] the reverse. */
   private readonly decode: [Binding, Binding];
@@ -218,7 +195,7 @@ export class KvCacheGenerator {
     private readonly opts: KvCacheGeneratorOptions & { dtype: DType; readEvery: number },
     private readonly prefill: Session,
     private readonly step: Session,
-    private readonly weights: Map<string, DeviceTensor> | undefined,
+    private readonly weights: ReadonlyMap<string, DeviceTensor> | undefined,
     private readonly buffers: EngineBuffers,
   ) {
     const { maxLength: M } = opts;
@@ -256,10 +233,32 @@ export class KvCacheGenerator {
   }
 
   /**
-   * Compiles the two graphs for `config` over `weights` (device tensors in the compute dtype, by HF
-   * name — e.g. from {@link uploadWeights}, or a trainer's parameters cast to the compute dtype).
+   * Compiles the two graphs over a model's device weights (`CausalLM.fromPretrained(dir, { device })`),
+   * in their dtype. The weights stay the model's: dispose it after the generator.
    */
-  static create(device: Device, config: DecoderConfig, weights: Map<string, DeviceTensor> | undefined, opts: KvCacheGeneratorOptions): KvCacheGenerator {
+  static create(model: CausalLM, opts: KvCacheGeneratorOptions): KvCacheGenerator;
+  /**
+   * Compiles the two graphs for `config` over caller-owned `weights` (device tensors in the compute
+   * dtype by HF name, e.g. a trainer's parameters cast to it), or, with `graphWeights`, none yet.
+   */
+  static create(device: Device, config: DecoderConfig, weights: ReadonlyMap<string, DeviceTensor> | undefined, opts: KvCacheGeneratorOptions): KvCacheGenerator;
+  static create(
+    modelOrDevice: CausalLM | Device,
+    configOrOpts: DecoderConfig | KvCacheGeneratorOptions,
+    weightsArg?: ReadonlyMap<string, DeviceTensor>,
+    optsArg?: KvCacheGeneratorOptions,
+  ): KvCacheGenerator {
+    if (modelOrDevice instanceof CausalLM) {
+      const model = modelOrDevice;
+      const opts = configOrOpts as KvCacheGeneratorOptions;
+      if (!model.device) throw new Error(`KvCacheGenerator: the model's weights are on the host; load it with { device } (CausalLM.fromPretrained) or call model.to(device)`);
+      if (opts.dtype && opts.dtype !== model.dtype) throw new Error(`KvCacheGenerator: dtype ${opts.dtype} was asked for, but the model's weights are ${model.dtype} (load it with { dtype: '${opts.dtype}' })`);
+      return KvCacheGenerator.compile(model.device, model.config, model.weights, { ...opts, dtype: model.dtype });
+    }
+    return KvCacheGenerator.compile(modelOrDevice, configOrOpts as DecoderConfig, weightsArg, optsArg!);
+  }
+
+  private static compile(device: Device, config: DecoderConfig, weights: ReadonlyMap<string, DeviceTensor> | undefined, opts: KvCacheGeneratorOptions): KvCacheGenerator {
     validateSampling(opts, config.vocabSize);
     const dtype = opts.dtype ?? (device.kind === 'cuda' ? 'bfloat16' : 'float32');
     const n = opts.groupSize ?? 1;
@@ -288,10 +287,8 @@ export class KvCacheGenerator {
     };
     // ONNX Runtime's CPU kernel has no in-kernel Q/K norm; on CUDA it saves two norm launches a layer.
     const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda', rows: opts.rows };
-    // ORT's memory-pattern planning off unless asked for: it plans a run's allocations from the run
-    // before with the same input shapes and applies the plan from the second such run on, which
-    // made that run's prefill ~250 ms slower at batch 256 (H100: 484–518 vs 228 ms, later runs
-    // 228 either way; docs/benchmarks.md). Each recurring prompt width pays it once.
+    // ORT's memory-pattern planning off unless asked for: the plan it applies from a shape's second
+    // run on made that run's prefill slower, not faster (docs/benchmarks.md).
     const session: SessionOptions = { ...opts.session, memoryPattern: opts.session?.memoryPattern ?? false };
     const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts, graphOpts)), { ...session, name: 'kv-prefill', cudaGraph: false });
     let step: Session | undefined;
@@ -309,18 +306,20 @@ export class KvCacheGenerator {
     }
   }
 
-  /** Loads a Hugging Face model folder onto `device` and compiles the graphs. */
+  /**
+   * @deprecated Use `KvCacheGenerator.create(await CausalLM.fromPretrained(dir, { device, dtype }), opts)`
+   * and dispose the model after the generator. Loads a model folder onto `device` and compiles the
+   * graphs; `dispose` frees the weights too.
+   */
   static fromPretrained(dir: string, device: Device, opts: KvCacheGeneratorOptions): KvCacheGenerator {
-    const { config } = readConfig(dir);
-    validateSampling(opts, config.vocabSize);
-    const dtype = opts.dtype ?? (device.kind === 'cuda' ? 'bfloat16' : 'float32');
-    const weights = uploadWeights(device, dir, config, dtype);
+    validateSampling(opts, readConfig(dir).config.vocabSize); // before any upload
+    const model = CausalLM.fromPretrainedSync(dir, { device, dtype: opts.dtype });
     try {
-      const generator = KvCacheGenerator.create(device, config, weights, { ...opts, dtype });
-      generator.ownsWeights = true;
+      const generator = KvCacheGenerator.create(model, opts);
+      generator.ownedModel = model;
       return generator;
     } catch (e) {
-      for (const t of weights.values()) t.dispose();
+      model.dispose();
       throw e;
     }
   }
@@ -330,7 +329,7 @@ export class KvCacheGenerator {
    * parameters in the compute dtype) into the bound weight tensors, device to device. The bound
    * addresses stay the same, so a captured CUDA graph stays valid.
    */
-  loadWeights(src: Map<string, DeviceTensor>): void {
+  loadWeights(src: ReadonlyMap<string, DeviceTensor>): void {
     if (!this.weights) throw new Error('loadWeights: this generator binds caller-owned weights (bindWeights)');
     for (const [name, dst] of this.weights) {
       const t = src.get(name);
@@ -516,14 +515,14 @@ export class KvCacheGenerator {
   }
 
   /**
-   * Releases the sessions and the engine's buffers, and the weights when `fromPretrained` loaded
-   * them (weights given to `create` or bound with `bindWeights` belong to the caller).
+   * Releases the sessions and the engine's buffers (the weights belong to the model or the caller,
+   * except a model the deprecated `fromPretrained` loaded, freed here too).
    */
   dispose(): void {
     for (const b of [this.prefillBinding, ...this.decode]) b.dispose();
     this.prefill.dispose();
     this.step.dispose();
     disposeBuffers(this.buffers);
-    if (this.ownsWeights) for (const t of this.weights?.values() ?? []) t.dispose();
+    this.ownedModel?.dispose();
   }
 }

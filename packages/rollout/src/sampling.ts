@@ -4,19 +4,16 @@
  * inverse-CDF sampling with one host-made uniform per row (ONNX Runtime has no CUDA Multinomial).
  *
  * Why everything reduces over vocabulary *chunks*: ONNX Runtime's CUDA reductions over one long
- * axis parallelise over rows only (ArgMax over [64, 151936] took 9.4 ms on an H100, most of a
- * decode step), and its CUDA CumSum has every output element re-add its whole prefix — O(V²) work
- * per row over a 151,936-token vocabulary. So when a chunk width k ∈ {256, 128, 64, 32} divides V,
- * the scores are viewed as [B, V/k, k] and every max, sum and prefix sum runs in two stages: within
- * chunks (k wide), then across chunks (V/k wide). When no width divides V, the same code runs with
- * one chunk of V (the one-stage form).
+ * axis parallelise over rows only, and its CUDA CumSum has every output element re-add its whole
+ * prefix — O(V²) work per row over a 151,936-token vocabulary. So when a chunk width
+ * k ∈ {256, 128, 64, 32} divides V, the scores are viewed as [B, V/k, k] and every max, sum and
+ * prefix sum runs in two stages: within chunks (k wide), then across chunks (V/k wide). When no
+ * width divides V, the same code runs with one chunk of V (the one-stage form).
  *
- * Which kernels, measured on [256, 151936] float32 (H100, 2026-11-24, tools/bench/rollout/
- * pick-bench.ts): the within-chunk max runs as MaxPool (92 µs; 132 µs with the argmax indices)
- * rather than ReduceMax (345 µs: the CUDA provider hands Max/Min reductions to cuDNN), and a
- * log-partition the pick does not otherwise need comes from one LogSoftmax kernel (140 µs) rather
- * than max, subtract, exp and sum passes. The greedy tail was 1.41 ms of GPU time per step at
- * batch 256 before; after the change the whole decode step fell by 0.94 ms (9.38 → 8.44 ms).
+ * Which kernels: the within-chunk max runs as MaxPool rather than ReduceMax (the CUDA provider
+ * hands Max/Min reductions to cuDNN), and a log-partition the pick does not otherwise need comes
+ * from one LogSoftmax kernel rather than max, subtract, exp and sum passes — each the faster one
+ * measured (docs/benchmarks.md; tools/bench/rollout/pick-bench.ts).
  */
 import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
@@ -121,8 +118,8 @@ function nucleusPerRow(s: Tensor, p: number): Tensor {
  * {@link nucleusPerRow}'s result from one sort of the whole batch, for a static row count.
  *
  * Why: ONNX Runtime's CUDA TopK sorts a K this large with cub's radix sort, launched once per row
- * in a loop over the rows: the per-row nucleus took ~18 ms of a 24.6 ms decode step (H100, batch
- * 256; the filter alone 22 ms, this one 11 ms). Here each row is given a disjoint key range: float64 r·512 + (s − row max), clamped at
+ * in a loop over the rows, which dominated a decode step (docs/benchmarks.md). Here each row is
+ * given a disjoint key range: float64 r·512 + (s − row max), clamped at
  * −256 (far below where exp underflows, so the clamped tokens weigh 0 and are ranked last either
  * way). One descending TopK over the flattened [1, B·V] then lists row B−1's tokens first, then row
  * B−2's, and so on, each row's in its own descending order. Ties rank by index, as in the per-row
@@ -207,8 +204,8 @@ export function filteredScores(logits: Tensor, o: SamplingOptions): Tensor {
  * result, in two stages over k-wide chunks (see {@link vocabChunkWidth}): MaxPool gives each
  * chunk's maximum and where its first maximum is; across the V/k chunks, the first chunk holding
  * the row maximum (a compare and a min over float chunk numbers) picks which index to keep.
- * ONNX Runtime's CUDA ArgMax over one long axis parallelises over rows only: over [64, 151936] it
- * took 9.4 ms (H100), most of a decode step.
+ * ONNX Runtime's CUDA ArgMax over one long axis parallelises over rows only, which made it most of
+ * a decode step (docs/benchmarks.md).
  */
 export function firstArgMax(x: Tensor): Tensor {
   const [B, V] = x.shape as [number | string, number];

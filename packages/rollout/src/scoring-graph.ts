@@ -17,17 +17,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { Graph, Tensor } from '@lathe/onnx';
-import {
-  chunkedLogprobsAndEntropy,
-  decoder,
-  lmLogits,
-  paddedCausalMask,
-  positionsFromPadding,
-  rightPaddedGqaInputs,
-  totalLength,
-  type DecoderConfig,
-  type Weights,
-} from '@lathe/models';
+import { causalLmLogprobs, lmLogits, type DecoderConfig, type Weights } from '@lathe/models';
 
 /** Compile-time options of a scoring graph. */
 export interface ScoringGraphOptions {
@@ -44,11 +34,6 @@ export interface ScoringGraphOptions {
   groupQueryAttention?: boolean;
 }
 
-/** Shifts [B, T] left by one (the last column wraps around and is masked by the caller). */
-function shiftLeft(x: Tensor): Tensor {
-  return L.concat([L.slice(x, [1], [1]), L.slice(x, [1], [0], [1])], 1);
-}
-
 /** bool [B, T]: true where position t and t+1 are both tokens (t+1 < T). */
 function nextIsToken(mask: Tensor): Tensor {
   const m = L.cast(mask, 'bool');
@@ -61,12 +46,12 @@ export function addScoring(g: Graph, cfg: DecoderConfig, weights: Weights, opts:
   const chunk = opts.chunk ?? 16384;
   const ids = g.input('input_ids', 'int64', ['B', 'T']);
   const mask = g.input('attention_mask', 'int64', ['B', 'T']);
-  const { hidden } = opts.groupQueryAttention
-    ? decoder(cfg, weights, rightPaddedGqaInputs(ids, mask, totalLength(g, ids)))
-    : decoder(cfg, weights, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask), fused: opts.fusedKernels ?? true });
-  const scored = nextIsToken(mask);
-  const { logp, entropy } = chunkedLogprobsAndEntropy(cfg, weights, hidden, shiftLeft(ids), { chunk });
-  g.output(L.where(scored, logp, 0), 'logprobs');
+  const { logp, entropy, hidden } = causalLmLogprobs(cfg, weights, ids, mask, {
+    chunk,
+    entropy: true,
+    ...(opts.groupQueryAttention ? { attention: 'gqa' as const } : { fused: opts.fusedKernels ?? true }),
+  });
+  g.output(L.where(nextIsToken(mask), logp, 0), 'logprobs');
   g.output(L.where(L.cast(mask, 'bool'), entropy, 0), 'entropies');
   if (opts.candidates) {
     const { minP, k } = opts.candidates;

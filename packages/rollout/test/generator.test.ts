@@ -1,11 +1,13 @@
+import { CausalLM } from '@lathe/models';
 import { Generator, splitOnOutOfMemory } from '@lathe/rollout';
 import { generationRunner, rowsOf, tinyModel } from './helpers';
 
 const { dir, config } = tinyModel();
+const model = CausalLM.fromPretrainedSync(dir);
 const prompts = [[5, 9, 11, 3], [7, 2], [30, 31, 32, 33, 34, 35], [1], [8, 8, 8]];
 
 test('generate() returns per-sample completions equal to the raw graph, cut at the stop token', async () => {
-  const gen = await Generator.fromPretrained(dir, { temperature: 1, topK: 10, groupSize: 2 });
+  const gen = await Generator.create(model, { temperature: 1, topK: 10, groupSize: 2 });
   const stopIds = [4, 17];
   const got = await gen.generate(prompts, { maxNewTokens: 6, seed: 3, stopIds });
   expect(got).toHaveLength(prompts.length * 2);
@@ -24,9 +26,9 @@ test('generate() returns per-sample completions equal to the raw graph, cut at t
 });
 
 test('splitting into length-sorted runs under a small memory budget changes nothing', async () => {
-  const big = await Generator.fromPretrained(dir, { temperature: 0.8, groupSize: 3 });
+  const big = await Generator.create(model, { temperature: 0.8, groupSize: 3 });
   // KV bytes per token per prompt: 2 (K, V) · 2 layers · 2 heads · 8 dims · 4 bytes · 3 samples = 768.
-  const small = await Generator.fromPretrained(dir, { temperature: 0.8, groupSize: 3, kvBudgetBytes: 768 * 2 * 12 });
+  const small = await Generator.create(model, { temperature: 0.8, groupSize: 3, kvBudgetBytes: 768 * 2 * 12 });
   expect(big.schedule(prompts, 6)).toHaveLength(1);
   const runs = small.schedule(prompts, 6);
   expect(runs.length).toBeGreaterThan(2);
@@ -45,7 +47,7 @@ test('splitting into length-sorted runs under a small memory budget changes noth
 
 test('sampleKeys: per-prompt sample counts in one run, one prefill per prompt, equal to one-sample-per-prompt generation with the same keys', async () => {
   const runs: [number, number][] = [];
-  const gen = await Generator.fromPretrained(dir, { temperature: 1, topK: 10, beforeRun: (p, rows) => runs.push([p, rows]) });
+  const gen = await Generator.create(model, { temperature: 1, topK: 10, beforeRun: (p, rows) => runs.push([p, rows]) });
   const counts = [3, 1, 2, 2, 1];
   const sampleKeys = counts.map((n, i) => Array.from({ length: n }, (_, j) => 1000 * i + 7 * j));
   const call = { maxNewTokens: 6, seed: 3, stopIds: [4, 17] };
@@ -58,7 +60,7 @@ test('sampleKeys: per-prompt sample counts in one run, one prefill per prompt, e
   got.forEach((c, k) => c.rawLogprobs.forEach((x, t) => expect(x).toBeCloseTo(flat[k].rawLogprobs[t], 5)));
   // The memory budget counts sample rows (256 bytes per row and position): with room for 8 rows of
   // 12 positions, these 9 rows take two runs; one row per prompt takes one.
-  const tight = await Generator.fromPretrained(dir, { temperature: 1, kvBudgetBytes: 256 * 8 * 12 });
+  const tight = await Generator.create(model, { temperature: 1, kvBudgetBytes: 256 * 8 * 12 });
   expect(tight.schedule(prompts, 6, counts)).toHaveLength(2);
   expect(tight.schedule(prompts, 6)).toHaveLength(1);
   await expect(gen.generate(prompts, { ...call, sampleKeys: [[1]] })).rejects.toThrow(/sampleKeys: 1 lists for 5 prompts/);
@@ -66,7 +68,7 @@ test('sampleKeys: per-prompt sample counts in one run, one prefill per prompt, e
 });
 
 test('bad prompts are rejected by index', async () => {
-  const gen = await Generator.fromPretrained(dir, { temperature: 0 });
+  const gen = await Generator.create(model, { temperature: 0 });
   await expect(gen.generate([[1, 2], []], { maxNewTokens: 2 })).rejects.toThrow(/prompt 1 is empty/);
   await expect(gen.generate([[1, 99]], { maxNewTokens: 2 })).rejects.toThrow(/prompt 0: token id 99 is outside the vocabulary/);
   await expect(gen.generate([[1]], { maxNewTokens: 500 })).rejects.toThrow(/prompt 0 \(1 tokens \+ 500 new\): 501 positions exceed max_position_embeddings = 128 \(.*config\.json\)/);
@@ -81,4 +83,15 @@ test('a run that fails for lack of memory is split in halves and retried; other 
   expect(ran).toEqual([[1, 2], [3], [4, 5]]);
   await expect(splitOnOutOfMemory([1, 2], async () => Promise.reject(new Error('shape mismatch')))).rejects.toThrow(/shape mismatch/);
   await expect(splitOnOutOfMemory([1], async () => Promise.reject(new Error('Failed to allocate memory')))).rejects.toThrow(/Failed to allocate/);
+});
+
+test('a model without files (in memory) generates what its folder does; the deprecated fromPretrained too', async () => {
+  const call = { maxNewTokens: 5, seed: 2 };
+  const fromFolder = await Generator.create(model, { temperature: 1, groupSize: 2 });
+  const want = await fromFolder.generate(prompts, call);
+  const inMemory = await Generator.create(CausalLM.fromWeights(config, model.float32Weights()), { temperature: 1, groupSize: 2 });
+  expect(await inMemory.generate(prompts, call)).toEqual(want);
+  const deprecated = await Generator.fromPretrained(dir, { temperature: 1, groupSize: 2 });
+  expect(await deprecated.generate(prompts, call)).toEqual(want);
+  await Promise.all([fromFolder.dispose(), inMemory.dispose(), deprecated.dispose()]);
 });

@@ -6,12 +6,14 @@
  */
 import { Device } from '@lathe/runtime';
 import { isOutOfMemory, KvCacheGenerator, type Completion, type GenerateCallOptions } from '@lathe/rollout';
-import type { HfConfig } from '@lathe/models';
+import { CausalLM, type HfConfig } from '@lathe/models';
 import { tinyModel, tinyQwen3 } from './helpers';
 
 // head_dim 16 for GroupQueryAttention's rotary; 96 tokens = 3 chunks of 32 (two-stage sampling).
 const cfg: HfConfig = { ...tinyQwen3, hidden_size: 64, head_dim: 16, vocab_size: 96 };
 const { dir } = tinyModel(cfg, 9);
+const model = CausalLM.fromPretrainedSync(dir, { device: Device.cpu() });
+afterAll(() => model.dispose());
 const prompts = [[5, 9, 11, 3], [7, 2], [30, 31, 32, 33, 34, 35], [1], [8, 8, 8]];
 const call: GenerateCallOptions = { maxNewTokens: 7, seed: 3, promptKeys: [40, 41, 42, 43, 44] };
 const oom = () => new Error('[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate memory for requested buffer of size 786432');
@@ -21,7 +23,7 @@ function engine() {
   const runs: { phase: string; prompts: number }[] = [];
   let fault: (phase: 'prefill' | 'decode', prompts: number, step: number) => Error | undefined = () => undefined;
   let step = 0;
-  const gen = KvCacheGenerator.fromPretrained(dir, Device.cpu(), {
+  const gen = KvCacheGenerator.create(model, {
     temperature: 0.9,
     groupSize: 2,
     rows: 6,
@@ -102,7 +104,7 @@ test('per-prompt sample counts (sampleKeys): whole prompts per run, one prefill 
   expect(runs.map((r) => r.prompts)).toEqual([3, 2]);
   expect(got.map((c) => [c.promptIndex, c.sampleIndex])).toEqual(counts.flatMap((n, i) => Array.from({ length: n }, (_, j) => [i, j])));
   // The old layout: each sample its own one-row prompt, prefilled once per sample, with the same key.
-  const single = KvCacheGenerator.fromPretrained(dir, Device.cpu(), { temperature: 0.9, rows: 6, maxLength: 16 });
+  const single = KvCacheGenerator.create(model, { temperature: 0.9, rows: 6, maxLength: 16 });
   const flat = await single.generate(counts.flatMap((n, i) => new Array<number[]>(n).fill(prompts[i])), { ...call, promptKeys: sampleKeys.flat() });
   single.dispose();
   expect(got.map((c) => [c.tokens, c.finishReason])).toEqual(flat.map((c) => [c.tokens, c.finishReason]));
@@ -138,8 +140,8 @@ test('bad arguments are rejected by name before any run', async () => {
   expect(runs).toEqual([]);
   gen.dispose();
   const opts = { rows: 2, maxLength: 8 };
-  expect(() => KvCacheGenerator.fromPretrained(dir, Device.cpu(), { ...opts, topK: 97 })).toThrow(/top_k must be an integer in \[0, 96\]/);
-  expect(() => KvCacheGenerator.fromPretrained(dir, Device.cpu(), { ...opts, temperature: Number.NaN })).toThrow(/temperature/);
-  expect(() => KvCacheGenerator.fromPretrained(dir, Device.cpu(), { ...opts, minP: -0.1 })).toThrow(/min_p/);
-  expect(() => KvCacheGenerator.fromPretrained(dir, Device.cpu(), { ...opts, padTokenId: 96 })).toThrow(/padTokenId must be a token id in \[0, 96\)/);
+  expect(() => KvCacheGenerator.create(model, { ...opts, topK: 97 })).toThrow(/top_k must be an integer in \[0, 96\]/);
+  expect(() => KvCacheGenerator.create(model, { ...opts, temperature: Number.NaN })).toThrow(/temperature/);
+  expect(() => KvCacheGenerator.create(model, { ...opts, minP: -0.1 })).toThrow(/min_p/);
+  expect(() => KvCacheGenerator.create(model, { ...opts, padTokenId: 96 })).toThrow(/padTokenId must be a token id in \[0, 96\)/);
 });

@@ -6,7 +6,7 @@
 import * as L from '@lathe/onnx';
 import { Device, DeviceTensor } from '@lathe/runtime';
 import { addKvDecodeStep, addKvPrefill, Generator, KvCacheGenerator, vocabChunkWidth, type Completion } from '@lathe/rollout';
-import { weightInputs, type HfConfig } from '@lathe/models';
+import { CausalLM, weightInputs, type HfConfig } from '@lathe/models';
 import { logitsRunner, logSoftmax, tinyModel, tinyQwen3 } from './helpers';
 
 // GroupQueryAttention's rotary needs head_dim ≥ 16.
@@ -14,6 +14,9 @@ const wideQwen3: HfConfig = { ...tinyQwen3, hidden_size: 64, head_dim: 16 };
 const { dir, config } = tinyModel(wideQwen3, 5);
 const prompts = [[5, 9, 11, 3], [7, 2], [30, 31, 32, 33, 34, 35], [1], [8, 8, 8]];
 const device = Device.cpu();
+const model = CausalLM.fromPretrainedSync(dir, { device });
+const files = CausalLM.fromPretrainedSync(dir);
+afterAll(() => model.dispose());
 
 function expectSame(a: Completion[], b: Completion[]): void {
   expect(a.map((c) => [c.promptIndex, c.sampleIndex, c.tokens, c.finishReason])).toEqual(b.map((c) => [c.promptIndex, c.sampleIndex, c.tokens, c.finishReason]));
@@ -24,10 +27,10 @@ function expectSame(a: Completion[], b: Completion[]): void {
 }
 
 test('greedy: same tokens and log-probs as the in-graph generator, over several runs', async () => {
-  const reference = await Generator.fromPretrained(dir, { temperature: 0 });
+  const reference = await Generator.create(files, { temperature: 0 });
   const want = await reference.generate(prompts, { maxNewTokens: 10 });
   // 2 rows per run: three runs, the last with a spare row.
-  const kv = KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 20 });
+  const kv = KvCacheGenerator.create(model, { temperature: 0, rows: 2, maxLength: 20 });
   const progress: number[] = [];
   const got = await kv.generate(prompts, { maxNewTokens: 10, onProgress: (d) => progress.push(d) });
   expectSame(got, want);
@@ -40,7 +43,7 @@ test('greedy: same tokens and log-probs as the in-graph generator, over several 
 
 test('sampling with groups and stop tokens: same samples as the in-graph generator', async () => {
   const opts = { temperature: 0.9, topK: 12, groupSize: 3 };
-  const reference = await Generator.fromPretrained(dir, opts);
+  const reference = await Generator.create(files, opts);
   // Stop tokens that do occur: two tokens the samples draw without a stop set.
   const free = await reference.generate(prompts, { maxNewTokens: 8, seed: 7 });
   const call = { maxNewTokens: 8, seed: 7, stopIds: [free[0].tokens[2], free[7].tokens[4]] };
@@ -55,7 +58,7 @@ test('sampling with groups and stop tokens: same samples as the in-graph generat
   // Results read after every step, every 3 steps (stops seen late: rows run on, their extra
   // tokens dropped) and once per run (8 > the 7 decode steps).
   for (const readEvery of [1, 3, 8]) {
-    const kv = KvCacheGenerator.fromPretrained(dir, device, { ...opts, rows: 6, maxLength: 16, readEvery });
+    const kv = KvCacheGenerator.create(model, { ...opts, rows: 6, maxLength: 16, readEvery });
     const got = await kv.generate(prompts, call);
     expectSame(got, want);
     expect(got.map((c) => c.tokens.length)).toEqual(lengths);
@@ -72,10 +75,10 @@ test('sampling with groups and stop tokens: same samples as the in-graph generat
 
 test('top-p alone: the engine sorts all its rows at once and draws the in-graph generator samples (one sort per row)', async () => {
   const opts = { temperature: 1.3, topP: 0.6, groupSize: 2 };
-  const reference = await Generator.fromPretrained(dir, opts);
+  const reference = await Generator.create(files, opts);
   const call = { maxNewTokens: 6, seed: 3 };
   const want = await reference.generate(prompts, call);
-  const kv = KvCacheGenerator.fromPretrained(dir, device, { ...opts, rows: 6, maxLength: 16 });
+  const kv = KvCacheGenerator.create(model, { ...opts, rows: 6, maxLength: 16 });
   // The engine's rows are static, so its graphs sort the batch once (TopK over [1, rows · V]).
   const g = new L.Graph('decode');
   addKvDecodeStep(g, config, weightInputs(g, config, 'float32', 'float32').weights, 'float32', opts, { K: 1, rows: 6 });
@@ -93,7 +96,8 @@ test('two-stage sampling over a chunked vocabulary (96 = 3 × 32): the in-graph 
   const m = tinyModel(chunked, 6);
   const opts = { temperature: 1, groupSize: 2 };
   const call = { maxNewTokens: 6, seed: 5 };
-  const reference = await Generator.fromPretrained(m.dir, opts);
+  const reference = await Generator.create(await CausalLM.fromPretrained(m.dir), opts);
+  const onDevice = await CausalLM.fromPretrained(m.dir, { device });
   const want = await reference.generate(prompts, call);
   // Every host read goes through one packed history of the last readEvery steps: 3 runs (2 + 2 + 1
   // prompts) of 6 steps each (the prefill's and 5 decode steps) read 6, 2 (after steps 3 and 5)
@@ -102,7 +106,7 @@ test('two-stage sampling over a chunked vocabulary (96 = 3 × 32): the in-graph 
   // (The default on the CPU is 1: its runs are synchronous, so queuing gains nothing.)
   for (const [readEvery, reads] of [[undefined, 6], [1, 6], [4, 2], [8, 1]] as const) {
     kv?.dispose();
-    kv = KvCacheGenerator.fromPretrained(m.dir, device, { ...opts, rows: 4, maxLength: 16, readEvery });
+    kv = KvCacheGenerator.create(onDevice, { ...opts, rows: 4, maxLength: 16, readEvery });
     const downloads = jest.spyOn(DeviceTensor.prototype, 'download');
     expectSame(await kv.generate(prompts, call), want);
     expect(downloads).toHaveBeenCalledTimes(3 * reads);
@@ -123,15 +127,16 @@ test('two-stage sampling over a chunked vocabulary (96 = 3 × 32): the in-graph 
     });
   }
   kv!.dispose();
+  onDevice.dispose();
   await reference.dispose();
 });
 
 test('bad input is rejected before any run', () => {
-  const kv = KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 8 });
-  expect(() => KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 3, maxLength: 8, groupSize: 2 })).toThrow(/multiple of groupSize/);
-  expect(() => KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 4096 })).toThrow(/max_position_embeddings/);
-  expect(() => KvCacheGenerator.fromPretrained(dir, device, { topP: 1.5, rows: 2, maxLength: 8 })).toThrow(/top_p/);
-  expect(() => KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 8, readEvery: 0 })).toThrow(/readEvery must be a positive integer, got 0/);
+  const kv = KvCacheGenerator.create(model, { temperature: 0, rows: 2, maxLength: 8 });
+  expect(() => KvCacheGenerator.create(model, { temperature: 0, rows: 3, maxLength: 8, groupSize: 2 })).toThrow(/multiple of groupSize/);
+  expect(() => KvCacheGenerator.create(model, { temperature: 0, rows: 2, maxLength: 4096 })).toThrow(/max_position_embeddings/);
+  expect(() => KvCacheGenerator.create(model, { topP: 1.5, rows: 2, maxLength: 8 })).toThrow(/top_p/);
+  expect(() => KvCacheGenerator.create(model, { temperature: 0, rows: 2, maxLength: 8, readEvery: 0 })).toThrow(/readEvery must be a positive integer, got 0/);
   return Promise.all([
     expect(kv.generate([[1, 2, 3, 4, 5, 6]], { maxNewTokens: 4 })).rejects.toThrow(/prompt 0: 6 tokens \+ 4 new exceed the generator's maxLength of 8/),
     expect(kv.generate([[1], []], { maxNewTokens: 2 })).rejects.toThrow(/prompt 1 is empty/),
@@ -158,6 +163,7 @@ test("the CUDA variant of the graphs: Qwen3's Q/K norm inside GroupQueryAttentio
 
 test('the decode kernel switch (ORT_ENABLE_XQA) is set only while the decode session compiles, and never over a user value', () => {
   const before = process.env.ORT_ENABLE_XQA;
+  const fourKvHeads = CausalLM.fromPretrainedSync(tinyModel({ ...wideQwen3, num_key_value_heads: 4 }, 5).dir, { device });
   try {
     delete process.env.ORT_ENABLE_XQA;
     const seen: (string | undefined)[] = [];
@@ -166,20 +172,21 @@ test('the decode kernel switch (ORT_ENABLE_XQA) is set only while the decode ses
       seen.push(process.env.ORT_ENABLE_XQA);
       return compile(...args);
     });
-    KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 8 }).dispose();
+    KvCacheGenerator.create(model, { temperature: 0, rows: 2, maxLength: 8 }).dispose();
     expect(seen).toEqual([undefined, '0']); // prefill, then the decode step (2 query heads per KV head)
     expect(process.env.ORT_ENABLE_XQA).toBeUndefined();
     seen.length = 0;
     process.env.ORT_ENABLE_XQA = '1';
-    KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 8 }).dispose();
+    KvCacheGenerator.create(model, { temperature: 0, rows: 2, maxLength: 8 }).dispose();
     expect(seen).toEqual(['1', '1']);
     // Another group size (1 query head per KV head here) was not measured: ORT's default stays.
     seen.length = 0;
     delete process.env.ORT_ENABLE_XQA;
-    KvCacheGenerator.fromPretrained(tinyModel({ ...wideQwen3, num_key_value_heads: 4 }, 5).dir, device, { temperature: 0, rows: 2, maxLength: 8 }).dispose();
+    KvCacheGenerator.create(fourKvHeads, { temperature: 0, rows: 2, maxLength: 8 }).dispose();
     expect(seen).toEqual([undefined, undefined]);
     spy.mockRestore();
   } finally {
+    fourKvHeads.dispose();
     if (before === undefined) delete process.env.ORT_ENABLE_XQA;
     else process.env.ORT_ENABLE_XQA = before;
   }
@@ -193,12 +200,28 @@ test('both sessions compile with ORT memory-pattern planning off, unless the cal
     return compile(graph, opts);
   });
   try {
-    KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 8, session: { allowCpuFallback: false } }).dispose();
+    KvCacheGenerator.create(model, { temperature: 0, rows: 2, maxLength: 8, session: { allowCpuFallback: false } }).dispose();
     expect(patterns).toEqual([false, false]);
     patterns.length = 0;
-    KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 8, session: { memoryPattern: true } }).dispose();
+    KvCacheGenerator.create(model, { temperature: 0, rows: 2, maxLength: 8, session: { memoryPattern: true } }).dispose();
     expect(patterns).toEqual([true, true]);
   } finally {
     spy.mockRestore();
   }
+});
+
+test('a model on the host, or in another dtype than asked for, is refused by name', async () => {
+  expect(() => KvCacheGenerator.create(files, { temperature: 0, rows: 2, maxLength: 8 })).toThrow(/the model's weights are on the host; load it with \{ device \}/);
+  expect(() => KvCacheGenerator.create(model, { temperature: 0, rows: 2, maxLength: 8, dtype: 'bfloat16' })).toThrow(/dtype bfloat16 was asked for, but the model's weights are float32/);
+});
+
+test('the deprecated fromPretrained checks the options before loading, and its dispose frees the weights it loaded', () => {
+  const live = () => device.memory().tensors;
+  const before = live();
+  expect(() => KvCacheGenerator.fromPretrained(dir, device, { topP: 1.5, rows: 2, maxLength: 8 })).toThrow(/top_p/);
+  expect(live()).toBe(before);
+  const kv = KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 8 });
+  expect(live()).toBeGreaterThan(before + model.weights.size);
+  kv.dispose();
+  expect(live()).toBe(before);
 });
