@@ -5,8 +5,8 @@
  * policy in tests, a value-augmented model later) plugs into `rlLoss` the same way.
  */
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { chunkedLogprobsAndEntropy, chunkedTargetLogprobs, decoder, paddedCausalMask, positionsFromPadding, rightPaddedAttention, totalLength, type DecoderConfig, type Weights } from '@lathe/models';
-import { castWeights, shiftLeft } from '@lathe/train';
+import { causalLmLogprobs, type DecoderConfig, type Weights } from '@lathe/models';
+import { castWeights } from '@lathe/train';
 
 /** What a policy gives the loss. */
 export interface PolicyOutputs {
@@ -45,8 +45,9 @@ export interface DecoderPolicyOptions {
 }
 
 /**
- * A decoder LM as the policy. Inputs: `input_ids` int64 [B, T] (prompt + response, padded),
- * `attention_mask` int64 [B, T] (1 = token), and with `flashAttention` `total_sequence_length`.
+ * A decoder LM as the policy: `causalLmLogprobs` (@lathe/models) over its own inputs. Inputs:
+ * `input_ids` int64 [B, T] (prompt + response, padded), `attention_mask` int64 [B, T] (1 = token),
+ * and with `flashAttention` `total_sequence_length`.
  */
 export function decoderPolicy(cfg: DecoderConfig, opts: DecoderPolicyOptions = {}): PolicyBuilder {
   const chunk = opts.chunk ?? 16384;
@@ -56,17 +57,8 @@ export function decoderPolicy(cfg: DecoderConfig, opts: DecoderPolicyOptions = {
     const ids = g.input('input_ids', 'int64', ['B', 'T']);
     const attention = g.input('attention_mask', 'int64', ['B', 'T']);
     const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
-    const { hidden } = decoder(cfg, w, {
-      inputIds: ids,
-      positionIds: positionsFromPadding(attention),
-      attentionMask: paddedCausalMask(attention),
-      recompute: opts.recompute,
-      ...(opts.flashAttention ? { flashAttention: rightPaddedAttention(attention, totalLength(g, ids)) } : {}),
-    });
-    const head = { chunk, temperature, recompute: opts.recompute };
-    // With the entropy, one pass over each chunk's logits gives both; alone, the log-probs keep less
-    // for the backward pass (chunkedTargetLogprobs).
-    return opts.entropy ? chunkedLogprobsAndEntropy(cfg, w, hidden, shiftLeft(ids), head) : { logp: chunkedTargetLogprobs(cfg, w, hidden, shiftLeft(ids), head) };
+    const { logp, entropy } = causalLmLogprobs(cfg, w, ids, attention, { chunk, temperature, recompute: opts.recompute, entropy: opts.entropy, attention: opts.flashAttention ? 'flash' : 'composed' });
+    return entropy ? { logp, entropy } : { logp };
   };
 }
 

@@ -6,7 +6,7 @@
 import * as L from '@lathe/onnx';
 import type { TrainableParam } from '@lathe/train';
 import { stateNames } from '@lathe/train';
-import { shiftLeft } from '@lathe/train';
+import { shiftLeft } from '@lathe/models';
 import type { PolicyBuilder } from '@lathe/grpo';
 import type { HostTensor } from '../../../tools/testing/ort-cpu';
 

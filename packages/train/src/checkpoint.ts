@@ -1,13 +1,13 @@
 /**
  * Checkpoints: `<run>/checkpoints/step-NNNNNNNN/` holding the model as a Hugging Face folder
  * (model.safetensors + config.json + tokenizer files, loadable by transformers), the AdamW moments
- * (optimizer.safetensors), LoRA adapters when training them (adapter_model.safetensors), the run's config (config.yaml) and the trainer state (step, data
- * position, seed). A checkpoint is written into a temporary folder and renamed into place, so a
+ * (optimizer.safetensors), LoRA adapters when training them (adapter_model.safetensors), the run's
+ * config (config.yaml) and the trainer state (step, data position, seed). A checkpoint is written into a temporary folder and renamed into place, so a
  * crash leaves the previous checkpoints intact and never a half-written one under a step name.
  */
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { parseConfig, readSafetensorsHeader, readTensorBytes, readWeightIndex, saveHfModel, writeSafetensors, paramSpecs, type DecoderConfig } from '@lathe/models';
+import { CausalLM, paramSpecs, readSafetensorsHeader, readTensorBytes, writeSafetensors, type DecoderConfig } from '@lathe/models';
 import { bytesToFloat32 } from '@lathe/runtime';
 import type { TrainableParam } from './train-step';
 
@@ -73,7 +73,7 @@ export function saveCheckpoint(runDir: string, c: CheckpointContents, opts: { ke
       if (!data) throw new Error(`checkpoint: missing tensor '${prefix}${s.name}'`);
       return { name: prefix + s.name, dtype: 'float32' as const, shape: s.shape, data: asBytes(data) };
     });
-  saveHfModel(tmp, c.config, tensors(paramSpecs(c.config), c.model), { tokenizerFrom: opts.tokenizerFrom });
+  CausalLM.fromWeights(c.config, c.model).save(tmp, { dtype: 'float32', tokenizerFrom: opts.tokenizerFrom });
   if (c.lora) writeSafetensors(join(tmp, 'adapter_model.safetensors'), tensors(c.trainable, c.values), { format: 'pt' });
   writeSafetensors(join(tmp, 'optimizer.safetensors'), [...tensors(c.trainable, c.m, 'adam_m/'), ...tensors(c.trainable, c.v, 'adam_v/')], { format: 'lathe-adamw' });
   writeFileSync(join(tmp, 'config.yaml'), c.runConfigYaml);
@@ -93,8 +93,9 @@ export function loadCheckpoint(dir: string, trainable?: TrainableParam[]): Check
   for (const k of ['step', 'dataPosition', 'seed'] as const) {
     if (typeof state[k] !== 'number') throw new Error(`${statePath}: field '${k}' must be a number`);
   }
-  const config = parseConfig(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')), join(dir, 'config.json'));
-  const model = loadFloat32(dir, config);
+  const checkpointModel = CausalLM.fromPretrainedSync(dir);
+  const config = checkpointModel.config;
+  const model = checkpointModel.float32Weights();
   const lora = existsSync(join(dir, 'adapter_model.safetensors'));
   const specs = trainable ?? paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
   const readAll = (file: string) => new Map(readSafetensorsHeader(join(dir, file)).tensors.map((t) => [t.name, t]));
@@ -122,15 +123,11 @@ export function loadCheckpoint(dir: string, trainable?: TrainableParam[]): Check
   return { config, model, trainable: specs, values, m, v, state, runConfigYaml: readFileSync(join(dir, 'config.yaml'), 'utf8'), lora };
 }
 
-/** A model folder's weights as float32 arrays by HF name (from float32, bfloat16 or float16 files). */
-export function loadFloat32(dir: string, config: DecoderConfig): Map<string, Float32Array> {
-  const index = readWeightIndex(dir);
-  const out = new Map<string, Float32Array>();
-  for (const s of paramSpecs(config)) {
-    const e = index.get(s.name);
-    if (!e) throw new Error(`${dir}: missing weight '${s.name}'`);
-    if (e.shape.join(',') !== s.shape.join(',')) throw new Error(`${e.file}: '${s.name}' has shape [${e.shape}], the config implies [${s.shape}]`);
-    out.set(s.name, bytesToFloat32(readTensorBytes(e), e.dtype, `${e.file}: '${s.name}'`));
-  }
-  return out;
+/**
+ * @deprecated Use `(await CausalLM.fromPretrained(dir)).float32Weights()` (@lathe/models). A model
+ * folder's weights as float32 arrays by HF name (from float32, bfloat16 or float16 files); `config`
+ * is read from the folder.
+ */
+export function loadFloat32(dir: string, _config: DecoderConfig): Map<string, Float32Array> {
+  return CausalLM.fromPretrainedSync(dir).float32Weights();
 }

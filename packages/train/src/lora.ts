@@ -18,7 +18,7 @@ import * as L from '@lathe/onnx';
 import type { DType, Tensor } from '@lathe/onnx';
 import { isProjectionWeight, linear, paramSpecs, type DecoderConfig, type Weights } from '@lathe/models';
 import { droppedElements, streamKey } from './dropout';
-import { seededRandom } from './random';
+import { seededRandom } from '@lathe/models';
 import type { TrainableParam } from './train-step';
 
 /** LoRA settings. */

@@ -5,7 +5,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { chunkedTargetLogprobs, decoder, paddedCausalMask, positionsFromPadding, rightPaddedAttention, totalLength, type DecoderConfig, type Weights } from '@lathe/models';
+import { causalLmLogprobs, shiftLeft, totalLength, type DecoderConfig, type Weights } from '@lathe/models';
 import type { LossBuilder } from './train-step';
 
 /** The attention choice of `lathe sft`, `lathe grpo` and `GrpoTrainer`. */
@@ -13,7 +13,7 @@ export type AttentionChoice = 'auto' | 'composed' | 'flash';
 
 /**
  * Whether a train step attends through flash attention: 'auto' (the default) picks it on CUDA with
- * a half-precision compute dtype, where it is 2.3× faster at the 0.6B shape, and composed attention
+ * a half-precision compute dtype, where it is the faster (docs/benchmarks.md), and composed attention
  * otherwise: on the CPU that is faster, and ONNX Runtime's CUDA GroupQueryAttention kernel exists
  * for float16/bfloat16 only, so a float32 step on CUDA cannot use it. 'flash' there is an error
  * naming the setting rather than ONNX Runtime's "nodes assigned to the CPU" at session creation.
@@ -39,18 +39,9 @@ export function castWeights(params: Map<string, Tensor>, compute: DType): Weight
 }
 
 /**
- * Shifts [B, T] left by one along T (the last column wraps around: mask it out). A static T takes
- * one Gather: a Concat of unequal parts would copy an index table from the host on every run.
- */
-export function shiftLeft(x: Tensor): Tensor {
-  const T = x.shape[1];
-  if (typeof T === 'number') return L.gather(x, x.graph.constant(Array.from({ length: T }, (_, t) => (t + 1) % T), 'int64', [T]), 1);
-  return L.concat([L.slice(x, [1], [1]), L.slice(x, [1], [0], [1])], 1);
-}
-
-/**
- * Per-token log-probs of the next token, [B, T], position T−1 meaningless (mask it). With
- * `flashAttention` (the total-length tensor, see {@link totalLength}) rows must be right-padded.
+ * Per-token log-probs of the next token, [B, T], position T−1 meaningless (mask it): the training
+ * form of `causalLmLogprobs` (@lathe/models). With `flashAttention` (the total-length tensor, see
+ * `totalLength`) rows must be right-padded.
  */
 export function nextTokenLogprobs(
   cfg: DecoderConfig,
@@ -59,14 +50,8 @@ export function nextTokenLogprobs(
   attentionMask: Tensor,
   opts: { temperature?: number; chunk?: number; recompute?: boolean; flashAttention?: Tensor } = {},
 ): Tensor {
-  const { hidden } = decoder(cfg, w, {
-    inputIds: ids,
-    positionIds: positionsFromPadding(attentionMask),
-    attentionMask: paddedCausalMask(attentionMask),
-    recompute: opts.recompute,
-    ...(opts.flashAttention ? { flashAttention: rightPaddedAttention(attentionMask, opts.flashAttention) } : {}),
-  });
-  return chunkedTargetLogprobs(cfg, w, hidden, shiftLeft(ids), opts);
+  const { flashAttention, ...head } = opts;
+  return causalLmLogprobs(cfg, w, ids, attentionMask, { ...head, ...(flashAttention ? { attention: 'flash' as const, totalSequenceLength: flashAttention } : {}) }).logp;
 }
 
 /** Options of the SFT loss. */

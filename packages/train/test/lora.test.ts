@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import * as L from '@lathe/onnx';
-import { decoder, lmLogits, paddedCausalMask, paramSpecs, positionsFromPadding, randomModel, type DecoderConfig, type Weights } from '@lathe/models';
+import { decoder, lmLogits, paddedCausalMask, paramSpecs, positionsFromPadding, randomModel, shiftLeft, type DecoderConfig, type Weights } from '@lathe/models';
 import {
   compileTrainStep,
   droppedElements,
@@ -25,7 +25,6 @@ import {
   nextTokenLogprobs,
   permuteQpr,
   sftLoss,
-  shiftLeft,
   streamKey,
   type LoraAdapter,
   type LoraConfig,

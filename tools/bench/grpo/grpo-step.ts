@@ -16,9 +16,8 @@
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { randomModel, type HfConfig } from '@lathe/models';
+import { CausalLM, randomModel, type HfConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
-import { loadFloat32 } from '@lathe/train';
 import { combineRewards, GrpoTrainer, type GrpoStepMetrics, type RlPrompt } from '@lathe/grpo';
 import { arg, flag } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
@@ -49,7 +48,7 @@ async function main(): Promise<void> {
   const t0 = performance.now();
   const dir = mkdtempSync(join(tmpdir(), 'grpo-step-'));
   const config = randomModel(dir, SHAPES[shape], { seed: 1, std: 0.02 });
-  const weights = loadFloat32(dir, config);
+  const weights = (await CausalLM.fromPretrained(dir)).float32Weights();
   const tModel = performance.now();
   // reward: the share of even token ids in the completion (non-uniform across a group)
   const rewards = combineRewards<{ completionTokens: number; stopped: boolean }>([{ name: 'even', fn: (_p, c) => { const ids = c.split(' ').filter(Boolean).map(Number); return ids.length ? ids.filter((x) => x % 2 === 0).length / ids.length : 0; } }], { fallback: 0 });

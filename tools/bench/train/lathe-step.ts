@@ -27,14 +27,13 @@
  */
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
-import { paramSpecs, readConfig, TOTAL_LENGTH_INPUT, totalLengthTensor, writeSafetensors } from '@lathe/models';
+import { CausalLM, paramSpecs, readConfig, TOTAL_LENGTH_INPUT, totalLengthTensor, writeSafetensors } from '@lathe/models';
 import { Device, PlainSession, sizeOf, type DeviceTensor, type HostTensor } from '@lathe/runtime';
 import {
   biasCorrections,
   castWeights,
   compileTrainStep,
   initLora,
-  loadFloat32,
   loraAdapters,
   loraWeights,
   sftLoss,
@@ -80,7 +79,7 @@ async function main(): Promise<void> {
   const norms: number[] = [];
   const runMs: number[] = [];
   const hostMs: number[] = [];
-  const weights = loadFloat32(dir, config);
+  const weights = (await CausalLM.fromPretrained(dir)).float32Weights();
   const t0 = performance.now();
   let tSession = t0;
   let final: Map<string, Float32Array>;

@@ -14,8 +14,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { toModelBytes } from '@lathe/onnx';
-import { paramSpecs, randomModel } from '@lathe/models';
-import { compileTrainStep, loadFloat32, sftLoss, stateNames } from '@lathe/train';
+import { CausalLM, paramSpecs, randomModel } from '@lathe/models';
+import { compileTrainStep, sftLoss, stateNames } from '@lathe/train';
 import { arg, flag } from '../argv';
 
 async function main(): Promise<void> {
@@ -27,7 +27,7 @@ async function main(): Promise<void> {
   const config = randomModel(dir, { architectures: ['Qwen3ForCausalLM'], vocab_size: 1000, hidden_size: 256, intermediate_size: 512, num_hidden_layers: layers, num_attention_heads: 8, num_key_value_heads: 4, head_dim: 32, rms_norm_eps: 1e-6, rope_theta: 10000, max_position_embeddings: Math.max(2048, T), tie_word_embeddings: true }, { seed: 1, std: 0.02 });
   const params = paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.shape.length > 1 }));
   const step = compileTrainStep({ params, loss: sftLoss(config, { recompute }), optimizer: { weightDecay: 0.01, maxGradNorm: 1 } }).step;
-  const weights = loadFloat32(dir, config);
+  const weights = (await CausalLM.fromPretrained(dir)).float32Weights();
   const ids = Array.from({ length: B * T }, (_, i) => BigInt(1 + ((i * 104729) % 997)));
   const ones = () => new ort.Tensor('int64', BigInt64Array.from(ids, () => 1n), [B, T]);
   const scalar = (v: number) => new ort.Tensor('float32', Float32Array.from([v]), []);
