@@ -152,6 +152,12 @@ export interface GrpoTrainerOptions<M> {
 }
 
 /**
+ * The options that choose the algorithm and its schedule: everything but the policy, tokenizer,
+ * stop ids, rewards, device, sessions and a resume (what a command's config maps to).
+ */
+export type GrpoAlgorithmOptions = Omit<GrpoTrainerOptions<unknown>, 'config' | 'weights' | 'tokenizer' | 'stopIds' | 'rewards' | 'device' | 'session' | 'resume'>;
+
+/**
  * Every default of {@link GrpoTrainerOptions}, the one place they are written: the trainer applies
  * them through {@link resolveGrpoOptions}, and `lathe grpo`'s option schema reads its defaults from
  * here. The KL estimator's default depends on the mode (`DEFAULT_KL_ESTIMATOR`).

@@ -1,9 +1,9 @@
 /** `lathe grpo`'s options: defaults, flags, YAML keys and the config saved with every checkpoint. */
-import { ESTIMATOR_NAMES, LOSS_AGGREGATIONS, POLICY_TERMS } from '@lathe/grpo';
+import { ESTIMATOR_NAMES, GRPO_DEFAULTS, LOSS_AGGREGATIONS, POLICY_TERMS, type GrpoAlgorithmOptions } from '@lathe/grpo';
 import { BUILTIN_DATA, BUILTIN_MODEL, BUILTIN_TOKENIZER } from './demo-task';
 import type { ConfigOf, OptionSchema } from './options';
 
-/** Every option of a GRPO-family run. */
+/** Every option of a GRPO-family run; the trainer's defaults come from `GRPO_DEFAULTS`. */
 export const grpoSchema = {
   // model and data
   model: { type: 'string', default: BUILTIN_MODEL, describe: `Policy to start from: a Hugging Face model folder (config.json, *.safetensors), e.g. an SFT checkpoint, or ${BUILTIN_MODEL} (a tiny random Qwen3); also the frozen KL reference` },
@@ -15,15 +15,15 @@ export const grpoSchema = {
   enable_thinking: { type: 'boolean', default: false, describe: "With --prompt_format chat: Qwen3's enable_thinking switch" },
   eval_examples: { type: 'number', default: 64, integer: true, min: 0, describe: 'Held-out prompts (the same seeded split `lathe sft` makes with the same data, seed and count), scored by greedy generation' },
   run_dir: { type: 'string', default: 'runs/grpo', describe: 'Run directory: config.yaml, metrics.jsonl, rollouts.sqlite, checkpoints/ and eval/ go here' },
-  device: { type: 'string', default: 'cpu', choices: ['cpu', 'cuda'], describe: 'Where the policy, its optimizer state, the reference and every run live' },
-  compute_dtype: { type: 'string', default: 'float32', choices: ['float32', 'bfloat16'], describe: 'Dtype of forward/backward and generation compute; master weights and AdamW state stay float32 (bfloat16 needs --device cuda)' },
+  device: { type: 'string', default: GRPO_DEFAULTS.device, choices: ['cpu', 'cuda'], describe: 'Where the policy, its optimizer state, the reference and every run live' },
+  compute_dtype: { type: 'string', default: GRPO_DEFAULTS.compute, choices: ['float32', 'bfloat16'], describe: 'Dtype of forward/backward and generation compute; master weights and AdamW state stay float32 (bfloat16 needs --device cuda)' },
   attention: {
     type: 'string',
-    default: 'auto',
+    default: GRPO_DEFAULTS.attention,
     choices: ['auto', 'composed', 'flash'],
     describe: "Attention of the scoring and training graphs: 'composed' (MatMul/Softmax), 'flash' (ONNX Runtime's GroupQueryAttention, the backward recomputing each layer's probabilities) or 'auto': flash on cuda with bfloat16 compute, composed otherwise (faster on cpu; GroupQueryAttention has no float32 CUDA kernel) [may change on resume]",
   },
-  gradient_checkpointing: { type: 'boolean', default: false, describe: "Recompute each decoder layer's activations in the train step's backward pass instead of keeping them: less memory, one more forward pass of the layers [may change on resume]" },
+  gradient_checkpointing: { type: 'boolean', default: GRPO_DEFAULTS.gradientCheckpointing, describe: "Recompute each decoder layer's activations in the train step's backward pass instead of keeping them: less memory, one more forward pass of the layers [may change on resume]" },
   // rewards
   reward: { type: 'string', default: 'exact', choices: ['exact', 'math'], describe: "Correctness reward (source 'correct', 1 or 0): exact match of the completion with the answer, or the math grader (final answer extracted and compared symbolically)" },
   format_reward: { type: 'number', default: 0, describe: "Weight of the r1_zero format reward (source 'format': 1 when the completion is '…</think> <answer>…</answer>'); 0: off" },
@@ -34,14 +34,14 @@ export const grpoSchema = {
   prompts_per_step: { type: 'number', default: 16, integer: true, min: 1, describe: 'Prompts per RL step (the training set must hold at least this many; epochs of the set are reshuffled)' },
   group_size: { type: 'number', default: 8, integer: true, min: 1, describe: 'Completions sampled per prompt (G; group baselines need ≥ 2)' },
   max_new_tokens: { type: 'number', default: 256, integer: true, min: 1, describe: 'Generation limit per completion (also the constant of --aggregation token-sum-norm)' },
-  temperature: { type: 'number', default: 1, min: 0, describe: 'Sampling temperature of rollouts (> 0); the loss uses log-probs at the same temperature' },
+  temperature: { type: 'number', default: GRPO_DEFAULTS.temperature, min: 0, describe: 'Sampling temperature of rollouts (> 0); the loss uses log-probs at the same temperature' },
   top_k: { type: 'number', default: 0, integer: true, min: 0, describe: 'Sample from the k most likely tokens (0: off; needs --old_logprobs rescore)' },
   top_p: { type: 'number', default: 1, min: 0, max: 1, describe: 'Nucleus sampling mass (1: off; needs --old_logprobs rescore). Without a top_k of at most 256 it sorts every score at every step (~2.5× slower a step on a 150k vocabulary)' },
   min_p: { type: 'number', default: 0, min: 0, max: 1, describe: 'Drop tokens below min_p × the top probability (0: off; needs --old_logprobs rescore)' },
-  prompts_per_run: { type: 'number', default: 0, integer: true, min: 0, describe: 'Prompts per generation run (each run holds their G completions’ KV caches; 0: all prompts of a step in one run)' },
+  prompts_per_run: { type: 'number', default: GRPO_DEFAULTS.promptsPerRun, integer: true, min: 0, describe: 'Prompts per generation run (each run holds their G completions’ KV caches; 0: all prompts of a step in one run)' },
   generation_engine: {
     type: 'string',
-    default: 'auto',
+    default: GRPO_DEFAULTS.generationEngine,
     choices: ['auto', 'kv-cache', 'graph'],
     describe:
       "Rollout generator: kv-cache (prefill, then bound decode-step runs over GroupQueryAttention with in-place KV caches; much faster on GPU; needs head_dim a multiple of 16 and, on cuda, --compute_dtype bfloat16), graph (the in-graph generation loop; any model and dtype), or auto (kv-cache where it runs, else graph). Same samples either way up to rounding [may change on resume]",
@@ -49,36 +49,36 @@ export const grpoSchema = {
   dynamic_sampling: { type: 'boolean', default: false, describe: "DAPO's dynamic sampling: drop groups whose rewards are all equal and sample more prompts until the step has --prompts_per_step informative groups" },
   max_sampling_rounds: { type: 'number', default: 3, integer: true, min: 1, describe: 'With --dynamic_sampling: at most this many sampling rounds per step (a shortfall is logged, not hidden)' },
   // algorithm
-  estimator: { type: 'string', default: 'grpo', choices: ESTIMATOR_NAMES, describe: 'Advantage estimator: grpo (group mean/std), dr_grpo (no std; with --aggregation token-sum-norm, Dr.GRPO), rloo (leave-one-out), remax (greedy baseline), reinforce_pp (batch whitening), reinforce_pp_baseline (group mean, then whitening)' },
-  aggregation: { type: 'string', default: 'token-mean', choices: LOSS_AGGREGATIONS, describe: 'Loss aggregation: token-mean (DAPO, verl), seq-mean-token-sum, seq-mean-token-mean (original GRPO), token-sum-norm (Dr.GRPO: normalised by sequences × max_new_tokens)' },
-  clip_low: { type: 'number', default: 0.2, min: 0, max: 0.999, describe: 'PPO ratio clip below at 1 - clip_low' },
-  clip_high: { type: 'number', default: 0.2, min: 0, describe: "PPO ratio clip above at 1 + clip_high (DAPO's clip-higher: 0.28)" },
+  estimator: { type: 'string', default: GRPO_DEFAULTS.estimator, choices: ESTIMATOR_NAMES, describe: 'Advantage estimator: grpo (group mean/std), dr_grpo (no std; with --aggregation token-sum-norm, Dr.GRPO), rloo (leave-one-out), remax (greedy baseline), reinforce_pp (batch whitening), reinforce_pp_baseline (group mean, then whitening)' },
+  aggregation: { type: 'string', default: GRPO_DEFAULTS.loss.aggregation, choices: LOSS_AGGREGATIONS, describe: 'Loss aggregation: token-mean (DAPO, verl), seq-mean-token-sum, seq-mean-token-mean (original GRPO), token-sum-norm (Dr.GRPO: normalised by sequences × max_new_tokens)' },
+  clip_low: { type: 'number', default: GRPO_DEFAULTS.loss.clipLow, min: 0, max: 0.999, describe: 'PPO ratio clip below at 1 - clip_low' },
+  clip_high: { type: 'number', default: GRPO_DEFAULTS.loss.clipHigh, min: 0, describe: "PPO ratio clip above at 1 + clip_high (DAPO's clip-higher: 0.28)" },
   dual_clip: { type: 'number', default: 0, min: 0, describe: 'Dual-clip PPO constant c > 1 (loss capped at -c·A for negative advantages); 0: off' },
-  policy_term: { type: 'string', default: 'ppo', choices: POLICY_TERMS, describe: "Policy term of the loss: ppo (clipped surrogate), cispo (MiniMax-M1's CISPO: the ratio clipped to [1-clip_low, 1+clip_high] and held constant, times -A·log π; no token's gradient is dropped), reinforce (-A·log π, on-policy; verl's gpg)" },
+  policy_term: { type: 'string', default: GRPO_DEFAULTS.loss.policyTerm, choices: POLICY_TERMS, describe: "Policy term of the loss: ppo (clipped surrogate), cispo (MiniMax-M1's CISPO: the ratio clipped to [1-clip_low, 1+clip_high] and held constant, times -A·log π; no token's gradient is dropped), reinforce (-A·log π, on-policy; verl's gpg)" },
   loss_scale_factor: { type: 'number', default: 0, min: 0, describe: "With --aggregation token-sum-norm: divide the token sum by this constant instead of sequences × max_new_tokens (verl's loss_scale_factor of seq-mean-token-sum-norm); 0: off" },
-  ratio: { type: 'string', default: 'token', choices: ['token', 'sequence'], describe: 'Importance ratio per token (PPO, GRPO) or per sequence (GSPO; use small clip ranges such as 3e-4/4e-4)' },
+  ratio: { type: 'string', default: GRPO_DEFAULTS.loss.ratio, choices: ['token', 'sequence'], describe: 'Importance ratio per token (PPO, GRPO) or per sequence (GSPO; use small clip ranges such as 3e-4/4e-4)' },
   kl_coef: { type: 'number', default: 0.04, min: 0, describe: 'β of the KL to the frozen reference (the starting model; with LoRA the base itself); 0: no reference' },
-  kl_mode: { type: 'string', default: 'loss', choices: ['loss', 'reward'], describe: 'KL as a loss term (GRPO) or as a per-token reward penalty before the advantages (PPO-RLHF, REINFORCE++)' },
+  kl_mode: { type: 'string', default: GRPO_DEFAULTS.kl.mode, choices: ['loss', 'reward'], describe: 'KL as a loss term (GRPO) or as a per-token reward penalty before the advantages (PPO-RLHF, REINFORCE++)' },
   kl_target: { type: 'number', default: 0, min: 0, describe: "With --kl_mode reward: adapt β after each step towards this KL per token, starting from --kl_coef (verl's adaptive KL controller); 0: β fixed" },
-  kl_horizon: { type: 'number', default: 10000, min: 1, describe: 'The adaptive KL controller’s horizon in completions (verl’s default 10000)' },
-  kl_estimator: { type: 'string', default: 'k3', choices: ['k1', 'k2', 'k3'], describe: 'KL estimator: k1 = log ratio, k2 = half its square, k3 = exp(-x) - 1 + x (low variance, unbiased)' },
-  entropy_coef: { type: 'number', default: 0, describe: 'Entropy bonus coefficient (subtracted from the loss)' },
-  old_logprobs: { type: 'string', default: 'rescore', choices: ['rescore', 'generation'], describe: "Old log-probs: re-scored by the training policy's forward before the updates, or taken from generation (one forward pass fewer; the same values up to rounding, see logp_parity)" },
-  epochs: { type: 'number', default: 1, integer: true, min: 1, describe: 'PPO epochs: passes over each step’s batch' },
-  n_minibatches: { type: 'number', default: 1, integer: true, min: 1, describe: 'Optimizer steps per epoch: the batch (prompts_per_step × group_size completions) is shuffled and split into this many minibatches' },
-  micro_batches: { type: 'number', default: 1, integer: true, min: 1, describe: 'Micro-batches per minibatch (gradient accumulation: same update, less memory)' },
+  kl_horizon: { type: 'number', default: GRPO_DEFAULTS.kl.horizon, min: 1, describe: 'The adaptive KL controller’s horizon in completions (verl’s default 10000)' },
+  kl_estimator: { type: 'string', default: 'auto', choices: ['auto', 'k1', 'k2', 'k3'], describe: "KL estimator: k1 = log ratio, k2 = half its square, k3 = exp(-x) - 1 + x (low variance, unbiased); auto: verl's defaults, k3 with --kl_mode loss and k1 with --kl_mode reward" },
+  entropy_coef: { type: 'number', default: GRPO_DEFAULTS.loss.entropyCoef, describe: 'Entropy bonus coefficient (subtracted from the loss)' },
+  old_logprobs: { type: 'string', default: GRPO_DEFAULTS.oldLogprobs, choices: ['rescore', 'generation'], describe: "Old log-probs: re-scored by the training policy's forward before the updates, or taken from generation (one forward pass fewer; the same values up to rounding, see logp_parity)" },
+  epochs: { type: 'number', default: GRPO_DEFAULTS.epochs, integer: true, min: 1, describe: 'PPO epochs: passes over each step’s batch' },
+  n_minibatches: { type: 'number', default: GRPO_DEFAULTS.minibatches, integer: true, min: 1, describe: 'Optimizer steps per epoch: the batch (prompts_per_step × group_size completions) is shuffled and split into this many minibatches' },
+  micro_batches: { type: 'number', default: GRPO_DEFAULTS.microBatches, integer: true, min: 1, describe: 'Micro-batches per minibatch (gradient accumulation: same update, less memory)' },
   // optimizer
   lr: { type: 'number', default: 1e-6, min: 0, describe: 'Peak learning rate' },
   schedule: { type: 'string', default: 'constant', choices: ['constant', 'linear', 'cosine'], describe: 'Learning-rate schedule over RL steps after warm-up' },
   warmup_steps: { type: 'number', default: 0, integer: true, min: 0, describe: 'Linear warm-up over this many RL steps' },
   min_lr_ratio: { type: 'number', default: 0.1, min: 0, max: 1, describe: 'Cosine floor as a fraction of lr' },
-  weight_decay: { type: 'number', default: 0, min: 0, describe: 'AdamW decoupled weight decay (not applied to norms and biases)' },
-  max_grad_norm: { type: 'number', default: 1, min: 0, describe: 'Clip the global gradient norm of each update (0: off)' },
+  weight_decay: { type: 'number', default: GRPO_DEFAULTS.optimizer.weightDecay, min: 0, describe: 'AdamW decoupled weight decay (not applied to norms and biases)' },
+  max_grad_norm: { type: 'number', default: GRPO_DEFAULTS.optimizer.maxGradNorm, min: 0, describe: 'Clip the global gradient norm of each update (0: off)' },
   lora_rank: { type: 'number', default: 0, integer: true, min: 0, describe: 'LoRA rank (0: train every weight)' },
   lora_alpha: { type: 'number', default: 16, min: 0, describe: 'LoRA alpha (adapters are scaled by alpha / rank)' },
   lora_targets: { type: 'string', default: 'q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj', describe: 'Regular expression over HF weight names selecting the matrices LoRA adapts' },
   lora_dropout: { type: 'number', default: 0, min: 0, below: 1, describe: "Dropout on each LoRA adapter's input in the train step (PEFT's lora_dropout), in [0, 1); never in generation or scoring. Masks from an in-graph hash of (seed, optimizer step, micro-batch), so --resume redraws them exactly" },
-  seed: { type: 'number', default: 0, integer: true, describe: 'Seed of prompt order, the held-out split, sampling noise, minibatch shuffles and LoRA init' },
+  seed: { type: 'number', default: GRPO_DEFAULTS.seed, integer: true, describe: 'Seed of prompt order, the held-out split, sampling noise, minibatch shuffles and LoRA init' },
   // bookkeeping (these may change on --resume without --force)
   eval_sampled: { type: 'boolean', default: false, describe: 'At each evaluation also sample group_size completions per held-out prompt as rollouts are sampled, and report the fraction correct (eval_sampled_accuracy, mean@G) beside the greedy accuracy [may change on resume]' },
   eval_every: { type: 'number', default: 10, integer: true, min: 0, describe: 'Evaluate on the held-out prompts every N steps (also before the first and after the last; 0: only then) [may change on resume]' },
@@ -92,6 +92,48 @@ export const grpoSchema = {
 
 /** A resolved GRPO config. */
 export type GrpoConfig = ConfigOf<typeof grpoSchema>;
+
+/**
+ * The trainer's options from a config (all but the policy, tokenizer, rewards, device, LoRA and a
+ * resume, which the run loads): flags that encode "off" as 0 or 1 become absent options, and
+ * `--kl_estimator auto` leaves the estimator to the trainer's per-mode default.
+ */
+export function grpoTrainerOptions(cfg: GrpoConfig): GrpoAlgorithmOptions {
+  return {
+    groupSize: cfg.group_size,
+    maxNewTokens: cfg.max_new_tokens,
+    sampling: { temperature: cfg.temperature, topK: cfg.top_k || undefined, topP: cfg.top_p < 1 ? cfg.top_p : undefined, minP: cfg.min_p || undefined },
+    estimator: cfg.estimator,
+    loss: {
+      aggregation: cfg.aggregation,
+      clipLow: cfg.clip_low,
+      clipHigh: cfg.clip_high,
+      dualClip: cfg.dual_clip > 0 ? cfg.dual_clip : undefined,
+      ratio: cfg.ratio,
+      entropyCoef: cfg.entropy_coef,
+      policyTerm: cfg.policy_term,
+      lossScaleFactor: cfg.loss_scale_factor > 0 ? cfg.loss_scale_factor : undefined,
+    },
+    kl: {
+      coef: cfg.kl_coef,
+      mode: cfg.kl_mode,
+      ...(cfg.kl_estimator !== 'auto' ? { estimator: cfg.kl_estimator } : {}),
+      ...(cfg.kl_target > 0 ? { target: cfg.kl_target, horizon: cfg.kl_horizon } : {}),
+    },
+    epochs: cfg.epochs,
+    minibatches: cfg.n_minibatches,
+    microBatches: cfg.micro_batches,
+    optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm },
+    oldLogprobs: cfg.old_logprobs,
+    dynamicSampling: cfg.dynamic_sampling ? { maxRounds: cfg.max_sampling_rounds } : undefined,
+    compute: cfg.compute_dtype,
+    gradientCheckpointing: cfg.gradient_checkpointing,
+    attention: cfg.attention,
+    promptsPerRun: cfg.prompts_per_run,
+    generationEngine: cfg.generation_engine,
+    seed: cfg.seed,
+  };
+}
 
 /**
  * Options that may change between a checkpoint and its resume without --force (they do not change

@@ -15,11 +15,11 @@ import { MathGrader, r1ZeroFormatReward } from '@lathe/graders';
 import { Device, sizeOf } from '@lathe/runtime';
 import { join } from 'node:path';
 import { RolloutStore, runPaths } from '@lathe/data';
-import { loadFloat32, loraFromOptions, type AttentionChoice, type TrainerState } from '@lathe/train';
-import { combineRewards, GrpoTrainer, overlongReward, type EstimatorName, type GrpoStepMetrics, type KlEstimator, type LossAggregation, type PolicyTerm, type RewardSource, type RlPrompt } from '@lathe/grpo';
+import { loadFloat32, loraFromOptions, type TrainerState } from '@lathe/train';
+import { combineRewards, GrpoTrainer, overlongReward, type GrpoStepMetrics, type RewardSource, type RlPrompt } from '@lathe/grpo';
 import { additionExamples, BUILTIN_DATA } from './demo-task';
 import { readPromptFile } from './generate';
-import { RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
+import { grpoTrainerOptions, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
 import { checkComputeDtype, configChanges, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested } from './scaffold';
 
 /** A prompt with its reference answer. */
@@ -180,40 +180,9 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     tokenizer: model.tokenizer,
     stopIds,
     rewards,
-    groupSize: cfg.group_size,
-    maxNewTokens: cfg.max_new_tokens,
-    sampling: { temperature: cfg.temperature, topK: cfg.top_k || undefined, topP: cfg.top_p < 1 ? cfg.top_p : undefined, minP: cfg.min_p || undefined },
-    estimator: cfg.estimator as EstimatorName,
-    loss: {
-      aggregation: cfg.aggregation as LossAggregation,
-      clipLow: cfg.clip_low,
-      clipHigh: cfg.clip_high,
-      dualClip: cfg.dual_clip > 0 ? cfg.dual_clip : undefined,
-      ratio: cfg.ratio as 'token' | 'sequence',
-      entropyCoef: cfg.entropy_coef,
-      policyTerm: cfg.policy_term as PolicyTerm,
-      lossScaleFactor: cfg.loss_scale_factor > 0 ? cfg.loss_scale_factor : undefined,
-    },
-    kl: {
-      coef: cfg.kl_coef,
-      mode: cfg.kl_mode as 'loss' | 'reward',
-      estimator: cfg.kl_estimator as KlEstimator,
-      ...(cfg.kl_target > 0 ? { target: cfg.kl_target, horizon: cfg.kl_horizon } : {}),
-    },
-    epochs: cfg.epochs,
-    minibatches: cfg.n_minibatches,
-    microBatches: cfg.micro_batches,
-    optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm },
+    ...grpoTrainerOptions(cfg),
     lora,
-    oldLogprobs: cfg.old_logprobs as 'rescore' | 'generation',
-    dynamicSampling: cfg.dynamic_sampling ? { maxRounds: cfg.max_sampling_rounds } : undefined,
     device,
-    compute: cfg.compute_dtype as 'float32' | 'bfloat16',
-    gradientCheckpointing: cfg.gradient_checkpointing,
-    attention: cfg.attention as AttentionChoice,
-    promptsPerRun: cfg.prompts_per_run,
-    generationEngine: cfg.generation_engine === 'auto' ? undefined : cfg.generation_engine,
-    seed: cfg.seed,
     resume,
   });
 
