@@ -63,7 +63,9 @@ export class CausalLM {
 
   /**
    * Loads a Hugging Face model folder (config.json + safetensors): onto `opts.device` in
-   * `opts.dtype`, or, without a device, as a view of the files that reads them when asked.
+   * `opts.dtype`, or, without a device, as a view of the files that reads them when asked. Async,
+   * like every call that does I/O or touches the GPU, so loading can stream later without callers
+   * changing; {@link fromPretrainedSync} is the same work today.
    */
   static async fromPretrained(dir: string, opts: CausalLMOptions = {}): Promise<CausalLM> {
     return CausalLM.fromPretrainedSync(dir, opts);
