@@ -3,7 +3,7 @@
 # tarballs into a copy of tools/consumer/project (an empty project: no overrides, no Lathe sources),
 # checks that each package declares what its compiled code imports, compiles main.ts with
 # `tsc --strict` and runs it on the CPU (tokenizer goldens, a training step of a tiny random model,
-# a GRPO step with a custom objective in the tensor DSL, graders, data).
+# a GRPO step with a custom objective in the tensor DSL, graders, data, two steps of the SFT recipe).
 # usage: bash tools/consumer/run.sh [WORKDIR]     (default: a new temporary folder; .ci/run calls it)
 # Installs prefer npm's cache (warm after `npm ci`), so it works offline once the repo is installed.
 set -euo pipefail

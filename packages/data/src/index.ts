@@ -62,7 +62,7 @@ export {
   type SftPair,
   type SourceRecord,
 } from './loaders';
-export { filterByTokenLength, seededRandom, seededShuffle, trainTestSplit, type Encode, type LengthFilterReport, type SplitOptions } from './sampling';
+export { filterByTokenLength, type Encode, type LengthFilterReport } from './sampling';
 export {
   ROLLOUT_SCHEMA_VERSION,
   RolloutStore,

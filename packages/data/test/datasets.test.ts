@@ -15,9 +15,7 @@ import {
   mathToSft,
   readJsonlAll,
   scalarData,
-  seededShuffle,
   splitPreference,
-  trainTestSplit,
   writeJsonl,
   writeParquet,
 } from '@lathe/data';
@@ -185,11 +183,9 @@ shared('loaders on the whole datasets in ../shared/datasets (where present)', ()
     }
   });
 
-  test('seeded split and token-length filtering of GSM8K with a whitespace tokenizer, counts reported', async () => {
-    const { examples } = await loadGsm8k(path.join(SHARED, 'gsm8k/test.jsonl'));
-    const { train, test } = trainTestSplit(examples, { test: 0.1, seed: 3 });
-    expect(test.length).toBe(132);
-    expect(train.length + test.length).toBe(1319);
+  test('token-length filtering of GSM8K with a whitespace tokenizer, counts reported', async () => {
+    const { examples: train } = await loadGsm8k(path.join(SHARED, 'gsm8k/test.jsonl'));
+    expect(train.length).toBe(1319);
     const encode = (s: string) => s.split(/\s+/).filter(Boolean).map((w) => w.length);
     const { kept, report } = filterByTokenLength(train, { encode, maxTokens: 60, text: (e) => e.question });
     const expectedKept = train.filter((e) => e.question.split(/\s+/).filter(Boolean).length <= 60).length;
@@ -199,34 +195,3 @@ shared('loaders on the whole datasets in ../shared/datasets (where present)', ()
   });
 });
 
-describe('seeded shuffling and splits', () => {
-  test('a permutation, the same for the same seed, different for another', () => {
-    const items = Array.from({ length: 100 }, (_, i) => i);
-    const a = seededShuffle(items, 1);
-    expect([...a].sort((x, y) => x - y)).toEqual(items);
-    expect(seededShuffle(items, 1)).toEqual(a);
-    expect(seededShuffle(items, 2)).not.toEqual(a);
-    expect(items).toEqual(Array.from({ length: 100 }, (_, i) => i));
-  });
-
-  test('uniform over permutations: χ² over the 24 orders of 4 items from 24,000 seeds', () => {
-    const counts = new Map<string, number>();
-    for (let s = 0; s < 24000; s++) {
-      const k = seededShuffle([0, 1, 2, 3], s).join('');
-      counts.set(k, (counts.get(k) ?? 0) + 1);
-    }
-    expect(counts.size).toBe(24);
-    const chi2 = [...counts.values()].reduce((acc, c) => acc + (c - 1000) ** 2 / 1000, 0);
-    expect(chi2).toBeLessThan(49.7); // the 0.999 quantile of χ² with 23 degrees of freedom
-  });
-
-  test('train/test: disjoint, union is the input, count or fraction, errors name the problem', () => {
-    const items = Array.from({ length: 10 }, (_, i) => i);
-    const { train, test } = trainTestSplit(items, { test: 3, seed: 0 });
-    expect(test.length).toBe(3);
-    expect([...train, ...test].sort((x, y) => x - y)).toEqual(items);
-    expect(trainTestSplit(items, { test: 0.2, seed: 0 }).test.length).toBe(2);
-    expect(trainTestSplit(items, { test: 2, seed: 0, shuffle: false }).test).toEqual([8, 9]);
-    expect(() => trainTestSplit(items, { test: 11, seed: 0 })).toThrow('split: test size 11 exceeds the 10 items');
-  });
-});

@@ -13,9 +13,9 @@ import {
   readParquetBatches,
   readParquetSchema,
   scalarData,
-  seededRandom,
   writeParquet,
 } from '@lathe/data';
+import { seededRandom } from '@lathe/models';
 
 const dir = mkdtempSync(path.join(tmpdir(), 'lathe-parquet-'));
 const FIXTURES = path.join(__dirname, 'fixtures');

@@ -9,7 +9,6 @@ import {
   readTrajectories,
   readTrajectoryBatches,
   scalarData,
-  seededRandom,
   tableToTrajectories,
   trajectoriesToBatch,
   validateTrajectories,
@@ -17,6 +16,7 @@ import {
   writeTrajectories,
   type Trajectory,
 } from '@lathe/data';
+import { seededRandom } from '@lathe/models';
 
 const dir = mkdtempSync(path.join(tmpdir(), 'lathe-traj-'));
 

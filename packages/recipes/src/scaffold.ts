@@ -7,10 +7,10 @@
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parse as parseYaml, stringify as toYaml } from 'yaml';
-import { readConfig, type DecoderConfig } from '@lathe/models';
+import { permutation, readConfig, type DecoderConfig } from '@lathe/models';
 import { HfTokenizer } from '@lathe/tokenizer';
 import { diffConfigs, listEvals, MetricsLog, rewindRunDir, runPaths, startRunDir, writeAtomic } from '@lathe/data';
-import { learningRate, listCheckpoints, loadCheckpoint, permutation, saveCheckpoint, type CheckpointContents, type TrainableParam } from '@lathe/train';
+import { learningRate, listCheckpoints, loadCheckpoint, saveCheckpoint, type CheckpointContents, type TrainableParam } from '@lathe/train';
 import { BUILTIN_MODEL, BUILTIN_TOKENIZER, additionTokenizer, builtinBaseModel } from './demo-task';
 
 // ---------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ import { mkdtempSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import * as arrow from 'apache-arrow';
-import { batchOf, listData, parquetInfo, readParquetBatches, scalarData, seededRandom, writeParquet } from '@lathe/data';
+import { batchOf, listData, parquetInfo, readParquetBatches, scalarData, writeParquet } from '@lathe/data';
+import { seededRandom } from '@lathe/models';
 import { arg, flag } from '../argv';
 
 const BATCH = 8192;

@@ -28,7 +28,8 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { randomModel, type HfConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
-import { groupsOf, KvCacheGenerator, TrajectoryGenerator, type GeneratedTrajectory, type TrajectoryPrompt } from '@lathe/rollout';
+import { KvCacheGenerator } from '@lathe/rollout';
+import { groupsOf, TrajectoryGenerator, type GeneratedTrajectory, type TrajectoryPrompt } from '@lathe/recipes';
 import { arg, flag } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
 

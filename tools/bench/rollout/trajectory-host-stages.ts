@@ -19,11 +19,12 @@
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { randomModel, type HfConfig } from '@lathe/models';
+import { randomModel, seededRandom, type HfConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
-import { seededRandom, writeTrajectories } from '@lathe/data';
+import { writeTrajectories } from '@lathe/data';
 import { QWEN_SPECIAL_IDS } from '@lathe/tokenizer';
-import { finalResponse, groupsOf, KvCacheGenerator, TrajectoryGenerator, type Completion, type GenerateCallOptions, type GeneratedTrajectory, type TrajectoryOptions, type TrajectoryPrompt } from '@lathe/rollout';
+import { KvCacheGenerator, type Completion, type GenerateCallOptions } from '@lathe/rollout';
+import { finalResponse, groupsOf, TrajectoryGenerator, type GeneratedTrajectory, type TrajectoryOptions, type TrajectoryPrompt } from '@lathe/recipes';
 import { arg, flag } from '../argv';
 
 const WORDS = 'the of a sum prime number triangle circle area find compute integer value square root angle equal solve let real positive sequence'.split(' ');

@@ -1,9 +1,9 @@
 /**
- * A user's program against Lathe's packed packages: every library is imported and used once, on
+ * A user's program against Lathe's packed packages: every package is imported and used once, on
  * the CPU, with nothing from the Lathe repository but the installed tarballs and the tokenizer
  * goldens. Prints one JSON line and exits 0, or throws.
  */
-import { mkdtempSync, readFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -16,6 +16,7 @@ import { uniformNoise } from '@lathe/rollout';
 import { aggregateLoss, combineRewards, GrpoTrainer, policyLoss, type CustomObjective, type RlPrompt } from '@lathe/grpo';
 import { MathGrader } from '@lathe/graders';
 import { readTrajectories, writeTrajectories, RolloutStore, readTrainRollouts } from '@lathe/data';
+import { resolveConfig, runSft, sftSchema } from '@lathe/recipes';
 
 function check(ok: boolean, what: string): void {
   if (!ok) throw new Error(`consumer check failed: ${what}`);
@@ -107,4 +108,9 @@ store.addTrain({ step: 1, epoch: 0, prompt_index: 0, rollout_index: 0, prompt: '
 await store.close();
 check(readTrainRollouts(join(dataDir, 'rollouts.sqlite')).length === 1, 'rollout store round trip');
 
-console.log(JSON.stringify({ tokenizer_lines: golden.lines.length, sft_loss: [first.loss, second.loss], grpo_reward: metrics.reward_mean, proximal_penalty: metrics['objective/proximal_penalty'], grades: [numeric.reason, symbolic.reason] }));
+// 6. A recipe: two steps of `lathe sft`'s run on the built-in task, its config resolved from the schema as the CLI resolves flags.
+const sftConfig = resolveConfig(sftSchema, [{ name: 'consumer', values: { run_dir: mkdtempSync(join(tmpdir(), 'lathe-consumer-run-')), steps: 2, batch_size: 8, eval_examples: 4, max_new_tokens: 4 } }]);
+const sftRun = await runSft(sftConfig);
+check(sftRun.steps === 2 && sftRun.evals.length === 2 && existsSync(join(sftRun.checkpoint, 'model.safetensors')), 'runSft: two steps, an evaluation before and after, a checkpoint');
+
+console.log(JSON.stringify({ tokenizer_lines: golden.lines.length, sft_loss: [first.loss, second.loss], grpo_reward: metrics.reward_mean, proximal_penalty: metrics['objective/proximal_penalty'], grades: [numeric.reason, symbolic.reason], recipe_sft_loss: sftRun.finalLoss }));
