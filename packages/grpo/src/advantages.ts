@@ -67,12 +67,6 @@ export interface TokenAdvantages {
   stats: AdvantageStats;
 }
 
-/**
- * The extension point for new estimators: any function from a batch's rewards (and whatever else it
- * needs, in `B`) to sequence- or token-level advantages.
- */
-export type AdvantageEstimator<B extends GroupedRewards = GroupedRewards> = (batch: B) => SequenceAdvantages | TokenAdvantages;
-
 // ---- GRPO and Dr.GRPO ---------------------------------------------------------------------------
 
 /** Options of {@link grpoAdvantages}. */

@@ -101,18 +101,6 @@ export function responseValues(batch: TokenBatch, matrix: ArrayLike<number>): nu
   return out;
 }
 
-/** The inverse of {@link responseValues}: a [rows, width] matrix with each row's values at its predicting positions, 0 elsewhere. */
-export function responseMatrix(batch: TokenBatch, values: readonly (readonly number[])[]): Float32Array {
-  if (values.length !== batch.rows) throw new Error(`responseMatrix: ${values.length} rows of values for a batch of ${batch.rows}`);
-  const out = new Float32Array(batch.rows * batch.width);
-  values.forEach((row, r) => {
-    if (row.length !== batch.lengths[r]) throw new Error(`responseMatrix: row ${r} has ${row.length} values for ${batch.lengths[r]} response tokens`);
-    const start = r * batch.width + batch.promptLengths[r] - 1;
-    row.forEach((v, k) => (out[start + k] = v));
-  });
-  return out;
-}
-
 /**
  * Columns `selectRows` keeps for `rows`: 0 … (the longest selected row's prompt + response) − 1.
  * Rows start at column 0, so only trailing columns can be all padding.

@@ -1,7 +1,9 @@
 /** The token batch of an RL step: right-padded rows in predicting-position coordinates, minibatch selection, splits. */
-import { evenSplit, responseMatrix, responseValues, selectedWidth, selectRows, tokenBatch, type SampledCompletion } from '@lathe/grpo';
+import { advantageMatrix, evenSplit, responseValues, selectedWidth, selectRows, tokenBatch, type SampledCompletion, type TokenBatch } from '@lathe/grpo';
 
 const PAD = 0;
+/** Per response token values placed at their predicting positions: the loss's advantage layout, which `responseValues` reads back. */
+const tokenMatrix = (b: TokenBatch, values: number[][]) => advantageMatrix({ kind: 'token', advantages: values, returns: values, stats: { groups: 0, uniformGroups: 0, zeroAdvantages: 0 } }, b.responseMask, [b.rows, b.width]);
 // row 0: the longest prompt; row 2: a short prompt with the longest completion, and the longest row
 const batch = tokenBatch(
   [[7, 8, 9], [5], [4, 6]],
@@ -24,8 +26,8 @@ test('rows are prompt then completion from column 0, right-padded to the longest
   expect(Array.from(batch.responseMask, Number)).toEqual([0, 0, 1, 1, 1, 0, 0, /**/ 1, 0, 0, 0, 0, 0, 0, /**/ 0, 1, 1, 1, 1, 1, 0]);
   expect(Array.from(batch.rolloutLogp)).toEqual(f32([0, 0, -0.1, -0.2, -0.3, 0, 0, /**/ -0.4, 0, 0, 0, 0, 0, 0, /**/ 0, -0.5, -0.6, -0.7, -0.8, -0.9, 0]));
   expect(responseValues(batch, batch.rolloutLogp)).toEqual([f32([-0.1, -0.2, -0.3]), f32([-0.4]), f32([-0.5, -0.6, -0.7, -0.8, -0.9])]);
-  expect(responseMatrix(batch, [[1, 2, 3], [4], [5, 6, 7, 8, 9]])).toEqual(Float32Array.from([0, 0, 1, 2, 3, 0, 0, /**/ 4, 0, 0, 0, 0, 0, 0, /**/ 0, 5, 6, 7, 8, 9, 0]));
-  expect(() => responseMatrix(batch, [[1, 2, 3], [4], [5]])).toThrow(/row 2 has 1 values for 5 response tokens/);
+  expect(tokenMatrix(batch, [[1, 2, 3], [4], [5, 6, 7, 8, 9]])).toEqual(Float32Array.from([0, 0, 1, 2, 3, 0, 0, /**/ 4, 0, 0, 0, 0, 0, 0, /**/ 0, 5, 6, 7, 8, 9, 0]));
+  expect(() => tokenMatrix(batch, [[1, 2, 3], [4], [5]])).toThrow(/row 2 has more masked positions than its 1 token advantages/);
 });
 
 test('selectRows keeps the selected rows in order and drops only the trailing columns that are padding in all of them', () => {
@@ -76,7 +78,7 @@ test('random batches: every row contiguous from column 0, values at their predic
     }
     expect(responseValues(b, b.rolloutLogp)).toEqual(completions.map((c) => f32(c.logprobs)));
     const values = completions.map((c) => c.tokens.map((t) => t / 4));
-    expect(responseValues(b, responseMatrix(b, values))).toEqual(values);
+    expect(responseValues(b, tokenMatrix(b, values))).toEqual(values);
     // a random selection: its width is its longest row, its last column holds a token in some row,
     // and each selected row is the batch's row cut at that width
     const sel = Array.from({ length: 1 + rand(rows) }, () => rand(rows));
