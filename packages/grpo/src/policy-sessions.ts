@@ -93,8 +93,8 @@ export interface RolloutGenerator {
   dispose(): void;
 }
 
-/** The generation backends: `KvGenerationRunner` ('kv-cache') and `GenerationRunner` ('graph'). */
-export type GenerationEngine = 'kv-cache' | 'graph';
+/** The generation backends: `KvGenerationRunner` ('kv-cache') and `GenerationRunner` ('graph'); defined with their choice in @lathe/rollout. */
+export type { GenerationEngine } from '@lathe/rollout';
 
 
 /** Generation bound to the policy's weights: the in-graph generation loop (the 'graph' backend). */
