@@ -157,14 +157,37 @@ export interface GrpoTrainerOptions<M> {
  */
 export type GrpoAlgorithmOptions = Omit<GrpoTrainerOptions<unknown>, 'config' | 'weights' | 'tokenizer' | 'stopIds' | 'rewards' | 'device' | 'session' | 'resume'>;
 
+/** The options whose default is a plain value of the option's own type. */
+type PlainDefaultKey =
+  | 'greedyBaseline'
+  | 'epochs'
+  | 'minibatches'
+  | 'microBatches'
+  | 'shuffle'
+  | 'optimizer'
+  | 'oldLogprobs'
+  | 'entropy'
+  | 'compute'
+  | 'gradientCheckpointing'
+  | 'attention'
+  | 'promptsPerRun'
+  | 'releaseGenerationMemory'
+  | 'generationEngine'
+  | 'seed';
+
+/** Those options, each with its default applied. */
+type PlainDefaults = Required<Pick<GrpoTrainerOptions<unknown>, PlainDefaultKey>>;
+
 /**
  * Every default of {@link GrpoTrainerOptions}, the one place they are written: the trainer applies
  * them through {@link resolveGrpoOptions}, and `lathe grpo`'s option schema reads its defaults from
- * here. The KL estimator's default depends on the mode (`DEFAULT_KL_ESTIMATOR`).
+ * here. `temperature` is `sampling.temperature`'s, `device` the kind opened by default, and the KL
+ * estimator's default depends on the mode (`DEFAULT_KL_ESTIMATOR`).
  */
 export const GRPO_DEFAULTS = {
   temperature: 1,
   estimator: 'grpo',
+  greedyBaseline: false,
   loss: POLICY_LOSS_DEFAULTS,
   kl: { coef: 0, mode: 'loss', estimator: DEFAULT_KL_ESTIMATOR, horizon: 10000 },
   epochs: 1,
@@ -182,26 +205,12 @@ export const GRPO_DEFAULTS = {
   releaseGenerationMemory: false,
   generationEngine: 'auto',
   seed: 0,
-} as const satisfies {
+} as const satisfies PlainDefaults & {
   temperature: number;
   estimator: EstimatorName;
-  loss: Required<Omit<GrpoLossConfig, 'dualClip' | 'lossScaleFactor'>>;
-  kl: Required<Omit<KlOptions, 'target' | 'estimator'>> & { estimator: Record<KlMode, KlEstimator> };
-  epochs: number;
-  minibatches: number;
-  microBatches: number;
-  shuffle: boolean;
-  optimizer: AdamWConfig;
-  oldLogprobs: 'rescore' | 'generation';
-  entropy: boolean;
   device: DeviceKind;
-  compute: DType;
-  gradientCheckpointing: boolean;
-  attention: AttentionChoice;
-  promptsPerRun: number;
-  releaseGenerationMemory: boolean;
-  generationEngine: 'auto' | GenerationEngine;
-  seed: number;
+  loss: Required<Omit<GrpoLossConfig, 'dualClip' | 'lossScaleFactor'>>;
+  kl: Omit<ResolvedKlOptions, 'target' | 'estimator'> & { estimator: Readonly<Record<KlMode, KlEstimator>> };
 };
 
 /** The KL with its defaults applied: the estimator is the mode's. */
@@ -219,53 +228,18 @@ export type ResolvedLossConfig = GrpoLossConfig & Required<Omit<GrpoLossConfig, 
 /** A custom objective with its defaults applied. */
 export type ResolvedCustomObjective = Required<CustomObjective>;
 
-/** {@link GrpoTrainerOptions} with every default applied (what the trainer reads). */
-export interface ResolvedGrpoOptions<M>
-  extends Omit<
-    GrpoTrainerOptions<M>,
-    | 'sampling'
-    | 'estimator'
-    | 'greedyBaseline'
-    | 'loss'
-    | 'kl'
-    | 'epochs'
-    | 'minibatches'
-    | 'microBatches'
-    | 'shuffle'
-    | 'optimizer'
-    | 'oldLogprobs'
-    | 'entropy'
-    | 'device'
-    | 'compute'
-    | 'gradientCheckpointing'
-    | 'attention'
-    | 'promptsPerRun'
-    | 'releaseGenerationMemory'
-    | 'generationEngine'
-    | 'seed'
-  > {
-  sampling: SamplingOptions & { temperature: number };
-  estimator: EstimatorName | AdvantageFunction;
-  /** The loop generates greedy baselines: asked for, or the built-in estimator needs them ('remax'). */
-  greedyBaseline: boolean;
-  loss: ResolvedLossConfig | ResolvedCustomObjective;
-  kl: ResolvedKlOptions;
-  epochs: number;
-  minibatches: number;
-  microBatches: number;
-  shuffle: boolean;
-  optimizer: AdamWConfig;
-  oldLogprobs: 'rescore' | 'generation';
-  entropy: boolean;
-  device: Device;
-  compute: DType;
-  gradientCheckpointing: boolean;
-  attention: AttentionChoice;
-  promptsPerRun: number;
-  releaseGenerationMemory: boolean;
-  generationEngine: 'auto' | GenerationEngine;
-  seed: number;
-}
+/**
+ * {@link GrpoTrainerOptions} with every default applied (what the trainer reads). `greedyBaseline`
+ * is also true when the built-in estimator needs greedy rewards ('remax').
+ */
+export type ResolvedGrpoOptions<M> = Omit<GrpoTrainerOptions<M>, PlainDefaultKey | 'sampling' | 'estimator' | 'device' | 'loss' | 'kl'> &
+  PlainDefaults & {
+    sampling: SamplingOptions & { temperature: number };
+    estimator: EstimatorName | AdvantageFunction;
+    device: Device;
+    loss: ResolvedLossConfig | ResolvedCustomObjective;
+    kl: ResolvedKlOptions;
+  };
 
 /** `given` over `defaults`, where a key set to undefined keeps its default. */
 function withDefaults<D extends object, G extends object>(defaults: D, given: G | undefined): D & G {
@@ -310,7 +284,7 @@ export function resolveGrpoOptions<M>(opts: GrpoTrainerOptions<M>): ResolvedGrpo
     ...opts,
     sampling,
     estimator,
-    greedyBaseline: Boolean(opts.greedyBaseline) || (typeof estimator === 'string' && builtinEstimator(estimator).greedyBaseline),
+    greedyBaseline: (opts.greedyBaseline ?? d.greedyBaseline) || (typeof estimator === 'string' && builtinEstimator(estimator).greedyBaseline),
     loss,
     kl,
     epochs: opts.epochs ?? d.epochs,

@@ -105,14 +105,8 @@ export class Trainer {
   readonly microBatches: number;
   /** The loss builder's inputs that each batch supplies (the frozen ones are bound once). */
   readonly batchInputs: string[];
-  private readonly names: string[];
-  private readonly sets: TrainerParts['sets'];
-  private readonly stepBindings: Binding[] | undefined;
-  private readonly accumulateBindings: Binding[][] | undefined;
-  private readonly applyBindings: Binding[][] | undefined;
-  private readonly grads: TrainerParts['grads'];
-  private readonly fixed: StaticBuffers | undefined;
-  private readonly zeroGradients: Binding | undefined;
+  /** The state buffers and bindings `create` built. */
+  private readonly parts: TrainerParts;
   private current = 0;
   private optimizerStep: number;
   private readonly sessions: Session[] = [];
@@ -123,14 +117,7 @@ export class Trainer {
     this.device = parts.device;
     this.microBatches = parts.microBatches;
     this.batchInputs = parts.batchInputs;
-    this.names = parts.names;
-    this.sets = parts.sets;
-    this.stepBindings = parts.stepBindings;
-    this.accumulateBindings = parts.accumulateBindings;
-    this.applyBindings = parts.applyBindings;
-    this.grads = parts.grads;
-    this.fixed = parts.fixed;
-    this.zeroGradients = parts.zeroGradients;
+    this.parts = parts;
     this.optimizerStep = parts.step;
   }
 
@@ -264,14 +251,14 @@ export class Trainer {
 
   /** The parameter's current value (valid until the next step; never write to it). */
   param(name: string): DeviceTensor {
-    const b = this.sets[this.current].get(name);
+    const b = this.parts.sets[this.current].get(name);
     if (!b) throw new Error(`Trainer: no parameter '${name}'`);
     return b.p;
   }
 
   /** Every parameter's current value by name. */
   params(): Map<string, DeviceTensor> {
-    return new Map(this.names.map((n) => [n, this.sets[this.current].get(n)!.p]));
+    return new Map(this.parts.names.map((n) => [n, this.parts.sets[this.current].get(n)!.p]));
   }
 
   /** The graph whose inputs a batch must supply (the step graph, or the accumulate graph). */
@@ -293,14 +280,14 @@ export class Trainer {
     const metrics: Record<string, number> = Object.fromEntries(this.graphs.metrics.map((m) => [m, 0]));
     let loss = 0;
     let gradNorm: number;
-    if (this.stepBindings && this.fixed) {
+    if (this.parts.stepBindings && this.parts.fixed) {
       const t0 = performance.now();
       this.stageBatch(batches[0], { lr, bc1, bc2 });
       const t1 = performance.now();
       try {
-        this.stepBindings[k].runSync();
+        this.parts.stepBindings[k].runSync();
       } catch (e) {
-        throw this.fixed.graphs ? captureError(e as Error, batches[0]) : e;
+        throw this.parts.fixed.graphs ? captureError(e as Error, batches[0]) : e;
       }
       const read = this.readOutputs();
       loss = read.scalar('read/loss');
@@ -308,8 +295,8 @@ export class Trainer {
       for (const m of this.graphs.metrics) metrics[m] = read.scalar(`read/${m}`);
       runMs += performance.now() - t1;
       hostMs += t1 - t0;
-    } else if (this.stepBindings) {
-      const b = this.stepBindings[k];
+    } else if (this.parts.stepBindings) {
+      const b = this.parts.stepBindings[k];
       const t0 = performance.now();
       bindBatch(b, batches[0], this.batchInputs);
       b.input('lr', f32(lr)).input('bc1', f32(bc1)).input('bc2', f32(bc2));
@@ -323,7 +310,7 @@ export class Trainer {
     } else {
       let j = 0;
       for (const batch of batches) {
-        const b = this.accumulateBindings![k][j];
+        const b = this.parts.accumulateBindings![k][j];
         const t0 = performance.now();
         bindBatch(b, batch, this.batchInputs);
         const t1 = performance.now();
@@ -334,14 +321,14 @@ export class Trainer {
         hostMs += t1 - t0;
         j = 1 - j;
       }
-      const a = this.applyBindings![k][j];
+      const a = this.parts.applyBindings![k][j];
       const t0 = performance.now();
       a.input('lr', f32(lr)).input('bc1', f32(bc1)).input('bc2', f32(bc2));
       const t1 = performance.now();
       a.runSync();
       gradNorm = a.scalar('grad_norm');
       // every step's first micro-batch reads buffer 0: it must hold zeros again
-      this.zeroGradients!.runSync();
+      this.parts.zeroGradients!.runSync();
       runMs += performance.now() - t1;
       hostMs += t1 - t0;
     }
@@ -360,7 +347,7 @@ export class Trainer {
    * run of its own with its fixed host cost.
    */
   private stageBatch(batch: Record<string, BatchTensor>, scalars: { lr: number; bc1: number; bc2: number }): void {
-    const f = this.fixed!;
+    const f = this.parts.fixed!;
     checkBatch(batch, this.batchInputs);
     for (const name of this.batchInputs) {
       const t = batch[name];
@@ -383,7 +370,7 @@ export class Trainer {
       for (const name of this.batchInputs) {
         const buf = this.device.empty(f.dtypes.get(name)!, batch[name].dims);
         f.batch.set(name, buf);
-        for (const b of this.stepBindings!) b.input(name, buf);
+        for (const b of this.parts.stepBindings!) b.input(name, buf);
         binding.output(`staged/${name}`, buf);
       }
       for (const [n, t] of Object.entries(f.scalars)) binding.output(`staged/${n}`, t);
@@ -396,7 +383,7 @@ export class Trainer {
 
   /** Copies the fixed scalar outputs to the host in one run (separate downloads are a run each). */
   private readOutputs(): Binding {
-    const f = this.fixed!;
+    const f = this.parts.fixed!;
     if (!f.read) {
       const g = new L.Graph('train_read_outputs');
       for (const name of Object.keys(f.outputs)) g.output(L.applyOp(L.identityOp, [g.input(name, 'float32', [])], {})[0], `read/${name}`);
@@ -421,15 +408,15 @@ export class Trainer {
   }
 
   private download(pick: (b: Buffers) => DeviceTensor): Map<string, Float32Array> {
-    const set = this.sets[this.current];
-    return new Map(this.names.map((n) => [n, pick(set.get(n)!).download().data as Float32Array]));
+    const set = this.parts.sets[this.current];
+    return new Map(this.parts.names.map((n) => [n, pick(set.get(n)!).download().data as Float32Array]));
   }
 
   /** Bytes of device memory the trainer's state holds (both buffer sets and gradient sums). */
   get stateBytes(): number {
     let n = 0;
-    for (const set of this.sets) for (const b of set.values()) n += b.p.byteLength + b.m.byteLength + b.v.byteLength;
-    for (const g of this.grads ?? []) for (const t of g.values()) n += t.byteLength;
+    for (const set of this.parts.sets) for (const b of set.values()) n += b.p.byteLength + b.m.byteLength + b.v.byteLength;
+    for (const g of this.parts.grads ?? []) for (const t of g.values()) n += t.byteLength;
     return n;
   }
 
@@ -438,9 +425,9 @@ export class Trainer {
     if (this.disposed) return;
     this.disposed = true;
     for (const s of this.sessions) s.dispose();
-    for (const set of this.sets) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
-    for (const g of this.grads ?? []) for (const t of g.values()) t.dispose();
-    if (this.fixed) for (const t of [...Object.values(this.fixed.scalars), ...Object.values(this.fixed.outputs), ...this.fixed.batch.values()]) t.dispose();
+    for (const set of this.parts.sets) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
+    for (const g of this.parts.grads ?? []) for (const t of g.values()) t.dispose();
+    if (this.parts.fixed) for (const t of [...Object.values(this.parts.fixed.scalars), ...Object.values(this.parts.fixed.outputs), ...this.parts.fixed.batch.values()]) t.dispose();
   }
 }
 
