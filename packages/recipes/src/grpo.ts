@@ -15,7 +15,7 @@ import { MathGrader, r1ZeroFormatReward } from '@lathe/graders';
 import { Device, sizeOf } from '@lathe/runtime';
 import { join } from 'node:path';
 import { RolloutStore, runPaths } from '@lathe/data';
-import { loadFloat32, loraFromOptions, type TrainerState } from '@lathe/train';
+import { loraFromOptions, type TrainerState } from '@lathe/train';
 import { combineRewards, GrpoTrainer, overlongReward, type GrpoStepMetrics, type RewardSource, type RlPrompt } from '@lathe/grpo';
 import { additionExamples, BUILTIN_DATA } from './demo-task';
 import { readPromptFile } from './generate';
@@ -158,7 +158,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   const verdictOf = combineRewards<AnswerMeta>([{ name: 'correct', fn: correct }], { fallback: 0 });
 
   // State: fresh, or the latest checkpoint (its config must match unless --force).
-  const initial = loadFloat32(model.dir, model.config);
+  const initial = model.lm.float32Weights();
   let state: GrpoState = { step: 0, dataPosition: 0, seed: cfg.seed, optimizerStep: 0 };
   let resume: { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; optimizerStep: number; rlStep: number; klCoef?: number } | undefined;
   const lora = loraFromOptions(cfg);

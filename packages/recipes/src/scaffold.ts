@@ -7,7 +7,7 @@
 import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parse as parseYaml, stringify as toYaml } from 'yaml';
-import { permutation, readConfig, type DecoderConfig } from '@lathe/models';
+import { CausalLM, permutation, readConfig, type DecoderConfig } from '@lathe/models';
 import { HfTokenizer } from '@lathe/tokenizer';
 import { diffConfigs, listEvals, MetricsLog, rewindRunDir, runPaths, startRunDir, writeAtomic } from '@lathe/data';
 import { learningRate, listCheckpoints, loadCheckpoint, saveCheckpoint, type CheckpointContents, type TrainableParam } from '@lathe/train';
@@ -33,6 +33,8 @@ export interface RunModel {
   /** The folder holding config.json and the weights. */
   dir: string;
   config: DecoderConfig;
+  /** The model, a view of the folder's files (`lm.float32Weights()` reads them). */
+  lm: CausalLM;
   tokenizer: RunTokenizer;
   /** The folder checkpoints copy tokenizer files from (none for the built-in character tokenizer). */
   tokenizerFrom?: string;
@@ -53,10 +55,15 @@ export interface ModelOptions {
   seed: number;
 }
 
+/** `dir` when it holds config.json; the error names `--model` otherwise. */
+function modelFolder(dir: string): string {
+  if (!existsSync(join(dir, 'config.json'))) throw new Error(`--model ${dir}: no config.json in that folder (expected a Hugging Face model folder)`);
+  return dir;
+}
+
 /** `<dir>/config.json` parsed; the error names `--model` when the folder has none. */
 export function modelConfig(dir: string): DecoderConfig {
-  if (!existsSync(join(dir, 'config.json'))) throw new Error(`--model ${dir}: no config.json in that folder (expected a Hugging Face model folder)`);
-  return readConfig(dir).config;
+  return readConfig(modelFolder(dir)).config;
 }
 
 /**
@@ -64,7 +71,9 @@ export function modelConfig(dir: string): DecoderConfig {
  * first (before any tokenizer check), and reads the built-in tokenizer unless another is named.
  */
 export async function loadRunModel(cfg: ModelOptions): Promise<RunModel> {
-  const { dir, config } = cfg.model === BUILTIN_MODEL ? builtinBaseModel(cfg.run_dir, cfg.seed) : { dir: cfg.model, config: modelConfig(cfg.model) };
+  const lm = CausalLM.fromPretrainedSync(cfg.model === BUILTIN_MODEL ? builtinBaseModel(cfg.run_dir, cfg.seed).dir : modelFolder(cfg.model));
+  const { config } = lm;
+  const dir = lm.dir!;
   const choice = cfg.tokenizer ?? 'model';
   const flag = cfg.tokenizer === undefined ? `--model ${cfg.model}` : `--tokenizer ${cfg.tokenizer}`;
   const checkVocab = (ids: number) => {
@@ -74,7 +83,7 @@ export async function loadRunModel(cfg: ModelOptions): Promise<RunModel> {
     const tok = additionTokenizer();
     checkVocab(tok.vocabSize);
     if (cfg.prompt_format === 'chat') throw new Error(`--prompt_format chat: the ${BUILTIN_TOKENIZER} tokenizer has no chat template`);
-    return { dir, config, tokenizer: { encode: (t) => tok.encode(t), decode: (ids) => tok.decode(ids), padId: tok.padId, eosId: tok.eosId, bosId: tok.bosId, encodePrompt: (t) => tok.encode(t) } };
+    return { dir, config, lm, tokenizer: { encode: (t) => tok.encode(t), decode: (ids) => tok.decode(ids), padId: tok.padId, eosId: tok.eosId, bosId: tok.bosId, encodePrompt: (t) => tok.encode(t) } };
   }
   const from = choice === 'model' ? dir : choice;
   if (!existsSync(join(from, 'tokenizer.json'))) {
@@ -86,7 +95,7 @@ export async function loadRunModel(cfg: ModelOptions): Promise<RunModel> {
   // chat: the prompt becomes the user turn of the model's chat template, ending with the assistant's turn opened
   const render = (text: string) => tok.applyChatTemplate([{ role: 'user', content: text }], { addGenerationPrompt: true, enableThinking: cfg.enable_thinking });
   const encodePrompt = cfg.prompt_format === 'chat' ? (t: string) => tok.encode(render(t)) : (t: string) => tok.encode(t);
-  return { dir, config, tokenizer: { encode: (t) => tok.encode(t), decode: (ids) => tok.decode(ids), padId: tok.padId, eosId: tok.eosId, bosId: tok.bosId, encodePrompt }, tokenizerFrom: from };
+  return { dir, config, lm, tokenizer: { encode: (t) => tok.encode(t), decode: (ids) => tok.decode(ids), padId: tok.padId, eosId: tok.eosId, bosId: tok.bosId, encodePrompt }, tokenizerFrom: from };
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import { Device, sizeOf, type DeviceTensor, type HostTensor, type Session } from
 import {
   initLora,
   LORA_DROPOUT_KEY,
-  loadFloat32,
   loraAdapters,
   loraDropoutKey,
   loraFromOptions,
@@ -212,7 +211,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   if (cudaGraph && cfg.device !== 'cuda') throw new Error(`--cuda_graph needs --device cuda (got --device ${cfg.device})`);
   if (staticShape && cfg.micro_batches !== 1) throw new Error(`--cuda_graph needs --micro_batches 1 (got ${cfg.micro_batches})`);
   const run = RunDir.open(cfg);
-  const { dir: modelDir, config, tokenizer, tokenizerFrom } = await loadRunModel(cfg);
+  const { config, lm, tokenizer, tokenizerFrom } = await loadRunModel(cfg);
   const { train, evaluation } = await loadExamples(cfg);
   const tokenized = train.map((e) => tokenizeExample(tokenizer, e));
   const overlong = tokenized.filter((t) => t.ids.length > cfg.max_length).length;
@@ -230,7 +229,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
 
   // State: fresh from the model folder, or from the latest checkpoint.
   let state: TrainerState = { step: 0, dataPosition: 0, seed: cfg.seed };
-  const base = loadFloat32(modelDir, config);
+  const base = lm.float32Weights();
   let init = { params: lora ? initLora(adapters, cfg.seed) : base, m: undefined as Map<string, Float32Array> | undefined, v: undefined as Map<string, Float32Array> | undefined };
   if (run.latest) {
     const c = run.resume(params, { rank: cfg.lora_rank });
