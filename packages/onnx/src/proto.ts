@@ -117,94 +117,63 @@ export interface ModelProto {
   metadataProps?: StringStringEntryProto[];
 }
 
+/** A field as `[id, type]`, or `[id, type, 'repeated']`: the number, type and label of its line in onnx.proto. */
+type FieldSpec = readonly [id: number, type: string, rule?: 'repeated'];
+
+/** A message's fields in protobufjs's JSON form, from one {@link FieldSpec} per field name. */
+function fields(specs: Record<string, FieldSpec>): Record<string, { rule?: 'repeated'; type: string; id: number }> {
+  return Object.fromEntries(Object.entries(specs).map(([name, [id, type, rule]]) => [name, rule ? { rule, type, id } : { type, id }]));
+}
+
+/** The repeated label, short so that each message's fields read in a line or two as in onnx.proto. */
+const R = 'repeated';
+
 const schema = {
   nested: {
     onnx: {
       nested: {
-        StringStringEntryProto: { fields: { key: { type: 'string', id: 1 }, value: { type: 'string', id: 2 } } },
+        StringStringEntryProto: { fields: fields({ key: [1, 'string'], value: [2, 'string'] }) },
         TensorProto: {
-          fields: {
-            dims: { rule: 'repeated', type: 'int64', id: 1 },
-            dataType: { type: 'int32', id: 2 },
-            floatData: { rule: 'repeated', type: 'float', id: 4 },
-            int32Data: { rule: 'repeated', type: 'int32', id: 5 },
-            int64Data: { rule: 'repeated', type: 'int64', id: 7 },
-            name: { type: 'string', id: 8 },
-            rawData: { type: 'bytes', id: 9 },
-            doubleData: { rule: 'repeated', type: 'double', id: 10 },
-            docString: { type: 'string', id: 12 },
-            externalData: { rule: 'repeated', type: 'StringStringEntryProto', id: 13 },
-            dataLocation: { type: 'int32', id: 14 },
-          },
+          fields: fields({
+            dims: [1, 'int64', R], dataType: [2, 'int32'], floatData: [4, 'float', R], int32Data: [5, 'int32', R], int64Data: [7, 'int64', R], name: [8, 'string'],
+            rawData: [9, 'bytes'], doubleData: [10, 'double', R], docString: [12, 'string'], externalData: [13, 'StringStringEntryProto', R], dataLocation: [14, 'int32'],
+          }),
         },
         TensorShapeProto: {
-          fields: { dim: { rule: 'repeated', type: 'Dimension', id: 1 } },
+          fields: fields({ dim: [1, 'Dimension', R] }),
           nested: {
-            Dimension: {
-              oneofs: { value: { oneof: ['dimValue', 'dimParam'] } },
-              fields: { dimValue: { type: 'int64', id: 1 }, dimParam: { type: 'string', id: 2 } },
-            },
+            Dimension: { oneofs: { value: { oneof: ['dimValue', 'dimParam'] } }, fields: fields({ dimValue: [1, 'int64'], dimParam: [2, 'string'] }) },
           },
         },
         TypeProto: {
           oneofs: { value: { oneof: ['tensorType'] } },
-          fields: { tensorType: { type: 'Tensor', id: 1 } },
-          nested: {
-            Tensor: { fields: { elemType: { type: 'int32', id: 1 }, shape: { type: 'TensorShapeProto', id: 2 } } },
-          },
+          fields: fields({ tensorType: [1, 'Tensor'] }),
+          nested: { Tensor: { fields: fields({ elemType: [1, 'int32'], shape: [2, 'TensorShapeProto'] }) } },
         },
-        ValueInfoProto: {
-          fields: { name: { type: 'string', id: 1 }, type: { type: 'TypeProto', id: 2 }, docString: { type: 'string', id: 3 } },
-        },
+        ValueInfoProto: { fields: fields({ name: [1, 'string'], type: [2, 'TypeProto'], docString: [3, 'string'] }) },
         AttributeProto: {
-          fields: {
-            name: { type: 'string', id: 1 },
-            f: { type: 'float', id: 2 },
-            i: { type: 'int64', id: 3 },
-            s: { type: 'bytes', id: 4 },
-            t: { type: 'TensorProto', id: 5 },
-            g: { type: 'GraphProto', id: 6 },
-            floats: { rule: 'repeated', type: 'float', id: 7 },
-            ints: { rule: 'repeated', type: 'int64', id: 8 },
-            strings: { rule: 'repeated', type: 'bytes', id: 9 },
-            type: { type: 'int32', id: 20 },
-          },
+          fields: fields({
+            name: [1, 'string'], f: [2, 'float'], i: [3, 'int64'], s: [4, 'bytes'], t: [5, 'TensorProto'], g: [6, 'GraphProto'],
+            floats: [7, 'float', R], ints: [8, 'int64', R], strings: [9, 'bytes', R], type: [20, 'int32'],
+          }),
         },
         NodeProto: {
-          fields: {
-            input: { rule: 'repeated', type: 'string', id: 1 },
-            output: { rule: 'repeated', type: 'string', id: 2 },
-            name: { type: 'string', id: 3 },
-            opType: { type: 'string', id: 4 },
-            attribute: { rule: 'repeated', type: 'AttributeProto', id: 5 },
-            docString: { type: 'string', id: 6 },
-            domain: { type: 'string', id: 7 },
-          },
+          fields: fields({
+            input: [1, 'string', R], output: [2, 'string', R], name: [3, 'string'], opType: [4, 'string'], attribute: [5, 'AttributeProto', R], docString: [6, 'string'], domain: [7, 'string'],
+          }),
         },
         GraphProto: {
-          fields: {
-            node: { rule: 'repeated', type: 'NodeProto', id: 1 },
-            name: { type: 'string', id: 2 },
-            initializer: { rule: 'repeated', type: 'TensorProto', id: 5 },
-            docString: { type: 'string', id: 10 },
-            input: { rule: 'repeated', type: 'ValueInfoProto', id: 11 },
-            output: { rule: 'repeated', type: 'ValueInfoProto', id: 12 },
-            valueInfo: { rule: 'repeated', type: 'ValueInfoProto', id: 13 },
-          },
+          fields: fields({
+            node: [1, 'NodeProto', R], name: [2, 'string'], initializer: [5, 'TensorProto', R], docString: [10, 'string'],
+            input: [11, 'ValueInfoProto', R], output: [12, 'ValueInfoProto', R], valueInfo: [13, 'ValueInfoProto', R],
+          }),
         },
-        OperatorSetIdProto: { fields: { domain: { type: 'string', id: 1 }, version: { type: 'int64', id: 2 } } },
+        OperatorSetIdProto: { fields: fields({ domain: [1, 'string'], version: [2, 'int64'] }) },
         ModelProto: {
-          fields: {
-            irVersion: { type: 'int64', id: 1 },
-            producerName: { type: 'string', id: 2 },
-            producerVersion: { type: 'string', id: 3 },
-            domain: { type: 'string', id: 4 },
-            modelVersion: { type: 'int64', id: 5 },
-            docString: { type: 'string', id: 6 },
-            graph: { type: 'GraphProto', id: 7 },
-            opsetImport: { rule: 'repeated', type: 'OperatorSetIdProto', id: 8 },
-            metadataProps: { rule: 'repeated', type: 'StringStringEntryProto', id: 14 },
-          },
+          fields: fields({
+            irVersion: [1, 'int64'], producerName: [2, 'string'], producerVersion: [3, 'string'], domain: [4, 'string'], modelVersion: [5, 'int64'], docString: [6, 'string'],
+            graph: [7, 'GraphProto'], opsetImport: [8, 'OperatorSetIdProto', R], metadataProps: [14, 'StringStringEntryProto', R],
+          }),
         },
       },
     },
