@@ -314,11 +314,12 @@ function libsql(): typeof Database {
   return createRequire(__filename)('libsql') as typeof Database;
 }
 
-function openRead(file: string): Database.Database {
+/** Opens an existing store (read-only unless `write`); a missing or unreadable file is an error naming it. */
+function openStore(file: string, write = false): Database.Database {
   if (!existsSync(file)) throw new Error(`${file}: cannot open the rollout store (no such file)`);
   try {
     const Sqlite = libsql();
-    const db = new Sqlite(file, { readonly: true, fileMustExist: true });
+    const db = new Sqlite(file, write ? { fileMustExist: true } : { readonly: true, fileMustExist: true });
     db.pragma('busy_timeout = 10000'); // wait out a writer's checkpoint instead of failing
     return db;
   } catch (e) {
@@ -328,10 +329,10 @@ function openRead(file: string): Database.Database {
 
 type Filter = { step?: number; minStep?: number; maxStep?: number; limit?: number };
 
-function where(f: Filter): { sql: string; args: number[] } {
+function where(f: Filter, dataset?: string): { sql: string; args: (string | number)[] } {
   const parts: string[] = [];
-  const args: number[] = [];
-  for (const [value, sql] of [[f.step, 'step = ?'], [f.minStep, 'step >= ?'], [f.maxStep, 'step <= ?']] as const) {
+  const args: (string | number)[] = [];
+  for (const [value, sql] of [[dataset, 'dataset = ?'], [f.step, 'step = ?'], [f.minStep, 'step >= ?'], [f.maxStep, 'step <= ?']] as const) {
     if (value === undefined) continue;
     parts.push(sql);
     args.push(value);
@@ -340,56 +341,29 @@ function where(f: Filter): { sql: string; args: number[] } {
   return { sql, args };
 }
 
-const parseExtra = (v: unknown) => (typeof v === 'string' ? (JSON.parse(v) as Record<string, unknown>) : null);
-
-/** Training rollouts from a store file, oldest first (optionally for one step or a range). */
-export function readTrainRollouts(file: string, filter: Filter = {}): StoredTrainRollout[] {
-  const db = openRead(file);
+/** The rows of one table that pass a filter, oldest first, keyed by column, with `extra` parsed from its JSON. */
+function selectRollouts(file: string, table: string, columns: string, filter: { sql: string; args: (string | number)[] }): Record<string, unknown>[] {
+  const db = openStore(file);
   try {
-    const w = where(filter);
-    const rows = db.prepare(`SELECT id, step, epoch, prompt_index, rollout_index, prompt, completion, reward, advantage, extra, created_at FROM train_rollouts${w.sql}`).raw(true).all(...w.args) as unknown[][];
-    return rows.map((r) => ({
-      id: r[0] as number,
-      step: r[1] as number,
-      epoch: r[2] as number,
-      prompt_index: r[3] as number,
-      rollout_index: r[4] as number,
-      prompt: r[5] as string,
-      completion: r[6] as string,
-      reward: r[7] as number | null,
-      advantage: r[8] as number | null,
-      extra: parseExtra(r[9]),
-      created_at: r[10] as number,
-    }));
+    const rows = db.prepare(`SELECT ${columns} FROM ${table}${filter.sql}`).all(...filter.args) as Record<string, unknown>[];
+    return rows.map((r) => ({ ...r, extra: typeof r.extra === 'string' ? (JSON.parse(r.extra) as Record<string, unknown>) : null }));
   } finally {
     db.close();
   }
 }
 
+/** Training rollouts from a store file, oldest first (optionally for one step or a range). */
+export function readTrainRollouts(file: string, filter: Filter = {}): StoredTrainRollout[] {
+  const columns = 'id, step, epoch, prompt_index, rollout_index, prompt, completion, reward, advantage, extra, created_at';
+  return selectRollouts(file, 'train_rollouts', columns, where(filter)) as unknown as StoredTrainRollout[];
+}
+
 /** Evaluation rollouts from a store file, oldest first. */
 export function readEvalRollouts(file: string, filter: Filter & { dataset?: string } = {}): StoredEvalRollout[] {
-  const db = openRead(file);
-  try {
-    const w = where(filter);
-    const sql = filter.dataset !== undefined ? w.sql.replace(/^( WHERE)?/, (m) => (m ? ' WHERE dataset = ? AND' : ' WHERE dataset = ?')) : w.sql;
-    const args: (string | number)[] = filter.dataset !== undefined ? [filter.dataset, ...w.args] : w.args;
-    const rows = db.prepare(`SELECT id, step, dataset, prompt_index, rollout_index, prompt, completion, reward, correct, extra, created_at FROM eval_rollouts${sql}`).raw(true).all(...args) as unknown[][];
-    return rows.map((r) => ({
-      id: r[0] as number,
-      step: r[1] as number,
-      dataset: r[2] as string,
-      prompt_index: r[3] as number,
-      rollout_index: r[4] as number,
-      prompt: r[5] as string,
-      completion: r[6] as string,
-      reward: r[7] as number | null,
-      correct: r[8] === null ? null : r[8] === 1,
-      extra: parseExtra(r[9]),
-      created_at: r[10] as number,
-    }));
-  } finally {
-    db.close();
-  }
+  const columns = 'id, step, dataset, prompt_index, rollout_index, prompt, completion, reward, correct, extra, created_at';
+  const rows = selectRollouts(file, 'eval_rollouts', columns, where(filter, filter.dataset));
+  // SQLite has no booleans: `correct` is stored as 1, 0 or NULL
+  return rows.map((r) => ({ ...r, correct: r.correct === null ? null : r.correct === 1 })) as unknown as StoredEvalRollout[];
 }
 
 /**
@@ -399,15 +373,7 @@ export function readEvalRollouts(file: string, filter: Filter & { dataset?: stri
  */
 export function deleteRolloutsAfter(file: string, step: number): { train: number; eval: number } {
   if (!Number.isInteger(step)) throw new Error(`${file}: deleteRolloutsAfter needs an integer step, got ${step}`);
-  if (!existsSync(file)) throw new Error(`${file}: cannot open the rollout store (no such file)`);
-  let db: Database.Database;
-  try {
-    const Sqlite = libsql();
-    db = new Sqlite(file, { fileMustExist: true });
-    db.pragma('busy_timeout = 10000');
-  } catch (e) {
-    throw new Error(`${file}: cannot open the rollout store (${(e as Error).message})`);
-  }
+  const db = openStore(file, true);
   try {
     // a store that a crash cut short before its first commit may lack the tables
     const tables = new Set((db.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").raw(true).all() as unknown[][]).map((r) => r[0]));
@@ -422,7 +388,7 @@ export function deleteRolloutsAfter(file: string, step: number): { train: number
 
 /** Row counts and SQLite's own integrity verdict (`ok` when the file is sound). */
 export function inspectRolloutStore(file: string): { train: number; eval: number; lastStep: number | null; integrity: string } {
-  const db = openRead(file);
+  const db = openStore(file);
   try {
     const one = (sql: string) => (db.prepare(sql).raw(true).get() as unknown[])[0];
     return {
