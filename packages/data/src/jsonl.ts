@@ -2,32 +2,17 @@
  * JSON Lines in and out, plain or gzip-compressed (detected from the file's first bytes, so a
  * `.jsonl.gz` named `.jsonl` still reads). Reads stream line by line; errors name the file and line.
  */
-import { createReadStream, createWriteStream, openSync, readSync, closeSync, renameSync, rmSync } from 'node:fs';
+import { createReadStream, createWriteStream, renameSync, rmSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { createGunzip, createGzip } from 'node:zlib';
 import { pipeline } from 'node:stream/promises';
 import { Readable } from 'node:stream';
+import { leadingBytes } from './files';
 
 /** One parsed line: the object and its 1-based line number in the file. */
 export interface JsonlRecord {
   value: Record<string, unknown>;
   line: number;
-}
-
-/** The first `n` bytes of a file (fewer if it is shorter); an unopenable file is an error naming it. */
-export function leadingBytes(file: string, n: number): Buffer {
-  let fd: number;
-  try {
-    fd = openSync(file, 'r');
-  } catch (e) {
-    throw new Error(`${file}: cannot open (${(e as NodeJS.ErrnoException).code ?? String(e)})`);
-  }
-  try {
-    const b = Buffer.alloc(n);
-    return b.subarray(0, readSync(fd, b, 0, n, 0));
-  } finally {
-    closeSync(fd);
-  }
 }
 
 function isGzip(file: string): boolean {

@@ -5,11 +5,12 @@
  * record batches through row groups into a temporary file renamed into place, so a crash never
  * leaves a half-written file under the final name. Errors name the file (and the column).
  */
-import { existsSync, writeFileSync, openAsBlob, openSync, closeSync, readSync, fstatSync, renameSync, rmSync, statSync } from 'node:fs';
+import { existsSync, writeFileSync, openAsBlob, readSync, fstatSync, renameSync, rmSync, statSync } from 'node:fs';
 import { open } from 'node:fs/promises';
 import * as arrow from 'apache-arrow';
 import * as pw from 'parquet-wasm';
 import { parseTable } from 'arrow-js-ffi';
+import { withOpenFile } from './files';
 
 /** Compression codecs for writing. */
 export type ParquetCompression = 'uncompressed' | 'snappy' | 'zstd' | 'lz4' | 'gzip';
@@ -52,13 +53,7 @@ const MAGIC = 'PAR1';
  * `PAR1` at both ends and a footer length that fits. Returns the file size.
  */
 export function checkParquetFraming(file: string): number {
-  let fd: number;
-  try {
-    fd = openSync(file, 'r');
-  } catch (e) {
-    throw new Error(`${file}: cannot open (${(e as NodeJS.ErrnoException).code ?? String(e)})`);
-  }
-  try {
+  return withOpenFile(file, (fd) => {
     const size = fstatSync(fd).size;
     if (size < 12) throw new Error(`${file}: not a Parquet file (${size} bytes; a Parquet file has at least 12)`);
     const head = Buffer.alloc(4);
@@ -70,14 +65,13 @@ export function checkParquetFraming(file: string): number {
     const footer = tail.readUInt32LE(0);
     if (footer + 12 > size) throw new Error(`${file}: corrupt Parquet file (footer length ${footer} exceeds the file size ${size})`);
     return size;
-  } finally {
-    closeSync(fd);
-  }
+  });
 }
 
 /**
  * A parquet-wasm table as an Arrow JS table, copied out of WebAssembly memory through the Arrow C
- * data interface (arrow-js-ffi; several times faster than an IPC round trip). Frees the wasm table.
+ * data interface (arrow-js-ffi: one copy of the buffers, where an IPC round trip would serialise and
+ * parse them). Frees the wasm table.
  */
 function fromWasm(t: pw.Table): arrow.Table {
   const schema = arrow.tableFromIPC(t.schema.intoIPCStream()).schema;
