@@ -4,7 +4,8 @@
  * Each reads JSONL, JSONL.gz or Parquet (by content), returns typed examples and a report of what it
  * skipped and why; errors name the file, the row and the field.
  */
-import { leadingBytes, readJsonl } from './jsonl';
+import { leadingBytes } from './files';
+import { readJsonl } from './jsonl';
 import { readParquet } from './parquet';
 
 /** One raw record and where it came from (`file:line` for JSONL, `file row i` for Parquet). */
@@ -62,6 +63,24 @@ export interface LoadReport {
   skipped: { where: string; reason: string }[];
 }
 
+/** What a loader's per-record function returns for a record it leaves out: the reason, for the report. */
+class Skip {
+  constructor(readonly reason: string) {}
+}
+
+/** Reads a file's records and makes each an example, or a {@link Skip} that the report lists with where it is. */
+async function loadExamples<T>(file: string, example: (r: SourceRecord) => T | Skip): Promise<{ examples: T[]; report: LoadReport }> {
+  const records = await readRecords(file);
+  const examples: T[] = [];
+  const skipped: LoadReport['skipped'] = [];
+  for (const r of records) {
+    const ex = example(r);
+    if (ex instanceof Skip) skipped.push({ where: r.where, reason: ex.reason });
+    else examples.push(ex);
+  }
+  return { examples, report: { file, read: records.length, loaded: examples.length, skipped } };
+}
+
 /** A MATH problem. */
 export interface MathExample {
   id: string;
@@ -94,17 +113,11 @@ export function lastBoxed(text: string): string | null {
  * "Level 3" as 3). Rows without an answer are skipped and reported.
  */
 export async function loadMath(file: string): Promise<{ examples: MathExample[]; report: LoadReport }> {
-  const records = await readRecords(file);
-  const examples: MathExample[] = [];
-  const skipped: LoadReport['skipped'] = [];
-  for (const r of records) {
+  return loadExamples(file, (r) => {
     const problem = str(r, 'problem')!;
     const solution = str(r, 'solution', { optional: true });
     const answer = str(r, 'answer', { optional: true }) ?? (solution !== undefined ? lastBoxed(solution) : null);
-    if (answer === null || answer === undefined) {
-      skipped.push({ where: r.where, reason: "no 'answer' field and no \\boxed{} in the solution" });
-      continue;
-    }
+    if (answer === null || answer === undefined) return new Skip("no 'answer' field and no \\boxed{} in the solution");
     const subject = str(r, 'subject', { optional: true }) ?? str(r, 'type', { optional: true });
     const levelRaw = r.value.level;
     const level = typeof levelRaw === 'number' ? levelRaw : typeof levelRaw === 'string' ? Number(/\d+/.exec(levelRaw)?.[0]) : undefined;
@@ -112,9 +125,8 @@ export async function loadMath(file: string): Promise<{ examples: MathExample[];
     if (solution !== undefined) ex.solution = solution;
     if (subject !== undefined) ex.subject = subject;
     if (level !== undefined && Number.isFinite(level)) ex.level = level;
-    examples.push(ex);
-  }
-  return { examples, report: { file, read: records.length, loaded: examples.length, skipped } };
+    return ex;
+  });
 }
 
 /** A supervised pair. Extra string fields of the record (e.g. `subject`, `answer`) are kept in `meta`. */
@@ -126,14 +138,12 @@ export interface SftPair {
 
 /** SFT rows `{prompt, response}` (the form `lathe sft` trains on). */
 export async function loadSftPairs(file: string): Promise<{ examples: SftPair[]; report: LoadReport }> {
-  const records = await readRecords(file);
-  const examples = records.map((r) => {
+  return loadExamples(file, (r) => {
     const pair: SftPair = { prompt: str(r, 'prompt')!, response: str(r, 'response')! };
     const meta = Object.fromEntries(Object.entries(r.value).filter(([k, v]) => k !== 'prompt' && k !== 'response' && typeof v === 'string') as [string, string][]);
     if (Object.keys(meta).length) pair.meta = meta;
     return pair;
   });
-  return { examples, report: { file, read: records.length, loaded: examples.length, skipped: [] } };
 }
 
 /**
@@ -163,19 +173,12 @@ export interface Gsm8kExample {
 
 /** GSM8K rows `{question, answer}` (answer: a worked solution ending in `#### n`). */
 export async function loadGsm8k(file: string): Promise<{ examples: Gsm8kExample[]; report: LoadReport }> {
-  const records = await readRecords(file);
-  const examples: Gsm8kExample[] = [];
-  const skipped: LoadReport['skipped'] = [];
-  for (const r of records) {
+  return loadExamples(file, (r) => {
     const solution = str(r, 'answer')!;
     const m = /####\s*(.+?)\s*$/.exec(solution);
-    if (!m) {
-      skipped.push({ where: r.where, reason: "field 'answer' has no '#### n' line" });
-      continue;
-    }
-    examples.push({ id: String(r.index), question: str(r, 'question')!, solution, answer: m[1].replace(/,/g, '') });
-  }
-  return { examples, report: { file, read: records.length, loaded: examples.length, skipped } };
+    if (!m) return new Skip("field 'answer' has no '#### n' line");
+    return { id: String(r.index), question: str(r, 'question')!, solution, answer: m[1].replace(/,/g, '') };
+  });
 }
 
 /** A preference pair: a shared prompt (the conversation so far) and two final responses. */
@@ -211,25 +214,15 @@ export function splitPreference(chosen: string, rejected: string): { prompt: str
  * shared assistant turn, or whose responses are identical, are skipped and reported.
  */
 export async function loadPreferencePairs(file: string): Promise<{ examples: PreferencePair[]; report: LoadReport }> {
-  const records = await readRecords(file);
-  const examples: PreferencePair[] = [];
-  const skipped: LoadReport['skipped'] = [];
-  for (const r of records) {
+  return loadExamples(file, (r) => {
     const chosen = str(r, 'chosen')!;
     const rejected = str(r, 'rejected')!;
     const given = str(r, 'prompt', { optional: true });
     const split = given !== undefined ? { prompt: given, chosen, rejected } : splitPreference(chosen, rejected);
-    if (!split) {
-      skipped.push({ where: r.where, reason: `the transcripts share no "${ASSISTANT.trim()}" turn` });
-      continue;
-    }
-    if (split.chosen === split.rejected) {
-      skipped.push({ where: r.where, reason: 'chosen and rejected responses are identical' });
-      continue;
-    }
-    examples.push({ id: String(r.index), ...split });
-  }
-  return { examples, report: { file, read: records.length, loaded: examples.length, skipped } };
+    if (!split) return new Skip(`the transcripts share no "${ASSISTANT.trim()}" turn`);
+    if (split.chosen === split.rejected) return new Skip('chosen and rejected responses are identical');
+    return { id: String(r.index), ...split };
+  });
 }
 
 /** A prompt for RL, with its reference answer when the set has one and the record's other fields. */
@@ -247,13 +240,11 @@ export interface PromptExample {
 export async function loadPrompts(file: string, options: { field?: string; answerField?: string } = {}): Promise<{ examples: PromptExample[]; report: LoadReport }> {
   const field = options.field ?? 'prompt';
   const answerField = options.answerField ?? 'answer';
-  const records = await readRecords(file);
-  const examples = records.map((r) => {
+  return loadExamples(file, (r) => {
     const { [field]: _p, [answerField]: _a, ...meta } = r.value;
     const ex: PromptExample = { id: String(r.index), prompt: str(r, field)!, meta };
     const answer = str(r, answerField, { optional: true });
     if (answer !== undefined) ex.answer = answer;
     return ex;
   });
-  return { examples, report: { file, read: records.length, loaded: examples.length, skipped: [] } };
 }
