@@ -91,14 +91,19 @@ class Comparison {
     const gv = evaluateConstant(gold);
     const pv = gv === null ? null : evaluateConstant(pred);
     if (gv !== null && pv !== null && Math.abs(gv - pv) > 4 * casTol * Math.max(1, Math.abs(gv), Math.abs(pv))) return false;
+    return this.cas({ kind: 'expr', gold, pred, relTol: casTol });
+  }
+
+  /** Asks the CAS unless this comparison's time is up; an equal verdict is marked symbolic, an unparseable gold or a timeout kept as the failure. */
+  private async cas(request: CasRequest): Promise<boolean> {
+    if (!this.symbolic) return false;
     if (performance.now() > this.deadline) return this.fail('timeout');
-    const outcome = await this.symbolic({ kind: 'expr', gold, pred, relTol: casTol });
+    const outcome = await this.symbolic(request);
     if (outcome === 'equal') {
       this.used = 'symbolic';
       return true;
     }
-    if (outcome === 'unparseable-gold') return this.fail('unparseable-gold');
-    if (outcome === 'timeout') return this.fail('timeout');
+    if (outcome === 'unparseable-gold' || outcome === 'timeout') return this.fail(outcome);
     return false;
   }
 
@@ -175,16 +180,7 @@ class Comparison {
       if (gold.op === '=' || gold.op === '\\ne') {
         if ((await this.atoms(gold.lhs, pred.rhs)) && (await this.atoms(gold.rhs, pred.lhs))) return true;
       }
-      if (!this.symbolic) return false;
-      if (performance.now() > this.deadline) return this.fail('timeout');
-      const outcome = await this.symbolic({ kind: 'relation', op: gold.op, gold: [gold.lhs, gold.rhs], pred: [pred.lhs, pred.rhs], relTol: 1e-6 });
-      if (outcome === 'equal') {
-        this.used = 'symbolic';
-        return true;
-      }
-      if (outcome === 'unparseable-gold') return this.fail('unparseable-gold');
-      if (outcome === 'timeout') return this.fail('timeout');
-      return false;
+      return this.cas({ kind: 'relation', op: gold.op, gold: [gold.lhs, gold.rhs], pred: [pred.lhs, pred.rhs], relTol: 1e-6 });
     }
     return false;
   }

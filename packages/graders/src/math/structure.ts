@@ -2,6 +2,9 @@
  * The shape of a normalised answer: a matrix, a union of intervals, a set, a tuple or interval, a
  * relation, a bare comma list, a `±` pair, or a single expression.
  */
+import { dropVariablePrefix } from './normalize';
+import { parseNumber } from './numbers';
+import { splitTopLevel, wrapsWhole } from './split';
 
 /** One answer's structure; leaves are normalised strings. */
 export type AnswerNode =
@@ -13,31 +16,8 @@ export type AnswerNode =
   | { kind: 'matrix'; rows: AnswerNode[][]; text: string }
   | { kind: 'relation'; op: RelationOp; lhs: string; rhs: string };
 
-import { dropVariablePrefix } from './normalize';
-import { parseNumber } from './numbers';
-
 /** Relation operators after normalisation; `>` and `\ge` are flipped into `<` and `\le`. */
 export type RelationOp = '=' | '<' | '\\le' | '\\ne';
-
-import { splitTopLevel } from './split';
-
-const OPENERS = new Set(['{', '(', '[']);
-const CLOSERS = new Set(['}', ')', ']']);
-
-/** True when the bracket opened at index 0 closes at the last character. */
-function wrapsWhole(s: string): boolean {
-  let depth = 0;
-  for (let i = 0; i < s.length; i++) {
-    const c = s[i];
-    if (c === '\\' && (s[i + 1] === '{' || s[i + 1] === '}')) {
-      depth += s[i + 1] === '{' ? 1 : -1;
-      i++;
-    } else if (OPENERS.has(c)) depth++;
-    else if (CLOSERS.has(c)) depth--;
-    if (depth === 0 && i < s.length - 1) return false;
-  }
-  return depth === 0;
-}
 
 const MATRIX = /^\\begin\{([pbvBV]?matrix|array)\}(?:\{[^{}]*\})?((?:(?!\\end\{).)*)\\end\{\1\}$/;
 
