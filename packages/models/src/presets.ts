@@ -26,6 +26,15 @@ const QWEN3_COMMON: HfConfig = {
   tie_word_embeddings: true,
 };
 
+/** The depth, heads and context Qwen3-0.6B and Qwen3-1.7B share: the two differ only in width. */
+const QWEN3_SMALL_DEPTH = {
+  num_hidden_layers: 28,
+  num_attention_heads: 16,
+  num_key_value_heads: 8,
+  head_dim: 128,
+  max_position_embeddings: 40960,
+} as const;
+
 /** The presets by name (Qwen3-0.6B and Qwen3-1.7B as in their published config.json files). */
 export const MODEL_PRESETS = {
   'tiny-qwen3': {
@@ -43,30 +52,12 @@ export const MODEL_PRESETS = {
     describe: '2 layers, hidden 64 (9.8M parameters, nearly all the embedding; 39 MB): every command runs it on the CPU in seconds',
   },
   'qwen3-0.6b': {
-    config: {
-      ...QWEN3_COMMON,
-      hidden_size: 1024,
-      intermediate_size: 3072,
-      num_hidden_layers: 28,
-      num_attention_heads: 16,
-      num_key_value_heads: 8,
-      head_dim: 128,
-      max_position_embeddings: 40960,
-    },
+    config: { ...QWEN3_COMMON, hidden_size: 1024, intermediate_size: 3072, ...QWEN3_SMALL_DEPTH },
     dtype: 'bfloat16',
     describe: "Qwen3-0.6B's shape (0.6B parameters; large: 1.2 GB in bfloat16, for benchmarks)",
   },
   'qwen3-1.7b': {
-    config: {
-      ...QWEN3_COMMON,
-      hidden_size: 2048,
-      intermediate_size: 6144,
-      num_hidden_layers: 28,
-      num_attention_heads: 16,
-      num_key_value_heads: 8,
-      head_dim: 128,
-      max_position_embeddings: 40960,
-    },
+    config: { ...QWEN3_COMMON, hidden_size: 2048, intermediate_size: 6144, ...QWEN3_SMALL_DEPTH },
     dtype: 'bfloat16',
     describe: "Qwen3-1.7B's shape (1.7B parameters; large: 3.4 GB in bfloat16, for benchmarks)",
   },
