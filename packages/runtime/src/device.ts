@@ -361,37 +361,39 @@ export class Device {
 
   /** @internal */
   writeFromHost(dst: DeviceTensor, data: HostArray): void {
-    if (dst.size === 0) return;
-    const { api } = ortEnv();
-    if (this.kind === 'cpu') {
-      api.copyIn(dst.dataPointer(), data);
-      return;
-    }
-    const stage = this.pinnedStaging();
-    const base = dst.dataPointer();
-    const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
-    for (let off = 0; off < bytes.length; off += stage.bytes) {
-      const n = Math.min(stage.bytes, bytes.length - off);
-      api.copyIn(stage.at, bytes.subarray(off, off + n));
-      this.copyBytes({ info: stage.info, at: stage.at }, { info: this.memoryInfo, at: base + BigInt(off) }, n);
-    }
+    this.transfer(dst, data, 'to-device');
   }
 
   /** @internal */
   readToHost(src: DeviceTensor, out: HostArray): void {
-    if (src.size === 0) return;
+    this.transfer(src, out, 'to-host');
+  }
+
+  /**
+   * Copies between a tensor and a host array of its size: directly on the CPU, elsewhere through
+   * the staging buffer, a buffer-full at a time, so a transfer of any size needs no new host memory.
+   */
+  private transfer(tensor: DeviceTensor, host: HostArray, direction: 'to-device' | 'to-host'): void {
+    if (tensor.size === 0) return;
     const { api } = ortEnv();
     if (this.kind === 'cpu') {
-      api.copyOut(out, src.dataPointer());
+      if (direction === 'to-device') api.copyIn(tensor.dataPointer(), host);
+      else api.copyOut(host, tensor.dataPointer());
       return;
     }
     const stage = this.pinnedStaging();
-    const base = src.dataPointer();
-    const bytes = new Uint8Array(out.buffer, out.byteOffset, out.byteLength);
+    const base = tensor.dataPointer();
+    const bytes = new Uint8Array(host.buffer, host.byteOffset, host.byteLength);
     for (let off = 0; off < bytes.length; off += stage.bytes) {
       const n = Math.min(stage.bytes, bytes.length - off);
-      this.copyBytes({ info: this.memoryInfo, at: base + BigInt(off) }, { info: stage.info, at: stage.at }, n);
-      api.copyOut(bytes.subarray(off, off + n), stage.at);
+      const device = { info: this.memoryInfo, at: base + BigInt(off) };
+      if (direction === 'to-device') {
+        api.copyIn(stage.at, bytes.subarray(off, off + n));
+        this.copyBytes(stage, device, n);
+      } else {
+        this.copyBytes(device, stage, n);
+        api.copyOut(bytes.subarray(off, off + n), stage.at);
+      }
     }
   }
 
