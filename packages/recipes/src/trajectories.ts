@@ -22,12 +22,12 @@
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import type { DType } from '@lathe/onnx';
-import { checkSequenceLength, readConfig, type DecoderConfig } from '@lathe/models';
-import { Device, type DeviceKind, type DeviceTensor } from '@lathe/runtime';
+import { CausalLM, checkSequenceLength, readConfig, type DecoderConfig } from '@lathe/models';
+import { Device, type DeviceKind } from '@lathe/runtime';
 import { HfTokenizer, splitThinking } from '@lathe/tokenizer';
 import { MathGrader } from '@lathe/graders';
 import type { Trajectory } from '@lathe/data';
-import { chooseGenerationEngine, Generator, KvCacheGenerator, shrinkOnOutOfMemory, uploadWeights, validateSampling, type Completion, type EngineChoice, type GenerateCallOptions, type GenerationEngineRequest, type SamplingOptions } from '@lathe/rollout';
+import { chooseGenerationEngine, Generator, KvCacheGenerator, shrinkOnOutOfMemory, validateSampling, type Completion, type EngineChoice, type GenerateCallOptions, type GenerationEngineRequest, type SamplingOptions } from '@lathe/rollout';
 
 // ---------------------------------------------------------------------------------------------
 // Prompts, rows and options
@@ -210,7 +210,7 @@ interface KvEngineEvents {
  */
 function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dtype: DType; rows: number; sampling: SamplingOptions; padId: number; maxLength: number; cudaGraph: boolean }, events: KvEngineEvents): Engine {
   const device = Device.open(o.kind);
-  const weights: Map<string, DeviceTensor> = uploadWeights(device, dir, config, o.dtype);
+  const model = CausalLM.fromPretrainedSync(dir, { device, dtype: o.dtype });
   let built: { gen: KvCacheGenerator; maxLength: number; rows: number } | undefined;
   let rows = o.rows;
   const lengthFor = (n: number) => Math.min(config.maxPositionEmbeddings, Math.ceil(n / LENGTH_QUANTUM) * LENGTH_QUANTUM);
@@ -223,7 +223,7 @@ function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dty
       if (phase === 'prefill') events.onRun(prompts);
     };
     // No groupSize: every call passes sampleKeys, one list per (prompt, mode) group of its run.
-    built = { gen: KvCacheGenerator.create(device, config, weights, { ...o.sampling, rows: size, maxLength, dtype: o.dtype, padTokenId: o.padId, cudaGraph: o.cudaGraph, beforeRun }), maxLength, rows: size };
+    built = { gen: KvCacheGenerator.create(model, { ...o.sampling, rows: size, maxLength, dtype: o.dtype, padTokenId: o.padId, cudaGraph: o.cudaGraph, beforeRun }), maxLength, rows: size };
     return built.gen;
   };
   return {
@@ -244,7 +244,7 @@ function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dty
     },
     dispose: async () => {
       built?.gen.dispose();
-      for (const t of weights.values()) t.dispose();
+      model.dispose();
     },
   };
 }
@@ -551,7 +551,7 @@ export class TrajectoryGenerator {
     } else {
       // A call's groups hold at most batchSize samples in all, so maxPromptsPerRun = batchSize never
       // cuts a run; the KV budget still may (samples unchanged: they depend on their keys alone).
-      const gen = await Generator.fromPretrained(this.dir, { ...o.sampling, device: o.device, dtype: o.dtype, padTokenId: padId, maxPromptsPerRun: o.batchSize, beforeRun: onRun });
+      const gen = await Generator.create(await CausalLM.fromPretrained(this.dir), { ...o.sampling, device: o.device, dtype: o.dtype, padTokenId: padId, maxPromptsPerRun: o.batchSize, beforeRun: onRun });
       this.running = { generate: (p, call) => gen.generate(p, call), dispose: () => gen.dispose() };
     }
     return this.running;

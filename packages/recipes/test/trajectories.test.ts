@@ -9,8 +9,7 @@
 import { copyFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
-import { randomModel } from '@lathe/models';
-import { Device } from '@lathe/runtime';
+import { CausalLM, randomModel } from '@lathe/models';
 import { HfTokenizer, QWEN_SPECIAL_IDS } from '@lathe/tokenizer';
 import { Generator, KvCacheGenerator } from '@lathe/rollout';
 import { R1_ZERO_TEMPLATE, TrajectoryGenerator, finalResponse, generate, type GeneratedTrajectory, type TrajectoryOptions, type TrajectoryPrompt } from '@lathe/recipes';
@@ -74,9 +73,11 @@ test("prompt ids are the Qwen3 chat template's encoding with thinking on and off
 
 test('output ids are what the KV-cache generator samples for the same seed and sample keys', async () => {
   // the same engine size (rows = batchSize), called directly with the documented keys
-  const kv = KvCacheGenerator.fromPretrained(dir, Device.cpu(), { temperature: 1, rows: 4, maxLength: 64 });
+  const model = await CausalLM.fromPretrained(dir, { device: 'cpu' });
+  const kv = KvCacheGenerator.create(model, { temperature: 1, rows: 4, maxLength: 64 });
   const direct = await kv.generate(rows.map((r) => r.prompt_token_ids), { maxNewTokens: 6, seed: 11, stopIds: [QWEN_SPECIAL_IDS.imEnd], promptKeys: rows.map((r) => key(r.prompt_idx, r.thinking, r.sample_idx)) });
   kv.dispose();
+  model.dispose();
   expect(direct.map((c) => c.tokens)).toEqual(rows.map((r) => r.output_token_ids));
 });
 
@@ -117,9 +118,11 @@ test('the samples of a prompt and thinking mode share one prefill, with the samp
   expect(a.progress).toEqual([8, 16, 24]);
   // The samples are those of the KV-cache generator with one row (and one prefill) per sample.
   const prefills: number[] = [];
-  const kv = KvCacheGenerator.fromPretrained(dir, Device.cpu(), { temperature: 1, rows: 8, maxLength: 64, beforeRun: (phase, n) => phase === 'prefill' && prefills.push(n) });
+  const model = await CausalLM.fromPretrained(dir, { device: 'cpu' });
+  const kv = KvCacheGenerator.create(model, { temperature: 1, rows: 8, maxLength: 64, beforeRun: (phase, n) => phase === 'prefill' && prefills.push(n) });
   const direct = await kv.generate(a.out.map((r) => r.prompt_token_ids), { maxNewTokens: 6, seed: 11, stopIds: [QWEN_SPECIAL_IDS.imEnd], promptKeys: a.out.map((r) => key(r.prompt_idx, r.thinking, r.sample_idx)) });
   kv.dispose();
+  model.dispose();
   expect(prefills).toEqual([8, 8, 8]);
   expect(direct.map((c) => c.tokens)).toEqual(a.out.map((r) => r.output_token_ids));
   // …and the first of them are the rows of the run that asked for fewer samples.
@@ -178,7 +181,7 @@ test('the in-graph engine groups samples too: one prefill per (prompt, mode), th
   for await (const r of gen.generate(prompts)) out.push(r);
   expect(gen.counters).toEqual({ runs: 2, prefilledPrompts: 3 * 2, samples: 12, engineShrinks: 0, engineRows: 0 });
   await gen.dispose();
-  const one = await Generator.fromPretrained(dir, { temperature: 1 });
+  const one = await Generator.create(await CausalLM.fromPretrained(dir), { temperature: 1 });
   const direct = await one.generate(out.map((r) => r.prompt_token_ids), { maxNewTokens: 6, seed: 11, stopIds: [QWEN_SPECIAL_IDS.imEnd], promptKeys: out.map((r) => key(r.prompt_idx, r.thinking, r.sample_idx)) });
   await one.dispose();
   expect(direct.map((c) => c.tokens)).toEqual(out.map((r) => r.output_token_ids));
