@@ -3,7 +3,7 @@
  * `resolveGrpoOptions` applies them (and checks the options), so the trainer, the `lathe grpo`
  * schema and a saved config read one set of values.
  */
-import type { DecoderConfig } from '@lathe/models';
+import type { CausalLM } from '@lathe/models';
 import type { DType } from '@lathe/onnx';
 import type { GenerationEngine, SamplingOptions } from '@lathe/rollout';
 import { Device, type DeviceKind, type SessionOptions } from '@lathe/runtime';
@@ -55,10 +55,12 @@ export interface GrpoResumeState {
 
 /** Everything a GRPO-family run needs. Defaults are in {@link GRPO_DEFAULTS}. */
 export interface GrpoTrainerOptions<M> {
-  /** The decoder's architecture. */
-  config: DecoderConfig;
-  /** The starting policy's float32 weights by HF name; also the frozen reference. */
-  weights: Map<string, Float32Array>;
+  /**
+   * The starting policy, also the frozen reference (e.g. `await CausalLM.fromPretrained(dir)`). The
+   * trainer reads its weights once into float32 master weights on `device` and keeps no reference
+   * to its device tensors, so a model loaded onto a device may be disposed after `create`.
+   */
+  model: CausalLM;
   /** Completions are decoded for reward functions only. */
   tokenizer: { decode(ids: readonly number[]): string; readonly padId: number };
   /** Token ids that end a completion (EOS, `<|im_end|>`). */
@@ -105,7 +107,7 @@ export interface GrpoTrainerOptions<M> {
    * objective) or old log-probs come from generation — then in the train step.
    */
   entropy?: boolean;
-  /** Where everything lives. Default the CPU. */
+  /** Where everything lives. Default the model's device, else the CPU. */
   device?: Device;
   /** Options for every session the trainer compiles (profiling, optimization level, …; CPU fallback stays off on CUDA). */
   session?: SessionOptions;
@@ -155,7 +157,7 @@ export interface GrpoTrainerOptions<M> {
  * The options that choose the algorithm and its schedule: everything but the policy, tokenizer,
  * stop ids, rewards, device, sessions and a resume (what a command's config maps to).
  */
-export type GrpoAlgorithmOptions = Omit<GrpoTrainerOptions<unknown>, 'config' | 'weights' | 'tokenizer' | 'stopIds' | 'rewards' | 'device' | 'session' | 'resume'>;
+export type GrpoAlgorithmOptions = Omit<GrpoTrainerOptions<unknown>, 'model' | 'tokenizer' | 'stopIds' | 'rewards' | 'device' | 'session' | 'resume'>;
 
 /** The options whose default is a plain value of the option's own type. */
 type PlainDefaultKey =
@@ -181,8 +183,8 @@ type PlainDefaults = Required<Pick<GrpoTrainerOptions<unknown>, PlainDefaultKey>
 /**
  * Every default of {@link GrpoTrainerOptions}, the one place they are written: the trainer applies
  * them through {@link resolveGrpoOptions}, and `lathe grpo`'s option schema reads its defaults from
- * here. `temperature` is `sampling.temperature`'s, `device` the kind opened by default, and the KL
- * estimator's default depends on the mode (`DEFAULT_KL_ESTIMATOR`).
+ * here. `temperature` is `sampling.temperature`'s, `device` the kind opened when the model is on
+ * the host, and the KL estimator's default depends on the mode (`DEFAULT_KL_ESTIMATOR`).
  */
 export const GRPO_DEFAULTS = {
   temperature: 1,
@@ -294,7 +296,7 @@ export function resolveGrpoOptions<M>(opts: GrpoTrainerOptions<M>): ResolvedGrpo
     optimizer: { ...d.optimizer, ...opts.optimizer },
     oldLogprobs,
     entropy: opts.entropy ?? d.entropy,
-    device: opts.device ?? Device.open(d.device),
+    device: opts.device ?? opts.model.device ?? Device.open(d.device),
     compute: opts.compute ?? d.compute,
     gradientCheckpointing: opts.gradientCheckpointing ?? d.gradientCheckpointing,
     attention: opts.attention ?? d.attention,

@@ -32,8 +32,7 @@
  * re-scored (the parity then shows how far the filtered distribution is from the policy).
  */
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import type { DecoderConfig } from '@lathe/models';
-import { paramSpecs } from '@lathe/models';
+import { paramSpecs, permutation, type DecoderConfig } from '@lathe/models';
 import { chooseGenerationEngine, type GenerationEngine, type SamplingOptions } from '@lathe/rollout';
 import type { DeviceTensor } from '@lathe/runtime';
 import {
@@ -45,7 +44,6 @@ import {
   loraWeights,
   mergedLoraWeights,
   mergeLora,
-  permutation,
   Trainer,
   useFlashAttention,
   type LoraConfig,
@@ -140,9 +138,11 @@ export class GrpoTrainer<M = unknown> {
   /** Compiles the train step, generation and scoring sessions and uploads the weights. */
   static create<M>(options: GrpoTrainerOptions<M>): GrpoTrainer<M> {
     const o = resolveGrpoOptions(options);
-    const { config, weights, device, compute, lora } = o;
+    const { model, device, compute, lora } = o;
+    const config = model.config;
     const engine = chooseGenerationEngine(o.generationEngine, config, device.kind, compute, 'generationEngine').engine;
-    for (const s of paramSpecs(config)) check(weights.has(s.name), `weights: missing '${s.name}'`);
+    // the master weights' start, and with LoRA the frozen base the merged model is built from
+    const weights = model.float32Weights();
     const adapters = lora ? loraAdapters(config, lora) : [];
     const policy = policyWeightsOf(config, lora, compute);
     const frozen: Record<string, DeviceTensor> = lora ? Object.fromEntries(paramSpecs(config).map((s) => [`base/${s.name}`, device.upload({ data: weights.get(s.name)!, dims: s.shape })])) : {};
@@ -490,7 +490,7 @@ export class GrpoTrainer<M = unknown> {
 
   /** The trained parameters (adapters with LoRA). */
   get trainable(): TrainableParam[] {
-    return GrpoTrainer.trainableParams(this.opts.config, this.opts.lora);
+    return GrpoTrainer.trainableParams(this.opts.model.config, this.opts.lora);
   }
 
   /** What a policy of `config` trains: every weight (decay on matrices and embeddings), or the LoRA adapters. */
@@ -536,7 +536,8 @@ function policyWeightsOf(config: DecoderConfig, lora: LoraConfig | undefined, co
  * phases; with the KV-cache engine both read one compute-dtype copy of the weights.
  */
 function generationRunners<M>(o: ResolvedGrpoOptions<M>, engine: GenerationEngine, policy: PolicyWeights): Pick<GrpoTrainerParts<M>, 'sampler' | 'greedy' | 'releaseGeneration' | 'owned'> {
-  const { device, config, session, promptsPerRun } = o;
+  const { device, session, promptsPerRun } = o;
+  const config = o.model.config;
   const padId = o.tokenizer.padId;
   const computeWeights = engine === 'kv-cache' ? new ComputeWeights(device, config, policy, o.compute, session) : undefined;
   const generator = (groupSize: number, sampling: SamplingOptions): RolloutGenerator =>
@@ -567,8 +568,8 @@ function generationRunners<M>(o: ResolvedGrpoOptions<M>, engine: GenerationEngin
  * no copy, cast when scored, as the train step reads it.
  */
 function frozenReferenceOf<M>(o: ResolvedGrpoOptions<M>, trainer: Trainer, frozen: Record<string, DeviceTensor>, owned: { dispose(): void }[]): { policy: PolicyWeights; weights: BoundWeights } {
-  const { config, compute } = o;
-  const specs = paramSpecs(config);
+  const { model, compute } = o;
+  const specs = paramSpecs(model.config);
   if (o.lora) {
     return {
       policy: { trainable: specs.map((s) => ({ name: s.name, shape: s.shape, decay: false })), weights: (_g, t) => castWeights(t, compute) },
@@ -576,7 +577,7 @@ function frozenReferenceOf<M>(o: ResolvedGrpoOptions<M>, trainer: Trainer, froze
     };
   }
   // before any update (no resume) the trainer's parameters are these weights, already on the device
-  const ref = frozenReference(o.device, config, o.weights, compute, { onDevice: o.resume ? undefined : trainer.params(), session: o.session });
+  const ref = frozenReference(o.device, model, compute, { onDevice: o.resume ? undefined : trainer.params(), session: o.session });
   owned.push(ref);
   return { policy: ref.policy, weights: [...ref.weights] };
 }
@@ -585,8 +586,4 @@ function hashSeed(seed: number, step: number, epoch: number): number {
   let h = (seed ^ 0x9e3779b9) >>> 0;
   for (const x of [step, epoch]) h = Math.imul(h ^ (x + 0x7f4a7c15), 0x85ebca6b) >>> 0;
   return h;
-}
-
-function check(ok: boolean, message: string): void {
-  if (!ok) throw new Error(`GrpoTrainer: ${message}`);
 }

@@ -24,7 +24,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { checkSequenceLength, paramSpecs, TOTAL_LENGTH_INPUT, totalLengthTensor, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
+import { checkSequenceLength, paramSpecs, TOTAL_LENGTH_INPUT, totalLengthTensor, weightInputs, type CausalLM, type DecoderConfig, type Weights } from '@lathe/models';
 import { addGeneration, KvCacheGenerator, kvCacheUnsupported, shrinkOnOutOfMemory, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
 import type { Binding, Device, DeviceTensor, HostTensor, Session, SessionOptions } from '@lathe/runtime';
 import { castWeights, type TrainableParam } from '@lathe/train';
@@ -310,30 +310,27 @@ export interface ReferencePolicy {
 }
 
 /**
- * The frozen reference from the starting float32 `weights`, stored once in the compute dtype: it
- * is never trained, so nothing needs its float32 values. With float32 compute that is a device copy
- * of `weights` (as it always was); with bfloat16/float16, {@link ComputeWeights} materialises the
- * copy in one run and frees that run's session — half the memory of a float32 copy (1.2 GB less
- * at the 0.6B shape), and the reference scorer casts nothing per step. `onDevice`, when given,
- * holds the same values already on the device (the trainer's parameters before any update): they
- * are copied (float32) or read by the materialising run (else) on the device, with no host upload.
+ * The frozen reference from the starting `model`, stored once in the compute dtype: it is never
+ * trained, so nothing needs its float32 values. With float32 compute that is a device copy of the
+ * model's weights (as it always was); with bfloat16/float16, {@link ComputeWeights} materialises
+ * the copy in one run and frees that run's session — half the memory of a float32 copy (1.2 GB
+ * less at the 0.6B shape), and the reference scorer casts nothing per step. `onDevice`, when given, holds the same values already on
+ * the device as float32 (the trainer's parameters before any update): they are copied (float32) or
+ * read by the materialising run (else) on the device, with no host upload.
  */
-export function frozenReference(
-  device: Device,
-  config: DecoderConfig,
-  weights: ReadonlyMap<string, Float32Array>,
-  compute: DType,
-  opts: { onDevice?: BoundWeights; session?: SessionOptions } = {},
-): ReferencePolicy {
+export function frozenReference(device: Device, model: CausalLM, compute: DType, opts: { onDevice?: BoundWeights; session?: SessionOptions } = {}): ReferencePolicy {
+  const { config } = model;
   const specs = paramSpecs(config);
-  for (const s of specs) if (!weights.has(s.name)) throw new Error(`frozenReference: missing weight '${s.name}'`);
+  // the model's weights are read (a model of files reads them) only for what `onDevice` lacks
+  let host: Map<string, Float32Array> | undefined;
+  const upload = (s: (typeof specs)[number]) => device.upload({ data: (host ??= model.float32Weights()).get(s.name)!, dims: s.shape });
   const policy = computeDtypeWeights(config, compute);
   if (compute === 'float32') {
     // a device-to-device copy of `onDevice` when given (no host round trip), else an upload
     const onDevice = opts.onDevice && new Map(opts.onDevice);
     const copy = (s: (typeof specs)[number]) => {
       const src = onDevice?.get(s.name);
-      if (!src) return device.upload({ data: weights.get(s.name)!, dims: s.shape });
+      if (!src) return upload(s);
       const t = device.empty('float32', s.shape);
       t.copyFrom(src);
       return t;
@@ -343,7 +340,7 @@ export function frozenReference(
   }
   const source: PolicyWeights = { trainable: specs.map((s) => ({ name: s.name, shape: s.shape, decay: false })), weights: (_g, t) => castWeights(t, compute) };
   const materialised = new ComputeWeights(device, config, source, compute, opts.session);
-  const uploads = opts.onDevice ? undefined : specs.map((s) => [s.name, device.upload({ data: weights.get(s.name)!, dims: s.shape })] as const);
+  const uploads = opts.onDevice ? undefined : specs.map((s) => [s.name, upload(s)] as const);
   try {
     return { weights: materialised.materialiseOnce([opts.onDevice ?? uploads!]), policy, dispose: () => materialised.dispose() };
   } finally {

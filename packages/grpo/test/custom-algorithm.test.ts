@@ -27,7 +27,7 @@ const prompts = (step: number): RlPrompt<Meta>[] => ANSWERS.map((answer, i) => (
 /** Steps until the last three all have reward ≥ 0.9 and responses ≤ 2.5 tokens (the answer + EOS is 2), at most `maxSteps`. */
 async function run(seed: number, estimator: AdvantageFunction | 'grpo', loss?: CustomObjective, maxSteps = 120) {
   const model = tinyModel(8, { seed });
-  const t = GrpoTrainer.create<Meta>({ config: model.config, weights: model.weights, tokenizer: { decode: (ids) => ids.join(' '), padId: 0 }, stopIds: [1], rewards, groupSize: 8, maxNewTokens: 4, estimator, loss, minibatches: 2 });
+  const t = GrpoTrainer.create<Meta>({ model: model.lm, tokenizer: { decode: (ids) => ids.join(' '), padId: 0 }, stopIds: [1], rewards, groupSize: 8, maxNewTokens: 4, estimator, loss, minibatches: 2 });
   const history: { reward: number; length: number; penalty: number }[] = [];
   for (let s = 0; s < maxSteps; s++) {
     const { metrics } = await t.step(prompts(s), 0.01);

@@ -31,8 +31,7 @@ const prompts = (step: number, n: number): RlPrompt<Meta>[] => promptIds.slice(0
 
 function make(model: ReturnType<typeof tinyModel>, over: Partial<GrpoTrainerOptions<Meta>> = {}): GrpoTrainer<Meta> {
   return GrpoTrainer.create<Meta>({
-    config: model.config,
-    weights: model.weights,
+    model: model.lm,
     tokenizer,
     stopIds: [3],
     rewards,

@@ -20,8 +20,7 @@ const model = tinyModel(24, { headDim: 16, std: 0.5, seed: 9 });
 
 function make(over: Partial<GrpoTrainerOptions<Meta>>): GrpoTrainer<Meta> {
   return GrpoTrainer.create<Meta>({
-    config: model.config,
-    weights: model.weights,
+    model: model.lm,
     tokenizer: { decode: (ids) => ids.join(' '), padId: 0 },
     stopIds: [3],
     rewards,

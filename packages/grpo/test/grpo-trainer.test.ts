@@ -28,8 +28,7 @@ const prompts = (step: number): RlPrompt<Meta>[] => ANSWERS.map((answer, p) => (
 
 function make(overrides: Partial<Opts> = {}, model = tinyModel(V)): GrpoTrainer<Meta> {
   return GrpoTrainer.create<Meta>({
-    config: model.config,
-    weights: model.weights,
+    model: model.lm,
     tokenizer,
     stopIds: [],
     rewards: exact,

@@ -20,8 +20,7 @@ const lora = { rank: 4, alpha: 8, targets: 'q_proj|v_proj|up_proj|down_proj' };
 
 function make(overrides: Partial<GrpoTrainerOptions<Meta>>, model: ReturnType<typeof tinyModel>): GrpoTrainer<Meta> {
   return GrpoTrainer.create<Meta>({
-    config: model.config,
-    weights: model.weights,
+    model: model.lm,
     tokenizer: { decode: (ids) => ids.join(' '), padId: 0 },
     stopIds: [1],
     rewards: firstToken,

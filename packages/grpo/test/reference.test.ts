@@ -21,7 +21,7 @@ test.each([
 ] as const)('a %s reference takes %d bytes per weight in the device accounting, and holds the weights in that dtype', (compute, bytesPer) => {
   const device = Device.cpu();
   const before = device.memory();
-  const ref = frozenReference(device, model.config, model.weights, compute);
+  const ref = frozenReference(device, model.lm, compute);
   const after = device.memory();
   // what stays allocated is the reference alone: the float32 uploads it was computed from are freed
   expect(after.bytes - before.bytes).toBe(elements * bytesPer);
@@ -41,7 +41,7 @@ test('materialised from weights already on the device, a bfloat16 reference allo
   const onDevice = specs.map((s) => [s.name, device.upload({ data: model.weights.get(s.name)!, dims: s.shape })] as const);
   const allocations = (['upload', 'empty', 'zeros', 'full'] as const).map((fn) => jest.spyOn(device, fn));
   const before = device.memory();
-  const ref = frozenReference(device, model.config, model.weights, 'bfloat16', { onDevice });
+  const ref = frozenReference(device, model.lm, 'bfloat16', { onDevice });
   const after = device.memory();
   const [uploads, ...others] = allocations.map((spy) => spy.mock.calls);
   allocations.forEach((spy) => spy.mockRestore());
@@ -58,7 +58,7 @@ test('a float32 reference of weights already on the device is a device-to-device
   const device = Device.cpu();
   const onDevice = specs.map((s) => [s.name, device.upload({ data: model.weights.get(s.name)!, dims: s.shape })] as const);
   const uploads = jest.spyOn(device, 'upload');
-  const ref = frozenReference(device, model.config, model.weights, 'float32', { onDevice });
+  const ref = frozenReference(device, model.lm, 'float32', { onDevice });
   expect(uploads.mock.calls).toHaveLength(0);
   uploads.mockRestore();
   // a copy, not the same buffers: changing the source leaves the reference as it was
@@ -89,8 +89,7 @@ interface Meta {
 test('float32: the reference is the starting policy, unchanged by training, and kl_ref is the KL to it', async () => {
   const rewards = combineRewards<Meta & { completionTokens: number; stopped: boolean }>([{ name: 'r', fn: (_p, c, m) => (c.split(' ')[0] === String(m.answer) ? 1 : 0) }], { fallback: 0 });
   const t = GrpoTrainer.create<Meta>({
-    config: model.config,
-    weights: model.weights,
+    model: model.lm,
     tokenizer: { decode: (ids) => ids.join(' '), padId: 0 },
     stopIds: [3],
     rewards,

@@ -1,12 +1,12 @@
 /**
  * Test helper: a tiny random Qwen3 (1 layer, hidden 16, head_dim 8 — or 16, the smallest the
- * KV-cache generator's GroupQueryAttention takes) written to a temporary folder, with its float32
- * weights.
+ * KV-cache generator's GroupQueryAttention takes) written to a temporary folder and loaded as a
+ * `CausalLM`, with its float32 weights.
  */
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { paramSpecs, randomModel, readTensorBytes, readWeightIndex, type DecoderConfig, type HfConfig } from '@lathe/models';
+import { CausalLM, randomModel, type DecoderConfig, type HfConfig } from '@lathe/models';
 
 /** The HF config of the tiny model. */
 export const tinyQwen3 = (vocab: number, layers = 1, headDim = 8): HfConfig => ({
@@ -24,15 +24,10 @@ export const tinyQwen3 = (vocab: number, layers = 1, headDim = 8): HfConfig => (
   tie_word_embeddings: true,
 });
 
-/** A random tiny Qwen3: its config, folder and float32 weights by name. */
-export function tinyModel(vocab: number, opts: { seed?: number; std?: number; layers?: number; headDim?: number } = {}): { config: DecoderConfig; dir: string; weights: Map<string, Float32Array> } {
+/** A random tiny Qwen3: the model (a view of its folder), its config, folder and float32 weights by name. */
+export function tinyModel(vocab: number, opts: { seed?: number; std?: number; layers?: number; headDim?: number } = {}): { lm: CausalLM; config: DecoderConfig; dir: string; weights: Map<string, Float32Array> } {
   const dir = mkdtempSync(join(tmpdir(), 'lathe-grpo-'));
-  const config = randomModel(dir, tinyQwen3(vocab, opts.layers, opts.headDim), { seed: opts.seed ?? 4, std: opts.std ?? 0.1 });
-  const index = readWeightIndex(dir);
-  const weights = new Map<string, Float32Array>();
-  for (const s of paramSpecs(config)) {
-    const b = readTensorBytes(index.get(s.name)!);
-    weights.set(s.name, new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength)));
-  }
-  return { config, dir, weights };
+  randomModel(dir, tinyQwen3(vocab, opts.layers, opts.headDim), { seed: opts.seed ?? 4, std: opts.std ?? 0.1 });
+  const lm = CausalLM.fromPretrainedSync(dir);
+  return { lm, config: lm.config, dir, weights: lm.float32Weights() };
 }

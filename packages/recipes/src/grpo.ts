@@ -158,7 +158,6 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   const verdictOf = combineRewards<AnswerMeta>([{ name: 'correct', fn: correct }], { fallback: 0 });
 
   // State: fresh, or the latest checkpoint (its config must match unless --force).
-  const initial = model.lm.float32Weights();
   let state: GrpoState = { step: 0, dataPosition: 0, seed: cfg.seed, optimizerStep: 0 };
   let resume: { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; optimizerStep: number; rlStep: number; klCoef?: number } | undefined;
   const lora = loraFromOptions(cfg);
@@ -175,8 +174,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
 
   const device = Device.open(cfg.device as 'cpu' | 'cuda');
   const trainer = GrpoTrainer.create<PromptMeta>({
-    config: model.config,
-    weights: initial,
+    model: model.lm,
     tokenizer: model.tokenizer,
     stopIds,
     rewards,

@@ -5,12 +5,11 @@
  */
 import { defaults, grpoSchema, grpoTrainerOptions, resolveConfig } from '@lathe/recipes';
 import { combineRewards, GRPO_DEFAULTS, resolveGrpoOptions, type GrpoAlgorithmOptions, type ResolvedGrpoOptions } from '@lathe/grpo';
-import { parseConfig } from '@lathe/models';
+import { CausalLM } from '@lathe/models';
 
 /** What a run supplies besides the algorithm: the same objects on both sides. */
 const run = {
-  config: parseConfig({ architectures: ['Qwen3ForCausalLM'], vocab_size: 8, hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1, head_dim: 8, rms_norm_eps: 1e-6, rope_theta: 10000, max_position_embeddings: 32 }),
-  weights: new Map<string, Float32Array>(),
+  model: CausalLM.random({ architectures: ['Qwen3ForCausalLM'], vocab_size: 8, hidden_size: 16, intermediate_size: 32, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1, head_dim: 8, rms_norm_eps: 1e-6, rope_theta: 10000, max_position_embeddings: 32 }),
   tokenizer: { decode: (ids: readonly number[]) => ids.join(' '), padId: 0 },
   stopIds: [3],
   rewards: combineRewards([{ name: 'none', fn: () => 0 }], { fallback: 0 }),

@@ -13,10 +13,7 @@
  *     --outfile=.bundle/grpo-step.js     (koffi beside it, as tools/bench/build-device-bundles.sh copies it)
  * Measured on the H100 (docs/benchmarks.md, "RL step"); on CPU the tiny shape takes ~0.2 s per step.
  */
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { CausalLM, randomModel, type HfConfig } from '@lathe/models';
+import { CausalLM, type HfConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { combineRewards, GrpoTrainer, type GrpoStepMetrics, type RlPrompt } from '@lathe/grpo';
 import { arg, flag } from '../argv';
@@ -46,14 +43,13 @@ async function main(): Promise<void> {
   const steps = Number(arg('steps', '3'));
   const lora = Number(arg('lora', '0'));
   const t0 = performance.now();
-  const dir = mkdtempSync(join(tmpdir(), 'grpo-step-'));
-  const config = randomModel(dir, SHAPES[shape], { seed: 1, std: 0.02 });
-  const weights = (await CausalLM.fromPretrained(dir)).float32Weights();
+  const model = CausalLM.random(SHAPES[shape], { seed: 1, std: 0.02 });
+  const { config } = model;
   const tModel = performance.now();
   // reward: the share of even token ids in the completion (non-uniform across a group)
   const rewards = combineRewards<{ completionTokens: number; stopped: boolean }>([{ name: 'even', fn: (_p, c) => { const ids = c.split(' ').filter(Boolean).map(Number); return ids.length ? ids.filter((x) => x % 2 === 0).length / ids.length : 0; } }], { fallback: 0 });
   const trainer = GrpoTrainer.create<Record<string, never>>({
-    config, weights, tokenizer: { decode: (ids) => ids.join(' '), padId: 0 }, stopIds: [config.vocabSize - 1], rewards,
+    model, tokenizer: { decode: (ids) => ids.join(' '), padId: 0 }, stopIds: [config.vocabSize - 1], rewards,
     groupSize: G, maxNewTokens: maxNew, loss: { aggregation: 'token-mean', clipHigh: 0.28 }, kl: { coef: 0.001 },
     minibatches: Number(arg('minibatches', '2')), device, compute, oldLogprobs: arg('old-logprobs', 'rescore') as 'rescore' | 'generation',
     generationEngine: (arg('generation-engine', '') || undefined) as 'kv-cache' | 'graph' | undefined,

@@ -8,7 +8,7 @@ import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import * as L from '@lathe/onnx';
-import { paramSpecs, randomModel, readTensorBytes, readWeightIndex, type DecoderConfig, type HfConfig } from '@lathe/models';
+import { CausalLM, paramSpecs, randomModel, readTensorBytes, readWeightIndex, type DecoderConfig, type HfConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { HfTokenizer, QWEN_SPECIAL_IDS, encodePromptResponse, padSequences, type ChatMessage } from '@lathe/tokenizer';
 import { Trainer, sftLoss } from '@lathe/train';
@@ -85,7 +85,7 @@ const proximal: CustomObjective = {
 const rlModel = tinyModel(8, 2);
 const rewards = combineRewards<{ answer: number }>([{ name: 'first_token', fn: (_p, c, m) => (c.split(' ')[0] === String(m.answer) ? 1 : 0) }], { fallback: 0 });
 const prompts: RlPrompt<{ answer: number }>[] = [5, 7, 3, 2].map((answer, i) => ({ ids: [i + 2], text: String(i + 2), meta: { answer }, key: i }));
-const rl = GrpoTrainer.create<{ answer: number }>({ config: rlModel.config, weights: rlModel.weights, tokenizer: { decode: (ids) => ids.join(' '), padId: 0 }, stopIds: [1], rewards, groupSize: 4, maxNewTokens: 4, loss: proximal, minibatches: 2 });
+const rl = GrpoTrainer.create<{ answer: number }>({ model: CausalLM.fromWeights(rlModel.config, rlModel.weights), tokenizer: { decode: (ids) => ids.join(' '), padId: 0 }, stopIds: [1], rewards, groupSize: 4, maxNewTokens: 4, loss: proximal, minibatches: 2 });
 const { metrics } = await rl.step(prompts, 0.01);
 rl.dispose();
 check(Number.isFinite(metrics.reward_mean) && Number.isFinite(metrics['objective/proximal_penalty']), `GRPO metrics ${JSON.stringify(metrics)}`);
