@@ -1,4 +1,5 @@
 /** `lathe generate`'s options: defaults, flags, YAML keys and the config saved beside the output. */
+import { deviceOption, generationEngineOption, resumableOptions, samplingFilterOptions } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 import { MAX_SAMPLES_PER_MODE } from './trajectories';
 
@@ -20,24 +21,19 @@ export const generateSchema = {
   samples_non_thinking: { type: 'number', default: 4, integer: true, min: 0, max: MAX_SAMPLES_PER_MODE - 1, describe: 'Samples per prompt with thinking off (chat: enable_thinking=false, an empty <think></think> block); must be 0 with raw and r1_zero' },
   max_new_tokens: { type: 'number', default: 1024, integer: true, min: 1, describe: "Generation limit per sample (finish_reason 'length' when reached)" },
   temperature: { type: 'number', default: 1, min: 0, describe: 'Sampling temperature (0: greedy)' },
-  top_k: { type: 'number', default: 0, integer: true, min: 0, describe: 'Sample from the k most likely tokens (0: off)' },
-  top_p: { type: 'number', default: 1, min: 0, max: 1, describe: 'Nucleus sampling mass, in (0, 1] (1: off). Without a top_k of at most 256 it sorts every score at every step (~2.5× slower a step on a 150k vocabulary); Qwen3 recommends top_k 20 with it' },
-  min_p: { type: 'number', default: 0, min: 0, max: 1, describe: 'Drop tokens below min_p × the top probability (0: off)' },
+  ...samplingFilterOptions(),
   seed: { type: 'number', default: 0, integer: true, describe: 'Seed: sample j of prompt p in a thinking mode reads noise stream sampleKey(p, mode, j) of it, so samples do not depend on batch size, engine, parts or resume' },
   grader: { type: 'string', default: 'math', choices: ['math', 'none'], describe: "'correct' of rows whose prompt has an answer: the math grader (the answer after </think> extracted and compared symbolically; an unclosed <think> scores 0), or none" },
   output: { type: 'string', default: '', describe: 'Trajectory Parquet file, written atomically once every part is done; beside it <name>.config.yaml (this config) and, while running, <name>.parts/ [required]' },
   shard_prompts: { type: 'number', default: 64, integer: true, min: 1, describe: 'Prompts per part file in <name>.parts/: a crash or Ctrl-C loses at most the part in progress' },
   resume: { type: 'boolean', default: false, describe: 'Continue an interrupted run: keep its complete parts, generate the rest (the config must match the saved one except batch_size and generation_engine)' },
   overwrite: { type: 'boolean', default: false, describe: "Replace an existing output and an earlier run's parts" },
-  device: { type: 'string', default: 'cpu', choices: ['cpu', 'cuda'], describe: 'Where to generate (cuda needs the CUDA provider: see `lathe doctor`)' },
+  device: deviceOption,
   compute_dtype: { type: 'string', default: 'auto', choices: ['auto', 'float32', 'bfloat16', 'float16'], describe: 'Compute dtype (auto: float32 on cpu, bfloat16 on cuda; bfloat16/float16 need --device cuda)' },
-  generation_engine: {
-    type: 'string',
-    default: 'auto',
-    choices: ['auto', 'kv-cache', 'graph'],
-    describe: 'kv-cache (prefill + bound decode steps over GroupQueryAttention; needs head_dim a multiple of 16 and, on cuda, bfloat16/float16), graph (the in-graph generation loop; any model and dtype), or auto (kv-cache where it runs) [may change on resume]',
-  },
-  batch_size: { type: 'number', default: 64, integer: true, min: 1, describe: 'Samples per generation run (the KV-cache rows): speed and memory, not the samples [may change on resume]' },
+  ...resumableOptions({
+    generation_engine: generationEngineOption,
+    batch_size: { type: 'number', default: 64, integer: true, min: 1, describe: 'Samples per generation run (the KV-cache rows): speed and memory, not the samples' },
+  }),
 } as const satisfies OptionSchema;
 
 /** A resolved `lathe generate` config. */

@@ -1,29 +1,26 @@
 /** `lathe grpo`'s options: defaults, flags, YAML keys and the config saved with every checkpoint. */
 import { ESTIMATOR_NAMES, GRPO_DEFAULTS, LOSS_AGGREGATIONS, POLICY_TERMS, type GrpoAlgorithmOptions } from '@lathe/grpo';
-import { BUILTIN_DATA, BUILTIN_MODEL, BUILTIN_TOKENIZER } from './demo-task';
+import { BUILTIN_DATA, BUILTIN_TOKENIZER } from './demo-task';
+import { attentionOption, checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainComputeDtypeOption } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 
 /** Every option of a GRPO-family run; the trainer's defaults come from `GRPO_DEFAULTS`. */
 export const grpoSchema = {
   // model and data
-  model: { type: 'string', default: BUILTIN_MODEL, describe: `Policy to start from: a Hugging Face model folder (config.json, *.safetensors), e.g. an SFT checkpoint, or ${BUILTIN_MODEL} (a tiny random Qwen3); also the frozen KL reference` },
+  model: { ...modelOption, describe: `${modelOption.describe}; also the frozen KL reference` },
   tokenizer: { type: 'string', default: 'model', describe: `'model' (the model folder's tokenizer.json), a folder holding tokenizer.json, or ${BUILTIN_TOKENIZER} (the character tokenizer of the built-in task)` },
   data: { type: 'string', default: BUILTIN_DATA, describe: `Prompts with reference answers: a JSONL or Parquet file of {"prompt", "answer"} rows (see --prompt_field, --answer_field), or ${BUILTIN_DATA} (synthetic "a+b=" problems)` },
   prompt_field: { type: 'string', default: 'prompt', describe: 'Field of a data row holding the prompt' },
   answer_field: { type: 'string', default: 'answer', describe: 'Field of a data row holding the reference answer (e.g. "response" for SFT-style files)' },
-  prompt_format: { type: 'string', default: 'raw', choices: ['raw', 'chat'], describe: "Prompts as they are, or as the user turn of the model's chat template" },
-  enable_thinking: { type: 'boolean', default: false, describe: "With --prompt_format chat: Qwen3's enable_thinking switch" },
-  eval_examples: { type: 'number', default: 64, integer: true, min: 0, describe: 'Held-out prompts (the same seeded split `lathe sft` makes with the same data, seed and count), scored by greedy generation' },
-  run_dir: { type: 'string', default: 'runs/grpo', describe: 'Run directory: config.yaml, metrics.jsonl, rollouts.sqlite, checkpoints/ and eval/ go here' },
-  device: { type: 'string', default: GRPO_DEFAULTS.device, choices: ['cpu', 'cuda'], describe: 'Where the policy, its optimizer state, the reference and every run live' },
-  compute_dtype: { type: 'string', default: GRPO_DEFAULTS.compute, choices: ['float32', 'bfloat16'], describe: 'Dtype of forward/backward and generation compute; master weights and AdamW state stay float32 (bfloat16 needs --device cuda)' },
-  attention: {
-    type: 'string',
-    default: GRPO_DEFAULTS.attention,
-    choices: ['auto', 'composed', 'flash'],
-    describe: "Attention of the scoring and training graphs: 'composed' (MatMul/Softmax), 'flash' (ONNX Runtime's GroupQueryAttention, the backward recomputing each layer's probabilities) or 'auto': flash on cuda with bfloat16 compute, composed otherwise (faster on cpu; GroupQueryAttention has no float32 CUDA kernel) [may change on resume]",
-  },
-  gradient_checkpointing: { type: 'boolean', default: GRPO_DEFAULTS.gradientCheckpointing, describe: "Recompute each decoder layer's activations in the train step's backward pass instead of keeping them: less memory, one more forward pass of the layers [may change on resume]" },
+  ...promptFormatOptions,
+  eval_examples: evalExamplesOption,
+  run_dir: runDirOption('runs/grpo', 'config.yaml, metrics.jsonl, rollouts.sqlite, checkpoints/ and eval/'),
+  device: { ...deviceOption, default: GRPO_DEFAULTS.device },
+  compute_dtype: { ...trainComputeDtypeOption, default: GRPO_DEFAULTS.compute },
+  ...resumableOptions({
+    attention: { ...attentionOption, default: GRPO_DEFAULTS.attention },
+    gradient_checkpointing: { ...gradientCheckpointingOption, default: GRPO_DEFAULTS.gradientCheckpointing },
+  }),
   // rewards
   reward: { type: 'string', default: 'exact', choices: ['exact', 'math'], describe: "Correctness reward (source 'correct', 1 or 0): exact match of the completion with the answer, or the math grader (final answer extracted and compared symbolically)" },
   format_reward: { type: 'number', default: 0, describe: "Weight of the r1_zero format reward (source 'format': 1 when the completion is '…</think> <answer>…</answer>'); 0: off" },
@@ -35,17 +32,9 @@ export const grpoSchema = {
   group_size: { type: 'number', default: 8, integer: true, min: 1, describe: 'Completions sampled per prompt (G; group baselines need ≥ 2)' },
   max_new_tokens: { type: 'number', default: 256, integer: true, min: 1, describe: 'Generation limit per completion (also the constant of --aggregation token-sum-norm)' },
   temperature: { type: 'number', default: GRPO_DEFAULTS.temperature, min: 0, describe: 'Sampling temperature of rollouts (> 0); the loss uses log-probs at the same temperature' },
-  top_k: { type: 'number', default: 0, integer: true, min: 0, describe: 'Sample from the k most likely tokens (0: off; needs --old_logprobs rescore)' },
-  top_p: { type: 'number', default: 1, min: 0, max: 1, describe: 'Nucleus sampling mass (1: off; needs --old_logprobs rescore). Without a top_k of at most 256 it sorts every score at every step (~2.5× slower a step on a 150k vocabulary)' },
-  min_p: { type: 'number', default: 0, min: 0, max: 1, describe: 'Drop tokens below min_p × the top probability (0: off; needs --old_logprobs rescore)' },
+  ...samplingFilterOptions('; needs --old_logprobs rescore'),
   prompts_per_run: { type: 'number', default: GRPO_DEFAULTS.promptsPerRun, integer: true, min: 0, describe: 'Prompts per generation run (each run holds their G completions’ KV caches; 0: all prompts of a step in one run)' },
-  generation_engine: {
-    type: 'string',
-    default: GRPO_DEFAULTS.generationEngine,
-    choices: ['auto', 'kv-cache', 'graph'],
-    describe:
-      "Rollout generator: kv-cache (prefill, then bound decode-step runs over GroupQueryAttention with in-place KV caches; much faster on GPU; needs head_dim a multiple of 16 and, on cuda, --compute_dtype bfloat16), graph (the in-graph generation loop; any model and dtype), or auto (kv-cache where it runs, else graph). Same samples either way up to rounding [may change on resume]",
-  },
+  ...resumableOptions({ generation_engine: { ...generationEngineOption, default: GRPO_DEFAULTS.generationEngine } }),
   dynamic_sampling: { type: 'boolean', default: false, describe: "DAPO's dynamic sampling: drop groups whose rewards are all equal and sample more prompts until the step has --prompts_per_step informative groups" },
   max_sampling_rounds: { type: 'number', default: 3, integer: true, min: 1, describe: 'With --dynamic_sampling: at most this many sampling rounds per step (a shortfall is logged, not hidden)' },
   // algorithm
@@ -66,27 +55,19 @@ export const grpoSchema = {
   old_logprobs: { type: 'string', default: GRPO_DEFAULTS.oldLogprobs, choices: ['rescore', 'generation'], describe: "Old log-probs: re-scored by the training policy's forward before the updates, or taken from generation (one forward pass fewer; the same values up to rounding, see logp_parity)" },
   epochs: { type: 'number', default: GRPO_DEFAULTS.epochs, integer: true, min: 1, describe: 'PPO epochs: passes over each step’s batch' },
   n_minibatches: { type: 'number', default: GRPO_DEFAULTS.minibatches, integer: true, min: 1, describe: 'Optimizer steps per epoch: the batch (prompts_per_step × group_size completions) is shuffled and split into this many minibatches' },
-  micro_batches: { type: 'number', default: GRPO_DEFAULTS.microBatches, integer: true, min: 1, describe: 'Micro-batches per minibatch (gradient accumulation: same update, less memory)' },
+  micro_batches: { ...microBatchesOption, default: GRPO_DEFAULTS.microBatches },
   // optimizer
-  lr: { type: 'number', default: 1e-6, min: 0, describe: 'Peak learning rate' },
-  schedule: { type: 'string', default: 'constant', choices: ['constant', 'linear', 'cosine'], describe: 'Learning-rate schedule over RL steps after warm-up' },
-  warmup_steps: { type: 'number', default: 0, integer: true, min: 0, describe: 'Linear warm-up over this many RL steps' },
-  min_lr_ratio: { type: 'number', default: 0.1, min: 0, max: 1, describe: 'Cosine floor as a fraction of lr' },
-  weight_decay: { type: 'number', default: GRPO_DEFAULTS.optimizer.weightDecay, min: 0, describe: 'AdamW decoupled weight decay (not applied to norms and biases)' },
-  max_grad_norm: { type: 'number', default: GRPO_DEFAULTS.optimizer.maxGradNorm, min: 0, describe: 'Clip the global gradient norm of each update (0: off)' },
-  lora_rank: { type: 'number', default: 0, integer: true, min: 0, describe: 'LoRA rank (0: train every weight)' },
-  lora_alpha: { type: 'number', default: 16, min: 0, describe: 'LoRA alpha (adapters are scaled by alpha / rank)' },
-  lora_targets: { type: 'string', default: 'q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj', describe: 'Regular expression over HF weight names selecting the matrices LoRA adapts' },
-  lora_dropout: { type: 'number', default: 0, min: 0, below: 1, describe: "Dropout on each LoRA adapter's input in the train step (PEFT's lora_dropout), in [0, 1); never in generation or scoring. Masks from an in-graph hash of (seed, optimizer step, micro-batch), so --resume redraws them exactly" },
-  seed: { type: 'number', default: GRPO_DEFAULTS.seed, integer: true, describe: 'Seed of prompt order, the held-out split, sampling noise, minibatch shuffles and LoRA init' },
+  ...optimizerOptions({ lr: 1e-6, schedule: 'constant', warmup_steps: 0, weight_decay: GRPO_DEFAULTS.optimizer.weightDecay, max_grad_norm: GRPO_DEFAULTS.optimizer.maxGradNorm }),
+  ...loraOptions,
+  seed: { ...seedOption('prompt order, the held-out split, sampling noise, minibatch shuffles and LoRA init'), default: GRPO_DEFAULTS.seed },
   // bookkeeping (these may change on --resume without --force)
-  eval_sampled: { type: 'boolean', default: false, describe: 'At each evaluation also sample group_size completions per held-out prompt as rollouts are sampled, and report the fraction correct (eval_sampled_accuracy, mean@G) beside the greedy accuracy [may change on resume]' },
-  eval_every: { type: 'number', default: 10, integer: true, min: 0, describe: 'Evaluate on the held-out prompts every N steps (also before the first and after the last; 0: only then) [may change on resume]' },
-  save_every: { type: 'number', default: 50, integer: true, min: 0, describe: 'Checkpoint every N steps (0: only at the end) [may change on resume]' },
-  keep_last: { type: 'number', default: 2, integer: true, min: 1, describe: 'Checkpoints kept (older ones are deleted) [may change on resume]' },
-  log_every: { type: 'number', default: 1, integer: true, min: 1, describe: 'Write metrics.jsonl every N steps [may change on resume]' },
-  resume: { type: 'boolean', default: false, describe: "Continue from the run directory's latest checkpoint (weights, AdamW state, step, data position; sampling noise is a function of seed and position); metrics, rollouts and evaluations of later steps are cut back to it" },
-  overwrite: { type: 'boolean', default: false, describe: 'Start over in a run directory that holds an earlier run, deleting its checkpoints, metrics, rollouts and evaluations (without it, such a directory is an error; ignored with --resume)' },
+  ...resumableOptions({
+    eval_sampled: { type: 'boolean', default: false, describe: 'At each evaluation also sample group_size completions per held-out prompt as rollouts are sampled, and report the fraction correct (eval_sampled_accuracy, mean@G) beside the greedy accuracy' },
+    eval_every: { type: 'number', default: 10, integer: true, min: 0, describe: 'Evaluate on the held-out prompts every N steps (also before the first and after the last; 0: only then)' },
+    ...checkpointOptions(50),
+    log_every: { type: 'number', default: 1, integer: true, min: 1, describe: 'Write metrics.jsonl every N steps' },
+  }),
+  ...resumeOptions('metrics, rollouts and evaluations'),
   force: { type: 'boolean', default: false, describe: 'With --resume: accept a config that differs from the checkpoint’s (the changed keys are listed)' },
 } as const satisfies OptionSchema;
 

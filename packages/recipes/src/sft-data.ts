@@ -5,15 +5,10 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { loadSftPairs } from '@lathe/data';
 import type { HostTensor } from '@lathe/runtime';
+import type { RunTokenizer } from './scaffold';
 
-/** What SFT needs of a tokenizer. */
-export interface SftTokenizer {
-  encode(text: string): number[];
-  decode(ids: readonly number[]): string;
-  readonly padId: number;
-  readonly eosId: number;
-  /** Prepended to every sequence when set. */
-  readonly bosId?: number;
+/** What SFT needs of a tokenizer: a run's tokenizer, whose `encodePrompt` may be absent here (a prompt is then its text). */
+export interface SftTokenizer extends Omit<RunTokenizer, 'encodePrompt'> {
   /** How a prompt becomes ids when it is more than its text (e.g. wrapped in a chat template). */
   encodePrompt?(text: string): number[];
 }

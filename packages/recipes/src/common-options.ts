@@ -1,0 +1,107 @@
+/**
+ * Options that several commands share, written once and spread into each command's schema: the
+ * model and device, prompt formatting, the train step's compute, the optimizer and its schedule,
+ * LoRA, the run directory with its checkpoints and resume, and sampling filters. A command that
+ * gives a shared option another default overrides that one field (`{ ...deviceOption, default }`).
+ */
+import { BUILTIN_MODEL } from './demo-task';
+import type { OptionSchema } from './options';
+
+/** `options` marked in their help as ones `--resume` accepts with new values (the command's resume check skips them). */
+export function resumableOptions<S extends OptionSchema>(options: S): S {
+  return Object.fromEntries(Object.entries(options).map(([k, spec]) => [k, { ...spec, describe: `${spec.describe} [may change on resume]` }])) as S;
+}
+
+/** `--model` of a training command: the folder to start from, or the built-in model. */
+export const modelOption = { type: 'string', default: BUILTIN_MODEL, describe: `Hugging Face model folder to start from (config.json, *.safetensors, tokenizer.json), e.g. another run's checkpoint, or ${BUILTIN_MODEL} (a tiny random Qwen3 with the built-in task's character tokenizer)` } as const;
+
+/** `--prompt_format` and `--enable_thinking`: how a training command turns a prompt's text into ids. */
+export const promptFormatOptions = {
+  prompt_format: { type: 'string', default: 'raw', choices: ['raw', 'chat'], describe: "Prompts as they are, or as the user turn of the model's chat template" },
+  enable_thinking: { type: 'boolean', default: false, describe: "With --prompt_format chat: Qwen3's enable_thinking switch" },
+} as const satisfies OptionSchema;
+
+/** `--device`. */
+export const deviceOption = { type: 'string', default: 'cpu', choices: ['cpu', 'cuda'], describe: 'Where to run (cuda needs the CUDA provider: see `lathe doctor`; never falls back to cpu)' } as const;
+
+/** `--run_dir` of a training run; `files` names what it writes there. */
+export function runDirOption(dir: string, files: string) {
+  return { type: 'string', default: dir, describe: `Run directory: ${files} go here` } as const;
+}
+
+/** `--seed`; `drives` names what it seeds. */
+export function seedOption(drives: string) {
+  return { type: 'number', default: 0, integer: true, describe: `Seed of ${drives}` } as const;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The train step
+
+/** `--compute_dtype` of a training command. */
+export const trainComputeDtypeOption = { type: 'string', default: 'float32', choices: ['float32', 'bfloat16'], describe: 'Dtype of the compute (forward, backward and any generation); master weights and AdamW state stay float32 (bfloat16 needs --device cuda)' } as const;
+
+/** `--attention` of the train step (and of scoring). */
+export const attentionOption = { type: 'string', default: 'auto', choices: ['auto', 'composed', 'flash'], describe: "Attention in the train step and scoring: 'composed' (MatMul/Softmax, keeps [B, heads, T, T] activations), 'flash' (ONNX Runtime's GroupQueryAttention, the backward recomputing each layer's probabilities: faster and less memory on a GPU, use it with bfloat16 on cuda) or 'auto': flash on cuda with bfloat16 compute, composed otherwise (faster on cpu; GroupQueryAttention has no float32 CUDA kernel)" } as const;
+
+/** `--gradient_checkpointing`. */
+export const gradientCheckpointingOption = { type: 'boolean', default: false, describe: "Recompute each decoder layer's activations in the train step's backward pass instead of keeping them: less memory, one more forward pass of the layers" } as const;
+
+/** `--micro_batches`: gradient accumulation. */
+export const microBatchesOption = { type: 'number', default: 1, integer: true, min: 1, describe: "Split each optimizer step's batch into this many micro-batches (gradient accumulation: the same update, less memory)" } as const;
+
+/** The AdamW and learning-rate options, with a command's defaults; schedules count the command's `--steps`. */
+export function optimizerOptions(d: { lr: number; schedule: 'constant' | 'linear' | 'cosine'; warmup_steps: number; weight_decay: number; max_grad_norm: number }) {
+  return {
+    lr: { type: 'number', default: d.lr, min: 0, describe: 'Peak learning rate' },
+    schedule: { type: 'string', default: d.schedule, choices: ['constant', 'linear', 'cosine'], describe: 'Learning-rate schedule over --steps after warm-up' },
+    warmup_steps: { type: 'number', default: d.warmup_steps, integer: true, min: 0, describe: 'Linear warm-up over this many of --steps' },
+    min_lr_ratio: { type: 'number', default: 0.1, min: 0, max: 1, describe: 'Cosine floor as a fraction of lr' },
+    weight_decay: { type: 'number', default: d.weight_decay, min: 0, describe: 'AdamW decoupled weight decay (not applied to norms and biases)' },
+    max_grad_norm: { type: 'number', default: d.max_grad_norm, min: 0, describe: 'Clip the global gradient norm of each update (0: off)' },
+  } as const satisfies OptionSchema;
+}
+
+/** LoRA instead of training every weight. */
+export const loraOptions = {
+  lora_rank: { type: 'number', default: 0, integer: true, min: 0, describe: 'LoRA rank (0: train every weight)' },
+  lora_alpha: { type: 'number', default: 16, min: 0, describe: 'LoRA alpha (adapters are scaled by alpha / rank)' },
+  lora_targets: { type: 'string', default: 'q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj', describe: 'Regular expression over HF weight names selecting the matrices LoRA adapts' },
+  lora_dropout: { type: 'number', default: 0, min: 0, below: 1, describe: "Dropout on each LoRA adapter's input in the train step (PEFT's lora_dropout), never in generation or evaluation; masks from an in-graph hash of (seed, optimizer step, micro-batch), so --resume redraws them exactly" },
+} as const satisfies OptionSchema;
+
+// ---------------------------------------------------------------------------------------------
+// Evaluation, checkpoints and resume
+
+/** `--eval_examples`: the held-out split every training recipe makes. */
+export const evalExamplesOption = { type: 'number', default: 64, integer: true, min: 0, describe: 'Held-out examples, scored by greedy generation (lathe sft and lathe grpo hold out the same ones for the same data, seed and count)' } as const;
+
+/** `--save_every` and `--keep_last`. */
+export function checkpointOptions(saveEvery: number) {
+  return {
+    save_every: { type: 'number', default: saveEvery, integer: true, min: 0, describe: 'Checkpoint every N steps (0: only at the end)' },
+    keep_last: { type: 'number', default: 2, integer: true, min: 1, describe: 'Checkpoints kept (older ones are deleted)' },
+  } as const satisfies OptionSchema;
+}
+
+/** `--resume` and `--overwrite` of a training run; `logs` names what the run logs besides checkpoints. */
+export function resumeOptions(logs: string) {
+  return {
+    resume: { type: 'boolean', default: false, describe: `Continue from the run directory's latest checkpoint (weights, AdamW state, step, data position); ${logs} of later steps are cut back to it` },
+    overwrite: { type: 'boolean', default: false, describe: `Start over in a run directory that holds an earlier run, deleting its checkpoints, ${logs} (without it, such a directory is an error; ignored with --resume)` },
+  } as const satisfies OptionSchema;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sampling
+
+/** `--top_k`, `--top_p`, `--min_p`; `needs` is appended to each one's "off" note (a condition the command puts on filters). */
+export function samplingFilterOptions(needs = '') {
+  return {
+    top_k: { type: 'number', default: 0, integer: true, min: 0, describe: `Sample from the k most likely tokens (0: off${needs})` },
+    top_p: { type: 'number', default: 1, min: 0, max: 1, describe: `Nucleus sampling mass, in (0, 1] (1: off${needs}); without a top_k of at most 256 every step sorts the whole vocabulary, so pair it with one (Qwen3 recommends top_k 20)` },
+    min_p: { type: 'number', default: 0, min: 0, max: 1, describe: `Drop tokens below min_p × the top probability (0: off${needs})` },
+  } as const satisfies OptionSchema;
+}
+
+/** `--generation_engine`. */
+export const generationEngineOption = { type: 'string', default: 'auto', choices: ['auto', 'kv-cache', 'graph'], describe: 'How completions are generated: kv-cache (prefill, then bound decode-step runs over GroupQueryAttention with in-place KV caches; the fast one on a GPU; needs head_dim a multiple of 16 and, on cuda, bfloat16 or float16 compute), graph (the in-graph generation loop; any model and dtype), or auto (kv-cache where it runs, else graph); the same samples either way up to rounding' } as const;
