@@ -12,7 +12,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import { readEvalRollouts, readMetrics, readTrainRollouts } from '@lathe/data';
-import { loadCheckpoint, loadFloat32 } from '@lathe/train';
+import { CausalLM } from '@lathe/models';
+import { loadCheckpoint } from '@lathe/train';
 import { GrpoTrainer } from '@lathe/grpo';
 import { grpoSchema, runGrpo, type GrpoConfig } from '@lathe/recipes';
 import { configFromArgv } from '../src/config-flags';
@@ -124,7 +125,7 @@ test('--lora_rank: a LoRA run writes adapters over the unchanged base, and its r
   for (const p of adapters) expect([p.name, /lora_A/.test(p.name) ? p.shape[0] : /lora_B/.test(p.name) ? p.shape[1] : NaN]).toEqual([p.name, 4]);
   const a = loadCheckpoint(straight.checkpoint, adapters);
   expect(a.lora).toBe(true);
-  const base = loadFloat32(join(root, 'lora', 'base-model'), a.config);
+  const base = (await CausalLM.fromPretrained(join(root, 'lora', 'base-model'))).float32Weights();
   // the adapters moved (B starts at 0), the merged model differs from the base only in adapted matrices
   expect([...a.values].some(([name, v]) => name.includes('lora_B') && v.some((x) => x !== 0))).toBe(true);
   expect(a.model.get('model.embed_tokens.weight')).toEqual(base.get('model.embed_tokens.weight'));

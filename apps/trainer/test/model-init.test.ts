@@ -8,7 +8,7 @@ import { mkdirSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { readTrajectories } from '@lathe/data';
-import { readConfig, readSafetensorsHeader, readTensorBytes } from '@lathe/models';
+import { CausalLM, readConfig, readSafetensorsHeader, readTensorBytes } from '@lathe/models';
 import { Generator } from '@lathe/rollout';
 import { HfTokenizer } from '@lathe/tokenizer';
 
@@ -44,7 +44,7 @@ test('loads through the project loaders: the chat template renders and a forward
   const tok = await HfTokenizer.fromFolder(tiny);
   const text = tok.applyChatTemplate([{ role: 'user', content: 'Name a prime.' }], { addGenerationPrompt: true, enableThinking: false });
   expect(text).toBe('<|im_start|>user\nName a prime.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n');
-  const gen = await Generator.fromPretrained(tiny, { temperature: 1 });
+  const gen = await Generator.create(await CausalLM.fromPretrained(tiny), { temperature: 1 });
   try {
     const [c] = await gen.generate([tok.encode(text)], { maxNewTokens: 4, seed: 0 });
     expect(c.tokens).toHaveLength(4);

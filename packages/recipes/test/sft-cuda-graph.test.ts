@@ -5,11 +5,11 @@
  * path, whose batches are only as wide as their longest example. Padding is masked out of the loss
  * and attention is causal over right-padded rows, so only rounding may differ.
  */
-import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
+import { existsSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parseConfig } from '@lathe/models';
-import { initLora, loadCheckpoint, loadFloat32, loraAdapters, loraFromOptions } from '@lathe/train';
+import { CausalLM } from '@lathe/models';
+import { initLora, loadCheckpoint, loraAdapters, loraFromOptions } from '@lathe/train';
 import { defaults, padBatch, runSft, sftSchema, type SftConfig, type TokenizedExample } from '@lathe/recipes';
 
 /** A short built-in run (2-layer model, character tokenizer, "a+b=" examples of ≤ 11 tokens) in a fresh directory. */
@@ -35,11 +35,10 @@ async function run(cfg: SftConfig, staticShape: boolean) {
   const losses: number[] = [];
   const gradNorms: number[] = [];
   const result = await runSft(cfg, { onStep: (m) => (losses.push(m.loss), gradNorms.push(m.grad_norm)) }, undefined, { staticShapeWithoutCudaGraph: staticShape });
-  const dir = join(cfg.run_dir, 'base-model');
-  const model = parseConfig(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')));
+  const base = await CausalLM.fromPretrained(join(cfg.run_dir, 'base-model'));
   const lora = loraFromOptions(cfg);
-  const adapters = lora ? loraAdapters(model, lora) : undefined;
-  const initial = adapters ? initLora(adapters, cfg.seed) : loadFloat32(dir, model);
+  const adapters = lora ? loraAdapters(base.config, lora) : undefined;
+  const initial = adapters ? initLora(adapters, cfg.seed) : base.float32Weights();
   const final = loadCheckpoint(result.checkpoint, adapters?.flatMap((a) => [a.a, a.b])).values;
   return { losses, gradNorms, initial, final };
 }

@@ -2,16 +2,15 @@ import { Device } from '@lathe/runtime';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
-import { parseConfig } from '@lathe/models';
+import { CausalLM } from '@lathe/models';
 import { writeParquet } from '@lathe/data';
 import { tableFromArrays } from 'apache-arrow';
-import { listCheckpoints, loadCheckpoint, loadFloat32, useFlashAttention } from '@lathe/train';
+import { listCheckpoints, loadCheckpoint, useFlashAttention } from '@lathe/train';
 import { defaults, readSftData, resolveConfig, runSft, sftSchema, type SftConfig } from '@lathe/recipes';
 
 /** The built-in run's initial weights (written to <run>/base-model). */
 function readBase(runDir: string) {
-  const dir = join(runDir, 'base-model');
-  return loadFloat32(dir, parseConfig(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8'))));
+  return CausalLM.fromPretrainedSync(join(runDir, 'base-model')).float32Weights();
 }
 
 /** A short built-in run in a fresh directory. */

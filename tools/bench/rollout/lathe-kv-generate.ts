@@ -15,9 +15,9 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { basename, resolve } from 'node:path';
 import type { DType } from '@lathe/onnx';
-import { readConfig } from '@lathe/models';
+import { CausalLM } from '@lathe/models';
 import { Device, DeviceTensor } from '@lathe/runtime';
-import { KvCacheGenerator, uploadWeights } from '@lathe/rollout';
+import { KvCacheGenerator } from '@lathe/rollout';
 import { arg, flag } from '../argv';
 
 
@@ -35,11 +35,11 @@ async function main(): Promise<void> {
   const outPaths = arg('out', '') ? arg('out', '').split(',') : [];
   if (outPaths.length && outPaths.length !== promptFiles.length) throw new Error(`--out names ${outPaths.length} files for ${promptFiles.length} --prompts files`);
   const sets = promptFiles.map((f) => JSON.parse(readFileSync(f, 'utf8')) as number[][]);
-  const { config } = readConfig(dir);
   const device = Device.open(arg('device', 'cuda') as 'cuda' | 'cpu');
 
   const t0 = performance.now();
-  const weights = uploadWeights(device, dir, config, dtype);
+  const model = await CausalLM.fromPretrained(dir, { device, dtype });
+  const weights = model.weights;
   const tUpload = performance.now();
   const profile = arg('profile', '');
   // --memory-pattern: ORT's memory-pattern planning back on in both sessions (the engine turns it
@@ -60,11 +60,11 @@ async function main(): Promise<void> {
       gen?.dispose();
       const genOpts = { temperature, topK, topP, groupSize: group, rows, maxLength: maxLengthFor(rows), dtype, cudaGraph, session };
       try {
-        gen = KvCacheGenerator.create(device, config, weights, genOpts);
+        gen = KvCacheGenerator.create(model, genOpts);
       } catch (e) {
         if (!/fallback to CPU EP has been explicitly disabled/.test(String(e))) throw e;
         cpuFallback = true;
-        gen = KvCacheGenerator.create(device, config, weights, { ...genOpts, session: { allowCpuFallback: true, logLevel: 1 } });
+        gen = KvCacheGenerator.create(model, { ...genOpts, session: { allowCpuFallback: true, logLevel: 1 } });
       }
       genRows = rows;
     }
@@ -91,10 +91,11 @@ async function main(): Promise<void> {
   }
   if (profile) console.error(`profiles: ${gen!.endProfiling().join(' ')}`);
   gen?.dispose();
+  model.dispose();
 }
 
 /** A warm-up call (which captures the CUDA graphs), `repeat` timed calls and a weight swap: the report's timings. */
-async function measure(gen: KvCacheGenerator, device: Device, weights: Map<string, DeviceTensor>, prompts: number[][], o: { maxNew: number; repeat: number }) {
+async function measure(gen: KvCacheGenerator, device: Device, weights: ReadonlyMap<string, DeviceTensor>, prompts: number[][], o: { maxNew: number; repeat: number }) {
   const call = { maxNewTokens: o.maxNew, seed: 1 };
   const w0 = performance.now();
   let out = await gen.generate(prompts, call);

@@ -26,8 +26,7 @@
 import { copyFileSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { randomModel, type HfConfig } from '@lathe/models';
-import { Device } from '@lathe/runtime';
+import { CausalLM, randomModel, type HfConfig } from '@lathe/models';
 import { KvCacheGenerator } from '@lathe/rollout';
 import { groupsOf, TrajectoryGenerator, type GeneratedTrajectory, type TrajectoryPrompt } from '@lathe/recipes';
 import { arg, flag } from '../argv';
@@ -117,8 +116,8 @@ async function main(): Promise<void> {
   if (flag('compare')) {
     // The KV-cache engine alone on the planned prompt ids and keys, in runs of `batch` samples:
     // grouped (sampleKeys: one prefill per (prompt, mode) group) and one row per sample (promptKeys).
-    const dev = Device.open(device);
-    const kv = KvCacheGenerator.fromPretrained(model, dev, { temperature, rows: batch, maxLength: Math.ceil((Math.max(...promptTokens) + maxNew) / 64) * 64, dtype, cudaGraph: device === 'cuda' });
+    const lm = await CausalLM.fromPretrained(model, { device, dtype });
+    const kv = KvCacheGenerator.create(lm, { temperature, rows: batch, maxLength: Math.ceil((Math.max(...promptTokens) + maxNew) / 64) * 64, dtype, cudaGraph: device === 'cuda' });
     const stopIds: number[] = []; // every sample runs to max-new: the same work in both layouts
     const time = async (label: string, call: (chunk: typeof plan) => Promise<unknown>) => {
       await call(plan.slice(0, Math.min(batch, plan.length))); // warm-up (and CUDA-graph capture)
@@ -137,6 +136,7 @@ async function main(): Promise<void> {
     });
     await time('engine_one_row_per_sample', (chunk) => kv.generate(chunk.map((s) => s.ids), { maxNewTokens: maxNew, seed, stopIds, promptKeys: chunk.map((s) => s.key) }));
     kv.dispose();
+    lm.dispose();
   }
   console.log(JSON.stringify(result));
 }

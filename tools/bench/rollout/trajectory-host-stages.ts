@@ -19,8 +19,7 @@
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { randomModel, seededRandom, type HfConfig } from '@lathe/models';
-import { Device } from '@lathe/runtime';
+import { CausalLM, seededRandom, type HfConfig } from '@lathe/models';
 import { writeTrajectories } from '@lathe/data';
 import { QWEN_SPECIAL_IDS } from '@lathe/tokenizer';
 import { KvCacheGenerator, type Completion, type GenerateCallOptions } from '@lathe/rollout';
@@ -142,10 +141,9 @@ async function main(): Promise<void> {
   if (!flag('skip-engine')) {
     // The KV engine's host work at the same rows, prompts and steps: a 1-layer model with a
     // 1,024-token vocabulary (the host work does not depend on the model), readEvery 8 as on CUDA.
-    const small = mkdtempSync(join(tmpdir(), 'lathe-host-stages-kv-'));
-    randomModel(small, { ...shape, vocab_size: 1024, max_position_embeddings: 2048 }, { seed: 1, std: 0.02 });
+    const small = CausalLM.random({ ...shape, vocab_size: 1024, max_position_embeddings: 2048 }, { seed: 1, std: 0.02, device: 'cpu' });
     const longest = Math.max(...plan.map((s) => s.ids.length));
-    const kv = KvCacheGenerator.fromPretrained(small, Device.cpu(), { temperature: 1, rows: batch, maxLength: Math.ceil((longest + maxNew) / 64) * 64, readEvery: 8 });
+    const kv = KvCacheGenerator.create(small, { temperature: 1, rows: batch, maxLength: Math.ceil((longest + maxNew) / 64) * 64, readEvery: 8 });
     const chunks = Array.from({ length: Math.ceil(plan.length / batch) }, (_, i) => plan.slice(i * batch, (i + 1) * batch));
     const sum = { prefillMs: 0, decodeMs: 0, transferMs: 0, decodeSteps: 0 };
     for (const warm of [true, false]) {
@@ -156,7 +154,7 @@ async function main(): Promise<void> {
       }
     }
     kv.dispose();
-    rmSync(small, { recursive: true, force: true });
+    small.dispose();
     add(`KV engine host work: noise + uploads + result reads (${chunks.length} runs, ${sum.decodeSteps} decode steps)`, sum.transferMs, 'lastTimings.transferMs; in the engine\'s time too');
   }
   rmSync(model, { recursive: true, force: true });
