@@ -217,9 +217,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   const checkpoint = async () => {
     const snap = trainer.snapshot();
     await store.flush(); // rollouts up to the checkpoint are durable with it
-    const dir = run.checkpoint({ config: model.config, model: snap.model, trainable: trainer.trainable, values: snap.values, m: snap.m, v: snap.v, state, lora: Boolean(lora) }, { keepLast: cfg.keep_last, tokenizerFrom: model.tokenizerFrom });
-    events.onCheckpoint?.(dir, state.step);
-    return dir;
+    return run.checkpoint({ config: model.config, model: snap.model, trainable: trainer.trainable, values: snap.values, m: snap.m, v: snap.v, state, lora: Boolean(lora) }, { keepLast: cfg.keep_last, tokenizerFrom: model.tokenizerFrom, onCheckpoint: (dir, step) => events.onCheckpoint?.(dir, step) });
   };
 
   events.onStart?.({

@@ -247,11 +247,12 @@ export class RunDir {
     mkdirSync(runPaths(this.dir).eval, { recursive: true });
   }
 
-  /** Writes a checkpoint of `c.state.step` (keeping the newest `keepLast`); returns its folder. */
-  checkpoint(c: CheckpointOf, options: { keepLast: number; tokenizerFrom?: string }): string {
+  /** Writes a checkpoint of `c.state.step` (keeping the newest `keepLast`), tells `onCheckpoint` (a recipe's event); returns its folder. */
+  checkpoint(c: CheckpointOf, options: { keepLast: number; tokenizerFrom?: string; onCheckpoint?: (dir: string, step: number) => void }): string {
     if (this.configYaml === undefined) throw new Error(`${this.dir}: saveConfig before the first checkpoint`);
-    const dir = saveCheckpoint(this.dir, { ...c, runConfigYaml: this.configYaml }, options);
+    const dir = saveCheckpoint(this.dir, { ...c, runConfigYaml: this.configYaml }, { keepLast: options.keepLast, tokenizerFrom: options.tokenizerFrom });
     this.saved = { step: c.state.step, dir };
+    options.onCheckpoint?.(dir, c.state.step);
     return dir;
   }
 

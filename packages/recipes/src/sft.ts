@@ -270,9 +270,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     const checkpoint = () => {
       const snap = trainer.snapshot();
       const model = lora ? mergeLora(base, snap.params, adapters, lora) : snap.params;
-      const dir = run.checkpoint({ config, model, trainable: params, values: snap.params, m: snap.m, v: snap.v, state, lora: Boolean(lora) }, { keepLast: cfg.keep_last, tokenizerFrom });
-      events.onCheckpoint?.(dir, state.step);
-      return dir;
+      return run.checkpoint({ config, model, trainable: params, values: snap.params, m: snap.m, v: snap.v, state, lora: Boolean(lora) }, { keepLast: cfg.keep_last, tokenizerFrom, onCheckpoint: (dir, step) => events.onCheckpoint?.(dir, step) });
     };
 
     events.onStart?.({
