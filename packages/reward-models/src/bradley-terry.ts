@@ -28,7 +28,10 @@ export interface BradleyTerryTerms {
   centerCoefficient?: number;
 }
 
-/** The loss and metric sums (module comment) from the rows' rewards. */
+/**
+ * The loss (module comment; in the rewards' dtype, float32 unless the model is float64) and float32
+ * metric sums from the rows' rewards.
+ */
 export function bradleyTerryObjective(t: BradleyTerryTerms): LossOutputs {
   const { chosen, rejected } = chosenAndRejected(t.rewards);
   const diff = L.sub(chosen, rejected);
@@ -37,7 +40,7 @@ export function bradleyTerryObjective(t: BradleyTerryTerms): LossOutputs {
   if (t.centerCoefficient) total = L.add(total, L.mul(L.reduceSum(L.square(L.add(chosen, rejected))), t.centerCoefficient));
   const sum = (x: Tensor) => L.cast(L.reduceSum(x), 'float32');
   return {
-    loss: L.cast(L.div(total, L.cast(t.pairCount, total.dtype)), 'float32'),
+    loss: L.div(total, L.cast(t.pairCount, total.dtype)),
     metrics: {
       pairs: sum(L.onesLike(diff)),
       correct: sum(L.cast(L.greater(chosen, rejected), diff.dtype)),

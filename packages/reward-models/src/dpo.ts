@@ -80,7 +80,7 @@ export interface DpoTerms {
 }
 
 /**
- * The loss (module comment) and metric sums over the micro-batch: `pairs`, `correct` (implicit
+ * The loss (module comment; in the log-probs' dtype) and float32 metric sums over the micro-batch: `pairs`, `correct` (implicit
  * reward of chosen > rejected), `margin_sum` (Σ β·z), `chosen_reward_sum`, `rejected_reward_sum`,
  * `chosen_logp_sum`, `rejected_logp_sum`.
  */
@@ -98,7 +98,7 @@ export function dpoObjective(t: DpoTerms, cfg: DpoConfig): LossOutputs {
       : smoothed(L.neg(L.logSigmoid(L.mul(z, cfg.beta))), L.neg(L.logSigmoid(L.mul(z, -cfg.beta))), cfg.labelSmoothing);
   const sum = (x: Tensor) => L.cast(L.reduceSum(x), 'float32');
   return {
-    loss: L.cast(L.div(L.reduceSum(perPair), L.cast(t.pairCount, dtype)), 'float32'),
+    loss: L.div(L.reduceSum(perPair), L.cast(t.pairCount, dtype)),
     metrics: {
       pairs: sum(L.onesLike(z)),
       correct: sum(L.cast(L.greater(chosenReward, rejectedReward), dtype)),
