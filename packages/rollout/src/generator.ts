@@ -116,11 +116,6 @@ export class Generator {
     return new Generator(config, session, { ...opts, device, dtype });
   }
 
-  /** @deprecated Use `Generator.create(await CausalLM.fromPretrained(dir), opts)`. */
-  static async fromPretrained(dir: string, opts: GeneratorOptions = {}): Promise<Generator> {
-    return Generator.create(await CausalLM.fromPretrained(dir), opts);
-  }
-
   /**
    * Samples `groupSize` completions for every prompt (or `call.sampleKeys[i].length` for prompt i),
    * token ids without padding, sorted by (prompt, sample).

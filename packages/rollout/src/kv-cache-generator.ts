@@ -22,7 +22,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
-import { CausalLM, paramSpecs, readConfig, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
+import { CausalLM, paramSpecs, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
 import { Device, DeviceTensor, hostTensor, type Binding, type DeviceKind, type Session, type SessionOptions } from '@lathe/runtime';
 import { addKvDecodeStep, addKvPrefill, cacheName, SAMPLED_COLUMNS } from './kv-cache-graphs';
 import { uniformNoise } from './rng';
@@ -93,15 +93,6 @@ export interface GenerationTimings {
   /** Host ↔ device copies of the per-step results and the per-run inputs. */
   transferMs: number;
   decodeSteps: number;
-}
-
-/**
- * @deprecated Use `(await CausalLM.fromPretrained(dir, { device, dtype })).weights` (the model then
- * owns them: `model.dispose()`). Uploads a model folder's weights to the device in `dtype`; the
- * caller owns the tensors. `config` is read from the folder.
- */
-export function uploadWeights(device: Device, dir: string, _config: DecoderConfig, dtype: DType): Map<string, DeviceTensor> {
-  return new Map(CausalLM.fromPretrainedSync(dir, { device, dtype }).weights);
 }
 
 /**
@@ -183,8 +174,6 @@ export class KvCacheGenerator {
   /** Wall time split of the last `generate` call. */
   lastTimings: GenerationTimings = { prefillMs: 0, decodeMs: 0, transferMs: 0, decodeSteps: 0 };
   private readonly n: number;
-  /** The model `dispose` frees with the engine (one the deprecated `fromPretrained` loaded), if any. */
-  private ownedModel: CausalLM | undefined;
   private readonly prefillBinding: Binding;
   /** decode[0] reads ping and writes pong; decode[1] the reverse. */
   private readonly decode: [Binding, Binding];
@@ -302,24 +291,6 @@ export class KvCacheGenerator {
       if (buffers) disposeBuffers(buffers);
       step?.dispose();
       prefill.dispose();
-      throw e;
-    }
-  }
-
-  /**
-   * @deprecated Use `KvCacheGenerator.create(await CausalLM.fromPretrained(dir, { device, dtype }), opts)`
-   * and dispose the model after the generator. Loads a model folder onto `device` and compiles the
-   * graphs; `dispose` frees the weights too.
-   */
-  static fromPretrained(dir: string, device: Device, opts: KvCacheGeneratorOptions): KvCacheGenerator {
-    validateSampling(opts, readConfig(dir).config.vocabSize); // before any upload
-    const model = CausalLM.fromPretrainedSync(dir, { device, dtype: opts.dtype });
-    try {
-      const generator = KvCacheGenerator.create(model, opts);
-      generator.ownedModel = model;
-      return generator;
-    } catch (e) {
-      model.dispose();
       throw e;
     }
   }
@@ -514,15 +485,11 @@ export class KvCacheGenerator {
     return [this.prefill.endProfiling(), this.step.endProfiling()];
   }
 
-  /**
-   * Releases the sessions and the engine's buffers (the weights belong to the model or the caller,
-   * except a model the deprecated `fromPretrained` loaded, freed here too).
-   */
+  /** Releases the sessions and the engine's buffers (the weights belong to the model or the caller). */
   dispose(): void {
     for (const b of [this.prefillBinding, ...this.decode]) b.dispose();
     this.prefill.dispose();
     this.step.dispose();
     disposeBuffers(this.buffers);
-    this.ownedModel?.dispose();
   }
 }

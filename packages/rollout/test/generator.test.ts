@@ -85,13 +85,11 @@ test('a run that fails for lack of memory is split in halves and retried; other 
   await expect(splitOnOutOfMemory([1], async () => Promise.reject(new Error('Failed to allocate memory')))).rejects.toThrow(/Failed to allocate/);
 });
 
-test('a model without files (in memory) generates what its folder does; the deprecated fromPretrained too', async () => {
+test('a model without files (in memory) generates what its folder does', async () => {
   const call = { maxNewTokens: 5, seed: 2 };
   const fromFolder = await Generator.create(model, { temperature: 1, groupSize: 2 });
   const want = await fromFolder.generate(prompts, call);
   const inMemory = await Generator.create(CausalLM.fromWeights(config, model.float32Weights()), { temperature: 1, groupSize: 2 });
   expect(await inMemory.generate(prompts, call)).toEqual(want);
-  const deprecated = await Generator.fromPretrained(dir, { temperature: 1, groupSize: 2 });
-  expect(await deprecated.generate(prompts, call)).toEqual(want);
-  await Promise.all([fromFolder.dispose(), inMemory.dispose(), deprecated.dispose()]);
+  await Promise.all([fromFolder.dispose(), inMemory.dispose()]);
 });

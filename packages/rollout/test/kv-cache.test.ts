@@ -215,13 +215,14 @@ test('a model on the host, or in another dtype than asked for, is refused by nam
   expect(() => KvCacheGenerator.create(model, { temperature: 0, rows: 2, maxLength: 8, dtype: 'bfloat16' })).toThrow(/dtype bfloat16 was asked for, but the model's weights are float32/);
 });
 
-test('the deprecated fromPretrained checks the options before loading, and its dispose frees the weights it loaded', () => {
+test("bad options are refused before anything is allocated, and dispose frees the engine's buffers but not the model's weights", () => {
   const live = () => device.memory().tensors;
   const before = live();
-  expect(() => KvCacheGenerator.fromPretrained(dir, device, { topP: 1.5, rows: 2, maxLength: 8 })).toThrow(/top_p/);
+  expect(() => KvCacheGenerator.create(model, { topP: 1.5, rows: 2, maxLength: 8 })).toThrow(/top_p/);
   expect(live()).toBe(before);
-  const kv = KvCacheGenerator.fromPretrained(dir, device, { temperature: 0, rows: 2, maxLength: 8 });
-  expect(live()).toBeGreaterThan(before + model.weights.size);
+  const kv = KvCacheGenerator.create(model, { temperature: 0, rows: 2, maxLength: 8 });
+  expect(live()).toBeGreaterThan(before);
   kv.dispose();
   expect(live()).toBe(before);
+  expect(model.weights.get('model.norm.weight')!.download().data).toEqual(files.float32Weights().get('model.norm.weight'));
 });

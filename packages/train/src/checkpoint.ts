@@ -122,12 +122,3 @@ export function loadCheckpoint(dir: string, trainable?: TrainableParam[]): Check
   }
   return { config, model, trainable: specs, values, m, v, state, runConfigYaml: readFileSync(join(dir, 'config.yaml'), 'utf8'), lora };
 }
-
-/**
- * @deprecated Use `(await CausalLM.fromPretrained(dir)).float32Weights()` (@lathe/models). A model
- * folder's weights as float32 arrays by HF name (from float32, bfloat16 or float16 files); `config`
- * is read from the folder.
- */
-export function loadFloat32(dir: string, _config: DecoderConfig): Map<string, Float32Array> {
-  return CausalLM.fromPretrainedSync(dir).float32Weights();
-}

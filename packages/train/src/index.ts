@@ -4,7 +4,6 @@ export * from './schedule';
 export * from './train-step';
 export * from './losses';
 export * from './checkpoint';
-export * from './random';
 export * from './lora';
 export * from './dropout';
 export * from './trainer';

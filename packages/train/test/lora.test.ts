@@ -9,13 +9,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import * as L from '@lathe/onnx';
-import { decoder, lmLogits, paddedCausalMask, paramSpecs, positionsFromPadding, randomModel, shiftLeft, type DecoderConfig, type Weights } from '@lathe/models';
+import { CausalLM, decoder, lmLogits, paddedCausalMask, paramSpecs, positionsFromPadding, randomModel, shiftLeft, type DecoderConfig, type Weights } from '@lathe/models';
 import {
   compileTrainStep,
   droppedElements,
   initLora,
-  loadCheckpoint,
-  loadFloat32,
   LORA_DROPOUT_KEY,
   loraAdapters,
   loraDropoutKey,
@@ -56,7 +54,7 @@ function setup(lora: LoraConfig = { rank: 3, alpha: 6, targets: 'self_attn\\.(q|
   // B starts at zero (training starts from the base); make it non-zero so the branch matters.
   const r = rng(2);
   for (const a of adapters) values.set(a.b.name, Float32Array.from(values.get(a.b.name)!, () => r() - 0.5));
-  return { config, lora, adapters, values, base: loadFloat32(dir, config) };
+  return { config, lora, adapters, values, base: CausalLM.fromPretrainedSync(dir).float32Weights() };
 }
 
 const batch: Record<string, HostTensor> = {
