@@ -120,12 +120,12 @@ export class RewardModel {
    * Rewards of `batch`'s rows, [B] (a session compiled on first use, kept until {@link dispose}).
    * The model must be on a device: load it with `{ device }` or call {@link to}.
    */
-  score(batch: TokenBatch, opts: Pick<ScorerOptions, 'attention'> = {}): Promise<Float32Array> {
+  async score(batch: TokenBatch, opts: Pick<ScorerOptions, 'attention'> = {}): Promise<Float32Array> {
     return this.scorer('rewards', opts).score(batch, this.weights);
   }
 
   /** Values at every position of `batch`, [B·T] row-major (0 at padding): the model as a PPO value model. */
-  values(batch: TokenBatch, opts: Pick<ScorerOptions, 'attention'> = {}): Promise<Float32Array> {
+  async values(batch: TokenBatch, opts: Pick<ScorerOptions, 'attention'> = {}): Promise<Float32Array> {
     return this.scorer('values', opts).score(batch, this.weights);
   }
 
