@@ -90,7 +90,7 @@ export interface BradleyTerryOptions extends PairLossModelOptions {
  */
 export function bradleyTerryLoss(cfg: DecoderConfig, opts: BradleyTerryOptions = {}): LossBuilder {
   return (g, params) => {
-    const dims = opts.shape ?? ['R', 'T'];
+    const dims = opts.shape ?? ['2*P', 'T'];
     const ids = g.input(PAIR_INPUTS.inputIds, 'int64', dims);
     const mask = g.input(PAIR_INPUTS.attentionMask, 'int64', dims);
     const margin = opts.margin ? g.input(PAIR_INPUTS.margin, 'float32', [opts.shape ? opts.shape[0] / 2 : 'P']) : undefined;

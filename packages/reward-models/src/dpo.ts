@@ -140,7 +140,7 @@ export function dpoLoss(cfg: DecoderConfig, opts: DpoLossOptions = {}): LossBuil
   const dpo: DpoConfig = { beta: opts.beta ?? DPO_DEFAULTS.beta, loss: opts.loss ?? DPO_DEFAULTS.loss, labelSmoothing: opts.labelSmoothing ?? DPO_DEFAULTS.labelSmoothing, reduction: opts.reduction };
   checkDpoConfig(dpo);
   return (g, params) => {
-    const dims = opts.shape ?? ['R', 'T'];
+    const dims = opts.shape ?? ['2*P', 'T'];
     const ids = g.input(PAIR_INPUTS.inputIds, 'int64', dims);
     const mask = g.input(PAIR_INPUTS.attentionMask, 'int64', dims);
     const responseMask = g.input(PAIR_INPUTS.responseMask, 'int64', dims);

@@ -66,7 +66,7 @@ test('a Bradley-Terry reward model learns the rule: held-out pairwise accuracy f
   trainer.dispose();
 });
 
-test('DPO on the same pairs: held-out implicit-reward accuracy from no preference to ≥ 0.9, and the policy's answers from chance to ≥ 0.8', async () => {
+test("DPO on the same pairs: held-out implicit-reward accuracy from no preference to ≥ 0.9, and the policy's answers from chance to ≥ 0.8", async () => {
   const { train, heldOut } = additionPairs(7);
   const policy = tinyLm(5);
   const master = policy.float32Weights();
