@@ -10,10 +10,11 @@ const layers = {
   train: ['onnx', 'runtime', 'models'],
   rollout: ['onnx', 'runtime', 'models'],
   grpo: ['onnx', 'runtime', 'models', 'train', 'rollout', 'graders'],
+  'reward-models': ['onnx', 'runtime', 'models', 'train'],
   data: [],
   graders: [],
   tokenizer: [],
-  recipes: ['onnx', 'runtime', 'models', 'train', 'rollout', 'grpo', 'graders', 'data', 'tokenizer'],
+  recipes: ['onnx', 'runtime', 'models', 'train', 'rollout', 'grpo', 'graders', 'reward-models', 'data', 'tokenizer'],
 };
 const layering = Object.entries(layers).map(([pkg, allowed]) => ({
   files: [`packages/${pkg}/src/**/*.ts`],
