@@ -73,6 +73,13 @@ export interface PairLossModelOptions {
   flashAttention?: boolean;
 }
 
+/** The [rows, width] dims of a pair loss's token inputs: the fixed shape (2P rows), or [2*P, T]. */
+export function pairDims(shape: [number, number] | undefined): [number | string, number | string] {
+  if (!shape) return ['2*P', 'T'];
+  if (!Number.isInteger(shape[0] / 2) || shape[0] < 2) throw new Error(`pair loss: shape [${shape.join(', ')}] needs an even, positive row count (2 rows per pair)`);
+  return shape;
+}
+
 /** Options of {@link bradleyTerryLoss}. */
 export interface BradleyTerryOptions extends PairLossModelOptions {
   /** Read a per-pair margin from the `margin` input [P]. Default false. */
@@ -90,7 +97,7 @@ export interface BradleyTerryOptions extends PairLossModelOptions {
  */
 export function bradleyTerryLoss(cfg: DecoderConfig, opts: BradleyTerryOptions = {}): LossBuilder {
   return (g, params) => {
-    const dims = opts.shape ?? ['2*P', 'T'];
+    const dims = pairDims(opts.shape);
     const ids = g.input(PAIR_INPUTS.inputIds, 'int64', dims);
     const mask = g.input(PAIR_INPUTS.attentionMask, 'int64', dims);
     const margin = opts.margin ? g.input(PAIR_INPUTS.margin, 'float32', [opts.shape ? opts.shape[0] / 2 : 'P']) : undefined;
@@ -120,8 +127,21 @@ export interface PreferenceMetrics {
   rejectedStd: number;
 }
 
+/** The names of the metric sums {@link bradleyTerryLoss} outputs. */
+export const PREFERENCE_SUMS = ['pairs', 'correct', 'margin_sum', 'chosen_sum', 'chosen_sq_sum', 'rejected_sum', 'rejected_sq_sum'] as const;
+
 /** The metric sums {@link bradleyTerryLoss} outputs (summed over micro-batches by the Trainer). */
-export type PreferenceSums = Record<'pairs' | 'correct' | 'margin_sum' | 'chosen_sum' | 'chosen_sq_sum' | 'rejected_sum' | 'rejected_sq_sum', number>;
+export type PreferenceSums = Record<(typeof PREFERENCE_SUMS)[number], number>;
+
+/** The named sums of `sums`, each required. */
+export function pickSums<K extends string>(sums: Readonly<Record<string, number>>, names: readonly K[], where: string): Record<K, number> {
+  const out = {} as Record<K, number>;
+  for (const k of names) {
+    if (typeof sums[k] !== 'number') throw new Error(`${where}: no metric sum '${k}' (expected ${names.join(', ')})`);
+    out[k] = sums[k];
+  }
+  return out;
+}
 
 /** The same sums from rewards scored on the host (an evaluation set): chosen[i] and rejected[i] are pair i's. */
 export function preferenceSums(chosen: ArrayLike<number>, rejected: ArrayLike<number>): PreferenceSums {
@@ -140,8 +160,12 @@ export function preferenceSums(chosen: ArrayLike<number>, rejected: ArrayLike<nu
   return s;
 }
 
-/** Accuracy, mean margin and reward means and population stds from metric sums. */
-export function preferenceMetrics(s: PreferenceSums): PreferenceMetrics {
+/**
+ * Accuracy, mean margin and reward means and population stds from metric sums: {@link preferenceSums}'
+ * or a train step's `metrics` (a missing sum is an error naming it).
+ */
+export function preferenceMetrics(sums: Readonly<Record<string, number>>): PreferenceMetrics {
+  const s = pickSums(sums, PREFERENCE_SUMS, 'preferenceMetrics');
   const n = s.pairs;
   if (!(n > 0)) throw new Error('preferenceMetrics: no pairs');
   const mean = (sum: number) => sum / n;

@@ -17,7 +17,7 @@ import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
 import { causalLmLogprobs, totalLength, type CausalLmLogprobsOptions, type DecoderConfig, type Weights } from '@lathe/models';
 import { castWeights, type LossBuilder, type LossOutputs } from '@lathe/train';
-import { chosenAndRejected, type PairLossModelOptions } from './bradley-terry';
+import { chosenAndRejected, pairDims, pickSums, type PairLossModelOptions } from './bradley-terry';
 import { PAIR_INPUTS } from './pairs';
 
 /** The DPO-family losses. */
@@ -140,7 +140,7 @@ export function dpoLoss(cfg: DecoderConfig, opts: DpoLossOptions = {}): LossBuil
   const dpo: DpoConfig = { beta: opts.beta ?? DPO_DEFAULTS.beta, loss: opts.loss ?? DPO_DEFAULTS.loss, labelSmoothing: opts.labelSmoothing ?? DPO_DEFAULTS.labelSmoothing, reduction: opts.reduction };
   checkDpoConfig(dpo);
   return (g, params) => {
-    const dims = opts.shape ?? ['2*P', 'T'];
+    const dims = pairDims(opts.shape);
     const ids = g.input(PAIR_INPUTS.inputIds, 'int64', dims);
     const mask = g.input(PAIR_INPUTS.attentionMask, 'int64', dims);
     const responseMask = g.input(PAIR_INPUTS.responseMask, 'int64', dims);
@@ -171,8 +171,11 @@ export interface DpoMetrics {
   rejectedLogp: number;
 }
 
-/** The metric sums {@link dpoLoss} outputs. */
-export type DpoSums = Record<'pairs' | 'correct' | 'margin_sum' | 'chosen_reward_sum' | 'rejected_reward_sum' | 'chosen_logp_sum' | 'rejected_logp_sum', number>;
+/** The names of the metric sums {@link dpoLoss} outputs. */
+export const DPO_SUMS = ['pairs', 'correct', 'margin_sum', 'chosen_reward_sum', 'rejected_reward_sum', 'chosen_logp_sum', 'rejected_logp_sum'] as const;
+
+/** The metric sums {@link dpoLoss} outputs (summed over micro-batches by the Trainer). */
+export type DpoSums = Record<(typeof DPO_SUMS)[number], number>;
 
 /**
  * The same sums from log-probs scored on the host: `policy` and `reference` hold 2P rows' response
@@ -195,8 +198,9 @@ export function dpoSums(policy: ArrayLike<number>, reference: ArrayLike<number>,
   return s;
 }
 
-/** Means from DPO metric sums. */
-export function dpoMetrics(s: DpoSums): DpoMetrics {
+/** Means from DPO metric sums: {@link dpoSums}' or a train step's `metrics` (a missing sum is an error naming it). */
+export function dpoMetrics(sums: Readonly<Record<string, number>>): DpoMetrics {
+  const s = pickSums(sums, DPO_SUMS, 'dpoMetrics');
   const n = s.pairs;
   if (!(n > 0)) throw new Error('dpoMetrics: no pairs');
   return {

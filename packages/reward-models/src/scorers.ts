@@ -102,9 +102,19 @@ export class RewardScorer {
     return new RewardScorer(new WeightedSession(device.compile(g, { name: g.name, ...opts.session }), config, dtype, output), output);
   }
 
-  /** The rewards (or values) of `batch` under `weights`. */
-  score(batch: TokenBatch, weights: WeightSource): Promise<Float32Array> {
-    return this.runner.run({ [PAIR_INPUTS.inputIds]: batch.inputIds, [PAIR_INPUTS.attentionMask]: batch.attentionMask }, weights);
+  /**
+   * The rewards (or values) of `batch` under `weights`. A non-finite one is an error naming its
+   * rows, since a NaN reward would otherwise flow silently into advantages or metrics.
+   */
+  async score(batch: TokenBatch, weights: WeightSource): Promise<Float32Array> {
+    const out = await this.runner.run({ [PAIR_INPUTS.inputIds]: batch.inputIds, [PAIR_INPUTS.attentionMask]: batch.attentionMask }, weights);
+    const width = this.output === 'rewards' ? 1 : batch.inputIds.dims[1];
+    const bad = new Set<number>();
+    out.forEach((v, i) => {
+      if (!Number.isFinite(v)) bad.add(Math.floor(i / width));
+    });
+    if (bad.size > 0) throw new Error(`reward model: non-finite ${this.output} for row${bad.size > 1 ? 's' : ''} ${[...bad].slice(0, 10).join(', ')}${bad.size > 10 ? ', …' : ''} of ${batch.inputIds.dims[0]} (the weights or the head hold NaN or Inf)`);
+    return out;
   }
 
   /** Frees the session. */

@@ -6,6 +6,7 @@
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { paramSpecs, SCORE_WEIGHT, type DecoderConfig, type Weights } from '@lathe/models';
+import type { Device, DeviceTensor } from '@lathe/runtime';
 import { castWeights, initLora, loraAdapters, loraWeights, mergeLora, type LoraAdapter, type LoraConfig, type TrainableParam } from '@lathe/train';
 
 /** LoRA's default targets for reward models and DPO: the attention projections q, k, v, o. */
@@ -27,8 +28,13 @@ export interface TrainedWeights {
   params: TrainableParam[];
   /** Initial values of `params` by name. */
   init: Map<string, Float32Array>;
-  /** Inputs that stay fixed for the run (the LoRA base as `base/<name>`; empty in full fine-tuning): the Trainer's `frozen`. */
+  /** Inputs that stay fixed for the run (the LoRA base as `base/<name>`; empty in full fine-tuning), in host memory. */
   frozen: Map<string, { data: Float32Array; dims: number[] }>;
+  /**
+   * The Trainer's `frozen`: `frozen` uploaded to `device` once (a host tensor bound to a CUDA
+   * session would be copied on every run). The caller disposes them after the Trainer.
+   */
+  frozenOn: (device: Device) => Record<string, DeviceTensor>;
   /** The LoRA adapters (empty in full fine-tuning). */
   adapters: LoraAdapter[];
   /** A loss's `weights` option: the decoder's weights in the compute dtype from the trainable parameters. */
@@ -52,6 +58,7 @@ export function trainedWeights(config: DecoderConfig, master: ReadonlyMap<string
       params: specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' })),
       init: new Map(specs.map((s) => [s.name, master.get(s.name)!])),
       frozen: new Map(),
+      frozenOn: () => ({}),
       adapters: [],
       weights: (_g, params) => castWeights(params, compute),
       merged: (values) => new Map(specs.map((s) => [s.name, values.get(s.name)!])),
@@ -64,10 +71,12 @@ export function trainedWeights(config: DecoderConfig, master: ReadonlyMap<string
   const baseSpecs = specs.filter((s) => s.name !== SCORE_WEIGHT);
   const init = initLora(adapters, opts.seed ?? 0);
   if (scoreSpec) init.set(SCORE_WEIGHT, master.get(SCORE_WEIGHT)!);
+  const frozen = new Map(baseSpecs.map((s) => [`base/${s.name}`, { data: master.get(s.name)!, dims: s.shape }]));
   return {
     params: [...adapters.flatMap((a) => [a.a, a.b]), ...head],
     init,
-    frozen: new Map(baseSpecs.map((s) => [`base/${s.name}`, { data: master.get(s.name)!, dims: s.shape }])),
+    frozen,
+    frozenOn: (device) => Object.fromEntries([...frozen].map(([name, t]) => [name, device.upload(t)])),
     adapters,
     weights: (g, params) => {
       const base = new Map(baseSpecs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));

@@ -16,6 +16,7 @@ import {
   preferenceMetrics,
   preferenceSums,
   RewardModel,
+  trainedWeights,
   type PreferencePair,
 } from '@lathe/reward-models';
 import { additionPairs, PAD, tinyLm } from './tiny';
@@ -59,6 +60,7 @@ test('metrics: accuracy, mean margin, reward means and population stds', () => {
   expect(m.rejectedMean).toBeCloseTo(2 / 3, 12);
   expect(m.rejectedStd).toBeCloseTo(Math.sqrt((0 + 9 + 1) / 3 - 4 / 9), 12);
   expect(() => preferenceMetrics(preferenceSums([], []))).toThrow('preferenceMetrics: no pairs');
+  expect(() => preferenceMetrics({ pairs: 2, correct: 1 })).toThrow("preferenceMetrics: no metric sum 'margin_sum'");
 });
 
 test('the gradient through a tiny reward model matches central finite differences (float64, margin and centring)', async () => {
@@ -123,4 +125,22 @@ test('two micro-batches normalised by the whole batch’s pairs take the step of
   for (const p of params) pa.get(p.name)!.forEach((v, i) => expect(Math.abs(pb.get(p.name)![i] - v)).toBeLessThan(1e-6));
   whole.dispose();
   split.dispose();
+});
+
+test('a loss compiled for a fixed [2P, T] shape gives the symbolic one’s loss and metrics', () => {
+  const rm = RewardModel.fromCausalLM(tinyLm(4, 1), { padTokenId: PAD, seed: 3, std: 0.3 });
+  const tw = trainedWeights(rm.config, rm.float32Weights());
+  const pairs = additionPairs(6).train.slice(0, 4).map((p, i) => ({ ...p, margin: i / 4 }));
+  const batch = pairBatch(pairs, { padId: PAD, width: 7 });
+  const run = (shape?: [number, number]) => {
+    const t = Trainer.create({ params: tw.params, loss: bradleyTerryLoss(rm.config, { margin: true, shape }) }, { params: tw.init });
+    const r = t.trainStep([pairFeeds(batch, t.batchInputs)], 0);
+    t.dispose();
+    return r;
+  };
+  const symbolic = run();
+  const fixed = run([8, 7]);
+  expect(fixed.loss).toBeCloseTo(symbolic.loss, 6);
+  for (const k of Object.keys(symbolic.metrics)) expect(fixed.metrics[k]).toBeCloseTo(symbolic.metrics[k], 5);
+  expect(() => bradleyTerryLoss(rm.config, { shape: [7, 7] })(new L.Graph(), new Map())).toThrow('pair loss: shape [7, 7] needs an even, positive row count (2 rows per pair)');
 });

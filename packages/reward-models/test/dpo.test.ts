@@ -148,7 +148,7 @@ test('DPO with LoRA trains only the adapters and starts at loss log 2 (π = π_r
   const tw = trainedWeights(lm.config, master, { lora: { rank: 2, alpha: 4, targets: REWARD_LORA_TARGETS }, seed: 1 });
   expect(tw.params.map((p) => p.name)).toEqual(['q', 'k', 'v', 'o'].flatMap((m) => [`model.layers.0.self_attn.${m}_proj.lora_A.weight`, `model.layers.0.self_attn.${m}_proj.lora_B.weight`]));
   expect(tw.frozen.size).toBe(master.size);
-  const trainer = Trainer.create({ params: tw.params, loss: dpoLoss(lm.config, { weights: tw.weights }) }, { params: tw.init }, { frozen: Object.fromEntries(tw.frozen) });
+  const trainer = Trainer.create({ params: tw.params, loss: dpoLoss(lm.config, { weights: tw.weights }) }, { params: tw.init }, { frozen: tw.frozenOn(Device.cpu()) });
   // The reference is the frozen base; B starts at 0, so the policy starts as the reference.
   const batch = pairBatch(additionPairs(4).train.slice(0, 4), { padId: PAD, pairCount: 8 });
   const scorer = ResponseLogprobScorer.create(lm.config, Device.cpu());

@@ -97,6 +97,16 @@ describe('rewards and values of a tiny reward model', () => {
     onCpu.dispose();
   });
 
+  test('a non-finite reward is an error naming its rows', async () => {
+    const broken = new Map(weights);
+    const h = Float32Array.from(weights.get('model.norm.weight')!);
+    h[0] = NaN;
+    broken.set('model.norm.weight', h);
+    const scorer = RewardScorer.create(rm.config, Device.cpu());
+    await expect(scorer.score(padded(ROWS, 'right'), broken)).rejects.toThrow('reward model: non-finite rewards for rows 0, 1, 2 of 3 (the weights or the head hold NaN or Inf)');
+    scorer.dispose();
+  });
+
   test('GroupQueryAttention scoring of right-padded rows equals composed attention', async () => {
     // ONNX Runtime's CPU GroupQueryAttention takes head sizes in multiples of 16.
     const wide = RewardModel.fromCausalLM(CausalLM.random({ ...tinyQwen3(), num_attention_heads: 2, num_key_value_heads: 1, head_dim: 16 }, { seed: 4, std: 0.1 }), { padTokenId: PAD, seed: 2, std: 0.5 });
