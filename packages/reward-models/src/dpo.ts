@@ -15,7 +15,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
-import { causalLmLogprobs, totalLength, type CausalLmLogprobsOptions, type DecoderConfig, type Weights } from '@lathe/models';
+import { causalLmLogprobs, shiftLeft, totalLength, type CausalLmLogprobsOptions, type DecoderConfig, type Weights } from '@lathe/models';
 import { castWeights, type LossBuilder, type LossOutputs } from '@lathe/train';
 import { chosenAndRejected, pairDims, pickSums, type PairLossModelOptions } from './bradley-terry';
 import { PAIR_INPUTS } from './pairs';
@@ -62,11 +62,23 @@ export function responseLogprobs(
 ): Tensor {
   const { reduction, ...head } = opts;
   const { logp } = causalLmLogprobs(cfg, w, ids, attentionMask, head);
-  // logp's column t predicts token t+1: drop its wrapped last column and the mask's first.
-  const predicted = L.cast(L.slice(responseMask, [1], [1]), logp.dtype);
-  const sum = L.reduceSum(L.mul(L.slice(logp, [1], [0], [-1]), predicted), [1]);
+  const predicted = L.cast(predictsResponse(responseMask), logp.dtype);
+  const sum = L.reduceSum(L.mul(logp, predicted), [1]);
   if ((reduction ?? 'sum') === 'sum') return sum;
   return L.div(sum, L.maximum(L.reduceSum(predicted, [1]), 1));
+}
+
+/**
+ * int64 [B, T]: 1 at column t when token t+1 is a response token, 0 in the last column (log-probs'
+ * predicting-position coordinates). Built on the int64 mask, never by slicing the log-probs, whose
+ * gradient would then need run-time shape arithmetic; with a static T no Concat of unequal parts.
+ */
+export function predictsResponse(responseMask: Tensor): Tensor {
+  const m = L.cast(responseMask, 'int64');
+  const shifted = shiftLeft(m); // the last column holds column 0, wrapped around
+  const T = m.shape[1];
+  if (typeof T === 'number') return L.mul(shifted, m.graph.constant(Array.from({ length: T }, (_, t) => (t < T - 1 ? 1 : 0)), 'int64', [1, T]));
+  return L.concat([L.slice(shifted, [1], [0], [-1]), L.mul(L.slice(m, [1], [0], [1]), 0)], 1);
 }
 
 /** The DPO objective's inputs. */

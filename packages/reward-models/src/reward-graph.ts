@@ -17,7 +17,6 @@ import {
   rightPaddedGqaInputs,
   SCORE_WEIGHT,
   totalLength,
-  valueAtLastToken,
   valuePerToken,
   type Architecture,
   type DecoderConfig,
@@ -62,7 +61,22 @@ export function decoderHidden(cfg: DecoderConfig, w: Weights, ids: Tensor, atten
 export function sequenceRewards(cfg: DecoderConfig, w: Weights, ids: Tensor, attentionMask: Tensor, opts: TrunkOptions = {}): Tensor {
   checkRewardConfig(cfg);
   const hidden = decoderHidden(cfg, w, ids, attentionMask, opts);
-  return L.cast(valueAtLastToken(hidden, attentionMask, w(SCORE_WEIGHT)), accumulationDtype(hidden.dtype));
+  const acc = accumulationDtype(hidden.dtype);
+  // The head at every token, then the last one picked by a one-hot sum (exact: one term is nonzero),
+  // as transformers scores; models' valueAtLastToken takes a Range over a run-time T instead, which
+  // ONNX Runtime computes on the CPU.
+  const perToken = L.cast(valuePerToken(hidden, w(SCORE_WEIGHT)), acc);
+  return L.reduceSum(L.mul(perToken, L.cast(lastTokenMask(attentionMask), acc)), [1]);
+}
+
+/**
+ * bool [B, T]: true at each row's last real token (the last position whose mask is 1), for left-
+ * or right-padded rows: the token where the running count of tokens reaches the row's total.
+ */
+export function lastTokenMask(attentionMask: Tensor): Tensor {
+  const m = L.cast(attentionMask, 'int64');
+  const count = L.cumsum(m, 1);
+  return L.and(L.cast(m, 'bool'), L.equal(count, L.reduceSum(m, [1], true)));
 }
 
 /**

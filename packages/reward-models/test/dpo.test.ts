@@ -17,6 +17,7 @@ import {
   dpoSums,
   pairBatch,
   pairFeeds,
+  predictsResponse,
   REWARD_LORA_TARGETS,
   ResponseLogprobScorer,
   trainedWeights,
@@ -99,6 +100,16 @@ async function responseLogprobsByHand(config: DecoderConfig, weights: Map<string
   session.dispose();
   return out;
 }
+
+test('the predicted-response mask shifts the response mask left, with 0 in the last column (static or symbolic T)', async () => {
+  const mask = [[1, 1, 0], [0, 1, 1], [1, 0, 1]];
+  for (const dims of [[3, 3], ['B', 'T']] as const) {
+    const g = new L.Graph();
+    g.output(predictsResponse(g.input('m', 'int64', [...dims])), 'p');
+    const out = await Device.cpu().compile(g).run({ m: { data: BigInt64Array.from(mask.flat(), BigInt), dims: [3, 3] } });
+    expect(Array.from(out.p.data as BigInt64Array, Number)).toEqual([1, 0, 0, 1, 1, 0, 0, 1, 0]);
+  }
+});
 
 test('response log-probs are the sum (or mean) of the response tokens’ log-softmax, with either padding', async () => {
   const lm = tinyLm(6);
