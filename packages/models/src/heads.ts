@@ -49,17 +49,25 @@ export function valuePerToken(hidden: Tensor, weight: Tensor, bias?: Tensor): Te
 }
 
 /**
- * A scalar per row read at the last non-pad token (reward models). `padMask` [B, T] is 1 on
- * tokens; rows may be left- or right-padded.
+ * A scalar per row read at its last real token (reward models), [B] in the accumulation dtype
+ * (float32; float64 for a float64 model). `padMask` [B, T] is 1 on tokens; rows may be left- or
+ * right-padded. The head runs at every token and the last is picked by a one-hot sum (exact: one
+ * term is nonzero), not gathered at an index from a Range over the run-time T, which ONNX Runtime
+ * computes on the CPU (a CUDA session with CPU fallback off refuses it).
  */
 export function valueAtLastToken(hidden: Tensor, padMask: Tensor, weight: Tensor, bias?: Tensor): Tensor {
-  const perToken = valuePerToken(hidden, weight, bias); // [B, T]
-  const T = padMask.shape[1];
-  const pos = L.arange(T, 'int64', padMask);
-  const m = L.cast(padMask, 'int64');
-  // Index of the last position where the mask is 1: max over pos·m.
-  const last = L.reduceMax(L.mul(m, pos), [1], true);
-  return L.squeeze(L.gatherElements(perToken, last, 1), [1]);
+  const perToken = L.cast(valuePerToken(hidden, weight, bias), accumulationDtype(hidden.dtype));
+  return L.reduceSum(L.mul(perToken, L.cast(lastTokenMask(padMask), perToken.dtype)), [1]);
+}
+
+/**
+ * bool [B, T]: true at each row's last real token (the last position whose mask is 1), for left-
+ * or right-padded rows: the token where the running count of tokens reaches the row's total.
+ */
+export function lastTokenMask(attentionMask: Tensor): Tensor {
+  const m = L.cast(attentionMask, 'int64');
+  const count = L.cumsum(m, 1);
+  return L.and(L.cast(m, 'bool'), L.equal(count, L.reduceSum(m, [1], true)));
 }
 
 /**

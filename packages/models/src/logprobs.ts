@@ -1,7 +1,8 @@
 /**
  * Teacher-forced next-token log-probs of a causal LM — the one graph builder that training losses,
  * RL policies and scoring graphs all wrap. Position t holds log p(ids[t+1] | ids ≤ t) ("predicting
- * position" coordinates); the last column wraps around and is the caller's to mask.
+ * position" coordinates); the last column wraps around and is the caller's to mask. The decoder
+ * trunk under it, {@link decoderHidden}, is also what score heads (reward models, critics) read.
  */
 import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
@@ -20,7 +21,7 @@ export function shiftLeft(x: Tensor): Tensor {
 }
 
 /**
- * How {@link causalLmLogprobs} attends:
+ * How the decoder trunk attends ({@link decoderHidden}, and so {@link causalLmLogprobs}):
  * - 'composed': MatMul/Softmax from primitives — any padding, differentiable.
  * - 'flash': GroupQueryAttention with a composed backward pass (flash attention on CUDA, which runs
  *   it in float16/bfloat16 only) — differentiable, keeps no [B, heads, T, T] activations; rows must
@@ -29,16 +30,8 @@ export function shiftLeft(x: Tensor): Tensor {
  */
 export type LogprobAttention = 'composed' | 'flash' | 'gqa';
 
-/** Options of {@link causalLmLogprobs}. */
-export interface CausalLmLogprobsOptions {
-  /** Log-probs of softmax(logits / temperature) (the sampling temperature). Default 1. */
-  temperature?: number;
-  /** Vocabulary rows per chunk of the log-partition (and entropy). Default 16,384. */
-  chunk?: number;
-  /** Also the entropy of each next-token distribution (one pass over each chunk gives both). Default false. */
-  entropy?: boolean;
-  /** Recompute each decoder layer (and head chunk) in the backward pass instead of keeping its activations. */
-  recompute?: boolean;
+/** How {@link decoderHidden} runs the decoder trunk: the attention and what the backward pass keeps. */
+export interface TrunkOptions {
   /** Default 'composed'. */
   attention?: LogprobAttention;
   /**
@@ -46,8 +39,20 @@ export interface CausalLmLogprobsOptions {
    * `totalLength(g, ids)` — a constant for a static T, else the `total_sequence_length` input.
    */
   totalSequenceLength?: Tensor;
+  /** Recompute each decoder layer (in causalLmLogprobs, each head chunk too) in the backward pass instead of keeping its activations. */
+  recompute?: boolean;
   /** With 'composed': ONNX Runtime's fused RMSNorm/RoPE/SiLU kernels. Default off (the decoder's default). */
   fused?: boolean;
+}
+
+/** Options of {@link causalLmLogprobs}: the trunk's and the LM head's. */
+export interface CausalLmLogprobsOptions extends TrunkOptions {
+  /** Log-probs of softmax(logits / temperature) (the sampling temperature). Default 1. */
+  temperature?: number;
+  /** Vocabulary rows per chunk of the log-partition (and entropy). Default 16,384. */
+  chunk?: number;
+  /** Also the entropy of each next-token distribution (one pass over each chunk gives both). Default false. */
+  entropy?: boolean;
 }
 
 /** What {@link causalLmLogprobs} returns. */
@@ -69,20 +74,27 @@ export interface CausalLmLogprobs {
 export function causalLmLogprobs(cfg: DecoderConfig, w: Weights, ids: Tensor, attentionMask: Tensor, opts: CausalLmLogprobsOptions & { entropy: true }): CausalLmLogprobs & { entropy: Tensor };
 export function causalLmLogprobs(cfg: DecoderConfig, w: Weights, ids: Tensor, attentionMask: Tensor, opts?: CausalLmLogprobsOptions): CausalLmLogprobs;
 export function causalLmLogprobs(cfg: DecoderConfig, w: Weights, ids: Tensor, attentionMask: Tensor, opts: CausalLmLogprobsOptions = {}): CausalLmLogprobs {
-  const attention = opts.attention ?? 'composed';
-  const width = () => opts.totalSequenceLength ?? totalLength(ids.graph, ids);
-  const { hidden } =
-    attention === 'gqa'
-      ? decoder(cfg, w, rightPaddedGqaInputs(ids, attentionMask, width()))
-      : decoder(cfg, w, {
-          inputIds: ids,
-          positionIds: positionsFromPadding(attentionMask),
-          attentionMask: paddedCausalMask(attentionMask),
-          recompute: opts.recompute,
-          ...(opts.fused === undefined ? {} : { fused: opts.fused }),
-          ...(attention === 'flash' ? { flashAttention: rightPaddedAttention(attentionMask, width()) } : {}),
-        });
+  const hidden = decoderHidden(cfg, w, ids, attentionMask, opts);
   const head = { chunk: opts.chunk, temperature: opts.temperature, recompute: opts.recompute };
   if (opts.entropy) return { ...chunkedLogprobsAndEntropy(cfg, w, hidden, shiftLeft(ids), head), hidden };
   return { logp: chunkedTargetLogprobs(cfg, w, hidden, shiftLeft(ids), head), hidden };
+}
+
+/**
+ * The decoder's final hidden states [B, T, hidden] for token ids [B, T] and their attention mask
+ * (1 = token), with no head: the forward pass under {@link causalLmLogprobs}, and under a score head
+ * (reward models, critics).
+ */
+export function decoderHidden(cfg: DecoderConfig, w: Weights, ids: Tensor, attentionMask: Tensor, opts: TrunkOptions = {}): Tensor {
+  const attention = opts.attention ?? 'composed';
+  const width = () => opts.totalSequenceLength ?? totalLength(ids.graph, ids);
+  if (attention === 'gqa') return decoder(cfg, w, rightPaddedGqaInputs(ids, attentionMask, width())).hidden;
+  return decoder(cfg, w, {
+    inputIds: ids,
+    positionIds: positionsFromPadding(attentionMask),
+    attentionMask: paddedCausalMask(attentionMask),
+    recompute: opts.recompute,
+    ...(opts.fused === undefined ? {} : { fused: opts.fused }),
+    ...(attention === 'flash' ? { flashAttention: rightPaddedAttention(attentionMask, width()) } : {}),
+  }).hidden;
 }

@@ -118,6 +118,16 @@ describe('heads on a tiny Qwen3', () => {
     expect(Math.abs(out.value_last[2] - alone.value_last[0])).toBeGreaterThan(1e-3);
   });
 
+  test('the value at the last token puts nothing on the CPU: no run-time shape arithmetic, no op without a CUDA kernel (bf16)', () => {
+    const g = new L.Graph('value_last');
+    const hidden = g.input('hidden', 'bfloat16', ['B', 'T', D]);
+    const mask = g.input('attention_mask', 'int64', ['B', 'T']);
+    const value = valueAtLastToken(hidden, mask, g.input('score.weight', 'bfloat16', [1, D]));
+    g.output(value, 'value_last');
+    expect(value.dtype).toBe('float32');
+    expect([...L.runtimeShapeNodes(g), ...L.noCudaKernelNodes(g)].map((n) => n.op.name)).toEqual([]);
+  });
+
   test('the restricted head is the full LM logits sliced to the id range, renormalised over it', async () => {
     const out = await run(rows, masks);
     const positions = rows.length * T;

@@ -10,73 +10,23 @@ import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
 import {
   accumulationDtype,
-  decoder,
-  paddedCausalMask,
-  positionsFromPadding,
-  rightPaddedAttention,
-  rightPaddedGqaInputs,
+  decoderHidden,
   SCORE_WEIGHT,
-  totalLength,
+  valueAtLastToken,
   valuePerToken,
   type Architecture,
   type DecoderConfig,
-  type LogprobAttention,
+  type TrunkOptions,
   type Weights,
 } from '@lathe/models';
 
-/** How the trunk attends and what it keeps for the backward pass (the same choices as `causalLmLogprobs`). */
-export interface TrunkOptions {
-  /** 'composed' (default; any padding, differentiable), 'flash' (differentiable, right-padded rows) or 'gqa' (inference only, right-padded). */
-  attention?: LogprobAttention;
-  /** With 'flash' or 'gqa': the batch width T as an int32 scalar; default `totalLength(g, ids)`. */
-  totalSequenceLength?: Tensor;
-  /** Recompute each decoder layer in the backward pass instead of keeping its activations. */
-  recompute?: boolean;
-  /** With 'composed': ONNX Runtime's fused RMSNorm/RoPE/SiLU kernels. Default off. */
-  fused?: boolean;
-}
-
-/**
- * The decoder's final hidden states [B, T, hidden] for token ids [B, T] and their attention mask
- * (1 = token): the forward pass `causalLmLogprobs` runs before its LM head, here without one.
- */
-export function decoderHidden(cfg: DecoderConfig, w: Weights, ids: Tensor, attentionMask: Tensor, opts: TrunkOptions = {}): Tensor {
-  const attention = opts.attention ?? 'composed';
-  const width = () => opts.totalSequenceLength ?? totalLength(ids.graph, ids);
-  if (attention === 'gqa') return decoder(cfg, w, rightPaddedGqaInputs(ids, attentionMask, width())).hidden;
-  return decoder(cfg, w, {
-    inputIds: ids,
-    positionIds: positionsFromPadding(attentionMask),
-    attentionMask: paddedCausalMask(attentionMask),
-    recompute: opts.recompute,
-    ...(opts.fused === undefined ? {} : { fused: opts.fused }),
-    ...(attention === 'flash' ? { flashAttention: rightPaddedAttention(attentionMask, width()) } : {}),
-  }).hidden;
-}
-
 /**
  * One reward per row, [B] float32 (float64 for a float64 model): the score head at the row's last
- * real token. `cfg` must be a reward model's (see {@link rewardModelConfig}).
+ * real token (`valueAtLastToken`). `cfg` must be a reward model's (see {@link rewardModelConfig}).
  */
 export function sequenceRewards(cfg: DecoderConfig, w: Weights, ids: Tensor, attentionMask: Tensor, opts: TrunkOptions = {}): Tensor {
   checkRewardConfig(cfg);
-  const hidden = decoderHidden(cfg, w, ids, attentionMask, opts);
-  const acc = accumulationDtype(hidden.dtype);
-  // The head at every token, then the last one picked by a one-hot sum (exact: one term is nonzero),
-  // as transformers scores; models' valueAtLastToken takes a Range over a run-time T instead, which
-  // ONNX Runtime computes on the CPU.
-  const perToken = L.cast(valuePerToken(hidden, w(SCORE_WEIGHT)), acc);
-  return L.reduceSum(L.mul(perToken, L.cast(lastTokenMask(attentionMask), acc)), [1]);
-}
-
-/**
- * bool [B, T]: true at each row's last real token (the last position whose mask is 1), for left-
- * or right-padded rows: the token where the running count of tokens reaches the row's total.
- */
-export function lastTokenMask(attentionMask: Tensor): Tensor {
-  const m = L.cast(attentionMask, 'int64');
-  const count = L.cumsum(m, 1);
-  return L.and(L.cast(m, 'bool'), L.equal(count, L.reduceSum(m, [1], true)));
+  return valueAtLastToken(decoderHidden(cfg, w, ids, attentionMask, opts), attentionMask, w(SCORE_WEIGHT));
 }
 
 /**

@@ -4,11 +4,10 @@
  * the host formula over scored log-probs; LoRA's first loss against its known value (π = π_ref).
  */
 import * as L from '@lathe/onnx';
-import { lmLogits, weightInputs, type DecoderConfig } from '@lathe/models';
+import { decoderHidden, lmLogits, weightInputs, type DecoderConfig } from '@lathe/models';
 import { Device, type HostTensor } from '@lathe/runtime';
 import { Trainer } from '@lathe/train';
 import {
-  decoderHidden,
   DPO_DEFAULTS,
   dpoLoss,
   dpoMetrics,

@@ -5,9 +5,9 @@
  * head at every position and 0 at padding.
  */
 import * as L from '@lathe/onnx';
-import { CausalLM, parseConfig, SCORE_WEIGHT, weightInputs, type DecoderConfig } from '@lathe/models';
+import { CausalLM, decoderHidden, parseConfig, SCORE_WEIGHT, weightInputs, type DecoderConfig } from '@lathe/models';
 import { Device, type HostTensor } from '@lathe/runtime';
-import { decoderHidden, rewardModelConfig, RewardModel, RewardScorer, sequenceRewards, type TokenBatch } from '@lathe/reward-models';
+import { rewardModelConfig, RewardModel, RewardScorer, sequenceRewards, type TokenBatch } from '@lathe/reward-models';
 import { PAD, tinyLm, tinyQwen3 } from './tiny';
 
 const ROWS = [
