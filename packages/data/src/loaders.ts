@@ -181,16 +181,33 @@ export async function loadGsm8k(file: string): Promise<{ examples: Gsm8kExample[
   });
 }
 
+/** One turn of a conversation, as chat templates take it. */
+export interface ChatTurn {
+  role: 'system' | 'user' | 'assistant';
+  content: string;
+}
+
 /** A preference pair: a shared prompt (the conversation so far) and two final responses. */
 export interface PreferencePair {
   id: string;
-  /** The transcript up to and including the last `\n\nAssistant:` both share. */
+  /**
+   * The prompt as the file has it: an HH-RLHF transcript up to and including the last
+   * `\n\nAssistant:` both share, a `prompt` field's text, or (conversational rows) the shared
+   * messages rendered as such a transcript.
+   */
   prompt: string;
   chosen: string;
   rejected: string;
+  /** The prompt as chat turns: a transcript's Human/Assistant turns, a row's messages, or one user turn. */
+  turns: ChatTurn[];
+  /** The row's `margin` field (how much more `chosen` is preferred), when it has one. */
+  margin?: number;
+  /** Where the row is: `file:line` (JSONL) or `file row i` (Parquet). */
+  where: string;
 }
 
 const ASSISTANT = '\n\nAssistant:';
+const HUMAN = '\n\nHuman:';
 
 /**
  * Splits two HH-RLHF transcripts ("\n\nHuman: …\n\nAssistant: …") into the shared prompt, up to
@@ -209,20 +226,116 @@ export function splitPreference(chosen: string, rejected: string): { prompt: str
 }
 
 /**
- * Preference pairs: HH-RLHF rows `{chosen, rejected}` (whole transcripts, split by
- * {@link splitPreference}), or rows that already have `{prompt, chosen, rejected}`. Pairs with no
- * shared assistant turn, or whose responses are identical, are skipped and reported.
+ * An HH-RLHF prompt ("\n\nHuman: …\n\nAssistant: …\n\nHuman: …\n\nAssistant:") as chat turns,
+ * Human → user and Assistant → assistant, each turn's text trimmed; the final, open assistant turn
+ * is left out. Null when the text is not such a transcript: it must begin with `\n\nHuman:` and
+ * end with `\n\nAssistant:`. Two turns of one role in a row (a few HH-RLHF rows have them) are
+ * kept as they are.
+ */
+export function parseTranscript(prompt: string): ChatTurn[] | null {
+  if (!prompt.startsWith(HUMAN) || !prompt.endsWith(ASSISTANT)) return null;
+  const parts = prompt.slice(0, -ASSISTANT.length).split(/\n\n(Human|Assistant):/);
+  // parts: ['', 'Human', text, 'Assistant', text, …]
+  const turns: ChatTurn[] = [];
+  for (let i = 1; i < parts.length; i += 2) turns.push({ role: parts[i] === 'Human' ? 'user' : 'assistant', content: parts[i + 1].trim() });
+  return turns;
+}
+
+/** Chat turns back as an HH-RLHF prompt ending with the open assistant turn (what {@link parseTranscript} reads). */
+export function transcriptOf(turns: readonly ChatTurn[]): string {
+  return turns.map((t) => `${t.role === 'assistant' ? ASSISTANT : t.role === 'system' ? '\n\nSystem:' : HUMAN} ${t.content}`).join('') + ASSISTANT;
+}
+
+const ROLES = new Set(['system', 'user', 'assistant']);
+
+/** A field holding a list of `{role, content}` messages, checked; null when the field is not a list. */
+function messages(r: SourceRecord, field: string): ChatTurn[] | null {
+  const v = r.value[field];
+  if (!Array.isArray(v)) return null;
+  return v.map((m, i) => {
+    const o = (m ?? {}) as Record<string, unknown>;
+    if (typeof o.role !== 'string' || !ROLES.has(o.role) || typeof o.content !== 'string') {
+      throw new Error(`${r.where}: field '${field}' message ${i} is ${JSON.stringify(m)}, expected {"role": "system" | "user" | "assistant", "content": string}`);
+    }
+    return { role: o.role as ChatTurn['role'], content: o.content };
+  });
+}
+
+/** The one assistant reply a response field holds: a string, or a list ending in one assistant message. */
+function reply(r: SourceRecord, field: string, list: ChatTurn[] | null): string {
+  if (list === null) return str(r, field)!;
+  const last = list.at(-1);
+  if (!last || last.role !== 'assistant') throw new Error(`${r.where}: field '${field}' must end with an assistant message`);
+  return last.content;
+}
+
+/** Whether two turn lists are equal. */
+const sameTurns = (a: readonly ChatTurn[], b: readonly ChatTurn[]) => a.length === b.length && a.every((t, i) => t.role === b[i].role && t.content === b[i].content);
+
+/**
+ * One row as a pair, or a {@link Skip}; an error names the row for a missing field or a prompt
+ * that cannot be read as a conversation.
+ */
+function preferenceRow(r: SourceRecord): PreferencePair | Skip {
+  const chosenList = messages(r, 'chosen');
+  const rejectedList = messages(r, 'rejected');
+  const promptList = messages(r, 'prompt');
+  let prompt: string;
+  let turns: ChatTurn[];
+  let chosen: string;
+  let rejected: string;
+  if (chosenList || rejectedList || promptList) {
+    // conversational rows (TRL's format): messages, with the prompt given or the shared leading ones
+    chosen = reply(r, 'chosen', chosenList);
+    rejected = reply(r, 'rejected', rejectedList);
+    if (promptList) turns = promptList;
+    else if (chosenList && rejectedList) {
+      turns = chosenList.slice(0, -1);
+      if (!sameTurns(turns, rejectedList.slice(0, -1))) throw new Error(`${r.where}: the 'chosen' and 'rejected' conversations differ before their last message (give the shared part as 'prompt')`);
+    } else {
+      const given = str(r, 'prompt')!;
+      turns = parseTranscript(given) ?? [{ role: 'user', content: given }];
+    }
+    if (turns.length === 0) throw new Error(`${r.where}: no prompt messages before the responses`);
+    prompt = transcriptOf(turns);
+  } else {
+    chosen = str(r, 'chosen')!;
+    rejected = str(r, 'rejected')!;
+    const given = str(r, 'prompt', { optional: true });
+    if (given !== undefined) {
+      prompt = given;
+      // a prompt written as a transcript is read as one; any other text is one user turn
+      turns = given.startsWith(HUMAN) ? parseTranscript(given) ?? badTranscript(r, 'prompt', given) : [{ role: 'user', content: given }];
+    } else {
+      const split = splitPreference(chosen, rejected);
+      if (!split) throw new Error(`${r.where}: the 'chosen' and 'rejected' transcripts share no "${ASSISTANT.trim()}" turn (expected HH-RLHF transcripts "\\n\\nHuman: …\\n\\nAssistant: …", or a 'prompt' field)`);
+      ({ prompt, chosen, rejected } = split);
+      turns = parseTranscript(prompt) ?? badTranscript(r, 'chosen', prompt);
+    }
+  }
+  const m = r.value.margin;
+  if (m !== undefined && m !== null && (typeof m !== 'number' || !Number.isFinite(m))) throw new Error(`${r.where}: field 'margin' is ${JSON.stringify(m)}, expected a finite number`);
+  if (chosen === rejected) return new Skip('chosen and rejected responses are identical');
+  return { id: String(r.index), prompt, chosen, rejected, turns, ...(typeof m === 'number' ? { margin: m } : {}), where: r.where };
+}
+
+function badTranscript(r: SourceRecord, field: string, prompt: string): never {
+  const head = prompt.length > 60 ? `${prompt.slice(0, 60)}…` : prompt;
+  throw new Error(`${r.where}: cannot read field '${field}' as an HH-RLHF transcript (it must begin with "\\n\\nHuman:" and its prompt end with "\\n\\nAssistant:"); it begins ${JSON.stringify(head)}`);
+}
+
+/**
+ * Preference pairs, in any of the forms preference data comes in: HH-RLHF rows `{chosen,
+ * rejected}` (whole transcripts, split by {@link splitPreference} and read as turns by
+ * {@link parseTranscript}); rows with `{prompt, chosen, rejected}` texts (a prompt that is a
+ * transcript is read as one, any other as one user turn); or TRL's conversational rows, whose
+ * fields are lists of `{role, content}` messages (the prompt given, or the messages both
+ * conversations share). An optional numeric `margin` is kept. A missing field, a transcript that
+ * cannot be read or conversations that differ before their replies are errors naming the file and
+ * row; pairs whose responses are identical are skipped and reported.
  */
 export async function loadPreferencePairs(file: string): Promise<{ examples: PreferencePair[]; report: LoadReport }> {
-  return loadExamples(file, (r) => {
-    const chosen = str(r, 'chosen')!;
-    const rejected = str(r, 'rejected')!;
-    const given = str(r, 'prompt', { optional: true });
-    const split = given !== undefined ? { prompt: given, chosen, rejected } : splitPreference(chosen, rejected);
-    if (!split) return new Skip(`the transcripts share no "${ASSISTANT.trim()}" turn`);
-    if (split.chosen === split.rejected) return new Skip('chosen and rejected responses are identical');
-    return { id: String(r.index), ...split };
-  });
+  return loadExamples(file, preferenceRow);
 }
 
 /** A prompt for RL, with its reference answer when the set has one and the record's other fields. */
