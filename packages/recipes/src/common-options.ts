@@ -4,7 +4,7 @@
  * LoRA, the run directory with its checkpoints and resume, and sampling filters. A command that
  * gives a shared option another default overrides that one field (`{ ...deviceOption, default }`).
  */
-import { BUILTIN_MODEL } from './demo-task';
+import { BUILTIN_MODEL, BUILTIN_TOKENIZER } from './demo-task';
 import type { OptionSchema } from './options';
 
 /** `options` marked in their help as ones `--resume` accepts with new values (the command's resume check skips them). */
@@ -14,6 +14,9 @@ export function resumableOptions<S extends OptionSchema>(options: S): S {
 
 /** `--model` of a training command: the folder to start from, or the built-in model. */
 export const modelOption = { type: 'string', default: BUILTIN_MODEL, describe: `Hugging Face model folder to start from (config.json, *.safetensors, tokenizer.json), e.g. another run's checkpoint, or ${BUILTIN_MODEL} (a tiny random Qwen3 with the built-in task's character tokenizer)` } as const;
+
+/** `--tokenizer` of a command whose model folder may lack one (e.g. a checkpoint of a run on the built-in task). */
+export const tokenizerOption = { type: 'string', default: 'model', describe: `'model' (the model folder's tokenizer.json), a folder holding tokenizer.json, or ${BUILTIN_TOKENIZER} (the character tokenizer of the built-in task)` } as const;
 
 /** `--prompt_format` and `--enable_thinking`: how a training command turns a prompt's text into ids. */
 export const promptFormatOptions = {
