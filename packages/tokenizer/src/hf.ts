@@ -5,6 +5,7 @@
 import { existsSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import type { PreTrainedTokenizer } from '@huggingface/transformers';
+import { renderConversation, tokenizeConversation, type ConversationIds } from './chat-training';
 import { loadTransformers } from './transformers';
 import type { Tokenizer } from './types';
 
@@ -103,5 +104,20 @@ export class HfTokenizer implements Tokenizer {
   /** Token ids of a rendered conversation (the template's own special tokens included). */
   encodeChat(messages: ChatMessage[], opts: ChatTemplateOptions = {}): number[] {
     return this.encode(this.applyChatTemplate(messages, opts));
+  }
+
+  /** The special tokens as text (`<|im_start|>`, `<|im_end|>`, …). */
+  get specialTokens(): string[] {
+    return [...this.tok.all_special_tokens];
+  }
+
+  /**
+   * A whole conversation for training: the ids of its rendering (no generation prompt) and a mask
+   * that is 1 on the assistant's turns — what the model generates after each turn's generation
+   * prompt, through its end-of-turn token (see `renderConversation` in chat-training.ts).
+   */
+  encodeConversation(messages: ChatMessage[], opts: Omit<ChatTemplateOptions, 'addGenerationPrompt'> = {}): ConversationIds {
+    const render = (ms: ChatMessage[], addGenerationPrompt: boolean) => this.applyChatTemplate(ms, { ...opts, addGenerationPrompt });
+    return tokenizeConversation(renderConversation(messages, render, this.specialTokens), (t) => this.encode(t), (ids) => this.decode(ids, { skipSpecialTokens: false }));
   }
 }

@@ -2,5 +2,6 @@
 export * from './types';
 export * from './char';
 export * from './hf';
+export * from './chat-training';
 export * from './text';
 export * from './qwen';
