@@ -46,6 +46,7 @@ export {
 } from './trajectory';
 export {
   lastBoxed,
+  loadConversations,
   loadGsm8k,
   loadMath,
   loadPreferencePairs,
@@ -57,6 +58,8 @@ export {
   splitPreference,
   transcriptOf,
   type ChatTurn,
+  type Conversation,
+  type ConversationMessage,
   type Gsm8kExample,
   type LoadReport,
   type MathExample,

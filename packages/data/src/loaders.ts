@@ -361,3 +361,44 @@ export async function loadPrompts(file: string, options: { field?: string; answe
     return ex;
   });
 }
+
+/** A message of a conversation (TRL's conversational format). */
+export interface ConversationMessage {
+  role: 'system' | 'user' | 'assistant' | 'tool';
+  content: string;
+}
+
+/** A conversation for SFT. Extra string fields of the record (e.g. `subject`) are kept in `meta`. */
+export interface Conversation {
+  messages: ConversationMessage[];
+  meta?: Record<string, string>;
+}
+
+const CONVERSATION_ROLES: readonly string[] = ['system', 'user', 'assistant', 'tool'];
+
+/**
+ * Conversations `{messages: [{role, content}, …]}` (TRL's conversational format; JSONL or Parquet
+ * with a list-of-struct column). Every message needs a `role` (system, user, assistant or tool)
+ * and a string `content`, and each conversation an assistant message to learn; a record that breaks
+ * this is an error naming the file, the row and the message.
+ */
+export async function loadConversations(file: string): Promise<{ examples: Conversation[]; report: LoadReport }> {
+  return loadExamples(file, (r) => {
+    const raw = r.value.messages;
+    if (!Array.isArray(raw)) throw new Error(`${r.where}: field 'messages' ${raw === undefined ? 'is missing' : `is ${JSON.stringify(raw)?.slice(0, 80)}, expected a list of {role, content}`}`);
+    if (raw.length === 0) throw new Error(`${r.where}: field 'messages' is empty`);
+    const messages = raw.map((m: unknown, i): ConversationMessage => {
+      const at = `${r.where}: messages[${i}]`;
+      if (m === null || typeof m !== 'object' || Array.isArray(m)) throw new Error(`${at} is ${JSON.stringify(m)}, expected {role, content}`);
+      const { role, content } = m as Record<string, unknown>;
+      if (role === undefined || role === null) throw new Error(`${at}: field 'role' is missing`);
+      if (typeof role !== 'string' || !CONVERSATION_ROLES.includes(role)) throw new Error(`${at}: unknown role ${JSON.stringify(role)} (expected ${CONVERSATION_ROLES.join(', ')})`);
+      if (content === undefined || content === null) throw new Error(`${at}: field 'content' is missing`);
+      if (typeof content !== 'string') throw new Error(`${at}: field 'content' is ${JSON.stringify(content)?.slice(0, 80)}, expected a string`);
+      return { role: role as ConversationMessage['role'], content };
+    });
+    if (!messages.some((m) => m.role === 'assistant')) throw new Error(`${r.where}: no assistant message in 'messages' (nothing to learn)`);
+    const meta = Object.fromEntries(Object.entries(r.value).filter(([k, v]) => k !== 'messages' && typeof v === 'string') as [string, string][]);
+    return Object.keys(meta).length ? { messages, meta } : { messages };
+  });
+}
