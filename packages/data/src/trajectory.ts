@@ -50,6 +50,12 @@ export interface Trajectory {
   /** RL: log-probs of the output tokens under the sampling (old) policy and the frozen reference. */
   old_logprobs?: ArrayLike<number> | null;
   ref_logprobs?: ArrayLike<number> | null;
+  /**
+   * RL: per output token, 1 where the policy is trained on it and 0 where it is not — tokens the
+   * policy did not sample, such as tool or environment output inside a multi-turn response; null:
+   * every token is trained on.
+   */
+  output_mask?: ArrayLike<number> | null;
   /** Generation: whether the prompt was rendered with thinking on (Qwen3's enable_thinking); null where the template has no switch. */
   thinking?: boolean | null;
   /** Generation: the sample's index among its prompt's samples of the same thinking mode. */
@@ -76,6 +82,7 @@ export const TRAJECTORY_COLUMNS: readonly ColumnSpec[] = [
   { name: 'token_advantages', kind: 'list<float32>', required: false, nullable: true, describe: 'RL per-token advantages' },
   { name: 'old_logprobs', kind: 'list<float32>', required: false, nullable: true, describe: 'RL sampling-policy log-probs of the output tokens' },
   { name: 'ref_logprobs', kind: 'list<float32>', required: false, nullable: true, describe: 'RL reference-policy log-probs of the output tokens' },
+  { name: 'output_mask', kind: 'list<int32>', required: false, nullable: true, describe: 'RL per output token: 1 trained on, 0 not (tool or environment output); null: all trained on' },
   { name: 'thinking', kind: 'bool', required: false, nullable: true, describe: 'generation: prompt rendered with thinking on (null: the template has no switch)' },
   { name: 'sample_idx', kind: 'int64', required: false, nullable: true, describe: "generation: index of the sample among its prompt's samples of the same thinking mode" },
   { name: 'finish_reason', kind: 'string', required: false, nullable: true, describe: "generation: 'stop' (stop token) or 'length' (token limit)" },
@@ -135,9 +142,12 @@ export function validateTrajectories(rows: readonly Trajectory[], where = 'traje
       if (!Number.isFinite(v)) throw at(REWARD_PREFIX + s, `expected a finite number, got ${JSON.stringify(v)}`);
     }
     const outLen = r.output_token_ids.length;
-    for (const col of ['token_advantages', 'old_logprobs', 'ref_logprobs'] as const) {
+    for (const col of ['token_advantages', 'old_logprobs', 'ref_logprobs', 'output_mask'] as const) {
       const v = r[col];
       if (v && v.length !== outLen) throw at(col, `has ${v.length} values, output_token_ids has ${outLen}`);
+    }
+    if (r.output_mask) {
+      for (let k = 0; k < r.output_mask.length; k++) if (r.output_mask[k] !== 0 && r.output_mask[k] !== 1) throw at('output_mask', `element ${k} is ${r.output_mask[k]}, not 0 or 1`);
     }
     const cands = (['candidate_ids', 'candidate_q_values', 'candidate_ref_logprobs'] as const).filter((c) => r[c]);
     for (const col of cands.slice(1)) {
@@ -264,7 +274,7 @@ export function tableToTrajectories(table: arrow.Table | arrow.RecordBatch, wher
     for (const k of ['correct', 'value', 'step', 'group_id', 'reward', 'advantage', 'sample_idx'] as const) if (c[k]) t[k] = num(c[k]!.get(i));
     if (c.thinking) t.thinking = c.thinking.get(i) as boolean | null;
     if (c.finish_reason) t.finish_reason = c.finish_reason.get(i) as string | null;
-    for (const k of ['token_advantages', 'old_logprobs', 'ref_logprobs'] as const) if (c[k]) t[k] = nums(c[k]!.get(i));
+    for (const k of ['token_advantages', 'old_logprobs', 'ref_logprobs', 'output_mask'] as const) if (c[k]) t[k] = nums(c[k]!.get(i));
     for (const k of ['candidate_ids', 'candidate_q_values', 'candidate_ref_logprobs'] as const) if (c[k]) t[k] = nested(c[k]!.get(i));
     if (sources.length) {
       t.rewards = {};

@@ -47,6 +47,7 @@ function trajectories(n: number, seed: number): Trajectory[] {
       token_advantages: Array.from({ length: positions }, f32),
       old_logprobs: Array.from({ length: positions }, f32),
       ref_logprobs: Array.from({ length: positions }, f32),
+      output_mask: Array.from({ length: positions }, () => int(2)),
     };
   });
 }
@@ -79,6 +80,7 @@ describe('trajectory schema', () => {
       'token_advantages:List<Float32>',
       'old_logprobs:List<Float32>',
       'ref_logprobs:List<Float32>',
+      'output_mask:List<Int32>',
       'reward_format:Float32',
       'reward_math:Float32',
     ]);
@@ -86,15 +88,15 @@ describe('trajectory schema', () => {
 
   test('optional columns only where some row has them; nulls where a row lacks them', async () => {
     const ts: Trajectory[] = [
-      { prompt_idx: 0, prompt: 'a', prompt_token_ids: [1], output_token_ids: [2, 3], correct: 1, old_logprobs: [-0.5, -0.25] },
+      { prompt_idx: 0, prompt: 'a', prompt_token_ids: [1], output_token_ids: [2, 3], correct: 1, old_logprobs: [-0.5, -0.25], output_mask: [1, 0] },
       { prompt_idx: 1, prompt: 'b', prompt_token_ids: [], output_token_ids: [] },
     ];
     const file = path.join(dir, 'sparse.parquet');
     await writeTrajectories(file, ts);
     const back = await readTrajectories(file);
     expect(plain(back)).toEqual([
-      { prompt_idx: 0, prompt: 'a', prompt_token_ids: [1], output_token_ids: [2, 3], correct: 1, old_logprobs: [-0.5, -0.25] },
-      { prompt_idx: 1, prompt: 'b', prompt_token_ids: [], output_token_ids: [], correct: null, old_logprobs: null },
+      { prompt_idx: 0, prompt: 'a', prompt_token_ids: [1], output_token_ids: [2, 3], correct: 1, old_logprobs: [-0.5, -0.25], output_mask: [1, 0] },
+      { prompt_idx: 1, prompt: 'b', prompt_token_ids: [], output_token_ids: [], correct: null, old_logprobs: null, output_mask: null },
     ]);
   });
 
@@ -158,6 +160,8 @@ describe('validation errors name the row and the column', () => {
     ['candidate shapes that disagree', { candidate_ids: [[1, 2], [3]], candidate_q_values: [[0.1, 0.2], [0.3, 0.4]] }, "row 2, column 'candidate_q_values': position 1 has 2 candidates, candidate_ids has 1"],
     ['a reward source name with a dash', { rewards: { 'a-b': 1 } }, "row 2, column 'reward_a-b': reward source 'a-b' must be letters, digits and _"],
     ['a NaN advantage', { advantage: NaN }, "row 2, column 'advantage': expected a finite number"],
+    ['an output mask of the wrong length', { output_mask: [1, 0] }, "row 2, column 'output_mask': has 2 values, output_token_ids has 3"],
+    ['an output mask that is not 0 or 1', { output_mask: [1, 0, 2] }, "row 2, column 'output_mask': element 2 is 2, not 0 or 1"],
   ])('%s', (_name, patch, message) => {
     const rows = [base(), base(), { ...base(), ...patch } as Trajectory];
     expect(() => validateTrajectories(rows, 'rows.jsonl')).toThrow(message);

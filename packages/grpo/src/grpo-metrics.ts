@@ -6,7 +6,7 @@
 import type { SequenceAdvantages, TokenAdvantages } from './advantages';
 import { klEstimate, type KlEstimator } from './kl';
 import type { SourceStats } from './rewards';
-import type { SampledCompletion, TokenBatch } from './rollout-batch';
+import { trainedValues, type SampledCompletion, type TokenBatch } from './rollout-batch';
 
 /** One completion of a step, for logs and rollout stores. */
 export interface RolloutRecord {
@@ -219,7 +219,7 @@ export function stepMetrics(s: StepRecord): GrpoStepMetrics {
     response_length_max: Math.max(...batch.lengths),
     truncated_fraction: groups.flatMap((g) => g.completions).filter((c) => !c.stopped).length / batch.rows,
     kl_coef: s.advantages.klCoef,
-    kl_ref: refRows ? mean(logps.oldRows.flatMap((row, i) => row.map((lp, t) => klEstimate(lp, refRows[i][t], s.klEstimator)))) : NaN,
+    kl_ref: refRows ? mean(trainedValues(batch, logps.oldRows.map((row, i) => row.map((lp, t) => klEstimate(lp, refRows[i][t], s.klEstimator)))).flat()) : NaN,
     loss: good ? u.lossSum / good : NaN,
     pg_loss: good && 'pg_loss' in u.sums ? u.sums.pg_loss / good : NaN,
     grad_norm: good ? u.gradNormSum / good : NaN,
@@ -276,8 +276,9 @@ export function logpParity(batch: TokenBatch, logp: ArrayLike<number>): { mean: 
   let sum = 0;
   let n = 0;
   let maxAbs = 0;
-  for (let i = 0; i < batch.responseMask.length; i++) {
-    if (batch.responseMask[i] === 0n) continue;
+  // untrained tokens (tool output) were not sampled by the policy: no generation log-prob to match
+  for (let i = 0; i < batch.trainMask.length; i++) {
+    if (batch.trainMask[i] === 0n) continue;
     const d = Math.abs(logp[i] - batch.rolloutLogp[i]);
     sum += Math.exp(d);
     maxAbs = Math.max(maxAbs, d);

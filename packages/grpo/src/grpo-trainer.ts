@@ -60,7 +60,7 @@ import { lossNormaliser, type PolicyLossConfig } from './policy-loss';
 import { ComputeWeights, frozenReference, GenerationRunner, KvGenerationRunner, ScoringRunner, type BoundWeights, type PolicyWeights, type RolloutGenerator } from './policy-sessions';
 import type { ScoredBatch } from './rewards';
 import { rlLoss } from './rl-loss';
-import { evenSplit, responseValues, selectRows, tokenBatch, type TokenBatch } from './rollout-batch';
+import { evenSplit, responseValues, selectRows, tokenBatch, tokenMasks, trainedValues, type TokenBatch } from './rollout-batch';
 
 /** A prompt for the RL loop. */
 export interface RlPrompt<M = unknown> {
@@ -83,6 +83,15 @@ export interface RlPrompt<M = unknown> {
 interface SampledGroup<M> extends ScoredGroup {
   prompt: RlPrompt<M>;
   greedyReward?: number;
+}
+
+/** A group of rollouts made outside the trainer, for {@link GrpoTrainer.stepOnRollouts}. */
+export interface RolloutGroup<M = unknown> {
+  prompt: RlPrompt<M>;
+  /** The prompt's completions: token ids, their log-probs under the policy that sampled them (optional), whether a stop token ended them, and the training mask (`SampledCompletion.mask`). */
+  completions: readonly { tokens: readonly number[]; logprobs?: readonly number[]; stopped: boolean; mask?: readonly number[] }[];
+  /** One reward per completion. */
+  rewards: readonly number[];
 }
 
 /** A generated completion as evaluation and the greedy baseline read it. */
@@ -198,13 +207,45 @@ export class GrpoTrainer<M = unknown> {
     if (this.disposed) throw new Error('GrpoTrainer: disposed');
     const clock = new PhaseClock();
     const rounds = typeof prompts === 'function' ? prompts : (round: number) => (round === 0 ? prompts : []);
-
     // 1. Rollouts from the current weights, scored by the reward functions.
     const sampled = await this.rollouts(rounds, clock);
+    return this.learn(sampled, lr, clock);
+  }
+
+  /**
+   * One RL step on rollouts made elsewhere — a multi-turn or tool-using loop, or a trajectory file
+   * (`rolloutGroups`) — instead of sampled here: generation and the reward functions are skipped,
+   * everything after them is {@link step}'s. Each group holds `groupSize` completions of its prompt
+   * with their rewards; a completion's `mask` marks the tokens the policy did not sample (tool or
+   * environment output), which condition the rest but get no loss. Completions without `logprobs`
+   * need `oldLogprobs: 'rescore'` (the default).
+   */
+  async stepOnRollouts(groups: readonly RolloutGroup<M>[], lr: number): Promise<GrpoStepResult> {
+    if (this.disposed) throw new Error('GrpoTrainer: disposed');
+    if (groups.length === 0) throw new Error('stepOnRollouts: no groups');
+    const G = this.opts.groupSize;
+    const scored = groups.map((g, i): SampledGroup<M> => {
+      if (g.completions.length !== G) throw new Error(`stepOnRollouts: group ${i} has ${g.completions.length} completions, the trainer's groupSize is ${G}`);
+      if (g.rewards.length !== G) throw new Error(`stepOnRollouts: group ${i} has ${g.rewards.length} rewards for ${G} completions`);
+      const bad = g.rewards.findIndex((r) => !Number.isFinite(r));
+      if (bad >= 0) throw new Error(`stepOnRollouts: group ${i}, completion ${bad}: reward ${g.rewards[bad]} is not a finite number`);
+      const completions = g.completions.map((c, j) => {
+        if (!c.logprobs && this.opts.oldLogprobs === 'generation') throw new Error(`stepOnRollouts: group ${i}, completion ${j} has no logprobs, which oldLogprobs 'generation' trains against (leave oldLogprobs at 'rescore')`);
+        return { tokens: [...c.tokens], logprobs: c.logprobs ? [...c.logprobs] : c.tokens.map(() => 0), stopped: c.stopped, ...(c.mask ? { mask: c.mask } : {}) };
+      });
+      return { prompt: g.prompt, completions, texts: completions.map((c) => this.textOf(c)), rewards: [...g.rewards], bySource: { reward: [...g.rewards] }, failures: { reward: 0 } };
+    });
+    const given = groups.every((g) => g.completions.every((c) => c.logprobs));
+    return this.learn({ groups: scored, rounds: 1, dropped: 0, shortfall: 0 }, lr, new PhaseClock(), given);
+  }
+
+  /** Steps 2–6 of {@link step} on scored rollouts: `rolloutLogprobs` false when the rollouts carry no generation log-probs to compare with. */
+  private async learn(sampled: SamplingRounds<SampledGroup<M>>, lr: number, clock: PhaseClock, rolloutLogprobs = true): Promise<GrpoStepResult> {
     // 2. The token batch: prompt ids + sampled ids exactly as generated, rows right-padded.
     const batch = this.tokens(sampled.groups);
     // 3. Old log-probs (re-scored by the training policy, or generation's) and the reference's.
     const logps = await this.oldAndReferenceLogprobs(batch, clock);
+    if (!rolloutLogprobs) logps.parity = undefined;
     // 4. Advantages, after the KL penalty where the KL is a reward.
     const advantages = this.advantages(sampled.groups, batch, logps);
     // 5. epochs × minibatches optimizer steps on the stored batch.
@@ -255,7 +296,7 @@ export class GrpoTrainer<M = unknown> {
     if (this.opts.oldLogprobs === 'rescore') {
       const scored = await clock.time('scoring', () => this.scoreRows(this.parts.policyScorer(), this.policyWeights(), batch, chunks));
       old = scored.logp;
-      if (scored.entropy) entropy = mean(responseValues(batch, scored.entropy).flat());
+      if (scored.entropy) entropy = mean(trainedValues(batch, responseValues(batch, scored.entropy)).flat());
       parity = logpParity(batch, old);
     }
     const { refScorer, reference } = this.parts;
@@ -272,8 +313,9 @@ export class GrpoTrainer<M = unknown> {
     const { kl } = this.opts;
     const rewards = groups.flatMap((g) => g.rewards);
     const klCoef = kl.coef > 0 ? (this.klController?.value ?? kl.coef) : 0;
-    const penalty = kl.coef > 0 && kl.mode === 'reward' ? klPenalisedRewards({ rewards, logp: logps.oldRows, refLogp: logps.refRows! }, { coef: klCoef, estimator: kl.estimator }) : undefined;
-    this.klController?.update(meanCompletionKl(logps.oldRows, logps.refRows!, kl.estimator), batch.rows);
+    const mask = tokenMasks(batch);
+    const penalty = kl.coef > 0 && kl.mode === 'reward' ? klPenalisedRewards({ rewards, logp: logps.oldRows, refLogp: logps.refRows!, mask }, { coef: klCoef, estimator: kl.estimator }) : undefined;
+    if (this.klController) this.klController.update(meanCompletionKl(trainedValues(batch, logps.oldRows), trainedValues(batch, logps.refRows!), kl.estimator), batch.rows);
     const estimate = this.parts.estimate({
       rewards,
       groupSize: this.opts.groupSize,
@@ -301,7 +343,7 @@ export class GrpoTrainer<M = unknown> {
     for (let epoch = 0; epoch < o.epochs; epoch++) {
       const order = o.shuffle ? permutation(batch.rows, hashSeed(o.seed, this.rlStep, epoch)) : [...Array(batch.rows).keys()];
       for (const mb of evenSplit(order, this.minibatchCount(batch.rows))) {
-        const normaliser = lossNormaliser(aggregation, mb.map((r) => batch.lengths[r]), { maxLength: o.maxNewTokens, lossScaleFactor });
+        const normaliser = lossNormaliser(aggregation, mb.map((r) => batch.trainedLengths[r]), { maxLength: o.maxNewTokens, lossScaleFactor });
         const micro = evenSplit(mb, this.trainer.microBatches).map((part, j) => {
           const t = selectRows(batch, part, extra);
           const fed = (name: string) =>

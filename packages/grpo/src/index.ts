@@ -13,6 +13,7 @@ export * from './rewards';
 export * from './dynamic-sampling';
 export * from './estimators';
 export * from './rollout-batch';
+export * from './rollout-groups';
 export * from './policy-sessions';
 export * from './grpo-trainer';
 export * from './grpo-options';

@@ -47,6 +47,8 @@ export interface KlPenaltyInput {
   logp: readonly (readonly number[])[];
   /** Per response token log-probs under the reference, same shape as `logp`. */
   refLogp: readonly (readonly number[])[];
+  /** Per response token, 0 for tokens the policy is not trained on (tool output): no penalty there. Absent: every token. */
+  mask?: readonly (readonly number[])[];
 }
 
 /** Options of {@link klPenalisedRewards}. */
@@ -82,7 +84,9 @@ export function klPenalisedRewards(input: KlPenaltyInput, options: KlPenaltyOpti
   const tokenPenalties = input.logp.map((row, i) => {
     const ref = input.refLogp[i];
     if (ref.length !== row.length) throw new Error(`klPenalisedRewards: completion ${i} has ${row.length} logp but ${ref.length} refLogp`);
+    const mask = input.mask?.[i];
     return row.map((lp, t) => {
+      if (mask && mask[t] === 0) return 0;
       const k = klEstimate(lp, ref[t], estimator);
       klTotal += k;
       return -coef * k;

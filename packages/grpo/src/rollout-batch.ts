@@ -27,6 +27,13 @@ export interface SampledCompletion {
   logprobs: number[];
   /** True when the sample ended with a stop id; false when it hit the token limit. */
   stopped: boolean;
+  /**
+   * Per token, 1 where the policy is trained on it and 0 where it is not: tokens it did not sample,
+   * such as tool or environment output inside a multi-turn response. Absent: every token. Untrained
+   * tokens still condition the later ones; they get no loss, no KL penalty and no place in the
+   * loss's token count or the log-prob metrics.
+   */
+  mask?: readonly number[];
 }
 
 /**
@@ -45,8 +52,12 @@ export interface TokenBatch {
   attentionMask: BigInt64Array;
   /** Predicting-position mask: 1 at column p_r − 1 + k for each response token k of row r. */
   responseMask: BigInt64Array;
+  /** `responseMask` less the positions of untrained tokens (`SampledCompletion.mask`): what the loss reads; `responseMask` itself without gaps. */
+  trainMask: BigInt64Array;
   /** Response lengths n_r in tokens. */
   lengths: number[];
+  /** Trained tokens of each row (n_r without gaps). */
+  trainedLengths: number[];
   /** The generation's log-prob of each response token, placed at its predicting position. */
   rolloutLogp: Float32Array;
 }
@@ -63,7 +74,10 @@ export function tokenBatch(prompts: readonly (readonly number[])[], completions:
   const attentionMask = new BigInt64Array(rows * width);
   const responseMask = new BigInt64Array(rows * width);
   const rolloutLogp = new Float32Array(rows * width);
+  const gaps = completions.some((c) => c.mask);
+  const trainMask = gaps ? new BigInt64Array(rows * width) : responseMask;
   const lengths: number[] = [];
+  const trainedLengths: number[] = [];
   const promptLengths: number[] = [];
   for (let r = 0; r < rows; r++) {
     const p = prompts[r];
@@ -71,6 +85,9 @@ export function tokenBatch(prompts: readonly (readonly number[])[], completions:
     if (p.length === 0) throw new Error(`tokenBatch: prompt of row ${r} is empty`);
     if (c.tokens.length === 0) throw new Error(`tokenBatch: completion of row ${r} has no tokens`);
     if (c.logprobs.length !== c.tokens.length) throw new Error(`tokenBatch: row ${r} has ${c.tokens.length} tokens but ${c.logprobs.length} log-probs`);
+    if (c.mask && c.mask.length !== c.tokens.length) throw new Error(`tokenBatch: row ${r} has ${c.tokens.length} tokens but a mask of ${c.mask.length}`);
+    const bad = c.mask?.findIndex((m) => m !== 0 && m !== 1) ?? -1;
+    if (bad >= 0) throw new Error(`tokenBatch: row ${r}'s mask has ${c.mask![bad]} at token ${bad} (expected 0 or 1)`);
     const base = r * width;
     const P = p.length;
     p.forEach((id, i) => {
@@ -82,12 +99,14 @@ export function tokenBatch(prompts: readonly (readonly number[])[], completions:
       attentionMask[base + P + k] = 1n;
       // token P + k is predicted from the position before it
       responseMask[base + P - 1 + k] = 1n;
+      if (gaps && (c.mask?.[k] ?? 1) === 1) trainMask[base + P - 1 + k] = 1n;
       rolloutLogp[base + P - 1 + k] = c.logprobs[k];
     });
     promptLengths.push(P);
     lengths.push(c.tokens.length);
+    trainedLengths.push(c.mask ? c.mask.reduce((a, b) => a + b, 0) : c.tokens.length);
   }
-  return { rows, width, promptLengths, inputIds, attentionMask, responseMask, lengths, rolloutLogp };
+  return { rows, width, promptLengths, inputIds, attentionMask, responseMask, trainMask, lengths, trainedLengths, rolloutLogp };
 }
 
 /** Per response token values of each row (e.g. log-probs), read from a [rows, width] matrix at the predicting positions. */
@@ -115,7 +134,8 @@ export function selectedWidth(batch: TokenBatch, rows: readonly number[]): numbe
 }
 
 /**
- * The tensors of rows `rows` (in that order): `input_ids`, `attention_mask`, `response_mask` and
+ * The tensors of rows `rows` (in that order): `input_ids`, `attention_mask`, `response_mask` (the
+ * batch's `trainMask`: the loss's tokens) and
  * each of `extra` (float32 matrices of the batch's shape), [rows.length, T] with T =
  * {@link selectedWidth}: the trailing columns that are padding in every selected row are removed,
  * and column t of a selected row is column t of the batch (rows stay right-padded). Also
@@ -134,7 +154,7 @@ export function selectRows(batch: TokenBatch, rows: readonly number[], extra: Re
   const out: Record<string, HostTensor> = {
     input_ids: { data: take(batch.inputIds, new BigInt64Array(B * T)), dims: [B, T] },
     attention_mask: { data: take(batch.attentionMask, new BigInt64Array(B * T)), dims: [B, T] },
-    response_mask: { data: take(batch.responseMask, new BigInt64Array(B * T)), dims: [B, T] },
+    response_mask: { data: take(batch.trainMask, new BigInt64Array(B * T)), dims: [B, T] },
     [TOTAL_LENGTH_INPUT]: totalLengthTensor(T),
   };
   for (const [name, m] of Object.entries(extra)) {
@@ -149,4 +169,19 @@ export function evenSplit<T>(items: readonly T[], parts: number): T[][] {
   const out: T[][] = [];
   for (let k = 0; k < parts; k++) out.push(items.slice(Math.floor((k * items.length) / parts), Math.floor(((k + 1) * items.length) / parts)));
   return out;
+}
+
+/** Per-token rows (one per batch row, n_r values each) less the untrained tokens' values: what the KL and entropy metrics average. */
+export function trainedValues(batch: TokenBatch, rows: readonly (readonly number[])[]): number[][] {
+  const masks = tokenMasks(batch);
+  return masks ? rows.map((row, r) => row.filter((_, k) => masks[r][k] === 1)) : rows.map((r) => [...r]);
+}
+
+/** Each row's per-token 0/1 training mask (n_r values), or undefined when no row has a gap. */
+export function tokenMasks(batch: TokenBatch): number[][] | undefined {
+  if (batch.trainMask === batch.responseMask) return undefined;
+  return batch.lengths.map((n, r) => {
+    const start = r * batch.width + batch.promptLengths[r] - 1;
+    return Array.from({ length: n }, (_, k) => Number(batch.trainMask[start + k]));
+  });
 }
