@@ -10,11 +10,18 @@
  * {@link preferenceMetrics} turns them into accuracy, mean margin and reward means and stds.
  */
 import * as L from '@lathe/onnx';
-import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { accumulationDtype, totalLength, type DecoderConfig, type Weights } from '@lathe/models';
-import { castWeights, type LossBuilder, type LossOutputs } from '@lathe/train';
+import type { Tensor } from '@lathe/onnx';
+import { accumulationDtype, type DecoderConfig } from '@lathe/models';
+import type { LossBuilder, LossOutputs } from '@lathe/train';
+import { chosenAndRejected, pairLossModel, pairMetrics, pairTokenInputs, RANKING_SUMS, rankingSums, type PairLossModelOptions, type RankingMetrics } from './pair-loss';
 import { PAIR_INPUTS } from './pairs';
 import { sequenceRewards } from './reward-graph';
+
+/** The names of the metric sums {@link bradleyTerryObjective} outputs: the ranking sums, then the rewards' sums and sums of squares. */
+export const PREFERENCE_SUMS = [...RANKING_SUMS, 'chosen_sum', 'chosen_sq_sum', 'rejected_sum', 'rejected_sq_sum'] as const;
+
+/** The metric sums {@link bradleyTerryLoss} outputs (summed over micro-batches by the Trainer). */
+export type PreferenceSums = Record<(typeof PREFERENCE_SUMS)[number], number>;
 
 /** The Bradley-Terry objective's inputs, all in one float dtype. */
 export interface BradleyTerryTerms {
@@ -42,42 +49,13 @@ export function bradleyTerryObjective(t: BradleyTerryTerms): LossOutputs {
   return {
     loss: L.div(total, L.cast(t.pairCount, total.dtype)),
     metrics: {
-      pairs: sum(L.onesLike(diff)),
-      correct: sum(L.cast(L.greater(chosen, rejected), diff.dtype)),
-      margin_sum: sum(diff),
+      ...rankingSums(chosen, rejected, diff),
       chosen_sum: sum(chosen),
       chosen_sq_sum: sum(L.square(chosen)),
       rejected_sum: sum(rejected),
       rejected_sq_sum: sum(L.square(rejected)),
     },
   };
-}
-
-/** Rows [2P] as chosen [P] and rejected [P]. */
-export function chosenAndRejected(rows: Tensor): { chosen: Tensor; rejected: Tensor } {
-  const [chosen, rejected] = L.split(L.reshape(rows, [2, -1]), [1, 1], 0).map((t) => L.squeeze(t, [0]));
-  return { chosen, rejected };
-}
-
-/** How a pair loss builds the model's forward pass (shared by the Bradley-Terry and DPO losses). */
-export interface PairLossModelOptions {
-  /** dtype of the forward/backward compute (master weights stay float32). Default float32. */
-  compute?: DType;
-  /** How the weights come from the trainable parameters (default: each cast to `compute`); `trainedWeights(…).weights` for LoRA. */
-  weights?: (g: Graph, params: Map<string, Tensor>) => Weights;
-  /** A fixed batch shape [2P, T] instead of symbolic dims (every shape constant; what CUDA graphs need). */
-  shape?: [number, number];
-  /** Recompute each decoder layer in the backward pass instead of keeping its activations. */
-  recompute?: boolean;
-  /** Attend through differentiable flash attention (GroupQueryAttention); rows must be right-padded. */
-  flashAttention?: boolean;
-}
-
-/** The [rows, width] dims of a pair loss's token inputs: the fixed shape (2P rows), or [2*P, T]. */
-export function pairDims(shape: [number, number] | undefined): [number | string, number | string] {
-  if (!shape) return ['2*P', 'T'];
-  if (!Number.isInteger(shape[0] / 2) || shape[0] < 2) throw new Error(`pair loss: shape [${shape.join(', ')}] needs an even, positive row count (2 rows per pair)`);
-  return shape;
 }
 
 /** Options of {@link bradleyTerryLoss}. */
@@ -97,50 +75,14 @@ export interface BradleyTerryOptions extends PairLossModelOptions {
  */
 export function bradleyTerryLoss(cfg: DecoderConfig, opts: BradleyTerryOptions = {}): LossBuilder {
   return (g, params) => {
-    const dims = pairDims(opts.shape);
-    const ids = g.input(PAIR_INPUTS.inputIds, 'int64', dims);
-    const mask = g.input(PAIR_INPUTS.attentionMask, 'int64', dims);
+    const { ids, mask } = pairTokenInputs(g, opts.shape);
     const margin = opts.margin ? g.input(PAIR_INPUTS.margin, 'float32', [opts.shape ? opts.shape[0] / 2 : 'P']) : undefined;
     const pairCount = g.input(PAIR_INPUTS.pairCount, 'float32', []);
-    const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
-    const rewards = sequenceRewards(cfg, w, ids, mask, {
-      recompute: opts.recompute,
-      ...(opts.flashAttention ? { attention: 'flash' as const, totalSequenceLength: totalLength(g, ids) } : {}),
-    });
+    const { w, trunk } = pairLossModel(g, params, ids, opts);
+    const rewards = sequenceRewards(cfg, w, ids, mask, trunk);
     const dtype = accumulationDtype(rewards.dtype);
     return bradleyTerryObjective({ rewards, pairCount: L.cast(pairCount, dtype), margin, centerCoefficient: opts.centerCoefficient });
   };
-}
-
-/** Pairwise metrics of a batch or a whole evaluation set. */
-export interface PreferenceMetrics {
-  /** Pairs counted. */
-  pairs: number;
-  /** Share of pairs with r_c > r_r (ties count as wrong, as in TRL). */
-  accuracy: number;
-  /** Mean r_c − r_r. */
-  margin: number;
-  chosenMean: number;
-  /** Population standard deviation of r_c. */
-  chosenStd: number;
-  rejectedMean: number;
-  rejectedStd: number;
-}
-
-/** The names of the metric sums {@link bradleyTerryLoss} outputs. */
-export const PREFERENCE_SUMS = ['pairs', 'correct', 'margin_sum', 'chosen_sum', 'chosen_sq_sum', 'rejected_sum', 'rejected_sq_sum'] as const;
-
-/** The metric sums {@link bradleyTerryLoss} outputs (summed over micro-batches by the Trainer). */
-export type PreferenceSums = Record<(typeof PREFERENCE_SUMS)[number], number>;
-
-/** The named sums of `sums`, each required. */
-export function pickSums<K extends string>(sums: Readonly<Record<string, number>>, names: readonly K[], where: string): Record<K, number> {
-  const out = {} as Record<K, number>;
-  for (const k of names) {
-    if (typeof sums[k] !== 'number') throw new Error(`${where}: no metric sum '${k}' (expected ${names.join(', ')})`);
-    out[k] = sums[k];
-  }
-  return out;
 }
 
 /** The same sums from rewards scored on the host (an evaluation set): chosen[i] and rejected[i] are pair i's. */
@@ -160,23 +102,22 @@ export function preferenceSums(chosen: ArrayLike<number>, rejected: ArrayLike<nu
   return s;
 }
 
+/** Reward means and population stds beside the ranking metrics, over a batch or a whole evaluation set. */
+export interface PreferenceMetrics extends RankingMetrics {
+  chosenMean: number;
+  /** Population standard deviation of r_c. */
+  chosenStd: number;
+  rejectedMean: number;
+  rejectedStd: number;
+}
+
 /**
  * Accuracy, mean margin and reward means and population stds from metric sums: {@link preferenceSums}'
  * or a train step's `metrics` (a missing sum is an error naming it).
  */
 export function preferenceMetrics(sums: Readonly<Record<string, number>>): PreferenceMetrics {
-  const s = pickSums(sums, PREFERENCE_SUMS, 'preferenceMetrics');
-  const n = s.pairs;
-  if (!(n > 0)) throw new Error('preferenceMetrics: no pairs');
-  const mean = (sum: number) => sum / n;
-  const std = (sum: number, sq: number) => Math.sqrt(Math.max(0, sq / n - (sum / n) ** 2));
-  return {
-    pairs: n,
-    accuracy: s.correct / n,
-    margin: mean(s.margin_sum),
-    chosenMean: mean(s.chosen_sum),
-    chosenStd: std(s.chosen_sum, s.chosen_sq_sum),
-    rejectedMean: mean(s.rejected_sum),
-    rejectedStd: std(s.rejected_sum, s.rejected_sq_sum),
-  };
+  return pairMetrics(sums, PREFERENCE_SUMS, 'preferenceMetrics', (s, n) => {
+    const std = (sum: number, sq: number) => Math.sqrt(Math.max(0, sq / n - (sum / n) ** 2));
+    return { chosenMean: s.chosen_sum / n, chosenStd: std(s.chosen_sum, s.chosen_sq_sum), rejectedMean: s.rejected_sum / n, rejectedStd: std(s.rejected_sum, s.rejected_sq_sum) };
+  });
 }

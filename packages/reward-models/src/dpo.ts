@@ -15,9 +15,9 @@
  */
 import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
-import { causalLmLogprobs, shiftLeft, totalLength, type CausalLmLogprobsOptions, type DecoderConfig, type Weights } from '@lathe/models';
-import { castWeights, type LossBuilder, type LossOutputs } from '@lathe/train';
-import { chosenAndRejected, pairDims, pickSums, type PairLossModelOptions } from './bradley-terry';
+import { causalLmLogprobs, shiftLeft, type CausalLmLogprobsOptions, type DecoderConfig, type Weights } from '@lathe/models';
+import type { LossBuilder, LossOutputs } from '@lathe/train';
+import { chosenAndRejected, pairLossModel, pairMetrics, pairTokenInputs, RANKING_SUMS, rankingSums, type PairLossModelOptions, type RankingMetrics } from './pair-loss';
 import { PAIR_INPUTS } from './pairs';
 
 /** The DPO-family losses. */
@@ -81,6 +81,12 @@ export function predictsResponse(responseMask: Tensor): Tensor {
   return L.concat([L.slice(shifted, [1], [0], [-1]), L.mul(L.slice(m, [1], [0], [1]), 0)], 1);
 }
 
+/** The names of the metric sums {@link dpoObjective} outputs: the ranking sums of the implicit rewards, then the rewards' and the policy log-probs' sums. */
+export const DPO_SUMS = [...RANKING_SUMS, 'chosen_reward_sum', 'rejected_reward_sum', 'chosen_logp_sum', 'rejected_logp_sum'] as const;
+
+/** The metric sums {@link dpoLoss} outputs (summed over micro-batches by the Trainer). */
+export type DpoSums = Record<(typeof DPO_SUMS)[number], number>;
+
 /** The DPO objective's inputs. */
 export interface DpoTerms {
   /** Policy log-probs of the 2P rows' responses, [2P] (chosen rows first). */
@@ -112,9 +118,7 @@ export function dpoObjective(t: DpoTerms, cfg: DpoConfig): LossOutputs {
   return {
     loss: L.div(L.reduceSum(perPair), L.cast(t.pairCount, dtype)),
     metrics: {
-      pairs: sum(L.onesLike(z)),
-      correct: sum(L.cast(L.greater(chosenReward, rejectedReward), dtype)),
-      margin_sum: sum(L.sub(chosenReward, rejectedReward)),
+      ...rankingSums(chosenReward, rejectedReward, L.sub(chosenReward, rejectedReward)),
       chosen_reward_sum: sum(chosenReward),
       rejected_reward_sum: sum(rejectedReward),
       chosen_logp_sum: sum(pi.chosen),
@@ -152,42 +156,15 @@ export function dpoLoss(cfg: DecoderConfig, opts: DpoLossOptions = {}): LossBuil
   const dpo: DpoConfig = { beta: opts.beta ?? DPO_DEFAULTS.beta, loss: opts.loss ?? DPO_DEFAULTS.loss, labelSmoothing: opts.labelSmoothing ?? DPO_DEFAULTS.labelSmoothing, reduction: opts.reduction };
   checkDpoConfig(dpo);
   return (g, params) => {
-    const dims = pairDims(opts.shape);
-    const ids = g.input(PAIR_INPUTS.inputIds, 'int64', dims);
-    const mask = g.input(PAIR_INPUTS.attentionMask, 'int64', dims);
+    const { dims, ids, mask } = pairTokenInputs(g, opts.shape);
     const responseMask = g.input(PAIR_INPUTS.responseMask, 'int64', dims);
     const reference = g.input(PAIR_INPUTS.refLogp, 'float32', [dims[0]]);
     const pairCount = g.input(PAIR_INPUTS.pairCount, 'float32', []);
-    const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
-    const policy = responseLogprobs(cfg, w, ids, mask, responseMask, {
-      chunk: opts.chunk,
-      recompute: opts.recompute,
-      reduction: dpoReduction(dpo),
-      ...(opts.flashAttention ? { attention: 'flash' as const, totalSequenceLength: totalLength(g, ids) } : {}),
-    });
+    const { w, trunk } = pairLossModel(g, params, ids, opts);
+    const policy = responseLogprobs(cfg, w, ids, mask, responseMask, { ...trunk, chunk: opts.chunk, reduction: dpoReduction(dpo) });
     return dpoObjective({ policy, reference, pairCount }, dpo);
   };
 }
-
-/** Implicit-reward metrics of a batch or an evaluation set. */
-export interface DpoMetrics {
-  pairs: number;
-  /** Share of pairs whose chosen response has the higher implicit reward β·(π − π_ref). */
-  accuracy: number;
-  /** Mean implicit-reward margin. */
-  margin: number;
-  chosenReward: number;
-  rejectedReward: number;
-  /** Mean policy log-prob of the chosen (rejected) responses. */
-  chosenLogp: number;
-  rejectedLogp: number;
-}
-
-/** The names of the metric sums {@link dpoLoss} outputs. */
-export const DPO_SUMS = ['pairs', 'correct', 'margin_sum', 'chosen_reward_sum', 'rejected_reward_sum', 'chosen_logp_sum', 'rejected_logp_sum'] as const;
-
-/** The metric sums {@link dpoLoss} outputs (summed over micro-batches by the Trainer). */
-export type DpoSums = Record<(typeof DPO_SUMS)[number], number>;
 
 /**
  * The same sums from log-probs scored on the host: `policy` and `reference` hold 2P rows' response
@@ -210,18 +187,21 @@ export function dpoSums(policy: ArrayLike<number>, reference: ArrayLike<number>,
   return s;
 }
 
+/** Implicit-reward and log-prob means beside the ranking metrics (of the implicit rewards β·(π − π_ref)), over a batch or an evaluation set. */
+export interface DpoMetrics extends RankingMetrics {
+  chosenReward: number;
+  rejectedReward: number;
+  /** Mean policy log-prob of the chosen (rejected) responses. */
+  chosenLogp: number;
+  rejectedLogp: number;
+}
+
 /** Means from DPO metric sums: {@link dpoSums}' or a train step's `metrics` (a missing sum is an error naming it). */
 export function dpoMetrics(sums: Readonly<Record<string, number>>): DpoMetrics {
-  const s = pickSums(sums, DPO_SUMS, 'dpoMetrics');
-  const n = s.pairs;
-  if (!(n > 0)) throw new Error('dpoMetrics: no pairs');
-  return {
-    pairs: n,
-    accuracy: s.correct / n,
-    margin: s.margin_sum / n,
+  return pairMetrics(sums, DPO_SUMS, 'dpoMetrics', (s, n) => ({
     chosenReward: s.chosen_reward_sum / n,
     rejectedReward: s.rejected_reward_sum / n,
     chosenLogp: s.chosen_logp_sum / n,
     rejectedLogp: s.rejected_logp_sum / n,
-  };
+  }));
 }

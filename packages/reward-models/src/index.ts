@@ -4,5 +4,6 @@ export * from './reward-model';
 export * from './scorers';
 export * from './trainable';
 export * from './pairs';
+export * from './pair-loss';
 export * from './bradley-terry';
 export * from './dpo';
