@@ -5,7 +5,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { causalLmLogprobs, shiftLeft, totalLength, type DecoderConfig, type Weights } from '@lathe/models';
+import { causalLmLogprobs, chunkedTargetLogprobs, decoder, packedCausalMask, shiftLeft, totalLength, type DecoderConfig, type Weights } from '@lathe/models';
 import type { LossBuilder } from './train-step';
 
 /** The attention choice of `lathe sft`, `lathe grpo` and `GrpoTrainer`. */
@@ -18,13 +18,19 @@ export type AttentionChoice = 'auto' | 'composed' | 'flash';
  * for float16/bfloat16 only, so a float32 step on CUDA cannot use it. 'flash' there is an error
  * naming the setting rather than ONNX Runtime's "nodes assigned to the CPU" at session creation.
  */
-export function useFlashAttention(choice: AttentionChoice | undefined, device: 'cpu' | 'cuda', compute: DType = 'bfloat16'): boolean {
+export function useFlashAttention(choice: AttentionChoice | undefined, device: 'cpu' | 'cuda', compute: DType = 'bfloat16', opts: { packing?: boolean } = {}): boolean {
   const half = compute === 'bfloat16' || compute === 'float16';
+  if (choice === 'flash' && opts.packing) throw new Error(PACKING_WITH_FLASH);
   if (choice === 'flash' && device === 'cuda' && !half) {
     throw new Error(`attention 'flash' on cuda needs a bfloat16 or float16 compute dtype, got ${compute} (ONNX Runtime's CUDA GroupQueryAttention has no ${compute} kernel); use attention 'composed' or 'auto'`);
   }
-  return choice === 'flash' || ((choice ?? 'auto') === 'auto' && device === 'cuda' && half);
+  // packed rows need the segment mask only composed attention takes: 'auto' picks it
+  return choice === 'flash' || ((choice ?? 'auto') === 'auto' && device === 'cuda' && half && !opts.packing);
 }
+
+/** Why packing and flash attention do not go together (the error of {@link useFlashAttention} and {@link sftLoss}). */
+const PACKING_WITH_FLASH =
+  "packing with attention 'flash' is not supported: GroupQueryAttention attends causally over a whole row and takes no segment mask, so each example would attend to the examples packed before it; use attention 'composed' (or 'auto', which picks it when packing)";
 
 /** Weights for the decoder from master parameters, cast to the compute dtype once each. */
 export function castWeights(params: Map<string, Tensor>, compute: DType): Weights {
@@ -78,6 +84,14 @@ export interface SftLossOptions {
    * `padBatch` makes them); with symbolic shapes the batch also carries `total_sequence_length`.
    */
   flashAttention?: boolean;
+  /**
+   * Packed rows (TRL's `packing`): each row holds several examples one after another, told apart
+   * by `segment_ids` (1, 2, … per example, 0 at padding), with `position_ids` restarting at 0 in
+   * each. Attention is block-diagonal causal (an example sees only its own earlier tokens), and the
+   * last token of an example never predicts the first of the next, so a packed row computes what
+   * its examples compute alone. Composed attention only (flash attention is refused).
+   */
+  packing?: boolean;
 }
 
 /**
@@ -85,23 +99,40 @@ export interface SftLossOptions {
  * [B, T] int64 (1 = token), `loss_mask` [B, T] int64 (1 on tokens to predict, e.g. the response),
  * `loss_tokens` float32 scalar (loss tokens in the whole optimizer batch), and with
  * `flashAttention` over symbolic shapes `total_sequence_length` (int32 scalar T, see
- * `totalLengthTensor` in @lathe/models). Metric: `token_nll_sum`.
+ * `totalLengthTensor` in @lathe/models). With `packing`, `segment_ids` and `position_ids` [B, T]
+ * int64 take the place of `attention_mask`. Metric: `token_nll_sum`.
  */
 export function sftLoss(cfg: DecoderConfig, opts: SftLossOptions = {}): LossBuilder {
+  if (opts.packing && opts.flashAttention) throw new Error(`sftLoss: ${PACKING_WITH_FLASH}`);
   return (g: Graph, params) => {
     const dims = opts.shape ?? ['B', 'T'];
     const ids = g.input('input_ids', 'int64', dims);
-    const attention = g.input('attention_mask', 'int64', dims);
+    const packed = opts.packing ? { segments: g.input('segment_ids', 'int64', dims), positions: g.input('position_ids', 'int64', dims) } : undefined;
+    const attention = packed ? undefined : g.input('attention_mask', 'int64', dims);
     const lossMask = g.input('loss_mask', 'int64', dims);
     const normaliser = g.input('loss_tokens', 'float32', []);
     const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
     const flashAttention = opts.flashAttention ? totalLength(g, ids) : undefined;
-    const logp = nextTokenLogprobs(cfg, w, ids, attention, { chunk: opts.chunk, recompute: opts.recompute, flashAttention });
-    // Position t predicts token t+1: weight it by loss_mask[t+1]; the wrapped last column gets 0.
-    const predicted = L.cast(L.mul(shiftLeft(lossMask), lastColumnZero(lossMask)), 'float32');
-    const nllSum = L.neg(L.reduceSum(L.mul(logp, predicted)));
+    const logp = packed
+      ? packedNextTokenLogprobs(cfg, w, ids, packed.segments, packed.positions, { chunk: opts.chunk, recompute: opts.recompute })
+      : nextTokenLogprobs(cfg, w, ids, attention!, { chunk: opts.chunk, recompute: opts.recompute, flashAttention });
+    // Position t predicts token t+1: weight it by loss_mask[t+1]; the wrapped last column gets 0,
+    // and in packed rows so does an example's last token (the next token begins another example).
+    let predicted = L.mul(shiftLeft(lossMask), lastColumnZero(lossMask));
+    if (packed) predicted = L.mul(predicted, L.cast(L.equal(shiftLeft(packed.segments), packed.segments), 'int64'));
+    const nllSum = L.neg(L.reduceSum(L.mul(logp, L.cast(predicted, 'float32'))));
     return { loss: L.div(nllSum, normaliser), metrics: { token_nll_sum: nllSum } };
   };
+}
+
+/**
+ * {@link nextTokenLogprobs} of packed rows: the decoder with a block-diagonal causal mask from the
+ * segment ids (`packedCausalMask`) and the given per-example positions, then the LM head's
+ * chunked log-probs — composed attention, with the same numerics as the rows' examples alone.
+ */
+export function packedNextTokenLogprobs(cfg: DecoderConfig, w: Weights, ids: Tensor, segmentIds: Tensor, positionIds: Tensor, opts: { chunk?: number; recompute?: boolean } = {}): Tensor {
+  const { hidden } = decoder(cfg, w, { inputIds: ids, positionIds, attentionMask: packedCausalMask(segmentIds), recompute: opts.recompute });
+  return chunkedTargetLogprobs(cfg, w, hidden, shiftLeft(ids), opts);
 }
 
 /** 1 everywhere except the last column (int64 [B, T]). */
