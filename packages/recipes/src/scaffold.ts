@@ -8,7 +8,7 @@ import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parse as parseYaml, stringify as toYaml } from 'yaml';
 import { CausalLM, permutation, readConfig, type DecoderConfig } from '@lathe/models';
-import { HfTokenizer } from '@lathe/tokenizer';
+import { HfTokenizer, type ChatMessage, type ConversationIds } from '@lathe/tokenizer';
 import { diffConfigs, listEvals, MetricsLog, rewindRunDir, runPaths, startRunDir, writeAtomic } from '@lathe/data';
 import { learningRate, listCheckpoints, loadCheckpoint, saveCheckpoint, type CheckpointContents, type TrainableParam } from '@lathe/train';
 import { BUILTIN_MODEL, BUILTIN_TOKENIZER, additionTokenizer, builtinBaseModel } from './demo-task';
@@ -26,6 +26,13 @@ export interface RunTokenizer {
   readonly bosId?: number;
   /** A prompt's ids: its text's, or (`prompt_format: chat`) the chat template's user turn with the assistant's turn opened. */
   encodePrompt(text: string): number[];
+  /** Whole conversations through the model's chat template; absent when the tokenizer has none. */
+  chat?: {
+    /** A conversation's ids (no generation prompt) and a mask that is 1 on the assistant's turns. */
+    encodeConversation(messages: ChatMessage[]): ConversationIds;
+    /** A conversation's ids with the assistant's next turn opened (a generation prompt). */
+    encodePrompt(messages: ChatMessage[]): number[];
+  };
 }
 
 /** A loaded model folder and its tokenizer. */
@@ -95,7 +102,9 @@ export async function loadRunModel(cfg: ModelOptions): Promise<RunModel> {
   // chat: the prompt becomes the user turn of the model's chat template, ending with the assistant's turn opened
   const render = (text: string) => tok.applyChatTemplate([{ role: 'user', content: text }], { addGenerationPrompt: true, enableThinking: cfg.enable_thinking });
   const encodePrompt = cfg.prompt_format === 'chat' ? (t: string) => tok.encode(render(t)) : (t: string) => tok.encode(t);
-  return { dir, config, lm, tokenizer: { encode: (t) => tok.encode(t), decode: (ids) => tok.decode(ids), padId: tok.padId, eosId: tok.eosId, bosId: tok.bosId, encodePrompt }, tokenizerFrom: from };
+  // conversations (SFT's messages rows) always go through the template as it is (no enable_thinking)
+  const chat = tok.hasChatTemplate ? { encodeConversation: (ms: ChatMessage[]) => tok.encodeConversation(ms), encodePrompt: (ms: ChatMessage[]) => tok.encodeChat(ms, { addGenerationPrompt: true }) } : undefined;
+  return { dir, config, lm, tokenizer: { encode: (t) => tok.encode(t), decode: (ids) => tok.decode(ids), padId: tok.padId, eosId: tok.eosId, bosId: tok.bosId, encodePrompt, ...(chat ? { chat } : {}) }, tokenizerFrom: from };
 }
 
 // ---------------------------------------------------------------------------------------------
