@@ -18,14 +18,20 @@ import { parse as parseYaml } from 'yaml';
 import { readMetrics, readTrainRollouts } from '@lathe/data';
 import { demoCommand } from '../src/commands/demo';
 
+/** The last demo's progress lines (stderr), kept out of the test output. */
+let progress = '';
+
 /** Calls the demo's handler with parsed flags (yargs 18 does not load under jest), returning the JSON summary. */
 async function demo(argv: Record<string, unknown>): Promise<Record<string, unknown>> {
   let out = '';
+  progress = '';
   const spy = jest.spyOn(console, 'log').mockImplementation((s: string) => void (out += `${s}\n`));
+  const err = jest.spyOn(process.stderr, 'write').mockImplementation((s: string | Uint8Array) => ((progress += String(s)), true));
   try {
     await demoCommand.handler({ _: ['demo'], $0: 'lathe', ...argv } as never);
   } finally {
     spy.mockRestore();
+    err.mockRestore();
   }
   return JSON.parse(out.trim().split('\n').at(-1)!) as Record<string, unknown>;
 }
@@ -36,6 +42,8 @@ test('SFT, then GRPO from its checkpoint on the same held-out split; the summary
   writeFileSync(grpoYaml, 'prompts_per_step: 8\ngroup_size: 4\neval_every: 0\n');
   const s = await demo({ run_dir: join(root, 'demo'), steps: 120, batch_size: 16, eval_examples: 16, eval_every: 0, save_every: 0, grpo_steps: 3, grpo_config: grpoYaml });
   expect(s).toMatchObject({ steps: 120, grpo_steps: 3, grpo_run_dir: join(root, 'demo-grpo'), interrupted: false });
+  // off a terminal, progress is plain lines on stderr
+  expect(progress).toMatch(/^step 120\/120 loss [\d.]+ grad_norm/m);
   for (const k of ['acc_before_sft', 'acc_after_sft', 'acc_after_grpo', 'reward_first_10_steps', 'reward_last_10_steps', 'seconds']) expect([k, typeof s[k]]).toEqual([k, 'number']);
   // the GRPO stage started from the SFT checkpoint, with the demo settings under the YAML file's
   const cfg = parseYaml(readFileSync(join(root, 'demo-grpo', 'config.yaml'), 'utf8')) as Record<string, unknown>;
