@@ -371,6 +371,8 @@ export interface ConversationMessage {
 /** A conversation for SFT. Extra string fields of the record (e.g. `subject`) are kept in `meta`. */
 export interface Conversation {
   messages: ConversationMessage[];
+  /** Where the record is (`file:line` or `file row i`), for errors found later (e.g. by a chat template). */
+  where: string;
   meta?: Record<string, string>;
 }
 
@@ -399,6 +401,6 @@ export async function loadConversations(file: string): Promise<{ examples: Conve
     });
     if (!messages.some((m) => m.role === 'assistant')) throw new Error(`${r.where}: no assistant message in 'messages' (nothing to learn)`);
     const meta = Object.fromEntries(Object.entries(r.value).filter(([k, v]) => k !== 'messages' && typeof v === 'string') as [string, string][]);
-    return Object.keys(meta).length ? { messages, meta } : { messages };
+    return Object.keys(meta).length ? { messages, where: r.where, meta } : { messages, where: r.where };
   });
 }

@@ -17,12 +17,18 @@ const chat = [
 ];
 
 test('conversations from JSONL and from Parquet (a list<struct<role, content>> column) are the same; other string fields go to meta', async () => {
-  const fromJsonl = await loadConversations(jsonl('c.jsonl', [{ messages: chat, subject: 'greetings' }, { messages: chat.slice(1) }]));
-  expect(fromJsonl.examples).toEqual([{ messages: chat, meta: { subject: 'greetings' } }, { messages: chat.slice(1) }]);
+  const file = jsonl('c.jsonl', [{ messages: chat, subject: 'greetings' }, { messages: chat.slice(1) }]);
+  const fromJsonl = await loadConversations(file);
+  expect(fromJsonl.examples).toEqual([
+    { messages: chat, where: `${file}:1`, meta: { subject: 'greetings' } },
+    { messages: chat.slice(1), where: `${file}:2` },
+  ]);
   const type = new arrow.List(new arrow.Field('item', new arrow.Struct([new arrow.Field('role', new arrow.Utf8(), true), new arrow.Field('content', new arrow.Utf8(), true)]), true));
   const table = new arrow.Table({ messages: arrow.vectorFromArray([chat, chat.slice(1)], type), subject: arrow.vectorFromArray(['greetings', null], new arrow.Utf8()) });
   await writeParquet(join(dir, 'c.parquet'), table);
-  expect((await loadConversations(join(dir, 'c.parquet'))).examples).toEqual(fromJsonl.examples);
+  const fromParquet = (await loadConversations(join(dir, 'c.parquet'))).examples;
+  expect(fromParquet.map((c) => c.where)).toEqual([`${join(dir, 'c.parquet')} row 0`, `${join(dir, 'c.parquet')} row 1`]);
+  expect(fromParquet.map(({ where: _, ...c }) => c)).toEqual(fromJsonl.examples.map(({ where: _, ...c }) => c));
 });
 
 test('a malformed conversation is an error naming the file, the row and the message', async () => {
