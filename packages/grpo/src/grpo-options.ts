@@ -7,7 +7,7 @@ import type { CausalLM } from '@lathe/models';
 import type { DType } from '@lathe/onnx';
 import type { GenerationEngine, SamplingOptions } from '@lathe/rollout';
 import { Device, type DeviceKind, type SessionOptions } from '@lathe/runtime';
-import type { AdamWConfig, AttentionChoice, LoraConfig } from '@lathe/train';
+import type { AdamWConfig, AttentionChoice, LoraConfig, OptimizerState } from '@lathe/train';
 import { builtinEstimator, type AdvantageFunction, type EstimatorName } from './estimators';
 import { DEFAULT_KL_ESTIMATOR, type KlEstimator, type KlMode } from './kl';
 import { POLICY_LOSS_DEFAULTS, type LossAggregation, type PolicyLossConfig } from './policy-loss';
@@ -43,11 +43,8 @@ export interface CustomObjective {
   readsReference?: boolean;
 }
 
-/** Where a resumed trainer continues from: trained values, AdamW moments, optimizer steps, RL steps and the adaptive β. */
-export interface GrpoResumeState {
-  params: Map<string, Float32Array>;
-  m: Map<string, Float32Array>;
-  v: Map<string, Float32Array>;
+/** Where a resumed trainer continues from: trained values and AdamW moments, optimizer steps, RL steps and the adaptive β. */
+export interface GrpoResumeState extends OptimizerState {
   optimizerStep: number;
   rlStep: number;
   klCoef?: number;

@@ -305,11 +305,9 @@ export class TrajectoryGenerator {
   private readonly work: TrajectoryCounters = { runs: 0, prefilledPrompts: 0, samples: 0, engineShrinks: 0, engineRows: 0 };
   /**
    * Each given prompt object's encoding per thinking mode, for as long as the caller holds the
-   * object (and while its text is unchanged): `lathe generate` and the benchmarks plan every prompt
-   * first, then generate, which planned again: the template and tokeniser ran twice per prompt
-   * and mode (~0.7 ms a prompt with Qwen3's tokenizer at ~240 tokens, 45 ms for the 64 prompts of
-   * the rollout bench, on the 2-core dev machine). The planned samples share these ids: not to be
-   * mutated.
+   * object (and while its text is unchanged), so that `plan()` then `generate()` renders and
+   * tokenises a prompt once (docs/benchmarks/2026-11-22-to-24-h100.md, "CPU breakdown of the
+   * generator's own work"). The planned samples share these ids: not to be mutated.
    */
   private readonly encoded = new WeakMap<TrajectoryPrompt, { text: string; modes: Map<boolean | null, { ids: number[]; opensThink: boolean }> }>();
 
@@ -512,8 +510,7 @@ export class TrajectoryGenerator {
     const grade = this.o.grade;
     if (grade === 'none') return null;
     if (typeof grade === 'function') return grade(this.tokenizer.decode(tokens), s.prompt, { thinking: s.thinking });
-    // The math grader reads nothing of a prompt without an answer: no decode (512 ids take ~0.5 ms,
-    // 0.25 s per 512 samples on the 2-core dev machine: trajectory-host-stages.ts).
+    // The math grader reads nothing of a prompt without an answer: no decode (docs/benchmarks/2026-11-22-to-24-h100.md).
     if (s.prompt.answer === undefined) return null;
     const answer = finalResponse(this.tokenizer.decode(tokens), s.opensThink);
     if (answer === null) return 0;

@@ -277,9 +277,8 @@ export class CApi {
   }
 
   /**
-   * Copies host bytes into native memory. (Data moves by memcpy between addresses rather than
-   * through `koffi.view` ArrayBuffers: views over ORT-allocated memory were measured to keep that
-   * memory from being reused, growing the process by the buffer size on every call.)
+   * Copies host bytes into native memory, by memcpy between addresses: a `koffi.view` ArrayBuffer
+   * over ORT-allocated memory keeps that memory from being reused (docs/runtime.md, "Choices").
    */
   copyIn(dst: Ptr, src: ArrayBufferView): void {
     if (src.byteLength > 0) this.memcpy(dst, koffi.address(src), src.byteLength);

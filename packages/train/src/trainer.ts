@@ -42,6 +42,13 @@ export interface TrainerOptions {
   staticInputs?: boolean;
 }
 
+/** The trained tensors' values and their AdamW first and second moments, by parameter name: what a resume restores beside its step counts. */
+export interface OptimizerState {
+  params: Map<string, Float32Array>;
+  m: Map<string, Float32Array>;
+  v: Map<string, Float32Array>;
+}
+
 /** Initial state: parameter values, and optionally AdamW moments (a resume). */
 export interface TrainerInit {
   params: Map<string, Float32Array | DeviceTensor>;
@@ -398,7 +405,7 @@ export class Trainer {
   }
 
   /** Downloads parameters and moments (for checkpoints). */
-  snapshot(): { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; step: number } {
+  snapshot(): OptimizerState & { step: number } {
     return { params: this.download((b) => b.p), m: this.download((b) => b.m), v: this.download((b) => b.v), step: this.optimizerStep };
   }
 
@@ -449,9 +456,9 @@ interface StaticBuffers {
 
 /**
  * A failed CUDA-graph capture, said plainly. ONNX Runtime reports it as CUDA error 901 ("operation
- * failed due to a previous error during capture") from cudaStreamEndCapture, naming no cause;
- * measured captures failed where the step's state plus twice its activation memory passes the
- * GPU's memory, and the message passes that rule of thumb on.
+ * failed due to a previous error during capture") from cudaStreamEndCapture, naming no cause; the
+ * message passes on the rule the failures fit, state + 2 × activations > GPU memory
+ * (docs/benchmarks/2026-11-22-to-24-h100.md, "CUDA-graph replay, …").
  * @internal exported for tests
  */
 export function captureError(e: Error, batch: Record<string, BatchTensor>): Error {
