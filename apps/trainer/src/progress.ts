@@ -15,7 +15,7 @@ export function sftReporter(cfg: SftConfig): { events: SftEvents; stop(): void }
   const events: SftEvents = {
     onStart: (i) => {
       process.stderr.write(
-        `sft: ${i.parameters.toLocaleString('en-US')} parameters, ${i.trainExamples} training examples (${i.dropped} over ${cfg.max_length} tokens skipped, ${i.truncated} truncated), ${i.evalExamples} held out; steps ${i.startStep} → ${i.totalSteps} on ${cfg.device}\n`,
+        `sft: ${i.parameters.toLocaleString('en-US')} parameters, ${i.trainExamples} training examples (${i.dropped} over ${cfg.max_length} tokens skipped, ${i.truncated} truncated)${i.packed ? ` packed into ${i.packed.rows} rows of ${cfg.max_length} tokens (${(100 * i.packed.fill).toFixed(1)}% filled)` : ''}, ${i.evalExamples} held out; steps ${i.startStep} → ${i.totalSteps} on ${cfg.device}\n`,
       );
       if (tty) {
         bar.start(i.totalSteps, i.startStep, { loss: '-', tps: '-', acc });

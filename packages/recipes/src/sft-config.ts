@@ -6,7 +6,22 @@ import type { ConfigOf, OptionSchema } from './options';
 /** Every option of an SFT run. */
 export const sftSchema = {
   model: modelOption,
-  data: { type: 'string', default: BUILTIN_DATA, describe: `JSONL file of {"prompt", "response"[, "subject"]} rows, a .parquet file with those columns, or ${BUILTIN_DATA} (synthetic "a+b=" problems)` },
+  data: {
+    type: 'string',
+    default: BUILTIN_DATA,
+    describe: `JSONL file of {"prompt", "response"[, "subject"]} rows or of conversations {"messages": [{"role", "content"}, …]} (see --data_format), a .parquet file with those columns, or ${BUILTIN_DATA} (synthetic "a+b=" problems)`,
+  },
+  data_format: {
+    type: 'string',
+    default: 'auto',
+    choices: ['auto', 'prompt_response', 'messages'],
+    describe: "What a row of --data is: prompt_response ({prompt, response}), messages (TRL's conversational format, rendered with the model's chat template; the evaluation generates the last assistant turn), or auto: messages when the first row has a 'messages' field",
+  },
+  assistant_only_loss: {
+    type: 'boolean',
+    default: true,
+    describe: "With messages rows: the loss on the assistant's turns only, each from its generation prompt through its end-of-turn token (TRL's assistant_only_loss); false: on every token of the conversation",
+  },
   ...promptFormatOptions,
   run_dir: runDirOption('runs/sft', 'config.yaml, metrics.jsonl, checkpoints/ and eval/'),
   device: deviceOption,
@@ -24,6 +39,12 @@ export const sftSchema = {
   },
   max_length: { type: 'number', default: 512, integer: true, min: 2, describe: 'Longest training sequence in tokens (see --overlong)' },
   overlong: { type: 'string', default: 'skip', choices: ['skip', 'truncate'], describe: 'Examples over max_length: skip them, or truncate the response (both counted)' },
+  packing: {
+    type: 'boolean',
+    default: false,
+    describe:
+      "Pack several examples into each row of max_length tokens (TRL's packing, best-fit decreasing) instead of one padded row each: attention stays inside each example (a block-diagonal causal mask, positions restarting), so each is trained as it would be alone, with less padding. --batch_size then counts packed rows. Needs composed attention (auto picks it; flash is refused)",
+  },
   ...optimizerOptions({ lr: 2e-5, schedule: 'cosine', warmup_steps: 20, weight_decay: 0.01, max_grad_norm: 1 }),
   ...loraOptions,
   seed: seedOption('data order, the held-out split and the built-in model'),

@@ -27,7 +27,8 @@ import {
 import { additionExamples, BUILTIN_DATA } from './demo-task';
 import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested, type RunTokenizer } from './scaffold';
 import type { SftConfig } from './sft-config';
-import { encodePair, lossTokenCount, padBatch, readSftData, tokenizeExample, type SftExample, type TokenizedExample } from './sft-data';
+import { stripThinking } from '@lathe/tokenizer';
+import { evalPromptIds, lossTokenCount, packExamples, padBatch, padPackedBatch, readSftData, tokenizeExample, type PackedRow, type SftExample, type TokenizedExample } from './sft-data';
 
 /** Metrics of one optimizer step (one line of metrics.jsonl). */
 export interface StepMetrics {
@@ -43,6 +44,12 @@ export interface StepMetrics {
   /** Milliseconds spent preparing the batch on the host and inside ONNX Runtime runs. */
   host_ms: number;
   run_ms: number;
+  /** With --packing: examples in the step's packed rows. */
+  examples?: number;
+  /** With --packing: padding tokens in the step's batch. */
+  pad_tokens?: number;
+  /** With --packing: padding tokens fewer than the same examples one per row, each row as wide as the longest of them. */
+  padding_saved?: number;
 }
 
 /** A greedy-generation evaluation on the held-out examples. */
@@ -57,7 +64,17 @@ export interface EvalResult {
 
 /** Callbacks for progress display. */
 export interface SftEvents {
-  onStart?(info: { startStep: number; totalSteps: number; trainExamples: number; evalExamples: number; dropped: number; truncated: number; parameters: number }): void;
+  onStart?(info: {
+    startStep: number;
+    totalSteps: number;
+    trainExamples: number;
+    evalExamples: number;
+    dropped: number;
+    truncated: number;
+    parameters: number;
+    /** With --packing: the rows the training examples were packed into, and the share of their max_length tokens that are examples' tokens. */
+    packed?: { rows: number; fill: number };
+  }): void;
   onStep?(m: StepMetrics): void;
   onEval?(r: EvalResult): void;
   onCheckpoint?(dir: string, step: number): void;
@@ -74,7 +91,8 @@ export interface SftResult {
 
 /** Training and evaluation examples: a seeded split with `eval_examples` held out. */
 async function loadExamples(cfg: SftConfig): Promise<{ train: SftExample[]; evaluation: SftExample[] }> {
-  return splitHeldOut(cfg.data === BUILTIN_DATA ? additionExamples() : await readSftData(cfg.data), cfg, 'examples');
+  if (cfg.data === BUILTIN_DATA && cfg.data_format === 'messages') throw new Error(`--data_format messages: ${BUILTIN_DATA} has prompt/response rows`);
+  return splitHeldOut(cfg.data === BUILTIN_DATA ? additionExamples() : await readSftData(cfg.data, cfg.data_format), cfg, 'examples');
 }
 
 const f32 = (v: number): HostTensor => ({ data: Float32Array.from([v]), dims: [] });
@@ -113,6 +131,7 @@ export interface SftTestHooks {
 
 /** What an SFT run trains: every weight, or LoRA adapters over a frozen base fed as `base/<name>` inputs; and the loss graph over them. */
 function trainedTensors(config: DecoderConfig, cfg: SftConfig, lora: LoraConfig | undefined, compile: { compute: 'float32' | 'bfloat16'; flashAttention: boolean; staticShape: boolean }) {
+  const packing = cfg.packing ? { packing: true } : {};
   const specs = paramSpecs(config);
   const adapters = lora ? loraAdapters(config, lora) : [];
   const params: TrainableParam[] = lora
@@ -128,9 +147,21 @@ function trainedTensors(config: DecoderConfig, cfg: SftConfig, lora: LoraConfig 
         recompute: cfg.gradient_checkpointing,
         flashAttention: compile.flashAttention,
         ...shape,
+        ...packing,
       })
-    : sftLoss(config, { compute: compile.compute, recompute: cfg.gradient_checkpointing, flashAttention: compile.flashAttention, ...shape });
+    : sftLoss(config, { compute: compile.compute, recompute: cfg.gradient_checkpointing, flashAttention: compile.flashAttention, ...shape, ...packing });
   return { specs, adapters, params, loss };
+}
+
+/**
+ * What packing saved in a step: its examples, the padding tokens of its micro-batches (`widths`,
+ * `per` rows each), and how many fewer than the same examples one per row, padded to the longest.
+ */
+function packingMetrics(rows: readonly PackedRow[], widths: readonly number[], per: number, tokens: number): Pick<StepMetrics, 'examples' | 'pad_tokens' | 'padding_saved'> {
+  const examples = rows.reduce((s, r) => s + r.examples, 0);
+  const padTokens = widths.reduce((s, w) => s + w * per, 0) - tokens;
+  const unpacked = examples * Math.max(...rows.map((r) => r.longest)) - tokens;
+  return { examples, pad_tokens: padTokens, padding_saved: unpacked - padTokens };
 }
 
 /** One held-out example's evaluation row, as eval/step-N.jsonl holds it. */
@@ -160,7 +191,7 @@ function greedyEvaluator(device: Device, config: DecoderConfig, tokenizer: RunTo
     for (const o of ['tokens', 'lengths', 'stopped']) binding.output(o, 'host');
     for (let start = 0; start < examples.length; start += 64) {
       const chunk = examples.slice(start, start + 64);
-      const prompts = chunk.map((e) => encodePair(tokenizer, e).prompt);
+      const prompts = chunk.map((e) => evalPromptIds(tokenizer, e));
       const P = Math.max(...prompts.map((p) => p.length));
       const ids = prompts.flatMap((p) => [...new Array(P - p.length).fill(tokenizer.padId), ...p]);
       const mask = prompts.flatMap((p) => [...new Array(P - p.length).fill(0), ...p.map(() => 1)]);
@@ -179,10 +210,12 @@ function greedyEvaluator(device: Device, config: DecoderConfig, tokenizer: RunTo
         const toks = Array.from(out.tokens.data.slice(r * N, r * N + len - (stopped ? 1 : 0)) as BigInt64Array, Number);
         const generated = tokenizer.decode(toks);
         const row = { prompt: e.prompt, expected: e.response, generated, ...(e.subject ? { subject: e.subject } : {}) };
+        // a conversation's turn is judged by its answer, after any thinking block (as its template renders it)
+        const [answer, expected] = e.messages ? [stripThinking(generated), stripThinking(e.response)] : [generated, e.response];
         if (grader) {
-          const v = await grader.grade(generated, e.response);
+          const v = await grader.grade(answer, expected);
           rows.push({ ...row, correct: v.correct, extracted: v.extracted, reason: v.reason });
-        } else rows.push({ ...row, correct: generated.trim() === e.response.trim() });
+        } else rows.push({ ...row, correct: answer.trim() === expected.trim() });
       }
     }
     binding.dispose();
@@ -210,10 +243,15 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   const staticShape = cfg.cuda_graph || Boolean(testHooks.staticShapeWithoutCudaGraph);
   if (cudaGraph && cfg.device !== 'cuda') throw new Error(`--cuda_graph needs --device cuda (got --device ${cfg.device})`);
   if (staticShape && cfg.micro_batches !== 1) throw new Error(`--cuda_graph needs --micro_batches 1 (got ${cfg.micro_batches})`);
+  // Packed rows need a mask per example, which only composed attention takes ('auto' picks it).
+  if (cfg.packing && cfg.attention === 'flash') {
+    throw new Error("--packing with --attention flash is not supported: GroupQueryAttention takes no segment mask, so each packed example would attend to those before it in its row; use --attention composed (or auto, which picks composed with --packing)");
+  }
   const run = RunDir.open(cfg);
   const { config, lm, tokenizer, tokenizerFrom } = await loadRunModel(cfg);
   const { train, evaluation } = await loadExamples(cfg);
-  const tokenized = train.map((e) => tokenizeExample(tokenizer, e));
+  if (!tokenizer.chat && train.some((e) => e.messages)) throw new Error(`--data ${cfg.data}: conversational rows are rendered with a chat template, and the tokenizer of --model ${cfg.model} has none`);
+  const tokenized = train.map((e) => tokenizeExample(tokenizer, e, { assistantOnly: cfg.assistant_only_loss }));
   const overlong = tokenized.filter((t) => t.ids.length > cfg.max_length).length;
   const kept =
     cfg.overlong === 'truncate'
@@ -223,7 +261,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
 
   // Flash attention needs right-padded rows, which padBatch makes, and each batch's width T (fed
   // as total_sequence_length, or with a static shape a constant in the graph).
-  const flashAttention = useFlashAttention(cfg.attention, cfg.device, compute);
+  const flashAttention = useFlashAttention(cfg.attention, cfg.device, compute, { packing: cfg.packing });
   const lora = loraFromOptions(cfg);
   const { specs, adapters, params, loss } = trainedTensors(config, cfg, lora, { compute, flashAttention, staticShape });
 
@@ -273,6 +311,9 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
       return run.checkpoint({ config, model, trainable: params, values: snap.params, m: snap.m, v: snap.v, state, lora: Boolean(lora) }, { keepLast: cfg.keep_last, tokenizerFrom, onCheckpoint: (dir, step) => events.onCheckpoint?.(dir, step) });
     };
 
+    // With --packing the stream's items are packed rows (made once, as TRL packs its dataset), else examples.
+    const packed = cfg.packing ? packExamples(kept, cfg.max_length) : undefined;
+    const fill = packed ? kept.reduce((s, e) => s + e.ids.length, 0) / (packed.length * cfg.max_length) : 0;
     events.onStart?.({
       startStep: state.step,
       totalSteps: cfg.steps,
@@ -281,16 +322,17 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
       dropped: tokenized.length - kept.length,
       truncated: cfg.overlong === 'truncate' ? overlong - (tokenized.length - kept.length) : 0,
       parameters: params.reduce((s, p) => s + sizeOf(p.shape), 0),
+      ...(packed ? { packed: { rows: packed.length, fill } } : {}),
     });
     /** A NaN/inf loss: keep the last good state in a checkpoint and stop with a message. */
     const nonFinite = (loss: number, batchStart: number): never => {
       const dir = checkpoint();
       throw new Error(
-        `step ${state.step + 1}: the loss is ${loss} on the batch of training examples ${batchStart}..${batchStart + cfg.batch_size - 1} (stream positions); ` +
+        `step ${state.step + 1}: the loss is ${loss} on the batch of ${packed ? 'packed rows' : 'training examples'} ${batchStart}..${batchStart + cfg.batch_size - 1} (stream positions); ` +
           `the weights before this step are saved in ${dir}. Lower --lr or check the data.`,
       );
     };
-    const stream = new EpochStream<TokenizedExample>(kept, cfg.seed, state.dataPosition);
+    const stream = new EpochStream<TokenizedExample | PackedRow>(packed ?? kept, cfg.seed, state.dataPosition);
     // a resumed run's evaluations start with those before its checkpoint (acc_before_sft is the step-0 one)
     const evals: EvalResult[] = run.latest ? run.readEvals<EvalRow>(state.step).map((e) => summarizeEval(e.step, e.rows)) : [];
     let lastLoss = NaN;
@@ -300,19 +342,22 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     while (state.step < cfg.steps) {
       const t0 = performance.now();
       const batchStart = stream.position;
-      const batch = stream.take(cfg.batch_size); // always batch_size examples: the stream is endless
+      const batch = stream.take(cfg.batch_size); // always batch_size examples (or packed rows): the stream is endless
       const lossTokens = lossTokenCount(batch);
       const lr = scheduledLr(cfg, state.step);
       const lossTokensInput = f32(Math.max(1, lossTokens));
       const per = cfg.batch_size / cfg.micro_batches;
+      const widths: number[] = [];
       const micro = Array.from({ length: cfg.micro_batches }, (_, k) => {
         // A static shape pads every row to max_length (kept examples are at most that long).
-        const tensors = padBatch(batch.slice(k * per, (k + 1) * per), tokenizer.padId, staticShape ? cfg.max_length : undefined);
-        const width = tensors.input_ids.dims[1];
+        const rows = batch.slice(k * per, (k + 1) * per);
+        const width = staticShape ? cfg.max_length : undefined;
+        const tensors = packed ? padPackedBatch(rows as PackedRow[], tokenizer.padId, width) : padBatch(rows as TokenizedExample[], tokenizer.padId, width);
+        widths.push(tensors.input_ids.dims[1]);
         return {
           ...tensors,
           loss_tokens: lossTokensInput,
-          ...(flashAttention && !staticShape ? { [TOTAL_LENGTH_INPUT]: totalLengthTensor(width) } : {}),
+          ...(flashAttention && !staticShape ? { [TOTAL_LENGTH_INPUT]: totalLengthTensor(widths[k]) } : {}),
           // LoRA dropout's masks: a function of (seed, optimizer step, micro-batch), so a resume redraws them
           ...(dropoutKeyed ? { [LORA_DROPOUT_KEY]: loraDropoutKey(cfg.seed, trainer.step, k) } : {}),
         };
@@ -336,6 +381,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
         tokens_per_s: tokens / ((hostMs + runMs) / 1000),
         host_ms: hostMs,
         run_ms: runMs,
+        ...(packed ? packingMetrics(batch as PackedRow[], widths, per, tokens) : {}),
       };
       events.onStep?.(metrics);
       // on the log_every schedule only, so a resumed run's metrics.jsonl equals an uninterrupted run's

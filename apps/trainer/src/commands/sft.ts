@@ -37,7 +37,7 @@ export async function sftMain(cfg: SftConfig): Promise<void> {
 /** `lathe sft`: supervised fine-tuning. */
 export const sftCommand: CommandModule = {
   command: 'sft',
-  describe: 'Supervised fine-tuning on prompt/response pairs (masked next-token cross-entropy, AdamW)',
+  describe: 'Supervised fine-tuning on prompt/response pairs or conversations (masked next-token cross-entropy, AdamW; optional sequence packing)',
   builder: (y) => addSchemaFlags(y, sftSchema).example('$0 sft', 'train the built-in tiny model on synthetic addition (CPU, no downloads)').example('$0 sft --config sft.yaml --steps 1000', 'a YAML config with a flag overriding it'),
   handler: async (argv) => sftMain(configFromArgv(sftSchema, argv)),
 };
