@@ -2,8 +2,8 @@ import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { randomModel } from '@lathe/models';
-import { HfTokenizer } from '@lathe/tokenizer';
-import { defaults, lossTokenCount, packExamples, padPackedBatch, readSftData, runSft, sftSchema, type SftConfig, type StepMetrics, type TokenizedExample } from '@lathe/recipes';
+import { HfTokenizer, type ChatMessage } from '@lathe/tokenizer';
+import { defaults, lossTokenCount, packExamples, padPackedBatch, readSftData, runSft, sftSchema, tokenizeExample, type SftConfig, type StepMetrics, type TokenizedExample } from '@lathe/recipes';
 import { rng } from '../../../tools/testing/ort-cpu';
 
 // A tiny random Qwen3 with the real Qwen3 tokenizer and chat template.
@@ -50,14 +50,15 @@ test('conversations: the loss covers exactly the assistant turns (or every token
   const all = conversations.reduce((s, c) => s + tok.encodeChat(c.messages as never, { addGenerationPrompt: false }).length - 1, 0);
   const assistantOnly = await unpackedStep();
   expect(assistantOnly.loss_tokens).toBe(expected);
-  const [everything] = await steps(config({ batch_size: conversations.length, max_length: 96, assistant_only_loss: false }));
-  expect(everything.loss_tokens).toBe(all);
-  expect(everything.tokens).toBe(assistantOnly.tokens);
+  // every token: what tokenizeExample gives without assistant_only_loss (the run passes the option through)
+  const tokenizer = { ...tok, encode: (t: string) => tok.encode(t), decode: (ids: readonly number[]) => tok.decode(ids), chat: { encodeConversation: (ms: ChatMessage[]) => tok.encodeConversation(ms), encodePrompt: (ms: ChatMessage[]) => tok.encodeChat(ms) } };
   const read = await readSftData(chatFile);
+  expect(lossTokenCount(read.map((e) => tokenizeExample(tokenizer, e, { assistantOnly: false })))).toBe(all);
+  expect(lossTokenCount(read.map((e) => tokenizeExample(tokenizer, e)))).toBe(expected);
   expect(read[1]).toMatchObject({ prompt: 'And doubled?', response: 'That is 8.', where: `${chatFile}:2` });
 }, 60_000);
 
-test('packing: one step over the same examples, packed or one per row, has the same loss and gradient norm (composed attention)', async () => {
+test('packing: one step over the same examples, packed or one per row, has the same loss and gradient norm (composed attention); also with a fixed shape and LoRA', async () => {
   // Every training example in one step both ways: batch_size = examples unpacked, = rows packed.
   const lengths = await exampleLengths();
   const rows = packExamples(lengths.map((n) => ({ ids: new Array<number>(n).fill(0), lossMask: [], promptLength: 0 })), 96).length;
@@ -75,6 +76,12 @@ test('packing: one step over the same examples, packed or one per row, has the s
   expect(packed.padding_saved!).toBeGreaterThan(0);
   const logged = readFileSync(join(packedRun.run_dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as StepMetrics);
   expect(logged[0]).toMatchObject({ examples: expect.any(Number), pad_tokens: expect.any(Number), padding_saved: expect.any(Number) });
+  // --cuda_graph's fixed shape (every row padded to max_length; run here without capture), with
+  // LoRA adapters (B = 0 at the start: the base model's loss)
+  const fixed: StepMetrics[] = [];
+  await runSft(config({ packing: true, max_length: 96, batch_size: rows, lora_rank: 2 }), { onStep: (m) => fixed.push(m) }, undefined, { staticShapeWithoutCudaGraph: true });
+  expect(fixed[0].pad_tokens).toBe(rows * 96 - unpacked.tokens);
+  expect(Math.abs(fixed[0].loss - unpacked.loss)).toBeLessThan(1e-5 * unpacked.loss);
 }, 90_000);
 
 /** Token counts of the conversations as the run tokenizes them. */
