@@ -38,7 +38,7 @@ export const sftSchema = {
       'Replay the train step as a CUDA graph, with no gaps between kernel launches. Every batch is padded to exactly [batch_size, max_length], so use it when examples are near max_length (e.g. long-context SFT) or steps are short (LoRA, small models), not when most examples are much shorter. Needs --device cuda and --micro_batches 1',
   },
   max_length: { type: 'number', default: 512, integer: true, min: 2, describe: 'Longest training sequence in tokens (see --overlong)' },
-  overlong: { type: 'string', default: 'skip', choices: ['skip', 'truncate'], describe: 'Examples over max_length: skip them, or truncate the response (both counted)' },
+  overlong: { type: 'string', default: 'skip', choices: ['skip', 'truncate'], describe: "Examples over max_length: skip them, or cut them at max_length (a prompt/response example's response, a conversation's end; both counted)" },
   packing: {
     type: 'boolean',
     default: false,
