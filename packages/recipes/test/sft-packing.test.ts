@@ -2,6 +2,7 @@ import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { randomModel } from '@lathe/models';
+import { loadCheckpoint } from '@lathe/train';
 import { HfTokenizer, type ChatMessage } from '@lathe/tokenizer';
 import { defaults, lossTokenCount, packExamples, padPackedBatch, readSftData, runSft, sftSchema, tokenizeExample, type SftConfig, type StepMetrics, type TokenizedExample } from '@lathe/recipes';
 import { rng } from '../../../tools/testing/ort-cpu';
@@ -102,6 +103,21 @@ test('packing with flash attention, conversations without a chat template and ma
   await expect(readSftData(pairs, 'messages')).rejects.toThrow(`${pairs}:1: field 'messages' is missing`);
   expect(await readSftData(pairs)).toEqual([{ prompt: 'p', response: 'r' }]);
 });
+
+test('a packed run resumes exactly: 6 steps == 3 + resume + 3 (built-in task, parameters and moments bit-identical)', async () => {
+  const builtin = (over: Partial<SftConfig>) => config({ model: 'builtin:tiny', data: 'builtin:addition', packing: true, max_length: 24, batch_size: 2, lr: 5e-3, ...over });
+  const straight = await runSft(builtin({ steps: 6 }));
+  const dir = mkdtempSync(join(tmpdir(), 'lathe-sft-pack-resume-'));
+  const controller = new AbortController();
+  await runSft(builtin({ run_dir: dir, steps: 6 }), { onStep: (m) => m.step === 3 && controller.abort() }, controller.signal);
+  const resumed = await runSft(builtin({ run_dir: dir, steps: 6, resume: true }));
+  const [a, b] = [loadCheckpoint(straight.checkpoint), loadCheckpoint(resumed.checkpoint)];
+  expect(b.state).toEqual(a.state);
+  for (const [name, p] of a.model) {
+    expect(Buffer.from(b.model.get(name)!.buffer).equals(Buffer.from(p.buffer))).toBe(true);
+    expect(Buffer.from(b.m.get(name)!.buffer).equals(Buffer.from(a.m.get(name)!.buffer))).toBe(true);
+  }
+}, 60_000);
 
 test('packExamples: best-fit decreasing — every example once, whole, rows within max_length, positions and segments per example; the row count of an independent BFD', () => {
   const r = rng(7);
