@@ -25,7 +25,25 @@ export const grpoSchema = {
   reward: { type: 'string', default: 'exact', choices: ['exact', 'math'], describe: "Correctness reward (source 'correct', 1 or 0): exact match of the completion with the answer, or the math grader (final answer extracted and compared symbolically)" },
   format_reward: { type: 'number', default: 0, describe: "Weight of the r1_zero format reward (source 'format': 1 when the completion is '…</think> <answer>…</answer>'); 0: off" },
   overlong_buffer: { type: 'number', default: 0, integer: true, min: 0, describe: "DAPO's overlong shaping (source 'overlong'): the penalty falls linearly from 0 to -1 over the last N tokens before --max_new_tokens; 0: off" },
-  reward_fallback: { type: 'number', default: 0, describe: 'Value a reward source contributes when it throws or returns NaN/±∞ (each failure is logged with its prompt and counted)' },
+  reward_model: {
+    type: 'string',
+    default: '',
+    describe:
+      "A reward model folder (a lathe rm train checkpoint or any …ForSequenceClassification one with one label): source 'rm', its score of each prompt + completion (thinking stripped; encoded as lathe rm train encodes pairs, with the folder's tokenizer or, when it has none, this run's), frozen on the policy's device in --compute_dtype, every completion of a step in one run; a NaN score refuses the step. '': none",
+  },
+  reward_fn: {
+    type: 'string',
+    default: '',
+    describe:
+      "Your own reward functions, 'file.ts#name' (.ts, .js, .cjs or .mjs; several separated by commas; 'file.ts' alone: its default export): each a function (prompt, completion, meta) => number | Promise<number>, meta holding answer, completionTokens and stopped; source '<name>' (the file's name for a default export). '': none",
+  },
+  reward_weights: {
+    type: 'string',
+    default: '',
+    describe:
+      "Weights of the reward sources, 'source=weight,…' (e.g. rm=1,correct=0.5; sources: correct, format, overlong, rm and your functions' names): the step's reward is Σ weight·value; a source not named keeps weight 1 (format: --format_reward); weight 0 computes and logs a source without training on it",
+  },
+  reward_fallback: { type: 'number', default: 0, describe: 'Value a per-sample reward source (a grader, your function) contributes when it throws or returns NaN/±∞ (each failure is logged with its prompt and counted)' },
   // rollouts
   steps: { type: 'number', default: 100, integer: true, min: 1, describe: 'RL steps (each: rollouts, rewards, advantages, epochs × minibatch updates)' },
   prompts_per_step: { type: 'number', default: 16, integer: true, min: 1, describe: 'Prompts per RL step (the training set must hold at least this many; epochs of the set are reshuffled)' },

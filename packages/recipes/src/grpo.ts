@@ -16,10 +16,11 @@ import { Device, sizeOf } from '@lathe/runtime';
 import { join } from 'node:path';
 import { RolloutStore, runPaths } from '@lathe/data';
 import { loraFromOptions, type TrainerState } from '@lathe/train';
-import { combineRewards, GrpoTrainer, overlongReward, type GrpoStepMetrics, type RewardSource, type RlPrompt } from '@lathe/grpo';
+import { combineRewards, GrpoTrainer, overlongReward, type GrpoStepMetrics, type RlPrompt } from '@lathe/grpo';
 import { additionExamples, BUILTIN_DATA } from './demo-task';
 import { readPromptFile } from './generate';
 import { grpoTrainerOptions, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
+import { combineRewardSources, loadRewardFunctions, parseRewardWeights, rewardModelSource, RewardSourceError, withRewardWeights, type AnyRewardSource } from './reward-sources';
 import { checkComputeDtype, configChanges, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested } from './scaffold';
 
 /** A prompt with its reference answer. */
@@ -146,13 +147,19 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   const eos = model.config.eosTokenId;
   const stopIds = [...new Set([model.tokenizer.eosId, ...(eos === undefined ? [] : Array.isArray(eos) ? eos : [eos])])];
 
-  // Rewards: correctness, optional format and overlong shaping; failures are counted and logged.
+  // Rewards: correctness, optional format and overlong shaping, your functions and a reward model,
+  // weighted; per-sample failures are counted and logged, a reward model's refuses the step.
+  const device = Device.open(cfg.device as 'cpu' | 'cuda');
   const grader = cfg.reward === 'math' ? new MathGrader() : undefined;
   const correct = grader ? async (_p: string, c: string, m: AnswerMeta) => ((await grader.grade(c, m.answer)).correct ? 1 : 0) : (_p: string, c: string, m: AnswerMeta) => (c.trim() === m.answer.trim() ? 1 : 0);
-  const sources: RewardSource<AnswerMeta>[] = [{ name: 'correct', fn: correct }];
+  const sources: AnyRewardSource<AnswerMeta>[] = [{ name: 'correct', fn: correct }];
   if (cfg.format_reward !== 0) sources.push({ name: 'format', fn: (_p, c) => r1ZeroFormatReward(c), weight: cfg.format_reward });
   if (cfg.overlong_buffer > 0) sources.push({ name: 'overlong', fn: overlongReward({ maxLength: cfg.max_new_tokens, buffer: Math.min(cfg.overlong_buffer, cfg.max_new_tokens), maxPenalty: 1 }) });
-  const rewards = combineRewards<AnswerMeta>(sources, { fallback: cfg.reward_fallback });
+  sources.push(...(await loadRewardFunctions<AnswerMeta>(cfg.reward_fn, [...sources.map((s) => s.name), 'rm'])));
+  const weights = parseRewardWeights(cfg.reward_weights);
+  const rewardModel = cfg.reward_model ? await rewardModelSource<AnswerMeta>(cfg.reward_model, { ...cfg, device, dtype: cfg.compute_dtype, policy: model }) : undefined;
+  if (rewardModel) sources.push(rewardModel);
+  const rewards = combineRewardSources<AnswerMeta>(withRewardWeights(sources, weights), { fallback: cfg.reward_fallback });
   // Held-out verdicts through the same failure handling (logged with the prompt, counted): a grader
   // that fails scores the completion incorrect, never crashes the run.
   const verdictOf = combineRewards<AnswerMeta>([{ name: 'correct', fn: correct }], { fallback: 0 });
@@ -172,7 +179,6 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     run.rewind(state.step);
   }
 
-  const device = Device.open(cfg.device as 'cpu' | 'cuda');
   const trainer = GrpoTrainer.create<PromptMeta>({
     model: model.lm,
     tokenizer: model.tokenizer,
@@ -246,7 +252,11 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     }
     while (state.step < cfg.steps) {
       const lr = scheduledLr(cfg, state.step);
-      const { metrics, rollouts } = await trainer.step(() => nextPrompts(), lr);
+      const { metrics, rollouts } = await trainer.step(() => nextPrompts(), lr).catch(async (e: unknown) => {
+        // a reward model's NaN (or another batch source's failure) refuses the step before any update
+        if (!(e instanceof RewardSourceError)) throw e;
+        throw new Error(`step ${state.step + 1}: ${e.message}; the weights before this step are saved in ${await checkpoint()}`);
+      });
       const klCoef = trainer.adaptiveKlCoef;
       state = { ...state, step: state.step + 1, dataPosition: stream.position, optimizerStep: trainer.trainer.step, ...(klCoef !== undefined ? { klCoef } : {}) };
       last = metrics;
@@ -286,6 +296,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   } finally {
     await store.close();
     trainer.dispose();
+    rewardModel?.dispose();
     await grader?.close();
   }
   return { steps: state.step, evals, last, stepRewards, checkpoint: checkpointDir, interrupted };

@@ -7,6 +7,8 @@ import { runsCommand } from './runs';
 import { grpoCommand } from './grpo';
 import { generateCommand } from './generate';
 import { modelCommand } from './model';
+import { rmCommand } from './rm';
+import { dpoCommand } from './dpo';
 
 /** Every `lathe` subcommand; each lives in its own file beside this one. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- yargs command modules differ in their argv types
@@ -14,6 +16,8 @@ export const commands: CommandModule<any, any>[] = [
   demoCommand,
   sftCommand,
   grpoCommand,
+  rmCommand,
+  dpoCommand,
   generateCommand,
   gradeCommand,
   doctorCommand,
