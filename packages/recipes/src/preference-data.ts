@@ -6,6 +6,7 @@
  * completions) encodes a prompt and a response. Pairs are never truncated: those over `max_length`
  * are skipped and counted, as are pairs whose responses are identical.
  */
+import { existsSync } from 'node:fs';
 import { loadPreferencePairs, type ChatTurn } from '@lathe/data';
 import { seededRandom } from '@lathe/models';
 import { selectPairs, type PreferencePair } from '@lathe/reward-models';
@@ -57,10 +58,8 @@ export function additionPreferences(): PreferenceExample[] {
 /** The pairs of `--data`: a preference file, or {@link BUILTIN_DATA} ({@link additionPreferences}). */
 export async function readPreferenceData(data: string): Promise<PreferenceData> {
   if (data === BUILTIN_DATA) return { examples: additionPreferences(), identical: 0 };
-  const { examples, report } = await loadPreferencePairs(data).catch((e: unknown) => {
-    const code = (e as NodeJS.ErrnoException).code;
-    throw code === 'ENOENT' ? new Error(`--data ${data}: no such file`) : e;
-  });
+  if (!existsSync(data)) throw new Error(`--data ${data}: no such file`);
+  const { examples, report } = await loadPreferencePairs(data);
   if (examples.length === 0) throw new Error(`--data ${data}: no preference pairs (${report.read} rows read, ${report.skipped.length} skipped: ${report.skipped[0]?.reason ?? 'none'})`);
   return { examples: examples.map((e) => ({ prompt: e.prompt, turns: e.turns, chosen: e.chosen, rejected: e.rejected, ...(e.margin !== undefined ? { margin: e.margin } : {}), where: e.where })), identical: report.skipped.length };
 }
