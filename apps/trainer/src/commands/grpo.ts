@@ -5,6 +5,12 @@ import { grpoSchema, runGrpo, type GrpoConfig, type GrpoEvents, type GrpoRunResu
 import { addSchemaFlags, configFromArgv } from '../config-flags';
 import { runInterruptible, stopExitCode, type Interruptible } from '../interrupt';
 
+/** Each reward source's mean, as ' (rm 1.234, correct 0.500)', when a run has more than one source. */
+function bySource(m: Parameters<NonNullable<GrpoEvents['onStep']>>[0]): string {
+  const means = Object.entries(m).flatMap(([k, v]) => (k.startsWith('reward/') && k.endsWith('/mean') ? [`${k.slice('reward/'.length, -'/mean'.length)} ${v.toFixed(3)}`] : []));
+  return means.length > 1 ? ` (${means.join(', ')})` : '';
+}
+
 /** Progress for a GRPO run: a bar on stderr when it is a terminal, log lines otherwise. */
 export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEvents; stop(): void } {
   const tty = Boolean(process.stderr.isTTY);
@@ -28,7 +34,7 @@ export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEve
       if (tty) bar.update(m.step, { reward: m.reward_mean.toFixed(3), kl, sps: (m.step_ms / 1000).toFixed(2), acc });
       else if (m.step % cfg.log_every === 0) {
         process.stderr.write(
-          `step ${m.step}/${cfg.steps} reward ${m.reward_mean.toFixed(3)}±${m.reward_std.toFixed(3)} kl ${kl} clip ${m.clip_fraction.toFixed(3)} len ${m.response_length_mean.toFixed(1)} parity ${m.logp_parity.toFixed(5)} ` +
+          `step ${m.step}/${cfg.steps} reward ${m.reward_mean.toFixed(3)}±${m.reward_std.toFixed(3)}${bySource(m)} kl ${kl} clip ${m.clip_fraction.toFixed(3)} len ${m.response_length_mean.toFixed(1)} parity ${m.logp_parity.toFixed(5)} ` +
             // dynamic sampling ran out of rounds: the step trained on fewer groups than --prompts_per_step
             (m.dynamic_sampling_shortfall > 0 ? `short ${m.dynamic_sampling_shortfall} groups ` : '') +
             `${(m.step_ms / 1000).toFixed(2)} s (gen ${(m.generation_ms / 1000).toFixed(2)}, score ${(m.scoring_ms / 1000).toFixed(2)}, train ${(m.training_ms / 1000).toFixed(2)}, rewards ${(m.rewards_ms / 1000).toFixed(2)}, host ${(m.host_ms / 1000).toFixed(2)})\n`,
