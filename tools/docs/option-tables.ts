@@ -9,10 +9,13 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import {
+  dpoSchema,
   generateSchema,
   grpoSchema,
   modelInitSchema,
   optionTable,
+  rmEvalSchema,
+  rmTrainSchema,
   runsDiffSchema,
   runsListSchema,
   runsPruneSchema,
@@ -27,6 +30,9 @@ export const OPTION_SCHEMAS: Readonly<Record<string, OptionSchema>> = {
   grpo: grpoSchema,
   generate: generateSchema,
   'model-init': modelInitSchema,
+  'rm-train': rmTrainSchema,
+  'rm-eval': rmEvalSchema,
+  dpo: dpoSchema,
   'runs-list': runsListSchema,
   'runs-show': runsShowSchema,
   'runs-diff': runsDiffSchema,
@@ -34,7 +40,7 @@ export const OPTION_SCHEMAS: Readonly<Record<string, OptionSchema>> = {
 };
 
 /** The docs holding option tables, relative to the repository root. */
-export const OPTION_DOCS = ['docs/guides/sft.md', 'docs/guides/grpo.md', 'docs/guides/generate.md', 'docs/guides/model-init.md', 'docs/data.md'];
+export const OPTION_DOCS = ['docs/guides/sft.md', 'docs/guides/grpo.md', 'docs/guides/generate.md', 'docs/guides/model-init.md', 'docs/guides/rm.md', 'docs/guides/dpo.md', 'docs/data.md'];
 
 /** The repository root. */
 export const REPO_ROOT = join(__dirname, '..', '..');
