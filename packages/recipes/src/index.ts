@@ -1,6 +1,7 @@
 /**
  * @lathe/recipes — the runs behind Lathe's commands, above the libraries: SFT (`runSft`), GRPO
- * (`runGrpo`) and trajectory generation (`runGenerate`, `TrajectoryGenerator`), each with its option
+ * (`runGrpo`, with reward models and your functions as rewards), reward models (`runRmTrain`,
+ * `runRmEval`), DPO (`runDpo`) and trajectory generation (`runGenerate`, `TrajectoryGenerator`), each with its option
  * schema (the single source of defaults, CLI flags, YAML keys and the saved config); the built-in
  * demo task; and the scaffold they share (model and tokenizer loading, the held-out split, the run
  * directory with resume and checkpoints, evaluation files).
