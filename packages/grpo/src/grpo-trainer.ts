@@ -215,18 +215,18 @@ export class GrpoTrainer<M = unknown> {
   /**
    * One RL step on rollouts made elsewhere — a multi-turn or tool-using loop, or a trajectory file
    * (`rolloutGroups`) — instead of sampled here: generation and the reward functions are skipped,
-   * everything after them is {@link step}'s. Each group holds `groupSize` completions of its prompt
-   * with their rewards; a completion's `mask` marks the tokens the policy did not sample (tool or
+   * everything after them is {@link step}'s. Each group holds completions of its prompt with their
+   * rewards, `groupSize` of them or any other number (the estimator then groups them by id); a completion's `mask` marks the tokens the policy did not sample (tool or
    * environment output), which condition the rest but get no loss. Completions without `logprobs`
    * need `oldLogprobs: 'rescore'` (the default).
    */
   async stepOnRollouts(groups: readonly RolloutGroup<M>[], lr: number): Promise<GrpoStepResult> {
     if (this.disposed) throw new Error('GrpoTrainer: disposed');
     if (groups.length === 0) throw new Error('stepOnRollouts: no groups');
-    const G = this.opts.groupSize;
+    if (this.opts.greedyBaseline) throw new Error("stepOnRollouts: ReMax's greedy baseline is sampled by the trainer; rollouts made elsewhere cannot carry it (turn greedyBaseline off)");
     const scored = groups.map((g, i): SampledGroup<M> => {
-      if (g.completions.length !== G) throw new Error(`stepOnRollouts: group ${i} has ${g.completions.length} completions, the trainer's groupSize is ${G}`);
-      if (g.rewards.length !== G) throw new Error(`stepOnRollouts: group ${i} has ${g.rewards.length} rewards for ${G} completions`);
+      if (g.completions.length === 0) throw new Error(`stepOnRollouts: group ${i} has no completions`);
+      if (g.rewards.length !== g.completions.length) throw new Error(`stepOnRollouts: group ${i} has ${g.rewards.length} rewards for ${g.completions.length} completions`);
       const bad = g.rewards.findIndex((r) => !Number.isFinite(r));
       if (bad >= 0) throw new Error(`stepOnRollouts: group ${i}, completion ${bad}: reward ${g.rewards[bad]} is not a finite number`);
       const completions = g.completions.map((c, j) => {
@@ -316,9 +316,12 @@ export class GrpoTrainer<M = unknown> {
     const mask = tokenMasks(batch);
     const penalty = kl.coef > 0 && kl.mode === 'reward' ? klPenalisedRewards({ rewards, logp: logps.oldRows, refLogp: logps.refRows!, mask }, { coef: klCoef, estimator: kl.estimator }) : undefined;
     if (this.klController) this.klController.update(meanCompletionKl(trainedValues(batch, logps.oldRows), trainedValues(batch, logps.refRows!), kl.estimator), batch.rows);
+    // groups of other sizes (rollouts made elsewhere) are named by id, in order
+    const unequal = groups.some((g) => g.completions.length !== this.opts.groupSize);
     const estimate = this.parts.estimate({
       rewards,
       groupSize: this.opts.groupSize,
+      groupIds: unequal ? groups.flatMap((g, k) => g.completions.map(() => k)) : undefined,
       lengths: batch.lengths,
       tokenRewards: penalty?.tokenPenalties,
       greedyRewards: this.opts.greedyBaseline ? groups.map((g) => g.greedyReward!) : undefined,

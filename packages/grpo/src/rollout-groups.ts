@@ -19,11 +19,11 @@ export interface TrajectoryRollout {
 }
 
 /**
- * Groups trajectory rows into rollout groups of `groupSize` completions. Every row needs a
- * `reward`; a group with another count of rows is an error naming it. A row's `finish_reason`
+ * Groups trajectory rows into rollout groups. Every row needs a `reward`; with `groupSize`, a
+ * group with another count of rows is an error naming it (without, groups may differ in size). A row's `finish_reason`
  * 'stop' marks it stopped (its last token is then the stop token); absent or 'length', not.
  */
-export function rolloutGroups(rows: readonly TrajectoryRollout[], groupSize: number): RolloutGroup<{ promptIdx: number }>[] {
+export function rolloutGroups(rows: readonly TrajectoryRollout[], groupSize?: number): RolloutGroup<{ promptIdx: number }>[] {
   const byGroup = new Map<number, { rows: TrajectoryRollout[]; index: number[] }>();
   rows.forEach((r, i) => {
     if (r.reward === undefined || r.reward === null || !Number.isFinite(r.reward)) throw new Error(`rolloutGroups: row ${i} has no finite reward (got ${JSON.stringify(r.reward)})`);
@@ -34,7 +34,7 @@ export function rolloutGroups(rows: readonly TrajectoryRollout[], groupSize: num
     byGroup.set(key, g);
   });
   return [...byGroup.entries()].map(([key, g]) => {
-    if (g.rows.length !== groupSize) throw new Error(`rolloutGroups: group ${key} (rows ${g.index.join(', ')}) has ${g.rows.length} completions, expected ${groupSize}`);
+    if (groupSize !== undefined && g.rows.length !== groupSize) throw new Error(`rolloutGroups: group ${key} (rows ${g.index.join(', ')}) has ${g.rows.length} completions, expected ${groupSize}`);
     const first = g.rows[0];
     const prompt: RlPrompt<{ promptIdx: number }> = { ids: Array.from(first.prompt_token_ids), text: first.prompt, meta: { promptIdx: first.prompt_idx }, key, index: first.prompt_idx };
     g.rows.forEach((r, j) => {

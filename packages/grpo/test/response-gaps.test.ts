@@ -4,7 +4,7 @@
  * (against the PPO loss at ratio 1 computed by hand), no KL penalty on untrained tokens, and
  * rollouts read from trajectory rows (`rolloutGroups`) with their `output_mask`.
  */
-import { GrpoTrainer, klEstimate, klPenalisedRewards, rolloutGroups, selectRows, tokenBatch, type RolloutGroup, type TrajectoryRollout } from '@lathe/grpo';
+import { GrpoTrainer, grpoAdvantages, klEstimate, klPenalisedRewards, rolloutGroups, selectRows, tokenBatch, type RolloutGroup, type TrajectoryRollout } from '@lathe/grpo';
 import { tinyModel } from './tiny-qwen3';
 
 const V = 8;
@@ -125,13 +125,19 @@ test('rolloutGroups reads trajectory rows (group_id, reward, output_mask, finish
     b.dispose();
   }
   expect(() => rolloutGroups(rows.slice(0, 3), 4)).toThrow('group 9 (rows 0, 1, 2) has 3 completions, expected 4');
+  expect(rolloutGroups(rows.slice(0, 3))[0].completions).toHaveLength(3);
   expect(() => rolloutGroups([{ ...rows[0], reward: null }], 1)).toThrow('row 0 has no finite reward');
 });
 
-test('stepOnRollouts refuses groups of another size and rollouts without log-probs under oldLogprobs generation', async () => {
+test('stepOnRollouts takes groups of other sizes: each group gets the advantages it would get alone', async () => {
   const t = trainer();
+  const small: RolloutGroup<Meta> = { prompt: { ids: [3], text: '3', meta: { promptIdx: 1 }, key: 1, index: 1 }, completions: [{ tokens: [4, 5], stopped: true }, { tokens: [6], stopped: false }], rewards: [0.25, 1] };
   try {
-    await expect(t.stepOnRollouts([{ ...group, completions: group.completions.slice(0, 3), rewards: [1, 0, 0] }], 1e-3)).rejects.toThrow("group 0 has 3 completions, the trainer's groupSize is 4");
+    const { rollouts } = await t.stepOnRollouts([{ ...group, completions: group.completions.slice(0, 3), rewards: [1, 0, 0.5] }, small], 1e-3);
+    const alone = [grpoAdvantages({ rewards: [1, 0, 0.5], groupSize: 3 }), grpoAdvantages({ rewards: [0.25, 1], groupSize: 2 })].flatMap((a) => a.advantages);
+    expect(rollouts.map((r) => r.advantage)).toEqual(alone);
+    expect(alone[0]).toBeGreaterThan(0);
+    await expect(t.stepOnRollouts([{ ...group, rewards: [1, 0] }], 1e-3)).rejects.toThrow('group 0 has 2 rewards for 4 completions');
   } finally {
     t.dispose();
   }
