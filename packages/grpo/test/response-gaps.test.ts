@@ -148,3 +148,39 @@ test('stepOnRollouts takes groups of other sizes: each group gets the advantages
     g.dispose();
   }
 });
+
+test('learning through stepOnRollouts with tool output after each answer: reward rises from chance to ≥ 0.9', async () => {
+  // one-token task: prompt p must be answered ANSWERS[p] (chance 1/8); every rollout's answer is
+  // followed by two tokens of "tool output" the policy never sampled, masked out of the loss
+  const ANSWERS = [5, 7, 3, 2];
+  const TOOL = 6;
+  const t = GrpoTrainer.create<Meta>({
+    model: tinyModel(V).lm,
+    tokenizer,
+    stopIds: [],
+    rewards: () => Promise.reject(new Error('stepOnRollouts calls no reward function')),
+    groupSize: 8,
+    maxNewTokens: 1,
+    loss: { aggregation: 'token-mean', clipHigh: 0.28 },
+    minibatches: 2,
+  });
+  try {
+    const mean: number[] = [];
+    for (let s = 0; s < 60 && !(mean.length >= 3 && mean.slice(-3).every((m) => m >= 0.9)); s++) {
+      const prompts = ANSWERS.map((_a, p) => ({ ids: [p], text: String(p), meta: { promptIdx: p }, key: s * ANSWERS.length + p, index: p }));
+      const samples = await t.generateSamples(prompts);
+      const groups: RolloutGroup<Meta>[] = prompts.map((prompt, p) => ({
+        prompt,
+        completions: samples[p].map((c) => ({ tokens: [c.tokens[0], TOOL, TOOL], stopped: false, mask: [1, 0, 0] })),
+        rewards: samples[p].map((c) => (c.tokens[0] === ANSWERS[p] ? 1 : 0)),
+      }));
+      await t.stepOnRollouts(groups, 0.03);
+      mean.push(groups.flatMap((g) => g.rewards).reduce((a, b) => a + b, 0) / 32);
+    }
+    console.log(`stepOnRollouts with masked tool output: ${mean.length} steps, mean reward ${mean[0].toFixed(2)} → ${mean.at(-1)!.toFixed(2)}`);
+    expect(mean[0]).toBeLessThan(0.4);
+    expect(mean.slice(-3).every((m) => m >= 0.9)).toBe(true);
+  } finally {
+    t.dispose();
+  }
+});
