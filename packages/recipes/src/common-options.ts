@@ -94,6 +94,14 @@ export function resumeOptions(logs: string) {
   } as const satisfies OptionSchema;
 }
 
+/** `--log_every` of a training run that logs metrics every 10 steps by default. */
+export const logEveryOption = { type: 'number', default: 10, integer: true, min: 1, describe: 'Write metrics every N steps' } as const;
+
+/** A training run's checkpoint, resume and logging options: `checkpointOptions(saveEvery)`, `resumeOptions(logs)` and `--log_every`. */
+export function trainRunOptions(saveEvery: number, logs: string) {
+  return { ...checkpointOptions(saveEvery), ...resumeOptions(logs), log_every: logEveryOption } as const satisfies OptionSchema;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sampling
 

@@ -1,8 +1,8 @@
 /** `lathe dpo`'s options: defaults, flags, YAML keys and the config saved with checkpoints. */
 import { DPO_DEFAULTS } from '@lathe/reward-models';
-import { attentionOption, checkpointOptions, deviceOption, gradientCheckpointingOption, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, resumeOptions, runDirOption, seedOption, tokenizerOption, trainComputeDtypeOption } from './common-options';
+import { modelOption, optimizerOptions, promptFormatOptions, runDirOption, seedOption, tokenizerOption, trainRunOptions } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
-import { heldOutPairsOption, preferenceDataOption, preferenceLoraOptions, preferenceMaxLengthOption } from './rm-config';
+import { preferenceDataOption, preferenceEvalOptions, preferenceLoraOptions, preferenceStepOptions } from './rm-config';
 
 /** Every option of a DPO run; the loss's defaults come from `DPO_DEFAULTS`. */
 export const dpoSchema = {
@@ -11,25 +11,15 @@ export const dpoSchema = {
   data: preferenceDataOption,
   ...promptFormatOptions,
   run_dir: runDirOption('runs/dpo', 'config.yaml, metrics.jsonl, reference_logps.safetensors, checkpoints/ and eval/'),
-  device: deviceOption,
-  compute_dtype: trainComputeDtypeOption,
-  attention: attentionOption,
-  gradient_checkpointing: gradientCheckpointingOption,
-  steps: { type: 'number', default: 500, integer: true, min: 1, describe: 'Optimizer steps' },
-  batch_size: { type: 'number', default: 16, integer: true, min: 1, describe: 'Preference pairs per optimizer step (each pair is two sequences)' },
-  micro_batches: microBatchesOption,
-  max_length: preferenceMaxLengthOption,
+  ...preferenceStepOptions,
   beta: { type: 'number', default: DPO_DEFAULTS.beta, min: 0, describe: 'β (> 0): how strongly the policy is held to the reference; the implicit reward of a response is β·(log π − log π_ref)' },
   loss_type: { type: 'string', default: DPO_DEFAULTS.loss, choices: ['sigmoid', 'ipo'], describe: "The loss: sigmoid (DPO, −log σ(β·z), response log-probs summed) or ipo (IPO, (z − 1/(2β))², log-probs averaged over each response's tokens, as TRL); z is the chosen-minus-rejected log-ratio margin" },
   label_smoothing: { type: 'number', default: DPO_DEFAULTS.labelSmoothing, min: 0, below: 0.5, describe: "cDPO's label smoothing ε with --loss_type sigmoid: the share of pairs assumed mislabelled" },
   ...optimizerOptions({ lr: 1e-6, schedule: 'linear', warmup_steps: 0, weight_decay: 0, max_grad_norm: 1 }),
   ...preferenceLoraOptions,
   seed: seedOption("data order, the held-out split and LoRA's initial adapters"),
-  eval_examples: heldOutPairsOption,
-  eval_every: { type: 'number', default: 50, integer: true, min: 0, describe: 'Score the held-out pairs every N steps (also before the first and after the last; 0: only then)' },
-  ...checkpointOptions(200),
-  ...resumeOptions('metrics and evaluations'),
-  log_every: { type: 'number', default: 10, integer: true, min: 1, describe: 'Write metrics every N steps' },
+  ...preferenceEvalOptions,
+  ...trainRunOptions(200, 'metrics and evaluations'),
 } as const satisfies OptionSchema;
 
 /** A resolved DPO config. */

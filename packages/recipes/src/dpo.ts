@@ -11,18 +11,17 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { CausalLM, readSafetensorsHeader, readTensorBytes, writeSafetensors, type DecoderConfig } from '@lathe/models';
 import { dpoLoss, dpoMetrics, dpoReduction, dpoSums, ResponseLogprobScorer, trainedWeights, type DpoMetrics, type LogprobReduction, type PreferencePair } from '@lathe/reward-models';
-import { bytesToFloat32, Device, sizeOf } from '@lathe/runtime';
+import { bytesToFloat32, Device } from '@lathe/runtime';
 import { loraFromOptions, Trainer, useFlashAttention } from '@lathe/train';
 import type { DpoRunConfig } from './dpo-config';
-import { pairStepFeeds, preferenceStart, scorePairs } from './preference-batches';
+import { preferenceStart, scorePairs } from './preference-batches';
 import { loadPreferenceSplit } from './preference-data';
-import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, stopRequested } from './scaffold';
+import { runPairTraining, type PairRunStart, type PairStepTiming } from './pair-run';
+import { checkComputeDtype, loadRunModel, RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
-/** Metrics of one optimizer step (one line of metrics.jsonl). */
-export interface DpoStepMetrics {
-  step: number;
-  loss: number;
-  /** Share of the step's pairs whose chosen response has the higher implicit reward β·(log π − log π_ref). */
+/** DPO's pairwise metrics, of a step's pairs or the held-out ones. */
+export interface DpoPairMetrics {
+  /** Share of the pairs whose chosen response has the higher implicit reward β·(log π − log π_ref). */
   accuracy: number;
   /** Mean implicit-reward margin, chosen minus rejected. */
   margin: number;
@@ -31,48 +30,26 @@ export interface DpoStepMetrics {
   /** Mean policy log-prob of the chosen (rejected) responses (summed over tokens; averaged with --loss_type ipo). */
   chosen_logp: number;
   rejected_logp: number;
-  grad_norm: number;
-  lr: number;
-  tokens: number;
-  tokens_per_s: number;
-  host_ms: number;
-  run_ms: number;
 }
+
+/** Metrics of one optimizer step (one line of metrics.jsonl). */
+export type DpoStepMetrics = { step: number; loss: number } & DpoPairMetrics & PairStepTiming;
 
 /** The held-out pairs scored at one step. */
-export interface DpoEvalResult {
-  step: number;
-  pairs: number;
-  accuracy: number;
-  margin: number;
-  chosen_reward: number;
-  rejected_reward: number;
-  chosen_logp: number;
-  rejected_logp: number;
-}
+export type DpoEvalResult = { step: number; pairs: number } & DpoPairMetrics;
 
 /** Callbacks for progress display. */
-export interface DpoEvents {
-  onStart?(info: { startStep: number; totalSteps: number; trainPairs: number; evalPairs: number; skipped: { overLength: number; identical: number }; parameters: number; trainable: number; referenceCached: boolean }): void;
-  onStep?(m: DpoStepMetrics): void;
-  onEval?(r: DpoEvalResult): void;
-  onCheckpoint?(dir: string, step: number): void;
+export interface DpoEvents extends TrainRunEvents<DpoStepMetrics, DpoEvalResult> {
+  onStart?(info: PairRunStart & { parameters: number; referenceCached: boolean }): void;
 }
 
-/** What a run returns. */
-export interface DpoResult {
-  steps: number;
-  finalLoss: number;
-  evals: DpoEvalResult[];
-  /** The last checkpoint: a causal-LM folder. */
-  checkpoint: string;
-  interrupted: boolean;
-}
+/** What a run returns; its checkpoint is a causal-LM folder. */
+export type DpoResult = TrainRunResult<DpoEvalResult>;
 
 /** The reference log-probs' file in the run directory. */
 export const REFERENCE_LOGPS_FILE = 'reference_logps.safetensors';
 
-function dpoFields(m: DpoMetrics) {
+function dpoFields(m: DpoMetrics): DpoPairMetrics {
   return { accuracy: m.accuracy, margin: m.margin, chosen_reward: m.chosenReward, rejected_reward: m.rejectedReward, chosen_logp: m.chosenLogp, rejected_logp: m.rejectedLogp };
 }
 
@@ -153,98 +130,49 @@ export async function runDpo(cfg: DpoRunConfig, events: DpoEvents = {}, signal?:
   const tw = trainedWeights(config, master, { lora, compute, seed: cfg.seed });
   const loss = dpoLoss(config, { ...dpo, compute, weights: tw.weights, recompute: cfg.gradient_checkpointing, flashAttention: useFlashAttention(cfg.attention, cfg.device, compute) });
   const start = preferenceStart(run, tw, cfg);
-  let state = start.state;
 
   const device = Device.open(cfg.device);
   run.saveConfig(cfg);
   // the reference is the starting model, never trained: its log-probs are scored once per pair
   const { logps: reference, cached } = await referenceLogps(run, cfg, device, config, master, [...train.pairs, ...held.pairs], { reduction, padId });
   const frozen = tw.frozenOn(device);
-  const trainer = Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { params: start.params, m: start.m, v: start.v, step: state.step }, { device, microBatches: cfg.micro_batches, frozen });
+  const trainer = Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { params: start.params, m: start.m, v: start.v, step: start.state.step }, { device, microBatches: cfg.micro_batches, frozen });
   const scorer = ResponseLogprobScorer.create(config, device, { reduction });
   try {
     const heldRef = refFeed(reference, held.pairs).data;
-    const evaluate = async (): Promise<DpoEvalResult> => {
-      const weights = lora ? tw.merged(trainer.downloadParams()) : trainer.params();
-      const r = await scorePairs(held.pairs, cfg.batch_size, padId, (b) => scorer.score(b, weights));
-      const policy = new Float32Array([...r.chosen, ...r.rejected]);
-      const P = held.pairs.length;
-      run.writeEval(
-        state.step,
-        held.examples.map((e, i) => {
-          const chosenReward = cfg.beta * (r.chosen[i] - heldRef[i]);
-          const rejectedReward = cfg.beta * (r.rejected[i] - heldRef[P + i]);
-          return { where: e.where, prompt: e.prompt, chosen: e.chosen, rejected: e.rejected, chosen_logp: r.chosen[i], rejected_logp: r.rejected[i], chosen_reward: chosenReward, rejected_reward: rejectedReward, correct: chosenReward > rejectedReward };
-        }),
-      );
-      const result: DpoEvalResult = { step: state.step, pairs: P, ...dpoFields(dpoMetrics(dpoSums(policy, heldRef, cfg.beta))) };
-      run.metrics.log({ step: state.step, ...Object.fromEntries(Object.entries(result).filter(([k]) => k !== 'step').map(([k, v]) => [`eval_${k}`, v])) });
-      events.onEval?.(result);
-      return result;
-    };
-    const checkpoint = () => {
-      const snap = trainer.snapshot();
-      return run.checkpoint(
-        { config, model: tw.merged(snap.params), trainable: tw.params, values: snap.params, m: snap.m, v: snap.v, state, lora: Boolean(lora) },
-        { keepLast: cfg.keep_last, tokenizerFrom: model.tokenizerFrom, onCheckpoint: (dir, step) => events.onCheckpoint?.(dir, step) },
-      );
-    };
-
-    events.onStart?.({
-      startStep: state.step,
-      totalSteps: cfg.steps,
-      trainPairs: train.pairs.length,
-      evalPairs: held.pairs.length,
+    return await runPairTraining({
+      cfg,
+      run,
+      trainer,
+      tw,
+      lora: Boolean(lora),
+      config,
+      tokenizerFrom: model.tokenizerFrom,
+      state: start.state,
+      train,
+      held,
       skipped,
-      parameters: [...master.values()].reduce((s, w) => s + w.length, 0),
-      trainable: tw.params.reduce((s, p) => s + sizeOf(p.shape), 0),
-      referenceCached: cached,
+      padId,
+      evaluate: async (step, weights): Promise<DpoEvalResult> => {
+        const r = await scorePairs(held.pairs, cfg.batch_size, padId, (b) => scorer.score(b, weights));
+        const policy = new Float32Array([...r.chosen, ...r.rejected]);
+        const P = held.pairs.length;
+        run.writeEval(
+          step,
+          held.examples.map((e, i) => {
+            const chosenReward = cfg.beta * (r.chosen[i] - heldRef[i]);
+            const rejectedReward = cfg.beta * (r.rejected[i] - heldRef[P + i]);
+            return { where: e.where, prompt: e.prompt, chosen: e.chosen, rejected: e.rejected, chosen_logp: r.chosen[i], rejected_logp: r.rejected[i], chosen_reward: chosenReward, rejected_reward: rejectedReward, correct: chosenReward > rejectedReward };
+          }),
+        );
+        return { step, pairs: P, ...dpoFields(dpoMetrics(dpoSums(policy, heldRef, cfg.beta))) };
+      },
+      stepFields: (m) => dpoFields(dpoMetrics(m)),
+      extraFeeds: (_k, part) => ({ ref_logp: refFeed(reference, part) }),
+      start: (info) => events.onStart?.({ ...info, parameters: [...master.values()].reduce((s, w) => s + w.length, 0), referenceCached: cached }),
+      events,
+      signal,
     });
-    const stream = new EpochStream(train.pairs, cfg.seed, state.dataPosition);
-    const evals: DpoEvalResult[] = [];
-    let lastLoss = NaN;
-    let interrupted = false;
-    if (state.step === 0 && held.pairs.length > 0) evals.push(await evaluate());
-
-    while (state.step < cfg.steps) {
-      const t0 = performance.now();
-      const batchStart = stream.position;
-      const pairs = stream.take(cfg.batch_size);
-      const lr = scheduledLr(cfg, state.step);
-      const feeds = pairStepFeeds(pairs, { microBatches: cfg.micro_batches, padId, inputs: trainer.batchInputs, seed: cfg.seed, optimizerStep: trainer.step, extra: (_k, part) => ({ ref_logp: refFeed(reference, part) }) });
-      const hostMs0 = performance.now() - t0;
-      const result = trainer.trainStep(feeds, lr);
-      if (!Number.isFinite(result.loss)) {
-        const dir = checkpoint();
-        throw new Error(`step ${state.step + 1}: the loss is ${result.loss} on the pairs at stream positions ${batchStart}..${batchStart + cfg.batch_size - 1}; the weights before this step are saved in ${dir}. Lower --lr or check the data.`);
-      }
-      state = { ...state, step: state.step + 1, dataPosition: stream.position };
-      lastLoss = result.loss;
-      const tokens = pairs.reduce((s, p) => s + 2 * p.prompt.length + p.chosen.length + p.rejected.length, 0);
-      const hostMs = hostMs0 + result.hostMs;
-      const metrics: DpoStepMetrics = {
-        step: state.step,
-        loss: result.loss,
-        ...dpoFields(dpoMetrics(result.metrics)),
-        grad_norm: result.gradNorm,
-        lr,
-        tokens,
-        tokens_per_s: tokens / ((hostMs + result.runMs) / 1000),
-        host_ms: hostMs,
-        run_ms: result.runMs,
-      };
-      events.onStep?.(metrics);
-      // on the log_every schedule only, so a resumed run's metrics.jsonl equals an uninterrupted run's
-      if (state.step % cfg.log_every === 0 || state.step === cfg.steps) run.metrics.log({ ...metrics });
-      if (held.pairs.length > 0 && ((cfg.eval_every > 0 && state.step % cfg.eval_every === 0) || state.step === cfg.steps)) evals.push(await evaluate());
-      if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) checkpoint();
-      if (await stopRequested(signal)) {
-        interrupted = true;
-        break;
-      }
-    }
-    const last = run.savedAt(state.step) ?? checkpoint();
-    return { steps: state.step, finalLoss: lastLoss, evals, checkpoint: last, interrupted };
   } finally {
     scorer.dispose();
     trainer.dispose();

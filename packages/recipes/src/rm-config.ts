@@ -3,7 +3,6 @@ import { REWARD_LORA_TARGETS } from '@lathe/reward-models';
 import { BUILTIN_DATA } from './demo-task';
 import {
   attentionOption,
-  checkpointOptions,
   deviceOption,
   evalExamplesOption,
   gradientCheckpointingOption,
@@ -12,11 +11,11 @@ import {
   modelOption,
   optimizerOptions,
   promptFormatOptions,
-  resumeOptions,
   runDirOption,
   seedOption,
   tokenizerOption,
   trainComputeDtypeOption,
+  trainRunOptions,
 } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 
@@ -36,13 +35,8 @@ export const heldOutPairsOption = { ...evalExamplesOption, describe: 'Held-out p
 /** LoRA for reward models and DPO: the attention projections by default. */
 export const preferenceLoraOptions = { ...loraOptions, lora_targets: { ...loraOptions.lora_targets, default: REWARD_LORA_TARGETS } } as const satisfies OptionSchema;
 
-/** Every option of `lathe rm train`. */
-export const rmTrainSchema = {
-  model: { ...modelOption, describe: `${modelOption.describe}: a causal LM (its LM head replaced by a score head drawn from N(0, 0.02²) with --seed) or a reward model (…ForSequenceClassification) to train further` },
-  tokenizer: tokenizerOption,
-  data: preferenceDataOption,
-  ...promptFormatOptions,
-  run_dir: runDirOption('runs/rm', 'config.yaml, metrics.jsonl, checkpoints/ (Hugging Face sequence-classification folders) and eval/'),
+/** The device, train step and batch options of the preference training commands (rm train, dpo). */
+export const preferenceStepOptions = {
   device: deviceOption,
   compute_dtype: trainComputeDtypeOption,
   attention: attentionOption,
@@ -51,16 +45,29 @@ export const rmTrainSchema = {
   batch_size: { type: 'number', default: 16, integer: true, min: 1, describe: 'Preference pairs per optimizer step (each pair is two sequences)' },
   micro_batches: microBatchesOption,
   max_length: preferenceMaxLengthOption,
+} as const satisfies OptionSchema;
+
+/** The held-out pairs of the preference training commands and how often they are scored. */
+export const preferenceEvalOptions = {
+  eval_examples: heldOutPairsOption,
+  eval_every: { type: 'number', default: 50, integer: true, min: 0, describe: 'Score the held-out pairs every N steps (also before the first and after the last; 0: only then)' },
+} as const satisfies OptionSchema;
+
+/** Every option of `lathe rm train`. */
+export const rmTrainSchema = {
+  model: { ...modelOption, describe: `${modelOption.describe}: a causal LM (its LM head replaced by a score head drawn from N(0, 0.02²) with --seed) or a reward model (…ForSequenceClassification) to train further` },
+  tokenizer: tokenizerOption,
+  data: preferenceDataOption,
+  ...promptFormatOptions,
+  run_dir: runDirOption('runs/rm', 'config.yaml, metrics.jsonl, checkpoints/ (Hugging Face sequence-classification folders) and eval/'),
+  ...preferenceStepOptions,
   margin: { type: 'boolean', default: false, describe: "Read each pair's 'margin' field m into the loss, −log σ(r_chosen − r_rejected − m) (a pair without one is an error naming its row)" },
   center_rewards_coefficient: { type: 'number', default: 0, min: 0, describe: "Add c·(r_chosen + r_rejected)² per pair, keeping rewards centred on zero (TRL's center_rewards_coefficient; 0.01 is usual); 0: off" },
   ...optimizerOptions({ lr: 1e-5, schedule: 'linear', warmup_steps: 0, weight_decay: 0, max_grad_norm: 1 }),
   ...preferenceLoraOptions,
   seed: seedOption("data order, the held-out split, the new score head and LoRA's initial adapters"),
-  eval_examples: heldOutPairsOption,
-  eval_every: { type: 'number', default: 50, integer: true, min: 0, describe: 'Score the held-out pairs every N steps (also before the first and after the last; 0: only then)' },
-  ...checkpointOptions(200),
-  ...resumeOptions('metrics and evaluations'),
-  log_every: { type: 'number', default: 10, integer: true, min: 1, describe: 'Write metrics every N steps' },
+  ...preferenceEvalOptions,
+  ...trainRunOptions(200, 'metrics and evaluations'),
 } as const satisfies OptionSchema;
 
 /** A resolved `lathe rm train` config. */

@@ -10,20 +10,18 @@
 import { batchOf, scalarData, writeParquet } from '@lathe/data';
 import { bradleyTerryLoss, preferenceMetrics, preferenceSums, RewardModel, RewardScorer, trainedWeights, type PreferenceMetrics } from '@lathe/reward-models';
 import { paramCount } from '@lathe/models';
-import { Device, sizeOf } from '@lathe/runtime';
+import { Device } from '@lathe/runtime';
 import { loraFromOptions, Trainer, useFlashAttention } from '@lathe/train';
 import { BUILTIN_MODEL } from './demo-task';
-import { pairStepFeeds, preferenceStart, scorePairs } from './preference-batches';
+import { preferenceStart, scorePairs } from './preference-batches';
 import { loadPreferenceSplit, preferenceEncoder, readPreferenceData, tokenizePreferences, type PreferenceExample } from './preference-data';
 import type { RmEvalConfig, RmTrainConfig } from './rm-config';
-import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, stopRequested, type RunModel } from './scaffold';
+import { runPairTraining, type PairRunStart, type PairStepTiming } from './pair-run';
+import { checkComputeDtype, loadRunModel, RunDir, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
-/** Metrics of one optimizer step (one line of metrics.jsonl). */
-export interface RmStepMetrics {
-  step: number;
-  /** The Bradley-Terry loss (with the centring term when on). */
-  loss: number;
-  /** Share of the step's pairs with r_chosen > r_rejected. */
+/** A reward model's pairwise metrics, of a step's pairs or the held-out ones. */
+export interface RmPairMetrics {
+  /** Share of the pairs with r_chosen > r_rejected. */
   accuracy: number;
   /** Mean r_chosen − r_rejected. */
   margin: number;
@@ -31,48 +29,29 @@ export interface RmStepMetrics {
   chosen_std: number;
   rejected_mean: number;
   rejected_std: number;
-  grad_norm: number;
-  lr: number;
-  /** Tokens in the step's sequences (two per pair). */
-  tokens: number;
-  tokens_per_s: number;
-  /** Milliseconds preparing the batch on the host and inside ONNX Runtime runs. */
-  host_ms: number;
-  run_ms: number;
 }
+
+/** Metrics of one optimizer step (one line of metrics.jsonl). */
+export type RmStepMetrics = {
+  step: number;
+  /** The Bradley-Terry loss (with the centring term when on). */
+  loss: number;
+} & RmPairMetrics &
+  PairStepTiming;
 
 /** The held-out pairs scored at one step. */
-export interface RmEvalResult {
-  step: number;
-  pairs: number;
-  accuracy: number;
-  margin: number;
-  chosen_mean: number;
-  chosen_std: number;
-  rejected_mean: number;
-  rejected_std: number;
-}
+export type RmEvalResult = { step: number; pairs: number } & RmPairMetrics;
 
 /** Callbacks for progress display. */
-export interface RmTrainEvents {
-  onStart?(info: { startStep: number; totalSteps: number; trainPairs: number; evalPairs: number; skipped: { overLength: number; identical: number }; parameters: number; trainable: number }): void;
-  onStep?(m: RmStepMetrics): void;
-  onEval?(r: RmEvalResult): void;
-  onCheckpoint?(dir: string, step: number): void;
+export interface RmTrainEvents extends TrainRunEvents<RmStepMetrics, RmEvalResult> {
+  onStart?(info: PairRunStart & { parameters: number }): void;
 }
 
-/** What a training run returns. */
-export interface RmTrainResult {
-  steps: number;
-  finalLoss: number;
-  evals: RmEvalResult[];
-  /** The last checkpoint: a sequence-classification folder `RewardModel.fromPretrained` (and transformers) loads. */
-  checkpoint: string;
-  interrupted: boolean;
-}
+/** What a training run returns; its checkpoint is a sequence-classification folder `RewardModel.fromPretrained` (and transformers) loads. */
+export type RmTrainResult = TrainRunResult<RmEvalResult>;
 
 /** Metrics as snake_case fields, from `preferenceMetrics`. */
-function preferenceFields(m: PreferenceMetrics) {
+function preferenceFields(m: PreferenceMetrics): RmPairMetrics {
   return { accuracy: m.accuracy, margin: m.margin, chosen_mean: m.chosenMean, chosen_std: m.chosenStd, rejected_mean: m.rejectedMean, rejected_std: m.rejectedStd };
 }
 
@@ -109,88 +88,38 @@ export async function runRmTrain(cfg: RmTrainConfig, events: RmTrainEvents = {},
     centerCoefficient: cfg.center_rewards_coefficient,
   });
   const start = preferenceStart(run, tw, cfg);
-  let state = start.state;
 
   const device = Device.open(cfg.device);
   const frozen = tw.frozenOn(device);
-  const trainer = Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { params: start.params, m: start.m, v: start.v, step: state.step }, { device, microBatches: cfg.micro_batches, frozen });
+  const trainer = Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { params: start.params, m: start.m, v: start.v, step: start.state.step }, { device, microBatches: cfg.micro_batches, frozen });
   // held-out rewards in float32 from the trainer's own buffers (full fine-tuning) or the merged adapters (LoRA)
   const scorer = RewardScorer.create(rm.config, device);
   try {
     run.saveConfig(cfg);
-    const evaluate = async (): Promise<RmEvalResult> => {
-      const weights = lora ? tw.merged(trainer.downloadParams()) : trainer.params();
-      const r = await scorePairs(held.pairs, cfg.batch_size, padId, (b) => scorer.score(b, weights));
-      run.writeEval(state.step, held.examples.map((e, i) => evalRow(e, r.chosen[i], r.rejected[i])));
-      const result: RmEvalResult = { step: state.step, pairs: held.pairs.length, ...preferenceFields(preferenceMetrics(preferenceSums(r.chosen, r.rejected))) };
-      run.metrics.log({ step: state.step, ...Object.fromEntries(Object.entries(result).filter(([k]) => k !== 'step').map(([k, v]) => [`eval_${k}`, v])) });
-      events.onEval?.(result);
-      return result;
-    };
-    const checkpoint = () => {
-      const snap = trainer.snapshot();
-      return run.checkpoint(
-        { config: rm.config, model: tw.merged(snap.params), trainable: tw.params, values: snap.params, m: snap.m, v: snap.v, state, lora: Boolean(lora) },
-        { keepLast: cfg.keep_last, tokenizerFrom: model.tokenizerFrom, onCheckpoint: (dir, step) => events.onCheckpoint?.(dir, step) },
-      );
-    };
-
-    events.onStart?.({
-      startStep: state.step,
-      totalSteps: cfg.steps,
-      trainPairs: train.pairs.length,
-      evalPairs: held.pairs.length,
+    return await runPairTraining({
+      cfg,
+      run,
+      trainer,
+      tw,
+      lora: Boolean(lora),
+      config: rm.config,
+      tokenizerFrom: model.tokenizerFrom,
+      state: start.state,
+      train,
+      held,
       skipped,
-      parameters: paramCount(rm.config),
-      trainable: tw.params.reduce((s, p) => s + sizeOf(p.shape), 0),
+      padId,
+      evaluate: async (step, weights): Promise<RmEvalResult> => {
+        const r = await scorePairs(held.pairs, cfg.batch_size, padId, (b) => scorer.score(b, weights));
+        run.writeEval(step, held.examples.map((e, i) => evalRow(e, r.chosen[i], r.rejected[i])));
+        return { step, pairs: held.pairs.length, ...preferenceFields(preferenceMetrics(preferenceSums(r.chosen, r.rejected))) };
+      },
+      stepFields: (m) => preferenceFields(preferenceMetrics(m)),
+      nonFiniteCause: ' (a reward is not finite)',
+      start: (info) => events.onStart?.({ ...info, parameters: paramCount(rm.config) }),
+      events,
+      signal,
     });
-    const stream = new EpochStream(train.pairs, cfg.seed, state.dataPosition);
-    const evals: RmEvalResult[] = [];
-    let lastLoss = NaN;
-    let interrupted = false;
-    if (state.step === 0 && held.pairs.length > 0) evals.push(await evaluate());
-
-    while (state.step < cfg.steps) {
-      const t0 = performance.now();
-      const batchStart = stream.position;
-      const pairs = stream.take(cfg.batch_size);
-      const lr = scheduledLr(cfg, state.step);
-      const feeds = pairStepFeeds(pairs, { microBatches: cfg.micro_batches, padId, inputs: trainer.batchInputs, seed: cfg.seed, optimizerStep: trainer.step });
-      const hostMs0 = performance.now() - t0;
-      const result = trainer.trainStep(feeds, lr);
-      if (!Number.isFinite(result.loss)) {
-        const dir = checkpoint();
-        throw new Error(
-          `step ${state.step + 1}: the loss is ${result.loss} on the pairs at stream positions ${batchStart}..${batchStart + cfg.batch_size - 1} (a reward is not finite); the weights before this step are saved in ${dir}. Lower --lr or check the data.`,
-        );
-      }
-      state = { ...state, step: state.step + 1, dataPosition: stream.position };
-      lastLoss = result.loss;
-      const tokens = pairs.reduce((s, p) => s + 2 * p.prompt.length + p.chosen.length + p.rejected.length, 0);
-      const hostMs = hostMs0 + result.hostMs;
-      const metrics: RmStepMetrics = {
-        step: state.step,
-        loss: result.loss,
-        ...preferenceFields(preferenceMetrics(result.metrics)),
-        grad_norm: result.gradNorm,
-        lr,
-        tokens,
-        tokens_per_s: tokens / ((hostMs + result.runMs) / 1000),
-        host_ms: hostMs,
-        run_ms: result.runMs,
-      };
-      events.onStep?.(metrics);
-      // on the log_every schedule only, so a resumed run's metrics.jsonl equals an uninterrupted run's
-      if (state.step % cfg.log_every === 0 || state.step === cfg.steps) run.metrics.log({ ...metrics });
-      if (held.pairs.length > 0 && ((cfg.eval_every > 0 && state.step % cfg.eval_every === 0) || state.step === cfg.steps)) evals.push(await evaluate());
-      if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) checkpoint();
-      if (await stopRequested(signal)) {
-        interrupted = true;
-        break;
-      }
-    }
-    const last = run.savedAt(state.step) ?? checkpoint();
-    return { steps: state.step, finalLoss: lastLoss, evals, checkpoint: last, interrupted };
   } finally {
     scorer.dispose();
     trainer.dispose();

@@ -191,6 +191,23 @@ export async function stopRequested(signal?: AbortSignal): Promise<boolean> {
   return Boolean(signal?.aborted);
 }
 
+/** A training recipe's progress callbacks beyond `onStart` (whose info each recipe names). */
+export interface TrainRunEvents<S, E> {
+  onStep?(m: S): void;
+  onEval?(r: E): void;
+  onCheckpoint?(dir: string, step: number): void;
+}
+
+/** What a training recipe returns. */
+export interface TrainRunResult<E> {
+  steps: number;
+  finalLoss: number;
+  evals: E[];
+  /** The last checkpoint's folder. */
+  checkpoint: string;
+  interrupted: boolean;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The run directory
 

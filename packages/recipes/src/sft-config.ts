@@ -1,6 +1,6 @@
 /** `lathe sft`'s options: defaults, flags, YAML keys and the config saved with checkpoints. */
 import { BUILTIN_DATA, BUILTIN_MODEL } from './demo-task';
-import { attentionOption, checkpointOptions, deviceOption, evalExamplesOption, gradientCheckpointingOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, resumeOptions, runDirOption, seedOption, trainComputeDtypeOption } from './common-options';
+import { attentionOption, deviceOption, evalExamplesOption, gradientCheckpointingOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, runDirOption, seedOption, trainComputeDtypeOption, trainRunOptions } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 
 /** Every option of an SFT run. */
@@ -52,9 +52,7 @@ export const sftSchema = {
   eval_grader: { type: 'string', default: 'exact', choices: ['exact', 'math'], describe: 'How a generated response is judged: exact string match, or the math grader (final answers extracted and compared symbolically)' },
   eval_every: { type: 'number', default: 100, integer: true, min: 0, describe: 'Evaluate every N steps (0: only at the end)' },
   max_new_tokens: { type: 'number', default: 16, integer: true, min: 1, describe: 'Generation length limit during evaluation' },
-  ...checkpointOptions(200),
-  ...resumeOptions('metrics and evaluations'),
-  log_every: { type: 'number', default: 10, integer: true, min: 1, describe: 'Write metrics every N steps' },
+  ...trainRunOptions(200, 'metrics and evaluations'),
 } as const satisfies OptionSchema;
 
 /** A resolved SFT config. */

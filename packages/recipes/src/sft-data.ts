@@ -163,21 +163,29 @@ export async function readSftData(path: string, format: SftDataFormat = 'auto'):
  * loss compiled with a static shape) must be at least that.
  */
 export function padBatch(examples: readonly TokenizedExample[], padId: number, width?: number): Record<string, HostTensor> {
-  const longest = Math.max(...examples.map((e) => e.ids.length));
-  if (width !== undefined && (!Number.isInteger(width) || width < longest)) throw new Error(`padBatch: width ${width} must be an integer no less than the longest example (${longest} tokens)`);
+  return padRows(examples, padId, width, 'padBatch: width', 'longest example', { attention_mask: () => 1, loss_mask: (e, t) => e.lossMask[t] });
+}
+
+/**
+ * Right-padded [rows, width] int64 tensors: input_ids (padded with `padId`) and one per `fields`
+ * entry (its value at each token, padded with 0), in that order; `width` as in {@link padBatch}.
+ */
+function padRows<R extends { ids: readonly number[] }>(rows: readonly R[], padId: number, width: number | undefined, what: string, longestIs: string, fields: Record<string, (r: R, t: number) => number>): Record<string, HostTensor> {
+  const longest = Math.max(...rows.map((r) => r.ids.length));
+  if (width !== undefined && (!Number.isInteger(width) || width < longest)) throw new Error(`${what} ${width} must be an integer no less than the ${longestIs} (${longest} tokens)`);
   const T = width ?? longest;
-  const B = examples.length;
+  const B = rows.length;
   const ids = new BigInt64Array(B * T).fill(BigInt(padId));
-  const attention = new BigInt64Array(B * T);
-  const loss = new BigInt64Array(B * T);
-  examples.forEach((e, r) => {
-    e.ids.forEach((id, t) => {
-      ids[r * T + t] = BigInt(id);
-      attention[r * T + t] = 1n;
-      loss[r * T + t] = BigInt(e.lossMask[t]);
+  const fns = Object.values(fields);
+  const values = fns.map(() => new BigInt64Array(B * T));
+  rows.forEach((r, b) => {
+    r.ids.forEach((id, t) => {
+      ids[b * T + t] = BigInt(id);
+      fns.forEach((f, k) => (values[k][b * T + t] = BigInt(f(r, t))));
     });
   });
-  return { input_ids: { data: ids, dims: [B, T] }, attention_mask: { data: attention, dims: [B, T] }, loss_mask: { data: loss, dims: [B, T] } };
+  const dims = [B, T];
+  return { input_ids: { data: ids, dims }, ...Object.fromEntries(Object.keys(fields).map((name, k) => [name, { data: values[k], dims }])) };
 }
 
 /**
@@ -251,22 +259,5 @@ export function packExamples(examples: readonly TokenizedExample[], maxLength: n
  * position_ids, loss_mask; padding has segment 0), `width` tokens wide as in {@link padBatch}.
  */
 export function padPackedBatch(rows: readonly PackedRow[], padId: number, width?: number): Record<string, HostTensor> {
-  const longest = Math.max(...rows.map((r) => r.ids.length));
-  if (width !== undefined && (!Number.isInteger(width) || width < longest)) throw new Error(`padPackedBatch: width ${width} must be an integer no less than the longest row (${longest} tokens)`);
-  const T = width ?? longest;
-  const B = rows.length;
-  const ids = new BigInt64Array(B * T).fill(BigInt(padId));
-  const segments = new BigInt64Array(B * T);
-  const positions = new BigInt64Array(B * T);
-  const loss = new BigInt64Array(B * T);
-  rows.forEach((r, b) => {
-    r.ids.forEach((id, t) => {
-      ids[b * T + t] = BigInt(id);
-      segments[b * T + t] = BigInt(r.segmentIds[t]);
-      positions[b * T + t] = BigInt(r.positions[t]);
-      loss[b * T + t] = BigInt(r.lossMask[t]);
-    });
-  });
-  const dims = [B, T];
-  return { input_ids: { data: ids, dims }, segment_ids: { data: segments, dims }, position_ids: { data: positions, dims }, loss_mask: { data: loss, dims } };
+  return padRows(rows, padId, width, 'padPackedBatch: width', 'longest row', { segment_ids: (r, t) => r.segmentIds[t], position_ids: (r, t) => r.positions[t], loss_mask: (r, t) => r.lossMask[t] });
 }

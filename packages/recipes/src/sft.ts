@@ -25,7 +25,7 @@ import {
   type TrainerState,
 } from '@lathe/train';
 import { additionExamples, BUILTIN_DATA } from './demo-task';
-import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested, type RunTokenizer } from './scaffold';
+import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested, type RunTokenizer, type TrainRunEvents, type TrainRunResult } from './scaffold';
 import type { SftConfig } from './sft-config';
 import { stripThinking } from '@lathe/tokenizer';
 import { evalPromptIds, lossTokenCount, packExamples, padBatch, padPackedBatch, readSftData, tokenizeExample, type PackedRow, type SftExample, type TokenizedExample } from './sft-data';
@@ -63,7 +63,7 @@ export interface EvalResult {
 }
 
 /** Callbacks for progress display. */
-export interface SftEvents {
+export interface SftEvents extends TrainRunEvents<StepMetrics, EvalResult> {
   onStart?(info: {
     startStep: number;
     totalSteps: number;
@@ -75,19 +75,10 @@ export interface SftEvents {
     /** With --packing: the rows the training examples were packed into, and the share of their max_length tokens that are examples' tokens. */
     packed?: { rows: number; fill: number };
   }): void;
-  onStep?(m: StepMetrics): void;
-  onEval?(r: EvalResult): void;
-  onCheckpoint?(dir: string, step: number): void;
 }
 
 /** What a run returns. */
-export interface SftResult {
-  steps: number;
-  finalLoss: number;
-  evals: EvalResult[];
-  checkpoint: string;
-  interrupted: boolean;
-}
+export type SftResult = TrainRunResult<EvalResult>;
 
 /** Training and evaluation examples: a seeded split with `eval_examples` held out. */
 async function loadExamples(cfg: SftConfig): Promise<{ train: SftExample[]; evaluation: SftExample[] }> {
