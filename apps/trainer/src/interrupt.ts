@@ -62,3 +62,24 @@ export async function runInterruptible<T>(job: (signal: AbortSignal) => Promise<
 export function stopExitCode(stoppedBy: StopSignal | undefined): number {
   return STOP_EXIT_CODES[stoppedBy ?? 'SIGINT'];
 }
+
+/** A run's progress display: the recipe's events, and `stop` to end its bar. */
+export interface Reporter<E> {
+  events: E;
+  stop(): void;
+}
+
+/** Runs a recipe interruptibly with its progress display, which is stopped however the run ends. */
+export async function runReported<E, T>(reporter: Reporter<E>, run: (events: E, signal: AbortSignal) => Promise<T>): Promise<Interruptible<T>> {
+  try {
+    return await runInterruptible((signal) => run(reporter.events, signal));
+  } finally {
+    reporter.stop();
+  }
+}
+
+/** Prints a training command's one-line JSON summary; an interrupted run exits 130 (SIGINT) or 143 (SIGTERM). */
+export function finishRun(run: Interruptible<{ interrupted: boolean }>, summary: Record<string, unknown>): void {
+  console.log(JSON.stringify(summary));
+  if (run.value.interrupted) process.exitCode = stopExitCode(run.stoppedBy);
+}

@@ -3,7 +3,7 @@ import { SingleBar, Presets } from 'cli-progress';
 import { listEvals } from '@lathe/data';
 import { grpoSchema, runGrpo, type GrpoConfig, type GrpoEvents, type GrpoRunResult } from '@lathe/recipes';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
-import { runInterruptible, stopExitCode, type Interruptible } from '../interrupt';
+import { finishRun, runReported, type Interruptible } from '../interrupt';
 
 /** Each reward source's mean, as ' (rm 1.234, correct 0.500)', when a run has more than one source. */
 function bySource(m: Parameters<NonNullable<GrpoEvents['onStep']>>[0]): string {
@@ -61,12 +61,7 @@ export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEve
  * step with a checkpoint (`stoppedBy` names the signal), a second quits at once.
  */
 export async function grpoRunInterruptible(cfg: GrpoConfig, label?: string): Promise<Interruptible<GrpoRunResult>> {
-  const reporter = grpoReporter(cfg, label);
-  try {
-    return await runInterruptible((signal) => runGrpo(cfg, reporter.events, signal));
-  } finally {
-    reporter.stop();
-  }
+  return runReported(grpoReporter(cfg, label), (events, signal) => runGrpo(cfg, events, signal));
 }
 
 /** Runs GRPO and prints a one-line JSON summary; an interrupted run exits 130 (SIGINT) or 143 (SIGTERM). */
@@ -75,20 +70,17 @@ export async function grpoMain(cfg: GrpoConfig): Promise<void> {
   const result = run.value;
   const first = result.evals[0];
   const last = result.evals.at(-1);
-  console.log(
-    JSON.stringify({
-      run_dir: cfg.run_dir,
-      steps: result.steps,
-      reward_mean: result.last?.reward_mean,
-      // a resumed run evaluated step 0 before its checkpoint: read back from eval/
-      acc_before_grpo: first?.step === 0 ? first.accuracy : listEvals(cfg.run_dir).find((e) => e.step === 0)?.accuracy ?? undefined,
-      acc_after_grpo: last?.accuracy,
-      eval_examples: last?.examples,
-      checkpoint: result.checkpoint,
-      interrupted: result.interrupted,
-    }),
-  );
-  if (result.interrupted) process.exitCode = stopExitCode(run.stoppedBy);
+  finishRun(run, {
+    run_dir: cfg.run_dir,
+    steps: result.steps,
+    reward_mean: result.last?.reward_mean,
+    // a resumed run evaluated step 0 before its checkpoint: read back from eval/
+    acc_before_grpo: first?.step === 0 ? first.accuracy : listEvals(cfg.run_dir).find((e) => e.step === 0)?.accuracy ?? undefined,
+    acc_after_grpo: last?.accuracy,
+    eval_examples: last?.examples,
+    checkpoint: result.checkpoint,
+    interrupted: result.interrupted,
+  });
 }
 
 /** `lathe grpo`: GRPO-family RL (GRPO, Dr.GRPO, RLOO, ReMax, REINFORCE++; DAPO options). */

@@ -1,7 +1,7 @@
 import type { CommandModule } from 'yargs';
 import { runSft, sftSchema, type SftConfig } from '@lathe/recipes';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
-import { runInterruptible, stopExitCode } from '../interrupt';
+import { finishRun, runReported } from '../interrupt';
 import { sftReporter } from '../progress';
 
 /**
@@ -9,29 +9,20 @@ import { sftReporter } from '../progress';
  * it after the current step with a checkpoint (exit status 130 or 143).
  */
 export async function sftMain(cfg: SftConfig): Promise<void> {
-  const reporter = sftReporter(cfg);
-  let run;
-  try {
-    run = await runInterruptible((signal) => runSft(cfg, reporter.events, signal));
-  } finally {
-    reporter.stop();
-  }
+  const run = await runReported(sftReporter(cfg), (events, signal) => runSft(cfg, events, signal));
   const result = run.value;
   const first = result.evals[0];
   const last = result.evals.at(-1);
-  console.log(
-    JSON.stringify({
-      run_dir: cfg.run_dir,
-      steps: result.steps,
-      final_loss: Number(result.finalLoss.toFixed(4)),
-      acc_before_sft: first?.step === 0 ? first.accuracy : undefined,
-      acc_after_sft: last?.accuracy,
-      eval_examples: last?.examples,
-      checkpoint: result.checkpoint,
-      interrupted: result.interrupted,
-    }),
-  );
-  if (result.interrupted) process.exitCode = stopExitCode(run.stoppedBy);
+  finishRun(run, {
+    run_dir: cfg.run_dir,
+    steps: result.steps,
+    final_loss: Number(result.finalLoss.toFixed(4)),
+    acc_before_sft: first?.step === 0 ? first.accuracy : undefined,
+    acc_after_sft: last?.accuracy,
+    eval_examples: last?.examples,
+    checkpoint: result.checkpoint,
+    interrupted: result.interrupted,
+  });
 }
 
 /** `lathe sft`: supervised fine-tuning. */
