@@ -3,6 +3,7 @@ import { dpoSchema, runDpo, type DpoEvents, type DpoRunConfig } from '@lathe/rec
 import { addSchemaFlags, configFromArgv } from '../config-flags';
 import { finishRun, runReported } from '../interrupt';
 import { pairReporter } from '../progress';
+import { pairRunSummary } from './rm';
 
 /**
  * Runs DPO, reporting progress and a one-line JSON summary. Ctrl-C or SIGTERM stops it after the
@@ -14,19 +15,7 @@ export async function dpoMain(cfg: DpoRunConfig): Promise<void> {
     startNote: (i: Parameters<NonNullable<DpoEvents['onStart']>>[0]) => `reference log-probs ${i.referenceCached ? 'read from the run directory' : 'scored'}`,
   });
   const run = await runReported(reporter, (events, signal) => runDpo(cfg, events, signal));
-  const result = run.value;
-  const first = result.evals[0];
-  const last = result.evals.at(-1);
-  finishRun(run, {
-    run_dir: cfg.run_dir,
-    steps: result.steps,
-    final_loss: Number(result.finalLoss.toFixed(4)),
-    acc_before: first?.step === 0 ? first.accuracy : undefined,
-    acc_after: last?.accuracy,
-    eval_pairs: last?.pairs,
-    checkpoint: result.checkpoint,
-    interrupted: result.interrupted,
-  });
+  finishRun(run, pairRunSummary(cfg, run.value));
 }
 
 /** `lathe dpo`: direct preference optimisation. */

@@ -1,5 +1,5 @@
 import type { Argv, CommandModule } from 'yargs';
-import { rmEvalSchema, rmTrainSchema, runRmEval, runRmTrain, type RmEvalConfig, type RmTrainConfig } from '@lathe/recipes';
+import { rmEvalSchema, rmTrainSchema, runRmEval, runRmTrain, type RmEvalConfig, type RmTrainConfig, type TrainRunResult } from '@lathe/recipes';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
 import { finishRun, runReported } from '../interrupt';
 import { pairReporter } from '../progress';
@@ -10,10 +10,14 @@ import { pairReporter } from '../progress';
  */
 export async function rmTrainMain(cfg: RmTrainConfig): Promise<void> {
   const run = await runReported(pairReporter('rm train', cfg, { accuracyLabel: 'accuracy' }), (events, signal) => runRmTrain(cfg, events, signal));
-  const result = run.value;
+  finishRun(run, pairRunSummary(cfg, run.value));
+}
+
+/** The JSON summary of a preference training run (rm train, dpo): held-out accuracy before and after. */
+export function pairRunSummary(cfg: { run_dir: string }, result: TrainRunResult<{ step: number; accuracy: number; pairs: number }>): Record<string, unknown> {
   const first = result.evals[0];
   const last = result.evals.at(-1);
-  finishRun(run, {
+  return {
     run_dir: cfg.run_dir,
     steps: result.steps,
     final_loss: Number(result.finalLoss.toFixed(4)),
@@ -22,7 +26,7 @@ export async function rmTrainMain(cfg: RmTrainConfig): Promise<void> {
     eval_pairs: last?.pairs,
     checkpoint: result.checkpoint,
     interrupted: result.interrupted,
-  });
+  };
 }
 
 /** Scores a pair set with a reward model and prints a one-line JSON summary. */
