@@ -39,6 +39,12 @@ export interface GroupedRewards {
    * uniform ones — zeroed where the estimator zeroes uniform groups, and counted. Default `rewards`.
    */
   outcomeRewards?: readonly number[];
+  /**
+   * The completions whose rewards give each group's mean and standard deviation in GRPO and
+   * Dr.GRPO (LUFFY's option of statistics over the on-policy samples alone, its off-policy traces
+   * still getting advantages against them). Default every completion.
+   */
+  statsFrom?: readonly boolean[];
 }
 
 /** Counters every estimator reports. */
@@ -94,6 +100,9 @@ export interface GrpoAdvantageOptions {
  * GRPO (DeepSeekMath): A_i = (r_i − mean_g) / (std_g + eps), mean and std over the completions of
  * completion i's group g (see {@link GrpoAdvantageOptions} for the std's scope, epsilon and
  * correction). Uniform groups (all-equal outcome rewards) get exactly 0. Needs groupSize ≥ 2.
+ * With `statsFrom`, mean and std are those of the flagged completions of each group (every
+ * completion still gets r_i − mean over them, divided by their std — or by 1 where their rewards are
+ * all equal, since the group as a whole still ranks its completions).
  *
  * Where verl differs (a choice, not an accident): with a KL penalty in the reward, verl's scores
  * are the token rewards summed (outcome + KL), so a group of equal outcomes still gets the advantage
@@ -103,12 +112,17 @@ export interface GrpoAdvantageOptions {
 export function grpoAdvantages(batch: GroupedRewards, options: GrpoAdvantageOptions = {}): SequenceAdvantages {
   const { scale = 'group', stdEpsilon = 1e-6, unbiasedStd = true } = options;
   const { rewards, groups, outcome } = checkGroups(batch, 'grpoAdvantages', 2);
-  const batchStd = scale === 'batch' ? std(rewards, unbiasedStd) : 1;
+  const from = batch.statsFrom;
+  if (from && from.length !== rewards.length) throw new Error(`grpoAdvantages: ${from.length} statsFrom flags for ${rewards.length} rewards`);
+  const batchStd = scale === 'batch' ? std(from ? rewards.filter((_, i) => from[i]) : rewards, unbiasedStd) : 1;
   const out = new Array<number>(rewards.length);
-  forEachGroup(rewards, groups, outcome, (group, at, uniform) => {
+  forEachGroup(rewards, groups, outcome, (all, at, uniform) => {
+    // statistics over a subset (on-policy samples); a subset of equal rewards only centres (σ 0 would blow up the rest)
+    const group = from ? all.filter((_, j) => from[at[j]]) : all;
+    if (group.length === 0) throw new Error(`grpoAdvantages: the group of completion ${at[0]} has no completion in statsFrom`);
     const mu = mean(group);
-    const sigma = scale === 'group' ? std(group, unbiasedStd) : batchStd;
-    group.forEach((r, j) => {
+    const sigma = scale === 'group' ? (from && std(group, unbiasedStd) === 0 ? 1 - stdEpsilon : std(group, unbiasedStd)) : batchStd;
+    all.forEach((r, j) => {
       out[at[j]] = uniform ? 0 : scale === 'none' ? r - mu : (r - mu) / (sigma + stdEpsilon);
     });
   });

@@ -15,6 +15,8 @@ export interface AdvantageBatch extends TokenRewards {
   logp: readonly (readonly number[])[];
   /** Per response token reference log-probs, when the reference was scored. */
   refLogp?: readonly (readonly number[])[];
+  /** Which completions are off-policy traces (LUFFY), when the batch has any. */
+  offPolicy?: readonly boolean[];
 }
 
 /** An advantage estimator: the extension point for new algorithms. */
@@ -41,7 +43,7 @@ export function sequenceRewards(batch: AdvantageBatch): number[] {
  * estimator zeroes them, and counted) whatever the KL penalty adds per completion.
  */
 export function sequenceRewardBatch(batch: AdvantageBatch): GroupedRewards {
-  return { rewards: sequenceRewards(batch), groupSize: batch.groupSize, groupIds: batch.groupIds, outcomeRewards: batch.rewards };
+  return { rewards: sequenceRewards(batch), groupSize: batch.groupSize, groupIds: batch.groupIds, outcomeRewards: batch.rewards, statsFrom: batch.statsFrom };
 }
 
 /** A built-in estimator (with its defaults; see advantages.ts for each formula and constant) and whether it needs greedy-completion rewards. */

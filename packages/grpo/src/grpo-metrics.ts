@@ -22,6 +22,8 @@ export interface RolloutRecord {
   bySource: Record<string, number>;
   /** The sequence advantage, or the mean of its token advantages. */
   advantage: number;
+  /** An off-policy trace rather than a sample (LUFFY). */
+  offPolicy?: boolean;
 }
 
 /** Metrics of one RL step (one line of metrics.jsonl). Times are milliseconds. */
@@ -36,6 +38,13 @@ export interface GrpoStepMetrics {
   [perSource: `reward/${string}`]: number;
   /** A custom objective's own metrics: `objective/<name>`, the mean over the step's updates. */
   [custom: `objective/${string}`]: number;
+  /**
+   * With off-policy traces (LUFFY), the step split by where completions came from:
+   * `on_policy/{reward_mean, advantage_mean, ratio_mean, entropy}` and
+   * `off_policy/{reward_mean, advantage_mean, prob_mean, entropy, share, best_fraction,
+   * missing_groups, truncated_traces}` (see {@link stepMetrics}).
+   */
+  [split: `${'on' | 'off'}_policy/${string}`]: number;
   /**
    * Failed reward calls (each replaced by the scorer's fallback): the sampled completions' and, with
    * a greedy baseline (ReMax), the greedy completions'; also per source in `reward/<name>/failures`.
@@ -100,6 +109,8 @@ export interface ScoredGroup {
   bySource: Record<string, number[]>;
   /** Failed reward calls per source (each replaced by the scorer's fallback), the greedy completion's included. */
   failures: Record<string, number>;
+  /** Per completion, whether it is an off-policy trace (absent: none is). */
+  offPolicy?: boolean[];
 }
 
 /** The sampling rounds of a step (more than one with dynamic sampling). */
@@ -126,6 +137,16 @@ export interface StepLogprobs {
   parity?: { mean: number; maxAbs: number };
   /** π_old's mean entropy per response token, when re-scoring computed it. */
   entropy?: number;
+  /** That entropy over the sampled and over the off-policy rows, with traces in the batch. */
+  entropySplit?: { on: number; off: number };
+}
+
+/** Off-policy bookkeeping of a step (with off-policy options). */
+export interface OffPolicyCounts {
+  /** Groups that had fewer traces than asked for (they trained on a smaller group). */
+  missingGroups: number;
+  /** Traces cut to the length limit. */
+  truncatedTraces: number;
 }
 
 /** A step's advantages. */
@@ -186,17 +207,20 @@ export interface StepRecord {
   /** The estimator of the `kl_ref` metric. */
   klEstimator: KlEstimator;
   clock: PhaseClock;
+  /** With off-policy options: the step's counts, and the on/off-policy split is reported. */
+  offPolicy?: OffPolicyCounts;
 }
 
 /** Metric outputs of `policyLoss` and `rlLoss` that the step turns into its own metrics. */
-const BUILTIN_METRICS = new Set(['pg_loss', 'tokens', 'clipped_tokens', 'clipped_low_tokens', 'approx_kl_sum', 'ref_kl_sum', 'entropy_sum', 'logp_parity_sum']);
+const BUILTIN_METRICS = new Set(['pg_loss', 'tokens', 'clipped_tokens', 'clipped_low_tokens', 'approx_kl_sum', 'ref_kl_sum', 'entropy_sum', 'logp_parity_sum', 'off_tokens', 'off_prob_sum', 'on_ratio_sum', 'off_entropy_sum']);
 
 /** The step's metrics line. */
 export function stepMetrics(s: StepRecord): GrpoStepMetrics {
   const { groups } = s.sampled;
   const { batch, logps, updates: u, clock } = s;
   const good = u.updates - u.nonfinite;
-  const tokens = u.sums.tokens ?? 0;
+  // with traces in the batch the clip counts and KL-to-old cover the sampled tokens alone
+  const tokens = (u.sums.tokens ?? 0) - (u.sums.off_tokens ?? 0);
   const per = (k: string) => (k in u.sums && tokens > 0 ? u.sums[k] / tokens : NaN);
   const rewards = groups.flatMap((g) => g.rewards);
   const sourceStats = perSourceStats(groups);
@@ -227,7 +251,7 @@ export function stepMetrics(s: StepRecord): GrpoStepMetrics {
     clip_low_fraction: per('clipped_low_tokens'),
     approx_kl: per('approx_kl_sum'),
     // π_old's entropy from re-scoring, or the mean over the updates' train-step passes
-    entropy: logps.entropy ?? per('entropy_sum'),
+    entropy: logps.entropy ?? (u.sums.tokens ? u.sums.entropy_sum / u.sums.tokens : NaN),
     logp_parity: parity?.mean ?? NaN,
     logp_max_abs_diff: parity?.maxAbs ?? NaN,
     updates: u.updates,
@@ -248,9 +272,46 @@ export function stepMetrics(s: StepRecord): GrpoStepMetrics {
     metrics[`reward/${name}/std`] = x.std;
     metrics[`reward/${name}/failures`] = x.failures;
   }
+  if (s.offPolicy) Object.assign(metrics, offPolicyMetrics(s, s.offPolicy));
   metrics.step_ms = clock.total;
   metrics.host_ms = metrics.step_ms - clock.ms.generation - clock.ms.scoring - clock.ms.rewards - clock.ms.training;
   return metrics;
+}
+
+/**
+ * The on/off-policy split of a step with off-policy traces. `off_policy/prob_mean` is the mean of p
+ * (π_θ, or π_θ/π_b with behaviour log-probs) over the traces' tokens, the on-policy counterpart
+ * `on_policy/ratio_mean` the mean ratio π_θ/π_old; `share` is the traces' fraction of the batch's
+ * rows; `best_fraction` the fraction of groups with a trace where a trace's reward is strictly above
+ * every sample's (the trace is what the group learns from).
+ */
+function offPolicyMetrics(s: StepRecord, counts: OffPolicyCounts): Record<`${'on' | 'off'}_policy/${string}`, number> {
+  const { groups } = s.sampled;
+  const u = s.updates;
+  const flags = groups.flatMap((g) => g.completions.map((_, j) => Boolean(g.offPolicy?.[j])));
+  const rewards = groups.flatMap((g) => g.rewards);
+  const pick = <T>(xs: readonly T[], off: boolean) => xs.filter((_, r) => flags[r] === off);
+  const withTrace = groups.filter((g) => g.offPolicy?.some(Boolean));
+  const best = withTrace.filter((g) => {
+    const on = g.rewards.filter((_, j) => !g.offPolicy![j]);
+    return g.rewards.some((r, j) => g.offPolicy![j] && on.every((x) => r > x));
+  }).length;
+  const offTokens = u.sums.off_tokens ?? 0;
+  const onTokens = (u.sums.tokens ?? 0) - offTokens;
+  return {
+    'on_policy/reward_mean': mean(pick(rewards, false)),
+    'off_policy/reward_mean': mean(pick(rewards, true)),
+    'on_policy/advantage_mean': mean(pick(s.advantages.perRow, false)),
+    'off_policy/advantage_mean': mean(pick(s.advantages.perRow, true)),
+    'on_policy/ratio_mean': onTokens > 0 && 'on_ratio_sum' in u.sums ? u.sums.on_ratio_sum / onTokens : NaN,
+    'off_policy/prob_mean': offTokens > 0 ? u.sums.off_prob_sum / offTokens : NaN,
+    'on_policy/entropy': s.logps.entropySplit?.on ?? (onTokens > 0 && 'off_entropy_sum' in u.sums ? (u.sums.entropy_sum - u.sums.off_entropy_sum) / onTokens : NaN),
+    'off_policy/entropy': s.logps.entropySplit?.off ?? (offTokens > 0 && 'off_entropy_sum' in u.sums ? u.sums.off_entropy_sum / offTokens : NaN),
+    'off_policy/share': flags.filter(Boolean).length / Math.max(1, flags.length),
+    'off_policy/best_fraction': withTrace.length ? best / withTrace.length : NaN,
+    'off_policy/missing_groups': counts.missingGroups,
+    'off_policy/truncated_traces': counts.truncatedTraces,
+  };
 }
 
 /** A record per completion, group by group, with its row's advantage. */
@@ -267,18 +328,22 @@ export function rolloutRecords(groups: readonly ScoredGroup[], advantagePerRow: 
       reward: g.rewards[j],
       bySource: Object.fromEntries(Object.entries(g.bySource).map(([k, v]) => [k, v[j]])),
       advantage: advantagePerRow[row++],
+      ...(g.offPolicy?.[j] ? { offPolicy: true } : {}),
     })),
   );
 }
 
-/** mean exp(|a − b|) and max |a − b| over response tokens, a = `logp`, b = the batch's rollout log-probs. */
-export function logpParity(batch: TokenBatch, logp: ArrayLike<number>): { mean: number; maxAbs: number } {
+/**
+ * mean exp(|a − b|) and max |a − b| over response tokens, a = `logp`, b = the batch's rollout
+ * log-probs; rows flagged in `skipRows` (off-policy traces, not generated here) are left out.
+ */
+export function logpParity(batch: TokenBatch, logp: ArrayLike<number>, skipRows?: readonly boolean[]): { mean: number; maxAbs: number } {
   let sum = 0;
   let n = 0;
   let maxAbs = 0;
   // untrained tokens (tool output) were not sampled by the policy: no generation log-prob to match
   for (let i = 0; i < batch.trainMask.length; i++) {
-    if (batch.trainMask[i] === 0n) continue;
+    if (batch.trainMask[i] === 0n || skipRows?.[Math.floor(i / batch.width)]) continue;
     const d = Math.abs(logp[i] - batch.rolloutLogp[i]);
     sum += Math.exp(d);
     maxAbs = Math.max(maxAbs, d);

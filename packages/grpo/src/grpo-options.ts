@@ -10,7 +10,7 @@ import { Device, type DeviceKind, type SessionOptions } from '@lathe/runtime';
 import type { AdamWConfig, AttentionChoice, LoraConfig, OptimizerState } from '@lathe/train';
 import { builtinEstimator, type AdvantageFunction, type EstimatorName } from './estimators';
 import { DEFAULT_KL_ESTIMATOR, type KlEstimator, type KlMode } from './kl';
-import { POLICY_LOSS_DEFAULTS, type LossAggregation, type PolicyLossConfig } from './policy-loss';
+import { OFF_POLICY_LOSS_DEFAULTS, POLICY_LOSS_DEFAULTS, type LossAggregation, type OffPolicyLossConfig, type PolicyLossConfig } from './policy-loss';
 import type { RewardScorer } from './rewards';
 import type { RlObjective } from './rl-loss';
 
@@ -31,8 +31,26 @@ export interface KlOptions {
   horizon?: number;
 }
 
-/** The policy loss's hyperparameters as the trainer takes them: the KL is set through {@link KlOptions}. */
-export type GrpoLossConfig = Omit<PolicyLossConfig, 'klCoef' | 'klEstimator'>;
+/** The policy loss's hyperparameters as the trainer takes them: the KL is set through {@link KlOptions}, the off-policy term through {@link OffPolicyOptions}. */
+export type GrpoLossConfig = Omit<PolicyLossConfig, 'klCoef' | 'klEstimator' | 'offPolicy'>;
+
+/**
+ * Off-policy traces mixed into the groups (LUFFY, Yan et al. 2025): each prompt's group is
+ * G − `traces` samples plus up to `traces` of its own traces (`RlPrompt.offPolicy`), rewarded by the
+ * same scorer; advantages are taken over the mixed group and the traces' tokens take the off-policy
+ * term of the loss (`OffPolicyLossConfig`: f(π_θ)·A, f(p) = p/(p + γ), no clip). A prompt with fewer
+ * traces trains on a smaller group (counted as `off_policy/missing_groups`).
+ */
+export interface OffPolicyOptions extends OffPolicyLossConfig {
+  /** Traces per group (n_off), 1 … G − 1. */
+  traces: number;
+  /**
+   * Whose rewards give each group's advantage mean and std (estimators 'grpo' and 'dr_grpo'):
+   * 'group' — the whole mixed group (LUFFY's recipe) — or 'on-policy' — the sampled completions
+   * alone. With term 'sft' the traces take no advantage, so it is always 'on-policy'. Default 'group'.
+   */
+  advantageStats?: 'group' | 'on-policy';
+}
 
 /** A custom loss and what the loop must feed it. */
 export interface CustomObjective {
@@ -93,6 +111,8 @@ export interface GrpoTrainerOptions<M> {
    * projection (merged into the base for generation); `dropout` applies in the train step only.
    */
   lora?: LoraConfig;
+  /** Off-policy traces in every group (LUFFY; the "RL + SFT loss" baseline with term 'sft'). Default none. */
+  offPolicy?: OffPolicyOptions;
   /** Where old log-probs come from. Default 'rescore'. */
   oldLogprobs?: 'rescore' | 'generation';
   /** DAPO dynamic sampling: drop groups with all-equal rewards and sample more prompts, at most `maxRounds` rounds per step. */
@@ -189,6 +209,7 @@ export const GRPO_DEFAULTS = {
   greedyBaseline: false,
   loss: POLICY_LOSS_DEFAULTS,
   kl: { coef: 0, mode: 'loss', estimator: DEFAULT_KL_ESTIMATOR, horizon: 10000 },
+  offPolicy: { ...OFF_POLICY_LOSS_DEFAULTS, advantageStats: 'group' },
   epochs: 1,
   minibatches: 1,
   microBatches: 1,
@@ -210,7 +231,11 @@ export const GRPO_DEFAULTS = {
   device: DeviceKind;
   loss: Required<Omit<GrpoLossConfig, 'dualClip' | 'lossScaleFactor'>>;
   kl: Omit<ResolvedKlOptions, 'target' | 'estimator'> & { estimator: Readonly<Record<KlMode, KlEstimator>> };
+  offPolicy: Omit<ResolvedOffPolicyOptions, 'traces'>;
 };
+
+/** Off-policy options with their defaults applied. */
+export type ResolvedOffPolicyOptions = Required<OffPolicyOptions>;
 
 /** The KL with its defaults applied: the estimator is the mode's. */
 export interface ResolvedKlOptions {
@@ -231,13 +256,14 @@ export type ResolvedCustomObjective = Required<CustomObjective>;
  * {@link GrpoTrainerOptions} with every default applied (what the trainer reads). `greedyBaseline`
  * is also true when the built-in estimator needs greedy rewards ('remax').
  */
-export type ResolvedGrpoOptions<M> = Omit<GrpoTrainerOptions<M>, PlainDefaultKey | 'sampling' | 'estimator' | 'device' | 'loss' | 'kl'> &
+export type ResolvedGrpoOptions<M> = Omit<GrpoTrainerOptions<M>, PlainDefaultKey | 'sampling' | 'estimator' | 'device' | 'loss' | 'kl' | 'offPolicy'> &
   PlainDefaults & {
     sampling: SamplingOptions & { temperature: number };
     estimator: EstimatorName | AdvantageFunction;
     device: Device;
     loss: ResolvedLossConfig | ResolvedCustomObjective;
     kl: ResolvedKlOptions;
+    offPolicy?: ResolvedOffPolicyOptions;
   };
 
 /** `given` over `defaults`, where a key set to undefined keeps its default. */
@@ -278,6 +304,16 @@ export function resolveGrpoOptions<M>(opts: GrpoTrainerOptions<M>): ResolvedGrpo
   const mode = given.mode ?? d.kl.mode;
   const kl: ResolvedKlOptions = { coef: given.coef, mode, estimator: given.estimator ?? d.kl.estimator[mode], horizon: given.horizon ?? d.kl.horizon, ...(given.target !== undefined ? { target: given.target } : {}) };
 
+  let offPolicy: ResolvedOffPolicyOptions | undefined;
+  if (opts.offPolicy) {
+    const op = withDefaults({ ...d.offPolicy } as ResolvedOffPolicyOptions, opts.offPolicy);
+    check(Number.isInteger(op.traces) && op.traces >= 1 && op.traces < opts.groupSize, `offPolicy.traces must be an integer in 1 … groupSize − 1 = ${opts.groupSize - 1} (some samples must be on-policy), got ${op.traces}`);
+    check(['shaped', 'sft'].includes(op.term), `offPolicy.term must be 'shaped' or 'sft', got '${op.term}'`);
+    check(op.gamma > 0, `offPolicy.gamma must be > 0, got ${op.gamma}`);
+    check(['group', 'on-policy'].includes(op.advantageStats), `offPolicy.advantageStats must be 'group' or 'on-policy', got '${op.advantageStats}'`);
+    check(!opts.greedyBaseline && !(typeof estimator === 'string' && builtinEstimator(estimator).greedyBaseline), "offPolicy with a greedy baseline (ReMax): the baseline is one greedy sample per prompt, not a group's; use grpo, dr_grpo or rloo");
+    offPolicy = op;
+  }
   const loss = isCustomObjective(opts.loss) ? withDefaults({ aggregation: d.loss.aggregation as LossAggregation, readsReference: false }, opts.loss) : withDefaults({ ...d.loss } as ResolvedLossConfig, opts.loss);
   return {
     ...opts,
@@ -286,6 +322,7 @@ export function resolveGrpoOptions<M>(opts: GrpoTrainerOptions<M>): ResolvedGrpo
     greedyBaseline: (opts.greedyBaseline ?? d.greedyBaseline) || (typeof estimator === 'string' && builtinEstimator(estimator).greedyBaseline),
     loss,
     kl,
+    offPolicy,
     epochs: opts.epochs ?? d.epochs,
     minibatches: opts.minibatches ?? d.minibatches,
     microBatches: opts.microBatches ?? d.microBatches,

@@ -52,7 +52,7 @@ import {
 import { advantageMatrix } from './advantages';
 import { dynamicSampling } from './dynamic-sampling';
 import { builtinEstimator, type AdvantageFunction } from './estimators';
-import { logpParity, mean, PhaseClock, rolloutRecords, stepMetrics, type GrpoStepResult, type SamplingRounds, type ScoredGroup, type StepAdvantages, type StepLogprobs, type UpdateTotals } from './grpo-metrics';
+import { logpParity, mean, PhaseClock, rolloutRecords, stepMetrics, type GrpoStepResult, type OffPolicyCounts, type SamplingRounds, type ScoredGroup, type StepAdvantages, type StepLogprobs, type UpdateTotals } from './grpo-metrics';
 import { isCustomObjective, resolveGrpoOptions, type GrpoTrainerOptions, type ResolvedGrpoOptions } from './grpo-options';
 import { AdaptiveKlController, klPenalisedRewards, meanCompletionKl } from './kl';
 import { decoderPolicy } from './policies';
@@ -60,7 +60,7 @@ import { lossNormaliser, type PolicyLossConfig } from './policy-loss';
 import { ComputeWeights, frozenReference, GenerationRunner, KvGenerationRunner, ScoringRunner, type BoundWeights, type PolicyWeights, type RolloutGenerator } from './policy-sessions';
 import type { ScoredBatch } from './rewards';
 import { rlLoss } from './rl-loss';
-import { evenSplit, responseValues, selectRows, tokenBatch, tokenMasks, trainedValues, type TokenBatch } from './rollout-batch';
+import { evenSplit, responseValues, selectRows, tokenBatch, tokenMasks, trainedValues, type SampledCompletion, type TokenBatch } from './rollout-batch';
 
 /** A prompt for the RL loop. */
 export interface RlPrompt<M = unknown> {
@@ -77,19 +77,40 @@ export interface RlPrompt<M = unknown> {
   key: number;
   /** Index of the prompt in its dataset (for logs). */
   index?: number;
+  /**
+   * Off-policy traces of this prompt (with `offPolicy` options; LUFFY): completions written by
+   * another policy, as token ids of this policy's tokenizer. The first `offPolicy.traces` join the group.
+   */
+  offPolicy?: readonly OffPolicyTrace[];
+}
+
+/** A completion of a prompt written by another policy (a stronger model's solution). */
+export interface OffPolicyTrace {
+  /** Response token ids (the stop token included when the trace ends with one), at most `maxNewTokens`. */
+  tokens: readonly number[];
+  /** Log-probs of the tokens under the policy that wrote it, when known: the shaped term then reads π_θ/π_b instead of π_θ. */
+  logprobs?: readonly number[];
+  /** Whether it ends with a stop id. */
+  stopped: boolean;
+  /** Whether it was cut to the length limit (counted in `off_policy/truncated_traces`). */
+  truncated?: boolean;
 }
 
 /** A group: one prompt's G completions and their rewards. */
 interface SampledGroup<M> extends ScoredGroup {
   prompt: RlPrompt<M>;
   greedyReward?: number;
+  /** Traces the group lacks (its prompt had fewer than `offPolicy.traces`). */
+  missingTraces?: number;
+  /** Of its traces, those cut to the length limit. */
+  truncatedTraces?: number;
 }
 
 /** A group of rollouts made outside the trainer, for {@link GrpoTrainer.stepOnRollouts}. */
 export interface RolloutGroup<M = unknown> {
   prompt: RlPrompt<M>;
   /** The prompt's completions: token ids, their log-probs under the policy that sampled them (optional), whether a stop token ended them, and the training mask (`SampledCompletion.mask`). */
-  completions: readonly { tokens: readonly number[]; logprobs?: readonly number[]; stopped: boolean; mask?: readonly number[] }[];
+  completions: readonly { tokens: readonly number[]; logprobs?: readonly number[]; stopped: boolean; mask?: readonly number[]; offPolicy?: boolean }[];
   /** One reward per completion. */
   rewards: readonly number[];
 }
@@ -166,8 +187,8 @@ export class GrpoTrainer<M = unknown> {
     const readsReference = custom ? custom.readsReference : klInLoss;
     const loss = rlLoss(
       decoderPolicy(config, { compute, chunk: o.chunk, temperature: o.sampling.temperature, entropy: entropyInStep, weights: policy.train, recompute: o.gradientCheckpointing, flashAttention }),
-      custom ? custom.objective : { ...lossConfig, klCoef: klInLoss ? o.kl.coef : 0, klEstimator: o.kl.estimator },
-      { reference: readsReference },
+      custom ? custom.objective : { ...lossConfig, klCoef: klInLoss ? o.kl.coef : 0, klEstimator: o.kl.estimator, ...(o.offPolicy ? { offPolicy: { term: o.offPolicy.term, gamma: o.offPolicy.gamma, sftCoef: o.offPolicy.sftCoef } } : {}) },
+      { reference: readsReference, offPolicy: Boolean(o.offPolicy) },
     );
     const init = o.resume ? { params: o.resume.params, m: o.resume.m, v: o.resume.v, step: o.resume.optimizerStep } : { params: lora ? initLora(adapters, o.seed) : weights };
     const trainer = Trainer.create({ params: [...policy.weights.trainable], loss, optimizer: o.optimizer }, init, { device, microBatches: o.microBatches, frozen, session: o.session });
@@ -229,13 +250,17 @@ export class GrpoTrainer<M = unknown> {
       if (g.rewards.length !== g.completions.length) throw new Error(`stepOnRollouts: group ${i} has ${g.rewards.length} rewards for ${g.completions.length} completions`);
       const bad = g.rewards.findIndex((r) => !Number.isFinite(r));
       if (bad >= 0) throw new Error(`stepOnRollouts: group ${i}, completion ${bad}: reward ${g.rewards[bad]} is not a finite number`);
+      const offPolicy = g.completions.map((c, j) => {
+        if (c.offPolicy && !this.opts.offPolicy) throw new Error(`stepOnRollouts: group ${i}, completion ${j} is off-policy, which needs the trainer's offPolicy options (the loss's off-policy term)`);
+        return Boolean(c.offPolicy);
+      });
       const completions = g.completions.map((c, j) => {
-        if (!c.logprobs && this.opts.oldLogprobs === 'generation') throw new Error(`stepOnRollouts: group ${i}, completion ${j} has no logprobs, which oldLogprobs 'generation' trains against (leave oldLogprobs at 'rescore')`);
+        if (!c.logprobs && !offPolicy[j] && this.opts.oldLogprobs === 'generation') throw new Error(`stepOnRollouts: group ${i}, completion ${j} has no logprobs, which oldLogprobs 'generation' trains against (leave oldLogprobs at 'rescore')`);
         return { tokens: [...c.tokens], logprobs: c.logprobs ? [...c.logprobs] : c.tokens.map(() => 0), stopped: c.stopped, ...(c.mask ? { mask: c.mask } : {}) };
       });
-      return { prompt: g.prompt, completions, texts: completions.map((c) => this.textOf(c)), rewards: [...g.rewards], bySource: { reward: [...g.rewards] }, failures: { reward: 0 } };
+      return { prompt: g.prompt, completions, texts: completions.map((c) => this.textOf(c)), rewards: [...g.rewards], bySource: { reward: [...g.rewards] }, failures: { reward: 0 }, ...(offPolicy.some(Boolean) ? { offPolicy } : {}) };
     });
-    const given = groups.every((g) => g.completions.every((c) => c.logprobs));
+    const given = groups.every((g) => g.completions.every((c) => c.logprobs || c.offPolicy));
     return this.learn({ groups: scored, rounds: 1, dropped: 0, shortfall: 0 }, lr, new PhaseClock(), given);
   }
 
@@ -244,17 +269,17 @@ export class GrpoTrainer<M = unknown> {
     // 2. The token batch: prompt ids + sampled ids exactly as generated, rows right-padded.
     const batch = this.tokens(sampled.groups);
     // 3. Old log-probs (re-scored by the training policy, or generation's) and the reference's.
-    const logps = await this.oldAndReferenceLogprobs(batch, clock);
+    const logps = await this.oldAndReferenceLogprobs(batch, sampled.groups, clock);
     if (!rolloutLogprobs) logps.parity = undefined;
     // 4. Advantages, after the KL penalty where the KL is a reward.
     const advantages = this.advantages(sampled.groups, batch, logps);
     // 5. epochs × minibatches optimizer steps on the stored batch.
-    const updates = this.optimise(batch, logps, advantages.matrix, lr, clock);
+    const updates = this.optimise(batch, sampled.groups, logps, advantages.matrix, lr, clock);
     this.rlStep++;
 
     // 6. Metrics and the rollouts for logs.
     return {
-      metrics: stepMetrics({ rlStep: this.rlStep, lr, groupSize: this.opts.groupSize, sampled, batch, logps, advantages, updates, klEstimator: this.opts.kl.estimator, clock }),
+      metrics: stepMetrics({ rlStep: this.rlStep, lr, groupSize: this.opts.groupSize, sampled, batch, logps, advantages, updates, klEstimator: this.opts.kl.estimator, clock, offPolicy: this.opts.offPolicy && offPolicyCounts(sampled.groups) }),
       rollouts: rolloutRecords(sampled.groups, advantages.perRow),
     };
   }
@@ -288,20 +313,28 @@ export class GrpoTrainer<M = unknown> {
   }
 
   /** Old log-probs (re-scored, or generation's), their parity with generation's, and the reference's, scored in the micro-batches' row chunks. */
-  private async oldAndReferenceLogprobs(batch: TokenBatch, clock: PhaseClock): Promise<StepLogprobs> {
+  private async oldAndReferenceLogprobs(batch: TokenBatch, groups: readonly SampledGroup<M>[], clock: PhaseClock): Promise<StepLogprobs> {
     const chunks = evenSplit([...Array(batch.rows).keys()], this.minibatchCount(batch.rows) * this.trainer.microBatches);
     let old = batch.rolloutLogp;
     let parity: StepLogprobs['parity'];
     let entropy: number | undefined;
+    const off = offPolicyFlags(groups);
+    let entropySplit: StepLogprobs['entropySplit'];
     if (this.opts.oldLogprobs === 'rescore') {
       const scored = await clock.time('scoring', () => this.scoreRows(this.parts.policyScorer(), this.policyWeights(), batch, chunks));
       old = scored.logp;
-      if (scored.entropy) entropy = mean(trainedValues(batch, responseValues(batch, scored.entropy)).flat());
-      parity = logpParity(batch, old);
+      if (scored.entropy) {
+        const rows = trainedValues(batch, responseValues(batch, scored.entropy));
+        entropy = mean(rows.flat());
+        if (off) entropySplit = { on: mean(rows.filter((_, r) => !off[r]).flat()), off: mean(rows.filter((_, r) => off[r]).flat()) };
+      }
+      // a trace's old log-prob is its behaviour policy's (0 when unknown: the shaped term then reads π_θ)
+      if (off) off.forEach((isOff, r) => isOff && old.set(batch.rolloutLogp.subarray(r * batch.width, (r + 1) * batch.width), r * batch.width));
+      parity = logpParity(batch, old, off);
     }
     const { refScorer, reference } = this.parts;
     const ref = refScorer ? (await clock.time('scoring', () => this.scoreRows(refScorer, [reference!], batch, chunks))).logp : undefined;
-    return { old, ref, oldRows: responseValues(batch, old), refRows: ref && responseValues(batch, ref), parity, entropy };
+    return { old, ref, oldRows: responseValues(batch, old), refRows: ref && responseValues(batch, ref), parity, entropy, entropySplit };
   }
 
   /**
@@ -318,7 +351,11 @@ export class GrpoTrainer<M = unknown> {
     if (this.klController) this.klController.update(meanCompletionKl(trainedValues(batch, logps.oldRows), trainedValues(batch, logps.refRows!), kl.estimator), batch.rows);
     // groups of other sizes (rollouts made elsewhere) are named by id, in order
     const unequal = groups.some((g) => g.completions.length !== this.opts.groupSize);
+    const off = offPolicyFlags(groups);
+    const onPolicyStats = off && (this.opts.offPolicy?.advantageStats === 'on-policy' || this.opts.offPolicy?.term === 'sft');
     const estimate = this.parts.estimate({
+      ...(off ? { offPolicy: off } : {}),
+      ...(onPolicyStats ? { statsFrom: off.map((x) => !x) } : {}),
       rewards,
       groupSize: this.opts.groupSize,
       groupIds: unequal ? groups.flatMap((g, k) => g.completions.map(() => k)) : undefined,
@@ -337,11 +374,11 @@ export class GrpoTrainer<M = unknown> {
   }
 
   /** `epochs` × `minibatches` optimizer steps on the stored batch, each over its micro-batches. */
-  private optimise(batch: TokenBatch, logps: StepLogprobs, advantages: Float32Array, lr: number, clock: PhaseClock): UpdateTotals {
+  private optimise(batch: TokenBatch, groups: readonly SampledGroup<M>[], logps: StepLogprobs, advantages: Float32Array, lr: number, clock: PhaseClock): UpdateTotals {
     const o = this.opts;
     const aggregation = o.loss.aggregation;
     const lossScaleFactor = isCustomObjective(o.loss) ? undefined : o.loss.lossScaleFactor;
-    const extra: Record<string, Float32Array> = { old_logp: logps.old, advantages, ...(logps.ref ? { ref_logp: logps.ref } : {}) };
+    const extra: Record<string, Float32Array> = { old_logp: logps.old, advantages, ...(logps.ref ? { ref_logp: logps.ref } : {}), ...(o.offPolicy ? { off_policy: offPolicyMatrix(batch, offPolicyFlags(groups)) } : {}) };
     const totals: UpdateTotals = { updates: 0, nonfinite: 0, lossSum: 0, gradNormSum: 0, sums: {} };
     for (let epoch = 0; epoch < o.epochs; epoch++) {
       const order = o.shuffle ? permutation(batch.rows, hashSeed(o.seed, this.rlStep, epoch)) : [...Array(batch.rows).keys()];
@@ -385,14 +422,22 @@ export class GrpoTrainer<M = unknown> {
     return Math.min(this.opts.minibatches, fit);
   }
 
-  /** G completions of each prompt (one generation run per `promptsPerRun`), decoded and scored. */
+  /**
+   * G completions of each prompt (one generation run per `promptsPerRun`), decoded and scored; with
+   * off-policy traces, G − n_off samples followed by up to n_off of the prompt's traces.
+   */
   private async sampleGroups(prompts: readonly RlPrompt<M>[], clock: PhaseClock): Promise<SampledGroup<M>[]> {
     if (prompts.length === 0) return [];
     const o = this.opts;
-    const G = o.groupSize;
-    const completions = await clock.time('generation', () => this.parts.sampler.generate(this.policyWeights(), prompts.map((p) => p.ids), this.call(prompts.map((p) => p.key))));
+    const n = o.offPolicy?.traces ?? 0;
+    const S = o.groupSize - n;
+    const sampled = await clock.time('generation', () => this.parts.sampler.generate(this.policyWeights(), prompts.map((p) => p.ids), this.call(prompts.map((p) => p.key))));
+    const perPrompt = prompts.map((p, k) => [...sampled.slice(k * S, (k + 1) * S), ...(n ? (p.offPolicy ?? []).slice(0, n).map((t, j) => this.traceCompletion(p, j, t)) : [])]);
+    const groupOf = perPrompt.flatMap((cs, k) => cs.map(() => k));
+    const starts = perPrompt.map((_, k) => groupOf.indexOf(k));
+    const completions = perPrompt.flat();
     const texts = completions.map((c) => this.textOf(c));
-    const scored = await clock.time('rewards', () => o.rewards(completions.map((c, r) => this.rewardSample(prompts[Math.floor(r / G)], { ...c, text: texts[r] }))));
+    const scored = await clock.time('rewards', () => o.rewards(completions.map((c, r) => this.rewardSample(prompts[groupOf[r]], { ...c, text: texts[r] }))));
     let greedyRewards: number[] | undefined;
     let greedyFailures: ScoredBatch['failures'] = [];
     if (o.greedyBaseline) {
@@ -403,7 +448,8 @@ export class GrpoTrainer<M = unknown> {
       greedyFailures = s.failures;
     }
     return prompts.map((prompt, k) => {
-      const at = <T>(xs: readonly T[]) => xs.slice(k * G, (k + 1) * G);
+      const size = perPrompt[k].length;
+      const at = <T>(xs: readonly T[]) => xs.slice(starts[k], starts[k] + size);
       return {
         prompt,
         completions: at(completions),
@@ -413,12 +459,22 @@ export class GrpoTrainer<M = unknown> {
         failures: Object.fromEntries(
           Object.keys(scored.bySource).map((name) => [
             name,
-            scored.failures.filter((f) => f.source === name && Math.floor(f.index / G) === k).length + greedyFailures.filter((f) => f.source === name && f.index === k).length,
+            scored.failures.filter((f) => f.source === name && groupOf[f.index] === k).length + greedyFailures.filter((f) => f.source === name && f.index === k).length,
           ]),
         ),
         greedyReward: greedyRewards?.[k],
+        ...(n ? { offPolicy: perPrompt[k].map((_, j) => j >= S), missingTraces: n - (size - S), truncatedTraces: (prompt.offPolicy ?? []).slice(0, n).filter((t) => t.truncated).length } : {}),
       };
     });
+  }
+
+  /** Trace `j` of `prompt` as a completion row: its behaviour log-probs, or 0 (the shaped term then reads π_θ). */
+  private traceCompletion(prompt: RlPrompt<M>, j: number, t: OffPolicyTrace): SampledCompletion {
+    const where = `prompt ${prompt.index ?? prompt.key}, off-policy trace ${j}`;
+    if (t.tokens.length === 0) throw new Error(`GrpoTrainer: ${where} has no tokens`);
+    if (t.tokens.length > this.opts.maxNewTokens) throw new Error(`GrpoTrainer: ${where} has ${t.tokens.length} tokens, over maxNewTokens ${this.opts.maxNewTokens} (truncate or skip it first)`);
+    if (t.logprobs && t.logprobs.length !== t.tokens.length) throw new Error(`GrpoTrainer: ${where} has ${t.tokens.length} tokens but ${t.logprobs.length} log-probs`);
+    return { tokens: [...t.tokens], logprobs: t.logprobs ? [...t.logprobs] : t.tokens.map(() => 0), stopped: t.stopped };
   }
 
   /** What the reward scorer reads of a completion of `prompt`. */
@@ -589,7 +645,8 @@ function generationRunners<M>(o: ResolvedGrpoOptions<M>, engine: GenerationEngin
     computeWeights
       ? KvGenerationRunner.create(device, config, { groupSize, sampling, padId, promptsPerRun, weights: computeWeights, session })
       : GenerationRunner.create(device, config, policy, { groupSize, sampling, padId, promptsPerRun, session });
-  const sampler = generator(o.groupSize, o.sampling);
+  // with off-policy traces each group's last n_off rows are traces, not samples
+  const sampler = generator(o.groupSize - (o.offPolicy?.traces ?? 0), o.sampling);
   const owned: { dispose(): void }[] = [sampler, ...(computeWeights ? [computeWeights] : [])];
   let greedyRunner: RolloutGenerator | undefined;
   const greedy = () => {
@@ -625,6 +682,29 @@ function frozenReferenceOf<M>(o: ResolvedGrpoOptions<M>, trainer: Trainer, froze
   const ref = frozenReference(o.device, model, compute, { onDevice: o.resume ? undefined : trainer.params(), session: o.session });
   owned.push(ref);
   return { policy: ref.policy, weights: [...ref.weights] };
+}
+
+/** Which rows of the step's batch are off-policy traces, group by group; undefined when none is. */
+function offPolicyFlags(groups: readonly ScoredGroup[]): boolean[] | undefined {
+  if (!groups.some((g) => g.offPolicy?.some(Boolean))) return undefined;
+  return groups.flatMap((g) => g.completions.map((_, j) => Boolean(g.offPolicy?.[j])));
+}
+
+/** The loss's `off_policy` input, [rows, width]: 1 at the predicting positions of the traces' tokens. */
+function offPolicyMatrix(batch: TokenBatch, flags: readonly boolean[] | undefined): Float32Array {
+  const out = new Float32Array(batch.rows * batch.width);
+  flags?.forEach((off, r) => {
+    if (off) for (let i = r * batch.width; i < (r + 1) * batch.width; i++) out[i] = Number(batch.responseMask[i]);
+  });
+  return out;
+}
+
+/** The step's off-policy bookkeeping: groups short of traces, traces cut to the length limit. */
+function offPolicyCounts(groups: readonly SampledGroup<unknown>[]): OffPolicyCounts {
+  return {
+    missingGroups: groups.filter((g) => (g.missingTraces ?? 0) > 0).length,
+    truncatedTraces: groups.reduce((n, g) => n + (g.truncatedTraces ?? 0), 0),
+  };
 }
 
 function hashSeed(seed: number, step: number, epoch: number): number {

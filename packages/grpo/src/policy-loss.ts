@@ -15,6 +15,12 @@
  *   cispo      pg_t = −sg[clip(r, 1 − clipLow, 1 + clipHigh)]·A·log π_θ   (MiniMax-M1's CISPO: the
  *              importance weight is clipped and held constant, so no token's gradient is dropped)
  *   reinforce  pg_t = −A·log π_θ   (the plain policy gradient; verl's `gpg`)
+ *   unclipped  pg_t = −r·A   (the importance-weighted surrogate without a clip; LUFFY's on-policy term)
+ * On off-policy tokens (`offPolicy` = 1: a trace written by another policy, LUFFY), the policy term
+ * is instead (`OffPolicyLossConfig`):
+ *   shaped     pg_t = −f(p)·A,  f(p) = p / (p + γ),  p = exp(log π_θ − log π_b)   (no clip; with no
+ *              behaviour log-probs the loop feeds log π_b = 0, so p is π_θ(t) itself)
+ *   sft        pg_t = −sftCoef·log π_θ   (the "RL + SFT loss" baseline: the trace's NLL, no advantage)
  * then loss_t = pg_t + klCoef·kl_t − entropyCoef·H_t and loss = aggregate(loss_t).
  */
 import * as L from '@lathe/onnx';
@@ -59,20 +65,36 @@ export interface PolicyLossTensors {
   refLogp?: Tensor;
   /** Per-token entropy of π_θ, [B, T] (differentiable); required when `entropyCoef` > 0. */
   entropy?: Tensor;
+  /** 1 on the tokens of off-policy traces, 0 elsewhere, [B, T] (LUFFY): those tokens take the off-policy term. */
+  offPolicy?: Tensor;
 }
 
+/** The policy term of off-policy tokens (formulas in the module comment). */
+export interface OffPolicyLossConfig {
+  /** `'shaped'` (LUFFY, default): −f(p)·A with f(p) = p/(p + γ). `'sft'`: −sftCoef·log π_θ. */
+  term?: 'shaped' | 'sft';
+  /** γ of the shaping f(p) = p/(p + γ). Default 0.1 (LUFFY's). */
+  gamma?: number;
+  /** Weight of the SFT term (`term: 'sft'`). Default 1. */
+  sftCoef?: number;
+}
+
+/** The defaults of {@link OffPolicyLossConfig}. */
+export const OFF_POLICY_LOSS_DEFAULTS = { term: 'shaped', gamma: 0.1, sftCoef: 1 } as const satisfies Required<OffPolicyLossConfig>;
+
 /** The policy term of the loss (formulas in the module comment). */
-export type PolicyTerm = 'ppo' | 'cispo' | 'reinforce';
+export type PolicyTerm = 'ppo' | 'cispo' | 'reinforce' | 'unclipped';
 
 /** Every policy term, for option validation. */
-export const POLICY_TERMS: readonly PolicyTerm[] = ['ppo', 'cispo', 'reinforce'];
+export const POLICY_TERMS: readonly PolicyTerm[] = ['ppo', 'cispo', 'reinforce', 'unclipped'];
 
 /** Hyperparameters of the policy loss. */
 export interface PolicyLossConfig {
   /**
    * `'ppo'` (default): the clipped surrogate. `'cispo'`: the clipped importance weight, held
    * constant, times −A·log π_θ (clipLow/clipHigh bound the weight; verl's `cispo`). `'reinforce'`:
-   * −A·log π_θ, no ratio (on-policy; verl's `gpg`). The last two take token ratios and no dual clip.
+   * −A·log π_θ, no ratio (on-policy; verl's `gpg`). `'unclipped'`: −r·A, no clip (LUFFY's on-policy
+   * term with its clip removed). The last three take token ratios and no dual clip.
    */
   policyTerm?: PolicyTerm;
   /** ε_low: the ratio is clipped below at 1 − clipLow. Default 0.2 (PPO, TRL `epsilon`, verl `clip_ratio`). */
@@ -106,6 +128,8 @@ export interface PolicyLossConfig {
    * (verl's `loss_scale_factor` of `seq-mean-token-sum-norm`). Read by the loop's `lossNormaliser`.
    */
   lossScaleFactor?: number;
+  /** The term of off-policy tokens, when the batch has them (`offPolicy` tensor). Defaults {@link OFF_POLICY_LOSS_DEFAULTS}. */
+  offPolicy?: OffPolicyLossConfig;
 }
 
 /**
@@ -119,7 +143,7 @@ export const POLICY_LOSS_DEFAULTS = {
   ratio: 'token',
   aggregation: 'token-mean',
   entropyCoef: 0,
-} as const satisfies Required<Omit<PolicyLossConfig, 'dualClip' | 'lossScaleFactor' | 'klCoef' | 'klEstimator'>>;
+} as const satisfies Required<Omit<PolicyLossConfig, 'dualClip' | 'lossScaleFactor' | 'klCoef' | 'klEstimator' | 'offPolicy'>>;
 
 /**
  * The scalar loss and the metrics, all scalars that add up across micro-batches (sums, or sums
@@ -153,6 +177,14 @@ export interface PolicyLossOutputs {
     ref_kl_sum?: Tensor;
     /** Σ over tokens of the entropy (present when an entropy is given). */
     entropy_sum?: Tensor;
+    /** With off-policy tokens: their count; the clip counts and `approx_kl_sum` then cover the on-policy tokens alone. */
+    off_tokens?: Tensor;
+    /** Σ over off-policy tokens of p (π_θ, or π_θ/π_b with behaviour log-probs). */
+    off_prob_sum?: Tensor;
+    /** Σ over on-policy tokens of the ratio r (with off-policy tokens in the batch). */
+    on_ratio_sum?: Tensor;
+    /** Σ over off-policy tokens of the entropy (with an entropy). */
+    off_entropy_sum?: Tensor;
   };
 }
 
@@ -169,6 +201,9 @@ export function policyLoss(t: PolicyLossTensors, config: PolicyLossConfig = {}):
   const { policyTerm: objective = d.policyTerm, clipLow = d.clipLow, clipHigh = d.clipHigh, dualClip, ratio: ratioLevel = d.ratio, aggregation = d.aggregation, klCoef = 0, klEstimator = DEFAULT_KL_ESTIMATOR.loss, entropyCoef = d.entropyCoef } = config;
   if (!POLICY_TERMS.includes(objective)) throw new Error(`policyLoss: policyTerm must be one of ${POLICY_TERMS.join(', ')}, got '${objective}'`);
   if (objective !== 'ppo' && ratioLevel !== 'token') throw new Error(`policyLoss: policyTerm '${objective}' takes token ratios, got ratio '${ratioLevel}'`);
+  const off = { ...OFF_POLICY_LOSS_DEFAULTS, ...config.offPolicy };
+  if (!['shaped', 'sft'].includes(off.term)) throw new Error(`policyLoss: offPolicy.term must be 'shaped' or 'sft', got '${off.term}'`);
+  if (!(off.gamma > 0)) throw new Error(`policyLoss: offPolicy.gamma must be > 0, got ${off.gamma}`);
   if (objective !== 'ppo' && dualClip !== undefined) throw new Error(`policyLoss: dualClip applies to policyTerm 'ppo' only, got '${objective}'`);
   if (!(clipLow >= 0 && clipLow < 1)) throw new Error(`policyLoss: clipLow must be in [0, 1), got ${clipLow}`);
   if (!(clipHigh >= 0)) throw new Error(`policyLoss: clipHigh must be ≥ 0, got ${clipHigh}`);
@@ -178,7 +213,10 @@ export function policyLoss(t: PolicyLossTensors, config: PolicyLossConfig = {}):
   if (entropyCoef !== 0 && !t.entropy) throw new Error('policyLoss: entropyCoef ≠ 0 needs the per-token entropy');
 
   const dtype = t.logp.dtype;
-  const mask = L.cast(t.mask, dtype);
+  const fullMask = L.cast(t.mask, dtype);
+  const offMask = t.offPolicy && L.mul(L.cast(t.offPolicy, dtype), fullMask);
+  // the on-policy tokens: what the ratio, clip and KL-to-old metrics describe
+  const mask = offMask ? L.sub(fullMask, offMask) : fullMask;
   const adv = L.cast(t.advantages, dtype);
   const tokenLogRatio = L.sub(t.logp, t.oldLogp);
   const logRatio =
@@ -187,33 +225,42 @@ export function policyLoss(t: PolicyLossTensors, config: PolicyLossConfig = {}):
       : tokenLogRatio;
   const ratio = L.exp(L.clip(logRatio, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT));
 
-  const pg = policyTermLoss(objective, t.logp, ratio, adv, clipLow, clipHigh, dualClip);
+  const onPg = policyTermLoss(objective, t.logp, ratio, adv, clipLow, clipHigh, dualClip);
+  const offProb = offMask && L.exp(L.clip(tokenLogRatio, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT));
+  const offPg = offProb && (off.term === 'sft' ? L.mul(t.logp, -off.sftCoef) : L.neg(L.mul(L.div(offProb, L.add(offProb, off.gamma)), adv)));
+  const pg = offMask ? L.where(L.cast(offMask, 'bool'), offPg!, onPg) : onPg;
   // Clipped tokens: PPO's zero-gradient branch (below with A < 0, above with A > 0); the weights
   // CISPO's clip changed, on either side; none for REINFORCE, which has no ratio.
   const below = L.less(ratio, 1 - clipLow);
   const above = L.greater(ratio, 1 + clipHigh);
   const low = objective === 'cispo' ? below : L.and(L.less(adv, 0), below);
   const high = objective === 'cispo' ? above : L.and(L.greater(adv, 0), above);
-  const count = (b: Tensor) => (objective === 'reinforce' ? L.mul(L.reduceSum(mask), 0) : L.reduceSum(L.mul(L.cast(b, dtype), mask)));
+  const count = (b: Tensor) => (objective === 'reinforce' || objective === 'unclipped' ? L.mul(L.reduceSum(mask), 0) : L.reduceSum(L.mul(L.cast(b, dtype), mask)));
 
-  const agg = (x: Tensor) => aggregateLoss(x, mask, aggregation, t.normaliser);
+  const agg = (x: Tensor) => aggregateLoss(x, fullMask, aggregation, t.normaliser);
   const pgLoss = agg(pg);
   let loss = pgLoss;
   const r = L.exp(L.clip(tokenLogRatio, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT));
   const metrics: PolicyLossOutputs['metrics'] = {
     pg_loss: pgLoss,
-    tokens: L.reduceSum(mask),
+    tokens: L.reduceSum(fullMask),
     clipped_tokens: count(L.or(low, high)),
     clipped_low_tokens: count(low),
     approx_kl_sum: L.reduceSum(L.mul(L.sub(L.sub(r, 1), tokenLogRatio), mask)),
   };
+  if (offMask) {
+    metrics.off_tokens = L.reduceSum(offMask);
+    metrics.off_prob_sum = L.reduceSum(L.mul(offProb!, offMask));
+    metrics.on_ratio_sum = L.reduceSum(L.mul(r, mask));
+    if (t.entropy) metrics.off_entropy_sum = L.reduceSum(L.mul(t.entropy, offMask));
+  }
   if (t.refLogp) {
     const kl = klTerm(t.logp, t.refLogp, klEstimator);
-    metrics.ref_kl_sum = L.reduceSum(L.mul(kl, mask));
+    metrics.ref_kl_sum = L.reduceSum(L.mul(kl, fullMask));
     if (klCoef > 0) loss = L.add(loss, L.mul(agg(kl), klCoef));
   }
   if (t.entropy) {
-    metrics.entropy_sum = L.reduceSum(L.mul(t.entropy, mask));
+    metrics.entropy_sum = L.reduceSum(L.mul(t.entropy, fullMask));
     if (entropyCoef !== 0) loss = L.sub(loss, L.mul(agg(t.entropy), entropyCoef));
   }
   return { loss, metrics };
@@ -222,6 +269,7 @@ export function policyLoss(t: PolicyLossTensors, config: PolicyLossConfig = {}):
 /** The per-token policy term (formulas in the module comment). */
 function policyTermLoss(objective: PolicyTerm, logp: Tensor, ratio: Tensor, adv: Tensor, clipLow: number, clipHigh: number, dualClip: number | undefined): Tensor {
   if (objective === 'reinforce') return L.neg(L.mul(adv, logp));
+  if (objective === 'unclipped') return L.neg(L.mul(ratio, adv));
   const clippedRatio = L.clip(ratio, 1 - clipLow, 1 + clipHigh);
   if (objective === 'cispo') return L.neg(L.mul(L.mul(L.stopGradient(clippedRatio), adv), logp));
   // −min(r·A, clip(r)·A) = max(−r·A, −clip(r)·A)

@@ -10,7 +10,8 @@
  * - `loss_normaliser` float32 scalar: the aggregation's normaliser over the whole optimizer batch
  *   (see `lossNormaliser`), the same for every micro-batch of a step;
  * - `ref_logp` float32: reference log-probs, only when the objective reads them (`klCoef` > 0, or
- *   `reference: true` for a custom objective).
+ *   `reference: true` for a custom objective);
+ * - `off_policy` float32: 1 on the tokens of off-policy traces (LUFFY), only with `offPolicy: true`.
  * Metric outputs: those of the objective (for `policyLoss`: sums that add up over micro-batches),
  * plus `logp_parity_sum` = Σ over response tokens of exp(|log π_θ − log π_old|): divided by
  * `tokens` it is the log-prob parity metric (1 when the training forward reproduces the old
@@ -29,6 +30,7 @@ export const RL_INPUTS = {
   advantages: 'advantages',
   mask: 'response_mask',
   normaliser: 'loss_normaliser',
+  offPolicy: 'off_policy',
 } as const;
 
 /**
@@ -45,6 +47,8 @@ export interface RlLossOptions {
    * false for a custom objective (set it when yours reads `refLogp`).
    */
   reference?: boolean;
+  /** Declare the `off_policy` input (off-policy traces in the batch) and pass it to the objective. Default false. */
+  offPolicy?: boolean;
 }
 
 const PARITY_LOG_LIMIT = 20;
@@ -61,12 +65,15 @@ export function rlLoss(policy: PolicyBuilder, objective: PolicyLossConfig | RlOb
     const mask = g.input(RL_INPUTS.mask, 'int64', shape);
     const normaliser = g.input(RL_INPUTS.normaliser, 'float32', []);
     const refLogp = reference ? g.input(RL_INPUTS.refLogp, 'float32', shape) : undefined;
-    const tensors: PolicyLossTensors = { logp, oldLogp, advantages, mask, normaliser, refLogp, entropy };
+    const offPolicy = opts.offPolicy ? g.input(RL_INPUTS.offPolicy, 'float32', shape) : undefined;
+    const tensors: PolicyLossTensors = { logp, oldLogp, advantages, mask, normaliser, refLogp, entropy, offPolicy };
     const out = typeof objective === 'function' ? objective(tensors) : policyLoss(tensors, objective);
     const metrics: Record<string, Tensor> = {};
     for (const [k, v] of Object.entries(out.metrics ?? {})) if (v) metrics[k] = v;
     const deviation = L.exp(L.clip(L.abs(L.sub(logp, oldLogp)), 0, PARITY_LOG_LIMIT));
-    metrics.logp_parity_sum = L.reduceSum(L.mul(deviation, L.cast(mask, 'float32')));
+    // generation and training agree on the sampled tokens only, not on a trace's behaviour log-probs
+    const sampled = offPolicy ? L.mul(L.cast(mask, 'float32'), L.sub(1, offPolicy)) : L.cast(mask, 'float32');
+    metrics.logp_parity_sum = L.reduceSum(L.mul(deviation, sampled));
     return { loss: out.loss, metrics };
   };
 }
