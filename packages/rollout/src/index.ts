@@ -7,3 +7,5 @@ export * from './generator';
 export * from './kv-cache-graphs';
 export * from './kv-cache-generator';
 export * from './engine-choice';
+export * from './serve/slot-graphs';
+export * from './serve/slot-engine';

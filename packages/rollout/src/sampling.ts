@@ -297,3 +297,58 @@ export function sampleNext(logits: Tensor, o: SamplingOptions, uniform?: Tensor)
   const rawLogprobs = scores === logits ? logprobs : pickLogprob(L.logSoftmax(logits, 1), tokens);
   return { tokens: L.squeeze(tokens, [1]), logprobs, rawLogprobs };
 }
+
+/**
+ * Sampling parameters given per row as graph inputs (one value per row, float32 [B] or int64 [B]),
+ * so rows with different settings share one step. The host normalises "off": top_k V (or more),
+ * top_p 1, min_p 0; temperature 0 is greedy for that row.
+ */
+export interface RowSamplingInputs {
+  temperature: Tensor;
+  topK: Tensor;
+  topP: Tensor;
+  minP: Tensor;
+}
+
+/**
+ * {@link sampleNext} with per-row parameters: temperature, top-k, top-p and min-p in that order,
+ * each row by its own values, then inverse-CDF sampling with `uniform` [B]; rows whose temperature
+ * is 0 take the argmax of the raw logits. `filters` false leaves top-k and top-p out of the graph
+ * (the host then guarantees every row has them off): they need a sort of the whole vocabulary per
+ * row, which temperature and min-p do not. Top-k keeps tokens tied with the k-th value, and top-p
+ * ranks the top-k survivors and keeps tokens tied with the last kept one, as {@link filteredScores}
+ * does after a two-stage top-k.
+ */
+export function sampleNextPerRow(logits: Tensor, o: RowSamplingInputs, uniform: Tensor, filters: boolean): SampledTokens {
+  const g = logits.graph;
+  const V = logits.shape[1] as number;
+  const column = (t: Tensor) => L.unsqueeze(t, [1]); // [B] → [B, 1]
+  const greedy = L.equal(o.temperature, g.constant(0, 'float32', [])); // [B]
+  const t = L.where(greedy, g.constant(1, 'float32', []), o.temperature);
+  let s = L.div(logits, column(t));
+  if (filters) {
+    const [sorted] = L.topK(s, V, -1); // [B, V], largest first
+    const kth = L.gatherElements(sorted, L.sub(column(o.topK), g.constant(1, 'int64', [])), 1); // [B, 1]
+    const sortedK = L.where(L.greaterOrEqual(sorted, kth), sorted, NEG_INF);
+    const before = prefixSum(L.softmax(sortedK, -1), true);
+    const keepSorted = L.less(before, column(o.topP));
+    const lowest = L.reduceMin(L.where(keepSorted, sortedK, Infinity), [1], true); // [B, 1]
+    const nucleusOff = column(L.greaterOrEqual(o.topP, g.constant(1, 'float32', [])));
+    const keep = L.and(L.greaterOrEqual(s, kth), L.or(nucleusOff, L.greaterOrEqual(s, lowest)));
+    s = L.where(keep, s, NEG_INF);
+  }
+  // min-p: p ≥ min_p · p_max ⇔ s − max(s) ≥ log(min_p); log 0 = −∞ keeps every token.
+  const max = L.squeeze(rowMax(s), [2]); // [B, 1]
+  s = L.where(L.greaterOrEqual(L.sub(s, max), column(L.log(o.minP))), s, NEG_INF);
+
+  const e = L.exp(L.sub(chunks(s), L.unsqueeze(max, [2]))); // [B, C, k]
+  const mass = L.reduceSum(e, [2]); // [B, C]
+  const drawn = inverseCdf(e, mass, uniform); // [B, 1]
+  const logZ = L.add(max, L.log(L.reduceSum(mass, [1], true))); // [B, 1]
+  const rawLogp = L.logSoftmax(logits, 1);
+  const argmax = firstArgMax(logits);
+  const tokens = L.where(column(greedy), argmax, drawn); // [B, 1]
+  const sampledLogprob = L.squeeze(L.sub(L.gatherElements(s, tokens, 1), logZ), [1]);
+  const rawLogprobs = pickLogprob(rawLogp, tokens);
+  return { tokens: L.squeeze(tokens, [1]), logprobs: L.where(greedy, rawLogprobs, sampledLogprob), rawLogprobs };
+}

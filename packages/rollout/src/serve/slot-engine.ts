@@ -1,0 +1,479 @@
+/**
+ * A KV-cache engine for continuous batching: a fixed set of cache rows ("slots"), each holding one
+ * sequence that is decoding. `admit` prefills new prompts into free slots (one prompt into as many
+ * slots as it has samples) while the other slots keep their caches; `step` decodes one token for
+ * every busy slot, each with its own position and its own sampling parameters; `release` frees a
+ * slot at once for the next admission. Graphs in slot-graphs.ts.
+ *
+ * Every buffer is allocated at creation (caches [slots, kvHeads, maxLength, headDim] per layer),
+ * so the decode step's addresses never change (a CUDA graph can replay it). Graph variants — with
+ * or without the per-row top-k/top-p sort, with or without top log-probs — are compiled on first
+ * use; each step runs the cheapest one its busy slots need.
+ *
+ * Samples are reproducible: a row's token t is drawn with uniformAt(seed, key, t) (rng.ts), the same
+ * noise the batch engines give sample key `key` — so a row's tokens do not depend on which slot it
+ * lands in, on what else is running, or on when it was admitted.
+ */
+import * as L from '@lathe/onnx';
+import type { DType } from '@lathe/onnx';
+import { CausalLM, paramSpecs, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
+import { Device, DeviceTensor, hostTensor, type Binding, type Session, type SessionOptions } from '@lathe/runtime';
+import { cacheName } from '../kv-cache-graphs';
+import { uniformAt } from '../rng';
+import { validateSampling, type SamplingOptions } from '../sampling';
+import { addSlotDecodeStep, addSlotPrefill, type SlotGraphOptions } from './slot-graphs';
+
+/** How a slot engine is built. */
+export interface SlotEngineOptions {
+  /** Cache rows: the most sequences decoding at once. */
+  slots: number;
+  /** Cache positions per slot: a prompt plus its new tokens must fit. */
+  maxLength: number;
+  /** Compute dtype; weights and caches are held in it. Default bfloat16 on CUDA, float32 on CPU. */
+  dtype?: DType;
+  /** Token fed to free slots and used to pad prompts. Default 0. */
+  padTokenId?: number;
+  /** The most alternatives a row may ask for with `topLogprobs`. Default 20 (OpenAI's limit). */
+  maxTopLogprobs?: number;
+  /** Replay the decode step as a CUDA graph (CUDA only). Default false. */
+  cudaGraph?: boolean;
+  /** Options of the sessions (`cudaGraph` above wins for the decode step). */
+  session?: SessionOptions;
+  /** How the graphs read the weights (as KvCacheGeneratorOptions.graphWeights); bind them with {@link SlotEngine.bindWeights}. */
+  graphWeights?: (g: L.Graph) => Weights;
+  /** Called before every prefill (with its prompts) and decode step (with the busy slots). Tests count runs with it. */
+  beforeRun?: (phase: 'prefill' | 'decode', count: number) => void;
+}
+
+/** One row's sampling parameters; `temperature` 0 is greedy. */
+export type RowSampling = SamplingOptions;
+
+/** A row to start: how it samples and which random stream it reads. */
+export interface SlotRow {
+  sampling: RowSampling;
+  seed: number;
+  /** The row's random-stream key (e.g. its sample index among a request's `n`). */
+  key: number;
+  /** Alternatives to return per token with their raw log-probs (0: none). */
+  topLogprobs?: number;
+}
+
+/** One prompt to prefill into `rows.length` free slots. */
+export interface SlotAdmission {
+  prompt: readonly number[];
+  rows: readonly SlotRow[];
+}
+
+/** One sampled token of one slot. */
+export interface SlotToken {
+  slot: number;
+  token: number;
+  /** Log-prob under the row's sampling distribution (temperature and filters applied). */
+  logprob: number;
+  /** Log-prob under the raw model (temperature 1, no filters). */
+  rawLogprob: number;
+  /** The most likely tokens under the raw model and their log-probs, when the row asked for them. */
+  top?: { ids: number[]; logprobs: number[] };
+}
+
+interface SlotState {
+  row: SlotRow;
+  /** Tokens in the cache (the next fed token goes to this position). */
+  position: number;
+  /** The last sampled token (fed at the next step). */
+  token: number;
+  /** Tokens sampled so far (the next one's noise column). */
+  sampled: number;
+  /** top-k as the graph takes it (V when off), top-p (1 off), min-p (0 off). */
+  k: number;
+  p: number;
+  minP: number;
+}
+
+interface Variant {
+  session: Session;
+  binding: Binding | undefined;
+}
+
+/** Per-step host inputs of the decode step, bound by address (uploaded before each step). */
+interface StepInputs {
+  token: DeviceTensor;
+  seqlens: DeviceTensor;
+  temperature: DeviceTensor;
+  topK: DeviceTensor;
+  topP: DeviceTensor;
+  minP: DeviceTensor;
+  uniform: DeviceTensor;
+  sampled: DeviceTensor;
+  topLogprobs: DeviceTensor | undefined;
+  topIds: DeviceTensor | undefined;
+}
+
+/** A compiled slot prefill and decode step over device-resident weights and caches. */
+export class SlotEngine {
+  private readonly state: (SlotState | undefined)[];
+  private readonly freeList: number[];
+  private readonly prefills = new Map<string, Variant>();
+  private readonly steps = new Map<string, Variant>();
+  private extraWeights: Iterable<readonly [string, DeviceTensor]>[] = [];
+  /** Decode steps and prefills run so far. */
+  readonly counters = { steps: 0, prefills: 0, prefilledPrompts: 0 };
+
+  private constructor(
+    readonly config: DecoderConfig,
+    readonly device: Device,
+    private readonly opts: SlotEngineOptions & { dtype: DType; maxTopLogprobs: number; padTokenId: number },
+    private readonly weights: ReadonlyMap<string, DeviceTensor> | undefined,
+    private readonly caches: DeviceTensor[],
+    private readonly inputs: StepInputs,
+  ) {
+    this.state = new Array<SlotState | undefined>(opts.slots).fill(undefined);
+    // Lowest slot first, so a lightly loaded engine reuses the same few rows.
+    this.freeList = Array.from({ length: opts.slots }, (_, i) => opts.slots - 1 - i);
+  }
+
+  /** Compiles over a model's device weights (`CausalLM.fromPretrained(dir, { device })`), in their dtype. */
+  static create(model: CausalLM, opts: SlotEngineOptions): SlotEngine;
+  /** Compiles for `config` over caller-owned `weights` (device tensors by HF name), or with `graphWeights`, none yet. */
+  static create(device: Device, config: DecoderConfig, weights: ReadonlyMap<string, DeviceTensor> | undefined, opts: SlotEngineOptions): SlotEngine;
+  static create(a: CausalLM | Device, b: DecoderConfig | SlotEngineOptions, weights?: ReadonlyMap<string, DeviceTensor>, c?: SlotEngineOptions): SlotEngine {
+    if (a instanceof CausalLM) {
+      const opts = b as SlotEngineOptions;
+      if (!a.device) throw new Error(`SlotEngine: the model's weights are on the host; load it with { device } (CausalLM.fromPretrained)`);
+      if (opts.dtype && opts.dtype !== a.dtype) throw new Error(`SlotEngine: dtype ${opts.dtype} was asked for, but the model's weights are ${a.dtype}`);
+      return SlotEngine.build(a.device, a.config, a.weights, { ...opts, dtype: a.dtype });
+    }
+    return SlotEngine.build(a, b as DecoderConfig, weights, c!);
+  }
+
+  private static build(device: Device, config: DecoderConfig, weights: ReadonlyMap<string, DeviceTensor> | undefined, opts: SlotEngineOptions): SlotEngine {
+    const dtype = opts.dtype ?? (device.kind === 'cuda' ? 'bfloat16' : 'float32');
+    const S = opts.slots;
+    if (!Number.isInteger(S) || S < 1) throw new Error(`slots must be a positive integer, got ${opts.slots}`);
+    if (!Number.isInteger(opts.maxLength) || opts.maxLength < 2 || opts.maxLength > config.maxPositionEmbeddings) {
+      throw new Error(`maxLength must be an integer in [2, ${config.maxPositionEmbeddings}] (the model's max_position_embeddings), got ${opts.maxLength}`);
+    }
+    const pad = opts.padTokenId ?? 0;
+    if (!Number.isInteger(pad) || pad < 0 || pad >= config.vocabSize) throw new Error(`padTokenId must be a token id in [0, ${config.vocabSize}), got ${opts.padTokenId}`);
+    const maxTop = opts.maxTopLogprobs ?? 20;
+    if (!Number.isInteger(maxTop) || maxTop < 0 || maxTop > config.vocabSize) throw new Error(`maxTopLogprobs must be an integer in [0, ${config.vocabSize}], got ${opts.maxTopLogprobs}`);
+    if (opts.cudaGraph && device.kind !== 'cuda') throw new Error('cudaGraph needs a CUDA device');
+    if (!weights && !opts.graphWeights) throw new Error('weights: give device tensors, or graphWeights and bind them with bindWeights');
+    for (const spec of opts.graphWeights ? [] : paramSpecs(config)) {
+      const t = weights!.get(spec.name);
+      if (!t) throw new Error(`weights: missing '${spec.name}'`);
+      if (t.dtype !== dtype || t.dims.join(',') !== spec.shape.join(',')) throw new Error(`weights: '${spec.name}' is ${t.dtype}[${t.dims}], expected ${dtype}[${spec.shape}]`);
+    }
+    const made: DeviceTensor[] = [];
+    const zeros = (d: DType, dims: number[]) => {
+      const t = device.zeros(d, dims);
+      made.push(t);
+      return t;
+    };
+    try {
+      const caches: DeviceTensor[] = [];
+      for (let i = 0; i < 2 * config.numLayers; i++) caches.push(zeros(dtype, [S, config.numKvHeads, opts.maxLength, config.headDim]));
+      const inputs: StepInputs = {
+        token: zeros('int64', [S, 1]),
+        seqlens: zeros('int32', [S]),
+        temperature: zeros('float32', [S]),
+        topK: zeros('int64', [S]),
+        topP: zeros('float32', [S]),
+        minP: zeros('float32', [S]),
+        uniform: zeros('float32', [S]),
+        sampled: zeros('float32', [S, 3]),
+        topLogprobs: maxTop > 0 ? zeros('float32', [S, maxTop]) : undefined,
+        topIds: maxTop > 0 ? zeros('int64', [S, maxTop]) : undefined,
+      };
+      return new SlotEngine(config, device, { ...opts, dtype, maxTopLogprobs: maxTop, padTokenId: pad }, weights, caches, inputs);
+    } catch (e) {
+      for (const t of made) t.dispose();
+      throw e;
+    }
+  }
+
+  /** Slots in all. */
+  get slots(): number {
+    return this.opts.slots;
+  }
+
+  /** Cache positions per slot. */
+  get maxLength(): number {
+    return this.opts.maxLength;
+  }
+
+  /** The most top log-probs a row may ask for. */
+  get maxTopLogprobs(): number {
+    return this.opts.maxTopLogprobs;
+  }
+
+  /** Slots free for admission now. */
+  get free(): number {
+    return this.freeList.length;
+  }
+
+  /** Slots holding a sequence. */
+  get busy(): number {
+    return this.opts.slots - this.freeList.length;
+  }
+
+  /** Tokens in slot `slot`'s cache, or undefined when it is free. */
+  position(slot: number): number | undefined {
+    return this.state[slot]?.position;
+  }
+
+  /** Rejects a row's bad parameters by name. */
+  checkRow(row: SlotRow): void {
+    validateSampling(row.sampling, this.config.vocabSize);
+    if (!Number.isSafeInteger(row.seed)) throw new Error(`seed must be an integer, got ${row.seed}`);
+    if (!Number.isSafeInteger(row.key)) throw new Error(`key must be an integer, got ${row.key}`);
+    const top = row.topLogprobs ?? 0;
+    if (!Number.isInteger(top) || top < 0 || top > this.opts.maxTopLogprobs) throw new Error(`top_logprobs must be an integer in [0, ${this.opts.maxTopLogprobs}], got ${row.topLogprobs}`);
+  }
+
+  private graphOptions(filters: boolean, top: boolean): SlotGraphOptions {
+    return { slots: this.opts.slots, filters, topLogprobs: top ? this.opts.maxTopLogprobs : 0, qkNormInKernel: this.device.kind === 'cuda' };
+  }
+
+  private compile(kind: 'prefill' | 'decode', filters: boolean, top: boolean): Session {
+    const g = new L.Graph(`lathe_slot_${kind}`);
+    const w = this.opts.graphWeights ? this.opts.graphWeights(g) : weightInputs(g, this.config, this.opts.dtype, this.opts.dtype).weights;
+    (kind === 'prefill' ? addSlotPrefill : addSlotDecodeStep)(g, this.config, w, this.opts.dtype, this.graphOptions(filters, top));
+    const session: SessionOptions = { ...this.opts.session, memoryPattern: this.opts.session?.memoryPattern ?? false };
+    return this.device.compile(g, { ...session, name: `slot-${kind}${filters ? '-filters' : ''}${top ? '-top' : ''}`, cudaGraph: kind === 'decode' ? this.opts.cudaGraph : false });
+  }
+
+  private bindCommon(b: Binding): void {
+    for (const [name, t] of this.weights ?? []) b.input(name, t);
+    for (const set of this.extraWeights) for (const [name, t] of set) b.input(name, t);
+    for (let i = 0; i < this.config.numLayers; i++) {
+      for (const [j, which] of (['key', 'value'] as const).entries()) {
+        const cache = this.caches[2 * i + j];
+        b.input(cacheName(i, which, 'input'), cache).output(cacheName(i, which, 'output'), cache);
+      }
+    }
+  }
+
+  private variant(kind: 'prefill' | 'decode', filters: boolean, top: boolean): Variant {
+    const map = kind === 'prefill' ? this.prefills : this.steps;
+    const id = `${filters}/${top}`;
+    let v = map.get(id);
+    if (!v) {
+      v = { session: this.compile(kind, filters, top), binding: undefined };
+      map.set(id, v);
+    }
+    if (!v.binding) {
+      const b = v.session.binding();
+      this.bindCommon(b);
+      if (kind === 'decode') {
+        const x = this.inputs;
+        b.input('token', x.token).input('seqlens', x.seqlens).input('cache_length', hostTensor('int32', [], [this.opts.maxLength]));
+        b.input('temperature', x.temperature).input('top_k', x.topK).input('top_p', x.topP).input('min_p', x.minP).input('uniform', x.uniform);
+        b.output('sampled', x.sampled);
+        if (top) b.output('top_logprobs', x.topLogprobs!).output('top_ids', x.topIds!);
+        // Each variant's session captures its own graph.
+        if (this.opts.cudaGraph) b.runConfig('gpu_graph_id', '1');
+      } else {
+        b.output('sampled', 'device');
+        if (top) b.output('top_logprobs', 'device').output('top_ids', 'device');
+      }
+      v.binding = b;
+    }
+    return v;
+  }
+
+  /**
+   * Compiles the graph variants ahead of the first requests (else each compiles on first use):
+   * `filters` adds the top-k/top-p ones, `top` the top-log-prob ones.
+   */
+  warm(opts: { filters?: boolean; top?: boolean } = {}): void {
+    for (const filters of opts.filters ? [false, true] : [false]) {
+      for (const top of opts.top && this.opts.maxTopLogprobs > 0 ? [false, true] : [false]) {
+        this.variant('prefill', filters, top);
+        this.variant('decode', filters, top);
+      }
+    }
+  }
+
+  private normalised(row: SlotRow): Pick<SlotState, 'k' | 'p' | 'minP'> {
+    const V = this.config.vocabSize;
+    const k = row.sampling.topK && row.sampling.topK < V ? row.sampling.topK : V;
+    return { k, p: row.sampling.topP ?? 1, minP: row.sampling.minP ?? 0 };
+  }
+
+  private static needsFilters(s: Pick<SlotState, 'k' | 'p'>, V: number): boolean {
+    return s.k < V || s.p < 1;
+  }
+
+  /**
+   * Prefills each admission's prompt into `rows.length` free slots (all in one run) and samples
+   * each new row's first token. Returns, per admission, its slots (one per row, in row order) and
+   * their first tokens. Throws, with nothing admitted, when there are too few free slots or an
+   * input is invalid (errors name the admission).
+   */
+  admit(admissions: readonly SlotAdmission[]): { slots: number[]; tokens: SlotToken[] }[] {
+    if (admissions.length === 0) return [];
+    const V = this.config.vocabSize;
+    const M = this.opts.maxLength;
+    const rows = admissions.reduce((n, a) => n + a.rows.length, 0);
+    if (rows > this.freeList.length) throw new Error(`admit: ${rows} rows asked for, ${this.freeList.length} slots free`);
+    admissions.forEach((a, i) => {
+      if (a.rows.length === 0) throw new Error(`admission ${i}: no rows`);
+      if (a.prompt.length === 0) throw new Error(`admission ${i}: the prompt is empty`);
+      if (a.prompt.length >= M) throw new Error(`admission ${i}: a prompt of ${a.prompt.length} tokens leaves no room in a cache of ${M} positions`);
+      const bad = a.prompt.find((t) => !Number.isInteger(t) || t < 0 || t >= V);
+      if (bad !== undefined) throw new Error(`admission ${i}: token id ${bad} is outside the vocabulary (0..${V - 1})`);
+      a.rows.forEach((r) => this.checkRow(r));
+    });
+    const B = admissions.length;
+    const P = Math.max(...admissions.map((a) => a.prompt.length));
+    const KV = this.config.numKvHeads;
+    const ids = new BigInt64Array(B * P).fill(BigInt(this.opts.padTokenId));
+    admissions.forEach((a, b) => a.prompt.forEach((t, j) => (ids[b * P + j] = BigInt(t))));
+    const slots = admissions.map((a) => a.rows.map(() => this.freeList.pop()!));
+    const flat = admissions.flatMap((a, b) => a.rows.map((row, j) => ({ b, row, slot: slots[b][j], ...this.normalised(row) })));
+    const E = flat.length;
+    const scatter = new BigInt64Array(E * KV * P * 3);
+    flat.forEach((r, e) => {
+      for (let h = 0; h < KV; h++) {
+        for (let p = 0; p < P; p++) {
+          const at = ((e * KV + h) * P + p) * 3;
+          scatter[at] = BigInt(r.slot);
+          scatter[at + 1] = BigInt(h);
+          scatter[at + 2] = BigInt(p);
+        }
+      }
+    });
+    const filters = flat.some((r) => SlotEngine.needsFilters(r, V));
+    const top = flat.some((r) => (r.row.topLogprobs ?? 0) > 0);
+    let out: SlotToken[];
+    try {
+      const { binding: pb } = this.variant('prefill', filters, top);
+      const b = pb!;
+      b.input('input_ids', { data: ids, dims: [B, P] });
+      b.input('seqlens', hostTensor('int32', [B], admissions.map((a) => a.prompt.length - 1)));
+      b.input('last_index', hostTensor('int64', [B], admissions.map((a, i) => i * P + a.prompt.length - 1)));
+      b.input('prompt_width', hostTensor('int32', [], [P]));
+      b.input('expand_index', hostTensor('int64', [E], flat.map((r) => r.b)));
+      b.input('scatter_index', { data: scatter, dims: [E, KV, P, 3] });
+      b.input('temperature', hostTensor('float32', [E], flat.map((r) => r.row.sampling.temperature ?? 1)));
+      b.input('top_k', hostTensor('int64', [E], flat.map((r) => r.k)));
+      b.input('top_p', hostTensor('float32', [E], flat.map((r) => r.p)));
+      b.input('min_p', hostTensor('float32', [E], flat.map((r) => r.minP)));
+      b.input('uniform', hostTensor('float32', [E], flat.map((r) => uniformAt(r.row.seed, r.row.key, 0))));
+      this.opts.beforeRun?.('prefill', B);
+      b.runSync();
+      this.counters.prefills++;
+      this.counters.prefilledPrompts += B;
+      out = this.read(b, flat.map((r) => r.slot), flat.map((r) => r.row.topLogprobs ?? 0), top ? this.opts.maxTopLogprobs : 0, (i) => i);
+    } catch (e) {
+      for (const s of slots.flat().reverse()) this.freeList.push(s);
+      throw e;
+    }
+    flat.forEach((r, e) => {
+      this.state[r.slot] = { row: r.row, position: admissions[r.b].prompt.length, token: out[e].token, sampled: 1, k: r.k, p: r.p, minP: r.minP };
+    });
+    let at = 0;
+    return slots.map((s) => ({ slots: s, tokens: out.slice(at, (at += s.length)) }));
+  }
+
+  /** The results of a run for `slots` (row `rowOf(i)` of its outputs holds slot i's). */
+  private read(b: Binding, slots: number[], tops: number[], T: number, rowOf: (i: number) => number): SlotToken[] {
+    const sampled = b.get('sampled').download().data as Float32Array;
+    const topValues = T ? (b.get('top_logprobs').download().data as Float32Array) : undefined;
+    const topIds = T ? (b.get('top_ids').download().data as BigInt64Array) : undefined;
+    return slots.map((slot, i) => {
+      const r = rowOf(i);
+      const t: SlotToken = { slot, token: sampled[r * 3], logprob: sampled[r * 3 + 1], rawLogprob: sampled[r * 3 + 2] };
+      if (tops[i] > 0) {
+        t.top = { ids: Array.from(topIds!.subarray(r * T, r * T + tops[i]), Number), logprobs: Array.from(topValues!.subarray(r * T, r * T + tops[i])) };
+      }
+      return t;
+    });
+  }
+
+  /**
+   * One decode step over every slot: each busy slot's next token (free slots run too, their results
+   * dropped). Throws when a busy slot's cache is full (release it first). Returns [] with no busy slot.
+   */
+  step(): SlotToken[] {
+    const S = this.opts.slots;
+    const V = this.config.vocabSize;
+    const busy: number[] = [];
+    const token = new BigInt64Array(S).fill(BigInt(this.opts.padTokenId));
+    const seqlens = new Int32Array(S);
+    const temperature = new Float32Array(S);
+    const topK = new BigInt64Array(S).fill(BigInt(V));
+    const topP = new Float32Array(S).fill(1);
+    const minP = new Float32Array(S);
+    const uniform = new Float32Array(S).fill(0.5);
+    let filters = false;
+    let top = false;
+    this.state.forEach((s, i) => {
+      if (!s) return;
+      if (s.position >= this.opts.maxLength) throw new Error(`slot ${i}: its cache of ${this.opts.maxLength} positions is full`);
+      busy.push(i);
+      token[i] = BigInt(s.token);
+      seqlens[i] = s.position;
+      temperature[i] = s.row.sampling.temperature ?? 1;
+      topK[i] = BigInt(s.k);
+      topP[i] = s.p;
+      minP[i] = s.minP;
+      uniform[i] = uniformAt(s.row.seed, s.row.key, s.sampled);
+      filters ||= SlotEngine.needsFilters(s, V);
+      top ||= (s.row.topLogprobs ?? 0) > 0;
+    });
+    if (busy.length === 0) return [];
+    const x = this.inputs;
+    x.token.upload(token);
+    x.seqlens.upload(seqlens);
+    x.temperature.upload(temperature);
+    x.topK.upload(topK);
+    x.topP.upload(topP);
+    x.minP.upload(minP);
+    x.uniform.upload(uniform);
+    const b = this.variant('decode', filters, top).binding!;
+    this.opts.beforeRun?.('decode', busy.length);
+    b.runSync();
+    this.counters.steps++;
+    const out = this.read(b, busy, busy.map((i) => this.state[i]!.row.topLogprobs ?? 0), top ? this.opts.maxTopLogprobs : 0, (i) => busy[i]);
+    for (const t of out) {
+      const s = this.state[t.slot]!;
+      s.position++;
+      s.token = t.token;
+      s.sampled++;
+    }
+    return out;
+  }
+
+  /** Frees a slot (its cache is overwritten by the next admission). Freeing a free slot is an error. */
+  release(slot: number): void {
+    if (!this.state[slot]) throw new Error(`release: slot ${slot} is not busy`);
+    this.state[slot] = undefined;
+    this.freeList.push(slot);
+  }
+
+  /**
+   * Binds weight tensors by graph input name (with `graphWeights`: the inputs it declared), e.g. a
+   * trainer's current parameter buffers — generation then reads them with no copy. Applies to the
+   * variants compiled so far and to later ones. Refused with `cudaGraph` (rebinding moves the
+   * addresses a captured graph reads).
+   */
+  bindWeights(...sets: Iterable<readonly [string, DeviceTensor]>[]): void {
+    if (this.opts.cudaGraph) throw new Error('bindWeights: a CUDA-graph engine keeps its weight addresses');
+    const copies = sets.map((s) => [...s]);
+    this.extraWeights = [...this.extraWeights, ...copies];
+    for (const v of [...this.prefills.values(), ...this.steps.values()]) for (const set of copies) for (const [name, t] of set) v.binding?.input(name, t);
+  }
+
+  /** Releases the sessions and buffers (the weights belong to the model or the caller). */
+  dispose(): void {
+    for (const v of [...this.prefills.values(), ...this.steps.values()]) {
+      v.binding?.dispose();
+      v.session.dispose();
+    }
+    this.prefills.clear();
+    this.steps.clear();
+    for (const t of [...this.caches, ...Object.values(this.inputs)]) t?.dispose();
+  }
+}

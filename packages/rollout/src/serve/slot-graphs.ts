@@ -1,0 +1,121 @@
+/**
+ * The two graphs of the slot engine (slot-engine.ts), for continuous batching: a fixed set of cache
+ * rows ("slots") that requests enter and leave one at a time while the others keep decoding.
+ *
+ * - **slot prefill**: B right-padded prompts → their keys/values written into the slots the host
+ *   names (`scatter_index`), each prompt into as many slots as it has samples (`expand_index`),
+ *   with every other slot's cache left as it is: each layer's cache is bound as both an input and
+ *   the output of a ScatterND, which writes in place when the two are one buffer (ONNX Runtime
+ *   copies the input first only when they differ). Only the prompt's P positions are written; what
+ *   an earlier occupant left beyond them is never attended, since attention reads each row's own
+ *   length. Also samples each new row's first token.
+ * - **slot decode step**: one token per slot → the next one, every slot at its own position
+ *   (`seqlens`), sampled with its own temperature, top-k, top-p and min-p and its own uniform. A
+ *   free slot runs too (its result is dropped): the step's shapes never change.
+ *
+ * Unlike the batch engine's step (kv-cache-graphs.ts), nothing is carried from step to step on the
+ * device but the caches: the host knows each slot's token and position and uploads them with the
+ * step's parameters (a few numbers per slot), since admissions and departures change them between
+ * any two steps.
+ *
+ *   prefill in:  input_ids int64 [B, P], seqlens int32 [B] (prompt length − 1), last_index int64
+ *                [B] (b·P + seqlens[b]), prompt_width int32 [] (= P), expand_index int64 [E] (the
+ *                prompt each new row continues), scatter_index int64 [E, KV, P, 3] (slot, head,
+ *                position of each written cache vector), temperature / top_p / min_p float32 [E],
+ *                top_k int64 [E], uniform float32 [E], cache.{i}.key / value [S, KV, M, hd]
+ *          out: present.{i}.key / value (bound to the cache buffers), sampled float32 [E, 3]
+ *               (token, log-prob under the row's sampling distribution, raw log-prob), and with
+ *               top log-probs T > 0: top_logprobs float32 [E, T], top_ids int64 [E, T]
+ *   decode  in:  token int64 [S, 1], seqlens int32 [S] (the token's position), cache_length int32
+ *                [] (= M), the sampling inputs and uniform over [S], cache.{i}.key / value
+ *          out: as prefill, over [S]
+ */
+import * as L from '@lathe/onnx';
+import type { DType, Graph, Tensor } from '@lathe/onnx';
+import { decoder, lmLogits, type DecoderConfig, type KvPair, type Weights } from '@lathe/models';
+import { cacheName } from '../kv-cache-graphs';
+import { sampleNextPerRow, type RowSamplingInputs } from '../sampling';
+
+/** How a slot graph is built beyond the model. */
+export interface SlotGraphOptions {
+  /** The slot count S (static, so every decode step has the same shapes). */
+  slots: number;
+  /** Top-k and top-p in the graph (a sort of the vocabulary per row); without, every row must have them off. */
+  filters: boolean;
+  /** Alternatives per row to output with their raw log-probs (0: none). */
+  topLogprobs: number;
+  /** Qwen3's Q/K norm inside GroupQueryAttention's kernel (CUDA only). */
+  qkNormInKernel?: boolean;
+}
+
+function samplingInputs(g: Graph, rows: number | string): { params: RowSamplingInputs; uniform: Tensor } {
+  return {
+    params: {
+      temperature: g.input('temperature', 'float32', [rows]),
+      topK: g.input('top_k', 'int64', [rows]),
+      topP: g.input('top_p', 'float32', [rows]),
+      minP: g.input('min_p', 'float32', [rows]),
+    },
+    uniform: g.input('uniform', 'float32', [rows]),
+  };
+}
+
+/** Samples each row's next token from hidden states [N, 1, D] and writes the result outputs. */
+function emit(g: Graph, cfg: DecoderConfig, weights: Weights, hidden: Tensor, params: RowSamplingInputs, uniform: Tensor, o: SlotGraphOptions, expand?: Tensor): void {
+  if (cfg.vocabSize >= 2 ** 24) throw new Error(`slot engine: vocab_size ${cfg.vocabSize} ≥ 2²⁴: token ids would not be exact in float32`);
+  let logits = L.cast(L.squeeze(lmLogits(cfg, weights, hidden), [1]), 'float32'); // [N, V]
+  if (expand) logits = L.gather(logits, expand, 0);
+  const s = sampleNextPerRow(logits, params, uniform, o.filters);
+  const column = (t: Tensor) => L.unsqueeze(t, [1]);
+  g.output(L.concat([column(L.cast(s.tokens, 'float32')), column(s.logprobs), column(s.rawLogprobs)], 1), 'sampled');
+  if (o.topLogprobs > 0) {
+    const [values, ids] = L.topK(L.logSoftmax(logits, 1), o.topLogprobs, -1);
+    g.output(values, 'top_logprobs');
+    g.output(ids, 'top_ids');
+  }
+}
+
+function cacheInputs(g: Graph, cfg: DecoderConfig, dtype: DType, slots: number): KvPair[] {
+  const past: KvPair[] = [];
+  for (let i = 0; i < cfg.numLayers; i++) {
+    const shape = [slots, cfg.numKvHeads, 'M', cfg.headDim];
+    past.push({ key: g.input(cacheName(i, 'key', 'input'), dtype, shape), value: g.input(cacheName(i, 'value', 'input'), dtype, shape) });
+  }
+  return past;
+}
+
+/** The slot prefill graph (see the module comment). */
+export function addSlotPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, o: SlotGraphOptions): void {
+  const ids = g.input('input_ids', 'int64', ['B', 'P']);
+  const seqlens = g.input('seqlens', 'int32', ['B']);
+  const lastIndex = g.input('last_index', 'int64', ['B']);
+  const width = g.input('prompt_width', 'int32', []);
+  const expand = g.input('expand_index', 'int64', ['E']);
+  const scatter = g.input('scatter_index', 'int64', ['E', cfg.numKvHeads, 'P', 3]);
+  const { params, uniform } = samplingInputs(g, 'E');
+  const caches = cacheInputs(g, cfg, dtype, o.slots);
+  const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width, qkNormInKernel: o.qkNormInKernel });
+  out.present.forEach((p, i) => {
+    for (const which of ['key', 'value'] as const) {
+      g.output(L.scatterND(caches[i][which], scatter, L.gather(p[which], expand, 0)), cacheName(i, which, 'output'));
+    }
+  });
+  const last = L.unsqueeze(L.gather(L.reshape(out.hidden, [-1, cfg.hiddenSize]), lastIndex, 0), [1]); // [B, 1, D]
+  emit(g, cfg, weights, last, params, uniform, o, expand);
+}
+
+/** The slot decode-step graph (see the module comment). */
+export function addSlotDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, o: SlotGraphOptions): void {
+  const S = o.slots;
+  const token = g.input('token', 'int64', [S, 1]);
+  const seqlens = g.input('seqlens', 'int32', [S]);
+  const cacheLength = g.input('cache_length', 'int32', []);
+  const { params, uniform } = samplingInputs(g, S);
+  const past = cacheInputs(g, cfg, dtype, S);
+  const out = decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel: o.qkNormInKernel });
+  out.present.forEach((p, i) => {
+    g.output(p.key, cacheName(i, 'key', 'output'));
+    g.output(p.value, cacheName(i, 'value', 'output'));
+  });
+  emit(g, cfg, weights, out.hidden, params, uniform, o);
+}

@@ -1,0 +1,126 @@
+/**
+ * The slot engine (continuous batching) against the batch KV-cache engine on CPU in float32:
+ * rows admitted at different steps, sharing decode steps with rows of other lengths and other
+ * sampling settings, give the same tokens as each prompt generated alone with its settings compiled
+ * into the batch engine's graphs; slots are reused after release without disturbing the others.
+ */
+import { Device } from '@lathe/runtime';
+import { KvCacheGenerator, SlotEngine, type RowSampling, type SlotToken } from '@lathe/rollout';
+import { CausalLM, type HfConfig } from '@lathe/models';
+import { tinyModel, tinyQwen3 } from './helpers';
+
+const wideQwen3: HfConfig = { ...tinyQwen3, hidden_size: 64, head_dim: 16 };
+const { dir } = tinyModel(wideQwen3, 5);
+const device = Device.cpu();
+const model = CausalLM.fromPretrainedSync(dir, { device });
+afterAll(() => model.dispose());
+
+/** What the batch engine gives for one prompt, one sample key, `sampling` compiled in. */
+async function alone(prompt: number[], sampling: RowSampling, o: { seed: number; key: number; maxNew: number }) {
+  const kv = KvCacheGenerator.create(model, { ...sampling, rows: 1, maxLength: 32 });
+  const [c] = await kv.generate([prompt], { maxNewTokens: o.maxNew, seed: o.seed, sampleKeys: [[o.key]] });
+  kv.dispose();
+  return c;
+}
+
+/** Drives the engine: admissions at given steps, each row run for `maxNew` tokens then released. */
+function drive(engine: SlotEngine, plan: { at: number; prompt: number[]; rows: { sampling: RowSampling; seed: number; key: number }[]; maxNew: number }[]) {
+  const tokens = plan.map((p) => p.rows.map(() => [] as SlotToken[]));
+  const owner = new Map<number, [number, number]>();
+  const pending = [...plan.keys()];
+  for (let step = 0; pending.length || owner.size; step++) {
+    let free = engine.free;
+    const now = pending.filter((i) => plan[i].at <= step && free >= plan[i].rows.length && (free -= plan[i].rows.length) >= 0);
+    for (const i of now) pending.splice(pending.indexOf(i), 1);
+    const admitted = engine.admit(now.map((i) => ({ prompt: plan[i].prompt, rows: plan[i].rows })));
+    admitted.forEach((a, j) => a.slots.forEach((slot, r) => owner.set(slot, [now[j], r])));
+    const take = (ts: SlotToken[]) => {
+      for (const t of ts) {
+        const [i, r] = owner.get(t.slot)!;
+        tokens[i][r].push(t);
+        if (tokens[i][r].length === plan[i].maxNew) {
+          engine.release(t.slot);
+          owner.delete(t.slot);
+        }
+      }
+    };
+    take(admitted.flatMap((a) => a.tokens));
+    take(engine.step());
+  }
+  return tokens;
+}
+
+test('greedy rows admitted at different steps: the same tokens as each prompt alone', async () => {
+  const engine = SlotEngine.create(model, { slots: 3, maxLength: 32 });
+  const greedy = { temperature: 0 };
+  const prompts = [[5, 9, 11, 3], [7, 2], [30, 31, 32, 33, 34, 35], [1], [8, 8, 8]];
+  const maxNew = [6, 9, 3, 7, 5];
+  // Two rows of prompt 1 (n = 2) and a queue longer than the slots: later prompts reuse freed slots.
+  const plan = prompts.map((prompt, i) => ({ at: i, prompt, rows: (i === 1 ? [0, 1] : [0]).map((key) => ({ sampling: greedy, seed: 0, key })), maxNew: maxNew[i] }));
+  const got = drive(engine, plan);
+  for (const [i, p] of prompts.entries()) {
+    const want = await alone(p, greedy, { seed: 0, key: 0, maxNew: maxNew[i] });
+    for (const row of got[i]) {
+      expect(row.map((t) => t.token)).toEqual(want.tokens);
+      row.forEach((t, j) => expect(t.rawLogprob).toBeCloseTo(want.rawLogprobs[j], 4));
+    }
+  }
+  expect(engine.free).toBe(3);
+  expect(engine.counters.prefilledPrompts).toBe(5);
+  engine.dispose();
+});
+
+test('rows with different sampling settings share steps: each equals the batch engine with its settings compiled in', async () => {
+  const engine = SlotEngine.create(model, { slots: 4, maxLength: 32, maxTopLogprobs: 3 });
+  const settings: RowSampling[] = [{ temperature: 0.9, topK: 12 }, { temperature: 0.7, topP: 0.8 }, { temperature: 1.3, minP: 0.2 }, { temperature: 0 }, { temperature: 1, topK: 20, topP: 0.9, minP: 0.05 }];
+  const prompts = [[5, 9, 11, 3], [7, 2], [30, 31, 32, 33], [1], [8, 8, 8]];
+  const plan = settings.map((sampling, i) => ({ at: i % 3, prompt: prompts[i], rows: [{ sampling, seed: 11, key: 40 + i }], maxNew: 8 }));
+  const got = drive(engine, plan);
+  for (const [i, sampling] of settings.entries()) {
+    const want = await alone(prompts[i], sampling, { seed: 11, key: 40 + i, maxNew: 8 });
+    expect(got[i][0].map((t) => t.token)).toEqual(want.tokens);
+    got[i][0].forEach((t, j) => {
+      expect(t.logprob).toBeCloseTo(want.logprobs[j], 4);
+      expect(t.rawLogprob).toBeCloseTo(want.rawLogprobs[j], 4);
+    });
+  }
+  // The draws are not all greedy: the sampled rows differ from their argmax continuations.
+  const argmax = await alone(prompts[0], { temperature: 0 }, { seed: 0, key: 0, maxNew: 8 });
+  expect(got[0][0].map((t) => t.token)).not.toEqual(argmax.tokens);
+  engine.dispose();
+});
+
+test('top log-probs: sorted raw log-probs that include the sampled token when it ranks', () => {
+  const engine = SlotEngine.create(model, { slots: 2, maxLength: 16, maxTopLogprobs: 5 });
+  const [a] = engine.admit([{ prompt: [3, 4, 5], rows: [{ sampling: { temperature: 0 }, seed: 0, key: 0, topLogprobs: 5 }] }]);
+  const first = a.tokens[0];
+  expect(first.top!.ids).toHaveLength(5);
+  expect(first.top!.ids[0]).toBe(first.token); // greedy: the argmax is the most likely
+  expect(first.top!.logprobs[0]).toBeCloseTo(first.rawLogprob, 5);
+  for (let j = 1; j < 5; j++) expect(first.top!.logprobs[j]).toBeLessThanOrEqual(first.top!.logprobs[j - 1]);
+  // Probabilities: the five sum to at most 1.
+  expect(first.top!.logprobs.reduce((s, l) => s + Math.exp(l), 0)).toBeLessThanOrEqual(1 + 1e-5);
+  const [b] = engine.admit([{ prompt: [9], rows: [{ sampling: { temperature: 0 }, seed: 0, key: 0 }] }]);
+  const step = engine.step();
+  expect(step.find((t) => t.slot === b.slots[0])!.top).toBeUndefined();
+  expect(step.find((t) => t.slot === a.slots[0])!.top!.ids).toHaveLength(5);
+  engine.dispose();
+});
+
+test('slot bookkeeping: positions, release, and errors that admit nothing', () => {
+  const engine = SlotEngine.create(model, { slots: 2, maxLength: 8 });
+  const row = { sampling: { temperature: 0 }, seed: 0, key: 0 };
+  expect(() => engine.admit([{ prompt: [1, 2], rows: [row, row, row] }])).toThrow(/3 rows asked for, 2 slots free/);
+  expect(() => engine.admit([{ prompt: [1, 99], rows: [row] }])).toThrow(/admission 0: token id 99 is outside the vocabulary/);
+  expect(() => engine.admit([{ prompt: [1], rows: [{ ...row, sampling: { temperature: -1 } }] }])).toThrow(/temperature must be a finite number ≥ 0/);
+  expect(engine.free).toBe(2);
+  const [a] = engine.admit([{ prompt: [1, 2, 3], rows: [row] }]);
+  expect(engine.position(a.slots[0])).toBe(3);
+  engine.step();
+  expect(engine.position(a.slots[0])).toBe(4);
+  engine.release(a.slots[0]);
+  expect(engine.position(a.slots[0])).toBeUndefined();
+  expect(() => engine.release(a.slots[0])).toThrow(/slot 0 is not busy/);
+  expect(engine.step()).toEqual([]);
+  engine.dispose();
+});
