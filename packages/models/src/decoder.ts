@@ -19,6 +19,11 @@ export interface Weights {
   (hfName: string): Tensor;
   /** The term added to the output of the projection whose weight is `hfName` (input x), or undefined where there is none. */
   branch?: (hfName: string, x: Tensor) => Tensor | undefined;
+  /**
+   * x·Wᵀ computed by the weights themselves for the projection whose weight is `hfName` (e.g. a
+   * quantized kernel, @lathe/quantization), or undefined to read `w(hfName)` as usual.
+   */
+  matmul?: (hfName: string, x: Tensor) => Tensor | undefined;
 }
 
 /** Keys and values of one layer: [B, numKvHeads, S, headDim]. */
@@ -161,13 +166,14 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor): Tensor {
 }
 
 /**
- * A projection of the decoder (q/k/v/o, gate/up/down) by its module name: x·Wᵀ (+ `<module>.bias`
- * when `bias`) (+ the weights' side branch for that weight, if any). Every projection goes through
+ * A projection of the decoder (q/k/v/o, gate/up/down) by its module name: x·Wᵀ (or the weights'
+ * own `matmul` for it) (+ `<module>.bias` when `bias`) (+ the weights' side branch for that weight, if any). Every projection goes through
  * here, so a side branch reaches them all.
  */
 export function project(w: Weights, module: string, x: Tensor, bias = false): Tensor {
   const name = `${module}.weight`;
-  const y = linear(x, w(name), bias ? w(`${module}.bias`) : undefined);
+  const own = w.matmul?.(name, x);
+  const y = own ? (bias ? L.add(own, w(`${module}.bias`)) : own) : linear(x, w(name), bias ? w(`${module}.bias`) : undefined);
   const side = w.branch?.(name, x);
   return side ? L.add(y, side) : y;
 }

@@ -5,3 +5,4 @@ export * from './quantize';
 export * from './ops';
 export * from './layout';
 export * from './linear';
+export * from './model';

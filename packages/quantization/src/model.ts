@@ -1,0 +1,218 @@
+/**
+ * The model-level pass: a decoder's chosen linear layers quantized (default: every decoder
+ * projection; embeddings, norms and the LM head stay dense), the graphs' weights with those layers
+ * read through their kernels, and what it saved in bits per parameter.
+ *
+ *   const q = QuantizedModel.quantize(model.config, model.float32Weights(), { format: 'nf4', doubleQuant: true });
+ *   const gen = KvCacheGenerator.create(device, q.config, undefined, { rows, maxLength, dtype, graphWeights: (g) => q.graphWeights(g, { dtype }).weights });
+ *   gen.bindWeights(q.deviceTensors(device, dtype));
+ */
+import * as L from '@lathe/onnx';
+import type { DType, Graph, Tensor } from '@lathe/onnx';
+import { CausalLM, isProjectionWeight, paramSpecs, type CausalLMOptions, type DecoderConfig, type Weights } from '@lathe/models';
+import { toBfloat16Bits, toFloat16Bits, type Device, type DeviceTensor } from '@lathe/runtime';
+import { declareQuantizedLinear, kernelTensorSpecs, quantizedMatmul, type QuantizedLinearTensors, type QuantizedMatmulMode } from './linear';
+import { kernelLayout, type Bnb4Layout, type NBitsLayout } from './layout';
+import { dequantize, kBlocks, QUANT_FORMATS, storedBytes, type QuantFormat, type QuantizedMatrix } from './matrix';
+import { INT4_BLOCK_SIZES, quantizeInt4, quantizeInt8, quantizeNf4 } from './quantize';
+
+/** How a model is quantized. */
+export interface QuantScheme {
+  format: QuantFormat;
+  /** INT4: 32, 64 or 128 (default 64); NF4: 64. INT8 is per output channel. */
+  blockSize?: number;
+  /** INT4 with per-block zero points (asymmetric). */
+  zeroPoints?: boolean;
+  /** NF4: quantize the block scales too (8-bit, blocks of 256). */
+  doubleQuant?: boolean;
+}
+
+/** Options of {@link QuantizedModel.quantize}. */
+export interface QuantizeOptions extends QuantScheme {
+  /** Which weights to quantize, by HF name (default: the decoder projections q/k/v/o, gate/up/down). */
+  include?: (hfName: string) => boolean;
+  /** Called after each layer is quantized. */
+  onProgress?: (done: number, total: number, hfName: string) => void;
+}
+
+/** What quantizing saved. */
+export interface QuantizationReport {
+  format: QuantFormat;
+  /** Quantized weights. */
+  layers: number;
+  quantizedParams: number;
+  totalParams: number;
+  /** Stored bits per weight of the quantized layers (codes, scales, zero points, nested state). */
+  bitsPerQuantizedWeight: number;
+  /** Stored bits per parameter of the whole model, dense parameters counted at `denseBits`. */
+  bitsPerParameter: number;
+  /** The dense parameters' bits (16 for bf16 checkpoints). */
+  denseBits: number;
+  /** Layers whose K is not a multiple of the block size, padded with zero weights in the kernel layout. */
+  padded: string[];
+}
+
+/** A decoder with some linear layers quantized: dense float32 parameters plus quantized matrices, by HF name. */
+export class QuantizedModel {
+  private constructor(
+    readonly config: DecoderConfig,
+    readonly scheme: QuantScheme,
+    /** The parameters left dense, float32. */
+    readonly dense: ReadonlyMap<string, Float32Array>,
+    /** The quantized weights. */
+    readonly layers: ReadonlyMap<string, QuantizedMatrix>,
+  ) {}
+
+  /** Quantizes `weights` (every parameter of `config`, float32 by HF name: e.g. `CausalLM.float32Weights()`). */
+  static quantize(config: DecoderConfig, weights: ReadonlyMap<string, Float32Array>, opts: QuantizeOptions): QuantizedModel {
+    checkScheme(opts);
+    const include = opts.include ?? isProjectionWeight;
+    const specs = paramSpecs(config);
+    const chosen = specs.filter((s) => s.shape.length === 2 && include(s.name));
+    const dense = new Map<string, Float32Array>();
+    const layers = new Map<string, QuantizedMatrix>();
+    for (const spec of specs) {
+      const w = weights.get(spec.name);
+      if (!w) throw new Error(`QuantizedModel.quantize: missing weight '${spec.name}'`);
+      if (!chosen.includes(spec)) dense.set(spec.name, w);
+    }
+    chosen.forEach((spec, i) => {
+      const [N, K] = spec.shape;
+      layers.set(spec.name, quantizeMatrix(weights.get(spec.name)!, N, K, opts));
+      opts.onProgress?.(i + 1, chosen.length, spec.name);
+    });
+    return new QuantizedModel(config, schemeOf(opts), dense, layers);
+  }
+
+  /** A model from its parts (a checkpoint reader's): every parameter either dense or quantized. */
+  static fromParts(config: DecoderConfig, scheme: QuantScheme, dense: ReadonlyMap<string, Float32Array>, layers: ReadonlyMap<string, QuantizedMatrix>): QuantizedModel {
+    for (const spec of paramSpecs(config)) {
+      const q = layers.get(spec.name);
+      if (q) {
+        if (q.rows !== spec.shape[0] || q.cols !== spec.shape[1]) throw new Error(`quantized '${spec.name}' is [${q.rows}, ${q.cols}], the config implies [${spec.shape}]`);
+      } else if (!dense.has(spec.name)) throw new Error(`missing weight '${spec.name}' (neither dense nor quantized)`);
+    }
+    return new QuantizedModel(config, scheme, dense, layers);
+  }
+
+  /** Every parameter as float32 (quantized layers dequantized), in paramSpecs order. */
+  dequantizedWeights(): Map<string, Float32Array> {
+    return new Map(paramSpecs(this.config).map((s) => [s.name, this.dense.get(s.name) ?? dequantize(this.layers.get(s.name)!)] as const));
+  }
+
+  /** The dequantized model as a `CausalLM`, for any consumer that takes one (same values as the quantized graphs, dense storage). */
+  toCausalLM(opts: CausalLMOptions = {}): CausalLM {
+    return CausalLM.fromWeights(this.config, this.dequantizedWeights(), opts);
+  }
+
+  /**
+   * The weights of a graph: dense parameters as graph inputs by HF name in `dtype`, quantized
+   * layers as their kernel tensors (inputs named `<weight>.q`, `.scales`, `.zero_points`,
+   * `.absmax`), read by `project` through the `matmul` hook. Bind {@link deviceTensors}.
+   * `mode: 'dequantize'` dequantizes in the graph instead (standard ops, for providers without the kernels).
+   */
+  graphWeights(g: Graph, opts: { dtype: DType; mode?: QuantizedMatmulMode; inline?: boolean }): { weights: Weights; inputs: Map<string, Tensor> } {
+    const inputs = new Map<string, Tensor>();
+    const kernels = new Map<string, QuantizedLinearTensors>();
+    for (const spec of paramSpecs(this.config)) {
+      const q = this.layers.get(spec.name);
+      if (q) {
+        const t = declareQuantizedLinear(g, spec.name, kernelLayout(q), opts.inline ? { inline: true } : { scaleDtype: opts.dtype });
+        kernels.set(spec.name, t);
+        for (const x of [t.b, 'scales' in t ? t.scales : t.absmax, 'zeroPoints' in t ? t.zeroPoints : undefined]) if (x) inputs.set(x.name, x);
+      } else {
+        const d = this.dense.get(spec.name)!;
+        inputs.set(spec.name, opts.inline ? g.initializer(spec.name, 'float32', spec.shape, { kind: 'inline', bytes: new Uint8Array(d.buffer, d.byteOffset, d.byteLength) }) : g.input(spec.name, opts.dtype, spec.shape));
+      }
+    }
+    const cast = new Map<string, Tensor>();
+    const weights: Weights = (name) => {
+      if (kernels.has(name)) throw new Error(`weight '${name}' is quantized (${this.scheme.format}): it is read through its kernel, not as a dense tensor`);
+      const t = inputs.get(name);
+      if (!t) throw new Error(`weight '${name}' is not a parameter of this ${this.config.architecture}`);
+      if (t.dtype === opts.dtype) return t;
+      let c = cast.get(name);
+      if (!c) cast.set(name, (c = L.Graph.build(t.graph, () => L.cast(t, opts.dtype))));
+      return c;
+    };
+    weights.matmul = (name, x) => {
+      const t = kernels.get(name);
+      return t ? quantizedMatmul(x, t, opts.mode ?? 'kernel') : undefined;
+    };
+    return { weights, inputs };
+  }
+
+  /** The tensors {@link graphWeights} declares, uploaded to `device`: dense parameters and scales in `dtype`, codes as uint8. */
+  deviceTensors(device: Device, dtype: DType): Map<string, DeviceTensor> {
+    const out = new Map<string, DeviceTensor>();
+    const upload = (name: string, data: Float32Array | Uint8Array, shape: number[], dt: DType) => {
+      const host = data instanceof Uint8Array ? data : dt === 'bfloat16' ? toBfloat16Bits(data) : dt === 'float16' ? toFloat16Bits(data) : data;
+      out.set(name, device.upload({ data: host, dims: shape }, dt));
+    };
+    try {
+      for (const spec of paramSpecs(this.config)) {
+        const q = this.layers.get(spec.name);
+        if (!q) upload(spec.name, this.dense.get(spec.name)!, spec.shape, dtype);
+        else for (const s of kernelTensorSpecs(spec.name, kernelLayout(q), dtype)) upload(s.name, s.data, s.shape, s.dtype);
+      }
+    } catch (e) {
+      for (const t of out.values()) t.dispose();
+      throw e;
+    }
+    return out;
+  }
+
+  /** Bits per parameter and the layers padded to whole blocks. `denseBits`: the dense parameters' storage (default 16). */
+  report(denseBits = 16): QuantizationReport {
+    let qParams = 0;
+    let qBytes = 0;
+    const padded: string[] = [];
+    for (const [name, m] of this.layers) {
+      qParams += m.rows * m.cols;
+      qBytes += storedBytes(m);
+      if (isPadded(m)) padded.push(name);
+    }
+    let denseParams = 0;
+    for (const d of this.dense.values()) denseParams += d.length;
+    const total = qParams + denseParams;
+    return {
+      format: this.scheme.format,
+      layers: this.layers.size,
+      quantizedParams: qParams,
+      totalParams: total,
+      bitsPerQuantizedWeight: qParams ? (8 * qBytes) / qParams : 0,
+      bitsPerParameter: (8 * qBytes + denseBits * denseParams) / total,
+      denseBits,
+      padded,
+    };
+  }
+}
+
+/** One matrix in the scheme's format. */
+export function quantizeMatrix(w: Float32Array, N: number, K: number, s: QuantScheme): QuantizedMatrix {
+  if (s.format === 'int8') return quantizeInt8(w, N, K);
+  if (s.format === 'int4') return quantizeInt4(w, N, K, { blockSize: s.blockSize, zeroPoints: s.zeroPoints });
+  if (s.format === 'nf4') return quantizeNf4(w, N, K, { blockSize: s.blockSize, doubleQuant: s.doubleQuant });
+  throw new Error(`unknown quantization format '${String((s as { format: unknown }).format)}' (int8, int4, nf4)`);
+}
+
+/** Refuses an unknown format or a block size the format does not take, before any work. */
+export function checkScheme(s: QuantScheme): void {
+  if (!QUANT_FORMATS.includes(s.format)) throw new Error(`unknown quantization format '${String(s.format)}' (${QUANT_FORMATS.join(', ')})`);
+  if (s.format === 'int4' && s.blockSize !== undefined && !INT4_BLOCK_SIZES.includes(s.blockSize)) throw new Error(`int4 block size ${s.blockSize} is not one of ${INT4_BLOCK_SIZES.join(', ')}`);
+  if (s.format === 'nf4' && s.blockSize !== undefined && s.blockSize !== 64) throw new Error(`nf4 block size ${s.blockSize}: bitsandbytes' NF4 uses 64`);
+  if (s.doubleQuant && s.format !== 'nf4') throw new Error(`double quantization is for nf4, not ${s.format}`);
+  if (s.zeroPoints && s.format !== 'int4') throw new Error(`zero points are for int4, not ${s.format}`);
+}
+
+/** Whether a matrix's kernel layout pads K to whole blocks. */
+function isPadded(m: QuantizedMatrix): boolean {
+  const l: NBitsLayout | Bnb4Layout = kernelLayout(m);
+  return l.op === 'MatMulNBits' && kBlocks(m.cols, l.attrs.blockSize) * l.attrs.blockSize !== m.cols;
+}
+
+function schemeOf(o: QuantScheme): QuantScheme {
+  if (o.format === 'int8') return { format: 'int8' };
+  if (o.format === 'int4') return { format: 'int4', blockSize: o.blockSize ?? 64, zeroPoints: o.zeroPoints ?? false };
+  return { format: o.format, blockSize: o.blockSize ?? 64, doubleQuant: o.doubleQuant ?? false };
+}
