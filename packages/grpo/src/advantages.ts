@@ -102,7 +102,8 @@ export interface GrpoAdvantageOptions {
  * correction). Uniform groups (all-equal outcome rewards) get exactly 0. Needs groupSize ≥ 2.
  * With `statsFrom`, mean and std are those of the flagged completions of each group (every
  * completion still gets r_i − mean over them, divided by their std — or by 1 where their rewards are
- * all equal, since the group as a whole still ranks its completions).
+ * all equal, since the group as a whole still ranks its completions); a group with no flagged
+ * completion takes the statistics of all of its own.
  *
  * Where verl differs (a choice, not an accident): with a KL penalty in the reward, verl's scores
  * are the token rewards summed (outcome + KL), so a group of equal outcomes still gets the advantage
@@ -118,8 +119,9 @@ export function grpoAdvantages(batch: GroupedRewards, options: GrpoAdvantageOpti
   const out = new Array<number>(rewards.length);
   forEachGroup(rewards, groups, outcome, (all, at, uniform) => {
     // statistics over a subset (on-policy samples); a subset of equal rewards only centres (σ 0 would blow up the rest)
-    const group = from ? all.filter((_, j) => from[at[j]]) : all;
-    if (group.length === 0) throw new Error(`grpoAdvantages: the group of completion ${at[0]} has no completion in statsFrom`);
+    // …and a group with none of them (traces alone) takes its own statistics
+    const flagged = from ? all.filter((_, j) => from[at[j]]) : all;
+    const group = flagged.length ? flagged : all;
     const mu = mean(group);
     const sigma = scale === 'group' ? (from && std(group, unbiasedStd) === 0 ? 1 - stdEpsilon : std(group, unbiasedStd)) : batchStd;
     all.forEach((r, j) => {
