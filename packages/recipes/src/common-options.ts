@@ -52,6 +52,19 @@ export const gradientCheckpointingOption = { type: 'boolean', default: false, de
 /** `--micro_batches`: gradient accumulation. */
 export const microBatchesOption = { type: 'number', default: 1, integer: true, min: 1, describe: "Split each optimizer step's batch into this many micro-batches (gradient accumulation: the same update, less memory)" } as const;
 
+/** Where a training command runs and its train step: device, compute, attention, recomputation, steps and batch (`batch` describes what a batch counts). */
+export function trainStepOptions(d: { steps: number; batch_size: number; batch: string }) {
+  return {
+    device: deviceOption,
+    compute_dtype: trainComputeDtypeOption,
+    attention: attentionOption,
+    gradient_checkpointing: gradientCheckpointingOption,
+    steps: { type: 'number', default: d.steps, integer: true, min: 1, describe: 'Optimizer steps' },
+    batch_size: { type: 'number', default: d.batch_size, integer: true, min: 1, describe: d.batch },
+    micro_batches: microBatchesOption,
+  } as const satisfies OptionSchema;
+}
+
 /** The AdamW and learning-rate options, with a command's defaults; schedules count the command's `--steps`. */
 export function optimizerOptions(d: { lr: number; schedule: 'constant' | 'linear' | 'cosine'; warmup_steps: number; weight_decay: number; max_grad_norm: number }) {
   return {
@@ -86,11 +99,12 @@ export function checkpointOptions(saveEvery: number) {
   } as const satisfies OptionSchema;
 }
 
-/** `--resume` and `--overwrite` of a training run; `logs` names what the run logs besides checkpoints. */
+/** `--resume`, `--overwrite` and `--force` of a training run; `logs` names what the run logs besides checkpoints. */
 export function resumeOptions(logs: string) {
   return {
     resume: { type: 'boolean', default: false, describe: `Continue from the run directory's latest checkpoint (weights, AdamW state, step, data position); ${logs} of later steps are cut back to it` },
     overwrite: { type: 'boolean', default: false, describe: `Start over in a run directory that holds an earlier run, deleting its checkpoints, ${logs} (without it, such a directory is an error; ignored with --resume)` },
+    force: { type: 'boolean', default: false, describe: 'With --resume: accept a config that differs from the checkpoint’s (the changed keys are listed)' },
   } as const satisfies OptionSchema;
 }
 

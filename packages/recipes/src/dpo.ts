@@ -9,15 +9,14 @@
  */
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
-import { CausalLM, readSafetensorsHeader, readTensorBytes, writeSafetensors, type DecoderConfig } from '@lathe/models';
-import { dpoLoss, dpoMetrics, dpoReduction, dpoSums, ResponseLogprobScorer, trainedWeights, type DpoMetrics, type LogprobReduction, type PreferencePair } from '@lathe/reward-models';
+import { CausalLM, paramCount, readSafetensorsHeader, readTensorBytes, writeSafetensors, type DecoderConfig } from '@lathe/models';
+import { dpoLoss, dpoMetrics, dpoReduction, dpoSums, ResponseLogprobScorer, type DpoMetrics, type LogprobReduction, type PreferencePair } from '@lathe/reward-models';
 import { bytesToFloat32, Device } from '@lathe/runtime';
-import { loraFromOptions, Trainer, useFlashAttention } from '@lathe/train';
 import type { DpoRunConfig } from './dpo-config';
-import { preferenceStart, scorePairs } from './preference-batches';
+import { scorePairs } from './preference-batches';
 import { loadPreferenceSplit } from './preference-data';
-import { runPairTraining, type PairRunStart, type PairStepTiming } from './pair-run';
-import { checkComputeDtype, loadRunModel, RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { checkPairOptions, runPairTraining, startPairTraining, type PairRunStart, type PairStepTiming } from './pair-run';
+import { loadRunModel, RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
 /** DPO's pairwise metrics, of a step's pairs or the held-out ones. */
 export interface DpoPairMetrics {
@@ -111,51 +110,32 @@ function refFeed(logps: ReferenceLogps, pairs: readonly PreferencePair[]) {
 
 /** Runs DPO as configured. `signal` interrupts the run after the current step, with a checkpoint. */
 export async function runDpo(cfg: DpoRunConfig, events: DpoEvents = {}, signal?: AbortSignal): Promise<DpoResult> {
-  checkComputeDtype(cfg);
-  const compute = cfg.compute_dtype;
+  checkPairOptions(cfg);
   if (!(cfg.beta > 0)) throw new Error(`--beta ${cfg.beta}: β must be > 0`);
   if (cfg.loss_type === 'ipo' && cfg.label_smoothing !== 0) throw new Error(`--label_smoothing ${cfg.label_smoothing} applies to --loss_type sigmoid, not ipo`);
-  if (cfg.batch_size % cfg.micro_batches !== 0) throw new Error(`--batch_size ${cfg.batch_size} is not divisible by --micro_batches ${cfg.micro_batches}`);
   const run = RunDir.open(cfg);
   const model = await loadRunModel(cfg);
   if (model.config.scoreLabels !== undefined) throw new Error(`--model ${cfg.model} is a reward model (${model.config.architecture}); DPO trains a causal LM`);
-  const { train, held, skipped } = await loadPreferenceSplit(cfg, model);
+  const data = await loadPreferenceSplit(cfg, model);
+  const { held } = data;
   const padId = model.tokenizer.padId;
   const config = model.config;
   const dpo = { beta: cfg.beta, loss: cfg.loss_type, labelSmoothing: cfg.label_smoothing };
   const reduction = dpoReduction(dpo);
 
   const master = model.lm.float32Weights();
-  const lora = loraFromOptions(cfg);
-  const tw = trainedWeights(config, master, { lora, compute, seed: cfg.seed });
-  const loss = dpoLoss(config, { ...dpo, compute, weights: tw.weights, recompute: cfg.gradient_checkpointing, flashAttention: useFlashAttention(cfg.attention, cfg.device, compute) });
-  const start = preferenceStart(run, tw, cfg);
-
-  const device = Device.open(cfg.device);
-  run.saveConfig(cfg);
-  // the reference is the starting model, never trained: its log-probs are scored once per pair
-  const { logps: reference, cached } = await referenceLogps(run, cfg, device, config, master, [...train.pairs, ...held.pairs], { reduction, padId });
-  const frozen = tw.frozenOn(device);
-  const trainer = Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { params: start.params, m: start.m, v: start.v, step: start.state.step }, { device, microBatches: cfg.micro_batches, frozen });
-  const scorer = ResponseLogprobScorer.create(config, device, { reduction });
+  const training = startPairTraining(cfg, run, data, { config, master, tokenizer: { padId, from: model.tokenizerFrom }, loss: (o) => dpoLoss(config, { ...dpo, ...o }) });
+  let scorer: ResponseLogprobScorer | undefined;
   try {
+    // the reference is the starting model, never trained: its log-probs are scored once per pair
+    const { logps: reference, cached } = await referenceLogps(run, cfg, training.device, config, master, [...data.train.pairs, ...held.pairs], { reduction, padId });
     const heldRef = refFeed(reference, held.pairs).data;
+    const policy = (scorer = ResponseLogprobScorer.create(config, training.device, { reduction }));
     return await runPairTraining({
-      cfg,
-      run,
-      trainer,
-      tw,
-      lora: Boolean(lora),
-      config,
-      tokenizerFrom: model.tokenizerFrom,
-      state: start.state,
-      train,
-      held,
-      skipped,
-      padId,
+      training,
       evaluate: async (step, weights): Promise<DpoEvalResult> => {
-        const r = await scorePairs(held.pairs, cfg.batch_size, padId, (b) => scorer.score(b, weights));
-        const policy = new Float32Array([...r.chosen, ...r.rejected]);
+        const r = await scorePairs(held.pairs, cfg.batch_size, padId, (b) => policy.score(b, weights));
+        const policyLogps = new Float32Array([...r.chosen, ...r.rejected]);
         const P = held.pairs.length;
         run.writeEval(
           step,
@@ -165,17 +145,16 @@ export async function runDpo(cfg: DpoRunConfig, events: DpoEvents = {}, signal?:
             return { where: e.where, prompt: e.prompt, chosen: e.chosen, rejected: e.rejected, chosen_logp: r.chosen[i], rejected_logp: r.rejected[i], chosen_reward: chosenReward, rejected_reward: rejectedReward, correct: chosenReward > rejectedReward };
           }),
         );
-        return { step, pairs: P, ...dpoFields(dpoMetrics(dpoSums(policy, heldRef, cfg.beta))) };
+        return { step, pairs: P, ...dpoFields(dpoMetrics(dpoSums(policyLogps, heldRef, cfg.beta))) };
       },
       stepFields: (m) => dpoFields(dpoMetrics(m)),
       extraFeeds: (_k, part) => ({ ref_logp: refFeed(reference, part) }),
-      start: (info) => events.onStart?.({ ...info, parameters: [...master.values()].reduce((s, w) => s + w.length, 0), referenceCached: cached }),
+      start: (info) => events.onStart?.({ ...info, parameters: paramCount(config), referenceCached: cached }),
       events,
       signal,
     });
   } finally {
-    scorer.dispose();
-    trainer.dispose();
-    for (const t of Object.values(frozen)) t.dispose();
+    scorer?.dispose();
+    training.dispose();
   }
 }

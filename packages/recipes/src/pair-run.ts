@@ -1,18 +1,28 @@
 /**
- * The training loop the preference recipes (`runRmTrain`, `runDpo`) share once their loss, trainer
- * and scorer are built: an evaluation before the first step, then optimizer steps over the pairs in
- * epoch order, each logged on the `log_every` schedule, the held-out pairs scored and checkpoints
- * saved on theirs, a stop request honoured after the current step, and a final checkpoint.
+ * What the preference recipes (`runRmTrain`, `runDpo`) share once their model and pairs are loaded:
+ * the trained tensors, the loss and the Trainer, started fresh or from the run's latest checkpoint
+ * (`startPairTraining`); then the loop (`runPairTraining`): an evaluation before the first step,
+ * optimizer steps over the pairs in epoch order, each logged on the `log_every` schedule, the
+ * held-out pairs scored and checkpoints saved on theirs, a stop request honoured after the current
+ * step, and a final checkpoint.
  */
 import type { DecoderConfig } from '@lathe/models';
-import type { PreferencePair, TrainedWeights } from '@lathe/reward-models';
-import { sizeOf } from '@lathe/runtime';
-import type { BatchTensor, Trainer, TrainerState } from '@lathe/train';
+import { trainedWeights, type PreferencePair, type TrainedWeights } from '@lathe/reward-models';
+import { Device, sizeOf, type DeviceTensor } from '@lathe/runtime';
+import { loraFromOptions, Trainer, useFlashAttention, type AttentionChoice, type BatchTensor, type LoraOptions, type LossBuilder, type TrainerState } from '@lathe/train';
+import type { DType } from '@lathe/onnx';
 import { pairStepFeeds } from './preference-batches';
-import { EpochStream, scheduledLr, stopRequested, type RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { checkComputeDtype, EpochStream, scheduledLr, stopRequested, type RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
-/** The options of a preference training run that its loop reads. */
-export interface PairRunConfig {
+/** Options `--resume` accepts with new values in a preference run (they change neither the weights nor the data order). */
+export const PAIR_RESUMABLE_KEYS: readonly string[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention'];
+
+/** The options of a preference training run that its setup and loop read. */
+export interface PairRunConfig extends LoraOptions {
+  device: 'cpu' | 'cuda';
+  compute_dtype: 'float32' | 'bfloat16';
+  attention: AttentionChoice;
+  gradient_checkpointing: boolean;
   steps: number;
   batch_size: number;
   micro_batches: number;
@@ -21,10 +31,99 @@ export interface PairRunConfig {
   schedule: 'constant' | 'linear' | 'cosine';
   warmup_steps: number;
   min_lr_ratio: number;
+  weight_decay: number;
+  max_grad_norm: number;
   log_every: number;
   eval_every: number;
   save_every: number;
   keep_last: number;
+  force: boolean;
+}
+
+/** What every preference loss takes from the run's options: the compute dtype, how weights are read, recomputation and attention. */
+export interface PairLossOptions {
+  compute: DType;
+  weights: TrainedWeights['weights'];
+  recompute: boolean;
+  flashAttention: boolean;
+}
+
+/** The training and held-out pairs of a preference run, and how many were left out. */
+export interface PairData {
+  train: { pairs: PreferencePair[] };
+  held: { pairs: PreferencePair[] };
+  skipped: { overLength: number; identical: number };
+}
+
+/** A preference run set up to train: its options, directory, pairs, trained tensors and Trainer, at the step it starts from. */
+export interface PairTraining {
+  cfg: PairRunConfig;
+  run: RunDir;
+  data: PairData;
+  /** The tokenizer's pad id and the folder checkpoints copy the tokenizer from. */
+  tokenizer: { padId: number; from?: string };
+  device: Device;
+  /** The checkpoints' model config. */
+  config: DecoderConfig;
+  tw: TrainedWeights;
+  trainer: Trainer;
+  lora: boolean;
+  /** The step, data position and seed the run starts from. */
+  state: TrainerState;
+  /** Frees the Trainer and the frozen tensors. */
+  dispose(): void;
+}
+
+/** Refuses options a preference run cannot start with, before anything is loaded. */
+export function checkPairOptions(cfg: PairRunConfig): void {
+  checkComputeDtype(cfg);
+  if (cfg.batch_size % cfg.micro_batches !== 0) throw new Error(`--batch_size ${cfg.batch_size} is not divisible by --micro_batches ${cfg.micro_batches}`);
+}
+
+/**
+ * Builds a preference run's Trainer over `master` (the starting model's float32 weights) with
+ * `loss`: LoRA adapters or every weight as the options say, initial values fresh or from the run's
+ * latest checkpoint — whose config must match the options (up to {@link PAIR_RESUMABLE_KEYS})
+ * unless `--force`, and whose kind (LoRA or not) and seed must match always; a resume cuts what was
+ * logged after the checkpoint. Saves the run's config.
+ */
+export function startPairTraining(
+  cfg: PairRunConfig,
+  run: RunDir,
+  data: PairData,
+  model: { config: DecoderConfig; master: ReadonlyMap<string, Float32Array>; tokenizer: { padId: number; from?: string }; loss: (o: PairLossOptions) => LossBuilder },
+): PairTraining {
+  const lora = loraFromOptions(cfg);
+  const compute = cfg.compute_dtype;
+  const tw = trainedWeights(model.config, model.master, { lora, compute, seed: cfg.seed });
+  const loss = model.loss({ compute, weights: tw.weights, recompute: cfg.gradient_checkpointing, flashAttention: useFlashAttention(cfg.attention, cfg.device, compute) });
+  let state: TrainerState = { step: 0, dataPosition: 0, seed: cfg.seed };
+  let init: { params: Map<string, Float32Array>; m?: Map<string, Float32Array>; v?: Map<string, Float32Array> } = { params: tw.init };
+  if (run.latest) {
+    const c = run.continueRun(tw.params, cfg, PAIR_RESUMABLE_KEYS);
+    state = c.state;
+    init = { params: c.values, m: c.m, v: c.v };
+  }
+  run.saveConfig(cfg);
+  const device = Device.open(cfg.device);
+  const frozen: Record<string, DeviceTensor> = tw.frozenOn(device);
+  const trainer = Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { ...init, step: state.step }, { device, microBatches: cfg.micro_batches, frozen });
+  return {
+    cfg,
+    run,
+    data,
+    tokenizer: model.tokenizer,
+    device,
+    config: model.config,
+    tw,
+    trainer,
+    lora: Boolean(lora),
+    state,
+    dispose() {
+      trainer.dispose();
+      for (const t of Object.values(frozen)) t.dispose();
+    },
+  };
 }
 
 /** A step's timing and throughput fields, after its loss and pair metrics. */
@@ -52,21 +151,9 @@ export interface PairRunStart {
 /** The weights a held-out evaluation scores with: the trainer's own buffers, or the merged adapters with LoRA. */
 export type PairEvalWeights = ReturnType<Trainer['params']> | Map<string, Float32Array>;
 
-/** A preference run's loop: what it trains and how the recipe scores, reports and names its metrics. */
+/** A preference run's loop: what it trains on and how the recipe scores, reports and names its metrics. */
 export interface PairRun<F, S, E> {
-  cfg: PairRunConfig;
-  run: RunDir;
-  trainer: Trainer;
-  tw: TrainedWeights;
-  lora: boolean;
-  /** The checkpoints' model config. */
-  config: DecoderConfig;
-  tokenizerFrom?: string;
-  state: TrainerState;
-  train: { pairs: PreferencePair[] };
-  held: { pairs: PreferencePair[] };
-  skipped: { overLength: number; identical: number };
-  padId: number;
+  training: PairTraining;
   /** Scores the held-out pairs at `step` with `weights`, writes eval/step-N.jsonl; the result (eval_-prefixed in metrics.jsonl). */
   evaluate(step: number, weights: PairEvalWeights): Promise<E>;
   /** A step's pair metrics from the loss's summed metrics. */
@@ -84,10 +171,12 @@ export interface PairRun<F, S, E> {
 
 /** Runs the loop of a preference run (see the module comment); returns what the recipe returns. */
 export async function runPairTraining<F, E extends { step: number }>(o: PairRun<F, { step: number; loss: number } & F & PairStepTiming, E>): Promise<TrainRunResult<E>> {
-  const { cfg, run, trainer, tw, held, events } = o;
-  let state = o.state;
+  const { events } = o;
+  const { cfg, run, trainer, tw, data } = o.training;
+  const { held } = data;
+  let state = o.training.state;
   const evaluate = async (): Promise<E> => {
-    const result = await o.evaluate(state.step, o.lora ? tw.merged(trainer.downloadParams()) : trainer.params());
+    const result = await o.evaluate(state.step, o.training.lora ? tw.merged(trainer.downloadParams()) : trainer.params());
     run.metrics.log({ step: state.step, ...Object.fromEntries(Object.entries(result).filter(([k]) => k !== 'step').map(([k, v]) => [`eval_${k}`, v])) });
     events.onEval?.(result);
     return result;
@@ -95,20 +184,20 @@ export async function runPairTraining<F, E extends { step: number }>(o: PairRun<
   const checkpoint = () => {
     const snap = trainer.snapshot();
     return run.checkpoint(
-      { config: o.config, model: tw.merged(snap.params), trainable: tw.params, values: snap.params, m: snap.m, v: snap.v, state, lora: o.lora },
-      { keepLast: cfg.keep_last, tokenizerFrom: o.tokenizerFrom, onCheckpoint: (dir, step) => events.onCheckpoint?.(dir, step) },
+      { config: o.training.config, model: tw.merged(snap.params), trainable: tw.params, values: snap.params, m: snap.m, v: snap.v, state, lora: o.training.lora },
+      { keepLast: cfg.keep_last, tokenizerFrom: o.training.tokenizer.from, onCheckpoint: (dir, step) => events.onCheckpoint?.(dir, step) },
     );
   };
 
   o.start({
     startStep: state.step,
     totalSteps: cfg.steps,
-    trainPairs: o.train.pairs.length,
+    trainPairs: data.train.pairs.length,
     evalPairs: held.pairs.length,
-    skipped: o.skipped,
+    skipped: data.skipped,
     trainable: tw.params.reduce((s, p) => s + sizeOf(p.shape), 0),
   });
-  const stream = new EpochStream(o.train.pairs, cfg.seed, state.dataPosition);
+  const stream = new EpochStream(data.train.pairs, cfg.seed, state.dataPosition);
   const evals: E[] = [];
   let lastLoss = NaN;
   let interrupted = false;
@@ -119,7 +208,7 @@ export async function runPairTraining<F, E extends { step: number }>(o: PairRun<
     const batchStart = stream.position;
     const pairs = stream.take(cfg.batch_size);
     const lr = scheduledLr(cfg, state.step);
-    const feeds = pairStepFeeds(pairs, { microBatches: cfg.micro_batches, padId: o.padId, inputs: trainer.batchInputs, seed: cfg.seed, optimizerStep: trainer.step, ...(o.extraFeeds ? { extra: o.extraFeeds } : {}) });
+    const feeds = pairStepFeeds(pairs, { microBatches: cfg.micro_batches, padId: o.training.tokenizer.padId, inputs: trainer.batchInputs, seed: cfg.seed, optimizerStep: trainer.step, ...(o.extraFeeds ? { extra: o.extraFeeds } : {}) });
     const hostMs0 = performance.now() - t0;
     const result = trainer.trainStep(feeds, lr);
     if (!Number.isFinite(result.loss)) {

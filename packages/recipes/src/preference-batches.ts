@@ -1,11 +1,9 @@
 /**
  * What the preference recipes (`runRmTrain`, `runDpo`, `runRmEval`) share between their loops: one
- * optimizer step's pairs as micro-batch feeds, scoring pairs in chunks, and where a run starts —
- * fresh from the model folder or from its latest checkpoint.
+ * optimizer step's pairs as micro-batch feeds, and scoring pairs in chunks.
  */
-import { pairBatch, pairFeeds, type PairBatch, type PreferencePair, type TrainedWeights } from '@lathe/reward-models';
-import { LORA_DROPOUT_KEY, loraDropoutKey, type BatchTensor, type TrainerState } from '@lathe/train';
-import type { RunDir } from './scaffold';
+import { pairBatch, pairFeeds, type PairBatch, type PreferencePair } from '@lathe/reward-models';
+import { LORA_DROPOUT_KEY, loraDropoutKey, type BatchTensor } from '@lathe/train';
 
 /**
  * The feeds of one optimizer step over `pairs`, split into `microBatches` equal micro-batches; each
@@ -40,25 +38,4 @@ export async function scorePairs(pairs: readonly PreferencePair[], size: number,
     rejected.set(rows.subarray(batch.pairs, 2 * batch.pairs), start);
   }
   return { chosen, rejected };
-}
-
-/** Where a preference run starts: its trained tensors' initial values, AdamW moments and state. */
-export interface PreferenceStart {
-  state: TrainerState;
-  params: Map<string, Float32Array>;
-  m?: Map<string, Float32Array>;
-  v?: Map<string, Float32Array>;
-}
-
-/**
- * A fresh start from `tw`'s initial values, or a resume from the run's latest checkpoint (its kind,
- * LoRA or not, checked first; a different `--seed` refused); a resume cuts what was logged after
- * the checkpoint.
- */
-export function preferenceStart(run: RunDir, tw: TrainedWeights, cfg: { seed: number; lora_rank: number }): PreferenceStart {
-  if (!run.latest) return { state: { step: 0, dataPosition: 0, seed: cfg.seed }, params: tw.init };
-  const c = run.resume(tw.params, { rank: cfg.lora_rank });
-  if (c.state.seed !== cfg.seed) throw new Error(`--resume: the checkpoint was trained with --seed ${c.state.seed}, not ${cfg.seed}`);
-  run.rewind(c.state.step);
-  return { state: c.state, params: c.values, m: c.m, v: c.v };
 }

@@ -2,12 +2,9 @@
 import { REWARD_LORA_TARGETS } from '@lathe/reward-models';
 import { BUILTIN_DATA } from './demo-task';
 import {
-  attentionOption,
   deviceOption,
   evalExamplesOption,
-  gradientCheckpointingOption,
   loraOptions,
-  microBatchesOption,
   modelOption,
   optimizerOptions,
   promptFormatOptions,
@@ -16,6 +13,7 @@ import {
   tokenizerOption,
   trainComputeDtypeOption,
   trainRunOptions,
+  trainStepOptions,
 } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 
@@ -37,13 +35,7 @@ export const preferenceLoraOptions = { ...loraOptions, lora_targets: { ...loraOp
 
 /** The device, train step and batch options of the preference training commands (rm train, dpo). */
 export const preferenceStepOptions = {
-  device: deviceOption,
-  compute_dtype: trainComputeDtypeOption,
-  attention: attentionOption,
-  gradient_checkpointing: gradientCheckpointingOption,
-  steps: { type: 'number', default: 500, integer: true, min: 1, describe: 'Optimizer steps' },
-  batch_size: { type: 'number', default: 16, integer: true, min: 1, describe: 'Preference pairs per optimizer step (each pair is two sequences)' },
-  micro_batches: microBatchesOption,
+  ...trainStepOptions({ steps: 500, batch_size: 16, batch: 'Preference pairs per optimizer step (each pair is two sequences)' }),
   max_length: preferenceMaxLengthOption,
 } as const satisfies OptionSchema;
 
@@ -52,6 +44,21 @@ export const preferenceEvalOptions = {
   eval_examples: heldOutPairsOption,
   eval_every: { type: 'number', default: 50, integer: true, min: 0, describe: 'Score the held-out pairs every N steps (also before the first and after the last; 0: only then)' },
 } as const satisfies OptionSchema;
+
+/**
+ * The options after the loss of a preference training command (rm train, dpo): AdamW at peak `lr`
+ * on a linear schedule, LoRA on the attention projections, the seed (`seeds` names what it draws),
+ * the held-out pairs, checkpoints, resume and logging.
+ */
+export function preferenceRunOptions(lr: number, seeds: string) {
+  return {
+    ...optimizerOptions({ lr, schedule: 'linear', warmup_steps: 0, weight_decay: 0, max_grad_norm: 1 }),
+    ...preferenceLoraOptions,
+    seed: seedOption(seeds),
+    ...preferenceEvalOptions,
+    ...trainRunOptions(200, 'metrics and evaluations'),
+  } as const satisfies OptionSchema;
+}
 
 /** Every option of `lathe rm train`. */
 export const rmTrainSchema = {
@@ -63,11 +70,7 @@ export const rmTrainSchema = {
   ...preferenceStepOptions,
   margin: { type: 'boolean', default: false, describe: "Read each pair's 'margin' field m into the loss, −log σ(r_chosen − r_rejected − m) (a pair without one is an error naming its row)" },
   center_rewards_coefficient: { type: 'number', default: 0, min: 0, describe: "Add c·(r_chosen + r_rejected)² per pair, keeping rewards centred on zero (TRL's center_rewards_coefficient; 0.01 is usual); 0: off" },
-  ...optimizerOptions({ lr: 1e-5, schedule: 'linear', warmup_steps: 0, weight_decay: 0, max_grad_norm: 1 }),
-  ...preferenceLoraOptions,
-  seed: seedOption("data order, the held-out split, the new score head and LoRA's initial adapters"),
-  ...preferenceEvalOptions,
-  ...trainRunOptions(200, 'metrics and evaluations'),
+  ...preferenceRunOptions(1e-5, "data order, the held-out split, the new score head and LoRA's initial adapters"),
 } as const satisfies OptionSchema;
 
 /** A resolved `lathe rm train` config. */

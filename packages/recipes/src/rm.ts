@@ -8,15 +8,13 @@
  * interrupted. Evaluation scores a pair set with a saved reward model and writes the scores to Parquet.
  */
 import { batchOf, scalarData, writeParquet } from '@lathe/data';
-import { bradleyTerryLoss, preferenceMetrics, preferenceSums, RewardModel, RewardScorer, trainedWeights, type PreferenceMetrics } from '@lathe/reward-models';
+import { bradleyTerryLoss, preferenceMetrics, preferenceSums, RewardModel, RewardScorer, type PreferenceMetrics } from '@lathe/reward-models';
 import { paramCount } from '@lathe/models';
-import { Device } from '@lathe/runtime';
-import { loraFromOptions, Trainer, useFlashAttention } from '@lathe/train';
 import { BUILTIN_MODEL } from './demo-task';
-import { preferenceStart, scorePairs } from './preference-batches';
+import { scorePairs } from './preference-batches';
 import { loadPreferenceSplit, preferenceEncoder, readPreferenceData, tokenizePreferences, type PreferenceExample } from './preference-data';
 import type { RmEvalConfig, RmTrainConfig } from './rm-config';
-import { runPairTraining, type PairRunStart, type PairStepTiming } from './pair-run';
+import { checkPairOptions, runPairTraining, startPairTraining, type PairRunStart, type PairStepTiming } from './pair-run';
 import { checkComputeDtype, loadRunModel, RunDir, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
 /** A reward model's pairwise metrics, of a step's pairs or the held-out ones. */
@@ -68,47 +66,25 @@ function evalRow(e: PreferenceExample, chosen: number, rejected: number) {
 
 /** Trains a reward model as configured. `signal` interrupts the run after the current step, with a checkpoint. */
 export async function runRmTrain(cfg: RmTrainConfig, events: RmTrainEvents = {}, signal?: AbortSignal): Promise<RmTrainResult> {
-  checkComputeDtype(cfg);
-  const compute = cfg.compute_dtype;
-  if (cfg.batch_size % cfg.micro_batches !== 0) throw new Error(`--batch_size ${cfg.batch_size} is not divisible by --micro_batches ${cfg.micro_batches}`);
+  checkPairOptions(cfg);
   const run = RunDir.open(cfg);
   const model = await loadRunModel(cfg);
-  const { train, held, skipped } = await loadPreferenceSplit(cfg, model, { margins: cfg.margin });
+  const data = await loadPreferenceSplit(cfg, model, { margins: cfg.margin });
+  const { held } = data;
   const padId = model.tokenizer.padId;
 
   const rm = startingRewardModel(model, cfg.seed);
-  const lora = loraFromOptions(cfg);
-  const tw = trainedWeights(rm.config, rm.float32Weights(), { lora, compute, seed: cfg.seed });
-  const loss = bradleyTerryLoss(rm.config, {
-    compute,
-    weights: tw.weights,
-    recompute: cfg.gradient_checkpointing,
-    flashAttention: useFlashAttention(cfg.attention, cfg.device, compute),
-    margin: cfg.margin,
-    centerCoefficient: cfg.center_rewards_coefficient,
+  const training = startPairTraining(cfg, run, data, {
+    config: rm.config,
+    master: rm.float32Weights(),
+    tokenizer: { padId, from: model.tokenizerFrom },
+    loss: (o) => bradleyTerryLoss(rm.config, { ...o, margin: cfg.margin, centerCoefficient: cfg.center_rewards_coefficient }),
   });
-  const start = preferenceStart(run, tw, cfg);
-
-  const device = Device.open(cfg.device);
-  const frozen = tw.frozenOn(device);
-  const trainer = Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { params: start.params, m: start.m, v: start.v, step: start.state.step }, { device, microBatches: cfg.micro_batches, frozen });
   // held-out rewards in float32 from the trainer's own buffers (full fine-tuning) or the merged adapters (LoRA)
-  const scorer = RewardScorer.create(rm.config, device);
+  const scorer = RewardScorer.create(rm.config, training.device);
   try {
-    run.saveConfig(cfg);
     return await runPairTraining({
-      cfg,
-      run,
-      trainer,
-      tw,
-      lora: Boolean(lora),
-      config: rm.config,
-      tokenizerFrom: model.tokenizerFrom,
-      state: start.state,
-      train,
-      held,
-      skipped,
-      padId,
+      training,
       evaluate: async (step, weights): Promise<RmEvalResult> => {
         const r = await scorePairs(held.pairs, cfg.batch_size, padId, (b) => scorer.score(b, weights));
         run.writeEval(step, held.examples.map((e, i) => evalRow(e, r.chosen[i], r.rejected[i])));
@@ -122,8 +98,7 @@ export async function runRmTrain(cfg: RmTrainConfig, events: RmTrainEvents = {},
     });
   } finally {
     scorer.dispose();
-    trainer.dispose();
-    for (const t of Object.values(frozen)) t.dispose();
+    training.dispose();
   }
 }
 

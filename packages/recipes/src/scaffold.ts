@@ -261,6 +261,33 @@ export class RunDir {
     return loadCheckpoint(dir, trainable);
   }
 
+  /**
+   * Refuses to resume with options that differ from the resumed checkpoint's config.yaml in any key
+   * outside `resumable`, unless `cfg.force`; returns the changed keys.
+   */
+  refuseChangedConfig(cfg: object & { force?: boolean }, resumable: readonly string[]): string[] {
+    if (!this.latest) return [];
+    const savedFile = join(this.latest.dir, 'config.yaml');
+    const changed = configChanges(savedFile, cfg, resumable);
+    if (changed.length && !cfg.force) {
+      throw new Error(`--resume: the config differs from the checkpoint's (${savedFile}) in ${changed.map((d) => d.text).join(', ')}; pass --force to resume with the new values`);
+    }
+    return changed.map((d) => d.key);
+  }
+
+  /**
+   * The resumed checkpoint's contents for `trainable`, once it is known to fit `cfg`: the same config
+   * up to `resumable` keys (unless `--force`), the same kind (LoRA or not) and the same seed. What
+   * was logged after the checkpoint is cut, since the resumed run logs it again.
+   */
+  continueRun(trainable: TrainableParam[], cfg: { seed: number; lora_rank: number; force?: boolean }, resumable: readonly string[]): CheckpointContents {
+    this.refuseChangedConfig(cfg, resumable);
+    const c = this.resume(trainable, { rank: cfg.lora_rank });
+    if (c.state.seed !== cfg.seed) throw new Error(`--resume: the checkpoint was trained with --seed ${c.state.seed}, not ${cfg.seed}`);
+    this.rewind(c.state.step);
+    return c;
+  }
+
   /** Cuts metrics, evaluations and rollouts logged after `step`: the resumed run logs them again. */
   rewind(step: number): void {
     rewindRunDir(this.dir, step);

@@ -1,6 +1,6 @@
 /** `lathe sft`'s options: defaults, flags, YAML keys and the config saved with checkpoints. */
 import { BUILTIN_DATA, BUILTIN_MODEL } from './demo-task';
-import { attentionOption, deviceOption, evalExamplesOption, gradientCheckpointingOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, runDirOption, seedOption, trainComputeDtypeOption, trainRunOptions } from './common-options';
+import { evalExamplesOption, loraOptions, modelOption, optimizerOptions, promptFormatOptions, runDirOption, seedOption, trainRunOptions, trainStepOptions } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 
 /** Every option of an SFT run. */
@@ -24,13 +24,7 @@ export const sftSchema = {
   },
   ...promptFormatOptions,
   run_dir: runDirOption('runs/sft', 'config.yaml, metrics.jsonl, checkpoints/ and eval/'),
-  device: deviceOption,
-  compute_dtype: trainComputeDtypeOption,
-  steps: { type: 'number', default: 1000, integer: true, min: 1, describe: 'Optimizer steps' },
-  batch_size: { type: 'number', default: 32, integer: true, min: 1, describe: 'Sequences per optimizer step' },
-  micro_batches: microBatchesOption,
-  attention: attentionOption,
-  gradient_checkpointing: gradientCheckpointingOption,
+  ...trainStepOptions({ steps: 1000, batch_size: 32, batch: 'Sequences per optimizer step' }),
   cuda_graph: {
     type: 'boolean',
     default: false,
@@ -54,6 +48,9 @@ export const sftSchema = {
   max_new_tokens: { type: 'number', default: 16, integer: true, min: 1, describe: 'Generation length limit during evaluation' },
   ...trainRunOptions(200, 'metrics and evaluations'),
 } as const satisfies OptionSchema;
+
+/** Options `--resume` accepts with new values in an SFT run (they change neither the weights nor the data order). */
+export const SFT_RESUMABLE_KEYS: readonly (keyof SftConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'cuda_graph', 'max_new_tokens'];
 
 /** A resolved SFT config. */
 export type SftConfig = ConfigOf<typeof sftSchema>;

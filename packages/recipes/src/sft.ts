@@ -26,7 +26,7 @@ import {
 } from '@lathe/train';
 import { additionExamples, BUILTIN_DATA } from './demo-task';
 import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested, type RunTokenizer, type TrainRunEvents, type TrainRunResult } from './scaffold';
-import type { SftConfig } from './sft-config';
+import { SFT_RESUMABLE_KEYS, type SftConfig } from './sft-config';
 import { stripThinking } from '@lathe/tokenizer';
 import { evalPromptIds, lossTokenCount, packExamples, padBatch, padPackedBatch, readSftData, tokenizeExample, type PackedRow, type SftExample, type TokenizedExample } from './sft-data';
 
@@ -261,11 +261,9 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   const base = lm.float32Weights();
   let init = { params: lora ? initLora(adapters, cfg.seed) : base, m: undefined as Map<string, Float32Array> | undefined, v: undefined as Map<string, Float32Array> | undefined };
   if (run.latest) {
-    const c = run.resume(params, { rank: cfg.lora_rank });
+    const c = run.continueRun(params, cfg, SFT_RESUMABLE_KEYS);
     ({ state } = c);
     init = { params: c.values, m: c.m, v: c.v };
-    if (state.seed !== cfg.seed) throw new Error(`--resume: the checkpoint was trained with --seed ${state.seed}, not ${cfg.seed}`);
-    run.rewind(state.step);
   }
 
   // The trainer holds parameters and AdamW state on the device; a LoRA base is bound once, read-only.

@@ -73,8 +73,10 @@ test('dpo: stopped after step 2 and resumed equals 4 steps straight; the resume 
   const controller = new AbortController();
   await runDpo(dpoConfig('dpo-resumed'), { onStep: (m) => m.step === 2 && controller.abort() }, controller.signal);
   expect(existsSync(join(root, 'dpo-resumed', REFERENCE_LOGPS_FILE))).toBe(true);
+  // another β would train a different run: refused, naming the key
+  await expect(runDpo(dpoConfig('dpo-resumed', { resume: true, beta: 0.5 }))).rejects.toThrow(/--resume: the config differs from the checkpoint's .* in beta: 0.1 → 0.5; pass --force/);
   let cached: boolean | undefined;
-  const second = await runDpo(dpoConfig('dpo-resumed', { resume: true }), { onStart: (i) => (cached = i.referenceCached) });
+  const second = await runDpo(dpoConfig('dpo-resumed', { resume: true, keep_last: 3 }), { onStart: (i) => (cached = i.referenceCached) });
   expect(cached).toBe(true);
   expectSameCheckpoint(straight.checkpoint, second.checkpoint);
   expect(metricsOf('dpo-resumed')).toEqual(metricsOf('dpo-straight'));

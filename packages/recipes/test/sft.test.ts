@@ -141,8 +141,10 @@ test('LoRA: only adapters train; the exported model is the base with B·A merged
     const changed = w.some((x, i) => x !== initial.get(name)![i]);
     expect([name, changed]).toEqual([name, /q_proj|v_proj/.test(name)]);
   }
+  // Resuming with more steps changes the schedule: refused, naming the key, unless --force.
+  await expect(runSft({ ...cfg, steps: 32, resume: true })).rejects.toThrow(/--resume: the config differs .* in steps: 30 → 32; pass --force/);
   // Resuming a LoRA run continues from the adapters.
-  const more = await runSft({ ...cfg, steps: 32, resume: true });
+  const more = await runSft({ ...cfg, steps: 32, resume: true, force: true });
   expect(more.steps).toBe(32);
 }, 60_000);
 
