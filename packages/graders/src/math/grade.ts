@@ -64,32 +64,34 @@ export class MathGrader {
   /**
    * Grades `pred` (a model response or an answer) against `gold` (a solution or an answer).
    * The gold is extracted under `format` too, falling back to taking it whole; a gold that yields
-   * nothing usable scores 0 with reason `unparseable-gold`.
+   * nothing usable scores 0 with reason `unparseable-gold`. `overrides` change the equivalence
+   * options for this call only (e.g. a benchmark's own tolerance for one problem).
    */
-  async grade(pred: string, gold: string, format: AnswerFormat = 'auto'): Promise<MathVerdict> {
+  async grade(pred: string, gold: string, format: AnswerFormat = 'auto', overrides?: Partial<MathOptions>): Promise<MathVerdict> {
+    const options: MathOptions = overrides ? { ...this.options, ...overrides } : this.options;
     const extracted = extractAnswer(pred, format);
     const goldText = closeTruncatedBox(gold);
     const goldAnswer = format === 'raw' ? extractAnswer(goldText, 'raw') : extractAnswer(goldText, format) ?? extractAnswer(goldText, 'auto');
-    const normOptions = { stripUnits: this.options.stripUnits };
+    const normOptions = { stripUnits: options.stripUnits };
     const goldNorm = goldAnswer === null ? '' : normalizeAnswer(goldAnswer, normOptions);
     if (goldNorm === '') return { correct: false, extracted, gold: goldAnswer, reason: 'unparseable-gold' };
     if (extracted === null) return { correct: false, extracted, gold: goldAnswer, reason: 'no-answer' };
     const predNorm = normalizeAnswer(extracted, normOptions);
     if (predNorm === '') return { correct: false, extracted, gold: goldAnswer, reason: 'no-answer' };
-    const symbolic = this.options.symbolic ? (req: Parameters<CasPool['check']>[0]) => this.casPool().check(req) : null;
+    const symbolic = options.symbolic ? (req: Parameters<CasPool['check']>[0]) => this.casPool().check(req) : null;
     // answers this long are not answers anyone writes: compare them as strings only
     if (goldNorm.length > MAX_ANSWER_CHARS || predNorm.length > MAX_ANSWER_CHARS) {
       const equal = goldNorm === predNorm;
       return { correct: equal, extracted, gold: goldAnswer, reason: equal ? 'string' : 'different' };
     }
-    let eq = await answersEquivalent(goldNorm, predNorm, this.options, symbolic);
+    let eq = await answersEquivalent(goldNorm, predNorm, options, symbolic);
     if (!eq.equal) {
       // `y = 2x + 1` against `2x - y + 1 = 0`: compare the whole equations when a prefix was dropped
       const keep = { ...normOptions, keepRelation: true };
       const goldFull = normalizeAnswer(goldAnswer as string, keep);
       const predFull = normalizeAnswer(extracted, keep);
       if ((goldFull !== goldNorm || predFull !== predNorm) && goldFull.includes('=') && predFull.includes('=')) {
-        const full = await answersEquivalent(goldFull, predFull, this.options, symbolic);
+        const full = await answersEquivalent(goldFull, predFull, options, symbolic);
         if (full.equal) eq = full;
       }
     }

@@ -11,6 +11,14 @@ export interface MathOptions {
   listOrder: 'ignore' | 'strict';
   /** Accept an inequality (`-2 ≤ x ≤ 7`) for a gold interval or set (`[-2, 7]`); off by default, as Math-Verify's `allow_set_relation_comp`. A gold inequality always accepts the interval it describes. */
   setRelation: boolean;
+  /**
+   * A rounded decimal against an exact value (`1.414` for `\sqrt{2}`, `0.33` for `\frac{1}{3}`), or
+   * two decimals of different precision (`6.63\times10^{-34}` for `6.626\times10^{-34}`): `digits`
+   * accepts it when the more precise value, rounded to the digits the less precise one shows,
+   * equals it — given at least two significant digits shown (see docs/graders.md); `fixed` only
+   * compares both at `floatRounding` places.
+   */
+  roundedTolerance: 'digits' | 'fixed';
   /** Decimal places both sides are rounded to when either is written as a decimal (Math-Verify float_rounding). */
   floatRounding: number;
   /** Relative tolerance for exact values and symbolic checks evaluated in floating point. */
@@ -29,6 +37,7 @@ export const MATH_DEFAULTS: MathOptions = {
   stripUnits: true,
   listOrder: 'ignore',
   setRelation: false,
+  roundedTolerance: 'fixed',
   floatRounding: 6,
   relTol: 1e-9,
   symbolic: true,
