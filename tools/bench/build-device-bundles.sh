@@ -17,6 +17,7 @@ declare -A entries=(
   [pick-bench]=tools/bench/rollout/pick-bench.ts
   [nucleus-check]=tools/bench/rollout/nucleus-check.ts
   [rm-parity]=tools/bench/reward-models/rm-parity.ts
+  [rm-bench]=tools/bench/reward-models/rm-bench.ts
 )
 # Entries that load a Hugging Face tokenizer carry @huggingface/transformers inside the bundle (the
 # GPU machine has no copy of it), with its image library sharp stubbed out, and Qwen3's tokenizer

@@ -6,16 +6,20 @@
  * usage: node grpo-step.js [--device cuda|cpu] [--compute float32|bfloat16] [--shape tiny|qwen3-0.6b]
  *          [--prompts 8] [--group 8] [--prompt-len 32] [--new-tokens 32] [--steps 3] [--minibatches 2]
  *          [--old-logprobs rescore|generation] [--lora 0] [--prompts-per-run 0] [--micro-batches 1]
- *          [--generation-engine kv-cache|graph] [--no-cuda-graph] [--shared-arena] [--recompute] [--attention composed|flash] [--release-generation-memory] [--memory-pattern on|off] [--allow-cpu-fallback] [--log-level 0..4]   (the last two: to see ORT's node placements)
+ *          [--reward-model] [--generation-engine kv-cache|graph] [--no-cuda-graph] [--shared-arena] [--recompute] [--attention composed|flash] [--release-generation-memory] [--memory-pattern on|off] [--allow-cpu-fallback] [--log-level 0..4]   (the last two: to see ORT's node placements)
  * On the GPU machine run it as a bundle (see ../shared/device/README.md):
  *   npx esbuild tools/bench/grpo/grpo-step.ts --bundle --platform=node --conditions=lathe-source \
  *     --external:onnxruntime-node --external:koffi --external:@huggingface/transformers --external:libsql \
  *     --outfile=.bundle/grpo-step.js     (koffi beside it, as tools/bench/build-device-bundles.sh copies it)
+ * --reward-model: the reward is a frozen reward model's score instead (a random one at the policy's
+ * shape, on the same device in the compute dtype), every sample of a step in one run; the summary's
+ * rewards_s is then its share of the step.
  * Measured on the H100 (docs/benchmarks.md, "RL step"); on CPU the tiny shape takes ~0.2 s per step.
  */
 import { CausalLM, type HfConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
-import { combineRewards, GrpoTrainer, type GrpoStepMetrics, type RlPrompt } from '@lathe/grpo';
+import { combineRewards, GrpoTrainer, type GrpoStepMetrics, type RewardSample, type RewardScorer, type RlPrompt } from '@lathe/grpo';
+import { RewardModel } from '@lathe/reward-models';
 import { arg, flag } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
 
@@ -30,6 +34,20 @@ function memoryPattern(flagValue: string): { memoryPattern?: boolean } {
   if (flagValue === '') return {};
   if (flagValue !== 'on' && flagValue !== 'off') throw new Error(`--memory-pattern must be on or off, got ${flagValue}`);
   return { memoryPattern: flagValue === 'on' };
+}
+
+/** Rewards from `rm`: each sample's prompt and completion ids (texts of space-separated ids here) as one right-padded row, all in one run. */
+function rewardModelScorer(rm: RewardModel, gqa: boolean): RewardScorer<Record<string, never>> {
+  const byScore = combineRewards<{ score: number }>([{ name: 'rm', fn: (_p, _c, m) => m.score }], { fallback: 0 });
+  return async (samples: readonly RewardSample<Record<string, never>>[]) => {
+    const rows = samples.map((s) => `${s.prompt} ${s.completion}`.split(' ').filter(Boolean).map(Number));
+    const T = Math.max(...rows.map((r) => r.length));
+    const ids = new BigInt64Array(rows.length * T);
+    const mask = new BigInt64Array(rows.length * T);
+    rows.forEach((r, i) => r.forEach((id, t) => ((ids[i * T + t] = BigInt(id)), (mask[i * T + t] = 1n))));
+    const scores = await rm.score({ inputIds: { data: ids, dims: [rows.length, T] }, attentionMask: { data: mask, dims: [rows.length, T] } }, { attention: gqa ? 'gqa' : 'composed' });
+    return byScore(samples.map((s, i) => ({ prompt: s.prompt, completion: s.completion, meta: { score: scores[i] } })));
+  };
 }
 
 async function main(): Promise<void> {
@@ -47,7 +65,9 @@ async function main(): Promise<void> {
   const { config } = model;
   const tModel = performance.now();
   // reward: the share of even token ids in the completion (non-uniform across a group)
-  const rewards = combineRewards<{ completionTokens: number; stopped: boolean }>([{ name: 'even', fn: (_p, c) => { const ids = c.split(' ').filter(Boolean).map(Number); return ids.length ? ids.filter((x) => x % 2 === 0).length / ids.length : 0; } }], { fallback: 0 });
+  const even = combineRewards<Record<string, never>>([{ name: 'even', fn: (_p, c) => { const ids = c.split(' ').filter(Boolean).map(Number); return ids.length ? ids.filter((x) => x % 2 === 0).length / ids.length : 0; } }], { fallback: 0 });
+  const rm = flag('reward-model') ? RewardModel.fromCausalLM(CausalLM.random(SHAPES[shape], { seed: 2, std: 0.02 }), { padTokenId: 0, device, dtype: compute }) : undefined;
+  const rewards: RewardScorer<Record<string, never>> = rm ? rewardModelScorer(rm, device.kind === 'cuda' && compute !== 'float32') : even;
   const trainer = GrpoTrainer.create<Record<string, never>>({
     model, tokenizer: { decode: (ids) => ids.join(' '), padId: 0 }, stopIds: [config.vocabSize - 1], rewards,
     groupSize: G, maxNewTokens: maxNew, loss: { aggregation: 'token-mean', clipHigh: 0.28 }, kl: { coef: 0.001 },
@@ -68,20 +88,24 @@ async function main(): Promise<void> {
   const rand = () => ((seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0) / 2 ** 32);
   const lines: GrpoStepMetrics[] = [];
   for (let s = 0; s < steps; s++) {
-    const prompts: RlPrompt<Record<string, never>>[] = Array.from({ length: P }, (_, i) => ({ ids: Array.from({ length: promptLen }, () => 1 + Math.floor(rand() * (config.vocabSize - 2))), text: '', meta: {}, key: s * P + i }));
+    const prompts: RlPrompt<Record<string, never>>[] = Array.from({ length: P }, (_, i) => {
+      const ids = Array.from({ length: promptLen }, () => 1 + Math.floor(rand() * (config.vocabSize - 2)));
+      return { ids, text: ids.join(' '), meta: {}, key: s * P + i };
+    });
     const { metrics } = await trainer.step(prompts, 1e-5);
     lines.push(metrics);
     console.log(JSON.stringify({ step: s + 1, ...metrics }));
   }
   const last = lines.at(-1)!;
   console.log(JSON.stringify({
-    summary: true, device: device.name, compute, shape, prompts: P, group: G, prompt_len: promptLen, new_tokens: maxNew, lora,
+    summary: true, device: device.name, compute, shape, reward: rm ? 'reward-model' : 'even-ids', prompts: P, group: G, prompt_len: promptLen, new_tokens: maxNew, lora,
     model_s: (tModel - t0) / 1000, create_s: (tCreate - tModel) / 1000,
     last_step_s: last.step_ms / 1000, generation_s: last.generation_ms / 1000, scoring_s: last.scoring_ms / 1000, training_s: last.training_ms / 1000, rewards_s: last.rewards_ms / 1000, host_s: last.host_ms / 1000,
     logp_parity_max: Math.max(...lines.map((l) => l.logp_parity)), logp_max_abs_diff: Math.max(...lines.map((l) => l.logp_max_abs_diff)), response_length_mean: last.response_length_mean,
     memory: device.memory(),
   }));
   trainer.dispose();
+  rm?.dispose();
 }
 
 main().catch((e: unknown) => {
