@@ -18,6 +18,7 @@ import type { DType } from '@lathe/onnx';
 import { bytesToFloat32, Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceKind, type DeviceTensor, type HostArray } from '@lathe/runtime';
 import { parseConfig, readConfig, type DecoderConfig, type HfConfig } from './config';
 import { paramSpecs, type ParamSpec } from './params';
+import { readQuantizedFolder } from './quantized-folders';
 import { randomWeight, type RandomWeightOptions } from './random-model';
 import { readTensorBytes, readWeightIndex, type TensorEntry, type TensorToWrite } from './safetensors';
 import { saveHfModel } from './save';
@@ -73,7 +74,13 @@ export class CausalLM {
 
   /** {@link fromPretrained} for synchronous code (constructors, checkpoint readers). */
   static fromPretrainedSync(dir: string, opts: CausalLMOptions = {}): CausalLM {
-    const { config } = readConfig(dir);
+    const { config, raw } = readConfig(dir);
+    // A quantized checkpoint loads dequantized (its quantized kernels: @lathe/quantization's QuantizedModel).
+    const dequantized = readQuantizedFolder(dir, config, raw);
+    if (dequantized) {
+      const host = new CausalLM(config, { kind: 'host', tensors: dequantized }, dir);
+      return opts.device ? host.to(opts.device, opts.dtype) : host;
+    }
     const index = readWeightIndex(dir);
     for (const spec of paramSpecs(config)) {
       const e = index.get(spec.name);

@@ -9,6 +9,7 @@ export * from './heads';
 export * from './logprobs';
 export * from './graph-weights';
 export * from './causal-lm';
+export * from './quantized-folders';
 export * from './random';
 export * from './random-model';
 export * from './save';

@@ -6,3 +6,10 @@ export * from './ops';
 export * from './layout';
 export * from './linear';
 export * from './model';
+export * from './checkpoint';
+
+import { setQuantizedFolderReader } from '@lathe/models';
+import { dequantizedFolderWeights } from './checkpoint';
+
+// Importing the package lets `CausalLM.fromPretrained` (and so every loader built on it) read quantized checkpoints, dequantized.
+setQuantizedFolderReader(dequantizedFolderWeights);

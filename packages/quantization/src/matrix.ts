@@ -18,8 +18,10 @@ export interface Int8Matrix {
   cols: number;
   /** int8 [N, K] row-major. */
   q: Int8Array;
-  /** float32 [N]. */
+  /** float32 [N]: absmax / 127. */
   scales: Float32Array;
+  /** float32 [N]: each row's max |w| (bitsandbytes' SCB), what the scale is computed from. */
+  absmax: Float32Array;
 }
 
 /**

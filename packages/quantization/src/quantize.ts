@@ -28,15 +28,17 @@ export function quantizeInt8(w: Float32Array, rows: number, cols: number): Int8M
   checkShape('quantizeInt8', w, rows, cols);
   const q = new Int8Array(rows * cols);
   const scales = new Float32Array(rows);
+  const absmax = new Float32Array(rows);
   for (let n = 0; n < rows; n++) {
     let amax = 0;
     for (let k = 0; k < cols; k++) amax = Math.max(amax, Math.abs(w[n * cols + k]));
+    absmax[n] = amax;
     const s = Math.fround(amax / 127);
     scales[n] = s;
     if (s === 0) continue;
     for (let k = 0; k < cols; k++) q[n * cols + k] = clamp(roundHalfEven(w[n * cols + k] / s), -127, 127);
   }
-  return { format: 'int8', rows, cols, q, scales };
+  return { format: 'int8', rows, cols, q, scales, absmax };
 }
 
 /** Block sizes INT4 supports (MatMulNBits' fused CUDA path takes these). */
