@@ -10,7 +10,7 @@
  * sample). Training prompts have p = 2…41, held-out prompts p = 42…57, unseen in training; accuracy
  * is greedy.
  */
-import { combineRewards, GrpoTrainer, type GrpoTrainerOptions, type RlPrompt } from '@lathe/grpo';
+import { combineRewards, GrpoTrainer, type GrpoStepMetrics, type GrpoTrainerOptions, type RlPrompt } from '@lathe/grpo';
 import { tinyModel } from './tiny-qwen3';
 
 type Meta = { answer: string };
@@ -71,10 +71,10 @@ async function zeroRl(): Promise<{ reward: number; heldOut: number }> {
 }
 
 /** LUFFY: 7 samples + 1 correct trace per group. */
-async function luffy(): Promise<{ onPolicy: number[]; last: Record<string, number>; train: number; heldOut: number }> {
+async function luffy(): Promise<{ onPolicy: number[]; last: GrpoStepMetrics; train: number; heldOut: number }> {
   const t = make({ offPolicy: { traces: 1 } });
   try {
-    let last: Record<string, number> = {};
+    let last = {} as GrpoStepMetrics;
     const onPolicy: number[] = [];
     for (let s = 0; s < STEPS; s++) {
       last = (await t.step(prompts(s, true), LR)).metrics;
@@ -87,7 +87,7 @@ async function luffy(): Promise<{ onPolicy: number[]; last: Record<string, numbe
 }
 
 /** SFT on the traces (the 'sft' term on groups of traces alone), then on-policy RL on prompts without traces. */
-async function sftThenRl(): Promise<{ afterSft: number; heldOut: number; last: Record<string, number> }> {
+async function sftThenRl(): Promise<{ afterSft: number; heldOut: number; last: GrpoStepMetrics }> {
   const t = make({ offPolicy: { traces: 1, term: 'sft' } });
   try {
     const half = STEPS / 2;
@@ -96,7 +96,7 @@ async function sftThenRl(): Promise<{ afterSft: number; heldOut: number; last: R
       await t.stepOnRollouts(groups, LR);
     }
     const afterSft = await greedyAccuracy(t, HELD_OUT);
-    let last: Record<string, number> = {};
+    let last = {} as GrpoStepMetrics;
     for (let s = half; s < STEPS; s++) last = (await t.step(prompts(s, false), LR)).metrics;
     return { afterSft, heldOut: await greedyAccuracy(t, HELD_OUT), last };
   } finally {

@@ -70,6 +70,26 @@ export const grpoSchema = {
   kl_horizon: { type: 'number', default: GRPO_DEFAULTS.kl.horizon, min: 1, describe: 'The adaptive KL controller’s horizon in completions (verl’s default 10000)' },
   kl_estimator: { type: 'string', default: 'auto', choices: ['auto', 'k1', 'k2', 'k3'], describe: "KL estimator: k1 = log ratio, k2 = half its square, k3 = exp(-x) - 1 + x (low variance, unbiased); auto: verl's defaults, k3 with --kl_mode loss and k1 with --kl_mode reward" },
   entropy_coef: { type: 'number', default: GRPO_DEFAULTS.loss.entropyCoef, describe: 'Entropy bonus coefficient (subtracted from the loss)' },
+  // off-policy traces (LUFFY)
+  preset: {
+    type: 'string',
+    default: 'none',
+    choices: ['none', 'luffy', 'luffy-on-policy', 'sft-then-rl', 'rl-sft-loss'],
+    describe:
+      "Named settings applied under the config file and flags (see GRPO_PRESETS): luffy (LUFFY's recipe: 7 samples + 1 off-policy trace per group, advantages over the mixed group without std, the shaped off-policy term, no clip, sum over tokens / max length, entropy 0.001, no KL), and its baselines: luffy-on-policy (the same without traces), sft-then-rl (the same, meant for a model SFT-trained on the traces), rl-sft-loss (on-policy RL plus an SFT loss on the traces); none: nothing",
+  },
+  off_policy_field: {
+    type: 'string',
+    default: '',
+    describe:
+      "Field of a data row holding its off-policy traces (LUFFY): a completion's text, a list of texts, a list of token ids or a list of such lists (Parquet or JSONL); text is tokenised once with the policy's tokenizer, EOS appended, and never re-tokenised; with the built-in data, 'answer' is each problem's solution; '': none",
+  },
+  off_policy_traces: { type: 'number', default: 0, integer: true, min: 0, describe: "Off-policy traces per group (n_off): each prompt's group is group_size − n_off samples plus n_off of its traces; a prompt with fewer trains on fewer (counted as off_policy/missing_groups); 0: on-policy only" },
+  off_policy_term: { type: 'string', default: GRPO_DEFAULTS.offPolicy.term, choices: ['shaped', 'sft'], describe: "Loss on the traces' tokens: shaped (LUFFY: -f(π)·A, f(p) = p/(p + gamma), no clip; π/π_b when a trace carries behaviour log-probs) or sft (-coef·log π, no advantage: the RL + SFT loss baseline)" },
+  off_policy_gamma: { type: 'number', default: GRPO_DEFAULTS.offPolicy.gamma, min: 1e-9, describe: 'γ of the shaping f(p) = p/(p + γ) (LUFFY: 0.1)' },
+  off_policy_sft_coef: { type: 'number', default: GRPO_DEFAULTS.offPolicy.sftCoef, min: 0, describe: 'Weight of the SFT loss on the traces (--off_policy_term sft)' },
+  off_policy_adv_stats: { type: 'string', default: GRPO_DEFAULTS.offPolicy.advantageStats, choices: ['group', 'on-policy'], describe: "Whose rewards give a group's advantage mean and std (estimators grpo, dr_grpo): the whole mixed group (LUFFY) or the sampled completions alone" },
+  off_policy_overlong: { type: 'string', default: 'truncate', choices: ['truncate', 'skip'], describe: 'A trace longer than --max_new_tokens: cut to it (flagged and counted as off_policy/truncated_traces, and no longer ending in a stop token) or left out (counted at the start of the run)' },
   old_logprobs: { type: 'string', default: GRPO_DEFAULTS.oldLogprobs, choices: ['rescore', 'generation'], describe: "Old log-probs: re-scored by the training policy's forward before the updates, or taken from generation (one forward pass fewer; the same values up to rounding, see logp_parity)" },
   epochs: { type: 'number', default: GRPO_DEFAULTS.epochs, integer: true, min: 1, describe: 'PPO epochs: passes over each step’s batch' },
   n_minibatches: { type: 'number', default: GRPO_DEFAULTS.minibatches, integer: true, min: 1, describe: 'Optimizer steps per epoch: the batch (prompts_per_step × group_size completions) is shuffled and split into this many minibatches' },
@@ -113,6 +133,9 @@ export function grpoTrainerOptions(cfg: GrpoConfig): GrpoAlgorithmOptions {
       policyTerm: cfg.policy_term,
       lossScaleFactor: cfg.loss_scale_factor > 0 ? cfg.loss_scale_factor : undefined,
     },
+    ...(cfg.off_policy_traces > 0
+      ? { offPolicy: { traces: cfg.off_policy_traces, term: cfg.off_policy_term, gamma: cfg.off_policy_gamma, sftCoef: cfg.off_policy_sft_coef, advantageStats: cfg.off_policy_adv_stats } }
+      : {}),
     kl: {
       coef: cfg.kl_coef,
       mode: cfg.kl_mode,
@@ -132,6 +155,35 @@ export function grpoTrainerOptions(cfg: GrpoConfig): GrpoAlgorithmOptions {
     generationEngine: cfg.generation_engine,
     seed: cfg.seed,
   };
+}
+
+/** LUFFY's recipe (Yan et al. 2025) as option values: the settings its baselines share. */
+const LUFFY_SHARED: Partial<GrpoConfig> = {
+  group_size: 8,
+  temperature: 1,
+  estimator: 'dr_grpo',
+  aggregation: 'token-sum-norm',
+  policy_term: 'unclipped',
+  entropy_coef: 0.001,
+  kl_coef: 0,
+};
+
+/**
+ * `--preset`'s settings, applied over the schema's defaults and under a config file and the flags
+ * (so any of them can still be changed). `luffy` is the published recipe — not the original
+ * repository's config defaults, which differ — and the others are the paper's baselines over the
+ * same pieces.
+ */
+export const GRPO_PRESETS: Record<Exclude<GrpoConfig['preset'], 'none'>, Partial<GrpoConfig>> = {
+  luffy: { ...LUFFY_SHARED, off_policy_traces: 1, off_policy_term: 'shaped', off_policy_gamma: 0.1, off_policy_adv_stats: 'group' },
+  'luffy-on-policy': { ...LUFFY_SHARED, off_policy_traces: 0 },
+  'sft-then-rl': { ...LUFFY_SHARED, off_policy_traces: 0 },
+  'rl-sft-loss': { ...LUFFY_SHARED, off_policy_traces: 1, off_policy_term: 'sft', off_policy_sft_coef: 1, off_policy_adv_stats: 'on-policy' },
+};
+
+/** A preset as a config source (for `resolveConfig`: defaults ← preset ← config file ← flags); none for 'none'. */
+export function grpoPresetSource(preset: GrpoConfig['preset']): { name: string; values: Record<string, unknown> } | undefined {
+  return preset === 'none' ? undefined : { name: `--preset ${preset}`, values: { ...GRPO_PRESETS[preset], preset } };
 }
 
 /**

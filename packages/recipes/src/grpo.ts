@@ -14,9 +14,9 @@ import { paramCount } from '@lathe/models';
 import { MathGrader, r1ZeroFormatReward } from '@lathe/graders';
 import { Device, sizeOf } from '@lathe/runtime';
 import { join } from 'node:path';
-import { RolloutStore, runPaths } from '@lathe/data';
+import { readRecords, RolloutStore, runPaths } from '@lathe/data';
 import { loraFromOptions, type TrainerState } from '@lathe/train';
-import { combineRewards, GrpoTrainer, overlongReward, type GrpoStepMetrics, type RlPrompt } from '@lathe/grpo';
+import { combineRewards, GrpoTrainer, overlongReward, type GrpoStepMetrics, type OffPolicyTrace, type RlPrompt } from '@lathe/grpo';
 import { additionExamples, BUILTIN_DATA } from './demo-task';
 import { readPromptFile } from './generate';
 import { grpoTrainerOptions, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
@@ -29,6 +29,20 @@ export interface PromptWithAnswer {
   answer: string;
   /** Index in the dataset. */
   index: number;
+  /** Its off-policy traces as the data gives them (`--off_policy_field`): texts or token ids. */
+  traces?: (string | number[])[];
+}
+
+/** How a run's off-policy traces were read: prompts without one, traces cut or left out for length. */
+export interface OffPolicyDataStats {
+  /** Training prompts with no trace (their groups fall back to on-policy samples). */
+  promptsWithout: number;
+  /** Training prompts in all. */
+  prompts: number;
+  /** Traces cut to --max_new_tokens (--off_policy_overlong truncate). */
+  truncated: number;
+  /** Traces left out for length (--off_policy_overlong skip). */
+  skipped: number;
 }
 
 /** What a `lathe grpo` prompt carries for the reward functions. */
@@ -82,6 +96,8 @@ export interface GrpoRunResult {
   stepRewards: number[];
   checkpoint: string;
   interrupted: boolean;
+  /** With off-policy traces: how they were read. */
+  offPolicy?: OffPolicyDataStats;
 }
 
 /** The trainer state a GRPO checkpoint saves: `step` counts RL steps. */
@@ -97,15 +113,53 @@ interface GrpoState extends TrainerState {
  * out of a permutation seeded by `seed`), so GRPO after SFT on the same data never trains on the
  * SFT run's held-out prompts.
  */
-export async function loadPromptSplit(cfg: Pick<GrpoConfig, 'data' | 'seed' | 'eval_examples' | 'prompt_field' | 'answer_field'>): Promise<{ train: PromptWithAnswer[]; evaluation: PromptWithAnswer[] }> {
+export async function loadPromptSplit(cfg: Pick<GrpoConfig, 'data' | 'seed' | 'eval_examples' | 'prompt_field' | 'answer_field'> & Partial<Pick<GrpoConfig, 'off_policy_field'>>): Promise<{ train: PromptWithAnswer[]; evaluation: PromptWithAnswer[] }> {
   let all: PromptWithAnswer[];
-  if (cfg.data === BUILTIN_DATA) all = additionExamples().map((e, index) => ({ prompt: e.prompt, answer: e.response, index }));
-  else {
+  const field = cfg.off_policy_field ?? '';
+  if (cfg.data === BUILTIN_DATA) {
+    if (field !== '' && field !== 'answer') throw new Error(`--off_policy_field ${field}: the built-in data has one off-policy field, 'answer' (each problem's solution)`);
+    all = additionExamples().map((e, index) => ({ prompt: e.prompt, answer: e.response, index, ...(field ? { traces: [e.response] } : {}) }));
+  } else {
     // lathe generate's reader: a missing field is an error naming the row, its fields and the flag
     const prompts = await readPromptFile({ data: cfg.data, prompt_field: cfg.prompt_field, answer_field: cfg.answer_field, limit: 0 }, { answers: 'required' });
-    all = prompts.map((p, index) => ({ prompt: p.prompt, answer: p.answer!, index }));
+    const traces = field ? (await readRecords(cfg.data)).map((r) => traceValues(r.value[field], `${r.where}: field '${field}' (--off_policy_field)`)) : undefined;
+    all = prompts.map((p, index) => ({ prompt: p.prompt, answer: p.answer!, index, ...(traces ? { traces: traces[index] } : {}) }));
   }
   return splitHeldOut(all, cfg, 'prompts');
+}
+
+/**
+ * A row's off-policy traces: absent or empty is none; a text, a list of token ids, or a list of
+ * texts or of id lists. Anything else is an error naming the row and field.
+ */
+function traceValues(v: unknown, where: string): (string | number[])[] {
+  if (v === undefined || v === null || v === '') return [];
+  const ids = (x: unknown) => Array.isArray(x) && x.length > 0 && x.every((t) => Number.isInteger(t) && (t as number) >= 0);
+  if (typeof v === 'string') return [v];
+  if (ids(v)) return [(v as number[]).slice()];
+  if (Array.isArray(v) && v.every((x) => typeof x === 'string' || ids(x))) return v.filter((x) => x !== '').map((x) => (typeof x === 'string' ? x : (x as number[]).slice()));
+  throw new Error(`${where} is ${JSON.stringify(v).slice(0, 80)}; expected a completion's text, a list of token ids, or a list of those`);
+}
+
+/**
+ * Tokenises a prompt's traces once: text as the policy's tokenizer encodes a response, EOS
+ * appended (an SFT example's response); ids as given, ending in a stop id or not. Traces longer
+ * than `maxNewTokens` are cut (flagged) or left out, per `overlong`, and counted in `stats`.
+ */
+export function encodeTraces(traces: readonly (string | number[])[], tok: { encode(text: string): number[]; eosId: number }, o: { maxNewTokens: number; stopIds: readonly number[]; overlong: 'truncate' | 'skip'; vocabSize: number; where: string }, stats: Pick<OffPolicyDataStats, 'truncated' | 'skipped'>): OffPolicyTrace[] {
+  const out: OffPolicyTrace[] = [];
+  traces.forEach((t, j) => {
+    const tokens = typeof t === 'string' ? [...tok.encode(t), tok.eosId] : t;
+    const bad = tokens.findIndex((id) => id >= o.vocabSize);
+    if (bad >= 0) throw new Error(`${o.where}, trace ${j}: token id ${tokens[bad]} is outside the model's vocabulary of ${o.vocabSize}`);
+    if (tokens.length <= o.maxNewTokens) out.push({ tokens, stopped: o.stopIds.includes(tokens[tokens.length - 1]) });
+    else if (o.overlong === 'skip') stats.skipped++;
+    else {
+      stats.truncated++;
+      out.push({ tokens: tokens.slice(0, o.maxNewTokens), stopped: false, truncated: true });
+    }
+  });
+  return out;
 }
 
 /** Refuses a resume whose config differs from the checkpoint's (`savedFile`, its config.yaml), unless `force`; returns the changed keys. */
@@ -126,6 +180,8 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     // allowed (an ablation), but rarely meant: Dr.GRPO is both changes
     process.stderr.write(`warning: --estimator dr_grpo with --aggregation ${cfg.aggregation}: Dr.GRPO also drops the length normalisation (--aggregation token-sum-norm)\n`);
   }
+  if (cfg.off_policy_traces > 0 && cfg.off_policy_field === '') throw new Error(`--off_policy_traces ${cfg.off_policy_traces}: name the data's field of off-policy traces with --off_policy_field${cfg.preset !== 'none' ? ` (--preset ${cfg.preset} mixes them in)` : ''}`);
+  if (cfg.off_policy_traces >= cfg.group_size) throw new Error(`--off_policy_traces ${cfg.off_policy_traces} must be below --group_size ${cfg.group_size} (a group needs on-policy samples)`);
   const rows = cfg.prompts_per_step * cfg.group_size;
   if (rows < cfg.n_minibatches * cfg.micro_batches) throw new Error(`--prompts_per_step ${cfg.prompts_per_step} × --group_size ${cfg.group_size} = ${rows} completions cannot fill --n_minibatches ${cfg.n_minibatches} × --micro_batches ${cfg.micro_batches}`);
   const { train, evaluation } = await loadPromptSplit(cfg);
@@ -146,6 +202,23 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   };
   const eos = model.config.eosTokenId;
   const stopIds = [...new Set([model.tokenizer.eosId, ...(eos === undefined ? [] : Array.isArray(eos) ? eos : [eos])])];
+  // Off-policy traces: tokenised once per prompt, counted (prompts without, cut, left out) and said at the start.
+  const offPolicy: OffPolicyDataStats | undefined = cfg.off_policy_traces > 0 ? { prompts: train.length, promptsWithout: 0, truncated: 0, skipped: 0 } : undefined;
+  const traces = new Map<number, OffPolicyTrace[]>();
+  if (offPolicy) {
+    for (const p of train) {
+      const t = encodeTraces(p.traces ?? [], model.tokenizer, { maxNewTokens: cfg.max_new_tokens, stopIds, overlong: cfg.off_policy_overlong, vocabSize: model.config.vocabSize, where: `${cfg.data} prompt ${p.index}` }, offPolicy);
+      if (t.length < cfg.off_policy_traces) offPolicy.promptsWithout++;
+      traces.set(p.index, t);
+    }
+    if (offPolicy.promptsWithout === train.length) throw new Error(`--off_policy_field ${cfg.off_policy_field}: none of the ${train.length} training prompts has ${cfg.off_policy_traces} trace(s) to mix in${offPolicy.skipped ? ` (${offPolicy.skipped} left out as longer than --max_new_tokens ${cfg.max_new_tokens})` : ''}`);
+    const notes = [
+      offPolicy.promptsWithout ? `${offPolicy.promptsWithout} of ${train.length} training prompts have fewer than ${cfg.off_policy_traces} trace(s): their groups fall back to ${cfg.group_size - cfg.off_policy_traces} on-policy samples (off_policy/missing_groups per step)` : '',
+      offPolicy.truncated ? `${offPolicy.truncated} trace(s) cut to --max_new_tokens ${cfg.max_new_tokens} (off_policy/truncated_traces per step)` : '',
+      offPolicy.skipped ? `${offPolicy.skipped} trace(s) longer than --max_new_tokens ${cfg.max_new_tokens} left out` : '',
+    ].filter(Boolean);
+    if (notes.length) process.stderr.write(`off-policy traces (${cfg.off_policy_field}): ${notes.join('; ')}\n`);
+  }
 
   // Rewards: correctness, optional format and overlong shaping, your functions and a reward model,
   // weighted; per-sample failures are counted and logged, a reward model's refuses the step.
@@ -237,7 +310,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   const stream = new EpochStream<PromptWithAnswer>(train, cfg.seed, state.dataPosition);
   const nextPrompts = (): RlPrompt<PromptMeta>[] => {
     const start = stream.position;
-    return stream.take(cfg.prompts_per_step).map((p, k) => ({ ids: idsOf(p), text: p.prompt, meta: { answer: p.answer }, key: start + k, index: p.index }));
+    return stream.take(cfg.prompts_per_step).map((p, k) => ({ ids: idsOf(p), text: p.prompt, meta: { answer: p.answer }, key: start + k, index: p.index, ...(offPolicy ? { offPolicy: traces.get(p.index) } : {}) }));
   };
   const evals: GrpoEvalResult[] = [];
   let last: GrpoStepMetrics | undefined;
@@ -271,7 +344,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
           completion: r.completion,
           reward: r.reward,
           advantage: r.advantage,
-          extra: { rewards: r.bySource, tokens: r.tokens, stopped: r.stopped },
+          extra: { rewards: r.bySource, tokens: r.tokens, stopped: r.stopped, ...(r.offPolicy ? { off_policy: true } : {}) },
         }),
       );
       if (metrics.nonfinite_updates > 0) {
@@ -299,5 +372,5 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     rewardModel?.dispose();
     await grader?.close();
   }
-  return { steps: state.step, evals, last, stepRewards, checkpoint: checkpointDir, interrupted };
+  return { steps: state.step, evals, last, stepRewards, checkpoint: checkpointDir, interrupted, ...(offPolicy ? { offPolicy } : {}) };
 }

@@ -1,7 +1,7 @@
 import type { CommandModule } from 'yargs';
 import { SingleBar, Presets } from 'cli-progress';
 import { listEvals } from '@lathe/data';
-import { grpoSchema, runGrpo, type GrpoConfig, type GrpoEvents, type GrpoRunResult } from '@lathe/recipes';
+import { grpoPresetSource, grpoSchema, runGrpo, type GrpoConfig, type GrpoEvents, type GrpoRunResult } from '@lathe/recipes';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
 import { finishRun, runReported, type Interruptible } from '../interrupt';
 
@@ -80,7 +80,18 @@ export async function grpoMain(cfg: GrpoConfig): Promise<void> {
     eval_examples: last?.examples,
     checkpoint: result.checkpoint,
     interrupted: result.interrupted,
+    ...(result.offPolicy ? { on_policy_reward_mean: result.last?.['on_policy/reward_mean'], off_policy: result.offPolicy } : {}),
   });
+}
+
+/**
+ * The config of a `lathe grpo` call: defaults ← `--preset` (given as a flag or in the config file)
+ * ← the config file ← flags, so a preset's values can still be changed one by one.
+ */
+export function grpoConfigFromArgv(argv: Record<string, unknown>): GrpoConfig {
+  const first = configFromArgv(grpoSchema, argv);
+  const preset = grpoPresetSource(first.preset);
+  return preset ? configFromArgv(grpoSchema, argv, preset) : first;
 }
 
 /** `lathe grpo`: GRPO-family RL (GRPO, Dr.GRPO, RLOO, ReMax, REINFORCE++; DAPO options). */
@@ -90,6 +101,7 @@ export const grpoCommand: CommandModule = {
   builder: (y) =>
     addSchemaFlags(y, grpoSchema)
       .example('$0 grpo --model runs/demo/checkpoints/step-00001000 --tokenizer builtin:addition --lr 2e-4 --max_new_tokens 6', 'RL on the built-in addition task after `lathe demo`’s SFT stage')
-      .example('$0 grpo --config grpo.yaml --resume', 'continue a run (the config must match the checkpoint’s; --force accepts changes)'),
-  handler: async (argv) => grpoMain(configFromArgv(grpoSchema, argv)),
+      .example('$0 grpo --config grpo.yaml --resume', 'continue a run (the config must match the checkpoint’s; --force accepts changes)')
+      .example('$0 grpo --preset luffy --data traces.jsonl --off_policy_field solution --model Qwen3-0.6B', 'LUFFY: 7 samples + 1 off-policy trace per group (docs/guides/luffy.md)'),
+  handler: async (argv) => grpoMain(grpoConfigFromArgv(argv)),
 };
