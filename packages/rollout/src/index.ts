@@ -9,3 +9,6 @@ export * from './kv-cache-generator';
 export * from './engine-choice';
 export * from './serve/slot-graphs';
 export * from './serve/slot-engine';
+export * from './serve/scheduler';
+export * from './serve/text';
+export * from './serve/openai-server';

@@ -1,0 +1,147 @@
+/**
+ * `lathe serve`'s run, `startServe(cfg)`: loads each model onto the device, builds its slot engine
+ * and scheduler (continuous batching, @lathe/rollout's serve module) and its tokenizer, and starts
+ * the OpenAI-compatible HTTP server over all of them. Options in serve-config.ts.
+ */
+import { existsSync } from 'node:fs';
+import { basename, join, resolve } from 'node:path';
+import type { AddressInfo } from 'node:net';
+import type { Server } from 'node:http';
+import type { DType } from '@lathe/onnx';
+import { CausalLM, readConfig } from '@lathe/models';
+import { Device } from '@lathe/runtime';
+import { HfTokenizer } from '@lathe/tokenizer';
+import { createOpenAiServer, kvCacheUnsupported, Scheduler, SlotEngine, type ServedModel } from '@lathe/rollout';
+import type { ServeConfig } from './serve-config';
+
+/** One `--model` entry: the id clients send and the folder. */
+export interface ServeModelSpec {
+  id: string;
+  dir: string;
+}
+
+/** `--model` entries (`DIR` or `NAME=DIR`, comma-separated or repeated) → ids and folders; errors name the entry. */
+export function parseServeModels(spec: string | readonly string[]): ServeModelSpec[] {
+  const entries = (typeof spec === 'string' ? [spec] : spec).flatMap((s) => s.split(',')).map((s) => s.trim()).filter((s) => s !== '');
+  if (entries.length === 0) throw new Error('--model is required (a model folder, or NAME=DIR; see lathe serve --help)');
+  const out = entries.map((e) => {
+    const eq = e.indexOf('=');
+    const dir = eq > 0 ? e.slice(eq + 1) : e;
+    const id = eq > 0 ? e.slice(0, eq) : basename(resolve(dir));
+    if (!/^[\w.:/-]+$/.test(id)) throw new Error(`--model ${e}: the id '${id}' may hold letters, digits and . _ - : / only`);
+    if (!existsSync(join(dir, 'config.json'))) throw new Error(`--model ${e}: no config.json in ${dir} (expected a Hugging Face model folder)`);
+    return { id, dir };
+  });
+  const seen = new Set<string>();
+  for (const m of out) {
+    if (seen.has(m.id)) throw new Error(`--model: two models have the id '${m.id}'; name them with NAME=DIR`);
+    seen.add(m.id);
+  }
+  return out;
+}
+
+/** Callbacks for progress. */
+export interface ServeEvents {
+  /** A model is loading (before its weights are read). */
+  onLoad?(info: { id: string; dir: string; rows: number; maxModelLen: number; dtype: DType }): void;
+  /** One line per finished HTTP request. */
+  onRequest?(line: string): void;
+}
+
+/** A running server. */
+export interface RunningServe {
+  server: Server;
+  /** The base URL of the API, e.g. `http://127.0.0.1:8000/v1`. */
+  url: string;
+  port: number;
+  models: ServedModel[];
+  /** Stops accepting connections, lets running requests finish, then frees engines and weights. */
+  close(): Promise<void>;
+}
+
+/** Loads every model, starts the server and resolves once it listens. */
+export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Promise<RunningServe> {
+  const specs = parseServeModels(cfg.model);
+  if (cfg.device === 'cpu' && (cfg.compute_dtype === 'bfloat16' || cfg.compute_dtype === 'float16')) throw new Error(`--compute_dtype ${cfg.compute_dtype} needs --device cuda (ONNX Runtime's CPU kernels are float32)`);
+  if (cfg.cuda_graph && cfg.device !== 'cuda') throw new Error('--cuda_graph needs --device cuda');
+  const dtype: DType = cfg.compute_dtype === 'auto' ? (cfg.device === 'cuda' ? 'bfloat16' : 'float32') : cfg.compute_dtype;
+  // Everything checked before any weights are read.
+  const plans = await Promise.all(
+    specs.map(async (s) => {
+      const { config } = readConfig(s.dir);
+      const why = kvCacheUnsupported(config, cfg.device, dtype);
+      if (why) throw new Error(`--model ${s.dir}: the serving engine cannot run this model: ${why}`);
+      const maxModelLen = cfg.max_model_len || Math.min(config.maxPositionEmbeddings, 4096);
+      if (maxModelLen > config.maxPositionEmbeddings) throw new Error(`--max_model_len ${maxModelLen} exceeds ${s.dir}'s max_position_embeddings (${config.maxPositionEmbeddings})`);
+      if (maxModelLen < 2) throw new Error(`--max_model_len must be at least 2, got ${maxModelLen}`);
+      const tokDir = cfg.tokenizer === 'model' ? s.dir : cfg.tokenizer;
+      let tokenizer: HfTokenizer;
+      try {
+        tokenizer = await HfTokenizer.fromFolder(tokDir);
+      } catch (e) {
+        throw new Error(`${cfg.tokenizer === 'model' ? `--model ${s.dir}` : `--tokenizer ${cfg.tokenizer}`}: ${(e as Error).message}`);
+      }
+      if (tokenizer.vocabSize > config.vocabSize) throw new Error(`--model ${s.dir}: the tokenizer has ${tokenizer.vocabSize} ids, the model's vocab_size is ${config.vocabSize}`);
+      const eos = config.eosTokenId;
+      const stopIds = [...new Set([tokenizer.eosId, ...(eos === undefined ? [] : Array.isArray(eos) ? eos : [eos])])];
+      return { ...s, config, maxModelLen, tokenizer, stopIds };
+    }),
+  );
+  const device = Device.open(cfg.device);
+  const loaded: { model: CausalLM; engine: SlotEngine }[] = [];
+  const free = () => {
+    for (const l of loaded) {
+      l.engine.dispose();
+      l.model.dispose();
+    }
+  };
+  const models: ServedModel[] = [];
+  try {
+    for (const p of plans) {
+      events.onLoad?.({ id: p.id, dir: p.dir, rows: cfg.max_rows, maxModelLen: p.maxModelLen, dtype });
+      const model = CausalLM.fromPretrainedSync(p.dir, { device, dtype });
+      let engine: SlotEngine;
+      try {
+        engine = SlotEngine.create(model, { slots: cfg.max_rows, maxLength: p.maxModelLen, padTokenId: p.tokenizer.padId < p.config.vocabSize ? p.tokenizer.padId : 0, maxTopLogprobs: cfg.max_logprobs, cudaGraph: cfg.cuda_graph });
+      } catch (e) {
+        model.dispose();
+        throw e;
+      }
+      loaded.push({ model, engine });
+      engine.warm();
+      const scheduler = new Scheduler(engine, { maxQueue: cfg.max_queue, maxTokens: cfg.max_num_tokens || undefined, maxPrefillTokens: cfg.max_prefill_tokens });
+      models.push({ id: p.id, scheduler, tokenizer: p.tokenizer, stopIds: p.stopIds, maxN: Math.min(cfg.max_n, cfg.max_rows) });
+    }
+  } catch (e) {
+    free();
+    throw e;
+  }
+  const server = createOpenAiServer({ models, log: events.onRequest });
+  try {
+    await new Promise<void>((res, rej) => {
+      server.once('error', rej);
+      server.listen(cfg.port, cfg.host, () => {
+        server.off('error', rej);
+        res();
+      });
+    });
+  } catch (e) {
+    free();
+    const code = (e as NodeJS.ErrnoException).code;
+    throw new Error(`--host ${cfg.host} --port ${cfg.port}: cannot listen (${code ?? (e as Error).message})${code === 'EADDRINUSE' ? '; the port is taken: choose another with --port' : ''}`);
+  }
+  const port = (server.address() as AddressInfo).port;
+  const host = cfg.host.includes(':') ? `[${cfg.host}]` : cfg.host;
+  return {
+    server,
+    url: `http://${host}:${port}/v1`,
+    port,
+    models,
+    close: async () => {
+      for (const m of models) m.scheduler.close();
+      await new Promise<void>((r) => server.close(() => r()));
+      await Promise.all(models.map((m) => m.scheduler.idle()));
+      free();
+    },
+  };
+}

@@ -1,0 +1,308 @@
+/**
+ * Continuous batching over a {@link SlotEngine}: requests wait in a FIFO queue, join the running
+ * decode batch at step boundaries (a request's `n` samples prefilled together, from one prompt),
+ * and leave it the moment a row finishes — its slot is free for the next admission at the next
+ * boundary. New requests are prefilled between decode steps, up to a budget of prompt tokens per
+ * boundary, so a burst of arrivals does not stall the running rows for long.
+ *
+ * Limits: the engine's slots (rows decoding at once), `maxTokens` (cache positions reserved by the
+ * admitted rows: prompt + max new tokens each) and `maxQueue` (requests waiting); a request that
+ * finds the queue full is refused with {@link ServerBusyError} (HTTP 429 with Retry-After).
+ * Cancelling a request (a client that went away) frees its slots at once, between two steps.
+ */
+import type { SlotEngine, SlotRow, SlotToken, RowSampling } from './slot-engine';
+
+/** One generation request: a prompt, `n` samples, and callbacks for each token and each finish. */
+export interface ScheduledRequest {
+  prompt: readonly number[];
+  /** Samples of the prompt (each its own slot, each with random-stream key = its index). */
+  n: number;
+  /** New tokens per sample at most (finish reason 'length'). */
+  maxTokens: number;
+  sampling: RowSampling;
+  seed: number;
+  /** Alternatives per token with their raw log-probs (0: none). */
+  topLogprobs?: number;
+  /** Token ids that end a sample (finish reason 'stop'; the stop token is reported with `stop` set). */
+  stopIds?: ReadonlySet<number>;
+  /**
+   * Each sampled token of sample `choice`, in order. `stop` is true for a stop id (the sample ends
+   * with it). Returning true ends the sample now with finish reason 'stop' (e.g. a stop string).
+   */
+  onToken(choice: number, token: SlotToken, stop: boolean): boolean | void;
+  /** Sample `choice` ended. */
+  onFinish(choice: number, reason: FinishReason): void;
+}
+
+/** Why a sample ended: a stop id or the caller's stop, its token limit, a cancel, or an engine error. */
+export type FinishReason = 'stop' | 'length' | 'cancelled' | 'error';
+
+/** The handle of a submitted request. */
+export interface Ticket {
+  /** Ends every unfinished sample now ('cancelled'); their slots are free for the next admission. */
+  cancel(): void;
+  /** Resolves when every sample has finished (however); rejects with the engine's error, if one failed it. */
+  done: Promise<void>;
+}
+
+/** The queue is full: try again after `retryAfterSeconds`. */
+export class ServerBusyError extends Error {
+  constructor(
+    message: string,
+    readonly retryAfterSeconds: number,
+  ) {
+    super(message);
+  }
+}
+
+/** Limits and hooks of a {@link Scheduler}. */
+export interface SchedulerOptions {
+  /** Requests that may wait for slots; one more is refused (ServerBusyError). Default 256. */
+  maxQueue?: number;
+  /** Cache positions the admitted rows may reserve (prompt + max_tokens each). Default slots × maxLength. */
+  maxTokens?: number;
+  /** Prompt tokens prefilled per step boundary (at least one request always is). Default 8192. */
+  maxPrefillTokens?: number;
+  /** After every decode step: busy slots, queued requests. For progress and tests. */
+  onStep?: (info: { busy: number; queued: number; steps: number }) => void;
+}
+
+interface Live {
+  req: ScheduledRequest;
+  /** Slot of each sample (−1 before admission or after it finished). */
+  slots: number[];
+  produced: number[];
+  finished: boolean[];
+  open: number;
+  cancelled: boolean;
+  resolve: () => void;
+  reject: (e: Error) => void;
+}
+
+/** A queue and step loop over one engine; `submit` from anywhere on the event loop. */
+export class Scheduler {
+  private readonly queue: Live[] = [];
+  private readonly owner = new Map<number, { live: Live; choice: number }>();
+  private reserved = 0;
+  private running = false;
+  private closed = false;
+  /** Set while paused: the loop waits on it before its next step. */
+  private pausedUntil: Promise<void> | undefined;
+  private unpause: (() => void) | undefined;
+  private readonly maxQueue: number;
+  private readonly maxTokens: number;
+  private readonly maxPrefillTokens: number;
+  /** Requests finished (any reason), and decode steps run by this scheduler. */
+  readonly counters = { finished: 0, steps: 0, admitted: 0 };
+
+  constructor(
+    readonly engine: SlotEngine,
+    private readonly opts: SchedulerOptions = {},
+  ) {
+    this.maxQueue = opts.maxQueue ?? 256;
+    this.maxTokens = opts.maxTokens ?? engine.slots * engine.maxLength;
+    this.maxPrefillTokens = opts.maxPrefillTokens ?? 8192;
+    for (const [k, v] of [['maxQueue', this.maxQueue], ['maxTokens', this.maxTokens], ['maxPrefillTokens', this.maxPrefillTokens]] as const) {
+      if (!Number.isInteger(v) || v < (k === 'maxQueue' ? 0 : 1)) throw new Error(`${k} must be a ${k === 'maxQueue' ? 'non-negative' : 'positive'} integer, got ${v}`);
+    }
+  }
+
+  /** Busy slots, free slots and waiting requests now. */
+  get load(): { busy: number; free: number; queued: number; reservedTokens: number } {
+    return { busy: this.engine.busy, free: this.engine.free, queued: this.queue.length, reservedTokens: this.reserved };
+  }
+
+  /**
+   * Why this request can never run here (too many samples, too long), or undefined. The HTTP layer
+   * checks this first so that such a request is a 400, not a wait.
+   */
+  refusal(prompt: number, n: number, maxTokens: number): string | undefined {
+    if (n > this.engine.slots) return `n is ${n}, more than the ${this.engine.slots} rows this server decodes at once`;
+    if (prompt + maxTokens > this.engine.maxLength) return `${prompt} prompt tokens + ${maxTokens} new exceed the context of ${this.engine.maxLength}`;
+    if (n * (prompt + maxTokens) > this.maxTokens) return `${n} × (${prompt} + ${maxTokens}) tokens exceed the server's max_num_tokens of ${this.maxTokens}`;
+    return undefined;
+  }
+
+  /**
+   * Queues a request; throws ServerBusyError when the queue is full, and an error naming the field
+   * when the request can never run (see {@link refusal}) or a sampling parameter is invalid.
+   */
+  submit(req: ScheduledRequest): Ticket {
+    if (this.closed) throw new ServerBusyError('the server is shutting down', 1);
+    if (!Number.isInteger(req.n) || req.n < 1) throw new Error(`n must be a positive integer, got ${req.n}`);
+    if (!Number.isInteger(req.maxTokens) || req.maxTokens < 1) throw new Error(`max_tokens must be a positive integer, got ${req.maxTokens}`);
+    const why = this.refusal(req.prompt.length, req.n, req.maxTokens);
+    if (why) throw new Error(why);
+    this.engine.checkRow(this.rowOf(req, 0));
+    if (this.queue.length >= this.maxQueue) {
+      throw new ServerBusyError(`${this.queue.length} requests are waiting (max_queue ${this.maxQueue}); retry later`, 1);
+    }
+    let resolve!: () => void;
+    let reject!: (e: Error) => void;
+    const done = new Promise<void>((res, rej) => {
+      resolve = res;
+      reject = rej;
+    });
+    const live: Live = { req, slots: new Array<number>(req.n).fill(-1), produced: new Array<number>(req.n).fill(0), finished: new Array<boolean>(req.n).fill(false), open: req.n, cancelled: false, resolve, reject };
+    this.queue.push(live);
+    this.kick();
+    return { cancel: () => this.cancel(live), done };
+  }
+
+  /** Resolves once no request is queued or running. */
+  async idle(): Promise<void> {
+    while (this.running || this.queue.length) await new Promise((r) => setTimeout(r, 5));
+  }
+
+  /**
+   * Stops stepping at the next step boundary (requests stay queued and their rows keep their
+   * caches) until {@link resume} — e.g. while a trainer updates the weights the engine reads, so
+   * that no step sees half an update. Runs are synchronous, so no step is in flight when this returns.
+   */
+  pause(): void {
+    if (this.pausedUntil) return;
+    this.pausedUntil = new Promise((r) => (this.unpause = r));
+  }
+
+  /** Lets a paused scheduler step again. */
+  resume(): void {
+    const go = this.unpause;
+    this.pausedUntil = undefined;
+    this.unpause = undefined;
+    go?.();
+  }
+
+  /** Refuses new requests; running and queued ones finish. */
+  close(): void {
+    this.closed = true;
+  }
+
+  private rowOf(req: ScheduledRequest, key: number): SlotRow {
+    return { sampling: req.sampling, seed: req.seed, key, topLogprobs: req.topLogprobs ?? 0 };
+  }
+
+  private cancel(live: Live): void {
+    if (live.open === 0) return;
+    live.cancelled = true;
+    const q = this.queue.indexOf(live);
+    if (q >= 0) this.queue.splice(q, 1);
+    for (let c = 0; c < live.req.n; c++) if (!live.finished[c]) this.finish(live, c, 'cancelled');
+  }
+
+  private finish(live: Live, choice: number, reason: FinishReason): void {
+    if (live.finished[choice]) return;
+    live.finished[choice] = true;
+    const slot = live.slots[choice];
+    if (slot >= 0) {
+      this.engine.release(slot);
+      this.owner.delete(slot);
+      this.reserved -= live.req.prompt.length + live.req.maxTokens;
+      live.slots[choice] = -1;
+    }
+    live.open--;
+    try {
+      live.req.onFinish(choice, reason);
+    } finally {
+      if (live.open === 0) {
+        this.counters.finished++;
+        live.resolve();
+      }
+    }
+  }
+
+  private take(tokens: SlotToken[]): void {
+    for (const t of tokens) {
+      const o = this.owner.get(t.slot);
+      if (!o) continue; // cancelled during the step
+      const { live, choice } = o;
+      live.produced[choice]++;
+      const stop = live.req.stopIds?.has(t.token) ?? false;
+      let end = false;
+      try {
+        end = live.req.onToken(choice, t, stop) === true;
+      } catch {
+        end = true; // a consumer that throws ends its sample rather than the loop
+      }
+      if (stop || end) this.finish(live, choice, 'stop');
+      else if (live.produced[choice] >= live.req.maxTokens) this.finish(live, choice, 'length');
+    }
+  }
+
+  /** The queue's head requests that fit now: slots, reserved tokens, prefill budget; FIFO. */
+  private nextAdmissions(): Live[] {
+    const out: Live[] = [];
+    let free = this.engine.free;
+    let reserved = this.reserved;
+    let prefill = 0;
+    for (const live of this.queue) {
+      const need = live.req.n * (live.req.prompt.length + live.req.maxTokens);
+      if (live.req.n > free || reserved + need > this.maxTokens) break;
+      if (out.length > 0 && prefill + live.req.prompt.length > this.maxPrefillTokens) break;
+      out.push(live);
+      free -= live.req.n;
+      reserved += need;
+      prefill += live.req.prompt.length;
+    }
+    return out;
+  }
+
+  private failAll(lives: Iterable<Live>, e: Error): void {
+    for (const live of new Set(lives)) {
+      live.reject(e);
+      for (let c = 0; c < live.req.n; c++) if (!live.finished[c]) this.finish(live, c, 'error');
+    }
+  }
+
+  private kick(): void {
+    if (this.running) return;
+    this.running = true;
+    setImmediate(() => {
+      this.loop()
+        .catch(() => undefined)
+        .finally(() => {
+          this.running = false;
+          if (this.queue.length) this.kick();
+        });
+    });
+  }
+
+  private async loop(): Promise<void> {
+    for (;;) {
+      while (this.pausedUntil) await this.pausedUntil;
+      const admit = this.nextAdmissions();
+      if (admit.length) {
+        this.queue.splice(0, admit.length);
+        let results: ReturnType<SlotEngine['admit']>;
+        try {
+          results = this.engine.admit(admit.map((l) => ({ prompt: l.req.prompt, rows: Array.from({ length: l.req.n }, (_, j) => this.rowOf(l.req, j)) })));
+        } catch (e) {
+          this.failAll(admit, e as Error);
+          results = [];
+        }
+        results.forEach((r, i) => {
+          const live = admit[i];
+          this.counters.admitted++;
+          r.slots.forEach((slot, c) => {
+            live.slots[c] = slot;
+            this.owner.set(slot, { live, choice: c });
+            this.reserved += live.req.prompt.length + live.req.maxTokens;
+          });
+        });
+        results.forEach((r) => this.take(r.tokens));
+      }
+      if (this.engine.busy > 0) {
+        try {
+          this.take(this.engine.step());
+        } catch (e) {
+          this.failAll([...this.owner.values()].map((o) => o.live), e as Error);
+        }
+        this.counters.steps++;
+        this.opts.onStep?.({ busy: this.engine.busy, queued: this.queue.length, steps: this.counters.steps });
+      } else if (this.queue.length === 0) {
+        return;
+      }
+      // Between steps: let the HTTP layer read new requests, write tokens, see disconnects.
+      await new Promise((r) => setImmediate(r));
+    }
+  }
+}

@@ -1,0 +1,89 @@
+/**
+ * Text of a growing token sequence for streaming: incremental detokenisation (only a short window
+ * of recent tokens is decoded per token, and text is held back while it ends in an incomplete
+ * UTF-8 character) and stop strings (the text is cut before the first stop string, and while the
+ * text ends in a prefix of one, that tail is held back so a stream never shows part of a stop).
+ */
+
+/** What the server needs of a tokenizer (`HfTokenizer` from @lathe/tokenizer has it). */
+export interface ServeTokenizer {
+  encode(text: string): number[];
+  decode(ids: readonly number[], opts?: { skipSpecialTokens?: boolean }): string;
+  /** Renders a conversation with the model's chat template; `enableThinking` is Qwen3's switch. */
+  applyChatTemplate(messages: { role: 'system' | 'user' | 'assistant' | 'tool'; content: string }[], opts?: { addGenerationPrompt?: boolean; enableThinking?: boolean }): string;
+  readonly hasChatTemplate: boolean;
+  readonly eosId: number;
+  readonly bosId?: number;
+}
+
+/** The growing text of one sample. */
+export class IncrementalText {
+  private readonly ids: number[] = [];
+  private prefix = 0;
+  private read = 0;
+  /** The text so far (cut before a stop string once one appeared). */
+  text = '';
+  /** Characters of `text` already handed out by {@link flush}. */
+  private sent = 0;
+  private stopped = false;
+  private readonly longestStop: number;
+
+  private readonly tok: Pick<ServeTokenizer, 'decode'>;
+
+  constructor(
+    tok: Pick<ServeTokenizer, 'decode'>,
+    private readonly stops: readonly string[] = [],
+  ) {
+    this.longestStop = Math.max(0, ...stops.map((s) => s.length));
+    // some tokenizers (transformers.js) refuse to decode an empty list
+    this.tok = { decode: (ids, o) => (ids.length === 0 ? '' : tok.decode(ids, o)) };
+  }
+
+  /** Appends a token; returns true when a stop string now appears (the text is cut before it). */
+  push(id: number): boolean {
+    if (this.stopped) return true;
+    this.ids.push(id);
+    const before = this.tok.decode(this.ids.slice(this.prefix, this.read));
+    const now = this.tok.decode(this.ids.slice(this.prefix));
+    if (now.length <= before.length || now.endsWith('\uFFFD')) return false; // an incomplete character: wait for more
+    const from = this.text.length;
+    this.text += now.slice(before.length);
+    this.prefix = this.read;
+    this.read = this.ids.length;
+    let cut = -1;
+    for (const s of this.stops) {
+      const at = this.text.indexOf(s, Math.max(0, from - s.length + 1));
+      if (at >= 0 && (cut < 0 || at < cut)) cut = at;
+    }
+    if (cut >= 0) {
+      this.text = this.text.slice(0, cut);
+      this.stopped = true;
+    }
+    return this.stopped;
+  }
+
+  /**
+   * The text not yet handed out. With `final` false, a tail that could still become a stop string
+   * is kept back; with `final` true (the sample ended) everything is handed out.
+   */
+  flush(final: boolean): string {
+    if (final && !this.stopped && this.read < this.ids.length) {
+      // the sample ended inside a character: hand out what the tokens decode to
+      this.text += this.tok.decode(this.ids.slice(this.prefix)).slice(this.tok.decode(this.ids.slice(this.prefix, this.read)).length);
+      this.read = this.ids.length;
+    }
+    let end = this.text.length;
+    if (!final && !this.stopped) {
+      for (let k = Math.min(this.longestStop - 1, end); k > 0; k--) {
+        const tail = this.text.slice(end - k);
+        if (this.stops.some((s) => s.startsWith(tail))) {
+          end -= k;
+          break;
+        }
+      }
+    }
+    const out = this.text.slice(this.sent, Math.max(this.sent, end));
+    this.sent = Math.max(this.sent, end);
+    return out;
+  }
+}
