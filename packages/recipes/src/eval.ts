@@ -458,6 +458,7 @@ export async function runEval(cfg: EvalConfig, events: EvalRunEvents = {}, signa
   const results: EvalModelResult[] = [];
   const preset = cfg.raw_template ? 'raw' : cfg.prompt_template === 'r1-zero' ? 'r1_zero' : 'chat';
   const thinking = preset === 'chat' ? cfg.thinking : preset === 'r1_zero' ? true : null;
+  const samples = problems.reduce((n, p) => n + samplesFor(p.benchmark, cfg), 0);
   for (const [i, model] of models.entries()) {
     let gen: TrajectoryGenerator;
     try {
@@ -474,7 +475,8 @@ export async function runEval(cfg: EvalConfig, events: EvalRunEvents = {}, signa
         device: cfg.device,
         dtype: cfg.compute_dtype === 'auto' ? undefined : cfg.compute_dtype,
         engine: cfg.generation_engine,
-        batchSize: cfg.batch_size,
+        // a decode step computes all of the engine's rows: never more than there are samples
+        batchSize: Math.min(cfg.batch_size, samples),
         tokenizer: cfg.tokenizer === 'model' ? undefined : cfg.tokenizer,
         grade: 'none',
       });
@@ -483,7 +485,6 @@ export async function runEval(cfg: EvalConfig, events: EvalRunEvents = {}, signa
       throw new Error(`--model ${model}: ${msg}${/chat_template/.test(msg) ? ' (use --raw_template with a template of your own, or --prompt_template r1-zero)' : ''}`);
     }
     try {
-      const samples = problems.reduce((n, p) => n + samplesFor(p.benchmark, cfg), 0);
       events.onModelStart?.({ model, label: labels[i], problems: problems.length, samples, engine: gen.engine.engine, why: gen.engine.why });
       const r = await evaluateBenchmarks(problems, trajectorySampler(gen, thinking), {
         samples: (b) => samplesFor(b, cfg),
