@@ -307,10 +307,7 @@ export interface GaeOptions {
  * Generalised advantage estimation (Schulman et al. 2016): δ_t = r_t + γ·V_{t+1} − V_t (V past the
  * last token is 0), A_t = δ_t + γλ·A_{t+1}; returns A + V (the value model's regression target);
  * advantages whitened over the batch's tokens (biased variance, eps 1e-8) when `whiten`.
- *
- * The slot for PPO with a critic: Lathe has no value model yet, so no trainer calls this; once
- * `models` grows a value head (`valuePerToken`) and `train` a value loss, values come from scoring
- * the rollouts with it.
+ * The trainer's estimator 'gae' calls it with the values of its value model (value-model.ts).
  */
 export function gaeAdvantages(input: GaeInput, options: GaeOptions = {}): TokenAdvantages {
   const { gamma = 1, lambda = 0.95, whiten = true } = options;

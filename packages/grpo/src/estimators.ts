@@ -5,7 +5,7 @@
  * penalty when the KL is a reward), greedy-baseline rewards (ReMax), and the per-token old and
  * reference log-probs.
  */
-import { drGrpoAdvantages, grpoAdvantages, reinforcePlusPlusAdvantages, remaxAdvantages, rlooAdvantages, type GroupedRewards, type SequenceAdvantages, type TokenAdvantages, type TokenRewards } from './advantages';
+import { drGrpoAdvantages, gaeAdvantages, grpoAdvantages, reinforcePlusPlusAdvantages, remaxAdvantages, rlooAdvantages, type GroupedRewards, type SequenceAdvantages, type TokenAdvantages, type TokenRewards } from './advantages';
 
 /** What an estimator gets for one RL step. Rows are prompt by prompt, `groupSize` per prompt. */
 export interface AdvantageBatch extends TokenRewards {
@@ -17,16 +17,34 @@ export interface AdvantageBatch extends TokenRewards {
   refLogp?: readonly (readonly number[])[];
   /** Which completions are off-policy traces (LUFFY), when the batch has any. */
   offPolicy?: readonly boolean[];
+  /** The value model's V at each response token (PPO with a critic), one row per completion. */
+  values?: readonly (readonly number[])[];
 }
 
 /** An advantage estimator: the extension point for new algorithms. */
 export type AdvantageFunction = (batch: AdvantageBatch) => SequenceAdvantages | TokenAdvantages;
 
 /** Names of the built-in estimators. */
-export type EstimatorName = 'grpo' | 'dr_grpo' | 'rloo' | 'remax' | 'reinforce_pp' | 'reinforce_pp_baseline';
+export type EstimatorName = 'grpo' | 'dr_grpo' | 'rloo' | 'remax' | 'reinforce_pp' | 'reinforce_pp_baseline' | 'gae';
 
 /** Every built-in estimator name (for option validation). */
-export const ESTIMATOR_NAMES: readonly EstimatorName[] = ['grpo', 'dr_grpo', 'rloo', 'remax', 'reinforce_pp', 'reinforce_pp_baseline'];
+export const ESTIMATOR_NAMES: readonly EstimatorName[] = ['grpo', 'dr_grpo', 'rloo', 'remax', 'reinforce_pp', 'reinforce_pp_baseline', 'gae'];
+
+/**
+ * PPO's advantages from a value model: per-token rewards (the outcome reward on the last token plus
+ * any per-token shaping, the KL penalty) and the batch's `values`, through `gaeAdvantages`
+ * (whitened over the batch's tokens).
+ */
+export function gaeEstimate(batch: AdvantageBatch, options: { gamma?: number; lambda?: number } = {}): TokenAdvantages {
+  if (!batch.values) throw new Error("estimator 'gae': the batch has no values (the loop must score it with a value model)");
+  const lengths = batch.lengths;
+  const tokenRewards = batch.rewards.map((r, i) => {
+    const n = lengths[i];
+    const shaping = batch.tokenRewards?.[i] ?? new Array<number>(n).fill(0);
+    return shaping.map((x, t) => (t === n - 1 ? x + r : x));
+  });
+  return gaeAdvantages({ tokenRewards, values: batch.values, groupSize: batch.groupIds ? 1 : batch.groupSize }, { ...options, whiten: true });
+}
 
 /**
  * Outcome reward plus the sum of the per-token shaping rewards: how sequence-level estimators see a
@@ -47,7 +65,7 @@ export function sequenceRewardBatch(batch: AdvantageBatch): GroupedRewards {
 }
 
 /** A built-in estimator (with its defaults; see advantages.ts for each formula and constant) and whether it needs greedy-completion rewards. */
-export function builtinEstimator(name: EstimatorName): { estimate: AdvantageFunction; greedyBaseline: boolean } {
+export function builtinEstimator(name: EstimatorName, options: { gae?: { gamma?: number; lambda?: number } } = {}): { estimate: AdvantageFunction; greedyBaseline: boolean } {
   switch (name) {
     case 'grpo':
       return { estimate: (b) => grpoAdvantages(sequenceRewardBatch(b)), greedyBaseline: false };
@@ -65,6 +83,8 @@ export function builtinEstimator(name: EstimatorName): { estimate: AdvantageFunc
       };
     case 'reinforce_pp':
       return { estimate: (b) => reinforcePlusPlusAdvantages(b), greedyBaseline: false };
+    case 'gae':
+      return { estimate: (b) => gaeEstimate(b, options.gae), greedyBaseline: false };
     case 'reinforce_pp_baseline':
       return { estimate: (b) => reinforcePlusPlusAdvantages(b, { baseline: 'group' }), greedyBaseline: false };
     default:

@@ -46,6 +46,12 @@ export interface GrpoStepMetrics {
    */
   [split: `${'on' | 'off'}_policy/${string}`]: number;
   /**
+   * With a value model (PPO, estimator 'gae'): `value/{loss, grad_norm, clip_fraction,
+   * explained_variance, mean, returns_mean, lr, policy_frozen}` — explained variance is
+   * 1 − Var(R − V)/Var(R) over response tokens, of the values the returns were computed with.
+   */
+  [critic: `value/${string}`]: number;
+  /**
    * Failed reward calls (each replaced by the scorer's fallback): the sampled completions' and, with
    * a greedy baseline (ReMax), the greedy completions'; also per source in `reward/<name>/failures`.
    */

@@ -61,11 +61,34 @@ export interface CustomObjective {
   readsReference?: boolean;
 }
 
+/**
+ * PPO's value model (critic) for `estimator: 'gae'`: separate weights — the policy's trunk (or
+ * `init`) with a per-token value head starting at zero (value-model.ts) — trained each step on the
+ * GAE returns with the clipped value loss, before the policy's updates, over the same epochs and
+ * minibatches, with AdamW settings of the policy's.
+ */
+export interface ValueModelOptions {
+  /** γ of GAE. Default 1. */
+  gamma?: number;
+  /** λ of GAE. Default 0.95. */
+  lambda?: number;
+  /** ε of the value clip (v stays within ±ε of the value the returns were computed with); 0: no clip. Default 0.2. */
+  clip?: number;
+  /** The value model's learning rate as a multiple of the step's (the policy's) lr. Default 1. */
+  lrScale?: number;
+  /** RL steps that train the value model alone, the policy frozen (its updates skipped), so advantages start from a fitted critic. Default 0. */
+  warmupSteps?: number;
+  /** Starting weights by HF name (e.g. a reward model's); missing ones come from the policy, the head from zero. */
+  init?: ReadonlyMap<string, Float32Array>;
+}
+
 /** Where a resumed trainer continues from: trained values and AdamW moments, optimizer steps, RL steps and the adaptive β. */
 export interface GrpoResumeState extends OptimizerState {
   optimizerStep: number;
   rlStep: number;
   klCoef?: number;
+  /** The value model's weights, AdamW moments and optimizer steps (PPO with a critic). */
+  valueModel?: OptimizerState & { step: number };
 }
 
 /** Everything a GRPO-family run needs. Defaults are in {@link GRPO_DEFAULTS}. */
@@ -111,6 +134,8 @@ export interface GrpoTrainerOptions<M> {
    * projection (merged into the base for generation); `dropout` applies in the train step only.
    */
   lora?: LoraConfig;
+  /** PPO's value model: required by, and only used with, `estimator: 'gae'`. */
+  valueModel?: ValueModelOptions;
   /** Off-policy traces in every group (LUFFY; the "RL + SFT loss" baseline with term 'sft'). Default none. */
   offPolicy?: OffPolicyOptions;
   /** Where old log-probs come from. Default 'rescore'. */
@@ -210,6 +235,7 @@ export const GRPO_DEFAULTS = {
   loss: POLICY_LOSS_DEFAULTS,
   kl: { coef: 0, mode: 'loss', estimator: DEFAULT_KL_ESTIMATOR, horizon: 10000 },
   offPolicy: { ...OFF_POLICY_LOSS_DEFAULTS, advantageStats: 'group' },
+  valueModel: { gamma: 1, lambda: 0.95, clip: 0.2, lrScale: 1, warmupSteps: 0 },
   epochs: 1,
   minibatches: 1,
   microBatches: 1,
@@ -232,7 +258,11 @@ export const GRPO_DEFAULTS = {
   loss: Required<Omit<GrpoLossConfig, 'dualClip' | 'lossScaleFactor'>>;
   kl: Omit<ResolvedKlOptions, 'target' | 'estimator'> & { estimator: Readonly<Record<KlMode, KlEstimator>> };
   offPolicy: Omit<ResolvedOffPolicyOptions, 'traces'>;
+  valueModel: Omit<ResolvedValueModelOptions, 'init'>;
 };
+
+/** Value-model options with their defaults applied. */
+export type ResolvedValueModelOptions = Required<Omit<ValueModelOptions, 'init'>> & Pick<ValueModelOptions, 'init'>;
 
 /** Off-policy options with their defaults applied. */
 export type ResolvedOffPolicyOptions = Required<OffPolicyOptions>;
@@ -256,7 +286,7 @@ export type ResolvedCustomObjective = Required<CustomObjective>;
  * {@link GrpoTrainerOptions} with every default applied (what the trainer reads). `greedyBaseline`
  * is also true when the built-in estimator needs greedy rewards ('remax').
  */
-export type ResolvedGrpoOptions<M> = Omit<GrpoTrainerOptions<M>, PlainDefaultKey | 'sampling' | 'estimator' | 'device' | 'loss' | 'kl' | 'offPolicy'> &
+export type ResolvedGrpoOptions<M> = Omit<GrpoTrainerOptions<M>, PlainDefaultKey | 'sampling' | 'estimator' | 'device' | 'loss' | 'kl' | 'offPolicy' | 'valueModel'> &
   PlainDefaults & {
     sampling: SamplingOptions & { temperature: number };
     estimator: EstimatorName | AdvantageFunction;
@@ -264,6 +294,7 @@ export type ResolvedGrpoOptions<M> = Omit<GrpoTrainerOptions<M>, PlainDefaultKey
     loss: ResolvedLossConfig | ResolvedCustomObjective;
     kl: ResolvedKlOptions;
     offPolicy?: ResolvedOffPolicyOptions;
+    valueModel?: ResolvedValueModelOptions;
   };
 
 /** `given` over `defaults`, where a key set to undefined keeps its default. */
@@ -314,6 +345,18 @@ export function resolveGrpoOptions<M>(opts: GrpoTrainerOptions<M>): ResolvedGrpo
     check(!opts.greedyBaseline && !(typeof estimator === 'string' && builtinEstimator(estimator).greedyBaseline), "offPolicy with a greedy baseline (ReMax): the baseline is one greedy sample per prompt, not a group's; use grpo, dr_grpo or rloo");
     offPolicy = op;
   }
+  let valueModel: ResolvedValueModelOptions | undefined;
+  check((estimator === 'gae') === Boolean(opts.valueModel), estimator === 'gae' ? "estimator 'gae' needs a value model (valueModel options)" : `valueModel options are read by estimator 'gae' only, got estimator '${typeof estimator === 'string' ? estimator : 'custom'}'`);
+  if (opts.valueModel) {
+    const v = withDefaults({ ...d.valueModel } as ResolvedValueModelOptions, opts.valueModel);
+    check(v.gamma >= 0 && v.gamma <= 1, `valueModel.gamma must be in [0, 1], got ${v.gamma}`);
+    check(v.lambda >= 0 && v.lambda <= 1, `valueModel.lambda must be in [0, 1], got ${v.lambda}`);
+    check(v.clip >= 0, `valueModel.clip must be ≥ 0, got ${v.clip}`);
+    check(v.lrScale > 0, `valueModel.lrScale must be > 0, got ${v.lrScale}`);
+    check(Number.isInteger(v.warmupSteps) && v.warmupSteps >= 0, `valueModel.warmupSteps must be a non-negative integer, got ${v.warmupSteps}`);
+    check(!opts.lora, 'valueModel with LoRA: the value model trains every weight of its own trunk; LoRA on the critic is not supported yet');
+    valueModel = v;
+  }
   const loss = isCustomObjective(opts.loss) ? withDefaults({ aggregation: d.loss.aggregation as LossAggregation, readsReference: false }, opts.loss) : withDefaults({ ...d.loss } as ResolvedLossConfig, opts.loss);
   return {
     ...opts,
@@ -323,6 +366,7 @@ export function resolveGrpoOptions<M>(opts: GrpoTrainerOptions<M>): ResolvedGrpo
     loss,
     kl,
     offPolicy,
+    valueModel,
     epochs: opts.epochs ?? d.epochs,
     minibatches: opts.minibatches ?? d.minibatches,
     microBatches: opts.microBatches ?? d.microBatches,

@@ -49,17 +49,18 @@ import {
   type LoraConfig,
   type TrainableParam,
 } from '@lathe/train';
-import { advantageMatrix } from './advantages';
+import { advantageMatrix, type TokenAdvantages } from './advantages';
 import { dynamicSampling } from './dynamic-sampling';
 import { builtinEstimator, type AdvantageFunction } from './estimators';
 import { logpParity, mean, PhaseClock, rolloutRecords, stepMetrics, type GrpoStepResult, type OffPolicyCounts, type SamplingRounds, type ScoredGroup, type StepAdvantages, type StepLogprobs, type UpdateTotals } from './grpo-metrics';
-import { isCustomObjective, resolveGrpoOptions, type GrpoTrainerOptions, type ResolvedGrpoOptions } from './grpo-options';
+import { isCustomObjective, resolveGrpoOptions, type GrpoResumeState, type GrpoTrainerOptions, type ResolvedGrpoOptions } from './grpo-options';
 import { AdaptiveKlController, klPenalisedRewards, meanCompletionKl } from './kl';
 import { decoderPolicy } from './policies';
 import { lossNormaliser, type PolicyLossConfig } from './policy-loss';
 import { ComputeWeights, frozenReference, GenerationRunner, KvGenerationRunner, ScoringRunner, type BoundWeights, type PolicyWeights, type RolloutGenerator } from './policy-sessions';
 import type { ScoredBatch } from './rewards';
 import { rlLoss } from './rl-loss';
+import { explainedVariance, valueLossBuilder, valueModelInit, valueModelParams, ValueScorer } from './value-model';
 import { evenSplit, responseValues, selectRows, tokenBatch, tokenMasks, trainedValues, type SampledCompletion, type TokenBatch } from './rollout-batch';
 
 /** A prompt for the RL loop. */
@@ -140,6 +141,8 @@ interface GrpoTrainerParts<M> {
   toMerged: () => Map<string, Float32Array>;
   owned: { dispose(): void }[];
   generationEngine: GenerationEngine;
+  /** PPO's value model: its train step and its scoring session (`estimator: 'gae'`). */
+  critic?: { trainer: Trainer; scorer: ValueScorer };
 }
 
 /** The GRPO-family RL loop over a decoder policy on one device. */
@@ -207,12 +210,14 @@ export class GrpoTrainer<M = unknown> {
     if (refScorer) owned.push(refScorer);
     owned.push({ dispose: () => Object.values(frozen).forEach((t) => t.dispose()) });
 
-    const estimate = typeof o.estimator === 'function' ? o.estimator : builtinEstimator(o.estimator).estimate;
+    const estimate = typeof o.estimator === 'function' ? o.estimator : builtinEstimator(o.estimator, { gae: o.valueModel }).estimate;
+    const critic = o.valueModel && criticOf(o, weights, flashAttention);
+    if (critic) owned.push(critic.scorer, critic.trainer);
     const toMerged = () => {
       const snap = trainer.downloadParams();
       return lora ? mergeLora(weights, snap, adapters, lora) : snap;
     };
-    return new GrpoTrainer({ opts: o, trainer, frozen, reference: reference?.weights, ...generation, policyScorer, refScorer, estimate, toMerged, generationEngine: engine });
+    return new GrpoTrainer({ opts: o, trainer, frozen, reference: reference?.weights, ...generation, policyScorer, refScorer, estimate, toMerged, generationEngine: engine, critic });
   }
 
   /** RL steps taken. */
@@ -271,17 +276,21 @@ export class GrpoTrainer<M = unknown> {
     // 3. Old log-probs (re-scored by the training policy, or generation's) and the reference's.
     const logps = await this.oldAndReferenceLogprobs(batch, sampled.groups, clock);
     if (!rolloutLogprobs) logps.parity = undefined;
+    // …and the value model's values (PPO), for GAE.
+    const values = this.parts.critic && (await clock.time('scoring', () => this.criticValues(batch)));
     // 4. Advantages, after the KL penalty where the KL is a reward.
-    const advantages = this.advantages(sampled.groups, batch, logps);
-    // 5. epochs × minibatches optimizer steps on the stored batch.
-    const updates = this.optimise(batch, sampled.groups, logps, advantages.matrix, lr, clock);
+    const advantages = this.advantages(sampled.groups, batch, logps, values);
+    // 5. epochs × minibatches optimizer steps on the stored batch: the value model's first (a NaN
+    // value loss refuses the step before the policy moves), then the policy's unless the critic is warming up.
+    const critic = values && this.optimiseCritic(batch, values, advantages.estimate as TokenAdvantages, lr, clock);
+    const frozen = this.rlStep < (this.opts.valueModel?.warmupSteps ?? 0);
+    const updates = frozen ? { updates: 0, nonfinite: 0, lossSum: 0, gradNormSum: 0, sums: {} } : this.optimise(batch, sampled.groups, logps, advantages.matrix, lr, clock);
     this.rlStep++;
 
     // 6. Metrics and the rollouts for logs.
-    return {
-      metrics: stepMetrics({ rlStep: this.rlStep, lr, groupSize: this.opts.groupSize, sampled, batch, logps, advantages, updates, klEstimator: this.opts.kl.estimator, clock, offPolicy: this.opts.offPolicy && offPolicyCounts(sampled.groups) }),
-      rollouts: rolloutRecords(sampled.groups, advantages.perRow),
-    };
+    const metrics = stepMetrics({ rlStep: this.rlStep, lr, groupSize: this.opts.groupSize, sampled, batch, logps, advantages, updates, klEstimator: this.opts.kl.estimator, clock, offPolicy: this.opts.offPolicy && offPolicyCounts(sampled.groups) });
+    if (critic) Object.assign(metrics, critic, { 'value/policy_frozen': frozen ? 1 : 0 });
+    return { metrics, rollouts: rolloutRecords(sampled.groups, advantages.perRow) };
   }
 
   /**
@@ -342,7 +351,7 @@ export class GrpoTrainer<M = unknown> {
    * rewards per token (and moves an adaptive β); uniform groups are still decided on the outcome
    * rewards, which the estimators get as `rewards`.
    */
-  private advantages(groups: readonly SampledGroup<M>[], batch: TokenBatch, logps: StepLogprobs): StepAdvantages {
+  private advantages(groups: readonly SampledGroup<M>[], batch: TokenBatch, logps: StepLogprobs, values?: Float32Array): StepAdvantages {
     const { kl } = this.opts;
     const rewards = groups.flatMap((g) => g.rewards);
     const klCoef = kl.coef > 0 ? (this.klController?.value ?? kl.coef) : 0;
@@ -356,6 +365,7 @@ export class GrpoTrainer<M = unknown> {
     const estimate = this.parts.estimate({
       ...(off ? { offPolicy: off } : {}),
       ...(onPolicyStats ? { statsFrom: off.map((x) => !x) } : {}),
+      ...(values ? { values: responseValues(batch, values) } : {}),
       rewards,
       groupSize: this.opts.groupSize,
       groupIds: unequal ? groups.flatMap((g, k) => g.completions.map(() => k)) : undefined,
@@ -408,6 +418,68 @@ export class GrpoTrainer<M = unknown> {
       }
     }
     return totals;
+  }
+
+  /** The value model's V of every row, [rows, width] in the batch's layout; a non-finite value refuses the step. */
+  private async criticValues(batch: TokenBatch): Promise<Float32Array> {
+    const { trainer, scorer } = this.parts.critic!;
+    const out = new Float32Array(batch.rows * batch.width);
+    for (const rows of evenSplit([...Array(batch.rows).keys()], this.minibatchCount(batch.rows) * this.trainer.microBatches)) {
+      if (rows.length === 0) continue;
+      const t = selectRows(batch, rows);
+      const v = await scorer.score(trainer.params(), t);
+      const T = t.input_ids.dims[1];
+      rows.forEach((r, i) => out.set(v.subarray(i * T, (i + 1) * T), r * batch.width));
+    }
+    const bad = responseValues(batch, out).findIndex((row) => row.some((x) => !Number.isFinite(x)));
+    if (bad >= 0) throw new Error(`value model: completion ${bad} has a non-finite value at RL step ${this.rlStep + 1}; the step is refused (nothing was updated)`);
+    return out;
+  }
+
+  /**
+   * `epochs` × `minibatches` steps of the value model towards the GAE returns (clipped around the
+   * values they were computed with), at `lrScale` × `lr`. A non-finite value loss refuses the step
+   * — an error naming it, thrown before the policy's updates — and is never applied.
+   */
+  private optimiseCritic(batch: TokenBatch, values: Float32Array, estimate: TokenAdvantages, lr: number, clock: PhaseClock): Record<`value/${string}`, number> {
+    const o = this.opts;
+    const critic = this.parts.critic!.trainer;
+    const returns = advantageMatrix({ ...estimate, advantages: estimate.returns }, batch.responseMask, [batch.rows, batch.width]);
+    const extra = { old_values: values, returns };
+    let loss = 0;
+    let gradNorm = 0;
+    let clipped = 0;
+    let tokens = 0;
+    let updates = 0;
+    for (let epoch = 0; epoch < o.epochs; epoch++) {
+      const order = o.shuffle ? permutation(batch.rows, hashSeed(o.seed + 1, this.rlStep, epoch)) : [...Array(batch.rows).keys()];
+      for (const mb of evenSplit(order, this.minibatchCount(batch.rows))) {
+        const normaliser = Math.max(1, mb.reduce((n, r) => n + batch.trainedLengths[r], 0));
+        const micro = evenSplit(mb, critic.microBatches).map((part) => {
+          const t = selectRows(batch, part, extra);
+          return Object.fromEntries(critic.batchInputs.map((name) => [name, name === 'loss_normaliser' ? { data: Float32Array.from([normaliser]), dims: [] } : t[name]]));
+        });
+        const r = critic.trainStep(micro, lr * o.valueModel!.lrScale);
+        clock.ms.training += r.runMs;
+        if (!Number.isFinite(r.loss)) throw new Error(`value model: the value loss is ${r.loss} at RL step ${this.rlStep + 1} (epoch ${epoch + 1}, update ${updates + 1}); the step is refused: the policy was not updated and the value model keeps its last finite weights`);
+        updates++;
+        loss += r.loss;
+        gradNorm += r.gradNorm;
+        clipped += r.metrics.vf_clipped_tokens;
+        tokens += r.metrics.vf_tokens;
+      }
+    }
+    const rows = trainedValues(batch, responseValues(batch, values)).flat();
+    const ret = trainedValues(batch, estimate.returns).flat();
+    return {
+      'value/loss': loss / updates,
+      'value/grad_norm': gradNorm / updates,
+      'value/clip_fraction': tokens ? clipped / tokens : NaN,
+      'value/explained_variance': explainedVariance(ret, rows),
+      'value/mean': mean(rows),
+      'value/returns_mean': mean(ret),
+      'value/lr': lr * o.valueModel!.lrScale,
+    };
   }
 
   /** The policy's weights now, as sessions bind them: the trainer's buffers (and a LoRA base). */
@@ -584,9 +656,10 @@ export class GrpoTrainer<M = unknown> {
    * Host copies for a checkpoint: the trained tensors (adapters with LoRA), AdamW moments, the
    * model's merged weights, optimizer steps, RL steps and the adaptive β.
    */
-  snapshot(): { values: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; model: Map<string, Float32Array>; optimizerStep: number; rlStep: number; klCoef?: number } {
+  snapshot(): { values: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; model: Map<string, Float32Array>; optimizerStep: number; rlStep: number; klCoef?: number; valueModel?: GrpoResumeState['valueModel'] } {
     const s = this.trainer.snapshot();
-    return { values: s.params, m: s.m, v: s.v, model: this.parts.toMerged(), optimizerStep: s.step, rlStep: this.rlStep, klCoef: this.klController?.value };
+    const critic = this.parts.critic?.trainer.snapshot();
+    return { values: s.params, m: s.m, v: s.v, model: this.parts.toMerged(), optimizerStep: s.step, rlStep: this.rlStep, klCoef: this.klController?.value, ...(critic ? { valueModel: critic } : {}) };
   }
 
   /** The trained parameters (adapters with LoRA). */
@@ -705,6 +778,17 @@ function offPolicyCounts(groups: readonly SampledGroup<unknown>[]): OffPolicyCou
     missingGroups: groups.filter((g) => (g.missingTraces ?? 0) > 0).length,
     truncatedTraces: groups.reduce((n, g) => n + (g.truncatedTraces ?? 0), 0),
   };
+}
+
+/** PPO's value model: a train step over its own weights (the policy's trunk, or `init`, and a zero head) and its scoring session. */
+function criticOf<M>(o: ResolvedGrpoOptions<M>, policyWeights: ReadonlyMap<string, Float32Array>, flashAttention: boolean): { trainer: Trainer; scorer: ValueScorer } {
+  const v = o.valueModel!;
+  const config = o.model.config;
+  const graph = { compute: o.compute, flashAttention, recompute: o.gradientCheckpointing };
+  const resume = o.resume?.valueModel;
+  const init = resume ? { params: resume.params, m: resume.m, v: resume.v, step: resume.step } : { params: valueModelInit(config, policyWeights, v.init) };
+  const trainer = Trainer.create({ params: valueModelParams(config), loss: valueLossBuilder(config, v.clip, graph), optimizer: o.optimizer }, init, { device: o.device, microBatches: o.microBatches, session: o.session });
+  return { trainer, scorer: ValueScorer.create(o.device, config, { compute: o.compute, flashAttention, session: o.session }) };
 }
 
 function hashSeed(seed: number, step: number, epoch: number): number {

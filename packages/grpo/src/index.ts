@@ -17,4 +17,5 @@ export * from './rollout-groups';
 export * from './policy-sessions';
 export * from './grpo-trainer';
 export * from './grpo-options';
+export * from './value-model';
 export type { GrpoStepMetrics, GrpoStepResult, RolloutRecord } from './grpo-metrics';
