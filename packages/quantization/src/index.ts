@@ -1,4 +1,7 @@
 /** @lathe/quantization — INT8, INT4 and NF4 weight quantization, quantized projections in the decoder graphs, quantized checkpoints. */
+import { setQuantizedFolderReader } from '@lathe/models';
+import { dequantizedFolderWeights } from './checkpoint';
+
 export * from './codes';
 export * from './matrix';
 export * from './quantize';
@@ -7,9 +10,7 @@ export * from './layout';
 export * from './linear';
 export * from './model';
 export * from './checkpoint';
-
-import { setQuantizedFolderReader } from '@lathe/models';
-import { dequantizedFolderWeights } from './checkpoint';
+export * from './shift';
 
 // Importing the package lets `CausalLM.fromPretrained` (and so every loader built on it) read quantized checkpoints, dequantized.
 setQuantizedFolderReader(dequantizedFolderWeights);

@@ -108,27 +108,29 @@ export class QuantizedModel {
   /**
    * The weights of a graph: dense parameters as graph inputs by HF name in `dtype`, quantized
    * layers as their kernel tensors (inputs named `<weight>.q`, `.scales`, `.zero_points`,
-   * `.absmax`), read by `project` through the `matmul` hook. Bind {@link deviceTensors}.
+   * `.absmax`), read by `project` through the `matmul` hook. Bind {@link deviceTensors}. Graph
+   * names start with `prefix` (two models in one graph).
    * `mode: 'dequantize'` dequantizes in the graph instead (standard ops, for providers without the kernels).
    */
-  graphWeights(g: Graph, opts: { dtype: DType; mode?: QuantizedMatmulMode; inline?: boolean }): { weights: Weights; inputs: Map<string, Tensor> } {
+  graphWeights(g: Graph, opts: { dtype: DType; mode?: QuantizedMatmulMode; inline?: boolean; prefix?: string }): { weights: Weights; inputs: Map<string, Tensor> } {
+    const p = opts.prefix ?? '';
     const inputs = new Map<string, Tensor>();
     const kernels = new Map<string, QuantizedLinearTensors>();
     for (const spec of paramSpecs(this.config)) {
       const q = this.layers.get(spec.name);
       if (q) {
-        const t = declareQuantizedLinear(g, spec.name, kernelLayout(q), opts.inline ? { inline: true } : { scaleDtype: opts.dtype });
+        const t = declareQuantizedLinear(g, p + spec.name, kernelLayout(q), opts.inline ? { inline: true } : { scaleDtype: opts.dtype });
         kernels.set(spec.name, t);
         for (const x of [t.b, 'scales' in t ? t.scales : t.absmax, 'zeroPoints' in t ? t.zeroPoints : undefined]) if (x) inputs.set(x.name, x);
       } else {
         const d = this.dense.get(spec.name)!;
-        inputs.set(spec.name, opts.inline ? g.initializer(spec.name, 'float32', spec.shape, { kind: 'inline', bytes: new Uint8Array(d.buffer, d.byteOffset, d.byteLength) }) : g.input(spec.name, opts.dtype, spec.shape));
+        inputs.set(p + spec.name, opts.inline ? g.initializer(p + spec.name, 'float32', spec.shape, { kind: 'inline', bytes: new Uint8Array(d.buffer, d.byteOffset, d.byteLength) }) : g.input(p + spec.name, opts.dtype, spec.shape));
       }
     }
     const cast = new Map<string, Tensor>();
     const weights: Weights = (name) => {
       if (kernels.has(name)) throw new Error(`weight '${name}' is quantized (${this.scheme.format}): it is read through its kernel, not as a dense tensor`);
-      const t = inputs.get(name);
+      const t = inputs.get(p + name);
       if (!t) throw new Error(`weight '${name}' is not a parameter of this ${this.config.architecture}`);
       if (t.dtype === opts.dtype) return t;
       let c = cast.get(name);
@@ -142,12 +144,12 @@ export class QuantizedModel {
     return { weights, inputs };
   }
 
-  /** The tensors {@link graphWeights} declares, uploaded to `device`: dense parameters and scales in `dtype`, codes as uint8. */
-  deviceTensors(device: Device, dtype: DType): Map<string, DeviceTensor> {
+  /** The tensors {@link graphWeights} declares (names after `prefix`), uploaded to `device`: dense parameters and scales in `dtype`, codes as uint8. */
+  deviceTensors(device: Device, dtype: DType, prefix = ''): Map<string, DeviceTensor> {
     const out = new Map<string, DeviceTensor>();
     const upload = (name: string, data: Float32Array | Uint8Array, shape: number[], dt: DType) => {
       const host = data instanceof Uint8Array ? data : dt === 'bfloat16' ? toBfloat16Bits(data) : dt === 'float16' ? toFloat16Bits(data) : data;
-      out.set(name, device.upload({ data: host, dims: shape }, dt));
+      out.set(prefix + name, device.upload({ data: host, dims: shape }, dt));
     };
     try {
       for (const spec of paramSpecs(this.config)) {

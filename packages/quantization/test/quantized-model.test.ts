@@ -8,7 +8,7 @@ import * as L from '@lathe/onnx';
 import { CausalLM, decoder, lmLogits, paddedCausalMask, paramSpecs, positionsFromPadding, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { KvCacheGenerator } from '@lathe/rollout';
-import { QuantizedModel, type QuantScheme } from '@lathe/quantization';
+import { addDistributionShift, pearson, QuantizedModel, SHIFT_IO, ShiftAccumulator, type QuantScheme } from '@lathe/quantization';
 import { compile } from '../../../tools/testing/ort-cpu';
 
 // head_dim 16 for GroupQueryAttention's CPU rotary; K = 48 for down_proj pads the INT4 blocks.
@@ -148,3 +148,48 @@ test('KV-cache generator over a quantized model: same greedy tokens as its dequa
   for (const t of tensors.values()) t.dispose();
 });
 
+
+test('addDistributionShift: per-token KL and target log-probs equal the ones computed here from both models’ logits', async () => {
+  const q = QuantizedModel.quantize(config, weights, { format: 'nf4' });
+  const g = new L.Graph('shift');
+  const orig = QuantizedModel.fromParts(config, q.scheme, weights, new Map());
+  addDistributionShift(g, config, orig.graphWeights(g, { dtype: 'float32', inline: true, prefix: 'o/' }).weights, q.graphWeights(g, { dtype: 'float32', inline: true, prefix: 'q/' }).weights);
+  const targets = rows.map((r) => [...r.slice(1), 0]);
+  const out = await (await compile(g))({
+    [SHIFT_IO.inputIds]: { data: BigInt64Array.from(rows.flat().map(BigInt)), dims: [2, 8] },
+    [SHIFT_IO.attentionMask]: { data: BigInt64Array.from(rows.flatMap((r, b) => r.map((_, t) => BigInt(t < lens[b] ? 1 : 0)))), dims: [2, 8] },
+    [SHIFT_IO.targets]: { data: BigInt64Array.from(targets.flat().map(BigInt)), dims: [2, 8] },
+  });
+  const quantLogits = await logits((gg) => ({ w: q.graphWeights(gg, { dtype: 'float32', inline: true }).weights, feeds: {} }));
+  const V = config.vocabSize;
+  const acc = new ShiftAccumulator();
+  const scored = new Uint8Array(16);
+  let klSum = 0;
+  let nll = 0;
+  for (let b = 0; b < 2; b++) {
+    for (let t = 0; t + 1 < lens[b]; t++) {
+      const i = b * 8 + t;
+      scored[i] = 1;
+      const lp = logSoftmax(reference.subarray(i * V, (i + 1) * V));
+      const lq = logSoftmax(quantLogits.subarray(i * V, (i + 1) * V));
+      const d = lp.reduce((s, x, v) => s + Math.exp(x) * (x - lq[v]), 0);
+      klSum += d;
+      nll -= lq[targets[b][t]];
+      expect(out[SHIFT_IO.kl].data[i]).toBeCloseTo(d, 5);
+      expect(out[SHIFT_IO.logpOriginal].data[i]).toBeCloseTo(lp[targets[b][t]], 4);
+      expect(out[SHIFT_IO.logpQuantized].data[i]).toBeCloseTo(lq[targets[b][t]], 4);
+    }
+  }
+  acc.add(out[SHIFT_IO.kl].data as Float32Array, out[SHIFT_IO.logpOriginal].data as Float32Array, out[SHIFT_IO.logpQuantized].data as Float32Array, scored);
+  const s = acc.summary();
+  expect(s.tokens).toBe(7 + 3);
+  expect(s.klMean).toBeCloseTo(klSum / 10, 5);
+  expect(s.perplexityQuantized).toBeCloseTo(Math.exp(nll / 10), 2);
+});
+
+test('pearson: hand-computed values', () => {
+  expect(pearson([1, 2, 3], [2, 4, 6])).toBeCloseTo(1, 12);
+  expect(pearson([1, 2, 3], [3, 2, 1])).toBeCloseTo(-1, 12);
+  // deviations (−1.5, −0.5, 0.5, 1.5) and (−1.5, 0.5, −0.5, 1.5): Σdxdy = 4, Σdx² = Σdy² = 5, r = 4 / 5
+  expect(pearson([1, 2, 3, 4], [1, 3, 2, 4])).toBeCloseTo(0.8, 12);
+});
