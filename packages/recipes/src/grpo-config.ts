@@ -56,7 +56,12 @@ export const grpoSchema = {
   dynamic_sampling: { type: 'boolean', default: false, describe: "DAPO's dynamic sampling: drop groups whose rewards are all equal and sample more prompts until the step has --prompts_per_step informative groups" },
   max_sampling_rounds: { type: 'number', default: 3, integer: true, min: 1, describe: 'With --dynamic_sampling: at most this many sampling rounds per step (a shortfall is logged, not hidden)' },
   // algorithm
-  estimator: { type: 'string', default: GRPO_DEFAULTS.estimator, choices: ESTIMATOR_NAMES, describe: 'Advantage estimator: grpo (group mean/std), dr_grpo (no std; with --aggregation token-sum-norm, Dr.GRPO), rloo (leave-one-out), remax (greedy baseline), reinforce_pp (batch whitening), reinforce_pp_baseline (group mean, then whitening)' },
+  estimator: { type: 'string', default: GRPO_DEFAULTS.estimator, choices: ESTIMATOR_NAMES, describe: "Advantage estimator: grpo (group mean/std), dr_grpo (no std; with --aggregation token-sum-norm, Dr.GRPO), rloo (leave-one-out), remax (greedy baseline), reinforce_pp (batch whitening), reinforce_pp_baseline (group mean, then whitening), gae (PPO: GAE over token rewards with a learned value model, whitened; see --gae_gamma and the value_* options)" },
+  gae_gamma: { type: 'number', default: GRPO_DEFAULTS.valueModel.gamma, min: 0, max: 1, describe: 'With --estimator gae: the discount γ of GAE' },
+  gae_lambda: { type: 'number', default: GRPO_DEFAULTS.valueModel.lambda, min: 0, max: 1, describe: 'With --estimator gae: GAE’s λ (1: Monte Carlo returns minus the value; verl’s default)' },
+  value_lr: { type: 'number', default: 0, min: 0, describe: "With --estimator gae: the value model's peak learning rate (it follows --schedule and --warmup_steps like --lr); 0: --lr" },
+  value_clip: { type: 'number', default: GRPO_DEFAULTS.valueModel.clip, min: 0, describe: 'With --estimator gae: the value clip ε (a value moves at most ±ε from the one its return was computed with, per step); 0: no clip' },
+  value_warmup_steps: { type: 'number', default: GRPO_DEFAULTS.valueModel.warmupSteps, integer: true, min: 0, describe: 'With --estimator gae: RL steps that train the value model alone, the policy frozen' },
   aggregation: { type: 'string', default: GRPO_DEFAULTS.loss.aggregation, choices: LOSS_AGGREGATIONS, describe: 'Loss aggregation: token-mean (DAPO, verl), seq-mean-token-sum, seq-mean-token-mean (original GRPO), token-sum-norm (Dr.GRPO: normalised by sequences × max_new_tokens)' },
   clip_low: { type: 'number', default: GRPO_DEFAULTS.loss.clipLow, min: 0, max: 0.999, describe: 'PPO ratio clip below at 1 - clip_low' },
   clip_high: { type: 'number', default: GRPO_DEFAULTS.loss.clipHigh, min: 0, describe: "PPO ratio clip above at 1 + clip_high (DAPO's clip-higher: 0.28)" },
@@ -123,6 +128,9 @@ export function grpoTrainerOptions(cfg: GrpoConfig): GrpoAlgorithmOptions {
     maxNewTokens: cfg.max_new_tokens,
     sampling: { temperature: cfg.temperature, topK: cfg.top_k || undefined, topP: cfg.top_p < 1 ? cfg.top_p : undefined, minP: cfg.min_p || undefined },
     estimator: cfg.estimator,
+    ...(cfg.estimator === 'gae'
+      ? { valueModel: { gamma: cfg.gae_gamma, lambda: cfg.gae_lambda, clip: cfg.value_clip, lrScale: cfg.value_lr > 0 ? cfg.value_lr / cfg.lr : 1, warmupSteps: cfg.value_warmup_steps } }
+      : {}),
     loss: {
       aggregation: cfg.aggregation,
       clipLow: cfg.clip_low,

@@ -175,7 +175,8 @@ export function checkResumeConfig(savedFile: string, cfg: GrpoConfig): string[] 
 export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?: AbortSignal): Promise<GrpoRunResult> {
   checkComputeDtype(cfg);
   if (!(cfg.temperature > 0)) throw new Error(`--temperature ${cfg.temperature}: RL rollouts need a temperature > 0`);
-  if (cfg.group_size < 2 && !['remax', 'reinforce_pp'].includes(cfg.estimator)) throw new Error(`--group_size ${cfg.group_size}: --estimator ${cfg.estimator} needs groups of at least 2 (remax and reinforce_pp work with 1)`);
+  if (cfg.group_size < 2 && !['remax', 'reinforce_pp', 'gae'].includes(cfg.estimator)) throw new Error(`--group_size ${cfg.group_size}: --estimator ${cfg.estimator} needs groups of at least 2 (remax, reinforce_pp and gae work with 1)`);
+  if (cfg.estimator === 'gae' && cfg.lora_rank > 0) throw new Error(`--estimator gae with --lora_rank ${cfg.lora_rank}: the value model trains every weight of its own trunk; LoRA on the critic is not supported yet`);
   if (cfg.estimator === 'dr_grpo' && cfg.aggregation !== 'token-sum-norm') {
     // allowed (an ablation), but rarely meant: Dr.GRPO is both changes
     process.stderr.write(`warning: --estimator dr_grpo with --aggregation ${cfg.aggregation}: Dr.GRPO also drops the length normalisation (--aggregation token-sum-norm)\n`);
@@ -243,6 +244,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   const lora = loraFromOptions(cfg);
   if (run.latest) {
     checkResumeConfig(join(run.latest.dir, 'config.yaml'), cfg);
+    if (cfg.estimator === 'gae') throw new Error(`--resume with --estimator gae: checkpoints hold the policy, not yet the value model, so PPO cannot continue exactly from ${run.latest.dir}; start a new --run_dir (e.g. --model ${run.latest.dir})`);
     const c = run.resume(GrpoTrainer.trainableParams(model.config, lora), { rank: cfg.lora_rank });
     const s = c.state as Partial<GrpoState>;
     if (typeof s.optimizerStep !== 'number') throw new Error(`${join(run.latest.dir, 'trainer_state.json')}: no 'optimizerStep' (not a GRPO checkpoint?)`);
