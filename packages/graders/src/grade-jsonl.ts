@@ -27,6 +27,7 @@ export const gradeSchema = {
   strip_units: { type: 'boolean', default: MATH_DEFAULTS.stripUnits, describe: 'drop units and currency signs before comparing' },
   list_order: { type: 'string', default: MATH_DEFAULTS.listOrder, choices: ['ignore', 'strict'], describe: 'whether bare comma lists must be in the same order (sets never, tuples always)' },
   set_relation: { type: 'boolean', default: MATH_DEFAULTS.setRelation, describe: 'accept an inequality (-2 <= x <= 7) for a gold interval or set ([-2, 7]), as Math-Verify allow_set_relation_comp' },
+  rounded_tolerance: { type: 'string', default: MATH_DEFAULTS.roundedTolerance, choices: ['fixed', 'digits'], describe: 'a rounded decimal against an exact answer (1.414 for \\sqrt{2}) or a decimal of other precision in scientific notation: digits accepts it when the more precise value rounds to it (2+ significant digits shown), fixed compares at --float_rounding places (docs/graders.md)' },
   float_rounding: { type: 'number', default: MATH_DEFAULTS.floatRounding, integer: true, min: 0, max: 15, describe: 'decimal places compared when either answer is a decimal' },
   symbolic: { type: 'boolean', default: MATH_DEFAULTS.symbolic, describe: 'use the computer-algebra system when strings and numbers do not decide' },
   cas_timeout_ms: { type: 'number', default: MATH_DEFAULTS.casTimeoutMs, integer: true, min: 10, describe: 'wall-clock limit of one symbolic check (milliseconds); an overrun counts as wrong' },
@@ -75,6 +76,7 @@ export interface GradeJsonlOptions {
   strip_units: boolean;
   list_order: 'ignore' | 'strict';
   set_relation: boolean;
+  rounded_tolerance: 'fixed' | 'digits';
   float_rounding: number;
   symbolic: boolean;
   cas_timeout_ms: number;
@@ -147,6 +149,7 @@ export async function gradeJsonl(input: Readable, output: Writable, options: Gra
     stripUnits: options.strip_units,
     listOrder: options.list_order,
     setRelation: options.set_relation,
+    roundedTolerance: options.rounded_tolerance,
     floatRounding: options.float_rounding,
     symbolic: options.symbolic,
     casTimeoutMs: options.cas_timeout_ms,

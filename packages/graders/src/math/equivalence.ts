@@ -3,8 +3,9 @@
  * relations, lists), then each leaf by string, by number, and only then by the CAS.
  */
 import { evaluateConstant, takesTwoValues } from './evaluate';
-import { parseNumber, parsedNumbersEqual } from './numbers';
+import { parseNumber, parsedNumbersEqual, withinShownDigits } from './numbers';
 import type { MathOptions } from './options';
+import { realSet, realSetsEqual, usesSetOperation } from './sets';
 import { parseAnswer, type AnswerNode } from './structure';
 import type { CasOutcome } from './cas-pool';
 import type { CasRequest } from './cas';
@@ -83,6 +84,16 @@ class Comparison {
       }
       return false;
     }
+    // a rounded decimal against a closed form (1.414 for \sqrt{2}): the digits it shows decide
+    if (this.options.roundedTolerance === 'digits' && (g?.isDecimal || p?.isDecimal)) {
+      const [rounded, exact] = g?.isDecimal ? [g, pred] : [p as NonNullable<typeof p>, gold];
+      const value = rounded.percent ? null : evaluateConstant(exact);
+      const verdict = value === null ? null : withinShownDigits(rounded, value);
+      if (verdict !== null) {
+        if (verdict) this.used = 'numeric';
+        return verdict;
+      }
+    }
     if (!this.symbolic) return false;
     // a constant never equals an expression that varies with a variable: no CAS needed
     if (constantAgainstVariable(gold, pred)) return false;
@@ -146,6 +157,9 @@ class Comparison {
     // an inequality does not answer a question whose gold is an interval or set, unless allowed
     if (!this.options.setRelation && isSetLike(gold) && !readFromRelation(gold) && readFromRelation(pred)) return false;
     if (gold.kind === 'atom' && pred.kind === 'atom') return this.atoms(gold.text, pred.text);
+    // a union of finite sets is the set of all their items: \{1\} \cup \{2, 3\}
+    const flatSet = (n: AnswerNode): AnswerNode => (n.kind === 'union' && n.parts.every((x) => x.kind === 'set') ? { kind: 'set', items: n.parts.flatMap((x) => (x as { items: AnswerNode[] }).items) } : n);
+    if (flatSet(gold) !== gold || flatSet(pred) !== pred) return this.nodes(flatSet(gold), flatSet(pred));
     const listLike = (n: AnswerNode) => n.kind === 'list' || n.kind === 'set';
     if (listLike(gold) && listLike(pred)) {
       const g = (gold as { items: AnswerNode[] }).items;
@@ -190,6 +204,55 @@ class Comparison {
 export async function answersEquivalent(gold: string, pred: string, options: MathOptions, symbolic: SymbolicCheck): Promise<Equivalence> {
   if (gold === pred) return { equal: true, reason: 'string' };
   const cmp = new Comparison(options, symbolic);
-  const equal = await cmp.nodes(parseAnswer(gold), parseAnswer(pred));
+  const goldNode = parseAnswer(gold);
+  const predNode = parseAnswer(pred);
+  const equal = await cmp.nodes(goldNode, predNode);
+  if (!equal && (usesSetOperation(gold) || usesSetOperation(pred))) {
+    // a set written with set operations: \R \setminus \{0\}, [1,2] \cup [2,3], against any other way of writing it
+    const asSet = (s: string, n: AnswerNode) => realSet(n.kind === 'list' ? `\\{${s}\\}` : s);
+    const g = asSet(gold, goldNode);
+    const p = g && asSet(pred, predNode);
+    if (g && p) return realSetsEqual(g, p) ? { equal: true, reason: 'numeric' } : { equal: false, reason: 'different' };
+  }
+  if (!equal) {
+    // y = Ce^{-2t} against y = ce^{-2t}: the same answer up to the names of its arbitrary constants
+    const renamed = withGoldConstants(gold, pred);
+    if (renamed !== null && (await cmp.nodes(goldNode, parseAnswer(renamed)))) return { equal: true, reason: cmp.used };
+  }
   return equal ? { equal, reason: cmp.used } : { equal, reason: cmp.failure };
+}
+
+/** Names that conventionally stand for arbitrary constants (of integration, of a family): A–D, K, c, k, with any subscript. */
+const CONSTANT_NAME = /^[ABCDKck](?:_\{?[A-Za-z0-9]+\}?)?$/;
+/** A one-letter name with an optional subscript (e and i excepted: constants); matched outside command names only. */
+const NAME = /([A-DF-HJ-Za-df-hj-z])(_\{[A-Za-z0-9]+\}|_[A-Za-z0-9])?/g;
+
+/** `expr` split into the parts outside command names (even indices) and the command names (odd). */
+const outsideCommands = (expr: string) => expr.split(/(\\[a-zA-Z]+)/);
+
+/** A name as a key: `C_{1}` and `C_1` are both `C_1`. */
+const nameKey = (letter: string, sub: string | undefined) => letter + (sub ?? '').replace(/[{}]/g, '');
+
+function namesOf(expr: string): Set<string> {
+  return new Set(outsideCommands(expr).flatMap((part, i) => (i % 2 ? [] : [...part.matchAll(NAME)].map((m) => nameKey(m[1], m[2])))));
+}
+
+/**
+ * `pred` with its arbitrary constants renamed to the gold's, when the two differ only there: the
+ * names in one and not the other are constants (A–D, K, c, k, subscripts allowed), equally many on
+ * each side (at most three), paired in sorted order, and the two share a variable. Null when there is nothing to rename.
+ */
+export function withGoldConstants(gold: string, pred: string): string | null {
+  const g = namesOf(gold);
+  const p = namesOf(pred);
+  const onlyGold = [...g].filter((n) => !p.has(n)).sort();
+  const onlyPred = [...p].filter((n) => !g.has(n)).sort();
+  // a variable both share (t in Ce^{-2t}): never rename a bare answer (k against c)
+  if (onlyPred.length === 0 || onlyPred.length !== onlyGold.length || onlyPred.length > 3 || ![...g].some((n) => p.has(n))) return null;
+  if (![...onlyGold, ...onlyPred].every((n) => CONSTANT_NAME.test(n))) return null;
+  const to = new Map(onlyPred.map((n, i) => [n, onlyGold[i].length > 1 ? `${onlyGold[i][0]}_{${onlyGold[i].slice(2)}}` : onlyGold[i]]));
+  const out = outsideCommands(pred)
+    .map((part, i) => (i % 2 ? part : part.replace(NAME, (whole, letter: string, sub: string | undefined) => to.get(nameKey(letter, sub)) ?? whole)))
+    .join('');
+  return out;
 }

@@ -167,8 +167,14 @@ const NON_PROSE = /^(?:and|or|cm|mm|km|m|ft|in|kg|units?|degrees?|dollars?|cents
 /** Words outside math spans, `\text{…}` blocks and LaTeX commands that make the text read as prose. */
 function proseWords(text: string): string[] {
   const outside = text.replace(MATH_SPAN, ' ').replace(/\\(?:text|textbf|mbox|mathrm|textnormal)\{[^}]*\}|\\(?:begin|end)\{[^}]*\}|\\[a-zA-Z]+/g, ' ');
-  return (outside.match(/[A-Za-z]{2,}/g) ?? []).filter((w) => !NON_PROSE.test(w));
+  return (outside.match(/[A-Za-z]{2,}/g) ?? []).filter((w) => !NON_PROSE.test(w) && (w.length > 2 || ENGLISH_TWO_LETTER.has(w.toLowerCase())));
 }
+
+/**
+ * Two-letter words that read as English; any other pair of letters is a product of variables or
+ * constants (`Ae^{t}`, `Ce^{-2t}`, `xy`) and does not make a text prose.
+ */
+const ENGLISH_TWO_LETTER = new Set(['am', 'an', 'as', 'at', 'be', 'by', 'do', 'go', 'he', 'if', 'is', 'it', 'me', 'my', 'no', 'of', 'on', 'or', 'so', 'to', 'up', 'us', 'we']);
 
 /** Chat-template special tokens some model outputs carry. */
 const CHAT_TOKEN = /<\|(?:im_start|im_end|endoftext|eot_id|start_header_id|end_header_id)\|>/;
@@ -179,7 +185,7 @@ const CHAT_TOKEN = /<\|(?:im_start|im_end|endoftext|eot_id|start_header_id|end_h
  * is cut, and when the response closes a reasoning block, only what follows the last `</think>`
  * counts: an answer written while thinking is not the final answer.
  */
-function finalPart(text: string): string {
+export function finalPart(text: string): string {
   let t = text.replace(/^\s*(?:<\|(?:im_start|start_header_id)\|>(?:assistant\b)?(?:<\|end_header_id\|>)?\s*)+/, '');
   const cut = t.search(CHAT_TOKEN);
   if (cut >= 0) t = t.slice(0, cut);

@@ -1,7 +1,8 @@
 /** The math grader: extraction, normalisation and equivalence of a prediction against a gold answer. */
 import { CasPool } from './cas-pool';
 import { answersEquivalent, type EquivalenceReason } from './equivalence';
-import { extractAnswer, type AnswerFormat } from './extract';
+import { goldChoice, predictedChoice } from './choice';
+import { extractAnswer, finalPart, type AnswerFormat } from './extract';
 import { normalizeAnswer } from './normalize';
 import { MATH_DEFAULTS, type MathOptions } from './options';
 
@@ -75,6 +76,10 @@ export class MathGrader {
     const normOptions = { stripUnits: options.stripUnits };
     const goldNorm = goldAnswer === null ? '' : normalizeAnswer(goldAnswer, normOptions);
     if (goldNorm === '') return { correct: false, extracted, gold: goldAnswer, reason: 'unparseable-gold' };
+    // a choice letter: the prediction's letter, even with an explanation after it or in a sentence
+    const choice = goldChoice(goldNorm);
+    const letter = choice === null ? null : predictedChoice(extracted, format === 'raw' ? pred : finalPart(pred));
+    if (letter !== null) return { correct: letter === choice, extracted: extracted ?? letter, gold: goldAnswer, reason: letter === choice ? 'string' : 'different' };
     if (extracted === null) return { correct: false, extracted, gold: goldAnswer, reason: 'no-answer' };
     const predNorm = normalizeAnswer(extracted, normOptions);
     if (predNorm === '') return { correct: false, extracted, gold: goldAnswer, reason: 'no-answer' };
