@@ -11,6 +11,14 @@ function bySource(m: Parameters<NonNullable<GrpoEvents['onStep']>>[0]): string {
   return means.length > 1 ? ` (${means.join(', ')})` : '';
 }
 
+/** With off-policy traces the samples' own reward, with a value model its loss and explained variance: ' (samples 0.125) value 0.0123 ev 0.41'. */
+function splitAndCritic(m: Parameters<NonNullable<GrpoEvents['onStep']>>[0]): string {
+  const samples = m['on_policy/reward_mean'];
+  const loss = m['value/loss'];
+  const ev = m['value/explained_variance'];
+  return (samples !== undefined ? ` (samples ${samples.toFixed(3)})` : '') + (loss !== undefined ? ` value ${loss.toFixed(4)} ev ${Number.isFinite(ev) ? ev.toFixed(2) : '-'}${m['value/policy_frozen'] ? ' (policy frozen)' : ''}` : '');
+}
+
 /** Progress for a GRPO run: a bar on stderr when it is a terminal, log lines otherwise. */
 export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEvents; stop(): void } {
   const tty = Boolean(process.stderr.isTTY);
@@ -34,7 +42,7 @@ export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEve
       if (tty) bar.update(m.step, { reward: m.reward_mean.toFixed(3), kl, sps: (m.step_ms / 1000).toFixed(2), acc });
       else if (m.step % cfg.log_every === 0) {
         process.stderr.write(
-          `step ${m.step}/${cfg.steps} reward ${m.reward_mean.toFixed(3)}±${m.reward_std.toFixed(3)}${bySource(m)} kl ${kl} clip ${m.clip_fraction.toFixed(3)} len ${m.response_length_mean.toFixed(1)} parity ${m.logp_parity.toFixed(5)} ` +
+          `step ${m.step}/${cfg.steps} reward ${m.reward_mean.toFixed(3)}±${m.reward_std.toFixed(3)}${bySource(m)}${splitAndCritic(m)} kl ${kl} clip ${m.clip_fraction.toFixed(3)} len ${m.response_length_mean.toFixed(1)} parity ${m.logp_parity.toFixed(5)} ` +
             // dynamic sampling ran out of rounds: the step trained on fewer groups than --prompts_per_step
             (m.dynamic_sampling_shortfall > 0 ? `short ${m.dynamic_sampling_shortfall} groups ` : '') +
             `${(m.step_ms / 1000).toFixed(2)} s (gen ${(m.generation_ms / 1000).toFixed(2)}, score ${(m.scoring_ms / 1000).toFixed(2)}, train ${(m.training_ms / 1000).toFixed(2)}, rewards ${(m.rewards_ms / 1000).toFixed(2)}, host ${(m.host_ms / 1000).toFixed(2)})\n`,
