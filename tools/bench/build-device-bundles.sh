@@ -39,10 +39,10 @@ for n in "${names[@]}"; do
   fi
 done
 rm -rf .bundle/node_modules/koffi .bundle/node_modules/@koromix/koffi-linux-x64
-cp -r node_modules/koffi .bundle/node_modules/koffi
+cp -rL node_modules/koffi .bundle/node_modules/koffi
 mkdir -p .bundle/node_modules/@koromix/koffi-linux-x64
 cp node_modules/@koromix/koffi-linux-x64/{package.json,index.js} .bundle/node_modules/@koromix/koffi-linux-x64/
-cp -r node_modules/@koromix/koffi-linux-x64/linux_x64 .bundle/node_modules/@koromix/koffi-linux-x64/
+cp -rL node_modules/@koromix/koffi-linux-x64/linux_x64 .bundle/node_modules/@koromix/koffi-linux-x64/
 rm -rf .bundle/node_modules/koffi/doc .bundle/node_modules/koffi/vendor
 # parquet-wasm (via @lathe/data) reads its wasm from beside the bundle at load time
 cp node_modules/parquet-wasm/node/parquet_wasm_bg.wasm .bundle/

@@ -201,7 +201,6 @@ export async function rewardModelSource<M>(dir: string, o: RewardModelSourceOpti
     model.dispose();
     throw new Error(`${flag}: ${(e as Error).message}`);
   }
-  const attention = o.device.kind === 'cuda' && o.dtype !== 'float32' ? ('gqa' as const) : ('composed' as const);
   const maxPositions = model.config.maxPositionEmbeddings;
   return {
     name: 'rm',
@@ -219,7 +218,7 @@ export async function rewardModelSource<M>(dir: string, o: RewardModelSourceOpti
           mask[i * T + t] = 1n;
         }),
       );
-      return model.score({ inputIds: { data: ids, dims: [rows.length, T] }, attentionMask: { data: mask, dims: [rows.length, T] } }, { attention });
+      return model.score({ inputIds: { data: ids, dims: [rows.length, T] }, attentionMask: { data: mask, dims: [rows.length, T] } });
     },
     dispose: () => model.dispose(),
   };

@@ -13,7 +13,8 @@ import { readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, readConfig, SCORE_WEIGHT, seededNormal, type CausalLMOptions, type DecoderConfig, type SaveOptions } from '@lathe/models';
-import type { Device, DeviceTensor } from '@lathe/runtime';
+import type { Device, DeviceKind, DeviceTensor } from '@lathe/runtime';
+import type { BatchTensor } from '@lathe/train';
 import { checkRewardConfig, rewardModelConfig } from './reward-graph';
 import { RewardScorer, type RewardOutput, type ScorerOptions, type TokenBatch } from './scorers';
 
@@ -25,6 +26,26 @@ export interface FromCausalLMOptions extends CausalLMOptions {
   seed?: number;
   /** Standard deviation of the score head's initial values. Default 0.02 (transformers' initializer_range). */
   std?: number;
+}
+
+/**
+ * The attention a scorer of `mask`'s rows uses by default: 'gqa' (GroupQueryAttention, flash
+ * attention) where it runs — on CUDA, in half precision, with every row right-padded (checked in a
+ * host mask; a device mask cannot be read without a copy) — else 'composed'.
+ */
+export function scoringAttention(device: DeviceKind | undefined, dtype: DType, mask: BatchTensor): 'gqa' | 'composed' {
+  if (device !== 'cuda' || dtype === 'float32' || !('data' in mask)) return 'composed';
+  const { data, dims } = mask;
+  const T = dims[dims.length - 1];
+  for (let start = 0; start < data.length; start += T) {
+    let padded = false;
+    for (let t = 0; t < T; t++) {
+      const real = Number(data[start + t]) !== 0;
+      if (real && padded) return 'composed'; // a real token after padding: not right-padded
+      if (!real) padded = true;
+    }
+  }
+  return 'gqa';
 }
 
 /** A reward model: a decoder trunk and a linear score head read at each sequence's last real token. */
@@ -118,15 +139,17 @@ export class RewardModel {
 
   /**
    * Rewards of `batch`'s rows, [B] (a session compiled on first use, kept until {@link dispose}).
-   * The model must be on a device: load it with `{ device }` or call {@link to}.
+   * The model must be on a device: load it with `{ device }` or call {@link to}. Attention is
+   * `opts.attention`, else flash attention (GroupQueryAttention) where it runs — CUDA, half
+   * precision, every row right-padded in a host mask — and the composed form otherwise.
    */
   async score(batch: TokenBatch, opts: Pick<ScorerOptions, 'attention'> = {}): Promise<Float32Array> {
-    return this.scorer('rewards', opts).score(batch, this.weights);
+    return this.scorer('rewards', { attention: opts.attention ?? scoringAttention(this.device?.kind, this.dtype, batch.attentionMask) }).score(batch, this.weights);
   }
 
-  /** Values at every position of `batch`, [B·T] row-major (0 at padding): the model as a PPO value model. */
+  /** Values at every position of `batch`, [B·T] row-major (0 at padding): the model as a PPO value model. Attention as in {@link score}. */
   async values(batch: TokenBatch, opts: Pick<ScorerOptions, 'attention'> = {}): Promise<Float32Array> {
-    return this.scorer('values', opts).score(batch, this.weights);
+    return this.scorer('values', { attention: opts.attention ?? scoringAttention(this.device?.kind, this.dtype, batch.attentionMask) }).score(batch, this.weights);
   }
 
   /** Frees the scoring sessions and the device weights; the model is unusable afterwards. */

@@ -37,7 +37,7 @@ function memoryPattern(flagValue: string): { memoryPattern?: boolean } {
 }
 
 /** Rewards from `rm`: each sample's prompt and completion ids (texts of space-separated ids here) as one right-padded row, all in one run. */
-function rewardModelScorer(rm: RewardModel, gqa: boolean): RewardScorer<Record<string, never>> {
+function rewardModelScorer(rm: RewardModel): RewardScorer<Record<string, never>> {
   const byScore = combineRewards<{ score: number }>([{ name: 'rm', fn: (_p, _c, m) => m.score }], { fallback: 0 });
   return async (samples: readonly RewardSample<Record<string, never>>[]) => {
     const rows = samples.map((s) => `${s.prompt} ${s.completion}`.split(' ').filter(Boolean).map(Number));
@@ -45,7 +45,7 @@ function rewardModelScorer(rm: RewardModel, gqa: boolean): RewardScorer<Record<s
     const ids = new BigInt64Array(rows.length * T);
     const mask = new BigInt64Array(rows.length * T);
     rows.forEach((r, i) => r.forEach((id, t) => ((ids[i * T + t] = BigInt(id)), (mask[i * T + t] = 1n))));
-    const scores = await rm.score({ inputIds: { data: ids, dims: [rows.length, T] }, attentionMask: { data: mask, dims: [rows.length, T] } }, { attention: gqa ? 'gqa' : 'composed' });
+    const scores = await rm.score({ inputIds: { data: ids, dims: [rows.length, T] }, attentionMask: { data: mask, dims: [rows.length, T] } });
     return byScore(samples.map((s, i) => ({ prompt: s.prompt, completion: s.completion, meta: { score: scores[i] } })));
   };
 }
@@ -67,7 +67,7 @@ async function main(): Promise<void> {
   // reward: the share of even token ids in the completion (non-uniform across a group)
   const even = combineRewards<Record<string, never>>([{ name: 'even', fn: (_p, c) => { const ids = c.split(' ').filter(Boolean).map(Number); return ids.length ? ids.filter((x) => x % 2 === 0).length / ids.length : 0; } }], { fallback: 0 });
   const rm = flag('reward-model') ? RewardModel.fromCausalLM(CausalLM.random(SHAPES[shape], { seed: 2, std: 0.02 }), { padTokenId: 0, device, dtype: compute }) : undefined;
-  const rewards: RewardScorer<Record<string, never>> = rm ? rewardModelScorer(rm, device.kind === 'cuda' && compute !== 'float32') : even;
+  const rewards: RewardScorer<Record<string, never>> = rm ? rewardModelScorer(rm) : even;
   const trainer = GrpoTrainer.create<Record<string, never>>({
     model, tokenizer: { decode: (ids) => ids.join(' '), padId: 0 }, stopIds: [config.vocabSize - 1], rewards,
     groupSize: G, maxNewTokens: maxNew, loss: { aggregation: 'token-mean', clipHigh: 0.28 }, kl: { coef: 0.001 },
