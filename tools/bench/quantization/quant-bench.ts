@@ -1,0 +1,242 @@
+/**
+ * Weight-only quantization on the device, in one process: for a model shape with random weights
+ * (default Qwen3-0.6B's) or a model folder, and each format (the dense compute dtype, int8, int4,
+ * nf4, nf4 with double quantization), the weight memory on the device, decode tokens/s of the
+ * KV-cache generator at each batch size, and KL(dense ‖ quantized) of next-token distributions on
+ * tokens the dense model generated greedily. `--fpa` repeats the decode timings of int8/int4 with
+ * ONNX Runtime's fused weight-only GEMM ("fpA_intB", session config ep.cuda.fpa_intb_gemm = 1);
+ * running the whole script with ORT_FPA_INTB_GEMM=1 in the environment turns it on everywhere.
+ *
+ * usage: node quant-bench.js [--preset qwen3-0.6b|qwen3-1.7b|tiny-qwen3 | --model DIR] [--device cuda|cpu]
+ *          [--dtype bfloat16] [--formats dense,int8,int4,nf4,nf4dq] [--batches 1,16,256] [--prompt-len 64]
+ *          [--new 128] [--repeat 2] [--int4-block 64] [--mode kernel|dequantize] [--fpa] [--no-cuda-graph]
+ *          [--kl-prompts 16] [--kl-new 64] [--kl-batch 4] [--seed 0]
+ * Prints one JSON line per (format, batch[, fpa]) decode measurement, one per format with its KL,
+ * and a last summary line with every number and the ratios to the dense baseline.
+ */
+import { spawnSync } from 'node:child_process';
+import { resolve } from 'node:path';
+import * as L from '@lathe/onnx';
+import type { DType } from '@lathe/onnx';
+import { CausalLM, MODEL_PRESETS, paramSpecs, type DecoderConfig, type Weights } from '@lathe/models';
+import { addDistributionShift, QuantizedModel, SHIFT_IO, ShiftAccumulator, type QuantScheme, type ShiftSummary } from '@lathe/quantization';
+import { KvCacheGenerator, type Completion } from '@lathe/rollout';
+import { Device, type DeviceTensor, type SessionOptions } from '@lathe/runtime';
+import { arg, flag } from '../argv';
+
+const SCHEMES: Record<string, QuantScheme | undefined> = {
+  dense: undefined,
+  int8: { format: 'int8' },
+  int4: { format: 'int4' },
+  nf4: { format: 'nf4' },
+  nf4dq: { format: 'nf4', doubleQuant: true },
+};
+
+/** A seeded stream of token ids in [0, V). */
+function tokens(seed: number, V: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = Math.imul(a ^ (a >>> 15), a | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) % V;
+  };
+}
+
+/** GPU memory in use (MiB) as nvidia-smi reports it, or undefined where there is none. */
+function gpuUsedMiB(): number | undefined {
+  const r = spawnSync('nvidia-smi', ['--query-gpu=memory.used', '--format=csv,noheader,nounits'], { encoding: 'utf8' });
+  return r.status === 0 ? Number(r.stdout.trim().split('\n')[0]) : undefined;
+}
+
+const bytesOf = (ts: Iterable<DeviceTensor>) => [...ts].reduce((n, t) => n + t.byteLength, 0);
+
+async function main(): Promise<void> {
+  const device = Device.open(arg('device', 'cuda') as 'cuda' | 'cpu');
+  const dtype = arg('dtype', device.kind === 'cuda' ? 'bfloat16' : 'float32') as DType;
+  const formats = arg('formats', 'dense,int8,int4,nf4').split(',');
+  for (const f of formats) if (!(f in SCHEMES)) throw new Error(`--formats: unknown format '${f}' (${Object.keys(SCHEMES).join(', ')})`);
+  const batches = arg('batches', '1,16,256').split(',').map(Number);
+  const promptLen = Number(arg('prompt-len', '64'));
+  const newTokens = Number(arg('new', '128'));
+  const repeat = Number(arg('repeat', '2'));
+  const int4Block = Number(arg('int4-block', '64'));
+  const mode = arg('mode', 'kernel') as 'kernel' | 'dequantize';
+  const cudaGraph = device.kind === 'cuda' && !flag('no-cuda-graph');
+  const klPrompts = Number(arg('kl-prompts', '16'));
+  const klNew = Number(arg('kl-new', '64'));
+  const klBatch = Number(arg('kl-batch', '4'));
+  const seed = Number(arg('seed', '0'));
+
+  const t0 = performance.now();
+  const source = arg('model', '')
+    ? CausalLM.fromPretrainedSync(resolve(arg('model')))
+    : CausalLM.random(MODEL_PRESETS[arg('preset', 'qwen3-0.6b') as keyof typeof MODEL_PRESETS].config, { seed, std: 0.02 });
+  const config = source.config;
+  const host = source.float32Weights();
+  const shape = arg('model', '') || arg('preset', 'qwen3-0.6b');
+  console.error(`quant-bench: ${shape} weights ready in ${((performance.now() - t0) / 1000).toFixed(1)} s; ${device.kind} ${dtype}; formats ${formats.join(', ')}; batches ${batches.join(', ')}`);
+
+  const next = tokens(seed + 1, config.vocabSize);
+  const promptsFor = (n: number, len: number) => Array.from({ length: n }, () => Array.from({ length: len }, next));
+  const decodePrompts = new Map(batches.map((b) => [b, promptsFor(b, promptLen)] as const));
+  const klSet = promptsFor(klPrompts, promptLen);
+
+  // The dense weights also serve as the KL's reference, under their own names.
+  const dense = QuantizedModel.fromParts(config, { format: 'int8' }, host, new Map());
+  const reference = dense.deviceTensors(device, dtype, 'original/');
+  let referenceTokens: Completion[] | undefined;
+  const results: Record<string, unknown>[] = [];
+  try {
+    for (const f of formats) {
+      const scheme = SCHEMES[f];
+      const q0 = performance.now();
+      const model = scheme ? QuantizedModel.quantize(config, host, { ...scheme, ...(scheme.format === 'int4' ? { blockSize: int4Block } : {}) }) : dense;
+      const quantizeS = (performance.now() - q0) / 1000;
+      const tensors = model.deviceTensors(device, dtype);
+      const graphWeights = (g: L.Graph): Weights => model.graphWeights(g, { dtype, mode }).weights;
+      const projections = [...tensors].filter(([n]) => /_proj\.weight/.test(n)).map(([, t]) => t);
+      const denseProjBytes = paramSpecs(config).filter((s) => /_proj\.weight$/.test(s.name)).reduce((n, s) => n + s.shape[0] * s.shape[1] * L.dtypeBytes(dtype), 0);
+      const row: Record<string, unknown> = {
+        format: f,
+        quantize_s: +quantizeS.toFixed(1),
+        weight_bytes: bytesOf(tensors.values()),
+        projection_bytes: bytesOf(projections),
+        projection_ratio_to_dense: +(bytesOf(projections) / denseProjBytes).toFixed(4),
+        bits_per_parameter: scheme ? +model.report(L.dtypeBytes(dtype) * 8).bitsPerParameter.toFixed(3) : L.dtypeBytes(dtype) * 8,
+        decode: [] as unknown[],
+      };
+      try {
+        for (const fpa of scheme && scheme.format !== 'nf4' && flag('fpa') ? [false, true] : [false]) {
+          const session: SessionOptions = fpa ? { config: { 'ep.cuda.fpa_intb_gemm': '1' } } : {};
+          for (const B of batches) {
+            const m = await decodeRate(device, config, tensors, graphWeights, decodePrompts.get(B)!, { dtype, newTokens, repeat, cudaGraph, session });
+            const line = { format: f, batch: B, fpa, ...m };
+            console.log(JSON.stringify(line));
+            (row.decode as unknown[]).push(line);
+          }
+        }
+        row.gpu_used_mib = gpuUsedMiB();
+        if (!referenceTokens) referenceTokens = await greedy(device, config, reference, (g) => dense.graphWeights(g, { dtype, prefix: 'original/' }).weights, klSet, { dtype, newTokens: klNew, cudaGraph });
+        if (scheme) {
+          const kl = await shift(device, config, dense, model, reference, tensors, klSet, referenceTokens, { dtype, mode, batch: klBatch });
+          row.kl = kl;
+          console.log(JSON.stringify({ format: f, kl }));
+        }
+      } catch (e) {
+        row.error = (e as Error).message.slice(0, 500);
+        console.log(JSON.stringify({ format: f, error: row.error }));
+      } finally {
+        for (const t of tensors.values()) t.dispose();
+      }
+      results.push(row);
+    }
+  } finally {
+    for (const t of reference.values()) t.dispose();
+  }
+  const base = results.find((r) => r.format === 'dense');
+  const rate = (r: Record<string, unknown>, B: number, fpa = false) => (r.decode as { batch: number; fpa: boolean; decode_tok_s: number }[] | undefined)?.find((d) => d.batch === B && d.fpa === fpa)?.decode_tok_s;
+  const speedup = Object.fromEntries(
+    results.filter((r) => r !== base && base).map((r) => [r.format, Object.fromEntries(batches.map((B) => [B, { plain: ratio(rate(r, B), rate(base!, B)), fpa: ratio(rate(r, B, true), rate(base!, B)) }]))]),
+  );
+  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, results, speedup_vs_dense: speedup }));
+}
+
+function ratio(a: number | undefined, b: number | undefined): number | null {
+  return a && b ? +(a / b).toFixed(3) : null;
+}
+
+interface DecodeOptions {
+  dtype: DType;
+  newTokens: number;
+  repeat: number;
+  cudaGraph: boolean;
+  session: SessionOptions;
+}
+
+/** Decode tokens/s of the KV-cache generator over `tensors` (bound by name) at the batch of `prompts`: the best of `repeat` timed calls after a warm-up. */
+async function decodeRate(device: Device, config: DecoderConfig, tensors: ReadonlyMap<string, DeviceTensor>, graphWeights: (g: L.Graph) => Weights, prompts: number[][], o: DecodeOptions) {
+  const B = prompts.length;
+  const gen = KvCacheGenerator.create(device, config, tensors, { temperature: 0, rows: B, maxLength: prompts[0].length + o.newTokens, dtype: o.dtype, cudaGraph: o.cudaGraph, graphWeights, session: o.session });
+  try {
+    const call = { maxNewTokens: o.newTokens, seed: 1 };
+    await gen.generate(prompts, call);
+    let best = { decodeMs: Infinity, decodeSteps: 0, prefillMs: 0, totalMs: 0 };
+    for (let i = 0; i < o.repeat; i++) {
+      const s = performance.now();
+      await gen.generate(prompts, call);
+      const t = gen.lastTimings;
+      if (t.decodeMs < best.decodeMs) best = { decodeMs: t.decodeMs, decodeSteps: t.decodeSteps, prefillMs: t.prefillMs, totalMs: performance.now() - s };
+    }
+    return {
+      decode_tok_s: +((B * best.decodeSteps) / (best.decodeMs / 1000)).toFixed(1),
+      ms_per_step: +(best.decodeMs / best.decodeSteps).toFixed(3),
+      prefill_ms: +best.prefillMs.toFixed(1),
+      total_ms: +best.totalMs.toFixed(1),
+    };
+  } finally {
+    gen.dispose();
+  }
+}
+
+/** The dense model's greedy continuations of `prompts` (the tokens the KL is measured on). */
+async function greedy(device: Device, config: DecoderConfig, tensors: ReadonlyMap<string, DeviceTensor>, graphWeights: (g: L.Graph) => Weights, prompts: number[][], o: { dtype: DType; newTokens: number; cudaGraph: boolean }): Promise<Completion[]> {
+  const gen = KvCacheGenerator.create(device, config, tensors, { temperature: 0, rows: prompts.length, maxLength: prompts[0].length + o.newTokens, dtype: o.dtype, cudaGraph: o.cudaGraph, graphWeights });
+  try {
+    return await gen.generate(prompts, { maxNewTokens: o.newTokens, seed: 1 });
+  } finally {
+    gen.dispose();
+  }
+}
+
+/** KL(dense ‖ quantized) and perplexities on the dense model's generated tokens. */
+async function shift(
+  device: Device,
+  config: DecoderConfig,
+  dense: QuantizedModel,
+  quantized: QuantizedModel,
+  reference: ReadonlyMap<string, DeviceTensor>,
+  tensors: ReadonlyMap<string, DeviceTensor>,
+  prompts: number[][],
+  completions: Completion[],
+  o: { dtype: DType; mode: 'kernel' | 'dequantize'; batch: number },
+): Promise<ShiftSummary> {
+  const g = new L.Graph('quant_bench_shift');
+  addDistributionShift(g, config, dense.graphWeights(g, { dtype: o.dtype, prefix: 'original/' }).weights, quantized.graphWeights(g, { dtype: o.dtype, prefix: 'quantized/', mode: o.mode }).weights);
+  const session = device.compile(g, { name: g.name });
+  const weights: Record<string, DeviceTensor> = {};
+  for (const [n, t] of reference) weights[n] = t;
+  for (const [n, t] of tensors) weights[`quantized/${n}`] = t;
+  const acc = new ShiftAccumulator();
+  try {
+    for (let s = 0; s < completions.length; s += o.batch) {
+      const rows = completions.slice(s, s + o.batch).map((c) => ({ prompt: prompts[c.promptIndex], gen: c.tokens }));
+      const T = Math.max(...rows.map((r) => r.prompt.length + r.gen.length));
+      const B = rows.length;
+      const ids = new BigInt64Array(B * T);
+      const mask = new BigInt64Array(B * T);
+      const targets = new BigInt64Array(B * T);
+      const scored = new Uint8Array(B * T);
+      rows.forEach((r, b) => {
+        const seq = [...r.prompt, ...r.gen];
+        seq.forEach((t, i) => {
+          ids[b * T + i] = BigInt(t);
+          mask[b * T + i] = 1n;
+          if (i + 1 < seq.length) targets[b * T + i] = BigInt(seq[i + 1]);
+          if (i + 1 >= r.prompt.length && i + 1 < seq.length) scored[b * T + i] = 1;
+        });
+      });
+      const dims = [B, T];
+      const out = await session.run({ ...weights, [SHIFT_IO.inputIds]: { data: ids, dims }, [SHIFT_IO.attentionMask]: { data: mask, dims }, [SHIFT_IO.targets]: { data: targets, dims } }, { outputs: [SHIFT_IO.kl, SHIFT_IO.logpOriginal, SHIFT_IO.logpQuantized] });
+      acc.add(out[SHIFT_IO.kl].data as Float32Array, out[SHIFT_IO.logpOriginal].data as Float32Array, out[SHIFT_IO.logpQuantized].data as Float32Array, scored);
+    }
+  } finally {
+    session.dispose();
+  }
+  return acc.summary();
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});
