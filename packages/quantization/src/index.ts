@@ -11,6 +11,7 @@ export * from './linear';
 export * from './model';
 export * from './checkpoint';
 export * from './shift';
+export * from './qlora';
 
 // Importing the package lets `CausalLM.fromPretrained` (and so every loader built on it) read quantized checkpoints, dequantized.
 setQuantizedFolderReader(dequantizedFolderWeights);

@@ -55,10 +55,11 @@ const dequantized = new WeakMap<Tensor, Tensor>();
 
 /**
  * x · Wᵀ for a quantized W. `dequantize` builds Wᵀ once per weight, in the weight's own graph (as
- * `linear` does), so a decode loop's body reads it as an outer value.
+ * `linear` does), so a decode loop's body reads it as an outer value. `backward`: how NF4's
+ * gradient with respect to x is formed (see `matMulBnb4Op`); MatMulNBits' always dequantizes.
  */
-export function quantizedMatmul(x: Tensor, t: QuantizedLinearTensors, mode: QuantizedMatmulMode = 'kernel'): Tensor {
-  if (mode === 'kernel') return t.op === 'MatMulBnb4' ? matMulBnb4(x, t.b, t.absmax, t.attrs) : matMulNBits(x, t.b, t.scales, t.zeroPoints, t.attrs);
+export function quantizedMatmul(x: Tensor, t: QuantizedLinearTensors, mode: QuantizedMatmulMode = 'kernel', backward: 'kernel' | 'dequantize' = 'dequantize'): Tensor {
+  if (mode === 'kernel') return t.op === 'MatMulBnb4' ? matMulBnb4(x, t.b, t.absmax, t.attrs, backward) : matMulNBits(x, t.b, t.scales, t.zeroPoints, t.attrs);
   let wt = dequantized.get(t.b);
   if (!wt) {
     wt = L.Graph.build(t.b.graph, () => {

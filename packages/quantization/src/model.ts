@@ -109,10 +109,12 @@ export class QuantizedModel {
    * The weights of a graph: dense parameters as graph inputs by HF name in `dtype`, quantized
    * layers as their kernel tensors (inputs named `<weight>.q`, `.scales`, `.zero_points`,
    * `.absmax`), read by `project` through the `matmul` hook. Bind {@link deviceTensors}. Graph
-   * names start with `prefix` (two models in one graph).
+   * names start with `prefix` (two models in one graph). `backward`: how gradients flow through
+   * NF4 layers (LoRA over the frozen base): MatMulBnb4 with transB = 0 ('kernel', CUDA) or through
+   * the dequantized weights ('dequantize', default, any provider).
    * `mode: 'dequantize'` dequantizes in the graph instead (standard ops, for providers without the kernels).
    */
-  graphWeights(g: Graph, opts: { dtype: DType; mode?: QuantizedMatmulMode; inline?: boolean; prefix?: string }): { weights: Weights; inputs: Map<string, Tensor> } {
+  graphWeights(g: Graph, opts: { dtype: DType; mode?: QuantizedMatmulMode; inline?: boolean; prefix?: string; backward?: 'kernel' | 'dequantize' }): { weights: Weights; inputs: Map<string, Tensor> } {
     const p = opts.prefix ?? '';
     const inputs = new Map<string, Tensor>();
     const kernels = new Map<string, QuantizedLinearTensors>();
@@ -139,7 +141,7 @@ export class QuantizedModel {
     };
     weights.matmul = (name, x) => {
       const t = kernels.get(name);
-      return t ? quantizedMatmul(x, t, opts.mode ?? 'kernel') : undefined;
+      return t ? quantizedMatmul(x, t, opts.mode ?? 'kernel', opts.backward) : undefined;
     };
     return { weights, inputs };
   }

@@ -6,6 +6,7 @@
  */
 import * as L from '@lathe/onnx';
 import { attr, defineOp, formatShape, isFloat, type Tensor } from '@lathe/onnx';
+import { NF4_CODE } from './codes';
 
 interface NBitsAttrs {
   K: number;
@@ -41,6 +42,12 @@ interface Bnb4Attrs {
   quantType: number;
   /** 1: A · Wᵀ (forward); 0: A · W (A's last dim N; the backward through frozen weights). */
   transB: number;
+  /**
+   * How the gradient with respect to A is computed: 'kernel', MatMulBnb4 with transB flipped (W
+   * read as stored; ONNX Runtime's CUDA kernel — its CPU kernel ignores transB = 0), or
+   * 'dequantize' (default): dy times W dequantized from standard ops, on any provider.
+   */
+  backward?: 'kernel' | 'dequantize';
 }
 
 /** MatMulBnb4: bitsandbytes-layout NF4 B (flat uint8, high nibble first) with float absmax per block. */
@@ -59,7 +66,11 @@ export const matMulBnb4Op: L.OpDef<Bnb4Attrs> = defineOp<Bnb4Attrs>({
     return [{ dtype: a!.dtype, shape: [...a!.shape.slice(0, -1), transB ? N : K] }];
   },
   onnxAttrs: ({ K, N, blockSize, quantType, transB }) => ({ K: attr.int(K), N: attr.int(N), block_size: attr.int(blockSize), quant_type: attr.int(quantType), transB: attr.int(transB) }),
-  grad: ({ inputs: [, b, absmax], dy: [dy], attrs }): (Tensor | null)[] => [L.applyOp(matMulBnb4Op, [dy!, b!, absmax!], { ...attrs, transB: attrs.transB ? 0 : 1 })[0], null, null],
+  grad: ({ inputs: [, b, absmax], dy: [dy], attrs }): (Tensor | null)[] => {
+    if (attrs.backward === 'kernel') return [L.applyOp(matMulBnb4Op, [dy!, b!, absmax!], { ...attrs, transB: attrs.transB ? 0 : 1 })[0], null, null];
+    const w = dequantizeNf4(b!, absmax!, attrs, NF4_CODE, dy!.dtype); // [N, K]
+    return [L.matmul(dy!, attrs.transB ? w : L.transpose(w, [1, 0])), null, null];
+  },
 });
 
 /** x · Wᵀ through MatMulNBits (scales cast to x's dtype in the graph when stored wider). */
@@ -68,10 +79,10 @@ export function matMulNBits(x: Tensor, b: Tensor, scales: Tensor, zeroPoints: Te
   return L.applyOp(matMulNBitsOp, zeroPoints ? [x, b, s, zeroPoints] : [x, b, s], a)[0];
 }
 
-/** x · Wᵀ through MatMulBnb4 (NF4). */
-export function matMulBnb4(x: Tensor, b: Tensor, absmax: Tensor, a: { K: number; N: number; blockSize: number }): Tensor {
+/** x · Wᵀ through MatMulBnb4 (NF4); `backward` as in {@link matMulBnb4Op}. */
+export function matMulBnb4(x: Tensor, b: Tensor, absmax: Tensor, a: { K: number; N: number; blockSize: number }, backward: 'kernel' | 'dequantize' = 'dequantize'): Tensor {
   const am = absmax.dtype === x.dtype ? absmax : L.cast(absmax, x.dtype);
-  return L.applyOp(matMulBnb4Op, [x, b, am], { ...a, quantType: 1, transB: 1 })[0];
+  return L.applyOp(matMulBnb4Op, [x, b, am], { ...a, quantType: 1, transB: 1, backward })[0];
 }
 
 /** Low and high nibbles of a uint8 tensor as `dtype`, interleaved on a new last axis [..., 2·n] (low first). */
