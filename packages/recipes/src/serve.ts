@@ -139,8 +139,11 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
     models,
     close: async () => {
       for (const m of models) m.scheduler.close();
-      await new Promise<void>((r) => server.close(() => r()));
+      const closed = new Promise<void>((r) => server.close(() => r()));
+      server.closeIdleConnections();
       await Promise.all(models.map((m) => m.scheduler.idle()));
+      server.closeAllConnections(); // clients' idle keep-alive sockets
+      await closed;
       free();
     },
   };

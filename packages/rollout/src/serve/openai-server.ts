@@ -366,8 +366,20 @@ export function createOpenAiServer(opts: OpenAiServerOptions): Server {
     const head = { id, object: chat ? 'chat.completion.chunk' : 'text_completion', created: Math.floor(Date.now() / 1000), model: common.model.id, system_fingerprint: common.model.fingerprint?.() ?? null };
     let cancel: () => void = () => undefined;
     const signal = { onCancel: (f: () => void) => (cancel = f) };
-    res.on('close', () => {
+    // A client that goes away: the response closing unfinished, or its socket ending or failing —
+    // the socket's own events arrive first (the http server keeps a half-closed socket open while
+    // it still writes), so the rows are freed before the next decode step.
+    const gone = () => {
       if (!res.writableFinished) cancel();
+    };
+    const socket = req.socket;
+    socket.once('end', gone);
+    socket.once('error', gone);
+    res.on('close', () => {
+      gone();
+      // a keep-alive socket serves the next request: drop this one's listeners
+      socket.off('end', gone);
+      socket.off('error', gone);
     });
 
     if (!common.stream) {

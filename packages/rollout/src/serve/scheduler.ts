@@ -301,7 +301,9 @@ export class Scheduler {
       } else if (this.queue.length === 0) {
         return;
       }
-      // Between steps: let the HTTP layer read new requests, write tokens, see disconnects.
+      // Between steps: let the HTTP layer read new requests, write tokens and see disconnects. Two
+      // turns of the event loop, since a disconnect takes two (the socket's end, then its close).
+      await new Promise((r) => setImmediate(r));
       await new Promise((r) => setImmediate(r));
     }
   }
