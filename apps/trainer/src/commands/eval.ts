@@ -32,7 +32,13 @@ function evalReporter(cfg: EvalConfig): { events: EvalRunEvents; stop(): void } 
     onModelDone: (m) => {
       stop();
       const t = m.timing;
-      process.stderr.write(`eval ${m.label}: avg ${(100 * m.average).toFixed(1)}%${t ? ` in ${t.totalS.toFixed(1)} s (generation ${t.generationS.toFixed(1)} s, grading after it ${t.gradingTailS.toFixed(2)} s)` : ''}; ${m.file}\n`);
+      const all = Object.values(m.metrics);
+      const samples = all.reduce((s, x) => s + x.samples, 0);
+      const share = (f: (x: (typeof all)[number]) => number) => `${((100 * all.reduce((s, x) => s + f(x) * x.samples, 0)) / Math.max(1, samples)).toFixed(1)}%`;
+      process.stderr.write(
+        `eval ${m.label}: avg ${(100 * m.average).toFixed(1)}%; no answer in ${share((x) => x.noAnswerRate)} of ${samples} completions, ${share((x) => x.truncationRate)} truncated` +
+          `${t ? `; ${t.totalS.toFixed(1)} s (generation ${t.generationS.toFixed(1)} s, grading after it ${t.gradingTailS.toFixed(2)} s)` : ''}; ${m.file}\n`,
+      );
     },
   };
   return { events, stop };
