@@ -134,7 +134,8 @@ function readCommon(body: Json, models: ReadonlyMap<string, ServedModel>): Commo
   const topK = optNumber(body, 'top_k', { integer: true, min: -1 }) ?? 0;
   const seed = optNumber(body, 'seed', { integer: true }) ?? randomInt(2 ** 47);
   const stopStrings: string[] = [];
-  const stopIds = new Set(model.stopIds);
+  // ignore_eos (vLLM's field): only the request's own stops end a sample — for benchmarks.
+  const stopIds = new Set(optBoolean(body, 'ignore_eos') ? [] : model.stopIds);
   const stop = body.stop;
   const stops = stop === undefined || stop === null ? [] : Array.isArray(stop) ? stop : [stop];
   for (const s of stops) {

