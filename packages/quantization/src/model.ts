@@ -111,14 +111,16 @@ export class QuantizedModel {
    * `.absmax`), read by `project` through the `matmul` hook. Bind {@link deviceTensors}. Graph
    * names start with `prefix` (two models in one graph). `backward`: how gradients flow through
    * NF4 layers (LoRA over the frozen base): MatMulBnb4 with transB = 0 ('kernel', CUDA) or through
-   * the dequantized weights ('dequantize', default, any provider).
+   * the dequantized weights ('dequantize', default, any provider). `skip`: dense parameters not to
+   * declare (a trained score head the caller supplies).
    * `mode: 'dequantize'` dequantizes in the graph instead (standard ops, for providers without the kernels).
    */
-  graphWeights(g: Graph, opts: { dtype: DType; mode?: QuantizedMatmulMode; inline?: boolean; prefix?: string; backward?: 'kernel' | 'dequantize' }): { weights: Weights; inputs: Map<string, Tensor> } {
+  graphWeights(g: Graph, opts: { dtype: DType; mode?: QuantizedMatmulMode; inline?: boolean; prefix?: string; backward?: 'kernel' | 'dequantize'; skip?: readonly string[] }): { weights: Weights; inputs: Map<string, Tensor> } {
     const p = opts.prefix ?? '';
     const inputs = new Map<string, Tensor>();
     const kernels = new Map<string, QuantizedLinearTensors>();
     for (const spec of paramSpecs(this.config)) {
+      if (opts.skip?.includes(spec.name)) continue;
       const q = this.layers.get(spec.name);
       if (q) {
         const t = declareQuantizedLinear(g, p + spec.name, kernelLayout(q), opts.inline ? { inline: true } : { scaleDtype: opts.dtype });

@@ -1,0 +1,73 @@
+/**
+ * QLoRA's trained tensors in the shape the training recipes already take (`TrainedWeights`, as
+ * `trainedWeights` in @lathe/reward-models gives for LoRA over a dense base): LoRA adapters over a
+ * frozen quantized base — its codes and scales bound once as `base/…` inputs, its projections run
+ * through the quantized kernels — and, for a reward model, the score head trained in full. A
+ * recipe switches to QLoRA by building its weights here from `loadQuantized(dir)` (or
+ * `QuantizedModel.quantize`) instead of from the float32 master weights.
+ */
+import * as L from '@lathe/onnx';
+import type { DType } from '@lathe/onnx';
+import { paramSpecs, SCORE_WEIGHT, type Weights } from '@lathe/models';
+import { overQuantizedBase, type QuantizedModel } from '@lathe/quantization';
+import type { TrainedWeights } from '@lathe/reward-models';
+import { initLora, loraAdapters, loraWeights, mergeLora, type LoraConfig, type TrainableParam } from '@lathe/train';
+
+/** Options of {@link qloraTrainedWeights}. */
+export interface QloraOptions {
+  lora: LoraConfig;
+  /** dtype of the compute and of the frozen base's dense weights and scales on the device. Default float32. */
+  compute?: DType;
+  /** Seed of the adapters' initial A matrices. Default 0. */
+  seed?: number;
+  /** NF4's backward: 'dequantize' (default, any provider) or 'kernel' (MatMulBnb4 with transB = 0, CUDA). */
+  backward?: 'kernel' | 'dequantize';
+}
+
+/**
+ * The adapters (and a reward model's score head) over `q` frozen. `frozen` is empty — the base is
+ * uploaded by `frozenOn` in the compute dtype, codes as uint8 — and `merged` folds the adapters into
+ * the dequantized base (float32 weights by HF name: a dense model to save or score).
+ */
+export function qloraTrainedWeights(q: QuantizedModel, opts: QloraOptions): TrainedWeights {
+  const compute = opts.compute ?? 'float32';
+  const { config } = q;
+  const adapters = loraAdapters(config, opts.lora);
+  if (adapters.some((a) => a.target === SCORE_WEIGHT)) throw new Error(`lora targets '${opts.lora.targets}' match ${SCORE_WEIGHT}, which trains in full in a reward model: leave it out of the targets`);
+  const scoreSpec = paramSpecs(config).find((s) => s.name === SCORE_WEIGHT);
+  const head: TrainableParam[] = scoreSpec ? [{ name: SCORE_WEIGHT, shape: scoreSpec.shape, decay: true }] : [];
+  const init = initLora(adapters, opts.seed ?? 0);
+  if (scoreSpec) init.set(SCORE_WEIGHT, q.dense.get(SCORE_WEIGHT)!);
+  return {
+    params: [...adapters.flatMap((a) => [a.a, a.b]), ...head],
+    init,
+    frozen: new Map(),
+    frozenOn: (device) => {
+      const tensors = q.deviceTensors(device, compute, 'base/');
+      // The score head trains: it is a parameter, not a frozen input.
+      if (scoreSpec) {
+        tensors.get(`base/${SCORE_WEIGHT}`)?.dispose();
+        tensors.delete(`base/${SCORE_WEIGHT}`);
+      }
+      return Object.fromEntries(tensors);
+    },
+    adapters,
+    weights: (g, params) => {
+      const base = q.graphWeights(g, { dtype: compute, prefix: 'base/', backward: opts.backward, skip: scoreSpec ? [SCORE_WEIGHT] : [] });
+      const w = overQuantizedBase(loraWeights((n) => base.weights(n), params, adapters, opts.lora, compute, { training: true }), base.weights);
+      if (!scoreSpec) return w;
+      const score = L.cast(params.get(SCORE_WEIGHT)!, compute);
+      const withHead: Weights = (name) => (name === SCORE_WEIGHT ? score : w(name));
+      withHead.branch = w.branch;
+      withHead.matmul = w.matmul;
+      return withHead;
+    },
+    merged: (values) => {
+      const base = q.dequantizedWeights();
+      if (scoreSpec) base.delete(SCORE_WEIGHT);
+      const model = mergeLora(base, new Map(values), adapters, opts.lora);
+      if (scoreSpec) model.set(SCORE_WEIGHT, values.get(SCORE_WEIGHT)!);
+      return model;
+    },
+  };
+}
