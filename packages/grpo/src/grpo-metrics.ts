@@ -145,6 +145,8 @@ export interface StepLogprobs {
   entropy?: number;
   /** That entropy over the sampled and over the off-policy rows, with traces in the batch. */
   entropySplit?: { on: number; off: number };
+  /** V of every position, [rows, width], from the same pass (a critic sharing the policy's trunk). */
+  values?: Float32Array;
 }
 
 /** Off-policy bookkeeping of a step (with off-policy options). */
@@ -218,7 +220,7 @@ export interface StepRecord {
 }
 
 /** Metric outputs of `policyLoss` and `rlLoss` that the step turns into its own metrics. */
-const BUILTIN_METRICS = new Set(['pg_loss', 'tokens', 'clipped_tokens', 'clipped_low_tokens', 'approx_kl_sum', 'ref_kl_sum', 'entropy_sum', 'logp_parity_sum', 'off_tokens', 'off_prob_sum', 'on_ratio_sum', 'off_entropy_sum']);
+const BUILTIN_METRICS = new Set(['pg_loss', 'tokens', 'clipped_tokens', 'clipped_low_tokens', 'approx_kl_sum', 'ref_kl_sum', 'entropy_sum', 'logp_parity_sum', 'off_tokens', 'off_prob_sum', 'on_ratio_sum', 'off_entropy_sum', 'vf_loss', 'vf_clipped_tokens', 'vf_tokens']);
 
 /** The step's metrics line. */
 export function stepMetrics(s: StepRecord): GrpoStepMetrics {

@@ -68,6 +68,15 @@ export interface CustomObjective {
  * minibatches, with AdamW settings of the policy's.
  */
 export interface ValueModelOptions {
+  /**
+   * 'separate' (default): its own weights, scored in a pass of its own and trained by its own step.
+   * 'shared': a value head on the policy's trunk — values come from the policy's re-scoring pass
+   * (one forward, two heads) and the train step's loss is the policy's plus `coef` × the value
+   * loss; no warm-up (the trunk is the policy's), no lr of its own, no `init`.
+   */
+  trunk?: 'separate' | 'shared';
+  /** With a shared trunk: the value loss's weight in the joint loss. Default 0.5. */
+  coef?: number;
   /** γ of GAE. Default 1. */
   gamma?: number;
   /** λ of GAE. Default 0.95. */
@@ -235,7 +244,7 @@ export const GRPO_DEFAULTS = {
   loss: POLICY_LOSS_DEFAULTS,
   kl: { coef: 0, mode: 'loss', estimator: DEFAULT_KL_ESTIMATOR, horizon: 10000 },
   offPolicy: { ...OFF_POLICY_LOSS_DEFAULTS, advantageStats: 'group' },
-  valueModel: { gamma: 1, lambda: 0.95, clip: 0.2, lrScale: 1, warmupSteps: 0 },
+  valueModel: { trunk: 'separate', coef: 0.5, gamma: 1, lambda: 0.95, clip: 0.2, lrScale: 1, warmupSteps: 0 },
   epochs: 1,
   minibatches: 1,
   microBatches: 1,
@@ -355,6 +364,14 @@ export function resolveGrpoOptions<M>(opts: GrpoTrainerOptions<M>): ResolvedGrpo
     check(v.lrScale > 0, `valueModel.lrScale must be > 0, got ${v.lrScale}`);
     check(Number.isInteger(v.warmupSteps) && v.warmupSteps >= 0, `valueModel.warmupSteps must be a non-negative integer, got ${v.warmupSteps}`);
     check(!opts.lora, 'valueModel with LoRA: the value model trains every weight of its own trunk; LoRA on the critic is not supported yet');
+    check(['separate', 'shared'].includes(v.trunk), `valueModel.trunk must be 'separate' or 'shared', got '${v.trunk}'`);
+    if (v.trunk === 'shared') {
+      check(v.coef > 0, `valueModel.coef must be > 0, got ${v.coef}`);
+      check(v.warmupSteps === 0, `valueModel.warmupSteps ${v.warmupSteps} with a shared trunk: warming the critic up would move the policy's trunk; use trunk 'separate'`);
+      check(v.lrScale === 1 && !v.init, "valueModel with a shared trunk trains with the policy's step: no lrScale of its own, no init");
+      check((opts.oldLogprobs ?? d.oldLogprobs) === 'rescore', "valueModel with a shared trunk reads its values from the re-scoring pass: oldLogprobs must be 'rescore'");
+      check(!isCustomObjective(opts.loss), 'valueModel with a shared trunk adds its value loss to the built-in policy loss, not to a custom objective');
+    }
     valueModel = v;
   }
   const loss = isCustomObjective(opts.loss) ? withDefaults({ aggregation: d.loss.aggregation as LossAggregation, readsReference: false }, opts.loss) : withDefaults({ ...d.loss } as ResolvedLossConfig, opts.loss);

@@ -60,7 +60,7 @@ import { lossNormaliser, type PolicyLossConfig } from './policy-loss';
 import { ComputeWeights, frozenReference, GenerationRunner, KvGenerationRunner, ScoringRunner, type BoundWeights, type PolicyWeights, type RolloutGenerator } from './policy-sessions';
 import type { ScoredBatch } from './rewards';
 import { rlLoss } from './rl-loss';
-import { explainedVariance, valueLossBuilder, valueModelInit, valueModelParams, ValueScorer } from './value-model';
+import { explainedVariance, SHARED_VALUE_HEAD, valueLossBuilder, valueModelInit, valueModelParams, ValueScorer } from './value-model';
 import { evenSplit, responseValues, selectRows, tokenBatch, tokenMasks, trainedValues, type SampledCompletion, type TokenBatch } from './rollout-batch';
 
 /** A prompt for the RL loop. */
@@ -188,13 +188,18 @@ export class GrpoTrainer<M = unknown> {
     const lossReadsEntropy = custom !== undefined || lossConfig.entropyCoef !== 0;
     const entropyInStep = o.entropy && (lossReadsEntropy || o.oldLogprobs === 'generation');
     const readsReference = custom ? custom.readsReference : klInLoss;
+    // PPO's critic on the policy's trunk: a value head trained in the policy's step, scored in its pass
+    const shared = o.valueModel?.trunk === 'shared';
+    const valueHead = shared ? SHARED_VALUE_HEAD : undefined;
     const loss = rlLoss(
-      decoderPolicy(config, { compute, chunk: o.chunk, temperature: o.sampling.temperature, entropy: entropyInStep, weights: policy.train, recompute: o.gradientCheckpointing, flashAttention }),
+      decoderPolicy(config, { compute, chunk: o.chunk, temperature: o.sampling.temperature, entropy: entropyInStep, weights: policy.train, recompute: o.gradientCheckpointing, flashAttention, valueHead }),
       custom ? custom.objective : { ...lossConfig, klCoef: klInLoss ? o.kl.coef : 0, klEstimator: o.kl.estimator, ...(o.offPolicy ? { offPolicy: { term: o.offPolicy.term, gamma: o.offPolicy.gamma, sftCoef: o.offPolicy.sftCoef } } : {}) },
-      { reference: readsReference, offPolicy: Boolean(o.offPolicy) },
+      { reference: readsReference, offPolicy: Boolean(o.offPolicy), ...(shared ? { value: { coef: o.valueModel!.coef, clip: o.valueModel!.clip } } : {}) },
     );
-    const init = o.resume ? { params: o.resume.params, m: o.resume.m, v: o.resume.v, step: o.resume.optimizerStep } : { params: lora ? initLora(adapters, o.seed) : weights };
-    const trainer = Trainer.create({ params: [...policy.weights.trainable], loss, optimizer: o.optimizer }, init, { device, microBatches: o.microBatches, frozen, session: o.session });
+    const head = { name: SHARED_VALUE_HEAD, shape: [1, config.hiddenSize], decay: true };
+    const fresh = lora ? initLora(adapters, o.seed) : shared ? new Map([...weights, [head.name, new Float32Array(config.hiddenSize)]]) : weights;
+    const init = o.resume ? { params: o.resume.params, m: o.resume.m, v: o.resume.v, step: o.resume.optimizerStep } : { params: fresh };
+    const trainer = Trainer.create({ params: [...policy.weights.trainable, ...(shared ? [head] : [])], loss, optimizer: o.optimizer }, init, { device, microBatches: o.microBatches, frozen, session: o.session });
 
     // Generation and scoring sessions, fed the trainer's buffers by binding.
     const generation = generationRunners(o, engine, policy.weights);
@@ -202,7 +207,7 @@ export class GrpoTrainer<M = unknown> {
     const scoring = { temperature: o.sampling.temperature, compute, chunk: o.chunk, flashAttention, session: o.session };
     let scorer: ScoringRunner | undefined;
     const policyScorer = () => {
-      if (!scorer) owned.push((scorer = ScoringRunner.create(device, config, policy.weights, { ...scoring, entropy: o.entropy && !entropyInStep })));
+      if (!scorer) owned.push((scorer = ScoringRunner.create(device, config, policy.weights, { ...scoring, entropy: o.entropy && !entropyInStep, valueHead })));
       return scorer;
     };
     const reference = o.kl.coef > 0 || readsReference ? frozenReferenceOf(o, trainer, frozen, owned) : undefined;
@@ -211,10 +216,11 @@ export class GrpoTrainer<M = unknown> {
     owned.push({ dispose: () => Object.values(frozen).forEach((t) => t.dispose()) });
 
     const estimate = typeof o.estimator === 'function' ? o.estimator : builtinEstimator(o.estimator, { gae: o.valueModel }).estimate;
-    const critic = o.valueModel && criticOf(o, weights, flashAttention);
+    const critic = o.valueModel && !shared ? criticOf(o, weights, flashAttention) : undefined;
     if (critic) owned.push(critic.scorer, critic.trainer);
     const toMerged = () => {
       const snap = trainer.downloadParams();
+      snap.delete(SHARED_VALUE_HEAD);
       return lora ? mergeLora(weights, snap, adapters, lora) : snap;
     };
     return new GrpoTrainer({ opts: o, trainer, frozen, reference: reference?.weights, ...generation, policyScorer, refScorer, estimate, toMerged, generationEngine: engine, critic });
@@ -277,14 +283,17 @@ export class GrpoTrainer<M = unknown> {
     const logps = await this.oldAndReferenceLogprobs(batch, sampled.groups, clock);
     if (!rolloutLogprobs) logps.parity = undefined;
     // …and the value model's values (PPO), for GAE.
-    const values = this.parts.critic && (await clock.time('scoring', () => this.criticValues(batch)));
+    const values = logps.values ?? (this.parts.critic && (await clock.time('scoring', () => this.criticValues(batch))));
     // 4. Advantages, after the KL penalty where the KL is a reward.
     const advantages = this.advantages(sampled.groups, batch, logps, values);
     // 5. epochs × minibatches optimizer steps on the stored batch: the value model's first (a NaN
     // value loss refuses the step before the policy moves), then the policy's unless the critic is warming up.
-    const critic = values && this.optimiseCritic(batch, values, advantages.estimate as TokenAdvantages, lr, clock);
+    const returns = values && advantageMatrix({ ...(advantages.estimate as TokenAdvantages), advantages: (advantages.estimate as TokenAdvantages).returns }, batch.responseMask, [batch.rows, batch.width]);
+    let critic = values && this.parts.critic ? this.optimiseCritic(batch, values, returns!, lr, clock) : undefined;
     const frozen = this.rlStep < (this.opts.valueModel?.warmupSteps ?? 0);
-    const updates = frozen ? { updates: 0, nonfinite: 0, lossSum: 0, gradNormSum: 0, sums: {} } : this.optimise(batch, sampled.groups, logps, advantages.matrix, lr, clock);
+    const shared = values && !this.parts.critic ? { old_values: values, returns: returns! } : undefined;
+    const updates = frozen ? { updates: 0, nonfinite: 0, lossSum: 0, gradNormSum: 0, sums: {} } : this.optimise(batch, sampled.groups, logps, advantages.matrix, lr, clock, shared);
+    if (values) critic = { ...criticFit(batch, values, advantages.estimate as TokenAdvantages), ...(critic ?? sharedCriticMetrics(updates, lr)) };
     this.rlStep++;
 
     // 6. Metrics and the rollouts for logs.
@@ -329,9 +338,11 @@ export class GrpoTrainer<M = unknown> {
     let entropy: number | undefined;
     const off = offPolicyFlags(groups);
     let entropySplit: StepLogprobs['entropySplit'];
+    let values: Float32Array | undefined;
     if (this.opts.oldLogprobs === 'rescore') {
-      const scored = await clock.time('scoring', () => this.scoreRows(this.parts.policyScorer(), this.policyWeights(), batch, chunks));
+      const scored = await clock.time('scoring', () => this.scoreRows(this.parts.policyScorer(), this.scoringWeights(), batch, chunks));
       old = scored.logp;
+      values = scored.values;
       if (scored.entropy) {
         const rows = trainedValues(batch, responseValues(batch, scored.entropy));
         entropy = mean(rows.flat());
@@ -343,7 +354,11 @@ export class GrpoTrainer<M = unknown> {
     }
     const { refScorer, reference } = this.parts;
     const ref = refScorer ? (await clock.time('scoring', () => this.scoreRows(refScorer, [reference!], batch, chunks))).logp : undefined;
-    return { old, ref, oldRows: responseValues(batch, old), refRows: ref && responseValues(batch, ref), parity, entropy, entropySplit };
+    if (values) {
+      const bad = responseValues(batch, values).findIndex((row) => row.some((x) => !Number.isFinite(x)));
+      if (bad >= 0) throw new Error(`value model: completion ${bad} has a non-finite value at RL step ${this.rlStep + 1}; the step is refused (nothing was updated)`);
+    }
+    return { old, ref, oldRows: responseValues(batch, old), refRows: ref && responseValues(batch, ref), parity, entropy, entropySplit, ...(values ? { values } : {}) };
   }
 
   /**
@@ -384,21 +399,23 @@ export class GrpoTrainer<M = unknown> {
   }
 
   /** `epochs` × `minibatches` optimizer steps on the stored batch, each over its micro-batches. */
-  private optimise(batch: TokenBatch, groups: readonly SampledGroup<M>[], logps: StepLogprobs, advantages: Float32Array, lr: number, clock: PhaseClock): UpdateTotals {
+  private optimise(batch: TokenBatch, groups: readonly SampledGroup<M>[], logps: StepLogprobs, advantages: Float32Array, lr: number, clock: PhaseClock, valueTargets?: { old_values: Float32Array; returns: Float32Array }): UpdateTotals {
     const o = this.opts;
     const aggregation = o.loss.aggregation;
     const lossScaleFactor = isCustomObjective(o.loss) ? undefined : o.loss.lossScaleFactor;
-    const extra: Record<string, Float32Array> = { old_logp: logps.old, advantages, ...(logps.ref ? { ref_logp: logps.ref } : {}), ...(o.offPolicy ? { off_policy: offPolicyMatrix(batch, offPolicyFlags(groups)) } : {}) };
+    const extra: Record<string, Float32Array> = { old_logp: logps.old, advantages, ...(logps.ref ? { ref_logp: logps.ref } : {}), ...(o.offPolicy ? { off_policy: offPolicyMatrix(batch, offPolicyFlags(groups)) } : {}), ...valueTargets };
     const totals: UpdateTotals = { updates: 0, nonfinite: 0, lossSum: 0, gradNormSum: 0, sums: {} };
     for (let epoch = 0; epoch < o.epochs; epoch++) {
       const order = o.shuffle ? permutation(batch.rows, hashSeed(o.seed, this.rlStep, epoch)) : [...Array(batch.rows).keys()];
       for (const mb of evenSplit(order, this.minibatchCount(batch.rows))) {
         const normaliser = lossNormaliser(aggregation, mb.map((r) => batch.trainedLengths[r]), { maxLength: o.maxNewTokens, lossScaleFactor });
+        // the value loss is a mean over the minibatch's response tokens, whatever the policy's aggregation
+        const valueNormaliser = Math.max(1, mb.reduce((n, r) => n + batch.trainedLengths[r], 0));
         const micro = evenSplit(mb, this.trainer.microBatches).map((part, j) => {
           const t = selectRows(batch, part, extra);
           const fed = (name: string) =>
-            name === 'loss_normaliser'
-              ? { data: Float32Array.from([normaliser]), dims: [] }
+            name === 'loss_normaliser' || name === 'value_normaliser'
+              ? { data: Float32Array.from([name === 'loss_normaliser' ? normaliser : valueNormaliser]), dims: [] }
               : name === LORA_DROPOUT_KEY
                 ? loraDropoutKey(o.seed, this.trainer.step, j) // masks resume exactly: a function of (seed, optimizer step, micro-batch)
                 : t[name];
@@ -406,6 +423,9 @@ export class GrpoTrainer<M = unknown> {
         });
         const r = this.trainer.trainStep(micro, lr);
         clock.ms.training += r.runMs;
+        if (valueTargets && !Number.isFinite(r.metrics.vf_loss)) {
+          throw new Error(`value model: the value loss is ${r.metrics.vf_loss} at RL step ${this.rlStep + 1} (epoch ${epoch + 1}, update ${totals.updates + 1}); the step is refused: this update was not applied (a shared trunk's earlier updates of the step were)`);
+        }
         totals.updates++;
         if (!Number.isFinite(r.loss)) {
           totals.nonfinite++;
@@ -441,10 +461,9 @@ export class GrpoTrainer<M = unknown> {
    * values they were computed with), at `lrScale` × `lr`. A non-finite value loss refuses the step
    * — an error naming it, thrown before the policy's updates — and is never applied.
    */
-  private optimiseCritic(batch: TokenBatch, values: Float32Array, estimate: TokenAdvantages, lr: number, clock: PhaseClock): Record<`value/${string}`, number> {
+  private optimiseCritic(batch: TokenBatch, values: Float32Array, returns: Float32Array, lr: number, clock: PhaseClock): Record<`value/${string}`, number> {
     const o = this.opts;
     const critic = this.parts.critic!.trainer;
-    const returns = advantageMatrix({ ...estimate, advantages: estimate.returns }, batch.responseMask, [batch.rows, batch.width]);
     const extra = { old_values: values, returns };
     let loss = 0;
     let gradNorm = 0;
@@ -469,22 +488,25 @@ export class GrpoTrainer<M = unknown> {
         tokens += r.metrics.vf_tokens;
       }
     }
-    const rows = trainedValues(batch, responseValues(batch, values)).flat();
-    const ret = trainedValues(batch, estimate.returns).flat();
     return {
       'value/loss': loss / updates,
       'value/grad_norm': gradNorm / updates,
       'value/clip_fraction': tokens ? clipped / tokens : NaN,
-      'value/explained_variance': explainedVariance(ret, rows),
-      'value/mean': mean(rows),
-      'value/returns_mean': mean(ret),
       'value/lr': lr * o.valueModel!.lrScale,
     };
   }
 
-  /** The policy's weights now, as sessions bind them: the trainer's buffers (and a LoRA base). */
+  /** The policy's weights now, as sessions bind them: the trainer's buffers (and a LoRA base), less a shared critic's value head. */
   private policyWeights(): BoundWeights[] {
-    return [this.trainer.params(), Object.entries(this.parts.frozen)];
+    const params = this.trainer.params();
+    if (params.has(SHARED_VALUE_HEAD)) params.delete(SHARED_VALUE_HEAD);
+    return [params, Object.entries(this.parts.frozen)];
+  }
+
+  /** What the policy's scoring pass binds: the policy's weights, and a shared critic's value head. */
+  private scoringWeights(): BoundWeights[] {
+    const head = this.trainer.params().get(SHARED_VALUE_HEAD);
+    return head ? [...this.policyWeights(), [[SHARED_VALUE_HEAD, head]]] : this.policyWeights();
   }
 
   /** Minibatches per epoch for a batch of `rows` (fewer when a dynamic-sampling batch is too small to split). */
@@ -560,9 +582,10 @@ export class GrpoTrainer<M = unknown> {
   }
 
   /** Log-probs (and, when the scorer makes them, entropies) of every row, [rows, width] in the batch's layout, scored chunk by chunk. */
-  private async scoreRows(scorer: ScoringRunner, weights: BoundWeights[], batch: TokenBatch, chunks: readonly number[][]): Promise<{ logp: Float32Array; entropy?: Float32Array }> {
+  private async scoreRows(scorer: ScoringRunner, weights: BoundWeights[], batch: TokenBatch, chunks: readonly number[][]): Promise<{ logp: Float32Array; entropy?: Float32Array; values?: Float32Array }> {
     const logp = new Float32Array(batch.rows * batch.width);
     let entropy: Float32Array | undefined;
+    let values: Float32Array | undefined;
     for (const rows of chunks) {
       if (rows.length === 0) continue;
       const t = selectRows(batch, rows);
@@ -572,8 +595,9 @@ export class GrpoTrainer<M = unknown> {
       const place = (from: Float32Array, to: Float32Array) => rows.forEach((r, i) => to.set(from.subarray(i * T, (i + 1) * T), r * batch.width));
       place(scored.logp, logp);
       if (scored.entropy) place(scored.entropy, (entropy ??= new Float32Array(batch.rows * batch.width)));
+      if (scored.values) place(scored.values, (values ??= new Float32Array(batch.rows * batch.width)));
     }
-    return { logp, entropy };
+    return { logp, entropy, values };
   }
 
   /**
@@ -617,7 +641,7 @@ export class GrpoTrainer<M = unknown> {
    * those log-probs with generation's (used by tests and benchmarks).
    */
   async rescore(batch: TokenBatch): Promise<{ logp: Float32Array; parity: { mean: number; maxAbs: number } }> {
-    const { logp } = await this.scoreRows(this.parts.policyScorer(), this.policyWeights(), batch, [[...Array(batch.rows).keys()]]);
+    const { logp } = await this.scoreRows(this.parts.policyScorer(), this.scoringWeights(), batch, [[...Array(batch.rows).keys()]]);
     return { logp, parity: logpParity(batch, logp) };
   }
 
@@ -752,7 +776,9 @@ function frozenReferenceOf<M>(o: ResolvedGrpoOptions<M>, trainer: Trainer, froze
     };
   }
   // before any update (no resume) the trainer's parameters are these weights, already on the device
-  const ref = frozenReference(o.device, model, compute, { onDevice: o.resume ? undefined : trainer.params(), session: o.session });
+  const onDevice = trainer.params();
+  onDevice.delete(SHARED_VALUE_HEAD);
+  const ref = frozenReference(o.device, model, compute, { onDevice: o.resume ? undefined : onDevice, session: o.session });
   owned.push(ref);
   return { policy: ref.policy, weights: [...ref.weights] };
 }
@@ -778,6 +804,19 @@ function offPolicyCounts(groups: readonly SampledGroup<unknown>[]): OffPolicyCou
     missingGroups: groups.filter((g) => (g.missingTraces ?? 0) > 0).length,
     truncatedTraces: groups.reduce((n, g) => n + (g.truncatedTraces ?? 0), 0),
   };
+}
+
+/** How well the values the returns were computed with fit them: explained variance, means (over trained response tokens). */
+function criticFit(batch: TokenBatch, values: Float32Array, estimate: TokenAdvantages): Record<`value/${string}`, number> {
+  const v = trainedValues(batch, responseValues(batch, values)).flat();
+  const ret = trainedValues(batch, estimate.returns).flat();
+  return { 'value/explained_variance': explainedVariance(ret, v), 'value/mean': mean(v), 'value/returns_mean': mean(ret) };
+}
+
+/** A shared critic's update metrics, from the joint step's sums. */
+function sharedCriticMetrics(u: UpdateTotals, lr: number): Record<`value/${string}`, number> {
+  const good = u.updates - u.nonfinite;
+  return { 'value/loss': good ? u.sums.vf_loss / good : NaN, 'value/clip_fraction': u.sums.vf_tokens ? u.sums.vf_clipped_tokens / u.sums.vf_tokens : NaN, 'value/lr': lr };
 }
 
 /** PPO's value model: a train step over its own weights (the policy's trunk, or `init`, and a zero head) and its scoring session. */

@@ -4,8 +4,9 @@
  * log π(ids[t+1] | ids ≤ t). `decoderPolicy` is the LLM; any other differentiable builder (a tabular
  * policy in tests, a value-augmented model later) plugs into `rlLoss` the same way.
  */
+import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { causalLmLogprobs, type DecoderConfig, type Weights } from '@lathe/models';
+import { causalLmLogprobs, valuePerToken, type DecoderConfig, type Weights } from '@lathe/models';
 import { castWeights } from '@lathe/train';
 
 /** What a policy gives the loss. */
@@ -14,6 +15,8 @@ export interface PolicyOutputs {
   logp: Tensor;
   /** Entropy of π_θ(· | ids ≤ t), [B, T] float32, when the policy was asked for it. */
   entropy?: Tensor;
+  /** V(ids ≤ t) of a value head on the same trunk, [B, T] float32 (0 at padding), with `valueHead`. */
+  values?: Tensor;
 }
 
 /**
@@ -42,6 +45,11 @@ export interface DecoderPolicyOptions {
    * reads `total_sequence_length` (int32 scalar T).
    */
   flashAttention?: boolean;
+  /**
+   * Also a value per position from a linear head on the same hidden states (PPO's critic sharing the
+   * policy's trunk): the parameter of this name, [1, hidden], must be among the trained ones.
+   */
+  valueHead?: string;
 }
 
 /**
@@ -57,8 +65,9 @@ export function decoderPolicy(cfg: DecoderConfig, opts: DecoderPolicyOptions = {
     const ids = g.input('input_ids', 'int64', ['B', 'T']);
     const attention = g.input('attention_mask', 'int64', ['B', 'T']);
     const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
-    const { logp, entropy } = causalLmLogprobs(cfg, w, ids, attention, { chunk, temperature, recompute: opts.recompute, entropy: opts.entropy, attention: opts.flashAttention ? 'flash' : 'composed' });
-    return entropy ? { logp, entropy } : { logp };
+    const { logp, entropy, hidden } = causalLmLogprobs(cfg, w, ids, attention, { chunk, temperature, recompute: opts.recompute, entropy: opts.entropy, attention: opts.flashAttention ? 'flash' : 'composed' });
+    const values = opts.valueHead ? L.where(L.cast(attention, 'bool'), L.cast(valuePerToken(hidden, w(opts.valueHead)), 'float32'), 0) : undefined;
+    return { logp, ...(entropy ? { entropy } : {}), ...(values ? { values } : {}) };
   };
 }
 

@@ -456,6 +456,8 @@ export interface ScoringRunnerOptions {
   entropy?: boolean;
   /** Attend through GroupQueryAttention (`decoderPolicy`'s `flashAttention`): the graph then reads `total_sequence_length`. */
   flashAttention?: boolean;
+  /** Also output `values` from a value head on the same trunk: the [1, hidden] input of this name (PPO's shared critic). */
+  valueHead?: string;
   session?: SessionOptions;
 }
 
@@ -466,10 +468,13 @@ export interface ScoringRunnerOptions {
  */
 export function scoringGraph(config: DecoderConfig, pw: PolicyWeights, opts: Omit<ScoringRunnerOptions, 'session'>): Graph {
   const g = new L.Graph('grpo_score');
-  const policy = decoderPolicy(config, { compute: opts.compute, chunk: opts.chunk, temperature: opts.temperature, entropy: opts.entropy, weights: pw.weights, flashAttention: opts.flashAttention });
-  const out = policy(g, declareTrainable(g, pw));
+  const policy = decoderPolicy(config, { compute: opts.compute, chunk: opts.chunk, temperature: opts.temperature, entropy: opts.entropy, weights: pw.weights, flashAttention: opts.flashAttention, valueHead: opts.valueHead });
+  const params = declareTrainable(g, pw);
+  if (opts.valueHead) params.set(opts.valueHead, g.input(opts.valueHead, 'float32', [1, config.hiddenSize]));
+  const out = policy(g, params);
   g.output(out.logp, 'logp');
   if (out.entropy) g.output(out.entropy, 'entropy');
+  if (out.values) g.output(out.values, 'values');
   return g;
 }
 
@@ -482,16 +487,18 @@ export class ScoringRunner {
   private constructor(
     private readonly session: Session,
     private readonly entropy: boolean,
+    private readonly values = false,
   ) {
     this.binding = session.binding().output('logp', 'host');
     if (entropy) this.binding.output('entropy', 'host');
+    if (values) this.binding.output('values', 'host');
     this.readsWidth = session.inputs.some((i) => i.name === TOTAL_LENGTH_INPUT);
   }
 
   /** Compiles the scoring graph ({@link scoringGraph}) for `config` on `device`. */
   static create(device: Device, config: DecoderConfig, pw: PolicyWeights, opts: ScoringRunnerOptions): ScoringRunner {
     const g = scoringGraph(config, pw, opts);
-    return new ScoringRunner(device.compile(g, opts.session), g.outputs.some((o) => o.name === 'entropy'));
+    return new ScoringRunner(device.compile(g, opts.session), g.outputs.some((o) => o.name === 'entropy'), Boolean(opts.valueHead));
   }
 
   /**
@@ -500,13 +507,17 @@ export class ScoringRunner {
    * (tokens contiguous from column 0, as `selectRows` cuts them): the composed attention would take
    * any padding, but a fused-attention graph takes only this layout.
    */
-  async score(weights: BoundWeights[], batch: { input_ids: HostTensor; attention_mask: HostTensor }): Promise<{ logp: Float32Array; entropy?: Float32Array }> {
+  async score(weights: BoundWeights[], batch: { input_ids: HostTensor; attention_mask: HostTensor }): Promise<{ logp: Float32Array; entropy?: Float32Array; values?: Float32Array }> {
     bindAll(this.binding, ...weights);
     this.binding.input('input_ids', batch.input_ids).input('attention_mask', batch.attention_mask);
     if (this.readsWidth) this.binding.input(TOTAL_LENGTH_INPUT, totalLengthTensor(batch.input_ids.dims[1]));
     await this.binding.run();
     const logp = this.binding.fetch('logp').data as Float32Array;
-    return this.entropy ? { logp, entropy: this.binding.fetch('entropy').data as Float32Array } : { logp };
+    return {
+      logp,
+      ...(this.entropy ? { entropy: this.binding.fetch('entropy').data as Float32Array } : {}),
+      ...(this.values ? { values: this.binding.fetch('values').data as Float32Array } : {}),
+    };
   }
 
   dispose(): void {

@@ -11,7 +11,9 @@
  *   (see `lossNormaliser`), the same for every micro-batch of a step;
  * - `ref_logp` float32: reference log-probs, only when the objective reads them (`klCoef` > 0, or
  *   `reference: true` for a custom objective);
- * - `off_policy` float32: 1 on the tokens of off-policy traces (LUFFY), only with `offPolicy: true`.
+ * - `off_policy` float32: 1 on the tokens of off-policy traces (LUFFY), only with `offPolicy: true`;
+ * - `old_values`, `returns` float32 and `value_normaliser` (the batch's response tokens), only with
+ *   `value` (a critic sharing the policy's trunk: the loss adds coef × `valueLoss`).
  * Metric outputs: those of the objective (for `policyLoss`: sums that add up over micro-batches),
  * plus `logp_parity_sum` = Σ over response tokens of exp(|log π_θ − log π_old|): divided by
  * `tokens` it is the log-prob parity metric (1 when the training forward reproduces the old
@@ -22,6 +24,7 @@ import type { Tensor } from '@lathe/onnx';
 import type { LossBuilder } from '@lathe/train';
 import { policyLoss, type PolicyLossConfig, type PolicyLossTensors } from './policy-loss';
 import type { PolicyBuilder } from './policies';
+import { VALUE_INPUTS, valueLoss } from './value-model';
 
 /** Names of the RL batch inputs. */
 export const RL_INPUTS = {
@@ -49,6 +52,8 @@ export interface RlLossOptions {
   reference?: boolean;
   /** Declare the `off_policy` input (off-policy traces in the batch) and pass it to the objective. Default false. */
   offPolicy?: boolean;
+  /** A value head on the policy's trunk (the policy's `values`): add coef × the clipped value loss (ε `clip`). */
+  value?: { coef: number; clip: number };
 }
 
 const PARITY_LOG_LIMIT = 20;
@@ -57,7 +62,7 @@ const PARITY_LOG_LIMIT = 20;
 export function rlLoss(policy: PolicyBuilder, objective: PolicyLossConfig | RlObjective = {}, opts: RlLossOptions = {}): LossBuilder {
   const reference = opts.reference ?? (typeof objective === 'function' ? false : (objective.klCoef ?? 0) > 0);
   return (g, params) => {
-    const { logp, entropy } = policy(g, params);
+    const { logp, entropy, values } = policy(g, params);
     if (logp.rank !== 2 || logp.dtype !== 'float32') throw new Error(`rlLoss: the policy's logp must be float32 [B, T], got ${logp}`);
     const shape = logp.shape;
     const oldLogp = g.input(RL_INPUTS.oldLogp, 'float32', shape);
@@ -70,10 +75,17 @@ export function rlLoss(policy: PolicyBuilder, objective: PolicyLossConfig | RlOb
     const out = typeof objective === 'function' ? objective(tensors) : policyLoss(tensors, objective);
     const metrics: Record<string, Tensor> = {};
     for (const [k, v] of Object.entries(out.metrics ?? {})) if (v) metrics[k] = v;
+    let loss = out.loss;
+    if (opts.value) {
+      if (!values) throw new Error('rlLoss: a value term needs a policy with a value head (decoderPolicy\'s valueHead)');
+      const v = valueLoss({ values, oldValues: g.input(VALUE_INPUTS.oldValues, 'float32', shape), returns: g.input(VALUE_INPUTS.returns, 'float32', shape), mask, normaliser: g.input(VALUE_INPUTS.normaliser, 'float32', []) }, opts.value.clip);
+      loss = L.add(loss, L.mul(v.loss, opts.value.coef));
+      Object.assign(metrics, v.metrics);
+    }
     const deviation = L.exp(L.clip(L.abs(L.sub(logp, oldLogp)), 0, PARITY_LOG_LIMIT));
     // generation and training agree on the sampled tokens only, not on a trace's behaviour log-probs
     const sampled = offPolicy ? L.mul(L.cast(mask, 'float32'), L.sub(1, offPolicy)) : L.cast(mask, 'float32');
     metrics.logp_parity_sum = L.reduceSum(L.mul(deviation, sampled));
-    return { loss: out.loss, metrics };
+    return { loss, metrics };
   };
 }

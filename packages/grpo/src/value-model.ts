@@ -19,7 +19,10 @@ import { castWeights, type LossBuilder, type TrainableParam } from '@lathe/train
 import type { BoundWeights } from './policy-sessions';
 
 /** Names of the value loss's batch inputs (besides `input_ids`, `attention_mask`, `response_mask`, `loss_normaliser`). */
-export const VALUE_INPUTS = { oldValues: 'old_values', returns: 'returns' } as const;
+export const VALUE_INPUTS = { oldValues: 'old_values', returns: 'returns', normaliser: 'value_normaliser' } as const;
+
+/** The value head of a critic sharing the policy's trunk: a trained [1, hidden] parameter beside the policy's. */
+export const SHARED_VALUE_HEAD = 'value_head.weight';
 
 /** The value model's config: the policy's decoder with a one-output score head and no LM head. */
 export function valueModelConfig(policy: DecoderConfig): DecoderConfig {

@@ -176,9 +176,16 @@ test('the next step generates from the weights the last update wrote (bound buff
 });
 
 test.each(ESTIMATOR_NAMES.map((n) => [n]))('%s through GrpoTrainer: reward rises from chance to ≥ 0.9', async (name) => {
-  const t = make({ estimator: name as EstimatorName, kl: name === 'reinforce_pp_baseline' ? { coef: 0.01, mode: 'reward' } : undefined, loss: { aggregation: name === 'dr_grpo' ? 'token-sum-norm' : 'token-mean', clipHigh: 0.28 } });
-  // ReMax's greedy baseline gives no signal once a prompt's samples all equal its greedy answer: a smaller step keeps exploring
-  const mean = await train(t, name === 'remax' ? 0.01 : 0.03);
+  const t = make({
+    estimator: name as EstimatorName,
+    kl: name === 'reinforce_pp_baseline' ? { coef: 0.01, mode: 'reward' } : undefined,
+    loss: { aggregation: name === 'dr_grpo' ? 'token-sum-norm' : 'token-mean', clipHigh: 0.28 },
+    // PPO's estimator reads a value model (packages/grpo/test/ppo.test.ts tests it in depth)
+    ...(name === 'gae' ? { valueModel: { lrScale: 3 } } : {}),
+  });
+  // ReMax's greedy baseline gives no signal once a prompt's samples all equal its greedy answer, and PPO's whitened
+  // token advantages collapse the policy onto a wrong answer at the larger step: a smaller step keeps exploring
+  const mean = await train(t, name === 'remax' || name === 'gae' ? 0.01 : 0.03);
   console.log(`${name}: ${mean.length} steps, mean reward ${mean[0].toFixed(2)} → ${mean.at(-1)!.toFixed(2)}`);
   expect(mean[0]).toBeLessThan(0.4);
   expect(mean.slice(-3).every((m) => m >= 0.9)).toBe(true);

@@ -166,3 +166,29 @@ test('a NaN value loss or a non-finite value refuses the step, named', async () 
   expect(() => ppo({ valueModel: undefined })).toThrow("estimator 'gae' needs a value model");
   expect(() => ppo({ estimator: 'grpo' })).toThrow("valueModel options are read by estimator 'gae' only");
 });
+
+test('a critic sharing the policy’s trunk: values from the re-scoring pass, one train step for both heads; the reward rises and the explained variance goes above 0', async () => {
+  // the value loss pulls on the policy's own (tiny) trunk: a small weight lets the policy learn
+  const t = ppo({ valueModel: { trunk: 'shared', coef: 0.1, clip: 0.2 } });
+  try {
+    const lines: GrpoStepMetrics[] = [];
+    for (let s = 0; s < 80; s++) lines.push((await t.step(prompts(s), 0.01)).metrics);
+    // the head starts at zero: the first values are 0; no step of a value model of its own
+    expect(lines[0]['value/mean']).toBe(0);
+    expect(lines[0]['value/grad_norm']).toBeUndefined();
+    expect(t.snapshot().valueModel).toBeUndefined();
+    // the value head is trained with the policy but never part of the saved model
+    expect(t.snapshot().values.has('value_head.weight')).toBe(true);
+    expect(t.snapshot().model.has('value_head.weight')).toBe(false);
+    const ev = lines.slice(1).map((m) => m['value/explained_variance']).filter(Number.isFinite);
+    const median = [...ev].sort((a, b) => a - b)[Math.floor(ev.length / 2)];
+    console.log(`PPO + GAE, shared trunk: ${lines.length} steps, reward ${lines[0].reward_mean.toFixed(2)} → ${lines.at(-1)!.reward_mean.toFixed(2)}; explained variance median ${median.toFixed(2)}, ${ev.filter((x) => x > 0).length} of ${ev.length} steps above 0`);
+    // slower than with a critic of its own (above), where the value loss does not share the trunk
+    expect(lines.slice(-3).reduce((a, m) => a + m.reward_mean, 0) / 3).toBeGreaterThan(0.5);
+    expect(median).toBeGreaterThan(0);
+  } finally {
+    t.dispose();
+  }
+  expect(() => ppo({ valueModel: { trunk: 'shared', warmupSteps: 2 } })).toThrow('valueModel.warmupSteps 2 with a shared trunk');
+  expect(() => ppo({ valueModel: { trunk: 'shared' }, oldLogprobs: 'generation' })).toThrow("oldLogprobs must be 'rescore'");
+}, 60_000);

@@ -59,6 +59,8 @@ export const grpoSchema = {
   estimator: { type: 'string', default: GRPO_DEFAULTS.estimator, choices: ESTIMATOR_NAMES, describe: "Advantage estimator: grpo (group mean/std), dr_grpo (no std; with --aggregation token-sum-norm, Dr.GRPO), rloo (leave-one-out), remax (greedy baseline), reinforce_pp (batch whitening), reinforce_pp_baseline (group mean, then whitening), gae (PPO: GAE over token rewards with a learned value model, whitened; see --gae_gamma and the value_* options)" },
   gae_gamma: { type: 'number', default: GRPO_DEFAULTS.valueModel.gamma, min: 0, max: 1, describe: 'With --estimator gae: the discount γ of GAE' },
   gae_lambda: { type: 'number', default: GRPO_DEFAULTS.valueModel.lambda, min: 0, max: 1, describe: 'With --estimator gae: GAE’s λ (1: Monte Carlo returns minus the value; verl’s default)' },
+  value_trunk: { type: 'string', default: GRPO_DEFAULTS.valueModel.trunk, choices: ['separate', 'shared'], describe: "With --estimator gae: the value model's own weights (the policy's trunk copied, its own step and lr), or a value head on the policy's trunk (values from the policy's scoring pass, one train step for both; no --value_lr or --value_warmup_steps)" },
+  value_coef: { type: 'number', default: GRPO_DEFAULTS.valueModel.coef, min: 0, describe: 'With --value_trunk shared: the value loss’s weight in the joint loss' },
   value_lr: { type: 'number', default: 0, min: 0, describe: "With --estimator gae: the value model's peak learning rate (it follows --schedule and --warmup_steps like --lr); 0: --lr" },
   value_clip: { type: 'number', default: GRPO_DEFAULTS.valueModel.clip, min: 0, describe: 'With --estimator gae: the value clip ε (a value moves at most ±ε from the one its return was computed with, per step); 0: no clip' },
   value_warmup_steps: { type: 'number', default: GRPO_DEFAULTS.valueModel.warmupSteps, integer: true, min: 0, describe: 'With --estimator gae: RL steps that train the value model alone, the policy frozen' },
@@ -129,7 +131,7 @@ export function grpoTrainerOptions(cfg: GrpoConfig): GrpoAlgorithmOptions {
     sampling: { temperature: cfg.temperature, topK: cfg.top_k || undefined, topP: cfg.top_p < 1 ? cfg.top_p : undefined, minP: cfg.min_p || undefined },
     estimator: cfg.estimator,
     ...(cfg.estimator === 'gae'
-      ? { valueModel: { gamma: cfg.gae_gamma, lambda: cfg.gae_lambda, clip: cfg.value_clip, lrScale: cfg.value_lr > 0 ? cfg.value_lr / cfg.lr : 1, warmupSteps: cfg.value_warmup_steps } }
+      ? { valueModel: { trunk: cfg.value_trunk, coef: cfg.value_coef, gamma: cfg.gae_gamma, lambda: cfg.gae_lambda, clip: cfg.value_clip, lrScale: cfg.value_lr > 0 ? cfg.value_lr / cfg.lr : 1, warmupSteps: cfg.value_warmup_steps } }
       : {}),
     loss: {
       aggregation: cfg.aggregation,
