@@ -219,7 +219,7 @@ export class OpenAiClient {
           if (data === '[DONE]') return;
           const parsed = JSON.parse(data) as T & { error?: { message?: string; type?: string; param?: string; code?: string } };
           if (parsed.error) throw new OpenAiError(`POST ${path} (stream): ${parsed.error.message}`, 500, parsed.error.type ?? null, parsed.error.param ?? null, parsed.error.code ?? null);
-          yield parsed;
+          yield parsed as T;
         }
       }
       throw new OpenAiError(`POST ${path} (stream): the stream ended without [DONE]`, 0);

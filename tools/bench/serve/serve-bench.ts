@@ -3,18 +3,20 @@
  * tokens/s) and p50/p99 time to first token and inter-token latency at each client count, every
  * client issuing `--rounds` streamed requests one after another (random token-id prompts of
  * `--prompt-len` tokens, `--max-new` new tokens each, EOS ignored so every request is the same
- * work), through @lathe/openai-client over loopback HTTP. The offline reference runs the same
+ * work) over loopback HTTP from `--client-threads` worker threads (the server's event loop does
+ * only the server's work). The offline reference runs the same
  * prompts through the batch KV-cache engine (`KvCacheGenerator`, as `lathe generate` does), all
  * of a level's requests in runs of `--rows` rows.
  *
  * usage: node serve-bench.js [--shape qwen3-0.6b|tiny | --model DIR] [--tokenizer DIR] [--device cuda|cpu]
  *          [--dtype bfloat16] [--clients 1,16,64,256] [--rounds 2] [--prompt-len 256] [--max-new 512]
- *          [--rows 256] [--temperature 1] [--cuda-graph] [--no-offline]
+ *          [--rows 256] [--temperature 1] [--cuda-graph] [--client-threads 2] [--no-offline]
  * Prints one JSON line per client count and a summary line.
  */
 import { copyFileSync, existsSync, mkdtempSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
+import { Worker } from 'node:worker_threads';
 import { dirname, join, resolve } from 'node:path';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, randomModel, type HfConfig } from '@lathe/models';
@@ -53,6 +55,66 @@ function makePrompts(n: number, len: number, salt: number): number[][] {
   return Array.from({ length: n }, () => Array.from({ length: len }, () => 1000 + (next() % 90000)));
 }
 
+/**
+ * The clients, in worker threads so that their HTTP and JSON work does not run on the server's
+ * event loop: each thread runs its share of the clients, each client its `rounds` streamed requests
+ * one after another. Plain JavaScript on Node's fetch (no bundle to load in the threads).
+ */
+const CLIENT_THREAD = `
+const { parentPort, workerData: w } = require('node:worker_threads');
+async function one(prompt, seed, out) {
+  const sent = performance.now();
+  const res = await fetch(w.url + '/completions', { method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: w.model, prompt, max_tokens: w.maxNew, temperature: w.temperature, seed, ignore_eos: true, stream: true }) });
+  if (!res.ok) throw new Error('HTTP ' + res.status + ': ' + (await res.text()));
+  const decoder = new TextDecoder();
+  let buffer = '', last = 0;
+  for await (const bytes of res.body) {
+    buffer += decoder.decode(bytes, { stream: true });
+    let at;
+    while ((at = buffer.indexOf('\\n\\n')) >= 0) {
+      const data = buffer.slice(6, at);
+      buffer = buffer.slice(at + 2);
+      if (data === '[DONE]') return;
+      const chunk = JSON.parse(data);
+      const now = performance.now();
+      if (chunk.usage) out.tokens += chunk.usage.completion_tokens;
+      if (!chunk.choices || !chunk.choices.length) continue;
+      if (last === 0) out.ttft.push(now - sent); else out.itl.push(now - last);
+      last = now;
+    }
+  }
+}
+parentPort.once('message', async () => {
+  const out = { ttft: [], itl: [], tokens: 0 };
+  await Promise.all(w.clients.map(async (c) => { for (let r = 0; r < w.rounds; r++) await one(w.prompts[c * w.rounds + r], c * w.rounds + r, out); }));
+  parentPort.postMessage(out);
+});
+parentPort.postMessage('ready');
+`;
+
+async function runClients(o: { url: string; model: string; prompts: number[][]; clients: number; rounds: number; maxNew: number; temperature: number; threads: number }) {
+  const workers = Array.from({ length: o.threads }, (_, t) => {
+    const clients = Array.from({ length: o.clients }, (_, c) => c).filter((c) => c % o.threads === t);
+    return new Worker(CLIENT_THREAD, { eval: true, workerData: { ...o, clients } });
+  });
+  await Promise.all(workers.map((w) => new Promise((r, j) => (w.once('message', r), w.once('error', j)))));
+  const started = performance.now();
+  const outs = await Promise.all(
+    workers.map(
+      (w) =>
+        new Promise<{ ttft: number[]; itl: number[]; tokens: number }>((r, j) => {
+          w.once('message', r);
+          w.once('error', j);
+          w.postMessage('go');
+        }),
+    ),
+  );
+  const seconds = (performance.now() - started) / 1000;
+  await Promise.all(workers.map((w) => w.terminate()));
+  return { ttft: outs.flatMap((x) => x.ttft), itl: outs.flatMap((x) => x.itl), tokens: outs.reduce((n, x) => n + x.tokens, 0), seconds };
+}
+
 async function main(): Promise<void> {
   const device = arg('device', 'cuda') as 'cuda' | 'cpu';
   const dtype = arg('dtype', device === 'cuda' ? 'bfloat16' : 'float32') as DType;
@@ -77,6 +139,7 @@ async function main(): Promise<void> {
   const running = await startServe({ ...defaults(serveSchema), model, port: 0, device, compute_dtype: dtype as 'bfloat16', max_rows: rows, max_model_len: maxModelLen, max_queue: 4 * Math.max(...levels), cuda_graph: cudaGraph, max_n: 1 });
   const id = running.models[0].id;
   const client = new OpenAiClient({ baseUrl: running.url, timeoutMs: 3_600_000, maxRetries: 0 });
+  const clientThreads = Number(arg('client-threads', '2'));
   const tReady = performance.now();
   // Warm-up: the first prefill and decode step of the graphs the bench uses.
   await client.completions({ model: id, prompt: makePrompts(1, promptLen, 999)[0], max_tokens: 4, temperature, ignore_eos: true });
@@ -84,28 +147,8 @@ async function main(): Promise<void> {
   const results: Record<string, unknown>[] = [];
   for (const clients of levels) {
     const prompts = makePrompts(clients * rounds, promptLen, clients);
-    const ttft: number[] = [];
-    const itl: number[] = [];
-    let tokens = 0;
     const stepsBefore = running.models[0].scheduler.counters.steps;
-    const started = performance.now();
-    await Promise.all(
-      Array.from({ length: clients }, async (_, c) => {
-        for (let r = 0; r < rounds; r++) {
-          const sent = performance.now();
-          let last = 0;
-          for await (const chunk of client.completionsStream({ model: id, prompt: prompts[c * rounds + r], max_tokens: maxNew, temperature, seed: c * rounds + r, ignore_eos: true })) {
-            const now = performance.now();
-            if (chunk.usage) tokens += chunk.usage.completion_tokens;
-            if (!chunk.choices.length) continue;
-            if (last === 0) ttft.push(now - sent);
-            else itl.push(now - last);
-            last = now;
-          }
-        }
-      }),
-    );
-    const seconds = (performance.now() - started) / 1000;
+    const { ttft, itl, tokens, seconds } = await runClients({ url: running.url, model: id, prompts, clients, rounds, maxNew, temperature, threads: Math.min(clientThreads, clients) });
     const level: Record<string, unknown> = {
       bench: 'serve',
       clients,
