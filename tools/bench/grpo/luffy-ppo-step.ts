@@ -5,14 +5,16 @@
  *   luffy  G − 1 samples + 1 off-policy trace of --new-tokens tokens per prompt (LUFFY's recipe:
  *          dr_grpo, the shaped off-policy term, no clip, token-sum-norm, entropy 0.001);
  *   ppo    G samples per prompt, estimator gae with a value model of separate weights (its scoring
- *          pass and its updates on top of the policy's).
+ *          pass and its updates on top of the policy's);
+ *   ppo-shared  the same with the value head on the policy's trunk (values from the policy's
+ *          scoring pass, one train step for both).
  * Each method gets its own trainer (disposed before the next), --warmup untimed steps, then --steps
  * timed ones. Prints one JSON line per timed step and a summary line per method, then one line of
  * ratios to GRPO (step, scoring and training time).
  *
  * usage: node luffy-ppo-step.js [--device cuda|cpu] [--compute float32|bfloat16] [--shape tiny|qwen3-0.6b]
  *          [--prompts 64] [--group 8] [--prompt-len 64] [--new-tokens 512] [--steps 1] [--warmup 1]
- *          [--minibatches 4] [--micro-batches 1] [--methods grpo,luffy,ppo] [--attention composed|flash] [--recompute]
+ *          [--minibatches 4] [--micro-batches 1] [--methods grpo,luffy,ppo,ppo-shared] [--attention composed|flash] [--recompute]
  * Bundle for the GPU machine: add `[luffy-ppo-step]=tools/bench/grpo/luffy-ppo-step.ts` to
  * tools/bench/build-device-bundles.sh's entries. On CPU the tiny shape takes a few seconds:
  *   npx tsx --conditions=lathe-source tools/bench/grpo/luffy-ppo-step.ts --device cpu --shape tiny --prompts 4 --new-tokens 16 --prompt-len 8
@@ -28,7 +30,7 @@ const SHAPES: Record<string, HfConfig> = {
   'qwen3-0.6b': QWEN3_0_6B,
 };
 
-type Method = 'grpo' | 'luffy' | 'ppo';
+type Method = 'grpo' | 'luffy' | 'ppo' | 'ppo-shared';
 type Meta = Record<string, never>;
 
 /** Each method's options over the common ones. */
@@ -36,6 +38,7 @@ const METHODS: Record<Method, Partial<GrpoTrainerOptions<Meta>>> = {
   grpo: { estimator: 'grpo', loss: { aggregation: 'token-mean', clipHigh: 0.28 } },
   luffy: { estimator: 'dr_grpo', loss: { aggregation: 'token-sum-norm', policyTerm: 'unclipped', entropyCoef: 0.001 }, offPolicy: { traces: 1 } },
   ppo: { estimator: 'gae', loss: { aggregation: 'token-mean', clipHigh: 0.28 }, valueModel: { gamma: 1, lambda: 0.95, clip: 0.2 } },
+  'ppo-shared': { estimator: 'gae', loss: { aggregation: 'token-mean', clipHigh: 0.28 }, valueModel: { trunk: 'shared', coef: 0.5, gamma: 1, lambda: 0.95, clip: 0.2 } },
 };
 
 async function main(): Promise<void> {
@@ -48,8 +51,8 @@ async function main(): Promise<void> {
   const maxNew = Number(arg('new-tokens', '512'));
   const steps = Number(arg('steps', '1'));
   const warmup = Number(arg('warmup', '1'));
-  const methods = arg('methods', 'grpo,luffy,ppo').split(',') as Method[];
-  for (const m of methods) if (!(m in METHODS)) throw new Error(`--methods: unknown method '${m}' (grpo, luffy, ppo)`);
+  const methods = arg('methods', 'grpo,luffy,ppo,ppo-shared').split(',') as Method[];
+  for (const m of methods) if (!(m in METHODS)) throw new Error(`--methods: unknown method '${m}' (${Object.keys(METHODS).join(', ')})`);
   const model = CausalLM.random(SHAPES[shape], { seed: 1, std: 0.02 });
   const V = model.config.vocabSize;
   // reward: the share of even token ids in the completion (non-uniform across a group)
@@ -90,7 +93,7 @@ async function main(): Promise<void> {
       method, create_s: (created - t0) / 1000, step_s: mean('step_ms'), generation_s: mean('generation_ms'), scoring_s: mean('scoring_ms'), training_s: mean('training_ms'), rewards_s: mean('rewards_ms'), host_s: mean('host_ms'),
       response_length_mean: lines.at(-1)!.response_length_mean, samples: lines.at(-1)!.samples,
       ...(method === 'luffy' ? { off_policy_share: lines.at(-1)!['off_policy/share'] } : {}),
-      ...(method === 'ppo' ? { value_loss: lines.at(-1)!['value/loss'] } : {}),
+      ...(method.startsWith('ppo') ? { value_loss: lines.at(-1)!['value/loss'] } : {}),
     };
     console.log(JSON.stringify({ summary: true, device: device.name, compute, shape, prompts: P, group: G, prompt_len: promptLen, new_tokens: maxNew, ...summaries[method], memory: device.memory() }));
   }
