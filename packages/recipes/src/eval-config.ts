@@ -43,7 +43,7 @@ export const evalSchema = {
   reward_model: { type: 'string', default: '', describe: "A reward model folder (lathe rm train): every completion is scored, and best-of-n (the highest-scored sample's accuracy) is reported" },
   run_dir: { type: 'string', default: '', describe: 'Run directory for completions (<label>.completions.parquet), summary.json, summary.md and config.yaml (default: runs/eval-<UTC time>)' },
   overwrite: { type: 'boolean', default: false, describe: "Replace an earlier eval's files in --run_dir" },
-  regrade: { type: 'string', default: '', describe: "An earlier eval's run directory: grade its saved completions again with this grader and --rounded_tolerance (no model, no generation) and rewrite its summary" },
+  regrade: { type: 'string', default: '', describe: "An earlier eval's run directory: grade its saved completions again with this grader and --rounded_tolerance (no model, no generation; the run's own benchmarks and --pass_k) and rewrite its summary" },
   device: deviceOption,
   compute_dtype: { type: 'string', default: 'auto', choices: ['auto', 'float32', 'bfloat16', 'float16'], describe: 'Compute dtype (auto: float32 on cpu, bfloat16 on cuda; bfloat16/float16 need --device cuda)' },
   generation_engine: generationEngineOption,

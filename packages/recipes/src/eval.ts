@@ -450,7 +450,7 @@ async function rewardScorer(cfg: EvalConfig, run_dir: string): Promise<(rows: re
  */
 export async function runEval(cfg: EvalConfig, events: EvalRunEvents = {}, signal?: AbortSignal): Promise<EvalRunResult> {
   const { models, benchmarks, passK } = checkEvalConfig(cfg);
-  if (cfg.regrade !== '') return regrade(cfg, passK);
+  if (cfg.regrade !== '') return regrade(cfg);
   const problems: BenchmarkProblem[] = [];
   for (const b of benchmarks) problems.push(...(await loadBenchmark(b, { dir: cfg.data_dir, limit: cfg.limit })));
   const runDir = prepareRunDir(cfg);
@@ -512,10 +512,11 @@ export async function runEval(cfg: EvalConfig, events: EvalRunEvents = {}, signa
 }
 
 /**
- * `--regrade DIR`: the saved completions of an earlier eval graded again (this grader, these
- * grading options), the summary rewritten. Models, benchmarks and prompts are the saved run's.
+ * `--regrade DIR`: the saved completions of an earlier eval graded again (this grader, this call's
+ * `--rounded_tolerance` and `--grade_workers`), the summary rewritten. Everything else — models,
+ * benchmarks, prompts, `--pass_k` — is the saved run's, so the same grader reproduces its table.
  */
-async function regrade(cfg: EvalConfig, passK: number[]): Promise<EvalRunResult> {
+async function regrade(cfg: EvalConfig): Promise<EvalRunResult> {
   const dir = cfg.regrade;
   const savedFile = join(dir, 'config.yaml');
   if (!existsSync(savedFile)) throw new Error(`--regrade ${dir}: no config.yaml (not a lathe eval run directory)`);
@@ -523,6 +524,7 @@ async function regrade(cfg: EvalConfig, passK: number[]): Promise<EvalRunResult>
   const models = saved.model.split(',').map((m) => m.trim()).filter((m) => m !== '');
   const labels = modelLabels(models);
   const benchmarks = parseBenchmarkList(saved.benchmarks);
+  const passK = parsePassK(saved.pass_k);
   const grader = new MathGrader({ casWorkers: 2, ...graderOptions(cfg) });
   const results: EvalModelResult[] = [];
   try {
@@ -542,7 +544,7 @@ async function regrade(cfg: EvalConfig, passK: number[]): Promise<EvalRunResult>
     await grader.close();
   }
   const result = { runDir: dir, benchmarks, models: results };
-  const cfgOut = { ...saved, rounded_tolerance: cfg.rounded_tolerance, pass_k: cfg.pass_k };
+  const cfgOut = { ...saved, rounded_tolerance: cfg.rounded_tolerance };
   writeAtomic(join(dir, 'summary.json'), summaryJson(result, cfgOut, true));
   writeAtomic(join(dir, 'summary.md'), summaryMarkdown(result, cfgOut));
   return { ...result, table: evalTable(results, benchmarks), interrupted: false };
