@@ -5,7 +5,8 @@
  * equations equal up to reordered factors and the names of arbitrary constants. Each case is
  * written from the rule: [gold, prediction (boxed unless it is a whole response), verdict].
  */
-import { MathGrader, parseNumber } from '@lathe/graders';
+import { PassThrough } from 'node:stream';
+import { gradeJsonl, MathGrader, parseNumber, resolveGradeOptions } from '@lathe/graders';
 import { withinShownDigits } from '../src/math/numbers';
 import { canonical, realSet, realSetsEqual } from '../src/math/sets';
 import { predictedChoice } from '../src/math/choice';
@@ -53,6 +54,21 @@ describe('a rounded decimal against an exact fraction or closed form (digits rul
   test('the fixed rule (the library default) keeps comparing at 6 decimal places', async () => {
     expect((await fixed.grade('\\boxed{0.333}', '\\frac{1}{3}')).correct).toBe(false);
     expect((await fixed.grade('\\boxed{0.333333}', '\\frac{1}{3}')).correct).toBe(true);
+  });
+
+  test('lathe grade --rounded_tolerance digits|fixed', async () => {
+    const verdicts = async (rounded: string) => {
+      const input = new PassThrough();
+      const output = new PassThrough();
+      let text = '';
+      output.on('data', (d: Buffer) => (text += d.toString()));
+      input.end(['{"pred": "\\\\boxed{1.414}", "gold": "\\\\sqrt{2}"}', '{"pred": "\\\\boxed{0.66}", "gold": "\\\\frac{2}{3}"}'].join('\n') + '\n');
+      await gradeJsonl(input, output, resolveGradeOptions({ rounded_tolerance: rounded, cas_workers: 1 }), 'test');
+      return text.trim().split('\n').map((l) => (JSON.parse(l) as { correct: boolean }).correct);
+    };
+    expect(await verdicts('digits')).toEqual([true, false]);
+    expect(await verdicts('fixed')).toEqual([false, false]);
+    expect(() => resolveGradeOptions({ rounded_tolerance: 'loose' })).toThrow(/--rounded_tolerance/);
   });
 
   test('withinShownDigits: half a unit of the last digit shown, at least two significant digits', () => {

@@ -10,7 +10,9 @@ Runs on the GPU machine (PyTorch + transformers, no hub access):
    and top-k, no stop token and min_new_tokens = max_new_tokens (every sample runs to the limit, as
    Lathe's side does without --stop-at-eos), rows left-padded in batches of --hf-batch in the same
    order, sdpa attention, its default dynamic cache. Timed after a one-batch warm-up.
-Prints one JSON line: {"lathe": {...}, "hf": {...}, "speedup": hf generation s / lathe generation s}.
+Prints one JSON line: {"lathe": {...}, "hf": {...}, "speedup": hf generation s / lathe generation s,
+"full_set_estimate": the seven full sets at this n and max_new, at the rates measured (generation on
+each side; grading as the reference solutions' measured cost per completion)}.
 
 usage: python3 tools/reference/eval/hf_generate_eval.py [--data-dir fixtures/eval] [--benchmarks all]
          [--limit 2] [--n 8] [--max-new 4096] [--batch 64] [--hf-batch 64] [--temperature 0.6]
@@ -31,6 +33,8 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")
 BUNDLE = os.path.join(ROOT, ".bundle", "eval-bench.js")
 TOKENIZER = os.path.join(ROOT, ".bundle", "qwen3-tokenizer")
+# aime24 30 + aime25 30 + amc23 40 + math500 500 + minerva 272 + olympiadbench 675 + gsm8k 1319
+FULL_PROBLEMS = 2866
 
 
 def qwen3_06b():
@@ -130,9 +134,15 @@ def main():
     hf = {"samples": len(rows), "new_tokens": new_tokens, "generation_s": round(gen_s, 2), "warmup_s": round(warm_s, 2),
           "new_tokens_per_s": round(new_tokens / gen_s), "batch": args.hf_batch, "cache": "dynamic", "attention": "sdpa",
           "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}
+    # The full seven sets (2,866 problems) at this n and max_new, at the rates measured here.
+    full = FULL_PROBLEMS * args.n
+    grading = lathe.get("reference_grading", {})
+    estimate = {"samples": full, "new_tokens": full * args.max_new,
+                "lathe_generation_s": round(full * args.max_new / lathe["new_tokens_per_s"]),
+                "hf_generation_s": round(full * args.max_new / hf["new_tokens_per_s"]),
+                "grading_cpu_s": round(full * grading.get("ms_per_completion", 0) / 1000, 1)}
     result = {"model_s": round(model_s, 1), "lathe": lathe, "hf": hf,
-              "speedup": round(gen_s / max(1e-9, lathe["generation_s"]), 2),
-              "full_set_estimate": "scale generation by (all problems x n x max_new) / new_tokens at these rates"}
+              "speedup": round(gen_s / max(1e-9, lathe["generation_s"]), 2), "full_set_estimate": estimate}
     print(json.dumps(result))
 
 
