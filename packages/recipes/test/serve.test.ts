@@ -1,11 +1,13 @@
 /**
  * `lathe serve` through the official `openai` client on CPU with a tiny random Qwen3 and the real
  * Qwen3 tokenizer: every request field, streaming, greedy output equal to `lathe generate`'s (the
- * batch engine), seeds, logprobs, stops, and each bad input's 400 — after which the server serves on.
+ * batch engine), seeds, logprobs, stops, each bad input's 400 (after which the server serves on),
+ * @lathe/openai-client against it, and several models in one process.
  */
 import OpenAI from 'openai';
 import { HfTokenizer } from '@lathe/tokenizer';
-import { generate, type RunningServe } from '@lathe/recipes';
+import { generate, parseServeModels, type RunningServe } from '@lathe/recipes';
+import { OpenAiClient, type OpenAiError } from '@lathe/openai-client';
 import { serve, tinyServeModel } from './serve-helpers';
 
 const dir = tinyServeModel('tiny-qwen3');
@@ -175,4 +177,43 @@ test('bad input: a 400 in OpenAI error shape naming the field, and the server ke
   expect((await fetch(`${running.url}/nothing`)).status).toBe(404);
   const after = await client.chat.completions.create(ok);
   expect(after.usage!.completion_tokens).toBeGreaterThan(0);
+});
+
+test('@lathe/openai-client against the server: chat, a stream, and a 400 surfaced with its field', async () => {
+  const c = new OpenAiClient({ baseUrl: running.url, timeoutMs: 30_000, maxRetries: 2 });
+  expect(await c.models()).toEqual([MODEL]);
+  const body = { model: MODEL, messages: user('Hi'), max_tokens: 5, temperature: 0 };
+  const whole = await c.chat(body);
+  let text = '';
+  for await (const chunk of c.chatStream(body)) text += chunk.choices[0]?.delta.content ?? '';
+  expect(text).toBe(whole.choices[0].message.content);
+  const e = (await c.chat({ ...body, n: 99 }).catch((x: unknown) => x)) as OpenAiError;
+  expect([e.status, e.param, e.retryable]).toEqual([400, 'n', false]);
+  expect(c.stats.retries).toBe(0);
+});
+
+test('--model entries: ids from folder names or NAME=DIR, errors naming the entry; a taken port is named', async () => {
+  expect(parseServeModels(`${dir}, judge=${dir}`)).toEqual([
+    { id: MODEL, dir },
+    { id: 'judge', dir },
+  ]);
+  expect(() => parseServeModels('')).toThrow(/--model is required/);
+  expect(() => parseServeModels(`${dir},${dir}`)).toThrow(/two models have the id 'tiny-qwen3'; name them with NAME=DIR/);
+  expect(() => parseServeModels('x=/no/such/dir')).toThrow(/--model x=\/no\/such\/dir: no config.json in \/no\/such\/dir/);
+  expect(() => parseServeModels(`bad id=${dir}`)).toThrow(/the id 'bad id' may hold/);
+  await expect(serve({ model: dir, port: running.port, max_rows: 1, max_model_len: 32 })).rejects.toThrow(new RegExp(`--port ${running.port}: cannot listen \\(EADDRINUSE\\); the port is taken`));
+});
+
+test('several models in one process: each answers under its own id', async () => {
+  const two = await serve({ model: `policy=${dir},judge=${dir}`, max_rows: 2, max_model_len: 48 });
+  try {
+    const c = new OpenAI({ baseURL: two.url, apiKey: 'unused', maxRetries: 0 });
+    expect((await c.models.list()).data.map((m) => m.id)).toEqual(['policy', 'judge']);
+    const [p, j] = await Promise.all(['policy', 'judge'].map((model) => c.completions.create({ model, prompt: 'hello', max_tokens: 4, temperature: 0 })));
+    expect([p.model, j.model]).toEqual(['policy', 'judge']);
+    expect(p.choices[0].text).toBe(j.choices[0].text); // the same weights
+    expect(two.models.map((m) => m.scheduler.counters.admitted)).toEqual([1, 1]);
+  } finally {
+    await two.close();
+  }
 });
