@@ -10,13 +10,14 @@
  * permutation, so a step's prompts are distinct whenever the set holds at least `prompts_per_step`
  * prompts — a smaller set is an error naming the flag.
  */
-import { paramCount } from '@lathe/models';
+import { paramCount, readSafetensorsHeader, readTensorBytes, writeSafetensors } from '@lathe/models';
+import { existsSync } from 'node:fs';
 import { MathGrader, r1ZeroFormatReward } from '@lathe/graders';
 import { Device, sizeOf } from '@lathe/runtime';
 import { join } from 'node:path';
 import { readRecords, RolloutStore, runPaths } from '@lathe/data';
 import { loraFromOptions, type TrainerState } from '@lathe/train';
-import { combineRewards, GrpoTrainer, overlongReward, type GrpoStepMetrics, type OffPolicyTrace, type RlPrompt } from '@lathe/grpo';
+import { combineRewards, GrpoTrainer, overlongReward, type GrpoResumeState, type GrpoStepMetrics, type OffPolicyTrace, type RlPrompt } from '@lathe/grpo';
 import { additionExamples, BUILTIN_DATA } from './demo-task';
 import { readPromptFile } from './generate';
 import { grpoTrainerOptions, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
@@ -162,6 +163,39 @@ export function encodeTraces(traces: readonly (string | number[])[], tok: { enco
   return out;
 }
 
+/** The file beside a PPO checkpoint holding its critic: the value model's weights and AdamW moments (or, with a shared trunk, the value head's). */
+export const CRITIC_FILE = 'value_model.safetensors';
+
+/** A shared trunk's critic state: the trained tensors the policy's checkpoint leaves out (the value head). */
+function sharedHeadState(snap: { values: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; optimizerStep: number }, policy: readonly { name: string }[]): NonNullable<GrpoResumeState['valueModel']> {
+  const names = new Set(policy.map((p) => p.name));
+  const pick = (m: Map<string, Float32Array>) => new Map([...m].filter(([k]) => !names.has(k)));
+  return { params: pick(snap.values), m: pick(snap.m), v: pick(snap.v), step: snap.optimizerStep };
+}
+
+/** Writes `CRITIC_FILE` atomically: `param/`, `m/` and `v/` tensors by name, the optimizer step in the metadata. */
+function saveCriticState(dir: string, s: NonNullable<GrpoResumeState['valueModel']>): void {
+  const tensors = (['params', 'm', 'v'] as const).flatMap((k) =>
+    [...s[k]].map(([name, x]) => ({ name: `${k === 'params' ? 'param' : k}/${name}`, dtype: 'float32' as const, shape: [x.length], data: new Uint8Array(x.buffer, x.byteOffset, x.byteLength) })),
+  );
+  writeSafetensors(join(dir, CRITIC_FILE), tensors, { optimizer_step: String(s.step) });
+}
+
+/** Reads `CRITIC_FILE` back; a PPO checkpoint without one is an error naming it. */
+function loadCriticState(dir: string): NonNullable<GrpoResumeState['valueModel']> {
+  const file = join(dir, CRITIC_FILE);
+  if (!existsSync(file)) throw new Error(`--resume with --estimator gae: ${dir} has no ${CRITIC_FILE} (the value model's state), so PPO cannot continue exactly; start a new --run_dir from it (--model ${dir})`);
+  const { tensors, metadata } = readSafetensorsHeader(file);
+  const out = { params: new Map<string, Float32Array>(), m: new Map<string, Float32Array>(), v: new Map<string, Float32Array>(), step: Number(metadata.optimizer_step) };
+  for (const t of tensors) {
+    const [kind, ...rest] = t.name.split('/');
+    const bytes = readTensorBytes(t);
+    const x = new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+    (kind === 'param' ? out.params : kind === 'm' ? out.m : out.v).set(rest.join('/'), x);
+  }
+  return out;
+}
+
 /** Refuses a resume whose config differs from the checkpoint's (`savedFile`, its config.yaml), unless `force`; returns the changed keys. */
 export function checkResumeConfig(savedFile: string, cfg: GrpoConfig): string[] {
   const changed = configChanges(savedFile, cfg, RESUMABLE_KEYS);
@@ -240,16 +274,21 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
 
   // State: fresh, or the latest checkpoint (its config must match unless --force).
   let state: GrpoState = { step: 0, dataPosition: 0, seed: cfg.seed, optimizerStep: 0 };
-  let resume: { params: Map<string, Float32Array>; m: Map<string, Float32Array>; v: Map<string, Float32Array>; optimizerStep: number; rlStep: number; klCoef?: number } | undefined;
+  let resume: GrpoResumeState | undefined;
   const lora = loraFromOptions(cfg);
   if (run.latest) {
     checkResumeConfig(join(run.latest.dir, 'config.yaml'), cfg);
-    if (cfg.estimator === 'gae') throw new Error(`--resume with --estimator gae: checkpoints hold the policy, not yet the value model, so PPO cannot continue exactly from ${run.latest.dir}; start a new --run_dir (e.g. --model ${run.latest.dir})`);
     const c = run.resume(GrpoTrainer.trainableParams(model.config, lora), { rank: cfg.lora_rank });
     const s = c.state as Partial<GrpoState>;
     if (typeof s.optimizerStep !== 'number') throw new Error(`${join(run.latest.dir, 'trainer_state.json')}: no 'optimizerStep' (not a GRPO checkpoint?)`);
     state = { step: c.state.step, dataPosition: c.state.dataPosition, seed: c.state.seed, optimizerStep: s.optimizerStep, ...(typeof s.klCoef === 'number' ? { klCoef: s.klCoef } : {}) };
     resume = { params: c.values, m: c.m, v: c.v, optimizerStep: state.optimizerStep, rlStep: state.step, klCoef: state.klCoef };
+    if (cfg.estimator === 'gae') {
+      // PPO's critic: its own state (separate weights), or the value head's, merged into the policy's (shared trunk)
+      const critic = loadCriticState(run.latest.dir);
+      if (cfg.value_trunk === 'separate') resume.valueModel = critic;
+      else for (const k of ['params', 'm', 'v'] as const) critic[k].forEach((x, name) => resume![k].set(name, x));
+    }
     // what was logged after the checkpoint (metrics, rollouts, evaluations) is logged again by this run
     run.rewind(state.step);
   }
@@ -298,7 +337,12 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   const checkpoint = async () => {
     const snap = trainer.snapshot();
     await store.flush(); // rollouts up to the checkpoint are durable with it
-    return run.checkpoint({ config: model.config, model: snap.model, trainable: trainer.trainable, values: snap.values, m: snap.m, v: snap.v, state, lora: Boolean(lora) }, { keepLast: cfg.keep_last, tokenizerFrom: model.tokenizerFrom, onCheckpoint: (dir, step) => events.onCheckpoint?.(dir, step) });
+    const dir = run.checkpoint({ config: model.config, model: snap.model, trainable: trainer.trainable, values: snap.values, m: snap.m, v: snap.v, state, lora: Boolean(lora) }, { keepLast: cfg.keep_last, tokenizerFrom: model.tokenizerFrom, onCheckpoint: (d, step) => events.onCheckpoint?.(d, step) });
+    if (cfg.estimator === 'gae') {
+      const critic = snap.valueModel ?? sharedHeadState(snap, trainer.trainable);
+      saveCriticState(dir, critic);
+    }
+    return dir;
   };
 
   events.onStart?.({
