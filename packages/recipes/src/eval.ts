@@ -116,13 +116,18 @@ export interface EvaluateResult {
 /**
  * The verdict on one completion: its final part (after `</think>`; none when a `<think>` never
  * closed) extracted and compared with the gold. A completion without an answer is wrong with
- * reason `no-answer`, never an error.
+ * reason `no-answer`, and one the grader fails on is wrong with reason `grader-error: …`: never an error.
  */
 export async function gradeCompletion(grader: MathGrader, c: { text: string; opensThink: boolean }, gold: string, relTol: number | null): Promise<{ extracted: string | null; correct: boolean; reason: string }> {
   const final = finalResponse(c.text, c.opensThink);
   if (final === null || final.trim() === '') return { extracted: null, correct: false, reason: 'no-answer' };
-  const v = await grader.grade(final, gold, 'auto', relTol === null ? {} : { relTol });
-  return { extracted: v.extracted, correct: v.correct, reason: v.reason };
+  try {
+    const v = await grader.grade(final, gold, 'auto', relTol === null ? {} : { relTol });
+    return { extracted: v.extracted, correct: v.correct, reason: v.reason };
+  } catch (e) {
+    // one completion the grader cannot read is wrong and named in its row, never the end of the run
+    return { extracted: null, correct: false, reason: `grader-error: ${(e as Error).message}` };
+  }
 }
 
 /** A row as the metrics read it. */

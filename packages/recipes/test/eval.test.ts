@@ -8,7 +8,8 @@ import { copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync,
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { randomModel } from '@lathe/models';
-import { defaults, evalSchema, evalTable, evaluateBenchmarks, loadBenchmark, readEvalRows, runEval, type BenchmarkProblem, type EvalConfig, type EvalSampler } from '@lathe/recipes';
+import type { MathGrader } from '@lathe/graders';
+import { defaults, evalSchema, evalTable, evaluateBenchmarks, gradeCompletion, loadBenchmark, readEvalRows, runEval, type BenchmarkProblem, type EvalConfig, type EvalSampler } from '@lathe/recipes';
 
 const DATA = resolve(__dirname, '../../../fixtures/eval');
 const root = mkdtempSync(join(tmpdir(), 'lathe-eval-'));
@@ -144,6 +145,12 @@ test('the grading loop against known verdicts: avg@n, pass@k, maj@n, best-of-n, 
   expect(evalTable([{ label: 'scripted', metrics: r.metrics, average: r.average }], ['aime24', 'gsm8k'])).toBe(
     ['| Model    | AIME24 (avg@4) | GSM8K (avg@4) |  Avg |', '| -------- | -------------: | ------------: | ---: |', '| scripted |           37.5 |          75.0 | 56.3 |'].join('\n'),
   );
+});
+
+test('a completion without an answer, or one the grader fails on, is a wrong row, never an error', async () => {
+  const failing = { grade: () => Promise.reject(new Error('parser exploded')) } as unknown as MathGrader;
+  expect(await gradeCompletion(failing, { text: '\\boxed{5}', opensThink: false }, '5', null)).toEqual({ extracted: null, correct: false, reason: 'grader-error: parser exploded' });
+  expect(await gradeCompletion(failing, { text: 'still thinking', opensThink: true }, '5', null)).toEqual({ extracted: null, correct: false, reason: 'no-answer' });
 });
 
 describe('bad input', () => {
