@@ -19,6 +19,13 @@ function splitAndCritic(m: Parameters<NonNullable<GrpoEvents['onStep']>>[0]): st
   return (samples !== undefined ? ` (samples ${samples.toFixed(3)})` : '') + (loss !== undefined ? ` value ${loss.toFixed(4)} ev ${Number.isFinite(ev) ? ev.toFixed(2) : '-'}${m['value/policy_frozen'] ? ' (policy frozen)' : ''}` : '');
 }
 
+/** A step's group in words: '8 samples', '7 samples + 1 off-policy trace', with PPO's critic named. */
+function groupWords(cfg: GrpoConfig): string {
+  const n = cfg.off_policy_traces;
+  const group = n > 0 ? `${cfg.group_size - n} samples + ${n} off-policy trace${n > 1 ? 's' : ''}` : `${cfg.group_size} samples`;
+  return cfg.estimator === 'gae' ? `${group}, PPO with a ${cfg.value_trunk === 'shared' ? 'value head on the policy’s trunk' : 'value model of its own'}` : group;
+}
+
 /** Progress for a GRPO run: a bar on stderr when it is a terminal, log lines otherwise. */
 export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEvents; stop(): void } {
   const tty = Boolean(process.stderr.isTTY);
@@ -30,7 +37,7 @@ export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEve
     onStart: (i) => {
       process.stderr.write(
         `${label}: ${i.parameters.toLocaleString('en-US')} parameters (${i.trainable.toLocaleString('en-US')} trained), ${i.trainPrompts} training prompts, ${i.evalPrompts} held out; ` +
-          `${cfg.prompts_per_step} prompts × ${cfg.group_size} samples per step; steps ${i.startStep} → ${i.totalSteps} on ${cfg.device}\n`,
+          `${cfg.prompts_per_step} prompts × ${groupWords(cfg)} per step; steps ${i.startStep} → ${i.totalSteps} on ${cfg.device}\n`,
       );
       if (tty) {
         bar.start(i.totalSteps, i.startStep, { reward: '-', kl: '-', sps: '-', acc });
