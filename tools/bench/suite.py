@@ -15,7 +15,8 @@ runtime sourced (/opt/device-rt/env.sh). Groups, each at the Qwen3-0.6B shape in
          transformers' teacher-forced fp32 ones on a small model, beside transformers' own bf16 error.
   rl     one GRPO step, 64 prompts × 8 samples, prompt 256, 512 new tokens (Lathe only: the
          PyTorch + transformers step takes ~145 s; --rl-reference adds it); parity is the trainer's
-         log-prob parity between generation and re-scoring.
+         log-prob parity between generation and re-scoring; then the same step with a reward model
+         as the reward (its share of the step, and the same parity with its session on the shared arena).
 Writes $OUT/suite.json and compares it with the baseline of the same GPU model
 (docs/benchmarks/suite-baseline.json holds one per GPU model): any Lathe speed more than 5 % worse,
 or any parity check failing, is flagged, and the exit code is 1. --update-baseline writes
@@ -164,6 +165,17 @@ def rl(results, reference):
             r["reference_error"] = err2
     results["rl_step"] = r
     print(json.dumps({"rl_step": r}), flush=True)
+    # The same step with a reward model as the reward: a session that starts allocating after the
+    # first generation phase, on the one shared arena (the case that once corrupted the CUDA-graph
+    # decode step's working memory); its share of the step is recorded.
+    info, err, _ = run(["node", ".bundle/grpo-step.js", *common, "--steps", "2", "--micro-batches", "16", "--attention", "flash", "--shared-arena", "--reward-model"], 420, "rl_rm")
+    if not info:
+        results["rl_step_reward_model"] = {"error": err}
+        return
+    r = {"step_s": round(info["last_step_s"], 2), "reward_model_s": round(info["rewards_s"], 2), "reward_model_share": round(info["rewards_s"] / info["last_step_s"], 3),
+         "logp_parity": info["logp_parity_max"], "parity_logp": info["logp_parity_max"] < 1.02}
+    results["rl_step_reward_model"] = r
+    print(json.dumps({"rl_step_reward_model": r}), flush=True)
 
 
 def compare(results, baseline):

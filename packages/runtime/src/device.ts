@@ -28,7 +28,8 @@ export interface CudaDeviceOptions {
   tf32?: boolean;
   /**
    * One memory arena for every session and tensor of this device (ORT's environment allocator),
-   * instead of an arena per session (default true): memory a session frees is reusable by the next.
+   * instead of an arena per session (default false): memory a session frees is reusable by the
+   * next. Sessions replayed as CUDA graphs keep their own arena (see `sessionConfig`).
    */
   sharedArena?: boolean;
   /** Cap on the arena's size in bytes (ORT's `gpu_mem_limit`; default: no cap). */
@@ -166,9 +167,15 @@ export class Device {
     return this.allocatorHandle;
   }
 
-  /** @internal Session config entries every session on this device gets. */
-  sessionConfig(): Record<string, string> {
-    return this.arenaShared ? { 'session.use_env_allocators': '1' } : {};
+  /**
+   * @internal Session config entries a session on this device gets. A session replayed as a CUDA
+   * graph keeps an arena of its own even when the device shares one: its graph holds the addresses
+   * of the working memory it was captured with, which a shared arena would hand to other sessions
+   * and tensors once the run returns it (seen as generation log-probs that no longer matched
+   * re-scoring once a reward model's session allocated between GRPO's phases).
+   */
+  sessionConfig(opts: { cudaGraph: boolean }): Record<string, string> {
+    return this.arenaShared && !opts.cudaGraph ? { 'session.use_env_allocators': '1' } : {};
   }
 
   /** @internal Adds this device's execution provider to session options. */

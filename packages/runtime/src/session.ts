@@ -98,7 +98,7 @@ export class Session {
       if (opts.memoryPattern === false) api.call('DisableMemPattern', so);
       if (opts.logLevel !== undefined) api.call('SetSessionLogSeverityLevel', so, opts.logLevel);
       if (opts.profilePrefix) api.call('EnableProfiling', so, opts.profilePrefix);
-      const config: Record<string, string> = { ...device.sessionConfig(), ...(opts.config ?? {}) };
+      const config: Record<string, string> = { ...device.sessionConfig({ cudaGraph: opts.cudaGraph ?? false }), ...(opts.config ?? {}) };
       if (device.kind !== 'cpu' && !opts.allowCpuFallback) config['session.disable_cpu_ep_fallback'] = '1';
       for (const [k, v] of Object.entries(config)) api.call('AddSessionConfigEntry', so, k, v);
       device.appendProvider(so, { cudaGraph: opts.cudaGraph ?? false });
