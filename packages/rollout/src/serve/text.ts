@@ -1,7 +1,7 @@
 /**
- * Text of a growing token sequence for streaming: incremental detokenisation (only a short window
- * of recent tokens is decoded per token, and text is held back while it ends in an incomplete
- * UTF-8 character) and stop strings (the text is cut before the first stop string, and while the
+ * Text of a growing token sequence for streaming: incremental detokenisation (one decode of a short
+ * window of recent tokens per token, and text is held back while it ends in an incomplete UTF-8
+ * character) and stop strings (the text is cut before the first stop string, and while the
  * text ends in a prefix of one, that tail is held back so a stream never shows part of a stop).
  */
 
@@ -16,11 +16,17 @@ export interface ServeTokenizer {
   readonly bosId?: number;
 }
 
+/** Tokens decoded together at most, and kept as context when the window moves on (leading spaces, multi-token characters). */
+const WINDOW = 6;
+const CONTEXT = 2;
+
 /** The growing text of one sample. */
 export class IncrementalText {
   private readonly ids: number[] = [];
   private prefix = 0;
   private read = 0;
+  /** The text of ids[prefix, read). */
+  private before = '';
   /** The text so far (cut before a stop string once one appeared). */
   text = '';
   /** Characters of `text` already handed out by {@link flush}. */
@@ -43,13 +49,17 @@ export class IncrementalText {
   push(id: number): boolean {
     if (this.stopped) return true;
     this.ids.push(id);
-    const before = this.tok.decode(this.ids.slice(this.prefix, this.read));
+    // One decode per token: the window's text up to `read` is the last decode's, kept while the
+    // window start stays put; the start moves (one more decode) once the window is long.
     const now = this.tok.decode(this.ids.slice(this.prefix));
-    if (now.length <= before.length || now.endsWith('\uFFFD')) return false; // an incomplete character: wait for more
+    if (now.length <= this.before.length || now.endsWith('\uFFFD')) return false; // an incomplete character: wait for more
     const from = this.text.length;
-    this.text += now.slice(before.length);
-    this.prefix = this.read;
+    this.text += now.slice(this.before.length);
     this.read = this.ids.length;
+    if (this.read - this.prefix > WINDOW) {
+      this.prefix = this.read - CONTEXT;
+      this.before = this.tok.decode(this.ids.slice(this.prefix, this.read));
+    } else this.before = now;
     let cut = -1;
     for (const s of this.stops) {
       const at = this.text.indexOf(s, Math.max(0, from - s.length + 1));
@@ -69,7 +79,7 @@ export class IncrementalText {
   flush(final: boolean): string {
     if (final && !this.stopped && this.read < this.ids.length) {
       // the sample ended inside a character: hand out what the tokens decode to
-      this.text += this.tok.decode(this.ids.slice(this.prefix)).slice(this.tok.decode(this.ids.slice(this.prefix, this.read)).length);
+      this.text += this.tok.decode(this.ids.slice(this.prefix)).slice(this.before.length);
       this.read = this.ids.length;
     }
     let end = this.text.length;
