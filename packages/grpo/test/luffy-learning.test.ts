@@ -3,7 +3,8 @@
  * succeeds"): from a random initialisation, where a sample is almost never rewarded, on-policy GRPO
  * has nothing to learn from and stays near zero, while the same loop with one correct off-policy
  * trace per group (7 samples + 1 trace, advantages over the mixed group, the shaped term f(π)·A)
- * learns the task, held-out prompts included. SFT on the traces, then on-policy RL, is run beside it.
+ * learns the task, held-out prompts included. SFT on the traces then on-policy RL, and RL with an
+ * SFT loss on the traces, are run beside it.
  *
  * Task: a prompt "p i" — a content token p and an instruction i of two — must be answered with the
  * instruction's two-token answer then the stop token (vocabulary 64: chance about (1/64)³ per
@@ -104,7 +105,19 @@ async function sftThenRl(): Promise<{ afterSft: number; heldOut: number; last: G
   }
 }
 
-test('from random init: on-policy GRPO stays near zero, LUFFY learns the task (held-out included), SFT-then-RL beside it', async () => {
+/** RL with an SFT loss on the traces (the paper's third baseline): the samples' advantages among themselves, −log π on the trace. */
+async function rlSftLoss(): Promise<{ onPolicy: number[]; heldOut: number }> {
+  const t = make({ offPolicy: { traces: 1, term: 'sft', advantageStats: 'on-policy' } });
+  try {
+    const onPolicy: number[] = [];
+    for (let s = 0; s < STEPS; s++) onPolicy.push((await t.step(prompts(s, true), LR)).metrics['on_policy/reward_mean']);
+    return { onPolicy, heldOut: await greedyAccuracy(t, HELD_OUT) };
+  } finally {
+    t.dispose();
+  }
+}
+
+test('from random init: on-policy GRPO stays near zero, LUFFY learns the task (held-out included), SFT-then-RL and RL + SFT loss beside it', async () => {
   const g = await zeroRl();
   console.log(`on-policy GRPO, ${STEPS} steps: mean reward ${g.reward.toFixed(3)}, held-out greedy accuracy ${g.heldOut.toFixed(2)}`);
   expect(g.reward).toBeLessThan(0.05);
@@ -124,6 +137,10 @@ test('from random init: on-policy GRPO stays near zero, LUFFY learns the task (h
   expect(f.last['off_policy/missing_groups']).toBe(8);
   expect(f.last['off_policy/share']).toBe(0);
   expect(f.heldOut).toBeGreaterThanOrEqual(0.5);
+
+  const r = await rlSftLoss();
+  console.log(`RL + SFT loss, ${STEPS} steps: on-policy reward ${r.onPolicy[0].toFixed(3)} → ${r.onPolicy.at(-1)!.toFixed(3)}, held-out greedy accuracy ${r.heldOut.toFixed(2)}`);
+  expect(r.heldOut).toBeGreaterThanOrEqual(0.5);
 }, 120_000);
 
 test('bad traces are errors naming the prompt; behaviour log-probs set the old log-prob of a trace', async () => {
