@@ -22,7 +22,7 @@ import { parsePassK, renderEvalTemplate, samplesFor, type EvalConfig } from './e
 import { benchmarkMetrics, type BenchmarkMetrics, type GradedSample } from './eval-metrics';
 import { rewardModelSource } from './reward-sources';
 import { modelConfig } from './scaffold';
-import { finalResponse, TrajectoryGenerator, type TrajectoryPrompt } from './trajectories';
+import { finalResponse, TrajectoryGenerator, type TrajectoryEngineRunner, type TrajectoryPrompt } from './trajectories';
 
 // ---------------------------------------------------------------------------------------------
 // The loop over any sampler
@@ -452,8 +452,9 @@ async function rewardScorer(cfg: EvalConfig, run_dir: string): Promise<(rows: re
  * `lathe eval`: each model of `--model` over every chosen benchmark, then one table. Each model's
  * completions are written (atomically) as soon as its grades are in; the summary when all are done.
  * `signal` stops generation before its next run; no file of an unfinished model is written.
+ * `options.standInEngine` replaces the engine (tests: no weights read or compiled).
  */
-export async function runEval(cfg: EvalConfig, events: EvalRunEvents = {}, signal?: AbortSignal): Promise<EvalRunResult> {
+export async function runEval(cfg: EvalConfig, events: EvalRunEvents = {}, signal?: AbortSignal, options: { standInEngine?: TrajectoryEngineRunner } = {}): Promise<EvalRunResult> {
   const { models, benchmarks, passK } = checkEvalConfig(cfg);
   if (cfg.regrade !== '') return regrade(cfg);
   const problems: BenchmarkProblem[] = [];
@@ -484,6 +485,7 @@ export async function runEval(cfg: EvalConfig, events: EvalRunEvents = {}, signa
         batchSize: Math.min(cfg.batch_size, samples),
         tokenizer: cfg.tokenizer === 'model' ? undefined : cfg.tokenizer,
         grade: 'none',
+        ...(options.standInEngine ? { standInEngine: options.standInEngine } : {}),
       });
     } catch (e) {
       const msg = (e as Error).message.replace(/^format chat: /, '');
