@@ -59,6 +59,8 @@ test('encodeTraces: text is tokenised once with EOS; ids kept; too long is cut (
   expect(encodeTraces(['abcdef', 'ab'], tok, { ...o, overlong: 'skip' }, stats)).toEqual([{ tokens: [1, 2, 30], stopped: true }]);
   expect(stats).toEqual({ truncated: 1, skipped: 1 });
   expect(() => encodeTraces([[1, 40]], tok, o, stats)).toThrow('data.jsonl prompt 3, trace 0: token id 40 is outside the model');
+  // ids with their writer's log-probs keep them (cut with the ids)
+  expect(encodeTraces([{ tokens: [1, 2, 3, 4, 5], logprobs: [-1, -2, -3, -4, -5] }], tok, o, stats)).toEqual([{ tokens: [1, 2, 3, 4], stopped: false, truncated: true, logprobs: [-1, -2, -3, -4] }]);
 });
 
 test('a LUFFY run on the built-in task, its solutions as traces: groups of 3 samples + 1 trace, the split metrics, traces marked in the rollouts', async () => {
@@ -86,7 +88,7 @@ test('bad traces: missing ones are counted and fall back to samples; too long on
     { prompt: '2+2=', answer: '4' },
     { prompt: '3+3=', answer: '6', solution: ['6', '66666666'] },
     { prompt: '4+4=', answer: '8', solution: '' },
-    { prompt: '5+5=', answer: '10', solution: '10' },
+    { prompt: '5+5=', answer: '10', solution: { tokens: [2, 1, 12], logprobs: [-0.5, -0.25, -0.1] } },
   ];
   writeFileSync(data, rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
   const base = (run: string, over: Partial<GrpoConfig> = {}) => smallGrpo(root, run, { data, eval_examples: 1, prompts_per_step: 2, steps: 1, eval_every: 0, save_every: 0, off_policy_field: 'solution', off_policy_traces: 1, ...over });
@@ -102,6 +104,6 @@ test('bad traces: missing ones are counted and fall back to samples; too long on
   await expect(runGrpo(base('no-field', { off_policy_field: '' }))).rejects.toThrow('--off_policy_traces 1: name the data\'s field of off-policy traces with --off_policy_field');
   await expect(runGrpo(base('too-many', { off_policy_traces: 4 }))).rejects.toThrow('--off_policy_traces 4 must be below --group_size 4');
   writeFileSync(data, JSON.stringify({ prompt: '1+1=', answer: '2', solution: { text: '2' } }) + '\n' + rows.slice(1).map((r) => JSON.stringify(r)).join('\n') + '\n');
-  await expect(loadPromptSplit({ ...base('bad'), off_policy_field: 'solution' })).rejects.toThrow(`${data}:1: field 'solution' (--off_policy_field) is {"text":"2"}; expected a completion's text, a list of token ids, or a list of those`);
+  await expect(loadPromptSplit({ ...base('bad'), off_policy_field: 'solution' })).rejects.toThrow(`${data}:1: field 'solution' (--off_policy_field) is {"text":"2"}; expected a completion's text, a list of token ids, {"tokens": ids, "logprobs": one finite log-prob ≤ 0 per token}, or a list of those`);
   await expect(loadPromptSplit({ ...defaults(grpoSchema), off_policy_field: 'solution' })).rejects.toThrow("--off_policy_field solution: the built-in data has one off-policy field, 'answer'");
 });

@@ -89,7 +89,7 @@ export const grpoSchema = {
     type: 'string',
     default: '',
     describe:
-      "Field of a data row holding its off-policy traces (LUFFY): a completion's text, a list of texts, a list of token ids or a list of such lists (Parquet or JSONL); text is tokenised once with the policy's tokenizer, EOS appended, and never re-tokenised; with the built-in data, 'answer' is each problem's solution; '': none",
+      "Field of a data row holding its off-policy traces (LUFFY): a completion's text, a list of token ids, {\"tokens\": ids, \"logprobs\": the writer's log-prob of each} (the shaped term then reads π/π_writer), or a list of those (Parquet or JSONL); text is tokenised once with the policy's tokenizer, EOS appended, and never re-tokenised; with the built-in data, 'answer' is each problem's solution; '': none",
   },
   off_policy_traces: { type: 'number', default: 0, integer: true, min: 0, describe: "Off-policy traces per group (n_off): each prompt's group is group_size − n_off samples plus n_off of its traces; a prompt with fewer trains on fewer (counted as off_policy/missing_groups); 0: on-policy only" },
   off_policy_term: { type: 'string', default: GRPO_DEFAULTS.offPolicy.term, choices: ['shaped', 'sft'], describe: "Loss on the traces' tokens: shaped (LUFFY: -f(π)·A, f(p) = p/(p + gamma), no clip; π/π_b when a trace carries behaviour log-probs) or sft (-coef·log π, no advantage: the RL + SFT loss baseline)" },

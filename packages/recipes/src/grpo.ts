@@ -30,9 +30,12 @@ export interface PromptWithAnswer {
   answer: string;
   /** Index in the dataset. */
   index: number;
-  /** Its off-policy traces as the data gives them (`--off_policy_field`): texts or token ids. */
-  traces?: (string | number[])[];
+  /** Its off-policy traces as the data gives them (`--off_policy_field`): texts, token ids, or ids with their writer's log-probs. */
+  traces?: TraceValue[];
 }
+
+/** One off-policy trace as a data row gives it: a text, token ids, or ids with the log-probs of the policy that wrote them. */
+export type TraceValue = string | number[] | { tokens: number[]; logprobs: number[] };
 
 /** How a run's off-policy traces were read: prompts without one, traces cut or left out for length. */
 export interface OffPolicyDataStats {
@@ -130,16 +133,23 @@ export async function loadPromptSplit(cfg: Pick<GrpoConfig, 'data' | 'seed' | 'e
 }
 
 /**
- * A row's off-policy traces: absent or empty is none; a text, a list of token ids, or a list of
- * texts or of id lists. Anything else is an error naming the row and field.
+ * A row's off-policy traces: absent or empty is none; a text, a list of token ids, an object
+ * {"tokens": ids, "logprobs": the writer's log-probs, one per token}, or a list of those. Anything
+ * else is an error naming the row and field.
  */
-function traceValues(v: unknown, where: string): (string | number[])[] {
+function traceValues(v: unknown, where: string): TraceValue[] {
   if (v === undefined || v === null || v === '') return [];
-  const ids = (x: unknown) => Array.isArray(x) && x.length > 0 && x.every((t) => Number.isInteger(t) && (t as number) >= 0);
-  if (typeof v === 'string') return [v];
-  if (ids(v)) return [(v as number[]).slice()];
-  if (Array.isArray(v) && v.every((x) => typeof x === 'string' || ids(x))) return v.filter((x) => x !== '').map((x) => (typeof x === 'string' ? x : (x as number[]).slice()));
-  throw new Error(`${where} is ${JSON.stringify(v).slice(0, 80)}; expected a completion's text, a list of token ids, or a list of those`);
+  const ids = (x: unknown): x is number[] => Array.isArray(x) && x.length > 0 && x.every((t) => Number.isInteger(t) && (t as number) >= 0);
+  const scored = (x: unknown): x is { tokens: number[]; logprobs: number[] } => {
+    if (typeof x !== 'object' || x === null || Array.isArray(x)) return false;
+    const o = x as Record<string, unknown>;
+    return ids(o.tokens) && Array.isArray(o.logprobs) && o.logprobs.length === o.tokens.length && o.logprobs.every((l) => typeof l === 'number' && Number.isFinite(l) && l <= 0);
+  };
+  const one = (x: unknown): TraceValue | undefined => (typeof x === 'string' ? x : ids(x) ? x.slice() : scored(x) ? { tokens: x.tokens.slice(), logprobs: x.logprobs.slice() } : undefined);
+  const single = one(v);
+  if (single !== undefined) return [single];
+  if (Array.isArray(v) && v.every((x) => one(x) !== undefined)) return v.filter((x) => x !== '').map((x) => one(x)!);
+  throw new Error(`${where} is ${JSON.stringify(v).slice(0, 80)}; expected a completion's text, a list of token ids, {"tokens": ids, "logprobs": one finite log-prob ≤ 0 per token}, or a list of those`);
 }
 
 /**
@@ -147,17 +157,19 @@ function traceValues(v: unknown, where: string): (string | number[])[] {
  * appended (an SFT example's response); ids as given, ending in a stop id or not. Traces longer
  * than `maxNewTokens` are cut (flagged) or left out, per `overlong`, and counted in `stats`.
  */
-export function encodeTraces(traces: readonly (string | number[])[], tok: { encode(text: string): number[]; eosId: number }, o: { maxNewTokens: number; stopIds: readonly number[]; overlong: 'truncate' | 'skip'; vocabSize: number; where: string }, stats: Pick<OffPolicyDataStats, 'truncated' | 'skipped'>): OffPolicyTrace[] {
+export function encodeTraces(traces: readonly TraceValue[], tok: { encode(text: string): number[]; eosId: number }, o: { maxNewTokens: number; stopIds: readonly number[]; overlong: 'truncate' | 'skip'; vocabSize: number; where: string }, stats: Pick<OffPolicyDataStats, 'truncated' | 'skipped'>): OffPolicyTrace[] {
   const out: OffPolicyTrace[] = [];
   traces.forEach((t, j) => {
-    const tokens = typeof t === 'string' ? [...tok.encode(t), tok.eosId] : t;
+    const tokens = typeof t === 'string' ? [...tok.encode(t), tok.eosId] : Array.isArray(t) ? t : t.tokens;
+    // the writer's log-probs, when the data carries them: the shaped term then reads π_θ/π_b
+    const logprobs = typeof t === 'object' && !Array.isArray(t) ? t.logprobs : undefined;
     const bad = tokens.findIndex((id) => id >= o.vocabSize);
     if (bad >= 0) throw new Error(`${o.where}, trace ${j}: token id ${tokens[bad]} is outside the model's vocabulary of ${o.vocabSize}`);
-    if (tokens.length <= o.maxNewTokens) out.push({ tokens, stopped: o.stopIds.includes(tokens[tokens.length - 1]) });
+    if (tokens.length <= o.maxNewTokens) out.push({ tokens, stopped: o.stopIds.includes(tokens[tokens.length - 1]), ...(logprobs ? { logprobs } : {}) });
     else if (o.overlong === 'skip') stats.skipped++;
     else {
       stats.truncated++;
-      out.push({ tokens: tokens.slice(0, o.maxNewTokens), stopped: false, truncated: true });
+      out.push({ tokens: tokens.slice(0, o.maxNewTokens), stopped: false, truncated: true, ...(logprobs ? { logprobs: logprobs.slice(0, o.maxNewTokens) } : {}) });
     }
   });
   return out;
