@@ -10,9 +10,10 @@ import { linear, type Weights } from './decoder';
 import { accumulationDtype } from './precision';
 import { lmHeadName } from './params';
 
-/** Logits [B, T, vocab] in the compute dtype. */
+/** Logits [B, T, vocab] in the compute dtype (through the weights' own `matmul` for the head when they supply one, e.g. a quantized head). */
 export function lmLogits(cfg: DecoderConfig, w: Weights, hidden: Tensor): Tensor {
-  return linear(hidden, w(lmHeadName(cfg)));
+  const name = lmHeadName(cfg);
+  return w.matmul?.(name, hidden) ?? linear(hidden, w(name));
 }
 
 /**

@@ -72,7 +72,10 @@ export function saveQuantized(dir: string, q: QuantizedModel, opts: SaveQuantize
   }
   writeSafetensors(join(dir, 'model.safetensors'), tensors, { format: 'pt' });
   const base = opts.rawConfig ? { ...opts.rawConfig } : toHfConfig(q.config);
-  const config = { ...base, torch_dtype: dtype, quantization_config: quantizationConfig(q.scheme, skipped, dtype) };
+  const qc = quantizationConfig(q.scheme, skipped, dtype);
+  // A quantized LM head is a copy of the dense one, re-made on load (quantizing is deterministic).
+  if (q.lmHead) qc.lathe_lm_head = { format: q.lmHead.scheme.format, block_size: q.lmHead.scheme.blockSize ?? null, zero_points: Boolean(q.lmHead.scheme.zeroPoints), double_quant: Boolean(q.lmHead.scheme.doubleQuant) };
+  const config = { ...base, torch_dtype: dtype, quantization_config: qc };
   const tmp = join(dir, `.config.json.tmp-${process.pid}`);
   writeFileSync(tmp, JSON.stringify(config, null, 2));
   renameSync(tmp, join(dir, 'config.json'));
@@ -157,7 +160,15 @@ export function loadQuantized(dir: string): QuantizedModel {
     if (e.shape.join(',') !== spec.shape.join(',')) throw new Error(`${e.file}: '${spec.name}' has shape [${e.shape}], the config implies [${spec.shape}]`);
     dense.set(spec.name, bytesToFloat32(readTensorBytes(e), e.dtype, `${e.file}: '${spec.name}'`));
   }
-  return QuantizedModel.fromParts(config, scheme, dense, layers);
+  return QuantizedModel.fromParts(config, scheme, dense, layers, headScheme(raw, where));
+}
+
+/** The scheme of the quantized LM head a `quantization_config` asks for, if any. */
+function headScheme(raw: HfConfig, where: string): QuantScheme | undefined {
+  const h = (raw.quantization_config as Record<string, unknown>).lathe_lm_head as Record<string, unknown> | undefined;
+  if (!h) return undefined;
+  if (h.format !== 'int8' && h.format !== 'int4' && h.format !== 'nf4') throw new Error(`${where}: quantization_config.lathe_lm_head.format '${String(h.format)}' is not int8, int4 or nf4`);
+  return { format: h.format, blockSize: typeof h.block_size === 'number' ? h.block_size : undefined, zeroPoints: Boolean(h.zero_points) || undefined, doubleQuant: Boolean(h.double_quant) || undefined };
 }
 
 function readLayer(dir: string, name: string, [N, K]: number[], s: QuantScheme, index: Map<string, TensorEntry>): QuantizedMatrix {

@@ -9,7 +9,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { CausalLM, isProjectionWeight, paramSpecs, type CausalLMOptions, type DecoderConfig, type Weights } from '@lathe/models';
+import { CausalLM, isProjectionWeight, lmHeadName, paramSpecs, type CausalLMOptions, type DecoderConfig, type Weights } from '@lathe/models';
 import { toBfloat16Bits, toFloat16Bits, type Device, type DeviceTensor } from '@lathe/runtime';
 import { declareQuantizedLinear, kernelTensorSpecs, quantizedMatmul, type QuantizedLinearTensors, type QuantizedMatmulMode } from './linear';
 import { kernelLayout, type Bnb4Layout, type NBitsLayout } from './layout';
@@ -33,6 +33,11 @@ export interface QuantizeOptions extends QuantScheme {
   include?: (hfName: string) => boolean;
   /** Called after each layer is quantized. */
   onProgress?: (done: number, total: number, hfName: string) => void;
+  /**
+   * Also quantize the LM head in this scheme, as an extra copy read by `lmLogits` (generation's
+   * logits); the dense head (the embedding, when tied) stays for the embedding lookup and scoring.
+   */
+  lmHead?: QuantScheme;
 }
 
 /** What quantizing saved. */
@@ -50,6 +55,8 @@ export interface QuantizationReport {
   denseBits: number;
   /** Layers whose K is not a multiple of the block size, padded with zero weights in the kernel layout. */
   padded: string[];
+  /** The quantized LM head's format and bytes, when there is one (an extra copy: not in the bits per parameter). */
+  lmHead?: { format: QuantFormat; bytes: number };
 }
 
 /** A decoder with some linear layers quantized: dense float32 parameters plus quantized matrices, by HF name. */
@@ -61,6 +68,8 @@ export class QuantizedModel {
     readonly dense: ReadonlyMap<string, Float32Array>,
     /** The quantized weights. */
     readonly layers: ReadonlyMap<string, QuantizedMatrix>,
+    /** A quantized copy of the LM head (see {@link QuantizeOptions.lmHead}), with its scheme. */
+    readonly lmHead?: { name: string; scheme: QuantScheme; matrix: QuantizedMatrix },
   ) {}
 
   /** Quantizes `weights` (every parameter of `config`, float32 by HF name: e.g. `CausalLM.float32Weights()`). */
@@ -81,18 +90,18 @@ export class QuantizedModel {
       layers.set(spec.name, quantizeMatrix(weights.get(spec.name)!, N, K, opts));
       opts.onProgress?.(i + 1, chosen.length, spec.name);
     });
-    return new QuantizedModel(config, schemeOf(opts), dense, layers);
+    return new QuantizedModel(config, schemeOf(opts), dense, layers, opts.lmHead ? quantizedHead(config, dense, opts.lmHead) : undefined);
   }
 
   /** A model from its parts (a checkpoint reader's): every parameter either dense or quantized. */
-  static fromParts(config: DecoderConfig, scheme: QuantScheme, dense: ReadonlyMap<string, Float32Array>, layers: ReadonlyMap<string, QuantizedMatrix>): QuantizedModel {
+  static fromParts(config: DecoderConfig, scheme: QuantScheme, dense: ReadonlyMap<string, Float32Array>, layers: ReadonlyMap<string, QuantizedMatrix>, lmHead?: QuantScheme): QuantizedModel {
     for (const spec of paramSpecs(config)) {
       const q = layers.get(spec.name);
       if (q) {
         if (q.rows !== spec.shape[0] || q.cols !== spec.shape[1]) throw new Error(`quantized '${spec.name}' is [${q.rows}, ${q.cols}], the config implies [${spec.shape}]`);
       } else if (!dense.has(spec.name)) throw new Error(`missing weight '${spec.name}' (neither dense nor quantized)`);
     }
-    return new QuantizedModel(config, scheme, dense, layers);
+    return new QuantizedModel(config, scheme, dense, layers, lmHead ? quantizedHead(config, dense, lmHead) : undefined);
   }
 
   /** Every parameter as float32 (quantized layers dequantized), in paramSpecs order. */
@@ -131,6 +140,12 @@ export class QuantizedModel {
         inputs.set(p + spec.name, opts.inline ? g.initializer(p + spec.name, 'float32', spec.shape, { kind: 'inline', bytes: new Uint8Array(d.buffer, d.byteOffset, d.byteLength) }) : g.input(p + spec.name, opts.dtype, spec.shape));
       }
     }
+    let head: { name: string; t: QuantizedLinearTensors } | undefined;
+    if (this.lmHead && !opts.skip?.includes(this.lmHead.name)) {
+      const t = declareQuantizedLinear(g, `${p}${HEAD_PREFIX}${this.lmHead.name}`, kernelLayout(this.lmHead.matrix), opts.inline ? { inline: true } : { scaleDtype: opts.dtype });
+      for (const x of [t.b, 'scales' in t ? t.scales : t.absmax, 'zeroPoints' in t ? t.zeroPoints : undefined]) if (x) inputs.set(x.name, x);
+      head = { name: this.lmHead.name, t };
+    }
     const cast = new Map<string, Tensor>();
     const weights: Weights = (name) => {
       if (kernels.has(name)) throw new Error(`weight '${name}' is quantized (${this.scheme.format}): it is read through its kernel, not as a dense tensor`);
@@ -142,6 +157,8 @@ export class QuantizedModel {
       return c;
     };
     weights.matmul = (name, x) => {
+      // The quantized head is asked for by the head's name (lmLogits); the dense one stays readable.
+      if (head && name === head.name) return quantizedMatmul(x, head.t, opts.mode ?? 'kernel', opts.backward);
       const t = kernels.get(name);
       return t ? quantizedMatmul(x, t, opts.mode ?? 'kernel', opts.backward) : undefined;
     };
@@ -161,6 +178,7 @@ export class QuantizedModel {
         if (!q) upload(spec.name, this.dense.get(spec.name)!, spec.shape, dtype);
         else for (const s of kernelTensorSpecs(spec.name, kernelLayout(q), dtype)) upload(s.name, s.data, s.shape, s.dtype);
       }
+      if (this.lmHead) for (const s of kernelTensorSpecs(`${HEAD_PREFIX}${this.lmHead.name}`, kernelLayout(this.lmHead.matrix), dtype)) upload(s.name, s.data, s.shape, s.dtype);
     } catch (e) {
       for (const t of out.values()) t.dispose();
       throw e;
@@ -190,8 +208,21 @@ export class QuantizedModel {
       bitsPerParameter: (8 * qBytes + denseBits * denseParams) / total,
       denseBits,
       padded,
+      ...(this.lmHead ? { lmHead: { format: this.lmHead.scheme.format, bytes: storedBytes(this.lmHead.matrix) } } : {}),
     };
   }
+}
+
+/** Graph-name prefix of the quantized LM head's kernel tensors (beside the dense head of the same HF name). */
+export const HEAD_PREFIX = 'quantized_head/';
+
+/** The quantized copy of the LM head (the embedding when tied). */
+function quantizedHead(config: DecoderConfig, dense: ReadonlyMap<string, Float32Array>, scheme: QuantScheme): { name: string; scheme: QuantScheme; matrix: QuantizedMatrix } {
+  checkScheme(scheme);
+  const name = lmHeadName(config);
+  const w = dense.get(name);
+  if (!w) throw new Error(`lm head: '${name}' is quantized as a layer; the quantized head is a copy of a dense head`);
+  return { name, scheme: schemeOf(scheme), matrix: quantizeMatrix(w, config.vocabSize, config.hiddenSize, scheme) };
 }
 
 /** One matrix in the scheme's format. */

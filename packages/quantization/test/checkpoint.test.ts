@@ -69,6 +69,18 @@ describe.each([
   });
 });
 
+test('a quantized LM head is saved as a config entry and re-made on load: same matrix, same logits', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'lathe-q-'));
+  const q = QuantizedModel.quantize(model.config, weights, { format: 'int4', lmHead: { format: 'int4', blockSize: 32 } });
+  saveQuantized(dir, q, { denseDtype: 'float32' });
+  const cfg = JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')) as { quantization_config: Record<string, unknown> };
+  expect(cfg.quantization_config.lathe_lm_head).toEqual({ format: 'int4', block_size: 32, zero_points: false, double_quant: false });
+  const back = loadQuantized(dir);
+  expect(back.lmHead?.matrix).toEqual(q.lmHead?.matrix);
+  const [a, b] = await Promise.all([logits(q), logits(back)]);
+  expect(Array.from(b)).toEqual(Array.from(a));
+});
+
 test('the config names the format as bitsandbytes / lathe do; the NF4 quant state is its JSON', () => {
   const dir = mkdtempSync(join(tmpdir(), 'lathe-q-'));
   saveQuantized(dir, QuantizedModel.quantize(model.config, weights, { format: 'nf4', doubleQuant: true }), { rawConfig: { ...hf, pad_token_id: 3 } });

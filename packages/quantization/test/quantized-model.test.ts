@@ -193,3 +193,22 @@ test('pearson: hand-computed values', () => {
   // deviations (−1.5, −0.5, 0.5, 1.5) and (−1.5, 0.5, −0.5, 1.5): Σdxdy = 4, Σdx² = Σdy² = 5, r = 4 / 5
   expect(pearson([1, 2, 3, 4], [1, 3, 2, 4])).toBeCloseTo(0.8, 12);
 });
+
+test('a quantized LM head (an int8 copy of the tied embedding) is read by lmLogits: kernel = fallback, KL still small, the embedding lookup stays dense', async () => {
+  const plain = QuantizedModel.quantize(config, weights, { format: 'nf4' });
+  const q = QuantizedModel.quantize(config, weights, { format: 'nf4', lmHead: { format: 'int8' } });
+  const viaKernel = await logits((g) => ({ w: q.graphWeights(g, { dtype: 'float32', inline: true }).weights, feeds: {} }));
+  const viaFallback = await logits((g) => ({ w: q.graphWeights(g, { dtype: 'float32', inline: true, mode: 'dequantize' }).weights, feeds: {} }));
+  const withoutHead = await logits((g) => ({ w: plain.graphWeights(g, { dtype: 'float32', inline: true }).weights, feeds: {} }));
+  let worst = 0;
+  let moved = 0;
+  for (let i = 0; i < viaKernel.length; i++) {
+    worst = Math.max(worst, Math.abs(viaKernel[i] - viaFallback[i]));
+    moved = Math.max(moved, Math.abs(viaKernel[i] - withoutHead[i]));
+  }
+  expect(worst).toBeLessThan(1e-4);
+  expect(moved).toBeGreaterThan(1e-5); // the head's int8 rounding shows in the logits
+  expect(kl(reference, viaKernel).mean).toBeLessThan(2e-2);
+  expect(q.report().lmHead).toEqual({ format: 'int8', bytes: 96 * 64 + 96 * 4 });
+  expect(q.dequantizedWeights().get('model.embed_tokens.weight')).toBe(weights.get('model.embed_tokens.weight'));
+});

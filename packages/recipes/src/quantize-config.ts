@@ -14,6 +14,12 @@ export const quantizeSchema = {
   block_size: { type: 'number', default: 64, integer: true, min: 1, describe: 'int4: 32, 64 or 128 weights per scale (a K that does not divide it is padded with zero weights, and the layer named); nf4: 64; not read for int8' },
   zero_points: { type: 'boolean', default: false, describe: 'int4: a 4-bit zero point per block (asymmetric, min–max); default symmetric' },
   double_quant: { type: 'boolean', default: false, describe: "nf4: quantize the block scales too (mean-subtracted, 8-bit dynamic code in blocks of 256: about 0.37 bit per weight less), as bitsandbytes' bnb_4bit_use_double_quant" },
+  lm_head: {
+    type: 'string',
+    default: 'none',
+    choices: ['none', 'int8', 'int4', 'nf4'],
+    describe: "Also quantize the LM head (the embedding, when tied) for generation's logits: an extra copy in this format (int4 with --block_size), re-made from the dense head on load; the dense head stays for the embedding lookup and scoring",
+  },
   skip: { type: 'string', default: '', describe: 'Comma-separated parts of weight names to leave dense (e.g. mlp.down_proj); every decoder projection (q/k/v/o, gate/up/down) is quantized otherwise; embeddings, norms and the LM or score head stay dense' },
   out: { type: 'string', default: '', describe: 'Folder to write the quantized checkpoint to (config.json with quantization_config, model.safetensors, the tokenizer files) [required]' },
   overwrite: { type: 'boolean', default: false, describe: 'Write into a folder that already holds a model' },

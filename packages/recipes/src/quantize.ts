@@ -25,7 +25,7 @@ export interface QuantizeSummary extends QuantizationReport {
 }
 
 /** The scheme a `lathe quantize` config asks for (flags checked against the format). */
-export function quantizeScheme(cfg: Pick<QuantizeConfig, 'format' | 'block_size' | 'zero_points' | 'double_quant'>): QuantScheme {
+export function quantizeScheme(cfg: { format: QuantScheme['format']; block_size: number; zero_points: boolean; double_quant: boolean }): QuantScheme {
   const s: QuantScheme = { format: cfg.format, blockSize: cfg.format === 'int8' ? undefined : cfg.block_size, zeroPoints: cfg.zero_points || undefined, doubleQuant: cfg.double_quant || undefined };
   try {
     checkScheme(s);
@@ -56,7 +56,9 @@ export function runQuantize(cfg: QuantizeConfig, events: { onProgress?(done: num
   const skip = cfg.skip.split(',').map((s) => s.trim()).filter(Boolean);
   const skipped = paramSpecs(lm.config).filter((s) => isProjectionWeight(s.name) && skip.some((p) => s.name.includes(p))).map((s) => s.name);
   if (skip.length > 0 && skipped.length === 0) throw new Error(`--skip ${cfg.skip}: no projection weight name contains any of those parts`);
-  const q = QuantizedModel.quantize(lm.config, lm.float32Weights(), { ...scheme, include: (n) => isProjectionWeight(n) && !skipped.includes(n), onProgress: events.onProgress });
+  if (cfg.lm_head !== 'none' && lm.config.scoreLabels !== undefined) throw new Error(`--lm_head ${cfg.lm_head}: ${cfg.model} is a reward model (a score head, no LM head)`);
+  const lmHead = cfg.lm_head === 'none' ? undefined : quantizeScheme({ format: cfg.lm_head, block_size: cfg.lm_head === 'int4' ? cfg.block_size : 64, zero_points: false, double_quant: false });
+  const q = QuantizedModel.quantize(lm.config, lm.float32Weights(), { ...scheme, lmHead, include: (n) => isProjectionWeight(n) && !skipped.includes(n), onProgress: events.onProgress });
   const denseDtype: DenseDtype = lm.dtype === 'float32' || lm.dtype === 'float16' ? lm.dtype : 'bfloat16';
   saveQuantized(cfg.out, q, { denseDtype, rawConfig: raw, tokenizerFrom: cfg.model });
   return { out: cfg.out, ...q.report(denseDtype === 'float32' ? 32 : 16), skipped };

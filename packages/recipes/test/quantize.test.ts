@@ -42,6 +42,13 @@ test('writes the checkpoint, which CausalLM.fromPretrained loads; quantize eval:
   expect(Math.abs(r4.perplexityChange)).toBeLessThan(0.2);
   // The kernels and the dequantize fallback agree.
   expect(rd.klMean).toBeCloseTo(r4.klMean, 6);
+  // With the LM head quantized too (int8), the KL grows a little and stays small.
+  const head = runQuantize(q({ format: 'nf4', double_quant: true, lm_head: 'int8', out: join(root, 'nf4-head') }));
+  expect(head.lmHead?.format).toBe('int8');
+  const rh = await runQuantizeEval(e({ quantized: join(root, 'nf4-head') }));
+  if (rh.kind !== 'causal_lm') throw new Error('expected a causal LM summary');
+  expect(rh.klMean).toBeGreaterThan(r4.klMean);
+  expect(rh.klMean).toBeLessThan(0.05);
 });
 
 test('a reward model: accuracy before and after, score correlation', async () => {
@@ -65,6 +72,7 @@ test('bad input is refused, naming the flag or file', async () => {
   expect(() => runQuantize(q({ format: 'int8', double_quant: true, out }))).toThrow('--double_quant: double quantization is for nf4, not int8');
   expect(() => runQuantize(q({ skip: 'nothing_like_this', out }))).toThrow(/--skip nothing_like_this: no projection weight name contains/);
   expect(() => runQuantize(q({ model: '', out }))).toThrow(/--model is required/);
+  expect(() => runQuantize(q({ model: join(root, 'rm'), lm_head: 'int8', out }))).toThrow(/--lm_head int8: .* is a reward model/);
   const bad = join(root, 'bad.jsonl');
   writeFileSync(bad, '{"prompt": "1+1="}\n{"text": "no prompt"}\n');
   await expect(runQuantizeEval(e({ quantized: join(root, 'int8'), data: bad }))).rejects.toThrow(`--data ${bad}: line 2 has no "prompt" text`);

@@ -10,7 +10,9 @@
  * usage: node quant-bench.js [--preset qwen3-0.6b|qwen3-1.7b|tiny-qwen3 | --model DIR] [--device cuda|cpu]
  *          [--dtype bfloat16] [--formats dense,int8,int4,nf4,nf4dq] [--batches 1,16,256] [--prompt-len 64]
  *          [--new 128] [--repeat 2] [--int4-block 64] [--mode kernel|dequantize] [--fpa] [--no-cuda-graph]
- *          [--kl-prompts 16] [--kl-new 64] [--kl-batch 4] [--seed 0]
+ *          [--kl-prompts 16] [--kl-new 64] [--kl-batch 4] [--lm-head none|int8|int4|nf4] [--seed 0]
+ * --lm-head: the quantized formats also read the LM head (the tied embedding) through an extra
+ * quantized copy (int4 with --int4-block); the dense model's head stays bf16.
  * Prints one JSON line per (format, batch[, fpa]) decode measurement, one per format with its KL,
  * and a last summary line with every number and the ratios to the dense baseline.
  */
@@ -67,6 +69,9 @@ async function main(): Promise<void> {
   const klNew = Number(arg('kl-new', '64'));
   const klBatch = Number(arg('kl-batch', '4'));
   const seed = Number(arg('seed', '0'));
+  const lmHeadArg = arg('lm-head', 'none');
+  if (!['none', 'int8', 'int4', 'nf4'].includes(lmHeadArg)) throw new Error(`--lm-head: '${lmHeadArg}' is not none, int8, int4 or nf4`);
+  const lmHead: QuantScheme | undefined = lmHeadArg === 'none' ? undefined : { format: lmHeadArg as QuantScheme['format'], ...(lmHeadArg === 'int4' ? { blockSize: Number(arg('int4-block', '64')) } : {}) };
 
   const t0 = performance.now();
   const source = arg('model', '')
@@ -91,7 +96,7 @@ async function main(): Promise<void> {
     for (const f of formats) {
       const scheme = SCHEMES[f];
       const q0 = performance.now();
-      const model = scheme ? QuantizedModel.quantize(config, host, { ...scheme, ...(scheme.format === 'int4' ? { blockSize: int4Block } : {}) }) : dense;
+      const model = scheme ? QuantizedModel.quantize(config, host, { ...scheme, ...(scheme.format === 'int4' ? { blockSize: int4Block } : {}), lmHead }) : dense;
       const quantizeS = (performance.now() - q0) / 1000;
       const tensors = model.deviceTensors(device, dtype);
       const graphWeights = (g: L.Graph): Weights => model.graphWeights(g, { dtype, mode }).weights;
@@ -104,6 +109,7 @@ async function main(): Promise<void> {
         projection_bytes: bytesOf(projections),
         projection_ratio_to_dense: +(bytesOf(projections) / denseProjBytes).toFixed(4),
         bits_per_parameter: scheme ? +model.report(L.dtypeBytes(dtype) * 8).bitsPerParameter.toFixed(3) : L.dtypeBytes(dtype) * 8,
+        lm_head: scheme ? lmHeadArg : 'dense',
         decode: [] as unknown[],
       };
       try {
@@ -139,7 +145,7 @@ async function main(): Promise<void> {
   const speedup = Object.fromEntries(
     results.filter((r) => r !== base && base).map((r) => [r.format, Object.fromEntries(batches.map((B) => [B, { plain: ratio(rate(r, B), rate(base!, B)), fpa: ratio(rate(r, B, true), rate(base!, B)) }]))]),
   );
-  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, results, speedup_vs_dense: speedup }));
+  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, lm_head: lmHeadArg, results, speedup_vs_dense: speedup }));
 }
 
 function ratio(a: number | undefined, b: number | undefined): number | null {

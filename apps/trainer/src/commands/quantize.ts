@@ -24,6 +24,7 @@ export function quantizeMain(cfg: QuantizeConfig): void {
       bits_per_parameter: round(s.bitsPerParameter),
       padded: s.padded,
       skipped: s.skipped,
+      ...(s.lmHead ? { lm_head: s.lmHead.format, lm_head_bytes: s.lmHead.bytes } : {}),
     }),
   );
 }
