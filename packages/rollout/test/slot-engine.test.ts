@@ -5,7 +5,7 @@
  * into the batch engine's graphs; slots are reused after release without disturbing the others.
  */
 import { Device } from '@lathe/runtime';
-import { KvCacheGenerator, SlotEngine, type RowSampling, type SlotToken } from '@lathe/rollout';
+import { KvCacheGenerator, Scheduler, SlotEngine, type RowSampling, type SlotToken } from '@lathe/rollout';
 import { CausalLM, type HfConfig } from '@lathe/models';
 import { tinyModel, tinyQwen3 } from './helpers';
 
@@ -122,5 +122,48 @@ test('slot bookkeeping: positions, release, and errors that admit nothing', () =
   expect(engine.position(a.slots[0])).toBeUndefined();
   expect(() => engine.release(a.slots[0])).toThrow(/slot 0 is not busy/);
   expect(engine.step()).toEqual([]);
+  engine.dispose();
+});
+
+test('launch/collect: a slot released while its step is in flight gets no result, and its new occupant is untouched', () => {
+  const engine = SlotEngine.create(model, { slots: 2, maxLength: 16 });
+  const row = { sampling: { temperature: 0 }, seed: 0, key: 0 };
+  const [a, b] = engine.admit([{ prompt: [1, 2, 3], rows: [row] }, { prompt: [4, 5], rows: [row] }]);
+  expect(engine.launch()).toBe(true);
+  expect(() => engine.admit([{ prompt: [6], rows: [row] }])).toThrow(/a decode step is in flight/);
+  expect(() => engine.launch()).toThrow(/already in flight/);
+  engine.release(a.slots[0]);
+  const got = engine.collect();
+  expect(got.map((t) => t.slot)).toEqual([b.slots[0]]);
+  expect(engine.position(b.slots[0])).toBe(3);
+  const [c] = engine.admit([{ prompt: [7, 8, 9, 10], rows: [row] }]);
+  expect(c.slots).toEqual(a.slots); // the freed slot, reused
+  expect(engine.position(c.slots[0])).toBe(4);
+  expect(() => engine.collect()).toThrow(/no step in flight/);
+  engine.dispose();
+});
+
+test('scheduler: requests through the queue equal each prompt alone; pause holds the steps, resume finishes them', async () => {
+  const engine = SlotEngine.create(model, { slots: 2, maxLength: 32 });
+  const scheduler = new Scheduler(engine, { maxQueue: 8 });
+  const prompts = [[5, 9, 11, 3], [7, 2], [30, 31, 32], [1]];
+  const got = prompts.map(() => [] as number[]);
+  const finish: string[] = [];
+  const tickets = prompts.map((prompt, i) =>
+    scheduler.submit({ prompt, n: 1, maxTokens: 6, sampling: { temperature: 0 }, seed: 0, onToken: (_c, t) => void got[i].push(t.token), onFinish: (_c, why) => void finish.push(why) }),
+  );
+  await new Promise((r) => setTimeout(r, 0));
+  await scheduler.pause();
+  const steps = engine.counters.steps;
+  expect(engine.stepInFlight).toBe(false);
+  expect(engine.busy).toBeGreaterThan(0); // paused mid-run, rows holding their caches
+  await new Promise((r) => setTimeout(r, 50));
+  expect(engine.counters.steps).toBe(steps); // nothing ran while paused
+  scheduler.resume();
+  await Promise.all(tickets.map((t) => t.done));
+  for (const [i, p] of prompts.entries()) expect(got[i]).toEqual((await alone(p, { temperature: 0 }, { seed: 0, key: 0, maxNew: 6 })).tokens);
+  expect(finish).toEqual(['length', 'length', 'length', 'length']);
+  expect([engine.busy, scheduler.load.queued, scheduler.load.reservedTokens]).toEqual([0, 0, 0]);
+  expect(() => scheduler.submit({ prompt: [1], n: 3, maxTokens: 2, sampling: { temperature: 0 }, seed: 0, onToken: () => undefined, onFinish: () => undefined })).toThrow(/n is 3, more than the 2 rows/);
   engine.dispose();
 });

@@ -89,6 +89,8 @@ export class Scheduler {
   /** Set while paused: the loop waits on it before its next step. */
   private pausedUntil: Promise<void> | undefined;
   private unpause: (() => void) | undefined;
+  /** Called by the loop once it has collected its step and parked. */
+  private parked: (() => void) | undefined;
   private readonly maxQueue: number;
   private readonly maxTokens: number;
   private readonly maxPrefillTokens: number;
@@ -155,19 +157,21 @@ export class Scheduler {
   }
 
   /**
-   * Stops stepping at the next step boundary (requests stay queued and their rows keep their
-   * caches) until {@link resume} — e.g. while a trainer updates the weights the engine reads, so
-   * that no step sees half an update. Runs are synchronous, so no step is in flight when this returns.
+   * Stops stepping at the next step boundary until {@link resume} (requests stay queued and their
+   * rows keep their caches) — e.g. while a trainer updates the weights the engine reads, so that no
+   * step sees half an update. Resolves once no step is in flight.
    */
-  pause(): void {
-    if (this.pausedUntil) return;
-    this.pausedUntil = new Promise((r) => (this.unpause = r));
+  pause(): Promise<void> {
+    if (!this.pausedUntil) this.pausedUntil = new Promise((r) => (this.unpause = r));
+    if (!this.running || !this.engine.stepInFlight) return Promise.resolve();
+    return new Promise((r) => (this.parked = r));
   }
 
   /** Lets a paused scheduler step again. */
   resume(): void {
     const go = this.unpause;
     this.pausedUntil = undefined;
+    this.parked = undefined;
     this.unpause = undefined;
     go?.();
   }
@@ -266,9 +270,31 @@ export class Scheduler {
     });
   }
 
+  /**
+   * The step loop. Each turn: collect the step in flight; admit what fits (prefill); launch the next
+   * step over every busy row; then, while the device runs it, hand the collected tokens to their
+   * requests (detokenising, streaming, stop checks) — so that host work overlaps device work. A row
+   * that finishes in that hand-out was already in the launched step: its result there is dropped
+   * (the step computes every row anyway).
+   */
   private async loop(): Promise<void> {
     for (;;) {
-      while (this.pausedUntil) await this.pausedUntil;
+      let tokens: SlotToken[] = [];
+      if (this.engine.stepInFlight) {
+        try {
+          tokens = this.engine.collect();
+        } catch (e) {
+          this.failAll([...this.owner.values()].map((o) => o.live), e as Error);
+        }
+        this.counters.steps++;
+        this.opts.onStep?.({ busy: this.engine.busy, queued: this.queue.length, steps: this.counters.steps });
+      }
+      if (this.pausedUntil) {
+        this.take(tokens);
+        tokens = [];
+        this.parked?.();
+        while (this.pausedUntil) await this.pausedUntil;
+      }
       const admit = this.nextAdmissions();
       if (admit.length) {
         this.queue.splice(0, admit.length);
@@ -287,20 +313,18 @@ export class Scheduler {
             this.owner.set(slot, { live, choice: c });
             this.reserved += live.req.prompt.length + live.req.maxTokens;
           });
+          tokens.push(...r.tokens);
         });
-        results.forEach((r) => this.take(r.tokens));
       }
       if (this.engine.busy > 0) {
         try {
-          this.take(this.engine.step());
+          this.engine.launch();
         } catch (e) {
           this.failAll([...this.owner.values()].map((o) => o.live), e as Error);
         }
-        this.counters.steps++;
-        this.opts.onStep?.({ busy: this.engine.busy, queued: this.queue.length, steps: this.counters.steps });
-      } else if (this.queue.length === 0) {
-        return;
       }
+      this.take(tokens);
+      if (!this.engine.stepInFlight && this.engine.busy === 0 && this.queue.length === 0) return;
       // Between steps: let the HTTP layer read new requests, write tokens and see disconnects. Two
       // turns of the event loop, since a disconnect takes two (the socket's end, then its close).
       await new Promise((r) => setImmediate(r));

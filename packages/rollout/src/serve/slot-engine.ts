@@ -116,6 +116,8 @@ export class SlotEngine {
   private readonly prefills = new Map<string, Variant>();
   private readonly steps = new Map<string, Variant>();
   private extraWeights: Iterable<readonly [string, DeviceTensor]>[] = [];
+  /** The launched decode step awaiting `collect`: its binding, busy slots and their states then. */
+  private inFlight: { binding: Binding; busy: number[]; states: SlotState[]; top: boolean } | undefined;
   /** Decode steps and prefills run so far. */
   readonly counters = { steps: 0, prefills: 0, prefilledPrompts: 0 };
 
@@ -313,6 +315,7 @@ export class SlotEngine {
    */
   admit(admissions: readonly SlotAdmission[]): { slots: number[]; tokens: SlotToken[] }[] {
     if (admissions.length === 0) return [];
+    if (this.inFlight) throw new Error('admit: a decode step is in flight (collect it first)');
     const V = this.config.vocabSize;
     const M = this.opts.maxLength;
     const rows = admissions.reduce((n, a) => n + a.rows.length, 0);
@@ -394,9 +397,21 @@ export class SlotEngine {
 
   /**
    * One decode step over every slot: each busy slot's next token (free slots run too, their results
-   * dropped). Throws when a busy slot's cache is full (release it first). Returns [] with no busy slot.
+   * dropped). Throws when a busy slot's cache is full (release it first). Returns [] with no busy
+   * slot. The same as {@link launch} then {@link collect}.
    */
   step(): SlotToken[] {
+    return this.launch() ? this.collect() : [];
+  }
+
+  /**
+   * Starts a decode step over every slot without waiting for it (on CUDA the run is queued; on the
+   * CPU it runs now), so the host can do other work — e.g. stream the previous step's tokens —
+   * until {@link collect}. Until then `admit` is refused; `release` is allowed (the released slot's
+   * result of this step is dropped). Returns false, starting nothing, with no busy slot.
+   */
+  launch(): boolean {
+    if (this.inFlight) throw new Error('launch: a step is already in flight (collect it first)');
     const S = this.opts.slots;
     const V = this.config.vocabSize;
     const busy: number[] = [];
@@ -423,7 +438,7 @@ export class SlotEngine {
       filters ||= SlotEngine.needsFilters(s, V);
       top ||= (s.row.topLogprobs ?? 0) > 0;
     });
-    if (busy.length === 0) return [];
+    if (busy.length === 0) return false;
     const x = this.inputs;
     x.token.upload(token);
     x.seqlens.upload(seqlens);
@@ -434,16 +449,33 @@ export class SlotEngine {
     x.uniform.upload(uniform);
     const b = this.variant('decode', filters, top).binding!;
     this.opts.beforeRun?.('decode', busy.length);
-    b.runSync();
+    b.runSync({ synchronize: false });
+    this.inFlight = { binding: b, busy, states: busy.map((i) => this.state[i]!), top };
+    return true;
+  }
+
+  /** Whether a launched step awaits {@link collect}. */
+  get stepInFlight(): boolean {
+    return this.inFlight !== undefined;
+  }
+
+  /** Waits for the launched step and returns the tokens of the slots still busy with the same sequence. */
+  collect(): SlotToken[] {
+    const f = this.inFlight;
+    if (!f) throw new Error('collect: no step in flight (launch one first)');
+    this.inFlight = undefined;
+    f.binding.synchronize();
     this.counters.steps++;
-    const out = this.read(b, busy, busy.map((i) => this.state[i]!.row.topLogprobs ?? 0), top ? this.opts.maxTopLogprobs : 0, (i) => busy[i]);
-    for (const t of out) {
+    const out = this.read(f.binding, f.busy, f.states.map((s) => s.row.topLogprobs ?? 0), f.top ? this.opts.maxTopLogprobs : 0, (i) => f.busy[i]);
+    // A slot released since the launch (and perhaps given to another sequence) keeps its new state.
+    const kept = out.filter((t, i) => this.state[t.slot] === f.states[i]);
+    for (const t of kept) {
       const s = this.state[t.slot]!;
       s.position++;
       s.token = t.token;
       s.sampled++;
     }
-    return out;
+    return kept;
   }
 
   /** Frees a slot (its cache is overwritten by the next admission). Freeing a free slot is an error. */
@@ -468,6 +500,8 @@ export class SlotEngine {
 
   /** Releases the sessions and buffers (the weights belong to the model or the caller). */
   dispose(): void {
+    this.inFlight?.binding.synchronize();
+    this.inFlight = undefined;
     for (const v of [...this.prefills.values(), ...this.steps.values()]) {
       v.binding?.dispose();
       v.session.dispose();
