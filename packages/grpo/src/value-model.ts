@@ -14,7 +14,7 @@
 import * as L from '@lathe/onnx';
 import type { DType, Tensor } from '@lathe/onnx';
 import { accumulationDtype, decoderHidden, paramSpecs, SCORE_WEIGHT, valuePerToken, type DecoderConfig } from '@lathe/models';
-import type { Device, HostTensor, Session, SessionOptions } from '@lathe/runtime';
+import type { Binding, Device, HostTensor, Session, SessionOptions } from '@lathe/runtime';
 import { castWeights, type LossBuilder, type TrainableParam } from '@lathe/train';
 import type { BoundWeights } from './policy-sessions';
 
@@ -126,37 +126,35 @@ export function valueLossBuilder(policy: DecoderConfig, clip: number, opts: Valu
   };
 }
 
-/** Values of a batch from the value model's current weights (bound by name, nothing copied). */
+/** Values of a batch from the value model's current weights (bound by name, nothing copied), through one binding reused run after run, as `ScoringRunner` does. */
 export class ValueScorer {
-  private constructor(
-    private readonly session: Session,
-    private readonly readsWidth: boolean,
-  ) {}
+  private readonly binding: Binding;
+  private readonly readsWidth: boolean;
+
+  private constructor(private readonly session: Session) {
+    this.binding = session.binding().output('values', 'host');
+    this.readsWidth = session.inputs.some((i) => i.name === 'total_sequence_length');
+  }
 
   /** Compiles the forward graph of {@link tokenValues} on `device`. */
   static create(device: Device, policy: DecoderConfig, opts: ValueGraphOptions & { session?: SessionOptions } = {}): ValueScorer {
     const g = new L.Graph('value_model');
     const params = new Map(valueModelParams(policy).map((p) => [p.name, g.input(p.name, 'float32', p.shape)] as const));
     g.output(tokenValues(policy, g, params, opts), 'values');
-    const session = device.compile(g, opts.session);
-    return new ValueScorer(session, session.inputs.some((i) => i.name === 'total_sequence_length'));
+    return new ValueScorer(device.compile(g, opts.session));
   }
 
   /** V at every position, [B, T] row-major, of right-padded rows (`selectRows`' tensors: `input_ids`, `attention_mask`, `total_sequence_length`). */
   async score(weights: BoundWeights, batch: Record<string, HostTensor>): Promise<Float32Array> {
-    const b = this.session.binding().output('values', 'host');
-    try {
-      for (const [name, t] of weights) b.input(name, t);
-      b.input('input_ids', batch.input_ids).input('attention_mask', batch.attention_mask);
-      if (this.readsWidth && batch.total_sequence_length) b.input('total_sequence_length', batch.total_sequence_length);
-      await b.run();
-      return b.fetch('values').data as Float32Array;
-    } finally {
-      b.dispose();
-    }
+    for (const [name, t] of weights) this.binding.input(name, t);
+    this.binding.input('input_ids', batch.input_ids).input('attention_mask', batch.attention_mask);
+    if (this.readsWidth) this.binding.input('total_sequence_length', batch.total_sequence_length);
+    await this.binding.run();
+    return this.binding.fetch('values').data as Float32Array;
   }
 
   dispose(): void {
+    this.binding.dispose();
     this.session.dispose();
   }
 }
