@@ -10,7 +10,7 @@
  *
  * usage: node serve-bench.js [--shape qwen3-0.6b|tiny | --model DIR] [--tokenizer DIR] [--device cuda|cpu]
  *          [--dtype bfloat16] [--clients 1,16,64,256] [--rounds 2] [--prompt-len 256] [--max-new 512]
- *          [--rows 256] [--temperature 1] [--cuda-graph] [--client-threads 2] [--no-offline]
+ *          [--rows 256] [--temperature 1] [--cuda-graph] [--client-threads 2] [--no-offline] [--offline-no-cuda-graph]
  * Prints one JSON line per client count and a summary line.
  */
 import { copyFileSync, existsSync, mkdtempSync } from 'node:fs';
@@ -168,7 +168,9 @@ async function main(): Promise<void> {
   if (!flag('no-offline')) {
     // The same prompts through the batch engine, all of a level's requests at once in runs of `rows`.
     const lm = CausalLM.fromPretrainedSync(model, { device: Device.open(device), dtype });
-    const gen = KvCacheGenerator.create(lm, { temperature, rows, maxLength: maxModelLen, dtype, cudaGraph: device === 'cuda' && cudaGraph });
+    // As lathe generate runs it: a CUDA graph on CUDA unless --offline-no-cuda-graph.
+    const offlineGraph = device === 'cuda' && !flag('offline-no-cuda-graph');
+    const gen = KvCacheGenerator.create(lm, { temperature, rows, maxLength: maxModelLen, dtype, cudaGraph: offlineGraph });
     await gen.generate(makePrompts(1, promptLen, 999), { maxNewTokens: 4 });
     for (const level of results) {
       const clients = level.clients as number;
@@ -179,7 +181,7 @@ async function main(): Promise<void> {
       const offline = out.reduce((n, c) => n + c.tokens.length, 0) / seconds;
       level.offline_tokens_per_s = +offline.toFixed(1);
       level.vs_offline = +((level.tokens_per_s as number) / offline).toFixed(3);
-      console.log(JSON.stringify({ bench: 'offline', clients, requests: prompts.length, tokens_per_s: level.offline_tokens_per_s, serve_vs_offline: level.vs_offline }));
+      console.log(JSON.stringify({ bench: 'offline', clients, requests: prompts.length, cuda_graph: offlineGraph, tokens_per_s: level.offline_tokens_per_s, serve_vs_offline: level.vs_offline }));
     }
     gen.dispose();
     lm.dispose();
