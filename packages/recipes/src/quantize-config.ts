@@ -36,7 +36,7 @@ export const quantizeEvalSchema = {
   data: {
     type: 'string',
     default: '',
-    describe: 'A causal LM: a JSONL file of {"prompt"} rows, which the original continues greedily; a reward model: preference pairs as `lathe rm eval` reads them [required]',
+    describe: 'A causal LM: a JSONL file of {"prompt"} rows, which the original continues greedily (rows with an "answer" are also graded: both models\' greedy answers by the math grader); a reward model: preference pairs as `lathe rm eval` reads them [required]',
   },
   ...promptFormatOptions,
   limit: { type: 'number', default: 32, integer: true, min: 0, describe: 'Only the first N prompts or pairs (0: all)' },

@@ -10,7 +10,8 @@ import { readJsonlAll } from '@lathe/data';
 import { CausalLM, isProjectionWeight, paramSpecs, readConfig, type DecoderConfig } from '@lathe/models';
 import { addDistributionShift, checkScheme, isQuantizedConfig, loadQuantized, pearson, QuantizedModel, saveQuantized, SHIFT_IO, ShiftAccumulator, type DenseDtype, type QuantizationReport, type QuantScheme, type ShiftSummary } from '@lathe/quantization';
 import { sequenceRewards } from '@lathe/reward-models';
-import { Generator } from '@lathe/rollout';
+import { MathGrader } from '@lathe/graders';
+import { Generator, type Completion } from '@lathe/rollout';
 import { Device, type DeviceTensor, type HostTensor } from '@lathe/runtime';
 import { scorePairs } from './preference-batches';
 import { preferenceEncoder, readPreferenceData, tokenizePreferences } from './preference-data';
@@ -68,6 +69,11 @@ export function runQuantize(cfg: QuantizeConfig, events: { onProgress?(done: num
 export interface PolicyShiftSummary extends ShiftSummary {
   kind: 'causal_lm';
   prompts: number;
+  /**
+   * Where rows carry an "answer": each model's greedy continuation judged by the math grader
+   * (the quantized model's generated from its dequantized weights).
+   */
+  task?: { graded: number; accuracyOriginal: number; accuracyQuantized: number };
 }
 
 /** `lathe quantize eval` on a reward model. */
@@ -130,19 +136,14 @@ type EvalModel = Awaited<ReturnType<typeof loadRunModel>>;
 async function policyShift(cfg: QuantizeEvalConfig, model: EvalModel, run: ShiftRun, events: { onProgress?(done: number, total: number): void }): Promise<PolicyShiftSummary> {
   const rows = await readJsonlAll(cfg.data);
   const limited = cfg.limit > 0 ? rows.slice(0, cfg.limit) : rows;
+  const answers = limited.map((r) => (typeof r.value.answer === 'string' || typeof r.value.answer === 'number' ? String(r.value.answer) : undefined));
   const prompts = limited.map((r) => {
     const p = r.value.prompt;
     if (typeof p !== 'string' || p === '') throw new Error(`--data ${cfg.data}: line ${r.line} has no "prompt" text`);
     return model.tokenizer.encodePrompt(p);
   });
   if (prompts.length === 0) throw new Error(`--data ${cfg.data}: no prompts`);
-  const gen = await Generator.create(model.lm, { temperature: 0, device: cfg.device, dtype: cfg.compute_dtype, padTokenId: model.tokenizer.padId, maxPromptsPerRun: cfg.batch_size });
-  let completions;
-  try {
-    completions = await gen.generate(prompts, { maxNewTokens: cfg.max_new_tokens, stopIds: model.tokenizer.eosId === undefined ? [] : [model.tokenizer.eosId] });
-  } finally {
-    await gen.dispose();
-  }
+  const completions = await greedyCompletions(model.lm, prompts, cfg, model.tokenizer);
   const acc = new ShiftAccumulator();
   for (let start = 0; start < prompts.length; start += cfg.batch_size) {
     const batch = completions.slice(start, start + cfg.batch_size).map((c) => ({ prompt: prompts[c.promptIndex], tokens: c.tokens }));
@@ -167,7 +168,27 @@ async function policyShift(cfg: QuantizeEvalConfig, model: EvalModel, run: Shift
     acc.add(kl, lo, lq, scored);
     events.onProgress?.(Math.min(prompts.length, start + B), prompts.length);
   }
-  return { kind: 'causal_lm', prompts: prompts.length, ...acc.summary() };
+  const graded = answers.flatMap((a, i) => (a === undefined ? [] : [i]));
+  if (graded.length === 0) return { kind: 'causal_lm', prompts: prompts.length, ...acc.summary() };
+  const quantizedCompletions = await greedyCompletions(CausalLM.fromPretrainedSync(cfg.quantized), prompts, cfg, model.tokenizer);
+  const grader = new MathGrader();
+  const accuracy = async (cs: Completion[]) => {
+    const text = new Map(cs.map((c) => [c.promptIndex, model.tokenizer.decode(c.tokens.filter((t) => t !== model.tokenizer.eosId))] as const));
+    let right = 0;
+    for (const i of graded) if ((await grader.grade(text.get(i)!, answers[i]!)).correct) right++;
+    return right / graded.length;
+  };
+  return { kind: 'causal_lm', prompts: prompts.length, ...acc.summary(), task: { graded: graded.length, accuracyOriginal: await accuracy(completions), accuracyQuantized: await accuracy(quantizedCompletions) } };
+}
+
+/** Greedy continuations of `prompts` by `lm`, stopping at EOS. */
+async function greedyCompletions(lm: CausalLM, prompts: number[][], cfg: QuantizeEvalConfig, tokenizer: EvalModel['tokenizer']): Promise<Completion[]> {
+  const gen = await Generator.create(lm, { temperature: 0, device: cfg.device, dtype: cfg.compute_dtype, padTokenId: tokenizer.padId, maxPromptsPerRun: cfg.batch_size });
+  try {
+    return await gen.generate(prompts, { maxNewTokens: cfg.max_new_tokens, stopIds: tokenizer.eosId === undefined ? [] : [tokenizer.eosId] });
+  } finally {
+    await gen.dispose();
+  }
 }
 
 /** Both models' rewards on the pairs: accuracy of each, and how well the rewards agree. */

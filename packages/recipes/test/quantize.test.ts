@@ -34,6 +34,8 @@ test('writes the checkpoint, which CausalLM.fromPretrained loads; quantize eval:
   const rd = await runQuantizeEval(e({ quantized: join(root, 'nf4'), kernels: 'dequantize' }));
   if (r8.kind !== 'causal_lm' || r4.kind !== 'causal_lm' || rd.kind !== 'causal_lm') throw new Error('expected causal LM summaries');
   expect(r8.prompts).toBe(12);
+  // The prompts carry answers: both models' greedy answers are graded (a random model gets none right).
+  expect(r8.task).toEqual({ graded: 12, accuracyOriginal: 0, accuracyQuantized: 0 });
   expect(r8.tokens).toBe(12 * 6); // the random model never emits EOS within 6 tokens
   expect(r8.klMean).toBeGreaterThan(0);
   expect(r8.klMean * 20).toBeLessThan(r4.klMean);

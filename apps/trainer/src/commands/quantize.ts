@@ -42,7 +42,8 @@ export async function quantizeEvalMain(cfg: QuantizeEvalConfig): Promise<void> {
   });
   const round = (x: number) => Number(x.toPrecision(5));
   if (r.kind === 'causal_lm') {
-    console.log(JSON.stringify({ kind: r.kind, prompts: r.prompts, tokens: r.tokens, kl_mean: round(r.klMean), kl_max: round(r.klMax), ppl_original: round(r.perplexityOriginal), ppl_quantized: round(r.perplexityQuantized), ppl_change: round(r.perplexityChange) }));
+    const task = r.task ? { graded: r.task.graded, accuracy_original: round(r.task.accuracyOriginal), accuracy_quantized: round(r.task.accuracyQuantized) } : {};
+    console.log(JSON.stringify({ kind: r.kind, prompts: r.prompts, tokens: r.tokens, kl_mean: round(r.klMean), kl_max: round(r.klMax), ppl_original: round(r.perplexityOriginal), ppl_quantized: round(r.perplexityQuantized), ppl_change: round(r.perplexityChange), ...task }));
   } else {
     console.log(
       JSON.stringify({
