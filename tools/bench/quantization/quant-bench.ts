@@ -175,6 +175,8 @@ async function decodeRate(device: Device, config: DecoderConfig, tensors: Readon
       if (t.decodeMs < best.decodeMs) best = { decodeMs: t.decodeMs, decodeSteps: t.decodeSteps, prefillMs: t.prefillMs, totalMs: performance.now() - s };
     }
     return {
+      // In use while the generator (its sessions, KV cache and the weights) is alive: the run's peak, near enough.
+      gpu_used_mib: gpuUsedMiB(),
       decode_tok_s: +((B * best.decodeSteps) / (best.decodeMs / 1000)).toFixed(1),
       ms_per_step: +(best.decodeMs / best.decodeSteps).toFixed(3),
       prefill_ms: +best.prefillMs.toFixed(1),
