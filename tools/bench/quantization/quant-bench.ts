@@ -87,58 +87,63 @@ async function main(): Promise<void> {
   const decodePrompts = new Map(batches.map((b) => [b, promptsFor(b, promptLen)] as const));
   const klSet = promptsFor(klPrompts, promptLen);
 
-  // The dense weights also serve as the KL's reference, under their own names.
+  // The dense weights also serve as the KL's reference, under their own names: uploaded only for
+  // the KL, so the decode runs' memory is the format's alone.
   const dense = QuantizedModel.fromParts(config, { format: 'int8' }, host, new Map());
-  const reference = dense.deviceTensors(device, dtype, 'original/');
+  const withReference = async <T>(fn: (reference: ReadonlyMap<string, DeviceTensor>) => Promise<T>): Promise<T> => {
+    const reference = dense.deviceTensors(device, dtype, 'original/');
+    try {
+      return await fn(reference);
+    } finally {
+      for (const t of reference.values()) t.dispose();
+    }
+  };
   let referenceTokens: Completion[] | undefined;
   const results: Record<string, unknown>[] = [];
-  try {
-    for (const f of formats) {
-      const scheme = SCHEMES[f];
-      const q0 = performance.now();
-      const model = scheme ? QuantizedModel.quantize(config, host, { ...scheme, ...(scheme.format === 'int4' ? { blockSize: int4Block } : {}), lmHead }) : dense;
-      const quantizeS = (performance.now() - q0) / 1000;
-      const tensors = model.deviceTensors(device, dtype);
-      const graphWeights = (g: L.Graph): Weights => model.graphWeights(g, { dtype, mode }).weights;
-      const projections = [...tensors].filter(([n]) => /_proj\.weight/.test(n)).map(([, t]) => t);
-      const denseProjBytes = paramSpecs(config).filter((s) => /_proj\.weight$/.test(s.name)).reduce((n, s) => n + s.shape[0] * s.shape[1] * L.dtypeBytes(dtype), 0);
-      const row: Record<string, unknown> = {
-        format: f,
-        quantize_s: +quantizeS.toFixed(1),
-        weight_bytes: bytesOf(tensors.values()),
-        projection_bytes: bytesOf(projections),
-        projection_ratio_to_dense: +(bytesOf(projections) / denseProjBytes).toFixed(4),
-        bits_per_parameter: scheme ? +model.report(L.dtypeBytes(dtype) * 8).bitsPerParameter.toFixed(3) : L.dtypeBytes(dtype) * 8,
-        lm_head: scheme ? lmHeadArg : 'dense',
-        decode: [] as unknown[],
-      };
-      try {
-        for (const fpa of scheme && scheme.format !== 'nf4' && flag('fpa') ? [false, true] : [false]) {
-          const session: SessionOptions = fpa ? { config: { 'ep.cuda.fpa_intb_gemm': '1' } } : {};
-          for (const B of batches) {
-            const m = await decodeRate(device, config, tensors, graphWeights, decodePrompts.get(B)!, { dtype, newTokens, repeat, cudaGraph, session });
-            const line = { format: f, batch: B, fpa, ...m };
-            console.log(JSON.stringify(line));
-            (row.decode as unknown[]).push(line);
-          }
+  for (const f of formats) {
+    const scheme = SCHEMES[f];
+    const q0 = performance.now();
+    const model = scheme ? QuantizedModel.quantize(config, host, { ...scheme, ...(scheme.format === 'int4' ? { blockSize: int4Block } : {}), lmHead }) : dense;
+    const quantizeS = (performance.now() - q0) / 1000;
+    const tensors = model.deviceTensors(device, dtype);
+    const graphWeights = (g: L.Graph): Weights => model.graphWeights(g, { dtype, mode }).weights;
+    const projections = [...tensors].filter(([n]) => /_proj\.weight/.test(n)).map(([, t]) => t);
+    const denseProjBytes = paramSpecs(config).filter((s) => /_proj\.weight$/.test(s.name)).reduce((n, s) => n + s.shape[0] * s.shape[1] * L.dtypeBytes(dtype), 0);
+    const row: Record<string, unknown> = {
+      format: f,
+      quantize_s: +quantizeS.toFixed(1),
+      weight_bytes: bytesOf(tensors.values()),
+      projection_bytes: bytesOf(projections),
+      projection_ratio_to_dense: +(bytesOf(projections) / denseProjBytes).toFixed(4),
+      bits_per_parameter: scheme ? +model.report(L.dtypeBytes(dtype) * 8).bitsPerParameter.toFixed(3) : L.dtypeBytes(dtype) * 8,
+      lm_head: scheme ? lmHeadArg : 'dense',
+      decode: [] as unknown[],
+    };
+    try {
+      for (const fpa of scheme && scheme.format !== 'nf4' && flag('fpa') ? [false, true] : [false]) {
+        const session: SessionOptions = fpa ? { config: { 'ep.cuda.fpa_intb_gemm': '1' } } : {};
+        for (const B of batches) {
+          const m = await decodeRate(device, config, tensors, graphWeights, decodePrompts.get(B)!, { dtype, newTokens, repeat, cudaGraph, session });
+          const line = { format: f, batch: B, fpa, ...m };
+          console.log(JSON.stringify(line));
+          (row.decode as unknown[]).push(line);
         }
-        row.gpu_used_mib = gpuUsedMiB();
-        if (!referenceTokens) referenceTokens = await greedy(device, config, reference, (g) => dense.graphWeights(g, { dtype, prefix: 'original/' }).weights, klSet, { dtype, newTokens: klNew, cudaGraph });
-        if (scheme) {
-          const kl = await shift(device, config, dense, model, reference, tensors, klSet, referenceTokens, { dtype, mode, batch: klBatch });
-          row.kl = kl;
-          console.log(JSON.stringify({ format: f, kl }));
-        }
-      } catch (e) {
-        row.error = (e as Error).message.slice(0, 500);
-        console.log(JSON.stringify({ format: f, error: row.error }));
-      } finally {
-        for (const t of tensors.values()) t.dispose();
       }
-      results.push(row);
+      row.gpu_used_mib = gpuUsedMiB();
+      if (!referenceTokens) referenceTokens = await withReference((reference) => greedy(device, config, reference, (g) => dense.graphWeights(g, { dtype, prefix: 'original/' }).weights, klSet, { dtype, newTokens: klNew, cudaGraph }));
+      if (scheme) {
+        const tokens = referenceTokens;
+        const kl = await withReference((reference) => shift(device, config, dense, model, reference, tensors, klSet, tokens, { dtype, mode, batch: klBatch }));
+        row.kl = kl;
+        console.log(JSON.stringify({ format: f, kl }));
+      }
+    } catch (e) {
+      row.error = (e as Error).message.slice(0, 500);
+      console.log(JSON.stringify({ format: f, error: row.error }));
+    } finally {
+      for (const t of tensors.values()) t.dispose();
     }
-  } finally {
-    for (const t of reference.values()) t.dispose();
+    results.push(row);
   }
   const base = results.find((r) => r.format === 'dense');
   const rate = (r: Record<string, unknown>, B: number, fpa = false) => (r.decode as { batch: number; fpa: boolean; decode_tok_s: number }[] | undefined)?.find((d) => d.batch === B && d.fpa === fpa)?.decode_tok_s;
