@@ -31,8 +31,8 @@ const health = async (r: RunningServe) => ((await (await fetch(r.url.replace('/v
 test('64 concurrent clients, mixed lengths and n: all answered, greedy text equal to each prompt alone, no rows left held', async () => {
   const words = 'the cat sat on a mat while rain fell over quiet hills and rivers ran to the sea'.split(' ');
   const requests = Array.from({ length: 64 }, (_, i) => ({
-    ids: tok.encode(Array.from({ length: 1 + ((i * 7) % 23) }, (_, j) => words[(i + j * 3) % words.length]).join(' ')),
-    max: 2 + ((i * 5) % 11),
+    ids: tok.encode(Array.from({ length: 1 + ((i * 7) % 15) }, (_, j) => words[(i + j * 3) % words.length]).join(' ')),
+    max: 2 + ((i * 5) % 7),
     n: 1 + (i % 3),
   }));
   const started = performance.now();

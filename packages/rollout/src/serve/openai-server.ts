@@ -403,7 +403,8 @@ export function createOpenAiServer(opts: OpenAiServerOptions): Server {
     const onUpdate = (c: Choice, final: boolean) => {
       const text = c.text.flush(final);
       const entries = c.logprobs.slice(c.sentLogprobs);
-      if (!text && !final && entries.length === 0) return;
+      // A chunk per token, as OpenAI streams (its text may be empty while held back), so clients
+      // see every token's arrival.
       c.sentLogprobs = c.logprobs.length;
       const finish = final ? finishOf(c) : null;
       if (chat) {

@@ -271,11 +271,12 @@ export class Scheduler {
   }
 
   /**
-   * The step loop. Each turn: collect the step in flight; admit what fits (prefill); launch the next
-   * step over every busy row; then, while the device runs it, hand the collected tokens to their
-   * requests (detokenising, streaming, stop checks) — so that host work overlaps device work. A row
-   * that finishes in that hand-out was already in the launched step: its result there is dropped
-   * (the step computes every row anyway).
+   * The step loop. Each turn: collect the step in flight; admit what fits (prefill) and hand out the
+   * new rows' first tokens; launch the next step over every busy row; then, while the device runs
+   * it, hand the collected tokens to their requests (detokenising, streaming, stop checks) — so that
+   * host work overlaps device work (on a GPU; the CPU runs a launched step at once, so there the
+   * tokens go out before the launch). A row that finishes in a hand-out after the launch was
+   * already in the launched step: its result there is dropped (the step computes every row anyway).
    */
   private async loop(): Promise<void> {
     for (;;) {
@@ -313,9 +314,13 @@ export class Scheduler {
             this.owner.set(slot, { live, choice: c });
             this.reserved += live.req.prompt.length + live.req.maxTokens;
           });
-          tokens.push(...r.tokens);
         });
+        // New rows' first tokens go out before the next step: time to first token is one prefill.
+        this.take(results.flatMap((r) => r.tokens));
       }
+      // On the CPU a launched step runs at once, so nothing would overlap it: hand out first.
+      const overlap = this.engine.device.kind !== 'cpu';
+      if (!overlap) this.take(tokens);
       if (this.engine.busy > 0) {
         try {
           this.engine.launch();
@@ -323,7 +328,7 @@ export class Scheduler {
           this.failAll([...this.owner.values()].map((o) => o.live), e as Error);
         }
       }
-      this.take(tokens);
+      if (overlap) this.take(tokens);
       if (!this.engine.stepInFlight && this.engine.busy === 0 && this.queue.length === 0) return;
       // Between steps: let the HTTP layer read new requests, write tokens and see disconnects. Two
       // turns of the event loop, since a disconnect takes two (the socket's end, then its close).
