@@ -11,10 +11,12 @@ const layers = {
   rollout: ['onnx', 'runtime', 'models'],
   grpo: ['onnx', 'runtime', 'models', 'train', 'rollout', 'graders'],
   'reward-models': ['onnx', 'runtime', 'models', 'train'],
+  quantization: ['onnx', 'runtime', 'models'],
   data: [],
-  graders: [],
+  'openai-client': [],
+  graders: ['openai-client'],
   tokenizer: [],
-  recipes: ['onnx', 'runtime', 'models', 'train', 'rollout', 'grpo', 'graders', 'reward-models', 'data', 'tokenizer'],
+  recipes: ['onnx', 'runtime', 'models', 'train', 'rollout', 'grpo', 'graders', 'reward-models', 'quantization', 'data', 'tokenizer', 'openai-client'],
 };
 const layering = Object.entries(layers).map(([pkg, allowed]) => ({
   files: [`packages/${pkg}/src/**/*.ts`],

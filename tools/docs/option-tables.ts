@@ -10,16 +10,20 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import {
   dpoSchema,
+  evalSchema,
   generateSchema,
   grpoSchema,
   modelInitSchema,
   optionTable,
+  quantizeEvalSchema,
+  quantizeSchema,
   rmEvalSchema,
   rmTrainSchema,
   runsDiffSchema,
   runsListSchema,
   runsPruneSchema,
   runsShowSchema,
+  serveSchema,
   sftSchema,
   type OptionSchema,
 } from '@lathe/recipes';
@@ -33,14 +37,18 @@ export const OPTION_SCHEMAS: Readonly<Record<string, OptionSchema>> = {
   'rm-train': rmTrainSchema,
   'rm-eval': rmEvalSchema,
   dpo: dpoSchema,
+  eval: evalSchema,
   'runs-list': runsListSchema,
   'runs-show': runsShowSchema,
   'runs-diff': runsDiffSchema,
   'runs-prune': runsPruneSchema,
+  serve: serveSchema,
+  quantize: quantizeSchema,
+  'quantize-eval': quantizeEvalSchema,
 };
 
 /** The docs holding option tables, relative to the repository root. */
-export const OPTION_DOCS = ['docs/guides/sft.md', 'docs/guides/grpo.md', 'docs/guides/generate.md', 'docs/guides/model-init.md', 'docs/guides/rm.md', 'docs/guides/dpo.md', 'docs/data.md'];
+export const OPTION_DOCS = ['docs/guides/sft.md', 'docs/guides/grpo.md', 'docs/guides/generate.md', 'docs/guides/model-init.md', 'docs/guides/rm.md', 'docs/guides/dpo.md', 'docs/guides/eval.md', 'docs/guides/quantize.md', 'docs/guides/serve.md', 'docs/data.md'];
 
 /** The repository root. */
 export const REPO_ROOT = join(__dirname, '..', '..');

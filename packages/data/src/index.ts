@@ -84,6 +84,7 @@ export {
 } from './rollout-store';
 export {
   MetricsLog,
+  type MetricSink,
   createRunDir,
   diffConfigs,
   isRunDir,
@@ -109,3 +110,4 @@ export {
   type RunSummary,
 } from './run-dir';
 export { writeAtomic } from './atomic';
+export * from './tensorboard';

@@ -108,12 +108,30 @@ export function createRunDir(dir: string, config: Record<string, unknown>): Retu
 
 /** Appends metrics lines to `metrics.jsonl` (one `appendFileSync` per line: a crash loses at most the line being written). */
 export class MetricsLog {
-  constructor(readonly file: string) {}
+  constructor(
+    readonly file: string,
+    /** Where each line also goes (TensorBoard, Weights & Biases), as its step and the other fields. */
+    private readonly sinks: readonly MetricSink[] = [],
+  ) {}
   /** Appends one object (must have a numeric `step`). */
   log(metrics: { step: number } & Record<string, unknown>): void {
     if (!Number.isInteger(metrics.step)) throw new Error(`${this.file}: metrics need an integer 'step', got ${JSON.stringify(metrics.step)}`);
     appendFileSync(this.file, `${JSON.stringify(metrics)}\n`);
+    const { step, ...values } = metrics;
+    for (const s of this.sinks) s.log(step, values);
   }
+  /** Flushes and closes the sinks (metrics.jsonl needs nothing: each line is appended whole). */
+  async close(): Promise<void> {
+    await Promise.all(this.sinks.map((s) => s.close?.()));
+  }
+}
+
+/** Somewhere a run's metrics go besides metrics.jsonl. */
+export interface MetricSink {
+  /** One logged line: its step and its other fields (a sink takes the ones it can show). */
+  log(step: number, values: Readonly<Record<string, unknown>>): void;
+  /** Sends what is still buffered; called once at the end of the run. */
+  close?(): Promise<void>;
 }
 
 /** One line of metrics.jsonl. */

@@ -111,9 +111,15 @@ export function resumeOptions(logs: string) {
 /** `--log_every` of a training run that logs metrics every 10 steps by default. */
 export const logEveryOption = { type: 'number', default: 10, integer: true, min: 1, describe: 'Write metrics every N steps' } as const;
 
-/** A training run's checkpoint, resume and logging options: `checkpointOptions(saveEvery)`, `resumeOptions(logs)` and `--log_every`. */
+/** `--report_to` and `--wandb_project`: where a training run's metrics go besides metrics.jsonl. */
+export const reportOptions = {
+  report_to: { type: 'string', default: 'none', describe: "Where metrics also go: tensorboard (event files in <run_dir>/tensorboard: tensorboard --logdir runs), wandb (Weights & Biases: needs WANDB_API_KEY; a resume continues the same W&B run), both comma-separated, or none" },
+  wandb_project: { type: 'string', default: '', describe: "W&B project with --report_to wandb ('': WANDB_PROJECT, else 'lathe'); the W&B run is named after the run directory" },
+} as const satisfies OptionSchema;
+
+/** A training run's checkpoint, resume and logging options: `checkpointOptions(saveEvery)`, `resumeOptions(logs)`, `--log_every` and the reporting options. */
 export function trainRunOptions(saveEvery: number, logs: string) {
-  return { ...checkpointOptions(saveEvery), ...resumeOptions(logs), log_every: logEveryOption } as const satisfies OptionSchema;
+  return { ...checkpointOptions(saveEvery), ...resumeOptions(logs), log_every: logEveryOption, ...reportOptions } as const satisfies OptionSchema;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -156,5 +156,6 @@ export async function runDpo(cfg: DpoRunConfig, events: DpoEvents = {}, signal?:
   } finally {
     scorer?.dispose();
     training.dispose();
+    await run.close();
   }
 }

@@ -15,7 +15,7 @@ import { pairStepFeeds } from './preference-batches';
 import { checkComputeDtype, EpochStream, scheduledLr, stopRequested, type RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
 /** Options `--resume` accepts with new values in a preference run (they change neither the weights nor the data order). */
-export const PAIR_RESUMABLE_KEYS: readonly string[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention'];
+export const PAIR_RESUMABLE_KEYS: readonly string[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project'];
 
 /** The options of a preference training run that its setup and loop read. */
 export interface PairRunConfig extends LoraOptions {

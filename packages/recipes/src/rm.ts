@@ -99,6 +99,7 @@ export async function runRmTrain(cfg: RmTrainConfig, events: RmTrainEvents = {},
   } finally {
     scorer.dispose();
     training.dispose();
+    await run.close();
   }
 }
 

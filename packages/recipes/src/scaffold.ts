@@ -9,7 +9,8 @@ import { join } from 'node:path';
 import { parse as parseYaml, stringify as toYaml } from 'yaml';
 import { CausalLM, permutation, readConfig, type DecoderConfig } from '@lathe/models';
 import { HfTokenizer, type ChatMessage, type ConversationIds } from '@lathe/tokenizer';
-import { diffConfigs, listEvals, MetricsLog, rewindRunDir, runPaths, startRunDir, writeAtomic } from '@lathe/data';
+import { diffConfigs, listEvals, MetricsLog, rewindRunDir, runPaths, startRunDir, writeAtomic, type MetricSink } from '@lathe/data';
+import { metricSinks, reportTargets, type ReportOptions } from './reporting';
 import { learningRate, listCheckpoints, loadCheckpoint, saveCheckpoint, type CheckpointContents, type TrainableParam } from '@lathe/train';
 import { BUILTIN_MODEL, BUILTIN_TOKENIZER, additionTokenizer, builtinBaseModel } from './demo-task';
 
@@ -236,17 +237,27 @@ export class RunDir {
     readonly dir: string,
     /** The checkpoint a resume continues (undefined for a new run). */
     readonly latest: { step: number; dir: string } | undefined,
+    sinks: readonly MetricSink[],
   ) {
-    this.metrics = new MetricsLog(runPaths(dir).metrics);
+    this.metrics = new MetricsLog(runPaths(dir).metrics, sinks);
   }
 
-  /** Starts a new run in `run_dir`, or finds the checkpoint a resume continues. */
-  static open(cfg: RunDirOptions): RunDir {
+  /**
+   * Starts a new run in `run_dir`, or finds the checkpoint a resume continues; metrics also go where
+   * `--report_to` says (see reporting.ts), until {@link close}.
+   */
+  static open(cfg: RunDirOptions & Partial<ReportOptions>): RunDir {
     const latest = cfg.resume ? listCheckpoints(cfg.run_dir).at(-1) : undefined;
     if (cfg.resume && !latest) throw new Error(`--resume: no checkpoint in ${runPaths(cfg.run_dir).checkpoints}`);
+    reportTargets(cfg.report_to ?? 'none'); // a bad --report_to fails before a run directory is touched
     if (!cfg.resume) startRunDir(cfg.run_dir, { overwrite: cfg.overwrite });
     mkdirSync(cfg.run_dir, { recursive: true });
-    return new RunDir(cfg.run_dir, latest);
+    return new RunDir(cfg.run_dir, latest, metricSinks(cfg.run_dir, cfg));
+  }
+
+  /** Sends what the metric sinks still buffer (a W&B run is finished); call once, when the run ends. */
+  async close(): Promise<void> {
+    await this.metrics.close();
   }
 
   /**

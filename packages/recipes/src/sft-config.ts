@@ -50,7 +50,7 @@ export const sftSchema = {
 } as const satisfies OptionSchema;
 
 /** Options `--resume` accepts with new values in an SFT run (they change neither the weights nor the data order). */
-export const SFT_RESUMABLE_KEYS: readonly (keyof SftConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'cuda_graph', 'max_new_tokens'];
+export const SFT_RESUMABLE_KEYS: readonly (keyof SftConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'cuda_graph', 'max_new_tokens', 'report_to', 'wandb_project'];
 
 /** A resolved SFT config. */
 export type SftConfig = ConfigOf<typeof sftSchema>;

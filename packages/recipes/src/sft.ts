@@ -389,5 +389,6 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     await evaluator?.dispose();
     trainer.dispose();
     for (const t of Object.values(frozenBase)) t.dispose();
+    await run.close();
   }
 }

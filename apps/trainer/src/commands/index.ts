@@ -9,6 +9,9 @@ import { generateCommand } from './generate';
 import { modelCommand } from './model';
 import { rmCommand } from './rm';
 import { dpoCommand } from './dpo';
+import { evalCommand } from './eval';
+import { serveCommand } from './serve';
+import { quantizeCommand } from './quantize';
 
 /** Every `lathe` subcommand; each lives in its own file beside this one. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- yargs command modules differ in their argv types
@@ -19,8 +22,11 @@ export const commands: CommandModule<any, any>[] = [
   rmCommand,
   dpoCommand,
   generateCommand,
+  serveCommand,
+  evalCommand,
   gradeCommand,
   doctorCommand,
   runsCommand,
   modelCommand,
+  quantizeCommand,
 ];
