@@ -22,7 +22,7 @@ import { additionExamples, BUILTIN_DATA } from './demo-task';
 import { readPromptFile } from './generate';
 import { grpoTrainerOptions, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
 import { combineRewardSources, loadRewardFunctions, parseRewardWeights, rewardModelSource, RewardSourceError, withRewardWeights, type AnyRewardSource } from './reward-sources';
-import { checkComputeDtype, configChanges, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested } from './scaffold';
+import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested } from './scaffold';
 
 /** A prompt with its reference answer. */
 export interface PromptWithAnswer {
@@ -208,15 +208,6 @@ function loadCriticState(dir: string): NonNullable<GrpoResumeState['valueModel']
   return out;
 }
 
-/** Refuses a resume whose config differs from the checkpoint's (`savedFile`, its config.yaml), unless `force`; returns the changed keys. */
-export function checkResumeConfig(savedFile: string, cfg: GrpoConfig): string[] {
-  const changed = configChanges(savedFile, cfg, RESUMABLE_KEYS);
-  if (changed.length && !cfg.force) {
-    throw new Error(`--resume: the config differs from the checkpoint's (${savedFile}) in ${changed.map((d) => d.text).join(', ')}; pass --force to resume with the new values`);
-  }
-  return changed.map((d) => d.key);
-}
-
 /** Runs GRPO as configured. `signal` interrupts the run after the current step, with a checkpoint. */
 export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?: AbortSignal): Promise<GrpoRunResult> {
   checkComputeDtype(cfg);
@@ -289,7 +280,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   let resume: GrpoResumeState | undefined;
   const lora = loraFromOptions(cfg);
   if (run.latest) {
-    checkResumeConfig(join(run.latest.dir, 'config.yaml'), cfg);
+    run.refuseChangedConfig(cfg, RESUMABLE_KEYS);
     const c = run.resume(GrpoTrainer.trainableParams(model.config, lora), { rank: cfg.lora_rank });
     const s = c.state as Partial<GrpoState>;
     if (typeof s.optimizerStep !== 'number') throw new Error(`${join(run.latest.dir, 'trainer_state.json')}: no 'optimizerStep' (not a GRPO checkpoint?)`);
@@ -429,6 +420,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     trainer.dispose();
     rewardModel?.dispose();
     await grader?.close();
+    await run.close();
   }
   return { steps: state.step, evals, last, stepRewards, checkpoint: checkpointDir, interrupted, ...(offPolicy ? { offPolicy } : {}) };
 }
