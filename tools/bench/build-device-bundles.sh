@@ -18,6 +18,9 @@ declare -A entries=(
   [nucleus-check]=tools/bench/rollout/nucleus-check.ts
   [rm-parity]=tools/bench/reward-models/rm-parity.ts
   [rm-bench]=tools/bench/reward-models/rm-bench.ts
+  [quant-bench]=tools/bench/quantization/quant-bench.ts
+  [qlora-step]=tools/bench/quantization/qlora-step.ts
+  [luffy-ppo-step]=tools/bench/grpo/luffy-ppo-step.ts
 )
 # Entries that load a Hugging Face tokenizer carry @huggingface/transformers inside the bundle (the
 # GPU machine has no copy of it), with its image library sharp stubbed out, and Qwen3's tokenizer
