@@ -311,31 +311,61 @@ export interface RowSamplingInputs {
 }
 
 /**
+ * How a per-row sampling graph applies top-k and top-p: 'none' leaves them out (every row has them
+ * off); 'capped' finds each row's threshold among its {@link rowTopKCap} largest values, found in two
+ * stages as {@link filteredScores} does (every row with top-p on has a top-k of at most the cap);
+ * 'full' sorts the whole vocabulary per row (any settings).
+ */
+export type RowFilterMode = 'none' | 'capped' | 'full';
+
+/** The largest per-row top-k the 'capped' mode serves for a vocabulary of V: 256, or V/w when fewer chunks. */
+export function rowTopKCap(V: number): number {
+  return Math.min(TWO_STAGE_TOP_K, V / vocabChunkWidth(V));
+}
+
+/**
  * {@link sampleNext} with per-row parameters: temperature, top-k, top-p and min-p in that order,
  * each row by its own values, then inverse-CDF sampling with `uniform` [B]; rows whose temperature
- * is 0 take the argmax of the raw logits. `filters` false leaves top-k and top-p out of the graph
- * (the host then guarantees every row has them off): they need a sort of the whole vocabulary per
- * row, which temperature and min-p do not. Top-k keeps tokens tied with the k-th value, and top-p
- * ranks the top-k survivors and keeps tokens tied with the last kept one, as {@link filteredScores}
- * does after a two-stage top-k.
+ * is 0 take the argmax of the raw logits. `filters` says how top-k and top-p are applied
+ * ({@link RowFilterMode}; the host picks the cheapest one its rows allow). Top-k keeps tokens tied
+ * with the k-th value, and top-p ranks the top-k survivors and keeps tokens tied with the last
+ * kept one, as {@link filteredScores} does after a two-stage top-k.
  */
-export function sampleNextPerRow(logits: Tensor, o: RowSamplingInputs, uniform: Tensor, filters: boolean): SampledTokens {
+export function sampleNextPerRow(logits: Tensor, o: RowSamplingInputs, uniform: Tensor, filters: RowFilterMode): SampledTokens {
   const g = logits.graph;
   const V = logits.shape[1] as number;
   const column = (t: Tensor) => L.unsqueeze(t, [1]); // [B] → [B, 1]
   const greedy = L.equal(o.temperature, g.constant(0, 'float32', [])); // [B]
   const t = L.where(greedy, g.constant(1, 'float32', []), o.temperature);
   let s = L.div(logits, column(t));
-  if (filters) {
+  const nucleusOff = column(L.greaterOrEqual(o.topP, g.constant(1, 'float32', []))); // [B, 1]
+  if (filters === 'full') {
     const [sorted] = L.topK(s, V, -1); // [B, V], largest first
     const kth = L.gatherElements(sorted, L.sub(column(o.topK), g.constant(1, 'int64', [])), 1); // [B, 1]
     const sortedK = L.where(L.greaterOrEqual(sorted, kth), sorted, NEG_INF);
     const before = prefixSum(L.softmax(sortedK, -1), true);
     const keepSorted = L.less(before, column(o.topP));
     const lowest = L.reduceMin(L.where(keepSorted, sortedK, Infinity), [1], true); // [B, 1]
-    const nucleusOff = column(L.greaterOrEqual(o.topP, g.constant(1, 'float32', [])));
     const keep = L.and(L.greaterOrEqual(s, kth), L.or(nucleusOff, L.greaterOrEqual(s, lowest)));
     s = L.where(keep, s, NEG_INF);
+  } else if (filters === 'capped') {
+    const cap = rowTopKCap(V);
+    const top = largestValues(s, cap); // [B, cap], largest first
+    const kOff = column(L.greaterOrEqual(o.topK, g.constant(V, 'int64', []))); // [B, 1]
+    const kIndex = L.sub(L.minimum(column(o.topK), g.constant(cap, 'int64', [])), g.constant(1, 'int64', [])); // [B, 1]
+    const kth = L.gatherElements(top, kIndex, 1); // [B, 1]
+    const survives = L.or(kOff, L.greaterOrEqual(s, kth)); // [B, V]
+    // Top-p over the top-k survivors, ranked by the sorted values: the j-th kept while the mass
+    // before it is < p; the mass counts every survivor (ties at the k-th value beyond the k included).
+    const rank = g.constant(Array.from({ length: cap }, (_, j) => j), 'int64', [1, cap]);
+    const inK = L.less(rank, column(o.topK)); // [B, cap]
+    const max = L.slice(top, [1], [0], [1]); // [B, 1]
+    const weights = L.where(inK, L.exp(L.sub(top, max)), 0); // [B, cap]
+    const extraTies = L.sub(L.reduceSum(L.cast(survives, 'float32'), [1], true), L.cast(column(o.topK), 'float32')); // [B, 1]
+    const Z = L.add(L.reduceSum(weights, [1], true), L.mul(L.maximum(extraTies, g.constant(0, 'float32', [])), L.exp(L.sub(kth, max))));
+    const keepSorted = L.and(inK, L.less(prefixSum(L.div(weights, Z), true), column(o.topP)));
+    const lowest = L.reduceMin(L.where(keepSorted, top, Infinity), [1], true); // [B, 1]
+    s = L.where(L.and(survives, L.or(nucleusOff, L.greaterOrEqual(s, lowest))), s, NEG_INF);
   }
   // min-p: p ≥ min_p · p_max ⇔ s − max(s) ≥ log(min_p); log 0 = −∞ keeps every token.
   const max = L.squeeze(rowMax(s), [2]); // [B, 1]

@@ -16,8 +16,8 @@ const model = CausalLM.fromPretrainedSync(dir, { device });
 afterAll(() => model.dispose());
 
 /** What the batch engine gives for one prompt, one sample key, `sampling` compiled in. */
-async function alone(prompt: number[], sampling: RowSampling, o: { seed: number; key: number; maxNew: number }) {
-  const kv = KvCacheGenerator.create(model, { ...sampling, rows: 1, maxLength: 32 });
+async function alone(prompt: number[], sampling: RowSampling, o: { seed: number; key: number; maxNew: number }, lm = model) {
+  const kv = KvCacheGenerator.create(lm, { ...sampling, rows: 1, maxLength: 32 });
   const [c] = await kv.generate([prompt], { maxNewTokens: o.maxNew, seed: o.seed, sampleKeys: [[o.key]] });
   kv.dispose();
   return c;
@@ -166,4 +166,27 @@ test('scheduler: requests through the queue equal each prompt alone; pause holds
   expect([engine.busy, scheduler.load.queued, scheduler.load.reservedTokens]).toEqual([0, 0, 0]);
   expect(() => scheduler.submit({ prompt: [1], n: 3, maxTokens: 2, sampling: { temperature: 0 }, seed: 0, onToken: () => undefined, onFinish: () => undefined })).toThrow(/n is 3, more than the 2 rows/);
   engine.dispose();
+});
+
+test('a wide vocabulary: top-k within the two-stage cap runs the capped graph, top-p alone the full sort; both equal the batch engine', async () => {
+  // V = 4096: 16 chunks of 256, so top-k up to 16 is found in two stages (as the batch engine does).
+  const wide = tinyModel({ ...wideQwen3, vocab_size: 4096 }, 7);
+  const lm = CausalLM.fromPretrainedSync(wide.dir, { device });
+  const engine = SlotEngine.create(lm, { slots: 3, maxLength: 32 });
+  const settings: RowSampling[][] = [
+    [{ temperature: 0.9, topK: 12, topP: 0.8 }, { temperature: 1, topK: 5 }, { temperature: 0.7, topK: 16, topP: 0.5, minP: 0.05 }],
+    [{ temperature: 0.8, topP: 0.9 }, { temperature: 1, topK: 3 }, { temperature: 0 }],
+  ];
+  for (const [round, group] of settings.entries()) {
+    const prompts = [[5, 9, 11, 3], [7, 2], [30, 31, 32, 33]];
+    const got = drive(engine, group.map((sampling, i) => ({ at: 0, prompt: prompts[i], rows: [{ sampling, seed: 3, key: 10 * round + i }], maxNew: 6 })));
+    for (const [i, sampling] of group.entries()) {
+      const want = await alone(prompts[i], sampling, { seed: 3, key: 10 * round + i, maxNew: 6 }, lm);
+      expect(got[i][0].map((t) => t.token)).toEqual(want.tokens);
+      got[i][0].forEach((t, j) => expect(t.logprob).toBeCloseTo(want.logprobs[j], 4));
+    }
+  }
+  expect(engine.compiled.filter((n) => n.startsWith('slot-decode')).sort()).toEqual(['slot-decode-capped', 'slot-decode-full']);
+  engine.dispose();
+  lm.dispose();
 });

@@ -20,7 +20,7 @@ import { CausalLM, paramSpecs, weightInputs, type DecoderConfig, type Weights } 
 import { Device, DeviceTensor, hostTensor, type Binding, type Session, type SessionOptions } from '@lathe/runtime';
 import { cacheName } from '../kv-cache-graphs';
 import { uniformAt } from '../rng';
-import { validateSampling, type SamplingOptions } from '../sampling';
+import { rowTopKCap, validateSampling, type RowFilterMode, type SamplingOptions } from '../sampling';
 import { addSlotDecodeStep, addSlotPrefill, type SlotGraphOptions } from './slot-graphs';
 
 /** How a slot engine is built. */
@@ -209,6 +209,11 @@ export class SlotEngine {
     return this.opts.maxTopLogprobs;
   }
 
+  /** The graph variants compiled so far, by session name (e.g. `slot-decode-capped-top`). */
+  get compiled(): string[] {
+    return [...this.prefills.values(), ...this.steps.values()].map((v) => v.session.name);
+  }
+
   /** Slots free for admission now. */
   get free(): number {
     return this.freeList.length;
@@ -233,16 +238,16 @@ export class SlotEngine {
     if (!Number.isInteger(top) || top < 0 || top > this.opts.maxTopLogprobs) throw new Error(`top_logprobs must be an integer in [0, ${this.opts.maxTopLogprobs}], got ${row.topLogprobs}`);
   }
 
-  private graphOptions(filters: boolean, top: boolean): SlotGraphOptions {
+  private graphOptions(filters: RowFilterMode, top: boolean): SlotGraphOptions {
     return { slots: this.opts.slots, filters, topLogprobs: top ? this.opts.maxTopLogprobs : 0, qkNormInKernel: this.device.kind === 'cuda' };
   }
 
-  private compile(kind: 'prefill' | 'decode', filters: boolean, top: boolean): Session {
+  private compile(kind: 'prefill' | 'decode', filters: RowFilterMode, top: boolean): Session {
     const g = new L.Graph(`lathe_slot_${kind}`);
     const w = this.opts.graphWeights ? this.opts.graphWeights(g) : weightInputs(g, this.config, this.opts.dtype, this.opts.dtype).weights;
     (kind === 'prefill' ? addSlotPrefill : addSlotDecodeStep)(g, this.config, w, this.opts.dtype, this.graphOptions(filters, top));
     const session: SessionOptions = { ...this.opts.session, memoryPattern: this.opts.session?.memoryPattern ?? false };
-    return this.device.compile(g, { ...session, name: `slot-${kind}${filters ? '-filters' : ''}${top ? '-top' : ''}`, cudaGraph: kind === 'decode' ? this.opts.cudaGraph : false });
+    return this.device.compile(g, { ...session, name: `slot-${kind}${filters === 'none' ? '' : `-${filters}`}${top ? '-top' : ''}`, cudaGraph: kind === 'decode' ? this.opts.cudaGraph : false });
   }
 
   private bindCommon(b: Binding): void {
@@ -256,7 +261,7 @@ export class SlotEngine {
     }
   }
 
-  private variant(kind: 'prefill' | 'decode', filters: boolean, top: boolean): Variant {
+  private variant(kind: 'prefill' | 'decode', filters: RowFilterMode, top: boolean): Variant {
     const map = kind === 'prefill' ? this.prefills : this.steps;
     const id = `${filters}/${top}`;
     let v = map.get(id);
@@ -289,7 +294,7 @@ export class SlotEngine {
    * `filters` adds the top-k/top-p ones, `top` the top-log-prob ones.
    */
   warm(opts: { filters?: boolean; top?: boolean } = {}): void {
-    for (const filters of opts.filters ? [false, true] : [false]) {
+    for (const filters of opts.filters ? (['none', 'capped', 'full'] as const) : (['none'] as const)) {
       for (const top of opts.top && this.opts.maxTopLogprobs > 0 ? [false, true] : [false]) {
         this.variant('prefill', filters, top);
         this.variant('decode', filters, top);
@@ -303,8 +308,13 @@ export class SlotEngine {
     return { k, p: row.sampling.topP ?? 1, minP: row.sampling.minP ?? 0 };
   }
 
-  private static needsFilters(s: Pick<SlotState, 'k' | 'p'>, V: number): boolean {
-    return s.k < V || s.p < 1;
+  /** The cheapest top-k/top-p graph these rows allow (see RowFilterMode). */
+  private filterMode(rows: readonly Pick<SlotState, 'k' | 'p'>[]): RowFilterMode {
+    const V = this.config.vocabSize;
+    const filtering = rows.filter((r) => r.k < V || r.p < 1);
+    if (filtering.length === 0) return 'none';
+    const cap = rowTopKCap(V);
+    return filtering.every((r) => r.k <= cap) ? 'capped' : 'full';
   }
 
   /**
@@ -347,7 +357,7 @@ export class SlotEngine {
         }
       }
     });
-    const filters = flat.some((r) => SlotEngine.needsFilters(r, V));
+    const filters = this.filterMode(flat);
     const top = flat.some((r) => (r.row.topLogprobs ?? 0) > 0);
     let out: SlotToken[];
     try {
@@ -422,7 +432,6 @@ export class SlotEngine {
     const topP = new Float32Array(S).fill(1);
     const minP = new Float32Array(S);
     const uniform = new Float32Array(S).fill(0.5);
-    let filters = false;
     let top = false;
     this.state.forEach((s, i) => {
       if (!s) return;
@@ -435,7 +444,6 @@ export class SlotEngine {
       topP[i] = s.p;
       minP[i] = s.minP;
       uniform[i] = uniformAt(s.row.seed, s.row.key, s.sampled);
-      filters ||= SlotEngine.needsFilters(s, V);
       top ||= (s.row.topLogprobs ?? 0) > 0;
     });
     if (busy.length === 0) return false;
@@ -447,7 +455,7 @@ export class SlotEngine {
     x.topP.upload(topP);
     x.minP.upload(minP);
     x.uniform.upload(uniform);
-    const b = this.variant('decode', filters, top).binding!;
+    const b = this.variant('decode', this.filterMode(busy.map((i) => this.state[i]!)), top).binding!;
     this.opts.beforeRun?.('decode', busy.length);
     b.runSync({ synchronize: false });
     this.inFlight = { binding: b, busy, states: busy.map((i) => this.state[i]!), top };

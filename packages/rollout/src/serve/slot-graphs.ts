@@ -34,14 +34,14 @@ import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { decoder, lmLogits, type DecoderConfig, type KvPair, type Weights } from '@lathe/models';
 import { cacheName } from '../kv-cache-graphs';
-import { sampleNextPerRow, type RowSamplingInputs } from '../sampling';
+import { sampleNextPerRow, type RowFilterMode, type RowSamplingInputs } from '../sampling';
 
 /** How a slot graph is built beyond the model. */
 export interface SlotGraphOptions {
   /** The slot count S (static, so every decode step has the same shapes). */
   slots: number;
-  /** Top-k and top-p in the graph (a sort of the vocabulary per row); without, every row must have them off. */
-  filters: boolean;
+  /** How top-k and top-p are applied ({@link RowFilterMode}: none, among the capped largest values, or by a full sort). */
+  filters: RowFilterMode;
   /** Alternatives per row to output with their raw log-probs (0: none). */
   topLogprobs: number;
   /** Qwen3's Q/K norm inside GroupQueryAttention's kernel (CUDA only). */
