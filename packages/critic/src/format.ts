@@ -48,7 +48,9 @@ export function criticExamples(prompt: readonly number[], attempts: readonly Cri
   const superviseFrom = opts.superviseFrom ?? 0;
   const max = opts.maxLength ?? Infinity;
   const where = opts.where ?? 'attempts';
-  const feedback = attempts.map((a) => opts.encode(feedbackText(a.reward, a.tokens.length)));
+  // no_context and no_feedback never show feedback: their tokenizer need not spell it
+  const shown = ablation === 'none' || ablation === 'no_ans';
+  const feedback = attempts.map((a) => (shown ? opts.encode(feedbackText(a.reward, a.tokens.length)) : []));
   const labels = attempts.map((a, i) => attemptLabels(opts.bins, a.reward, a.tokens.length, `${where}, attempt ${i}`));
   const examples: CriticExample[] = [];
   let skipped = 0;
@@ -90,7 +92,7 @@ export function criticExamples(prompt: readonly number[], attempts: readonly Cri
     current.ids.push(...a.tokens);
     current.labels.push(...(target ? labels[k] : a.tokens.map(() => -1)));
     inSequence++;
-    const fb = ablation === 'no_feedback' ? [] : feedback[k];
+    const fb = feedback[k];
     // Feedback only where another attempt can still follow it in this sequence.
     if (k + 1 < attempts.length && current.ids.length + fb.length < max) {
       current.ids.push(...fb);

@@ -2,3 +2,5 @@
 export * from './bins';
 export * from './format';
 export * from './loss';
+export * from './label';
+export * from './metrics';
