@@ -4,3 +4,4 @@ export * from './format';
 export * from './loss';
 export * from './label';
 export * from './metrics';
+export * from './labeller';

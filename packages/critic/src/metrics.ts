@@ -20,7 +20,10 @@ export function auc(scores: readonly number[], outcomes: readonly number[]): num
     for (let k = i; k < j; k++) if (order[k].y) rankSum += midRank;
     i = j;
   }
-  for (const o of order) o.y ? pos++ : neg++;
+  for (const o of order) {
+    if (o.y) pos++;
+    else neg++;
+  }
   if (!pos || !neg) return NaN;
   return (rankSum - (pos * (pos + 1)) / 2) / (pos * neg);
 }
@@ -45,7 +48,11 @@ export function reliabilityTable(q: readonly number[], outcomes: readonly number
     b.meanQ += p;
     b.meanOutcome += outcomes[i];
   });
-  for (const b of table) if (b.count) (b.meanQ /= b.count), (b.meanOutcome /= b.count);
+  for (const b of table) {
+    if (!b.count) continue;
+    b.meanQ /= b.count;
+    b.meanOutcome /= b.count;
+  }
   return table;
 }
 
