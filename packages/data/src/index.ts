@@ -83,6 +83,17 @@ export {
   type TrainRollout,
 } from './rollout-store';
 export {
+  countRollouts,
+  queryRollouts,
+  rolloutById,
+  rolloutGroup,
+  type RolloutDetail,
+  type RolloutPage,
+  type RolloutQuery,
+  type RolloutRow,
+  type RolloutTable,
+} from './rollout-query';
+export {
   MetricsLog,
   type MetricSink,
   createRunDir,

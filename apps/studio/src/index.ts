@@ -1,0 +1,82 @@
+/**
+ * @lathe/studio — Lathe Studio, a local web app over run directories: runs, metric plots, the
+ * rollout store, token values and chat with checkpoints through `lathe serve`'s API.
+ *
+ * ```ts
+ * const studio = await startStudio({ ...defaults(studioSchema), root: 'runs', port: 0 });
+ * console.log(studio.url); // http://127.0.0.1:PORT/
+ * await studio.close();
+ * ```
+ */
+import type { AddressInfo } from 'node:net';
+import type { Server } from 'node:http';
+import { existsSync, statSync } from 'node:fs';
+import { resolve } from 'node:path';
+import { defaults, serveSchema, startServe, type RunningServe, type ServeEvents, type StudioConfig } from '@lathe/recipes';
+import { ensureAssets } from './assets';
+import { createStudioServer } from './server';
+
+export { buildAssets, ensureAssets, ASSETS_DIR } from './assets';
+export { createStudioServer, insideRoot, type StudioServerOptions } from './server';
+export { listRunInfos, readMetricsFile, runInfo, type MetricsFile, type RunInfo } from './runs';
+export { listParquet, tokenCells, trajectoryTokens, type TokenCell, type TokenView } from './tokens';
+
+/** A running studio. */
+export interface RunningStudio {
+  server: Server;
+  /** The app's address, e.g. `http://127.0.0.1:8080/`. */
+  url: string;
+  port: number;
+  /** The chat API the app talks to (in-process `lathe serve`, `--serve_url`, or null). */
+  chatUrl: string | null;
+  /** Stops the app and the in-process chat server. */
+  close(): Promise<void>;
+}
+
+/** Progress callbacks. */
+export interface StudioEvents {
+  /** A chat model is loading (--model). */
+  onLoad?: ServeEvents['onLoad'];
+}
+
+/** Builds the browser files if needed, starts the chat server for --model and listens. */
+export async function startStudio(cfg: StudioConfig, events: StudioEvents = {}): Promise<RunningStudio> {
+  const root = resolve(cfg.root);
+  if (!existsSync(root) || !statSync(root).isDirectory()) throw new Error(`--root ${cfg.root}: no such directory (the folder holding run directories)`);
+  if (cfg.model && cfg.serve_url) throw new Error('--model and --serve_url: give one (chat with models served here, or through a running server)');
+  if (cfg.serve_url && !/^https?:\/\//.test(cfg.serve_url)) throw new Error(`--serve_url ${cfg.serve_url}: expected an http:// or https:// URL such as http://127.0.0.1:8000/v1`);
+  const assets = await ensureAssets();
+  let chat: RunningServe | null = null;
+  if (cfg.model) {
+    chat = await startServe({ ...defaults(serveSchema), model: cfg.model, device: cfg.device, host: '127.0.0.1', port: 0, max_rows: 4, max_model_len: cfg.max_model_len }, { onLoad: events.onLoad });
+  }
+  const chatUrl = chat ? chat.url : cfg.serve_url || null;
+  const server = createStudioServer({ root, assets, chatUrl, tokenizer: cfg.tokenizer, pollMs: cfg.poll_ms });
+  try {
+    await new Promise<void>((res, rej) => {
+      server.once('error', rej);
+      server.listen(cfg.port, cfg.host, () => {
+        server.off('error', rej);
+        res();
+      });
+    });
+  } catch (e) {
+    await chat?.close();
+    const code = (e as NodeJS.ErrnoException).code;
+    throw new Error(`--host ${cfg.host} --port ${cfg.port}: cannot listen (${code ?? (e as Error).message})${code === 'EADDRINUSE' ? '; the port is taken: choose another with --port' : ''}`);
+  }
+  const port = (server.address() as AddressInfo).port;
+  const host = cfg.host.includes(':') ? `[${cfg.host}]` : cfg.host;
+  return {
+    server,
+    url: `http://${host}:${port}/`,
+    port,
+    chatUrl,
+    close: async () => {
+      const closed = new Promise<void>((r) => server.close(() => r()));
+      server.closeAllConnections();
+      await closed;
+      await chat?.close();
+    },
+  };
+}

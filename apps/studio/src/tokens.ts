@@ -1,0 +1,136 @@
+/**
+ * The token view's data: one trajectory of a Parquet file (or one stored rollout) as its tokens,
+ * each decoded on its own, with the per-token values there are — the sampling log-prob, the Q-value
+ * of the sampled token among its labelled candidates, the token advantage — and the candidate sets.
+ */
+import { existsSync, readdirSync, statSync } from 'node:fs';
+import { dirname, join, relative, resolve } from 'node:path';
+import { parquetInfo, readRunConfig, readTrajectoryBatches, tableToTrajectories, type Trajectory } from '@lathe/data';
+import { BUILTIN_TOKENIZER, additionTokenizer } from '@lathe/recipes';
+import { HfTokenizer } from '@lathe/tokenizer';
+
+/** Decodes one token id (null: no tokenizer, ids are shown). */
+export type TokenDecoder = ((id: number) => string) | null;
+
+/** One token and its values (null where the file has none). */
+export interface TokenCell {
+  id: number;
+  text: string;
+  logprob: number | null;
+  q: number | null;
+  advantage: number | null;
+  /** The labelled candidates at this position: id, text, Q (and reference log-prob when stored). */
+  candidates: { id: number; text: string; q: number | null; logprob: number | null }[] | null;
+}
+
+/** A trajectory laid out for the token view. */
+export interface TokenView {
+  source: string;
+  row: number;
+  rows: number;
+  prompt: string;
+  tokens: TokenCell[];
+  /** Which colourings have values. */
+  values: ('logprob' | 'q' | 'advantage')[];
+  reward: number | null;
+  correct: number | null;
+  /** The tokenizer used to show the text, or why ids are shown. */
+  tokenizer: string;
+}
+
+/** The Parquet files under `root` (at most 5 folders deep), as paths relative to it. */
+export function listParquet(root: string): string[] {
+  const out: string[] = [];
+  const walk = (dir: string, depth: number) => {
+    for (const e of readdirSync(dir, { withFileTypes: true })) {
+      const p = join(dir, e.name);
+      if (e.isDirectory() && depth < 5 && e.name !== 'node_modules' && e.name !== 'checkpoints' && !e.name.startsWith('.')) walk(p, depth + 1);
+      else if (e.isFile() && e.name.endsWith('.parquet')) out.push(relative(root, p));
+    }
+  };
+  if (existsSync(root)) walk(root, 0);
+  return out.sort();
+}
+
+const cache = new Map<string, { decode: TokenDecoder; name: string }>();
+
+/**
+ * The tokenizer for a file inside `root`: `choice` 'run' takes the config.yaml of the nearest run
+ * directory above it (its `tokenizer`, else its `model` folder when that holds tokenizer.json).
+ */
+export async function tokenizerFor(file: string, root: string, choice: string): Promise<{ decode: TokenDecoder; name: string }> {
+  let spec = choice;
+  if (choice === 'run') {
+    spec = '';
+    for (let dir = dirname(resolve(file)); dir.startsWith(resolve(root)); dir = dirname(dir)) {
+      if (!existsSync(join(dir, 'config.yaml'))) {
+        if (dir === dirname(dir)) break;
+        continue;
+      }
+      const cfg = readRunConfig(dir) ?? {};
+      const tok = typeof cfg.tokenizer === 'string' ? cfg.tokenizer : 'model';
+      const model = typeof cfg.model === 'string' ? cfg.model : '';
+      spec = tok === 'model' ? model : tok;
+      break;
+    }
+  }
+  const hit = cache.get(spec);
+  if (hit) return hit;
+  let out: { decode: TokenDecoder; name: string };
+  if (spec === BUILTIN_TOKENIZER) {
+    const tok = additionTokenizer();
+    out = { decode: (id) => tok.decode([id]), name: BUILTIN_TOKENIZER };
+  } else if (spec !== '' && existsSync(join(spec, 'tokenizer.json'))) {
+    const tok = await HfTokenizer.fromFolder(spec);
+    out = { decode: (id) => tok.decode([id], { skipSpecialTokens: false }), name: spec };
+  } else out = { decode: null, name: spec === '' ? 'none found (no run config above the file): token ids shown' : `${spec}: no tokenizer.json there: token ids shown` };
+  cache.set(spec, out);
+  return out;
+}
+
+const text = (decode: TokenDecoder, id: number) => (decode ? decode(id) : `⟨${id}⟩`);
+const nums = (v: ArrayLike<number> | null | undefined): number[] | null => (v ? Array.from(v) : null);
+
+/** Lays out one trajectory's output tokens with their values. */
+export function tokenCells(t: Trajectory, decode: TokenDecoder): { tokens: TokenCell[]; values: TokenView['values'] } {
+  const ids = Array.from(t.output_token_ids);
+  const lp = nums(t.old_logprobs);
+  const adv = nums(t.token_advantages);
+  const cids = t.candidate_ids?.map((c) => Array.from(c)) ?? null;
+  const cq = t.candidate_q_values?.map((c) => Array.from(c)) ?? null;
+  const cref = t.candidate_ref_logprobs?.map((c) => Array.from(c)) ?? null;
+  const tokens = ids.map((id, i) => {
+    const cand = cids?.[i] ?? null;
+    const k = cand ? cand.indexOf(id) : -1;
+    return {
+      id,
+      text: text(decode, id),
+      logprob: lp?.[i] ?? null,
+      // the Q of the sampled token: its entry among the candidates labelled at this position
+      q: k >= 0 && cq?.[i] ? (cq[i][k] ?? null) : null,
+      advantage: adv?.[i] ?? null,
+      candidates: cand ? cand.map((c, j) => ({ id: c, text: text(decode, c), q: cq?.[i]?.[j] ?? null, logprob: cref?.[i]?.[j] ?? null })) : null,
+    };
+  });
+  const values: TokenView['values'] = [];
+  if (lp) values.push('logprob');
+  if (tokens.some((c) => c.q !== null)) values.push('q');
+  if (adv) values.push('advantage');
+  return { tokens, values };
+}
+
+/** Row `row` (0-based) of a trajectory Parquet file, laid out for the token view. */
+export async function trajectoryTokens(file: string, row: number, decoder: { decode: TokenDecoder; name: string }, source: string): Promise<TokenView> {
+  if (!existsSync(file) || !statSync(file).isFile()) throw new Error(`${source}: no such file`);
+  const { rows } = await parquetInfo(file);
+  if (!Number.isInteger(row) || row < 0 || row >= rows) throw new Error(`${source}: row ${row} is out of range (the file has ${rows} rows, 0–${rows - 1})`);
+  let seen = 0;
+  for await (const b of readTrajectoryBatches(file, { batchSize: 256 })) {
+    if (row < seen + b.numRows) {
+      const t = tableToTrajectories(b, source, seen)[row - seen];
+      return { source, row, rows, prompt: t.prompt, ...tokenCells(t, decoder.decode), reward: t.reward ?? null, correct: t.correct ?? null, tokenizer: decoder.name };
+    }
+    seen += b.numRows;
+  }
+  throw new Error(`${source}: row ${row} not found`);
+}

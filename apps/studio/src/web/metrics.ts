@@ -1,0 +1,166 @@
+/**
+ * The metrics page: one line plot per chosen metric, a line per chosen run, over steps; EMA
+ * smoothing, log scale, values on hover (uPlot's legend), and live updates while a run writes.
+ */
+import uPlot from 'uplot';
+import { api, fmt, h, routeQuery, selection, setRouteQuery, type RunInfo } from './dom';
+import type { StudioSettings } from './main';
+
+type Line = { step: number } & Record<string, unknown>;
+interface MetricsAnswer {
+  state: RunInfo['metrics']['state'];
+  message: string | null;
+  total: number;
+  lines: Line[];
+  evals: { step: number; accuracy: number | null }[];
+}
+
+const COLORS = ['#2f6feb', '#e5534b', '#2da44e', '#bf8700', '#8250df', '#1b7c83', '#cf222e', '#57606a'];
+
+/** Exponential moving average with weight `s` on the past (0: none), skipping gaps. */
+export function smooth(values: (number | null)[], s: number): (number | null)[] {
+  let acc: number | null = null;
+  return values.map((v) => {
+    if (v === null) return null;
+    acc = acc === null || s === 0 ? v : s * acc + (1 - s) * v;
+    return acc;
+  });
+}
+
+/** The points of `key` in a run's lines (the last value logged at a step wins), sorted by step. */
+export function series(lines: readonly Line[], key: string): [number, number][] {
+  const by = new Map<number, number>();
+  for (const l of lines) if (typeof l[key] === 'number' && Number.isFinite(l[key])) by.set(l.step, l[key] as number);
+  return [...by.entries()].sort((a, b) => a[0] - b[0]);
+}
+
+export async function metricsPage(view: HTMLElement, settings: StudioSettings): Promise<() => void> {
+  const runs = await api<RunInfo[]>('/api/runs');
+  const q = routeQuery();
+  let chosen = (q.get('runs')?.split(',') ?? selection.get()).filter((n) => runs.some((r) => r.name === n));
+  if (chosen.length === 0) chosen = runs.filter((r) => r.metrics.lines > 0).slice(0, 3).map((r) => r.name);
+  const data = new Map<string, MetricsAnswer>();
+  const load = async (name: string) => {
+    const old = data.get(name);
+    const got = await api<MetricsAnswer>(`/api/runs/${encodeURIComponent(name)}/metrics?from=${old?.total ?? 0}`);
+    const changed = !old || got.lines.length > 0 || got.state !== old.state || got.evals.length !== old.evals.length;
+    data.set(name, old && got.total >= old.total ? { ...got, lines: [...old.lines, ...got.lines] } : got);
+    return changed;
+  };
+  await Promise.all(chosen.map(load));
+  const keysOf = () => {
+    const keys = new Set<string>();
+    for (const n of chosen) {
+      const d = data.get(n);
+      d?.lines.forEach((l) => Object.entries(l).forEach(([k, v]) => k !== 'step' && typeof v === 'number' && keys.add(k)));
+      if (d?.evals.some((e) => e.accuracy !== null)) keys.add('eval_accuracy');
+    }
+    return [...keys].sort();
+  };
+  const allKeys = keysOf();
+  const wanted = q.get('keys')?.split(',').filter(Boolean);
+  const shown = new Set(wanted ?? allKeys.filter((k) => /^(loss|reward_mean|kl|eval_accuracy|lr)$/.test(k)).concat(allKeys).slice(0, 4));
+  let smoothing = Number(q.get('smooth') ?? 0);
+  let logScale = q.get('log') === '1';
+  const save = () => {
+    const p = new URLSearchParams({ runs: chosen.join(','), keys: [...shown].join(',') });
+    if (smoothing) p.set('smooth', String(smoothing));
+    if (logScale) p.set('log', '1');
+    setRouteQuery('metrics', p);
+    selection.set(chosen);
+  };
+
+  const charts = h('div', { class: 'charts', id: 'charts' });
+  const plots: uPlot[] = [];
+  const lines = (name: string): Line[] => {
+    const d = data.get(name)!;
+    return [...d.lines, ...d.evals.filter((e) => e.accuracy !== null).map((e) => ({ step: e.step, eval_accuracy: e.accuracy }))];
+  };
+  const draw = () => {
+    plots.splice(0).forEach((p) => p.destroy());
+    charts.replaceChildren();
+    for (const key of allKeys.filter((k) => shown.has(k))) {
+      const points = Object.fromEntries(chosen.map((n) => [n, series(lines(n), key)]));
+      const steps = [...new Set(Object.values(points).flatMap((p) => p.map(([s]) => s)))].sort((a, b) => a - b);
+      const ys = chosen.map((n) => {
+        const by = new Map(points[n]);
+        const raw = steps.map((s) => (by.has(s) ? by.get(s)! : null));
+        return smooth(raw, smoothing).map((v) => (logScale && v !== null && v <= 0 ? null : v));
+      });
+      const box = h('div', { class: 'chart panel', 'data-metric': key, 'data-points': JSON.stringify(points) }, h('h4', {}, key));
+      charts.append(box);
+      const many = steps.length > 60;
+      const opts: uPlot.Options = {
+        width: Math.max(360, box.clientWidth - 24 || 520),
+        height: 220,
+        scales: { x: { time: false }, y: logScale ? { distr: 3 } : {} },
+        axes: [{ label: 'step' }, { size: 60, values: (_u, vals) => vals.map((v) => fmt(v)) }],
+        series: [{ label: 'step' }, ...chosen.map((n, i) => ({ label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: { show: !many, size: 5 }, value: (_u: uPlot, v: number | null) => (v === null ? '–' : fmt(v)) }))],
+        legend: { live: true },
+      };
+      plots.push(new uPlot(opts, [steps, ...ys] as uPlot.AlignedData, box));
+    }
+    if (charts.childElementCount === 0) charts.append(h('div', { class: 'muted' }, chosen.length ? 'Choose a metric.' : 'Choose a run.'));
+  };
+
+  const status = h('div', { id: 'metrics-status' });
+  const showStatus = () =>
+    status.replaceChildren(
+      ...chosen.filter((n) => data.get(n)!.state !== 'ok').map((n) => h('div', { class: data.get(n)!.state === 'bad' ? 'error' : 'muted', 'data-run': n }, `${n}: ${data.get(n)!.message}`)),
+    );
+  const runList = h(
+    'div',
+    { class: 'checklist', id: 'run-list' },
+    runs.map((r) =>
+      h('label', {}, h('input', {
+        type: 'checkbox',
+        value: r.name,
+        checked: chosen.includes(r.name),
+        onchange: async (e) => {
+          const on = (e.target as HTMLInputElement).checked;
+          chosen = on ? [...chosen, r.name] : chosen.filter((n) => n !== r.name);
+          if (on) await load(r.name);
+          refreshKeys();
+          save();
+          showStatus();
+          draw();
+        },
+      }), ` ${r.name}`),
+    ),
+  );
+  const keyList = h('div', { class: 'checklist', id: 'metric-list' });
+  const refreshKeys = () => {
+    allKeys.splice(0, allKeys.length, ...keysOf());
+    keyList.replaceChildren(...allKeys.map((k) => h('label', {}, h('input', { type: 'checkbox', value: k, checked: shown.has(k), onchange: (e) => ((e.target as HTMLInputElement).checked ? shown.add(k) : shown.delete(k), save(), draw()) }), ` ${k}`)));
+  };
+  refreshKeys();
+  const smoothIn = h('input', { type: 'range', min: 0, max: 0.99, step: 0.01, value: smoothing, id: 'smoothing', oninput: (e) => ((smoothing = Number((e.target as HTMLInputElement).value)), (smoothLabel.textContent = smoothing.toFixed(2)), save(), draw()) });
+  const smoothLabel = h('span', {}, smoothing.toFixed(2));
+  const logIn = h('input', { type: 'checkbox', id: 'log-scale', checked: logScale, onchange: (e) => ((logScale = (e.target as HTMLInputElement).checked), save(), draw()) });
+  view.append(
+    h('h2', {}, 'Metrics'),
+    h(
+      'div',
+      { class: 'layout' },
+      h('div', {}, h('div', { class: 'panel' }, h('h4', {}, 'Runs'), runList), h('div', { class: 'panel' }, h('h4', {}, 'Metrics'), keyList), h('div', { class: 'panel' }, h('label', {}, 'smoothing ', smoothIn, ' ', smoothLabel), h('br'), h('label', {}, logIn, ' log scale'))),
+      h('div', {}, status, charts),
+    ),
+  );
+  showStatus();
+  requestAnimationFrame(draw);
+  save();
+  // live: re-read the chosen runs' new lines; redraw only when something arrived
+  const timer = setInterval(async () => {
+    try {
+      const changed = (await Promise.all(chosen.map(load))).some(Boolean);
+      if (changed) {
+        refreshKeys();
+        showStatus();
+        draw();
+      }
+    } catch {
+      /* the next poll retries */
+    }
+  }, settings.pollMs);
+  return () => clearInterval(timer);
+}

@@ -1,0 +1,125 @@
+/**
+ * The studio's JSON API over plain HTTP, on a root made by a real GRPO run: the run list and each
+ * run's state (half-written and missing metrics, a corrupt rollout store named on its run only),
+ * rollout filters against the same filter applied in JavaScript to every stored row, paths outside
+ * the root refused, and a 100,000-rollout store answering its first page in under a second.
+ */
+import { join } from 'node:path';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { readMetrics, readTrainRollouts, RolloutStore } from '@lathe/data';
+import { startStudio, type RunningStudio, type RunInfo } from '@lathe/studio';
+import { makeRoot, studioConfig } from './fixtures';
+
+let studio: RunningStudio;
+let root: string;
+let grpo: string;
+const get = async (path: string) => {
+  const r = await fetch(new URL(path, studio.url));
+  return { status: r.status, body: (await r.json()) as Record<string, unknown> & unknown[] };
+};
+
+beforeAll(async () => {
+  ({ root, grpo } = await makeRoot());
+  studio = await startStudio(studioConfig(root));
+}, 60_000);
+afterAll(() => studio?.close());
+
+test('the run list: every run with its metrics state; a corrupt rollout store is an error on that run only', async () => {
+  const { status, body } = await get('/api/runs');
+  expect(status).toBe(200);
+  const runs = body as unknown as RunInfo[];
+  expect(runs.map((r) => r.name).sort()).toEqual(['corrupt-store', grpo, 'no-metrics', 'torn-metrics']);
+  const by = Object.fromEntries(runs.map((r) => [r.name, r]));
+  const lines = readMetrics(join(root, grpo, 'metrics.jsonl'));
+  expect(by[grpo].metrics).toMatchObject({ state: 'ok', lines: lines.length, lastStep: 3 });
+  expect(by[grpo].rollouts).toMatchObject({ train: 3 * 4 * 4, lastStep: 3 });
+  expect(by[grpo].checkpoints.map((c) => c.step)).toEqual([3]);
+  expect(by['torn-metrics'].metrics).toMatchObject({ state: 'partial', lines: lines.length, lastStep: 3 });
+  expect(by['torn-metrics'].metrics.message).toMatch(/torn-metrics\/metrics.jsonl:\d+: the last line is half-written/);
+  expect(by['no-metrics'].metrics).toMatchObject({ state: 'missing', lines: 0 });
+  expect(by['corrupt-store'].rolloutsError).toMatch(/corrupt-store\/rollouts.sqlite: .*file is not a database/);
+  expect(by['corrupt-store'].metrics.state).toBe('ok');
+  expect(by[grpo].rolloutsError).toBeNull();
+  const bad = await get('/api/runs/corrupt-store/rollouts');
+  expect(bad.status).toBe(500);
+  expect(bad.body.error).toMatch(/corrupt-store\/rollouts.sqlite: .*not a database/);
+});
+
+test('metrics: all lines, then only the new ones from an offset', async () => {
+  const lines = readMetrics(join(root, grpo, 'metrics.jsonl'));
+  const all = await get(`/api/runs/${grpo}/metrics`);
+  expect(all.body.lines).toEqual(lines);
+  expect((await get(`/api/runs/${grpo}/metrics?from=2`)).body.lines).toEqual(lines.slice(2));
+  expect((await get('/api/runs/torn-metrics/metrics')).body.lines).toEqual(lines);
+});
+
+test('rollout filters return the rows the same filter picks from every stored row', async () => {
+  const file = join(root, grpo, 'rollouts.sqlite');
+  const rows = readTrainRollouts(file);
+  const len = (r: (typeof rows)[number]) => (r.extra?.tokens as number[]).length;
+  const cases: [string, (r: (typeof rows)[number]) => boolean][] = [
+    ['step=2', (r) => r.step === 2],
+    ['prompt=%2B1%3D', (r) => r.prompt.includes('+1=')],
+    ['min_length=3&max_step=2', (r) => len(r) >= 3 && r.step <= 2],
+    ['max_length=2', (r) => len(r) <= 2],
+    [`min_reward=0.5`, (r) => (r.reward ?? -1) >= 0.5],
+    ['min_advantage=0&max_advantage=0', (r) => r.advantage === 0],
+  ];
+  for (const [query, keep] of cases) {
+    const want = rows.filter(keep).sort((a, b) => a.step - b.step || a.prompt_index - b.prompt_index || a.rollout_index - b.rollout_index || a.id - b.id);
+    const got = await get(`/api/runs/${grpo}/rollouts?${query}&limit=1000`);
+    expect([query, got.body.total]).toEqual([query, want.length]);
+    expect((got.body.rows as { id: number }[]).map((r) => r.id)).toEqual(want.map((r) => r.id));
+  }
+  // paging: the second page of 5 is rows 5–9 of the whole order
+  const whole = (await get(`/api/runs/${grpo}/rollouts?limit=1000`)).body.rows as { id: number }[];
+  expect(((await get(`/api/runs/${grpo}/rollouts?offset=5&limit=5`)).body.rows as { id: number }[]).map((r) => r.id)).toEqual(whole.slice(5, 10).map((r) => r.id));
+  // a group: every sample of one prompt at one step, with its stored rewards and advantages
+  const first = rows.find((r) => r.step === 2)!;
+  const group = (await get(`/api/runs/${grpo}/rollouts/group?step=2&prompt_index=${first.prompt_index}`)).body as unknown as { id: number; advantage: number; extra: unknown }[];
+  const same = rows.filter((r) => r.step === 2 && r.prompt_index === first.prompt_index);
+  expect(group.map((g) => [g.id, g.advantage, g.extra])).toEqual(same.map((r) => [r.id, r.advantage, r.extra]));
+  expect((await get(`/api/runs/${grpo}/rollouts?min_reward=abc`)).body.error).toBe("query parameter 'min_reward': expected a number, got 'abc'");
+});
+
+test('paths outside the served root are refused; unknown runs and files are named', async () => {
+  for (const path of ['/api/runs/..%2F..%2Fetc/metrics', '/api/tokens?file=../../../etc/passwd', '/api/tokens?file=/etc/passwd']) {
+    const r = await get(path);
+    expect([path, r.status]).toEqual([path, 403]);
+    expect(r.body.error).toMatch(/outside the served root|not a run name/);
+  }
+  expect(await get('/api/runs/nope')).toEqual({ status: 404, body: { error: `run 'nope': no run directory under ${root}` } });
+  expect((await get('/api/tokens?file=grpo-addition/labelled.parquet&row=7')).body.error).toBe('grpo-addition/labelled.parquet: row 7 is out of range (the file has 2 rows, 0–1)');
+  const r = await fetch(new URL('/..%2F..%2Fpackage.json', studio.url));
+  expect(r.status).toBe(403);
+});
+
+test('a store of 100,000 rollouts: the first page, a filtered page and a deep page each under a second', async () => {
+  const dir = join(root, 'big');
+  mkdirSync(dir);
+  writeFileSync(join(dir, 'config.yaml'), 'steps: 1563\n');
+  const store = await RolloutStore.open(join(dir, 'rollouts.sqlite'), { batchSize: 20_000, flushIntervalMs: 0 });
+  for (let i = 0; i < 100_000; i++) {
+    const step = Math.floor(i / 64) + 1;
+    store.addTrain({ step, epoch: 0, prompt_index: Math.floor(i / 8) % 8, rollout_index: i % 8, prompt: `question ${Math.floor(i / 8)}: ${'x'.repeat(80)}`, completion: `answer ${i} ${'y'.repeat(150)}`, reward: (i % 10) / 10, advantage: ((i % 8) - 3.5) / 3.5, extra: { tokens: Array.from({ length: 20 + (i % 50) }, (_, k) => k) } });
+  }
+  await store.close();
+  const timed = async (q: string) => {
+    const t0 = performance.now();
+    const r = await get(`/api/runs/big/rollouts?${q}`);
+    return { ms: performance.now() - t0, body: r.body };
+  };
+  const first = await timed('limit=50');
+  expect(first.body.total).toBe(100_000);
+  expect((first.body.rows as unknown[]).length).toBe(50);
+  const filtered = await timed('min_reward=0.9&min_length=60&prompt=question%201');
+  // i % 10 == 9 and 20 + i % 50 >= 60, prompts "question 1…": counted by brute force
+  let want = 0;
+  for (let i = 0; i < 100_000; i++) if (i % 10 === 9 && 20 + (i % 50) >= 60 && `question ${Math.floor(i / 8)}`.startsWith('question 1')) want++;
+  expect(filtered.body.total).toBe(want);
+  const deep = await timed('offset=99950&limit=50');
+  expect((deep.body.rows as { completion: string }[]).at(-1)!.completion.startsWith('answer 99999 ')).toBe(true);
+  for (const t of [first, filtered, deep]) expect(t.ms).toBeLessThan(1000);
+  const list = await get('/api/runs');
+  expect((list.body as unknown as RunInfo[]).find((r) => r.name === 'big')!.rollouts!.train).toBe(100_000);
+}, 60_000);

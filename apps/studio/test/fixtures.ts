@@ -1,0 +1,74 @@
+/**
+ * A served root made by real short runs, as the studio tests see it: a GRPO run of the built-in
+ * addition task (metrics, rollout store, evaluation, checkpoint), and beside it the bad cases — a
+ * run whose metrics file ends half-written, a run with no metrics file, a run whose rollout store is
+ * not a SQLite file — and a labelled trajectory Parquet file with hand-set log-probs and Q-values.
+ */
+import { appendFileSync, copyFileSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { writeTrajectories } from '@lathe/data';
+import { additionTokenizer, defaults, grpoSchema, runGrpo, studioSchema, type StudioConfig } from '@lathe/recipes';
+
+/** The hand-set values of the labelled trajectory: output "12+3" and per token its log-prob and candidates. */
+export const LABELLED = {
+  text: '12+3',
+  logprobs: [-0.05, -2.5, -0.4, -6],
+  /** candidates per position: the sampled token first, then another; the sampled token's Q is the first entry. */
+  q: [
+    [0.9, 0.2],
+    [0.3, 0.8],
+    [0.6, 0.1],
+    [0.05, 0.7],
+  ],
+};
+
+/** Writes the root; returns it and the GRPO run's name. */
+export async function makeRoot(): Promise<{ root: string; grpo: string }> {
+  const root = mkdtempSync(join(tmpdir(), 'lathe-studio-'));
+  const prompts = join(root, 'prompts.jsonl');
+  const lines: string[] = [];
+  for (let a = 0; a < 5; a++) for (let b = 0; b < 5; b++) lines.push(JSON.stringify({ prompt: `${a}+${b}=`, answer: String(a + b) }));
+  writeFileSync(prompts, `${lines.join('\n')}\n`);
+  const grpo = 'grpo-addition';
+  await runGrpo({ ...defaults(grpoSchema), data: prompts, tokenizer: 'builtin:addition', run_dir: join(root, grpo), steps: 3, prompts_per_step: 4, group_size: 4, max_new_tokens: 3, eval_examples: 4, eval_every: 3, save_every: 3, log_every: 1 });
+
+  // half-written: the GRPO run's lines, then a line cut off mid-write
+  const torn = join(root, 'torn-metrics');
+  mkdirSync(torn);
+  copyFileSync(join(root, grpo, 'config.yaml'), join(torn, 'config.yaml'));
+  copyFileSync(join(root, grpo, 'metrics.jsonl'), join(torn, 'metrics.jsonl'));
+  appendFileSync(join(torn, 'metrics.jsonl'), '{"step": 4, "loss": 0.1');
+
+  const empty = join(root, 'no-metrics');
+  mkdirSync(empty);
+  copyFileSync(join(root, grpo, 'config.yaml'), join(empty, 'config.yaml'));
+
+  const corrupt = join(root, 'corrupt-store');
+  mkdirSync(corrupt);
+  copyFileSync(join(root, grpo, 'config.yaml'), join(corrupt, 'config.yaml'));
+  copyFileSync(join(root, grpo, 'metrics.jsonl'), join(corrupt, 'metrics.jsonl'));
+  writeFileSync(join(corrupt, 'rollouts.sqlite'), 'this is not a SQLite database\n'.repeat(200));
+
+  const tok = additionTokenizer();
+  const ids = tok.encode(LABELLED.text);
+  const other = tok.encode('9')[0];
+  await writeTrajectories(join(root, grpo, 'labelled.parquet'), [
+    { prompt_idx: 0, prompt: '9+3=', prompt_token_ids: tok.encode('9+3='), output_token_ids: tok.encode('12'), correct: 1 },
+    {
+      prompt_idx: 1,
+      prompt: '9+3=',
+      prompt_token_ids: tok.encode('9+3='),
+      output_token_ids: ids,
+      correct: 0,
+      old_logprobs: LABELLED.logprobs,
+      candidate_ids: ids.map((id) => [id, other]),
+      candidate_q_values: LABELLED.q,
+      candidate_ref_logprobs: ids.map(() => [-0.1, -3]),
+    },
+  ]);
+  return { root, grpo };
+}
+
+/** The studio's config for a root, on a free loopback port. */
+export const studioConfig = (root: string, over: Partial<StudioConfig> = {}): StudioConfig => ({ ...defaults(studioSchema), root, port: 0, ...over });
