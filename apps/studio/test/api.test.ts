@@ -28,7 +28,7 @@ test('the run list: every run with its metrics state; a corrupt rollout store is
   const { status, body } = await get('/api/runs');
   expect(status).toBe(200);
   const runs = body as unknown as RunInfo[];
-  expect(runs.map((r) => r.name).sort()).toEqual(['corrupt-store', grpo, 'no-metrics', 'torn-metrics']);
+  expect(runs.map((r) => r.name).sort()).toEqual(['corrupt-store', grpo, 'no-metrics', 'sft-addition', 'torn-metrics']);
   const by = Object.fromEntries(runs.map((r) => [r.name, r]));
   const lines = readMetrics(join(root, grpo, 'metrics.jsonl'));
   expect(by[grpo].metrics).toMatchObject({ state: 'ok', lines: lines.length, lastStep: 3 });

@@ -1,6 +1,6 @@
 /**
  * A served root made by real short runs, as the studio tests see it: a GRPO run of the built-in
- * addition task (metrics, rollout store, evaluation, checkpoint), and beside it the bad cases — a
+ * addition task (metrics, rollout store, evaluation, checkpoint), a short SFT run, and beside them the bad cases — a
  * run whose metrics file ends half-written, a run with no metrics file, a run whose rollout store is
  * not a SQLite file — and a labelled trajectory Parquet file with hand-set log-probs and Q-values.
  */
@@ -8,7 +8,7 @@ import { appendFileSync, copyFileSync, mkdirSync, mkdtempSync, writeFileSync } f
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { writeTrajectories } from '@lathe/data';
-import { additionTokenizer, defaults, grpoSchema, runGrpo, studioSchema, type StudioConfig } from '@lathe/recipes';
+import { DEMO_SFT_OVERRIDES, additionTokenizer, defaults, grpoSchema, runGrpo, runSft, sftSchema, studioSchema, type StudioConfig } from '@lathe/recipes';
 
 /** The hand-set values of the labelled trajectory: output "12+3" and per token its log-prob and candidates. */
 export const LABELLED = {
@@ -23,7 +23,7 @@ export const LABELLED = {
   ],
 };
 
-/** Writes the root; returns it and the GRPO run's name. */
+/** Writes the root; returns it and the GRPO run's name (the SFT run is `sft-addition`). */
 export async function makeRoot(): Promise<{ root: string; grpo: string }> {
   const root = mkdtempSync(join(tmpdir(), 'lathe-studio-'));
   const prompts = join(root, 'prompts.jsonl');
@@ -32,6 +32,9 @@ export async function makeRoot(): Promise<{ root: string; grpo: string }> {
   writeFileSync(prompts, `${lines.join('\n')}\n`);
   const grpo = 'grpo-addition';
   await runGrpo({ ...defaults(grpoSchema), data: prompts, tokenizer: 'builtin:addition', run_dir: join(root, grpo), steps: 3, prompts_per_step: 4, group_size: 4, max_new_tokens: 3, eval_examples: 4, eval_every: 3, save_every: 3, log_every: 1 });
+
+  // a short SFT run of the demo task: a loss curve to plot beside the GRPO run's
+  await runSft({ ...defaults(sftSchema), ...DEMO_SFT_OVERRIDES, run_dir: join(root, 'sft-addition'), steps: 30, batch_size: 16, warmup_steps: 5, eval_every: 15, save_every: 15, eval_examples: 16, log_every: 1, overwrite: false });
 
   // half-written: the GRPO run's lines, then a line cut off mid-write
   const torn = join(root, 'torn-metrics');

@@ -52,7 +52,7 @@ export async function chatPage(view: HTMLElement, settings: StudioSettings): Pro
       const c = r.choices[0];
       s.history.push({ role: 'assistant', content: c.message.content });
       pending.replaceWith(
-        h('div', { class: 'msg assistant', 'data-finish': c.finish_reason }, c.message.reasoning_content ? h('div', { class: 'muted' }, c.message.reasoning_content) : null, c.message.content || '(empty)', h('div', { class: 'muted' }, `${s.model.value} · ${r.usage?.completion_tokens ?? '?'} tokens · ${c.finish_reason}`)),
+        h('div', { class: 'msg assistant', 'data-finish': c.finish_reason }, c.message.reasoning_content ? h('div', { class: 'muted' }, c.message.reasoning_content) : null, h('span', { class: 'content' }, c.message.content || '(empty)'), h('div', { class: 'muted' }, `${s.model.value} · ${r.usage?.completion_tokens ?? '?'} tokens · ${c.finish_reason}`)),
       );
     } catch (e) {
       s.history.pop();

@@ -15,6 +15,8 @@ interface MetricsAnswer {
   evals: { step: number; accuracy: number | null }[];
 }
 
+/** Tick spacings of the step axis: whole steps only. */
+const STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000, 10000, 20000, 50000, 100000];
 const COLORS = ['#2f6feb', '#e5534b', '#2da44e', '#bf8700', '#8250df', '#1b7c83', '#cf222e', '#57606a'];
 
 /** Exponential moving average with weight `s` on the past (0: none), skipping gaps. */
@@ -93,8 +95,9 @@ export async function metricsPage(view: HTMLElement, settings: StudioSettings): 
       const opts: uPlot.Options = {
         width: Math.max(360, box.clientWidth - 24 || 520),
         height: 220,
-        scales: { x: { time: false }, y: logScale ? { distr: 3 } : {} },
-        axes: [{ label: 'step' }, { size: 60, values: (_u, vals) => vals.map((v) => fmt(v)) }],
+        // a flat line gets a range around its value (uPlot's default for 0 is 0–100)
+        scales: { x: { time: false }, y: logScale ? { distr: 3 } : { range: (_u, lo, hi) => (lo === hi ? [lo - Math.max(1, Math.abs(lo)) * 0.1, hi + Math.max(1, Math.abs(hi)) * 0.1] : uPlot.rangeNum(lo, hi, 0.1, true)) } },
+        axes: [{ label: 'step', incrs: STEP_INCRS }, { size: 70, values: (_u, vals) => vals.map((v) => (v === null ? '' : Math.abs(v) >= 1e5 || (v !== 0 && Math.abs(v) < 1e-4) ? v.toExponential(1) : String(+v.toPrecision(4)))) }],
         series: [{ label: 'step' }, ...chosen.map((n, i) => ({ label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: { show: !many, size: 5 }, value: (_u: uPlot, v: number | null) => (v === null ? '–' : fmt(v)) }))],
         legend: { live: true },
       };

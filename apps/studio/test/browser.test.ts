@@ -1,0 +1,181 @@
+/**
+ * Lathe Studio in a real browser: Debian's Chromium driven headless by puppeteer-core, on a root made
+ * by a real GRPO run (test/fixtures.ts). Each page is checked against the files it shows: the runs
+ * and their states, a metric plot's points against metrics.jsonl (and a line appended while the page
+ * is open), a rollout filter against the stored rows, the token colours against hand-set values, and
+ * a chat round-trip against the same request sent to the serve API directly. Screenshots go to
+ * $LATHE_STUDIO_SCREENSHOTS (docs/images to refresh the guide's) or a temporary folder.
+ */
+import { appendFileSync, copyFileSync, existsSync, mkdirSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import puppeteer, { type Browser, type Page } from 'puppeteer-core';
+import { readEvalRollouts, readMetrics, readTrainRollouts } from '@lathe/data';
+import { startStudio, type RunningStudio } from '@lathe/studio';
+import { LABELLED, makeRoot, studioConfig } from './fixtures';
+import { tinyChatModel } from './chat-model';
+
+const CHROMIUM = process.env.LATHE_CHROMIUM ?? '/usr/bin/chromium';
+const SHOTS = process.env.LATHE_STUDIO_SCREENSHOTS ?? mkdtempSync(join(tmpdir(), 'lathe-studio-shots-'));
+
+let studio: RunningStudio;
+let browser: Browser;
+let page: Page;
+let root: string;
+let grpo: string;
+let loads = 0;
+
+/** Loads the app fresh at a route and waits until the page has rendered. */
+async function open(route: string): Promise<void> {
+  await page.goto(`${studio.url}?load=${++loads}#/${route}`);
+  await page.waitForSelector('#app > div[data-ready]', { timeout: 20_000 });
+}
+
+const shot = (name: string) => page.screenshot({ path: join(SHOTS, `studio-${name}.png`) as `${string}.png`, fullPage: true });
+
+/** hsl(h, 70%, 80%) as the browser reports it (CSS Color 4's formula, written out here independently). */
+function rgbOf(hue: number): string {
+  const s = 0.7;
+  const l = 0.8;
+  const f = (n: number) => {
+    const k = (n + hue / 30) % 12;
+    return Math.round(255 * (l - s * Math.min(l, 1 - l) * Math.max(-1, Math.min(k - 3, 9 - k, 1))));
+  };
+  return `rgb(${f(0)}, ${f(8)}, ${f(4)})`;
+}
+
+beforeAll(async () => {
+  if (!existsSync(CHROMIUM)) throw new Error(`${CHROMIUM}: no Chromium (apt-get install chromium, or set LATHE_CHROMIUM)`);
+  mkdirSync(SHOTS, { recursive: true });
+  ({ root, grpo } = await makeRoot());
+  const model = tinyChatModel('tiny-qwen3');
+  studio = await startStudio(studioConfig(root, { model: `base=${model},tuned=${model}`, max_model_len: 128, poll_ms: 200 }));
+  browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'] });
+  page = await browser.newPage();
+  await page.setViewport({ width: 1280, height: 800 });
+}, 120_000);
+afterAll(async () => {
+  await browser?.close();
+  await studio?.close();
+});
+
+test('the runs page lists every run with its state; a run page shows its config and checkpoints', async () => {
+  await open('runs');
+  const rows = await page.$$eval('#runs tbody tr', (trs) => trs.map((tr) => ({ run: tr.getAttribute('data-run'), cells: [...tr.querySelectorAll('td')].map((td) => td.textContent ?? '') })));
+  const by = Object.fromEntries(rows.map((r) => [r.run, r.cells]));
+  expect(Object.keys(by).sort()).toEqual(['corrupt-store', grpo, 'no-metrics', 'sft-addition', 'torn-metrics']);
+  expect(by[grpo][3]).toMatch(/^ok/);
+  expect(by[grpo][4]).toBe('3');
+  expect(by[grpo][5]).toBe('1 (last 3)');
+  const store = join(root, grpo, 'rollouts.sqlite');
+  expect(by[grpo][7]).toBe(`${readTrainRollouts(store).length} train, ${readEvalRollouts(store).length} eval`);
+  expect(by['torn-metrics'][3]).toMatch(/^partial.*half-written/);
+  expect(by['no-metrics'][3]).toMatch(/^missing/);
+  expect(by['corrupt-store'][7]).toBe('error');
+  expect(by['corrupt-store'][3]).toMatch(/^ok/);
+  await shot('runs');
+  await open(`run/${grpo}`);
+  expect(await page.$eval('#checkpoints', (t) => t.textContent)).toContain('step 3');
+  expect(await page.$eval('#config', (t) => t.textContent)).toContain('builtin:addition');
+  await shot('run');
+  await open('run/corrupt-store');
+  expect(await page.$eval('#rollouts-error', (e) => e.textContent)).toMatch(/corrupt-store\/rollouts.sqlite: .*not a database/);
+});
+
+test('a metric plot holds the logged points, and a line appended while the page is open', async () => {
+  await open(`metrics?runs=${grpo},torn-metrics&keys=loss,entropy,reward_mean,response_length_mean&smooth=0`);
+  await page.waitForSelector('.chart[data-metric="entropy"] canvas');
+  const lines = readMetrics(join(root, grpo, 'metrics.jsonl'));
+  const want = lines.filter((l) => typeof l.entropy === 'number').map((l) => [l.step, l.entropy]);
+  expect(want.length).toBe(3);
+  const points = JSON.parse((await page.$eval('.chart[data-metric="entropy"]', (e) => e.getAttribute('data-points')))!);
+  expect(points).toEqual({ [grpo]: want, 'torn-metrics': want });
+  expect(await page.$eval('#metrics-status', (e) => e.textContent)).toMatch(/torn-metrics: .*half-written/);
+  // hover: uPlot's legend shows the values under the cursor
+  const over = (await page.$('.chart[data-metric="entropy"] .u-over'))!;
+  const box = (await over.boundingBox())!;
+  await page.mouse.move(box.x + box.width - 2, box.y + box.height / 2);
+  const legend = await page.$$eval('.chart[data-metric="entropy"] .u-legend .u-value', (v) => v.map((x) => x.textContent));
+  expect(Number(legend[1])).toBeCloseTo(want[2][1] as number, 3);
+
+  // two kinds of run compared: the SFT run's loss points as logged
+  await open(`metrics?runs=sft-addition,${grpo}&keys=loss,lr,grad_norm,eval_accuracy&smooth=0`);
+  await page.waitForSelector('.chart[data-metric="eval_accuracy"] canvas');
+  const sftLoss = readMetrics(join(root, 'sft-addition', 'metrics.jsonl')).filter((l) => typeof l.loss === 'number');
+  expect(sftLoss.length).toBe(30);
+  const loss = JSON.parse((await page.$eval('.chart[data-metric="loss"]', (e) => e.getAttribute('data-points')))!);
+  expect(loss['sft-addition']).toEqual(sftLoss.map((l) => [l.step, l.loss]));
+  await shot('metrics');
+
+  const live = join(root, 'live');
+  mkdirSync(live);
+  copyFileSync(join(root, grpo, 'metrics.jsonl'), join(live, 'metrics.jsonl'));
+  await open('metrics?runs=live&keys=loss');
+  await page.waitForSelector('.chart[data-metric="loss"] canvas');
+  appendFileSync(join(live, 'metrics.jsonl'), `${JSON.stringify({ step: 9, loss: 0.25 })}\n`);
+  await page.waitForFunction(() => document.querySelector('.chart[data-metric="loss"]')?.getAttribute('data-points')?.includes('[9,0.25]'), { timeout: 5000 });
+});
+
+test('a rollout filter shows the rows the same filter picks from the store; a row opens its group', async () => {
+  const stored = readTrainRollouts(join(root, grpo, 'rollouts.sqlite'));
+  const want = stored.filter((r) => r.step === 2 && r.prompt.includes('+1=')).sort((a, b) => a.prompt_index - b.prompt_index || a.rollout_index - b.rollout_index);
+  await open(`rollouts?run=${grpo}`);
+  await page.waitForSelector('#rollout-table tbody tr');
+  await page.type('#filters input[name=step]', '2');
+  await page.type('#filters input[name=prompt]', '+1=');
+  await page.click('#apply');
+  await page.waitForFunction((n) => document.querySelector('#page-info')?.textContent?.includes(`of ${n}`) && document.querySelectorAll('#rollout-table tbody tr').length === n, {}, want.length);
+  const ids = await page.$$eval('#rollout-table tbody tr', (trs) => trs.map((tr) => Number(tr.getAttribute('data-id'))));
+  expect(want.length).toBeGreaterThan(0);
+  expect(ids).toEqual(want.map((r) => r.id));
+  await page.click('#rollout-table tbody tr');
+  await page.waitForSelector('#rollout-group .completion');
+  const group = await page.$$eval('#rollout-group .completion', (d) => d.map((x) => Number(x.getAttribute('data-id'))));
+  expect(group).toEqual(stored.filter((r) => r.step === 2 && r.prompt_index === want[0].prompt_index).map((r) => r.id));
+  await shot('rollouts');
+});
+
+test('the token view colours each token by its log-prob and by its Q, red lowest to green highest', async () => {
+  await open(`tokens?file=${grpo}/labelled.parquet&row=1`);
+  await page.waitForSelector('#tokens .tok');
+  const read = () => page.$$eval('#tokens .tok', (s) => s.map((x) => ({ text: x.textContent, bg: getComputedStyle(x).backgroundColor, title: x.getAttribute('title') })));
+  const hue = (vals: number[], v: number) => Math.round((120 * (v - Math.min(...vals))) / (Math.max(...vals) - Math.min(...vals)));
+  let cells = await read();
+  expect(cells.map((c) => c.text).join('')).toBe(LABELLED.text);
+  expect(cells.map((c) => c.bg)).toEqual(LABELLED.logprobs.map((v) => rgbOf(hue(LABELLED.logprobs, v))));
+  expect(cells[3].bg).toBe('rgb(240, 168, 168)'); // -6, the lowest log-prob: red
+  expect(cells[0].bg).toBe('rgb(168, 240, 168)'); // -0.05, the highest: green
+  expect(cells[1].title).toContain('"9"  Q 0.8');
+  await shot('tokens');
+  await page.select('#colour-by', 'q');
+  cells = await read();
+  const q = LABELLED.q.map((c) => c[0]);
+  expect(cells.map((c) => c.bg)).toEqual(q.map((v) => rgbOf(hue(q, v))));
+  expect(cells[3].bg).toBe('rgb(240, 168, 168)'); // Q 0.05
+});
+
+test('chat with two models side by side answers as the serve API does', async () => {
+  await open('chat');
+  expect(await page.$$eval('#model-0 option', (o) => o.map((x) => x.textContent))).toEqual(['base', 'tuned']);
+  for (const [sel, v] of [['#max_tokens', '12'], ['#seed', '5']]) {
+    await page.$eval(sel, (e) => ((e as HTMLInputElement).value = ''));
+    await page.type(sel, v);
+  }
+  await page.type('#message', 'What is 2+2?');
+  await page.click('#send');
+  await page.waitForSelector('#log-1 .msg.assistant[data-finish]', { timeout: 30_000 });
+  await page.waitForSelector('#log-0 .msg.assistant[data-finish]', { timeout: 30_000 });
+  const shown = await page.$$eval('.msg.assistant .content', (e) => e.map((x) => x.textContent));
+  const direct = async (model: string) => {
+    const r = await fetch(`${studio.chatUrl}/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model, messages: [{ role: 'user', content: 'What is 2+2?' }], temperature: 0.7, top_p: 1, max_tokens: 12, seed: 5, chat_template_kwargs: { enable_thinking: false } }),
+    });
+    return ((await r.json()) as { choices: { message: { content: string } }[] }).choices[0].message.content;
+  };
+  const answers = [await direct('base'), await direct('tuned')];
+  expect(answers[0].length).toBeGreaterThan(0);
+  expect(shown).toEqual(answers.map((a) => a || '(empty)'));
+  await shot('chat');
+}, 60_000);
