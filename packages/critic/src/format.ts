@@ -109,3 +109,10 @@ export function labelledTokenCount(examples: readonly { labels: readonly number[
   for (const e of examples) for (const l of e.labels) if (l >= 0) n++;
   return n;
 }
+
+/** What the critic reads before a target attempt at inference: the prompt, then each context attempt with its feedback (the full format). */
+export function contextPrefix(prompt: readonly number[], context: readonly CriticAttempt[], encode: (text: string) => number[]): number[] {
+  const ids = [...prompt];
+  for (const a of context) ids.push(...a.tokens, ...encode(feedbackText(a.reward, a.tokens.length)));
+  return ids;
+}

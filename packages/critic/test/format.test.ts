@@ -1,5 +1,5 @@
 /** The in-context format against sequences built by hand. */
-import { criticExamples, feedbackText, labelledTokenCount, type CriticAttempt, type CriticBins } from '@lathe/critic';
+import { contextPrefix, criticExamples, feedbackText, labelledTokenCount, type CriticAttempt, type CriticBins } from '@lathe/critic';
 
 const bins: CriticBins = { reward_values: [0, 1], length_edges: [0, 1, 2, 4, 8], first_token_id: 56 };
 // Feedback text as one token per character, 1000 + char code, so sequences read back by hand.
@@ -70,6 +70,13 @@ describe('critic in-context format', () => {
       { ids: [1, 2, 10, 11, 12], labels: [-1, -1, ...L0] },
       { ids: [1, 2, 20, 21, 30], labels: [-1, -1, ...L1, ...L2] },
     ]);
+  });
+
+  test('the inference prefix is the full format up to the target', () => {
+    const full = criticExamples(prompt, attempts, { bins, encode }).examples[0].ids;
+    const prefix = contextPrefix(prompt, attempts.slice(0, 2), encode);
+    expect(full.slice(0, prefix.length)).toEqual(prefix);
+    expect(full.slice(prefix.length)).toEqual([30]);
   });
 
   test('a reward outside [0, 1] names the attempt', () => {
