@@ -31,7 +31,7 @@ async function open(route: string): Promise<void> {
   await page.waitForSelector('#app > div[data-ready]', { timeout: 20_000 });
 }
 
-const shot = (name: string) => page.screenshot({ path: join(SHOTS, `studio-${name}.png`) as `${string}.png`, fullPage: true });
+const shot = (name: string, fullPage = true) => page.screenshot({ path: join(SHOTS, `studio-${name}.png`) as `${string}.png`, fullPage });
 
 /** hsl(h, 70%, 80%) as the browser reports it (CSS Color 4's formula, written out here independently). */
 function rgbOf(hue: number): string {
@@ -77,7 +77,7 @@ test('the runs page lists every run with its state; a run page shows its config 
   await open(`run/${grpo}`);
   expect(await page.$eval('#checkpoints', (t) => t.textContent)).toContain('step 3');
   expect(await page.$eval('#config', (t) => t.textContent)).toContain('builtin:addition');
-  await shot('run');
+  await shot('run', false);
   await open('run/corrupt-store');
   expect(await page.$eval('#rollouts-error', (e) => e.textContent)).toMatch(/corrupt-store\/rollouts.sqlite: .*not a database/);
 });

@@ -20,7 +20,7 @@ export async function runsPage(view: HTMLElement): Promise<void> {
       { 'data-run': r.name },
       h('td', {}, h('input', { type: 'checkbox', checked: chosen.has(r.name), onchange: (e) => ((e.target as HTMLInputElement).checked ? chosen.add(r.name) : chosen.delete(r.name), selection.set([...chosen])) })),
       h('td', {}, h('a', { href: `#/run/${encodeURIComponent(r.name)}` }, r.name)),
-      h('td', { class: 'mono' }, String(r.config?.command ?? r.config?.algorithm ?? '') || '–'),
+      h('td', { class: 'mono' }, typeof r.config?.model === 'string' ? r.config.model : '–'),
       h('td', {}, badge(r.metrics.state, r.metrics.message), ' ', r.metrics.message ? h('span', { class: 'muted' }, r.metrics.state === 'missing' ? 'no metrics' : r.metrics.message.replace(/^.*:(\d+):/, 'line $1:')) : ''),
       h('td', { class: 'num' }, fmt(r.metrics.lastStep)),
       h('td', { class: 'num' }, r.checkpoints.length ? `${r.checkpoints.length} (last ${r.checkpoints.at(-1)!.step})` : '0'),
@@ -33,7 +33,7 @@ export async function runsPage(view: HTMLElement): Promise<void> {
     h('h2', {}, `Runs (${runs.length})`),
     runs.length === 0
       ? h('div', { class: 'panel muted' }, 'No run directories under the root.')
-      : h('table', { id: 'runs' }, h('thead', {}, h('tr', {}, ['', 'run', 'command', 'metrics', 'last step', 'checkpoints', 'last eval', 'rollouts', 'modified'].map((t) => h('th', {}, t)))), h('tbody', {}, rows)),
+      : h('table', { id: 'runs' }, h('thead', {}, h('tr', {}, ['', 'run', 'model', 'metrics', 'last step', 'checkpoints', 'last eval', 'rollouts', 'modified'].map((t) => h('th', {}, t)))), h('tbody', {}, rows)),
     h('p', {}, compare),
   );
 }
@@ -42,7 +42,7 @@ export async function runsPage(view: HTMLElement): Promise<void> {
 export async function runPage(view: HTMLElement, name: string): Promise<void> {
   const r = await api<RunInfo>(`/api/runs/${encodeURIComponent(name)}`);
   const cfg = r.config
-    ? h('table', { id: 'config' }, h('tbody', {}, Object.entries(r.config).map(([k, v]) => h('tr', {}, h('td', { class: 'mono' }, k), h('td', { class: 'mono' }, typeof v === 'object' ? JSON.stringify(v) : String(v))))))
+    ? h('table', { id: 'config', class: 'compact' }, h('tbody', {}, Object.entries(r.config).map(([k, v]) => h('tr', {}, h('td', { class: 'mono' }, k), h('td', { class: 'mono' }, typeof v === 'object' ? JSON.stringify(v) : String(v))))))
     : h('div', { class: r.configError ? 'error' : 'muted' }, r.configError ?? 'no config.yaml');
   view.append(
     h('h2', {}, `Run ${r.name}`),
