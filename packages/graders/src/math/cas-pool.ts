@@ -17,6 +17,8 @@ export interface CasPoolOptions {
   timeoutMs: number;
   /** Results remembered by request (an LRU of this many entries; 0 disables the cache). */
   cacheSize: number;
+  /** The code each worker thread runs (default: the CAS worker); tests give one that cannot start. */
+  workerCode?: string;
 }
 
 /** Defaults of {@link CasPoolOptions}. */
@@ -26,6 +28,7 @@ interface Job {
   request: CasRequest;
   key: string;
   resolve: (outcome: CasOutcome) => void;
+  reject: (error: Error) => void;
 }
 
 interface Slot {
@@ -38,9 +41,13 @@ interface Slot {
 /** The code a worker starts with: the compiled entry, or the TypeScript source through tsx. */
 function workerBootstrap(): string {
   const entry = __filename.replace(/cas-pool\.(ts|js)$/, 'cas-worker.$1');
-  const register = entry.endsWith('.ts') ? "require('tsx/cjs');" : '';
+  // resolved here: an eval'd worker resolves bare names from the process's working directory, which may lie outside the repository
+  const register = entry.endsWith('.ts') ? `require(${JSON.stringify(require.resolve('tsx/cjs'))});` : '';
   return `${register}require(${JSON.stringify(entry)});`;
 }
+
+/** Workers that die before loading the CAS, in a row, after which checks fail instead of starting more. */
+const MAX_START_FAILURES = 3;
 
 /** A pool of CAS worker threads with per-check time limits and a result cache. */
 export class CasPool {
@@ -51,6 +58,9 @@ export class CasPool {
   private nextId = 1;
   private closed = false;
   private readonly readyWaiters: (() => void)[] = [];
+  /** Workers that died before becoming ready, in a row, and the last one's error. */
+  private startFailures = 0;
+  private startError = '';
   /** Checks cut off by the time limit so far. */
   timeouts = 0;
 
@@ -62,6 +72,7 @@ export class CasPool {
   /** Decides one request, from the cache when it was seen before. */
   check(request: CasRequest): Promise<CasOutcome> {
     if (this.closed) return Promise.reject(new Error('CasPool: check() after close()'));
+    if (this.startFailures >= MAX_START_FAILURES) return Promise.reject(this.cannotStart());
     const key = JSON.stringify(request);
     const cached = this.cache.get(key);
     if (cached !== undefined) {
@@ -69,10 +80,14 @@ export class CasPool {
       this.cache.set(key, cached);
       return Promise.resolve(cached);
     }
-    return new Promise((resolve) => {
-      this.queue.push({ request, key, resolve });
+    return new Promise((resolve, reject) => {
+      this.queue.push({ request, key, resolve, reject });
       this.pump();
     });
+  }
+
+  private cannotStart(): Error {
+    return new Error(`CAS worker thread failed to start ${this.startFailures} times in a row${this.startError ? ` (${this.startError})` : ''}`);
   }
 
   /** Starts a worker if none runs and resolves once one has loaded the CAS (start-up is paid once per process). */
@@ -104,17 +119,21 @@ export class CasPool {
   }
 
   private spawn(): Slot {
-    const worker = new Worker(workerBootstrap(), { eval: true });
+    const worker = new Worker(this.options.workerCode ?? workerBootstrap(), { eval: true });
     const slot: Slot = { worker, job: null, timer: null, ready: false };
     worker.on('message', (reply: CasWorkerReply) => {
       if (reply.id === 0) {
         // the worker has loaded the CAS: only now do time limits start
         slot.ready = true;
+        this.startFailures = 0;
         for (const wake of this.readyWaiters.splice(0)) wake();
         this.pump();
       } else this.finish(slot, reply.verdict ?? 'error');
     });
-    worker.on('error', () => this.replace(slot, 'error'));
+    worker.on('error', (e: Error) => {
+      if (!slot.ready) this.startError = e.message;
+      this.replace(slot, 'error');
+    });
     worker.on('exit', () => {
       if (this.slots.includes(slot)) this.replace(slot, 'error');
     });
@@ -136,7 +155,12 @@ export class CasPool {
   /** Ends a slot's worker (stuck or crashed) and answers its job with `outcome`. */
   private replace(slot: Slot, outcome: CasOutcome): void {
     const i = this.slots.indexOf(slot);
-    if (i >= 0) this.slots.splice(i, 1);
+    if (i < 0) return; // already replaced ('error' and 'exit' both report a crash)
+    this.slots.splice(i, 1);
+    if (!slot.ready && ++this.startFailures >= MAX_START_FAILURES) {
+      // a worker that cannot start (a missing module, a broken install) never will: fail the checks, start no more
+      for (const queued of this.queue.splice(0)) queued.reject(this.cannotStart());
+    }
     if (slot.timer) clearTimeout(slot.timer);
     const job = slot.job;
     slot.job = null;
