@@ -113,7 +113,7 @@ test('a metric plot holds the logged points, and a line appended while the page 
   await open('metrics?runs=live&keys=loss');
   await page.waitForSelector('.chart[data-metric="loss"] canvas');
   appendFileSync(join(live, 'metrics.jsonl'), `${JSON.stringify({ step: 9, loss: 0.25 })}\n`);
-  await page.waitForFunction(() => document.querySelector('.chart[data-metric="loss"]')?.getAttribute('data-points')?.includes('[9,0.25]'), { timeout: 5000 });
+  await page.waitForFunction(`document.querySelector('.chart[data-metric="loss"]')?.getAttribute('data-points')?.includes('[9,0.25]')`, { timeout: 5000 });
 });
 
 test('a rollout filter shows the rows the same filter picks from the store; a row opens its group', async () => {
@@ -124,7 +124,7 @@ test('a rollout filter shows the rows the same filter picks from the store; a ro
   await page.type('#filters input[name=step]', '2');
   await page.type('#filters input[name=prompt]', '+1=');
   await page.click('#apply');
-  await page.waitForFunction((n) => document.querySelector('#page-info')?.textContent?.includes(`of ${n}`) && document.querySelectorAll('#rollout-table tbody tr').length === n, {}, want.length);
+  await page.waitForFunction(`document.querySelector('#page-info')?.textContent?.includes('of ${want.length}') && document.querySelectorAll('#rollout-table tbody tr').length === ${want.length}`);
   const ids = await page.$$eval('#rollout-table tbody tr', (trs) => trs.map((tr) => Number(tr.getAttribute('data-id'))));
   expect(want.length).toBeGreaterThan(0);
   expect(ids).toEqual(want.map((r) => r.id));
@@ -138,7 +138,7 @@ test('a rollout filter shows the rows the same filter picks from the store; a ro
 test('the token view colours each token by its log-prob and by its Q, red lowest to green highest', async () => {
   await open(`tokens?file=${grpo}/labelled.parquet&row=1`);
   await page.waitForSelector('#tokens .tok');
-  const read = () => page.$$eval('#tokens .tok', (s) => s.map((x) => ({ text: x.textContent, bg: getComputedStyle(x).backgroundColor, title: x.getAttribute('title') })));
+  const read = () => page.$$eval('#tokens .tok', (s) => s.map((x) => ({ text: x.textContent, bg: (globalThis as unknown as { getComputedStyle(e: unknown): { backgroundColor: string } }).getComputedStyle(x).backgroundColor, title: x.getAttribute('title') })));
   const hue = (vals: number[], v: number) => Math.round((120 * (v - Math.min(...vals))) / (Math.max(...vals) - Math.min(...vals)));
   let cells = await read();
   expect(cells.map((c) => c.text).join('')).toBe(LABELLED.text);
@@ -158,7 +158,7 @@ test('chat with two models side by side answers as the serve API does', async ()
   await open('chat');
   expect(await page.$$eval('#model-0 option', (o) => o.map((x) => x.textContent))).toEqual(['base', 'tuned']);
   for (const [sel, v] of [['#max_tokens', '12'], ['#seed', '5']]) {
-    await page.$eval(sel, (e) => ((e as HTMLInputElement).value = ''));
+    await page.$eval(sel, (e) => ((e as unknown as { value: string }).value = ''));
     await page.type(sel, v);
   }
   await page.type('#message', 'What is 2+2?');
