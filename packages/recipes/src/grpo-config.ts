@@ -22,7 +22,7 @@ export const grpoSchema = {
     gradient_checkpointing: { ...gradientCheckpointingOption, default: GRPO_DEFAULTS.gradientCheckpointing },
   }),
   // rewards
-  reward: { type: 'string', default: 'exact', choices: ['exact', 'math'], describe: "Correctness reward (source 'correct', 1 or 0): exact match of the completion with the answer, or the math grader (final answer extracted and compared symbolically)" },
+  reward: { type: 'string', default: 'exact', choices: ['exact', 'math', 'none'], describe: "Correctness reward (source 'correct', 1 or 0): exact match of the completion with the answer, the math grader (final answer extracted and compared symbolically), or none: no correctness source and no answer field needed (the reward comes from --reward_model, --reward_fn or --format_reward; held-out evaluation then reports the mean of that reward over the greedy completions)" },
   format_reward: { type: 'number', default: 0, describe: "Weight of the r1_zero format reward (source 'format': 1 when the completion is '…</think> <answer>…</answer>'); 0: off" },
   overlong_buffer: { type: 'number', default: 0, integer: true, min: 0, describe: "DAPO's overlong shaping (source 'overlong'): the penalty falls linearly from 0 to -1 over the last N tokens before --max_new_tokens; 0: off" },
   reward_model: {

@@ -66,8 +66,10 @@ const EVAL_KEY_BASE = 2 ** 40;
 /** A greedy evaluation on the held-out prompts. */
 export interface GrpoEvalResult {
   step: number;
-  /** Fraction of greedy completions the correctness reward accepts. */
+  /** Fraction of greedy completions the correctness reward accepts (NaN with `--reward none`: no answers to check). */
   accuracy: number;
+  /** With `--reward none`: the mean trained reward (every source, weighted) of the greedy completions. */
+  reward_mean?: number;
   /**
    * With `eval_sampled`: the fraction of G completions per prompt, sampled as rollouts are (the
    * sampling temperature), that the correctness reward accepts — mean@G, what RL optimises.
@@ -117,7 +119,7 @@ interface GrpoState extends TrainerState {
  * out of a permutation seeded by `seed`), so GRPO after SFT on the same data never trains on the
  * SFT run's held-out prompts.
  */
-export async function loadPromptSplit(cfg: Pick<GrpoConfig, 'data' | 'seed' | 'eval_examples' | 'prompt_field' | 'answer_field'> & Partial<Pick<GrpoConfig, 'off_policy_field'>>): Promise<{ train: PromptWithAnswer[]; evaluation: PromptWithAnswer[] }> {
+export async function loadPromptSplit(cfg: Pick<GrpoConfig, 'data' | 'seed' | 'eval_examples' | 'prompt_field' | 'answer_field'> & Partial<Pick<GrpoConfig, 'off_policy_field' | 'reward'>>): Promise<{ train: PromptWithAnswer[]; evaluation: PromptWithAnswer[] }> {
   let all: PromptWithAnswer[];
   const field = cfg.off_policy_field ?? '';
   if (cfg.data === BUILTIN_DATA) {
@@ -125,9 +127,9 @@ export async function loadPromptSplit(cfg: Pick<GrpoConfig, 'data' | 'seed' | 'e
     all = additionExamples().map((e, index) => ({ prompt: e.prompt, answer: e.response, index, ...(field ? { traces: [e.response] } : {}) }));
   } else {
     // lathe generate's reader: a missing field is an error naming the row, its fields and the flag
-    const prompts = await readPromptFile({ data: cfg.data, prompt_field: cfg.prompt_field, answer_field: cfg.answer_field, limit: 0 }, { answers: 'required' });
+    const prompts = await readPromptFile({ data: cfg.data, prompt_field: cfg.prompt_field, answer_field: cfg.answer_field, limit: 0 }, { answers: cfg.reward === 'none' ? 'optional' : 'required' });
     const traces = field ? (await readRecords(cfg.data)).map((r) => traceValues(r.value[field], `${r.where}: field '${field}' (--off_policy_field)`)) : undefined;
-    all = prompts.map((p, index) => ({ prompt: p.prompt, answer: p.answer!, index, ...(traces ? { traces: traces[index] } : {}) }));
+    all = prompts.map((p, index) => ({ prompt: p.prompt, answer: p.answer ?? '', index, ...(traces ? { traces: traces[index] } : {}) }));
   }
   return splitHeldOut(all, cfg, 'prompts');
 }
@@ -219,6 +221,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     process.stderr.write(`warning: --estimator dr_grpo with --aggregation ${cfg.aggregation}: Dr.GRPO also drops the length normalisation (--aggregation token-sum-norm)\n`);
   }
   if (cfg.off_policy_traces > 0 && cfg.off_policy_field === '') throw new Error(`--off_policy_traces ${cfg.off_policy_traces}: name the data's field of off-policy traces with --off_policy_field${cfg.preset !== 'none' ? ` (--preset ${cfg.preset} mixes them in)` : ''}`);
+  if (cfg.reward === 'none' && cfg.eval_sampled) throw new Error('--eval_sampled measures accuracy against the answers, and --reward none reads none (the greedy evaluation reports the reward instead)');
   if (cfg.off_policy_traces >= cfg.group_size) throw new Error(`--off_policy_traces ${cfg.off_policy_traces} must be below --group_size ${cfg.group_size} (a group needs on-policy samples)`);
   const rows = cfg.prompts_per_step * cfg.group_size;
   if (rows < cfg.n_minibatches * cfg.micro_batches) throw new Error(`--prompts_per_step ${cfg.prompts_per_step} × --group_size ${cfg.group_size} = ${rows} completions cannot fill --n_minibatches ${cfg.n_minibatches} × --micro_batches ${cfg.micro_batches}`);
@@ -263,13 +266,14 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   const device = Device.open(cfg.device as 'cpu' | 'cuda');
   const grader = cfg.reward === 'math' ? new MathGrader() : undefined;
   const correct = grader ? async (_p: string, c: string, m: AnswerMeta) => ((await grader.grade(c, m.answer)).correct ? 1 : 0) : (_p: string, c: string, m: AnswerMeta) => (c.trim() === m.answer.trim() ? 1 : 0);
-  const sources: AnyRewardSource<AnswerMeta>[] = [{ name: 'correct', fn: correct }];
+  const sources: AnyRewardSource<AnswerMeta>[] = cfg.reward === 'none' ? [] : [{ name: 'correct', fn: correct }];
   if (cfg.format_reward !== 0) sources.push({ name: 'format', fn: (_p, c) => r1ZeroFormatReward(c), weight: cfg.format_reward });
   if (cfg.overlong_buffer > 0) sources.push({ name: 'overlong', fn: overlongReward({ maxLength: cfg.max_new_tokens, buffer: Math.min(cfg.overlong_buffer, cfg.max_new_tokens), maxPenalty: 1 }) });
   sources.push(...(await loadRewardFunctions<AnswerMeta>(cfg.reward_fn, [...sources.map((s) => s.name), 'rm'])));
   const weights = parseRewardWeights(cfg.reward_weights);
   const rewardModel = cfg.reward_model ? await rewardModelSource<AnswerMeta>(cfg.reward_model, { ...cfg, device, dtype: cfg.compute_dtype, policy: model }) : undefined;
   if (rewardModel) sources.push(rewardModel);
+  if (sources.length === 0) throw new Error('--reward none: give the reward another way (--reward_model, --reward_fn or --format_reward)');
   const rewards = combineRewardSources<AnswerMeta>(withRewardWeights(sources, weights), { fallback: cfg.reward_fallback });
   // Held-out verdicts through the same failure handling (logged with the prompt, counted): a grader
   // that fails scores the completion incorrect, never crashes the run.
@@ -314,14 +318,18 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   const heldOutSample = (i: number, c: { text: string; tokens: number[]; stopped: boolean }) => ({ prompt: evaluation[i].prompt, completion: c.text, meta: { answer: evaluation[i].answer, completionTokens: c.tokens.length, stopped: c.stopped } });
   const evaluate = async (): Promise<GrpoEvalResult> => {
     const out = await trainer.generateGreedy(evaluation.map((p) => ({ ids: idsOf(p) })));
-    const scored = await verdictOf(out.map((c, i) => heldOutSample(i, c)));
+    // without answers (--reward none) the held-out completions are scored by the trained reward instead
+    const scored = await (cfg.reward === 'none' ? rewards : verdictOf)(out.map((c, i) => heldOutSample(i, c)));
     const verdicts = scored.rewards;
     const errors: (string | undefined)[] = [];
     for (const f of scored.failures) errors[f.index] = `${f.kind}: ${f.detail}`;
-    const rowsOut = evaluation.map((p, i) => ({ prompt: p.prompt, expected: p.answer, generated: out[i].text, correct: verdicts[i] === 1, tokens: out[i].tokens.length, ...(errors[i] !== undefined ? { grader_error: errors[i] } : {}) }));
+    const rowsOut = evaluation.map((p, i) => ({ prompt: p.prompt, expected: p.answer, generated: out[i].text, correct: cfg.reward !== 'none' && verdicts[i] === 1, ...(cfg.reward === 'none' ? { reward: verdicts[i] } : {}), tokens: out[i].tokens.length, ...(errors[i] !== undefined ? { grader_error: errors[i] } : {}) }));
     rowsOut.forEach((r, i) => store.addEval({ step: state.step, dataset: 'heldout', prompt_index: evaluation[i].index, rollout_index: 0, prompt: r.prompt, completion: r.generated, reward: verdicts[i], correct: r.correct, extra: { expected: r.expected, tokens: out[i].tokens, stopped: out[i].stopped } }));
     run.writeEval(state.step, rowsOut);
-    const result: GrpoEvalResult = { step: state.step, accuracy: rowsOut.filter((r) => r.correct).length / Math.max(1, rowsOut.length), examples: rowsOut.length, response_length_mean: rowsOut.reduce((s, r) => s + r.tokens, 0) / Math.max(1, rowsOut.length), grader_failures: scored.failures.length };
+    const mean = (xs: ArrayLike<number>) => Array.from(xs).reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
+    const result: GrpoEvalResult = {
+      step: state.step,
+      ...(cfg.reward === 'none' ? { accuracy: NaN, reward_mean: mean(verdicts) } : { accuracy: rowsOut.filter((r) => r.correct).length / Math.max(1, rowsOut.length) }), examples: rowsOut.length, response_length_mean: rowsOut.reduce((s, r) => s + r.tokens, 0) / Math.max(1, rowsOut.length), grader_failures: scored.failures.length };
     if (cfg.eval_sampled) {
       // Keys far above any training prompt's (a running count of prompts drawn), one per held-out prompt.
       const groups = await trainer.generateSamples(evaluation.map((p) => ({ ids: idsOf(p), key: EVAL_KEY_BASE + p.index })));
@@ -336,7 +344,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     return result;
   };
   /** An evaluation's entries in metrics.jsonl. */
-  const evalMetrics = (r: GrpoEvalResult) => ({ eval_accuracy: r.accuracy, ...(r.sampled_accuracy !== undefined ? { eval_sampled_accuracy: r.sampled_accuracy } : {}) });
+  const evalMetrics = (r: GrpoEvalResult) => ({ ...(r.reward_mean !== undefined ? { eval_reward_mean: r.reward_mean } : { eval_accuracy: r.accuracy }), ...(r.sampled_accuracy !== undefined ? { eval_sampled_accuracy: r.sampled_accuracy } : {}) });
   const checkpoint = async () => {
     const snap = trainer.snapshot();
     await store.flush(); // rollouts up to the checkpoint are durable with it

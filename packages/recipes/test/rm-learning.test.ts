@@ -7,7 +7,7 @@
  * exact match as a logged, untrained source: the independent truth) raises both the policy's reward
  * model score and how often its samples are right.
  */
-import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { readMetrics, readParquet } from '@lathe/data';
@@ -108,4 +108,22 @@ test("lathe grpo with the learned reward model as its only trained reward: the p
   expect(correct[0]).toBeLessThan(0.2); // about chance: 1 in 13 single-token answers
   expect(correct[1]).toBeGreaterThanOrEqual(0.3);
   expect(correct[1]).toBeGreaterThan(2.5 * correct[0]);
+}, 120_000);
+
+test('lathe grpo --reward none: prompts without answers, the reward model as the reward, held-out evaluation by its score; without any reward it is an error', async () => {
+  expect(rewardModel).not.toBe('');
+  const prompts = join(root, 'no-answers.jsonl');
+  writeFileSync(prompts, ['1+2=', '3+1=', '2+2=', '0+4=', '4+3=', '1+1=', '2+3=', '3+3='].map((p) => JSON.stringify({ prompt: p })).join('\n') + '\n');
+  const cfg = { ...defaults(grpoSchema), data: prompts, tokenizer: 'builtin:addition', reward: 'none', reward_model: rewardModel, steps: 2, prompts_per_step: 4, group_size: 4, max_new_tokens: 1, eval_examples: 2, kl_coef: 0, save_every: 0 };
+  const result = await runGrpo({ ...cfg, run_dir: join(root, 'grpo-none') });
+  expect(result.steps).toBe(2);
+  const evals = readMetrics(join(root, 'grpo-none', 'metrics.jsonl')).filter((m) => 'eval_reward_mean' in m);
+  expect(evals.map((m) => m.step)).toEqual([0, 2]);
+  expect(result.evals.map((e) => [Number.isNaN(e.accuracy), e.reward_mean])).toEqual(evals.map((m) => [true, m.eval_reward_mean]));
+  // the evaluation's score is the reward model's own score of each greedy completion
+  const rows = readFileSync(join(root, 'grpo-none', 'eval', 'step-00000002.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { reward: number });
+  expect(rows.reduce((s, r) => s + r.reward, 0) / rows.length).toBeCloseTo(result.evals[1].reward_mean!, 6);
+  await expect(runGrpo({ ...cfg, reward_model: '', run_dir: join(root, 'grpo-none-2') })).rejects.toThrow('--reward none: give the reward another way (--reward_model, --reward_fn or --format_reward)');
+  // with the default reward the answer field is required, named
+  await expect(runGrpo({ ...cfg, reward: 'exact', run_dir: join(root, 'grpo-none-3') })).rejects.toThrow(/no field 'answer'/);
 }, 120_000);

@@ -57,8 +57,8 @@ export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEve
       }
     },
     onEval: (r) => {
-      acc = `${(100 * r.accuracy).toFixed(1)}%`;
-      log(`${label} eval at step ${r.step}: accuracy ${acc} of ${r.examples}${r.grader_failures ? ` (${r.grader_failures} grader failures, scored incorrect)` : ""}`);
+      acc = r.reward_mean !== undefined ? `reward ${r.reward_mean.toFixed(3)}` : `${(100 * r.accuracy).toFixed(1)}%`;
+      log(`${label} eval at step ${r.step}: ${r.reward_mean !== undefined ? acc : `accuracy ${acc}`} of ${r.examples}${r.grader_failures ? ` (${r.grader_failures} grader failures, scored incorrect)` : ""}`);
     },
     onCheckpoint: (dir) => log(`checkpoint ${dir}`),
   };
@@ -92,6 +92,8 @@ export async function grpoMain(cfg: GrpoConfig): Promise<void> {
     // a resumed run evaluated step 0 before its checkpoint: read back from eval/
     acc_before_grpo: first?.step === 0 ? first.accuracy : listEvals(cfg.run_dir).find((e) => e.step === 0)?.accuracy ?? undefined,
     acc_after_grpo: last?.accuracy,
+    // --reward none: no answers; the held-out greedy completions' mean reward instead
+    ...(last?.reward_mean !== undefined ? { eval_reward_before: first?.step === 0 ? first.reward_mean : undefined, eval_reward_after: last.reward_mean } : {}),
     eval_examples: last?.examples,
     checkpoint: result.checkpoint,
     interrupted: result.interrupted,
