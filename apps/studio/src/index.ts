@@ -17,7 +17,7 @@ import { ensureAssets } from './assets';
 import { createStudioServer } from './server';
 
 export { buildAssets, ensureAssets, ASSETS_DIR } from './assets';
-export { createStudioServer, insideRoot, type StudioServerOptions } from './server';
+export { createStudioServer, insideRoot, loopbackHost, type StudioServerOptions } from './server';
 export { listRunInfos, readMetricsFile, runInfo, type MetricsFile, type RunInfo } from './runs';
 export { listParquet, tokenCells, trajectoryTokens, type TokenCell, type TokenView } from './tokens';
 
@@ -51,7 +51,8 @@ export async function startStudio(cfg: StudioConfig, events: StudioEvents = {}):
     chat = await startServe({ ...defaults(serveSchema), model: cfg.model, device: cfg.device, host: '127.0.0.1', port: 0, max_rows: 4, max_model_len: cfg.max_model_len }, { onLoad: events.onLoad });
   }
   const chatUrl = chat ? chat.url : cfg.serve_url || null;
-  const server = createStudioServer({ root, assets, chatUrl, tokenizer: cfg.tokenizer, pollMs: cfg.poll_ms });
+  const loopbackOnly = /^(127\.|::1$|localhost$)/.test(cfg.host);
+  const server = createStudioServer({ root, assets, chatUrl, tokenizer: cfg.tokenizer, pollMs: cfg.poll_ms, loopbackOnly });
   try {
     await new Promise<void>((res, rej) => {
       server.once('error', rej);

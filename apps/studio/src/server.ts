@@ -22,6 +22,8 @@ export interface StudioServerOptions {
   tokenizer: string;
   /** How often the browser re-reads a running run's metrics (ms). */
   pollMs: number;
+  /** Answer only requests whose Host is a loopback name (when listening on a loopback address). */
+  loopbackOnly?: boolean;
 }
 
 /** An error with an HTTP status. */
@@ -169,6 +171,8 @@ async function api(opts: StudioServerOptions, req: IncomingMessage, url: URL): P
   }
   if (parts[0] === 'chat' && parts[1] === 'models' && req.method === 'GET') return proxy(opts, '/models', {});
   if (parts[0] === 'chat' && parts[1] === 'completions' && req.method === 'POST') {
+    // JSON only: a cross-site form cannot send it without a CORS preflight, which is never granted
+    if (!/^application\/json\b/.test(req.headers['content-type'] ?? '')) throw new HttpError(415, 'chat: the request body must be application/json');
     return proxy(opts, '/chat/completions', { method: 'POST', headers: { 'content-type': 'application/json' }, body: await readBody(req) });
   }
   throw new HttpError(404, `${url.pathname}: no such API`);
@@ -183,11 +187,24 @@ function serveFile(opts: StudioServerOptions, url: URL, res: ServerResponse): vo
   res.end(readFileSync(file));
 }
 
+const LOOPBACK = new Set(['localhost', '127.0.0.1', '[::1]']);
+
+/**
+ * Whether a request's Host names this machine by a loopback name: a page of another site that
+ * rebinds its DNS name to 127.0.0.1 still sends its own name, and is refused.
+ */
+export function loopbackHost(host: string | undefined): boolean {
+  if (!host) return false;
+  const name = host.startsWith('[') ? host.slice(0, host.indexOf(']') + 1) : host.split(':')[0];
+  return LOOPBACK.has(name.toLowerCase());
+}
+
 /** The studio's request handler as a server (not yet listening). */
 export function createStudioServer(opts: StudioServerOptions): Server {
   return createServer((req, res) => {
     const url = new URL(req.url ?? '/', 'http://studio');
     const done = (status: number, body: unknown) => (res.headersSent ? res.end() : send(res, status, body));
+    if (opts.loopbackOnly && !loopbackHost(req.headers.host)) return done(421, { error: `Host ${req.headers.host ?? '(none)'}: the studio answers only to localhost / 127.0.0.1 / [::1] while it listens on a loopback address` });
     if (url.pathname.startsWith('/api/')) {
       api(opts, req, url).then(
         (r) => done(r.status, r.body),

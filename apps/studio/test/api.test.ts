@@ -6,7 +6,8 @@
  */
 import { join } from 'node:path';
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { readMetrics, readTrainRollouts, RolloutStore } from '@lathe/data';
+import { request } from 'node:http';
+import { readEvalRollouts, readMetrics, readTrainRollouts, RolloutStore } from '@lathe/data';
 import { startStudio, type RunningStudio, type RunInfo } from '@lathe/studio';
 import { makeRoot, studioConfig } from './fixtures';
 
@@ -29,6 +30,7 @@ test('the run list: every run with its metrics state; a corrupt rollout store is
   expect(status).toBe(200);
   const runs = body as unknown as RunInfo[];
   expect(runs.map((r) => r.name).sort()).toEqual(['corrupt-store', grpo, 'no-metrics', 'sft-addition', 'torn-metrics']);
+  expect(runs.find((r) => r.name === 'sft-addition')!.evals.map((e) => e.step)).toEqual([0, 15, 30]);
   const by = Object.fromEntries(runs.map((r) => [r.name, r]));
   const lines = readMetrics(join(root, grpo, 'metrics.jsonl'));
   expect(by[grpo].metrics).toMatchObject({ state: 'ok', lines: lines.length, lastStep: 3 });
@@ -80,6 +82,47 @@ test('rollout filters return the rows the same filter picks from every stored ro
   const same = rows.filter((r) => r.step === 2 && r.prompt_index === first.prompt_index);
   expect(group.map((g) => [g.id, g.advantage, g.extra])).toEqual(same.map((r) => [r.id, r.advantage, r.extra]));
   expect((await get(`/api/runs/${grpo}/rollouts?min_reward=abc`)).body.error).toBe("query parameter 'min_reward': expected a number, got 'abc'");
+});
+
+test('a bad line inside metrics.jsonl: state bad, naming the line; the good lines still served', async () => {
+  const dir = join(root, 'bad-line');
+  mkdirSync(dir);
+  writeFileSync(join(dir, 'metrics.jsonl'), '{"step":1,"loss":2}\nnot json\n{"step":2,"loss":1}\n');
+  const m = (await get('/api/runs/bad-line/metrics')).body;
+  expect(m.state).toBe('bad');
+  expect(m.message).toBe(`${join(dir, 'metrics.jsonl')}:2: not a JSON object with a numeric 'step'`);
+  expect(m.lines).toEqual([{ step: 1, loss: 2 }, { step: 2, loss: 1 }]);
+});
+
+test('evaluation rollouts: filtered by dataset and step as the stored rows are', async () => {
+  const file = join(root, grpo, 'rollouts.sqlite');
+  const rows = readEvalRollouts(file);
+  const datasets = [...new Set(rows.map((r) => r.dataset))];
+  expect(datasets.length).toBeGreaterThan(0);
+  for (const ds of datasets) {
+    const want = rows.filter((r) => r.dataset === ds && r.step === 3);
+    const got = (await get(`/api/runs/${grpo}/rollouts?table=eval&dataset=${ds}&step=3&limit=1000`)).body;
+    expect([ds, got.total]).toEqual([ds, want.length]);
+    expect((got.rows as { id: number; correct: boolean | null }[]).map((r) => [r.id, r.correct]).sort()).toEqual(want.map((r) => [r.id, r.correct]).sort());
+  }
+});
+
+test('a request naming another host (DNS rebinding) is refused; chat takes JSON only', async () => {
+  const status = (host: string) =>
+    new Promise<number>((resolve, reject) => {
+      const u = new URL('/api/runs', studio.url);
+      request({ host: u.hostname, port: u.port, path: u.pathname, headers: { host } }, (res) => {
+        res.resume();
+        resolve(res.statusCode ?? 0);
+      })
+        .on('error', reject)
+        .end();
+    });
+  expect(await status('evil.example:8080')).toBe(421);
+  expect(await status(`localhost:${studio.port}`)).toBe(200);
+  expect(await status(`127.0.0.1:${studio.port}`)).toBe(200);
+  const r = await fetch(new URL('/api/chat/completions', studio.url), { method: 'POST', headers: { 'content-type': 'text/plain' }, body: '{}' });
+  expect(r.status).toBe(415);
 });
 
 test('paths outside the served root are refused; unknown runs and files are named', async () => {

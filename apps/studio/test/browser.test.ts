@@ -98,6 +98,21 @@ test('a metric plot holds the logged points, and a line appended while the page 
   const legend = await page.$$eval('.chart[data-metric="entropy"] .u-legend .u-value', (v) => v.map((x) => x.textContent));
   expect(Number(legend[1])).toBeCloseTo(want[2][1] as number, 3);
 
+  // smoothing 0.5 draws the EMA of the points (hand-written here); log scale leaves zero losses out
+  await open(`metrics?runs=${grpo}&keys=entropy,loss&smooth=0.5&log=1`);
+  await page.waitForSelector('.chart[data-metric="loss"] canvas');
+  const drawn = JSON.parse((await page.$eval('.chart[data-metric="entropy"]', (e) => e.getAttribute('data-drawn')))!);
+  const e = want.map(([, v]) => v as number);
+  expect(drawn.steps).toEqual(want.map(([s]) => s));
+  expect(drawn[grpo][0]).toBeCloseTo(e[0], 12);
+  expect(drawn[grpo][1]).toBeCloseTo(0.5 * e[0] + 0.5 * e[1], 12);
+  expect(drawn[grpo][2]).toBeCloseTo(0.5 * (0.5 * e[0] + 0.5 * e[1]) + 0.5 * e[2], 12);
+  const lossDrawn = JSON.parse((await page.$eval('.chart[data-metric="loss"]', (e) => e.getAttribute('data-drawn')))!);
+  const losses = lines.filter((l) => typeof l.loss === 'number').map((l) => l.loss as number);
+  let acc = losses[0];
+  const ema = losses.map((v, i) => (i === 0 ? v : (acc = 0.5 * acc + 0.5 * v)));
+  expect(lossDrawn[grpo]).toEqual(ema.map((v) => (v > 0 ? v : null)));
+
   // two kinds of run compared: the SFT run's loss points as logged
   await open(`metrics?runs=sft-addition,${grpo}&keys=loss,lr,grad_norm,eval_accuracy&smooth=0`);
   await page.waitForSelector('.chart[data-metric="eval_accuracy"] canvas');

@@ -5,8 +5,8 @@
 import uPlot from 'uplot';
 import { api, fmt, h, routeQuery, selection, setRouteQuery, type RunInfo } from './dom';
 import type { StudioSettings } from './main';
+import { forLogScale, series, smooth, type Line } from './series';
 
-type Line = { step: number } & Record<string, unknown>;
 interface MetricsAnswer {
   state: RunInfo['metrics']['state'];
   message: string | null;
@@ -18,23 +18,6 @@ interface MetricsAnswer {
 /** Tick spacings of the step axis: whole steps only. */
 const STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000, 10000, 20000, 50000, 100000];
 const COLORS = ['#2f6feb', '#e5534b', '#2da44e', '#bf8700', '#8250df', '#1b7c83', '#cf222e', '#57606a'];
-
-/** Exponential moving average with weight `s` on the past (0: none), skipping gaps. */
-export function smooth(values: (number | null)[], s: number): (number | null)[] {
-  let acc: number | null = null;
-  return values.map((v) => {
-    if (v === null) return null;
-    acc = acc === null || s === 0 ? v : s * acc + (1 - s) * v;
-    return acc;
-  });
-}
-
-/** The points of `key` in a run's lines (the last value logged at a step wins), sorted by step. */
-export function series(lines: readonly Line[], key: string): [number, number][] {
-  const by = new Map<number, number>();
-  for (const l of lines) if (typeof l[key] === 'number' && Number.isFinite(l[key])) by.set(l.step, l[key] as number);
-  return [...by.entries()].sort((a, b) => a[0] - b[0]);
-}
 
 export async function metricsPage(view: HTMLElement, settings: StudioSettings): Promise<() => void> {
   const runs = await api<RunInfo[]>('/api/runs');
@@ -87,9 +70,11 @@ export async function metricsPage(view: HTMLElement, settings: StudioSettings): 
       const ys = chosen.map((n) => {
         const by = new Map(points[n]);
         const raw = steps.map((s) => (by.has(s) ? by.get(s)! : null));
-        return smooth(raw, smoothing).map((v) => (logScale && v !== null && v <= 0 ? null : v));
+        const y = smooth(raw, smoothing);
+        return logScale ? forLogScale(y) : y;
       });
-      const box = h('div', { class: 'chart panel', 'data-metric': key, 'data-points': JSON.stringify(points) }, h('h4', {}, key));
+      // the logged points and the drawn (smoothed, log-filtered) values, for reading back
+      const box = h('div', { class: 'chart panel', 'data-metric': key, 'data-points': JSON.stringify(points), 'data-drawn': JSON.stringify({ steps, ...Object.fromEntries(chosen.map((n, i) => [n, ys[i]])) }) }, h('h4', {}, key));
       charts.append(box);
       const many = steps.length > 60;
       const opts: uPlot.Options = {
