@@ -157,6 +157,8 @@ export async function evaluateBenchmarks(problems: readonly BenchmarkProblem[], 
   const requests: EvalSampleRequest[] = problems.map((problem, key) => ({ key, problem, text: renderEvalTemplate(template, problem.problem), samples: options.samples(problem.benchmark) }));
   const total = requests.reduce((n, r) => n + r.samples, 0);
   const grader = new MathGrader({ casWorkers: 2, ...options.grader });
+  // the CAS worker loads while the first run generates, not when the first symbolic check needs it
+  grader.warmUp().catch(() => undefined);
   const slots: (EvalRow | undefined)[] = new Array(total);
   const offsets: number[] = [];
   requests.reduce((at, r) => (offsets.push(at), at + r.samples), 0);
