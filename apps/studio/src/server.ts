@@ -8,7 +8,7 @@ import { existsSync, readFileSync, realpathSync, statSync } from 'node:fs';
 import { extname, join, resolve, sep } from 'node:path';
 import { isRunDir, listEvals, queryRollouts, rolloutById, rolloutGroup, runPaths, type RolloutQuery, type RolloutTable } from '@lathe/data';
 import { listRunInfos, readMetricsFile, runInfo } from './runs';
-import { listParquet, tokenCells, tokenizerFor, trajectoryTokens } from './tokens';
+import { listParquet, tokenCells, tokenizerFor, trajectoryRows, trajectoryTokens } from './tokens';
 
 /** What the server needs. */
 export interface StudioServerOptions {
@@ -162,6 +162,11 @@ async function api(opts: StudioServerOptions, req: IncomingMessage, url: URL): P
     }
   }
   if (parts[0] === 'trajectories' && parts.length === 1) return ok(listParquet(opts.root));
+  if (parts[0] === 'trajectories' && parts[1] === 'rows') {
+    const rel = q.get('file');
+    if (!rel) throw new HttpError(400, "trajectory rows: give 'file' (a Parquet file under the root)");
+    return ok(await trajectoryRows(insideRoot(opts.root, rel), { offset: num(q, 'offset'), limit: num(q, 'limit'), prompt: q.get('prompt') || undefined, minReward: num(q, 'min_reward'), maxReward: num(q, 'max_reward') }, rel));
+  }
   if (parts[0] === 'tokens') {
     const rel = q.get('file');
     if (!rel) throw new HttpError(400, "token view: give 'file' (a Parquet file under the root)");

@@ -5,7 +5,7 @@
  */
 import { existsSync, readdirSync, statSync } from 'node:fs';
 import { dirname, join, relative, resolve } from 'node:path';
-import { parquetInfo, readRunConfig, readTrajectoryBatches, tableToTrajectories, type Trajectory } from '@lathe/data';
+import { parquetInfo, readParquetBatches, readParquetSchema, readRunConfig, readTrajectoryBatches, tableToTrajectories, type Trajectory } from '@lathe/data';
 import { BUILTIN_TOKENIZER, additionTokenizer } from '@lathe/recipes';
 import { HfTokenizer } from '@lathe/tokenizer';
 
@@ -133,4 +133,51 @@ export async function trajectoryTokens(file: string, row: number, decoder: { dec
     seen += b.numRows;
   }
   throw new Error(`${source}: row ${row} not found`);
+}
+
+/** One row of a trajectory file's table: its row number and its scalar columns. */
+export interface TrajectoryRow {
+  row: number;
+  prompt_idx: number | null;
+  step: number | null;
+  prompt: string;
+  reward: number | null;
+  correct: number | null;
+  advantage: number | null;
+  /** Output tokens. */
+  length: number;
+}
+
+/**
+ * Rows `offset`..`offset + limit` of a trajectory Parquet file, with the number of rows that pass
+ * the filters. Read a batch at a time, only the columns shown (never the candidate sets), so a file
+ * of any size is never loaded whole.
+ */
+export async function trajectoryRows(file: string, q: { offset?: number; limit?: number; prompt?: string; minReward?: number; maxReward?: number }, source: string): Promise<{ total: number; offset: number; rows: TrajectoryRow[] }> {
+  if (!existsSync(file) || !statSync(file).isFile()) throw new Error(`${source}: no such file`);
+  const names = new Set((await readParquetSchema(file)).fields.map((f) => f.name));
+  const columns = ['prompt_idx', 'step', 'prompt', 'reward', 'correct', 'advantage', 'output_token_ids'].filter((c) => names.has(c));
+  const offset = Math.max(0, Math.floor(q.offset ?? 0));
+  const limit = Math.min(1000, Math.max(1, Math.floor(q.limit ?? 50)));
+  const needle = q.prompt?.toLowerCase();
+  const rows: TrajectoryRow[] = [];
+  let total = 0;
+  let row = 0;
+  for await (const b of readParquetBatches(file, { columns, batchSize: 1024 })) {
+    const col = (name: string) => b.getChild(name);
+    const [pi, st, pr, rw, co, ad, out] = ['prompt_idx', 'step', 'prompt', 'reward', 'correct', 'advantage', 'output_token_ids'].map(col);
+    for (let i = 0; i < b.numRows; i++, row++) {
+      const reward = (rw?.get(i) as number | null | undefined) ?? null;
+      const prompt = String(pr?.get(i) ?? '');
+      if (needle && !prompt.toLowerCase().includes(needle)) continue;
+      if (q.minReward !== undefined && !(reward !== null && reward >= q.minReward)) continue;
+      if (q.maxReward !== undefined && !(reward !== null && reward <= q.maxReward)) continue;
+      if (total >= offset && rows.length < limit) {
+        const num = (v: unknown) => (v === null || v === undefined ? null : Number(v));
+        rows.push({ row, prompt_idx: num(pi?.get(i)), step: num(st?.get(i)), prompt, reward, correct: num(co?.get(i)), advantage: num(ad?.get(i)), length: (out?.get(i) as { length: number } | null)?.length ?? 0 });
+      }
+      total++;
+    }
+  }
+  return { total, offset, rows };
 }

@@ -7,7 +7,7 @@
 import { join } from 'node:path';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { request } from 'node:http';
-import { readEvalRollouts, readMetrics, readTrainRollouts, RolloutStore } from '@lathe/data';
+import { readEvalRollouts, readMetrics, readTrainRollouts, RolloutStore, writeTrajectories } from '@lathe/data';
 import { startStudio, type RunningStudio, type RunInfo } from '@lathe/studio';
 import { makeRoot, studioConfig } from './fixtures';
 
@@ -123,6 +123,18 @@ test('a request naming another host (DNS rebinding) is refused; chat takes JSON 
   expect(await status(`127.0.0.1:${studio.port}`)).toBe(200);
   const r = await fetch(new URL('/api/chat/completions', studio.url), { method: 'POST', headers: { 'content-type': 'text/plain' }, body: '{}' });
   expect(r.status).toBe(415);
+});
+
+test('a trajectory file as a paged, filtered table, read a batch at a time', async () => {
+  const dir = join(root, 'traj');
+  mkdirSync(dir);
+  const rows = Array.from({ length: 2500 }, (_, i) => ({ prompt_idx: i, prompt: `problem ${i}`, prompt_token_ids: [1], output_token_ids: Array.from({ length: i % 7 }, () => 2), reward: (i % 10) / 10, correct: i % 2 }));
+  await writeTrajectories(join(dir, 'gen.parquet'), rows);
+  const page = (await get('/api/trajectories/rows?file=traj/gen.parquet&offset=3&limit=4&min_reward=0.85&prompt=problem%201')).body;
+  const want = rows.map((r, i) => ({ ...r, row: i })).filter((r) => r.reward >= 0.85 && r.prompt.includes('problem 1'));
+  expect(page.total).toBe(want.length);
+  expect((page.rows as { row: number; length: number; correct: number }[]).map((r) => [r.row, r.length, r.correct])).toEqual(want.slice(3, 7).map((r) => [r.row, r.output_token_ids.length, r.correct]));
+  expect((await get('/api/trajectories')).body).toEqual([`${grpo}/labelled.parquet`, 'traj/gen.parquet']);
 });
 
 test('paths outside the served root are refused; unknown runs and files are named', async () => {

@@ -162,11 +162,16 @@ test('the token view colours each token by its log-prob and by its Q, red lowest
   expect(cells[0].bg).toBe('rgb(168, 240, 168)'); // -0.05, the highest: green
   expect(cells[1].title).toContain('"9"  Q 0.8');
   await shot('tokens');
+  expect(await page.$$eval('#trajectory-rows tbody tr', (t) => t.map((x) => x.getAttribute('data-row')))).toEqual(['0', '1']);
   await page.select('#colour-by', 'q');
   cells = await read();
   const q = LABELLED.q.map((c) => c[0]);
   expect(cells.map((c) => c.bg)).toEqual(q.map((v) => rgbOf(hue(q, v))));
   expect(cells[3].bg).toBe('rgb(240, 168, 168)'); // Q 0.05
+  // a click on row 0 of the table shows its tokens (no values stored: uncoloured)
+  await page.click('#trajectory-rows tbody tr[data-row="0"]');
+  await page.waitForFunction(`[...document.querySelectorAll('#tokens .tok')].map((t) => t.textContent).join('') === '12'`);
+  expect((await read()).map((c) => c.bg)).toEqual(['rgba(0, 0, 0, 0)', 'rgba(0, 0, 0, 0)']);
 });
 
 test('chat with two models side by side answers as the serve API does', async () => {

@@ -73,6 +73,51 @@ export async function tokensPage(view: HTMLElement): Promise<void> {
     bySel.value = values.includes(keep as Value) ? keep : (q.get('by') ?? values[0] ?? '');
   };
   bySel.addEventListener('change', render);
+  // the file's rows as a paged table (read a batch at a time on the server); a click shows a row's tokens
+  const table = h('div', { id: 'trajectory-rows' });
+  const promptIn = h('input', { type: 'text', id: 'traj-prompt', size: 14 });
+  let offset = 0;
+  const listRows = async () => {
+    if (!fileSel.value) return table.replaceChildren();
+    try {
+      const p = new URLSearchParams({ file: fileSel.value, offset: String(offset), limit: '20' });
+      if (promptIn.value.trim()) p.set('prompt', promptIn.value.trim());
+      const page = await api<{ total: number; offset: number; rows: { row: number; prompt_idx: number | null; step: number | null; prompt: string; reward: number | null; correct: number | null; advantage: number | null; length: number }[] }>(`/api/trajectories/rows?${p}`);
+      const last = page.offset + page.rows.length;
+      table.replaceChildren(
+        h(
+          'div',
+          { class: 'pager' },
+          h('label', {}, 'prompt contains ', promptIn),
+          h('button', { type: 'button', onclick: () => ((offset = 0), void listRows()) }, 'Filter'),
+          h('button', { type: 'button', disabled: offset === 0, onclick: () => ((offset = Math.max(0, offset - 20)), void listRows()) }, '‹ prev'),
+          h('span', {}, page.total ? `rows ${page.offset + 1}–${last} of ${page.total}` : 'no rows match'),
+          h('button', { type: 'button', disabled: last >= page.total, onclick: () => ((offset += 20), void listRows()) }, 'next ›'),
+        ),
+        h(
+          'table',
+          {},
+          h('thead', {}, h('tr', {}, ['row', 'prompt', 'step', 'prompt text', 'reward', 'correct', 'advantage', 'tokens'].map((t) => h('th', {}, t)))),
+          h(
+            'tbody',
+            {},
+            page.rows.map((r) =>
+              h(
+                'tr',
+                { class: 'clickable', 'data-row': r.row, onclick: () => ((rowIn.value = String(r.row)), void loadFile()) },
+                [r.row, r.prompt_idx, r.step].map((v) => h('td', { class: 'num' }, fmt(v))),
+                h('td', { class: 'text' }, r.prompt.slice(0, 120)),
+                [r.reward, r.correct, r.advantage, r.length].map((v) => h('td', { class: 'num' }, fmt(v))),
+              ),
+            ),
+          ),
+        ),
+      );
+    } catch (e) {
+      table.replaceChildren(errorBox(e));
+    }
+  };
+  fileSel.addEventListener('change', () => ((offset = 0), (rowIn.value = '0'), void listRows(), void loadFile()));
   const loadFile = async () => {
     if (!fileSel.value) return;
     setRouteQuery('tokens', new URLSearchParams({ file: fileSel.value, row: rowIn.value }));
@@ -88,6 +133,8 @@ export async function tokensPage(view: HTMLElement): Promise<void> {
     h('h2', {}, 'Token values'),
     h('form', { class: 'panel row', onsubmit: (e) => (e.preventDefault(), void loadFile()) }, h('label', {}, 'trajectory file', fileSel), h('label', {}, 'row', rowIn), h('label', {}, 'colour by', bySel), h('button', { type: 'submit', id: 'show' }, 'Show')),
     out,
+    h('h3', {}, 'Rows'),
+    table,
   );
   const run = q.get('run');
   if (run && q.get('id')) {
@@ -102,5 +149,5 @@ export async function tokensPage(view: HTMLElement): Promise<void> {
     } catch (e) {
       out.replaceChildren(errorBox(e));
     }
-  } else await loadFile();
+  } else await Promise.all([loadFile(), listRows()]);
 }
