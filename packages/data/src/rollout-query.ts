@@ -145,7 +145,10 @@ export function queryRollouts(file: string, q: RolloutQuery, options: { preview?
   const w = whereOf(q);
   return withStore(file, (db) => {
     const total = (db.prepare(`SELECT count(*) FROM ${table}${w.sql}`).raw(true).get(...w.args) as number[])[0];
-    const rows = db.prepare(`SELECT ${columns(q.table, preview)} FROM ${table}${w.sql} ORDER BY step, prompt_index, rollout_index, id LIMIT ${limit} OFFSET ${offset}`).all(...w.args) as Record<string, unknown>[];
+    // the page's ids first (sorting keys only), then only those rows' text: sorting whole rows costs 5× more
+    const order = 'ORDER BY step, prompt_index, rollout_index, id';
+    const page = `SELECT id FROM ${table}${w.sql} ${order} LIMIT ${limit} OFFSET ${offset}`;
+    const rows = db.prepare(`SELECT ${columns(q.table, preview)} FROM ${table} WHERE id IN (${page}) ${order}`).all(...w.args) as Record<string, unknown>[];
     return { total, offset, rows: rows.map(toRow) };
   });
 }
