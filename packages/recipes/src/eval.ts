@@ -19,6 +19,7 @@ import { Device } from '@lathe/runtime';
 import { validateSampling, type GenerationEngine } from '@lathe/rollout';
 import { BENCHMARKS, loadBenchmark, parseBenchmarkList, type BenchmarkProblem } from './eval-benchmarks';
 import { parsePassK, renderEvalTemplate, samplesFor, type EvalConfig } from './eval-config';
+import { samplingEngineOptions } from './generate';
 import { benchmarkMetrics, type BenchmarkMetrics, type GradedSample } from './eval-metrics';
 import { rewardModelSource } from './reward-sources';
 import { modelConfig } from './scaffold';
@@ -474,15 +475,7 @@ export async function runEval(cfg: EvalConfig, events: EvalRunEvents = {}, signa
         format: preset,
         samplesThinking: thinking === false ? 0 : 1,
         samplesNonThinking: thinking === false ? 1 : 0,
-        maxNewTokens: cfg.max_new_tokens,
-        temperature: cfg.temperature,
-        topK: cfg.top_k,
-        topP: cfg.top_p,
-        minP: cfg.min_p,
-        seed: cfg.seed,
-        device: cfg.device,
-        dtype: cfg.compute_dtype === 'auto' ? undefined : cfg.compute_dtype,
-        engine: cfg.generation_engine,
+        ...samplingEngineOptions(cfg),
         // a decode step computes all of the engine's rows: never more than there are samples
         batchSize: Math.min(cfg.batch_size, samples),
         tokenizer: cfg.tokenizer === 'model' ? undefined : cfg.tokenizer,

@@ -202,21 +202,28 @@ export async function runGenerate(cfg: GenerateConfig, events: GenerateEvents = 
 }
 
 /** The generator a config describes; the library's errors are given the flag they concern. */
+/** The sampling and engine options of a `TrajectoryGenerator` from a command's options of the same names (lathe generate, lathe eval). */
+export function samplingEngineOptions(cfg: Pick<GenerateConfig, 'max_new_tokens' | 'temperature' | 'top_k' | 'top_p' | 'min_p' | 'seed' | 'device' | 'compute_dtype' | 'generation_engine'>) {
+  return {
+    maxNewTokens: cfg.max_new_tokens,
+    temperature: cfg.temperature,
+    topK: cfg.top_k,
+    topP: cfg.top_p,
+    minP: cfg.min_p,
+    seed: cfg.seed,
+    device: cfg.device,
+    dtype: cfg.compute_dtype === 'auto' ? undefined : cfg.compute_dtype,
+    engine: cfg.generation_engine,
+  };
+}
+
 async function createForConfig(cfg: GenerateConfig, events: GenerateEvents): Promise<TrajectoryGenerator> {
   try {
     return await TrajectoryGenerator.create(cfg.model, {
       format: cfg.prompt_format,
       samplesThinking: cfg.samples_thinking,
       samplesNonThinking: cfg.samples_non_thinking,
-      maxNewTokens: cfg.max_new_tokens,
-      temperature: cfg.temperature,
-      topK: cfg.top_k,
-      topP: cfg.top_p,
-      minP: cfg.min_p,
-      seed: cfg.seed,
-      device: cfg.device,
-      dtype: cfg.compute_dtype === 'auto' ? undefined : cfg.compute_dtype,
-      engine: cfg.generation_engine,
+      ...samplingEngineOptions(cfg),
       batchSize: cfg.batch_size,
       onEngineShrink: (from, to) => events.onEngineShrink?.(from, to),
       tokenizer: cfg.tokenizer === 'model' ? undefined : cfg.tokenizer,

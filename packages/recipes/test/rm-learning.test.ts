@@ -114,7 +114,7 @@ test('lathe grpo --reward none: prompts without answers, the reward model as the
   expect(rewardModel).not.toBe('');
   const prompts = join(root, 'no-answers.jsonl');
   writeFileSync(prompts, ['1+2=', '3+1=', '2+2=', '0+4=', '4+3=', '1+1=', '2+3=', '3+3='].map((p) => JSON.stringify({ prompt: p })).join('\n') + '\n');
-  const cfg = { ...defaults(grpoSchema), data: prompts, tokenizer: 'builtin:addition', reward: 'none', reward_model: rewardModel, steps: 2, prompts_per_step: 4, group_size: 4, max_new_tokens: 1, eval_examples: 2, kl_coef: 0, save_every: 0 };
+  const cfg = { ...defaults(grpoSchema), data: prompts, tokenizer: 'builtin:addition', reward: 'none' as const, reward_model: rewardModel, steps: 2, prompts_per_step: 4, group_size: 4, max_new_tokens: 1, eval_examples: 2, kl_coef: 0, save_every: 0 };
   const result = await runGrpo({ ...cfg, run_dir: join(root, 'grpo-none') });
   expect(result.steps).toBe(2);
   const evals = readMetrics(join(root, 'grpo-none', 'metrics.jsonl')).filter((m) => 'eval_reward_mean' in m);
@@ -125,5 +125,5 @@ test('lathe grpo --reward none: prompts without answers, the reward model as the
   expect(rows.reduce((s, r) => s + r.reward, 0) / rows.length).toBeCloseTo(result.evals[1].reward_mean!, 6);
   await expect(runGrpo({ ...cfg, reward_model: '', run_dir: join(root, 'grpo-none-2') })).rejects.toThrow('--reward none: give the reward another way (--reward_model, --reward_fn or --format_reward)');
   // with the default reward the answer field is required, named
-  await expect(runGrpo({ ...cfg, reward: 'exact', run_dir: join(root, 'grpo-none-3') })).rejects.toThrow(/no field 'answer'/);
+  await expect(runGrpo({ ...cfg, reward: 'exact' as const, run_dir: join(root, 'grpo-none-3') })).rejects.toThrow(/no field 'answer'/);
 }, 120_000);
