@@ -11,12 +11,13 @@ const layers = {
   rollout: ['onnx', 'runtime', 'models'],
   grpo: ['onnx', 'runtime', 'models', 'train', 'rollout', 'graders'],
   'reward-models': ['onnx', 'runtime', 'models', 'train'],
+  critic: ['onnx', 'runtime', 'models', 'train', 'rollout', 'graders'],
   quantization: ['onnx', 'runtime', 'models'],
   data: [],
   'openai-client': [],
   graders: ['openai-client'],
   tokenizer: [],
-  recipes: ['onnx', 'runtime', 'models', 'train', 'rollout', 'grpo', 'graders', 'reward-models', 'quantization', 'data', 'tokenizer', 'openai-client'],
+  recipes: ['onnx', 'runtime', 'models', 'train', 'rollout', 'grpo', 'graders', 'reward-models', 'quantization', 'data', 'tokenizer', 'openai-client', 'critic'],
 };
 const layering = Object.entries(layers).map(([pkg, allowed]) => ({
   files: [`packages/${pkg}/src/**/*.ts`],

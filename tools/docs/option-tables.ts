@@ -9,6 +9,9 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import {
+  criticEvalSchema,
+  criticLabelSchema,
+  criticTrainSchema,
   dpoSchema,
   evalSchema,
   generateSchema,
@@ -25,6 +28,7 @@ import {
   runsShowSchema,
   serveSchema,
   sftSchema,
+  studioSchema,
   type OptionSchema,
 } from '@lathe/recipes';
 
@@ -45,10 +49,14 @@ export const OPTION_SCHEMAS: Readonly<Record<string, OptionSchema>> = {
   serve: serveSchema,
   quantize: quantizeSchema,
   'quantize-eval': quantizeEvalSchema,
+  'critic-train': criticTrainSchema,
+  'critic-label': criticLabelSchema,
+  'critic-eval': criticEvalSchema,
+  studio: studioSchema,
 };
 
 /** The docs holding option tables, relative to the repository root. */
-export const OPTION_DOCS = ['docs/guides/sft.md', 'docs/guides/grpo.md', 'docs/guides/generate.md', 'docs/guides/model-init.md', 'docs/guides/rm.md', 'docs/guides/dpo.md', 'docs/guides/eval.md', 'docs/guides/quantize.md', 'docs/guides/serve.md', 'docs/data.md'];
+export const OPTION_DOCS = ['docs/guides/sft.md', 'docs/guides/grpo.md', 'docs/guides/generate.md', 'docs/guides/model-init.md', 'docs/guides/rm.md', 'docs/guides/dpo.md', 'docs/guides/eval.md', 'docs/guides/quantize.md', 'docs/guides/serve.md', 'docs/data.md', 'docs/guides/critic.md', 'docs/guides/studio.md'];
 
 /** The repository root. */
 export const REPO_ROOT = join(__dirname, '..', '..');

@@ -12,6 +12,8 @@ import { dpoCommand } from './dpo';
 import { evalCommand } from './eval';
 import { serveCommand } from './serve';
 import { quantizeCommand } from './quantize';
+import { criticCommand } from './critic';
+import { studioCommand } from './studio';
 
 /** Every `lathe` subcommand; each lives in its own file beside this one. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- yargs command modules differ in their argv types
@@ -29,4 +31,6 @@ export const commands: CommandModule<any, any>[] = [
   runsCommand,
   modelCommand,
   quantizeCommand,
+  studioCommand,
+  criticCommand,
 ];
