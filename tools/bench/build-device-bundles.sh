@@ -22,11 +22,12 @@ declare -A entries=(
   [qlora-step]=tools/bench/quantization/qlora-step.ts
   [luffy-ppo-step]=tools/bench/grpo/luffy-ppo-step.ts
   [serve-bench]=tools/bench/serve/serve-bench.ts
+  [eval-bench]=tools/bench/eval/eval-bench.ts
 )
 # Entries that load a Hugging Face tokenizer carry @huggingface/transformers inside the bundle (the
 # GPU machine has no copy of it), with its image library sharp stubbed out, and Qwen3's tokenizer
 # files beside the bundle in .bundle/qwen3-tokenizer.
-declare -A with_tokenizer=([lathe-trajectories]=1 [serve-bench]=1)
+declare -A with_tokenizer=([lathe-trajectories]=1 [serve-bench]=1 [eval-bench]=1)
 names=("$@")
 [ ${#names[@]} -eq 0 ] && names=("${!entries[@]}")
 mkdir -p .bundle/node_modules/@koromix
