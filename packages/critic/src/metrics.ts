@@ -9,6 +9,9 @@
  * NaN when either class is empty.
  */
 export function auc(scores: readonly number[], outcomes: readonly number[]): number {
+  scores.forEach((s, i) => {
+    if (!Number.isFinite(s)) throw new Error(`auc: score ${i} is ${s}, not a finite number`);
+  });
   const order = scores.map((s, i) => ({ s, y: outcomes[i] >= 0.5 ? 1 : 0 })).sort((a, b) => a.s - b.s);
   let pos = 0;
   let neg = 0;

@@ -7,6 +7,7 @@ describe('critic metrics', () => {
     expect(auc([0.5, 0.5, 0.5], [0, 1, 1])).toBeCloseTo(0.5, 12);
     expect(auc([0.9, 0.1], [0, 1])).toBe(0);
     expect(auc([0.2, 0.3], [1, 1])).toBeNaN();
+    expect(() => auc([0.2, NaN], [1, 0])).toThrow('auc: score 1 is NaN, not a finite number');
   });
 
   test('reliability table and ECE', () => {

@@ -149,6 +149,7 @@ export async function runCriticEval(cfg: CriticEvalConfig, events: CriticProgres
   const bins = criticBins(cfg);
   const rows = await readTrajectories(cfg.data);
   const outcomes = rows.map((r, i) => rowReward(r, i, cfg.data));
+  contextsOf(rows, cfg.max_context, cfg.data); // every row has enough attempts for the largest context, checked before any pass
   const encoder = feedbackEncoder(cfg);
   const labeller = openLabeller(cfg, bins, undefined, { minP: 1, maxCandidates: 1 });
   const points: CriticEvalPoint[] = [];
