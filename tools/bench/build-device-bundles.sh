@@ -23,6 +23,7 @@ declare -A entries=(
   [luffy-ppo-step]=tools/bench/grpo/luffy-ppo-step.ts
   [serve-bench]=tools/bench/serve/serve-bench.ts
   [eval-bench]=tools/bench/eval/eval-bench.ts
+  [critic-bench]=tools/bench/critic/critic-bench.ts
 )
 # Entries that load a Hugging Face tokenizer carry @huggingface/transformers inside the bundle (the
 # GPU machine has no copy of it), with its image library sharp stubbed out, and Qwen3's tokenizer
