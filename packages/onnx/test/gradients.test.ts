@@ -231,3 +231,16 @@ test('integer inputs cannot be differentiated', () => {
   const x = g.input('x', 'float32', [2]);
   expect(() => L.grad(x.sum(), [i as Tensor])).toThrow(/cannot differentiate w.r.t. i of dtype int64/);
 });
+
+test('the gradient of a bfloat16 slice is padded in float32 (ONNX Runtime has no bfloat16 Pad on CUDA), with the same values', async () => {
+  const pads = (g: L.Graph) => g.nodes.filter((n) => n.op.name === 'Pad').map((n) => n.inputs[0]!.dtype);
+  const g = new L.Graph();
+  const x = g.input('x', 'float32', [6, 4]);
+  const w = g.input('w', 'float32', [2, 4]);
+  const rows = L.slice(L.cast(x, 'bfloat16'), [0], [2], [4]);
+  const [dx] = L.grad(L.cast(rows, 'float32').mul(w).sum(), [x]);
+  g.output(dx, 'dx');
+  expect(pads(g)).toEqual(['float32']);
+  const out = await (await compile(g))({ x: { data: new Float32Array(24), dims: [6, 4] }, w: { data: Float32Array.from({ length: 8 }, (_, i) => i + 1), dims: [2, 4] } });
+  expect(Array.from(out.dx.data as Float32Array)).toEqual([0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0, 0]);
+});

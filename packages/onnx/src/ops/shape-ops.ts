@@ -9,7 +9,7 @@ import { anonymousDim, canonicalDim, dimDiv, dimEquals, formatShape, isAnonymous
 import type { DType } from '../dtype';
 import { applyOp, type Tensor } from '../graph';
 import { attr, defineOp, type OpDef } from '../op';
-import { castOp, concatOp, constant, dimTensor, shapeOf, shapeTensor, splitOp, squeeze } from './core';
+import { cast, castOp, concatOp, constant, dimTensor, shapeOf, shapeTensor, splitOp, squeeze } from './core';
 import { addOp, lessOp, maxOp, minOp, subOp, whereOp } from './elementwise';
 import { inversePerm, normAxis } from './helpers';
 
@@ -126,8 +126,13 @@ function staticSlicePads(shape: readonly Dim[], spec: SliceSpec): number[] | und
   return [...before, ...after];
 }
 
-/** Zero-pads a slice's gradient back to the sliced input's shape (pads computed at run time unless static). */
+/**
+ * Zero-pads a slice's gradient back to the sliced input's shape (pads computed at run time unless
+ * static). A bfloat16 gradient is padded in float32: ONNX Runtime's CUDA provider has no bfloat16
+ * Pad kernel (a slice of a bfloat16 weight, such as a restricted LM head, would not run).
+ */
 function padFromSlice(g: Tensor, x: Tensor, spec: SliceSpec): Tensor {
+  if (g.dtype === 'bfloat16') return cast(padFromSlice(cast(g, 'float32'), x, spec), 'bfloat16');
   const graph = x.graph;
   const constantPads = staticSlicePads(x.shape, spec);
   // Known at build time: a constant, so no shape arithmetic runs (on the CPU) at run time.
