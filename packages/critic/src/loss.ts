@@ -4,21 +4,13 @@
  * attempt and every candidate of every position in one run by tree attention.
  */
 import * as L from '@lathe/onnx';
-import type { DType, Graph, Tensor } from '@lathe/onnx';
+import type { Graph, Tensor } from '@lathe/onnx';
 import { decoder, packedCausalMask, paddedCausalMask, positionsFromPadding, restrictedLogits, type DecoderConfig, type Weights } from '@lathe/models';
-import { castWeights, type LossBuilder } from '@lathe/train';
+import { castWeights, type DecoderLossOptions, type LossBuilder } from '@lathe/train';
 import { gridShape, type CriticBins } from './bins';
 
-/** Options of {@link criticLoss}. */
-export interface CriticLossOptions {
-  /** Dtype of the forward/backward compute (master weights stay float32). */
-  compute?: DType;
-  /** How the decoder's weights come from the trainable parameters (LoRA passes its own; default: each cast to `compute`). */
-  weights?: (g: Graph, params: Map<string, Tensor>) => Weights;
-  /** A fixed batch shape [B, T] instead of symbolic dims. */
-  shape?: [number, number];
-  /** Recompute each decoder layer in the backward pass. */
-  recompute?: boolean;
+/** Options of {@link criticLoss}: the decoder's (composed attention only) and packing. */
+export interface CriticLossOptions extends Omit<DecoderLossOptions, 'flashAttention'> {
   /**
    * Packed rows (as `lathe sft --packing`): `segment_ids` and `position_ids` [B, T] take the place
    * of `attention_mask`, and attention is block-diagonal causal, so each packed sequence is trained

@@ -9,10 +9,10 @@ import { paramSpecs, seededNormal, type DecoderConfig } from '@lathe/models';
 import { readTrajectories } from '@lathe/data';
 import { HfTokenizer } from '@lathe/tokenizer';
 import { Device, sizeOf, type HostTensor } from '@lathe/runtime';
-import { initLora, LORA_DROPOUT_KEY, loraAdapters, loraDropoutKey, loraFromOptions, loraWeights, mergeLora, Trainer, type TrainableParam, type TrainerState } from '@lathe/train';
+import { initLora, LORA_DROPOUT_KEY, loraAdapters, loraDropoutKey, loraFromOptions, loraWeights, mergeLora, Trainer, type TrainableParam } from '@lathe/train';
 import { criticLoss, defaultRewardValues, gridShape, growRows, logLengthEdges, placeGrid, saveBins, type CriticBins } from '@lathe/critic';
 import { additionTokenizer } from './demo-task';
-import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, stopRequested, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, stepTiming, stopRequested, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
 import { CRITIC_TRAIN_RESUMABLE_KEYS, type CriticTrainConfig } from './critic-config';
 import { criticLabelCount, criticTrainingExamples, packCriticExamples, padCriticBatch, type CriticRow } from './critic-data';
 
@@ -104,13 +104,9 @@ export async function runCriticTrain(cfg: CriticTrainConfig, events: CriticTrain
       : {}),
   });
 
-  let state: TrainerState = { step: 0, dataPosition: 0, seed: cfg.seed };
-  let init = { params: lora ? initLora(adapters, cfg.seed) : base, m: undefined as Map<string, Float32Array> | undefined, v: undefined as Map<string, Float32Array> | undefined };
-  if (run.latest) {
-    const c = run.continueRun(params, cfg, CRITIC_TRAIN_RESUMABLE_KEYS);
-    ({ state } = c);
-    init = { params: c.values, m: c.m, v: c.v };
-  }
+  const start = run.startFrom(params, cfg, CRITIC_TRAIN_RESUMABLE_KEYS, lora ? initLora(adapters, cfg.seed) : base);
+  let { state } = start;
+  const { init } = start;
   const device = Device.open(cfg.device);
   const frozenBase = lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, device.upload({ data: base.get(s.name)!, dims: s.shape })])) : {};
   const trainer = Trainer.create({ params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { ...init, step: state.step }, { device, microBatches: cfg.micro_batches, frozen: frozenBase });
@@ -157,18 +153,12 @@ export async function runCriticTrain(cfg: CriticTrainConfig, events: CriticTrain
       state = { ...state, step: state.step + 1, dataPosition: stream.position };
       lastLoss = result.loss;
       const tokens = batch.reduce((s, r) => s + r.ids.length, 0);
-      const hostMs = hostMs0 + result.hostMs;
       const metrics: CriticStepMetrics = {
         step: state.step,
         loss: result.loss,
         cell_accuracy: (result.metrics.cell_correct ?? 0) / Math.max(1, labelTokens),
-        grad_norm: result.gradNorm,
-        lr,
         label_tokens: labelTokens,
-        tokens,
-        tokens_per_s: tokens / ((hostMs + result.runMs) / 1000),
-        host_ms: hostMs,
-        run_ms: result.runMs,
+        ...stepTiming(result, { lr, tokens, prepMs: hostMs0 }),
       };
       events.onStep?.(metrics);
       if (state.step % cfg.log_every === 0 || state.step === cfg.steps) run.metrics.log({ ...metrics });

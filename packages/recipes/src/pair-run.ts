@@ -12,7 +12,7 @@ import { Device, sizeOf, type DeviceTensor } from '@lathe/runtime';
 import { loraFromOptions, Trainer, useFlashAttention, type AttentionChoice, type BatchTensor, type LoraOptions, type LossBuilder, type TrainerState } from '@lathe/train';
 import type { DType } from '@lathe/onnx';
 import { pairStepFeeds } from './preference-batches';
-import { checkComputeDtype, EpochStream, scheduledLr, stopRequested, type RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { checkComputeDtype, EpochStream, scheduledLr, stepTiming, stopRequested, type RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
 /** Options `--resume` accepts with new values in a preference run (they change neither the weights nor the data order). */
 export const PAIR_RESUMABLE_KEYS: readonly string[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project'];
@@ -97,13 +97,7 @@ export function startPairTraining(
   const compute = cfg.compute_dtype;
   const tw = trainedWeights(model.config, model.master, { lora, compute, seed: cfg.seed });
   const loss = model.loss({ compute, weights: tw.weights, recompute: cfg.gradient_checkpointing, flashAttention: useFlashAttention(cfg.attention, cfg.device, compute) });
-  let state: TrainerState = { step: 0, dataPosition: 0, seed: cfg.seed };
-  let init: { params: Map<string, Float32Array>; m?: Map<string, Float32Array>; v?: Map<string, Float32Array> } = { params: tw.init };
-  if (run.latest) {
-    const c = run.continueRun(tw.params, cfg, PAIR_RESUMABLE_KEYS);
-    state = c.state;
-    init = { params: c.values, m: c.m, v: c.v };
-  }
+  const { state, init } = run.startFrom(tw.params, cfg, PAIR_RESUMABLE_KEYS, tw.init);
   run.saveConfig(cfg);
   const device = Device.open(cfg.device);
   const frozen: Record<string, DeviceTensor> = tw.frozenOn(device);
@@ -220,18 +214,7 @@ export async function runPairTraining<F, E extends { step: number }>(o: PairRun<
     state = { ...state, step: state.step + 1, dataPosition: stream.position };
     lastLoss = result.loss;
     const tokens = pairs.reduce((s, p) => s + 2 * p.prompt.length + p.chosen.length + p.rejected.length, 0);
-    const hostMs = hostMs0 + result.hostMs;
-    const metrics = {
-      step: state.step,
-      loss: result.loss,
-      ...o.stepFields(result.metrics),
-      grad_norm: result.gradNorm,
-      lr,
-      tokens,
-      tokens_per_s: tokens / ((hostMs + result.runMs) / 1000),
-      host_ms: hostMs,
-      run_ms: result.runMs,
-    };
+    const metrics = { step: state.step, loss: result.loss, ...o.stepFields(result.metrics), ...stepTiming(result, { lr, tokens, prepMs: hostMs0 }) };
     events.onStep?.(metrics);
     // on the log_every schedule only, so a resumed run's metrics.jsonl equals an uninterrupted run's
     if (state.step % cfg.log_every === 0 || state.step === cfg.steps) run.metrics.log({ ...metrics });

@@ -11,7 +11,7 @@ import { CausalLM, permutation, readConfig, type DecoderConfig } from '@lathe/mo
 import { HfTokenizer, type ChatMessage, type ConversationIds } from '@lathe/tokenizer';
 import { diffConfigs, listEvals, MetricsLog, rewindRunDir, runPaths, startRunDir, writeAtomic, type MetricSink } from '@lathe/data';
 import { metricSinks, reportTargets, type ReportOptions } from './reporting';
-import { learningRate, listCheckpoints, loadCheckpoint, saveCheckpoint, type CheckpointContents, type TrainableParam } from '@lathe/train';
+import { learningRate, listCheckpoints, loadCheckpoint, saveCheckpoint, type CheckpointContents, type TrainableParam, type TrainerState, type TrainStepResult } from '@lathe/train';
 import { BUILTIN_MODEL, BUILTIN_TOKENIZER, additionTokenizer, builtinBaseModel } from './demo-task';
 
 // ---------------------------------------------------------------------------------------------
@@ -192,6 +192,15 @@ export async function stopRequested(signal?: AbortSignal): Promise<boolean> {
   return Boolean(signal?.aborted);
 }
 
+/**
+ * A train step's timing and throughput fields in metrics.jsonl: `prepMs` the host time spent making
+ * its batch, added to the step's own host time; throughput over the step's `tokens`.
+ */
+export function stepTiming(result: Pick<TrainStepResult, 'gradNorm' | 'hostMs' | 'runMs'>, o: { lr: number; tokens: number; prepMs: number }) {
+  const hostMs = o.prepMs + result.hostMs;
+  return { grad_norm: result.gradNorm, lr: o.lr, tokens: o.tokens, tokens_per_s: o.tokens / ((hostMs + result.runMs) / 1000), host_ms: hostMs, run_ms: result.runMs };
+}
+
 /** A training recipe's progress callbacks beyond `onStart` (whose info each recipe names). */
 export interface TrainRunEvents<S, E> {
   onStep?(m: S): void;
@@ -297,6 +306,16 @@ export class RunDir {
     if (c.state.seed !== cfg.seed) throw new Error(`--resume: the checkpoint was trained with --seed ${c.state.seed}, not ${cfg.seed}`);
     this.rewind(c.state.step);
     return c;
+  }
+
+  /**
+   * Where a run starts: `fresh` initial values at step 0, or — resuming — the checkpoint's values,
+   * AdamW moments and state (checked as {@link continueRun} checks them).
+   */
+  startFrom(trainable: TrainableParam[], cfg: { seed: number; lora_rank: number; force?: boolean }, resumable: readonly string[], fresh: Map<string, Float32Array>): { state: TrainerState; init: { params: Map<string, Float32Array>; m?: Map<string, Float32Array>; v?: Map<string, Float32Array> } } {
+    if (!this.latest) return { state: { step: 0, dataPosition: 0, seed: cfg.seed }, init: { params: fresh } };
+    const c = this.continueRun(trainable, cfg, resumable);
+    return { state: c.state, init: { params: c.values, m: c.m, v: c.v } };
   }
 
   /** Cuts metrics, evaluations and rollouts logged after `step`: the resumed run logs them again. */

@@ -22,10 +22,9 @@ import {
   useFlashAttention,
   type LoraConfig,
   type TrainableParam,
-  type TrainerState,
 } from '@lathe/train';
 import { additionExamples, BUILTIN_DATA } from './demo-task';
-import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested, type RunTokenizer, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stepTiming, stopRequested, type RunTokenizer, type TrainRunEvents, type TrainRunResult } from './scaffold';
 import { SFT_RESUMABLE_KEYS, type SftConfig } from './sft-config';
 import { stripThinking } from '@lathe/tokenizer';
 import { evalPromptIds, lossTokenCount, packExamples, padBatch, padPackedBatch, readSftData, tokenizeExample, type PackedRow, type SftExample, type TokenizedExample } from './sft-data';
@@ -257,14 +256,10 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   const { specs, adapters, params, loss } = trainedTensors(config, cfg, lora, { compute, flashAttention, staticShape });
 
   // State: fresh from the model folder, or from the latest checkpoint.
-  let state: TrainerState = { step: 0, dataPosition: 0, seed: cfg.seed };
   const base = lm.float32Weights();
-  let init = { params: lora ? initLora(adapters, cfg.seed) : base, m: undefined as Map<string, Float32Array> | undefined, v: undefined as Map<string, Float32Array> | undefined };
-  if (run.latest) {
-    const c = run.continueRun(params, cfg, SFT_RESUMABLE_KEYS);
-    ({ state } = c);
-    init = { params: c.values, m: c.m, v: c.v };
-  }
+  const start = run.startFrom(params, cfg, SFT_RESUMABLE_KEYS, lora ? initLora(adapters, cfg.seed) : base);
+  let { state } = start;
+  const { init } = start;
 
   // The trainer holds parameters and AdamW state on the device; a LoRA base is bound once, read-only.
   const device = Device.open(cfg.device);
@@ -355,21 +350,14 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
       const result = trainer.trainStep(micro, lr);
       const loss = result.loss;
       if (!Number.isFinite(loss)) nonFinite(loss, batchStart);
-      const hostMs = hostMs0 + result.hostMs;
-      const runMs = result.runMs;
       state = { ...state, step: state.step + 1, dataPosition: stream.position };
       lastLoss = loss;
       const tokens = batch.reduce((s, e) => s + e.ids.length, 0);
       const metrics: StepMetrics = {
         step: state.step,
         loss,
-        grad_norm: result.gradNorm,
-        lr,
         loss_tokens: lossTokens,
-        tokens,
-        tokens_per_s: tokens / ((hostMs + runMs) / 1000),
-        host_ms: hostMs,
-        run_ms: runMs,
+        ...stepTiming(result, { lr, tokens, prepMs: hostMs0 }),
         ...(packed ? packingMetrics(batch as PackedRow[], widths, per, tokens) : {}),
       };
       events.onStep?.(metrics);

@@ -5,24 +5,13 @@
  * chosen response first, and by what mean margin.
  */
 import * as L from '@lathe/onnx';
-import type { DType, Graph, Tensor } from '@lathe/onnx';
+import type { Graph, Tensor } from '@lathe/onnx';
 import { totalLength, type TrunkOptions, type Weights } from '@lathe/models';
-import { castWeights } from '@lathe/train';
+import { castWeights, type DecoderLossOptions } from '@lathe/train';
 import { PAIR_INPUTS } from './pairs';
 
-/** How a pair loss builds the model's forward pass. */
-export interface PairLossModelOptions {
-  /** dtype of the forward/backward compute (master weights stay float32). Default float32. */
-  compute?: DType;
-  /** How the weights come from the trainable parameters (default: each cast to `compute`); `trainedWeights(…).weights` for LoRA. */
-  weights?: (g: Graph, params: Map<string, Tensor>) => Weights;
-  /** A fixed batch shape [2P, T] instead of symbolic dims (every shape constant; what CUDA graphs need). */
-  shape?: [number, number];
-  /** Recompute each decoder layer in the backward pass instead of keeping its activations. */
-  recompute?: boolean;
-  /** Attend through differentiable flash attention (GroupQueryAttention); rows must be right-padded. */
-  flashAttention?: boolean;
-}
+/** How a pair loss builds the model's forward pass (a fixed `shape` counts 2P rows: chosen, then rejected). */
+export type PairLossModelOptions = DecoderLossOptions;
 
 /** The [rows, width] dims of a pair loss's token inputs: the fixed shape (2P rows), or [2*P, T]. */
 export function pairDims(shape: [number, number] | undefined): [number | string, number | string] {

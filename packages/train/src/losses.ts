@@ -60,19 +60,17 @@ export function nextTokenLogprobs(
   return causalLmLogprobs(cfg, w, ids, attentionMask, { ...head, ...(flashAttention ? { attention: 'flash' as const, totalSequenceLength: flashAttention } : {}) }).logp;
 }
 
-/** Options of the SFT loss. */
-export interface SftLossOptions {
-  /** Dtype of the forward/backward compute (master weights stay float32). */
+/** How a loss builds the decoder's forward pass: the options every decoder loss takes (SFT, the pair losses, the critic's). */
+export interface DecoderLossOptions {
+  /** Dtype of the forward/backward compute (master weights stay float32). Default float32. */
   compute?: DType;
-  /** Vocabulary chunk of the log-prob computation. */
-  chunk?: number;
   /**
    * How the decoder's weights come from the trainable parameters (default: each parameter cast to
    * `compute`). LoRA passes a function that declares the frozen base and adds the adapters.
    */
   weights?: (g: Graph, params: Map<string, Tensor>) => Weights;
   /**
-   * A fixed batch shape [B, T] instead of symbolic dims: every shape in the graph is then a
+   * A fixed batch shape [rows, T] instead of symbolic dims: every shape in the graph is then a
    * constant, no shape arithmetic runs at run time, and the step can be captured as a CUDA graph.
    */
   shape?: [number, number];
@@ -84,6 +82,12 @@ export interface SftLossOptions {
    * `padBatch` makes them); with symbolic shapes the batch also carries `total_sequence_length`.
    */
   flashAttention?: boolean;
+}
+
+/** Options of the SFT loss. */
+export interface SftLossOptions extends DecoderLossOptions {
+  /** Vocabulary chunk of the log-prob computation. */
+  chunk?: number;
   /**
    * Packed rows (TRL's `packing`): each row holds several examples one after another, told apart
    * by `segment_ids` (1, 2, … per example, 0 at padding), with `position_ids` restarting at 0 in

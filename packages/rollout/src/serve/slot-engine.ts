@@ -16,31 +16,24 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
-import { CausalLM, paramSpecs, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
+import { CausalLM, paramSpecs, weightInputs, type DecoderConfig } from '@lathe/models';
 import { Device, DeviceTensor, hostTensor, type Binding, type Session, type SessionOptions } from '@lathe/runtime';
 import { cacheName } from '../kv-cache-graphs';
+import type { KvCacheGeneratorOptions } from '../kv-cache-generator';
 import { uniformAt } from '../rng';
 import { rowTopKCap, validateSampling, type RowFilterMode, type SamplingOptions } from '../sampling';
 import { addSlotDecodeStep, addSlotPrefill, type SlotGraphOptions } from './slot-graphs';
 
 /** How a slot engine is built. */
-export interface SlotEngineOptions {
+/**
+ * How a slot engine is built: the batch engine's options for the cache (`maxLength`), dtype, padding,
+ * CUDA graph, sessions and weights, with `slots` for its rows.
+ */
+export interface SlotEngineOptions extends Pick<KvCacheGeneratorOptions, 'maxLength' | 'dtype' | 'padTokenId' | 'cudaGraph' | 'session' | 'graphWeights'> {
   /** Cache rows: the most sequences decoding at once. */
   slots: number;
-  /** Cache positions per slot: a prompt plus its new tokens must fit. */
-  maxLength: number;
-  /** Compute dtype; weights and caches are held in it. Default bfloat16 on CUDA, float32 on CPU. */
-  dtype?: DType;
-  /** Token fed to free slots and used to pad prompts. Default 0. */
-  padTokenId?: number;
   /** The most alternatives a row may ask for with `topLogprobs`. Default 20 (OpenAI's limit). */
   maxTopLogprobs?: number;
-  /** Replay the decode step as a CUDA graph (CUDA only). Default false. */
-  cudaGraph?: boolean;
-  /** Options of the sessions (`cudaGraph` above wins for the decode step). */
-  session?: SessionOptions;
-  /** How the graphs read the weights (as KvCacheGeneratorOptions.graphWeights); bind them with {@link SlotEngine.bindWeights}. */
-  graphWeights?: (g: L.Graph) => Weights;
   /** Called before every prefill (with its prompts) and decode step (with the busy slots). Tests count runs with it. */
   beforeRun?: (phase: 'prefill' | 'decode', count: number) => void;
 }
