@@ -12,7 +12,7 @@ import type { AddressInfo } from 'node:net';
 import type { Server } from 'node:http';
 import { existsSync, statSync } from 'node:fs';
 import { resolve } from 'node:path';
-import { defaults, serveSchema, startServe, type RunningServe, type ServeEvents, type StudioConfig } from '@lathe/recipes';
+import { defaults, listenOn, serveSchema, startServe, type RunningServe, type ServeEvents, type StudioConfig } from '@lathe/recipes';
 import { ensureAssets } from './assets';
 import { createStudioServer } from './server';
 
@@ -54,17 +54,10 @@ export async function startStudio(cfg: StudioConfig, events: StudioEvents = {}):
   const loopbackOnly = /^(127\.|::1$|localhost$)/.test(cfg.host);
   const server = createStudioServer({ root, assets, chatUrl, tokenizer: cfg.tokenizer, pollMs: cfg.poll_ms, loopbackOnly });
   try {
-    await new Promise<void>((res, rej) => {
-      server.once('error', rej);
-      server.listen(cfg.port, cfg.host, () => {
-        server.off('error', rej);
-        res();
-      });
-    });
+    await listenOn(server, cfg.host, cfg.port);
   } catch (e) {
     await chat?.close();
-    const code = (e as NodeJS.ErrnoException).code;
-    throw new Error(`--host ${cfg.host} --port ${cfg.port}: cannot listen (${code ?? (e as Error).message})${code === 'EADDRINUSE' ? '; the port is taken: choose another with --port' : ''}`);
+    throw e;
   }
   const port = (server.address() as AddressInfo).port;
   const host = cfg.host.includes(':') ? `[${cfg.host}]` : cfg.host;

@@ -59,6 +59,22 @@ export interface RunningServe {
   close(): Promise<void>;
 }
 
+/** Starts `server` listening on `host`:`port`; a failure is an error naming both flags (and, for a taken port, what to do). */
+export async function listenOn(server: Server, host: string, port: number): Promise<void> {
+  try {
+    await new Promise<void>((res, rej) => {
+      server.once('error', rej);
+      server.listen(port, host, () => {
+        server.off('error', rej);
+        res();
+      });
+    });
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    throw new Error(`--host ${host} --port ${port}: cannot listen (${code ?? (e as Error).message})${code === 'EADDRINUSE' ? '; the port is taken: choose another with --port' : ''}`);
+  }
+}
+
 /** Loads every model, starts the server and resolves once it listens. */
 export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Promise<RunningServe> {
   const specs = parseServeModels(cfg.model);
@@ -118,17 +134,10 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
   }
   const server = createOpenAiServer({ models, log: events.onRequest });
   try {
-    await new Promise<void>((res, rej) => {
-      server.once('error', rej);
-      server.listen(cfg.port, cfg.host, () => {
-        server.off('error', rej);
-        res();
-      });
-    });
+    await listenOn(server, cfg.host, cfg.port);
   } catch (e) {
     free();
-    const code = (e as NodeJS.ErrnoException).code;
-    throw new Error(`--host ${cfg.host} --port ${cfg.port}: cannot listen (${code ?? (e as Error).message})${code === 'EADDRINUSE' ? '; the port is taken: choose another with --port' : ''}`);
+    throw e;
   }
   const port = (server.address() as AddressInfo).port;
   const host = cfg.host.includes(':') ? `[${cfg.host}]` : cfg.host;
