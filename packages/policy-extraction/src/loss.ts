@@ -1,0 +1,84 @@
+/**
+ * The distillation loss of policy extraction: at every output position, π_θ restricted to the
+ * reference policy's candidates (a softmax over their logits only) is pulled towards
+ * π* ∝ π_ref·exp(Q/τ) over the same candidates, by KL(π_θ‖π*) (reverse, mode-seeking: the original
+ * method's) or KL(π*‖π_θ) (forward). Only the candidates' rows of the LM head are read, so no
+ * full-vocabulary logits are formed.
+ */
+import * as L from '@lathe/onnx';
+import type { Tensor } from '@lathe/onnx';
+import { decoderHidden, lmHeadName, type DecoderConfig, type Weights } from '@lathe/models';
+import { castWeights, type DecoderLossOptions, type LossBuilder } from '@lathe/train';
+import { validateTau } from './target';
+
+/** Which KL the loss minimises. */
+export type KlDirection = 'reverse' | 'forward';
+
+/** The KL directions, for option choices. */
+export const KL_DIRECTIONS: readonly KlDirection[] = ['reverse', 'forward'];
+
+/** Options of {@link candidateKl} and {@link extractionLoss}. */
+export interface CandidateKlOptions {
+  /** Temperature of π_ref·exp(Q/τ) (> 0; Infinity: π* is π_ref renormalised over the candidates). */
+  tau: number;
+  /** 'reverse' (default): KL(π_θ‖π*); 'forward': KL(π*‖π_θ). */
+  direction?: KlDirection;
+}
+
+/**
+ * Per-position KL [B, T] between π_θ and π* over each position's candidates, from candidate logits
+ * of π_θ, reference log-probs and Q values [B, T, K] and `mask` [B, T, K] (nonzero on real
+ * candidates; a position without any gives 0). Works in the logits' dtype.
+ */
+export function candidateKl(logits: Tensor, refLogprobs: Tensor, q: Tensor, mask: Tensor, opts: CandidateKlOptions): Tensor {
+  const tau = validateTau(opts.tau);
+  const keep = L.greater(L.cast(mask, 'int64'), logits.graph.constant(0, 'int64', []));
+  const masked = (x: Tensor) => L.logSoftmax(L.where(keep, x, L.scalarLike(-1e9, x)), -1);
+  const logpTheta = masked(logits);
+  const ref = L.cast(refLogprobs, logits.dtype);
+  const logpStar = L.stopGradient(masked(Number.isFinite(tau) ? L.add(ref, L.div(L.cast(q, logits.dtype), tau)) : ref));
+  const [weight, diff] = (opts.direction ?? 'reverse') === 'reverse' ? [L.exp(logpTheta), L.sub(logpTheta, logpStar)] : [L.exp(logpStar), L.sub(logpStar, logpTheta)];
+  return L.maskedSum(L.mul(weight, diff), keep, -1);
+}
+
+/**
+ * Logits of π_θ for the given token ids only: hidden [B, T, H] · the LM head's rows of `ids`
+ * [B, T, K] → [B, T, K] in float32.
+ */
+export function candidateLogits(cfg: DecoderConfig, w: Weights, hidden: Tensor, ids: Tensor): Tensor {
+  const rows = L.gather(w(lmHeadName(cfg)), ids); // [B, T, K, H]
+  const logits = L.matmul(L.unsqueeze(hidden, [2]), L.transpose(rows, [0, 1, 3, 2])); // [B, T, 1, K]
+  return L.cast(L.squeeze(logits, [2]), 'float32');
+}
+
+/** Options of {@link extractionLoss}: the decoder's (composed attention) and the KL's. */
+export interface ExtractionLossOptions extends Omit<DecoderLossOptions, 'flashAttention'>, CandidateKlOptions {}
+
+/**
+ * Σ KL over positions with candidates / `loss_tokens`. Batch inputs: `input_ids` and
+ * `attention_mask` [B, T] int64 (prompt + output, right-padded); `candidate_ids` and
+ * `candidate_mask` [B, T, K] int64 and `candidate_ref_logprobs`, `candidate_q_values` [B, T, K]
+ * float32, where position t holds the candidates of the token at t + 1 (the position that predicts
+ * it); `loss_tokens` float32 scalar (positions with candidates in the whole optimizer batch).
+ * Metrics: `kl_sum`, `positions`.
+ */
+export function extractionLoss(cfg: DecoderConfig, opts: ExtractionLossOptions): LossBuilder {
+  validateTau(opts.tau);
+  return (g, params) => {
+    const dims = opts.shape ?? ['B', 'T'];
+    const kDims = [...dims, 'K'];
+    const ids = g.input('input_ids', 'int64', dims);
+    const mask = g.input('attention_mask', 'int64', dims);
+    const candIds = g.input('candidate_ids', 'int64', kDims);
+    const candMask = g.input('candidate_mask', 'int64', kDims);
+    const ref = g.input('candidate_ref_logprobs', 'float32', kDims);
+    const q = g.input('candidate_q_values', 'float32', kDims);
+    const normaliser = g.input('loss_tokens', 'float32', []);
+    const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
+    const hidden = decoderHidden(cfg, w, ids, mask, { recompute: opts.recompute });
+    const kl = candidateKl(candidateLogits(cfg, w, hidden, candIds), ref, q, candMask, opts);
+    const klSum = L.reduceSum(kl);
+    const positions = L.reduceSum(L.cast(L.greater(L.reduceMax(candMask, [-1]), g.constant(0, 'int64', [])), 'float32'));
+    return { loss: L.div(klSum, normaliser), metrics: { kl_sum: L.stopGradient(klSum), positions: L.stopGradient(positions) } };
+  };
+}
