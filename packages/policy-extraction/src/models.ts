@@ -1,0 +1,143 @@
+/**
+ * The compiled {@link StepModels}: the reference policy's next-token top-k at each sequence's last
+ * token (only that position reaches the LM head), and the critic's tree pass scoring every candidate
+ * of every row in one run (each candidate attends to its row's prefix and itself,
+ * `criticTreeProbs`). Both run on one device with their weights uploaded once. Each step runs the
+ * whole prefix again (no KV cache), so a step costs a forward over the sequence so far.
+ */
+import * as L from '@lathe/onnx';
+import type { DType } from '@lathe/onnx';
+import { decoderHidden, lmLogits, paramSpecs, weightInputs, type DecoderConfig } from '@lathe/models';
+import type { Device, DeviceTensor, Session } from '@lathe/runtime';
+import { criticTreeProbs, gridShape, minPCandidates, padTreeBatch, treeEstimates, type CriticBins, type TreeRow } from '@lathe/critic';
+import type { Candidates, StepModels } from './sampler';
+
+/** A model's config and float32 weights, with the name errors use for it (e.g. its folder). */
+export interface NamedModel {
+  name: string;
+  config: DecoderConfig;
+  weights: Map<string, Float32Array>;
+}
+
+/**
+ * Refuses a reference policy and critic whose vocabularies differ, naming both: the same size, or a
+ * critic grown past the reference's vocabulary by exactly its grid's rows.
+ */
+export function checkVocabularies(reference: { name: string; vocabSize: number }, critic: { name: string; vocabSize: number }, bins: CriticBins): void {
+  const cells = gridShape(bins).cells;
+  const grown = reference.vocabSize === bins.first_token_id && critic.vocabSize === bins.first_token_id + cells;
+  if (reference.vocabSize !== critic.vocabSize && !grown) {
+    throw new Error(
+      `the reference policy ${reference.name} has a vocabulary of ${reference.vocabSize} and the critic ${critic.name} one of ${critic.vocabSize} ` +
+        `(its grid: ${cells} tokens from id ${bins.first_token_id}); a critic scores the reference's candidates only with the same tokenizer`,
+    );
+  }
+  if (bins.first_token_id + cells > critic.vocabSize) throw new Error(`the critic ${critic.name}: its grid ends at id ${bins.first_token_id + cells}, past its vocabulary of ${critic.vocabSize}`);
+}
+
+/** Options of {@link QWeightedModels.open}. */
+export interface QWeightedModelsOptions {
+  device: Device;
+  reference: NamedModel;
+  critic: NamedModel;
+  bins: CriticBins;
+  /** Keep candidates with p ≥ minP · p_max. */
+  minP: number;
+  /** At most this many candidates per step (the graph's top-k). */
+  maxCandidates: number;
+  compute?: DType;
+  padId: number;
+}
+
+/** A critic row scoring `candidates` as the next token after `prefix`. */
+export function nextTokenTreeRow(prefix: readonly number[], candidates: readonly number[]): TreeRow {
+  const P = prefix.length;
+  return {
+    ids: [...prefix, ...candidates],
+    positions: [...prefix.map((_, i) => i), ...candidates.map(() => P)],
+    isCandidate: [...prefix.map(() => 0), ...candidates.map(() => 1)],
+    attemptStart: P,
+    attemptLength: 0,
+    candidateSlots: [{ start: P, count: candidates.length }],
+  };
+}
+
+/** Right-padded int64 ids and mask, and a one-hot of each row's last token (float32). */
+function lastTokenBatch(seqs: readonly (readonly number[])[], padId: number) {
+  const B = seqs.length;
+  const T = Math.max(...seqs.map((s) => s.length));
+  const ids = new BigInt64Array(B * T).fill(BigInt(padId));
+  const mask = new BigInt64Array(B * T);
+  const last = new Float32Array(B * T);
+  seqs.forEach((s, b) => {
+    s.forEach((id, t) => ((ids[b * T + t] = BigInt(id)), (mask[b * T + t] = 1n)));
+    last[b * T + s.length - 1] = 1;
+  });
+  return { input_ids: { data: ids, dims: [B, T] }, attention_mask: { data: mask, dims: [B, T] }, last_token: { data: last, dims: [B, T] } };
+}
+
+/** The reference and critic graphs compiled on one device, as the sampler's {@link StepModels}. */
+export class QWeightedModels implements StepModels {
+  private constructor(
+    private readonly opts: QWeightedModelsOptions,
+    private readonly refSession: Session,
+    private readonly criticSession: Session,
+    private readonly refWeights: Record<string, DeviceTensor>,
+    private readonly criticWeights: Record<string, DeviceTensor>,
+  ) {}
+
+  /** Checks the pair's vocabularies, compiles both graphs and uploads both models' weights once. */
+  static open(opts: QWeightedModelsOptions): QWeightedModels {
+    checkVocabularies({ name: opts.reference.name, vocabSize: opts.reference.config.vocabSize }, { name: opts.critic.name, vocabSize: opts.critic.config.vocabSize }, opts.bins);
+    if (!(opts.minP >= 0 && opts.minP <= 1)) throw new Error(`min_p must be in [0, 1], got ${opts.minP}`);
+    const compute = opts.compute ?? 'float32';
+    const ref = new L.Graph('extract_reference_next');
+    {
+      const cfg = opts.reference.config;
+      const { weights } = weightInputs(ref, cfg, 'float32', compute);
+      const ids = ref.input('input_ids', 'int64', ['B', 'T']);
+      const mask = ref.input('attention_mask', 'int64', ['B', 'T']);
+      const lastToken = ref.input('last_token', 'float32', ['B', 'T']);
+      const hidden = decoderHidden(cfg, weights, ids, mask);
+      // the last token's hidden state by a one-hot sum (exact: one term is nonzero), so only B rows reach the LM head
+      const last = L.reduceSum(L.mul(hidden, L.unsqueeze(L.cast(lastToken, hidden.dtype), [2])), [1]);
+      const logits = L.cast(lmLogits(cfg, weights, last), 'float32');
+      const [values, indices] = L.topK(L.logSoftmax(logits, -1), Math.min(opts.maxCandidates, cfg.vocabSize), -1);
+      ref.output(values, 'top_logprobs');
+      ref.output(indices, 'top_ids');
+    }
+    const critic = new L.Graph('extract_critic_tree');
+    critic.output(criticTreeProbs(critic, opts.critic.config, opts.bins, weightInputs(critic, opts.critic.config, 'float32', compute).weights), 'cell_probs');
+    const upload = (m: NamedModel) => Object.fromEntries(paramSpecs(m.config).map((s) => [s.name, opts.device.upload({ data: m.weights.get(s.name)!, dims: s.shape })]));
+    return new QWeightedModels(opts, opts.device.compile(ref), opts.device.compile(critic), upload(opts.reference), upload(opts.critic));
+  }
+
+  /** The reference policy's min-p candidates after each sequence; ids of the critic's grid (spare embedding rows, never text) are dropped. */
+  async candidates(sequences: readonly (readonly number[])[]): Promise<Candidates[]> {
+    for (const [i, s] of sequences.entries()) if (!s.length) throw new Error(`Q-weighted sampling: sequence ${i} is empty (the first token is predicted from the prompt)`);
+    const out = await this.refSession.run({ ...this.refWeights, ...lastTokenBatch(sequences, this.opts.padId) });
+    const K = out.top_ids.dims[1];
+    const values = out.top_logprobs.data as Float32Array;
+    const top = out.top_ids.data as BigInt64Array;
+    const gridStart = this.opts.bins.first_token_id;
+    return sequences.map((_, b) => {
+      const c = minPCandidates(top.subarray(b * K, b * K + K), values.subarray(b * K, b * K + K), this.opts.minP);
+      const keep = c.ids.map((id, k) => (id < gridStart ? k : -1)).filter((k) => k >= 0);
+      return keep.length === c.ids.length ? c : { ids: keep.map((k) => c.ids[k]), logprobs: keep.map((k) => c.logprobs[k]) };
+    });
+  }
+
+  /** Q of each candidate after each prefix: one critic pass over all rows. */
+  async scores(prefixes: readonly (readonly number[])[], candidates: readonly (readonly number[])[]): Promise<number[][]> {
+    const rows = prefixes.map((p, b) => nextTokenTreeRow(p, candidates[b]));
+    const out = await this.criticSession.run({ ...this.criticWeights, ...padTreeBatch(rows, this.opts.padId) });
+    return rows.map((row, b) => treeEstimates(this.opts.bins, out.cell_probs.data as Float32Array, out.cell_probs.dims, row, b).candidates[0].map((e) => e.q));
+  }
+
+  /** Releases the sessions and the uploaded weights. */
+  dispose(): void {
+    this.refSession.dispose();
+    this.criticSession.dispose();
+    for (const t of [...Object.values(this.refWeights), ...Object.values(this.criticWeights)]) t.dispose();
+  }
+}

@@ -1,0 +1,113 @@
+/**
+ * Q-weighted sampling: at every step the reference policy proposes its min-p candidates for the
+ * next token, the critic scores each of them (all candidates of all rows in one pass), and the token
+ * is drawn from π*(a) ∝ π_ref(a)·exp(Q(s, a)/τ) over the candidates. The models sit behind
+ * {@link StepModels}, so the loop is the same for the compiled graphs ({@link QWeightedModels}) and
+ * for a hand-made policy and critic in tests.
+ *
+ * Reproducibility: request r's step t draws its uniform from (seed, key_r, t) (`uniformAt`), so a
+ * sample depends on the seed, its key and the models, not on the batch it runs in. The uniform
+ * picks a candidate by inverse CDF over the candidates in ascending id order, as the rollout
+ * engine's sampler walks the vocabulary: with τ = ∞ a sample is token for token the engine's min-p
+ * sample of the same seed and key.
+ */
+import { uniformAt } from '@lathe/rollout';
+import { drawIndex, targetProbs, validateTau } from './target';
+
+/** The reference policy's candidates for one next token: ids and log-probs, most likely first. */
+export interface Candidates {
+  ids: number[];
+  logprobs: number[];
+}
+
+/** What the sampler asks of the models at each step. */
+export interface StepModels {
+  /** The reference policy's min-p candidates for the next token after each sequence (prompt + output so far). */
+  candidates(sequences: readonly (readonly number[])[]): Promise<Candidates[]>;
+  /** Q of each candidate as the next token after each critic prefix (the critic's input + output so far). */
+  scores(prefixes: readonly (readonly number[])[], candidates: readonly (readonly number[])[]): Promise<number[][]>;
+}
+
+/** One sample to draw. */
+export interface QSampleRequest {
+  /** The reference policy's input (the rendered prompt). */
+  prompt: readonly number[];
+  /** What the critic reads before the output (the prompt and any in-context attempts); default the prompt. */
+  criticPrefix?: readonly number[];
+  /** The sample's noise stream (distinct per sample). */
+  key: number;
+}
+
+/** Options of {@link qWeightedSample}. */
+export interface QSamplingOptions {
+  /** Temperature of π_ref·exp(Q/τ): > 0; Infinity samples π_ref over its min-p candidates. */
+  tau: number;
+  /** Generation limit per sample. */
+  maxTokens: number;
+  seed: number;
+  /** Tokens that end a sample (kept as its last token). */
+  stopIds: readonly number[];
+  /** Samples stepped together (one reference pass and one critic pass per step). Default all. */
+  batchSize?: number;
+  /** Called after every step of a batch with the tokens drawn so far and in total. */
+  onStep?(tokens: number, done: number, total: number): void;
+}
+
+/** One sample with what each of its tokens was drawn from. */
+export interface QSample {
+  output: number[];
+  /** Q of the drawn token at each step. */
+  token_q_values: number[];
+  candidate_ids: number[][];
+  candidate_q_values: number[][];
+  candidate_ref_logprobs: number[][];
+  finish_reason: 'stop' | 'length';
+}
+
+/** Draws one sample per request; the result is in request order. */
+export async function qWeightedSample(requests: readonly QSampleRequest[], models: StepModels, opts: QSamplingOptions): Promise<QSample[]> {
+  validateTau(opts.tau, 'Q-weighted sampling: tau');
+  if (!Number.isInteger(opts.maxTokens) || opts.maxTokens < 1) throw new Error(`Q-weighted sampling: max tokens must be a positive integer, got ${opts.maxTokens}`);
+  const stop = new Set(opts.stopIds);
+  const size = opts.batchSize ?? Math.max(1, requests.length);
+  const out: QSample[] = requests.map(() => ({ output: [], token_q_values: [], candidate_ids: [], candidate_q_values: [], candidate_ref_logprobs: [], finish_reason: 'length' }));
+  let tokens = 0;
+  let done = 0;
+  for (let start = 0; start < requests.length; start += size) {
+    let active = requests.slice(start, start + size).map((_, i) => start + i);
+    for (let step = 0; step < opts.maxTokens && active.length; step++) {
+      const cands = await models.candidates(active.map((r) => [...requests[r].prompt, ...out[r].output]));
+      const qs = await models.scores(
+        active.map((r) => [...(requests[r].criticPrefix ?? requests[r].prompt), ...out[r].output]),
+        cands.map((c) => c.ids),
+      );
+      const next: number[] = [];
+      active.forEach((r, i) => {
+        const c = cands[i];
+        if (!c.ids.length) throw new Error(`Q-weighted sampling: the reference policy gave no candidate at step ${step} of sample ${r}`);
+        if (qs[i].length !== c.ids.length) throw new Error(`Q-weighted sampling: the critic scored ${qs[i].length} of ${c.ids.length} candidates at step ${step} of sample ${r}`);
+        const j = drawInIdOrder(c.ids, targetProbs(c.logprobs, qs[i], opts.tau), uniformAt(opts.seed, requests[r].key, step));
+        const s = out[r];
+        s.output.push(c.ids[j]);
+        s.token_q_values.push(qs[i][j]);
+        s.candidate_ids.push(c.ids);
+        s.candidate_q_values.push(qs[i]);
+        s.candidate_ref_logprobs.push(c.logprobs);
+        tokens++;
+        if (stop.has(c.ids[j])) s.finish_reason = 'stop';
+        else next.push(r);
+      });
+      done += active.length - next.length;
+      active = next;
+      opts.onStep?.(tokens, done, requests.length);
+    }
+    done += active.length;
+  }
+  return out;
+}
+
+/** Index (into `ids`) drawn by `u` from `probs`, the cumulative sum taken in ascending id order. */
+export function drawInIdOrder(ids: readonly number[], probs: readonly number[], u: number): number {
+  const order = ids.map((_, i) => i).sort((a, b) => ids[a] - ids[b]);
+  return order[drawIndex(order.map((i) => probs[i]), u)];
+}

@@ -1,0 +1,152 @@
+/**
+ * Q-weighted sampling against known answers. With a hand-made policy and critic the first token's
+ * frequencies over 6,000 samples pass a chi-square test against π_ref·exp(Q/τ)/Z computed by hand,
+ * and τ = ∞ against π_ref renormalised over the candidates; samples do not depend on the batch
+ * they run in; stop tokens and the length limit end them. On tiny random Qwen3s the compiled step
+ * models give the reference's min-p candidates and the critic's Q of prefix + candidate run alone,
+ * and τ = ∞ reproduces the rollout engine's min-p samples token for token.
+ */
+import { CausalLM, type HfConfig } from '@lathe/models';
+import { Device } from '@lathe/runtime';
+import { KvCacheGenerator } from '@lathe/rollout';
+import { marginals, type CriticBins } from '@lathe/critic';
+import { checkVocabularies, qWeightedSample, QWeightedModels, type Candidates, type StepModels } from '@lathe/policy-extraction';
+import { logitsRunner, tinyModel, tinyQwen3 } from '../../models/test/tiny';
+
+// a policy over tokens 1…4 at every step, token 9 ends; the critic's Q depends only on the candidate
+const REF = [0.4, 0.3, 0.2, 0.1];
+const Q = [0.1, 0.9, 0.5, 0.0];
+const stub = (ref = REF, q = Q, extra: Partial<Candidates> = {}): StepModels & { calls: number[] } => {
+  const calls: number[] = [];
+  return {
+    calls,
+    async candidates(seqs) {
+      calls.push(seqs.length);
+      return seqs.map(() => ({ ids: extra.ids ?? [3, 1, 4, 2], logprobs: extra.logprobs ?? [ref[2], ref[0], ref[3], ref[1]].map(Math.log) }));
+    },
+    async scores(prefixes, cands) {
+      return cands.map((cs) => cs.map((id) => q[id - 1]));
+    },
+  };
+};
+
+/** χ² of observed counts against expected probabilities. */
+const chiSquare = (counts: number[], probs: number[], n: number) => counts.reduce((s, c, i) => s + (c - n * probs[i]) ** 2 / (n * probs[i]), 0);
+// χ²(3) at p = 0.001
+const CRITICAL_3 = 16.27;
+
+async function firstTokenCounts(tau: number, n: number, seed = 5): Promise<number[]> {
+  const requests = Array.from({ length: n }, (_, i) => ({ prompt: [7], key: i }));
+  const samples = await qWeightedSample(requests, stub(), { tau, maxTokens: 1, seed, stopIds: [] });
+  const counts = [0, 0, 0, 0];
+  for (const s of samples) counts[s.output[0] - 1]++;
+  return counts;
+}
+
+test('first-token frequencies match π_ref·exp(Q/τ) (χ², τ 0.25)', async () => {
+  const tau = 0.25;
+  const w = REF.map((p, i) => p * Math.exp(Q[i] / tau));
+  const z = w.reduce((a, b) => a + b, 0);
+  const want = w.map((v) => v / z); // ≈ 0.078, 0.725, 0.165, 0.032: the high-Q token dominates
+  const counts = await firstTokenCounts(tau, 6000);
+  expect(chiSquare(counts, want, 6000)).toBeLessThan(CRITICAL_3);
+  expect(counts[1] / 6000).toBeGreaterThan(0.7);
+});
+
+test('τ = ∞ samples π_ref over its candidates (χ²); a huge τ gives the same draws', async () => {
+  const counts = await firstTokenCounts(Infinity, 6000);
+  expect(chiSquare(counts, REF, 6000)).toBeLessThan(CRITICAL_3);
+  expect(await firstTokenCounts(1e12, 6000)).toEqual(counts);
+});
+
+test('the recorded candidates and chosen Q; samples independent of the batch; stop token and length limit', async () => {
+  const ids = [3, 1, 4, 2, 9];
+  const logprobs = [0.2, 0.2, 0.2, 0.2, 0.2].map(Math.log);
+  const q = [0.1, 0.9, 0.5, 0.0, 0, 0, 0, 0, 0.3];
+  const requests = Array.from({ length: 12 }, (_, i) => ({ prompt: [7, 8], key: 100 + i }));
+  const opts = { tau: 0.5, maxTokens: 6, seed: 3, stopIds: [9] };
+  const models = stub(REF, q, { ids, logprobs });
+  const all = await qWeightedSample(requests, models, opts);
+  const one = await qWeightedSample(requests, stub(REF, q, { ids, logprobs }), { ...opts, batchSize: 5 });
+  expect(one).toEqual(all);
+  expect(models.calls[0]).toBe(12);
+  for (const s of all) {
+    expect(s.candidate_ids).toEqual(s.output.map(() => ids));
+    s.output.forEach((tok, t) => expect(s.token_q_values[t]).toBeCloseTo(q[tok - 1], 12));
+    const stopped = s.output.indexOf(9);
+    if (stopped >= 0) expect([s.finish_reason, stopped]).toEqual(['stop', s.output.length - 1]);
+    else expect([s.finish_reason, s.output.length]).toEqual(['length', 6]);
+  }
+  expect(all.some((s) => s.finish_reason === 'stop') && all.some((s) => s.finish_reason === 'length')).toBe(true);
+  await expect(qWeightedSample(requests, models, { ...opts, tau: 0 })).rejects.toThrow(/tau must be > 0/);
+});
+
+const bins: CriticBins = { reward_values: [0, 1], length_edges: [0, 1, 2, 4, 8], first_token_id: 56 };
+// head_dim 16: the KV-cache engine's rotary needs a multiple of 16
+const cfg16: HfConfig = { ...tinyQwen3, head_dim: 16 };
+
+test('vocabularies: the same size, or a critic grown by exactly its grid, else refused naming both', () => {
+  expect(() => checkVocabularies({ name: 'ref', vocabSize: 64 }, { name: 'critic', vocabSize: 64 }, bins)).not.toThrow();
+  expect(() => checkVocabularies({ name: 'ref', vocabSize: 56 }, { name: 'critic', vocabSize: 64 }, bins)).not.toThrow();
+  expect(() => checkVocabularies({ name: 'models/ref', vocabSize: 60 }, { name: 'runs/critic', vocabSize: 64 }, bins)).toThrow(/reference policy models\/ref has a vocabulary of 60 and the critic runs\/critic one of 64/);
+});
+
+test('compiled step models: min-p candidates of the reference and Q of prefix + candidate alone; τ = ∞ equals the engine', async () => {
+  const critic = tinyModel(cfg16, 3);
+  const reference = tinyModel({ ...cfg16, vocab_size: 56 }, 4);
+  const refLm = CausalLM.fromPretrainedSync(reference.dir);
+  const device = Device.open('cpu');
+  const models = QWeightedModels.open({
+    device,
+    critic: { name: critic.dir, config: critic.config, weights: CausalLM.fromPretrainedSync(critic.dir).float32Weights() },
+    reference: { name: reference.dir, config: reference.config, weights: refLm.float32Weights() },
+    bins,
+    minP: 0.2,
+    maxCandidates: 56,
+    padId: 0,
+  });
+  try {
+    const seqs = [[5, 6, 7], [10]];
+    const cands = await models.candidates(seqs);
+    const refRun = await logitsRunner(reference.dir, reference.config, 'padding');
+    const criticRun = await logitsRunner(critic.dir, critic.config, 'padding');
+    const softmax = (z: number[]) => {
+      const m = Math.max(...z);
+      const e = z.map((v) => Math.exp(v - m));
+      const s = e.reduce((a, b) => a + b, 0);
+      return e.map((v) => v / s);
+    };
+    for (const [b, s] of seqs.entries()) {
+      const logits = (await refRun({ input_ids: [s], attention_mask: [s.map(() => 1)] })).data as Float32Array;
+      const p = softmax(Array.from(logits.slice((s.length - 1) * 56, s.length * 56)));
+      const want = p.map((v, id) => ({ v, id })).filter((e) => e.v >= 0.2 * Math.max(...p)).sort((x, y) => y.v - x.v);
+      expect(cands[b].ids).toEqual(want.map((e) => e.id));
+      cands[b].logprobs.forEach((lp, k) => expect(lp).toBeCloseTo(Math.log(want[k].v), 4));
+    }
+    const prefixes = [[5, 6, 7, 8], [10, 11]];
+    const qs = await models.scores(prefixes, cands.map((c) => c.ids));
+    for (const [b, prefix] of prefixes.entries()) {
+      for (const [k, id] of cands[b].ids.entries()) {
+        const ids = [...prefix, id];
+        const logits = (await criticRun({ input_ids: [ids], attention_mask: [ids.map(() => 1)] })).data as Float32Array;
+        const probs = softmax(Array.from({ length: 8 }, (_, c) => logits[prefix.length * 64 + 56 + c]));
+        expect(qs[b][k]).toBeCloseTo(marginals(bins, probs).q, 4);
+      }
+    }
+
+    // τ = ∞ against the rollout engine's min-p sampling with the same seed and keys
+    const prompts = [[5, 6, 7], [10, 12], [3]];
+    const keys = [11, 12, 13];
+    const ours = await qWeightedSample(prompts.map((prompt, i) => ({ prompt, key: keys[i] })), models, { tau: Infinity, maxTokens: 6, seed: 21, stopIds: [] });
+    const engine = KvCacheGenerator.create(CausalLM.fromPretrainedSync(reference.dir, { device }), { rows: 3, maxLength: 16, minP: 0.2, dtype: 'float32' });
+    try {
+      const theirs = await engine.generate(prompts, { maxNewTokens: 6, seed: 21, sampleKeys: keys.map((k) => [k]) });
+      expect(ours.map((s) => s.output)).toEqual(theirs.map((c) => c.tokens));
+      expect(new Set(ours.flatMap((s) => s.output)).size).toBeGreaterThan(4); // real draws, not one token repeated
+    } finally {
+      engine.dispose();
+    }
+  } finally {
+    models.dispose();
+  }
+});
