@@ -5,6 +5,7 @@
  * penalty when the KL is a reward), greedy-baseline rewards (ReMax), and the per-token old and
  * reference log-probs.
  */
+import { CLASSMATE_SOURCE, gdpoAdvantages, mainClassmateSeparatedAdvantages } from './gdpo';
 import { drGrpoAdvantages, gaeAdvantages, grpoAdvantages, reinforcePlusPlusAdvantages, remaxAdvantages, rlooAdvantages, type GroupedRewards, type SequenceAdvantages, type TokenAdvantages, type TokenRewards } from './advantages';
 
 /** What an estimator gets for one RL step. Rows are prompt by prompt, `groupSize` per prompt. */
@@ -19,16 +20,22 @@ export interface AdvantageBatch extends TokenRewards {
   offPolicy?: readonly boolean[];
   /** The value model's V at each response token (PPO with a critic), one row per completion. */
   values?: readonly (readonly number[])[];
+  /** Each reward source's unweighted value per completion (multi-reward estimators: 'gdpo', 'grpo_main_classmate_separated'). */
+  components?: Readonly<Record<string, readonly number[]>>;
+  /** Each reward source's weight in `rewards` (a source not named: 1). */
+  componentWeights?: Readonly<Record<string, number>>;
+  /** Per completion, per response token: 1 where the classmate reward is credited (absent: every token). */
+  classmateMask?: readonly (readonly number[])[];
 }
 
 /** An advantage estimator: the extension point for new algorithms. */
 export type AdvantageFunction = (batch: AdvantageBatch) => SequenceAdvantages | TokenAdvantages;
 
 /** Names of the built-in estimators. */
-export type EstimatorName = 'grpo' | 'dr_grpo' | 'rloo' | 'remax' | 'reinforce_pp' | 'reinforce_pp_baseline' | 'gae';
+export type EstimatorName = 'grpo' | 'dr_grpo' | 'rloo' | 'remax' | 'reinforce_pp' | 'reinforce_pp_baseline' | 'gae' | 'gdpo' | 'grpo_main_classmate_separated';
 
 /** Every built-in estimator name (for option validation). */
-export const ESTIMATOR_NAMES: readonly EstimatorName[] = ['grpo', 'dr_grpo', 'rloo', 'remax', 'reinforce_pp', 'reinforce_pp_baseline', 'gae'];
+export const ESTIMATOR_NAMES: readonly EstimatorName[] = ['grpo', 'dr_grpo', 'rloo', 'remax', 'reinforce_pp', 'reinforce_pp_baseline', 'gae', 'gdpo', 'grpo_main_classmate_separated'];
 
 /**
  * PPO's advantages from a value model: per-token rewards (the outcome reward on the last token plus
@@ -87,7 +94,21 @@ export function builtinEstimator(name: EstimatorName, options: { gae?: { gamma?:
       return { estimate: (b) => gaeEstimate(b, options.gae), greedyBaseline: false };
     case 'reinforce_pp_baseline':
       return { estimate: (b) => reinforcePlusPlusAdvantages(b, { baseline: 'group' }), greedyBaseline: false };
+    case 'gdpo':
+      return { estimate: (b) => gdpoAdvantages({ components: componentsOf(b, name), weights: b.componentWeights, groupSize: b.groupSize, groupIds: b.groupIds, lengths: b.lengths }), greedyBaseline: false };
+    case 'grpo_main_classmate_separated':
+      return {
+        estimate: (b) => mainClassmateSeparatedAdvantages({ components: componentsOf(b, name), weights: b.componentWeights, groupSize: b.groupSize, groupIds: b.groupIds, lengths: b.lengths, classmateMask: b.classmateMask }),
+        greedyBaseline: false,
+      };
     default:
       throw new Error(`unknown advantage estimator '${name as string}' (built in: ${ESTIMATOR_NAMES.join(', ')})`);
   }
+}
+
+/** The batch's per-source rewards, which the multi-reward estimators need. */
+function componentsOf(b: AdvantageBatch, name: EstimatorName): Readonly<Record<string, readonly number[]>> {
+  if (!b.components || Object.keys(b.components).length === 0) throw new Error(`estimator '${name}': the batch has no per-source rewards (components); the scorer must report bySource`);
+  if (name === 'grpo_main_classmate_separated' && !b.components[CLASSMATE_SOURCE]) throw new Error(`estimator '${name}': no '${CLASSMATE_SOURCE}' reward source (turn classmate rewards on)`);
+  return b.components;
 }

@@ -56,6 +56,10 @@ export interface GrpoStepMetrics {
    * a greedy baseline (ReMax), the greedy completions'; also per source in `reward/<name>/failures`.
    */
   reward_failures: number;
+  /** With truncated importance sampling: the fraction of on-policy tokens (over the step's updates) whose weight π_old/π_sample was truncated at C. */
+  rollout_is_clip_fraction?: number;
+  /** With truncated importance sampling: the mean weight min(π_old/π_sample, C). */
+  rollout_is_weight_mean?: number;
   /**
    * Groups whose outcome rewards were all equal (zero advantage under a group baseline), counted by
    * the loop before any KL penalty and whatever the estimator.
@@ -220,7 +224,7 @@ export interface StepRecord {
 }
 
 /** Metric outputs of `policyLoss` and `rlLoss` that the step turns into its own metrics. */
-const BUILTIN_METRICS = new Set(['pg_loss', 'tokens', 'clipped_tokens', 'clipped_low_tokens', 'approx_kl_sum', 'ref_kl_sum', 'entropy_sum', 'logp_parity_sum', 'off_tokens', 'off_prob_sum', 'on_ratio_sum', 'off_entropy_sum', 'vf_loss', 'vf_clipped_tokens', 'vf_tokens']);
+const BUILTIN_METRICS = new Set(['pg_loss', 'tokens', 'clipped_tokens', 'clipped_low_tokens', 'approx_kl_sum', 'ref_kl_sum', 'entropy_sum', 'logp_parity_sum', 'off_tokens', 'off_prob_sum', 'on_ratio_sum', 'off_entropy_sum', 'vf_loss', 'vf_clipped_tokens', 'vf_tokens', 'rollout_is_clipped_tokens', 'rollout_is_weight_sum']);
 
 /** The step's metrics line. */
 export function stepMetrics(s: StepRecord): GrpoStepMetrics {
@@ -281,6 +285,10 @@ export function stepMetrics(s: StepRecord): GrpoStepMetrics {
     metrics[`reward/${name}/failures`] = x.failures;
   }
   if (s.offPolicy) Object.assign(metrics, offPolicyMetrics(s, s.offPolicy));
+  if ('rollout_is_clipped_tokens' in u.sums) {
+    metrics.rollout_is_clip_fraction = per('rollout_is_clipped_tokens');
+    metrics.rollout_is_weight_mean = per('rollout_is_weight_sum');
+  }
   metrics.step_ms = clock.total;
   metrics.host_ms = metrics.step_ms - clock.ms.generation - clock.ms.scoring - clock.ms.rewards - clock.ms.training;
   return metrics;

@@ -264,7 +264,7 @@ export const GRPO_DEFAULTS = {
   temperature: number;
   estimator: EstimatorName;
   device: DeviceKind;
-  loss: Required<Omit<GrpoLossConfig, 'dualClip' | 'lossScaleFactor'>>;
+  loss: Required<Omit<GrpoLossConfig, 'dualClip' | 'lossScaleFactor' | 'rolloutIsThreshold'>>;
   kl: Omit<ResolvedKlOptions, 'target' | 'estimator'> & { estimator: Readonly<Record<KlMode, KlEstimator>> };
   offPolicy: Omit<ResolvedOffPolicyOptions, 'traces'>;
   valueModel: Omit<ResolvedValueModelOptions, 'init'>;
@@ -286,7 +286,7 @@ export interface ResolvedKlOptions {
 }
 
 /** A built-in loss config with its defaults applied. */
-export type ResolvedLossConfig = GrpoLossConfig & Required<Omit<GrpoLossConfig, 'dualClip' | 'lossScaleFactor'>>;
+export type ResolvedLossConfig = GrpoLossConfig & Required<Omit<GrpoLossConfig, 'dualClip' | 'lossScaleFactor' | 'rolloutIsThreshold'>>;
 
 /** A custom objective with its defaults applied. */
 export type ResolvedCustomObjective = Required<CustomObjective>;

@@ -51,7 +51,8 @@ import {
 } from '@lathe/train';
 import { advantageMatrix, type TokenAdvantages } from './advantages';
 import { dynamicSampling } from './dynamic-sampling';
-import { builtinEstimator, type AdvantageFunction } from './estimators';
+import { classmateTokenMask } from './classmate-tokens';
+import { builtinEstimator, type AdvantageBatch, type AdvantageFunction } from './estimators';
 import { logpParity, mean, PhaseClock, rolloutRecords, stepMetrics, type GrpoStepResult, type OffPolicyCounts, type SamplingRounds, type ScoredGroup, type StepAdvantages, type StepLogprobs, type UpdateTotals } from './grpo-metrics';
 import { isCustomObjective, resolveGrpoOptions, type GrpoResumeState, type GrpoTrainerOptions, type ResolvedGrpoOptions } from './grpo-options';
 import { AdaptiveKlController, klPenalisedRewards, meanCompletionKl } from './kl';
@@ -105,6 +106,10 @@ interface SampledGroup<M> extends ScoredGroup {
   missingTraces?: number;
   /** Of its traces, those cut to the length limit. */
   truncatedTraces?: number;
+  /** Each reward source's weight (the scorer's `weights`), for the multi-reward estimators. */
+  weights?: Record<string, number>;
+  /** Per completion, the characters the classmate reward is credited to (the scorer's `classmateChars`). */
+  classmateChars?: (number | undefined)[];
 }
 
 /** A group of rollouts made outside the trainer, for {@link GrpoTrainer.stepOnRollouts}. */
@@ -389,6 +394,7 @@ export class GrpoTrainer<M = unknown> {
       greedyRewards: this.opts.greedyBaseline ? groups.map((g) => g.greedyReward!) : undefined,
       logp: logps.oldRows,
       refLogp: logps.refRows,
+      ...this.componentRewards(groups),
     });
     return {
       estimate,
@@ -398,12 +404,29 @@ export class GrpoTrainer<M = unknown> {
     };
   }
 
+  /** The groups' per-source rewards, weights and classmate token masks, for the multi-reward estimators (classmate.ts, gdpo.ts). */
+  private componentRewards(groups: readonly SampledGroup<M>[]): Pick<AdvantageBatch, 'components' | 'componentWeights' | 'classmateMask'> {
+    const names = Object.keys(groups[0]?.bySource ?? {});
+    const components = Object.fromEntries(names.map((k) => [k, groups.flatMap((g) => g.bySource[k] ?? g.rewards.map(() => 0))]));
+    const partial = groups.some((g) => g.classmateChars?.some((c) => c !== undefined));
+    const classmateMask = partial
+      ? groups.flatMap((g) => g.completions.map((c, j) => classmateTokenMask(c.tokens, g.classmateChars?.[j], (ids) => this.opts.tokenizer.decode(ids))))
+      : undefined;
+    return { components, ...(groups[0]?.weights ? { componentWeights: groups[0].weights } : {}), ...(classmateMask ? { classmateMask } : {}) };
+  }
+
   /** `epochs` × `minibatches` optimizer steps on the stored batch, each over its micro-batches. */
   private optimise(batch: TokenBatch, groups: readonly SampledGroup<M>[], logps: StepLogprobs, advantages: Float32Array, lr: number, clock: PhaseClock, valueTargets?: { old_values: Float32Array; returns: Float32Array }): UpdateTotals {
     const o = this.opts;
     const aggregation = o.loss.aggregation;
     const lossScaleFactor = isCustomObjective(o.loss) ? undefined : o.loss.lossScaleFactor;
     const extra: Record<string, Float32Array> = { old_logp: logps.old, advantages, ...(logps.ref ? { ref_logp: logps.ref } : {}), ...(o.offPolicy ? { off_policy: offPolicyMatrix(batch, offPolicyFlags(groups)) } : {}), ...valueTargets };
+    // truncated importance sampling reads the engine's log-probs; a trace's are its behaviour policy's, as its old log-probs are (weight 1)
+    if (this.trainer.batchInputs.includes('rollout_logp')) {
+      const flags = offPolicyFlags(groups);
+      const off = flags && offPolicyMatrix(batch, flags);
+      extra.rollout_logp = off ? logps.old.map((x, i) => (off[i] ? x : batch.rolloutLogp[i])) : batch.rolloutLogp;
+    }
     const totals: UpdateTotals = { updates: 0, nonfinite: 0, lossSum: 0, gradNormSum: 0, sums: {} };
     for (let epoch = 0; epoch < o.epochs; epoch++) {
       const order = o.shuffle ? permutation(batch.rows, hashSeed(o.seed, this.rlStep, epoch)) : [...Array(batch.rows).keys()];
@@ -557,6 +580,8 @@ export class GrpoTrainer<M = unknown> {
           ]),
         ),
         greedyReward: greedyRewards?.[k],
+        ...(scored.weights ? { weights: scored.weights } : {}),
+        ...(scored.classmateChars ? { classmateChars: at(scored.classmateChars) } : {}),
         ...(n ? { offPolicy: perPrompt[k].map((_, j) => j >= S), missingTraces: n - (size - S), truncatedTraces: (prompt.offPolicy ?? []).slice(0, n).filter((t) => t.truncated).length } : {}),
       };
     });

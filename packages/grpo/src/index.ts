@@ -18,4 +18,6 @@ export * from './policy-sessions';
 export * from './grpo-trainer';
 export * from './grpo-options';
 export * from './value-model';
+export * from './gdpo';
+export * from './classmate-tokens';
 export type { GrpoStepMetrics, GrpoStepResult, RolloutRecord } from './grpo-metrics';

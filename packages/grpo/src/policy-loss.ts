@@ -22,6 +22,12 @@
  *              behaviour log-probs the loop feeds log π_b = 0, so p is π_θ(t) itself)
  *   sft        pg_t = −sftCoef·log π_θ   (the "RL + SFT loss" baseline: the trace's NLL, no advantage)
  * then loss_t = pg_t + klCoef·kl_t − entropyCoef·H_t and loss = aggregate(loss_t).
+ *
+ * Truncated importance sampling (`rolloutIsThreshold` C, with the `rolloutLogp` tensor): the engine
+ * that sampled (π_sample, the generation log-probs) and the training forward (π_old, re-scored) are
+ * not the same numerically, so each on-policy token's policy term is weighted by
+ * w_t = min(π_old(t)/π_sample(t), C), a constant (no gradient through it), as verl's TIS
+ * (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training").
  */
 import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
@@ -67,6 +73,8 @@ export interface PolicyLossTensors {
   entropy?: Tensor;
   /** 1 on the tokens of off-policy traces, 0 elsewhere, [B, T] (LUFFY): those tokens take the off-policy term. */
   offPolicy?: Tensor;
+  /** log π_sample: the sampling engine's log-prob of each token, [B, T], a constant; required with `rolloutIsThreshold`. */
+  rolloutLogp?: Tensor;
 }
 
 /** The policy term of off-policy tokens (formulas in the module comment). */
@@ -130,7 +138,16 @@ export interface PolicyLossConfig {
   lossScaleFactor?: number;
   /** The term of off-policy tokens, when the batch has them (`offPolicy` tensor). Defaults {@link OFF_POLICY_LOSS_DEFAULTS}. */
   offPolicy?: OffPolicyLossConfig;
+  /**
+   * Truncated importance sampling between the sampling engine and the training policy: each
+   * on-policy token's policy term × min(π_old/π_sample, C) with C this threshold (needs the
+   * `rolloutLogp` tensor). Off unless set; {@link DEFAULT_ROLLOUT_IS_THRESHOLD} is the method's C.
+   */
+  rolloutIsThreshold?: number;
 }
+
+/** The truncation C of truncated importance sampling used by verl's TIS and the classmate method (`rollout_is_threshold`). */
+export const DEFAULT_ROLLOUT_IS_THRESHOLD = 4;
 
 /**
  * The defaults of {@link PolicyLossConfig}'s policy terms. Dual clip and the loss scale factor are
@@ -143,7 +160,7 @@ export const POLICY_LOSS_DEFAULTS = {
   ratio: 'token',
   aggregation: 'token-mean',
   entropyCoef: 0,
-} as const satisfies Required<Omit<PolicyLossConfig, 'dualClip' | 'lossScaleFactor' | 'klCoef' | 'klEstimator' | 'offPolicy'>>;
+} as const satisfies Required<Omit<PolicyLossConfig, 'dualClip' | 'lossScaleFactor' | 'klCoef' | 'klEstimator' | 'offPolicy' | 'rolloutIsThreshold'>>;
 
 /**
  * The scalar loss and the metrics, all scalars that add up across micro-batches (sums, or sums
@@ -185,6 +202,10 @@ export interface PolicyLossOutputs {
     on_ratio_sum?: Tensor;
     /** Σ over off-policy tokens of the entropy (with an entropy). */
     off_entropy_sum?: Tensor;
+    /** With truncated importance sampling: on-policy tokens whose π_old/π_sample exceeded C (weight truncated). */
+    rollout_is_clipped_tokens?: Tensor;
+    /** With truncated importance sampling: Σ over on-policy tokens of the weight min(π_old/π_sample, C). */
+    rollout_is_weight_sum?: Tensor;
   };
 }
 
@@ -211,6 +232,9 @@ export function policyLoss(t: PolicyLossTensors, config: PolicyLossConfig = {}):
   if (!LOSS_AGGREGATIONS.includes(aggregation)) throw new Error(`policyLoss: aggregation must be one of ${LOSS_AGGREGATIONS.join(', ')}, got '${aggregation}'`);
   if (klCoef > 0 && !t.refLogp) throw new Error('policyLoss: klCoef > 0 needs refLogp (the reference log-probs)');
   if (entropyCoef !== 0 && !t.entropy) throw new Error('policyLoss: entropyCoef ≠ 0 needs the per-token entropy');
+  const isThreshold = config.rolloutIsThreshold;
+  if (isThreshold !== undefined && !(isThreshold > 0)) throw new Error(`policyLoss: rolloutIsThreshold must be > 0, got ${isThreshold}`);
+  if (isThreshold !== undefined && !t.rolloutLogp) throw new Error('policyLoss: rolloutIsThreshold needs rolloutLogp (the sampling engine\'s log-probs)');
 
   const dtype = t.logp.dtype;
   const fullMask = L.cast(t.mask, dtype);
@@ -225,7 +249,10 @@ export function policyLoss(t: PolicyLossTensors, config: PolicyLossConfig = {}):
       : tokenLogRatio;
   const ratio = L.exp(L.clip(logRatio, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT));
 
-  const onPg = policyTermLoss(objective, t.logp, ratio, adv, clipLow, clipHigh, dualClip);
+  const isRatio = isThreshold !== undefined ? L.exp(L.clip(L.sub(t.oldLogp, t.rolloutLogp!), -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)) : undefined;
+  const isWeight = isRatio && L.stopGradient(L.minimum(isRatio, isThreshold!));
+  const rawPg = policyTermLoss(objective, t.logp, ratio, adv, clipLow, clipHigh, dualClip);
+  const onPg = isWeight ? L.mul(rawPg, isWeight) : rawPg;
   const offProb = offMask && L.exp(L.clip(tokenLogRatio, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT));
   const offPg = offProb && (off.term === 'sft' ? L.mul(t.logp, -off.sftCoef) : L.neg(L.mul(L.div(offProb, L.add(offProb, off.gamma)), adv)));
   const pg = offMask ? L.where(L.cast(offMask, 'bool'), offPg!, onPg) : onPg;
@@ -253,6 +280,10 @@ export function policyLoss(t: PolicyLossTensors, config: PolicyLossConfig = {}):
     metrics.off_prob_sum = L.reduceSum(L.mul(offProb!, offMask));
     metrics.on_ratio_sum = L.reduceSum(L.mul(r, mask));
     if (t.entropy) metrics.off_entropy_sum = L.reduceSum(L.mul(t.entropy, offMask));
+  }
+  if (isWeight) {
+    metrics.rollout_is_clipped_tokens = L.reduceSum(L.mul(L.cast(L.greater(isRatio!, isThreshold!), dtype), mask));
+    metrics.rollout_is_weight_sum = L.reduceSum(L.mul(isWeight, mask));
   }
   if (t.refLogp) {
     const kl = klTerm(t.logp, t.refLogp, klEstimator);

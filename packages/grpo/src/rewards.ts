@@ -65,6 +65,14 @@ export interface ScoredBatch {
   failures: RewardFailure[];
   /** Per source: mean, std and failures (for metrics). */
   stats: Record<string, SourceStats>;
+  /** Each source's weight in `rewards` (the multi-reward estimators read the sources separately). */
+  weights?: Record<string, number>;
+  /**
+   * Per sample, the characters at the start of the completion the classmate reward is credited to
+   * (`classmate_partial`: the chain of thought the classmate read); undefined entries and an absent
+   * array: every token.
+   */
+  classmateChars?: (number | undefined)[];
 }
 
 /** Scores batches with several weighted reward sources. */
@@ -122,7 +130,7 @@ export function combineRewards<M>(sources: readonly RewardSource<M>[], options: 
       const std = xs.length ? Math.sqrt(xs.reduce((a, x) => a + (x - mean) ** 2, 0) / xs.length) : 0;
       stats[src.name] = { mean, std, failures: failures.filter((f) => f.source === src.name).length };
     }
-    return { rewards, bySource, failures, stats };
+    return { rewards, bySource, failures, stats, weights: Object.fromEntries(sources.map((src) => [src.name, src.weight ?? 1])) };
   };
 }
 

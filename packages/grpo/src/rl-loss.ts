@@ -12,6 +12,8 @@
  * - `ref_logp` float32: reference log-probs, only when the objective reads them (`klCoef` > 0, or
  *   `reference: true` for a custom objective);
  * - `off_policy` float32: 1 on the tokens of off-policy traces (LUFFY), only with `offPolicy: true`;
+ * - `rollout_logp` float32: the sampling engine's log-probs, only with truncated importance sampling
+ *   (a config's `rolloutIsThreshold`, or `rolloutLogp: true` for a custom objective);
  * - `old_values`, `returns` float32 and `value_normaliser` (the batch's response tokens), only with
  *   `value` (a critic sharing the policy's trunk: the loss adds coef × `valueLoss`).
  * Metric outputs: those of the objective (for `policyLoss`: sums that add up over micro-batches),
@@ -34,6 +36,7 @@ export const RL_INPUTS = {
   mask: 'response_mask',
   normaliser: 'loss_normaliser',
   offPolicy: 'off_policy',
+  rolloutLogp: 'rollout_logp',
 } as const;
 
 /**
@@ -52,6 +55,8 @@ export interface RlLossOptions {
   reference?: boolean;
   /** Declare the `off_policy` input (off-policy traces in the batch) and pass it to the objective. Default false. */
   offPolicy?: boolean;
+  /** Declare the `rollout_logp` input (the sampling engine's log-probs) and pass it to the objective. Default: whether a config sets `rolloutIsThreshold`. */
+  rolloutLogp?: boolean;
   /** A value head on the policy's trunk (the policy's `values`): add coef × the clipped value loss (ε `clip`). */
   value?: { coef: number; clip: number };
 }
@@ -61,6 +66,7 @@ const PARITY_LOG_LIMIT = 20;
 /** The loss of `objective` (a `policyLoss` config, or a custom function) over `policy`'s log-probs, ready for `compileTrainStep`. */
 export function rlLoss(policy: PolicyBuilder, objective: PolicyLossConfig | RlObjective = {}, opts: RlLossOptions = {}): LossBuilder {
   const reference = opts.reference ?? (typeof objective === 'function' ? false : (objective.klCoef ?? 0) > 0);
+  const readsRollout = opts.rolloutLogp ?? (typeof objective === 'function' ? false : objective.rolloutIsThreshold !== undefined);
   return (g, params) => {
     const { logp, entropy, values } = policy(g, params);
     if (logp.rank !== 2 || logp.dtype !== 'float32') throw new Error(`rlLoss: the policy's logp must be float32 [B, T], got ${logp}`);
@@ -71,7 +77,8 @@ export function rlLoss(policy: PolicyBuilder, objective: PolicyLossConfig | RlOb
     const normaliser = g.input(RL_INPUTS.normaliser, 'float32', []);
     const refLogp = reference ? g.input(RL_INPUTS.refLogp, 'float32', shape) : undefined;
     const offPolicy = opts.offPolicy ? g.input(RL_INPUTS.offPolicy, 'float32', shape) : undefined;
-    const tensors: PolicyLossTensors = { logp, oldLogp, advantages, mask, normaliser, refLogp, entropy, offPolicy };
+    const rolloutLogp = readsRollout ? g.input(RL_INPUTS.rolloutLogp, 'float32', shape) : undefined;
+    const tensors: PolicyLossTensors = { logp, oldLogp, advantages, mask, normaliser, refLogp, entropy, offPolicy, rolloutLogp };
     const out = typeof objective === 'function' ? objective(tensors) : policyLoss(tensors, objective);
     const metrics: Record<string, Tensor> = {};
     for (const [k, v] of Object.entries(out.metrics ?? {})) if (v) metrics[k] = v;
