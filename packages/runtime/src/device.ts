@@ -34,6 +34,12 @@ export interface CudaDeviceOptions {
   sharedArena?: boolean;
   /** Cap on the arena's size in bytes (ORT's `gpu_mem_limit`; default: no cap). */
   memoryLimitBytes?: number;
+  /**
+   * A CUDA stream (a `CUstream` address) that every session of this device runs on, ORT's
+   * `user_compute_stream`: work Lathe queues on the same stream (its own kernels, `@lathe/kernels`)
+   * then runs in order with the sessions' runs. Default: ORT's own stream per session.
+   */
+  computeStream?: bigint;
 }
 
 /** Device memory as counted by Lathe (tensors it allocated) and, where available, ORT's arena. */
@@ -81,7 +87,7 @@ export class Device {
     readonly id: number,
     /** @internal ORT memory info of this device's memory. */
     readonly memoryInfo: Ptr,
-    private readonly cuda: Required<Omit<CudaDeviceOptions, 'memoryLimitBytes'>> & { memoryLimitBytes?: number },
+    private readonly cuda: Required<Omit<CudaDeviceOptions, 'memoryLimitBytes' | 'computeStream'>> & { memoryLimitBytes?: number; computeStream?: bigint },
   ) {}
 
   /** Host memory and ORT's CPU execution provider. */
@@ -104,7 +110,7 @@ export class Device {
     if (existing) return existing;
     const { api, env } = ortEnv();
     const memoryInfo = api.out('CreateMemoryInfo', 'Cuda', OrtAllocatorType.device, id, OrtMemType.default);
-    const d = new Device('cuda', id, memoryInfo, { id, tf32: opts.tf32 ?? true, sharedArena: opts.sharedArena ?? false, memoryLimitBytes: opts.memoryLimitBytes });
+    const d = new Device('cuda', id, memoryInfo, { id, tf32: opts.tf32 ?? true, sharedArena: opts.sharedArena ?? false, memoryLimitBytes: opts.memoryLimitBytes, computeStream: opts.computeStream });
     // Probe the provider first: registering an allocator for a provider that cannot load aborts the
     // process inside ORT (a C++ exception across the C API), while appending it returns a status.
     const probe = api.out('CreateSessionOptions');
@@ -144,6 +150,16 @@ export class Device {
     }
     cudaDevices.set(id, d);
     return d;
+  }
+
+  /** Whether `Device.cuda({ id })` was opened already (its options then are fixed). */
+  static isOpen(kind: DeviceKind, id = 0): boolean {
+    return kind === 'cpu' ? cpuDevice !== undefined : cudaDevices.has(id);
+  }
+
+  /** The user compute stream every session of this device runs on, if it was opened with one. */
+  get computeStream(): bigint | undefined {
+    return this.cuda.computeStream;
   }
 
   /** `Device.cpu()` or `Device.cuda(opts)` by kind. */
@@ -195,6 +211,11 @@ export class Device {
         arena_extend_strategy: 'kSameAsRequested',
       };
       if (this.cuda.memoryLimitBytes) o.gpu_mem_limit = String(this.cuda.memoryLimitBytes);
+      // ORT parses the stream's address from a decimal string
+      if (this.cuda.computeStream !== undefined) {
+        o.has_user_compute_stream = '1';
+        o.user_compute_stream = this.cuda.computeStream.toString();
+      }
       const keys = Object.keys(o);
       api.call('UpdateCUDAProviderOptions', cudaOptions, keys, keys.map((k) => o[k]), keys.length);
       api.call('SessionOptionsAppendExecutionProvider_CUDA_V2', so, cudaOptions);

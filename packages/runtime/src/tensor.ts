@@ -94,6 +94,15 @@ export class DeviceTensor {
     return ortEnv().api.out('GetTensorMutableData', this.live());
   }
 
+  /**
+   * The device address of the first element (a `CUdeviceptr` on CUDA), for kernels that read or
+   * write the tensor in place (`@lathe/kernels`). Valid until the tensor (or, for a view, its
+   * parent) is disposed; the tensor never moves.
+   */
+  devicePointer(): bigint {
+    return this.dataPointer();
+  }
+
   /** "float32[2, 3] on cuda:0". */
   describe(): string {
     return `${this.dtype}[${this.dims.join(', ')}] on ${this.device.name}`;

@@ -1,0 +1,11 @@
+/**
+ * @lathe/kernels — Lathe's own CUDA kernels, compiled at run time by NVRTC and launched through the
+ * CUDA driver API on the stream ONNX Runtime's sessions run on, on the device pointers Lathe's
+ * tensors hold: kernel launches and bound session runs interleave in order, with no copies.
+ */
+export { KernelLibraryError, libraryCandidates, libraryEnv, libraryFixes, loadLibrary, type KernelLibraryKind } from './library';
+export { Nvrtc, NvrtcError, type CompiledImage } from './nvrtc';
+export { CudaDriver, CudaError, captureModes, type CapturedGraph, type Handle, type LaunchConfig } from './driver';
+export { KernelCache, compileKeyHash, defaultCacheDir, type CompileKey } from './cache';
+export { packKernelArgs, type ArgType, type ArgValue, type ArgValues, type PackedArgs } from './args';
+export { Kernels, KernelModule, Kernel, chooseTarget, checkVersions, type CompileOptions, type KernelsOptions } from './kernels';
