@@ -40,6 +40,17 @@ export interface TrainerOptions {
    * that path on the CPU.
    */
   staticInputs?: boolean;
+  /**
+   * Called after a step's accumulate runs and before its apply run, with the summed gradient
+   * buffers (`grad/p` by parameter name) and the step's `[loss, ...metrics]` sums, which it may
+   * change in place: where data-parallel training all-reduces gradients (see @lathe/distributed's
+   * `gradientAllReduce`). It must leave the buffers holding the gradients the update should use.
+   * With it, every step runs as accumulate + apply (one micro-batch included) and steps go through
+   * `trainStepAsync`. ORT synchronises its stream at the end of each run, so the accumulate run's
+   * gradients are complete when the hook starts; the hook must finish its own device work (a
+   * collective's stream synchronised) before its promise resolves, since the apply run follows.
+   */
+  onGradients?: (grads: Map<string, DeviceTensor>, sums: Float64Array) => Promise<void>;
 }
 
 /** The trained tensors' values and their AdamW first and second moments, by parameter name: what a resume restores beside its step counts. */
@@ -103,6 +114,8 @@ interface TrainerParts {
   fixed?: StaticBuffers;
   /** Writes zeros to gradient buffer 0 in one run (accumulation only). */
   zeroGradients?: Binding;
+  /** TrainerOptions.onGradients. */
+  onGradients?: (grads: Map<string, DeviceTensor>, sums: Float64Array) => Promise<void>;
 }
 
 /** Device-resident training state and the compiled step that updates it. */
@@ -149,6 +162,7 @@ export class Trainer {
     const batchInputs = graphs.batchInputs.filter((n) => !(n in frozen));
     const staticInputs = Boolean(opts.staticInputs || opts.cudaGraph);
     if (staticInputs && microBatches !== 1) throw new Error('Trainer: cudaGraph / staticInputs need microBatches = 1');
+    if (staticInputs && opts.onGradients) throw new Error('Trainer: cudaGraph / staticInputs run the step as one run, which leaves no place for onGradients');
     if (opts.cudaGraph && device.kind !== 'cuda') throw new Error(`Trainer: cudaGraph: CUDA graphs need a CUDA device, got ${device.kind}`);
     if (opts.cudaGraph) sessionOpts.cudaGraph = true;
     const alloc = (): Map<string, Buffers> =>
@@ -170,7 +184,7 @@ export class Trainer {
         else b.v.fill(0);
       }
       const trainer = (() => {
-        if (microBatches === 1) {
+        if (microBatches === 1 && !opts.onGradients) {
           const session = device.compile(graphs.step, sessionOpts);
           const fixed: StaticBuffers | undefined = staticInputs
             ? {
@@ -234,7 +248,7 @@ export class Trainer {
             return b;
           }),
         );
-        return new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding })
+        return new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients })
           .own(accumulate)
           .own(apply)
           .own(zero);
@@ -270,7 +284,7 @@ export class Trainer {
 
   /** The graph whose inputs a batch must supply (the step graph, or the accumulate graph). */
   get batchGraph(): Graph {
-    return this.microBatches === 1 ? this.graphs.step : this.graphs.accumulate;
+    return this.parts.stepBindings ? this.graphs.step : this.graphs.accumulate;
   }
 
   /**
@@ -280,6 +294,7 @@ export class Trainer {
   trainStep(batches: Record<string, BatchTensor>[], lr: number): TrainStepResult {
     if (this.disposed) throw new Error('Trainer: disposed');
     if (batches.length !== this.microBatches) throw new Error(`trainStep: ${batches.length} micro-batches given, the trainer was built for ${this.microBatches}`);
+    if (this.parts.onGradients) throw new Error('trainStep: this trainer has an onGradients hook, which is asynchronous: call trainStepAsync');
     const { bc1, bc2 } = biasCorrections(this.optimizerStep + 1);
     const k = this.current;
     let hostMs = 0;
@@ -315,37 +330,77 @@ export class Trainer {
       runMs += performance.now() - t1;
       hostMs += t1 - t0;
     } else {
-      let j = 0;
-      for (const batch of batches) {
-        const b = this.parts.accumulateBindings![k][j];
-        const t0 = performance.now();
-        bindBatch(b, batch, this.batchInputs);
-        const t1 = performance.now();
-        b.runSync();
-        loss += b.scalar('loss');
-        for (const m of this.graphs.metrics) metrics[m] += b.scalar(m);
-        runMs += performance.now() - t1;
-        hostMs += t1 - t0;
-        j = 1 - j;
-      }
-      const a = this.parts.applyBindings![k][j];
+      const acc = this.accumulateRuns(batches, k);
+      const applied = this.applyRun(k, acc.j, lr);
+      return this.adopt(k, { loss: acc.sums[0], gradNorm: applied.gradNorm, metrics: this.metricsOf(acc.sums), hostMs: acc.hostMs + applied.hostMs, runMs: acc.runMs + applied.runMs });
+    }
+    return this.adopt(k, { loss, gradNorm, metrics, hostMs, runMs });
+  }
+
+  /**
+   * `trainStep` for a trainer with an `onGradients` hook: the accumulate runs, the hook (a
+   * data-parallel all-reduce), then the apply run. Without a hook it is `trainStep`.
+   */
+  async trainStepAsync(batches: Record<string, BatchTensor>[], lr: number): Promise<TrainStepResult> {
+    const hook = this.parts.onGradients;
+    if (!hook) return this.trainStep(batches, lr);
+    if (this.disposed) throw new Error('Trainer: disposed');
+    if (batches.length !== this.microBatches) throw new Error(`trainStep: ${batches.length} micro-batches given, the trainer was built for ${this.microBatches}`);
+    const k = this.current;
+    const acc = this.accumulateRuns(batches, k);
+    const t0 = performance.now();
+    await hook(this.parts.grads![acc.j], acc.sums);
+    const hookMs = performance.now() - t0;
+    const applied = this.applyRun(k, acc.j, lr);
+    return this.adopt(k, { loss: acc.sums[0], gradNorm: applied.gradNorm, metrics: this.metricsOf(acc.sums), hostMs: acc.hostMs + applied.hostMs, runMs: acc.runMs + applied.runMs + hookMs });
+  }
+
+  /** The step's metrics from the `[loss, ...metrics]` sums. */
+  private metricsOf(sums: Float64Array): Record<string, number> {
+    return Object.fromEntries(this.graphs.metrics.map((m, i) => [m, sums[i + 1]]));
+  }
+
+  /** Runs each micro-batch's accumulate run; `j` is the gradient buffer holding the sums. */
+  private accumulateRuns(batches: Record<string, BatchTensor>[], k: number): { j: number; sums: Float64Array; hostMs: number; runMs: number } {
+    const sums = new Float64Array(1 + this.graphs.metrics.length);
+    let hostMs = 0;
+    let runMs = 0;
+    let j = 0;
+    for (const batch of batches) {
+      const b = this.parts.accumulateBindings![k][j];
       const t0 = performance.now();
-      a.input('lr', f32(lr)).input('bc1', f32(bc1)).input('bc2', f32(bc2));
+      bindBatch(b, batch, this.batchInputs);
       const t1 = performance.now();
-      a.runSync();
-      gradNorm = a.scalar('grad_norm');
-      // every step's first micro-batch reads buffer 0: it must hold zeros again
-      this.parts.zeroGradients!.runSync();
+      b.runSync();
+      sums[0] += b.scalar('loss');
+      this.graphs.metrics.forEach((m, i) => (sums[i + 1] += b.scalar(m)));
       runMs += performance.now() - t1;
       hostMs += t1 - t0;
+      j = 1 - j;
     }
-    if (!Number.isFinite(loss)) {
-      // the new state is not adopted: the trainer stays at the last good parameters
-      return { loss, gradNorm, metrics, hostMs, runMs };
-    }
+    return { j, sums, hostMs, runMs };
+  }
+
+  /** The AdamW run on the gradients in buffer `j`, then zeros into buffer 0 for the next step. */
+  private applyRun(k: number, j: number, lr: number): { gradNorm: number; hostMs: number; runMs: number } {
+    const { bc1, bc2 } = biasCorrections(this.optimizerStep + 1);
+    const a = this.parts.applyBindings![k][j];
+    const t0 = performance.now();
+    a.input('lr', f32(lr)).input('bc1', f32(bc1)).input('bc2', f32(bc2));
+    const t1 = performance.now();
+    a.runSync();
+    const gradNorm = a.scalar('grad_norm');
+    // every step's first micro-batch reads buffer 0: it must hold zeros again
+    this.parts.zeroGradients!.runSync();
+    return { gradNorm, hostMs: t1 - t0, runMs: performance.now() - t1 };
+  }
+
+  /** Adopts the new state unless the loss is not finite (then the trainer stays at the last good parameters). */
+  private adopt(k: number, result: TrainStepResult): TrainStepResult {
+    if (!Number.isFinite(result.loss)) return result;
     this.current = 1 - k;
     this.optimizerStep++;
-    return { loss, gradNorm, metrics, hostMs, runMs };
+    return result;
   }
 
   /**

@@ -1,0 +1,5 @@
+export * from './env';
+export * from './collectives';
+export * from './local';
+export * from './tcp';
+export * from './data-parallel';
