@@ -14,7 +14,7 @@
 import { spawnSync } from 'node:child_process';
 import type * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
-import { CausalLM, MODEL_PRESETS, type Weights } from '@lathe/models';
+import { CausalLM, MODEL_PRESETS, TOTAL_LENGTH_INPUT, totalLengthTensor, type Weights } from '@lathe/models';
 import { overQuantizedBase, QuantizedModel, type QuantScheme } from '@lathe/quantization';
 import { Device } from '@lathe/runtime';
 import { initLora, loraAdapters, loraWeights, sftLoss, Trainer, type LoraConfig } from '@lathe/train';
@@ -52,6 +52,8 @@ async function main(): Promise<void> {
     attention_mask: { data: new BigInt64Array(B * T).fill(1n), dims: [B, T] },
     loss_mask: { data: new BigInt64Array(B * T).fill(1n), dims: [B, T] },
     loss_tokens: { data: Float32Array.of(B * T), dims: [] },
+    // Flash attention over symbolic shapes reads the sequence length as an input.
+    ...(flash ? { [TOTAL_LENGTH_INPUT]: totalLengthTensor(T) } : {}),
   };
   const results: Record<string, unknown>[] = [];
   for (const name of bases) {
