@@ -51,6 +51,8 @@ import {
 } from '@lathe/train';
 import { advantageMatrix, type TokenAdvantages } from './advantages';
 import { dynamicSampling } from './dynamic-sampling';
+import type { ClassmateModel } from './classmate';
+import { textClassmate, type ClassmateTokenizer } from './classmate-models';
 import { classmateTokenMask } from './classmate-tokens';
 import { builtinEstimator, type AdvantageBatch, type AdvantageFunction } from './estimators';
 import { logpParity, mean, PhaseClock, rolloutRecords, stepMetrics, type GrpoStepResult, type OffPolicyCounts, type SamplingRounds, type ScoredGroup, type StepAdvantages, type StepLogprobs, type UpdateTotals } from './grpo-metrics';
@@ -138,6 +140,8 @@ interface GrpoTrainerParts<M> {
   reference: BoundWeights | undefined;
   sampler: RolloutGenerator;
   greedy: () => RolloutGenerator;
+  /** A generator of `k` samples per prompt at the rollout's sampling options (self-play classmates), made on first use per k. */
+  samplerOf: (k: number) => RolloutGenerator;
   /** Frees generation's device memory between phases (`releaseGenerationMemory`); undefined: keep it. */
   releaseGeneration: (() => void) | undefined;
   policyScorer: () => ScoringRunner;
@@ -229,6 +233,27 @@ export class GrpoTrainer<M = unknown> {
       return lora ? mergeLora(weights, snap, adapters, lora) : snap;
     };
     return new GrpoTrainer({ opts: o, trainer, frozen, reference: reference?.weights, ...generation, policyScorer, refScorer, estimate, toMerged, generationEngine: engine, critic });
+  }
+
+  /**
+   * The policy as its own classmate (the self-play variant): `k` continuations of each text, encoded
+   * with `tokenizer` (the policy's), sampled at the rollout's sampling options from the weights the
+   * trainer holds when it is called — inside a step's reward scoring, the weights that sampled the
+   * step, not yet updated. Pass it to `classmateScorer` before the first step (it reads the trainer
+   * only when called).
+   */
+  static selfPlayClassmate<M>(trainer: () => GrpoTrainer<M>, o: { tokenizer: ClassmateTokenizer; name?: string; maxNewTokens?: number; weight?: number }): ClassmateModel {
+    return textClassmate({
+      name: o.name ?? 'self',
+      tokenizer: o.tokenizer,
+      weight: o.weight,
+      where: 'self-play',
+      sample: async (prompts, k, seed) => {
+        const t = trainer();
+        const out = await t.parts.samplerOf(k).generate(t.policyWeights(), prompts, { ...t.call(prompts.map((_, i) => i), seed), maxNewTokens: o.maxNewTokens ?? t.opts.maxNewTokens });
+        return prompts.map((_, i) => out.slice(i * k, (i + 1) * k));
+      },
+    });
   }
 
   /** RL steps taken. */
@@ -758,7 +783,7 @@ function policyWeightsOf(config: DecoderConfig, lora: LoraConfig | undefined, co
  * The rollout sampler, the greedy generator (made on first use) and what frees their memory between
  * phases; with the KV-cache engine both read one compute-dtype copy of the weights.
  */
-function generationRunners<M>(o: ResolvedGrpoOptions<M>, engine: GenerationEngine, policy: PolicyWeights): Pick<GrpoTrainerParts<M>, 'sampler' | 'greedy' | 'releaseGeneration' | 'owned'> {
+function generationRunners<M>(o: ResolvedGrpoOptions<M>, engine: GenerationEngine, policy: PolicyWeights): Pick<GrpoTrainerParts<M>, 'sampler' | 'greedy' | 'samplerOf' | 'releaseGeneration' | 'owned'> {
   const { device, session, promptsPerRun } = o;
   const config = o.model.config;
   const padId = o.tokenizer.padId;
@@ -775,15 +800,25 @@ function generationRunners<M>(o: ResolvedGrpoOptions<M>, engine: GenerationEngin
     if (!greedyRunner) owned.push((greedyRunner = generator(1, { temperature: 0 })));
     return greedyRunner;
   };
+  const byK = new Map<number, RolloutGenerator>();
+  const samplerOf = (k: number) => {
+    let r = byK.get(k);
+    if (!r) {
+      byK.set(k, (r = generator(k, o.sampling)));
+      owned.push(r);
+    }
+    return r;
+  };
   // the runners first: their engines read the compute-dtype weights
   const releaseGeneration = o.releaseGenerationMemory
     ? () => {
         sampler.release();
         greedyRunner?.release();
+        for (const r of byK.values()) r.release();
         computeWeights?.release();
       }
     : undefined;
-  return { sampler, greedy, releaseGeneration, owned };
+  return { sampler, greedy, samplerOf, releaseGeneration, owned };
 }
 
 /**

@@ -20,4 +20,6 @@ export * from './grpo-options';
 export * from './value-model';
 export * from './gdpo';
 export * from './classmate-tokens';
+export * from './classmate';
+export * from './classmate-models';
 export type { GrpoStepMetrics, GrpoStepResult, RolloutRecord } from './grpo-metrics';

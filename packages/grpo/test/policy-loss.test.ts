@@ -59,7 +59,7 @@ function kl(logp: number, ref: number, est: KlEstimator): number {
 }
 
 /** The loss written out on the host in float64 (independent of the DSL code). */
-function hostLoss(inp: Inputs, cfg: Required<Omit<PolicyLossConfig, 'dualClip' | 'lossScaleFactor' | 'offPolicy'>> & { dualClip?: number }, normaliser: number) {
+function hostLoss(inp: Inputs, cfg: Required<Omit<PolicyLossConfig, 'dualClip' | 'lossScaleFactor' | 'offPolicy' | 'rolloutIsThreshold'>> & { dualClip?: number }, normaliser: number) {
   let sum = 0;
   let pgSum = 0;
   let clipped = 0;
