@@ -1,6 +1,6 @@
 /** Progress display for training commands: a bar on stderr when it is a terminal, log lines otherwise. */
 import { SingleBar, Presets } from 'cli-progress';
-import type { SftConfig, SftEvents } from '@lathe/recipes';
+import type { SftConfig, SftEvents, TrainBenchmarkResult } from '@lathe/recipes';
 import type { Reporter } from './interrupt';
 
 /** Events that drive a progress bar (or plain lines) for an SFT run. */
@@ -31,6 +31,7 @@ export function sftReporter(cfg: SftConfig): { events: SftEvents; stop(): void }
       acc = `${(100 * r.accuracy).toFixed(1)}%`;
       log(`eval at step ${r.step}: exact match ${acc} of ${r.examples}`);
     },
+    onBenchmarks: (r) => log(benchmarkLine(r)),
     onCheckpoint: (dir) => log(`checkpoint ${dir}`),
   };
   return {
@@ -40,6 +41,12 @@ export function sftReporter(cfg: SftConfig): { events: SftEvents; stop(): void }
       running = false;
     },
   };
+}
+
+/** One line for a benchmark evaluation during training (`--eval_benchmarks`): avg@n per benchmark, samples and time. */
+export function benchmarkLine(r: TrainBenchmarkResult): string {
+  const cells = Object.entries(r.metrics).map(([b, m]) => `${b} avg@${m.n} ${(100 * m.avgAtN).toFixed(1)}%`);
+  return `benchmarks at step ${r.step}: ${cells.join(', ')} (${r.samples} samples, ${r.seconds.toFixed(1)} s)`;
 }
 
 /** What a preference run's progress reads of a step, an evaluation and the start (rm train, dpo). */

@@ -3,6 +3,7 @@ import { ESTIMATOR_NAMES, GRPO_DEFAULTS, LOSS_AGGREGATIONS, POLICY_TERMS, type G
 import { BUILTIN_DATA, BUILTIN_TOKENIZER } from './demo-task';
 import { attentionOption, checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, reportOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainComputeDtypeOption } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
+import { TRAIN_EVAL_KEYS, trainEvalOptions } from './train-eval-config';
 
 /** Every option of a GRPO-family run; the trainer's defaults come from `GRPO_DEFAULTS`. */
 export const grpoSchema = {
@@ -109,6 +110,7 @@ export const grpoSchema = {
   ...resumableOptions({
     eval_sampled: { type: 'boolean', default: false, describe: 'At each evaluation also sample group_size completions per held-out prompt as rollouts are sampled, and report the fraction correct (eval_sampled_accuracy, mean@G) beside the greedy accuracy' },
     eval_every: { type: 'number', default: 10, integer: true, min: 0, describe: 'Evaluate on the held-out prompts every N steps (also before the first and after the last; 0: only then)' },
+    ...trainEvalOptions,
     ...checkpointOptions(50),
     log_every: { type: 'number', default: 1, integer: true, min: 1, describe: 'Write metrics.jsonl every N steps' },
     ...reportOptions,
@@ -200,7 +202,7 @@ export function grpoPresetSource(preset: GrpoConfig['preset']): { name: string; 
  * Options that may change between a checkpoint and its resume without --force (they do not change
  * what is trained; the generation engine draws the same samples either way, up to rounding).
  */
-export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project'];
+export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project', ...TRAIN_EVAL_KEYS];
 
 /**
  * `lathe demo`'s GRPO stage: the SFT stage's final checkpoint on the same task and held-out split,

@@ -23,6 +23,7 @@ import { readPromptFile } from './generate';
 import { grpoTrainerOptions, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
 import { combineRewardSources, loadRewardFunctions, parseRewardWeights, rewardModelSource, RewardSourceError, withRewardWeights, type AnyRewardSource } from './reward-sources';
 import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested } from './scaffold';
+import { grpoBenchmarkSampler, TrainBenchmarks, type TrainBenchmarkResult } from './train-eval';
 
 /** A prompt with its reference answer. */
 export interface PromptWithAnswer {
@@ -90,6 +91,8 @@ export interface GrpoEvents {
   onStep?(m: GrpoStepMetrics & { step: number }): void;
   onEval?(r: GrpoEvalResult): void;
   onCheckpoint?(dir: string, step: number): void;
+  /** A benchmark evaluation (`--eval_benchmarks`) finished. */
+  onBenchmarks?(r: TrainBenchmarkResult): void;
 }
 
 /** What a run returns. */
@@ -104,6 +107,8 @@ export interface GrpoRunResult {
   interrupted: boolean;
   /** With off-policy traces: how they were read. */
   offPolicy?: OffPolicyDataStats;
+  /** With `--eval_benchmarks`: this invocation's benchmark evaluations. */
+  benchmarks?: TrainBenchmarkResult[];
 }
 
 /** The trainer state a GRPO checkpoint saves: `step` counts RL steps. */
@@ -229,6 +234,8 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   if (train.length < cfg.prompts_per_step) {
     throw new Error(`--prompts_per_step ${cfg.prompts_per_step} needs at least that many training prompts; ${cfg.data} has ${train.length} after holding out --eval_examples ${cfg.eval_examples} (lower --prompts_per_step, or --eval_examples)`);
   }
+  // loaded before anything is compiled: a bad --eval_benchmarks fails at once
+  const benchmarks = await TrainBenchmarks.load(cfg);
   const run = RunDir.open(cfg);
   const model = await loadRunModel(cfg);
   const encoded = new Map<number, number[]>();
@@ -370,6 +377,15 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     return stream.take(cfg.prompts_per_step).map((p, k) => ({ ids: idsOf(p), text: p.prompt, meta: { answer: p.answer }, key: start + k, index: p.index, ...(offPolicy ? { offPolicy: traces.get(p.index) } : {}) }));
   };
   const evals: GrpoEvalResult[] = [];
+  // --eval_benchmarks: sampled as rollouts are, from the live weights, on noise keys of their own
+  const benchResults: TrainBenchmarkResult[] = [];
+  const benchmarkEval = async (): Promise<TrainBenchmarkResult | undefined> => {
+    if (!benchmarks) return undefined;
+    const r = await benchmarks.run(state.step, grpoBenchmarkSampler(trainer, model.tokenizer), runPaths(cfg.run_dir).eval);
+    benchResults.push(r);
+    events.onBenchmarks?.(r);
+    return r;
+  };
   let last: GrpoStepMetrics | undefined;
   const stepRewards: number[] = [];
   let checkpointDir = '';
@@ -380,6 +396,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
       evals.push(r);
       run.metrics.log({ step: 0, ...evalMetrics(r) });
     }
+    if (benchmarks && state.step === 0) run.metrics.log({ step: 0, ...(await benchmarkEval())!.entries });
     while (state.step < cfg.steps) {
       const lr = scheduledLr(cfg, state.step);
       const { metrics, rollouts } = await trainer.step(() => nextPrompts(), lr).catch(async (e: unknown) => {
@@ -409,12 +426,13 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
       }
       let evalResult: GrpoEvalResult | undefined;
       if (evaluation.length > 0 && ((cfg.eval_every > 0 && state.step % cfg.eval_every === 0) || state.step === cfg.steps)) evals.push((evalResult = await evaluate()));
+      const benchResult = (cfg.eval_every > 0 && state.step % cfg.eval_every === 0) || state.step === cfg.steps ? await benchmarkEval() : undefined;
       events.onStep?.({ ...metrics, step: state.step });
       // on the schedule only (not at an interruption), so a resumed run's metrics.jsonl equals an uninterrupted run's
-      if (state.step % cfg.log_every === 0 || state.step === cfg.steps || evalResult) {
+      if (state.step % cfg.log_every === 0 || state.step === cfg.steps || evalResult || benchResult) {
         // NaN (e.g. kl_ref without a reference) is left out rather than written as null
         const finite = Object.fromEntries(Object.entries(metrics).filter(([, v]) => Number.isFinite(v)));
-        run.metrics.log({ step: state.step, ...finite, ...(evalResult ? evalMetrics(evalResult) : {}) });
+        run.metrics.log({ step: state.step, ...finite, ...(evalResult ? evalMetrics(evalResult) : {}), ...(benchResult?.entries ?? {}) });
       }
       if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) await checkpoint();
       if (await stopRequested(signal)) {
@@ -430,5 +448,5 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     await grader?.close();
     await run.close();
   }
-  return { steps: state.step, evals, last, stepRewards, checkpoint: checkpointDir, interrupted, ...(offPolicy ? { offPolicy } : {}) };
+  return { steps: state.step, evals, last, stepRewards, checkpoint: checkpointDir, interrupted, ...(offPolicy ? { offPolicy } : {}), ...(benchmarks ? { benchmarks: benchResults } : {}) };
 }

@@ -2,6 +2,7 @@
 import { BUILTIN_DATA, BUILTIN_MODEL } from './demo-task';
 import { evalExamplesOption, loraOptions, modelOption, optimizerOptions, promptFormatOptions, runDirOption, seedOption, trainRunOptions, trainStepOptions } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
+import { sftBenchmarkSamplingOptions, TRAIN_EVAL_KEYS, trainEvalOptions } from './train-eval-config';
 
 /** Every option of an SFT run. */
 export const sftSchema = {
@@ -46,11 +47,13 @@ export const sftSchema = {
   eval_grader: { type: 'string', default: 'exact', choices: ['exact', 'math'], describe: 'How a generated response is judged: exact string match, or the math grader (final answers extracted and compared symbolically)' },
   eval_every: { type: 'number', default: 100, integer: true, min: 0, describe: 'Evaluate every N steps (0: only at the end)' },
   max_new_tokens: { type: 'number', default: 16, integer: true, min: 1, describe: 'Generation length limit during evaluation' },
+  ...trainEvalOptions,
+  ...sftBenchmarkSamplingOptions,
   ...trainRunOptions(200, 'metrics and evaluations'),
 } as const satisfies OptionSchema;
 
 /** Options `--resume` accepts with new values in an SFT run (they change neither the weights nor the data order). */
-export const SFT_RESUMABLE_KEYS: readonly (keyof SftConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'cuda_graph', 'max_new_tokens', 'report_to', 'wandb_project'];
+export const SFT_RESUMABLE_KEYS: readonly (keyof SftConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'cuda_graph', 'max_new_tokens', 'report_to', 'wandb_project', ...TRAIN_EVAL_KEYS, 'eval_temperature', 'eval_top_p'];
 
 /** A resolved SFT config. */
 export type SftConfig = ConfigOf<typeof sftSchema>;

@@ -27,6 +27,8 @@ import { additionExamples, BUILTIN_DATA } from './demo-task';
 import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stepTiming, stopRequested, type RunTokenizer, type TrainRunEvents, type TrainRunResult } from './scaffold';
 import { SFT_RESUMABLE_KEYS, type SftConfig } from './sft-config';
 import { stripThinking } from '@lathe/tokenizer';
+import { runPaths } from '@lathe/data';
+import { SftBenchmarkSampler, TrainBenchmarks, type TrainBenchmarkResult } from './train-eval';
 import { evalPromptIds, lossTokenCount, packExamples, padBatch, padPackedBatch, readSftData, tokenizeExample, type PackedRow, type SftExample, type TokenizedExample } from './sft-data';
 
 /** Metrics of one optimizer step (one line of metrics.jsonl). */
@@ -74,10 +76,12 @@ export interface SftEvents extends TrainRunEvents<StepMetrics, EvalResult> {
     /** With --packing: the rows the training examples were packed into, and the share of their max_length tokens that are examples' tokens. */
     packed?: { rows: number; fill: number };
   }): void;
+  /** A benchmark evaluation (`--eval_benchmarks`) finished. */
+  onBenchmarks?(r: TrainBenchmarkResult): void;
 }
 
-/** What a run returns. */
-export type SftResult = TrainRunResult<EvalResult>;
+/** What a run returns: with `--eval_benchmarks`, also this invocation's benchmark evaluations. */
+export type SftResult = TrainRunResult<EvalResult> & { benchmarks: TrainBenchmarkResult[] };
 
 /** Training and evaluation examples: a seeded split with `eval_examples` held out. */
 async function loadExamples(cfg: SftConfig): Promise<{ train: SftExample[]; evaluation: SftExample[] }> {
@@ -240,6 +244,8 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   const run = RunDir.open(cfg);
   const { config, lm, tokenizer, tokenizerFrom } = await loadRunModel(cfg);
   const { train, evaluation } = await loadExamples(cfg);
+  // loaded before anything is compiled: a bad --eval_benchmarks fails at once
+  const benchmarks = await TrainBenchmarks.load(cfg);
   if (!tokenizer.chat && train.some((e) => e.messages)) throw new Error(`--data ${cfg.data}: conversational rows are rendered with a chat template, and the tokenizer of --model ${cfg.model} has none`);
   const tokenized = train.map((e) => tokenizeExample(tokenizer, e, { assistantOnly: cfg.assistant_only_loss }));
   const overlong = tokenized.filter((t) => t.ids.length > cfg.max_length).length;
@@ -273,6 +279,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   // Everything below holds device memory: released however the run ends (a non-finite loss
   // throws after its checkpoint; a caller may go on to the next run in the same process).
   let evaluator: ReturnType<typeof greedyEvaluator> | undefined;
+  let benchSampler: SftBenchmarkSampler | undefined;
   try {
     evaluator = greedyEvaluator(device, config, tokenizer, cfg);
     const greedy = evaluator;
@@ -288,6 +295,22 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
       const result = summarizeEval(state.step, rows);
       events.onEval?.(result);
       return result;
+    };
+    // --eval_benchmarks: sampled from the same float32 weights, on noise streams of their own
+    const benchResults: TrainBenchmarkResult[] = [];
+    if (benchmarks) benchSampler = SftBenchmarkSampler.create(device, config, tokenizer, { temperature: cfg.eval_temperature, topP: cfg.eval_top_p, seed: cfg.seed, maxNewTokens: cfg.max_new_tokens });
+    const benchmarkEval = async (): Promise<void> => {
+      if (!benchmarks || !benchSampler) return;
+      const merged = lora ? mergeLora(base, trainer.downloadParams(), adapters, lora) : undefined;
+      const uploaded = merged ? specs.map((s) => [s.name, device.upload({ data: merged.get(s.name)!, dims: s.shape })] as const) : undefined;
+      try {
+        const r = await benchmarks.run(state.step, benchSampler.sampler(uploaded ?? trainer.params()), runPaths(cfg.run_dir).eval);
+        run.metrics.log({ step: state.step, ...r.entries });
+        benchResults.push(r);
+        events.onBenchmarks?.(r);
+      } finally {
+        uploaded?.forEach(([, t]) => t.dispose());
+      }
     };
     const checkpoint = () => {
       const snap = trainer.snapshot();
@@ -322,6 +345,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     let lastLoss = NaN;
     let interrupted = false;
     if (state.step === 0 && evaluation.length > 0) evals.push(await evaluate());
+    if (state.step === 0) await benchmarkEval();
 
     while (state.step < cfg.steps) {
       const t0 = performance.now();
@@ -364,6 +388,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
       // on the log_every schedule only, so a resumed run's metrics.jsonl equals an uninterrupted run's
       if (state.step % cfg.log_every === 0 || state.step === cfg.steps) run.metrics.log({ ...metrics });
       if (cfg.eval_every > 0 && state.step % cfg.eval_every === 0 && state.step < cfg.steps && evaluation.length > 0) evals.push(await evaluate());
+      if (cfg.eval_every > 0 && state.step % cfg.eval_every === 0 && state.step < cfg.steps) await benchmarkEval();
       if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) checkpoint();
       if (await stopRequested(signal)) {
         interrupted = true;
@@ -371,10 +396,12 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
       }
     }
     if (!interrupted && evaluation.length > 0 && evals.at(-1)?.step !== state.step) evals.push(await evaluate());
+    if (!interrupted && benchResults.at(-1)?.step !== state.step) await benchmarkEval();
     const last = run.savedAt(state.step) ?? checkpoint();
-    return { steps: state.step, finalLoss: lastLoss, evals, checkpoint: last, interrupted };
+    return { steps: state.step, finalLoss: lastLoss, evals, checkpoint: last, interrupted, benchmarks: benchResults };
   } finally {
     await evaluator?.dispose();
+    benchSampler?.dispose();
     trainer.dispose();
     for (const t of Object.values(frozenBase)) t.dispose();
     await run.close();

@@ -4,6 +4,7 @@ import { listEvals } from '@lathe/data';
 import { grpoPresetSource, grpoSchema, runGrpo, type GrpoConfig, type GrpoEvents, type GrpoRunResult } from '@lathe/recipes';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
 import { finishRun, runReported, type Interruptible } from '../interrupt';
+import { benchmarkLine } from '../progress';
 
 /** Each reward source's mean, as ' (rm 1.234, correct 0.500)', when a run has more than one source. */
 function bySource(m: Parameters<NonNullable<GrpoEvents['onStep']>>[0]): string {
@@ -60,6 +61,7 @@ export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEve
       acc = r.reward_mean !== undefined ? `reward ${r.reward_mean.toFixed(3)}` : `${(100 * r.accuracy).toFixed(1)}%`;
       log(`${label} eval at step ${r.step}: ${r.reward_mean !== undefined ? acc : `accuracy ${acc}`} of ${r.examples}${r.grader_failures ? ` (${r.grader_failures} grader failures, scored incorrect)` : ""}`);
     },
+    onBenchmarks: (r) => log(benchmarkLine(r)),
     onCheckpoint: (dir) => log(`checkpoint ${dir}`),
   };
   return {
