@@ -49,6 +49,11 @@ export interface QSamplingOptions {
   stopIds: readonly number[];
   /** Samples stepped together (one reference pass and one critic pass per step). Default all. */
   batchSize?: number;
+  /**
+   * Score the candidates with the critic (default true). false needs τ = ∞ (π_ref does not need Q):
+   * no critic pass runs, and the Q columns stay empty (NaN for the drawn token).
+   */
+  score?: boolean;
   /** Called after every step of a batch with the tokens drawn so far and in total. */
   onStep?(tokens: number, done: number, total: number): void;
 }
@@ -68,6 +73,8 @@ export interface QSample {
 export async function qWeightedSample(requests: readonly QSampleRequest[], models: StepModels, opts: QSamplingOptions): Promise<QSample[]> {
   validateTau(opts.tau, 'Q-weighted sampling: tau');
   if (!Number.isInteger(opts.maxTokens) || opts.maxTokens < 1) throw new Error(`Q-weighted sampling: max tokens must be a positive integer, got ${opts.maxTokens}`);
+  const score = opts.score ?? true;
+  if (!score && Number.isFinite(opts.tau)) throw new Error(`Q-weighted sampling: tau ${opts.tau} needs the critic's scores (score: false samples π_ref, tau Infinity)`);
   const stop = new Set(opts.stopIds);
   const size = opts.batchSize ?? Math.max(1, requests.length);
   const out: QSample[] = requests.map(() => ({ output: [], token_q_values: [], candidate_ids: [], candidate_q_values: [], candidate_ref_logprobs: [], finish_reason: 'length' }));
@@ -77,10 +84,12 @@ export async function qWeightedSample(requests: readonly QSampleRequest[], model
     let active = requests.slice(start, start + size).map((_, i) => start + i);
     for (let step = 0; step < opts.maxTokens && active.length; step++) {
       const cands = await models.candidates(active.map((r) => [...requests[r].prompt, ...out[r].output]));
-      const qs = await models.scores(
-        active.map((r) => [...(requests[r].criticPrefix ?? requests[r].prompt), ...out[r].output]),
-        cands.map((c) => c.ids),
-      );
+      const qs = score
+        ? await models.scores(
+            active.map((r) => [...(requests[r].criticPrefix ?? requests[r].prompt), ...out[r].output]),
+            cands.map((c) => c.ids),
+          )
+        : cands.map((c) => c.ids.map(() => NaN));
       const next: number[] = [];
       active.forEach((r, i) => {
         const c = cands[i];
@@ -91,7 +100,7 @@ export async function qWeightedSample(requests: readonly QSampleRequest[], model
         s.output.push(c.ids[j]);
         s.token_q_values.push(qs[i][j]);
         s.candidate_ids.push(c.ids);
-        s.candidate_q_values.push(qs[i]);
+        s.candidate_q_values.push(score ? qs[i] : []);
         s.candidate_ref_logprobs.push(c.logprobs);
         tokens++;
         if (stop.has(c.ids[j])) s.finish_reason = 'stop';

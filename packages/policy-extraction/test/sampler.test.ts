@@ -57,6 +57,14 @@ test('τ = ∞ samples π_ref over its candidates (χ²); a huge τ gives the sa
   const counts = await firstTokenCounts(Infinity, 6000);
   expect(chiSquare(counts, REF, 6000)).toBeLessThan(CRITICAL_3);
   expect(await firstTokenCounts(1e12, 6000)).toEqual(counts);
+  // without the critic (score: false) the same draws, and no critic pass
+  const models = stub();
+  let scored = 0;
+  const unscored = await qWeightedSample(Array.from({ length: 50 }, (_, i) => ({ prompt: [7], key: i })), { ...models, scores: async (p, c) => ((scored += p.length), models.scores(p, c)) }, { tau: Infinity, maxTokens: 1, seed: 5, stopIds: [], score: false });
+  const scoredRun = await qWeightedSample(Array.from({ length: 50 }, (_, i) => ({ prompt: [7], key: i })), stub(), { tau: Infinity, maxTokens: 1, seed: 5, stopIds: [] });
+  expect(unscored.map((s) => s.output)).toEqual(scoredRun.map((s) => s.output));
+  expect(scored).toBe(0);
+  await expect(qWeightedSample([{ prompt: [7], key: 0 }], stub(), { tau: 1, maxTokens: 1, seed: 5, stopIds: [], score: false })).rejects.toThrow(/needs the critic's scores/);
 });
 
 test('the recorded candidates and chosen Q; samples independent of the batch; stop token and length limit', async () => {

@@ -1,0 +1,441 @@
+/**
+ * `lathe extract`, the policy-extraction half of ICL-V:
+ * - generate: Q-weighted samples from the reference policy and a critic, with every token's
+ *   candidates and Q, to Parquet (and the token-value page);
+ * - train: the policy distilled towards π_ref·exp(Q/τ) over labelled candidates (KL in either direction);
+ * - rft: the policy fine-tuned on the successful trajectories only (SFT's loss), the baseline;
+ * - eval: single-sample accuracy, the critic's best-of-n and majority vote at n = 1, 4, 16.
+ */
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { CausalLM, paramSpecs, type DecoderConfig } from '@lathe/models';
+import { batchOf, flattenLists, listData, readTrajectories, trajectoriesToBatch, writeAtomic, writeParquet, type Trajectory } from '@lathe/data';
+import { Device, sizeOf, type HostTensor } from '@lathe/runtime';
+import { extractAnswer, majorityVote, MathGrader, passAtK, voteKey } from '@lathe/graders';
+import { initLora, LORA_DROPOUT_KEY, loraAdapters, loraDropoutKey, loraFromOptions, loraWeights, mergeLora, sftLoss, Trainer, type DecoderLossOptions, type LossBuilder, type TrainableParam } from '@lathe/train';
+import { contextPrefix } from '@lathe/critic';
+import { extractionLoss, qWeightedSample, QWeightedModels, validateTau, type KlDirection, type QSample } from '@lathe/policy-extraction';
+import { splitThinking } from '@lathe/tokenizer';
+import { criticBins } from './critic-label';
+import { readPromptFile } from './generate';
+import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, stepTiming, stopRequested, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { candidatePositions, extractionExamples, padExtractionBatch, readLabelledTrajectories, successfulExamples, type ExtractionExample } from './extract-data';
+import { EXTRACT_TRAIN_RESUMABLE_KEYS, type ExtractEvalConfig, type ExtractGenerateConfig, type ExtractRftConfig, type ExtractTrainConfig } from './extract-config';
+import { padBatch, lossTokenCount } from './sft-data';
+import { writeTokenValuePage } from './extract-html';
+import type { TrajectoryPrompt } from './trajectories';
+
+// ---------------------------------------------------------------------------------------------
+// Shared: models, prompts, grading
+
+/** Progress of a sampling pass. */
+export interface ExtractProgressEvents {
+  onProgress?(done: number, total: number, tokens: number): void;
+}
+
+/** The tokenizer.json of a folder, or undefined when it has none (the built-in character tokenizer). */
+function tokenizerJson(dir: string): string | undefined {
+  const f = join(dir, 'tokenizer.json');
+  return existsSync(f) ? readFileSync(f, 'utf8') : undefined;
+}
+
+/** The policy (with its tokenizer) and the critic on one device, refused when their tokenizers or vocabularies differ. */
+async function openModels(cfg: Pick<ExtractGenerateConfig, 'model' | 'critic' | 'bins' | 'tokenizer' | 'prompt_format' | 'enable_thinking' | 'device' | 'compute_dtype' | 'min_p' | 'max_candidates' | 'seed'>) {
+  if (!cfg.model) throw new Error('--model is required: the reference policy folder');
+  checkComputeDtype(cfg);
+  const bins = criticBins(cfg);
+  const policy = await loadRunModel({ model: cfg.model, tokenizer: cfg.tokenizer, prompt_format: cfg.prompt_format, enable_thinking: cfg.enable_thinking, run_dir: '', seed: cfg.seed });
+  const [a, b] = [tokenizerJson(cfg.critic), policy.tokenizerFrom ? tokenizerJson(policy.tokenizerFrom) : undefined];
+  if (a !== undefined && b !== undefined && a !== b) throw new Error(`the critic ${cfg.critic} and the policy ${cfg.model} have different tokenizers (${join(cfg.critic, 'tokenizer.json')} differs from ${join(policy.tokenizerFrom!, 'tokenizer.json')}); a critic scores a policy's tokens only with its own tokenizer`);
+  const critic = CausalLM.fromPretrainedSync(cfg.critic);
+  const models = QWeightedModels.open({
+    device: Device.open(cfg.device),
+    reference: { name: `--model ${cfg.model}`, config: policy.config, weights: policy.lm.float32Weights() },
+    critic: { name: `--critic ${cfg.critic}`, config: critic.config, weights: critic.float32Weights() },
+    bins,
+    minP: cfg.min_p,
+    maxCandidates: cfg.max_candidates,
+    compute: cfg.compute_dtype,
+    padId: policy.tokenizer.padId,
+  });
+  return { policy, models };
+}
+
+/** A prompt's ids as the policy reads them: BOS (when the tokenizer has one and the rendering did not add it), then the rendered prompt. */
+function promptIds(model: RunModel, text: string): number[] {
+  const ids = model.tokenizer.encodePrompt(text);
+  const bos = model.tokenizer.bosId;
+  return bos === undefined || ids[0] === bos ? ids : [bos, ...ids];
+}
+
+/** Token ids that end a sample: the tokenizer's EOS and the model config's. */
+function stopIdsOf(model: RunModel): number[] {
+  const eos = model.config.eosTokenId;
+  return [...new Set([model.tokenizer.eosId, ...(eos === undefined ? [] : Array.isArray(eos) ? eos : [eos])])];
+}
+
+/** Grades responses and gives the answer each one votes for. */
+class Grading {
+  private math: MathGrader | undefined;
+  constructor(private readonly kind: 'math' | 'exact' | 'none') {}
+
+  /** The response's final part: the text after a closed `<think>` block, null when it never closed. */
+  private final(response: string): string | null {
+    return splitThinking(response).answer;
+  }
+
+  /** 1 or 0, or null when not graded (no answer, or grader none). */
+  async grade(response: string, answer: string | undefined): Promise<number | null> {
+    if (this.kind === 'none' || answer === undefined) return null;
+    const final = this.final(response);
+    if (final === null) return 0;
+    if (this.kind === 'exact') return final.trim() === answer.trim() ? 1 : 0;
+    this.math ??= new MathGrader();
+    return (await this.math.grade(final, answer)).correct ? 1 : 0;
+  }
+
+  /** The answer a response votes for (null: none). */
+  answer(response: string): string | null {
+    const final = this.final(response);
+    if (final === null) return null;
+    return this.kind === 'exact' ? final.trim() || null : extractAnswer(final);
+  }
+
+  async close(): Promise<void> {
+    await this.math?.close();
+  }
+}
+
+/** One sample to draw per (prompt, sample index), its noise stream p·samples + j. */
+function plan(model: RunModel, prompts: readonly TrajectoryPrompt[], samples: number) {
+  return prompts.flatMap((p, i) => {
+    const ids = promptIds(model, p.prompt);
+    if (ids.length === 0) throw new Error(`${p.where ?? `prompt ${i}`}: the prompt encodes to no tokens`);
+    const idx = p.prompt_idx ?? i;
+    return Array.from({ length: samples }, (_, j) => ({ prompt: p, promptIdx: idx, sampleIdx: j, ids, key: idx * samples + j }));
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// generate
+
+/** What `lathe extract generate` returns. */
+export interface ExtractGenerateResult {
+  output: string;
+  html: string | null;
+  rows: number;
+  prompts: number;
+  tokens: number;
+  /** Mean `correct` of the graded rows (null when none was graded). */
+  correctMean: number | null;
+}
+
+/** Samples `cfg.data`'s prompts from π_ref·exp(Q/τ) into `cfg.output`. */
+export async function runExtractGenerate(cfg: ExtractGenerateConfig, events: ExtractProgressEvents = {}): Promise<ExtractGenerateResult> {
+  for (const flag of ['model', 'critic', 'data', 'output'] as const) if (!cfg[flag]) throw new Error(`--${flag} is required`);
+  validateTau(cfg.tau, '--tau');
+  const prompts = await readPromptFile(cfg);
+  const { policy, models } = await openModels(cfg);
+  const grading = new Grading(cfg.grader);
+  try {
+    const planned = plan(policy, prompts, cfg.samples);
+    const samples = await qWeightedSample(
+      planned.map((s) => ({ prompt: s.ids, criticPrefix: contextPrefix(s.ids, [], () => []), key: s.key })),
+      models,
+      { tau: cfg.tau, maxTokens: cfg.max_new_tokens, seed: cfg.seed, stopIds: stopIdsOf(policy), batchSize: cfg.batch_size, onStep: (tokens, done, total) => events.onProgress?.(done, total, tokens) },
+    );
+    const rows: (Trajectory & { token_q_values: number[] })[] = [];
+    for (const [i, s] of planned.entries()) {
+      const q = samples[i];
+      const response = policy.tokenizer.decode(q.output.filter((t) => t !== policy.tokenizer.eosId));
+      rows.push({
+        prompt_idx: s.promptIdx,
+        prompt: s.prompt.prompt,
+        prompt_token_ids: s.ids,
+        output_token_ids: q.output,
+        correct: await grading.grade(response, s.prompt.answer),
+        sample_idx: s.sampleIdx,
+        thinking: cfg.prompt_format === 'chat' ? cfg.enable_thinking : null,
+        finish_reason: q.finish_reason,
+        candidate_ids: q.candidate_ids,
+        candidate_q_values: q.candidate_q_values,
+        candidate_ref_logprobs: q.candidate_ref_logprobs,
+        token_q_values: q.token_q_values,
+      });
+    }
+    await writeGenerated(cfg.output, rows);
+    const html = cfg.html === 'none' ? null : cfg.html || cfg.output.replace(/\.parquet$/, '') + '.html';
+    if (html) writeTokenValuePage(html, { title: `lathe extract generate: ${cfg.data}`, tau: cfg.tau, rows, decode: (id) => policy.tokenizer.decode([id]) });
+    const graded = rows.filter((r) => r.correct !== null);
+    return { output: cfg.output, html, rows: rows.length, prompts: prompts.length, tokens: rows.reduce((s, r) => s + r.output_token_ids.length, 0), correctMean: graded.length ? graded.reduce((s, r) => s + r.correct!, 0) / graded.length : null };
+  } finally {
+    models.dispose();
+    await grading.close();
+  }
+}
+
+/** The trajectory columns plus `token_q_values`, written atomically. */
+async function writeGenerated(file: string, rows: readonly (Trajectory & { token_q_values: number[] })[]): Promise<void> {
+  const base = trajectoriesToBatch(rows, file);
+  const columns = base.schema.fields.map((f, k) => ({ name: f.name, data: base.getChildAt(k)!.data[0], nullable: f.nullable }));
+  columns.push({ name: 'token_q_values', data: listData(flattenLists(rows.map((r) => r.token_q_values), (n) => new Float32Array(n))), nullable: false });
+  await writeParquet(file, [batchOf(columns)]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// train and rft: one loop, two losses
+
+/** Metrics of one optimizer step (one line of metrics.jsonl). */
+export interface ExtractStepMetrics {
+  step: number;
+  loss: number;
+  grad_norm: number;
+  lr: number;
+  /** Positions the loss covers: candidate positions (train) or response tokens (rft). */
+  loss_tokens: number;
+  tokens: number;
+  tokens_per_s: number;
+  host_ms: number;
+  run_ms: number;
+}
+
+/** Callbacks for progress display. */
+export interface ExtractTrainEvents extends TrainRunEvents<ExtractStepMetrics, never> {
+  onStart?(info: { startStep: number; totalSteps: number; trajectories: number; skipped: number; dropped: number; parameters: number }): void;
+}
+
+type TrainConfig = ExtractTrainConfig | ExtractRftConfig;
+
+/** What differs between train and rft: the loss, and how a batch becomes its inputs. */
+interface PolicyObjective<E extends { ids: number[] }> {
+  examples: E[];
+  skipped: number;
+  dropped: number;
+  loss: (config: DecoderConfig, opts: Pick<DecoderLossOptions, 'compute' | 'recompute' | 'weights'>) => LossBuilder;
+  feeds: (batch: readonly E[], padId: number) => Record<string, HostTensor>;
+  lossTokens: (batch: readonly E[]) => number;
+}
+
+const f32 = (v: number): HostTensor => ({ data: Float32Array.from([v]), dims: [] });
+
+async function trainPolicy<E extends { ids: number[] }>(cfg: TrainConfig, model: RunModel, objective: PolicyObjective<E>, events: ExtractTrainEvents, signal?: AbortSignal): Promise<TrainRunResult<never>> {
+  const { config } = model;
+  if (objective.examples.length === 0) throw new Error(`--data ${cfg.data}: no trajectory to train on (${objective.skipped} longer than --max_length ${cfg.max_length}, ${objective.dropped} dropped)`);
+  const run = RunDir.open(cfg);
+  const base = model.lm.float32Weights();
+  const lora = loraFromOptions(cfg);
+  const specs = paramSpecs(config);
+  const adapters = lora ? loraAdapters(config, lora) : [];
+  const params: TrainableParam[] = lora ? adapters.flatMap((a) => [a.a, a.b]) : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+  const loss = objective.loss(config, {
+    compute: cfg.compute_dtype,
+    recompute: cfg.gradient_checkpointing,
+    ...(lora
+      ? {
+          weights: (g, trainable) => {
+            const frozen = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
+            return loraWeights((name) => frozen.get(name)!, trainable, adapters, lora, cfg.compute_dtype, { training: true });
+          },
+        }
+      : {}),
+  });
+  const start = run.startFrom(params, cfg, EXTRACT_TRAIN_RESUMABLE_KEYS, lora ? initLora(adapters, cfg.seed) : base);
+  let { state } = start;
+  const device = Device.open(cfg.device);
+  const frozenBase = lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, device.upload({ data: base.get(s.name)!, dims: s.shape })])) : {};
+  const trainer = Trainer.create({ params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { ...start.init, step: state.step }, { device, microBatches: cfg.micro_batches, frozen: frozenBase });
+  const dropoutKeyed = trainer.batchInputs.includes(LORA_DROPOUT_KEY);
+  try {
+    run.saveConfig(cfg);
+    const checkpoint = () => {
+      const snap = trainer.snapshot();
+      return run.checkpoint(
+        { config, model: lora ? mergeLora(base, snap.params, adapters, lora) : snap.params, trainable: params, values: snap.params, m: snap.m, v: snap.v, state, lora: Boolean(lora) },
+        { keepLast: cfg.keep_last, tokenizerFrom: model.tokenizerFrom, onCheckpoint: events.onCheckpoint },
+      );
+    };
+    events.onStart?.({ startStep: state.step, totalSteps: cfg.steps, trajectories: objective.examples.length, skipped: objective.skipped, dropped: objective.dropped, parameters: params.reduce((s, p) => s + sizeOf(p.shape), 0) });
+    const stream = new EpochStream<E>(objective.examples, cfg.seed, state.dataPosition);
+    let lastLoss = NaN;
+    let interrupted = false;
+    while (state.step < cfg.steps) {
+      const t0 = performance.now();
+      const batchStart = stream.position;
+      const batch = stream.take(cfg.batch_size);
+      const lossTokens = objective.lossTokens(batch);
+      const lr = scheduledLr(cfg, state.step);
+      const per = cfg.batch_size / cfg.micro_batches;
+      const micro = Array.from({ length: cfg.micro_batches }, (_, k) => ({
+        ...objective.feeds(batch.slice(k * per, (k + 1) * per), model.tokenizer.padId),
+        loss_tokens: f32(Math.max(1, lossTokens)),
+        ...(dropoutKeyed ? { [LORA_DROPOUT_KEY]: loraDropoutKey(cfg.seed, trainer.step, k) } : {}),
+      }));
+      const prepMs = performance.now() - t0;
+      const result = trainer.trainStep(micro, lr);
+      if (!Number.isFinite(result.loss)) {
+        const dir = checkpoint();
+        throw new Error(`step ${state.step + 1}: the loss is ${result.loss} on trajectories ${batchStart}..${batchStart + cfg.batch_size - 1} of the epoch order; the weights before this step are saved in ${dir}. Lower --lr or check the data.`);
+      }
+      state = { ...state, step: state.step + 1, dataPosition: stream.position };
+      lastLoss = result.loss;
+      const metrics: ExtractStepMetrics = { step: state.step, loss: result.loss, loss_tokens: lossTokens, ...stepTiming(result, { lr, tokens: batch.reduce((s, e) => s + e.ids.length, 0), prepMs }) };
+      events.onStep?.(metrics);
+      if (state.step % cfg.log_every === 0 || state.step === cfg.steps) run.metrics.log({ ...metrics });
+      if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) checkpoint();
+      if (await stopRequested(signal)) {
+        interrupted = true;
+        break;
+      }
+    }
+    const last = run.savedAt(state.step) ?? checkpoint();
+    return { steps: state.step, finalLoss: lastLoss, evals: [], checkpoint: last, interrupted };
+  } finally {
+    trainer.dispose();
+    for (const t of Object.values(frozenBase)) t.dispose();
+    await run.close();
+  }
+}
+
+function checkTrainConfig(cfg: TrainConfig): void {
+  checkComputeDtype(cfg);
+  if (!cfg.data) throw new Error('--data is required');
+  if (cfg.batch_size % cfg.micro_batches !== 0) throw new Error(`--batch_size ${cfg.batch_size} is not divisible by --micro_batches ${cfg.micro_batches}`);
+  if (cfg.attention === 'flash') throw new Error("--attention flash: the distillation loss attends through composed attention; use --attention composed or auto");
+}
+
+/** `lathe extract train`: KL distillation of the policy towards π_ref·exp(Q/τ) over each position's candidates. */
+export async function runExtractTrain(cfg: ExtractTrainConfig, events: ExtractTrainEvents = {}, signal?: AbortSignal): Promise<TrainRunResult<never>> {
+  checkTrainConfig(cfg);
+  validateTau(cfg.tau, '--tau');
+  const rows = await readLabelledTrajectories(cfg.data);
+  const model = await loadRunModel({ ...cfg, prompt_format: 'raw', enable_thinking: false });
+  const { examples, skipped } = extractionExamples(rows, { maxLength: cfg.max_length, vocabSize: model.config.vocabSize, where: `--data ${cfg.data}` });
+  return trainPolicy<ExtractionExample>(
+    cfg,
+    model,
+    {
+      examples,
+      skipped,
+      dropped: 0,
+      loss: (config, o) => extractionLoss(config, { tau: cfg.tau, direction: cfg.kl as KlDirection, ...o }),
+      feeds: (batch, padId) => padExtractionBatch(batch, padId),
+      lossTokens: candidatePositions,
+    },
+    events,
+    signal,
+  );
+}
+
+/** `lathe extract rft`: SFT's loss on the successful trajectories' outputs. */
+export async function runExtractRft(cfg: ExtractRftConfig, events: ExtractTrainEvents = {}, signal?: AbortSignal): Promise<TrainRunResult<never>> {
+  checkTrainConfig(cfg);
+  if (!existsSync(cfg.data)) throw new Error(`--data ${cfg.data}: no such file`);
+  const rows = await readTrajectories(cfg.data);
+  const model = await loadRunModel({ ...cfg, prompt_format: 'raw', enable_thinking: false });
+  const { examples, failed, skipped } = successfulExamples(rows, { threshold: cfg.success_threshold, maxLength: cfg.max_length, where: `--data ${cfg.data}` });
+  return trainPolicy(
+    cfg,
+    model,
+    {
+      examples,
+      skipped,
+      dropped: failed,
+      loss: (config, o) => sftLoss(config, o),
+      feeds: (batch, padId) => padBatch(batch, padId),
+      lossTokens: lossTokenCount,
+    },
+    events,
+    signal,
+  );
+}
+
+// ---------------------------------------------------------------------------------------------
+// eval
+
+/** One row of the evaluation table. */
+export interface ExtractEvalRow {
+  n: number;
+  /** Mean accuracy of the first n samples of each prompt, each taken alone. */
+  single: number;
+  /** The sample with the highest critic Q (after its last token) among the first n. */
+  critic_best_of_n: number;
+  /** The most frequent answer among the first n. */
+  majority_vote: number;
+  /** Some sample among the first n is correct. */
+  pass_at_n: number;
+}
+
+/** What `lathe extract eval` returns. */
+export interface ExtractEvalResult {
+  prompts: number;
+  samples: number;
+  table: ExtractEvalRow[];
+}
+
+/** The evaluation table from each prompt's samples (correctness, critic score, voted answer), at each n. */
+export function evaluationTable(perPrompt: readonly { correct: boolean; score: number; answer: string | null }[][], ns: readonly number[]): ExtractEvalRow[] {
+  const mean = (f: (s: readonly { correct: boolean; score: number; answer: string | null }[]) => number) => perPrompt.reduce((a, s) => a + f(s), 0) / Math.max(1, perPrompt.length);
+  return ns.map((n) => ({
+    n,
+    single: mean((s) => s.slice(0, n).filter((x) => x.correct).length / n),
+    critic_best_of_n: mean((s) => {
+      const best = s.slice(0, n).reduce((b, x) => (x.score > b.score ? x : b));
+      return best.correct ? 1 : 0;
+    }),
+    majority_vote: mean((s) => {
+      const vote = majorityVote(s.slice(0, n).map((x) => x.answer));
+      if (!vote) return 0;
+      const key = voteKey(vote.answer);
+      return s.slice(0, n).some((x) => x.answer !== null && voteKey(x.answer) === key && x.correct) ? 1 : 0;
+    }),
+    pass_at_n: mean((s) => passAtK(s.length, s.filter((x) => x.correct).length, Math.min(n, s.length))),
+  }));
+}
+
+/** The critic's Q after each sample's last token (the estimate of its outcome having read it all). */
+export async function finalQ(models: QWeightedModels, prefixes: readonly number[][], samples: readonly QSample[], batchSize: number): Promise<number[]> {
+  const out: number[] = [];
+  for (let i = 0; i < samples.length; i += batchSize) {
+    const chunk = samples.slice(i, i + batchSize).map((s, k) => ({ prefix: [...prefixes[i + k], ...s.output.slice(0, -1)], last: s.output.slice(-1) }));
+    const q = await models.scores(chunk.map((c) => c.prefix), chunk.map((c) => c.last));
+    out.push(...q.map((row) => row[0] ?? NaN));
+  }
+  return out;
+}
+
+/** Samples each prompt `cfg.samples` times (the policy alone, or Q-weighted) and tabulates accuracy at n = 1, 4, 16. */
+export async function runExtractEval(cfg: ExtractEvalConfig, events: ExtractProgressEvents = {}): Promise<ExtractEvalResult> {
+  for (const flag of ['model', 'critic', 'data'] as const) if (!cfg[flag]) throw new Error(`--${flag} is required`);
+  if (cfg.grader === 'none') throw new Error('--grader none: the evaluation needs correctness (math or exact)');
+  if (cfg.sampler === 'q_weighted') validateTau(cfg.tau, '--tau');
+  const prompts = await readPromptFile(cfg, { answers: 'required' });
+  const { policy, models } = await openModels(cfg);
+  const grading = new Grading(cfg.grader);
+  try {
+    const planned = plan(policy, prompts, cfg.samples);
+    const q = cfg.sampler === 'q_weighted';
+    const samples = await qWeightedSample(
+      planned.map((s) => ({ prompt: s.ids, key: s.key })),
+      models,
+      { tau: q ? cfg.tau : Infinity, score: q, maxTokens: cfg.max_new_tokens, seed: cfg.seed, stopIds: stopIdsOf(policy), batchSize: cfg.batch_size, onStep: (tokens, done, total) => events.onProgress?.(done, total, tokens) },
+    );
+    const scores = await finalQ(models, planned.map((s) => s.ids), samples, cfg.batch_size);
+    const perPrompt: { correct: boolean; score: number; answer: string | null }[][] = prompts.map(() => []);
+    for (const [i, s] of planned.entries()) {
+      const response = policy.tokenizer.decode(samples[i].output.filter((t) => t !== policy.tokenizer.eosId));
+      perPrompt[prompts.indexOf(s.prompt)].push({ correct: (await grading.grade(response, s.prompt.answer)) === 1, score: scores[i], answer: grading.answer(response) });
+    }
+    const result = { prompts: prompts.length, samples: cfg.samples, table: evaluationTable(perPrompt, [1, 4, 16].filter((n) => n <= cfg.samples)) };
+    if (cfg.output) writeAtomic(cfg.output, JSON.stringify({ model: cfg.model, critic: cfg.critic, sampler: cfg.sampler, tau: cfg.tau, ...result }, null, 2) + '\n');
+    return result;
+  } finally {
+    models.dispose();
+    await grading.close();
+  }
+}
+
+/** The table as Markdown. */
+export function evaluationMarkdown(rows: readonly ExtractEvalRow[]): string {
+  const pct = (v: number) => `${(100 * v).toFixed(1)}%`;
+  return ['| n | single sample | critic best-of-n | majority vote | pass@n |', '| --- | --- | --- | --- | --- |', ...rows.map((r) => `| ${r.n} | ${pct(r.single)} | ${pct(r.critic_best_of_n)} | ${pct(r.majority_vote)} | ${pct(r.pass_at_n)} |`)].join('\n');
+}
