@@ -7,3 +7,4 @@ export * from './checkpoint';
 export * from './lora';
 export * from './dropout';
 export * from './trainer';
+export * from './fused-adamw';

@@ -115,24 +115,27 @@ export function compileTrainStep(spec: TrainStepSpec): TrainStepGraphs {
     accumulate.output(L.add(acc, fa.grads[i]), stateNames.next(stateNames.grad(p.name)));
   });
 
-  // apply: AdamW from accumulated gradients
+  return { step, accumulate, apply: compileApply(spec.params, spec.optimizer), batchInputs: fb.batchInputs, metrics: Object.keys(fb.metrics) };
+}
+
+/** The `apply` graph alone: AdamW from accumulated gradients (scaled by `grad_scale`), no loss needed. */
+export function compileApply(params: TrainableParam[], optimizer?: AdamWConfig): Graph {
   const apply = new L.Graph('train_apply');
   const s2 = scalars(apply);
   const scale = apply.input('grad_scale', 'float32', []);
-  const slots = spec.params.map((p) => ({
+  const slots = params.map((p) => ({
     param: apply.input(p.name, 'float32', p.shape),
     grad: L.mul(apply.input(stateNames.grad(p.name), 'float32', p.shape), scale),
     m: apply.input(stateNames.m(p.name), 'float32', p.shape),
     v: apply.input(stateNames.v(p.name), 'float32', p.shape),
     decay: p.decay,
   }));
-  const applied = apply.scope('optimizer', () => adamwUpdate(slots, s2, spec.optimizer));
+  const applied = apply.scope('optimizer', () => adamwUpdate(slots, s2, optimizer));
   apply.output(applied.gradNorm, 'grad_norm');
-  spec.params.forEach((p, i) => {
+  params.forEach((p, i) => {
     apply.output(applied.params[i], stateNames.next(p.name));
     apply.output(applied.m[i], stateNames.next(stateNames.m(p.name)));
     apply.output(applied.v[i], stateNames.next(stateNames.v(p.name)));
   });
-
-  return { step, accumulate, apply, batchInputs: fb.batchInputs, metrics: Object.keys(fb.metrics) };
+  return apply;
 }

@@ -1,0 +1,293 @@
+/**
+ * Fused AdamW on CUDA: the `apply` graph's update in three kernel launches over every parameter at
+ * once (multi-tensor: a table of tensor pointers and a table of fixed-size chunks, one chunk per
+ * thread block), instead of 13–14 ORT kernels per parameter. Clipping is folded in without a host
+ * sync: one launch sums squares per chunk, one reduces the partial sums to the global norm in a
+ * fixed order (so it is deterministic), and the update reads that norm from device memory.
+ *
+ * The per-element arithmetic is `adamwUpdate`'s, operation for operation, with every product, sum,
+ * quotient and square root rounded to float32 on its own (`__fmul_rn` and friends: no contraction
+ * into FMAs), so without clipping the update is bitwise the composed one. With clipping the norm is
+ * summed in another order than ORT's reductions, which may move the clip coefficient by an ulp.
+ */
+import type { Device, DeviceTensor } from '@lathe/runtime';
+import type { Kernel, Kernels } from '@lathe/kernels';
+import type { AdamWConfig } from './adamw';
+
+/** Elements per chunk: one thread block updates one chunk of one tensor. */
+export const FUSED_ADAMW_CHUNK = 65536;
+/** Threads per block of the chunk kernels. */
+const BLOCK = 256;
+/** 64-bit words per tensor in the slot table: p, m, v, g, p_out, m_out, v_out addresses, size, decay. */
+export const SLOT_WORDS = 9;
+
+/** The CUDA source of the three kernels (extern "C", so their names need no mangling). */
+export const fusedAdamWSource = String.raw`
+typedef unsigned long long u64;
+typedef long long i64;
+
+__device__ float block_sum(float x) {
+  __shared__ float warp_sums[32];
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = x;
+  __syncthreads();
+  x = threadIdx.x < (blockDim.x >> 5) ? warp_sums[threadIdx.x] : 0.0f;
+  if (threadIdx.x < 32) for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// partial[c] = sum over chunk c of (g * scale)^2
+extern "C" __global__ void lathe_adamw_sumsq(const u64* __restrict__ slots, const i64* __restrict__ chunks, i64 chunk, float scale, float* __restrict__ partial) {
+  const u64* s = slots + ${SLOT_WORDS} * chunks[2 * blockIdx.x];
+  const float* g = (const float*)s[3];
+  const i64 start = chunks[2 * blockIdx.x + 1];
+  const i64 end = min(start + chunk, (i64)s[7]);
+  float acc = 0.0f;
+  for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+    const float x = __fmul_rn(g[i], scale);
+    acc = __fadd_rn(acc, __fmul_rn(x, x));
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// norm[0] = sqrt(sum of partial), summed in a fixed order by one block
+extern "C" __global__ void lathe_adamw_norm(const float* __restrict__ partial, int n, float* __restrict__ norm) {
+  float acc = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) acc = __fadd_rn(acc, partial[i]);
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) norm[0] = __fsqrt_rn(acc);
+}
+
+// adamwUpdate (packages/train/src/adamw.ts), one element at a time
+extern "C" __global__ void lathe_adamw_update(const u64* __restrict__ slots, const i64* __restrict__ chunks, i64 chunk, const float* __restrict__ norm,
+    float scale, float lr, float bc1, float bc2, float b1, float b2, float omb1, float omb2, float eps, float wd, float max_norm) {
+  float g_scale = omb1, g2_scale = omb2;
+  if (max_norm > 0.0f) {
+    const float c = fminf(__fdiv_rn(max_norm, __fadd_rn(norm[0], 1e-6f)), 1.0f);
+    g_scale = __fmul_rn(c, omb1);
+    g2_scale = __fmul_rn(__fmul_rn(c, c), omb2);
+  }
+  const float sqrt_bc2 = __fsqrt_rn(bc2);
+  const float step_size = __fdiv_rn(__fmul_rn(lr, sqrt_bc2), bc1);
+  const float eps_hat = __fmul_rn(sqrt_bc2, eps);
+  const float keep = __fsub_rn(1.0f, __fmul_rn(lr, wd));
+  const u64* s = slots + ${SLOT_WORDS} * chunks[2 * blockIdx.x];
+  const float* p_in = (const float*)s[0];
+  const float* m_in = (const float*)s[1];
+  const float* v_in = (const float*)s[2];
+  const float* g_in = (const float*)s[3];
+  float* p_out = (float*)s[4];
+  float* m_out = (float*)s[5];
+  float* v_out = (float*)s[6];
+  const bool decay = s[8] != 0 && wd != 0.0f;
+  const i64 start = chunks[2 * blockIdx.x + 1];
+  const i64 end = min(start + chunk, (i64)s[7]);
+  for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+    const float g = __fmul_rn(g_in[i], scale);
+    const float m = __fadd_rn(__fmul_rn(m_in[i], b1), __fmul_rn(g, g_scale));
+    const float v = __fadd_rn(__fmul_rn(v_in[i], b2), __fmul_rn(__fmul_rn(g, g), g2_scale));
+    const float p = decay ? __fmul_rn(p_in[i], keep) : p_in[i];
+    p_out[i] = __fsub_rn(p, __fmul_rn(__fdiv_rn(m, __fadd_rn(__fsqrt_rn(v), eps_hat)), step_size));
+    m_out[i] = m;
+    v_out[i] = v;
+  }
+}
+`;
+
+/** A parameter as the fused update sees it. */
+export interface FusedAdamWParam {
+  name: string;
+  /** Element count. */
+  size: number;
+  /** Whether weight decay applies. */
+  decay: boolean;
+}
+
+/** One parameter's buffers in one direction of the ping-pong: read p, m, v, g; write the `out`s. */
+export interface FusedAdamWBuffers {
+  p: DeviceTensor;
+  m: DeviceTensor;
+  v: DeviceTensor;
+  g: DeviceTensor;
+  pOut: DeviceTensor;
+  mOut: DeviceTensor;
+  vOut: DeviceTensor;
+}
+
+/**
+ * The chunk table: for every chunk, (tensor index, first element), tensors in order, each cut into
+ * `chunk`-element pieces (the last one shorter). Empty tensors get no chunk.
+ */
+export function planChunks(sizes: readonly number[], chunk = FUSED_ADAMW_CHUNK): BigInt64Array {
+  if (!Number.isInteger(chunk) || chunk < 1) throw new Error(`fused AdamW: the chunk must be a positive integer, got ${chunk}`);
+  const out: bigint[] = [];
+  sizes.forEach((n, t) => {
+    if (!Number.isSafeInteger(n) || n < 0) throw new Error(`fused AdamW: tensor ${t} has an invalid size ${n}`);
+    for (let start = 0; start < n; start += chunk) out.push(BigInt(t), BigInt(start));
+  });
+  return BigInt64Array.from(out);
+}
+
+/** The slot table: {@link SLOT_WORDS} words per tensor (seven addresses, the size, the decay flag). */
+export function slotTable(slots: readonly { pointers: readonly bigint[]; size: number; decay: boolean }[]): BigInt64Array {
+  const out = new BigInt64Array(slots.length * SLOT_WORDS);
+  slots.forEach((s, i) => {
+    if (s.pointers.length !== 7) throw new Error(`fused AdamW: slot ${i} has ${s.pointers.length} addresses, expected 7 (p, m, v, g, p_out, m_out, v_out)`);
+    out.set([...s.pointers, BigInt(s.size), s.decay ? 1n : 0n], i * SLOT_WORDS);
+  });
+  return out;
+}
+
+/** The scalars of one update. */
+export interface FusedAdamWStep {
+  lr: number;
+  /** 1 − β₁ᵗ. */
+  bc1: number;
+  /** 1 − β₂ᵗ. */
+  bc2: number;
+  /** Gradients are multiplied by this first (the apply graph's `grad_scale`; default 1). */
+  gradScale?: number;
+}
+
+/** The constants the kernels take, as float32 values, exactly as the composed graph holds them. */
+export function fusedAdamWConstants(cfg: AdamWConfig = {}): { b1: number; b2: number; omb1: number; omb2: number; eps: number; wd: number; maxNorm: number } {
+  const [b1, b2] = cfg.betas ?? [0.9, 0.999];
+  const f = Math.fround;
+  return { b1: f(b1), b2: f(b2), omb1: f(1 - b1), omb2: f(1 - b2), eps: f(cfg.eps ?? 1e-8), wd: f(cfg.weightDecay ?? 0.01), maxNorm: f(cfg.maxGradNorm ?? 0) };
+}
+
+/**
+ * The kernels' arithmetic on the host, float32 rounding after every operation: the reference the
+ * CPU tests hold against ORT's composed `apply` graph (and the device script against the kernel).
+ * `norm` is the global gradient norm (computed here when omitted).
+ */
+export function fusedAdamWReference(
+  slots: readonly { p: Float32Array; m: Float32Array; v: Float32Array; g: Float32Array; decay: boolean }[],
+  step: FusedAdamWStep,
+  cfg: AdamWConfig = {},
+  norm?: number,
+): { p: Float32Array[]; m: Float32Array[]; v: Float32Array[]; norm: number } {
+  const f = Math.fround;
+  const k = fusedAdamWConstants(cfg);
+  const scale = f(step.gradScale ?? 1);
+  if (norm === undefined) {
+    let total = 0;
+    for (const s of slots) {
+      let acc = 0;
+      for (const x of s.g) acc = f(acc + f(f(x * scale) * f(x * scale)));
+      total = f(total + acc);
+    }
+    norm = f(Math.sqrt(total));
+  }
+  let gScale = k.omb1;
+  let g2Scale = k.omb2;
+  if (k.maxNorm > 0) {
+    const c = Math.min(f(k.maxNorm / f(norm + f(1e-6))), 1);
+    gScale = f(c * k.omb1);
+    g2Scale = f(f(c * c) * k.omb2);
+  }
+  const [lr, bc1, bc2] = [f(step.lr), f(step.bc1), f(step.bc2)];
+  const sqrtBc2 = f(Math.sqrt(bc2));
+  const stepSize = f(f(lr * sqrtBc2) / bc1);
+  const epsHat = f(sqrtBc2 * k.eps);
+  const keep = f(1 - f(lr * k.wd));
+  const out = { p: [] as Float32Array[], m: [] as Float32Array[], v: [] as Float32Array[], norm };
+  for (const s of slots) {
+    const [p, m, v] = [new Float32Array(s.p.length), new Float32Array(s.p.length), new Float32Array(s.p.length)];
+    for (let i = 0; i < s.p.length; i++) {
+      const g = f(s.g[i] * scale);
+      m[i] = f(f(s.m[i] * k.b1) + f(g * gScale));
+      v[i] = f(f(s.v[i] * k.b2) + f(f(g * g) * g2Scale));
+      const decayed = s.decay && k.wd !== 0 ? f(s.p[i] * keep) : s.p[i];
+      p[i] = f(decayed - f(f(m[i] / f(f(Math.sqrt(v[i])) + epsHat)) * stepSize));
+    }
+    out.p.push(p);
+    out.m.push(m);
+    out.v.push(v);
+  }
+  return out;
+}
+
+/** A direction of the ping-pong with its slot table on the device. */
+export interface FusedAdamWTables {
+  slots: DeviceTensor;
+}
+
+/** The compiled kernels and the device buffers of the fused update for one set of parameters. */
+export class FusedAdamW {
+  private readonly chunks: DeviceTensor;
+  private readonly partial: DeviceTensor;
+  /** The last update's global gradient norm (before clipping), float32 [1] on the device. */
+  readonly gradNorm: DeviceTensor;
+  private readonly nChunks: number;
+  private readonly constants: ReturnType<typeof fusedAdamWConstants>;
+  private readonly tables: DeviceTensor[] = [];
+  private readonly sumsq: Kernel<readonly ['ptr', 'ptr', 'i64', 'f32', 'ptr']>;
+  private readonly norm: Kernel<readonly ['ptr', 'i32', 'ptr']>;
+  private readonly update: Kernel<readonly ['ptr', 'ptr', 'i64', 'ptr', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32']>;
+
+  private constructor(
+    private readonly kernels: Kernels,
+    private readonly device: Device,
+    readonly params: readonly FusedAdamWParam[],
+    cfg: AdamWConfig,
+    readonly chunk: number,
+  ) {
+    const plan = planChunks(params.map((p) => p.size), chunk);
+    this.nChunks = plan.length / 2;
+    if (this.nChunks === 0) throw new Error('fused AdamW: no parameter has any element');
+    if (this.nChunks > 2 ** 31 - 1) throw new Error(`fused AdamW: ${this.nChunks} chunks exceed the grid; use a larger chunk`);
+    this.constants = fusedAdamWConstants(cfg);
+    const mod = kernels.compile(fusedAdamWSource, { name: 'lathe_fused_adamw', options: ['--fmad=false'] });
+    this.sumsq = mod.kernel('lathe_adamw_sumsq', ['ptr', 'ptr', 'i64', 'f32', 'ptr'] as const);
+    this.norm = mod.kernel('lathe_adamw_norm', ['ptr', 'i32', 'ptr'] as const);
+    this.update = mod.kernel('lathe_adamw_update', ['ptr', 'ptr', 'i64', 'ptr', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32'] as const);
+    this.chunks = device.upload({ data: plan, dims: [plan.length] }, 'int64');
+    this.partial = device.empty('float32', [this.nChunks]);
+    this.gradNorm = device.zeros('float32', [1]);
+  }
+
+  /** Compiles the kernels (or finds them in the cache) and uploads the chunk table. */
+  static create(kernels: Kernels, device: Device, params: readonly FusedAdamWParam[], cfg: AdamWConfig = {}, chunk = FUSED_ADAMW_CHUNK): FusedAdamW {
+    if (device.kind !== 'cuda') throw new Error(`fused AdamW runs on CUDA, got ${device.name}`);
+    return new FusedAdamW(kernels, device, params, cfg, chunk);
+  }
+
+  /** Uploads the slot table of one direction (buffers in `params` order); the tensors must outlive it. */
+  bind(buffers: readonly FusedAdamWBuffers[]): FusedAdamWTables {
+    if (buffers.length !== this.params.length) throw new Error(`fused AdamW: ${buffers.length} buffer sets for ${this.params.length} parameters`);
+    const table = slotTable(
+      buffers.map((b, i) => {
+        const p = this.params[i];
+        for (const [k, t] of Object.entries(b) as [string, DeviceTensor][]) {
+          if (t.dtype !== 'float32' || t.size !== p.size) throw new Error(`fused AdamW: '${p.name}' ${k} is ${t.describe()}, expected float32 of ${p.size} elements`);
+        }
+        return { pointers: [b.p, b.m, b.v, b.g, b.pOut, b.mOut, b.vOut].map((t) => t.devicePointer()), size: p.size, decay: p.decay };
+      }),
+    );
+    const slots = this.device.upload({ data: table, dims: [table.length] }, 'int64');
+    this.tables.push(slots);
+    return { slots };
+  }
+
+  /** Queues the update of one direction on the kernels' stream; `gradNorm` holds the norm after it. */
+  step(tables: FusedAdamWTables, s: FusedAdamWStep): void {
+    const k = this.constants;
+    const scale = s.gradScale ?? 1;
+    const grid = this.nChunks;
+    this.sumsq.launch({ grid, block: BLOCK }, tables.slots, this.chunks, this.chunk, scale, this.partial);
+    this.norm.launch({ grid: 1, block: 1024 }, this.partial, this.nChunks, this.gradNorm);
+    this.update.launch({ grid, block: BLOCK }, tables.slots, this.chunks, this.chunk, this.gradNorm, scale, s.lr, s.bc1, s.bc2, k.b1, k.b2, k.omb1, k.omb2, k.eps, k.wd, k.maxNorm);
+  }
+
+  /** The last norm on the host (a download, ordered after the update on the same stream). */
+  readGradNorm(): number {
+    return this.gradNorm.download().data[0] as number;
+  }
+
+  /** Frees the tables and buffers (the kernels' module stays with `Kernels`). */
+  dispose(): void {
+    for (const t of [this.chunks, this.partial, this.gradNorm, ...this.tables.splice(0)]) t.dispose();
+  }
+}

@@ -1,0 +1,114 @@
+import * as L from '@lathe/onnx';
+import { Device } from '@lathe/runtime';
+import { biasCorrections, compileTrainStep, Trainer, FUSED_ADAMW_CHUNK, fusedAdamWConstants, fusedAdamWReference, planChunks, SLOT_WORDS, slotTable, stateNames, type AdamWConfig, type TrainableParam } from '@lathe/train';
+import { rng } from '../../../tools/testing/ort-cpu';
+
+test('chunks: each tensor cut into chunk-sized pieces in order, the last one shorter; empty tensors get none', () => {
+  expect(Array.from(planChunks([5, 0, 3, 4], 4), Number)).toEqual([0, 0, 0, 4, 2, 0, 3, 0]);
+  expect(planChunks([FUSED_ADAMW_CHUNK * 2 + 1]).length).toBe(6);
+  expect(planChunks([]).length).toBe(0);
+  expect(() => planChunks([3], 0)).toThrow(/chunk must be a positive integer/);
+  expect(() => planChunks([3, -1])).toThrow(/tensor 1 has an invalid size -1/);
+});
+
+test('chunks: every element of every tensor is in exactly one chunk (Qwen3-0.6B sizes)', () => {
+  // hidden 1024, intermediate 3072, 28 layers, vocabulary 151936, q/k/v/o 2048/1024/1024/2048 wide
+  const layer = [1024 * 2048, 1024 * 1024, 1024 * 1024, 2048 * 1024, 3072 * 1024, 3072 * 1024, 1024 * 3072, 1024, 1024, 128, 128];
+  const sizes = [151936 * 1024, ...Array.from({ length: 28 }, () => layer).flat(), 1024];
+  const plan = planChunks(sizes);
+  const covered = sizes.map(() => 0);
+  for (let c = 0; c < plan.length; c += 2) {
+    const [t, start] = [Number(plan[c]), Number(plan[c + 1])];
+    expect(start % FUSED_ADAMW_CHUNK).toBe(0);
+    covered[t] += Math.min(FUSED_ADAMW_CHUNK, sizes[t] - start);
+  }
+  expect(covered).toEqual(sizes);
+  expect(plan.length / 2).toBe(sizes.reduce((a, n) => a + Math.ceil(n / FUSED_ADAMW_CHUNK), 0));
+});
+
+test('slot table: seven addresses, the size and the decay flag per tensor', () => {
+  const t = slotTable([
+    { pointers: [1n, 2n, 3n, 4n, 5n, 6n, 7n], size: 10, decay: true },
+    { pointers: [11n, 12n, 13n, 14n, 15n, 16n, 17n], size: 3, decay: false },
+  ]);
+  expect(SLOT_WORDS).toBe(9);
+  expect(Array.from(t, Number)).toEqual([1, 2, 3, 4, 5, 6, 7, 10, 1, 11, 12, 13, 14, 15, 16, 17, 3, 0]);
+  expect(() => slotTable([{ pointers: [1n], size: 1, decay: false }])).toThrow(/slot 0 has 1 addresses, expected 7/);
+});
+
+test('constants are the float32 values the composed graph holds', () => {
+  const k = fusedAdamWConstants({ maxGradNorm: 1 });
+  expect(k).toEqual({ b1: Math.fround(0.9), b2: Math.fround(0.999), omb1: Math.fround(1 - 0.9), omb2: Math.fround(1 - 0.999), eps: Math.fround(1e-8), wd: Math.fround(0.01), maxNorm: 1 });
+});
+
+/** Runs ORT's composed `apply` graph on the CPU and the kernels' host reference on the same state. */
+async function compare(cfg: AdamWConfig, gradScale: number) {
+  // two small equal-size decayed tensors (stacked into one group by adamwUpdate), a norm weight, one large tensor
+  const params: TrainableParam[] = [
+    { name: 'a', shape: [4, 8], decay: true },
+    { name: 'b', shape: [4, 8], decay: true },
+    { name: 'norm', shape: [8], decay: false },
+    { name: 'big', shape: [70000], decay: true },
+  ];
+  const graphs = compileTrainStep({ params, loss: (g, ps) => ({ loss: L.reduceSum(L.mul(ps.get('a')!, ps.get('a')!), [0, 1], false) }), optimizer: cfg });
+  const r = rng(37);
+  const rand = (n: number, s: number) => Float32Array.from({ length: n }, () => (r() * 2 - 1) * s);
+  const state = params.map((p) => {
+    const n = p.shape.reduce((a, b) => a * b, 1);
+    return { p: rand(n, 1), m: rand(n, 0.01), v: Float32Array.from(rand(n, 1e-4), Math.abs), g: rand(n, 0.05), decay: p.decay };
+  });
+  const { bc1, bc2 } = biasCorrections(3);
+  const lr = 3e-4;
+  const feeds: Record<string, { data: Float32Array; dims: number[] }> = { lr: { data: Float32Array.of(lr), dims: [] }, bc1: { data: Float32Array.of(bc1), dims: [] }, bc2: { data: Float32Array.of(bc2), dims: [] }, grad_scale: { data: Float32Array.of(gradScale), dims: [] } };
+  params.forEach((p, i) => {
+    feeds[p.name] = { data: state[i].p, dims: p.shape };
+    feeds[stateNames.m(p.name)] = { data: state[i].m, dims: p.shape };
+    feeds[stateNames.v(p.name)] = { data: state[i].v, dims: p.shape };
+    feeds[stateNames.grad(p.name)] = { data: state[i].g, dims: p.shape };
+  });
+  const s = Device.cpu().compile(graphs.apply);
+  const out = await s.run(feeds);
+  s.dispose();
+  const ref = fusedAdamWReference(state, { lr, bc1, bc2, gradScale }, cfg);
+  return { params, out, ref, state };
+}
+
+/** Largest distance in units in the last place between two float32 arrays. */
+function maxUlps(a: Float32Array, b: Float32Array): number {
+  const ia = new Int32Array(a.buffer, a.byteOffset, a.length);
+  const ib = new Int32Array(b.buffer, b.byteOffset, b.length);
+  let worst = 0;
+  for (let i = 0; i < a.length; i++) worst = Math.max(worst, Math.abs(ia[i] - ib[i]));
+  return worst;
+}
+
+test('without clipping the fused arithmetic is bitwise the composed apply graph (grouped and single tensors, decay and not)', async () => {
+  const { params, out, ref } = await compare({ weightDecay: 0.1 }, 0.5);
+  params.forEach((p, i) => {
+    expect(maxUlps(out[stateNames.next(p.name)].data as Float32Array, ref.p[i])).toBe(0);
+    expect(maxUlps(out[stateNames.next(stateNames.m(p.name))].data as Float32Array, ref.m[i])).toBe(0);
+    expect(maxUlps(out[stateNames.next(stateNames.v(p.name))].data as Float32Array, ref.v[i])).toBe(0);
+  });
+  expect(Math.abs((out.grad_norm.data[0] as number) - ref.norm) / ref.norm).toBeLessThan(1e-5);
+});
+
+test('with clipping that bites, the update is bitwise the composed one given the same norm; the norms differ only by summation order', async () => {
+  const cfg = { maxGradNorm: 0.5 };
+  const { params, out, state } = await compare(cfg, 1);
+  const norm = out.grad_norm.data[0] as number;
+  expect(norm).toBeGreaterThan(0.5);
+  const ref = fusedAdamWReference(state, { lr: 3e-4, ...biasCorrections(3) }, cfg, norm);
+  params.forEach((p, i) => {
+    expect(maxUlps(out[stateNames.next(p.name)].data as Float32Array, ref.p[i])).toBe(0);
+    expect(maxUlps(out[stateNames.next(stateNames.m(p.name))].data as Float32Array, ref.m[i])).toBe(0);
+    expect(maxUlps(out[stateNames.next(stateNames.v(p.name))].data as Float32Array, ref.v[i])).toBe(0);
+  });
+  const own = fusedAdamWReference(state, { lr: 3e-4, ...biasCorrections(3) }, cfg);
+  expect(Math.abs(own.norm - norm) / norm).toBeLessThan(1e-5);
+});
+
+test('the trainer refuses fusedAdamW off CUDA, naming the device', () => {
+  const params: TrainableParam[] = [{ name: 'w', shape: [2], decay: true }];
+  const spec = { params, loss: (g: L.Graph, ps: Map<string, L.Tensor>) => ({ loss: L.reduceSum(L.mul(ps.get('w')!, ps.get('w')!), [0], false) }) };
+  expect(() => Trainer.create(spec, { params: new Map([['w', Float32Array.of(1, 2)]]) }, { fusedAdamW: true })).toThrow("Trainer: fusedAdamW runs Lathe's CUDA kernels and needs a CUDA device, got cpu");
+});
