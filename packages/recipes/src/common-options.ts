@@ -85,6 +85,15 @@ export const loraOptions = {
   lora_dropout: { type: 'number', default: 0, min: 0, below: 1, describe: "Dropout on each LoRA adapter's input in the train step (PEFT's lora_dropout), never in generation or evaluation; masks from an in-graph hash of (seed, optimizer step, micro-batch), so --resume redraws them exactly" },
 } as const satisfies OptionSchema;
 
+/** `--quantize_base`: QLoRA, LoRA adapters over a base quantized in memory. */
+export const quantizeBaseOption = {
+  type: 'string',
+  default: 'none',
+  choices: ['none', 'nf4', 'int4', 'int8'],
+  describe:
+    "QLoRA: quantize the frozen base under the LoRA adapters in memory (nf4: bitsandbytes' NF4 with double quantization; int4: blocks of 64; int8: per output channel), every decoder projection; the adapters train in --compute_dtype and checkpoints hold them alone and merged into the dequantized base; needs --lora_rank > 0",
+} as const;
+
 // ---------------------------------------------------------------------------------------------
 // Evaluation, checkpoints and resume
 

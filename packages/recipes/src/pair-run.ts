@@ -7,11 +7,12 @@
  * step, and a final checkpoint.
  */
 import type { DecoderConfig } from '@lathe/models';
-import { trainedWeights, type PreferencePair, type TrainedWeights } from '@lathe/reward-models';
+import type { PreferencePair, TrainedWeights } from '@lathe/reward-models';
 import { Device, sizeOf, type DeviceTensor } from '@lathe/runtime';
 import { loraFromOptions, Trainer, useFlashAttention, type AttentionChoice, type BatchTensor, type LoraOptions, type LossBuilder, type TrainerState } from '@lathe/train';
 import type { DType } from '@lathe/onnx';
 import { pairStepFeeds } from './preference-batches';
+import { runTrainedWeights } from './quantize-lora';
 import { checkComputeDtype, EpochStream, scheduledLr, stepTiming, stopRequested, type RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
 /** Options `--resume` accepts with new values in a preference run (they change neither the weights nor the data order). */
@@ -23,6 +24,8 @@ export interface PairRunConfig extends LoraOptions {
   compute_dtype: 'float32' | 'bfloat16';
   attention: AttentionChoice;
   gradient_checkpointing: boolean;
+  /** QLoRA's base format, or 'none'. */
+  quantize_base: string;
   steps: number;
   batch_size: number;
   micro_batches: number;
@@ -95,7 +98,7 @@ export function startPairTraining(
 ): PairTraining {
   const lora = loraFromOptions(cfg);
   const compute = cfg.compute_dtype;
-  const tw = trainedWeights(model.config, model.master, { lora, compute, seed: cfg.seed });
+  const tw = runTrainedWeights(model.config, model.master, { lora, compute, seed: cfg.seed, quantize_base: cfg.quantize_base, device: cfg.device });
   const loss = model.loss({ compute, weights: tw.weights, recompute: cfg.gradient_checkpointing, flashAttention: useFlashAttention(cfg.attention, cfg.device, compute) });
   const { state, init } = run.startFrom(tw.params, cfg, PAIR_RESUMABLE_KEYS, tw.init);
   run.saveConfig(cfg);

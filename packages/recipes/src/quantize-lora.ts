@@ -9,8 +9,9 @@
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
 import { paramSpecs, SCORE_WEIGHT, type Weights } from '@lathe/models';
-import { overQuantizedBase, type QuantizedModel } from '@lathe/quantization';
-import type { TrainedWeights } from '@lathe/reward-models';
+import { overQuantizedBase, QuantizedModel, type QuantScheme } from '@lathe/quantization';
+import { trainedWeights, type TrainedWeights } from '@lathe/reward-models';
+import type { DecoderConfig } from '@lathe/models';
 import { initLora, loraAdapters, loraWeights, mergeLora, type LoraConfig, type TrainableParam } from '@lathe/train';
 
 /** Options of {@link qloraTrainedWeights}. */
@@ -70,4 +71,30 @@ export function qloraTrainedWeights(q: QuantizedModel, opts: QloraOptions): Trai
       return model;
     },
   };
+}
+
+/** The base formats of `--quantize_base` (bitsandbytes' QLoRA default is NF4 with double quantization). */
+const QLORA_SCHEMES: Record<string, QuantScheme> = {
+  nf4: { format: 'nf4', doubleQuant: true },
+  int4: { format: 'int4', blockSize: 64 },
+  int8: { format: 'int8' },
+};
+
+/**
+ * A training run's trained tensors from its options: every weight, LoRA over the float32 base, or
+ * (with `quantize_base`) QLoRA over the base quantized here. NF4's backward runs through
+ * MatMulBnb4 on CUDA (faster and no dequantized copy; measured in docs/benchmarks.md) and through
+ * the dequantized weights elsewhere.
+ */
+export function runTrainedWeights(
+  config: DecoderConfig,
+  master: ReadonlyMap<string, Float32Array>,
+  cfg: { lora?: LoraConfig; compute: DType; seed: number; quantize_base: string; device: string },
+): TrainedWeights {
+  if (cfg.quantize_base === 'none') return trainedWeights(config, master, { lora: cfg.lora, compute: cfg.compute, seed: cfg.seed });
+  const scheme = QLORA_SCHEMES[cfg.quantize_base];
+  if (!scheme) throw new Error(`--quantize_base ${cfg.quantize_base}: not a format (none, ${Object.keys(QLORA_SCHEMES).join(', ')})`);
+  if (!cfg.lora) throw new Error(`--quantize_base ${cfg.quantize_base} trains LoRA adapters over a frozen quantized base: set --lora_rank > 0`);
+  const q = QuantizedModel.quantize(config, master, scheme);
+  return qloraTrainedWeights(q, { lora: cfg.lora, compute: cfg.compute, seed: cfg.seed, backward: cfg.device === 'cuda' ? 'kernel' : 'dequantize' });
 }

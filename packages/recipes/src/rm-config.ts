@@ -8,6 +8,7 @@ import {
   modelOption,
   optimizerOptions,
   promptFormatOptions,
+  quantizeBaseOption,
   runDirOption,
   seedOption,
   tokenizerOption,
@@ -30,8 +31,8 @@ export const preferenceMaxLengthOption = { type: 'number', default: 1024, intege
 /** `--eval_examples` of the preference training commands. */
 export const heldOutPairsOption = { ...evalExamplesOption, describe: 'Held-out pairs, scored for pairwise accuracy (the same ones for the same data, seed and count)' } as const;
 
-/** LoRA for reward models and DPO: the attention projections by default. */
-export const preferenceLoraOptions = { ...loraOptions, lora_targets: { ...loraOptions.lora_targets, default: REWARD_LORA_TARGETS } } as const satisfies OptionSchema;
+/** LoRA (or QLoRA) for reward models and DPO: the attention projections by default. */
+export const preferenceLoraOptions = { ...loraOptions, lora_targets: { ...loraOptions.lora_targets, default: REWARD_LORA_TARGETS }, quantize_base: quantizeBaseOption } as const satisfies OptionSchema;
 
 /** The device, train step and batch options of the preference training commands (rm train, dpo). */
 export const preferenceStepOptions = {
