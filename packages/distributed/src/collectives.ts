@@ -33,6 +33,8 @@ export interface Collectives {
   readonly worldSize: number;
   /** 'local', 'tcp' or 'nccl'. */
   readonly backend: string;
+  /** What ended the group (a peer's death or abort), once something has; watched by long waits. */
+  readonly failure?: Error;
   /** Reduces each tensor over the ranks, in place (float32). Tensors may be reduced as one bucket. */
   allReduce(tensors: readonly DeviceTensor[], op?: ReduceOp): Promise<void>;
   /** Reduces `input` (worldSize × output.size elements) over the ranks; rank r keeps chunk r in `output`. */

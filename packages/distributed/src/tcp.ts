@@ -90,7 +90,8 @@ class Inbox {
 /** Collectives between processes over TCP (rank 0 hosts). */
 export class TcpCollectives extends HostCollectives {
   readonly backend = 'tcp';
-  private failure: DistributedError | undefined;
+  /** What ended the group (a peer's death or abort), once something has. */
+  failure: DistributedError | undefined;
   private closing = false;
   private chain: Promise<unknown> = Promise.resolve();
   /** rank 0: one connection and inbox per other rank; others: [the connection to rank 0]. */

@@ -1,0 +1,43 @@
+/** Finding libnccl (CI has none): the search order, and a missing library named with the fix. */
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { cudartCandidates, loadFirst, NCCL_FIX, ncclCandidates, NcclLibraryError, ncclStatus } from '@lathe/distributed';
+
+test('LATHE_NCCL_LIBRARY alone when set; else existing files on LD_LIBRARY_PATH and the toolkit, then the soname', () => {
+  expect(ncclCandidates({ LATHE_NCCL_LIBRARY: '/opt/nccl/libnccl.so.2' })).toEqual(['/opt/nccl/libnccl.so.2']);
+  const dir = mkdtempSync(join(tmpdir(), 'lathe-nccl-'));
+  mkdirSync(join(dir, 'lib64'));
+  writeFileSync(join(dir, 'lib64', 'libnccl.so.2'), '');
+  writeFileSync(join(dir, 'libcudart.so.12'), '');
+  expect(ncclCandidates({ CUDA_HOME: dir }, { python: false })[0]).toBe(join(dir, 'lib64', 'libnccl.so.2'));
+  expect(ncclCandidates({ CUDA_HOME: dir }, { python: false }).at(-1)).toBe('libnccl.so.2');
+  // the sonames first: ORT's CUDA provider may hold a runtime already, and one runtime is wanted
+  expect(cudartCandidates({ LD_LIBRARY_PATH: dir }, { python: false }).slice(0, 3)).toEqual(['libcudart.so.13', 'libcudart.so.12', join(dir, 'libcudart.so.12')]);
+});
+
+test('a missing or wrong library is an error naming each path tried and the fix', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'lathe-nccl-'));
+  const fake = join(dir, 'libnccl.so.2');
+  writeFileSync(fake, 'not a library');
+  let err: unknown;
+  try {
+    loadFirst('NCCL (libnccl.so.2)', [join(dir, 'absent.so'), fake], 'ncclGetVersion', NCCL_FIX);
+  } catch (e) {
+    err = e;
+  }
+  expect(err).toBeInstanceOf(NcclLibraryError);
+  const msg = (err as Error).message;
+  expect(msg).toContain(`NCCL (libnccl.so.2) could not be loaded; tried ${join(dir, 'absent.so')}: `);
+  expect(msg).toContain(`; ${fake}: `);
+  expect(msg).toContain('pip install nvidia-nccl-cu13');
+  expect(msg).toContain('LATHE_NCCL_LIBRARY');
+  // libc loads but is not NCCL
+  expect(() => loadFirst('NCCL', ['libc.so.6'], 'ncclGetVersion', NCCL_FIX)).toThrow(/libc.so.6: does not export ncclGetVersion/);
+});
+
+test('ncclStatus reports a missing NCCL as a reason, not a throw (what lathe doctor prints)', () => {
+  const s = ncclStatus();
+  if (s.ok) expect(s.version).toMatch(/^\d+\.\d+\.\d+$/);
+  else expect(s.error).toMatch(/could not be loaded; tried .*(Install NCCL|CUDA runtime)/);
+});
