@@ -101,6 +101,8 @@ export interface ClassmateOptions<M> {
   fallbackReward?: number;
   /** Seed of the truncation points and the classmates' sampling (each call of the scorer advances it). Default 0. */
   seed?: number;
+  /** The text a classmate continues, from the prompt text and the completion's prefix. Default their concatenation (a chat run renders the prompt as its template does). */
+  formatText?: (prompt: string, prefix: string) => string;
 }
 
 /** The defaults of {@link ClassmateOptions}. */
@@ -168,6 +170,7 @@ export function classmateScorer<M>(base: RewardScorer<M>, options: ClassmateOpti
   if (o.fallbackReward !== undefined && !Number.isFinite(o.fallbackReward)) throw new Error(`classmateScorer: fallbackReward must be finite, got ${o.fallbackReward}`);
   const grade = o.grade ?? base;
   const isCorrect = o.isCorrect ?? defaultIsCorrect;
+  const formatText = o.formatText ?? ((prompt: string, prefix: string) => prompt + prefix);
   let call = 0;
   let counts: ClassmateCounts | undefined;
 
@@ -186,8 +189,8 @@ export function classmateScorer<M>(base: RewardScorer<M>, options: ClassmateOpti
     let classmate: number[];
     let fallbacks = 0;
     try {
-      withCot = await meanGrade(o.classmates, totalWeight, asked.map((i) => ({ sample: samples[i], prefix: samples[i].completion.slice(0, cuts[i]) })), o.samples, seed, grade, n, asked);
-      const without = o.rewardType === 'remove_wo_cot' ? await meanGrade(o.classmates, totalWeight, asked.map((i) => ({ sample: samples[i], prefix: '' })), o.samples, mix(seed, 0x5bd1e995), grade, n, asked) : undefined;
+      withCot = await meanGrade(o.classmates, totalWeight, asked.map((i) => ({ sample: samples[i], prefix: samples[i].completion.slice(0, cuts[i]) })), o.samples, seed, grade, n, asked, formatText);
+      const without = o.rewardType === 'remove_wo_cot' ? await meanGrade(o.classmates, totalWeight, asked.map((i) => ({ sample: samples[i], prefix: '' })), o.samples, mix(seed, 0x5bd1e995), grade, n, asked, formatText) : undefined;
       classmate = samples.map((_, i) => {
         if (spans[i] === undefined) return o.noCotReward;
         if (!ask[i]) return 0;
@@ -241,6 +244,7 @@ async function meanGrade<M>(
   grade: RewardScorer<M>,
   n: number,
   at: readonly number[],
+  formatText: (prompt: string, prefix: string) => string,
 ): Promise<number[]> {
   const out = new Array<number>(n).fill(0);
   if (items.length === 0) return out;
@@ -249,7 +253,7 @@ async function meanGrade<M>(
       let texts: string[][];
       try {
         texts = await c.continueTexts(
-          items.map((it) => it.sample.prompt + it.prefix),
+          items.map((it) => formatText(it.sample.prompt, it.prefix)),
           k,
           mix(seed, m + 1),
         );

@@ -22,4 +22,5 @@ export * from './gdpo';
 export * from './classmate-tokens';
 export * from './classmate';
 export * from './classmate-models';
+export * from './judge-rewards';
 export type { GrpoStepMetrics, GrpoStepResult, RolloutRecord } from './grpo-metrics';

@@ -4,6 +4,7 @@ import { BUILTIN_DATA, BUILTIN_TOKENIZER } from './demo-task';
 import { attentionOption, checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, reportOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainComputeDtypeOption } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 import { TRAIN_EVAL_KEYS, trainEvalOptions } from './train-eval-config';
+import { classmateOptions, rolloutIsOption } from './classmate-config';
 
 /** Every option of a GRPO-family run; the trainer's defaults come from `GRPO_DEFAULTS`. */
 export const grpoSchema = {
@@ -44,6 +45,7 @@ export const grpoSchema = {
     describe:
       "Weights of the reward sources, 'source=weight,…' (e.g. rm=1,correct=0.5; sources: correct, format, overlong, rm and your functions' names): the step's reward is Σ weight·value; a source not named keeps weight 1 (format: --format_reward); weight 0 computes and logs a source without training on it",
   },
+  ...classmateOptions,
   reward_fallback: { type: 'number', default: 0, describe: 'Value a per-sample reward source (a grader, your function) contributes when it throws or returns NaN/±∞ (each failure is logged with its prompt and counted)' },
   // rollouts
   steps: { type: 'number', default: 100, integer: true, min: 1, describe: 'RL steps (each: rollouts, rewards, advantages, epochs × minibatch updates)' },
@@ -57,7 +59,7 @@ export const grpoSchema = {
   dynamic_sampling: { type: 'boolean', default: false, describe: "DAPO's dynamic sampling: drop groups whose rewards are all equal and sample more prompts until the step has --prompts_per_step informative groups" },
   max_sampling_rounds: { type: 'number', default: 3, integer: true, min: 1, describe: 'With --dynamic_sampling: at most this many sampling rounds per step (a shortfall is logged, not hidden)' },
   // algorithm
-  estimator: { type: 'string', default: GRPO_DEFAULTS.estimator, choices: ESTIMATOR_NAMES, describe: "Advantage estimator: grpo (group mean/std), dr_grpo (no std; with --aggregation token-sum-norm, Dr.GRPO), rloo (leave-one-out), remax (greedy baseline), reinforce_pp (batch whitening), reinforce_pp_baseline (group mean, then whitening), gae (PPO: GAE over token rewards with a learned value model, whitened; see --gae_gamma and the value_* options)" },
+  estimator: { type: 'string', default: GRPO_DEFAULTS.estimator, choices: ESTIMATOR_NAMES, describe: "Advantage estimator: grpo (group mean/std), dr_grpo (no std; with --aggregation token-sum-norm, Dr.GRPO), rloo (leave-one-out), remax (greedy baseline), reinforce_pp (batch whitening), reinforce_pp_baseline (group mean, then whitening), gae (PPO: GAE over token rewards with a learned value model, whitened; see --gae_gamma and the value_* options), gdpo (each reward source normalised in its group, weighted sum whitened over the batch: GDPO), grpo_main_classmate_separated (GRPO over the base reward on every token plus GRPO over the classmate reward on --token_level_classmate_reward_mode's tokens; needs --classmates). The classmate method's adv_estimator" },
   gae_gamma: { type: 'number', default: GRPO_DEFAULTS.valueModel.gamma, min: 0, max: 1, describe: 'With --estimator gae: the discount γ of GAE' },
   gae_lambda: { type: 'number', default: GRPO_DEFAULTS.valueModel.lambda, min: 0, max: 1, describe: 'With --estimator gae: GAE’s λ (1: Monte Carlo returns minus the value; verl’s default)' },
   value_trunk: { type: 'string', default: GRPO_DEFAULTS.valueModel.trunk, choices: ['separate', 'shared'], describe: "With --estimator gae: the value model's own weights (the policy's trunk copied, its own step and lr), or a value head on the policy's trunk (values from the policy's scoring pass, one train step for both; no --value_lr or --value_warmup_steps)" },
@@ -68,6 +70,7 @@ export const grpoSchema = {
   aggregation: { type: 'string', default: GRPO_DEFAULTS.loss.aggregation, choices: LOSS_AGGREGATIONS, describe: 'Loss aggregation: token-mean (DAPO, verl), seq-mean-token-sum, seq-mean-token-mean (original GRPO), token-sum-norm (Dr.GRPO: normalised by sequences × max_new_tokens)' },
   clip_low: { type: 'number', default: GRPO_DEFAULTS.loss.clipLow, min: 0, max: 0.999, describe: 'PPO ratio clip below at 1 - clip_low' },
   clip_high: { type: 'number', default: GRPO_DEFAULTS.loss.clipHigh, min: 0, describe: "PPO ratio clip above at 1 + clip_high (DAPO's clip-higher: 0.28)" },
+  ...rolloutIsOption,
   dual_clip: { type: 'number', default: 0, min: 0, describe: 'Dual-clip PPO constant c > 1 (loss capped at -c·A for negative advantages); 0: off' },
   policy_term: { type: 'string', default: GRPO_DEFAULTS.loss.policyTerm, choices: POLICY_TERMS, describe: "Policy term of the loss: ppo (clipped surrogate), cispo (MiniMax-M1's CISPO: the ratio clipped to [1-clip_low, 1+clip_high] and held constant, times -A·log π; no token's gradient is dropped), reinforce (-A·log π, on-policy; verl's gpg)" },
   loss_scale_factor: { type: 'number', default: 0, min: 0, describe: "With --aggregation token-sum-norm: divide the token sum by this constant instead of sequences × max_new_tokens (verl's loss_scale_factor of seq-mean-token-sum-norm); 0: off" },
@@ -144,6 +147,7 @@ export function grpoTrainerOptions(cfg: GrpoConfig): GrpoAlgorithmOptions {
       entropyCoef: cfg.entropy_coef,
       policyTerm: cfg.policy_term,
       lossScaleFactor: cfg.loss_scale_factor > 0 ? cfg.loss_scale_factor : undefined,
+      rolloutIsThreshold: cfg.rollout_is_threshold > 0 ? cfg.rollout_is_threshold : undefined,
     },
     ...(cfg.off_policy_traces > 0
       ? { offPolicy: { traces: cfg.off_policy_traces, term: cfg.off_policy_term, gamma: cfg.off_policy_gamma, sftCoef: cfg.off_policy_sft_coef, advantageStats: cfg.off_policy_adv_stats } }
