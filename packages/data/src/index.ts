@@ -76,6 +76,7 @@ export {
   inspectRolloutStore,
   readEvalRollouts,
   readTrainRollouts,
+  tokenValues,
   type EvalRollout,
   type RolloutStoreOptions,
   type StoredEvalRollout,

@@ -5,6 +5,7 @@
 import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import type Database from 'libsql';
+import { tokenValueColumns, tokenValues } from './rollout-store';
 
 /** Which table: training rollouts or evaluation rollouts. */
 export type RolloutTable = 'train' | 'eval';
@@ -62,9 +63,11 @@ export interface RolloutPage {
   rows: RolloutRow[];
 }
 
-/** A full row with its parsed `extra`. */
+/** A full row with its parsed `extra` and per-token values (null where none were stored, as in a version-1 store). */
 export interface RolloutDetail extends RolloutRow {
   extra: Record<string, unknown> | null;
+  logprobs: number[] | null;
+  entropies: number[] | null;
 }
 
 const LENGTH = "coalesce(json_array_length(extra, '$.tokens'), length(completion))";
@@ -153,14 +156,26 @@ export function queryRollouts(file: string, q: RolloutQuery, options: { preview?
   });
 }
 
-/** Every completion of one prompt at one step (its group), whole, with `extra` parsed. */
+/** A detail row's columns: the page's, whole, with `extra` and the per-token values the store has. */
+function detailColumns(db: Database.Database, table: RolloutTable): string {
+  return [columns(table, null), 'extra', ...tokenValueColumns(db, tableName(table))].join(', ');
+}
+
+const toDetail = (r: Record<string, unknown>): RolloutDetail => ({
+  ...toRow(r),
+  extra: typeof r.extra === 'string' ? (JSON.parse(r.extra) as Record<string, unknown>) : null,
+  logprobs: tokenValues(r.logprobs),
+  entropies: tokenValues(r.entropies),
+});
+
+/** Every completion of one prompt at one step (its group), whole, with `extra` parsed and per-token values. */
 export function rolloutGroup(file: string, table: RolloutTable, step: number, promptIndex: number, dataset?: string): RolloutDetail[] {
   const name = tableName(table);
   return withStore(file, (db) => {
     const ds = table === 'eval' && dataset !== undefined ? ' AND dataset = ?' : '';
     const args: (string | number)[] = [step, promptIndex, ...(ds ? [dataset!] : [])];
-    const rows = db.prepare(`SELECT ${columns(table, null)}, extra FROM ${name} WHERE step = ? AND prompt_index = ?${ds} ORDER BY rollout_index, id`).all(...args) as Record<string, unknown>[];
-    return rows.map((r) => ({ ...toRow(r), extra: typeof r.extra === 'string' ? (JSON.parse(r.extra) as Record<string, unknown>) : null }));
+    const rows = db.prepare(`SELECT ${detailColumns(db, table)} FROM ${name} WHERE step = ? AND prompt_index = ?${ds} ORDER BY rollout_index, id`).all(...args) as Record<string, unknown>[];
+    return rows.map(toDetail);
   });
 }
 
@@ -168,8 +183,8 @@ export function rolloutGroup(file: string, table: RolloutTable, step: number, pr
 export function rolloutById(file: string, table: RolloutTable, id: number): RolloutDetail | null {
   const name = tableName(table);
   return withStore(file, (db) => {
-    const r = db.prepare(`SELECT ${columns(table, null)}, extra FROM ${name} WHERE id = ?`).get(id) as Record<string, unknown> | undefined;
-    return r ? { ...toRow(r), extra: typeof r.extra === 'string' ? (JSON.parse(r.extra) as Record<string, unknown>) : null } : null;
+    const r = db.prepare(`SELECT ${detailColumns(db, table)} FROM ${name} WHERE id = ?`).get(id) as Record<string, unknown> | undefined;
+    return r ? toDetail(r) : null;
   });
 }
 

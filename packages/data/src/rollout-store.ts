@@ -24,6 +24,10 @@ export interface TrainRollout {
   advantage?: number | null;
   /** Anything else (per-source rewards, lengths, token ids…), stored as JSON. */
   extra?: Record<string, unknown> | null;
+  /** Per completion token: the log-prob of the sampled token under the policy that sampled it (stored as base64 of float32). */
+  logprobs?: ArrayLike<number> | null;
+  /** Per completion token: the entropy of that policy's next-token distribution, where the trainer computed it (stored as float32). */
+  entropies?: ArrayLike<number> | null;
 }
 
 /** One evaluation rollout. */
@@ -38,6 +42,9 @@ export interface EvalRollout {
   reward?: number | null;
   correct?: boolean | null;
   extra?: Record<string, unknown> | null;
+  /** Per completion token log-probs and entropies, as for training rollouts. */
+  logprobs?: ArrayLike<number> | null;
+  entropies?: ArrayLike<number> | null;
 }
 
 /** Options of {@link RolloutStore.open}. */
@@ -53,8 +60,12 @@ export interface RolloutStoreOptions {
   durability?: 'normal' | 'full';
 }
 
-/** SQL of the two tables; `PRAGMA user_version` holds the schema version. */
-export const ROLLOUT_SCHEMA_VERSION = 1;
+/**
+ * SQL of the two tables; `PRAGMA user_version` holds the schema version. Version 2 added the
+ * per-token `logprobs` and `entropies` columns; a version-1 store gains them when a writer opens it,
+ * and readers treat their absence as no values.
+ */
+export const ROLLOUT_SCHEMA_VERSION = 2;
 const SCHEMA = `
 CREATE TABLE IF NOT EXISTS train_rollouts (
   id INTEGER PRIMARY KEY,
@@ -67,7 +78,9 @@ CREATE TABLE IF NOT EXISTS train_rollouts (
   reward REAL,
   advantage REAL,
   extra TEXT,
-  created_at REAL NOT NULL
+  created_at REAL NOT NULL,
+  logprobs TEXT,
+  entropies TEXT
 );
 CREATE INDEX IF NOT EXISTS train_rollouts_step ON train_rollouts (step);
 CREATE TABLE IF NOT EXISTS eval_rollouts (
@@ -81,7 +94,9 @@ CREATE TABLE IF NOT EXISTS eval_rollouts (
   reward REAL,
   correct INTEGER,
   extra TEXT,
-  created_at REAL NOT NULL
+  created_at REAL NOT NULL,
+  logprobs TEXT,
+  entropies TEXT
 );
 CREATE INDEX IF NOT EXISTS eval_rollouts_step ON eval_rollouts (step, dataset);
 PRAGMA user_version = ${ROLLOUT_SCHEMA_VERSION};
@@ -100,19 +115,26 @@ try {
   db.pragma('journal_mode = WAL');
   db.pragma('synchronous = ' + (workerData.durability === 'full' ? 'FULL' : 'NORMAL'));
   const version = db.prepare('PRAGMA user_version').raw(true).get()[0];
-  if (version !== 0 && version !== workerData.version) throw new Error('schema version ' + version + ', this Lathe writes version ' + workerData.version);
+  if (version > workerData.version) throw new Error('schema version ' + version + ', this Lathe writes version ' + workerData.version);
   db.exec(workerData.schema);
+  // an older store: the columns added since, at the end of each table (additive, so old readers still read it)
+  for (const table of ['train_rollouts', 'eval_rollouts']) {
+    const have = new Set(db.prepare('PRAGMA table_info(' + table + ')').all().map((c) => c.name));
+    for (const c of ['logprobs', 'entropies']) if (!have.has(c)) db.exec('ALTER TABLE ' + table + ' ADD COLUMN ' + c + ' TEXT');
+  }
 } catch (e) {
   parentPort.postMessage({ type: 'error', id: -1, message: e && e.message ? e.message : String(e) });
   process.exit(0);
 }
-const insTrain = db.prepare('INSERT INTO train_rollouts (step, epoch, prompt_index, rollout_index, prompt, completion, reward, advantage, extra, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)');
-const insEval = db.prepare('INSERT INTO eval_rollouts (step, dataset, prompt_index, rollout_index, prompt, completion, reward, correct, extra, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)');
+const insTrain = db.prepare('INSERT INTO train_rollouts (step, epoch, prompt_index, rollout_index, prompt, completion, reward, advantage, extra, created_at, logprobs, entropies) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)');
+const insEval = db.prepare('INSERT INTO eval_rollouts (step, dataset, prompt_index, rollout_index, prompt, completion, reward, correct, extra, created_at, logprobs, entropies) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)');
 const num = (v) => (v === undefined || v === null || Number.isNaN(v) ? null : v);
 const json = (v) => (v === undefined || v === null ? null : JSON.stringify(v));
+// per-token values as base64 of little-endian float32 (4 bytes a token; this libsql cannot bind BLOBs)
+const f32 = (v) => (v === undefined || v === null ? null : Buffer.from(Float32Array.from(v).buffer).toString('base64'));
 const write = db.transaction((train, evals, t) => {
-  for (const r of train) insTrain.run(r.step, r.epoch, r.prompt_index, r.rollout_index, r.prompt, r.completion, num(r.reward), num(r.advantage), json(r.extra), t);
-  for (const r of evals) insEval.run(r.step, r.dataset, r.prompt_index, r.rollout_index, r.prompt, r.completion, num(r.reward), r.correct === undefined || r.correct === null ? null : r.correct ? 1 : 0, json(r.extra), t);
+  for (const r of train) insTrain.run(r.step, r.epoch, r.prompt_index, r.rollout_index, r.prompt, r.completion, num(r.reward), num(r.advantage), json(r.extra), t, f32(r.logprobs), f32(r.entropies));
+  for (const r of evals) insEval.run(r.step, r.dataset, r.prompt_index, r.rollout_index, r.prompt, r.completion, num(r.reward), r.correct === undefined || r.correct === null ? null : r.correct ? 1 : 0, json(r.extra), t, f32(r.logprobs), f32(r.entropies));
 });
 parentPort.on('message', (m) => {
   if (m.type === 'write') {
@@ -137,6 +159,10 @@ function checkRow(r: TrainRollout | EvalRollout, kind: string, file: string): vo
     if (!Number.isInteger(r[k])) throw new Error(`${file}: ${kind} rollout field '${k}' must be an integer, got ${JSON.stringify(r[k])}`);
   }
   if (typeof r.prompt !== 'string' || typeof r.completion !== 'string') throw new Error(`${file}: ${kind} rollout fields 'prompt' and 'completion' must be strings`);
+  for (const k of ['logprobs', 'entropies'] as const) {
+    const v = r[k];
+    if (v !== undefined && v !== null && (typeof v !== 'object' || typeof v.length !== 'number')) throw new Error(`${file}: ${kind} rollout field '${k}' must be a list of numbers, got ${JSON.stringify(v)}`);
+  }
 }
 
 /**
@@ -297,16 +323,20 @@ export class RolloutStore {
   }
 }
 
-/** A training rollout read back, with its row id and commit time (seconds since the epoch). */
+/** A training rollout read back, with its row id and commit time (seconds since the epoch); per-token values only where stored. */
 export interface StoredTrainRollout extends TrainRollout {
   id: number;
   created_at: number;
+  logprobs?: number[];
+  entropies?: number[];
 }
 
 /** An evaluation rollout read back. */
 export interface StoredEvalRollout extends EvalRollout {
   id: number;
   created_at: number;
+  logprobs?: number[];
+  entropies?: number[];
 }
 
 /** libsql, loaded on first use: the Parquet and JSONL parts of this package never load the native binary. */
@@ -341,12 +371,30 @@ function where(f: Filter, dataset?: string): { sql: string; args: (string | numb
   return { sql, args };
 }
 
-/** The rows of one table that pass a filter, oldest first, keyed by column, with `extra` parsed from its JSON. */
+/** A per-token column's values: base64 of little-endian float32 (null when the row, or a version-1 store, has none). */
+export function tokenValues(text: unknown): number[] | null {
+  if (typeof text !== 'string') return null;
+  const bytes = new Uint8Array(Buffer.from(text, 'base64')); // a fresh, aligned copy
+  if (bytes.byteLength % 4 !== 0) return null;
+  return Array.from(new Float32Array(bytes.buffer, 0, bytes.byteLength / 4));
+}
+
+/** The per-token columns a table of an open store has (none in a version-1 store). */
+export function tokenValueColumns(db: Database.Database, table: string): string[] {
+  const have = new Set((db.prepare(`PRAGMA table_info(${table})`).all() as { name: string }[]).map((c) => c.name));
+  return ['logprobs', 'entropies'].filter((c) => have.has(c));
+}
+
+/** The rows of one table that pass a filter, oldest first, keyed by column, with `extra` parsed from its JSON and the per-token values decoded. */
 function selectRollouts(file: string, table: string, columns: string, filter: { sql: string; args: (string | number)[] }): Record<string, unknown>[] {
   const db = openStore(file);
   try {
-    const rows = db.prepare(`SELECT ${columns} FROM ${table}${filter.sql}`).all(...filter.args) as Record<string, unknown>[];
-    return rows.map((r) => ({ ...r, extra: typeof r.extra === 'string' ? (JSON.parse(r.extra) as Record<string, unknown>) : null }));
+    const extra = tokenValueColumns(db, table).map((c) => `, ${c}`).join('');
+    const rows = db.prepare(`SELECT ${columns}${extra} FROM ${table}${filter.sql}`).all(...filter.args) as Record<string, unknown>[];
+    return rows.map(({ logprobs, entropies, ...r }) => {
+      const [lp, ent] = [tokenValues(logprobs), tokenValues(entropies)];
+      return { ...r, extra: typeof r.extra === 'string' ? (JSON.parse(r.extra) as Record<string, unknown>) : null, ...(lp ? { logprobs: lp } : {}), ...(ent ? { entropies: ent } : {}) };
+    });
   } finally {
     db.close();
   }

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import Database from 'libsql';
-import { inspectRolloutStore, readEvalRollouts, readTrainRollouts, RolloutStore, type TrainRollout } from '@lathe/data';
+import { inspectRolloutStore, readEvalRollouts, readTrainRollouts, rolloutById, rolloutGroup, ROLLOUT_SCHEMA_VERSION, RolloutStore, type TrainRollout } from '@lathe/data';
 
 const dir = mkdtempSync(path.join(tmpdir(), 'lathe-rollouts-'));
 
@@ -90,7 +90,7 @@ describe('RolloutStore', () => {
     const db = new Database(file);
     db.exec('PRAGMA user_version = 99');
     db.close();
-    await expect(RolloutStore.open(file)).rejects.toThrow(`${file}: cannot open the rollout store (schema version 99, this Lathe writes version 1)`);
+    await expect(RolloutStore.open(file)).rejects.toThrow(`${file}: cannot open the rollout store (schema version 99, this Lathe writes version ${ROLLOUT_SCHEMA_VERSION})`);
     await expect(RolloutStore.open(path.join(dir, 'no/such/dir/x.sqlite'))).rejects.toThrow(/no\/such\/dir\/x\.sqlite: cannot open the rollout store/);
     expect(() => readTrainRollouts(path.join(dir, 'absent.sqlite'))).toThrow(/absent\.sqlite: cannot open the rollout store/);
   });
@@ -154,4 +154,57 @@ describe('a writer killed with SIGKILL mid-write', () => {
     await store.close();
     expect(inspectRolloutStore(file).train).toBe(info.train + 1);
   }, 60_000);
+});
+
+describe('per-token values (schema version 2)', () => {
+  const V1 = `
+CREATE TABLE train_rollouts (id INTEGER PRIMARY KEY, step INTEGER NOT NULL, epoch INTEGER NOT NULL, prompt_index INTEGER NOT NULL, rollout_index INTEGER NOT NULL, prompt TEXT NOT NULL, completion TEXT NOT NULL, reward REAL, advantage REAL, extra TEXT, created_at REAL NOT NULL);
+CREATE TABLE eval_rollouts (id INTEGER PRIMARY KEY, step INTEGER NOT NULL, dataset TEXT NOT NULL, prompt_index INTEGER NOT NULL, rollout_index INTEGER NOT NULL, prompt TEXT NOT NULL, completion TEXT NOT NULL, reward REAL, correct INTEGER, extra TEXT, created_at REAL NOT NULL);
+INSERT INTO train_rollouts VALUES (1, 0, 0, 7, 0, 'p', 'c', 1.0, 0.5, '{"tokens":[1,2]}', 0);
+PRAGMA user_version = 1;`;
+
+  test('log-probs and entropies round-trip as float32 per token; rows without them read none', async () => {
+    const file = path.join(dir, 'values.sqlite');
+    const store = await RolloutStore.open(file);
+    const logprobs = [-0.1, -2.5, -1e-7, -30.123456789];
+    store.addTrain({ ...row(0), logprobs, entropies: Float32Array.from([0.5, 1.25, 0, 3.3]) });
+    store.addTrain(row(1));
+    store.addEval({ step: 0, dataset: 'd', prompt_index: 0, rollout_index: 0, prompt: 'q', completion: 'a', logprobs: [-1, -2] });
+    await store.close();
+    const [a, b] = readTrainRollouts(file);
+    expect(a.logprobs).toEqual(logprobs.map(Math.fround));
+    expect(a.entropies).toEqual([0.5, 1.25, 0, Math.fround(3.3)]);
+    expect(b.logprobs).toBeUndefined();
+    expect(b.entropies).toBeUndefined();
+    expect(readEvalRollouts(file)[0].logprobs).toEqual([-1, -2]);
+    expect(rolloutById(file, 'train', a.id)).toMatchObject({ logprobs: logprobs.map(Math.fround), entropies: [0.5, 1.25, 0, Math.fround(3.3)] });
+    expect(rolloutById(file, 'train', b.id)).toMatchObject({ logprobs: null, entropies: null });
+    expect(rolloutGroup(file, 'train', 0, 0)[0].logprobs).toEqual(logprobs.map(Math.fround));
+    const db = new Database(file, { readonly: true });
+    // base64 of 4 float32 bytes a token: 16 bytes, 24 characters
+    expect(db.prepare('SELECT length(logprobs) FROM train_rollouts WHERE id = ?').raw(true).get(a.id)).toEqual([24]);
+    db.close();
+    const bad = await RolloutStore.open(path.join(dir, 'bad-values.sqlite'));
+    expect(() => bad.addTrain({ ...row(0), logprobs: 3 as unknown as number[] })).toThrow(/train rollout field 'logprobs' must be a list of numbers, got 3/);
+    await bad.close();
+  });
+
+  test('a version-1 store still opens: readers find no values; a writer adds the columns and keeps the old rows', async () => {
+    const file = path.join(dir, 'v1.sqlite');
+    const db = new Database(file);
+    db.exec(V1);
+    db.close();
+    expect(readTrainRollouts(file)).toEqual([{ id: 1, step: 0, epoch: 0, prompt_index: 7, rollout_index: 0, prompt: 'p', completion: 'c', reward: 1, advantage: 0.5, extra: { tokens: [1, 2] }, created_at: 0 }]);
+    expect(rolloutById(file, 'train', 1)).toMatchObject({ id: 1, logprobs: null, entropies: null, length: 2 });
+    expect(rolloutGroup(file, 'train', 0, 7).map((r) => r.logprobs)).toEqual([null]);
+    const store = await RolloutStore.open(file);
+    store.addTrain({ ...row(4), logprobs: [-0.5] });
+    await store.close();
+    const back = readTrainRollouts(file);
+    expect(back.map((r) => [r.id, r.logprobs])).toEqual([[1, undefined], [2, [-0.5]]]);
+    const after = new Database(file, { readonly: true });
+    expect(after.prepare('PRAGMA user_version').raw(true).get()).toEqual([ROLLOUT_SCHEMA_VERSION]);
+    after.close();
+    expect(ROLLOUT_SCHEMA_VERSION).toBe(2);
+  });
 });

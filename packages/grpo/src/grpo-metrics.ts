@@ -24,6 +24,10 @@ export interface RolloutRecord {
   advantage: number;
   /** An off-policy trace rather than a sample (LUFFY). */
   offPolicy?: boolean;
+  /** log π_old of each response token (as the loss reads it), when the step has them. */
+  logprobs?: number[];
+  /** π_old's entropy at each response token, when re-scoring computed it. */
+  entropies?: number[];
 }
 
 /** Metrics of one RL step (one line of metrics.jsonl). Times are milliseconds. */
@@ -147,6 +151,8 @@ export interface StepLogprobs {
   parity?: { mean: number; maxAbs: number };
   /** π_old's mean entropy per response token, when re-scoring computed it. */
   entropy?: number;
+  /** That entropy per response token, one row per completion (for the rollout log). */
+  entropyRows?: number[][];
   /** That entropy over the sampled and over the off-policy rows, with traces in the batch. */
   entropySplit?: { on: number; off: number };
   /** V of every position, [rows, width], from the same pass (a critic sharing the policy's trunk). */
@@ -331,10 +337,12 @@ function offPolicyMetrics(s: StepRecord, counts: OffPolicyCounts): Record<`${'on
 }
 
 /** A record per completion, group by group, with its row's advantage. */
-export function rolloutRecords(groups: readonly ScoredGroup[], advantagePerRow: readonly number[]): RolloutRecord[] {
+export function rolloutRecords(groups: readonly ScoredGroup[], advantagePerRow: readonly number[], tokenValues: { logprobs?: readonly number[][]; entropies?: readonly number[][] } = {}): RolloutRecord[] {
   let row = 0;
   return groups.flatMap((g) =>
     g.completions.map((c, j) => ({
+      ...(tokenValues.logprobs?.[row] ? { logprobs: tokenValues.logprobs[row] } : {}),
+      ...(tokenValues.entropies?.[row] ? { entropies: tokenValues.entropies[row] } : {}),
       promptIndex: g.prompt.index,
       promptText: g.prompt.text,
       sample: j,

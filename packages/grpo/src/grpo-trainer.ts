@@ -329,7 +329,7 @@ export class GrpoTrainer<M = unknown> {
     // 6. Metrics and the rollouts for logs.
     const metrics = stepMetrics({ rlStep: this.rlStep, lr, groupSize: this.opts.groupSize, sampled, batch, logps, advantages, updates, klEstimator: this.opts.kl.estimator, clock, offPolicy: this.opts.offPolicy && offPolicyCounts(sampled.groups) });
     if (critic) Object.assign(metrics, critic, { 'value/policy_frozen': frozen ? 1 : 0 });
-    return { metrics, rollouts: rolloutRecords(sampled.groups, advantages.perRow) };
+    return { metrics, rollouts: rolloutRecords(sampled.groups, advantages.perRow, { logprobs: logps.oldRows, entropies: logps.entropyRows }) };
   }
 
   /**
@@ -366,6 +366,7 @@ export class GrpoTrainer<M = unknown> {
     let old = batch.rolloutLogp;
     let parity: StepLogprobs['parity'];
     let entropy: number | undefined;
+    let entropyRows: number[][] | undefined;
     const off = offPolicyFlags(groups);
     let entropySplit: StepLogprobs['entropySplit'];
     let values: Float32Array | undefined;
@@ -376,6 +377,7 @@ export class GrpoTrainer<M = unknown> {
       if (scored.entropy) {
         const rows = trainedValues(batch, responseValues(batch, scored.entropy));
         entropy = mean(rows.flat());
+        entropyRows = responseValues(batch, scored.entropy);
         if (off) entropySplit = { on: mean(rows.filter((_, r) => !off[r]).flat()), off: mean(rows.filter((_, r) => off[r]).flat()) };
       }
       // a trace's old log-prob is its behaviour policy's (0 when unknown: the shaped term then reads π_θ)
@@ -388,7 +390,7 @@ export class GrpoTrainer<M = unknown> {
       const bad = responseValues(batch, values).findIndex((row) => row.some((x) => !Number.isFinite(x)));
       if (bad >= 0) throw new Error(`value model: completion ${bad} has a non-finite value at RL step ${this.rlStep + 1}; the step is refused (nothing was updated)`);
     }
-    return { old, ref, oldRows: responseValues(batch, old), refRows: ref && responseValues(batch, ref), parity, entropy, entropySplit, ...(values ? { values } : {}) };
+    return { old, ref, oldRows: responseValues(batch, old), refRows: ref && responseValues(batch, ref), parity, entropy, entropySplit, ...(entropyRows ? { entropyRows } : {}), ...(values ? { values } : {}) };
   }
 
   /**
