@@ -218,10 +218,13 @@ interface PolicyObjective<E extends { ids: number[] }> {
 
 const f32 = (v: number): HostTensor => ({ data: Float32Array.from([v]), dims: [] });
 
-async function trainPolicy<E extends { ids: number[] }>(cfg: TrainConfig, model: RunModel, objective: PolicyObjective<E>, events: ExtractTrainEvents, signal?: AbortSignal): Promise<TrainRunResult<never>> {
+/** Trains in `run` (opened before the model loads: a new run clears its directory, where the built-in model is written). */
+async function trainPolicy<E extends { ids: number[] }>(cfg: TrainConfig, run: RunDir, model: RunModel, objective: PolicyObjective<E>, events: ExtractTrainEvents, signal?: AbortSignal): Promise<TrainRunResult<never>> {
   const { config } = model;
-  if (objective.examples.length === 0) throw new Error(`--data ${cfg.data}: no trajectory to train on (${objective.skipped} longer than --max_length ${cfg.max_length}, ${objective.dropped} dropped)`);
-  const run = RunDir.open(cfg);
+  if (objective.examples.length === 0) {
+    await run.close();
+    throw new Error(`--data ${cfg.data}: no trajectory to train on (${objective.skipped} longer than --max_length ${cfg.max_length}, ${objective.dropped} dropped)`);
+  }
   const base = model.lm.float32Weights();
   const lora = loraFromOptions(cfg);
   const specs = paramSpecs(config);
@@ -308,10 +311,12 @@ export async function runExtractTrain(cfg: ExtractTrainConfig, events: ExtractTr
   checkTrainConfig(cfg);
   validateTau(cfg.tau, '--tau');
   const rows = await readLabelledTrajectories(cfg.data);
+  const run = RunDir.open(cfg);
   const model = await loadRunModel({ ...cfg, prompt_format: 'raw', enable_thinking: false });
   const { examples, skipped } = extractionExamples(rows, { maxLength: cfg.max_length, vocabSize: model.config.vocabSize, where: `--data ${cfg.data}` });
   return trainPolicy<ExtractionExample>(
     cfg,
+    run,
     model,
     {
       examples,
@@ -331,10 +336,12 @@ export async function runExtractRft(cfg: ExtractRftConfig, events: ExtractTrainE
   checkTrainConfig(cfg);
   if (!existsSync(cfg.data)) throw new Error(`--data ${cfg.data}: no such file`);
   const rows = await readTrajectories(cfg.data);
-  const model = await loadRunModel({ ...cfg, prompt_format: 'raw', enable_thinking: false });
   const { examples, failed, skipped } = successfulExamples(rows, { threshold: cfg.success_threshold, maxLength: cfg.max_length, where: `--data ${cfg.data}` });
+  const run = RunDir.open(cfg);
+  const model = await loadRunModel({ ...cfg, prompt_format: 'raw', enable_thinking: false });
   return trainPolicy(
     cfg,
+    run,
     model,
     {
       examples,
