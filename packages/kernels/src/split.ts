@@ -8,6 +8,7 @@
  */
 import * as L from '@lathe/onnx';
 import { Graph, type Node, type Tensor } from '@lathe/onnx';
+import { DeviceTensor, type Binding, type Device, type HostTensor, type Session, type SessionOptions } from '@lathe/runtime';
 
 /** The scope-name prefix that marks a kernel region. */
 export const KERNEL_SCOPE = 'kernel:';
@@ -150,4 +151,79 @@ function constantTest(g: Graph): (t: Tensor) => boolean {
 
 function unique<T>(xs: T[]): T[] {
   return [...new Set(xs)];
+}
+
+/** A kernel region's implementation: reads the step's inputs, returns its outputs (in `step.outputs` order, owned by the caller). */
+export type KernelImpl = (inputs: DeviceTensor[], step: Extract<SplitStep, { kind: 'kernel' }>) => DeviceTensor[];
+
+/**
+ * A split graph ready to run: each ORT segment compiled as a session with a binding of its own,
+ * each kernel region an implementation from `impls`. A run goes through the steps in order, every
+ * segment a bound run that does not wait for the device (`synchronize: false`; on CUDA the kernels
+ * launch on the same stream), and hands back the graph's outputs as device tensors.
+ */
+export class SplitProgram {
+  private readonly sessions: Session[] = [];
+  private readonly bindings = new Map<SplitStep, Binding>();
+  /** Tensors the kernels made in the last run (freed by the next run or `dispose`). */
+  private made: DeviceTensor[] = [];
+
+  private constructor(
+    readonly graph: Graph,
+    readonly steps: SplitStep[],
+    private readonly impls: Record<string, KernelImpl>,
+  ) {}
+
+  /** Splits `graph` and compiles its segments for `device`; every region's kernel must be in `impls`. */
+  static compile(device: Device, graph: Graph, impls: Record<string, KernelImpl>, opts: SessionOptions = {}): SplitProgram {
+    const steps = splitGraph(graph);
+    const missing = [...new Set(steps.flatMap((s) => (s.kind === 'kernel' && !impls[s.kernel] ? [s.kernel] : [])))];
+    if (missing.length) throw new Error(`SplitProgram: graph '${graph.name}' has region(s) of kernel(s) ${missing.join(', ')} without an implementation (given: ${Object.keys(impls).join(', ') || 'none'})`);
+    const p = new SplitProgram(graph, steps, impls);
+    steps.forEach((s, i) => {
+      if (s.kind !== 'ort') return;
+      const session = device.compile(segmentGraph(graph, s, `${graph.name}_segment${i}`), { ...opts, name: `${opts.name ?? graph.name}/segment${i}` });
+      p.sessions.push(session);
+      const b = session.binding();
+      for (const t of s.outputs) b.output(t.name, 'device');
+      p.bindings.set(s, b);
+    });
+    return p;
+  }
+
+  /** Runs every step; returns the graph's outputs by name (valid until the next run; copy what must outlive it). */
+  run(feeds: Record<string, DeviceTensor | HostTensor>): Record<string, DeviceTensor> {
+    for (const t of this.made.splice(0)) t.dispose();
+    const values = new Map<string, DeviceTensor | HostTensor>(Object.entries(feeds));
+    const value = (t: Tensor) => {
+      const v = values.get(t.name);
+      if (!v) throw new Error(`SplitProgram '${this.graph.name}': no value for '${t.name}' (missing feed?)`);
+      return v;
+    };
+    for (const s of this.steps) {
+      if (s.kind === 'kernel') {
+        const inputs = s.inputs.map((t) => {
+          const v = value(t);
+          if (!(v instanceof DeviceTensor)) throw new Error(`SplitProgram '${this.graph.name}': kernel '${s.kernel}' reads '${t.name}', which must be fed as a device tensor`);
+          return v;
+        });
+        const outs = this.impls[s.kernel](inputs, s);
+        if (outs.length !== s.outputs.length) throw new Error(`SplitProgram '${this.graph.name}': kernel '${s.kernel}' returned ${outs.length} tensors for ${s.outputs.length} outputs (${s.outputs.map((t) => t.name).join(', ')})`);
+        this.made.push(...outs);
+        s.outputs.forEach((t, k) => values.set(t.name, outs[k]));
+        continue;
+      }
+      const b = this.bindings.get(s)!;
+      for (const t of s.inputs) b.input(t.name, value(t));
+      b.runSync({ synchronize: false });
+      for (const t of s.outputs) values.set(t.name, b.get(t.name));
+    }
+    return Object.fromEntries(this.graph.outputs.map((t) => [t.name, value(t) as DeviceTensor]));
+  }
+
+  /** Frees the sessions, their bindings and the kernels' last outputs. */
+  dispose(): void {
+    for (const t of this.made.splice(0)) t.dispose();
+    for (const s of this.sessions.splice(0)) s.dispose();
+  }
 }

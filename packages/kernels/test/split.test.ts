@@ -1,6 +1,6 @@
 import * as L from '@lathe/onnx';
 import { Device, type HostTensor } from '@lathe/runtime';
-import { kernelRegion, regionOf, segmentGraph, splitGraph } from '@lathe/kernels';
+import { kernelRegion, regionOf, segmentGraph, splitGraph, SplitProgram, type KernelImpl } from '@lathe/kernels';
 
 const names = (ts: L.Tensor[]) => ts.map((t) => t.name);
 
@@ -97,4 +97,27 @@ test('a region that reads itself through a node outside it is refused, naming th
   const r = kernelRegion(g, 'k', () => L.mul(q, p));
   g.output(r, 'r');
   expect(() => splitGraph(g)).toThrow("splitGraph: region(s) 'kernel:k' of graph 'loop' read a value computed outside the region");
+});
+
+test('SplitProgram: segments as bound runs around a kernel implementation, rerun with new feeds, equal to the whole graph', async () => {
+  const { g } = example();
+  const cpu = Device.cpu();
+  let launches = 0;
+  // the 'triple' kernel, done on the host (a CUDA implementation would launch on the device's stream)
+  const triple: KernelImpl = ([a]) => {
+    launches++;
+    return [cpu.upload({ data: Float32Array.from(a.download().data as Float32Array, (v) => v * 3), dims: [...a.dims] })];
+  };
+  const program = SplitProgram.compile(cpu, g, { triple });
+  const whole = cpu.compile(g);
+  for (const data of [Float32Array.of(1, -2, 3.5), Float32Array.of(0.25, 8, -1, 4, 2)]) {
+    const x = { data, dims: [data.length] };
+    const got = program.run({ x });
+    const want = await whole.run({ x });
+    for (const n of ['a', 'c', 'd']) expect(Array.from(got[n].download().data as Float32Array)).toEqual(Array.from(want[n].data as Float32Array));
+  }
+  expect(launches).toBe(2);
+  whole.dispose();
+  program.dispose();
+  expect(() => SplitProgram.compile(cpu, g, {})).toThrow("SplitProgram: graph 'example' has region(s) of kernel(s) triple without an implementation (given: none)");
 });

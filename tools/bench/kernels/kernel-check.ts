@@ -2,7 +2,8 @@
  * Lathe's own kernels on ONNX Runtime's stream, checked and timed on the GPU (issue 37). Phases:
  * - vector: an NVRTC-compiled kernel launched between bound ORT runs on the one stream, `--rounds`
  *   of each with no host sync between; the result must be exact (compile and cache-hit ms too).
- *   With --capture, the same rounds captured as one CUDA graph and replayed.
+ *   With --capture, the same rounds captured as one CUDA graph and replayed. `split`: a graph split
+ *   around a kernel region, run by SplitProgram (segments and a launch), against the whole graph.
  * - adamw: the fused AdamW against the composed `apply` graph on the parameters of --shape, from
  *   the same state, with and without clipping: mismatching elements, max ulps and max abs diff of
  *   p, m and v, both grad norms, and device ms per update (events on the stream).
@@ -16,7 +17,7 @@
  */
 import { CausalLM, totalLengthTensor, TOTAL_LENGTH_INPUT, type HfConfig } from '@lathe/models';
 import * as L from '@lathe/onnx';
-import { Kernels, type Kernel } from '@lathe/kernels';
+import { Kernels, kernelRegion, SplitProgram, type Kernel, type KernelImpl } from '@lathe/kernels';
 import { type Device, type DeviceTensor } from '@lathe/runtime';
 import { biasCorrections, compileApply, FusedAdamW, sftLoss, stateNames, Trainer, type AdamWConfig } from '@lathe/train';
 import { arg, flag } from '../argv';
@@ -31,6 +32,10 @@ const SHAPES: Record<string, HfConfig> = {
 /** Helper kernels of the check: the vector step, a seeded fill, and an on-device comparison. */
 const CHECK_SOURCE = String.raw`
 typedef unsigned long long u64;
+extern "C" __global__ void scale_into(float* y, const float* x, float a, long long n) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = x[i] * a;
+}
 extern "C" __global__ void add_into(float* a, const float* b, const float* x, long long n) {
   long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) a[i] = b[i] + x[i];
@@ -58,6 +63,7 @@ extern "C" __global__ void compare(const float* a, const float* b, long long n, 
 `;
 
 interface Helpers {
+  scaleInto: Kernel<readonly ['ptr', 'ptr', 'f32', 'i64']>;
   addInto: Kernel<readonly ['ptr', 'ptr', 'ptr', 'i64']>;
   fill: Kernel<readonly ['ptr', 'i64', 'u32', 'f32', 'i32']>;
   compare: Kernel<readonly ['ptr', 'ptr', 'i64', 'ptr']>;
@@ -102,10 +108,41 @@ function vectorPhase(kernels: Kernels, device: Device, h: Helpers, compileMs: { 
       result.capture = { error: (e as Error).message.slice(0, 400) };
     }
   }
+  result.split = splitCheck(device, h, n);
   console.log(JSON.stringify(result));
   run.dispose();
   session.dispose();
   for (const t of [a, x, b]) t.dispose();
+}
+
+/**
+ * A graph split around a kernel region (y = 3·(2x + 1), the tripling a kernel), run as segments and
+ * a launch by SplitProgram, against the whole graph on ORT: must be exact.
+ */
+function splitCheck(device: Device, h: Helpers, n: number): { exact: boolean; steps: string[] } {
+  const g = new L.Graph('split_check');
+  const x = g.input('x', 'float32', [n]);
+  const a = L.add(L.mul(x, 2), 1);
+  const b = kernelRegion(g, 'triple', () => L.mul(a, 3));
+  g.output(L.sub(b, x), 'y');
+  const triple: KernelImpl = ([input]) => {
+    const out = device.empty('float32', input.dims);
+    h.scaleInto.launch({ grid: Math.ceil(input.size / 256), block: 256 }, out, input, 3, input.size);
+    return [out];
+  };
+  const program = SplitProgram.compile(device, g, { triple });
+  const whole = device.compile(g);
+  const xs = device.upload({ data: Float32Array.from({ length: n }, (_, i) => (i % 1000) / 8), dims: [n] });
+  const got = program.run({ x: xs }).y.download().data as Float32Array;
+  const bind = whole.binding().input('x', xs).output('y', 'host');
+  bind.runSync();
+  const want = bind.fetch('y').data as Float32Array;
+  const steps = program.steps.map((s) => (s.kind === 'kernel' ? `kernel:${s.kernel}` : `ort(${s.nodes.length} nodes)`));
+  bind.dispose();
+  whole.dispose();
+  program.dispose();
+  xs.dispose();
+  return { exact: got.every((v, i) => v === want[i]), steps };
 }
 
 async function adamwPhase(kernels: Kernels, device: Device, h: Helpers, shape: HfConfig): Promise<void> {
@@ -230,6 +267,7 @@ async function main(): Promise<void> {
   kernels.compile(CHECK_SOURCE, { name: 'kernel_check' });
   const cached = performance.now() - cached0;
   const helpers: Helpers = {
+    scaleInto: mod.kernel('scale_into', ['ptr', 'ptr', 'f32', 'i64'] as const),
     addInto: mod.kernel('add_into', ['ptr', 'ptr', 'ptr', 'i64'] as const),
     fill: mod.kernel('fill_random', ['ptr', 'i64', 'u32', 'f32', 'i32'] as const),
     compare: mod.kernel('compare', ['ptr', 'ptr', 'i64', 'ptr'] as const),
