@@ -137,8 +137,9 @@ async function api(opts: StudioServerOptions, req: IncomingMessage, url: URL): P
         if (!row) throw new HttpError(404, `run '${name}': no ${t} rollout with id ${parts[3]}`);
         const decoder = await tokenizerFor(join(dir, 'config.yaml'), opts.root, opts.tokenizer);
         const ids = Array.isArray(row.extra?.tokens) ? (row.extra.tokens as number[]) : null;
-        const cells = ids ? tokenCells({ prompt_idx: row.prompt_index, prompt: row.prompt, prompt_token_ids: [], output_token_ids: ids }, decoder.decode) : null;
-        return ok({ ...row, tokens: cells?.tokens ?? null, tokenizer: decoder.name });
+        // per-token values where the store has them (log π_old and entropy; a version-1 store has none)
+        const cells = ids ? tokenCells({ prompt_idx: row.prompt_index, prompt: row.prompt, prompt_token_ids: [], output_token_ids: ids, old_logprobs: row.logprobs }, decoder.decode, row.entropies) : null;
+        return ok({ ...row, tokens: cells?.tokens ?? null, values: cells?.values ?? [], tokenizer: decoder.name });
       }
       const query: RolloutQuery = {
         table: t,

@@ -17,6 +17,8 @@ export interface TokenCell {
   id: number;
   text: string;
   logprob: number | null;
+  /** The entropy of the next-token distribution this token was sampled from (stored rollouts, where the trainer computed it). */
+  entropy: number | null;
   q: number | null;
   advantage: number | null;
   /** The labelled candidates at this position: id, text, Q (and reference log-prob when stored). */
@@ -31,7 +33,7 @@ export interface TokenView {
   prompt: string;
   tokens: TokenCell[];
   /** Which colourings have values. */
-  values: ('logprob' | 'q' | 'advantage')[];
+  values: ('logprob' | 'entropy' | 'q' | 'advantage')[];
   reward: number | null;
   correct: number | null;
   /** The tokenizer used to show the text, or why ids are shown. */
@@ -91,10 +93,11 @@ export async function tokenizerFor(file: string, root: string, choice: string): 
 const text = (decode: TokenDecoder, id: number) => (decode ? decode(id) : `⟨${id}⟩`);
 const nums = (v: ArrayLike<number> | null | undefined): number[] | null => (v ? Array.from(v) : null);
 
-/** Lays out one trajectory's output tokens with their values. */
-export function tokenCells(t: Trajectory, decode: TokenDecoder): { tokens: TokenCell[]; values: TokenView['values'] } {
+/** Lays out one trajectory's output tokens with their values (`entropies`: per token, from a stored rollout). */
+export function tokenCells(t: Trajectory, decode: TokenDecoder, entropies: ArrayLike<number> | null = null): { tokens: TokenCell[]; values: TokenView['values'] } {
   const ids = Array.from(t.output_token_ids);
   const lp = nums(t.old_logprobs);
+  const ent = nums(entropies);
   const adv = nums(t.token_advantages);
   const cids = t.candidate_ids?.map((c) => Array.from(c)) ?? null;
   const cq = t.candidate_q_values?.map((c) => Array.from(c)) ?? null;
@@ -106,6 +109,7 @@ export function tokenCells(t: Trajectory, decode: TokenDecoder): { tokens: Token
       id,
       text: text(decode, id),
       logprob: lp?.[i] ?? null,
+      entropy: ent?.[i] ?? null,
       // the Q of the sampled token: its entry among the candidates labelled at this position
       q: k >= 0 && cq?.[i] ? (cq[i][k] ?? null) : null,
       advantage: adv?.[i] ?? null,
@@ -114,6 +118,7 @@ export function tokenCells(t: Trajectory, decode: TokenDecoder): { tokens: Token
   });
   const values: TokenView['values'] = [];
   if (lp) values.push('logprob');
+  if (ent) values.push('entropy');
   if (tokens.some((c) => c.q !== null)) values.push('q');
   if (adv) values.push('advantage');
   return { tokens, values };

@@ -5,7 +5,8 @@
  * the root refused, and a 100,000-rollout store answering its first page in under a second.
  */
 import { join } from 'node:path';
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import Database from 'libsql';
 import { request } from 'node:http';
 import { readEvalRollouts, readMetrics, readTrainRollouts, RolloutStore, writeTrajectories } from '@lathe/data';
 import { startStudio, type RunningStudio, type RunInfo } from '@lathe/studio';
@@ -82,6 +83,33 @@ test('rollout filters return the rows the same filter picks from every stored ro
   const same = rows.filter((r) => r.step === 2 && r.prompt_index === first.prompt_index);
   expect(group.map((g) => [g.id, g.advantage, g.extra])).toEqual(same.map((r) => [r.id, r.advantage, r.extra]));
   expect((await get(`/api/runs/${grpo}/rollouts?min_reward=abc`)).body.error).toBe("query parameter 'min_reward': expected a number, got 'abc'");
+});
+
+test('a stored rollout\'s tokens carry the log-prob and entropy the store holds for each', async () => {
+  const stored = readTrainRollouts(join(root, grpo, 'rollouts.sqlite'));
+  const r = stored.find((x) => (x.logprobs?.length ?? 0) >= 2)!;
+  expect(r.logprobs!.every((v) => v <= 0)).toBe(true);
+  expect(r.entropies!.every((v) => v >= 0)).toBe(true);
+  const got = (await get(`/api/runs/${grpo}/rollouts/${r.id}?table=train`)).body as unknown as { tokens: { id: number; logprob: number; entropy: number }[]; values: string[] };
+  expect(got.values).toEqual(['logprob', 'entropy']);
+  expect(got.tokens.map((t) => [t.id, t.logprob, t.entropy])).toEqual((r.extra!.tokens as number[]).map((id, i) => [id, r.logprobs![i], r.entropies![i]]));
+});
+
+test('a version-1 rollout store (no per-token columns) still serves its rollouts, with tokens and no values', async () => {
+  const dir = join(root, 'old-store');
+  mkdirSync(dir);
+  copyFileSync(join(root, grpo, 'config.yaml'), join(dir, 'config.yaml'));
+  const db = new Database(join(dir, 'rollouts.sqlite'));
+  db.exec(`CREATE TABLE train_rollouts (id INTEGER PRIMARY KEY, step INTEGER NOT NULL, epoch INTEGER NOT NULL, prompt_index INTEGER NOT NULL, rollout_index INTEGER NOT NULL, prompt TEXT NOT NULL, completion TEXT NOT NULL, reward REAL, advantage REAL, extra TEXT, created_at REAL NOT NULL);
+CREATE TABLE eval_rollouts (id INTEGER PRIMARY KEY, step INTEGER NOT NULL, dataset TEXT NOT NULL, prompt_index INTEGER NOT NULL, rollout_index INTEGER NOT NULL, prompt TEXT NOT NULL, completion TEXT NOT NULL, reward REAL, correct INTEGER, extra TEXT, created_at REAL NOT NULL);
+INSERT INTO train_rollouts VALUES (1, 1, 0, 3, 0, '1+2=', '3', 1.0, 0.5, '{"tokens":[3]}', 0);
+PRAGMA user_version = 1;`);
+  db.close();
+  const page = (await get('/api/runs/old-store/rollouts')).body as unknown as { total: number };
+  expect(page.total).toBe(1);
+  const one = (await get('/api/runs/old-store/rollouts/1')).body as unknown as { tokens: { logprob: number | null; entropy: number | null }[]; values: string[]; logprobs: null };
+  expect([one.values, one.logprobs, one.tokens.map((t) => [t.logprob, t.entropy])]).toEqual([[], null, [[null, null]]]);
+  rmSync(dir, { recursive: true });
 });
 
 test('a bad line inside metrics.jsonl: state bad, naming the line; the good lines still served', async () => {

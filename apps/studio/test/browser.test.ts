@@ -2,7 +2,8 @@
  * Lathe Studio in a real browser: Debian's Chromium driven headless by puppeteer-core, on a root made
  * by a real GRPO run (test/fixtures.ts). Each page is checked against the files it shows: the runs
  * and their states, a metric plot's points against metrics.jsonl (and a line appended while the page
- * is open), a rollout filter against the stored rows, the token colours against hand-set values, and
+ * is open), a rollout filter against the stored rows, the token colours against hand-set values and a
+ * stored rollout's against its stored log-probs and entropies, and
  * a chat round-trip against the same request sent to the serve API directly. Screenshots go to
  * $LATHE_STUDIO_SCREENSHOTS (docs/images to refresh the guide's) or a temporary folder.
  */
@@ -172,6 +173,39 @@ test('the token view colours each token by its log-prob and by its Q, red lowest
   await page.click('#trajectory-rows tbody tr[data-row="0"]');
   await page.waitForFunction(`[...document.querySelectorAll('#tokens .tok')].map((t) => t.textContent).join('') === '12'`);
   expect((await read()).map((c) => c.bg)).toEqual(['rgba(0, 0, 0, 0)', 'rgba(0, 0, 0, 0)']);
+});
+
+test('a stored rollout: tokens coloured by their log-prob and by their entropy, with a legend naming both ends', async () => {
+  const stored = readTrainRollouts(join(root, grpo, 'rollouts.sqlite'));
+  // a completion whose tokens' values differ, so every colour is defined by the row's range
+  const r = stored.find((x) => (x.logprobs?.length ?? 0) >= 5 && new Set(x.logprobs).size >= 4 && new Set(x.entropies).size >= 4)!;
+  expect(r).toBeDefined();
+  await open(`tokens?run=${grpo}&table=train&id=${r.id}`);
+  await page.waitForSelector('#tokens .tok');
+  const read = () => page.$$eval('#tokens .tok', (s) => s.map((x) => ({ bg: (globalThis as unknown as { getComputedStyle(e: unknown): { backgroundColor: string } }).getComputedStyle(x).backgroundColor, title: x.getAttribute('title') })));
+  const t = (vals: number[], v: number) => (v - Math.min(...vals)) / (Math.max(...vals) - Math.min(...vals));
+  const lp = r.logprobs!;
+  let cells = await read();
+  expect(cells.length).toBe(lp.length);
+  // log-prob: red at the least likely token, green at the most likely
+  expect(cells.map((c) => c.bg)).toEqual(lp.map((v) => rgbOf(Math.round(120 * t(lp, v)))));
+  expect(cells[lp.indexOf(Math.min(...lp))].bg).toBe('rgb(240, 168, 168)');
+  expect(cells[0].title).toContain(`logprob ${lp[0].toPrecision(4)}`);
+  expect(cells[0].title).toContain(`entropy ${r.entropies![0].toPrecision(4)}`);
+  let legend = await page.$eval('#legend', (e) => e.textContent);
+  expect(legend).toContain(`logprob`);
+  expect(legend).toContain(`${Math.min(...lp).toPrecision(4)} (lowest)`);
+  expect(legend).toContain(`${Math.max(...lp).toPrecision(4)} (highest)`);
+  await shot('logprobs', false);
+  // entropy: red where the policy was most uncertain (highest), green where it was surest
+  await page.select('#colour-by', 'entropy');
+  const ent = r.entropies!;
+  cells = await read();
+  expect(cells.map((c) => c.bg)).toEqual(ent.map((v) => rgbOf(Math.round(120 * (1 - t(ent, v))))));
+  expect(cells[ent.indexOf(Math.max(...ent))].bg).toBe('rgb(240, 168, 168)');
+  legend = await page.$eval('#legend', (e) => e.textContent);
+  expect(legend).toContain(`${Math.max(...ent).toPrecision(4)} (highest)`);
+  await shot('entropy', false);
 });
 
 test('chat with two models side by side answers as the serve API does', async () => {

@@ -31,7 +31,7 @@ export async function makeRoot(): Promise<{ root: string; grpo: string }> {
   for (let a = 0; a < 5; a++) for (let b = 0; b < 5; b++) lines.push(JSON.stringify({ prompt: `${a}+${b}=`, answer: String(a + b) }));
   writeFileSync(prompts, `${lines.join('\n')}\n`);
   const grpo = 'grpo-addition';
-  await runGrpo({ ...defaults(grpoSchema), data: prompts, tokenizer: 'builtin:addition', run_dir: join(root, grpo), steps: 3, prompts_per_step: 4, group_size: 4, max_new_tokens: 3, eval_examples: 4, eval_every: 3, save_every: 3, log_every: 1 });
+  await runGrpo({ ...defaults(grpoSchema), data: prompts, tokenizer: 'builtin:addition', run_dir: join(root, grpo), steps: 3, prompts_per_step: 4, group_size: 4, max_new_tokens: 8, eval_examples: 4, eval_every: 3, save_every: 3, log_every: 1 });
 
   // a short SFT run of the demo task: a loss curve to plot beside the GRPO run's
   await runSft({ ...defaults(sftSchema), ...DEMO_SFT_OVERRIDES, run_dir: join(root, 'sft-addition'), steps: 30, batch_size: 16, warmup_steps: 5, eval_every: 15, save_every: 15, eval_examples: 16, log_every: 1, overwrite: false });

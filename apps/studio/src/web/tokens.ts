@@ -1,15 +1,28 @@
 /**
- * The token view: a trajectory's output tokens coloured by a per-token value — the sampling
- * log-prob, the Q of the sampled token among its labelled candidates, or the token advantage —
- * from red (lowest in the row) to green (highest), with the value and the candidate set on hover.
+ * The token view: a trajectory's or a stored rollout's output tokens coloured by a per-token value
+ * — the sampling log-prob, the entropy it was sampled at, the Q of the sampled token among its
+ * labelled candidates, or the token advantage — from red (lowest in the row; for entropy, highest:
+ * red is always the least confident or worst) to green, with a legend, and the values and the
+ * candidate set on hover.
  */
 import { api, errorBox, fmt, h, routeQuery, setRouteQuery } from './dom';
 
-type Value = 'logprob' | 'q' | 'advantage';
+type Value = 'logprob' | 'entropy' | 'q' | 'advantage';
+const VALUES: readonly Value[] = ['logprob', 'entropy', 'q', 'advantage'];
+/** What each colouring means, for the legend. */
+const MEANING: Record<Value, string> = {
+  logprob: 'log-prob of the sampled token',
+  entropy: 'entropy of the distribution it was sampled from (nats)',
+  q: 'Q of the sampled token',
+  advantage: 'token advantage',
+};
+/** Values where higher is worse: entropy (uncertainty) is red where highest. */
+const HIGH_IS_RED: ReadonlySet<Value> = new Set(['entropy']);
 interface Cell {
   id: number;
   text: string;
   logprob: number | null;
+  entropy: number | null;
   q: number | null;
   advantage: number | null;
   candidates: { id: number; text: string; q: number | null; logprob: number | null }[] | null;
@@ -26,10 +39,10 @@ interface View {
   tokenizer: string;
 }
 
-/** The background of a value: hue 0 (red) at the row's lowest value to 120 (green) at its highest. */
-export function colour(v: number, lo: number, hi: number): string {
+/** The background of a value: hue 0 (red) at the row's lowest value to 120 (green) at its highest (`reverse`: red at the highest). */
+export function colour(v: number, lo: number, hi: number, reverse = false): string {
   const t = hi > lo ? (v - lo) / (hi - lo) : 1;
-  return `hsl(${Math.round(120 * t)}, 70%, 80%)`;
+  return `hsl(${Math.round(120 * (reverse ? 1 - t : t))}, 70%, 80%)`;
 }
 
 const show = (t: string) => t.replace(/\n/g, '↵\n').replace(/\t/g, '→') || '∅';
@@ -38,16 +51,30 @@ function tokensBox(cells: Cell[], by: Value | null): HTMLElement {
   const vals = by ? cells.map((c) => c[by]).filter((v): v is number => v !== null) : [];
   const lo = Math.min(...vals);
   const hi = Math.max(...vals);
+  const reverse = by !== null && HIGH_IS_RED.has(by);
   const box = h('div', { class: 'tokens', id: 'tokens' });
   cells.forEach((c, i) => {
     const v = by ? c[by] : null;
-    const tip = [`#${i} id ${c.id}`, ...(['logprob', 'q', 'advantage'] as const).filter((k) => c[k] !== null).map((k) => `${k} ${fmt(c[k])}`)];
+    const tip = [`#${i} id ${c.id}`, ...VALUES.filter((k) => c[k] !== null && c[k] !== undefined).map((k) => `${k} ${fmt(c[k])}`)];
     if (c.candidates) tip.push('candidates:', ...c.candidates.map((x) => `  ${JSON.stringify(x.text)}  Q ${fmt(x.q)}${x.logprob !== null ? `  ref logprob ${fmt(x.logprob)}` : ''}`));
     const span = h('span', { class: 'tok', title: tip.join('\n'), 'data-i': i, 'data-value': v === null ? undefined : v }, show(c.text));
-    if (v !== null) span.style.backgroundColor = colour(v, lo, hi);
+    if (v !== null && v !== undefined) span.style.backgroundColor = colour(v, lo, hi, reverse);
     box.append(span);
   });
-  return by && vals.length ? h('div', {}, h('div', { class: 'legend' }, `${by} ${fmt(lo)}`, h('span', { class: 'bar' }), fmt(hi)), box) : box;
+  if (!by || !vals.length) return box;
+  // the bar runs red → green; its ends are labelled with the values they stand for
+  const [red, green] = reverse ? [hi, lo] : [lo, hi];
+  const legend = h(
+    'div',
+    { class: 'legend', id: 'legend', 'data-by': by },
+    h('b', {}, by),
+    h('span', { class: 'muted' }, MEANING[by]),
+    h('span', { class: 'end', 'data-end': 'red' }, `${fmt(red)} ${reverse ? '(highest)' : '(lowest)'}`),
+    h('span', { class: 'bar' }),
+    h('span', { class: 'end', 'data-end': 'green' }, `${fmt(green)} ${reverse ? '(lowest)' : '(highest)'}`),
+    h('span', { class: 'muted' }, `· scaled to this ${cells.length}-token completion; hover a token for its values`),
+  );
+  return h('div', {}, legend, box);
 }
 
 export async function tokensPage(view: HTMLElement): Promise<void> {
@@ -59,11 +86,13 @@ export async function tokensPage(view: HTMLElement): Promise<void> {
   const bySel = h('select', { id: 'colour-by' });
   const out = h('div', { id: 'token-view' });
   let current: View | null = null;
+  // a stored rollout (from the rollouts page) rather than a trajectory file's row
+  const run = q.get('run');
   const render = () => {
     if (!current) return;
     const by = (bySel.value || null) as Value | null;
     out.replaceChildren(
-      h('div', { class: 'panel' }, h('div', {}, `${current.source}, row ${current.row} of ${current.rows} · reward ${fmt(current.reward)} · correct ${fmt(current.correct)}`), h('div', { class: 'muted' }, `tokenizer: ${current.tokenizer}`), h('div', { class: 'mono' }, current.prompt)),
+      h('div', { class: 'panel' }, h('div', {}, `${current.source}${run && q.get('id') ? '' : `, row ${current.row} of ${current.rows}`} · reward ${fmt(current.reward)} · correct ${fmt(current.correct)}`), h('div', { class: 'muted' }, `tokenizer: ${current.tokenizer}`), h('div', { class: 'mono' }, current.prompt)),
       tokensBox(current.tokens, by),
     );
   };
@@ -133,19 +162,17 @@ export async function tokensPage(view: HTMLElement): Promise<void> {
     h('h2', {}, 'Token values'),
     h('form', { class: 'panel row', onsubmit: (e) => (e.preventDefault(), void loadFile()) }, h('label', {}, 'trajectory file', fileSel), h('label', {}, 'row', rowIn), h('label', {}, 'colour by', bySel), h('button', { type: 'submit', id: 'show' }, 'Show')),
     out,
-    h('h3', {}, 'Rows'),
-    table,
+    ...(run && q.get('id') ? [] : [h('h3', {}, 'Rows'), table]),
   );
-  const run = q.get('run');
   if (run && q.get('id')) {
-    // one stored rollout: its token ids decoded; the store keeps no per-token values
+    // one stored rollout: its token ids decoded, with the per-token log-probs and entropies the store holds
     try {
-      const r = await api<{ id: number; step: number; prompt: string; completion: string; reward: number | null; tokens: Cell[] | null; tokenizer: string }>(`/api/runs/${encodeURIComponent(run)}/rollouts/${encodeURIComponent(q.get('id')!)}?table=${q.get('table') ?? 'train'}`);
-      current = { source: `${run} rollout ${r.id} (step ${r.step})`, row: 0, rows: 1, prompt: r.prompt, tokens: r.tokens ?? [], values: [], reward: r.reward, correct: null, tokenizer: r.tokenizer };
-      setValues([]);
+      const r = await api<{ id: number; step: number; prompt: string; completion: string; reward: number | null; correct: boolean | null; tokens: Cell[] | null; values: Value[]; tokenizer: string }>(`/api/runs/${encodeURIComponent(run)}/rollouts/${encodeURIComponent(q.get('id')!)}?table=${q.get('table') ?? 'train'}`);
+      current = { source: `${run} rollout ${r.id} (step ${r.step})`, row: 0, rows: 1, prompt: r.prompt, tokens: r.tokens ?? [], values: r.values, reward: r.reward, correct: r.correct === null ? null : Number(r.correct), tokenizer: r.tokenizer };
+      setValues(r.values);
       render();
       if (!r.tokens) out.append(h('div', { class: 'muted' }, 'This rollout stored no token ids; its text: ', h('span', { class: 'mono' }, r.completion)));
-      else out.append(h('div', { class: 'muted' }, 'The rollout store keeps token ids but no per-token values: write trajectories (lathe generate, the critic labelling) for log-prob and Q colours.'));
+      else if (r.values.length === 0) out.append(h('div', { class: 'muted' }, 'This rollout has token ids but no per-token values (a store written before Lathe kept them).'));
     } catch (e) {
       out.replaceChildren(errorBox(e));
     }
