@@ -44,9 +44,11 @@ async function openModels(cfg: Pick<ExtractGenerateConfig, 'model' | 'critic' | 
   if (!cfg.model) throw new Error('--model is required: the reference policy folder');
   checkComputeDtype(cfg);
   const bins = criticBins(cfg);
+  // compared before either is parsed: a critic trained on another tokenizer is refused whatever its size
+  const policyTokenizer = cfg.tokenizer === 'model' ? cfg.model : cfg.tokenizer;
+  const [a, b] = [tokenizerJson(cfg.critic), tokenizerJson(policyTokenizer)];
+  if (a !== undefined && b !== undefined && a !== b) throw new Error(`the critic --critic ${cfg.critic} and the policy --model ${cfg.model} have different tokenizers (${join(cfg.critic, 'tokenizer.json')} differs from ${join(policyTokenizer, 'tokenizer.json')}); a critic scores a policy's tokens only with its own tokenizer`);
   const policy = await loadRunModel({ model: cfg.model, tokenizer: cfg.tokenizer, prompt_format: cfg.prompt_format, enable_thinking: cfg.enable_thinking, run_dir: '', seed: cfg.seed });
-  const [a, b] = [tokenizerJson(cfg.critic), policy.tokenizerFrom ? tokenizerJson(policy.tokenizerFrom) : undefined];
-  if (a !== undefined && b !== undefined && a !== b) throw new Error(`the critic ${cfg.critic} and the policy ${cfg.model} have different tokenizers (${join(cfg.critic, 'tokenizer.json')} differs from ${join(policy.tokenizerFrom!, 'tokenizer.json')}); a critic scores a policy's tokens only with its own tokenizer`);
   const critic = CausalLM.fromPretrainedSync(cfg.critic);
   const models = QWeightedModels.open({
     device: Device.open(cfg.device),

@@ -2,9 +2,9 @@
  * `lathe extract generate`, `train`, `rft` and `eval` end to end at a tiny size (CPU, the built-in
  * model and character tokenizer, a critic trained for three steps), and their refusals of bad input:
  * a labelled file without candidate columns, candidate lists that do not line up with the output,
- * τ ≤ 0, and a critic whose vocabulary is not the policy's.
+ * τ ≤ 0, and a critic whose tokenizer or vocabulary is not the policy's.
  */
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { batchOf, flattenNested, nestedListData, readParquet, readTrajectories, trajectoriesToBatch, writeParquet, writeTrajectories, type Trajectory } from '@lathe/data';
@@ -130,6 +130,18 @@ describe('bad input', () => {
   test('τ ≤ 0 is refused naming --tau', async () => {
     await expect(runExtractTrain({ ...defaults(extractTrainSchema), data: join(dir, 'gen.parquet'), model: reference, tokenizer: 'builtin:addition', run_dir: join(dir, 'bad4'), tau: 0 })).rejects.toThrow('--tau must be > 0');
     await expect(runExtractGenerate({ ...defaults(extractGenerateSchema), ...common, model: reference, critic, tau: -1, output: join(dir, 'x.parquet') })).rejects.toThrow('--tau must be > 0');
+  });
+
+  test('a critic whose tokenizer is not the policy\'s is refused, naming both', async () => {
+    const a = join(dir, 'tok-policy');
+    const b = join(dir, 'tok-critic');
+    for (const [folder, text] of [[a, '{"model":{"vocab":{"a":0}}}'], [b, '{"model":{"vocab":{"b":0}}}']]) {
+      cpSync(folder === a ? reference : critic, folder, { recursive: true });
+      writeFileSync(join(folder, 'tokenizer.json'), text);
+    }
+    await expect(runExtractGenerate({ ...defaults(extractGenerateSchema), ...common, tokenizer: 'model', model: a, critic: b, output: join(dir, 'z.parquet') })).rejects.toThrow(
+      `the critic --critic ${b} and the policy --model ${a} have different tokenizers (${join(b, 'tokenizer.json')} differs from ${join(a, 'tokenizer.json')})`,
+    );
   });
 
   test('a critic whose vocabulary is not the policy\'s is refused, naming both', async () => {
