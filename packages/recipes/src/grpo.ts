@@ -21,6 +21,7 @@ import { combineRewards, GrpoTrainer, overlongReward, type GrpoResumeState, type
 import { additionExamples, BUILTIN_DATA } from './demo-task';
 import { readPromptFile } from './generate';
 import { grpoTrainerOptions, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
+import { judgeSource, withClassmates } from './classmate-config';
 import { combineRewardSources, loadRewardFunctions, parseRewardWeights, rewardModelSource, RewardSourceError, withRewardWeights, type AnyRewardSource } from './reward-sources';
 import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested } from './scaffold';
 import { grpoBenchmarkSampler, TrainBenchmarks, type TrainBenchmarkResult } from './train-eval';
@@ -280,8 +281,12 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   const weights = parseRewardWeights(cfg.reward_weights);
   const rewardModel = cfg.reward_model ? await rewardModelSource<AnswerMeta>(cfg.reward_model, { ...cfg, device, dtype: cfg.compute_dtype, policy: model }) : undefined;
   if (rewardModel) sources.push(rewardModel);
+  const judge = judgeSource<AnswerMeta>(cfg);
+  if (judge) sources.push(judge);
   if (sources.length === 0) throw new Error('--reward none: give the reward another way (--reward_model, --reward_fn or --format_reward)');
   const rewards = combineRewardSources<AnswerMeta>(withRewardWeights(sources, weights), { fallback: cfg.reward_fallback });
+  // classmates continuing each completion's chain of thought (classmate-config.ts); the step trains on base + classmate
+  const classmates = await withClassmates<AnswerMeta, PromptMeta>(cfg, rewards, { device, tokenizer: model.tokenizer, maxNewTokens: cfg.max_new_tokens, seed: cfg.seed });
   // Held-out verdicts through the same failure handling (logged with the prompt, counted): a grader
   // that fails scores the completion incorrect, never crashes the run.
   const verdictOf = combineRewards<AnswerMeta>([{ name: 'correct', fn: correct }], { fallback: 0 });
@@ -311,12 +316,13 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     model: model.lm,
     tokenizer: model.tokenizer,
     stopIds,
-    rewards,
+    rewards: classmates.rewards,
     ...grpoTrainerOptions(cfg),
     lora,
     device,
     resume,
   });
+  classmates.bind(trainer);
 
   run.saveConfig(cfg);
   const store = await RolloutStore.open(runPaths(cfg.run_dir).rollouts);
@@ -419,6 +425,9 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
           reward: r.reward,
           advantage: r.advantage,
           extra: { rewards: r.bySource, tokens: r.tokens, stopped: r.stopped, ...(r.offPolicy ? { off_policy: true } : {}) },
+          // per token, for Studio's token view: log π_old and, where re-scoring computed it, its entropy
+          ...(r.logprobs ? { logprobs: r.logprobs } : {}),
+          ...(r.entropies ? { entropies: r.entropies } : {}),
         }),
       );
       if (metrics.nonfinite_updates > 0) {
@@ -444,6 +453,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   } finally {
     await store.close();
     trainer.dispose();
+    classmates.dispose();
     rewardModel?.dispose();
     await grader?.close();
     await run.close();
