@@ -79,12 +79,18 @@ class Inbox {
   }
   take(failure: Error | undefined): Promise<Uint8Array> {
     if (this.items.length) return Promise.resolve(this.items.shift()!);
-    if (failure) return Promise.reject(failure);
+    if (failure ?? this.closed) return Promise.reject(failure ?? this.closed);
     return new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
   }
   fail(e: Error): void {
     for (const w of this.waiters.splice(0)) w.reject(e);
   }
+  /** No more payloads will come: waiting takes fail with `e`, and so do later ones once the queue is empty. */
+  close(e: Error): void {
+    this.closed = e;
+    this.fail(e);
+  }
+  closed: Error | undefined;
 }
 
 /** Collectives between processes over TCP (rank 0 hosts). */
@@ -245,6 +251,8 @@ export class TcpCollectives extends HostCollectives {
     else if (type === Frame.Abort) this.fail(new DistributedError(untext(payload), peer));
     else if (type === Frame.Bye) {
       this.byes.add(peer);
+      // a rank that left cannot take part in another round: one still waiting for it fails, named
+      this.inbox(peer).close(new DistributedError(`rank ${peer} left the group while the others still expected it in a collective (it finished early or stopped)`, peer));
       this.onBye?.();
     }
   }

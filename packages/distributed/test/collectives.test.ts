@@ -90,6 +90,13 @@ test('TCP group: rank 0 dying is named by the others; a rank that cannot reach t
   await expect(TcpCollectives.connect({ rank: 1, worldSize: 2, addr: '127.0.0.1', port: 29614, timeoutMs: 500 })).rejects.toThrow(/cannot reach rank 0 within 0.5 s .*MASTER_ADDR/);
 });
 
+test('TCP group: a rank that leaves in order while rank 0 still expects it in a round fails rank 0, named (no hang)', async () => {
+  const [r0, r1] = await tcpGroup(2, 29617);
+  await r1.close();
+  await expect(r0.barrier()).rejects.toThrow('rank 1 left the group while the others still expected it in a collective');
+  await r0.close();
+});
+
 test('TCP rendezvous: a process with another world size is refused with both sizes named; a busy port is named', async () => {
   const host = TcpCollectives.connect({ rank: 0, worldSize: 2, addr: '127.0.0.1', port: 29615, timeoutMs: 3000 });
   await expect(TcpCollectives.connect({ rank: 1, worldSize: 3, addr: '127.0.0.1', port: 29615, timeoutMs: 3000 })).rejects.toThrow(/WORLD_SIZE is 3, rank 0's is 2/);
