@@ -73,7 +73,7 @@ test('the page lists prompts, samples and outcomes, colours tokens by Q and show
   await page.waitForSelector('.prompt');
   expect(requests.every((u) => u.startsWith('file:'))).toBe(true); // self-contained: nothing fetched
 
-  const boxes = await page.$$eval('.prompt', (els) => els.map((e) => ({ head: e.querySelector('.prompt-text')!.textContent, samples: [...e.querySelectorAll('.sample')].map((s) => ({ outcome: s.querySelector('.outcome')!.textContent, tokens: [...s.querySelectorAll('.tok')].map((t) => ({ text: t.textContent, bg: getComputedStyle(t).backgroundColor })) })) })));
+  const boxes = await page.$$eval('.prompt', (els) => els.map((e) => ({ head: e.querySelector('.prompt-text')!.textContent, samples: [...e.querySelectorAll('.sample')].map((s) => ({ outcome: s.querySelector('.outcome')!.textContent, tokens: [...s.querySelectorAll('.tok')].map((t) => ({ text: t.textContent, bg: (globalThis as unknown as { getComputedStyle(e: unknown): { backgroundColor: string } }).getComputedStyle(t).backgroundColor })) })) })));
   expect(boxes.map((b) => b.head)).toEqual(['#0  What is 17 + 25?', '#1  What is 3 + 9?']);
   expect(boxes.map((b) => b.samples.map((s) => s.outcome))).toEqual([['✓ correct', '✗ wrong'], ['✓ correct']]);
   const byPrompt = [ROWS.slice(0, 2), ROWS.slice(2)];
