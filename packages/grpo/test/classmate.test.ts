@@ -187,4 +187,26 @@ describe('a resident classmate with its own tokenizer (text exchanged, not ids)'
     t.dispose();
     cm.dispose();
   });
+
+  test('self-play: the policy continues its own CoT with its tokenizer, at the weights that sampled the step', async () => {
+    const letters = (t: string) => [...t].map((ch) => ch.charCodeAt(0) - 97).filter((i) => i >= 0 && i < POLICY_V);
+    const ref: { trainer?: GrpoTrainer<Meta> } = {};
+    const self = GrpoTrainer.selfPlayClassmate(() => ref.trainer!, { tokenizer: { ...policyTokenizer, encode: letters }, maxNewTokens: 2 });
+    const seen: string[][][] = [];
+    const spy: typeof self = { ...self, continueTexts: async (texts, k, seed) => { const out = await self.continueTexts(texts, k, seed); seen.push(out); return out; } };
+    const correct = combineRewards<Meta & { completionTokens: number; stopped: boolean }>([{ name: 'correct', fn: (_p, c, m) => (c.endsWith(m.answer) ? 1 : 0) }], { fallback: 0 });
+    const trainer = (ref.trainer = GrpoTrainer.create<Meta>({ model: tinyModel(POLICY_V, { seed: 3, std: 0.8 }).lm, tokenizer: policyTokenizer, stopIds: [], rewards: classmateScorer(correct, { classmates: [spy], samples: 3, cot: { marker: 'c' } }), groupSize: 4, maxNewTokens: 4 }));
+    const prompts: RlPrompt<Meta>[] = [0, 2].map((p) => ({ ids: [p], text: String.fromCharCode(97 + p), meta: { answer: 'h' }, key: p, index: p }));
+    const { metrics } = await trainer.step(prompts, 0.01);
+    expect(seen).toHaveLength(1);
+    seen[0].forEach((row) => {
+      expect(row).toHaveLength(3);
+      row.forEach((t) => expect(t).toMatch(/^[a-h]{2}$/)); // two new tokens of the policy's vocabulary, as text
+    });
+    expect(Number.isFinite(metrics['reward/classmate_accuracy/mean'])).toBe(true);
+    // the same texts and seed give the same continuations while the weights stay
+    const texts = ['a', 'cd'];
+    expect(await self.continueTexts(texts, 2, 5)).toEqual(await self.continueTexts(texts, 2, 5));
+    trainer.dispose();
+  });
 });

@@ -11,7 +11,7 @@ import { compile } from '../../../tools/testing/ort-cpu';
 import { addGeneration } from '@lathe/rollout';
 import { Device } from '@lathe/runtime';
 import { castWeights } from '@lathe/train';
-import { combineRewards, ESTIMATOR_NAMES, GrpoTrainer, type EstimatorName, type GrpoTrainerOptions, type RewardFailure, type RlPrompt } from '@lathe/grpo';
+import { classmateScorer, combineRewards, ESTIMATOR_NAMES, GrpoTrainer, type EstimatorName, type GrpoTrainerOptions, type RewardFailure, type RlPrompt } from '@lathe/grpo';
 import { tinyModel } from './tiny-qwen3';
 
 interface Meta {
@@ -182,6 +182,8 @@ test.each(ESTIMATOR_NAMES.map((n) => [n]))('%s through GrpoTrainer: reward rises
     loss: { aggregation: name === 'dr_grpo' ? 'token-sum-norm' : 'token-mean', clipHigh: 0.28 },
     // PPO's estimator reads a value model (packages/grpo/test/ppo.test.ts tests it in depth)
     ...(name === 'gae' ? { valueModel: { lrScale: 3 } } : {}),
+    // the separated estimator reads a classmate source (one-token completions have no CoT; λ 0 keeps the step's reward the base one)
+    ...(name === 'grpo_main_classmate_separated' ? { rewards: classmateScorer(exact, { weight: 0, classmates: [{ name: 'echo', continueTexts: async (texts, k) => texts.map(() => new Array<string>(k).fill('')) }] }) } : {}),
   });
   // ReMax's greedy baseline gives no signal once a prompt's samples all equal its greedy answer, and PPO's whitened
   // token advantages collapse the policy onto a wrong answer at the larger step: a smaller step keeps exploring
