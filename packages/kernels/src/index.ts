@@ -9,4 +9,5 @@ export { CudaDriver, CudaError, captureModes, type CapturedGraph, type Handle, t
 export { KernelCache, compileKeyHash, defaultCacheDir, type CompileKey } from './cache';
 export { packKernelArgs, type ArgType, type ArgValue, type ArgValues, type PackedArgs } from './args';
 export { Kernels, KernelModule, Kernel, chooseTarget, checkVersions, type CompileOptions, type KernelsOptions } from './kernels';
+export { CustomOpDomain, type CustomOpContext, type CustomOpInput, type CustomOpSpec } from './custom-op';
 export { kernelRegion, regionOf, segmentGraph, splitGraph, SplitProgram, KERNEL_SCOPE, type KernelImpl, type SplitStep } from './split';

@@ -45,6 +45,11 @@ export interface SessionOptions {
   modelPath?: string;
   /** A name for errors and profiles (default: the graph's name). */
   name?: string;
+  /**
+   * Custom-op domains (`OrtCustomOpDomain` handles) whose ops the model may use: how Lathe's own
+   * kernels become nodes of a session (@lathe/kernels `CustomOpDomain`). The caller keeps them alive.
+   */
+  customOpDomains?: Ptr[];
 }
 
 /** A session input or output: name, dtype and dims (numbers, symbolic names, or null for unknown). */
@@ -102,6 +107,7 @@ export class Session {
       if (device.kind !== 'cpu' && !opts.allowCpuFallback) config['session.disable_cpu_ep_fallback'] = '1';
       for (const [k, v] of Object.entries(config)) api.call('AddSessionConfigEntry', so, k, v);
       device.appendProvider(so, { cudaGraph: opts.cudaGraph ?? false });
+      for (const d of opts.customOpDomains ?? []) api.call('AddCustomOpDomain', so, d);
       if (model instanceof Uint8Array) {
         handle = api.out('CreateSessionFromArray', env, model, model.byteLength, so);
       } else if ('path' in model) {

@@ -3,7 +3,8 @@
  * - vector: an NVRTC-compiled kernel launched between bound ORT runs on the one stream, `--rounds`
  *   of each with no host sync between; the result must be exact (compile and cache-hit ms too).
  *   With --capture, the same rounds captured as one CUDA graph and replayed. `split`: a graph split
- *   around a kernel region, run by SplitProgram (segments and a launch), against the whole graph.
+ *   around a kernel region, run by SplitProgram (segments and a launch), against the whole graph;
+ *   `custom_op`: the kernel as an ORT custom op (a koffi callback that launches it) in one session.
  * - adamw: the fused AdamW against the composed `apply` graph on the parameters of --shape, from
  *   the same state, with and without clipping: mismatching elements, max ulps and max abs diff of
  *   p, m and v, both grad norms, and device ms per update (events on the stream).
@@ -17,7 +18,7 @@
  */
 import { CausalLM, totalLengthTensor, TOTAL_LENGTH_INPUT, type HfConfig } from '@lathe/models';
 import * as L from '@lathe/onnx';
-import { Kernels, kernelRegion, SplitProgram, type Kernel, type KernelImpl } from '@lathe/kernels';
+import { CustomOpDomain, Kernels, kernelRegion, SplitProgram, type Kernel, type KernelImpl } from '@lathe/kernels';
 import { type Device, type DeviceTensor } from '@lathe/runtime';
 import { biasCorrections, compileApply, FusedAdamW, sftLoss, stateNames, Trainer, type AdamWConfig } from '@lathe/train';
 import { arg, flag } from '../argv';
@@ -109,6 +110,7 @@ function vectorPhase(kernels: Kernels, device: Device, h: Helpers, compileMs: { 
     }
   }
   result.split = splitCheck(device, h, n);
+  result.custom_op = customOpCheck(kernels, device, h, n);
   console.log(JSON.stringify(result));
   run.dispose();
   session.dispose();
@@ -143,6 +145,62 @@ function splitCheck(device: Device, h: Helpers, n: number): { exact: boolean; st
   program.dispose();
   xs.dispose();
   return { exact: got.every((v, i) => v === want[i]), steps };
+}
+
+/**
+ * The same tripling as an ORT custom op on the CUDA provider whose compute (a koffi callback)
+ * launches the kernel on the session's stream: one session, y = 3·(2x + 1) − x, against the
+ * composed graph. Must be exact; with --capture also replayed as ORT's CUDA graph.
+ */
+function customOpCheck(kernels: Kernels, device: Device, h: Helpers, n: number): Record<string, unknown> {
+  const domain = new CustomOpDomain('lathe.check');
+  let calls = 0;
+  domain.add({
+    name: 'Triple',
+    inputs: ['float32'],
+    outputs: ['float32'],
+    provider: 'cuda',
+    compute: (ctx) => {
+      calls++;
+      const [x] = ctx.inputs;
+      const size = x.dims.reduce((a, b) => a * b, 1);
+      const out = ctx.output(0, x.dims);
+      h.scaleInto.launch({ grid: Math.ceil(size / 256), block: 256, stream: kernels.stream }, out, x.data, 3, size);
+    },
+  });
+  const build = (custom: boolean) => {
+    const g = new L.Graph(custom ? 'custom_op_check' : 'custom_op_reference');
+    const x = g.input('x', 'float32', [n]);
+    const a = L.add(L.mul(x, 2), 1);
+    const t = custom ? domain.node('Triple', [a])[0] : L.mul(a, 3);
+    g.output(L.sub(t, x), 'y');
+    return g;
+  };
+  const xs = device.upload({ data: Float32Array.from({ length: n }, (_, i) => (i % 1000) / 8), dims: [n] });
+  const result: Record<string, unknown> = {};
+  try {
+    const reference = device.compile(build(false));
+    const rb = reference.binding().input('x', xs).output('y', 'host');
+    rb.runSync();
+    const want = rb.fetch('y').data as Float32Array;
+    reference.dispose();
+    for (const graphs of flag('capture') ? [false, true] : [false]) {
+      const s = device.compile(build(true), { customOpDomains: [domain.handle], cudaGraph: graphs });
+      const y = device.empty('float32', [n]);
+      const b = s.binding().input('x', xs).output('y', y);
+      for (let r = 0; r < 3; r++) b.runSync();
+      domain.check();
+      const got = y.download().data as Float32Array;
+      result[graphs ? 'cuda_graph' : 'session'] = { exact: got.every((v, i) => v === want[i]), compute_calls: calls };
+      s.dispose();
+      y.dispose();
+    }
+  } catch (e) {
+    result.error = (e as Error).message.slice(0, 400);
+  }
+  xs.dispose();
+  domain.dispose();
+  return result;
 }
 
 async function adamwPhase(kernels: Kernels, device: Device, h: Helpers, shape: HfConfig): Promise<void> {
