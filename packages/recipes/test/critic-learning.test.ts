@@ -1,139 +1,18 @@
 /**
- * The critic learns (CPU, the built-in tiny model and character tokenizer): a synthetic addition
- * task whose policy picks a careful mode (first token '+', a chain of '+' of random length, then
- * for each digit '=', the sum's digit and the answer's digit, copied with 5 % error) or a sloppy
- * one (no chain, first token '=', the answer's digits copied with 60 % error); reward 1 when the
- * answer equals the sum. The
- * outcome is predictable from the first token and exactly from the answer's digits, and the
- * length from the mode and the position. Checked on held-out prompts: AUC of first-token Q,
- * calibration, remaining-length MAE against predicting the mean, and Q of the right digit above Q
- * of a wrong digit. The last falls short of the issue's 90 %: at this budget the critic learns
- * which digits a sum can start with but not yet to compare a digit with the one before it.
+ * The critic learns (CPU, the built-in tiny model and character tokenizer) on the synthetic task of
+ * critic-task.ts, a short run: AUC of first-token Q, calibration and remaining-length MAE reach the
+ * issue's bars within 300 steps; Q of the right digit above Q of a wrong digit needs longer (at this
+ * budget the critic learns which digits a sum can start with, not yet to compare a digit with the
+ * one before it), so this run asks only that it be above chance and critic-learning.slow.test.ts
+ * (1,500 steps at lr 1e-2) asks the issue's 90 %.
  */
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import * as L from '@lathe/onnx';
-import { CausalLM, paramSpecs, seededRandom, weightInputs } from '@lathe/models';
-import { writeTrajectories, type Trajectory } from '@lathe/data';
-import { auc, criticTreeProbs, expectedCalibrationError, loadBins, meanAbsoluteError, padTreeBatch, treeEstimates, treeRow } from '@lathe/critic';
-import { additionTokenizer } from '../src/demo-task';
-import { defaults } from '../src/options';
-import { criticTrainSchema } from '../src/critic-config';
-import { runCriticTrain } from '../src/critic';
-import { compile } from '../../../tools/testing/ort-cpu';
+import { trainAndMeasure } from './critic-task';
 
-const tok = additionTokenizer();
-const enc = (s: string) => tok.encode(s);
-
-interface Sample {
-  prompt: number[];
-  attempt: number[];
-  reward: number;
-  /** Index in `attempt` of each answer digit, with the right digit's id there. */
-  answer: { at: number; right: number }[];
-}
-
-/** One attempt of the synthetic policy at a + b. */
-function sample(a: number, b: number, next: () => number): Sample {
-  const sum = String(a + b);
-  const careful = next() < 0.5;
-  const head = careful ? '+'.repeat(1 + Math.floor(next() * 8)) : '';
-  const err = careful ? 0.05 : 0.6;
-  const answer = [...sum].map((d) => (next() < err ? String((Number(d) + 1 + Math.floor(next() * 9)) % 10) : d)).join('');
-  // '=', a digit of the sum (the chain of thought), the answer's digit there; for each digit
-  const text = head + [...sum].map((d, k) => '=' + d + answer[k]).join('');
-  const attempt = [...enc(text), tok.eosId];
-  return { prompt: enc(`${a}+${b}=`), attempt, reward: answer === sum ? 1 : 0, answer: [...sum].map((d, k) => ({ at: head.length + 3 * k + 2, right: enc(d)[0] })) };
-}
-
-function dataset(prompts: number, perPrompt: number, seed: number): Sample[][] {
-  const next = seededRandom(seed);
-  return Array.from({ length: prompts }, () => {
-    const a = Math.floor(next() * 100);
-    const b = Math.floor(next() * 100);
-    return Array.from({ length: perPrompt }, () => sample(a, b, next));
-  });
-}
-
-test('the critic learns Q and remaining length on the synthetic task', async () => {
-  const dir = mkdtempSync(join(tmpdir(), 'critic-learn-'));
-  const train = dataset(300, 4, 1);
-  const rows: Trajectory[] = train.flatMap((group, p) => group.map((s) => ({ prompt_idx: p, prompt: '', prompt_token_ids: s.prompt, output_token_ids: s.attempt, correct: s.reward })));
-  await writeTrajectories(join(dir, 'train.parquet'), rows);
-  const result = await runCriticTrain({
-    ...defaults(criticTrainSchema),
-    data: join(dir, 'train.parquet'),
-    tokenizer: 'builtin:addition',
-    run_dir: join(dir, 'run'),
-    ablation: 'no_context',
-    max_length: 64,
-    max_remaining: 24,
-    length_bins: 6,
-    batch_size: 8,
-    steps: 300,
-    lr: 3e-3,
-    warmup_steps: 10,
-    weight_decay: 0,
-    save_every: 0,
-    log_every: 50,
-  });
-  expect(result.steps).toBe(300);
-
-  // Held-out prompts through the tree pass: first-token Q and remaining lengths of every attempt,
-  // and at each answer digit whose answer so far is right, the right digit and a wrong one.
-  const bins = loadBins(result.checkpoint);
-  const lm = CausalLM.fromPretrainedSync(result.checkpoint);
-  const g = new L.Graph('critic_label');
-  const { weights } = weightInputs(g, lm.config, 'float32', 'float32');
-  g.output(criticTreeProbs(g, lm.config, bins, weights), 'cell_probs');
-  const run = await compile(g);
-  const w = lm.float32Weights();
-  const feeds = Object.fromEntries(paramSpecs(lm.config).map((s) => [s.name, { data: w.get(s.name)!, dims: s.shape }]));
-  const held = dataset(60, 4, 99).flat();
-  const next = seededRandom(7);
-  const firstQ: number[] = [];
-  const outcomes: number[] = [];
-  const predictedLength: number[] = [];
-  const trueLength: number[] = [];
-  let ordered = 0;
-  let compared = 0;
-  for (let i = 0; i < held.length; i += 16) {
-    const chunk = held.slice(i, i + 16);
-    const trees = chunk.map((s) => {
-      const candidates = s.attempt.map(() => [] as number[]);
-      let rightSoFar = true;
-      for (const { at, right } of s.answer) {
-        if (rightSoFar) candidates[at] = [right, enc(String((right - 3 + 1 + Math.floor(next() * 9)) % 10))[0]];
-        rightSoFar &&= s.attempt[at] === right;
-      }
-      return treeRow(s.prompt, s.attempt, candidates);
-    });
-    const out = await run({ ...feeds, ...padTreeBatch(trees, tok.padId) });
-    trees.forEach((tree, b) => {
-      const est = treeEstimates(bins, out.cell_probs.data as Float32Array, out.cell_probs.dims, tree, b);
-      const s = chunk[b];
-      firstQ.push(est.realised[0].q);
-      outcomes.push(s.reward);
-      est.realised.forEach((e, t) => {
-        predictedLength.push(e.remaining);
-        trueLength.push(s.attempt.length - 1 - t);
-      });
-      for (const cands of est.candidates) {
-        if (cands.length !== 2) continue;
-        compared++;
-        if (cands[0].q > cands[1].q) ordered++;
-      }
-    });
-  }
-  // the naive baseline: every token's remaining length predicted as the training tokens' mean
-  const lengths = rows.map((r) => r.output_token_ids.length);
-  const meanTrain = lengths.reduce((s, T) => s + (T * (T - 1)) / 2, 0) / lengths.reduce((s, T) => s + T, 0);
-  const naive = meanAbsoluteError(trueLength.map(() => meanTrain), trueLength);
-  const numbers = { auc: auc(firstQ, outcomes), ece: expectedCalibrationError(firstQ, outcomes), lengthMae: meanAbsoluteError(predictedLength, trueLength), naiveMae: naive, rightAboveWrong: ordered / compared, compared };
-  console.log(JSON.stringify(numbers));
-  expect(numbers.auc).toBeGreaterThanOrEqual(0.8);
-  expect(numbers.ece).toBeLessThan(0.1);
-  expect(numbers.lengthMae).toBeLessThan(0.5 * naive);
-  expect(numbers.rightAboveWrong).toBeGreaterThanOrEqual(0.6);
+test('the critic learns Q and remaining length on the synthetic task (300 steps)', async () => {
+  const m = await trainAndMeasure({ prompts: 300, steps: 300, lr: 3e-3 });
+  console.log(JSON.stringify(m));
+  expect(m.auc).toBeGreaterThanOrEqual(0.8);
+  expect(m.ece).toBeLessThan(0.1);
+  expect(m.lengthMae).toBeLessThan(0.5 * m.naiveMae);
+  expect(m.rightAboveWrong).toBeGreaterThanOrEqual(0.6);
 }, 240_000);
