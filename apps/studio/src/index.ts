@@ -14,12 +14,14 @@ import { existsSync, statSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { defaults, listenOn, serveSchema, startServe, type RunningServe, type ServeEvents, type StudioConfig } from '@lathe/recipes';
 import { ensureAssets } from './assets';
+import { CheckpointChats } from './checkpoints';
 import { createStudioServer } from './server';
 
 export { buildAssets, ensureAssets, ASSETS_DIR } from './assets';
 export { createStudioServer, insideRoot, loopbackHost, type StudioServerOptions } from './server';
 export { listRunInfos, readMetricsFile, runInfo, type MetricsFile, type RunInfo } from './runs';
 export { listParquet, tokenCells, trajectoryTokens, type TokenCell, type TokenView } from './tokens';
+export { CheckpointChats, listChatCheckpoints, type ChatCheckpoint } from './checkpoints';
 
 /** A running studio. */
 export interface RunningStudio {
@@ -52,7 +54,8 @@ export async function startStudio(cfg: StudioConfig, events: StudioEvents = {}):
   }
   const chatUrl = chat ? chat.url : cfg.serve_url || null;
   const loopbackOnly = /^(127\.|::1$|localhost$)/.test(cfg.host);
-  const server = createStudioServer({ root, assets, chatUrl, tokenizer: cfg.tokenizer, pollMs: cfg.poll_ms, loopbackOnly });
+  const checkpoints = cfg.chat_checkpoints && !cfg.serve_url ? new CheckpointChats(root, { device: cfg.device, maxModelLen: cfg.max_model_len }) : null;
+  const server = createStudioServer({ root, assets, chatUrl, tokenizer: cfg.tokenizer, pollMs: cfg.poll_ms, loopbackOnly, checkpoints });
   try {
     await listenOn(server, cfg.host, cfg.port);
   } catch (e) {
@@ -71,6 +74,7 @@ export async function startStudio(cfg: StudioConfig, events: StudioEvents = {}):
       server.closeAllConnections();
       await closed;
       await chat?.close();
+      await checkpoints?.close();
     },
   };
 }

@@ -7,6 +7,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import { existsSync, readFileSync, realpathSync, statSync } from 'node:fs';
 import { extname, join, resolve, sep } from 'node:path';
 import { isRunDir, listEvals, queryRollouts, rolloutById, rolloutGroup, runPaths, type RolloutQuery, type RolloutTable } from '@lathe/data';
+import { CHECKPOINT_PREFIX, listChatCheckpoints, type CheckpointChats } from './checkpoints';
 import { listRunInfos, readMetricsFile, runInfo } from './runs';
 import { listParquet, tokenCells, tokenizerFor, trajectoryRows, trajectoryTokens } from './tokens';
 
@@ -24,6 +25,8 @@ export interface StudioServerOptions {
   pollMs: number;
   /** Answer only requests whose Host is a loopback name (when listening on a loopback address). */
   loopbackOnly?: boolean;
+  /** Chat with the root's checkpoints, served in-process on demand; null: off (e.g. with --serve_url). */
+  checkpoints?: CheckpointChats | null;
 }
 
 /** An error with an HTTP status. */
@@ -111,7 +114,7 @@ async function api(opts: StudioServerOptions, req: IncomingMessage, url: URL): P
   const parts = url.pathname.split('/').slice(2).map(decodeURIComponent); // after /api/
   const q = url.searchParams;
   const ok = (body: unknown) => ({ status: 200, body });
-  if (parts[0] === 'config') return ok({ root: opts.root, chat: opts.chatUrl !== null, pollMs: opts.pollMs });
+  if (parts[0] === 'config') return ok({ root: opts.root, chat: opts.chatUrl !== null || Boolean(opts.checkpoints), checkpointChat: Boolean(opts.checkpoints), pollMs: opts.pollMs });
   if (parts[0] === 'runs' && parts.length === 1) return ok(listRunInfos(opts.root));
   if (parts[0] === 'runs' && parts.length >= 2) {
     const name = parts[1];
@@ -175,12 +178,8 @@ async function api(opts: StudioServerOptions, req: IncomingMessage, url: URL): P
     const row = num(q, 'row') ?? 0;
     return ok(await trajectoryTokens(file, row, await tokenizerFor(file, opts.root, opts.tokenizer), rel));
   }
-  if (parts[0] === 'chat' && parts[1] === 'models' && req.method === 'GET') return proxy(opts, '/models', {});
-  if (parts[0] === 'chat' && parts[1] === 'completions' && req.method === 'POST') {
-    // JSON only: a cross-site form cannot send it without a CORS preflight, which is never granted
-    if (!/^application\/json\b/.test(req.headers['content-type'] ?? '')) throw new HttpError(415, 'chat: the request body must be application/json');
-    return proxy(opts, '/chat/completions', { method: 'POST', headers: { 'content-type': 'application/json' }, body: await readBody(req) });
-  }
+  if (parts[0] === 'chat' && parts[1] === 'models' && req.method === 'GET') return opts.chatUrl ? proxy(opts, '/models', {}) : ok({ object: 'list', data: [] });
+  if (parts[0] === 'chat' && parts[1] === 'checkpoints' && req.method === 'GET') return ok(opts.checkpoints ? listChatCheckpoints(opts.root) : []);
   throw new HttpError(404, `${url.pathname}: no such API`);
 }
 
@@ -205,12 +204,67 @@ export function loopbackHost(host: string | undefined): boolean {
   return LOOPBACK.has(name.toLowerCase());
 }
 
+/**
+ * A chat completion: to the checkpoint's in-process server when the model is `checkpoint:<run>@<step>`,
+ * else to the chat API. With `stream: true` the server-sent events are passed on as they arrive.
+ */
+async function chatCompletion(opts: StudioServerOptions, req: IncomingMessage, res: ServerResponse): Promise<void> {
+  // JSON only: a cross-site form cannot send it without a CORS preflight, which is never granted
+  if (!/^application\/json\b/.test(req.headers['content-type'] ?? '')) throw new HttpError(415, 'chat: the request body must be application/json');
+  let body: Record<string, unknown>;
+  try {
+    body = JSON.parse(await readBody(req)) as Record<string, unknown>;
+  } catch (e) {
+    throw new HttpError(400, `chat: the request body is not JSON (${(e as Error).message})`);
+  }
+  let base = opts.chatUrl;
+  if (typeof body.model === 'string' && body.model.startsWith(CHECKPOINT_PREFIX)) {
+    if (!opts.checkpoints) throw new HttpError(404, 'chat with checkpoints is off (lathe studio --serve_url chats only through that server)');
+    try {
+      const ep = await opts.checkpoints.endpoint(body.model.slice(CHECKPOINT_PREFIX.length));
+      [base, body.model] = [ep.url, ep.model];
+    } catch (e) {
+      throw new HttpError(400, (e as Error).message);
+    }
+  }
+  if (!base) throw new HttpError(404, 'chat is off: start lathe studio with --model DIR or --serve_url URL, or pick a checkpoint');
+  let r: Response;
+  try {
+    r = await fetch(`${base.replace(/\/$/, '')}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  } catch (e) {
+    throw new HttpError(502, `${base}: cannot reach the chat server (${(e as Error).message})`);
+  }
+  const type = r.headers.get('content-type') ?? '';
+  if (!type.startsWith('text/event-stream') || !r.body) {
+    const text = await r.text();
+    try {
+      return send(res, r.status, JSON.parse(text));
+    } catch {
+      return send(res, 502, { error: `${base}/chat/completions: answered ${r.status} with non-JSON: ${text.slice(0, 200)}` });
+    }
+  }
+  // each event is written as it arrives (no buffering), so the page shows tokens as they come
+  res.writeHead(r.status, { 'content-type': 'text/event-stream', 'cache-control': 'no-store', connection: 'keep-alive' });
+  const upstream = r.body.getReader();
+  res.on('close', () => void upstream.cancel().catch(() => undefined));
+  for (;;) {
+    const { done, value } = await upstream.read();
+    if (done || res.writableEnded) break;
+    res.write(value);
+  }
+  res.end();
+}
+
 /** The studio's request handler as a server (not yet listening). */
 export function createStudioServer(opts: StudioServerOptions): Server {
   return createServer((req, res) => {
     const url = new URL(req.url ?? '/', 'http://studio');
     const done = (status: number, body: unknown) => (res.headersSent ? res.end() : send(res, status, body));
     if (opts.loopbackOnly && !loopbackHost(req.headers.host)) return done(421, { error: `Host ${req.headers.host ?? '(none)'}: the studio answers only to localhost / 127.0.0.1 / [::1] while it listens on a loopback address` });
+    if (url.pathname === '/api/chat/completions' && req.method === 'POST') {
+      chatCompletion(opts, req, res).catch((e: Error) => done(e instanceof HttpError ? e.status : 500, { error: e.message }));
+      return;
+    }
     if (url.pathname.startsWith('/api/')) {
       api(opts, req, url).then(
         (r) => done(r.status, r.body),

@@ -112,6 +112,24 @@ PRAGMA user_version = 1;`);
   rmSync(dir, { recursive: true });
 });
 
+test('chat checkpoints: every checkpoint of every run, those without tokenizer files not servable and named so', async () => {
+  const list = (await get('/api/chat/checkpoints')).body as unknown as { id: string; run: string; step: number; dir: string; servable: boolean; why?: string }[];
+  expect(list.filter((c) => c.run === 'sft-addition').map((c) => [c.id, c.step, c.dir, c.servable])).toEqual([
+    ['sft-addition@15', 15, join('sft-addition', 'checkpoints', 'step-00000015'), false],
+    ['sft-addition@30', 30, join('sft-addition', 'checkpoints', 'step-00000030'), false],
+  ]);
+  expect(list.find((c) => c.id === `${grpo}@3`)!.why).toMatch(/no tokenizer\.json.*character tokenizer, which cannot chat/);
+  expect((await get('/api/config')).body).toMatchObject({ chat: true, checkpointChat: true });
+  expect((await get('/api/chat/models')).body).toEqual({ object: 'list', data: [] });
+  const post = async (model: string) => {
+    const r = await fetch(new URL('/api/chat/completions', studio.url), { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model, messages: [{ role: 'user', content: 'hi' }], stream: true }) });
+    return { status: r.status, body: (await r.json()) as { error: string } };
+  };
+  expect(await post('checkpoint:nope@1')).toEqual({ status: 400, body: { error: "checkpoint 'nope@1': no such checkpoint under the root (run@step, as the chat page lists them)" } });
+  expect((await post(`checkpoint:${grpo}@3`)).body.error).toMatch(new RegExp(`^checkpoint '${grpo}@3' \\(${grpo}/checkpoints/step-00000003\\): cannot be served: no tokenizer.json`));
+  expect(await post('base')).toEqual({ status: 404, body: { error: 'chat is off: start lathe studio with --model DIR or --serve_url URL, or pick a checkpoint' } });
+});
+
 test('a bad line inside metrics.jsonl: state bad, naming the line; the good lines still served', async () => {
   const dir = join(root, 'bad-line');
   mkdirSync(dir);

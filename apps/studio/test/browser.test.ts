@@ -13,7 +13,8 @@ import { join } from 'node:path';
 import puppeteer, { type Browser, type Page } from 'puppeteer-core';
 import { readEvalRollouts, readMetrics, readTrainRollouts } from '@lathe/data';
 import { startStudio, type RunningStudio } from '@lathe/studio';
-import { LABELLED, makeRoot, studioConfig } from './fixtures';
+import { defaults, serveSchema, startServe } from '@lathe/recipes';
+import { CHAT_RUN, LABELLED, makeRoot, studioConfig } from './fixtures';
 import { tinyChatModel } from './chat-model';
 
 const CHROMIUM = process.env.LATHE_CHROMIUM ?? '/usr/bin/chromium';
@@ -48,8 +49,8 @@ function rgbOf(hue: number): string {
 beforeAll(async () => {
   if (!existsSync(CHROMIUM)) throw new Error(`${CHROMIUM}: no Chromium (apt-get install chromium, or set LATHE_CHROMIUM)`);
   mkdirSync(SHOTS, { recursive: true });
-  ({ root, grpo } = await makeRoot());
   const model = tinyChatModel('tiny-qwen3');
+  ({ root, grpo } = await makeRoot({ chatRun: model }));
   studio = await startStudio(studioConfig(root, { model: `base=${model},tuned=${model}`, max_model_len: 128, poll_ms: 200 }));
   browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'] });
   page = await browser.newPage();
@@ -64,7 +65,7 @@ test('the runs page lists every run with its state; a run page shows its config 
   await open('runs');
   const rows = await page.$$eval('#runs tbody tr', (trs) => trs.map((tr) => ({ run: tr.getAttribute('data-run'), cells: [...tr.querySelectorAll('td')].map((td) => td.textContent ?? '') })));
   const by = Object.fromEntries(rows.map((r) => [r.run, r.cells]));
-  expect(Object.keys(by).sort()).toEqual(['corrupt-store', grpo, 'no-metrics', 'sft-addition', 'torn-metrics']);
+  expect(Object.keys(by).sort()).toEqual(['corrupt-store', grpo, 'no-metrics', 'sft-addition', CHAT_RUN, 'torn-metrics']);
   expect(by[grpo][3]).toMatch(/^ok/);
   expect(by[grpo][4]).toBe('3');
   expect(by[grpo][5]).toBe('1 (last 3)');
@@ -210,7 +211,9 @@ test('a stored rollout: tokens coloured by their log-prob and by their entropy, 
 
 test('chat with two models side by side answers as the serve API does', async () => {
   await open('chat');
-  expect(await page.$$eval('#model-0 option', (o) => o.map((x) => x.textContent))).toEqual(['base', 'tuned']);
+  expect(await page.$$eval('#model-0 optgroup[label="served models"] option', (o) => o.map((x) => x.textContent))).toEqual(['base', 'tuned']);
+  await page.select('#model-0', 'base');
+  await page.select('#model-1', 'tuned');
   for (const [sel, v] of [['#max_tokens', '12'], ['#seed', '5']]) {
     await page.$eval(sel, (e) => ((e as unknown as { value: string }).value = ''));
     await page.type(sel, v);
@@ -233,3 +236,54 @@ test('chat with two models side by side answers as the serve API does', async ()
   expect(shown).toEqual(answers.map((a) => a || '(empty)'));
   await shot('chat');
 }, 60_000);
+
+test('chat with two checkpoints of a run, one per side: each reply streams in token by token and equals the checkpoint served directly', async () => {
+  await open('chat');
+  const options = await page.$$eval('#model-0 option', (o) => o.map((x) => ({ value: (x as unknown as { value: string }).value, text: x.textContent, disabled: (x as unknown as { disabled: boolean }).disabled })));
+  // every checkpoint of every run is listed: the chat run's two, and the built-in runs' (no tokenizer files: disabled)
+  expect(options.filter((o) => o.value.startsWith(`checkpoint:${CHAT_RUN}@`)).map((o) => [o.text, o.disabled])).toEqual([
+    [`${CHAT_RUN} · step 1`, false],
+    [`${CHAT_RUN} · step 2`, false],
+  ]);
+  expect(options.find((o) => o.value === `checkpoint:${grpo}@3`)).toMatchObject({ disabled: true, text: `${grpo} · step 3 (cannot chat)` });
+  await page.select('#model-0', `checkpoint:${CHAT_RUN}@1`);
+  await page.select('#model-1', `checkpoint:${CHAT_RUN}@2`);
+  for (const [sel, v] of [['#max_tokens', '40'], ['#seed', '3']]) {
+    await page.$eval(sel, (e) => ((e as unknown as { value: string }).value = ''));
+    await page.type(sel, v);
+  }
+  // record the reply's text each time the page changes it (one record per task that changed it)
+  await page.evaluate(() => {
+    const g = globalThis as unknown as { seen: string[][]; MutationObserver: new (f: () => void) => { observe(n: unknown, o: unknown): void }; document: { querySelector(s: string): { textContent: string } | null } };
+    g.seen = [[], []];
+    for (const i of [0, 1]) new g.MutationObserver(() => g.seen[i].push(g.document.querySelector(`#log-${i} .msg.assistant.streaming .content`)?.textContent ?? '')).observe(g.document.querySelector(`#log-${i}`), { subtree: true, childList: true, characterData: true, attributes: true });
+  });
+  await page.type('#message', 'What is 2+2?');
+  await page.click('#send');
+  await page.waitForSelector('#log-0 .msg.assistant[data-finish]', { timeout: 60_000 });
+  await page.waitForSelector('#log-1 .msg.assistant[data-finish]', { timeout: 60_000 });
+  const shown = await page.$$eval('.msg.assistant .content', (e) => e.map((x) => x.textContent));
+  const seen = (await page.evaluate('seen')) as string[][];
+  const stored = join(root, CHAT_RUN, 'checkpoints');
+  // both checkpoints served by lathe serve itself, asked the same without streaming
+  const serve = await startServe({ ...defaults(serveSchema), model: [1, 2].map((s) => `s${s}=${join(stored, `step-${String(s).padStart(8, '0')}`)}`).join(','), port: 0, max_model_len: 256, max_rows: 4 });
+  const direct = async (model: string) => {
+    const r = await fetch(`${serve.url}/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model, messages: [{ role: 'user', content: 'What is 2+2?' }], temperature: 0.7, top_p: 1, max_tokens: 40, seed: 3, chat_template_kwargs: { enable_thinking: false } }),
+    });
+    return ((await r.json()) as { choices: { message: { content: string } }[] }).choices[0].message.content;
+  };
+  const answers = [await direct('s1'), await direct('s2')];
+  await serve.close();
+  expect(shown).toEqual(answers.map((a) => a || '(empty)'));
+  expect(answers[0]).not.toBe(answers[1]); // two different checkpoints answered
+  for (const [i, answer] of answers.entries()) {
+    // the text grew in steps, each a prefix of the reply: shown before the reply was complete
+    const partial = [...new Set(seen[i].filter((t) => t !== '' && t !== answer))];
+    expect(partial.length).toBeGreaterThanOrEqual(2);
+    for (const t of partial) expect(answer.startsWith(t)).toBe(true);
+  }
+  await shot('chat-checkpoints');
+}, 120_000);

@@ -23,8 +23,15 @@ export const LABELLED = {
   ],
 };
 
-/** Writes the root; returns it and the GRPO run's name (the SFT run is `sft-addition`). */
-export async function makeRoot(): Promise<{ root: string; grpo: string }> {
+/** The run whose checkpoints the chat tests talk to (with `chatRun`): a short SFT run of a tiny Qwen3 with its real tokenizer. */
+export const CHAT_RUN = 'sft-chat';
+
+/**
+ * Writes the root; returns it and the GRPO run's name (the SFT run is `sft-addition`). With
+ * `chatRun` (a model folder with Qwen3's tokenizer), also {@link CHAT_RUN}: two SFT steps of it on
+ * conversations, a checkpoint after each.
+ */
+export async function makeRoot(options: { chatRun?: string } = {}): Promise<{ root: string; grpo: string }> {
   const root = mkdtempSync(join(tmpdir(), 'lathe-studio-'));
   const prompts = join(root, 'prompts.jsonl');
   const lines: string[] = [];
@@ -35,6 +42,13 @@ export async function makeRoot(): Promise<{ root: string; grpo: string }> {
 
   // a short SFT run of the demo task: a loss curve to plot beside the GRPO run's
   await runSft({ ...defaults(sftSchema), ...DEMO_SFT_OVERRIDES, run_dir: join(root, 'sft-addition'), steps: 30, batch_size: 16, warmup_steps: 5, eval_every: 15, save_every: 15, eval_examples: 16, log_every: 1, overwrite: false });
+
+  if (options.chatRun) {
+    const data = join(root, 'chat.jsonl');
+    writeFileSync(data, ['What is 2+2?\t4', 'Name a colour.\tBlue.', 'Say hi.\tHi!', 'Count to 3.\t1 2 3'].map((l) => JSON.stringify({ messages: [{ role: 'user', content: l.split('\t')[0] }, { role: 'assistant', content: l.split('\t')[1] }] })).join('\n') + '\n');
+    // a high learning rate: the two checkpoints answer differently
+    await runSft({ ...defaults(sftSchema), model: options.chatRun, data, run_dir: join(root, CHAT_RUN), steps: 2, batch_size: 2, max_length: 64, eval_examples: 0, eval_every: 0, save_every: 1, keep_last: 5, lr: 5e-2, warmup_steps: 0, log_every: 1 });
+  }
 
   // half-written: the GRPO run's lines, then a line cut off mid-write
   const torn = join(root, 'torn-metrics');

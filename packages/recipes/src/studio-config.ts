@@ -12,9 +12,14 @@ export const studioSchema = {
     default: '',
     describe: "Models to chat with, served in-process as by lathe serve: a model folder or NAME=DIR (a checkpoint folder works), repeated or comma-separated; '' and no --serve_url: no chat",
   },
+  chat_checkpoints: {
+    type: 'boolean',
+    default: true,
+    describe: 'Chat with any checkpoint of the runs under --root (the chat page lists them for each side): a checkpoint picked is served in-process on first use, at most two at a time, the least recently used closed first (not with --serve_url)',
+  },
   serve_url: { type: 'string', default: '', describe: "Chat through a running lathe serve (or any OpenAI-compatible server) instead, e.g. http://127.0.0.1:8000/v1" },
   device: deviceOption,
-  max_model_len: { type: 'number', default: 1024, integer: true, min: 2, describe: 'Context per chat model (prompt + reply) when --model is served in-process' },
+  max_model_len: { type: 'number', default: 1024, integer: true, min: 2, describe: "Context per chat model (prompt + reply) when --model or a checkpoint is served in-process (a checkpoint's is at most its max_position_embeddings)" },
   tokenizer: { type: 'string', default: 'run', describe: "Tokenizer for the token view: 'run' (each run's config: builtin:addition or its model folder), builtin:addition, or a folder with tokenizer.json" },
   poll_ms: { type: 'number', default: 2000, integer: true, min: 100, describe: "How often the metrics page re-reads a running run's metrics.jsonl (milliseconds)" },
 } as const satisfies OptionSchema;

@@ -1,0 +1,11 @@
+/** The chat page's reading of server-sent events, against hand-split streams (events cut across reads). */
+import { sseEvents } from '../src/web/chat';
+
+test('whole events are returned and a cut-off event is kept for the next read', () => {
+  expect(sseEvents('data: {"a":1}\n\ndata: {"b":2}\n\ndata: {"c"')).toEqual({ events: ['{"a":1}', '{"b":2}'], rest: 'data: {"c"' });
+  expect(sseEvents('data: {"c"' + ':3}\n\ndata: [DONE]\n\n')).toEqual({ events: ['{"c":3}', '[DONE]'], rest: '' });
+});
+
+test('CRLF line ends, several data lines joined by a newline, comments and other fields skipped', () => {
+  expect(sseEvents('data: x\r\ndata: y\r\n\r\n: keep-alive\n\nevent: ping\ndata:z\n\n')).toEqual({ events: ['x\ny', 'z'], rest: '' });
+});
