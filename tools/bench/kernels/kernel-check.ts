@@ -13,7 +13,7 @@
  * --dry-run prints the plan (parameters, chunks, bytes per update) without a device.
  *
  * usage: node kernel-check.js [--shape qwen3-0.6b|tiny] [--rounds 12] [--n 1048576] [--reps 20] [--capture]
- *          [--sft] [--batch 8x1024] [--steps 4] [--compute bfloat16] [--dry-run]
+ *          [--sft] [--phases vector,adamw,sft] [--batch 8x1024] [--steps 4] [--compute bfloat16] [--dry-run]
  * Prints one JSON line per phase.
  */
 import { CausalLM, totalLengthTensor, TOTAL_LENGTH_INPUT, type HfConfig } from '@lathe/models';
@@ -331,9 +331,11 @@ async function main(): Promise<void> {
     compare: mod.kernel('compare', ['ptr', 'ptr', 'i64', 'ptr'] as const),
   };
   console.error(`kernel-check: device and kernels ready in ${(performance.now() - t0).toFixed(0)} ms (${kernels.counts.compiled} compiled, ${kernels.counts.cached} from the cache)`);
-  vectorPhase(kernels, device, helpers, { cold: +cold.toFixed(2), cached: +cached.toFixed(2) });
-  await adamwPhase(kernels, device, helpers, shape);
-  if (flag('sft')) await sftPhase(device, shape);
+  const phases = arg('phases', flag('sft') ? 'vector,adamw,sft' : 'vector,adamw').split(',');
+  for (const p of phases) if (!['vector', 'adamw', 'sft'].includes(p)) throw new Error(`--phases: unknown phase '${p}' (vector, adamw, sft)`);
+  if (phases.includes('vector')) vectorPhase(kernels, device, helpers, { cold: +cold.toFixed(2), cached: +cached.toFixed(2) });
+  if (phases.includes('adamw')) await adamwPhase(kernels, device, helpers, shape);
+  if (phases.includes('sft')) await sftPhase(device, shape);
   kernels.dispose();
 }
 
