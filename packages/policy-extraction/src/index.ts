@@ -3,3 +3,4 @@ export * from './target';
 export * from './loss';
 export * from './sampler';
 export * from './models';
+export * from './cached';

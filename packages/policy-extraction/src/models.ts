@@ -2,8 +2,9 @@
  * The compiled {@link StepModels}: the reference policy's next-token top-k at each sequence's last
  * token (only that position reaches the LM head), and the critic's tree pass scoring every candidate
  * of every row in one run (each candidate attends to its row's prefix and itself,
- * `criticTreeProbs`). Both run on one device with their weights uploaded once. Each step runs the
- * whole prefix again (no KV cache), so a step costs a forward over the sequence so far.
+ * `criticTreeProbs`). Both run on one device with their weights uploaded once. The two calls read
+ * each prefix whole; `open` steps a batch over KV caches instead (cached.ts), which the sampler
+ * uses when it is there.
  */
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
@@ -11,6 +12,7 @@ import { decoderHidden, lmLogits, paramSpecs, weightInputs, type DecoderConfig }
 import type { Device, DeviceTensor, Session } from '@lathe/runtime';
 import { criticTreeProbs, gridShape, minPCandidates, padTreeBatch, treeEstimates, type CriticBins, type TreeRow } from '@lathe/critic';
 import type { Candidates, StepModels } from './sampler';
+import { compileCachedGraphs, openCachedSession, type CachedGraphs } from './cached';
 
 /** A model's config and float32 weights, with the name errors use for it (e.g. its folder). */
 export interface NamedModel {
@@ -47,6 +49,11 @@ export interface QWeightedModelsOptions {
   maxCandidates: number;
   compute?: DType;
   padId: number;
+  /**
+   * Step batches over KV caches (`open`, see cached.ts): each step reads one token per row instead
+   * of the whole prefix. Default true; false steps through the prefix recomputed every time.
+   */
+  kvCache?: boolean;
 }
 
 /** A critic row scoring `candidates` as the next token after `prefix`. */
@@ -78,13 +85,28 @@ function lastTokenBatch(seqs: readonly (readonly number[])[], padId: number) {
 
 /** The reference and critic graphs compiled on one device, as the sampler's {@link StepModels}. */
 export class QWeightedModels implements StepModels {
+  /** A batch stepped over KV caches (absent with `kvCache: false`). */
+  readonly open?: StepModels['open'];
+  private cached: CachedGraphs | undefined;
+
   private constructor(
     private readonly opts: QWeightedModelsOptions,
     private readonly refSession: Session,
     private readonly criticSession: Session,
     private readonly refWeights: Record<string, DeviceTensor>,
     private readonly criticWeights: Record<string, DeviceTensor>,
-  ) {}
+  ) {
+    if (opts.kvCache ?? true) {
+      this.open = (rows, score) => {
+        this.cached ??= compileCachedGraphs(opts.device, opts.reference.config, opts.critic.config, opts.bins, opts.compute ?? 'float32', opts.maxCandidates);
+        return openCachedSession(
+          { graphs: this.cached, referenceConfig: opts.reference.config, criticConfig: opts.critic.config, referenceWeights: refWeights, criticWeights: criticWeights, bins: opts.bins, minP: opts.minP, maxCandidates: opts.maxCandidates, padId: opts.padId },
+          rows,
+          score,
+        );
+      };
+    }
+  }
 
   /** Checks the pair's vocabularies, compiles both graphs and uploads both models' weights once. */
   static open(opts: QWeightedModelsOptions): QWeightedModels {
@@ -138,6 +160,7 @@ export class QWeightedModels implements StepModels {
   dispose(): void {
     this.refSession.dispose();
     this.criticSession.dispose();
+    if (this.cached) for (const session of Object.values(this.cached)) session.dispose();
     for (const t of [...Object.values(this.refWeights), ...Object.values(this.criticWeights)]) t.dispose();
   }
 }

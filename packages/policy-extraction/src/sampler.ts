@@ -26,6 +26,22 @@ export interface StepModels {
   candidates(sequences: readonly (readonly number[])[]): Promise<Candidates[]>;
   /** Q of each candidate as the next token after each critic prefix (the critic's input + output so far). */
   scores(prefixes: readonly (readonly number[])[], candidates: readonly (readonly number[])[]): Promise<number[][]>;
+  /**
+   * A stateful session over a batch of rows (e.g. KV caches), used instead of the two calls above
+   * when present: the same candidates and Q, without reading each prefix again.
+   */
+  open?(rows: readonly { prompt: readonly number[]; criticPrefix: readonly number[] }[], score: boolean): Promise<StepSession>;
+}
+
+/**
+ * A batch's rows stepped together, each step `candidates()`, then (when scoring) `scores()`, then
+ * `advance()` with every row's drawn token — a row that stopped gets any token, its results ignored.
+ */
+export interface StepSession {
+  candidates(): Promise<Candidates[]>;
+  scores(candidates: readonly (readonly number[])[]): Promise<number[][]>;
+  advance(tokens: readonly number[]): Promise<void>;
+  dispose(): void;
 }
 
 /** One sample to draw. */
@@ -81,36 +97,52 @@ export async function qWeightedSample(requests: readonly QSampleRequest[], model
   let tokens = 0;
   let done = 0;
   for (let start = 0; start < requests.length; start += size) {
-    let active = requests.slice(start, start + size).map((_, i) => start + i);
-    for (let step = 0; step < opts.maxTokens && active.length; step++) {
-      const cands = await models.candidates(active.map((r) => [...requests[r].prompt, ...out[r].output]));
-      const qs = score
-        ? await models.scores(
-            active.map((r) => [...(requests[r].criticPrefix ?? requests[r].prompt), ...out[r].output]),
-            cands.map((c) => c.ids),
-          )
-        : cands.map((c) => c.ids.map(() => NaN));
-      const next: number[] = [];
-      active.forEach((r, i) => {
-        const c = cands[i];
-        if (!c.ids.length) throw new Error(`Q-weighted sampling: the reference policy gave no candidate at step ${step} of sample ${r}`);
-        if (qs[i].length !== c.ids.length) throw new Error(`Q-weighted sampling: the critic scored ${qs[i].length} of ${c.ids.length} candidates at step ${step} of sample ${r}`);
-        const j = drawInIdOrder(c.ids, targetProbs(c.logprobs, qs[i], opts.tau), uniformAt(opts.seed, requests[r].key, step));
-        const s = out[r];
-        s.output.push(c.ids[j]);
-        s.token_q_values.push(qs[i][j]);
-        s.candidate_ids.push(c.ids);
-        s.candidate_q_values.push(score ? qs[i] : []);
-        s.candidate_ref_logprobs.push(c.logprobs);
-        tokens++;
-        if (stop.has(c.ids[j])) s.finish_reason = 'stop';
-        else next.push(r);
-      });
-      done += active.length - next.length;
-      active = next;
-      opts.onStep?.(tokens, done, requests.length);
+    const rows = requests.slice(start, start + size).map((_, i) => start + i);
+    const session = await models.open?.(
+      rows.map((r) => ({ prompt: requests[r].prompt, criticPrefix: requests[r].criticPrefix ?? requests[r].prompt })),
+      score,
+    );
+    try {
+      let active = rows;
+      for (let step = 0; step < opts.maxTokens && active.length; step++) {
+        // a session steps every row of its batch (row r at r − start); the stateless calls only the active ones
+        const cands = session ? await session.candidates() : await models.candidates(active.map((r) => [...requests[r].prompt, ...out[r].output]));
+        const qs = !score
+          ? cands.map((c) => c.ids.map(() => NaN))
+          : session
+            ? await session.scores(cands.map((c) => c.ids))
+            : await models.scores(
+                active.map((r) => [...(requests[r].criticPrefix ?? requests[r].prompt), ...out[r].output]),
+                cands.map((c) => c.ids),
+              );
+        const next: number[] = [];
+        const drawn = new Map<number, number>();
+        active.forEach((r, k) => {
+          const i = session ? r - start : k;
+          const c = cands[i];
+          if (!c.ids.length) throw new Error(`Q-weighted sampling: the reference policy gave no candidate at step ${step} of sample ${r}`);
+          if (qs[i].length !== c.ids.length) throw new Error(`Q-weighted sampling: the critic scored ${qs[i].length} of ${c.ids.length} candidates at step ${step} of sample ${r}`);
+          const j = drawInIdOrder(c.ids, targetProbs(c.logprobs, qs[i], opts.tau), uniformAt(opts.seed, requests[r].key, step));
+          const s = out[r];
+          drawn.set(r, c.ids[j]);
+          s.output.push(c.ids[j]);
+          s.token_q_values.push(qs[i][j]);
+          s.candidate_ids.push(c.ids);
+          s.candidate_q_values.push(score ? qs[i] : []);
+          s.candidate_ref_logprobs.push(c.logprobs);
+          tokens++;
+          if (stop.has(c.ids[j])) s.finish_reason = 'stop';
+          else next.push(r);
+        });
+        done += active.length - next.length;
+        active = next;
+        opts.onStep?.(tokens, done, requests.length);
+        if (session && active.length) await session.advance(rows.map((r) => drawn.get(r) ?? out[r].output[out[r].output.length - 1] ?? requests[r].prompt[requests[r].prompt.length - 1]));
+      }
+      done += active.length;
+    } finally {
+      session?.dispose();
     }
-    done += active.length;
   }
   return out;
 }

@@ -7,10 +7,10 @@ import { MODEL_PRESETS } from '@lathe/models';
 import { measureExtract } from '../../../tools/bench/extract/measure';
 
 test('extract bench at a tiny shape on the CPU', async () => {
-  const r = await measureExtract({ preset: 'tiny-qwen3', config: { ...MODEL_PRESETS['tiny-qwen3'].config, vocab_size: 512, hidden_size: 32, intermediate_size: 64 }, device: 'cpu', compute: 'float32', batches: [2, 3], prompt: 5, newTokens: 3, minP: 0.1, maxCandidates: 4, tau: 0.1, trainRows: 2, trainLength: 16, trainCandidates: 3, steps: 1, seed: 1, kvCache: true });
+  const r = await measureExtract({ preset: 'tiny-qwen3', config: { ...MODEL_PRESETS['tiny-qwen3'].config, vocab_size: 512, hidden_size: 32, intermediate_size: 64 }, device: 'cpu', compute: 'float32', batches: [2, 3], prompt: 5, newTokens: 3, minP: 0.1, maxCandidates: 4, tau: 0.1, trainRows: 2, trainLength: 16, trainCandidates: 3, steps: 1, seed: 1, kvCache: true, recompute: true });
   expect(r.generation.map((g) => g.batch)).toEqual([2, 3]);
   for (const g of r.generation) {
-    for (const v of [g.kv_cache_tokens_per_s!, g.step_plain_tokens_per_s, g.q_weighted_tokens_per_s]) expect(v).toBeGreaterThan(0);
+    for (const v of [g.kv_cache_tokens_per_s!, g.step_plain_tokens_per_s, g.q_weighted_tokens_per_s, g.q_weighted_recompute_tokens_per_s!]) expect(v).toBeGreaterThan(0);
     // near-flat random logits: min-p keeps the top-4 cap, less the ids of the critic's grid (here about half the vocabulary)
     expect(g.candidates_per_step).toBeGreaterThanOrEqual(1);
     expect(g.candidates_per_step).toBeLessThanOrEqual(4);

@@ -4,7 +4,8 @@
  * and τ = ∞ against π_ref renormalised over the candidates; samples do not depend on the batch
  * they run in; stop tokens and the length limit end them. On tiny random Qwen3s the compiled step
  * models give the reference's min-p candidates and the critic's Q of prefix + candidate run alone,
- * and τ = ∞ reproduces the rollout engine's min-p samples token for token.
+ * and τ = ∞ reproduces the rollout engine's min-p samples token for token; stepping over KV caches
+ * gives the samples, candidates and Q of reading each prefix whole.
  */
 import { CausalLM, type HfConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
@@ -156,5 +157,47 @@ test('compiled step models: min-p candidates of the reference and Q of prefix + 
     }
   } finally {
     models.dispose();
+  }
+});
+
+test('KV-cached steps give the samples, candidates, reference log-probs and Q of reading each prefix whole', async () => {
+  const critic = tinyModel(cfg16, 5);
+  const reference = tinyModel({ ...cfg16, vocab_size: 56 }, 6);
+  const device = Device.open('cpu');
+  const open = (kvCache: boolean) =>
+    QWeightedModels.open({
+      device,
+      critic: { name: critic.dir, config: critic.config, weights: CausalLM.fromPretrainedSync(critic.dir).float32Weights() },
+      reference: { name: reference.dir, config: reference.config, weights: CausalLM.fromPretrainedSync(reference.dir).float32Weights() },
+      bins,
+      minP: 0.3,
+      maxCandidates: 5,
+      padId: 0,
+      kvCache,
+    });
+  const cached = open(true);
+  const whole = open(false);
+  expect(typeof cached.open).toBe('function');
+  expect(whole.open).toBeUndefined();
+  try {
+    // prompts of different lengths (one of a single token), critic prefixes unlike the prompts, stop tokens ending rows early
+    const requests = [[5, 6, 7], [9], [10, 12, 3, 4, 8], [20, 21]].flatMap((prompt, p) => [0, 1, 2].map((j) => ({ prompt, criticPrefix: [40 + p, ...prompt], key: p * 3 + j })));
+    for (const tau of [0.2, Infinity]) {
+      const opts = { tau, maxTokens: 7, seed: 3, stopIds: [11, 17, 23], batchSize: 5 };
+      const a = await qWeightedSample(requests, cached, opts);
+      const b = await qWeightedSample(requests, whole, opts);
+      expect(a.map((s) => s.output)).toEqual(b.map((s) => s.output));
+      expect(a.map((s) => s.candidate_ids)).toEqual(b.map((s) => s.candidate_ids));
+      expect(a.some((s) => s.finish_reason === 'stop') && a.some((s) => s.finish_reason === 'length')).toBe(true);
+      a.forEach((s, i) =>
+        s.output.forEach((_, t) => {
+          s.candidate_ref_logprobs[t].forEach((lp, k) => expect(lp).toBeCloseTo(b[i].candidate_ref_logprobs[t][k], 4));
+          s.candidate_q_values[t].forEach((q, k) => expect(q).toBeCloseTo(b[i].candidate_q_values[t][k], 4));
+        }),
+      );
+    }
+  } finally {
+    cached.dispose();
+    whole.dispose();
   }
 });

@@ -1,14 +1,15 @@
 /**
  * Policy-extraction speed at a model preset's shape with random weights (Qwen3-0.6B on the GPU), in
- * one process: Q-weighted generation tokens/s at each --batches against plain generation (the
- * KV-cache engine's min-p sampling, and π_ref's sampling through the same step models without the
- * critic, which separates the critic's cost from the cost of recomputing the prefix each step), and
- * the KL-distillation train step's tokens/s against the SFT step on the same rows.
+ * one process: Q-weighted generation tokens/s at each --batches (both models over KV caches, and
+ * with the prefix recomputed every step) against plain generation (the KV-cache engine's min-p
+ * sampling, and π_ref's sampling through the same step models without the critic, which separates
+ * the critic's cost from the step machinery's), and the KL-distillation train step's tokens/s
+ * against the SFT step on the same rows.
  *
  * usage: node extract-bench.js [--preset qwen3-0.6b] [--device cuda] [--compute bfloat16]
  *          [--batches 64,256] [--prompt 64] [--new-tokens 128] [--min-p 0.1] [--max-candidates 4]
  *          [--tau 0.1] [--train-rows 8] [--train-length 1024] [--train-candidates 4] [--steps 5]
- *          [--seed 1] [--no-kv-cache]
+ *          [--seed 1] [--no-kv-cache] [--no-recompute]
  * Random weights give nearly flat next-token distributions, so min-p keeps every token up to
  * --max-candidates: its default 4 stands for a trained policy's typical min-p 0.1 set. No stop
  * tokens: every sample runs to --new-tokens. Prints one JSON line.
@@ -36,6 +37,7 @@ async function main(): Promise<void> {
     steps: Number(arg('steps', '5')),
     seed: Number(arg('seed', '1')),
     kvCache: !flag('no-kv-cache'),
+    recompute: !flag('no-recompute'),
   });
   console.log(JSON.stringify(result));
 }

@@ -36,6 +36,8 @@ export interface ExtractBenchOptions {
   seed: number;
   /** Also time the KV-cache engine (needs head_dim a multiple of 16; on cuda, a half-precision compute). */
   kvCache: boolean;
+  /** Also time Q-weighted sampling with the prefix recomputed every step (no KV caches). */
+  recompute: boolean;
 }
 
 /** Tokens/s of each way of generating at one batch. */
@@ -44,10 +46,12 @@ export interface GenerationPoint {
   new_tokens: number;
   /** The rollout engine's min-p sampling (prefill + KV-cache decode steps): the plain baseline. */
   kv_cache_tokens_per_s: number | null;
-  /** π_ref's min-p sampling through the step models (a forward over the prefix each step, no critic). */
+  /** π_ref's min-p sampling through the step models (over the reference's KV cache, no critic). */
   step_plain_tokens_per_s: number;
-  /** Q-weighted: the step models with the critic scoring every candidate each step. */
+  /** Q-weighted: the step models with the critic scoring every candidate each step, both over KV caches. */
   q_weighted_tokens_per_s: number;
+  /** Q-weighted with each step reading the whole prefix again (no caches), when measured. */
+  q_weighted_recompute_tokens_per_s: number | null;
   candidates_per_step: number;
 }
 
@@ -78,7 +82,9 @@ export async function measureExtract(o: ExtractBenchOptions): Promise<ExtractBen
     const bins: CriticBins = { reward_values: [0, 1], length_edges: logLengthEdges(4096, 16), first_token_id: config.vocabSize - 267 };
 
     const generation: GenerationPoint[] = [];
-    const models = QWeightedModels.open({ device, reference: { name: 'policy', config, weights }, critic: { name: 'critic', config, weights }, bins, minP: o.minP, maxCandidates: o.maxCandidates, compute: o.compute, padId: 0 });
+    const open = (kvCache: boolean) => QWeightedModels.open({ device, reference: { name: 'policy', config, weights }, critic: { name: 'critic', config, weights }, bins, minP: o.minP, maxCandidates: o.maxCandidates, compute: o.compute, padId: 0, kvCache });
+    const models = open(true);
+    const whole = o.recompute ? open(false) : undefined;
     const kvModel = o.kvCache ? CausalLM.fromPretrainedSync(dir, { device, dtype: o.compute }) : undefined;
     try {
       for (const batch of o.batches) {
@@ -100,18 +106,29 @@ export async function measureExtract(o: ExtractBenchOptions): Promise<ExtractBen
             gen.dispose();
           }
         }
-        const sample = (tau: number, maxTokens: number) => qWeightedSample(requests, models, { tau, score: Number.isFinite(tau), maxTokens, seed: o.seed, stopIds: [], batchSize: batch });
-        await sample(o.tau, 2); // warm-up of both sessions
+        const sample = (tau: number, maxTokens: number, m = models) => qWeightedSample(requests, m, { tau, score: Number.isFinite(tau), maxTokens, seed: o.seed, stopIds: [], batchSize: batch });
+        await sample(o.tau, 2); // warm-up of every session
+        if (whole) await sample(o.tau, 2, whole);
         let candidates = 0;
         const plain = await timed(() => sample(Infinity, o.newTokens));
         const q = await timed(async () => {
           const out = await sample(o.tau, o.newTokens);
           candidates = out.reduce((s, x) => s + x.candidate_ids.reduce((a, c) => a + c.length, 0), 0) / (batch * o.newTokens);
         });
-        generation.push({ batch, new_tokens: o.newTokens, kv_cache_tokens_per_s: kv === null ? null : Math.round(kv), step_plain_tokens_per_s: Math.round(plain), q_weighted_tokens_per_s: Math.round(q), candidates_per_step: round(candidates, 2) });
+        const recompute = whole ? await timed(() => sample(o.tau, o.newTokens, whole)) : null;
+        generation.push({
+          batch,
+          new_tokens: o.newTokens,
+          kv_cache_tokens_per_s: kv === null ? null : Math.round(kv),
+          step_plain_tokens_per_s: Math.round(plain),
+          q_weighted_tokens_per_s: Math.round(q),
+          q_weighted_recompute_tokens_per_s: recompute === null ? null : Math.round(recompute),
+          candidates_per_step: round(candidates, 2),
+        });
       }
     } finally {
       models.dispose();
+      whole?.dispose();
       kvModel?.dispose();
     }
 
