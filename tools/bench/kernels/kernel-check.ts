@@ -316,6 +316,8 @@ async function main(): Promise<void> {
     console.log(JSON.stringify({ phase: 'plan', shape: shapeName, ...adamwPlan(trainedParams(shape)), vector_check_first: Array.from(vectorExpected(4, Number(arg('rounds', '12')))) }));
     return;
   }
+  const phases = arg('phases', flag('sft') ? 'vector,adamw,sft' : 'vector,adamw').split(',');
+  for (const p of phases) if (!['vector', 'adamw', 'sft'].includes(p)) throw new Error(`--phases: unknown phase '${p}' (vector, adamw, sft)`);
   const t0 = performance.now();
   const { kernels, device } = Kernels.withDevice();
   const cold0 = performance.now();
@@ -331,8 +333,6 @@ async function main(): Promise<void> {
     compare: mod.kernel('compare', ['ptr', 'ptr', 'i64', 'ptr'] as const),
   };
   console.error(`kernel-check: device and kernels ready in ${(performance.now() - t0).toFixed(0)} ms (${kernels.counts.compiled} compiled, ${kernels.counts.cached} from the cache)`);
-  const phases = arg('phases', flag('sft') ? 'vector,adamw,sft' : 'vector,adamw').split(',');
-  for (const p of phases) if (!['vector', 'adamw', 'sft'].includes(p)) throw new Error(`--phases: unknown phase '${p}' (vector, adamw, sft)`);
   if (phases.includes('vector')) vectorPhase(kernels, device, helpers, { cold: +cold.toFixed(2), cached: +cached.toFixed(2) });
   if (phases.includes('adamw')) await adamwPhase(kernels, device, helpers, shape);
   if (phases.includes('sft')) await sftPhase(device, shape);
