@@ -7,7 +7,7 @@
 import { existsSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-/** The file beside a critic checkpoint that records its grid (also copied into config.json as `lathe_critic`). */
+/** The file beside a critic checkpoint that records its grid (also in config.json as `lathe_critic`; see {@link saveBins}). */
 export const CRITIC_BINS_FILE = 'critic_bins.json';
 
 /**
@@ -155,11 +155,54 @@ export function placeGrid(tokenizerVocab: number, modelVocab: number, cells: num
   return { firstTokenId: tokenizerVocab, addRows: Math.max(0, tokenizerVocab + cells - modelVocab) };
 }
 
-/** Writes the grid beside a checkpoint (atomically: a temporary file renamed into place). */
-export function saveBins(dir: string, bins: CriticBins): void {
-  const path = join(dir, CRITIC_BINS_FILE);
-  writeFileSync(`${path}.tmp`, JSON.stringify(bins, null, 2) + '\n');
+/** The key of a checkpoint's config.json that holds its grid. */
+export const CRITIC_CONFIG_KEY = 'lathe_critic';
+
+/** The token text of grid cell (reward bin r, length bin l), as the checkpoint's tokenizer files name it. */
+export function cellTokenText(r: number, l: number): string {
+  return `<|critic_r${r}_l${l}|>`;
+}
+
+/** Writes JSON atomically: a temporary file renamed into place. */
+function writeJson(path: string, value: unknown, indent = 2): void {
+  writeFileSync(`${path}.tmp`, JSON.stringify(value, null, indent) + '\n');
   renameSync(`${path}.tmp`, path);
+}
+
+/**
+ * Records the grid in a checkpoint folder: `critic_bins.json`, the `lathe_critic` key of
+ * config.json, and, where the folder has Hugging Face tokenizer files, one special added token per
+ * cell (`<|critic_r{r}_l{l}|>` at its id) in tokenizer.json and tokenizer_config.json, so any
+ * tokenizer that loads the folder names the distribution tokens. Each file is written atomically;
+ * saving again is a no-op for tokens already present.
+ */
+export function saveBins(dir: string, bins: CriticBins): void {
+  writeJson(join(dir, CRITIC_BINS_FILE), bins);
+  const configPath = join(dir, 'config.json');
+  if (existsSync(configPath)) writeJson(configPath, { ...(JSON.parse(readFileSync(configPath, 'utf8')) as object), [CRITIC_CONFIG_KEY]: bins });
+  const { lengthBins } = gridShape(bins);
+  const cells = gridTokenIds(bins).map((id, c) => ({ id, content: cellTokenText(Math.floor(c / lengthBins), c % lengthBins) }));
+  const tokenizerPath = join(dir, 'tokenizer.json');
+  if (existsSync(tokenizerPath)) {
+    const t = JSON.parse(readFileSync(tokenizerPath, 'utf8')) as { added_tokens?: { id: number; content: string }[] };
+    const added = t.added_tokens ?? [];
+    const taken = new Map(added.map((a) => [a.id, a.content]));
+    for (const c of cells) {
+      const had = taken.get(c.id);
+      if (had !== undefined && had !== c.content) throw new Error(`${tokenizerPath}: token id ${c.id} is already '${had}', but the critic grid puts ${c.content} there`);
+      if (had === undefined) added.push({ ...c, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true } as { id: number; content: string });
+    }
+    t.added_tokens = added;
+    writeJson(tokenizerPath, t);
+  }
+  const tokenizerConfigPath = join(dir, 'tokenizer_config.json');
+  if (existsSync(tokenizerConfigPath)) {
+    const tc = JSON.parse(readFileSync(tokenizerConfigPath, 'utf8')) as { added_tokens_decoder?: Record<string, unknown> };
+    const decoder = tc.added_tokens_decoder ?? {};
+    for (const c of cells) decoder[String(c.id)] ??= { content: c.content, lstrip: false, normalized: false, rstrip: false, single_word: false, special: true };
+    tc.added_tokens_decoder = decoder;
+    writeJson(tokenizerConfigPath, tc);
+  }
 }
 
 /** Reads and checks a checkpoint's grid. */

