@@ -8,6 +8,6 @@ export { Nvrtc, NvrtcError, type CompiledImage } from './nvrtc';
 export { CudaDriver, CudaError, captureModes, type CapturedGraph, type Handle, type LaunchConfig } from './driver';
 export { KernelCache, compileKeyHash, defaultCacheDir, type CompileKey } from './cache';
 export { packKernelArgs, type ArgType, type ArgValue, type ArgValues, type PackedArgs } from './args';
-export { Kernels, KernelModule, Kernel, chooseTarget, checkVersions, type CompileOptions, type KernelsOptions } from './kernels';
+export { Kernels, KernelModule, Kernel, chooseTarget, checkVersions, probeKernels, type CompileOptions, type KernelProbe, type KernelsOptions } from './kernels';
 export { CustomOpDomain, type CustomOpContext, type CustomOpInput, type CustomOpSpec } from './custom-op';
 export { kernelRegion, regionOf, segmentGraph, splitGraph, SplitProgram, KERNEL_SCOPE, type KernelImpl, type SplitStep } from './split';

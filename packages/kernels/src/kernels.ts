@@ -201,3 +201,27 @@ export class Kernel<S extends readonly ArgType[]> {
     void packed.slots;
   }
 }
+
+/** Whether Lathe's kernels can run here: the libraries found and their versions, or why not (with the fix). */
+export interface KernelProbe {
+  ok: boolean;
+  nvrtc?: { path: string; version: string };
+  driver?: { path: string; cuda: string };
+  /** Why not, naming the library and the fix (a `KernelLibraryError`'s message). */
+  reason?: string;
+}
+
+/**
+ * Looks for NVRTC and the CUDA driver without touching a device: what `lathe doctor` reports and
+ * what a caller checks before turning a kernel option on (the ONNX Runtime path needs neither).
+ */
+export function probeKernels(opts: { nvrtc?: string[]; driver?: string[] } = {}): KernelProbe {
+  try {
+    const driver = CudaDriver.get(opts.driver);
+    const nvrtc = Nvrtc.load(opts.nvrtc);
+    checkVersions(nvrtc, driver);
+    return { ok: true, nvrtc: { path: nvrtc.path, version: nvrtc.version.join('.') }, driver: { path: driver.path, cuda: driver.version.join('.') } };
+  } catch (e) {
+    return { ok: false, reason: e instanceof Error ? e.message : String(e) };
+  }
+}

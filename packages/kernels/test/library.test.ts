@@ -1,7 +1,7 @@
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { checkVersions, CudaDriver, KernelLibraryError, libraryCandidates, Nvrtc } from '@lathe/kernels';
+import { checkVersions, CudaDriver, KernelLibraryError, libraryCandidates, Nvrtc, probeKernels } from '@lathe/kernels';
 
 test('a missing NVRTC is a KernelLibraryError naming the path tried and the fix', () => {
   const missing = '/nonexistent/lathe-test/libnvrtc.so.13';
@@ -53,4 +53,11 @@ test('an NVRTC newer than the driver is refused, naming both versions and the fi
   expect(() => checkVersions({ version: [13, 0], path: '/c/libnvrtc.so.13' }, { version: [12, 4] })).toThrow(/NVRTC 13\.0 \(\/c\/libnvrtc\.so\.13\) is newer than the driver's CUDA 12\.4.*libnvrtc\.so\.12/);
   expect(() => checkVersions({ version: [12, 8], path: 'x' }, { version: [13, 0] })).not.toThrow();
   expect(() => checkVersions({ version: [13, 0], path: 'x' }, { version: [13, 0] })).not.toThrow();
+});
+
+test('probe: without the driver (this machine) kernels are reported unavailable with the reason and the fix, nothing thrown', () => {
+  const p = probeKernels({ driver: ['/nonexistent/libcuda.so.1'], nvrtc: ['/nonexistent/libnvrtc.so.13'] });
+  expect(p.ok).toBe(false);
+  expect(p.reason).toMatch(/CUDA driver library could not be loaded; tried \/nonexistent\/libcuda\.so\.1/);
+  expect(p.reason).toMatch(/LATHE_CUDA_DRIVER_LIB/);
 });
