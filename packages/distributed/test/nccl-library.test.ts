@@ -2,6 +2,7 @@
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { diagnose } from '@lathe/runtime';
 import { cudartCandidates, loadFirst, NCCL_FIX, ncclCandidates, NcclLibraryError, ncclStatus } from '@lathe/distributed';
 
 test('LATHE_NCCL_LIBRARY alone when set; else existing files on LD_LIBRARY_PATH and the toolkit, then the soname', () => {
@@ -40,4 +41,24 @@ test('ncclStatus reports a missing NCCL as a reason, not a throw (what lathe doc
   const s = ncclStatus();
   if (s.ok) expect(s.version).toMatch(/^\d+\.\d+\.\d+$/);
   else expect(s.error).toMatch(/could not be loaded; tried .*(Install NCCL|CUDA runtime)/);
+});
+
+test("lathe doctor's NCCL line: the file LATHE_NCCL_LIBRARY names, or a missing one named with the fix", () => {
+  const dir = mkdtempSync(join(tmpdir(), 'lathe-nccl-'));
+  const file = join(dir, 'libnccl.so.2');
+  writeFileSync(file, '');
+  const line = (env: string) => {
+    const before = process.env.LATHE_NCCL_LIBRARY;
+    process.env.LATHE_NCCL_LIBRARY = env;
+    try {
+      return diagnose({ tryCuda: false }).find((c) => c.name === 'NCCL (several GPUs)')!;
+    } finally {
+      if (before === undefined) delete process.env.LATHE_NCCL_LIBRARY;
+      else process.env.LATHE_NCCL_LIBRARY = before;
+    }
+  };
+  expect(line(file)).toEqual({ name: 'NCCL (several GPUs)', ok: true, gpuOnly: true, detail: `libnccl.so.2 found in ${file}; lathe launch --gpus N uses it with --device cuda` });
+  const missing = line(join(dir, 'absent.so'));
+  expect(missing.ok).toBe(false);
+  expect(missing.detail).toContain(`LATHE_NCCL_LIBRARY=${join(dir, 'absent.so')} does not exist — pip install nvidia-nccl-cu13`);
 });

@@ -98,6 +98,7 @@ export function diagnose(opts: { tryCuda?: boolean } = {}): DoctorCheck[] {
     // no driver: no GPU to use
   }
   gpu({ name: 'GPUs', ok: gpus.length > 0, detail: gpus ? gpus.split('\n').join('; ') : 'none found (nvidia-smi not found or no NVIDIA driver)' });
+  checks.push({ ...ncclCheck(cache, search, gpus ? gpus.split('\n').length : 0), gpuOnly: true });
   if (opts.tryCuda && !gpus) gpu({ name: 'CUDA device', ok: false, detail: 'not tried: no NVIDIA GPU found' });
   else if (opts.tryCuda) {
     try {
@@ -111,4 +112,26 @@ export function diagnose(opts: { tryCuda?: boolean } = {}): DoctorCheck[] {
     }
   }
   return checks;
+}
+
+/**
+ * Whether libnccl.so.2 is where @lathe/distributed looks for it (LATHE_NCCL_LIBRARY, the loader's
+ * cache and LD_LIBRARY_PATH, Python's nvidia-nccl wheel); that package loads it for `lathe launch`
+ * on several GPUs. Missing is a failure only where there are several GPUs to use it.
+ */
+function ncclCheck(cache: string, search: string[], gpuCount: number): Omit<DoctorCheck, 'gpuOnly'> {
+  const explicit = process.env.LATHE_NCCL_LIBRARY;
+  let where = explicit && existsSync(explicit) ? explicit : cache.includes('libnccl.so.2') ? 'the loader cache (ldconfig)' : search.find((d) => existsSync(join(d, 'libnccl.so.2')));
+  if (!where && !explicit) {
+    try {
+      const dir = execFileSync('python3', ['-c', 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'], timeout: 20_000 }).trim();
+      if (existsSync(join(dir, 'libnccl.so.2'))) where = join(dir, 'libnccl.so.2');
+    } catch {
+      // no python3 or no nvidia-nccl wheel
+    }
+  }
+  const fix = 'pip install nvidia-nccl-cu13 (PyTorch\'s CUDA wheels bring it), apt install libnccl2, or LATHE_NCCL_LIBRARY=/path/to/libnccl.so.2 (docs/runtime.md)';
+  if (where) return { name: 'NCCL (several GPUs)', ok: true, detail: `libnccl.so.2 found in ${where}; lathe launch --gpus N uses it with --device cuda` };
+  if (explicit) return { name: 'NCCL (several GPUs)', ok: false, detail: `LATHE_NCCL_LIBRARY=${explicit} does not exist — ${fix}` };
+  return { name: 'NCCL (several GPUs)', ok: gpuCount < 2, detail: `libnccl.so.2 not found${gpuCount < 2 ? ' (needed only to train on several GPUs)' : ''} — ${fix}` };
 }
