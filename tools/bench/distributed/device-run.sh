@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The issue-35 device runs, from the bundles (bash tools/bench/build-device-bundles.sh dp-check dp-launch).
+#   parity N   : 20 SFT steps on the Qwen3-0.6B shape, fp32 (TF32 off) and bf16, on 1 GPU and on N GPUs
+#                (each rank run by the launcher), the same global batch; prints each parity verdict.
+#   scaling "1 2 4" : bf16 tokens/s with flash attention, --per-gpu rows of 512 per GPU (weak scaling),
+#                Lathe then PyTorch DDP (torchrun) on each count; prints one line per run.
+# Every process gets NCCL_NVLS_ENABLE=0. Results go to $OUT (default /tmp/dp) as JSON lines. DP_ARGS adds dp-check
+# options (a CPU smoke test: DP_ARGS="--shape tiny --device cpu --seq 32" STEPS=3 bash tools/bench/distributed/device-run.sh parity 2).
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+export NCCL_NVLS_ENABLE=0
+OUT=${OUT:-/tmp/dp}
+mkdir -p "$OUT"
+B=.bundle
+mode=${1:?parity N | scaling "1 2 4"}
+case "$mode" in
+  parity)
+    N=${2:?parity N}
+    STEPS=${STEPS:-20}
+    for c in float32 bfloat16; do
+      extra=""
+      [ "$c" = bfloat16 ] && extra="--flash-attention"
+      # fp32: composed attention and TF32 off, so the only difference between world sizes is the order of sums
+      node $B/dp-check.js ${DP_ARGS:-} --compute $c $extra --steps $STEPS --batch 8 --micro 2 --seq 512 --out "$OUT/one-$c.json" > /dev/null
+      node $B/dp-launch.js --gpus "$N" --master_port $((29500 + N)) -- node $B/dp-check.js ${DP_ARGS:-} --compute $c $extra --steps $STEPS --batch 8 --micro $((8 / N / 4 > 0 ? 8 / N / 4 : 1)) --seq 512 \
+        --reference "$OUT/one-$c.json" --out "$OUT/world$N-$c.json" > /dev/null
+      node -e "const r=require('$OUT/world$N-$c.json'); const o=require('$OUT/one-$c.json'); console.log(JSON.stringify({compute:'$c', world:r.world, parity:r.parity, losses_1:o.losses.slice(0,3), losses_n:r.losses.slice(0,3), tok_s_1:o.tokens_per_s, tok_s_n:r.tokens_per_s}))"
+    done
+    ;;
+  scaling)
+    PER=${PER_GPU:-8}
+    for n in ${2:-1 2 4}; do
+      node $B/dp-launch.js --gpus "$n" --master_port $((29600 + n)) -- node $B/dp-check.js ${DP_ARGS:-} --compute bfloat16 --flash-attention --steps ${STEPS:-8} --warmup 3 \
+        --batch $((PER * n)) --seq 512 --out "$OUT/lathe-$n.json" > /dev/null
+      node -e "const r=require('$OUT/lathe-$n.json'); console.log(JSON.stringify({impl:'lathe', world:r.world, tokens_per_s:r.tokens_per_s, step_ms:r.step_ms}))"
+      torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 | tee "$OUT/ddp-$n.json"
+    done
+    ;;
+  *) echo "usage: $0 parity N | scaling \"1 2 4\"" >&2; exit 2 ;;
+esac

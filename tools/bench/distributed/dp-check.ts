@@ -1,0 +1,132 @@
+/**
+ * Data-parallel SFT steps on a random Qwen3 (the 0.6B or 1.7B shape; `tiny` for a CPU check), one
+ * process per rank under `lathe launch` (or alone): the loss trajectory and tokens/s, for the
+ * issue's two device checks in one script.
+ *
+ * - Parity: every world size trains on the same global batches (--batch rows of --seq tokens,
+ *   seeded), so the losses of N ranks must equal one process's: with --reference ONE.json (rank 0's
+ *   output of the 1-GPU run) rank 0 prints the largest relative loss difference and whether it is
+ *   within --tol (default 1e-5 for float32, 2e-2 for bfloat16: "within bf16 rounding").
+ * - Scaling: tokens/s of the global batch (median step after --warmup steps), to compare 1, 2 and 4
+ *   GPUs and PyTorch DDP (tools/reference/distributed/ddp_bench.py, same model and batch).
+ *
+ * usage (each rank): node .bundle/dp-check.js [--shape 0.6b|1.7b|tiny] [--compute float32|bfloat16]
+ *   [--device cuda|cpu] [--steps 20] [--batch 8] [--seq 512] [--micro 1] [--lr 1e-5] [--warmup 2]
+ *   [--flash-attention] [--recompute] [--tf32] [--bucket-mb 25] [--reference ONE.json] [--tol X] [--out FILE]
+ * run:  node .bundle/lathe.js launch --gpus 2 -- node .bundle/dp-check.js --compute float32 --out two.json
+ * Prints one JSON line per rank (rank 0's first); --out writes rank 0's.
+ */
+import { writeFileSync, readFileSync } from 'node:fs';
+import { paramSpecs, parseConfig, randomWeight, totalLengthTensor, TOTAL_LENGTH_INPUT, type HfConfig } from '@lathe/models';
+import { Device, type HostTensor } from '@lathe/runtime';
+import { sftLoss, Trainer, type TrainableParam } from '@lathe/train';
+import { checkDataParallelBatch, checkSameConfig, gradientAllReduce, NcclCollectives, shardOf, TcpCollectives, worldFromEnv, type Collectives } from '@lathe/distributed';
+import { arg, flag } from '../argv';
+import { QWEN3_0_6B } from '../shapes';
+
+const QWEN3_1_7B: HfConfig = { ...QWEN3_0_6B, hidden_size: 2048, intermediate_size: 6144, num_attention_heads: 16, num_key_value_heads: 8 };
+const TINY: HfConfig = { ...QWEN3_0_6B, vocab_size: 512, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16 };
+const SHAPES: Record<string, HfConfig> = { '0.6b': QWEN3_0_6B, '1.7b': QWEN3_1_7B, tiny: TINY };
+
+/** The global batch of a step: --batch rows of --seq seeded tokens, the first quarter of each a prompt (no loss). */
+function globalBatch(step: number, rows: number, seq: number, vocab: number): { ids: number[][]; lossMask: number[][] } {
+  let s = (0x9e3779b9 * (step + 1)) >>> 0;
+  const next = () => (s = (Math.imul(s, 1664525) + 1013904223) >>> 0);
+  const ids = Array.from({ length: rows }, () => Array.from({ length: seq }, () => 1 + (next() % (vocab - 1))));
+  const lossMask = ids.map((r) => r.map((_, t) => Number(t >= seq / 4)));
+  return { ids, lossMask };
+}
+
+async function main(): Promise<void> {
+  const shape = arg('shape', '0.6b');
+  const hf = SHAPES[shape];
+  if (!hf) throw new Error(`--shape ${shape}: one of ${Object.keys(SHAPES).join(', ')}`);
+  const compute = arg('compute', 'float32') as 'float32' | 'bfloat16';
+  const deviceKind = arg('device', 'cuda') as 'cuda' | 'cpu';
+  const steps = Number(arg('steps', '20'));
+  const rowsPerStep = Number(arg('batch', '8'));
+  const seq = Number(arg('seq', '512'));
+  const micro = Number(arg('micro', '1'));
+  const lr = Number(arg('lr', '1e-5'));
+  const warmup = Number(arg('warmup', '2'));
+  const flash = flag('flash-attention');
+  const world = worldFromEnv();
+  checkDataParallelBatch(rowsPerStep, micro, world.worldSize, { batch: '--batch', micro: '--micro' });
+
+  // the group: TCP between processes, NCCL over it on CUDA (alone: no group at all)
+  let group: Collectives | undefined;
+  if (world.worldSize > 1) {
+    const tcp = await TcpCollectives.connect({ rank: world.rank, worldSize: world.worldSize, addr: world.masterAddr, port: world.masterPort });
+    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, recompute: flag('recompute'), tf32: flag('tf32') });
+    group = deviceKind === 'cuda' ? await NcclCollectives.create(tcp, { deviceId: world.localRank }) : tcp;
+  }
+  const device = Device.open(deviceKind, { id: world.localRank, tf32: flag('tf32') });
+  const config = parseConfig(hf, `--shape ${shape}`);
+  const specs = paramSpecs(config);
+  const sample = randomWeight({ seed: 1, std: 0.02 });
+  const init = new Map(specs.map((s) => [s.name, sample(s)]));
+  const params: TrainableParam[] = specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+  const trainer = Trainer.create(
+    { params, loss: sftLoss(config, { compute, flashAttention: flash, recompute: flag('recompute') }), optimizer: { weightDecay: 0.01, maxGradNorm: 1 } },
+    { params: init },
+    { device, microBatches: micro, ...(group ? { onGradients: gradientAllReduce(group, { bucketBytes: Number(arg('bucket-mb', '25')) * 2 ** 20 }) } : {}) },
+  );
+  init.clear();
+  const i64 = (rows: number[][]): HostTensor => ({ data: BigInt64Array.from(rows.flat().map(BigInt)), dims: [rows.length, rows[0].length] });
+  const losses: number[] = [];
+  const stepMs: number[] = [];
+  const gradNorms: number[] = [];
+  for (let step = 0; step < steps; step++) {
+    const g = globalBatch(step, rowsPerStep, seq, hf.vocab_size);
+    // the whole batch's loss tokens: position t predicts t + 1, so column 0 of the mask never counts
+    const lossTokens = g.lossMask.reduce((s, r) => s + r.slice(1).reduce((a, b) => a + b, 0), 0);
+    const ids = shardOf(g.ids, world.rank, world.worldSize, '--batch');
+    const mask = shardOf(g.lossMask, world.rank, world.worldSize, '--batch');
+    const per = ids.length / micro;
+    const batches = Array.from({ length: micro }, (_, k) => ({
+      input_ids: i64(ids.slice(k * per, (k + 1) * per)),
+      attention_mask: i64(ids.slice(k * per, (k + 1) * per).map((r) => r.map(() => 1))),
+      loss_mask: i64(mask.slice(k * per, (k + 1) * per)),
+      loss_tokens: { data: Float32Array.from([lossTokens]), dims: [] },
+      ...(flash ? { [TOTAL_LENGTH_INPUT]: totalLengthTensor(seq) } : {}),
+    }));
+    const t0 = performance.now();
+    const r = await trainer.trainStepAsync(batches, lr);
+    stepMs.push(performance.now() - t0);
+    losses.push(r.loss);
+    gradNorms.push(r.gradNorm);
+  }
+  const timed = stepMs.slice(Math.min(warmup, steps - 1)).sort((a, b) => a - b);
+  const median = timed[Math.floor(timed.length / 2)];
+  const result: Record<string, unknown> = {
+    rank: world.rank,
+    world: world.worldSize,
+    backend: group?.backend ?? 'none',
+    shape,
+    compute,
+    batch: [rowsPerStep, seq],
+    micro,
+    losses,
+    grad_norms: gradNorms,
+    step_ms: stepMs.map((x) => +x.toFixed(1)),
+    tokens_per_s: Math.round((rowsPerStep * seq) / (median / 1000)),
+    memory: device.memory(),
+  };
+  const reference = arg('reference', '');
+  if (reference && world.rank === 0) {
+    const ref = JSON.parse(readFileSync(reference, 'utf8')) as { losses: number[]; world: number };
+    const rel = losses.map((l, i) => Math.abs(l - ref.losses[i]) / Math.abs(ref.losses[i]));
+    const tol = Number(arg('tol', compute === 'float32' ? '1e-5' : '2e-2'));
+    result.parity = { reference_world: ref.world, max_rel_loss_diff: Math.max(...rel), tol, pass: Math.max(...rel) <= tol };
+  }
+  trainer.dispose();
+  await group?.close();
+  const line = JSON.stringify(result);
+  if (world.rank === 0 && arg('out', '')) writeFileSync(arg('out', ''), line + '\n');
+  console.log(line);
+}
+
+main().catch((e: Error) => {
+  process.stderr.write(`dp-check rank ${process.env.RANK ?? 0}: ${e.stack ?? e.message}\n`);
+  process.exit(1);
+});
