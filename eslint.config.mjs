@@ -6,18 +6,21 @@ import tseslint from 'typescript-eslint';
 const layers = {
   onnx: [],
   runtime: ['onnx'],
+  kernels: ['onnx', 'runtime'],
   models: ['onnx', 'runtime'],
-  train: ['onnx', 'runtime', 'models'],
+  train: ['onnx', 'runtime', 'models', 'kernels'],
   rollout: ['onnx', 'runtime', 'models'],
   grpo: ['onnx', 'runtime', 'models', 'train', 'rollout', 'graders'],
   'reward-models': ['onnx', 'runtime', 'models', 'train'],
   critic: ['onnx', 'runtime', 'models', 'train', 'rollout', 'graders'],
+  'policy-extraction': ['onnx', 'runtime', 'models', 'train', 'rollout', 'graders', 'critic'],
   quantization: ['onnx', 'runtime', 'models'],
+  distributed: ['onnx', 'runtime'],
   data: [],
   'openai-client': [],
   graders: ['openai-client'],
   tokenizer: [],
-  recipes: ['onnx', 'runtime', 'models', 'train', 'rollout', 'grpo', 'graders', 'reward-models', 'quantization', 'data', 'tokenizer', 'openai-client', 'critic'],
+  recipes: ['onnx', 'runtime', 'models', 'train', 'rollout', 'grpo', 'graders', 'reward-models', 'quantization', 'data', 'tokenizer', 'openai-client', 'critic', 'policy-extraction', 'kernels', 'distributed'],
 };
 const layering = Object.entries(layers).map(([pkg, allowed]) => ({
   files: [`packages/${pkg}/src/**/*.ts`],

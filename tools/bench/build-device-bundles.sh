@@ -24,6 +24,11 @@ declare -A entries=(
   [serve-bench]=tools/bench/serve/serve-bench.ts
   [eval-bench]=tools/bench/eval/eval-bench.ts
   [critic-bench]=tools/bench/critic/critic-bench.ts
+  [classmate-step]=tools/bench/classmate/classmate-step.ts
+  [extract-bench]=tools/bench/extract/extract-bench.ts
+  [kernel-check]=tools/bench/kernels/kernel-check.ts
+  [dp-check]=tools/bench/distributed/dp-check.ts
+  [dp-launch]=tools/bench/distributed/launch.ts
 )
 # Entries that load a Hugging Face tokenizer carry @huggingface/transformers inside the bundle (the
 # GPU machine has no copy of it), with its image library sharp stubbed out, and Qwen3's tokenizer

@@ -13,7 +13,9 @@ import { evalCommand } from './eval';
 import { serveCommand } from './serve';
 import { quantizeCommand } from './quantize';
 import { criticCommand } from './critic';
+import { extractCommand } from './extract';
 import { studioCommand } from './studio';
+import { launchCommand } from './launch';
 
 /** Every `lathe` subcommand; each lives in its own file beside this one. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- yargs command modules differ in their argv types
@@ -32,5 +34,7 @@ export const commands: CommandModule<any, any>[] = [
   modelCommand,
   quantizeCommand,
   studioCommand,
+  launchCommand,
   criticCommand,
+  extractCommand,
 ];
