@@ -1,5 +1,5 @@
 /** The chat page's reading of server-sent events, against hand-split streams (events cut across reads). */
-import { sseEvents } from '../src/web/chat';
+import { sseEvents } from '../src/web/sse';
 
 test('whole events are returned and a cut-off event is kept for the next read', () => {
   expect(sseEvents('data: {"a":1}\n\ndata: {"b":2}\n\ndata: {"c"')).toEqual({ events: ['{"a":1}', '{"b":2}'], rest: 'data: {"c"' });

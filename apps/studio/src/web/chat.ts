@@ -5,6 +5,7 @@
  * root (served on first use), and replies stream in token by token (server-sent events).
  */
 import { api, errorBox, h } from './dom';
+import { sseEvents } from './sse';
 import type { StudioSettings } from './main';
 
 type Message = { role: 'user' | 'assistant'; content: string };
@@ -25,20 +26,6 @@ interface Checkpoint {
   dir: string;
   servable: boolean;
   why?: string;
-}
-
-/** The `data:` payloads of server-sent events in `text`, and the unfinished rest (kept for the next read). */
-export function sseEvents(text: string): { events: string[]; rest: string } {
-  const blocks = text.split(/\r?\n\r?\n/);
-  const rest = blocks.pop() ?? '';
-  const events = blocks.flatMap((b) => {
-    const data = b
-      .split(/\r?\n/)
-      .filter((l) => l.startsWith('data:'))
-      .map((l) => l.slice(5).replace(/^ /, ''));
-    return data.length ? [data.join('\n')] : [];
-  });
-  return { events, rest };
 }
 
 /** POSTs a streamed chat completion, calling `onChunk` per event; throws the error the server sends. */
