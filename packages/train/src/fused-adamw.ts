@@ -10,9 +10,11 @@
  * into FMAs), so without clipping the update is bitwise the composed one. With clipping the norm is
  * summed in another order than ORT's reductions, which may move the clip coefficient by an ulp.
  */
-import type { Device, DeviceTensor } from '@lathe/runtime';
-import type { Kernel, Kernels } from '@lathe/kernels';
+import type { DType } from '@lathe/onnx';
+import { CApi, type Device, type DeviceTensor } from '@lathe/runtime';
+import { CustomOpDomain, type Kernel, type Kernels } from '@lathe/kernels';
 import type { AdamWConfig } from './adamw';
+import type { AdamWUpdate } from './train-step';
 
 /** Elements per chunk: one thread block updates one chunk of one tensor. */
 export const FUSED_ADAMW_CHUNK = 65536;
@@ -59,8 +61,8 @@ extern "C" __global__ void lathe_adamw_norm(const float* __restrict__ partial, i
   if (threadIdx.x == 0) norm[0] = __fsqrt_rn(acc);
 }
 
-// adamwUpdate (packages/train/src/adamw.ts), one element at a time
-extern "C" __global__ void lathe_adamw_update(const u64* __restrict__ slots, const i64* __restrict__ chunks, i64 chunk, const float* __restrict__ norm,
+// adamwUpdate (packages/train/src/adamw.ts), one element at a time, over one chunk
+__device__ void adamw_chunk(const u64* __restrict__ slots, const i64* __restrict__ chunks, i64 chunk, const float* __restrict__ norm,
     float scale, float lr, float bc1, float bc2, float b1, float b2, float omb1, float omb2, float eps, float wd, float max_norm) {
   float g_scale = omb1, g2_scale = omb2;
   if (max_norm > 0.0f) {
@@ -92,6 +94,17 @@ extern "C" __global__ void lathe_adamw_update(const u64* __restrict__ slots, con
     m_out[i] = m;
     v_out[i] = v;
   }
+}
+
+extern "C" __global__ void lathe_adamw_update(const u64* __restrict__ slots, const i64* __restrict__ chunks, i64 chunk, const float* __restrict__ norm,
+    float scale, float lr, float bc1, float bc2, float b1, float b2, float omb1, float omb2, float eps, float wd, float max_norm) {
+  adamw_chunk(slots, chunks, chunk, norm, scale, lr, bc1, bc2, b1, b2, omb1, omb2, eps, wd, max_norm);
+}
+
+// the same with the step's scalars in device memory (the inputs of a graph node)
+extern "C" __global__ void lathe_adamw_update_dev(const u64* __restrict__ slots, const i64* __restrict__ chunks, i64 chunk, const float* __restrict__ norm,
+    float scale, const float* lr, const float* bc1, const float* bc2, float b1, float b2, float omb1, float omb2, float eps, float wd, float max_norm) {
+  adamw_chunk(slots, chunks, chunk, norm, scale, *lr, *bc1, *bc2, b1, b2, omb1, omb2, eps, wd, max_norm);
 }
 `;
 
@@ -214,6 +227,9 @@ export interface FusedAdamWTables {
   slots: DeviceTensor;
 }
 
+/** Slot tables a node keeps on the device, reused by the address sets they hold (a step's are the same every run). */
+const NODE_TABLES = 4;
+
 /** The compiled kernels and the device buffers of the fused update for one set of parameters. */
 export class FusedAdamW {
   private readonly chunks: DeviceTensor;
@@ -223,9 +239,13 @@ export class FusedAdamW {
   private readonly nChunks: number;
   private readonly constants: ReturnType<typeof fusedAdamWConstants>;
   private readonly tables: DeviceTensor[] = [];
+  /** Tables made from addresses (`tableFor`): the key of the address set each holds. */
+  private readonly addressTables: { key: string; table: DeviceTensor }[] = [];
+  private nextTable = 0;
   private readonly sumsq: Kernel<readonly ['ptr', 'ptr', 'i64', 'f32', 'ptr']>;
   private readonly norm: Kernel<readonly ['ptr', 'i32', 'ptr']>;
   private readonly update: Kernel<readonly ['ptr', 'ptr', 'i64', 'ptr', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32']>;
+  private readonly updateDev: Kernel<readonly ['ptr', 'ptr', 'i64', 'ptr', 'f32', 'ptr', 'ptr', 'ptr', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32']>;
 
   private constructor(
     private readonly kernels: Kernels,
@@ -243,6 +263,7 @@ export class FusedAdamW {
     this.sumsq = mod.kernel('lathe_adamw_sumsq', ['ptr', 'ptr', 'i64', 'f32', 'ptr'] as const);
     this.norm = mod.kernel('lathe_adamw_norm', ['ptr', 'i32', 'ptr'] as const);
     this.update = mod.kernel('lathe_adamw_update', ['ptr', 'ptr', 'i64', 'ptr', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32'] as const);
+    this.updateDev = mod.kernel('lathe_adamw_update_dev', ['ptr', 'ptr', 'i64', 'ptr', 'f32', 'ptr', 'ptr', 'ptr', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32', 'f32'] as const);
     this.chunks = device.upload({ data: plan, dims: [plan.length] }, 'int64');
     this.partial = device.empty('float32', [this.nChunks]);
     this.gradNorm = device.zeros('float32', [1]);
@@ -271,14 +292,44 @@ export class FusedAdamW {
     return { slots };
   }
 
+  /**
+   * A slot table for raw addresses (p, m, v, g, p_out, m_out, v_out per parameter), kept on the
+   * device and reused while the addresses stay the same; a new set is copied on the kernels' stream,
+   * after the work queued before it, into one of a few tables in turn.
+   */
+  tableFor(pointers: readonly (readonly bigint[])[]): bigint {
+    const key = pointers.map((p) => p.join(',')).join(';');
+    const hit = this.addressTables.find((t) => t.key === key);
+    if (hit) return hit.table.devicePointer();
+    const data = slotTable(pointers.map((p, i) => ({ pointers: p, size: this.params[i].size, decay: this.params[i].decay })));
+    let entry = this.addressTables.length < NODE_TABLES ? undefined : this.addressTables[this.nextTable++ % NODE_TABLES];
+    if (!entry) {
+      entry = { key, table: this.device.empty('int64', [data.length]) };
+      this.addressTables.push(entry);
+    }
+    entry.key = key;
+    this.kernels.driver.copyToDevice(entry.table.devicePointer(), data, this.kernels.stream);
+    return entry.table.devicePointer();
+  }
+
   /** Queues the update of one direction on the kernels' stream; `gradNorm` holds the norm after it. */
   step(tables: FusedAdamWTables, s: FusedAdamWStep): void {
     const k = this.constants;
     const scale = s.gradScale ?? 1;
-    const grid = this.nChunks;
-    this.sumsq.launch({ grid, block: BLOCK }, tables.slots, this.chunks, this.chunk, scale, this.partial);
-    this.norm.launch({ grid: 1, block: 1024 }, this.partial, this.nChunks, this.gradNorm);
-    this.update.launch({ grid, block: BLOCK }, tables.slots, this.chunks, this.chunk, this.gradNorm, scale, s.lr, s.bc1, s.bc2, k.b1, k.b2, k.omb1, k.omb2, k.eps, k.wd, k.maxNorm);
+    this.reduceNorm(tables.slots.devicePointer(), scale, this.gradNorm.devicePointer());
+    this.update.launch({ grid: this.nChunks, block: BLOCK }, tables.slots, this.chunks, this.chunk, this.gradNorm, scale, s.lr, s.bc1, s.bc2, k.b1, k.b2, k.omb1, k.omb2, k.eps, k.wd, k.maxNorm);
+  }
+
+  /** The update with the step's scalars read from device memory (a graph node's inputs), the norm written to `gradNorm`. */
+  stepFromDevice(slots: bigint, s: { lr: bigint; bc1: bigint; bc2: bigint }, gradNorm: bigint): void {
+    const k = this.constants;
+    this.reduceNorm(slots, 1, gradNorm);
+    this.updateDev.launch({ grid: this.nChunks, block: BLOCK }, slots, this.chunks, this.chunk, gradNorm, 1, s.lr, s.bc1, s.bc2, k.b1, k.b2, k.omb1, k.omb2, k.eps, k.wd, k.maxNorm);
+  }
+
+  private reduceNorm(slots: bigint, scale: number, norm: bigint): void {
+    this.sumsq.launch({ grid: this.nChunks, block: BLOCK }, slots, this.chunks, this.chunk, scale, this.partial);
+    this.norm.launch({ grid: 1, block: 1024 }, this.partial, this.nChunks, norm);
   }
 
   /** The last norm on the host (a download, ordered after the update on the same stream). */
@@ -288,6 +339,79 @@ export class FusedAdamW {
 
   /** Frees the tables and buffers (the kernels' module stays with `Kernels`). */
   dispose(): void {
-    for (const t of [this.chunks, this.partial, this.gradNorm, ...this.tables.splice(0)]) t.dispose();
+    for (const t of [this.chunks, this.partial, this.gradNorm, ...this.tables.splice(0), ...this.addressTables.splice(0).map((e) => e.table)]) t.dispose();
   }
+}
+
+/** The fused update as one node of the step's graph (a custom op), with what keeps it alive. */
+export interface FusedAdamWNode {
+  /** Builds the node in place of `adamwUpdate` (`TrainStepSpec.update`). */
+  update: AdamWUpdate;
+  /** The custom-op domain the sessions need (`SessionOptions.customOpDomains`). */
+  domain: CustomOpDomain;
+  /** Rethrows an error the node's compute raised in the last run. */
+  check(): void;
+  /** Frees the kernels' buffers and the domain (after the sessions that use it). */
+  dispose(): void;
+}
+
+let nodeCount = 0;
+
+/**
+ * The fused update as a custom op: inputs p…, g…, m…, v… (in `params` order) and lr, bc1, bc2;
+ * outputs p'…, m'…, v'… and the gradient norm. On CUDA its compute launches the fused kernels on
+ * the kernels' stream — the sessions' own, so the update stays inside one run (and the train step
+ * one session); on the CPU it computes `fusedAdamWReference` on the host (for tests: as exact, and
+ * far slower than ORT's composed kernels).
+ */
+export function fusedAdamWNode(device: Device, params: readonly FusedAdamWParam[], cfg: AdamWConfig = {}, kernels?: Kernels): FusedAdamWNode {
+  if (device.kind === 'cuda' && !kernels) throw new Error('fusedAdamWNode: CUDA needs the Kernels whose stream the device\'s sessions run on (Kernels.withDevice)');
+  const N = params.length;
+  const domain = new CustomOpDomain(`lathe.adamw${nodeCount++}`);
+  const fused = device.kind === 'cuda' ? FusedAdamW.create(kernels!, device, params, cfg) : undefined;
+  const api = CApi.get();
+  const name = 'FusedAdamW';
+  domain.add({
+    name,
+    inputs: Array<DType>(4 * N + 3).fill('float32'),
+    outputs: Array<DType>(3 * N + 1).fill('float32'),
+    provider: device.kind,
+    infer: (inputs) => [...[0, 1, 2].flatMap(() => inputs.slice(0, N).map((t) => ({ dtype: t.dtype, shape: [...t.shape] }))), { dtype: 'float32', shape: [] }],
+    compute: (ctx) => {
+      const ins = ctx.inputs;
+      if (fused) {
+        const outs = [0, 1, 2].map((k) => params.map((_, i) => ctx.output(k * N + i, ins[i].dims)));
+        const table = fused.tableFor(params.map((_, i) => [ins[i].data, ins[2 * N + i].data, ins[3 * N + i].data, ins[N + i].data, outs[0][i], outs[1][i], outs[2][i]]));
+        fused.stepFromDevice(table, { lr: ins[4 * N].data, bc1: ins[4 * N + 1].data, bc2: ins[4 * N + 2].data }, ctx.output(3 * N, []));
+        return;
+      }
+      const read = (k: number) => {
+        const a = new Float32Array(ins[k].dims.reduce((x, y) => x * y, 1));
+        api.copyOut(a, ins[k].data);
+        return a;
+      };
+      const scalar = (k: number) => read(k)[0];
+      const r = fusedAdamWReference(
+        params.map((p, i) => ({ p: read(i), g: read(N + i), m: read(2 * N + i), v: read(3 * N + i), decay: p.decay })),
+        { lr: scalar(4 * N), bc1: scalar(4 * N + 1), bc2: scalar(4 * N + 2) },
+        cfg,
+      );
+      [r.p, r.m, r.v].forEach((values, k) => values.forEach((a, i) => api.copyIn(ctx.output(k * N + i, ins[i].dims), a)));
+      api.copyIn(ctx.output(3 * N, []), Float32Array.of(r.norm));
+    },
+  });
+  const update: AdamWUpdate = (slots, s) => {
+    if (slots.length !== N) throw new Error(`fusedAdamWNode: built for ${N} parameters, the step has ${slots.length}`);
+    const outs = domain.node(name, [...slots.map((x) => x.param), ...slots.map((x) => x.grad), ...slots.map((x) => x.m), ...slots.map((x) => x.v), s.lr, s.bc1, s.bc2]);
+    return { params: outs.slice(0, N), m: outs.slice(N, 2 * N), v: outs.slice(2 * N, 3 * N), gradNorm: outs[3 * N] };
+  };
+  return {
+    update,
+    domain,
+    check: () => domain.check(),
+    dispose: () => {
+      fused?.dispose();
+      domain.dispose();
+    },
+  };
 }

@@ -14,7 +14,10 @@
  */
 import * as L from '@lathe/onnx';
 import type { Graph, Tensor } from '@lathe/onnx';
-import { adamwUpdate, type AdamWConfig } from './adamw';
+import { adamwUpdate, type AdamWConfig, type AdamWResult, type AdamWScalars, type AdamWSlot } from './adamw';
+
+/** Builds the optimizer update in the graph: `adamwUpdate`, or one that emits a fused kernel's node (fused-adamw.ts). */
+export type AdamWUpdate = (slots: AdamWSlot[], s: AdamWScalars, cfg?: AdamWConfig) => AdamWResult;
 
 /** A trainable parameter. */
 export interface TrainableParam {
@@ -44,6 +47,8 @@ export interface TrainStepSpec {
   params: TrainableParam[];
   loss: LossBuilder;
   optimizer?: AdamWConfig;
+  /** The update builder (default `adamwUpdate`, the composed ops). */
+  update?: AdamWUpdate;
 }
 
 /** The compiled graphs. */
@@ -85,7 +90,8 @@ export function compileTrainStep(spec: TrainStepSpec): TrainStepGraphs {
   const step = new L.Graph('train_step');
   const fb = forwardBackward(spec, step);
   const s1 = scalars(step);
-  const updated = step.scope('optimizer', () => adamwUpdate(
+  const update = spec.update ?? adamwUpdate;
+  const updated = step.scope('optimizer', () => update(
     spec.params.map((p, i) => ({
       param: fb.params.get(p.name)!,
       grad: fb.grads[i],
@@ -115,11 +121,11 @@ export function compileTrainStep(spec: TrainStepSpec): TrainStepGraphs {
     accumulate.output(L.add(acc, fa.grads[i]), stateNames.next(stateNames.grad(p.name)));
   });
 
-  return { step, accumulate, apply: compileApply(spec.params, spec.optimizer), batchInputs: fb.batchInputs, metrics: Object.keys(fb.metrics) };
+  return { step, accumulate, apply: compileApply(spec.params, spec.optimizer, update), batchInputs: fb.batchInputs, metrics: Object.keys(fb.metrics) };
 }
 
 /** The `apply` graph alone: AdamW from accumulated gradients (scaled by `grad_scale`), no loss needed. */
-export function compileApply(params: TrainableParam[], optimizer?: AdamWConfig): Graph {
+export function compileApply(params: TrainableParam[], optimizer?: AdamWConfig, update: AdamWUpdate = adamwUpdate): Graph {
   const apply = new L.Graph('train_apply');
   const s2 = scalars(apply);
   const scale = apply.input('grad_scale', 'float32', []);
@@ -130,7 +136,7 @@ export function compileApply(params: TrainableParam[], optimizer?: AdamWConfig):
     v: apply.input(stateNames.v(p.name), 'float32', p.shape),
     decay: p.decay,
   }));
-  const applied = apply.scope('optimizer', () => adamwUpdate(slots, s2, optimizer));
+  const applied = apply.scope('optimizer', () => update(slots, s2, optimizer));
   apply.output(applied.gradNorm, 'grad_norm');
   params.forEach((p, i) => {
     apply.output(applied.params[i], stateNames.next(p.name));

@@ -14,7 +14,7 @@ import * as L from '@lathe/onnx';
 import type { DType, Graph } from '@lathe/onnx';
 import { Device, type Binding, type DeviceTensor, type HostTensor, type Session, type SessionOptions } from '@lathe/runtime';
 import { Kernels } from '@lathe/kernels';
-import { FusedAdamW, type FusedAdamWTables } from './fused-adamw';
+import { fusedAdamWNode, type FusedAdamWNode } from './fused-adamw';
 import { biasCorrections } from './schedule';
 import { compileTrainStep, stateNames, type TrainStepGraphs, type TrainStepSpec } from './train-step';
 
@@ -54,10 +54,11 @@ export interface TrainerOptions {
    */
   onGradients?: (grads: Map<string, DeviceTensor>, sums: Float64Array) => Promise<void>;
   /**
-   * Run the AdamW update as Lathe's fused CUDA kernels (one pass over every parameter, clipping
-   * included; see fused-adamw.ts) instead of the composed `apply` graph. Every step then runs as
-   * accumulate + update, one micro-batch included. Needs a device opened by `Kernels.withDevice`
-   * (@lathe/kernels), whose sessions run on the kernels' stream. Default off.
+   * Run the AdamW update as one node of Lathe's fused kernels (one pass over every parameter,
+   * clipping included; fused-adamw.ts) instead of the composed ops, in the same step and apply
+   * graphs. On CUDA it needs a device opened by `Kernels.withDevice` (@lathe/kernels), whose
+   * sessions run on the kernels' stream; on the CPU the node computes on the host (tests only: slow).
+   * Default off.
    */
   fusedAdamW?: boolean;
 }
@@ -125,8 +126,8 @@ interface TrainerParts {
   zeroGradients?: Binding;
   /** TrainerOptions.onGradients. */
   onGradients?: (grads: Map<string, DeviceTensor>, sums: Float64Array) => Promise<void>;
-  /** The fused update and its slot tables, fused.tables[k][j] like applyBindings (TrainerOptions.fusedAdamW). */
-  fused?: { optimizer: FusedAdamW; kernels: Kernels; tables: FusedAdamWTables[][] };
+  /** The fused update's node (TrainerOptions.fusedAdamW): its domain outlives the sessions. */
+  fused?: FusedAdamWNode;
 }
 
 /** Device-resident training state and the compiled step that updates it. */
@@ -157,6 +158,17 @@ export class Trainer {
     const device = opts.device ?? Device.cpu();
     const microBatches = opts.microBatches ?? 1;
     if (!Number.isInteger(microBatches) || microBatches < 1) throw new Error(`microBatches must be a positive integer, got ${microBatches}`);
+    if (opts.fusedAdamW) checkFusedAdamW(device, Boolean(opts.staticInputs || opts.cudaGraph));
+    const fused = opts.fusedAdamW ? fusedUpdateNode(device, spec) : undefined;
+    try {
+      return Trainer.build(fused ? { ...spec, update: fused.update } : spec, init, opts, device, microBatches, fused);
+    } catch (e) {
+      fused?.dispose();
+      throw e;
+    }
+  }
+
+  private static build(spec: TrainStepSpec, init: TrainerInit, opts: TrainerOptions, device: Device, microBatches: number, fused: FusedAdamWNode | undefined): Trainer {
     const graphs = compileTrainStep(spec);
     const names = spec.params.map((p) => p.name);
     for (const p of spec.params) {
@@ -176,7 +188,7 @@ export class Trainer {
     if (staticInputs && opts.onGradients) throw new Error('Trainer: cudaGraph / staticInputs run the step as one run, which leaves no place for onGradients');
     if (opts.cudaGraph && device.kind !== 'cuda') throw new Error(`Trainer: cudaGraph: CUDA graphs need a CUDA device, got ${device.kind}`);
     if (opts.cudaGraph) sessionOpts.cudaGraph = true;
-    if (opts.fusedAdamW) checkFusedAdamW(device, staticInputs);
+    if (fused) sessionOpts.customOpDomains = [...(sessionOpts.customOpDomains ?? []), fused.domain.handle];
     const alloc = (): Map<string, Buffers> =>
       new Map(spec.params.map((p) => [p.name, { p: device.empty('float32', p.shape), m: device.empty('float32', p.shape), v: device.empty('float32', p.shape) }]));
     const sets: [Map<string, Buffers>, Map<string, Buffers>] = [alloc(), alloc()];
@@ -196,7 +208,7 @@ export class Trainer {
         else b.v.fill(0);
       }
       const trainer = (() => {
-        if (microBatches === 1 && !opts.onGradients && !opts.fusedAdamW) {
+        if (microBatches === 1 && !opts.onGradients) {
           const session = device.compile(graphs.step, sessionOpts);
           const fixed: StaticBuffers | undefined = staticInputs
             ? {
@@ -219,14 +231,14 @@ export class Trainer {
             } else bindScalarOutputs(b, graphs);
             return b;
           });
-          return new Trainer({ graphs, device, names, sets, stepBindings, microBatches: 1, step: init.step ?? 0, batchInputs, fixed }).own(session);
+          return new Trainer({ graphs, device, names, sets, stepBindings, microBatches: 1, step: init.step ?? 0, batchInputs, fixed, fused }).own(session);
         }
         const grads: [Map<string, DeviceTensor>, Map<string, DeviceTensor>] = [0, 1].map(() => new Map(spec.params.map((p) => [p.name, device.zeros('float32', p.shape)]))) as [
           Map<string, DeviceTensor>,
           Map<string, DeviceTensor>,
         ];
         const accumulate = device.compile(graphs.accumulate, sessionOpts);
-        const apply = opts.fusedAdamW ? undefined : device.compile(graphs.apply, sessionOpts);
+        const apply = device.compile(graphs.apply, sessionOpts);
         // Every step's first micro-batch adds into gradient buffer 0, so it is zeroed after each
         // apply by one run writing zeros to all of them, since a fill per tensor is a session run
         // each on CUDA. No graph optimization, or ORT would fold the zeros into weight-sized
@@ -250,8 +262,7 @@ export class Trainer {
             return b;
           }),
         );
-        const fused = opts.fusedAdamW ? fusedUpdate(device, spec, sets, grads) : undefined;
-        const applyBindings = !apply ? undefined : [0, 1].map((k) =>
+        const applyBindings = [0, 1].map((k) =>
           [0, 1].map((j) => {
             const b = apply.binding();
             bindState(b, sets[k], sets[1 - k], names);
@@ -261,10 +272,10 @@ export class Trainer {
             return b;
           }),
         );
-        const trainer = new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients, fused })
+        return new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients, fused })
           .own(accumulate)
+          .own(apply)
           .own(zero);
-        return apply ? trainer.own(apply) : trainer;
       })();
       return trainer;
     } catch (e) {
@@ -397,15 +408,6 @@ export class Trainer {
   /** The AdamW run on the gradients in buffer `j`, then zeros into buffer 0 for the next step. */
   private applyRun(k: number, j: number, lr: number): { gradNorm: number; hostMs: number; runMs: number } {
     const { bc1, bc2 } = biasCorrections(this.optimizerStep + 1);
-    const fused = this.parts.fused;
-    if (fused) {
-      const t0 = performance.now();
-      fused.optimizer.step(fused.tables[k][j], { lr, bc1, bc2 });
-      const gradNorm = fused.optimizer.readGradNorm();
-      // every step's first micro-batch reads buffer 0: it must hold zeros again
-      this.parts.zeroGradients!.runSync();
-      return { gradNorm, hostMs: 0, runMs: performance.now() - t0 };
-    }
     const a = this.parts.applyBindings![k][j];
     const t0 = performance.now();
     a.input('lr', f32(lr)).input('bc1', f32(bc1)).input('bc2', f32(bc2));
@@ -419,6 +421,7 @@ export class Trainer {
 
   /** Adopts the new state unless the loss is not finite (then the trainer stays at the last good parameters). */
   private adopt(k: number, result: TrainStepResult): TrainStepResult {
+    this.parts.fused?.check();
     if (!Number.isFinite(result.loss)) return result;
     this.current = 1 - k;
     this.optimizerStep++;
@@ -512,38 +515,30 @@ export class Trainer {
     for (const set of this.parts.sets) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
     for (const g of this.parts.grads ?? []) for (const t of g.values()) t.dispose();
     if (this.parts.fixed) for (const t of [...Object.values(this.parts.fixed.scalars), ...Object.values(this.parts.fixed.outputs), ...this.parts.fixed.batch.values()]) t.dispose();
-    if (this.parts.fused) {
-      this.parts.fused.optimizer.dispose();
-      this.parts.fused.kernels.dispose();
-    }
+    this.parts.fused?.dispose();
   }
 }
 
-/** Refuses `fusedAdamW` where the kernels cannot run, saying what to do. */
+/** Refuses `fusedAdamW` where its node cannot run, saying what to do. */
 function checkFusedAdamW(device: Device, staticInputs: boolean): void {
-  if (device.kind !== 'cuda') throw new Error(`Trainer: fusedAdamW runs Lathe's CUDA kernels and needs a CUDA device, got ${device.name}`);
-  if (staticInputs) throw new Error('Trainer: fusedAdamW does not combine with cudaGraph / staticInputs yet (the step would not be one run)');
-  if (device.computeStream === undefined) {
-    throw new Error(`Trainer: fusedAdamW needs ${device.name} opened with Lathe's compute stream, so the kernels run in order with ONNX Runtime's runs: open it with Kernels.withDevice() from @lathe/kernels before anything else`);
+  if (staticInputs) throw new Error('Trainer: fusedAdamW does not combine with cudaGraph / staticInputs yet (its slot tables would be copied during capture)');
+  if (device.kind === 'cuda' && device.computeStream === undefined) {
+    throw new Error(`Trainer: fusedAdamW needs ${device.name} opened with Lathe's compute stream, so the kernels run in order with ONNX Runtime's: open it with Kernels.withDevice() from @lathe/kernels before anything else`);
   }
 }
 
-/** The fused update with a slot table per (parameter set k, gradient buffer j), like the apply bindings. */
-function fusedUpdate(device: Device, spec: TrainStepSpec, sets: [Map<string, Buffers>, Map<string, Buffers>], grads: [Map<string, DeviceTensor>, Map<string, DeviceTensor>]): TrainerParts['fused'] {
-  const kernels = Kernels.open({ deviceId: device.id, stream: device.computeStream });
+/** The fused update's node for these parameters, with the kernels of the device's stream on CUDA. */
+function fusedUpdateNode(device: Device, spec: TrainStepSpec): FusedAdamWNode {
   const params = spec.params.map((p) => ({ name: p.name, size: p.shape.reduce((a, b) => a * b, 1), decay: p.decay }));
-  const optimizer = FusedAdamW.create(kernels, device, params, spec.optimizer);
-  const tables = [0, 1].map((k) =>
-    [0, 1].map((j) =>
-      optimizer.bind(
-        spec.params.map((p) => {
-          const [from, to] = [sets[k].get(p.name)!, sets[1 - k].get(p.name)!];
-          return { p: from.p, m: from.m, v: from.v, g: grads[j].get(p.name)!, pOut: to.p, mOut: to.m, vOut: to.v };
-        }),
-      ),
-    ),
-  );
-  return { optimizer, kernels, tables };
+  const kernels = device.kind === 'cuda' ? Kernels.open({ deviceId: device.id, stream: device.computeStream }) : undefined;
+  const node = fusedAdamWNode(device, params, spec.optimizer, kernels);
+  return {
+    ...node,
+    dispose: () => {
+      node.dispose();
+      kernels?.dispose();
+    },
+  };
 }
 
 /** Device buffers that stay at one address for every step (what CUDA graph replay needs). */
