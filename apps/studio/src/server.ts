@@ -9,7 +9,7 @@ import { extname, join, resolve, sep } from 'node:path';
 import { isRunDir, listEvals, queryRollouts, rolloutById, rolloutGroup, runPaths, type RolloutQuery, type RolloutTable } from '@lathe/data';
 import { CHECKPOINT_PREFIX, listChatCheckpoints, type CheckpointChats } from './checkpoints';
 import { listRunInfos, readMetricsFile, runInfo } from './runs';
-import { listParquet, tokenCells, tokenizerFor, trajectoryRows, trajectoryTokens } from './tokens';
+import { listParquet, tokenCells, tokenizerFor, trajectoryGroup, trajectoryRows, trajectoryTokens } from './tokens';
 
 /** What the server needs. */
 export interface StudioServerOptions {
@@ -169,7 +169,27 @@ async function api(opts: StudioServerOptions, req: IncomingMessage, url: URL): P
   if (parts[0] === 'trajectories' && parts[1] === 'rows') {
     const rel = q.get('file');
     if (!rel) throw new HttpError(400, "trajectory rows: give 'file' (a Parquet file under the root)");
-    return ok(await trajectoryRows(insideRoot(opts.root, rel), { offset: num(q, 'offset'), limit: num(q, 'limit'), prompt: q.get('prompt') || undefined, minReward: num(q, 'min_reward'), maxReward: num(q, 'max_reward') }, rel));
+    const query = {
+      offset: num(q, 'offset'),
+      limit: num(q, 'limit'),
+      prompt: q.get('prompt') || undefined,
+      promptIdx: num(q, 'prompt_idx'),
+      step: num(q, 'step'),
+      minReward: num(q, 'min_reward'),
+      maxReward: num(q, 'max_reward'),
+      minAdvantage: num(q, 'min_advantage'),
+      maxAdvantage: num(q, 'max_advantage'),
+      minLength: num(q, 'min_length'),
+      maxLength: num(q, 'max_length'),
+    };
+    return ok(await trajectoryRows(insideRoot(opts.root, rel), query, rel));
+  }
+  if (parts[0] === 'trajectories' && parts[1] === 'group') {
+    const rel = q.get('file');
+    const pi = num(q, 'prompt_idx');
+    if (!rel || pi === undefined) throw new HttpError(400, "trajectory group: give 'file' (a Parquet file under the root) and 'prompt_idx'");
+    const file = insideRoot(opts.root, rel);
+    return ok(await trajectoryGroup(file, pi, num(q, 'step'), await tokenizerFor(file, opts.root, opts.tokenizer), rel));
   }
   if (parts[0] === 'tokens') {
     const rel = q.get('file');

@@ -153,12 +153,31 @@ export interface TrajectoryRow {
   length: number;
 }
 
+/** Filters and page of {@link trajectoryRows}; absent fields do not filter (a bound on a column the file lacks passes no row). */
+export interface TrajectoryQuery {
+  offset?: number;
+  limit?: number;
+  /** Case-insensitive substring of the prompt. */
+  prompt?: string;
+  promptIdx?: number;
+  step?: number;
+  minReward?: number;
+  maxReward?: number;
+  minAdvantage?: number;
+  maxAdvantage?: number;
+  /** Bounds on the output's length in tokens. */
+  minLength?: number;
+  maxLength?: number;
+}
+
+const within = (v: number | null, lo: number | undefined, hi: number | undefined) => (lo === undefined || (v !== null && v >= lo)) && (hi === undefined || (v !== null && v <= hi));
+
 /**
  * Rows `offset`..`offset + limit` of a trajectory Parquet file, with the number of rows that pass
  * the filters. Read a batch at a time, only the columns shown (never the candidate sets), so a file
  * of any size is never loaded whole.
  */
-export async function trajectoryRows(file: string, q: { offset?: number; limit?: number; prompt?: string; minReward?: number; maxReward?: number }, source: string): Promise<{ total: number; offset: number; rows: TrajectoryRow[] }> {
+export async function trajectoryRows(file: string, q: TrajectoryQuery, source: string): Promise<{ total: number; offset: number; rows: TrajectoryRow[] }> {
   if (!existsSync(file) || !statSync(file).isFile()) throw new Error(`${source}: no such file`);
   const names = new Set((await readParquetSchema(file)).fields.map((f) => f.name));
   const columns = ['prompt_idx', 'step', 'prompt', 'reward', 'correct', 'advantage', 'output_token_ids'].filter((c) => names.has(c));
@@ -172,17 +191,47 @@ export async function trajectoryRows(file: string, q: { offset?: number; limit?:
     const col = (name: string) => b.getChild(name);
     const [pi, st, pr, rw, co, ad, out] = ['prompt_idx', 'step', 'prompt', 'reward', 'correct', 'advantage', 'output_token_ids'].map(col);
     for (let i = 0; i < b.numRows; i++, row++) {
+      const num = (v: unknown) => (v === null || v === undefined ? null : Number(v));
       const reward = (rw?.get(i) as number | null | undefined) ?? null;
       const prompt = String(pr?.get(i) ?? '');
+      const [promptIdx, step, advantage] = [num(pi?.get(i)), num(st?.get(i)), num(ad?.get(i))];
+      const length = (out?.get(i) as { length: number } | null)?.length ?? 0;
       if (needle && !prompt.toLowerCase().includes(needle)) continue;
-      if (q.minReward !== undefined && !(reward !== null && reward >= q.minReward)) continue;
-      if (q.maxReward !== undefined && !(reward !== null && reward <= q.maxReward)) continue;
-      if (total >= offset && rows.length < limit) {
-        const num = (v: unknown) => (v === null || v === undefined ? null : Number(v));
-        rows.push({ row, prompt_idx: num(pi?.get(i)), step: num(st?.get(i)), prompt, reward, correct: num(co?.get(i)), advantage: num(ad?.get(i)), length: (out?.get(i) as { length: number } | null)?.length ?? 0 });
-      }
+      if (!within(reward, q.minReward, q.maxReward) || !within(advantage, q.minAdvantage, q.maxAdvantage) || !within(length, q.minLength, q.maxLength)) continue;
+      if ((q.promptIdx !== undefined && promptIdx !== q.promptIdx) || (q.step !== undefined && step !== q.step)) continue;
+      if (total >= offset && rows.length < limit) rows.push({ row, prompt_idx: promptIdx, step, prompt, reward, correct: num(co?.get(i)), advantage, length });
       total++;
     }
   }
   return { total, offset, rows };
 }
+
+/** One completion of a trajectory file's group, decoded. */
+export interface TrajectoryGroupRow extends TrajectoryRow {
+  sample_idx: number | null;
+  /** The output tokens decoded (ids shown without a tokenizer). */
+  text: string;
+}
+
+/**
+ * Every row of one prompt (`prompt_idx`, and `step` when the file has steps) of a trajectory file:
+ * its group of completions, decoded, in file order. Read a batch at a time.
+ */
+export async function trajectoryGroup(file: string, promptIdx: number, step: number | undefined, decoder: { decode: TokenDecoder }, source: string): Promise<TrajectoryGroupRow[]> {
+  if (!existsSync(file) || !statSync(file).isFile()) throw new Error(`${source}: no such file`);
+  const names = new Set((await readParquetSchema(file)).fields.map((f) => f.name));
+  const wanted = ['prompt_idx', 'step', 'prompt', 'reward', 'correct', 'advantage', 'output_token_ids', 'sample_idx'];
+  const out: TrajectoryGroupRow[] = [];
+  let row = 0;
+  for await (const b of readParquetBatches(file, { columns: wanted.filter((c) => names.has(c)), batchSize: 1024 })) {
+    const [pi, st, pr, rw, co, ad, ids, si] = wanted.map((c) => b.getChild(c));
+    const num = (v: unknown) => (v === null || v === undefined ? null : Number(v));
+    for (let i = 0; i < b.numRows; i++, row++) {
+      if (num(pi?.get(i)) !== promptIdx || (step !== undefined && num(st?.get(i)) !== step)) continue;
+      const tokens = Array.from((ids?.get(i) as ArrayLike<number> | null) ?? [], Number);
+      out.push({ row, prompt_idx: promptIdx, step: num(st?.get(i)), prompt: String(pr?.get(i) ?? ''), reward: num(rw?.get(i)), correct: num(co?.get(i)), advantage: num(ad?.get(i)), length: tokens.length, sample_idx: num(si?.get(i)), text: tokens.map((id) => text(decoder.decode, id)).join('') });
+    }
+  }
+  return out;
+}
+

@@ -174,12 +174,22 @@ test('a request naming another host (DNS rebinding) is refused; chat takes JSON 
 test('a trajectory file as a paged, filtered table, read a batch at a time', async () => {
   const dir = join(root, 'traj');
   mkdirSync(dir);
-  const rows = Array.from({ length: 2500 }, (_, i) => ({ prompt_idx: i, prompt: `problem ${i}`, prompt_token_ids: [1], output_token_ids: Array.from({ length: i % 7 }, () => 2), reward: (i % 10) / 10, correct: i % 2 }));
+  // groups of 4 samples per prompt, 2 prompts a step
+  const rows = Array.from({ length: 2500 }, (_, i) => ({ prompt_idx: Math.floor(i / 4), sample_idx: i % 4, step: Math.floor(i / 8), prompt: `problem ${Math.floor(i / 4)}`, prompt_token_ids: [1], output_token_ids: Array.from({ length: i % 7 }, () => 2), reward: (i % 10) / 10, advantage: (i % 5) - 2, correct: i % 2 }));
   await writeTrajectories(join(dir, 'gen.parquet'), rows);
   const page = (await get('/api/trajectories/rows?file=traj/gen.parquet&offset=3&limit=4&min_reward=0.85&prompt=problem%201')).body;
   const want = rows.map((r, i) => ({ ...r, row: i })).filter((r) => r.reward >= 0.85 && r.prompt.includes('problem 1'));
   expect(page.total).toBe(want.length);
   expect((page.rows as { row: number; length: number; correct: number }[]).map((r) => [r.row, r.length, r.correct])).toEqual(want.slice(3, 7).map((r) => [r.row, r.output_token_ids.length, r.correct]));
+  // step, advantage and length bounds, as the same filter picks them from every row
+  const some = (await get('/api/trajectories/rows?file=traj/gen.parquet&limit=1000&step=30&min_advantage=0&max_advantage=1&min_length=2&max_length=5')).body as unknown as { total: number; rows: { row: number }[] };
+  const picked = rows.map((r, i) => ({ ...r, row: i })).filter((r) => r.step === 30 && r.advantage >= 0 && r.advantage <= 1 && r.output_token_ids.length >= 2 && r.output_token_ids.length <= 5);
+  expect(picked.length).toBeGreaterThan(0);
+  expect([some.total, some.rows.map((r) => r.row)]).toEqual([picked.length, picked.map((r) => r.row)]);
+  // one prompt's group: its 4 samples, decoded (no tokenizer above the file: ids shown)
+  const grp = (await get('/api/trajectories/group?file=traj/gen.parquet&prompt_idx=7&step=3')).body as unknown as { row: number; sample_idx: number; reward: number; advantage: number; text: string }[];
+  expect(grp.map((g) => [g.row, g.sample_idx, g.reward, g.advantage, g.text])).toEqual([28, 29, 30, 31].map((i) => [i, i % 4, Math.fround((i % 10) / 10), (i % 5) - 2, '⟨2⟩'.repeat(i % 7)]));
+  expect((await get('/api/trajectories/group?file=traj/gen.parquet')).body.error).toBe("trajectory group: give 'file' (a Parquet file under the root) and 'prompt_idx'");
   expect((await get('/api/trajectories')).body).toEqual([`${grpo}/labelled.parquet`, 'traj/gen.parquet']);
 });
 

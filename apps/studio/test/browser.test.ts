@@ -174,6 +174,14 @@ test('the token view colours each token by its log-prob and by its Q, red lowest
   await page.click('#trajectory-rows tbody tr[data-row="0"]');
   await page.waitForFunction(`[...document.querySelectorAll('#tokens .tok')].map((t) => t.textContent).join('') === '12'`);
   expect((await read()).map((c) => c.bg)).toEqual(['rgba(0, 0, 0, 0)', 'rgba(0, 0, 0, 0)']);
+  // …and its prompt's group: the one completion of prompt 0, decoded
+  await page.waitForSelector('#trajectory-group .completion');
+  expect(await page.$$eval('#trajectory-group .completion', (d) => d.map((x) => [x.getAttribute('data-row'), x.querySelector('.mono')?.textContent]))).toEqual([['0', '12']]);
+  // a length filter: only the 4-token row has at least 3 tokens
+  await page.type('#traj-min_length', '3');
+  await page.click('#traj-filter');
+  await page.waitForFunction(`document.querySelectorAll('#trajectory-rows tbody tr').length === 1`);
+  expect(await page.$$eval('#trajectory-rows tbody tr', (t) => t.map((x) => x.getAttribute('data-row')))).toEqual(['1']);
 });
 
 test('a stored rollout: tokens coloured by their log-prob and by their entropy, with a legend naming both ends', async () => {

@@ -102,23 +102,60 @@ export async function tokensPage(view: HTMLElement): Promise<void> {
     bySel.value = values.includes(keep as Value) ? keep : (q.get('by') ?? values[0] ?? '');
   };
   bySel.addEventListener('change', render);
-  // the file's rows as a paged table (read a batch at a time on the server); a click shows a row's tokens
+  // the file's rows as a paged, filtered table (read a batch at a time on the server); a click shows
+  // a row's tokens and its prompt's group of completions side by side
   const table = h('div', { id: 'trajectory-rows' });
-  const promptIn = h('input', { type: 'text', id: 'traj-prompt', size: 14 });
+  const group = h('div', { id: 'trajectory-group' });
+  const filters = (
+    [
+      ['prompt', 'prompt contains', 'text'],
+      ['step', 'step', 'number'],
+      ['min_reward', 'reward ≥', 'number'],
+      ['max_reward', 'reward ≤', 'number'],
+      ['min_advantage', 'advantage ≥', 'number'],
+      ['max_advantage', 'advantage ≤', 'number'],
+      ['min_length', 'tokens ≥', 'number'],
+      ['max_length', 'tokens ≤', 'number'],
+    ] as const
+  ).map(([key, text, type]) => ({ key, text, input: h('input', { type, id: `traj-${key}`, step: 'any', size: type === 'text' ? 14 : 6 }) }));
   let offset = 0;
+  const showGroup = async (r: { prompt_idx: number | null; step: number | null }) => {
+    if (r.prompt_idx === null) return group.replaceChildren();
+    try {
+      const p = new URLSearchParams({ file: fileSel.value, prompt_idx: String(r.prompt_idx), ...(r.step === null ? {} : { step: String(r.step) }) });
+      const rows = await api<{ row: number; sample_idx: number | null; reward: number | null; advantage: number | null; correct: number | null; length: number; text: string; prompt: string }[]>(`/api/trajectories/group?${p}`);
+      group.replaceChildren(
+        h('h3', {}, `Prompt ${r.prompt_idx}${r.step === null ? '' : ` at step ${r.step}`}: ${rows.length} completion${rows.length === 1 ? '' : 's'}`),
+        h(
+          'div',
+          { class: 'group' },
+          rows.map((c) =>
+            h(
+              'div',
+              { class: 'completion clickable', 'data-row': c.row, onclick: () => ((rowIn.value = String(c.row)), void loadFile()) },
+              h('div', {}, h('b', {}, `row ${c.row}${c.sample_idx === null ? '' : ` · sample ${c.sample_idx}`}`), ` reward ${fmt(c.reward)}`, c.advantage !== null ? ` · advantage ${fmt(c.advantage)}` : '', c.correct !== null ? ` · correct ${fmt(c.correct)}` : '', ` · ${c.length} tokens`),
+              h('div', { class: 'mono' }, c.text),
+            ),
+          ),
+        ),
+      );
+    } catch (e) {
+      group.replaceChildren(errorBox(e));
+    }
+  };
   const listRows = async () => {
     if (!fileSel.value) return table.replaceChildren();
     try {
       const p = new URLSearchParams({ file: fileSel.value, offset: String(offset), limit: '20' });
-      if (promptIn.value.trim()) p.set('prompt', promptIn.value.trim());
+      for (const f of filters) if (f.input.value.trim()) p.set(f.key, f.input.value.trim());
       const page = await api<{ total: number; offset: number; rows: { row: number; prompt_idx: number | null; step: number | null; prompt: string; reward: number | null; correct: number | null; advantage: number | null; length: number }[] }>(`/api/trajectories/rows?${p}`);
       const last = page.offset + page.rows.length;
       table.replaceChildren(
         h(
           'div',
           { class: 'pager' },
-          h('label', {}, 'prompt contains ', promptIn),
-          h('button', { type: 'button', onclick: () => ((offset = 0), void listRows()) }, 'Filter'),
+          filters.map((f) => h('label', {}, `${f.text} `, f.input)),
+          h('button', { type: 'button', id: 'traj-filter', onclick: () => ((offset = 0), void listRows()) }, 'Filter'),
           h('button', { type: 'button', disabled: offset === 0, onclick: () => ((offset = Math.max(0, offset - 20)), void listRows()) }, '‹ prev'),
           h('span', {}, page.total ? `rows ${page.offset + 1}–${last} of ${page.total}` : 'no rows match'),
           h('button', { type: 'button', disabled: last >= page.total, onclick: () => ((offset += 20), void listRows()) }, 'next ›'),
@@ -133,7 +170,7 @@ export async function tokensPage(view: HTMLElement): Promise<void> {
             page.rows.map((r) =>
               h(
                 'tr',
-                { class: 'clickable', 'data-row': r.row, onclick: () => ((rowIn.value = String(r.row)), void loadFile()) },
+                { class: 'clickable', 'data-row': r.row, onclick: () => ((rowIn.value = String(r.row)), void loadFile(), void showGroup(r)) },
                 [r.row, r.prompt_idx, r.step].map((v) => h('td', { class: 'num' }, fmt(v))),
                 h('td', { class: 'text' }, r.prompt.slice(0, 120)),
                 [r.reward, r.correct, r.advantage, r.length].map((v) => h('td', { class: 'num' }, fmt(v))),
@@ -162,7 +199,7 @@ export async function tokensPage(view: HTMLElement): Promise<void> {
     h('h2', {}, 'Token values'),
     h('form', { class: 'panel row', onsubmit: (e) => (e.preventDefault(), void loadFile()) }, h('label', {}, 'trajectory file', fileSel), h('label', {}, 'row', rowIn), h('label', {}, 'colour by', bySel), h('button', { type: 'submit', id: 'show' }, 'Show')),
     out,
-    ...(run && q.get('id') ? [] : [h('h3', {}, 'Rows'), table]),
+    ...(run && q.get('id') ? [] : [h('h3', {}, 'Rows'), table, group]),
   );
   if (run && q.get('id')) {
     // one stored rollout: its token ids decoded, with the per-token log-probs and entropies the store holds
