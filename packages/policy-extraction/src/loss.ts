@@ -7,7 +7,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
-import { decoderHidden, lmHeadName, type DecoderConfig, type Weights } from '@lathe/models';
+import { accumulationDtype, chunkedTargetLogprobs, decoderHidden, lmHeadName, type DecoderConfig, type Weights } from '@lathe/models';
 import { castWeights, type DecoderLossOptions, type LossBuilder } from '@lathe/train';
 import { validateTau } from './target';
 
@@ -43,27 +43,37 @@ export function candidateKl(logits: Tensor, refLogprobs: Tensor, q: Tensor, mask
 
 /**
  * Logits of π_θ for the given token ids only: hidden [B, T, H] · the LM head's rows of `ids`
- * [B, T, K] → [B, T, K] in float32.
+ * [B, T, K] → [B, T, K] in the accumulation dtype (float32; float64 for a float64 model).
  */
 export function candidateLogits(cfg: DecoderConfig, w: Weights, hidden: Tensor, ids: Tensor): Tensor {
   const rows = L.gather(w(lmHeadName(cfg)), ids); // [B, T, K, H]
   const logits = L.matmul(L.unsqueeze(hidden, [2]), L.transpose(rows, [0, 1, 3, 2])); // [B, T, 1, K]
-  return L.cast(L.squeeze(logits, [2]), 'float32');
+  return L.cast(L.squeeze(logits, [2]), accumulationDtype(hidden.dtype));
 }
 
 /** Options of {@link extractionLoss}: the decoder's (composed attention) and the KL's. */
-export interface ExtractionLossOptions extends Omit<DecoderLossOptions, 'flashAttention'>, CandidateKlOptions {}
+export interface ExtractionLossOptions extends Omit<DecoderLossOptions, 'flashAttention'>, CandidateKlOptions {
+  /**
+   * Weight λ of −log π_θ(C), the full softmax's mass on each position's candidate set C (default 0).
+   * The KL sees π_θ renormalised over C only, so it is blind to mass moving onto tokens outside C;
+   * this term keeps it on C. It needs the full vocabulary's log-partition (SFT's chunked head).
+   */
+  candidateMass?: number;
+  /** Vocabulary chunk of the log-partition with `candidateMass`. */
+  chunk?: number;
+}
 
 /**
- * Σ KL over positions with candidates / `loss_tokens`. Batch inputs: `input_ids` and
- * `attention_mask` [B, T] int64 (prompt + output, right-padded); `candidate_ids` and
- * `candidate_mask` [B, T, K] int64 and `candidate_ref_logprobs`, `candidate_q_values` [B, T, K]
- * float32, where position t holds the candidates of the token at t + 1 (the position that predicts
- * it); `loss_tokens` float32 scalar (positions with candidates in the whole optimizer batch).
- * Metrics: `kl_sum`, `positions`.
+ * Σ (KL + λ·(−log π_θ(C))) over positions with candidates / `loss_tokens`. Batch inputs:
+ * `input_ids` and `attention_mask` [B, T] int64 (prompt + output, right-padded); `candidate_ids`
+ * and `candidate_mask` [B, T, K] int64 and `candidate_ref_logprobs`, `candidate_q_values`
+ * [B, T, K] float32, where position t holds the candidates of the token at t + 1 (the position that
+ * predicts it); `loss_tokens` float32 scalar (positions with candidates in the whole optimizer
+ * batch). Metrics: `kl_sum`, `positions`, and with `candidateMass` `mass_nll_sum`.
  */
 export function extractionLoss(cfg: DecoderConfig, opts: ExtractionLossOptions): LossBuilder {
   validateTau(opts.tau);
+  if (opts.candidateMass !== undefined && !(opts.candidateMass >= 0)) throw new Error(`candidate mass weight must be ≥ 0, got ${opts.candidateMass}`);
   return (g, params) => {
     const dims = opts.shape ?? ['B', 'T'];
     const kDims = [...dims, 'K'];
@@ -76,9 +86,22 @@ export function extractionLoss(cfg: DecoderConfig, opts: ExtractionLossOptions):
     const normaliser = g.input('loss_tokens', 'float32', []);
     const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
     const hidden = decoderHidden(cfg, w, ids, mask, { recompute: opts.recompute });
-    const kl = candidateKl(candidateLogits(cfg, w, hidden, candIds), ref, q, candMask, opts);
-    const klSum = L.reduceSum(kl);
-    const positions = L.reduceSum(L.cast(L.greater(L.reduceMax(candMask, [-1]), g.constant(0, 'int64', [])), 'float32'));
-    return { loss: L.div(klSum, normaliser), metrics: { kl_sum: L.stopGradient(klSum), positions: L.stopGradient(positions) } };
+    const logits = candidateLogits(cfg, w, hidden, candIds);
+    const klSum = L.reduceSum(candidateKl(logits, ref, q, candMask, opts));
+    const has = L.greater(L.reduceMax(candMask, [-1]), g.constant(0, 'int64', []));
+    const positions = L.reduceSum(L.cast(has, 'float32'));
+    const metrics: Record<string, Tensor> = { kl_sum: L.stopGradient(klSum), positions: L.stopGradient(positions) };
+    let total = klSum;
+    if (opts.candidateMass) {
+      // log π_θ(C) = LSE_C(z) − LSE_V(z), with LSE_V(z) = z_c0 − log π_θ(c0) from the chunked head
+      const keep = L.greater(candMask, g.constant(0, 'int64', []));
+      const first = (x: Tensor) => L.squeeze(L.slice(x, [2], [0], [1]), [2]);
+      const logp0 = L.cast(chunkedTargetLogprobs(cfg, w, hidden, first(candIds), { chunk: opts.chunk, recompute: opts.recompute }), logits.dtype);
+      const logMass = L.add(L.sub(L.logSumExp(L.where(keep, logits, L.scalarLike(-1e9, logits)), -1), first(logits)), logp0);
+      const massSum = L.neg(L.maskedSum(logMass, has));
+      metrics.mass_nll_sum = L.stopGradient(massSum);
+      total = L.add(total, L.mul(massSum, opts.candidateMass));
+    }
+    return { loss: L.div(total, L.cast(normaliser, total.dtype)), metrics };
   };
 }

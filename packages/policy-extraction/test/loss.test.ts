@@ -120,52 +120,98 @@ test('τ ≤ 0 and NaN are refused, naming the temperature', () => {
   expect(() => extractionLoss(tinyModel(tinyQwen3, 1).config, { tau: 0 })).toThrow(/tau must be > 0/);
 });
 
-test('on a tiny Qwen3 the loss is the KL from the model run alone, summed over positions with candidates / loss_tokens', async () => {
-  const { dir, config } = tinyModel(tinyQwen3, 5);
+// a tiny Qwen3 and a batch of two rows (the second right-padded), candidates at the positions that predict the output
+const tiny = tinyModel(tinyQwen3, 5);
+const seqs = [
+  [3, 9, 14, 20, 7],
+  [5, 11, 30],
+];
+const W = 5;
+const KK = 3;
+const cand = seqs.map((s) => s.map((_, t) => (t >= 1 && t < s.length - 1 ? [s[t + 1], (s[t + 1] + 7) % 64, (s[t + 1] + 19) % 64].slice(0, 1 + (t % 3)) : [])));
+const refLp = cand.map((row) => row.map((cs) => cs.map((_, k) => Math.log(0.6 / (k + 1)))));
+const rq = rng(2);
+const qs = cand.map((row) => row.map((cs) => cs.map(() => rq())));
+const positions = cand.flat().filter((c) => c.length > 0).length;
+const flat3 = (f: (b: number, t: number, k: number) => number) => Array.from({ length: 2 * W * KK }, (_, i) => f(Math.floor(i / (W * KK)), Math.floor(i / KK) % W, i % KK));
+const has = (b: number, t: number, k: number) => t < seqs[b].length && k < cand[b][t].length;
+const i64 = (xs: number[], dims: number[]): HostTensor => ({ data: BigInt64Array.from(xs.map(BigInt)), dims });
+const f32 = (xs: number[], dims: number[]): HostTensor => ({ data: Float32Array.from(xs), dims });
+const batch: Record<string, HostTensor> = {
+  input_ids: i64(seqs.flatMap((s) => [...s, ...Array(W - s.length).fill(0)]), [2, W]),
+  attention_mask: i64(seqs.flatMap((s) => [...s.map(() => 1), ...Array(W - s.length).fill(0)]), [2, W]),
+  candidate_ids: i64(flat3((b, t, k) => (has(b, t, k) ? cand[b][t][k] : 0)), [2, W, KK]),
+  candidate_mask: i64(flat3((b, t, k) => (has(b, t, k) ? 1 : 0)), [2, W, KK]),
+  candidate_ref_logprobs: f32(flat3((b, t, k) => (has(b, t, k) ? refLp[b][t][k] : 0)), [2, W, KK]),
+  candidate_q_values: f32(flat3((b, t, k) => (has(b, t, k) ? qs[b][t][k] : 0)), [2, W, KK]),
+  loss_tokens: f32([positions], []),
+};
+
+/** The loss graph on the tiny model in `dtype`, with the gradients of `wrt` when given. */
+async function tinyLoss(opts: Parameters<typeof extractionLoss>[1], dtype: 'float32' | 'float64', wrt: string[] = []) {
   const g = new L.Graph('extraction_loss');
-  const { inputs } = weightInputs(g, config, 'float32', 'float32');
-  const opts: CandidateKlOptions = { tau: 0.3, direction: 'reverse' };
-  const { loss, metrics } = extractionLoss(config, opts)(g, inputs);
+  const { inputs } = weightInputs(g, tiny.config, dtype, dtype);
+  const { loss, metrics } = extractionLoss(tiny.config, { ...opts, compute: dtype })(g, inputs);
   g.output(loss, 'loss');
   for (const [k, v] of Object.entries(metrics ?? {})) g.output(v, k);
+  L.grad(loss, wrt.map((n) => inputs.get(n)!)).forEach((d, i) => g.output(d, `d/${wrt[i]}`));
   const run = await compile(g);
-  // two rows (the second right-padded); candidates at the positions that predict the output
-  const seqs = [
-    [3, 9, 14, 20, 7],
-    [5, 11, 30],
-  ];
-  const W = 5;
-  const r = rng(2);
-  const cand = seqs.map((s) => s.map((_, t) => (t >= 1 && t < s.length - 1 ? [s[t + 1], (s[t + 1] + 7) % 64, (s[t + 1] + 19) % 64].slice(0, 1 + (t % 3)) : [])));
-  const refLp = cand.map((row) => row.map((cs) => cs.map((_, k) => Math.log(0.6 / (k + 1)))));
-  const qs = cand.map((row) => row.map((cs) => cs.map(() => r())));
-  const KK = 3;
-  const flat3 = (f: (b: number, t: number, k: number) => number) => Array.from({ length: 2 * W * KK }, (_, i) => f(Math.floor(i / (W * KK)), Math.floor(i / KK) % W, i % KK));
-  const has = (b: number, t: number, k: number) => t < seqs[b].length && k < cand[b][t].length;
-  const i64 = (xs: number[], dims: number[]): HostTensor => ({ data: BigInt64Array.from(xs.map(BigInt)), dims });
-  const f32 = (xs: number[], dims: number[]): HostTensor => ({ data: Float32Array.from(xs), dims });
-  const positions = cand.flat().filter((c) => c.length > 0).length;
-  const out = await run({
-    ...weightFeeds(dir, config, 'float32'),
-    input_ids: i64(seqs.flatMap((s) => [...s, ...Array(W - s.length).fill(0)]), [2, W]),
-    attention_mask: i64(seqs.flatMap((s) => [...s.map(() => 1), ...Array(W - s.length).fill(0)]), [2, W]),
-    candidate_ids: i64(flat3((b, t, k) => (has(b, t, k) ? cand[b][t][k] : 0)), [2, W, KK]),
-    candidate_mask: i64(flat3((b, t, k) => (has(b, t, k) ? 1 : 0)), [2, W, KK]),
-    candidate_ref_logprobs: f32(flat3((b, t, k) => (has(b, t, k) ? refLp[b][t][k] : 0)), [2, W, KK]),
-    candidate_q_values: f32(flat3((b, t, k) => (has(b, t, k) ? qs[b][t][k] : 0)), [2, W, KK]),
-    loss_tokens: f32([positions], []),
-  });
-  const logitsRun = await logitsRunner(dir, config, 'padding');
-  let want = 0;
+  return (weights: Record<string, HostTensor>) => run({ ...weights, ...batch });
+}
+
+test('on a tiny Qwen3 the loss is the KL, plus λ·(−log π_θ(C)), from the model run alone, summed over positions with candidates / loss_tokens', async () => {
+  const opts: CandidateKlOptions = { tau: 0.3, direction: 'reverse' };
+  const logitsRun = await logitsRunner(tiny.dir, tiny.config, 'padding');
+  let kl = 0;
+  let massNll = 0;
   for (const [b, s] of seqs.entries()) {
     const logits = (await logitsRun({ input_ids: [s], attention_mask: [s.map(() => 1)] })).data as Float32Array;
     cand[b].forEach((cs, t) => {
       if (!cs.length) return;
-      const theta = softmaxLog(cs.map((id) => logits[t * 64 + id]));
-      want += klDivergence(theta, targetLogprobs(refLp[b][t], qs[b][t], opts.tau));
+      const row = Array.from(logits.slice(t * 64, (t + 1) * 64));
+      const theta = softmaxLog(cs.map((id) => row[id]));
+      kl += klDivergence(theta, targetLogprobs(refLp[b][t], qs[b][t], opts.tau));
+      const full = softmaxLog(row);
+      massNll -= Math.log(cs.reduce((a, id) => a + Math.exp(full[id]), 0));
     });
   }
-  expect((out.kl_sum.data as Float32Array)[0]).toBeCloseTo(want, 4);
-  expect((out.positions.data as Float32Array)[0]).toBe(positions);
-  expect((out.loss.data as Float32Array)[0]).toBeCloseTo(want / positions, 4);
+  const feeds = weightFeeds(tiny.dir, tiny.config, 'float32');
+  const plain = await (await tinyLoss(opts, 'float32'))(feeds);
+  expect((plain.kl_sum.data as Float32Array)[0]).toBeCloseTo(kl, 4);
+  expect((plain.positions.data as Float32Array)[0]).toBe(positions);
+  expect((plain.loss.data as Float32Array)[0]).toBeCloseTo(kl / positions, 4);
+  const withMass = await (await tinyLoss({ ...opts, candidateMass: 0.7, chunk: 16 }, 'float32'))(feeds);
+  expect(massNll).toBeGreaterThan(0.1); // the tiny model puts real mass off the candidates
+  expect((withMass.mass_nll_sum.data as Float32Array)[0]).toBeCloseTo(massNll, 4);
+  expect((withMass.loss.data as Float32Array)[0]).toBeCloseTo((kl + 0.7 * massNll) / positions, 4);
+});
+
+test.each([
+  ['reverse KL with the candidate-mass term', { tau: 0.3, candidateMass: 0.7, chunk: 16 }],
+  ['forward KL', { tau: 0.5, direction: 'forward' as const }],
+])('%s: d loss / d weights of the whole model (float64) against central differences', async (_name, opts) => {
+  const wrt = ['model.norm.weight', 'model.layers.1.mlp.down_proj.weight', 'model.embed_tokens.weight'];
+  const run = await tinyLoss(opts, 'float64', wrt);
+  const feeds = weightFeeds(tiny.dir, tiny.config, 'float64');
+  const out = await run(feeds);
+  const pick = rng(9);
+  const h = 1e-5;
+  let checked = 0;
+  for (const name of wrt) {
+    const base = feeds[name].data as Float64Array;
+    // the embedding rows of candidate ids (the head is tied) and a few random entries elsewhere
+    const entries = name === 'model.embed_tokens.weight' ? [14 * 32 + 3, 21 * 32 + 7, 20 * 32 + 1] : Array.from({ length: 3 }, () => Math.floor(pick() * base.length));
+    for (const e of entries) {
+      const at = (delta: number) => {
+        const data = Float64Array.from(base);
+        data[e] += delta;
+        return run({ ...feeds, [name]: { data, dims: feeds[name].dims } }).then((r) => (r.loss.data as Float64Array)[0]);
+      };
+      const numeric = ((await at(h)) - (await at(-h))) / (2 * h);
+      const analytic = (out[`d/${name}`].data as Float64Array)[e];
+      expect([name, e, analytic]).toEqual([name, e, expect.closeTo(numeric, 7)]);
+      checked++;
+    }
+  }
+  expect(checked).toBe(9);
 });

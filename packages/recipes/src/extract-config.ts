@@ -65,6 +65,7 @@ export const extractTrainSchema = {
   run_dir: runDirOption('runs/extract', 'config.yaml, metrics.jsonl and checkpoints/'),
   tau: tauOption,
   kl: { type: 'string', default: 'reverse', choices: KL_DIRECTIONS, describe: 'reverse: KL(π_θ‖π*), mode-seeking (the original method); forward: KL(π*‖π_θ), mass-covering' },
+  candidate_mass: { type: 'number', default: 1, min: 0, describe: "Weight of −log π_θ(C), the policy's full-softmax mass on each position's candidates: the KL sees π_θ renormalised over them only, so without it mass can drift onto other tokens (0: the KL alone)" },
   ...policyTrainOptions,
 } as const satisfies OptionSchema;
 

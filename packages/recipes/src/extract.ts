@@ -324,7 +324,7 @@ export async function runExtractTrain(cfg: ExtractTrainConfig, events: ExtractTr
       examples,
       skipped,
       dropped: 0,
-      loss: (config, o) => extractionLoss(config, { tau: cfg.tau, direction: cfg.kl as KlDirection, ...o }),
+      loss: (config, o) => extractionLoss(config, { tau: cfg.tau, direction: cfg.kl as KlDirection, candidateMass: cfg.candidate_mass, ...o }),
       feeds: (batch, padId) => padExtractionBatch(batch, padId),
       lossTokens: candidatePositions,
     },

@@ -7,7 +7,8 @@
  * (lathe critic train), and on held-out prompts at equal n:
  * - Q-weighted sampling (τ 0.1) beats π_ref's own sampling;
  * - the KL-distilled policy (lathe extract train on π_ref's samples labelled with the critic's Q)
- *   beats π_ref with no critic at inference;
+ *   beats π_ref with no critic at inference; without the candidate-mass term (the KL alone, which
+ *   sees π_θ renormalised over the candidates) mass drifts onto other tokens, reported beside it;
  * - RFT (lathe extract rft on the successful samples) is reported beside them;
  * - the critic's best-of-n and majority vote at n = 4 are reported.
  * The printed table is the one in packages/policy-extraction/README.md.
@@ -59,9 +60,9 @@ test('Q-weighted sampling and the KL-distilled policy beat π_ref; RFT, best-of-
   const train = { tokenizer: 'builtin:addition', batch_size: 16, save_every: 0, log_every: 1000, warmup_steps: 10, weight_decay: 0 };
 
   // π_ref: the built-in model fine-tuned on every sample (threshold 0: plain SFT)
-  const ref = await runExtractRft({ ...defaults(extractRftSchema), ...train, data, model: 'builtin:tiny', run_dir: join(dir, 'ref'), success_threshold: 0, steps: 250, lr: 3e-3 });
+  const ref = await runExtractRft({ ...defaults(extractRftSchema), ...train, data, model: 'builtin:tiny', run_dir: join(dir, 'ref'), success_threshold: 0, steps: 200, lr: 3e-3 });
   // the critic, from π_ref, on the same samples
-  const criticRun = await runCriticTrain({ ...defaults(criticTrainSchema), ...train, data, model: ref.checkpoint, run_dir: join(dir, 'critic'), ablation: 'no_context', max_length: 16, max_remaining: 8, length_bins: 4, batch_size: 16, steps: 250, lr: 3e-3 });
+  const criticRun = await runCriticTrain({ ...defaults(criticTrainSchema), ...train, data, model: ref.checkpoint, run_dir: join(dir, 'critic'), ablation: 'no_context', max_length: 16, max_remaining: 8, length_bins: 4, batch_size: 16, steps: 200, lr: 3e-3 });
 
   const device = Device.open('cpu');
   const bins = loadBins(criticRun.checkpoint);
@@ -103,21 +104,29 @@ test('Q-weighted sampling and the KL-distilled policy beat π_ref; RFT, best-of-
   const labelledFile = join(dir, 'labelled.parquet');
   await writeTrajectories(labelledFile, labelledRows);
   const kl = await runExtractTrain({ ...defaults(extractTrainSchema), ...train, data: labelledFile, model: ref.checkpoint, run_dir: join(dir, 'kl'), tau: 0.1, steps: 80, lr: 2e-3 });
+  // the KL alone (no candidate-mass term): mass drifts onto tokens outside the candidates
+  const klAlone = await runExtractTrain({ ...defaults(extractTrainSchema), ...train, data: labelledFile, model: ref.checkpoint, run_dir: join(dir, 'kl-alone'), tau: 0.1, steps: 80, lr: 2e-3, candidate_mass: 0 });
   const rft = await runExtractRft({ ...defaults(extractRftSchema), ...train, data: labelledFile, model: ref.checkpoint, run_dir: join(dir, 'rft'), success_threshold: 1, steps: 80, lr: 2e-3 });
 
   const alone = async (policy: string) => {
     const models = open(policy);
     try {
-      return accuracy(await sample(models, Infinity));
+      const out = await sample(models, Infinity);
+      // malformed: not a mode token, three tokens and EOS
+      return { accuracy: accuracy(out), malformed: out.filter((s) => s.output.length !== DIGITS + 2 || s.output[DIGITS + 1] !== tok.eosId).length / out.length };
     } finally {
       models.dispose();
     }
   };
+  const [klRun, klAloneRun, rftRun] = [await alone(kl.checkpoint), await alone(klAlone.checkpoint), await alone(rft.checkpoint)];
   const numbers = {
     ref: accuracy(refSamples),
     q_weighted: accuracy(qSamples),
-    kl_distilled: await alone(kl.checkpoint),
-    rft: await alone(rft.checkpoint),
+    kl_distilled: klRun.accuracy,
+    kl_distilled_malformed: klRun.malformed,
+    kl_alone: klAloneRun.accuracy,
+    kl_alone_malformed: klAloneRun.malformed,
+    rft: rftRun.accuracy,
     ref_single_at_4: table[1].single,
     critic_best_of_4: table[1].critic_best_of_n,
     majority_of_4: table[1].majority_vote,
