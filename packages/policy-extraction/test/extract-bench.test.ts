@@ -16,6 +16,7 @@ test('extract bench at a tiny shape on the CPU', async () => {
     expect(g.candidates_per_step).toBeLessThanOrEqual(4);
   }
   expect(r.train.kl.tokens_per_s).toBeGreaterThan(0);
+  expect(r.train.kl_alone.tokens_per_s).toBeGreaterThan(0);
   expect(r.train.sft.tokens_per_s).toBeGreaterThan(0);
   expect(r.train.kl_vs_sft).toBeCloseTo(r.train.kl.tokens_per_s / r.train.sft.tokens_per_s, 2);
 }, 120_000);

@@ -3,8 +3,9 @@
  * one process: Q-weighted generation tokens/s at each --batches (both models over KV caches, and
  * with the prefix recomputed every step) against plain generation (the KV-cache engine's min-p
  * sampling, and π_ref's sampling through the same step models without the critic, which separates
- * the critic's cost from the step machinery's), and the KL-distillation train step's tokens/s
- * against the SFT step on the same rows.
+ * the critic's cost from the step machinery's), and the KL-distillation train step's tokens/s (with
+ * the candidate-mass term, as `lathe extract train` runs it, and the KL alone) against the SFT step
+ * on the same rows.
  *
  * usage: node extract-bench.js [--preset qwen3-0.6b] [--device cuda] [--compute bfloat16]
  *          [--batches 64,256] [--prompt 64] [--new-tokens 128] [--min-p 0.1] [--max-candidates 4]
