@@ -14,7 +14,7 @@ import { rankCommand } from '../src/commands/launch';
 const LATHE = join(__dirname, '..', 'bin', 'lathe.cjs');
 const WORKER = join(__dirname, 'launch-worker.ts');
 const TSX = pathToFileURL(require.resolve('tsx')).href;
-const node = [process.execPath, '--conditions=lathe-source', '--import', TSX, WORKER];
+const worker = [process.execPath, '--conditions=lathe-source', '--import', TSX, WORKER];
 const dir = mkdtempSync(join(tmpdir(), 'lathe-launch-test-'));
 
 function config(name: string, c: Record<string, unknown>): string {
@@ -52,9 +52,11 @@ test("each rank's environment: torchrun's variables, NVLink multicast off unless
   expect(rankEnv(cfg, 0, { NCCL_NVLS_ENABLE: '1' }).NCCL_NVLS_ENABLE).toBe('1');
 });
 
-test('2 processes over TCP take the losses of one process on the same global batch (fp32, ≤ 1e-5 relative)', async () => {
+test('2 processes over TCP take the losses of one process on the same global batch (fp32, ≤ 1e-5 relative), also as two one-rank "nodes"', async () => {
   const cfg = config('same.json', { steps: 3, batch_size: 4, micro_batches: 2, lr: 0.02 });
-  const [two, one] = await Promise.all([launch(29661, ...node, cfg), run([...node, cfg])]);
+  // and the same 2 ranks as two one-process "nodes": two launches sharing node 0's rendezvous
+  const node = (rank: number) => run([process.execPath, LATHE, 'launch', '--gpus', '1', '--nnodes', '2', '--node_rank', String(rank), '--master_port', '29660', '--', ...worker, cfg]);
+  const [two, one, n0, n1] = await Promise.all([launch(29661, ...worker, cfg), run([...worker, cfg]), node(0), node(1)]);
   expect(two.stderr).toBe('');
   expect(two.status).toBe(0);
   const lines = two.stdout.trim().split('\n');
@@ -65,6 +67,9 @@ test('2 processes over TCP take the losses of one process on the same global bat
   expect([r0.rank, r0.world, r1.rank, single.world]).toEqual([0, 2, 1, 1]);
   expect(r1.losses).toEqual(r0.losses);
   r0.losses.forEach((l, i) => expect(Math.abs(l - single.losses[i]) / single.losses[i]).toBeLessThanOrEqual(1e-5));
+  const nodes = [n0, n1].map((r) => JSON.parse(r.stdout.trim().replace(/^\[rank 1\] /, '')) as { rank: number; world: number; losses: number[] });
+  expect(nodes.map((n) => [n.rank, n.world])).toEqual([[0, 2], [1, 2]]);
+  expect(nodes[0].losses).toEqual(r0.losses);
 }, 120_000);
 
 test('bad starts stop every rank with a message naming the cause: a rank that dies, mismatched configs, a batch that does not split', async () => {
@@ -72,7 +77,7 @@ test('bad starts stop every rank with a message naming the cause: a rank that di
   config('cfg-0.json', { steps: 2, batch_size: 4, micro_batches: 1, lr: 0.02 });
   config('cfg-1.json', { steps: 2, batch_size: 4, micro_batches: 1, lr: 0.03 });
   const odd = config('odd.json', { steps: 2, batch_size: 5, micro_batches: 1, lr: 0.02 });
-  const [dead, mismatch, split] = await Promise.all([launch(29662, ...node, die), launch(29663, ...node, join(dir, 'cfg-%r.json')), launch(29664, ...node, odd)]);
+  const [dead, mismatch, split] = await Promise.all([launch(29662, ...worker, die), launch(29663, ...worker, join(dir, 'cfg-%r.json')), launch(29664, ...worker, odd)]);
 
   expect(dead.status).toBe(3);
   expect(dead.stderr).toContain('lathe launch: rank 1 exited with code 3; stopping the other ranks');

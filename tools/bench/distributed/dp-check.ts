@@ -77,7 +77,7 @@ async function main(): Promise<void> {
   const stepMs: number[] = [];
   const gradNorms: number[] = [];
   for (let step = 0; step < steps; step++) {
-    const g = globalBatch(step, rowsPerStep, seq, hf.vocab_size);
+    const g = globalBatch(step, rowsPerStep, seq, Number(hf.vocab_size));
     // the whole batch's loss tokens: position t predicts t + 1, so column 0 of the mask never counts
     const lossTokens = g.lossMask.reduce((s, r) => s + r.slice(1).reduce((a, b) => a + b, 0), 0);
     const ids = shardOf(g.ids, world.rank, world.worldSize, '--batch');

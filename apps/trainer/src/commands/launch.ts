@@ -2,8 +2,6 @@ import type { CommandModule } from 'yargs';
 import { launchSchema, runLaunch, type LaunchConfig } from '@lathe/recipes';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
 import { runInterruptible } from '../interrupt';
-// index.ts imports this file too: the list is read inside the handler, once both are loaded
-import { commands } from './index';
 
 /**
  * The lathe commands that join a data-parallel job (split the global batch, all-reduce gradients,
@@ -17,6 +15,10 @@ export const DATA_PARALLEL_COMMANDS: ReadonlySet<string> = new Set<string>([]);
  * (node, its loader flags and the entry script); anything else runs as given (`node train.js`).
  */
 export async function rankCommand(words: readonly string[], dataParallel: ReadonlySet<string> = DATA_PARALLEL_COMMANDS): Promise<string[]> {
+  // required here, not imported at the top: index.ts imports this file, and a cycle at load time
+  // leaves one of the two undefined in whichever loads first
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  const { commands } = require('./index') as typeof import('./index');
   const names = new Set(commands.map((c) => String(c.command).split(' ')[0]));
   if (!names.has(words[0])) return [...words];
   if (!dataParallel.has(words[0])) {
