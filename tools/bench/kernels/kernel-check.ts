@@ -7,7 +7,8 @@
  *   `custom_op`: the kernel as an ORT custom op (a koffi callback that launches it) in one session.
  * - adamw: the fused AdamW against the composed `apply` graph on the parameters of --shape, from
  *   the same state, with and without clipping: mismatching elements, max ulps and max abs diff of
- *   p, m and v, both grad norms, and device ms per update (events on the stream).
+ *   p, m and v, both grad norms, and device ms per update (events on the stream); `node`: the same
+ *   for the apply graph with the FusedAdamW node (the trainer's fusedAdamW path).
  * - sft (with --sft): full SFT steps of the trainer at --batch B×T with and without fusedAdamW
  *   (same random init and batch): losses and tok/s of each.
  * --dry-run prints the plan (parameters, chunks, bytes per update) without a device.
@@ -20,7 +21,7 @@ import { CausalLM, totalLengthTensor, TOTAL_LENGTH_INPUT, type HfConfig } from '
 import * as L from '@lathe/onnx';
 import { CustomOpDomain, Kernels, kernelRegion, SplitProgram, type Kernel, type KernelImpl } from '@lathe/kernels';
 import { type Device, type DeviceTensor } from '@lathe/runtime';
-import { biasCorrections, compileApply, FusedAdamW, sftLoss, stateNames, Trainer, type AdamWConfig } from '@lathe/train';
+import { biasCorrections, compileApply, FusedAdamW, fusedAdamWNode, sftLoss, stateNames, Trainer, type AdamWConfig } from '@lathe/train';
 import { arg, flag } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
 import { adamwPlan, trainedParams, vectorExpected } from './plan';
@@ -259,7 +260,39 @@ async function adamwPhase(kernels: Kernels, device: Device, h: Helpers, shape: H
     const fusedMs = kernels.time(() => {
       for (let r = 0; r < reps; r++) fused.step(tables, { lr, bc1, bc2 });
     }) / reps;
-    console.log(JSON.stringify({ ...result, ms_per_update: { composed: +composedMs.toFixed(3), fused: +fusedMs.toFixed(3), speedup: +(composedMs / fusedMs).toFixed(2) } }));
+    // the trainer's path: the apply graph with the FusedAdamW node in place of the composed update
+    const node = fusedAdamWNode(device, params, cfg, kernels);
+    const nodeResult: Record<string, unknown> = {};
+    let nodeMs = NaN;
+    try {
+      const nodeSession = device.compile(compileApply(params, cfg, node.update), { name: `apply-node-${label}`, customOpDomains: [node.domain.handle] });
+      const nb = nodeSession.binding();
+      for (const p of params) {
+        nb.input(p.name, P.get(p.name)!).input(stateNames.m(p.name), M.get(p.name)!).input(stateNames.v(p.name), V.get(p.name)!).input(stateNames.grad(p.name), G.get(p.name)!);
+        nb.output(stateNames.next(p.name), out.fused[0].get(p.name)!).output(stateNames.next(stateNames.m(p.name)), out.fused[1].get(p.name)!).output(stateNames.next(stateNames.v(p.name)), out.fused[2].get(p.name)!);
+      }
+      nb.input('lr', { data: Float32Array.of(lr), dims: [] }).input('bc1', { data: Float32Array.of(bc1), dims: [] }).input('bc2', { data: Float32Array.of(bc2), dims: [] }).input('grad_scale', { data: Float32Array.of(1), dims: [] });
+      nb.output('grad_norm', gradNorm);
+      nb.runSync();
+      node.check();
+      Object.assign(nodeResult, { grad_norm: gradNorm.download().data[0], p: diff(out.composed[0], out.fused[0]), m: diff(out.composed[1], out.fused[1]), v: diff(out.composed[2], out.fused[2]) });
+      nodeMs = kernels.time(() => {
+        for (let r = 0; r < reps; r++) nb.runSync({ synchronize: false });
+      }) / reps;
+      node.check();
+      nb.dispose();
+      nodeSession.dispose();
+    } catch (e) {
+      nodeResult.error = (e as Error).message.slice(0, 400);
+    }
+    node.dispose();
+    console.log(
+      JSON.stringify({
+        ...result,
+        node: nodeResult,
+        ms_per_update: { composed: +composedMs.toFixed(3), fused: +fusedMs.toFixed(3), node: +nodeMs.toFixed(3), speedup: +(composedMs / fusedMs).toFixed(2) },
+      }),
+    );
     fused.dispose();
     bind.dispose();
     session.dispose();
