@@ -115,6 +115,11 @@ export interface NcclOptions {
 export class NcclCollectives implements Collectives {
   readonly backend = 'nccl';
   private aborted: Error | undefined;
+  /**
+   * Return without waiting for NCCL's stream: wrong (the next ORT run may read before NCCL has
+   * written), and there only so tools/bench/distributed/nccl-order.ts can show the wait matters.
+   */
+  unorderedForTest = false;
 
   private constructor(
     private readonly api: NcclApi,
@@ -172,6 +177,7 @@ export class NcclCollectives implements Collectives {
     } finally {
       api.checkNccl(`${what} (ncclGroupEnd)`, api.fn.ncclGroupEnd(), this.comm);
     }
+    if (this.unorderedForTest) return;
     // poll rather than block, so that a peer's death (seen by the host group) can abort NCCL's kernels
     for (;;) {
       const r = Number(api.fn.cudaStreamQuery(this.stream));

@@ -4,6 +4,8 @@
 #                (each rank run by the launcher), the same global batch; prints each parity verdict.
 #   scaling "1 2 4" : bf16 tokens/s with flash attention, --per-gpu rows of 512 per GPU (weak scaling),
 #                Lathe then PyTorch DDP (torchrun) on each count; prints one line per run.
+#   order N    : NCCL's stream vs ORT's: an all-reduce read by the next ORT run, with the wait (0 wrong
+#                reads expected) and without it (wrong reads expected: what the wait prevents).
 # Every process gets NCCL_NVLS_ENABLE=0. Results go to $OUT (default /tmp/dp) as JSON lines. DP_ARGS adds dp-check
 # options (a CPU smoke test: DP_ARGS="--shape tiny --device cpu --seq 32" STEPS=3 bash tools/bench/distributed/device-run.sh parity 2).
 set -euo pipefail
@@ -12,7 +14,7 @@ export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/dp}
 mkdir -p "$OUT"
 B=.bundle
-mode=${1:?parity N | scaling "1 2 4"}
+mode=${1:?parity N | scaling "1 2 4" | order N}
 case "$mode" in
   parity)
     N=${2:?parity N}
@@ -36,5 +38,8 @@ case "$mode" in
       torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 | tee "$OUT/ddp-$n.json"
     done
     ;;
-  *) echo "usage: $0 parity N | scaling \"1 2 4\"" >&2; exit 2 ;;
+  order)
+    node $B/dp-launch.js --gpus "${2:-2}" --master_port 29700 -- node $B/nccl-order.js --mb ${MB:-512} --trials ${TRIALS:-10}
+    ;;
+  *) echo "usage: $0 parity N | scaling \"1 2 4\" | order N" >&2; exit 2 ;;
 esac
