@@ -90,6 +90,18 @@ test('bad starts stop every rank with a message naming the cause: a rank that di
   expect(split.stderr).toContain('--batch_size 5 is not divisible by the world size 2 (WORLD_SIZE, lathe launch --gpus)');
 }, 120_000);
 
+test('a rank that ignores SIGTERM after another failed is killed after --grace_s, named', async () => {
+  // rank 0 fails at once; rank 1 ignores SIGTERM and would run for a minute
+  const prog = "if (process.env.RANK === '0') process.exit(4); process.on('SIGTERM', () => console.log('ignoring SIGTERM')); setTimeout(() => {}, 60000);";
+  const t0 = Date.now();
+  const r = await run([process.execPath, LATHE, 'launch', '--gpus', '2', '--grace_s', '1', '--master_port', '29666', '--', process.execPath, '-e', prog]);
+  expect(r.status).toBe(4);
+  expect(r.stderr).toContain('lathe launch: rank 0 exited with code 4; stopping the other ranks');
+  expect(r.stderr).toContain('lathe launch: rank 1 did not exit within 1 s: killing it');
+  expect(r.stdout).toContain('[rank 1] ignoring SIGTERM');
+  expect(Date.now() - t0).toBeLessThan(30_000);
+}, 60_000);
+
 test('a lathe command given after -- runs this CLI again, if it joins data-parallel jobs; no command is an error saying how', async () => {
   const r = await run([process.execPath, LATHE, 'launch', '--gpus', '2', '--master_port', '29665', '--', 'grade', '--help']);
   expect(r.status).toBe(1);
