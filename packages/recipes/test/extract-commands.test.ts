@@ -63,7 +63,7 @@ test('generate: Q-weighted samples with candidates, Q and reference log-probs pe
   expect(html).not.toMatch(/<(link|img)[^>]+(src|href)=["']?https?:/); // self-contained
 });
 
-test('train: KL distillation on the generated file, a checkpoint with the policy; rft on the successful rows', async () => {
+test('train: KL distillation on the generated file, a checkpoint with the policy, an interrupted run resumed to the same weights; rft on the successful rows', async () => {
   const trained = await runExtractTrain({ ...defaults(extractTrainSchema), data: join(dir, 'gen.parquet'), model: reference, tokenizer: 'builtin:addition', run_dir: join(dir, 'train'), steps: 3, batch_size: 2, lr: 1e-3, save_every: 0, log_every: 1, tau: 0.5 });
   expect(trained.steps).toBe(3);
   expect(Number.isFinite(trained.finalLoss)).toBe(true);
@@ -71,6 +71,16 @@ test('train: KL distillation on the generated file, a checkpoint with the policy
   expect(existsSync(join(trained.checkpoint, 'config.json'))).toBe(true);
   const metrics = readFileSync(join(dir, 'train', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
   expect(metrics.map((m) => m.step)).toEqual([1, 2, 3]);
+
+  // interrupted after step 2 (as Ctrl-C does), then resumed to the end: the same weights as the uninterrupted run
+  const stop = new AbortController();
+  const resumable = { ...defaults(extractTrainSchema), data: join(dir, 'gen.parquet'), model: reference, tokenizer: 'builtin:addition', run_dir: join(dir, 'train-resume'), steps: 3, batch_size: 2, lr: 1e-3, save_every: 0, tau: 0.5 };
+  const first = await runExtractTrain(resumable, { onStep: (m) => m.step === 2 && stop.abort() }, stop.signal);
+  expect([first.interrupted, first.steps]).toEqual([true, 2]);
+  const resumed = await runExtractTrain({ ...resumable, resume: true });
+  expect(resumed.steps).toBe(3);
+  expect(resumed.finalLoss).toBeCloseTo(trained.finalLoss, 5);
+  expect(readFileSync(join(resumed.checkpoint, 'model.safetensors')).equals(readFileSync(join(trained.checkpoint, 'model.safetensors')))).toBe(true);
 
   let started: { trajectories: number; dropped: number } | undefined;
   const rft = await runExtractRft({ ...defaults(extractRftSchema), data, model: reference, tokenizer: 'builtin:addition', run_dir: join(dir, 'rft'), steps: 2, batch_size: 2, lr: 1e-3, save_every: 0 }, { onStart: (i) => (started = i) });
