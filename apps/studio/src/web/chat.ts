@@ -5,7 +5,7 @@
  * root (served on first use), and replies stream in token by token (server-sent events).
  */
 import { api, errorBox, h } from './dom';
-import { sseEvents } from './sse';
+import { splitThinking, sseEvents } from './sse';
 import type { StudioSettings } from './main';
 
 type Message = { role: 'user' | 'assistant'; content: string };
@@ -110,7 +110,9 @@ export async function chatPage(view: HTMLElement, settings: StudioSettings): Pro
     };
     const done = (content: string, reasoning: string, finish: string, tokens: number | string) => {
       s.history.push({ role: 'assistant', content });
-      return h('div', { class: 'msg assistant', 'data-finish': finish }, reasoning ? h('div', { class: 'muted' }, reasoning) : null, h('span', { class: 'content' }, content || '(empty)'), h('div', { class: 'muted' }, `${label(s)} · ${tokens} tokens · ${finish}`));
+      // the thinking (a server's reasoning_content, or the text up to </think>) apart from the answer
+      const shown = reasoning ? { reasoning, answer: content } : splitThinking(content);
+      return h('div', { class: 'msg assistant', 'data-finish': finish }, shown.reasoning ? h('div', { class: 'muted thinking' }, shown.reasoning) : null, h('span', { class: 'content' }, shown.answer || '(empty)'), h('div', { class: 'muted' }, `${label(s)} · ${tokens} tokens · ${finish}`));
     };
     try {
       if (!stream.checked) {
@@ -131,8 +133,9 @@ export async function chatPage(view: HTMLElement, settings: StudioSettings): Pro
           text += ch.delta.content ?? '';
           thought += ch.delta.reasoning_content ?? '';
           if (ch.finish_reason) finish = ch.finish_reason;
-          content.textContent = text;
-          reasoning.textContent = thought;
+          const shown = thought ? { reasoning: thought, answer: text } : splitThinking(text);
+          content.textContent = shown.answer;
+          reasoning.textContent = shown.reasoning;
           live.setAttribute('data-chunks', String(++chunks));
         }
         if (c.usage) tokens = c.usage.completion_tokens;

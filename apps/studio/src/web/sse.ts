@@ -13,3 +13,14 @@ export function sseEvents(text: string): { events: string[]; rest: string } {
   });
   return { events, rest };
 }
+
+/**
+ * A reply's thinking and its answer: the text up to `</think>` (a leading `<think>` dropped) and
+ * what follows; a reply still inside an open `<think>` is all thinking; one without tags all answer.
+ */
+export function splitThinking(text: string): { reasoning: string; answer: string } {
+  const close = text.indexOf('</think>');
+  const open = /^\s*<think>/.test(text);
+  if (close < 0) return open ? { reasoning: text.replace(/^\s*<think>/, '').trim(), answer: '' } : { reasoning: '', answer: text };
+  return { reasoning: text.slice(0, close).replace(/^\s*<think>/, '').trim(), answer: text.slice(close + '</think>'.length).replace(/^\s+/, '') };
+}
