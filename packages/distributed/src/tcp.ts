@@ -56,13 +56,17 @@ class FrameReader {
   }
 }
 
-function send(socket: net.Socket, type: Frame, payload: Uint8Array = new Uint8Array(0)): void {
+/** Writes a frame; the promise settles once the kernel has it (or the socket failed). */
+function send(socket: net.Socket, type: Frame, payload: Uint8Array = new Uint8Array(0)): Promise<void> {
   const head = Buffer.alloc(9);
   head.writeUInt8(type, 0);
   head.writeUInt32LE(payload.byteLength % 2 ** 32, 1);
   head.writeUInt32LE(Math.floor(payload.byteLength / 2 ** 32), 5);
-  socket.write(head);
-  if (payload.byteLength) socket.write(payload);
+  return new Promise((resolve) => {
+    socket.write(head);
+    if (payload.byteLength) socket.write(payload, () => resolve());
+    else socket.write(new Uint8Array(0), () => resolve());
+  });
 }
 
 const text = (s: string) => new TextEncoder().encode(s);
@@ -137,7 +141,7 @@ export class TcpCollectives extends HostCollectives {
             const hello = JSON.parse(untext(payload)) as { rank: number; worldSize: number };
             if (hello.worldSize !== opts.worldSize || !Number.isInteger(hello.rank) || hello.rank < 1 || hello.rank >= opts.worldSize || sockets.has(hello.rank)) {
               const why = hello.worldSize !== opts.worldSize ? `its WORLD_SIZE is ${hello.worldSize}, rank 0's is ${opts.worldSize}` : sockets.has(hello.rank) ? `rank ${hello.rank} is already connected` : `rank ${hello.rank} is not a rank of a world of ${opts.worldSize}`;
-              send(socket, Frame.Abort, text(`the rendezvous at ${where} refused a process: ${why}`));
+              void send(socket, Frame.Abort, text(`the rendezvous at ${where} refused a process: ${why}`));
               socket.end();
               return;
             }
@@ -149,7 +153,7 @@ export class TcpCollectives extends HostCollectives {
               for (const [r, s] of sockets) {
                 group.watch(r, s);
                 for (const b of early.get(r) ?? []) group.inbox(r).put(b);
-                send(s, Frame.Welcome);
+                void send(s, Frame.Welcome);
               }
               resolve(group);
             }
@@ -223,7 +227,7 @@ export class TcpCollectives extends HostCollectives {
               reject(new DistributedError(`rendezvous at ${where}: rank 0 closed the connection before the group formed`, 0));
             }
           });
-          send(socket, Frame.Hello, text(JSON.stringify({ rank: opts.rank, worldSize: opts.worldSize })));
+          void send(socket, Frame.Hello, text(JSON.stringify({ rank: opts.rank, worldSize: opts.worldSize })));
         });
       }
       if (Date.now() > deadline) throw new DistributedError(`rendezvous at ${where}: cannot reach rank 0 within ${timeoutMs / 1000} s (${socket.message}); is MASTER_ADDR right and rank 0 running?`, 0);
@@ -265,7 +269,7 @@ export class TcpCollectives extends HostCollectives {
     if (this.rank === 0) {
       for (const [r, s] of this.sockets) {
         if (r === e.peer || s.destroyed) continue;
-        send(s, Frame.Abort, text(e.message));
+        void send(s, Frame.Abort, text(e.message));
         s.end();
       }
     }
@@ -279,13 +283,14 @@ export class TcpCollectives extends HostCollectives {
         return out instanceof Uint8Array ? out : out[0];
       }
       if (this.rank !== 0) {
-        send(this.sockets.get(0)!, Frame.Data, payload);
+        void send(this.sockets.get(0)!, Frame.Data, payload);
         return this.inbox(0).take(this.failure);
       }
       const parts = [payload];
       for (let r = 1; r < this.worldSize; r++) parts.push(await this.inbox(r).take(this.failure));
       const out = combine(parts);
-      for (let r = 1; r < this.worldSize; r++) send(this.sockets.get(r)!, Frame.Result, out instanceof Uint8Array ? out : out[r]);
+      // flushed before returning: rank 0 may block next (NCCL's communicator init waits for every rank, and needs them to have its id)
+      await Promise.all(Array.from({ length: this.worldSize - 1 }, (_, i) => send(this.sockets.get(i + 1)!, Frame.Result, out instanceof Uint8Array ? out : out[i + 1])));
       return out instanceof Uint8Array ? out : out[0];
     };
     const p = this.chain.then(run, run);
@@ -297,7 +302,7 @@ export class TcpCollectives extends HostCollectives {
     const e = new DistributedError(`rank ${this.rank} aborted: ${reason}`, this.rank);
     if (this.rank !== 0 && !this.failure) {
       const s = this.sockets.get(0);
-      if (s && !s.destroyed) send(s, Frame.Abort, text(e.message));
+      if (s && !s.destroyed) void send(s, Frame.Abort, text(e.message));
     }
     this.fail(e);
     if (this.rank !== 0) this.closing = true;
@@ -309,7 +314,7 @@ export class TcpCollectives extends HostCollectives {
       this.closing = true;
       const s = this.sockets.get(0)!;
       if (!s.destroyed) {
-        send(s, Frame.Bye);
+        void send(s, Frame.Bye);
         s.end();
       }
       return;
