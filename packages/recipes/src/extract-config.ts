@@ -14,7 +14,10 @@ const promptOptions = {
   limit: { type: 'number', default: 0, integer: true, min: 0, describe: 'Only the first N prompts (0: all)' },
   prompt_format: { type: 'string', default: 'raw', choices: ['raw', 'chat'], describe: "Prompts as they are, or as the user turn of the model's chat template" },
   enable_thinking: { type: 'boolean', default: false, describe: "With --prompt_format chat: Qwen3's enable_thinking switch (thinking on or off)" },
-  grader: { type: 'string', default: 'math', choices: ['math', 'exact', 'none'], describe: "'correct' of rows whose prompt has an answer: the math grader (the answer after </think>, compared symbolically), exact (the response's text, trimmed, equals the answer), or none" },
+  grader: { type: 'string', default: 'math', choices: ['math', 'exact', 'judge', 'none'], describe: "'correct' of rows whose prompt has an answer: the math grader (the answer after </think>, compared symbolically), exact (the response's text, trimmed, equals the answer), judge (an LLM judge: --judge_url), or none" },
+  judge_url: { type: 'string', default: '', describe: 'With --grader judge: the OpenAI-compatible API root of the judge (e.g. http://127.0.0.1:8000/v1); a reply without a verdict counts as wrong' },
+  judge_model: { type: 'string', default: '', describe: "With --grader judge: the judge server's model name" },
+  judge_prompt: { type: 'string', default: '', describe: "With --grader judge: a file holding the prompt template ({question}, {response}, {reference}: the prompt, the response after its reasoning, the answer); '': the graders' correctness prompt" },
 } as const satisfies OptionSchema;
 
 /** The critic and the candidates it scores. */

@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { CausalLM, paramSpecs, type DecoderConfig } from '@lathe/models';
 import { batchOf, flattenLists, listData, readTrajectories, trajectoriesToBatch, writeAtomic, writeParquet, type Trajectory } from '@lathe/data';
 import { Device, sizeOf, type HostTensor } from '@lathe/runtime';
-import { extractAnswer, majorityVote, MathGrader, passAtK, voteKey } from '@lathe/graders';
+import { DEFAULT_JUDGE_PROMPT, extractAnswer, LlmJudge, majorityVote, MathGrader, passAtK, voteKey } from '@lathe/graders';
 import { initLora, LORA_DROPOUT_KEY, loraAdapters, loraDropoutKey, loraFromOptions, loraWeights, mergeLora, sftLoss, Trainer, type DecoderLossOptions, type LossBuilder, type TrainableParam } from '@lathe/train';
 import { contextPrefix } from '@lathe/critic';
 import { extractionLoss, qWeightedSample, QWeightedModels, validateTau, type KlDirection, type QSample } from '@lathe/policy-extraction';
@@ -76,10 +76,27 @@ function stopIdsOf(model: RunModel): number[] {
   return [...new Set([model.tokenizer.eosId, ...(eos === undefined ? [] : Array.isArray(eos) ? eos : [eos])])];
 }
 
+/** The grading options every sampling command has. */
+type GradingConfig = Pick<ExtractGenerateConfig, 'grader' | 'judge_url' | 'judge_model' | 'judge_prompt'>;
+
 /** Grades responses and gives the answer each one votes for. */
 class Grading {
   private math: MathGrader | undefined;
-  constructor(private readonly kind: 'math' | 'exact' | 'none') {}
+  private readonly judge: LlmJudge | undefined;
+  private readonly kind: GradingConfig['grader'];
+
+  constructor(cfg: GradingConfig) {
+    this.kind = cfg.grader;
+    if (cfg.grader === 'judge') {
+      if (!cfg.judge_url || !cfg.judge_model) throw new Error('--grader judge needs --judge_url and --judge_model');
+      let promptTemplate = DEFAULT_JUDGE_PROMPT;
+      if (cfg.judge_prompt) {
+        if (!existsSync(cfg.judge_prompt)) throw new Error(`--judge_prompt ${cfg.judge_prompt}: no such file`);
+        promptTemplate = readFileSync(cfg.judge_prompt, 'utf8');
+      }
+      this.judge = new LlmJudge({ baseUrl: cfg.judge_url, model: cfg.judge_model, promptTemplate });
+    }
+  }
 
   /** The response's final part: the text after a closed `<think>` block, null when it never closed. */
   private final(response: string): string | null {
@@ -87,11 +104,12 @@ class Grading {
   }
 
   /** 1 or 0, or null when not graded (no answer, or grader none). */
-  async grade(response: string, answer: string | undefined): Promise<number | null> {
+  async grade(response: string, answer: string | undefined, question: string): Promise<number | null> {
     if (this.kind === 'none' || answer === undefined) return null;
     const final = this.final(response);
     if (final === null) return 0;
     if (this.kind === 'exact') return final.trim() === answer.trim() ? 1 : 0;
+    if (this.judge) return ((await this.judge.judge({ question, response: final, reference: answer })).score ?? 0) >= 0.5 ? 1 : 0;
     this.math ??= new MathGrader();
     return (await this.math.grade(final, answer)).correct ? 1 : 0;
   }
@@ -137,8 +155,8 @@ export async function runExtractGenerate(cfg: ExtractGenerateConfig, events: Ext
   for (const flag of ['model', 'critic', 'data', 'output'] as const) if (!cfg[flag]) throw new Error(`--${flag} is required`);
   validateTau(cfg.tau, '--tau');
   const prompts = await readPromptFile(cfg);
+  const grading = new Grading(cfg);
   const { policy, models } = await openModels(cfg);
-  const grading = new Grading(cfg.grader);
   try {
     const planned = plan(policy, prompts, cfg.samples);
     const samples = await qWeightedSample(
@@ -155,7 +173,7 @@ export async function runExtractGenerate(cfg: ExtractGenerateConfig, events: Ext
         prompt: s.prompt.prompt,
         prompt_token_ids: s.ids,
         output_token_ids: q.output,
-        correct: await grading.grade(response, s.prompt.answer),
+        correct: await grading.grade(response, s.prompt.answer, s.prompt.prompt),
         sample_idx: s.sampleIdx,
         thinking: cfg.prompt_format === 'chat' ? cfg.enable_thinking : null,
         finish_reason: q.finish_reason,
@@ -418,8 +436,8 @@ export async function runExtractEval(cfg: ExtractEvalConfig, events: ExtractProg
   if (cfg.grader === 'none') throw new Error('--grader none: the evaluation needs correctness (math or exact)');
   if (cfg.sampler === 'q_weighted') validateTau(cfg.tau, '--tau');
   const prompts = await readPromptFile(cfg, { answers: 'required' });
+  const grading = new Grading(cfg);
   const { policy, models } = await openModels(cfg);
-  const grading = new Grading(cfg.grader);
   try {
     const planned = plan(policy, prompts, cfg.samples);
     const q = cfg.sampler === 'q_weighted';
@@ -432,7 +450,7 @@ export async function runExtractEval(cfg: ExtractEvalConfig, events: ExtractProg
     const perPrompt: { correct: boolean; score: number; answer: string | null }[][] = prompts.map(() => []);
     for (const [i, s] of planned.entries()) {
       const response = policy.tokenizer.decode(samples[i].output.filter((t) => t !== policy.tokenizer.eosId));
-      perPrompt[prompts.indexOf(s.prompt)].push({ correct: (await grading.grade(response, s.prompt.answer)) === 1, score: scores[i], answer: grading.answer(response) });
+      perPrompt[prompts.indexOf(s.prompt)].push({ correct: (await grading.grade(response, s.prompt.answer, s.prompt.prompt)) === 1, score: scores[i], answer: grading.answer(response) });
     }
     const result = { prompts: prompts.length, samples: cfg.samples, table: evaluationTable(perPrompt, [1, 4, 16].filter((n) => n <= cfg.samples)) };
     if (cfg.output) writeAtomic(cfg.output, JSON.stringify({ model: cfg.model, critic: cfg.critic, sampler: cfg.sampler, tau: cfg.tau, ...result }, null, 2) + '\n');

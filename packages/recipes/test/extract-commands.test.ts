@@ -6,6 +6,8 @@
  */
 import { cpSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { batchOf, flattenNested, nestedListData, readParquet, readTrajectories, trajectoriesToBatch, writeParquet, writeTrajectories, type Trajectory } from '@lathe/data';
 import { randomModel } from '@lathe/models';
@@ -95,6 +97,39 @@ test('eval: the table at n = 1 and 4, with the policy alone and Q-weighted', asy
     expect(result.table.map((r) => r.n)).toEqual([1, 4]);
     for (const r of result.table) for (const v of [r.single, r.critic_best_of_n, r.majority_vote, r.pass_at_n]) expect(v >= 0 && v <= 1).toBe(true);
     expect(JSON.parse(readFileSync(output, 'utf8')).sampler).toBe(sampler);
+  }
+});
+
+test('eval with an LLM judge (a stand-in OpenAI-compatible server): the table of the exact grader it mimics, and all correct from a judge that passes everything', async () => {
+  let requests = 0;
+  let lenient = false;
+  const server = createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      requests++;
+      const prompt = (JSON.parse(body) as { messages: { content: string }[] }).messages.at(-1)!.content;
+      const ref = /Reference answer:\n(.*)/.exec(prompt)![1].trim();
+      const answer = /Answer to grade:\n(.*)/.exec(prompt)?.[1]?.trim() ?? '';
+      res.setHeader('content-type', 'application/json');
+      res.end(JSON.stringify({ choices: [{ message: { role: 'assistant', content: `VERDICT: ${lenient || answer === ref ? 'CORRECT' : 'INCORRECT'}` } }] }));
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  try {
+    const port = (server.address() as AddressInfo).port;
+    const base = { ...defaults(extractEvalSchema), ...common, model: reference, critic, samples: 4, seed: 9 };
+    const exact = await runExtractEval(base);
+    const judged = await runExtractEval({ ...base, grader: 'judge', judge_url: `http://127.0.0.1:${port}/v1`, judge_model: 'stand-in' });
+    expect(judged.table).toEqual(exact.table);
+    expect(requests).toBe(2 * 4); // two prompts × four samples
+    // a judge that passes everything: every sample counts as correct
+    lenient = true;
+    const all = await runExtractEval({ ...base, grader: 'judge', judge_url: `http://127.0.0.1:${port}/v1`, judge_model: 'stand-in-lenient' });
+    for (const row of all.table) expect([row.single, row.critic_best_of_n, row.pass_at_n]).toEqual([1, 1, 1]);
+    await expect(runExtractEval({ ...base, grader: 'judge' })).rejects.toThrow('--grader judge needs --judge_url and --judge_model');
+  } finally {
+    server.close();
   }
 });
 
