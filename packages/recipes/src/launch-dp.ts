@@ -7,7 +7,7 @@
  */
 import { mkdirSync, mkdtempSync, rmSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { basename, join } from 'node:path';
+import { basename, join, resolve } from 'node:path';
 import { listCheckpoints } from '@lathe/train';
 import { RunDir, type RunDirOptions } from './scaffold';
 import type { ReportOptions } from './reporting';
@@ -100,7 +100,7 @@ export async function openRankRunDir(cfg: RunDirOptions & Partial<ReportOptions>
   const scratch = mkdtempSync(join(tmpdir(), `lathe-rank-${dp.world.rank}-`));
   if (cfg.resume) {
     mkdirSync(join(scratch, 'checkpoints'));
-    for (const c of listCheckpoints(cfg.run_dir)) symlinkSync(c.dir, join(scratch, 'checkpoints', basename(c.dir)));
+    for (const c of listCheckpoints(cfg.run_dir)) symlinkSync(resolve(c.dir), join(scratch, 'checkpoints', basename(c.dir)));
   }
   const close = dp.close;
   dp.close = async () => {
