@@ -298,7 +298,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     };
     // --eval_benchmarks: sampled from the same float32 weights, on noise streams of their own
     const benchResults: TrainBenchmarkResult[] = [];
-    if (benchmarks) benchSampler = SftBenchmarkSampler.create(device, config, tokenizer, { temperature: cfg.eval_temperature, topP: cfg.eval_top_p, seed: cfg.seed, maxNewTokens: cfg.max_new_tokens });
+    if (benchmarks) benchSampler = SftBenchmarkSampler.create(device, config, tokenizer, { temperature: cfg.eval_temperature, topP: cfg.eval_top_p, seed: cfg.seed, maxNewTokens: cfg.max_new_tokens, compute });
     const benchmarkEval = async (): Promise<void> => {
       if (!benchmarks || !benchSampler) return;
       const merged = lora ? mergeLora(base, trainer.downloadParams(), adapters, lora) : undefined;

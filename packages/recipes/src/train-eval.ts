@@ -10,7 +10,8 @@
  * it does moves the data stream, the training's noise or the optimizer.
  */
 import { paramSpecs, type DecoderConfig } from '@lathe/models';
-import { GenerationRunner, type BoundWeights, type GrpoTrainer } from '@lathe/grpo';
+import { ComputeWeights, GenerationRunner, KvGenerationRunner, type BoundWeights, type GrpoTrainer, type PolicyWeights, type RolloutGenerator } from '@lathe/grpo';
+import { chooseGenerationEngine } from '@lathe/rollout';
 import type { Device } from '@lathe/runtime';
 import { castWeights } from '@lathe/train';
 import { mkdirSync } from 'node:fs';
@@ -143,43 +144,60 @@ export function grpoBenchmarkSampler(trainer: Pick<GrpoTrainer<unknown>, 'genera
 }
 
 /**
- * An SFT run's sampler: the in-graph generation loop over the weights `weights()` gives (the
- * trainer's live buffers, or LoRA merged into the base), sampled at `--eval_temperature` /
- * `--eval_top_p` up to `--max_new_tokens`. Sample j of problem k reads noise stream
- * BENCHMARK_KEY_BASE + k·65536 + j of the run's seed.
+ * An SFT run's sampler over the float32 weights it is given (the trainer's live buffers, or LoRA
+ * merged into the base), sampled at `--eval_temperature` / `--eval_top_p` up to `--max_new_tokens`:
+ * the KV-cache engine in the training's compute dtype where it runs (the weights cast into its own
+ * buffers at each evaluation, which it frees afterwards), else the in-graph generation loop. Sample
+ * j of problem k reads noise stream BENCHMARK_KEY_BASE + k·65536 + j of the run's seed, so the
+ * samples do not depend on the engine or on which problems share a run.
  */
 export class SftBenchmarkSampler {
   private constructor(
-    private readonly runner: GenerationRunner,
+    private readonly runner: RolloutGenerator,
+    private readonly owned: { dispose(): void; release?(): void }[],
     private readonly tokenizer: RunTokenizer,
     private readonly o: { seed: number; maxNewTokens: number; stopIds: readonly number[] },
+    /** Which engine samples. */
+    readonly engine: 'kv-cache' | 'graph',
   ) {}
 
-  static create(device: Device, config: DecoderConfig, tokenizer: RunTokenizer, o: { temperature: number; topP: number; seed: number; maxNewTokens: number }): SftBenchmarkSampler {
-    const runner = GenerationRunner.create(
-      device,
-      config,
-      { trainable: paramSpecs(config).map((p) => ({ name: p.name, shape: p.shape, decay: false })), weights: (_g, t) => castWeights(t, 'float32') },
-      { groupSize: 1, sampling: { temperature: o.temperature, ...(o.temperature > 0 && o.topP < 1 ? { topP: o.topP } : {}) }, padId: tokenizer.padId, promptsPerRun: 64 },
-    );
-    return new SftBenchmarkSampler(runner, tokenizer, { seed: o.seed, maxNewTokens: o.maxNewTokens, stopIds: [tokenizer.eosId] });
+  static create(device: Device, config: DecoderConfig, tokenizer: RunTokenizer, o: { temperature: number; topP: number; seed: number; maxNewTokens: number; compute: 'float32' | 'bfloat16'; engine?: 'auto' | 'kv-cache' | 'graph' }): SftBenchmarkSampler {
+    const policy: PolicyWeights = { trainable: paramSpecs(config).map((p) => ({ name: p.name, shape: p.shape, decay: false })), weights: (_g, t) => castWeights(t, o.compute) };
+    const opts = { groupSize: 1, sampling: { temperature: o.temperature, ...(o.temperature > 0 && o.topP < 1 ? { topP: o.topP } : {}) }, padId: tokenizer.padId, promptsPerRun: 64 };
+    const call = { seed: o.seed, maxNewTokens: o.maxNewTokens, stopIds: [tokenizer.eosId] };
+    if (chooseGenerationEngine(o.engine ?? 'auto', config, device.kind, o.compute).engine === 'kv-cache') {
+      const weights = new ComputeWeights(device, config, policy, o.compute);
+      const runner = KvGenerationRunner.create(device, config, { ...opts, weights });
+      return new SftBenchmarkSampler(runner, [runner, weights], tokenizer, call, 'kv-cache');
+    }
+    const runner = GenerationRunner.create(device, config, { ...policy, weights: (_g, t) => castWeights(t, 'float32') }, opts);
+    return new SftBenchmarkSampler(runner, [runner], tokenizer, call, 'graph');
   }
 
   /** The sampler over `weights` (float32, by HF name). */
   sampler(weights: BoundWeights): EvalSampler {
-    const { runner, tokenizer, o } = this;
+    const { runner, owned, tokenizer, o } = this;
     return async function* (requests) {
       const jobs = requests.flatMap((r) => {
         const ids = promptIds(tokenizer, r.text);
         const think = opensThink(tokenizer, ids);
         return Array.from({ length: r.samples }, (_, j) => ({ key: r.key, j, ids, think }));
       });
-      const out = await runner.generate([weights], jobs.map((x) => x.ids), { maxNewTokens: o.maxNewTokens, stopIds: o.stopIds, seed: o.seed, keys: jobs.map((x) => BENCHMARK_KEY_BASE + x.key * 65536 + x.j) });
+      let out;
+      try {
+        out = await runner.generate([weights], jobs.map((x) => x.ids), { maxNewTokens: o.maxNewTokens, stopIds: o.stopIds, seed: o.seed, keys: jobs.map((x) => BENCHMARK_KEY_BASE + x.key * 65536 + x.j) });
+      } finally {
+        release();
+      }
       for (const [i, x] of jobs.entries()) yield completionOf(tokenizer, x.key, x.j, out[i], x.think);
     };
+    // the engine's caches and weight copy go back to training between evaluations
+    function release(): void {
+      for (const x of owned) x.release?.();
+    }
   }
 
   dispose(): void {
-    this.runner.dispose();
+    for (const x of this.owned) x.dispose();
   }
 }

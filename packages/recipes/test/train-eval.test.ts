@@ -11,7 +11,9 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { readMetrics } from '@lathe/data';
 import { loadCheckpoint } from '@lathe/train';
-import { defaults, grpoSchema, readEvalRows, runGrpo, runSft, sftSchema, TrainBenchmarks, type GrpoConfig, type SftConfig } from '@lathe/recipes';
+import { additionTokenizer, builtinBaseModel, defaults, grpoSchema, readEvalRows, runGrpo, runSft, SftBenchmarkSampler, sftSchema, TrainBenchmarks, type GrpoConfig, type SftConfig } from '@lathe/recipes';
+import { CausalLM, paramSpecs } from '@lathe/models';
+import { Device } from '@lathe/runtime';
 
 const DATA = resolve(__dirname, '../../../fixtures/train-eval');
 const BENCH = { eval_benchmarks: 'math500', eval_data_dir: DATA, eval_template: '{problem}' };
@@ -84,6 +86,28 @@ test('SFT with LoRA: the benchmark reads the base with the adapters merged in, a
   const r = await runSft(sft({ ...lora, ...BENCH, eval_samples: 1 }));
   for (const f of ['adapter_model.safetensors', 'optimizer.safetensors', 'model.safetensors']) expect(readFileSync(join(r.checkpoint, f)).equals(readFileSync(join(plain.checkpoint, f)))).toBe(true);
   expect(r.benchmarks.map((x) => [x.step, x.samples])).toEqual([[0, 8], [3, 8]]);
+}, 60_000);
+
+test('SFT sampler: the KV-cache engine and the in-graph loop draw the same samples for the same keys', async () => {
+  const model = CausalLM.fromPretrainedSync(builtinBaseModel(mkdtempSync(join(tmpdir(), 'lathe-bench-model-')), 3).dir);
+  const device = Device.open('cpu');
+  const tok = additionTokenizer();
+  const tokenizer = { encode: (t: string) => tok.encode(t), decode: (ids: readonly number[]) => tok.decode([...ids]), padId: tok.padId, eosId: tok.eosId, encodePrompt: (t: string) => tok.encode(t) };
+  const bench = (await TrainBenchmarks.load({ ...BENCH, eval_limit: 0, eval_samples: 3 }))!;
+  const weights = [...model.float32Weights()].map(([name, data]) => [name, device.upload({ data, dims: paramSpecs(model.config).find((s) => s.name === name)!.shape })] as const);
+  const texts: string[][] = [];
+  for (const engine of ['kv-cache', 'graph'] as const) {
+    const s = SftBenchmarkSampler.create(device, model.config, tokenizer, { temperature: 0.8, topP: 1, seed: 4, maxNewTokens: 6, compute: 'float32', engine });
+    expect(s.engine).toBe(engine);
+    const dir = mkdtempSync(join(tmpdir(), 'lathe-bench-rows-'));
+    const r = await bench.run(0, s.sampler(weights), dir);
+    texts.push((await readEvalRows(r.file!)).map((x) => `${x.problem_id}/${x.sample_idx}: ${x.completion}`));
+    s.dispose();
+  }
+  weights.forEach(([, t]) => t.dispose());
+  expect(texts[0]).toHaveLength(24);
+  expect(texts[1]).toEqual(texts[0]);
+  expect(new Set(texts[0].map((t) => t.split(': ')[1])).size).toBeGreaterThan(8); // sampled, not one text
 }, 60_000);
 
 function grpo(over: Partial<GrpoConfig> = {}): GrpoConfig {
