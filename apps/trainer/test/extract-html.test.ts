@@ -2,7 +2,8 @@
  * The token-value page of `lathe extract generate` in a real browser (Debian's Chromium, headless,
  * through puppeteer-core as the studio's browser test drives it), opened from its file with every
  * network request refused: each prompt and sample is listed with its outcome, each token's colour is
- * the hue of its Q, and hovering a token shows its candidates with their Q, π_ref and π* =
+ * the hue of its Q (or, switched, the shade of its expected remaining length), and hovering a token
+ * shows its candidates with their Q, π_ref and π* =
  * π_ref·exp(Q/τ) renormalised, computed here by hand. The screenshot goes to
  * $LATHE_EXTRACT_SCREENSHOTS (docs/images to refresh the guide's) or a temporary folder.
  */
@@ -15,10 +16,9 @@ import { writeTokenValuePage, type TokenValueRow } from '@lathe/recipes';
 const CHROMIUM = process.env.LATHE_CHROMIUM ?? '/usr/bin/chromium';
 const SHOTS = process.env.LATHE_EXTRACT_SCREENSHOTS ?? mkdtempSync(join(tmpdir(), 'lathe-extract-shots-'));
 
-/** hsl(h, 70%, 80%) as the browser reports it (CSS Color 4's formula, written out independently). */
-function rgbOf(hue: number): string {
+/** hsl(h, 70%, l) as the browser reports it (CSS Color 4's formula, written out independently). */
+function rgbOf(hue: number, l = 0.8): string {
   const s = 0.7;
-  const l = 0.8;
   const f = (n: number) => {
     const k = (n + hue / 30) % 12;
     return Math.round(255 * (l - s * Math.min(l, 1 - l) * Math.max(-1, Math.min(k - 3, 9 - k, 1))));
@@ -38,6 +38,7 @@ const row = (prompt_idx: number, correct: number, toks: number[], qs: number[], 
   candidate_ids: cands.map((c) => c.ids),
   candidate_q_values: cands.map((c) => c.q),
   candidate_ref_logprobs: cands.map((c) => lp(c.p)),
+  token_remaining: toks.map((_, t) => toks.length - 1 - t + 0.25),
 });
 const same = (id: number, q: number) => ({ ids: [id], q: [q], p: [1] });
 const ROWS: TokenValueRow[] = [
@@ -86,6 +87,15 @@ test('the page lists prompts, samples and outcomes, colours tokens by Q and show
   );
   expect(await page.$('.tok b')).toBeNull(); // '<b>' is text, not an element
 
+  // coloured by the expected remaining length instead: light (0) to dark (the longest, 9.25 here)
+  await page.select('#colour-by', 'remaining');
+  const shaded = await page.$$eval('.prompt:first-child .sample:nth-child(3) .tok', (els) => els.map((t) => (globalThis as unknown as { getComputedStyle(e: unknown): { backgroundColor: string } }).getComputedStyle(t).backgroundColor));
+  const max = Math.max(...ROWS.flatMap((r) => Array.from(r.token_remaining!)));
+  expect(shaded).toEqual(Array.from(ROWS[1].token_remaining!).map((r) => rgbOf(210, Math.round(92 - (32 * r) / max) / 100)));
+  expect(await page.$eval('#legend-remaining', (e) => (e as unknown as { hidden: boolean }).hidden)).toBe(false);
+  await page.select('#colour-by', 'q');
+  expect(await page.$eval('.prompt:first-child .sample:nth-child(3) .tok', (t) => (globalThis as unknown as { getComputedStyle(e: unknown): { backgroundColor: string } }).getComputedStyle(t).backgroundColor)).toBe(rgbOf(Math.round(120 * ROWS[1].token_q_values[0])));
+
   // hover the wrong sample's '32': its candidates '42', '32', ' 41' with Q, π_ref and π* by hand
   const token = (await page.$$('.prompt:first-child .sample:nth-child(3) .tok'))[8];
   await token.hover();
@@ -99,7 +109,7 @@ test('the page lists prompts, samples and outcomes, colours tokens by Q and show
   expect(tip[0].cells).toEqual(['candidate', 'Q', 'π_ref', 'π*']);
   expect(tip.slice(1).map((t) => t.cells)).toEqual(Array.from(c).map((id, k) => [VOCAB[id], q[k].toFixed(3), p[k].toFixed(3), (w[k] / z).toFixed(3)]));
   expect(tip.slice(1).map((t) => t.chosen)).toEqual([false, true, false]);
-  expect(await page.$eval('#tip', (e) => e.textContent)).toContain('Q 0.040');
+  expect(await page.$eval('#tip', (e) => e.textContent)).toContain('Q 0.040 · E[remaining] 1.3');
   await page.screenshot({ path: join(SHOTS, 'extract-tokens.png') as `${string}.png` });
   await token.hover().then(() => page.mouse.move(5, 5));
   await page.waitForSelector('#tip', { hidden: true });

@@ -15,10 +15,10 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph } from '@lathe/onnx';
-import { decoder, lmLogits, paddedCausalMask, paramSpecs, positionsFromPadding, restrictedLogits, weightInputs, type DecoderConfig, type KvPair } from '@lathe/models';
+import { decoder, lmLogits, paddedCausalMask, positionsFromPadding, restrictedLogits, weightInputs, type DecoderConfig, type KvPair } from '@lathe/models';
 import type { Device, DeviceTensor, HostTensor, Session } from '@lathe/runtime';
 import { gridShape, marginals, minPCandidates, type CriticBins } from '@lathe/critic';
-import type { Candidates, StepSession } from './sampler';
+import type { CandidateEstimate, Candidates, StepSession } from './sampler';
 
 const cacheInput = (i: number, which: 'key' | 'value') => `past.${i}.${which}`;
 const cacheOutput = (i: number, which: 'key' | 'value') => `present.${i}.${which}`;
@@ -207,7 +207,36 @@ export async function openCachedSession(o: CachedSessionOptions, rows: readonly 
     critic?.dispose();
     throw e;
   }
-  return {
+  /** Q and expected remaining length of every row's candidates: the critic's step on the drawn token and the candidate slots. */
+  async function estimates(candidates: readonly (readonly number[])[]): Promise<CandidateEstimate[][]> {
+    if (!critic) throw new Error('cached session: opened without the critic (score false)');
+    const S = critic.valid[0].length;
+    const ids = new BigInt64Array(B * (1 + K)).fill(BigInt(o.padId));
+    const pos = new BigInt64Array(B * (1 + K));
+    candidates.forEach((cs, b) => {
+      if (cs.length > K) throw new Error(`cached session: ${cs.length} candidates in row ${b}, more than the ${K} slots`);
+      ids[b * (1 + K)] = BigInt(critic.pending[b]);
+      pos[b * (1 + K)] = BigInt(critic.position[b]);
+      for (let j = 0; j < K; j++) {
+        if (j < cs.length) ids[b * (1 + K) + 1 + j] = BigInt(cs[j]);
+        pos[b * (1 + K) + 1 + j] = BigInt(critic.position[b] + 1);
+      }
+    });
+    // query 0 (the drawn token): the cache and itself; query 1 + j (a candidate): the cache, the drawn token and itself
+    const mask = boolMask(S + 1 + K, (b, q, s) => (s < S ? critic.valid[b][s] === 1 : s === S ? true : q >= 1 && s === S + q), 1 + K);
+    const { device, host } = await runSplit(
+      o.graphs.criticStep,
+      { ...o.criticWeights, ...critic.past(), input_ids: { data: ids, dims: [B, 1 + K] }, position_ids: { data: pos, dims: [B, 1 + K] }, attention_mask: mask },
+      critic.names,
+      ['cell_probs'],
+    );
+    critic.consumed(device);
+    const probs = host.cell_probs.data as Float32Array;
+    const C = host.cell_probs.dims[2];
+    return candidates.map((cs, b) => cs.map((_, j) => marginals(o.bins, probs, (b * (1 + K) + 1 + j) * C)));
+  }
+
+  const session: StepSession = {
     async candidates(): Promise<Candidates[]> {
       const S = ref.valid[0].length;
       const { device, host } = await runSplit(
@@ -234,32 +263,10 @@ export async function openCachedSession(o: CachedSessionOptions, rows: readonly 
     },
 
     async scores(candidates: readonly (readonly number[])[]): Promise<number[][]> {
-      if (!critic) throw new Error('cached session: opened without the critic (score false)');
-      const S = critic.valid[0].length;
-      const ids = new BigInt64Array(B * (1 + K)).fill(BigInt(o.padId));
-      const pos = new BigInt64Array(B * (1 + K));
-      candidates.forEach((cs, b) => {
-        if (cs.length > K) throw new Error(`cached session: ${cs.length} candidates in row ${b}, more than the ${K} slots`);
-        ids[b * (1 + K)] = BigInt(critic.pending[b]);
-        pos[b * (1 + K)] = BigInt(critic.position[b]);
-        for (let j = 0; j < K; j++) {
-          if (j < cs.length) ids[b * (1 + K) + 1 + j] = BigInt(cs[j]);
-          pos[b * (1 + K) + 1 + j] = BigInt(critic.position[b] + 1);
-        }
-      });
-      // query 0 (the drawn token): the cache and itself; query 1 + j (a candidate): the cache, the drawn token and itself
-      const mask = boolMask(S + 1 + K, (b, q, s) => (s < S ? critic.valid[b][s] === 1 : s === S ? true : q >= 1 && s === S + q), 1 + K);
-      const { device, host } = await runSplit(
-        o.graphs.criticStep,
-        { ...o.criticWeights, ...critic.past(), input_ids: { data: ids, dims: [B, 1 + K] }, position_ids: { data: pos, dims: [B, 1 + K] }, attention_mask: mask },
-        critic.names,
-        ['cell_probs'],
-      );
-      critic.consumed(device);
-      const probs = host.cell_probs.data as Float32Array;
-      const C = host.cell_probs.dims[2];
-      return candidates.map((cs, b) => cs.map((_, j) => marginals(o.bins, probs, (b * (1 + K) + 1 + j) * C).q));
+      return (await estimates(candidates)).map((row) => row.map((e) => e.q));
     },
+
+    estimates: (candidates) => estimates(candidates),
 
     async advance(tokens: readonly number[]): Promise<void> {
       tokens.forEach((t, b) => {
@@ -273,10 +280,5 @@ export async function openCachedSession(o: CachedSessionOptions, rows: readonly 
       critic?.dispose();
     },
   };
+  return session;
 }
-
-/** Uploads a model's float32 weights. */
-export function uploadWeights(device: Device, config: DecoderConfig, weights: Map<string, Float32Array>): Record<string, DeviceTensor> {
-  return Object.fromEntries(paramSpecs(config).map((s) => [s.name, device.upload({ data: weights.get(s.name)!, dims: s.shape })]));
-}
-

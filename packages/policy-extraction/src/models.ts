@@ -11,7 +11,7 @@ import type { DType } from '@lathe/onnx';
 import { decoderHidden, lmLogits, paramSpecs, weightInputs, type DecoderConfig } from '@lathe/models';
 import type { Device, DeviceTensor, Session } from '@lathe/runtime';
 import { criticTreeProbs, gridShape, minPCandidates, padTreeBatch, treeEstimates, type CriticBins, type TreeRow } from '@lathe/critic';
-import type { Candidates, StepModels } from './sampler';
+import type { CandidateEstimate, Candidates, StepModels } from './sampler';
 import { compileCachedGraphs, openCachedSession, type CachedGraphs } from './cached';
 
 /** A model's config and float32 weights, with the name errors use for it (e.g. its folder). */
@@ -151,9 +151,14 @@ export class QWeightedModels implements StepModels {
 
   /** Q of each candidate after each prefix: one critic pass over all rows. */
   async scores(prefixes: readonly (readonly number[])[], candidates: readonly (readonly number[])[]): Promise<number[][]> {
+    return (await this.estimates(prefixes, candidates)).map((row) => row.map((e) => e.q));
+  }
+
+  /** Q and expected remaining length of each candidate after each prefix: one critic pass over all rows. */
+  async estimates(prefixes: readonly (readonly number[])[], candidates: readonly (readonly number[])[]): Promise<CandidateEstimate[][]> {
     const rows = prefixes.map((p, b) => nextTokenTreeRow(p, candidates[b]));
     const out = await this.criticSession.run({ ...this.criticWeights, ...padTreeBatch(rows, this.opts.padId) });
-    return rows.map((row, b) => treeEstimates(this.opts.bins, out.cell_probs.data as Float32Array, out.cell_probs.dims, row, b).candidates[0].map((e) => e.q));
+    return rows.map((row, b) => treeEstimates(this.opts.bins, out.cell_probs.data as Float32Array, out.cell_probs.dims, row, b).candidates[0]);
   }
 
   /** Releases the sessions and the uploaded weights. */

@@ -14,6 +14,12 @@
 import { uniformAt } from '@lathe/rollout';
 import { drawIndex, targetProbs, validateTau } from './target';
 
+/** What the critic says of one candidate: its Q and the expected number of tokens after it. */
+export interface CandidateEstimate {
+  q: number;
+  remaining: number;
+}
+
 /** The reference policy's candidates for one next token: ids and log-probs, most likely first. */
 export interface Candidates {
   ids: number[];
@@ -26,8 +32,10 @@ export interface StepModels {
   candidates(sequences: readonly (readonly number[])[]): Promise<Candidates[]>;
   /** Q of each candidate as the next token after each critic prefix (the critic's input + output so far). */
   scores(prefixes: readonly (readonly number[])[], candidates: readonly (readonly number[])[]): Promise<number[][]>;
+  /** Q and expected remaining length of each candidate, used instead of `scores` when present. */
+  estimates?(prefixes: readonly (readonly number[])[], candidates: readonly (readonly number[])[]): Promise<CandidateEstimate[][]>;
   /**
-   * A stateful session over a batch of rows (e.g. KV caches), used instead of the two calls above
+   * A stateful session over a batch of rows (e.g. KV caches), used instead of the calls above
    * when present: the same candidates and Q, without reading each prefix again.
    */
   open?(rows: readonly { prompt: readonly number[]; criticPrefix: readonly number[] }[], score: boolean): Promise<StepSession>;
@@ -40,6 +48,8 @@ export interface StepModels {
 export interface StepSession {
   candidates(): Promise<Candidates[]>;
   scores(candidates: readonly (readonly number[])[]): Promise<number[][]>;
+  /** Q and expected remaining length of each candidate, used instead of `scores` when present. */
+  estimates?(candidates: readonly (readonly number[])[]): Promise<CandidateEstimate[][]>;
   advance(tokens: readonly number[]): Promise<void>;
   dispose(): void;
 }
@@ -79,8 +89,11 @@ export interface QSample {
   output: number[];
   /** Q of the drawn token at each step. */
   token_q_values: number[];
+  /** The critic's expected remaining length after the drawn token (NaN when the models give none). */
+  token_remaining: number[];
   candidate_ids: number[][];
   candidate_q_values: number[][];
+  candidate_remaining: number[][];
   candidate_ref_logprobs: number[][];
   finish_reason: 'stop' | 'length';
 }
@@ -93,7 +106,7 @@ export async function qWeightedSample(requests: readonly QSampleRequest[], model
   if (!score && Number.isFinite(opts.tau)) throw new Error(`Q-weighted sampling: tau ${opts.tau} needs the critic's scores (score: false samples π_ref, tau Infinity)`);
   const stop = new Set(opts.stopIds);
   const size = opts.batchSize ?? Math.max(1, requests.length);
-  const out: QSample[] = requests.map(() => ({ output: [], token_q_values: [], candidate_ids: [], candidate_q_values: [], candidate_ref_logprobs: [], finish_reason: 'length' }));
+  const out: QSample[] = requests.map(() => ({ output: [], token_q_values: [], token_remaining: [], candidate_ids: [], candidate_q_values: [], candidate_remaining: [], candidate_ref_logprobs: [], finish_reason: 'length' }));
   let tokens = 0;
   let done = 0;
   for (let start = 0; start < requests.length; start += size) {
@@ -107,14 +120,19 @@ export async function qWeightedSample(requests: readonly QSampleRequest[], model
       for (let step = 0; step < opts.maxTokens && active.length; step++) {
         // a session steps every row of its batch (row r at r − start); the stateless calls only the active ones
         const cands = session ? await session.candidates() : await models.candidates(active.map((r) => [...requests[r].prompt, ...out[r].output]));
-        const qs = !score
-          ? cands.map((c) => c.ids.map(() => NaN))
+        const ids = cands.map((c) => c.ids);
+        const prefixes = () => active.map((r) => [...(requests[r].criticPrefix ?? requests[r].prompt), ...out[r].output]);
+        const qOnly = (q: number[][]) => q.map((row) => row.map((v) => ({ q: v, remaining: NaN })));
+        const est: CandidateEstimate[][] = !score
+          ? ids.map((row) => row.map(() => ({ q: NaN, remaining: NaN })))
           : session
-            ? await session.scores(cands.map((c) => c.ids))
-            : await models.scores(
-                active.map((r) => [...(requests[r].criticPrefix ?? requests[r].prompt), ...out[r].output]),
-                cands.map((c) => c.ids),
-              );
+            ? session.estimates
+              ? await session.estimates(ids)
+              : qOnly(await session.scores(ids))
+            : models.estimates
+              ? await models.estimates(prefixes(), ids)
+              : qOnly(await models.scores(prefixes(), ids));
+        const qs = est.map((row) => row.map((e) => e.q));
         const next: number[] = [];
         const drawn = new Map<number, number>();
         active.forEach((r, k) => {
@@ -127,8 +145,10 @@ export async function qWeightedSample(requests: readonly QSampleRequest[], model
           drawn.set(r, c.ids[j]);
           s.output.push(c.ids[j]);
           s.token_q_values.push(qs[i][j]);
+          s.token_remaining.push(est[i][j].remaining);
           s.candidate_ids.push(c.ids);
           s.candidate_q_values.push(score ? qs[i] : []);
+          s.candidate_remaining.push(score ? est[i].map((e) => e.remaining) : []);
           s.candidate_ref_logprobs.push(c.logprobs);
           tokens++;
           if (stop.has(c.ids[j])) s.finish_reason = 'stop';

@@ -134,12 +134,14 @@ test('compiled step models: min-p candidates of the reference and Q of prefix + 
     }
     const prefixes = [[5, 6, 7, 8], [10, 11]];
     const qs = await models.scores(prefixes, cands.map((c) => c.ids));
+    const est = await models.estimates(prefixes, cands.map((c) => c.ids));
     for (const [b, prefix] of prefixes.entries()) {
       for (const [k, id] of cands[b].ids.entries()) {
         const ids = [...prefix, id];
         const logits = (await criticRun({ input_ids: [ids], attention_mask: [ids.map(() => 1)] })).data as Float32Array;
         const probs = softmax(Array.from({ length: 8 }, (_, c) => logits[prefix.length * 64 + 56 + c]));
         expect(qs[b][k]).toBeCloseTo(marginals(bins, probs).q, 4);
+        expect(est[b][k].remaining).toBeCloseTo(marginals(bins, probs).remaining, 3);
       }
     }
 
@@ -160,7 +162,7 @@ test('compiled step models: min-p candidates of the reference and Q of prefix + 
   }
 });
 
-test('KV-cached steps give the samples, candidates, reference log-probs and Q of reading each prefix whole', async () => {
+test('KV-cached steps give the samples, candidates, reference log-probs, Q and remaining lengths of reading each prefix whole', async () => {
   const critic = tinyModel(cfg16, 5);
   const reference = tinyModel({ ...cfg16, vocab_size: 56 }, 6);
   const device = Device.open('cpu');
@@ -193,6 +195,11 @@ test('KV-cached steps give the samples, candidates, reference log-probs and Q of
         s.output.forEach((_, t) => {
           s.candidate_ref_logprobs[t].forEach((lp, k) => expect(lp).toBeCloseTo(b[i].candidate_ref_logprobs[t][k], 4));
           s.candidate_q_values[t].forEach((q, k) => expect(q).toBeCloseTo(b[i].candidate_q_values[t][k], 4));
+          if (Number.isFinite(tau)) {
+            s.candidate_remaining[t].forEach((r, k) => expect(r).toBeCloseTo(b[i].candidate_remaining[t][k], 3));
+            expect(s.token_remaining[t]).toBeCloseTo(b[i].token_remaining[t], 3);
+            expect(s.token_remaining[t]).toBeGreaterThanOrEqual(0);
+          }
         }),
       );
     }

@@ -46,8 +46,8 @@ export const extractGenerateSchema = {
   samples: { type: 'number', default: 4, integer: true, min: 1, describe: 'Samples per prompt' },
   ...samplingRunOptions,
   seed: { type: 'number', default: 0, integer: true, describe: 'Seed: sample j of prompt p reads noise stream p·samples + j of it, so samples do not depend on --batch_size' },
-  output: { type: 'string', default: '', describe: 'Trajectory Parquet file (written atomically): the trajectory columns plus token_q_values (Q of each drawn token), candidate_ids, candidate_q_values, candidate_ref_logprobs [required]' },
-  html: { type: 'string', default: '', describe: "Token-value view written beside the output: a self-contained HTML page colouring each token by its Q ('': <output>.html; 'none': no page)" },
+  output: { type: 'string', default: '', describe: 'Trajectory Parquet file (written atomically): the trajectory columns plus token_q_values and token_remaining (the critic\'s Q and expected remaining length after each drawn token), candidate_ids, candidate_q_values, candidate_ref_logprobs, candidate_remaining [required]' },
+  html: { type: 'string', default: '', describe: "Token-value view written beside the output: a self-contained HTML page colouring each token by its Q or expected remaining length ('': <output>.html; 'none': no page)" },
 } as const satisfies OptionSchema;
 
 /** The options `lathe extract train` and `lathe extract rft` share. */

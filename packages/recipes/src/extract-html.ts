@@ -1,8 +1,9 @@
 /**
  * The token-value view of a Q-weighted run: one self-contained HTML file (no server, no external
  * resources) listing each prompt with its samples and outcomes; every generated token is coloured
- * by its Q (red 0 → green 1) and, on hover, shows the candidates it was drawn from with their Q,
- * π_ref and π* = π_ref·exp(Q/τ) renormalised.
+ * by its Q (red 0 → green 1) or, switched in the page, by the critic's expected remaining length,
+ * and on hover shows the candidates it was drawn from with their Q, π_ref and π* = π_ref·exp(Q/τ)
+ * renormalised.
  */
 import { writeAtomic, type Trajectory } from '@lathe/data';
 
@@ -45,14 +46,17 @@ export function tokenValuePage(o: TokenValuePageOptions): string {
       tokens: out.map((id, t) => ({
         id,
         q: r.token_q_values[t],
-        rem: r.token_remaining?.[t] ?? null,
+        rem: r.token_remaining && Number.isFinite(r.token_remaining[t]) ? r.token_remaining[t] : null,
         c: (r.candidate_ids?.[t] ? Array.from(r.candidate_ids[t]) : []).map((cid, k) => ({ id: cid, q: r.candidate_q_values?.[t]?.[k] ?? null, lp: r.candidate_ref_logprobs?.[t]?.[k] ?? null })),
       })),
     });
     for (const id of out) text(id);
     for (const cs of r.candidate_ids ?? []) for (const id of Array.from(cs)) text(id);
   }
-  const data = { tau: Number.isFinite(o.tau) ? o.tau : null, texts: Object.fromEntries(texts), prompts: [...prompts.entries()].sort((a, b) => a[0] - b[0]).map(([idx, p]) => ({ idx, ...p })) };
+  const remainders = o.rows.flatMap((r) => Array.from(r.token_remaining ?? []).filter((v) => Number.isFinite(v)));
+  const hasRemaining = remainders.length > 0;
+  const maxRemaining = Math.max(1, ...remainders);
+  const data = { tau: Number.isFinite(o.tau) ? o.tau : null, maxRemaining, texts: Object.fromEntries(texts), prompts: [...prompts.entries()].sort((a, b) => a[0] - b[0]).map(([idx, p]) => ({ idx, ...p })) };
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>${escapeHtml(o.title)}</title>
 <style>
@@ -70,7 +74,9 @@ h1 { font-size: 18px; } .legend { margin-bottom: 16px; color: #555; }
 </style></head>
 <body>
 <h1>${escapeHtml(o.title)}</h1>
-<div class="legend">Each token is coloured by the critic's Q of that token (<span style="background:hsl(0,70%,80%)">0</span> → <span style="background:hsl(120,70%,80%)">1</span>); hover a token for the candidates it was drawn from. τ = ${Number.isFinite(o.tau) ? o.tau : '∞'}.</div>
+<div class="legend">Colour each token by <select id="colour-by"><option value="q">the critic's Q</option><option value="remaining"${hasRemaining ? '' : ' disabled'}>the expected remaining length</option></select>
+<span id="legend-q">(Q: <span style="background:hsl(0,70%,80%)">0</span> → <span style="background:hsl(120,70%,80%)">1</span>)</span><span id="legend-remaining" hidden>(remaining: <span style="background:hsl(210,70%,92%)">0</span> → <span style="background:hsl(210,70%,60%)">${Math.round(maxRemaining)}</span> tokens)</span>;
+hover a token for the candidates it was drawn from. τ = ${Number.isFinite(o.tau) ? o.tau : '∞'}.</div>
 <div id="prompts"></div>
 <div id="tip"></div>
 <script id="data" type="application/json">${scriptJson(data)}</script>
@@ -81,6 +87,15 @@ h1 { font-size: 18px; } .legend { margin-bottom: 16px; color: #555; }
   var root = document.getElementById('prompts');
   function show(id) { return JSON.stringify(data.texts[id] === undefined ? '#' + id : data.texts[id]).slice(1, -1); }
   function colour(q) { if (q === null || isNaN(q)) return '#eee'; var c = Math.max(0, Math.min(1, q)); return 'hsl(' + Math.round(120 * c) + ',70%,80%)'; }
+  // remaining length: light (none left) to dark blue (the run's longest), whole percent steps of lightness
+  function shade(r) { if (r === null || isNaN(r)) return '#eee'; var c = Math.max(0, Math.min(1, r / data.maxRemaining)); return 'hsl(210,70%,' + Math.round(92 - 32 * c) + '%)'; }
+  var spans = [];
+  function paint(by) {
+    spans.forEach(function (x) { x.span.style.background = by === 'remaining' ? shade(x.t.rem) : colour(x.t.q); });
+    document.getElementById('legend-q').hidden = by === 'remaining';
+    document.getElementById('legend-remaining').hidden = by !== 'remaining';
+  }
+  document.getElementById('colour-by').addEventListener('change', function (ev) { paint(ev.target.value); });
   function fmt(v, d) { return v === null || isNaN(v) ? '–' : v.toFixed(d); }
   function target(cs) {
     var z = cs.map(function (c) { return (c.lp === null ? -Infinity : c.lp) + (data.tau === null || c.q === null ? 0 : c.q / data.tau); });
@@ -96,7 +111,7 @@ h1 { font-size: 18px; } .legend { margin-bottom: 16px; color: #555; }
       out.textContent = s.correct === null ? 'ungraded' : s.correct >= 0.5 ? '✓ correct' : '✗ wrong'; line.appendChild(out);
       s.tokens.forEach(function (t) {
         var span = document.createElement('span'); span.className = 'tok'; span.textContent = data.texts[t.id] === undefined ? '#' + t.id : data.texts[t.id];
-        span.style.background = colour(t.q); span.dataset.q = t.q;
+        span.style.background = colour(t.q); span.dataset.q = t.q; spans.push({ span: span, t: t });
         span.addEventListener('mouseenter', function (ev) {
           var pstar = target(t.c);
           var rows = t.c.map(function (c, k) {

@@ -9,7 +9,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { CausalLM, paramSpecs, type DecoderConfig } from '@lathe/models';
-import { batchOf, flattenLists, listData, readTrajectories, trajectoriesToBatch, writeAtomic, writeParquet, type Trajectory } from '@lathe/data';
+import { batchOf, flattenLists, flattenNested, listData, nestedListData, readTrajectories, trajectoriesToBatch, writeAtomic, writeParquet, type Trajectory } from '@lathe/data';
 import { Device, sizeOf, type HostTensor } from '@lathe/runtime';
 import { DEFAULT_JUDGE_PROMPT, extractAnswer, LlmJudge, majorityVote, MathGrader, passAtK, voteKey } from '@lathe/graders';
 import { initLora, LORA_DROPOUT_KEY, loraAdapters, loraDropoutKey, loraFromOptions, loraWeights, mergeLora, sftLoss, Trainer, type DecoderLossOptions, type LossBuilder, type TrainableParam } from '@lathe/train';
@@ -164,7 +164,7 @@ export async function runExtractGenerate(cfg: ExtractGenerateConfig, events: Ext
       models,
       { tau: cfg.tau, maxTokens: cfg.max_new_tokens, seed: cfg.seed, stopIds: stopIdsOf(policy), batchSize: cfg.batch_size, onStep: (tokens, done, total) => events.onProgress?.(done, total, tokens) },
     );
-    const rows: (Trajectory & { token_q_values: number[] })[] = [];
+    const rows: GeneratedRow[] = [];
     for (const [i, s] of planned.entries()) {
       const q = samples[i];
       const response = policy.tokenizer.decode(q.output.filter((t) => t !== policy.tokenizer.eosId));
@@ -181,6 +181,8 @@ export async function runExtractGenerate(cfg: ExtractGenerateConfig, events: Ext
         candidate_q_values: q.candidate_q_values,
         candidate_ref_logprobs: q.candidate_ref_logprobs,
         token_q_values: q.token_q_values,
+        token_remaining: q.token_remaining,
+        candidate_remaining: q.candidate_remaining,
       });
     }
     await writeGenerated(cfg.output, rows);
@@ -194,11 +196,20 @@ export async function runExtractGenerate(cfg: ExtractGenerateConfig, events: Ext
   }
 }
 
-/** The trajectory columns plus `token_q_values`, written atomically. */
-async function writeGenerated(file: string, rows: readonly (Trajectory & { token_q_values: number[] })[]): Promise<void> {
+/** A generated row: the trajectory columns and the critic's estimates beside them. */
+type GeneratedRow = Trajectory & { token_q_values: number[]; token_remaining: number[]; candidate_remaining: number[][] };
+
+/** The trajectory columns plus `token_q_values`, `token_remaining` and `candidate_remaining` (the columns of `lathe critic label`), written atomically. */
+async function writeGenerated(file: string, rows: readonly GeneratedRow[]): Promise<void> {
   const base = trajectoriesToBatch(rows, file);
   const columns = base.schema.fields.map((f, k) => ({ name: f.name, data: base.getChildAt(k)!.data[0], nullable: f.nullable }));
-  columns.push({ name: 'token_q_values', data: listData(flattenLists(rows.map((r) => r.token_q_values), (n) => new Float32Array(n))), nullable: false });
+  const floats = (n: number) => new Float32Array(n);
+  const { outer, inner } = flattenNested(rows.map((r) => r.candidate_remaining), floats);
+  columns.push(
+    { name: 'token_q_values', data: listData(flattenLists(rows.map((r) => r.token_q_values), floats)), nullable: false },
+    { name: 'token_remaining', data: listData(flattenLists(rows.map((r) => r.token_remaining), floats)), nullable: false },
+    { name: 'candidate_remaining', data: nestedListData(outer, inner), nullable: false },
+  );
   await writeParquet(file, [batchOf(columns)]);
 }
 

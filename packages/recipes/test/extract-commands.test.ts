@@ -45,6 +45,8 @@ test('generate: Q-weighted samples with candidates, Q and reference log-probs pe
   const got = await readTrajectories(output);
   const table = await readParquet(output);
   const chosenQ = table.getChild('token_q_values')!;
+  const remaining = table.getChild('token_remaining')!;
+  const candRemaining = table.getChild('candidate_remaining')!;
   got.forEach((r, i) => {
     expect(Array.from(r.prompt_token_ids)).toEqual(r.prompt_idx === 0 ? [1, 4, 13, 5, 14] : [1, 7, 13, 7, 14]); // BOS, then the prompt
     const T = r.output_token_ids.length;
@@ -57,6 +59,9 @@ test('generate: Q-weighted samples with candidates, Q and reference log-probs pe
       expect(k).toBeGreaterThanOrEqual(0); // the drawn token is one of its candidates
       expect(q[t]).toBeCloseTo(r.candidate_q_values![t][k], 6);
       expect(r.candidate_ref_logprobs![t].length).toBe(ids.length);
+      const rem = (candRemaining.get(i) as { get(t: number): { toArray(): Float32Array } }).get(t).toArray();
+      expect(rem.length).toBe(ids.length);
+      expect((remaining.get(i) as { toArray(): Float32Array }).toArray()[t]).toBeCloseTo(rem[k], 5);
     }
     expect([0, 1]).toContain(r.correct);
   });
