@@ -105,7 +105,9 @@ test('a rank that ignores SIGTERM after another failed is killed after --grace_s
 test('a lathe command given after -- runs this CLI again, if it joins data-parallel jobs; no command is an error saying how', async () => {
   const r = await run([process.execPath, LATHE, 'launch', '--gpus', '2', '--master_port', '29665', '--', 'grade', '--help']);
   expect(r.status).toBe(1);
-  expect(r.stderr).toMatch(/lathe grade does not join a data-parallel job \(.*\); lathe launch would start independent copies writing one run directory/);
+  expect(r.stderr).toMatch(/lathe grade --help does not join a data-parallel job \(.*\); lathe launch would start independent copies writing one run directory/);
+  expect(await rankCommand(['rm', 'train', '--steps', '2'], new Set(['rm train']))).toEqual([process.execPath, ...process.execArgv, process.argv[1], 'rm', 'train', '--steps', '2']);
+  await expect(rankCommand(['rm', 'eval'], new Set(['rm train']))).rejects.toThrow('lathe rm eval does not join a data-parallel job (the commands that do: rm train)');
   expect(await rankCommand(['grade', '--help'], new Set(['grade']))).toEqual([process.execPath, ...process.execArgv, process.argv[1], 'grade', '--help']);
   expect(await rankCommand(['python3', 'train.py'])).toEqual(['python3', 'train.py']);
   const io = { stdout: () => undefined, stderr: () => undefined };

@@ -21,9 +21,10 @@ export async function rankCommand(words: readonly string[], dataParallel: Readon
   const { commands } = require('./index') as typeof import('./index');
   const names = new Set(commands.map((c) => String(c.command).split(' ')[0]));
   if (!names.has(words[0])) return [...words];
-  if (!dataParallel.has(words[0])) {
+  // an entry is a command ('sft') or a command and its subcommand ('rm train')
+  if (!dataParallel.has(words[0]) && !dataParallel.has(words.slice(0, 2).join(' '))) {
     const which = dataParallel.size ? `the commands that do: ${[...dataParallel].join(', ')}` : 'none does yet in this build';
-    throw new Error(`lathe ${words[0]} does not join a data-parallel job (${which}); lathe launch would start independent copies writing one run directory`);
+    throw new Error(`lathe ${words.slice(0, 2).join(' ')} does not join a data-parallel job (${which}); lathe launch would start independent copies writing one run directory`);
   }
   return [process.execPath, ...process.execArgv, process.argv[1], ...words];
 }
