@@ -93,6 +93,12 @@ test('a stored rollout\'s tokens carry the log-prob and entropy the store holds 
   const got = (await get(`/api/runs/${grpo}/rollouts/${r.id}?table=train`)).body as unknown as { tokens: { id: number; logprob: number; entropy: number }[]; values: string[] };
   expect(got.values).toEqual(['logprob', 'entropy']);
   expect(got.tokens.map((t) => [t.id, t.logprob, t.entropy])).toEqual((r.extra!.tokens as number[]).map((id, i) => [id, r.logprobs![i], r.entropies![i]]));
+  // a held-out (greedy) evaluation rollout: generation's log-probs, no entropy
+  const e = readEvalRollouts(join(root, grpo, 'rollouts.sqlite')).find((x) => (x.logprobs?.length ?? 0) >= 1)!;
+  expect(e.logprobs).toHaveLength((e.extra!.tokens as number[]).length);
+  const ev = (await get(`/api/runs/${grpo}/rollouts/${e.id}?table=eval`)).body as unknown as { tokens: { logprob: number; entropy: number | null }[]; values: string[] };
+  expect(ev.values).toEqual(['logprob']);
+  expect(ev.tokens.map((t) => [t.logprob, t.entropy])).toEqual(e.logprobs!.map((v) => [v, null]));
 });
 
 test('a version-1 rollout store (no per-token columns) still serves its rollouts, with tokens and no values', async () => {

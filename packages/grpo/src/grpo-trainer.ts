@@ -128,6 +128,8 @@ interface DecodedCompletion {
   tokens: number[];
   text: string;
   stopped: boolean;
+  /** Generation's log-prob of each token (greedy: the log-softmax of the logits at the chosen token), where the engine gives them. */
+  logprobs?: number[];
 }
 
 /** What `create` builds and the trainer holds. */
@@ -662,7 +664,7 @@ export class GrpoTrainer<M = unknown> {
     const G = this.opts.groupSize;
     const out = await this.parts.sampler.generate(this.policyWeights(), prompts.map((p) => p.ids), this.call(prompts.map((p) => p.key)));
     this.parts.releaseGeneration?.();
-    const decoded = out.map((c) => ({ tokens: c.tokens, stopped: c.stopped, text: this.textOf(c) }));
+    const decoded = out.map((c) => ({ tokens: c.tokens, stopped: c.stopped, text: this.textOf(c), ...(c.logprobs ? { logprobs: c.logprobs } : {}) }));
     return prompts.map((_, k) => decoded.slice(k * G, (k + 1) * G));
   }
 
@@ -680,7 +682,7 @@ export class GrpoTrainer<M = unknown> {
   /** {@link generateGreedy} inside a generation phase (ReMax's baseline): nothing released. */
   private async greedyCompletions(prompts: readonly { ids: readonly number[] }[]): Promise<DecodedCompletion[]> {
     const out = await this.parts.greedy().generate(this.policyWeights(), prompts.map((p) => p.ids), this.call(prompts.map(() => 0), 0));
-    return out.map((c) => ({ tokens: c.tokens, stopped: c.stopped, text: this.textOf(c) }));
+    return out.map((c) => ({ tokens: c.tokens, stopped: c.stopped, text: this.textOf(c), ...(c.logprobs ? { logprobs: c.logprobs } : {}) }));
   }
 
   /** A completion's text: its tokens decoded without the stop token that ended it. */

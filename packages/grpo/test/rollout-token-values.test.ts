@@ -1,7 +1,8 @@
 /**
  * The per-token values a step's rollouts carry for the rollout store (and Studio's token view):
- * each response token's log π_old and the entropy of the distribution it was sampled from, against
- * log-softmax and entropy computed on the host from a separate composed decoder graph's logits.
+ * each response token's log π_old and the entropy of the distribution it was sampled from, and the
+ * greedy (held-out evaluation) completions' log-probs, against log-softmax and entropy computed on
+ * the host from a separate composed decoder graph's logits.
  */
 import * as L from '@lathe/onnx';
 import { decoder, lmLogits, paddedCausalMask, paramSpecs, positionsFromPadding, weightInputs } from '@lathe/models';
@@ -26,6 +27,8 @@ test('each rollout carries log π_old and the entropy of every response token, a
     sampling: { temperature: tau },
     minibatches: 1,
   });
+  // greedy completions (the held-out evaluation's) before the update, with generation's log-probs
+  const greedy = await t.generateGreedy(ps);
   const { rollouts } = await t.step(ps, 0.01);
   t.dispose();
   // the policy's logits before the update, from a composed decoder graph over each row
@@ -57,5 +60,18 @@ test('each rollout carries log π_old and the entropy of every response token, a
     });
   }
   expect(checked).toBe(rollouts.reduce((n, r) => n + r.tokens.length, 0));
+  // greedy: each token the argmax, its log-prob the log-softmax of the logits (no temperature) there
+  for (const [k, c] of greedy.entries()) {
+    const prompt = ps[k].ids;
+    const row = [...prompt, ...c.tokens];
+    const l = (await run({ ...feeds, input_ids: { data: BigInt64Array.from(row.map(BigInt)), dims: [1, row.length] }, attention_mask: { data: BigInt64Array.from(row.map(() => 1n)), dims: [1, row.length] } })).logits.data as Float32Array;
+    expect(c.logprobs).toHaveLength(c.tokens.length);
+    c.tokens.forEach((tok, j) => {
+      const z = Array.from(l.subarray((prompt.length - 1 + j) * V, (prompt.length + j) * V));
+      const m = Math.max(...z);
+      expect(z[tok]).toBe(m);
+      expect(c.logprobs![j]).toBeCloseTo(z[tok] - (m + Math.log(z.reduce((a, x) => a + Math.exp(x - m), 0))), 4);
+    });
+  }
   expect(checked).toBeGreaterThan(rollouts.length); // several tokens a completion
 });

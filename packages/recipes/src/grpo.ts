@@ -337,7 +337,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     const errors: (string | undefined)[] = [];
     for (const f of scored.failures) errors[f.index] = `${f.kind}: ${f.detail}`;
     const rowsOut = evaluation.map((p, i) => ({ prompt: p.prompt, expected: p.answer, generated: out[i].text, correct: cfg.reward !== 'none' && verdicts[i] === 1, ...(cfg.reward === 'none' ? { reward: verdicts[i] } : {}), tokens: out[i].tokens.length, ...(errors[i] !== undefined ? { grader_error: errors[i] } : {}) }));
-    rowsOut.forEach((r, i) => store.addEval({ step: state.step, dataset: 'heldout', prompt_index: evaluation[i].index, rollout_index: 0, prompt: r.prompt, completion: r.generated, reward: verdicts[i], correct: r.correct, extra: { expected: r.expected, tokens: out[i].tokens, stopped: out[i].stopped } }));
+    rowsOut.forEach((r, i) => store.addEval({ step: state.step, dataset: 'heldout', prompt_index: evaluation[i].index, rollout_index: 0, prompt: r.prompt, completion: r.generated, reward: verdicts[i], correct: r.correct, extra: { expected: r.expected, tokens: out[i].tokens, stopped: out[i].stopped }, logprobs: out[i].logprobs ?? null }));
     run.writeEval(state.step, rowsOut);
     const mean = (xs: ArrayLike<number>) => Array.from(xs).reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
     const result: GrpoEvalResult = {
@@ -349,7 +349,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
       const flat = groups.flatMap((gr, i) => gr.map((c) => heldOutSample(i, c)));
       const sampled = await verdictOf(flat);
       const G = groups[0]?.length ?? 0;
-      groups.forEach((gr, i) => gr.forEach((c, j) => store.addEval({ step: state.step, dataset: 'heldout-sampled', prompt_index: evaluation[i].index, rollout_index: j, prompt: evaluation[i].prompt, completion: c.text, reward: sampled.rewards[i * G + j], correct: sampled.rewards[i * G + j] === 1, extra: { expected: evaluation[i].answer, tokens: c.tokens, stopped: c.stopped } })));
+      groups.forEach((gr, i) => gr.forEach((c, j) => store.addEval({ step: state.step, dataset: 'heldout-sampled', prompt_index: evaluation[i].index, rollout_index: j, prompt: evaluation[i].prompt, completion: c.text, reward: sampled.rewards[i * G + j], correct: sampled.rewards[i * G + j] === 1, extra: { expected: evaluation[i].answer, tokens: c.tokens, stopped: c.stopped }, logprobs: c.logprobs ?? null })));
       result.sampled_accuracy = sampled.rewards.filter((r) => r === 1).length / Math.max(1, flat.length);
       result.grader_failures += sampled.failures.length;
     }
