@@ -8,11 +8,11 @@
 import { paramSpecs, seededNormal, type DecoderConfig } from '@lathe/models';
 import { readTrajectories } from '@lathe/data';
 import { HfTokenizer } from '@lathe/tokenizer';
-import { Device, sizeOf, type HostTensor } from '@lathe/runtime';
+import { sizeOf, type HostTensor } from '@lathe/runtime';
 import { initLora, LORA_DROPOUT_KEY, loraAdapters, loraDropoutKey, loraFromOptions, loraWeights, mergeLora, Trainer, type TrainableParam } from '@lathe/train';
 import { criticLoss, defaultRewardValues, gridShape, growRows, logLengthEdges, placeGrid, saveBins, type CriticBins } from '@lathe/critic';
 import { additionTokenizer } from './demo-task';
-import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, stepTiming, stopRequested, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { checkComputeDtype, EpochStream, loadRunModel, openDevice, RunDir, scheduledLr, stepTiming, stopRequested, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
 import { CRITIC_TRAIN_RESUMABLE_KEYS, type CriticTrainConfig } from './critic-config';
 import { criticLabelCount, criticTrainingExamples, packCriticExamples, padCriticBatch, type CriticRow } from './critic-data';
 
@@ -107,7 +107,7 @@ export async function runCriticTrain(cfg: CriticTrainConfig, events: CriticTrain
   const start = run.startFrom(params, cfg, CRITIC_TRAIN_RESUMABLE_KEYS, lora ? initLora(adapters, cfg.seed) : base);
   let { state } = start;
   const { init } = start;
-  const device = Device.open(cfg.device);
+  const device = openDevice(cfg.device);
   const frozenBase = lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, device.upload({ data: base.get(s.name)!, dims: s.shape })])) : {};
   const trainer = Trainer.create({ params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { ...init, step: state.step }, { device, microBatches: cfg.micro_batches, frozen: frozenBase });
   const dropoutKeyed = trainer.batchInputs.includes(LORA_DROPOUT_KEY);

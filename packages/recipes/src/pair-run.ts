@@ -8,12 +8,12 @@
  */
 import type { DecoderConfig } from '@lathe/models';
 import type { PreferencePair, TrainedWeights } from '@lathe/reward-models';
-import { Device, sizeOf, type DeviceTensor } from '@lathe/runtime';
+import { sizeOf, type Device, type DeviceTensor } from '@lathe/runtime';
 import { loraFromOptions, Trainer, useFlashAttention, type AttentionChoice, type BatchTensor, type LoraOptions, type LossBuilder, type TrainerState } from '@lathe/train';
 import type { DType } from '@lathe/onnx';
 import { pairStepFeeds } from './preference-batches';
 import { runTrainedWeights } from './quantize-lora';
-import { checkComputeDtype, EpochStream, scheduledLr, stepTiming, stopRequested, type RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { checkComputeDtype, EpochStream, openDevice, scheduledLr, stepTiming, stopRequested, type RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
 /** Options `--resume` accepts with new values in a preference run (they change neither the weights nor the data order). */
 export const PAIR_RESUMABLE_KEYS: readonly string[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project'];
@@ -102,7 +102,7 @@ export function startPairTraining(
   const loss = model.loss({ compute, weights: tw.weights, recompute: cfg.gradient_checkpointing, flashAttention: useFlashAttention(cfg.attention, cfg.device, compute) });
   const { state, init } = run.startFrom(tw.params, cfg, PAIR_RESUMABLE_KEYS, tw.init);
   run.saveConfig(cfg);
-  const device = Device.open(cfg.device);
+  const device = openDevice(cfg.device);
   const frozen: Record<string, DeviceTensor> = tw.frozenOn(device);
   const trainer = Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { ...init, step: state.step }, { device, microBatches: cfg.micro_batches, frozen });
   return {

@@ -13,6 +13,8 @@ import { diffConfigs, listEvals, MetricsLog, rewindRunDir, runPaths, startRunDir
 import { metricSinks, reportTargets, type ReportOptions } from './reporting';
 import { learningRate, listCheckpoints, loadCheckpoint, saveCheckpoint, type CheckpointContents, type TrainableParam, type TrainerState, type TrainStepResult } from '@lathe/train';
 import { BUILTIN_MODEL, BUILTIN_TOKENIZER, additionTokenizer, builtinBaseModel } from './demo-task';
+import { Device } from '@lathe/runtime';
+import { Kernels, probeKernels } from '@lathe/kernels';
 
 // ---------------------------------------------------------------------------------------------
 // Model and tokenizer
@@ -162,6 +164,21 @@ export class EpochStream<T> {
 
 // ---------------------------------------------------------------------------------------------
 // Options every training recipe shares
+
+/**
+ * The device a command runs on. The GPU is opened once per process, through Lathe's kernels where
+ * NVRTC and the driver are there (its sessions then run on the kernels' stream, so a Trainer uses
+ * the fused AdamW update); without them, with a note saying why, on ONNX Runtime's own stream.
+ */
+export function openDevice(kind: 'cpu' | 'cuda'): Device {
+  if (kind === 'cpu' || Device.isOpen('cuda', 0)) return Device.open(kind);
+  const probe = probeKernels();
+  if (!probe.ok) {
+    process.stderr.write(`note: Lathe's CUDA kernels are off (${probe.reason}); the composed ONNX Runtime path runs instead\n`);
+    return Device.open(kind);
+  }
+  return Kernels.withDevice().device;
+}
 
 /** Refuses bfloat16 compute off the GPU (ONNX Runtime has no bfloat16 CPU kernels for most ops). */
 export function checkComputeDtype(cfg: { compute_dtype: string; device: string }): void {

@@ -58,7 +58,8 @@ export interface TrainerOptions {
    * clipping included; fused-adamw.ts) instead of the composed ops, in the same step and apply
    * graphs. On CUDA it needs a device opened by `Kernels.withDevice` (@lathe/kernels), whose
    * sessions run on the kernels' stream; on the CPU the node computes on the host (tests only: slow).
-   * Default off.
+   * Default: on for a CUDA device opened with Lathe's compute stream and no CUDA graph
+   * (LATHE_FUSED_ADAMW=0 turns that off), off elsewhere.
    */
   fusedAdamW?: boolean;
 }
@@ -158,8 +159,9 @@ export class Trainer {
     const device = opts.device ?? Device.cpu();
     const microBatches = opts.microBatches ?? 1;
     if (!Number.isInteger(microBatches) || microBatches < 1) throw new Error(`microBatches must be a positive integer, got ${microBatches}`);
-    if (opts.fusedAdamW) checkFusedAdamW(device, Boolean(opts.staticInputs || opts.cudaGraph));
-    const fused = opts.fusedAdamW ? fusedUpdateNode(device, spec) : undefined;
+    const fusedAdamW = opts.fusedAdamW ?? fusedAdamWByDefault(device, opts);
+    if (fusedAdamW) checkFusedAdamW(device, Boolean(opts.staticInputs || opts.cudaGraph));
+    const fused = fusedAdamW ? fusedUpdateNode(device, spec) : undefined;
     try {
       return Trainer.build(fused ? { ...spec, update: fused.update } : spec, init, opts, device, microBatches, fused);
     } catch (e) {
@@ -517,6 +519,16 @@ export class Trainer {
     if (this.parts.fixed) for (const t of [...Object.values(this.parts.fixed.scalars), ...Object.values(this.parts.fixed.outputs), ...this.parts.fixed.batch.values()]) t.dispose();
     this.parts.fused?.dispose();
   }
+}
+
+/**
+ * The fused update is the default where it runs — a CUDA device opened with Lathe's compute stream
+ * (`openDevice` in @lathe/recipes, or `Kernels.withDevice`), without CUDA-graph capture — since it
+ * beat the composed update in a same-call A/B (docs/benchmarks.md); LATHE_FUSED_ADAMW=0 turns the
+ * default off.
+ */
+function fusedAdamWByDefault(device: Device, opts: TrainerOptions): boolean {
+  return device.kind === 'cuda' && device.computeStream !== undefined && !opts.staticInputs && !opts.cudaGraph && process.env.LATHE_FUSED_ADAMW !== '0';
 }
 
 /** Refuses `fusedAdamW` where its node cannot run, saying what to do. */

@@ -11,7 +11,7 @@
  *    run, once to warm up and then --score-repeats times.
  *
  * usage: node rm-bench.js --model LM_DIR --out RM_DIR --batch batch.json [--device cuda|cpu]
- *          [--compute bfloat16|float32] [--steps 5] [--lr 1e-5] [--score-rows 32] [--score-repeats 3] [--seed 1]
+ *          [--compute bfloat16|float32] [--steps 5] [--lr 1e-5] [--score-rows 32] [--score-repeats 3] [--seed 1] [--kernels]
  * batch.json: {"prompt_len": N, "chosen": [[...]], "rejected": [[...]]}: P pairs, each row a
  * prompt (its first prompt_len tokens, shared by the pair) and a response.
  * Prints one JSON line: losses, step_ms (runs + host per step), tokens per step, score_ms per repeat.
@@ -22,8 +22,9 @@ import type { DType } from '@lathe/onnx';
 import { CausalLM } from '@lathe/models';
 import { bradleyTerryLoss, pairBatch, pairFeeds, RewardModel, trainedWeights, type PreferencePair } from '@lathe/reward-models';
 import { Device } from '@lathe/runtime';
+import { Kernels } from '@lathe/kernels';
 import { Trainer } from '@lathe/train';
-import { arg } from '../argv';
+import { arg, flag } from '../argv';
 
 async function main(): Promise<void> {
   const kind = arg('device', 'cuda') as 'cuda' | 'cpu';
@@ -35,7 +36,8 @@ async function main(): Promise<void> {
 
   const rm = RewardModel.fromCausalLM(await CausalLM.fromPretrained(resolve(arg('model'))), { padTokenId: 0, seed: Number(arg('seed', '1')) });
   rm.save(resolve(arg('out')));
-  const device = Device.open(kind);
+  // --kernels: the GPU through Lathe's kernels, so the Trainer takes the fused AdamW update (its default there).
+  const device = kind === 'cuda' && flag('kernels') ? Kernels.withDevice().device : Device.open(kind);
   const tw = trainedWeights(rm.config, rm.float32Weights(), { compute });
   const loss = bradleyTerryLoss(rm.config, { compute, weights: tw.weights, flashAttention: kind === 'cuda' && compute !== 'float32' });
   const trainer = Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: 0, maxGradNorm: 1 } }, { params: tw.init }, { device });
