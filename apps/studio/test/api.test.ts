@@ -240,3 +240,29 @@ test('a store of 100,000 rollouts: the first page, a filtered page and a deep pa
   const list = await get('/api/runs');
   expect((list.body as unknown as RunInfo[]).find((r) => r.name === 'big')!.rollouts!.train).toBe(100_000);
 }, 60_000);
+
+test('a trajectory file of 100,000 rows: the first page and one prompt\'s group each under a second; a filtered page counted right', async () => {
+  const dir = join(root, 'bigtraj');
+  mkdirSync(dir);
+  const n = 100_000;
+  await writeTrajectories(
+    join(dir, 'gen.parquet'),
+    Array.from({ length: n }, (_, i) => ({ prompt_idx: Math.floor(i / 8), step: Math.floor(i / 64), prompt: `question ${Math.floor(i / 8)}: ${'x'.repeat(80)}`, prompt_token_ids: [1, 2, 3], output_token_ids: Array.from({ length: 20 + (i % 50) }, () => 5), reward: (i % 10) / 10, advantage: (i % 5) - 2 })),
+  );
+  const timed = async (q: string) => {
+    const t0 = performance.now();
+    const r = await get(q);
+    return { ms: performance.now() - t0, body: r.body };
+  };
+  const first = await timed('/api/trajectories/rows?file=bigtraj/gen.parquet&limit=50');
+  expect(first.body.total).toBe(n);
+  expect((first.body.rows as { row: number; length: number; prompt: string }[]).map((r) => [r.row, r.length, r.prompt.slice(0, 11)])).toEqual(Array.from({ length: 50 }, (_, i) => [i, 20 + (i % 50), `question ${Math.floor(i / 8)}`.padEnd(11, ':').slice(0, 11)]));
+  const group = await timed('/api/trajectories/group?file=bigtraj/gen.parquet&prompt_idx=9000');
+  expect((group.body as unknown as { row: number; length: number }[]).map((r) => [r.row, r.length])).toEqual(Array.from({ length: 8 }, (_, k) => [72_000 + k, 20 + ((72_000 + k) % 50)]));
+  for (const t of [first, group]) expect(t.ms).toBeLessThan(1000);
+  const filtered = await get('/api/trajectories/rows?file=bigtraj/gen.parquet&min_reward=0.9&min_length=60&max_advantage=0&limit=5');
+  let want = 0;
+  for (let i = 0; i < n; i++) if (i % 10 === 9 && 20 + (i % 50) >= 60 && (i % 5) - 2 <= 0) want++;
+  expect(filtered.body.total).toBe(want);
+}, 60_000);
+
