@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The issue-35 device runs, from the bundles (bash tools/bench/build-device-bundles.sh dp-check dp-launch).
-#   parity N   : 20 SFT steps on the Qwen3-0.6B shape, fp32 (TF32 off) and bf16, on 1 GPU and on N GPUs
+#   parity N   : 20 SFT steps on the Qwen3-0.6B shape, fp32 (TF32 off) and bf16 (COMPUTES picks), on 1 GPU and on N GPUs
 #                (each rank run by the launcher), the same global batch; prints each parity verdict.
 #   scaling "1 2 4" : bf16 tokens/s with flash attention, --per-gpu rows of 512 per GPU (weak scaling),
 #                Lathe then PyTorch DDP (torchrun) on each count; prints one line per run.
@@ -19,7 +19,7 @@ case "$mode" in
   parity)
     N=${2:?parity N}
     STEPS=${STEPS:-20}
-    for c in float32 bfloat16; do
+    for c in ${COMPUTES:-float32 bfloat16}; do
       extra=""
       [ "$c" = bfloat16 ] && extra="--flash-attention"
       # fp32: composed attention and TF32 off, so the only difference between world sizes is the order of sums
