@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The issue-35 device runs, from the bundles (bash tools/bench/build-device-bundles.sh dp-check dp-launch).
+# The issue-35 device runs, from the bundles (bash tools/bench/build-device-bundles.sh dp-check dp-launch nccl-order).
 #   parity N   : 20 SFT steps on the Qwen3-0.6B shape, fp32 (TF32 off) and bf16 (COMPUTES picks), on 1 GPU and on N GPUs
 #                (each rank run by the launcher), the same global batch; prints each parity verdict.
-#   scaling "1 2 4" : bf16 tokens/s with flash attention, --per-gpu rows of 512 per GPU (weak scaling),
+#   scaling "1 2 4" : bf16 tokens/s with flash attention, PER_GPU rows (default 8) of 512 per GPU (weak scaling),
 #                Lathe then PyTorch DDP (torchrun) on each count; prints one line per run.
 #   order N    : NCCL's stream vs ORT's: an all-reduce read by the next ORT run, with the wait (0 wrong
 #                reads expected) and without it (wrong reads expected: what the wait prevents).
