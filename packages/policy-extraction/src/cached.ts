@@ -3,79 +3,98 @@
  * runs one token per row through the reference policy and 1 + K tokens per row through the critic
  * (the token drawn last step, then the K candidates of this one) instead of the whole prefix again.
  *
- * Attention is composed (MatMul/Softmax over the cache and the step's own keys) under a mask the
- * host writes: a row's cache slots that hold real tokens, then the step's tokens — for the critic,
- * the drawn token sees the cache and itself, and each candidate sees the cache, the drawn token and
- * itself (tree attention, as in `criticTreeProbs`). The critic's step keeps only the drawn token's
- * keys in its cache; the candidates' are dropped.
+ * Each model's cache is allocated once per sampling call at its final size, [rows, kvHeads, M,
+ * headDim] per layer with M the call's longest prefix plus its new tokens, and every run writes into it in place: its `cache.*` inputs and `present.*`
+ * outputs are bound to the same buffers and the outputs are ScatterND over the inputs, as in the
+ * slot engine's prefill (@lathe/rollout's slot-graphs.ts). So memory stays one cache per model
+ * however many steps run, and no run allocates a cache-sized tensor that outlives it (ONNX Runtime's
+ * arena would otherwise keep one more size class per step).
+ *
+ * Row b's token at position p sits in slot p, so the slots below the row's next position hold its
+ * tokens and the rest are masked. A step's attention is composed (MatMul/Softmax over the cache and
+ * the step's own keys) under a mask the host writes: the row's filled slots, then the step's tokens
+ * — for the critic, the drawn token sees the cache and itself, and each candidate sees the cache,
+ * the drawn token and itself (tree attention, as in `criticTreeProbs`). Only the drawn token's keys
+ * are written to the cache; the candidates' are dropped.
  *
  * The prefill reads each row's prefix but its last token, which becomes the first step's token, so
  * every step has the same shape. Rows keep their place for the whole batch: a row that stopped is
- * fed its padding token until the batch ends (its results are ignored).
+ * fed its padding token until the batch ends (its results are ignored), and a batch smaller than
+ * the caches' rows is filled with one-token padding rows.
  */
 import * as L from '@lathe/onnx';
-import type { DType, Graph } from '@lathe/onnx';
+import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { decoder, lmLogits, paddedCausalMask, positionsFromPadding, restrictedLogits, weightInputs, type DecoderConfig, type KvPair } from '@lathe/models';
 import type { Device, DeviceTensor, HostTensor, Session } from '@lathe/runtime';
+import { cacheName } from '@lathe/rollout';
 import { gridShape, marginals, minPCandidates, type CriticBins } from '@lathe/critic';
-import type { CandidateEstimate, Candidates, StepSession } from './sampler';
+import type { CandidateEstimate, Candidates, SessionLimits, StepSession } from './sampler';
 
-const cacheInput = (i: number, which: 'key' | 'value') => `past.${i}.${which}`;
-const cacheOutput = (i: number, which: 'key' | 'value') => `present.${i}.${which}`;
+const cacheInput = (i: number, which: 'key' | 'value') => cacheName(i, which, 'input');
+const cacheOutput = (i: number, which: 'key' | 'value') => cacheName(i, which, 'output');
 
-function pastInputs(g: Graph, cfg: DecoderConfig, dtype: DType): KvPair[] {
+/** The cache buffers as graph inputs [B, KV, M, hd], one pair per layer. */
+function cacheInputs(g: Graph, cfg: DecoderConfig, dtype: DType): KvPair[] {
   return Array.from({ length: cfg.numLayers }, (_, i) => ({
-    key: g.input(cacheInput(i, 'key'), dtype, ['B', cfg.numKvHeads, 'S', cfg.headDim]),
-    value: g.input(cacheInput(i, 'value'), dtype, ['B', cfg.numKvHeads, 'S', cfg.headDim]),
+    key: g.input(cacheInput(i, 'key'), dtype, ['B', cfg.numKvHeads, 'M', cfg.headDim]),
+    value: g.input(cacheInput(i, 'value'), dtype, ['B', cfg.numKvHeads, 'M', cfg.headDim]),
   }));
 }
 
-/** The prefill: right-padded prefixes → every layer's keys and values. */
+/** Writes `fresh` [B, KV, T, hd] into each layer's cache at `index` [B, KV, T, 3]: outputs bound to the input buffers, so in place. */
+function writeCaches(g: Graph, caches: KvPair[], index: Tensor, fresh: (i: number, which: 'key' | 'value') => Tensor): void {
+  caches.forEach((c, i) => {
+    for (const which of ['key', 'value'] as const) g.output(L.scatterND(c[which], index, fresh(i, which)), cacheOutput(i, which));
+  });
+}
+
+/** The prefill: right-padded prefixes → every layer's keys and values, written into slots 0…P−1. */
 function prefillGraph(name: string, cfg: DecoderConfig, compute: DType): Graph {
   const g = new L.Graph(name);
   const { weights } = weightInputs(g, cfg, 'float32', compute);
   const ids = g.input('input_ids', 'int64', ['B', 'P']);
   const mask = g.input('attention_mask', 'int64', ['B', 'P']);
+  const index = g.input('scatter_index', 'int64', ['B', cfg.numKvHeads, 'P', 3]);
+  const caches = cacheInputs(g, cfg, compute);
   const out = decoder(cfg, weights, { inputIds: ids, positionIds: positionsFromPadding(mask), attentionMask: paddedCausalMask(mask) });
-  out.present.forEach((p, i) => {
-    g.output(p.key, cacheOutput(i, 'key'));
-    g.output(p.value, cacheOutput(i, 'value'));
-  });
+  writeCaches(g, caches, index, (i, which) => out.present[i][which]);
   return g;
 }
 
-/** The reference's step: one token per row → the extended cache and the next token's top-k log-probs. */
+/**
+ * A step's decoder over `T` tokens per row attending the cache (mask [B, 1, T, M + T]), with the
+ * keys and values of token `keep` written into the cache at `scatter_index` [B, KV, 1, 3].
+ */
+function stepDecoder(g: Graph, cfg: DecoderConfig, compute: DType, T: number, keep: number) {
+  const { weights } = weightInputs(g, cfg, 'float32', compute);
+  const ids = g.input('input_ids', 'int64', ['B', T]);
+  const positions = g.input('position_ids', 'int64', ['B', T]);
+  const mask = g.input('attention_mask', 'bool', ['B', 1, T, 'MT']);
+  const index = g.input('scatter_index', 'int64', ['B', cfg.numKvHeads, 1, 3]);
+  const caches = cacheInputs(g, cfg, compute);
+  const out = decoder(cfg, weights, { inputIds: ids, positionIds: positions, attentionMask: mask, past: caches });
+  // present is the cache followed by the step's T tokens: token `keep` is at −T + keep
+  const end = keep === T - 1 ? Number.MAX_SAFE_INTEGER : keep - T + 1;
+  writeCaches(g, caches, index, (i, which) => L.slice(out.present[i][which], [2], [keep - T], [end]));
+  return { weights, hidden: out.hidden };
+}
+
+/** The reference's step: one token per row → the cache extended in place and the next token's top-k log-probs. */
 function referenceStepGraph(cfg: DecoderConfig, compute: DType, k: number): Graph {
   const g = new L.Graph('extract_reference_step');
-  const { weights } = weightInputs(g, cfg, 'float32', compute);
-  const ids = g.input('input_ids', 'int64', ['B', 1]);
-  const positions = g.input('position_ids', 'int64', ['B', 1]);
-  const mask = g.input('attention_mask', 'bool', ['B', 1, 1, 'S1']);
-  const out = decoder(cfg, weights, { inputIds: ids, positionIds: positions, attentionMask: mask, past: pastInputs(g, cfg, compute) });
-  out.present.forEach((p, i) => {
-    g.output(p.key, cacheOutput(i, 'key'));
-    g.output(p.value, cacheOutput(i, 'value'));
-  });
-  const logits = L.cast(L.squeeze(lmLogits(cfg, weights, out.hidden), [1]), 'float32');
+  const { weights, hidden } = stepDecoder(g, cfg, compute, 1, 0);
+  const logits = L.cast(L.squeeze(lmLogits(cfg, weights, hidden), [1]), 'float32');
   const [values, indices] = L.topK(L.logSoftmax(logits, -1), Math.min(k, cfg.vocabSize), -1);
   g.output(values, 'top_logprobs');
   g.output(indices, 'top_ids');
   return g;
 }
 
-/** The critic's step: the drawn token and K candidate slots per row → the cache extended by the drawn token only, and the grid distribution of every token. */
+/** The critic's step: the drawn token and K candidate slots per row → the cache extended in place by the drawn token only, and the grid distribution of every token. */
 function criticStepGraph(cfg: DecoderConfig, bins: CriticBins, compute: DType, k: number): Graph {
   const g = new L.Graph('extract_critic_step');
-  const { weights } = weightInputs(g, cfg, 'float32', compute);
-  const ids = g.input('input_ids', 'int64', ['B', 1 + k]);
-  const positions = g.input('position_ids', 'int64', ['B', 1 + k]);
-  const mask = g.input('attention_mask', 'bool', ['B', 1, 1 + k, 'SK']);
-  const out = decoder(cfg, weights, { inputIds: ids, positionIds: positions, attentionMask: mask, past: pastInputs(g, cfg, compute) });
-  out.present.forEach((p, i) => {
-    g.output(L.slice(p.key, [2], [0], [-k]), cacheOutput(i, 'key'));
-    g.output(L.slice(p.value, [2], [0], [-k]), cacheOutput(i, 'value'));
-  });
-  g.output(L.softmax(L.cast(restrictedLogits(cfg, weights, out.hidden, bins.first_token_id, gridShape(bins).cells), 'float32'), -1), 'cell_probs');
+  const { weights, hidden } = stepDecoder(g, cfg, compute, 1 + k, 0);
+  g.output(L.softmax(L.cast(restrictedLogits(cfg, weights, hidden, bins.first_token_id, gridShape(bins).cells), 'float32'), -1), 'cell_probs');
   return g;
 }
 
@@ -97,81 +116,122 @@ export function compileCachedGraphs(device: Device, reference: DecoderConfig, cr
   };
 }
 
-/** Runs a session with the caches' outputs kept on the device and the rest brought to the host. */
-async function runSplit(session: Session, feeds: Record<string, DeviceTensor | HostTensor>, onDevice: readonly string[], onHost: readonly string[]): Promise<{ device: Record<string, DeviceTensor>; host: Record<string, HostTensor> }> {
+/** One model's cache buffers: layer i's keys at 2i, its values at 2i + 1, each [rows, KV, M, hd]. */
+export interface CacheBuffers {
+  rows: number;
+  /** Positions per row. */
+  length: number;
+  tensors: DeviceTensor[];
+}
+
+/** Allocates one model's caches (zeros, in the compute dtype). */
+export function allocateCaches(device: Device, cfg: DecoderConfig, compute: DType, rows: number, length: number): CacheBuffers {
+  const tensors: DeviceTensor[] = [];
+  try {
+    for (let i = 0; i < 2 * cfg.numLayers; i++) tensors.push(device.zeros(compute, [rows, cfg.numKvHeads, length, cfg.headDim]));
+  } catch (e) {
+    for (const t of tensors) t.dispose();
+    const gib = (2 * cfg.numLayers * rows * cfg.numKvHeads * length * cfg.headDim * L.dtypeBytes(compute)) / 2 ** 30;
+    throw new Error(`Q-weighted sampling: allocating KV caches of ${rows} rows × ${length} positions (${gib.toFixed(2)} GiB in ${compute}) failed; lower the batch size or max tokens. ${e instanceof Error ? e.message : String(e)}`);
+  }
+  return { rows, length, tensors };
+}
+
+/** Runs a session with the caches bound in place (inputs and outputs one buffer) and the other outputs brought to the host. */
+async function runInPlace(session: Session, feeds: Record<string, DeviceTensor | HostTensor>, cfg: DecoderConfig, caches: CacheBuffers, onHost: readonly string[]): Promise<Record<string, HostTensor>> {
   const b = session.binding();
   try {
     for (const [name, t] of Object.entries(feeds)) b.input(name, t);
-    for (const n of onDevice) b.output(n, 'device');
+    for (let i = 0; i < cfg.numLayers; i++) {
+      for (const [j, which] of (['key', 'value'] as const).entries()) {
+        const t = caches.tensors[2 * i + j];
+        b.input(cacheInput(i, which), t).output(cacheOutput(i, which), t);
+      }
+    }
     for (const n of onHost) b.output(n, 'host');
     await b.run();
-    return { device: Object.fromEntries(onDevice.map((n) => [n, b.take(n)])), host: Object.fromEntries(onHost.map((n) => [n, b.fetch(n)])) };
+    return Object.fromEntries(onHost.map((n) => [n, b.fetch(n)]));
   } finally {
     b.dispose();
   }
 }
 
-/** One model's state for a batch: its cache, which slots hold tokens, and the token waiting to enter. */
+/** The host's scatter index [B, KV, T, 3]: row b, head h, token t goes to slot `slot(b, t)`. */
+function scatterIndex(B: number, kvHeads: number, T: number, slot: (b: number, t: number) => number): HostTensor {
+  const data = new BigInt64Array(B * kvHeads * T * 3);
+  for (let b = 0; b < B; b++) {
+    for (let h = 0; h < kvHeads; h++) {
+      for (let t = 0; t < T; t++) {
+        const at = ((b * kvHeads + h) * T + t) * 3;
+        data[at] = BigInt(b);
+        data[at + 1] = BigInt(h);
+        data[at + 2] = BigInt(slot(b, t));
+      }
+    }
+  }
+  return { data, dims: [B, kvHeads, T, 3] };
+}
+
+/** One model's state for a batch: its cache, each row's next position (= its filled slots) and the token waiting to enter. */
 class ModelCache {
-  tensors: Record<string, DeviceTensor> = {};
-  /** Per row: 1 where a cache slot holds a real token. */
-  readonly valid: number[][];
-  /** Per row: the next token's position. */
+  /** Per row: the next token's position, which is also its cache slot; the slots below it hold the row's tokens. */
   readonly position: number[];
   /** Per row: the token the next step reads first. */
   readonly pending: number[];
 
   constructor(
-    private readonly cfg: DecoderConfig,
-    private readonly weights: Record<string, DeviceTensor>,
+    readonly cfg: DecoderConfig,
+    readonly weights: Record<string, DeviceTensor>,
+    readonly caches: CacheBuffers,
     prefixes: readonly (readonly number[])[],
     private readonly padId: number,
+    what: string,
   ) {
-    this.valid = prefixes.map(() => []);
+    prefixes.forEach((p, b) => {
+      if (p.length > caches.length) throw new Error(`Q-weighted sampling: the ${what} of row ${b} has ${p.length} tokens, more than the ${caches.length} cache positions`);
+    });
     this.position = prefixes.map((p) => p.length - 1);
     this.pending = prefixes.map((p) => p[p.length - 1]);
   }
 
-  get names(): string[] {
-    return Array.from({ length: this.cfg.numLayers }, (_, i) => [cacheOutput(i, 'key'), cacheOutput(i, 'value')]).flat();
-  }
-
-  /** Runs the prefill over each prefix but its last token. */
+  /** Runs the prefill over each prefix but its last token, into slots 0…P−1 of every row. */
   async prefill(session: Session, prefixes: readonly (readonly number[])[]): Promise<void> {
     const heads = prefixes.map((p) => p.slice(0, -1));
     const B = heads.length;
     const P = Math.max(1, ...heads.map((h) => h.length));
     const ids = new BigInt64Array(B * P).fill(BigInt(this.padId));
     const mask = new BigInt64Array(B * P);
-    heads.forEach((h, b) => {
-      h.forEach((id, t) => ((ids[b * P + t] = BigInt(id)), (mask[b * P + t] = 1n)));
-      this.valid[b] = Array.from({ length: P }, (_, t) => (t < h.length ? 1 : 0));
-    });
-    const { device } = await runSplit(session, { ...this.weights, input_ids: { data: ids, dims: [B, P] }, attention_mask: { data: mask, dims: [B, P] } }, this.names, []);
-    this.replace(device);
+    heads.forEach((h, b) => h.forEach((id, t) => ((ids[b * P + t] = BigInt(id)), (mask[b * P + t] = 1n))));
+    const feeds = { ...this.weights, input_ids: { data: ids, dims: [B, P] }, attention_mask: { data: mask, dims: [B, P] }, scatter_index: scatterIndex(B, this.cfg.numKvHeads, P, (_b, t) => t) };
+    await runInPlace(session, feeds, this.cfg, this.caches, []);
   }
 
-  /** The step's cache inputs. */
-  past(): Record<string, DeviceTensor> {
-    return Object.fromEntries(Array.from({ length: this.cfg.numLayers }, (_, i) => [[cacheInput(i, 'key'), this.tensors[cacheOutput(i, 'key')]], [cacheInput(i, 'value'), this.tensors[cacheOutput(i, 'value')]]]).flat());
+  /** The step's inputs for T tokens per row: the pending token's slot to write, and a mask over the cache's filled slots, then the step's tokens (`own(q, s)`: query q may attend step token s). */
+  stepFeeds(ids: BigInt64Array, positions: BigInt64Array, T: number, own: (q: number, s: number) => boolean): Record<string, DeviceTensor | HostTensor> {
+    const B = this.position.length;
+    const M = this.caches.length;
+    const W = M + T;
+    const mask = new Uint8Array(B * T * W);
+    for (let b = 0; b < B; b++) {
+      if (this.position[b] >= M) throw new Error(`Q-weighted sampling: row ${b} ran past its ${M} cache positions`);
+      for (let q = 0; q < T; q++) {
+        const row = (b * T + q) * W;
+        mask.fill(1, row, row + this.position[b]);
+        for (let s = 0; s < T; s++) if (own(q, s)) mask[row + M + s] = 1;
+      }
+    }
+    return {
+      ...this.weights,
+      input_ids: { data: ids, dims: [B, T] },
+      position_ids: { data: positions, dims: [B, T] },
+      attention_mask: { data: mask, dims: [B, 1, T, W] },
+      scatter_index: scatterIndex(B, this.cfg.numKvHeads, 1, (b) => this.position[b]),
+    };
   }
 
-  /** Takes the step's caches in place of the old ones; the pending token is now in the cache. */
-  consumed(next: Record<string, DeviceTensor>): void {
-    this.replace(next);
-    this.valid.forEach((v, b) => {
-      v.push(1);
-      this.position[b]++;
-    });
-  }
-
-  private replace(next: Record<string, DeviceTensor>): void {
-    for (const t of Object.values(this.tensors)) t.dispose();
-    this.tensors = next;
-  }
-
-  dispose(): void {
-    this.replace({});
+  /** The pending token is now in the cache. */
+  consumed(): void {
+    this.position.forEach((_, b) => this.position[b]++);
   }
 }
 
@@ -182,38 +242,47 @@ export interface CachedSessionOptions {
   criticConfig: DecoderConfig;
   referenceWeights: Record<string, DeviceTensor>;
   criticWeights: Record<string, DeviceTensor>;
+  /** The reference's caches: at least as many rows as the batch, and positions for its longest prompt plus the new tokens. */
+  referenceCaches: CacheBuffers;
+  /** The critic's (when scoring): the same rows, and positions for its longest prefix plus the new tokens. */
+  criticCaches?: CacheBuffers;
   bins: CriticBins;
   minP: number;
   maxCandidates: number;
   padId: number;
 }
 
-/** Prefills both caches (the critic's only when `score`) for a batch of rows; the sampler then steps it. */
-export async function openCachedSession(o: CachedSessionOptions, rows: readonly { prompt: readonly number[]; criticPrefix: readonly number[] }[], score: boolean): Promise<StepSession> {
-  const ref = new ModelCache(o.referenceConfig, o.referenceWeights, rows.map((r) => r.prompt), o.padId);
-  const critic = score ? new ModelCache(o.criticConfig, o.criticWeights, rows.map((r) => r.criticPrefix), o.padId) : undefined;
-  const B = rows.length;
+/**
+ * The cache positions each model needs for a sampling call: a row's last step writes its token at
+ * position (prefix length − 1) + (max tokens − 1), so the longest prefix plus max tokens suffices.
+ */
+export function cacheLengths(limits: SessionLimits): { reference: number; critic: number } {
+  return { reference: limits.promptLength + limits.maxTokens, critic: limits.criticPrefixLength + limits.maxTokens };
+}
+
+/**
+ * Prefills both caches (the critic's only when `score`) for a batch of rows; the sampler then steps
+ * it. The caches are the caller's, reused across batches; a batch with fewer rows than they have is
+ * filled with one-token padding rows.
+ */
+export async function openCachedSession(o: CachedSessionOptions, batch: readonly { prompt: readonly number[]; criticPrefix: readonly number[] }[], score: boolean): Promise<StepSession> {
+  const B = batch.length;
+  const R = o.referenceCaches.rows;
+  if (B > R || (score && (!o.criticCaches || o.criticCaches.rows !== R))) throw new Error(`cached session: ${B} rows for caches of ${R} (reference) and ${o.criticCaches?.rows ?? 'no'} (critic) rows`);
+  const rows = [...batch, ...Array.from({ length: R - B }, () => ({ prompt: [o.padId], criticPrefix: [o.padId] }))];
+  const ref = new ModelCache(o.referenceConfig, o.referenceWeights, o.referenceCaches, rows.map((r) => r.prompt), o.padId, 'prompt');
+  const critic = score ? new ModelCache(o.criticConfig, o.criticWeights, o.criticCaches!, rows.map((r) => r.criticPrefix), o.padId, 'critic prefix') : undefined;
   const K = o.maxCandidates;
-  const boolMask = (width: number, fill: (b: number, q: number, s: number) => boolean, queries: number): HostTensor => {
-    const data = new Uint8Array(B * queries * width);
-    for (let b = 0; b < B; b++) for (let q = 0; q < queries; q++) for (let s = 0; s < width; s++) data[(b * queries + q) * width + s] = fill(b, q, s) ? 1 : 0;
-    return { data, dims: [B, 1, queries, width] };
-  };
-  try {
-    await ref.prefill(o.graphs.referencePrefill, rows.map((r) => r.prompt));
-    await critic?.prefill(o.graphs.criticPrefill, rows.map((r) => r.criticPrefix));
-  } catch (e) {
-    ref.dispose();
-    critic?.dispose();
-    throw e;
-  }
+  await ref.prefill(o.graphs.referencePrefill, rows.map((r) => r.prompt));
+  await critic?.prefill(o.graphs.criticPrefill, rows.map((r) => r.criticPrefix));
+
   /** Q and expected remaining length of every row's candidates: the critic's step on the drawn token and the candidate slots. */
   async function estimates(candidates: readonly (readonly number[])[]): Promise<CandidateEstimate[][]> {
     if (!critic) throw new Error('cached session: opened without the critic (score false)');
-    const S = critic.valid[0].length;
-    const ids = new BigInt64Array(B * (1 + K)).fill(BigInt(o.padId));
-    const pos = new BigInt64Array(B * (1 + K));
-    candidates.forEach((cs, b) => {
+    const ids = new BigInt64Array(R * (1 + K)).fill(BigInt(o.padId));
+    const pos = new BigInt64Array(R * (1 + K));
+    for (let b = 0; b < R; b++) {
+      const cs = candidates[b] ?? [];
       if (cs.length > K) throw new Error(`cached session: ${cs.length} candidates in row ${b}, more than the ${K} slots`);
       ids[b * (1 + K)] = BigInt(critic.pending[b]);
       pos[b * (1 + K)] = BigInt(critic.position[b]);
@@ -221,16 +290,11 @@ export async function openCachedSession(o: CachedSessionOptions, rows: readonly 
         if (j < cs.length) ids[b * (1 + K) + 1 + j] = BigInt(cs[j]);
         pos[b * (1 + K) + 1 + j] = BigInt(critic.position[b] + 1);
       }
-    });
+    }
     // query 0 (the drawn token): the cache and itself; query 1 + j (a candidate): the cache, the drawn token and itself
-    const mask = boolMask(S + 1 + K, (b, q, s) => (s < S ? critic.valid[b][s] === 1 : s === S ? true : q >= 1 && s === S + q), 1 + K);
-    const { device, host } = await runSplit(
-      o.graphs.criticStep,
-      { ...o.criticWeights, ...critic.past(), input_ids: { data: ids, dims: [B, 1 + K] }, position_ids: { data: pos, dims: [B, 1 + K] }, attention_mask: mask },
-      critic.names,
-      ['cell_probs'],
-    );
-    critic.consumed(device);
+    const feeds = critic.stepFeeds(ids, pos, 1 + K, (q, s) => s === 0 || s === q);
+    const host = await runInPlace(o.graphs.criticStep, feeds, critic.cfg, critic.caches, ['cell_probs']);
+    critic.consumed();
     const probs = host.cell_probs.data as Float32Array;
     const C = host.cell_probs.dims[2];
     return candidates.map((cs, b) => cs.map((_, j) => marginals(o.bins, probs, (b * (1 + K) + 1 + j) * C)));
@@ -238,20 +302,9 @@ export async function openCachedSession(o: CachedSessionOptions, rows: readonly 
 
   const session: StepSession = {
     async candidates(): Promise<Candidates[]> {
-      const S = ref.valid[0].length;
-      const { device, host } = await runSplit(
-        o.graphs.referenceStep,
-        {
-          ...o.referenceWeights,
-          ...ref.past(),
-          input_ids: { data: BigInt64Array.from(ref.pending.map(BigInt)), dims: [B, 1] },
-          position_ids: { data: BigInt64Array.from(ref.position.map(BigInt)), dims: [B, 1] },
-          attention_mask: boolMask(S + 1, (b, _q, s) => s === S || ref.valid[b][s] === 1, 1),
-        },
-        ref.names,
-        ['top_logprobs', 'top_ids'],
-      );
-      ref.consumed(device);
+      const feeds = ref.stepFeeds(BigInt64Array.from(ref.pending.map(BigInt)), BigInt64Array.from(ref.position.map(BigInt)), 1, () => true);
+      const host = await runInPlace(o.graphs.referenceStep, feeds, ref.cfg, ref.caches, ['top_logprobs', 'top_ids']);
+      ref.consumed();
       const k = host.top_ids.dims[1];
       const values = host.top_logprobs.data as Float32Array;
       const top = host.top_ids.data as BigInt64Array;
@@ -276,8 +329,7 @@ export async function openCachedSession(o: CachedSessionOptions, rows: readonly 
     },
 
     dispose(): void {
-      ref.dispose();
-      critic?.dispose();
+      // the caches belong to the caller, reused by its next batch
     },
   };
   return session;

@@ -12,7 +12,7 @@ import { decoderHidden, lmLogits, paramSpecs, weightInputs, type DecoderConfig }
 import type { Device, DeviceTensor, Session } from '@lathe/runtime';
 import { criticTreeProbs, gridShape, minPCandidates, padTreeBatch, treeEstimates, type CriticBins, type TreeRow } from '@lathe/critic';
 import type { CandidateEstimate, Candidates, StepModels } from './sampler';
-import { compileCachedGraphs, openCachedSession, type CachedGraphs } from './cached';
+import { allocateCaches, cacheLengths, compileCachedGraphs, openCachedSession, type CacheBuffers, type CachedGraphs } from './cached';
 
 /** A model's config and float32 weights, with the name errors use for it (e.g. its folder). */
 export interface NamedModel {
@@ -51,7 +51,9 @@ export interface QWeightedModelsOptions {
   padId: number;
   /**
    * Step batches over KV caches (`open`, see cached.ts): each step reads one token per row instead
-   * of the whole prefix. Default true; false steps through the prefix recomputed every time.
+   * of the whole prefix. Default true; false steps through the prefix recomputed every time. The
+   * caches are allocated once per sampling call (or kept from the last call of the same sizes) and
+   * held until {@link QWeightedModels.dispose}.
    */
   kvCache?: boolean;
 }
@@ -88,6 +90,10 @@ export class QWeightedModels implements StepModels {
   /** A batch stepped over KV caches (absent with `kvCache: false`). */
   readonly open?: StepModels['open'];
   private cached: CachedGraphs | undefined;
+  /** Each model's caches, kept between batches and calls of the same sizes. */
+  private pool: { reference?: CacheBuffers; critic?: CacheBuffers } = {};
+  /** Whether a session is using the pooled caches. */
+  private poolBusy = false;
 
   private constructor(
     private readonly opts: QWeightedModelsOptions,
@@ -97,13 +103,51 @@ export class QWeightedModels implements StepModels {
     private readonly criticWeights: Record<string, DeviceTensor>,
   ) {
     if (opts.kvCache ?? true) {
-      this.open = (rows, score) => {
-        this.cached ??= compileCachedGraphs(opts.device, opts.reference.config, opts.critic.config, opts.bins, opts.compute ?? 'float32', opts.maxCandidates);
-        return openCachedSession(
-          { graphs: this.cached, referenceConfig: opts.reference.config, criticConfig: opts.critic.config, referenceWeights: refWeights, criticWeights: criticWeights, bins: opts.bins, minP: opts.minP, maxCandidates: opts.maxCandidates, padId: opts.padId },
-          rows,
-          score,
-        );
+      this.open = async (rows, score, limits) => {
+        const compute = opts.compute ?? 'float32';
+        this.cached ??= compileCachedGraphs(opts.device, opts.reference.config, opts.critic.config, opts.bins, compute, opts.maxCandidates);
+        const R = Math.max(limits.rows, rows.length);
+        const lengths = cacheLengths(limits);
+        // a second session open at once (not the sampler's way) gets caches of its own, freed with it
+        const shared = !this.poolBusy;
+        const own: CacheBuffers[] = [];
+        const caches = (which: 'reference' | 'critic', cfg: DecoderConfig): CacheBuffers => {
+          const fits = (c: CacheBuffers | undefined) => c && c.rows === R && c.length === lengths[which];
+          if (shared && fits(this.pool[which])) return this.pool[which]!;
+          if (shared) this.releasePool(which);
+          const made = allocateCaches(opts.device, cfg, compute, R, lengths[which]);
+          if (shared) this.pool[which] = made;
+          else own.push(made);
+          return made;
+        };
+        const free = () => {
+          if (shared) this.poolBusy = false;
+          for (const c of own) for (const t of c.tensors) t.dispose();
+        };
+        if (shared) this.poolBusy = true;
+        try {
+          const session = await openCachedSession(
+            {
+              graphs: this.cached,
+              referenceConfig: opts.reference.config,
+              criticConfig: opts.critic.config,
+              referenceWeights: refWeights,
+              criticWeights: criticWeights,
+              referenceCaches: caches('reference', opts.reference.config),
+              criticCaches: score ? caches('critic', opts.critic.config) : undefined,
+              bins: opts.bins,
+              minP: opts.minP,
+              maxCandidates: opts.maxCandidates,
+              padId: opts.padId,
+            },
+            rows,
+            score,
+          );
+          return { ...session, dispose: free };
+        } catch (e) {
+          free();
+          throw e;
+        }
       };
     }
   }
@@ -161,8 +205,20 @@ export class QWeightedModels implements StepModels {
     return rows.map((row, b) => treeEstimates(this.opts.bins, out.cell_probs.data as Float32Array, out.cell_probs.dims, row, b).candidates[0]);
   }
 
-  /** Releases the sessions and the uploaded weights. */
+  /** The device memory the pooled KV caches hold (bytes). */
+  cacheBytes(): number {
+    return [this.pool.reference, this.pool.critic].reduce((s, c) => s + (c ? c.tensors.reduce((a, t) => a + t.byteLength, 0) : 0), 0);
+  }
+
+  private releasePool(which: 'reference' | 'critic'): void {
+    for (const t of this.pool[which]?.tensors ?? []) t.dispose();
+    this.pool[which] = undefined;
+  }
+
+  /** Releases the sessions, the uploaded weights and the KV caches. */
   dispose(): void {
+    this.releasePool('reference');
+    this.releasePool('critic');
     this.refSession.dispose();
     this.criticSession.dispose();
     if (this.cached) for (const session of Object.values(this.cached)) session.dispose();

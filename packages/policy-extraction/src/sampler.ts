@@ -36,9 +36,22 @@ export interface StepModels {
   estimates?(prefixes: readonly (readonly number[])[], candidates: readonly (readonly number[])[]): Promise<CandidateEstimate[][]>;
   /**
    * A stateful session over a batch of rows (e.g. KV caches), used instead of the calls above
-   * when present: the same candidates and Q, without reading each prefix again.
+   * when present: the same candidates and Q, without reading each prefix again. `limits` are the
+   * whole sampling call's, the same for each of its batches, so state sized by them once serves all.
    */
-  open?(rows: readonly { prompt: readonly number[]; criticPrefix: readonly number[] }[], score: boolean): Promise<StepSession>;
+  open?(rows: readonly { prompt: readonly number[]; criticPrefix: readonly number[] }[], score: boolean, limits: SessionLimits): Promise<StepSession>;
+}
+
+/** The sizes of a sampling call that bound every batch's session. */
+export interface SessionLimits {
+  /** Rows of the largest batch. */
+  rows: number;
+  /** Tokens drawn per row at most. */
+  maxTokens: number;
+  /** The longest prompt. */
+  promptLength: number;
+  /** The longest critic prefix. */
+  criticPrefixLength: number;
 }
 
 /**
@@ -109,11 +122,18 @@ export async function qWeightedSample(requests: readonly QSampleRequest[], model
   const out: QSample[] = requests.map(() => ({ output: [], token_q_values: [], token_remaining: [], candidate_ids: [], candidate_q_values: [], candidate_remaining: [], candidate_ref_logprobs: [], finish_reason: 'length' }));
   let tokens = 0;
   let done = 0;
+  const limits: SessionLimits = {
+    rows: Math.min(size, requests.length),
+    maxTokens: opts.maxTokens,
+    promptLength: requests.reduce((m, r) => Math.max(m, r.prompt.length), 0),
+    criticPrefixLength: requests.reduce((m, r) => Math.max(m, (r.criticPrefix ?? r.prompt).length), 0),
+  };
   for (let start = 0; start < requests.length; start += size) {
     const rows = requests.slice(start, start + size).map((_, i) => start + i);
     const session = await models.open?.(
       rows.map((r) => ({ prompt: requests[r].prompt, criticPrefix: requests[r].criticPrefix ?? requests[r].prompt })),
       score,
+      limits,
     );
     try {
       let active = rows;

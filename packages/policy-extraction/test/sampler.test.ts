@@ -208,3 +208,52 @@ test('KV-cached steps give the samples, candidates, reference log-probs, Q and r
     whole.dispose();
   }
 });
+
+test('KV-cached sampling holds one pre-sized cache per model: no device allocation per step, memory flat over the steps, caches kept across calls of the same sizes', async () => {
+  const critic = tinyModel(cfg16, 7);
+  const reference = tinyModel({ ...cfg16, vocab_size: 56 }, 8);
+  const device = Device.open('cpu');
+  const K = 4;
+  const models = QWeightedModels.open({
+    device,
+    critic: { name: critic.dir, config: critic.config, weights: CausalLM.fromPretrainedSync(critic.dir).float32Weights() },
+    reference: { name: reference.dir, config: reference.config, weights: CausalLM.fromPretrainedSync(reference.dir).float32Weights() },
+    bins,
+    minP: 0.05,
+    maxCandidates: K,
+    padId: 0,
+  });
+  // every tensor Lathe allocates on a device (zeros, full, upload) comes from `empty`
+  const empty = jest.spyOn(device, 'empty');
+  const allocated = () => empty.mock.calls.length;
+  try {
+    const base = device.memory();
+    // prompts up to 5 tokens, critic prefixes up to 7; 7 requests in batches of 3 (the last one 1 row, filled with padding rows)
+    const requests = [[5, 6, 7], [9], [10, 12, 3, 4, 8], [20, 21], [30], [31, 32], [33]].map((prompt, i) => ({ prompt, criticPrefix: [40, 41, ...prompt], key: i }));
+    // [layers × (key, value)] × rows × KV heads × (longest prefix + max tokens) × head_dim × 4 bytes (float32), per model
+    const cacheBytes = (maxTokens: number) => [5, 7].reduce((s, longest) => s + 2 * 2 * 3 * 2 * (longest + maxTokens) * 16 * 4, 0);
+    for (const maxTokens of [4, 12, 12]) {
+      const perStep: { tensors: number; bytes: number; allocated: number }[] = [];
+      await qWeightedSample(requests, models, {
+        tau: 0.5,
+        maxTokens,
+        seed: 1,
+        stopIds: [],
+        batchSize: 3,
+        onStep: () => perStep.push({ tensors: device.memory().tensors - base.tensors, bytes: device.memory().bytes - base.bytes, allocated: allocated() }),
+      });
+      expect(perStep).toHaveLength(3 * maxTokens); // three batches, no row stops
+      // 2 layers × (key, value) × 2 models live, and the very bytes of the hand-computed caches, at every step of every batch
+      for (const s of perStep) expect([s.tensors, s.bytes]).toEqual([8, cacheBytes(maxTokens)]);
+      // nothing allocated on the device after the first step (inputs are host tensors, caches bound in place)
+      expect(perStep[perStep.length - 1].allocated).toBe(perStep[0].allocated);
+      expect(models.cacheBytes()).toBe(cacheBytes(maxTokens));
+    }
+    // the third call had the second's sizes: its caches were the second's, nothing allocated
+    expect(allocated()).toBe(2 * 2 * 2 * 2); // two calls that allocated, 4 tensors per model each
+  } finally {
+    empty.mockRestore();
+    models.dispose();
+  }
+  expect(models.cacheBytes()).toBe(0);
+});

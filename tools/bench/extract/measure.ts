@@ -53,6 +53,8 @@ export interface GenerationPoint {
   /** Q-weighted with each step reading the whole prefix again (no caches), when measured. */
   q_weighted_recompute_tokens_per_s: number | null;
   candidates_per_step: number;
+  /** Device bytes of both models' KV caches in the Q-weighted run (each allocated once at batch × (prompt + new tokens) positions). */
+  q_weighted_cache_bytes: number;
 }
 
 /** Everything the bench reports. */
@@ -120,10 +122,12 @@ export async function measureExtract(o: ExtractBenchOptions): Promise<ExtractBen
         await sample(o.tau, 2); // warm-up of every session
         if (whole) await sample(o.tau, 2, whole);
         let candidates = 0;
+        let cacheBytes = 0;
         const plain = await timed(() => sample(Infinity, o.newTokens));
         const q = await timed(async () => {
           const out = await sample(o.tau, o.newTokens);
           candidates = out.reduce((s, x) => s + x.candidate_ids.reduce((a, c) => a + c.length, 0), 0) / (batch * o.newTokens);
+          cacheBytes = models.cacheBytes();
         });
         const recompute = whole ? await timed(() => sample(o.tau, o.newTokens, whole)) : null;
         generation.push({
@@ -134,6 +138,7 @@ export async function measureExtract(o: ExtractBenchOptions): Promise<ExtractBen
           q_weighted_tokens_per_s: Math.round(q),
           q_weighted_recompute_tokens_per_s: recompute === null ? null : Math.round(recompute),
           candidates_per_step: round(candidates, 2),
+          q_weighted_cache_bytes: cacheBytes,
         });
       }
     } finally {
