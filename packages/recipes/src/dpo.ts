@@ -16,7 +16,8 @@ import type { DpoRunConfig } from './dpo-config';
 import { scorePairs } from './preference-batches';
 import { loadPreferenceSplit } from './preference-data';
 import { checkPairOptions, runPairTraining, startPairTraining, type PairRunStart, type PairStepTiming } from './pair-run';
-import { loadRunModel, RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { joinDataParallel, openRankRunDir } from './launch-dp';
+import { loadRunModel, type RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
 /** DPO's pairwise metrics, of a step's pairs or the held-out ones. */
 export interface DpoPairMetrics {
@@ -113,7 +114,9 @@ export async function runDpo(cfg: DpoRunConfig, events: DpoEvents = {}, signal?:
   checkPairOptions(cfg);
   if (!(cfg.beta > 0)) throw new Error(`--beta ${cfg.beta}: β must be > 0`);
   if (cfg.loss_type === 'ipo' && cfg.label_smoothing !== 0) throw new Error(`--label_smoothing ${cfg.label_smoothing} applies to --loss_type sigmoid, not ipo`);
-  const run = RunDir.open(cfg);
+  // under lathe launch: this rank's share of a data-parallel job; rank 0 alone writes the run directory
+  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches } });
+  const run = await openRankRunDir(cfg, dp);
   const model = await loadRunModel(cfg);
   if (model.config.scoreLabels !== undefined) throw new Error(`--model ${cfg.model} is a reward model (${model.config.architecture}); DPO trains a causal LM`);
   const data = await loadPreferenceSplit(cfg, model);
@@ -124,7 +127,7 @@ export async function runDpo(cfg: DpoRunConfig, events: DpoEvents = {}, signal?:
   const reduction = dpoReduction(dpo);
 
   const master = model.lm.float32Weights();
-  const training = startPairTraining(cfg, run, data, { config, master, tokenizer: { padId, from: model.tokenizerFrom }, loss: (o) => dpoLoss(config, { ...dpo, ...o }) });
+  const training = startPairTraining(cfg, run, data, { config, master, tokenizer: { padId, from: model.tokenizerFrom }, loss: (o) => dpoLoss(config, { ...dpo, ...o }) }, dp);
   let scorer: ResponseLogprobScorer | undefined;
   try {
     // the reference is the starting model, never trained: its log-probs are scored once per pair
@@ -153,9 +156,14 @@ export async function runDpo(cfg: DpoRunConfig, events: DpoEvents = {}, signal?:
       events,
       signal,
     });
+  } catch (e) {
+    // the other ranks would wait for this one at their next all-reduce: they stop now, told why
+    dp?.abort((e as Error).message);
+    throw e;
   } finally {
     scorer?.dispose();
     training.dispose();
     await run.close();
+    await dp?.close();
   }
 }

@@ -13,6 +13,7 @@ import { loraFromOptions, Trainer, useFlashAttention, type AttentionChoice, type
 import type { DType } from '@lathe/onnx';
 import { pairStepFeeds } from './preference-batches';
 import { runTrainedWeights } from './quantize-lora';
+import { anyRankStopped, type DataParallelRun } from './launch-dp';
 import { checkComputeDtype, EpochStream, openDevice, scheduledLr, stepTiming, stopRequested, type RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
 /** Options `--resume` accepts with new values in a preference run (they change neither the weights nor the data order). */
@@ -73,6 +74,8 @@ export interface PairTraining {
   lora: boolean;
   /** The step, data position and seed the run starts from. */
   state: TrainerState;
+  /** This rank's place in a data-parallel job (lathe launch), if it runs in one. */
+  dp?: DataParallelRun;
   /** Frees the Trainer and the frozen tensors. */
   dispose(): void;
 }
@@ -95,6 +98,7 @@ export function startPairTraining(
   run: RunDir,
   data: PairData,
   model: { config: DecoderConfig; master: ReadonlyMap<string, Float32Array>; tokenizer: { padId: number; from?: string }; loss: (o: PairLossOptions) => LossBuilder },
+  dp?: DataParallelRun,
 ): PairTraining {
   const lora = loraFromOptions(cfg);
   const compute = cfg.compute_dtype;
@@ -102,9 +106,10 @@ export function startPairTraining(
   const loss = model.loss({ compute, weights: tw.weights, recompute: cfg.gradient_checkpointing, flashAttention: useFlashAttention(cfg.attention, cfg.device, compute) });
   const { state, init } = run.startFrom(tw.params, cfg, PAIR_RESUMABLE_KEYS, tw.init);
   run.saveConfig(cfg);
-  const device = openDevice(cfg.device);
+  // a data-parallel rank opens its own GPU (LOCAL_RANK)
+  const device = openDevice(cfg.device, dp?.deviceId ?? 0);
   const frozen: Record<string, DeviceTensor> = tw.frozenOn(device);
-  const trainer = Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { ...init, step: state.step }, { device, microBatches: cfg.micro_batches, frozen });
+  const trainer = Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { ...init, step: state.step }, { device, microBatches: cfg.micro_batches, frozen, ...(dp ? { onGradients: dp.onGradients } : {}) });
   return {
     cfg,
     run,
@@ -116,6 +121,7 @@ export function startPairTraining(
     trainer,
     lora: Boolean(lora),
     state,
+    ...(dp ? { dp } : {}),
     dispose() {
       trainer.dispose();
       for (const t of Object.values(frozen)) t.dispose();
@@ -169,8 +175,10 @@ export interface PairRun<F, S, E> {
 /** Runs the loop of a preference run (see the module comment); returns what the recipe returns. */
 export async function runPairTraining<F, E extends { step: number }>(o: PairRun<F, { step: number; loss: number } & F & PairStepTiming, E>): Promise<TrainRunResult<E>> {
   const { events } = o;
-  const { cfg, run, trainer, tw, data } = o.training;
-  const { held } = data;
+  const { cfg, run, trainer, tw, data, dp } = o.training;
+  // held-out evaluations and checkpoints on rank 0 only (the other ranks wait for it at their next all-reduce)
+  const main = !dp || dp.main;
+  const held = main ? data.held : { pairs: [] };
   let state = o.training.state;
   const evaluate = async (): Promise<E> => {
     const result = await o.evaluate(state.step, o.training.lora ? tw.merged(trainer.downloadParams()) : trainer.params());
@@ -179,6 +187,7 @@ export async function runPairTraining<F, E extends { step: number }>(o: PairRun<
     return result;
   };
   const checkpoint = () => {
+    if (!main) return run.dir;
     const snap = trainer.snapshot();
     return run.checkpoint(
       { config: o.training.config, model: tw.merged(snap.params), trainable: tw.params, values: snap.params, m: snap.m, v: snap.v, state, lora: o.training.lora },
@@ -205,9 +214,20 @@ export async function runPairTraining<F, E extends { step: number }>(o: PairRun<
     const batchStart = stream.position;
     const pairs = stream.take(cfg.batch_size);
     const lr = scheduledLr(cfg, state.step);
-    const feeds = pairStepFeeds(pairs, { microBatches: cfg.micro_batches, padId: o.training.tokenizer.padId, inputs: trainer.batchInputs, seed: cfg.seed, optimizerStep: trainer.step, ...(o.extraFeeds ? { extra: o.extraFeeds } : {}) });
+    // every rank reads the same global batch and trains on its share; the loss is normalised by the whole batch's pairs
+    const mine = dp ? dp.shard(pairs) : pairs;
+    const feeds = pairStepFeeds(mine, {
+      microBatches: cfg.micro_batches,
+      padId: o.training.tokenizer.padId,
+      inputs: trainer.batchInputs,
+      seed: cfg.seed,
+      optimizerStep: trainer.step,
+      pairCount: pairs.length,
+      microOffset: (dp?.world.rank ?? 0) * cfg.micro_batches,
+      ...(o.extraFeeds ? { extra: o.extraFeeds } : {}),
+    });
     const hostMs0 = performance.now() - t0;
-    const result = trainer.trainStep(feeds, lr);
+    const result = await trainer.trainStepAsync(feeds, lr);
     if (!Number.isFinite(result.loss)) {
       const dir = checkpoint();
       throw new Error(
@@ -223,7 +243,7 @@ export async function runPairTraining<F, E extends { step: number }>(o: PairRun<
     if (state.step % cfg.log_every === 0 || state.step === cfg.steps) run.metrics.log({ ...metrics });
     if (held.pairs.length > 0 && ((cfg.eval_every > 0 && state.step % cfg.eval_every === 0) || state.step === cfg.steps)) evals.push(await evaluate());
     if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) checkpoint();
-    if (await stopRequested(o.signal)) {
+    if (await anyRankStopped(dp, await stopRequested(o.signal))) {
       interrupted = true;
       break;
     }

@@ -13,7 +13,18 @@ import { LORA_DROPOUT_KEY, loraDropoutKey, type BatchTensor } from '@lathe/train
  */
 export function pairStepFeeds(
   pairs: readonly PreferencePair[],
-  o: { microBatches: number; padId: number; inputs: readonly string[]; seed: number; optimizerStep: number; extra?: (k: number, pairs: readonly PreferencePair[]) => Record<string, BatchTensor> },
+  o: {
+    microBatches: number;
+    padId: number;
+    inputs: readonly string[];
+    seed: number;
+    optimizerStep: number;
+    extra?: (k: number, pairs: readonly PreferencePair[]) => Record<string, BatchTensor>;
+    /** Pairs in the whole optimizer batch, which the loss is normalised by (default `pairs.length`; a data-parallel rank's share is smaller). */
+    pairCount?: number;
+    /** Index of the first micro-batch in the whole optimizer batch (a data-parallel rank's), for LoRA dropout's keys. */
+    microOffset?: number;
+  },
 ): Record<string, BatchTensor>[] {
   const per = pairs.length / o.microBatches;
   return Array.from({ length: o.microBatches }, (_, k) => {
@@ -21,9 +32,9 @@ export function pairStepFeeds(
     const extra = {
       ...(o.extra ? o.extra(k, part) : {}),
       // LoRA dropout's masks: a function of (seed, optimizer step, micro-batch), so a resume redraws them
-      ...(o.inputs.includes(LORA_DROPOUT_KEY) ? { [LORA_DROPOUT_KEY]: loraDropoutKey(o.seed, o.optimizerStep, k) } : {}),
+      ...(o.inputs.includes(LORA_DROPOUT_KEY) ? { [LORA_DROPOUT_KEY]: loraDropoutKey(o.seed, o.optimizerStep, (o.microOffset ?? 0) + k) } : {}),
     };
-    return pairFeeds(pairBatch(part, { padId: o.padId, pairCount: pairs.length }), o.inputs, extra);
+    return pairFeeds(pairBatch(part, { padId: o.padId, pairCount: o.pairCount ?? pairs.length }), o.inputs, extra);
   });
 }
 

@@ -15,7 +15,8 @@ import { scorePairs } from './preference-batches';
 import { loadPreferenceSplit, preferenceEncoder, readPreferenceData, tokenizePreferences, type PreferenceExample } from './preference-data';
 import type { RmEvalConfig, RmTrainConfig } from './rm-config';
 import { checkPairOptions, runPairTraining, startPairTraining, type PairRunStart, type PairStepTiming } from './pair-run';
-import { checkComputeDtype, loadRunModel, RunDir, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { joinDataParallel, openRankRunDir } from './launch-dp';
+import { checkComputeDtype, loadRunModel, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
 /** A reward model's pairwise metrics, of a step's pairs or the held-out ones. */
 export interface RmPairMetrics {
@@ -67,7 +68,9 @@ function evalRow(e: PreferenceExample, chosen: number, rejected: number) {
 /** Trains a reward model as configured. `signal` interrupts the run after the current step, with a checkpoint. */
 export async function runRmTrain(cfg: RmTrainConfig, events: RmTrainEvents = {}, signal?: AbortSignal): Promise<RmTrainResult> {
   checkPairOptions(cfg);
-  const run = RunDir.open(cfg);
+  // under lathe launch: this rank's share of a data-parallel job; rank 0 alone writes the run directory
+  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches } });
+  const run = await openRankRunDir(cfg, dp);
   const model = await loadRunModel(cfg);
   const data = await loadPreferenceSplit(cfg, model, { margins: cfg.margin });
   const { held } = data;
@@ -79,7 +82,7 @@ export async function runRmTrain(cfg: RmTrainConfig, events: RmTrainEvents = {},
     master: rm.float32Weights(),
     tokenizer: { padId, from: model.tokenizerFrom },
     loss: (o) => bradleyTerryLoss(rm.config, { ...o, margin: cfg.margin, centerCoefficient: cfg.center_rewards_coefficient }),
-  });
+  }, dp);
   // held-out rewards in float32 from the trainer's own buffers (full fine-tuning) or the merged adapters (LoRA)
   const scorer = RewardScorer.create(rm.config, training.device);
   try {
@@ -96,10 +99,15 @@ export async function runRmTrain(cfg: RmTrainConfig, events: RmTrainEvents = {},
       events,
       signal,
     });
+  } catch (e) {
+    // the other ranks would wait for this one at their next all-reduce: they stop now, told why
+    dp?.abort((e as Error).message);
+    throw e;
   } finally {
     scorer.dispose();
     training.dispose();
     await run.close();
+    await dp?.close();
   }
 }
 

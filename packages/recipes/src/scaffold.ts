@@ -166,18 +166,18 @@ export class EpochStream<T> {
 // Options every training recipe shares
 
 /**
- * The device a command runs on. The GPU is opened once per process, through Lathe's kernels where
+ * The device a command runs on (GPU `id`: a data-parallel rank's LOCAL_RANK). The GPU is opened once per process, through Lathe's kernels where
  * NVRTC and the driver are there (its sessions then run on the kernels' stream, so a Trainer uses
  * the fused AdamW update); without them, with a note saying why, on ONNX Runtime's own stream.
  */
-export function openDevice(kind: 'cpu' | 'cuda'): Device {
-  if (kind === 'cpu' || Device.isOpen('cuda', 0)) return Device.open(kind);
+export function openDevice(kind: 'cpu' | 'cuda', id = 0): Device {
+  if (kind === 'cpu' || Device.isOpen('cuda', id)) return Device.open(kind, { id });
   const probe = probeKernels();
   if (!probe.ok) {
     process.stderr.write(`note: Lathe's CUDA kernels are off (${probe.reason}); the composed ONNX Runtime path runs instead\n`);
-    return Device.open(kind);
+    return Device.open(kind, { id });
   }
-  return Kernels.withDevice().device;
+  return Kernels.withDevice({ deviceId: id }).device;
 }
 
 /** Refuses bfloat16 compute off the GPU (ONNX Runtime has no bfloat16 CPU kernels for most ops). */

@@ -8,7 +8,7 @@ import * as L from '@lathe/onnx';
 import { paramSpecs, TOTAL_LENGTH_INPUT, totalLengthTensor, weightInputs, type DecoderConfig } from '@lathe/models';
 import { MathGrader } from '@lathe/graders';
 import { addGeneration } from '@lathe/rollout';
-import { Device, sizeOf, type DeviceTensor, type HostTensor, type Session } from '@lathe/runtime';
+import { sizeOf, type Device, type DeviceTensor, type HostTensor, type Session } from '@lathe/runtime';
 import {
   initLora,
   LORA_DROPOUT_KEY,
@@ -24,11 +24,12 @@ import {
   type TrainableParam,
 } from '@lathe/train';
 import { additionExamples, BUILTIN_DATA } from './demo-task';
-import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stepTiming, stopRequested, type RunTokenizer, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { checkComputeDtype, EpochStream, loadRunModel, openDevice, scheduledLr, splitHeldOut, stepTiming, stopRequested, type RunTokenizer, type TrainRunEvents, type TrainRunResult } from './scaffold';
 import { SFT_RESUMABLE_KEYS, type SftConfig } from './sft-config';
 import { stripThinking } from '@lathe/tokenizer';
 import { runPaths } from '@lathe/data';
 import { SftBenchmarkSampler, TrainBenchmarks, type TrainBenchmarkResult } from './train-eval';
+import { anyRankStopped, joinDataParallel, openRankRunDir } from './launch-dp';
 import { evalPromptIds, lossTokenCount, packExamples, padBatch, padPackedBatch, readSftData, tokenizeExample, type PackedRow, type SftExample, type TokenizedExample } from './sft-data';
 
 /** Metrics of one optimizer step (one line of metrics.jsonl). */
@@ -241,11 +242,17 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   if (cfg.packing && cfg.attention === 'flash') {
     throw new Error("--packing with --attention flash is not supported: GroupQueryAttention takes no segment mask, so each packed example would attend to those before it in its row; use --attention composed (or auto, which picks composed with --packing)");
   }
-  const run = RunDir.open(cfg);
+  // Under lathe launch (or torchrun's or Slurm's variables): this rank's place in a data-parallel
+  // job, which takes its share of each global batch; rank 0 alone writes the run directory.
+  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches } });
+  if (dp && staticShape) throw new Error('--cuda_graph runs the train step as one captured run, which leaves no place for the gradient all-reduce of a data-parallel job (lathe launch): drop --cuda_graph');
+  const run = await openRankRunDir(cfg, dp);
   const { config, lm, tokenizer, tokenizerFrom } = await loadRunModel(cfg);
-  const { train, evaluation } = await loadExamples(cfg);
+  const { train, evaluation: heldOut } = await loadExamples(cfg);
+  // evaluations run on rank 0 only (the other ranks wait for it at their next all-reduce)
+  const evaluation = dp && !dp.main ? [] : heldOut;
   // loaded before anything is compiled: a bad --eval_benchmarks fails at once
-  const benchmarks = await TrainBenchmarks.load(cfg);
+  const benchmarks = dp && !dp.main ? undefined : await TrainBenchmarks.load(cfg);
   if (!tokenizer.chat && train.some((e) => e.messages)) throw new Error(`--data ${cfg.data}: conversational rows are rendered with a chat template, and the tokenizer of --model ${cfg.model} has none`);
   const tokenized = train.map((e) => tokenizeExample(tokenizer, e, { assistantOnly: cfg.assistant_only_loss }));
   const overlong = tokenized.filter((t) => t.ids.length > cfg.max_length).length;
@@ -268,12 +275,12 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   const { init } = start;
 
   // The trainer holds parameters and AdamW state on the device; a LoRA base is bound once, read-only.
-  const device = Device.open(cfg.device);
+  const device = openDevice(cfg.device, dp?.deviceId ?? 0);
   const frozenBase = lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, device.upload({ data: base.get(s.name)!, dims: s.shape })])) : {};
   const trainer = Trainer.create(
     { params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } },
     { ...init, step: state.step },
-    { device, microBatches: cfg.micro_batches, frozen: frozenBase, ...(cudaGraph ? { cudaGraph: true } : staticShape ? { staticInputs: true } : {}) },
+    { device, microBatches: cfg.micro_batches, frozen: frozenBase, ...(cudaGraph ? { cudaGraph: true } : staticShape ? { staticInputs: true } : {}), ...(dp ? { onGradients: dp.onGradients } : {}) },
   );
   const dropoutKeyed = trainer.batchInputs.includes(LORA_DROPOUT_KEY);
   // Everything below holds device memory: released however the run ends (a non-finite loss
@@ -313,6 +320,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
       }
     };
     const checkpoint = () => {
+      if (dp && !dp.main) return run.dir; // rank 0 saves the (identical) state of every rank
       const snap = trainer.snapshot();
       const model = lora ? mergeLora(base, snap.params, adapters, lora) : snap.params;
       return run.checkpoint({ config, model, trainable: params, values: snap.params, m: snap.m, v: snap.v, state, lora: Boolean(lora) }, { keepLast: cfg.keep_last, tokenizerFrom, onCheckpoint: (dir, step) => events.onCheckpoint?.(dir, step) });
@@ -354,11 +362,13 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
       const lossTokens = lossTokenCount(batch);
       const lr = scheduledLr(cfg, state.step);
       const lossTokensInput = f32(Math.max(1, lossTokens));
-      const per = cfg.batch_size / cfg.micro_batches;
+      // every rank reads the same global batch (so the loss-token count above is global) and trains on its share
+      const mine = dp ? dp.shard(batch) : batch;
+      const per = mine.length / cfg.micro_batches;
       const widths: number[] = [];
       const micro = Array.from({ length: cfg.micro_batches }, (_, k) => {
         // A static shape pads every row to max_length (kept examples are at most that long).
-        const rows = batch.slice(k * per, (k + 1) * per);
+        const rows = mine.slice(k * per, (k + 1) * per);
         const width = staticShape ? cfg.max_length : undefined;
         const tensors = packed ? padPackedBatch(rows as PackedRow[], tokenizer.padId, width) : padBatch(rows as TokenizedExample[], tokenizer.padId, width);
         widths.push(tensors.input_ids.dims[1]);
@@ -367,11 +377,11 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
           loss_tokens: lossTokensInput,
           ...(flashAttention && !staticShape ? { [TOTAL_LENGTH_INPUT]: totalLengthTensor(widths[k]) } : {}),
           // LoRA dropout's masks: a function of (seed, optimizer step, micro-batch), so a resume redraws them
-          ...(dropoutKeyed ? { [LORA_DROPOUT_KEY]: loraDropoutKey(cfg.seed, trainer.step, k) } : {}),
+          ...(dropoutKeyed ? { [LORA_DROPOUT_KEY]: loraDropoutKey(cfg.seed, trainer.step, (dp?.world.rank ?? 0) * cfg.micro_batches + k) } : {}),
         };
       });
       const hostMs0 = performance.now() - t0;
-      const result = trainer.trainStep(micro, lr);
+      const result = await trainer.trainStepAsync(micro, lr);
       const loss = result.loss;
       if (!Number.isFinite(loss)) nonFinite(loss, batchStart);
       state = { ...state, step: state.step + 1, dataPosition: stream.position };
@@ -382,7 +392,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
         loss,
         loss_tokens: lossTokens,
         ...stepTiming(result, { lr, tokens, prepMs: hostMs0 }),
-        ...(packed ? packingMetrics(batch as PackedRow[], widths, per, tokens) : {}),
+        ...(packed ? packingMetrics(mine as PackedRow[], widths, per, mine.reduce((s, e) => s + e.ids.length, 0)) : {}),
       };
       events.onStep?.(metrics);
       // on the log_every schedule only, so a resumed run's metrics.jsonl equals an uninterrupted run's
@@ -390,7 +400,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
       if (cfg.eval_every > 0 && state.step % cfg.eval_every === 0 && state.step < cfg.steps && evaluation.length > 0) evals.push(await evaluate());
       if (cfg.eval_every > 0 && state.step % cfg.eval_every === 0 && state.step < cfg.steps) await benchmarkEval();
       if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) checkpoint();
-      if (await stopRequested(signal)) {
+      if (await anyRankStopped(dp, await stopRequested(signal))) {
         interrupted = true;
         break;
       }
@@ -399,11 +409,16 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     if (!interrupted && benchResults.at(-1)?.step !== state.step) await benchmarkEval();
     const last = run.savedAt(state.step) ?? checkpoint();
     return { steps: state.step, finalLoss: lastLoss, evals, checkpoint: last, interrupted, benchmarks: benchResults };
+  } catch (e) {
+    // the other ranks would wait for this one at their next all-reduce: they stop now, told why
+    dp?.abort((e as Error).message);
+    throw e;
   } finally {
     await evaluator?.dispose();
     benchSampler?.dispose();
     trainer.dispose();
     for (const t of Object.values(frozenBase)) t.dispose();
     await run.close();
+    await dp?.close();
   }
 }
