@@ -14,6 +14,10 @@ import {
   criticTrainSchema,
   dpoSchema,
   evalSchema,
+  extractEvalSchema,
+  extractGenerateSchema,
+  extractRftSchema,
+  extractTrainSchema,
   generateSchema,
   grpoSchema,
   modelInitSchema,
@@ -29,6 +33,7 @@ import {
   serveSchema,
   sftSchema,
   studioSchema,
+  launchSchema,
   type OptionSchema,
 } from '@lathe/recipes';
 
@@ -52,11 +57,16 @@ export const OPTION_SCHEMAS: Readonly<Record<string, OptionSchema>> = {
   'critic-train': criticTrainSchema,
   'critic-label': criticLabelSchema,
   'critic-eval': criticEvalSchema,
+  'extract-generate': extractGenerateSchema,
+  'extract-train': extractTrainSchema,
+  'extract-rft': extractRftSchema,
+  'extract-eval': extractEvalSchema,
   studio: studioSchema,
+  launch: launchSchema,
 };
 
 /** The docs holding option tables, relative to the repository root. */
-export const OPTION_DOCS = ['docs/guides/sft.md', 'docs/guides/grpo.md', 'docs/guides/generate.md', 'docs/guides/model-init.md', 'docs/guides/rm.md', 'docs/guides/dpo.md', 'docs/guides/eval.md', 'docs/guides/quantize.md', 'docs/guides/serve.md', 'docs/data.md', 'docs/guides/critic.md', 'docs/guides/studio.md'];
+export const OPTION_DOCS = ['docs/guides/sft.md', 'docs/guides/grpo.md', 'docs/guides/generate.md', 'docs/guides/model-init.md', 'docs/guides/rm.md', 'docs/guides/dpo.md', 'docs/guides/eval.md', 'docs/guides/quantize.md', 'docs/guides/serve.md', 'docs/data.md', 'docs/guides/critic.md', 'docs/guides/extract.md', 'docs/guides/studio.md', 'docs/guides/launch.md'];
 
 /** The repository root. */
 export const REPO_ROOT = join(__dirname, '..', '..');
