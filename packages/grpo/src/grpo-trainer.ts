@@ -655,13 +655,14 @@ export class GrpoTrainer<M = unknown> {
   }
 
   /**
-   * G completions per prompt (the group size) sampled from the current weights as rollouts are —
+   * G completions per prompt (the group size, less the off-policy traces) sampled from the current weights as rollouts are —
    * same sampling options — without rewards or training (evaluation at the sampling temperature).
    * `key` picks each prompt's random streams: samples depend only on (seed, key, weights), so an
    * evaluation never moves the training's streams. A generation phase of its own.
    */
   async generateSamples(prompts: readonly { ids: readonly number[]; key: number }[]): Promise<DecodedCompletion[][]> {
-    const G = this.opts.groupSize;
+    // the sampler draws a group's on-policy rows only: with off-policy traces, G − n_off a prompt
+    const G = this.opts.groupSize - (this.opts.offPolicy?.traces ?? 0);
     const out = await this.parts.sampler.generate(this.policyWeights(), prompts.map((p) => p.ids), this.call(prompts.map((p) => p.key)));
     this.parts.releaseGeneration?.();
     const decoded = out.map((c) => ({ tokens: c.tokens, stopped: c.stopped, text: this.textOf(c), ...(c.logprobs ? { logprobs: c.logprobs } : {}) }));

@@ -167,3 +167,17 @@ test('bad traces are errors naming the prompt; behaviour log-probs set the old l
     plain.dispose();
   }
 });
+
+test('generateSamples with off-policy traces: G − n_off samples a prompt, each prompt its own', async () => {
+  const t = make({ offPolicy: { traces: 1 } });
+  try {
+    const ps = [[1, 2], [3, 4], [5, 6]] as const;
+    const groups = await t.generateSamples(ps.map((ids, k) => ({ ids, key: 100 + k })));
+    expect(groups.map((g) => g.length)).toEqual([7, 7, 7]);
+    // the same prompt alone under the same key gives the same samples: the groups are not shifted
+    const alone = await t.generateSamples([{ ids: ps[2], key: 102 }]);
+    expect(alone[0].map((c) => c.tokens)).toEqual(groups[2].map((c) => c.tokens));
+  } finally {
+    t.dispose();
+  }
+});
