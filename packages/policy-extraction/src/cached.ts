@@ -4,18 +4,20 @@
  * (the token drawn last step, then the K candidates of this one) instead of the whole prefix again.
  *
  * Each model's cache is allocated once per sampling call at its final size, [rows, kvHeads, M,
- * headDim] per layer with M the call's longest prefix plus its new tokens, and every run writes into it in place: its `cache.*` inputs and `present.*`
- * outputs are bound to the same buffers and the outputs are ScatterND over the inputs, as in the
- * slot engine's prefill (@lathe/rollout's slot-graphs.ts). So memory stays one cache per model
- * however many steps run, and no run allocates a cache-sized tensor that outlives it (ONNX Runtime's
- * arena would otherwise keep one more size class per step).
+ * headDim] per layer with M the call's longest prefix plus its new tokens (plus K for the critic),
+ * and every run writes into it in place: its `cache.*` inputs and `present.*` outputs are bound to
+ * the same buffers and the outputs are ScatterND over the inputs, as in the slot engine's prefill
+ * (@lathe/rollout's slot-graphs.ts). So memory stays one cache per model however many steps run,
+ * and no run allocates a cache-sized tensor that outlives it (ONNX Runtime's arena would otherwise
+ * keep one more size class per step).
  *
  * Row b's token at position p sits in slot p, so the slots below the row's next position hold its
- * tokens and the rest are masked. A step's attention is composed (MatMul/Softmax over the cache and
- * the step's own keys) under a mask the host writes: the row's filled slots, then the step's tokens
- * — for the critic, the drawn token sees the cache and itself, and each candidate sees the cache,
- * the drawn token and itself (tree attention, as in `criticTreeProbs`). Only the drawn token's keys
- * are written to the cache; the candidates' are dropped.
+ * tokens and the rest are masked. A step writes its tokens' keys into the slots from that position
+ * on, then attends over the cache (composed MatMul/Softmax, read once, never copied) under a mask
+ * the host writes: the row's filled slots, then the step's tokens — for the critic, the drawn token
+ * sees the cache and itself, and each candidate sees the cache, the drawn token and itself (tree
+ * attention, as in `criticTreeProbs`). The candidates' slots are scratch: the next step's tokens
+ * overwrite them, so only the drawn token stays in the critic's cache.
  *
  * The prefill reads each row's prefix but its last token, which becomes the first step's token, so
  * every step has the same shape. Rows keep their place for the whole batch: a row that stopped is
@@ -24,7 +26,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { decoder, lmLogits, paddedCausalMask, positionsFromPadding, restrictedLogits, weightInputs, type DecoderConfig, type KvPair } from '@lathe/models';
+import { accumulationDtype, decoder, decoderLayer, lmLogits, paddedCausalMask, positionsFromPadding, project, restrictedLogits, rmsNormHf, rope, weightInputs, type DecoderConfig, type KvPair, type LayerAttention, type Rope, type Weights } from '@lathe/models';
 import type { Device, DeviceTensor, HostTensor, Session } from '@lathe/runtime';
 import { cacheName } from '@lathe/rollout';
 import { gridShape, marginals, minPCandidates, type CriticBins } from '@lathe/critic';
@@ -62,27 +64,66 @@ function prefillGraph(name: string, cfg: DecoderConfig, compute: DType): Graph {
 }
 
 /**
- * A step's decoder over `T` tokens per row attending the cache (mask [B, 1, T, M + T]), with the
- * keys and values of token `keep` written into the cache at `scatter_index` [B, KV, 1, 3].
+ * One layer's attention for a step of T tokens per row: their keys and values are written into the
+ * cache at `index` [B, KV, T, 3] (in place), then every query attends over the whole cache under
+ * `mask` [B, 1, T, M] — so the cache is read once, never copied. Projections, Q/K norm, RoPE and
+ * the float32 softmax are the decoder's composed attention (`attention` in @lathe/models).
  */
-function stepDecoder(g: Graph, cfg: DecoderConfig, compute: DType, T: number, keep: number) {
+function cacheAttention(cfg: DecoderConfig, w: Weights, rotary: Rope, mask: Tensor, index: Tensor, write: (which: 'key' | 'value', t: Tensor) => void): LayerAttention {
+  const { numHeads: H, numKvHeads: KV, headDim: hd } = cfg;
+  const G = H / KV;
+  return (x, prefix, past) => {
+    if (!past) throw new Error('cacheAttention: no cache');
+    const [B, T] = x.shape;
+    const proj = (name: string) => project(w, `${prefix}.${name}`, x, cfg.attentionBias);
+    let q = L.reshape(proj('q_proj'), [B, T, H, hd]);
+    let k = L.reshape(proj('k_proj'), [B, T, KV, hd]);
+    if (cfg.qkNorm) {
+      q = rmsNormHf(q, w(`${prefix}.q_norm.weight`), cfg.rmsNormEps);
+      k = rmsNormHf(k, w(`${prefix}.k_norm.weight`), cfg.rmsNormEps);
+    }
+    const v = L.transpose(L.reshape(proj('v_proj'), [B, T, KV, hd]), [0, 2, 1, 3]);
+    const key = L.scatterND(past.key, index, rotary(L.transpose(k, [0, 2, 1, 3])));
+    const value = L.scatterND(past.value, index, v);
+    write('key', key);
+    write('value', value);
+    // the G query heads of a KV head and the T tokens are the rows of one batched matmul against
+    // the cache, [B, KV, G·T, hd] · [B, KV, hd, M]: no broadcast over the cache
+    const qg = L.reshape(rotary(L.transpose(q, [0, 2, 1, 3])), [B, KV, G * Number(T), hd]);
+    const scores = L.mul(L.cast(L.matmul(qg, L.transpose(key, [0, 1, 3, 2])), accumulationDtype(x.dtype)), 1 / Math.sqrt(hd));
+    const probs = L.maskedSoftmax(L.reshape(scores, [B, KV, G, T, key.shape[2]]), L.unsqueeze(mask, [1])); // [B, KV, G, T, M]
+    const ctx = L.matmul(L.cast(L.reshape(probs, [B, KV, G * Number(T), key.shape[2]]), x.dtype), value); // [B, KV, G·T, hd]
+    const merged = L.reshape(L.transpose(L.reshape(ctx, [B, H, T, hd]), [0, 2, 1, 3]), [B, T, H * hd]);
+    return { out: project(w, `${prefix}.o_proj`, merged, cfg.outputBias), present: { key, value } };
+  };
+}
+
+/**
+ * A step's decoder over `T` tokens per row (static): each token's keys and values are written into
+ * the cache at `scatter_index` [B, KV, T, 3] and every token attends over the cache under
+ * `attention_mask` [B, 1, T, M]. Returns the weights and the final hidden states [B, T, D].
+ */
+function stepDecoder(g: Graph, cfg: DecoderConfig, compute: DType, T: number) {
   const { weights } = weightInputs(g, cfg, 'float32', compute);
   const ids = g.input('input_ids', 'int64', ['B', T]);
   const positions = g.input('position_ids', 'int64', ['B', T]);
-  const mask = g.input('attention_mask', 'bool', ['B', 1, T, 'MT']);
-  const index = g.input('scatter_index', 'int64', ['B', cfg.numKvHeads, 1, 3]);
+  const mask = g.input('attention_mask', 'bool', ['B', 1, T, 'M']);
+  const index = g.input('scatter_index', 'int64', ['B', cfg.numKvHeads, T, 3]);
   const caches = cacheInputs(g, cfg, compute);
-  const out = decoder(cfg, weights, { inputIds: ids, positionIds: positions, attentionMask: mask, past: caches });
-  // present is the cache followed by the step's T tokens: token `keep` is at −T + keep
-  const end = keep === T - 1 ? Number.MAX_SAFE_INTEGER : keep - T + 1;
-  writeCaches(g, caches, index, (i, which) => L.slice(out.present[i][which], [2], [keep - T], [end]));
-  return { weights, hidden: out.hidden };
+  const rotary = rope(cfg, positions, compute);
+  let h = L.cast(L.gather(weights('model.embed_tokens.weight'), ids, 0), accumulationDtype(compute));
+  for (let i = 0; i < cfg.numLayers; i++) {
+    const attend = cacheAttention(cfg, weights, rotary, mask, index, (which, t) => g.output(t, cacheOutput(i, which)));
+    const input = h;
+    h = g.scope(`layer${i}`, () => decoderLayer(cfg, weights, i, input, attend, caches[i]).hidden);
+  }
+  return { weights, hidden: rmsNormHf(h, weights('model.norm.weight'), cfg.rmsNormEps) };
 }
 
 /** The reference's step: one token per row → the cache extended in place and the next token's top-k log-probs. */
 function referenceStepGraph(cfg: DecoderConfig, compute: DType, k: number): Graph {
   const g = new L.Graph('extract_reference_step');
-  const { weights, hidden } = stepDecoder(g, cfg, compute, 1, 0);
+  const { weights, hidden } = stepDecoder(g, cfg, compute, 1);
   const logits = L.cast(L.squeeze(lmLogits(cfg, weights, hidden), [1]), 'float32');
   const [values, indices] = L.topK(L.logSoftmax(logits, -1), Math.min(k, cfg.vocabSize), -1);
   g.output(values, 'top_logprobs');
@@ -93,7 +134,7 @@ function referenceStepGraph(cfg: DecoderConfig, compute: DType, k: number): Grap
 /** The critic's step: the drawn token and K candidate slots per row → the cache extended in place by the drawn token only, and the grid distribution of every token. */
 function criticStepGraph(cfg: DecoderConfig, bins: CriticBins, compute: DType, k: number): Graph {
   const g = new L.Graph('extract_critic_step');
-  const { weights, hidden } = stepDecoder(g, cfg, compute, 1 + k, 0);
+  const { weights, hidden } = stepDecoder(g, cfg, compute, 1 + k);
   g.output(L.softmax(L.cast(restrictedLogits(cfg, weights, hidden, bins.first_token_id, gridShape(bins).cells), 'float32'), -1), 'cell_probs');
   return g;
 }
@@ -206,26 +247,30 @@ class ModelCache {
     await runInPlace(session, feeds, this.cfg, this.caches, []);
   }
 
-  /** The step's inputs for T tokens per row: the pending token's slot to write, and a mask over the cache's filled slots, then the step's tokens (`own(q, s)`: query q may attend step token s). */
+  /**
+   * The step's inputs for T tokens per row, written to the slots from the row's next position on
+   * (past the pending token, scratch slots the next steps overwrite), and a mask of the row's
+   * filled slots, then the step's tokens (`own(q, s)`: query q may attend step token s).
+   */
   stepFeeds(ids: BigInt64Array, positions: BigInt64Array, T: number, own: (q: number, s: number) => boolean): Record<string, DeviceTensor | HostTensor> {
     const B = this.position.length;
     const M = this.caches.length;
-    const W = M + T;
-    const mask = new Uint8Array(B * T * W);
+    const mask = new Uint8Array(B * T * M);
     for (let b = 0; b < B; b++) {
-      if (this.position[b] >= M) throw new Error(`Q-weighted sampling: row ${b} ran past its ${M} cache positions`);
+      const at = this.position[b];
+      if (at + T > M) throw new Error(`Q-weighted sampling: row ${b} ran past its ${M} cache positions`);
       for (let q = 0; q < T; q++) {
-        const row = (b * T + q) * W;
-        mask.fill(1, row, row + this.position[b]);
-        for (let s = 0; s < T; s++) if (own(q, s)) mask[row + M + s] = 1;
+        const row = (b * T + q) * M;
+        mask.fill(1, row, row + at);
+        for (let s = 0; s < T; s++) if (own(q, s)) mask[row + at + s] = 1;
       }
     }
     return {
       ...this.weights,
       input_ids: { data: ids, dims: [B, T] },
       position_ids: { data: positions, dims: [B, T] },
-      attention_mask: { data: mask, dims: [B, 1, T, W] },
-      scatter_index: scatterIndex(B, this.cfg.numKvHeads, 1, (b) => this.position[b]),
+      attention_mask: { data: mask, dims: [B, 1, T, M] },
+      scatter_index: scatterIndex(B, this.cfg.numKvHeads, T, (b, t) => this.position[b] + t),
     };
   }
 
@@ -244,7 +289,7 @@ export interface CachedSessionOptions {
   criticWeights: Record<string, DeviceTensor>;
   /** The reference's caches: at least as many rows as the batch, and positions for its longest prompt plus the new tokens. */
   referenceCaches: CacheBuffers;
-  /** The critic's (when scoring): the same rows, and positions for its longest prefix plus the new tokens. */
+  /** The critic's (when scoring): the same rows, and positions for its longest prefix, the new tokens and the K candidates. */
   criticCaches?: CacheBuffers;
   bins: CriticBins;
   minP: number;
@@ -253,11 +298,12 @@ export interface CachedSessionOptions {
 }
 
 /**
- * The cache positions each model needs for a sampling call: a row's last step writes its token at
- * position (prefix length − 1) + (max tokens − 1), so the longest prefix plus max tokens suffices.
+ * The cache positions each model needs for a sampling call with K candidate slots: a row's last
+ * step writes its token at position (prefix length − 1) + (max tokens − 1), and the critic's its K
+ * candidates after it, so the longest prefix plus max tokens (plus K for the critic) suffices.
  */
-export function cacheLengths(limits: SessionLimits): { reference: number; critic: number } {
-  return { reference: limits.promptLength + limits.maxTokens, critic: limits.criticPrefixLength + limits.maxTokens };
+export function cacheLengths(limits: SessionLimits, k: number): { reference: number; critic: number } {
+  return { reference: limits.promptLength + limits.maxTokens, critic: limits.criticPrefixLength + limits.maxTokens + k };
 }
 
 /**

@@ -107,7 +107,7 @@ export class QWeightedModels implements StepModels {
         const compute = opts.compute ?? 'float32';
         this.cached ??= compileCachedGraphs(opts.device, opts.reference.config, opts.critic.config, opts.bins, compute, opts.maxCandidates);
         const R = Math.max(limits.rows, rows.length);
-        const lengths = cacheLengths(limits);
+        const lengths = cacheLengths(limits, opts.maxCandidates);
         // a second session open at once (not the sampler's way) gets caches of its own, freed with it
         const shared = !this.poolBusy;
         const own: CacheBuffers[] = [];

@@ -14,8 +14,9 @@ test('extract bench at a tiny shape on the CPU', async () => {
     // near-flat random logits: min-p keeps the top-4 cap, less the ids of the critic's grid (here about half the vocabulary)
     expect(g.candidates_per_step).toBeGreaterThanOrEqual(1);
     expect(g.candidates_per_step).toBeLessThanOrEqual(4);
-    // two models × 2 layers × (key, value) × batch × 2 KV heads × (5 + 3 positions) × head_dim 16 × 4 bytes
-    expect(g.q_weighted_cache_bytes).toBe(2 * 2 * 2 * g.batch * 2 * 8 * 16 * 4);
+    // 2 layers × (key, value) × batch × 2 KV heads × positions × head_dim 16 × 4 bytes; positions: prompt 5 + 3 new
+    // tokens for the reference, and 4 more for the critic (its candidates' scratch slots)
+    expect(g.q_weighted_cache_bytes).toBe(2 * 2 * g.batch * 2 * (8 + 12) * 16 * 4);
   }
   expect(r.train.kl.tokens_per_s).toBeGreaterThan(0);
   expect(r.train.kl_alone.tokens_per_s).toBeGreaterThan(0);

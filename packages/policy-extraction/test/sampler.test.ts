@@ -230,8 +230,9 @@ test('KV-cached sampling holds one pre-sized cache per model: no device allocati
     const base = device.memory();
     // prompts up to 5 tokens, critic prefixes up to 7; 7 requests in batches of 3 (the last one 1 row, filled with padding rows)
     const requests = [[5, 6, 7], [9], [10, 12, 3, 4, 8], [20, 21], [30], [31, 32], [33]].map((prompt, i) => ({ prompt, criticPrefix: [40, 41, ...prompt], key: i }));
-    // [layers × (key, value)] × rows × KV heads × (longest prefix + max tokens) × head_dim × 4 bytes (float32), per model
-    const cacheBytes = (maxTokens: number) => [5, 7].reduce((s, longest) => s + 2 * 2 * 3 * 2 * (longest + maxTokens) * 16 * 4, 0);
+    // [layers × (key, value)] × rows × KV heads × positions × head_dim × 4 bytes (float32), per model; positions: the
+    // longest prefix (prompt 5, critic prefix 7) + max tokens, and for the critic the K candidates' scratch slots
+    const cacheBytes = (maxTokens: number) => [5 + maxTokens, 7 + maxTokens + K].reduce((s, positions) => s + 2 * 2 * 3 * 2 * positions * 16 * 4, 0);
     for (const maxTokens of [4, 12, 12]) {
       const perStep: { tensors: number; bytes: number; allocated: number }[] = [];
       await qWeightedSample(requests, models, {
