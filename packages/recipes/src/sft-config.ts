@@ -1,6 +1,6 @@
 /** `lathe sft`'s options: defaults, flags, YAML keys and the config saved with checkpoints. */
 import { BUILTIN_DATA, BUILTIN_MODEL } from './demo-task';
-import { evalExamplesOption, loraOptions, modelOption, optimizerOptions, promptFormatOptions, runDirOption, seedOption, trainRunOptions, trainStepOptions } from './common-options';
+import { evalExamplesOption, loraOptions, modelOption, quantizeBaseOption, optimizerOptions, promptFormatOptions, runDirOption, seedOption, trainRunOptions, trainStepOptions } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 import { sftBenchmarkSamplingOptions, TRAIN_EVAL_KEYS, trainEvalOptions } from './train-eval-config';
 
@@ -42,6 +42,7 @@ export const sftSchema = {
   },
   ...optimizerOptions({ lr: 2e-5, schedule: 'cosine', warmup_steps: 20, weight_decay: 0.01, max_grad_norm: 1 }),
   ...loraOptions,
+  quantize_base: quantizeBaseOption,
   seed: seedOption('data order, the held-out split and the built-in model'),
   eval_examples: evalExamplesOption,
   eval_grader: { type: 'string', default: 'exact', choices: ['exact', 'math'], describe: 'How a generated response is judged: exact string match, or the math grader (final answers extracted and compared symbolically)' },

@@ -29,6 +29,8 @@ import { SFT_RESUMABLE_KEYS, type SftConfig } from './sft-config';
 import { stripThinking } from '@lathe/tokenizer';
 import { runPaths } from '@lathe/data';
 import { SftBenchmarkSampler, TrainBenchmarks, type TrainBenchmarkResult } from './train-eval';
+import { runTrainedWeights } from './quantize-lora';
+import type { TrainedWeights } from '@lathe/reward-models';
 import { anyRankStopped, joinDataParallel, openRankRunDir } from './launch-dp';
 import { evalPromptIds, lossTokenCount, packExamples, padBatch, padPackedBatch, readSftData, tokenizeExample, type PackedRow, type SftExample, type TokenizedExample } from './sft-data';
 
@@ -125,20 +127,24 @@ export interface SftTestHooks {
 }
 
 /** What an SFT run trains: every weight, or LoRA adapters over a frozen base fed as `base/<name>` inputs; and the loss graph over them. */
-function trainedTensors(config: DecoderConfig, cfg: SftConfig, lora: LoraConfig | undefined, compile: { compute: 'float32' | 'bfloat16'; flashAttention: boolean; staticShape: boolean }) {
+function trainedTensors(config: DecoderConfig, cfg: SftConfig, lora: LoraConfig | undefined, compile: { compute: 'float32' | 'bfloat16'; flashAttention: boolean; staticShape: boolean }, qlora?: TrainedWeights) {
   const packing = cfg.packing ? { packing: true } : {};
   const specs = paramSpecs(config);
-  const adapters = lora ? loraAdapters(config, lora) : [];
-  const params: TrainableParam[] = lora
-    ? adapters.flatMap((a) => [a.a, a.b])
-    : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+  const adapters = qlora ? qlora.adapters : lora ? loraAdapters(config, lora) : [];
+  const params: TrainableParam[] = qlora
+    ? qlora.params
+    : lora
+      ? adapters.flatMap((a) => [a.a, a.b])
+      : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
   const shape: { shape?: [number, number] } = compile.staticShape ? { shape: [cfg.batch_size, cfg.max_length] } : {};
   const loss = lora
     ? sftLoss(config, {
-        weights: (g, trainable) => {
-          const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
-          return loraWeights((name) => base.get(name)!, trainable, adapters, lora, compile.compute, { training: true });
-        },
+        weights: qlora
+          ? qlora.weights
+          : (g, trainable) => {
+              const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
+              return loraWeights((name) => base.get(name)!, trainable, adapters, lora, compile.compute, { training: true });
+            },
         recompute: cfg.gradient_checkpointing,
         flashAttention: compile.flashAttention,
         ...shape,
@@ -266,17 +272,19 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   // as total_sequence_length, or with a static shape a constant in the graph).
   const flashAttention = useFlashAttention(cfg.attention, cfg.device, compute, { packing: cfg.packing });
   const lora = loraFromOptions(cfg);
-  const { specs, adapters, params, loss } = trainedTensors(config, cfg, lora, { compute, flashAttention, staticShape });
-
   // State: fresh from the model folder, or from the latest checkpoint.
   const base = lm.float32Weights();
+  // QLoRA (--quantize_base): the adapters over the base quantized in memory, merged into its dequantized weights
+  const qlora = cfg.quantize_base !== 'none' ? runTrainedWeights(config, base, { lora, compute, seed: cfg.seed, quantize_base: cfg.quantize_base, device: cfg.device }) : undefined;
+  const { specs, adapters, params, loss } = trainedTensors(config, cfg, lora, { compute, flashAttention, staticShape }, qlora);
+  const mergeInto = (values: ReadonlyMap<string, Float32Array>) => (qlora ? qlora.merged(values) : mergeLora(base, values, adapters, lora!));
   const start = run.startFrom(params, cfg, SFT_RESUMABLE_KEYS, lora ? initLora(adapters, cfg.seed) : base);
   let { state } = start;
   const { init } = start;
 
   // The trainer holds parameters and AdamW state on the device; a LoRA base is bound once, read-only.
   const device = openDevice(cfg.device, dp?.deviceId ?? 0);
-  const frozenBase = lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, device.upload({ data: base.get(s.name)!, dims: s.shape })])) : {};
+  const frozenBase = qlora ? qlora.frozenOn(device) : lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, device.upload({ data: base.get(s.name)!, dims: s.shape })])) : {};
   const trainer = Trainer.create(
     { params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } },
     { ...init, step: state.step },
@@ -295,7 +303,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     // Greedy generation reads float32 weights: the trainer's own buffers in full fine-tuning (no
     // copy), the base with the adapters merged in with LoRA.
     const evaluate = async (): Promise<EvalResult> => {
-      const merged = lora ? mergeLora(base, trainer.downloadParams(), adapters, lora) : undefined;
+      const merged = lora ? mergeInto(trainer.downloadParams()) : undefined;
       const weights = merged ? specs.map((s): [string, HostTensor] => [s.name, { data: merged.get(s.name)!, dims: s.shape }]) : trainer.params();
       const rows = await greedy.evaluate(evaluation, weights);
       run.writeEval(state.step, rows);
@@ -308,7 +316,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     if (benchmarks) benchSampler = SftBenchmarkSampler.create(device, config, tokenizer, { temperature: cfg.eval_temperature, topP: cfg.eval_top_p, seed: cfg.seed, maxNewTokens: cfg.max_new_tokens, compute });
     const benchmarkEval = async (): Promise<void> => {
       if (!benchmarks || !benchSampler) return;
-      const merged = lora ? mergeLora(base, trainer.downloadParams(), adapters, lora) : undefined;
+      const merged = lora ? mergeInto(trainer.downloadParams()) : undefined;
       const uploaded = merged ? specs.map((s) => [s.name, device.upload({ data: merged.get(s.name)!, dims: s.shape })] as const) : undefined;
       try {
         const r = await benchmarks.run(state.step, benchSampler.sampler(uploaded ?? trainer.params()), runPaths(cfg.run_dir).eval);
@@ -322,7 +330,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     const checkpoint = () => {
       if (dp && !dp.main) return run.dir; // rank 0 saves the (identical) state of every rank
       const snap = trainer.snapshot();
-      const model = lora ? mergeLora(base, snap.params, adapters, lora) : snap.params;
+      const model = lora ? mergeInto(snap.params) : snap.params;
       return run.checkpoint({ config, model, trainable: params, values: snap.params, m: snap.m, v: snap.v, state, lora: Boolean(lora) }, { keepLast: cfg.keep_last, tokenizerFrom, onCheckpoint: (dir, step) => events.onCheckpoint?.(dir, step) });
     };
 
