@@ -95,7 +95,9 @@ export function extractionLoss(cfg: DecoderConfig, opts: ExtractionLossOptions):
     if (opts.candidateMass) {
       // log π_θ(C) = LSE_C(z) − LSE_V(z), with LSE_V(z) = z_c0 − log π_θ(c0) from the chunked head
       const keep = L.greater(candMask, g.constant(0, 'int64', []));
-      const first = (x: Tensor) => L.squeeze(L.slice(x, [2], [0], [1]), [2]);
+      // a Gather, not a Slice: Slice's gradient pads by shapes computed at run time, and ONNX Runtime moves
+      // that shape arithmetic to the CPU, which a CUDA session with CPU fallback off refuses
+      const first = (x: Tensor) => L.gather(x, g.constant(0, 'int64', []), 2);
       const logp0 = L.cast(chunkedTargetLogprobs(cfg, w, hidden, first(candIds), { chunk: opts.chunk, recompute: opts.recompute }), logits.dtype);
       const logMass = L.add(L.sub(L.logSumExp(L.where(keep, logits, L.scalarLike(-1e9, logits)), -1), first(logits)), logp0);
       const massSum = L.neg(L.maskedSum(logMass, has));
