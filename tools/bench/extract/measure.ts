@@ -170,7 +170,15 @@ export async function measureExtract(o: ExtractBenchOptions): Promise<ExtractBen
       }
     }
     const positions = Number(candMask.reduce((s, m, i) => s + (i % K === 0 ? m : 0n), 0n));
-    const timeSteps = (loss: LossBuilder, feeds: Record<string, { data: BigInt64Array | Float32Array; dims: number[] }>) => {
+    // a phase that cannot run here reports its error instead of hiding the generation numbers
+    const timeSteps = (loss: LossBuilder, feeds: Record<string, { data: BigInt64Array | Float32Array; dims: number[] }>): { step_ms: number; tokens_per_s: number } | { error: string } => {
+      try {
+        return timeStepsOf(loss, feeds);
+      } catch (e) {
+        return { error: (e as Error).message };
+      }
+    };
+    const timeStepsOf = (loss: LossBuilder, feeds: Record<string, { data: BigInt64Array | Float32Array; dims: number[] }>) => {
       const params = paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
       const trainer = Trainer.create({ params, loss, optimizer: { weightDecay: 0, maxGradNorm: 1 } }, { params: new Map([...weights].map(([k, v]) => [k, Float32Array.from(v)])) }, { device });
       const ms: number[] = [];
@@ -199,7 +207,7 @@ export async function measureExtract(o: ExtractBenchOptions): Promise<ExtractBen
     const klAlone = timeSteps(extractionLoss(config, { tau: o.tau, compute: o.compute }), klFeeds);
     const lossTokens = Number(lossMask.reduce((s, m) => s + m, 0n));
     const sft = timeSteps(sftLoss(config, { compute: o.compute }), { ...base, loss_mask: { data: lossMask, dims }, loss_tokens: { data: Float32Array.from([lossTokens]), dims: [] } });
-    return { preset: o.config ? 'custom' : o.preset, device: o.device, compute: o.compute, generation, train: { rows: o.trainRows, length: o.trainLength, candidates: K, kl, kl_alone: klAlone, sft, kl_vs_sft: round(kl.tokens_per_s / sft.tokens_per_s, 3) } };
+    return { preset: o.config ? 'custom' : o.preset, device: o.device, compute: o.compute, generation, train: { rows: o.trainRows, length: o.trainLength, candidates: K, kl, kl_alone: klAlone, sft, kl_vs_sft: 'tokens_per_s' in kl && 'tokens_per_s' in sft ? round(kl.tokens_per_s / sft.tokens_per_s, 3) : null } };
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
