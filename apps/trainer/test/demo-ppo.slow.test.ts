@@ -1,0 +1,59 @@
+/**
+ * PPO with GAE (`estimator: gae`, a separate critic) learns the demo task from a short SFT
+ * checkpoint, and its critic predicts the returns better than a constant (issue 27). A slow suite
+ * (`npm run test:slow`): ~1.5 min on 2 idle cores (SFT ~20 s, PPO ~70 s), 5.5 min sharing them with
+ * another run.
+ *
+ * The SFT stage is cut to 400 of the demo's 1000 steps so that the policy leaves room to improve;
+ * PPO then runs 150 steps of 64 prompts × 4 samples at lr 3e-4, the critic at 1e-3 after 10
+ * warm-up steps with the policy frozen. Measured with seed 0 (2026-11-26): greedy held-out accuracy
+ * 0.359 after SFT → 0.719 after PPO, sampled (mean@4, temperature 1) 0.207 → 0.422, reward over
+ * the first and last 10 steps 0.249 ± 0.011 → 0.376 ± 0.014 (standard errors of the means over the
+ * steps, so the difference's is ~0.018), explained variance above 0 in 131 of the 140 post-warm-up
+ * steps, median 0.022 (rising from ~0 to ~0.04 over the run). A run whose policy and critic learn
+ * nothing (lr 0, so value lr 0 too) fails every assertion below: reward 0.249 → 0.245, both
+ * accuracies unchanged, explained variance exactly 0 (the zero value head). Tried and not chosen: policy lr
+ * 1e-3 (32 prompts a step: the reward falls, 0.22 → 0.13), critic lr 3e-3 or 1e-2 (median explained
+ * variance 0.008, 0.001), a shared trunk with value_coef 0.1 (the policy learns as well, explained
+ * variance below 0 in 145 of 150 steps).
+ */
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { readMetrics } from '@lathe/data';
+import { runDemo } from './run-demo';
+
+const median = (xs: number[]): number => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
+
+test('PPO with GAE from a short SFT checkpoint of the demo: reward and held-out accuracy rise, the critic explains the returns', async () => {
+  const root = mkdtempSync(join(tmpdir(), 'lathe-demo-ppo-'));
+  const grpoYaml = join(root, 'ppo.yaml');
+  writeFileSync(
+    grpoYaml,
+    ['estimator: gae', 'value_trunk: separate', 'lr: 3.0e-4', 'value_lr: 1.0e-3', 'value_warmup_steps: 10', 'prompts_per_step: 64', 'group_size: 4', 'steps: 150', 'eval_every: 0', 'save_every: 0', ''].join('\n'),
+  );
+  const { summary: s } = await runDemo({ run_dir: join(root, 'demo'), steps: 400, eval_every: 0, save_every: 0, grpo_config: grpoYaml });
+  console.log(JSON.stringify(s));
+  expect(s).toMatchObject({ steps: 400, grpo_steps: 150, interrupted: false });
+  // the SFT checkpoint leaves room: measured 0.359 greedy, 0.207 sampled
+  expect(s.acc_after_sft as number).toBeLessThan(0.6);
+  expect(s.sampled_acc_after_sft as number).toBeLessThan(0.4);
+  // reward: measured +0.127; 0.06 is ~3.3 standard errors of the difference of the two means
+  expect(s.reward_last_10_steps as number).toBeGreaterThan((s.reward_first_10_steps as number) + 0.06);
+  // held-out accuracy rises: sampled +0.215 measured (256 samples a side, the difference's
+  // standard error ~0.04), greedy +0.36 (64 problems a side, ~0.08)
+  expect(s.sampled_acc_after_grpo as number).toBeGreaterThan((s.sampled_acc_after_sft as number) + 0.1);
+  expect(s.acc_after_grpo as number).toBeGreaterThan((s.acc_after_sft as number) + 0.15);
+
+  const steps = readMetrics(join(s.grpo_run_dir as string, 'metrics.jsonl')).filter((m) => 'reward_mean' in m);
+  expect(steps.map((m) => m['value/policy_frozen'])).toEqual([...Array<number>(10).fill(1), ...Array<number>(140).fill(0)]);
+  const ev = steps.filter((m) => m['value/policy_frozen'] === 0).map((m) => m['value/explained_variance']);
+  expect(ev.every((x) => typeof x === 'number' && Number.isFinite(x))).toBe(true); // the returns vary every step
+  const evs = ev as number[];
+  // a critic no better than a constant scatters around 0 (or below): measured median 0.022, 131 of 140 above 0
+  expect(median(evs)).toBeGreaterThan(0);
+  expect(evs.filter((x) => x > 0).length).toBeGreaterThan(0.75 * evs.length);
+}, 600_000);
