@@ -277,7 +277,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   // QLoRA (--quantize_base): the adapters over the base quantized in memory, merged into its dequantized weights
   const qlora = cfg.quantize_base !== 'none' ? runTrainedWeights(config, base, { lora, compute, seed: cfg.seed, quantize_base: cfg.quantize_base, device: cfg.device }) : undefined;
   const { specs, adapters, params, loss } = trainedTensors(config, cfg, lora, { compute, flashAttention, staticShape }, qlora);
-  const mergeInto = (values: ReadonlyMap<string, Float32Array>) => (qlora ? qlora.merged(values) : mergeLora(base, values, adapters, lora!));
+  const mergeInto = (values: Map<string, Float32Array>) => (qlora ? qlora.merged(values) : mergeLora(base, values, adapters, lora!));
   const start = run.startFrom(params, cfg, SFT_RESUMABLE_KEYS, lora ? initLora(adapters, cfg.seed) : base);
   let { state } = start;
   const { init } = start;

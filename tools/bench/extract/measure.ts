@@ -58,6 +58,9 @@ export interface GenerationPoint {
 }
 
 /** Everything the bench reports. */
+/** A training phase's timing, or why it could not run on this device. */
+export type TrainTiming = { step_ms: number; tokens_per_s: number } | { error: string };
+
 export interface ExtractBenchResult {
   preset: string;
   device: DeviceKind;
@@ -68,11 +71,12 @@ export interface ExtractBenchResult {
     length: number;
     candidates: number;
     /** `lathe extract train`'s loss: the KL and the candidate-mass term (which reads the full vocabulary's log-partition). */
-    kl: { step_ms: number; tokens_per_s: number };
+    kl: TrainTiming;
     /** The KL alone (candidate-mass weight 0): only the candidates' rows of the LM head. */
-    kl_alone: { step_ms: number; tokens_per_s: number };
-    sft: { step_ms: number; tokens_per_s: number };
-    kl_vs_sft: number;
+    kl_alone: TrainTiming;
+    sft: TrainTiming;
+    /** null when either phase failed. */
+    kl_vs_sft: number | null;
   };
 }
 
@@ -171,7 +175,7 @@ export async function measureExtract(o: ExtractBenchOptions): Promise<ExtractBen
     }
     const positions = Number(candMask.reduce((s, m, i) => s + (i % K === 0 ? m : 0n), 0n));
     // a phase that cannot run here reports its error instead of hiding the generation numbers
-    const timeSteps = (loss: LossBuilder, feeds: Record<string, { data: BigInt64Array | Float32Array; dims: number[] }>): { step_ms: number; tokens_per_s: number } | { error: string } => {
+    const timeSteps = (loss: LossBuilder, feeds: Record<string, { data: BigInt64Array | Float32Array; dims: number[] }>): TrainTiming => {
       try {
         return timeStepsOf(loss, feeds);
       } catch (e) {
