@@ -11,8 +11,13 @@
  * the first and last 10 steps 0.249 ± 0.011 → 0.376 ± 0.014 (standard errors of the means over the
  * steps, so the difference's is ~0.018), explained variance above 0 in 131 of the 140 post-warm-up
  * steps, median 0.022 (rising from ~0 to ~0.04 over the run). A run whose policy and critic learn
- * nothing (lr 0, so value lr 0 too) fails every assertion below: reward 0.249 → 0.245, both
- * accuracies unchanged, explained variance exactly 0 (the zero value head). Tried and not chosen: policy lr
+ * nothing (lr 0, so value lr 0 too) fails the reward, sampled-accuracy and explained-variance
+ * assertions below: reward 0.249 → 0.245, both accuracies unchanged, explained variance exactly 0
+ * (the zero value head). Seed 1 (not asserted:
+ * its 400-step SFT reaches only 0.094, so it starts from 700 SFT steps, 0.453): reward 0.296 → 0.404,
+ * sampled 0.285 → 0.371, greedy 0.453 → 0.484, explained variance median 0.068, above 0 in 135 of
+ * 140 steps; from its 400-step checkpoint the reward still rises (0.061 → 0.086) but the critic,
+ * seeing almost only zero returns, does not (median −0.001). Tried and not chosen: policy lr
  * 1e-3 (32 prompts a step: the reward falls, 0.22 → 0.13), critic lr 3e-3 or 1e-2 (median explained
  * variance 0.008, 0.001), a shared trunk with value_coef 0.1 (the policy learns as well, explained
  * variance below 0 in 145 of 150 steps).
@@ -23,6 +28,7 @@ import { join } from 'node:path';
 import { readMetrics } from '@lathe/data';
 import { runDemo } from './run-demo';
 
+/** The median of a non-empty list. */
 const median = (xs: number[]): number => {
   const s = [...xs].sort((a, b) => a - b);
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
@@ -43,10 +49,11 @@ test('PPO with GAE from a short SFT checkpoint of the demo: reward and held-out 
   expect(s.sampled_acc_after_sft as number).toBeLessThan(0.4);
   // reward: measured +0.127; 0.06 is ~3.3 standard errors of the difference of the two means
   expect(s.reward_last_10_steps as number).toBeGreaterThan((s.reward_first_10_steps as number) + 0.06);
-  // held-out accuracy rises: sampled +0.215 measured (256 samples a side, the difference's
-  // standard error ~0.04), greedy +0.36 (64 problems a side, ~0.08)
-  expect(s.sampled_acc_after_grpo as number).toBeGreaterThan((s.sampled_acc_after_sft as number) + 0.1);
-  expect(s.acc_after_grpo as number).toBeGreaterThan((s.acc_after_sft as number) + 0.15);
+  // held-out accuracy: sampled +0.215 measured (+0.086 for seed 1; 256 samples a side, the
+  // difference's standard error below ~0.04 as the prompts are the same); greedy must not fall
+  // (+0.36 measured, +0.03 for seed 1: 64 problems a side move it by ±0.06)
+  expect(s.sampled_acc_after_grpo as number).toBeGreaterThan((s.sampled_acc_after_sft as number) + 0.05);
+  expect(s.acc_after_grpo as number).toBeGreaterThanOrEqual(s.acc_after_sft as number);
 
   const steps = readMetrics(join(s.grpo_run_dir as string, 'metrics.jsonl')).filter((m) => 'reward_mean' in m);
   expect(steps.map((m) => m['value/policy_frozen'])).toEqual([...Array<number>(10).fill(1), ...Array<number>(140).fill(0)]);
