@@ -60,7 +60,7 @@ import { isCustomObjective, resolveGrpoOptions, type GrpoResumeState, type GrpoT
 import { AdaptiveKlController, klPenalisedRewards, meanCompletionKl } from './kl';
 import { decoderPolicy } from './policies';
 import { lossNormaliser, type PolicyLossConfig } from './policy-loss';
-import { ComputeWeights, frozenReference, GenerationRunner, KvGenerationRunner, ScoringRunner, type BoundWeights, type PolicyWeights, type RolloutGenerator } from './policy-sessions';
+import { ComputeWeights, frozenReference, GenerationRunner, KvGenerationRunner, ScoringRunner, type BoundWeights, type PolicyWeights, type RolloutGenerator, type WeightsGuard } from './policy-sessions';
 import type { ScoredBatch } from './rewards';
 import { rlLoss } from './rl-loss';
 import { explainedVariance, SHARED_VALUE_HEAD, valueLossBuilder, valueModelInit, valueModelParams, ValueScorer } from './value-model';
@@ -154,6 +154,8 @@ interface GrpoTrainerParts<M> {
   generationEngine: GenerationEngine;
   /** PPO's value model: its train step and its scoring session (`estimator: 'gae'`). */
   critic?: { trainer: Trainer; scorer: ValueScorer };
+  /** The KV-cache engine's compute-dtype copy of the policy (undefined with the graph engine). */
+  computeWeights?: ComputeWeights;
 }
 
 /** The GRPO-family RL loop over a decoder policy on one device. */
@@ -670,6 +672,21 @@ export class GrpoTrainer<M = unknown> {
   }
 
   /**
+   * The policy in the compute dtype on the device, by HF name: the buffers the KV-cache engine
+   * generates from, rewritten at the start of each rollout after an update (and by this call), for
+   * an engine that serves the policy while it trains (`lathe grpo --serve_port`). `guard` runs
+   * around every rewrite. Needs the KV-cache engine, with releaseGenerationMemory off (the buffers
+   * must stay where they are).
+   */
+  async servingWeights(guard: WeightsGuard): Promise<Map<string, DeviceTensor>> {
+    const cw = this.parts.computeWeights;
+    if (!cw) throw new Error(`servingWeights: the policy is served from the KV-cache engine's weights, and this trainer generates with the '${this.generationEngine}' engine`);
+    if (this.opts.releaseGenerationMemory) throw new Error('servingWeights: releaseGenerationMemory frees the buffers a server would read between steps');
+    cw.guard = guard;
+    return cw.update(this.policyWeights(), this.trainer.step);
+  }
+
+  /**
    * Greedy completions of `prompts` from the current weights (evaluation; ReMax's baseline): token
    * ids, the decoded text (without the stop token) and whether a stop id ended it. A generation
    * phase of its own: with `releaseGenerationMemory` its memory is freed afterwards.
@@ -788,7 +805,7 @@ function policyWeightsOf(config: DecoderConfig, lora: LoraConfig | undefined, co
  * The rollout sampler, the greedy generator (made on first use) and what frees their memory between
  * phases; with the KV-cache engine both read one compute-dtype copy of the weights.
  */
-function generationRunners<M>(o: ResolvedGrpoOptions<M>, engine: GenerationEngine, policy: PolicyWeights): Pick<GrpoTrainerParts<M>, 'sampler' | 'greedy' | 'samplerOf' | 'releaseGeneration' | 'owned'> {
+function generationRunners<M>(o: ResolvedGrpoOptions<M>, engine: GenerationEngine, policy: PolicyWeights): Pick<GrpoTrainerParts<M>, 'sampler' | 'greedy' | 'samplerOf' | 'releaseGeneration' | 'owned' | 'computeWeights'> {
   const { device, session, promptsPerRun } = o;
   const config = o.model.config;
   const padId = o.tokenizer.padId;
@@ -823,7 +840,7 @@ function generationRunners<M>(o: ResolvedGrpoOptions<M>, engine: GenerationEngin
         computeWeights?.release();
       }
     : undefined;
-  return { sampler, greedy, samplerOf, releaseGeneration, owned };
+  return { sampler, greedy, samplerOf, releaseGeneration, owned, ...(computeWeights ? { computeWeights } : {}) };
 }
 
 /**

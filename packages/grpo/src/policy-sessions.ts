@@ -202,6 +202,16 @@ export interface KvGenerationRunnerOptions extends GenerationRunnerOptions {
  * Weights that never change (the frozen KL reference, {@link frozenReference}) are materialised
  * once with {@link ComputeWeights.materialiseOnce}, which then frees the session that wrote them.
  */
+/**
+ * What another reader of a {@link ComputeWeights}' buffers (a server answering requests while the
+ * policy trains) does around each rewrite: `before` resolves once it has stopped reading, `after`
+ * lets it read again, with the weight version (the optimizer step) the buffers now hold.
+ */
+export interface WeightsGuard {
+  before(): Promise<void>;
+  after(version: number | undefined): void;
+}
+
 export class ComputeWeights {
   private built: { session: Session; binding: Binding; buffers: Map<string, DeviceTensor> } | undefined;
   private version: number | undefined;
@@ -226,11 +236,19 @@ export class ComputeWeights {
     if (this.frozen) return this.frozen;
     if (!this.built) this.built = this.build();
     else if (version !== undefined && version === this.version) return this.built.buffers;
-    bindAll(this.built.binding, ...weights);
-    await this.built.binding.run();
-    this.version = version;
+    await this.guard?.before();
+    try {
+      bindAll(this.built.binding, ...weights);
+      await this.built.binding.run();
+      this.version = version;
+    } finally {
+      this.guard?.after(this.version);
+    }
     return this.built.buffers;
   }
+
+  /** Called around every rewrite of the buffers (see {@link WeightsGuard}); set by whoever else reads them. */
+  guard: WeightsGuard | undefined;
 
   /**
    * Materialises `weights` once (a synchronous run, so a constructor can call it), then frees the

@@ -117,6 +117,16 @@ export const grpoSchema = {
     ...checkpointOptions(50),
     log_every: { type: 'number', default: 1, integer: true, min: 1, describe: 'Write metrics.jsonl every N steps' },
     ...reportOptions,
+    serve_port: {
+      type: 'number',
+      default: 0,
+      integer: true,
+      min: 0,
+      describe:
+        "Serve the policy being trained over lathe serve's OpenAI-compatible API on this port (0: off): from the trainer's own device weights (no copy, no reload; needs the KV-cache generation engine), answered between weight updates, each response's system_fingerprint naming the step it saw (step-N); needs the model's Hugging Face tokenizer",
+    },
+    serve_host: { type: 'string', default: '127.0.0.1', describe: 'With --serve_port: the address to listen on (0.0.0.0 exposes it)' },
+    serve_max_rows: { type: 'number', default: 32, integer: true, min: 1, describe: 'With --serve_port: requests decoding at once (cache rows, besides the rollouts’)' },
   }),
   ...resumeOptions('metrics, rollouts and evaluations'),
 } as const satisfies OptionSchema;
@@ -206,7 +216,7 @@ export function grpoPresetSource(preset: GrpoConfig['preset']): { name: string; 
  * Options that may change between a checkpoint and its resume without --force (they do not change
  * what is trained; the generation engine draws the same samples either way, up to rounding).
  */
-export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project', ...TRAIN_EVAL_KEYS];
+export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project', 'serve_port', 'serve_host', 'serve_max_rows', ...TRAIN_EVAL_KEYS];
 
 /**
  * `lathe demo`'s GRPO stage: the SFT stage's final checkpoint on the same task and held-out split,

@@ -14,7 +14,7 @@ import { paramCount, readSafetensorsHeader, readTensorBytes, writeSafetensors } 
 import { existsSync } from 'node:fs';
 import { MathGrader, r1ZeroFormatReward } from '@lathe/graders';
 import { Device, sizeOf } from '@lathe/runtime';
-import { join } from 'node:path';
+import { basename, join, resolve } from 'node:path';
 import { readRecords, RolloutStore, runPaths } from '@lathe/data';
 import { loraFromOptions, type TrainerState } from '@lathe/train';
 import { combineRewards, GrpoTrainer, overlongReward, type GrpoResumeState, type GrpoStepMetrics, type OffPolicyTrace, type RlPrompt } from '@lathe/grpo';
@@ -22,6 +22,7 @@ import { additionExamples, BUILTIN_DATA } from './demo-task';
 import { readPromptFile } from './generate';
 import { grpoTrainerOptions, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
 import { judgeSource, withClassmates } from './classmate-config';
+import { serveTrainingPolicy, type TrainingServe } from './serve-training';
 import { combineRewardSources, loadRewardFunctions, parseRewardWeights, rewardModelSource, RewardSourceError, withRewardWeights, type AnyRewardSource } from './reward-sources';
 import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested } from './scaffold';
 import { grpoBenchmarkSampler, TrainBenchmarks, type TrainBenchmarkResult } from './train-eval';
@@ -94,6 +95,8 @@ export interface GrpoEvents {
   onCheckpoint?(dir: string, step: number): void;
   /** A benchmark evaluation (`--eval_benchmarks`) finished. */
   onBenchmarks?(r: TrainBenchmarkResult): void;
+  /** `--serve_port`: the policy is served at this base URL. */
+  onServe?(url: string): void;
 }
 
 /** What a run returns. */
@@ -323,6 +326,28 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     resume,
   });
   classmates.bind(trainer);
+  let serving: TrainingServe | undefined;
+  if (cfg.serve_port > 0) {
+    try {
+      serving = await serveTrainingPolicy(trainer, {
+        host: cfg.serve_host,
+        port: cfg.serve_port,
+        id: basename(resolve(cfg.run_dir)),
+        tokenizerFrom: model.tokenizerFrom,
+        device,
+        config: model.config,
+        dtype: cfg.compute_dtype,
+        stopIds,
+        rows: cfg.serve_max_rows,
+        maxModelLen: Math.min(model.config.maxPositionEmbeddings, 4096),
+      });
+    } catch (e) {
+      trainer.dispose();
+      classmates.dispose();
+      throw e;
+    }
+    events.onServe?.(serving.url);
+  }
 
   run.saveConfig(cfg);
   const store = await RolloutStore.open(runPaths(cfg.run_dir).rollouts);
@@ -410,6 +435,8 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
         if (!(e instanceof RewardSourceError)) throw e;
         throw new Error(`step ${state.step + 1}: ${e.message}; the weights before this step are saved in ${await checkpoint()}`);
       });
+      // the served policy moves to the weights this step wrote
+      await serving?.refresh();
       const klCoef = trainer.adaptiveKlCoef;
       state = { ...state, step: state.step + 1, dataPosition: stream.position, optimizerStep: trainer.trainer.step, ...(klCoef !== undefined ? { klCoef } : {}) };
       last = metrics;
@@ -451,6 +478,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     }
     checkpointDir = run.savedAt(state.step) ?? (await checkpoint());
   } finally {
+    await serving?.close();
     await store.close();
     trainer.dispose();
     classmates.dispose();

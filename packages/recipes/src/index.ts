@@ -37,6 +37,7 @@ export * from './train-eval-config';
 export * from './train-eval';
 export * from './serve-config';
 export * from './serve';
+export * from './serve-training';
 export * from './studio-config';
 export * from './quantize-config';
 export * from './quantize';

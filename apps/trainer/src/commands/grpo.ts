@@ -63,6 +63,7 @@ export function grpoReporter(cfg: GrpoConfig, label = 'grpo'): { events: GrpoEve
     },
     onBenchmarks: (r) => log(benchmarkLine(r)),
     onCheckpoint: (dir) => log(`checkpoint ${dir}`),
+    onServe: (url) => log(`serving the policy being trained at ${url} (OpenAI API; system_fingerprint names the step)`),
   };
   return {
     events,

@@ -214,6 +214,8 @@ interface Job {
   logprobs: boolean;
   /** Called whenever a choice has news (streaming), and once at the end. */
   onUpdate?: (choice: Choice, final: boolean) => void;
+  /** Called when the rows of a prompt enter the engine. */
+  onAdmit?: () => void;
 }
 
 /** Runs every prompt × n sample; resolves with the choices (index = prompt · n + sample). */
@@ -233,6 +235,7 @@ function runJob(job: Job, signal: { onCancel: (f: () => void) => void }): Promis
           seed: common.seed,
           topLogprobs: job.topLogprobs,
           stopIds: common.stopIds,
+          ...(job.onAdmit ? { onAdmit: job.onAdmit } : {}),
           onToken: (j: number, t: SlotToken, stop: boolean) => {
             const c = choices[p * n + j];
             c.tokens++;
@@ -365,6 +368,8 @@ export function createOpenAiServer(opts: OpenAiServerOptions): Server {
     const maxTokens = planTokens(common, prompts, chat ? 'messages' : 'prompt');
     const id = `${chat ? 'chatcmpl' : 'cmpl'}-${randomBytes(12).toString('hex')}`;
     const head = { id, object: chat ? 'chat.completion.chunk' : 'text_completion', created: Math.floor(Date.now() / 1000), model: common.model.id, system_fingerprint: common.model.fingerprint?.() ?? null };
+    // the fingerprint (e.g. the training step whose weights answer) is the one when the rows enter the engine
+    const onAdmit = common.model.fingerprint ? () => void (head.system_fingerprint = common.model.fingerprint!()) : undefined;
     let cancel: () => void = () => undefined;
     const signal = { onCancel: (f: () => void) => (cancel = f) };
     // A client that goes away: the response closing unfinished, or its socket ending or failing —
@@ -384,7 +389,7 @@ export function createOpenAiServer(opts: OpenAiServerOptions): Server {
     });
 
     if (!common.stream) {
-      const choices = await runJob({ prompts, common, maxTokens, topLogprobs, logprobs }, signal);
+      const choices = await runJob({ prompts, common, maxTokens, topLogprobs, logprobs, ...(onAdmit ? { onAdmit } : {}) }, signal);
       const out = choices.map((c) => {
         const text = c.text.flush(true);
         if (chat) return { index: c.index, message: { role: 'assistant', content: text }, logprobs: logprobs ? chatLogprobs(tok, c.logprobs, topLogprobs) : null, finish_reason: finishOf(c) };
@@ -416,7 +421,7 @@ export function createOpenAiServer(opts: OpenAiServerOptions): Server {
       }
     };
     try {
-      const choices = await runJob({ prompts, common, maxTokens, topLogprobs, logprobs, onUpdate }, signal);
+      const choices = await runJob({ prompts, common, maxTokens, topLogprobs, logprobs, onUpdate, ...(onAdmit ? { onAdmit } : {}) }, signal);
       send({ ...head, choices: [], usage: usageOf(prompts, choices) });
     } catch (e) {
       const err = e instanceof ApiError ? e : new ApiError(500, (e as Error).message);

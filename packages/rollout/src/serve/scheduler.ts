@@ -32,6 +32,8 @@ export interface ScheduledRequest {
   onToken(choice: number, token: SlotToken, stop: boolean): boolean | void;
   /** Sample `choice` ended. */
   onFinish(choice: number, reason: FinishReason): void;
+  /** The request's rows entered the engine (the weights that answer it are fixed from here on, see {@link Scheduler.quiesce}). */
+  onAdmit?(): void;
 }
 
 /** Why a sample ended: a stop id or the caller's stop, its token limit, a cancel, or an engine error. */
@@ -85,6 +87,8 @@ export class Scheduler {
   private readonly owner = new Map<number, { live: Live; choice: number }>();
   private reserved = 0;
   private running = false;
+  /** Set by {@link quiesce}: no admissions until {@link resume}. */
+  private holding = false;
   private closed = false;
   /** Set while paused: the loop waits on it before its next step. */
   private pausedUntil: Promise<void> | undefined;
@@ -167,8 +171,20 @@ export class Scheduler {
     return new Promise((r) => (this.parked = r));
   }
 
-  /** Lets a paused scheduler step again. */
+  /**
+   * Stops admitting requests (they queue), lets every running one finish, then pauses as
+   * {@link pause} does — so that each request is answered by one version of the weights, e.g. while
+   * a trainer rewrites the weights the engine reads between its steps. {@link resume} lets it go on.
+   */
+  async quiesce(): Promise<void> {
+    this.holding = true;
+    while (this.engine.busy > 0 || this.engine.stepInFlight) await new Promise((r) => setTimeout(r, 1));
+    await this.pause();
+  }
+
+  /** Lets a paused (or quiesced) scheduler step and admit again. */
   resume(): void {
+    this.holding = false;
     const go = this.unpause;
     this.pausedUntil = undefined;
     this.parked = undefined;
@@ -235,6 +251,7 @@ export class Scheduler {
   /** The queue's head requests that fit now: slots, reserved tokens, prefill budget; FIFO. */
   private nextAdmissions(): Live[] {
     const out: Live[] = [];
+    if (this.holding) return out;
     let free = this.engine.free;
     let reserved = this.reserved;
     let prefill = 0;
@@ -309,6 +326,7 @@ export class Scheduler {
         results.forEach((r, i) => {
           const live = admit[i];
           this.counters.admitted++;
+          live.req.onAdmit?.();
           r.slots.forEach((slot, c) => {
             live.slots[c] = slot;
             this.owner.set(slot, { live, choice: c });
