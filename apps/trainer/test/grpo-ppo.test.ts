@@ -21,9 +21,10 @@ test('--estimator gae: GAE and value-model options map to the trainer’s valueM
   expect(grpoTrainerOptions(grpoConfigFromArgv({})).valueModel).toBeUndefined();
 });
 
-test('refused: LoRA on the critic; a warm-up with a shared trunk', async () => {
+test('refused: LoRA on the critic; a warm-up with a shared trunk; a critic rate over a policy rate of 0', async () => {
   await expect(runGrpo(smallGrpo(root, 'ppo-lora', { estimator: 'gae', lora_rank: 4 }))).rejects.toThrow('--estimator gae with --lora_rank 4');
   await expect(runGrpo(smallGrpo(root, 'ppo-shared-warm', { estimator: 'gae', value_trunk: 'shared', value_warmup_steps: 1 }))).rejects.toThrow('valueModel.warmupSteps 1 with a shared trunk');
+  await expect(runGrpo(smallGrpo(root, 'ppo-critic-alone', { estimator: 'gae', lr: 0, value_lr: 1e-3 }))).rejects.toThrow("--value_lr 0.001 with --lr 0: the value model's rate is a ratio of --lr");
 });
 
 test.each([['separate'], ['shared']] as const)('PPO with a %s critic: killed after the step-2 checkpoint and resumed, the run equals an uninterrupted one', async (trunk) => {

@@ -224,6 +224,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   checkComputeDtype(cfg);
   if (!(cfg.temperature > 0)) throw new Error(`--temperature ${cfg.temperature}: RL rollouts need a temperature > 0`);
   if (cfg.group_size < 2 && !['remax', 'reinforce_pp', 'gae'].includes(cfg.estimator)) throw new Error(`--group_size ${cfg.group_size}: --estimator ${cfg.estimator} needs groups of at least 2 (remax, reinforce_pp and gae work with 1)`);
+  if (cfg.estimator === 'gae' && cfg.value_lr > 0 && !(cfg.lr > 0)) throw new Error(`--value_lr ${cfg.value_lr} with --lr ${cfg.lr}: the value model's rate is a ratio of --lr, which must be > 0 (a critic trained alone is not supported yet)`);
   if (cfg.estimator === 'gae' && cfg.lora_rank > 0) throw new Error(`--estimator gae with --lora_rank ${cfg.lora_rank}: the value model trains every weight of its own trunk; LoRA on the critic is not supported yet`);
   if (cfg.estimator === 'dr_grpo' && cfg.aggregation !== 'token-sum-norm') {
     // allowed (an ablation), but rarely meant: Dr.GRPO is both changes
