@@ -5,13 +5,14 @@
  * the train step → loop over optimizer steps, logging and checkpointing (each checkpoint with its
  * critic_bins.json). Resumes exactly as `lathe sft` does.
  */
-import { paramSpecs, seededNormal, type DecoderConfig } from '@lathe/models';
+import { seededNormal, type DecoderConfig } from '@lathe/models';
 import { readTrajectories } from '@lathe/data';
 import { HfTokenizer } from '@lathe/tokenizer';
 import { sizeOf, type HostTensor } from '@lathe/runtime';
-import { initLora, LORA_DROPOUT_KEY, loraAdapters, loraDropoutKey, loraFromOptions, loraWeights, mergeLora, Trainer, type TrainableParam } from '@lathe/train';
+import { LORA_DROPOUT_KEY, loraDropoutKey, Trainer } from '@lathe/train';
 import { criticLoss, defaultRewardValues, gridShape, growRows, logLengthEdges, placeGrid, saveBins, type CriticBins } from '@lathe/critic';
 import { additionTokenizer } from './demo-task';
+import { recipeTensors } from './quantize-lora';
 import { checkComputeDtype, EpochStream, loadRunModel, openDevice, RunDir, scheduledLr, stepTiming, stopRequested, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
 import { CRITIC_TRAIN_RESUMABLE_KEYS, type CriticTrainConfig } from './critic-config';
 import { criticLabelCount, criticTrainingExamples, packCriticExamples, padCriticBatch, type CriticRow } from './critic-data';
@@ -86,36 +87,22 @@ export async function runCriticTrain(cfg: CriticTrainConfig, events: CriticTrain
   if (examples.length === 0) throw new Error(`--data ${cfg.data}: no training sequence (${skipped} attempts longer than --max_length ${cfg.max_length}, or none at or after --supervise_from_trajectory ${cfg.supervise_from_trajectory})`);
   const packed = packCriticExamples(examples, cfg.max_length);
 
-  const lora = loraFromOptions(cfg);
-  const specs = paramSpecs(config);
-  const adapters = lora ? loraAdapters(config, lora) : [];
-  const params: TrainableParam[] = lora ? adapters.flatMap((a) => [a.a, a.b]) : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
-  const loss = criticLoss(config, bins, {
-    packing: true,
-    recompute: cfg.gradient_checkpointing,
-    compute: cfg.compute_dtype,
-    ...(lora
-      ? {
-          weights: (g, trainable) => {
-            const frozen = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
-            return loraWeights((name) => frozen.get(name)!, trainable, adapters, lora, cfg.compute_dtype, { training: true });
-          },
-        }
-      : {}),
-  });
+  const trained = recipeTensors(config, base, cfg);
+  const { lora, params } = trained;
+  const loss = criticLoss(config, bins, { packing: true, recompute: cfg.gradient_checkpointing, compute: cfg.compute_dtype, ...(trained.weights ? { weights: trained.weights } : {}) });
 
-  const start = run.startFrom(params, cfg, CRITIC_TRAIN_RESUMABLE_KEYS, lora ? initLora(adapters, cfg.seed) : base);
+  const start = run.startFrom(params, cfg, CRITIC_TRAIN_RESUMABLE_KEYS, trained.init);
   let { state } = start;
   const { init } = start;
   const device = openDevice(cfg.device);
-  const frozenBase = lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, device.upload({ data: base.get(s.name)!, dims: s.shape })])) : {};
+  const frozenBase = trained.frozenOn(device);
   const trainer = Trainer.create({ params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { ...init, step: state.step }, { device, microBatches: cfg.micro_batches, frozen: frozenBase });
   const dropoutKeyed = trainer.batchInputs.includes(LORA_DROPOUT_KEY);
   try {
     run.saveConfig(cfg);
     const checkpoint = () => {
       const snap = trainer.snapshot();
-      const weights = lora ? mergeLora(base, snap.params, adapters, lora) : snap.params;
+      const weights = trained.merged(snap.params);
       return run.checkpoint(
         { config, model: weights, trainable: params, values: snap.params, m: snap.m, v: snap.v, state, lora: Boolean(lora) },
         {

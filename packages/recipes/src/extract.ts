@@ -8,17 +8,18 @@
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { CausalLM, paramSpecs, type DecoderConfig } from '@lathe/models';
+import { CausalLM, type DecoderConfig } from '@lathe/models';
 import { batchOf, flattenLists, flattenNested, listData, nestedListData, readTrajectories, trajectoriesToBatch, writeAtomic, writeParquet, type Trajectory } from '@lathe/data';
 import { Device, sizeOf, type HostTensor } from '@lathe/runtime';
 import { DEFAULT_JUDGE_PROMPT, extractAnswer, LlmJudge, majorityVote, MathGrader, passAtK, voteKey } from '@lathe/graders';
-import { initLora, LORA_DROPOUT_KEY, loraAdapters, loraDropoutKey, loraFromOptions, loraWeights, mergeLora, sftLoss, Trainer, type DecoderLossOptions, type LossBuilder, type TrainableParam } from '@lathe/train';
+import { LORA_DROPOUT_KEY, loraDropoutKey, sftLoss, Trainer, type DecoderLossOptions, type LossBuilder } from '@lathe/train';
 import { contextPrefix } from '@lathe/critic';
 import { extractionLoss, qWeightedSample, QWeightedModels, validateTau, type KlDirection, type QSample } from '@lathe/policy-extraction';
 import { splitThinking } from '@lathe/tokenizer';
 import { criticBins } from './critic-label';
 import { readPromptFile } from './generate';
-import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, stepTiming, stopRequested, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { recipeTensors } from './quantize-lora';
+import { checkComputeDtype, EpochStream, loadRunModel, openDevice, RunDir, scheduledLr, stepTiming, stopRequested, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
 import { candidatePositions, extractionExamples, padExtractionBatch, readLabelledTrajectories, successfulExamples, type ExtractionExample } from './extract-data';
 import { EXTRACT_TRAIN_RESUMABLE_KEYS, type ExtractEvalConfig, type ExtractGenerateConfig, type ExtractRftConfig, type ExtractTrainConfig } from './extract-config';
 import { padBatch, lossTokenCount } from './sft-data';
@@ -257,26 +258,13 @@ async function trainPolicy<E extends { ids: number[] }>(cfg: TrainConfig, run: R
     throw new Error(`--data ${cfg.data}: no trajectory to train on (${objective.skipped} longer than --max_length ${cfg.max_length}, ${objective.dropped} dropped)`);
   }
   const base = model.lm.float32Weights();
-  const lora = loraFromOptions(cfg);
-  const specs = paramSpecs(config);
-  const adapters = lora ? loraAdapters(config, lora) : [];
-  const params: TrainableParam[] = lora ? adapters.flatMap((a) => [a.a, a.b]) : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
-  const loss = objective.loss(config, {
-    compute: cfg.compute_dtype,
-    recompute: cfg.gradient_checkpointing,
-    ...(lora
-      ? {
-          weights: (g, trainable) => {
-            const frozen = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
-            return loraWeights((name) => frozen.get(name)!, trainable, adapters, lora, cfg.compute_dtype, { training: true });
-          },
-        }
-      : {}),
-  });
-  const start = run.startFrom(params, cfg, EXTRACT_TRAIN_RESUMABLE_KEYS, lora ? initLora(adapters, cfg.seed) : base);
+  const trained = recipeTensors(config, base, cfg);
+  const { lora, params } = trained;
+  const loss = objective.loss(config, { compute: cfg.compute_dtype, recompute: cfg.gradient_checkpointing, ...(trained.weights ? { weights: trained.weights } : {}) });
+  const start = run.startFrom(params, cfg, EXTRACT_TRAIN_RESUMABLE_KEYS, trained.init);
   let { state } = start;
-  const device = Device.open(cfg.device);
-  const frozenBase = lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, device.upload({ data: base.get(s.name)!, dims: s.shape })])) : {};
+  const device = openDevice(cfg.device);
+  const frozenBase = trained.frozenOn(device);
   const trainer = Trainer.create({ params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { ...start.init, step: state.step }, { device, microBatches: cfg.micro_batches, frozen: frozenBase });
   const dropoutKeyed = trainer.batchInputs.includes(LORA_DROPOUT_KEY);
   try {
@@ -284,7 +272,7 @@ async function trainPolicy<E extends { ids: number[] }>(cfg: TrainConfig, run: R
     const checkpoint = () => {
       const snap = trainer.snapshot();
       return run.checkpoint(
-        { config, model: lora ? mergeLora(base, snap.params, adapters, lora) : snap.params, trainable: params, values: snap.params, m: snap.m, v: snap.v, state, lora: Boolean(lora) },
+        { config, model: trained.merged(snap.params), trainable: params, values: snap.params, m: snap.m, v: snap.v, state, lora: Boolean(lora) },
         { keepLast: cfg.keep_last, tokenizerFrom: model.tokenizerFrom, onCheckpoint: events.onCheckpoint },
       );
     };

@@ -12,7 +12,7 @@ import { paramSpecs, SCORE_WEIGHT, type Weights } from '@lathe/models';
 import { overQuantizedBase, QuantizedModel, type QuantScheme } from '@lathe/quantization';
 import { trainedWeights, type TrainedWeights } from '@lathe/reward-models';
 import type { DecoderConfig } from '@lathe/models';
-import { initLora, loraAdapters, loraWeights, mergeLora, type LoraConfig, type TrainableParam } from '@lathe/train';
+import { initLora, loraAdapters, loraFromOptions, loraWeights, mergeLora, type LoraConfig, type LoraOptions, type TrainableParam } from '@lathe/train';
 
 /** Options of {@link qloraTrainedWeights}. */
 export interface QloraOptions {
@@ -97,4 +97,34 @@ export function runTrainedWeights(
   if (!cfg.lora) throw new Error(`--quantize_base ${cfg.quantize_base} trains LoRA adapters over a frozen quantized base: set --lora_rank > 0`);
   const q = QuantizedModel.quantize(config, master, scheme);
   return qloraTrainedWeights(q, { lora: cfg.lora, compute: cfg.compute, seed: cfg.seed, backward: cfg.device === 'cuda' ? 'kernel' : 'dequantize' });
+}
+
+/** What a training recipe trains, from its options (see {@link recipeTensors}). */
+export interface RecipeTensors {
+  /** The LoRA config, or undefined in full fine-tuning. */
+  lora: LoraConfig | undefined;
+  params: TrainableParam[];
+  /** A loss's `weights` option with LoRA (undefined in full fine-tuning: the loss casts the parameters itself). */
+  weights: TrainedWeights['weights'] | undefined;
+  /** Initial values of `params` (the model's weights, or fresh adapters). */
+  init: Map<string, Float32Array>;
+  /** The frozen base on the device (nothing in full fine-tuning); the caller disposes it. */
+  frozenOn: TrainedWeights['frozenOn'];
+  /** Every model weight by HF name from trained values (adapters merged into the base). */
+  merged: (values: Map<string, Float32Array>) => Map<string, Float32Array>;
+}
+
+/**
+ * A training recipe's trained tensors from its LoRA options over `base` (the model's float32
+ * weights): every weight with `--lora_rank 0`, else adapters over the frozen base — quantized in
+ * memory with `--quantize_base` (QLoRA) where the recipe offers it.
+ */
+export function recipeTensors(config: DecoderConfig, base: Map<string, Float32Array>, cfg: LoraOptions & { compute_dtype: DType; seed: number; device: string; quantize_base?: string }): RecipeTensors {
+  const lora = loraFromOptions(cfg);
+  if (!lora) {
+    const params = paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+    return { lora, params, weights: undefined, init: base, frozenOn: () => ({}), merged: (values) => values };
+  }
+  const tw = runTrainedWeights(config, base, { lora, compute: cfg.compute_dtype, seed: cfg.seed, quantize_base: cfg.quantize_base ?? 'none', device: cfg.device });
+  return { lora, params: tw.params, weights: tw.weights, init: tw.init, frozenOn: tw.frozenOn, merged: tw.merged };
 }
