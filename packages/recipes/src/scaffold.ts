@@ -169,9 +169,11 @@ export class EpochStream<T> {
  * The device a command runs on (GPU `id`: a data-parallel rank's LOCAL_RANK). The GPU is opened once per process, through Lathe's kernels where
  * NVRTC and the driver are there (its sessions then run on the kernels' stream, so a Trainer uses
  * the fused AdamW update); without them, with a note saying why, on ONNX Runtime's own stream.
+ * `kernels: false` (a step replayed as a CUDA graph, which the fused update does not join yet)
+ * keeps ONNX Runtime's own stream.
  */
-export function openDevice(kind: 'cpu' | 'cuda', id = 0): Device {
-  if (kind === 'cpu' || Device.isOpen('cuda', id)) return Device.open(kind, { id });
+export function openDevice(kind: 'cpu' | 'cuda', id = 0, opts: { kernels?: boolean } = {}): Device {
+  if (kind === 'cpu' || Device.isOpen('cuda', id) || opts.kernels === false) return Device.open(kind, { id });
   const probe = probeKernels();
   if (!probe.ok) {
     process.stderr.write(`note: Lathe's CUDA kernels are off (${probe.reason}); the composed ONNX Runtime path runs instead\n`);

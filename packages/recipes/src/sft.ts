@@ -283,7 +283,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   const { init } = start;
 
   // The trainer holds parameters and AdamW state on the device; a LoRA base is bound once, read-only.
-  const device = openDevice(cfg.device, dp?.deviceId ?? 0);
+  const device = openDevice(cfg.device, dp?.deviceId ?? 0, { kernels: !cudaGraph });
   const frozenBase = qlora ? qlora.frozenOn(device) : lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, device.upload({ data: base.get(s.name)!, dims: s.shape })])) : {};
   const trainer = Trainer.create(
     { params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } },
