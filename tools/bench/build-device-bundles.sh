@@ -30,6 +30,7 @@ declare -A entries=(
   [dp-check]=tools/bench/distributed/dp-check.ts
   [dp-launch]=tools/bench/distributed/launch.ts
   [nccl-order]=tools/bench/distributed/nccl-order.ts
+  [sft-fused-check]=tools/bench/train/sft-fused-check.ts
 )
 # Entries that load a Hugging Face tokenizer carry @huggingface/transformers inside the bundle (the
 # GPU machine has no copy of it), with its image library sharp stubbed out, and Qwen3's tokenizer
