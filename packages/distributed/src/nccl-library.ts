@@ -7,10 +7,10 @@
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { delimiter, join } from 'node:path';
-import * as koffi from 'koffi';
+import { openNativeLibrary, type NativeLibrary } from '@lathe/runtime';
 
 /** A loaded shared library (koffi's handle). */
-export type Library = ReturnType<typeof koffi.load>;
+export type Library = NativeLibrary;
 
 /** How to get NCCL (docs/runtime.md says the same). */
 export const NCCL_FIX =
@@ -74,26 +74,7 @@ export function cudartCandidates(env: NodeJS.ProcessEnv = process.env, opts: { p
 
 /** Loads the first candidate that opens and exports `probe`; else an `NcclLibraryError` listing each failure and the fix. */
 export function loadFirst(what: string, candidates: string[], probe: string, fix: string): { lib: Library; path: string } {
-  const failures: string[] = [];
-  for (const path of candidates) {
-    let lib: Library;
-    try {
-      lib = koffi.load(path);
-    } catch (e) {
-      failures.push(`${path}: ${firstLine(e)}`);
-      continue;
-    }
-    try {
-      lib.func(`int ${probe}(void* probe)`);
-    } catch (e) {
-      failures.push(`${path}: does not export ${probe} (${firstLine(e)})`);
-      continue;
-    }
-    return { lib, path };
-  }
-  throw new NcclLibraryError(candidates, `${what} could not be loaded; tried ${failures.join('; ')}. ${fix}`);
-}
-
-function firstLine(e: unknown): string {
-  return (e instanceof Error ? e.message : String(e)).split('\n')[0];
+  const opened = openNativeLibrary(candidates, probe);
+  if ('lib' in opened) return opened;
+  throw new NcclLibraryError(candidates, `${what} could not be loaded; tried ${opened.failures.join('; ')}. ${fix}`);
 }

@@ -5,10 +5,10 @@
  */
 import { existsSync } from 'node:fs';
 import { delimiter, join } from 'node:path';
-import * as koffi from 'koffi';
+import { openNativeLibrary, type NativeLibrary } from '@lathe/runtime';
 
 /** A loaded shared library (koffi's handle). */
-export type Library = ReturnType<typeof koffi.load>;
+export type Library = NativeLibrary;
 
 /** Which library a kernel feature needs. */
 export type KernelLibraryKind = 'nvrtc' | 'cuda-driver';
@@ -62,27 +62,8 @@ export function libraryCandidates(kind: KernelLibraryKind, env: NodeJS.ProcessEn
  * `KernelLibraryError` listing every candidate and why it failed, with the fix.
  */
 export function loadLibrary(kind: KernelLibraryKind, candidates: string[] = libraryCandidates(kind)): { lib: Library; path: string } {
-  const failures: string[] = [];
-  for (const path of candidates) {
-    let lib: Library;
-    try {
-      lib = koffi.load(path);
-    } catch (e) {
-      failures.push(`${path}: ${firstLine(e)}`);
-      continue;
-    }
-    try {
-      lib.func(`int ${probeSymbol[kind]}(void* probe)`);
-    } catch (e) {
-      failures.push(`${path}: does not export ${probeSymbol[kind]} (${firstLine(e)})`);
-      continue;
-    }
-    return { lib, path };
-  }
+  const opened = openNativeLibrary(candidates, probeSymbol[kind]);
+  if ('lib' in opened) return opened;
   const what = kind === 'nvrtc' ? 'NVRTC (the CUDA runtime compiler)' : 'the CUDA driver library';
-  throw new KernelLibraryError(kind, candidates, `${what} could not be loaded; tried ${failures.join('; ')}. ${libraryFixes[kind]}`);
-}
-
-function firstLine(e: unknown): string {
-  return (e instanceof Error ? e.message : String(e)).split('\n')[0];
+  throw new KernelLibraryError(kind, candidates, `${what} could not be loaded; tried ${opened.failures.join('; ')}. ${libraryFixes[kind]}`);
 }

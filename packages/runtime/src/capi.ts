@@ -313,3 +313,33 @@ export class CApi {
     return Array.from(koffi.decode(p, 'void*', n) as ArrayLike<Ptr>);
   }
 }
+
+/** A native library opened through koffi (by a package that binds one beside ONNX Runtime: NCCL, NVRTC, the CUDA driver). */
+export type NativeLibrary = ReturnType<typeof koffi.load>;
+
+/**
+ * Opens the first of `candidates` (file paths or sonames for the dynamic loader) that loads and
+ * exports the C function `probe`, which tells the library asked for from another with the same
+ * name. Without one: every candidate's failure, for an error message that lists them.
+ */
+export function openNativeLibrary(candidates: readonly string[], probe: string): { lib: NativeLibrary; path: string } | { failures: string[] } {
+  const failures: string[] = [];
+  const firstLine = (e: unknown) => (e instanceof Error ? e.message : String(e)).split('\n')[0];
+  for (const path of candidates) {
+    let lib: NativeLibrary;
+    try {
+      lib = koffi.load(path);
+    } catch (e) {
+      failures.push(`${path}: ${firstLine(e)}`);
+      continue;
+    }
+    try {
+      lib.func(`int ${probe}(void* probe)`);
+    } catch (e) {
+      failures.push(`${path}: does not export ${probe} (${firstLine(e)})`);
+      continue;
+    }
+    return { lib, path };
+  }
+  return { failures };
+}
