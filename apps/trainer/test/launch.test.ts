@@ -91,8 +91,10 @@ test('bad starts stop every rank with a message naming the cause: a rank that di
 }, 120_000);
 
 test('a rank that ignores SIGTERM after another failed is killed after --grace_s, named', async () => {
-  // rank 0 fails at once; rank 1 ignores SIGTERM and would run for a minute
-  const prog = "if (process.env.RANK === '0') process.exit(4); process.on('SIGTERM', () => console.log('ignoring SIGTERM')); setTimeout(() => {}, 60000);";
+  // rank 1 ignores SIGTERM and would run for a minute; rank 0 fails once rank 1's handler is in
+  // place (on a loaded machine a rank may take seconds to start)
+  const ready = join(mkdtempSync(join(tmpdir(), 'lathe-launch-ready-')), 'ready');
+  const prog = `const fs = require('fs'); if (process.env.RANK === '0') { const wait = () => (fs.existsSync(${JSON.stringify(ready)}) ? process.exit(4) : setTimeout(wait, 20)); wait(); } else { process.on('SIGTERM', () => console.log('ignoring SIGTERM')); fs.writeFileSync(${JSON.stringify(ready)}, ''); setTimeout(() => {}, 60000); }`;
   const t0 = Date.now();
   const r = await run([process.execPath, LATHE, 'launch', '--gpus', '2', '--grace_s', '1', '--master_port', '29666', '--', process.execPath, '-e', prog]);
   expect(r.status).toBe(4);
