@@ -1,8 +1,9 @@
 // Shared jest settings for every package: TypeScript through SWC, workspace packages resolved to
 // their sources through the "lathe-source" export condition.
 const path = require('node:path');
-// Suites named *.slow.test.ts (whole-run learning checks) stay out of `npm test`, which must stay
-// short; `npm run test:slow` (LATHE_SLOW_TESTS=1) runs them alone, and CI runs both.
+// Suites named *.slow.test.ts (whole-run learning checks and the heaviest end-to-end suites) stay
+// out of `npm test`, which must stay near 20 minutes on 2 cores; `npm run test:slow`
+// (LATHE_SLOW_TESTS=1) runs them alone, and CI runs both.
 const slow = process.env.LATHE_SLOW_TESTS === '1';
 /** @param {string} dir @returns {import('jest').Config} */
 module.exports = (dir) => ({

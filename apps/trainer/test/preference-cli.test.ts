@@ -2,7 +2,7 @@
  * `lathe rm train`, `lathe rm eval` and `lathe dpo` on the command line: help text with every
  * option of the schema, a missing subcommand and bad flags reported as usage errors. (Their runs
  * are tested through the recipes in packages/recipes/test and as written in docs/guides/rm.md and
- * dpo.md by guide-examples.test.ts.)
+ * dpo.md by guide-examples.slow.test.ts.)
  */
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';

@@ -1,8 +1,8 @@
 /**
  * `lathe eval` end to end on a tiny random Qwen3 (head_dim 16: the KV-cache engine) with the real
  * Qwen3 tokenizer over slices of three benchmarks; `--regrade` reproducing the table from the saved
- * completions; two models in one table (best-of-n by a reward model: eval-best-of-n.test.ts; the
- * prompt templates: eval-templates.test.ts); the grading loop against a scripted sampler with known
+ * completions; two models in one table (best-of-n by a reward model: eval-best-of-n.slow.test.ts; the
+ * prompt templates: eval-templates.slow.test.ts); the grading loop against a scripted sampler with known
  * verdicts; and each bad input's error.
  */
 import { copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync } from 'node:fs';
