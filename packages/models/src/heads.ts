@@ -76,14 +76,16 @@ export function lastTokenMask(attentionMask: Tensor): Tensor {
  * logit comes from its own LM-head row, and the log-partition from a log-sum-exp over vocabulary
  * chunks of `chunk` rows. Each chunk's logits are [B, T, chunk], which keeps memory small and every
  * tensor under 2³¹ elements (ONNX Runtime's CUDA kernels index with 32-bit offsets; [16, 1024,
- * 151936] logits would overflow them).
+ * 151936] logits would overflow them). `like`: a tensor of the targets' shape that the result's
+ * shape is read from instead of the targets' own (ONNX Runtime places a shape computation that starts
+ * at a graph input, such as ids gathered from one, on the CPU, which a CUDA session may refuse).
  */
 export function chunkedTargetLogprobs(
   cfg: DecoderConfig,
   w: Weights,
   hidden: Tensor,
   targets: Tensor,
-  opts: { chunk?: number; temperature?: number; recompute?: boolean } = {},
+  opts: { chunk?: number; temperature?: number; recompute?: boolean; like?: Tensor } = {},
 ): Tensor {
   const head = vocabularyHead(cfg, w, hidden, targets, opts);
   // Each chunk's log-partition in one LogSoftmax pass (rowLogSumExp), not max, subtract, exp, sum.
@@ -113,7 +115,7 @@ export function vocabularyChunks(vocabSize: number, chunk: number): number[] {
  * chunks, each chunk's logits (float32, divided by the temperature), the targets' own logits [rows]
  * from their LM-head rows, and the reshape of a [rows] result back to the targets' shape.
  */
-function vocabularyHead(cfg: DecoderConfig, w: Weights, hidden: Tensor, targets: Tensor, opts: { chunk?: number; temperature?: number }) {
+function vocabularyHead(cfg: DecoderConfig, w: Weights, hidden: Tensor, targets: Tensor, opts: { chunk?: number; temperature?: number; like?: Tensor }) {
   const chunk = opts.chunk ?? 16384;
   const temperature = opts.temperature ?? 1;
   const acc = accumulationDtype(hidden.dtype);
@@ -129,7 +131,7 @@ function vocabularyHead(cfg: DecoderConfig, w: Weights, hidden: Tensor, targets:
     parts: sizes.length === 1 ? [W] : L.split(W, sizes, 0),
     logits: (Wk: Tensor) => scale(L.cast(linear(h, Wk), acc)),
     targetLogit: scale(L.reduceSum(L.mul(L.cast(h, acc), L.cast(rows, acc)), [1])),
-    like: (t: Tensor) => (targets.shape.every((d) => typeof d === 'number') ? L.reshape(t, targets.shape) : L.reshapeLike(t, targets)),
+    like: (t: Tensor) => (targets.shape.every((d) => typeof d === 'number') ? L.reshape(t, targets.shape) : L.reshapeLike(t, opts.like ?? targets)),
   };
 }
 

@@ -98,7 +98,8 @@ export function extractionLoss(cfg: DecoderConfig, opts: ExtractionLossOptions):
       // a Gather, not a Slice: Slice's gradient pads by shapes computed at run time, and ONNX Runtime moves
       // that shape arithmetic to the CPU, which a CUDA session with CPU fallback off refuses
       const first = (x: Tensor) => L.gather(x, g.constant(0, 'int64', []), 2);
-      const logp0 = L.cast(chunkedTargetLogprobs(cfg, w, hidden, first(candIds), { chunk: opts.chunk, recompute: opts.recompute }), logits.dtype);
+      // the result takes the candidate logits' shape: the ids' own shape would start a shape computation at a graph input
+      const logp0 = L.cast(chunkedTargetLogprobs(cfg, w, hidden, first(candIds), { chunk: opts.chunk, recompute: opts.recompute, like: first(logits) }), logits.dtype);
       const logMass = L.add(L.sub(L.logSumExp(L.where(keep, logits, L.scalarLike(-1e9, logits)), -1), first(logits)), logp0);
       const massSum = L.neg(L.maskedSum(logMass, has));
       metrics.mass_nll_sum = L.stopGradient(massSum);
