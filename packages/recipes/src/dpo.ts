@@ -117,7 +117,8 @@ export async function runDpo(cfg: DpoRunConfig, events: DpoEvents = {}, signal?:
   // under lathe launch: this rank's share of a data-parallel job; rank 0 alone writes the run directory
   const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches } });
   const run = await openRankRunDir(cfg, dp);
-  const model = await loadRunModel(cfg);
+  // the built-in model is written into this rank's own run directory (rank 0's may not hold it yet)
+  const model = await loadRunModel({ ...cfg, run_dir: run.dir });
   if (model.config.scoreLabels !== undefined) throw new Error(`--model ${cfg.model} is a reward model (${model.config.architecture}); DPO trains a causal LM`);
   const data = await loadPreferenceSplit(cfg, model);
   const { held } = data;

@@ -71,7 +71,8 @@ export async function runRmTrain(cfg: RmTrainConfig, events: RmTrainEvents = {},
   // under lathe launch: this rank's share of a data-parallel job; rank 0 alone writes the run directory
   const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches } });
   const run = await openRankRunDir(cfg, dp);
-  const model = await loadRunModel(cfg);
+  // the built-in model is written into this rank's own run directory (rank 0's may not hold it yet)
+  const model = await loadRunModel({ ...cfg, run_dir: run.dir });
   const data = await loadPreferenceSplit(cfg, model, { margins: cfg.margin });
   const { held } = data;
   const padId = model.tokenizer.padId;

@@ -253,7 +253,8 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches } });
   if (dp && staticShape) throw new Error('--cuda_graph runs the train step as one captured run, which leaves no place for the gradient all-reduce of a data-parallel job (lathe launch): drop --cuda_graph');
   const run = await openRankRunDir(cfg, dp);
-  const { config, lm, tokenizer, tokenizerFrom } = await loadRunModel(cfg);
+  // the built-in model is written into this rank's own run directory (rank 0's may not hold it yet)
+  const { config, lm, tokenizer, tokenizerFrom } = await loadRunModel({ ...cfg, run_dir: run.dir });
   const { train, evaluation: heldOut } = await loadExamples(cfg);
   // evaluations run on rank 0 only (the other ranks wait for it at their next all-reduce)
   const evaluation = dp && !dp.main ? [] : heldOut;
