@@ -97,6 +97,7 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
       } catch (e) {
         throw new Error(`${cfg.tokenizer === 'model' ? `--model ${s.dir}` : `--tokenizer ${cfg.tokenizer}`}: ${(e as Error).message}`);
       }
+      tokenizer.tokenBytes(); // builds the per-token byte table now rather than in the first request
       if (tokenizer.vocabSize > config.vocabSize) throw new Error(`--model ${s.dir}: the tokenizer has ${tokenizer.vocabSize} ids, the model's vocab_size is ${config.vocabSize}`);
       const eos = config.eosTokenId;
       const stopIds = [...new Set([tokenizer.eosId, ...(eos === undefined ? [] : Array.isArray(eos) ? eos : [eos])])];

@@ -2,7 +2,7 @@
  * Hugging Face tokenizers (tokenizer.json + tokenizer_config.json, chat templates) through
  * @huggingface/transformers, from local folders only: Lathe never reaches a model hub.
  */
-import { existsSync, statSync } from 'node:fs';
+import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import type { PreTrainedTokenizer } from '@huggingface/transformers';
 import { renderConversation, tokenizeConversation, type ConversationIds } from './chat-training';
@@ -78,6 +78,23 @@ export class HfTokenizer implements Tokenizer {
     return this.tok.decode([...ids], { skip_special_tokens: opts.skipSpecialTokens ?? true });
   }
 
+  private byteTable: { table: (Uint8Array | undefined)[]; special: Set<number> } | null | undefined;
+
+  /**
+   * The UTF-8 bytes each token id decodes to, for byte-level BPE tokenizers (GPT-2, Qwen, Llama 3:
+   * `decoder.type` ByteLevel in tokenizer.json), where decoding a sequence is concatenating its
+   * tokens' bytes — so text can be built one token at a time with no decode call. Special tokens
+   * give no bytes when `skipSpecialTokens` (as {@link decode}). Undefined for other tokenizers.
+   */
+  tokenBytes(opts: { skipSpecialTokens?: boolean } = {}): ((id: number) => Uint8Array | undefined) | undefined {
+    if (this.byteTable === undefined) this.byteTable = readByteTable(join(this.dir, 'tokenizer.json'));
+    const t = this.byteTable;
+    if (!t) return undefined;
+    const skip = opts.skipSpecialTokens ?? true;
+    const empty = new Uint8Array(0);
+    return (id) => (skip && t.special.has(id) ? empty : t.table[id]);
+  }
+
   tokenId(token: string): number {
     const id = this.tok.convert_tokens_to_ids(token) as number | undefined | null;
     if (id === undefined || id === null) throw new Error(`${this.dir}: unknown token ${JSON.stringify(token)}`);
@@ -120,4 +137,43 @@ export class HfTokenizer implements Tokenizer {
     const render = (ms: ChatMessage[], addGenerationPrompt: boolean) => this.applyChatTemplate(ms, { ...opts, addGenerationPrompt });
     return tokenizeConversation(renderConversation(messages, render, this.specialTokens), (t) => this.encode(t), (ids) => this.decode(ids, { skipSpecialTokens: false }));
   }
+}
+
+/** GPT-2's byte ↔ printable-character map: bytes that print stand for themselves, the rest shift past 255. */
+function byteLevelDecoder(): Map<string, number> {
+  const printable = (b: number) => (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+  const map = new Map<string, number>();
+  let n = 0;
+  for (let b = 0; b < 256; b++) map.set(String.fromCodePoint(printable(b) ? b : 256 + n++), b);
+  return map;
+}
+
+/** Each id's bytes from a byte-level BPE tokenizer.json, or null when it is not one (or unreadable). */
+function readByteTable(file: string): { table: (Uint8Array | undefined)[]; special: Set<number> } | null {
+  let j: { decoder?: { type?: string }; model?: { type?: string; vocab?: Record<string, number> }; added_tokens?: { id: number; content: string; special?: boolean }[] };
+  try {
+    j = JSON.parse(readFileSync(file, 'utf8')) as typeof j;
+  } catch {
+    return null;
+  }
+  if (j.decoder?.type !== 'ByteLevel' || j.model?.type !== 'BPE' || !j.model.vocab) return null;
+  const chars = byteLevelDecoder();
+  const table: (Uint8Array | undefined)[] = [];
+  for (const [token, id] of Object.entries(j.model.vocab)) {
+    const bytes = new Uint8Array(token.length);
+    let k = 0;
+    for (const ch of token) {
+      const b = chars.get(ch);
+      if (b === undefined) return null; // not a byte-level vocabulary after all
+      bytes[k++] = b;
+    }
+    table[id] = bytes.subarray(0, k);
+  }
+  const special = new Set<number>();
+  const utf8 = new TextEncoder();
+  for (const a of j.added_tokens ?? []) {
+    table[a.id] = utf8.encode(a.content);
+    if (a.special) special.add(a.id);
+  }
+  return { table, special };
 }

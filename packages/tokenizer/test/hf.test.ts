@@ -64,3 +64,26 @@ test('missing folders and files are named', async () => {
   // Sanity: the fixture's config names the Qwen2 tokenizer class.
   expect(JSON.parse(readFileSync(join(qwen3Dir, 'tokenizer_config.json'), 'utf8')).tokenizer_class).toBe('Qwen2Tokenizer');
 });
+
+test('tokenBytes: concatenating tokens’ bytes is decode, for every id and for mixed-script sequences', () => {
+  const bytes = tok.tokenBytes()!;
+  const keep = tok.tokenBytes({ skipSpecialTokens: false })!;
+  const utf8 = new TextDecoder('utf-8', { ignoreBOM: true });
+  // Every id alone: where its bytes are whole UTF-8 characters, they decode to what decode gives.
+  let whole = 0;
+  for (let id = 0; id < tok.vocabSize; id++) {
+    const b = keep(id)!;
+    const text = utf8.decode(b);
+    if (text.includes('\uFFFD')) continue;
+    whole++;
+    if (text !== tok.decode([id], { skipSpecialTokens: false })) throw new Error(`id ${id}: bytes give ${JSON.stringify(text)}, decode ${JSON.stringify(tok.decode([id], { skipSpecialTokens: false }))}`);
+  }
+  expect(whole).toBeGreaterThan(140_000);
+  // Sequences whose characters span tokens, special tokens skipped or kept.
+  const text = '你好，世界！ こんにちは 🙂🚀 naïve café — ∑ᵢ xᵢ² <think>x</think>';
+  const ids = [...tok.encode(text), tok.eosId];
+  const join = (f: (id: number) => Uint8Array | undefined) => utf8.decode(Buffer.concat(ids.map((id) => f(id)!)));
+  expect(join(keep)).toBe(tok.decode(ids, { skipSpecialTokens: false }));
+  expect(join(bytes)).toBe(tok.decode(ids));
+  expect(join(bytes)).not.toContain('<|im_end|>');
+});

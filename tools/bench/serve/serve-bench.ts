@@ -10,8 +10,10 @@
  *
  * usage: node serve-bench.js [--shape qwen3-0.6b|tiny | --model DIR] [--tokenizer DIR] [--device cuda|cpu]
  *          [--dtype bfloat16] [--clients 1,16,64,256] [--rounds 2] [--prompt-len 256] [--max-new 512]
- *          [--rows 256] [--temperature 1] [--cuda-graph] [--client-threads 2] [--no-offline] [--offline-no-cuda-graph]
- * Prints one JSON line per client count and a summary line.
+ *          [--rows 256] [--temperature 1] [--cuda-graph] [--client-threads 2] [--no-offline] [--offline-no-cuda-graph] [--direct]
+ * Prints one JSON line per client count and a summary line. `--direct` also submits each level's
+ * requests straight to the server's scheduler (no HTTP, no detokenising): what the engine and the
+ * scheduler alone sustain, so that the HTTP layer's share of the gap to offline shows.
  */
 import { copyFileSync, existsSync, mkdtempSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -20,7 +22,7 @@ import { Worker } from 'node:worker_threads';
 import { dirname, join, resolve } from 'node:path';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, randomModel, type HfConfig } from '@lathe/models';
-import { KvCacheGenerator } from '@lathe/rollout';
+import { KvCacheGenerator, type Scheduler } from '@lathe/rollout';
 import { defaults, serveSchema, startServe } from '@lathe/recipes';
 import { OpenAiClient } from '@lathe/openai-client';
 import { Device } from '@lathe/runtime';
@@ -115,6 +117,21 @@ async function runClients(o: { url: string; model: string; prompts: number[][]; 
   return { ttft: outs.flatMap((x) => x.ttft), itl: outs.flatMap((x) => x.itl), tokens: outs.reduce((n, x) => n + x.tokens, 0), seconds };
 }
 
+/** Output tokens/s of `clients` loops of `rounds` requests each, submitted straight to the scheduler. */
+async function direct(scheduler: Scheduler, prompts: number[][], clients: number, rounds: number, maxNew: number, temperature: number): Promise<number> {
+  let tokens = 0;
+  const started = performance.now();
+  await Promise.all(
+    Array.from({ length: clients }, async (_, c) => {
+      for (let r = 0; r < rounds; r++) {
+        const i = c * rounds + r;
+        await scheduler.submit({ prompt: prompts[i], n: 1, maxTokens: maxNew, sampling: { temperature }, seed: i, onToken: () => void tokens++, onFinish: () => undefined }).done;
+      }
+    }),
+  );
+  return tokens / ((performance.now() - started) / 1000);
+}
+
 async function main(): Promise<void> {
   const device = arg('device', 'cuda') as 'cuda' | 'cpu';
   const dtype = arg('dtype', device === 'cuda' ? 'bfloat16' : 'float32') as DType;
@@ -160,6 +177,7 @@ async function main(): Promise<void> {
       itl_ms: { p50: ms(quantile(itl, 0.5)), p99: ms(quantile(itl, 0.99)) },
       decode_steps: running.models[0].scheduler.counters.steps - stepsBefore,
     };
+    if (flag('direct')) level.direct_tokens_per_s = +(await direct(running.models[0].scheduler, prompts, clients, rounds, maxNew, temperature)).toFixed(1);
     results.push(level);
     console.log(JSON.stringify(level));
   }
