@@ -8,3 +8,4 @@ export * from './lora';
 export * from './dropout';
 export * from './trainer';
 export * from './fused-adamw';
+export * from './zero';

@@ -16,7 +16,8 @@ import { Device, type Binding, type DeviceTensor, type HostTensor, type Session,
 import { Kernels } from '@lathe/kernels';
 import { fusedAdamWNode, type FusedAdamWNode } from './fused-adamw';
 import { biasCorrections } from './schedule';
-import { compileTrainStep, stateNames, type TrainStepGraphs, type TrainStepSpec } from './train-step';
+import { compileApply, compileTrainStep, stateNames, type TrainStepGraphs, type TrainStepSpec } from './train-step';
+import { shardLayout, paramShard, type ShardCollectives, type ShardSlot } from './zero';
 
 /** A batch input: host data (copied at bind time) or a device tensor (bound by address). */
 export type BatchTensor = HostTensor | DeviceTensor;
@@ -62,6 +63,14 @@ export interface TrainerOptions {
    * (LATHE_FUSED_ADAMW=0 turns that off), off elsewhere.
    */
   fusedAdamW?: boolean;
+  /**
+   * ZeRO stage 1 over these ranks (zero.ts): each rank keeps 1/N of the AdamW moments and of an
+   * fp32 master copy of the parameters; gradients are reduce-scattered (summed, as
+   * `gradientAllReduce` sums them), each rank updates its shards, and the parameters are
+   * all-gathered. The full parameters are kept once (not double-buffered). Steps go through
+   * `trainStepAsync`, checkpoints through `snapshotAsync` (every rank calls it). Replaces `onGradients`.
+   */
+  zero?: ShardCollectives;
 }
 
 /** The trained tensors' values and their AdamW first and second moments, by parameter name: what a resume restores beside its step counts. */
@@ -129,6 +138,33 @@ interface TrainerParts {
   onGradients?: (grads: Map<string, DeviceTensor>, sums: Float64Array) => Promise<void>;
   /** The fused update's node (TrainerOptions.fusedAdamW): its domain outlives the sessions. */
   fused?: FusedAdamWNode;
+  /** ZeRO-1's shards, collectives and runs (TrainerOptions.zero). */
+  zero?: ZeroParts;
+}
+
+/** What a ZeRO-1 trainer keeps beside the full parameters. */
+interface ZeroParts {
+  collectives: ShardCollectives;
+  layout: ShardSlot[];
+  /** shards[a]: this rank's master-weight and moment shards, double-buffered as the full state is. */
+  shards: [Map<string, Buffers>, Map<string, Buffers>];
+  /** The shard set the next update reads. */
+  current: number;
+  /** This rank's summed gradient shards. */
+  gradShards: Map<string, DeviceTensor>;
+  /** Padded parameters: [worldSize × shard] buffers for the gradient sent and the values gathered. */
+  padded: Map<string, DeviceTensor>;
+  /** pad[j]: copies gradient buffer j of the padded parameters into `padded` (none when nothing is padded). */
+  pad?: Binding[];
+  /** Copies the gathered values of the padded parameters into the parameters. */
+  unpad?: Binding;
+  /** Sum of squares of the gradient shards → host. */
+  norm: Binding;
+  /** update[a]: AdamW on shard set a → 1 − a, gradients scaled by the host clip coefficient. */
+  update: Binding[];
+  maxGradNorm: number;
+  /** A scalar placeholder for the full state's unused moment slots. */
+  placeholder: DeviceTensor;
 }
 
 /** Device-resident training state and the compiled step that updates it. */
@@ -161,9 +197,11 @@ export class Trainer {
     if (!Number.isInteger(microBatches) || microBatches < 1) throw new Error(`microBatches must be a positive integer, got ${microBatches}`);
     const fusedAdamW = opts.fusedAdamW ?? fusedAdamWByDefault(device, opts);
     if (fusedAdamW) checkFusedAdamW(device, Boolean(opts.staticInputs || opts.cudaGraph));
-    const fused = fusedAdamW ? fusedUpdateNode(device, spec) : undefined;
+    // with ZeRO-1 the update runs on this rank's shards: the fused node is built for those
+    const layout = opts.zero ? shardLayout(spec.params, opts.zero.worldSize) : undefined;
+    const fused = fusedAdamW ? fusedUpdateNode(device, layout ? { ...spec, params: shardParams(layout), optimizer: { ...spec.optimizer, maxGradNorm: 0 } } : spec) : undefined;
     try {
-      return Trainer.build(fused ? { ...spec, update: fused.update } : spec, init, opts, device, microBatches, fused);
+      return Trainer.build(fused && !layout ? { ...spec, update: fused.update } : spec, init, opts, device, microBatches, fused);
     } catch (e) {
       fused?.dispose();
       throw e;
@@ -188,12 +226,17 @@ export class Trainer {
     const staticInputs = Boolean(opts.staticInputs || opts.cudaGraph);
     if (staticInputs && microBatches !== 1) throw new Error('Trainer: cudaGraph / staticInputs need microBatches = 1');
     if (staticInputs && opts.onGradients) throw new Error('Trainer: cudaGraph / staticInputs run the step as one run, which leaves no place for onGradients');
+    if (opts.zero && staticInputs) throw new Error('Trainer: zero (ZeRO-1) runs collectives between the backward and the update: it does not combine with cudaGraph / staticInputs');
+    if (opts.zero && opts.onGradients) throw new Error('Trainer: zero (ZeRO-1) reduce-scatters the gradients itself: give it instead of onGradients, not both');
     if (opts.cudaGraph && device.kind !== 'cuda') throw new Error(`Trainer: cudaGraph: CUDA graphs need a CUDA device, got ${device.kind}`);
     if (opts.cudaGraph) sessionOpts.cudaGraph = true;
     if (fused) sessionOpts.customOpDomains = [...(sessionOpts.customOpDomains ?? []), fused.domain.handle];
     const alloc = (): Map<string, Buffers> =>
       new Map(spec.params.map((p) => [p.name, { p: device.empty('float32', p.shape), m: device.empty('float32', p.shape), v: device.empty('float32', p.shape) }]));
-    const sets: [Map<string, Buffers>, Map<string, Buffers>] = [alloc(), alloc()];
+    // ZeRO-1 keeps the full parameters once and no full moments (the placeholder fills their slots)
+    const placeholder = opts.zero ? device.zeros('float32', [1]) : undefined;
+    const zeroSet = (): Map<string, Buffers> => new Map(spec.params.map((p) => [p.name, { p: device.empty('float32', p.shape), m: placeholder!, v: placeholder! }]));
+    const sets: [Map<string, Buffers>, Map<string, Buffers>] = placeholder ? ((s) => [s, s])(zeroSet()) : [alloc(), alloc()];
     // A failure after this point (a session ORT refuses) frees the state buffers instead of leaving
     // them to the garbage collector.
     try {
@@ -202,6 +245,7 @@ export class Trainer {
         const v = init.params.get(p.name)!;
         if (v instanceof Float32Array) b.p.upload(v);
         else b.p.copyFrom(v);
+        if (placeholder) continue;
         const m = init.m?.get(p.name);
         const vv = init.v?.get(p.name);
         if (m) b.m.upload(m);
@@ -210,7 +254,7 @@ export class Trainer {
         else b.v.fill(0);
       }
       const trainer = (() => {
-        if (microBatches === 1 && !opts.onGradients) {
+        if (microBatches === 1 && !opts.onGradients && !opts.zero) {
           const session = device.compile(graphs.step, sessionOpts);
           const fixed: StaticBuffers | undefined = staticInputs
             ? {
@@ -240,7 +284,7 @@ export class Trainer {
           Map<string, DeviceTensor>,
         ];
         const accumulate = device.compile(graphs.accumulate, sessionOpts);
-        const apply = device.compile(graphs.apply, sessionOpts);
+        const apply = opts.zero ? undefined : device.compile(graphs.apply, sessionOpts);
         // Every step's first micro-batch adds into gradient buffer 0, so it is zeroed after each
         // apply by one run writing zeros to all of them, since a fill per tensor is a session run
         // each on CUDA. No graph optimization, or ORT would fold the zeros into weight-sized
@@ -266,6 +310,7 @@ export class Trainer {
         );
         const applyBindings = [0, 1].map((k) =>
           [0, 1].map((j) => {
+            if (!apply) return undefined as unknown as Binding;
             const b = apply.binding();
             bindState(b, sets[k], sets[1 - k], names);
             for (const n of names) b.input(stateNames.grad(n), grads[j].get(n)!);
@@ -274,14 +319,18 @@ export class Trainer {
             return b;
           }),
         );
-        return new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients, fused })
+        const zeroParts = opts.zero ? buildZero(opts.zero, spec, init, device, grads, sets[0], placeholder!, { ...opts.session, ...(fused ? { customOpDomains: sessionOpts.customOpDomains } : {}) }, fused) : undefined;
+        const t = new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings: apply ? applyBindings : undefined, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients, fused, zero: zeroParts?.parts })
           .own(accumulate)
-          .own(apply)
           .own(zero);
+        if (apply) t.own(apply);
+        for (const s of zeroParts?.sessions ?? []) t.own(s);
+        return t;
       })();
       return trainer;
     } catch (e) {
       for (const set of sets) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
+      placeholder?.dispose();
       throw e;
     }
   }
@@ -321,6 +370,7 @@ export class Trainer {
     if (this.disposed) throw new Error('Trainer: disposed');
     if (batches.length !== this.microBatches) throw new Error(`trainStep: ${batches.length} micro-batches given, the trainer was built for ${this.microBatches}`);
     if (this.parts.onGradients) throw new Error('trainStep: this trainer has an onGradients hook, which is asynchronous: call trainStepAsync');
+    if (this.parts.zero) throw new Error('trainStep: a ZeRO-1 trainer runs collectives, which are asynchronous: call trainStepAsync');
     const { bc1, bc2 } = biasCorrections(this.optimizerStep + 1);
     const k = this.current;
     let hostMs = 0;
@@ -368,6 +418,7 @@ export class Trainer {
    * data-parallel all-reduce), then the apply run. Without a hook it is `trainStep`.
    */
   async trainStepAsync(batches: Record<string, BatchTensor>[], lr: number): Promise<TrainStepResult> {
+    if (this.parts.zero) return this.zeroStep(batches, lr);
     const hook = this.parts.onGradients;
     if (!hook) return this.trainStep(batches, lr);
     if (this.disposed) throw new Error('Trainer: disposed');
@@ -379,6 +430,45 @@ export class Trainer {
     const hookMs = performance.now() - t0;
     const applied = this.applyRun(k, acc.j, lr);
     return this.adopt(k, { loss: acc.sums[0], gradNorm: applied.gradNorm, metrics: this.metricsOf(acc.sums), hostMs: acc.hostMs + applied.hostMs, runMs: acc.runMs + applied.runMs + hookMs });
+  }
+
+  /**
+   * A ZeRO-1 step: accumulate, reduce-scatter the gradients into this rank's shards, sum the loss,
+   * metrics and squared gradient norm over the ranks, update the shards (skipped, as `adopt` skips,
+   * when the summed loss is not finite) and all-gather them into the parameters.
+   */
+  private async zeroStep(batches: Record<string, BatchTensor>[], lr: number): Promise<TrainStepResult> {
+    if (this.disposed) throw new Error('Trainer: disposed');
+    if (batches.length !== this.microBatches) throw new Error(`trainStep: ${batches.length} micro-batches given, the trainer was built for ${this.microBatches}`);
+    const z = this.parts.zero!;
+    const acc = this.accumulateRuns(batches, this.current);
+    const t0 = performance.now();
+    const grads = this.parts.grads![acc.j];
+    z.pad?.[acc.j].runSync();
+    for (const s of z.layout) await z.collectives.reduceScatter(s.padded ? z.padded.get(s.name)! : grads.get(s.name)!, z.gradShards.get(s.name)!, 'sum');
+    // every step's first micro-batch reads gradient buffer 0: it must hold zeros again
+    this.parts.zeroGradients!.runSync();
+    z.norm.runSync();
+    const host = Float64Array.from([...acc.sums, z.norm.scalar('sumsq')]);
+    await z.collectives.allReduceHost(host, 'sum');
+    const sums = host.subarray(0, acc.sums.length);
+    const gradNorm = Math.sqrt(host[host.length - 1]);
+    const result = { loss: sums[0], gradNorm, metrics: this.metricsOf(sums), hostMs: acc.hostMs, runMs: acc.runMs };
+    if (!Number.isFinite(result.loss)) return result;
+    // torch's clip_grad_norm_: coefficient max_norm / (norm + 1e-6), applied only when below 1
+    const coef = z.maxGradNorm > 0 ? Math.min(z.maxGradNorm / (gradNorm + 1e-6), 1) : 1;
+    const { bc1, bc2 } = biasCorrections(this.optimizerStep + 1);
+    const u = z.update[z.current];
+    u.input('lr', f32(lr)).input('bc1', f32(bc1)).input('bc2', f32(bc2)).input('grad_scale', f32(coef));
+    u.runSync();
+    this.parts.fused?.check();
+    z.current = 1 - z.current;
+    const params = this.parts.sets[0];
+    for (const s of z.layout) await z.collectives.allGather(z.shards[z.current].get(s.name)!.p, s.padded ? z.padded.get(s.name)! : params.get(s.name)!.p);
+    z.unpad?.runSync();
+    result.runMs += performance.now() - t0;
+    this.optimizerStep++;
+    return result;
   }
 
   /** The step's metrics from the `[loss, ...metrics]` sums. */
@@ -486,9 +576,43 @@ export class Trainer {
     return f.read;
   }
 
-  /** Downloads parameters and moments (for checkpoints). */
+  /** Downloads parameters and moments (for checkpoints). A ZeRO-1 trainer's moments are sharded: use `snapshotAsync`. */
   snapshot(): OptimizerState & { step: number } {
+    if (this.parts.zero) throw new Error('Trainer: a ZeRO-1 trainer keeps 1/N of the moments: call snapshotAsync on every rank');
     return { params: this.download((b) => b.p), m: this.download((b) => b.m), v: this.download((b) => b.v), step: this.optimizerStep };
+  }
+
+  /**
+   * `snapshot()` on any trainer; with ZeRO-1 the moments are all-gathered from the ranks (every
+   * rank must call it at the same point), so every rank gets the whole state, as one process's.
+   */
+  async snapshotAsync(): Promise<OptimizerState & { step: number }> {
+    const z = this.parts.zero;
+    if (!z) return this.snapshot();
+    const m = new Map<string, Float32Array>();
+    const v = new Map<string, Float32Array>();
+    const shards = z.shards[z.current];
+    for (const s of z.layout) {
+      const out = this.device.empty('float32', [s.shard * z.collectives.worldSize]);
+      try {
+        for (const [key, into] of [['m', m], ['v', v]] as const) {
+          await z.collectives.allGather(shards.get(s.name)![key], out);
+          into.set(s.name, (out.download().data as Float32Array).slice(0, s.size));
+        }
+      } finally {
+        out.dispose();
+      }
+    }
+    return { params: this.downloadParams(), m, v, step: this.optimizerStep };
+  }
+
+  /** Bytes of AdamW moments this trainer keeps (both buffer sets; with ZeRO-1 its shards only). */
+  get momentBytes(): number {
+    const z = this.parts.zero;
+    if (z) return [...z.shards[0].values(), ...z.shards[1].values()].reduce((n, b) => n + b.m.byteLength + b.v.byteLength, 0);
+    let n = 0;
+    for (const set of this.parts.sets) for (const b of set.values()) n += b.m.byteLength + b.v.byteLength;
+    return n;
   }
 
   /** Downloads the current parameter values only (what an export or a merge needs; no moments). */
@@ -504,7 +628,12 @@ export class Trainer {
   /** Bytes of device memory the trainer's state holds (both buffer sets and gradient sums). */
   get stateBytes(): number {
     let n = 0;
-    for (const set of this.parts.sets) for (const b of set.values()) n += b.p.byteLength + b.m.byteLength + b.v.byteLength;
+    const z = this.parts.zero;
+    if (z) {
+      for (const b of this.parts.sets[0].values()) n += b.p.byteLength;
+      for (const set of z.shards) for (const b of set.values()) n += b.p.byteLength + b.m.byteLength + b.v.byteLength;
+      for (const t of [...z.gradShards.values(), ...z.padded.values()]) n += t.byteLength;
+    } else for (const set of this.parts.sets) for (const b of set.values()) n += b.p.byteLength + b.m.byteLength + b.v.byteLength;
     for (const g of this.parts.grads ?? []) for (const t of g.values()) n += t.byteLength;
     return n;
   }
@@ -517,6 +646,7 @@ export class Trainer {
     for (const set of this.parts.sets) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
     for (const g of this.parts.grads ?? []) for (const t of g.values()) t.dispose();
     if (this.parts.fixed) for (const t of [...Object.values(this.parts.fixed.scalars), ...Object.values(this.parts.fixed.outputs), ...this.parts.fixed.batch.values()]) t.dispose();
+    if (this.parts.zero) disposeZero(this.parts.zero);
     this.parts.fused?.dispose();
   }
 }
@@ -616,4 +746,107 @@ function checkBatch(batch: Record<string, BatchTensor>, expected: string[]): voi
 function bindBatch(b: Binding, batch: Record<string, BatchTensor>, expected: string[]): void {
   checkBatch(batch, expected);
   for (const name of expected) b.input(name, batch[name]);
+}
+
+/** The shards' parameters as the update graph sees them: one flat [shard] tensor per parameter. */
+function shardParams(layout: readonly ShardSlot[]): TrainStepSpec['params'] {
+  return layout.map((s) => ({ name: s.name, shape: [s.shard], decay: s.decay }));
+}
+
+/**
+ * ZeRO-1's buffers and runs: this rank's shards of the master weights and moments (from `init`,
+ * the whole state as one process holds it), the gradient shards, the padding copies, the norm and
+ * the update of the shards.
+ */
+function buildZero(
+  collectives: ShardCollectives,
+  spec: TrainStepSpec,
+  init: TrainerInit,
+  device: Device,
+  grads: [Map<string, DeviceTensor>, Map<string, DeviceTensor>],
+  params: Map<string, Buffers>,
+  placeholder: DeviceTensor,
+  session: SessionOptions,
+  fused: FusedAdamWNode | undefined,
+): { parts: ZeroParts; sessions: Session[] } {
+  const { rank, worldSize } = collectives;
+  const layout = shardLayout(spec.params, worldSize);
+  const sessions: Session[] = [];
+  const tensors: DeviceTensor[] = [];
+  const keep = <T extends DeviceTensor>(t: T): T => (tensors.push(t), t);
+  try {
+    const host = (x: Float32Array | DeviceTensor | undefined) => (x === undefined || x instanceof Float32Array ? x : (x.download().data as Float32Array));
+    const shards = [0, 1].map((a) =>
+      new Map(
+        layout.map((s) => {
+          const b = { p: keep(device.empty('float32', [s.shard])), m: keep(device.empty('float32', [s.shard])), v: keep(device.empty('float32', [s.shard])) };
+          if (a === 0) {
+            b.p.upload(paramShard(host(init.params.get(s.name))!, s, rank));
+            for (const key of ['m', 'v'] as const) {
+              const full = init[key]?.get(s.name);
+              if (full) b[key].upload(paramShard(full, s, rank));
+              else b[key].fill(0);
+            }
+          }
+          return [s.name, b] as const;
+        }),
+      ),
+    ) as [Map<string, Buffers>, Map<string, Buffers>];
+    const gradShards = new Map(layout.map((s) => [s.name, keep(device.zeros('float32', [s.shard]))]));
+    const padded = new Map(layout.filter((s) => s.padded).map((s) => [s.name, keep(device.zeros('float32', [s.shard * worldSize]))]));
+    const plain = { ...session, cudaGraph: false, optimization: 'disabled' as const };
+    const compile = (g: L.Graph, name: string, opts: SessionOptions = plain) => {
+      const x = device.compile(g, { ...opts, name });
+      sessions.push(x);
+      return x;
+    };
+    let pad: Binding[] | undefined;
+    let unpad: Binding | undefined;
+    const paddedSlots = layout.filter((s) => s.padded);
+    if (paddedSlots.length) {
+      // gradient → [worldSize × shard] with zeros past its end; gathered values → the parameter
+      const g = new L.Graph('zero_pad');
+      const u = new L.Graph('zero_unpad');
+      for (const s of paddedSlots) {
+        const flat = L.reshape(g.input(s.name, 'float32', s.shape), [s.size]);
+        g.output(L.concat([flat, L.expand(g.constant(0, 'float32', []), [s.shard * worldSize - s.size])], 0), `padded/${s.name}`);
+        const gathered = u.input(s.name, 'float32', [s.shard * worldSize]);
+        u.output(L.reshape(L.slice(gathered, [0], [0], [s.size]), s.shape), `unpadded/${s.name}`);
+      }
+      const padSession = compile(g, 'zero-pad');
+      pad = [0, 1].map((j) => {
+        const b = padSession.binding();
+        for (const s of paddedSlots) b.input(s.name, grads[j].get(s.name)!).output(`padded/${s.name}`, padded.get(s.name)!);
+        return b;
+      });
+      unpad = compile(u, 'zero-unpad').binding();
+      for (const s of paddedSlots) unpad.input(s.name, padded.get(s.name)!).output(`unpadded/${s.name}`, params.get(s.name)!.p);
+    }
+    const ng = new L.Graph('zero_grad_sumsq');
+    const squares = layout.map((s) => L.reduceSumSquare(ng.input(s.name, 'float32', [s.shard])));
+    ng.output(squares.reduce((a, b) => L.add(a, b)), 'sumsq');
+    const norm = compile(ng, 'zero-grad-sumsq').binding();
+    for (const s of layout) norm.input(s.name, gradShards.get(s.name)!);
+    norm.output('sumsq', 'host');
+    // clipping is the host's coefficient fed as grad_scale (the shards' own norm is not the global one)
+    const applyGraph = compileApply(shardParams(layout), { ...spec.optimizer, maxGradNorm: 0 }, fused?.update);
+    const apply = compile(applyGraph, 'zero-apply', { ...session, name: 'zero-apply' });
+    const update = [0, 1].map((a) => {
+      const b = apply.binding();
+      bindState(b, shards[a], shards[1 - a], layout.map((s) => s.name));
+      for (const s of layout) b.input(stateNames.grad(s.name), gradShards.get(s.name)!);
+      b.output('grad_norm', 'host');
+      return b;
+    });
+    return { parts: { collectives, layout, shards, current: 0, gradShards, padded, pad, unpad, norm, update, maxGradNorm: spec.optimizer?.maxGradNorm ?? 0, placeholder }, sessions };
+  } catch (e) {
+    for (const x of sessions) x.dispose();
+    for (const t of tensors) t.dispose();
+    throw e;
+  }
+}
+
+function disposeZero(z: ZeroParts): void {
+  for (const set of z.shards) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
+  for (const t of [...z.gradShards.values(), ...z.padded.values(), z.placeholder]) t.dispose();
 }

@@ -1,0 +1,163 @@
+/**
+ * ZeRO-1 on the CPU over the in-process group: N ranks, each keeping 1/N of the AdamW moments and
+ * master weights, take the steps of one unsharded process on the whole batch (the SFT loss of a
+ * tiny decoder whose norm and head sizes do not divide by 3, so the padded path runs), keep 1/N
+ * of the moment bytes, and resume from a state gathered on 2 ranks on 3 ranks.
+ */
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { CausalLM, paramSpecs, randomModel } from '@lathe/models';
+import type { HostTensor } from '@lathe/runtime';
+import { shardLayout, sftLoss, Trainer, type OptimizerState, type TrainableParam, type TrainStepResult } from '@lathe/train';
+import { LocalGroup, shardOf } from '@lathe/distributed';
+
+const tiny = {
+  architectures: ['Qwen3ForCausalLM'],
+  vocab_size: 40,
+  hidden_size: 16,
+  intermediate_size: 24,
+  num_hidden_layers: 2,
+  num_attention_heads: 2,
+  num_key_value_heads: 1,
+  head_dim: 8,
+  rms_norm_eps: 1e-6,
+  rope_theta: 10000,
+  max_position_embeddings: 64,
+  tie_word_embeddings: false,
+};
+const dir = mkdtempSync(join(tmpdir(), 'lathe-zero-'));
+const config = randomModel(dir, tiny, { seed: 5, std: 0.3 });
+const weights = CausalLM.fromPretrainedSync(dir).float32Weights();
+const params: TrainableParam[] = paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+const spec = { params, loss: sftLoss(config), optimizer: { weightDecay: 0.1, maxGradNorm: 1 } };
+
+/** Deterministic rows of varying length. */
+function rows(step: number, n: number): { ids: number[]; prompt: number }[] {
+  let s = 77 + step;
+  const next = () => (s = (Math.imul(s, 1664525) + 1013904223) >>> 0);
+  return Array.from({ length: n }, () => {
+    const len = 5 + (next() % 9);
+    return { ids: Array.from({ length: len }, () => 1 + (next() % 39)), prompt: 2 + (next() % 3) };
+  });
+}
+const i64 = (v: number[], dims: number[]): HostTensor => ({ data: BigInt64Array.from(v.map(BigInt)), dims });
+
+/** Right-padded SFT inputs of `rs`, normalised by the whole global batch's loss tokens. */
+function batchOf(rs: { ids: number[]; prompt: number }[], lossTokens: number): Record<string, HostTensor> {
+  const T = Math.max(...rs.map((r) => r.ids.length));
+  const ids: number[] = [];
+  const mask: number[] = [];
+  const loss: number[] = [];
+  for (const r of rs) {
+    for (let t = 0; t < T; t++) {
+      ids.push(r.ids[t] ?? 0);
+      mask.push(t < r.ids.length ? 1 : 0);
+      loss.push(t < r.ids.length && t >= r.prompt ? 1 : 0);
+    }
+  }
+  return { input_ids: i64(ids, [rs.length, T]), attention_mask: i64(mask, [rs.length, T]), loss_mask: i64(loss, [rs.length, T]), loss_tokens: { data: Float32Array.from([lossTokens]), dims: [] } };
+}
+const batchFor = (step: number, rank: number, world: number) => {
+  const global = rows(step, BATCH);
+  return [batchOf(shardOf(global, rank, world), global.reduce((s, r) => s + r.ids.length - r.prompt, 0))];
+};
+
+const STEPS = 5;
+const BATCH = 6;
+const lr = (step: number) => 0.02 / (1 + step);
+
+const reference = (() => {
+  const trainer = Trainer.create(spec, { params: weights });
+  const results: TrainStepResult[] = [];
+  for (let step = 0; step < STEPS; step++) results.push(trainer.trainStep(batchFor(step, 0, 1), lr(step)));
+  const out = { results, final: trainer.snapshot(), momentBytes: trainer.momentBytes };
+  trainer.dispose();
+  return out;
+})();
+
+/** ZeRO-1 over `world` in-process ranks from `init`, steps [from, to); every rank's results and its gathered state. */
+async function zero(world: number, init: { params: Map<string, Float32Array>; m?: Map<string, Float32Array>; v?: Map<string, Float32Array>; step?: number }, from: number, to: number, fusedAdamW = false) {
+  const group = LocalGroup.create(world);
+  const trainers = group.map((c) => Trainer.create(spec, init, { zero: c, fusedAdamW }));
+  const results: TrainStepResult[][] = group.map(() => []);
+  for (let step = from; step < to; step++) {
+    const out = await Promise.all(trainers.map((t, r) => t.trainStepAsync(batchFor(step, r, world), lr(step))));
+    out.forEach((o, r) => results[r].push(o));
+  }
+  const states = await Promise.all(trainers.map((t) => t.snapshotAsync()));
+  const momentBytes = trainers.map((t) => t.momentBytes);
+  for (const t of trainers) t.dispose();
+  return { results, states, momentBytes };
+}
+
+/** The largest absolute difference between two states' parameters and moments. */
+function worst(a: OptimizerState, b: OptimizerState): { params: number; m: number; v: number } {
+  const diff = (x: Map<string, Float32Array>, y: Map<string, Float32Array>) => {
+    let w = 0;
+    for (const [name, v] of y) {
+      const mine = x.get(name)!;
+      expect(mine.length).toBe(v.length);
+      for (let i = 0; i < v.length; i++) w = Math.max(w, Math.abs(mine[i] - v[i]));
+    }
+    return w;
+  };
+  return { params: diff(a.params, b.params), m: diff(a.m, b.m), v: diff(a.v, b.v) };
+}
+const relClose = (a: number, b: number, tol = 1e-5) => expect(Math.abs(a - b) / Math.max(Math.abs(b), 1e-12)).toBeLessThanOrEqual(tol);
+
+test.each([2, 3])('ZeRO-1 over %i ranks takes the steps of one unsharded process (5 steps: loss, grad norm, weights and moments within 1e-6) with 1/N of the moment bytes', async (world) => {
+  expect(shardLayout(params, world).some((s) => s.padded)).toBe(world === 3);
+  const { results, states, momentBytes } = await zero(world, { params: weights }, 0, STEPS);
+  for (let r = 0; r < world; r++) {
+    results[r].forEach((res, step) => {
+      relClose(res.loss, reference.results[step].loss);
+      relClose(res.gradNorm, reference.results[step].gradNorm);
+      expect(res.loss).toBe(results[0][step].loss);
+    });
+    const w = worst(states[r], reference.final);
+    expect(w.params).toBeLessThanOrEqual(1e-6);
+    expect(w.m).toBeLessThanOrEqual(1e-6);
+    expect(w.v).toBeLessThanOrEqual(1e-6);
+    expect(states[r].step).toBe(STEPS);
+    // each rank's moments: Σ ⌈size/N⌉ of the Σ size one process keeps (padding only above 1/N)
+    const ideal = reference.momentBytes / world;
+    expect(momentBytes[r]).toBeGreaterThanOrEqual(ideal);
+    expect(momentBytes[r]).toBeLessThanOrEqual(ideal + 2 * 2 * 4 * params.length);
+  }
+  // clipping was active (max norm 1) and the weights moved far beyond the tolerance
+  expect(reference.results[0].gradNorm).toBeGreaterThan(1);
+  expect(worst(states[0], { params: weights, m: reference.final.m, v: reference.final.v }).params).toBeGreaterThan(1e-2);
+  process.stdout.write(`ZeRO-1 over ${world}: moment bytes per rank ${momentBytes.join(', ')} vs ${reference.momentBytes} unsharded\n`);
+});
+
+test('a state gathered from 2 ZeRO ranks resumes on 3 (the moments resharded) and on 1 unsharded process, on the reference trajectory', async () => {
+  const first = await zero(2, { params: weights }, 0, 3);
+  const saved = first.states[0];
+  const resumed = await zero(3, { params: saved.params, m: saved.m, v: saved.v, step: saved.step }, 3, STEPS);
+  const w = worst(resumed.states[0], reference.final);
+  expect(w.params).toBeLessThanOrEqual(1e-6);
+  expect(w.m).toBeLessThanOrEqual(1e-6);
+  resumed.results[0].forEach((res, k) => relClose(res.loss, reference.results[3 + k].loss));
+  const single = Trainer.create(spec, { params: saved.params, m: saved.m, v: saved.v, step: saved.step });
+  for (let step = 3; step < STEPS; step++) single.trainStep(batchFor(step, 0, 1), lr(step));
+  expect(worst(single.snapshot(), reference.final).params).toBeLessThanOrEqual(1e-6);
+  single.dispose();
+});
+
+test('the fused AdamW node updates a shard (the CPU reference of the kernel) on the reference trajectory', async () => {
+  const { states } = await zero(3, { params: weights }, 0, 2, true);
+  const ref = Trainer.create(spec, { params: weights });
+  for (let step = 0; step < 2; step++) ref.trainStep(batchFor(step, 0, 1), lr(step));
+  expect(worst(states[1], ref.snapshot()).params).toBeLessThanOrEqual(1e-6);
+  ref.dispose();
+});
+
+test('a ZeRO trainer refuses the synchronous step and snapshot, and an onGradients hook beside it', () => {
+  const [c] = LocalGroup.create(1);
+  const t = Trainer.create(spec, { params: weights }, { zero: c });
+  expect(() => t.trainStep(batchFor(0, 0, 1), 0.01)).toThrow(/ZeRO-1.*trainStepAsync/);
+  expect(() => t.snapshot()).toThrow(/snapshotAsync/);
+  t.dispose();
+  expect(() => Trainer.create(spec, { params: weights }, { zero: c, onGradients: async () => undefined })).toThrow(/instead of onGradients/);
+});
