@@ -6,7 +6,7 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { existsSync, readFileSync, realpathSync, statSync } from 'node:fs';
 import { extname, join, resolve, sep } from 'node:path';
-import { isRunDir, listEvals, queryRollouts, rolloutById, rolloutGroup, runPaths, type RolloutQuery, type RolloutTable } from '@lathe/data';
+import { isRunDir, listEvals, queryRollouts, ROLLOUT_SORTS, rolloutById, rolloutGroup, runPaths, type RolloutQuery, type RolloutSort, type RolloutTable } from '@lathe/data';
 import { CHECKPOINT_PREFIX, listChatCheckpoints, type CheckpointChats } from './checkpoints';
 import { listRunInfos, readMetricsFile, runInfo } from './runs';
 import { listParquet, tokenCells, tokenizerFor, trajectoryGroup, trajectoryRows, trajectoryTokens } from './tokens';
@@ -69,6 +69,13 @@ function table(q: URLSearchParams): RolloutTable {
   const t = q.get('table') ?? 'train';
   if (t !== 'train' && t !== 'eval') throw new HttpError(400, `query parameter 'table': expected train or eval, got '${t}'`);
   return t;
+}
+
+function sortOf(q: URLSearchParams): RolloutSort | undefined {
+  const s = q.get('sort');
+  if (s === null || s === '') return undefined;
+  if (!(ROLLOUT_SORTS as readonly string[]).includes(s)) throw new HttpError(400, `query parameter 'sort': expected one of ${ROLLOUT_SORTS.join(', ')}, got '${s}'`);
+  return s as RolloutSort;
 }
 
 function rolloutsFile(dir: string, name: string): string {
@@ -159,6 +166,8 @@ async function api(opts: StudioServerOptions, req: IncomingMessage, url: URL): P
         maxAdvantage: num(q, 'max_advantage'),
         minLength: num(q, 'min_length'),
         maxLength: num(q, 'max_length'),
+        sort: sortOf(q),
+        desc: q.get('desc') === '1',
         offset: num(q, 'offset'),
         limit: num(q, 'limit'),
       };

@@ -74,6 +74,25 @@ test('rollout filters return the rows the same filter picks from every stored ro
     expect([query, got.body.total]).toEqual([query, want.length]);
     expect((got.body.rows as { id: number }[]).map((r) => r.id)).toEqual(want.map((r) => r.id));
   }
+  // sorted in the query: by each key, both ways, nulls last, ties in the store's order; with a filter and a page
+  const order = (a: (typeof rows)[number], b: (typeof rows)[number]) => a.step - b.step || a.prompt_index - b.prompt_index || a.rollout_index - b.rollout_index || a.id - b.id;
+  const keyOf: Record<string, (r: (typeof rows)[number]) => number | null> = { step: (r) => r.step, reward: (r) => r.reward ?? null, advantage: (r) => r.advantage ?? null, length: len };
+  for (const [sort, key] of Object.entries(keyOf)) {
+    for (const desc of [false, true]) {
+      const want = rows
+        .filter((r) => r.step >= 2)
+        .sort((a, b) => {
+          const [x, y] = [key(a), key(b)];
+          if ((x === null) !== (y === null)) return x === null ? 1 : -1;
+          if (sort === 'step') return (desc ? y! - x! : x! - y!) || a.prompt_index - b.prompt_index || a.rollout_index - b.rollout_index || a.id - b.id;
+          return (x === null ? 0 : desc ? y! - x! : x! - y!) || order(a, b);
+        });
+      const got = (await get(`/api/runs/${grpo}/rollouts?min_step=2&sort=${sort}${desc ? '&desc=1' : ''}&offset=3&limit=7`)).body;
+      expect([sort, desc, (got.rows as { id: number }[]).map((r) => r.id)]).toEqual([sort, desc, want.slice(3, 10).map((r) => r.id)]);
+    }
+  }
+  expect(new Set(rows.map(len)).size).toBeGreaterThan(1); // the length sort has something to order
+  expect((await get(`/api/runs/${grpo}/rollouts?sort=prompt`)).body.error).toBe("query parameter 'sort': expected one of step, reward, advantage, length, got 'prompt'");
   // paging: the second page of 5 is rows 5–9 of the whole order
   const whole = (await get(`/api/runs/${grpo}/rollouts?limit=1000`)).body.rows as { id: number }[];
   expect(((await get(`/api/runs/${grpo}/rollouts?offset=5&limit=5`)).body.rows as { id: number }[]).map((r) => r.id)).toEqual(whole.slice(5, 10).map((r) => r.id));
@@ -234,9 +253,14 @@ test('a store of 100,000 rollouts: the first page, a filtered page and a deep pa
   let want = 0;
   for (let i = 0; i < 100_000; i++) if (i % 10 === 9 && 20 + (i % 50) >= 60 && `question ${Math.floor(i / 8)}`.startsWith('question 1')) want++;
   expect(filtered.body.total).toBe(want);
+  // sorted by length, longest first, and by reward, lowest first: still one query each
+  const longest = await timed('sort=length&desc=1&limit=50');
+  expect((longest.body.rows as { length: number; completion: string }[]).map((r) => [r.length, r.completion.split(' ')[1]])).toEqual(Array.from({ length: 50 }, (_, k) => [69, String(49 + 50 * k)]));
+  const lowest = await timed('sort=reward&offset=50&limit=50');
+  expect((lowest.body.rows as { reward: number; completion: string }[]).map((r) => [r.reward, r.completion.split(' ')[1]])).toEqual(Array.from({ length: 50 }, (_, k) => [0, String(10 * (50 + k))]));
   const deep = await timed('offset=99950&limit=50');
   expect((deep.body.rows as { completion: string }[]).at(-1)!.completion.startsWith('answer 99999 ')).toBe(true);
-  for (const t of [first, filtered, deep]) expect(t.ms).toBeLessThan(1000);
+  for (const t of [first, filtered, longest, lowest, deep]) expect(t.ms).toBeLessThan(1000);
   const list = await get('/api/runs');
   expect((list.body as unknown as RunInfo[]).find((r) => r.name === 'big')!.rollouts!.train).toBe(100_000);
 }, 60_000);

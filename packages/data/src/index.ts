@@ -86,12 +86,14 @@ export {
 export {
   countRollouts,
   queryRollouts,
+  ROLLOUT_SORTS,
   rolloutById,
   rolloutGroup,
   type RolloutDetail,
   type RolloutPage,
   type RolloutQuery,
   type RolloutRow,
+  type RolloutSort,
   type RolloutTable,
 } from './rollout-query';
 export {

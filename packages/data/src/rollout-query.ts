@@ -10,6 +10,11 @@ import { tokenValueColumns, tokenValues } from './rollout-store';
 /** Which table: training rollouts or evaluation rollouts. */
 export type RolloutTable = 'train' | 'eval';
 
+/** The columns a page can be sorted by. */
+export const ROLLOUT_SORTS = ['step', 'reward', 'advantage', 'length'] as const;
+/** A sort key of {@link RolloutQuery}. */
+export type RolloutSort = (typeof ROLLOUT_SORTS)[number];
+
 /** Filters and page of {@link queryRollouts}; absent fields do not filter. */
 export interface RolloutQuery {
   table: RolloutTable;
@@ -31,6 +36,10 @@ export interface RolloutQuery {
   /** Bounds on the completion's length in tokens (characters where a row stores no token ids). */
   minLength?: number;
   maxLength?: number;
+  /** Sort key of the page (default 'step': step, prompt, sample); rows without the key (a null reward) come last either way. */
+  sort?: RolloutSort;
+  /** Descending instead of ascending (ties keep the step, prompt, sample order). */
+  desc?: boolean;
   /** Rows to skip (default 0). */
   offset?: number;
   /** Rows per page (default 50, at most 1000). */
@@ -134,11 +143,23 @@ const tableName = (t: RolloutTable) => {
   return t === 'train' ? 'train_rollouts' : 'eval_rollouts';
 };
 
+/** The ORDER BY of a page: the key (nulls last), then the store's own order as the tie-break. */
+function orderOf(q: RolloutQuery): string {
+  const sort = q.sort ?? 'step';
+  if (!(ROLLOUT_SORTS as readonly string[]).includes(sort)) throw new Error(`rollout sort: expected one of ${ROLLOUT_SORTS.join(', ')}, got ${JSON.stringify(sort)}`);
+  const base = 'step, prompt_index, rollout_index, id';
+  const dir = q.desc ? 'DESC' : 'ASC';
+  if (sort === 'step') return `ORDER BY step ${dir}, prompt_index, rollout_index, id`;
+  // eval rows have no advantage: the key is NULL for all and the store's order stands
+  const key = sort === 'length' ? LENGTH : sort === 'advantage' && q.table === 'eval' ? 'NULL' : sort;
+  return `ORDER BY ${key} IS NULL, ${key} ${dir}, ${base}`;
+}
+
 const toRow = (r: Record<string, unknown>): RolloutRow => ({ ...(r as unknown as RolloutRow), correct: r.correct === null || r.correct === undefined ? null : r.correct === 1 });
 
 /**
- * One page of rollouts passing `q`, in (step, prompt, sample) order, with the count of all that
- * pass. Prompts and completions are cut to `preview` characters (default 300).
+ * One page of rollouts passing `q`, in (step, prompt, sample) order or sorted by `q.sort`, with
+ * the count of all that pass. Prompts and completions are cut to `preview` characters (default 300).
  */
 export function queryRollouts(file: string, q: RolloutQuery, options: { preview?: number } = {}): RolloutPage {
   const table = tableName(q.table);
@@ -149,7 +170,7 @@ export function queryRollouts(file: string, q: RolloutQuery, options: { preview?
   return withStore(file, (db) => {
     const total = (db.prepare(`SELECT count(*) FROM ${table}${w.sql}`).raw(true).get(...w.args) as number[])[0];
     // the page's ids first (sorting keys only), then only those rows' text: sorting whole rows costs 5× more
-    const order = 'ORDER BY step, prompt_index, rollout_index, id';
+    const order = orderOf(q);
     const page = `SELECT id FROM ${table}${w.sql} ${order} LIMIT ${limit} OFFSET ${offset}`;
     const rows = db.prepare(`SELECT ${columns(q.table, preview)} FROM ${table} WHERE id IN (${page}) ${order}`).all(...w.args) as Record<string, unknown>[];
     return { total, offset, rows: rows.map(toRow) };
