@@ -24,6 +24,8 @@ export interface LabelInput {
 export interface TokenLabels {
   token_q_values: number[];
   token_remaining: number[];
+  /** Per output token, the entropy (nats) of the reference policy's next-token distribution that predicts it. */
+  token_entropies: number[];
   candidate_ids: number[][];
   candidate_q_values: number[][];
   candidate_ref_logprobs: number[][];
@@ -80,6 +82,7 @@ export class CriticLabeller {
       const [values, indices] = L.topK(L.logSoftmax(logits, -1), opts.maxCandidates, -1);
       ref.output(values, 'top_logprobs');
       ref.output(indices, 'top_ids');
+      ref.output(L.entropy(logits), 'entropies');
     }
     const critic = new L.Graph('critic_tree');
     critic.output(criticTreeProbs(critic, opts.critic.config, opts.bins, weightInputs(critic, opts.critic.config, 'float32', compute).weights), 'cell_probs');
@@ -88,8 +91,8 @@ export class CriticLabeller {
     return new CriticLabeller(opts, opts.device.compile(ref), opts.device.compile(critic), upload(opts.reference), upload(opts.critic));
   }
 
-  /** The reference policy's min-p candidates and their log-probs at every output position of each input. */
-  async candidates(inputs: readonly LabelInput[]): Promise<{ ids: number[][]; logprobs: number[][] }[]> {
+  /** The reference policy's min-p candidates and their log-probs, and its entropy, at every output position of each input. */
+  async candidates(inputs: readonly LabelInput[]): Promise<{ ids: number[][]; logprobs: number[][]; entropies: number[] }[]> {
     const seqs = inputs.map((x) => [...x.prompt, ...x.output]);
     const T = Math.max(...seqs.map((s) => s.length));
     const B = seqs.length;
@@ -100,13 +103,16 @@ export class CriticLabeller {
     const K = out.top_logprobs.dims[2];
     const values = out.top_logprobs.data as Float32Array;
     const top = out.top_ids.data as BigInt64Array;
+    const entropies = out.entropies.data as Float32Array;
     // output token t is predicted at position prompt + t − 1
-    return inputs.map((x, b) =>
-      x.output.map((_, t) => {
+    return inputs.map((x, b) => {
+      const perToken = x.output.map((_, t) => {
         const at = (b * T + x.prompt.length + t - 1) * K;
         return minPCandidates(top.subarray(at, at + K), values.subarray(at, at + K), this.opts.minP);
-      }),
-    ).map((perToken) => ({ ids: perToken.map((c) => c.ids), logprobs: perToken.map((c) => c.logprobs) }));
+      });
+      const at = b * T + x.prompt.length - 1;
+      return { ids: perToken.map((c) => c.ids), logprobs: perToken.map((c) => c.logprobs), entropies: Array.from(entropies.subarray(at, at + x.output.length)) };
+    });
   }
 
   /** The critic's estimates for the realised tokens and the given candidates, one tree pass for the batch. */
@@ -127,6 +133,7 @@ export class CriticLabeller {
     return est.map((e, b) => ({
       token_q_values: e.realised.map((r) => r.q),
       token_remaining: e.realised.map((r) => r.remaining),
+      token_entropies: cands[b].entropies,
       candidate_ids: cands[b].ids,
       candidate_q_values: e.candidates.map((cs) => cs.map((c) => c.q)),
       candidate_ref_logprobs: cands[b].logprobs,

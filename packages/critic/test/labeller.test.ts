@@ -1,7 +1,7 @@
 /**
- * The labeller on tiny random Qwen3s (CPU): the reference policy's min-p candidates equal those of
- * its full softmax computed on the host, and each candidate's Q and remaining length equal the
- * critic's marginals for prefix + candidate run alone.
+ * The labeller on tiny random Qwen3s (CPU): the reference policy's min-p candidates and entropies
+ * equal those of its full softmax computed on the host, and each candidate's Q and remaining length
+ * equal the critic's marginals for prefix + candidate run alone.
  */
 import { Device } from '@lathe/runtime';
 import { CausalLM } from '@lathe/models';
@@ -63,6 +63,8 @@ test('labels: min-p candidates of the reference, Q and remaining length of each 
           expect(labels[b].candidate_q_values[t][j]).toBeCloseTo(m.q, 4);
           expect(labels[b].candidate_remaining[t][j]).toBeCloseTo(m.remaining, 4);
         }
+        // the reference's entropy at the position predicting the token: −Σ p log p of its full softmax
+        expect(labels[b].token_entropies[t]).toBeCloseTo(-p.reduce((a, v) => a + (v > 0 ? v * Math.log(v) : 0), 0), 4);
         const realised = marginals(bins, await cellsAt([...x.criticPrefix, ...x.output.slice(0, t + 1)]));
         expect(labels[b].token_q_values[t]).toBeCloseTo(realised.q, 4);
       }

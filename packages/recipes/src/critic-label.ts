@@ -119,6 +119,8 @@ export async function runCriticLabel(cfg: CriticLabelConfig, events: CriticProgr
   columns.push(
     { name: 'token_q_values', data: listData(flattenLists(labels.map((l) => l.token_q_values), (n) => new Float32Array(n))), nullable: false },
     { name: 'token_remaining', data: listData(flattenLists(labels.map((l) => l.token_remaining), (n) => new Float32Array(n))), nullable: false },
+    // the reference policy's next-token entropy at each output token (Studio's token view colours by it)
+    { name: 'token_entropies', data: listData(flattenLists(labels.map((l) => l.token_entropies), (n) => new Float32Array(n))), nullable: false },
     ...[{ name: 'candidate_remaining', data: nestedOf(labels.map((l) => l.candidate_remaining)), nullable: false }],
   );
   await writeParquet(cfg.output, [batchOf(columns)]);

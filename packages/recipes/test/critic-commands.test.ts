@@ -12,6 +12,7 @@ import { defaults } from '../src/options';
 import { criticEvalSchema, criticLabelSchema, criticTrainSchema } from '../src/critic-config';
 import { runCriticTrain } from '../src/critic';
 import { runCriticEval, runCriticLabel } from '../src/critic-label';
+import { additionTokenizer } from '../src/demo-task';
 
 test('train, resume, label and eval a tiny critic', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'critic-cmd-'));
@@ -35,12 +36,16 @@ test('train, resume, label and eval a tiny critic', async () => {
   const summary = await runCriticLabel({ ...defaults(criticLabelSchema), critic: resumed.checkpoint, model: join(dir, 'run', 'base-model'), tokenizer: 'builtin:addition', data, output, min_p: 0.5, max_candidates: 4 });
   expect(summary).toMatchObject({ rows: 6, positions: 18, output });
   const table = await readParquet(output);
-  for (const col of ['candidate_ids', 'candidate_q_values', 'candidate_ref_logprobs', 'candidate_remaining', 'token_q_values', 'token_remaining', 'correct']) expect(table.schema.fields.map((f) => f.name)).toContain(col);
+  for (const col of ['candidate_ids', 'candidate_q_values', 'candidate_ref_logprobs', 'candidate_remaining', 'token_q_values', 'token_remaining', 'token_entropies', 'correct']) expect(table.schema.fields.map((f) => f.name)).toContain(col);
   const q = table.getChild('token_q_values')!;
   const cands = table.getChild('candidate_ids')!;
   for (let i = 0; i < 6; i++) {
     expect((q.get(i) as { length: number }).length).toBe(rows[i].output_token_ids.length);
     expect((cands.get(i) as { length: number }).length).toBe(rows[i].output_token_ids.length);
+    // an entropy per output token, within [0, log V] of the built-in vocabulary
+    const ent = Array.from((table.getChild('token_entropies')!.get(i) as { toArray(): Float32Array }).toArray());
+    expect(ent).toHaveLength(rows[i].output_token_ids.length);
+    for (const e of ent) expect(e >= 0 && e <= Math.log(additionTokenizer().vocabSize) + 1e-5).toBe(true);
   }
 
   const points = await runCriticEval({ ...defaults(criticEvalSchema), critic: resumed.checkpoint, tokenizer: 'builtin:addition', data, output: join(dir, 'eval.json') });
