@@ -11,3 +11,4 @@ export { packKernelArgs, type ArgType, type ArgValue, type ArgValues, type Packe
 export { Kernels, KernelModule, Kernel, chooseTarget, checkVersions, probeKernels, type CompileOptions, type KernelProbe, type KernelsOptions } from './kernels';
 export { CustomOpDomain, type CustomOpContext, type CustomOpInput, type CustomOpSpec } from './custom-op';
 export { kernelRegion, regionOf, segmentGraph, splitGraph, SplitProgram, KERNEL_SCOPE, type KernelImpl, type SplitStep } from './split';
+export { flashAttentionSource, flashForwardSmem, flashBackwardSmem, flashKernelName, FLASH_BM, FLASH_BN, FLASH_THREADS, FLASH_HEAD_DIMS, FLASH_TYPES } from './flash-attention-source';

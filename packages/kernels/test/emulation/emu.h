@@ -1,0 +1,127 @@
+// A CPU stand-in for the CUDA subset Lathe's flash-attention kernels use, so their indexing, masking
+// and synchronization can be tested without a GPU: every CUDA thread of a block is a std::thread,
+// __syncthreads and __syncwarp are barriers, warp shuffles go through a per-warp exchange slot, and
+// wmma fragments hold their whole 16x16 tile in every lane (computed redundantly, stored by lane 0).
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define FA_SHARED(name) unsigned char* name = emu::t_smem
+
+struct dim3 { unsigned x = 1, y = 1, z = 1; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+
+namespace emu {
+inline thread_local unsigned char* t_smem;
+inline thread_local std::barrier<>* t_block;
+inline thread_local std::barrier<>* t_warp;
+inline thread_local float* t_exchange;  // the warp's 32 shuffle slots
+inline thread_local unsigned t_lane;
+}  // namespace emu
+inline thread_local dim3 blockIdx, threadIdx, blockDim, gridDim;
+
+inline void __syncthreads() { emu::t_block->arrive_and_wait(); }
+inline void __syncwarp() { emu::t_warp->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+  emu::t_exchange[emu::t_lane] = v;
+  emu::t_warp->arrive_and_wait();
+  const float other = emu::t_exchange[emu::t_lane ^ lane_mask];
+  emu::t_warp->arrive_and_wait();
+  return other;
+}
+inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+using std::min;
+
+struct __nv_bfloat16 { uint16_t bits; };
+inline float __bfloat162float(__nv_bfloat16 x) { uint32_t u = uint32_t(x.bits) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+inline __nv_bfloat16 __float2bfloat16(float f) {
+  uint32_t u; std::memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu)) return {uint16_t((u >> 16) | 0x40)};
+  return {uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+struct __half { _Float16 v; };
+inline float __half2float(__half x) { return float(x.v); }
+inline __half __float2half(float f) { return {_Float16(f)}; }
+inline float emu_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+inline float emu_to_float(__half x) { return __half2float(x); }
+
+namespace nvcuda { namespace wmma {
+struct matrix_a {}; struct matrix_b {}; struct accumulator {};
+struct row_major {}; struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+template <typename Use, int M, int N, int K, typename T, typename Layout = void> struct fragment { float x[256]; };
+template <typename Use, typename T, typename Layout>
+inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = emu_to_float(std::is_same_v<Layout, col_major> ? p[c * ldm + r] : p[r * ldm + c]);
+}
+template <typename T> inline void fill_fragment(fragment<accumulator, 16, 16, 16, T>& f, float v) { std::fill(f.x, f.x + 256, v); }
+template <typename T, typename LA, typename LB>
+inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, T, LA>& a, const fragment<matrix_b, 16, 16, 16, T, LB>& b,
+                     const fragment<accumulator, 16, 16, 16, float>& c) {
+  float out[256];
+  for (int r = 0; r < 16; ++r)
+    for (int n = 0; n < 16; ++n) {
+      float s = c.x[r * 16 + n];
+      for (int k = 0; k < 16; ++k) s += a.x[r * 16 + k] * b.x[k * 16 + n];
+      out[r * 16 + n] = s;
+    }
+  std::memcpy(d.x, out, sizeof out);
+}
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm, layout_t) {
+  if (emu::t_lane != 0) return;
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) p[r * ldm + c] = f.x[r * 16 + c];
+}
+}}  // namespace nvcuda::wmma
+
+namespace emu {
+// Runs `kernel` over a grid, one block at a time, each block's threads concurrently.
+inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::function<void()>& kernel) {
+  const size_t guard = 4096;  // past the launch's size: must stay untouched
+  std::vector<unsigned char> smem(smem_bytes + guard + 128);
+  unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem.data()) + 127) & ~uintptr_t(127));
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        std::fill(smem.begin(), smem.end(), 0xcd);  // garbage, as uninitialized shared memory would be
+        std::barrier<> block(threads);
+        std::vector<std::unique_ptr<std::barrier<>>> warps;
+        std::vector<float> exchange(threads);
+        for (unsigned w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - 32 * w)));
+        std::vector<std::thread> pool;
+        for (unsigned t = 0; t < threads; ++t)
+          pool.emplace_back([&, t] {
+            blockIdx = {bx, by, bz};
+            threadIdx = {t, 0, 0};
+            blockDim = {threads, 1, 1};
+            gridDim = grid;
+            t_smem = base;
+            t_block = &block;
+            t_warp = warps[t / 32].get();
+            t_exchange = exchange.data() + (t / 32) * 32;
+            t_lane = t % 32;
+            kernel();
+          });
+        for (auto& th : pool) th.join();
+        for (size_t i = 0; i < guard; ++i)
+          if (base[smem_bytes + i] != 0xcd) { std::fprintf(stderr, "kernel wrote shared memory past the %zu bytes launched with\n", smem_bytes); std::exit(3); }
+      }
+}
+}  // namespace emu
