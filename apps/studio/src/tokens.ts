@@ -17,7 +17,7 @@ export interface TokenCell {
   id: number;
   text: string;
   logprob: number | null;
-  /** The entropy of the next-token distribution this token was sampled from (stored rollouts, where the trainer computed it). */
+  /** The entropy of the next-token distribution at this token: stored rollouts' (where the trainer computed it), or a Parquet file's `token_entropies`. */
   entropy: number | null;
   q: number | null;
   advantage: number | null;
@@ -90,6 +90,9 @@ export async function tokenizerFor(file: string, root: string, choice: string): 
   return out;
 }
 
+/** The per-output-token entropy column of a trajectory file (beside the schema's columns). */
+export const ENTROPY_COLUMN = 'token_entropies';
+
 const text = (decode: TokenDecoder, id: number) => (decode ? decode(id) : `⟨${id}⟩`);
 const nums = (v: ArrayLike<number> | null | undefined): number[] | null => (v ? Array.from(v) : null);
 
@@ -133,7 +136,9 @@ export async function trajectoryTokens(file: string, row: number, decoder: { dec
   for await (const b of readTrajectoryBatches(file, { batchSize: 256 })) {
     if (row < seen + b.numRows) {
       const t = tableToTrajectories(b, source, seen)[row - seen];
-      return { source, row, rows, prompt: t.prompt, ...tokenCells(t, decoder.decode), reward: t.reward ?? null, correct: t.correct ?? null, tokenizer: decoder.name };
+      // per-token entropies where the writer had the next-token distribution (lathe critic label's token_entropies)
+      const ent = b.getChild(ENTROPY_COLUMN)?.get(row - seen) as ArrayLike<number> | null | undefined;
+      return { source, row, rows, prompt: t.prompt, ...tokenCells(t, decoder.decode, ent ? Array.from(ent, Number) : null), reward: t.reward ?? null, correct: t.correct ?? null, tokenizer: decoder.name };
     }
     seen += b.numRows;
   }

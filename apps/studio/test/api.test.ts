@@ -8,9 +8,9 @@ import { join } from 'node:path';
 import { copyFileSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import Database from 'libsql';
 import { request } from 'node:http';
-import { readEvalRollouts, readMetrics, readTrainRollouts, RolloutStore, writeTrajectories } from '@lathe/data';
+import { readEvalRollouts, readMetrics, readParquet, readTrainRollouts, RolloutStore, writeTrajectories } from '@lathe/data';
 import { startStudio, type RunningStudio, type RunInfo } from '@lathe/studio';
-import { makeRoot, studioConfig } from './fixtures';
+import { CRITIC_LABELLED, makeRoot, studioConfig } from './fixtures';
 
 let studio: RunningStudio;
 let root: string;
@@ -120,6 +120,22 @@ test('a stored rollout\'s tokens carry the log-prob and entropy the store holds 
   expect(ev.tokens.map((t) => [t.logprob, t.entropy])).toEqual(e.logprobs!.map((v) => [v, null]));
 });
 
+test("lathe critic label's output: each token with the Q of the sampled token and the entropy the file stores for it", async () => {
+  const table = await readParquet(join(root, grpo, CRITIC_LABELLED));
+  const list = (name: string, i: number) => Array.from((table.getChild(name)!.get(i) as { toArray(): ArrayLike<number> }).toArray(), Number);
+  const row = Array.from({ length: table.numRows }, (_, i) => i).find((i) => list('output_token_ids', i).length >= 3)!;
+  expect(row).toBeDefined();
+  const got = (await get(`/api/tokens?file=${grpo}/${CRITIC_LABELLED}&row=${row}`)).body as unknown as { values: string[]; tokens: { id: number; entropy: number; q: number }[] };
+  expect(got.values).toEqual(['entropy', 'q']);
+  const ids = list('output_token_ids', row);
+  expect(got.tokens.map((t) => t.id)).toEqual(ids);
+  expect(got.tokens.map((t) => t.entropy)).toEqual(list('token_entropies', row));
+  // the sampled token's Q: its entry among the position's candidates, where it is one
+  const cands = (table.getChild('candidate_ids')!.get(row) as { toArray(): { toArray(): ArrayLike<number> }[] }).toArray().map((c) => Array.from(c.toArray(), Number));
+  const cq = (table.getChild('candidate_q_values')!.get(row) as { toArray(): { toArray(): ArrayLike<number> }[] }).toArray().map((c) => Array.from(c.toArray(), Number));
+  expect(got.tokens.map((t) => t.q)).toEqual(ids.map((id, k) => (cands[k].includes(id) ? cq[k][cands[k].indexOf(id)] : null)));
+});
+
 test('a version-1 rollout store (no per-token columns) still serves its rollouts, with tokens and no values', async () => {
   const dir = join(root, 'old-store');
   mkdirSync(dir);
@@ -215,7 +231,7 @@ test('a trajectory file as a paged, filtered table, read a batch at a time', asy
   const grp = (await get('/api/trajectories/group?file=traj/gen.parquet&prompt_idx=7&step=3')).body as unknown as { row: number; sample_idx: number; reward: number; advantage: number; text: string }[];
   expect(grp.map((g) => [g.row, g.sample_idx, g.reward, g.advantage, g.text])).toEqual([28, 29, 30, 31].map((i) => [i, i % 4, Math.fround((i % 10) / 10), (i % 5) - 2, '⟨2⟩'.repeat(i % 7)]));
   expect((await get('/api/trajectories/group?file=traj/gen.parquet')).body.error).toBe("trajectory group: give 'file' (a Parquet file under the root) and 'prompt_idx'");
-  expect((await get('/api/trajectories')).body).toEqual([`${grpo}/labelled.parquet`, 'traj/gen.parquet']);
+  expect((await get('/api/trajectories')).body).toEqual([`${grpo}/${CRITIC_LABELLED}`, `${grpo}/labelled.parquet`, 'traj/gen.parquet']);
 });
 
 test('paths outside the served root are refused; unknown runs and files are named', async () => {

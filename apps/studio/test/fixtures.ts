@@ -2,13 +2,14 @@
  * A served root made by real short runs, as the studio tests see it: a GRPO run of the built-in
  * addition task (metrics, rollout store, evaluation, checkpoint), a short SFT run, and beside them the bad cases — a
  * run whose metrics file ends half-written, a run with no metrics file, a run whose rollout store is
- * not a SQLite file — and a labelled trajectory Parquet file with hand-set log-probs and Q-values.
+ * not a SQLite file — a labelled trajectory Parquet file with hand-set log-probs and Q-values, and
+ * `lathe critic label`'s output for the GRPO run's first step (with per-token entropies).
  */
 import { appendFileSync, copyFileSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { writeTrajectories } from '@lathe/data';
-import { DEMO_SFT_OVERRIDES, additionTokenizer, defaults, grpoSchema, runGrpo, runSft, sftSchema, studioSchema, type StudioConfig } from '@lathe/recipes';
+import { readTrainRollouts, writeTrajectories } from '@lathe/data';
+import { DEMO_SFT_OVERRIDES, additionTokenizer, criticLabelSchema, criticTrainSchema, defaults, grpoSchema, runCriticLabel, runCriticTrain, runGrpo, runSft, sftSchema, studioSchema, type StudioConfig } from '@lathe/recipes';
 
 /** The hand-set values of the labelled trajectory: output "12+3" and per token its log-prob and candidates. */
 export const LABELLED = {
@@ -84,7 +85,28 @@ export async function makeRoot(options: { chatRun?: string } = {}): Promise<{ ro
       candidate_ref_logprobs: ids.map(() => [-0.1, -3]),
     },
   ]);
+  await criticLabelled(root, grpo);
   return { root, grpo };
+}
+
+/** Where {@link makeRoot} puts `lathe critic label`'s output: the GRPO run's step-1 rollouts, labelled. */
+export const CRITIC_LABELLED = 'critic-labelled.parquet';
+
+/**
+ * A real short `lathe critic train` (outside the root: 2 steps) on the GRPO run's step-1 rollouts,
+ * then `lathe critic label` of them into `<grpo>/critic-labelled.parquet` (Q-values, candidates and
+ * the reference policy's per-token entropies).
+ */
+async function criticLabelled(root: string, grpo: string): Promise<void> {
+  const tok = additionTokenizer();
+  const rows = readTrainRollouts(join(root, grpo, 'rollouts.sqlite'))
+    .filter((r) => r.step === 1)
+    .map((r) => ({ prompt_idx: r.prompt_index, sample_idx: r.rollout_index, prompt: r.prompt, prompt_token_ids: tok.encode(r.prompt), output_token_ids: r.extra!.tokens as number[], correct: r.reward ?? 0, reward: r.reward ?? 0 }));
+  const work = mkdtempSync(join(tmpdir(), 'lathe-studio-critic-'));
+  const data = join(work, 'rollouts.parquet');
+  await writeTrajectories(data, rows);
+  const run = await runCriticTrain({ ...defaults(criticTrainSchema), data, tokenizer: 'builtin:addition', run_dir: join(work, 'critic'), steps: 2, max_length: 32, max_remaining: 8, length_bins: 3, ablation: 'no_feedback', batch_size: 4, lr: 1e-3, save_every: 2, log_every: 1 });
+  await runCriticLabel({ ...defaults(criticLabelSchema), critic: run.checkpoint, model: join(work, 'critic', 'base-model'), tokenizer: 'builtin:addition', data, output: join(root, grpo, CRITIC_LABELLED), min_p: 0.3, max_candidates: 4 });
 }
 
 /** The studio's config for a root, on a free loopback port. */

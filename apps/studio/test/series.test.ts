@@ -1,5 +1,5 @@
 /** The metrics page's arithmetic against hand-computed values. */
-import { forLogScale, series, smooth } from '../src/web/series';
+import { forLogScale, series, smooth, stepTimeStack } from '../src/web/series';
 
 test('smooth: EMA with weight s on the past, gaps kept and skipped', () => {
   // s = 0.5: 1; gap; 0.5·1 + 0.5·3 = 2; 0.5·2 + 0.5·5 = 3.5
@@ -20,4 +20,21 @@ test('series: the numeric values of a key by step, the last at a step winning, s
 
 test('forLogScale: zero and negatives become gaps', () => {
   expect(forLogScale([1, 0, -2, null, 0.5])).toEqual([1, null, null, null, 0.5]);
+});
+
+test('stepTimeStack: the *_ms phases but step_ms, bottom first, each drawn at the sum of those below it and itself', () => {
+  const lines = [
+    { step: 1, generation_ms: 30, scoring_ms: 5, rewards_ms: 1, training_ms: 50, host_ms: 4, step_ms: 90, loss: 1 },
+    { step: 2, generation_ms: 20, scoring_ms: 6, rewards_ms: 2, training_ms: 40, host_ms: 2, step_ms: 70 },
+    { step: 3, loss: 0.5 },
+  ];
+  const s = stepTimeStack(lines)!;
+  expect(s.phases).toEqual(['generation_ms', 'scoring_ms', 'rewards_ms', 'training_ms', 'host_ms']);
+  expect(s.steps).toEqual([1, 2]);
+  expect(s.values).toEqual([[30, 20], [5, 6], [1, 2], [50, 40], [4, 2]]);
+  // 30, 35, 36, 86, 90 and 20, 26, 28, 68, 70: the top of the stack is the logged step_ms
+  expect(s.top).toEqual([[30, 20], [35, 26], [36, 28], [86, 68], [90, 70]]);
+  // an SFT-style run: run_ms below host_ms; a gap stays a gap and does not lift the phases above it
+  expect(stepTimeStack([{ step: 1, host_ms: 2, run_ms: 10 }, { step: 2, host_ms: 3 }])).toEqual({ phases: ['run_ms', 'host_ms'], steps: [1, 2], values: [[10, null], [2, 3]], top: [[10, null], [12, 3]] });
+  expect(stepTimeStack([{ step: 1, loss: 1, step_ms: 5 }])).toBeNull();
 });
