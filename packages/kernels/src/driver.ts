@@ -28,6 +28,8 @@ export class CudaError extends Error {
 const ATTR_CC_MAJOR = 75;
 const ATTR_CC_MINOR = 76;
 const ATTR_SM_COUNT = 16;
+/** `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`. */
+const FUNC_ATTR_MAX_DYNAMIC_SHARED = 8;
 
 /** `CUstreamCaptureMode`. */
 export const captureModes = { global: 0, threadLocal: 1, relaxed: 2 } as const;
@@ -80,6 +82,7 @@ export class CudaDriver {
       moduleLoad: decl('int cuModuleLoadData(_Out_ void** module, const void* image)'),
       moduleUnload: decl('int cuModuleUnload(void* module)'),
       getFunction: decl('int cuModuleGetFunction(_Out_ void** fn, void* module, const char* name)'),
+      funcSetAttribute: decl('int cuFuncSetAttribute(void* fn, int attrib, int value)'),
       launch: decl('int cuLaunchKernel(void* f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared, void* stream, void* params, void* extra)'),
       streamCreate: decl('int cuStreamCreate(_Out_ void** stream, unsigned int flags)'),
       streamDestroy: either('int cuStreamDestroy_v2(void* stream)', 'int cuStreamDestroy(void* stream)'),
@@ -174,6 +177,14 @@ export class CudaDriver {
     const out: (Handle | null)[] = [null];
     this.check(`cuModuleGetFunction('${name}')`, this.f.getFunction(out, module, name));
     return out[0]!;
+  }
+
+  /**
+   * Lets `fn` launch with up to `bytes` of dynamic shared memory: over 48 KB a kernel must opt in
+   * (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`), up to 227 KB on sm_90.
+   */
+  setMaxDynamicSharedBytes(fn: Handle, bytes: number): void {
+    this.check('cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)', this.f.funcSetAttribute(fn, FUNC_ATTR_MAX_DYNAMIC_SHARED, bytes));
   }
 
   /** Launches `fn` with a packed parameter array (see `packKernelArgs`). */

@@ -72,6 +72,13 @@ export interface FlashAttentionInputs {
   totalSequenceLength: Tensor;
   /** bool [B, T, 1]: true at tokens; attention outputs at padding are zeroed with it. */
   tokens: Tensor;
+  /**
+   * Attend through Lathe's own flash-attention kernels instead of GroupQueryAttention and its
+   * composed gradient rule: given q [B, T, H, hd] and k, v [B, T, KV, hd] (RoPE applied) and
+   * `seqlensK`, returns the output [B, T, H, hd] (`flashAttentionOps(...).attend` of
+   * @lathe/kernels; the session then needs its custom-op domain). Opt-in, CUDA bf16/fp16 only.
+   */
+  kernel?: (q: Tensor, k: Tensor, v: Tensor, seqlensK: Tensor) => Tensor;
 }
 
 /**
@@ -254,6 +261,15 @@ export function flashAttention(cfg: DecoderConfig, w: Weights, prefix: string, x
   const [B, T] = x.shape;
   const { q, k, v } = projectQkv(cfg, w, prefix, x, true);
   const flat = (t: Tensor, n: number) => rotary(L.reshape(t, [B, T, n * hd]));
+  if (rows.kernel) {
+    const heads = (t: Tensor, n: number) => L.reshape(t, [B, T, n, hd]);
+    const key = flat(k, KV);
+    const value = L.reshape(v, [B, T, KV * hd]);
+    const o = L.reshape(rows.kernel(heads(flat(q, H), H), heads(key, KV), heads(value, KV), rows.seqlensK), [B, T, H * hd]);
+    const kept = L.where(rows.tokens, o, x.graph.constant(0, o.dtype, []));
+    const present = (t: Tensor) => L.transpose(heads(t, KV), [0, 2, 1, 3]);
+    return { out: project(w, `${prefix}.o_proj`, kept, cfg.outputBias), present: { key: present(key), value: present(value) } };
+  }
   const r = L.groupQueryAttention({ query: flat(q, H), key: flat(k, KV), value: v, seqlensK: rows.seqlensK, totalSequenceLength: rows.totalSequenceLength }, { numHeads: H, kvNumHeads: KV });
   const attended = L.where(rows.tokens, r.output, x.graph.constant(0, r.output.dtype, []));
   const out = project(w, `${prefix}.o_proj`, attended, cfg.outputBias);

@@ -1,0 +1,362 @@
+/**
+ * Flash attention (forward and backward) on Lathe's kernel layer: `FlashAttention` compiles the
+ * kernels of flash-attention-source.ts and launches them on the kernels' stream on device
+ * addresses; `flashAttentionOps` puts them in a graph as two custom ops — a forward node whose
+ * gradient rule emits the backward node — so a train step stays one session (ORT allocates every
+ * output, scratch included, and can capture the step as a CUDA graph). On the CPU the ops compute
+ * attention on the host (for tests of the wiring; slow).
+ */
+import { existsSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
+import * as L from '@lathe/onnx';
+import { type DType, type OpDef, type Tensor } from '@lathe/onnx';
+import { CApi, type DeviceKind } from '@lathe/runtime';
+import { type ArgValue } from './args';
+import { CustomOpDomain } from './custom-op';
+import { type Handle } from './driver';
+import { FLASH_BM, FLASH_BN, FLASH_HEAD_DIMS, FLASH_THREADS, FLASH_TYPES, flashAttentionSource, flashBackwardSmem, flashForwardSmem, flashKernelName } from './flash-attention-source';
+import { type Kernel, type Kernels } from './kernels';
+
+/** The shape of one attention call: q [B, S, H, D], k and v [B, S, KV, D]. */
+export interface FlashAttentionShape {
+  batch: number;
+  seqLen: number;
+  numHeads: number;
+  numKvHeads: number;
+  headDim: number;
+  dtype: DType;
+}
+
+/** Why the kernels cannot run `shape` (the caller falls back to the composed ops), or undefined. */
+export function flashAttentionUnsupported(shape: FlashAttentionShape): string | undefined {
+  if (!(shape.dtype in FLASH_TYPES)) return `dtype ${shape.dtype} (the kernels take bfloat16 or float16)`;
+  if (!(FLASH_HEAD_DIMS as readonly number[]).includes(shape.headDim)) return `head size ${shape.headDim} (the kernels take ${FLASH_HEAD_DIMS.join(' or ')})`;
+  if (shape.numHeads % shape.numKvHeads !== 0) return `${shape.numHeads} query heads over ${shape.numKvHeads} KV heads (must divide)`;
+  if (shape.batch < 1 || shape.seqLen < 1) return `an empty batch [${shape.batch}, ${shape.seqLen}]`;
+  if (shape.batch > 65535 || shape.numHeads > 65535) return `batch ${shape.batch} or ${shape.numHeads} heads over the grid's 65,535`;
+  return undefined;
+}
+
+/**
+ * The CUDA include folder NVRTC needs for `mma.h` (wmma) and the half types: `LATHE_CUDA_INCLUDE`,
+ * else `$CUDA_HOME/include`, `$CUDA_PATH/include`, `/usr/local/cuda/include`, then the newest
+ * `/usr/local/cuda-*\/include` — the first that holds `mma.h`. Throws naming every place tried.
+ */
+export function cudaIncludeDir(env: NodeJS.ProcessEnv = process.env): string {
+  if (env.LATHE_CUDA_INCLUDE) {
+    if (!existsSync(join(env.LATHE_CUDA_INCLUDE, 'mma.h'))) throw new Error(`LATHE_CUDA_INCLUDE=${env.LATHE_CUDA_INCLUDE} holds no mma.h: point it at the CUDA toolkit's include folder`);
+    return env.LATHE_CUDA_INCLUDE;
+  }
+  const versioned = (() => {
+    try {
+      return readdirSync('/usr/local')
+        .filter((d) => /^cuda-\d+(\.\d+)?$/.test(d))
+        .sort((a, b) => parseFloat(b.slice(5)) - parseFloat(a.slice(5)))
+        .map((d) => `/usr/local/${d}/include`);
+    } catch {
+      return [];
+    }
+  })();
+  const tried = [env.CUDA_HOME && join(env.CUDA_HOME, 'include'), env.CUDA_PATH && join(env.CUDA_PATH, 'include'), '/usr/local/cuda/include', ...versioned].filter((d): d is string => !!d);
+  const found = tried.find((d) => existsSync(join(d, 'mma.h')));
+  if (!found) throw new Error(`flash attention: no CUDA include folder with mma.h (tried ${tried.join(', ')}); install the CUDA toolkit's headers (apt cuda-cudart-dev-13-0 / cuda-nvrtc-dev) or set LATHE_CUDA_INCLUDE`);
+  return found;
+}
+
+type Ptr = ArgValue<'ptr'>;
+type FwdSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'];
+type PreSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'];
+type BwdSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'];
+type DqSig = readonly ['ptr', 'ptr', 'i64'];
+
+interface Variant {
+  fwd: Kernel<FwdSig>;
+  pre: Kernel<PreSig>;
+  bwd: Kernel<BwdSig>;
+  dq: Kernel<DqSig>;
+}
+
+/** Addresses (or device tensors) of a forward call: inputs q, k, v, seqlens_k; outputs out, lse. */
+export interface FlashForwardArgs {
+  q: Ptr;
+  k: Ptr;
+  v: Ptr;
+  /** int32 [B]: each row's length − 1 (GroupQueryAttention's seqlens_k). */
+  seqlensK: Ptr;
+  /** [B, S, H, D], written (0 at padding rows). */
+  out: Ptr;
+  /** float32 [B, H, S], written: each row's log-sum-exp of the scaled scores (0 at padding). */
+  lse: Ptr;
+}
+
+/** Addresses of a backward call: the forward's inputs and outputs, dOut, scratch and the gradients. */
+export interface FlashBackwardArgs {
+  q: Ptr;
+  k: Ptr;
+  v: Ptr;
+  seqlensK: Ptr;
+  out: Ptr;
+  lse: Ptr;
+  /** [B, S, H, D]: d(loss)/d(out), expected 0 at padding rows. */
+  dOut: Ptr;
+  /** float32 [B, H, S] scratch: rowsum(dOut ∘ out). */
+  delta: Ptr;
+  /** float32 [B, S, H, D] scratch: dq accumulated across key tiles. */
+  dqAcc: Ptr;
+  dq: Ptr;
+  dk: Ptr;
+  dv: Ptr;
+}
+
+/** The compiled flash-attention kernels of one device. */
+export class FlashAttention {
+  private constructor(
+    readonly kernels: Kernels,
+    private readonly variants: Map<string, Variant>,
+  ) {}
+
+  /**
+   * Compiles (or loads from the cache) every variant — bf16/fp16 × head size 64/128 — with the
+   * CUDA headers of `includeDir` (default: `cudaIncludeDir()`), and raises each kernel's dynamic
+   * shared-memory limit to what its launch uses.
+   */
+  static compile(kernels: Kernels, opts: { includeDir?: string } = {}): FlashAttention {
+    const include = opts.includeDir ?? cudaIncludeDir();
+    const mod = kernels.compile(flashAttentionSource, { name: 'lathe_flash_attention', options: [`-I${include}`, '--std=c++17'] });
+    const variants = new Map<string, Variant>();
+    for (const dtype of Object.keys(FLASH_TYPES) as (keyof typeof FLASH_TYPES)[]) {
+      for (const d of FLASH_HEAD_DIMS) {
+        const v: Variant = {
+          fwd: mod.kernel(flashKernelName('flash_fwd', dtype, d), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'] as const),
+          pre: mod.kernel(flashKernelName('flash_bwd_pre', dtype, d), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'] as const),
+          bwd: mod.kernel(flashKernelName('flash_bwd', dtype, d), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'] as const),
+          dq: mod.kernel(flashKernelName('flash_bwd_dq', dtype, d), ['ptr', 'ptr', 'i64'] as const),
+        };
+        kernels.driver.setMaxDynamicSharedBytes(v.fwd.handle, flashForwardSmem(d));
+        kernels.driver.setMaxDynamicSharedBytes(v.bwd.handle, flashBackwardSmem(d));
+        variants.set(`${dtype}/${d}`, v);
+      }
+    }
+    return new FlashAttention(kernels, variants);
+  }
+
+  private variant(shape: FlashAttentionShape): Variant {
+    const why = flashAttentionUnsupported(shape);
+    if (why) throw new Error(`flash attention kernels do not support ${why}`);
+    return this.variants.get(`${shape.dtype}/${shape.headDim}`)!;
+  }
+
+  /** Queues the forward on `stream` (default: the kernels' stream). */
+  forward(shape: FlashAttentionShape, a: FlashForwardArgs, stream?: Handle): void {
+    const v = this.variant(shape);
+    const { batch: B, seqLen: S, numHeads: H, numKvHeads: KV, headDim: D } = shape;
+    v.fwd.launch({ grid: [Math.ceil(S / FLASH_BM), H, B], block: FLASH_THREADS, sharedBytes: flashForwardSmem(D), stream }, a.q, a.k, a.v, a.seqlensK, a.out, a.lse, S, H, KV, 1 / Math.sqrt(D));
+  }
+
+  /** Queues the backward (D and the dq accumulator, the key-tile pass, dq's conversion) on `stream`. */
+  backward(shape: FlashAttentionShape, a: FlashBackwardArgs, stream?: Handle): void {
+    const v = this.variant(shape);
+    const { batch: B, seqLen: S, numHeads: H, numKvHeads: KV, headDim: D } = shape;
+    const rows = B * S * H;
+    v.pre.launch({ grid: Math.ceil(rows / (FLASH_THREADS / 32)), block: FLASH_THREADS, stream }, a.out, a.dOut, a.seqlensK, a.delta, a.dqAcc, B, S, H);
+    v.bwd.launch({ grid: [Math.ceil(S / FLASH_BN), KV, B], block: FLASH_THREADS, sharedBytes: flashBackwardSmem(D), stream }, a.q, a.k, a.v, a.dOut, a.lse, a.delta, a.seqlensK, a.dqAcc, a.dk, a.dv, S, H, KV, 1 / Math.sqrt(D));
+    const n = rows * D;
+    v.dq.launch({ grid: Math.min(Math.ceil(n / FLASH_THREADS), this.kernels.smCount * 16), block: FLASH_THREADS, stream }, a.dqAcc, a.dq, n);
+  }
+}
+
+/** The shape of a call from device tensors q [B, S, H, D] and k [B, S, KV, D]. */
+export function flashShapeOf(q: { dims: readonly number[]; dtype: DType }, k: { dims: readonly number[] }): FlashAttentionShape {
+  if (q.dims.length !== 4 || k.dims.length !== 4) throw new Error(`flash attention: q and k must be [B, S, heads, headDim], got [${q.dims.join(', ')}] and [${k.dims.join(', ')}]`);
+  const [batch, seqLen, numHeads, headDim] = q.dims;
+  return { batch, seqLen, numHeads, numKvHeads: k.dims[2], headDim, dtype: q.dtype };
+}
+
+/**
+ * Attention on the host in float64 (float32 results): the same causal, right-padded, grouped-query
+ * rule as the kernels, with their padding conventions (out, lse, dq = 0 at padding rows). For the
+ * CPU path of the custom ops and for tests.
+ */
+export function flashAttentionReference(
+  shape: FlashAttentionShape,
+  x: { q: Float32Array; k: Float32Array; v: Float32Array; seqlensK: Int32Array; dOut?: Float32Array },
+): { out: Float32Array; lse: Float32Array; dq?: Float32Array; dk?: Float32Array; dv?: Float32Array } {
+  const { batch: B, seqLen: S, numHeads: H, numKvHeads: KV, headDim: D } = shape;
+  const G = H / KV;
+  const scale = 1 / Math.sqrt(D);
+  const out = new Float32Array(B * S * H * D);
+  const lse = new Float32Array(B * H * S);
+  const grads = x.dOut ? { dq: new Float32Array(out.length), dk: new Float32Array(x.k.length), dv: new Float32Array(x.v.length) } : undefined;
+  const qAt = (b: number, i: number, h: number) => ((b * S + i) * H + h) * D;
+  const kAt = (b: number, j: number, h: number) => ((b * S + j) * KV + h) * D;
+  for (let b = 0; b < B; b++) {
+    const len = x.seqlensK[b] + 1;
+    for (let h = 0; h < H; h++) {
+      const kh = Math.floor(h / G);
+      for (let i = 0; i < Math.min(len, S); i++) {
+        const qi = qAt(b, i, h);
+        const s = new Float64Array(i + 1);
+        let mx = -Infinity;
+        for (let j = 0; j <= i; j++) {
+          let acc = 0;
+          const kj = kAt(b, j, kh);
+          for (let d = 0; d < D; d++) acc += x.q[qi + d] * x.k[kj + d];
+          s[j] = acc * scale;
+          mx = Math.max(mx, s[j]);
+        }
+        let sum = 0;
+        for (let j = 0; j <= i; j++) sum += Math.exp(s[j] - mx);
+        const L = mx + Math.log(sum);
+        lse[(b * H + h) * S + i] = L;
+        const o = new Float64Array(D);
+        const p = s.map((sj) => Math.exp(sj - L));
+        for (let j = 0; j <= i; j++) for (let d = 0, kj = kAt(b, j, kh); d < D; d++) o[d] += p[j] * x.v[kj + d];
+        out.set(o, qi);
+        if (!grads) continue;
+        let rowDot = 0;
+        for (let d = 0; d < D; d++) rowDot += x.dOut![qi + d] * o[d];
+        for (let j = 0; j <= i; j++) {
+          const kj = kAt(b, j, kh);
+          let dp = 0;
+          for (let d = 0; d < D; d++) dp += x.dOut![qi + d] * x.v[kj + d];
+          const ds = p[j] * (dp - rowDot);
+          for (let d = 0; d < D; d++) {
+            grads.dq[qi + d] += scale * ds * x.k[kj + d];
+            grads.dk[kj + d] += scale * ds * x.q[qi + d];
+            grads.dv[kj + d] += p[j] * x.dOut![qi + d];
+          }
+        }
+      }
+    }
+  }
+  return { out, lse, ...grads };
+}
+
+/** The graph side of the kernels: build attention nodes, and the domain to pass to the session. */
+export interface FlashAttentionOps {
+  /** The custom-op domain: pass `domain.handle` in the session's `customOpDomains`. */
+  domain: CustomOpDomain;
+  /**
+   * Causal attention of q [B, S, H, D] over k, v [B, S, KV, D] for right-padded rows of length
+   * seqlensK + 1 (int32 [B]): out [B, S, H, D], 0 at padding rows. Differentiable in q, k, v.
+   */
+  attend(q: Tensor, k: Tensor, v: Tensor, seqlensK: Tensor): Tensor;
+  /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */
+  check(): void;
+  dispose(): void;
+}
+
+let domainCount = 0;
+
+/**
+ * Flash attention as two custom ops of a new domain, for graphs run on `provider`: on CUDA their
+ * computes launch `kernels` (which must be the kernels whose stream the device's sessions run on),
+ * on the CPU they compute {@link flashAttentionReference} on the host (float32 also accepted there).
+ * Node `FlashAttention` (q, k, v, seqlens_k → out, lse) has a gradient rule that emits
+ * `FlashAttentionGrad` (q, k, v, seqlens_k, out, lse, dOut → dq, dk, dv and two scratch outputs
+ * ORT allocates and the step ignores).
+ */
+export function flashAttentionOps(provider: DeviceKind, kernels?: FlashAttention): FlashAttentionOps {
+  if (provider === 'cuda' && !kernels) throw new Error('flashAttentionOps: CUDA needs the compiled FlashAttention kernels (FlashAttention.compile on the kernels of the device)');
+  const domain = new CustomOpDomain(`lathe.flash${domainCount++}`);
+  const api = CApi.get();
+  const dtypes: DType[] = provider === 'cuda' ? ['bfloat16', 'float16'] : ['float32'];
+  const ops = new Map<DType, { fwd: OpDef<object>; bwd: OpDef<object> }>();
+  const readF32 = (p: bigint, n: number) => {
+    const a = new Float32Array(n);
+    api.copyOut(a, p);
+    return a;
+  };
+  const readI32 = (p: bigint, n: number) => {
+    const a = new Int32Array(n);
+    api.copyOut(a, p);
+    return a;
+  };
+  for (const dt of dtypes) {
+    const fwdName = `FlashAttention_${dt}`;
+    const bwdName = `FlashAttentionGrad_${dt}`;
+    const fwd = domain.add({
+      name: fwdName,
+      inputs: [dt, dt, dt, 'int32'],
+      outputs: [dt, 'float32'],
+      provider,
+      infer: ([q]) => {
+        const [B, S, H] = q.shape;
+        return [
+          { dtype: dt, shape: [...q.shape] },
+          { dtype: 'float32', shape: [B, H, S] },
+        ];
+      },
+      compute: (ctx) => {
+        const [q, k, v, seqlens] = ctx.inputs;
+        const shape = flashShapeOf(q, k);
+        const [B, S, H] = q.dims;
+        const out = ctx.output(0, q.dims);
+        const lse = ctx.output(1, [B, H, S]);
+        if (kernels) {
+          kernels.forward(shape, { q: q.data, k: k.data, v: v.data, seqlensK: seqlens.data, out, lse });
+          return;
+        }
+        const n = (t: typeof q) => t.dims.reduce((a, b) => a * b, 1);
+        const r = flashAttentionReference(shape, { q: readF32(q.data, n(q)), k: readF32(k.data, n(k)), v: readF32(v.data, n(v)), seqlensK: readI32(seqlens.data, B) });
+        api.copyIn(out, r.out);
+        api.copyIn(lse, r.lse);
+      },
+    });
+    const bwd = domain.add({
+      name: bwdName,
+      inputs: [dt, dt, dt, 'int32', dt, 'float32', dt],
+      outputs: [dt, dt, dt, 'float32', 'float32'],
+      provider,
+      infer: ([q, k, v]) => {
+        const [B, S, H, D] = q.shape;
+        return [
+          { dtype: dt, shape: [...q.shape] },
+          { dtype: dt, shape: [...k.shape] },
+          { dtype: dt, shape: [...v.shape] },
+          { dtype: 'float32', shape: [B, H, S] },
+          { dtype: 'float32', shape: [B, S, H, D] },
+        ];
+      },
+      compute: (ctx) => {
+        const [q, k, v, seqlens, out, lse, dOut] = ctx.inputs;
+        const shape = flashShapeOf(q, k);
+        const [B, S, H] = q.dims;
+        const dq = ctx.output(0, q.dims);
+        const dk = ctx.output(1, k.dims);
+        const dv = ctx.output(2, v.dims);
+        const delta = ctx.output(3, [B, H, S]);
+        const dqAcc = ctx.output(4, q.dims);
+        if (kernels) {
+          kernels.backward(shape, { q: q.data, k: k.data, v: v.data, seqlensK: seqlens.data, out: out.data, lse: lse.data, dOut: dOut.data, delta, dqAcc, dq, dk, dv });
+          return;
+        }
+        const n = (t: typeof q) => t.dims.reduce((a, b) => a * b, 1);
+        const r = flashAttentionReference(shape, { q: readF32(q.data, n(q)), k: readF32(k.data, n(k)), v: readF32(v.data, n(v)), seqlensK: readI32(seqlens.data, B), dOut: readF32(dOut.data, n(dOut)) });
+        api.copyIn(dq, r.dq!);
+        api.copyIn(dk, r.dk!);
+        api.copyIn(dv, r.dv!);
+        api.copyIn(delta, new Float32Array(B * H * S));
+        api.copyIn(dqAcc, r.dq!);
+      },
+    });
+    ops.set(dt, { fwd, bwd });
+  }
+  const attend = (q: Tensor, k: Tensor, v: Tensor, seqlensK: Tensor): Tensor => {
+    const pair = ops.get(q.dtype);
+    if (!pair) throw new Error(`flashAttentionOps (${provider}): no kernel for dtype ${q.dtype} (takes ${dtypes.join(', ')})`);
+    if (q.shape.length !== 4 || k.shape.length !== 4 || v.shape.length !== 4) throw new Error('flashAttentionOps.attend: q, k and v must be [B, S, heads, headDim]');
+    const withGrad: OpDef<object> = {
+      ...pair.fwd,
+      nonDiffInputs: [3],
+      grad: ({ inputs, outputs, dy }) => {
+        const [dOut] = dy;
+        if (!dOut) return [null, null, null, null];
+        const [dq, dk, dv] = L.applyOp(pair.bwd, [inputs[0]!, inputs[1]!, inputs[2]!, inputs[3]!, outputs[0]!, outputs[1]!, dOut], {});
+        return [dq, dk, dv, null];
+      },
+    };
+    return L.applyOp(withGrad, [q, k, v, seqlensK], {})[0];
+  };
+  return { domain, attend, check: () => domain.check(), dispose: () => domain.dispose() };
+}
