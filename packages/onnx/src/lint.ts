@@ -54,7 +54,7 @@ export function runtimeShapeNodes(graph: Graph): Node[] {
  * - MaxPool, bfloat16 (`windowMax`, `lastAxisMax`): registered for float32, float64, float16 and
  *   8-bit integers only; the loss takes its maxima over float32 logits.
  */
-const NO_CUDA_KERNEL: Record<string, readonly string[] | 'any'> = {
+export const NO_CUDA_KERNEL: Readonly<Record<string, readonly string[] | 'any'>> = {
   Pad: ['bfloat16'],
   ReduceMax: ['bfloat16'],
   Reciprocal: ['bfloat16'],
