@@ -95,12 +95,14 @@ export function extractionLoss(cfg: DecoderConfig, opts: ExtractionLossOptions):
     if (opts.candidateMass) {
       // log π_θ(C) = LSE_C(z) − LSE_V(z), with LSE_V(z) = z_c0 − log π_θ(c0) from the chunked head
       const keep = L.greater(candMask, g.constant(0, 'int64', []));
-      // a Gather, not a Slice: Slice's gradient pads by shapes computed at run time, and ONNX Runtime moves
-      // that shape arithmetic to the CPU, which a CUDA session with CPU fallback off refuses
-      const first = (x: Tensor) => L.gather(x, g.constant(0, 'int64', []), 2);
-      // the result takes the candidate logits' shape: the ids' own shape would start a shape computation at a graph input
-      const logp0 = L.cast(chunkedTargetLogprobs(cfg, w, hidden, first(candIds), { chunk: opts.chunk, recompute: opts.recompute, like: first(logits) }), logits.dtype);
-      const logMass = L.add(L.sub(L.logSumExp(L.where(keep, logits, L.scalarLike(-1e9, logits)), -1), first(logits)), logp0);
+      // the first candidate's ids by a Gather (no gradient), not a Slice: Slice's gradient pads by shapes
+      // computed at run time, which ONNX Runtime runs on the CPU (refused in a CUDA session without fallback)
+      const firstIds = L.gather(candIds, g.constant(0, 'int64', []), 2);
+      // its logit from its own LM-head row, not a Gather of the candidate logits along K: that Gather's
+      // gradient reads Shape(Transpose(logits)), which ORT rewrites into a CPU-placed Gather of a shape
+      const z0 = L.squeeze(candidateLogits(cfg, w, hidden, L.unsqueeze(firstIds, [2])), [2]);
+      const logp0 = L.cast(chunkedTargetLogprobs(cfg, w, hidden, firstIds, { chunk: opts.chunk, recompute: opts.recompute, like: z0 }), logits.dtype);
+      const logMass = L.add(L.sub(L.logSumExp(L.where(keep, logits, L.scalarLike(-1e9, logits)), -1), z0), logp0);
       const massSum = L.neg(L.maskedSum(logMass, has));
       metrics.mass_nll_sum = L.stopGradient(massSum);
       total = L.add(total, L.mul(massSum, opts.candidateMass));

@@ -1,0 +1,87 @@
+/**
+ * No node of the training graphs lands on the CPU under ONNX Runtime's CUDA placement rule
+ * (cpuPlacedNodes), so their CUDA sessions build with CPU fallback off: lathe extract train's default
+ * loss (the KL plus the candidate-mass term) and the KL alone, the SFT step and the GRPO step. The
+ * candidate-mass term's earlier forms are rebuilt from git history to show the check finds what
+ * they put on the CPU: the first candidate by Slice (c21e79e^: its gradient's pad arithmetic) and by
+ * a Gather along K (c21e79e, also after 602c668's `like`: that Gather's gradient reads
+ * Shape(Transpose(logits)), which ORT rewrites into a Gather over a shape).
+ */
+import * as L from '@lathe/onnx';
+import type { Graph, Tensor } from '@lathe/onnx';
+import { chunkedTargetLogprobs, decoderHidden, MODEL_PRESETS, paramSpecs, parseConfig, type DecoderConfig, type HfConfig } from '@lathe/models';
+import { castWeights, compileTrainStep, sftLoss, type LossBuilder } from '@lathe/train';
+import { decoderPolicy, rlLoss } from '@lathe/grpo';
+import { candidateLogits, extractionLoss } from '@lathe/policy-extraction';
+import { tinyQwen2, tinyQwen3 } from '../../models/test/tiny';
+
+const tied = parseConfig(tinyQwen3);
+const untied = parseConfig(tinyQwen2);
+
+function trainGraphs(config: DecoderConfig, loss: LossBuilder): Graph[] {
+  const params = paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' }));
+  const graphs = compileTrainStep({ params, loss, optimizer: { maxGradNorm: 1 } });
+  return [graphs.step, graphs.accumulate, graphs.apply];
+}
+
+/** Every CPU-placed node of the graphs, one line each ('' when none). */
+const cpuNodes = (graphs: Graph[]) => graphs.map((g) => L.describeCpuPlacement(L.cpuPlacedNodes(L.toModelProto(g)))).filter((s) => s !== '').join('\n');
+
+/** The candidate-mass term as it was: the first candidate by Slice (before c21e79e) or by Gather along K (c21e79e), with or without 602c668's `like`. */
+function historicalMassLoss(config: DecoderConfig, first: 'slice' | 'gather', like: boolean): LossBuilder {
+  return (g, p) => {
+    const ids = g.input('input_ids', 'int64', ['B', 'T']);
+    const mask = g.input('attention_mask', 'int64', ['B', 'T']);
+    const candIds = g.input('candidate_ids', 'int64', ['B', 'T', 'K']);
+    const w = castWeights(p, 'bfloat16');
+    const hidden = decoderHidden(config, w, ids, mask, {});
+    const logits = candidateLogits(config, w, hidden, candIds);
+    const pick = first === 'slice' ? (x: Tensor) => L.squeeze(L.slice(x, [2], [0], [1]), [2]) : (x: Tensor) => L.gather(x, g.constant(0, 'int64', []), 2);
+    const logp0 = L.cast(chunkedTargetLogprobs(config, w, hidden, pick(candIds), { chunk: 16, ...(like ? { like: pick(logits) } : {}) }), logits.dtype);
+    return { loss: L.reduceSum(L.add(L.sub(L.logSumExp(logits, -1), pick(logits)), logp0)) };
+  };
+}
+
+describe('the candidate-mass term as it was is flagged', () => {
+  test('first candidate by Slice (before c21e79e): the Slice gradient’s pad arithmetic (Add/Where/Max/Min/Sub/Concat over Shape) is on the CPU', () => {
+    const found = L.cpuPlacedNodes(L.toModelProto(trainGraphs(tied, historicalMassLoss(tied, 'slice', false))[0]));
+    expect(found.length).toBeGreaterThan(0);
+    expect(found.every((n) => n.name.startsWith('grad/Slice_') && n.reason === 'shape computation')).toBe(true);
+    expect(found.map((n) => n.opType)).toContain('Concat');
+  });
+
+  test.each([
+    ['c21e79e (by Gather, the ids’ shape)', false],
+    ['602c668 (by Gather, `like` the candidate logits)', true],
+  ])('first candidate by Gather along K, %s: Shape(Transpose(logits)) in the Gather’s gradient', (_, like) => {
+    const found = L.cpuPlacedNodes(L.toModelProto(trainGraphs(tied, historicalMassLoss(tied, 'gather', like))[0]));
+    expect(found.map((n) => [n.opType, n.reason])).toEqual([['Shape', 'Shape of a Transpose']]);
+    expect(found[0].name).toMatch(/^grad\/Gather_\d+\//);
+  });
+});
+
+describe('no training graph puts a node on the CPU', () => {
+  test.each([
+    ['bfloat16, tied embeddings', tied, 'bfloat16', false],
+    ['bfloat16, untied, recompute', untied, 'bfloat16', true],
+    ['float32, tied', tied, 'float32', false],
+  ] as const)('lathe extract train’s default loss (KL + candidate mass), %s; the KL alone; forward KL', (_, config, compute, recompute) => {
+    expect(cpuNodes(trainGraphs(config, extractionLoss(config, { tau: 0.5, compute, recompute, candidateMass: 1, chunk: 16 })))).toBe('');
+    expect(cpuNodes(trainGraphs(config, extractionLoss(config, { tau: 0.5, compute, recompute })))).toBe('');
+    expect(cpuNodes(trainGraphs(config, extractionLoss(config, { tau: Infinity, compute, recompute, direction: 'forward', candidateMass: 0.5 })))).toBe('');
+  });
+
+  test('the default loss at Qwen3-0.6B’s shape (bfloat16, the vocabulary in 16 chunks)', () => {
+    const config = parseConfig(MODEL_PRESETS['qwen3-0.6b'].config as HfConfig);
+    expect(cpuNodes(trainGraphs(config, extractionLoss(config, { tau: 1, compute: 'bfloat16', candidateMass: 1 })).slice(0, 1))).toBe('');
+  });
+
+  test.each([
+    ['composed attention', false],
+    ['flash attention', true],
+  ])('the SFT step and the GRPO step (bfloat16, %s)', (_, flashAttention) => {
+    expect(cpuNodes(trainGraphs(tied, sftLoss(tied, { compute: 'bfloat16', flashAttention, chunk: 16 })))).toBe('');
+    const policy = decoderPolicy(tied, { compute: 'bfloat16', flashAttention, chunk: 16, entropy: true });
+    expect(cpuNodes(trainGraphs(tied, rlLoss(policy, { klCoef: 0.01, entropyCoef: 0.001 }, { reference: true })))).toBe('');
+  });
+});
