@@ -165,6 +165,8 @@ async function main(): Promise<void> {
   for (const clients of levels) {
     const prompts = makePrompts(clients * rounds, promptLen, clients);
     const stepsBefore = running.models[0].scheduler.counters.steps;
+    const timingsBefore = { ...running.models[0].scheduler.timings };
+    const loopMs = () => Object.fromEntries(Object.entries(running.models[0].scheduler.timings).map(([k, v]) => [k, Math.round(v - timingsBefore[k as keyof typeof timingsBefore])]));
     const { ttft, itl, tokens, seconds } = await runClients({ url: running.url, model: id, prompts, clients, rounds, maxNew, temperature, threads: Math.min(clientThreads, clients) });
     const level: Record<string, unknown> = {
       bench: 'serve',
@@ -176,8 +178,13 @@ async function main(): Promise<void> {
       ttft_ms: { p50: ms(quantile(ttft, 0.5)), p99: ms(quantile(ttft, 0.99)) },
       itl_ms: { p50: ms(quantile(itl, 0.5)), p99: ms(quantile(itl, 0.99)) },
       decode_steps: running.models[0].scheduler.counters.steps - stepsBefore,
+      loop_ms: loopMs(),
     };
-    if (flag('direct')) level.direct_tokens_per_s = +(await direct(running.models[0].scheduler, prompts, clients, rounds, maxNew, temperature)).toFixed(1);
+    if (flag('direct')) {
+      const before = { ...running.models[0].scheduler.timings };
+      level.direct_tokens_per_s = +(await direct(running.models[0].scheduler, prompts, clients, rounds, maxNew, temperature)).toFixed(1);
+      level.direct_loop_ms = Object.fromEntries(Object.entries(running.models[0].scheduler.timings).map(([k, v]) => [k, Math.round(v - before[k as keyof typeof before])]));
+    }
     results.push(level);
     console.log(JSON.stringify(level));
   }

@@ -100,6 +100,12 @@ export class Scheduler {
   private readonly maxPrefillTokens: number;
   /** Requests finished (any reason), and decode steps run by this scheduler. */
   readonly counters = { finished: 0, steps: 0, admitted: 0 };
+  /**
+   * Milliseconds the loop spent, cumulative: waiting for the device's step (`collect`), prefilling
+   * (`admit`), launching steps, handing tokens out to requests (on a GPU, while a step runs), and
+   * yielding to the event loop between steps (the HTTP layer's reads and writes).
+   */
+  readonly timings = { collect: 0, admit: 0, launch: 0, handOut: 0, yield: 0 };
 
   constructor(
     readonly engine: SlotEngine,
@@ -297,6 +303,13 @@ export class Scheduler {
    */
   private async loop(): Promise<void> {
     for (;;) {
+      const t = this.timings;
+      let now = performance.now();
+      const lap = (k: keyof Scheduler['timings']) => {
+        const then = now;
+        now = performance.now();
+        t[k] += now - then;
+      };
       let tokens: SlotToken[] = [];
       if (this.engine.stepInFlight) {
         try {
@@ -306,6 +319,7 @@ export class Scheduler {
         }
         this.counters.steps++;
         this.opts.onStep?.({ busy: this.engine.busy, queued: this.queue.length, steps: this.counters.steps });
+        lap('collect');
       }
       if (this.pausedUntil) {
         this.take(tokens);
@@ -335,10 +349,12 @@ export class Scheduler {
         });
         // New rows' first tokens go out before the next step: time to first token is one prefill.
         this.take(results.flatMap((r) => r.tokens));
+        lap('admit');
       }
       // On the CPU a launched step runs at once, so nothing would overlap it: hand out first.
       const overlap = this.engine.device.kind !== 'cpu';
       if (!overlap) this.take(tokens);
+      if (!overlap) lap('handOut');
       if (this.engine.busy > 0) {
         try {
           this.engine.launch();
@@ -346,12 +362,15 @@ export class Scheduler {
           this.failAll([...this.owner.values()].map((o) => o.live), e as Error);
         }
       }
+      lap('launch');
       if (overlap) this.take(tokens);
+      if (overlap) lap('handOut');
       if (!this.engine.stepInFlight && this.engine.busy === 0 && this.queue.length === 0) return;
       // Between steps: let the HTTP layer read new requests, write tokens and see disconnects. Two
       // turns of the event loop, since a disconnect takes two (the socket's end, then its close).
       await new Promise((r) => setImmediate(r));
       await new Promise((r) => setImmediate(r));
+      lap('yield');
     }
   }
 }

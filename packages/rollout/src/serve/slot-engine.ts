@@ -22,7 +22,7 @@ import { cacheName } from '../kv-cache-graphs';
 import type { KvCacheGeneratorOptions } from '../kv-cache-generator';
 import { uniformAt } from '../rng';
 import { rowTopKCap, validateSampling, type RowFilterMode, type SamplingOptions } from '../sampling';
-import { addSlotDecodeStep, addSlotPrefill, type SlotGraphOptions } from './slot-graphs';
+import { addSlotDecodeStep, addSlotPrefill, STEP_ROWS, type SlotGraphOptions } from './slot-graphs';
 
 /** How a slot engine is built. */
 /**
@@ -88,15 +88,10 @@ interface Variant {
   binding: Binding | undefined;
 }
 
-/** Per-step host inputs of the decode step, bound by address (uploaded before each step). */
+/** The decode step's buffers, bound by address: its packed host inputs (uploaded before each step) and outputs. */
 interface StepInputs {
-  token: DeviceTensor;
-  seqlens: DeviceTensor;
-  temperature: DeviceTensor;
-  topK: DeviceTensor;
-  topP: DeviceTensor;
-  minP: DeviceTensor;
-  uniform: DeviceTensor;
+  /** float32 [7, S], rows as STEP_ROWS. */
+  step: DeviceTensor;
   sampled: DeviceTensor;
   topLogprobs: DeviceTensor | undefined;
   topIds: DeviceTensor | undefined;
@@ -169,13 +164,7 @@ export class SlotEngine {
       const caches: DeviceTensor[] = [];
       for (let i = 0; i < 2 * config.numLayers; i++) caches.push(zeros(dtype, [S, config.numKvHeads, opts.maxLength, config.headDim]));
       const inputs: StepInputs = {
-        token: zeros('int64', [S, 1]),
-        seqlens: zeros('int32', [S]),
-        temperature: zeros('float32', [S]),
-        topK: zeros('int64', [S]),
-        topP: zeros('float32', [S]),
-        minP: zeros('float32', [S]),
-        uniform: zeros('float32', [S]),
+        step: zeros('float32', [STEP_ROWS.length, S]),
         sampled: zeros('float32', [S, 3]),
         topLogprobs: maxTop > 0 ? zeros('float32', [S, maxTop]) : undefined,
         topIds: maxTop > 0 ? zeros('int64', [S, maxTop]) : undefined,
@@ -267,8 +256,7 @@ export class SlotEngine {
       this.bindCommon(b);
       if (kind === 'decode') {
         const x = this.inputs;
-        b.input('token', x.token).input('seqlens', x.seqlens).input('cache_length', hostTensor('int32', [], [this.opts.maxLength]));
-        b.input('temperature', x.temperature).input('top_k', x.topK).input('top_p', x.topP).input('min_p', x.minP).input('uniform', x.uniform);
+        b.input('step', x.step).input('cache_length', hostTensor('int32', [], [this.opts.maxLength]));
         b.output('sampled', x.sampled);
         if (top) b.output('top_logprobs', x.topLogprobs!).output('top_ids', x.topIds!);
         // Each variant's session captures its own graph.
@@ -418,22 +406,22 @@ export class SlotEngine {
     const S = this.opts.slots;
     const V = this.config.vocabSize;
     const busy: number[] = [];
-    const token = new BigInt64Array(S).fill(BigInt(this.opts.padTokenId));
-    const seqlens = new Int32Array(S);
-    const temperature = new Float32Array(S);
-    const topK = new BigInt64Array(S).fill(BigInt(V));
-    const topP = new Float32Array(S).fill(1);
-    const minP = new Float32Array(S);
-    const uniform = new Float32Array(S).fill(0.5);
+    const packed = new Float32Array(STEP_ROWS.length * S);
+    const [token, position, temperature, topK, topP, minP, uniform] = STEP_ROWS.map((_, r) => packed.subarray(r * S, (r + 1) * S));
+    // A free slot decodes the pad token at position 0, greedily (its result is dropped).
+    token.fill(this.opts.padTokenId);
+    topK.fill(V);
+    topP.fill(1);
+    uniform.fill(0.5);
     let top = false;
     this.state.forEach((s, i) => {
       if (!s) return;
       if (s.position >= this.opts.maxLength) throw new Error(`slot ${i}: its cache of ${this.opts.maxLength} positions is full`);
       busy.push(i);
-      token[i] = BigInt(s.token);
-      seqlens[i] = s.position;
+      token[i] = s.token;
+      position[i] = s.position;
       temperature[i] = s.row.sampling.temperature ?? 1;
-      topK[i] = BigInt(s.k);
+      topK[i] = s.k;
       topP[i] = s.p;
       minP[i] = s.minP;
       uniform[i] = uniformAt(s.row.seed, s.row.key, s.sampled);
@@ -441,13 +429,7 @@ export class SlotEngine {
     });
     if (busy.length === 0) return false;
     const x = this.inputs;
-    x.token.upload(token);
-    x.seqlens.upload(seqlens);
-    x.temperature.upload(temperature);
-    x.topK.upload(topK);
-    x.topP.upload(topP);
-    x.minP.upload(minP);
-    x.uniform.upload(uniform);
+    x.step.upload(packed);
     const b = this.variant('decode', this.filterMode(busy.map((i) => this.state[i]!)), top).binding!;
     this.opts.beforeRun?.('decode', busy.length);
     b.runSync({ synchronize: false });

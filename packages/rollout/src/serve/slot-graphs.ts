@@ -26,8 +26,10 @@
  *          out: present.{i}.key / value (bound to the cache buffers), sampled float32 [E, 3]
  *               (token, log-prob under the row's sampling distribution, raw log-prob), and with
  *               top log-probs T > 0: top_logprobs float32 [E, T], top_ids int64 [E, T]
- *   decode  in:  token int64 [S, 1], seqlens int32 [S] (the token's position), cache_length int32
- *                [] (= M), the sampling inputs and uniform over [S], cache.{i}.key / value
+ *   decode  in:  step float32 [7, S] (rows: token, its position, temperature, top_k, top_p, min_p,
+ *                uniform — one upload a step, since each host→device copy costs a round trip while
+ *                the GPU waits; ids, positions and top_k are exact in float32 below 2²⁴),
+ *                cache_length int32 [] (= M), cache.{i}.key / value
  *          out: as prefill, over [S]
  */
 import * as L from '@lathe/onnx';
@@ -104,13 +106,19 @@ export function addSlotPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, d
   emit(g, cfg, weights, last, params, uniform, o, expand);
 }
 
+/** The rows of the decode step's packed `step` input, in order. */
+export const STEP_ROWS = ['token', 'position', 'temperature', 'top_k', 'top_p', 'min_p', 'uniform'] as const;
+
 /** The slot decode-step graph (see the module comment). */
 export function addSlotDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, o: SlotGraphOptions): void {
   const S = o.slots;
-  const token = g.input('token', 'int64', [S, 1]);
-  const seqlens = g.input('seqlens', 'int32', [S]);
+  const step = g.input('step', 'float32', [STEP_ROWS.length, S]);
+  const row = (name: (typeof STEP_ROWS)[number]) => L.gather(step, g.constant(STEP_ROWS.indexOf(name), 'int64', []), 0); // [S]
+  const token = L.unsqueeze(L.cast(row('token'), 'int64'), [1]);
+  const seqlens = L.cast(row('position'), 'int32');
   const cacheLength = g.input('cache_length', 'int32', []);
-  const { params, uniform } = samplingInputs(g, S);
+  const params: RowSamplingInputs = { temperature: row('temperature'), topK: L.cast(row('top_k'), 'int64'), topP: row('top_p'), minP: row('min_p') };
+  const uniform = row('uniform');
   const past = cacheInputs(g, cfg, dtype, S);
   const out = decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel: o.qkNormInKernel });
   out.present.forEach((p, i) => {
