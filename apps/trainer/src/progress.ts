@@ -33,6 +33,7 @@ export function sftReporter(cfg: SftConfig): { events: SftEvents; stop(): void }
     },
     onBenchmarks: (r) => log(benchmarkLine(r)),
     onCheckpoint: (dir) => log(`checkpoint ${dir}`),
+    onServe: (url) => log(`serving the policy being trained at ${url} (OpenAI API; system_fingerprint names the step)`),
   };
   return {
     events,

@@ -1,15 +1,21 @@
 /**
- * `lathe grpo --serve_port`: the policy being trained, served over `lathe serve`'s OpenAI API from
- * the trainer's own device weights — the compute-dtype buffers the rollouts generate from, with no
- * copy and no reload. Before the trainer rewrites those buffers (after each RL step's update) the
- * server stops admitting requests and lets the running ones finish, so each request is answered
- * by one version of the weights; its `system_fingerprint` names the step (`step-N`).
+ * `--serve_port` of a training command: the policy being trained, served over `lathe serve`'s
+ * OpenAI API from the trainer's own device weights, with no copy and no reload. Before the trainer
+ * rewrites the weights the server reads, it stops admitting requests and lets the running ones
+ * finish, so each request is answered by one version of the weights; its `system_fingerprint`
+ * names the step (`step-N`).
+ *
+ * - `lathe grpo`: the compute-dtype buffers the rollouts generate from ({@link serveTrainingPolicy}).
+ * - `lathe sft`: the Trainer's float32 parameters themselves, cast inside the served graphs (with
+ *   LoRA: the frozen base plus the adapters being trained) ({@link serveTrainerWeights}).
  */
 import type { AddressInfo } from 'node:net';
-import type { DecoderConfig } from '@lathe/models';
+import type * as L from '@lathe/onnx';
+import type { DecoderConfig, Weights } from '@lathe/models';
 import type { DType } from '@lathe/onnx';
-import type { Device } from '@lathe/runtime';
+import type { Device, DeviceTensor } from '@lathe/runtime';
 import type { GrpoTrainer } from '@lathe/grpo';
+import type { TrainableParam, Trainer } from '@lathe/train';
 import { createOpenAiServer, Scheduler, SlotEngine } from '@lathe/rollout';
 import { HfTokenizer } from '@lathe/tokenizer';
 import { listenOn } from './serve';
@@ -44,10 +50,54 @@ export interface TrainingServeOptions {
   log?: (line: string) => void;
 }
 
-/** Starts serving `trainer`'s policy; resolves once the server listens. */
+/** A listening server over `engine`, and how to stop it. */
+interface Listening {
+  url: string;
+  scheduler: Scheduler;
+  close(): Promise<void>;
+}
+
+/** The tokenizer the server encodes and decodes text with; `--serve_port` needs the model's own. */
+async function servingTokenizer(o: TrainingServeOptions): Promise<HfTokenizer> {
+  if (!o.tokenizerFrom) throw new Error("--serve_port serves text through the model's Hugging Face tokenizer, and this run uses the built-in one: train a model folder with tokenizer files");
+  return HfTokenizer.fromFolder(o.tokenizerFrom);
+}
+
+/** The slot engine's pad id: the tokenizer's where the model has it, else 0. */
+const padIdOf = (tokenizer: HfTokenizer, config: DecoderConfig) => (tokenizer.padId < config.vocabSize ? tokenizer.padId : 0);
+
+/** Starts the OpenAI server over `engine` (disposed here if listening fails); `step` is the weights' version. */
+async function listen(engine: SlotEngine, tokenizer: HfTokenizer, o: TrainingServeOptions, step: () => number): Promise<Listening> {
+  const scheduler = new Scheduler(engine, {});
+  const server = createOpenAiServer({ models: [{ id: o.id, scheduler, tokenizer, stopIds: o.stopIds, maxN: o.rows, fingerprint: () => `step-${step()}` }], log: o.log });
+  try {
+    await listenOn(server, o.host, o.port);
+  } catch (e) {
+    engine.dispose();
+    // lathe serve's message, with the training command's flags
+    throw new Error((e as Error).message.replace(/^--host (\S+) --port (\d+)/, '--serve_host $1 --serve_port $2').replace('choose another with --port', 'choose another with --serve_port'));
+  }
+  const port = (server.address() as AddressInfo).port;
+  const host = o.host.includes(':') ? `[${o.host}]` : o.host;
+  return {
+    url: `http://${host}:${port}/v1`,
+    scheduler,
+    close: async () => {
+      scheduler.resume();
+      scheduler.close();
+      const closed = new Promise<void>((r) => server.close(() => r()));
+      server.closeIdleConnections();
+      await scheduler.idle();
+      server.closeAllConnections();
+      await closed;
+      engine.dispose();
+    },
+  };
+}
+
+/** Starts serving `trainer`'s policy (`lathe grpo`); resolves once the server listens. */
 export async function serveTrainingPolicy<M>(trainer: GrpoTrainer<M>, o: TrainingServeOptions): Promise<TrainingServe> {
-  if (!o.tokenizerFrom) throw new Error('--serve_port serves text through the model\'s Hugging Face tokenizer, and this run uses the built-in one: train a model folder with tokenizer files');
-  const tokenizer = await HfTokenizer.fromFolder(o.tokenizerFrom);
+  const tokenizer = await servingTokenizer(o);
   // the RL step whose weights the buffers hold
   let step = trainer.steps;
   // the scheduler exists only once the weights do: the guard reads it through this holder
@@ -62,31 +112,81 @@ export async function serveTrainingPolicy<M>(trainer: GrpoTrainer<M>, o: Trainin
     },
   };
   const weights = await trainer.servingWeights(guard);
-  const engine = SlotEngine.create(o.device, o.config, weights, { slots: o.rows, maxLength: o.maxModelLen, dtype: o.dtype, padTokenId: tokenizer.padId < o.config.vocabSize ? tokenizer.padId : 0 });
-  const running = new Scheduler(engine, {});
-  served.scheduler = running;
-  const server = createOpenAiServer({ models: [{ id: o.id, scheduler: running, tokenizer, stopIds: o.stopIds, maxN: o.rows, fingerprint: () => `step-${step}` }], log: o.log });
+  const engine = SlotEngine.create(o.device, o.config, weights, { slots: o.rows, maxLength: o.maxModelLen, dtype: o.dtype, padTokenId: padIdOf(tokenizer, o.config) });
+  const listening = await listen(engine, tokenizer, o, () => step);
+  served.scheduler = listening.scheduler;
+  return {
+    url: listening.url,
+    refresh: async () => {
+      await trainer.servingWeights(guard);
+    },
+    close: listening.close,
+  };
+}
+
+/** The weights an SFT-style Trainer trains, as the served graphs read them. */
+export interface TrainerWeights {
+  /** What the Trainer updates (every weight, or the LoRA adapters), fed to the graphs by name in float32. */
+  params: readonly TrainableParam[];
+  /** The decoder's weights in the compute dtype from those parameters (and any inputs it declares itself, e.g. LoRA's `base/<name>`). */
+  weights: (g: L.Graph, params: Map<string, L.Tensor>) => Weights;
+  /** Device tensors for the inputs `weights` declares besides the parameters (the Trainer's `frozen`). */
+  frozen: Readonly<Record<string, DeviceTensor>>;
+}
+
+/** A server over a Trainer's parameters: {@link TrainerServe.update} wraps each optimizer step. */
+export interface TrainerServe {
+  /** The API's base URL, e.g. `http://127.0.0.1:8000/v1`. */
+  url: string;
+  /**
+   * Runs `step` (an optimizer step, which moves the Trainer's parameters) once no request is
+   * running — new ones wait — then serves the parameters it wrote, as step `trainer.step`, and
+   * lets the waiting requests in before it returns.
+   */
+  update<T>(step: () => Promise<T>): Promise<T>;
+  /** Stops accepting requests, lets running ones finish, then frees the engine (not the weights). */
+  close(): Promise<void>;
+}
+
+/** One turn of the event loop: requests that arrived while the trainer held it are read. */
+const ioTurn = () => new Promise<void>((r) => setImmediate(r));
+
+/**
+ * Starts serving the policy `trainer` trains (`lathe sft`), reading its float32 parameters in
+ * place: the served graphs take them as inputs and cast them to `o.dtype` themselves, and after
+ * each step the engine is pointed at the buffers the step wrote (the Trainer alternates two sets).
+ */
+export async function serveTrainerWeights(trainer: Trainer, source: TrainerWeights, o: TrainingServeOptions): Promise<TrainerServe> {
+  const tokenizer = await servingTokenizer(o);
+  const graphWeights = (g: L.Graph) => source.weights(g, new Map(source.params.map((p) => [p.name, g.input(p.name, 'float32', p.shape)] as const)));
+  const engine = SlotEngine.create(o.device, o.config, undefined, { slots: o.rows, maxLength: o.maxModelLen, dtype: o.dtype, padTokenId: padIdOf(tokenizer, o.config), graphWeights });
   try {
-    await listenOn(server, o.host, o.port);
+    engine.bindWeights(Object.entries(source.frozen), trainer.params());
   } catch (e) {
     engine.dispose();
     throw e;
   }
-  const port = (server.address() as AddressInfo).port;
-  const host = o.host.includes(':') ? `[${o.host}]` : o.host;
+  let step = trainer.step;
+  const listening = await listen(engine, tokenizer, o, () => step);
+  const { scheduler } = listening;
   return {
-    url: `http://${host}:${port}/v1`,
-    refresh: async () => {
-      await trainer.servingWeights(guard);
+    url: listening.url,
+    update: async (train) => {
+      await scheduler.quiesce();
+      try {
+        return await train();
+      } finally {
+        engine.bindWeights(trainer.params());
+        step = trainer.step;
+        scheduler.resume();
+        // a synchronous train step held the event loop: read the requests that arrived meanwhile
+        // (a few turns: accept, headers, body) and admit them before the next step quiesces
+        for (let turns = 0, quiet = 0; quiet < 3 && turns < 1000; turns++) {
+          await ioTurn();
+          quiet = scheduler.load.queued > 0 && scheduler.load.free > 0 ? 0 : quiet + 1;
+        }
+      }
     },
-    close: async () => {
-      running.close();
-      const closed = new Promise<void>((r) => server.close(() => r()));
-      server.closeIdleConnections();
-      await running.idle();
-      server.closeAllConnections();
-      await closed;
-      engine.dispose();
-    },
+    close: listening.close,
   };
 }

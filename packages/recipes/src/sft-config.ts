@@ -1,6 +1,7 @@
 /** `lathe sft`'s options: defaults, flags, YAML keys and the config saved with checkpoints. */
 import { BUILTIN_DATA, BUILTIN_MODEL } from './demo-task';
-import { evalExamplesOption, loraOptions, modelOption, quantizeBaseOption, optimizerOptions, promptFormatOptions, runDirOption, seedOption, trainRunOptions, trainStepOptions } from './common-options';
+import { evalExamplesOption, loraOptions, modelOption, quantizeBaseOption, optimizerOptions, promptFormatOptions, resumableOptions, runDirOption, seedOption, trainRunOptions, trainStepOptions } from './common-options';
+import { serveTrainingOptions } from './serve-training-config';
 import type { ConfigOf, OptionSchema } from './options';
 import { sftBenchmarkSamplingOptions, TRAIN_EVAL_KEYS, trainEvalOptions } from './train-eval-config';
 
@@ -51,10 +52,11 @@ export const sftSchema = {
   ...trainEvalOptions,
   ...sftBenchmarkSamplingOptions,
   ...trainRunOptions(200, 'metrics and evaluations'),
+  ...resumableOptions(serveTrainingOptions("from the trainer's own device weights, read in place (no copy, no reload; with LoRA the frozen base plus the adapters being trained; not with --quantize_base)")),
 } as const satisfies OptionSchema;
 
 /** Options `--resume` accepts with new values in an SFT run (they change neither the weights nor the data order). */
-export const SFT_RESUMABLE_KEYS: readonly (keyof SftConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'cuda_graph', 'max_new_tokens', 'report_to', 'wandb_project', ...TRAIN_EVAL_KEYS, 'eval_temperature', 'eval_top_p'];
+export const SFT_RESUMABLE_KEYS: readonly (keyof SftConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'cuda_graph', 'max_new_tokens', 'report_to', 'wandb_project', ...TRAIN_EVAL_KEYS, 'eval_temperature', 'eval_top_p', 'serve_port', 'serve_host', 'serve_max_rows'];
 
 /** A resolved SFT config. */
 export type SftConfig = ConfigOf<typeof sftSchema>;

@@ -4,12 +4,14 @@
  * checkpointing → a final evaluation and checkpoint. Resumes exactly from a checkpoint (weights,
  * AdamW moments, step, data position) and saves one when interrupted.
  */
+import { basename, resolve } from 'node:path';
 import * as L from '@lathe/onnx';
 import { paramSpecs, TOTAL_LENGTH_INPUT, totalLengthTensor, weightInputs, type DecoderConfig } from '@lathe/models';
 import { MathGrader } from '@lathe/graders';
 import { addGeneration } from '@lathe/rollout';
 import { sizeOf, type Device, type DeviceTensor, type HostTensor, type Session } from '@lathe/runtime';
 import {
+  castWeights,
   initLora,
   LORA_DROPOUT_KEY,
   loraAdapters,
@@ -32,6 +34,7 @@ import { SftBenchmarkSampler, TrainBenchmarks, type TrainBenchmarkResult } from 
 import { runTrainedWeights } from './quantize-lora';
 import type { TrainedWeights } from '@lathe/reward-models';
 import { anyRankStopped, joinDataParallel, openRankRunDir } from './launch-dp';
+import { serveTrainerWeights, type TrainerServe, type TrainerWeights } from './serve-training';
 import { evalPromptIds, lossTokenCount, packExamples, padBatch, padPackedBatch, readSftData, tokenizeExample, type PackedRow, type SftExample, type TokenizedExample } from './sft-data';
 
 /** Metrics of one optimizer step (one line of metrics.jsonl). */
@@ -81,6 +84,8 @@ export interface SftEvents extends TrainRunEvents<StepMetrics, EvalResult> {
   }): void;
   /** A benchmark evaluation (`--eval_benchmarks`) finished. */
   onBenchmarks?(r: TrainBenchmarkResult): void;
+  /** `--serve_port`: the policy is served at this base URL. */
+  onServe?(url: string): void;
 }
 
 /** What a run returns: with `--eval_benchmarks`, also this invocation's benchmark evaluations. */
@@ -177,6 +182,21 @@ interface EvalRow {
 }
 
 /**
+ * `--serve_port`'s view of the trained tensors: the Trainer's parameters cast to the compute dtype
+ * in the served graphs, or with LoRA the frozen base (`base/<name>`, as the loss reads it) plus
+ * the adapters as a side branch of each projection (no dropout).
+ */
+function servedWeights(config: DecoderConfig, params: TrainableParam[], compute: L.DType, frozen: Record<string, DeviceTensor>, lora?: { config: LoraConfig; adapters: ReturnType<typeof loraAdapters> }): TrainerWeights {
+  if (!lora) return { params, frozen, weights: (_g, trainable) => castWeights(trainable, compute) };
+  const specs = paramSpecs(config);
+  const weights = (g: L.Graph, trainable: Map<string, L.Tensor>) => {
+    const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)] as const));
+    return loraWeights((name) => base.get(name)!, trainable, lora.adapters, lora.config, compute);
+  };
+  return { params, frozen, weights };
+}
+
+/**
  * Greedy generation over the held-out examples, judged by exact match or the math grader: the
  * rows of one evaluation, with the model's float32 weights given per call.
  */
@@ -245,6 +265,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   if (cudaGraph && cfg.device !== 'cuda') throw new Error(`--cuda_graph needs --device cuda (got --device ${cfg.device})`);
   if (staticShape && cfg.micro_batches !== 1) throw new Error(`--cuda_graph needs --micro_batches 1 (got ${cfg.micro_batches})`);
   // Packed rows need a mask per example, which only composed attention takes ('auto' picks it).
+  if (cfg.serve_port > 0 && cfg.quantize_base !== 'none') throw new Error(`--serve_port with --quantize_base ${cfg.quantize_base} is not supported: the server reads the trainer's float32 base, and a quantized one is read through its dequantization in the loss only; serve with plain LoRA, or serve the checkpoints (lathe serve)`);
   if (cfg.packing && cfg.attention === 'flash') {
     throw new Error("--packing with --attention flash is not supported: GroupQueryAttention takes no segment mask, so each packed example would attend to those before it in its row; use --attention composed (or auto, which picks composed with --packing)");
   }
@@ -296,7 +317,25 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   // throws after its checkpoint; a caller may go on to the next run in the same process).
   let evaluator: ReturnType<typeof greedyEvaluator> | undefined;
   let benchSampler: SftBenchmarkSampler | undefined;
+  let serving: TrainerServe | undefined;
   try {
+    // --serve_port (rank 0 of a data-parallel job: every rank holds the same weights)
+    if (cfg.serve_port > 0 && (!dp || dp.main)) {
+      const eos = config.eosTokenId;
+      serving = await serveTrainerWeights(trainer, servedWeights(config, params, compute, frozenBase, lora ? { config: lora, adapters } : undefined), {
+        host: cfg.serve_host,
+        port: cfg.serve_port,
+        id: basename(resolve(cfg.run_dir)),
+        tokenizerFrom,
+        device,
+        config,
+        dtype: compute,
+        stopIds: [...new Set([tokenizer.eosId, ...(eos === undefined ? [] : Array.isArray(eos) ? eos : [eos])])],
+        rows: cfg.serve_max_rows,
+        maxModelLen: Math.min(config.maxPositionEmbeddings, 4096),
+      });
+      events.onServe?.(serving.url);
+    }
     evaluator = greedyEvaluator(device, config, tokenizer, cfg);
     const greedy = evaluator;
     run.saveConfig(cfg);
@@ -390,7 +429,8 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
         };
       });
       const hostMs0 = performance.now() - t0;
-      const result = await trainer.trainStepAsync(micro, lr);
+      // with --serve_port, no request runs while the step rewrites the weights
+      const result = serving ? await serving.update(() => trainer.trainStepAsync(micro, lr)) : await trainer.trainStepAsync(micro, lr);
       const loss = result.loss;
       if (!Number.isFinite(loss)) nonFinite(loss, batchStart);
       state = { ...state, step: state.step + 1, dataPosition: stream.position };
@@ -423,6 +463,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     dp?.abort((e as Error).message);
     throw e;
   } finally {
+    await serving?.close();
     await evaluator?.dispose();
     benchSampler?.dispose();
     trainer.dispose();
