@@ -52,6 +52,12 @@ export const gradientCheckpointingOption = { type: 'boolean', default: false, de
 /** `--micro_batches`: gradient accumulation. */
 export const microBatchesOption = { type: 'number', default: 1, integer: true, min: 1, describe: "Split each optimizer step's batch into this many micro-batches (gradient accumulation: the same update, less memory)" } as const;
 
+/**
+ * `--zero_stage` of a data-parallel training command (under `lathe launch`): 0 keeps the whole
+ * AdamW state on every rank; 1 splits it over the ranks (ZeRO-1, @lathe/train's zero.ts).
+ */
+export const zeroStageOption = { type: 'number', default: 0, integer: true, min: 0, max: 1, describe: 'Under lathe launch: 0 keeps the whole AdamW state on every rank; 1 splits the AdamW moments (and an fp32 copy of the weights each rank updates) over the ranks — ZeRO-1: each GPU keeps 1/N of them and the weights once instead of twice; gradients are reduce-scattered and weights all-gathered, giving the same updates. No effect on one process [may change on resume]' } as const;
+
 /** Where a training command runs and its train step: device, compute, attention, recomputation, steps and batch (`batch` describes what a batch counts). */
 export function trainStepOptions(d: { steps: number; batch_size: number; batch: string }) {
   return {

@@ -115,7 +115,7 @@ export async function runDpo(cfg: DpoRunConfig, events: DpoEvents = {}, signal?:
   if (!(cfg.beta > 0)) throw new Error(`--beta ${cfg.beta}: β must be > 0`);
   if (cfg.loss_type === 'ipo' && cfg.label_smoothing !== 0) throw new Error(`--label_smoothing ${cfg.label_smoothing} applies to --loss_type sigmoid, not ipo`);
   // under lathe launch: this rank's share of a data-parallel job; rank 0 alone writes the run directory
-  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches } });
+  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches }, zeroStage: cfg.zero_stage });
   const run = await openRankRunDir(cfg, dp);
   // the built-in model is written into this rank's own run directory (rank 0's may not hold it yet)
   const model = await loadRunModel({ ...cfg, run_dir: run.dir });

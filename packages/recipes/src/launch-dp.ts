@@ -8,7 +8,7 @@
 import { mkdirSync, mkdtempSync, rmSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, join, resolve } from 'node:path';
-import { listCheckpoints } from '@lathe/train';
+import { listCheckpoints, type TrainerOptions } from '@lathe/train';
 import { RunDir, type RunDirOptions } from './scaffold';
 import type { ReportOptions } from './reporting';
 import { checkDataParallelBatch, checkSameConfig, gradientAllReduce, NcclCollectives, shardOf, TcpCollectives, worldFromEnv, type Collectives, type GradientHook, type WorldInfo } from '@lathe/distributed';
@@ -19,6 +19,10 @@ export interface DataParallelRun {
   collectives: Collectives;
   /** `Trainer.create`'s `onGradients`: the bucketed all-reduce of the summed gradients, loss and metrics. */
   onGradients: GradientHook;
+  /** 0, or 1 for ZeRO-1 (`--zero_stage`). */
+  zeroStage: number;
+  /** What `Trainer.create` takes for this job: `onGradients`, or with ZeRO-1 `zero` (the collectives the shards are exchanged over). */
+  trainerOptions: Pick<TrainerOptions, 'onGradients' | 'zero'>;
   /** Rank 0: the one rank that writes the run directory (config, metrics, evaluations, checkpoints). */
   main: boolean;
   /** This rank's GPU (LOCAL_RANK): `Device.open(cfg.device, { id: deviceId })`. */
@@ -43,6 +47,8 @@ export interface DataParallelOptions {
   env?: NodeJS.ProcessEnv;
   /** How long the rendezvous may take to form (default 120 s). */
   timeoutMs?: number;
+  /** `--zero_stage`: 1 shards the AdamW state over the ranks (ZeRO-1). Default 0. */
+  zeroStage?: number;
 }
 
 /**
@@ -63,10 +69,14 @@ export async function joinDataParallel(opts: DataParallelOptions): Promise<DataP
     await tcp.close();
     throw e;
   }
+  const onGradients = gradientAllReduce(collectives);
+  const zeroStage = opts.zeroStage ?? 0;
   return {
     world,
     collectives,
-    onGradients: gradientAllReduce(collectives),
+    onGradients,
+    zeroStage,
+    trainerOptions: zeroStage === 1 ? { zero: collectives } : { onGradients },
     main: world.rank === 0,
     deviceId: opts.device === 'cuda' ? world.localRank : 0,
     shard: (rows, flag) => shardOf(rows, world.rank, world.worldSize, flag),
@@ -119,4 +129,9 @@ export async function anyRankStopped(dp: DataParallelRun | undefined, stopped: b
   const v = Float64Array.from([stopped ? 1 : 0]);
   await dp.collectives.allReduceHost(v, 'sum');
   return v[0] > 0;
+}
+
+/** Whether this rank must join the checkpoint's state gathering although it writes nothing (ZeRO-1). */
+export function joinsCheckpoint(dp: DataParallelRun | undefined): boolean {
+  return !dp || dp.main || dp.zeroStage === 1;
 }

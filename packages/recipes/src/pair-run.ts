@@ -13,11 +13,11 @@ import { loraFromOptions, Trainer, useFlashAttention, type AttentionChoice, type
 import type { DType } from '@lathe/onnx';
 import { pairStepFeeds } from './preference-batches';
 import { runTrainedWeights } from './quantize-lora';
-import { anyRankStopped, type DataParallelRun } from './launch-dp';
+import { anyRankStopped, joinsCheckpoint, type DataParallelRun } from './launch-dp';
 import { checkComputeDtype, EpochStream, openDevice, scheduledLr, stepTiming, stopRequested, type RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
 /** Options `--resume` accepts with new values in a preference run (they change neither the weights nor the data order). */
-export const PAIR_RESUMABLE_KEYS: readonly string[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project'];
+export const PAIR_RESUMABLE_KEYS: readonly string[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project', 'zero_stage'];
 
 /** The options of a preference training run that its setup and loop read. */
 export interface PairRunConfig extends LoraOptions {
@@ -109,7 +109,7 @@ export function startPairTraining(
   // a data-parallel rank opens its own GPU (LOCAL_RANK)
   const device = openDevice(cfg.device, dp?.deviceId ?? 0);
   const frozen: Record<string, DeviceTensor> = tw.frozenOn(device);
-  const trainer = Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { ...init, step: state.step }, { device, microBatches: cfg.micro_batches, frozen, ...(dp ? { onGradients: dp.onGradients } : {}) });
+  const trainer = Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { ...init, step: state.step }, { device, microBatches: cfg.micro_batches, frozen, ...(dp ? dp.trainerOptions : {}) });
   return {
     cfg,
     run,
@@ -186,9 +186,11 @@ export async function runPairTraining<F, E extends { step: number }>(o: PairRun<
     events.onEval?.(result);
     return result;
   };
-  const checkpoint = () => {
+  const checkpoint = async () => {
+    // with ZeRO-1 every rank gives its moment shards to rank 0's checkpoint
+    if (!joinsCheckpoint(dp)) return run.dir;
+    const snap = await trainer.snapshotAsync();
     if (!main) return run.dir;
-    const snap = trainer.snapshot();
     return run.checkpoint(
       { config: o.training.config, model: tw.merged(snap.params), trainable: tw.params, values: snap.params, m: snap.m, v: snap.v, state, lora: o.training.lora },
       { keepLast: cfg.keep_last, tokenizerFrom: o.training.tokenizer.from, onCheckpoint: (dir, step) => events.onCheckpoint?.(dir, step) },
@@ -229,7 +231,7 @@ export async function runPairTraining<F, E extends { step: number }>(o: PairRun<
     const hostMs0 = performance.now() - t0;
     const result = await trainer.trainStepAsync(feeds, lr);
     if (!Number.isFinite(result.loss)) {
-      const dir = checkpoint();
+      const dir = await checkpoint();
       throw new Error(
         `step ${state.step + 1}: the loss is ${result.loss} on the pairs at stream positions ${batchStart}..${batchStart + cfg.batch_size - 1}${o.nonFiniteCause ?? ''}; the weights before this step are saved in ${dir}. Lower --lr or check the data.`,
       );
@@ -242,12 +244,12 @@ export async function runPairTraining<F, E extends { step: number }>(o: PairRun<
     // on the log_every schedule only, so a resumed run's metrics.jsonl equals an uninterrupted run's
     if (state.step % cfg.log_every === 0 || state.step === cfg.steps) run.metrics.log({ ...metrics });
     if (held.pairs.length > 0 && ((cfg.eval_every > 0 && state.step % cfg.eval_every === 0) || state.step === cfg.steps)) evals.push(await evaluate());
-    if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) checkpoint();
+    if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) await checkpoint();
     if (await anyRankStopped(dp, await stopRequested(o.signal))) {
       interrupted = true;
       break;
     }
   }
-  const last = run.savedAt(state.step) ?? checkpoint();
+  const last = run.savedAt(state.step) ?? (await checkpoint());
   return { steps: state.step, finalLoss: lastLoss, evals, checkpoint: last, interrupted };
 }

@@ -15,6 +15,7 @@ import {
   trainComputeDtypeOption,
   trainRunOptions,
   trainStepOptions,
+  zeroStageOption,
 } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 
@@ -38,6 +39,7 @@ export const preferenceLoraOptions = { ...loraOptions, lora_targets: { ...loraOp
 export const preferenceStepOptions = {
   ...trainStepOptions({ steps: 500, batch_size: 16, batch: 'Preference pairs per optimizer step (each pair is two sequences)' }),
   max_length: preferenceMaxLengthOption,
+  zero_stage: zeroStageOption,
 } as const satisfies OptionSchema;
 
 /** The held-out pairs of the preference training commands and how often they are scored. */

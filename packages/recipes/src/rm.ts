@@ -69,7 +69,7 @@ function evalRow(e: PreferenceExample, chosen: number, rejected: number) {
 export async function runRmTrain(cfg: RmTrainConfig, events: RmTrainEvents = {}, signal?: AbortSignal): Promise<RmTrainResult> {
   checkPairOptions(cfg);
   // under lathe launch: this rank's share of a data-parallel job; rank 0 alone writes the run directory
-  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches } });
+  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches }, zeroStage: cfg.zero_stage });
   const run = await openRankRunDir(cfg, dp);
   // the built-in model is written into this rank's own run directory (rank 0's may not hold it yet)
   const model = await loadRunModel({ ...cfg, run_dir: run.dir });
