@@ -4,6 +4,9 @@
 #                (each rank run by the launcher), the same global batch; prints each parity verdict.
 #   scaling "1 2 4" : bf16 tokens/s with flash attention, PER_GPU rows (default 8) of 512 per GPU (weak scaling),
 #                Lathe then PyTorch DDP (torchrun) on each count; prints one line per run.
+#   zero N     : ZeRO-1 on N GPUs against 1 GPU (fp32, composed attention, TF32 off; STEPS, default 5): the parity
+#                verdict (≤ 1e-5 relative), then each rank's AdamW moment bytes, trainer state bytes and device memory,
+#                with the unsharded 1-GPU numbers beside them (SHAPE: 0.6b by default, 1.7b to show what sharding saves).
 #   order N    : NCCL's stream vs ORT's: an all-reduce read by the next ORT run, with the wait (0 wrong
 #                reads expected) and without it (wrong reads expected: what the wait prevents).
 # Every process gets NCCL_NVLS_ENABLE=0. Results go to $OUT (default /tmp/dp) as JSON lines. DP_ARGS adds dp-check
@@ -14,7 +17,7 @@ export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/dp}
 mkdir -p "$OUT"
 B=.bundle
-mode=${1:?parity N | scaling "1 2 4" | order N}
+mode=${1:?parity N | scaling "1 2 4" | zero N | order N}
 case "$mode" in
   parity)
     N=${2:?parity N}
@@ -38,8 +41,21 @@ case "$mode" in
       torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 | tee "$OUT/ddp-$n.json"
     done
     ;;
+  zero)
+    N=${2:?zero N}
+    args="${DP_ARGS:-} --shape ${SHAPE:-0.6b} --compute float32 --steps ${STEPS:-5} --batch 8 --seq ${SEQ:-256} --warmup 1"
+    node $B/dp-check.js $args --out "$OUT/zero-one.json" > /dev/null
+    node $B/dp-launch.js --gpus "$N" --master_port $((29800 + N)) -- node $B/dp-check.js $args --zero 1 --reference "$OUT/zero-one.json" --out "$OUT/zero-$N.json" > "$OUT/zero-$N-ranks.txt"
+    node -e "
+      const fs=require('fs'); const one=require('$OUT/zero-one.json'); const r=require('$OUT/zero-$N.json');
+      console.log(JSON.stringify({zero:1, world:r.world, parity:r.parity, losses_1:one.losses, losses_n:r.losses, tok_s_1:one.tokens_per_s, tok_s_n:r.tokens_per_s}));
+      const ranks=fs.readFileSync('$OUT/zero-$N-ranks.txt','utf8').trim().split(String.fromCharCode(10)).filter(l=>l.includes('{')).map(l=>JSON.parse(l.slice(l.indexOf('{'))));
+      console.log(JSON.stringify({world:1, moment_bytes:one.moment_bytes, state_bytes:one.state_bytes, memory:one.memory}));
+      for (const x of ranks) console.log(JSON.stringify({world:x.world, rank:x.rank, moment_bytes:x.moment_bytes, moment_ratio:+(x.moment_bytes/one.moment_bytes).toFixed(4), state_bytes:x.state_bytes, memory:x.memory}));
+    "
+    ;;
   order)
     node $B/dp-launch.js --gpus "${2:-2}" --master_port 29700 -- node $B/nccl-order.js --mb ${MB:-512} --trials ${TRIALS:-10}
     ;;
-  *) echo "usage: $0 parity N | scaling \"1 2 4\" | order N" >&2; exit 2 ;;
+  *) echo "usage: $0 parity N | scaling \"1 2 4\" | zero N | order N" >&2; exit 2 ;;
 esac

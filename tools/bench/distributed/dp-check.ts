@@ -9,10 +9,13 @@
  *   within --tol (default 1e-5 for float32, 2e-2 for bfloat16: "within bf16 rounding").
  * - Scaling: tokens/s of the global batch (median step after --warmup steps), to compare 1, 2 and 4
  *   GPUs and PyTorch DDP (tools/reference/distributed/ddp_bench.py, same model and batch).
+ * - ZeRO-1 (--zero 1): the AdamW moments and master-weight shards split over the ranks; the same
+ *   parity check against a 1-GPU reference, and each rank's optimizer bytes (`moment_bytes`, the
+ *   trainer's `state_bytes`) and device memory.
  *
  * usage (each rank): node .bundle/dp-check.js [--shape 0.6b|1.7b|tiny] [--compute float32|bfloat16]
  *   [--device cuda|cpu] [--steps 20] [--batch 8] [--seq 512] [--micro 1] [--lr 1e-5] [--warmup 2]
- *   [--flash-attention] [--recompute] [--tf32] [--bucket-mb 25] [--reference ONE.json] [--tol X] [--out FILE]
+ *   [--flash-attention] [--recompute] [--tf32] [--bucket-mb 25] [--zero 0|1] [--reference ONE.json] [--tol X] [--out FILE]
  * run:  node .bundle/lathe.js launch --gpus 2 -- node .bundle/dp-check.js --compute float32 --out two.json
  * Prints one JSON line per rank (rank 0's first); --out writes rank 0's.
  */
@@ -50,6 +53,8 @@ async function main(): Promise<void> {
   const lr = Number(arg('lr', '1e-5'));
   const warmup = Number(arg('warmup', '2'));
   const flash = flag('flash-attention');
+  const zero = Number(arg('zero', '0'));
+  if (zero !== 0 && zero !== 1) throw new Error(`--zero ${zero}: 0 or 1`);
   const world = worldFromEnv();
   checkDataParallelBatch(rowsPerStep, micro, world.worldSize, { batch: '--batch', micro: '--micro' });
 
@@ -57,7 +62,7 @@ async function main(): Promise<void> {
   let group: Collectives | undefined;
   if (world.worldSize > 1) {
     const tcp = await TcpCollectives.connect({ rank: world.rank, worldSize: world.worldSize, addr: world.masterAddr, port: world.masterPort });
-    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, recompute: flag('recompute'), tf32: flag('tf32') });
+    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, recompute: flag('recompute'), tf32: flag('tf32'), zero });
     group = deviceKind === 'cuda' ? await NcclCollectives.create(tcp, { deviceId: world.localRank }) : tcp;
   }
   const device = Device.open(deviceKind, { id: world.localRank, tf32: flag('tf32') });
@@ -69,7 +74,7 @@ async function main(): Promise<void> {
   const trainer = Trainer.create(
     { params, loss: sftLoss(config, { compute, flashAttention: flash, recompute: flag('recompute') }), optimizer: { weightDecay: 0.01, maxGradNorm: 1 } },
     { params: init },
-    { device, microBatches: micro, ...(group ? { onGradients: gradientAllReduce(group, { bucketBytes: Number(arg('bucket-mb', '25')) * 2 ** 20 }) } : {}) },
+    { device, microBatches: micro, ...(group ? (zero === 1 ? { zero: group } : { onGradients: gradientAllReduce(group, { bucketBytes: Number(arg('bucket-mb', '25')) * 2 ** 20 }) }) : {}) },
   );
   init.clear();
   const i64 = (rows: number[][]): HostTensor => ({ data: BigInt64Array.from(rows.flat().map(BigInt)), dims: [rows.length, rows[0].length] });
@@ -106,6 +111,9 @@ async function main(): Promise<void> {
     compute,
     batch: [rowsPerStep, seq],
     micro,
+    zero,
+    moment_bytes: trainer.momentBytes,
+    state_bytes: trainer.stateBytes,
     losses,
     grad_norms: gradNorms,
     step_ms: stepMs.map((x) => +x.toFixed(1)),
