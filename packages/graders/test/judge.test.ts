@@ -1,6 +1,7 @@
 import { createServer, type IncomingMessage, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { LlmJudge, parseVerdict } from '@lathe/graders';
+import { OpenAiClient, OpenAiError } from '@lathe/openai-client';
 
 /** A local OpenAI-compatible chat server whose behaviour each test scripts. */
 class FakeChatServer {
@@ -15,6 +16,8 @@ class FakeChatServer {
   retryAfter: string | null = null;
   delayMs = 0;
   reply: (prompt: string) => string = () => 'VERDICT: CORRECT';
+  /** When set, the whole 200 body instead of a chat completion around `reply`. */
+  rawReply: string | null = null;
 
   async start(): Promise<void> {
     this.server = createServer((req, res) => void this.handle(req, res));
@@ -37,6 +40,10 @@ class FakeChatServer {
       if (this.retryAfter) res.setHeader('retry-after', this.retryAfter);
       res.statusCode = fail;
       res.end('{"error": "scripted failure"}');
+      return;
+    }
+    if (this.rawReply !== null) {
+      res.end(this.rawReply);
       return;
     }
     const prompt = json.messages.at(-1)!.content;
@@ -108,15 +115,49 @@ describe('LlmJudge against a local server', () => {
   test('gives up after maxRetries with an error naming the endpoint and status', async () => {
     server.failures = [503, 503, 503];
     const judge = new LlmJudge({ baseUrl: server.url, model: 'm', maxRetries: 2, initialBackoffMs: 1 });
-    await expect(judge.judge({ question: 'q', response: 'r' })).rejects.toThrow(/chat\/completions: HTTP 503/);
+    const e = await judge.judge({ question: 'q', response: 'r' }).catch((x: unknown) => x);
+    expect(e).toBeInstanceOf(OpenAiError);
+    expect((e as OpenAiError).status).toBe(503);
+    expect((e as Error).message).toBe(`POST ${server.url}/chat/completions: 503 scripted failure (after 3 attempts)`);
     expect(server.requests).toHaveLength(3);
   });
 
   test('a 400 is not retried', async () => {
     server.failures = [400];
     const judge = new LlmJudge({ baseUrl: server.url, model: 'm', initialBackoffMs: 1 });
-    await expect(judge.judge({ question: 'q', response: 'r' })).rejects.toThrow(/HTTP 400/);
+    await expect(judge.judge({ question: 'q', response: 'r' })).rejects.toThrow(/chat\/completions: 400 scripted failure$/);
     expect(server.requests).toHaveLength(1);
+  });
+
+  test('an attempt past timeoutMs is abandoned and retried; the error says so', async () => {
+    server.delayMs = 300;
+    const judge = new LlmJudge({ baseUrl: server.url, model: 'm', timeoutMs: 50, maxRetries: 1, initialBackoffMs: 1 });
+    const t0 = Date.now();
+    await expect(judge.judge({ question: 'q', response: 'r' })).rejects.toThrow(`POST ${server.url}/chat/completions: no answer within 50 ms (after 2 attempts)`);
+    // two attempts of 50 ms each, not the server's 300 ms
+    expect(Date.now() - t0).toBeLessThan(280);
+    expect(judge.stats).toMatchObject({ requests: 2, retries: 1 });
+  });
+
+  test('a reply without message content is an error naming the endpoint, not a verdict', async () => {
+    server.rawReply = JSON.stringify({ choices: [] });
+    const judge = new LlmJudge({ baseUrl: server.url, model: 'm' });
+    await expect(judge.judge({ question: 'q', response: 'r' })).rejects.toThrow(`POST ${server.url}/chat/completions: the reply has no choices[0].message.content`);
+  });
+
+  test('a 2xx reply that is not JSON fails at once, naming the endpoint', async () => {
+    server.rawReply = '<html>proxy page</html>';
+    const judge = new LlmJudge({ baseUrl: server.url, model: 'm', initialBackoffMs: 1 });
+    await expect(judge.judge({ question: 'q', response: 'r' })).rejects.toThrow(new RegExp(`^POST ${server.url.replace(/[.]/g, '\\.')}/chat/completions: the reply is not JSON`));
+    expect(server.requests).toHaveLength(1);
+  });
+
+  test('judges through a client it is given, shared with other callers', async () => {
+    const client = new OpenAiClient({ baseUrl: server.url, maxRetries: 0 });
+    const judge = new LlmJudge({ baseUrl: server.url, model: 'm', client });
+    expect((await judge.judge({ question: 'q', response: 'r' })).score).toBe(1);
+    expect(judge.client).toBe(client);
+    expect(client.stats.requests).toBe(1);
   });
 
   test('keeps at most `concurrency` requests in flight', async () => {
@@ -128,8 +169,14 @@ describe('LlmJudge against a local server', () => {
     expect(server.maxInFlight).toBe(3);
   });
 
-  test('an unreachable endpoint fails after its retries', async () => {
-    const judge = new LlmJudge({ baseUrl: 'http://127.0.0.1:1/v1', model: 'm', maxRetries: 1, initialBackoffMs: 1 });
-    await expect(judge.judge({ question: 'q', response: 'r' })).rejects.toThrow(/127\.0\.0\.1:1/);
+  test('a server that is down fails after its retries, named by its URL', async () => {
+    // a port that was just free: nothing listens there
+    const down = server.url;
+    await server.close();
+    const judge = new LlmJudge({ baseUrl: down, model: 'm', maxRetries: 1, initialBackoffMs: 1 });
+    await expect(judge.judge({ question: 'q', response: 'r' })).rejects.toThrow(`POST ${down}/chat/completions: ECONNREFUSED (after 2 attempts)`);
+    server = new FakeChatServer();
+    await server.start();
+    expect(judge.stats).toMatchObject({ requests: 2, retries: 1 });
   });
 });

@@ -244,7 +244,15 @@ export class OpenAiClient {
           headers: { ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...(o.apiKey ? { authorization: `Bearer ${o.apiKey}` } : {}), ...o.headers },
           body: body === undefined ? undefined : JSON.stringify(body),
         });
-        if (res.ok) return await read(res);
+        if (res.ok) {
+          try {
+            return await read(res);
+          } catch (e) {
+            // a server that answers 2xx with something else than JSON will not mend on a retry
+            if ((e as Error).name === 'SyntaxError') throw new OpenAiError(`${what}: the reply is not JSON (${e.message})`, res.status);
+            throw e;
+          }
+        }
         error = await errorOf(res, what);
       } catch (e) {
         if (e instanceof OpenAiError) throw e;

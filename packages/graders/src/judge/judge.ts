@@ -1,9 +1,11 @@
 /**
- * An LLM judge over an OpenAI-compatible chat endpoint: a prompt template filled per item, a
- * verdict parsed from the reply, retries with exponential backoff (honouring Retry-After), a
- * concurrency limit, and a cache keyed by the hash of the exact request.
+ * An LLM judge over an OpenAI-compatible chat endpoint (`lathe serve`, vLLM, SGLang, OpenAI): a
+ * prompt template filled per item, a verdict parsed from the reply, a concurrency limit and a cache
+ * keyed by the hash of the exact request. The HTTP side — per-attempt timeout, retries with
+ * exponential backoff honouring Retry-After, OpenAI's error JSON — is `@lathe/openai-client`'s.
  */
 import { createHash } from 'node:crypto';
+import { OpenAiClient, type ChatMessage } from '@lathe/openai-client';
 
 /** What the judge is asked about; every field fills the template placeholder of the same name. */
 export interface JudgeItem {
@@ -46,6 +48,11 @@ export interface JudgeOptions {
   maxBackoffMs: number;
   /** Per-request timeout, milliseconds. */
   timeoutMs: number;
+  /**
+   * The client to call through (e.g. one shared with other callers of the same server); default one
+   * built from `baseUrl`, `apiKey`, `timeoutMs`, `maxRetries` and the backoff options.
+   */
+  client?: OpenAiClient;
 }
 
 /** A grading prompt for answers against a reference. */
@@ -85,15 +92,6 @@ export const JUDGE_DEFAULTS = {
   timeoutMs: 60_000,
 } satisfies Partial<JudgeOptions>;
 
-class RetryableError extends Error {
-  constructor(
-    message: string,
-    readonly retryAfterMs: number | null,
-  ) {
-    super(message);
-  }
-}
-
 function fill(template: string, item: JudgeItem): string {
   return template.replace(/\{(question|response|reference)\}/g, (_, k: keyof JudgeItem) => item[k] ?? '');
 }
@@ -101,34 +99,47 @@ function fill(template: string, item: JudgeItem): string {
 /** Calls an OpenAI-compatible chat endpoint to judge items; safe to call concurrently. */
 export class LlmJudge {
   readonly options: JudgeOptions;
+  /** The client the requests go through. */
+  readonly client: OpenAiClient;
   private readonly cache = new Map<string, string>();
   private running = 0;
   private readonly waiting: (() => void)[] = [];
-  /** Requests sent (including retries) and cache hits so far. */
-  readonly stats = { requests: 0, retries: 0, cacheHits: 0 };
+  private cacheHits = 0;
 
   constructor(options: Partial<JudgeOptions> & Pick<JudgeOptions, 'baseUrl' | 'model'>) {
     this.options = { ...JUDGE_DEFAULTS, ...options };
-    if (!(this.options.concurrency >= 1)) throw new Error(`LlmJudge: concurrency must be ≥ 1, got ${this.options.concurrency}`);
+    const o = this.options;
+    if (!(o.concurrency >= 1)) throw new Error(`LlmJudge: concurrency must be ≥ 1, got ${o.concurrency}`);
+    this.client = o.client ?? new OpenAiClient({ baseUrl: o.baseUrl, apiKey: o.apiKey, timeoutMs: o.timeoutMs, maxRetries: o.maxRetries, initialBackoffMs: o.initialBackoffMs, maxBackoffMs: o.maxBackoffMs });
+  }
+
+  /** Requests sent (retries included), retries, and items answered from the cache so far (requests and retries are the client's: all its callers'). */
+  get stats(): { requests: number; retries: number; cacheHits: number } {
+    return { requests: this.client.stats.requests, retries: this.client.stats.retries, cacheHits: this.cacheHits };
   }
 
   /** The chat request for an item (what is hashed for the cache). */
-  request(item: JudgeItem): Record<string, unknown> {
+  request(item: JudgeItem): { model: string; messages: ChatMessage[]; temperature: number; max_tokens: number } {
     const o = this.options;
-    const messages = [...(o.systemPrompt ? [{ role: 'system', content: o.systemPrompt }] : []), { role: 'user', content: fill(o.promptTemplate, item) }];
+    const messages: ChatMessage[] = [...(o.systemPrompt ? [{ role: 'system' as const, content: o.systemPrompt }] : []), { role: 'user', content: fill(o.promptTemplate, item) }];
     return { model: o.model, messages, temperature: o.temperature, max_tokens: o.maxTokens };
   }
 
-  /** Judges one item; throws (naming the endpoint and status) once retries are exhausted. */
+  /** Judges one item; throws (an `OpenAiError` naming the endpoint and status) once retries are exhausted. */
   async judge(item: JudgeItem): Promise<JudgeVerdict> {
     const body = this.request(item);
-    const key = createHash('sha256').update(`${this.options.baseUrl}\n${JSON.stringify(body)}`).digest('hex');
+    const key = createHash('sha256').update(`${this.client.options.baseUrl}\n${JSON.stringify(body)}`).digest('hex');
     const hit = this.cache.get(key);
     if (hit !== undefined) {
-      this.stats.cacheHits++;
+      this.cacheHits++;
       return { score: this.options.parse(hit), reply: hit, cached: true };
     }
-    const reply = await this.limited(() => this.withRetries(body));
+    const reply = await this.limited(async () => {
+      const res = await this.client.chat(body);
+      const content = res.choices?.[0]?.message?.content;
+      if (typeof content !== 'string') throw new Error(`POST ${this.client.options.baseUrl}/chat/completions: the reply has no choices[0].message.content`);
+      return content;
+    });
     this.cache.set(key, reply);
     return { score: this.options.parse(reply), reply, cached: false };
   }
@@ -147,51 +158,5 @@ export class LlmJudge {
       this.running--;
       this.waiting.shift()?.();
     }
-  }
-
-  private async withRetries(body: Record<string, unknown>): Promise<string> {
-    const o = this.options;
-    for (let attempt = 0; ; attempt++) {
-      try {
-        return await this.call(body);
-      } catch (e) {
-        if (!(e instanceof RetryableError) || attempt >= o.maxRetries) throw e;
-        this.stats.retries++;
-        const backoff = Math.min(o.maxBackoffMs, o.initialBackoffMs * 2 ** attempt) * (0.5 + Math.random() / 2);
-        await new Promise((r) => setTimeout(r, Math.max(backoff, e.retryAfterMs ?? 0)));
-      }
-    }
-  }
-
-  private async call(body: Record<string, unknown>): Promise<string> {
-    const o = this.options;
-    const url = `${o.baseUrl.replace(/\/+$/, '')}/chat/completions`;
-    this.stats.requests++;
-    let res: Response;
-    try {
-      res = await fetch(url, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json', ...(o.apiKey ? { authorization: `Bearer ${o.apiKey}` } : {}) },
-        body: JSON.stringify(body),
-        signal: AbortSignal.timeout(o.timeoutMs),
-      });
-    } catch (e) {
-      throw new RetryableError(`${url}: ${(e as Error).message}`, null);
-    }
-    if (res.status === 408 || res.status === 429 || res.status >= 500) {
-      const after = Number(res.headers.get('retry-after'));
-      throw new RetryableError(`${url}: HTTP ${res.status}`, Number.isFinite(after) && after > 0 ? after * 1000 : null);
-    }
-    const text = await res.text();
-    if (!res.ok) throw new Error(`${url}: HTTP ${res.status}: ${text.slice(0, 300)}`);
-    let json: { choices?: { message?: { content?: unknown } }[] };
-    try {
-      json = JSON.parse(text) as typeof json;
-    } catch {
-      throw new Error(`${url}: reply is not JSON: ${text.slice(0, 200)}`);
-    }
-    const content = json.choices?.[0]?.message?.content;
-    if (typeof content !== 'string') throw new Error(`${url}: reply has no choices[0].message.content`);
-    return content;
   }
 }
