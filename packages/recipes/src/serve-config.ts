@@ -19,6 +19,7 @@ export const serveSchema = {
   max_model_len: { type: 'number', default: 0, integer: true, min: 0, describe: "Context per row: prompt + max_tokens (0: the model's max_position_embeddings, at most 4096); with max_rows it sizes the KV cache" },
   max_num_tokens: { type: 'number', default: 0, integer: true, min: 0, describe: 'Cache positions the running rows may reserve in all, prompt + max_tokens each (0: max_rows × max_model_len)' },
   max_queue: { type: 'number', default: 256, integer: true, min: 0, describe: 'Requests that may wait for a row per model; one more is answered 429 with Retry-After' },
+  admit_wait_ms: { type: 'number', default: 25, integer: true, min: 0, describe: 'While rows decode, how long a new request may wait for others to share its prefill (a prefill costs about the same for one prompt as for many); 0 admits at every step' },
   max_prefill_tokens: { type: 'number', default: 8192, integer: true, min: 1, describe: 'Prompt tokens prefilled between two decode steps (a longer single prompt still runs): bounds the pause new arrivals cause the running rows' },
   max_n: { type: 'number', default: 16, integer: true, min: 1, describe: 'Most samples (n) per request (and never more than max_rows)' },
   max_logprobs: { type: 'number', default: 20, integer: true, min: 0, max: 20, describe: 'Most top_logprobs (chat) or logprobs (completions) a request may ask for (0: none)' },

@@ -13,11 +13,14 @@ import { Device } from '@lathe/runtime';
 import { HfTokenizer } from '@lathe/tokenizer';
 import { createOpenAiServer, kvCacheUnsupported, Scheduler, SlotEngine, type ServedModel } from '@lathe/rollout';
 import type { ServeConfig } from './serve-config';
+import { isAdapterFolder, loadAdapterMerged, readAdapterConfig } from './serve-adapter';
 
 /** One `--model` entry: the id clients send and the folder. */
 export interface ServeModelSpec {
   id: string;
   dir: string;
+  /** A LoRA adapter folder's base model folder (its adapters are merged in at load). */
+  base?: string;
 }
 
 /** `--model` entries (`DIR` or `NAME=DIR`, comma-separated or repeated) → ids and folders; errors name the entry. */
@@ -29,7 +32,14 @@ export function parseServeModels(spec: string | readonly string[]): ServeModelSp
     const dir = eq > 0 ? e.slice(eq + 1) : e;
     const id = eq > 0 ? e.slice(0, eq) : basename(resolve(dir));
     if (!/^[\w.:/-]+$/.test(id)) throw new Error(`--model ${e}: the id '${id}' may hold letters, digits and . _ - : / only`);
-    if (!existsSync(join(dir, 'config.json'))) throw new Error(`--model ${e}: no config.json in ${dir} (expected a Hugging Face model folder)`);
+    if (isAdapterFolder(dir)) {
+      try {
+        return { id, dir, base: readAdapterConfig(dir).base };
+      } catch (err) {
+        throw new Error(`--model ${e}: ${(err as Error).message}`);
+      }
+    }
+    if (!existsSync(join(dir, 'config.json'))) throw new Error(`--model ${e}: no config.json in ${dir} (expected a Hugging Face model folder, or a LoRA adapter folder with adapter_config.json)`);
     return { id, dir };
   });
   const seen = new Set<string>();
@@ -84,13 +94,14 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
   // Everything checked before any weights are read.
   const plans = await Promise.all(
     specs.map(async (s) => {
-      const { config } = readConfig(s.dir);
+      const { config } = readConfig(s.base ?? s.dir);
       const why = kvCacheUnsupported(config, cfg.device, dtype);
       if (why) throw new Error(`--model ${s.dir}: the serving engine cannot run this model: ${why}`);
       const maxModelLen = cfg.max_model_len || Math.min(config.maxPositionEmbeddings, 4096);
       if (maxModelLen > config.maxPositionEmbeddings) throw new Error(`--max_model_len ${maxModelLen} exceeds ${s.dir}'s max_position_embeddings (${config.maxPositionEmbeddings})`);
       if (maxModelLen < 2) throw new Error(`--max_model_len must be at least 2, got ${maxModelLen}`);
-      const tokDir = cfg.tokenizer === 'model' ? s.dir : cfg.tokenizer;
+      // an adapter folder without tokenizer files uses its base's
+      const tokDir = cfg.tokenizer !== 'model' ? cfg.tokenizer : s.base && !existsSync(join(s.dir, 'tokenizer.json')) ? s.base : s.dir;
       let tokenizer: HfTokenizer;
       try {
         tokenizer = await HfTokenizer.fromFolder(tokDir);
@@ -116,7 +127,7 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
   try {
     for (const p of plans) {
       events.onLoad?.({ id: p.id, dir: p.dir, rows: cfg.max_rows, maxModelLen: p.maxModelLen, dtype });
-      const model = CausalLM.fromPretrainedSync(p.dir, { device, dtype });
+      const model = p.base ? loadAdapterMerged(p.dir, { device, dtype }) : CausalLM.fromPretrainedSync(p.dir, { device, dtype });
       let engine: SlotEngine;
       try {
         engine = SlotEngine.create(model, { slots: cfg.max_rows, maxLength: p.maxModelLen, padTokenId: p.tokenizer.padId < p.config.vocabSize ? p.tokenizer.padId : 0, maxTopLogprobs: cfg.max_logprobs, cudaGraph: cfg.cuda_graph });
@@ -126,7 +137,7 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
       }
       loaded.push({ model, engine });
       engine.warm();
-      const scheduler = new Scheduler(engine, { maxQueue: cfg.max_queue, maxTokens: cfg.max_num_tokens || undefined, maxPrefillTokens: cfg.max_prefill_tokens });
+      const scheduler = new Scheduler(engine, { maxQueue: cfg.max_queue, maxTokens: cfg.max_num_tokens || undefined, maxPrefillTokens: cfg.max_prefill_tokens, admitWaitMs: cfg.admit_wait_ms });
       models.push({ id: p.id, scheduler, tokenizer: p.tokenizer, stopIds: p.stopIds, maxN: Math.min(cfg.max_n, cfg.max_rows) });
     }
   } catch (e) {

@@ -191,3 +191,41 @@ test('a wide vocabulary: top-k within the two-stage cap runs the capped graph, t
   engine.dispose();
   lm.dispose();
 });
+
+test('scheduler: while rows decode, arrivals wait up to admitWaitMs to share one prefill; a full batch goes at once', async () => {
+  const engine = SlotEngine.create(model, { slots: 4, maxLength: 128 });
+  const prefills: number[] = [];
+  const scheduler = new Scheduler(engine, { admitWaitMs: 150, maxPrefillTokens: 6 });
+  const base = (prompt: number[], maxTokens: number, onAdmit?: () => void, onToken: () => void = () => undefined) =>
+    scheduler.submit({ prompt, n: 1, maxTokens, sampling: { temperature: 0 }, seed: 0, onToken, onFinish: () => undefined, ...(onAdmit ? { onAdmit } : {}) });
+  const spy = engine.counters;
+  // An idle engine admits at once. This request keeps a row decoding throughout: ≥ 3 ms a token
+  // for up to 120 tokens (cancelled at the end).
+  const slow = () => {
+    const until = performance.now() + 3;
+    while (performance.now() < until);
+  };
+  const first = base([5, 9], 120, undefined, slow);
+  for (let waited = 0; spy.prefills < 1 && waited < 30_000; waited++) await new Promise((r) => setTimeout(r, 1));
+  prefills.push(spy.prefills);
+  // Two short arrivals while the first decodes (2 + 2 prompt tokens, under the budget of 6): they
+  // wait, then share one prefill once the oldest has waited 150 ms.
+  const queued = performance.now();
+  const admittedAt: number[] = [];
+  const pair = [base([7, 2], 2, () => admittedAt.push(performance.now() - queued)), base([3, 4], 2, () => admittedAt.push(performance.now() - queued))];
+  await Promise.all(pair.map((t) => t.done));
+  expect(spy.prefills).toBe(prefills[0] + 1);
+  expect(Math.min(...admittedAt)).toBeGreaterThanOrEqual(140);
+  // Arrivals that fill the prefill budget (6 tokens) go at the next step boundary.
+  const before = spy.prefills;
+  const t0 = performance.now();
+  let at = 0;
+  const full = [base([1, 2, 3], 2, () => (at = performance.now() - t0)), base([4, 5, 6], 2)];
+  await Promise.all(full.map((t) => t.done));
+  expect(spy.prefills).toBe(before + 1);
+  expect(at).toBeLessThan(140);
+  first.cancel();
+  await first.done;
+  expect(() => new Scheduler(engine, { admitWaitMs: -1 })).toThrow(/admitWaitMs must be a non-negative integer/);
+  engine.dispose();
+});

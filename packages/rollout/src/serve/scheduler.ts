@@ -65,6 +65,13 @@ export interface SchedulerOptions {
   maxTokens?: number;
   /** Prompt tokens prefilled per step boundary (at least one request always is). Default 8192. */
   maxPrefillTokens?: number;
+  /**
+   * While rows are decoding, how long (ms) a request may wait for more arrivals to share its
+   * prefill, unless the waiting prompts already fill the prefill budget or the free slots. A
+   * prefill's cost is mostly fixed (one kernel launch per op, whatever its rows), so prefilling
+   * arrivals one by one stalls the running rows many times over. 0: admit at every step. Default 25.
+   */
+  admitWaitMs?: number;
   /** After every decode step: busy slots, queued requests. For progress and tests. */
   onStep?: (info: { busy: number; queued: number; steps: number }) => void;
 }
@@ -77,6 +84,8 @@ interface Live {
   finished: boolean[];
   open: number;
   cancelled: boolean;
+  /** performance.now() when it was queued. */
+  queuedAt: number;
   resolve: () => void;
   reject: (e: Error) => void;
 }
@@ -98,6 +107,7 @@ export class Scheduler {
   private readonly maxQueue: number;
   private readonly maxTokens: number;
   private readonly maxPrefillTokens: number;
+  private readonly admitWaitMs: number;
   /** Requests finished (any reason), and decode steps run by this scheduler. */
   readonly counters = { finished: 0, steps: 0, admitted: 0 };
   /**
@@ -114,8 +124,10 @@ export class Scheduler {
     this.maxQueue = opts.maxQueue ?? 256;
     this.maxTokens = opts.maxTokens ?? engine.slots * engine.maxLength;
     this.maxPrefillTokens = opts.maxPrefillTokens ?? 8192;
-    for (const [k, v] of [['maxQueue', this.maxQueue], ['maxTokens', this.maxTokens], ['maxPrefillTokens', this.maxPrefillTokens]] as const) {
-      if (!Number.isInteger(v) || v < (k === 'maxQueue' ? 0 : 1)) throw new Error(`${k} must be a ${k === 'maxQueue' ? 'non-negative' : 'positive'} integer, got ${v}`);
+    this.admitWaitMs = opts.admitWaitMs ?? 25;
+    for (const [k, v] of [['maxQueue', this.maxQueue], ['maxTokens', this.maxTokens], ['maxPrefillTokens', this.maxPrefillTokens], ['admitWaitMs', this.admitWaitMs]] as const) {
+      const min = k === 'maxQueue' || k === 'admitWaitMs' ? 0 : 1;
+      if (!Number.isInteger(v) || v < min) throw new Error(`${k} must be a ${min === 0 ? 'non-negative' : 'positive'} integer, got ${v}`);
     }
   }
 
@@ -155,7 +167,7 @@ export class Scheduler {
       resolve = res;
       reject = rej;
     });
-    const live: Live = { req, slots: new Array<number>(req.n).fill(-1), produced: new Array<number>(req.n).fill(0), finished: new Array<boolean>(req.n).fill(false), open: req.n, cancelled: false, resolve, reject };
+    const live: Live = { req, slots: new Array<number>(req.n).fill(-1), produced: new Array<number>(req.n).fill(0), finished: new Array<boolean>(req.n).fill(false), open: req.n, cancelled: false, queuedAt: performance.now(), resolve, reject };
     this.queue.push(live);
     this.kick();
     return { cancel: () => this.cancel(live), done };
@@ -254,7 +266,10 @@ export class Scheduler {
     }
   }
 
-  /** The queue's head requests that fit now: slots, reserved tokens, prefill budget; FIFO. */
+  /**
+   * The queue's head requests that fit now: slots, reserved tokens, prefill budget; FIFO. While rows
+   * decode, none until the batch is full or its oldest has waited `admitWaitMs` (see the option).
+   */
   private nextAdmissions(): Live[] {
     const out: Live[] = [];
     if (this.holding) return out;
@@ -270,6 +285,8 @@ export class Scheduler {
       reserved += need;
       prefill += live.req.prompt.length;
     }
+    const full = out.length < this.queue.length || free === 0 || prefill >= this.maxPrefillTokens;
+    if (out.length && !full && this.engine.busy > 0 && performance.now() - out[0].queuedAt < this.admitWaitMs) return [];
     return out;
   }
 
