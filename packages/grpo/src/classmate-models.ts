@@ -31,6 +31,8 @@ export interface TextClassmateOptions {
   sample: TokenSampler;
   weight?: number;
   where?: string;
+  /** How it reads its input (`ClassmateModel.formatText`), e.g. its own chat template. */
+  formatText?: (prompt: string, prefix: string) => string;
 }
 
 /**
@@ -42,6 +44,7 @@ export function textClassmate(o: TextClassmateOptions): ClassmateModel {
     name: o.name,
     weight: o.weight,
     where: o.where ?? 'resident',
+    ...(o.formatText ? { formatText: o.formatText } : {}),
     async continueTexts(texts, k, seed) {
       const ids = texts.map((t) => {
         const e = o.tokenizer.encode(t);
@@ -72,6 +75,8 @@ export interface ResidentClassmateOptions {
   engine?: 'kv-cache' | 'graph';
   weight?: number;
   session?: SessionOptions;
+  /** How it reads its input (`ClassmateModel.formatText`), e.g. its own chat template. */
+  formatText?: (prompt: string, prefix: string) => string;
 }
 
 /** A resident classmate: its own frozen model on `device`, generating with one runner per K. Dispose it with the run. */
@@ -98,7 +103,7 @@ export function residentClassmate(o: ResidentClassmateOptions): ClassmateModel &
     const out = await runner(k).generate(bound, prompts, { maxNewTokens: o.maxNewTokens, stopIds: o.stopIds, seed, keys: prompts.map((_, i) => i), weightsVersion: 0 });
     return prompts.map((_, i) => out.slice(i * k, (i + 1) * k));
   };
-  const classmate = textClassmate({ name: o.name, tokenizer: o.tokenizer, sample, weight: o.weight, where: 'resident' });
+  const classmate = textClassmate({ name: o.name, tokenizer: o.tokenizer, sample, weight: o.weight, where: 'resident', formatText: o.formatText });
   return {
     ...classmate,
     dispose() {

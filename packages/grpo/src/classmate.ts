@@ -68,6 +68,11 @@ export interface ClassmateModel {
    * continuations). Row i answers texts[i] and has k strings.
    */
   continueTexts(texts: readonly string[], k: number, seed: number): Promise<string[][]>;
+  /**
+   * The text this classmate continues, from the prompt text and the completion's prefix — e.g. the
+   * prompt rendered with its own tokenizer's chat template. Default: the scorer's `formatText`.
+   */
+  formatText?: (prompt: string, prefix: string) => string;
 }
 
 /** Where a completion's chain of thought is. */
@@ -101,7 +106,7 @@ export interface ClassmateOptions<M> {
   fallbackReward?: number;
   /** Seed of the truncation points and the classmates' sampling (each call of the scorer advances it). Default 0. */
   seed?: number;
-  /** The text a classmate continues, from the prompt text and the completion's prefix. Default their concatenation (a chat run renders the prompt as its template does). */
+  /** The text a classmate continues, from the prompt text and the completion's prefix, where the classmate has no `formatText` of its own. Default their concatenation. */
   formatText?: (prompt: string, prefix: string) => string;
 }
 
@@ -253,7 +258,7 @@ async function meanGrade<M>(
       let texts: string[][];
       try {
         texts = await c.continueTexts(
-          items.map((it) => formatText(it.sample.prompt, it.prefix)),
+          items.map((it) => (c.formatText ?? formatText)(it.sample.prompt, it.prefix)),
           k,
           mix(seed, m + 1),
         );

@@ -65,6 +65,11 @@ export interface GrpoStepMetrics {
   /** With truncated importance sampling: the mean weight min(π_old/π_sample, C). */
   rollout_is_weight_mean?: number;
   /**
+   * With truncated importance sampling: the step's trained tokens of on-policy rollouts that carried
+   * no sampling log-probs (rollouts made elsewhere without them), whose weight is 1 by rule.
+   */
+  rollout_is_unweighted_tokens?: number;
+  /**
    * Groups whose outcome rewards were all equal (zero advantage under a group baseline), counted by
    * the loop before any KL penalty and whatever the estimator.
    */
@@ -294,6 +299,7 @@ export function stepMetrics(s: StepRecord): GrpoStepMetrics {
   if ('rollout_is_clipped_tokens' in u.sums) {
     metrics.rollout_is_clip_fraction = per('rollout_is_clipped_tokens');
     metrics.rollout_is_weight_mean = per('rollout_is_weight_sum');
+    metrics.rollout_is_unweighted_tokens = groups.flatMap((g) => g.completions.map((c, j) => (c.logprobsUnknown && !g.offPolicy?.[j] ? c : undefined))).reduce((n, c) => n + (c ? (c.mask ? c.mask.reduce((a, b) => a + b, 0) : c.tokens.length) : 0), 0);
   }
   metrics.step_ms = clock.total;
   metrics.host_ms = metrics.step_ms - clock.ms.generation - clock.ms.scoring - clock.ms.rewards - clock.ms.training;

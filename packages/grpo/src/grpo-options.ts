@@ -10,7 +10,7 @@ import { Device, type DeviceKind, type SessionOptions } from '@lathe/runtime';
 import type { AdamWConfig, AttentionChoice, LoraConfig, OptimizerState } from '@lathe/train';
 import { builtinEstimator, type AdvantageFunction, type EstimatorName } from './estimators';
 import { DEFAULT_KL_ESTIMATOR, type KlEstimator, type KlMode } from './kl';
-import { OFF_POLICY_LOSS_DEFAULTS, POLICY_LOSS_DEFAULTS, type LossAggregation, type OffPolicyLossConfig, type PolicyLossConfig } from './policy-loss';
+import { DEFAULT_ROLLOUT_IS_THRESHOLD, OFF_POLICY_LOSS_DEFAULTS, POLICY_LOSS_DEFAULTS, type LossAggregation, type OffPolicyLossConfig, type PolicyLossConfig } from './policy-loss';
 import type { RewardScorer } from './rewards';
 import type { RlObjective } from './rl-loss';
 
@@ -31,7 +31,11 @@ export interface KlOptions {
   horizon?: number;
 }
 
-/** The policy loss's hyperparameters as the trainer takes them: the KL is set through {@link KlOptions}, the off-policy term through {@link OffPolicyOptions}. */
+/**
+ * The policy loss's hyperparameters as the trainer takes them: the KL is set through {@link KlOptions}, the off-policy term through {@link OffPolicyOptions}.
+ * `rolloutIsThreshold` (truncated importance sampling) defaults to `DEFAULT_ROLLOUT_IS_THRESHOLD` (4, the
+ * classmate method's); 0 turns it off.
+ */
 export type GrpoLossConfig = Omit<PolicyLossConfig, 'klCoef' | 'klEstimator' | 'offPolicy'>;
 
 /**
@@ -241,7 +245,7 @@ export const GRPO_DEFAULTS = {
   temperature: 1,
   estimator: 'grpo',
   greedyBaseline: false,
-  loss: POLICY_LOSS_DEFAULTS,
+  loss: { ...POLICY_LOSS_DEFAULTS, rolloutIsThreshold: DEFAULT_ROLLOUT_IS_THRESHOLD },
   kl: { coef: 0, mode: 'loss', estimator: DEFAULT_KL_ESTIMATOR, horizon: 10000 },
   offPolicy: { ...OFF_POLICY_LOSS_DEFAULTS, advantageStats: 'group' },
   valueModel: { trunk: 'separate', coef: 0.5, gamma: 1, lambda: 0.95, clip: 0.2, lrScale: 1, warmupSteps: 0 },
@@ -264,7 +268,7 @@ export const GRPO_DEFAULTS = {
   temperature: number;
   estimator: EstimatorName;
   device: DeviceKind;
-  loss: Required<Omit<GrpoLossConfig, 'dualClip' | 'lossScaleFactor' | 'rolloutIsThreshold'>>;
+  loss: Required<Omit<GrpoLossConfig, 'dualClip' | 'lossScaleFactor'>>;
   kl: Omit<ResolvedKlOptions, 'target' | 'estimator'> & { estimator: Readonly<Record<KlMode, KlEstimator>> };
   offPolicy: Omit<ResolvedOffPolicyOptions, 'traces'>;
   valueModel: Omit<ResolvedValueModelOptions, 'init'>;
@@ -375,6 +379,11 @@ export function resolveGrpoOptions<M>(opts: GrpoTrainerOptions<M>): ResolvedGrpo
     valueModel = v;
   }
   const loss = isCustomObjective(opts.loss) ? withDefaults({ aggregation: d.loss.aggregation as LossAggregation, readsReference: false }, opts.loss) : withDefaults({ ...d.loss } as ResolvedLossConfig, opts.loss);
+  if (!isCustomObjective(loss)) {
+    // 0: no truncated importance sampling (the loss then reads no sampling log-probs)
+    if (loss.rolloutIsThreshold === 0) delete loss.rolloutIsThreshold;
+    else check(loss.rolloutIsThreshold === undefined || loss.rolloutIsThreshold >= 1, `loss.rolloutIsThreshold must be 0 (off) or ≥ 1, got ${loss.rolloutIsThreshold}`);
+  }
   return {
     ...opts,
     sampling,

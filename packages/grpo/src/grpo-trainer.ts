@@ -301,7 +301,7 @@ export class GrpoTrainer<M = unknown> {
       });
       const completions = g.completions.map((c, j) => {
         if (!c.logprobs && !offPolicy[j] && this.opts.oldLogprobs === 'generation') throw new Error(`stepOnRollouts: group ${i}, completion ${j} has no logprobs, which oldLogprobs 'generation' trains against (leave oldLogprobs at 'rescore')`);
-        return { tokens: [...c.tokens], logprobs: c.logprobs ? [...c.logprobs] : c.tokens.map(() => 0), stopped: c.stopped, ...(c.mask ? { mask: c.mask } : {}) };
+        return { tokens: [...c.tokens], logprobs: c.logprobs ? [...c.logprobs] : c.tokens.map(() => 0), stopped: c.stopped, ...(c.mask ? { mask: c.mask } : {}), ...(c.logprobs || offPolicy[j] ? {} : { logprobsUnknown: true }) };
       });
       return { prompt: g.prompt, completions, texts: completions.map((c) => this.textOf(c)), rewards: [...g.rewards], bySource: { reward: [...g.rewards] }, failures: { reward: 0 }, ...(offPolicy.some(Boolean) ? { offPolicy } : {}) };
     });
@@ -386,7 +386,7 @@ export class GrpoTrainer<M = unknown> {
       }
       // a trace's old log-prob is its behaviour policy's (0 when unknown: the shaped term then reads π_θ)
       if (off) off.forEach((isOff, r) => isOff && old.set(batch.rolloutLogp.subarray(r * batch.width, (r + 1) * batch.width), r * batch.width));
-      parity = logpParity(batch, old, off);
+      parity = logpParity(batch, old, unweightedRows(groups));
     }
     const { refScorer, reference } = this.parts;
     const ref = refScorer ? (await clock.time('scoring', () => this.scoreRows(refScorer, [reference!], batch, chunks))).logp : undefined;
@@ -452,11 +452,13 @@ export class GrpoTrainer<M = unknown> {
     const aggregation = o.loss.aggregation;
     const lossScaleFactor = isCustomObjective(o.loss) ? undefined : o.loss.lossScaleFactor;
     const extra: Record<string, Float32Array> = { old_logp: logps.old, advantages, ...(logps.ref ? { ref_logp: logps.ref } : {}), ...(o.offPolicy ? { off_policy: offPolicyMatrix(batch, offPolicyFlags(groups)) } : {}), ...valueTargets };
-    // truncated importance sampling reads the engine's log-probs; a trace's are its behaviour policy's, as its old log-probs are (weight 1)
+    // Truncated importance sampling reads the engine's log-probs. Rows with none to read — a trace
+    // (its behaviour policy's are its old log-probs) or a rollout made elsewhere without them — are
+    // fed their old log-probs, so their weight is exactly 1 (counted in rollout_is_unweighted_tokens).
     if (this.trainer.batchInputs.includes('rollout_logp')) {
-      const flags = offPolicyFlags(groups);
-      const off = flags && offPolicyMatrix(batch, flags);
-      extra.rollout_logp = off ? logps.old.map((x, i) => (off[i] ? x : batch.rolloutLogp[i])) : batch.rolloutLogp;
+      const flags = unweightedRows(groups);
+      const rows = flags && offPolicyMatrix(batch, flags);
+      extra.rollout_logp = rows ? logps.old.map((x, i) => (rows[i] ? x : batch.rolloutLogp[i])) : batch.rolloutLogp;
     }
     const totals: UpdateTotals = { updates: 0, nonfinite: 0, lossSum: 0, gradNormSum: 0, sums: {} };
     for (let epoch = 0; epoch < o.epochs; epoch++) {
@@ -869,6 +871,12 @@ function frozenReferenceOf<M>(o: ResolvedGrpoOptions<M>, trainer: Trainer, froze
 function offPolicyFlags(groups: readonly ScoredGroup[]): boolean[] | undefined {
   if (!groups.some((g) => g.offPolicy?.some(Boolean))) return undefined;
   return groups.flatMap((g) => g.completions.map((_, j) => Boolean(g.offPolicy?.[j])));
+}
+
+/** Rows whose truncated-IS weight is 1 by rule: off-policy traces and rollouts without sampling log-probs; undefined when none is. */
+function unweightedRows(groups: readonly ScoredGroup[]): boolean[] | undefined {
+  const flags = groups.flatMap((g) => g.completions.map((c, j) => Boolean(g.offPolicy?.[j] || c.logprobsUnknown)));
+  return flags.some(Boolean) ? flags : undefined;
 }
 
 /** The loss's `off_policy` input, [rows, width]: 1 at the predicting positions of the traces' tokens. */

@@ -28,6 +28,10 @@
  * not the same numerically, so each on-policy token's policy term is weighted by
  * w_t = min(π_old(t)/π_sample(t), C), a constant (no gradient through it), as verl's TIS
  * (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training").
+ * C ≥ 1, so a token whose two log-probs agree keeps weight exactly 1. π_sample is the distribution
+ * the engine drew from: with top-k/top-p/min-p filters it is renormalised over the kept tokens, so
+ * w_t ≤ 1 there — the correction for the filter. A row with no sampling log-probs (a rollout made
+ * elsewhere without them, an off-policy trace) is fed rolloutLogp = oldLogp by the loop: weight 1.
  */
 import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
@@ -233,7 +237,8 @@ export function policyLoss(t: PolicyLossTensors, config: PolicyLossConfig = {}):
   if (klCoef > 0 && !t.refLogp) throw new Error('policyLoss: klCoef > 0 needs refLogp (the reference log-probs)');
   if (entropyCoef !== 0 && !t.entropy) throw new Error('policyLoss: entropyCoef ≠ 0 needs the per-token entropy');
   const isThreshold = config.rolloutIsThreshold;
-  if (isThreshold !== undefined && !(isThreshold > 0)) throw new Error(`policyLoss: rolloutIsThreshold must be > 0, got ${isThreshold}`);
+  // C < 1 would scale down even the tokens whose sampling and training log-probs agree (weight 1)
+  if (isThreshold !== undefined && !(isThreshold >= 1)) throw new Error(`policyLoss: rolloutIsThreshold must be ≥ 1, got ${isThreshold}`);
   if (isThreshold !== undefined && !t.rolloutLogp) throw new Error('policyLoss: rolloutIsThreshold needs rolloutLogp (the sampling engine\'s log-probs)');
 
   const dtype = t.logp.dtype;

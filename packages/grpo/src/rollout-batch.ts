@@ -25,6 +25,11 @@ export interface SampledCompletion {
   tokens: number[];
   /** log-prob of each token under the sampling distribution (the generator's `logprobs`). */
   logprobs: number[];
+  /**
+   * True when the rollout carried no sampling log-probs (rollouts made elsewhere without them):
+   * `logprobs` are then placeholders, and truncated importance sampling gives its tokens weight 1.
+   */
+  logprobsUnknown?: boolean;
   /** True when the sample ended with a stop id; false when it hit the token limit. */
   stopped: boolean;
   /**

@@ -79,6 +79,16 @@ describe('classmate rewards by hand', () => {
     expect(score.lastCounts()).toEqual({ noCot: 1, skipped: 0, fallbacks: 0 });
   });
 
+  test("a classmate's own formatText (its chat template) decides what it reads; the others read the scorer's", async () => {
+    const own: string[][] = [];
+    const shared: string[][] = [];
+    const templated = { ...reader('templated', 3, own), formatText: (p: string, prefix: string) => `<user>${p}</user><assistant>${prefix}` };
+    const score = classmateScorer(base, { classmates: [templated, reader('plain', 3, shared)], samples: 1, formatText: (p, prefix) => `[${p}]${prefix}` });
+    await score(samples.slice(0, 1));
+    expect(own).toEqual([['<user>Q: 3+4? </user><assistant><think>3+4=7</think>']]);
+    expect(shared).toEqual([['[Q: 3+4? ]<think>3+4=7</think>']]);
+  });
+
   test('conditions on an incorrect main answer: no classmate (not even asked), or its reward negated', async () => {
     const calls: string[][] = [];
     const none = await classmateScorer(base, { classmates: [reader('reader', 3, calls), wrong(1)], samples: 2, condition: 'no_classmate_when_main_incorrect' })(samples);

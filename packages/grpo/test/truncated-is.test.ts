@@ -74,5 +74,5 @@ test('rlLoss declares rollout_logp only when the config truncates; bad threshold
   const x = g.input('x', 'float32', ['B', 'T']);
   const base = { logp: x, oldLogp: x, advantages: x, mask: x, normaliser: g.input('n', 'float32', []) };
   expect(() => policyLoss(base, { rolloutIsThreshold: 4 })).toThrow(/rolloutIsThreshold needs rolloutLogp/);
-  expect(() => policyLoss({ ...base, rolloutLogp: x }, { rolloutIsThreshold: 0 })).toThrow(/rolloutIsThreshold must be > 0/);
+  expect(() => policyLoss({ ...base, rolloutLogp: x }, { rolloutIsThreshold: 0 })).toThrow(/rolloutIsThreshold must be ≥ 1/);
 });

@@ -7,7 +7,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { CausalLM } from '@lathe/models';
-import { CLASSMATE_CONDITIONS, CLASSMATE_DEFAULTS, CLASSMATE_REWARD_TYPES, CLASSMATE_TOKEN_MODES, classmateScorer, DEFAULT_ROLLOUT_IS_THRESHOLD, GrpoTrainer, judgeRewardSource, residentClassmate, type ClassmateModel, type ClassmateTokenizer, type RewardScorer, type RewardSource } from '@lathe/grpo';
+import { CLASSMATE_CONDITIONS, CLASSMATE_DEFAULTS, CLASSMATE_REWARD_TYPES, CLASSMATE_TOKEN_MODES, classmateScorer, GRPO_DEFAULTS, GrpoTrainer, judgeRewardSource, residentClassmate, type ClassmateModel, type ClassmateTokenizer, type RewardScorer, type RewardSource } from '@lathe/grpo';
 import { DEFAULT_JUDGE_PROMPT } from '@lathe/graders';
 import { OpenAiClient } from '@lathe/openai-client';
 import type { Device } from '@lathe/runtime';
@@ -18,9 +18,9 @@ import type { OptionSchema } from './options';
 export const rolloutIsOption = {
   rollout_is_threshold: {
     type: 'number',
-    default: 0,
+    default: GRPO_DEFAULTS.loss.rolloutIsThreshold,
     min: 0,
-    describe: `Truncated importance sampling between the sampling engine and the training policy: each token's policy term × min(π_old/π_sample, C) with C this value (the classmate method and verl's TIS use ${DEFAULT_ROLLOUT_IS_THRESHOLD}); metrics rollout_is_clip_fraction and rollout_is_weight_mean; 0: off`,
+    describe: `Truncated importance sampling between the sampling engine and the training policy: each token's policy term × min(π_old/π_sample, C) with C this value, ≥ 1 (the default is the classmate method's, as verl's TIS); π_sample is the distribution sampled from (after --top_k/--top_p/--min_p, so filtered rollouts get weights ≤ 1); a rollout with no sampling log-probs gets weight 1 (counted in rollout_is_unweighted_tokens); metrics rollout_is_clip_fraction and rollout_is_weight_mean; 0: off`,
   },
 } as const satisfies OptionSchema;
 
@@ -176,9 +176,28 @@ export interface ClassmateContext {
   tokenizer: ClassmateTokenizer;
   /** The policy's stop ids (a self-play classmate's); a resident classmate stops at its tokenizer's EOS. */
   maxNewTokens: number;
-  /** Renders a prompt as the policy reads it (a chat template), for the text classmates continue. */
+  /**
+   * Renders a prompt as the policy reads it (its chat template, with `--prompt_format chat`): what the
+   * self-play and server classmates continue (a server's /completions endpoint takes text as given).
+   */
   renderPrompt?: (prompt: string) => string;
+  /**
+   * With `--prompt_format chat`: a resident classmate renders the prompt with its own tokenizer's chat
+   * template, thinking switched as the policy's (`--enable_thinking`), then the CoT prefix follows.
+   */
+  chat?: { enableThinking: boolean };
   seed: number;
+}
+
+/** Renders a prompt as the user turn of `tok`'s chat template with the assistant's turn opened (the policy's `--prompt_format chat`). */
+export function chatPromptRenderer(tok: Pick<HfTokenizer, 'applyChatTemplate'>, enableThinking: boolean): (prompt: string) => string {
+  return (prompt) => tok.applyChatTemplate([{ role: 'user', content: prompt }], { addGenerationPrompt: true, enableThinking });
+}
+
+/** The policy's prompt rendering for classmates: its tokenizer folder's chat template with `--prompt_format chat`, else none (the raw prompt). */
+export async function policyPromptRenderer(cfg: { prompt_format: string; enable_thinking: boolean }, tokenizerFrom: string | undefined): Promise<((prompt: string) => string) | undefined> {
+  if (cfg.prompt_format !== 'chat' || !tokenizerFrom) return undefined;
+  return chatPromptRenderer(await HfTokenizer.fromFolder(tokenizerFrom), cfg.enable_thinking);
 }
 
 /** The judge source from `--judge_url` (undefined when it is ''). */
@@ -196,9 +215,11 @@ export function judgeSource<M extends { answer?: string }>(cfg: ClassmateConfig)
  * `base` with classmate rewards when `--classmates` names any (else `base` itself), the resources
  * to free with the run, and `bind`, to call with the trainer once it exists (self-play reads it).
  */
-export async function withClassmates<M, P = M>(cfg: ClassmateConfig, base: RewardScorer<M>, ctx: ClassmateContext): Promise<{ rewards: RewardScorer<M>; bind: (t: GrpoTrainer<P>) => void; dispose: () => void }> {
+export async function withClassmates<M, P = M>(cfg: ClassmateConfig, base: RewardScorer<M>, ctx: ClassmateContext): Promise<{ rewards: RewardScorer<M>; classmates: ClassmateModel[]; bind: (t: GrpoTrainer<P>) => void; dispose: () => void }> {
   const specs = parseClassmates(cfg.classmates, cfg.classmate_weights);
-  if (specs.length === 0) return { rewards: base, bind: () => undefined, dispose: () => undefined };
+  if (specs.length === 0) return { rewards: base, classmates: [], bind: () => undefined, dispose: () => undefined };
+  const render = ctx.renderPrompt;
+  const policyFormat = render ? (prompt: string, prefix: string) => render(prompt) + prefix : undefined;
   const fallback = cfg.classmate_fallback === 'fail' ? undefined : Number(cfg.classmate_fallback);
   if (fallback !== undefined && !Number.isFinite(fallback)) throw new Error(`--classmate_fallback: '${cfg.classmate_fallback}' is neither 'fail' nor a number`);
   const maxNew = cfg.classmate_max_new_tokens || ctx.maxNewTokens;
@@ -228,6 +249,8 @@ export async function withClassmates<M, P = M>(cfg: ClassmateConfig, base: Rewar
       } catch (e) {
         throw new Error(`${where}: ${e instanceof Error ? e.message : String(e)}`);
       }
+      if (ctx.chat && !tok.hasChatTemplate) throw new Error(`${where}: --prompt_format chat, and this classmate's tokenizer has no chat template to render the prompt with`);
+      const own = ctx.chat && chatPromptRenderer(tok, ctx.chat.enableThinking);
       const c = residentClassmate({
         name: s.name,
         device: ctx.device,
@@ -237,12 +260,12 @@ export async function withClassmates<M, P = M>(cfg: ClassmateConfig, base: Rewar
         stopIds: [tok.eosId],
         engine: ctx.device.kind === 'cuda' ? 'kv-cache' : 'graph',
         weight: s.weight,
+        ...(own ? { formatText: (prompt: string, prefix: string) => own(prompt) + prefix } : {}),
       });
       classmates.push(c);
       owned.push(c);
     }
   }
-  const render = ctx.renderPrompt;
   const rewards = classmateScorer<M>(base, {
     classmates,
     samples: cfg.classmate_samples,
@@ -253,10 +276,12 @@ export async function withClassmates<M, P = M>(cfg: ClassmateConfig, base: Rewar
     cot: cfg.classmate_cot_marker ? { marker: cfg.classmate_cot_marker } : undefined,
     fallbackReward: fallback,
     seed: ctx.seed,
-    ...(render ? { formatText: (prompt: string, prefix: string) => render(prompt) + prefix } : {}),
+    // the self-play and server classmates read the prompt as the policy does; resident ones bring their own template
+    ...(policyFormat ? { formatText: policyFormat } : {}),
   });
   return {
     rewards,
+    classmates,
     bind: (t) => {
       trainer = t;
     },

@@ -140,6 +140,7 @@ export type GrpoConfig = ConfigOf<typeof grpoSchema>;
  * `--kl_estimator auto` leaves the estimator to the trainer's per-mode default.
  */
 export function grpoTrainerOptions(cfg: GrpoConfig): GrpoAlgorithmOptions {
+  if (cfg.rollout_is_threshold > 0 && cfg.rollout_is_threshold < 1) throw new Error(`--rollout_is_threshold ${cfg.rollout_is_threshold}: must be 0 (off) or ≥ 1 (a weight cap below 1 would scale down tokens whose sampling and training log-probs agree)`);
   return {
     groupSize: cfg.group_size,
     maxNewTokens: cfg.max_new_tokens,
@@ -157,7 +158,7 @@ export function grpoTrainerOptions(cfg: GrpoConfig): GrpoAlgorithmOptions {
       entropyCoef: cfg.entropy_coef,
       policyTerm: cfg.policy_term,
       lossScaleFactor: cfg.loss_scale_factor > 0 ? cfg.loss_scale_factor : undefined,
-      rolloutIsThreshold: cfg.rollout_is_threshold > 0 ? cfg.rollout_is_threshold : undefined,
+      rolloutIsThreshold: cfg.rollout_is_threshold,
     },
     ...(cfg.off_policy_traces > 0
       ? { offPolicy: { traces: cfg.off_policy_traces, term: cfg.off_policy_term, gamma: cfg.off_policy_gamma, sftCoef: cfg.off_policy_sft_coef, advantageStats: cfg.off_policy_adv_stats } }

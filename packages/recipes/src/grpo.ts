@@ -21,7 +21,7 @@ import { combineRewards, GrpoTrainer, overlongReward, type GrpoResumeState, type
 import { additionExamples, BUILTIN_DATA } from './demo-task';
 import { readPromptFile } from './generate';
 import { grpoTrainerOptions, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
-import { judgeSource, withClassmates } from './classmate-config';
+import { judgeSource, policyPromptRenderer, withClassmates } from './classmate-config';
 import { serveTrainingPolicy, type TrainingServe } from './serve-training';
 import { combineRewardSources, loadRewardFunctions, parseRewardWeights, rewardModelSource, RewardSourceError, withRewardWeights, type AnyRewardSource } from './reward-sources';
 import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested } from './scaffold';
@@ -290,7 +290,14 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   if (sources.length === 0) throw new Error('--reward none: give the reward another way (--reward_model, --reward_fn or --format_reward)');
   const rewards = combineRewardSources<AnswerMeta>(withRewardWeights(sources, weights), { fallback: cfg.reward_fallback });
   // classmates continuing each completion's chain of thought (classmate-config.ts); the step trains on base + classmate
-  const classmates = await withClassmates<AnswerMeta, PromptMeta>(cfg, rewards, { device, tokenizer: model.tokenizer, maxNewTokens: cfg.max_new_tokens, seed: cfg.seed });
+  const classmates = await withClassmates<AnswerMeta, PromptMeta>(cfg, rewards, {
+    device,
+    tokenizer: model.tokenizer,
+    maxNewTokens: cfg.max_new_tokens,
+    seed: cfg.seed,
+    renderPrompt: cfg.classmates ? await policyPromptRenderer(cfg, model.tokenizerFrom) : undefined,
+    ...(cfg.prompt_format === 'chat' ? { chat: { enableThinking: cfg.enable_thinking } } : {}),
+  });
   // Held-out verdicts through the same failure handling (logged with the prompt, counted): a grader
   // that fails scores the completion incorrect, never crashes the run.
   const verdictOf = combineRewards<AnswerMeta>([{ name: 'correct', fn: correct }], { fallback: 0 });

@@ -7,11 +7,14 @@
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { classmateScorer, combineRewards } from '@lathe/grpo';
-import { grpoSchema, grpoTrainerOptions, judgeSource, mapPool, parseClassmates, remoteClassmate } from '@lathe/recipes';
+import { grpoSchema, grpoTrainerOptions, judgeSource, mapPool, parseClassmates, remoteClassmate, withClassmates } from '@lathe/recipes';
+import { Device } from '@lathe/runtime';
+import { HfTokenizer } from '@lathe/tokenizer';
+import { tinyServeModel } from './serve-helpers';
 import type { ClassmateConfig } from '../src/classmate-config';
 
 /** A scripted /v1/completions and /v1/chat/completions server. */
@@ -145,6 +148,81 @@ describe('the LLM judge as a reward source', () => {
   });
 });
 
+describe('classmates read the prompt through a chat template (--prompt_format chat)', () => {
+  let stub: Stub;
+  beforeEach(async () => {
+    stub = await new Stub().start();
+  });
+  afterEach(() => stub.close());
+
+  const cfg = (over: Partial<ClassmateConfig>): ClassmateConfig => ({
+    ...(Object.fromEntries(Object.entries(grpoSchema).map(([k, v]) => [k, v.default])) as unknown as ClassmateConfig),
+    ...over,
+  });
+  const Q = 'What is 2+3?';
+  const COT = '<think>two plus three</think>';
+  // the policy's tokenizer: characters (another vocabulary than the Qwen3 classmate's; text is exchanged)
+  const chars = { encode: (t: string) => [...t].map((c) => c.charCodeAt(0) % 200), decode: (ids: readonly number[]) => String.fromCharCode(...ids), padId: 0 };
+  const policyRender = (p: string) => `<policy-user>${p}</policy-user>`;
+
+  test('a resident classmate renders it with its own tokenizer’s template, thinking as the policy’s; a server classmate gets the policy’s rendering', async () => {
+    const thinking = true;
+    const dir = tinyServeModel('tiny-qwen3');
+    const qwen = await HfTokenizer.fromFolder(dir);
+    const device = Device.open('cpu');
+    const made = await withClassmates<Meta>(cfg({ classmates: `small=${dir},api=${stub.url}`, classmate_samples: 2, classmate_max_new_tokens: 2 }), base, {
+      device,
+      tokenizer: chars,
+      maxNewTokens: 4,
+      seed: 1,
+      renderPrompt: policyRender,
+      chat: { enableThinking: thinking },
+    });
+    try {
+      const [small, api] = made.classmates;
+      // a stub around the resident classmate records what it is handed, then lets the real model continue it
+      const seen: string[] = [];
+      const real = small.continueTexts.bind(small);
+      small.continueTexts = async (texts, k, seed) => {
+        seen.push(...texts);
+        return real(texts, k, seed);
+      };
+      const out = await made.rewards([{ prompt: Q, completion: `${COT}answer: 1`, meta: { answer: '1' } }]);
+      const template = qwen.applyChatTemplate([{ role: 'user', content: Q }], { addGenerationPrompt: true, enableThinking: thinking });
+      expect(template).toContain(`<|im_start|>user\n${Q}<|im_end|>\n<|im_start|>assistant\n`);
+      expect(template).not.toContain('</think>'); // thinking on: the policy opens its own thinking block
+      expect(seen).toEqual([template + COT]);
+      expect(stub.requests.map((r) => r.body.prompt)).toEqual([policyRender(Q) + COT]);
+      // the resident classmate's two continuations were decoded with its own tokenizer and graded: a mean of K = 2 grades
+      expect(out.bySource.classmate_accuracy[0] * 4).toBeCloseTo(Math.round(out.bySource.classmate_accuracy[0] * 4), 12);
+      expect(Number.isFinite(out.bySource.classmate[0])).toBe(true);
+      void api;
+      // thinking off: the same classmate built for it renders Qwen3's closed empty thinking block
+      const off = await withClassmates<Meta>(cfg({ classmates: `small=${dir}` }), base, { device, tokenizer: chars, maxNewTokens: 4, seed: 1, chat: { enableThinking: false } });
+      const offTemplate = qwen.applyChatTemplate([{ role: 'user', content: Q }], { addGenerationPrompt: true, enableThinking: false });
+      expect(offTemplate).toContain('<think>\n\n</think>');
+      expect(off.classmates[0].formatText!(Q, COT)).toBe(offTemplate + COT);
+      off.dispose();
+    } finally {
+      made.dispose();
+    }
+  }, 120_000);
+
+  test('raw prompts (no chat): every classmate reads prompt + CoT as text; a classmate tokenizer without a template is refused under chat', async () => {
+    const made = await withClassmates<Meta>(cfg({ classmates: `api=${stub.url}`, classmate_samples: 1 }), base, { device: Device.open('cpu'), tokenizer: chars, maxNewTokens: 4, seed: 1 });
+    await made.rewards([{ prompt: Q, completion: `${COT}answer: 1`, meta: { answer: '1' } }]);
+    expect(stub.requests.map((r) => r.body.prompt)).toEqual([Q + COT]);
+    const bare = mkdtempSync(join(tmpdir(), 'lathe-classmate-'));
+    const dir = tinyServeModel('tiny-qwen3');
+    for (const f of ['config.json', 'model.safetensors', 'tokenizer.json']) copyFileSync(join(dir, f), join(bare, f));
+    const { chat_template: _template, ...tokConfig } = JSON.parse(readFileSync(join(dir, 'tokenizer_config.json'), 'utf8')) as Record<string, unknown>;
+    writeFileSync(join(bare, 'tokenizer_config.json'), JSON.stringify(tokConfig));
+    await expect(withClassmates<Meta>(cfg({ classmates: `small=${bare}` }), base, { device: Device.open('cpu'), tokenizer: chars, maxNewTokens: 4, seed: 1, chat: { enableThinking: false } })).rejects.toThrow(
+      `--classmates small=${bare}: --prompt_format chat, and this classmate's tokenizer has no chat template`,
+    );
+  }, 120_000);
+});
+
 describe('options', () => {
   test('--classmates and --classmate_weights', () => {
     expect(parseClassmates('self=self, small=models/small,api=http://h:8000/v1', 'api=2')).toEqual([
@@ -163,8 +241,12 @@ describe('options', () => {
     for (const k of ['classmate_reward_type', 'use_classmate_condition', 'token_level_classmate_reward_mode', 'rollout_is_threshold', 'estimator']) expect(grpoSchema).toHaveProperty(k);
     expect(grpoSchema.estimator.choices).toEqual(expect.arrayContaining(['gdpo', 'grpo_main_classmate_separated']));
     const defaults = Object.fromEntries(Object.entries(grpoSchema).map(([k, v]) => [k, v.default])) as Parameters<typeof grpoTrainerOptions>[0];
-    expect((grpoTrainerOptions(defaults).loss as { rolloutIsThreshold?: number }).rolloutIsThreshold).toBeUndefined();
-    expect((grpoTrainerOptions({ ...defaults, rollout_is_threshold: 4 }).loss as { rolloutIsThreshold?: number }).rolloutIsThreshold).toBe(4);
+    // on by default at the method's C = 4 (the issue's default); 0 turns it off; a cap below 1 is refused by flag
+    expect(grpoSchema.rollout_is_threshold.default).toBe(4);
+    expect((grpoTrainerOptions(defaults).loss as { rolloutIsThreshold?: number }).rolloutIsThreshold).toBe(4);
+    expect((grpoTrainerOptions({ ...defaults, rollout_is_threshold: 0 }).loss as { rolloutIsThreshold?: number }).rolloutIsThreshold).toBe(0);
+    expect((grpoTrainerOptions({ ...defaults, rollout_is_threshold: 2 }).loss as { rolloutIsThreshold?: number }).rolloutIsThreshold).toBe(2);
+    expect(() => grpoTrainerOptions({ ...defaults, rollout_is_threshold: 0.5 })).toThrow(/--rollout_is_threshold 0\.5: must be 0 \(off\) or ≥ 1/);
   });
 
   test('mapPool keeps order and bounds concurrency', async () => {

@@ -27,6 +27,7 @@ test.each<[string, Record<string, unknown>, Partial<GrpoAlgorithmOptions>]>([
   ['adaptive KL', { kl_mode: 'reward', kl_target: 0.05 }, { kl: { coef: 0.04, mode: 'reward', target: 0.05 } }],
   ['an explicit estimator', { kl_mode: 'reward', kl_estimator: 'k2' }, { kl: { coef: 0.04, mode: 'reward', estimator: 'k2' } }],
   ['no KL', { kl_coef: 0 }, { kl: { coef: 0 } }],
+  ['no truncated importance sampling', { rollout_is_threshold: 0 }, { loss: { rolloutIsThreshold: 0 } }],
   [
     'ReMax, Dr.GRPO aggregation, clip-higher, several updates, generation log-probs',
     { estimator: 'remax', aggregation: 'token-sum-norm', clip_high: 0.28, n_minibatches: 4, epochs: 2, micro_batches: 2, old_logprobs: 'generation', group_size: 4 },
@@ -47,7 +48,7 @@ test("KL in reward mode uses k1 from the CLI and the library alike (verl's kl_pe
 
 test("the schema's defaults are the library's", () => {
   const d = defaults(grpoSchema);
-  expect([d.clip_low, d.clip_high, d.aggregation, d.policy_term, d.ratio, d.entropy_coef]).toEqual([GRPO_DEFAULTS.loss.clipLow, GRPO_DEFAULTS.loss.clipHigh, GRPO_DEFAULTS.loss.aggregation, GRPO_DEFAULTS.loss.policyTerm, GRPO_DEFAULTS.loss.ratio, GRPO_DEFAULTS.loss.entropyCoef]);
+  expect([d.clip_low, d.clip_high, d.aggregation, d.policy_term, d.ratio, d.entropy_coef, d.rollout_is_threshold]).toEqual([GRPO_DEFAULTS.loss.clipLow, GRPO_DEFAULTS.loss.clipHigh, GRPO_DEFAULTS.loss.aggregation, GRPO_DEFAULTS.loss.policyTerm, GRPO_DEFAULTS.loss.ratio, GRPO_DEFAULTS.loss.entropyCoef, GRPO_DEFAULTS.loss.rolloutIsThreshold]);
   expect([d.kl_mode, d.kl_horizon, d.kl_estimator]).toEqual([GRPO_DEFAULTS.kl.mode, GRPO_DEFAULTS.kl.horizon, 'auto']);
   expect([d.epochs, d.n_minibatches, d.micro_batches, d.old_logprobs, d.seed, d.temperature]).toEqual([GRPO_DEFAULTS.epochs, GRPO_DEFAULTS.minibatches, GRPO_DEFAULTS.microBatches, GRPO_DEFAULTS.oldLogprobs, GRPO_DEFAULTS.seed, GRPO_DEFAULTS.temperature]);
 });
