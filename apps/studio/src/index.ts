@@ -55,7 +55,7 @@ export async function startStudio(cfg: StudioConfig, events: StudioEvents = {}):
   const chatUrl = chat ? chat.url : cfg.serve_url || null;
   const loopbackOnly = /^(127\.|::1$|localhost$)/.test(cfg.host);
   const checkpoints = cfg.chat_checkpoints && !cfg.serve_url ? new CheckpointChats(root, { device: cfg.device, maxModelLen: cfg.max_model_len }) : null;
-  const server = createStudioServer({ root, assets, chatUrl, tokenizer: cfg.tokenizer, pollMs: cfg.poll_ms, loopbackOnly, checkpoints });
+  const server = createStudioServer({ root, assets, chatUrl, serveUrl: cfg.serve_url || null, tokenizer: cfg.tokenizer, pollMs: cfg.poll_ms, loopbackOnly, checkpoints });
   try {
     await listenOn(server, cfg.host, cfg.port);
   } catch (e) {

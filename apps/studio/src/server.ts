@@ -25,6 +25,8 @@ export interface StudioServerOptions {
   pollMs: number;
   /** Answer only requests whose Host is a loopback name (when listening on a loopback address). */
   loopbackOnly?: boolean;
+  /** The --serve_url the chat API is (null when chat is served in-process), shown on the chat page. */
+  serveUrl?: string | null;
   /** Chat with the root's checkpoints, served in-process on demand; null: off (e.g. with --serve_url). */
   checkpoints?: CheckpointChats | null;
 }
@@ -121,7 +123,7 @@ async function api(opts: StudioServerOptions, req: IncomingMessage, url: URL): P
   const parts = url.pathname.split('/').slice(2).map(decodeURIComponent); // after /api/
   const q = url.searchParams;
   const ok = (body: unknown) => ({ status: 200, body });
-  if (parts[0] === 'config') return ok({ root: opts.root, chat: opts.chatUrl !== null || Boolean(opts.checkpoints), checkpointChat: Boolean(opts.checkpoints), pollMs: opts.pollMs });
+  if (parts[0] === 'config') return ok({ root: opts.root, chat: opts.chatUrl !== null || Boolean(opts.checkpoints), checkpointChat: Boolean(opts.checkpoints), serveUrl: opts.serveUrl ?? null, pollMs: opts.pollMs });
   if (parts[0] === 'runs' && parts.length === 1) return ok(listRunInfos(opts.root));
   if (parts[0] === 'runs' && parts.length >= 2) {
     const name = parts[1];

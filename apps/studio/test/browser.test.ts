@@ -11,10 +11,10 @@ import { appendFileSync, copyFileSync, existsSync, mkdirSync, mkdtempSync } from
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import puppeteer, { type Browser, type Page } from 'puppeteer-core';
-import { readEvalRollouts, readMetrics, readTrainRollouts } from '@lathe/data';
+import { readEvalRollouts, readMetrics, readParquet, readTrainRollouts, RolloutStore } from '@lathe/data';
 import { startStudio, type RunningStudio } from '@lathe/studio';
 import { defaults, serveSchema, startServe } from '@lathe/recipes';
-import { CHAT_RUN, LABELLED, makeRoot, studioConfig } from './fixtures';
+import { CHAT_RUN, CRITIC_LABELLED, LABELLED, makeRoot, studioConfig } from './fixtures';
 import { tinyChatModel } from './chat-model';
 
 const CHROMIUM = process.env.LATHE_CHROMIUM ?? '/usr/bin/chromium';
@@ -82,6 +82,13 @@ test('the runs page lists every run with its state; a run page shows its config 
   await shot('run', false);
   await open('run/corrupt-store');
   expect(await page.$eval('#rollouts-error', (e) => e.textContent)).toMatch(/corrupt-store\/rollouts.sqlite: .*not a database/);
+  // two runs ticked on the runs page are the ones the metrics page compares
+  await open('runs');
+  for (const run of ['sft-addition', grpo]) await page.click(`#runs tbody tr[data-run="${run}"] input[type=checkbox]`);
+  await page.click('#runs-compare button');
+  await page.waitForSelector('#page-metrics .chart[data-metric] canvas');
+  expect(await page.$$eval('#run-list input:checked', (i) => i.map((x) => (x as unknown as { value: string }).value).sort())).toEqual([grpo, 'sft-addition'].sort());
+  expect(await page.$$eval('.chart[data-metric]', (c) => Object.keys(JSON.parse(c[0].getAttribute('data-points')!)).sort())).toEqual([grpo, 'sft-addition'].sort());
 });
 
 test('a metric plot holds the logged points, and a line appended while the page is open', async () => {
@@ -133,6 +140,32 @@ test('a metric plot holds the logged points, and a line appended while the page 
   await page.waitForFunction(`document.querySelector('.chart[data-metric="loss"]')?.getAttribute('data-points')?.includes('[9,0.25]')`, { timeout: 5000 });
 });
 
+test('the step time of a run, stacked by phase: each phase as logged, the top of the stack at the logged step_ms', async () => {
+  await open(`metrics?runs=${grpo},sft-addition&keys=loss&smooth=0`);
+  await page.waitForSelector(`.chart[data-stack-run="${grpo}"] canvas`);
+  const lines = readMetrics(join(root, grpo, 'metrics.jsonl')).filter((l) => typeof l.step_ms === 'number');
+  expect(lines.length).toBe(3);
+  const st = JSON.parse((await page.$eval(`.chart[data-stack-run="${grpo}"]`, (e) => e.getAttribute('data-stack')))!) as { phases: string[]; steps: number[]; values: number[][]; top: number[][] };
+  expect(st.phases).toEqual(['generation_ms', 'scoring_ms', 'rewards_ms', 'training_ms', 'host_ms']);
+  expect(st.steps).toEqual(lines.map((l) => l.step));
+  expect(st.values).toEqual(st.phases.map((k) => lines.map((l) => l[k])));
+  for (const [i, l] of lines.entries()) expect(st.top[st.phases.length - 1][i]).toBeCloseTo(l.step_ms as number, 6);
+  // the SFT run's split (its host and run time) is drawn too; hover shows a phase's own time, not its stacked height
+  expect(await page.$$eval('#step-time .chart', (c) => c.map((x) => x.getAttribute('data-stack-run')))).toEqual([grpo, 'sft-addition']);
+  const over = (await page.$(`.chart[data-stack-run="${grpo}"] .u-over`))!;
+  const box = (await over.boundingBox())!;
+  await page.mouse.move(box.x + box.width - 2, box.y + box.height / 2);
+  const legend = await page.$$eval(`.chart[data-stack-run="${grpo}"] .u-legend tr`, (rows) => rows.map((r) => [r.querySelector('.u-label')?.textContent, r.querySelector('.u-value')?.textContent]));
+  const training = legend.find(([label]) => label === 'training')!;
+  // four significant digits, as the legend writes them
+  expect(Math.abs(Number(training[1]) / (lines[2].training_ms as number) - 1)).toBeLessThan(1e-3);
+  await shot('step-time', false);
+  // off: no stacked chart, and the address remembers it
+  await page.click('#stacked');
+  expect(await page.$$('#step-time .chart')).toHaveLength(0);
+  expect(page.url()).toContain('stack=0');
+});
+
 test('a rollout filter shows the rows the same filter picks from the store; a row opens its group', async () => {
   const stored = readTrainRollouts(join(root, grpo, 'rollouts.sqlite'));
   const want = stored.filter((r) => r.step === 2 && r.prompt.includes('+1=')).sort((a, b) => a.prompt_index - b.prompt_index || a.rollout_index - b.rollout_index);
@@ -150,6 +183,50 @@ test('a rollout filter shows the rows the same filter picks from the store; a ro
   const group = await page.$$eval('#rollout-group .completion', (d) => d.map((x) => Number(x.getAttribute('data-id'))));
   expect(group).toEqual(stored.filter((r) => r.step === 2 && r.prompt_index === want[0].prompt_index).map((r) => r.id));
   await shot('rollouts');
+});
+
+test('a click on a header sorts the table in the query: the first row is the longest, then the shortest; by reward, the highest, then the lowest', async () => {
+  type Stored = { id: number; step: number; prompt_index: number; rollout_index: number; reward?: number | null; advantage?: number | null; extra?: Record<string, unknown> | null };
+  const order = (a: Stored, b: Stored) => a.step - b.step || a.prompt_index - b.prompt_index || a.rollout_index - b.rollout_index || a.id - b.id;
+  const firstBy = (rows: Stored[], key: (r: Stored) => number, desc: boolean) => [...rows].sort((a, b) => (desc ? key(b) - key(a) : key(a) - key(b)) || order(a, b))[0].id;
+  const firstId = () => page.$eval('#rollout-table tbody tr', (tr) => Number(tr.getAttribute('data-id')));
+  /** Clicks a header and waits for the table the answer rebuilds, sorted that way. */
+  const sortBy = async (key: string, dir: 'ascending' | 'descending') => {
+    await page.click(`#rollout-table th[data-sort=${key}]`);
+    await page.waitForFunction(`document.querySelector('#rollout-table th[data-sort=${key}]')?.getAttribute('aria-sort') === '${dir}'`);
+    return firstId();
+  };
+  // the GRPO run's completions differ in length (its rewards are all 0 after 3 steps of a random model)
+  const stored = readTrainRollouts(join(root, grpo, 'rollouts.sqlite'));
+  const len = (r: Stored) => (r.extra!.tokens as number[]).length;
+  expect(new Set(stored.map(len)).size).toBeGreaterThan(1);
+  await open(`rollouts?run=${grpo}`);
+  await page.waitForSelector('#rollout-table tbody tr');
+  expect(await sortBy('length', 'descending')).toBe(firstBy(stored, len, true));
+  expect(await sortBy('length', 'ascending')).toBe(firstBy(stored, len, false));
+  // step starts from its natural order (oldest first); a second click shows the newest first
+  expect(await sortBy('step', 'ascending')).toBe(firstBy(stored, (r) => r.step, false));
+  expect(await sortBy('step', 'descending')).toBe(firstBy(stored, (r) => r.step, true));
+
+  // a store with rewards and advantages spread out: 64 rollouts, written as the trainer writes them
+  const dir = join(root, 'mixed-rewards');
+  mkdirSync(dir);
+  copyFileSync(join(root, grpo, 'config.yaml'), join(dir, 'config.yaml'));
+  const store = await RolloutStore.open(join(dir, 'rollouts.sqlite'), { flushIntervalMs: 0 });
+  for (let i = 0; i < 64; i++) store.addTrain({ step: 1 + (i >> 4), epoch: 0, prompt_index: (i >> 2) % 4, rollout_index: i % 4, prompt: `${i % 5}+${i % 3}=`, completion: String((i * 7) % 10), reward: ((i * 37) % 64) / 64, advantage: (((i * 11) % 16) - 8) / 8, extra: { tokens: [3 + (i % 10)] } });
+  await store.close();
+  const mixed = readTrainRollouts(join(dir, 'rollouts.sqlite'));
+  await open('rollouts?run=mixed-rewards');
+  await page.waitForSelector('#rollout-table tbody tr');
+  expect(await sortBy('reward', 'descending')).toBe(firstBy(mixed, (r) => r.reward!, true));
+  await shot('rollouts-sorted');
+  expect(await sortBy('reward', 'ascending')).toBe(firstBy(mixed, (r) => r.reward!, false));
+  expect(await sortBy('advantage', 'descending')).toBe(firstBy(mixed, (r) => r.advantage!, true));
+  // the sort is kept in the address: a reload shows the same first row
+  expect(page.url()).toContain('sort=advantage&desc=1');
+  await page.reload();
+  await page.waitForSelector('#rollout-table tbody tr');
+  expect(await firstId()).toBe(firstBy(mixed, (r) => r.advantage!, true));
 });
 
 test('the token view colours each token by its log-prob and by its Q, red lowest to green highest', async () => {
@@ -217,6 +294,24 @@ test('a stored rollout: tokens coloured by their log-prob and by their entropy, 
   await shot('entropy', false);
 });
 
+test("lathe critic label's output: tokens coloured by the reference policy's entropy, red where it was least sure", async () => {
+  const table = await readParquet(join(root, grpo, CRITIC_LABELLED));
+  const list = (name: string, i: number) => Array.from((table.getChild(name)!.get(i) as { toArray(): ArrayLike<number> }).toArray(), Number);
+  // a completion whose entropies differ at each token, so every colour is set by the row's range
+  const row = Array.from({ length: table.numRows }, (_, i) => i).find((i) => new Set(list('token_entropies', i)).size >= 3)!;
+  expect(row).toBeDefined();
+  const ent = list('token_entropies', row);
+  await open(`tokens?file=${grpo}/${CRITIC_LABELLED}&row=${row}`);
+  await page.waitForSelector('#tokens .tok');
+  expect(await page.$$eval('#colour-by option', (o) => o.map((x) => (x as unknown as { value: string }).value))).toEqual(['entropy', 'q', '']);
+  const cells = await page.$$eval('#tokens .tok', (s) => s.map((x) => ({ bg: (globalThis as unknown as { getComputedStyle(e: unknown): { backgroundColor: string } }).getComputedStyle(x).backgroundColor, title: x.getAttribute('title') })));
+  const t = (v: number) => (v - Math.min(...ent)) / (Math.max(...ent) - Math.min(...ent));
+  expect(cells.map((c) => c.bg)).toEqual(ent.map((v) => rgbOf(Math.round(120 * (1 - t(v))))));
+  expect(cells[ent.indexOf(Math.max(...ent))].bg).toBe('rgb(240, 168, 168)');
+  expect(cells[0].title).toContain(`entropy ${ent[0].toPrecision(4)}`);
+  await shot('critic-entropy', false);
+});
+
 test('chat with two models side by side answers as the serve API does', async () => {
   await open('chat');
   expect(await page.$$eval('#model-0 optgroup[label="served models"] option', (o) => o.map((x) => x.textContent))).toEqual(['base', 'tuned']);
@@ -244,6 +339,41 @@ test('chat with two models side by side answers as the serve API does', async ()
   expect(shown).toEqual(answers.map((a) => a || '(empty)'));
   await shot('chat');
 }, 60_000);
+
+/**
+ * `lathe studio --serve_url` against a running `lathe serve` of the two checkpoints (s1, s2): the
+ * picker lists the models that server lists at GET /v1/models (and no in-process checkpoints), and
+ * each side's reply equals that server's own answer (`answers`).
+ */
+async function checkpointsThroughServeUrl(serveUrl: string, answers: string[]): Promise<void> {
+  const listed = ((await (await fetch(`${serveUrl}/models`)).json()) as { data: { id: string }[] }).data.map((m) => m.id);
+  expect(listed).toEqual(['s1', 's2']);
+  const remote = await startStudio(studioConfig(root, { serve_url: serveUrl }));
+  const tab = await browser.newPage();
+  try {
+    await tab.setViewport({ width: 1280, height: 800 });
+    await tab.goto(`${remote.url}#/chat`);
+    await tab.waitForSelector('#app > div[data-ready]', { timeout: 20_000 });
+    const groups = await tab.$$eval('#model-0 optgroup', (g) => g.map((x) => [x.getAttribute('label'), [...x.querySelectorAll('option')].map((o) => o.textContent)]));
+    expect(groups).toEqual([[`models at ${serveUrl}`, listed]]);
+    expect(await tab.$eval('#serve-url', (e) => e.textContent)).toContain(serveUrl);
+    await tab.select('#model-0', 's1');
+    await tab.select('#model-1', 's2');
+    for (const [sel, v] of [['#max_tokens', '40'], ['#seed', '3']]) {
+      await tab.$eval(sel, (e) => ((e as unknown as { value: string }).value = ''));
+      await tab.type(sel, v);
+    }
+    await tab.type('#message', 'What is 2+2?');
+    await tab.click('#send');
+    await tab.waitForSelector('#log-0 .msg.assistant[data-finish]', { timeout: 60_000 });
+    await tab.waitForSelector('#log-1 .msg.assistant[data-finish]', { timeout: 60_000 });
+    expect(await tab.$$eval('.msg.assistant .content', (e) => e.map((x) => x.textContent))).toEqual(answers.map((a) => a || '(empty)'));
+    await tab.screenshot({ path: join(SHOTS, 'studio-chat-serve-url.png') as `${string}.png`, fullPage: true });
+  } finally {
+    await tab.close();
+    await remote.close();
+  }
+}
 
 test('chat with two checkpoints of a run, one per side: each reply streams in token by token and equals the checkpoint served directly', async () => {
   await open('chat');
@@ -284,7 +414,11 @@ test('chat with two checkpoints of a run, one per side: each reply streams in to
     return ((await r.json()) as { choices: { message: { content: string } }[] }).choices[0].message.content;
   };
   const answers = [await direct('s1'), await direct('s2')];
-  await serve.close();
+  try {
+    await checkpointsThroughServeUrl(serve.url, answers);
+  } finally {
+    await serve.close();
+  }
   expect(shown).toEqual(answers.map((a) => a || '(empty)'));
   expect(answers[0]).not.toBe(answers[1]); // two different checkpoints answered
   for (const [i, answer] of answers.entries()) {
@@ -294,4 +428,4 @@ test('chat with two checkpoints of a run, one per side: each reply streams in to
     for (const t of partial) expect(answer.startsWith(t)).toBe(true);
   }
   await shot('chat-checkpoints');
-}, 120_000);
+}, 180_000);

@@ -95,7 +95,8 @@ export const CRITIC_LABELLED = 'critic-labelled.parquet';
 /**
  * A real short `lathe critic train` (outside the root: 2 steps) on the GRPO run's step-1 rollouts,
  * then `lathe critic label` of them into `<grpo>/critic-labelled.parquet` (Q-values, candidates and
- * the reference policy's per-token entropies).
+ * the reference policy's per-token entropies), the SFT run's last checkpoint the reference policy (a
+ * trained model: its entropies differ more from token to token than a random one's).
  */
 async function criticLabelled(root: string, grpo: string): Promise<void> {
   const tok = additionTokenizer();
@@ -106,7 +107,7 @@ async function criticLabelled(root: string, grpo: string): Promise<void> {
   const data = join(work, 'rollouts.parquet');
   await writeTrajectories(data, rows);
   const run = await runCriticTrain({ ...defaults(criticTrainSchema), data, tokenizer: 'builtin:addition', run_dir: join(work, 'critic'), steps: 2, max_length: 32, max_remaining: 8, length_bins: 3, ablation: 'no_feedback', batch_size: 4, lr: 1e-3, save_every: 2, log_every: 1 });
-  await runCriticLabel({ ...defaults(criticLabelSchema), critic: run.checkpoint, model: join(work, 'critic', 'base-model'), tokenizer: 'builtin:addition', data, output: join(root, grpo, CRITIC_LABELLED), min_p: 0.3, max_candidates: 4 });
+  await runCriticLabel({ ...defaults(criticLabelSchema), critic: run.checkpoint, model: join(root, 'sft-addition', 'checkpoints', 'step-00000030'), tokenizer: 'builtin:addition', data, output: join(root, grpo, CRITIC_LABELLED), min_p: 0.3, max_candidates: 4 });
 }
 
 /** The studio's config for a root, on a free loopback port. */

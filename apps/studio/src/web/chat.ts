@@ -52,16 +52,18 @@ async function streamChat(body: unknown, onChunk: (c: Chunk) => void): Promise<v
 }
 
 export async function chatPage(view: HTMLElement, settings: StudioSettings): Promise<void> {
-  view.append(h('h2', {}, 'Chat'));
+  view.append(h('h2', {}, 'Chat'), settings.serveUrl ? h('div', { class: 'muted', id: 'serve-url' }, `through ${settings.serveUrl} (--serve_url): its models, as GET /models lists them`) : '');
   if (!settings.chat) {
     view.append(h('div', { class: 'panel muted' }, 'Chat is off: start lathe studio with --model DIR (a checkpoint folder, repeatable) or --serve_url http://HOST:PORT/v1, or leave --chat_checkpoints on to chat with the runs’ checkpoints.'));
     return;
   }
-  const models = (await api<{ data: { id: string }[] }>('/api/chat/models')).data.map((m) => m.id);
+  // the served models: --model's, or every model the --serve_url server lists at GET /v1/models
+  const listed = (await api<{ data: { id: string; max_model_len?: number }[] }>('/api/chat/models')).data;
+  const models = listed.map((m) => m.id);
   const checkpoints = await api<Checkpoint[]>('/api/chat/checkpoints');
   const runs = [...new Set(checkpoints.map((c) => c.run))];
   if (models.length === 0 && !checkpoints.some((c) => c.servable)) {
-    view.append(h('div', { class: 'panel muted', id: 'no-models' }, 'No model to chat with: no --model, and no run under the root has a checkpoint with tokenizer files.'));
+    view.append(h('div', { class: 'panel muted', id: 'no-models' }, settings.serveUrl ? `No model to chat with: ${settings.serveUrl} lists none at GET /models.` : 'No model to chat with: no --model, and no run under the root has a checkpoint with tokenizer files.'));
     return;
   }
   const temperature = h('input', { type: 'number', id: 'temperature', min: 0, step: 0.1, value: 0.7 });
@@ -71,7 +73,7 @@ export async function chatPage(view: HTMLElement, settings: StudioSettings): Pro
   const thinking = h('input', { type: 'checkbox', id: 'thinking' });
   const stream = h('input', { type: 'checkbox', id: 'stream', checked: true });
   const choices = () => [
-    ...(models.length ? [h('optgroup', { label: 'served models' }, models.map((m) => h('option', { value: m }, m)))] : []),
+    ...(models.length ? [h('optgroup', { label: settings.serveUrl ? `models at ${settings.serveUrl}` : 'served models' }, listed.map((m) => h('option', { value: m.id, title: m.max_model_len ? `context ${m.max_model_len} tokens` : m.id }, m.id)))] : []),
     // every checkpoint of every run: one that cannot be served is listed, disabled, with the reason
     ...runs.map((run) =>
       h(

@@ -10,6 +10,8 @@ import { chatPage } from './chat';
 export interface StudioSettings {
   root: string;
   chat: boolean;
+  /** The server chat goes through (--serve_url), or null when models are served by the studio itself. */
+  serveUrl: string | null;
   pollMs: number;
 }
 

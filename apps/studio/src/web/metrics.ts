@@ -5,7 +5,7 @@
 import uPlot from 'uplot';
 import { api, fmt, h, routeQuery, selection, setRouteQuery, type RunInfo } from './dom';
 import type { StudioSettings } from './main';
-import { forLogScale, series, smooth, type Line } from './series';
+import { forLogScale, series, smooth, stepTimeStack, type Line } from './series';
 
 interface MetricsAnswer {
   state: RunInfo['metrics']['state'];
@@ -47,10 +47,12 @@ export async function metricsPage(view: HTMLElement, settings: StudioSettings): 
   const shown = new Set(wanted ?? allKeys.filter((k) => /^(loss|reward_mean|kl|eval_accuracy|lr)$/.test(k)).concat(allKeys).slice(0, 4));
   let smoothing = Number(q.get('smooth') ?? 0);
   let logScale = q.get('log') === '1';
+  let stacked = q.get('stack') !== '0';
   const save = () => {
     const p = new URLSearchParams({ runs: chosen.join(','), keys: [...shown].join(',') });
     if (smoothing) p.set('smooth', String(smoothing));
     if (logScale) p.set('log', '1');
+    if (!stacked) p.set('stack', '0');
     setRouteQuery('metrics', p);
     selection.set(chosen);
   };
@@ -89,6 +91,44 @@ export async function metricsPage(view: HTMLElement, settings: StudioSettings): 
       plots.push(new uPlot(opts, [steps, ...ys] as uPlot.AlignedData, box));
     }
     if (charts.childElementCount === 0) charts.append(h('div', { class: 'muted' }, chosen.length ? 'Choose a metric.' : 'Choose a run.'));
+    drawStacks();
+  };
+  // per run, its step time split by phase: each phase filled from the phases below it to its own top
+  const stackWrap = h('div', { id: 'step-time' });
+  const drawStacks = () => {
+    const stacks = h('div', { class: 'charts' });
+    stackWrap.replaceChildren();
+    if (!stacked || !chosen.some((n) => stepTimeStack(data.get(n)!.lines))) return;
+    // in the page before the charts are made, so that each takes its column's width
+    stackWrap.append(h('h3', {}, 'Step time'), stacks);
+    for (const [i, name] of chosen.entries()) {
+      const st = stepTimeStack(data.get(name)!.lines);
+      if (!st) continue;
+      const box = h('div', { class: 'chart panel', 'data-stack-run': name, 'data-stack': JSON.stringify(st) }, h('h4', {}, `${name}: step time by phase (ms)`));
+      stacks.append(box);
+      // drawn tallest first so that each lower phase paints over the one above it
+      const order = st.phases.map((_, k) => k).reverse();
+      const opts: uPlot.Options = {
+        width: Math.max(360, box.clientWidth - 24 || 520),
+        height: 220,
+        scales: { x: { time: false }, y: { range: (_u, _lo, hi) => [0, hi > 0 ? hi * 1.05 : 1] } },
+        axes: [{ label: 'step', incrs: STEP_INCRS }, { size: 70 }],
+        series: [
+          { label: 'step' },
+          ...order.map((k) => ({
+            label: st.phases[k].replace(/_ms$/, ''),
+            stroke: COLORS[(k + i) % COLORS.length],
+            fill: `${COLORS[(k + i) % COLORS.length]}99`,
+            width: 1,
+            points: { show: st.steps.length <= 60, size: 4 },
+            // the legend shows the phase's own time, not the stacked height
+            value: (_u: uPlot, _v: number | null, _s: number, idx: number | null) => (idx === null ? '–' : fmt(st.values[k][idx])),
+          })),
+        ],
+        legend: { live: true },
+      };
+      plots.push(new uPlot(opts, [st.steps, ...order.map((k) => st.top[k])] as uPlot.AlignedData, box));
+    }
   };
 
   const status = h('div', { id: 'metrics-status' });
@@ -125,13 +165,14 @@ export async function metricsPage(view: HTMLElement, settings: StudioSettings): 
   const smoothIn = h('input', { type: 'range', min: 0, max: 0.99, step: 0.01, value: smoothing, id: 'smoothing', oninput: (e) => ((smoothing = Number((e.target as HTMLInputElement).value)), (smoothLabel.textContent = smoothing.toFixed(2)), save(), draw()) });
   const smoothLabel = h('span', {}, smoothing.toFixed(2));
   const logIn = h('input', { type: 'checkbox', id: 'log-scale', checked: logScale, onchange: (e) => ((logScale = (e.target as HTMLInputElement).checked), save(), draw()) });
+  const stackIn = h('input', { type: 'checkbox', id: 'stacked', checked: stacked, onchange: (e) => ((stacked = (e.target as HTMLInputElement).checked), save(), draw()) });
   view.append(
     h('h2', {}, 'Metrics'),
     h(
       'div',
       { class: 'layout' },
-      h('div', {}, h('div', { class: 'panel' }, h('h4', {}, 'Runs'), runList), h('div', { class: 'panel' }, h('h4', {}, 'Metrics'), keyList), h('div', { class: 'panel' }, h('label', {}, 'smoothing ', smoothIn, ' ', smoothLabel), h('br'), h('label', {}, logIn, ' log scale'))),
-      h('div', {}, status, charts),
+      h('div', {}, h('div', { class: 'panel' }, h('h4', {}, 'Runs'), runList), h('div', { class: 'panel' }, h('h4', {}, 'Metrics'), keyList), h('div', { class: 'panel' }, h('label', {}, 'smoothing ', smoothIn, ' ', smoothLabel), h('br'), h('label', {}, logIn, ' log scale'), h('br'), h('label', {}, stackIn, ' step time by phase'))),
+      h('div', {}, status, charts, stackWrap),
     ),
   );
   showStatus();

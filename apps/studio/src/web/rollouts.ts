@@ -36,6 +36,8 @@ const FILTERS: [string, string, string][] = [
   ['max_length', 'length ≤', 'number'],
 ];
 const PAGE = 50;
+/** Columns the table sorts by (in the server's SQL query), by their header. */
+const SORTABLE: Record<string, string> = { step: 'step', reward: 'reward', advantage: 'advantage', length: 'length' };
 
 export async function rolloutsPage(view: HTMLElement): Promise<void> {
   const runs = (await api<RunInfo[]>('/api/runs')).filter((r) => r.rollouts || r.rolloutsError);
@@ -51,6 +53,8 @@ export async function rolloutsPage(view: HTMLElement): Promise<void> {
   runSel.value = run.name;
   const inputs = new Map(FILTERS.map(([key, , type]) => [key, h('input', { type, name: key, value: q.get(key) ?? '', step: 'any', size: type === 'text' ? 14 : undefined })]));
   let offset = Number(q.get('offset') ?? 0);
+  let sort = q.get('sort') && SORTABLE[q.get('sort')!] ? q.get('sort')! : 'step';
+  let desc = q.get('desc') === '1';
   const result = h('div', { id: 'rollout-table' });
   const detail = h('div', { id: 'rollout-group' });
   const pager = h('div', { class: 'pager' });
@@ -58,6 +62,8 @@ export async function rolloutsPage(view: HTMLElement): Promise<void> {
   const params = () => {
     const p = new URLSearchParams({ run: run.name, table: tableSel.value });
     for (const [k, el] of inputs) if (el.value.trim() !== '') p.set(k, el.value.trim());
+    if (sort !== 'step' || desc) p.set('sort', sort);
+    if (desc) p.set('desc', '1');
     if (offset) p.set('offset', String(offset));
     return p;
   };
@@ -90,6 +96,19 @@ export async function rolloutsPage(view: HTMLElement): Promise<void> {
       detail.replaceChildren(errorBox(e));
     }
   };
+  // a sortable header: a click sorts by it, highest first; a second click flips the direction
+  const header = (t: string) => {
+    const key = SORTABLE[t];
+    if (!key) return h('th', {}, t);
+    const on = sort === key;
+    const click = () => {
+      desc = on ? !desc : key !== 'step';
+      sort = key;
+      offset = 0;
+      void search();
+    };
+    return h('th', { class: 'sortable', 'data-sort': key, 'aria-sort': on ? (desc ? 'descending' : 'ascending') : null, title: `sort by ${t}`, onclick: click }, t, on ? (desc ? ' ▼' : ' ▲') : '');
+  };
   const search = async () => {
     const p = params();
     setRouteQuery('rollouts', p);
@@ -112,7 +131,7 @@ export async function rolloutsPage(view: HTMLElement): Promise<void> {
         h(
           'table',
           {},
-          h('thead', {}, h('tr', {}, ['step', 'prompt', 'sample', eval_ ? 'dataset' : null, 'prompt text', 'completion', 'reward', eval_ ? 'correct' : 'advantage', 'length'].filter((x) => x !== null).map((t) => h('th', {}, t)))),
+          h('thead', {}, h('tr', {}, ['step', 'prompt', 'sample', eval_ ? 'dataset' : null, 'prompt text', 'completion', 'reward', eval_ ? 'correct' : 'advantage', 'length'].filter((x) => x !== null).map((t) => header(t)))),
           h(
             'tbody',
             {},

@@ -13,7 +13,7 @@ function rolloutCell(r: RunInfo) {
 export async function runsPage(view: HTMLElement): Promise<void> {
   const runs = await api<RunInfo[]>('/api/runs');
   const chosen = new Set(selection.get().filter((n) => runs.some((r) => r.name === n)));
-  const compare = h('a', { href: '#/metrics' }, h('button', {}, 'Plot selected runs'));
+  const compare = h('a', { href: '#/metrics', id: 'runs-compare' }, h('button', {}, 'Plot selected runs'));
   const rows = runs.map((r) =>
     h(
       'tr',

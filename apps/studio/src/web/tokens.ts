@@ -12,7 +12,7 @@ const VALUES: readonly Value[] = ['logprob', 'entropy', 'q', 'advantage'];
 /** What each colouring means, for the legend. */
 const MEANING: Record<Value, string> = {
   logprob: 'log-prob of the sampled token',
-  entropy: 'entropy of the distribution it was sampled from (nats)',
+  entropy: "entropy of the next-token distribution at it (nats: the sampling policy's; in critic label output, the reference policy's)",
   q: 'Q of the sampled token',
   advantage: 'token advantage',
 };
