@@ -26,6 +26,8 @@ const criticOptions = {
   bins: { type: 'string', default: '', describe: "A critic_bins.json the checkpoint must match (a checkpoint with another grid is refused); '': the checkpoint's own" },
   min_p: { type: 'number', default: 0.1, min: 0, max: 1, describe: "Candidates: the reference policy's tokens with p ≥ min_p × the most likely one's" },
   max_candidates: { type: 'number', default: 16, integer: true, min: 1, describe: 'At most this many candidates per step (the most likely first)' },
+  context: { type: 'string', default: '', describe: "Trajectory Parquet of earlier attempts at the same prompts (prompt_idx, prompt_token_ids, output_token_ids, 'correct' or 'value'; e.g. lathe generate's) that the critic reads in context; with --context_attempts" },
+  context_attempts: { type: 'number', default: 0, integer: true, min: 0, describe: "Attempts the critic reads before each sample, each with its reward and length as in its training format: --context's first N rows of the sample's prompt_idx, in file order (0: the prompt alone)" },
 } as const satisfies OptionSchema;
 
 /** Where and how fast sampling runs. */

@@ -13,10 +13,11 @@ import { batchOf, flattenLists, flattenNested, listData, nestedListData, readTra
 import { Device, sizeOf, type HostTensor } from '@lathe/runtime';
 import { DEFAULT_JUDGE_PROMPT, extractAnswer, LlmJudge, majorityVote, MathGrader, passAtK, voteKey } from '@lathe/graders';
 import { LORA_DROPOUT_KEY, loraDropoutKey, sftLoss, Trainer, type DecoderLossOptions, type LossBuilder } from '@lathe/train';
-import { contextPrefix } from '@lathe/critic';
+import { contextPrefix, type CriticAttempt } from '@lathe/critic';
 import { extractionLoss, qWeightedSample, QWeightedModels, validateTau, type KlDirection, type QSample } from '@lathe/policy-extraction';
 import { splitThinking } from '@lathe/tokenizer';
 import { criticBins } from './critic-label';
+import { rowReward } from './critic-data';
 import { readPromptFile } from './generate';
 import { recipeTensors } from './quantize-lora';
 import { checkComputeDtype, EpochStream, loadRunModel, openDevice, RunDir, scheduledLr, stepTiming, stopRequested, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
@@ -35,9 +36,12 @@ export interface ExtractProgressEvents {
 }
 
 /** The tokenizer.json of a folder, or undefined when it has none (the built-in character tokenizer). */
-function tokenizerJson(dir: string): string | undefined {
+/** A folder's tokenizer.json without the critic's grid tokens (ids from `gridFrom`: lathe critic train adds them), for comparison. */
+function tokenizerJson(dir: string, gridFrom: number): string | undefined {
   const f = join(dir, 'tokenizer.json');
-  return existsSync(f) ? readFileSync(f, 'utf8') : undefined;
+  if (!existsSync(f)) return undefined;
+  const tok = JSON.parse(readFileSync(f, 'utf8')) as { added_tokens?: { id: number }[] };
+  return JSON.stringify({ ...tok, added_tokens: tok.added_tokens?.filter((t) => t.id < gridFrom) });
 }
 
 /** The policy (with its tokenizer) and the critic on one device, refused when their tokenizers or vocabularies differ. */
@@ -47,7 +51,7 @@ async function openModels(cfg: Pick<ExtractGenerateConfig, 'model' | 'critic' | 
   const bins = criticBins(cfg);
   // compared before either is parsed: a critic trained on another tokenizer is refused whatever its size
   const policyTokenizer = cfg.tokenizer === 'model' ? cfg.model : cfg.tokenizer;
-  const [a, b] = [tokenizerJson(cfg.critic), tokenizerJson(policyTokenizer)];
+  const [a, b] = [tokenizerJson(cfg.critic, bins.first_token_id), tokenizerJson(policyTokenizer, bins.first_token_id)];
   if (a !== undefined && b !== undefined && a !== b) throw new Error(`the critic --critic ${cfg.critic} and the policy --model ${cfg.model} have different tokenizers (${join(cfg.critic, 'tokenizer.json')} differs from ${join(policyTokenizer, 'tokenizer.json')}); a critic scores a policy's tokens only with its own tokenizer`);
   const policy = await loadRunModel({ model: cfg.model, tokenizer: cfg.tokenizer, prompt_format: cfg.prompt_format, enable_thinking: cfg.enable_thinking, run_dir: '', seed: cfg.seed });
   const critic = CausalLM.fromPretrainedSync(cfg.critic);
@@ -127,6 +131,41 @@ class Grading {
   }
 }
 
+/**
+ * What the critic reads before each planned sample: its prompt, then with `context_attempts` n the
+ * first n rows of `--context` at its prompt_idx (file order), each with its feedback, as
+ * `contextPrefix` lays them out in the critic's training sequences. A prompt with fewer rows, a row
+ * whose prompt tokens are not the prompt's, or one without a reward is refused by name.
+ */
+export async function criticPrefixes(
+  cfg: Pick<ExtractGenerateConfig, 'context' | 'context_attempts'>,
+  planned: readonly { promptIdx: number; ids: readonly number[] }[],
+  encode: (text: string) => number[],
+): Promise<number[][]> {
+  const n = cfg.context_attempts;
+  if (n > 0 && !cfg.context) throw new Error(`--context_attempts ${n} needs --context: a trajectory Parquet of earlier attempts at the same prompts`);
+  if (n === 0 && cfg.context) throw new Error(`--context ${cfg.context} is read only with --context_attempts > 0 (how many of a prompt's attempts the critic reads)`);
+  if (n === 0) return planned.map((s) => [...s.ids]);
+  if (!existsSync(cfg.context)) throw new Error(`--context ${cfg.context}: no such file`);
+  const rows = await readTrajectories(cfg.context);
+  const where = `--context ${cfg.context}`;
+  const ids = new Map(planned.map((s) => [s.promptIdx, s.ids]));
+  const byPrompt = new Map<number, CriticAttempt[]>();
+  rows.forEach((r, i) => {
+    const prompt = ids.get(r.prompt_idx);
+    const attempts = byPrompt.get(r.prompt_idx) ?? [];
+    if (!prompt || attempts.length >= n) return;
+    const own = Array.from(r.prompt_token_ids);
+    if (own.length !== prompt.length || own.some((t, k) => t !== prompt[k])) throw new Error(`${where}: row ${i} (prompt_idx ${r.prompt_idx}) has other prompt tokens than --data's prompt ${r.prompt_idx} as the policy renders it (a context file of other prompts, or another tokenizer or --prompt_format)`);
+    byPrompt.set(r.prompt_idx, [...attempts, { tokens: Array.from(r.output_token_ids), reward: rowReward(r, i, where) }]);
+  });
+  for (const p of ids.keys()) {
+    const k = byPrompt.get(p)?.length ?? 0;
+    if (k < n) throw new Error(`${where}: prompt_idx ${p} has ${k} attempts, fewer than --context_attempts ${n}`);
+  }
+  return planned.map((s) => contextPrefix(s.ids, byPrompt.get(s.promptIdx)!, encode));
+}
+
 /** One sample to draw per (prompt, sample index), its noise stream p·samples + j. */
 function plan(model: RunModel, prompts: readonly TrajectoryPrompt[], samples: number) {
   return prompts.flatMap((p, i) => {
@@ -160,8 +199,9 @@ export async function runExtractGenerate(cfg: ExtractGenerateConfig, events: Ext
   const { policy, models } = await openModels(cfg);
   try {
     const planned = plan(policy, prompts, cfg.samples);
+    const prefixes = await criticPrefixes(cfg, planned, (t) => policy.tokenizer.encode(t));
     const samples = await qWeightedSample(
-      planned.map((s) => ({ prompt: s.ids, criticPrefix: contextPrefix(s.ids, [], () => []), key: s.key })),
+      planned.map((s, i) => ({ prompt: s.ids, criticPrefix: prefixes[i], key: s.key })),
       models,
       { tau: cfg.tau, maxTokens: cfg.max_new_tokens, seed: cfg.seed, stopIds: stopIdsOf(policy), batchSize: cfg.batch_size, onStep: (tokens, done, total) => events.onProgress?.(done, total, tokens) },
     );
@@ -439,13 +479,14 @@ export async function runExtractEval(cfg: ExtractEvalConfig, events: ExtractProg
   const { policy, models } = await openModels(cfg);
   try {
     const planned = plan(policy, prompts, cfg.samples);
+    const prefixes = await criticPrefixes(cfg, planned, (t) => policy.tokenizer.encode(t));
     const q = cfg.sampler === 'q_weighted';
     const samples = await qWeightedSample(
-      planned.map((s) => ({ prompt: s.ids, key: s.key })),
+      planned.map((s, i) => ({ prompt: s.ids, criticPrefix: prefixes[i], key: s.key })),
       models,
       { tau: q ? cfg.tau : Infinity, score: q, maxTokens: cfg.max_new_tokens, seed: cfg.seed, stopIds: stopIdsOf(policy), batchSize: cfg.batch_size, onStep: (tokens, done, total) => events.onProgress?.(done, total, tokens) },
     );
-    const scores = await finalQ(models, planned.map((s) => s.ids), samples, cfg.batch_size);
+    const scores = await finalQ(models, prefixes, samples, cfg.batch_size);
     const perPrompt: { correct: boolean; score: number; answer: string | null }[][] = prompts.map(() => []);
     for (const [i, s] of planned.entries()) {
       const response = policy.tokenizer.decode(samples[i].output.filter((t) => t !== policy.tokenizer.eosId));
