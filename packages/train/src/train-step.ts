@@ -124,6 +124,19 @@ export function compileTrainStep(spec: TrainStepSpec): TrainStepGraphs {
   return { step, accumulate, apply: compileApply(spec.params, spec.optimizer, update), batchInputs: fb.batchInputs, metrics: Object.keys(fb.metrics) };
 }
 
+/**
+ * Forward and backward alone: the loss, its metrics and each parameter's gradient as outputs
+ * `grad/<p>` (no update, no running sum to add to): what ZeRO reduce-scatters after each micro-batch.
+ */
+export function compileGradients(spec: TrainStepSpec): Graph {
+  const g = new L.Graph('train_gradients');
+  const fb = forwardBackward(spec, g);
+  g.output(fb.loss, 'loss');
+  for (const [k, t] of Object.entries(fb.metrics)) g.output(t, k);
+  spec.params.forEach((p, i) => g.output(fb.grads[i], stateNames.grad(p.name)));
+  return g;
+}
+
 /** The `apply` graph alone: AdamW from accumulated gradients (scaled by `grad_scale`), no loss needed. */
 export function compileApply(params: TrainableParam[], optimizer?: AdamWConfig, update: AdamWUpdate = adamwUpdate): Graph {
   const apply = new L.Graph('train_apply');

@@ -16,7 +16,7 @@ import { Device, type Binding, type DeviceTensor, type HostTensor, type Session,
 import { Kernels } from '@lathe/kernels';
 import { fusedAdamWNode, type FusedAdamWNode } from './fused-adamw';
 import { biasCorrections } from './schedule';
-import { compileApply, compileTrainStep, stateNames, type TrainStepGraphs, type TrainStepSpec } from './train-step';
+import { compileApply, compileGradients, compileTrainStep, stateNames, type TrainStepGraphs, type TrainStepSpec } from './train-step';
 import { shardLayout, paramShard, type ShardCollectives, type ShardSlot } from './zero';
 
 /** A batch input: host data (copied at bind time) or a device tensor (bound by address). */
@@ -146,22 +146,29 @@ interface TrainerParts {
 interface ZeroParts {
   collectives: ShardCollectives;
   layout: ShardSlot[];
-  /** shards[a]: this rank's master-weight and moment shards, double-buffered as the full state is. */
+  /** shards[s]: this rank's master-weight and moment shards, double-buffered as the full state is. */
   shards: [Map<string, Buffers>, Map<string, Buffers>];
   /** The shard set the next update reads. */
   current: number;
-  /** This rank's summed gradient shards. */
-  gradShards: Map<string, DeviceTensor>;
+  /** One micro-batch's full gradients (one buffer: each micro-batch's are reduce-scattered before the next runs). */
+  grads: Map<string, DeviceTensor>;
+  /** The forward and backward of a micro-batch into `grads`. */
+  gradients: Binding;
+  /** gradShards[a]: this rank's summed gradient shards, double-buffered for the sum over micro-batches. */
+  gradShards: [Map<string, DeviceTensor>, Map<string, DeviceTensor>];
+  /** A later micro-batch's reduce-scattered shards, and add[a]: gradShards[a] + received → gradShards[1 − a] (micro-batches > 1). */
+  received?: Map<string, DeviceTensor>;
+  add?: Binding[];
   /** Padded parameters: [worldSize × shard] buffers for the gradient sent and the values gathered. */
   padded: Map<string, DeviceTensor>;
-  /** pad[j]: copies gradient buffer j of the padded parameters into `padded` (none when nothing is padded). */
-  pad?: Binding[];
+  /** Copies the padded parameters' gradients into `padded` (none when nothing is padded). */
+  pad?: Binding;
   /** Copies the gathered values of the padded parameters into the parameters. */
   unpad?: Binding;
-  /** Sum of squares of the gradient shards → host. */
-  norm: Binding;
-  /** update[a]: AdamW on shard set a → 1 − a, gradients scaled by the host clip coefficient. */
-  update: Binding[];
+  /** norm[a]: sum of squares of gradShards[a] → host. */
+  norm: Binding[];
+  /** update[s][a]: AdamW on shard set s with gradShards[a] → shard set 1 − s, gradients scaled by the host clip coefficient. */
+  update: Binding[][];
   maxGradNorm: number;
   /** A scalar placeholder for the full state's unused moment slots. */
   placeholder: DeviceTensor;
@@ -254,7 +261,13 @@ export class Trainer {
         else b.v.fill(0);
       }
       const trainer = (() => {
-        if (microBatches === 1 && !opts.onGradients && !opts.zero) {
+        if (opts.zero) {
+          const z = buildZero(opts.zero, spec, init, device, sets[0], frozen, microBatches, graphs.metrics, placeholder!, { ...opts.session, ...(fused ? { customOpDomains: sessionOpts.customOpDomains } : {}) }, fused);
+          const t = new Trainer({ graphs, device, names, sets, microBatches, step: init.step ?? 0, batchInputs, fused, zero: z.parts });
+          for (const s of z.sessions) t.own(s);
+          return t;
+        }
+        if (microBatches === 1 && !opts.onGradients) {
           const session = device.compile(graphs.step, sessionOpts);
           const fixed: StaticBuffers | undefined = staticInputs
             ? {
@@ -284,7 +297,7 @@ export class Trainer {
           Map<string, DeviceTensor>,
         ];
         const accumulate = device.compile(graphs.accumulate, sessionOpts);
-        const apply = opts.zero ? undefined : device.compile(graphs.apply, sessionOpts);
+        const apply = device.compile(graphs.apply, sessionOpts);
         // Every step's first micro-batch adds into gradient buffer 0, so it is zeroed after each
         // apply by one run writing zeros to all of them, since a fill per tensor is a session run
         // each on CUDA. No graph optimization, or ORT would fold the zeros into weight-sized
@@ -310,7 +323,6 @@ export class Trainer {
         );
         const applyBindings = [0, 1].map((k) =>
           [0, 1].map((j) => {
-            if (!apply) return undefined as unknown as Binding;
             const b = apply.binding();
             bindState(b, sets[k], sets[1 - k], names);
             for (const n of names) b.input(stateNames.grad(n), grads[j].get(n)!);
@@ -319,13 +331,10 @@ export class Trainer {
             return b;
           }),
         );
-        const zeroParts = opts.zero ? buildZero(opts.zero, spec, init, device, grads, sets[0], placeholder!, { ...opts.session, ...(fused ? { customOpDomains: sessionOpts.customOpDomains } : {}) }, fused) : undefined;
-        const t = new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings: apply ? applyBindings : undefined, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients, fused, zero: zeroParts?.parts })
+        return new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients, fused })
           .own(accumulate)
+          .own(apply)
           .own(zero);
-        if (apply) t.own(apply);
-        for (const s of zeroParts?.sessions ?? []) t.own(s);
-        return t;
       })();
       return trainer;
     } catch (e) {
@@ -441,24 +450,40 @@ export class Trainer {
     if (this.disposed) throw new Error('Trainer: disposed');
     if (batches.length !== this.microBatches) throw new Error(`trainStep: ${batches.length} micro-batches given, the trainer was built for ${this.microBatches}`);
     const z = this.parts.zero!;
-    const acc = this.accumulateRuns(batches, this.current);
-    const t0 = performance.now();
-    const grads = this.parts.grads![acc.j];
-    z.pad?.[acc.j].runSync();
-    for (const s of z.layout) await z.collectives.reduceScatter(s.padded ? z.padded.get(s.name)! : grads.get(s.name)!, z.gradShards.get(s.name)!, 'sum');
-    // every step's first micro-batch reads gradient buffer 0: it must hold zeros again
-    this.parts.zeroGradients!.runSync();
-    z.norm.runSync();
-    const host = Float64Array.from([...acc.sums, z.norm.scalar('sumsq')]);
-    await z.collectives.allReduceHost(host, 'sum');
-    const sums = host.subarray(0, acc.sums.length);
-    const gradNorm = Math.sqrt(host[host.length - 1]);
-    const result = { loss: sums[0], gradNorm, metrics: this.metricsOf(sums), hostMs: acc.hostMs, runMs: acc.runMs };
+    const sums = new Float64Array(1 + this.graphs.metrics.length + 1);
+    let hostMs = 0;
+    let runMs = 0;
+    let a = 0;
+    for (const [i, batch] of batches.entries()) {
+      const t0 = performance.now();
+      bindBatch(z.gradients, batch, this.batchInputs);
+      const t1 = performance.now();
+      z.gradients.runSync();
+      sums[0] += z.gradients.scalar('loss');
+      this.graphs.metrics.forEach((m, k) => (sums[k + 1] += z.gradients.scalar(m)));
+      z.pad?.runSync();
+      // the first micro-batch's shards land in the sum's buffer; later ones are added to it
+      const into = i === 0 ? z.gradShards[0] : z.received!;
+      for (const s of z.layout) await z.collectives.reduceScatter(s.padded ? z.padded.get(s.name)! : z.grads.get(s.name)!, into.get(s.name)!, 'sum');
+      if (i > 0) {
+        z.add![a].runSync();
+        a = 1 - a;
+      }
+      hostMs += t1 - t0;
+      runMs += performance.now() - t1;
+    }
+    const t2 = performance.now();
+    z.norm[a].runSync();
+    sums[sums.length - 1] = z.norm[a].scalar('sumsq');
+    await z.collectives.allReduceHost(sums, 'sum');
+    const gradNorm = Math.sqrt(sums[sums.length - 1]);
+    const result = { loss: sums[0], gradNorm, metrics: this.metricsOf(sums), hostMs, runMs };
+    // a non-finite loss (the same on every rank: it is summed) leaves the weights as they were, as `adopt` does
     if (!Number.isFinite(result.loss)) return result;
     // torch's clip_grad_norm_: coefficient max_norm / (norm + 1e-6), applied only when below 1
     const coef = z.maxGradNorm > 0 ? Math.min(z.maxGradNorm / (gradNorm + 1e-6), 1) : 1;
     const { bc1, bc2 } = biasCorrections(this.optimizerStep + 1);
-    const u = z.update[z.current];
+    const u = z.update[z.current][a];
     u.input('lr', f32(lr)).input('bc1', f32(bc1)).input('bc2', f32(bc2)).input('grad_scale', f32(coef));
     u.runSync();
     this.parts.fused?.check();
@@ -466,7 +491,7 @@ export class Trainer {
     const params = this.parts.sets[0];
     for (const s of z.layout) await z.collectives.allGather(z.shards[z.current].get(s.name)!.p, s.padded ? z.padded.get(s.name)! : params.get(s.name)!.p);
     z.unpad?.runSync();
-    result.runMs += performance.now() - t0;
+    result.runMs += performance.now() - t2;
     this.optimizerStep++;
     return result;
   }
@@ -632,7 +657,7 @@ export class Trainer {
     if (z) {
       for (const b of this.parts.sets[0].values()) n += b.p.byteLength;
       for (const set of z.shards) for (const b of set.values()) n += b.p.byteLength + b.m.byteLength + b.v.byteLength;
-      for (const t of [...z.gradShards.values(), ...z.padded.values()]) n += t.byteLength;
+      for (const t of [...z.grads.values(), ...z.gradShards[0].values(), ...z.gradShards[1].values(), ...(z.received?.values() ?? []), ...z.padded.values()]) n += t.byteLength;
     } else for (const set of this.parts.sets) for (const b of set.values()) n += b.p.byteLength + b.m.byteLength + b.v.byteLength;
     for (const g of this.parts.grads ?? []) for (const t of g.values()) n += t.byteLength;
     return n;
@@ -755,22 +780,26 @@ function shardParams(layout: readonly ShardSlot[]): TrainStepSpec['params'] {
 
 /**
  * ZeRO-1's buffers and runs: this rank's shards of the master weights and moments (from `init`,
- * the whole state as one process holds it), the gradient shards, the padding copies, the norm and
- * the update of the shards.
+ * the whole state as one process holds it), one micro-batch's full gradients and the forward and
+ * backward that writes them, the gradient shards and their sum over micro-batches, the padding
+ * copies, the norm and the update of the shards.
  */
 function buildZero(
   collectives: ShardCollectives,
   spec: TrainStepSpec,
   init: TrainerInit,
   device: Device,
-  grads: [Map<string, DeviceTensor>, Map<string, DeviceTensor>],
   params: Map<string, Buffers>,
+  frozen: Record<string, BatchTensor>,
+  microBatches: number,
+  metrics: readonly string[],
   placeholder: DeviceTensor,
   session: SessionOptions,
   fused: FusedAdamWNode | undefined,
 ): { parts: ZeroParts; sessions: Session[] } {
   const { rank, worldSize } = collectives;
   const layout = shardLayout(spec.params, worldSize);
+  const names = layout.map((s) => s.name);
   const sessions: Session[] = [];
   const tensors: DeviceTensor[] = [];
   const keep = <T extends DeviceTensor>(t: T): T => (tensors.push(t), t);
@@ -792,7 +821,10 @@ function buildZero(
         }),
       ),
     ) as [Map<string, Buffers>, Map<string, Buffers>];
-    const gradShards = new Map(layout.map((s) => [s.name, keep(device.zeros('float32', [s.shard]))]));
+    const shardBuffers = () => new Map(layout.map((s) => [s.name, keep(device.zeros('float32', [s.shard]))]));
+    const gradShards: [Map<string, DeviceTensor>, Map<string, DeviceTensor>] = [shardBuffers(), microBatches > 1 ? shardBuffers() : new Map()];
+    const received = microBatches > 1 ? shardBuffers() : undefined;
+    const grads = new Map(layout.map((s) => [s.name, keep(device.empty('float32', s.shape))]));
     const padded = new Map(layout.filter((s) => s.padded).map((s) => [s.name, keep(device.zeros('float32', [s.shard * worldSize]))]));
     const plain = { ...session, cudaGraph: false, optimization: 'disabled' as const };
     const compile = (g: L.Graph, name: string, opts: SessionOptions = plain) => {
@@ -800,7 +832,12 @@ function buildZero(
       sessions.push(x);
       return x;
     };
-    let pad: Binding[] | undefined;
+    const gradients = compile(compileGradients(spec), 'zero-gradients', { ...session, cudaGraph: false }).binding();
+    for (const n of names) gradients.input(n, params.get(n)!.p).output(stateNames.grad(n), grads.get(n)!);
+    bindFrozen(gradients, frozen);
+    gradients.output('loss', 'host');
+    for (const m of metrics) gradients.output(m, 'host');
+    let pad: Binding | undefined;
     let unpad: Binding | undefined;
     const paddedSlots = layout.filter((s) => s.padded);
     if (paddedSlots.length) {
@@ -813,32 +850,43 @@ function buildZero(
         const gathered = u.input(s.name, 'float32', [s.shard * worldSize]);
         u.output(L.reshape(L.slice(gathered, [0], [0], [s.size]), s.shape), `unpadded/${s.name}`);
       }
-      const padSession = compile(g, 'zero-pad');
-      pad = [0, 1].map((j) => {
-        const b = padSession.binding();
-        for (const s of paddedSlots) b.input(s.name, grads[j].get(s.name)!).output(`padded/${s.name}`, padded.get(s.name)!);
-        return b;
-      });
+      pad = compile(g, 'zero-pad').binding();
+      for (const s of paddedSlots) pad.input(s.name, grads.get(s.name)!).output(`padded/${s.name}`, padded.get(s.name)!);
       unpad = compile(u, 'zero-unpad').binding();
       for (const s of paddedSlots) unpad.input(s.name, padded.get(s.name)!).output(`unpadded/${s.name}`, params.get(s.name)!.p);
+    }
+    let add: Binding[] | undefined;
+    if (received) {
+      const g = new L.Graph('zero_add_shards');
+      for (const s of layout) g.output(L.add(g.input(`acc/${s.name}`, 'float32', [s.shard]), g.input(`new/${s.name}`, 'float32', [s.shard])), `sum/${s.name}`);
+      const x = compile(g, 'zero-add-shards');
+      add = [0, 1].map((a) => {
+        const b = x.binding();
+        for (const n of names) b.input(`acc/${n}`, gradShards[a].get(n)!).input(`new/${n}`, received.get(n)!).output(`sum/${n}`, gradShards[1 - a].get(n)!);
+        return b;
+      });
     }
     const ng = new L.Graph('zero_grad_sumsq');
     const squares = layout.map((s) => L.reduceSumSquare(ng.input(s.name, 'float32', [s.shard])));
     ng.output(squares.reduce((a, b) => L.add(a, b)), 'sumsq');
-    const norm = compile(ng, 'zero-grad-sumsq').binding();
-    for (const s of layout) norm.input(s.name, gradShards.get(s.name)!);
-    norm.output('sumsq', 'host');
-    // clipping is the host's coefficient fed as grad_scale (the shards' own norm is not the global one)
-    const applyGraph = compileApply(shardParams(layout), { ...spec.optimizer, maxGradNorm: 0 }, fused?.update);
-    const apply = compile(applyGraph, 'zero-apply', { ...session, name: 'zero-apply' });
-    const update = [0, 1].map((a) => {
-      const b = apply.binding();
-      bindState(b, shards[a], shards[1 - a], layout.map((s) => s.name));
-      for (const s of layout) b.input(stateNames.grad(s.name), gradShards.get(s.name)!);
-      b.output('grad_norm', 'host');
-      return b;
+    const normSession = compile(ng, 'zero-grad-sumsq');
+    const sets = received ? [0, 1] : [0];
+    const norm = sets.map((a) => {
+      const b = normSession.binding();
+      for (const n of names) b.input(n, gradShards[a].get(n)!);
+      return b.output('sumsq', 'host');
     });
-    return { parts: { collectives, layout, shards, current: 0, gradShards, padded, pad, unpad, norm, update, maxGradNorm: spec.optimizer?.maxGradNorm ?? 0, placeholder }, sessions };
+    // clipping is the host's coefficient fed as grad_scale (the shards' own norm is not the global one)
+    const apply = compile(compileApply(shardParams(layout), { ...spec.optimizer, maxGradNorm: 0 }, fused?.update), 'zero-apply', session);
+    const update = [0, 1].map((s) =>
+      sets.map((a) => {
+        const b = apply.binding();
+        bindState(b, shards[s], shards[1 - s], names);
+        for (const n of names) b.input(stateNames.grad(n), gradShards[a].get(n)!);
+        return b.output('grad_norm', 'host');
+      }),
+    );
+    return { parts: { collectives, layout, shards, current: 0, grads, gradients, gradShards, received, add, padded, pad, unpad, norm, update, maxGradNorm: spec.optimizer?.maxGradNorm ?? 0, placeholder }, sessions };
   } catch (e) {
     for (const x of sessions) x.dispose();
     for (const t of tensors) t.dispose();
@@ -848,5 +896,5 @@ function buildZero(
 
 function disposeZero(z: ZeroParts): void {
   for (const set of z.shards) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
-  for (const t of [...z.gradShards.values(), ...z.padded.values(), z.placeholder]) t.dispose();
+  for (const t of [...z.grads.values(), ...z.gradShards[0].values(), ...z.gradShards[1].values(), ...(z.received?.values() ?? []), ...z.padded.values(), z.placeholder]) t.dispose();
 }

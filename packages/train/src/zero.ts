@@ -2,8 +2,12 @@
  * ZeRO stage 1 (Rajbhandari et al., 2020): the AdamW moments and an fp32 master copy of the
  * parameters are split over the ranks of a data-parallel job, so each rank keeps 1/N of them.
  * Each parameter is cut on its own into N equal shards of ⌈size/N⌉ elements (the last zero-padded):
- * gradients are reduce-scattered so rank r holds the summed gradient of shard r, rank r runs AdamW
- * on its shards, and the updated shards are all-gathered back into every rank's full parameters.
+ * each micro-batch's gradients are reduce-scattered so rank r holds the summed gradient of shard r
+ * (one full-size gradient buffer, where unsharded accumulation keeps two), rank r runs AdamW on its
+ * shards, and the updated shards are all-gathered back into every rank's full parameters, which
+ * are kept once (unsharded training double-buffers them). A rank holds 2P + 7P/N bytes of
+ * weights, gradient and shards (P: the float32 parameters; 2P + 9P/N with micro-batches) where
+ * unsharded data parallelism holds 8P.
  * Zero padding stays zero through AdamW (zero gradient, zero moments, zero value), so the padded
  * elements never leak into the parameters.
  *
