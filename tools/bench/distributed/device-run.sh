@@ -6,7 +6,8 @@
 #                Lathe then PyTorch DDP (torchrun) on each count; prints one line per run.
 #   zero N     : ZeRO-1 on N GPUs against 1 GPU (fp32, composed attention, TF32 off; STEPS, default 5): the parity
 #                verdict (≤ 1e-5 relative), then each rank's AdamW moment bytes, trainer state bytes and device memory,
-#                with the unsharded 1-GPU numbers beside them (SHAPE: 0.6b by default, 1.7b to show what sharding saves).
+#                with the unsharded numbers beside them, 1 GPU and N GPUs (SHAPE: 0.6b by default, 1.7b to show what
+#                sharding saves; SEQ 256 by default).
 #   order N    : NCCL's stream vs ORT's: an all-reduce read by the next ORT run, with the wait (0 wrong
 #                reads expected) and without it (wrong reads expected: what the wait prevents).
 # Every process gets NCCL_NVLS_ENABLE=0. Results go to $OUT (default /tmp/dp) as JSON lines. DP_ARGS adds dp-check
@@ -46,11 +47,15 @@ case "$mode" in
     args="${DP_ARGS:-} --shape ${SHAPE:-0.6b} --compute float32 --steps ${STEPS:-5} --batch 8 --seq ${SEQ:-256} --warmup 1"
     node $B/dp-check.js $args --out "$OUT/zero-one.json" > /dev/null
     node $B/dp-launch.js --gpus "$N" --master_port $((29800 + N)) -- node $B/dp-check.js $args --zero 1 --reference "$OUT/zero-one.json" --out "$OUT/zero-$N.json" > "$OUT/zero-$N-ranks.txt"
+    # unsharded data parallelism on the same N GPUs, for its memory per rank
+    node $B/dp-launch.js --gpus "$N" --master_port $((29810 + N)) -- node $B/dp-check.js $args --zero 0 --out "$OUT/zero0-$N.json" > /dev/null
     node -e "
       const fs=require('fs'); const one=require('$OUT/zero-one.json'); const r=require('$OUT/zero-$N.json');
       console.log(JSON.stringify({zero:1, world:r.world, parity:r.parity, losses_1:one.losses, losses_n:r.losses, tok_s_1:one.tokens_per_s, tok_s_n:r.tokens_per_s}));
       const ranks=fs.readFileSync('$OUT/zero-$N-ranks.txt','utf8').trim().split(String.fromCharCode(10)).filter(l=>l.includes('{')).map(l=>JSON.parse(l.slice(l.indexOf('{'))));
+      const dp=require('$OUT/zero0-$N.json');
       console.log(JSON.stringify({world:1, moment_bytes:one.moment_bytes, state_bytes:one.state_bytes, memory:one.memory}));
+      console.log(JSON.stringify({world:dp.world, zero:0, rank:0, moment_bytes:dp.moment_bytes, state_bytes:dp.state_bytes, memory:dp.memory, tok_s:dp.tokens_per_s}));
       for (const x of ranks) console.log(JSON.stringify({world:x.world, rank:x.rank, moment_bytes:x.moment_bytes, moment_ratio:+(x.moment_bytes/one.moment_bytes).toFixed(4), state_bytes:x.state_bytes, memory:x.memory}));
     "
     ;;
