@@ -128,6 +128,7 @@ function referenceStepGraph(cfg: DecoderConfig, compute: DType, k: number): Grap
   const [values, indices] = L.topK(L.logSoftmax(logits, -1), Math.min(k, cfg.vocabSize), -1);
   g.output(values, 'top_logprobs');
   g.output(indices, 'top_ids');
+  g.output(L.entropy(logits), 'entropies');
   return g;
 }
 
@@ -349,15 +350,16 @@ export async function openCachedSession(o: CachedSessionOptions, batch: readonly
   const session: StepSession = {
     async candidates(): Promise<Candidates[]> {
       const feeds = ref.stepFeeds(BigInt64Array.from(ref.pending.map(BigInt)), BigInt64Array.from(ref.position.map(BigInt)), 1, () => true);
-      const host = await runInPlace(o.graphs.referenceStep, feeds, ref.cfg, ref.caches, ['top_logprobs', 'top_ids']);
+      const host = await runInPlace(o.graphs.referenceStep, feeds, ref.cfg, ref.caches, ['top_logprobs', 'top_ids', 'entropies']);
       ref.consumed();
       const k = host.top_ids.dims[1];
       const values = host.top_logprobs.data as Float32Array;
       const top = host.top_ids.data as BigInt64Array;
+      const entropies = host.entropies.data as Float32Array;
       return Array.from({ length: B }, (_, b) => {
         const c = minPCandidates(top.subarray(b * k, b * k + k), values.subarray(b * k, b * k + k), o.minP);
         const keep = c.ids.map((id, j) => (id < o.bins.first_token_id ? j : -1)).filter((j) => j >= 0);
-        return keep.length === c.ids.length ? c : { ids: keep.map((j) => c.ids[j]), logprobs: keep.map((j) => c.logprobs[j]) };
+        return { ...(keep.length === c.ids.length ? c : { ids: keep.map((j) => c.ids[j]), logprobs: keep.map((j) => c.logprobs[j]) }), entropy: entropies[b] };
       });
     },
 

@@ -171,6 +171,7 @@ export class QWeightedModels implements StepModels {
       const [values, indices] = L.topK(L.logSoftmax(logits, -1), Math.min(opts.maxCandidates, cfg.vocabSize), -1);
       ref.output(values, 'top_logprobs');
       ref.output(indices, 'top_ids');
+      ref.output(L.entropy(logits), 'entropies');
     }
     const critic = new L.Graph('extract_critic_tree');
     critic.output(criticTreeProbs(critic, opts.critic.config, opts.bins, weightInputs(critic, opts.critic.config, 'float32', compute).weights), 'cell_probs');
@@ -185,11 +186,12 @@ export class QWeightedModels implements StepModels {
     const K = out.top_ids.dims[1];
     const values = out.top_logprobs.data as Float32Array;
     const top = out.top_ids.data as BigInt64Array;
+    const entropies = out.entropies.data as Float32Array;
     const gridStart = this.opts.bins.first_token_id;
     return sequences.map((_, b) => {
       const c = minPCandidates(top.subarray(b * K, b * K + K), values.subarray(b * K, b * K + K), this.opts.minP);
       const keep = c.ids.map((id, k) => (id < gridStart ? k : -1)).filter((k) => k >= 0);
-      return keep.length === c.ids.length ? c : { ids: keep.map((k) => c.ids[k]), logprobs: keep.map((k) => c.logprobs[k]) };
+      return { ...(keep.length === c.ids.length ? c : { ids: keep.map((k) => c.ids[k]), logprobs: keep.map((k) => c.logprobs[k]) }), entropy: entropies[b] };
     });
   }
 

@@ -24,6 +24,8 @@ export interface CandidateEstimate {
 export interface Candidates {
   ids: number[];
   logprobs: number[];
+  /** The entropy (nats) of the reference policy's whole next-token distribution they come from, where the models give it. */
+  entropy?: number;
 }
 
 /** What the sampler asks of the models at each step. */
@@ -108,6 +110,8 @@ export interface QSample {
   candidate_q_values: number[][];
   candidate_remaining: number[][];
   candidate_ref_logprobs: number[][];
+  /** The reference policy's next-token entropy at each step (NaN when the models give none). */
+  token_entropies: number[];
   finish_reason: 'stop' | 'length';
 }
 
@@ -119,7 +123,7 @@ export async function qWeightedSample(requests: readonly QSampleRequest[], model
   if (!score && Number.isFinite(opts.tau)) throw new Error(`Q-weighted sampling: tau ${opts.tau} needs the critic's scores (score: false samples π_ref, tau Infinity)`);
   const stop = new Set(opts.stopIds);
   const size = opts.batchSize ?? Math.max(1, requests.length);
-  const out: QSample[] = requests.map(() => ({ output: [], token_q_values: [], token_remaining: [], candidate_ids: [], candidate_q_values: [], candidate_remaining: [], candidate_ref_logprobs: [], finish_reason: 'length' }));
+  const out: QSample[] = requests.map(() => ({ output: [], token_q_values: [], token_remaining: [], candidate_ids: [], candidate_q_values: [], candidate_remaining: [], candidate_ref_logprobs: [], token_entropies: [], finish_reason: 'length' }));
   let tokens = 0;
   let done = 0;
   const limits: SessionLimits = {
@@ -170,6 +174,7 @@ export async function qWeightedSample(requests: readonly QSampleRequest[], model
           s.candidate_q_values.push(score ? qs[i] : []);
           s.candidate_remaining.push(score ? est[i].map((e) => e.remaining) : []);
           s.candidate_ref_logprobs.push(c.logprobs);
+          s.token_entropies.push(c.entropy ?? NaN);
           tokens++;
           if (stop.has(c.ids[j])) s.finish_reason = 'stop';
           else next.push(r);

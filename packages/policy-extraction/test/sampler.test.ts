@@ -131,6 +131,8 @@ test('compiled step models: min-p candidates of the reference and Q of prefix + 
       const want = p.map((v, id) => ({ v, id })).filter((e) => e.v >= 0.2 * Math.max(...p)).sort((x, y) => y.v - x.v);
       expect(cands[b].ids).toEqual(want.map((e) => e.id));
       cands[b].logprobs.forEach((lp, k) => expect(lp).toBeCloseTo(Math.log(want[k].v), 4));
+      // the entropy of the whole next-token distribution, not of the candidates alone
+      expect(cands[b].entropy).toBeCloseTo(-p.reduce((a, v) => a + (v > 0 ? v * Math.log(v) : 0), 0), 4);
     }
     const prefixes = [[5, 6, 7, 8], [10, 11]];
     const qs = await models.scores(prefixes, cands.map((c) => c.ids));
@@ -194,6 +196,8 @@ test('KV-cached steps give the samples, candidates, reference log-probs, Q and r
       a.forEach((s, i) =>
         s.output.forEach((_, t) => {
           s.candidate_ref_logprobs[t].forEach((lp, k) => expect(lp).toBeCloseTo(b[i].candidate_ref_logprobs[t][k], 4));
+          expect(s.token_entropies[t]).toBeCloseTo(b[i].token_entropies[t], 4);
+          expect(s.token_entropies[t]).toBeGreaterThan(0);
           s.candidate_q_values[t].forEach((q, k) => expect(q).toBeCloseTo(b[i].candidate_q_values[t][k], 4));
           if (Number.isFinite(tau)) {
             s.candidate_remaining[t].forEach((r, k) => expect(r).toBeCloseTo(b[i].candidate_remaining[t][k], 3));
