@@ -117,6 +117,23 @@ async function runClients(o: { url: string; model: string; prompts: number[][]; 
   return { ttft: outs.flatMap((x) => x.ttft), itl: outs.flatMap((x) => x.itl), tokens: outs.reduce((n, x) => n + x.tokens, 0), seconds };
 }
 
+/** Prefills by prompt count: how many, and their mean host-preparation and run milliseconds. */
+function prefillSummary(log: readonly { prompts: number; prepareMs: number; runMs: number }[]) {
+  const by = new Map<number, { n: number; prepare: number; run: number }>();
+  for (const p of log) {
+    const e = by.get(p.prompts) ?? { n: 0, prepare: 0, run: 0 };
+    e.n++;
+    e.prepare += p.prepareMs;
+    e.run += p.runMs;
+    by.set(p.prompts, e);
+  }
+  return {
+    count: log.length,
+    total_ms: Math.round(log.reduce((t, p) => t + p.prepareMs + p.runMs, 0)),
+    by_prompts: Object.fromEntries([...by].sort((a, b) => a[0] - b[0]).map(([k, e]) => [k, { n: e.n, prepare_ms: +(e.prepare / e.n).toFixed(1), run_ms: +(e.run / e.n).toFixed(1) }])),
+  };
+}
+
 /** Output tokens/s of `clients` loops of `rounds` requests each, submitted straight to the scheduler. */
 async function direct(scheduler: Scheduler, prompts: number[][], clients: number, rounds: number, maxNew: number, temperature: number): Promise<number> {
   let tokens = 0;
@@ -166,6 +183,7 @@ async function main(): Promise<void> {
     const prompts = makePrompts(clients * rounds, promptLen, clients);
     const stepsBefore = running.models[0].scheduler.counters.steps;
     const timingsBefore = { ...running.models[0].scheduler.timings };
+    const prefillsBefore = running.models[0].scheduler.engine.prefillLog.length;
     const loopMs = () => Object.fromEntries(Object.entries(running.models[0].scheduler.timings).map(([k, v]) => [k, Math.round(v - timingsBefore[k as keyof typeof timingsBefore])]));
     const { ttft, itl, tokens, seconds } = await runClients({ url: running.url, model: id, prompts, clients, rounds, maxNew, temperature, threads: Math.min(clientThreads, clients) });
     const level: Record<string, unknown> = {
@@ -179,10 +197,14 @@ async function main(): Promise<void> {
       itl_ms: { p50: ms(quantile(itl, 0.5)), p99: ms(quantile(itl, 0.99)) },
       decode_steps: running.models[0].scheduler.counters.steps - stepsBefore,
       loop_ms: loopMs(),
+      prefills: prefillSummary(running.models[0].scheduler.engine.prefillLog.slice(prefillsBefore)),
     };
     if (flag('direct')) {
       const before = { ...running.models[0].scheduler.timings };
+      const log = running.models[0].scheduler.engine.prefillLog;
+      const at = log.length;
       level.direct_tokens_per_s = +(await direct(running.models[0].scheduler, prompts, clients, rounds, maxNew, temperature)).toFixed(1);
+      level.direct_prefills = prefillSummary(log.slice(at));
       level.direct_loop_ms = Object.fromEntries(Object.entries(running.models[0].scheduler.timings).map(([k, v]) => [k, Math.round(v - before[k as keyof typeof before])]));
     }
     results.push(level);

@@ -108,6 +108,8 @@ export class SlotEngine {
   private inFlight: { binding: Binding; busy: number[]; states: SlotState[]; top: boolean } | undefined;
   /** Decode steps and prefills run so far. */
   readonly counters = { steps: 0, prefills: 0, prefilledPrompts: 0 };
+  /** Each prefill's prompts, width and milliseconds (host preparation, then the run with its read-back), newest last; the last 1,000 are kept. */
+  readonly prefillLog: { prompts: number; rows: number; width: number; prepareMs: number; runMs: number }[] = [];
 
   private constructor(
     readonly config: DecoderConfig,
@@ -319,6 +321,7 @@ export class SlotEngine {
       if (bad !== undefined) throw new Error(`admission ${i}: token id ${bad} is outside the vocabulary (0..${V - 1})`);
       a.rows.forEach((r) => this.checkRow(r));
     });
+    const started = performance.now();
     const B = admissions.length;
     const P = Math.max(...admissions.map((a) => a.prompt.length));
     const KV = this.config.numKvHeads;
@@ -356,10 +359,13 @@ export class SlotEngine {
       b.input('min_p', hostTensor('float32', [E], flat.map((r) => r.minP)));
       b.input('uniform', hostTensor('float32', [E], flat.map((r) => uniformAt(r.row.seed, r.row.key, 0))));
       this.opts.beforeRun?.('prefill', B);
+      const run = performance.now();
       b.runSync();
       this.counters.prefills++;
       this.counters.prefilledPrompts += B;
       out = this.read(b, flat.map((r) => r.slot), flat.map((r) => r.row.topLogprobs ?? 0), top ? this.opts.maxTopLogprobs : 0, (i) => i);
+      if (this.prefillLog.length >= 1000) this.prefillLog.shift();
+      this.prefillLog.push({ prompts: B, rows: E, width: P, prepareMs: run - started, runMs: performance.now() - run });
     } catch (e) {
       for (const s of slots.flat().reverse()) this.freeList.push(s);
       throw e;
