@@ -8,12 +8,13 @@
  * Shape(Transpose(logits)), which ORT rewrites into a Gather over a shape).
  */
 import * as L from '@lathe/onnx';
-import type { Graph, Tensor } from '@lathe/onnx';
-import { chunkedTargetLogprobs, decoderHidden, MODEL_PRESETS, paramSpecs, parseConfig, type DecoderConfig, type HfConfig } from '@lathe/models';
-import { castWeights, compileTrainStep, sftLoss, type LossBuilder } from '@lathe/train';
+import type { Graph } from '@lathe/onnx';
+import { MODEL_PRESETS, paramSpecs, parseConfig, type DecoderConfig, type HfConfig } from '@lathe/models';
+import { compileTrainStep, sftLoss, type LossBuilder } from '@lathe/train';
 import { decoderPolicy, rlLoss } from '@lathe/grpo';
-import { candidateLogits, extractionLoss } from '@lathe/policy-extraction';
+import { extractionLoss } from '@lathe/policy-extraction';
 import { tinyQwen2, tinyQwen3 } from '../../models/test/tiny';
+import { checkPlacement, historicalMassLoss } from '../../../tools/bench/extract/placement';
 
 const tied = parseConfig(tinyQwen3);
 const untied = parseConfig(tinyQwen2);
@@ -27,24 +28,9 @@ function trainGraphs(config: DecoderConfig, loss: LossBuilder): Graph[] {
 /** Every CPU-placed node of the graphs, one line each ('' when none). */
 const cpuNodes = (graphs: Graph[]) => graphs.map((g) => L.describeCpuPlacement(L.cpuPlacedNodes(L.toModelProto(g)))).filter((s) => s !== '').join('\n');
 
-/** The candidate-mass term as it was: the first candidate by Slice (before c21e79e) or by Gather along K (c21e79e), with or without 602c668's `like`. */
-function historicalMassLoss(config: DecoderConfig, first: 'slice' | 'gather', like: boolean): LossBuilder {
-  return (g, p) => {
-    const ids = g.input('input_ids', 'int64', ['B', 'T']);
-    const mask = g.input('attention_mask', 'int64', ['B', 'T']);
-    const candIds = g.input('candidate_ids', 'int64', ['B', 'T', 'K']);
-    const w = castWeights(p, 'bfloat16');
-    const hidden = decoderHidden(config, w, ids, mask, {});
-    const logits = candidateLogits(config, w, hidden, candIds);
-    const pick = first === 'slice' ? (x: Tensor) => L.squeeze(L.slice(x, [2], [0], [1]), [2]) : (x: Tensor) => L.gather(x, g.constant(0, 'int64', []), 2);
-    const logp0 = L.cast(chunkedTargetLogprobs(config, w, hidden, pick(candIds), { chunk: 16, ...(like ? { like: pick(logits) } : {}) }), logits.dtype);
-    return { loss: L.reduceSum(L.add(L.sub(L.logSumExp(logits, -1), pick(logits)), logp0)) };
-  };
-}
-
 describe('the candidate-mass term as it was is flagged', () => {
   test('first candidate by Slice (before c21e79e): the Slice gradient’s pad arithmetic (Add/Where/Max/Min/Sub/Concat over Shape) is on the CPU', () => {
-    const found = L.cpuPlacedNodes(L.toModelProto(trainGraphs(tied, historicalMassLoss(tied, 'slice', false))[0]));
+    const found = L.cpuPlacedNodes(L.toModelProto(trainGraphs(tied, historicalMassLoss(tied, 'bfloat16', 'slice', false, 16))[0]));
     expect(found.length).toBeGreaterThan(0);
     expect(found.every((n) => n.name.startsWith('grad/Slice_') && n.reason === 'shape computation')).toBe(true);
     expect(found.map((n) => n.opType)).toContain('Concat');
@@ -54,7 +40,7 @@ describe('the candidate-mass term as it was is flagged', () => {
     ['c21e79e (by Gather, the ids’ shape)', false],
     ['602c668 (by Gather, `like` the candidate logits)', true],
   ])('first candidate by Gather along K, %s: Shape(Transpose(logits)) in the Gather’s gradient', (_, like) => {
-    const found = L.cpuPlacedNodes(L.toModelProto(trainGraphs(tied, historicalMassLoss(tied, 'gather', like))[0]));
+    const found = L.cpuPlacedNodes(L.toModelProto(trainGraphs(tied, historicalMassLoss(tied, 'bfloat16', 'gather', like, 16))[0]));
     expect(found.map((n) => [n.opType, n.reason])).toEqual([['Shape', 'Shape of a Transpose']]);
     expect(found[0].name).toMatch(/^grad\/Gather_\d+\//);
   });
@@ -85,3 +71,13 @@ describe('no training graph puts a node on the CPU', () => {
     expect(cpuNodes(trainGraphs(tied, rlLoss(policy, { klCoef: 0.01, entropyCoef: 0.001 }, { reference: true })))).toBe('');
   });
 });
+
+test('the device check (extract-bench.js --placement) on the CPU: every graph opens as a session, the predictions as above', () => {
+  const results = checkPlacement({ device: 'cpu', config: tied, compute: 'float32', chunk: 16 });
+  expect(results.map((r) => r.name)).toEqual(['extract-default', 'extract-kl-alone', 'extract-slice-before-c21e79e', 'extract-gather-602c668', 'sft', 'grpo']);
+  for (const r of results) {
+    expect(r.session).toBe('ok');
+    expect(r.agrees).toBeNull(); // the rule is the CUDA provider's: only a CUDA session can confirm it
+    expect(r.predicted.length > 0).toBe(r.name === 'extract-slice-before-c21e79e' || r.name === 'extract-gather-602c668');
+  }
+}, 60_000);

@@ -14,14 +14,30 @@
  * Random weights give nearly flat next-token distributions, so min-p keeps every token up to
  * --max-candidates: its default 4 stands for a trained policy's typical min-p 0.1 set. No stop
  * tokens: every sample runs to --new-tokens. Prints one JSON line.
+ *
+ * With --placement it checks cpuPlacedNodes against the device instead (placement.ts): every
+ * training graph opened with CPU fallback off, one JSON line per graph ({ name, predicted, session,
+ * agrees }); with --ort-log also the nodes ORT's own log forces to the CPU, for the flagged graphs.
+ *   node extract-bench.js --placement [--preset qwen3-0.6b] [--device cuda] [--compute bfloat16] [--ort-log] [--only a,b]
  */
 import type { DType } from '@lathe/onnx';
-import type { ModelPresetName } from '@lathe/models';
+import { MODEL_PRESETS, parseConfig, type HfConfig, type ModelPresetName } from '@lathe/models';
 import { arg, flag } from '../argv';
 import { measureExtract } from './measure';
+import { checkPlacement, forcedCpuNodes, openWithLog } from './placement';
 
 async function main(): Promise<void> {
   const device = arg('device', 'cuda') as 'cuda' | 'cpu';
+  if (flag('placement') || flag('placement-case')) {
+    const preset = arg('preset', 'qwen3-0.6b') as ModelPresetName;
+    if (!MODEL_PRESETS[preset]) throw new Error(`--preset: one of ${Object.keys(MODEL_PRESETS).join(', ')}`);
+    const o = { device, config: parseConfig(MODEL_PRESETS[preset].config as HfConfig), compute: arg('compute', device === 'cuda' ? 'bfloat16' : 'float32') as DType };
+    if (flag('placement-case')) return openWithLog({ ...o, name: arg('placement-case') });
+    const only = flag('only') ? arg('only').split(',') : undefined;
+    const ortLog = flag('ort-log') ? (name: string) => forcedCpuNodes([process.argv[1], '--placement-case', name, '--preset', preset, '--device', device, '--compute', o.compute]) : undefined;
+    for (const r of checkPlacement({ ...o, only, ortLog })) console.log(JSON.stringify(r));
+    return;
+  }
   const result = await measureExtract({
     preset: arg('preset', 'qwen3-0.6b') as ModelPresetName,
     device,
