@@ -15,6 +15,7 @@
  *   of exp over the key tiles (the log-sum-exp), pass 2 accumulates exp(s − lse)·V in wmma
  *   accumulators: two passes over QKᵀ instead of rescaling O online, because a wmma accumulator's
  *   rows cannot be rescaled without knowing its layout.
+ * - `flash_lse`: pass 1 alone (the log-sum-exp), for the backward after GroupQueryAttention's forward.
  * - `flash_bwd_pre`: D per row, and zeroes the fp32 dQ accumulator.
  * - `flash_bwd`: a CTA per (64 keys, KV head, batch row), looping over the G query heads of the KV
  *   head and the query tiles at or below the diagonal: P rebuilt from the log-sum-exp, dS = P ∘ (dP − D)
@@ -48,7 +49,7 @@ export function flashBackwardSmem(headDim: number): number {
 }
 
 /** The kernel name for a dtype and head size, e.g. `flash_fwd_bf16_d128`. */
-export function flashKernelName(kernel: 'flash_fwd' | 'flash_bwd_pre' | 'flash_bwd' | 'flash_bwd_dq', dtype: keyof typeof FLASH_TYPES, headDim: number): string {
+export function flashKernelName(kernel: 'flash_fwd' | 'flash_lse' | 'flash_bwd_pre' | 'flash_bwd' | 'flash_bwd_dq', dtype: keyof typeof FLASH_TYPES, headDim: number): string {
   return `${kernel}_${FLASH_TYPES[dtype].suffix}_d${headDim}`;
 }
 
@@ -116,7 +117,8 @@ __device__ __forceinline__ void tile_scores(const T* a, const T* bt, float* out,
   }
 }
 
-template <typename T, int D>
+// LSE_ONLY: pass 1 alone, for a backward after a forward that keeps no log-sum-exp (GroupQueryAttention's).
+template <typename T, int D, bool LSE_ONLY>
 __device__ __forceinline__ void flash_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const int* __restrict__ seqlens_k,
                                           T* __restrict__ o, float* __restrict__ lse, int S, int H, int KV, float scale) {
   const int LDT = D + 8;
@@ -168,43 +170,44 @@ __device__ __forceinline__ void flash_fwd(const T* __restrict__ q, const T* __re
   }
   const float lse_i = row_valid ? mrow + logf(lrow) : 0.0f;  // a valid row sees key 0, so lrow >= 1
   if (half == 0 && i < S) lse[((i64)b * H + h) * S + i] = lse_i;
-
-  // Pass 2: O = Σ exp(s − lse) · V, in wmma accumulators (warp's 16 rows × D).
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[D / 16];
-  for (int t = 0; t < D / 16; ++t) wmma::fill_fragment(acc[t], 0.0f);
-  for (int n0 = 0; n0 < kEnd; n0 += BN) {
-    __syncthreads();
-    load_tile<T, D, BN>(Ks, k, b, n0, len, S, KV, kvh);
-    load_tile<T, D, BN>(Vs, v, b, n0, len, S, KV, kvh);
-    __syncthreads();
-    tile_scores<T, D>(Qs, Ks, Ss, warp);
-    __syncwarp();
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
-      const int j = n0 + c;
-      const float p = (row_valid && j <= i) ? __expf(Ss[rr * LDS + c] * scale - lse_i) : 0.0f;
-      Ps[rr * LDP + c] = from_f<T>(p);
-    }
-    __syncwarp();
-    for (int kk = 0; kk < BN; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fp;
-      wmma::load_matrix_sync(fp, Ps + warp * 16 * LDP + kk, LDP);
-      for (int t = 0; t < D / 16; ++t) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fv;
-        wmma::load_matrix_sync(fv, Vs + kk * LDT + t * 16, LDT);
-        wmma::mma_sync(acc[t], fp, fv, acc[t]);
+  if constexpr (!LSE_ONLY) {
+    // Pass 2: O = Σ exp(s − lse) · V, in wmma accumulators (warp's 16 rows × D).
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[D / 16];
+    for (int t = 0; t < D / 16; ++t) wmma::fill_fragment(acc[t], 0.0f);
+    for (int n0 = 0; n0 < kEnd; n0 += BN) {
+      __syncthreads();
+      load_tile<T, D, BN>(Ks, k, b, n0, len, S, KV, kvh);
+      load_tile<T, D, BN>(Vs, v, b, n0, len, S, KV, kvh);
+      __syncthreads();
+      tile_scores<T, D>(Qs, Ks, Ss, warp);
+      __syncwarp();
+      for (int c = half * 32; c < half * 32 + 32; ++c) {
+        const int j = n0 + c;
+        const float p = (row_valid && j <= i) ? __expf(Ss[rr * LDS + c] * scale - lse_i) : 0.0f;
+        Ps[rr * LDP + c] = from_f<T>(p);
+      }
+      __syncwarp();
+      for (int kk = 0; kk < BN; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fp;
+        wmma::load_matrix_sync(fp, Ps + warp * 16 * LDP + kk, LDP);
+        for (int t = 0; t < D / 16; ++t) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fv;
+          wmma::load_matrix_sync(fv, Vs + kk * LDT + t * 16, LDT);
+          wmma::mma_sync(acc[t], fp, fv, acc[t]);
+        }
       }
     }
-  }
-  // O through a per-warp 16×16 scratch (padding rows written as 0).
-  float* sc = scratch + warp * 256;
-  for (int t = 0; t < D / 16; ++t) {
-    wmma::store_matrix_sync(sc, acc[t], 16, wmma::mem_row_major);
-    __syncwarp();
-    for (int e = lane; e < 256; e += 32) {
-      const int row = m0 + warp * 16 + e / 16;
-      if (row < S) o[(((i64)b * S + row) * H + h) * D + t * 16 + e % 16] = from_f<T>(row < len ? sc[e] : 0.0f);
+    // O through a per-warp 16×16 scratch (padding rows written as 0).
+    float* sc = scratch + warp * 256;
+    for (int t = 0; t < D / 16; ++t) {
+      wmma::store_matrix_sync(sc, acc[t], 16, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < 256; e += 32) {
+        const int row = m0 + warp * 16 + e / 16;
+        if (row < S) o[(((i64)b * S + row) * H + h) * D + t * 16 + e % 16] = from_f<T>(row < len ? sc[e] : 0.0f);
+      }
+      __syncwarp();
     }
-    __syncwarp();
   }
 }
 
@@ -346,7 +349,9 @@ __device__ __forceinline__ void flash_bwd_dq(const float* __restrict__ dq_acc, T
 
 #define FA_INSTANCES(SUF, T, D)                                                                                                   \
   extern "C" __global__ void __launch_bounds__(THREADS) flash_fwd_##SUF##_d##D(const T* q, const T* k, const T* v, const int* seqlens_k, \
-      T* o, float* lse, int S, int H, int KV, float scale) { flash_fwd<T, D>(q, k, v, seqlens_k, o, lse, S, H, KV, scale); }         \
+      T* o, float* lse, int S, int H, int KV, float scale) { flash_fwd<T, D, false>(q, k, v, seqlens_k, o, lse, S, H, KV, scale); }  \
+  extern "C" __global__ void __launch_bounds__(THREADS) flash_lse_##SUF##_d##D(const T* q, const T* k, const int* seqlens_k, float* lse,  \
+      int S, int H, int KV, float scale) { flash_fwd<T, D, true>(q, k, nullptr, seqlens_k, nullptr, lse, S, H, KV, scale); }         \
   extern "C" __global__ void __launch_bounds__(THREADS) flash_bwd_pre_##SUF##_d##D(const T* o, const T* dout, const int* seqlens_k,   \
       float* delta, float* dq_acc, int B, int S, int H) { flash_bwd_pre<T, D>(o, dout, seqlens_k, delta, dq_acc, B, S, H); }        \
   extern "C" __global__ void __launch_bounds__(THREADS) flash_bwd_##SUF##_d##D(const T* q, const T* k, const T* v, const T* dout,      \

@@ -65,12 +65,14 @@ export function cudaIncludeDir(env: NodeJS.ProcessEnv = process.env): string {
 
 type Ptr = ArgValue<'ptr'>;
 type FwdSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'];
+type LseSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'];
 type PreSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'];
 type BwdSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'];
 type DqSig = readonly ['ptr', 'ptr', 'i64'];
 
 interface Variant {
   fwd: Kernel<FwdSig>;
+  lse: Kernel<LseSig>;
   pre: Kernel<PreSig>;
   bwd: Kernel<BwdSig>;
   dq: Kernel<DqSig>;
@@ -128,11 +130,13 @@ export class FlashAttention {
       for (const d of FLASH_HEAD_DIMS) {
         const v: Variant = {
           fwd: mod.kernel(flashKernelName('flash_fwd', dtype, d), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'] as const),
+          lse: mod.kernel(flashKernelName('flash_lse', dtype, d), ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'] as const),
           pre: mod.kernel(flashKernelName('flash_bwd_pre', dtype, d), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'] as const),
           bwd: mod.kernel(flashKernelName('flash_bwd', dtype, d), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'] as const),
           dq: mod.kernel(flashKernelName('flash_bwd_dq', dtype, d), ['ptr', 'ptr', 'i64'] as const),
         };
         kernels.driver.setMaxDynamicSharedBytes(v.fwd.handle, flashForwardSmem(d));
+        kernels.driver.setMaxDynamicSharedBytes(v.lse.handle, flashForwardSmem(d));
         kernels.driver.setMaxDynamicSharedBytes(v.bwd.handle, flashBackwardSmem(d));
         variants.set(`${dtype}/${d}`, v);
       }
@@ -151,6 +155,16 @@ export class FlashAttention {
     const v = this.variant(shape);
     const { batch: B, seqLen: S, numHeads: H, numKvHeads: KV, headDim: D } = shape;
     v.fwd.launch({ grid: [Math.ceil(S / FLASH_BM), H, B], block: FLASH_THREADS, sharedBytes: flashForwardSmem(D), stream }, a.q, a.k, a.v, a.seqlensK, a.out, a.lse, S, H, KV, 1 / Math.sqrt(D));
+  }
+
+  /**
+   * Queues the log-sum-exp alone (the forward's first pass) into `lse`: for the backward after a
+   * forward that keeps none (GroupQueryAttention's).
+   */
+  logSumExp(shape: FlashAttentionShape, a: { q: Ptr; k: Ptr; seqlensK: Ptr; lse: Ptr }, stream?: Handle): void {
+    const v = this.variant(shape);
+    const { batch: B, seqLen: S, numHeads: H, numKvHeads: KV, headDim: D } = shape;
+    v.lse.launch({ grid: [Math.ceil(S / FLASH_BM), H, B], block: FLASH_THREADS, sharedBytes: flashForwardSmem(D), stream }, a.q, a.k, a.seqlensK, a.lse, S, H, KV, 1 / Math.sqrt(D));
   }
 
   /** Queues the backward (D and the dq accumulator, the key-tile pass, dq's conversion) on `stream`. */
@@ -232,19 +246,38 @@ export function flashAttentionReference(
   return { out, lse, ...grads };
 }
 
+/** GroupQueryAttention-style inputs of one attention call: flat heads, as the decoder builds them. */
+export interface FlashAttendInputs {
+  /** [B, S, H·D], RoPE applied. */
+  query: Tensor;
+  /** [B, S, KV·D], RoPE applied. */
+  key: Tensor;
+  /** [B, S, KV·D]. */
+  value: Tensor;
+  /** int32 [B]: each row's length − 1. */
+  seqlensK: Tensor;
+  /** int32 scalar T (GroupQueryAttention reads it; the kernels do not). */
+  totalSequenceLength: Tensor;
+}
+
 /** The graph side of the kernels: build attention nodes, and the domain to pass to the session. */
 export interface FlashAttentionOps {
   /** The custom-op domain: pass `domain.handle` in the session's `customOpDomains`. */
   domain: CustomOpDomain;
   /**
-   * Causal attention of q [B, S, H, D] over k, v [B, S, KV, D] for right-padded rows of length
-   * seqlensK + 1 (int32 [B]): out [B, S, H, D], 0 at padding rows. Differentiable in q, k, v.
+   * Causal attention of right-padded rows, output [B, S, H·D] (0 at padding rows), differentiable
+   * in query, key and value. `mode` `kernels`: the kernels' forward and backward. `backward`:
+   * GroupQueryAttention's forward (ONNX Runtime's flash kernel) and the kernels' backward, which
+   * recomputes the log-sum-exp (the forward's first pass) since that forward keeps none.
    */
-  attend(q: Tensor, k: Tensor, v: Tensor, seqlensK: Tensor): Tensor;
+  attend(x: FlashAttendInputs, heads: { numHeads: number; kvNumHeads: number }, mode?: FlashAttentionMode): Tensor;
   /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */
   check(): void;
   dispose(): void;
 }
+
+/** Which side of attention the kernels take: both, or the backward after GroupQueryAttention's forward. */
+export type FlashAttentionMode = 'kernels' | 'backward';
 
 let domainCount = 0;
 
@@ -261,7 +294,7 @@ export function flashAttentionOps(provider: DeviceKind, kernels?: FlashAttention
   const domain = new CustomOpDomain(`lathe.flash${domainCount++}`);
   const api = CApi.get();
   const dtypes: DType[] = provider === 'cuda' ? ['bfloat16', 'float16'] : ['float32'];
-  const ops = new Map<DType, { fwd: OpDef<object>; bwd: OpDef<object> }>();
+  const ops = new Map<DType, { fwd: OpDef<object>; bwd: OpDef<object>; bwdGqa: OpDef<object> }>();
   const readF32 = (p: bigint, n: number) => {
     const a = new Float32Array(n);
     api.copyOut(a, p);
@@ -340,23 +373,86 @@ export function flashAttentionOps(provider: DeviceKind, kernels?: FlashAttention
         api.copyIn(dqAcc, r.dq!);
       },
     });
-    ops.set(dt, { fwd, bwd });
+    // The backward after GroupQueryAttention's forward: the log-sum-exp first, then the same backward.
+    const bwdGqa = domain.add({
+      name: `FlashAttentionGradAfterGqa_${dt}`,
+      inputs: [dt, dt, dt, 'int32', dt, dt],
+      outputs: [dt, dt, dt, 'float32', 'float32', 'float32'],
+      provider,
+      infer: ([q, k, v]) => {
+        const [B, S, H, D] = q.shape;
+        return [
+          { dtype: dt, shape: [...q.shape] },
+          { dtype: dt, shape: [...k.shape] },
+          { dtype: dt, shape: [...v.shape] },
+          { dtype: 'float32', shape: [B, H, S] },
+          { dtype: 'float32', shape: [B, H, S] },
+          { dtype: 'float32', shape: [B, S, H, D] },
+        ];
+      },
+      compute: (ctx) => {
+        const [q, k, v, seqlens, out, dOut] = ctx.inputs;
+        const shape = flashShapeOf(q, k);
+        const [B, S, H] = q.dims;
+        const dq = ctx.output(0, q.dims);
+        const dk = ctx.output(1, k.dims);
+        const dv = ctx.output(2, v.dims);
+        const lse = ctx.output(3, [B, H, S]);
+        const delta = ctx.output(4, [B, H, S]);
+        const dqAcc = ctx.output(5, q.dims);
+        if (kernels) {
+          kernels.logSumExp(shape, { q: q.data, k: k.data, seqlensK: seqlens.data, lse });
+          kernels.backward(shape, { q: q.data, k: k.data, v: v.data, seqlensK: seqlens.data, out: out.data, lse, dOut: dOut.data, delta, dqAcc, dq, dk, dv });
+          return;
+        }
+        const n = (t: typeof q) => t.dims.reduce((a, b) => a * b, 1);
+        const r = flashAttentionReference(shape, { q: readF32(q.data, n(q)), k: readF32(k.data, n(k)), v: readF32(v.data, n(v)), seqlensK: readI32(seqlens.data, B), dOut: readF32(dOut.data, n(dOut)) });
+        api.copyIn(dq, r.dq!);
+        api.copyIn(dk, r.dk!);
+        api.copyIn(dv, r.dv!);
+        api.copyIn(lse, r.lse);
+        api.copyIn(delta, new Float32Array(B * H * S));
+        api.copyIn(dqAcc, r.dq!);
+      },
+    });
+    ops.set(dt, { fwd, bwd, bwdGqa });
   }
-  const attend = (q: Tensor, k: Tensor, v: Tensor, seqlensK: Tensor): Tensor => {
-    const pair = ops.get(q.dtype);
-    if (!pair) throw new Error(`flashAttentionOps (${provider}): no kernel for dtype ${q.dtype} (takes ${dtypes.join(', ')})`);
-    if (q.shape.length !== 4 || k.shape.length !== 4 || v.shape.length !== 4) throw new Error('flashAttentionOps.attend: q, k and v must be [B, S, heads, headDim]');
-    const withGrad: OpDef<object> = {
-      ...pair.fwd,
-      nonDiffInputs: [3],
+  const attend = (x: FlashAttendInputs, heads: { numHeads: number; kvNumHeads: number }, mode: FlashAttentionMode = 'kernels'): Tensor => {
+    const { query, key, value, seqlensK } = x;
+    const set = ops.get(query.dtype);
+    if (!set) throw new Error(`flashAttentionOps (${provider}): no kernel for dtype ${query.dtype} (takes ${dtypes.join(', ')})`);
+    const [B, S, W] = query.shape;
+    if (query.shape.length !== 3 || key.shape.length !== 3 || value.shape.length !== 3 || typeof W !== 'number') throw new Error('flashAttentionOps.attend: query, key and value must be [B, S, heads·headDim] with a static width');
+    const { numHeads: H, kvNumHeads: KV } = heads;
+    const D = W / H;
+    const split = (t: Tensor, n: number) => L.reshape(t, [B, S, n, D]);
+    const flat = (t: Tensor) => L.reshape(t, [B, S, -1]);
+    if (mode === 'kernels') {
+      const withGrad: OpDef<object> = {
+        ...set.fwd,
+        nonDiffInputs: [3],
+        grad: ({ inputs, outputs, dy }) => {
+          const [dOut] = dy;
+          if (!dOut) return [null, null, null, null];
+          const [dq, dk, dv] = L.applyOp(set.bwd, [inputs[0]!, inputs[1]!, inputs[2]!, inputs[3]!, outputs[0]!, outputs[1]!, dOut], {});
+          return [dq, dk, dv, null];
+        },
+      };
+      return flat(L.applyOp(withGrad, [split(query, H), split(key, KV), split(value, KV), seqlensK], {})[0]);
+    }
+    // GroupQueryAttention's node with the kernels' backward as its gradient rule.
+    const gqa: OpDef<L.GroupQueryAttentionAttrs> = {
+      ...L.groupQueryAttentionOp,
       grad: ({ inputs, outputs, dy }) => {
-        const [dOut] = dy;
-        if (!dOut) return [null, null, null, null];
-        const [dq, dk, dv] = L.applyOp(pair.bwd, [inputs[0]!, inputs[1]!, inputs[2]!, inputs[3]!, outputs[0]!, outputs[1]!, dOut], {});
-        return [dq, dk, dv, null];
+        const [dOut, dPresentKey, dPresentValue] = dy;
+        if (dPresentKey || dPresentValue) throw new Error('flashAttentionOps.attend: the kernels\' backward takes no gradient through the present key/value outputs');
+        if (!dOut) return inputs.map(() => null);
+        const [dq, dk, dv] = L.applyOp(set.bwdGqa, [split(inputs[0]!, H), split(inputs[1]!, KV), split(inputs[2]!, KV), inputs[5]!, split(outputs[0], H), split(dOut, H)], {});
+        return [flat(dq), flat(dk), flat(dv), ...inputs.slice(3).map(() => null)];
       },
     };
-    return L.applyOp(withGrad, [q, k, v, seqlensK], {})[0];
+    const [out] = L.applyOp(gqa, [query, key, value, null, null, seqlensK, x.totalSequenceLength, null, null], { numHeads: H, kvNumHeads: KV, doRotary: false });
+    return out;
   };
   return { domain, attend, check: () => domain.check(), dispose: () => domain.dispose() };
 }

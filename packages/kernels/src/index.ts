@@ -12,4 +12,4 @@ export { Kernels, KernelModule, Kernel, chooseTarget, checkVersions, probeKernel
 export { CustomOpDomain, type CustomOpContext, type CustomOpInput, type CustomOpSpec } from './custom-op';
 export { kernelRegion, regionOf, segmentGraph, splitGraph, SplitProgram, KERNEL_SCOPE, type KernelImpl, type SplitStep } from './split';
 export { flashAttentionSource, flashForwardSmem, flashBackwardSmem, flashKernelName, FLASH_BM, FLASH_BN, FLASH_THREADS, FLASH_HEAD_DIMS, FLASH_TYPES } from './flash-attention-source';
-export { FlashAttention, flashAttentionOps, flashAttentionReference, flashAttentionUnsupported, flashShapeOf, cudaIncludeDir, type FlashAttentionOps, type FlashAttentionShape, type FlashBackwardArgs, type FlashForwardArgs } from './flash-attention';
+export { FlashAttention, flashAttentionOps, flashAttentionReference, flashAttentionUnsupported, flashShapeOf, cudaIncludeDir, type FlashAttendInputs, type FlashAttentionMode, type FlashAttentionOps, type FlashAttentionShape, type FlashBackwardArgs, type FlashForwardArgs } from './flash-attention';

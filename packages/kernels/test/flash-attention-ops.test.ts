@@ -7,7 +7,7 @@
  * (CPU emulation) and on the GPU by tools/bench/kernels/flash-check.ts.
  */
 import * as L from '@lathe/onnx';
-import { decoder, lmLogits, paddedCausalMask, paramSpecs, positionsFromPadding, rightPaddedAttention, targetLogprobs, weightInputs } from '@lathe/models';
+import { decoder, lmLogits, type FlashAttentionInputs, paddedCausalMask, paramSpecs, positionsFromPadding, rightPaddedAttention, targetLogprobs, weightInputs } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { flashAttentionOps, flashAttentionUnsupported } from '@lathe/kernels';
 import { tinyModel, tinyQwen3, weightFeeds } from '../../models/test/tiny';
@@ -19,62 +19,72 @@ const ids = [
 ];
 const mask = ids.map((row, r) => row.map((_, t) => ((r === 1 ? t < 3 : r === 2 ? t < 5 : true) ? 1 : 0)));
 
-test('the decoder with the kernel ops gives GroupQueryAttention’s log-probs and weight gradients (CPU, float32)', () => {
-  const { dir, config } = tinyModel(tinyQwen3, 3);
-  const ops = flashAttentionOps('cpu');
-  let calls = 0;
-  const attend: typeof ops.attend = (q, k, v, s) => {
-    calls++;
-    return ops.attend(q, k, v, s);
-  };
-  const g = new L.Graph('kernel_vs_gqa');
-  const inputIds = g.input('input_ids', 'int64', [3, 6]);
-  const padMask = g.input('attention_mask', 'int64', [3, 6]);
-  const total = g.constant(6, 'int32', []);
-  const { weights, inputs } = weightInputs(g, config, 'float32', 'float32');
-  const positionIds = positionsFromPadding(padMask);
-  const tokenWeights = g.input('token_weights', 'float32', [3, 6]);
-  const names = paramSpecs(config).map((s) => s.name);
-  for (const path of ['gqa', 'kernel'] as const) {
-    const rows = rightPaddedAttention(padMask, total);
-    const { hidden } = decoder(config, weights, { inputIds, positionIds, attentionMask: paddedCausalMask(padMask), flashAttention: path === 'kernel' ? { ...rows, kernel: attend } : rows });
-    const lp = targetLogprobs(lmLogits(config, weights, hidden), inputIds);
-    g.output(lp, `${path}/logp`);
-    const loss = L.reduceSum(L.mul(L.mul(lp, tokenWeights), L.cast(padMask, 'float32')));
-    L.grad(loss, names.map((n) => inputs.get(n)!)).forEach((d, i) => g.output(d, `${path}/d/${names[i]}`));
-  }
-  expect(calls).toBe(config.numLayers);
-  expect(g.nodes.filter((n) => n.op.name === 'FlashAttention_float32')).toHaveLength(config.numLayers);
-  expect(g.nodes.filter((n) => n.op.name === 'FlashAttentionGrad_float32')).toHaveLength(config.numLayers);
-  const session = Device.cpu().compile(g, { customOpDomains: [ops.domain.handle] });
-  const b = session.binding();
-  const feeds = {
-    ...weightFeeds(dir, config, 'float32'),
-    input_ids: { data: BigInt64Array.from(ids.flat().map(BigInt)), dims: [3, 6] },
-    attention_mask: { data: BigInt64Array.from(mask.flat().map(BigInt)), dims: [3, 6] },
-    token_weights: { data: Float32Array.from({ length: 18 }, (_, i) => Math.sin(i + 1)), dims: [3, 6] },
-  };
-  for (const [name, t] of Object.entries(feeds)) b.input(name, t);
-  const outNames = ['gqa', 'kernel'].flatMap((p) => [`${p}/logp`, ...names.map((n) => `${p}/d/${n}`)]);
-  for (const n of outNames) b.output(n, 'host');
-  b.runSync();
-  ops.check();
-  const values = (name: string) => Array.from(b.fetch(name).data as Float32Array);
-  const gqa = values('gqa/logp');
-  const kernel = values('kernel/logp');
-  mask.flat().forEach((m, i) => {
-    if (m) expect(Math.abs(kernel[i] - gqa[i])).toBeLessThan(2e-5);
+describe.each([
+  ['the kernels\' forward and backward', 'kernels', 'FlashAttention_float32', 'FlashAttentionGrad_float32'],
+  ['GroupQueryAttention\'s forward and the kernels\' backward', 'backward', 'GroupQueryAttention', 'FlashAttentionGradAfterGqa_float32'],
+] as const)('%s', (_name, mode, fwdOp, bwdOp) => {
+  test('the decoder with the kernel ops gives GroupQueryAttention’s log-probs and weight gradients (CPU, float32)', () => {
+    const { dir, config } = tinyModel(tinyQwen3, 3);
+    const ops = flashAttentionOps('cpu');
+    let calls = 0;
+    const attend: FlashAttentionInputs['kernel'] = (x, heads) => {
+      calls++;
+      return ops.attend(x, heads, mode);
+    };
+    const g = new L.Graph('kernel_vs_gqa');
+    const inputIds = g.input('input_ids', 'int64', [3, 6]);
+    const padMask = g.input('attention_mask', 'int64', [3, 6]);
+    const total = g.constant(6, 'int32', []);
+    const { weights, inputs } = weightInputs(g, config, 'float32', 'float32');
+    const positionIds = positionsFromPadding(padMask);
+    const tokenWeights = g.input('token_weights', 'float32', [3, 6]);
+    const names = paramSpecs(config).map((s) => s.name);
+    const before = { fwd: 0, bwd: 0 };
+    for (const path of ['gqa', 'kernel'] as const) {
+      if (path === 'kernel') {
+        before.fwd = g.nodes.filter((n) => n.op.name === fwdOp).length;
+        before.bwd = g.nodes.filter((n) => n.op.name === bwdOp).length;
+      }
+      const rows = rightPaddedAttention(padMask, total);
+      const { hidden } = decoder(config, weights, { inputIds, positionIds, attentionMask: paddedCausalMask(padMask), flashAttention: path === 'kernel' ? { ...rows, kernel: attend } : rows });
+      const lp = targetLogprobs(lmLogits(config, weights, hidden), inputIds);
+      g.output(lp, `${path}/logp`);
+      const loss = L.reduceSum(L.mul(L.mul(lp, tokenWeights), L.cast(padMask, 'float32')));
+      L.grad(loss, names.map((n) => inputs.get(n)!)).forEach((d, i) => g.output(d, `${path}/d/${names[i]}`));
+    }
+    expect(calls).toBe(config.numLayers);
+    expect(g.nodes.filter((n) => n.op.name === fwdOp).length - before.fwd).toBe(config.numLayers);
+    expect(g.nodes.filter((n) => n.op.name === bwdOp).length - before.bwd).toBe(config.numLayers);
+    const session = Device.cpu().compile(g, { customOpDomains: [ops.domain.handle] });
+    const b = session.binding();
+    const feeds = {
+      ...weightFeeds(dir, config, 'float32'),
+      input_ids: { data: BigInt64Array.from(ids.flat().map(BigInt)), dims: [3, 6] },
+      attention_mask: { data: BigInt64Array.from(mask.flat().map(BigInt)), dims: [3, 6] },
+      token_weights: { data: Float32Array.from({ length: 18 }, (_, i) => Math.sin(i + 1)), dims: [3, 6] },
+    };
+    for (const [name, t] of Object.entries(feeds)) b.input(name, t);
+    const outNames = ['gqa', 'kernel'].flatMap((p) => [`${p}/logp`, ...names.map((n) => `${p}/d/${n}`)]);
+    for (const n of outNames) b.output(n, 'host');
+    b.runSync();
+    ops.check();
+    const values = (name: string) => Array.from(b.fetch(name).data as Float32Array);
+    const gqa = values('gqa/logp');
+    const kernel = values('kernel/logp');
+    mask.flat().forEach((m, i) => {
+      if (m) expect(Math.abs(kernel[i] - gqa[i])).toBeLessThan(2e-5);
+    });
+    for (const name of names) {
+      const a = values(`gqa/d/${name}`);
+      const k = values(`kernel/d/${name}`);
+      const scale = Math.max(...a.map(Math.abs));
+      expect(scale).toBeGreaterThan(0);
+      expect(Math.max(...a.map((x, i) => Math.abs(x - k[i]))) / scale).toBeLessThan(1e-4);
+    }
+    b.dispose();
+    session.dispose();
+    ops.dispose();
   });
-  for (const name of names) {
-    const a = values(`gqa/d/${name}`);
-    const k = values(`kernel/d/${name}`);
-    const scale = Math.max(...a.map(Math.abs));
-    expect(scale).toBeGreaterThan(0);
-    expect(Math.max(...a.map((x, i) => Math.abs(x - k[i]))) / scale).toBeLessThan(1e-4);
-  }
-  b.dispose();
-  session.dispose();
-  ops.dispose();
 });
 
 test('shapes outside the kernels are named (the caller keeps the composed path)', () => {
@@ -89,8 +99,9 @@ test('CUDA ops need the compiled kernels; a dtype without a kernel is refused by
   expect(() => flashAttentionOps('cuda')).toThrow(/CUDA needs the compiled FlashAttention kernels/);
   const ops = flashAttentionOps('cpu');
   const g = new L.Graph('half');
-  const q = g.input('q', 'float16', [1, 4, 2, 64]);
-  const k = g.input('k', 'float16', [1, 4, 1, 64]);
-  expect(() => ops.attend(q, k, k, g.input('s', 'int32', [1]))).toThrow(/no kernel for dtype float16 \(takes float32\)/);
+  const q = g.input('q', 'float16', [1, 4, 128]);
+  const k = g.input('k', 'float16', [1, 4, 64]);
+  const x = { query: q, key: k, value: k, seqlensK: g.input('s', 'int32', [1]), totalSequenceLength: g.constant(4, 'int32', []) };
+  expect(() => ops.attend(x, { numHeads: 2, kvNumHeads: 1 })).toThrow(/no kernel for dtype float16 \(takes float32\)/);
   ops.dispose();
 });

@@ -13,10 +13,12 @@ test('flash-check --cpu: every case and the op phase pass, padding exactly zero'
   const lines = out
     .trim()
     .split('\n')
-    .map((l) => JSON.parse(l) as { phase: string; ok: boolean; case?: string; padding_nonzero?: Record<string, number>; vs_host_f64?: Record<string, { composed: { rel: number } }> });
+    .map((l) => JSON.parse(l) as { phase: string; ok: boolean; mode?: string; case?: string; padding_nonzero?: Record<string, number>; vs_host_f64?: Record<string, { composed: { rel: number } }> });
+  expect(lines.filter((l) => l.phase === 'op').map((l) => l.mode)).toEqual(['kernels', 'backward']);
   expect(lines.map((l) => [l.phase, l.case ?? null, l.ok])).toEqual([
     ['check', 'cpu_b2_t40_ragged', true],
     ['check', 'cpu_b3_t20_len1', true],
+    ['op', 'cpu_b2_t40_ragged', true],
     ['op', 'cpu_b2_t40_ragged', true],
     ['summary', null, true],
   ]);

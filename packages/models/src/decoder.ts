@@ -74,11 +74,12 @@ export interface FlashAttentionInputs {
   tokens: Tensor;
   /**
    * Attend through Lathe's own flash-attention kernels instead of GroupQueryAttention and its
-   * composed gradient rule: given q [B, T, H, hd] and k, v [B, T, KV, hd] (RoPE applied) and
-   * `seqlensK`, returns the output [B, T, H, hd] (`flashAttentionOps(...).attend` of
-   * @lathe/kernels; the session then needs its custom-op domain). Opt-in, CUDA bf16/fp16 only.
+   * composed gradient rule: given GroupQueryAttention's inputs (query [B, T, H·hd], key and value
+   * [B, T, KV·hd], RoPE applied) and the head counts, returns the output [B, T, H·hd]
+   * (`flashAttentionOps(...).attend` of @lathe/kernels; the session then needs its custom-op
+   * domain). Opt-in, CUDA bf16/fp16 only.
    */
-  kernel?: (q: Tensor, k: Tensor, v: Tensor, seqlensK: Tensor) => Tensor;
+  kernel?: (x: { query: Tensor; key: Tensor; value: Tensor; seqlensK: Tensor; totalSequenceLength: Tensor }, heads: { numHeads: number; kvNumHeads: number }) => Tensor;
 }
 
 /**
@@ -262,13 +263,11 @@ export function flashAttention(cfg: DecoderConfig, w: Weights, prefix: string, x
   const { q, k, v } = projectQkv(cfg, w, prefix, x, true);
   const flat = (t: Tensor, n: number) => rotary(L.reshape(t, [B, T, n * hd]));
   if (rows.kernel) {
-    const heads = (t: Tensor, n: number) => L.reshape(t, [B, T, n, hd]);
     const key = flat(k, KV);
-    const value = L.reshape(v, [B, T, KV * hd]);
-    const o = L.reshape(rows.kernel(heads(flat(q, H), H), heads(key, KV), heads(value, KV), rows.seqlensK), [B, T, H * hd]);
+    const o = rows.kernel({ query: flat(q, H), key, value: v, seqlensK: rows.seqlensK, totalSequenceLength: rows.totalSequenceLength }, { numHeads: H, kvNumHeads: KV });
     const kept = L.where(rows.tokens, o, x.graph.constant(0, o.dtype, []));
-    const present = (t: Tensor) => L.transpose(heads(t, KV), [0, 2, 1, 3]);
-    return { out: project(w, `${prefix}.o_proj`, kept, cfg.outputBias), present: { key: present(key), value: present(value) } };
+    const present = (t: Tensor) => L.transpose(L.reshape(t, [B, T, KV, hd]), [0, 2, 1, 3]);
+    return { out: project(w, `${prefix}.o_proj`, kept, cfg.outputBias), present: { key: present(key), value: present(v) } };
   }
   const r = L.groupQueryAttention({ query: flat(q, H), key: flat(k, KV), value: v, seqlensK: rows.seqlensK, totalSequenceLength: rows.totalSequenceLength }, { numHeads: H, kvNumHeads: KV });
   const attended = L.where(rows.tokens, r.output, x.graph.constant(0, r.output.dtype, []));

@@ -9,11 +9,14 @@
  *   composed path; padding rows (out, dq) and padding keys (dk, dv) must be exactly 0. A case passes
  *   when every kernel error is at most max(2 × the composed path's, 2e-2) (FA's own acceptance rule:
  *   no worse than twice the reference implementation in the same precision) — else exit code 1.
- * - op: the same kernels as custom ops in one ORT session (the decoder's opt-in path), forward and
- *   gradient, against the direct launches (must be equal: the same kernels on the same inputs).
+ * - op: the kernels as custom ops in one ORT session (the decoder's opt-in path), forward and
+ *   gradient, against the direct launches: mode `kernels` (the kernels' forward and backward) must be
+ *   equal (dq to rounding: atomicAdd order), mode `backward` (GroupQueryAttention's forward, the
+ *   kernels' backward) within 2 %.
  * - time: kernel vs composed forward and forward+backward at the Qwen3-0.6B training shape (8 × 1024,
- *   16/8 heads, 128), device ms from events on the stream, per layer; PyTorch SDPA (flash backend,
- *   causal) beside them when PyTorch is there.
+ *   16/8 heads, 128), device ms from events on the stream, per layer, and GroupQueryAttention's
+ *   forward followed by the kernels' backward; PyTorch SDPA (flash backend, causal) beside them when
+ *   PyTorch is there.
  *
  * --cpu: a smoke test of this script on the CPU (float32, tiny cases, the custom ops' host compute in
  * place of the kernels, no PyTorch): what CI can run; it checks the script, not the kernels.
@@ -25,8 +28,8 @@ import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as L from '@lathe/onnx';
-import { cudaIncludeDir, FlashAttention, flashAttentionOps, flashAttentionReference, Kernels, type FlashAttentionOps, type FlashAttentionShape } from '@lathe/kernels';
-import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor } from '@lathe/runtime';
+import { cudaIncludeDir, FlashAttention, flashAttentionOps, flashAttentionReference, Kernels, type FlashAttentionMode, type FlashAttentionOps, type FlashAttentionShape } from '@lathe/kernels';
+import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type Binding, type DeviceTensor, type Session } from '@lathe/runtime';
 import { arg, flag } from '../argv';
 
 type Half = 'bfloat16' | 'float16' | 'float32';
@@ -256,6 +259,8 @@ function kernelOutputs(device: Device, s: FlashAttentionShape): KernelOutputs {
 /** What stands for the kernels: the kernels (GPU), or with --cpu the custom ops' host compute. */
 interface KernelSide {
   run(x: Inputs, o: KernelOutputs, backward?: boolean): void;
+  /** The backward after GroupQueryAttention's forward: the log-sum-exp pass, then the backward (GPU). */
+  lseBackward?(x: Inputs, o: KernelOutputs): void;
   synchronize(): void;
   dispose(): void;
 }
@@ -266,25 +271,40 @@ function gpuSide(kernels: Kernels, fa: FlashAttention): KernelSide {
       fa.forward(x.shape, { q: x.q, k: x.k, v: x.v, seqlensK: x.seqlens, out: o.out, lse: o.lse });
       if (backward) fa.backward(x.shape, { q: x.q, k: x.k, v: x.v, seqlensK: x.seqlens, out: o.out, lse: o.lse, dOut: x.dOut, delta: o.delta, dqAcc: o.dqAcc, dq: o.dq, dk: o.dk, dv: o.dv });
     },
+    lseBackward: (x, o) => {
+      fa.logSumExp(x.shape, { q: x.q, k: x.k, seqlensK: x.seqlens, lse: o.lse });
+      fa.backward(x.shape, { q: x.q, k: x.k, v: x.v, seqlensK: x.seqlens, out: o.out, lse: o.lse, dOut: x.dOut, delta: o.delta, dqAcc: o.dqAcc, dq: o.dq, dk: o.dk, dv: o.dv });
+    },
     synchronize: () => kernels.synchronize(),
     dispose: () => undefined,
   };
 }
 
-/** The attention ops in one session: q, k, v, seqlens_k, dout → out, dq, dk, dv. */
-function opSession(device: Device, ops: FlashAttentionOps, s: FlashAttentionShape) {
+/** The attention ops in one session, as the decoder uses them: q, k, v, seqlens_k, tokens, dout → out, dq, dk, dv. */
+function opSession(device: Device, ops: FlashAttentionOps, s: FlashAttentionShape, mode: FlashAttentionMode = 'kernels') {
   const { batch: B, seqLen: T, numHeads: H, numKvHeads: KV, headDim: D, dtype } = s;
   const g = new L.Graph('flash_op');
-  const q = g.input('q', dtype, [B, T, H, D]);
-  const k = g.input('k', dtype, [B, T, KV, D]);
-  const v = g.input('v', dtype, [B, T, KV, D]);
-  const out = ops.attend(q, k, v, g.input('seqlens_k', 'int32', [B]));
+  const q = g.input('q', dtype, [B, T, H * D]);
+  const k = g.input('k', dtype, [B, T, KV * D]);
+  const v = g.input('v', dtype, [B, T, KV * D]);
+  const attended = ops.attend({ query: q, key: k, value: v, seqlensK: g.input('seqlens_k', 'int32', [B]), totalSequenceLength: g.constant(T, 'int32', []) }, { numHeads: H, kvNumHeads: KV }, mode);
+  const out = L.where(g.input('tokens', 'bool', [B, T, 1]), attended, g.constant(0, dtype, []));
   g.output(out, 'out');
-  const [dq, dk, dv] = L.grad(out, [q, k, v], { seed: g.input('dout', dtype, [B, T, H, D]) });
+  const [dq, dk, dv] = L.grad(out, [q, k, v], { seed: g.input('dout', dtype, [B, T, H * D]) });
   g.output(dq, 'dq');
   g.output(dk, 'dk');
   g.output(dv, 'dv');
   return device.compile(g, { customOpDomains: [ops.domain.handle] });
+}
+
+/** [B, S, heads, D] as [B, S, heads·D] (the same memory). */
+function flatOf(t: DeviceTensor): DeviceTensor {
+  const [B, S, n, D] = t.dims;
+  return t.reshape([B, S, n * D]);
+}
+
+function bindOp(session: Session, x: Inputs): Binding {
+  return session.binding().input('q', flatOf(x.q)).input('k', flatOf(x.k)).input('v', flatOf(x.v)).input('seqlens_k', x.seqlens).input('tokens', x.tokens).input('dout', flatOf(x.dOut));
 }
 
 function cpuSide(device: Device): KernelSide {
@@ -294,8 +314,8 @@ function cpuSide(device: Device): KernelSide {
     run: (x, o) => {
       const session = opSession(device, ops, x.shape);
       sessions.push(session);
-      const b = session.binding().input('q', x.q).input('k', x.k).input('v', x.v).input('seqlens_k', x.seqlens).input('dout', x.dOut);
-      b.output('out', o.out).output('dq', o.dq).output('dk', o.dk).output('dv', o.dv);
+      const b = bindOp(session, x);
+      b.output('out', flatOf(o.out)).output('dq', flatOf(o.dq)).output('dk', flatOf(o.dk)).output('dv', flatOf(o.dv));
       b.runSync();
       ops.check();
       b.dispose();
@@ -397,18 +417,23 @@ function opPhase(side: KernelSide, device: Device, c: Case, fa: FlashAttention |
   side.synchronize();
   const direct = { out: download(o.out), dq: download(o.dq), dk: download(o.dk), dv: download(o.dv) };
   const ops = flashAttentionOps(device.kind, fa);
-  const session = opSession(device, ops, x.shape);
-  const b = session.binding().input('q', x.q).input('k', x.k).input('v', x.v).input('seqlens_k', x.seqlens).input('dout', x.dOut);
-  for (const n of ['out', 'dq', 'dk', 'dv']) b.output(n, 'device');
-  b.runSync();
-  ops.check();
-  const viaOp = { out: download(b.get('out')), dq: download(b.get('dq')), dk: download(b.get('dk')), dv: download(b.get('dv')) };
-  // dq sums key tiles by atomicAdd in any order: equal to rounding, the rest bitwise
-  const diff = Object.fromEntries((['out', 'dq', 'dk', 'dv'] as const).map((n) => [n, compare(viaOp[n], direct[n], () => true)]));
-  const ok = Object.entries(diff).every(([n, d]) => d.finite && (n === 'dq' ? d.rel <= 1e-2 : d.max_err === 0));
-  console.log(JSON.stringify({ phase: 'op', case: c.name, diff, ok }));
-  b.dispose();
-  session.dispose();
+  let ok = true;
+  for (const mode of ['kernels', 'backward'] as const) {
+    const session = opSession(device, ops, x.shape, mode);
+    const b = bindOp(session, x);
+    for (const n of ['out', 'dq', 'dk', 'dv']) b.output(n, 'device');
+    b.runSync();
+    ops.check();
+    const viaOp = { out: download(b.get('out')), dq: download(b.get('dq')), dk: download(b.get('dk')), dv: download(b.get('dv')) };
+    const diff = Object.fromEntries((['out', 'dq', 'dk', 'dv'] as const).map((n) => [n, compare(viaOp[n], direct[n], () => true)]));
+    // kernels: the same launches (dq sums key tiles by atomicAdd in any order: equal to rounding, the
+    // rest bitwise); backward: GroupQueryAttention's own output feeds D, so all within rounding
+    const modeOk = Object.entries(diff).every(([n, d]) => d.finite && (mode === 'kernels' && n !== 'dq' ? d.max_err === 0 : d.rel <= 2e-2));
+    console.log(JSON.stringify({ phase: 'op', mode, case: c.name, diff, ok: modeOk }));
+    ok &&= modeOk;
+    b.dispose();
+    session.dispose();
+  }
   ops.dispose();
   for (const t of [...Object.values(o), x.q, x.k, x.v, x.dOut, x.seqlens, x.tokens]) t.dispose();
   return ok;
@@ -432,6 +457,13 @@ function timePhase(kernels: Kernels, device: Device, side: KernelSide, python: s
   const composedFwd = time(() => fwd.b.runSync({ synchronize: false }));
   const both = bindComposed(device, c, x, true);
   const composedBoth = time(() => both.b.runSync({ synchronize: false }));
+  // GroupQueryAttention's forward (ORT's flash kernel) with the kernels' backward (the log-sum-exp pass first)
+  const hybridBoth = side.lseBackward
+    ? time(() => {
+        fwd.b.runSync({ synchronize: false });
+        side.lseBackward!(x, o);
+      })
+    : NaN;
   let torch: unknown = null;
   if (python) {
     const dir = mkdtempSync(join(tmpdir(), 'lathe-flash-time-'));
@@ -443,8 +475,16 @@ function timePhase(kernels: Kernels, device: Device, side: KernelSide, python: s
       phase: 'time',
       shape: x.shape,
       reps,
-      ms_per_layer: { kernel_fwd: r3(kernelFwd), kernel_fwd_bwd: r3(kernelBoth), kernel_bwd: r3(kernelBoth - kernelFwd), composed_fwd: r3(composedFwd), composed_fwd_bwd: r3(composedBoth), composed_bwd: r3(composedBoth - composedFwd) },
-      speedup_fwd_bwd: +(composedBoth / kernelBoth).toFixed(2),
+      ms_per_layer: {
+        kernel_fwd: r3(kernelFwd),
+        kernel_fwd_bwd: r3(kernelBoth),
+        kernel_bwd: r3(kernelBoth - kernelFwd),
+        composed_fwd: r3(composedFwd),
+        composed_fwd_bwd: r3(composedBoth),
+        composed_bwd: r3(composedBoth - composedFwd),
+        gqa_fwd_kernel_bwd: r3(hybridBoth),
+      },
+      speedup_fwd_bwd: { kernels: +(composedBoth / kernelBoth).toFixed(2), gqa_fwd_kernel_bwd: +(composedBoth / hybridBoth).toFixed(2) },
       torch_sdpa_ms: torch,
     }),
   );
