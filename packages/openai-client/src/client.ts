@@ -249,7 +249,7 @@ export class OpenAiClient {
             return await read(res);
           } catch (e) {
             // a server that answers 2xx with something else than JSON will not mend on a retry
-            if ((e as Error).name === 'SyntaxError') throw new OpenAiError(`${what}: the reply is not JSON (${e.message})`, res.status);
+            if ((e as Error).name === 'SyntaxError') throw new OpenAiError(`${what}: the reply is not JSON (${(e as Error).message})`, res.status);
             throw e;
           }
         }

@@ -66,7 +66,7 @@ async function complete(url: string, model: string): Promise<string> {
 test('an adapter folder is served merged into its base: the same greedy text as the base merged by hand, not the base’s', async () => {
   const { adapter, merged } = writeAdapterAndMerged();
   expect(parseServeModels(`a=${adapter}`)).toEqual([{ id: 'a', dir: adapter, base }]);
-  const s = await serve({ model: [`adapter=${adapter}`, `merged=${merged}`, `base=${base}`], max_rows: 2, max_model_len: 64 });
+  const s = await serve({ model: `adapter=${adapter},merged=${merged},base=${base}`, max_rows: 2, max_model_len: 64 });
   try {
     const [a, m, b] = [await complete(s.url, 'adapter'), await complete(s.url, 'merged'), await complete(s.url, 'base')];
     expect(a).toBe(m);
