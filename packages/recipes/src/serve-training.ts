@@ -57,10 +57,15 @@ interface Listening {
   close(): Promise<void>;
 }
 
-/** The tokenizer the server encodes and decodes text with; `--serve_port` needs the model's own. */
+/** The folder of the tokenizer `--serve_port` serves text with: the model's Hugging Face one (a run may check this before it compiles anything). */
+export function servingTokenizerFolder(tokenizerFrom: string | undefined): string {
+  if (!tokenizerFrom) throw new Error("--serve_port serves text through the model's Hugging Face tokenizer, and this run uses the built-in one: train a model folder with tokenizer files");
+  return tokenizerFrom;
+}
+
+/** The tokenizer the server encodes and decodes text with. */
 async function servingTokenizer(o: TrainingServeOptions): Promise<HfTokenizer> {
-  if (!o.tokenizerFrom) throw new Error("--serve_port serves text through the model's Hugging Face tokenizer, and this run uses the built-in one: train a model folder with tokenizer files");
-  return HfTokenizer.fromFolder(o.tokenizerFrom);
+  return HfTokenizer.fromFolder(servingTokenizerFolder(o.tokenizerFrom));
 }
 
 /** The slot engine's pad id: the tokenizer's where the model has it, else 0. */

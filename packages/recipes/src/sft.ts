@@ -34,7 +34,7 @@ import { SftBenchmarkSampler, TrainBenchmarks, type TrainBenchmarkResult } from 
 import { runTrainedWeights } from './quantize-lora';
 import type { TrainedWeights } from '@lathe/reward-models';
 import { anyRankStopped, joinDataParallel, openRankRunDir } from './launch-dp';
-import { serveTrainerWeights, type TrainerServe, type TrainerWeights } from './serve-training';
+import { serveTrainerWeights, servingTokenizerFolder, type TrainerServe, type TrainerWeights } from './serve-training';
 import { evalPromptIds, lossTokenCount, packExamples, padBatch, padPackedBatch, readSftData, tokenizeExample, type PackedRow, type SftExample, type TokenizedExample } from './sft-data';
 
 /** Metrics of one optimizer step (one line of metrics.jsonl). */
@@ -276,6 +276,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   const run = await openRankRunDir(cfg, dp);
   // the built-in model is written into this rank's own run directory (rank 0's may not hold it yet)
   const { config, lm, tokenizer, tokenizerFrom } = await loadRunModel({ ...cfg, run_dir: run.dir });
+  if (cfg.serve_port > 0) servingTokenizerFolder(tokenizerFrom);
   const { train, evaluation: heldOut } = await loadExamples(cfg);
   // evaluations run on rank 0 only (the other ranks wait for it at their next all-reduce)
   const evaluation = dp && !dp.main ? [] : heldOut;
