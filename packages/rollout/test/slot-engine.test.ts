@@ -229,3 +229,26 @@ test('scheduler: while rows decode, arrivals wait up to admitWaitMs to share one
   expect(() => new Scheduler(engine, { admitWaitMs: -1 })).toThrow(/admitWaitMs must be a non-negative integer/);
   engine.dispose();
 });
+
+test('padded prefills (prompts, rows and width rounded up) give the same tokens and log-probs as exact ones', () => {
+  const plan = [
+    { at: 0, prompt: [5, 9, 11, 3, 8], rows: [{ sampling: { temperature: 0.9 }, seed: 4, key: 0 }, { sampling: { temperature: 0.9 }, seed: 4, key: 1 }], maxNew: 5 },
+    { at: 0, prompt: [7, 2], rows: [{ sampling: { temperature: 0 }, seed: 0, key: 0 }], maxNew: 5 },
+    { at: 0, prompt: [30, 31, 32], rows: [{ sampling: { temperature: 1, topK: 4 }, seed: 9, key: 2 }, { sampling: { temperature: 0.5 }, seed: 9, key: 3 }], maxNew: 5 },
+    { at: 2, prompt: [1, 2, 3, 4, 5, 6, 7, 8, 9], rows: [{ sampling: { temperature: 0.7 }, seed: 1, key: 0 }], maxNew: 3 },
+  ];
+  const run = (padPrefill: boolean) => {
+    const engine = SlotEngine.create(model, { slots: 8, maxLength: 32, padPrefill });
+    const got = drive(engine, plan);
+    const log = engine.prefillLog.map((p) => [p.prompts, p.rows, p.width]);
+    engine.dispose();
+    return { got, log };
+  };
+  const exact = run(false);
+  const padded = run(true);
+  expect(padded.got.map((p) => p.map((r) => r.map((t) => t.token)))).toEqual(exact.got.map((p) => p.map((r) => r.map((t) => t.token))));
+  padded.got.forEach((p, i) => p.forEach((r, j) => r.forEach((t, k) => expect(t.logprob).toBeCloseTo(exact.got[i][j][k].logprob, 5))));
+  // 3 prompts of ≤ 5 tokens with 5 rows, then 1 prompt of 9 tokens: logged as given; the runs were padded to 4 × 8 (8 rows) and 1 × 16.
+  expect(exact.log).toEqual([[3, 5, 5], [1, 1, 9]]);
+  expect(padded.log).toEqual([[3, 5, 8], [1, 1, 16]]);
+});

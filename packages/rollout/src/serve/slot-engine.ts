@@ -34,6 +34,13 @@ export interface SlotEngineOptions extends Pick<KvCacheGeneratorOptions, 'maxLen
   slots: number;
   /** The most alternatives a row may ask for with `topLogprobs`. Default 20 (OpenAI's limit). */
   maxTopLogprobs?: number;
+  /**
+   * Pads each prefill's prompt count, row count and width up to a few fixed sizes (powers of two;
+   * widths past 128 to multiples of 128), so that prefills repeat a handful of shapes: on CUDA a
+   * prefill of a shape not run before took 150–300 ms where a repeated one took 19 (ONNX Runtime
+   * plans each new shape anew), and arrivals of every size would each pay that. Default true.
+   */
+  padPrefill?: boolean;
   /** Called before every prefill (with its prompts) and decode step (with the busy slots). Tests count runs with it. */
   beforeRun?: (phase: 'prefill' | 'decode', count: number) => void;
 }
@@ -96,6 +103,15 @@ interface StepInputs {
   topLogprobs: DeviceTensor | undefined;
   topIds: DeviceTensor | undefined;
 }
+
+/** BigInts of small numbers, made once (the scatter index is built from them at every prefill). */
+const BIG = Array.from({ length: 4096 }, (_, i) => BigInt(i));
+
+/** The smallest power of two ≥ n. */
+const nextPowerOfTwo = (n: number) => 2 ** Math.ceil(Math.log2(Math.max(1, n)));
+
+/** A prefill's padded width: a power of two up to 128, then a multiple of 128. */
+const prefillWidth = (n: number) => (n <= 128 ? nextPowerOfTwo(n) : Math.ceil(n / 128) * 128);
 
 /** A compiled slot prefill and decode step over device-resident weights and caches. */
 export class SlotEngine {
@@ -322,22 +338,34 @@ export class SlotEngine {
       a.rows.forEach((r) => this.checkRow(r));
     });
     const started = performance.now();
+    const pad = this.opts.padPrefill ?? true;
+    // Padding prompts are one pad token each and are never expanded into a slot; padding rows
+    // repeat the last row (the same slot and values: identical writes). A width past the longest
+    // prompt writes pad keys/values at positions the row's own length never reaches in attention,
+    // which decoding then overwrites.
     const B = admissions.length;
-    const P = Math.max(...admissions.map((a) => a.prompt.length));
+    const Bp = pad ? nextPowerOfTwo(B) : B;
+    const P = pad ? Math.min(prefillWidth(Math.max(...admissions.map((a) => a.prompt.length))), M) : Math.max(...admissions.map((a) => a.prompt.length));
     const KV = this.config.numKvHeads;
-    const ids = new BigInt64Array(B * P).fill(BigInt(this.opts.padTokenId));
+    const ids = new BigInt64Array(Bp * P).fill(BigInt(this.opts.padTokenId));
     admissions.forEach((a, b) => a.prompt.forEach((t, j) => (ids[b * P + j] = BigInt(t))));
+    const lengths = Array.from({ length: Bp }, (_, b) => admissions[b]?.prompt.length ?? 1);
     const slots = admissions.map((a) => a.rows.map(() => this.freeList.pop()!));
     const flat = admissions.flatMap((a, b) => a.rows.map((row, j) => ({ b, row, slot: slots[b][j], ...this.normalised(row) })));
     const E = flat.length;
-    const scatter = new BigInt64Array(E * KV * P * 3);
-    flat.forEach((r, e) => {
+    const padded = pad ? [...flat, ...Array.from({ length: nextPowerOfTwo(E) - E }, () => flat[E - 1])] : flat;
+    const Ep = padded.length;
+    const big = (n: number) => BIG[n] ?? BigInt(n);
+    const scatter = new BigInt64Array(Ep * KV * P * 3);
+    padded.forEach((r, e) => {
+      const slot = big(r.slot);
       for (let h = 0; h < KV; h++) {
+        const head = big(h);
         for (let p = 0; p < P; p++) {
           const at = ((e * KV + h) * P + p) * 3;
-          scatter[at] = BigInt(r.slot);
-          scatter[at + 1] = BigInt(h);
-          scatter[at + 2] = BigInt(p);
+          scatter[at] = slot;
+          scatter[at + 1] = head;
+          scatter[at + 2] = big(p);
         }
       }
     });
@@ -347,17 +375,17 @@ export class SlotEngine {
     try {
       const { binding: pb } = this.variant('prefill', filters, top);
       const b = pb!;
-      b.input('input_ids', { data: ids, dims: [B, P] });
-      b.input('seqlens', hostTensor('int32', [B], admissions.map((a) => a.prompt.length - 1)));
-      b.input('last_index', hostTensor('int64', [B], admissions.map((a, i) => i * P + a.prompt.length - 1)));
+      b.input('input_ids', { data: ids, dims: [Bp, P] });
+      b.input('seqlens', hostTensor('int32', [Bp], lengths.map((n) => n - 1)));
+      b.input('last_index', hostTensor('int64', [Bp], lengths.map((n, i) => i * P + n - 1)));
       b.input('prompt_width', hostTensor('int32', [], [P]));
-      b.input('expand_index', hostTensor('int64', [E], flat.map((r) => r.b)));
-      b.input('scatter_index', { data: scatter, dims: [E, KV, P, 3] });
-      b.input('temperature', hostTensor('float32', [E], flat.map((r) => r.row.sampling.temperature ?? 1)));
-      b.input('top_k', hostTensor('int64', [E], flat.map((r) => r.k)));
-      b.input('top_p', hostTensor('float32', [E], flat.map((r) => r.p)));
-      b.input('min_p', hostTensor('float32', [E], flat.map((r) => r.minP)));
-      b.input('uniform', hostTensor('float32', [E], flat.map((r) => uniformAt(r.row.seed, r.row.key, 0))));
+      b.input('expand_index', hostTensor('int64', [Ep], padded.map((r) => r.b)));
+      b.input('scatter_index', { data: scatter, dims: [Ep, KV, P, 3] });
+      b.input('temperature', hostTensor('float32', [Ep], padded.map((r) => r.row.sampling.temperature ?? 1)));
+      b.input('top_k', hostTensor('int64', [Ep], padded.map((r) => r.k)));
+      b.input('top_p', hostTensor('float32', [Ep], padded.map((r) => r.p)));
+      b.input('min_p', hostTensor('float32', [Ep], padded.map((r) => r.minP)));
+      b.input('uniform', hostTensor('float32', [Ep], padded.map((r) => uniformAt(r.row.seed, r.row.key, 0))));
       this.opts.beforeRun?.('prefill', B);
       const run = performance.now();
       b.runSync();
