@@ -19,7 +19,7 @@
  * - `flash_bwd_pre`: D per row, and zeroes the fp32 dQ accumulator.
  * - `flash_bwd`: a CTA per (64 keys, KV head, batch row), looping over the G query heads of the KV
  *   head and the query tiles at or below the diagonal: P rebuilt from the log-sum-exp, dS = P ∘ (dP − D)
- *   in fp32, P and dS rounded to T for their products (FA2's rounding points); dK and dV accumulate
+ *   in fp32 from P as rounded to T, P and dS rounded to T for their products; dK and dV accumulate
  *   in registers (the G-head sum inside the CTA), dQ partials go to the fp32 accumulator by atomicAdd.
  * - `flash_bwd_dq`: the fp32 dQ accumulator to T.
  */
@@ -42,10 +42,13 @@ export function flashForwardSmem(headDim: number): number {
   return (FLASH_BM + 2 * FLASH_BN) * ldt * 2 + FLASH_BM * (FLASH_BN + 4) * 4 + FLASH_BM * (FLASH_BN + 8) * 2 + (FLASH_THREADS / 32) * 256 * 4;
 }
 
-/** Dynamic shared memory of a backward CTA (bytes): K, V, Q, dO tiles, S and dP, P and dS, L and D, scratch. */
+/**
+ * Dynamic shared memory of a backward CTA (bytes): K, V, Q, dO tiles, one fp32 tile (S, then dP), P
+ * and dS, L and D, scratch — 107.5 KB at head size 128, so two CTAs fit an sm_90 SM.
+ */
 export function flashBackwardSmem(headDim: number): number {
   const ldt = headDim + 8;
-  return (2 * FLASH_BN + 2 * FLASH_BM) * ldt * 2 + 2 * FLASH_BM * (FLASH_BN + 4) * 4 + 2 * FLASH_BM * (FLASH_BN + 8) * 2 + 2 * FLASH_BM * 4 + (FLASH_THREADS / 32) * 256 * 4;
+  return (2 * FLASH_BN + 2 * FLASH_BM) * ldt * 2 + FLASH_BM * (FLASH_BN + 4) * 4 + 2 * FLASH_BM * (FLASH_BN + 8) * 2 + 2 * FLASH_BM * 4 + (FLASH_THREADS / 32) * 256 * 4;
 }
 
 /** The kernel name for a dtype and head size, e.g. `flash_fwd_bf16_d128`. */
@@ -238,9 +241,8 @@ __device__ __forceinline__ void flash_bwd(const T* __restrict__ q, const T* __re
   T* Vs = Ks + BN * LDT;
   T* Qs = Vs + BN * LDT;
   T* dOs = Qs + BM * LDT;
-  float* Ss = reinterpret_cast<float*>(dOs + BM * LDT);
-  float* dPs = Ss + BM * LDS;
-  T* Ps = reinterpret_cast<T*>(dPs + BM * LDS);
+  float* Ss = reinterpret_cast<float*>(dOs + BM * LDT);  // S, then dP (one fp32 tile keeps two CTAs per SM)
+  T* Ps = reinterpret_cast<T*>(Ss + BM * LDS);
   T* dSs = Ps + BM * LDP;
   float* Ls = reinterpret_cast<float*>(dSs + BM * LDP);
   float* Ds = Ls + BM;
@@ -276,16 +278,19 @@ __device__ __forceinline__ void flash_bwd(const T* __restrict__ q, const T* __re
         }
         __syncthreads();
         tile_scores<T, D>(Qs, Ks, Ss, warp);
-        tile_scores<T, D>(dOs, Vs, dPs, warp);
         __syncwarp();
         const int i = m0 + rr;
         for (int c = half * 32; c < half * 32 + 32; ++c) {
           const int j = n0 + c;
-          const bool ok = i < len && j <= i;
-          const float p = ok ? __expf(Ss[rr * LDS + c] * scale - Ls[rr]) : 0.0f;
-          const float ds = ok ? p * (dPs[rr * LDS + c] - Ds[rr]) : 0.0f;
-          Ps[rr * LDP + c] = from_f<T>(p);
-          dSs[rr * LDP + c] = from_f<T>(ds);
+          Ps[rr * LDP + c] = from_f<T>(i < len && j <= i ? __expf(Ss[rr * LDS + c] * scale - Ls[rr]) : 0.0f);
+        }
+        __syncwarp();  // the warp's rows of Ss are read: dP goes there
+        tile_scores<T, D>(dOs, Vs, Ss, warp);
+        __syncwarp();
+        // dS = P ∘ (dP − D) with P as rounded for its product (the composed rule's rounding of P too)
+        for (int c = half * 32; c < half * 32 + 32; ++c) {
+          const int j = n0 + c;
+          dSs[rr * LDP + c] = from_f<T>(i < len && j <= i ? to_f<T>(Ps[rr * LDP + c]) * (Ss[rr * LDS + c] - Ds[rr]) : 0.0f);
         }
         __syncthreads();  // dV and dK read every query row of P and dS
         // dV += Pᵀ · dO and dK += dSᵀ · Q over this tile's queries (Pᵀ read column-major).
