@@ -65,8 +65,12 @@ def load(name, shape):
     return torch.frombuffer(bytearray(open(f"{d}/{name}.f32", "rb").read()), dtype=torch.float32).reshape(shape).to(dev)
 def save(t, name):
     t = t.detach().float().cpu().contiguous()
-    with open(f"{d}/{name}.f32", "wb") as f:
-        f.write(bytes(t.untyped_storage()))
+    try:
+        import numpy
+        t.numpy().tofile(f"{d}/{name}.f32")
+    except ImportError:
+        with open(f"{d}/{name}.f32", "wb") as f:
+            f.write(bytes(t.view(torch.uint8).reshape(-1).tolist()))
 out = {}
 if spec.get("case"):
     B, T, H, KV, D = spec["B"], spec["T"], spec["H"], spec["KV"], spec["D"]
