@@ -3,10 +3,10 @@
  * `resolveGrpoOptions` applies them (and checks the options), so the trainer, the `lathe grpo`
  * schema and a saved config read one set of values.
  */
-import type { CausalLM } from '@lathe/models';
-import type { DType } from '@lathe/onnx';
+import type { CausalLM, Weights } from '@lathe/models';
+import type { DType, Graph } from '@lathe/onnx';
 import type { GenerationEngine, SamplingOptions } from '@lathe/rollout';
-import { Device, type DeviceKind, type SessionOptions } from '@lathe/runtime';
+import { Device, type DeviceKind, type DeviceTensor, type SessionOptions } from '@lathe/runtime';
 import type { AdamWConfig, AttentionChoice, LoraConfig, OptimizerState } from '@lathe/train';
 import { builtinEstimator, type AdvantageFunction, type EstimatorName } from './estimators';
 import { DEFAULT_KL_ESTIMATOR, type KlEstimator, type KlMode } from './kl';
@@ -147,6 +147,13 @@ export interface GrpoTrainerOptions<M> {
    * projection (merged into the base for generation); `dropout` applies in the train step only.
    */
   lora?: LoraConfig;
+  /**
+   * With `lora`: the frozen base the adapters train over, instead of the model's float32 weights —
+   * QLoRA's quantized base (`@lathe/recipes`' `quantizedFrozenBase`). The train step, scoring, the
+   * KL reference and generation all read it (generation with the 'graph' engine: the KV-cache engine
+   * reads dense compute-dtype weights); checkpoints merge the adapters into its dense weights.
+   */
+  frozenBase?: FrozenBase;
   /** PPO's value model: required by, and only used with, `estimator: 'gae'`. */
   valueModel?: ValueModelOptions;
   /** Off-policy traces in every group (LUFFY; the "RL + SFT loss" baseline with term 'sft'). Default none. */
@@ -234,6 +241,22 @@ type PlainDefaultKey =
 
 /** Those options, each with its default applied. */
 type PlainDefaults = Required<Pick<GrpoTrainerOptions<unknown>, PlainDefaultKey>>;
+
+/**
+ * A frozen base for LoRA other than the model's float32 weights (QLoRA: a quantized base), as the
+ * graphs read it: its inputs are named `base/<…>`, quantized projections read through the
+ * weights' `matmul` hook.
+ */
+export interface FrozenBase {
+  /** The base's weights in graph `g` in `compute` (declaring its `base/…` inputs). */
+  weights(g: Graph, compute: DType): Weights;
+  /** The tensors {@link weights} declares, by input name, uploaded to `device`; the trainer disposes them. */
+  upload(device: Device, compute: DType): Record<string, DeviceTensor>;
+  /** Every weight as float32 by HF name (quantized layers dequantized): what checkpoints merge the adapters into. */
+  dense(): Map<string, Float32Array>;
+  /** For logs and errors, e.g. 'nf4'. */
+  describe: string;
+}
 
 /**
  * Every default of {@link GrpoTrainerOptions}, the one place they are written: the trainer applies
@@ -378,6 +401,8 @@ export function resolveGrpoOptions<M>(opts: GrpoTrainerOptions<M>): ResolvedGrpo
     }
     valueModel = v;
   }
+  check(!opts.frozenBase || opts.lora !== undefined, `frozenBase (${opts.frozenBase?.describe}) trains LoRA adapters over it: set lora`);
+  check(!opts.frozenBase || opts.generationEngine !== 'kv-cache', `frozenBase (${opts.frozenBase?.describe}) generates with the 'graph' engine: the KV-cache engine reads dense compute-dtype weights (set generationEngine 'graph' or 'auto')`);
   const loss = isCustomObjective(opts.loss) ? withDefaults({ aggregation: d.loss.aggregation as LossAggregation, readsReference: false }, opts.loss) : withDefaults({ ...d.loss } as ResolvedLossConfig, opts.loss);
   if (!isCustomObjective(loss)) {
     // 0: no truncated importance sampling (the loss then reads no sampling log-probs)

@@ -32,7 +32,7 @@
  * re-scored (the parity then shows how far the filtered distribution is from the policy).
  */
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { paramSpecs, permutation, type DecoderConfig } from '@lathe/models';
+import { paramSpecs, permutation, type DecoderConfig, type Weights } from '@lathe/models';
 import { chooseGenerationEngine, type GenerationEngine, type SamplingOptions } from '@lathe/rollout';
 import type { DeviceTensor } from '@lathe/runtime';
 import {
@@ -56,7 +56,7 @@ import { textClassmate, type ClassmateTokenizer } from './classmate-models';
 import { classmateTokenMask } from './classmate-tokens';
 import { builtinEstimator, type AdvantageBatch, type AdvantageFunction } from './estimators';
 import { logpParity, mean, PhaseClock, rolloutRecords, stepMetrics, type GrpoStepResult, type OffPolicyCounts, type SamplingRounds, type ScoredGroup, type StepAdvantages, type StepLogprobs, type UpdateTotals } from './grpo-metrics';
-import { isCustomObjective, resolveGrpoOptions, type GrpoResumeState, type GrpoTrainerOptions, type ResolvedGrpoOptions } from './grpo-options';
+import { isCustomObjective, resolveGrpoOptions, type FrozenBase, type GrpoResumeState, type GrpoTrainerOptions, type ResolvedGrpoOptions } from './grpo-options';
 import { AdaptiveKlController, klPenalisedRewards, meanCompletionKl } from './kl';
 import { decoderPolicy } from './policies';
 import { lossNormaliser, type PolicyLossConfig } from './policy-loss';
@@ -186,12 +186,17 @@ export class GrpoTrainer<M = unknown> {
     const o = resolveGrpoOptions(options);
     const { model, device, compute, lora } = o;
     const config = model.config;
-    const engine = chooseGenerationEngine(o.generationEngine, config, device.kind, compute, 'generationEngine').engine;
+    // a frozen base of its own (QLoRA) is read through its kernels, which the KV-cache engine's dense buffers cannot hold
+    const engine = o.frozenBase ? 'graph' : chooseGenerationEngine(o.generationEngine, config, device.kind, compute, 'generationEngine').engine;
     // the master weights' start, and with LoRA the frozen base the merged model is built from
-    const weights = model.float32Weights();
+    const weights = o.frozenBase ? new Map<string, Float32Array>() : model.float32Weights();
     const adapters = lora ? loraAdapters(config, lora) : [];
-    const policy = policyWeightsOf(config, lora, compute);
-    const frozen: Record<string, DeviceTensor> = lora ? Object.fromEntries(paramSpecs(config).map((s) => [`base/${s.name}`, device.upload({ data: weights.get(s.name)!, dims: s.shape })])) : {};
+    const policy = policyWeightsOf(config, lora, compute, o.frozenBase);
+    const frozen: Record<string, DeviceTensor> = o.frozenBase
+      ? o.frozenBase.upload(device, compute)
+      : lora
+        ? Object.fromEntries(paramSpecs(config).map((s) => [`base/${s.name}`, device.upload({ data: weights.get(s.name)!, dims: s.shape })]))
+        : {};
     const flashAttention = useFlashAttention(o.attention, device.kind, compute);
 
     // The train step with the RL loss over the same policy builder the scoring graph uses.
@@ -234,7 +239,7 @@ export class GrpoTrainer<M = unknown> {
     const toMerged = () => {
       const snap = trainer.downloadParams();
       snap.delete(SHARED_VALUE_HEAD);
-      return lora ? mergeLora(weights, snap, adapters, lora) : snap;
+      return lora ? mergeLora(o.frozenBase ? o.frozenBase.dense() : weights, snap, adapters, lora) : snap;
     };
     return new GrpoTrainer({ opts: o, trainer, frozen, reference: reference?.weights, ...generation, policyScorer, refScorer, estimate, toMerged, generationEngine: engine, critic });
   }
@@ -784,11 +789,23 @@ export class GrpoTrainer<M = unknown> {
  * side branch over the `base/<name>` inputs, merged into the base for generation) and `train` for
  * the train step, where LoRA dropout (when configured) applies.
  */
-function policyWeightsOf(config: DecoderConfig, lora: LoraConfig | undefined, compute: DType): { weights: PolicyWeights; train: PolicyWeights['weights'] } {
+function policyWeightsOf(config: DecoderConfig, lora: LoraConfig | undefined, compute: DType, frozenBase?: FrozenBase): { weights: PolicyWeights; train: PolicyWeights['weights'] } {
   const trainable = GrpoTrainer.trainableParams(config, lora);
   if (!lora) return { weights: { trainable, weights: (_g, t) => castWeights(t, compute) }, train: (_g, t) => castWeights(t, compute) };
   const specs = paramSpecs(config);
   const adapters = loraAdapters(config, lora);
+  if (frozenBase) {
+    // QLoRA: the adapters' side branches over the base's own projections (its matmul hook); nothing to merge into for generation
+    const over = (g: Graph, t: Map<string, Tensor>, training: boolean): Weights => {
+      const base = frozenBase.weights(g, compute);
+      const w = loraWeights((n) => base(n), t, adapters, lora, compute, { training });
+      const out: Weights = (name) => w(name);
+      out.branch = w.branch;
+      out.matmul = base.matmul;
+      return out;
+    };
+    return { weights: { trainable, weights: (g, t) => over(g, t, false) }, train: (g, t) => over(g, t, true) };
+  }
   const baseInputs = (g: Graph) => {
     const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
     return (n: string) => base.get(n)!;
@@ -853,6 +870,10 @@ function generationRunners<M>(o: ResolvedGrpoOptions<M>, engine: GenerationEngin
 function frozenReferenceOf<M>(o: ResolvedGrpoOptions<M>, trainer: Trainer, frozen: Record<string, DeviceTensor>, owned: { dispose(): void }[]): { policy: PolicyWeights; weights: BoundWeights } {
   const { model, compute } = o;
   const specs = paramSpecs(model.config);
+  if (o.frozenBase) {
+    const base = o.frozenBase;
+    return { policy: { trainable: [], weights: (g) => base.weights(g, compute) }, weights: Object.entries(frozen) };
+  }
   if (o.lora) {
     return {
       policy: { trainable: specs.map((s) => ({ name: s.name, shape: s.shape, decay: false })), weights: (_g, t) => castWeights(t, compute) },

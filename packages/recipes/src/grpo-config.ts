@@ -1,7 +1,7 @@
 /** `lathe grpo`'s options: defaults, flags, YAML keys and the config saved with every checkpoint. */
 import { ESTIMATOR_NAMES, GRPO_DEFAULTS, LOSS_AGGREGATIONS, POLICY_TERMS, type GrpoAlgorithmOptions } from '@lathe/grpo';
 import { BUILTIN_DATA, BUILTIN_TOKENIZER } from './demo-task';
-import { attentionOption, checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, reportOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainComputeDtypeOption } from './common-options';
+import { attentionOption, checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, quantizeBaseOption, reportOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainComputeDtypeOption } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 import { TRAIN_EVAL_KEYS, trainEvalOptions } from './train-eval-config';
 import { classmateOptions, rolloutIsOption } from './classmate-config';
@@ -108,6 +108,7 @@ export const grpoSchema = {
   // optimizer
   ...optimizerOptions({ lr: 1e-6, schedule: 'constant', warmup_steps: 0, weight_decay: GRPO_DEFAULTS.optimizer.weightDecay, max_grad_norm: GRPO_DEFAULTS.optimizer.maxGradNorm }),
   ...loraOptions,
+  quantize_base: quantizeBaseOption,
   seed: { ...seedOption('prompt order, the held-out split, sampling noise, minibatch shuffles and LoRA init'), default: GRPO_DEFAULTS.seed },
   // bookkeeping (these may change on --resume without --force)
   ...resumableOptions({

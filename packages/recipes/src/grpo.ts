@@ -22,6 +22,7 @@ import { additionExamples, BUILTIN_DATA } from './demo-task';
 import { readPromptFile } from './generate';
 import { grpoTrainerOptions, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
 import { judgeSource, policyPromptRenderer, withClassmates } from './classmate-config';
+import { quantizedFrozenBase } from './quantize-lora';
 import { serveTrainingPolicy, type TrainingServe } from './serve-training';
 import { combineRewardSources, loadRewardFunctions, parseRewardWeights, rewardModelSource, RewardSourceError, withRewardWeights, type AnyRewardSource } from './reward-sources';
 import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested } from './scaffold';
@@ -232,6 +233,11 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   }
   if (cfg.off_policy_traces > 0 && cfg.off_policy_field === '') throw new Error(`--off_policy_traces ${cfg.off_policy_traces}: name the data's field of off-policy traces with --off_policy_field${cfg.preset !== 'none' ? ` (--preset ${cfg.preset} mixes them in)` : ''}`);
   if (cfg.reward === 'none' && cfg.eval_sampled) throw new Error('--eval_sampled measures accuracy against the answers, and --reward none reads none (the greedy evaluation reports the reward instead)');
+  if (cfg.quantize_base !== 'none') {
+    if (cfg.lora_rank === 0) throw new Error(`--quantize_base ${cfg.quantize_base} trains LoRA adapters over a frozen quantized base: set --lora_rank > 0`);
+    if (cfg.generation_engine === 'kv-cache') throw new Error(`--quantize_base ${cfg.quantize_base} with --generation_engine kv-cache: the KV-cache engine reads dense compute-dtype weights, and a quantized base is read through its kernels; use --generation_engine graph (or auto, which picks it)`);
+    if (cfg.serve_port > 0) throw new Error(`--serve_port with --quantize_base ${cfg.quantize_base} is not supported: the server reads the KV-cache engine's dense weights; serve with plain LoRA, or serve the checkpoints (lathe serve)`);
+  }
   if (cfg.off_policy_traces >= cfg.group_size) throw new Error(`--off_policy_traces ${cfg.off_policy_traces} must be below --group_size ${cfg.group_size} (a group needs on-policy samples)`);
   const rows = cfg.prompts_per_step * cfg.group_size;
   if (rows < cfg.n_minibatches * cfg.micro_batches) throw new Error(`--prompts_per_step ${cfg.prompts_per_step} × --group_size ${cfg.group_size} = ${rows} completions cannot fill --n_minibatches ${cfg.n_minibatches} × --micro_batches ${cfg.micro_batches}`);
@@ -330,6 +336,8 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     rewards: classmates.rewards,
     ...grpoTrainerOptions(cfg),
     lora,
+    // QLoRA: the adapters over the base quantized in memory (quantize-lora.ts)
+    ...(cfg.quantize_base !== 'none' ? { frozenBase: quantizedFrozenBase(model.config, model.lm.float32Weights(), cfg.quantize_base, cfg.device) } : {}),
     device,
     resume,
   });

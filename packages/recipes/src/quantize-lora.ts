@@ -12,6 +12,7 @@ import { paramSpecs, SCORE_WEIGHT, type Weights } from '@lathe/models';
 import { overQuantizedBase, QuantizedModel, type QuantScheme } from '@lathe/quantization';
 import { trainedWeights, type TrainedWeights } from '@lathe/reward-models';
 import type { DecoderConfig } from '@lathe/models';
+import type { FrozenBase } from '@lathe/grpo';
 import { initLora, loraAdapters, loraFromOptions, loraWeights, mergeLora, type LoraConfig, type LoraOptions, type TrainableParam } from '@lathe/train';
 
 /** Options of {@link qloraTrainedWeights}. */
@@ -97,6 +98,24 @@ export function runTrainedWeights(
   if (!cfg.lora) throw new Error(`--quantize_base ${cfg.quantize_base} trains LoRA adapters over a frozen quantized base: set --lora_rank > 0`);
   const q = QuantizedModel.quantize(config, master, scheme);
   return qloraTrainedWeights(q, { lora: cfg.lora, compute: cfg.compute, seed: cfg.seed, backward: cfg.device === 'cuda' ? 'kernel' : 'dequantize' });
+}
+
+/**
+ * QLoRA's frozen base for `GrpoTrainer` (its `frozenBase` option): `master` quantized here in
+ * `--quantize_base`'s format, read by the train step, scoring, the KL reference and generation
+ * through the quantized kernels; checkpoints merge the adapters into its dequantized weights.
+ */
+export function quantizedFrozenBase(config: DecoderConfig, master: ReadonlyMap<string, Float32Array>, quantizeBase: string, device: string): FrozenBase {
+  const scheme = QLORA_SCHEMES[quantizeBase];
+  if (!scheme) throw new Error(`--quantize_base ${quantizeBase}: not a format (none, ${Object.keys(QLORA_SCHEMES).join(', ')})`);
+  const q = QuantizedModel.quantize(config, master, scheme);
+  const backward = device === 'cuda' ? 'kernel' : 'dequantize';
+  return {
+    describe: quantizeBase,
+    weights: (g, compute) => q.graphWeights(g, { dtype: compute, prefix: 'base/', backward }).weights,
+    upload: (dev, compute) => Object.fromEntries(q.deviceTensors(dev, compute, 'base/')),
+    dense: () => q.dequantizedWeights(),
+  };
 }
 
 /** What a training recipe trains, from its options (see {@link recipeTensors}). */
