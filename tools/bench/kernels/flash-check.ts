@@ -21,7 +21,7 @@
  * --cpu: a smoke test of this script on the CPU (float32, tiny cases, the custom ops' host compute in
  * place of the kernels, no PyTorch): what CI can run; it checks the script, not the kernels.
  *
- * usage: node .bundle/flash-check.js [--phases compile,check,op,time] [--reps 20] [--python PATH] [--no-torch] [--cpu]
+ * usage: node .bundle/flash-check.js [--phases compile,check,op,time] [--cases NAME,…] [--reps 20] [--python PATH] [--no-torch] [--cpu]
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
@@ -524,7 +524,10 @@ function main(): void {
     console.log(JSON.stringify({ phase: 'compile', include, ms: +(performance.now() - t0).toFixed(1), compiled: kernels.counts.compiled, cached: kernels.counts.cached, target: kernels.target }));
     const side = gpuSide(kernels, fa);
     const python = pythonPath();
-    if (phases.includes('check')) for (const c of CASES) ok = checkCase(side, device, c, python) && ok;
+    const names = arg('cases', CASES.map((c) => c.name).join(',')).split(',');
+    const unknown = names.filter((n) => !CASES.some((c) => c.name === n));
+    if (unknown.length) throw new Error(`--cases: unknown case(s) ${unknown.join(', ')} (${CASES.map((c) => c.name).join(', ')})`);
+    if (phases.includes('check')) for (const c of CASES.filter((x) => names.includes(x.name))) ok = checkCase(side, device, c, python) && ok;
     if (phases.includes('op')) ok = opPhase(side, device, CASES[0], fa) && ok;
     if (phases.includes('time')) timePhase(kernels, device, side, python);
     kernels.dispose();
