@@ -9,12 +9,16 @@
  */
 import * as L from '@lathe/onnx';
 import type { Graph } from '@lathe/onnx';
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import * as ort from 'onnxruntime-node';
 import { MODEL_PRESETS, paramSpecs, parseConfig, type DecoderConfig, type HfConfig } from '@lathe/models';
 import { compileTrainStep, sftLoss, type LossBuilder } from '@lathe/train';
 import { decoderPolicy, rlLoss } from '@lathe/grpo';
 import { extractionLoss } from '@lathe/policy-extraction';
 import { tinyQwen2, tinyQwen3 } from '../../models/test/tiny';
-import { checkPlacement, historicalMassLoss } from '../../../tools/bench/extract/placement';
+import { checkPlacement, historicalMassLoss, stepGraph } from '../../../tools/bench/extract/placement';
 
 const tied = parseConfig(tinyQwen3);
 const untied = parseConfig(tinyQwen2);
@@ -44,6 +48,23 @@ describe('the candidate-mass term as it was is flagged', () => {
     expect(found.map((n) => [n.opType, n.reason])).toEqual([['Shape', 'Shape of a Transpose']]);
     expect(found[0].name).toMatch(/^grad\/Gather_\d+\//);
   });
+});
+
+test('ONNX Runtime 1.29’s level-1 optimizer does turn that Shape(Transpose(logits)) into Gather(Shape(logits), perm) (its optimized model, saved on the CPU)', async () => {
+  const model = L.toModelProto(stepGraph(tied, historicalMassLoss(tied, 'float32', 'gather', true, 16)));
+  const [flagged] = L.cpuPlacedNodes(model);
+  expect(flagged.reason).toBe('Shape of a Transpose');
+  const shape = model.graph.node.find((n) => n.name === flagged.name)!;
+  const read = (name: string) => model.graph.node.find((n) => n.output.includes(name))!;
+  expect(read(shape.input[0]).opType).toBe('Transpose');
+  const saved = join(mkdtempSync(join(tmpdir(), 'placement-')), 'basic.onnx');
+  await ort.InferenceSession.create(L.toModelBytes(stepGraph(tied, historicalMassLoss(tied, 'float32', 'gather', true, 16))), { graphOptimizationLevel: 'basic', optimizedModelFilePath: saved });
+  const optimized = L.decodeModelProto(new Uint8Array(readFileSync(saved)));
+  const producer = optimized.graph.node.find((n) => n.output.includes(shape.output[0]))!;
+  expect(producer.opType).toBe('Gather');
+  const [data, perm] = producer.input;
+  expect(optimized.graph.node.find((n) => n.output.includes(data))!.opType).toBe('Shape');
+  expect(optimized.graph.initializer!.find((t) => t.name === perm)!.dims!.map(Number)).toEqual([3]); // a small initializer: the rule's CPU-ready input
 });
 
 describe('no training graph puts a node on the CPU', () => {
