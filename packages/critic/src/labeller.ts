@@ -5,7 +5,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
-import { decoderHidden, lmLogits, paramSpecs, weightInputs, type DecoderConfig } from '@lathe/models';
+import { chunkedLogprobsAndEntropy, decoderHidden, lmLogits, paramSpecs, weightInputs, type DecoderConfig } from '@lathe/models';
 import type { Device, DeviceTensor, Session } from '@lathe/runtime';
 import type { CriticBins, CriticEstimate } from './bins';
 import { criticTreeProbs } from './loss';
@@ -78,11 +78,13 @@ export class CriticLabeller {
       const { weights } = weightInputs(ref, opts.reference.config, 'float32', compute);
       const ids = ref.input('input_ids', 'int64', ['B', 'T']);
       const mask = ref.input('attention_mask', 'int64', ['B', 'T']);
-      const logits = L.cast(lmLogits(opts.reference.config, weights, decoderHidden(opts.reference.config, weights, ids, mask)), 'float32');
+      const hidden = decoderHidden(opts.reference.config, weights, ids, mask);
+      const logits = L.cast(lmLogits(opts.reference.config, weights, hidden), 'float32');
       const [values, indices] = L.topK(L.logSoftmax(logits, -1), opts.maxCandidates, -1);
       ref.output(values, 'top_logprobs');
       ref.output(indices, 'top_ids');
-      ref.output(L.entropy(logits), 'entropies');
+      // the entropy as GRPO's re-scoring computes it: per vocabulary chunk, so no second [B, T, V] tensor (its log-probs, of `ids`, go unused)
+      ref.output(chunkedLogprobsAndEntropy(opts.reference.config, weights, hidden, ids).entropy, 'entropies');
     }
     const critic = new L.Graph('critic_tree');
     critic.output(criticTreeProbs(critic, opts.critic.config, opts.bins, weightInputs(critic, opts.critic.config, 'float32', compute).weights), 'cell_probs');
