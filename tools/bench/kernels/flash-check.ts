@@ -17,20 +17,30 @@
  *   16/8 heads, 128), device ms from events on the stream, per layer, and GroupQueryAttention's
  *   forward followed by the kernels' backward; PyTorch SDPA (flash backend, causal) beside them when
  *   PyTorch is there.
+ * - sft: full SFT steps of Qwen3-0.6B (random init) at --batch 8x1024 through the trainer, sftLoss's
+ *   flash attention (GroupQueryAttention, composed backward) against the same loss with the decoder's
+ *   kernel path (--mode backward: GroupQueryAttention's forward and the kernels' backward, the
+ *   default; kernels: both sides; or both, comma-separated): losses (must agree within 2 % in bf16),
+ *   step ms and tok/s of each.
  *
  * --cpu: a smoke test of this script on the CPU (float32, tiny cases, the custom ops' host compute in
  * place of the kernels, no PyTorch): what CI can run; it checks the script, not the kernels.
  *
- * usage: node .bundle/flash-check.js [--phases compile,check,op,time] [--cases NAME,…] [--reps 20] [--python PATH] [--no-torch] [--cpu]
+ * usage: node .bundle/flash-check.js [--phases compile,check,op,time,sft] [--cases NAME,…] [--reps 20] [--python PATH] [--no-torch]
+ *          [--batch 8x1024] [--steps 4] [--compute bfloat16] [--mode backward|kernels|backward,kernels] [--cpu]
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as L from '@lathe/onnx';
+import { CausalLM, chunkedTargetLogprobs, decoder, paddedCausalMask, positionsFromPadding, rightPaddedAttention, shiftLeft, totalLength, totalLengthTensor, TOTAL_LENGTH_INPUT, type DecoderConfig, type FlashAttentionInputs, type HfConfig } from '@lathe/models';
+import { castWeights, sftLoss, Trainer, type LossBuilder } from '@lathe/train';
 import { cudaIncludeDir, FlashAttention, flashAttentionOps, flashAttentionReference, Kernels, type FlashAttentionMode, type FlashAttentionOps, type FlashAttentionShape } from '@lathe/kernels';
 import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type Binding, type DeviceTensor, type Session } from '@lathe/runtime';
 import { arg, flag } from '../argv';
+import { QWEN3_0_6B } from '../shapes';
+import { trainedParams } from './plan';
 
 type Half = 'bfloat16' | 'float16' | 'float32';
 
@@ -499,6 +509,76 @@ function timePhase(kernels: Kernels, device: Device, side: KernelSide, python: s
   for (const t of [...Object.values(o), x.q, x.k, x.v, x.dOut, x.seqlens, x.tokens]) t.dispose();
 }
 
+/**
+ * sftLoss with flash attention (all tokens right-padded rows, full loss mask) with the decoder's
+ * attention through `kernel`: the same loss as `sftLoss(cfg, { compute, flashAttention: true })`
+ * for a batch whose loss_mask is attention_mask.
+ */
+function kernelSftLoss(cfg: DecoderConfig, compute: 'float32' | 'bfloat16', kernel: NonNullable<FlashAttentionInputs['kernel']>): LossBuilder {
+  return (g, params) => {
+    const ids = g.input('input_ids', 'int64', ['B', 'T']);
+    const attention = g.input('attention_mask', 'int64', ['B', 'T']);
+    const lossMask = g.input('loss_mask', 'int64', ['B', 'T']);
+    const normaliser = g.input('loss_tokens', 'float32', []);
+    const w = castWeights(params, compute);
+    const rows = rightPaddedAttention(attention, totalLength(g, ids));
+    const { hidden } = decoder(cfg, w, { inputIds: ids, positionIds: positionsFromPadding(attention), attentionMask: paddedCausalMask(attention), flashAttention: { ...rows, kernel } });
+    const logp = chunkedTargetLogprobs(cfg, w, hidden, shiftLeft(ids), {});
+    // position t predicts token t + 1: weighted by loss_mask[t + 1], the wrapped last column by 0
+    const predicted = L.mul(shiftLeft(lossMask), L.concat([L.slice(L.add(L.mul(lossMask, 0), 1), [1], [0], [-1]), L.mul(L.slice(lossMask, [1], [0], [1]), 0)], 1));
+    const nllSum = L.neg(L.reduceSum(L.mul(logp, L.cast(predicted, 'float32'))));
+    return { loss: L.div(nllSum, normaliser), metrics: { token_nll_sum: nllSum } };
+  };
+}
+
+/** Full SFT steps with sftLoss's flash attention (GroupQueryAttention, composed backward) and with the kernels, same init and batch. */
+function sftPhase(device: Device, hf: HfConfig, ops: FlashAttentionOps, o: { batch: [number, number]; steps: number; compute: 'float32' | 'bfloat16'; mode: FlashAttentionMode }): boolean {
+  const [B, T] = o.batch;
+  const model = CausalLM.random(hf, { seed: 1, std: 0.02 });
+  const params = trainedParams(hf).map((p) => ({ name: p.name, shape: p.shape, decay: p.decay }));
+  const weights = model.float32Weights();
+  const vocab = model.config.vocabSize;
+  const ids = BigInt64Array.from({ length: B * T }, (_, i) => BigInt((i * 7919 + 13) % vocab));
+  // one row shorter than the batch (right padding) where there are two rows
+  const mask = BigInt64Array.from({ length: B * T }, (_, i) => (B > 1 && Math.floor(i / T) === 1 && i % T >= T - T / 4 ? 0n : 1n));
+  const tokens = mask.reduce((a, m) => a + Number(m), 0);
+  const batch = {
+    input_ids: device.upload({ data: ids, dims: [B, T] }),
+    attention_mask: device.upload({ data: mask, dims: [B, T] }),
+    loss_mask: device.upload({ data: mask, dims: [B, T] }),
+    loss_tokens: { data: Float32Array.of(tokens - B), dims: [] },
+    [TOTAL_LENGTH_INPUT]: totalLengthTensor(T),
+  };
+  const optimizer = { weightDecay: 0.01, maxGradNorm: 1 };
+  const runs: Record<string, { losses: number[]; grad_norms: number[]; step_ms: number[]; tokens_per_s_best: number }> = {};
+  const kernel: NonNullable<FlashAttentionInputs['kernel']> = (x, heads) => ops.attend(x, heads, o.mode);
+  for (const path of ['composed', 'kernel'] as const) {
+    const loss = path === 'composed' ? sftLoss(model.config, { compute: o.compute, flashAttention: true }) : kernelSftLoss(model.config, o.compute, kernel);
+    const trainer = Trainer.create({ params, loss, optimizer }, { params: weights }, { device, ...(path === 'kernel' ? { session: { customOpDomains: [ops.domain.handle] } } : {}) });
+    const r = { losses: [] as number[], grad_norms: [] as number[], step_ms: [] as number[], tokens_per_s_best: 0 };
+    for (let s = 0; s < o.steps; s++) {
+      const t0 = performance.now();
+      const out = trainer.trainStep([batch], 1e-5);
+      ops.check();
+      r.step_ms.push(+(performance.now() - t0).toFixed(1));
+      r.losses.push(out.loss);
+      r.grad_norms.push(out.gradNorm);
+    }
+    trainer.dispose();
+    r.tokens_per_s_best = Math.round((B * T) / (Math.min(...r.step_ms.slice(o.steps > 1 ? 1 : 0)) / 1000));
+    runs[path] = r;
+  }
+  // the same model, batch and update: losses agree to the compute dtype's rounding
+  const tol = o.compute === 'float32' ? 1e-4 : 2e-2;
+  const worst = Math.max(...runs.composed.losses.map((l, i) => Math.abs(l - runs.kernel.losses[i]) / Math.abs(l)));
+  const ok = runs.kernel.losses.every(Number.isFinite) && worst <= tol;
+  console.log(JSON.stringify({ phase: 'sft', mode: o.mode, batch: [B, T], compute: o.compute, ...runs, speedup: +(runs.kernel.tokens_per_s_best / runs.composed.tokens_per_s_best).toFixed(3), max_rel_loss_diff: +worst.toPrecision(3), ok }));
+  for (const t of [batch.input_ids, batch.attention_mask, batch.loss_mask]) t.dispose();
+  return ok;
+}
+
+const TINY: HfConfig = { architectures: ['Qwen3ForCausalLM'], vocab_size: 512, hidden_size: 64, intermediate_size: 192, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 64, rms_norm_eps: 1e-6, rope_theta: 10000, max_position_embeddings: 1024, tie_word_embeddings: true };
+
 const CPU_CASES: Case[] = [
   { name: 'cpu_b2_t40_ragged', batch: 2, seqLen: 40, numHeads: 4, numKvHeads: 2, headDim: 64, dtype: 'float32', lens: [40, 17] },
   { name: 'cpu_b3_t20_len1', batch: 3, seqLen: 20, numHeads: 4, numKvHeads: 1, headDim: 64, dtype: 'float32', lens: [1, 20, 9] },
@@ -506,15 +586,22 @@ const CPU_CASES: Case[] = [
 
 function main(): void {
   const cpu = flag('cpu');
-  const phases = arg('phases', cpu ? 'check,op' : 'compile,check,op,time').split(',');
-  for (const p of phases) if (!['compile', 'check', 'op', 'time'].includes(p)) throw new Error(`--phases: unknown phase '${p}' (compile, check, op, time)`);
-  if (cpu && phases.some((p) => p === 'compile' || p === 'time')) throw new Error('--cpu runs the check and op phases only (no kernels to compile or time on the CPU)');
+  const phases = arg('phases', cpu ? 'check,op,sft' : 'compile,check,op,time,sft').split(',');
+  for (const p of phases) if (!['compile', 'check', 'op', 'time', 'sft'].includes(p)) throw new Error(`--phases: unknown phase '${p}' (compile, check, op, time, sft)`);
+  if (cpu && phases.some((p) => p === 'compile' || p === 'time')) throw new Error('--cpu runs the check, op and sft phases only (no kernels to compile or time on the CPU)');
+  const modes = arg('mode', 'backward').split(',') as FlashAttentionMode[];
+  for (const m of modes) if (m !== 'backward' && m !== 'kernels') throw new Error(`--mode: unknown mode '${m}' (backward, kernels)`);
   let ok = true;
   if (cpu) {
     const device = Device.cpu();
     const side = cpuSide(device);
     if (phases.includes('check')) for (const c of CPU_CASES) ok = checkCase(side, device, c, undefined) && ok;
     if (phases.includes('op')) ok = opPhase(side, device, CPU_CASES[0], undefined) && ok;
+    if (phases.includes('sft')) {
+      const ops = flashAttentionOps('cpu');
+      for (const mode of modes) ok = sftPhase(device, TINY, ops, { batch: [2, 16], steps: 2, compute: 'float32', mode }) && ok;
+      ops.dispose();
+    }
     side.dispose();
   } else {
     const { kernels, device } = Kernels.withDevice();
@@ -530,6 +617,13 @@ function main(): void {
     if (phases.includes('check')) for (const c of CASES.filter((x) => names.includes(x.name))) ok = checkCase(side, device, c, python) && ok;
     if (phases.includes('op')) ok = opPhase(side, device, CASES[0], fa) && ok;
     if (phases.includes('time')) timePhase(kernels, device, side, python);
+    if (phases.includes('sft')) {
+      const ops = flashAttentionOps('cuda', fa);
+      const [B, T] = arg('batch', '8x1024').split('x').map(Number);
+      const compute = arg('compute', 'bfloat16') as 'float32' | 'bfloat16';
+      for (const mode of modes) ok = sftPhase(device, QWEN3_0_6B, ops, { batch: [B, T], steps: Number(arg('steps', '4')), compute, mode }) && ok;
+      ops.dispose();
+    }
     kernels.dispose();
   }
   console.log(JSON.stringify({ phase: 'summary', ok }));
