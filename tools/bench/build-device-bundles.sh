@@ -22,6 +22,7 @@ declare -A entries=(
   [qlora-step]=tools/bench/quantization/qlora-step.ts
   [luffy-ppo-step]=tools/bench/grpo/luffy-ppo-step.ts
   [serve-bench]=tools/bench/serve/serve-bench.ts
+  [sft-serve-check]=tools/bench/serve/sft-serve-check.ts
   [eval-bench]=tools/bench/eval/eval-bench.ts
   [critic-bench]=tools/bench/critic/critic-bench.ts
   [classmate-step]=tools/bench/classmate/classmate-step.ts
@@ -35,7 +36,7 @@ declare -A entries=(
 # Entries that load a Hugging Face tokenizer carry @huggingface/transformers inside the bundle (the
 # GPU machine has no copy of it), with its image library sharp stubbed out, and Qwen3's tokenizer
 # files beside the bundle in .bundle/qwen3-tokenizer.
-declare -A with_tokenizer=([lathe-trajectories]=1 [serve-bench]=1 [eval-bench]=1)
+declare -A with_tokenizer=([lathe-trajectories]=1 [serve-bench]=1 [eval-bench]=1 [sft-serve-check]=1)
 names=("$@")
 [ ${#names[@]} -eq 0 ] && names=("${!entries[@]}")
 mkdir -p .bundle/node_modules/@koromix

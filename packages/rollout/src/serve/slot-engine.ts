@@ -119,7 +119,8 @@ export class SlotEngine {
   private readonly freeList: number[];
   private readonly prefills = new Map<string, Variant>();
   private readonly steps = new Map<string, Variant>();
-  private extraWeights: Iterable<readonly [string, DeviceTensor]>[] = [];
+  /** Weights bound by {@link bindWeights}, by graph input name (a later binding of a name replaces the earlier). */
+  private readonly extraWeights = new Map<string, DeviceTensor>();
   /** The launched decode step awaiting `collect`: its binding, busy slots and their states then. */
   private inFlight: { binding: Binding; busy: number[]; states: SlotState[]; top: boolean } | undefined;
   /** Decode steps and prefills run so far. */
@@ -252,7 +253,7 @@ export class SlotEngine {
 
   private bindCommon(b: Binding): void {
     for (const [name, t] of this.weights ?? []) b.input(name, t);
-    for (const set of this.extraWeights) for (const [name, t] of set) b.input(name, t);
+    for (const [name, t] of this.extraWeights) b.input(name, t);
     for (let i = 0; i < this.config.numLayers; i++) {
       for (const [j, which] of (['key', 'value'] as const).entries()) {
         const cache = this.caches[2 * i + j];
@@ -511,7 +512,7 @@ export class SlotEngine {
   bindWeights(...sets: Iterable<readonly [string, DeviceTensor]>[]): void {
     if (this.opts.cudaGraph) throw new Error('bindWeights: a CUDA-graph engine keeps its weight addresses');
     const copies = sets.map((s) => [...s]);
-    this.extraWeights = [...this.extraWeights, ...copies];
+    for (const set of copies) for (const [name, t] of set) this.extraWeights.set(name, t);
     for (const v of [...this.prefills.values(), ...this.steps.values()]) for (const set of copies) for (const [name, t] of set) v.binding?.input(name, t);
   }
 
