@@ -126,14 +126,16 @@ test("lathe critic label's output: each token with the Q of the sampled token an
   const row = Array.from({ length: table.numRows }, (_, i) => i).find((i) => list('output_token_ids', i).length >= 3)!;
   expect(row).toBeDefined();
   const got = (await get(`/api/tokens?file=${grpo}/${CRITIC_LABELLED}&row=${row}`)).body as unknown as { values: string[]; tokens: { id: number; entropy: number; q: number }[] };
-  expect(got.values).toEqual(['entropy', 'q']);
   const ids = list('output_token_ids', row);
   expect(got.tokens.map((t) => t.id)).toEqual(ids);
   expect(got.tokens.map((t) => t.entropy)).toEqual(list('token_entropies', row));
   // the sampled token's Q: its entry among the position's candidates, where it is one
   const cands = (table.getChild('candidate_ids')!.get(row) as { toArray(): { toArray(): ArrayLike<number> }[] }).toArray().map((c) => Array.from(c.toArray(), Number));
   const cq = (table.getChild('candidate_q_values')!.get(row) as { toArray(): { toArray(): ArrayLike<number> }[] }).toArray().map((c) => Array.from(c.toArray(), Number));
-  expect(got.tokens.map((t) => t.q)).toEqual(ids.map((id, k) => (cands[k].includes(id) ? cq[k][cands[k].indexOf(id)] : null)));
+  const q = ids.map((id, k) => (cands[k].includes(id) ? cq[k][cands[k].indexOf(id)] : null));
+  expect(got.tokens.map((t) => t.q)).toEqual(q);
+  // no log-probs in the file; Q where some sampled token is among its position's candidates
+  expect(got.values).toEqual(['entropy', ...(q.some((v) => v !== null) ? ['q'] : [])]);
 });
 
 test('a version-1 rollout store (no per-token columns) still serves its rollouts, with tokens and no values', async () => {

@@ -18,6 +18,8 @@ interface MetricsAnswer {
 /** Tick spacings of the step axis: whole steps only. */
 const STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000, 10000, 20000, 50000, 100000];
 const COLORS = ['#2f6feb', '#e5534b', '#2da44e', '#bf8700', '#8250df', '#1b7c83', '#cf222e', '#57606a'];
+/** Phase colours of the step-time charts, bottom of the stack first. */
+const PHASE_COLORS = ['#2f6feb', '#e5534b', '#bf8700', '#2da44e', '#8250df', '#57606a', '#1b7c83', '#cf222e'];
 
 export async function metricsPage(view: HTMLElement, settings: StudioSettings): Promise<() => void> {
   const runs = await api<RunInfo[]>('/api/runs');
@@ -101,7 +103,7 @@ export async function metricsPage(view: HTMLElement, settings: StudioSettings): 
     if (!stacked || !chosen.some((n) => stepTimeStack(data.get(n)!.lines))) return;
     // in the page before the charts are made, so that each takes its column's width
     stackWrap.append(h('h3', {}, 'Step time'), stacks);
-    for (const [i, name] of chosen.entries()) {
+    for (const name of chosen) {
       const st = stepTimeStack(data.get(name)!.lines);
       if (!st) continue;
       const box = h('div', { class: 'chart panel', 'data-stack-run': name, 'data-stack': JSON.stringify(st) }, h('h4', {}, `${name}: step time by phase (ms)`));
@@ -117,8 +119,9 @@ export async function metricsPage(view: HTMLElement, settings: StudioSettings): 
           { label: 'step' },
           ...order.map((k) => ({
             label: st.phases[k].replace(/_ms$/, ''),
-            stroke: COLORS[(k + i) % COLORS.length],
-            fill: `${COLORS[(k + i) % COLORS.length]}99`,
+            // a phase keeps its colour in every run's chart
+            stroke: PHASE_COLORS[k % PHASE_COLORS.length],
+            fill: `${PHASE_COLORS[k % PHASE_COLORS.length]}aa`,
             width: 1,
             points: { show: st.steps.length <= 60, size: 4 },
             // the legend shows the phase's own time, not the stacked height
