@@ -6,10 +6,13 @@
  * gradient for every weight. The kernels themselves are tested in flash-attention-emulated.test.ts
  * (CPU emulation) and on the GPU by tools/bench/kernels/flash-check.ts.
  */
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import * as L from '@lathe/onnx';
 import { decoder, lmLogits, type FlashAttentionInputs, paddedCausalMask, paramSpecs, positionsFromPadding, rightPaddedAttention, targetLogprobs, weightInputs } from '@lathe/models';
 import { Device } from '@lathe/runtime';
-import { flashAttentionOps, flashAttentionUnsupported } from '@lathe/kernels';
+import { cudaIncludeDir, flashAttentionOps, flashAttentionUnsupported } from '@lathe/kernels';
 import { tinyModel, tinyQwen3, weightFeeds } from '../../models/test/tiny';
 
 const ids = [
@@ -104,4 +107,14 @@ test('CUDA ops need the compiled kernels; a dtype without a kernel is refused by
   const x = { query: q, key: k, value: k, seqlensK: g.input('s', 'int32', [1]), totalSequenceLength: g.constant(4, 'int32', []) };
   expect(() => ops.attend(x, { numHeads: 2, kvNumHeads: 1 })).toThrow(/no kernel for dtype float16 \(takes float32\)/);
   ops.dispose();
+});
+
+test('the CUDA include folder: LATHE_CUDA_INCLUDE wins and must hold mma.h; else CUDA_HOME/include', () => {
+  const root = mkdtempSync(join(tmpdir(), 'lathe-cuda-include-'));
+  const include = join(root, 'include');
+  mkdirSync(include);
+  expect(() => cudaIncludeDir({ LATHE_CUDA_INCLUDE: include })).toThrow(`LATHE_CUDA_INCLUDE=${include} holds no mma.h`);
+  writeFileSync(join(include, 'mma.h'), '');
+  expect(cudaIncludeDir({ LATHE_CUDA_INCLUDE: include })).toBe(include);
+  expect(cudaIncludeDir({ CUDA_HOME: root })).toBe(include);
 });
