@@ -23,6 +23,7 @@ declare -A entries=(
   [luffy-ppo-step]=tools/bench/grpo/luffy-ppo-step.ts
   [serve-bench]=tools/bench/serve/serve-bench.ts
   [sft-serve-check]=tools/bench/serve/sft-serve-check.ts
+  [flash-check]=tools/bench/kernels/flash-check.ts
   [eval-bench]=tools/bench/eval/eval-bench.ts
   [critic-bench]=tools/bench/critic/critic-bench.ts
   [classmate-step]=tools/bench/classmate/classmate-step.ts

@@ -6,6 +6,8 @@
  * text ends in a prefix of one, that tail is held back so a stream never shows part of a stop).
  */
 
+import { TextDecoder } from 'node:util';
+
 /** What the server needs of a tokenizer (`HfTokenizer` from @lathe/tokenizer has it). */
 export interface ServeTokenizer {
   encode(text: string): number[];
