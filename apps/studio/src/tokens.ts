@@ -229,7 +229,8 @@ export async function trajectoryRows(file: string, q: TrajectoryQuery, source: s
     const want = new Map(rows.map((r) => [r.row, r]));
     const last = rows[rows.length - 1].row;
     let at = 0;
-    for await (const b of readParquetBatches(file, { columns: rest, batchSize: 1024 })) {
+    // row groups before the page's first row are skipped undecoded
+    for await (const b of readParquetBatches(file, { columns: rest, batchSize: 1024, fromRow: rows[0].row, onRowGroup: (first) => (at = first) })) {
       const lengths = rest.includes('output_token_ids') ? listLengths(b.getChild('output_token_ids') as never, b.numRows) : undefined;
       const pr = b.getChild('prompt');
       for (let i = 0; i < b.numRows; i++, at++) {
@@ -274,7 +275,7 @@ export async function trajectoryGroup(file: string, promptIdx: number, step: num
   const byRow = new Map(out.map((r) => [r.row, r]));
   const last = out[out.length - 1].row;
   let at = 0;
-  for await (const b of readParquetBatches(file, { columns: ['prompt', 'output_token_ids'].filter((c) => names.has(c)), batchSize: 1024 })) {
+  for await (const b of readParquetBatches(file, { columns: ['prompt', 'output_token_ids'].filter((c) => names.has(c)), batchSize: 1024, fromRow: out[0].row, onRowGroup: (first) => (at = first) })) {
     const [pr, ids] = [b.getChild('prompt'), b.getChild('output_token_ids')];
     for (let i = 0; i < b.numRows; i++, at++) {
       const r = byRow.get(at);

@@ -237,7 +237,17 @@ export async function parquetInfo(file: string): Promise<{ rows: number; rowGrou
  * Streams a Parquet file as Arrow record batches of up to `batchSize` rows (default 8,192), reading
  * one row group at a time from disk: files larger than memory are fine.
  */
-export async function* readParquetBatches(file: string, options: ParquetReadOptions & { batchSize?: number; onSchema?: (schema: arrow.Schema) => void } = {}): AsyncGenerator<arrow.RecordBatch> {
+export async function* readParquetBatches(
+  file: string,
+  options: ParquetReadOptions & {
+    batchSize?: number;
+    onSchema?: (schema: arrow.Schema) => void;
+    /** Skip the row groups wholly before this row (never decoded): the first batch then starts at its row group's first row, which `onRowGroup` tells. */
+    fromRow?: number;
+    /** Called before each row group's batches with the file row its first batch starts at. */
+    onRowGroup?: (firstRow: number) => void;
+  } = {},
+): AsyncGenerator<arrow.RecordBatch> {
   const pf = await openParquet(file);
   let trapped = false;
   try {
@@ -251,7 +261,12 @@ export async function* readParquetBatches(file: string, options: ParquetReadOpti
     for (let g = 0; g < groups; g++) {
       const rg = meta.rowGroup(g);
       const rows = Number(rg.numRows());
+      if (options.fromRow !== undefined && first + rows <= options.fromRow) {
+        first += rows;
+        continue;
+      }
       checkRowGroupSize(file, g, rg, options.columns, options.maxRowGroupBytes ?? MAX_ROW_GROUP_BYTES);
+      options.onRowGroup?.(first);
       let t: pw.Table;
       try {
         t = await guardWasm(

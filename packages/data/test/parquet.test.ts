@@ -100,6 +100,12 @@ describe('Parquet round trips', () => {
       ids.push(...Array.from(b.getChild('id')!.toArray() as BigInt64Array, Number));
     }
     expect(ids).toEqual(rows.map((r) => r.id));
+    // from row 1,234: the row groups before row 1,000 are skipped; the rest stream from row 1,000 on
+    const starts: number[] = [];
+    const from: number[] = [];
+    for await (const b of readParquetBatches(file, { columns: ['id'], fromRow: 1234, onRowGroup: (first) => starts.push(first) })) from.push(...Array.from(b.getChild('id')!.toArray() as BigInt64Array, Number));
+    expect(starts).toEqual([1000, 1500, 2000]);
+    expect(from).toEqual(rows.slice(1000).map((r) => r.id));
   });
 
   test('no temporary file is left behind and a failed write leaves no file under the name', async () => {
