@@ -150,8 +150,8 @@ export interface GrpoTrainerOptions<M> {
   /**
    * With `lora`: the frozen base the adapters train over, instead of the model's float32 weights —
    * QLoRA's quantized base (`@lathe/recipes`' `quantizedFrozenBase`). The train step, scoring, the
-   * KL reference and generation all read it (generation with the 'graph' engine: the KV-cache engine
-   * reads dense compute-dtype weights); checkpoints merge the adapters into its dense weights.
+   * KL reference and generation (either engine: the quantized projections plus the adapters' side
+   * branches) all read it; checkpoints merge the adapters into its dense weights.
    */
   frozenBase?: FrozenBase;
   /** PPO's value model: required by, and only used with, `estimator: 'gae'`. */
@@ -402,7 +402,6 @@ export function resolveGrpoOptions<M>(opts: GrpoTrainerOptions<M>): ResolvedGrpo
     valueModel = v;
   }
   check(!opts.frozenBase || opts.lora !== undefined, `frozenBase (${opts.frozenBase?.describe}) trains LoRA adapters over it: set lora`);
-  check(!opts.frozenBase || opts.generationEngine !== 'kv-cache', `frozenBase (${opts.frozenBase?.describe}) generates with the 'graph' engine: the KV-cache engine reads dense compute-dtype weights (set generationEngine 'graph' or 'auto')`);
   const loss = isCustomObjective(opts.loss) ? withDefaults({ aggregation: d.loss.aggregation as LossAggregation, readsReference: false }, opts.loss) : withDefaults({ ...d.loss } as ResolvedLossConfig, opts.loss);
   if (!isCustomObjective(loss)) {
     // 0: no truncated importance sampling (the loss then reads no sampling log-probs)

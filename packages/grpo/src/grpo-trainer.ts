@@ -186,8 +186,7 @@ export class GrpoTrainer<M = unknown> {
     const o = resolveGrpoOptions(options);
     const { model, device, compute, lora } = o;
     const config = model.config;
-    // a frozen base of its own (QLoRA) is read through its kernels, which the KV-cache engine's dense buffers cannot hold
-    const engine = o.frozenBase ? 'graph' : chooseGenerationEngine(o.generationEngine, config, device.kind, compute, 'generationEngine').engine;
+    const engine = chooseGenerationEngine(o.generationEngine, config, device.kind, compute, 'generationEngine').engine;
     // the master weights' start, and with LoRA the frozen base the merged model is built from
     const weights = o.frozenBase ? new Map<string, Float32Array>() : model.float32Weights();
     const adapters = lora ? loraAdapters(config, lora) : [];
@@ -688,6 +687,7 @@ export class GrpoTrainer<M = unknown> {
   async servingWeights(guard: WeightsGuard): Promise<Map<string, DeviceTensor>> {
     const cw = this.parts.computeWeights;
     if (!cw) throw new Error(`servingWeights: the policy is served from the KV-cache engine's weights, and this trainer generates with the '${this.generationEngine}' engine`);
+    if (cw.graphWeights) throw new Error('servingWeights: a frozenBase (QLoRA) policy is generated from its quantized base plus the adapters, not from dense weights a server could read');
     if (this.opts.releaseGenerationMemory) throw new Error('servingWeights: releaseGenerationMemory frees the buffers a server would read between steps');
     cw.guard = guard;
     return cw.update(this.policyWeights(), this.trainer.step);

@@ -234,6 +234,7 @@ export class ComputeWeights {
    */
   async update(weights: BoundWeights[], version: number | undefined): Promise<Map<string, DeviceTensor>> {
     if (this.frozen) return this.frozen;
+    if (this.branched) return this.updateBranched(weights, version);
     if (!this.built) this.built = this.build();
     else if (version !== undefined && version === this.version) return this.built.buffers;
     await this.guard?.before();
@@ -273,6 +274,53 @@ export class ComputeWeights {
     return this.frozen;
   }
 
+  /**
+   * Whether the policy keeps a side branch that cannot be merged into dense weights (QLoRA: adapters
+   * over a quantized base, no `merged`): the engine then reads the policy's own graph weights
+   * ({@link graphWeights}) — the frozen base as it is, the trainable tensors from stable copies.
+   */
+  get branched(): boolean {
+    return this.pw.merged === undefined && this.pw.trainable.length > 0 && this.probeBranch();
+  }
+
+  private branchProbe: boolean | undefined;
+  private probeBranch(): boolean {
+    if (this.branchProbe === undefined) {
+      const g = new L.Graph('probe');
+      this.branchProbe = this.pw.weights(g, declareTrainable(g, this.pw)).branch !== undefined;
+    }
+    return this.branchProbe;
+  }
+
+  /** With {@link branched}: how the engine's graphs read the weights (the tensors {@link update} returns, by input name). */
+  get graphWeights(): ((g: Graph) => Weights) | undefined {
+    return this.branched ? (g) => this.pw.weights(g, declareTrainable(g, this.pw)) : undefined;
+  }
+
+  private copies: Map<string, DeviceTensor> | undefined;
+  /** {@link update} for a branched policy: the trainable tensors copied into buffers that never move (the trainer swaps its own sets), the rest passed through. */
+  private async updateBranched(weights: BoundWeights[], version: number | undefined): Promise<Map<string, DeviceTensor>> {
+    const all = new Map<string, DeviceTensor>();
+    for (const set of weights) for (const [name, t] of set) all.set(name, t);
+    const fresh = !this.copies;
+    this.copies ??= new Map(this.pw.trainable.map((p) => [p.name, this.device.zeros('float32', p.shape)] as const));
+    if (fresh || version === undefined || version !== this.version) {
+      await this.guard?.before();
+      try {
+        for (const [name, t] of this.copies) {
+          const src = all.get(name);
+          if (!src) throw new Error(`ComputeWeights: no tensor bound for '${name}'`);
+          t.copyFrom(src);
+        }
+        this.version = version;
+      } finally {
+        this.guard?.after(this.version);
+      }
+    }
+    for (const [name, t] of this.copies) all.set(name, t);
+    return all;
+  }
+
   /** The graph that writes `compute/<name>` = the weight in the compute dtype, its session and the buffers it writes into. */
   private build(): { session: Session; binding: Binding; buffers: Map<string, DeviceTensor> } {
     const g = new L.Graph('grpo_materialise_weights');
@@ -293,6 +341,8 @@ export class ComputeWeights {
    * Nothing may still read the old buffers (a KV engine bound to them must be released first).
    */
   release(): void {
+    this.copies?.forEach((t) => t.dispose());
+    this.copies = undefined;
     if (!this.built) return;
     this.built.binding.dispose();
     this.built.session.dispose();
@@ -431,7 +481,9 @@ export class KvGenerationRunner implements RolloutGenerator {
     e?.generator.dispose();
     this.engine = undefined;
     const size = { rows: Math.max(rows, e?.rows ?? 0), maxLength: Math.max(maxLength, e?.maxLength ?? 0) };
+    const graphWeights = this.opts.weights.graphWeights;
     const generator = KvCacheGenerator.create(this.device, this.config, weights, {
+      ...(graphWeights ? { graphWeights } : {}),
       ...this.opts.sampling,
       groupSize: this.opts.groupSize,
       ...size,

@@ -235,8 +235,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   if (cfg.reward === 'none' && cfg.eval_sampled) throw new Error('--eval_sampled measures accuracy against the answers, and --reward none reads none (the greedy evaluation reports the reward instead)');
   if (cfg.quantize_base !== 'none') {
     if (cfg.lora_rank === 0) throw new Error(`--quantize_base ${cfg.quantize_base} trains LoRA adapters over a frozen quantized base: set --lora_rank > 0`);
-    if (cfg.generation_engine === 'kv-cache') throw new Error(`--quantize_base ${cfg.quantize_base} with --generation_engine kv-cache: the KV-cache engine reads dense compute-dtype weights, and a quantized base is read through its kernels; use --generation_engine graph (or auto, which picks it)`);
-    if (cfg.serve_port > 0) throw new Error(`--serve_port with --quantize_base ${cfg.quantize_base} is not supported: the server reads the KV-cache engine's dense weights; serve with plain LoRA, or serve the checkpoints (lathe serve)`);
+    if (cfg.serve_port > 0) throw new Error(`--serve_port with --quantize_base ${cfg.quantize_base} is not supported: the server reads dense compute-dtype weights, and the policy's are the quantized base plus the adapters; serve with plain LoRA, or serve the checkpoints (lathe serve)`);
   }
   if (cfg.off_policy_traces >= cfg.group_size) throw new Error(`--off_policy_traces ${cfg.off_policy_traces} must be below --group_size ${cfg.group_size} (a group needs on-policy samples)`);
   const rows = cfg.prompts_per_step * cfg.group_size;

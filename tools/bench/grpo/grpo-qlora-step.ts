@@ -3,14 +3,14 @@
  * INT4 or INT8 base: `quantizedFrozenBase`, what `lathe grpo --quantize_base` builds), in one
  * process, on a random decoder of a preset shape: per base, a fresh trainer, `--warmup` steps run
  * and dropped (compilation), then `--steps` measured, split by phase; the frozen base's bytes on
- * the device and the GPU memory in use (nvidia-smi) after the steps. A QLoRA base generates with
- * the graph engine (the KV-cache engine reads dense weights), so `lora-graph` is the like-for-like
- * baseline and `lora-kv` the fastest dense one.
+ * the device and the GPU memory in use (nvidia-smi) after the steps. Each base generates with
+ * `--engine` (kv-cache: the dense base's compute-dtype copy, or a quantized base's kernels plus the
+ * adapters' side branches).
  *
  * usage: node grpo-qlora-step.js [--device cuda|cpu] [--compute bfloat16|float32] [--shape tiny|qwen3-0.6b]
- *          [--bases lora-kv,lora-graph,nf4,int4,int8] [--prompts 8] [--group 8] [--prompt-len 64]
+ *          [--bases lora,nf4,int4,int8] [--engine kv-cache|graph] [--prompts 8] [--group 8] [--prompt-len 64]
  *          [--new-tokens 64] [--rank 16] [--warmup 1] [--steps 2] [--attention composed|flash]
- * Prints one JSON line per base and a summary line with each base's step time relative to lora-graph.
+ * Prints one JSON line per base and a summary line with each base's step time relative to lora.
  */
 import { spawnSync } from 'node:child_process';
 import { CausalLM, type HfConfig } from '@lathe/models';
@@ -24,7 +24,7 @@ const SHAPES: Record<string, HfConfig> = {
   tiny: { architectures: ['Qwen3ForCausalLM'], vocab_size: 512, hidden_size: 64, intermediate_size: 192, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, rms_norm_eps: 1e-6, rope_theta: 10000, max_position_embeddings: 1024, tie_word_embeddings: true },
   'qwen3-0.6b': QWEN3_0_6B,
 };
-const BASES = ['lora-kv', 'lora-graph', 'nf4', 'int4', 'int8'];
+const BASES = ['lora', 'nf4', 'int4', 'int8'];
 
 function gpuUsedMiB(): number | undefined {
   const r = spawnSync('nvidia-smi', ['--query-gpu=memory.used', '--format=csv,noheader,nounits'], { encoding: 'utf8' });
@@ -36,7 +36,8 @@ async function main(): Promise<void> {
   const compute = arg('compute', device.kind === 'cuda' ? 'bfloat16' : 'float32') as 'bfloat16' | 'float32';
   const shape = arg('shape', 'qwen3-0.6b');
   if (!SHAPES[shape]) throw new Error(`--shape: '${shape}' is not one of ${Object.keys(SHAPES).join(', ')}`);
-  const bases = arg('bases', 'lora-kv,lora-graph,nf4').split(',');
+  const bases = arg('bases', 'lora,nf4').split(',');
+  const engine = arg('engine', 'kv-cache') as 'kv-cache' | 'graph';
   for (const b of bases) if (!BASES.includes(b)) throw new Error(`--bases: unknown base '${b}' (${BASES.join(', ')})`);
   const P = Number(arg('prompts', '8'));
   const G = Number(arg('group', '8'));
@@ -59,7 +60,7 @@ async function main(): Promise<void> {
     });
   const results: Record<string, number | string | undefined>[] = [];
   for (const base of bases) {
-    const frozenBase = base.startsWith('lora') ? undefined : quantizedFrozenBase(config, model.float32Weights(), base, device.kind);
+    const frozenBase = base === 'lora' ? undefined : quantizedFrozenBase(config, model.float32Weights(), base, device.kind);
     const trainer = GrpoTrainer.create<Record<string, never>>({
       model,
       tokenizer: { decode: (ids) => ids.join(' '), padId: 0 },
@@ -71,7 +72,7 @@ async function main(): Promise<void> {
       device,
       compute,
       lora,
-      generationEngine: base === 'lora-kv' ? 'kv-cache' : 'graph',
+      generationEngine: engine,
       attention: arg('attention', device.kind === 'cuda' && compute === 'bfloat16' ? 'flash' : 'composed') as 'composed' | 'flash',
       ...(frozenBase ? { frozenBase } : {}),
     });
@@ -105,8 +106,8 @@ async function main(): Promise<void> {
       trainer.dispose();
     }
   }
-  const ref = results.find((r) => r.base === 'lora-graph');
-  console.log(JSON.stringify({ summary: { shape, device: device.kind, compute, prompts: P, group: G, promptLen, newTokens: maxNew, rank, relative_step_s: Object.fromEntries(results.map((r) => [r.base, ref ? (r.step_s as number) / (ref.step_s as number) : undefined])) } }));
+  const ref = results.find((r) => r.base === 'lora');
+  console.log(JSON.stringify({ summary: { shape, device: device.kind, compute, prompts: P, group: G, promptLen, newTokens: maxNew, rank, engine, relative_step_s: Object.fromEntries(results.map((r) => [r.base, ref ? (r.step_s as number) / (ref.step_s as number) : undefined])) } }));
 }
 
 main().catch((e: unknown) => {
