@@ -135,3 +135,24 @@ export async function anyRankStopped(dp: DataParallelRun | undefined, stopped: b
 export function joinsCheckpoint(dp: DataParallelRun | undefined): boolean {
   return !dp || dp.main || dp.zeroStage === 1;
 }
+
+/**
+ * One RL step's results gathered from every rank, for rank 0's logs: every rank's rollouts in rank
+ * order (the prompts' order), and each metric the mean of the ranks' values — exact for means over
+ * the equal shares (rewards, lengths, KL) and for what every rank already shares (the loss and
+ * gradient norm, summed by the gradient hook); a count is a rank's average. A metric that is not a
+ * finite number on some rank is NaN.
+ */
+export async function gatherRlStep<T extends { metrics: object; rollouts: readonly unknown[] }>(dp: DataParallelRun, step: T): Promise<T> {
+  if (dp.world.worldSize === 1) return step;
+  const parts = (await dp.collectives.allGatherBytes(new TextEncoder().encode(JSON.stringify({ metrics: step.metrics, rollouts: step.rollouts })))).map(
+    (b) => JSON.parse(new TextDecoder().decode(b)) as { metrics: Record<string, unknown>; rollouts: T['rollouts'] },
+  );
+  const metrics: Record<string, unknown> = { ...step.metrics };
+  for (const [k, v] of Object.entries(step.metrics)) {
+    if (typeof v !== 'number') continue;
+    const values = parts.map((p) => p.metrics[k]);
+    metrics[k] = values.every((x): x is number => typeof x === 'number' && Number.isFinite(x)) ? values.reduce((a, b) => a + b, 0) / values.length : NaN;
+  }
+  return { ...step, metrics: metrics as T['metrics'], rollouts: parts.flatMap((p) => p.rollouts) };
+}
