@@ -46,6 +46,26 @@ export function minPCandidates(ids: ArrayLike<number | bigint>, logprobs: ArrayL
   return out;
 }
 
+/**
+ * The labeller's reference pass: input_ids, attention_mask int64 [B, T] and the weights →
+ * top_logprobs, top_ids [B, T, k] (the log-softmax's k best) and entropies [B, T] (of the
+ * next-token distribution at each position).
+ */
+export function referenceCandidatesGraph(config: DecoderConfig, compute: DType, k: number): L.Graph {
+  const ref = new L.Graph('critic_reference_candidates');
+  const { weights } = weightInputs(ref, config, 'float32', compute);
+  const ids = ref.input('input_ids', 'int64', ['B', 'T']);
+  const mask = ref.input('attention_mask', 'int64', ['B', 'T']);
+  const hidden = decoderHidden(config, weights, ids, mask);
+  const logits = L.cast(lmLogits(config, weights, hidden), 'float32');
+  const [values, indices] = L.topK(L.logSoftmax(logits, -1), k, -1);
+  ref.output(values, 'top_logprobs');
+  ref.output(indices, 'top_ids');
+  // the entropy as GRPO's re-scoring computes it: per vocabulary chunk, so no second [B, T, V] tensor (its log-probs, of `ids`, go unused)
+  ref.output(chunkedLogprobsAndEntropy(config, weights, hidden, ids).entropy, 'entropies');
+  return ref;
+}
+
 /** Options of {@link CriticLabeller.open}. */
 export interface CriticLabellerOptions {
   device: Device;
@@ -73,19 +93,7 @@ export class CriticLabeller {
   /** Compiles both graphs and uploads both models' weights once. */
   static open(opts: CriticLabellerOptions): CriticLabeller {
     const compute = opts.compute ?? 'float32';
-    const ref = new L.Graph('critic_reference_candidates');
-    {
-      const { weights } = weightInputs(ref, opts.reference.config, 'float32', compute);
-      const ids = ref.input('input_ids', 'int64', ['B', 'T']);
-      const mask = ref.input('attention_mask', 'int64', ['B', 'T']);
-      const hidden = decoderHidden(opts.reference.config, weights, ids, mask);
-      const logits = L.cast(lmLogits(opts.reference.config, weights, hidden), 'float32');
-      const [values, indices] = L.topK(L.logSoftmax(logits, -1), opts.maxCandidates, -1);
-      ref.output(values, 'top_logprobs');
-      ref.output(indices, 'top_ids');
-      // the entropy as GRPO's re-scoring computes it: per vocabulary chunk, so no second [B, T, V] tensor (its log-probs, of `ids`, go unused)
-      ref.output(chunkedLogprobsAndEntropy(opts.reference.config, weights, hidden, ids).entropy, 'entropies');
-    }
+    const ref = referenceCandidatesGraph(opts.reference.config, compute, opts.maxCandidates);
     const critic = new L.Graph('critic_tree');
     critic.output(criticTreeProbs(critic, opts.critic.config, opts.bins, weightInputs(critic, opts.critic.config, 'float32', compute).weights), 'cell_probs');
     const upload = (m: { config: DecoderConfig; weights: Map<string, Float32Array> }) =>

@@ -4,8 +4,9 @@
  * equal the critic's marginals for prefix + candidate run alone.
  */
 import { Device } from '@lathe/runtime';
-import { CausalLM } from '@lathe/models';
-import { CriticLabeller, marginals, minPCandidates, type CriticBins } from '@lathe/critic';
+import * as L from '@lathe/onnx';
+import { CausalLM, MODEL_PRESETS, parseConfig, type HfConfig } from '@lathe/models';
+import { CriticLabeller, marginals, minPCandidates, referenceCandidatesGraph, type CriticBins } from '@lathe/critic';
 import { logitsRunner, tinyModel, tinyQwen3 } from '../../models/test/tiny';
 
 const bins: CriticBins = { reward_values: [0, 1], length_edges: [0, 1, 2, 4, 8], first_token_id: 56 };
@@ -72,4 +73,9 @@ test('labels: min-p candidates of the reference, Q and remaining length of each 
   } finally {
     labeller.dispose();
   }
+});
+
+test("the reference pass places no node on the CPU under ONNX Runtime's CUDA rule (Qwen3-0.6B's shape, bfloat16), so it runs with CPU fallback off", () => {
+  const config = parseConfig(MODEL_PRESETS['qwen3-0.6b'].config as HfConfig);
+  expect(L.describeCpuPlacement(L.cpuPlacedNodes(L.toModelProto(referenceCandidatesGraph(config, 'bfloat16', 4))))).toBe('');
 });
