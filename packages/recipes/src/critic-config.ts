@@ -49,7 +49,7 @@ export const criticLabelSchema = {
   ...criticReadOptions,
   model: { type: 'string', default: '', describe: 'Reference policy folder: its min-p candidates at each output position are labelled (the prompt_token_ids are its input) [required]' },
   data: { type: 'string', default: '', describe: "Trajectory Parquet file to label (prompt_token_ids, output_token_ids; 'correct'/'value' needed only with --context_attempts) [required]" },
-  output: { type: 'string', default: '', describe: 'Parquet file written (atomically): the input columns plus candidate_ids, candidate_q_values, candidate_ref_logprobs, candidate_remaining, token_q_values, token_remaining [required]' },
+  output: { type: 'string', default: '', describe: 'Parquet file written (atomically): the input columns plus candidate_ids, candidate_q_values, candidate_ref_logprobs, candidate_remaining, token_q_values, token_remaining, token_entropies (the next-token entropy under the reference policy at each output token) [required]' },
   min_p: { type: 'number', default: 0.1, min: 0, max: 1, describe: "Candidates: the reference policy's tokens with p ≥ min_p × the most likely one's" },
   max_candidates: { type: 'number', default: 16, integer: true, min: 1, describe: 'At most this many candidates per position (the most likely first)' },
 } as const satisfies OptionSchema;
