@@ -7,7 +7,9 @@
 #   zero N     : ZeRO-1 on N GPUs against 1 GPU (fp32, composed attention, TF32 off; STEPS, default 5): the parity
 #                verdict (≤ 1e-5 relative), then each rank's AdamW moment bytes, trainer state bytes and device memory,
 #                with the unsharded numbers beside them, 1 GPU and N GPUs (SHAPE: 0.6b by default, 1.7b to show what
-#                sharding saves; SEQ 256 by default).
+#                sharding saves; SEQ 256 by default). The Qwen3-4B run (bf16, no fp32 parity; ZeRO-1 only, since
+#                unsharded does not fit): node $B/dp-launch.js --gpus 4 -- node $B/dp-check.js --shape 4b --compute bfloat16
+#                --flash-attention --recompute --zero 1 --steps 6 --warmup 2 --batch 4 --seq 512 --micro 1
 #   order N    : NCCL's stream vs ORT's: an all-reduce read by the next ORT run, with the wait (0 wrong
 #                reads expected) and without it (wrong reads expected: what the wait prevents).
 # Every process gets NCCL_NVLS_ENABLE=0. Results go to $OUT (default /tmp/dp) as JSON lines. DP_ARGS adds dp-check

@@ -13,7 +13,7 @@
  *   parity check against a 1-GPU reference, and each rank's optimizer bytes (`moment_bytes`, the
  *   trainer's `state_bytes`) and device memory.
  *
- * usage (each rank): node .bundle/dp-check.js [--shape 0.6b|1.7b|tiny] [--compute float32|bfloat16]
+ * usage (each rank): node .bundle/dp-check.js [--shape 0.6b|1.7b|4b|tiny] [--compute float32|bfloat16]
  *   [--device cuda|cpu] [--steps 20] [--batch 8] [--seq 512] [--micro 1] [--lr 1e-5] [--warmup 2]
  *   [--flash-attention] [--recompute] [--tf32] [--bucket-mb 25] [--zero 0|1] [--reference ONE.json] [--tol X] [--out FILE]
  * run:  node .bundle/lathe.js launch --gpus 2 -- node .bundle/dp-check.js --compute float32 --out two.json
@@ -29,7 +29,9 @@ import { QWEN3_0_6B } from '../shapes';
 
 const QWEN3_1_7B: HfConfig = { ...QWEN3_0_6B, hidden_size: 2048, intermediate_size: 6144, num_attention_heads: 16, num_key_value_heads: 8 };
 const TINY: HfConfig = { ...QWEN3_0_6B, vocab_size: 512, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16 };
-const SHAPES: Record<string, HfConfig> = { '0.6b': QWEN3_0_6B, '1.7b': QWEN3_1_7B, tiny: TINY };
+// Qwen3-4B's shape (config.json of Qwen/Qwen3-4B): the issue's full fine-tuning with sharded optimizer state on 4 GPUs
+const QWEN3_4B: HfConfig = { ...QWEN3_0_6B, hidden_size: 2560, intermediate_size: 9728, num_hidden_layers: 36, num_attention_heads: 32, num_key_value_heads: 8 };
+const SHAPES: Record<string, HfConfig> = { '0.6b': QWEN3_0_6B, '1.7b': QWEN3_1_7B, '4b': QWEN3_4B, tiny: TINY };
 
 /** The global batch of a step: --batch rows of --seq seeded tokens, the first quarter of each a prompt (no loss). */
 function globalBatch(step: number, rows: number, seq: number, vocab: number): { ids: number[][]; lossMask: number[][] } {
