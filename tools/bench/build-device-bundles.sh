@@ -24,6 +24,7 @@ declare -A entries=(
   [serve-bench]=tools/bench/serve/serve-bench.ts
   [sft-serve-check]=tools/bench/serve/sft-serve-check.ts
   [flash-check]=tools/bench/kernels/flash-check.ts
+  [grpo-qlora-step]=tools/bench/grpo/grpo-qlora-step.ts
   [eval-bench]=tools/bench/eval/eval-bench.ts
   [critic-bench]=tools/bench/critic/critic-bench.ts
   [classmate-step]=tools/bench/classmate/classmate-step.ts
@@ -32,6 +33,7 @@ declare -A entries=(
   [dp-check]=tools/bench/distributed/dp-check.ts
   [dp-launch]=tools/bench/distributed/launch.ts
   [nccl-order]=tools/bench/distributed/nccl-order.ts
+  [grpo-dp]=tools/bench/distributed/grpo-dp.ts
   [sft-fused-check]=tools/bench/train/sft-fused-check.ts
 )
 # Entries that load a Hugging Face tokenizer carry @huggingface/transformers inside the bundle (the

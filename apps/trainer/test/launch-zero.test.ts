@@ -1,5 +1,5 @@
 /**
- * `--zero_stage 1` under `lathe launch` on the CPU (processes over the TCP rendezvous): rm train
+ * `--zero_stage 1` under `lathe launch` on the CPU (processes over the TCP rendezvous): sft, rm train
  * and dpo with the AdamW state split over the ranks take the steps of one process on the same
  * global batch, and a checkpoint written from 2 sharded ranks (rank 0 gathering the moments)
  * resumes on 4 sharded ranks and on one process, on the same trajectory.
@@ -62,3 +62,17 @@ test('rm train and dpo with --zero_stage 1 on 2 ranks take the steps of one proc
   // rank 0 alone wrote the checkpoints, with the whole (gathered) AdamW state
   expect(readdirSync(join(cwd, 'runs', 'rm-zero', 'checkpoints'))).toEqual(['step-00000002', 'step-00000004']);
 }, 300_000);
+
+test('sft with --zero_stage 1 on 2 ranks takes the steps of one process on the same global batch', async () => {
+  const common = ['--steps', '4', '--batch_size', '8', '--eval_every', '0', '--log_every', '1', '--seed', '3', '--save_every', '2'];
+  const [one, zero] = await Promise.all([
+    lathe('sft', ...common, '--run_dir', 'runs/sft-one'),
+    lathe('launch', '--gpus', '2', '--master_port', '29726', '--', 'sft', ...common, '--run_dir', 'runs/sft-zero', '--zero_stage', '1'),
+  ]);
+  [one, zero].forEach(ok);
+  const ref = losses('sft-one');
+  const got = losses('sft-zero');
+  expect(got.map(([s]) => s)).toEqual([1, 2, 3, 4]);
+  got.forEach(([, l], i) => expect(Math.abs(l - ref[i][1]) / ref[i][1]).toBeLessThanOrEqual(1e-5));
+  expect(readdirSync(join(cwd, 'runs', 'sft-zero', 'checkpoints'))).toEqual(['step-00000002', 'step-00000004']);
+}, 240_000);

@@ -7,7 +7,7 @@ import type { CausalLM, Weights } from '@lathe/models';
 import type { DType, Graph } from '@lathe/onnx';
 import type { GenerationEngine, SamplingOptions } from '@lathe/rollout';
 import { Device, type DeviceKind, type DeviceTensor, type SessionOptions } from '@lathe/runtime';
-import type { AdamWConfig, AttentionChoice, LoraConfig, OptimizerState } from '@lathe/train';
+import type { AdamWConfig, AttentionChoice, LoraConfig, OptimizerState, TrainerOptions } from '@lathe/train';
 import { builtinEstimator, type AdvantageFunction, type EstimatorName } from './estimators';
 import { DEFAULT_KL_ESTIMATOR, type KlEstimator, type KlMode } from './kl';
 import { DEFAULT_ROLLOUT_IS_THRESHOLD, OFF_POLICY_LOSS_DEFAULTS, POLICY_LOSS_DEFAULTS, type LossAggregation, type OffPolicyLossConfig, type PolicyLossConfig } from './policy-loss';
@@ -213,6 +213,23 @@ export interface GrpoTrainerOptions<M> {
   seed?: number;
   /** Continue from a checkpoint (see `GrpoTrainer.snapshot`). */
   resume?: GrpoResumeState;
+  /**
+   * Data parallelism (`lathe launch`): this rank's place in the job. Each rank's `step` gets its
+   * share of the step's prompts (whole groups); the advantage estimator runs on every rank's rows
+   * gathered (so batch-level statistics are the whole batch's), the loss normalisers count the
+   * whole minibatch, and gradients are summed over the ranks by `trainerOptions`.
+   */
+  dataParallel?: GrpoDataParallel;
+}
+
+/** A rank's place in a data-parallel RL job (structurally what @lathe/distributed and `joinDataParallel` give). */
+export interface GrpoDataParallel {
+  rank: number;
+  worldSize: number;
+  /** Every rank's bytes, in rank order. */
+  allGatherBytes(data: Uint8Array): Promise<Uint8Array[]>;
+  /** `Trainer.create`'s data-parallel options: the gradient all-reduce hook. */
+  trainerOptions: { onGradients?: TrainerOptions['onGradients']; zero?: TrainerOptions['zero'] };
 }
 
 /**
@@ -402,6 +419,12 @@ export function resolveGrpoOptions<M>(opts: GrpoTrainerOptions<M>): ResolvedGrpo
     valueModel = v;
   }
   check(!opts.frozenBase || opts.lora !== undefined, `frozenBase (${opts.frozenBase?.describe}) trains LoRA adapters over it: set lora`);
+  if (opts.dataParallel && opts.dataParallel.worldSize > 1) {
+    // each rank would keep a different number of groups, and its controller would read its own KL
+    check(!opts.dynamicSampling, 'dynamicSampling with data parallelism: the ranks would keep different numbers of groups (not supported yet)');
+    check(given.target === undefined, 'kl.target (an adaptive KL coefficient) with data parallelism: not supported yet (each rank would adapt it to its own rows)');
+    check(!opts.dataParallel.trainerOptions.zero, 'ZeRO-1 with the RL loop: not supported yet (its checkpoints would need every rank)');
+  }
   const loss = isCustomObjective(opts.loss) ? withDefaults({ aggregation: d.loss.aggregation as LossAggregation, readsReference: false }, opts.loss) : withDefaults({ ...d.loss } as ResolvedLossConfig, opts.loss);
   if (!isCustomObjective(loss)) {
     // 0: no truncated importance sampling (the loss then reads no sampling log-probs)

@@ -49,7 +49,7 @@ import {
   type LoraConfig,
   type TrainableParam,
 } from '@lathe/train';
-import { advantageMatrix, type TokenAdvantages } from './advantages';
+import { advantageMatrix, type SequenceAdvantages, type TokenAdvantages } from './advantages';
 import { dynamicSampling } from './dynamic-sampling';
 import type { ClassmateModel } from './classmate';
 import { textClassmate, type ClassmateTokenizer } from './classmate-models';
@@ -216,7 +216,7 @@ export class GrpoTrainer<M = unknown> {
     const head = { name: SHARED_VALUE_HEAD, shape: [1, config.hiddenSize], decay: true };
     const fresh = lora ? initLora(adapters, o.seed) : shared ? new Map([...weights, [head.name, new Float32Array(config.hiddenSize)]]) : weights;
     const init = o.resume ? { params: o.resume.params, m: o.resume.m, v: o.resume.v, step: o.resume.optimizerStep } : { params: fresh };
-    const trainer = Trainer.create({ params: [...policy.weights.trainable, ...(shared ? [head] : [])], loss, optimizer: o.optimizer }, init, { device, microBatches: o.microBatches, frozen, session: o.session });
+    const trainer = Trainer.create({ params: [...policy.weights.trainable, ...(shared ? [head] : [])], loss, optimizer: o.optimizer }, init, { device, microBatches: o.microBatches, frozen, session: o.session, ...o.dataParallel?.trainerOptions });
 
     // Generation and scoring sessions, fed the trainer's buffers by binding.
     const generation = generationRunners(o, engine, policy.weights);
@@ -323,14 +323,15 @@ export class GrpoTrainer<M = unknown> {
     // …and the value model's values (PPO), for GAE.
     const values = logps.values ?? (this.parts.critic && (await clock.time('scoring', () => this.criticValues(batch))));
     // 4. Advantages, after the KL penalty where the KL is a reward.
-    const advantages = this.advantages(sampled.groups, batch, logps, values);
+    const share = await this.rowShare(batch);
+    const advantages = await this.advantages(sampled.groups, batch, logps, values, share);
     // 5. epochs × minibatches optimizer steps on the stored batch: the value model's first (a NaN
     // value loss refuses the step before the policy moves), then the policy's unless the critic is warming up.
     const returns = values && advantageMatrix({ ...(advantages.estimate as TokenAdvantages), advantages: (advantages.estimate as TokenAdvantages).returns }, batch.responseMask, [batch.rows, batch.width]);
-    let critic = values && this.parts.critic ? this.optimiseCritic(batch, values, returns!, lr, clock) : undefined;
+    let critic = values && this.parts.critic ? await this.optimiseCritic(batch, values, returns!, lr, clock, share) : undefined;
     const frozen = this.rlStep < (this.opts.valueModel?.warmupSteps ?? 0);
     const shared = values && !this.parts.critic ? { old_values: values, returns: returns! } : undefined;
-    const updates = frozen ? { updates: 0, nonfinite: 0, lossSum: 0, gradNormSum: 0, sums: {} } : this.optimise(batch, sampled.groups, logps, advantages.matrix, lr, clock, shared);
+    const updates = frozen ? { updates: 0, nonfinite: 0, lossSum: 0, gradNormSum: 0, sums: {} } : await this.optimise(batch, sampled.groups, logps, advantages.matrix, lr, clock, share, shared);
     if (values) critic = { ...criticFit(batch, values, advantages.estimate as TokenAdvantages), ...(critic ?? sharedCriticMetrics(updates, lr)) };
     this.rlStep++;
 
@@ -406,7 +407,7 @@ export class GrpoTrainer<M = unknown> {
    * rewards per token (and moves an adaptive β); uniform groups are still decided on the outcome
    * rewards, which the estimators get as `rewards`.
    */
-  private advantages(groups: readonly SampledGroup<M>[], batch: TokenBatch, logps: StepLogprobs, values?: Float32Array): StepAdvantages {
+  private async advantages(groups: readonly SampledGroup<M>[], batch: TokenBatch, logps: StepLogprobs, values: Float32Array | undefined, share: RowShare): Promise<StepAdvantages> {
     const { kl } = this.opts;
     const rewards = groups.flatMap((g) => g.rewards);
     const klCoef = kl.coef > 0 ? (this.klController?.value ?? kl.coef) : 0;
@@ -417,7 +418,7 @@ export class GrpoTrainer<M = unknown> {
     const unequal = groups.some((g) => g.completions.length !== this.opts.groupSize);
     const off = offPolicyFlags(groups);
     const onPolicyStats = off && (this.opts.offPolicy?.advantageStats === 'on-policy' || this.opts.offPolicy?.term === 'sft');
-    const estimate = this.parts.estimate({
+    const estimate = await this.estimateOverRanks(share, {
       ...(off ? { offPolicy: off } : {}),
       ...(onPolicyStats ? { statsFrom: off.map((x) => !x) } : {}),
       ...(values ? { values: responseValues(batch, values) } : {}),
@@ -430,7 +431,7 @@ export class GrpoTrainer<M = unknown> {
       logp: logps.oldRows,
       refLogp: logps.refRows,
       ...this.componentRewards(groups),
-    });
+    }, groups.length);
     return {
       estimate,
       matrix: advantageMatrix(estimate, batch.responseMask, [batch.rows, batch.width]),
@@ -451,7 +452,7 @@ export class GrpoTrainer<M = unknown> {
   }
 
   /** `epochs` × `minibatches` optimizer steps on the stored batch, each over its micro-batches. */
-  private optimise(batch: TokenBatch, groups: readonly SampledGroup<M>[], logps: StepLogprobs, advantages: Float32Array, lr: number, clock: PhaseClock, valueTargets?: { old_values: Float32Array; returns: Float32Array }): UpdateTotals {
+  private async optimise(batch: TokenBatch, groups: readonly SampledGroup<M>[], logps: StepLogprobs, advantages: Float32Array, lr: number, clock: PhaseClock, share: RowShare, valueTargets?: { old_values: Float32Array; returns: Float32Array }): Promise<UpdateTotals> {
     const o = this.opts;
     const aggregation = o.loss.aggregation;
     const lossScaleFactor = isCustomObjective(o.loss) ? undefined : o.loss.lossScaleFactor;
@@ -466,22 +467,22 @@ export class GrpoTrainer<M = unknown> {
     }
     const totals: UpdateTotals = { updates: 0, nonfinite: 0, lossSum: 0, gradNormSum: 0, sums: {} };
     for (let epoch = 0; epoch < o.epochs; epoch++) {
-      const order = o.shuffle ? permutation(batch.rows, hashSeed(o.seed, this.rlStep, epoch)) : [...Array(batch.rows).keys()];
-      for (const mb of evenSplit(order, this.minibatchCount(batch.rows))) {
-        const normaliser = lossNormaliser(aggregation, mb.map((r) => batch.trainedLengths[r]), { maxLength: o.maxNewTokens, lossScaleFactor });
+      for (const { mb, global } of this.minibatches(share, batch.rows, o.seed, epoch)) {
+        // normalisers count the whole minibatch, every rank's rows of it
+        const normaliser = lossNormaliser(aggregation, global.map((r) => share.lengths[r]), { maxLength: o.maxNewTokens, lossScaleFactor });
         // the value loss is a mean over the minibatch's response tokens, whatever the policy's aggregation
-        const valueNormaliser = Math.max(1, mb.reduce((n, r) => n + batch.trainedLengths[r], 0));
+        const valueNormaliser = Math.max(1, global.reduce((n, r) => n + share.lengths[r], 0));
         const micro = evenSplit(mb, this.trainer.microBatches).map((part, j) => {
           const t = selectRows(batch, part, extra);
           const fed = (name: string) =>
             name === 'loss_normaliser' || name === 'value_normaliser'
               ? { data: Float32Array.from([name === 'loss_normaliser' ? normaliser : valueNormaliser]), dims: [] }
               : name === LORA_DROPOUT_KEY
-                ? loraDropoutKey(o.seed, this.trainer.step, j) // masks resume exactly: a function of (seed, optimizer step, micro-batch)
+                ? loraDropoutKey(o.seed, this.trainer.step, share.rank * this.trainer.microBatches + j) // masks resume exactly: a function of (seed, optimizer step, micro-batch)
                 : t[name];
           return Object.fromEntries(this.trainer.batchInputs.map((name) => [name, fed(name)]));
         });
-        const r = this.trainer.trainStep(micro, lr);
+        const r = await this.trainer.trainStepAsync(micro, lr);
         clock.ms.training += r.runMs;
         if (valueTargets && !Number.isFinite(r.metrics.vf_loss)) {
           throw new Error(`value model: the value loss is ${r.metrics.vf_loss} at RL step ${this.rlStep + 1} (epoch ${epoch + 1}, update ${totals.updates + 1}); the step is refused: this update was not applied (a shared trunk's earlier updates of the step were)`);
@@ -521,7 +522,7 @@ export class GrpoTrainer<M = unknown> {
    * values they were computed with), at `lrScale` × `lr`. A non-finite value loss refuses the step
    * — an error naming it, thrown before the policy's updates — and is never applied.
    */
-  private optimiseCritic(batch: TokenBatch, values: Float32Array, returns: Float32Array, lr: number, clock: PhaseClock): Record<`value/${string}`, number> {
+  private async optimiseCritic(batch: TokenBatch, values: Float32Array, returns: Float32Array, lr: number, clock: PhaseClock, share: RowShare): Promise<Record<`value/${string}`, number>> {
     const o = this.opts;
     const critic = this.parts.critic!.trainer;
     const extra = { old_values: values, returns };
@@ -531,14 +532,13 @@ export class GrpoTrainer<M = unknown> {
     let tokens = 0;
     let updates = 0;
     for (let epoch = 0; epoch < o.epochs; epoch++) {
-      const order = o.shuffle ? permutation(batch.rows, hashSeed(o.seed + 1, this.rlStep, epoch)) : [...Array(batch.rows).keys()];
-      for (const mb of evenSplit(order, this.minibatchCount(batch.rows))) {
-        const normaliser = Math.max(1, mb.reduce((n, r) => n + batch.trainedLengths[r], 0));
+      for (const { mb, global } of this.minibatches(share, batch.rows, o.seed + 1, epoch)) {
+        const normaliser = Math.max(1, global.reduce((n, r) => n + share.lengths[r], 0));
         const micro = evenSplit(mb, critic.microBatches).map((part) => {
           const t = selectRows(batch, part, extra);
           return Object.fromEntries(critic.batchInputs.map((name) => [name, name === 'loss_normaliser' ? { data: Float32Array.from([normaliser]), dims: [] } : t[name]]));
         });
-        const r = critic.trainStep(micro, lr * o.valueModel!.lrScale);
+        const r = await critic.trainStepAsync(micro, lr * o.valueModel!.lrScale);
         clock.ms.training += r.runMs;
         if (!Number.isFinite(r.loss)) throw new Error(`value model: the value loss is ${r.loss} at RL step ${this.rlStep + 1} (epoch ${epoch + 1}, update ${updates + 1}); the step is refused: the policy was not updated and the value model keeps its last finite weights`);
         updates++;
@@ -567,6 +567,61 @@ export class GrpoTrainer<M = unknown> {
   private scoringWeights(): BoundWeights[] {
     const head = this.trainer.params().get(SHARED_VALUE_HEAD);
     return head ? [...this.policyWeights(), [[SHARED_VALUE_HEAD, head]]] : this.policyWeights();
+  }
+
+  /**
+   * Where this rank's rows sit among every rank's (a data-parallel step), with every row's trained
+   * length: what the minibatches and their normalisers are made of. Alone: this batch's.
+   */
+  private async rowShare(batch: TokenBatch): Promise<RowShare> {
+    const dp = this.opts.dataParallel;
+    if (!dp || dp.worldSize === 1) return { rank: 0, offset: 0, counts: [batch.rows], lengths: [...batch.trainedLengths] };
+    const parts = (await dp.allGatherBytes(new TextEncoder().encode(JSON.stringify(batch.trainedLengths)))).map((b) => JSON.parse(new TextDecoder().decode(b)) as number[]);
+    const counts = parts.map((p) => p.length);
+    if (counts.some((n) => n !== counts[0])) throw new Error(`data parallelism: the ranks' batches hold ${counts.join(', ')} completions; every rank needs the same number (an equal share of the prompts, whole groups)`);
+    return { rank: dp.rank, offset: counts.slice(0, dp.rank).reduce((a, b) => a + b, 0), counts, lengths: parts.flat() };
+  }
+
+  /**
+   * The minibatches of an epoch: every row of every rank in one seeded order (the one order of a
+   * single process), each rank's rows in that order split evenly into the minibatches. `mb` is this
+   * rank's part (its row indices), `global` the whole minibatch (indices into `share.lengths`). On
+   * one process this is the order split into minibatches; with one minibatch, every world size's
+   * minibatch is the whole batch.
+   */
+  private minibatches(share: RowShare, rows: number, seed: number, epoch: number): { mb: number[]; global: number[] }[] {
+    const total = share.lengths.length;
+    const order = this.opts.shuffle ? permutation(total, hashSeed(seed, this.rlStep, epoch)) : [...Array(total).keys()];
+    const M = this.minibatchCount(rows);
+    let start = 0;
+    const perRank = share.counts.map((n) => {
+      const from = start;
+      start += n;
+      return evenSplit(order.filter((g) => g >= from && g < from + n), M);
+    });
+    return Array.from({ length: M }, (_, k) => ({ mb: perRank[share.rank][k].map((g) => g - share.offset), global: perRank.flatMap((p) => p[k]) }));
+  }
+
+  /**
+   * The estimator over every rank's rows (gathered in rank order, groups renamed per rank), this
+   * rank's rows of the result: batch-level statistics (GDPO's batch normalisation, REINFORCE++'s
+   * whitening, GAE's) are the whole batch's, as on one process. `groups` counts this rank's groups.
+   */
+  private async estimateOverRanks(share: RowShare, batch: AdvantageBatch, groups: number): Promise<SequenceAdvantages | TokenAdvantages> {
+    const dp = this.opts.dataParallel;
+    if (!dp || dp.worldSize === 1) return this.parts.estimate(batch);
+    const parts = (await dp.allGatherBytes(new TextEncoder().encode(JSON.stringify({ ...batch, groups })))).map((b) => JSON.parse(new TextDecoder().decode(b)) as AdvantageBatch & { groups: number });
+    const rows = batch.rewards.length;
+    const cat = (key: keyof AdvantageBatch) => (parts[0][key] === undefined ? undefined : parts.flatMap((p) => p[key] as unknown[]));
+    const all: Record<string, unknown> = { ...parts[0] };
+    for (const key of ['rewards', 'lengths', 'tokenRewards', 'logp', 'refLogp', 'offPolicy', 'values', 'classmateMask', 'statsFrom', 'greedyRewards'] as const) all[key] = cat(key);
+    // a rank's groups are consecutive runs of groupSize, or named by its own ids: name them per rank
+    if (parts.some((p) => p.groupIds)) all.groupIds = parts.flatMap((p, r) => (p.groupIds ?? p.rewards.map((_, i) => Math.floor(i / p.groupSize))).map((id) => `${r}/${id}`));
+    if (batch.components) all.components = Object.fromEntries(Object.keys(batch.components).map((k) => [k, parts.flatMap((p) => p.components![k])]));
+    delete all.groups;
+    const est = this.parts.estimate(all as unknown as AdvantageBatch);
+    const mine = <T>(xs: T[]) => xs.slice(share.offset, share.offset + rows);
+    return est.kind === 'sequence' ? { ...est, advantages: mine(est.advantages) } : { ...est, advantages: mine(est.advantages), returns: mine(est.returns) };
   }
 
   /** Minibatches per epoch for a batch of `rows` (fewer when a dynamic-sampling batch is too small to split). */
@@ -937,7 +992,7 @@ function criticOf<M>(o: ResolvedGrpoOptions<M>, policyWeights: ReadonlyMap<strin
   const graph = { compute: o.compute, flashAttention, recompute: o.gradientCheckpointing };
   const resume = o.resume?.valueModel;
   const init = resume ? { params: resume.params, m: resume.m, v: resume.v, step: resume.step } : { params: valueModelInit(config, policyWeights, v.init) };
-  const trainer = Trainer.create({ params: valueModelParams(config), loss: valueLossBuilder(config, v.clip, graph), optimizer: o.optimizer }, init, { device: o.device, microBatches: o.microBatches, session: o.session });
+  const trainer = Trainer.create({ params: valueModelParams(config), loss: valueLossBuilder(config, v.clip, graph), optimizer: o.optimizer }, init, { device: o.device, microBatches: o.microBatches, session: o.session, ...o.dataParallel?.trainerOptions });
   return { trainer, scorer: ValueScorer.create(o.device, config, { compute: o.compute, flashAttention, session: o.session }) };
 }
 
@@ -945,4 +1000,15 @@ function hashSeed(seed: number, step: number, epoch: number): number {
   let h = (seed ^ 0x9e3779b9) >>> 0;
   for (const x of [step, epoch]) h = Math.imul(h ^ (x + 0x7f4a7c15), 0x85ebca6b) >>> 0;
   return h;
+}
+
+/** A rank's rows among every rank's in a step (see `GrpoTrainer.rowShare`). */
+interface RowShare {
+  rank: number;
+  /** Where this rank's rows start in the concatenation of every rank's, in rank order. */
+  offset: number;
+  /** Every rank's row count. */
+  counts: number[];
+  /** Every row's trained length (response tokens that get loss), in that concatenation. */
+  lengths: number[];
 }

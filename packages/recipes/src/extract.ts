@@ -223,6 +223,7 @@ export async function runExtractGenerate(cfg: ExtractGenerateConfig, events: Ext
         candidate_ref_logprobs: q.candidate_ref_logprobs,
         token_q_values: q.token_q_values,
         token_remaining: q.token_remaining,
+        token_entropies: q.token_entropies,
         candidate_remaining: q.candidate_remaining,
       });
     }
@@ -238,7 +239,7 @@ export async function runExtractGenerate(cfg: ExtractGenerateConfig, events: Ext
 }
 
 /** A generated row: the trajectory columns and the critic's estimates beside them. */
-type GeneratedRow = Trajectory & { token_q_values: number[]; token_remaining: number[]; candidate_remaining: number[][] };
+type GeneratedRow = Trajectory & { token_q_values: number[]; token_remaining: number[]; token_entropies: number[]; candidate_remaining: number[][] };
 
 /** The trajectory columns plus `token_q_values`, `token_remaining` and `candidate_remaining` (the columns of `lathe critic label`), written atomically. */
 async function writeGenerated(file: string, rows: readonly GeneratedRow[]): Promise<void> {
@@ -249,6 +250,8 @@ async function writeGenerated(file: string, rows: readonly GeneratedRow[]): Prom
   columns.push(
     { name: 'token_q_values', data: listData(flattenLists(rows.map((r) => r.token_q_values), floats)), nullable: false },
     { name: 'token_remaining', data: listData(flattenLists(rows.map((r) => r.token_remaining), floats)), nullable: false },
+    // the reference policy's next-token entropy at each drawn token (Studio's token view colours by it)
+    { name: 'token_entropies', data: listData(flattenLists(rows.map((r) => r.token_entropies), floats)), nullable: false },
     { name: 'candidate_remaining', data: nestedListData(outer, inner), nullable: false },
   );
   await writeParquet(file, [batchOf(columns)]);

@@ -5,6 +5,7 @@ import { attentionOption, checkpointOptions, deviceOption, evalExamplesOption, g
 import type { ConfigOf, OptionSchema } from './options';
 import { TRAIN_EVAL_KEYS, trainEvalOptions } from './train-eval-config';
 import { classmateOptions, rolloutIsOption } from './classmate-config';
+import { serveTrainingOptions } from './serve-training-config';
 
 /** Every option of a GRPO-family run; the trainer's defaults come from `GRPO_DEFAULTS`. */
 export const grpoSchema = {
@@ -118,16 +119,7 @@ export const grpoSchema = {
     ...checkpointOptions(50),
     log_every: { type: 'number', default: 1, integer: true, min: 1, describe: 'Write metrics.jsonl every N steps' },
     ...reportOptions,
-    serve_port: {
-      type: 'number',
-      default: 0,
-      integer: true,
-      min: 0,
-      describe:
-        "Serve the policy being trained over lathe serve's OpenAI-compatible API on this port (0: off): from the trainer's own device weights (no copy, no reload; needs the KV-cache generation engine), answered between weight updates, each response's system_fingerprint naming the step it saw (step-N); needs the model's Hugging Face tokenizer",
-    },
-    serve_host: { type: 'string', default: '127.0.0.1', describe: 'With --serve_port: the address to listen on (0.0.0.0 exposes it)' },
-    serve_max_rows: { type: 'number', default: 32, integer: true, min: 1, describe: 'With --serve_port: requests decoding at once (cache rows, besides the rollouts’)' },
+    ...serveTrainingOptions("from the trainer's own device weights (no copy, no reload; needs the KV-cache generation engine)"),
   }),
   ...resumeOptions('metrics, rollouts and evaluations'),
 } as const satisfies OptionSchema;

@@ -25,7 +25,8 @@ import { judgeSource, policyPromptRenderer, withClassmates } from './classmate-c
 import { quantizedFrozenBase } from './quantize-lora';
 import { serveTrainingPolicy, type TrainingServe } from './serve-training';
 import { combineRewardSources, loadRewardFunctions, parseRewardWeights, rewardModelSource, RewardSourceError, withRewardWeights, type AnyRewardSource } from './reward-sources';
-import { checkComputeDtype, EpochStream, loadRunModel, RunDir, scheduledLr, splitHeldOut, stopRequested } from './scaffold';
+import { checkComputeDtype, EpochStream, loadRunModel, scheduledLr, splitHeldOut, stopRequested } from './scaffold';
+import { anyRankStopped, gatherRlStep, joinDataParallel, openRankRunDir } from './launch-dp';
 import { grpoBenchmarkSampler, TrainBenchmarks, type TrainBenchmarkResult } from './train-eval';
 
 /** A prompt with its reference answer. */
@@ -240,14 +241,20 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   if (cfg.off_policy_traces >= cfg.group_size) throw new Error(`--off_policy_traces ${cfg.off_policy_traces} must be below --group_size ${cfg.group_size} (a group needs on-policy samples)`);
   const rows = cfg.prompts_per_step * cfg.group_size;
   if (rows < cfg.n_minibatches * cfg.micro_batches) throw new Error(`--prompts_per_step ${cfg.prompts_per_step} × --group_size ${cfg.group_size} = ${rows} completions cannot fill --n_minibatches ${cfg.n_minibatches} × --micro_batches ${cfg.micro_batches}`);
-  const { train, evaluation } = await loadPromptSplit(cfg);
+  // data parallelism (lathe launch): each rank samples, scores and trains on an equal share of each step's prompts
+  const dp = await joinDataParallel({ device: cfg.device as 'cpu' | 'cuda', config: cfg, batch: { rows: cfg.prompts_per_step, microBatches: 1, flags: { batch: '--prompts_per_step', micro: '--micro_batches' } } });
+  if (dp && cfg.serve_port > 0) throw new Error(`--serve_port ${cfg.serve_port} under lathe launch: serving the policy from a data-parallel run is not supported yet`);
+  const split = await loadPromptSplit(cfg);
+  const train = split.train;
+  // held-out evaluations and benchmarks on rank 0 only
+  const evaluation = dp && !dp.main ? [] : split.evaluation;
   if (train.length < cfg.prompts_per_step) {
     throw new Error(`--prompts_per_step ${cfg.prompts_per_step} needs at least that many training prompts; ${cfg.data} has ${train.length} after holding out --eval_examples ${cfg.eval_examples} (lower --prompts_per_step, or --eval_examples)`);
   }
   // loaded before anything is compiled: a bad --eval_benchmarks fails at once
-  const benchmarks = await TrainBenchmarks.load(cfg);
-  const run = RunDir.open(cfg);
-  const model = await loadRunModel(cfg);
+  const benchmarks = dp && !dp.main ? undefined : await TrainBenchmarks.load(cfg);
+  const run = await openRankRunDir(cfg, dp);
+  const model = await loadRunModel({ ...cfg, run_dir: run.dir });
   const encoded = new Map<number, number[]>();
   const idsOf = (p: PromptWithAnswer) => {
     let ids = encoded.get(p.index);
@@ -280,7 +287,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
 
   // Rewards: correctness, optional format and overlong shaping, your functions and a reward model,
   // weighted; per-sample failures are counted and logged, a reward model's refuses the step.
-  const device = Device.open(cfg.device as 'cpu' | 'cuda');
+  const device = Device.open(cfg.device as 'cpu' | 'cuda', { id: dp?.deviceId ?? 0 });
   const grader = cfg.reward === 'math' ? new MathGrader() : undefined;
   const correct = grader ? async (_p: string, c: string, m: AnswerMeta) => ((await grader.grade(c, m.answer)).correct ? 1 : 0) : (_p: string, c: string, m: AnswerMeta) => (c.trim() === m.answer.trim() ? 1 : 0);
   const sources: AnyRewardSource<AnswerMeta>[] = cfg.reward === 'none' ? [] : [{ name: 'correct', fn: correct }];
@@ -339,6 +346,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     ...(cfg.quantize_base !== 'none' ? { frozenBase: quantizedFrozenBase(model.config, model.lm.float32Weights(), cfg.quantize_base, cfg.device) } : {}),
     device,
     resume,
+    ...(dp ? { dataParallel: { rank: dp.world.rank, worldSize: dp.world.worldSize, allGatherBytes: (b: Uint8Array) => dp.collectives.allGatherBytes(b), trainerOptions: dp.trainerOptions } } : {}),
   });
   classmates.bind(trainer);
   let serving: TrainingServe | undefined;
@@ -365,7 +373,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   }
 
   run.saveConfig(cfg);
-  const store = await RolloutStore.open(runPaths(cfg.run_dir).rollouts);
+  const store = await RolloutStore.open(runPaths(run.dir).rollouts);
 
   /** A held-out completion of prompt i as the correctness reward reads it. */
   const heldOutSample = (i: number, c: { text: string; tokens: number[]; stopped: boolean }) => ({ prompt: evaluation[i].prompt, completion: c.text, meta: { answer: evaluation[i].answer, completionTokens: c.tokens.length, stopped: c.stopped } });
@@ -399,6 +407,8 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   /** An evaluation's entries in metrics.jsonl. */
   const evalMetrics = (r: GrpoEvalResult) => ({ ...(r.reward_mean !== undefined ? { eval_reward_mean: r.reward_mean } : { eval_accuracy: r.accuracy }), ...(r.sampled_accuracy !== undefined ? { eval_sampled_accuracy: r.sampled_accuracy } : {}) });
   const checkpoint = async () => {
+    // rank 0 saves the (identical) state of every rank
+    if (dp && !dp.main) return run.dir;
     const snap = trainer.snapshot();
     await store.flush(); // rollouts up to the checkpoint are durable with it
     const dir = run.checkpoint({ config: model.config, model: snap.model, trainable: trainer.trainable, values: snap.values, m: snap.m, v: snap.v, state, lora: Boolean(lora) }, { keepLast: cfg.keep_last, tokenizerFrom: model.tokenizerFrom, onCheckpoint: (d, step) => events.onCheckpoint?.(d, step) });
@@ -420,7 +430,9 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   const stream = new EpochStream<PromptWithAnswer>(train, cfg.seed, state.dataPosition);
   const nextPrompts = (): RlPrompt<PromptMeta>[] => {
     const start = stream.position;
-    return stream.take(cfg.prompts_per_step).map((p, k) => ({ ids: idsOf(p), text: p.prompt, meta: { answer: p.answer }, key: start + k, index: p.index, ...(offPolicy ? { offPolicy: traces.get(p.index) } : {}) }));
+    // every rank reads the same prompts (their keys are stream positions, so a prompt's samples are the same on any rank) and takes its share
+    const all = stream.take(cfg.prompts_per_step).map((p, k) => ({ ids: idsOf(p), text: p.prompt, meta: { answer: p.answer }, key: start + k, index: p.index, ...(offPolicy ? { offPolicy: traces.get(p.index) } : {}) }));
+    return dp ? dp.shard(all, '--prompts_per_step') : all;
   };
   const evals: GrpoEvalResult[] = [];
   // --eval_benchmarks: sampled as rollouts are, from the live weights, on noise keys of their own
@@ -445,11 +457,13 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     if (benchmarks && state.step === 0) run.metrics.log({ step: 0, ...(await benchmarkEval())!.entries });
     while (state.step < cfg.steps) {
       const lr = scheduledLr(cfg, state.step);
-      const { metrics, rollouts } = await trainer.step(() => nextPrompts(), lr).catch(async (e: unknown) => {
+      const stepped = await trainer.step(() => nextPrompts(), lr).catch(async (e: unknown) => {
         // a reward model's NaN (or another batch source's failure) refuses the step before any update
         if (!(e instanceof RewardSourceError)) throw e;
         throw new Error(`step ${state.step + 1}: ${e.message}; the weights before this step are saved in ${await checkpoint()}`);
       });
+      // with data parallelism rank 0 logs every rank's rollouts and the ranks' mean metrics
+      const { metrics, rollouts } = dp ? await gatherRlStep(dp, stepped) : stepped;
       // the served policy moves to the weights this step wrote
       await serving?.refresh();
       const klCoef = trainer.adaptiveKlCoef;
@@ -486,12 +500,16 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
         run.metrics.log({ step: state.step, ...finite, ...(evalResult ? evalMetrics(evalResult) : {}), ...(benchResult?.entries ?? {}) });
       }
       if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) await checkpoint();
-      if (await stopRequested(signal)) {
+      if (await anyRankStopped(dp, await stopRequested(signal))) {
         interrupted = true;
         break;
       }
     }
     checkpointDir = run.savedAt(state.step) ?? (await checkpoint());
+  } catch (e) {
+    // the other ranks would wait for this one at their next collective: tell them why it will not come
+    dp?.abort((e as Error).message);
+    throw e;
   } finally {
     await serving?.close();
     await store.close();
@@ -500,6 +518,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     rewardModel?.dispose();
     await grader?.close();
     await run.close();
+    await dp?.close();
   }
   return { steps: state.step, evals, last, stepRewards, checkpoint: checkpointDir, interrupted, ...(offPolicy ? { offPolicy } : {}), ...(benchmarks ? { benchmarks: benchResults } : {}) };
 }

@@ -33,7 +33,7 @@ import { runPaths } from '@lathe/data';
 import { SftBenchmarkSampler, TrainBenchmarks, type TrainBenchmarkResult } from './train-eval';
 import { runTrainedWeights } from './quantize-lora';
 import type { TrainedWeights } from '@lathe/reward-models';
-import { anyRankStopped, joinDataParallel, openRankRunDir } from './launch-dp';
+import { anyRankStopped, joinDataParallel, joinsCheckpoint, openRankRunDir } from './launch-dp';
 import { serveTrainerWeights, servingTokenizerFolder, type TrainerServe, type TrainerWeights } from './serve-training';
 import { evalPromptIds, lossTokenCount, packExamples, padBatch, padPackedBatch, readSftData, tokenizeExample, type PackedRow, type SftExample, type TokenizedExample } from './sft-data';
 
@@ -271,7 +271,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   }
   // Under lathe launch (or torchrun's or Slurm's variables): this rank's place in a data-parallel
   // job, which takes its share of each global batch; rank 0 alone writes the run directory.
-  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches } });
+  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches }, zeroStage: cfg.zero_stage });
   if (dp && staticShape) throw new Error('--cuda_graph runs the train step as one captured run, which leaves no place for the gradient all-reduce of a data-parallel job (lathe launch): drop --cuda_graph');
   const run = await openRankRunDir(cfg, dp);
   // the built-in model is written into this rank's own run directory (rank 0's may not hold it yet)
@@ -311,7 +311,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   const trainer = Trainer.create(
     { params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } },
     { ...init, step: state.step },
-    { device, microBatches: cfg.micro_batches, frozen: frozenBase, ...(cudaGraph ? { cudaGraph: true } : staticShape ? { staticInputs: true } : {}), ...(dp ? { onGradients: dp.onGradients } : {}) },
+    { device, microBatches: cfg.micro_batches, frozen: frozenBase, ...(cudaGraph ? { cudaGraph: true } : staticShape ? { staticInputs: true } : {}), ...(dp ? dp.trainerOptions : {}) },
   );
   const dropoutKeyed = trainer.batchInputs.includes(LORA_DROPOUT_KEY);
   // Everything below holds device memory: released however the run ends (a non-finite loss
@@ -368,9 +368,11 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
         uploaded?.forEach(([, t]) => t.dispose());
       }
     };
-    const checkpoint = () => {
-      if (dp && !dp.main) return run.dir; // rank 0 saves the (identical) state of every rank
-      const snap = trainer.snapshot();
+    const checkpoint = async () => {
+      // rank 0 saves the state; with ZeRO-1 every rank gives it its moment shards
+      if (!joinsCheckpoint(dp)) return run.dir;
+      const snap = await trainer.snapshotAsync();
+      if (dp && !dp.main) return run.dir;
       const model = lora ? mergeInto(snap.params) : snap.params;
       return run.checkpoint({ config, model, trainable: params, values: snap.params, m: snap.m, v: snap.v, state, lora: Boolean(lora) }, { keepLast: cfg.keep_last, tokenizerFrom, onCheckpoint: (dir, step) => events.onCheckpoint?.(dir, step) });
     };
@@ -389,8 +391,8 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
       ...(packed ? { packed: { rows: packed.length, fill } } : {}),
     });
     /** A NaN/inf loss: keep the last good state in a checkpoint and stop with a message. */
-    const nonFinite = (loss: number, batchStart: number): never => {
-      const dir = checkpoint();
+    const nonFinite = async (loss: number, batchStart: number): Promise<never> => {
+      const dir = await checkpoint();
       throw new Error(
         `step ${state.step + 1}: the loss is ${loss} on the batch of ${packed ? 'packed rows' : 'training examples'} ${batchStart}..${batchStart + cfg.batch_size - 1} (stream positions); ` +
           `the weights before this step are saved in ${dir}. Lower --lr or check the data.`,
@@ -433,7 +435,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
       // with --serve_port, no request runs while the step rewrites the weights
       const result = serving ? await serving.update(() => trainer.trainStepAsync(micro, lr)) : await trainer.trainStepAsync(micro, lr);
       const loss = result.loss;
-      if (!Number.isFinite(loss)) nonFinite(loss, batchStart);
+      if (!Number.isFinite(loss)) await nonFinite(loss, batchStart);
       state = { ...state, step: state.step + 1, dataPosition: stream.position };
       lastLoss = loss;
       const tokens = batch.reduce((s, e) => s + e.ids.length, 0);
@@ -449,7 +451,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
       if (state.step % cfg.log_every === 0 || state.step === cfg.steps) run.metrics.log({ ...metrics });
       if (cfg.eval_every > 0 && state.step % cfg.eval_every === 0 && state.step < cfg.steps && evaluation.length > 0) evals.push(await evaluate());
       if (cfg.eval_every > 0 && state.step % cfg.eval_every === 0 && state.step < cfg.steps) await benchmarkEval();
-      if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) checkpoint();
+      if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) await checkpoint();
       if (await anyRankStopped(dp, await stopRequested(signal))) {
         interrupted = true;
         break;
@@ -457,7 +459,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     }
     if (!interrupted && evaluation.length > 0 && evals.at(-1)?.step !== state.step) evals.push(await evaluate());
     if (!interrupted && benchResults.at(-1)?.step !== state.step) await benchmarkEval();
-    const last = run.savedAt(state.step) ?? checkpoint();
+    const last = run.savedAt(state.step) ?? (await checkpoint());
     return { steps: state.step, finalLoss: lastLoss, evals, checkpoint: last, interrupted, benchmarks: benchResults };
   } catch (e) {
     // the other ranks would wait for this one at their next all-reduce: they stop now, told why

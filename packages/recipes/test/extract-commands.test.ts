@@ -47,11 +47,17 @@ test('generate: Q-weighted samples with candidates, Q and reference log-probs pe
   const chosenQ = table.getChild('token_q_values')!;
   const remaining = table.getChild('token_remaining')!;
   const candRemaining = table.getChild('candidate_remaining')!;
+  const entropies = table.getChild('token_entropies')!;
   got.forEach((r, i) => {
     expect(Array.from(r.prompt_token_ids)).toEqual(r.prompt_idx === 0 ? [1, 4, 13, 5, 14] : [1, 7, 13, 7, 14]); // BOS, then the prompt
     const T = r.output_token_ids.length;
     expect(T).toBeGreaterThan(0);
     expect(T).toBeLessThanOrEqual(5);
+    // one entropy of π_ref's whole next-token distribution per output token, within [0, log V]
+    const h = Array.from((entropies.get(i) as { toArray(): Float32Array }).toArray());
+    expect(h).toHaveLength(T);
+    const V = (JSON.parse(readFileSync(join(reference, 'config.json'), 'utf8')) as { vocab_size: number }).vocab_size;
+    for (const x of h) expect(x >= 0 && x <= Math.log(V) + 1e-5).toBe(true);
     const q = Array.from((chosenQ.get(i) as { toArray(): Float32Array }).toArray());
     for (let t = 0; t < T; t++) {
       const ids = Array.from(r.candidate_ids![t]);

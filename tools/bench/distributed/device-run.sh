@@ -10,6 +10,9 @@
 #                sharding saves; SEQ 256 by default). The issue's Qwen3-4B run (bf16, no fp32 parity; ZeRO-1 only, since
 #                unsharded does not fit): node $B/dp-launch.js --gpus 4 -- node $B/dp-check.js --shape 4b --compute bfloat16
 #                --flash-attention --recompute --zero 1 --steps 6 --warmup 2 --batch 4 --seq 512 --micro 1
+#   grpo "1 2" : one GRPO step (64 prompts × 8, 512 new tokens, bf16, Qwen3-0.6B shape; STEPS 2, the second timed)
+#                on each GPU count: its time split (the slowest rank's phases), loss, mean reward, and how many
+#                prompts' completions equal the 1-GPU run's (GRPO_ARGS adds grpo-dp options).
 #   order N    : NCCL's stream vs ORT's: an all-reduce read by the next ORT run, with the wait (0 wrong
 #                reads expected) and without it (wrong reads expected: what the wait prevents).
 # Every process gets NCCL_NVLS_ENABLE=0. Results go to $OUT (default /tmp/dp) as JSON lines. DP_ARGS adds dp-check
@@ -20,7 +23,7 @@ export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/dp}
 mkdir -p "$OUT"
 B=.bundle
-mode=${1:?parity N | scaling "1 2 4" | zero N | order N}
+mode=${1:?parity N | scaling "1 2 4" | zero N | grpo "1 2" | order N}
 case "$mode" in
   parity)
     N=${2:?parity N}
@@ -61,8 +64,19 @@ case "$mode" in
       for (const x of ranks) console.log(JSON.stringify({world:x.world, rank:x.rank, moment_bytes:x.moment_bytes, moment_ratio:+(x.moment_bytes/one.moment_bytes).toFixed(4), state_bytes:x.state_bytes, memory:x.memory}));
     "
     ;;
+  grpo)
+    for n in ${2:-1 2}; do
+      node $B/dp-launch.js --gpus "$n" --master_port $((29900 + n)) -- node $B/grpo-dp.js ${GRPO_ARGS:-} --steps ${STEPS:-2} --out "$OUT/grpo-$n.json" > /dev/null
+      node -e "
+        const r=require('$OUT/grpo-$n.json'); const s=r.steps.at(-1); const fs=require('fs');
+        const one=fs.existsSync('$OUT/grpo-1.json') ? require('$OUT/grpo-1.json').steps.at(-1) : undefined;
+        const same=one ? s.digests.filter((d,i)=>d===one.digests[i]).length : undefined;
+        console.log(JSON.stringify({world:r.world, compute:r.compute, prompts:r.prompts, group:r.group, new_tokens:r.new_tokens, step_s:s.step_s, generation_s:s.generation_s, rewards_s:s.rewards_s, scoring_s:s.scoring_s, training_s:s.training_s, loss:s.loss, reward_mean:s.reward_mean, response_length_mean:s.response_length_mean, prompts_same_as_1gpu:same, memory:r.memory}));
+      "
+    done
+    ;;
   order)
     node $B/dp-launch.js --gpus "${2:-2}" --master_port 29700 -- node $B/nccl-order.js --mb ${MB:-512} --trials ${TRIALS:-10}
     ;;
-  *) echo "usage: $0 parity N | scaling \"1 2 4\" | zero N | order N" >&2; exit 2 ;;
+  *) echo "usage: $0 parity N | scaling \"1 2 4\" | zero N | grpo \"1 2\" | order N" >&2; exit 2 ;;
 esac

@@ -8,7 +8,7 @@ import { runInterruptible } from '../interrupt';
  * write the run directory from rank 0 only). Any other lathe command would run N independent copies
  * writing one run directory, so it is refused.
  */
-export const DATA_PARALLEL_COMMANDS: ReadonlySet<string> = new Set<string>(['sft', 'rm train', 'dpo']);
+export const DATA_PARALLEL_COMMANDS: ReadonlySet<string> = new Set<string>(['sft', 'rm train', 'dpo', 'grpo']);
 
 /**
  * The program each rank runs: a lathe command (`sft …`) runs this CLI again, as it was started
