@@ -16,6 +16,7 @@ import { startStudio, type RunningStudio } from '@lathe/studio';
 import { defaults, serveSchema, startServe } from '@lathe/recipes';
 import { CHAT_RUN, CRITIC_LABELLED, LABELLED, makeRoot, studioConfig } from './fixtures';
 import { tinyChatModel } from './chat-model';
+import { splitThinking } from '../src/web/sse';
 
 const CHROMIUM = process.env.LATHE_CHROMIUM ?? '/usr/bin/chromium';
 const SHOTS = process.env.LATHE_STUDIO_SCREENSHOTS ?? mkdtempSync(join(tmpdir(), 'lathe-studio-shots-'));
@@ -348,7 +349,7 @@ test('chat with two models side by side answers as the serve API does', async ()
  * picker lists the models that server lists at GET /v1/models (and no in-process checkpoints), and
  * each side's reply equals that server's own answer (`answers`).
  */
-async function checkpointsThroughServeUrl(serveUrl: string, answers: string[]): Promise<void> {
+async function checkpointsThroughServeUrl(serveUrl: string, answers: string[], thinkingReplies: string[]): Promise<void> {
   const listed = ((await (await fetch(`${serveUrl}/models`)).json()) as { data: { id: string }[] }).data.map((m) => m.id);
   expect(listed).toEqual(['s1', 's2']);
   const remote = await startStudio(studioConfig(root, { serve_url: serveUrl }));
@@ -372,6 +373,26 @@ async function checkpointsThroughServeUrl(serveUrl: string, answers: string[]): 
     await tab.waitForSelector('#log-1 .msg.assistant[data-finish]', { timeout: 60_000 });
     expect(await tab.$$eval('.msg.assistant .content', (e) => e.map((x) => x.textContent))).toEqual(answers.map((a) => a || '(empty)'));
     await tab.screenshot({ path: join(SHOTS, 'studio-chat-serve-url.png') as `${string}.png`, fullPage: true });
+    // A new conversation with thinking on: each side shows the reply's thinking apart from its answer,
+    // as the server's own reply (asked with enable_thinking: true) splits at </think>.
+    await tab.reload();
+    await tab.waitForSelector('#app > div[data-ready]', { timeout: 20_000 });
+    await tab.select('#model-0', 's1');
+    await tab.select('#model-1', 's2');
+    for (const [sel, v] of [['#max_tokens', '40'], ['#seed', '3']]) {
+      await tab.$eval(sel, (e) => ((e as unknown as { value: string }).value = ''));
+      await tab.type(sel, v);
+    }
+    await tab.click('#thinking');
+    expect(await tab.$eval('#thinking', (e) => (e as unknown as { checked: boolean }).checked)).toBe(true);
+    await tab.type('#message', 'What is 2+2?');
+    await tab.click('#send');
+    await tab.waitForSelector('#log-0 .msg.assistant[data-finish]', { timeout: 60_000 });
+    await tab.waitForSelector('#log-1 .msg.assistant[data-finish]', { timeout: 60_000 });
+    const split = thinkingReplies.map((r) => splitThinking(r));
+    expect(await tab.$$eval('.msg.assistant .content', (e) => e.map((x) => x.textContent))).toEqual(split.map((x) => x.answer || '(empty)'));
+    const thoughts = await tab.$$eval('.msg.assistant', (e) => e.map((x) => x.querySelector('.thinking')?.textContent ?? ''));
+    expect(thoughts).toEqual(split.map((x) => x.reasoning));
   } finally {
     await tab.close();
     await remote.close();
@@ -408,17 +429,19 @@ test('chat with two checkpoints of a run, one per side: each reply streams in to
   const stored = join(root, CHAT_RUN, 'checkpoints');
   // both checkpoints served by lathe serve itself, asked the same without streaming
   const serve = await startServe({ ...defaults(serveSchema), model: [1, 2].map((s) => `s${s}=${join(stored, `step-${String(s).padStart(8, '0')}`)}`).join(','), port: 0, max_model_len: 256, max_rows: 4 });
-  const direct = async (model: string) => {
+  const direct = async (model: string, thinking = false) => {
     const r = await fetch(`${serve.url}/chat/completions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ model, messages: [{ role: 'user', content: 'What is 2+2?' }], temperature: 0.7, top_p: 1, max_tokens: 40, seed: 3, chat_template_kwargs: { enable_thinking: false } }),
+      body: JSON.stringify({ model, messages: [{ role: 'user', content: 'What is 2+2?' }], temperature: 0.7, top_p: 1, max_tokens: 40, seed: 3, chat_template_kwargs: { enable_thinking: thinking } }),
     });
     return ((await r.json()) as { choices: { message: { content: string } }[] }).choices[0].message.content;
   };
   const answers = [await direct('s1'), await direct('s2')];
+  const thinkingReplies = [await direct('s1', true), await direct('s2', true)];
+  expect(thinkingReplies).not.toEqual(answers); // the switch reached the template
   try {
-    await checkpointsThroughServeUrl(serve.url, answers);
+    await checkpointsThroughServeUrl(serve.url, answers, thinkingReplies);
   } finally {
     await serve.close();
   }
