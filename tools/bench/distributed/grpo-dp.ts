@@ -7,7 +7,7 @@
  * generation may differ where batch composition changes the kernels' rounding).
  *
  * usage (each rank): node .bundle/grpo-dp.js [--shape 0.6b|tiny] [--device cuda|cpu] [--compute bfloat16|float32]
- *   [--prompts 64] [--group 8] [--prompt-len 64] [--new-tokens 512] [--steps 2] [--micro 4] [--out FILE]
+ *   [--prompts 64] [--group 8] [--prompt-len 64] [--new-tokens 512] [--steps 2] [--micro 16 on CUDA, 4 on the CPU] [--attention flash|composed] [--out FILE]
  * run:  node .bundle/dp-launch.js --gpus 2 -- node .bundle/grpo-dp.js --out two.json
  * Every rank prints one JSON line (rank 0's first); --out writes rank 0's.
  */
@@ -34,23 +34,26 @@ async function main(): Promise<void> {
   const promptLen = Number(arg('prompt-len', '64'));
   const maxNew = Number(arg('new-tokens', '512'));
   const steps = Number(arg('steps', '2'));
-  const micro = Number(arg('micro', '4'));
+  // As the device suite's GRPO step runs it: 16 micro-batches and flash attention on CUDA (with 4
+  // micro-batches, 128 rows × 576 tokens of 151,936-wide logits a micro-batch ran out of memory).
+  const micro = Number(arg('micro', deviceKind === 'cuda' ? '16' : '4'));
+  const attention = arg('attention', deviceKind === 'cuda' ? 'flash' : 'composed') as 'composed' | 'flash';
   const world = worldFromEnv();
   checkDataParallelBatch(P, 1, world.worldSize, { batch: '--prompts', micro: '--micro' });
   let group: Collectives | undefined;
   if (world.worldSize > 1) {
     const tcp = await TcpCollectives.connect({ rank: world.rank, worldSize: world.worldSize, addr: world.masterAddr, port: world.masterPort });
-    await checkSameConfig(tcp, { shape, compute, P, G, promptLen, maxNew, steps, micro });
+    await checkSameConfig(tcp, { shape, compute, P, G, promptLen, maxNew, steps, micro, attention });
     group = deviceKind === 'cuda' ? await NcclCollectives.create(tcp, { deviceId: world.localRank }) : tcp;
   }
-  const device = Device.open(deviceKind, { id: world.localRank });
+  const device = Device.open(deviceKind, { id: world.localRank, sharedArena: deviceKind === 'cuda' });
   const model = CausalLM.random(hf, { seed: 1, std: 0.02 });
   const V = model.config.vocabSize;
   // reward: the share of even token ids in the completion (differs within a group)
   const rewards = combineRewards<Record<string, never>>([{ name: 'even', fn: (_p, c) => { const ids = c.split(' ').filter(Boolean).map(Number); return ids.length ? ids.filter((x) => x % 2 === 0).length / ids.length : 0; } }], { fallback: 0 });
   const trainer = GrpoTrainer.create<Record<string, never>>({
     model, tokenizer: { decode: (ids) => ids.join(' '), padId: 0 }, stopIds: [V - 1], rewards,
-    groupSize: G, maxNewTokens: maxNew, loss: { aggregation: 'token-mean', clipHigh: 0.28 }, device, compute, microBatches: micro,
+    groupSize: G, maxNewTokens: maxNew, loss: { aggregation: 'token-mean', clipHigh: 0.28 }, device, compute, microBatches: micro, attention,
     ...(group ? { dataParallel: { rank: group.rank, worldSize: group.worldSize, allGatherBytes: (b: Uint8Array) => group!.allGatherBytes(b), trainerOptions: { onGradients: gradientAllReduce(group) } } } : {}),
   });
   let seed = 7;
