@@ -329,13 +329,28 @@ export function rowTopKCap(V: number): number {
  * is 0 take the argmax of the raw logits. `filters` says how top-k and top-p are applied
  * ({@link RowFilterMode}; the host picks the cheapest one its rows allow). Top-k keeps tokens tied
  * with the k-th value, and top-p ranks the top-k survivors and keeps tokens tied with the last
- * kept one, as {@link filteredScores} does after a two-stage top-k.
+ * kept one, as {@link filteredScores} does after a two-stage top-k. `plain`: every row has
+ * temperature 1 or 0 and no top-k, top-p or min-p, so the graph leaves those passes out (the same
+ * tokens and log-probs; the host picks it when its rows allow).
  */
-export function sampleNextPerRow(logits: Tensor, o: RowSamplingInputs, uniform: Tensor, filters: RowFilterMode): SampledTokens {
+export function sampleNextPerRow(logits: Tensor, o: RowSamplingInputs, uniform: Tensor, filters: RowFilterMode, plain = false): SampledTokens {
   const g = logits.graph;
   const V = logits.shape[1] as number;
   const column = (t: Tensor) => L.unsqueeze(t, [1]); // [B] → [B, 1]
   const greedy = L.equal(o.temperature, g.constant(0, 'float32', [])); // [B]
+  if (plain) {
+    // Every row samples the model's own distribution (temperature 1, no filter) or is greedy: the
+    // scores are the logits, so there is no division, no min-p pass and no second log-softmax —
+    // the sampled log-prob is the raw one. Passes over [B, V] are most of this graph's time.
+    if (filters !== 'none') throw new Error(`sampleNextPerRow: plain rows take no top-k/top-p, got filters '${filters}'`);
+    const max = rowMax(logits); // [B, 1, 1]
+    const e = L.exp(L.sub(chunks(logits), max));
+    const mass = L.reduceSum(e, [2]);
+    const tokens = L.where(column(greedy), firstArgMax(logits), inverseCdf(e, mass, uniform)); // [B, 1]
+    const logZ = L.add(L.squeeze(max, [2]), L.log(L.reduceSum(mass, [1], true)));
+    const logprobs = L.squeeze(L.sub(L.gatherElements(logits, tokens, 1), logZ), [1]);
+    return { tokens: L.squeeze(tokens, [1]), logprobs, rawLogprobs: logprobs };
+  }
   const t = L.where(greedy, g.constant(1, 'float32', []), o.temperature);
   let s = L.div(logits, column(t));
   const nucleusOff = column(L.greaterOrEqual(o.topP, g.constant(1, 'float32', []))); // [B, 1]

@@ -252,3 +252,31 @@ test('padded prefills (prompts, rows and width rounded up) give the same tokens 
   expect(exact.log).toEqual([[3, 5, 5], [1, 1, 9]]);
   expect(padded.log).toEqual([[3, 5, 8], [1, 1, 16]]);
 });
+
+test('plain rows (temperature 1 or 0, no filter) run the cheaper sampling graph: the same tokens and log-probs as the general graph', () => {
+  const plan = (minP: number) => [
+    { at: 0, prompt: [5, 9, 11, 3], rows: [{ sampling: { temperature: 1, minP }, seed: 2, key: 0 }, { sampling: { temperature: 1, minP }, seed: 2, key: 1 }], maxNew: 6 },
+    { at: 1, prompt: [7, 2], rows: [{ sampling: { temperature: 0, minP }, seed: 0, key: 0 }], maxNew: 6 },
+  ];
+  const run = (minP: number) => {
+    const engine = SlotEngine.create(model, { slots: 4, maxLength: 32 });
+    const got = drive(engine, plan(minP));
+    const compiled = engine.compiled.sort();
+    engine.dispose();
+    return { got, compiled };
+  };
+  const plain = run(0);
+  // a min-p far below any probability here filters nothing, but needs the general graph
+  const general = run(1e-30);
+  expect(plain.compiled).toEqual(['slot-decode-plain', 'slot-prefill-plain']);
+  expect(general.compiled).toEqual(['slot-decode', 'slot-prefill']);
+  expect(plain.got.map((p) => p.map((r) => r.map((t) => t.token)))).toEqual(general.got.map((p) => p.map((r) => r.map((t) => t.token))));
+  plain.got.forEach((p, i) =>
+    p.forEach((r, j) =>
+      r.forEach((t, k) => {
+        expect(t.logprob).toBeCloseTo(general.got[i][j][k].logprob, 5);
+        expect(t.rawLogprob).toBeCloseTo(general.got[i][j][k].rawLogprob, 5);
+      }),
+    ),
+  );
+});

@@ -239,16 +239,17 @@ export class SlotEngine {
     if (!Number.isInteger(top) || top < 0 || top > this.opts.maxTopLogprobs) throw new Error(`top_logprobs must be an integer in [0, ${this.opts.maxTopLogprobs}], got ${row.topLogprobs}`);
   }
 
-  private graphOptions(filters: RowFilterMode, top: boolean): SlotGraphOptions {
-    return { slots: this.opts.slots, filters, topLogprobs: top ? this.opts.maxTopLogprobs : 0, qkNormInKernel: this.device.kind === 'cuda' };
+  private graphOptions(filters: RowFilterMode, top: boolean, plain: boolean): SlotGraphOptions {
+    return { slots: this.opts.slots, filters, topLogprobs: top ? this.opts.maxTopLogprobs : 0, plain, qkNormInKernel: this.device.kind === 'cuda' };
   }
 
-  private compile(kind: 'prefill' | 'decode', filters: RowFilterMode, top: boolean): Session {
+  private compile(kind: 'prefill' | 'decode', filters: RowFilterMode, top: boolean, plain: boolean): Session {
     const g = new L.Graph(`lathe_slot_${kind}`);
     const w = this.opts.graphWeights ? this.opts.graphWeights(g) : weightInputs(g, this.config, this.opts.dtype, this.opts.dtype).weights;
-    (kind === 'prefill' ? addSlotPrefill : addSlotDecodeStep)(g, this.config, w, this.opts.dtype, this.graphOptions(filters, top));
+    (kind === 'prefill' ? addSlotPrefill : addSlotDecodeStep)(g, this.config, w, this.opts.dtype, this.graphOptions(filters, top, plain));
     const session: SessionOptions = { ...this.opts.session, memoryPattern: this.opts.session?.memoryPattern ?? false };
-    return this.device.compile(g, { ...session, name: `slot-${kind}${filters === 'none' ? '' : `-${filters}`}${top ? '-top' : ''}`, cudaGraph: kind === 'decode' ? this.opts.cudaGraph : false });
+    const name = `slot-${kind}${plain ? '-plain' : ''}${filters === 'none' ? '' : `-${filters}`}${top ? '-top' : ''}`;
+    return this.device.compile(g, { ...session, name, cudaGraph: kind === 'decode' ? this.opts.cudaGraph : false });
   }
 
   private bindCommon(b: Binding): void {
@@ -262,12 +263,12 @@ export class SlotEngine {
     }
   }
 
-  private variant(kind: 'prefill' | 'decode', filters: RowFilterMode, top: boolean): Variant {
+  private variant(kind: 'prefill' | 'decode', filters: RowFilterMode, top: boolean, plain = false): Variant {
     const map = kind === 'prefill' ? this.prefills : this.steps;
-    const id = `${filters}/${top}`;
+    const id = `${filters}/${top}/${plain}`;
     let v = map.get(id);
     if (!v) {
-      v = { session: this.compile(kind, filters, top), binding: undefined };
+      v = { session: this.compile(kind, filters, top, plain), binding: undefined };
       map.set(id, v);
     }
     if (!v.binding) {
@@ -296,8 +297,10 @@ export class SlotEngine {
   warm(opts: { filters?: boolean; top?: boolean } = {}): void {
     for (const filters of opts.filters ? (['none', 'capped', 'full'] as const) : (['none'] as const)) {
       for (const top of opts.top && this.opts.maxTopLogprobs > 0 ? [false, true] : [false]) {
-        this.variant('prefill', filters, top);
-        this.variant('decode', filters, top);
+        for (const plain of filters === 'none' ? [true, false] : [false]) {
+          this.variant('prefill', filters, top, plain);
+          this.variant('decode', filters, top, plain);
+        }
       }
     }
   }
@@ -306,6 +309,12 @@ export class SlotEngine {
     const V = this.config.vocabSize;
     const k = row.sampling.topK && row.sampling.topK < V ? row.sampling.topK : V;
     return { k, p: row.sampling.topP ?? 1, minP: row.sampling.minP ?? 0 };
+  }
+
+  /** Whether every row samples at temperature 1 or 0 with no filter (the sampler's cheaper graph). */
+  private plainRows(rows: readonly Pick<SlotState, 'k' | 'p' | 'minP' | 'row'>[]): boolean {
+    const V = this.config.vocabSize;
+    return rows.every((r) => r.k >= V && r.p >= 1 && r.minP === 0 && [0, 1].includes(r.row.sampling.temperature ?? 1));
   }
 
   /** The cheapest top-k/top-p graph these rows allow (see RowFilterMode). */
@@ -374,7 +383,7 @@ export class SlotEngine {
     const top = flat.some((r) => (r.row.topLogprobs ?? 0) > 0);
     let out: SlotToken[];
     try {
-      const { binding: pb } = this.variant('prefill', filters, top);
+      const { binding: pb } = this.variant('prefill', filters, top, this.plainRows(flat));
       const b = pb!;
       b.input('input_ids', { data: ids, dims: [Bp, P] });
       b.input('seqlens', hostTensor('int32', [Bp], lengths.map((n) => n - 1)));
@@ -465,7 +474,8 @@ export class SlotEngine {
     if (busy.length === 0) return false;
     const x = this.inputs;
     x.step.upload(packed);
-    const b = this.variant('decode', this.filterMode(busy.map((i) => this.state[i]!)), top).binding!;
+    const rows = busy.map((i) => this.state[i]!);
+    const b = this.variant('decode', this.filterMode(rows), top, this.plainRows(rows)).binding!;
     this.opts.beforeRun?.('decode', busy.length);
     b.runSync({ synchronize: false });
     this.inFlight = { binding: b, busy, states: busy.map((i) => this.state[i]!), top };

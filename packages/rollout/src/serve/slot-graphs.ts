@@ -46,6 +46,8 @@ export interface SlotGraphOptions {
   filters: RowFilterMode;
   /** Alternatives per row to output with their raw log-probs (0: none). */
   topLogprobs: number;
+  /** Every row has temperature 1 or 0 and no filter: the sampler's cheaper graph (see `sampleNextPerRow`). */
+  plain?: boolean;
   /** Qwen3's Q/K norm inside GroupQueryAttention's kernel (CUDA only). */
   qkNormInKernel?: boolean;
 }
@@ -67,7 +69,7 @@ function emit(g: Graph, cfg: DecoderConfig, weights: Weights, hidden: Tensor, pa
   if (cfg.vocabSize >= 2 ** 24) throw new Error(`slot engine: vocab_size ${cfg.vocabSize} ≥ 2²⁴: token ids would not be exact in float32`);
   let logits = L.cast(L.squeeze(lmLogits(cfg, weights, hidden), [1]), 'float32'); // [N, V]
   if (expand) logits = L.gather(logits, expand, 0);
-  const s = sampleNextPerRow(logits, params, uniform, o.filters);
+  const s = sampleNextPerRow(logits, params, uniform, o.filters, o.plain ?? false);
   const column = (t: Tensor) => L.unsqueeze(t, [1]);
   g.output(L.concat([column(L.cast(s.tokens, 'float32')), column(s.logprobs), column(s.rawLogprobs)], 1), 'sampled');
   if (o.topLogprobs > 0) {
