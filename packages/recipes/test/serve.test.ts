@@ -101,7 +101,8 @@ test('logprobs: chat top_logprobs and completions logprobs, raw log-probs of the
   for (const e of content) {
     expect(e.top_logprobs).toHaveLength(3);
     expect(e.top_logprobs[0].token).toBe(e.token); // greedy: the emitted token is the most likely
-    expect(e.logprob).toBeCloseTo(e.top_logprobs[0].logprob, 5);
+    // two float32 sums of the same 151,936 exponentials in different orders (the sampler's chunk masses, a log-softmax): ~sqrt(V)·ε apart
+    expect(e.logprob).toBeCloseTo(e.top_logprobs[0].logprob, 4);
     expect(e.top_logprobs[1].logprob).toBeLessThanOrEqual(e.top_logprobs[0].logprob);
     expect(Buffer.from(e.bytes!).toString('utf8')).toBe(e.token);
   }
