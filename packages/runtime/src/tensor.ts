@@ -119,6 +119,20 @@ export class DeviceTensor {
     return new DeviceTensor(this.device, handle, this.dtype, [...dims], this.parent ?? this);
   }
 
+  /**
+   * A view of the first `n` entries along the first axis (the same memory's leading part: rows of a
+   * row-major tensor are contiguous). The view keeps this tensor alive; disposing this tensor
+   * invalidates the view.
+   */
+  leading(n: number): DeviceTensor {
+    const rows = this.dims[0];
+    if (this.dims.length === 0 || !Number.isInteger(n) || n < 1 || n > rows) throw new Error(`leading: ${n} rows of ${this.describe()} (1..${rows ?? 0})`);
+    const dims = [n, ...this.dims.slice(1)];
+    const { api } = ortEnv();
+    const handle = api.out('CreateTensorWithDataAsOrtValue', this.device.memoryInfo, this.dataPointer(), byteSize(this.dtype, dims), BigInt64Array.from(dims.map(BigInt)), dims.length, onnxTypeCode(this.dtype));
+    return new DeviceTensor(this.device, handle, this.dtype, dims, this.parent ?? this);
+  }
+
   /** Copies host data into the tensor (same element count; dims may differ). */
   upload(src: HostArray | HostTensor): void {
     const data = ArrayBuffer.isView(src) ? src : src.data;
