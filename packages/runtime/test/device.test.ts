@@ -54,9 +54,9 @@ test('leading(n): a view of the first n rows, sharing memory', () => {
   const a = cpu.upload({ data: Float32Array.from({ length: 12 }, (_, i) => i), dims: [4, 3] });
   const head = a.leading(2);
   expect(head.dims).toEqual([2, 3]);
-  expect(Array.from(head.download().data)).toEqual([0, 1, 2, 3, 4, 5]);
+  expect(Array.from(head.download().data as Float32Array)).toEqual([0, 1, 2, 3, 4, 5]);
   head.upload(new Float32Array(6).fill(-1));
-  expect(Array.from(a.download().data)).toEqual([-1, -1, -1, -1, -1, -1, 6, 7, 8, 9, 10, 11]);
+  expect(Array.from(a.download().data as Float32Array)).toEqual([-1, -1, -1, -1, -1, -1, 6, 7, 8, 9, 10, 11]);
   expect(a.reshape([2, 6]).leading(1).dims).toEqual([1, 6]);
   expect(() => a.leading(5)).toThrow(/leading: 5 rows of float32\[4, 3\] on cpu \(1..4\)/);
   expect(() => a.leading(0)).toThrow(/leading: 0 rows/);
