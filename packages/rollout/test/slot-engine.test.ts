@@ -268,8 +268,10 @@ test('plain rows (temperature 1 or 0, no filter) run the cheaper sampling graph:
   const plain = run(0);
   // a min-p far below any probability here filters nothing, but needs the general graph
   const general = run(1e-30);
-  expect(plain.compiled).toEqual(['slot-decode-plain', 'slot-prefill-plain']);
-  expect(general.compiled).toEqual(['slot-decode', 'slot-prefill']);
+  // (a step over the 2 leading slots once only those are busy: slot-decode…-2, see the bucket test)
+  expect(plain.compiled.filter((n) => !/-\d+$/.test(n))).toEqual(['slot-decode-plain', 'slot-prefill-plain']);
+  expect(general.compiled.filter((n) => !/-\d+$/.test(n))).toEqual(['slot-decode', 'slot-prefill']);
+  expect([...plain.compiled, ...general.compiled].filter((n) => /-\d+$/.test(n))).toEqual(['slot-decode-plain-2', 'slot-decode-2']);
   expect(plain.got.map((p) => p.map((r) => r.map((t) => t.token)))).toEqual(general.got.map((p) => p.map((r) => r.map((t) => t.token))));
   plain.got.forEach((p, i) =>
     p.forEach((r, j) =>
@@ -279,4 +281,26 @@ test('plain rows (temperature 1 or 0, no filter) run the cheaper sampling graph:
       }),
     ),
   );
+});
+
+test('decode steps over the leading slots that hold the busy rows (a power of two): the same tokens and log-probs as steps over every slot', () => {
+  const plan = [
+    { at: 0, prompt: [5, 9, 11, 3], rows: [{ sampling: { temperature: 0.8 }, seed: 3, key: 0 }], maxNew: 3 },
+    { at: 1, prompt: [7, 2], rows: [{ sampling: { temperature: 0 }, seed: 0, key: 0 }, { sampling: { temperature: 0.9 }, seed: 3, key: 1 }], maxNew: 7 },
+    { at: 2, prompt: [30, 31], rows: [{ sampling: { temperature: 1 }, seed: 5, key: 2 }, { sampling: { temperature: 1 }, seed: 5, key: 3 }, { sampling: { temperature: 0.5 }, seed: 5, key: 4 }], maxNew: 4 },
+  ];
+  const run = (decodeBuckets: boolean) => {
+    const engine = SlotEngine.create(model, { slots: 8, maxLength: 32, decodeBuckets });
+    const got = drive(engine, plan);
+    const compiled = engine.compiled.filter((n) => n.startsWith('slot-decode')).sort();
+    engine.dispose();
+    return { got, compiled };
+  };
+  const all = run(false);
+  const bucketed = run(true);
+  expect(all.compiled).toEqual(['slot-decode']);
+  // one busy row → 1 slot; rows in slots 0..2 → 4; all six (slots 0..5) → 8 = every slot
+  expect(bucketed.compiled).toEqual(['slot-decode', 'slot-decode-1', 'slot-decode-4']);
+  expect(bucketed.got.map((p) => p.map((r) => r.map((t) => t.token)))).toEqual(all.got.map((p) => p.map((r) => r.map((t) => t.token))));
+  bucketed.got.forEach((p, i) => p.forEach((r, j) => r.forEach((t, k) => expect(t.logprob).toBeCloseTo(all.got[i][j][k].logprob, 5))));
 });

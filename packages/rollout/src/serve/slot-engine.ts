@@ -41,6 +41,13 @@ export interface SlotEngineOptions extends Pick<KvCacheGeneratorOptions, 'maxLen
    * plans each new shape anew), and arrivals of every size would each pay that. Default true.
    */
   padPrefill?: boolean;
+  /**
+   * Runs each decode step over the leading slots that hold every busy row, their count rounded up
+   * to a power of two (at most `slots`), rather than over all of them: a lightly loaded engine then
+   * decodes a few rows, not `slots` (the free list hands out the lowest slots first, so busy rows
+   * gather at the front). Default true.
+   */
+  decodeBuckets?: boolean;
   /** Called before every prefill (with its prompts) and decode step (with the busy slots). Tests count runs with it. */
   beforeRun?: (phase: 'prefill' | 'decode', count: number) => void;
 }
@@ -97,7 +104,7 @@ interface Variant {
 
 /** The decode step's buffers, bound by address: its packed host inputs (uploaded before each step) and outputs. */
 interface StepInputs {
-  /** float32 [7, S], rows as STEP_ROWS. */
+  /** float32 [S, 7], slot-major (a bucket of leading slots is its leading rows), columns as STEP_ROWS. */
   step: DeviceTensor;
   sampled: DeviceTensor;
   topLogprobs: DeviceTensor | undefined;
@@ -119,6 +126,8 @@ export class SlotEngine {
   private readonly freeList: number[];
   private readonly prefills = new Map<string, Variant>();
   private readonly steps = new Map<string, Variant>();
+  /** Views of the caches and step buffers over the leading `rows` slots, by row count (the full count is the buffers themselves). */
+  private readonly leadingViews = new Map<number, { caches: DeviceTensor[]; step: DeviceTensor; sampled: DeviceTensor; topLogprobs: DeviceTensor | undefined; topIds: DeviceTensor | undefined }>();
   /** Weights bound by {@link bindWeights}, by graph input name (a later binding of a name replaces the earlier). */
   private readonly extraWeights = new Map<string, DeviceTensor>();
   /** The launched decode step awaiting `collect`: its binding, busy slots and their states then. */
@@ -183,7 +192,7 @@ export class SlotEngine {
       const caches: DeviceTensor[] = [];
       for (let i = 0; i < 2 * config.numLayers; i++) caches.push(zeros(dtype, [S, config.numKvHeads, opts.maxLength, config.headDim]));
       const inputs: StepInputs = {
-        step: zeros('float32', [STEP_ROWS.length, S]),
+        step: zeros('float32', [S, STEP_ROWS.length]),
         sampled: zeros('float32', [S, 3]),
         topLogprobs: maxTop > 0 ? zeros('float32', [S, maxTop]) : undefined,
         topIds: maxTop > 0 ? zeros('int64', [S, maxTop]) : undefined,
@@ -239,49 +248,62 @@ export class SlotEngine {
     if (!Number.isInteger(top) || top < 0 || top > this.opts.maxTopLogprobs) throw new Error(`top_logprobs must be an integer in [0, ${this.opts.maxTopLogprobs}], got ${row.topLogprobs}`);
   }
 
-  private graphOptions(filters: RowFilterMode, top: boolean, plain: boolean): SlotGraphOptions {
-    return { slots: this.opts.slots, filters, topLogprobs: top ? this.opts.maxTopLogprobs : 0, plain, qkNormInKernel: this.device.kind === 'cuda' };
+  private graphOptions(filters: RowFilterMode, top: boolean, plain: boolean, rows: number): SlotGraphOptions {
+    return { slots: rows, filters, topLogprobs: top ? this.opts.maxTopLogprobs : 0, plain, qkNormInKernel: this.device.kind === 'cuda' };
   }
 
-  private compile(kind: 'prefill' | 'decode', filters: RowFilterMode, top: boolean, plain: boolean): Session {
+  private compile(kind: 'prefill' | 'decode', filters: RowFilterMode, top: boolean, plain: boolean, rows: number): Session {
     const g = new L.Graph(`lathe_slot_${kind}`);
     const w = this.opts.graphWeights ? this.opts.graphWeights(g) : weightInputs(g, this.config, this.opts.dtype, this.opts.dtype).weights;
-    (kind === 'prefill' ? addSlotPrefill : addSlotDecodeStep)(g, this.config, w, this.opts.dtype, this.graphOptions(filters, top, plain));
+    (kind === 'prefill' ? addSlotPrefill : addSlotDecodeStep)(g, this.config, w, this.opts.dtype, this.graphOptions(filters, top, plain, rows));
     const session: SessionOptions = { ...this.opts.session, memoryPattern: this.opts.session?.memoryPattern ?? false };
-    const name = `slot-${kind}${plain ? '-plain' : ''}${filters === 'none' ? '' : `-${filters}`}${top ? '-top' : ''}`;
+    const name = `slot-${kind}${plain ? '-plain' : ''}${filters === 'none' ? '' : `-${filters}`}${top ? '-top' : ''}${rows < this.opts.slots ? `-${rows}` : ''}`;
     return this.device.compile(g, { ...session, name, cudaGraph: kind === 'decode' ? this.opts.cudaGraph : false });
   }
 
-  private bindCommon(b: Binding): void {
+  /** The caches and step buffers over the leading `rows` slots (views, made once per count). */
+  private leading(rows: number) {
+    const x = this.inputs;
+    if (rows === this.opts.slots) return { caches: this.caches, step: x.step, sampled: x.sampled, topLogprobs: x.topLogprobs, topIds: x.topIds };
+    let v = this.leadingViews.get(rows);
+    if (!v) {
+      v = { caches: this.caches.map((c) => c.leading(rows)), step: x.step.leading(rows), sampled: x.sampled.leading(rows), topLogprobs: x.topLogprobs?.leading(rows), topIds: x.topIds?.leading(rows) };
+      this.leadingViews.set(rows, v);
+    }
+    return v;
+  }
+
+  private bindCommon(b: Binding, caches: readonly DeviceTensor[] = this.caches): void {
     for (const [name, t] of this.weights ?? []) b.input(name, t);
     for (const [name, t] of this.extraWeights) b.input(name, t);
     for (let i = 0; i < this.config.numLayers; i++) {
       for (const [j, which] of (['key', 'value'] as const).entries()) {
-        const cache = this.caches[2 * i + j];
+        const cache = caches[2 * i + j];
         b.input(cacheName(i, which, 'input'), cache).output(cacheName(i, which, 'output'), cache);
       }
     }
   }
 
-  private variant(kind: 'prefill' | 'decode', filters: RowFilterMode, top: boolean, plain = false): Variant {
+  private variant(kind: 'prefill' | 'decode', filters: RowFilterMode, top: boolean, plain = false, rows = this.opts.slots): Variant {
     const map = kind === 'prefill' ? this.prefills : this.steps;
-    const id = `${filters}/${top}/${plain}`;
+    const id = `${filters}/${top}/${plain}/${rows}`;
     let v = map.get(id);
     if (!v) {
-      v = { session: this.compile(kind, filters, top, plain), binding: undefined };
+      v = { session: this.compile(kind, filters, top, plain, rows), binding: undefined };
       map.set(id, v);
     }
     if (!v.binding) {
       const b = v.session.binding();
-      this.bindCommon(b);
       if (kind === 'decode') {
-        const x = this.inputs;
+        const x = this.leading(rows);
+        this.bindCommon(b, x.caches);
         b.input('step', x.step).input('cache_length', hostTensor('int32', [], [this.opts.maxLength]));
         b.output('sampled', x.sampled);
         if (top) b.output('top_logprobs', x.topLogprobs!).output('top_ids', x.topIds!);
         // Each variant's session captures its own graph.
         if (this.opts.cudaGraph) b.runConfig('gpu_graph_id', '1');
       } else {
+        this.bindCommon(b);
         b.output('sampled', 'device');
         if (top) b.output('top_logprobs', 'device').output('top_ids', 'device');
       }
@@ -299,7 +321,8 @@ export class SlotEngine {
       for (const top of opts.top && this.opts.maxTopLogprobs > 0 ? [false, true] : [false]) {
         for (const plain of filters === 'none' ? [true, false] : [false]) {
           this.variant('prefill', filters, top, plain);
-          this.variant('decode', filters, top, plain);
+          // on a GPU every bucket, so that no step waits for a compile (and a CUDA-graph capture) mid-serving
+          for (const rows of this.device.kind === 'cuda' ? this.buckets() : [this.opts.slots]) this.variant('decode', filters, top, plain, rows);
         }
       }
     }
@@ -309,6 +332,15 @@ export class SlotEngine {
     const V = this.config.vocabSize;
     const k = row.sampling.topK && row.sampling.topK < V ? row.sampling.topK : V;
     return { k, p: row.sampling.topP ?? 1, minP: row.sampling.minP ?? 0 };
+  }
+
+  /** The decode steps' row counts: powers of two below `slots`, then `slots` (only `slots` without decodeBuckets). */
+  private buckets(): number[] {
+    const S = this.opts.slots;
+    if (this.opts.decodeBuckets === false) return [S];
+    const out: number[] = [];
+    for (let n = 1; n < S; n *= 2) out.push(n);
+    return [...out, S];
   }
 
   /** Whether every row samples at temperature 1 or 0 with no filter (the sampler's cheaper graph). */
@@ -447,38 +479,44 @@ export class SlotEngine {
    */
   launch(): boolean {
     if (this.inFlight) throw new Error('launch: a step is already in flight (collect it first)');
-    const S = this.opts.slots;
     const V = this.config.vocabSize;
     const busy: number[] = [];
-    const packed = new Float32Array(STEP_ROWS.length * S);
-    const [token, position, temperature, topK, topP, minP, uniform] = STEP_ROWS.map((_, r) => packed.subarray(r * S, (r + 1) * S));
-    // A free slot decodes the pad token at position 0, greedily (its result is dropped).
-    token.fill(this.opts.padTokenId);
-    topK.fill(V);
-    topP.fill(1);
-    uniform.fill(0.5);
-    let top = false;
     this.state.forEach((s, i) => {
       if (!s) return;
       if (s.position >= this.opts.maxLength) throw new Error(`slot ${i}: its cache of ${this.opts.maxLength} positions is full`);
       busy.push(i);
-      token[i] = s.token;
-      position[i] = s.position;
-      temperature[i] = s.row.sampling.temperature ?? 1;
-      topK[i] = s.k;
-      topP[i] = s.p;
-      minP[i] = s.minP;
-      uniform[i] = uniformAt(s.row.seed, s.row.key, s.sampled);
-      top ||= (s.row.topLogprobs ?? 0) > 0;
     });
     if (busy.length === 0) return false;
-    const x = this.inputs;
-    x.step.upload(packed);
-    const rows = busy.map((i) => this.state[i]!);
-    const b = this.variant('decode', this.filterMode(rows), top, this.plainRows(rows)).binding!;
+    const rows = this.buckets().find((n) => n > busy[busy.length - 1])!;
+    const C = STEP_ROWS.length;
+    const [TOKEN, POSITION, TEMPERATURE, TOP_K, TOP_P, MIN_P, UNIFORM] = STEP_ROWS.map((_, c) => c);
+    const packed = new Float32Array(rows * C);
+    // A free slot decodes the pad token at position 0, greedily (its result is dropped).
+    for (let i = 0; i < rows; i++) {
+      packed[i * C + TOKEN] = this.opts.padTokenId;
+      packed[i * C + TOP_K] = V;
+      packed[i * C + TOP_P] = 1;
+      packed[i * C + UNIFORM] = 0.5;
+    }
+    let top = false;
+    for (const i of busy) {
+      const s = this.state[i]!;
+      const at = i * C;
+      packed[at + TOKEN] = s.token;
+      packed[at + POSITION] = s.position;
+      packed[at + TEMPERATURE] = s.row.sampling.temperature ?? 1;
+      packed[at + TOP_K] = s.k;
+      packed[at + TOP_P] = s.p;
+      packed[at + MIN_P] = s.minP;
+      packed[at + UNIFORM] = uniformAt(s.row.seed, s.row.key, s.sampled);
+      top ||= (s.row.topLogprobs ?? 0) > 0;
+    }
+    this.leading(rows).step.upload(packed);
+    const states = busy.map((i) => this.state[i]!);
+    const b = this.variant('decode', this.filterMode(states), top, this.plainRows(states), rows).binding!;
     this.opts.beforeRun?.('decode', busy.length);
     b.runSync({ synchronize: false });
-    this.inFlight = { binding: b, busy, states: busy.map((i) => this.state[i]!), top };
+    this.inFlight = { binding: b, busy, states, top };
     return true;
   }
 
@@ -536,6 +574,8 @@ export class SlotEngine {
     }
     this.prefills.clear();
     this.steps.clear();
+    for (const v of this.leadingViews.values()) for (const t of [...v.caches, v.step, v.sampled, v.topLogprobs, v.topIds]) t?.dispose();
+    this.leadingViews.clear();
     for (const t of [...this.caches, ...Object.values(this.inputs)]) t?.dispose();
   }
 }

@@ -26,9 +26,9 @@
  *          out: present.{i}.key / value (bound to the cache buffers), sampled float32 [E, 3]
  *               (token, log-prob under the row's sampling distribution, raw log-prob), and with
  *               top log-probs T > 0: top_logprobs float32 [E, T], top_ids int64 [E, T]
- *   decode  in:  step float32 [7, S] (rows: token, its position, temperature, top_k, top_p, min_p,
- *                uniform — one upload a step, since each host→device copy costs a round trip while
- *                the GPU waits; ids, positions and top_k are exact in float32 below 2²⁴),
+ *   decode  in:  step float32 [S, 7] (columns: token, its position, temperature, top_k, top_p,
+ *                min_p, uniform — one upload a step, since each host→device copy costs a round trip
+ *                while the GPU waits; ids, positions and top_k are exact in float32 below 2²⁴),
  *                cache_length int32 [] (= M), cache.{i}.key / value
  *          out: as prefill, over [S]
  */
@@ -40,7 +40,7 @@ import { sampleNextPerRow, type RowFilterMode, type RowSamplingInputs } from '..
 
 /** How a slot graph is built beyond the model. */
 export interface SlotGraphOptions {
-  /** The slot count S (static, so every decode step has the same shapes). */
+  /** The slot count S of a decode step (static, so its shapes never change; the engine may run a step over its leading slots). */
   slots: number;
   /** How top-k and top-p are applied ({@link RowFilterMode}: none, among the capped largest values, or by a full sort). */
   filters: RowFilterMode;
@@ -108,14 +108,14 @@ export function addSlotPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, d
   emit(g, cfg, weights, last, params, uniform, o, expand);
 }
 
-/** The rows of the decode step's packed `step` input, in order. */
+/** The columns of the decode step's packed `step` input, in order. */
 export const STEP_ROWS = ['token', 'position', 'temperature', 'top_k', 'top_p', 'min_p', 'uniform'] as const;
 
 /** The slot decode-step graph (see the module comment). */
 export function addSlotDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, o: SlotGraphOptions): void {
   const S = o.slots;
-  const step = g.input('step', 'float32', [STEP_ROWS.length, S]);
-  const row = (name: (typeof STEP_ROWS)[number]) => L.gather(step, g.constant(STEP_ROWS.indexOf(name), 'int64', []), 0); // [S]
+  const step = g.input('step', 'float32', [S, STEP_ROWS.length]);
+  const row = (name: (typeof STEP_ROWS)[number]) => L.gather(step, g.constant(STEP_ROWS.indexOf(name), 'int64', []), 1); // [S]
   const token = L.unsqueeze(L.cast(row('token'), 'int64'), [1]);
   const seqlens = L.cast(row('position'), 'int32');
   const cacheLength = g.input('cache_length', 'int32', []);
