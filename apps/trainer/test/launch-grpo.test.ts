@@ -6,26 +6,16 @@
  * grouped otherwise) — with rank 0 alone writing the run. A world size that does not
  * divide --prompts_per_step is refused by name.
  */
-import { spawn } from 'node:child_process';
+import { spawnLathe } from './spawn-lathe';
 import { mkdtempSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { readMetrics, readTrainRollouts } from '@lathe/data';
 import { loadCheckpoint } from '@lathe/train';
 
-const LATHE = join(__dirname, '..', 'bin', 'lathe.cjs');
 const cwd = mkdtempSync(join(tmpdir(), 'lathe-launch-grpo-'));
 
-function lathe(...args: string[]): Promise<{ status: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const p = spawn(process.execPath, [LATHE, ...args], { cwd, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    p.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
-    p.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
-    p.on('close', (status) => resolve({ status, stdout, stderr }));
-  });
-}
+const lathe = (...args: string[]) => spawnLathe(cwd, ...args);
 const ok = (r: { status: number | null; stderr: string }) => expect({ status: r.status, tail: r.status === 0 ? '' : r.stderr.slice(-3000) }).toEqual({ status: 0, tail: '' });
 const opts = ['--steps', '3', '--group_size', '4', '--max_new_tokens', '4', '--eval_examples', '8', '--eval_every', '0', '--n_minibatches', '1', '--lr', '1e-3', '--log_every', '1'];
 const micro = (n: number) => ['--micro_batches', String(n)];

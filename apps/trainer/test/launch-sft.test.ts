@@ -3,25 +3,15 @@
  * trajectory of one process on the same global batch, one run directory written by rank 0, and a
  * checkpoint that resumes on another number of ranks.
  */
-import { spawn } from 'node:child_process';
+import { spawnLathe } from './spawn-lathe';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-const LATHE = join(__dirname, '..', 'bin', 'lathe.cjs');
 const cwd = mkdtempSync(join(tmpdir(), 'lathe-launch-sft-'));
 const common = ['--batch_size', '8', '--eval_every', '0', '--log_every', '1', '--seed', '3'];
 
-function lathe(...args: string[]): Promise<{ status: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const p = spawn(process.execPath, [LATHE, ...args], { cwd, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    p.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
-    p.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
-    p.on('close', (status) => resolve({ status, stdout, stderr }));
-  });
-}
+const lathe = (...args: string[]) => spawnLathe(cwd, ...args);
 const losses = (run: string) =>
   readFileSync(join(cwd, 'runs', run, 'metrics.jsonl'), 'utf8')
     .trim()

@@ -4,24 +4,14 @@
  * global batch, and a checkpoint written from 2 sharded ranks (rank 0 gathering the moments)
  * resumes on 4 sharded ranks and on one process, on the same trajectory.
  */
-import { spawn } from 'node:child_process';
+import { spawnLathe } from './spawn-lathe';
 import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-const LATHE = join(__dirname, '..', 'bin', 'lathe.cjs');
 const cwd = mkdtempSync(join(tmpdir(), 'lathe-launch-zero-'));
 
-function lathe(...args: string[]): Promise<{ status: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const p = spawn(process.execPath, [LATHE, ...args], { cwd, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    p.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
-    p.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
-    p.on('close', (status) => resolve({ status, stdout, stderr }));
-  });
-}
+const lathe = (...args: string[]) => spawnLathe(cwd, ...args);
 const losses = (run: string) =>
   readFileSync(join(cwd, 'runs', run, 'metrics.jsonl'), 'utf8')
     .trim()
