@@ -1,4 +1,5 @@
 /** `lathe serve`'s options: defaults, flags and YAML keys. */
+import { SCHEDULER_DEFAULTS } from '@lathe/rollout';
 import { deviceOption } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 
@@ -18,9 +19,9 @@ export const serveSchema = {
   max_rows: { type: 'number', default: 32, integer: true, min: 1, describe: "Sequences decoded at once per model (the KV cache's rows; a request's n samples take n rows)" },
   max_model_len: { type: 'number', default: 0, integer: true, min: 0, describe: "Context per row: prompt + max_tokens (0: the model's max_position_embeddings, at most 4096); with max_rows it sizes the KV cache" },
   max_num_tokens: { type: 'number', default: 0, integer: true, min: 0, describe: 'Cache positions the running rows may reserve in all, prompt + max_tokens each (0: max_rows × max_model_len)' },
-  max_queue: { type: 'number', default: 256, integer: true, min: 0, describe: 'Requests that may wait for a row per model; one more is answered 429 with Retry-After' },
-  admit_wait_ms: { type: 'number', default: 25, integer: true, min: 0, describe: 'While rows decode, how long a new request may wait for others to share its prefill (a prefill costs about the same for one prompt as for many); 0 admits at every step' },
-  max_prefill_tokens: { type: 'number', default: 8192, integer: true, min: 1, describe: 'Prompt tokens prefilled between two decode steps (a longer single prompt still runs): bounds the pause new arrivals cause the running rows' },
+  max_queue: { type: 'number', default: SCHEDULER_DEFAULTS.maxQueue, integer: true, min: 0, describe: 'Requests that may wait for a row per model; one more is answered 429 with Retry-After' },
+  admit_wait_ms: { type: 'number', default: SCHEDULER_DEFAULTS.admitWaitMs, integer: true, min: 0, describe: 'While rows decode, how long a new request may wait for others to share its prefill (each prefill pays a fixed cost beside its per-prompt work); 0 admits at every step' },
+  max_prefill_tokens: { type: 'number', default: SCHEDULER_DEFAULTS.maxPrefillTokens, integer: true, min: 1, describe: 'Prompt tokens prefilled between two decode steps (a longer single prompt still runs): bounds the pause new arrivals cause the running rows' },
   max_n: { type: 'number', default: 16, integer: true, min: 1, describe: 'Most samples (n) per request (and never more than max_rows)' },
   max_logprobs: { type: 'number', default: 20, integer: true, min: 0, max: 20, describe: 'Most top_logprobs (chat) or logprobs (completions) a request may ask for (0: none)' },
   cuda_graph: { type: 'boolean', default: false, describe: 'Replay the decode step as a CUDA graph (cuda only)' },

@@ -57,6 +57,9 @@ export class ServerBusyError extends Error {
   }
 }
 
+/** The scheduler's defaults (`lathe serve`'s options take theirs from here). */
+export const SCHEDULER_DEFAULTS = { maxQueue: 256, maxPrefillTokens: 8192, admitWaitMs: 25 } as const;
+
 /** Limits and hooks of a {@link Scheduler}. */
 export interface SchedulerOptions {
   /** Requests that may wait for slots; one more is refused (ServerBusyError). Default 256. */
@@ -67,9 +70,10 @@ export interface SchedulerOptions {
   maxPrefillTokens?: number;
   /**
    * While rows are decoding, how long (ms) a request may wait for more arrivals to share its
-   * prefill, unless the waiting prompts already fill the prefill budget or the free slots. A
-   * prefill's cost is mostly fixed (one kernel launch per op, whatever its rows), so prefilling
-   * arrivals one by one stalls the running rows many times over. 0: admit at every step. Default 25.
+   * prefill, unless the waiting prompts already fill the prefill budget or the free slots. Each
+   * prefill pays a fixed cost (a kernel launch per op) beside its per-prompt work, so prefilling
+   * arrivals one by one stalls the running rows for that cost again and again. 0: admit at every
+   * step. Default 25.
    */
   admitWaitMs?: number;
   /** After every decode step: busy slots, queued requests. For progress and tests. */
@@ -121,10 +125,10 @@ export class Scheduler {
     readonly engine: SlotEngine,
     private readonly opts: SchedulerOptions = {},
   ) {
-    this.maxQueue = opts.maxQueue ?? 256;
+    this.maxQueue = opts.maxQueue ?? SCHEDULER_DEFAULTS.maxQueue;
     this.maxTokens = opts.maxTokens ?? engine.slots * engine.maxLength;
-    this.maxPrefillTokens = opts.maxPrefillTokens ?? 8192;
-    this.admitWaitMs = opts.admitWaitMs ?? 25;
+    this.maxPrefillTokens = opts.maxPrefillTokens ?? SCHEDULER_DEFAULTS.maxPrefillTokens;
+    this.admitWaitMs = opts.admitWaitMs ?? SCHEDULER_DEFAULTS.admitWaitMs;
     for (const [k, v] of [['maxQueue', this.maxQueue], ['maxTokens', this.maxTokens], ['maxPrefillTokens', this.maxPrefillTokens], ['admitWaitMs', this.admitWaitMs]] as const) {
       const min = k === 'maxQueue' || k === 'admitWaitMs' ? 0 : 1;
       if (!Number.isInteger(v) || v < min) throw new Error(`${k} must be a ${min === 0 ? 'non-negative' : 'positive'} integer, got ${v}`);

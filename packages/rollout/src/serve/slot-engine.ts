@@ -36,9 +36,9 @@ export interface SlotEngineOptions extends Pick<KvCacheGeneratorOptions, 'maxLen
   maxTopLogprobs?: number;
   /**
    * Pads each prefill's prompt count, row count and width up to a few fixed sizes (powers of two;
-   * widths past 128 to multiples of 128), so that prefills repeat a handful of shapes: on CUDA a
-   * prefill of a shape not run before took 150–300 ms where a repeated one took 19 (ONNX Runtime
-   * plans each new shape anew), and arrivals of every size would each pay that. Default true.
+   * widths past 128 to multiples of 128), so that prefills repeat a handful of shapes: on CUDA the
+   * first run of a new shape costs many times a repeated one (ONNX Runtime plans each new shape
+   * anew; docs/benchmarks.md), and arrivals of every size would each pay that. Default true.
    */
   padPrefill?: boolean;
   /**
