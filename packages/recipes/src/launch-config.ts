@@ -8,7 +8,7 @@ export const launchSchema = {
   node_rank: { type: 'number', default: 0, integer: true, min: 0, describe: "This host's index, 0 … nnodes − 1 (its ranks are node_rank × gpus + LOCAL_RANK); node 0 hosts the rendezvous" },
   master_addr: { type: 'string', default: '127.0.0.1', describe: 'Address of node 0, where rank 0 hosts the rendezvous (MASTER_ADDR)' },
   master_port: { type: 'number', default: 29500, integer: true, min: 1, max: 65535, describe: "Port of the rendezvous (MASTER_PORT); two jobs on one host need two ports" },
-  grace_s: { type: 'number', default: 5, min: 0, describe: 'After a rank fails, seconds the other ranks get to exit (they see the failure at their next collective) before they are killed' },
+  grace_s: { type: 'number', default: 5, min: 0, describe: 'After a rank fails, seconds the other ranks get to exit on their own (they see the failure at their next collective) before SIGTERM, and again before SIGKILL' },
 } as const satisfies OptionSchema;
 
 /** A resolved `lathe launch` config. */

@@ -3,8 +3,8 @@
  * WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so the command inside forms
  * its group at the rendezvous (@lathe/distributed's `worldFromEnv`). Rank 0's output passes through
  * unchanged (its last line is the command's JSON summary); the other ranks' lines are prefixed with
- * `[rank N] `. When a rank fails, the launcher names it and stops the others: SIGTERM, then SIGKILL
- * after --grace_s.
+ * `[rank N] `. When a rank fails, the launcher names it and stops the others: they get --grace_s to
+ * exit on their own (naming the lost rank), then SIGTERM, then SIGKILL after another --grace_s.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import type { LaunchConfig } from './launch-config';
@@ -73,18 +73,23 @@ export function runLaunch(cfg: LaunchConfig, command: readonly string[], io: Lau
     let failed: LaunchResult['failed'];
     let running = cfg.gpus;
     let killTimer: NodeJS.Timeout | undefined;
+    let termTimer: NodeJS.Timeout | undefined;
     const children: ChildProcess[] = [];
     const stopOthers = (why: string) => {
       io.stderr(`lathe launch: ${why}; stopping the other ranks\n`);
-      for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGTERM');
+      // The others first get --grace_s to notice the lost peer themselves (their next collective
+      // fails) and exit with a message naming it; one stuck in a collective gets SIGTERM after.
+      termTimer = setTimeout(() => {
+        for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGTERM');
+      }, cfg.grace_s * 1000);
       killTimer = setTimeout(() => {
         for (const [i, c] of children.entries()) {
           if (c.exitCode === null && c.signalCode === null) {
-            io.stderr(`lathe launch: rank ${first + i} did not exit within ${cfg.grace_s} s: killing it\n`);
+            io.stderr(`lathe launch: rank ${first + i} did not exit within ${cfg.grace_s} s of SIGTERM: killing it\n`);
             c.kill('SIGKILL');
           }
         }
-      }, cfg.grace_s * 1000);
+      }, 2 * cfg.grace_s * 1000);
     };
     const onAbort = () => {
       for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGTERM');
@@ -111,6 +116,7 @@ export function runLaunch(cfg: LaunchConfig, command: readonly string[], io: Lau
           stopOthers(`rank ${rank} ${sig ? `was killed by ${sig}` : `exited with code ${code}`}`);
         }
         if (--running === 0) {
+          clearTimeout(termTimer);
           clearTimeout(killTimer);
           signal?.removeEventListener('abort', onAbort);
           const exitCode = failed ? (failed.code ?? 128 + (SIGNAL_CODES[failed.signal!] ?? 0)) : 0;
