@@ -203,7 +203,7 @@ export class Trainer {
     const microBatches = opts.microBatches ?? 1;
     if (!Number.isInteger(microBatches) || microBatches < 1) throw new Error(`microBatches must be a positive integer, got ${microBatches}`);
     const fusedAdamW = opts.fusedAdamW ?? fusedAdamWByDefault(device, opts);
-    if (fusedAdamW) checkFusedAdamW(device, Boolean(opts.staticInputs || opts.cudaGraph));
+    if (fusedAdamW) checkFusedAdamW(device);
     // with ZeRO-1 the update runs on this rank's shards: the fused node is built for those
     const layout = opts.zero ? shardLayout(spec.params, opts.zero.worldSize) : undefined;
     const fused = fusedAdamW ? fusedUpdateNode(device, layout ? { ...spec, params: shardParams(layout), optimizer: { ...spec.optimizer, maxGradNorm: 0 } } : spec) : undefined;
@@ -686,9 +686,12 @@ function fusedAdamWByDefault(device: Device, opts: TrainerOptions): boolean {
   return device.kind === 'cuda' && device.computeStream !== undefined && !opts.staticInputs && !opts.cudaGraph && process.env.LATHE_FUSED_ADAMW !== '0';
 }
 
-/** Refuses `fusedAdamW` where its node cannot run, saying what to do. */
-function checkFusedAdamW(device: Device, staticInputs: boolean): void {
-  if (staticInputs) throw new Error('Trainer: fusedAdamW does not combine with cudaGraph / staticInputs yet (its slot tables would be copied during capture)');
+/**
+ * Refuses `fusedAdamW` where its node cannot run, saying what to do. Under CUDA graphs it runs: the
+ * step's buffers never move, so its slot tables are uploaded in the runs before capture (ONNX
+ * Runtime runs each graph id plainly first) and capture finds them cached (FusedAdamW.tableFor).
+ */
+function checkFusedAdamW(device: Device): void {
   if (device.kind === 'cuda' && device.computeStream === undefined) {
     throw new Error(`Trainer: fusedAdamW needs ${device.name} opened with Lathe's compute stream, so the kernels run in order with ONNX Runtime's: open it with Kernels.withDevice() from @lathe/kernels before anything else`);
   }

@@ -11,7 +11,7 @@
  *    run, once to warm up and then --score-repeats times.
  *
  * usage: node rm-bench.js --model LM_DIR --out RM_DIR --batch batch.json [--device cuda|cpu]
- *          [--compute bfloat16|float32] [--steps 5] [--lr 1e-5] [--score-rows 32] [--score-repeats 3] [--seed 1] [--kernels]
+ *          [--compute bfloat16|float32] [--steps 5] [--lr 1e-5] [--score-rows 32] [--score-repeats 3] [--seed 1] [--kernels] [--cuda-graph]
  * batch.json: {"prompt_len": N, "chosen": [[...]], "rejected": [[...]]}: P pairs, each row a
  * prompt (its first prompt_len tokens, shared by the pair) and a response.
  * Prints one JSON line: losses, step_ms (runs + host per step), tokens per step, score_ms per repeat.
@@ -40,16 +40,30 @@ async function main(): Promise<void> {
   const device = kind === 'cuda' && flag('kernels') ? Kernels.withDevice().device : Device.open(kind);
   const tw = trainedWeights(rm.config, rm.float32Weights(), { compute });
   const loss = bradleyTerryLoss(rm.config, { compute, weights: tw.weights, flashAttention: kind === 'cuda' && compute !== 'float32' });
-  const trainer = Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: 0, maxGradNorm: 1 } }, { params: tw.init }, { device });
+  // --cuda-graph: the step captured once and replayed (every pair has the same length, so one shape);
+  // with --kernels the fused AdamW node is asked for, since it is not the default under capture.
+  const cudaGraph = flag('cuda-graph');
+  const trainer = Trainer.create(
+    { params: tw.params, loss, optimizer: { weightDecay: 0, maxGradNorm: 1 } },
+    { params: tw.init },
+    { device, ...(cudaGraph ? { cudaGraph: true, fusedAdamW: flag('kernels') } : {}) },
+  );
   const feeds = pairFeeds(pairBatch(pairs, { padId: 0 }), trainer.batchInputs);
-  const losses: number[] = [];
-  const stepMs: number[] = [];
-  for (let s = 0; s <= steps; s++) {
-    const r = trainer.trainStep([feeds], lr);
-    losses.push(r.loss);
-    stepMs.push(r.runMs + r.hostMs);
-  }
-  trainer.dispose();
+  const run = (t: Trainer) => {
+    const losses: number[] = [];
+    const stepMs: number[] = [];
+    for (let s = 0; s <= steps; s++) {
+      const r = t.trainStep([feeds], lr);
+      losses.push(r.loss);
+      stepMs.push(r.runMs + r.hostMs);
+    }
+    t.dispose();
+    return { losses, stepMs };
+  };
+  const { losses, stepMs } = run(trainer);
+  // Under --cuda-graph the same steps again without capture and with the composed update: the losses
+  // a replayed step (and the fused node inside it) must reproduce.
+  const plainLosses = cudaGraph ? run(Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: 0, maxGradNorm: 1 } }, { params: tw.init }, { device, fusedAdamW: false })).losses : undefined;
 
   const scoring = rm.to(device, compute);
   const rows = Number(arg('score-rows', '32'));
@@ -69,7 +83,7 @@ async function main(): Promise<void> {
     scoreMs.push(performance.now() - t0);
     if (rep === 0) first = scores;
   }
-  console.log(JSON.stringify({ device: device.name, compute, pairs: pairs.length, seq: T, losses, step_ms: stepMs, step_tokens: 2 * pairs.length * T, score_ms: scoreMs, score_sequences: sequences.length, first_scores: first.slice(0, 4) }));
+  console.log(JSON.stringify({ device: device.name, compute, cuda_graph: cudaGraph, pairs: pairs.length, seq: T, losses, ...(plainLosses ? { plain_losses: plainLosses } : {}), step_ms: stepMs, step_tokens: 2 * pairs.length * T, score_ms: scoreMs, score_sequences: sequences.length, first_scores: first.slice(0, 4) }));
   scoring.dispose();
   rm.dispose();
 }
