@@ -1,5 +1,5 @@
 /** `lathe serve`'s options: defaults, flags and YAML keys. */
-import { SCHEDULER_DEFAULTS } from '@lathe/rollout';
+import { SCHEDULER_DEFAULTS, SLOT_ENGINE_DEFAULTS } from '@lathe/rollout';
 import { deviceOption } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 
@@ -24,7 +24,14 @@ export const serveSchema = {
   max_prefill_tokens: { type: 'number', default: SCHEDULER_DEFAULTS.maxPrefillTokens, integer: true, min: 1, describe: 'Prompt tokens prefilled between two decode steps (a longer single prompt still runs): bounds the pause new arrivals cause the running rows' },
   max_n: { type: 'number', default: 16, integer: true, min: 1, describe: 'Most samples (n) per request (and never more than max_rows)' },
   max_logprobs: { type: 'number', default: 20, integer: true, min: 0, max: 20, describe: 'Most top_logprobs (chat) or logprobs (completions) a request may ask for (0: none)' },
-  cuda_graph: { type: 'boolean', default: false, describe: 'Replay the decode step as a CUDA graph (cuda only)' },
+  cuda_graph: { type: 'boolean', default: false, describe: 'Replay the decode step as a CUDA graph (cuda only), and prefills of repeated shapes too (see --prefill_graphs)' },
+  prefill_graphs: {
+    type: 'number',
+    default: SLOT_ENGINE_DEFAULTS.prefillGraphs,
+    integer: true,
+    min: 0,
+    describe: 'With --cuda_graph: how many prefill shapes (prompts × width) are captured as CUDA graphs, each at its second use; a plain prefill pays a fixed launch cost per layer (0: none)',
+  },
 } as const satisfies OptionSchema;
 
 /** A resolved `lathe serve` config. */

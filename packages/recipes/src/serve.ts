@@ -130,7 +130,7 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
       const model = p.base ? loadAdapterMerged(p.dir, { device, dtype }) : CausalLM.fromPretrainedSync(p.dir, { device, dtype });
       let engine: SlotEngine;
       try {
-        engine = SlotEngine.create(model, { slots: cfg.max_rows, maxLength: p.maxModelLen, padTokenId: p.tokenizer.padId < p.config.vocabSize ? p.tokenizer.padId : 0, maxTopLogprobs: cfg.max_logprobs, cudaGraph: cfg.cuda_graph });
+        engine = SlotEngine.create(model, { slots: cfg.max_rows, maxLength: p.maxModelLen, padTokenId: p.tokenizer.padId < p.config.vocabSize ? p.tokenizer.padId : 0, maxTopLogprobs: cfg.max_logprobs, cudaGraph: cfg.cuda_graph, prefillGraphs: cfg.prefill_graphs });
       } catch (e) {
         model.dispose();
         throw e;

@@ -304,3 +304,25 @@ test('decode steps over the leading slots that hold the busy rows (a power of tw
   expect(bucketed.got.map((p) => p.map((r) => r.map((t) => t.token)))).toEqual(all.got.map((p) => p.map((r) => r.map((t) => t.token))));
   bucketed.got.forEach((p, i) => p.forEach((r, j) => r.forEach((t, k) => expect(t.logprob).toBeCloseTo(all.got[i][j][k].logprob, 5))));
 });
+
+test('static prefill buffers (what a captured prefill replays): a second wave of the same shapes, uploaded into the buffers of the first wave, gives the same tokens and log-probs as host-fed prefills', () => {
+  // two waves of the same shapes: the second wave's prefills upload into the first wave's buffers
+  const wave = (at: number, seed: number) => [
+    { at, prompt: [5, 9, 11, 3, 8], rows: [{ sampling: { temperature: 0.9 }, seed, key: 0 }, { sampling: { temperature: 0.9 }, seed, key: 1 }], maxNew: 4 },
+    { at, prompt: [7, 2], rows: [{ sampling: { temperature: 0 }, seed: 0, key: 0 }], maxNew: 4 },
+    { at: at + 1, prompt: [30, 31, 32, 33, 34, 35, 36, 37, 38], rows: [{ sampling: { temperature: 1 }, seed, key: 2 }], maxNew: 3 },
+  ];
+  const plan = [...wave(0, 4), ...wave(6, 11)];
+  const run = (staticPrefill: boolean) => {
+    const engine = SlotEngine.create(model, { slots: 8, maxLength: 32, staticPrefill });
+    const got = drive(engine, plan);
+    engine.dispose();
+    return got;
+  };
+  const fed = run(false);
+  const fixed = run(true);
+  expect(fixed.map((p) => p.map((r) => r.map((t) => t.token)))).toEqual(fed.map((p) => p.map((r) => r.map((t) => t.token))));
+  fixed.forEach((p, i) => p.forEach((r, j) => r.forEach((t, k) => expect(t.logprob).toBeCloseTo(fed[i][j][k].logprob, 6))));
+  // the two waves sampled differently (other seeds), so a buffer left holding the first wave's values would show
+  expect(fixed[0][0].map((t) => t.token)).not.toEqual(fixed[3][0].map((t) => t.token));
+});

@@ -14,6 +14,7 @@ import * as L from '@lathe/onnx';
 import type { DType, Graph } from '@lathe/onnx';
 import { Device, type Binding, type DeviceTensor, type HostTensor, type Session, type SessionOptions } from '@lathe/runtime';
 import { Kernels } from '@lathe/kernels';
+import { TOTAL_LENGTH_INPUT } from '@lathe/models';
 import { fusedAdamWNode, type FusedAdamWNode } from './fused-adamw';
 import { biasCorrections } from './schedule';
 import { compileApply, compileGradients, compileTrainStep, stateNames, type TrainStepGraphs, type TrainStepSpec } from './train-step';
@@ -232,6 +233,10 @@ export class Trainer {
     const batchInputs = graphs.batchInputs.filter((n) => !(n in frozen));
     const staticInputs = Boolean(opts.staticInputs || opts.cudaGraph);
     if (staticInputs && microBatches !== 1) throw new Error('Trainer: cudaGraph / staticInputs need microBatches = 1');
+    // GroupQueryAttention reads its total length on the host: a fixed device buffer would not do
+    if (staticInputs && batchInputs.includes(TOTAL_LENGTH_INPUT)) {
+      throw new Error(`Trainer: cudaGraph / staticInputs need a loss compiled for a fixed batch shape (its '${TOTAL_LENGTH_INPUT}' input says the shape is symbolic): give the loss \`shape\``);
+    }
     if (staticInputs && opts.onGradients) throw new Error('Trainer: cudaGraph / staticInputs run the step as one run, which leaves no place for onGradients');
     if (opts.zero && staticInputs) throw new Error('Trainer: zero (ZeRO-1) runs collectives between the backward and the update: it does not combine with cudaGraph / staticInputs');
     if (opts.zero && opts.onGradients) throw new Error('Trainer: zero (ZeRO-1) reduce-scatters the gradients itself: give it instead of onGradients, not both');

@@ -146,6 +146,12 @@ test('fixed input buffers (the CUDA-graph path) give the same steps; a changed b
   const live = Device.cpu().memory().tensors;
   expect(() => Trainer.create({ params, loss, optimizer }, { params: init() }, { cudaGraph: true })).toThrow(/CUDA graphs need a CUDA device/);
   expect(() => Trainer.create({ params, loss, optimizer }, { params: init() }, { staticInputs: true, microBatches: 2 })).toThrow(/microBatches = 1/);
+  // a loss over symbolic shapes (flash attention's host-read total length) cannot sit in fixed device buffers
+  const symbolic: LossBuilder = (g, ps) => {
+    const out = loss(g, ps);
+    return { ...out, loss: L.add(out.loss, L.cast(L.mul(g.input('total_sequence_length', 'int32', []), g.constant(0, 'int32', [])), 'float32')) };
+  };
+  expect(() => Trainer.create({ params, loss: symbolic, optimizer }, { params: init() }, { staticInputs: true })).toThrow(/fixed batch shape \(its 'total_sequence_length' input says the shape is symbolic\)/);
   expect(Device.cpu().memory().tensors).toBe(live);
   normal.dispose();
   fixed.dispose();

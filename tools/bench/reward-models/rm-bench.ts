@@ -39,10 +39,12 @@ async function main(): Promise<void> {
   // --kernels: the GPU through Lathe's kernels, so the Trainer takes the fused AdamW update (its default there).
   const device = kind === 'cuda' && flag('kernels') ? Kernels.withDevice().device : Device.open(kind);
   const tw = trainedWeights(rm.config, rm.float32Weights(), { compute });
-  const loss = bradleyTerryLoss(rm.config, { compute, weights: tw.weights, flashAttention: kind === 'cuda' && compute !== 'float32' });
-  // --cuda-graph: the step captured once and replayed (every pair has the same length, so one shape);
-  // with --kernels the fused AdamW node is asked for, since it is not the default under capture.
+  // --cuda-graph: the step captured once and replayed, so the loss is compiled for the batch's one
+  // shape (every pair has the same length); with --kernels the fused AdamW node is asked for, since
+  // it is not the default under capture.
   const cudaGraph = flag('cuda-graph');
+  const shape: [number, number] | undefined = cudaGraph ? [2 * pairs.length, batch.chosen[0].length] : undefined;
+  const loss = bradleyTerryLoss(rm.config, { compute, weights: tw.weights, flashAttention: kind === 'cuda' && compute !== 'float32', ...(shape ? { shape } : {}) });
   const trainer = Trainer.create(
     { params: tw.params, loss, optimizer: { weightDecay: 0, maxGradNorm: 1 } },
     { params: tw.init },

@@ -11,6 +11,7 @@
  * usage: node serve-bench.js [--shape qwen3-0.6b|tiny | --model DIR] [--tokenizer DIR] [--device cuda|cpu]
  *          [--dtype bfloat16] [--clients 1,16,64,256] [--rounds 2] [--prompt-len 256] [--max-new 512]
  *          [--rows 256] [--temperature 1] [--cuda-graph] [--client-threads 2] [--no-offline] [--offline-no-cuda-graph] [--direct]
+ *          [--prefill-graphs N] [--admit-wait-ms N]   (lathe serve's --prefill_graphs and --admit_wait_ms)
  * Prints one JSON line per client count and a summary line. `--direct` also submits each level's
  * requests straight to the server's scheduler (no HTTP, no detokenising): what the engine and the
  * scheduler alone sustain, so that the HTTP layer's share of the gap to offline shows.
@@ -170,7 +171,7 @@ async function main(): Promise<void> {
     for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(tok, f), join(model, f));
   }
   const maxModelLen = promptLen + maxNew;
-  const running = await startServe({ ...defaults(serveSchema), model, port: 0, device, compute_dtype: dtype as 'bfloat16', max_rows: rows, max_model_len: maxModelLen, max_queue: 4 * Math.max(...levels), cuda_graph: cudaGraph, max_n: 1 });
+  const running = await startServe({ ...defaults(serveSchema), model, port: 0, device, compute_dtype: dtype as 'bfloat16', max_rows: rows, max_model_len: maxModelLen, max_queue: 4 * Math.max(...levels), cuda_graph: cudaGraph, max_n: 1, ...(arg('prefill-graphs', '') ? { prefill_graphs: Number(arg('prefill-graphs', '')) } : {}), ...(arg('admit-wait-ms', '') ? { admit_wait_ms: Number(arg('admit-wait-ms', '')) } : {}) });
   const id = running.models[0].id;
   const client = new OpenAiClient({ baseUrl: running.url, timeoutMs: 3_600_000, maxRetries: 0 });
   const clientThreads = Number(arg('client-threads', '2'));
@@ -233,7 +234,7 @@ async function main(): Promise<void> {
     gen.dispose();
     lm.dispose();
   }
-  console.log(JSON.stringify({ bench: 'serve-summary', shape: arg('model', '') ? model : shape, device, dtype, rows, prompt_len: promptLen, max_new: maxNew, rounds, temperature, cuda_graph: cudaGraph, startup_s: +((tReady - t0) / 1000).toFixed(1), levels: results }));
+  console.log(JSON.stringify({ bench: 'serve-summary', shape: arg('model', '') ? model : shape, device, dtype, rows, prompt_len: promptLen, max_new: maxNew, rounds, temperature, cuda_graph: cudaGraph, prefill_graphs: running.models[0].scheduler.engine.prefillGraphsUsed, startup_s: +((tReady - t0) / 1000).toFixed(1), levels: results }));
 }
 
 main().catch((e) => {

@@ -17,7 +17,7 @@
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, paramSpecs, weightInputs, type DecoderConfig } from '@lathe/models';
-import { Device, DeviceTensor, hostTensor, type Binding, type Session, type SessionOptions } from '@lathe/runtime';
+import { Device, DeviceTensor, hostTensor, type Binding, type HostTensor, type Session, type SessionOptions } from '@lathe/runtime';
 import { cacheName } from '../kv-cache-graphs';
 import type { KvCacheGeneratorOptions } from '../kv-cache-generator';
 import { uniformAt } from '../rng';
@@ -48,6 +48,18 @@ export interface SlotEngineOptions extends Pick<KvCacheGeneratorOptions, 'maxLen
    * gather at the front). Default true.
    */
   decodeBuckets?: boolean;
+  /**
+   * With `cudaGraph`: how many prefill shapes (prompt count × width × rows, per graph variant) are
+   * captured as CUDA graphs, each at its second prefill and replayed after. A prefill run plainly
+   * pays ONNX Runtime's per-kernel launch cost for every layer, a fixed ~10 ms on a 0.6B model
+   * that a replay does not (docs/benchmarks.md); shapes past the cap run plainly. Default 16; 0: none.
+   */
+  prefillGraphs?: number;
+  /**
+   * Binds each prefill shape to device buffers that never move (what a captured prefill needs;
+   * implied by `cudaGraph` with `prefillGraphs` > 0); on its own, a way to test that path on the CPU.
+   */
+  staticPrefill?: boolean;
   /** Called before every prefill (with its prompts) and decode step (with the busy slots). Tests count runs with it. */
   beforeRun?: (phase: 'prefill' | 'decode', count: number) => void;
 }
@@ -64,6 +76,9 @@ export interface SlotRow {
   /** Alternatives to return per token with their raw log-probs (0: none). */
   topLogprobs?: number;
 }
+
+/** The slot engine's defaults that `lathe serve`'s options read. */
+export const SLOT_ENGINE_DEFAULTS = { prefillGraphs: 16 } as const;
 
 /** One prompt to prefill into `rows.length` free slots. */
 export interface SlotAdmission {
@@ -100,6 +115,15 @@ interface SlotState {
 interface Variant {
   session: Session;
   binding: Binding | undefined;
+  /** A CUDA-graph prefill session's bindings by shape, each over input/output buffers that never move. */
+  shapes?: Map<string, PrefillShape>;
+}
+
+/** A captured prefill shape: its binding and the device buffers its inputs are uploaded into. */
+interface PrefillShape {
+  binding: Binding;
+  inputs: Map<string, DeviceTensor>;
+  outputs: DeviceTensor[];
 }
 
 /** The decode step's buffers, bound by address: its packed host inputs (uploaded before each step) and outputs. */
@@ -132,6 +156,13 @@ export class SlotEngine {
   private readonly extraWeights = new Map<string, DeviceTensor>();
   /** The launched decode step awaiting `collect`: its binding, busy slots and their states then. */
   private inFlight: { binding: Binding; busy: number[]; states: SlotState[]; top: boolean } | undefined;
+  /** Prefill shapes given a CUDA graph so far (ids 1…, across the prefill variants). */
+  private prefillGraphCount = 0;
+
+  /** How many prefill shapes have been given a CUDA graph (at most `prefillGraphs`). */
+  get prefillGraphsUsed(): number {
+    return this.prefillGraphCount;
+  }
   /** Decode steps and prefills run so far. */
   readonly counters = { steps: 0, prefills: 0, prefilledPrompts: 0 };
   /** Each prefill's prompts, width and milliseconds (host preparation, then the run with its read-back), newest last; the last 1,000 are kept. */
@@ -258,7 +289,63 @@ export class SlotEngine {
     (kind === 'prefill' ? addSlotPrefill : addSlotDecodeStep)(g, this.config, w, this.opts.dtype, this.graphOptions(filters, top, plain, rows));
     const session: SessionOptions = { ...this.opts.session, memoryPattern: this.opts.session?.memoryPattern ?? false };
     const name = `slot-${kind}${plain ? '-plain' : ''}${filters === 'none' ? '' : `-${filters}`}${top ? '-top' : ''}${rows < this.opts.slots ? `-${rows}` : ''}`;
-    return this.device.compile(g, { ...session, name, cudaGraph: kind === 'decode' ? this.opts.cudaGraph : false });
+    return this.device.compile(g, { ...session, name, cudaGraph: kind === 'decode' ? this.opts.cudaGraph : this.prefillCaptured() });
+  }
+
+  private prefillCaptured(): boolean {
+    return Boolean(this.opts.cudaGraph) && (this.opts.prefillGraphs ?? SLOT_ENGINE_DEFAULTS.prefillGraphs) > 0;
+  }
+
+  private prefillGraphed(): boolean {
+    return this.prefillCaptured() || Boolean(this.opts.staticPrefill);
+  }
+
+  /**
+   * The binding a prefill of these inputs runs with. Plain: the variant's one binding, fed host
+   * tensors. Graphed: one binding per shape over its own device buffers (a captured graph reads
+   * fixed addresses), the inputs uploaded into them; a new shape gets the next graph id while the
+   * cap allows, else -1 (ONNX Runtime then runs it plainly).
+   */
+  private prefillBinding(v: Variant, top: boolean, feeds: [string, HostTensor][]): Binding {
+    if (!this.prefillGraphed()) {
+      const b = v.binding!;
+      for (const [name, t] of feeds) b.input(name, t);
+      return b;
+    }
+    const key = feeds.map(([, t]) => t.dims.join('x')).join('/');
+    v.shapes ??= new Map();
+    let shape = v.shapes.get(key);
+    if (!shape) {
+      const b = v.session.binding();
+      this.bindCommon(b);
+      const inputs = new Map<string, DeviceTensor>();
+      for (const [name, t] of feeds) {
+        // the width is read on the host (GroupQueryAttention's total length): it stays a host input
+        if (name === 'prompt_width') b.input(name, t);
+        else {
+          const d = this.device.upload(t, v.session.input(name).dtype);
+          inputs.set(name, d);
+          b.input(name, d);
+        }
+      }
+      const E = feeds.find(([n]) => n === 'expand_index')![1].dims[0];
+      const outputs = [this.device.empty('float32', [E, 3])];
+      b.output('sampled', outputs[0]);
+      if (top) {
+        const T = this.opts.maxTopLogprobs;
+        outputs.push(this.device.empty('float32', [E, T]), this.device.empty('int64', [E, T]));
+        b.output('top_logprobs', outputs[1]).output('top_ids', outputs[2]);
+      }
+      if (this.prefillCaptured()) {
+        const graphed = this.prefillGraphCount < (this.opts.prefillGraphs ?? SLOT_ENGINE_DEFAULTS.prefillGraphs);
+        b.runConfig('gpu_graph_id', graphed ? String(++this.prefillGraphCount) : '-1');
+      }
+      shape = { binding: b, inputs, outputs };
+      v.shapes.set(key, shape);
+      return b;
+    }
+    for (const [name, t] of feeds) shape.inputs.get(name)?.upload(t);
+    return shape.binding;
   }
 
   /** The caches and step buffers over the leading `rows` slots (views, made once per count). */
@@ -302,7 +389,7 @@ export class SlotEngine {
         if (top) b.output('top_logprobs', x.topLogprobs!).output('top_ids', x.topIds!);
         // Each variant's session captures its own graph.
         if (this.opts.cudaGraph) b.runConfig('gpu_graph_id', '1');
-      } else {
+      } else if (!this.prefillGraphed()) {
         this.bindCommon(b);
         b.output('sampled', 'device');
         if (top) b.output('top_logprobs', 'device').output('top_ids', 'device');
@@ -415,19 +502,19 @@ export class SlotEngine {
     const top = flat.some((r) => (r.row.topLogprobs ?? 0) > 0);
     let out: SlotToken[];
     try {
-      const { binding: pb } = this.variant('prefill', filters, top, this.plainRows(flat));
-      const b = pb!;
-      b.input('input_ids', { data: ids, dims: [Bp, P] });
-      b.input('seqlens', hostTensor('int32', [Bp], lengths.map((n) => n - 1)));
-      b.input('last_index', hostTensor('int64', [Bp], lengths.map((n, i) => i * P + n - 1)));
-      b.input('prompt_width', hostTensor('int32', [], [P]));
-      b.input('expand_index', hostTensor('int64', [Ep], padded.map((r) => r.b)));
-      b.input('scatter_index', { data: scatter, dims: [Ep, KV, P, 3] });
-      b.input('temperature', hostTensor('float32', [Ep], padded.map((r) => r.row.sampling.temperature ?? 1)));
-      b.input('top_k', hostTensor('int64', [Ep], padded.map((r) => r.k)));
-      b.input('top_p', hostTensor('float32', [Ep], padded.map((r) => r.p)));
-      b.input('min_p', hostTensor('float32', [Ep], padded.map((r) => r.minP)));
-      b.input('uniform', hostTensor('float32', [Ep], padded.map((r) => uniformAt(r.row.seed, r.row.key, 0))));
+      const b = this.prefillBinding(this.variant('prefill', filters, top, this.plainRows(flat)), top, [
+        ['input_ids', { data: ids, dims: [Bp, P] }],
+        ['seqlens', hostTensor('int32', [Bp], lengths.map((n) => n - 1))],
+        ['last_index', hostTensor('int64', [Bp], lengths.map((n, i) => i * P + n - 1))],
+        ['prompt_width', hostTensor('int32', [], [P])],
+        ['expand_index', hostTensor('int64', [Ep], padded.map((r) => r.b))],
+        ['scatter_index', { data: scatter, dims: [Ep, KV, P, 3] }],
+        ['temperature', hostTensor('float32', [Ep], padded.map((r) => r.row.sampling.temperature ?? 1))],
+        ['top_k', hostTensor('int64', [Ep], padded.map((r) => r.k))],
+        ['top_p', hostTensor('float32', [Ep], padded.map((r) => r.p))],
+        ['min_p', hostTensor('float32', [Ep], padded.map((r) => r.minP))],
+        ['uniform', hostTensor('float32', [Ep], padded.map((r) => uniformAt(r.row.seed, r.row.key, 0)))],
+      ]);
       this.opts.beforeRun?.('prefill', B);
       const run = performance.now();
       b.runSync();
@@ -570,6 +657,10 @@ export class SlotEngine {
     this.inFlight = undefined;
     for (const v of [...this.prefills.values(), ...this.steps.values()]) {
       v.binding?.dispose();
+      for (const sh of v.shapes?.values() ?? []) {
+        sh.binding.dispose();
+        for (const t of [...sh.inputs.values(), ...sh.outputs]) t.dispose();
+      }
       v.session.dispose();
     }
     this.prefills.clear();
