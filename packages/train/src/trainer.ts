@@ -732,6 +732,11 @@ interface StaticBuffers {
   read?: Binding;
 }
 
+/** A long message's head and tail (ONNX Runtime's CUDA errors name the failing call and error last, after a long source path). */
+function clip(m: string): string {
+  return m.length <= 700 ? m : `${m.slice(0, 200)} … ${m.slice(-500)}`;
+}
+
 /**
  * A failed CUDA-graph capture, said plainly. ONNX Runtime reports it as CUDA error 901 ("operation
  * failed due to a previous error during capture") from cudaStreamEndCapture, naming no cause; the
@@ -747,7 +752,7 @@ export function captureError(e: Error, batch: Record<string, BatchTensor>): Erro
     .join(', ');
   return new Error(
     `CUDA graph capture of the train step failed (${shapes}). Capture seems to need room for a second copy of the step's activations; ` +
-      `run with a smaller batch, or without cudaGraph (lathe sft: without --cuda_graph). ONNX Runtime said: ${e.message.slice(0, 400)}`,
+      `run with a smaller batch, or without cudaGraph (lathe sft: without --cuda_graph). ONNX Runtime said: ${clip(e.message)}`,
   );
 }
 
