@@ -209,12 +209,15 @@ export async function trajectoryRows(file: string, q: TrajectoryQuery, source: s
   let total = 0;
   let row = 0;
   const num = (v: unknown) => (v === null || v === undefined ? null : Number(v));
+  // this pass reads every row's prompt_idx and step: it builds the prompt index the group view uses
+  const indexing = names.has('prompt_idx') && !cachedPromptIndex(file) ? new PromptIndexBuilder(file) : null;
   for await (const b of readParquetBatches(file, { columns, batchSize: 1024 })) {
     const [pi, st, pr, rw, co, ad] = ['prompt_idx', 'step', 'prompt', 'reward', 'correct', 'advantage'].map((name) => b.getChild(name));
     const lengths = byLength ? listLengths(b.getChild('output_token_ids') as never, b.numRows) : undefined;
     for (let i = 0; i < b.numRows; i++, row++) {
       const reward = (rw?.get(i) as number | null | undefined) ?? null;
       const [promptIdx, step, advantage] = [num(pi?.get(i)), num(st?.get(i)), num(ad?.get(i))];
+      indexing?.add(row, promptIdx, step);
       if (!within(reward, q.minReward, q.maxReward) || !within(advantage, q.minAdvantage, q.maxAdvantage) || (lengths && !within(lengths[i], q.minLength, q.maxLength))) continue;
       if ((q.promptIdx !== undefined && promptIdx !== q.promptIdx) || (q.step !== undefined && step !== q.step)) continue;
       const prompt = needle ? String(pr?.get(i) ?? '') : '';
@@ -223,6 +226,7 @@ export async function trajectoryRows(file: string, q: TrajectoryQuery, source: s
       total++;
     }
   }
+  indexing?.finish();
   const rest = [...(needle ? [] : ['prompt']), ...(byLength ? [] : ['output_token_ids'])].filter((c) => names.has(c));
   if (rows.length > 0 && rest.length > 0) {
     // the page's prompts and lengths: read up to its last row only
@@ -252,39 +256,105 @@ export interface TrajectoryGroupRow extends TrajectoryRow {
   text: string;
 }
 
+/** A trajectory file's rows by prompt: each `prompt_idx`'s row numbers and their steps, in file order. */
+type PromptIndex = Map<number, { rows: number[]; steps: (number | null)[] }>;
+
+const promptIndexes = new Map<string, { mtimeMs: number; size: number; index: PromptIndex }>();
+/** How many files' indexes are kept (the least recently used goes first). */
+const PROMPT_INDEXES_KEPT = 8;
+
+/** The file's cached prompt index while its mtime and size are unchanged, else undefined. */
+function cachedPromptIndex(file: string): PromptIndex | undefined {
+  const { mtimeMs, size } = statSync(file);
+  const key = resolve(file);
+  const hit = promptIndexes.get(key);
+  if (!hit || hit.mtimeMs !== mtimeMs || hit.size !== size) return undefined;
+  promptIndexes.delete(key); // re-inserted: most recently used last
+  promptIndexes.set(key, hit);
+  return hit.index;
+}
+
+/**
+ * Collects a file's prompt index from a pass over every row (`add` in file order), and caches it
+ * under the file's mtime and size as they were when the pass began.
+ */
+class PromptIndexBuilder {
+  private readonly index: PromptIndex = new Map();
+  private readonly stat: { mtimeMs: number; size: number };
+  constructor(private readonly file: string) {
+    const { mtimeMs, size } = statSync(file);
+    this.stat = { mtimeMs, size };
+  }
+  add(row: number, promptIdx: number | null, step: number | null): void {
+    if (promptIdx === null) return;
+    let entry = this.index.get(promptIdx);
+    if (!entry) this.index.set(promptIdx, (entry = { rows: [], steps: [] }));
+    entry.rows.push(row);
+    entry.steps.push(step);
+  }
+  finish(): PromptIndex {
+    const key = resolve(this.file);
+    promptIndexes.delete(key);
+    promptIndexes.set(key, { ...this.stat, index: this.index });
+    if (promptIndexes.size > PROMPT_INDEXES_KEPT) promptIndexes.delete(promptIndexes.keys().next().value as string);
+    return this.index;
+  }
+}
+
+/** A column's values as numbers (null where the row has none), read as one typed array rather than row by row. */
+function columnNumbers(v: { length: number; nullCount: number; isValid(i: number): boolean; toArray(): ArrayLike<number | bigint> } | null | undefined): (number | null)[] | null {
+  if (!v) return null;
+  const values = v.toArray();
+  const out = new Array<number | null>(v.length);
+  for (let i = 0; i < v.length; i++) out[i] = v.nullCount > 0 && !v.isValid(i) ? null : Number(values[i]);
+  return out;
+}
+
+/**
+ * The file's prompt index: cached (by {@link trajectoryRows}' pass or an earlier lookup), else
+ * built from its `prompt_idx` and `step` columns alone.
+ */
+async function promptIndex(file: string, names: Set<string>): Promise<PromptIndex> {
+  const hit = cachedPromptIndex(file);
+  if (hit) return hit;
+  const builder = new PromptIndexBuilder(file);
+  let row = 0;
+  if (names.has('prompt_idx')) {
+    for await (const b of readParquetBatches(file, { columns: ['prompt_idx', 'step'].filter((c) => names.has(c)), batchSize: 8192 })) {
+      const [pi, st] = [columnNumbers(b.getChild('prompt_idx') as never), columnNumbers(b.getChild('step') as never)];
+      for (let i = 0; i < b.numRows; i++, row++) builder.add(row, pi?.[i] ?? null, st?.[i] ?? null);
+    }
+  }
+  return builder.finish();
+}
+
 /**
  * Every row of one prompt (`prompt_idx`, and `step` when the file has steps) of a trajectory file:
- * its group of completions, decoded, in file order. Read a batch at a time.
+ * its group of completions, decoded, in file order. The rows are found through the file's prompt
+ * index (built once per file version); only the row groups from the group's first row to its last
+ * are then read.
  */
 export async function trajectoryGroup(file: string, promptIdx: number, step: number | undefined, decoder: { decode: TokenDecoder }, source: string): Promise<TrajectoryGroupRow[]> {
   if (!existsSync(file) || !statSync(file).isFile()) throw new Error(`${source}: no such file`);
   const names = new Set((await readParquetSchema(file)).fields.map((f) => f.name));
-  const wanted = ['prompt_idx', 'step', 'reward', 'correct', 'advantage', 'sample_idx'];
+  const entry = (await promptIndex(file, names)).get(promptIdx);
+  const found = entry ? entry.rows.filter((_, k) => step === undefined || entry.steps[k] === step) : [];
+  if (found.length === 0) return [];
   const out: TrajectoryGroupRow[] = [];
+  const wanted = new Set(found);
+  const last = found[found.length - 1];
+  const columns = ['step', 'reward', 'correct', 'advantage', 'sample_idx', 'prompt', 'output_token_ids'].filter((c) => names.has(c));
   const num = (v: unknown) => (v === null || v === undefined ? null : Number(v));
-  let row = 0;
-  // the group's rows from the small columns first; then their prompts and ids, read up to the last
-  for await (const b of readParquetBatches(file, { columns: wanted.filter((c) => names.has(c)), batchSize: 1024 })) {
-    const [pi, st, rw, co, ad, si] = wanted.map((c) => b.getChild(c));
-    for (let i = 0; i < b.numRows; i++, row++) {
-      if (num(pi?.get(i)) !== promptIdx || (step !== undefined && num(st?.get(i)) !== step)) continue;
-      out.push({ row, prompt_idx: promptIdx, step: num(st?.get(i)), prompt: '', reward: num(rw?.get(i)), correct: num(co?.get(i)), advantage: num(ad?.get(i)), length: 0, sample_idx: num(si?.get(i)), text: '' });
-    }
-  }
-  if (out.length === 0) return out;
-  const byRow = new Map(out.map((r) => [r.row, r]));
-  const last = out[out.length - 1].row;
   let at = 0;
-  for await (const b of readParquetBatches(file, { columns: ['prompt', 'output_token_ids'].filter((c) => names.has(c)), batchSize: 1024, fromRow: out[0].row, onRowGroup: (first) => (at = first) })) {
-    const [pr, ids] = [b.getChild('prompt'), b.getChild('output_token_ids')];
+  // row groups before the group's first row are skipped undecoded
+  for await (const b of readParquetBatches(file, { columns, batchSize: 1024, fromRow: found[0], onRowGroup: (first) => (at = first) })) {
+    const [st, rw, co, ad, si, pr, ids] = ['step', 'reward', 'correct', 'advantage', 'sample_idx', 'prompt', 'output_token_ids'].map((c) => b.getChild(c));
     for (let i = 0; i < b.numRows; i++, at++) {
-      const r = byRow.get(at);
-      if (!r) continue;
+      if (!wanted.has(at)) continue;
       const tokens = Array.from((ids?.get(i) as ArrayLike<number> | null) ?? [], Number);
-      Object.assign(r, { prompt: String(pr?.get(i) ?? ''), length: tokens.length, text: tokens.map((id) => text(decoder.decode, id)).join('') });
+      out.push({ row: at, prompt_idx: promptIdx, step: num(st?.get(i)), prompt: String(pr?.get(i) ?? ''), reward: num(rw?.get(i)), correct: num(co?.get(i)), advantage: num(ad?.get(i)), length: tokens.length, sample_idx: num(si?.get(i)), text: tokens.map((id) => text(decoder.decode, id)).join('') });
     }
     if (at > last) break;
   }
   return out;
 }
-
