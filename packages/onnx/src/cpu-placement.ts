@@ -27,7 +27,6 @@
  * values from outside treated as device tensors (as the rule does: they are neither graph inputs
  * of the body nor CPU outputs in it).
  */
-import { NO_CUDA_KERNEL } from './lint';
 import { dtypeFromOnnxCode } from './dtype';
 import { AttributeType, OnnxDataType, type GraphProto, type ModelProto, type NodeProto, type TensorProto } from './proto';
 
@@ -69,6 +68,26 @@ export const CUDA_CPU_INPUTS: Readonly<Record<string, readonly number[]>> = {
   If: [0], // controlflow/if.cc (cond)
   Loop: [0, 1], // controlflow/loop.cc (trip count, cond)
   GroupQueryAttention: [6], // contrib_ops/cuda/bert/group_query_attention.cc (total_sequence_length)
+};
+
+/**
+ * (op, dtype) pairs ONNX Runtime 1.29's CUDA provider has no kernel for: a session with CPU
+ * fallback off refuses a graph holding one, and with fallback on the node runs on the CPU with
+ * copies around it. Keyed by the node's first output dtype. Found on the H100:
+ * - Pad, bfloat16: the KV prefill extends caches by a Slice of a zero buffer instead.
+ * - ReduceMax, bfloat16: maxima over logits run in float32.
+ * - Reciprocal, bfloat16: `rsqrt` divides instead.
+ * - Multinomial (any dtype): GPU sampling draws by inverse CDF from host-made uniforms.
+ * From the provider's kernel registrations (not yet seen failing on the H100):
+ * - MaxPool, bfloat16 (`windowMax`, `lastAxisMax`): registered for float32, float64, float16 and
+ *   8-bit integers only; the loss takes its maxima over float32 logits.
+ */
+export const NO_CUDA_KERNEL: Readonly<Record<string, readonly string[] | 'any'>> = {
+  Pad: ['bfloat16'],
+  ReduceMax: ['bfloat16'],
+  Reciprocal: ['bfloat16'],
+  Multinomial: 'any',
+  MaxPool: ['bfloat16'],
 };
 
 /** Outputs that ONNX Runtime's CUDA kernels write to CPU memory (`OutputMemoryType(OrtMemTypeCPUOutput, i)`): the seeds of the rule. */

@@ -1,66 +1,25 @@
 /** Static checks on built graphs. */
+import { cpuPlacedNodes, NO_CUDA_KERNEL } from './cpu-placement';
 import type { Graph, Node, Tensor } from './graph';
+import { toModelProto } from './serialize';
 
-/** Whether t is a Transpose's output, directly or through Slice/Reshape/Unsqueeze/Squeeze (ORT folds Shape through them). */
-function readsTranspose(t: Tensor | null | undefined): boolean {
-  for (let n = t?.node; n; n = n.inputs[0]?.node) {
-    if (n.op.name === 'Transpose') return true;
-    if (!['Slice', 'Reshape', 'Unsqueeze', 'Squeeze'].includes(n.op.name)) return false;
-  }
-  return false;
-}
+export { NO_CUDA_KERNEL };
 
 /**
- * Nodes that do arithmetic on run-time shapes: int64 results computed from Shape outputs (and
- * constants). ONNX Runtime runs such nodes on the CPU, with device synchronisation around them, and
- * refuses the session when CPU fallback is disabled. A Shape output used directly as the shape
- * input of Expand/Reshape is fine — unless the Shape reads a Transpose's output, directly or through
- * Slice/Reshape/Unsqueeze/Squeeze: ORT rewrites Shape(Transpose(x)) into a Gather over Shape(x),
- * which it runs on the CPU (seen on the H100 for Shape(Slice(Transpose(x))) too), so such Shape
- * nodes are listed too. Graphs meant for the GPU should have none; `reshape`, `expand`
- * and `causalMask` avoid them where they can.
+ * Nodes that do arithmetic on run-time shapes, which ONNX Runtime runs on the CPU, with device
+ * synchronisation around them, refusing the session when CPU fallback is disabled: the nodes of the
+ * graph's ONNX model that {@link cpuPlacedNodes} places there as shape computations (fed only by
+ * Shape outputs, graph inputs and small initializers) or as a Shape of a Transpose (which ORT
+ * rewrites into a Gather over Shape(x)). A Shape of static dims is folded, and a Shape output used
+ * directly as the shape input of Expand/Reshape stays on the device. Graphs meant for the GPU
+ * should have none; `reshape`, `expand` and `causalMask` avoid them where they can.
  */
 export function runtimeShapeNodes(graph: Graph): Node[] {
-  const fromShape = new Set<Tensor>();
-  const constant = new Set<Tensor>([...graph.initializers.values()].map((i) => i.tensor));
-  const found: Node[] = [];
-  for (const node of graph.nodes) {
-    if (node.op.name === 'Shape') {
-      node.outputs.forEach((o) => fromShape.add(o));
-      if (readsTranspose(node.inputs[0])) found.push(node);
-      continue;
-    }
-    const ins = node.inputs.filter((t): t is Tensor => t !== null);
-    const onShapes = ins.some((t) => fromShape.has(t)) && ins.every((t) => fromShape.has(t) || constant.has(t));
-    if (onShapes && node.outputs.every((o) => o.dtype === 'int64')) {
-      found.push(node);
-      node.outputs.forEach((o) => fromShape.add(o));
-    } else if (ins.length > 0 && ins.every((t) => constant.has(t))) {
-      node.outputs.forEach((o) => constant.add(o)); // folded by ORT at load time
-    }
-  }
-  return found;
+  const byName = new Map(graph.nodes.map((n) => [n.name, n]));
+  return cpuPlacedNodes(toModelProto(graph))
+    .filter((p) => p.subgraph.length === 0 && (p.reason === 'shape computation' || p.reason === 'Shape of a Transpose'))
+    .map((p) => byName.get(p.name)!);
 }
-
-/**
- * (op, dtype) pairs ONNX Runtime 1.29's CUDA provider has no kernel for: a session with CPU
- * fallback off refuses a graph holding one, and with fallback on the node runs on the CPU with
- * copies around it. Keyed by the node's first output dtype. Found on the H100:
- * - Pad, bfloat16: the KV prefill extends caches by a Slice of a zero buffer instead.
- * - ReduceMax, bfloat16: maxima over logits run in float32.
- * - Reciprocal, bfloat16: `rsqrt` divides instead.
- * - Multinomial (any dtype): GPU sampling draws by inverse CDF from host-made uniforms.
- * From the provider's kernel registrations (not yet seen failing on the H100):
- * - MaxPool, bfloat16 (`windowMax`, `lastAxisMax`): registered for float32, float64, float16 and
- *   8-bit integers only; the loss takes its maxima over float32 logits.
- */
-export const NO_CUDA_KERNEL: Readonly<Record<string, readonly string[] | 'any'>> = {
-  Pad: ['bfloat16'],
-  ReduceMax: ['bfloat16'],
-  Reciprocal: ['bfloat16'],
-  Multinomial: 'any',
-  MaxPool: ['bfloat16'],
-};
 
 /** Nodes that ONNX Runtime's CUDA provider cannot run (see NO_CUDA_KERNEL): graphs meant for the GPU should have none. */
 export function noCudaKernelNodes(graph: Graph): Node[] {
