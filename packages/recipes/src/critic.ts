@@ -8,29 +8,24 @@
 import { seededNormal, type DecoderConfig } from '@lathe/models';
 import { readTrajectories } from '@lathe/data';
 import { HfTokenizer } from '@lathe/tokenizer';
-import { sizeOf, type HostTensor } from '@lathe/runtime';
-import { LORA_DROPOUT_KEY, loraDropoutKey, Trainer } from '@lathe/train';
 import { criticLoss, defaultRewardValues, gridShape, growRows, logLengthEdges, placeGrid, saveBins, type CriticBins } from '@lathe/critic';
 import { additionTokenizer } from './demo-task';
-import { recipeTensors } from './quantize-lora';
-import { checkComputeDtype, EpochStream, loadRunModel, openDevice, RunDir, scheduledLr, stepTiming, stopRequested, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { checkComputeDtype, loadRunModel, RunDir, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { trainOnRows, type StepTimingFields } from './row-train';
 import { CRITIC_TRAIN_RESUMABLE_KEYS, type CriticTrainConfig } from './critic-config';
 import { criticLabelCount, criticTrainingExamples, packCriticExamples, padCriticBatch, type CriticRow } from './critic-data';
 
 /** Metrics of one optimizer step (one line of metrics.jsonl). */
-export interface CriticStepMetrics {
+export type CriticStepMetrics = CriticStepFields & StepTimingFields;
+
+/** A critic step's own metrics (beside the timing fields every step has). */
+interface CriticStepFields {
   step: number;
   /** Mean cross-entropy of the labelled tokens' grid cells. */
   loss: number;
   /** Share of labelled tokens whose most likely cell is the label. */
   cell_accuracy: number;
-  grad_norm: number;
-  lr: number;
   label_tokens: number;
-  tokens: number;
-  tokens_per_s: number;
-  host_ms: number;
-  run_ms: number;
 }
 
 /** Callbacks for progress display. */
@@ -65,8 +60,6 @@ function growVocabulary(config: DecoderConfig, weights: Map<string, Float32Array
   return grown;
 }
 
-const f32 = (v: number): HostTensor => ({ data: Float32Array.from([v]), dims: [] });
-
 /** Runs critic training as configured. `signal` interrupts it after the current step, with a checkpoint. */
 export async function runCriticTrain(cfg: CriticTrainConfig, events: CriticTrainEvents = {}, signal?: AbortSignal): Promise<TrainRunResult<never>> {
   checkComputeDtype(cfg);
@@ -87,79 +80,23 @@ export async function runCriticTrain(cfg: CriticTrainConfig, events: CriticTrain
   if (examples.length === 0) throw new Error(`--data ${cfg.data}: no training sequence (${skipped} attempts longer than --max_length ${cfg.max_length}, or none at or after --supervise_from_trajectory ${cfg.supervise_from_trajectory})`);
   const packed = packCriticExamples(examples, cfg.max_length);
 
-  const trained = recipeTensors(config, base, cfg);
-  const { lora, params } = trained;
-  const loss = criticLoss(config, bins, { packing: true, recompute: cfg.gradient_checkpointing, compute: cfg.compute_dtype, ...(trained.weights ? { weights: trained.weights } : {}) });
-
-  const start = run.startFrom(params, cfg, CRITIC_TRAIN_RESUMABLE_KEYS, trained.init);
-  let { state } = start;
-  const { init } = start;
-  const device = openDevice(cfg.device);
-  const frozenBase = trained.frozenOn(device);
-  const trainer = Trainer.create({ params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { ...init, step: state.step }, { device, microBatches: cfg.micro_batches, frozen: frozenBase });
-  const dropoutKeyed = trainer.batchInputs.includes(LORA_DROPOUT_KEY);
-  try {
-    run.saveConfig(cfg);
-    const checkpoint = () => {
-      const snap = trainer.snapshot();
-      const weights = trained.merged(snap.params);
-      return run.checkpoint(
-        { config, model: weights, trainable: params, values: snap.params, m: snap.m, v: snap.v, state, lora: Boolean(lora) },
-        {
-          keepLast: cfg.keep_last,
-          tokenizerFrom,
-          onCheckpoint: (dir, step) => {
-            saveBins(dir, bins);
-            events.onCheckpoint?.(dir, step);
-          },
-        },
-      );
-    };
-    events.onStart?.({ startStep: state.step, totalSteps: cfg.steps, prompts, sequences: examples.length, rows: packed.length, skipped, cells: gridShape(bins).cells, firstTokenId, addedRows: addRows, parameters: params.reduce((s, p) => s + sizeOf(p.shape), 0) });
-    const stream = new EpochStream<CriticRow>(packed, cfg.seed, state.dataPosition);
-    let lastLoss = NaN;
-    let interrupted = false;
-    while (state.step < cfg.steps) {
-      const t0 = performance.now();
-      const batchStart = stream.position;
-      const batch = stream.take(cfg.batch_size);
-      const labelTokens = criticLabelCount(batch);
-      const lr = scheduledLr(cfg, state.step);
-      const per = cfg.batch_size / cfg.micro_batches;
-      const micro = Array.from({ length: cfg.micro_batches }, (_, k) => ({
-        ...padCriticBatch(batch.slice(k * per, (k + 1) * per), tokenizer.padId),
-        loss_tokens: f32(Math.max(1, labelTokens)),
-        ...(dropoutKeyed ? { [LORA_DROPOUT_KEY]: loraDropoutKey(cfg.seed, trainer.step, k) } : {}),
-      }));
-      const hostMs0 = performance.now() - t0;
-      const result = trainer.trainStep(micro, lr);
-      if (!Number.isFinite(result.loss)) {
-        const dir = checkpoint();
-        throw new Error(`step ${state.step + 1}: the loss is ${result.loss} on packed rows ${batchStart}..${batchStart + cfg.batch_size - 1}; the weights before this step are saved in ${dir}. Lower --lr or check the data.`);
-      }
-      state = { ...state, step: state.step + 1, dataPosition: stream.position };
-      lastLoss = result.loss;
-      const tokens = batch.reduce((s, r) => s + r.ids.length, 0);
-      const metrics: CriticStepMetrics = {
-        step: state.step,
-        loss: result.loss,
-        cell_accuracy: (result.metrics.cell_correct ?? 0) / Math.max(1, labelTokens),
-        label_tokens: labelTokens,
-        ...stepTiming(result, { lr, tokens, prepMs: hostMs0 }),
-      };
-      events.onStep?.(metrics);
-      if (state.step % cfg.log_every === 0 || state.step === cfg.steps) run.metrics.log({ ...metrics });
-      if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) checkpoint();
-      if (await stopRequested(signal)) {
-        interrupted = true;
-        break;
-      }
-    }
-    const last = run.savedAt(state.step) ?? checkpoint();
-    return { steps: state.step, finalLoss: lastLoss, evals: [], checkpoint: last, interrupted };
-  } finally {
-    trainer.dispose();
-    for (const t of Object.values(frozenBase)) t.dispose();
-    await run.close();
-  }
+  return trainOnRows<CriticRow, CriticStepFields>(cfg, run, {
+    config,
+    base,
+    padId: tokenizer.padId,
+    tokenizerFrom,
+    rows: packed,
+    resumableKeys: CRITIC_TRAIN_RESUMABLE_KEYS,
+    loss: (c, o) => criticLoss(c, bins, { packing: true, ...o }),
+    feeds: (batch, padId) => padCriticBatch(batch, padId),
+    lossTokens: criticLabelCount,
+    stepFields: ({ step, result, lossTokens }) => ({ step, loss: result.loss, cell_accuracy: (result.metrics.cell_correct ?? 0) / Math.max(1, lossTokens), label_tokens: lossTokens }),
+    describeRows: (first, last) => `packed rows ${first}..${last}`,
+    onStart: (info) => events.onStart?.({ ...info, prompts, sequences: examples.length, rows: packed.length, skipped, cells: gridShape(bins).cells, firstTokenId, addedRows: addRows }),
+    onStep: events.onStep,
+    onCheckpoint: (dir, step) => {
+      saveBins(dir, bins);
+      events.onCheckpoint?.(dir, step);
+    },
+  }, signal);
 }

@@ -8,19 +8,20 @@
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { CausalLM, type DecoderConfig } from '@lathe/models';
+import { CausalLM } from '@lathe/models';
 import { batchOf, flattenLists, flattenNested, listData, nestedListData, readTrajectories, trajectoriesToBatch, writeAtomic, writeParquet, type Trajectory } from '@lathe/data';
-import { Device, sizeOf, type HostTensor } from '@lathe/runtime';
+import { Device, type HostTensor } from '@lathe/runtime';
 import { DEFAULT_JUDGE_PROMPT, extractAnswer, LlmJudge, majorityVote, MathGrader, passAtK, voteKey } from '@lathe/graders';
-import { LORA_DROPOUT_KEY, loraDropoutKey, sftLoss, Trainer, type DecoderLossOptions, type LossBuilder } from '@lathe/train';
+import { sftLoss } from '@lathe/train';
 import { contextPrefix, type CriticAttempt } from '@lathe/critic';
 import { extractionLoss, qWeightedSample, QWeightedModels, validateTau, type KlDirection, type QSample } from '@lathe/policy-extraction';
 import { splitThinking } from '@lathe/tokenizer';
 import { criticBins } from './critic-label';
 import { rowReward } from './critic-data';
 import { readPromptFile } from './generate';
-import { recipeTensors } from './quantize-lora';
-import { checkComputeDtype, EpochStream, loadRunModel, openDevice, RunDir, scheduledLr, stepTiming, stopRequested, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { checkComputeDtype, loadRunModel, RunDir, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { trainOnRows, type RowTraining, type StepTimingFields } from './row-train';
+import type { StepMetrics } from './sft';
 import { candidatePositions, extractionExamples, padExtractionBatch, readLabelledTrajectories, successfulExamples, type ExtractionExample } from './extract-data';
 import { EXTRACT_TRAIN_RESUMABLE_KEYS, type ExtractEvalConfig, type ExtractGenerateConfig, type ExtractRftConfig, type ExtractTrainConfig } from './extract-config';
 import { padBatch, lossTokenCount } from './sft-data';
@@ -260,19 +261,11 @@ async function writeGenerated(file: string, rows: readonly GeneratedRow[]): Prom
 // ---------------------------------------------------------------------------------------------
 // train and rft: one loop, two losses
 
-/** Metrics of one optimizer step (one line of metrics.jsonl). */
-export interface ExtractStepMetrics {
-  step: number;
-  loss: number;
-  grad_norm: number;
-  lr: number;
-  /** Positions the loss covers: candidate positions (train) or response tokens (rft). */
-  loss_tokens: number;
-  tokens: number;
-  tokens_per_s: number;
-  host_ms: number;
-  run_ms: number;
-}
+/** Metrics of one optimizer step (one line of metrics.jsonl): `lathe sft`'s without its packing fields; loss_tokens are candidate positions (train) or response tokens (rft). */
+export type ExtractStepMetrics = Omit<StepMetrics, 'examples' | 'pad_tokens' | 'padding_saved'>;
+
+/** An extract step's own metrics (beside the timing fields every step has). */
+type ExtractStepFields = Omit<ExtractStepMetrics, keyof StepTimingFields>;
 
 /** Callbacks for progress display. */
 export interface ExtractTrainEvents extends TrainRunEvents<ExtractStepMetrics, never> {
@@ -286,79 +279,33 @@ interface PolicyObjective<E extends { ids: number[] }> {
   examples: E[];
   skipped: number;
   dropped: number;
-  loss: (config: DecoderConfig, opts: Pick<DecoderLossOptions, 'compute' | 'recompute' | 'weights'>) => LossBuilder;
+  loss: RowTraining<E, ExtractStepFields>['loss'];
   feeds: (batch: readonly E[], padId: number) => Record<string, HostTensor>;
   lossTokens: (batch: readonly E[]) => number;
 }
 
-const f32 = (v: number): HostTensor => ({ data: Float32Array.from([v]), dims: [] });
-
 /** Trains in `run` (opened before the model loads: a new run clears its directory, where the built-in model is written). */
 async function trainPolicy<E extends { ids: number[] }>(cfg: TrainConfig, run: RunDir, model: RunModel, objective: PolicyObjective<E>, events: ExtractTrainEvents, signal?: AbortSignal): Promise<TrainRunResult<never>> {
-  const { config } = model;
   if (objective.examples.length === 0) {
     await run.close();
     throw new Error(`--data ${cfg.data}: no trajectory to train on (${objective.skipped} longer than --max_length ${cfg.max_length}, ${objective.dropped} dropped)`);
   }
-  const base = model.lm.float32Weights();
-  const trained = recipeTensors(config, base, cfg);
-  const { lora, params } = trained;
-  const loss = objective.loss(config, { compute: cfg.compute_dtype, recompute: cfg.gradient_checkpointing, ...(trained.weights ? { weights: trained.weights } : {}) });
-  const start = run.startFrom(params, cfg, EXTRACT_TRAIN_RESUMABLE_KEYS, trained.init);
-  let { state } = start;
-  const device = openDevice(cfg.device);
-  const frozenBase = trained.frozenOn(device);
-  const trainer = Trainer.create({ params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { ...start.init, step: state.step }, { device, microBatches: cfg.micro_batches, frozen: frozenBase });
-  const dropoutKeyed = trainer.batchInputs.includes(LORA_DROPOUT_KEY);
-  try {
-    run.saveConfig(cfg);
-    const checkpoint = () => {
-      const snap = trainer.snapshot();
-      return run.checkpoint(
-        { config, model: trained.merged(snap.params), trainable: params, values: snap.params, m: snap.m, v: snap.v, state, lora: Boolean(lora) },
-        { keepLast: cfg.keep_last, tokenizerFrom: model.tokenizerFrom, onCheckpoint: events.onCheckpoint },
-      );
-    };
-    events.onStart?.({ startStep: state.step, totalSteps: cfg.steps, trajectories: objective.examples.length, skipped: objective.skipped, dropped: objective.dropped, parameters: params.reduce((s, p) => s + sizeOf(p.shape), 0) });
-    const stream = new EpochStream<E>(objective.examples, cfg.seed, state.dataPosition);
-    let lastLoss = NaN;
-    let interrupted = false;
-    while (state.step < cfg.steps) {
-      const t0 = performance.now();
-      const batchStart = stream.position;
-      const batch = stream.take(cfg.batch_size);
-      const lossTokens = objective.lossTokens(batch);
-      const lr = scheduledLr(cfg, state.step);
-      const per = cfg.batch_size / cfg.micro_batches;
-      const micro = Array.from({ length: cfg.micro_batches }, (_, k) => ({
-        ...objective.feeds(batch.slice(k * per, (k + 1) * per), model.tokenizer.padId),
-        loss_tokens: f32(Math.max(1, lossTokens)),
-        ...(dropoutKeyed ? { [LORA_DROPOUT_KEY]: loraDropoutKey(cfg.seed, trainer.step, k) } : {}),
-      }));
-      const prepMs = performance.now() - t0;
-      const result = trainer.trainStep(micro, lr);
-      if (!Number.isFinite(result.loss)) {
-        const dir = checkpoint();
-        throw new Error(`step ${state.step + 1}: the loss is ${result.loss} on trajectories ${batchStart}..${batchStart + cfg.batch_size - 1} of the epoch order; the weights before this step are saved in ${dir}. Lower --lr or check the data.`);
-      }
-      state = { ...state, step: state.step + 1, dataPosition: stream.position };
-      lastLoss = result.loss;
-      const metrics: ExtractStepMetrics = { step: state.step, loss: result.loss, loss_tokens: lossTokens, ...stepTiming(result, { lr, tokens: batch.reduce((s, e) => s + e.ids.length, 0), prepMs }) };
-      events.onStep?.(metrics);
-      if (state.step % cfg.log_every === 0 || state.step === cfg.steps) run.metrics.log({ ...metrics });
-      if (cfg.save_every > 0 && state.step % cfg.save_every === 0 && state.step < cfg.steps) checkpoint();
-      if (await stopRequested(signal)) {
-        interrupted = true;
-        break;
-      }
-    }
-    const last = run.savedAt(state.step) ?? checkpoint();
-    return { steps: state.step, finalLoss: lastLoss, evals: [], checkpoint: last, interrupted };
-  } finally {
-    trainer.dispose();
-    for (const t of Object.values(frozenBase)) t.dispose();
-    await run.close();
-  }
+  return trainOnRows<E, ExtractStepFields>(cfg, run, {
+    config: model.config,
+    base: model.lm.float32Weights(),
+    padId: model.tokenizer.padId,
+    tokenizerFrom: model.tokenizerFrom,
+    rows: objective.examples,
+    resumableKeys: EXTRACT_TRAIN_RESUMABLE_KEYS,
+    loss: objective.loss,
+    feeds: objective.feeds,
+    lossTokens: objective.lossTokens,
+    stepFields: ({ step, result, lossTokens }) => ({ step, loss: result.loss, loss_tokens: lossTokens }),
+    describeRows: (first, last) => `trajectories ${first}..${last} of the epoch order`,
+    onStart: (info) => events.onStart?.({ ...info, trajectories: objective.examples.length, skipped: objective.skipped, dropped: objective.dropped }),
+    onStep: events.onStep,
+    onCheckpoint: events.onCheckpoint,
+  }, signal);
 }
 
 function checkTrainConfig(cfg: TrainConfig): void {
