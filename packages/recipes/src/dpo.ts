@@ -16,8 +16,8 @@ import type { DpoRunConfig } from './dpo-config';
 import { scorePairs } from './preference-batches';
 import { loadPreferenceSplit } from './preference-data';
 import { checkPairOptions, runPairTraining, startPairTraining, type PairRunStart, type PairStepTiming } from './pair-run';
-import { joinDataParallel, openRankRunDir } from './launch-dp';
-import { loadRunModel, type RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { inPairSession } from './pair-session';
+import type { RunDir, TrainRunEvents, TrainRunResult } from './scaffold';
 
 /** DPO's pairwise metrics, of a step's pairs or the held-out ones. */
 export interface DpoPairMetrics {
@@ -114,28 +114,22 @@ export async function runDpo(cfg: DpoRunConfig, events: DpoEvents = {}, signal?:
   checkPairOptions(cfg);
   if (!(cfg.beta > 0)) throw new Error(`--beta ${cfg.beta}: β must be > 0`);
   if (cfg.loss_type === 'ipo' && cfg.label_smoothing !== 0) throw new Error(`--label_smoothing ${cfg.label_smoothing} applies to --loss_type sigmoid, not ipo`);
-  // under lathe launch: this rank's share of a data-parallel job; rank 0 alone writes the run directory
-  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches }, zeroStage: cfg.zero_stage });
-  const run = await openRankRunDir(cfg, dp);
-  // the built-in model is written into this rank's own run directory (rank 0's may not hold it yet)
-  const model = await loadRunModel({ ...cfg, run_dir: run.dir });
-  if (model.config.scoreLabels !== undefined) throw new Error(`--model ${cfg.model} is a reward model (${model.config.architecture}); DPO trains a causal LM`);
-  const data = await loadPreferenceSplit(cfg, model);
-  const { held } = data;
-  const padId = model.tokenizer.padId;
-  const config = model.config;
-  const dpo = { beta: cfg.beta, loss: cfg.loss_type, labelSmoothing: cfg.label_smoothing };
-  const reduction = dpoReduction(dpo);
+  return inPairSession(cfg, async ({ dp, run, model, hold }) => {
+    if (model.config.scoreLabels !== undefined) throw new Error(`--model ${cfg.model} is a reward model (${model.config.architecture}); DPO trains a causal LM`);
+    const data = await loadPreferenceSplit(cfg, model);
+    const { held } = data;
+    const padId = model.tokenizer.padId;
+    const config = model.config;
+    const dpo = { beta: cfg.beta, loss: cfg.loss_type, labelSmoothing: cfg.label_smoothing };
+    const reduction = dpoReduction(dpo);
 
-  const master = model.lm.float32Weights();
-  const training = startPairTraining(cfg, run, data, { config, master, tokenizer: { padId, from: model.tokenizerFrom }, loss: (o) => dpoLoss(config, { ...dpo, ...o }) }, dp);
-  let scorer: ResponseLogprobScorer | undefined;
-  try {
+    const master = model.lm.float32Weights();
+    const training = hold(startPairTraining(cfg, run, data, { config, master, tokenizer: { padId, from: model.tokenizerFrom }, loss: (o) => dpoLoss(config, { ...dpo, ...o }) }, dp));
     // the reference is the starting model, never trained: its log-probs are scored once per pair
     const { logps: reference, cached } = await referenceLogps(run, cfg, training.device, config, master, [...data.train.pairs, ...held.pairs], { reduction, padId });
     const heldRef = refFeed(reference, held.pairs).data;
-    const policy = (scorer = ResponseLogprobScorer.create(config, training.device, { reduction }));
-    return await runPairTraining({
+    const policy = hold(ResponseLogprobScorer.create(config, training.device, { reduction }));
+    return runPairTraining({
       training,
       evaluate: async (step, weights): Promise<DpoEvalResult> => {
         const r = await scorePairs(held.pairs, cfg.batch_size, padId, (b) => policy.score(b, weights));
@@ -157,14 +151,5 @@ export async function runDpo(cfg: DpoRunConfig, events: DpoEvents = {}, signal?:
       events,
       signal,
     });
-  } catch (e) {
-    // the other ranks would wait for this one at their next all-reduce: they stop now, told why
-    dp?.abort((e as Error).message);
-    throw e;
-  } finally {
-    scorer?.dispose();
-    training.dispose();
-    await run.close();
-    await dp?.close();
-  }
+  });
 }

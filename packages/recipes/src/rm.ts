@@ -15,7 +15,7 @@ import { scorePairs } from './preference-batches';
 import { loadPreferenceSplit, preferenceEncoder, readPreferenceData, tokenizePreferences, type PreferenceExample } from './preference-data';
 import type { RmEvalConfig, RmTrainConfig } from './rm-config';
 import { checkPairOptions, runPairTraining, startPairTraining, type PairRunStart, type PairStepTiming } from './pair-run';
-import { joinDataParallel, openRankRunDir } from './launch-dp';
+import { inPairSession } from './pair-session';
 import { checkComputeDtype, loadRunModel, type RunModel, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
 /** A reward model's pairwise metrics, of a step's pairs or the held-out ones. */
@@ -68,26 +68,23 @@ function evalRow(e: PreferenceExample, chosen: number, rejected: number) {
 /** Trains a reward model as configured. `signal` interrupts the run after the current step, with a checkpoint. */
 export async function runRmTrain(cfg: RmTrainConfig, events: RmTrainEvents = {}, signal?: AbortSignal): Promise<RmTrainResult> {
   checkPairOptions(cfg);
-  // under lathe launch: this rank's share of a data-parallel job; rank 0 alone writes the run directory
-  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches }, zeroStage: cfg.zero_stage });
-  const run = await openRankRunDir(cfg, dp);
-  // the built-in model is written into this rank's own run directory (rank 0's may not hold it yet)
-  const model = await loadRunModel({ ...cfg, run_dir: run.dir });
-  const data = await loadPreferenceSplit(cfg, model, { margins: cfg.margin });
-  const { held } = data;
-  const padId = model.tokenizer.padId;
+  return inPairSession(cfg, async ({ dp, run, model, hold }) => {
+    const data = await loadPreferenceSplit(cfg, model, { margins: cfg.margin });
+    const { held } = data;
+    const padId = model.tokenizer.padId;
 
-  const rm = startingRewardModel(model, cfg.seed);
-  const training = startPairTraining(cfg, run, data, {
-    config: rm.config,
-    master: rm.float32Weights(),
-    tokenizer: { padId, from: model.tokenizerFrom },
-    loss: (o) => bradleyTerryLoss(rm.config, { ...o, margin: cfg.margin, centerCoefficient: cfg.center_rewards_coefficient }),
-  }, dp);
-  // held-out rewards in float32 from the trainer's own buffers (full fine-tuning) or the merged adapters (LoRA)
-  const scorer = RewardScorer.create(rm.config, training.device);
-  try {
-    return await runPairTraining({
+    const rm = startingRewardModel(model, cfg.seed);
+    const training = hold(
+      startPairTraining(cfg, run, data, {
+        config: rm.config,
+        master: rm.float32Weights(),
+        tokenizer: { padId, from: model.tokenizerFrom },
+        loss: (o) => bradleyTerryLoss(rm.config, { ...o, margin: cfg.margin, centerCoefficient: cfg.center_rewards_coefficient }),
+      }, dp),
+    );
+    // held-out rewards in float32 from the trainer's own buffers (full fine-tuning) or the merged adapters (LoRA)
+    const scorer = hold(RewardScorer.create(rm.config, training.device));
+    return runPairTraining({
       training,
       evaluate: async (step, weights): Promise<RmEvalResult> => {
         const r = await scorePairs(held.pairs, cfg.batch_size, padId, (b) => scorer.score(b, weights));
@@ -100,16 +97,7 @@ export async function runRmTrain(cfg: RmTrainConfig, events: RmTrainEvents = {},
       events,
       signal,
     });
-  } catch (e) {
-    // the other ranks would wait for this one at their next all-reduce: they stop now, told why
-    dp?.abort((e as Error).message);
-    throw e;
-  } finally {
-    scorer.dispose();
-    training.dispose();
-    await run.close();
-    await dp?.close();
-  }
+  });
 }
 
 /** What `lathe rm eval` reports. */
