@@ -8,6 +8,7 @@ export * from './quantize';
 export * from './ops';
 export * from './layout';
 export * from './linear';
+export * from './fused';
 export * from './model';
 export * from './checkpoint';
 export * from './shift';

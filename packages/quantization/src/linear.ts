@@ -4,6 +4,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { Graph, Tensor } from '@lathe/onnx';
+import { toBfloat16Bits, toFloat16Bits } from '@lathe/runtime';
 import { NF4_CODE } from './codes';
 import type { Bnb4Layout, NBitsLayout } from './layout';
 import { dequantizeNBits, dequantizeNf4, matMulBnb4, matMulNBits } from './ops';
@@ -39,16 +40,29 @@ export function kernelTensorSpecs(hfName: string, l: NBitsLayout | Bnb4Layout, s
 }
 
 /**
- * Declares a quantized weight's kernel tensors in `g`: as graph inputs (bound to device buffers,
- * scales in `scaleDtype`) or, with `inline`, as initializers holding the bytes (float32 scales).
+ * How a quantized weight's kernel tensors enter a graph: `inline`, initializers holding the bytes
+ * with float32 scales (tests, any provider: the kernel's scales are cast in the graph); otherwise
+ * scales in `scaleDtype` (the activations' dtype, as MatMulNBits/MatMulBnb4 read them), as graph
+ * inputs bound to device buffers or, with `initializer`, as initializers holding the bytes — which
+ * ONNX Runtime prepacks (its fused weight-only GEMM needs that; see the package README).
  */
-export function declareQuantizedLinear(g: Graph, hfName: string, l: NBitsLayout | Bnb4Layout, how: { inline: true } | { inline?: false; scaleDtype: L.DType }): QuantizedLinearTensors {
+export type QuantizedLinearDeclaration = { inline: true } | { inline?: false; scaleDtype: L.DType; initializer?: boolean };
+
+/** Declares a quantized weight's kernel tensors in `g` (see {@link QuantizedLinearDeclaration}). */
+export function declareQuantizedLinear(g: Graph, hfName: string, l: NBitsLayout | Bnb4Layout, how: QuantizedLinearDeclaration): QuantizedLinearTensors {
   const specs = kernelTensorSpecs(hfName, l, how.inline ? 'float32' : how.scaleDtype);
-  const t = specs.map((s) =>
-    how.inline ? g.initializer(s.name, s.dtype, s.shape, { kind: 'inline', bytes: new Uint8Array(s.data.buffer, s.data.byteOffset, s.data.byteLength) }) : g.input(s.name, s.dtype, s.shape),
-  );
+  const embed = how.inline || how.initializer;
+  const t = specs.map((s) => (embed ? g.initializer(s.name, s.dtype, s.shape, { kind: 'inline', bytes: hostBytes(s.data, s.dtype) }) : g.input(s.name, s.dtype, s.shape)));
   if (l.op === 'MatMulBnb4') return { op: l.op, b: t[0], absmax: t[1], attrs: l.attrs };
   return { op: l.op, b: t[0], scales: t[1], zeroPoints: t[2], attrs: l.attrs };
+}
+
+/** A kernel tensor's host bytes in `dtype`: codes as they are, scales converted from float32 (bfloat16/float16 bits). */
+export function hostBytes(data: Uint8Array | Float32Array, dtype: L.DType): Uint8Array {
+  if (data instanceof Uint8Array) return data;
+  const typed = dtype === 'bfloat16' ? toBfloat16Bits(data) : dtype === 'float16' ? toFloat16Bits(data) : dtype === 'float32' ? data : undefined;
+  if (!typed) throw new Error(`quantized scales cannot be stored as ${dtype} (float32, float16 or bfloat16)`);
+  return new Uint8Array(typed.buffer, typed.byteOffset, typed.byteLength);
 }
 
 const dequantized = new WeakMap<Tensor, Tensor>();

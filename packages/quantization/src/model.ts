@@ -10,8 +10,9 @@
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { CausalLM, isProjectionWeight, lmHeadName, paramSpecs, type CausalLMOptions, type DecoderConfig, type Weights } from '@lathe/models';
-import { toBfloat16Bits, toFloat16Bits, type Device, type DeviceTensor } from '@lathe/runtime';
-import { declareQuantizedLinear, kernelTensorSpecs, quantizedMatmul, type QuantizedLinearTensors, type QuantizedMatmulMode } from './linear';
+import { toBfloat16Bits, toFloat16Bits, type Device, type DeviceKind, type DeviceTensor, type SessionOptions } from '@lathe/runtime';
+import { FPA_INTB_GEMM_CONFIG, fusedGemmIneligibility } from './fused';
+import { declareQuantizedLinear, kernelTensorSpecs, quantizedMatmul, type QuantizedLinearDeclaration, type QuantizedLinearTensors, type QuantizedMatmulMode } from './linear';
 import { kernelLayout, type Bnb4Layout, type NBitsLayout } from './layout';
 import { dequantize, kBlocks, QUANT_FORMATS, storedBytes, type QuantFormat, type QuantizedMatrix } from './matrix';
 import { INT4_BLOCK_SIZES, quantizeInt4, quantizeInt8, quantizeNf4 } from './quantize';
@@ -123,16 +124,23 @@ export class QuantizedModel {
    * the dequantized weights ('dequantize', default, any provider). `skip`: dense parameters not to
    * declare (a trained score head the caller supplies).
    * `mode: 'dequantize'` dequantizes in the graph instead (standard ops, for providers without the kernels).
+   * `quantizedWeights: 'initializers'`: the kernel tensors are initializers holding the bytes
+   * (scales in `dtype`) instead of inputs, so ONNX Runtime prepacks them — frozen weights for
+   * generation (see {@link generation}); bind `deviceTensors(…, { quantizedWeights: 'initializers' })`.
    */
-  graphWeights(g: Graph, opts: { dtype: DType; mode?: QuantizedMatmulMode; inline?: boolean; prefix?: string; backward?: 'kernel' | 'dequantize'; skip?: readonly string[] }): { weights: Weights; inputs: Map<string, Tensor> } {
+  graphWeights(
+    g: Graph,
+    opts: { dtype: DType; mode?: QuantizedMatmulMode; inline?: boolean; prefix?: string; backward?: 'kernel' | 'dequantize'; skip?: readonly string[]; quantizedWeights?: QuantizedWeightsAs },
+  ): { weights: Weights; inputs: Map<string, Tensor> } {
     const p = opts.prefix ?? '';
     const inputs = new Map<string, Tensor>();
     const kernels = new Map<string, QuantizedLinearTensors>();
+    const how: QuantizedLinearDeclaration = opts.inline ? { inline: true } : { scaleDtype: opts.dtype, initializer: opts.quantizedWeights === 'initializers' };
     for (const spec of paramSpecs(this.config)) {
       if (opts.skip?.includes(spec.name)) continue;
       const q = this.layers.get(spec.name);
       if (q) {
-        const t = declareQuantizedLinear(g, p + spec.name, kernelLayout(q), opts.inline ? { inline: true } : { scaleDtype: opts.dtype });
+        const t = declareQuantizedLinear(g, p + spec.name, kernelLayout(q), how);
         kernels.set(spec.name, t);
         for (const x of [t.b, 'scales' in t ? t.scales : t.absmax, 'zeroPoints' in t ? t.zeroPoints : undefined]) if (x) inputs.set(x.name, x);
       } else {
@@ -142,7 +150,7 @@ export class QuantizedModel {
     }
     let head: { name: string; t: QuantizedLinearTensors } | undefined;
     if (this.lmHead && !opts.skip?.includes(this.lmHead.name)) {
-      const t = declareQuantizedLinear(g, `${p}${HEAD_PREFIX}${this.lmHead.name}`, kernelLayout(this.lmHead.matrix), opts.inline ? { inline: true } : { scaleDtype: opts.dtype });
+      const t = declareQuantizedLinear(g, `${p}${HEAD_PREFIX}${this.lmHead.name}`, kernelLayout(this.lmHead.matrix), how);
       for (const x of [t.b, 'scales' in t ? t.scales : t.absmax, 'zeroPoints' in t ? t.zeroPoints : undefined]) if (x) inputs.set(x.name, x);
       head = { name: this.lmHead.name, t };
     }
@@ -165,8 +173,13 @@ export class QuantizedModel {
     return { weights, inputs };
   }
 
-  /** The tensors {@link graphWeights} declares (names after `prefix`), uploaded to `device`: dense parameters and scales in `dtype`, codes as uint8. */
-  deviceTensors(device: Device, dtype: DType, prefix = ''): Map<string, DeviceTensor> {
+  /**
+   * The tensors {@link graphWeights} declares as inputs (names after `prefix`), uploaded to
+   * `device`: dense parameters and scales in `dtype`, codes as uint8. With `quantizedWeights:
+   * 'initializers'` the kernel tensors are in the graphs, so only the dense parameters are uploaded.
+   */
+  deviceTensors(device: Device, dtype: DType, prefix = '', opts: { quantizedWeights?: QuantizedWeightsAs } = {}): Map<string, DeviceTensor> {
+    const kernelTensors = opts.quantizedWeights !== 'initializers';
     const out = new Map<string, DeviceTensor>();
     const upload = (name: string, data: Float32Array | Uint8Array, shape: number[], dt: DType) => {
       const host = data instanceof Uint8Array ? data : dt === 'bfloat16' ? toBfloat16Bits(data) : dt === 'float16' ? toFloat16Bits(data) : data;
@@ -176,14 +189,51 @@ export class QuantizedModel {
       for (const spec of paramSpecs(this.config)) {
         const q = this.layers.get(spec.name);
         if (!q) upload(spec.name, this.dense.get(spec.name)!, spec.shape, dtype);
-        else for (const s of kernelTensorSpecs(spec.name, kernelLayout(q), dtype)) upload(s.name, s.data, s.shape, s.dtype);
+        else if (kernelTensors) for (const s of kernelTensorSpecs(spec.name, kernelLayout(q), dtype)) upload(s.name, s.data, s.shape, s.dtype);
       }
-      if (this.lmHead) for (const s of kernelTensorSpecs(`${HEAD_PREFIX}${this.lmHead.name}`, kernelLayout(this.lmHead.matrix), dtype)) upload(s.name, s.data, s.shape, s.dtype);
+      if (this.lmHead && kernelTensors) for (const s of kernelTensorSpecs(`${HEAD_PREFIX}${this.lmHead.name}`, kernelLayout(this.lmHead.matrix), dtype)) upload(s.name, s.data, s.shape, s.dtype);
     } catch (e) {
       for (const t of out.values()) t.dispose();
       throw e;
     }
     return out;
+  }
+
+  /**
+   * What a generator over this frozen model needs (KvCacheGenerator.create(device, config,
+   * tensors, { graphWeights, session, … })). On CUDA with MatMulNBits layers (INT8, INT4) and a
+   * 16-bit dtype, by default the kernel tensors are initializers of the generation graphs and ONNX
+   * Runtime's fused weight-only GEMM is on (session config {@link FPA_INTB_GEMM_CONFIG}); elsewhere
+   * (CPU, NF4 — MatMulBnb4 has no prepacked path — or `mode: 'dequantize'`) they are bound inputs.
+   * Each session then holds its own prepacked copy of the quantized weights (prefill and decode:
+   * twice the quantized bytes); `tensors` holds the rest. Dispose `tensors` after the generator.
+   */
+  generation(device: Device, dtype: DType, opts: { quantizedWeights?: QuantizedWeightsAs; fusedGemm?: boolean; mode?: QuantizedMatmulMode } = {}): QuantizedGeneration {
+    const mode = opts.mode ?? 'kernel';
+    const plan = this.generationPlan(device.kind, dtype, opts);
+    return {
+      ...plan,
+      tensors: this.deviceTensors(device, dtype, '', { quantizedWeights: plan.quantizedWeights }),
+      graphWeights: (g) => this.graphWeights(g, { dtype, mode, quantizedWeights: plan.quantizedWeights }).weights,
+      session: plan.fusedGemm ? { config: { [FPA_INTB_GEMM_CONFIG]: '1' } } : {},
+    };
+  }
+
+  /** How {@link generation} reads the weights on a device of `kind` in `dtype` (its defaults, or `opts` checked). */
+  generationPlan(kind: DeviceKind, dtype: DType, opts: { quantizedWeights?: QuantizedWeightsAs; fusedGemm?: boolean; mode?: QuantizedMatmulMode } = {}): Pick<QuantizedGeneration, 'quantizedWeights' | 'fusedGemm' | 'fusedLayers'> {
+    const nbits = this.nbitsLayouts();
+    const eligible = nbits.filter((l) => !fusedGemmIneligibility(l.attrs, dtype)).length;
+    const fusable = kind === 'cuda' && (opts.mode ?? 'kernel') === 'kernel' && eligible > 0;
+    const quantizedWeights = opts.quantizedWeights ?? (fusable ? 'initializers' : 'inputs');
+    const fusedGemm = opts.fusedGemm ?? (fusable && quantizedWeights === 'initializers');
+    if (fusedGemm && quantizedWeights !== 'initializers') throw new Error(`generation: the fused weight-only GEMM needs quantizedWeights 'initializers' (ONNX Runtime prepacks only initializers; bound inputs fail at the first run)`);
+    return { quantizedWeights, fusedGemm, fusedLayers: fusedGemm ? eligible : 0 };
+  }
+
+  /** The MatMulNBits layouts of the quantized layers and head (INT8, INT4). */
+  private nbitsLayouts(): NBitsLayout[] {
+    const all = [...this.layers.values(), ...(this.lmHead ? [this.lmHead.matrix] : [])].map(kernelLayout);
+    return all.filter((l): l is NBitsLayout => l.op === 'MatMulNBits');
   }
 
   /** Bits per parameter and the layers padded to whole blocks. `denseBits`: the dense parameters' storage (default 16). */
@@ -211,6 +261,23 @@ export class QuantizedModel {
       ...(this.lmHead ? { lmHead: { format: this.lmHead.scheme.format, bytes: storedBytes(this.lmHead.matrix) } } : {}),
     };
   }
+}
+
+/** Where a graph reads a quantized model's kernel tensors: bound inputs (default) or initializers holding the bytes. */
+export type QuantizedWeightsAs = 'inputs' | 'initializers';
+
+/** See {@link QuantizedModel.generation}. */
+export interface QuantizedGeneration {
+  /** The device tensors the graphs read as inputs, by name (the caller disposes them). */
+  tensors: Map<string, DeviceTensor>;
+  graphWeights: (g: Graph) => Weights;
+  /** Session options for the generator's sessions (the fused path's config entry, when on). */
+  session: SessionOptions;
+  quantizedWeights: QuantizedWeightsAs;
+  /** Whether ONNX Runtime's fused weight-only GEMM is asked for. */
+  fusedGemm: boolean;
+  /** Projections that can take the fused path (the rest run ORT's other MatMulNBits paths). */
+  fusedLayers: number;
 }
 
 /** Graph-name prefix of the quantized LM head's kernel tensors (beside the dense head of the same HF name). */
