@@ -3,17 +3,27 @@
  * (default Qwen3-0.6B's) or a model folder, and each format (the dense compute dtype, int8, int4,
  * nf4, nf4 with double quantization), the weight memory on the device, decode tokens/s of the
  * KV-cache generator at each batch size, and KL(dense ‖ quantized) of next-token distributions on
- * tokens the dense model generated greedily. `--fpa` repeats the decode timings of int8/int4 with
- * ONNX Runtime's fused weight-only GEMM ("fpA_intB", session config ep.cuda.fpa_intb_gemm = 1);
- * running the whole script with ORT_FPA_INTB_GEMM=1 in the environment turns it on everywhere.
+ * tokens the dense model generated greedily.
+ * `--weights bound,initializers` times each quantized format's decode both ways in the same call:
+ * `bound`, the kernel tensors as graph inputs bound to device buffers (ONNX Runtime dequantizes B
+ * into scratch + cuBLAS at M > 1); `initializers`, held by the generation graphs so ORT prepacks
+ * them, with its fused weight-only GEMM/GEMV ("fpA_intB", session config ep.cuda.fpa_intb_gemm = 1)
+ * on for the INT4/INT8 projections that can take it (QuantizedModel.generation); and
+ * `initializers-plain`, initializers with the fused path off (what holding them alone changes).
+ * NF4 (MatMulBnb4 has no prepacked path) runs `bound` only. Before the timings a probe says whether
+ * this ORT build's fused path is live: one MatMulNBits node with the path on over bound inputs must
+ * refuse (it needs prepacked weights) and over initializers must match the dequantized product.
+ * Run with ORT_FPA_INTB_DEBUG=1 for ORT to print each fused call's kernel (GEMV or CUTLASS) where
+ * the build has that switch (`--probe` runs the probe on the CPU too). `--fpa` (older) repeats the bound timings with the fused path asked for.
  *
  * usage: node quant-bench.js [--preset qwen3-0.6b|qwen3-1.7b|tiny-qwen3 | --model DIR] [--device cuda|cpu]
  *          [--dtype bfloat16] [--formats dense,int8,int4,nf4,nf4dq] [--batches 1,16,256] [--prompt-len 64]
  *          [--new 128] [--repeat 2] [--int4-block 64] [--mode kernel|dequantize] [--fpa] [--no-cuda-graph]
  *          [--kl-prompts 16] [--kl-new 64] [--kl-batch 4] [--lm-head none|int8|int4|nf4] [--seed 0]
+ *          [--weights bound,initializers,initializers-plain] [--probe]
  * --lm-head: the quantized formats also read the LM head (the tied embedding) through an extra
  * quantized copy (int4 with --int4-block); the dense model's head stays bf16.
- * Prints one JSON line per (format, batch[, fpa]) decode measurement, one per format with its KL,
+ * Prints the probe's line, one JSON line per (format, weights, batch[, fpa]) decode measurement, one per format with its KL,
  * and a last summary line with every number and the ratios to the dense baseline.
  */
 import { spawnSync } from 'node:child_process';
@@ -21,9 +31,23 @@ import { resolve } from 'node:path';
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, MODEL_PRESETS, paramSpecs, type DecoderConfig, type Weights } from '@lathe/models';
-import { addDistributionShift, QuantizedModel, SHIFT_IO, ShiftAccumulator, type QuantScheme, type ShiftSummary } from '@lathe/quantization';
+import {
+  addDistributionShift,
+  FPA_INTB_GEMM_CONFIG,
+  kernelLayout,
+  matMulNBits,
+  QuantizedModel,
+  quantizeInt4,
+  SHIFT_IO,
+  ShiftAccumulator,
+  dequantize,
+  type NBitsLayout,
+  type QuantScheme,
+  type QuantizedWeightsAs,
+  type ShiftSummary,
+} from '@lathe/quantization';
 import { KvCacheGenerator, type Completion } from '@lathe/rollout';
-import { Device, type DeviceTensor, type SessionOptions } from '@lathe/runtime';
+import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor, type HostTensor, type SessionOptions } from '@lathe/runtime';
 import { arg, flag } from '../argv';
 
 const SCHEMES: Record<string, QuantScheme | undefined> = {
@@ -51,6 +75,13 @@ function gpuUsedMiB(): number | undefined {
   return r.status === 0 ? Number(r.stdout.trim().split('\n')[0]) : undefined;
 }
 
+/** How a decode run reads the quantized kernel tensors (see the header). */
+const WEIGHT_MODES: Record<string, { as: QuantizedWeightsAs; fused: boolean }> = {
+  bound: { as: 'inputs', fused: false },
+  initializers: { as: 'initializers', fused: true },
+  'initializers-plain': { as: 'initializers', fused: false },
+};
+
 const bytesOf = (ts: Iterable<DeviceTensor>) => [...ts].reduce((n, t) => n + t.byteLength, 0);
 
 async function main(): Promise<void> {
@@ -59,6 +90,8 @@ async function main(): Promise<void> {
   const formats = arg('formats', 'dense,int8,int4,nf4').split(',');
   for (const f of formats) if (!(f in SCHEMES)) throw new Error(`--formats: unknown format '${f}' (${Object.keys(SCHEMES).join(', ')})`);
   const batches = arg('batches', '1,16,256').split(',').map(Number);
+  const weightModes = arg('weights', 'bound,initializers').split(',');
+  for (const w of weightModes) if (!(w in WEIGHT_MODES)) throw new Error(`--weights: unknown mode '${w}' (${Object.keys(WEIGHT_MODES).join(', ')})`);
   const promptLen = Number(arg('prompt-len', '64'));
   const newTokens = Number(arg('new', '128'));
   const repeat = Number(arg('repeat', '2'));
@@ -80,6 +113,8 @@ async function main(): Promise<void> {
   const config = source.config;
   const host = source.float32Weights();
   const shape = arg('model', '') || arg('preset', 'qwen3-0.6b');
+  const probe = device.kind === 'cuda' || flag('probe') ? await probeFusedPath(device, dtype) : { fused_path: 'not probed (CUDA only; --probe runs it here)' };
+  console.log(JSON.stringify({ probe: true, ...probe }));
   console.error(`quant-bench: ${shape} weights ready in ${((performance.now() - t0) / 1000).toFixed(1)} s; ${device.kind} ${dtype}; formats ${formats.join(', ')}; batches ${batches.join(', ')}`);
 
   const next = tokens(seed + 1, config.vocabSize);
@@ -107,6 +142,7 @@ async function main(): Promise<void> {
     const quantizeS = (performance.now() - q0) / 1000;
     const tensors = model.deviceTensors(device, dtype);
     const graphWeights = (g: L.Graph): Weights => model.graphWeights(g, { dtype, mode }).weights;
+    const modes = scheme && scheme.format !== 'nf4' ? weightModes : ['bound'];
     const projections = [...tensors].filter(([n]) => /_proj\.weight/.test(n)).map(([, t]) => t);
     const denseProjBytes = paramSpecs(config).filter((s) => /_proj\.weight$/.test(s.name)).reduce((n, s) => n + s.shape[0] * s.shape[1] * L.dtypeBytes(dtype), 0);
     const row: Record<string, unknown> = {
@@ -120,13 +156,27 @@ async function main(): Promise<void> {
       decode: [] as unknown[],
     };
     try {
-      for (const fpa of scheme && scheme.format !== 'nf4' && flag('fpa') ? [false, true] : [false]) {
-        const session: SessionOptions = fpa ? { config: { 'ep.cuda.fpa_intb_gemm': '1' } } : {};
-        for (const B of batches) {
-          const m = await decodeRate(device, config, tensors, graphWeights, decodePrompts.get(B)!, { dtype, newTokens, repeat, cudaGraph, session });
-          const line = { format: f, batch: B, fpa, ...m };
+      for (const weights of modes) {
+        const wm = WEIGHT_MODES[weights];
+        // The bound runs reuse the uploaded tensors; the others hold the kernel tensors in their graphs.
+        const plan = weights === 'bound' ? undefined : model.generation(device, dtype, { quantizedWeights: wm.as, fusedGemm: wm.fused, mode });
+        try {
+          for (const fpa of weights === 'bound' && scheme && scheme.format !== 'nf4' && flag('fpa') ? [false, true] : [false]) {
+            const session: SessionOptions = plan ? plan.session : fpa ? { config: { [FPA_INTB_GEMM_CONFIG]: '1' } } : {};
+            for (const B of batches) {
+              const m = await decodeRate(device, config, plan?.tensors ?? tensors, plan?.graphWeights ?? graphWeights, decodePrompts.get(B)!, { dtype, newTokens, repeat, cudaGraph, session });
+              const line = { format: f, weights, batch: B, fpa: fpa || Boolean(plan?.fusedGemm), fused_layers: plan?.fusedLayers ?? 0, ...m };
+              console.log(JSON.stringify(line));
+              (row.decode as unknown[]).push(line);
+            }
+          }
+        } catch (e) {
+          // One mode failing (e.g. the fused path refusing on this build) leaves the others' numbers.
+          const line = { format: f, weights, error: (e as Error).message.slice(-800) };
           console.log(JSON.stringify(line));
           (row.decode as unknown[]).push(line);
+        } finally {
+          for (const t of plan?.tensors.values() ?? []) t.dispose();
         }
       }
       row.gpu_used_mib = gpuUsedMiB();
@@ -146,15 +196,96 @@ async function main(): Promise<void> {
     results.push(row);
   }
   const base = results.find((r) => r.format === 'dense');
-  const rate = (r: Record<string, unknown>, B: number, fpa = false) => (r.decode as { batch: number; fpa: boolean; decode_tok_s: number }[] | undefined)?.find((d) => d.batch === B && d.fpa === fpa)?.decode_tok_s;
+  type DecodeLine = { batch: number; weights: string; fpa: boolean; decode_tok_s: number };
+  const rate = (r: Record<string, unknown>, B: number, weights: string, fpa: boolean) => (r.decode as DecodeLine[] | undefined)?.find((d) => d.batch === B && d.weights === weights && d.fpa === fpa)?.decode_tok_s;
   const speedup = Object.fromEntries(
-    results.filter((r) => r !== base && base).map((r) => [r.format, Object.fromEntries(batches.map((B) => [B, { plain: ratio(rate(r, B), rate(base!, B)), fpa: ratio(rate(r, B, true), rate(base!, B)) }]))]),
+    results
+      .filter((r) => r !== base && base)
+      .map((r) => {
+        const lines = (r.decode as DecodeLine[]).filter((d) => d.decode_tok_s !== undefined);
+        const keys = [...new Set(lines.map((d) => `${d.weights}${d.weights === 'bound' && d.fpa ? '+fpa' : ''}`))];
+        const byKey = Object.fromEntries(
+          keys.map((k) => {
+            const [weights, fpaTag] = k.split('+');
+            const fpa = fpaTag === 'fpa' || (weights !== 'bound' && WEIGHT_MODES[weights].fused);
+            return [k, Object.fromEntries(batches.map((B) => [B, ratio(rate(r, B, weights, fpa), rate(base!, B, 'bound', false))]))];
+          }),
+        );
+        return [r.format, byKey];
+      }),
   );
-  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, lm_head: lmHeadArg, results, speedup_vs_dense: speedup }));
+  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, lm_head: lmHeadArg, results, speedup_vs_dense: speedup }));
 }
 
 function ratio(a: number | undefined, b: number | undefined): number | null {
   return a && b ? +(a / b).toFixed(3) : null;
+}
+
+/**
+ * Whether this ORT build's fused weight-only GEMM is live: one MatMulNBits node (INT4, N = K = 512,
+ * block 64, M = 16) with the path asked for, over bound inputs (the fused path refuses: nothing was
+ * prepacked) and over initializers (it must run and match x · dequant(W)ᵀ computed on the host).
+ */
+async function probeFusedPath(device: Device, dtype: DType): Promise<Record<string, unknown>> {
+  const N = 512;
+  const K = 512;
+  const M = 16;
+  const w = new Float32Array(N * K).map((_, i) => Math.sin(i * 0.37) * 0.05);
+  const x = new Float32Array(M * K).map((_, i) => Math.cos(i * 0.11));
+  const q = quantizeInt4(w, N, K, { blockSize: 64 });
+  const l = kernelLayout(q) as NBitsLayout;
+  const toHost = (a: Float32Array) => (dtype === 'bfloat16' ? toBfloat16Bits(a) : dtype === 'float16' ? toFloat16Bits(a) : a);
+  const fromHost = (a: Uint16Array | Float32Array) => (a instanceof Float32Array ? a : dtype === 'bfloat16' ? fromBfloat16Bits(a) : fromFloat16Bits(a));
+  // the host reference over the activations as the device sees them (rounded to dtype)
+  const xr = fromHost(toHost(x));
+  const wd = dequantize(q);
+  const want = new Float32Array(M * N);
+  for (let m = 0; m < M; m++) for (let n = 0; n < N; n++) {
+    let acc = 0;
+    for (let k = 0; k < K; k++) acc += xr[m * K + k] * wd[n * K + k];
+    want[m * N + n] = acc;
+  }
+  const run = async (as: QuantizedWeightsAs) => {
+    const g = new L.Graph(`fpa_probe_${as}`);
+    const a = g.input('x', dtype, [M, K]);
+    const bytes = (d: Uint8Array | Uint16Array | Float32Array) => new Uint8Array(d.buffer, d.byteOffset, d.byteLength);
+    const decl = (name: string, dt: DType, shape: number[], data: Uint8Array | Uint16Array | Float32Array) => (as === 'initializers' ? g.initializer(name, dt, shape, { kind: 'inline', bytes: bytes(data) }) : g.input(name, dt, shape));
+    const b = decl('b', 'uint8', [...l.bShape], l.b);
+    const s = decl('scales', dtype, [N, l.bShape[1]], toHost(l.scales));
+    g.output(L.cast(matMulNBits(a, b, s, undefined, l.attrs), 'float32'), 'y');
+    const session = device.compile(g, { name: g.name, config: { [FPA_INTB_GEMM_CONFIG]: '1' } });
+    try {
+      const feeds: Record<string, HostTensor> = { x: { data: toHost(x), dims: [M, K] } };
+      if (as === 'inputs') Object.assign(feeds, { b: { data: l.b, dims: [...l.bShape] }, scales: { data: toHost(l.scales), dims: [N, l.bShape[1]] } });
+      const out = await session.run(feeds);
+      return out.y.data as Float32Array;
+    } finally {
+      session.dispose();
+    }
+  };
+  const result: Record<string, unknown> = {};
+  try {
+    await run('inputs');
+    result.bound_inputs = 'ran (the fused path was not taken: this build or node does not use it, or it does not need prepacking)';
+  } catch (e) {
+    result.bound_inputs = `refused: ${(e as Error).message.slice(-300)}`;
+  }
+  try {
+    const y = await run('initializers');
+    let err = 0;
+    let scale = 0;
+    for (let i = 0; i < y.length; i++) {
+      err = Math.max(err, Math.abs(y[i] - want[i]));
+      scale = Math.max(scale, Math.abs(want[i]));
+    }
+    result.initializers = { ran: true, max_abs_err: +err.toExponential(3), max_abs_value: +scale.toFixed(4) };
+  } catch (e) {
+    result.initializers = { ran: false, error: (e as Error).message.slice(-500) };
+  }
+  // Live: bound inputs refused for want of prepacking, and the initializer node ran to the right values.
+  const init = result.initializers as { ran: boolean; max_abs_err?: number; max_abs_value?: number };
+  result.fused_path = String(result.bound_inputs).startsWith('refused') && init.ran && init.max_abs_err! < 0.02 * init.max_abs_value! ? 'live' : 'not observed';
+  return result;
 }
 
 interface DecodeOptions {
