@@ -5,3 +5,4 @@ export * from './loss';
 export * from './label';
 export * from './metrics';
 export * from './labeller';
+export * from './sessions';

@@ -5,11 +5,11 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
-import { chunkedLogprobsAndEntropy, decoderHidden, lmLogits, paramSpecs, weightInputs, type DecoderConfig } from '@lathe/models';
-import type { Device, DeviceTensor, Session } from '@lathe/runtime';
+import { chunkedLogprobsAndEntropy, decoderHidden, lmLogits, weightInputs, type DecoderConfig } from '@lathe/models';
+import type { Device } from '@lathe/runtime';
 import type { CriticBins, CriticEstimate } from './bins';
-import { criticTreeProbs } from './loss';
-import { padTreeBatch, treeEstimates, treeRow, type TreeRow } from './label';
+import { treeRow } from './label';
+import { ReferenceCriticSessions, type ModelWeights } from './sessions';
 
 /** One trajectory to label. */
 export interface LabelInput {
@@ -69,8 +69,8 @@ export function referenceCandidatesGraph(config: DecoderConfig, compute: DType, 
 /** Options of {@link CriticLabeller.open}. */
 export interface CriticLabellerOptions {
   device: Device;
-  critic: { config: DecoderConfig; weights: Map<string, Float32Array> };
-  reference: { config: DecoderConfig; weights: Map<string, Float32Array> };
+  critic: ModelWeights;
+  reference: ModelWeights;
   bins: CriticBins;
   /** Keep candidates with p ≥ minP · p_max. */
   minP: number;
@@ -84,21 +84,14 @@ export interface CriticLabellerOptions {
 export class CriticLabeller {
   private constructor(
     private readonly opts: CriticLabellerOptions,
-    private readonly refSession: Session,
-    private readonly criticSession: Session,
-    private readonly refWeights: Record<string, DeviceTensor>,
-    private readonly criticWeights: Record<string, DeviceTensor>,
+    private readonly sessions: ReferenceCriticSessions,
   ) {}
 
   /** Compiles both graphs and uploads both models' weights once. */
   static open(opts: CriticLabellerOptions): CriticLabeller {
     const compute = opts.compute ?? 'float32';
-    const ref = referenceCandidatesGraph(opts.reference.config, compute, opts.maxCandidates);
-    const critic = new L.Graph('critic_tree');
-    critic.output(criticTreeProbs(critic, opts.critic.config, opts.bins, weightInputs(critic, opts.critic.config, 'float32', compute).weights), 'cell_probs');
-    const upload = (m: { config: DecoderConfig; weights: Map<string, Float32Array> }) =>
-      Object.fromEntries(paramSpecs(m.config).map((s) => [s.name, opts.device.upload({ data: m.weights.get(s.name)!, dims: s.shape })]));
-    return new CriticLabeller(opts, opts.device.compile(ref), opts.device.compile(critic), upload(opts.reference), upload(opts.critic));
+    const referenceGraph = referenceCandidatesGraph(opts.reference.config, compute, opts.maxCandidates);
+    return new CriticLabeller(opts, ReferenceCriticSessions.open({ device: opts.device, reference: opts.reference, critic: opts.critic, referenceGraph, bins: opts.bins, compute, padId: opts.padId }));
   }
 
   /** The reference policy's min-p candidates and their log-probs, and its entropy, at every output position of each input. */
@@ -109,7 +102,7 @@ export class CriticLabeller {
     const ids = new BigInt64Array(B * T).fill(BigInt(this.opts.padId));
     const mask = new BigInt64Array(B * T);
     seqs.forEach((s, b) => s.forEach((id, t) => ((ids[b * T + t] = BigInt(id)), (mask[b * T + t] = 1n))));
-    const out = await this.refSession.run({ ...this.refWeights, input_ids: { data: ids, dims: [B, T] }, attention_mask: { data: mask, dims: [B, T] } });
+    const out = await this.sessions.reference({ input_ids: { data: ids, dims: [B, T] }, attention_mask: { data: mask, dims: [B, T] } });
     const K = out.top_logprobs.dims[2];
     const values = out.top_logprobs.data as Float32Array;
     const top = out.top_ids.data as BigInt64Array;
@@ -127,9 +120,7 @@ export class CriticLabeller {
 
   /** The critic's estimates for the realised tokens and the given candidates, one tree pass for the batch. */
   async score(inputs: readonly LabelInput[], candidates: readonly (readonly (readonly number[])[])[]): Promise<{ realised: CriticEstimate[]; candidates: CriticEstimate[][] }[]> {
-    const rows: TreeRow[] = inputs.map((x, b) => treeRow(x.criticPrefix, x.output, candidates[b]));
-    const out = await this.criticSession.run({ ...this.criticWeights, ...padTreeBatch(rows, this.opts.padId) });
-    return rows.map((row, b) => treeEstimates(this.opts.bins, out.cell_probs.data as Float32Array, out.cell_probs.dims, row, b));
+    return this.sessions.estimates(inputs.map((x, b) => treeRow(x.criticPrefix, x.output, candidates[b])));
   }
 
   /** Labels of each input: candidates from the reference policy, then one critic pass. */
@@ -153,8 +144,6 @@ export class CriticLabeller {
 
   /** Releases the sessions and the uploaded weights. */
   dispose(): void {
-    this.refSession.dispose();
-    this.criticSession.dispose();
-    for (const t of [...Object.values(this.refWeights), ...Object.values(this.criticWeights)]) t.dispose();
+    this.sessions.dispose();
   }
 }

@@ -8,17 +8,15 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
-import { decoderHidden, lmLogits, paramSpecs, weightInputs, type DecoderConfig } from '@lathe/models';
-import type { Device, DeviceTensor, Session } from '@lathe/runtime';
-import { criticTreeProbs, gridShape, minPCandidates, padTreeBatch, treeEstimates, type CriticBins, type TreeRow } from '@lathe/critic';
+import { decoderHidden, lmLogits, weightInputs, type DecoderConfig } from '@lathe/models';
+import type { Device } from '@lathe/runtime';
+import { gridShape, minPCandidates, ReferenceCriticSessions, type CriticBins, type ModelWeights, type TreeRow } from '@lathe/critic';
 import type { CandidateEstimate, Candidates, StepModels } from './sampler';
 import { allocateCaches, cacheLengths, compileCachedGraphs, openCachedSession, type CacheBuffers, type CachedGraphs } from './cached';
 
 /** A model's config and float32 weights, with the name errors use for it (e.g. its folder). */
-export interface NamedModel {
+export interface NamedModel extends ModelWeights {
   name: string;
-  config: DecoderConfig;
-  weights: Map<string, Float32Array>;
 }
 
 /**
@@ -97,10 +95,7 @@ export class QWeightedModels implements StepModels {
 
   private constructor(
     private readonly opts: QWeightedModelsOptions,
-    private readonly refSession: Session,
-    private readonly criticSession: Session,
-    private readonly refWeights: Record<string, DeviceTensor>,
-    private readonly criticWeights: Record<string, DeviceTensor>,
+    private readonly sessions: ReferenceCriticSessions,
   ) {
     if (opts.kvCache ?? true) {
       this.open = async (rows, score, limits) => {
@@ -131,8 +126,8 @@ export class QWeightedModels implements StepModels {
               graphs: this.cached,
               referenceConfig: opts.reference.config,
               criticConfig: opts.critic.config,
-              referenceWeights: refWeights,
-              criticWeights: criticWeights,
+              referenceWeights: sessions.referenceWeights,
+              criticWeights: sessions.criticWeights,
               referenceCaches: caches('reference', opts.reference.config),
               criticCaches: score ? caches('critic', opts.critic.config) : undefined,
               bins: opts.bins,
@@ -173,16 +168,13 @@ export class QWeightedModels implements StepModels {
       ref.output(indices, 'top_ids');
       ref.output(L.entropy(logits), 'entropies');
     }
-    const critic = new L.Graph('extract_critic_tree');
-    critic.output(criticTreeProbs(critic, opts.critic.config, opts.bins, weightInputs(critic, opts.critic.config, 'float32', compute).weights), 'cell_probs');
-    const upload = (m: NamedModel) => Object.fromEntries(paramSpecs(m.config).map((s) => [s.name, opts.device.upload({ data: m.weights.get(s.name)!, dims: s.shape })]));
-    return new QWeightedModels(opts, opts.device.compile(ref), opts.device.compile(critic), upload(opts.reference), upload(opts.critic));
+    return new QWeightedModels(opts, ReferenceCriticSessions.open({ device: opts.device, reference: opts.reference, critic: opts.critic, referenceGraph: ref, criticName: 'extract_critic_tree', bins: opts.bins, compute, padId: opts.padId }));
   }
 
   /** The reference policy's min-p candidates after each sequence; ids of the critic's grid (spare embedding rows, never text) are dropped. */
   async candidates(sequences: readonly (readonly number[])[]): Promise<Candidates[]> {
     for (const [i, s] of sequences.entries()) if (!s.length) throw new Error(`Q-weighted sampling: sequence ${i} is empty (the first token is predicted from the prompt)`);
-    const out = await this.refSession.run({ ...this.refWeights, ...lastTokenBatch(sequences, this.opts.padId) });
+    const out = await this.sessions.reference(lastTokenBatch(sequences, this.opts.padId));
     const K = out.top_ids.dims[1];
     const values = out.top_logprobs.data as Float32Array;
     const top = out.top_ids.data as BigInt64Array;
@@ -202,9 +194,7 @@ export class QWeightedModels implements StepModels {
 
   /** Q and expected remaining length of each candidate after each prefix: one critic pass over all rows. */
   async estimates(prefixes: readonly (readonly number[])[], candidates: readonly (readonly number[])[]): Promise<CandidateEstimate[][]> {
-    const rows = prefixes.map((p, b) => nextTokenTreeRow(p, candidates[b]));
-    const out = await this.criticSession.run({ ...this.criticWeights, ...padTreeBatch(rows, this.opts.padId) });
-    return rows.map((row, b) => treeEstimates(this.opts.bins, out.cell_probs.data as Float32Array, out.cell_probs.dims, row, b).candidates[0]);
+    return (await this.sessions.estimates(prefixes.map((p, b) => nextTokenTreeRow(p, candidates[b])))).map((e) => e.candidates[0]);
   }
 
   /** The device memory the pooled KV caches hold (bytes). */
@@ -221,9 +211,7 @@ export class QWeightedModels implements StepModels {
   dispose(): void {
     this.releasePool('reference');
     this.releasePool('critic');
-    this.refSession.dispose();
-    this.criticSession.dispose();
     if (this.cached) for (const session of Object.values(this.cached)) session.dispose();
-    for (const t of [...Object.values(this.refWeights), ...Object.values(this.criticWeights)]) t.dispose();
+    this.sessions.dispose();
   }
 }

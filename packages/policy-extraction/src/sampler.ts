@@ -11,6 +11,7 @@
  * engine's sampler walks the vocabulary: with τ = ∞ a sample is token for token the engine's min-p
  * sample of the same seed and key.
  */
+import type { TokenLabels } from '@lathe/critic';
 import { uniformAt } from '@lathe/rollout';
 import { drawIndex, targetProbs, validateTau } from './target';
 
@@ -99,19 +100,13 @@ export interface QSamplingOptions {
   onStep?(tokens: number, done: number, total: number): void;
 }
 
-/** One sample with what each of its tokens was drawn from. */
-export interface QSample {
+/**
+ * One sample with what each of its tokens was drawn from: a labelled trajectory's columns, per drawn
+ * token (the Q and remaining length of the drawn token, its step's candidates with theirs, the
+ * reference's next-token entropy; a remaining length or entropy NaN where the models give none).
+ */
+export interface QSample extends TokenLabels {
   output: number[];
-  /** Q of the drawn token at each step. */
-  token_q_values: number[];
-  /** The critic's expected remaining length after the drawn token (NaN when the models give none). */
-  token_remaining: number[];
-  candidate_ids: number[][];
-  candidate_q_values: number[][];
-  candidate_remaining: number[][];
-  candidate_ref_logprobs: number[][];
-  /** The reference policy's next-token entropy at each step (NaN when the models give none). */
-  token_entropies: number[];
   finish_reason: 'stop' | 'length';
 }
 
