@@ -1,9 +1,8 @@
 /**
- * The CUDA C++ of Lathe's flash attention (FlashAttention-2's algorithm), compiled by NVRTC. Tensor
- * cores through `nvcuda::wmma` (bf16/fp16 16×16×16 fragments, fp32 accumulators): fragments are
- * loaded from and stored to shared memory, and every elementwise step (masking, softmax, dS) reads
- * plain shared-memory tiles, so no fragment layout is assumed — the simplest tensor-core form to
- * get right without a device at hand.
+ * The CUDA C++ of Lathe's flash attention (FlashAttention-2's algorithm), compiled by NVRTC. The
+ * forward uses `mma.sync` PTX with fragments in registers; the backward uses `nvcuda::wmma` (bf16/fp16
+ * 16×16×16 fragments, fp32 accumulators) loaded from and stored to shared memory, every elementwise
+ * step (masking, dS) reading plain shared-memory tiles, so it assumes no fragment layout.
  *
  * Layouts are GroupQueryAttention's: q/out [B, S, H, D], k/v [B, S, KV, D] (contiguous), right-padded
  * rows of length seqlens_k[b] + 1, causal; the log-sum-exp and D = rowsum(dO ∘ O) are fp32 [B, H, S].
@@ -11,11 +10,13 @@
  * and the backward gives them no gradient.
  *
  * Kernels (T = bf16 or fp16, D = 64 or 128; names `<kernel>_<bf16|fp16>_d<D>`):
- * - `flash_fwd`: a CTA per (64 query rows, head, batch row). Pass 1 computes each row's max and sum
- *   of exp over the key tiles (the log-sum-exp), pass 2 accumulates exp(s − lse)·V in wmma
- *   accumulators: two passes over QKᵀ instead of rescaling O online, because a wmma accumulator's
- *   rows cannot be rescaled without knowing its layout.
- * - `flash_lse`: pass 1 alone (the log-sum-exp), for the backward after GroupQueryAttention's forward.
+ * - `flash_fwd`: one pass, a CTA per (64 query rows, head, batch row), with `mma.sync` PTX instead of
+ *   wmma because the online softmax must rescale O's accumulator rows, whose layout wmma hides (the
+ *   PTX m16n8k16 layouts are fixed): Q's fragments in registers, K/V tiles double-buffered by
+ *   cp.async and read by ldmatrix, S and O in fp32 accumulators, P passed from S's accumulators to
+ *   P·V's operand in registers, O and the log-sum-exp written once.
+ * - `flash_lse`: the same loop without V (the log-sum-exp alone, the same bits), for the backward
+ *   after GroupQueryAttention's forward.
  * - `flash_bwd_pre`: D per row, and zeroes the fp32 dQ accumulator.
  * - `flash_bwd`: a CTA per (64 keys, KV head, batch row), looping over the G query heads of the KV
  *   head and the query tiles at or below the diagonal: P rebuilt from the log-sum-exp, dS = P ∘ (dP − D)
@@ -36,10 +37,12 @@ export const FLASH_HEAD_DIMS = [64, 128] as const;
 /** Element types with a build, by dtype name, with their C type and kernel-name suffix. */
 export const FLASH_TYPES = { bfloat16: { c: '__nv_bfloat16', suffix: 'bf16' }, float16: { c: '__half', suffix: 'fp16' } } as const;
 
-/** Dynamic shared memory of a forward CTA (bytes): Q, K, V tiles, scores, P and a per-warp scratch. */
+/**
+ * Dynamic shared memory of a forward CTA (bytes): the Q tile (O's staging at the end) and two
+ * buffers each of K and V — 85 KB at head size 128, so two CTAs fit an sm_90 SM.
+ */
 export function flashForwardSmem(headDim: number): number {
-  const ldt = headDim + 8;
-  return (FLASH_BM + 2 * FLASH_BN) * ldt * 2 + FLASH_BM * (FLASH_BN + 4) * 4 + FLASH_BM * (FLASH_BN + 8) * 2 + (FLASH_THREADS / 32) * 256 * 4;
+  return (FLASH_BM + 4 * FLASH_BN) * (headDim + 8) * 2;
 }
 
 /**
@@ -120,96 +123,217 @@ __device__ __forceinline__ void tile_scores(const T* a, const T* bt, float* out,
   }
 }
 
-// LSE_ONLY: pass 1 alone, for a backward after a forward that keeps no log-sum-exp (GroupQueryAttention's).
+// The forward's primitives: cp.async copies, ldmatrix loads, mma.sync m16n8k16 and ex2 (test/emulation/emu.h
+// defines FA_EMULATION and gives CPU versions with the same per-lane fragment layouts).
+#ifndef FA_EMULATION
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// 16 bytes global → shared without a register round trip; pred false writes 16 zero bytes (src unread).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Four 8×8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, register i gets its fragment.
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+// The same, each matrix transposed.
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+template <typename T> struct MmaType;
+template <> struct MmaType<__nv_bfloat16> { static constexpr bool bf16 = true; };
+template <> struct MmaType<__half> { static constexpr bool bf16 = false; };
+// d (16×8 fp32) += a (16×16, row) · b (16×8, col), the PTX fragment layouts.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  if constexpr (MmaType<T>::bf16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+#endif
+
+// Two values rounded to T, packed low-first as one 32-bit fragment register.
+template <typename T>
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  const T a = from_f<T>(lo), b = from_f<T>(hi);
+  return (unsigned)*reinterpret_cast<const unsigned short*>(&a) | ((unsigned)*reinterpret_cast<const unsigned short*>(&b) << 16);
+}
+
+// Rows [r0, r0 + ROWS) of head 'head' of x [B, S, heads, D] into the tile t [ROWS][D + 8] by cp.async; rows
+// at or past 'limit' are zero-filled, so masked products stay finite.
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void async_tile(T* t, const T* x, int b, int r0, int limit, int S, int heads, int head) {
+  const int LDT = D + 8;
+  const int PER_ROW = D / 8;
+  for (int idx = threadIdx.x; idx < ROWS * PER_ROW; idx += THREADS) {
+    const int r = idx / PER_ROW, c = (idx % PER_ROW) * 8;
+    const int row = r0 + r;
+    const bool in = row < limit;
+    cp_async16(t + r * LDT + c, in ? x + (((i64)b * S + row) * heads + head) * D + c : x, in);
+  }
+}
+
+// FlashAttention-2's forward in one pass: a CTA per (BM query rows, head, batch row), 4 warps of 16 rows.
+// Q's fragments stay in registers; K/V tiles are double-buffered by cp.async; S = QKᵀ and O live in
+// mma.sync accumulators, so the online softmax (running max and sum, fp32) rescales O in registers and
+// P goes from S's accumulator layout straight into the A operand of P·V. Key tiles past the causal
+// limit are never loaded; only the diagonal and ragged-end tiles are masked element by element.
+// LSE_ONLY: the log-sum-exp alone, for a backward after a forward that keeps none (GroupQueryAttention's).
 template <typename T, int D, bool LSE_ONLY>
 __device__ __forceinline__ void flash_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const int* __restrict__ seqlens_k,
                                           T* __restrict__ o, float* __restrict__ lse, int S, int H, int KV, float scale) {
-  const int LDT = D + 8;
+  constexpr int LDT = D + 8;  // 272-byte rows at D = 128: ldmatrix's 8 row addresses fall in 8 distinct bank groups
   FA_SHARED(smem);
   T* Qs = reinterpret_cast<T*>(smem);
-  T* Ks = Qs + BM * LDT;
-  T* Vs = Ks + BN * LDT;
-  float* Ss = reinterpret_cast<float*>(Vs + BN * LDT);
-  T* Ps = reinterpret_cast<T*>(Ss + BM * LDS);
-  float* scratch = reinterpret_cast<float*>(Ps + BM * LDP);
+  T* Ks = Qs + BM * LDT;      // [2][BN][LDT]
+  T* Vs = Ks + 2 * BN * LDT;  // [2][BN][LDT]
 
-  const int m0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z;
+  const int m0 = (gridDim.x - 1 - blockIdx.x) * BM;  // the longest (last) query tiles start first under the causal mask
+  const int h = blockIdx.y, b = blockIdx.z;
   const int kvh = h / (H / KV);
-  const int len = seqlens_k[b] + 1;
+  const int len = min(seqlens_k[b] + 1, S);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // Each lane owns one of its warp's 16 rows and half of each key tile's columns.
-  const int r = lane & 15, half = lane >> 4;
-  const int rr = warp * 16 + r, i = m0 + rr;
-  const bool row_valid = i < len;
-  const int kEnd = m0 < len ? min(m0 + BM, len) : 0;  // the tile's queries see keys j <= i < len (none: all padding)
+  const int g = lane >> 2, t4 = lane & 3;
+  const int i0 = m0 + warp * 16 + g, i1 = i0 + 8;  // the lane's two rows (fragment rows g and g + 8)
+  const int nTiles = m0 < len ? (min(m0 + BM, len) + BN - 1) / BN : 0;  // keys j <= i < len; none for an all-padding tile
+  const float sl2 = scale * 1.4426950408889634f;  // exp(x · scale) = 2^(x · sl2)
 
-  load_tile<T, D, BM>(Qs, q, b, m0, len, S, H, h);
-  // Pass 1: the row's max and sum of exp over all its keys → log-sum-exp.
-  float mrow = neg_inf(), lrow = 0.0f;
-  for (int n0 = 0; n0 < kEnd; n0 += BN) {
-    __syncthreads();  // the previous tile's readers are done with Ks
-    load_tile<T, D, BN>(Ks, k, b, n0, len, S, KV, kvh);
-    __syncthreads();
-    tile_scores<T, D>(Qs, Ks, Ss, warp);
-    __syncwarp();
-    float tmax = neg_inf();
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
-      const int j = n0 + c;
-      if (row_valid && j <= i) tmax = fmaxf(tmax, Ss[rr * LDS + c] * scale);
-    }
-    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 16));
-    const float mnew = fmaxf(mrow, tmax);
-    float tsum = 0.0f;
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
-      const int j = n0 + c;
-      if (row_valid && j <= i) tsum += __expf(Ss[rr * LDS + c] * scale - mnew);
-    }
-    tsum += __shfl_xor_sync(0xffffffffu, tsum, 16);
-    if (mnew != neg_inf()) {
-      lrow = (mrow == neg_inf() ? 0.0f : lrow * __expf(mrow - mnew)) + tsum;
-      mrow = mnew;
-    }
-    __syncwarp();  // Ss is rewritten by the next tile
-  }
-  const float lse_i = row_valid ? mrow + logf(lrow) : 0.0f;  // a valid row sees key 0, so lrow >= 1
-  if (half == 0 && i < S) lse[((i64)b * H + h) * S + i] = lse_i;
+  float acc[LSE_ONLY ? 1 : D / 8][4];
   if constexpr (!LSE_ONLY) {
-    // Pass 2: O = Σ exp(s − lse) · V, in wmma accumulators (warp's 16 rows × D).
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[D / 16];
-    for (int t = 0; t < D / 16; ++t) wmma::fill_fragment(acc[t], 0.0f);
-    for (int n0 = 0; n0 < kEnd; n0 += BN) {
-      __syncthreads();
-      load_tile<T, D, BN>(Ks, k, b, n0, len, S, KV, kvh);
-      load_tile<T, D, BN>(Vs, v, b, n0, len, S, KV, kvh);
-      __syncthreads();
-      tile_scores<T, D>(Qs, Ks, Ss, warp);
-      __syncwarp();
-      for (int c = half * 32; c < half * 32 + 32; ++c) {
-        const int j = n0 + c;
-        const float p = (row_valid && j <= i) ? __expf(Ss[rr * LDS + c] * scale - lse_i) : 0.0f;
-        Ps[rr * LDP + c] = from_f<T>(p);
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.0f;
+  }
+  float mr0 = neg_inf(), mr1 = neg_inf(), lr0 = 0.0f, lr1 = 0.0f;  // raw-score max; the lane's part of the sum
+  unsigned qf[D / 16][4];
+
+  if (nTiles > 0) {
+    async_tile<T, D, BM>(Qs, q, b, m0, len, S, H, h);
+    async_tile<T, D, BN>(Ks, k, b, 0, len, S, KV, kvh);
+    if constexpr (!LSE_ONLY) async_tile<T, D, BN>(Vs, v, b, 0, len, S, KV, kvh);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) ldsm_x4(qf[kc], Qs + (warp * 16 + (lane & 15)) * LDT + kc * 16 + (lane >> 4) * 8);
+  }
+  const int mi = lane >> 3, mr = lane & 7;  // ldmatrix: the matrix this lane addresses, and its row there
+  for (int t = 0; t < nTiles; ++t) {
+    const int n0 = t * BN;
+    const T* Kt = Ks + (t & 1) * BN * LDT;
+    const T* Vt = Vs + (t & 1) * BN * LDT;
+    if (t + 1 < nTiles) {  // the other buffer was released by the previous iteration's barrier
+      async_tile<T, D, BN>(Ks + ((t + 1) & 1) * BN * LDT, k, b, n0 + BN, len, S, KV, kvh);
+      if constexpr (!LSE_ONLY) async_tile<T, D, BN>(Vs + ((t + 1) & 1) * BN * LDT, v, b, n0 + BN, len, S, KV, kvh);
+      cp_async_commit();
+    }
+    float s[BN / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) {
+#pragma unroll
+      for (int np = 0; np < BN / 16; ++np) {
+        // matrices: keys +0..7 / +8..15 (mi / 2) × head dims +0..7 / +8..15 (mi % 2) → b0, b1 of two key octets
+        unsigned kb[4];
+        ldsm_x4(kb, Kt + (np * 16 + (mi >> 1) * 8 + mr) * LDT + kc * 16 + (mi & 1) * 8);
+        mma16816<T>(s[2 * np], qf[kc], kb[0], kb[1]);
+        mma16816<T>(s[2 * np + 1], qf[kc], kb[2], kb[3]);
       }
-      __syncwarp();
-      for (int kk = 0; kk < BN; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fp;
-        wmma::load_matrix_sync(fp, Ps + warp * 16 * LDP + kk, LDP);
-        for (int t = 0; t < D / 16; ++t) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fv;
-          wmma::load_matrix_sync(fv, Vs + kk * LDT + t * 16, LDT);
-          wmma::mma_sync(acc[t], fp, fv, acc[t]);
+    }
+    if (n0 + BN - 1 > m0 || n0 + BN > len) {  // the diagonal tile or the row's ragged end
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = n0 + nt * 8 + 2 * t4 + (e & 1), i = e < 2 ? i0 : i1;
+          if (j > i || i >= len) s[nt][e] = neg_inf();
+        }
+    }
+    float mx0 = mr0, mx1 = mr1;
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) {
+      mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+      mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float base0 = mx0 == neg_inf() ? 0.0f : mx0 * sl2, base1 = mx1 == neg_inf() ? 0.0f : mx1 * sl2;  // a fully masked row stays 0, not NaN
+    const float al0 = fast_exp2(mr0 * sl2 - base0), al1 = fast_exp2(mr1 * sl2 - base1);
+    mr0 = mx0;
+    mr1 = mx1;
+    lr0 *= al0;
+    lr1 *= al1;
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) {
+      s[nt][0] = fast_exp2(fmaf(s[nt][0], sl2, -base0));
+      s[nt][1] = fast_exp2(fmaf(s[nt][1], sl2, -base0));
+      s[nt][2] = fast_exp2(fmaf(s[nt][2], sl2, -base1));
+      s[nt][3] = fast_exp2(fmaf(s[nt][3], sl2, -base1));
+      lr0 += s[nt][0] + s[nt][1];
+      lr1 += s[nt][2] + s[nt][3];
+    }
+    if constexpr (!LSE_ONLY) {
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        acc[dt][0] *= al0;
+        acc[dt][1] *= al0;
+        acc[dt][2] *= al1;
+        acc[dt][3] *= al1;
+      }
+#pragma unroll
+      for (int kc = 0; kc < BN / 16; ++kc) {
+        // S's accumulators of key octets 2kc and 2kc + 1 are exactly P's A fragment for keys 16kc..16kc + 15
+        const unsigned pa[4] = {pack2<T>(s[2 * kc][0], s[2 * kc][1]), pack2<T>(s[2 * kc][2], s[2 * kc][3]), pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          // transposed matrices: keys +0..7 / +8..15 (mi % 2) × head dims +0..7 / +8..15 (mi / 2) → b0, b1 of two dim octets
+          unsigned vb[4];
+          ldsm_x4_t(vb, Vt + (kc * 16 + (mi & 1) * 8 + mr) * LDT + dp * 16 + (mi >> 1) * 8);
+          mma16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
+          mma16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
         }
       }
     }
-    // O through a per-warp 16×16 scratch (padding rows written as 0).
-    float* sc = scratch + warp * 256;
-    for (int t = 0; t < D / 16; ++t) {
-      wmma::store_matrix_sync(sc, acc[t], 16, wmma::mem_row_major);
-      __syncwarp();
-      for (int e = lane; e < 256; e += 32) {
-        const int row = m0 + warp * 16 + e / 16;
-        if (row < S) o[(((i64)b * S + row) * H + h) * D + t * 16 + e % 16] = from_f<T>(row < len ? sc[e] : 0.0f);
-      }
-      __syncwarp();
+    cp_async_wait_all();
+    __syncthreads();  // the next tile has landed, and every warp is done with this one's buffers
+  }
+  lr0 += __shfl_xor_sync(0xffffffffu, lr0, 1);
+  lr0 += __shfl_xor_sync(0xffffffffu, lr0, 2);
+  lr1 += __shfl_xor_sync(0xffffffffu, lr1, 1);
+  lr1 += __shfl_xor_sync(0xffffffffu, lr1, 2);
+  const bool v0 = i0 < len, v1 = i1 < len;  // a valid row sees key 0, so its sum is >= 1
+  if (t4 == 0) {
+    if (i0 < S) lse[((i64)b * H + h) * S + i0] = v0 ? mr0 * scale + logf(lr0) : 0.0f;
+    if (i1 < S) lse[((i64)b * H + h) * S + i1] = v1 ? mr1 * scale + logf(lr1) : 0.0f;
+  }
+  if constexpr (!LSE_ONLY) {
+    // O / sum (0 at padding rows) through the warp's own rows of the Q tile, then 16-byte stores
+    const float inv0 = v0 ? 1.0f / lr0 : 0.0f, inv1 = v1 ? 1.0f / lr1 : 0.0f;
+    T* Os = Qs + warp * 16 * LDT;
+    __syncwarp();
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      *reinterpret_cast<unsigned*>(Os + g * LDT + dt * 8 + 2 * t4) = pack2<T>(acc[dt][0] * inv0, acc[dt][1] * inv0);
+      *reinterpret_cast<unsigned*>(Os + (g + 8) * LDT + dt * 8 + 2 * t4) = pack2<T>(acc[dt][2] * inv1, acc[dt][3] * inv1);
+    }
+    __syncwarp();
+    for (int e = lane; e < 16 * (D / 8); e += 32) {
+      const int r = e / (D / 8), c = (e % (D / 8)) * 8;
+      const int row = m0 + warp * 16 + r;
+      if (row < S) *reinterpret_cast<uint4*>(o + (((i64)b * S + row) * H + h) * D + c) = *reinterpret_cast<const uint4*>(Os + r * LDT + c);
     }
   }
 }

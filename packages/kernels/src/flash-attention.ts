@@ -158,7 +158,7 @@ export class FlashAttention {
   }
 
   /**
-   * Queues the log-sum-exp alone (the forward's first pass) into `lse`: for the backward after a
+   * Queues the log-sum-exp alone (the forward's loop without V: the same bits) into `lse`: for the backward after a
    * forward that keeps none (GroupQueryAttention's).
    */
   logSumExp(shape: FlashAttentionShape, a: { q: Ptr; k: Ptr; seqlensK: Ptr; lse: Ptr }, stream?: Handle): void {
@@ -268,7 +268,7 @@ export interface FlashAttentionOps {
    * Causal attention of right-padded rows, output [B, S, H·D] (0 at padding rows), differentiable
    * in query, key and value. `mode` `kernels`: the kernels' forward and backward. `backward`:
    * GroupQueryAttention's forward (ONNX Runtime's flash kernel) and the kernels' backward, which
-   * recomputes the log-sum-exp (the forward's first pass) since that forward keeps none.
+   * recomputes the log-sum-exp (the forward's loop without V) since that forward keeps none.
    */
   attend(x: FlashAttendInputs, heads: { numHeads: number; kvNumHeads: number }, mode?: FlashAttentionMode): Tensor;
   /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */

@@ -62,3 +62,7 @@ test('fp16, head size 128, four query heads per KV head, a row shorter than one 
 test('bf16, head size 128, no grouping, a row of length 1 (attends only itself)', () => {
   expectClose(run(2, 20, 2, 2, 128, 'bf16', [1, 20]), 'bf16');
 }, 60_000);
+
+test('bf16, head size 64, GQA 2: four key tiles (the K/V double buffers swap three times, the online softmax rescales O) beside a row ending mid-tile', () => {
+  expectClose(run(2, 200, 2, 1, 64, 'bf16', [200, 131]), 'bf16');
+}, 60_000);

@@ -1,7 +1,9 @@
 // A CPU stand-in for the CUDA subset Lathe's flash-attention kernels use, so their indexing, masking
 // and synchronization can be tested without a GPU: every CUDA thread of a block is a std::thread,
 // __syncthreads and __syncwarp are barriers, warp shuffles go through a per-warp exchange slot, and
-// wmma fragments hold their whole 16x16 tile in every lane (computed redundantly, stored by lane 0).
+// wmma fragments hold their whole 16x16 tile in every lane (computed redundantly, stored by lane 0);
+// ldmatrix and mma.sync exchange lanes' addresses and registers through a per-warp slot array and
+// give each lane the PTX fragment layout's elements; cp.async copies at once.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -21,6 +23,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 #define FA_SHARED(name) unsigned char* name = emu::t_smem
+#define FA_EMULATION 1
 
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
@@ -30,6 +33,7 @@ inline thread_local unsigned char* t_smem;
 inline thread_local std::barrier<>* t_block;
 inline thread_local std::barrier<>* t_warp;
 inline thread_local float* t_exchange;  // the warp's 32 shuffle slots
+inline thread_local uint64_t* t_slots;  // the warp's 32 × 8 register slots (ldmatrix, mma.sync)
 inline thread_local unsigned t_lane;
 }  // namespace emu
 inline thread_local dim3 blockIdx, threadIdx, blockDim, gridDim;
@@ -91,6 +95,68 @@ inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, 
 }
 }}  // namespace nvcuda::wmma
 
+// The forward's PTX primitives (see the kernel source's FA_EMULATION block), lane by lane.
+inline unsigned __cvta_generic_to_shared(const void* p) { return unsigned(reinterpret_cast<uintptr_t>(p)); }
+inline void cp_async16(void* dst, const void* src, bool pred) {
+  if (pred) std::memcpy(dst, src, 16);
+  else std::memset(dst, 0, 16);
+}
+inline void cp_async_commit() {}
+inline void cp_async_wait_all() {}
+inline float fast_exp2(float x) { return std::exp2(x); }
+inline uint16_t emu_lo(unsigned r) { return uint16_t(r & 0xffffu); }
+inline uint16_t emu_hi(unsigned r) { return uint16_t(r >> 16); }
+// Every lane's row address in, each lane's (row lane/4, columns 2(lane%4), +1) of matrix i out (transposed: column lane/4, rows 2(lane%4), +1).
+inline void emu_ldsm(unsigned (&r)[4], const void* p, bool trans) {
+  emu::t_slots[emu::t_lane * 8] = reinterpret_cast<uintptr_t>(p);
+  emu::t_warp->arrive_and_wait();
+  const unsigned g = emu::t_lane >> 2, t = emu::t_lane & 3;
+  for (int i = 0; i < 4; ++i) {
+    uint16_t e[2];
+    for (int k = 0; k < 2; ++k) {
+      const uint16_t* row = reinterpret_cast<const uint16_t*>(emu::t_slots[(8 * i + (trans ? 2 * t + k : g)) * 8]);
+      e[k] = row[trans ? g : 2 * t + k];
+    }
+    r[i] = unsigned(e[0]) | (unsigned(e[1]) << 16);
+  }
+  emu::t_warp->arrive_and_wait();
+}
+inline void ldsm_x4(unsigned (&r)[4], const void* p) { emu_ldsm(r, p, false); }
+inline void ldsm_x4_t(unsigned (&r)[4], const void* p) { emu_ldsm(r, p, true); }
+template <typename T> inline float emu_bits_to_float(uint16_t b) { T x; std::memcpy(&x, &b, 2); return emu_to_float(x); }
+// d += a · b with m16n8k16's layouts: a{0..3} = (g, 2t..), (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..);
+// b{0,1} = (k 2t.., n g), (k 2t + 8.., n g); d = (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1).
+template <typename T>
+inline void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  uint64_t* mine = emu::t_slots + emu::t_lane * 8;
+  for (int i = 0; i < 4; ++i) mine[i] = a[i];
+  mine[4] = b0;
+  mine[5] = b1;
+  emu::t_warp->arrive_and_wait();
+  float A[16][16], B[16][8];
+  for (unsigned l = 0; l < 32; ++l) {
+    const uint64_t* x = emu::t_slots + l * 8;
+    const unsigned g = l >> 2, t = l & 3;
+    for (int i = 0; i < 4; ++i) {
+      const unsigned row = g + (i & 1) * 8, col = 2 * t + (i >> 1) * 8;
+      A[row][col] = emu_bits_to_float<T>(emu_lo(unsigned(x[i])));
+      A[row][col + 1] = emu_bits_to_float<T>(emu_hi(unsigned(x[i])));
+    }
+    for (int i = 0; i < 2; ++i) {
+      B[2 * t + i * 8][g] = emu_bits_to_float<T>(emu_lo(unsigned(x[4 + i])));
+      B[2 * t + i * 8 + 1][g] = emu_bits_to_float<T>(emu_hi(unsigned(x[4 + i])));
+    }
+  }
+  emu::t_warp->arrive_and_wait();
+  const unsigned g = emu::t_lane >> 2, t = emu::t_lane & 3;
+  for (int e = 0; e < 4; ++e) {
+    const unsigned row = g + (e >> 1) * 8, col = 2 * t + (e & 1);
+    float s = d[e];
+    for (int k = 0; k < 16; ++k) s += A[row][k] * B[k][col];
+    d[e] = s;
+  }
+}
+
 namespace emu {
 // Runs `kernel` over a grid, one block at a time, each block's threads concurrently.
 inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::function<void()>& kernel) {
@@ -104,6 +170,7 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::fu
         std::barrier<> block(threads);
         std::vector<std::unique_ptr<std::barrier<>>> warps;
         std::vector<float> exchange(threads);
+        std::vector<uint64_t> slots(size_t(threads) * 8);
         for (unsigned w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - 32 * w)));
         std::vector<std::thread> pool;
         for (unsigned t = 0; t < threads; ++t)
@@ -116,6 +183,7 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::fu
             t_block = &block;
             t_warp = warps[t / 32].get();
             t_exchange = exchange.data() + (t / 32) * 32;
+            t_slots = slots.data() + (t / 32) * 32 * 8;
             t_lane = t % 32;
             kernel();
           });
