@@ -155,6 +155,8 @@ async function main(): Promise<void> {
       lm_head: scheme ? lmHeadArg : 'dense',
       decode: [] as unknown[],
     };
+    // The bound run's greedy tokens per batch: the other modes' agreement with them checks their numerics.
+    const boundTokens = new Map<number, Completion[]>();
     try {
       for (const weights of modes) {
         const wm = WEIGHT_MODES[weights];
@@ -164,8 +166,11 @@ async function main(): Promise<void> {
           for (const fpa of weights === 'bound' && scheme && scheme.format !== 'nf4' && flag('fpa') ? [false, true] : [false]) {
             const session: SessionOptions = plan ? plan.session : fpa ? { config: { [FPA_INTB_GEMM_CONFIG]: '1' } } : {};
             for (const B of batches) {
-              const m = await decodeRate(device, config, plan?.tensors ?? tensors, plan?.graphWeights ?? graphWeights, decodePrompts.get(B)!, { dtype, newTokens, repeat, cudaGraph, session });
-              const line = { format: f, weights, batch: B, fpa: fpa || Boolean(plan?.fusedGemm), fused_layers: plan?.fusedLayers ?? 0, ...m };
+              const { completions, ...m } = await decodeRate(device, config, plan?.tensors ?? tensors, plan?.graphWeights ?? graphWeights, decodePrompts.get(B)!, { dtype, newTokens, repeat, cudaGraph, session });
+              if (weights === 'bound' && !fpa) boundTokens.set(B, completions);
+              const bound = boundTokens.get(B);
+              const agreement = weights !== 'bound' && bound ? agreementWith(bound, completions) : undefined;
+              const line = { format: f, weights, batch: B, fpa: fpa || Boolean(plan?.fusedGemm), fused_layers: plan?.fusedLayers ?? 0, ...m, ...(agreement ? { agreement_with_bound: agreement } : {}) };
               console.log(JSON.stringify(line));
               (row.decode as unknown[]).push(line);
             }
@@ -186,6 +191,20 @@ async function main(): Promise<void> {
         const kl = await withReference((reference) => shift(device, config, dense, model, reference, tensors, klSet, tokens, { dtype, mode, batch: klBatch }));
         row.kl = kl;
         console.log(JSON.stringify({ format: f, kl }));
+        // The same KL with the quantized side read as generation reads it (initializers, fused path
+        // on where it applies): a scoring graph at M = batch × length, so the fused GEMM's numerics.
+        const fusedMode = modes.find((w) => w !== 'bound');
+        if (fusedMode) {
+          const wm = WEIGHT_MODES[fusedMode];
+          const plan = model.generationPlan(device.kind, dtype, { quantizedWeights: wm.as, fusedGemm: wm.fused, mode });
+          try {
+            const klInit = await withReference((reference) => shift(device, config, dense, model, reference, tensors, klSet, tokens, { dtype, mode, batch: klBatch, quantizedWeights: plan.quantizedWeights, fusedGemm: plan.fusedGemm }));
+            row.kl_initializers = { weights: fusedMode, ...klInit };
+          } catch (e) {
+            row.kl_initializers = { weights: fusedMode, error: (e as Error).message.slice(-800) };
+          }
+          console.log(JSON.stringify({ format: f, kl_initializers: row.kl_initializers }));
+        }
       }
     } catch (e) {
       row.error = (e as Error).message.slice(0, 500);
@@ -302,11 +321,11 @@ async function decodeRate(device: Device, config: DecoderConfig, tensors: Readon
   const gen = KvCacheGenerator.create(device, config, tensors, { temperature: 0, rows: B, maxLength: prompts[0].length + o.newTokens, dtype: o.dtype, cudaGraph: o.cudaGraph, graphWeights, session: o.session });
   try {
     const call = { maxNewTokens: o.newTokens, seed: 1 };
-    await gen.generate(prompts, call);
+    let last = await gen.generate(prompts, call);
     let best = { decodeMs: Infinity, decodeSteps: 0, prefillMs: 0, totalMs: 0 };
     for (let i = 0; i < o.repeat; i++) {
       const s = performance.now();
-      await gen.generate(prompts, call);
+      last = await gen.generate(prompts, call);
       const t = gen.lastTimings;
       if (t.decodeMs < best.decodeMs) best = { decodeMs: t.decodeMs, decodeSteps: t.decodeSteps, prefillMs: t.prefillMs, totalMs: performance.now() - s };
     }
@@ -317,10 +336,27 @@ async function decodeRate(device: Device, config: DecoderConfig, tensors: Readon
       ms_per_step: +(best.decodeMs / best.decodeSteps).toFixed(3),
       prefill_ms: +best.prefillMs.toFixed(1),
       total_ms: +best.totalMs.toFixed(1),
+      completions: last,
     };
   } finally {
     gen.dispose();
   }
+}
+
+/** How far `got`'s greedy tokens follow `want`'s: the share of rows whose first token agrees, and the mean agreeing prefix as a share of the tokens. */
+function agreementWith(want: Completion[], got: Completion[]): { first_token: number; prefix: number } {
+  let first = 0;
+  let prefix = 0;
+  let total = 0;
+  want.forEach((w, i) => {
+    const g = got[i]?.tokens ?? [];
+    let n = 0;
+    while (n < w.tokens.length && n < g.length && g[n] === w.tokens[n]) n++;
+    if (n > 0) first++;
+    prefix += n;
+    total += w.tokens.length;
+  });
+  return { first_token: +(first / want.length).toFixed(3), prefix: +(prefix / Math.max(total, 1)).toFixed(3) };
 }
 
 /** The dense model's greedy continuations of `prompts` (the tokens the KL is measured on). */
@@ -343,14 +379,16 @@ async function shift(
   tensors: ReadonlyMap<string, DeviceTensor>,
   prompts: number[][],
   completions: Completion[],
-  o: { dtype: DType; mode: 'kernel' | 'dequantize'; batch: number },
+  o: { dtype: DType; mode: 'kernel' | 'dequantize'; batch: number; quantizedWeights?: QuantizedWeightsAs; fusedGemm?: boolean },
 ): Promise<ShiftSummary> {
   const g = new L.Graph('quant_bench_shift');
-  addDistributionShift(g, config, dense.graphWeights(g, { dtype: o.dtype, prefix: 'original/' }).weights, quantized.graphWeights(g, { dtype: o.dtype, prefix: 'quantized/', mode: o.mode }).weights);
-  const session = device.compile(g, { name: g.name });
+  addDistributionShift(g, config, dense.graphWeights(g, { dtype: o.dtype, prefix: 'original/' }).weights, quantized.graphWeights(g, { dtype: o.dtype, prefix: 'quantized/', mode: o.mode, quantizedWeights: o.quantizedWeights }).weights);
+  const session = device.compile(g, { name: g.name, ...(o.fusedGemm ? { config: { [FPA_INTB_GEMM_CONFIG]: '1' } } : {}) });
   const weights: Record<string, DeviceTensor> = {};
+  const inputs = new Set(session.inputs.map((i) => i.name));
   for (const [n, t] of reference) weights[n] = t;
-  for (const [n, t] of tensors) weights[`quantized/${n}`] = t;
+  // With initializers the graph holds the kernel tensors: bind only what it reads as inputs.
+  for (const [n, t] of tensors) if (inputs.has(`quantized/${n}`)) weights[`quantized/${n}`] = t;
   const acc = new ShiftAccumulator();
   try {
     for (let s = 0; s < completions.length; s += o.batch) {
