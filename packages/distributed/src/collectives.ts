@@ -8,7 +8,7 @@
  * The host-side operations (`allReduceHost`, `allGatherBytes`) carry small values — losses,
  * metrics, config digests, rewards — and every backend has them.
  */
-import type { DeviceTensor } from '@lathe/runtime';
+import { fromBfloat16Bits, toBfloat16Bits, type DeviceTensor } from '@lathe/runtime';
 
 /** How values from the ranks combine: their sum, or their mean. */
 export type ReduceOp = 'sum' | 'avg';
@@ -35,7 +35,10 @@ export interface Collectives {
   readonly backend: string;
   /** What ended the group (a peer's death or abort), once something has; watched by long waits. */
   readonly failure?: Error;
-  /** Reduces each tensor over the ranks, in place (float32). Tensors may be reduced as one bucket. */
+  /**
+   * Reduces each tensor over the ranks, in place (float32, or bfloat16 summed as NCCL sums it: each
+   * addition of two values rounded to bfloat16). Tensors may be reduced as one bucket.
+   */
   allReduce(tensors: readonly DeviceTensor[], op?: ReduceOp): Promise<void>;
   /** Reduces `input` (worldSize × output.size elements) over the ranks; rank r keeps chunk r in `output`. */
   reduceScatter(input: DeviceTensor, output: DeviceTensor, op?: ReduceOp): Promise<void>;
@@ -76,30 +79,30 @@ export abstract class HostCollectives implements Collectives {
 
   async allReduce(tensors: readonly DeviceTensor[], op: ReduceOp = 'sum'): Promise<void> {
     if (tensors.length === 0) return;
-    for (const t of tensors) if (t.dtype !== 'float32') throw new Error(`allReduce: ${t.describe()}: the host backends reduce float32 tensors`);
+    const dtype = reducible('allReduce', tensors, op);
     const bucket = new Float32Array(tensors.reduce((s, t) => s + t.size, 0));
     let at = 0;
     for (const t of tensors) {
-      bucket.set(t.download().data as Float32Array, at);
+      bucket.set(floats(t), at);
       at += t.size;
     }
-    const out = f32(await this.round(bytes(bucket), (parts) => bytes(reduceF32(parts, op, this.worldSize))));
+    const out = f32(await this.round(bytes(bucket), (parts) => bytes(reduceF32(parts, op, this.worldSize, dtype))));
     at = 0;
     for (const t of tensors) {
-      t.upload(out.subarray(at, at + t.size));
+      upload(t, out.subarray(at, at + t.size));
       at += t.size;
     }
   }
 
   async reduceScatter(input: DeviceTensor, output: DeviceTensor, op: ReduceOp = 'sum'): Promise<void> {
-    if (input.dtype !== 'float32' || output.dtype !== 'float32') throw new Error(`reduceScatter: ${input.describe()} → ${output.describe()}: the host backends reduce float32 tensors`);
+    const dtype = reducible('reduceScatter', [input, output], op);
     if (input.size !== output.size * this.worldSize) throw new Error(`reduceScatter: ${input.describe()} must hold worldSize (${this.worldSize}) × ${output.describe()}'s elements`);
     const n = output.size;
-    const out = await this.round(bytes(input.download().data as Float32Array), (parts) => {
-      const sum = reduceF32(parts, op, this.worldSize);
+    const out = await this.round(bytes(floats(input)), (parts) => {
+      const sum = reduceF32(parts, op, this.worldSize, dtype);
       return Array.from({ length: this.worldSize }, (_, r) => bytes(sum.slice(r * n, (r + 1) * n)));
     });
-    output.upload(f32(out));
+    upload(output, f32(out));
   }
 
   async allGather(input: DeviceTensor, output: DeviceTensor): Promise<void> {
@@ -190,14 +193,49 @@ function concat(parts: Uint8Array[]): Uint8Array {
   return out;
 }
 
-/** Float32 sums of the ranks' arrays in rank order (then divided by the world size for 'avg'). */
-function reduceF32(parts: Uint8Array[], op: ReduceOp, world: number): Float32Array {
+/**
+ * The dtype of tensors the host backends reduce: all float32, or all bfloat16 with 'sum' (NCCL's
+ * bfloat16 'avg' pre-scales each value, which these backends do not model).
+ */
+function reducible(what: string, tensors: readonly DeviceTensor[], op: ReduceOp): 'float32' | 'bfloat16' {
+  const dtype = tensors[0].dtype;
+  for (const t of tensors) {
+    if (t.dtype !== dtype || (dtype !== 'float32' && dtype !== 'bfloat16')) throw new Error(`${what}: ${tensors.map((x) => x.describe()).join(', ')}: the host backends reduce float32 tensors, or bfloat16 ones, not a mix`);
+  }
+  if (dtype === 'bfloat16' && op !== 'sum') throw new Error(`${what}: the host backends reduce bfloat16 tensors with 'sum' only`);
+  return dtype;
+}
+
+/** A float32 or bfloat16 tensor's values as float32 (bfloat16 widened exactly). */
+function floats(t: DeviceTensor): Float32Array {
+  const data = t.download().data;
+  return t.dtype === 'bfloat16' ? fromBfloat16Bits(data as Uint16Array) : (data as Float32Array);
+}
+
+/** Writes float32 values into a float32 or bfloat16 tensor (the values of a bfloat16 sum are already bfloat16). */
+function upload(t: DeviceTensor, values: Float32Array): void {
+  if (t.dtype === 'bfloat16') t.upload(toBfloat16Bits(values));
+  else t.upload(values);
+}
+
+/** `x` rounded to the nearest bfloat16 (ties to even), as a float32. */
+const bf16Round = (x: Float32Array): void => void fromBfloat16Bits(toBfloat16Bits(x), x);
+
+/**
+ * Float32 sums of the ranks' arrays in rank order (then divided by the world size for 'avg'). For
+ * bfloat16 every partial sum is rounded to bfloat16, as NCCL's reduction kernels add two bfloat16
+ * values and store a bfloat16 at each step (NVIDIA/nccl#1026: there is no float32 accumulator in
+ * transit); with two ranks that is bf16(a + b) whatever the algorithm, with more the ring's order
+ * of additions may differ from rank order.
+ */
+function reduceF32(parts: Uint8Array[], op: ReduceOp, world: number, dtype: 'float32' | 'bfloat16' = 'float32'): Float32Array {
   const first = f32(parts[0]);
   const sum = Float32Array.from(first);
   for (let r = 1; r < parts.length; r++) {
     const v = f32(parts[r]);
     if (v.length !== sum.length) throw new DistributedError(`allReduce: rank ${r} gave ${v.length} elements, rank 0 gave ${sum.length} (the ranks' tensors differ)`, r);
     for (let i = 0; i < v.length; i++) sum[i] += v[i];
+    if (dtype === 'bfloat16') bf16Round(sum);
   }
   if (op === 'avg') for (let i = 0; i < sum.length; i++) sum[i] /= world;
   return sum;

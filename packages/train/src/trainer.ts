@@ -18,7 +18,7 @@ import { TOTAL_LENGTH_INPUT } from '@lathe/models';
 import { fusedAdamWNode, type FusedAdamWNode } from './fused-adamw';
 import { biasCorrections } from './schedule';
 import { compileApply, compileGradients, compileTrainStep, stateNames, type TrainStepGraphs, type TrainStepSpec } from './train-step';
-import { shardLayout, paramShard, type ShardCollectives, type ShardSlot } from './zero';
+import { buildReduceCast, gradCastGraph, shardLayout, paramShard, type GradReduceDtype, type ReduceCast, type ShardCollectives, type ShardSlot } from './zero';
 
 /** A batch input: host data (copied at bind time) or a device tensor (bound by address). */
 export type BatchTensor = HostTensor | DeviceTensor;
@@ -72,6 +72,12 @@ export interface TrainerOptions {
    * `trainStepAsync`, checkpoints through `snapshotAsync` (every rank calls it). Replaces `onGradients`.
    */
   zero?: ShardCollectives;
+  /**
+   * The dtype gradients are reduced in between ranks (with `onGradients` or `zero`; zero.ts's
+   * `GradReduceDtype`): 'bfloat16' casts them to bfloat16 in one run before the hook or the
+   * reduce-scatter and back to float32 after it, halving the bytes sent. Default 'float32'.
+   */
+  gradReduceDtype?: GradReduceDtype;
 }
 
 /** The trained tensors' values and their AdamW first and second moments, by parameter name: what a resume restores beside its step counts. */
@@ -137,6 +143,8 @@ interface TrainerParts {
   zeroGradients?: Binding;
   /** TrainerOptions.onGradients. */
   onGradients?: (grads: Map<string, DeviceTensor>, sums: Float64Array) => Promise<void>;
+  /** TrainerOptions.gradReduceDtype 'bfloat16' with onGradients: the hook reduces bfloat16 copies of the gradients. */
+  reduceCast?: ReduceCast;
   /** The fused update's node (TrainerOptions.fusedAdamW): its domain outlives the sessions. */
   fused?: FusedAdamWNode;
   /** ZeRO-1's shards, collectives and runs (TrainerOptions.zero). */
@@ -240,6 +248,9 @@ export class Trainer {
     if (staticInputs && opts.onGradients) throw new Error('Trainer: cudaGraph / staticInputs run the step as one run, which leaves no place for onGradients');
     if (opts.zero && staticInputs) throw new Error('Trainer: zero (ZeRO-1) runs collectives between the backward and the update: it does not combine with cudaGraph / staticInputs');
     if (opts.zero && opts.onGradients) throw new Error('Trainer: zero (ZeRO-1) reduce-scatters the gradients itself: give it instead of onGradients, not both');
+    const lowReduce = (opts.gradReduceDtype ?? 'float32') === 'bfloat16';
+    if (opts.gradReduceDtype !== undefined && opts.gradReduceDtype !== 'float32' && opts.gradReduceDtype !== 'bfloat16') throw new Error(`Trainer: gradReduceDtype must be 'float32' or 'bfloat16', got '${String(opts.gradReduceDtype)}'`);
+    if (lowReduce && !opts.zero && !opts.onGradients) throw new Error("Trainer: gradReduceDtype 'bfloat16' is the dtype of a data-parallel gradient reduction: give onGradients or zero with it");
     if (opts.cudaGraph && device.kind !== 'cuda') throw new Error(`Trainer: cudaGraph: CUDA graphs need a CUDA device, got ${device.kind}`);
     if (opts.cudaGraph) sessionOpts.cudaGraph = true;
     if (fused) sessionOpts.customOpDomains = [...(sessionOpts.customOpDomains ?? []), fused.domain.handle];
@@ -336,10 +347,13 @@ export class Trainer {
             return b;
           }),
         );
-        return new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients, fused })
+        const reduceCast = lowReduce ? buildReduceCast(device, spec.params, grads, opts.session ?? {}) : undefined;
+        const t = new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients, reduceCast, fused })
           .own(accumulate)
           .own(apply)
           .own(zero);
+        for (const x of reduceCast?.sessions ?? []) t.own(x);
+        return t;
       })();
       return trainer;
     } catch (e) {
@@ -440,7 +454,13 @@ export class Trainer {
     const k = this.current;
     const acc = this.accumulateRuns(batches, k);
     const t0 = performance.now();
-    await hook(this.parts.grads![acc.j], acc.sums);
+    const cast = this.parts.reduceCast;
+    if (cast) {
+      // bfloat16 copies go over the wire; the sum comes back into the float32 buffer the update reads
+      cast.down[acc.j].runSync();
+      await hook(cast.low, acc.sums);
+      cast.up[acc.j].runSync();
+    } else await hook(this.parts.grads![acc.j], acc.sums);
     const hookMs = performance.now() - t0;
     const applied = this.applyRun(k, acc.j, lr);
     return this.adopt(k, { loss: acc.sums[0], gradNorm: applied.gradNorm, metrics: this.metricsOf(acc.sums), hostMs: acc.hostMs + applied.hostMs, runMs: acc.runMs + applied.runMs + hookMs });
@@ -665,6 +685,7 @@ export class Trainer {
       for (const t of [...z.grads.values(), ...z.gradShards[0].values(), ...z.gradShards[1].values(), ...(z.received?.values() ?? []), ...z.padded.values()]) n += t.byteLength;
     } else for (const set of this.parts.sets) for (const b of set.values()) n += b.p.byteLength + b.m.byteLength + b.v.byteLength;
     for (const g of this.parts.grads ?? []) for (const t of g.values()) n += t.byteLength;
+    for (const t of this.parts.reduceCast?.low.values() ?? []) n += t.byteLength;
     return n;
   }
 
@@ -675,6 +696,7 @@ export class Trainer {
     for (const s of this.sessions) s.dispose();
     for (const set of this.parts.sets) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
     for (const g of this.parts.grads ?? []) for (const t of g.values()) t.dispose();
+    for (const t of this.parts.reduceCast?.low.values() ?? []) t.dispose();
     if (this.parts.fixed) for (const t of [...Object.values(this.parts.fixed.scalars), ...Object.values(this.parts.fixed.outputs), ...this.parts.fixed.batch.values()]) t.dispose();
     if (this.parts.zero) disposeZero(this.parts.zero);
     this.parts.fused?.dispose();

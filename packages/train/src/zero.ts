@@ -14,7 +14,8 @@
  * The clip coefficient needs the global gradient norm: each rank sums the squares of its gradient
  * shards and the ranks add those sums, which covers every element exactly once.
  */
-import type { DeviceTensor } from '@lathe/runtime';
+import * as L from '@lathe/onnx';
+import type { Binding, Device, DeviceTensor, Session, SessionOptions } from '@lathe/runtime';
 import type { TrainableParam } from './train-step';
 
 /**
@@ -66,4 +67,83 @@ export function paramShard(full: Float32Array, slot: ShardSlot, rank: number): F
 /** Bytes of AdamW moments a rank keeps: its shards of m and v (one buffer set; the trainer keeps two). */
 export function shardedMomentBytes(layout: readonly ShardSlot[]): number {
   return layout.reduce((s, x) => s + 2 * 4 * x.shard, 0);
+}
+
+/**
+ * The dtype gradients cross between ranks in: float32, or bfloat16 (half the bytes; each rank's
+ * gradient rounded to bfloat16 and the sum kept in bfloat16, as NCCL adds bfloat16 values, then
+ * widened back to float32 for the update) — the trade of PyTorch DDP's `bf16_compress_hook`.
+ */
+export type GradReduceDtype = 'float32' | 'bfloat16';
+
+/** A gradient the casts read or write: its name, shape, and (ZeRO) the padded length it is sent as. */
+export interface CastSlot {
+  name: string;
+  shape: readonly number[];
+  /** Flatten and zero-pad to this many elements before the cast (ZeRO's worldSize × shard). */
+  padTo?: number;
+}
+
+/**
+ * One graph casting every slot's tensor (`in/<name>`) between float32 and bfloat16 (`out/<name>`),
+ * so the whole gradient is cast in one session run, one pass over its bytes. Narrowing rounds to
+ * nearest even (ONNX Cast); padding (float32 zeros, before the cast) flattens to `padTo` elements.
+ */
+export function gradCastGraph(name: string, slots: readonly CastSlot[], to: GradReduceDtype): L.Graph {
+  const from = to === 'bfloat16' ? 'float32' : 'bfloat16';
+  const g = new L.Graph(name);
+  for (const s of slots) {
+    let x = g.input(`in/${s.name}`, from, [...s.shape]);
+    const size = s.shape.reduce((a, b) => a * b, 1);
+    if (s.padTo !== undefined) {
+      x = L.reshape(x, [size]);
+      if (s.padTo > size) x = L.concat([x, L.expand(g.constant(0, from, []), [s.padTo - size])], 0);
+    }
+    g.output(L.cast(x, to), `out/${s.name}`);
+  }
+  return g;
+}
+
+/** The bfloat16 copies of the gradients an all-reduce sends, and the casts into (`down[j]`) and out of (`up[j]`) them, for each gradient buffer j. */
+export interface ReduceCast {
+  low: Map<string, DeviceTensor>;
+  down: Binding[];
+  up: Binding[];
+  sessions: Session[];
+}
+
+/**
+ * The casts around a bfloat16 all-reduce of the gradient buffers `grads` (the trainer's one or two
+ * sets, float32, by parameter name): bfloat16 buffers of the same shapes and, for each set, one run
+ * that narrows the set into them and one that widens them back into the set.
+ */
+export function buildReduceCast(device: Device, slots: readonly CastSlot[], grads: readonly Map<string, DeviceTensor>[], session: SessionOptions): ReduceCast {
+  const low = new Map<string, DeviceTensor>();
+  const sessions: Session[] = [];
+  try {
+    for (const s of slots) low.set(s.name, device.empty('bfloat16', [...s.shape]));
+    const opts = { ...session, cudaGraph: false };
+    const down = device.compile(gradCastGraph('grad_to_bf16', slots, 'bfloat16'), { ...opts, name: 'grad-to-bf16' });
+    sessions.push(down);
+    const up = device.compile(gradCastGraph('grad_from_bf16', slots, 'float32'), { ...opts, name: 'grad-from-bf16' });
+    sessions.push(up);
+    return {
+      low,
+      down: grads.map((set) => {
+        const b = down.binding();
+        for (const s of slots) b.input(`in/${s.name}`, set.get(s.name)!).output(`out/${s.name}`, low.get(s.name)!);
+        return b;
+      }),
+      up: grads.map((set) => {
+        const b = up.binding();
+        for (const s of slots) b.input(`in/${s.name}`, low.get(s.name)!).output(`out/${s.name}`, set.get(s.name)!);
+        return b;
+      }),
+      sessions,
+    };
+  } catch (e) {
+    for (const x of sessions) x.dispose();
+    for (const t of low.values()) t.dispose();
+    throw e;
+  }
 }
