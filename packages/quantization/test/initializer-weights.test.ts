@@ -91,6 +91,11 @@ test('initializers: the kernel tensors hold the bytes, scales in the activations
   const kernels = g.nodes.filter((x) => x.op.name === 'MatMulNBits');
   expect(kernels.length).toBe(14);
   for (const k of kernels) for (const t of k.inputs.slice(1)) expect(t && g.initializers.has(t.name)).toBe(true);
+  // in the ONNX model: constant initializers (what ORT prepacks), not graph inputs a caller could override
+  const proto = L.toModelProto(g).graph!;
+  expect(proto.initializer!.map((t) => t.name)).toEqual(expect.arrayContaining([n.b, n.scales, n.zeroPoints]));
+  expect(proto.input!.map((t) => t.name)).not.toContain(n.b);
+  expect(proto.initializer!.find((t) => t.name === n.scales)!.dataType).toBe(16); // TensorProto BFLOAT16
 });
 
 test('deviceTensors with initializers uploads only the dense parameters', () => {
