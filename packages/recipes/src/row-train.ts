@@ -9,33 +9,16 @@
  */
 import type { DecoderConfig } from '@lathe/models';
 import { sizeOf, type HostTensor } from '@lathe/runtime';
-import { LORA_DROPOUT_KEY, loraDropoutKey, Trainer, type DecoderLossOptions, type LossBuilder, type LoraOptions, type TrainStepResult } from '@lathe/train';
+import { LORA_DROPOUT_KEY, loraDropoutKey, Trainer, type DecoderLossOptions, type LossBuilder, type TrainStepResult } from '@lathe/train';
+import type { PairRunConfig } from './pair-run';
 import { recipeTensors } from './quantize-lora';
 import { EpochStream, openDevice, scheduledLr, stepTiming, stopRequested, type RunDir, type TrainRunResult } from './scaffold';
 
 /** A step's timing fields in metrics.jsonl: grad_norm, lr, tokens, tokens_per_s, host_ms, run_ms. */
 export type StepTimingFields = ReturnType<typeof stepTiming>;
 
-/** The options of a row-stream training run that its setup and loop read. */
-export interface RowTrainConfig extends LoraOptions {
-  device: 'cpu' | 'cuda';
-  compute_dtype: 'float32' | 'bfloat16';
-  gradient_checkpointing: boolean;
-  steps: number;
-  batch_size: number;
-  micro_batches: number;
-  seed: number;
-  lr: number;
-  schedule: 'constant' | 'linear' | 'cosine';
-  warmup_steps: number;
-  min_lr_ratio: number;
-  weight_decay: number;
-  max_grad_norm: number;
-  log_every: number;
-  save_every: number;
-  keep_last: number;
-  force?: boolean;
-}
+/** The options of a row-stream training run that its setup and loop read: a preference run's (PairRunConfig) less attention and evaluation, QLoRA and --force optional. */
+export type RowTrainConfig = Omit<PairRunConfig, 'attention' | 'eval_every' | 'quantize_base' | 'force'> & { quantize_base?: string; force?: boolean };
 
 /** What a recipe gives the loop: the model, its rows, and the functions that differ between recipes. */
 export interface RowTraining<E extends { ids: number[] }, F extends { step: number; loss: number }> {
