@@ -88,26 +88,28 @@ const params: TrainableParam[] = paramSpecs(config).map((s) => ({ name: s.name, 
 const spec = { params, loss: sftLoss(config), optimizer: { weightDecay: 0.1, maxGradNorm: 0 } };
 
 const i64 = (v: number[], dims: number[]): HostTensor => ({ data: BigInt64Array.from(v.map(BigInt)), dims });
-/** Step `step`'s global batch of 4 rows; rank `rank`'s share, normalised by the whole batch's loss tokens. */
-function batchFor(step: number, rank: number, world: number): Record<string, HostTensor>[] {
+/** Step `step`'s global batch of 12 rows: rank `rank`'s share as `micro` micro-batches, normalised by the whole batch's loss tokens. */
+function batchFor(step: number, rank: number, world: number, micro = 1): Record<string, HostTensor>[] {
   let s = 500 + step;
   const next = () => (s = (Math.imul(s, 1664525) + 1013904223) >>> 0);
-  const global = Array.from({ length: 4 }, () => {
+  const global = Array.from({ length: 12 }, () => {
     const len = 5 + (next() % 6);
     return { ids: Array.from({ length: len }, () => 1 + (next() % 39)), prompt: 2 };
   });
-  const mine = shardOf(global, rank, world);
-  const T = Math.max(...mine.map((r) => r.ids.length));
-  const pad = (f: (r: { ids: number[]; prompt: number }, t: number) => number) => mine.flatMap((r) => Array.from({ length: T }, (_, t) => f(r, t)));
   const tokens = global.reduce((n, r) => n + r.ids.length - r.prompt, 0);
-  return [
-    {
+  const share = shardOf(global, rank, world);
+  const per = share.length / micro;
+  return Array.from({ length: micro }, (_, k) => {
+    const mine = share.slice(k * per, (k + 1) * per);
+    const T = Math.max(...mine.map((r) => r.ids.length));
+    const pad = (f: (r: { ids: number[]; prompt: number }, t: number) => number) => mine.flatMap((r) => Array.from({ length: T }, (_, t) => f(r, t)));
+    return {
       input_ids: i64(pad((r, t) => r.ids[t] ?? 0), [mine.length, T]),
       attention_mask: i64(pad((r, t) => (t < r.ids.length ? 1 : 0)), [mine.length, T]),
       loss_mask: i64(pad((r, t) => (t < r.ids.length && t >= r.prompt ? 1 : 0)), [mine.length, T]),
       loss_tokens: { data: Float32Array.from([tokens]), dims: [] },
-    },
-  ];
+    };
+  });
 }
 
 /** Host copies of a hook's gradient tensors, concatenated by parameter order (bfloat16 widened). */
@@ -161,4 +163,54 @@ test("data-parallel training with gradReduceDtype 'bfloat16': each rank sends it
 test("gradReduceDtype 'bfloat16' without a data-parallel reduction, or an unknown dtype, is refused", () => {
   expect(() => Trainer.create(spec, { params: weights }, { gradReduceDtype: 'bfloat16' })).toThrow(/give onGradients or zero/);
   expect(() => Trainer.create(spec, { params: weights }, { gradReduceDtype: 'float16' as 'float32', onGradients: async () => undefined })).toThrow(/'float32' or 'bfloat16'/);
+});
+
+/** One micro-batch's float32 gradient at the initial weights, by parameter order (a world-1 hook reads it). */
+async function gradientOf(batch: Record<string, HostTensor>): Promise<number[]> {
+  let out: number[] = [];
+  const t = Trainer.create(spec, { params: weights }, { onGradients: async (grads) => void (out = hostOf(grads)) });
+  await t.trainStepAsync([batch], 0.01);
+  t.dispose();
+  return out;
+}
+
+test.each([
+  [2, 2],
+  [3, 1],
+])("ZeRO over %i ranks, %i micro-batches, gradReduceDtype 'bfloat16': the shards the update reads are the sum over micro-batches of each one's bfloat16 reduction", async (world, micro) => {
+  // the reference: every rank's float32 gradient of every micro-batch, rounded and summed as NCCL does (rank order), widened and added in float32
+  const summed: number[] = [];
+  for (let k = 0; k < micro; k++) {
+    const g = await Promise.all(Array.from({ length: world }, (_, r) => gradientOf(batchFor(0, r, world, micro)[k])));
+    g[0].forEach((_, i) => {
+      const reduced = g.reduce((acc, v, r) => (r === 0 ? bf16(v[i]) : bf16(acc + bf16(v[i]))), 0);
+      summed[i] = k === 0 ? reduced : Math.fround(summed[i] + reduced);
+    });
+  }
+  const norm = Math.sqrt(summed.reduce((a, x) => a + x * x, 0));
+  const run = async (dtype: 'float32' | 'bfloat16') => {
+    const group = LocalGroup.create(world);
+    const trainers = group.map((c) => Trainer.create(spec, { params: weights }, { zero: c, gradReduceDtype: dtype, microBatches: micro }));
+    const results = await Promise.all(trainers.map((t, r) => t.trainStepAsync(batchFor(0, r, world, micro), 0.01)));
+    const state = await Promise.all(trainers.map((t) => t.snapshotAsync()));
+    for (const t of trainers) t.dispose();
+    return { results, state: state[0] };
+  };
+  const low = await run('bfloat16');
+  const f32 = await run('float32');
+  for (const r of low.results) {
+    expect(Math.abs(r.gradNorm - norm) / norm).toBeLessThan(1e-6);
+    expect(r.loss).toBe(f32.results[0].loss);
+  }
+  // the float32 reduction's norm differs, by about bfloat16's rounding
+  const rel = Math.abs(low.results[0].gradNorm - f32.results[0].gradNorm) / f32.results[0].gradNorm;
+  expect(rel).toBeGreaterThan(0);
+  expect(rel).toBeLessThan(2 ** -7);
+  // Adam's first step is lr · g/|g| per element: the weights agree except where a gradient's sign or size near zero changed
+  let moved = 0;
+  for (const [name, v] of f32.state.params) {
+    const w = low.state.params.get(name)!;
+    v.forEach((x, i) => (moved = Math.max(moved, Math.abs(x - w[i]))));
+  }
+  expect(moved).toBeLessThanOrEqual(2 * 0.01 + 1e-6);
 });

@@ -181,6 +181,12 @@ interface ZeroParts {
   maxGradNorm: number;
   /** A scalar placeholder for the full state's unused moment slots. */
   placeholder: DeviceTensor;
+  /**
+   * gradReduceDtype 'bfloat16': `down` casts a micro-batch's gradients into `send` (bfloat16,
+   * padded to worldSize × shard), which are reduce-scattered into `recv`; up[0] widens those into
+   * gradShards[0] (the first micro-batch), up[1] into `received` (later ones).
+   */
+  low?: { send: Map<string, DeviceTensor>; recv: Map<string, DeviceTensor>; down: Binding; up: Binding[] };
 }
 
 /** Device-resident training state and the compiled step that updates it. */
@@ -278,7 +284,7 @@ export class Trainer {
       }
       const trainer = (() => {
         if (opts.zero) {
-          const z = buildZero(opts.zero, spec, init, device, sets[0], frozen, microBatches, graphs.metrics, placeholder!, { ...opts.session, ...(fused ? { customOpDomains: sessionOpts.customOpDomains } : {}) }, fused);
+          const z = buildZero(opts.zero, spec, init, device, sets[0], frozen, microBatches, graphs.metrics, placeholder!, { ...opts.session, ...(fused ? { customOpDomains: sessionOpts.customOpDomains } : {}) }, fused, lowReduce);
           const t = new Trainer({ graphs, device, names, sets, microBatches, step: init.step ?? 0, batchInputs, fused, zero: z.parts });
           for (const s of z.sessions) t.own(s);
           return t;
@@ -486,10 +492,16 @@ export class Trainer {
       z.gradients.runSync();
       sums[0] += z.gradients.scalar('loss');
       this.graphs.metrics.forEach((m, k) => (sums[k + 1] += z.gradients.scalar(m)));
-      z.pad?.runSync();
       // the first micro-batch's shards land in the sum's buffer; later ones are added to it
       const into = i === 0 ? z.gradShards[0] : z.received!;
-      for (const s of z.layout) await z.collectives.reduceScatter(s.padded ? z.padded.get(s.name)! : z.grads.get(s.name)!, into.get(s.name)!, 'sum');
+      if (z.low) {
+        z.low.down.runSync();
+        for (const s of z.layout) await z.collectives.reduceScatter(z.low.send.get(s.name)!, z.low.recv.get(s.name)!, 'sum');
+        z.low.up[i === 0 ? 0 : 1].runSync();
+      } else {
+        z.pad?.runSync();
+        for (const s of z.layout) await z.collectives.reduceScatter(s.padded ? z.padded.get(s.name)! : z.grads.get(s.name)!, into.get(s.name)!, 'sum');
+      }
       if (i > 0) {
         z.add![a].runSync();
         a = 1 - a;
@@ -682,7 +694,7 @@ export class Trainer {
     if (z) {
       for (const b of this.parts.sets[0].values()) n += b.p.byteLength;
       for (const set of z.shards) for (const b of set.values()) n += b.p.byteLength + b.m.byteLength + b.v.byteLength;
-      for (const t of [...z.grads.values(), ...z.gradShards[0].values(), ...z.gradShards[1].values(), ...(z.received?.values() ?? []), ...z.padded.values()]) n += t.byteLength;
+      for (const t of [...z.grads.values(), ...z.gradShards[0].values(), ...z.gradShards[1].values(), ...(z.received?.values() ?? []), ...z.padded.values(), ...(z.low?.send.values() ?? []), ...(z.low?.recv.values() ?? [])]) n += t.byteLength;
     } else for (const set of this.parts.sets) for (const b of set.values()) n += b.p.byteLength + b.m.byteLength + b.v.byteLength;
     for (const g of this.parts.grads ?? []) for (const t of g.values()) n += t.byteLength;
     for (const t of this.parts.reduceCast?.low.values() ?? []) n += t.byteLength;
@@ -831,6 +843,7 @@ function buildZero(
   placeholder: DeviceTensor,
   session: SessionOptions,
   fused: FusedAdamWNode | undefined,
+  lowReduce = false,
 ): { parts: ZeroParts; sessions: Session[] } {
   const { rank, worldSize } = collectives;
   const layout = shardLayout(spec.params, worldSize);
@@ -921,7 +934,22 @@ function buildZero(
         return b.output('grad_norm', 'host');
       }),
     );
-    return { parts: { collectives, layout, shards, current: 0, grads, gradients, gradShards, received, add, padded, pad, unpad, norm, update, maxGradNorm: spec.optimizer?.maxGradNorm ?? 0, placeholder }, sessions };
+    let low: ZeroParts['low'];
+    if (lowReduce) {
+      // pad and cast in one run (the padded float32 copy is then never made), widen in another
+      const send = new Map(layout.map((s) => [s.name, keep(device.zeros('bfloat16', [s.shard * worldSize]))]));
+      const recv = new Map(layout.map((s) => [s.name, keep(device.zeros('bfloat16', [s.shard]))]));
+      const down = compile(gradCastGraph('zero_grad_to_bf16', layout.map((s) => ({ name: s.name, shape: s.shape, padTo: s.shard * worldSize })), 'bfloat16'), 'zero-grad-to-bf16').binding();
+      for (const n of names) down.input(`in/${n}`, grads.get(n)!).output(`out/${n}`, send.get(n)!);
+      const widen = compile(gradCastGraph('zero_shard_from_bf16', layout.map((s) => ({ name: s.name, shape: [s.shard] })), 'float32'), 'zero-shard-from-bf16');
+      const up = [gradShards[0], ...(received ? [received] : [])].map((into) => {
+        const b = widen.binding();
+        for (const n of names) b.input(`in/${n}`, recv.get(n)!).output(`out/${n}`, into.get(n)!);
+        return b;
+      });
+      low = { send, recv, down, up };
+    }
+    return { parts: { collectives, layout, shards, current: 0, grads, gradients, gradShards, received, add, padded, pad, unpad, norm, update, maxGradNorm: spec.optimizer?.maxGradNorm ?? 0, placeholder, low }, sessions };
   } catch (e) {
     for (const x of sessions) x.dispose();
     for (const t of tensors) t.dispose();
@@ -931,5 +959,5 @@ function buildZero(
 
 function disposeZero(z: ZeroParts): void {
   for (const set of z.shards) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
-  for (const t of [...z.grads.values(), ...z.gradShards[0].values(), ...z.gradShards[1].values(), ...(z.received?.values() ?? []), ...z.padded.values(), z.placeholder]) t.dispose();
+  for (const t of [...z.grads.values(), ...z.gradShards[0].values(), ...z.gradShards[1].values(), ...(z.received?.values() ?? []), ...z.padded.values(), ...(z.low?.send.values() ?? []), ...(z.low?.recv.values() ?? []), z.placeholder]) t.dispose();
 }
