@@ -21,9 +21,10 @@
  * modelled because they change what the rule sees: Constant nodes become initializers, constant
  * folding (a node whose inputs are all non-overridable initializers becomes an initializer, and a
  * Shape whose selected dims are all static becomes one), and the transpose optimizer's rewrite of
- * Shape(Transpose(x)) — also through Slice/Squeeze/Unsqueeze, which it pushes transposes through —
- * into Gather(Shape(x), perm), a Gather of a CPU tensor and a small initializer that the rule puts on
- * the CPU. Other fusions are not modelled. Nodes inside Loop/If bodies are checked per body, with
+ * Shape(Transpose(x)) — also through Slice/Squeeze/Unsqueeze, which it pushes transposes through,
+ * and Reshape, which it pushes them through when the Reshape only moves size-1 dims (taken here as
+ * always, to be safe) — into Gather(Shape(x), perm), a Gather of a CPU tensor and a small
+ * initializer that the rule puts on the CPU. Other fusions are not modelled. Nodes inside Loop/If bodies are checked per body, with
  * values from outside treated as device tensors (as the rule does: they are neither graph inputs
  * of the body nor CPU outputs in it).
  */
@@ -132,7 +133,7 @@ const HALF_TYPES: ReadonlySet<number> = new Set([OnnxDataType.FLOAT16, OnnxDataT
 /** Ops constant folding leaves alone: random draws (their values change per run). */
 const NOT_FOLDED: ReadonlySet<string> = new Set(['RandomNormal', 'RandomUniform', 'RandomNormalLike', 'RandomUniformLike', 'Multinomial', 'Bernoulli', 'Shape', 'Size']);
 /** Ops the transpose optimizer pushes a Transpose through on its way to a Shape. */
-const TRANSPOSE_TRANSPARENT: ReadonlySet<string> = new Set(['Slice', 'Squeeze', 'Unsqueeze']);
+const TRANSPOSE_TRANSPARENT: ReadonlySet<string> = new Set(['Slice', 'Squeeze', 'Unsqueeze', 'Reshape']);
 /** ORT_AGGRESSIVE_CPU_FALLBACK's shape inputs (GetShapeRelatedNodes), at opset 21. */
 const SHAPE_RELATED_INPUTS: Readonly<Record<string, readonly number[]>> = { Expand: [1], Reshape: [1], Unsqueeze: [1], ConstantOfShape: [0], Slice: [1, 2, 3, 4] };
 

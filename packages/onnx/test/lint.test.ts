@@ -2,7 +2,7 @@
  * runtimeShapeNodes on hand-built graphs, against ONNX Runtime's placement rule worked by hand: int64
  * arithmetic on a Shape output of a run-time shape runs on the CPU, a Shape of static dims is folded
  * away, a Shape output read as Reshape's shape input stays on the device, and a Shape of a
- * Transpose (also through a Slice) is rewritten into a CPU Gather.
+ * Transpose (also through a Slice or a Reshape) is rewritten into a CPU Gather.
  */
 import * as L from '@lathe/onnx';
 
@@ -39,13 +39,14 @@ test("a Shape output read directly as Reshape's shape stays on the device", () =
   expect(flagged(g)).toEqual([]);
 });
 
-test('a Shape of a Transpose, directly or through a Slice, is listed (ORT makes it a CPU Gather)', () => {
-  for (const through of [false, true]) {
+test('a Shape of a Transpose, directly or through a Slice or a Reshape, is listed (ORT makes it a CPU Gather)', () => {
+  for (const through of ['none', 'slice', 'reshape'] as const) {
     const g = new L.Graph();
     const x = g.input('x', 'float32', ['B', 'T']);
     const t = L.transpose(x, [1, 0]);
-    const y = g.input('y', 'float32', [through ? 'B' : 'T*B']);
-    g.output(L.reshapeLike(y, through ? L.slice(t, [0], [0], [1]) : t), 'r');
+    const shaped = { none: t, slice: L.slice(t, [0], [0], [1]), reshape: L.reshape(t, ['T', 'B', 1]) }[through];
+    const y = g.input('y', 'float32', [{ none: 'T*B', slice: 'B', reshape: 'T*B' }[through]]);
+    g.output(L.reshapeLike(y, shaped), 'r');
     expect([through, flagged(g)]).toEqual([through, ['Shape']]);
   }
 });
