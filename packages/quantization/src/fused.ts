@@ -6,10 +6,22 @@
  * `CheckFpAIntBEligibility` in contrib_ops/cuda/quantization/matmul_nbits.cc (package README).
  */
 import type { DType } from '@lathe/onnx';
+import type { SessionOptions } from '@lathe/runtime';
 import type { NBitsLayout } from './layout';
 
 /** The session config entry that turns the fused path on (it wins over the ORT_FPA_INTB_GEMM environment variable). */
 export const FPA_INTB_GEMM_CONFIG = 'ep.cuda.fpa_intb_gemm';
+
+/** The environment variable that turns it on (the only switch of older ORT releases; read when the session builds its kernels). */
+export const FPA_INTB_GEMM_ENV = 'ORT_FPA_INTB_GEMM';
+
+/**
+ * Session options that ask for the fused path: the config entry, and the environment variable
+ * during the session's creation unless the user set it (older releases read only that).
+ */
+export function fusedGemmSession(): SessionOptions {
+  return { config: { [FPA_INTB_GEMM_CONFIG]: '1' }, ...(process.env[FPA_INTB_GEMM_ENV] === undefined ? { env: { [FPA_INTB_GEMM_ENV]: '1' } } : {}) };
+}
 
 /**
  * Why a MatMulNBits projection cannot take the fused path on CUDA with activations in `dtype`,

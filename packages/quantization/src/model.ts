@@ -11,7 +11,7 @@ import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { CausalLM, isProjectionWeight, lmHeadName, paramSpecs, type CausalLMOptions, type DecoderConfig, type Weights } from '@lathe/models';
 import { toBfloat16Bits, toFloat16Bits, type Device, type DeviceKind, type DeviceTensor, type SessionOptions } from '@lathe/runtime';
-import { FPA_INTB_GEMM_CONFIG, fusedGemmIneligibility } from './fused';
+import { fusedGemmIneligibility, fusedGemmSession } from './fused';
 import { declareQuantizedLinear, kernelTensorSpecs, quantizedMatmul, type QuantizedLinearDeclaration, type QuantizedLinearTensors, type QuantizedMatmulMode } from './linear';
 import { kernelLayout, type Bnb4Layout, type NBitsLayout } from './layout';
 import { dequantize, kBlocks, QUANT_FORMATS, storedBytes, type QuantFormat, type QuantizedMatrix } from './matrix';
@@ -203,7 +203,7 @@ export class QuantizedModel {
    * What a generator over this frozen model needs (KvCacheGenerator.create(device, config,
    * tensors, { graphWeights, session, … })). On CUDA with MatMulNBits layers (INT8, INT4) and a
    * 16-bit dtype, by default the kernel tensors are initializers of the generation graphs and ONNX
-   * Runtime's fused weight-only GEMM is on (session config {@link FPA_INTB_GEMM_CONFIG}); elsewhere
+   * Runtime's fused weight-only GEMM is on ({@link fusedGemmSession}); elsewhere
    * (CPU, NF4 — MatMulBnb4 has no prepacked path — or `mode: 'dequantize'`) they are bound inputs.
    * Each session then holds its own prepacked copy of the quantized weights (prefill and decode:
    * twice the quantized bytes); `tensors` holds the rest. Dispose `tensors` after the generator.
@@ -215,7 +215,7 @@ export class QuantizedModel {
       ...plan,
       tensors: this.deviceTensors(device, dtype, '', { quantizedWeights: plan.quantizedWeights }),
       graphWeights: (g) => this.graphWeights(g, { dtype, mode, quantizedWeights: plan.quantizedWeights }).weights,
-      session: plan.fusedGemm ? { config: { [FPA_INTB_GEMM_CONFIG]: '1' } } : {},
+      session: plan.fusedGemm ? fusedGemmSession() : {},
     };
   }
 

@@ -134,5 +134,7 @@ test("generation's defaults: initializers and the fused GEMM on CUDA for INT4/IN
   const device = Device.cpu();
   const plan = int4.generation(device, 'float32', { quantizedWeights: 'initializers', fusedGemm: true });
   expect(plan.session.config).toEqual({ [FPA_INTB_GEMM_CONFIG]: '1' });
+  // older ORT releases read only the environment variable: set for the sessions' creation unless the user set it
+  expect(plan.session.env).toEqual(process.env.ORT_FPA_INTB_GEMM === undefined ? { ORT_FPA_INTB_GEMM: '1' } : undefined);
   for (const t of plan.tensors.values()) t.dispose();
 });

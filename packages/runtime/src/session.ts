@@ -36,6 +36,11 @@ export interface SessionOptions {
   logLevel?: LogLevel;
   /** Extra session config entries (`session.*`, `ep.*`, …). */
   config?: Record<string, string>;
+  /**
+   * Environment variables set while the session is created and restored after: ONNX Runtime reads
+   * some kernel switches (e.g. ORT_FPA_INTB_GEMM) from the environment when it builds the kernels.
+   */
+  env?: Record<string, string>;
   /** Capture the run as a CUDA graph and replay it (CUDA only; fixed shapes and bound device addresses). */
   cudaGraph?: boolean;
   /**
@@ -95,6 +100,7 @@ export class Session {
     if (opts.cudaGraph && model instanceof Graph) refuseHostTables(model, name);
     const so = api.out('CreateSessionOptions');
     let handle: Ptr | undefined;
+    const restoreEnv = setEnv(opts.env);
     try {
       api.call('SetSessionGraphOptimizationLevel', so, graphOptimizationLevels[opts.optimization ?? 'all']);
       if (opts.intraOpThreads) api.call('SetIntraOpNumThreads', so, opts.intraOpThreads);
@@ -123,6 +129,8 @@ export class Session {
       api.fn('ReleaseSessionOptions')(so);
       if (e instanceof OrtError) throw new OrtError(e.fn, e.code, `could not create a ${device.name} session for '${name}': ${e.message.slice(e.fn.length + 2)}`);
       throw e;
+    } finally {
+      restoreEnv();
     }
     const io = (count: 'SessionGetInputCount' | 'SessionGetOutputCount') => {
       const n = api.outNumber(count, handle);
@@ -541,6 +549,19 @@ export function stageOnHost(dtype: DType, t: HostTensor): Ptr {
  * after capture, so a kernel that copies per-run tables from the host (see `hostTableNodes`) can
  * read stale addresses on replay: such a graph is refused, naming the nodes.
  */
+/** Sets `vars` in the process environment; the returned function puts back what was there. */
+function setEnv(vars: Record<string, string> | undefined): () => void {
+  if (!vars) return () => {};
+  const before = Object.keys(vars).map((k) => [k, process.env[k]] as const);
+  for (const [k, v] of Object.entries(vars)) process.env[k] = v;
+  return () => {
+    for (const [k, v] of before) {
+      if (v === undefined) delete process.env[k];
+      else process.env[k] = v;
+    }
+  };
+}
+
 function refuseHostTables(graph: Graph, name: string): void {
   const nodes = hostTableNodes(graph);
   if (nodes.length === 0) return;

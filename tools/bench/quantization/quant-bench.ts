@@ -33,7 +33,7 @@ import type { DType } from '@lathe/onnx';
 import { CausalLM, MODEL_PRESETS, paramSpecs, type DecoderConfig, type Weights } from '@lathe/models';
 import {
   addDistributionShift,
-  FPA_INTB_GEMM_CONFIG,
+  fusedGemmSession,
   kernelLayout,
   matMulNBits,
   QuantizedModel,
@@ -164,7 +164,7 @@ async function main(): Promise<void> {
         const plan = weights === 'bound' ? undefined : model.generation(device, dtype, { quantizedWeights: wm.as, fusedGemm: wm.fused, mode });
         try {
           for (const fpa of weights === 'bound' && scheme && scheme.format !== 'nf4' && flag('fpa') ? [false, true] : [false]) {
-            const session: SessionOptions = plan ? plan.session : fpa ? { config: { [FPA_INTB_GEMM_CONFIG]: '1' } } : {};
+            const session: SessionOptions = plan ? plan.session : fpa ? fusedGemmSession() : {};
             for (const B of batches) {
               const { completions, ...m } = await decodeRate(device, config, plan?.tensors ?? tensors, plan?.graphWeights ?? graphWeights, decodePrompts.get(B)!, { dtype, newTokens, repeat, cudaGraph, session });
               if (weights === 'bound' && !fpa) boundTokens.set(B, completions);
@@ -272,7 +272,7 @@ async function probeFusedPath(device: Device, dtype: DType): Promise<Record<stri
     const b = decl('b', 'uint8', [...l.bShape], l.b);
     const s = decl('scales', dtype, [N, l.bShape[1]], toHost(l.scales));
     g.output(L.cast(matMulNBits(a, b, s, undefined, l.attrs), 'float32'), 'y');
-    const session = device.compile(g, { name: g.name, config: { [FPA_INTB_GEMM_CONFIG]: '1' } });
+    const session = device.compile(g, { name: g.name, ...fusedGemmSession() });
     try {
       const feeds: Record<string, HostTensor> = { x: { data: toHost(x), dims: [M, K] } };
       if (as === 'inputs') Object.assign(feeds, { b: { data: l.b, dims: [...l.bShape] }, scales: { data: toHost(l.scales), dims: [N, l.bShape[1]] } });
@@ -383,7 +383,7 @@ async function shift(
 ): Promise<ShiftSummary> {
   const g = new L.Graph('quant_bench_shift');
   addDistributionShift(g, config, dense.graphWeights(g, { dtype: o.dtype, prefix: 'original/' }).weights, quantized.graphWeights(g, { dtype: o.dtype, prefix: 'quantized/', mode: o.mode, quantizedWeights: o.quantizedWeights }).weights);
-  const session = device.compile(g, { name: g.name, ...(o.fusedGemm ? { config: { [FPA_INTB_GEMM_CONFIG]: '1' } } : {}) });
+  const session = device.compile(g, { name: g.name, ...(o.fusedGemm ? fusedGemmSession() : {}) });
   const weights: Record<string, DeviceTensor> = {};
   const inputs = new Set(session.inputs.map((i) => i.name));
   for (const [n, t] of reference) weights[n] = t;
