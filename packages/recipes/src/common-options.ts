@@ -54,9 +54,20 @@ export const microBatchesOption = { type: 'number', default: 1, integer: true, m
 
 /**
  * `--zero_stage` of a data-parallel training command (under `lathe launch`): 0 keeps the whole
- * AdamW state on every rank; 1 splits it over the ranks (ZeRO-1, @lathe/train's zero.ts).
+ * AdamW state on every rank; 1 and 2 split it over the ranks (@lathe/train's zero.ts), which
+ * already reduce-scatters each micro-batch's gradients into 1/N-sized sums (ZeRO-2's gradient
+ * partitioning), so both name the same path.
  */
-export const zeroStageOption = { type: 'number', default: 0, integer: true, min: 0, max: 1, describe: 'Under lathe launch: 0 keeps the whole AdamW state on every rank; 1 splits the AdamW moments (and an fp32 copy of the weights each rank updates) over the ranks — ZeRO-1: each GPU keeps 1/N of them and the weights once instead of twice; gradients are reduce-scattered and weights all-gathered, giving the same updates. No effect on one process [may change on resume]' } as const;
+export const zeroStageOption = { type: 'number', default: 0, integer: true, min: 0, max: 2, describe: "Under lathe launch: 0 keeps the whole AdamW state on every rank; 1 splits the AdamW moments (and an fp32 copy of the weights each rank updates) over the ranks — ZeRO-1: each GPU keeps 1/N of them and the weights once instead of twice; gradients are reduce-scattered and weights all-gathered, giving the same updates. Each micro-batch's gradients are reduce-scattered into 1/N-sized sums, so the full gradient exists for one micro-batch only: that is ZeRO-2's gradient partitioning, and 2 is accepted as the same path. No effect on one process [may change on resume]" } as const;
+
+/** `--grad_reduce_dtype` of a data-parallel training command: the dtype gradients cross between ranks in (@lathe/train's GradReduceDtype). */
+export const gradReduceDtypeOption = {
+  type: 'string',
+  default: 'float32',
+  choices: ['float32', 'bfloat16'],
+  describe:
+    "Under lathe launch: the dtype gradients are summed over the ranks in. bfloat16 sends half the bytes (PyTorch DDP's bf16_compress_hook): each rank's gradient is rounded to bfloat16, NCCL sums in bfloat16, and the sum is widened back to float32 for the update (and the ZeRO shards' sum over micro-batches). No effect on one process [may change on resume]",
+} as const;
 
 /** Where a training command runs and its train step: device, compute, attention, recomputation, steps and batch (`batch` describes what a batch counts). */
 export function trainStepOptions(d: { steps: number; batch_size: number; batch: string }) {

@@ -1,7 +1,7 @@
 /** `lathe grpo`'s options: defaults, flags, YAML keys and the config saved with every checkpoint. */
 import { ESTIMATOR_NAMES, GRPO_DEFAULTS, LOSS_AGGREGATIONS, POLICY_TERMS, type GrpoAlgorithmOptions } from '@lathe/grpo';
 import { BUILTIN_DATA, BUILTIN_TOKENIZER } from './demo-task';
-import { attentionOption, checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, quantizeBaseOption, reportOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainComputeDtypeOption } from './common-options';
+import { attentionOption, checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, gradReduceDtypeOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, quantizeBaseOption, reportOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainComputeDtypeOption } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 import { TRAIN_EVAL_KEYS, trainEvalOptions } from './train-eval-config';
 import { classmateOptions, rolloutIsOption } from './classmate-config';
@@ -106,6 +106,7 @@ export const grpoSchema = {
   epochs: { type: 'number', default: GRPO_DEFAULTS.epochs, integer: true, min: 1, describe: 'PPO epochs: passes over each step’s batch' },
   n_minibatches: { type: 'number', default: GRPO_DEFAULTS.minibatches, integer: true, min: 1, describe: 'Optimizer steps per epoch: the batch (prompts_per_step × group_size completions) is shuffled and split into this many minibatches' },
   micro_batches: { ...microBatchesOption, default: GRPO_DEFAULTS.microBatches },
+  grad_reduce_dtype: gradReduceDtypeOption,
   // optimizer
   ...optimizerOptions({ lr: 1e-6, schedule: 'constant', warmup_steps: 0, weight_decay: GRPO_DEFAULTS.optimizer.weightDecay, max_grad_norm: GRPO_DEFAULTS.optimizer.maxGradNorm }),
   ...loraOptions,
@@ -210,7 +211,7 @@ export function grpoPresetSource(preset: GrpoConfig['preset']): { name: string; 
  * Options that may change between a checkpoint and its resume without --force (they do not change
  * what is trained; the generation engine draws the same samples either way, up to rounding).
  */
-export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project', 'serve_port', 'serve_host', 'serve_max_rows', ...TRAIN_EVAL_KEYS];
+export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project', 'serve_port', 'serve_host', 'serve_max_rows', 'grad_reduce_dtype', ...TRAIN_EVAL_KEYS];
 
 /**
  * `lathe demo`'s GRPO stage: the SFT stage's final checkpoint on the same task and held-out split,

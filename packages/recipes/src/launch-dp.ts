@@ -8,7 +8,7 @@
 import { mkdirSync, mkdtempSync, rmSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, join, resolve } from 'node:path';
-import { listCheckpoints, type TrainerOptions } from '@lathe/train';
+import { listCheckpoints, type GradReduceDtype, type TrainerOptions } from '@lathe/train';
 import { RunDir, type RunDirOptions } from './scaffold';
 import type { ReportOptions } from './reporting';
 import { checkDataParallelBatch, checkSameConfig, gradientAllReduce, NcclCollectives, shardOf, TcpCollectives, worldFromEnv, type Collectives, type GradientHook, type WorldInfo } from '@lathe/distributed';
@@ -19,10 +19,10 @@ export interface DataParallelRun {
   collectives: Collectives;
   /** `Trainer.create`'s `onGradients`: the bucketed all-reduce of the summed gradients, loss and metrics. */
   onGradients: GradientHook;
-  /** 0, or 1 for ZeRO-1 (`--zero_stage`). */
+  /** 0, or 1 / 2 for ZeRO (`--zero_stage`; one path: see zeroStageOption). */
   zeroStage: number;
-  /** What `Trainer.create` takes for this job: `onGradients`, or with ZeRO-1 `zero` (the collectives the shards are exchanged over). */
-  trainerOptions: Pick<TrainerOptions, 'onGradients' | 'zero'>;
+  /** What `Trainer.create` takes for this job: `onGradients`, or with ZeRO `zero` (the collectives the shards are exchanged over), and `gradReduceDtype`. */
+  trainerOptions: Pick<TrainerOptions, 'onGradients' | 'zero' | 'gradReduceDtype'>;
   /** Rank 0: the one rank that writes the run directory (config, metrics, evaluations, checkpoints). */
   main: boolean;
   /** This rank's GPU (LOCAL_RANK): `Device.open(cfg.device, { id: deviceId })`. */
@@ -47,8 +47,10 @@ export interface DataParallelOptions {
   env?: NodeJS.ProcessEnv;
   /** How long the rendezvous may take to form (default 120 s). */
   timeoutMs?: number;
-  /** `--zero_stage`: 1 shards the AdamW state over the ranks (ZeRO-1). Default 0. */
+  /** `--zero_stage`: 1 or 2 shards the AdamW state over the ranks (ZeRO). Default 0. */
   zeroStage?: number;
+  /** `--grad_reduce_dtype`: the dtype gradients are summed over the ranks in. Default float32. */
+  gradReduceDtype?: GradReduceDtype;
 }
 
 /**
@@ -76,7 +78,7 @@ export async function joinDataParallel(opts: DataParallelOptions): Promise<DataP
     collectives,
     onGradients,
     zeroStage,
-    trainerOptions: zeroStage === 1 ? { zero: collectives } : { onGradients },
+    trainerOptions: { ...(zeroStage >= 1 ? { zero: collectives } : { onGradients }), gradReduceDtype: opts.gradReduceDtype ?? 'float32' },
     main: world.rank === 0,
     deviceId: opts.device === 'cuda' ? world.localRank : 0,
     shard: (rows, flag) => shardOf(rows, world.rank, world.worldSize, flag),
@@ -131,9 +133,9 @@ export async function anyRankStopped(dp: DataParallelRun | undefined, stopped: b
   return v[0] > 0;
 }
 
-/** Whether this rank must join the checkpoint's state gathering although it writes nothing (ZeRO-1). */
+/** Whether this rank must join the checkpoint's state gathering although it writes nothing (ZeRO). */
 export function joinsCheckpoint(dp: DataParallelRun | undefined): boolean {
-  return !dp || dp.main || dp.zeroStage === 1;
+  return !dp || dp.main || dp.zeroStage >= 1;
 }
 
 /**
