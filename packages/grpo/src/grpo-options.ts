@@ -229,7 +229,7 @@ export interface GrpoDataParallel {
   /** Every rank's bytes, in rank order. */
   allGatherBytes(data: Uint8Array): Promise<Uint8Array[]>;
   /** `Trainer.create`'s data-parallel options: the gradient all-reduce hook. */
-  trainerOptions: { onGradients?: TrainerOptions['onGradients']; zero?: TrainerOptions['zero'] };
+  trainerOptions: { onGradients?: TrainerOptions['onGradients']; zero?: TrainerOptions['zero']; gradReduceDtype?: TrainerOptions['gradReduceDtype'] };
 }
 
 /**
