@@ -1,8 +1,10 @@
 /**
- * The CUDA C++ of Lathe's flash attention (FlashAttention-2's algorithm), compiled by NVRTC. The
- * forward uses `mma.sync` PTX with fragments in registers; the backward uses `nvcuda::wmma` (bf16/fp16
- * 16×16×16 fragments, fp32 accumulators) loaded from and stored to shared memory, every elementwise
- * step (masking, dS) reading plain shared-memory tiles, so it assumes no fragment layout.
+ * The CUDA C++ of Lathe's flash attention (FlashAttention-2's algorithm), compiled by NVRTC, on
+ * tensor cores through `mma.sync.m16n8k16` PTX (bf16/fp16 in, fp32 accumulators) with operands read
+ * from shared memory by `ldmatrix` and tiles copied in by `cp.async`. The fragment layouts are PTX's
+ * fixed ones, so softmax, masks and dS work on accumulators in registers and an accumulator passes
+ * straight into the next product's A operand (wmma hides its layout, which forced the first version
+ * to move every score tile through shared memory and to run the forward in two passes).
  *
  * Layouts are GroupQueryAttention's: q/out [B, S, H, D], k/v [B, S, KV, D] (contiguous), right-padded
  * rows of length seqlens_k[b] + 1, causal; the log-sum-exp and D = rowsum(dO ∘ O) are fp32 [B, H, S].
@@ -10,18 +12,17 @@
  * and the backward gives them no gradient.
  *
  * Kernels (T = bf16 or fp16, D = 64 or 128; names `<kernel>_<bf16|fp16>_d<D>`):
- * - `flash_fwd`: one pass, a CTA per (64 query rows, head, batch row), with `mma.sync` PTX instead of
- *   wmma because the online softmax must rescale O's accumulator rows, whose layout wmma hides (the
- *   PTX m16n8k16 layouts are fixed): Q's fragments in registers, K/V tiles double-buffered by
- *   cp.async and read by ldmatrix, S and O in fp32 accumulators, P passed from S's accumulators to
- *   P·V's operand in registers, O and the log-sum-exp written once.
+ * - `flash_fwd`: one pass, a CTA of 4 warps per (64 query rows, head, batch row), each warp 16 rows:
+ *   Q's fragments in registers, K/V tiles double-buffered, the online softmax rescaling O's
+ *   accumulators, P passed from S's accumulators to P·V's operand, O and the log-sum-exp written once.
  * - `flash_lse`: the same loop without V (the log-sum-exp alone, the same bits), for the backward
  *   after GroupQueryAttention's forward.
  * - `flash_bwd_pre`: D per row, and zeroes the fp32 dQ accumulator.
- * - `flash_bwd`: a CTA per (64 keys, KV head, batch row), looping over the G query heads of the KV
- *   head and the query tiles at or below the diagonal: P rebuilt from the log-sum-exp, dS = P ∘ (dP − D)
- *   in fp32 from P as rounded to T, P and dS rounded to T for their products; dK and dV accumulate
- *   in registers (the G-head sum inside the CTA), dQ partials go to the fp32 accumulator by atomicAdd.
+ * - `flash_bwd`: a CTA per (64 keys, KV head, batch row), each warp 16 keys, looping over the G query
+ *   heads of the KV head and the query tiles at or below the diagonal: Sᵀ and dPᵀ with keys as rows,
+ *   P rebuilt from the log-sum-exp, dS = P ∘ (dP − D) in fp32 from P as rounded to T, P and dS
+ *   rounded to T for their products; dK and dV accumulate in registers (the G-head sum inside the
+ *   CTA), dQ partials go to the fp32 accumulator by atomicAdd.
  * - `flash_bwd_dq`: the fp32 dQ accumulator to T.
  */
 
@@ -46,12 +47,11 @@ export function flashForwardSmem(headDim: number): number {
 }
 
 /**
- * Dynamic shared memory of a backward CTA (bytes): K, V, Q, dO tiles, one fp32 tile (S, then dP), P
- * and dS, L and D, scratch — 107.5 KB at head size 128, so two CTAs fit an sm_90 SM.
+ * Dynamic shared memory of a backward CTA (bytes): K and V, two buffers each of Q and dO, dSᵀ, two
+ * of L and D — 112 KB at head size 128, so two CTAs fit an sm_90 SM.
  */
 export function flashBackwardSmem(headDim: number): number {
-  const ldt = headDim + 8;
-  return (2 * FLASH_BN + 2 * FLASH_BM) * ldt * 2 + FLASH_BM * (FLASH_BN + 4) * 4 + 2 * FLASH_BM * (FLASH_BN + 8) * 2 + 2 * FLASH_BM * 4 + (FLASH_THREADS / 32) * 256 * 4;
+  return (2 * FLASH_BN + 4 * FLASH_BM) * (headDim + 8) * 2 + FLASH_BN * (FLASH_BM + 8) * 2 + 4 * FLASH_BM * 4;
 }
 
 /** The kernel name for a dtype and head size, e.g. `flash_fwd_bf16_d128`. */
@@ -63,8 +63,6 @@ export function flashKernelName(kernel: 'flash_fwd' | 'flash_lse' | 'flash_bwd_p
 export const flashAttentionSource = String.raw`
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
-#include <mma.h>
-using namespace nvcuda;
 
 #ifndef FA_SHARED
 // Dynamic shared memory (over 48 KB: the launcher raises the kernel's limit).
@@ -75,10 +73,9 @@ using namespace nvcuda;
 #define BN ${FLASH_BN}
 #define THREADS ${FLASH_THREADS}
 #define WARPS (THREADS / 32)
-#define LDS (BN + 4)   // fp32 score tiles: a padded row keeps wmma's 32-byte alignment and spreads banks
-#define LDP (BN + 8)   // T probability tiles
 
 typedef long long i64;
+static_assert(BM == BN, "the backward starts its query tiles at its key tile");
 
 template <typename T> __device__ __forceinline__ float to_f(T x);
 template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -88,40 +85,6 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
 template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-
-// Rows [r0, r0 + ROWS) of head 'head' of x [B, S, heads, D] into the tile t [ROWS][D + 8]; rows at
-// or past 'limit' (the row's length) are zeros, so masked products stay finite.
-template <typename T, int D, int ROWS>
-__device__ __forceinline__ void load_tile(T* t, const T* x, int b, int r0, int limit, int S, int heads, int head) {
-  const int LDT = D + 8;
-  const int PER_ROW = D / 8;  // 16-byte vectors per row
-  for (int idx = threadIdx.x; idx < ROWS * PER_ROW; idx += THREADS) {
-    const int r = idx / PER_ROW, c = (idx % PER_ROW) * 8;
-    const int row = r0 + r;
-    uint4 val;
-    val.x = val.y = val.z = val.w = 0u;
-    if (row < limit) val = *reinterpret_cast<const uint4*>(x + (((i64)b * S + row) * heads + head) * D + c);
-    *reinterpret_cast<uint4*>(t + r * LDT + c) = val;
-  }
-}
-
-// out[warp's 16 rows][BN] (fp32, ld LDS) = a[warp's rows][D] · bt[BN][D]ᵀ, both T tiles of ld D + 8.
-template <typename T, int D>
-__device__ __forceinline__ void tile_scores(const T* a, const T* bt, float* out, int warp) {
-  const int LDT = D + 8;
-  for (int n = 0; n < BN; n += 16) {
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-    wmma::fill_fragment(c, 0.0f);
-    for (int kk = 0; kk < D; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;  // bt's rows read as columns: bᵀ
-      wmma::load_matrix_sync(fa, a + warp * 16 * LDT + kk, LDT);
-      wmma::load_matrix_sync(fb, bt + n * LDT + kk, LDT);
-      wmma::mma_sync(c, fa, fb, c);
-    }
-    wmma::store_matrix_sync(out + warp * 16 * LDS + n, c, LDS, wmma::mem_row_major);
-  }
-}
 
 // The forward's primitives: cp.async copies, ldmatrix loads, mma.sync m16n8k16 and ex2 (test/emulation/emu.h
 // defines FA_EMULATION and gives CPU versions with the same per-lane fragment layouts).
@@ -355,119 +318,223 @@ __device__ __forceinline__ void flash_bwd_pre(const T* __restrict__ o, const T* 
   if (lane == 0) delta[((i64)b * H + h) * S + i] = i < seqlens_k[b] + 1 ? s : 0.0f;
 }
 
+// The T pair of a fragment register as floats (low half first).
+template <typename T>
+__device__ __forceinline__ float lo_f(unsigned r) {
+  const unsigned short u = (unsigned short)(r & 0xffffu);
+  return to_f<T>(*reinterpret_cast<const T*>(&u));
+}
+template <typename T>
+__device__ __forceinline__ float hi_f(unsigned r) {
+  const unsigned short u = (unsigned short)(r >> 16);
+  return to_f<T>(*reinterpret_cast<const T*>(&u));
+}
+
+// dst (16 rows × BM columns, fp32 accumulators) = a's 16 rows of the tile at A (row-major, ld LDT) · the BM
+// rows of B (row-major [BM][LDT])ᵀ: S or dP with the warp's 16 keys as rows and a query tile as columns.
+template <typename T, int D>
+__device__ __forceinline__ void warp_abt(float (&dst)[BM / 8][4], const T* A, const T* B) {
+  constexpr int LDT = D + 8;
+  const int lane = threadIdx.x % 32, mi = lane >> 3, mr = lane & 7;
+#pragma unroll
+  for (int nt = 0; nt < BM / 8; ++nt) dst[nt][0] = dst[nt][1] = dst[nt][2] = dst[nt][3] = 0.0f;
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) {
+    unsigned af[4];
+    ldsm_x4(af, A + (lane & 15) * LDT + kc * 16 + (lane >> 4) * 8);
+#pragma unroll
+    for (int np = 0; np < BM / 16; ++np) {
+      unsigned bf[4];
+      ldsm_x4(bf, B + (np * 16 + (mi >> 1) * 8 + mr) * LDT + kc * 16 + (mi & 1) * 8);
+      mma16816<T>(dst[2 * np], af, bf[0], bf[1]);
+      mma16816<T>(dst[2 * np + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+// acc (16 rows × D) += a (16 × BM, A fragments in registers) · B (row-major [BM][LDT]): dV += Pᵀ·dO, dK += dSᵀ·Q.
+template <typename T, int D>
+__device__ __forceinline__ void warp_ab_acc(float (&acc)[D / 8][4], const unsigned (&a)[BM / 16][4], const T* B) {
+  constexpr int LDT = D + 8;
+  const int lane = threadIdx.x % 32, mi = lane >> 3, mr = lane & 7;
+#pragma unroll
+  for (int kc = 0; kc < BM / 16; ++kc) {
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      unsigned bf[4];
+      ldsm_x4_t(bf, B + (kc * 16 + (mi & 1) * 8 + mr) * LDT + dp * 16 + (mi >> 1) * 8);
+      mma16816<T>(acc[2 * dp], a[kc], bf[0], bf[1]);
+      mma16816<T>(acc[2 * dp + 1], a[kc], bf[2], bf[3]);
+    }
+  }
+}
+
+// FlashAttention-2's backward with mma.sync: a CTA per (BN keys, KV head, batch row), each warp owning 16
+// keys, looping over the G query heads and the query tiles at or below the diagonal (Q, dO, lse and D
+// double-buffered by cp.async). The warp computes Sᵀ and dPᵀ with its keys as rows, so Pᵀ and dSᵀ are
+// already A fragments of dV += Pᵀ·dO and dK += dSᵀ·Q, accumulated in registers over every tile (the G-head
+// sum inside the CTA); dSᵀ goes through shared memory for dQ = dS·K, added into the fp32 accumulator by
+// atomicAdd. P and dS are rounded to T for their products, dS = P ∘ (dP − D) from P as rounded.
 template <typename T, int D>
 __device__ __forceinline__ void flash_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
                                           const float* __restrict__ lse, const float* __restrict__ delta, const int* __restrict__ seqlens_k,
                                           float* __restrict__ dq_acc, T* __restrict__ dk, T* __restrict__ dv, int S, int H, int KV, float scale) {
-  const int LDT = D + 8;
+  constexpr int LDT = D + 8, LDD = BM + 8;
   FA_SHARED(smem);
   T* Ks = reinterpret_cast<T*>(smem);
   T* Vs = Ks + BN * LDT;
-  T* Qs = Vs + BN * LDT;
-  T* dOs = Qs + BM * LDT;
-  float* Ss = reinterpret_cast<float*>(dOs + BM * LDT);  // S, then dP (one fp32 tile keeps two CTAs per SM)
-  T* Ps = reinterpret_cast<T*>(Ss + BM * LDS);
-  T* dSs = Ps + BM * LDP;
-  float* Ls = reinterpret_cast<float*>(dSs + BM * LDP);
-  float* Ds = Ls + BM;
-  float* scratch = Ds + BM;
+  T* Qs = Vs + BN * LDT;       // [2][BM][LDT]
+  T* dOs = Qs + 2 * BM * LDT;  // [2][BM][LDT]
+  T* dSs = dOs + 2 * BM * LDT;  // [BN][LDD]: dSᵀ, keys × queries
+  float* Ls = reinterpret_cast<float*>(dSs + BN * LDD);  // [2][BM]: lse · log2 e
+  float* Ds = Ls + 2 * BM;                               // [2][BM]
 
   const int n0 = blockIdx.x * BN, kvh = blockIdx.y, b = blockIdx.z;
   const int G = H / KV;
-  const int len = seqlens_k[b] + 1;
+  const int len = min(seqlens_k[b] + 1, S);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int r = lane & 15, half = lane >> 4;
-  const int rr = warp * 16 + r;
-  float* sc = scratch + warp * 256;
+  const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, mr = lane & 7;
+  const int j0 = n0 + warp * 16 + g, j1 = j0 + 8;  // the lane's two keys (fragment rows g and g + 8)
+  const float sl2 = scale * 1.4426950408889634f;
+  const int nq = n0 < len ? (len - n0 + BM - 1) / BM : 0;  // query tiles from the diagonal (BM == BN) to the row's end
+  const int total = G * nq;
 
-  // dK and dV of the warp's 16 keys, summed over the G heads and every query tile.
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> dKf[D / 16], dVf[D / 16];
-  for (int t = 0; t < D / 16; ++t) {
-    wmma::fill_fragment(dKf[t], 0.0f);
-    wmma::fill_fragment(dVf[t], 0.0f);
+  float dKa[D / 8][4], dVa[D / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dKa[dt][e] = dVa[dt][e] = 0.0f;
+
+  // Query tile 'it' (head kvh·G + it / nq, rows n0 + (it % nq)·BM) into buffer 'buf'.
+  auto stage = [&](int it, int buf) {
+    const int hh = kvh * G + it / nq, m0 = n0 + (it % nq) * BM;
+    async_tile<T, D, BM>(Qs + buf * BM * LDT, q, b, m0, len, S, H, hh);
+    async_tile<T, D, BM>(dOs + buf * BM * LDT, dout, b, m0, len, S, H, hh);
+    for (int idx = threadIdx.x; idx < BM; idx += THREADS) {
+      const int i = m0 + idx;
+      Ls[buf * BM + idx] = i < len ? lse[((i64)b * H + hh) * S + i] * 1.4426950408889634f : 0.0f;
+      Ds[buf * BM + idx] = i < len ? delta[((i64)b * H + hh) * S + i] : 0.0f;
+    }
+  };
+  if (total > 0) {
+    async_tile<T, D, BN>(Ks, k, b, n0, len, S, KV, kvh);
+    async_tile<T, D, BN>(Vs, v, b, n0, len, S, KV, kvh);
+    stage(0, 0);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
   }
-  if (n0 < len) {
-    load_tile<T, D, BN>(Ks, k, b, n0, len, S, KV, kvh);
-    load_tile<T, D, BN>(Vs, v, b, n0, len, S, KV, kvh);
-    for (int g = 0; g < G; ++g) {
-      const int h = kvh * G + g;
-      for (int m0 = (n0 / BM) * BM; m0 < len; m0 += BM) {
-        __syncthreads();  // the previous tile's readers are done with Qs, dOs, Ps, dSs
-        load_tile<T, D, BM>(Qs, q, b, m0, len, S, H, h);
-        load_tile<T, D, BM>(dOs, dout, b, m0, len, S, H, h);
-        for (int idx = threadIdx.x; idx < BM; idx += THREADS) {
-          const int i = m0 + idx;
-          Ls[idx] = i < len ? lse[((i64)b * H + h) * S + i] : 0.0f;
-          Ds[idx] = i < len ? delta[((i64)b * H + h) * S + i] : 0.0f;
+  for (int it = 0; it < total; ++it) {
+    const int buf = it & 1;
+    const int hh = kvh * G + it / nq, m0 = n0 + (it % nq) * BM;
+    if (it + 1 < total) {  // the other buffers were released by the previous iteration's last barrier
+      stage(it + 1, buf ^ 1);
+      cp_async_commit();
+    }
+    const T* Qt = Qs + buf * BM * LDT;
+    const T* dOt = dOs + buf * BM * LDT;
+    const float* Lt = Ls + buf * BM;
+    const float* Dt = Ds + buf * BM;
+    const bool edge = m0 < n0 + BN - 1 || m0 + BM > len;  // the diagonal tile or the rows' ragged end
+
+    // Pᵀ = exp(Sᵀ·scale − lse), masked, rounded to T: the A fragments of dV += Pᵀ·dO
+    unsigned pa[BM / 16][4];
+    {
+      float s[BM / 8][4];
+      warp_abt<T, D>(s, Ks + warp * 16 * LDT, Qt);
+#pragma unroll
+      for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = nt * 8 + 2 * t4 + (e & 1), i = m0 + c, j = e < 2 ? j0 : j1;
+          const float p = fast_exp2(fmaf(s[nt][e], sl2, -Lt[c]));
+          s[nt][e] = edge && !(j <= i && i < len) ? 0.0f : p;
         }
-        __syncthreads();
-        tile_scores<T, D>(Qs, Ks, Ss, warp);
-        __syncwarp();
-        const int i = m0 + rr;
-        for (int c = half * 32; c < half * 32 + 32; ++c) {
-          const int j = n0 + c;
-          Ps[rr * LDP + c] = from_f<T>(i < len && j <= i ? __expf(Ss[rr * LDS + c] * scale - Ls[rr]) : 0.0f);
+#pragma unroll
+      for (int kc = 0; kc < BM / 16; ++kc) {
+        pa[kc][0] = pack2<T>(s[2 * kc][0], s[2 * kc][1]);
+        pa[kc][1] = pack2<T>(s[2 * kc][2], s[2 * kc][3]);
+        pa[kc][2] = pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+        pa[kc][3] = pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+      }
+    }
+    warp_ab_acc<T, D>(dVa, pa, dOt);
+    // dSᵀ = Pᵀ ∘ (dPᵀ − D), rounded to T in place of P: the A fragments of dK += dSᵀ·Q
+    {
+      float dp[BM / 8][4];
+      warp_abt<T, D>(dp, Vs + warp * 16 * LDT, dOt);
+#pragma unroll
+      for (int kc = 0; kc < BM / 16; ++kc)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int nt = 2 * kc + (r >> 1), e = (r & 1) * 2;  // register r holds row g (+8 for odd r), key octet nt
+          const int c = nt * 8 + 2 * t4;
+          const float d0 = lo_f<T>(pa[kc][r]) * (dp[nt][e] - Dt[c]), d1 = hi_f<T>(pa[kc][r]) * (dp[nt][e + 1] - Dt[c + 1]);
+          pa[kc][r] = pack2<T>(d0, d1);
         }
-        __syncwarp();  // the warp's rows of Ss are read: dP goes there
-        tile_scores<T, D>(dOs, Vs, Ss, warp);
-        __syncwarp();
-        // dS = P ∘ (dP − D) with P as rounded for its product (the composed rule's rounding of P too)
-        for (int c = half * 32; c < half * 32 + 32; ++c) {
-          const int j = n0 + c;
-          dSs[rr * LDP + c] = from_f<T>(i < len && j <= i ? to_f<T>(Ps[rr * LDP + c]) * (Ss[rr * LDS + c] - Ds[rr]) : 0.0f);
+    }
+    warp_ab_acc<T, D>(dKa, pa, Qt);
+    // dSᵀ to shared memory: dQ sums over all BN keys, four warps' rows
+#pragma unroll
+    for (int kc = 0; kc < BM / 16; ++kc)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) *reinterpret_cast<unsigned*>(dSs + (warp * 16 + g + (r & 1) * 8) * LDD + kc * 16 + (r >> 1) * 8 + 2 * t4) = pa[kc][r];
+    __syncthreads();
+    // dQ of the warp's 16 query rows += dS (16 × BN, read transposed) · K · scale
+    {
+      unsigned da[BN / 16][4];
+#pragma unroll
+      for (int kc = 0; kc < BN / 16; ++kc) ldsm_x4_t(da[kc], dSs + (kc * 16 + (mi >> 1) * 8 + mr) * LDD + warp * 16 + (mi & 1) * 8);
+      const int r0 = m0 + warp * 16 + g;
+      float* dq0 = dq_acc + (((i64)b * S + r0) * H + hh) * D;
+      float* dq1 = dq0 + (i64)8 * H * D;
+#pragma unroll
+      for (int dp2 = 0; dp2 < D / 16; ++dp2) {
+        float qa[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int kc = 0; kc < BN / 16; ++kc) {
+          unsigned kb[4];
+          ldsm_x4_t(kb, Ks + (kc * 16 + (mi & 1) * 8 + mr) * LDT + dp2 * 16 + (mi >> 1) * 8);
+          mma16816<T>(qa[0], da[kc], kb[0], kb[1]);
+          mma16816<T>(qa[1], da[kc], kb[2], kb[3]);
         }
-        __syncthreads();  // dV and dK read every query row of P and dS
-        // dV += Pᵀ · dO and dK += dSᵀ · Q over this tile's queries (Pᵀ read column-major).
-        for (int kk = 0; kk < BM; kk += 16) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major> fpt, fdst;
-          wmma::load_matrix_sync(fpt, Ps + kk * LDP + warp * 16, LDP);
-          wmma::load_matrix_sync(fdst, dSs + kk * LDP + warp * 16, LDP);
-          for (int t = 0; t < D / 16; ++t) {
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fo, fq;
-            wmma::load_matrix_sync(fo, dOs + kk * LDT + t * 16, LDT);
-            wmma::mma_sync(dVf[t], fpt, fo, dVf[t]);
-            wmma::load_matrix_sync(fq, Qs + kk * LDT + t * 16, LDT);
-            wmma::mma_sync(dKf[t], fdst, fq, dKf[t]);
+#pragma unroll
+        for (int h8 = 0; h8 < 2; ++h8) {
+          const int col = dp2 * 16 + h8 * 8 + 2 * t4;
+          if (r0 < len) {
+            atomicAdd(dq0 + col, qa[h8][0] * scale);
+            atomicAdd(dq0 + col + 1, qa[h8][1] * scale);
           }
-        }
-        // dQ of the warp's 16 query rows += dS · K · scale, added into the fp32 accumulator.
-        for (int t = 0; t < D / 16; ++t) {
-          wmma::fragment<wmma::accumulator, 16, 16, 16, float> fdq;
-          wmma::fill_fragment(fdq, 0.0f);
-          for (int kk = 0; kk < BN; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fds;
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fk;
-            wmma::load_matrix_sync(fds, dSs + warp * 16 * LDP + kk, LDP);
-            wmma::load_matrix_sync(fk, Ks + kk * LDT + t * 16, LDT);
-            wmma::mma_sync(fdq, fds, fk, fdq);
+          if (r0 + 8 < len) {
+            atomicAdd(dq1 + col, qa[h8][2] * scale);
+            atomicAdd(dq1 + col + 1, qa[h8][3] * scale);
           }
-          wmma::store_matrix_sync(sc, fdq, 16, wmma::mem_row_major);
-          __syncwarp();
-          for (int e = lane; e < 256; e += 32) {
-            const int row = m0 + warp * 16 + e / 16;
-            if (row < len) atomicAdd(dq_acc + (((i64)b * S + row) * H + h) * D + t * 16 + e % 16, sc[e] * scale);
-          }
-          __syncwarp();
         }
       }
     }
+    cp_async_wait_all();
+    __syncthreads();  // the next tile has landed; every warp is done with this one's buffers and dSᵀ
   }
-  // dK (scaled: s = scale · q·k) and dV of the warp's keys; keys past the row's length get 0.
-  for (int t = 0; t < D / 16; ++t) {
-    wmma::store_matrix_sync(sc, dKf[t], 16, wmma::mem_row_major);
-    __syncwarp();
-    for (int e = lane; e < 256; e += 32) {
-      const int key = n0 + warp * 16 + e / 16;
-      if (key < S) dk[(((i64)b * S + key) * KV + kvh) * D + t * 16 + e % 16] = from_f<T>(sc[e] * scale);
+  // dK (scaled: s = scale · q·k) and dV of the warp's keys through its rows of the Q buffers, then 16-byte stores;
+  // keys past the row's length have zero accumulators (their P and dS are 0)
+  T* Ks_out = Qs + warp * 16 * LDT;
+  T* Vs_out = dOs + warp * 16 * LDT;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    *reinterpret_cast<unsigned*>(Ks_out + g * LDT + dt * 8 + 2 * t4) = pack2<T>(dKa[dt][0] * scale, dKa[dt][1] * scale);
+    *reinterpret_cast<unsigned*>(Ks_out + (g + 8) * LDT + dt * 8 + 2 * t4) = pack2<T>(dKa[dt][2] * scale, dKa[dt][3] * scale);
+    *reinterpret_cast<unsigned*>(Vs_out + g * LDT + dt * 8 + 2 * t4) = pack2<T>(dVa[dt][0], dVa[dt][1]);
+    *reinterpret_cast<unsigned*>(Vs_out + (g + 8) * LDT + dt * 8 + 2 * t4) = pack2<T>(dVa[dt][2], dVa[dt][3]);
+  }
+  __syncwarp();
+  for (int e = lane; e < 16 * (D / 8); e += 32) {
+    const int r = e / (D / 8), c = (e % (D / 8)) * 8;
+    const int key = n0 + warp * 16 + r;
+    if (key < S) {
+      const i64 at = (((i64)b * S + key) * KV + kvh) * D + c;
+      *reinterpret_cast<uint4*>(dk + at) = *reinterpret_cast<const uint4*>(Ks_out + r * LDT + c);
+      *reinterpret_cast<uint4*>(dv + at) = *reinterpret_cast<const uint4*>(Vs_out + r * LDT + c);
     }
-    __syncwarp();
-    wmma::store_matrix_sync(sc, dVf[t], 16, wmma::mem_row_major);
-    __syncwarp();
-    for (int e = lane; e < 256; e += 32) {
-      const int key = n0 + warp * 16 + e / 16;
-      if (key < S) dv[(((i64)b * S + key) * KV + kvh) * D + t * 16 + e % 16] = from_f<T>(sc[e]);
-    }
-    __syncwarp();
   }
 }
 

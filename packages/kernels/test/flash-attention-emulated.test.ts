@@ -1,7 +1,8 @@
 /**
  * Lathe's flash-attention CUDA source run on the CPU (test/emulation/emu.h stands in for the CUDA
- * subset it uses: a std::thread per CUDA thread, barriers, wmma tiles computed in float) against
- * attention and its gradients computed in double: the kernels' indexing, causal and length masks,
+ * subset it uses: a std::thread per CUDA thread, barriers, ldmatrix and mma.sync fragments exchanged
+ * across a warp's lanes) against attention and its gradients computed in double: the kernels'
+ * indexing, PTX fragment layouts, causal and length masks,
  * GQA head mapping, tiling across several tiles and ragged ends, and padding rows left at zero.
  * Needs g++ (C++20); the device check (tools/bench/kernels/flash-check.ts) tests the real build.
  */
@@ -63,6 +64,6 @@ test('bf16, head size 128, no grouping, a row of length 1 (attends only itself)'
   expectClose(run(2, 20, 2, 2, 128, 'bf16', [1, 20]), 'bf16');
 }, 60_000);
 
-test('bf16, head size 64, GQA 2: four key tiles (the K/V double buffers swap three times, the online softmax rescales O) beside a row ending mid-tile', () => {
-  expectClose(run(2, 200, 2, 1, 64, 'bf16', [200, 131]), 'bf16');
+test('bf16, head size 64, GQA 2: four key tiles (the double buffers swap three times, the online softmax rescales O), padding rows past a mid-tile end', () => {
+  expectClose(run(1, 200, 2, 1, 64, 'bf16', [195]), 'bf16');
 }, 60_000);

@@ -1,7 +1,6 @@
 // A CPU stand-in for the CUDA subset Lathe's flash-attention kernels use, so their indexing, masking
 // and synchronization can be tested without a GPU: every CUDA thread of a block is a std::thread,
-// __syncthreads and __syncwarp are barriers, warp shuffles go through a per-warp exchange slot, and
-// wmma fragments hold their whole 16x16 tile in every lane (computed redundantly, stored by lane 0);
+// __syncthreads and __syncwarp are barriers, warp shuffles go through a per-warp exchange slot,
 // ldmatrix and mma.sync exchange lanes' addresses and registers through a per-warp slot array and
 // give each lane the PTX fragment layout's elements; cp.async copies at once.
 #pragma once
@@ -65,35 +64,6 @@ inline __half __float2half(float f) { return {_Float16(f)}; }
 inline float emu_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 inline float emu_to_float(__half x) { return __half2float(x); }
 
-namespace nvcuda { namespace wmma {
-struct matrix_a {}; struct matrix_b {}; struct accumulator {};
-struct row_major {}; struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-template <typename Use, int M, int N, int K, typename T, typename Layout = void> struct fragment { float x[256]; };
-template <typename Use, typename T, typename Layout>
-inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
-  for (int r = 0; r < 16; ++r)
-    for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = emu_to_float(std::is_same_v<Layout, col_major> ? p[c * ldm + r] : p[r * ldm + c]);
-}
-template <typename T> inline void fill_fragment(fragment<accumulator, 16, 16, 16, T>& f, float v) { std::fill(f.x, f.x + 256, v); }
-template <typename T, typename LA, typename LB>
-inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, T, LA>& a, const fragment<matrix_b, 16, 16, 16, T, LB>& b,
-                     const fragment<accumulator, 16, 16, 16, float>& c) {
-  float out[256];
-  for (int r = 0; r < 16; ++r)
-    for (int n = 0; n < 16; ++n) {
-      float s = c.x[r * 16 + n];
-      for (int k = 0; k < 16; ++k) s += a.x[r * 16 + k] * b.x[k * 16 + n];
-      out[r * 16 + n] = s;
-    }
-  std::memcpy(d.x, out, sizeof out);
-}
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm, layout_t) {
-  if (emu::t_lane != 0) return;
-  for (int r = 0; r < 16; ++r)
-    for (int c = 0; c < 16; ++c) p[r * ldm + c] = f.x[r * 16 + c];
-}
-}}  // namespace nvcuda::wmma
 
 // The forward's PTX primitives (see the kernel source's FA_EMULATION block), lane by lane.
 inline unsigned __cvta_generic_to_shared(const void* p) { return unsigned(reinterpret_cast<uintptr_t>(p)); }
