@@ -160,8 +160,15 @@ async function main(): Promise<void> {
     try {
       for (const weights of modes) {
         const wm = WEIGHT_MODES[weights];
-        // The bound runs reuse the uploaded tensors; the others hold the kernel tensors in their graphs.
-        const plan = weights === 'bound' ? undefined : model.generation(device, dtype, { quantizedWeights: wm.as, fusedGemm: wm.fused, mode });
+        // The other modes hold the kernel tensors in their graphs and bind only the dense parameters,
+        // the uploaded ones (so their gpu_used_mib also counts the unused bound kernel tensors: projection_bytes).
+        const generation = weights === 'bound' ? undefined : model.generationPlan(device.kind, dtype, { quantizedWeights: wm.as, fusedGemm: wm.fused, mode });
+        const plan = generation && {
+          ...generation,
+          tensors: new Map([...tensors].filter(([n]) => model.dense.has(n))),
+          graphWeights: (g: L.Graph): Weights => model.graphWeights(g, { dtype, mode, quantizedWeights: generation.quantizedWeights }).weights,
+          session: generation.fusedGemm ? fusedGemmSession() : {},
+        };
         try {
           for (const fpa of weights === 'bound' && scheme && scheme.format !== 'nf4' && flag('fpa') ? [false, true] : [false]) {
             const session: SessionOptions = plan ? plan.session : fpa ? fusedGemmSession() : {};
@@ -180,8 +187,6 @@ async function main(): Promise<void> {
           const line = { format: f, weights, error: (e as Error).message.slice(-800) };
           console.log(JSON.stringify(line));
           (row.decode as unknown[]).push(line);
-        } finally {
-          for (const t of plan?.tensors.values() ?? []) t.dispose();
         }
       }
       row.gpu_used_mib = gpuUsedMiB();
