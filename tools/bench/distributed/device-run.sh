@@ -4,6 +4,11 @@
 #                (each rank run by the launcher), the same global batch; prints each parity verdict.
 #   scaling "1 2 4" : bf16 tokens/s with flash attention, PER_GPU rows (default 8) of 512 per GPU (weak scaling),
 #                Lathe then PyTorch DDP (torchrun) on each count; prints one line per run.
+#   comm "1 2" : what the gradient communication costs, on each GPU count (scaling's setup: bf16, flash attention, PER_GPU rows
+#                of 512 per GPU, STEPS default 8, 3 warm-up): on 1 GPU the plain step; on N, Lathe with float32 gradients
+#                all-reduced (fp32), --grad-reduce-dtype bfloat16 (bf16), ZeRO --zero 2 (zero2) and ZeRO with bfloat16
+#                reduce-scatters (zero2-bf16), each with its losses' parity against 1 GPU on the same global batch; then
+#                PyTorch DDP on the count. One JSON line each.
 #   zero N     : ZeRO-1 on N GPUs against 1 GPU (fp32, composed attention, TF32 off; STEPS, default 5): the parity
 #                verdict (≤ 1e-5 relative), then each rank's AdamW moment bytes, trainer state bytes and device memory,
 #                with the unsharded numbers beside them, 1 GPU and N GPUs (SHAPE: 0.6b by default, 1.7b to show what
@@ -23,7 +28,7 @@ export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/dp}
 mkdir -p "$OUT"
 B=.bundle
-mode=${1:?parity N | scaling "1 2 4" | zero N | grpo "1 2" | order N}
+mode=${1:?parity N | scaling "1 2 4" | comm "1 2" | zero N | grpo "1 2" | order N}
 case "$mode" in
   parity)
     N=${2:?parity N}
@@ -45,6 +50,27 @@ case "$mode" in
         --batch $((PER * n)) --seq 512 --out "$OUT/lathe-$n.json" > /dev/null
       node -e "const r=require('$OUT/lathe-$n.json'); console.log(JSON.stringify({impl:'lathe', world:r.world, tokens_per_s:r.tokens_per_s, step_ms:r.step_ms}))"
       torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 | tee "$OUT/ddp-$n.json"
+    done
+    ;;
+  comm)
+    PER=${PER_GPU:-8}
+    # FLASH="" and NO_DDP=1 for a CPU smoke test: DP_ARGS="--shape tiny --device cpu --compute float32 --seq 32" FLASH="" NO_DDP=1 STEPS=4
+    common="${DP_ARGS:-} --compute bfloat16 ${FLASH---flash-attention} --steps ${STEPS:-8} --warmup 3 --seq 512"
+    # one line per run: the median step after the warm-up, the parity verdict against the 1-GPU run of the same global batch
+    line() { node -e "const r=require('$1'); const t=r.step_ms.slice(3).sort((a,b)=>a-b); console.log(JSON.stringify({impl:'lathe', variant:'$2', world:r.world, zero:r.zero, grad_reduce_dtype:r.grad_reduce_dtype, tokens_per_s:r.tokens_per_s, step_ms:t[Math.floor(t.length/2)], parity:r.parity, state_bytes:r.state_bytes, memory:r.memory}))"; }
+    for n in ${2:-1 2}; do
+      rows=$((PER * n))
+      node $B/dp-check.js $common --batch $rows --out "$OUT/comm-1x$rows.json" > /dev/null
+      if [ "$n" = 1 ]; then line "$OUT/comm-1x$rows.json" single; fi
+      if [ "$n" != 1 ]; then
+        port=$((30000 + 10 * n))
+        for v in fp32:"--zero 0 --grad-reduce-dtype float32" bf16:"--zero 0 --grad-reduce-dtype bfloat16" zero2:"--zero 2 --grad-reduce-dtype float32" zero2-bf16:"--zero 2 --grad-reduce-dtype bfloat16"; do
+          name=${v%%:*}; opts=${v#*:}; port=$((port + 1))
+          node $B/dp-launch.js --gpus "$n" --master_port $port -- node $B/dp-check.js $common --batch $rows $opts --reference "$OUT/comm-1x$rows.json" --out "$OUT/comm-$n-$name.json" > /dev/null
+          line "$OUT/comm-$n-$name.json" "$name"
+        done
+      fi
+      [ -n "${NO_DDP:-}" ] || torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 | tee "$OUT/comm-ddp-$n.json"
     done
     ;;
   zero)
@@ -78,5 +104,5 @@ case "$mode" in
   order)
     node $B/dp-launch.js --gpus "${2:-2}" --master_port 29700 -- node $B/nccl-order.js --mb ${MB:-512} --trials ${TRIALS:-10}
     ;;
-  *) echo "usage: $0 parity N | scaling \"1 2 4\" | zero N | grpo \"1 2\" | order N" >&2; exit 2 ;;
+  *) echo "usage: $0 parity N | scaling \"1 2 4\" | comm \"1 2\" | zero N | grpo \"1 2\" | order N" >&2; exit 2 ;;
 esac

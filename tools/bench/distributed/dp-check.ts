@@ -11,11 +11,14 @@
  *   GPUs and PyTorch DDP (tools/reference/distributed/ddp_bench.py, same model and batch).
  * - ZeRO-1 (--zero 1): the AdamW moments and master-weight shards split over the ranks; the same
  *   parity check against a 1-GPU reference, and each rank's optimizer bytes (`moment_bytes`, the
- *   trainer's `state_bytes`) and device memory.
+ *   trainer's `state_bytes`) and device memory. --zero 2 is the same path (each micro-batch's
+ *   gradients are already reduce-scattered into shard sums).
+ * - --grad-reduce-dtype bfloat16: gradients summed over the ranks in bfloat16 (half the bytes of
+ *   the all-reduce or reduce-scatter), cast in one run each way around it.
  *
  * usage (each rank): node .bundle/dp-check.js [--shape 0.6b|1.7b|4b|tiny] [--compute float32|bfloat16]
  *   [--device cuda|cpu] [--steps 20] [--batch 8] [--seq 512] [--micro 1] [--lr 1e-5] [--warmup 2]
- *   [--flash-attention] [--recompute] [--tf32] [--bucket-mb 25] [--zero 0|1] [--reference ONE.json] [--tol X] [--out FILE]
+ *   [--flash-attention] [--recompute] [--tf32] [--bucket-mb 25] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--reference ONE.json] [--tol X] [--out FILE]
  * run:  node .bundle/lathe.js launch --gpus 2 -- node .bundle/dp-check.js --compute float32 --out two.json
  * Prints one JSON line per rank (rank 0's first); --out writes rank 0's.
  */
@@ -56,7 +59,9 @@ async function main(): Promise<void> {
   const warmup = Number(arg('warmup', '2'));
   const flash = flag('flash-attention');
   const zero = Number(arg('zero', '0'));
-  if (zero !== 0 && zero !== 1) throw new Error(`--zero ${zero}: 0 or 1`);
+  if (zero !== 0 && zero !== 1 && zero !== 2) throw new Error(`--zero ${zero}: 0, 1 or 2`);
+  const gradReduceDtype = arg('grad-reduce-dtype', 'float32') as 'float32' | 'bfloat16';
+  if (gradReduceDtype !== 'float32' && gradReduceDtype !== 'bfloat16') throw new Error(`--grad-reduce-dtype ${String(gradReduceDtype)}: float32 or bfloat16`);
   const world = worldFromEnv();
   checkDataParallelBatch(rowsPerStep, micro, world.worldSize, { batch: '--batch', micro: '--micro' });
 
@@ -64,7 +69,7 @@ async function main(): Promise<void> {
   let group: Collectives | undefined;
   if (world.worldSize > 1) {
     const tcp = await TcpCollectives.connect({ rank: world.rank, worldSize: world.worldSize, addr: world.masterAddr, port: world.masterPort });
-    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, recompute: flag('recompute'), tf32: flag('tf32'), zero });
+    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, recompute: flag('recompute'), tf32: flag('tf32'), zero, gradReduceDtype });
     group = deviceKind === 'cuda' ? await NcclCollectives.create(tcp, { deviceId: world.localRank }) : tcp;
   }
   const device = Device.open(deviceKind, { id: world.localRank, tf32: flag('tf32') });
@@ -76,7 +81,7 @@ async function main(): Promise<void> {
   const trainer = Trainer.create(
     { params, loss: sftLoss(config, { compute, flashAttention: flash, recompute: flag('recompute') }), optimizer: { weightDecay: 0.01, maxGradNorm: 1 } },
     { params: init },
-    { device, microBatches: micro, ...(group ? (zero === 1 ? { zero: group } : { onGradients: gradientAllReduce(group, { bucketBytes: Number(arg('bucket-mb', '25')) * 2 ** 20 }) }) : {}) },
+    { device, microBatches: micro, ...(group ? { gradReduceDtype, ...(zero >= 1 ? { zero: group } : { onGradients: gradientAllReduce(group, { bucketBytes: Number(arg('bucket-mb', '25')) * 2 ** 20 }) }) } : {}) },
   );
   init.clear();
   const i64 = (rows: number[][]): HostTensor => ({ data: BigInt64Array.from(rows.flat().map(BigInt)), dims: [rows.length, rows[0].length] });
@@ -114,6 +119,7 @@ async function main(): Promise<void> {
     batch: [rowsPerStep, seq],
     micro,
     zero,
+    grad_reduce_dtype: gradReduceDtype,
     moment_bytes: trainer.momentBytes,
     state_bytes: trainer.stateBytes,
     losses,

@@ -7,7 +7,8 @@
  * generation may differ where batch composition changes the kernels' rounding).
  *
  * usage (each rank): node .bundle/grpo-dp.js [--shape 0.6b|tiny] [--device cuda|cpu] [--compute bfloat16|float32]
- *   [--prompts 64] [--group 8] [--prompt-len 64] [--new-tokens 512] [--steps 2] [--micro 16 on CUDA, 4 on the CPU] [--attention flash|composed] [--out FILE]
+ *   [--prompts 64] [--group 8] [--prompt-len 64] [--new-tokens 512] [--steps 2] [--micro 16 on CUDA, 4 on the CPU] [--attention flash|composed]
+ *   [--grad-reduce-dtype float32|bfloat16] [--out FILE]
  * run:  node .bundle/dp-launch.js --gpus 2 -- node .bundle/grpo-dp.js --out two.json
  * Every rank prints one JSON line (rank 0's first); --out writes rank 0's.
  */
@@ -38,12 +39,14 @@ async function main(): Promise<void> {
   // micro-batches, 128 rows × 576 tokens of 151,936-wide logits a micro-batch ran out of memory).
   const micro = Number(arg('micro', deviceKind === 'cuda' ? '16' : '4'));
   const attention = arg('attention', deviceKind === 'cuda' ? 'flash' : 'composed') as 'composed' | 'flash';
+  const gradReduceDtype = arg('grad-reduce-dtype', 'float32') as 'float32' | 'bfloat16';
+  if (gradReduceDtype !== 'float32' && gradReduceDtype !== 'bfloat16') throw new Error(`--grad-reduce-dtype ${String(gradReduceDtype)}: float32 or bfloat16`);
   const world = worldFromEnv();
   checkDataParallelBatch(P, 1, world.worldSize, { batch: '--prompts', micro: '--micro' });
   let group: Collectives | undefined;
   if (world.worldSize > 1) {
     const tcp = await TcpCollectives.connect({ rank: world.rank, worldSize: world.worldSize, addr: world.masterAddr, port: world.masterPort });
-    await checkSameConfig(tcp, { shape, compute, P, G, promptLen, maxNew, steps, micro, attention });
+    await checkSameConfig(tcp, { shape, compute, P, G, promptLen, maxNew, steps, micro, attention, gradReduceDtype });
     group = deviceKind === 'cuda' ? await NcclCollectives.create(tcp, { deviceId: world.localRank }) : tcp;
   }
   const device = Device.open(deviceKind, { id: world.localRank, sharedArena: deviceKind === 'cuda' });
@@ -54,7 +57,7 @@ async function main(): Promise<void> {
   const trainer = GrpoTrainer.create<Record<string, never>>({
     model, tokenizer: { decode: (ids) => ids.join(' '), padId: 0 }, stopIds: [V - 1], rewards,
     groupSize: G, maxNewTokens: maxNew, loss: { aggregation: 'token-mean', clipHigh: 0.28 }, device, compute, microBatches: micro, attention,
-    ...(group ? { dataParallel: { rank: group.rank, worldSize: group.worldSize, allGatherBytes: (b: Uint8Array) => group!.allGatherBytes(b), trainerOptions: { onGradients: gradientAllReduce(group) } } } : {}),
+    ...(group ? { dataParallel: { rank: group.rank, worldSize: group.worldSize, allGatherBytes: (b: Uint8Array) => group!.allGatherBytes(b), trainerOptions: { onGradients: gradientAllReduce(group), gradReduceDtype } } } : {}),
   });
   let seed = 7;
   const rand = () => ((seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0) / 2 ** 32);
@@ -84,7 +87,7 @@ async function main(): Promise<void> {
       digests: all.flatMap((a) => a.digests),
     });
   }
-  const result = { rank: world.rank, world: world.worldSize, backend: group?.backend ?? 'none', shape, compute, prompts: P, group: G, new_tokens: maxNew, micro, steps: out, memory: device.memory() };
+  const result = { rank: world.rank, world: world.worldSize, backend: group?.backend ?? 'none', shape, compute, prompts: P, group: G, new_tokens: maxNew, micro, grad_reduce_dtype: gradReduceDtype, steps: out, memory: device.memory() };
   trainer.dispose();
   await group?.close();
   const line = JSON.stringify(result);
