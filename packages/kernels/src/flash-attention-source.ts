@@ -39,11 +39,11 @@ export const FLASH_HEAD_DIMS = [64, 128] as const;
 export const FLASH_TYPES = { bfloat16: { c: '__nv_bfloat16', suffix: 'bf16' }, float16: { c: '__half', suffix: 'fp16' } } as const;
 
 /**
- * Dynamic shared memory of a forward CTA (bytes): the Q tile (O's staging at the end) and two
- * buffers each of K and V — 85 KB at head size 128, so two CTAs fit an sm_90 SM.
+ * Dynamic shared memory of a forward CTA (bytes): two buffers each of K and V (Q first lands in K's
+ * second, O is staged in K's first) — 68 KB at head size 128, so three CTAs fit an sm_90 SM.
  */
 export function flashForwardSmem(headDim: number): number {
-  return (FLASH_BM + 4 * FLASH_BN) * (headDim + 8) * 2;
+  return 4 * FLASH_BN * (headDim + 8) * 2;
 }
 
 /**
@@ -157,9 +157,9 @@ __device__ __forceinline__ void flash_fwd(const T* __restrict__ q, const T* __re
                                           T* __restrict__ o, float* __restrict__ lse, int S, int H, int KV, float scale) {
   constexpr int LDT = D + 8;  // 272-byte rows at D = 128: ldmatrix's 8 row addresses fall in 8 distinct bank groups
   FA_SHARED(smem);
-  T* Qs = reinterpret_cast<T*>(smem);
-  T* Ks = Qs + BM * LDT;      // [2][BN][LDT]
-  T* Vs = Ks + 2 * BN * LDT;  // [2][BN][LDT]
+  T* Ks = reinterpret_cast<T*>(smem);  // [2][BN][LDT]
+  T* Vs = Ks + 2 * BN * LDT;           // [2][BN][LDT]
+  T* Qs = Ks + BN * LDT;               // Q lands in K's second buffer, free until the first prefetch (BM == BN)
 
   const int m0 = (gridDim.x - 1 - blockIdx.x) * BM;  // the longest (last) query tiles start first under the causal mask
   const int h = blockIdx.y, b = blockIdx.z;
@@ -188,6 +188,7 @@ __device__ __forceinline__ void flash_fwd(const T* __restrict__ q, const T* __re
     __syncthreads();
 #pragma unroll
     for (int kc = 0; kc < D / 16; ++kc) ldsm_x4(qf[kc], Qs + (warp * 16 + (lane & 15)) * LDT + kc * 16 + (lane >> 4) * 8);
+    __syncthreads();  // every warp holds its Q fragments before K's second buffer is overwritten
   }
   const int mi = lane >> 3, mr = lane & 7;  // ldmatrix: the matrix this lane addresses, and its row there
   for (int t = 0; t < nTiles; ++t) {
@@ -283,9 +284,10 @@ __device__ __forceinline__ void flash_fwd(const T* __restrict__ q, const T* __re
     if (i1 < S) lse[((i64)b * H + h) * S + i1] = v1 ? mr1 * scale + logf(lr1) : 0.0f;
   }
   if constexpr (!LSE_ONLY) {
-    // O / sum (0 at padding rows) through the warp's own rows of the Q tile, then 16-byte stores
+    // O / sum (0 at padding rows) through the warp's own rows of K's first buffer (released by the
+    // loop's last barrier), then 16-byte stores
     const float inv0 = v0 ? 1.0f / lr0 : 0.0f, inv1 = v1 ? 1.0f / lr1 : 0.0f;
-    T* Os = Qs + warp * 16 * LDT;
+    T* Os = Ks + warp * 16 * LDT;
     __syncwarp();
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
@@ -544,7 +546,7 @@ __device__ __forceinline__ void flash_bwd_dq(const float* __restrict__ dq_acc, T
 }
 
 #define FA_INSTANCES(SUF, T, D)                                                                                                   \
-  extern "C" __global__ void __launch_bounds__(THREADS) flash_fwd_##SUF##_d##D(const T* q, const T* k, const T* v, const int* seqlens_k, \
+  extern "C" __global__ void __launch_bounds__(THREADS, 3) flash_fwd_##SUF##_d##D(const T* q, const T* k, const T* v, const int* seqlens_k, \
       T* o, float* lse, int S, int H, int KV, float scale) { flash_fwd<T, D, false>(q, k, v, seqlens_k, o, lse, S, H, KV, scale); }  \
   extern "C" __global__ void __launch_bounds__(THREADS) flash_lse_##SUF##_d##D(const T* q, const T* k, const int* seqlens_k, float* lse,  \
       int S, int H, int KV, float scale) { flash_fwd<T, D, true>(q, k, nullptr, seqlens_k, nullptr, lse, S, H, KV, scale); }         \

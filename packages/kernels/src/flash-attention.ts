@@ -38,7 +38,7 @@ export function flashAttentionUnsupported(shape: FlashAttentionShape): string | 
 }
 
 /**
- * The CUDA include folder NVRTC needs for `mma.h` (wmma) and the half types: `LATHE_CUDA_INCLUDE`,
+ * The CUDA include folder NVRTC needs for the half types (`mma.h` marks the toolkit's): `LATHE_CUDA_INCLUDE`,
  * else `$CUDA_HOME/include`, `$CUDA_PATH/include`, `/usr/local/cuda/include`, then the newest
  * `/usr/local/cuda-*\/include` — the first that holds `mma.h`. Throws naming every place tried.
  */

@@ -20,7 +20,7 @@
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define FA_SHARED(name) unsigned char* name = emu::t_smem
 #define FA_EMULATION 1
 
