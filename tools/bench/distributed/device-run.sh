@@ -27,7 +27,7 @@ cd "$(dirname "$0")/../../.."
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/dp}
 mkdir -p "$OUT"
-B=.bundle
+B=${BUNDLE:-.bundle}
 mode=${1:?parity N | scaling "1 2 4" | comm "1 2" | zero N | grpo "1 2" | order N}
 case "$mode" in
   parity)
