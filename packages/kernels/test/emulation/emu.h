@@ -46,7 +46,6 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   emu::t_warp->arrive_and_wait();
   return other;
 }
-inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 using std::min;
@@ -74,6 +73,10 @@ inline void cp_async16(void* dst, const void* src, bool pred) {
 inline void cp_async_commit() {}
 inline void cp_async_wait_all() {}
 inline float fast_exp2(float x) { return std::exp2(x); }
+inline void red_add2(float* p, float a, float b) {
+  std::atomic_ref<float>(p[0]).fetch_add(a);
+  std::atomic_ref<float>(p[1]).fetch_add(b);
+}
 inline uint16_t emu_lo(unsigned r) { return uint16_t(r & 0xffffu); }
 inline uint16_t emu_hi(unsigned r) { return uint16_t(r >> 16); }
 // Every lane's row address in, each lane's (row lane/4, columns 2(lane%4), +1) of matrix i out (transposed: column lane/4, rows 2(lane%4), +1).
