@@ -484,6 +484,9 @@ function timePhase(kernels: Kernels, device: Device, side: KernelSide, python: s
     torch = (runTorch(python, dir, { time: true, B: c.batch, T: c.seqLen, H: c.numHeads, KV: c.numKvHeads, D: c.headDim, reps }) as { time: unknown }).time;
   }
   const r3 = (v: number) => +v.toFixed(3);
+  // causal matmul work: the forward's two products over the S·(S+1)/2 visible pairs, the backward's five
+  const fwdFlop = 4 * c.batch * c.numHeads * c.headDim * ((c.seqLen * (c.seqLen + 1)) / 2);
+  const tflops = (flop: number, ms: number) => +(flop / (ms * 1e9)).toFixed(1);
   console.log(
     JSON.stringify({
       phase: 'time',
@@ -499,6 +502,8 @@ function timePhase(kernels: Kernels, device: Device, side: KernelSide, python: s
         gqa_fwd_kernel_bwd: r3(hybridBoth),
       },
       speedup_fwd_bwd: { kernels: +(composedBoth / kernelBoth).toFixed(2), gqa_fwd_kernel_bwd: +(composedBoth / hybridBoth).toFixed(2) },
+      speedup_fwd: +(composedFwd / kernelFwd).toFixed(2),
+      tflops: { kernel_fwd: tflops(fwdFlop, kernelFwd), kernel_bwd: tflops(2.5 * fwdFlop, kernelBoth - kernelFwd), composed_fwd: tflops(fwdFlop, composedFwd) },
       torch_sdpa_ms: torch,
     }),
   );
