@@ -59,8 +59,8 @@ function batchOf(rs: { ids: number[]; prompt: number }[], lossTokens: number): R
   return { input_ids: i64(ids, [rs.length, T]), attention_mask: i64(mask, [rs.length, T]), loss_mask: i64(loss, [rs.length, T]), loss_tokens: { data: Float32Array.from([lossTokens]), dims: [] } };
 }
 /** Rank `rank`'s share of step `step`'s global batch, as `micro` micro-batches. */
-const batchFor = (step: number, rank: number, world: number, micro = 1) => {
-  const global = rows(step, BATCH);
+const batchFor = (step: number, rank: number, world: number, micro = 1, rowsPerStep = BATCH) => {
+  const global = rows(step, rowsPerStep);
   const mine = shardOf(global, rank, world);
   const per = mine.length / micro;
   return Array.from({ length: micro }, (_, k) => batchOf(mine.slice(k * per, (k + 1) * per), global.reduce((s, r) => s + r.ids.length - r.prompt, 0)));
@@ -82,12 +82,12 @@ const reference = (() => {
 })();
 
 /** ZeRO-1 over `world` in-process ranks from `init`, steps [from, to); every rank's results and its gathered state. */
-async function zero(world: number, init: { params: Map<string, Float32Array>; m?: Map<string, Float32Array>; v?: Map<string, Float32Array>; step?: number }, from: number, to: number, fusedAdamW = false, micro = 1) {
+async function zero(world: number, init: { params: Map<string, Float32Array>; m?: Map<string, Float32Array>; v?: Map<string, Float32Array>; step?: number }, from: number, to: number, fusedAdamW = false, micro = 1, rowsPerStep = BATCH) {
   const group = LocalGroup.create(world);
   const trainers = group.map((c) => Trainer.create(spec, init, { zero: c, fusedAdamW, microBatches: micro }));
   const results: TrainStepResult[][] = group.map(() => []);
   for (let step = from; step < to; step++) {
-    const out = await Promise.all(trainers.map((t, r) => t.trainStepAsync(batchFor(step, r, world, micro), lr(step))));
+    const out = await Promise.all(trainers.map((t, r) => t.trainStepAsync(batchFor(step, r, world, micro, rowsPerStep), lr(step))));
     out.forEach((o, r) => results[r].push(o));
   }
   const states = await Promise.all(trainers.map((t) => t.snapshotAsync()));
@@ -154,6 +154,39 @@ test('micro-batches: each one reduce-scattered and summed on the shards, as unsh
   // ZeRO-1 over 2: weights and one gradient buffer (2P), 6 shard sets and 3 gradient-shard buffers of P/2, padding none
   expect(stateBytes[0]).toBe(2 * P + (9 * P) / 2);
   process.stdout.write(`state bytes per rank: ZeRO-1 over 2 with 3 micro-batches ${stateBytes[0]}, unsharded data parallelism ${8 * P}\n`);
+});
+
+test.each([2, 4])('ZeRO-2 (gradients reduce-scattered into shard sums each micro-batch) with %i micro-batches a rank: 3 steps equal to one process over the same micro-batches within 1e-6, and the state resumes on 4 ranks on its trajectory', async (k) => {
+  const rowsPerStep = 4 * k;
+  const sharded = await zero(2, { params: weights }, 0, 3, false, k, rowsPerStep);
+  // one process over the same 2k micro-batches: rank r's micro-batch j is its (r·k + j)-th
+  const single = Trainer.create(spec, { params: weights }, { microBatches: 2 * k });
+  const singleResults: TrainStepResult[] = [];
+  for (let step = 0; step < 4; step++) singleResults.push(single.trainStep(batchFor(step, 0, 1, 2 * k, rowsPerStep), lr(step)));
+  const afterFour = single.snapshot();
+  single.dispose();
+  const three = Trainer.create(spec, { params: weights }, { microBatches: 2 * k });
+  for (let step = 0; step < 3; step++) three.trainStep(batchFor(step, 0, 1, 2 * k, rowsPerStep), lr(step));
+  const afterThree = three.snapshot();
+  three.dispose();
+  for (let r = 0; r < 2; r++) {
+    sharded.results[r].forEach((res, step) => {
+      relClose(res.loss, singleResults[step].loss, 1e-6);
+      relClose(res.gradNorm, singleResults[step].gradNorm, 1e-6);
+    });
+    const w = worst(sharded.states[r], afterThree);
+    expect(w.params).toBeLessThanOrEqual(1e-6);
+    expect(w.m).toBeLessThanOrEqual(1e-6);
+    expect(w.v).toBeLessThanOrEqual(1e-6);
+  }
+  // whatever k, one full-size gradient buffer (a micro-batch's) beside the weights, and shard-sized sums
+  expect(sharded.stateBytes[0]).toBe(2 * P + (9 * P) / 2);
+  // the gathered state resumes on 4 ranks (one micro-batch each) for the 4th step, on the one-process trajectory
+  const saved = sharded.states[0];
+  const resumed = await zero(4, { params: saved.params, m: saved.m, v: saved.v, step: saved.step }, 3, 4, false, 1, rowsPerStep);
+  relClose(resumed.results[0][0].loss, singleResults[3].loss, 1e-6);
+  expect(worst(resumed.states[0], afterFour).params).toBeLessThanOrEqual(1e-6);
+  expect(resumed.states[0].step).toBe(4);
 });
 
 test('a state gathered from 2 ZeRO ranks resumes on 3 (the moments resharded) and on 1 unsharded process, on the reference trajectory', async () => {
