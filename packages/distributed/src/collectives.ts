@@ -44,6 +44,10 @@ export interface Collectives {
   reduceScatter(input: DeviceTensor, output: DeviceTensor, op?: ReduceOp): Promise<void>;
   /** Concatenates every rank's `input` in rank order into `output` (worldSize × input.size elements). */
   allGather(input: DeviceTensor, output: DeviceTensor): Promise<void>;
+  /** `reduceScatter` of each (input, output) pair, in order; NCCL enqueues them as one group and waits once. */
+  reduceScatterMany(pairs: readonly (readonly [DeviceTensor, DeviceTensor])[], op?: ReduceOp): Promise<void>;
+  /** `allGather` of each (input, output) pair, in order; NCCL enqueues them as one group and waits once. */
+  allGatherMany(pairs: readonly (readonly [DeviceTensor, DeviceTensor])[]): Promise<void>;
   /** Copies `root`'s tensors into every rank's. */
   broadcast(tensors: readonly DeviceTensor[], root?: number): Promise<void>;
   /** Reduces a few host values in place (losses, metrics, counts). */
@@ -111,6 +115,14 @@ export abstract class HostCollectives implements Collectives {
     const out = await this.round(bytes(host), (parts) => concat(parts));
     const Type = host.constructor as new (b: ArrayBuffer, o: number, n: number) => typeof host;
     output.upload(new Type(out.buffer as ArrayBuffer, out.byteOffset, output.size));
+  }
+
+  async reduceScatterMany(pairs: readonly (readonly [DeviceTensor, DeviceTensor])[], op: ReduceOp = 'sum'): Promise<void> {
+    for (const [input, output] of pairs) await this.reduceScatter(input, output, op);
+  }
+
+  async allGatherMany(pairs: readonly (readonly [DeviceTensor, DeviceTensor])[]): Promise<void> {
+    for (const [input, output] of pairs) await this.allGather(input, output);
   }
 
   async broadcast(tensors: readonly DeviceTensor[], root = 0): Promise<void> {
@@ -203,7 +215,7 @@ function reducible(what: string, tensors: readonly DeviceTensor[], op: ReduceOp)
     if (t.dtype !== dtype || (dtype !== 'float32' && dtype !== 'bfloat16')) throw new Error(`${what}: ${tensors.map((x) => x.describe()).join(', ')}: the host backends reduce float32 tensors, or bfloat16 ones, not a mix`);
   }
   if (dtype === 'bfloat16' && op !== 'sum') throw new Error(`${what}: the host backends reduce bfloat16 tensors with 'sum' only`);
-  return dtype;
+  return dtype as 'float32' | 'bfloat16';
 }
 
 /** A float32 or bfloat16 tensor's values as float32 (bfloat16 widened exactly). */
@@ -219,7 +231,7 @@ function upload(t: DeviceTensor, values: Float32Array): void {
 }
 
 /** `x` rounded to the nearest bfloat16 (ties to even), as a float32. */
-const bf16Round = (x: Float32Array): void => void fromBfloat16Bits(toBfloat16Bits(x), x);
+const bf16Round = (x: Float32Array<ArrayBuffer>): void => void fromBfloat16Bits(toBfloat16Bits(x), x);
 
 /**
  * Float32 sums of the ranks' arrays in rank order (then divided by the world size for 'avg'). For

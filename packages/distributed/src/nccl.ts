@@ -209,6 +209,21 @@ export class NcclCollectives implements Collectives {
     await this.run('reduceScatter', () => this.api.checkNccl('ncclReduceScatter', this.api.fn.ncclReduceScatter(this.ptr(input), this.ptr(output), output.size, this.dtype(output), NCCL_OPS[op], this.comm, this.stream), this.comm));
   }
 
+  async reduceScatterMany(pairs: readonly (readonly [DeviceTensor, DeviceTensor])[], op: ReduceOp = 'sum'): Promise<void> {
+    for (const [input, output] of pairs) if (input.dtype !== output.dtype || input.size !== output.size * this.worldSize) throw new Error(`reduceScatter: ${input.describe()} must hold worldSize (${this.worldSize}) × ${output.describe()}'s elements`);
+    // one group: NCCL launches the reduce-scatters together, and the host waits once instead of once per tensor
+    await this.run('reduceScatter', () => {
+      for (const [input, output] of pairs) this.api.checkNccl('ncclReduceScatter', this.api.fn.ncclReduceScatter(this.ptr(input), this.ptr(output), output.size, this.dtype(output), NCCL_OPS[op], this.comm, this.stream), this.comm);
+    });
+  }
+
+  async allGatherMany(pairs: readonly (readonly [DeviceTensor, DeviceTensor])[]): Promise<void> {
+    for (const [input, output] of pairs) if (input.dtype !== output.dtype || output.size !== input.size * this.worldSize) throw new Error(`allGather: ${output.describe()} must hold worldSize (${this.worldSize}) × ${input.describe()}'s elements`);
+    await this.run('allGather', () => {
+      for (const [input, output] of pairs) this.api.checkNccl('ncclAllGather', this.api.fn.ncclAllGather(this.ptr(input), this.ptr(output), input.size, this.dtype(input), this.comm, this.stream), this.comm);
+    });
+  }
+
   async allGather(input: DeviceTensor, output: DeviceTensor): Promise<void> {
     if (input.dtype !== output.dtype || output.size !== input.size * this.worldSize) throw new Error(`allGather: ${output.describe()} must hold worldSize (${this.worldSize}) × ${input.describe()}'s elements`);
     await this.run('allGather', () => this.api.checkNccl('ncclAllGather', this.api.fn.ncclAllGather(this.ptr(input), this.ptr(output), input.size, this.dtype(input), this.comm, this.stream), this.comm));

@@ -18,7 +18,7 @@ import { TOTAL_LENGTH_INPUT } from '@lathe/models';
 import { fusedAdamWNode, type FusedAdamWNode } from './fused-adamw';
 import { biasCorrections } from './schedule';
 import { compileApply, compileGradients, compileTrainStep, stateNames, type TrainStepGraphs, type TrainStepSpec } from './train-step';
-import { buildReduceCast, gradCastGraph, shardLayout, paramShard, type GradReduceDtype, type ReduceCast, type ShardCollectives, type ShardSlot } from './zero';
+import { allGatherAll, buildReduceCast, gradCastGraph, reduceScatterAll, shardLayout, paramShard, type GradReduceDtype, type ReduceCast, type ShardCollectives, type ShardSlot } from './zero';
 
 /** A batch input: host data (copied at bind time) or a device tensor (bound by address). */
 export type BatchTensor = HostTensor | DeviceTensor;
@@ -496,11 +496,11 @@ export class Trainer {
       const into = i === 0 ? z.gradShards[0] : z.received!;
       if (z.low) {
         z.low.down.runSync();
-        for (const s of z.layout) await z.collectives.reduceScatter(z.low.send.get(s.name)!, z.low.recv.get(s.name)!, 'sum');
+        await reduceScatterAll(z.collectives, z.layout.map((s) => [z.low!.send.get(s.name)!, z.low!.recv.get(s.name)!] as const));
         z.low.up[i === 0 ? 0 : 1].runSync();
       } else {
         z.pad?.runSync();
-        for (const s of z.layout) await z.collectives.reduceScatter(s.padded ? z.padded.get(s.name)! : z.grads.get(s.name)!, into.get(s.name)!, 'sum');
+        await reduceScatterAll(z.collectives, z.layout.map((s) => [s.padded ? z.padded.get(s.name)! : z.grads.get(s.name)!, into.get(s.name)!] as const));
       }
       if (i > 0) {
         z.add![a].runSync();
@@ -526,7 +526,7 @@ export class Trainer {
     this.parts.fused?.check();
     z.current = 1 - z.current;
     const params = this.parts.sets[0];
-    for (const s of z.layout) await z.collectives.allGather(z.shards[z.current].get(s.name)!.p, s.padded ? z.padded.get(s.name)! : params.get(s.name)!.p);
+    await allGatherAll(z.collectives, z.layout.map((s) => [z.shards[z.current].get(s.name)!.p, s.padded ? z.padded.get(s.name)! : params.get(s.name)!.p] as const));
     z.unpad?.runSync();
     result.runMs += performance.now() - t2;
     this.optimizerStep++;

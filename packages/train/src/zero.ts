@@ -29,6 +29,10 @@ export interface ShardCollectives {
   reduceScatter(input: DeviceTensor, output: DeviceTensor, op?: 'sum' | 'avg'): Promise<void>;
   /** Concatenates every rank's `input` in rank order into `output`. */
   allGather(input: DeviceTensor, output: DeviceTensor): Promise<void>;
+  /** Several reduce-scatters in order, as one group where the backend can (one wait instead of one per tensor). */
+  reduceScatterMany?(pairs: readonly (readonly [DeviceTensor, DeviceTensor])[], op?: 'sum' | 'avg'): Promise<void>;
+  /** Several all-gathers in order, as one group where the backend can. */
+  allGatherMany?(pairs: readonly (readonly [DeviceTensor, DeviceTensor])[]): Promise<void>;
   /** Sums a few host values over the ranks, in place. */
   allReduceHost(values: Float64Array, op?: 'sum' | 'avg'): Promise<void>;
 }
@@ -146,4 +150,16 @@ export function buildReduceCast(device: Device, slots: readonly CastSlot[], grad
     for (const t of low.values()) t.dispose();
     throw e;
   }
+}
+
+/** Reduce-scatters each pair, as one group where the collectives offer it. */
+export async function reduceScatterAll(c: ShardCollectives, pairs: readonly (readonly [DeviceTensor, DeviceTensor])[]): Promise<void> {
+  if (c.reduceScatterMany) return c.reduceScatterMany(pairs, 'sum');
+  for (const [input, output] of pairs) await c.reduceScatter(input, output, 'sum');
+}
+
+/** All-gathers each pair, as one group where the collectives offer it. */
+export async function allGatherAll(c: ShardCollectives, pairs: readonly (readonly [DeviceTensor, DeviceTensor])[]): Promise<void> {
+  if (c.allGatherMany) return c.allGatherMany(pairs);
+  for (const [input, output] of pairs) await c.allGather(input, output);
 }
