@@ -212,15 +212,15 @@ export class NcclCollectives implements Collectives {
   async reduceScatterMany(pairs: readonly (readonly [DeviceTensor, DeviceTensor])[], op: ReduceOp = 'sum'): Promise<void> {
     for (const [input, output] of pairs) if (input.dtype !== output.dtype || input.size !== output.size * this.worldSize) throw new Error(`reduceScatter: ${input.describe()} must hold worldSize (${this.worldSize}) × ${output.describe()}'s elements`);
     // one group: NCCL launches the reduce-scatters together, and the host waits once instead of once per tensor
-    await this.run('reduceScatter', () => {
-      for (const [input, output] of pairs) this.api.checkNccl('ncclReduceScatter', this.api.fn.ncclReduceScatter(this.ptr(input), this.ptr(output), output.size, this.dtype(output), NCCL_OPS[op], this.comm, this.stream), this.comm);
+    for (const chunk of groups(pairs)) await this.run('reduceScatter', () => {
+      for (const [input, output] of chunk) this.api.checkNccl('ncclReduceScatter', this.api.fn.ncclReduceScatter(this.ptr(input), this.ptr(output), output.size, this.dtype(output), NCCL_OPS[op], this.comm, this.stream), this.comm);
     });
   }
 
   async allGatherMany(pairs: readonly (readonly [DeviceTensor, DeviceTensor])[]): Promise<void> {
     for (const [input, output] of pairs) if (input.dtype !== output.dtype || output.size !== input.size * this.worldSize) throw new Error(`allGather: ${output.describe()} must hold worldSize (${this.worldSize}) × ${input.describe()}'s elements`);
-    await this.run('allGather', () => {
-      for (const [input, output] of pairs) this.api.checkNccl('ncclAllGather', this.api.fn.ncclAllGather(this.ptr(input), this.ptr(output), input.size, this.dtype(input), this.comm, this.stream), this.comm);
+    for (const chunk of groups(pairs)) await this.run('allGather', () => {
+      for (const [input, output] of chunk) this.api.checkNccl('ncclAllGather', this.api.fn.ncclAllGather(this.ptr(input), this.ptr(output), input.size, this.dtype(input), this.comm, this.stream), this.comm);
     });
   }
 
@@ -265,6 +265,13 @@ export class NcclCollectives implements Collectives {
     this.api.fn.cudaStreamDestroy(this.stream);
     await this.host.close();
   }
+}
+
+/** NCCL takes at most 2048 operations between ncclGroupStart and ncclGroupEnd: longer lists go as several groups. */
+function groups<T>(items: readonly T[], max = 1024): T[][] {
+  const out: T[][] = [];
+  for (let i = 0; i < items.length; i += max) out.push(items.slice(i, i + max));
+  return out;
 }
 
 /** NCCL's version and file when it loads, or the reason it does not (for `lathe doctor`). */
