@@ -6,9 +6,10 @@
 #                Lathe then PyTorch DDP (torchrun) on each count; prints one line per run.
 #   comm "1 2" : what the gradient communication costs, on each GPU count (scaling's setup: bf16, flash attention, PER_GPU rows
 #                of 512 per GPU, STEPS default 8, 3 warm-up): on 1 GPU the plain step; on N, Lathe with float32 gradients
-#                all-reduced (fp32), --grad-reduce-dtype bfloat16 (bf16), ZeRO --zero 2 (zero2) and ZeRO with bfloat16
+#                all-reduced (fp32), --grad-reduce-dtype bfloat16 (bf16; bf16-1group: every gradient in one NCCL group
+#                instead of 25 MiB buckets each waited for), ZeRO --zero 2 (zero2) and ZeRO with bfloat16
 #                reduce-scatters (zero2-bf16), each with its losses' parity against 1 GPU on the same global batch; then
-#                PyTorch DDP on the count. One JSON line each.
+#                PyTorch DDP on the count, and on N also with its bf16_compress_hook. One JSON line each.
 #   zero N     : ZeRO-1 on N GPUs against 1 GPU (fp32, composed attention, TF32 off; STEPS, default 5): the parity
 #                verdict (≤ 1e-5 relative), then each rank's AdamW moment bytes, trainer state bytes and device memory,
 #                with the unsharded numbers beside them, 1 GPU and N GPUs (SHAPE: 0.6b by default, 1.7b to show what
@@ -64,13 +65,15 @@ case "$mode" in
       if [ "$n" = 1 ]; then line "$OUT/comm-1x$rows.json" single; fi
       if [ "$n" != 1 ]; then
         port=$((30000 + 10 * n))
-        for v in fp32:"--zero 0 --grad-reduce-dtype float32" bf16:"--zero 0 --grad-reduce-dtype bfloat16" zero2:"--zero 2 --grad-reduce-dtype float32" zero2-bf16:"--zero 2 --grad-reduce-dtype bfloat16"; do
+        for v in fp32:"--zero 0 --grad-reduce-dtype float32" bf16:"--zero 0 --grad-reduce-dtype bfloat16" bf16-1group:"--zero 0 --grad-reduce-dtype bfloat16 --bucket-mb 1000000" zero2:"--zero 2 --grad-reduce-dtype float32" zero2-bf16:"--zero 2 --grad-reduce-dtype bfloat16"; do
           name=${v%%:*}; opts=${v#*:}; port=$((port + 1))
           node $B/dp-launch.js --gpus "$n" --master_port $port -- node $B/dp-check.js $common --batch $rows $opts --reference "$OUT/comm-1x$rows.json" --out "$OUT/comm-$n-$name.json" > /dev/null
           line "$OUT/comm-$n-$name.json" "$name"
         done
       fi
       [ -n "${NO_DDP:-}" ] || torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 | tee "$OUT/comm-ddp-$n.json"
+      # DDP's bf16_compress_hook, the trade --grad-reduce-dtype bfloat16 makes
+      [ -n "${NO_DDP:-}" ] || [ "$n" = 1 ] || torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 --bf16-compress | tee "$OUT/comm-ddp-bf16-$n.json"
     done
     ;;
   zero)

@@ -39,6 +39,7 @@ def main():
     ap.add_argument("--checkpointing", action="store_true")
     ap.add_argument("--bucket-mb", type=int, default=25)
     ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--bf16-compress", action="store_true", help="bf16_compress_hook: gradients all-reduced in bfloat16 (Lathe's --grad_reduce_dtype bfloat16)")
     a = ap.parse_args()
     assert os.environ.get("NCCL_NVLS_ENABLE") == "0", "run with NCCL_NVLS_ENABLE=0 (NVLink multicast off)"
 
@@ -53,6 +54,9 @@ def main():
     if a.checkpointing:
         model.gradient_checkpointing_enable()
     ddp = DDP(model, device_ids=[local], bucket_cap_mb=a.bucket_mb)
+    if a.bf16_compress:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+        ddp.register_comm_hook(dist.group.WORLD, bf16_compress_hook)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
@@ -84,7 +88,7 @@ def main():
     median = timed[len(timed) // 2]
     if rank == 0:
         print(json.dumps({
-            "impl": "torch-ddp", "torch": torch.__version__, "world": world, "shape": a.shape, "compute": a.compute, "attn": a.attn,
+            "impl": "torch-ddp", "bf16_compress": a.bf16_compress, "torch": torch.__version__, "world": world, "shape": a.shape, "compute": a.compute, "attn": a.attn,
             "batch_per_gpu": [B, T], "step_ms": [round(t * 1000, 1) for t in times],
             "tokens_per_s": round(world * B * T / median), "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2),
         }))
