@@ -9,7 +9,8 @@
 #                all-reduced (fp32), --grad-reduce-dtype bfloat16 (bf16; bf16-1group: every gradient in one NCCL group
 #                instead of 25 MiB buckets each waited for), ZeRO --zero 2 (zero2) and ZeRO with bfloat16
 #                reduce-scatters (zero2-bf16), each with its losses' parity against 1 GPU on the same global batch; then
-#                PyTorch DDP on the count, and on N also with its bf16_compress_hook. One JSON line each.
+#                PyTorch DDP on the count, and on N also with its bf16_compress_hook (NO_DDP=1 skips DDP). One JSON line
+#                each. VARIANTS="fp32 bf16" runs only those Lathe variants.
 #   zero N     : ZeRO-1 on N GPUs against 1 GPU (fp32, composed attention, TF32 off; STEPS, default 5): the parity
 #                verdict (≤ 1e-5 relative), then each rank's AdamW moment bytes, trainer state bytes and device memory,
 #                with the unsharded numbers beside them, 1 GPU and N GPUs (SHAPE: 0.6b by default, 1.7b to show what
@@ -67,6 +68,8 @@ case "$mode" in
         port=$((30000 + 10 * n))
         for v in fp32:"--zero 0 --grad-reduce-dtype float32" bf16:"--zero 0 --grad-reduce-dtype bfloat16" bf16-1group:"--zero 0 --grad-reduce-dtype bfloat16 --bucket-mb 1000000" zero2:"--zero 2 --grad-reduce-dtype float32" zero2-bf16:"--zero 2 --grad-reduce-dtype bfloat16"; do
           name=${v%%:*}; opts=${v#*:}; port=$((port + 1))
+          # VARIANTS picks some (default all), to keep one call under the device's 10 minutes
+          case " ${VARIANTS:-fp32 bf16 bf16-1group zero2 zero2-bf16} " in *" $name "*) ;; *) continue ;; esac
           node $B/dp-launch.js --gpus "$n" --master_port $port -- node $B/dp-check.js $common --batch $rows $opts --reference "$OUT/comm-1x$rows.json" --out "$OUT/comm-$n-$name.json" > /dev/null
           line "$OUT/comm-$n-$name.json" "$name"
         done
