@@ -25,6 +25,11 @@ export const serveSchema = {
   max_n: { type: 'number', default: 16, integer: true, min: 1, describe: 'Most samples (n) per request (and never more than max_rows)' },
   max_logprobs: { type: 'number', default: 20, integer: true, min: 0, max: 20, describe: 'Most top_logprobs (chat) or logprobs (completions) a request may ask for (0: none)' },
   cuda_graph: { type: 'boolean', default: false, describe: 'Replay the decode step as a CUDA graph (cuda only), and prefills of repeated shapes too (see --prefill_graphs)' },
+  warm_prefill: {
+    type: 'string',
+    default: '',
+    describe: 'Prompt lengths (comma-separated, e.g. 256,1024) whose prefill shapes are planned (and with --cuda_graph captured) at start, so the first requests do not pay for it; empty: none',
+  },
   prefill_graphs: {
     type: 'number',
     default: SLOT_ENGINE_DEFAULTS.prefillGraphs,

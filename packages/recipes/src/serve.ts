@@ -90,6 +90,9 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
   const specs = parseServeModels(cfg.model);
   if (cfg.device === 'cpu' && (cfg.compute_dtype === 'bfloat16' || cfg.compute_dtype === 'float16')) throw new Error(`--compute_dtype ${cfg.compute_dtype} needs --device cuda (ONNX Runtime's CPU kernels are float32)`);
   if (cfg.cuda_graph && cfg.device !== 'cuda') throw new Error('--cuda_graph needs --device cuda');
+  const warmLengths = cfg.warm_prefill === '' ? [] : cfg.warm_prefill.split(',').map((x) => Number(x.trim()));
+  const badLength = warmLengths.find((n) => !Number.isInteger(n) || n < 1);
+  if (badLength !== undefined) throw new Error(`--warm_prefill: '${cfg.warm_prefill}' must be comma-separated positive integers (prompt lengths)`);
   const dtype: DType = cfg.compute_dtype === 'auto' ? (cfg.device === 'cuda' ? 'bfloat16' : 'float32') : cfg.compute_dtype;
   // Everything checked before any weights are read.
   const plans = await Promise.all(
@@ -137,6 +140,11 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
       }
       loaded.push({ model, engine });
       engine.warm();
+      try {
+        if (warmLengths.length) engine.warmPrefills(warmLengths, cfg.max_prefill_tokens);
+      } catch (e) {
+        throw new Error(`--warm_prefill: ${(e as Error).message}`);
+      }
       const scheduler = new Scheduler(engine, { maxQueue: cfg.max_queue, maxTokens: cfg.max_num_tokens || undefined, maxPrefillTokens: cfg.max_prefill_tokens, admitWaitMs: cfg.admit_wait_ms });
       models.push({ id: p.id, scheduler, tokenizer: p.tokenizer, stopIds: p.stopIds, maxN: Math.min(cfg.max_n, cfg.max_rows) });
     }

@@ -326,3 +326,21 @@ test('static prefill buffers (what a captured prefill replays): a second wave of
   // the two waves sampled differently (other seeds), so a buffer left holding the first wave's values would show
   expect(fixed[0][0].map((t) => t.token)).not.toEqual(fixed[3][0].map((t) => t.token));
 });
+
+test('warmPrefills runs every prompt count a length can be admitted in, twice per sampling graph, and leaves the engine idle and its results unchanged', () => {
+  const plan = [
+    { at: 0, prompt: [5, 9, 11, 3, 8], rows: [{ sampling: { temperature: 0.9 }, seed: 4, key: 0 }], maxNew: 4 },
+    { at: 1, prompt: [7, 2, 4, 4, 1], rows: [{ sampling: { temperature: 1 }, seed: 2, key: 1 }], maxNew: 4 },
+  ];
+  const cold = SlotEngine.create(model, { slots: 8, maxLength: 32, staticPrefill: true });
+  const want = drive(cold, plan);
+  cold.dispose();
+  const warm = SlotEngine.create(model, { slots: 8, maxLength: 32, staticPrefill: true });
+  // 16 prompt tokens a boundary over prompts of 5: up to 3 prompts, padded to 4 → counts 1, 2, 4
+  warm.warmPrefills([5], 16);
+  expect(warm.prefillLog.map((p) => p.prompts)).toEqual([1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 4]);
+  expect([warm.busy, warm.free]).toEqual([0, 8]);
+  expect(drive(warm, plan)).toEqual(want);
+  expect(() => warm.warmPrefills([32], 16)).toThrow(/a prompt length of 32 does not fit a context of 32/);
+  warm.dispose();
+});

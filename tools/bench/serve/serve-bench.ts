@@ -11,7 +11,8 @@
  * usage: node serve-bench.js [--shape qwen3-0.6b|tiny | --model DIR] [--tokenizer DIR] [--device cuda|cpu]
  *          [--dtype bfloat16] [--clients 1,16,64,256] [--rounds 2] [--prompt-len 256] [--max-new 512]
  *          [--rows 256] [--temperature 1] [--cuda-graph] [--client-threads 2] [--no-offline] [--offline-no-cuda-graph] [--direct]
- *          [--prefill-graphs N] [--admit-wait-ms N]   (lathe serve's --prefill_graphs and --admit_wait_ms) [--warmup]
+ *          [--prefill-graphs N] [--admit-wait-ms N]   (lathe serve's --prefill_graphs and --admit_wait_ms)
+ *          [--warmup]   (lathe serve --warm_prefill at the prompt length: its prefill shapes planned and captured at start)
  * Prints one JSON line per client count and a summary line. `--direct` also submits each level's
  * requests straight to the server's scheduler (no HTTP, no detokenising): what the engine and the
  * scheduler alone sustain, so that the HTTP layer's share of the gap to offline shows.
@@ -171,18 +172,13 @@ async function main(): Promise<void> {
     for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(tok, f), join(model, f));
   }
   const maxModelLen = promptLen + maxNew;
-  const running = await startServe({ ...defaults(serveSchema), model, port: 0, device, compute_dtype: dtype as 'bfloat16', max_rows: rows, max_model_len: maxModelLen, max_queue: 4 * Math.max(...levels), cuda_graph: cudaGraph, max_n: 1, ...(arg('prefill-graphs', '') ? { prefill_graphs: Number(arg('prefill-graphs', '')) } : {}), ...(arg('admit-wait-ms', '') ? { admit_wait_ms: Number(arg('admit-wait-ms', '')) } : {}) });
+  const running = await startServe({ ...defaults(serveSchema), model, port: 0, device, compute_dtype: dtype as 'bfloat16', max_rows: rows, max_model_len: maxModelLen, max_queue: 4 * Math.max(...levels), cuda_graph: cudaGraph, max_n: 1, ...(arg('prefill-graphs', '') ? { prefill_graphs: Number(arg('prefill-graphs', '')) } : {}), ...(arg('admit-wait-ms', '') ? { admit_wait_ms: Number(arg('admit-wait-ms', '')) } : {}), ...(flag('warmup') ? { warm_prefill: String(promptLen) } : {}) });
   const id = running.models[0].id;
   const client = new OpenAiClient({ baseUrl: running.url, timeoutMs: 3_600_000, maxRetries: 0 });
   const clientThreads = Number(arg('client-threads', '2'));
   const tReady = performance.now();
   // Warm-up: the first prefill and decode step of the graphs the bench uses.
   await client.completions({ model: id, prompt: makePrompts(1, promptLen, 999)[0], max_tokens: 4, temperature, ignore_eos: true });
-  // --warmup: one untimed round at each level with short answers, so that the prefill shapes arrivals
-  // group into are planned (and captured) before timing, as the offline engine's are before its timing.
-  if (flag('warmup')) {
-    for (const clients of levels) await runClients({ url: running.url, model: id, prompts: makePrompts(clients, promptLen, 7 * clients), clients, rounds: 1, maxNew: Math.min(16, maxNew), temperature, threads: Math.min(clientThreads, clients) });
-  }
 
   const results: Record<string, unknown>[] = [];
   for (const clients of levels) {

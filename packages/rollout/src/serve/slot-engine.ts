@@ -415,6 +415,29 @@ export class SlotEngine {
     }
   }
 
+  /**
+   * Runs each prefill shape that prompts of these lengths can take — their padded width, every
+   * padded prompt count up to `maxPrefillTokens` of prompt (as the scheduler admits them) and the
+   * slots — twice, for the sampling graphs of plain rows and of the rest, into free slots released
+   * after: on CUDA a shape's first run plans it (hundreds of ms) and with `cudaGraph` its second
+   * captures it, costs that would otherwise land on the first requests. Needs every slot free.
+   */
+  warmPrefills(lengths: readonly number[], maxPrefillTokens: number): void {
+    if (this.busy > 0 || this.inFlight) throw new Error('warmPrefills: needs an idle engine (every slot free)');
+    for (const n of lengths) {
+      if (!Number.isInteger(n) || n < 1 || n >= this.opts.maxLength) throw new Error(`warmPrefills: a prompt length of ${n} does not fit a context of ${this.opts.maxLength} (1..${this.opts.maxLength - 1})`);
+      const most = Math.min(this.opts.slots, nextPowerOfTwo(Math.max(1, Math.floor(maxPrefillTokens / n))));
+      for (let prompts = 1; prompts <= most; prompts *= 2) {
+        for (const temperature of [1, 0.7]) {
+          for (let run = 0; run < 2; run++) {
+            const admissions = Array.from({ length: prompts }, () => ({ prompt: Array<number>(n).fill(this.opts.padTokenId), rows: [{ sampling: { temperature }, seed: 0, key: 0 }] }));
+            for (const a of this.admit(admissions)) for (const slot of a.slots) this.release(slot);
+          }
+        }
+      }
+    }
+  }
+
   private normalised(row: SlotRow): Pick<SlotState, 'k' | 'p' | 'minP'> {
     const V = this.config.vocabSize;
     const k = row.sampling.topK && row.sampling.topK < V ? row.sampling.topK : V;
