@@ -7,7 +7,7 @@
 import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
 import type { DecoderConfig } from './config';
-import { decoder, paddedCausalMask, positionsFromPadding, rightPaddedAttention, rightPaddedGqaInputs, totalLength, type Weights } from './decoder';
+import { decoder, paddedCausalMask, positionsFromPadding, rightPaddedAttention, rightPaddedGqaInputs, totalLength, type FlashAttentionInputs, type Weights } from './decoder';
 import { chunkedLogprobsAndEntropy, chunkedTargetLogprobs } from './heads';
 
 /**
@@ -39,6 +39,12 @@ export interface TrunkOptions {
    * `totalLength(g, ids)` — a constant for a static T, else the `total_sequence_length` input.
    */
   totalSequenceLength?: Tensor;
+  /**
+   * With 'flash': attend through this kernel (Lathe's flash-attention forward and backward,
+   * `flashAttentionOps(...).attend` of @lathe/kernels) instead of GroupQueryAttention with its
+   * composed backward; the session then needs the kernels' custom-op domain.
+   */
+  attentionKernel?: FlashAttentionInputs['kernel'];
   /** Recompute each decoder layer (in causalLmLogprobs, each head chunk too) in the backward pass instead of keeping its activations. */
   recompute?: boolean;
   /** With 'composed': ONNX Runtime's fused RMSNorm/RoPE/SiLU kernels. Default off (the decoder's default). */
@@ -95,6 +101,6 @@ export function decoderHidden(cfg: DecoderConfig, w: Weights, ids: Tensor, atten
     attentionMask: paddedCausalMask(attentionMask),
     recompute: opts.recompute,
     ...(opts.fused === undefined ? {} : { fused: opts.fused }),
-    ...(attention === 'flash' ? { flashAttention: rightPaddedAttention(attentionMask, width()) } : {}),
+    ...(attention === 'flash' ? { flashAttention: { ...rightPaddedAttention(attentionMask, width()), ...(opts.attentionKernel ? { kernel: opts.attentionKernel } : {}) } } : {}),
   }).hidden;
 }

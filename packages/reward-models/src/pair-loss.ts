@@ -32,7 +32,7 @@ export function pairTokenInputs(g: Graph, shape: [number, number] | undefined): 
  */
 export function pairLossModel(g: Graph, params: Map<string, Tensor>, ids: Tensor, opts: PairLossModelOptions): { w: Weights; trunk: TrunkOptions } {
   const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
-  return { w, trunk: { recompute: opts.recompute, ...(opts.flashAttention ? { attention: 'flash' as const, totalSequenceLength: totalLength(g, ids) } : {}) } };
+  return { w, trunk: { recompute: opts.recompute, ...(opts.flashAttention ? { attention: 'flash' as const, totalSequenceLength: totalLength(g, ids), attentionKernel: opts.attentionKernel } : {}) } };
 }
 
 /** Rows [2P] as chosen [P] and rejected [P]. */

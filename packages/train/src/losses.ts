@@ -5,7 +5,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { causalLmLogprobs, chunkedTargetLogprobs, decoder, packedCausalMask, shiftLeft, totalLength, type DecoderConfig, type Weights } from '@lathe/models';
+import { causalLmLogprobs, chunkedTargetLogprobs, decoder, packedCausalMask, shiftLeft, totalLength, type DecoderConfig, type TrunkOptions, type Weights } from '@lathe/models';
 import type { LossBuilder } from './train-step';
 
 /** The attention choice of `lathe sft`, `lathe grpo` and `GrpoTrainer`. */
@@ -54,10 +54,10 @@ export function nextTokenLogprobs(
   w: Weights,
   ids: Tensor,
   attentionMask: Tensor,
-  opts: { temperature?: number; chunk?: number; recompute?: boolean; flashAttention?: Tensor } = {},
+  opts: { temperature?: number; chunk?: number; recompute?: boolean; flashAttention?: Tensor; attentionKernel?: TrunkOptions['attentionKernel'] } = {},
 ): Tensor {
-  const { flashAttention, ...head } = opts;
-  return causalLmLogprobs(cfg, w, ids, attentionMask, { ...head, ...(flashAttention ? { attention: 'flash' as const, totalSequenceLength: flashAttention } : {}) }).logp;
+  const { flashAttention, attentionKernel, ...head } = opts;
+  return causalLmLogprobs(cfg, w, ids, attentionMask, { ...head, ...(flashAttention ? { attention: 'flash' as const, totalSequenceLength: flashAttention, attentionKernel } : {}) }).logp;
 }
 
 /** How a loss builds the decoder's forward pass: the options every decoder loss takes (SFT, the pair losses, the critic's). */
@@ -82,6 +82,8 @@ export interface DecoderLossOptions {
    * `padBatch` makes them); with symbolic shapes the batch also carries `total_sequence_length`.
    */
   flashAttention?: boolean;
+  /** With `flashAttention`: attend through this kernel instead of GroupQueryAttention (see TrunkOptions.attentionKernel, @lathe/models). */
+  attentionKernel?: TrunkOptions['attentionKernel'];
 }
 
 /** Options of the SFT loss. */
@@ -119,7 +121,7 @@ export function sftLoss(cfg: DecoderConfig, opts: SftLossOptions = {}): LossBuil
     const flashAttention = opts.flashAttention ? totalLength(g, ids) : undefined;
     const logp = packed
       ? packedNextTokenLogprobs(cfg, w, ids, packed.segments, packed.positions, { chunk: opts.chunk, recompute: opts.recompute })
-      : nextTokenLogprobs(cfg, w, ids, attention!, { chunk: opts.chunk, recompute: opts.recompute, flashAttention });
+      : nextTokenLogprobs(cfg, w, ids, attention!, { chunk: opts.chunk, recompute: opts.recompute, flashAttention, attentionKernel: opts.attentionKernel });
     // Position t predicts token t+1: weight it by loss_mask[t+1]; the wrapped last column gets 0,
     // and in packed rows so does an example's last token (the next token begins another example).
     let predicted = L.mul(shiftLeft(lossMask), lastColumnZero(lossMask));

@@ -11,7 +11,7 @@
  *    run, once to warm up and then --score-repeats times.
  *
  * usage: node rm-bench.js --model LM_DIR --out RM_DIR --batch batch.json [--device cuda|cpu]
- *          [--compute bfloat16|float32] [--steps 5] [--lr 1e-5] [--score-rows 32] [--score-repeats 3] [--seed 1] [--kernels] [--cuda-graph]
+ *          [--compute bfloat16|float32] [--steps 5] [--lr 1e-5] [--score-rows 32] [--score-repeats 3] [--seed 1] [--kernels] [--cuda-graph] [--attention-kernel]
  * batch.json: {"prompt_len": N, "chosen": [[...]], "rejected": [[...]]}: P pairs, each row a
  * prompt (its first prompt_len tokens, shared by the pair) and a response.
  * Prints one JSON line: losses, step_ms (runs + host per step), tokens per step, score_ms per repeat.
@@ -22,7 +22,7 @@ import type { DType } from '@lathe/onnx';
 import { CausalLM } from '@lathe/models';
 import { bradleyTerryLoss, pairBatch, pairFeeds, RewardModel, trainedWeights, type PreferencePair } from '@lathe/reward-models';
 import { Device } from '@lathe/runtime';
-import { Kernels } from '@lathe/kernels';
+import { cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels } from '@lathe/kernels';
 import { Trainer } from '@lathe/train';
 import { arg, flag } from '../argv';
 
@@ -37,18 +37,30 @@ async function main(): Promise<void> {
   const rm = RewardModel.fromCausalLM(await CausalLM.fromPretrained(resolve(arg('model'))), { padTokenId: 0, seed: Number(arg('seed', '1')) });
   rm.save(resolve(arg('out')));
   // --kernels: the GPU through Lathe's kernels, so the Trainer takes the fused AdamW update (its default there).
-  const device = kind === 'cuda' && flag('kernels') ? Kernels.withDevice().device : Device.open(kind);
+  // --attention-kernel: attention through Lathe's flash-attention kernels (forward and backward) instead
+  // of GroupQueryAttention with its composed backward; implies --kernels.
+  const attentionKernel = kind === 'cuda' && flag('attention-kernel');
+  const opened = kind === 'cuda' && (flag('kernels') || attentionKernel) ? Kernels.withDevice() : undefined;
+  const device = opened?.device ?? Device.open(kind);
+  const ops = attentionKernel ? flashAttentionOps('cuda', FlashAttention.compile(opened!.kernels, { includeDir: cudaIncludeDir() })) : undefined;
   const tw = trainedWeights(rm.config, rm.float32Weights(), { compute });
   // --cuda-graph: the step captured once and replayed, so the loss is compiled for the batch's one
   // shape (every pair has the same length); with --kernels the fused AdamW node is asked for, since
   // it is not the default under capture.
   const cudaGraph = flag('cuda-graph');
   const shape: [number, number] | undefined = cudaGraph ? [2 * pairs.length, batch.chosen[0].length] : undefined;
-  const loss = bradleyTerryLoss(rm.config, { compute, weights: tw.weights, flashAttention: kind === 'cuda' && compute !== 'float32', ...(shape ? { shape } : {}) });
+  const loss = bradleyTerryLoss(rm.config, {
+    compute,
+    weights: tw.weights,
+    flashAttention: kind === 'cuda' && compute !== 'float32',
+    ...(shape ? { shape } : {}),
+    ...(ops ? { attentionKernel: (x, heads) => ops.attend(x, heads, 'kernels') } : {}),
+  });
+  const session = ops ? { session: { customOpDomains: [ops.domain.handle] } } : {};
   const trainer = Trainer.create(
     { params: tw.params, loss, optimizer: { weightDecay: 0, maxGradNorm: 1 } },
     { params: tw.init },
-    { device, ...(cudaGraph ? { cudaGraph: true, fusedAdamW: flag('kernels') } : {}) },
+    { device, ...session, ...(cudaGraph ? { cudaGraph: true, fusedAdamW: flag('kernels') } : {}) },
   );
   const feeds = pairFeeds(pairBatch(pairs, { padId: 0 }), trainer.batchInputs);
   const run = (t: Trainer) => {
@@ -65,7 +77,7 @@ async function main(): Promise<void> {
   const { losses, stepMs } = run(trainer);
   // Under --cuda-graph the same steps again without capture and with the composed update: the losses
   // a replayed step (and the fused node inside it) must reproduce.
-  const plainLosses = cudaGraph ? run(Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: 0, maxGradNorm: 1 } }, { params: tw.init }, { device, fusedAdamW: false })).losses : undefined;
+  const plainLosses = cudaGraph ? run(Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: 0, maxGradNorm: 1 } }, { params: tw.init }, { device, ...session, fusedAdamW: false })).losses : undefined;
 
   const scoring = rm.to(device, compute);
   const rows = Number(arg('score-rows', '32'));
@@ -85,8 +97,9 @@ async function main(): Promise<void> {
     scoreMs.push(performance.now() - t0);
     if (rep === 0) first = scores;
   }
-  console.log(JSON.stringify({ device: device.name, compute, cuda_graph: cudaGraph, pairs: pairs.length, seq: T, losses, ...(plainLosses ? { plain_losses: plainLosses } : {}), step_ms: stepMs, step_tokens: 2 * pairs.length * T, score_ms: scoreMs, score_sequences: sequences.length, first_scores: first.slice(0, 4) }));
+  console.log(JSON.stringify({ device: device.name, compute, cuda_graph: cudaGraph, attention: ops ? 'kernels' : 'gqa', pairs: pairs.length, seq: T, losses, ...(plainLosses ? { plain_losses: plainLosses } : {}), step_ms: stepMs, step_tokens: 2 * pairs.length * T, score_ms: scoreMs, score_sequences: sequences.length, first_scores: first.slice(0, 4) }));
   scoring.dispose();
+  ops?.dispose();
   rm.dispose();
 }
 

@@ -43,6 +43,7 @@ def main():
     ap.add_argument("--score-repeats", type=int, default=3)
     ap.add_argument("--out", default="/tmp/lathe-rm-bench")
     ap.add_argument("--kernels", action="store_true", help="Lathe through its own CUDA kernels (the fused AdamW update)")
+    ap.add_argument("--attention-kernel", action="store_true", help="Lathe's attention through its own flash-attention kernels (implies --kernels)")
     ap.add_argument("--cuda-graph", action="store_true", help="Lathe's step captured as a CUDA graph and replayed")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -58,7 +59,7 @@ def main():
         json.dump({"prompt_len": prompt_len, "chosen": chosen.tolist(), "rejected": rejected.tolist()}, f)
 
     res = subprocess.run(["node", SCRIPT, "--model", lm_dir, "--out", rm_dir, "--batch", batch_file, "--device", "cuda", "--compute", "bfloat16",
-                          "--steps", str(a.steps), "--score-rows", str(a.score_rows), "--score-repeats", str(a.score_repeats)] + (["--kernels"] if a.kernels else []) + (["--cuda-graph"] if a.cuda_graph else []), capture_output=True, text=True)
+                          "--steps", str(a.steps), "--score-rows", str(a.score_rows), "--score-repeats", str(a.score_repeats)] + (["--kernels"] if a.kernels else []) + (["--cuda-graph"] if a.cuda_graph else []) + (["--attention-kernel"] if a.attention_kernel else []), capture_output=True, text=True)
     if res.returncode != 0:
         print(json.dumps({"lathe_error": res.stderr[-2000:]}), flush=True)
         return
