@@ -201,12 +201,14 @@ export class QuantizedModel {
 
   /**
    * What a generator over this frozen model needs (KvCacheGenerator.create(device, config,
-   * tensors, { graphWeights, session, … })). On CUDA with MatMulNBits layers (INT8, INT4) and a
-   * 16-bit dtype, by default the kernel tensors are initializers of the generation graphs and ONNX
-   * Runtime's fused weight-only GEMM is on ({@link fusedGemmSession}); elsewhere
-   * (CPU, NF4 — MatMulBnb4 has no prepacked path — or `mode: 'dequantize'`) they are bound inputs.
-   * Each session then holds its own prepacked copy of the quantized weights (prefill and decode:
-   * twice the quantized bytes); `tensors` holds the rest. Dispose `tensors` after the generator.
+   * tensors, { graphWeights, session, … })). By default the kernel tensors are bound inputs, since
+   * ONNX Runtime 1.29's fused weight-only GEMM measured slower than its default kernels at batch 1,
+   * 16 and 256 (docs/benchmarks.md). `quantizedWeights: 'initializers'` makes them initializers
+   * of the generation graphs, and on CUDA with MatMulNBits layers (INT8, INT4) and a 16-bit dtype
+   * turns the fused GEMM on ({@link fusedGemmSession}; not for NF4 — MatMulBnb4 has no prepacked
+   * path — or `mode: 'dequantize'`). Each session then holds its own prepacked copy of the quantized
+   * weights (prefill and decode: twice the quantized bytes); `tensors` holds the rest. Dispose
+   * `tensors` after the generator.
    */
   generation(device: Device, dtype: DType, opts: { quantizedWeights?: QuantizedWeightsAs; fusedGemm?: boolean; mode?: QuantizedMatmulMode } = {}): QuantizedGeneration {
     const mode = opts.mode ?? 'kernel';
@@ -224,7 +226,7 @@ export class QuantizedModel {
     const nbits = this.nbitsLayouts();
     const eligible = nbits.filter((l) => !fusedGemmIneligibility(l.attrs, dtype)).length;
     const fusable = kind === 'cuda' && (opts.mode ?? 'kernel') === 'kernel' && eligible > 0;
-    const quantizedWeights = opts.quantizedWeights ?? (fusable ? 'initializers' : 'inputs');
+    const quantizedWeights = opts.quantizedWeights ?? 'inputs';
     const fusedGemm = opts.fusedGemm ?? (fusable && quantizedWeights === 'initializers');
     if (fusedGemm && quantizedWeights !== 'initializers') throw new Error(`generation: the fused weight-only GEMM needs quantizedWeights 'initializers' (ONNX Runtime prepacks only initializers; bound inputs fail at the first run)`);
     return { quantizedWeights, fusedGemm, fusedLayers: fusedGemm ? eligible : 0 };
