@@ -4,6 +4,7 @@ import { BUILTIN_DATA } from './demo-task';
 import {
   deviceOption,
   evalExamplesOption,
+  gradReduceDtypeOption,
   loraOptions,
   modelOption,
   optimizerOptions,
@@ -12,6 +13,7 @@ import {
   runDirOption,
   seedOption,
   tokenizerOption,
+  trainAttentionOption,
   trainComputeDtypeOption,
   trainRunOptions,
   trainStepOptions,
@@ -38,8 +40,10 @@ export const preferenceLoraOptions = { ...loraOptions, lora_targets: { ...loraOp
 /** The device, train step and batch options of the preference training commands (rm train, dpo). */
 export const preferenceStepOptions = {
   ...trainStepOptions({ steps: 500, batch_size: 16, batch: 'Preference pairs per optimizer step (each pair is two sequences)' }),
+  attention: trainAttentionOption,
   max_length: preferenceMaxLengthOption,
   zero_stage: zeroStageOption,
+  grad_reduce_dtype: gradReduceDtypeOption,
 } as const satisfies OptionSchema;
 
 /** The held-out pairs of the preference training commands and how often they are scored. */
