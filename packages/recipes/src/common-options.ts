@@ -46,6 +46,13 @@ export const trainComputeDtypeOption = { type: 'string', default: 'float32', cho
 /** `--attention` of the train step (and of scoring). */
 export const attentionOption = { type: 'string', default: 'auto', choices: ['auto', 'composed', 'flash'], describe: "Attention in the train step and scoring: 'composed' (MatMul/Softmax, keeps [B, heads, T, T] activations), 'flash' (ONNX Runtime's GroupQueryAttention, the backward recomputing each layer's probabilities: faster and less memory on a GPU, use it with bfloat16 on cuda) or 'auto': flash on cuda with bfloat16 compute, composed otherwise (faster on cpu; GroupQueryAttention has no float32 CUDA kernel)" } as const;
 
+/** `--attention` of the commands whose train step can attend through Lathe's own kernels (sft, rm train, dpo): {@link attentionOption} and `kernels`. */
+export const trainAttentionOption = {
+  ...attentionOption,
+  choices: [...attentionOption.choices, 'kernels'],
+  describe: `${attentionOption.describe}; 'kernels': Lathe's own flash-attention kernels, forward and backward (CUDA bfloat16; cpu float32 for tests): 1.2× a full SFT step over flash at 8 × 1024 on an H200 (not with --packing or --cuda_graph; evaluation and scoring keep flash)`,
+} as const;
+
 /** `--gradient_checkpointing`. */
 export const gradientCheckpointingOption = { type: 'boolean', default: false, describe: "Recompute each decoder layer's activations in the train step's backward pass instead of keeping them: less memory, one more forward pass of the layers" } as const;
 

@@ -9,12 +9,13 @@
 import type { DecoderConfig } from '@lathe/models';
 import type { PreferencePair, TrainedWeights } from '@lathe/reward-models';
 import { sizeOf, type Device, type DeviceTensor } from '@lathe/runtime';
-import { loraFromOptions, Trainer, useFlashAttention, type AttentionChoice, type BatchTensor, type LoraOptions, type LossBuilder, type TrainerState } from '@lathe/train';
+import { loraFromOptions, Trainer, type BatchTensor, type DecoderLossOptions, type LoraOptions, type LossBuilder, type TrainerState } from '@lathe/train';
 import type { DType } from '@lathe/onnx';
 import { pairStepFeeds } from './preference-batches';
 import { runTrainedWeights } from './quantize-lora';
 import { anyRankStopped, joinsCheckpoint, type DataParallelRun } from './launch-dp';
-import { checkComputeDtype, EpochStream, openDevice, scheduledLr, stepTiming, stopRequested, type RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { openTrainDevice, checkTrainAttention, type TrainAttentionChoice } from './train-attention';
+import { checkComputeDtype, EpochStream, scheduledLr, stepTiming, stopRequested, type RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
 /** Options `--resume` accepts with new values in a preference run (they change neither the weights nor the data order). */
 export const PAIR_RESUMABLE_KEYS: readonly string[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project', 'zero_stage', 'grad_reduce_dtype'];
@@ -23,7 +24,7 @@ export const PAIR_RESUMABLE_KEYS: readonly string[] = ['resume', 'force', 'overw
 export interface PairRunConfig extends LoraOptions {
   device: 'cpu' | 'cuda';
   compute_dtype: 'float32' | 'bfloat16';
-  attention: AttentionChoice;
+  attention: TrainAttentionChoice;
   gradient_checkpointing: boolean;
   /** QLoRA's base format, or 'none'. */
   quantize_base: string;
@@ -50,6 +51,8 @@ export interface PairLossOptions {
   weights: TrainedWeights['weights'];
   recompute: boolean;
   flashAttention: boolean;
+  /** With `--attention kernels`: the kernel attention goes through. */
+  attentionKernel?: DecoderLossOptions['attentionKernel'];
 }
 
 /** The training and held-out pairs of a preference run, and how many were left out. */
@@ -76,13 +79,16 @@ export interface PairTraining {
   state: TrainerState;
   /** This rank's place in a data-parallel job (lathe launch), if it runs in one. */
   dp?: DataParallelRun;
-  /** Frees the Trainer and the frozen tensors. */
+  /** Rethrows an error the attention kernels raised in the last step (with `--attention kernels`). */
+  checkStep(): void;
+  /** Frees the Trainer, the frozen tensors and the attention kernels' ops. */
   dispose(): void;
 }
 
 /** Refuses options a preference run cannot start with, before anything is loaded. */
 export function checkPairOptions(cfg: PairRunConfig): void {
   checkComputeDtype(cfg);
+  checkTrainAttention(cfg);
   if (cfg.batch_size % cfg.micro_batches !== 0) throw new Error(`--batch_size ${cfg.batch_size} is not divisible by --micro_batches ${cfg.micro_batches}`);
 }
 
@@ -103,13 +109,17 @@ export function startPairTraining(
   const lora = loraFromOptions(cfg);
   const compute = cfg.compute_dtype;
   const tw = runTrainedWeights(model.config, model.master, { lora, compute, seed: cfg.seed, quantize_base: cfg.quantize_base, device: cfg.device });
-  const loss = model.loss({ compute, weights: tw.weights, recompute: cfg.gradient_checkpointing, flashAttention: useFlashAttention(cfg.attention, cfg.device, compute) });
   const { state, init } = run.startFrom(tw.params, cfg, PAIR_RESUMABLE_KEYS, tw.init);
   run.saveConfig(cfg);
-  // a data-parallel rank opens its own GPU (LOCAL_RANK)
-  const device = openDevice(cfg.device, dp?.deviceId ?? 0);
+  // a data-parallel rank opens its own GPU (LOCAL_RANK); with --attention kernels, through the kernels
+  const { device, attention } = openTrainDevice(cfg, model.config, { id: dp?.deviceId ?? 0 });
+  const loss = model.loss({ compute, weights: tw.weights, recompute: cfg.gradient_checkpointing, flashAttention: attention.flashAttention, ...attention.loss });
   const frozen: Record<string, DeviceTensor> = tw.frozenOn(device);
-  const trainer = Trainer.create({ params: tw.params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } }, { ...init, step: state.step }, { device, microBatches: cfg.micro_batches, frozen, ...(dp ? dp.trainerOptions : {}) });
+  const trainer = Trainer.create(
+    { params: tw.params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } },
+    { ...init, step: state.step },
+    { device, microBatches: cfg.micro_batches, frozen, ...attention.trainer, ...(dp ? dp.trainerOptions : {}) },
+  );
   return {
     cfg,
     run,
@@ -122,9 +132,11 @@ export function startPairTraining(
     lora: Boolean(lora),
     state,
     ...(dp ? { dp } : {}),
+    checkStep: () => attention.check(),
     dispose() {
       trainer.dispose();
       for (const t of Object.values(frozen)) t.dispose();
+      attention.dispose();
     },
   };
 }
@@ -230,6 +242,7 @@ export async function runPairTraining<F, E extends { step: number }>(o: PairRun<
     });
     const hostMs0 = performance.now() - t0;
     const result = await trainer.trainStepAsync(feeds, lr);
+    o.training.checkStep();
     if (!Number.isFinite(result.loss)) {
       const dir = await checkpoint();
       throw new Error(

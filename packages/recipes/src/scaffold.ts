@@ -179,7 +179,17 @@ export function openDevice(kind: 'cpu' | 'cuda', id = 0, opts: { kernels?: boole
     process.stderr.write(`note: Lathe's CUDA kernels are off (${probe.reason}); the composed ONNX Runtime path runs instead\n`);
     return Device.open(kind, { id });
   }
-  return Kernels.withDevice({ deviceId: id }).device;
+  const opened = Kernels.withDevice({ deviceId: id });
+  deviceKernels.set(id, opened.kernels);
+  return opened.device;
+}
+
+/** The kernels each GPU was opened through by {@link openDevice} (its sessions run on their stream). */
+const deviceKernels = new Map<number, Kernels>();
+
+/** The kernels GPU `id` was opened through by {@link openDevice} in this process, if it was. */
+export function kernelsOfDevice(id: number): Kernels | undefined {
+  return deviceKernels.get(id);
 }
 
 /** Refuses bfloat16 compute off the GPU (ONNX Runtime has no bfloat16 CPU kernels for most ops). */

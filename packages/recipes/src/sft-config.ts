@@ -1,6 +1,6 @@
 /** `lathe sft`'s options: defaults, flags, YAML keys and the config saved with checkpoints. */
 import { BUILTIN_DATA, BUILTIN_MODEL } from './demo-task';
-import { evalExamplesOption, loraOptions, modelOption, quantizeBaseOption, optimizerOptions, promptFormatOptions, resumableOptions, runDirOption, seedOption, trainRunOptions, trainStepOptions, zeroStageOption, gradReduceDtypeOption } from './common-options';
+import { evalExamplesOption, loraOptions, modelOption, quantizeBaseOption, optimizerOptions, promptFormatOptions, resumableOptions, runDirOption, seedOption, trainRunOptions, trainStepOptions, trainAttentionOption, zeroStageOption, gradReduceDtypeOption } from './common-options';
 import { serveTrainingOptions } from './serve-training-config';
 import type { ConfigOf, OptionSchema } from './options';
 import { sftBenchmarkSamplingOptions, TRAIN_EVAL_KEYS, trainEvalOptions } from './train-eval-config';
@@ -27,6 +27,7 @@ export const sftSchema = {
   ...promptFormatOptions,
   run_dir: runDirOption('runs/sft', 'config.yaml, metrics.jsonl, checkpoints/ and eval/'),
   ...trainStepOptions({ steps: 1000, batch_size: 32, batch: 'Sequences per optimizer step' }),
+  attention: trainAttentionOption,
   zero_stage: zeroStageOption,
   grad_reduce_dtype: gradReduceDtypeOption,
   cuda_graph: {

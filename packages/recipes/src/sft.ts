@@ -21,12 +21,13 @@ import {
   mergeLora,
   sftLoss,
   Trainer,
-  useFlashAttention,
+  type DecoderLossOptions,
   type LoraConfig,
   type TrainableParam,
 } from '@lathe/train';
 import { additionExamples, BUILTIN_DATA } from './demo-task';
-import { checkComputeDtype, EpochStream, loadRunModel, openDevice, scheduledLr, splitHeldOut, stepTiming, stopRequested, type RunTokenizer, type TrainRunEvents, type TrainRunResult } from './scaffold';
+import { openTrainDevice, checkTrainAttention } from './train-attention';
+import { checkComputeDtype, EpochStream, loadRunModel, scheduledLr, splitHeldOut, stepTiming, stopRequested, type RunTokenizer, type TrainRunEvents, type TrainRunResult } from './scaffold';
 import { SFT_RESUMABLE_KEYS, type SftConfig } from './sft-config';
 import { stripThinking } from '@lathe/tokenizer';
 import { runPaths } from '@lathe/data';
@@ -132,7 +133,7 @@ export interface SftTestHooks {
 }
 
 /** What an SFT run trains: every weight, or LoRA adapters over a frozen base fed as `base/<name>` inputs; and the loss graph over them. */
-function trainedTensors(config: DecoderConfig, cfg: SftConfig, lora: LoraConfig | undefined, compile: { compute: 'float32' | 'bfloat16'; flashAttention: boolean; staticShape: boolean }, qlora?: TrainedWeights) {
+function trainedTensors(config: DecoderConfig, cfg: SftConfig, lora: LoraConfig | undefined, compile: { compute: 'float32' | 'bfloat16'; flashAttention: boolean; staticShape: boolean; attentionKernel?: DecoderLossOptions['attentionKernel'] }, qlora?: TrainedWeights) {
   const packing = cfg.packing ? { packing: true } : {};
   const specs = paramSpecs(config);
   const adapters = qlora ? qlora.adapters : lora ? loraAdapters(config, lora) : [];
@@ -142,6 +143,7 @@ function trainedTensors(config: DecoderConfig, cfg: SftConfig, lora: LoraConfig 
       ? adapters.flatMap((a) => [a.a, a.b])
       : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
   const shape: { shape?: [number, number] } = compile.staticShape ? { shape: [cfg.batch_size, cfg.max_length] } : {};
+  const kernel = compile.attentionKernel ? { attentionKernel: compile.attentionKernel } : {};
   const loss = lora
     ? sftLoss(config, {
         weights: qlora
@@ -152,10 +154,11 @@ function trainedTensors(config: DecoderConfig, cfg: SftConfig, lora: LoraConfig 
             },
         recompute: cfg.gradient_checkpointing,
         flashAttention: compile.flashAttention,
+        ...kernel,
         ...shape,
         ...packing,
       })
-    : sftLoss(config, { compute: compile.compute, recompute: cfg.gradient_checkpointing, flashAttention: compile.flashAttention, ...shape, ...packing });
+    : sftLoss(config, { compute: compile.compute, recompute: cfg.gradient_checkpointing, flashAttention: compile.flashAttention, ...kernel, ...shape, ...packing });
   return { specs, adapters, params, loss };
 }
 
@@ -269,6 +272,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   if (cfg.packing && cfg.attention === 'flash') {
     throw new Error("--packing with --attention flash is not supported: GroupQueryAttention takes no segment mask, so each packed example would attend to those before it in its row; use --attention composed (or auto, which picks composed with --packing)");
   }
+  checkTrainAttention(cfg);
   // Under lathe launch (or torchrun's or Slurm's variables): this rank's place in a data-parallel
   // job, which takes its share of each global batch; rank 0 alone writes the run directory.
   const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches }, zeroStage: cfg.zero_stage, gradReduceDtype: cfg.grad_reduce_dtype });
@@ -293,25 +297,26 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
 
   // Flash attention needs right-padded rows, which padBatch makes, and each batch's width T (fed
   // as total_sequence_length, or with a static shape a constant in the graph).
-  const flashAttention = useFlashAttention(cfg.attention, cfg.device, compute, { packing: cfg.packing });
+  // The trainer holds parameters and AdamW state on the device (opened through the kernels with --attention kernels).
+  const { device, attention } = openTrainDevice(cfg, config, { id: dp?.deviceId ?? 0, kernels: !cudaGraph });
+  const { flashAttention } = attention;
   const lora = loraFromOptions(cfg);
   // State: fresh from the model folder, or from the latest checkpoint.
   const base = lm.float32Weights();
   // QLoRA (--quantize_base): the adapters over the base quantized in memory, merged into its dequantized weights
   const qlora = cfg.quantize_base !== 'none' ? runTrainedWeights(config, base, { lora, compute, seed: cfg.seed, quantize_base: cfg.quantize_base, device: cfg.device }) : undefined;
-  const { specs, adapters, params, loss } = trainedTensors(config, cfg, lora, { compute, flashAttention, staticShape }, qlora);
+  const { specs, adapters, params, loss } = trainedTensors(config, cfg, lora, { compute, flashAttention, staticShape, ...attention.loss }, qlora);
   const mergeInto = (values: Map<string, Float32Array>) => (qlora ? qlora.merged(values) : mergeLora(base, values, adapters, lora!));
   const start = run.startFrom(params, cfg, SFT_RESUMABLE_KEYS, lora ? initLora(adapters, cfg.seed) : base);
   let { state } = start;
   const { init } = start;
 
-  // The trainer holds parameters and AdamW state on the device; a LoRA base is bound once, read-only.
-  const device = openDevice(cfg.device, dp?.deviceId ?? 0, { kernels: !cudaGraph });
+  // a LoRA base is bound once, read-only
   const frozenBase = qlora ? qlora.frozenOn(device) : lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, device.upload({ data: base.get(s.name)!, dims: s.shape })])) : {};
   const trainer = Trainer.create(
     { params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } },
     { ...init, step: state.step },
-    { device, microBatches: cfg.micro_batches, frozen: frozenBase, ...(cudaGraph ? { cudaGraph: true } : staticShape ? { staticInputs: true } : {}), ...(dp ? dp.trainerOptions : {}) },
+    { device, microBatches: cfg.micro_batches, frozen: frozenBase, ...attention.trainer, ...(cudaGraph ? { cudaGraph: true } : staticShape ? { staticInputs: true } : {}), ...(dp ? dp.trainerOptions : {}) },
   );
   const dropoutKeyed = trainer.batchInputs.includes(LORA_DROPOUT_KEY);
   // Everything below holds device memory: released however the run ends (a non-finite loss
@@ -434,6 +439,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
       const hostMs0 = performance.now() - t0;
       // with --serve_port, no request runs while the step rewrites the weights
       const result = serving ? await serving.update(() => trainer.trainStepAsync(micro, lr)) : await trainer.trainStepAsync(micro, lr);
+      attention.check();
       const loss = result.loss;
       if (!Number.isFinite(loss)) await nonFinite(loss, batchStart);
       state = { ...state, step: state.step + 1, dataPosition: stream.position };
@@ -470,6 +476,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
     await evaluator?.dispose();
     benchSampler?.dispose();
     trainer.dispose();
+    attention.dispose();
     for (const t of Object.values(frozenBase)) t.dispose();
     await run.close();
     await dp?.close();

@@ -1,0 +1,100 @@
+/**
+ * `--attention` of the training commands whose loss can attend through Lathe's own flash-attention
+ * kernels (`lathe sft`, `lathe rm train`, `lathe dpo`): the choice refused where it cannot work, the
+ * device opened through the kernels, the kernels compiled once per process, and what the loss and
+ * the Trainer then take (the attention kernel, the custom-op domain in the step's sessions).
+ */
+import type { DecoderConfig } from '@lathe/models';
+import { Device, type Ptr } from '@lathe/runtime';
+import { cudaIncludeDir, FlashAttention, flashAttentionOps, flashAttentionUnsupported, probeKernels, type FlashAttentionOps, type Kernels } from '@lathe/kernels';
+import { useFlashAttention, type AttentionChoice, type DecoderLossOptions } from '@lathe/train';
+import { kernelsOfDevice, openDevice } from './scaffold';
+
+/** `--attention` of sft, rm train and dpo: GRPO's choices and `kernels`. */
+export type TrainAttentionChoice = AttentionChoice | 'kernels';
+
+/** The options a run's attention depends on. */
+export interface TrainAttentionConfig {
+  device: 'cpu' | 'cuda';
+  compute_dtype: 'float32' | 'bfloat16';
+  attention: TrainAttentionChoice;
+  /** `lathe sft --packing`. */
+  packing?: boolean;
+  /** `lathe sft --cuda_graph`. */
+  cuda_graph?: boolean;
+}
+
+/**
+ * Refuses `--attention kernels` where it cannot work, naming the flags, before anything is loaded:
+ * packed rows (the kernels take right-padded rows, no segment mask), `--cuda_graph` (replaying the
+ * kernels' custom op inside a captured step is not verified yet), float32 compute on cuda (the
+ * kernels are bfloat16/float16 there).
+ */
+export function checkTrainAttention(cfg: TrainAttentionConfig): void {
+  if (cfg.attention !== 'kernels') return;
+  if (cfg.packing) throw new Error('--attention kernels with --packing is not supported: the kernels attend causally over whole right-padded rows and take no segment mask, so each packed example would attend to those before it; use --attention composed (or auto) with --packing');
+  if (cfg.cuda_graph) throw new Error("--attention kernels with --cuda_graph is not supported yet: the kernels' custom op has not been verified inside a captured step; drop --cuda_graph or use --attention flash");
+  if (cfg.device === 'cuda' && cfg.compute_dtype === 'float32') throw new Error('--attention kernels on --device cuda needs --compute_dtype bfloat16 (the kernels are bfloat16/float16 on the GPU; float32 only on the cpu, for tests)');
+}
+
+/** A run's attention once its device is open: what the loss and the Trainer take, and the ops' lifetime. */
+export interface TrainAttention {
+  /** The loss attends as flash attention (right-padded rows; with symbolic shapes `total_sequence_length` fed). */
+  flashAttention: boolean;
+  /** Loss options beyond `flashAttention`: the kernel to attend through, with `kernels`. */
+  loss: Pick<DecoderLossOptions, 'attentionKernel'>;
+  /** Trainer options: the kernels' custom-op domain in the step's sessions, with `kernels`. */
+  trainer: { session?: { customOpDomains: Ptr[] } };
+  /** Rethrows an error the kernels' compute raised in the last run (computes cannot throw into ONNX Runtime). */
+  check(): void;
+  /** Frees the custom-op domain: after every session that runs it. */
+  dispose(): void;
+}
+
+/** The kernels compiled once per set of device kernels. */
+const compiled = new WeakMap<Kernels, FlashAttention>();
+
+/**
+ * Opens a training run's device (GPU `id`; `kernels: false` keeps ONNX Runtime's own stream, see
+ * openDevice) and its attention: with `kernels`, the GPU through Lathe's kernels and the
+ * flash-attention kernels compiled (on the cpu their float32 host computation, for tests); the
+ * model's heads checked against what the kernels take.
+ */
+export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig, opts: { id?: number; kernels?: boolean } = {}): { device: Device; attention: TrainAttention } {
+  checkTrainAttention(cfg);
+  const id = opts.id ?? 0;
+  if (cfg.attention !== 'kernels') {
+    const device = openDevice(cfg.device, id, opts.kernels === undefined ? {} : { kernels: opts.kernels });
+    const flashAttention = useFlashAttention(cfg.attention, cfg.device, cfg.compute_dtype, { packing: cfg.packing });
+    return { device, attention: { flashAttention, loss: {}, trainer: {}, check: () => {}, dispose: () => {} } };
+  }
+  let ops: FlashAttentionOps;
+  let device: Device;
+  if (cfg.device === 'cpu') {
+    device = Device.open('cpu');
+    ops = flashAttentionOps('cpu');
+  } else {
+    const unsupported = flashAttentionUnsupported({ batch: 1, seqLen: 1, numHeads: config.numHeads, numKvHeads: config.numKvHeads, headDim: config.headDim, dtype: cfg.compute_dtype });
+    if (unsupported) throw new Error(`--attention kernels: the model's attention is not one the kernels take: ${unsupported}; use --attention flash`);
+    if (!Device.isOpen('cuda', id)) {
+      const probe = probeKernels();
+      if (!probe.ok) throw new Error(`--attention kernels needs Lathe's CUDA kernels (NVRTC and the CUDA driver), which are not available: ${probe.reason}; use --attention flash`);
+    }
+    device = openDevice('cuda', id);
+    const kernels = kernelsOfDevice(id);
+    if (!kernels) throw new Error(`--attention kernels: cuda:${id} was opened in this process without Lathe's kernels (its sessions run on ONNX Runtime's own stream), so the kernels cannot join its steps; run the command in a fresh process`);
+    let fa = compiled.get(kernels);
+    if (!fa) compiled.set(kernels, (fa = FlashAttention.compile(kernels, { includeDir: cudaIncludeDir() })));
+    ops = flashAttentionOps('cuda', fa);
+  }
+  return {
+    device,
+    attention: {
+      flashAttention: true,
+      loss: { attentionKernel: (x, heads) => ops.attend(x, heads, 'kernels') },
+      trainer: { session: { customOpDomains: [ops.domain.handle] } },
+      check: () => ops.check(),
+      dispose: () => ops.dispose(),
+    },
+  };
+}

@@ -1,0 +1,68 @@
+/**
+ * `--attention kernels` in lathe sft, rm train and dpo on the cpu, where the kernels' custom ops
+ * compute attention on the host in float32: three steps give the losses and gradient norms of
+ * composed attention (MatMul/Softmax, an independent path); combinations that cannot work are
+ * refused naming the flags.
+ */
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { defaults, dpoSchema, rmTrainSchema, runDpo, runRmTrain, runSft, sftSchema, type DpoRunConfig, type RmTrainConfig, type SftConfig } from '@lathe/recipes';
+import { writeAdditionTask } from './preference-task';
+
+const root = mkdtempSync(join(tmpdir(), 'lathe-train-attention-'));
+const task = writeAdditionTask(root);
+const sftConfig = (over: Partial<SftConfig> = {}): SftConfig => ({ ...defaults(sftSchema), run_dir: mkdtempSync(join(root, 'sft-')), steps: 3, batch_size: 8, eval_examples: 0, eval_every: 0, save_every: 0, warmup_steps: 0, lr: 3e-3, ...over });
+const pairRun = { data: task.pairs, steps: 3, batch_size: 8, eval_examples: 0, eval_every: 0, save_every: 0, log_every: 1, lr: 1e-3 };
+const rmConfig = (over: Partial<RmTrainConfig> = {}): RmTrainConfig => ({ ...defaults(rmTrainSchema), ...pairRun, run_dir: mkdtempSync(join(root, 'rm-')), ...over });
+const dpoConfig = (over: Partial<DpoRunConfig> = {}): DpoRunConfig => ({ ...defaults(dpoSchema), ...pairRun, run_dir: mkdtempSync(join(root, 'dpo-')), ...over });
+
+type StepLog = { loss: number; grad_norm: number };
+
+/** Each step's loss and gradient norm, as a run reports them. */
+async function stepsOf(run: (events: { onStep(m: StepLog): void }) => Promise<unknown>): Promise<StepLog[]> {
+  const out: StepLog[] = [];
+  await run({ onStep: (m) => out.push({ loss: m.loss, grad_norm: m.grad_norm }) });
+  return out;
+}
+
+/** Same number of steps, every loss and gradient norm within `rel` of the reference's. */
+function expectClose(got: StepLog[], want: StepLog[], rel: number) {
+  expect(got).toHaveLength(want.length);
+  got.forEach((g, i) => {
+    expect(Math.abs(g.loss - want[i].loss)).toBeLessThanOrEqual(rel * Math.abs(want[i].loss));
+    expect(Math.abs(g.grad_norm - want[i].grad_norm)).toBeLessThanOrEqual(rel * want[i].grad_norm);
+  });
+}
+
+test('lathe sft --attention kernels: 3 steps with the losses and gradient norms of composed attention (cpu, float32)', async () => {
+  const composed = await stepsOf((e) => runSft(sftConfig({ attention: 'composed' }), e));
+  const kernels = await stepsOf((e) => runSft(sftConfig({ attention: 'kernels' }), e));
+  expect(composed).toHaveLength(3);
+  // the steps train: the loss moves, so equal losses are not three copies of the initial one
+  expect(composed[2].loss).not.toBe(composed[0].loss);
+  expectClose(kernels, composed, 1e-4);
+}, 60_000);
+
+test('lathe rm train and lathe dpo --attention kernels: 3 steps with the losses and gradient norms of composed attention (cpu, float32)', async () => {
+  const rmComposed = await stepsOf((e) => runRmTrain(rmConfig({ attention: 'composed' }), e));
+  const rmKernels = await stepsOf((e) => runRmTrain(rmConfig({ attention: 'kernels' }), e));
+  expect(rmComposed).toHaveLength(3);
+  expect(rmComposed[2].loss).not.toBe(rmComposed[0].loss);
+  expectClose(rmKernels, rmComposed, 1e-4);
+  // IPO's squared loss: the sigmoid loss's softplus has a zero subgradient at exactly z = 0, where
+  // DPO starts (policy = reference), so its first step depends on rounding that differs by path.
+  const dpoComposed = await stepsOf((e) => runDpo(dpoConfig({ attention: 'composed', loss_type: 'ipo' }), e));
+  const dpoKernels = await stepsOf((e) => runDpo(dpoConfig({ attention: 'kernels', loss_type: 'ipo' }), e));
+  expect(dpoComposed).toHaveLength(3);
+  expect(dpoComposed[2].loss).not.toBe(dpoComposed[0].loss);
+  expectClose(dpoKernels, dpoComposed, 1e-4);
+}, 60_000);
+
+test('--attention kernels is refused, naming the flags, with --packing, --cuda_graph and float32 compute on cuda (before any device is opened)', async () => {
+  await expect(runSft(sftConfig({ attention: 'kernels', packing: true }))).rejects.toThrow(/--attention kernels with --packing is not supported/);
+  await expect(runSft(sftConfig({ attention: 'kernels', device: 'cuda', compute_dtype: 'bfloat16', cuda_graph: true }))).rejects.toThrow(/--attention kernels with --cuda_graph is not supported/);
+  await expect(runSft(sftConfig({ attention: 'kernels', device: 'cuda', compute_dtype: 'float32' }))).rejects.toThrow(/--attention kernels on --device cuda needs --compute_dtype bfloat16/);
+  await expect(runRmTrain(rmConfig({ attention: 'kernels', device: 'cuda', compute_dtype: 'float32' }))).rejects.toThrow(/--attention kernels on --device cuda needs --compute_dtype bfloat16/);
+  await expect(runDpo(dpoConfig({ attention: 'kernels', device: 'cuda', compute_dtype: 'float32' }))).rejects.toThrow(/--attention kernels on --device cuda needs --compute_dtype bfloat16/);
+});
