@@ -50,7 +50,7 @@ export const attentionOption = { type: 'string', default: 'auto', choices: ['aut
 export const trainAttentionOption = {
   ...attentionOption,
   choices: [...attentionOption.choices, 'kernels'],
-  describe: `${attentionOption.describe}; 'kernels': Lathe's own flash-attention kernels, forward and backward (CUDA bfloat16; cpu float32 for tests): 1.2× a full SFT step over flash at 8 × 1024 on an H200 (not with --packing or --cuda_graph; evaluation and scoring keep flash)`,
+  describe: `${attentionOption.describe}; 'kernels': Lathe's own flash-attention kernels, forward and backward (CUDA bfloat16; cpu float32 for tests): 1.2× a full SFT step over flash at 8 × 1024 on an H200 (not with --packing or --cuda_graph; the evaluation and scoring graphs are unchanged)`,
 } as const;
 
 /** `--gradient_checkpointing`. */
