@@ -35,6 +35,7 @@ declare -A entries=(
   [nccl-order]=tools/bench/distributed/nccl-order.ts
   [grpo-dp]=tools/bench/distributed/grpo-dp.ts
   [sft-fused-check]=tools/bench/train/sft-fused-check.ts
+  [sft-attention-check]=tools/bench/train/sft-attention-check.ts
 )
 # Entries that load a Hugging Face tokenizer carry @huggingface/transformers inside the bundle (the
 # GPU machine has no copy of it), with its image library sharp stubbed out, and Qwen3's tokenizer
