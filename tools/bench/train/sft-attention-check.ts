@@ -41,7 +41,8 @@ async function main(): Promise<void> {
   const runs: { attention: string; losses: number[]; step_ms: number[]; tokens: number[] }[] = [];
   for (const attention of attentions) {
     const r = { attention, losses: [] as number[], step_ms: [] as number[], tokens: [] as number[] };
-    const cfg: SftConfig = { ...defaults(sftSchema), model, tokenizer: 'builtin:addition', data, device, compute_dtype: compute, attention, steps, batch_size: B, max_length: T, overlong: 'truncate', eval_examples: 0, eval_every: 0, save_every: 0, keep_last: 1, warmup_steps: 0, lr: 1e-5, seed: 1, run_dir: join(dir, `run-${attention}`), overwrite: true };
+    // lathe sft has no --tokenizer flag, but its model loading reads one: the character tokenizer for the digit rows
+    const cfg: SftConfig & { tokenizer: string } = { ...defaults(sftSchema), model, tokenizer: 'builtin:addition', data, device, compute_dtype: compute, attention, steps, batch_size: B, max_length: T, overlong: 'truncate', eval_examples: 0, eval_every: 0, save_every: 0, keep_last: 1, warmup_steps: 0, lr: 1e-5, seed: 1, run_dir: join(dir, `run-${attention}`), overwrite: true };
     await runSft(cfg, { onStep: (m) => (r.losses.push(m.loss), r.step_ms.push(+(m.host_ms + m.run_ms).toFixed(2)), r.tokens.push(m.tokens)) });
     console.log(JSON.stringify(r));
     runs.push(r);
