@@ -1,20 +1,22 @@
 /**
- * `lathe sft --attention kernels` against another `--attention` through the recipe, in one process
+ * `lathe sft` (or with `--command rm|dpo`, `lathe rm train` or `lathe dpo`) with `--attention kernels`
+ * against another `--attention` through the recipe, in one process
  * (the second run reuses the GPU the first opened through Lathe's kernels): a random Qwen3-0.6B
  * (or `--layers N` of it; `--tiny` a 2-layer toy for the CPU) trained on digit strings through the
- * built-in character tokenizer, every row exactly `--seq` tokens, so each step is [batch, seq].
+ * built-in character tokenizer, every row exactly `--seq` tokens, so each step is [batch, seq]
+ * (rm/dpo: `--batch` pairs, each two rows).
  * Prints one JSON line per attention (losses, step ms) and a summary: the median step time of the
  * steps after `--warmup`, the speedup of the last attention over the first, and the largest
  * relative loss difference.
  *
  * usage: node sft-attention-check.js [--attentions flash,kernels] [--device cuda] [--compute bfloat16]
- *          [--batch 8] [--seq 1024] [--steps 8] [--warmup 2] [--layers 28] [--tiny] [--dir /tmp/sft-attn]
+ *          [--batch 8] [--seq 1024] [--steps 8] [--warmup 2] [--layers 28] [--tiny] [--dir /tmp/sft-attn] [--command sft|rm|dpo]
  * CPU smoke run: --device cpu --compute float32 --attentions composed,kernels --tiny --batch 2 --seq 32 --steps 3 --warmup 0
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { randomModel, type HfConfig } from '@lathe/models';
-import { defaults, runSft, sftSchema, type SftConfig } from '@lathe/recipes';
+import { defaults, dpoSchema, rmTrainSchema, runDpo, runRmTrain, runSft, sftSchema, type SftConfig } from '@lathe/recipes';
 import { arg, flag } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
 
@@ -36,14 +38,22 @@ async function main(): Promise<void> {
   const data = join(dir, 'data.jsonl');
   let s = 12345;
   const digits = (n: number) => Array.from({ length: n }, () => ((s = (s * 1103515245 + 12345) % 2 ** 31), String(s % 10))).join('');
-  writeFileSync(data, Array.from({ length: B * steps }, () => JSON.stringify({ prompt: digits(T >> 1), response: digits(T - 1 - (T >> 1)) })).join('\n') + '\n');
+  const command = arg('command', 'sft');
+  if (!['sft', 'rm', 'dpo'].includes(command)) throw new Error(`--command ${command}: sft, rm or dpo`);
+  const half = T >> 1;
+  const row = () => (command === 'sft' ? { prompt: digits(half), response: digits(T - 1 - half) } : { prompt: digits(half), chosen: digits(T - 2 - half), rejected: digits(T - 2 - half) });
+  writeFileSync(data, Array.from({ length: B * steps }, () => JSON.stringify(row())).join('\n') + '\n');
 
   const runs: { attention: string; losses: number[]; step_ms: number[]; tokens: number[] }[] = [];
   for (const attention of attentions) {
     const r = { attention, losses: [] as number[], step_ms: [] as number[], tokens: [] as number[] };
+    const common = { model, tokenizer: 'builtin:addition', data, device, compute_dtype: compute, attention, steps, batch_size: B, max_length: T, eval_examples: 0, eval_every: 0, save_every: 0, keep_last: 1, warmup_steps: 0, lr: 1e-5, seed: 1, run_dir: join(dir, `${command}-${attention}`), overwrite: true };
+    const onStep = (m: { loss: number; host_ms: number; run_ms: number; tokens: number }) => (r.losses.push(m.loss), r.step_ms.push(+(m.host_ms + m.run_ms).toFixed(2)), r.tokens.push(m.tokens));
     // lathe sft has no --tokenizer flag, but its model loading reads one: the character tokenizer for the digit rows
-    const cfg: SftConfig & { tokenizer: string } = { ...defaults(sftSchema), model, tokenizer: 'builtin:addition', data, device, compute_dtype: compute, attention, steps, batch_size: B, max_length: T, overlong: 'truncate', eval_examples: 0, eval_every: 0, save_every: 0, keep_last: 1, warmup_steps: 0, lr: 1e-5, seed: 1, run_dir: join(dir, `run-${attention}`), overwrite: true };
-    await runSft(cfg, { onStep: (m) => (r.losses.push(m.loss), r.step_ms.push(+(m.host_ms + m.run_ms).toFixed(2)), r.tokens.push(m.tokens)) });
+    const sft: SftConfig & { tokenizer: string } = { ...defaults(sftSchema), ...common, overlong: 'truncate' };
+    if (command === 'sft') await runSft(sft, { onStep });
+    else if (command === 'rm') await runRmTrain({ ...defaults(rmTrainSchema), ...common }, { onStep });
+    else await runDpo({ ...defaults(dpoSchema), ...common }, { onStep });
     console.log(JSON.stringify(r));
     runs.push(r);
   }
