@@ -9,6 +9,7 @@
 export * from './options';
 export * from './common-options';
 export * from './scaffold';
+export * from './train-attention';
 export * from './reporting';
 export * from './demo-task';
 export * from './sft-config';
