@@ -4,7 +4,6 @@
  */
 import { GraphError, type Tensor, type TensorLike } from './graph';
 import {
-  abs,
   add,
   cast,
   div,
@@ -118,7 +117,9 @@ export function gelu(x: Tensor): Tensor {
 }
 /** log(1 + eˣ), stable for large |x|. */
 export function softplus(x: Tensor): Tensor {
-  return add(relu(x), log(add(exp(neg(abs(x))), scalarLike(1, x))));
+  // x − 2·relu(x) is −|x| exactly, but unlike Abs (whose gradient at 0 is 0) it keeps σ(0) = ½ as the gradient at x = 0
+  const r = relu(x);
+  return add(r, log(add(exp(sub(x, mul(r, scalarLike(2, x)))), scalarLike(1, x))));
 }
 /** log σ(x) = −softplus(−x). */
 export function logSigmoid(x: Tensor): Tensor {

@@ -37,7 +37,7 @@ async function greedyAccuracy(dir: string): Promise<number> {
 
 test("lathe dpo: held-out implicit-reward accuracy from no preference to ≥ 0.9; the policy's own answers from chance to mostly right", async () => {
   const t0 = performance.now();
-  const result = await runDpo({ ...defaults(dpoSchema), data: task.pairs, run_dir: join(root, 'dpo'), steps: 200, batch_size: 32, lr: 2e-3, beta: 0.1, eval_examples: 40, eval_every: 50, log_every: 50, save_every: 0 });
+  const result = await runDpo({ ...defaults(dpoSchema), data: task.pairs, run_dir: join(root, 'dpo'), steps: 200, batch_size: 32, lr: 1e-3, beta: 0.1, eval_examples: 40, eval_every: 50, log_every: 50, save_every: 0 });
   const seconds = (performance.now() - t0) / 1000;
   const [before, after] = [result.evals[0], result.evals.at(-1)!];
   const answersBefore = await greedyAccuracy(join(root, 'dpo', 'base-model'));
