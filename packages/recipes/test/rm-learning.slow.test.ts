@@ -88,7 +88,7 @@ test("lathe grpo with the learned reward model as its only trained reward: the p
     group_size: 16,
     max_new_tokens: 1,
     eval_examples: 0,
-    lr: 3e-3,
+    lr: 4e-3,
     kl_coef: 0,
     epochs: 2,
     n_minibatches: 2,
