@@ -10,22 +10,9 @@ import { CausalLM, decoder, lmLogits, paddedCausalMask, positionsFromPadding, ty
 import { Device } from '@lathe/runtime';
 import { KvCacheGenerator, type Completion } from '@lathe/rollout';
 import { FPA_INTB_GEMM_CONFIG, fusedGemmIneligibility, kernelTensorNames, QuantizedModel, type QuantScheme, type QuantizedWeightsAs } from '@lathe/quantization';
+import { tinyQwen3 } from './data';
 
-// head_dim 16 for GroupQueryAttention's CPU rotary; intermediate 96 pads down_proj's K to two INT4 blocks of 64.
-const hf = {
-  architectures: ['Qwen3ForCausalLM'],
-  vocab_size: 96,
-  hidden_size: 64,
-  intermediate_size: 96,
-  num_hidden_layers: 2,
-  num_attention_heads: 4,
-  num_key_value_heads: 2,
-  head_dim: 16,
-  rms_norm_eps: 1e-6,
-  rope_theta: 10000,
-  max_position_embeddings: 64,
-  tie_word_embeddings: true,
-};
+const hf = tinyQwen3;
 const original = CausalLM.random(hf, { seed: 5, std: 0.08 });
 const config: DecoderConfig = original.config;
 const weights = original.float32Weights();

@@ -10,22 +10,9 @@ import { Device } from '@lathe/runtime';
 import { KvCacheGenerator } from '@lathe/rollout';
 import { addDistributionShift, pearson, QuantizedModel, SHIFT_IO, ShiftAccumulator, type QuantScheme } from '@lathe/quantization';
 import { compile } from '../../../tools/testing/ort-cpu';
+import { tinyQwen3 } from './data';
 
-// head_dim 16 for GroupQueryAttention's CPU rotary; K = 48 for down_proj pads the INT4 blocks.
-const hf = {
-  architectures: ['Qwen3ForCausalLM'],
-  vocab_size: 96,
-  hidden_size: 64,
-  intermediate_size: 96,
-  num_hidden_layers: 2,
-  num_attention_heads: 4,
-  num_key_value_heads: 2,
-  head_dim: 16,
-  rms_norm_eps: 1e-6,
-  rope_theta: 10000,
-  max_position_embeddings: 64,
-  tie_word_embeddings: true,
-};
+const hf = tinyQwen3;
 // std 0.08: logits spread enough (entropy well under log V) for the KL to measure something.
 const original = CausalLM.random(hf, { seed: 3, std: 0.08 });
 const config: DecoderConfig = original.config;

@@ -51,8 +51,8 @@ export interface SlotEngineOptions extends Pick<KvCacheGeneratorOptions, 'maxLen
   /**
    * With `cudaGraph`: how many prefill shapes (prompt count × width × rows, per graph variant) are
    * captured as CUDA graphs, each at its second prefill and replayed after. A prefill run plainly
-   * pays ONNX Runtime's per-kernel launch cost for every layer, a fixed ~10 ms on a 0.6B model
-   * that a replay does not (docs/benchmarks.md); shapes past the cap run plainly. Default 16; 0: none.
+   * pays ONNX Runtime's per-kernel launch cost for every layer, which a replay does not
+   * (docs/benchmarks.md); shapes past the cap run plainly. Default 16; 0: none.
    */
   prefillGraphs?: number;
   /**
