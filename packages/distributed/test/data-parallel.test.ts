@@ -4,75 +4,13 @@
  * steps as one process on the whole batch (the SFT loss of a tiny decoder, normalised by the
  * global batch's loss-token count), to float32 rounding.
  */
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { CausalLM, paramSpecs, randomModel } from '@lathe/models';
-import type { HostTensor } from '@lathe/runtime';
-import { sftLoss, Trainer, type TrainableParam, type TrainStepResult } from '@lathe/train';
+import { Trainer, type TrainStepResult } from '@lathe/train';
 import { buckets, checkDataParallelBatch, checkSameConfig, gatherRows, gradientAllReduce, LocalGroup, shardOf, type Collectives } from '@lathe/distributed';
+import { rankBatches, relClose, sftRows, tinySftSpec } from './tiny-sft';
 
-const tiny = {
-  architectures: ['Qwen3ForCausalLM'],
-  vocab_size: 40,
-  hidden_size: 16,
-  intermediate_size: 24,
-  num_hidden_layers: 2,
-  num_attention_heads: 2,
-  num_key_value_heads: 1,
-  head_dim: 8,
-  rms_norm_eps: 1e-6,
-  rope_theta: 10000,
-  max_position_embeddings: 64,
-  tie_word_embeddings: false,
-};
-const dir = mkdtempSync(join(tmpdir(), 'lathe-dp-'));
-const config = randomModel(dir, tiny, { seed: 3, std: 0.3 });
-const weights = CausalLM.fromPretrainedSync(dir).float32Weights();
-const params: TrainableParam[] = paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
-const spec = { params, loss: sftLoss(config), optimizer: { weightDecay: 0.1, maxGradNorm: 1 } };
-
-interface Row {
-  ids: number[];
-  /** Tokens before the response (not predicted). */
-  prompt: number;
-}
-
-/** Deterministic rows of varying length (so ranks' shards pad to different widths). */
-function rows(step: number, n: number): Row[] {
-  let s = 1000 + step;
-  const next = () => (s = (Math.imul(s, 1664525) + 1013904223) >>> 0);
-  return Array.from({ length: n }, () => {
-    const len = 5 + (next() % 9);
-    return { ids: Array.from({ length: len }, () => 1 + (next() % 39)), prompt: 2 + (next() % 3) };
-  });
-}
-
-const i64 = (v: number[], dims: number[]): HostTensor => ({ data: BigInt64Array.from(v.map(BigInt)), dims });
-
-/** Right-padded [B, T] inputs of the SFT loss; `lossTokens` is the whole optimizer batch's count. */
-function batchOf(rs: Row[], lossTokens: number): Record<string, HostTensor> {
-  const T = Math.max(...rs.map((r) => r.ids.length));
-  const ids: number[] = [];
-  const mask: number[] = [];
-  const loss: number[] = [];
-  for (const r of rs) {
-    for (let t = 0; t < T; t++) {
-      ids.push(r.ids[t] ?? 0);
-      mask.push(t < r.ids.length ? 1 : 0);
-      loss.push(t < r.ids.length && t >= r.prompt ? 1 : 0);
-    }
-  }
-  return { input_ids: i64(ids, [rs.length, T]), attention_mask: i64(mask, [rs.length, T]), loss_mask: i64(loss, [rs.length, T]), loss_tokens: { data: Float32Array.from([lossTokens]), dims: [] } };
-}
-const lossTokensOf = (rs: Row[]) => rs.reduce((s, r) => s + r.ids.length - r.prompt, 0);
-
-/** `micro` micro-batches of this rank's share of the global batch. */
-function microBatches(global: Row[], rank: number, world: number, micro: number) {
-  const mine = shardOf(global, rank, world);
-  const per = mine.length / micro;
-  return Array.from({ length: micro }, (_, k) => batchOf(mine.slice(k * per, (k + 1) * per), lossTokensOf(global)));
-}
+const { weights, spec } = tinySftSpec({ seed: 3 });
+/** Step `step`'s global batch: `n` rows of varying length (so ranks' shards pad to different widths). */
+const rows = (step: number, n: number) => sftRows(1000 + step, n);
 
 const STEPS = 4;
 const BATCH = 8;
@@ -81,7 +19,7 @@ const lr = (step: number) => 0.02 / (1 + step);
 function singleProcess(): { results: TrainStepResult[]; final: Map<string, Float32Array> } {
   const trainer = Trainer.create(spec, { params: weights });
   const results: TrainStepResult[] = [];
-  for (let step = 0; step < STEPS; step++) results.push(trainer.trainStep(microBatches(rows(step, BATCH), 0, 1, 1), lr(step)));
+  for (let step = 0; step < STEPS; step++) results.push(trainer.trainStep(rankBatches(rows(step, BATCH), 0, 1, 1), lr(step)));
   const final = trainer.downloadParams();
   trainer.dispose();
   return { results, final };
@@ -93,15 +31,13 @@ async function dataParallel(world: number, micro: number, bucketBytes?: number):
   const results: TrainStepResult[][] = group.map(() => []);
   for (let step = 0; step < STEPS; step++) {
     const global = rows(step, BATCH);
-    const out = await Promise.all(trainers.map((t, r) => t.trainStepAsync(microBatches(global, r, world, micro), lr(step))));
+    const out = await Promise.all(trainers.map((t, r) => t.trainStepAsync(rankBatches(global, r, world, micro), lr(step))));
     out.forEach((o, r) => results[r].push(o));
   }
   const finals = trainers.map((t) => t.downloadParams());
   for (const t of trainers) t.dispose();
   return { results, finals };
 }
-
-const relClose = (a: number, b: number, tol = 1e-5) => expect(Math.abs(a - b) / Math.max(Math.abs(b), 1e-12)).toBeLessThanOrEqual(tol);
 
 const reference = singleProcess();
 
@@ -136,7 +72,7 @@ test.each([
 test('a trainer with a gradient hook refuses the synchronous step, and the fixed-buffer path', () => {
   const hook = async () => undefined;
   const t = Trainer.create(spec, { params: weights }, { onGradients: hook });
-  expect(() => t.trainStep(microBatches(rows(0, 2), 0, 1, 1), 0.01)).toThrow(/onGradients hook.*trainStepAsync/);
+  expect(() => t.trainStep(rankBatches(rows(0, 2), 0, 1, 1), 0.01)).toThrow(/onGradients hook.*trainStepAsync/);
   t.dispose();
   expect(() => Trainer.create(spec, { params: weights }, { onGradients: hook, staticInputs: true })).toThrow(/no place for onGradients/);
 });

@@ -5,13 +5,10 @@
  * adds two bfloat16 values and stores a bfloat16 at each step (NVIDIA/nccl#1026), so over 2 ranks
  * the sum is bf16(bf16(g0) + bf16(g1)) exactly; the host backends do that in rank order.
  */
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { CausalLM, paramSpecs, randomModel } from '@lathe/models';
 import { Device, toBfloat16Bits, type DeviceTensor, type HostTensor } from '@lathe/runtime';
-import { sftLoss, Trainer, type TrainableParam } from '@lathe/train';
-import { gradientAllReduce, LocalGroup, shardOf } from '@lathe/distributed';
+import { Trainer } from '@lathe/train';
+import { gradientAllReduce, LocalGroup } from '@lathe/distributed';
+import { rankBatches, sftRows, tinySftSpec } from './tiny-sft';
 
 /** Round-to-nearest-even to bfloat16's 8 significant bits (normal range; 0 stays 0). */
 function bf16(x: number): number {
@@ -67,50 +64,9 @@ test('the host backends refuse a bfloat16 average and a bucket of mixed dtypes, 
   for (const t of [a, b, f]) t.dispose();
 });
 
-const tiny = {
-  architectures: ['Qwen3ForCausalLM'],
-  vocab_size: 40,
-  hidden_size: 16,
-  intermediate_size: 24,
-  num_hidden_layers: 1,
-  num_attention_heads: 2,
-  num_key_value_heads: 1,
-  head_dim: 8,
-  rms_norm_eps: 1e-6,
-  rope_theta: 10000,
-  max_position_embeddings: 64,
-  tie_word_embeddings: false,
-};
-const dir = mkdtempSync(join(tmpdir(), 'lathe-bf16-reduce-'));
-const config = randomModel(dir, tiny, { seed: 9, std: 0.3 });
-const weights = CausalLM.fromPretrainedSync(dir).float32Weights();
-const params: TrainableParam[] = paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
-const spec = { params, loss: sftLoss(config), optimizer: { weightDecay: 0.1, maxGradNorm: 0 } };
-
-const i64 = (v: number[], dims: number[]): HostTensor => ({ data: BigInt64Array.from(v.map(BigInt)), dims });
+const { weights, spec } = tinySftSpec({ seed: 9, layers: 1, maxGradNorm: 0 });
 /** Step `step`'s global batch of 12 rows: rank `rank`'s share as `micro` micro-batches, normalised by the whole batch's loss tokens. */
-function batchFor(step: number, rank: number, world: number, micro = 1): Record<string, HostTensor>[] {
-  let s = 500 + step;
-  const next = () => (s = (Math.imul(s, 1664525) + 1013904223) >>> 0);
-  const global = Array.from({ length: 12 }, () => {
-    const len = 5 + (next() % 6);
-    return { ids: Array.from({ length: len }, () => 1 + (next() % 39)), prompt: 2 };
-  });
-  const tokens = global.reduce((n, r) => n + r.ids.length - r.prompt, 0);
-  const share = shardOf(global, rank, world);
-  const per = share.length / micro;
-  return Array.from({ length: micro }, (_, k) => {
-    const mine = share.slice(k * per, (k + 1) * per);
-    const T = Math.max(...mine.map((r) => r.ids.length));
-    const pad = (f: (r: { ids: number[]; prompt: number }, t: number) => number) => mine.flatMap((r) => Array.from({ length: T }, (_, t) => f(r, t)));
-    return {
-      input_ids: i64(pad((r, t) => r.ids[t] ?? 0), [mine.length, T]),
-      attention_mask: i64(pad((r, t) => (t < r.ids.length ? 1 : 0)), [mine.length, T]),
-      loss_mask: i64(pad((r, t) => (t < r.ids.length && t >= r.prompt ? 1 : 0)), [mine.length, T]),
-      loss_tokens: { data: Float32Array.from([tokens]), dims: [] },
-    };
-  });
-}
+const batchFor = (step: number, rank: number, world: number, micro = 1) => rankBatches(sftRows(500 + step, 12, { maxLength: 10, prompt: 2 }), rank, world, micro);
 
 /** Host copies of a hook's gradient tensors, concatenated by parameter order (bfloat16 widened). */
 const hostOf = (grads: Map<string, DeviceTensor>): number[] => [...grads.values()].flatMap((t) => [...(t.dtype === 'bfloat16' ? floats(t) : (t.download().data as Float32Array))]);

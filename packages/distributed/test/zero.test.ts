@@ -4,67 +4,13 @@
  * tiny decoder whose norm and head sizes do not divide by 3, so the padded path runs), keep 1/N
  * of the moment bytes, and resume from a state gathered on 2 ranks on 3 ranks.
  */
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { CausalLM, paramSpecs, randomModel } from '@lathe/models';
-import type { HostTensor } from '@lathe/runtime';
-import { shardLayout, sftLoss, Trainer, type OptimizerState, type TrainableParam, type TrainStepResult } from '@lathe/train';
-import { gradientAllReduce, LocalGroup, shardOf } from '@lathe/distributed';
+import { shardLayout, Trainer, type OptimizerState, type TrainStepResult } from '@lathe/train';
+import { gradientAllReduce, LocalGroup } from '@lathe/distributed';
+import { rankBatches, relClose, sftRows, tinySftSpec } from './tiny-sft';
 
-const tiny = {
-  architectures: ['Qwen3ForCausalLM'],
-  vocab_size: 40,
-  hidden_size: 16,
-  intermediate_size: 24,
-  num_hidden_layers: 2,
-  num_attention_heads: 2,
-  num_key_value_heads: 1,
-  head_dim: 8,
-  rms_norm_eps: 1e-6,
-  rope_theta: 10000,
-  max_position_embeddings: 64,
-  tie_word_embeddings: false,
-};
-const dir = mkdtempSync(join(tmpdir(), 'lathe-zero-'));
-const config = randomModel(dir, tiny, { seed: 5, std: 0.3 });
-const weights = CausalLM.fromPretrainedSync(dir).float32Weights();
-const params: TrainableParam[] = paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
-const spec = { params, loss: sftLoss(config), optimizer: { weightDecay: 0.1, maxGradNorm: 1 } };
-
-/** Deterministic rows of varying length. */
-function rows(step: number, n: number): { ids: number[]; prompt: number }[] {
-  let s = 77 + step;
-  const next = () => (s = (Math.imul(s, 1664525) + 1013904223) >>> 0);
-  return Array.from({ length: n }, () => {
-    const len = 5 + (next() % 9);
-    return { ids: Array.from({ length: len }, () => 1 + (next() % 39)), prompt: 2 + (next() % 3) };
-  });
-}
-const i64 = (v: number[], dims: number[]): HostTensor => ({ data: BigInt64Array.from(v.map(BigInt)), dims });
-
-/** Right-padded SFT inputs of `rs`, normalised by the whole global batch's loss tokens. */
-function batchOf(rs: { ids: number[]; prompt: number }[], lossTokens: number): Record<string, HostTensor> {
-  const T = Math.max(...rs.map((r) => r.ids.length));
-  const ids: number[] = [];
-  const mask: number[] = [];
-  const loss: number[] = [];
-  for (const r of rs) {
-    for (let t = 0; t < T; t++) {
-      ids.push(r.ids[t] ?? 0);
-      mask.push(t < r.ids.length ? 1 : 0);
-      loss.push(t < r.ids.length && t >= r.prompt ? 1 : 0);
-    }
-  }
-  return { input_ids: i64(ids, [rs.length, T]), attention_mask: i64(mask, [rs.length, T]), loss_mask: i64(loss, [rs.length, T]), loss_tokens: { data: Float32Array.from([lossTokens]), dims: [] } };
-}
-/** Rank `rank`'s share of step `step`'s global batch, as `micro` micro-batches. */
-const batchFor = (step: number, rank: number, world: number, micro = 1, rowsPerStep = BATCH) => {
-  const global = rows(step, rowsPerStep);
-  const mine = shardOf(global, rank, world);
-  const per = mine.length / micro;
-  return Array.from({ length: micro }, (_, k) => batchOf(mine.slice(k * per, (k + 1) * per), global.reduce((s, r) => s + r.ids.length - r.prompt, 0)));
-};
+const { weights, params, spec } = tinySftSpec({ seed: 5 });
+/** Rank `rank`'s share of step `step`'s global batch (rows of varying length), as `micro` micro-batches. */
+const batchFor = (step: number, rank: number, world: number, micro = 1, rowsPerStep = BATCH) => rankBatches(sftRows(77 + step, rowsPerStep), rank, world, micro);
 
 const STEPS = 5;
 /** Bytes of the float32 parameters: unsharded data parallelism keeps 2 sets of (weights, m, v) and 2 gradient buffers, 8 × P. */
@@ -110,7 +56,6 @@ function worst(a: OptimizerState, b: OptimizerState): { params: number; m: numbe
   };
   return { params: diff(a.params, b.params), m: diff(a.m, b.m), v: diff(a.v, b.v) };
 }
-const relClose = (a: number, b: number, tol = 1e-5) => expect(Math.abs(a - b) / Math.max(Math.abs(b), 1e-12)).toBeLessThanOrEqual(tol);
 
 test.each([2, 3])('ZeRO-1 over %i ranks takes the steps of one unsharded process (5 steps: loss, grad norm, weights and moments within 1e-6) with 1/N of the moment bytes', async (world) => {
   expect(shardLayout(params, world).some((s) => s.padded)).toBe(world === 3);
