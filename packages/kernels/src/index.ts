@@ -13,3 +13,5 @@ export { CustomOpDomain, type CustomOpContext, type CustomOpInput, type CustomOp
 export { kernelRegion, regionOf, segmentGraph, splitGraph, SplitProgram, KERNEL_SCOPE, type KernelImpl, type SplitStep } from './split';
 export { flashAttentionSource, flashForwardSmem, flashBackwardSmem, flashKernelName, FLASH_BM, FLASH_BN, FLASH_THREADS, FLASH_HEAD_DIMS, FLASH_TYPES } from './flash-attention-source';
 export { FlashAttention, flashAttentionOps, flashAttentionReference, flashAttentionUnsupported, flashShapeOf, cudaIncludeDir, type FlashAttendInputs, type FlashAttentionMode, type FlashAttentionOps, type FlashAttentionShape, type FlashBackwardArgs, type FlashForwardArgs } from './flash-attention';
+export { w4a16Source, w4a16KernelName, w4a16MaxWarps, w4a16Smem, W4A16_TILES, W4A16_TYPES } from './w4a16-source';
+export { W4A16, W4A16_BLOCK_SIZES, roundToDtype, w4a16Ops, w4a16Plan, w4a16Reference, w4a16Unsupported, type W4A16Args, type W4A16Attrs, type W4A16Ops, type W4A16Plan, type W4A16Shape } from './w4a16';

@@ -1,0 +1,205 @@
+/**
+ * The CUDA C++ of Lathe's W4A16 matmul (C [M, N] = A [M, K] · dequant(B)ᵀ), compiled by NVRTC: 4-bit
+ * weights in ONNX Runtime's MatMulNBits layout — B uint8 [N, kBlocks, blockSize / 2] (low nibble
+ * first), scales [N, kBlocks] in A's dtype, optional uint8 zero points [N, ceil(kBlocks / 2)] (low
+ * nibble first, default 8), block size 32, 64 or 128 — and bf16 or fp16 activations.
+ *
+ * A weight-streaming kernel on tensor cores with the operands swapped: the weights are mma.sync
+ * m16n8k16's A operand (16 output columns × 16 of K) and the activations its B operand (16 of K × 8
+ * rows of A), so a decode batch of 1–8 rows wastes no more than an n8 tile. A CTA owns 16 output
+ * columns; its warps split K in chunks of 128 and sum their fp32 accumulators through shared memory
+ * at the end (in a fixed order: deterministic). In a chunk, lane (g = lane / 4, t = lane % 4) reads
+ * 16 bytes (32 codes) of weight rows n0 + g and n0 + g + 8 with one 128-bit non-caching load each,
+ * and the 32 activations of the same K range of its A row(s) with 128-bit loads. The order of K
+ * inside a 16-wide step is free as long as both operands follow it: step s takes codes 4s..4s+3 of
+ * each lane's 32, so a lane's fragments come from its own loads with no shuffles — its low nibbles
+ * (codes 4s, 4s + 2) fill slots 2t, 2t + 1 and its high nibbles (4s + 1, 4s + 3) slots 2t + 8, 2t + 9,
+ * and the activations are permuted to match by two byte permutes. Codes become half floats by OR-ing
+ * them into the mantissa of 128 (bf16) or 1024 (fp16); (q − zp) · scale is then one exact subtract
+ * and one rounding multiply in T — the same values as dequantizing in float and rounding to T.
+ *
+ * Kernels `w4a16_<bf16|fp16>_m<8·MT>`: MT n8 tiles of A rows per CTA (M ≤ 8, 16, 32, 64); grid
+ * (ceil(N / 16), ceil(M / (8·MT))); blockDim 32·warps; dynamic shared memory {@link w4a16Smem}.
+ * Arguments: A, B, scales, zero points (null: 8), C, M, N, K, kBlocks, log2(blockSize). A's rows are
+ * K apart and K must be a multiple of 8 (16-byte loads); weights past K (the last block's padding)
+ * meet zero activations.
+ */
+
+/** A rows per n8 tile count, by kernel: M ≤ 8·MT. */
+export const W4A16_TILES = [1, 2, 4, 8] as const;
+
+/** Element types with a build, by dtype name, with their C type and kernel-name suffix. */
+export const W4A16_TYPES = { bfloat16: { c: '__nv_bfloat16', suffix: 'bf16' }, float16: { c: '__half', suffix: 'fp16' } } as const;
+
+/** The most warps a CTA of MT tiles runs (shared memory for the reduction stays at 16 KB). */
+export function w4a16MaxWarps(mt: number): number {
+  return mt <= 2 ? 16 : mt === 4 ? 8 : 4;
+}
+
+/** Dynamic shared memory of a CTA (bytes): every warp's accumulators, for the cross-warp sum. */
+export function w4a16Smem(warps: number, mt: number): number {
+  return warps * mt * 128 * 4;
+}
+
+/** The kernel name for a dtype and tile count, e.g. `w4a16_bf16_m16`. */
+export function w4a16KernelName(dtype: keyof typeof W4A16_TYPES, mt: number): string {
+  return `w4a16_${W4A16_TYPES[dtype].suffix}_m${8 * mt}`;
+}
+
+/** The whole source: every kernel for every element type and tile count. */
+export const w4a16Source = String.raw`
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#ifndef W4_SHARED
+#define W4_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
+template <typename T> struct W4Magic;
+// 128.0 in bf16 has a mantissa ulp of 1: OR-ing a code q into it gives 128 + q exactly.
+template <> struct W4Magic<__nv_bfloat16> { static constexpr unsigned bits = 0x4300u; };
+// 1024.0 in fp16, the same for its 10-bit mantissa.
+template <> struct W4Magic<__half> { static constexpr unsigned bits = 0x6400u; };
+
+template <typename T> __device__ __forceinline__ T w4_from_f(float x);
+template <> __device__ __forceinline__ __nv_bfloat16 w4_from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ __half w4_from_f<__half>(float x) { return __float2half(x); }
+
+// The device primitives (test/w4a16-emulation/w4-emu.h gives CPU versions with the same results).
+#ifndef FA_EMULATION
+// 16 bytes read once: through the non-coherent path, not kept in L1.
+__device__ __forceinline__ uint4 w4_ld_stream(const void* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+// 16 bytes of activations (every CTA of the grid reads them: kept in the caches).
+__device__ __forceinline__ uint4 w4_ld(const void* p) {
+  uint4 r;
+  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+template <typename T> struct W4Mma;
+template <> struct W4Mma<__nv_bfloat16> { static constexpr bool bf16 = true; };
+template <> struct W4Mma<__half> { static constexpr bool bf16 = false; };
+// d (16×8 fp32) += a (16×16, row) · b (16×8, col), the PTX fragment layouts.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  if constexpr (W4Mma<T>::bf16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+// Two weights (q − zp) · scale from (magic + q) pairs: the subtraction is exact, the product rounds once in T.
+template <typename T> __device__ __forceinline__ unsigned w4_dequant2(unsigned q, unsigned z, unsigned s);
+template <> __device__ __forceinline__ unsigned w4_dequant2<__nv_bfloat16>(unsigned q, unsigned z, unsigned s) {
+  const __nv_bfloat162 r = __hmul2(__hsub2(*reinterpret_cast<const __nv_bfloat162*>(&q), *reinterpret_cast<const __nv_bfloat162*>(&z)), *reinterpret_cast<const __nv_bfloat162*>(&s));
+  return *reinterpret_cast<const unsigned*>(&r);
+}
+template <> __device__ __forceinline__ unsigned w4_dequant2<__half>(unsigned q, unsigned z, unsigned s) {
+  const __half2 r = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&q), *reinterpret_cast<const __half2*>(&z)), *reinterpret_cast<const __half2*>(&s));
+  return *reinterpret_cast<const unsigned*>(&r);
+}
+#endif
+
+template <typename T, int MT>
+__device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsigned char* __restrict__ B, const T* __restrict__ S, const unsigned char* __restrict__ Z, T* __restrict__ C,
+                                           int M, int N, int K, int kb, int bs_log2, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * 16, m0 = blockIdx.y * (8 * MT);
+  const int Kp = kb << bs_log2;  // K padded to whole blocks
+  const long long row_bytes = Kp >> 1;
+  const int chunks = (Kp + 127) >> 7;
+  const int zcols = (kb + 1) >> 1;
+  const unsigned magic = W4Magic<T>::bits, magic2 = magic | (magic << 16);
+  float acc[MT][4];
+#pragma unroll
+  for (int j = 0; j < MT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  for (int c = warp; c < chunks; c += warps) {
+    const int k = (c << 7) + (t << 5);  // this lane's 32 codes of K
+    const bool vk = k < Kp;
+    // rows n0 + g and n0 + g + 8: 16 bytes of codes, the block's scale and zero point (a missing row or
+    // chunk reads scale 0: its products are 0 and never written)
+    uint4 w[2];
+    unsigned s2[2], z2[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int n = n0 + g + 8 * r;
+      const bool v = vk && n < N;
+      w[r] = v ? w4_ld_stream(B + (long long)n * row_bytes + (k >> 1)) : make_uint4(0u, 0u, 0u, 0u);
+      const int blk = k >> bs_log2;
+      unsigned sb = 0u, zp = 8u;
+      if (v) {
+        const T sv = S[(long long)n * kb + blk];
+        sb = *reinterpret_cast<const unsigned short*>(&sv);
+        if (Z) zp = (Z[(long long)n * zcols + (blk >> 1)] >> ((blk & 1) << 2)) & 15u;
+      }
+      s2[r] = sb | (sb << 16);
+      z2[r] = (magic | zp) * 0x10001u;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      // activations k + 8i .. k + 8i + 7 of each tile's row m0 + 8j + g (0 past M or K): k-steps 2i and 2i + 1
+      uint4 x[MT];
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        const int m = m0 + 8 * j + g, kk = k + 8 * i;
+        x[j] = (m < M && kk < K) ? w4_ld(A + (long long)m * K + kk) : make_uint4(0u, 0u, 0u, 0u);
+      }
+      const unsigned wq[2] = {i == 0 ? w[0].x : i == 1 ? w[0].y : i == 2 ? w[0].z : w[0].w, i == 0 ? w[1].x : i == 1 ? w[1].y : i == 2 ? w[1].z : w[1].w};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // k-step s = 2i + h: bytes 2s, 2s + 1 of the lane's 16 (codes 4s..4s + 3)
+        unsigned a[4];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const unsigned bytes = __byte_perm(wq[r], 0u, h ? 0x4342u : 0x4140u);
+          const unsigned lo = (bytes & 0x000f000fu) | magic2, hi = ((bytes >> 4) & 0x000f000fu) | magic2;
+          a[r] = w4_dequant2<T>(lo, z2[r], s2[r]);      // slots 2t, 2t + 1: codes 4s, 4s + 2
+          a[r + 2] = w4_dequant2<T>(hi, z2[r], s2[r]);  // slots 2t + 8, 2t + 9: codes 4s + 1, 4s + 3
+        }
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+          const unsigned p0 = h ? x[j].z : x[j].x, p1 = h ? x[j].w : x[j].y;  // activations 4s..4s + 3
+          mma16816<T>(acc[j], a, __byte_perm(p0, p1, 0x5410u), __byte_perm(p0, p1, 0x7632u));
+        }
+      }
+    }
+  }
+
+  // every warp's accumulators to shared memory, summed in warp order by the whole CTA
+#pragma unroll
+  for (int j = 0; j < MT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) red[((warp * MT + j) * 4 + e) * 32 + lane] = acc[j][e];
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < MT * 128; idx += blockDim.x) {
+    float sum = 0.0f;
+    for (int w2 = 0; w2 < warps; ++w2) sum += red[w2 * MT * 128 + idx];
+    const int j = idx >> 7, e = (idx >> 5) & 3, l = idx & 31;
+    const int n = n0 + (l >> 2) + (e >> 1) * 8, m = m0 + 8 * j + 2 * (l & 3) + (e & 1);
+    if (n < N && m < M) C[(long long)m * N + n] = w4_from_f<T>(sum);
+  }
+}
+
+#define W4A16_KERNEL(SUF, T, MT, MROWS)                                                                                              \
+  extern "C" __global__ void __launch_bounds__(512) w4a16_##SUF##_m##MROWS(const T* A, const unsigned char* B, const T* S,          \
+                                                                           const unsigned char* Z, T* C, int M, int N, int K, int kb, \
+                                                                           int bs_log2) {                                             \
+    W4_SHARED(smem);                                                                                                                 \
+    w4a16_body<T, MT>(A, B, S, Z, C, M, N, K, kb, bs_log2, reinterpret_cast<float*>(smem));                                         \
+  }
+W4A16_KERNEL(bf16, __nv_bfloat16, 1, 8)
+W4A16_KERNEL(bf16, __nv_bfloat16, 2, 16)
+W4A16_KERNEL(bf16, __nv_bfloat16, 4, 32)
+W4A16_KERNEL(bf16, __nv_bfloat16, 8, 64)
+W4A16_KERNEL(fp16, __half, 1, 8)
+W4A16_KERNEL(fp16, __half, 2, 16)
+W4A16_KERNEL(fp16, __half, 4, 32)
+W4A16_KERNEL(fp16, __half, 8, 64)
+`;

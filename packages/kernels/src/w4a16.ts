@@ -1,0 +1,268 @@
+/**
+ * Lathe's W4A16 matmul on its kernel layer: `W4A16` compiles the kernels of w4a16-source.ts and
+ * launches them on the kernels' stream; `w4a16Ops` puts them in a graph as a custom op that reads
+ * ONNX Runtime's MatMulNBits inputs (4 bits: B [N, kBlocks, blockSize / 2], scales [N, kBlocks] in
+ * A's dtype, optional uint8 zero points), so a generation graph can run its INT4 projections through
+ * it in place of MatMulNBits. On the CPU the op computes the same product on the host (float32),
+ * for tests of the wiring.
+ */
+import * as L from '@lathe/onnx';
+import { type DType, type OpDef, type Tensor } from '@lathe/onnx';
+import { CApi, type DeviceKind, type SessionOptions } from '@lathe/runtime';
+import { type ArgValue } from './args';
+import { CustomOpDomain } from './custom-op';
+import { type Handle } from './driver';
+import { cudaIncludeDir } from './flash-attention';
+import { type Kernel, type Kernels } from './kernels';
+import { W4A16_TILES, W4A16_TYPES, w4a16KernelName, w4a16MaxWarps, w4a16Smem, w4a16Source } from './w4a16-source';
+
+/** One W4A16 product: C [M, N] = A [M, K] · dequant(B)ᵀ, B in MatMulNBits' 4-bit layout. */
+export interface W4A16Shape {
+  M: number;
+  N: number;
+  K: number;
+  /** ceil(K / blockSize). */
+  kBlocks: number;
+  /** 32, 64 or 128. */
+  blockSize: number;
+  dtype: DType;
+}
+
+/** Block sizes the kernels take. */
+export const W4A16_BLOCK_SIZES = [32, 64, 128] as const;
+
+/** Why the kernels cannot run `shape` (the caller keeps MatMulNBits), or undefined. */
+export function w4a16Unsupported(shape: W4A16Shape): string | undefined {
+  const { M, N, K, kBlocks, blockSize, dtype } = shape;
+  if (!(dtype in W4A16_TYPES)) return `dtype ${dtype} (the kernels take bfloat16 or float16)`;
+  if (!(W4A16_BLOCK_SIZES as readonly number[]).includes(blockSize)) return `block size ${blockSize} (32, 64 or 128)`;
+  if (K % 8 !== 0) return `K = ${K} is not a multiple of 8 (the activations are read 16 bytes at a time)`;
+  if (kBlocks !== Math.ceil(K / blockSize)) return `${kBlocks} blocks of ${blockSize} for K = ${K} (expected ${Math.ceil(K / blockSize)})`;
+  if (M < 0 || N < 1) return `an empty product [${M}, ${N}]`;
+  if (Math.ceil(M / 64) > 65535) return `M = ${M} past the grid's 65,535 tiles of 64 rows`;
+  if (M * Math.max(K, N) >= 2 ** 31 || N * kBlocks * blockSize >= 2 ** 32) return `a product too large for 32-bit indices [${M}, ${N}, ${K}]`;
+  return undefined;
+}
+
+/** The launch of a shape: n8 tiles per CTA, warps (K split), grid and shared memory. */
+export interface W4A16Plan {
+  /** A-row n8 tiles per CTA (the kernel `w4a16_<t>_m<8·mt>`). */
+  mt: (typeof W4A16_TILES)[number];
+  warps: number;
+  grid: [number, number];
+  sharedBytes: number;
+}
+
+/**
+ * How `shape` is launched: the fewest n8 tiles that hold M (at most 8: larger M runs CTAs over
+ * slices of 64 rows, each streaming the weights, which then come from L2), and the warps that split
+ * K's chunks of 128 in the fewest rounds (the fewest such warps: no idle ones).
+ */
+export function w4a16Plan(shape: Pick<W4A16Shape, 'M' | 'N' | 'kBlocks' | 'blockSize'>): W4A16Plan {
+  const rows = Math.max(shape.M, 1);
+  const mt = W4A16_TILES.find((t) => rows <= 8 * t) ?? 8;
+  const chunks = Math.ceil((shape.kBlocks * shape.blockSize) / 128);
+  const max = w4a16MaxWarps(mt);
+  const rounds = Math.ceil(chunks / Math.min(max, chunks));
+  const warps = Math.ceil(chunks / rounds);
+  return { mt, warps, grid: [Math.ceil(shape.N / 16), Math.ceil(rows / (8 * mt))], sharedBytes: w4a16Smem(warps, mt) };
+}
+
+type Ptr = ArgValue<'ptr'>;
+type Sig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'i32', 'i32'];
+
+/** Addresses (or device tensors) of one call. */
+export interface W4A16Args {
+  /** [M, K] in the shape's dtype. */
+  a: Ptr;
+  /** uint8 [N, kBlocks, blockSize / 2]. */
+  b: Ptr;
+  /** [N, kBlocks] in the shape's dtype. */
+  scales: Ptr;
+  /** uint8 [N, ceil(kBlocks / 2)], or 0n for the default zero point 8. */
+  zeroPoints: Ptr;
+  /** [M, N], written. */
+  c: Ptr;
+}
+
+/** The compiled W4A16 kernels of one device. */
+export class W4A16 {
+  private constructor(
+    readonly kernels: Kernels,
+    private readonly variants: Map<string, Kernel<Sig>>,
+  ) {}
+
+  /** Compiles (or loads from the cache) every variant — bf16/fp16 × M ≤ 8/16/32/64 — with the CUDA headers of `includeDir`. */
+  static compile(kernels: Kernels, opts: { includeDir?: string } = {}): W4A16 {
+    const include = opts.includeDir ?? cudaIncludeDir();
+    const mod = kernels.compile(w4a16Source, { name: 'lathe_w4a16', options: [`-I${include}`, '--std=c++17'] });
+    const variants = new Map<string, Kernel<Sig>>();
+    for (const dtype of Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[]) {
+      for (const mt of W4A16_TILES) variants.set(`${dtype}/${mt}`, mod.kernel(w4a16KernelName(dtype, mt), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'i32', 'i32'] as const));
+    }
+    return new W4A16(kernels, variants);
+  }
+
+  /** Queues C = A · dequant(B)ᵀ on `stream` (default: the kernels' stream); nothing for M = 0. */
+  matmul(shape: W4A16Shape, a: W4A16Args, stream?: Handle): void {
+    const why = w4a16Unsupported(shape);
+    if (why) throw new Error(`W4A16 kernels do not support ${why}`);
+    if (shape.M === 0) return;
+    const plan = w4a16Plan(shape);
+    const kernel = this.variants.get(`${shape.dtype}/${plan.mt}`)!;
+    kernel.launch({ grid: plan.grid, block: 32 * plan.warps, sharedBytes: plan.sharedBytes, stream }, a.a, a.b, a.scales, a.zeroPoints, a.c, shape.M, shape.N, shape.K, shape.kBlocks, Math.log2(shape.blockSize));
+  }
+}
+
+/** A value rounded to `dtype` (bfloat16: to nearest even, as the kernels' conversions; float16 through Math.f16round where present). */
+export function roundToDtype(dtype: DType, x: number): number {
+  if (dtype === 'float32') return Math.fround(x);
+  if (dtype === 'bfloat16') {
+    const f = new Float32Array([x]);
+    const u = new Uint32Array(f.buffer);
+    if ((u[0] & 0x7f800000) !== 0x7f800000) u[0] = ((u[0] + 0x7fff + ((u[0] >>> 16) & 1)) >>> 16) << 16;
+    return f[0];
+  }
+  if (dtype === 'float16') return f16round(x);
+  throw new Error(`roundToDtype: ${dtype} is not a float type`);
+}
+
+function f16round(x: number): number {
+  const native = (Math as unknown as { f16round?: (v: number) => number }).f16round;
+  if (native) return native(x);
+  if (!Number.isFinite(x) || x === 0) return x;
+  const a = Math.abs(x);
+  if (a >= 65520) return Math.sign(x) * Infinity;
+  const e = Math.max(Math.floor(Math.log2(a)), -14);
+  const ulp = 2 ** (e - 10);
+  const q = a / ulp;
+  let r = Math.round(q);
+  if (Math.abs(q - Math.trunc(q) - 0.5) < 1e-12 && r % 2 === 1) r -= 1; // ties to even
+  return Math.sign(x) * r * ulp;
+}
+
+/**
+ * The kernels' product on the host: weights dequantized as MatMulNBits does — (q − zp) · scale
+ * rounded to `shape.dtype` (q the 4-bit code, zp the block's zero point or 8) — and the sum over K
+ * in float64. `a` and `scales` hold values already in the dtype; padding past K is skipped.
+ */
+export function w4a16Reference(shape: W4A16Shape, x: { a: ArrayLike<number>; b: Uint8Array; scales: ArrayLike<number>; zeroPoints?: Uint8Array }): Float64Array {
+  const { M, N, K, kBlocks, blockSize, dtype } = shape;
+  const zcols = Math.ceil(kBlocks / 2);
+  const rowBytes = (kBlocks * blockSize) / 2;
+  const w = new Float64Array(K);
+  const c = new Float64Array(M * N);
+  for (let n = 0; n < N; n++) {
+    for (let k = 0; k < K; k++) {
+      const byte = x.b[n * rowBytes + (k >> 1)];
+      const q = k & 1 ? byte >> 4 : byte & 15;
+      const blk = Math.floor(k / blockSize);
+      const zp = x.zeroPoints ? (x.zeroPoints[n * zcols + (blk >> 1)] >> ((blk & 1) * 4)) & 15 : 8;
+      w[k] = roundToDtype(dtype, (q - zp) * x.scales[n * kBlocks + blk]);
+    }
+    for (let m = 0; m < M; m++) {
+      let acc = 0;
+      for (let k = 0; k < K; k++) acc += x.a[m * K + k] * w[k];
+      c[m * N + n] = acc;
+    }
+  }
+  return c;
+}
+
+/** MatMulNBits' attributes as the graph side reads them. */
+export interface W4A16Attrs {
+  K: number;
+  N: number;
+  bits: number;
+  blockSize: number;
+}
+
+/** The graph side of the kernels: W4A16 nodes, and the domain to pass to the session. */
+export interface W4A16Ops {
+  /** The custom-op domain: pass `domain.handle` in the session's `customOpDomains` (or spread {@link session}). */
+  domain: CustomOpDomain;
+  /** Session options that register the domain. */
+  session: Pick<SessionOptions, 'customOpDomains'>;
+  /**
+   * x [..., K] · dequant(B)ᵀ → [..., N] through the kernels, from MatMulNBits' inputs (scales in x's
+   * dtype). Throws for what the kernels cannot take: check {@link unsupported} first.
+   */
+  matmul(x: Tensor, b: Tensor, scales: Tensor, zeroPoints: Tensor | undefined, attrs: W4A16Attrs): Tensor;
+  /** Why a projection cannot take the kernels with activations in `dtype` (bits, dtype, block size, K), or undefined. */
+  unsupported(attrs: W4A16Attrs, dtype: DType): string | undefined;
+  /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */
+  check(): void;
+  dispose(): void;
+}
+
+let domainCount = 0;
+
+/**
+ * The W4A16 product as custom ops of a new domain, for graphs run on `provider`: on CUDA their
+ * computes launch `kernels` (compiled on the kernels whose stream the device's sessions run on:
+ * `Kernels.withDevice`), on the CPU they compute {@link w4a16Reference} on the host (float32).
+ * Nodes `W4A16MatMul_<dtype>` (A, B, scales) and `W4A16MatMulZp_<dtype>` (A, B, scales, zero points) → C.
+ */
+export function w4a16Ops(provider: DeviceKind, kernels?: W4A16): W4A16Ops {
+  if (provider === 'cuda' && !kernels) throw new Error('w4a16Ops: CUDA needs the compiled W4A16 kernels (W4A16.compile on the kernels of the device)');
+  const domain = new CustomOpDomain(`lathe.w4a16_${domainCount++}`);
+  const api = CApi.get();
+  const dtypes: DType[] = provider === 'cuda' ? ['bfloat16', 'float16'] : ['float32'];
+  const ops = new Map<string, OpDef<object>>();
+  const size = (dims: readonly number[]) => dims.reduce((p, d) => p * d, 1);
+  for (const dt of dtypes) {
+    for (const zp of [false, true]) {
+      const name = `W4A16MatMul${zp ? 'Zp' : ''}_${dt}`;
+      const op = domain.add({
+        name,
+        inputs: zp ? [dt, 'uint8', dt, 'uint8'] : [dt, 'uint8', dt],
+        outputs: [dt],
+        provider,
+        infer: ([a, b]) => [{ dtype: dt, shape: [...a.shape.slice(0, -1), b.shape[0]] }],
+        compute: (ctx) => {
+          const [a, b, s, z] = ctx.inputs;
+          const [N, kBlocks, half] = b.dims;
+          const K = a.dims[a.dims.length - 1];
+          const lead = a.dims.slice(0, -1);
+          const shape: W4A16Shape = { M: size(lead), N, K, kBlocks, blockSize: 2 * half, dtype: dt };
+          const c = ctx.output(0, [...lead, N]);
+          if (kernels) {
+            kernels.matmul(shape, { a: a.data, b: b.data, scales: s.data, zeroPoints: z ? z.data : 0n, c });
+            return;
+          }
+          if (shape.M === 0) return;
+          const read = <T extends Float32Array | Uint8Array>(arr: T, p: bigint) => {
+            api.copyOut(arr, p);
+            return arr;
+          };
+          const r = w4a16Reference(shape, {
+            a: read(new Float32Array(size(a.dims)), a.data),
+            b: read(new Uint8Array(size(b.dims)), b.data),
+            scales: read(new Float32Array(size(s.dims)), s.data),
+            zeroPoints: z ? read(new Uint8Array(size(z.dims)), z.data) : undefined,
+          });
+          api.copyIn(c, Float32Array.from(r));
+        },
+      });
+      ops.set(name, op);
+    }
+  }
+  const unsupported = (attrs: W4A16Attrs, dtype: DType): string | undefined => {
+    if (attrs.bits !== 4) return `${attrs.bits} bits (the kernels take 4)`;
+    if (!dtypes.includes(dtype)) return `dtype ${dtype} on ${provider} (takes ${dtypes.join(', ')})`;
+    const shape: W4A16Shape = { M: 1, N: attrs.N, K: attrs.K, kBlocks: Math.ceil(attrs.K / attrs.blockSize), blockSize: attrs.blockSize, dtype: provider === 'cuda' ? dtype : 'bfloat16' };
+    return w4a16Unsupported(shape);
+  };
+  const matmul = (x: Tensor, b: Tensor, scales: Tensor, zeroPoints: Tensor | undefined, attrs: W4A16Attrs): Tensor => {
+    const why = unsupported(attrs, x.dtype);
+    if (why) throw new Error(`w4a16Ops.matmul: the kernels do not take ${why}`);
+    if (scales.dtype !== x.dtype) throw new Error(`w4a16Ops.matmul: scales must be ${x.dtype} (the activations' dtype), got ${scales.dtype}`);
+    const kb = Math.ceil(attrs.K / attrs.blockSize);
+    if (b.dtype !== 'uint8' || b.shape.join(',') !== [attrs.N, kb, attrs.blockSize / 2].join(',')) throw new Error(`w4a16Ops.matmul: B must be uint8[${attrs.N}, ${kb}, ${attrs.blockSize / 2}], got ${b.dtype}[${b.shape.join(', ')}]`);
+    if (x.shape[x.shape.length - 1] !== attrs.K) throw new Error(`w4a16Ops.matmul: x's last dim must be K = ${attrs.K}, got [${x.shape.join(', ')}]`);
+    const s = scales.shape.length === 2 ? scales : L.reshape(scales, [attrs.N, kb]);
+    const op = ops.get(`W4A16MatMul${zeroPoints ? 'Zp' : ''}_${x.dtype}`)!;
+    return L.applyOp(op, zeroPoints ? [x, b, s, zeroPoints] : [x, b, s], {})[0];
+  };
+  return { domain, session: { customOpDomains: [domain.handle] }, matmul, unsupported, check: () => domain.check(), dispose: () => domain.dispose() };
+}

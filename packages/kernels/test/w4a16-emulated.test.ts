@@ -1,0 +1,98 @@
+/**
+ * Lathe's W4A16 CUDA source run on the CPU (test/emulation/emu.h and test/w4a16-emulation/w4-emu.h
+ * stand in for the CUDA subset it uses: a std::thread per CUDA thread, mma.sync's fragment layouts,
+ * prmt's byte selection, half-precision rounding) against `w4a16Reference` (MatMulNBits'
+ * dequantization, float64 sums): the operand permutation, nibble order, block scales and zero points,
+ * ragged N, K padded to whole blocks, every n8-tile count, M past 64 rows (several grid rows), and the
+ * cross-warp split of K — with the launch `w4a16Plan` gives. Needs g++ (C++20); the device check
+ * (tools/bench/quantization/quant-bench.ts, `--weights kernel`) tests the real build.
+ */
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { roundToDtype, w4a16Plan, w4a16Reference, w4a16Source, type W4A16Shape } from '@lathe/kernels';
+import { fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits } from '@lathe/runtime';
+
+const emulation = join(__dirname, 'emulation');
+const own = join(__dirname, 'w4a16-emulation');
+let dir = '';
+let harness = '';
+
+beforeAll(() => {
+  dir = mkdtempSync(join(tmpdir(), 'lathe-w4a16-'));
+  writeFileSync(join(dir, 'w4.cu'), w4a16Source);
+  harness = join(dir, 'harness');
+  execFileSync('g++', ['-std=c++20', '-O1', '-pthread', `-I${emulation}`, `-I${own}`, `-I${dir}`, '-o', harness, join(own, 'harness.cpp')], { stdio: 'pipe' });
+}, 120_000);
+
+/** A seeded uniform stream in [0, 1). */
+function uniform(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = Math.imul(a ^ (a >>> 15), a | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+interface Case {
+  dtype: 'bfloat16' | 'float16';
+  M: number;
+  N: number;
+  K: number;
+  blockSize: number;
+  zeroPoints: boolean;
+}
+
+function run(c: Case): { got: Float32Array; want: Float64Array; warps: number; mt: number; gridY: number } {
+  const rnd = uniform(c.M * 7919 + c.N * 31 + c.K);
+  const kBlocks = Math.ceil(c.K / c.blockSize);
+  const shape: W4A16Shape = { M: c.M, N: c.N, K: c.K, kBlocks, blockSize: c.blockSize, dtype: c.dtype };
+  const a = Float32Array.from({ length: c.M * c.K }, () => roundToDtype(c.dtype, 2 * rnd() - 1));
+  const b = Uint8Array.from({ length: (c.N * kBlocks * c.blockSize) / 2 }, () => Math.floor(256 * rnd()));
+  // scales spread over two decades, so a block read with another block's scale shows
+  const scales = Float32Array.from({ length: c.N * kBlocks }, () => roundToDtype(c.dtype, 0.01 * 10 ** (2 * rnd())));
+  const zeroPoints = c.zeroPoints ? Uint8Array.from({ length: c.N * Math.ceil(kBlocks / 2) }, () => Math.floor(256 * rnd())) : undefined;
+  const bits = (x: Float32Array) => (c.dtype === 'bfloat16' ? toBfloat16Bits(x) : toFloat16Bits(x));
+  const bytes = (x: Uint16Array | Uint8Array) => Buffer.from(x.buffer, x.byteOffset, x.byteLength);
+  const input = join(dir, 'in.bin');
+  const output = join(dir, 'out.bin');
+  writeFileSync(input, Buffer.concat([bytes(bits(a)), bytes(b), bytes(bits(scales)), ...(zeroPoints ? [bytes(zeroPoints)] : [])]));
+  const plan = w4a16Plan(shape);
+  execFileSync(harness, [input, output, c.dtype === 'bfloat16' ? 'bf16' : 'fp16', c.M, c.N, c.K, kBlocks, Math.log2(c.blockSize), zeroPoints ? 1 : 0, plan.mt, plan.warps].map(String), { stdio: 'pipe' });
+  const raw = readFileSync(output);
+  const u16 = new Uint16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2);
+  const got = c.dtype === 'bfloat16' ? fromBfloat16Bits(u16) : fromFloat16Bits(u16);
+  return { got, want: w4a16Reference(shape, { a, b, scales, zeroPoints }), warps: plan.warps, mt: plan.mt, gridY: plan.grid[1] };
+}
+
+// fp32 accumulation, one rounding of C to the dtype: half an ulp of each value (2⁻⁹ bf16, 2⁻¹² fp16), and a little
+// for the fp32 sums' order against float64's.
+const relative = { bfloat16: 2 ** -8, float16: 2 ** -11 };
+
+function expectClose(c: Case, r: ReturnType<typeof run>): void {
+  const scale = Math.max(...Array.from(r.want, Math.abs));
+  expect(scale).toBeGreaterThan(0.1);
+  expect(r.got.length).toBe(c.M * c.N);
+  let worst = 0;
+  r.want.forEach((w, i) => {
+    const excess = Math.abs(r.got[i] - w) - relative[c.dtype] * Math.abs(w) - 1e-5 * scale;
+    worst = Math.max(worst, excess);
+  });
+  expect(worst).toBeLessThanOrEqual(0);
+}
+
+test.each<[string, Case, { mt: number; warps: number; gridY: number }]>([
+  ['decode row, bf16, block 64: every code and warp of one CTA per 16 columns', { dtype: 'bfloat16', M: 1, N: 48, K: 512, blockSize: 64, zeroPoints: false }, { mt: 1, warps: 4, gridY: 1 }],
+  ['5 rows, fp16, block 32 with zero points, N = 40 and K = 200 (padded to 224: a half-empty chunk)', { dtype: 'float16', M: 5, N: 40, K: 200, blockSize: 32, zeroPoints: true }, { mt: 1, warps: 2, gridY: 1 }],
+  ['16 rows (two n8 tiles), bf16, block 128 with zero points, 3 chunks over 3 warps', { dtype: 'bfloat16', M: 16, N: 32, K: 384, blockSize: 128, zeroPoints: true }, { mt: 2, warps: 3, gridY: 1 }],
+  ['37 rows (eight n8 tiles, the last ragged), bf16', { dtype: 'bfloat16', M: 37, N: 16, K: 256, blockSize: 64, zeroPoints: false }, { mt: 8, warps: 2, gridY: 1 }],
+  ['70 rows: two grid rows of 64, fp16 with zero points', { dtype: 'float16', M: 70, N: 24, K: 128, blockSize: 32, zeroPoints: true }, { mt: 8, warps: 1, gridY: 2 }],
+  ['K = 2560 (20 chunks): 10 warps of 2 chunks each, summed across warps', { dtype: 'bfloat16', M: 3, N: 16, K: 2560, blockSize: 128, zeroPoints: false }, { mt: 1, warps: 10, gridY: 1 }],
+])('%s', (_name, c, plan) => {
+  const r = run(c);
+  expect({ mt: r.mt, warps: r.warps, gridY: r.gridY }).toEqual(plan);
+  expectClose(c, r);
+}, 60_000);

@@ -1,0 +1,95 @@
+/**
+ * The graph side of the W4A16 kernels on the CPU: the custom op (host compute, float32) in a session
+ * beside ONNX Runtime's own MatMulNBits on the same inputs, and both against `w4a16Reference` — with
+ * and without zero points, leading dims kept, K padded to whole blocks. The kernels themselves are
+ * tested in w4a16-emulated.test.ts (CPU emulation) and on the GPU by quant-bench's numerics check.
+ */
+import * as L from '@lathe/onnx';
+import { attr, defineOp } from '@lathe/onnx';
+import { Device } from '@lathe/runtime';
+import { w4a16Ops, w4a16Plan, w4a16Reference, w4a16Unsupported } from '@lathe/kernels';
+
+interface NBits {
+  K: number;
+  N: number;
+  bits: number;
+  blockSize: number;
+}
+// ONNX Runtime's contrib op, declared here as the independent product to compare with.
+const matMulNBits = defineOp<NBits>({
+  name: 'MatMulNBits',
+  domain: 'com.microsoft',
+  infer: ([a], { N }) => [{ dtype: a!.dtype, shape: [...a!.shape.slice(0, -1), N] }],
+  onnxAttrs: ({ K, N, bits, blockSize }) => ({ K: attr.int(K), N: attr.int(N), bits: attr.int(bits), block_size: attr.int(blockSize) }),
+  grad: 'none',
+});
+
+test.each([
+  ['symmetric (zero point 8)', false],
+  ['with zero points', true],
+])('the custom op computes MatMulNBits’ product on the CPU: %s', async (_name, zp) => {
+  const [B, S, K, N, blockSize] = [2, 3, 80, 20, 32]; // K padded to 96
+  const kb = Math.ceil(K / blockSize);
+  const x = Float32Array.from({ length: B * S * K }, (_, i) => Math.sin(0.7 * i + 0.3));
+  const b = Uint8Array.from({ length: (N * kb * blockSize) / 2 }, (_, i) => (i * 37 + 11) % 256);
+  const scales = Float32Array.from({ length: N * kb }, (_, i) => 0.01 + 0.003 * (i % 17));
+  const zeroPoints = Uint8Array.from({ length: N * Math.ceil(kb / 2) }, (_, i) => (i * 53 + 5) % 256);
+  const ops = w4a16Ops('cpu');
+  const g = new L.Graph('w4a16_vs_nbits');
+  const xt = g.input('x', 'float32', [B, S, K]);
+  const bt = g.input('b', 'uint8', [N, kb, blockSize / 2]);
+  const st = g.input('scales', 'float32', [N, kb]);
+  const zt = zp ? g.input('zp', 'uint8', [N, Math.ceil(kb / 2)]) : undefined;
+  const attrs = { K, N, bits: 4, blockSize };
+  const ours = ops.matmul(xt, bt, st, zt, attrs);
+  expect(ours.shape).toEqual([B, S, N]);
+  g.output(ours, 'ours');
+  g.output(L.applyOp(matMulNBits, zt ? [xt, bt, st, zt] : [xt, bt, st], attrs)[0], 'ort');
+  const session = Device.cpu().compile(g, { ...ops.session });
+  const out = await session.run({ x: { data: x, dims: [B, S, K] }, b: { data: b, dims: [N, kb, blockSize / 2] }, scales: { data: scales, dims: [N, kb] }, ...(zp ? { zp: { data: zeroPoints, dims: [N, Math.ceil(kb / 2)] } } : {}) });
+  ops.check();
+  const want = w4a16Reference({ M: B * S, N, K, kBlocks: kb, blockSize, dtype: 'float32' }, { a: x, b, scales, zeroPoints: zp ? zeroPoints : undefined });
+  const got = out.ours.data as Float32Array;
+  const ort = out.ort.data as Float32Array;
+  const scale = Math.max(...Array.from(want, Math.abs));
+  expect(scale).toBeGreaterThan(0.05);
+  want.forEach((w, i) => {
+    expect(Math.abs(got[i] - w)).toBeLessThanOrEqual(1e-6 * scale);
+    expect(Math.abs(ort[i] - w)).toBeLessThanOrEqual(1e-4 * scale);
+  });
+  session.dispose();
+  ops.dispose();
+});
+
+test('the reference dequantizes as MatMulNBits defines it: (q − zp) · scale, low nibble first', () => {
+  // one row, K = 4 in one block of 32 (padding codes past K ignored): codes 1, 15, 0, 8 with zero point 3, scale 0.5
+  const b = new Uint8Array(16);
+  b[0] = 1 | (15 << 4);
+  b[1] = 0 | (8 << 4);
+  b.fill(0xff, 2);
+  const shape = { M: 2, N: 1, K: 4, kBlocks: 1, blockSize: 32, dtype: 'float32' as const };
+  const c = w4a16Reference(shape, { a: [1, 1, 1, 1, 1, 0, 0, 0], b, scales: [0.5], zeroPoints: Uint8Array.of(3) });
+  // weights (1 − 3, 15 − 3, 0 − 3, 8 − 3) · 0.5 = −1, 6, −1.5, 2.5
+  expect(Array.from(c)).toEqual([-1 + 6 - 1.5 + 2.5, -1]);
+  expect(Array.from(w4a16Reference(shape, { a: [0, 0, 1, 0, 0, 0, 0, 0], b, scales: [0.5] }))).toEqual([-4, 0]); // (0 − 8) · 0.5
+});
+
+test('launch plans: decode rows take one n8 tile; K splits over warps in the fewest rounds; M past 64 adds grid rows', () => {
+  // Qwen3-0.6B's projections at batch 1 and 16, block 64
+  expect(w4a16Plan({ M: 1, N: 2048, kBlocks: 16, blockSize: 64 })).toEqual({ mt: 1, warps: 8, grid: [128, 1], sharedBytes: 8 * 512 });
+  expect(w4a16Plan({ M: 16, N: 1024, kBlocks: 48, blockSize: 64 })).toEqual({ mt: 2, warps: 12, grid: [64, 1], sharedBytes: 12 * 2 * 512 });
+  expect(w4a16Plan({ M: 256, N: 3072, kBlocks: 16, blockSize: 64 })).toEqual({ mt: 8, warps: 4, grid: [192, 4], sharedBytes: 4 * 8 * 512 });
+});
+
+test('shapes outside the kernels are named (the caller keeps MatMulNBits)', () => {
+  const shape = { M: 16, N: 1024, K: 1024, kBlocks: 16, blockSize: 64, dtype: 'bfloat16' as const };
+  expect(w4a16Unsupported(shape)).toBeUndefined();
+  expect(w4a16Unsupported({ ...shape, dtype: 'float32' })).toMatch(/dtype float32/);
+  expect(w4a16Unsupported({ ...shape, blockSize: 16, kBlocks: 64 })).toMatch(/block size 16/);
+  expect(w4a16Unsupported({ ...shape, K: 1020 })).toMatch(/K = 1020 is not a multiple of 8/);
+  const ops = w4a16Ops('cpu');
+  expect(ops.unsupported({ K: 1024, N: 64, bits: 8, blockSize: 64 }, 'float32')).toMatch(/8 bits/);
+  expect(ops.unsupported({ K: 1024, N: 64, bits: 4, blockSize: 64 }, 'float16')).toMatch(/dtype float16 on cpu/);
+  expect(() => w4a16Ops('cuda')).toThrow(/CUDA needs the compiled W4A16 kernels/);
+  ops.dispose();
+});
