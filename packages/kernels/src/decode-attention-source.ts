@@ -1,0 +1,396 @@
+/**
+ * The CUDA C++ of Lathe's decode attention (one new token per row over a static KV cache), compiled
+ * by NVRTC: split-KV ("flash-decoding") so a step reads the cache at bandwidth whatever the batch.
+ *
+ * Layouts are the KV engine's: the cache [R, KV, M, D] (row r's position p of KV head h at
+ * ((r·KV + h)·M + p)·D), bound as both the past and the present of each layer so the new key/value
+ * land in place; seqlens int32 [R] holds each row's new position (GroupQueryAttention's seqlens_k);
+ * q [R, 1, H·D], k/v [R, 1, KV·D]; cos/sin [maxPositions, D/2] (non-interleaved RoPE, as the engine's
+ * GroupQueryAttention). An fp8 cache holds e4m3 bytes and one float32 scale per (row, KV head,
+ * position) for keys and for values ([R, KV, M]): amax/448 of that head's vector.
+ *
+ * Kernels (T = bf16 or fp16 — q, k, v and the output; C = the cache element, T or fp8; D = 64 or 128;
+ * G = query heads per KV head, 1/2/4/8):
+ * - `da_append_<t>[_fp8]_d<D>`: a CTA of D threads per (row, KV head): the optional per-head RMSNorm
+ *   of q and k (Qwen3's q_norm/k_norm), RoPE at the row's position, the rotated queries to a float32
+ *   scratch [R, H, D] (rounded to T first, as GroupQueryAttention keeps them), the key and value
+ *   written (or quantized) into the cache at that position.
+ * - `da_split_<c>_d<D>_g<G>`: a CTA of 128 threads per (chunk of DA_CHUNK positions, KV head, row):
+ *   the scores of all G query heads of the KV head against the chunk's keys (each key read once),
+ *   the chunk's softmax, and P·V; writes the chunk's normalized output and log-sum-exp. The grid
+ *   covers the cache length M (a CUDA graph replays the launch); CTAs past the row's length exit.
+ * - `da_combine_<t>_d<D>`: merges a row's chunks by their log-sum-exps into the output [R, 1, H·D].
+ * - `da_quantize_<t>_d<D>`: a [N, D] cache in T → e4m3 bytes and per-row scales (the prefill's).
+ * - `da_copy32`: word copy, for a present buffer ORT did not alias to the past.
+ */
+
+/** Cache positions per split CTA. */
+export const DECODE_CHUNK = 128;
+/** Threads of a split (and quantize) CTA. */
+export const DECODE_THREADS = 128;
+/** Head sizes with a build. */
+export const DECODE_HEAD_DIMS = [64, 128] as const;
+/** Query heads per KV head with a build. */
+export const DECODE_GROUPS = [1, 2, 4, 8] as const;
+/** Largest finite e4m3 value: a vector's amax maps to it. */
+export const FP8_E4M3_MAX = 448;
+
+/** Element types with a build, by dtype name, with their C type and kernel-name suffix. */
+export const DECODE_TYPES = { bfloat16: { c: '__nv_bfloat16', suffix: 'bf16' }, float16: { c: '__half', suffix: 'fp16' } } as const;
+
+/** How the cache is held: in the compute dtype, or as e4m3 bytes with per-vector scales. */
+export type DecodeCacheKind = 'native' | 'float8e4m3';
+
+/** Dynamic shared memory of a split CTA (bytes): scores [G][CHUNK], max/sum per head, the P·V partials [rows per pass][G][D]. */
+export function decodeSplitSmem(headDim: number, group: number): number {
+  const rowsPerPass = DECODE_THREADS / (headDim / 8);
+  return 4 * (group * DECODE_CHUNK + 2 * group + rowsPerPass * group * headDim);
+}
+
+/** Dynamic shared memory of an append CTA (bytes): the RoPE partner exchange and the block reductions. */
+export function decodeAppendSmem(headDim: number): number {
+  return 4 * (headDim + 32);
+}
+
+type TypeName = keyof typeof DECODE_TYPES;
+
+/** Kernel names, e.g. `da_split_fp8_d128_g2`. */
+export const decodeKernelName = {
+  append: (t: TypeName, cache: DecodeCacheKind, d: number) => `da_append_${DECODE_TYPES[t].suffix}${cache === 'float8e4m3' ? '_fp8' : ''}_d${d}`,
+  split: (t: TypeName, cache: DecodeCacheKind, d: number, g: number) => `da_split_${cache === 'float8e4m3' ? 'fp8' : DECODE_TYPES[t].suffix}_d${d}_g${g}`,
+  combine: (t: TypeName, d: number) => `da_combine_${DECODE_TYPES[t].suffix}_d${d}`,
+  quantize: (t: TypeName, d: number) => `da_quantize_${DECODE_TYPES[t].suffix}_d${d}`,
+  copy: () => 'da_copy32',
+};
+
+function entryPoints(): string {
+  const out: string[] = [];
+  const fp8 = 'unsigned char';
+  for (const [t, { c: T, suffix }] of Object.entries(DECODE_TYPES) as [TypeName, (typeof DECODE_TYPES)[TypeName]][]) {
+    for (const D of DECODE_HEAD_DIMS) {
+      for (const [C, cache] of [
+        [T, 'native'],
+        [fp8, 'float8e4m3'],
+      ] as const) {
+        out.push(
+          `extern "C" __global__ void __launch_bounds__(${D}) ${decodeKernelName.append(t, cache, D)}(const ${T}* q, const ${T}* k, const ${T}* v, ${C}* cache_k, ${C}* cache_v, float* k_scale, float* v_scale, const int* seqlens, const ${T}* cos_t, const ${T}* sin_t, const ${T}* q_norm, const ${T}* k_norm, float eps, float* q_out, int M, int H, int KV) { da_append<${T}, ${C}, ${D}>(q, k, v, cache_k, cache_v, k_scale, v_scale, seqlens, cos_t, sin_t, q_norm, k_norm, eps, q_out, M, H, KV); }`,
+        );
+      }
+      for (const G of DECODE_GROUPS) {
+        out.push(
+          `extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.split(t, 'native', D, G)}(const float* q, const ${T}* cache_k, const ${T}* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, int M, int KV, int n_chunks, float scale) { da_split<${T}, ${D}, ${G}>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale); }`,
+        );
+      }
+      out.push(
+        `extern "C" __global__ void __launch_bounds__(${D}) ${decodeKernelName.combine(t, D)}(const float* o_part, const float* lse_part, const int* seqlens, ${T}* out, int M, int H, int n_chunks) { da_combine<${T}, ${D}>(o_part, lse_part, seqlens, out, M, H, n_chunks); }`,
+        `extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.quantize(t, D)}(const ${T}* x, unsigned char* y, float* scale, i64 rows) { da_quantize<${T}, ${D}>(x, y, scale, rows); }`,
+      );
+    }
+  }
+  // The fp8 split reads no T (its queries are float32): one build per head size and group.
+  for (const D of DECODE_HEAD_DIMS) {
+    for (const G of DECODE_GROUPS) {
+      out.push(
+        `extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.split('bfloat16', 'float8e4m3', D, G)}(const float* q, const unsigned char* cache_k, const unsigned char* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, int M, int KV, int n_chunks, float scale) { da_split<unsigned char, ${D}, ${G}>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale); }`,
+      );
+    }
+  }
+  out.push(`extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.copy()}(const unsigned* src, unsigned* dst, i64 n) { for (i64 i = (i64)blockIdx.x * DA_THREADS + threadIdx.x; i < n; i += (i64)gridDim.x * DA_THREADS) dst[i] = src[i]; }`);
+  return out.join('\n');
+}
+
+/** The kernels' templates without their entry points (the CPU emulation test instantiates them itself). */
+export const decodeAttentionCore = String.raw`
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#ifndef DA_EMULATION
+#include <cuda_fp8.h>
+#endif
+
+#ifndef DA_SHARED
+#define DA_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
+#define DA_THREADS ${DECODE_THREADS}
+#define DA_CHUNK ${DECODE_CHUNK}
+#define DA_FP8_MAX ${FP8_E4M3_MAX}.0f
+
+typedef long long i64;
+
+template <typename T> __device__ __forceinline__ float da_f(T x);
+template <> __device__ __forceinline__ float da_f<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <> __device__ __forceinline__ float da_f<__half>(__half x) { return __half2float(x); }
+template <typename T> __device__ __forceinline__ T da_t(float x);
+template <> __device__ __forceinline__ __nv_bfloat16 da_t<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ __half da_t<__half>(float x) { return __float2half(x); }
+// x rounded to T and back: the value a T tensor would hold.
+template <typename T> __device__ __forceinline__ float da_round(float x) { return da_f<T>(da_t<T>(x)); }
+
+#ifndef DA_EMULATION
+// e4m3 with saturation to ±448 (round to nearest even), and two e4m3 bytes (low byte first) to floats.
+__device__ __forceinline__ unsigned char fp8_from(float x) { return (unsigned char)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3); }
+__device__ __forceinline__ float2 fp8x2_to(unsigned short v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
+  return __half22float2(__half2(h));
+}
+#endif
+
+__device__ __forceinline__ float da_neg_inf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+__device__ __forceinline__ float warp_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+// Sum (or max) over a block of N threads (N a multiple of 32), with 32 floats of scratch; every thread gets it.
+template <int N, bool MAX>
+__device__ __forceinline__ float block_reduce(float x, float* scratch) {
+  x = MAX ? warp_max(x) : warp_sum(x);
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
+  __syncthreads();
+  float y = scratch[0];
+  for (int w = 1; w < N / 32; ++w) y = MAX ? fmaxf(y, scratch[w]) : y + scratch[w];
+  __syncthreads();
+  return y;
+}
+
+// 8 cache elements as one load: 16 bytes of T, or 8 e4m3 bytes.
+template <typename C> struct Raw8 { typedef uint4 t; };
+template <> struct Raw8<unsigned char> { typedef uint2 t; };
+template <typename C>
+__device__ __forceinline__ void unpack8(const typename Raw8<C>::t& u, float (&f)[8]) {
+  if constexpr (sizeof(C) == 1) {
+    const unsigned short* e = reinterpret_cast<const unsigned short*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 p = fp8x2_to(e[i]);
+      f[2 * i] = p.x;
+      f[2 * i + 1] = p.y;
+    }
+  } else {
+    const C* e = reinterpret_cast<const C*>(&u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = da_f<C>(e[i]);
+  }
+}
+
+// Writes element d of a head vector (already rounded to T) at cache row 'at': as T, or quantized by
+// the vector's amax (every thread of the block takes part in the reduction).
+template <typename T, typename C, int D>
+__device__ __forceinline__ void da_store(C* cache, float* scale, i64 at, int d, float x, float* scratch) {
+  if constexpr (sizeof(C) == 1) {
+    const float amax = block_reduce<D, true>(fabsf(x), scratch);
+    const float inv = amax > 0.0f ? DA_FP8_MAX / amax : 0.0f;
+    cache[at * D + d] = fp8_from(x * inv);
+    if (d == 0) scale[at] = amax / DA_FP8_MAX;
+  } else {
+    cache[at * D + d] = da_t<T>(x);
+  }
+}
+
+template <typename T, typename C, int D>
+__device__ void da_append(const T* q, const T* k, const T* v, C* cache_k, C* cache_v, float* k_scale, float* v_scale, const int* seqlens, const T* cos_t, const T* sin_t,
+                          const T* q_norm, const T* k_norm, float eps, float* q_out, int M, int H, int KV) {
+  DA_SHARED(smem);
+  float* part = reinterpret_cast<float*>(smem);  // [D]: the RoPE partner exchange
+  float* scratch = part + D;                     // [32]: block reductions
+  const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x, G = H / KV;
+  const int pos = seqlens[r];
+  if (pos < 0 || pos >= M) return;
+  constexpr int HALF = D / 2;
+  const float c = da_f<T>(cos_t[(i64)pos * HALF + d % HALF]), s = da_f<T>(sin_t[(i64)pos * HALF + d % HALF]);
+  const i64 at = ((i64)r * KV + h) * M + pos;
+  // The group's G query heads, then the key head: norm, RoPE, rounded to T.
+  for (int g = 0; g <= G; ++g) {
+    const bool key = g == G;
+    const T* w = key ? k_norm : q_norm;
+    float x = da_f<T>(key ? k[((i64)r * KV + h) * D + d] : q[((i64)r * H + h * G + g) * D + d]);
+    if (w) {
+      const float ss = block_reduce<D, false>(x * x, scratch);
+      x = da_round<T>(x * rsqrtf(ss / D + eps) * da_f<T>(w[d]));
+    }
+    part[d] = x;
+    __syncthreads();
+    const float other = part[(d + HALF) % D];
+    __syncthreads();
+    const float y = da_round<T>(d < HALF ? x * c - other * s : x * c + other * s);
+    if (key) da_store<T, C, D>(cache_k, k_scale, at, d, y, scratch);
+    else q_out[((i64)r * H + h * G + g) * D + d] = y;
+  }
+  da_store<T, C, D>(cache_v, v_scale, at, d, da_f<T>(v[((i64)r * KV + h) * D + d]), scratch);
+}
+
+template <typename C, int D, int G>
+__device__ void da_split(const float* q, const C* cache_k, const C* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part,
+                         int M, int KV, int n_chunks, float scale) {
+  constexpr int TPR = D / 8;               // threads per cache row (8 elements each)
+  constexpr int RPI = DA_THREADS / TPR;    // cache rows per pass of the block
+  constexpr int U = 4;                     // passes whose loads are issued together
+  constexpr bool FP8 = sizeof(C) == 1;
+  typedef typename Raw8<C>::t Raw;
+  DA_SHARED(smem);
+  float* sc = reinterpret_cast<float*>(smem);  // [G][DA_CHUNK]: scores, then exp(score − max)
+  float* ml = sc + G * DA_CHUNK;               // [G][2]: max, sum
+  float* red = ml + 2 * G;                     // [RPI][G][D]: P·V partials
+  const int c = blockIdx.x, h = blockIdx.y, r = blockIdx.z, tid = threadIdx.x;
+  const int len = min(seqlens[r] + 1, M);
+  const int start = c * DA_CHUNK;
+  if (start >= len) return;
+  const int n = min(DA_CHUNK, len - start);
+  const int sub = tid % TPR, row = tid / TPR, d0 = sub * 8;
+  const int H = KV * G;
+  float qr[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) qr[g][i] = q[((i64)r * H + h * G + g) * D + d0 + i] * scale;
+  const i64 base = ((i64)r * KV + h) * M + start;
+  const Raw* K = reinterpret_cast<const Raw*>(cache_k);
+  const Raw* V = reinterpret_cast<const Raw*>(cache_v);
+
+  // Scores: a row's TPR threads each take 8 elements, then sum across them.
+  for (int j0 = 0; j0 < n; j0 += RPI * U) {
+    Raw raw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u * RPI + row;
+      raw[u] = j < n ? K[(base + j) * TPR + sub] : Raw{};
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u * RPI + row;
+      float f[8];
+      unpack8<C>(raw[u], f);
+      float p[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float a = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) a += qr[g][i] * f[i];
+        p[g] = a;
+      }
+#pragma unroll
+      for (int o = TPR / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int g = 0; g < G; ++g) p[g] += __shfl_xor_sync(0xffffffffu, p[g], o);
+      if (sub == 0 && j < n) {
+        const float ks = FP8 ? k_scale[base + j] : 1.0f;
+#pragma unroll
+        for (int g = 0; g < G; ++g) sc[g * DA_CHUNK + j] = p[g] * ks;
+      }
+    }
+  }
+  __syncthreads();
+
+  // The chunk's softmax, a warp per head.
+  const int warp = tid / 32, lane = tid % 32;
+  for (int g = warp; g < G; g += DA_THREADS / 32) {
+    float m = da_neg_inf();
+    for (int j = lane; j < n; j += 32) m = fmaxf(m, sc[g * DA_CHUNK + j]);
+    m = warp_max(m);
+    float l = 0.0f;
+    for (int j = lane; j < n; j += 32) {
+      const float e = __expf(sc[g * DA_CHUNK + j] - m);
+      sc[g * DA_CHUNK + j] = e;
+      l += e;
+    }
+    l = warp_sum(l);
+    if (lane == 0) {
+      ml[2 * g] = m;
+      ml[2 * g + 1] = l;
+    }
+  }
+  __syncthreads();
+
+  // P·V: each thread its 8 columns over its rows, then the rows of a pass summed through shared memory.
+  float acc[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
+  for (int j0 = 0; j0 < n; j0 += RPI * U) {
+    Raw raw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u * RPI + row;
+      raw[u] = j < n ? V[(base + j) * TPR + sub] : Raw{};
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u * RPI + row;
+      if (j >= n) continue;
+      float f[8];
+      unpack8<C>(raw[u], f);
+      const float vs = FP8 ? v_scale[base + j] : 1.0f;
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float p = sc[g * DA_CHUNK + j] * vs;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[g][i] += p * f[i];
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) red[(row * G + g) * D + d0 + i] = acc[g][i];
+  __syncthreads();
+  for (int e = tid; e < G * D; e += DA_THREADS) {
+    const int g = e / D, d = e % D;
+    float o = 0.0f;
+#pragma unroll
+    for (int rr = 0; rr < RPI; ++rr) o += red[(rr * G + g) * D + d];
+    const i64 at = ((i64)r * H + h * G + g) * n_chunks + c;
+    o_part[at * D + d] = o / ml[2 * g + 1];
+    if (d == 0) lse_part[at] = ml[2 * g] + logf(ml[2 * g + 1]);
+  }
+}
+
+// A CTA of D threads per (row, query head): the chunks' outputs weighted by exp(lse − max lse).
+template <typename T, int D>
+__device__ void da_combine(const float* o_part, const float* lse_part, const int* seqlens, T* out, int M, int H, int n_chunks) {
+  const int rh = blockIdx.x, r = rh / H, d = threadIdx.x;
+  const int len = min(seqlens[r] + 1, M);
+  if (len <= 0) {
+    out[(i64)rh * D + d] = da_t<T>(0.0f);
+    return;
+  }
+  const int n = (len + DA_CHUNK - 1) / DA_CHUNK;
+  const float* L = lse_part + (i64)rh * n_chunks;
+  float mx = da_neg_inf();
+  for (int c = 0; c < n; ++c) mx = fmaxf(mx, L[c]);
+  float num = 0.0f, den = 0.0f;
+  for (int c = 0; c < n; ++c) {
+    const float w = __expf(L[c] - mx);
+    den += w;
+    num += w * o_part[((i64)rh * n_chunks + c) * D + d];
+  }
+  out[(i64)rh * D + d] = da_t<T>(num / den);
+}
+
+// A warp per cache row of D elements: e4m3 bytes scaled by the row's amax, and the scale (amax/448).
+template <typename T, int D>
+__device__ void da_quantize(const T* x, unsigned char* y, float* scale, i64 rows) {
+  constexpr int E = D / 32;
+  const i64 row = (i64)blockIdx.x * (DA_THREADS / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float v[E];
+  float amax = 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    v[e] = da_f<T>(x[row * D + lane * E + e]);
+    amax = fmaxf(amax, fabsf(v[e]));
+  }
+  amax = warp_max(amax);
+  const float inv = amax > 0.0f ? DA_FP8_MAX / amax : 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) y[row * D + lane * E + e] = fp8_from(v[e] * inv);
+  if (lane == 0) scale[row] = amax / DA_FP8_MAX;
+}
+`;
+
+/** The whole source: every kernel for every element type, cache kind, head size and group. */
+export const decodeAttentionSource = `${decodeAttentionCore}\n${entryPoints()}\n`;

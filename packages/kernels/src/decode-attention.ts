@@ -1,0 +1,530 @@
+/**
+ * Lathe's decode attention on its kernel layer: `DecodeAttention` compiles the kernels of
+ * decode-attention-source.ts and launches them on the kernels' stream; `decodeAttentionOps` puts a
+ * decode step's attention in a graph as one custom op — the new key/value appended in place into the
+ * static cache (RoPE and Qwen3's QK-norm inside), split-KV attention over each row's length, the
+ * chunks merged — so a KV engine's decode step stays one session that ORT can capture as a CUDA
+ * graph: every launch reads lengths from device memory and covers the cache length, so a replay is
+ * right for any lengths. An fp8 (e4m3) cache adds per-vector scales and a quantize op for the
+ * prefill's presents. On the CPU the ops compute the same step on the host (float32, float64
+ * arithmetic) — the reference the tests compare with.
+ */
+import * as L from '@lathe/onnx';
+import { type DType, type OpDef, type Tensor, type TensorType } from '@lathe/onnx';
+import { CApi, type DeviceKind } from '@lathe/runtime';
+import { type ArgValue } from './args';
+import { CustomOpDomain } from './custom-op';
+import { type Handle } from './driver';
+import { cudaIncludeDir } from './flash-attention';
+import { type Kernel, type Kernels } from './kernels';
+import {
+  DECODE_CHUNK,
+  DECODE_GROUPS,
+  DECODE_HEAD_DIMS,
+  DECODE_THREADS,
+  DECODE_TYPES,
+  FP8_E4M3_MAX,
+  decodeAppendSmem,
+  decodeAttentionSource,
+  decodeKernelName,
+  decodeSplitSmem,
+  type DecodeCacheKind,
+} from './decode-attention-source';
+
+/** One decode step's attention: one query per row, the cache [rows, numKvHeads, maxLength, headDim]. */
+export interface DecodeAttentionShape {
+  rows: number;
+  numHeads: number;
+  numKvHeads: number;
+  headDim: number;
+  maxLength: number;
+  /** q, k, v and the output (the cache too unless fp8). */
+  dtype: DType;
+  cache: DecodeCacheKind;
+}
+
+/** Chunks of a row's positions, each one split CTA. */
+export function decodeChunks(maxLength: number): number {
+  return Math.ceil(maxLength / DECODE_CHUNK);
+}
+
+/** Why the kernels cannot run `shape` on `provider` (the caller keeps GroupQueryAttention), or undefined. */
+export function decodeAttentionUnsupported(shape: Omit<DecodeAttentionShape, 'rows' | 'maxLength'>, provider: DeviceKind = 'cuda'): string | undefined {
+  const { dtype, headDim, numHeads, numKvHeads } = shape;
+  if (numKvHeads < 1 || numHeads % numKvHeads !== 0) return `${numHeads} query heads over ${numKvHeads} KV heads (must divide)`;
+  if (headDim % 2 !== 0) return `head size ${headDim} (RoPE needs an even one)`;
+  if (provider === 'cpu') return dtype === 'float32' ? undefined : `dtype ${dtype} on the CPU (its reference takes float32)`;
+  if (!(dtype in DECODE_TYPES)) return `dtype ${dtype} (the kernels take bfloat16 or float16)`;
+  if (!(DECODE_HEAD_DIMS as readonly number[]).includes(headDim)) return `head size ${headDim} (the kernels take ${DECODE_HEAD_DIMS.join(' or ')})`;
+  const G = numHeads / numKvHeads;
+  if (!(DECODE_GROUPS as readonly number[]).includes(G)) return `${G} query heads per KV head (the kernels take ${DECODE_GROUPS.join(', ')})`;
+  return undefined;
+}
+
+type Ptr = ArgValue<'ptr'>;
+type AppendSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'f32', 'ptr', 'i32', 'i32', 'i32'];
+type SplitSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'];
+type CombineSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'];
+type QuantizeSig = readonly ['ptr', 'ptr', 'ptr', 'i64'];
+type CopySig = readonly ['ptr', 'ptr', 'i64'];
+
+/** Addresses (or device tensors) of one step. */
+export interface DecodeStepArgs {
+  /** [R, 1, H·D], before QK-norm and RoPE. */
+  q: Ptr;
+  /** [R, 1, KV·D], before QK-norm and RoPE. */
+  k: Ptr;
+  /** [R, 1, KV·D]. */
+  v: Ptr;
+  /** The cache [R, KV, M, D] (T, or e4m3 bytes): the new entry is written at each row's seqlens. */
+  cacheK: Ptr;
+  cacheV: Ptr;
+  /** float32 [R, KV, M] (fp8 caches only; 0n otherwise). */
+  kScale?: Ptr;
+  vScale?: Ptr;
+  /** int32 [R]: each row's new position (its length − 1). */
+  seqlens: Ptr;
+  /** [maxPositions, D/2] in T. */
+  cos: Ptr;
+  sin: Ptr;
+  /** [D] in T: Qwen3's q_norm/k_norm weights, or 0n for none. */
+  qNorm?: Ptr;
+  kNorm?: Ptr;
+  /** The norm's epsilon (with qNorm/kNorm). */
+  epsilon?: number;
+  /** [R, 1, H·D], written. */
+  out: Ptr;
+  /** Scratch: float32 [R, H, D], [R, H, chunks, D], [R, H, chunks]. */
+  qRot: Ptr;
+  oPart: Ptr;
+  lsePart: Ptr;
+}
+
+/** The compiled decode-attention kernels of one device. */
+export class DecodeAttention {
+  private readonly fns = new Map<string, Kernel<readonly ('ptr' | 'i32' | 'f32' | 'i64')[]>>();
+
+  private constructor(
+    readonly kernels: Kernels,
+    private readonly mod: ReturnType<Kernels['compile']>,
+  ) {}
+
+  /** Compiles (or loads from the cache) the module, with the CUDA headers of `includeDir` (default: `cudaIncludeDir()`). */
+  static compile(kernels: Kernels, opts: { includeDir?: string } = {}): DecodeAttention {
+    const include = opts.includeDir ?? cudaIncludeDir();
+    return new DecodeAttention(kernels, kernels.compile(decodeAttentionSource, { name: 'lathe_decode_attention', options: [`-I${include}`, '--std=c++17'] }));
+  }
+
+  private fn<S extends readonly ('ptr' | 'i32' | 'f32' | 'i64')[]>(name: string, sig: S): Kernel<S> {
+    let k = this.fns.get(name);
+    if (!k) {
+      k = this.mod.kernel(name, sig);
+      this.fns.set(name, k);
+    }
+    return k as unknown as Kernel<S>;
+  }
+
+  /** Queues append, split and combine on `stream` (default: the kernels' stream). */
+  step(shape: DecodeAttentionShape, a: DecodeStepArgs, stream?: Handle): void {
+    const why = decodeAttentionUnsupported(shape);
+    if (why) throw new Error(`decode attention kernels do not support ${why}`);
+    const { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, cache } = shape;
+    const t = shape.dtype as keyof typeof DECODE_TYPES;
+    const G = H / KV;
+    const C = decodeChunks(M);
+    if (R > 65535) throw new Error(`decode attention: ${R} rows past the grid's 65,535`);
+    const append = this.fn(decodeKernelName.append(t, cache, D), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'f32', 'ptr', 'i32', 'i32', 'i32'] as AppendSig);
+    const split = this.fn(decodeKernelName.split(t, cache, D, G), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'] as SplitSig);
+    const combine = this.fn(decodeKernelName.combine(t, D), ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'] as CombineSig);
+    const kS = a.kScale ?? 0n;
+    const vS = a.vScale ?? 0n;
+    append.launch({ grid: [R, KV], block: D, sharedBytes: decodeAppendSmem(D), stream }, a.q, a.k, a.v, a.cacheK, a.cacheV, kS, vS, a.seqlens, a.cos, a.sin, a.qNorm ?? 0n, a.kNorm ?? 0n, a.epsilon ?? 1e-6, a.qRot, M, H, KV);
+    split.launch({ grid: [C, KV, R], block: DECODE_THREADS, sharedBytes: decodeSplitSmem(D, G), stream }, a.qRot, a.cacheK, a.cacheV, kS, vS, a.seqlens, a.oPart, a.lsePart, M, KV, C, 1 / Math.sqrt(D));
+    combine.launch({ grid: R * H, block: D, stream }, a.oPart, a.lsePart, a.seqlens, a.out, M, H, C);
+  }
+
+  /** Queues the quantization of `rows` vectors of `headDim` T values into e4m3 bytes and per-vector scales. */
+  quantize(dtype: DType, headDim: number, a: { x: Ptr; y: Ptr; scale: Ptr; rows: number }, stream?: Handle): void {
+    if (!(dtype in DECODE_TYPES) || !(DECODE_HEAD_DIMS as readonly number[]).includes(headDim)) throw new Error(`decode attention: no quantize kernel for ${dtype}, head size ${headDim}`);
+    const warps = DECODE_THREADS / 32;
+    const k = this.fn(decodeKernelName.quantize(dtype as keyof typeof DECODE_TYPES, headDim), ['ptr', 'ptr', 'ptr', 'i64'] as QuantizeSig);
+    if (a.rows > 0) k.launch({ grid: Math.ceil(a.rows / warps), block: DECODE_THREADS, stream }, a.x, a.y, a.scale, a.rows);
+  }
+
+  /** Queues a device copy of `bytes` (a multiple of 4). */
+  copy(src: Ptr, dst: Ptr, bytes: number, stream?: Handle): void {
+    if (bytes % 4 !== 0) throw new Error(`decode attention: copy of ${bytes} bytes (a multiple of 4 expected)`);
+    const k = this.fn(decodeKernelName.copy(), ['ptr', 'ptr', 'i64'] as CopySig);
+    const n = bytes / 4;
+    if (n > 0) k.launch({ grid: Math.min(Math.ceil(n / DECODE_THREADS), this.kernels.smCount * 16), block: DECODE_THREADS, stream }, src, dst, n);
+  }
+}
+
+// ---- the host rule ------------------------------------------------------------------------------
+
+/** e4m3 (bias 7, no infinities, ±448 largest): round to nearest even, saturating — `__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)`. */
+export function e4m3Encode(x: number): number {
+  if (Number.isNaN(x)) return 0x7f;
+  const sign = x < 0 || Object.is(x, -0) ? 0x80 : 0;
+  const a = Math.abs(x);
+  if (a >= FP8_E4M3_MAX) return sign | 0x7e;
+  const even = (y: number) => {
+    const r = Math.round(y);
+    return Math.abs(y - Math.trunc(y)) === 0.5 ? 2 * Math.round(y / 2) : r;
+  };
+  if (a < 2 ** -6) return sign | even(a * 512);
+  let e = Math.floor(Math.log2(a));
+  if (2 ** e > a) e--;
+  if (2 ** (e + 1) <= a) e++;
+  let E = e + 7;
+  let m = even((a / 2 ** e - 1) * 8);
+  if (m === 8) {
+    m = 0;
+    E++;
+  }
+  if (E > 15 || (E === 15 && m === 7)) return sign | 0x7e;
+  return sign | (E << 3) | m;
+}
+
+/** The value of an e4m3 byte. */
+export function e4m3Decode(b: number): number {
+  const E = (b >> 3) & 15;
+  const m = b & 7;
+  const v = E === 0 ? m * 2 ** -9 : (1 + m / 8) * 2 ** (E - 7);
+  return b & 0x80 ? -v : v;
+}
+
+/** Inputs of {@link decodeAttentionReference}: flat host arrays in the layouts of {@link DecodeStepArgs}. */
+export interface DecodeReferenceInputs {
+  q: Float32Array;
+  k: Float32Array;
+  v: Float32Array;
+  /** float32 values, or e4m3 bytes for an fp8 cache: updated in place at each row's position. */
+  cacheK: Float32Array | Uint8Array;
+  cacheV: Float32Array | Uint8Array;
+  /** fp8 only: float32 [R, KV, M], updated in place. */
+  kScale?: Float32Array;
+  vScale?: Float32Array;
+  seqlens: Int32Array;
+  cos: Float32Array;
+  sin: Float32Array;
+  qNorm?: Float32Array;
+  kNorm?: Float32Array;
+  epsilon?: number;
+}
+
+/**
+ * One decode step on the host in float64 with the kernels' roundings (`round`: to the compute dtype;
+ * float32 by default): QK-norm, RoPE at each row's position, the new key/value written (or quantized
+ * by the vector's amax) into the cache in place, attention over positions 0..seqlens[r]. Returns the
+ * output [R, 1, H·D] and the rotated queries. Rows whose position is outside the cache are skipped
+ * (output 0), as the kernels skip them.
+ */
+export function decodeAttentionReference(shape: DecodeAttentionShape, x: DecodeReferenceInputs, round: (v: number) => number = Math.fround): { out: Float32Array; qRot: Float32Array } {
+  const { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, cache } = shape;
+  const G = H / KV;
+  const half = D / 2;
+  const fp8 = cache === 'float8e4m3';
+  const eps = x.epsilon ?? 1e-6;
+  const scale = 1 / Math.sqrt(D);
+  const out = new Float32Array(R * H * D);
+  const qRot = new Float32Array(R * H * D);
+  const read = (c: Float32Array | Uint8Array, s: Float32Array | undefined, vec: number, d: number) => (fp8 ? e4m3Decode(c[vec * D + d]) * s![vec] : c[vec * D + d]);
+  const write = (c: Float32Array | Uint8Array, s: Float32Array | undefined, vec: number, y: Float64Array) => {
+    if (!fp8) {
+      for (let d = 0; d < D; d++) c[vec * D + d] = y[d];
+      return;
+    }
+    let amax = 0;
+    for (let d = 0; d < D; d++) amax = Math.max(amax, Math.abs(y[d]));
+    const a = Math.fround(amax);
+    const inv = a > 0 ? Math.fround(FP8_E4M3_MAX / a) : 0;
+    for (let d = 0; d < D; d++) c[vec * D + d] = e4m3Encode(Math.fround(y[d] * inv));
+    s![vec] = Math.fround(a / FP8_E4M3_MAX);
+  };
+  for (let r = 0; r < R; r++) {
+    const pos = x.seqlens[r];
+    if (pos < 0 || pos >= M) continue;
+    const prep = (src: Float32Array, at: number, w: Float32Array | undefined) => {
+      const y = new Float64Array(D);
+      let ss = 0;
+      for (let d = 0; d < D; d++) {
+        y[d] = src[at + d];
+        ss += y[d] * y[d];
+      }
+      if (w) for (let d = 0; d < D; d++) y[d] = round((y[d] / Math.sqrt(ss / D + eps)) * w[d]);
+      const z = new Float64Array(D);
+      for (let d = 0; d < D; d++) {
+        const c = x.cos[pos * half + (d % half)];
+        const s = x.sin[pos * half + (d % half)];
+        z[d] = round(d < half ? y[d] * c - y[d + half] * s : y[d] * c + y[d - half] * s);
+      }
+      return z;
+    };
+    for (let h = 0; h < KV; h++) {
+      const vec0 = (r * KV + h) * M;
+      write(x.cacheK, x.kScale, vec0 + pos, prep(x.k, (r * KV + h) * D, x.kNorm));
+      write(x.cacheV, x.vScale, vec0 + pos, Float64Array.from(x.v.subarray((r * KV + h) * D, (r * KV + h + 1) * D)));
+      for (let g = 0; g < G; g++) {
+        const at = (r * H + h * G + g) * D;
+        const q = prep(x.q, at, x.qNorm);
+        qRot.set(q, at);
+        const s = new Float64Array(pos + 1);
+        let mx = -Infinity;
+        for (let p = 0; p <= pos; p++) {
+          let acc = 0;
+          for (let d = 0; d < D; d++) acc += q[d] * read(x.cacheK, x.kScale, vec0 + p, d);
+          s[p] = acc * scale;
+          mx = Math.max(mx, s[p]);
+        }
+        let den = 0;
+        for (let p = 0; p <= pos; p++) den += Math.exp(s[p] - mx);
+        for (let d = 0; d < D; d++) {
+          let o = 0;
+          for (let p = 0; p <= pos; p++) o += (Math.exp(s[p] - mx) / den) * read(x.cacheV, x.vScale, vec0 + p, d);
+          out[at + d] = round(o);
+        }
+      }
+    }
+  }
+  return { out, qRot };
+}
+
+/** e4m3 bytes and per-vector scales of `x` [N·D] (the quantize op's host rule). */
+export function quantizeE4m3Reference(x: Float32Array, headDim: number): { data: Uint8Array; scale: Float32Array } {
+  const rows = x.length / headDim;
+  const data = new Uint8Array(x.length);
+  const scale = new Float32Array(rows);
+  for (let r = 0; r < rows; r++) {
+    let amax = 0;
+    for (let d = 0; d < headDim; d++) amax = Math.max(amax, Math.abs(x[r * headDim + d]));
+    const inv = amax > 0 ? Math.fround(FP8_E4M3_MAX / amax) : 0;
+    for (let d = 0; d < headDim; d++) data[r * headDim + d] = e4m3Encode(Math.fround(x[r * headDim + d] * inv));
+    scale[r] = Math.fround(amax / FP8_E4M3_MAX);
+  }
+  return { data, scale };
+}
+
+// ---- the graph side -----------------------------------------------------------------------------
+
+/** A decode step's attention inputs, as a KV engine's decode graph has them. */
+export interface DecodeAttendInputs {
+  /** [R, 1, H·D], before QK-norm and RoPE. */
+  query: Tensor;
+  /** [R, 1, KV·D], before QK-norm and RoPE. */
+  key: Tensor;
+  /** [R, 1, KV·D]. */
+  value: Tensor;
+  /** The layer's cache [R, KV, M, D] (the compute dtype, or uint8 e4m3 bytes), bound in place. */
+  cacheKey: Tensor;
+  cacheValue: Tensor;
+  /** fp8 caches: float32 [R, KV, M]. */
+  keyScale?: Tensor;
+  valueScale?: Tensor;
+  /** int32 [R]: each row's new position. */
+  seqlens: Tensor;
+  /** RoPE tables [maxPositions, D/2] in the compute dtype (non-interleaved). */
+  rotary: { cos: Tensor; sin: Tensor };
+  /** Qwen3's per-head RMSNorm weights [D], applied to q and k before RoPE. */
+  qkNorm?: { q: Tensor; k: Tensor };
+}
+
+/** The op's outputs: attention [R, 1, H·D] and the updated cache (and scales). */
+export interface DecodeAttendOutputs {
+  output: Tensor;
+  presentKey: Tensor;
+  presentValue: Tensor;
+  presentKeyScale?: Tensor;
+  presentValueScale?: Tensor;
+}
+
+/** The graph side of the kernels: decode-attention and quantize nodes, and the domain to pass to sessions. */
+export interface DecodeAttentionOps {
+  /** The custom-op domain: pass `domain.handle` in the sessions' `customOpDomains`. */
+  domain: CustomOpDomain;
+  /** How the cache is held. */
+  cache: DecodeCacheKind;
+  /** The cache tensors' element type: the compute dtype, or uint8 for e4m3. */
+  cacheDtype(dtype: DType): DType;
+  /** A decode step's attention over the layer's cache (see {@link DecodeAttendInputs}). */
+  attend(x: DecodeAttendInputs, heads: { numHeads: number; kvNumHeads: number }): DecodeAttendOutputs;
+  /** e4m3 bytes (uint8, x's shape) and float32 scales (x's shape without the last dim) of a cache in the compute dtype. */
+  quantize(x: Tensor): { data: Tensor; scale: Tensor };
+  /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */
+  check(): void;
+  dispose(): void;
+}
+
+let domainCount = 0;
+
+/**
+ * The decode step's attention as custom ops of a new domain, for graphs run on `provider`: on CUDA
+ * their computes launch `kernels` (which must be the kernels whose stream the device's sessions run
+ * on), on the CPU they compute {@link decodeAttentionReference} on the host (float32). `cache`
+ * `float8e4m3` holds the cache as e4m3 bytes with per-vector scales. `qkNormEpsilon`: the model's
+ * RMSNorm epsilon for its Q/K norm (when `attend` gets `qkNorm`).
+ */
+export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttention, opts: { cache?: DecodeCacheKind; qkNormEpsilon?: number } = {}): DecodeAttentionOps {
+  if (provider === 'cuda' && !kernels) throw new Error('decodeAttentionOps: CUDA needs the compiled DecodeAttention kernels (DecodeAttention.compile on the kernels of the device)');
+  const cache = opts.cache ?? 'native';
+  const fp8 = cache === 'float8e4m3';
+  const eps = opts.qkNormEpsilon ?? 1e-6;
+  const domain = new CustomOpDomain(`lathe.decode${domainCount++}`);
+  const api = CApi.get();
+  const dtypes: DType[] = provider === 'cuda' ? ['bfloat16', 'float16'] : ['float32'];
+  const count = (dims: readonly number[]) => dims.reduce((a, b) => a * b, 1);
+  const readF32 = (p: bigint, n: number) => {
+    const a = new Float32Array(n);
+    api.copyOut(a, p);
+    return a;
+  };
+  const readBytes = (p: bigint, n: number) => {
+    const a = new Uint8Array(n);
+    api.copyOut(a, p);
+    return a;
+  };
+  const readI32 = (p: bigint, n: number) => {
+    const a = new Int32Array(n);
+    api.copyOut(a, p);
+    return a;
+  };
+  const ops = new Map<string, OpDef<object>>();
+  const quantizeOps = new Map<DType, OpDef<object>>();
+  for (const dt of dtypes) {
+    const cacheDt: DType = fp8 ? 'uint8' : dt;
+    for (const norm of [false, true]) {
+      const name = `DecodeAttention_${dt}_${norm ? 'qknorm' : 'plain'}`;
+      // q, k, v, seqlens, cos, sin, cacheK, cacheV, [kScale, vScale], [qNorm, kNorm]
+      const inputs: DType[] = [dt, dt, dt, 'int32', dt, dt, cacheDt, cacheDt, ...(fp8 ? (['float32', 'float32'] as DType[]) : []), ...(norm ? [dt, dt] : [])];
+      // out, presentK, presentV, [presentKScale, presentVScale], qRot, oPart, lsePart
+      const outputs: DType[] = [dt, cacheDt, cacheDt, ...(fp8 ? (['float32', 'float32'] as DType[]) : []), 'float32', 'float32', 'float32'];
+      const op = domain.add({
+        name,
+        inputs,
+        outputs,
+        provider,
+        infer: (ins: TensorType[]) => {
+          const [q, , , , , , ck] = ins;
+          const [R, , W] = q.shape;
+          const [, KV, M, D] = ck.shape;
+          const H = typeof W === 'number' && typeof D === 'number' ? W / D : 'H';
+          const C = typeof M === 'number' ? decodeChunks(M) : 'decode_chunks';
+          return [
+            { dtype: dt, shape: [...q.shape] },
+            { dtype: cacheDt, shape: [...ck.shape] },
+            { dtype: cacheDt, shape: [...ck.shape] },
+            ...(fp8 ? [0, 1].map(() => ({ dtype: 'float32' as DType, shape: [R, KV, M] })) : []),
+            { dtype: 'float32', shape: [R, H, D] },
+            { dtype: 'float32', shape: [R, H, C, D] },
+            { dtype: 'float32', shape: [R, H, C] },
+          ];
+        },
+        compute: (ctx) => {
+          const [q, k, v, seqlens, cos, sin, ck, cv] = ctx.inputs;
+          const [kS, vS] = fp8 ? ctx.inputs.slice(8, 10) : [];
+          const [qn, kn] = norm ? ctx.inputs.slice(fp8 ? 10 : 8) : [];
+          const [R, KV, M, D] = ck.dims;
+          const H = q.dims[2] / D;
+          const shape: DecodeAttentionShape = { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, dtype: dt, cache };
+          const C = decodeChunks(M);
+          const out = ctx.output(0, q.dims);
+          const pk = ctx.output(1, ck.dims);
+          const pv = ctx.output(2, cv.dims);
+          const pks = fp8 ? ctx.output(3, [R, KV, M]) : 0n;
+          const pvs = fp8 ? ctx.output(4, [R, KV, M]) : 0n;
+          const s = fp8 ? 5 : 3;
+          const qRot = ctx.output(s, [R, H, D]);
+          const oPart = ctx.output(s + 1, [R, H, C, D]);
+          const lsePart = ctx.output(s + 2, [R, H, C]);
+          const cacheBytes = count(ck.dims) * (fp8 ? 1 : L.dtypeBytes(dt));
+          if (kernels) {
+            // The engine binds each present to its past (the append writes in place); else copy the past over first.
+            if (pk !== ck.data) kernels.copy(ck.data, pk, cacheBytes);
+            if (pv !== cv.data) kernels.copy(cv.data, pv, cacheBytes);
+            if (fp8 && pks !== kS.data) kernels.copy(kS.data, pks, R * KV * M * 4);
+            if (fp8 && pvs !== vS.data) kernels.copy(vS.data, pvs, R * KV * M * 4);
+            kernels.step(shape, { q: q.data, k: k.data, v: v.data, cacheK: pk, cacheV: pv, kScale: pks, vScale: pvs, seqlens: seqlens.data, cos: cos.data, sin: sin.data, qNorm: qn?.data, kNorm: kn?.data, epsilon: eps, out, qRot, oPart, lsePart });
+            return;
+          }
+          const host = (t: typeof ck) => (fp8 ? readBytes(t.data, count(t.dims)) : readF32(t.data, count(t.dims)));
+          const x: DecodeReferenceInputs = {
+            q: readF32(q.data, count(q.dims)),
+            k: readF32(k.data, count(k.dims)),
+            v: readF32(v.data, count(v.dims)),
+            cacheK: host(ck),
+            cacheV: host(cv),
+            kScale: kS && readF32(kS.data, R * KV * M),
+            vScale: vS && readF32(vS.data, R * KV * M),
+            seqlens: readI32(seqlens.data, R),
+            cos: readF32(cos.data, count(cos.dims)),
+            sin: readF32(sin.data, count(sin.dims)),
+            qNorm: qn && readF32(qn.data, D),
+            kNorm: kn && readF32(kn.data, D),
+            epsilon: eps,
+          };
+          const r = decodeAttentionReference(shape, x);
+          api.copyIn(out, r.out);
+          api.copyIn(pk, x.cacheK);
+          api.copyIn(pv, x.cacheV);
+          if (fp8) {
+            api.copyIn(pks, x.kScale!);
+            api.copyIn(pvs, x.vScale!);
+          }
+          api.copyIn(qRot, r.qRot);
+          api.copyIn(oPart, new Float32Array(R * H * C * D));
+          api.copyIn(lsePart, new Float32Array(R * H * C));
+        },
+      });
+      ops.set(`${dt}/${norm}`, op);
+    }
+    quantizeOps.set(
+      dt,
+      domain.add({
+        name: `QuantizeE4m3_${dt}`,
+        inputs: [dt],
+        outputs: ['uint8', 'float32'],
+        provider,
+        infer: ([x]) => [
+          { dtype: 'uint8', shape: [...x.shape] },
+          { dtype: 'float32', shape: x.shape.slice(0, -1) },
+        ],
+        compute: (ctx) => {
+          const [x] = ctx.inputs;
+          const D = x.dims[x.dims.length - 1];
+          const rows = count(x.dims) / D;
+          const y = ctx.output(0, x.dims);
+          const scale = ctx.output(1, x.dims.slice(0, -1));
+          if (kernels) {
+            kernels.quantize(dt, D, { x: x.data, y, scale, rows });
+            return;
+          }
+          const r = quantizeE4m3Reference(readF32(x.data, count(x.dims)), D);
+          api.copyIn(y, r.data);
+          api.copyIn(scale, r.scale);
+        },
+      }),
+    );
+  }
+  const attend = (x: DecodeAttendInputs, heads: { numHeads: number; kvNumHeads: number }): DecodeAttendOutputs => {
+    const dt = x.query.dtype;
+    const op = ops.get(`${dt}/${!!x.qkNorm}`);
+    if (!op) throw new Error(`decodeAttentionOps (${provider}): no kernel for dtype ${dt} (takes ${dtypes.join(', ')})`);
+    const D = x.cacheKey.shape[3];
+    if (typeof D === 'number') {
+      const why = decodeAttentionUnsupported({ dtype: dt, headDim: D, numHeads: heads.numHeads, numKvHeads: heads.kvNumHeads, cache }, provider);
+      if (why) throw new Error(`decodeAttentionOps: unsupported ${why}`);
+    }
+    if (fp8 && (!x.keyScale || !x.valueScale)) throw new Error('decodeAttentionOps: an fp8 cache needs keyScale and valueScale');
+    if (x.cacheKey.dtype !== (fp8 ? 'uint8' : dt)) throw new Error(`decodeAttentionOps: the cache is ${x.cacheKey.dtype}, expected ${fp8 ? 'uint8 (e4m3)' : dt}`);
+    const ins = [x.query, x.key, x.value, x.seqlens, x.rotary.cos, x.rotary.sin, x.cacheKey, x.cacheValue, ...(fp8 ? [x.keyScale!, x.valueScale!] : []), ...(x.qkNorm ? [x.qkNorm.q, x.qkNorm.k] : [])];
+    const outs = L.applyOp(op, ins, {});
+    return { output: outs[0], presentKey: outs[1], presentValue: outs[2], ...(fp8 ? { presentKeyScale: outs[3], presentValueScale: outs[4] } : {}) };
+  };
+  const quantize = (x: Tensor) => {
+    const op = quantizeOps.get(x.dtype);
+    if (!op) throw new Error(`decodeAttentionOps (${provider}): no quantize kernel for dtype ${x.dtype}`);
+    const [data, scale] = L.applyOp(op, [x], {});
+    return { data, scale };
+  };
+  return { domain, cache, cacheDtype: (dt) => (fp8 ? 'uint8' : dt), attend, quantize, check: () => domain.check(), dispose: () => domain.dispose() };
+}
