@@ -66,7 +66,7 @@ export const decodeKernelName = {
 function entryPoints(): string {
   const out: string[] = [];
   const fp8 = 'unsigned char';
-  for (const [t, { c: T, suffix }] of Object.entries(DECODE_TYPES) as [TypeName, (typeof DECODE_TYPES)[TypeName]][]) {
+  for (const [t, { c: T }] of Object.entries(DECODE_TYPES) as [TypeName, (typeof DECODE_TYPES)[TypeName]][]) {
     for (const D of DECODE_HEAD_DIMS) {
       for (const [C, cache] of [
         [T, 'native'],
