@@ -9,6 +9,7 @@ export * from './ops';
 export * from './layout';
 export * from './linear';
 export * from './fused';
+export * from './kernel';
 export * from './model';
 export * from './checkpoint';
 export * from './shift';

@@ -12,6 +12,7 @@ import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { CausalLM, isProjectionWeight, lmHeadName, paramSpecs, type CausalLMOptions, type DecoderConfig, type Weights } from '@lathe/models';
 import { toBfloat16Bits, toFloat16Bits, type Device, type DeviceKind, type DeviceTensor, type SessionOptions } from '@lathe/runtime';
 import { fusedGemmIneligibility, fusedGemmSession } from './fused';
+import { takesKernel, type NBitsKernel } from './kernel';
 import { declareQuantizedLinear, kernelTensorSpecs, quantizedMatmul, type QuantizedLinearDeclaration, type QuantizedLinearTensors, type QuantizedMatmulMode } from './linear';
 import { kernelLayout, type Bnb4Layout, type NBitsLayout } from './layout';
 import { dequantize, kBlocks, QUANT_FORMATS, storedBytes, type QuantFormat, type QuantizedMatrix } from './matrix';
@@ -127,12 +128,17 @@ export class QuantizedModel {
    * `quantizedWeights: 'initializers'`: the kernel tensors are initializers holding the bytes
    * (scales in `dtype`) instead of inputs, so ONNX Runtime prepacks them — frozen weights for
    * generation (see {@link generation}); bind `deviceTensors(…, { quantizedWeights: 'initializers' })`.
+   * `quantizedWeights: 'kernel'`: the kernel tensors are bound inputs as by default, and each INT4
+   * projection whose rows are known and at most `kernelMaxRows` (default 256: decode steps) runs
+   * through `kernel` (Lathe's W4A16 op: `w4a16Ops` of @lathe/kernels) instead of MatMulNBits.
    */
   graphWeights(
     g: Graph,
-    opts: { dtype: DType; mode?: QuantizedMatmulMode; inline?: boolean; prefix?: string; backward?: 'kernel' | 'dequantize'; skip?: readonly string[]; quantizedWeights?: QuantizedWeightsAs },
+    opts: { dtype: DType; mode?: QuantizedMatmulMode; inline?: boolean; prefix?: string; backward?: 'kernel' | 'dequantize'; skip?: readonly string[]; quantizedWeights?: QuantizedWeightsAs; kernel?: NBitsKernel; kernelMaxRows?: number },
   ): { weights: Weights; inputs: Map<string, Tensor> } {
     const p = opts.prefix ?? '';
+    const own = opts.quantizedWeights === 'kernel' ? opts.kernel : undefined;
+    if (opts.quantizedWeights === 'kernel' && !own) throw new Error(`graphWeights: quantizedWeights 'kernel' needs the kernel (w4a16Ops of @lathe/kernels) as opts.kernel`);
     const inputs = new Map<string, Tensor>();
     const kernels = new Map<string, QuantizedLinearTensors>();
     const how: QuantizedLinearDeclaration = opts.inline ? { inline: true } : { scaleDtype: opts.dtype, initializer: opts.quantizedWeights === 'initializers' };
@@ -164,11 +170,15 @@ export class QuantizedModel {
       if (!c) cast.set(name, (c = L.Graph.build(t.graph, () => L.cast(t, opts.dtype))));
       return c;
     };
+    const project = (x: Tensor, t: QuantizedLinearTensors): Tensor => {
+      if (own && t.op === 'MatMulNBits' && (opts.mode ?? 'kernel') === 'kernel' && takesKernel(own, x, t.attrs, opts.kernelMaxRows)) return own.matmul(x, t.b, t.scales, t.zeroPoints, t.attrs);
+      return quantizedMatmul(x, t, opts.mode ?? 'kernel', opts.backward);
+    };
     weights.matmul = (name, x) => {
       // The quantized head is asked for by the head's name (lmLogits); the dense one stays readable.
-      if (head && name === head.name) return quantizedMatmul(x, head.t, opts.mode ?? 'kernel', opts.backward);
+      if (head && name === head.name) return project(x, head.t);
       const t = kernels.get(name);
-      return t ? quantizedMatmul(x, t, opts.mode ?? 'kernel', opts.backward) : undefined;
+      return t ? project(x, t) : undefined;
     };
     return { weights, inputs };
   }
@@ -207,23 +217,32 @@ export class QuantizedModel {
    * of the generation graphs, and on CUDA with MatMulNBits layers (INT8, INT4) and a 16-bit dtype
    * turns the fused GEMM on ({@link fusedGemmSession}; not for NF4 — MatMulBnb4 has no prepacked
    * path — or `mode: 'dequantize'`). Each session then holds its own prepacked copy of the quantized
-   * weights (prefill and decode: twice the quantized bytes); `tensors` holds the rest. Dispose
-   * `tensors` after the generator.
+   * weights (prefill and decode: twice the quantized bytes); `tensors` holds the rest. `quantizedWeights: 'kernel'`: bound
+   * kernel tensors, the INT4 projections of decode steps through `kernel` (Lathe's W4A16 op,
+   * `w4a16Ops` of @lathe/kernels; see {@link graphWeights}), and the op's domain in `session`.
+   * Dispose `tensors` after the generator.
    */
-  generation(device: Device, dtype: DType, opts: { quantizedWeights?: QuantizedWeightsAs; fusedGemm?: boolean; mode?: QuantizedMatmulMode } = {}): QuantizedGeneration {
+  generation(device: Device, dtype: DType, opts: GenerationOptions = {}): QuantizedGeneration {
     const mode = opts.mode ?? 'kernel';
     const plan = this.generationPlan(device.kind, dtype, opts);
     return {
       ...plan,
       tensors: this.deviceTensors(device, dtype, '', { quantizedWeights: plan.quantizedWeights }),
-      graphWeights: (g) => this.graphWeights(g, { dtype, mode, quantizedWeights: plan.quantizedWeights }).weights,
-      session: plan.fusedGemm ? fusedGemmSession() : {},
+      graphWeights: (g) => this.graphWeights(g, { dtype, mode, quantizedWeights: plan.quantizedWeights, kernel: opts.kernel, kernelMaxRows: opts.kernelMaxRows }).weights,
+      session: plan.fusedGemm ? fusedGemmSession() : plan.quantizedWeights === 'kernel' ? { ...opts.kernel!.session } : {},
     };
   }
 
   /** How {@link generation} reads the weights on a device of `kind` in `dtype` (its defaults, or `opts` checked). */
-  generationPlan(kind: DeviceKind, dtype: DType, opts: { quantizedWeights?: QuantizedWeightsAs; fusedGemm?: boolean; mode?: QuantizedMatmulMode } = {}): Pick<QuantizedGeneration, 'quantizedWeights' | 'fusedGemm' | 'fusedLayers'> {
+  generationPlan(kind: DeviceKind, dtype: DType, opts: GenerationOptions = {}): Pick<QuantizedGeneration, 'quantizedWeights' | 'fusedGemm' | 'fusedLayers' | 'kernelLayers'> {
     const nbits = this.nbitsLayouts();
+    if (opts.quantizedWeights === 'kernel') {
+      if (!opts.kernel) throw new Error(`generation: quantizedWeights 'kernel' needs the kernel (w4a16Ops of @lathe/kernels, on the device's kernels) as opts.kernel`);
+      if (opts.fusedGemm) throw new Error(`generation: the fused weight-only GEMM needs quantizedWeights 'initializers', not 'kernel'`);
+      const kernel = opts.kernel;
+      const kernelLayers = (opts.mode ?? 'kernel') === 'kernel' ? nbits.filter((l) => kernel.unsupported(l.attrs, dtype) === undefined).length : 0;
+      return { quantizedWeights: 'kernel', fusedGemm: false, fusedLayers: 0, kernelLayers };
+    }
     const eligible = nbits.filter((l) => !fusedGemmIneligibility(l.attrs, dtype)).length;
     const fusable = kind === 'cuda' && (opts.mode ?? 'kernel') === 'kernel' && eligible > 0;
     const quantizedWeights = opts.quantizedWeights ?? 'inputs';
@@ -265,8 +284,23 @@ export class QuantizedModel {
   }
 }
 
-/** Where a graph reads a quantized model's kernel tensors: bound inputs (default) or initializers holding the bytes. */
-export type QuantizedWeightsAs = 'inputs' | 'initializers';
+/**
+ * Where a graph reads a quantized model's kernel tensors: bound inputs (default), initializers
+ * holding the bytes, or bound inputs read by Lathe's own INT4 kernel in decode steps (`kernel`).
+ */
+export type QuantizedWeightsAs = 'inputs' | 'initializers' | 'kernel';
+
+/** Options of {@link QuantizedModel.generation}. */
+export interface GenerationOptions {
+  quantizedWeights?: QuantizedWeightsAs;
+  /** ONNX Runtime's fused weight-only GEMM (needs `initializers`). */
+  fusedGemm?: boolean;
+  mode?: QuantizedMatmulMode;
+  /** With `quantizedWeights: 'kernel'`: the kernel (`w4a16Ops(device.kind, W4A16.compile(kernels))` of @lathe/kernels). */
+  kernel?: NBitsKernel;
+  /** With `quantizedWeights: 'kernel'`: the most rows a projection sends through the kernel (default 256). */
+  kernelMaxRows?: number;
+}
 
 /** See {@link QuantizedModel.generation}. */
 export interface QuantizedGeneration {
@@ -280,6 +314,8 @@ export interface QuantizedGeneration {
   fusedGemm: boolean;
   /** Projections that can take the fused path (the rest run ORT's other MatMulNBits paths). */
   fusedLayers: number;
+  /** With `quantizedWeights: 'kernel'`: projections the kernel takes (in decode steps). */
+  kernelLayers?: number;
 }
 
 /** Graph-name prefix of the quantized LM head's kernel tensors (beside the dense head of the same HF name). */

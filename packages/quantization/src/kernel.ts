@@ -1,0 +1,34 @@
+/**
+ * Lathe's own INT4 matmul for generation graphs (`quantizedWeights: 'kernel'`): the W4A16 custom op
+ * of @lathe/kernels (`w4a16Ops`), which sits above this package, is passed in through this shape.
+ * It reads MatMulNBits' inputs as they are, so only the node changes; projections it cannot take
+ * (8 bits, a dtype or block size it lacks, too many or unknown rows) keep MatMulNBits.
+ */
+import type { DType, Tensor } from '@lathe/onnx';
+import type { SessionOptions } from '@lathe/runtime';
+import type { NBitsLayout } from './layout';
+
+/** A weight-only matmul over MatMulNBits' inputs (what `w4a16Ops(provider, kernels)` returns). */
+export interface NBitsKernel {
+  /** x [..., K] · dequant(B)ᵀ → [..., N]. */
+  matmul(x: Tensor, b: Tensor, scales: Tensor, zeroPoints: Tensor | undefined, attrs: NBitsLayout['attrs']): Tensor;
+  /** Why a projection cannot take the kernel with activations in `dtype`, or undefined. */
+  unsupported(attrs: NBitsLayout['attrs'], dtype: DType): string | undefined;
+  /** Session options the graphs need (the op's custom-op domain). */
+  session: Pick<SessionOptions, 'customOpDomains'>;
+}
+
+/** Rows the kernel takes at most by default: every decode batch the benchmarks run (M = batch). */
+export const KERNEL_MAX_ROWS = 256;
+
+/**
+ * Whether x · Wᵀ goes through `kernel`: a 4-bit projection it supports, with x's rows (the product of
+ * its leading dims) known when the graph is built and at most `maxRows` — a decode step's. Rows
+ * unknown until run time (prefill's [B, P]) keep MatMulNBits, whose dequantize + GEMM suits them.
+ */
+export function takesKernel(kernel: NBitsKernel, x: Tensor, attrs: NBitsLayout['attrs'], maxRows = KERNEL_MAX_ROWS): boolean {
+  const lead = x.shape.slice(0, -1);
+  if (!lead.every((d): d is number => typeof d === 'number')) return false;
+  const rows = lead.reduce((p, d) => p * d, 1);
+  return rows <= maxRows && kernel.unsupported(attrs, x.dtype) === undefined;
+}
