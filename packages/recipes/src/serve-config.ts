@@ -11,6 +11,11 @@ export const serveSchema = {
     describe:
       'Model folder to serve (config.json, *.safetensors, tokenizer.json + tokenizer_config.json), its id the folder name; NAME=DIR to choose the id; repeat --model (or separate entries with commas) to serve several models from one process [required]',
   },
+  http_thread: {
+    type: 'boolean',
+    default: true,
+    describe: 'Run the HTTP layer (sockets, parsing, chat templates, detokenising, streaming) on its own worker thread, leaving the thread that owns the device to the decode loop; false: one thread does both',
+  },
   tokenizer: { type: 'string', default: 'model', describe: "'model' (each model folder's own tokenizer files), or a folder holding tokenizer.json and tokenizer_config.json for every model" },
   host: { type: 'string', default: '127.0.0.1', describe: 'Address to listen on (0.0.0.0 exposes the server to the network)' },
   port: { type: 'number', default: 8000, integer: true, min: 0, max: 65535, describe: 'Port to listen on (0: any free port, printed at start)' },

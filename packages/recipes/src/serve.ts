@@ -4,16 +4,25 @@
  * the OpenAI-compatible HTTP server over all of them. Options in serve-config.ts.
  */
 import { existsSync } from 'node:fs';
-import { basename, join, resolve } from 'node:path';
+import { basename, extname, join, resolve } from 'node:path';
 import type { AddressInfo } from 'node:net';
 import type { Server } from 'node:http';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, readConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { HfTokenizer } from '@lathe/tokenizer';
-import { createOpenAiServer, kvCacheUnsupported, Scheduler, SlotEngine, type ServedModel } from '@lathe/rollout';
+import { createOpenAiServer, kvCacheUnsupported, registerServeTokenizerLoader, Scheduler, SlotEngine, startThreadedOpenAiServer, type ServedModel, type TokenizerSource } from '@lathe/rollout';
 import type { ServeConfig } from './serve-config';
 import { isAdapterFolder, loadAdapterMerged, readAdapterConfig } from './serve-adapter';
+import { loadServeTokenizer } from './serve-tokenizer';
+
+// A bundled program's HTTP thread loads the bundle, and with it this registration.
+registerServeTokenizerLoader('loadServeTokenizer', loadServeTokenizer);
+
+/** Where the HTTP thread loads the Hugging Face tokenizer of `folder` (serve-tokenizer.ts, beside this file). */
+export function hfTokenizerSource(folder: string): TokenizerSource {
+  return { loader: 'loadServeTokenizer', module: join(__dirname, `serve-tokenizer${extname(__filename)}`), args: [resolve(folder)] };
+}
 
 /** One `--model` entry: the id clients send and the folder. */
 export interface ServeModelSpec {
@@ -60,7 +69,8 @@ export interface ServeEvents {
 
 /** A running server. */
 export interface RunningServe {
-  server: Server;
+  /** The HTTP server, when it runs on this thread (`http_thread` false). */
+  server: Server | undefined;
   /** The base URL of the API, e.g. `http://127.0.0.1:8000/v1`. */
   url: string;
   port: number;
@@ -115,7 +125,7 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
       if (tokenizer.vocabSize > config.vocabSize) throw new Error(`--model ${s.dir}: the tokenizer has ${tokenizer.vocabSize} ids, the model's vocab_size is ${config.vocabSize}`);
       const eos = config.eosTokenId;
       const stopIds = [...new Set([tokenizer.eosId, ...(eos === undefined ? [] : Array.isArray(eos) ? eos : [eos])])];
-      return { ...s, config, maxModelLen, tokenizer, stopIds };
+      return { ...s, config, maxModelLen, tokenizer, tokDir, stopIds };
     }),
   );
   const device = Device.open(cfg.device);
@@ -126,7 +136,7 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
       l.model.dispose();
     }
   };
-  const models: ServedModel[] = [];
+  const models: (ServedModel & { tokenizerSource: TokenizerSource })[] = [];
   try {
     for (const p of plans) {
       events.onLoad?.({ id: p.id, dir: p.dir, rows: cfg.max_rows, maxModelLen: p.maxModelLen, dtype });
@@ -146,11 +156,31 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
         throw new Error(`--warm_prefill: ${(e as Error).message}`);
       }
       const scheduler = new Scheduler(engine, { maxQueue: cfg.max_queue, maxTokens: cfg.max_num_tokens || undefined, maxPrefillTokens: cfg.max_prefill_tokens, admitWaitMs: cfg.admit_wait_ms });
-      models.push({ id: p.id, scheduler, tokenizer: p.tokenizer, stopIds: p.stopIds, maxN: Math.min(cfg.max_n, cfg.max_rows) });
+      models.push({ id: p.id, scheduler, tokenizer: p.tokenizer, tokenizerSource: hfTokenizerSource(p.tokDir), stopIds: p.stopIds, maxN: Math.min(cfg.max_n, cfg.max_rows) });
     }
   } catch (e) {
     free();
     throw e;
+  }
+  const host = cfg.host.includes(':') ? `[${cfg.host}]` : cfg.host;
+  if (cfg.http_thread) {
+    let threaded: Awaited<ReturnType<typeof startThreadedOpenAiServer>>;
+    try {
+      threaded = await startThreadedOpenAiServer({ models, host: cfg.host, port: cfg.port, ...(events.onRequest ? { log: events.onRequest } : {}) });
+    } catch (e) {
+      free();
+      throw e;
+    }
+    return {
+      server: undefined,
+      url: `http://${host}:${threaded.port}/v1`,
+      port: threaded.port,
+      models,
+      close: async () => {
+        await threaded.close();
+        free();
+      },
+    };
   }
   const server = createOpenAiServer({ models, log: events.onRequest });
   try {
@@ -160,7 +190,6 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
     throw e;
   }
   const port = (server.address() as AddressInfo).port;
-  const host = cfg.host.includes(':') ? `[${cfg.host}]` : cfg.host;
   return {
     server,
     url: `http://${host}:${port}/v1`,

@@ -12,3 +12,4 @@ export * from './serve/slot-engine';
 export * from './serve/scheduler';
 export * from './serve/text';
 export * from './serve/openai-server';
+export * from './serve/http-thread';

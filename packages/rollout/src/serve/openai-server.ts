@@ -11,9 +11,9 @@
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { randomBytes, randomInt } from 'node:crypto';
-import { ServerBusyError, type FinishReason, type Scheduler } from './scheduler';
+import { refusalUnder, ServerBusyError, type FinishReason, type Scheduler, type ServeLimits } from './scheduler';
 import { IncrementalText, type ServeTokenizer } from './text';
-import type { SlotToken } from './slot-engine';
+import type { RowSampling } from './slot-engine';
 
 /** One model the server answers for. */
 export interface ServedModel {
@@ -27,6 +27,88 @@ export interface ServedModel {
   maxN: number;
   /** Reported as `system_fingerprint` (e.g. the training step whose weights answered). */
   fingerprint?: () => string;
+}
+
+/** One generation as the HTTP layer asks for it (see {@link ModelEndpoint.submit}). */
+export interface EndpointRequest {
+  prompt: number[];
+  n: number;
+  maxTokens: number;
+  sampling: RowSampling;
+  seed: number;
+  topLogprobs: number;
+  stopIds: ReadonlySet<number>;
+  /** The rows entered the engine; `fingerprint` is the model's then. */
+  onAdmit(fingerprint: string | null): void;
+  /**
+   * Sample `choice`'s next token with its raw log-prob and (when asked) top alternatives; `stop`:
+   * a stop id (the sample ends with it). Returning true ends the sample ('stop', e.g. a stop string).
+   */
+  onToken(choice: number, token: number, rawLogprob: number, top: { ids: number[]; logprobs: number[] } | undefined, stop: boolean): boolean;
+  onFinish(choice: number, reason: FinishReason): void;
+}
+
+/** A submitted {@link EndpointRequest}. */
+export interface EndpointTicket {
+  /** Resolves once the scheduler queued it; rejects with ServerBusyError (429) or an error naming what is wrong (400). */
+  accepted: Promise<void>;
+  /** Resolves when every sample finished; rejects with the engine's error. */
+  done: Promise<void>;
+  cancel(): void;
+}
+
+/**
+ * A served model as the HTTP layer sees it: a {@link Scheduler} on this thread
+ * ({@link schedulerEndpoint}), or, in the HTTP thread, a proxy of one on the thread that owns the
+ * device (http-thread.ts).
+ */
+export interface ModelEndpoint {
+  id: string;
+  tokenizer: ServeTokenizer;
+  stopIds: readonly number[];
+  maxN: number;
+  limits: ServeLimits;
+  /** The `system_fingerprint` now (null: none). */
+  fingerprint(): string | null;
+  /** Busy and free rows, queued requests, reserved tokens (GET /health). */
+  load(): Promise<Record<string, number>>;
+  submit(req: EndpointRequest): EndpointTicket;
+}
+
+/** A {@link ServedModel} on this thread as a {@link ModelEndpoint}. */
+export function schedulerEndpoint(m: ServedModel): ModelEndpoint {
+  const s = m.scheduler;
+  const fingerprint = () => m.fingerprint?.() ?? null;
+  return {
+    id: m.id,
+    tokenizer: m.tokenizer,
+    stopIds: m.stopIds,
+    maxN: m.maxN,
+    limits: s.limits,
+    fingerprint,
+    load: () => Promise.resolve({ ...s.load, slots: s.engine.slots }),
+    submit: (req) => {
+      try {
+        const t = s.submit({
+          prompt: req.prompt,
+          n: req.n,
+          maxTokens: req.maxTokens,
+          sampling: req.sampling,
+          seed: req.seed,
+          topLogprobs: req.topLogprobs,
+          stopIds: req.stopIds,
+          onAdmit: () => req.onAdmit(fingerprint()),
+          onToken: (j, t, stop) => req.onToken(j, t.token, t.rawLogprob, t.top, stop),
+          onFinish: (j, reason) => req.onFinish(j, reason),
+        });
+        return { accepted: Promise.resolve(), done: t.done, cancel: () => t.cancel() };
+      } catch (e) {
+        const refused = Promise.reject(e as Error);
+        refused.catch(() => undefined);
+        return { accepted: refused, done: refused, cancel: () => undefined };
+      }
+    },
+  };
 }
 
 /** Options of {@link createOpenAiServer}. */
@@ -107,7 +189,7 @@ function optBoolean(body: Json, key: string): boolean | undefined {
 
 /** What both endpoints share, read and checked. */
 interface Common {
-  model: ServedModel;
+  model: ModelEndpoint;
   maxTokens: number | undefined;
   /** The field max_tokens came from (max_completion_tokens wins over max_tokens). */
   maxTokensField: string;
@@ -122,12 +204,12 @@ interface Common {
   stream: boolean;
 }
 
-function readCommon(body: Json, models: ReadonlyMap<string, ServedModel>): Common {
+function readCommon(body: Json, models: ReadonlyMap<string, ModelEndpoint>): Common {
   const id = body.model;
   if (typeof id !== 'string' || id === '') throw bad('model', `required: one of ${[...models.keys()].join(', ')}`);
   const model = models.get(id);
   if (!model) throw new ApiError(400, `model: '${id}' is not served here (GET /v1/models lists ${[...models.keys()].join(', ')})`, 'model', 'invalid_request_error', 'model_not_found');
-  const V = model.scheduler.engine.config.vocabSize;
+  const V = model.limits.vocabSize;
   const maxTokens = optNumber(body, 'max_completion_tokens', { integer: true, min: 1 }) ?? optNumber(body, 'max_tokens', { integer: true, min: 1 });
   const n = optNumber(body, 'n', { integer: true, min: 1 }) ?? 1;
   if (n > model.maxN) throw bad('n', `at most ${model.maxN} samples per request here, got ${n}`);
@@ -214,55 +296,57 @@ interface Job {
   logprobs: boolean;
   /** Called whenever a choice has news (streaming), and once at the end. */
   onUpdate?: (choice: Choice, final: boolean) => void;
-  /** Called when the rows of a prompt enter the engine. */
-  onAdmit?: () => void;
+  /** Called when the rows of a prompt enter the engine, with the model's fingerprint then. */
+  onAdmit?: (fingerprint: string | null) => void;
+  /** Called once every prompt is queued (a stream's headers go out then, so that a refusal can still be a 429). */
+  onAccepted?: () => void;
 }
 
 /** Runs every prompt × n sample; resolves with the choices (index = prompt · n + sample). */
-function runJob(job: Job, signal: { onCancel: (f: () => void) => void }): Promise<Choice[]> {
+async function runJob(job: Job, signal: { onCancel: (f: () => void) => void }): Promise<Choice[]> {
   const { common, prompts } = job;
   const n = common.n;
   const choices: Choice[] = prompts.flatMap((_, p) => Array.from({ length: n }, (__, j) => ({ index: p * n + j, text: new IncrementalText(common.model.tokenizer, common.stopStrings), tokens: 0, finish: null, logprobs: [], sentLogprobs: 0 })));
-  const tickets: { cancel(): void; done: Promise<void> }[] = [];
+  const tickets = prompts.map((prompt, p) =>
+    common.model.submit({
+      prompt,
+      n,
+      maxTokens: job.maxTokens,
+      sampling: { temperature: common.temperature, topK: common.topK, topP: common.topP, minP: common.minP },
+      seed: common.seed,
+      topLogprobs: job.topLogprobs,
+      stopIds: common.stopIds,
+      onAdmit: (fingerprint) => job.onAdmit?.(fingerprint),
+      onToken: (j, token, rawLogprob, top, stop) => {
+        const c = choices[p * n + j];
+        c.tokens++;
+        if (stop) return true;
+        if (job.logprobs) c.logprobs.push({ id: token, logprob: rawLogprob, top });
+        const ended = c.text.push(token);
+        job.onUpdate?.(c, false);
+        return ended;
+      },
+      onFinish: (j, reason) => {
+        const c = choices[p * n + j];
+        c.finish = reason;
+        if (reason === 'stop' || reason === 'length') job.onUpdate?.(c, true);
+      },
+    }),
+  );
+  const cancelAll = () => tickets.forEach((t) => t.cancel());
+  signal.onCancel(cancelAll);
   try {
-    prompts.forEach((prompt, p) => {
-      tickets.push(
-        common.model.scheduler.submit({
-          prompt,
-          n,
-          maxTokens: job.maxTokens,
-          sampling: { temperature: common.temperature, topK: common.topK, topP: common.topP, minP: common.minP },
-          seed: common.seed,
-          topLogprobs: job.topLogprobs,
-          stopIds: common.stopIds,
-          ...(job.onAdmit ? { onAdmit: job.onAdmit } : {}),
-          onToken: (j: number, t: SlotToken, stop: boolean) => {
-            const c = choices[p * n + j];
-            c.tokens++;
-            if (stop) return true;
-            if (job.logprobs) c.logprobs.push({ id: t.token, logprob: t.rawLogprob, top: t.top });
-            const ended = c.text.push(t.token);
-            job.onUpdate?.(c, false);
-            return ended;
-          },
-          onFinish: (j: number, reason: FinishReason) => {
-            const c = choices[p * n + j];
-            c.finish = reason;
-            if (reason === 'stop' || reason === 'length') job.onUpdate?.(c, true);
-          },
-        }),
-      );
-    });
+    await Promise.all(tickets.map((t) => t.accepted));
   } catch (e) {
-    for (const t of tickets) t.cancel();
+    cancelAll();
     if (e instanceof ServerBusyError) throw new ApiError(429, e.message, null, 'rate_limit_error', 'rate_limit_exceeded', e.retryAfterSeconds);
     throw new ApiError(400, (e as Error).message, /max_tokens|context/.test((e as Error).message) ? 'max_tokens' : /^n /.test((e as Error).message) ? 'n' : null);
   }
-  signal.onCancel(() => tickets.forEach((t) => t.cancel()));
+  job.onAccepted?.();
   return Promise.all(tickets.map((t) => t.done)).then(
     () => choices,
     (e: Error) => {
-      tickets.forEach((t) => t.cancel());
+      cancelAll();
       throw new ApiError(500, `generation failed: ${e.message}`);
     },
   );
@@ -270,14 +354,14 @@ function runJob(job: Job, signal: { onCancel: (f: () => void) => void }): Promis
 
 /** Decides max_tokens and checks the prompts against the context (400 naming the field). */
 function planTokens(common: Common, prompts: number[][], field: string): number {
-  const M = common.model.scheduler.engine.maxLength;
+  const M = common.model.limits.maxLength;
   const longest = Math.max(...prompts.map((p) => p.length));
   if (prompts.some((p) => p.length === 0)) throw bad(field, 'the prompt is empty');
   if (longest >= M) throw bad(field, `the prompt is ${longest} tokens; the context is ${M} (room for at least one new token is needed)`);
   const maxTokens = common.maxTokens ?? M - longest;
   if (longest + maxTokens > M) throw bad(common.maxTokens !== undefined ? common.maxTokensField : field, `${longest} prompt tokens + max_tokens ${maxTokens} exceed the context of ${M}`);
-  const why = common.model.scheduler.refusal(longest, common.n, maxTokens);
-  if (why) throw bad(common.n > common.model.scheduler.engine.slots ? 'n' : common.maxTokensField, why);
+  const why = refusalUnder(common.model.limits, longest, common.n, maxTokens);
+  if (why) throw bad(common.n > common.model.limits.slots ? 'n' : common.maxTokensField, why);
   return maxTokens;
 }
 
@@ -328,10 +412,19 @@ const finishOf = (c: Choice) => (c.finish === 'length' ? 'length' : 'stop');
 // ---------------------------------------------------------------------------------------------
 // The server
 
-/** Creates (does not start) the HTTP server; `listen(port, host)` it. */
+/**
+ * Creates (does not start) the HTTP server over schedulers on this thread; `listen(port, host)` it.
+ * The HTTP work then shares the thread with the decode loop; startThreadedOpenAiServer
+ * (http-thread.ts) moves it to a worker thread.
+ */
 export function createOpenAiServer(opts: OpenAiServerOptions): Server {
-  const models = new Map(opts.models.map((m) => [m.id, m]));
-  if (models.size !== opts.models.length) throw new Error(`two served models share an id: ${opts.models.map((m) => m.id).join(', ')}`);
+  return createEndpointServer(opts.models.map(schedulerEndpoint), opts);
+}
+
+/** The HTTP server over model endpoints (on this thread or proxies of another's); `listen(port, host)` it. */
+export function createEndpointServer(endpoints: readonly ModelEndpoint[], opts: Omit<OpenAiServerOptions, 'models'>): Server {
+  const models = new Map(endpoints.map((m) => [m.id, m]));
+  if (models.size !== endpoints.length) throw new Error(`two served models share an id: ${endpoints.map((m) => m.id).join(', ')}`);
   const limit = opts.maxBodyBytes ?? 8 * 2 ** 20;
   const created = Math.floor(Date.now() / 1000);
 
@@ -349,13 +442,13 @@ export function createOpenAiServer(opts: OpenAiServerOptions): Server {
       const ids = tok.encode(tok.applyChatTemplate(messages, { addGenerationPrompt: true, enableThinking: thinking as boolean | undefined }));
       prompts = [tok.bosId === undefined || ids[0] === tok.bosId ? ids : [tok.bosId, ...ids]];
     } else {
-      prompts = readPrompts(body, tok, common.model.scheduler.engine.config.vocabSize);
+      prompts = readPrompts(body, tok, common.model.limits.vocabSize);
       if (optBoolean(body, 'echo')) throw bad('echo', 'echo is not supported');
       if (body.suffix !== undefined && body.suffix !== null) throw bad('suffix', 'suffix is not supported');
     }
     let topLogprobs = 0;
     let logprobs = false;
-    const maxTop = common.model.scheduler.engine.maxTopLogprobs;
+    const maxTop = common.model.limits.maxTopLogprobs;
     if (chat) {
       logprobs = optBoolean(body, 'logprobs') ?? false;
       topLogprobs = optNumber(body, 'top_logprobs', { integer: true, min: 0, max: maxTop }) ?? 0;
@@ -367,9 +460,9 @@ export function createOpenAiServer(opts: OpenAiServerOptions): Server {
     }
     const maxTokens = planTokens(common, prompts, chat ? 'messages' : 'prompt');
     const id = `${chat ? 'chatcmpl' : 'cmpl'}-${randomBytes(12).toString('hex')}`;
-    const head = { id, object: chat ? 'chat.completion.chunk' : 'text_completion', created: Math.floor(Date.now() / 1000), model: common.model.id, system_fingerprint: common.model.fingerprint?.() ?? null };
+    const head = { id, object: chat ? 'chat.completion.chunk' : 'text_completion', created: Math.floor(Date.now() / 1000), model: common.model.id, system_fingerprint: common.model.fingerprint() };
     // the fingerprint (e.g. the training step whose weights answer) is the one when the rows enter the engine
-    const onAdmit = common.model.fingerprint ? () => void (head.system_fingerprint = common.model.fingerprint!()) : undefined;
+    const onAdmit = (fingerprint: string | null) => void (head.system_fingerprint = fingerprint);
     let cancel: () => void = () => undefined;
     const signal = { onCancel: (f: () => void) => (cancel = f) };
     // A client that goes away: the response closing unfinished, or its socket ending or failing —
@@ -389,7 +482,7 @@ export function createOpenAiServer(opts: OpenAiServerOptions): Server {
     });
 
     if (!common.stream) {
-      const choices = await runJob({ prompts, common, maxTokens, topLogprobs, logprobs, ...(onAdmit ? { onAdmit } : {}) }, signal);
+      const choices = await runJob({ prompts, common, maxTokens, topLogprobs, logprobs, onAdmit }, signal);
       const out = choices.map((c) => {
         const text = c.text.flush(true);
         if (chat) return { index: c.index, message: { role: 'assistant', content: text }, logprobs: logprobs ? chatLogprobs(tok, c.logprobs, topLogprobs) : null, finish_reason: finishOf(c) };
@@ -399,13 +492,20 @@ export function createOpenAiServer(opts: OpenAiServerOptions): Server {
       return 200;
     }
 
-    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
     const send = (o: unknown) => {
       if (!res.writableEnded) res.write(`data: ${JSON.stringify(o)}\n\n`);
     };
+    // The headers go out once the request is queued (a refusal before then is still a 429 or 400).
+    let opened = false;
+    const open = () => {
+      if (opened) return;
+      opened = true;
+      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
+      if (chat) for (let i = 0; i < prompts.length * common.n; i++) send({ ...head, choices: [{ index: i, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }] });
+    };
     const offsets = new Map<number, number>();
-    if (chat) for (let i = 0; i < prompts.length * common.n; i++) send({ ...head, choices: [{ index: i, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }] });
     const onUpdate = (c: Choice, final: boolean) => {
+      open();
       const text = c.text.flush(final);
       const entries = c.logprobs.slice(c.sentLogprobs);
       // A chunk per token, as OpenAI streams (its text may be empty while held back), so clients
@@ -421,9 +521,11 @@ export function createOpenAiServer(opts: OpenAiServerOptions): Server {
       }
     };
     try {
-      const choices = await runJob({ prompts, common, maxTokens, topLogprobs, logprobs, onUpdate, ...(onAdmit ? { onAdmit } : {}) }, signal);
+      const choices = await runJob({ prompts, common, maxTokens, topLogprobs, logprobs, onUpdate, onAdmit, onAccepted: open }, signal);
+      open();
       send({ ...head, choices: [], usage: usageOf(prompts, choices) });
     } catch (e) {
+      if (!opened) throw e;
       const err = e instanceof ApiError ? e : new ApiError(500, (e as Error).message);
       send({ error: { message: err.message, type: err.type, param: err.param, code: err.code } });
     }
@@ -437,11 +539,12 @@ export function createOpenAiServer(opts: OpenAiServerOptions): Server {
     const done = (status: number) => opts.log?.(`${req.method} ${path} ${status} ${Math.round(performance.now() - started)}ms`);
     const handle = async (): Promise<number> => {
       if (req.method === 'GET' && path === '/health') {
-        sendJson(res, 200, { status: 'ok', models: opts.models.map((m) => ({ id: m.id, ...m.scheduler.load, slots: m.scheduler.engine.slots })) });
+        const loads = await Promise.all(endpoints.map((m) => m.load()));
+        sendJson(res, 200, { status: 'ok', models: endpoints.map((m, i) => ({ id: m.id, ...loads[i] })) });
         return 200;
       }
       if (req.method === 'GET' && path === '/v1/models') {
-        sendJson(res, 200, { object: 'list', data: opts.models.map((m) => ({ id: m.id, object: 'model', created, owned_by: 'lathe', max_model_len: m.scheduler.engine.maxLength })) });
+        sendJson(res, 200, { object: 'list', data: endpoints.map((m) => ({ id: m.id, object: 'model', created, owned_by: 'lathe', max_model_len: m.limits.maxLength })) });
         return 200;
       }
       const chat = path === '/v1/chat/completions';

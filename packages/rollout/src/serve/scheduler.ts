@@ -43,6 +43,8 @@ export type FinishReason = 'stop' | 'length' | 'cancelled' | 'error';
 export interface Ticket {
   /** Ends every unfinished sample now ('cancelled'); their slots are free for the next admission. */
   cancel(): void;
+  /** Ends sample `choice` now with finish reason 'stop' (as `onToken` returning true does), e.g. a stop string another thread found; no-op once it ended or before admission. */
+  stop(choice: number): void;
   /** Resolves when every sample has finished (however); rejects with the engine's error, if one failed it. */
   done: Promise<void>;
 }
@@ -55,6 +57,29 @@ export class ServerBusyError extends Error {
   ) {
     super(message);
   }
+}
+
+/** What bounds a request on one scheduler: the engine's vocabulary, context and rows, and the cache positions the rows may reserve. */
+export interface ServeLimits {
+  vocabSize: number;
+  /** Cache positions per row (prompt + new tokens). */
+  maxLength: number;
+  /** Rows decoding at once. */
+  slots: number;
+  maxTopLogprobs: number;
+  /** Cache positions the admitted rows may reserve in all. */
+  maxNumTokens: number;
+}
+
+/**
+ * Why a request can never run under these limits (too many samples, too long), or undefined — a
+ * pure function of the limits, so that an HTTP layer on another thread answers it without asking.
+ */
+export function refusalUnder(limits: ServeLimits, prompt: number, n: number, maxTokens: number): string | undefined {
+  if (n > limits.slots) return `n is ${n}, more than the ${limits.slots} rows this server decodes at once`;
+  if (prompt + maxTokens > limits.maxLength) return `${prompt} prompt tokens + ${maxTokens} new exceed the context of ${limits.maxLength}`;
+  if (n * (prompt + maxTokens) > limits.maxNumTokens) return `${n} × (${prompt} + ${maxTokens}) tokens exceed the server's max_num_tokens of ${limits.maxNumTokens}`;
+  return undefined;
 }
 
 /** The scheduler's defaults (`lathe serve`'s options take theirs from here). */
@@ -145,10 +170,13 @@ export class Scheduler {
    * checks this first so that such a request is a 400, not a wait.
    */
   refusal(prompt: number, n: number, maxTokens: number): string | undefined {
-    if (n > this.engine.slots) return `n is ${n}, more than the ${this.engine.slots} rows this server decodes at once`;
-    if (prompt + maxTokens > this.engine.maxLength) return `${prompt} prompt tokens + ${maxTokens} new exceed the context of ${this.engine.maxLength}`;
-    if (n * (prompt + maxTokens) > this.maxTokens) return `${n} × (${prompt} + ${maxTokens}) tokens exceed the server's max_num_tokens of ${this.maxTokens}`;
-    return undefined;
+    return refusalUnder(this.limits, prompt, n, maxTokens);
+  }
+
+  /** The limits a request is checked against (see {@link refusalUnder}). */
+  get limits(): ServeLimits {
+    const e = this.engine;
+    return { vocabSize: e.config.vocabSize, maxLength: e.maxLength, slots: e.slots, maxTopLogprobs: e.maxTopLogprobs, maxNumTokens: this.maxTokens };
   }
 
   /**
@@ -174,7 +202,7 @@ export class Scheduler {
     const live: Live = { req, slots: new Array<number>(req.n).fill(-1), produced: new Array<number>(req.n).fill(0), finished: new Array<boolean>(req.n).fill(false), open: req.n, cancelled: false, queuedAt: performance.now(), resolve, reject };
     this.queue.push(live);
     this.kick();
-    return { cancel: () => this.cancel(live), done };
+    return { cancel: () => this.cancel(live), stop: (c) => live.slots[c] >= 0 && this.finish(live, c, 'stop'), done };
   }
 
   /** Resolves once no request is queued or running. */
