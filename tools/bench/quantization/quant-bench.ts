@@ -10,6 +10,15 @@
  * them, with its fused weight-only GEMM/GEMV ("fpA_intB", session config ep.cuda.fpa_intb_gemm = 1)
  * on for the INT4/INT8 projections that can take it (QuantizedModel.generation); and
  * `initializers-plain`, initializers with the fused path off (what holding them alone changes).
+ * `kernel`: bound kernel tensors, the decode steps' INT4 projections through Lathe's own W4A16 op
+ * (`w4a16Ops` of @lathe/kernels, QuantizedModel.generation's `quantizedWeights: 'kernel'`; prefill
+ * keeps MatMulNBits; INT4 only), with the device opened through `Kernels.withDevice` so the op's
+ * launches share the sessions' stream. With `kernel` asked for, before the timings: a numerics
+ * check of the op against MatMulNBits on the device for Qwen3's q/gate/down shapes at M = 1, 16
+ * and 256 (max relative error printed; past 1e-2 the run ends with an error, after its numbers),
+ * and a microbenchmark of the kernel alone on one projection of each shape at M = 1 and 16 (GB/s of
+ * weight bytes, and the share of the HBM peak nvidia-smi's GPU name implies: H100 3.35 TB/s, H200
+ * 4.8 TB/s). `--kernel-max-rows` (default 256) caps the rows a projection sends through the op.
  * NF4 (MatMulBnb4 has no prepacked path) runs `bound` only. Before the timings a probe says whether
  * this ORT build's fused path is live: one MatMulNBits node with the path on over bound inputs must
  * refuse (it needs prepacked weights) and over initializers must match the dequantized product.
@@ -20,7 +29,7 @@
  *          [--dtype bfloat16] [--formats dense,int8,int4,nf4,nf4dq] [--batches 1,16,256] [--prompt-len 64]
  *          [--new 128] [--repeat 2] [--int4-block 64] [--mode kernel|dequantize] [--fpa] [--no-cuda-graph]
  *          [--kl-prompts 16] [--kl-new 64] [--kl-batch 4] [--lm-head none|int8|int4|nf4] [--seed 0]
- *          [--weights bound,initializers,initializers-plain] [--probe]
+ *          [--weights bound,initializers,initializers-plain,kernel] [--kernel-max-rows 256] [--probe]
  * --lm-head: the quantized formats also read the LM head (the tied embedding) through an extra
  * quantized copy (int4 with --int4-block); the dense model's head stays bf16.
  * Prints the probe's line, one JSON line per (format, weights, batch[, fpa]) decode measurement, one per format with its KL,
@@ -46,6 +55,7 @@ import {
   type QuantizedWeightsAs,
   type ShiftSummary,
 } from '@lathe/quantization';
+import { Kernels, W4A16, w4a16Ops, type W4A16Ops } from '@lathe/kernels';
 import { KvCacheGenerator, type Completion } from '@lathe/rollout';
 import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor, type HostTensor, type SessionOptions } from '@lathe/runtime';
 import { arg, flag } from '../argv';
@@ -80,18 +90,27 @@ const WEIGHT_MODES: Record<string, { as: QuantizedWeightsAs; fused: boolean }> =
   bound: { as: 'inputs', fused: false },
   initializers: { as: 'initializers', fused: true },
   'initializers-plain': { as: 'initializers', fused: false },
+  kernel: { as: 'kernel', fused: false },
 };
 
 const bytesOf = (ts: Iterable<DeviceTensor>) => [...ts].reduce((n, t) => n + t.byteLength, 0);
 
 async function main(): Promise<void> {
-  const device = Device.open(arg('device', 'cuda') as 'cuda' | 'cpu');
+  const weightModes = arg('weights', 'bound,initializers').split(',');
+  for (const w of weightModes) if (!(w in WEIGHT_MODES)) throw new Error(`--weights: unknown mode '${w}' (${Object.keys(WEIGHT_MODES).join(', ')})`);
+  const kind = arg('device', 'cuda') as 'cuda' | 'cpu';
+  if (kind !== 'cuda' && kind !== 'cpu') throw new Error(`--device: '${String(kind)}' is not cuda or cpu`);
+  // Lathe's kernel launches on the stream the sessions run on: the device opened through Kernels.withDevice.
+  const wantKernel = weightModes.includes('kernel');
+  const opened = kind === 'cuda' && wantKernel ? Kernels.withDevice() : { device: Device.open(kind), kernels: undefined };
+  const device = opened.device;
+  const w4 = opened.kernels ? W4A16.compile(opened.kernels) : undefined;
+  const kernelOps = wantKernel ? w4a16Ops(device.kind, w4) : undefined;
+  const kernelMaxRows = Number(arg('kernel-max-rows', '256'));
   const dtype = arg('dtype', device.kind === 'cuda' ? 'bfloat16' : 'float32') as DType;
   const formats = arg('formats', 'dense,int8,int4,nf4').split(',');
   for (const f of formats) if (!(f in SCHEMES)) throw new Error(`--formats: unknown format '${f}' (${Object.keys(SCHEMES).join(', ')})`);
   const batches = arg('batches', '1,16,256').split(',').map(Number);
-  const weightModes = arg('weights', 'bound,initializers').split(',');
-  for (const w of weightModes) if (!(w in WEIGHT_MODES)) throw new Error(`--weights: unknown mode '${w}' (${Object.keys(WEIGHT_MODES).join(', ')})`);
   const promptLen = Number(arg('prompt-len', '64'));
   const newTokens = Number(arg('new', '128'));
   const repeat = Number(arg('repeat', '2'));
@@ -115,6 +134,11 @@ async function main(): Promise<void> {
   const shape = arg('model', '') || arg('preset', 'qwen3-0.6b');
   const probe = device.kind === 'cuda' || flag('probe') ? await probeFusedPath(device, dtype) : { fused_path: 'not probed (CUDA only; --probe runs it here)' };
   console.log(JSON.stringify({ probe: true, ...probe }));
+  // The kernel's numerics against MatMulNBits and its bandwidth alone, before any timing of generation.
+  const kernelCheck = kernelOps ? await checkKernel(device, dtype, kernelOps, config, Number(arg('int4-block', '64'))) : undefined;
+  if (kernelCheck) console.log(JSON.stringify({ kernel_check: true, ...kernelCheck }));
+  const kernelBandwidth = w4 && opened.kernels ? measureKernel(opened.kernels, w4, device, dtype, config, Number(arg('int4-block', '64'))) : undefined;
+  if (kernelBandwidth) console.log(JSON.stringify({ kernel_bandwidth: true, ...kernelBandwidth }));
   console.error(`quant-bench: ${shape} weights ready in ${((performance.now() - t0) / 1000).toFixed(1)} s; ${device.kind} ${dtype}; formats ${formats.join(', ')}; batches ${batches.join(', ')}`);
 
   const next = tokens(seed + 1, config.vocabSize);
@@ -142,7 +166,8 @@ async function main(): Promise<void> {
     const quantizeS = (performance.now() - q0) / 1000;
     const tensors = model.deviceTensors(device, dtype);
     const graphWeights = (g: L.Graph): Weights => model.graphWeights(g, { dtype, mode }).weights;
-    const modes = scheme && scheme.format !== 'nf4' ? weightModes : ['bound'];
+    // the kernel takes INT4 only; NF4 has no prepacked path
+    const modes = scheme && scheme.format !== 'nf4' ? weightModes.filter((w) => w !== 'kernel' || scheme.format === 'int4') : ['bound'];
     const projections = [...tensors].filter(([n]) => /_proj\.weight/.test(n)).map(([, t]) => t);
     const denseProjBytes = paramSpecs(config).filter((s) => /_proj\.weight$/.test(s.name)).reduce((n, s) => n + s.shape[0] * s.shape[1] * L.dtypeBytes(dtype), 0);
     const row: Record<string, unknown> = {
@@ -162,22 +187,23 @@ async function main(): Promise<void> {
         const wm = WEIGHT_MODES[weights];
         // The other modes hold the kernel tensors in their graphs and bind only the dense parameters,
         // the uploaded ones (so their gpu_used_mib also counts the unused bound kernel tensors: projection_bytes).
-        const generation = weights === 'bound' ? undefined : model.generationPlan(device.kind, dtype, { quantizedWeights: wm.as, fusedGemm: wm.fused, mode });
+        const generation = weights === 'bound' ? undefined : model.generationPlan(device.kind, dtype, { quantizedWeights: wm.as, fusedGemm: wm.fused, mode, kernel: kernelOps, kernelMaxRows });
         const plan = generation && {
           ...generation,
-          tensors: new Map([...tensors].filter(([n]) => model.dense.has(n))),
-          graphWeights: (g: L.Graph): Weights => model.graphWeights(g, { dtype, mode, quantizedWeights: generation.quantizedWeights }).weights,
-          session: generation.fusedGemm ? fusedGemmSession() : {},
+          tensors: generation.quantizedWeights === 'kernel' ? tensors : new Map([...tensors].filter(([n]) => model.dense.has(n))),
+          graphWeights: (g: L.Graph): Weights => model.graphWeights(g, { dtype, mode, quantizedWeights: generation.quantizedWeights, kernel: kernelOps, kernelMaxRows }).weights,
+          session: generation.fusedGemm ? fusedGemmSession() : generation.quantizedWeights === 'kernel' ? { ...kernelOps!.session } : {},
         };
         try {
           for (const fpa of weights === 'bound' && scheme && scheme.format !== 'nf4' && flag('fpa') ? [false, true] : [false]) {
             const session: SessionOptions = plan ? plan.session : fpa ? fusedGemmSession() : {};
             for (const B of batches) {
               const { completions, ...m } = await decodeRate(device, config, plan?.tensors ?? tensors, plan?.graphWeights ?? graphWeights, decodePrompts.get(B)!, { dtype, newTokens, repeat, cudaGraph, session });
+              if (weights === 'kernel') kernelOps!.check();
               if (weights === 'bound' && !fpa) boundTokens.set(B, completions);
               const bound = boundTokens.get(B);
               const agreement = weights !== 'bound' && bound ? agreementWith(bound, completions) : undefined;
-              const line = { format: f, weights, batch: B, fpa: fpa || Boolean(plan?.fusedGemm), fused_layers: plan?.fusedLayers ?? 0, ...m, ...(agreement ? { agreement_with_bound: agreement } : {}) };
+              const line = { format: f, weights, batch: B, fpa: fpa || Boolean(plan?.fusedGemm), fused_layers: plan?.fusedLayers ?? 0, ...(plan?.kernelLayers !== undefined ? { kernel_layers: plan.kernelLayers, kernel_max_rows: kernelMaxRows } : {}), ...m, ...(agreement ? { agreement_with_bound: agreement } : {}) };
               console.log(JSON.stringify(line));
               (row.decode as unknown[]).push(line);
             }
@@ -198,7 +224,8 @@ async function main(): Promise<void> {
         console.log(JSON.stringify({ format: f, kl }));
         // The same KL with the quantized side read as generation reads it (initializers, fused path
         // on where it applies): a scoring graph at M = batch × length, so the fused GEMM's numerics.
-        const fusedMode = modes.find((w) => w !== 'bound');
+        // (the kernel mode's projections are decode steps': a scoring graph keeps MatMulNBits, so no KL of its own)
+        const fusedMode = modes.find((w) => w.startsWith('initializers'));
         if (fusedMode) {
           const wm = WEIGHT_MODES[fusedMode];
           const plan = model.generationPlan(device.kind, dtype, { quantizedWeights: wm.as, fusedGemm: wm.fused, mode });
@@ -238,7 +265,131 @@ async function main(): Promise<void> {
         return [r.format, byKey];
       }),
   );
-  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, lm_head: lmHeadArg, results, speedup_vs_dense: speedup }));
+  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_bandwidth: kernelBandwidth } : {}), lm_head: lmHeadArg, results, speedup_vs_dense: speedup }));
+  if (kernelCheck && !kernelCheck.ok) throw new Error(`kernel check failed: the W4A16 op's max relative error against MatMulNBits is ${kernelCheck.max_rel_err} (limit ${kernelCheck.limit})`);
+}
+
+/** Qwen3's q, gate and down projection shapes of `config` (N, K). */
+function projectionShapes(config: DecoderConfig): { name: string; N: number; K: number }[] {
+  const q = paramSpecs(config).find((s) => /layers\.0\.self_attn\.q_proj\.weight$/.test(s.name));
+  const gate = paramSpecs(config).find((s) => /layers\.0\.mlp\.gate_proj\.weight$/.test(s.name));
+  const down = paramSpecs(config).find((s) => /layers\.0\.mlp\.down_proj\.weight$/.test(s.name));
+  return [
+    ['q_proj', q],
+    ['gate_proj', gate],
+    ['down_proj', down],
+  ].flatMap(([name, s]) => (s && typeof s !== 'string' ? [{ name: name as string, N: s.shape[0], K: s.shape[1] }] : []));
+}
+
+/**
+ * The W4A16 op against MatMulNBits on the device: one graph per projection shape and M (1, 16, 256),
+ * with and without zero points, both nodes over the same seeded inputs; the max relative error
+ * (max |op − MatMulNBits| / max |MatMulNBits|) over all. Limit 1e-2 in 16 bits (both round C to it once
+ * and dequantize alike; their fp32 sums differ in order), 1e-5 in float32.
+ */
+async function checkKernel(device: Device, dtype: DType, ops: W4A16Ops, config: DecoderConfig, blockSize: number): Promise<{ ok: boolean; max_rel_err: number; limit: number; cases: Record<string, unknown>[] }> {
+  const limit = dtype === 'float32' ? 1e-5 : 1e-2;
+  const toHost = (a: Float32Array) => (dtype === 'bfloat16' ? toBfloat16Bits(a) : dtype === 'float16' ? toFloat16Bits(a) : a);
+  const cases: Record<string, unknown>[] = [];
+  let worst = 0;
+  const next = tokens(12345, 1 << 30);
+  const uniform = () => next() / (1 << 30);
+  for (const { name, N, K } of projectionShapes(config)) {
+    for (const M of device.kind === 'cuda' ? [1, 16, 256] : [1, 3]) {
+      for (const zp of [false, true]) {
+        const w = Float32Array.from({ length: N * K }, () => 0.04 * (2 * uniform() - 1));
+        const q = quantizeInt4(w, N, K, { blockSize, zeroPoints: zp });
+        const l = kernelLayout(q) as NBitsLayout;
+        const kb = l.bShape[1];
+        const g = new L.Graph(`w4a16_check_${name}_${M}_${zp}`);
+        const x = g.input('x', dtype, [M, K]);
+        const b = g.input('b', 'uint8', [...l.bShape]);
+        const s = g.input('scales', dtype, [N, kb]);
+        const z = l.zeroPoints ? g.input('zp', 'uint8', [N, l.zeroPoints.length / N]) : undefined;
+        g.output(L.cast(ops.matmul(x, b, s, z, l.attrs), 'float32'), 'ours');
+        g.output(L.cast(matMulNBits(x, b, s, z, l.attrs), 'float32'), 'ort');
+        const session = device.compile(g, { name: g.name, ...ops.session });
+        try {
+          const feeds: Record<string, HostTensor> = {
+            x: { data: toHost(Float32Array.from({ length: M * K }, () => 2 * uniform() - 1)), dims: [M, K] },
+            b: { data: l.b, dims: [...l.bShape] },
+            scales: { data: toHost(l.scales), dims: [N, kb] },
+            ...(l.zeroPoints ? { zp: { data: l.zeroPoints, dims: [N, l.zeroPoints.length / N] } } : {}),
+          };
+          const out = await session.run(feeds);
+          ops.check();
+          const ours = out.ours.data as Float32Array;
+          const ort = out.ort.data as Float32Array;
+          let err = 0;
+          let scale = 0;
+          for (let i = 0; i < ort.length; i++) {
+            err = Math.max(err, Math.abs(ours[i] - ort[i]));
+            scale = Math.max(scale, Math.abs(ort[i]));
+          }
+          const rel = err / Math.max(scale, 1e-30);
+          worst = Math.max(worst, Number.isNaN(rel) ? Infinity : rel);
+          cases.push({ shape: name, N, K, M, zero_points: zp, max_rel_err: +rel.toExponential(3) });
+        } finally {
+          session.dispose();
+        }
+      }
+    }
+  }
+  const ok = worst <= limit;
+  if (!ok) console.error(`quant-bench: KERNEL CHECK FAILED — the W4A16 op differs from MatMulNBits by ${worst.toExponential(3)} relative (limit ${limit})`);
+  return { ok, max_rel_err: +worst.toExponential(3), limit, cases };
+}
+
+/** HBM bandwidth (bytes/s) of the GPU nvidia-smi names: H200 4.8 TB/s, H100 3.35 TB/s, else undefined. */
+function peakBandwidth(): { gpu?: string; peak_tb_s?: number } {
+  const r = spawnSync('nvidia-smi', ['--query-gpu=name', '--format=csv,noheader'], { encoding: 'utf8' });
+  const gpu = r.status === 0 ? r.stdout.trim().split('\n')[0] : undefined;
+  return { gpu, peak_tb_s: gpu?.includes('H200') ? 4.8 : gpu?.includes('H100') ? 3.35 : undefined };
+}
+
+/**
+ * The kernel alone on one projection of each shape at M = 1 and 16 (in `dtype`, bf16 or fp16): device time
+ * per call (events around 200 back-to-back launches, after 20 warm-up ones) and the weight bytes (codes and
+ * scales) it streams per second. The calls rotate over copies of the weights that together exceed twice
+ * the L2 cache, so each call reads HBM, as a decode step (other layers' weights between) does.
+ */
+function measureKernel(kernels: Kernels, w4: W4A16, device: Device, dtype: DType, config: DecoderConfig, blockSize: number): Record<string, unknown> {
+  if (dtype !== 'bfloat16' && dtype !== 'float16') return { skipped: `the kernels take bfloat16 or float16, not ${dtype}` };
+  const half = (x: Float32Array) => (dtype === 'bfloat16' ? toBfloat16Bits(x) : toFloat16Bits(x));
+  const peak = peakBandwidth();
+  const rows: Record<string, unknown>[] = [];
+  for (const { name, N, K } of projectionShapes(config)) {
+    const kb = Math.ceil(K / blockSize);
+    const codeBytes = (N * kb * blockSize) / 2;
+    const weightBytes = codeBytes + N * kb * 2;
+    // enough copies of the weights to exceed L2 twice over, so each call reads HBM
+    const copies = Math.max(2, Math.ceil((2 * 60e6) / weightBytes));
+    const bs = Array.from({ length: copies }, () => device.upload({ data: new Uint8Array(codeBytes).fill(0x5a), dims: [N, kb, blockSize / 2] }, 'uint8'));
+    const ss = Array.from({ length: copies }, () => device.upload({ data: half(new Float32Array(N * kb).fill(0.01)), dims: [N, kb] }, dtype));
+    try {
+      for (const M of [1, 16]) {
+        const a = device.upload({ data: half(new Float32Array(M * K).fill(0.5)), dims: [M, K] }, dtype);
+        const c = device.upload({ data: new Uint16Array(M * N), dims: [M, N] }, dtype);
+        try {
+          const shape = { M, N, K, kBlocks: kb, blockSize, dtype };
+          const call = (i: number) => w4.matmul(shape, { a, b: bs[i % copies], scales: ss[i % copies], zeroPoints: 0n, c });
+          for (let i = 0; i < 20; i++) call(i);
+          const iters = 200;
+          const ms = kernels.time(() => {
+            for (let i = 0; i < iters; i++) call(i);
+          }) / iters;
+          const gbs = weightBytes / (ms / 1000) / 1e9;
+          rows.push({ shape: name, N, K, M, us_per_call: +(ms * 1000).toFixed(2), weight_bytes: weightBytes, weight_gb_s: +gbs.toFixed(1), ...(peak.peak_tb_s ? { share_of_peak: +(gbs / (peak.peak_tb_s * 1000)).toFixed(3) } : {}) });
+        } finally {
+          a.dispose();
+          c.dispose();
+        }
+      }
+    } finally {
+      for (const t of [...bs, ...ss]) t.dispose();
+    }
+  }
+  return { ...peak, block_size: blockSize, rows };
 }
 
 function ratio(a: number | undefined, b: number | undefined): number | null {
