@@ -344,6 +344,8 @@ export interface DecodeAttentionOps {
   domain: CustomOpDomain;
   /** How the cache is held. */
   cache: DecodeCacheKind;
+  /** The RMSNorm epsilon of the Q/K norm (nodes given `qkNorm`). */
+  qkNormEpsilon: number;
   /** The cache tensors' element type: the compute dtype, or uint8 for e4m3. */
   cacheDtype(dtype: DType): DType;
   /** A decode step's attention over the layer's cache (see {@link DecodeAttendInputs}). */
@@ -526,5 +528,5 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
     const [data, scale] = L.applyOp(op, [x], {});
     return { data, scale };
   };
-  return { domain, cache, cacheDtype: (dt) => (fp8 ? 'uint8' : dt), attend, quantize, check: () => domain.check(), dispose: () => domain.dispose() };
+  return { domain, cache, qkNormEpsilon: eps, cacheDtype: (dt) => (fp8 ? 'uint8' : dt), attend, quantize, check: () => domain.check(), dispose: () => domain.dispose() };
 }

@@ -24,7 +24,7 @@ import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, paramSpecs, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
 import { Device, DeviceTensor, hostTensor, type Binding, type DeviceKind, type Session, type SessionOptions } from '@lathe/runtime';
-import { addKvDecodeStep, addKvPrefill, cacheName, SAMPLED_COLUMNS } from './kv-cache-graphs';
+import { addKvDecodeStep, addKvPrefill, cacheName, cacheScaleName, SAMPLED_COLUMNS, type KvDecodeAttention } from './kv-cache-graphs';
 import { uniformNoise } from './rng';
 import { validateSampling, type SamplingOptions } from './sampling';
 import { isOutOfMemory, sampleKeysOf, splitOnOutOfMemory, type Completion, type GenerateCallOptions } from './generator';
@@ -84,6 +84,18 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
    * inject out-of-memory errors on the CPU, and to count prefills.
    */
   beforeRun?: (phase: 'prefill' | 'decode', prompts: number) => void;
+  /**
+   * The decode step's attention through a decode-attention kernel (Lathe's: `decodeAttentionOps` of
+   * @lathe/kernels, built for this device — on CUDA from kernels on the sessions' stream,
+   * `Kernels.withDevice`) in place of GroupQueryAttention. Default: GroupQueryAttention.
+   */
+  decodeAttention?: KvDecodeAttention;
+  /**
+   * How the KV cache is held: `model` (the compute dtype, default) or `float8e4m3` (e4m3 bytes with a
+   * float32 scale per head vector: half the bytes a step reads); `float8e4m3` needs a `decodeAttention`
+   * built for it.
+   */
+  kvCacheDtype?: 'model' | 'float8e4m3';
 }
 
 /** Time spent per phase of the last `generate` call, in milliseconds. */
@@ -126,6 +138,8 @@ interface StepBuffers {
 interface EngineBuffers {
   /** Layer i's key cache at 2i, its value cache at 2i + 1: [rows, kvHeads, maxLength, headDim]. */
   caches: DeviceTensor[];
+  /** An e4m3 cache's scales, float32 [rows, kvHeads, maxLength], laid out as `caches` (empty otherwise). */
+  scales: DeviceTensor[];
   ping: StepBuffers;
   pong: StepBuffers;
   /** Zeros the prefill extends each prompt's cache with (one layer's cache in size). */
@@ -139,6 +153,8 @@ interface EngineBuffers {
  */
 function allocateBuffers(device: Device, config: DecoderConfig, opts: KvCacheGeneratorOptions & { dtype: DType; readEvery: number }): EngineBuffers {
   const { rows: R, maxLength: M, dtype } = opts;
+  const cacheDtype = opts.decodeAttention ? opts.decodeAttention.cacheDtype(dtype) : dtype;
+  const fp8 = opts.decodeAttention?.cache === 'float8e4m3';
   const made: DeviceTensor[] = [];
   const zeros = (d: DType, dims: number[]) => {
     const t = device.zeros(d, dims);
@@ -148,10 +164,13 @@ function allocateBuffers(device: Device, config: DecoderConfig, opts: KvCacheGen
   const cacheDims = [R, config.numKvHeads, M, config.headDim];
   try {
     const caches: DeviceTensor[] = [];
-    for (let i = 0; i < 2 * config.numLayers; i++) caches.push(zeros(dtype, cacheDims));
+    for (let i = 0; i < 2 * config.numLayers; i++) caches.push(zeros(cacheDtype, cacheDims));
+    const scales: DeviceTensor[] = [];
+    if (fp8) for (let i = 0; i < 2 * config.numLayers; i++) scales.push(zeros('float32', cacheDims.slice(0, 3)));
     const step = (): StepBuffers => ({ token: zeros('int64', [R, 1]), seqlens: zeros('int32', [R]), step: zeros('int64', [1]), history: zeros('float32', [R, opts.readEvery, SAMPLED_COLUMNS.length]) });
     return {
       caches,
+      scales,
       ping: step(),
       pong: step(),
       tail: zeros(dtype, cacheDims),
@@ -160,13 +179,13 @@ function allocateBuffers(device: Device, config: DecoderConfig, opts: KvCacheGen
   } catch (e) {
     for (const t of made) t.dispose();
     if (!isOutOfMemory(e)) throw e;
-    const gib = ((2 * config.numLayers + 1) * R * config.numKvHeads * M * config.headDim * L.dtypeBytes(dtype)) / 2 ** 30;
-    throw new Error(`KvCacheGenerator: out of memory allocating caches for rows ${R} × maxLength ${M} (${gib.toFixed(2)} GiB in ${dtype}); lower rows or maxLength. ${e instanceof Error ? e.message : String(e)}`);
+    const gib = (2 * config.numLayers * (L.dtypeBytes(cacheDtype) + (fp8 ? 4 / config.headDim : 0)) + L.dtypeBytes(dtype)) * ((R * config.numKvHeads * M * config.headDim) / 2 ** 30);
+    throw new Error(`KvCacheGenerator: out of memory allocating caches for rows ${R} × maxLength ${M} (${gib.toFixed(2)} GiB in ${fp8 ? 'float8e4m3' : dtype}); lower rows or maxLength. ${e instanceof Error ? e.message : String(e)}`);
   }
 }
 
-function disposeBuffers({ caches, ping, pong, tail, noise }: EngineBuffers): void {
-  for (const t of [...caches, tail, ...Object.values(ping), ...Object.values(pong), ...(noise ? [noise] : [])]) t.dispose();
+function disposeBuffers({ caches, scales, ping, pong, tail, noise }: EngineBuffers): void {
+  for (const t of [...caches, ...scales, tail, ...Object.values(ping), ...Object.values(pong), ...(noise ? [noise] : [])]) t.dispose();
 }
 
 /** A compiled prefill + decode-step pair over device-resident weights and caches. */
@@ -188,7 +207,7 @@ export class KvCacheGenerator {
     private readonly buffers: EngineBuffers,
   ) {
     const { maxLength: M } = opts;
-    const { caches, ping, pong, tail, noise } = buffers;
+    const { caches, scales, ping, pong, tail, noise } = buffers;
     this.n = opts.groupSize ?? 1;
 
     const bindWeights = (b: Binding) => {
@@ -198,6 +217,7 @@ export class KvCacheGenerator {
       b.output('next_token', to.token).output('next_seqlens', to.seqlens).output('next_step', to.step).output('next_history', to.history);
       for (let i = 0; i < config.numLayers; i++) {
         b.output(cacheName(i, 'key', 'output'), caches[2 * i]).output(cacheName(i, 'value', 'output'), caches[2 * i + 1]);
+        if (scales.length) b.output(cacheScaleName(i, 'key', 'output'), scales[2 * i]).output(cacheScaleName(i, 'value', 'output'), scales[2 * i + 1]);
       }
     };
     this.prefillBinding = prefill.binding();
@@ -213,6 +233,7 @@ export class KvCacheGenerator {
       if (noise) b.input('noise', noise);
       for (let i = 0; i < config.numLayers; i++) {
         b.input(cacheName(i, 'key', 'input'), caches[2 * i]).input(cacheName(i, 'value', 'input'), caches[2 * i + 1]);
+        if (scales.length) b.input(cacheScaleName(i, 'key', 'input'), scales[2 * i]).input(cacheScaleName(i, 'value', 'input'), scales[2 * i + 1]);
       }
       bindOutputs(b, to);
       if (opts.cudaGraph) b.runConfig('gpu_graph_id', String(graphId));
@@ -262,6 +283,11 @@ export class KvCacheGenerator {
     const pad = opts.padTokenId ?? 0;
     if (!Number.isInteger(pad) || pad < 0 || pad >= config.vocabSize) throw new Error(`padTokenId must be a token id in [0, ${config.vocabSize}), got ${opts.padTokenId}`);
     if (!weights && !opts.graphWeights) throw new Error('weights: give device tensors, or graphWeights and bind them with bindWeights');
+    const da = opts.decodeAttention;
+    const kvCacheDtype = opts.kvCacheDtype ?? 'model';
+    if (kvCacheDtype !== 'model' && kvCacheDtype !== 'float8e4m3') throw new Error(`kvCacheDtype must be 'model' or 'float8e4m3', got '${String(kvCacheDtype)}'`);
+    if (kvCacheDtype === 'float8e4m3' && da?.cache !== 'float8e4m3') throw new Error("kvCacheDtype 'float8e4m3' needs decodeAttention built for an e4m3 cache (decodeAttentionOps(..., { cache: 'float8e4m3' }))");
+    if (da?.cache === 'float8e4m3' && kvCacheDtype !== 'float8e4m3') throw new Error("decodeAttention holds an e4m3 cache: set kvCacheDtype 'float8e4m3'");
     for (const spec of opts.graphWeights ? [] : paramSpecs(config)) {
       const t = weights!.get(spec.name);
       if (!t) throw new Error(`weights: missing '${spec.name}'`);
@@ -275,10 +301,14 @@ export class KvCacheGenerator {
       return g;
     };
     // ONNX Runtime's CPU kernel has no in-kernel Q/K norm; on CUDA it saves two norm launches a layer.
-    const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda', rows: opts.rows };
+    const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda', rows: opts.rows, decodeAttention: da };
     // ORT's memory-pattern planning off unless asked for: the plan it applies from a shape's second
     // run on made that run's prefill slower, not faster (docs/benchmarks.md).
-    const session: SessionOptions = { ...opts.session, memoryPattern: opts.session?.memoryPattern ?? false };
+    const session: SessionOptions = {
+      ...opts.session,
+      memoryPattern: opts.session?.memoryPattern ?? false,
+      ...(da ? { customOpDomains: [...(opts.session?.customOpDomains ?? []), da.domain.handle] } : {}),
+    };
     const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts, graphOpts)), { ...session, name: 'kv-prefill', cudaGraph: false });
     let step: Session | undefined;
     let buffers: EngineBuffers | undefined;
@@ -421,6 +451,7 @@ export class KvCacheGenerator {
     lap('transferMs');
     this.opts.beforeRun?.('prefill', B);
     pb.runSync();
+    this.opts.decodeAttention?.check();
     lap('prefillMs');
 
     const tokens: number[][] = Array.from({ length: live }, () => []);
@@ -462,6 +493,7 @@ export class KvCacheGenerator {
     for (let s = 1; s <= last && remaining > 0; s++) {
       this.opts.beforeRun?.('decode', B);
       this.decode[s % 2 === 1 ? 0 : 1].runSync({ synchronize: false });
+      this.opts.decodeAttention?.check();
       t.decodeSteps++;
       lap('decodeMs');
       if (readDue(s)) readThrough(s);

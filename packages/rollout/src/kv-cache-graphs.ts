@@ -42,12 +42,54 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { decoder, lmLogits, type DecoderConfig, type KvPair, type Weights } from '@lathe/models';
+import { accumulationDtype, decoder, decoderLayer, lmLogits, project, rmsNormHf, ropeCaches, type DecoderConfig, type KvPair, type LayerAttention, type Weights } from '@lathe/models';
 import { sampleNext, type SamplingOptions } from './sampling';
 
 /** Name of layer i's key or value cache: `cache.*` as a decode input, `present.*` as an output. */
 export function cacheName(i: number, which: 'key' | 'value', as: 'input' | 'output'): string {
   return `${as === 'input' ? 'cache' : 'present'}.${i}.${which}`;
+}
+
+/** Name of layer i's e4m3 key or value scales [R, KV, M] (an fp8 cache): `cache.*_scale` as a decode input, `present.*_scale` as an output. */
+export function cacheScaleName(i: number, which: 'key' | 'value', as: 'input' | 'output'): string {
+  return `${cacheName(i, which, as)}_scale`;
+}
+
+/**
+ * A decode-attention kernel for the decode step in place of GroupQueryAttention (Lathe's, from
+ * `decodeAttentionOps` in @lathe/kernels, which this layer does not import): one node per layer takes
+ * the projected q/k/v before QK-norm and RoPE, appends the new key/value into the layer's cache in
+ * place and attends over each row's length. With an e4m3 cache (`cache: 'float8e4m3'`) the caches
+ * are uint8 with float32 scales [R, KV, M] per layer, and the prefill writes them through `quantize`.
+ */
+export interface KvDecodeAttention {
+  /** How the cache is held. */
+  cache: 'native' | 'float8e4m3';
+  /** The cache tensors' element type for a compute dtype (uint8 for e4m3). */
+  cacheDtype(dtype: DType): DType;
+  /** The RMSNorm epsilon the node applies with `qkNorm` (must be the model's). */
+  qkNormEpsilon: number;
+  /** The custom-op domain its nodes belong to (added to both sessions). */
+  domain: { handle: bigint };
+  attend(
+    x: {
+      query: Tensor;
+      key: Tensor;
+      value: Tensor;
+      cacheKey: Tensor;
+      cacheValue: Tensor;
+      keyScale?: Tensor;
+      valueScale?: Tensor;
+      seqlens: Tensor;
+      rotary: { cos: Tensor; sin: Tensor };
+      qkNorm?: { q: Tensor; k: Tensor };
+    },
+    heads: { numHeads: number; kvNumHeads: number },
+  ): { output: Tensor; presentKey: Tensor; presentValue: Tensor; presentKeyScale?: Tensor; presentValueScale?: Tensor };
+  /** e4m3 bytes and scales of a cache in the compute dtype (the prefill's presents). */
+  quantize(x: Tensor): { data: Tensor; scale: Tensor };
+  /** Rethrows an error one of its nodes raised during the last run. */
+  check(): void;
 }
 
 /** Columns of a step's result in the history, per row. */
@@ -83,10 +125,12 @@ export interface KvGraphOptions {
    * a two-stage top-k sort all rows at once (`nucleusOneSort` in sampling.ts). Default: symbolic.
    */
   rows?: number;
+  /** The decode step's attention through this kernel rather than GroupQueryAttention (see {@link KvDecodeAttention}). */
+  decodeAttention?: KvDecodeAttention;
 }
 
 /** The prefill graph (see the module comment). */
-export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows }: KvGraphOptions): void {
+export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention }: KvGraphOptions): void {
   const R = rows ?? 'R';
   const ids = g.input('input_ids', 'int64', ['B', 'P']);
   const seqlens = g.input('seqlens', 'int32', ['B']);
@@ -101,9 +145,17 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
   const axis = g.constant([2], 'int64', [1]);
   const spec = { axes: [2], starts: ['P'], ends: [Number.MAX_SAFE_INTEGER], steps: [1] };
   const tail = L.applyOp(L.sliceOp, [zeros, cacheStart, g.constant([Number.MAX_SAFE_INTEGER], 'int64', [1]), axis, g.constant([1], 'int64', [1])], spec)[0];
+  const fp8 = decodeAttention?.cache === 'float8e4m3';
   out.present.forEach((p, i) => {
     for (const which of ['key', 'value'] as const) {
-      g.output(L.concat([L.gather(p[which], expand, 0), tail], 2), cacheName(i, which, 'output'));
+      const full = L.concat([L.gather(p[which], expand, 0), tail], 2);
+      if (!fp8) {
+        g.output(full, cacheName(i, which, 'output'));
+        continue;
+      }
+      const q = decodeAttention.quantize(full);
+      g.output(q.data, cacheName(i, which, 'output'));
+      g.output(q.scale, cacheScaleName(i, which, 'output'));
     }
   });
   const last = L.unsqueeze(L.gather(L.reshape(out.hidden, [-1, cfg.hiddenSize]), lastIndex, 0), [1]); // [B, 1, D]
@@ -113,7 +165,7 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
 }
 
 /** The decode-step graph (see the module comment). */
-export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows }: KvGraphOptions): void {
+export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention }: KvGraphOptions): void {
   const R = rows ?? 'R';
   const token = g.input('token', 'int64', [R, 1]);
   const seqlens = g.input('seqlens', 'int32', [R]);
@@ -122,16 +174,82 @@ export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, 
   const noise = sampling(opts) ? g.input('noise', 'float32', [R, 'N']) : undefined;
   const cacheLength = g.input('cache_length', 'int32', []);
   const past: KvPair[] = [];
+  const cacheDtype = decodeAttention ? decodeAttention.cacheDtype(dtype) : dtype;
   for (let i = 0; i < cfg.numLayers; i++) {
     const shape = [R, cfg.numKvHeads, 'M', cfg.headDim];
-    past.push({ key: g.input(cacheName(i, 'key', 'input'), dtype, shape), value: g.input(cacheName(i, 'value', 'input'), dtype, shape) });
+    past.push({ key: g.input(cacheName(i, 'key', 'input'), cacheDtype, shape), value: g.input(cacheName(i, 'value', 'input'), cacheDtype, shape) });
   }
-  const out = decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel });
+  const out: { present: KvPair[]; hidden: Tensor; scales?: KvPair[] } = decodeAttention
+    ? kernelDecoder(g, cfg, weights, dtype, { token, seqlens, past, R }, decodeAttention)
+    : decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel });
   out.present.forEach((p, i) => {
     g.output(p.key, cacheName(i, 'key', 'output'));
     g.output(p.value, cacheName(i, 'value', 'output'));
+    const sc = out.scales?.[i];
+    if (sc) {
+      g.output(sc.key, cacheScaleName(i, 'key', 'output'));
+      g.output(sc.value, cacheScaleName(i, 'value', 'output'));
+    }
   });
   emitStep(g, cfg, weights, out.hidden, noise && L.squeeze(L.gather(noise, step, 1), [1]), opts, { step, history, K });
   g.output(L.add(seqlens, g.constant(1, 'int32', [])), 'next_seqlens');
   g.output(L.add(step, g.constant(1, 'int64', [])), 'next_step');
+}
+
+/**
+ * The decoder of a decode step (one token per row) with `da`'s attention: embeddings, the layers of
+ * `decoderLayer` (fused norms and MLP, as the GroupQueryAttention graph has them), the final norm. Each
+ * layer's node reads the projections before QK-norm and RoPE, the layer's cache (and, for e4m3, its
+ * scale inputs `cache.{i}.*_scale`), and returns the cache (and scales) as its presents.
+ */
+function kernelDecoder(
+  g: Graph,
+  cfg: DecoderConfig,
+  w: Weights,
+  dtype: DType,
+  x: { token: Tensor; seqlens: Tensor; past: KvPair[]; R: number | string },
+  da: KvDecodeAttention,
+): { hidden: Tensor; present: KvPair[]; scales?: KvPair[] } {
+  if (cfg.qkNorm && Math.abs(da.qkNormEpsilon - cfg.rmsNormEps) > 1e-12 * Math.max(1, cfg.rmsNormEps)) {
+    throw new Error(`decodeAttention: its Q/K norm epsilon ${da.qkNormEpsilon} is not the model's rms_norm_eps ${cfg.rmsNormEps}`);
+  }
+  const fp8 = da.cache === 'float8e4m3';
+  const rotary = ropeCaches(cfg, g, dtype);
+  const scaleShape = [x.R, cfg.numKvHeads, 'M'];
+  const scales: KvPair[] = [];
+  const heads = { numHeads: cfg.numHeads, kvNumHeads: cfg.numKvHeads };
+  let layer = 0;
+  const attend: LayerAttention = (h, prefix, past) => {
+    const i = layer++;
+    const scale = fp8 ? { key: g.input(cacheScaleName(i, 'key', 'input'), 'float32', scaleShape), value: g.input(cacheScaleName(i, 'value', 'input'), 'float32', scaleShape) } : undefined;
+    const r = da.attend(
+      {
+        query: project(w, `${prefix}.q_proj`, h, cfg.attentionBias),
+        key: project(w, `${prefix}.k_proj`, h, cfg.attentionBias),
+        value: project(w, `${prefix}.v_proj`, h, cfg.attentionBias),
+        cacheKey: past!.key,
+        cacheValue: past!.value,
+        keyScale: scale?.key,
+        valueScale: scale?.value,
+        seqlens: x.seqlens,
+        rotary,
+        qkNorm: cfg.qkNorm ? { q: w(`${prefix}.q_norm.weight`), k: w(`${prefix}.k_norm.weight`) } : undefined,
+      },
+      heads,
+    );
+    if (fp8) scales.push({ key: r.presentKeyScale!, value: r.presentValueScale! });
+    return { out: project(w, `${prefix}.o_proj`, r.output, cfg.outputBias), present: { key: r.presentKey, value: r.presentValue } };
+  };
+  const embedded = L.gather(w('model.embed_tokens.weight'), x.token, 0);
+  let h = L.cast(embedded, accumulationDtype(embedded.dtype));
+  const present: KvPair[] = [];
+  for (let i = 0; i < cfg.numLayers; i++) {
+    const input = h;
+    h = g.scope(`layer${i}`, () => {
+      const out = decoderLayer(cfg, w, i, input, attend, x.past[i], true);
+      present.push(out.present);
+      return out.hidden;
+    });
+  }
+  return { hidden: rmsNormHf(h, w('model.norm.weight'), cfg.rmsNormEps, true), present, ...(fp8 ? { scales } : {}) };
 }
