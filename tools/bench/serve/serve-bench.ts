@@ -13,6 +13,8 @@
  *          [--rows 256] [--temperature 1] [--cuda-graph] [--client-threads 2] [--no-offline] [--offline-no-cuda-graph] [--direct]
  *          [--prefill-graphs N] [--admit-wait-ms N]   (lathe serve's --prefill_graphs and --admit_wait_ms)
  *          [--warmup]   (lathe serve --warm_prefill at the prompt length: its prefill shapes planned and captured at start)
+ *          [--http-thread true|false|both]   (lathe serve --http_thread; both: each client count timed with the HTTP
+ *          layer on its own thread and on the decode loop's, one server per mode, in this one call; default true)
  * Prints one JSON line per client count and a summary line. `--direct` also submits each level's
  * requests straight to the server's scheduler (no HTTP, no detokenising): what the engine and the
  * scheduler alone sustain, so that the HTTP layer's share of the gap to offline shows.
@@ -20,7 +22,7 @@
 import { copyFileSync, existsSync, mkdtempSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
-import { Worker } from 'node:worker_threads';
+import { isMainThread, Worker } from 'node:worker_threads';
 import { dirname, join, resolve } from 'node:path';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, randomModel, type HfConfig } from '@lathe/models';
@@ -172,47 +174,67 @@ async function main(): Promise<void> {
     for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(tok, f), join(model, f));
   }
   const maxModelLen = promptLen + maxNew;
-  const running = await startServe({ ...defaults(serveSchema), model, port: 0, device, compute_dtype: dtype as 'bfloat16', max_rows: rows, max_model_len: maxModelLen, max_queue: 4 * Math.max(...levels), cuda_graph: cudaGraph, max_n: 1, ...(arg('prefill-graphs', '') ? { prefill_graphs: Number(arg('prefill-graphs', '')) } : {}), ...(arg('admit-wait-ms', '') ? { admit_wait_ms: Number(arg('admit-wait-ms', '')) } : {}), ...(flag('warmup') ? { warm_prefill: String(promptLen) } : {}) });
-  const id = running.models[0].id;
-  const client = new OpenAiClient({ baseUrl: running.url, timeoutMs: 3_600_000, maxRetries: 0 });
+  const modeArg = arg('http-thread', 'true');
+  if (!['true', 'false', 'both'].includes(modeArg)) throw new Error(`--http-thread must be true, false or both, got '${modeArg}'`);
+  const modes = modeArg === 'both' ? [true, false] : [modeArg === 'true'];
   const clientThreads = Number(arg('client-threads', '2'));
-  const tReady = performance.now();
-  // Warm-up: the first prefill and decode step of the graphs the bench uses.
-  await client.completions({ model: id, prompt: makePrompts(1, promptLen, 999)[0], max_tokens: 4, temperature, ignore_eos: true });
-
   const results: Record<string, unknown>[] = [];
-  for (const clients of levels) {
-    const prompts = makePrompts(clients * rounds, promptLen, clients);
-    const stepsBefore = running.models[0].scheduler.counters.steps;
-    const timingsBefore = { ...running.models[0].scheduler.timings };
-    const prefillsBefore = running.models[0].scheduler.engine.prefillLog.length;
-    const loopMs = () => Object.fromEntries(Object.entries(running.models[0].scheduler.timings).map(([k, v]) => [k, Math.round(v - timingsBefore[k as keyof typeof timingsBefore])]));
-    const { ttft, itl, tokens, seconds } = await runClients({ url: running.url, model: id, prompts, clients, rounds, maxNew, temperature, threads: Math.min(clientThreads, clients) });
-    const level: Record<string, unknown> = {
-      bench: 'serve',
-      clients,
-      requests: clients * rounds,
-      output_tokens: tokens,
-      seconds: +seconds.toFixed(2),
-      tokens_per_s: +(tokens / seconds).toFixed(1),
-      ttft_ms: { p50: ms(quantile(ttft, 0.5)), p99: ms(quantile(ttft, 0.99)) },
-      itl_ms: { p50: ms(quantile(itl, 0.5)), p99: ms(quantile(itl, 0.99)) },
-      decode_steps: running.models[0].scheduler.counters.steps - stepsBefore,
-      loop_ms: loopMs(),
-      prefills: prefillSummary(running.models[0].scheduler.engine.prefillLog.slice(prefillsBefore)),
-    };
-    if (flag('direct')) {
-      const before = { ...running.models[0].scheduler.timings };
-      const log = running.models[0].scheduler.engine.prefillLog;
-      const at = log.length;
-      level.direct_tokens_per_s = +(await direct(running.models[0].scheduler, prompts, clients, rounds, maxNew, temperature)).toFixed(1);
-      level.direct_prefills = prefillSummary(log.slice(at));
-      level.direct_loop_ms = Object.fromEntries(Object.entries(running.models[0].scheduler.timings).map(([k, v]) => [k, Math.round(v - before[k as keyof typeof before])]));
+  const startup: Record<string, number> = {};
+  let prefillGraphsUsed = 0;
+  for (const httpThread of modes) {
+    const tStart = performance.now();
+    const running = await startServe({ ...defaults(serveSchema), model, port: 0, device, compute_dtype: dtype as 'bfloat16', max_rows: rows, max_model_len: maxModelLen, max_queue: 4 * Math.max(...levels), cuda_graph: cudaGraph, max_n: 1, http_thread: httpThread, ...(arg('prefill-graphs', '') ? { prefill_graphs: Number(arg('prefill-graphs', '')) } : {}), ...(arg('admit-wait-ms', '') ? { admit_wait_ms: Number(arg('admit-wait-ms', '')) } : {}), ...(flag('warmup') ? { warm_prefill: String(promptLen) } : {}) });
+    const scheduler = running.models[0].scheduler;
+    const id = running.models[0].id;
+    const client = new OpenAiClient({ baseUrl: running.url, timeoutMs: 3_600_000, maxRetries: 0 });
+    startup[`http_thread_${httpThread}`] = +((performance.now() - (results.length ? tStart : t0)) / 1000).toFixed(1);
+    // Warm-up: the first prefill and decode step of the graphs the bench uses.
+    await client.completions({ model: id, prompt: makePrompts(1, promptLen, 999)[0], max_tokens: 4, temperature, ignore_eos: true });
+
+    for (const clients of levels) {
+      const prompts = makePrompts(clients * rounds, promptLen, clients);
+      const stepsBefore = scheduler.counters.steps;
+      const timingsBefore = { ...scheduler.timings };
+      const prefillsBefore = scheduler.engine.prefillLog.length;
+      const loopMs = () => Object.fromEntries(Object.entries(scheduler.timings).map(([k, v]) => [k, Math.round(v - timingsBefore[k as keyof typeof timingsBefore])]));
+      // How busy this thread (the one that owns the device) was: its event loop's active time.
+      const elu = performance.eventLoopUtilization();
+      const { ttft, itl, tokens, seconds } = await runClients({ url: running.url, model: id, prompts, clients, rounds, maxNew, temperature, threads: Math.min(clientThreads, clients) });
+      const busy = performance.eventLoopUtilization(elu);
+      const spent = (k: keyof typeof timingsBefore) => scheduler.timings[k] - timingsBefore[k];
+      const handOut = spent('handOut');
+      // the busy time not in the engine's calls: handing tokens out, and (on one thread) the HTTP layer's work
+      const host = busy.active - spent('launch') - spent('collect') - spent('admit');
+      const level: Record<string, unknown> = {
+        bench: 'serve',
+        http_thread: httpThread,
+        clients,
+        requests: clients * rounds,
+        output_tokens: tokens,
+        seconds: +seconds.toFixed(2),
+        tokens_per_s: +(tokens / seconds).toFixed(1),
+        ttft_ms: { p50: ms(quantile(ttft, 0.5)), p99: ms(quantile(ttft, 0.99)) },
+        itl_ms: { p50: ms(quantile(itl, 0.5)), p99: ms(quantile(itl, 0.99)) },
+        decode_steps: scheduler.counters.steps - stepsBefore,
+        loop_ms: loopMs(),
+        // microseconds per output token on the device's thread: busy (the engine's calls included), outside the engine's calls, the loop's hand-out
+        main_thread_us_per_token: { busy: +((busy.active * 1000) / tokens).toFixed(2), outside_engine: +((host * 1000) / tokens).toFixed(2), hand_out: +((handOut * 1000) / tokens).toFixed(2), utilisation: +busy.utilization.toFixed(3) },
+        prefills: prefillSummary(scheduler.engine.prefillLog.slice(prefillsBefore)),
+      };
+      if (flag('direct')) {
+        const before = { ...scheduler.timings };
+        const log = scheduler.engine.prefillLog;
+        const at = log.length;
+        level.direct_tokens_per_s = +(await direct(scheduler, prompts, clients, rounds, maxNew, temperature)).toFixed(1);
+        level.direct_prefills = prefillSummary(log.slice(at));
+        level.direct_loop_ms = Object.fromEntries(Object.entries(scheduler.timings).map(([k, v]) => [k, Math.round(v - before[k as keyof typeof before])]));
+      }
+      results.push(level);
+      console.log(JSON.stringify(level));
     }
-    results.push(level);
-    console.log(JSON.stringify(level));
+    prefillGraphsUsed = scheduler.engine.prefillGraphsUsed;
+    await running.close();
   }
-  await running.close();
 
   if (!flag('no-offline')) {
     // The same prompts through the batch engine, all of a level's requests at once in runs of `rows`.
@@ -221,24 +243,31 @@ async function main(): Promise<void> {
     const offlineGraph = device === 'cuda' && !flag('offline-no-cuda-graph');
     const gen = KvCacheGenerator.create(lm, { temperature, rows, maxLength: maxModelLen, dtype, cudaGraph: offlineGraph });
     await gen.generate(makePrompts(1, promptLen, 999), { maxNewTokens: 4 });
-    for (const level of results) {
-      const clients = level.clients as number;
+    for (const clients of levels) {
       const prompts = makePrompts(clients * rounds, promptLen, clients);
       const started = performance.now();
       const out = await gen.generate(prompts, { maxNewTokens: maxNew, seed: 0, stopIds: [] });
       const seconds = (performance.now() - started) / 1000;
       const offline = out.reduce((n, c) => n + c.tokens.length, 0) / seconds;
-      level.offline_tokens_per_s = +offline.toFixed(1);
-      level.vs_offline = +((level.tokens_per_s as number) / offline).toFixed(3);
-      console.log(JSON.stringify({ bench: 'offline', clients, requests: prompts.length, cuda_graph: offlineGraph, tokens_per_s: level.offline_tokens_per_s, serve_vs_offline: level.vs_offline }));
+      const vs: Record<string, number> = {};
+      for (const level of results.filter((l) => l.clients === clients)) {
+        level.offline_tokens_per_s = +offline.toFixed(1);
+        level.vs_offline = +((level.tokens_per_s as number) / offline).toFixed(3);
+        vs[`http_thread_${String(level.http_thread)}`] = level.vs_offline as number;
+        if (level.direct_tokens_per_s !== undefined) level.direct_vs_offline = +((level.direct_tokens_per_s as number) / offline).toFixed(3);
+      }
+      console.log(JSON.stringify({ bench: 'offline', clients, requests: prompts.length, cuda_graph: offlineGraph, tokens_per_s: +offline.toFixed(1), serve_vs_offline: vs }));
     }
     gen.dispose();
     lm.dispose();
   }
-  console.log(JSON.stringify({ bench: 'serve-summary', shape: arg('model', '') ? model : shape, device, dtype, rows, prompt_len: promptLen, max_new: maxNew, rounds, temperature, cuda_graph: cudaGraph, warmup: flag('warmup'), prefill_graphs: running.models[0].scheduler.engine.prefillGraphsUsed, startup_s: +((tReady - t0) / 1000).toFixed(1), levels: results }));
+  console.log(JSON.stringify({ bench: 'serve-summary', shape: arg('model', '') ? model : shape, device, dtype, rows, prompt_len: promptLen, max_new: maxNew, rounds, temperature, cuda_graph: cudaGraph, warmup: flag('warmup'), http_thread: modeArg, prefill_graphs: prefillGraphsUsed, startup_s: startup, levels: results }));
 }
 
-main().catch((e) => {
-  console.error(e);
-  process.exit(1);
-});
+// The threaded server's HTTP thread loads this bundle too: only the main thread runs the bench.
+if (isMainThread) {
+  main().catch((e) => {
+    console.error(e);
+    process.exit(1);
+  });
+}
