@@ -19,7 +19,7 @@
  * and one rounding multiply in T — the same values as dequantizing in float and rounding to T.
  *
  * Kernels `w4a16_<bf16|fp16>_m<8·MT>`: MT n8 tiles of A rows per CTA (M ≤ 8, 16, 32, 64); grid
- * (ceil(N / 16), ceil(M / (8·MT))); blockDim 32·warps; dynamic shared memory {@link w4a16Smem}.
+ * (ceil(N / 16), ceil(M / (8·MT))); blockDim 32·warps; dynamic shared memory {@link w4a16Smem}; while a warp multiplies a chunk, its next chunk's weights are in flight.
  * Arguments: A, B, scales, zero points (null: 8), C, M, N, K, kBlocks, log2(blockSize). A's rows are
  * K apart and K must be a multiple of 8 (16-byte loads); weights past K (the last block's padding)
  * meet zero activations.
@@ -31,10 +31,15 @@ export const W4A16_TILES = [1, 2, 4, 8] as const;
 /** Element types with a build, by dtype name, with their C type and kernel-name suffix. */
 export const W4A16_TYPES = { bfloat16: { c: '__nv_bfloat16', suffix: 'bf16' }, float16: { c: '__half', suffix: 'fp16' } } as const;
 
-/** The most warps a CTA of MT tiles runs (shared memory for the reduction stays at 16 KB). */
+/**
+ * The most warps a CTA of MT tiles runs: 32 (1,024 threads) while the registers allow it (MT ≤ 2), so
+ * K up to 4,096 takes one chunk per warp and every load is in flight at once; shared memory for the
+ * reduction stays at 32 KB.
+ */
 export function w4a16MaxWarps(mt: number): number {
-  return mt <= 2 ? 16 : mt === 4 ? 8 : 4;
+  return mt <= 2 ? 32 : mt === 4 ? 16 : 8;
 }
+
 
 /** Dynamic shared memory of a CTA (bytes): every warp's accumulators, for the cross-warp sum. */
 export function w4a16Smem(warps: number, mt: number): number {
@@ -120,18 +125,17 @@ __device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsign
 #pragma unroll
   for (int j = 0; j < MT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-  for (int c = warp; c < chunks; c += warps) {
-    const int k = (c << 7) + (t << 5);  // this lane's 32 codes of K
-    const bool vk = k < Kp;
-    // rows n0 + g and n0 + g + 8: 16 bytes of codes, the block's scale and zero point (a missing row or
-    // chunk reads scale 0: its products are 0 and never written)
-    uint4 w[2];
-    unsigned s2[2], z2[2];
+  // rows n0 + g and n0 + g + 8 of chunk c: 16 bytes of codes, the block's scale and zero point (a missing
+  // row or chunk reads scale 0: its products are 0 and never written)
+  uint4 w[2];
+  unsigned s2[2], z2[2];
+  auto fetch = [&](int c, uint4 (&wo)[2], unsigned (&so)[2], unsigned (&zo)[2]) {
+    const int k = (c << 7) + (t << 5);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int n = n0 + g + 8 * r;
-      const bool v = vk && n < N;
-      w[r] = v ? w4_ld_stream(B + (long long)n * row_bytes + (k >> 1)) : make_uint4(0u, 0u, 0u, 0u);
+      const bool v = c < chunks && k < Kp && n < N;
+      wo[r] = v ? w4_ld_stream(B + (long long)n * row_bytes + (k >> 1)) : make_uint4(0u, 0u, 0u, 0u);
       const int blk = k >> bs_log2;
       unsigned sb = 0u, zp = 8u;
       if (v) {
@@ -139,9 +143,17 @@ __device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsign
         sb = *reinterpret_cast<const unsigned short*>(&sv);
         if (Z) zp = (Z[(long long)n * zcols + (blk >> 1)] >> ((blk & 1) << 2)) & 15u;
       }
-      s2[r] = sb | (sb << 16);
-      z2[r] = (magic | zp) * 0x10001u;
+      so[r] = sb | (sb << 16);
+      zo[r] = (magic | zp) * 0x10001u;
     }
+  };
+  fetch(warp, w, s2, z2);
+  for (int c = warp; c < chunks; c += warps) {
+    const int k = (c << 7) + (t << 5);  // this lane's 32 codes of K
+    // the warp's next chunk in flight while this one is multiplied
+    uint4 wn[2];
+    unsigned sn[2], zn[2];
+    fetch(c + warps, wn, sn, zn);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       // activations k + 8i .. k + 8i + 7 of each tile's row m0 + 8j + g (0 past M or K): k-steps 2i and 2i + 1
@@ -170,6 +182,12 @@ __device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsign
         }
       }
     }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      w[r] = wn[r];
+      s2[r] = sn[r];
+      z2[r] = zn[r];
+    }
   }
 
   // every warp's accumulators to shared memory, summed in warp order by the whole CTA
@@ -188,7 +206,7 @@ __device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsign
 }
 
 #define W4A16_KERNEL(SUF, T, MT, MROWS)                                                                                              \
-  extern "C" __global__ void __launch_bounds__(512) w4a16_##SUF##_m##MROWS(const T* A, const unsigned char* B, const T* S,          \
+  extern "C" __global__ void __launch_bounds__(32 * (MT <= 2 ? 32 : MT == 4 ? 16 : 8)) w4a16_##SUF##_m##MROWS(const T* A, const unsigned char* B, const T* S,          \
                                                                            const unsigned char* Z, T* C, int M, int N, int K, int kb, \
                                                                            int bs_log2) {                                             \
     W4_SHARED(smem);                                                                                                                 \

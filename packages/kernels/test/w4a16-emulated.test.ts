@@ -90,7 +90,8 @@ test.each<[string, Case, { mt: number; warps: number; gridY: number }]>([
   ['16 rows (two n8 tiles), bf16, block 128 with zero points, 3 chunks over 3 warps', { dtype: 'bfloat16', M: 16, N: 32, K: 384, blockSize: 128, zeroPoints: true }, { mt: 2, warps: 3, gridY: 1 }],
   ['37 rows (eight n8 tiles, the last ragged), bf16', { dtype: 'bfloat16', M: 37, N: 16, K: 256, blockSize: 64, zeroPoints: false }, { mt: 8, warps: 2, gridY: 1 }],
   ['70 rows: two grid rows of 64, fp16 with zero points', { dtype: 'float16', M: 70, N: 24, K: 128, blockSize: 32, zeroPoints: true }, { mt: 8, warps: 1, gridY: 2 }],
-  ['K = 2560 (20 chunks): 10 warps of 2 chunks each, summed across warps', { dtype: 'bfloat16', M: 3, N: 16, K: 2560, blockSize: 128, zeroPoints: false }, { mt: 1, warps: 10, gridY: 1 }],
+  ['K = 2560 (20 chunks): 20 warps of one chunk each, summed across warps', { dtype: 'bfloat16', M: 3, N: 16, K: 2560, blockSize: 128, zeroPoints: false }, { mt: 1, warps: 20, gridY: 1 }],
+  ['40 rows and K = 2560: 7 warps (the most for eight tiles is 8) over 20 chunks in 3 rounds, the next chunk prefetched', { dtype: 'float16', M: 40, N: 20, K: 2560, blockSize: 64, zeroPoints: true }, { mt: 8, warps: 7, gridY: 1 }],
 ])('%s', (_name, c, plan) => {
   const r = run(c);
   expect({ mt: r.mt, warps: r.warps, gridY: r.gridY }).toEqual(plan);
