@@ -6,7 +6,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { causalLmLogprobs, valuePerToken, type DecoderConfig, type Weights } from '@lathe/models';
+import { causalLmLogprobs, valuePerToken, type DecoderConfig, type LogprobKernel, type Weights } from '@lathe/models';
 import { castWeights } from '@lathe/train';
 
 /** What a policy gives the loss. */
@@ -31,6 +31,8 @@ export interface DecoderPolicyOptions {
   compute?: DType;
   /** Vocabulary rows per chunk of the log-partition (and entropy). Default 16,384. */
   chunk?: number;
+  /** Each chunk's log-partition and entropy through this fused kernel (CausalLmLogprobsOptions.logprobKernel, @lathe/models); the sessions then need its custom-op domain. */
+  logprobKernel?: LogprobKernel;
   /** Sampling temperature: log-probs are those of softmax(logits / temperature), as generation used. Default 1. */
   temperature?: number;
   /** Also compute per-token entropies (one more pass over the LM head). Default false. */
@@ -65,7 +67,7 @@ export function decoderPolicy(cfg: DecoderConfig, opts: DecoderPolicyOptions = {
     const ids = g.input('input_ids', 'int64', ['B', 'T']);
     const attention = g.input('attention_mask', 'int64', ['B', 'T']);
     const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
-    const { logp, entropy, hidden } = causalLmLogprobs(cfg, w, ids, attention, { chunk, temperature, recompute: opts.recompute, entropy: opts.entropy, attention: opts.flashAttention ? 'flash' : 'composed' });
+    const { logp, entropy, hidden } = causalLmLogprobs(cfg, w, ids, attention, { chunk, temperature, recompute: opts.recompute, entropy: opts.entropy, attention: opts.flashAttention ? 'flash' : 'composed', ...(opts.logprobKernel ? { logprobKernel: opts.logprobKernel } : {}) });
     const values = opts.valueHead ? L.where(L.cast(attention, 'bool'), L.cast(valuePerToken(hidden, w(opts.valueHead)), 'float32'), 0) : undefined;
     return { logp, ...(entropy ? { entropy } : {}), ...(values ? { values } : {}) };
   };

@@ -17,10 +17,28 @@ export function lmLogits(cfg: DecoderConfig, w: Weights, hidden: Tensor): Tensor
 }
 
 /**
- * log p(targets) [B, T] under softmax(logits / temperature), in float32: position t scores
- * targets[:, t] (callers shift inputs and targets as they need).
+ * A fused log-prob / log-sum-exp / entropy over rows of logits [rows, n] read in their own dtype, with
+ * its own gradient rule — Lathe's cross-entropy kernels (`crossEntropyOps(...)` of @lathe/kernels) —
+ * in place of the composed float32 cast, LogSoftmax and gather. Results are float32 [rows] of
+ * softmax(logits / temperature); a target outside [0, n) gives log-prob 0.
  */
-export function targetLogprobs(logits: Tensor, targets: Tensor, temperature = 1): Tensor {
+export interface LogprobKernel {
+  tokenLogprobs(logits: Tensor, targets: Tensor, opts: { temperature: number; entropy: boolean }): { logp: Tensor; lse: Tensor; entropy?: Tensor };
+  rowLogSumExp(logits: Tensor, opts: { temperature: number; entropy: boolean }): { lse: Tensor; entropy?: Tensor };
+}
+
+/**
+ * log p(targets) [B, T] under softmax(logits / temperature), in float32: position t scores
+ * targets[:, t] (callers shift inputs and targets as they need). With `kernel`, computed by it from
+ * the logits as they are (see {@link LogprobKernel}).
+ */
+export function targetLogprobs(logits: Tensor, targets: Tensor, temperature = 1, kernel?: LogprobKernel): Tensor {
+  const V = logits.shape[logits.rank - 1];
+  if (kernel && typeof V === 'number') {
+    // the fused kernel reads the logits in their own dtype: no float32 copy, no LogSoftmax output
+    const { logp } = kernel.tokenLogprobs(L.reshape(logits, [-1, V]), L.reshape(targets, [-1]), { temperature, entropy: false });
+    return targets.shape.every((d) => typeof d === 'number') ? L.reshape(logp, targets.shape) : L.reshapeLike(logp, targets);
+  }
   const l = L.cast(logits, accumulationDtype(logits.dtype));
   return L.tokenLogprobs(temperature === 1 ? l : L.div(l, temperature), targets);
 }
@@ -79,17 +97,21 @@ export function lastTokenMask(attentionMask: Tensor): Tensor {
  * 151936] logits would overflow them). `like`: a tensor of the targets' shape that the result's
  * shape is read from instead of the targets' own (ONNX Runtime places a shape computation that starts
  * at a graph input, such as ids gathered from one, on the CPU, which a CUDA session may refuse).
+ * `kernel`: each chunk's log-partition by a fused kernel ({@link LogprobKernel}) from its logits in
+ * the compute dtype.
  */
 export function chunkedTargetLogprobs(
   cfg: DecoderConfig,
   w: Weights,
   hidden: Tensor,
   targets: Tensor,
-  opts: { chunk?: number; temperature?: number; recompute?: boolean; like?: Tensor } = {},
+  opts: { chunk?: number; temperature?: number; recompute?: boolean; like?: Tensor; kernel?: LogprobKernel } = {},
 ): Tensor {
   const head = vocabularyHead(cfg, w, hidden, targets, opts);
-  // Each chunk's log-partition in one LogSoftmax pass (rowLogSumExp), not max, subtract, exp, sum.
-  const partial = (Wk: Tensor) => L.rowLogSumExp(head.logits(Wk)); // [rows, 1]
+  const kernel = opts.kernel;
+  // Each chunk's log-partition in one LogSoftmax pass (rowLogSumExp), not max, subtract, exp, sum;
+  // with a kernel, one read of the chunk's logits in the compute dtype (and one in the backward pass).
+  const partial = (Wk: Tensor) => (kernel ? L.unsqueeze(kernel.rowLogSumExp(head.rawLogits(Wk), { temperature: head.temperature, entropy: false }).lse, [1]) : L.rowLogSumExp(head.logits(Wk))); // [rows, 1]
   // With `recompute`, each chunk's logits are rebuilt in the backward pass (one chunk alive at a
   // time) instead of all chunks' logits being kept from the forward pass for it.
   const partials = head.parts.map((Wk) => (opts.recompute ? L.checkpoint([head.h], () => partial(Wk)) : partial(Wk)));
@@ -130,6 +152,9 @@ function vocabularyHead(cfg: DecoderConfig, w: Weights, hidden: Tensor, targets:
     h,
     parts: sizes.length === 1 ? [W] : L.split(W, sizes, 0),
     logits: (Wk: Tensor) => scale(L.cast(linear(h, Wk), acc)),
+    /** A chunk's logits [rows, chunk] as the matmul gives them (compute dtype, temperature not applied): a kernel's input. */
+    rawLogits: (Wk: Tensor) => linear(h, Wk),
+    temperature,
     targetLogit: scale(L.reduceSum(L.mul(L.cast(h, acc), L.cast(rows, acc)), [1])),
     like: (t: Tensor) => (targets.shape.every((d) => typeof d === 'number') ? L.reshape(t, targets.shape) : L.reshapeLike(t, opts.like ?? targets)),
   };
@@ -143,17 +168,23 @@ function vocabularyHead(cfg: DecoderConfig, w: Weights, hidden: Tensor, targets:
  * probability mass), the entropy is Σ_k w_k·(H_k − log w_k) and log p = target logit − log Z.
  * Differentiable; with `recompute` each chunk's logits are rebuilt in the backward pass, one chunk
  * alive at a time. For log-probs alone {@link chunkedTargetLogprobs} keeps less for the backward pass.
+ * `kernel`: each chunk's lse_k and H_k by a fused kernel ({@link LogprobKernel}) in one read of its logits.
  */
 export function chunkedLogprobsAndEntropy(
   cfg: DecoderConfig,
   w: Weights,
   hidden: Tensor,
   targets: Tensor,
-  opts: { chunk?: number; temperature?: number; recompute?: boolean } = {},
+  opts: { chunk?: number; temperature?: number; recompute?: boolean; kernel?: LogprobKernel } = {},
 ): { logp: Tensor; entropy: Tensor } {
   const head = vocabularyHead(cfg, w, hidden, targets, opts);
+  const kernel = opts.kernel;
   // [rows, 2] per chunk: its log-partition lse_k and its within-chunk entropy H_k.
   const perChunk = (Wk: Tensor) => {
+    if (kernel) {
+      const r = kernel.rowLogSumExp(head.rawLogits(Wk), { temperature: head.temperature, entropy: true });
+      return L.concat([L.unsqueeze(r.lse, [1]), L.unsqueeze(r.entropy!, [1])], 1);
+    }
     const l = head.logits(Wk);
     const y = L.logSoftmax(l, -1);
     const first = (t: Tensor) => L.slice(t, [1], [0], [1]);

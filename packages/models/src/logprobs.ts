@@ -8,7 +8,7 @@ import * as L from '@lathe/onnx';
 import type { Tensor } from '@lathe/onnx';
 import type { DecoderConfig } from './config';
 import { decoder, paddedCausalMask, positionsFromPadding, rightPaddedAttention, rightPaddedGqaInputs, totalLength, type FlashAttentionInputs, type Weights } from './decoder';
-import { chunkedLogprobsAndEntropy, chunkedTargetLogprobs } from './heads';
+import { chunkedLogprobsAndEntropy, chunkedTargetLogprobs, type LogprobKernel } from './heads';
 
 /**
  * Shifts [B, T] left by one along T (the last column wraps around: mask it out). A static T takes
@@ -59,6 +59,8 @@ export interface CausalLmLogprobsOptions extends TrunkOptions {
   chunk?: number;
   /** Also the entropy of each next-token distribution (one pass over each chunk gives both). Default false. */
   entropy?: boolean;
+  /** Each vocabulary chunk's log-partition (and entropy) by this fused kernel (Lathe's cross-entropy kernels, @lathe/kernels) instead of composed ops; the session then needs its custom-op domain. */
+  logprobKernel?: LogprobKernel;
 }
 
 /** What {@link causalLmLogprobs} returns. */
@@ -81,7 +83,7 @@ export function causalLmLogprobs(cfg: DecoderConfig, w: Weights, ids: Tensor, at
 export function causalLmLogprobs(cfg: DecoderConfig, w: Weights, ids: Tensor, attentionMask: Tensor, opts?: CausalLmLogprobsOptions): CausalLmLogprobs;
 export function causalLmLogprobs(cfg: DecoderConfig, w: Weights, ids: Tensor, attentionMask: Tensor, opts: CausalLmLogprobsOptions = {}): CausalLmLogprobs {
   const hidden = decoderHidden(cfg, w, ids, attentionMask, opts);
-  const head = { chunk: opts.chunk, temperature: opts.temperature, recompute: opts.recompute };
+  const head = { chunk: opts.chunk, temperature: opts.temperature, recompute: opts.recompute, ...(opts.logprobKernel ? { kernel: opts.logprobKernel } : {}) };
   if (opts.entropy) return { ...chunkedLogprobsAndEntropy(cfg, w, hidden, shiftLeft(ids), head), hidden };
   return { logp: chunkedTargetLogprobs(cfg, w, hidden, shiftLeft(ids), head), hidden };
 }

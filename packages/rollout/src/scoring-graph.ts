@@ -17,7 +17,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { Graph, Tensor } from '@lathe/onnx';
-import { causalLmLogprobs, lmLogits, type DecoderConfig, type Weights } from '@lathe/models';
+import { causalLmLogprobs, lmLogits, type DecoderConfig, type LogprobKernel, type Weights } from '@lathe/models';
 
 /** Compile-time options of a scoring graph. */
 export interface ScoringGraphOptions {
@@ -27,6 +27,8 @@ export interface ScoringGraphOptions {
   candidates?: { minP: number; k: number };
   /** Use ONNX Runtime's fused RMSNorm and RoPE kernels (default true). */
   fusedKernels?: boolean;
+  /** Each chunk's log-partition and entropy through this fused kernel (CausalLmLogprobsOptions.logprobKernel, @lathe/models); the session then needs its custom-op domain. */
+  logprobKernel?: LogprobKernel;
   /**
    * Attention through ONNX Runtime's GroupQueryAttention (flash attention on CUDA, which runs it in
    * float16/bfloat16 only). Rows must then be right-padded: each row's tokens first.
@@ -49,6 +51,7 @@ export function addScoring(g: Graph, cfg: DecoderConfig, weights: Weights, opts:
   const { logp, entropy, hidden } = causalLmLogprobs(cfg, weights, ids, mask, {
     chunk,
     entropy: true,
+    ...(opts.logprobKernel ? { logprobKernel: opts.logprobKernel } : {}),
     ...(opts.groupQueryAttention ? { attention: 'gqa' as const } : { fused: opts.fusedKernels ?? true }),
   });
   g.output(L.where(nextIsToken(mask), logp, 0), 'logprobs');

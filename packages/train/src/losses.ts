@@ -5,7 +5,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { causalLmLogprobs, chunkedTargetLogprobs, decoder, packedCausalMask, shiftLeft, totalLength, type DecoderConfig, type TrunkOptions, type Weights } from '@lathe/models';
+import { causalLmLogprobs, chunkedTargetLogprobs, decoder, packedCausalMask, shiftLeft, totalLength, type DecoderConfig, type LogprobKernel, type TrunkOptions, type Weights } from '@lathe/models';
 import type { LossBuilder } from './train-step';
 
 /** The attention choice of `lathe sft`, `lathe grpo` and `GrpoTrainer`. */
@@ -54,7 +54,7 @@ export function nextTokenLogprobs(
   w: Weights,
   ids: Tensor,
   attentionMask: Tensor,
-  opts: { temperature?: number; chunk?: number; recompute?: boolean; flashAttention?: Tensor; attentionKernel?: TrunkOptions['attentionKernel'] } = {},
+  opts: { temperature?: number; chunk?: number; recompute?: boolean; flashAttention?: Tensor; attentionKernel?: TrunkOptions['attentionKernel']; logprobKernel?: LogprobKernel } = {},
 ): Tensor {
   const { flashAttention, attentionKernel, ...head } = opts;
   return causalLmLogprobs(cfg, w, ids, attentionMask, { ...head, ...(flashAttention ? { attention: 'flash' as const, totalSequenceLength: flashAttention, attentionKernel } : {}) }).logp;
@@ -84,6 +84,12 @@ export interface DecoderLossOptions {
   flashAttention?: boolean;
   /** With `flashAttention`: attend through this kernel instead of GroupQueryAttention (see TrunkOptions.attentionKernel, @lathe/models). */
   attentionKernel?: TrunkOptions['attentionKernel'];
+  /**
+   * The LM head's log-partition per vocabulary chunk through this fused kernel (Lathe's cross-entropy
+   * kernels, `crossEntropyOps(...)` of @lathe/kernels) instead of composed ops: the session then needs
+   * its custom-op domain. Losses without a vocabulary head ignore it.
+   */
+  logprobKernel?: LogprobKernel;
 }
 
 /** Options of the SFT loss. */
@@ -120,8 +126,8 @@ export function sftLoss(cfg: DecoderConfig, opts: SftLossOptions = {}): LossBuil
     const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
     const flashAttention = opts.flashAttention ? totalLength(g, ids) : undefined;
     const logp = packed
-      ? packedNextTokenLogprobs(cfg, w, ids, packed.segments, packed.positions, { chunk: opts.chunk, recompute: opts.recompute })
-      : nextTokenLogprobs(cfg, w, ids, attention!, { chunk: opts.chunk, recompute: opts.recompute, flashAttention, attentionKernel: opts.attentionKernel });
+      ? packedNextTokenLogprobs(cfg, w, ids, packed.segments, packed.positions, { chunk: opts.chunk, recompute: opts.recompute, logprobKernel: opts.logprobKernel })
+      : nextTokenLogprobs(cfg, w, ids, attention!, { chunk: opts.chunk, recompute: opts.recompute, flashAttention, attentionKernel: opts.attentionKernel, logprobKernel: opts.logprobKernel });
     // Position t predicts token t+1: weight it by loss_mask[t+1]; the wrapped last column gets 0,
     // and in packed rows so does an example's last token (the next token begins another example).
     let predicted = L.mul(shiftLeft(lossMask), lastColumnZero(lossMask));
@@ -136,9 +142,9 @@ export function sftLoss(cfg: DecoderConfig, opts: SftLossOptions = {}): LossBuil
  * segment ids (`packedCausalMask`) and the given per-example positions, then the LM head's
  * chunked log-probs — composed attention, with the same numerics as the rows' examples alone.
  */
-export function packedNextTokenLogprobs(cfg: DecoderConfig, w: Weights, ids: Tensor, segmentIds: Tensor, positionIds: Tensor, opts: { chunk?: number; recompute?: boolean } = {}): Tensor {
+export function packedNextTokenLogprobs(cfg: DecoderConfig, w: Weights, ids: Tensor, segmentIds: Tensor, positionIds: Tensor, opts: { chunk?: number; recompute?: boolean; logprobKernel?: LogprobKernel } = {}): Tensor {
   const { hidden } = decoder(cfg, w, { inputIds: ids, positionIds, attentionMask: packedCausalMask(segmentIds), recompute: opts.recompute });
-  return chunkedTargetLogprobs(cfg, w, hidden, shiftLeft(ids), opts);
+  return chunkedTargetLogprobs(cfg, w, hidden, shiftLeft(ids), { chunk: opts.chunk, recompute: opts.recompute, ...(opts.logprobKernel ? { kernel: opts.logprobKernel } : {}) });
 }
 
 /** 1 everywhere except the last column (int64 [B, T]). */
