@@ -18,8 +18,12 @@ export interface NBitsKernel {
   session: Pick<SessionOptions, 'customOpDomains'>;
 }
 
-/** Rows the kernel takes at most by default: every decode batch the benchmarks run (M = batch). */
-export const KERNEL_MAX_ROWS = 256;
+/**
+ * Rows the kernel takes at most by default: decode batches up to 16, where streaming the 4-bit weights
+ * once is the whole cost. Past that its CTAs (16 output columns each) re-read the activations once per
+ * 16 columns, and MatMulNBits' dequantize + GEMM is expected to do better; quant-bench measures both.
+ */
+export const KERNEL_MAX_ROWS = 16;
 
 /**
  * Whether x · Wᵀ goes through `kernel`: a 4-bit projection it supports, with x's rows (the product of

@@ -18,7 +18,10 @@
  * and 256 (max relative error printed; past 1e-2 the run ends with an error, after its numbers),
  * and a microbenchmark of the kernel alone on one projection of each shape at M = 1 and 16 (GB/s of
  * weight bytes, and the share of the HBM peak nvidia-smi's GPU name implies: H100 3.35 TB/s, H200
- * 4.8 TB/s). `--kernel-max-rows` (default 256) caps the rows a projection sends through the op.
+ * 4.8 TB/s). `kernel` sends projections of at most `--kernel-max-rows` rows (default 16, the
+ * library's default) through the op and larger ones through MatMulNBits; `kernel-all` sends every
+ * decode batch through it (the kernel's own number at 256).
+ * `--weights` default: bound,initializers.
  * NF4 (MatMulBnb4 has no prepacked path) runs `bound` only. Before the timings a probe says whether
  * this ORT build's fused path is live: one MatMulNBits node with the path on over bound inputs must
  * refuse (it needs prepacked weights) and over initializers must match the dequantized product.
@@ -29,7 +32,7 @@
  *          [--dtype bfloat16] [--formats dense,int8,int4,nf4,nf4dq] [--batches 1,16,256] [--prompt-len 64]
  *          [--new 128] [--repeat 2] [--int4-block 64] [--mode kernel|dequantize] [--fpa] [--no-cuda-graph]
  *          [--kl-prompts 16] [--kl-new 64] [--kl-batch 4] [--lm-head none|int8|int4|nf4] [--seed 0]
- *          [--weights bound,initializers,initializers-plain,kernel] [--kernel-max-rows 256] [--probe]
+ *          [--weights bound,initializers,initializers-plain,kernel,kernel-all] [--kernel-max-rows 16] [--probe]
  * --lm-head: the quantized formats also read the LM head (the tied embedding) through an extra
  * quantized copy (int4 with --int4-block); the dense model's head stays bf16.
  * Prints the probe's line, one JSON line per (format, weights, batch[, fpa]) decode measurement, one per format with its KL,
@@ -43,6 +46,7 @@ import { CausalLM, MODEL_PRESETS, paramSpecs, type DecoderConfig, type Weights }
 import {
   addDistributionShift,
   fusedGemmSession,
+  KERNEL_MAX_ROWS,
   kernelLayout,
   matMulNBits,
   QuantizedModel,
@@ -91,6 +95,7 @@ const WEIGHT_MODES: Record<string, { as: QuantizedWeightsAs; fused: boolean }> =
   initializers: { as: 'initializers', fused: true },
   'initializers-plain': { as: 'initializers', fused: false },
   kernel: { as: 'kernel', fused: false },
+  'kernel-all': { as: 'kernel', fused: false },
 };
 
 const bytesOf = (ts: Iterable<DeviceTensor>) => [...ts].reduce((n, t) => n + t.byteLength, 0);
@@ -101,12 +106,13 @@ async function main(): Promise<void> {
   const kind = arg('device', 'cuda') as 'cuda' | 'cpu';
   if (kind !== 'cuda' && kind !== 'cpu') throw new Error(`--device: '${String(kind)}' is not cuda or cpu`);
   // Lathe's kernel launches on the stream the sessions run on: the device opened through Kernels.withDevice.
-  const wantKernel = weightModes.includes('kernel');
+  const wantKernel = weightModes.some((w) => WEIGHT_MODES[w].as === 'kernel');
   const opened = kind === 'cuda' && wantKernel ? Kernels.withDevice() : { device: Device.open(kind), kernels: undefined };
   const device = opened.device;
   const w4 = opened.kernels ? W4A16.compile(opened.kernels) : undefined;
   const kernelOps = wantKernel ? w4a16Ops(device.kind, w4) : undefined;
-  const kernelMaxRows = Number(arg('kernel-max-rows', '256'));
+  const kernelMaxRowsArg = Number(arg('kernel-max-rows', String(KERNEL_MAX_ROWS)));
+  const maxRowsOf = (weights: string) => (weights === 'kernel-all' ? Number.MAX_SAFE_INTEGER : kernelMaxRowsArg);
   const dtype = arg('dtype', device.kind === 'cuda' ? 'bfloat16' : 'float32') as DType;
   const formats = arg('formats', 'dense,int8,int4,nf4').split(',');
   for (const f of formats) if (!(f in SCHEMES)) throw new Error(`--formats: unknown format '${f}' (${Object.keys(SCHEMES).join(', ')})`);
@@ -167,7 +173,7 @@ async function main(): Promise<void> {
     const tensors = model.deviceTensors(device, dtype);
     const graphWeights = (g: L.Graph): Weights => model.graphWeights(g, { dtype, mode }).weights;
     // the kernel takes INT4 only; NF4 has no prepacked path
-    const modes = scheme && scheme.format !== 'nf4' ? weightModes.filter((w) => w !== 'kernel' || scheme.format === 'int4') : ['bound'];
+    const modes = scheme && scheme.format !== 'nf4' ? weightModes.filter((w) => WEIGHT_MODES[w].as !== 'kernel' || scheme.format === 'int4') : ['bound'];
     const projections = [...tensors].filter(([n]) => /_proj\.weight/.test(n)).map(([, t]) => t);
     const denseProjBytes = paramSpecs(config).filter((s) => /_proj\.weight$/.test(s.name)).reduce((n, s) => n + s.shape[0] * s.shape[1] * L.dtypeBytes(dtype), 0);
     const row: Record<string, unknown> = {
@@ -187,6 +193,7 @@ async function main(): Promise<void> {
         const wm = WEIGHT_MODES[weights];
         // The other modes hold the kernel tensors in their graphs and bind only the dense parameters,
         // the uploaded ones (so their gpu_used_mib also counts the unused bound kernel tensors: projection_bytes).
+        const kernelMaxRows = maxRowsOf(weights);
         const generation = weights === 'bound' ? undefined : model.generationPlan(device.kind, dtype, { quantizedWeights: wm.as, fusedGemm: wm.fused, mode, kernel: kernelOps, kernelMaxRows });
         const plan = generation && {
           ...generation,
@@ -199,11 +206,11 @@ async function main(): Promise<void> {
             const session: SessionOptions = plan ? plan.session : fpa ? fusedGemmSession() : {};
             for (const B of batches) {
               const { completions, ...m } = await decodeRate(device, config, plan?.tensors ?? tensors, plan?.graphWeights ?? graphWeights, decodePrompts.get(B)!, { dtype, newTokens, repeat, cudaGraph, session });
-              if (weights === 'kernel') kernelOps!.check();
+              if (wm.as === 'kernel') kernelOps!.check();
               if (weights === 'bound' && !fpa) boundTokens.set(B, completions);
               const bound = boundTokens.get(B);
               const agreement = weights !== 'bound' && bound ? agreementWith(bound, completions) : undefined;
-              const line = { format: f, weights, batch: B, fpa: fpa || Boolean(plan?.fusedGemm), fused_layers: plan?.fusedLayers ?? 0, ...(plan?.kernelLayers !== undefined ? { kernel_layers: plan.kernelLayers, kernel_max_rows: kernelMaxRows } : {}), ...m, ...(agreement ? { agreement_with_bound: agreement } : {}) };
+              const line = { format: f, weights, batch: B, fpa: fpa || Boolean(plan?.fusedGemm), fused_layers: plan?.fusedLayers ?? 0, ...(plan?.kernelLayers !== undefined ? { kernel_layers: plan.kernelLayers, kernel_at_this_batch: B <= kernelMaxRows } : {}), ...m, ...(agreement ? { agreement_with_bound: agreement } : {}) };
               console.log(JSON.stringify(line));
               (row.decode as unknown[]).push(line);
             }
