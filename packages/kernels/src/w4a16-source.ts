@@ -60,6 +60,13 @@ export const w4a16Source = String.raw`
 #define W4_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
 
+// Four zero words (not make_uint4: NVRTC need not provide vector_functions.h).
+__device__ __forceinline__ uint4 w4_zero4() {
+  uint4 z;
+  z.x = z.y = z.z = z.w = 0u;
+  return z;
+}
+
 template <typename T> struct W4Magic;
 // 128.0 in bf16 has a mantissa ulp of 1: OR-ing a code q into it gives 128 + q exactly.
 template <> struct W4Magic<__nv_bfloat16> { static constexpr unsigned bits = 0x4300u; };
@@ -135,7 +142,7 @@ __device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsign
     for (int r = 0; r < 2; ++r) {
       const int n = n0 + g + 8 * r;
       const bool v = c < chunks && k < Kp && n < N;
-      wo[r] = v ? w4_ld_stream(B + (long long)n * row_bytes + (k >> 1)) : make_uint4(0u, 0u, 0u, 0u);
+      wo[r] = v ? w4_ld_stream(B + (long long)n * row_bytes + (k >> 1)) : w4_zero4();
       const int blk = k >> bs_log2;
       unsigned sb = 0u, zp = 8u;
       if (v) {
@@ -161,7 +168,7 @@ __device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsign
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
         const int m = m0 + 8 * j + g, kk = k + 8 * i;
-        x[j] = (m < M && kk < K) ? w4_ld(A + (long long)m * K + kk) : make_uint4(0u, 0u, 0u, 0u);
+        x[j] = (m < M && kk < K) ? w4_ld(A + (long long)m * K + kk) : w4_zero4();
       }
       const unsigned wq[2] = {i == 0 ? w[0].x : i == 1 ? w[0].y : i == 2 ? w[0].z : w[0].w, i == 0 ? w[1].x : i == 1 ? w[1].y : i == 2 ? w[1].z : w[1].w};
 #pragma unroll

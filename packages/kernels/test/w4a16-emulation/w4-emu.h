@@ -7,7 +7,6 @@
 #define __restrict__
 #define W4_SHARED(name) unsigned char* name = emu::t_smem
 
-inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline uint4 w4_ld_stream(const void* p) { uint4 r; std::memcpy(&r, p, 16); return r; }
 inline uint4 w4_ld(const void* p) { uint4 r; std::memcpy(&r, p, 16); return r; }
 // prmt.b32 (default mode): byte i of the result is byte sel[4i..4i+3] of the 8 bytes {x, y}.
