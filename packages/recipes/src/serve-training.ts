@@ -16,9 +16,9 @@ import type { DType } from '@lathe/onnx';
 import type { Device, DeviceTensor } from '@lathe/runtime';
 import type { GrpoTrainer } from '@lathe/grpo';
 import type { TrainableParam, Trainer } from '@lathe/train';
-import { createOpenAiServer, Scheduler, SlotEngine } from '@lathe/rollout';
+import { createOpenAiServer, Scheduler, SlotEngine, startThreadedOpenAiServer } from '@lathe/rollout';
 import { HfTokenizer } from '@lathe/tokenizer';
-import { listenOn } from './serve';
+import { hfTokenizerSource, listenOn } from './serve';
 
 /** A server over a training policy. */
 export interface TrainingServe {
@@ -48,6 +48,11 @@ export interface TrainingServeOptions {
   maxModelLen: number;
   /** One line per finished request. */
   log?: (line: string) => void;
+  /**
+   * The HTTP layer on its own worker thread (default true), so that connections are accepted and
+   * parsed, and streams written, while the trainer holds this thread; false: on this thread.
+   */
+  httpThread?: boolean;
 }
 
 /** A listening server over `engine`, and how to stop it. */
@@ -74,16 +79,36 @@ const padIdOf = (tokenizer: HfTokenizer, config: DecoderConfig) => (tokenizer.pa
 /** Starts the OpenAI server over `engine` (disposed here if listening fails); `step` is the weights' version. */
 async function listen(engine: SlotEngine, tokenizer: HfTokenizer, o: TrainingServeOptions, step: () => number): Promise<Listening> {
   const scheduler = new Scheduler(engine, {});
-  const server = createOpenAiServer({ models: [{ id: o.id, scheduler, tokenizer, stopIds: o.stopIds, maxN: o.rows, fingerprint: () => `step-${step()}` }], log: o.log });
+  const model = { id: o.id, scheduler, tokenizer, stopIds: o.stopIds, maxN: o.rows, fingerprint: () => `step-${step()}` };
+  // lathe serve's message, with the training command's flags
+  const flags = (e: unknown) => new Error((e as Error).message.replace(/^--host (\S+) --port (\d+)/, '--serve_host $1 --serve_port $2').replace('choose another with --port', 'choose another with --serve_port'));
+  const host = o.host.includes(':') ? `[${o.host}]` : o.host;
+  if (o.httpThread ?? true) {
+    let threaded: Awaited<ReturnType<typeof startThreadedOpenAiServer>>;
+    try {
+      threaded = await startThreadedOpenAiServer({ models: [{ ...model, tokenizerSource: hfTokenizerSource(servingTokenizerFolder(o.tokenizerFrom)) }], host: o.host, port: o.port, ...(o.log ? { log: o.log } : {}) });
+    } catch (e) {
+      engine.dispose();
+      throw flags(e);
+    }
+    return {
+      url: `http://${host}:${threaded.port}/v1`,
+      scheduler,
+      close: async () => {
+        scheduler.resume();
+        await threaded.close();
+        engine.dispose();
+      },
+    };
+  }
+  const server = createOpenAiServer({ models: [model], log: o.log });
   try {
     await listenOn(server, o.host, o.port);
   } catch (e) {
     engine.dispose();
-    // lathe serve's message, with the training command's flags
-    throw new Error((e as Error).message.replace(/^--host (\S+) --port (\d+)/, '--serve_host $1 --serve_port $2').replace('choose another with --port', 'choose another with --serve_port'));
+    throw flags(e);
   }
   const port = (server.address() as AddressInfo).port;
-  const host = o.host.includes(':') ? `[${o.host}]` : o.host;
   return {
     url: `http://${host}:${port}/v1`,
     scheduler,

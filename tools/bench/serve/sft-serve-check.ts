@@ -16,7 +16,7 @@ import { copyFileSync, existsSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
-import { Worker } from 'node:worker_threads';
+import { isMainThread, Worker } from 'node:worker_threads';
 import { dirname, join, resolve } from 'node:path';
 import { randomModel, type HfConfig } from '@lathe/models';
 import { defaults, runSft, serveSchema, sftSchema, startServe, type SftConfig } from '@lathe/recipes';
@@ -156,7 +156,10 @@ async function main(): Promise<void> {
   console.log(JSON.stringify({ summary: true, shape, device, dtype, lora_rank: loraRank, steps, step_ms_without: ms(after(plain)), step_ms_serving: ms(after(served)), answers: answers.length, steps_answered: perStep.size, all_exact: checks.every((c) => c.exact) }));
 }
 
-main().catch((e: unknown) => {
-  console.error(e);
-  process.exit(1);
-});
+// The served policy's HTTP thread loads this bundle too: only the main thread runs the check.
+if (isMainThread) {
+  main().catch((e: unknown) => {
+    console.error(e);
+    process.exit(1);
+  });
+}
