@@ -180,7 +180,7 @@ export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, 
     past.push({ key: g.input(cacheName(i, 'key', 'input'), cacheDtype, shape), value: g.input(cacheName(i, 'value', 'input'), cacheDtype, shape) });
   }
   const out: { present: KvPair[]; hidden: Tensor; scales?: KvPair[] } = decodeAttention
-    ? kernelDecoder(g, cfg, weights, dtype, { token, seqlens, past, R }, decodeAttention)
+    ? kvKernelDecoder(g, cfg, weights, dtype, { token, seqlens, past, R }, decodeAttention)
     : decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel });
   out.present.forEach((p, i) => {
     g.output(p.key, cacheName(i, 'key', 'output'));
@@ -202,7 +202,7 @@ export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, 
  * layer's node reads the projections before QK-norm and RoPE, the layer's cache (and, for e4m3, its
  * scale inputs `cache.{i}.*_scale`), and returns the cache (and scales) as its presents.
  */
-function kernelDecoder(
+export function kvKernelDecoder(
   g: Graph,
   cfg: DecoderConfig,
   w: Weights,

@@ -1,0 +1,600 @@
+/**
+ * Lathe's decode-attention kernels checked and timed on the GPU (issue 37, item 4). Phases, one JSON
+ * line each:
+ * - compile: NVRTC build of the module (ms, cold or cached).
+ * - check (per case × cache native | float8e4m3): one decode step on random caches with ragged row
+ *   lengths — the op (append with QK-norm and RoPE, split-KV, merge) and GroupQueryAttention (ORT, the
+ *   KV engine's settings: in-kernel rotary and QK-norm on CUDA) in one session, each on its own copy of
+ *   the cache bound in place — against attention on the host in float64 (the op's reference with the
+ *   dtype's roundings, from the same inputs). Relative errors (max abs / max |reference|) of the output,
+ *   and of the new cache entry against GroupQueryAttention's. A native case passes when the op's error
+ *   is at most max(2 × GroupQueryAttention's, 1e-2) and op vs GroupQueryAttention ≤ 2e-2; an e4m3 case
+ *   when its output is within 5e-2 of the bf16 reference — else exit code 1.
+ * - time: batch 256, Qwen3-0.6B heads (16/8, 128), cache length 1024, every row at length 256/512/768:
+ *   the kernels' device ms per layer (direct launches; events on the stream), achieved GB/s over the
+ *   bytes the step must read (K and V of every row's positions, plus scales for e4m3), and
+ *   GroupQueryAttention and the op as one-node sessions on the same stream.
+ * - generate: end-to-end KV-engine generation at --rows 256 ragged prompts of 128–256 tokens + --new
+ *   512 (greedy, CUDA graphs), engines gqa | kernel | kernel+fp8 in this one process: tok/s, decode
+ *   step ms, and agreement of each engine's tokens with gqa's (rows identical, mean first divergence).
+ * - kl: the KL(bf16 cache ‖ e4m3 cache) of next-token distributions: --kl-rows prompts prefilled once,
+ *   both caches fed the bf16 path's greedy tokens for --kl-steps steps in one graph (two decoders over
+ *   the two caches, the KL per row computed in the graph): mean, p99 and max KL (nats) and the top-1
+ *   agreement. With random weights (no --model) the distributions are near-flat and the KL tiny: pass
+ *   --model DIR (a Qwen3 folder) for a meaningful number.
+ *
+ * --cpu: a smoke test of this script on the CPU (float32, a tiny model and tiny cases, the ops' host
+ * compute in place of the kernels, no time phase): it checks the script, not the kernels.
+ *
+ * usage: node .bundle/decode-check.js [--phases compile,check,time,generate,kl] [--reps 20] [--model DIR]
+ *          [--rows 256] [--new 512] [--engines gqa,kernel,kernel+fp8] [--kl-rows 32] [--kl-steps 128] [--cpu]
+ */
+import * as L from '@lathe/onnx';
+import { type DType, type Tensor } from '@lathe/onnx';
+import { CausalLM, lmLogits, weightInputs, type DecoderConfig, type HfConfig, type KvPair } from '@lathe/models';
+import { addKvPrefill, cacheName, KvCacheGenerator, kvKernelDecoder, type Completion } from '@lathe/rollout';
+import {
+  cudaIncludeDir,
+  DecodeAttention,
+  decodeAttentionOps,
+  decodeAttentionReference,
+  decodeChunks,
+  e4m3Decode,
+  Kernels,
+  quantizeE4m3Reference,
+  type DecodeAttentionOps,
+  type DecodeAttentionShape,
+} from '@lathe/kernels';
+import { Device, fromBfloat16Bits, fromFloat16Bits, hostTensor, toBfloat16Bits, toFloat16Bits, type DeviceTensor } from '@lathe/runtime';
+import { arg, flag } from '../argv';
+import { QWEN3_0_6B } from '../shapes';
+
+type Dt = 'bfloat16' | 'float16' | 'float32';
+type CacheKind = 'native' | 'float8e4m3';
+
+interface Case {
+  name: string;
+  rows: number;
+  numHeads: number;
+  numKvHeads: number;
+  headDim: number;
+  maxLength: number;
+  dtype: Dt;
+  /** Each row's length after the step (the new token at length − 1). */
+  lens: number[];
+}
+
+const CASES: Case[] = [
+  { name: 'r4_m300_ragged', rows: 4, numHeads: 16, numKvHeads: 8, headDim: 128, maxLength: 300, dtype: 'bfloat16', lens: [300, 129, 128, 1] },
+  { name: 'r3_m1024', rows: 3, numHeads: 16, numKvHeads: 8, headDim: 128, maxLength: 1024, dtype: 'bfloat16', lens: [1024, 700, 513] },
+  { name: 'r2_hd64_g4', rows: 2, numHeads: 8, numKvHeads: 2, headDim: 64, maxLength: 256, dtype: 'bfloat16', lens: [256, 77] },
+  { name: 'r2_fp16_g1', rows: 2, numHeads: 8, numKvHeads: 8, headDim: 128, maxLength: 200, dtype: 'float16', lens: [200, 3] },
+];
+const CPU_CASES: Case[] = [{ name: 'cpu_tiny', rows: 3, numHeads: 4, numKvHeads: 2, headDim: 16, maxLength: 40, dtype: 'float32', lens: [40, 7, 1] }];
+
+/** A tiny Qwen3 for --cpu (GroupQueryAttention's rotary needs head_dim ≥ 16). */
+const TINY: HfConfig = { ...QWEN3_0_6B, vocab_size: 64, hidden_size: 64, intermediate_size: 96, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, max_position_embeddings: 256 };
+
+const EPS = 1e-6;
+const THETA = 1e6;
+
+function rng(seed: number): () => number {
+  let s = seed >>> 0;
+  return () => {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    return s / 2 ** 32;
+  };
+}
+
+/** Values as the dtype holds them (rounded), its bits for upload, and a rounding function. */
+function half(dt: Dt) {
+  const bits = (x: Float32Array) => (dt === 'bfloat16' ? toBfloat16Bits(x) : dt === 'float16' ? toFloat16Bits(x) : x);
+  const back = (b: Uint16Array | Float32Array) => (dt === 'bfloat16' ? fromBfloat16Bits(b as Uint16Array) : dt === 'float16' ? fromFloat16Bits(b as Uint16Array) : (b as Float32Array));
+  const round = (x: Float32Array) => back(bits(x));
+  const one = (v: number) => round(Float32Array.of(v))[0];
+  return { bits, back, round, one };
+}
+
+function relErr(got: Float32Array, ref: Float32Array, keep: (i: number) => boolean = () => true): { rel: number; max_err: number; max_ref: number; finite: boolean } {
+  let err = 0;
+  let mx = 0;
+  let finite = true;
+  for (let i = 0; i < ref.length; i++) {
+    if (!keep(i)) continue;
+    if (!Number.isFinite(got[i])) finite = false;
+    err = Math.max(err, Math.abs(got[i] - ref[i]));
+    mx = Math.max(mx, Math.abs(ref[i]));
+  }
+  return { rel: +(err / Math.max(mx, 1e-30)).toExponential(3), max_err: +err.toExponential(3), max_ref: +mx.toFixed(4), finite };
+}
+
+function download(t: DeviceTensor, dt: Dt): Float32Array {
+  const d = t.download().data;
+  return dt === 'float32' ? (d as Float32Array) : half(dt).back(d as Uint16Array);
+}
+
+/** cos/sin [P, D/2] of Qwen3's default RoPE. */
+function ropeTables(P: number, D: number): { cos: Float32Array; sin: Float32Array } {
+  const h = D / 2;
+  const cos = new Float32Array(P * h);
+  const sin = new Float32Array(P * h);
+  for (let p = 0; p < P; p++) {
+    for (let i = 0; i < h; i++) {
+      const a = Math.fround(p * Math.fround(1 / THETA ** ((2 * i) / D)));
+      cos[p * h + i] = Math.cos(a);
+      sin[p * h + i] = Math.sin(a);
+    }
+  }
+  return { cos, sin };
+}
+
+/** One check case: the op and GroupQueryAttention in one session, each over its own cache bound in place. */
+function checkCase(device: Device, ops: Record<CacheKind, DecodeAttentionOps>, c: Case, cache: CacheKind): boolean {
+  const { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, dtype: dt } = c;
+  const fp8 = cache === 'float8e4m3';
+  const h = half(dt);
+  const rand = rng(7 + R * 31 + M);
+  const gen = (n: number, amp: number, off = 0) => h.round(Float32Array.from({ length: n }, () => off + amp * (2 * rand() - 1)));
+  const q = gen(R * H * D, 2);
+  const k = gen(R * KV * D, 2);
+  const v = gen(R * KV * D, 1);
+  const qn = gen(D, 0.5, 1);
+  const kn = gen(D, 0.5, 1);
+  const cacheK = gen(R * KV * M * D, 2);
+  const cacheV = gen(R * KV * M * D, 1);
+  const rope = ropeTables(M, D);
+  const cos = h.round(rope.cos);
+  const sin = h.round(rope.sin);
+  const seqlens = Int32Array.from(c.lens, (l) => l - 1);
+  const qk = fp8 ? quantizeE4m3Reference(cacheK, D) : undefined;
+  const qv = fp8 ? quantizeE4m3Reference(cacheV, D) : undefined;
+
+  // The host reference (float64, the dtype's roundings) over the op's cache: bf16 values or e4m3 bytes.
+  const shape: DecodeAttentionShape = { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, dtype: dt, cache };
+  const roundOne = dt === 'float32' ? Math.fround : h.one;
+  const ref = decodeAttentionReference(
+    shape,
+    { q, k, v, cacheK: fp8 ? qk!.data.slice() : cacheK.slice(), cacheV: fp8 ? qv!.data.slice() : cacheV.slice(), kScale: qk?.scale.slice(), vScale: qv?.scale.slice(), seqlens, cos, sin, qNorm: qn, kNorm: kn, epsilon: EPS },
+    roundOne,
+  );
+  // …and over the bf16 cache (what an e4m3 case is measured against).
+  const refNative = fp8 ? decodeAttentionReference({ ...shape, cache: 'native' }, { q, k, v, cacheK: cacheK.slice(), cacheV: cacheV.slice(), seqlens, cos, sin, qNorm: qn, kNorm: kn, epsilon: EPS }, roundOne) : ref;
+
+  const g = new L.Graph('decode_check');
+  const cacheShape = [R, KV, M, D];
+  const inp = {
+    q: g.input('q', dt, [R, 1, H * D]),
+    k: g.input('k', dt, [R, 1, KV * D]),
+    v: g.input('v', dt, [R, 1, KV * D]),
+    seqlens: g.input('seqlens', 'int32', [R]),
+    total: g.input('total', 'int32', []),
+    cos: g.input('cos', dt, [M, D / 2]),
+    sin: g.input('sin', dt, [M, D / 2]),
+    qn: g.input('qn', dt, [D]),
+    kn: g.input('kn', dt, [D]),
+    gk: g.input('gqa_k', dt, cacheShape),
+    gv: g.input('gqa_v', dt, cacheShape),
+    ok: g.input('op_k', fp8 ? 'uint8' : dt, cacheShape),
+    ov: g.input('op_v', fp8 ? 'uint8' : dt, cacheShape),
+    ks: fp8 ? g.input('op_ks', 'float32', [R, KV, M]) : undefined,
+    vs: fp8 ? g.input('op_vs', 'float32', [R, KV, M]) : undefined,
+  };
+  const heads = { numHeads: H, kvNumHeads: KV };
+  const cuda = device.kind === 'cuda';
+  // GroupQueryAttention as the engine runs it: QK-norm inside the kernel on CUDA; ORT's CPU kernel takes none, so nodes there.
+  const norm = (t: Tensor, w: Tensor, n: number) => L.reshape(L.simplifiedLayerNorm(L.reshape(t, [R, 1, n, D]), w, EPS), [R, 1, n * D]);
+  const gqa = L.groupQueryAttention(
+    {
+      query: cuda ? inp.q : norm(inp.q, inp.qn, H),
+      key: cuda ? inp.k : norm(inp.k, inp.kn, KV),
+      value: inp.v,
+      past: { key: inp.gk, value: inp.gv },
+      seqlensK: inp.seqlens,
+      totalSequenceLength: inp.total,
+      rotary: { cos: inp.cos, sin: inp.sin },
+      ...(cuda ? { qkNorm: { q: inp.qn, k: inp.kn, epsilon: EPS } } : {}),
+    },
+    heads,
+  );
+  const op = ops[cache].attend(
+    { query: inp.q, key: inp.k, value: inp.v, cacheKey: inp.ok, cacheValue: inp.ov, keyScale: inp.ks, valueScale: inp.vs, seqlens: inp.seqlens, rotary: { cos: inp.cos, sin: inp.sin }, qkNorm: { q: inp.qn, k: inp.kn } },
+    heads,
+  );
+  g.output(gqa.output, 'gqa_out');
+  g.output(gqa.presentKey, 'gqa_pk');
+  g.output(gqa.presentValue, 'gqa_pv');
+  g.output(op.output, 'op_out');
+  g.output(op.presentKey, 'op_pk');
+  g.output(op.presentValue, 'op_pv');
+  if (fp8) {
+    g.output(op.presentKeyScale!, 'op_pks');
+    g.output(op.presentValueScale!, 'op_pvs');
+  }
+  const session = device.compile(g, { customOpDomains: [ops.native.domain.handle, ops.float8e4m3.domain.handle] });
+  const up = (x: Float32Array, dims: number[]) => device.upload({ data: h.bits(x), dims }, dt);
+  const t = {
+    gk: up(cacheK, cacheShape),
+    gv: up(cacheV, cacheShape),
+    ok: fp8 ? device.upload({ data: qk!.data, dims: cacheShape }, 'uint8') : up(cacheK, cacheShape),
+    ov: fp8 ? device.upload({ data: qv!.data, dims: cacheShape }, 'uint8') : up(cacheV, cacheShape),
+    ks: fp8 ? device.upload({ data: qk!.scale, dims: [R, KV, M] }) : undefined,
+    vs: fp8 ? device.upload({ data: qv!.scale, dims: [R, KV, M] }) : undefined,
+    out: { gqa: device.empty(dt, [R, 1, H * D]), op: device.empty(dt, [R, 1, H * D]) },
+  };
+  const b = session.binding();
+  b.input('q', up(q, [R, 1, H * D])).input('k', up(k, [R, 1, KV * D])).input('v', up(v, [R, 1, KV * D]));
+  b.input('seqlens', device.upload({ data: seqlens, dims: [R] })).input('total', hostTensor('int32', [], [M]));
+  b.input('cos', up(cos, [M, D / 2])).input('sin', up(sin, [M, D / 2])).input('qn', up(qn, [D])).input('kn', up(kn, [D]));
+  b.input('gqa_k', t.gk).input('gqa_v', t.gv).input('op_k', t.ok).input('op_v', t.ov);
+  b.output('gqa_pk', t.gk).output('gqa_pv', t.gv).output('op_pk', t.ok).output('op_pv', t.ov).output('gqa_out', t.out.gqa).output('op_out', t.out.op);
+  if (fp8) b.input('op_ks', t.ks!).input('op_vs', t.vs!).output('op_pks', t.ks!).output('op_pvs', t.vs!);
+  b.runSync();
+  ops[cache].check();
+  const gqaOut = download(t.out.gqa, dt);
+  const opOut = download(t.out.op, dt);
+  // The new entries (row r, KV head h, position lens[r] − 1) of both caches.
+  const newEntries = (kk: DeviceTensor, isOp: boolean, scale?: DeviceTensor) => {
+    const all = isOp && fp8 ? (kk.download().data as Uint8Array) : download(kk, dt);
+    const sc = scale ? (scale.download().data as Float32Array) : undefined;
+    const out = new Float32Array(R * KV * D);
+    for (let r = 0; r < R; r++) {
+      for (let hh = 0; hh < KV; hh++) {
+        const vec = (r * KV + hh) * M + seqlens[r];
+        for (let d = 0; d < D; d++) out[(r * KV + hh) * D + d] = sc ? e4m3Decode(all[vec * D + d]) * sc[vec] : all[vec * D + d];
+      }
+    }
+    return out;
+  };
+  const entryK = relErr(newEntries(t.ok, true, t.ks), newEntries(t.gk, false));
+  const entryV = relErr(newEntries(t.ov, true, t.vs), newEntries(t.gv, false));
+  const opVsRef = relErr(opOut, ref.out);
+  const gqaVsRef = relErr(gqaOut, refNative.out);
+  const opVsGqa = relErr(opOut, gqaOut);
+  const opVsBf16 = relErr(opOut, refNative.out);
+  const pass = fp8
+    ? opVsRef.finite && opVsRef.rel <= Math.max(2 * gqaVsRef.rel, 1e-2) && opVsBf16.rel <= 5e-2 && entryK.rel <= 1 / 16 && entryV.rel <= 1 / 16
+    : opVsRef.finite && opVsRef.rel <= Math.max(2 * gqaVsRef.rel, 1e-2) && opVsGqa.rel <= 2e-2 && entryK.rel <= 2e-2 && entryV.rel === 0;
+  console.log(JSON.stringify({ phase: 'check', case: c.name, cache, chunks: decodeChunks(M), op_vs_reference: opVsRef, gqa_vs_reference: gqaVsRef, op_vs_gqa: opVsGqa, ...(fp8 ? { op_vs_bf16_reference: opVsBf16 } : {}), new_key_vs_gqa: entryK, new_value_vs_gqa: entryV, ok: pass }));
+  b.dispose();
+  session.dispose();
+  for (const x of [t.gk, t.gv, t.ok, t.ov, t.ks, t.vs, t.out.gqa, t.out.op]) x?.dispose();
+  return pass;
+}
+
+/** The kernels' device time per layer at batch 256 and the Qwen3-0.6B heads, beside GroupQueryAttention and the op as sessions. */
+function timePhase(kernels: Kernels, da: DecodeAttention, device: Device, ops: Record<CacheKind, DecodeAttentionOps>): void {
+  const reps = Number(arg('reps', '20'));
+  const R = 256;
+  const H = 16;
+  const KV = 8;
+  const D = 128;
+  const M = 1024;
+  const dt: Dt = 'bfloat16';
+  const h = half(dt);
+  const rand = rng(11);
+  const upRand = (n: number, dims: number[], amp = 1) => device.upload({ data: h.bits(Float32Array.from({ length: n }, () => amp * (2 * rand() - 1))), dims }, dt);
+  const cacheShape = [R, KV, M, D];
+  const q = upRand(R * H * D, [R, 1, H * D], 2);
+  const k = upRand(R * KV * D, [R, 1, KV * D], 2);
+  const v = upRand(R * KV * D, [R, 1, KV * D]);
+  const qn = device.upload({ data: h.bits(new Float32Array(D).fill(1)), dims: [D] }, dt);
+  const rope = ropeTables(M, D);
+  const cos = device.upload({ data: h.bits(rope.cos), dims: [M, D / 2] }, dt);
+  const sin = device.upload({ data: h.bits(rope.sin), dims: [M, D / 2] }, dt);
+  // Random caches (the kernels' time does not depend on the values): bf16 from random bits of a small range, e4m3 bytes from random bytes.
+  const bf = [0, 1].map(() => device.upload({ data: Uint16Array.from({ length: R * KV * M * D }, () => 0x3c00 + Math.floor(rand() * 0x3ff)), dims: cacheShape }, dt));
+  const f8 = [0, 1].map(() => device.upload({ data: Uint8Array.from({ length: R * KV * M * D }, () => Math.floor(rand() * 0x7e)), dims: cacheShape }, 'uint8'));
+  const sc = [0, 1].map(() => device.upload({ data: new Float32Array(R * KV * M).fill(1 / 64), dims: [R, KV, M] }));
+  const C = decodeChunks(M);
+  const scratch = { qRot: device.empty('float32', [R, H, D]), oPart: device.empty('float32', [R, H, C, D]), lsePart: device.empty('float32', [R, H, C]), out: device.empty(dt, [R, 1, H * D]) };
+  const time = (fn: () => void) => {
+    for (let r = 0; r < 3; r++) fn();
+    kernels.synchronize();
+    return kernels.time(() => {
+      for (let r = 0; r < reps; r++) fn();
+    }) / reps;
+  };
+  // One-node sessions on the kernels' stream: GroupQueryAttention as the engine compiles it (ORT_ENABLE_XQA=0 for 2 query heads per KV head), and the op.
+  const session = (which: 'gqa' | CacheKind) => {
+    const g = new L.Graph(`decode_time_${which}`);
+    const fp8 = which === 'float8e4m3';
+    const x = { q: g.input('q', dt, [R, 1, H * D]), k: g.input('k', dt, [R, 1, KV * D]), v: g.input('v', dt, [R, 1, KV * D]), seqlens: g.input('seqlens', 'int32', [R]), total: g.input('total', 'int32', []), cos: g.input('cos', dt, [M, D / 2]), sin: g.input('sin', dt, [M, D / 2]), qn: g.input('qn', dt, [D]) };
+    const ck = g.input('ck', fp8 ? 'uint8' : dt, cacheShape);
+    const cv = g.input('cv', fp8 ? 'uint8' : dt, cacheShape);
+    const ks = fp8 ? g.input('ks', 'float32', [R, KV, M]) : undefined;
+    const vs = fp8 ? g.input('vs', 'float32', [R, KV, M]) : undefined;
+    const heads = { numHeads: H, kvNumHeads: KV };
+    if (which === 'gqa') {
+      const r = L.groupQueryAttention({ query: x.q, key: x.k, value: x.v, past: { key: ck, value: cv }, seqlensK: x.seqlens, totalSequenceLength: x.total, rotary: { cos: x.cos, sin: x.sin }, qkNorm: { q: x.qn, k: x.qn, epsilon: EPS } }, heads);
+      g.output(r.output, 'out');
+      g.output(r.presentKey, 'pk');
+      g.output(r.presentValue, 'pv');
+    } else {
+      const r = ops[which].attend({ query: x.q, key: x.k, value: x.v, cacheKey: ck, cacheValue: cv, keyScale: ks, valueScale: vs, seqlens: x.seqlens, rotary: { cos: x.cos, sin: x.sin }, qkNorm: { q: x.qn, k: x.qn } }, heads);
+      g.output(r.output, 'out');
+      g.output(r.presentKey, 'pk');
+      g.output(r.presentValue, 'pv');
+      if (fp8) {
+        g.output(r.presentKeyScale!, 'pks');
+        g.output(r.presentValueScale!, 'pvs');
+      }
+    }
+    const prev = process.env.ORT_ENABLE_XQA;
+    if (which === 'gqa' && prev === undefined && H / KV === 2) process.env.ORT_ENABLE_XQA = '0';
+    try {
+      return device.compile(g, { customOpDomains: [ops.native.domain.handle, ops.float8e4m3.domain.handle] });
+    } finally {
+      if (prev === undefined) delete process.env.ORT_ENABLE_XQA;
+    }
+  };
+  const sessions = { gqa: session('gqa'), native: session('native'), float8e4m3: session('float8e4m3') };
+  for (const L0 of [256, 512, 768]) {
+    const seqlens = device.upload({ data: new Int32Array(R).fill(L0 - 1), dims: [R] });
+    const row: Record<string, unknown> = { phase: 'time', rows: R, heads: [H, KV, D], cache_length: M, length: L0 };
+    for (const cache of ['native', 'float8e4m3'] as const) {
+      const fp8 = cache === 'float8e4m3';
+      const [ck, cv] = fp8 ? f8 : bf;
+      const shape: DecodeAttentionShape = { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, dtype: dt, cache };
+      const ms = time(() => da.step(shape, { q, k, v, cacheK: ck, cacheV: cv, kScale: fp8 ? sc[0] : undefined, vScale: fp8 ? sc[1] : undefined, seqlens, cos, sin, qNorm: qn, kNorm: qn, epsilon: EPS, ...scratch }));
+      const bytes = R * KV * L0 * D * 2 * (fp8 ? 1 : 2) + (fp8 ? R * KV * L0 * 2 * 4 : 0);
+      row[cache === 'native' ? 'kernel_bf16' : 'kernel_fp8'] = { ms: +ms.toFixed(4), gb_per_s: Math.round(bytes / ms / 1e6), bytes };
+    }
+    for (const which of ['gqa', 'native', 'float8e4m3'] as const) {
+      const fp8 = which === 'float8e4m3';
+      const [ck, cv] = fp8 ? f8 : bf;
+      const b = sessions[which].binding();
+      b.input('q', q).input('k', k).input('v', v).input('seqlens', seqlens).input('total', hostTensor('int32', [], [M])).input('cos', cos).input('sin', sin).input('qn', qn);
+      b.input('ck', ck).input('cv', cv).output('pk', ck).output('pv', cv).output('out', scratch.out);
+      if (fp8) b.input('ks', sc[0]).input('vs', sc[1]).output('pks', sc[0]).output('pvs', sc[1]);
+      const ms = time(() => b.runSync({ synchronize: false }));
+      ops.native.check();
+      ops.float8e4m3.check();
+      row[`session_${which === 'native' ? 'op_bf16' : which === 'float8e4m3' ? 'op_fp8' : 'gqa'}_ms`] = +ms.toFixed(4);
+      b.dispose();
+    }
+    console.log(JSON.stringify(row));
+    seqlens.dispose();
+  }
+  for (const s of Object.values(sessions)) s.dispose();
+  for (const x of [q, k, v, qn, cos, sin, ...bf, ...f8, ...sc, ...Object.values(scratch)]) x.dispose();
+}
+
+/** Ragged prompts of lo..hi tokens (seeded). */
+function makePrompts(n: number, lo: number, hi: number, vocab: number, seed: number): number[][] {
+  const rand = rng(seed);
+  return Array.from({ length: n }, () => Array.from({ length: lo + Math.floor(rand() * (hi - lo + 1)) }, () => 1 + Math.floor(rand() * (vocab - 2))));
+}
+
+type Engine = 'gqa' | 'kernel' | 'kernel+fp8';
+
+/** End-to-end generation through the KV engine, one engine at a time over the same model. */
+async function generatePhase(model: CausalLM, ops: Record<CacheKind, DecodeAttentionOps>, o: { rows: number; newTokens: number; promptLen: [number, number]; cudaGraph: boolean; engines: Engine[] }): Promise<boolean> {
+  const prompts = makePrompts(o.rows, o.promptLen[0], o.promptLen[1], model.config.vocabSize, 5);
+  const maxLength = o.promptLen[1] + o.newTokens;
+  let reference: Completion[] | undefined;
+  let ok = true;
+  for (const engine of o.engines) {
+    const extra = engine === 'gqa' ? {} : engine === 'kernel' ? { decodeAttention: ops.native } : { decodeAttention: ops.float8e4m3, kvCacheDtype: 'float8e4m3' as const };
+    const s0 = performance.now();
+    const gen = KvCacheGenerator.create(model, { temperature: 0, rows: o.rows, maxLength, cudaGraph: o.cudaGraph, ...extra });
+    const sessionMs = performance.now() - s0;
+    const call = { maxNewTokens: o.newTokens, seed: 1 };
+    const w0 = performance.now();
+    await gen.generate(prompts, call);
+    const warmMs = performance.now() - w0;
+    const t0 = performance.now();
+    const out = await gen.generate(prompts, call);
+    const ms = performance.now() - t0;
+    const t = gen.lastTimings;
+    gen.dispose();
+    const tokens = out.reduce((s, c) => s + c.tokens.length, 0);
+    reference ??= engine === 'gqa' ? out : undefined;
+    const agree = reference
+      ? (() => {
+          const firstDiff = out.map((c, i) => {
+            const j = c.tokens.findIndex((x, k) => x !== reference![i].tokens[k]);
+            return j < 0 ? c.tokens.length : j;
+          });
+          return { rows_identical: +(firstDiff.filter((d, i) => d === out[i].tokens.length).length / out.length).toFixed(3), mean_first_divergence: +(firstDiff.reduce((a, b) => a + b, 0) / out.length).toFixed(1) };
+        })()
+      : undefined;
+    if (!out.every((c) => c.tokens.length === o.newTokens)) ok = false;
+    console.log(
+      JSON.stringify({
+        phase: 'generate',
+        engine,
+        rows: o.rows,
+        prompt_tokens: o.promptLen,
+        new_tokens: o.newTokens,
+        cuda_graph: o.cudaGraph,
+        session_ms: +sessionMs.toFixed(1),
+        warm_up_ms: +warmMs.toFixed(1),
+        run_ms: +ms.toFixed(1),
+        prefill_ms: +t.prefillMs.toFixed(1),
+        decode_ms: +t.decodeMs.toFixed(1),
+        decode_step_ms: +(t.decodeMs / Math.max(1, t.decodeSteps)).toFixed(3),
+        new_tokens_per_s: Math.round(tokens / (ms / 1000)),
+        ...(agree ? { vs_gqa: agree } : {}),
+      }),
+    );
+  }
+  return ok;
+}
+
+/**
+ * KL(bf16 cache ‖ e4m3 cache) of next-token distributions: one prefill (ORT's GroupQueryAttention, bf16
+ * presents), the caches quantized into a second set, then steps of one graph holding two decoders (the
+ * op over each cache) fed the bf16 decoder's greedy token, the KL per row computed in the graph.
+ */
+function klPhase(model: CausalLM, dev: { device: Device; da?: DecodeAttention }, ops: Record<CacheKind, DecodeAttentionOps>, o: { rows: number; steps: number; promptLen: [number, number] }): boolean {
+  const { device, da } = dev;
+  const cfg: DecoderConfig = model.config;
+  const dt = model.dtype as Dt;
+  const R = o.rows;
+  const M = o.promptLen[1] + o.steps + 1;
+  const { numKvHeads: KV, headDim: D, numLayers: NL } = cfg;
+  const prompts = makePrompts(R, o.promptLen[0], o.promptLen[1], cfg.vocabSize, 9);
+  const P = Math.max(...prompts.map((p) => p.length));
+  const cacheShape = [R, KV, M, D];
+  const made: DeviceTensor[] = [];
+  const keep = <T extends DeviceTensor>(t: T) => (made.push(t), t);
+  const bf = Array.from({ length: 2 * NL }, () => keep(device.zeros(dt, cacheShape)));
+  const f8 = Array.from({ length: 2 * NL }, () => keep(device.zeros('uint8', cacheShape)));
+  const sc = Array.from({ length: 2 * NL }, () => keep(device.zeros('float32', [R, KV, M])));
+  const tail = keep(device.zeros(dt, cacheShape));
+
+  // Prefill: the KV engine's graph (greedy), bf16 presents.
+  const pg = new L.Graph('kl_prefill');
+  addKvPrefill(pg, cfg, weightInputs(pg, cfg, dt, dt).weights, dt, { temperature: 0 }, { K: 1, qkNormInKernel: device.kind === 'cuda', rows: R });
+  const prefill = device.compile(pg, { memoryPattern: false });
+  const pb = prefill.binding();
+  for (const [name, t] of model.weights) pb.input(name, t);
+  const ids = new BigInt64Array(R * P);
+  prompts.forEach((p, r) => p.forEach((tok, j) => (ids[r * P + j] = BigInt(tok))));
+  const firstTok = keep(device.zeros('int64', [R, 1]));
+  const seq0 = keep(device.zeros('int32', [R]));
+  pb.input('input_ids', { data: ids, dims: [R, P] }).input('seqlens', hostTensor('int32', [R], prompts.map((p) => p.length - 1)));
+  pb.input('last_index', hostTensor('int64', [R], prompts.map((p, r) => r * P + p.length - 1))).input('prompt_width', hostTensor('int32', [], [P]));
+  pb.input('cache_start', hostTensor('int64', [1], [P])).input('cache_tail', tail).input('expand_index', hostTensor('int64', [R], prompts.map((_, r) => r)));
+  pb.output('next_token', firstTok).output('next_seqlens', seq0).output('next_step', keep(device.zeros('int64', [1]))).output('next_history', keep(device.zeros('float32', [R, 1, 3])));
+  for (let i = 0; i < NL; i++) pb.output(cacheName(i, 'key', 'output'), bf[2 * i]).output(cacheName(i, 'value', 'output'), bf[2 * i + 1]);
+  pb.runSync();
+  // The e4m3 copy of the prefilled caches.
+  for (let i = 0; i < 2 * NL; i++) {
+    if (da) da.quantize(dt, D, { x: bf[i], y: f8[i], scale: sc[i], rows: R * KV * M });
+    else {
+      const qz = quantizeE4m3Reference(bf[i].download().data as Float32Array, D);
+      f8[i].upload({ data: qz.data, dims: cacheShape });
+      sc[i].upload({ data: qz.scale, dims: [R, KV, M] });
+    }
+  }
+
+  // The step: two decoders, the KL per row, the bf16 path's greedy token.
+  const g = new L.Graph('kl_step');
+  const w = weightInputs(g, cfg, dt, dt).weights;
+  const token = g.input('token', 'int64', [R, 1]);
+  const seqlens = g.input('seqlens', 'int32', [R]);
+  const pastOf = (prefix: string, d: DType): KvPair[] => Array.from({ length: NL }, (_, i) => ({ key: g.input(`${prefix}.${i}.key`, d, cacheShape), value: g.input(`${prefix}.${i}.value`, d, cacheShape) }));
+  const pBf = pastOf('bf', dt);
+  const pF8 = pastOf('cache', 'uint8'); // cache.{i}.*: the names kvKernelDecoder gives the scale inputs beside them
+  const a = kvKernelDecoder(g, cfg, w, dt, { token, seqlens, past: pBf, R }, ops.native);
+  const b = kvKernelDecoder(g, cfg, w, dt, { token, seqlens, past: pF8, R }, ops.float8e4m3);
+  const logp = (hidden: Tensor) => L.logSoftmax(L.cast(L.squeeze(lmLogits(cfg, w, hidden), [1]), 'float32'), -1);
+  const lp = logp(a.hidden);
+  const lq = logp(b.hidden);
+  g.output(L.reduceSum(L.mul(L.softmax(lp, -1), L.sub(lp, lq)), [1]), 'kl');
+  g.output(L.unsqueeze(L.argMax(lp, 1), [1]), 'next_token');
+  g.output(L.cast(L.equal(L.argMax(lp, 1), L.argMax(lq, 1)), 'float32'), 'top1_agree');
+  const outputs = (pairs: KvPair[], prefix: string, suffix = '') =>
+    pairs.forEach((p, i) => {
+      g.output(p.key, `${prefix}.${i}.key${suffix}`);
+      g.output(p.value, `${prefix}.${i}.value${suffix}`);
+    });
+  outputs(a.present, 'bf_out');
+  outputs(b.present, 'f8_out');
+  outputs(b.scales!, 'f8_out', '_scale');
+  const step = device.compile(g, { memoryPattern: false, customOpDomains: [ops.native.domain.handle, ops.float8e4m3.domain.handle] });
+  const sb = step.binding();
+  for (const [name, t] of model.weights) sb.input(name, t);
+  for (let i = 0; i < NL; i++) {
+    sb.input(`bf.${i}.key`, bf[2 * i]).input(`bf.${i}.value`, bf[2 * i + 1]).output(`bf_out.${i}.key`, bf[2 * i]).output(`bf_out.${i}.value`, bf[2 * i + 1]);
+    sb.input(cacheName(i, 'key', 'input'), f8[2 * i]).input(cacheName(i, 'value', 'input'), f8[2 * i + 1]).output(`f8_out.${i}.key`, f8[2 * i]).output(`f8_out.${i}.value`, f8[2 * i + 1]);
+    sb.input(`${cacheName(i, 'key', 'input')}_scale`, sc[2 * i]).input(`${cacheName(i, 'value', 'input')}_scale`, sc[2 * i + 1]).output(`f8_out.${i}.key_scale`, sc[2 * i]).output(`f8_out.${i}.value_scale`, sc[2 * i + 1]);
+  }
+  const tokA = firstTok;
+  const tokB = keep(device.zeros('int64', [R, 1]));
+  const klOut = keep(device.zeros('float32', [R]));
+  const agreeOut = keep(device.zeros('float32', [R]));
+  sb.output('kl', klOut).output('top1_agree', agreeOut);
+  const kls: number[] = [];
+  let agree = 0;
+  const lens = prompts.map((p) => p.length);
+  for (let s = 0; s < o.steps; s++) {
+    // The token from the last step (the prefill's first) goes in at each row's next position.
+    sb.input('token', s % 2 === 0 ? tokA : tokB).output('next_token', s % 2 === 0 ? tokB : tokA);
+    sb.input('seqlens', hostTensor('int32', [R], lens.map((l) => l + s)));
+    sb.runSync();
+    ops.native.check();
+    ops.float8e4m3.check();
+    kls.push(...(klOut.download().data as Float32Array));
+    agree += (agreeOut.download().data as Float32Array).reduce((x, y) => x + y, 0);
+  }
+  const sorted = [...kls].sort((x, y) => x - y);
+  const mean = kls.reduce((x, y) => x + y, 0) / kls.length;
+  const finite = kls.every(Number.isFinite);
+  console.log(
+    JSON.stringify({
+      phase: 'kl',
+      rows: R,
+      steps: o.steps,
+      prompt_tokens: o.promptLen,
+      kl_mean: +mean.toExponential(3),
+      kl_p99: +sorted[Math.floor(0.99 * (sorted.length - 1))].toExponential(3),
+      kl_max: +sorted[sorted.length - 1].toExponential(3),
+      top1_agreement: +(agree / (R * o.steps)).toFixed(4),
+      ok: finite,
+    }),
+  );
+  sb.dispose();
+  pb.dispose();
+  step.dispose();
+  prefill.dispose();
+  for (const t of made) t.dispose();
+  return finite;
+}
+
+async function main(): Promise<void> {
+  const cpu = flag('cpu');
+  const phases = arg('phases', cpu ? 'check,generate,kl' : 'compile,check,time,generate,kl').split(',');
+  for (const p of phases) if (!['compile', 'check', 'time', 'generate', 'kl'].includes(p)) throw new Error(`--phases: unknown phase '${p}' (compile, check, time, generate, kl)`);
+  if (cpu && phases.some((p) => p === 'compile' || p === 'time')) throw new Error('--cpu runs the check, generate and kl phases only (no kernels to compile or time on the CPU)');
+  const engines = arg('engines', 'gqa,kernel,kernel+fp8').split(',') as Engine[];
+  for (const e of engines) if (!['gqa', 'kernel', 'kernel+fp8'].includes(e)) throw new Error(`--engines: unknown engine '${e}' (gqa, kernel, kernel+fp8)`);
+  let ok = true;
+  let device: Device;
+  let kernels: Kernels | undefined;
+  let da: DecodeAttention | undefined;
+  if (cpu) device = Device.cpu();
+  else {
+    ({ kernels, device } = Kernels.withDevice());
+    const t0 = performance.now();
+    da = DecodeAttention.compile(kernels, { includeDir: cudaIncludeDir() });
+    if (phases.includes('compile')) console.log(JSON.stringify({ phase: 'compile', ms: +(performance.now() - t0).toFixed(1), compiled: kernels.counts.compiled, cached: kernels.counts.cached, target: kernels.target }));
+  }
+  const provider = cpu ? 'cpu' : 'cuda';
+  const modelDir = arg('model', '');
+  const needModel = phases.includes('generate') || phases.includes('kl');
+  const model = needModel
+    ? modelDir
+      ? await CausalLM.fromPretrained(modelDir, { device, dtype: cpu ? 'float32' : 'bfloat16' })
+      : CausalLM.random(cpu ? TINY : QWEN3_0_6B, { device, dtype: cpu ? 'float32' : 'bfloat16', seed: 3, std: cpu ? 0.5 : 0.02 })
+    : undefined;
+  const eps = model?.config.rmsNormEps ?? EPS;
+  const ops: Record<CacheKind, DecodeAttentionOps> = {
+    native: decodeAttentionOps(provider, da, { cache: 'native', qkNormEpsilon: eps }),
+    float8e4m3: decodeAttentionOps(provider, da, { cache: 'float8e4m3', qkNormEpsilon: eps }),
+  };
+  if (phases.includes('check')) for (const c of cpu ? CPU_CASES : CASES) for (const cache of ['native', 'float8e4m3'] as const) ok = checkCase(device, ops, c, cache) && ok;
+  if (phases.includes('time')) timePhase(kernels!, da!, device, ops);
+  if (model && phases.includes('generate')) {
+    const rows = Number(arg('rows', cpu ? '4' : '256'));
+    const newTokens = Number(arg('new', cpu ? '6' : '512'));
+    ok = (await generatePhase(model, ops, { rows, newTokens, promptLen: cpu ? [3, 9] : [128, 256], cudaGraph: !cpu, engines })) && ok;
+  }
+  if (model && phases.includes('kl')) {
+    const rows = Number(arg('kl-rows', cpu ? '3' : '32'));
+    const steps = Number(arg('kl-steps', cpu ? '4' : '128'));
+    ok = klPhase(model, { device, da }, ops, { rows, steps, promptLen: cpu ? [3, 9] : [128, 256] }) && ok;
+  }
+  model?.dispose();
+  ops.native.dispose();
+  ops.float8e4m3.dispose();
+  kernels?.dispose();
+  console.log(JSON.stringify({ phase: 'summary', ok }));
+  if (!ok) process.exit(1);
+}
+
+main().catch((e: unknown) => {
+  console.error(e instanceof Error ? e.stack : e);
+  process.exit(1);
+});
