@@ -6,9 +6,9 @@
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { CausalLM, paramSpecs, randomModel, type DecoderConfig } from '@lathe/models';
+import { CausalLM, randomModel, type DecoderConfig } from '@lathe/models';
 import type { HostTensor } from '@lathe/runtime';
-import { sftLoss, type TrainableParam, type TrainStepSpec } from '@lathe/train';
+import { fullTrainableParams, sftLoss, type TrainableParam, type TrainStepSpec } from '@lathe/train';
 import { shardOf } from '@lathe/distributed';
 
 const tinyQwen3 = {
@@ -41,7 +41,7 @@ export function tinySftSpec(opts: { seed: number; layers?: number; maxGradNorm?:
   const dir = mkdtempSync(join(tmpdir(), 'lathe-distributed-'));
   const config = randomModel(dir, { ...tinyQwen3, num_hidden_layers: opts.layers ?? 2 }, { seed: opts.seed, std: 0.3 });
   const weights = CausalLM.fromPretrainedSync(dir).float32Weights();
-  const params: TrainableParam[] = paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+  const params = fullTrainableParams(config);
   return { config, weights, params, spec: { params, loss: sftLoss(config), optimizer: { weightDecay: 0.1, maxGradNorm: opts.maxGradNorm ?? 1 } } };
 }
 

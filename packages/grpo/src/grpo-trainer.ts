@@ -37,6 +37,7 @@ import { chooseGenerationEngine, type GenerationEngine, type SamplingOptions } f
 import type { DeviceTensor } from '@lathe/runtime';
 import {
   castWeights,
+  fullTrainableParams,
   initLora,
   LORA_DROPOUT_KEY,
   loraAdapters,
@@ -827,7 +828,7 @@ export class GrpoTrainer<M = unknown> {
 
   /** What a policy of `config` trains: every weight (decay on matrices and embeddings), or the LoRA adapters. */
   static trainableParams(config: DecoderConfig, lora?: LoraConfig): TrainableParam[] {
-    return lora ? loraAdapters(config, lora).flatMap((a) => [a.a, a.b]) : paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+    return lora ? loraAdapters(config, lora).flatMap((a) => [a.a, a.b]) : fullTrainableParams(config);
   }
 
   /** Frees every session and device buffer. */

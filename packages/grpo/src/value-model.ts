@@ -15,7 +15,7 @@ import * as L from '@lathe/onnx';
 import type { DType, Tensor } from '@lathe/onnx';
 import { accumulationDtype, decoderHidden, paramSpecs, SCORE_WEIGHT, valuePerToken, type DecoderConfig } from '@lathe/models';
 import type { Binding, Device, HostTensor, Session, SessionOptions } from '@lathe/runtime';
-import { castWeights, type LossBuilder, type TrainableParam } from '@lathe/train';
+import { castWeights, fullTrainableParams, type LossBuilder, type TrainableParam } from '@lathe/train';
 import type { BoundWeights } from './policy-sessions';
 
 /** Names of the value loss's batch inputs (besides `input_ids`, `attention_mask`, `response_mask`, `loss_normaliser`). */
@@ -31,7 +31,7 @@ export function valueModelConfig(policy: DecoderConfig): DecoderConfig {
 
 /** What the value model trains: every trunk weight and the head (decay on matrices and embeddings). */
 export function valueModelParams(policy: DecoderConfig): TrainableParam[] {
-  return paramSpecs(valueModelConfig(policy)).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+  return fullTrainableParams(valueModelConfig(policy));
 }
 
 /**

@@ -13,7 +13,7 @@ import { overQuantizedBase, QuantizedModel, type QuantScheme } from '@lathe/quan
 import { trainedWeights, type TrainedWeights } from '@lathe/reward-models';
 import type { DecoderConfig } from '@lathe/models';
 import type { FrozenBase } from '@lathe/grpo';
-import { initLora, loraAdapters, loraFromOptions, loraWeights, mergeLora, type LoraConfig, type LoraOptions, type TrainableParam } from '@lathe/train';
+import { fullTrainableParams, initLora, loraAdapters, loraFromOptions, loraWeights, mergeLora, type LoraConfig, type LoraOptions, type TrainableParam } from '@lathe/train';
 
 /** Options of {@link qloraTrainedWeights}. */
 export interface QloraOptions {
@@ -141,7 +141,7 @@ export interface RecipeTensors {
 export function recipeTensors(config: DecoderConfig, base: Map<string, Float32Array>, cfg: LoraOptions & { compute_dtype: DType; seed: number; device: string; quantize_base?: string }): RecipeTensors {
   const lora = loraFromOptions(cfg);
   if (!lora) {
-    const params = paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+    const params = fullTrainableParams(config);
     return { lora, params, weights: undefined, init: base, frozenOn: () => ({}), merged: (values) => values };
   }
   const tw = runTrainedWeights(config, base, { lora, compute: cfg.compute_dtype, seed: cfg.seed, quantize_base: cfg.quantize_base ?? 'none', device: cfg.device });

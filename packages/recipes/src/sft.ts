@@ -12,6 +12,7 @@ import { addGeneration } from '@lathe/rollout';
 import { sizeOf, type Device, type DeviceTensor, type HostTensor, type Session } from '@lathe/runtime';
 import {
   castWeights,
+  fullTrainableParams,
   initLora,
   LORA_DROPOUT_KEY,
   loraAdapters,
@@ -141,7 +142,7 @@ function trainedTensors(config: DecoderConfig, cfg: SftConfig, lora: LoraConfig 
     ? qlora.params
     : lora
       ? adapters.flatMap((a) => [a.a, a.b])
-      : specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+      : fullTrainableParams(config);
   const shape: { shape?: [number, number] } = compile.staticShape ? { shape: [cfg.batch_size, cfg.max_length] } : {};
   const kernel = compile.attentionKernel ? { attentionKernel: compile.attentionKernel } : {};
   const loss = lora

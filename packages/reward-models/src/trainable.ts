@@ -7,7 +7,7 @@ import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { paramSpecs, SCORE_WEIGHT, type DecoderConfig, type Weights } from '@lathe/models';
 import type { Device, DeviceTensor } from '@lathe/runtime';
-import { castWeights, initLora, loraAdapters, loraWeights, mergeLora, type LoraAdapter, type LoraConfig, type TrainableParam } from '@lathe/train';
+import { castWeights, fullTrainableParams, initLora, loraAdapters, loraWeights, mergeLora, type LoraAdapter, type LoraConfig, type TrainableParam } from '@lathe/train';
 
 /** LoRA's default targets for reward models and DPO: the attention projections q, k, v, o. */
 export const REWARD_LORA_TARGETS = 'q_proj|k_proj|v_proj|o_proj';
@@ -55,7 +55,7 @@ export function trainedWeights(config: DecoderConfig, master: ReadonlyMap<string
   const lora = opts.lora;
   if (!lora) {
     return {
-      params: specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' })),
+      params: fullTrainableParams(config),
       init: new Map(specs.map((s) => [s.name, master.get(s.name)!])),
       frozen: new Map(),
       frozenOn: () => ({}),

@@ -7,9 +7,9 @@
  */
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { CausalLM, paramSpecs, readSafetensorsHeader, readTensorBytes, writeSafetensors, type DecoderConfig } from '@lathe/models';
+import { CausalLM, readSafetensorsHeader, readTensorBytes, writeSafetensors, type DecoderConfig } from '@lathe/models';
 import { bytesToFloat32 } from '@lathe/runtime';
-import type { TrainableParam } from './train-step';
+import { fullTrainableParams, type TrainableParam } from './train-step';
 
 /** Where a run is in its data and schedule. */
 export interface TrainerState {
@@ -97,7 +97,7 @@ export function loadCheckpoint(dir: string, trainable?: TrainableParam[]): Check
   const config = checkpointModel.config;
   const model = checkpointModel.float32Weights();
   const lora = existsSync(join(dir, 'adapter_model.safetensors'));
-  const specs = trainable ?? paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+  const specs = trainable ?? fullTrainableParams(config);
   const readAll = (file: string) => new Map(readSafetensorsHeader(join(dir, file)).tensors.map((t) => [t.name, t]));
   const adapterFile = lora ? readAll('adapter_model.safetensors') : undefined;
   const opt = readAll('optimizer.safetensors');

@@ -14,6 +14,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { Graph, Tensor } from '@lathe/onnx';
+import { paramSpecs, type DecoderConfig } from '@lathe/models';
 import { adamwUpdate, type AdamWConfig, type AdamWResult, type AdamWScalars, type AdamWSlot } from './adamw';
 
 /** Builds the optimizer update in the graph: `adamwUpdate`, or one that emits a fused kernel's node (fused-adamw.ts). */
@@ -25,6 +26,11 @@ export interface TrainableParam {
   shape: number[];
   /** Weight decay applies (matrices, embeddings) or not (norms, biases). */
   decay: boolean;
+}
+
+/** Every weight of a `config` model trained (full fine-tuning): weight decay on matrices and embeddings, none on norms and biases. */
+export function fullTrainableParams(config: DecoderConfig): TrainableParam[] {
+  return paramSpecs(config).map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
 }
 
 /** What the loss builder returns. */
