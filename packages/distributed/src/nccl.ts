@@ -11,7 +11,7 @@
  */
 import * as koffi from 'koffi';
 import type { DType } from '@lathe/onnx';
-import type { DeviceTensor } from '@lathe/runtime';
+import { namedKoffiType, type DeviceTensor } from '@lathe/runtime';
 import { checkRank, DistributedError, type Collectives, type ReduceOp } from './collectives';
 import { cudartCandidates, loadFirst, NCCL_FIX, ncclCandidates, type Library } from './nccl-library';
 
@@ -40,7 +40,7 @@ export class NcclApi {
     this.libs = [nccl.lib, cudart.lib];
     this.ncclPath = nccl.path;
     this.cudartPath = cudart.path;
-    const id = namedType('LatheNcclUniqueId', () => koffi.struct('LatheNcclUniqueId', { internal: koffi.array('uint8_t', 128) }));
+    const id = namedKoffiType('LatheNcclUniqueId', () => koffi.struct('LatheNcclUniqueId', { internal: koffi.array('uint8_t', 128) }));
     void id;
     const n = nccl.lib;
     const c = cudart.lib;
@@ -94,14 +94,6 @@ export class NcclApi {
   checkCuda(what: string, result: unknown): void {
     const r = Number(result);
     if (r !== 0) throw new DistributedError(`${what}: CUDA error ${r} (${this.fn.cudaGetErrorString(r) as string})`);
-  }
-}
-
-function namedType(name: string, declare: () => koffi.TypeObject): koffi.TypeObject {
-  try {
-    return koffi.type(name);
-  } catch {
-    return declare();
   }
 }
 

@@ -143,10 +143,10 @@ type NativeFn = ((...args: unknown[]) => unknown) & { async: (...args: unknown[]
 
 /**
  * A koffi type by name, declared on first use. koffi's type registry lives in its native module,
- * which a process loads once even when several module registries (jest's test files) load this
- * file, so a declaration must tolerate finding its type already there.
+ * which a process loads once even when several module registries (jest's test files) load a
+ * binding's file, so a declaration must tolerate finding its type already there.
  */
-function namedType(name: string, declare: () => koffi.TypeObject): koffi.TypeObject {
+export function namedKoffiType(name: string, declare: () => koffi.TypeObject): koffi.TypeObject {
   try {
     return koffi.type(name);
   } catch {
@@ -194,10 +194,10 @@ export class CApi {
     const libc = koffi.load(process.platform === 'darwin' ? 'libSystem.B.dylib' : process.platform === 'win32' ? 'msvcrt.dll' : 'libc.so.6');
     this.memcpy = libc.func('void* memcpy(void* dst, const void* src, size_t n)') as (dst: Ptr, src: Ptr, n: number) => Ptr;
     this.memset = libc.func('void* memset(void* dst, int value, size_t n)') as (dst: Ptr, value: number, n: number) => Ptr;
-    const ApiBase = namedType('LatheOrtApiBase', () => koffi.struct('LatheOrtApiBase', { GetApi: 'void*', GetVersionString: 'void*' }));
+    const ApiBase = namedKoffiType('LatheOrtApiBase', () => koffi.struct('LatheOrtApiBase', { GetApi: 'void*', GetVersionString: 'void*' }));
     const base = koffi.decode(lib.func('void* OrtGetApiBase()')() as Ptr, ApiBase) as { GetApi: Ptr; GetVersionString: Ptr };
-    this.version = (koffi.decode(base.GetVersionString, namedType('LatheOrtGetVersionString', () => koffi.proto('const char* LatheOrtGetVersionString()'))) as () => string)();
-    const api = (koffi.decode(base.GetApi, namedType('LatheOrtGetApi', () => koffi.proto('void* LatheOrtGetApi(uint32_t version)'))) as (v: number) => Ptr | null)(ORT_API_VERSION);
+    this.version = (koffi.decode(base.GetVersionString, namedKoffiType('LatheOrtGetVersionString', () => koffi.proto('const char* LatheOrtGetVersionString()'))) as () => string)();
+    const api = (koffi.decode(base.GetApi, namedKoffiType('LatheOrtGetApi', () => koffi.proto('void* LatheOrtGetApi(uint32_t version)'))) as (v: number) => Ptr | null)(ORT_API_VERSION);
     if (!api) throw new Error(`${this.libraryPath} (ONNX Runtime ${this.version}) does not provide C API version ${ORT_API_VERSION}; Lathe needs ONNX Runtime 1.29`);
     const maxIndex = Math.max(...Object.values(entries).map(([i]) => i));
     this.table = koffi.decode(api, 'void*', maxIndex + 1) as Ptr[];
@@ -216,7 +216,7 @@ export class CApi {
     if (!f) {
       const [index, signature] = entries[name];
       const protoName = `LatheOrt${name}`;
-      const proto = namedType(protoName, () => koffi.proto(signature.replace(`${name}(`, `${protoName}(`)));
+      const proto = namedKoffiType(protoName, () => koffi.proto(signature.replace(`${name}(`, `${protoName}(`)));
       f = koffi.decode(this.table[index], proto) as NativeFn;
       this.fns.set(name, f);
     }

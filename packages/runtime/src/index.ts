@@ -3,7 +3,7 @@
  * caches live in device memory (`DeviceTensor`) and are bound to session inputs and outputs by
  * address through ORT's C API (IoBinding), so runs move only what the caller asks for.
  */
-export { CApi, OrtError, openNativeLibrary, ortLibraryDir, ORT_API_VERSION, type NativeLibrary, type Ptr } from './capi';
+export { CApi, OrtError, namedKoffiType, openNativeLibrary, ortLibraryDir, ORT_API_VERSION, type NativeLibrary, type Ptr } from './capi';
 export { type LogLevel } from './env';
 export { Device, type CudaDeviceOptions, type DeviceKind, type MemoryReport } from './device';
 export { DeviceTensor } from './tensor';
