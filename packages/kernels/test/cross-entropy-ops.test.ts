@@ -7,7 +7,7 @@
  * cross-entropy-emulated.test.ts (CPU emulation) and on the GPU by tools/bench/kernels/ce-check.ts.
  */
 import * as L from '@lathe/onnx';
-import { causalLmLogprobs, paramSpecs, weightInputs } from '@lathe/models';
+import { causalLmLogprobs, chunkedTargetLogprobs, paramSpecs, targetLogprobs, weightInputs } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { crossEntropyOps, crossEntropyReference, crossEntropyUnsupported } from '@lathe/kernels';
 import { tinyModel, tinyQwen3, weightFeeds } from '../../models/test/tiny';
@@ -153,6 +153,49 @@ test('chunked heads with the kernel: the decoder’s log-probs, entropies and we
       expect(scale).toBeGreaterThan(0);
       expect(err).toBeLessThan(1e-4);
     }
+  }
+  bind.dispose();
+  session.dispose();
+  ops.dispose();
+});
+
+test('targetLogprobs over full logits [B, T, V] and chunkedTargetLogprobs with recompute: with the kernel, the composed values and gradients', () => {
+  const { config } = tinyModel(tinyQwen3, 2);
+  const ops = crossEntropyOps('cpu');
+  const g = new L.Graph('full_and_recompute');
+  const B = 2;
+  const T = 3;
+  const D = config.hiddenSize;
+  const logits = g.input('logits', 'float32', [B, T, config.vocabSize]);
+  const hidden = g.input('hidden', 'float32', [B, T, D]);
+  const head = g.input('head', 'float32', [config.vocabSize, D]);
+  const tg = g.input('targets', 'int64', [B, T]);
+  const w = () => head;
+  for (const path of ['composed', 'kernel'] as const) {
+    const kernel = path === 'kernel' ? ops : undefined;
+    const full = targetLogprobs(logits, tg, 0.7, kernel);
+    const chunked = chunkedTargetLogprobs(config, w, hidden, tg, { chunk: 16, recompute: true, temperature: 1.2, ...(kernel ? { kernel } : {}) });
+    g.output(full, `${path}/full`);
+    g.output(chunked, `${path}/chunked`);
+    const [dLogits, dHidden, dHead] = L.grad(L.add(L.reduceSum(L.mul(full, full)), L.reduceSum(L.mul(chunked, chunked))), [logits, hidden, head]);
+    g.output(dLogits!, `${path}/dlogits`);
+    g.output(dHidden!, `${path}/dhidden`);
+    g.output(dHead!, `${path}/dhead`);
+  }
+  const session = Device.cpu().compile(g, { customOpDomains: [ops.domain.handle] });
+  const bind = session.binding();
+  const fill = (n: number, f: (i: number) => number) => Float32Array.from({ length: n }, (_, i) => f(i));
+  bind.input('logits', { data: fill(B * T * config.vocabSize, (i) => 2 * Math.sin(i * 0.37)), dims: [B, T, config.vocabSize] });
+  bind.input('hidden', { data: fill(B * T * D, (i) => Math.cos(i * 0.11)), dims: [B, T, D] });
+  bind.input('head', { data: fill(config.vocabSize * D, (i) => 0.3 * Math.sin(i * 0.53 + 1)), dims: [config.vocabSize, D] });
+  bind.input('targets', { data: BigInt64Array.from([1, 63, 7, 0, 30, 12].map(BigInt)), dims: [B, T] });
+  const names = ['full', 'chunked', 'dlogits', 'dhidden', 'dhead'];
+  for (const p of ['composed', 'kernel']) for (const n of names) bind.output(`${p}/${n}`, 'host');
+  bind.runSync();
+  ops.check();
+  for (const n of names) {
+    const { err, scale } = maxRel(bind.fetch(`kernel/${n}`).data as Float32Array, bind.fetch(`composed/${n}`).data as Float32Array);
+    expect([n, scale > 0.01, err < 1e-5]).toEqual([n, true, true]);
   }
   bind.dispose();
   session.dispose();
