@@ -282,8 +282,17 @@ function timePhase(kernels: Kernels, da: DecodeAttention, device: Device, ops: R
   const cos = device.upload({ data: h.bits(rope.cos), dims: [M, D / 2] }, dt);
   const sin = device.upload({ data: h.bits(rope.sin), dims: [M, D / 2] }, dt);
   // Random caches (the kernels' time does not depend on the values): bf16 from random bits of a small range, e4m3 bytes from random bytes.
-  const bf = [0, 1].map(() => device.upload({ data: Uint16Array.from({ length: R * KV * M * D }, () => 0x3c00 + Math.floor(rand() * 0x3ff)), dims: cacheShape }, dt));
-  const f8 = [0, 1].map(() => device.upload({ data: Uint8Array.from({ length: R * KV * M * D }, () => Math.floor(rand() * 0x7e)), dims: cacheShape }, 'uint8'));
+  // A random block tiled over the cache (filling 268 M elements one by one would take seconds).
+  const tiled = <A extends Uint16Array | Uint8Array>(make: (n: number) => A, value: () => number): A => {
+    const n = R * KV * M * D;
+    const out = make(n);
+    const block = 1 << 16;
+    for (let i = 0; i < block; i++) out[i] = value();
+    for (let at = block; at < n; at += block) out.copyWithin(at, 0, Math.min(block, n - at));
+    return out;
+  };
+  const bf = [0, 1].map(() => device.upload({ data: tiled((n) => new Uint16Array(n), () => 0x3c00 + Math.floor(rand() * 0x3ff)), dims: cacheShape }, dt));
+  const f8 = [0, 1].map(() => device.upload({ data: tiled((n) => new Uint8Array(n), () => Math.floor(rand() * 0x7e)), dims: cacheShape }, 'uint8'));
   const sc = [0, 1].map(() => device.upload({ data: new Float32Array(R * KV * M).fill(1 / 64), dims: [R, KV, M] }));
   const C = decodeChunks(M);
   const scratch = { qRot: device.empty('float32', [R, H, D]), oPart: device.empty('float32', [R, H, C, D]), lsePart: device.empty('float32', [R, H, C]), out: device.empty(dt, [R, 1, H * D]) };

@@ -82,11 +82,24 @@ static void run(int R, int KV, int M, bool qknorm, const std::vector<int>& lens)
     } else { for (int d = 0; d < D; ++d) out[d] = cvt<T>(float(x[d])); }
   };
   auto dequant = [&](const C* x, float sc, int d) -> double { if constexpr (FP8) return double(e4m3_decode(x[d])) * sc; else return emu_to_float(x[d]); };
+  std::vector<T> pastK(vecs * D);
   for (size_t i = 0; i < vecs; ++i) {
     std::vector<double> a(D), b(D);
-    for (int d = 0; d < D; ++d) { a[d] = rnd<T>(2.0f * u(rng)); b[d] = rnd<T>(u(rng)); }
+    for (int d = 0; d < D; ++d) { a[d] = rnd<T>(2.0f * u(rng)); b[d] = rnd<T>(u(rng)); pastK[i * D + d] = cvt<T>(float(a[d])); }
     quant(a, &ck[i * D], &ks[i]);
     quant(b, &cv[i * D], &vs[i]);
+  }
+  // The prefill's quantize kernel on the first vectors of the key cache: the same bytes and scales as the harness's rule.
+  bool quantize_equal = true;
+  if constexpr (FP8) {
+    const long long n = std::min<long long>(64, (long long)vecs);
+    std::vector<unsigned char> qb(n * D, 0xff);
+    std::vector<float> qs(n, -1.0f);
+    emu::launch({unsigned((n + 3) / 4), 1, 1}, DA_THREADS, 0, [&] { da_quantize<T, D>(pastK.data(), qb.data(), qs.data(), n); });
+    for (long long i = 0; i < n; ++i) {
+      quantize_equal = quantize_equal && qs[i] == ks[i];
+      for (int d = 0; d < D; ++d) quantize_equal = quantize_equal && qb[i * D + d] == ck[i * D + d];
+    }
   }
   const std::vector<C> ck0 = ck, cv0 = cv;
   std::vector<int> seqlens(R);
@@ -160,7 +173,7 @@ static void run(int R, int KV, int M, bool qknorm, const std::vector<int>& lens)
       }
     }
   }
-  std::printf("{%s,%s,%s,%s,\"untouched\":%s,\"chunks\":%d}\n", js("out", eo).c_str(), js("q", eq).c_str(), js("k_new", ek).c_str(), js("v_new", ev).c_str(), untouched ? "true" : "false", NC);
+  std::printf("{%s,%s,%s,%s,\"untouched\":%s,\"quantize_equal\":%s,\"chunks\":%d}\n", js("out", eo).c_str(), js("q", eq).c_str(), js("k_new", ek).c_str(), js("v_new", ev).c_str(), untouched ? "true" : "false", quantize_equal ? "true" : "false", NC);
 }
 
 template <typename T, typename C>
