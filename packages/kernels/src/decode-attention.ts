@@ -352,6 +352,11 @@ export interface DecodeAttentionOps {
   attend(x: DecodeAttendInputs, heads: { numHeads: number; kvNumHeads: number }): DecodeAttendOutputs;
   /** e4m3 bytes (uint8, x's shape) and float32 scales (x's shape without the last dim) of a cache in the compute dtype. */
   quantize(x: Tensor): { data: Tensor; scale: Tensor };
+  /**
+   * Computes whose present was not the past's buffer (the cache copied over first: a whole cache a
+   * layer, so a bound engine should see 0), and computes in all.
+   */
+  stats: { cacheCopies: number; computes: number };
   /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */
   check(): void;
   dispose(): void;
@@ -390,6 +395,7 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
     api.copyOut(a, p);
     return a;
   };
+  const stats = { cacheCopies: 0, computes: 0 };
   const ops = new Map<string, OpDef<object>>();
   const quantizeOps = new Map<DType, OpDef<object>>();
   for (const dt of dtypes) {
@@ -439,6 +445,8 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
           const oPart = ctx.output(s + 1, [R, H, C, D]);
           const lsePart = ctx.output(s + 2, [R, H, C]);
           const cacheBytes = count(ck.dims) * (fp8 ? 1 : L.dtypeBytes(dt));
+          stats.computes++;
+          if (pk !== ck.data || pv !== cv.data) stats.cacheCopies++;
           if (kernels) {
             // The engine binds each present to its past (the append writes in place); else copy the past over first.
             if (pk !== ck.data) kernels.copy(ck.data, pk, cacheBytes);
@@ -528,5 +536,5 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
     const [data, scale] = L.applyOp(op, [x], {});
     return { data, scale };
   };
-  return { domain, cache, qkNormEpsilon: eps, cacheDtype: (dt) => (fp8 ? 'uint8' : dt), attend, quantize, check: () => domain.check(), dispose: () => domain.dispose() };
+  return { domain, cache, qkNormEpsilon: eps, stats, cacheDtype: (dt) => (fp8 ? 'uint8' : dt), attend, quantize, check: () => domain.check(), dispose: () => domain.dispose() };
 }

@@ -20,7 +20,7 @@ const model = CausalLM.fromPretrainedSync(dir, { device });
 afterAll(() => model.dispose());
 
 /** The ops with a count of the attention nodes built. */
-function counted(cache: 'native' | 'float8e4m3'): { ops: KvDecodeAttention & { dispose(): void }; nodes: () => number } {
+function counted(cache: 'native' | 'float8e4m3'): { ops: KvDecodeAttention & { dispose(): void; stats: { cacheCopies: number; computes: number } }; nodes: () => number } {
   const ops = decodeAttentionOps('cpu', undefined, { cache, qkNormEpsilon: config.rmsNormEps });
   let n = 0;
   return {
@@ -43,6 +43,9 @@ test('greedy: the op gives GroupQueryAttention’s tokens and log-probs over sev
   const { ops, nodes } = counted('native');
   const got = await run({ decodeAttention: ops });
   expect(nodes()).toBe(config.numLayers);
+  // every decode step ran the op's host rule in each layer, on the cache bound in place (no copies)
+  expect(ops.stats.computes).toBe(3 * 9 * config.numLayers);
+  expect(ops.stats.cacheCopies).toBe(0);
   expect(got.map((c) => c.tokens)).toEqual(want.map((c) => c.tokens));
   got.forEach((c, k) => {
     c.logprobs.forEach((x, t) => expect(Math.abs(x - want[k].logprobs[t])).toBeLessThan(2e-4));
