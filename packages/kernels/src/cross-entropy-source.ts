@@ -12,6 +12,7 @@
  * - `ce_bwd` / `ce_bwd_ent`: d(logits) in T from the row's lse (and entropy) and the upstream
  *   gradients of log-prob, lse and entropy (each nullable = 0):
  *   dz_j = p_j·(g_lse − g_logp − g_H·(H + z_j − lse)) + [j = target]·g_logp, d(logit) = dz / temperature.
+ *   A row whose upstream gradients are all 0 (a masked token) gets zeros without its logits being read.
  *
  * Rows past 2³¹ elements are addressed in 64 bits. A row whose start is not 16-byte aligned (V not a
  * multiple of the vector) is read element by element.
@@ -203,6 +204,14 @@ __device__ __forceinline__ void ce_bwd(const T* x, const i64* targets, const flo
   // dz_j = p_j·(a − g_H·u_j) + [j = t]·g_logp with u_j = z_j − lse and a = g_lse − g_logp − g_H·H
   const float a = gl - gp - gh * H;
   const int nvec = ce_aligned(xr) && ce_aligned(dr) ? V / N : 0;
+  if (gp == 0.f && gl == 0.f && gh == 0.f) {
+    // a row no loss reads (a masked token): zeros, without reading its logits
+    uint4 zero;
+    zero.x = zero.y = zero.z = zero.w = 0u;
+    for (int i = tid; i < nvec; i += CE_THREADS) *reinterpret_cast<uint4*>(dr + (i64)i * N) = zero;
+    for (int j = nvec * N + tid; j < V; j += CE_THREADS) dr[j] = ce_from_f<T>(0.f);
+    return;
+  }
   int i = tid;
   for (; i + CE_THREADS < nvec; i += 2 * CE_THREADS) {
     const uint4 r0 = ce_ld(xr + (i64)i * N), r1 = ce_ld(xr + (i64)(i + CE_THREADS) * N);
