@@ -20,7 +20,10 @@
  *
  * Kernels `w4a16_<bf16|fp16>_m<8·MT>`: MT n8 tiles of A rows per CTA (M ≤ 8, 16, 32, 64); grid
  * (ceil(N / 16), ceil(M / (8·MT))); blockDim 32·warps; dynamic shared memory {@link w4a16Smem}; while a warp multiplies a chunk, its next chunk's weights are in flight.
- * Arguments: A, B, scales, zero points (null: 8), C, M, N, K, kBlocks, log2(blockSize). A's rows are
+ * Arguments: A, B, scales, zero points (null: 8), C0, C1, C2, M, N, n1, n2, K, kBlocks, log2(blockSize):
+ * output columns [0, n1) go to C0 [M, n1], [n1, n2) to C1 [M, n2 − n1], [n2, N) to C2 [M, N − n2] — one
+ * launch for projections that share their input (q/k/v, gate/up) with their weights concatenated
+ * along N, each output where its own node would have written it (n1 = n2 = N: one output). A's rows are
  * K apart and K must be a multiple of 8 (16-byte loads); weights past K (the last block's padding)
  * meet zero activations.
  */
@@ -32,12 +35,12 @@ export const W4A16_TILES = [1, 2, 4, 8] as const;
 export const W4A16_TYPES = { bfloat16: { c: '__nv_bfloat16', suffix: 'bf16' }, float16: { c: '__half', suffix: 'fp16' } } as const;
 
 /**
- * The most warps a CTA of MT tiles runs: 32 (1,024 threads) while the registers allow it (MT ≤ 2), so
- * K up to 4,096 takes one chunk per warp and every load is in flight at once; shared memory for the
- * reduction stays at 32 KB.
+ * The most warps a CTA of MT tiles runs, as many as the registers allow without spills (the launch
+ * bound caps them): 32 for one tile, 24 for two, so K up to 3,072 takes one chunk per warp and every
+ * load is in flight at once; shared memory for the reduction stays at 32 KB.
  */
 export function w4a16MaxWarps(mt: number): number {
-  return mt <= 2 ? 32 : mt === 4 ? 16 : 8;
+  return mt === 1 ? 32 : mt === 2 ? 24 : mt === 4 ? 16 : 8;
 }
 
 
@@ -118,8 +121,8 @@ template <> __device__ __forceinline__ unsigned w4_dequant2<__half>(unsigned q, 
 #endif
 
 template <typename T, int MT>
-__device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsigned char* __restrict__ B, const T* __restrict__ S, const unsigned char* __restrict__ Z, T* __restrict__ C,
-                                           int M, int N, int K, int kb, int bs_log2, float* red) {
+__device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsigned char* __restrict__ B, const T* __restrict__ S, const unsigned char* __restrict__ Z, T* __restrict__ C0,
+                                           T* __restrict__ C1, T* __restrict__ C2, int M, int N, int n1, int n2, int K, int kb, int bs_log2, float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.x * 16, m0 = blockIdx.y * (8 * MT);
@@ -208,16 +211,20 @@ __device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsign
     for (int w2 = 0; w2 < warps; ++w2) sum += red[w2 * MT * 128 + idx];
     const int j = idx >> 7, e = (idx >> 5) & 3, l = idx & 31;
     const int n = n0 + (l >> 2) + (e >> 1) * 8, m = m0 + 8 * j + 2 * (l & 3) + (e & 1);
-    if (n < N && m < M) C[(long long)m * N + n] = w4_from_f<T>(sum);
+    if (n >= N || m >= M) continue;
+    // columns [0, n1) to C0, [n1, n2) to C1, [n2, N) to C2, each [M, its width]
+    if (n < n1) C0[(long long)m * n1 + n] = w4_from_f<T>(sum);
+    else if (n < n2) C1[(long long)m * (n2 - n1) + (n - n1)] = w4_from_f<T>(sum);
+    else C2[(long long)m * (N - n2) + (n - n2)] = w4_from_f<T>(sum);
   }
 }
 
 #define W4A16_KERNEL(SUF, T, MT, MROWS)                                                                                              \
-  extern "C" __global__ void __launch_bounds__(32 * (MT <= 2 ? 32 : MT == 4 ? 16 : 8)) w4a16_##SUF##_m##MROWS(const T* A, const unsigned char* B, const T* S,          \
-                                                                           const unsigned char* Z, T* C, int M, int N, int K, int kb, \
-                                                                           int bs_log2) {                                             \
+  extern "C" __global__ void __launch_bounds__(32 * (MT == 1 ? 32 : MT == 2 ? 24 : MT == 4 ? 16 : 8)) w4a16_##SUF##_m##MROWS(const T* A, const unsigned char* B, const T* S,          \
+                                                                           const unsigned char* Z, T* C0, T* C1, T* C2, int M, int N, \
+                                                                           int n1, int n2, int K, int kb, int bs_log2) {              \
     W4_SHARED(smem);                                                                                                                 \
-    w4a16_body<T, MT>(A, B, S, Z, C, M, N, K, kb, bs_log2, reinterpret_cast<float*>(smem));                                         \
+    w4a16_body<T, MT>(A, B, S, Z, C0, C1, C2, M, N, n1, n2, K, kb, bs_log2, reinterpret_cast<float*>(smem));                       \
   }
 W4A16_KERNEL(bf16, __nv_bfloat16, 1, 8)
 W4A16_KERNEL(bf16, __nv_bfloat16, 2, 16)

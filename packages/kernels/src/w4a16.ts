@@ -26,6 +26,11 @@ export interface W4A16Shape {
   /** 32, 64 or 128. */
   blockSize: number;
   dtype: DType;
+  /**
+   * Widths of the outputs the N columns are written to, in order (1 to 3, summing to N; default [N]):
+   * projections that share their input, their weights concatenated along N, in one launch.
+   */
+  widths?: readonly number[];
 }
 
 /** Block sizes the kernels take. */
@@ -39,6 +44,8 @@ export function w4a16Unsupported(shape: W4A16Shape): string | undefined {
   if (K % 8 !== 0) return `K = ${K} is not a multiple of 8 (the activations are read 16 bytes at a time)`;
   if (kBlocks !== Math.ceil(K / blockSize)) return `${kBlocks} blocks of ${blockSize} for K = ${K} (expected ${Math.ceil(K / blockSize)})`;
   if (M < 0 || N < 1) return `an empty product [${M}, ${N}]`;
+  const widths = shape.widths ?? [N];
+  if (widths.length < 1 || widths.length > 3 || widths.some((w) => !Number.isInteger(w) || w < 1) || widths.reduce((a, b) => a + b, 0) !== N) return `output widths [${widths.join(', ')}] (1 to 3 positive widths summing to N = ${N})`;
   if (Math.ceil(M / 64) > 65535) return `M = ${M} past the grid's 65,535 tiles of 64 rows`;
   if (M * Math.max(K, N) >= 2 ** 31 || N * kBlocks * blockSize >= 2 ** 32) return `a product too large for 32-bit indices [${M}, ${N}, ${K}]`;
   return undefined;
@@ -69,7 +76,8 @@ export function w4a16Plan(shape: Pick<W4A16Shape, 'M' | 'N' | 'kBlocks' | 'block
 }
 
 type Ptr = ArgValue<'ptr'>;
-type Sig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'i32', 'i32'];
+type Sig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'i32', 'i32', 'i32', 'i32'];
+const SIG: Sig = ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'i32', 'i32', 'i32', 'i32'];
 
 /** Addresses (or device tensors) of one call. */
 export interface W4A16Args {
@@ -81,8 +89,8 @@ export interface W4A16Args {
   scales: Ptr;
   /** uint8 [N, ceil(kBlocks / 2)], or 0n for the default zero point 8. */
   zeroPoints: Ptr;
-  /** [M, N], written. */
-  c: Ptr;
+  /** [M, N], written; or one output [M, widths[i]] per width of the shape. */
+  c: Ptr | readonly Ptr[];
 }
 
 /** The compiled W4A16 kernels of one device. */
@@ -98,7 +106,7 @@ export class W4A16 {
     const mod = kernels.compile(w4a16Source, { name: 'lathe_w4a16', options: [`-I${include}`, '--std=c++17'] });
     const variants = new Map<string, Kernel<Sig>>();
     for (const dtype of Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[]) {
-      for (const mt of W4A16_TILES) variants.set(`${dtype}/${mt}`, mod.kernel(w4a16KernelName(dtype, mt), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'i32', 'i32'] as const));
+      for (const mt of W4A16_TILES) variants.set(`${dtype}/${mt}`, mod.kernel(w4a16KernelName(dtype, mt), SIG));
     }
     return new W4A16(kernels, variants);
   }
@@ -110,7 +118,12 @@ export class W4A16 {
     if (shape.M === 0) return;
     const plan = w4a16Plan(shape);
     const kernel = this.variants.get(`${shape.dtype}/${plan.mt}`)!;
-    kernel.launch({ grid: plan.grid, block: 32 * plan.warps, sharedBytes: plan.sharedBytes, stream }, a.a, a.b, a.scales, a.zeroPoints, a.c, shape.M, shape.N, shape.K, shape.kBlocks, Math.log2(shape.blockSize));
+    const widths = shape.widths ?? [shape.N];
+    const c = Array.isArray(a.c) ? (a.c as readonly Ptr[]) : [a.c as Ptr];
+    if (c.length !== widths.length) throw new Error(`W4A16.matmul: ${c.length} outputs for ${widths.length} widths`);
+    const n1 = widths[0];
+    const n2 = n1 + (widths[1] ?? 0);
+    kernel.launch({ grid: plan.grid, block: 32 * plan.warps, sharedBytes: plan.sharedBytes, stream }, a.a, a.b, a.scales, a.zeroPoints, c[0], c[1] ?? 0n, c[2] ?? 0n, shape.M, shape.N, n1, n2, shape.K, shape.kBlocks, Math.log2(shape.blockSize));
   }
 }
 
@@ -188,6 +201,11 @@ export interface W4A16Ops {
    * dtype). Throws for what the kernels cannot take: check {@link unsupported} first.
    */
   matmul(x: Tensor, b: Tensor, scales: Tensor, zeroPoints: Tensor | undefined, attrs: W4A16Attrs): Tensor;
+  /**
+   * The same product written as 2 or 3 outputs [..., widths[i]] (consecutive column ranges of N): one
+   * launch for projections that share x (q/k/v, gate/up) with their weights concatenated along N.
+   */
+  matmulSplit(x: Tensor, b: Tensor, scales: Tensor, zeroPoints: Tensor | undefined, attrs: W4A16Attrs, widths: readonly number[]): Tensor[];
   /** Why a projection cannot take the kernels with activations in `dtype` (bits, dtype, block size, K), or undefined. */
   unsupported(attrs: W4A16Attrs, dtype: DType): string | undefined;
   /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */
@@ -210,59 +228,76 @@ export function w4a16Ops(provider: DeviceKind, kernels?: W4A16): W4A16Ops {
   const dtypes: DType[] = provider === 'cuda' ? ['bfloat16', 'float16'] : ['float32'];
   const ops = new Map<string, OpDef<object>>();
   const size = (dims: readonly number[]) => dims.reduce((p, d) => p * d, 1);
-  for (const dt of dtypes) {
-    for (const zp of [false, true]) {
-      const name = `W4A16MatMul${zp ? 'Zp' : ''}_${dt}`;
-      const op = domain.add({
-        name,
-        inputs: zp ? [dt, 'uint8', dt, 'uint8'] : [dt, 'uint8', dt],
-        outputs: [dt],
-        provider,
-        infer: ([a, b]) => [{ dtype: dt, shape: [...a.shape.slice(0, -1), b.shape[0]] }],
-        compute: (ctx) => {
-          const [a, b, s, z] = ctx.inputs;
-          const [N, kBlocks, half] = b.dims;
-          const K = a.dims[a.dims.length - 1];
-          const lead = a.dims.slice(0, -1);
-          const shape: W4A16Shape = { M: size(lead), N, K, kBlocks, blockSize: 2 * half, dtype: dt };
-          const c = ctx.output(0, [...lead, N]);
-          if (kernels) {
-            kernels.matmul(shape, { a: a.data, b: b.data, scales: s.data, zeroPoints: z ? z.data : 0n, c });
-            return;
-          }
-          if (shape.M === 0) return;
-          const read = <T extends Float32Array | Uint8Array>(arr: T, p: bigint) => {
-            api.copyOut(arr, p);
-            return arr;
-          };
-          const r = w4a16Reference(shape, {
-            a: read(new Float32Array(size(a.dims)), a.data),
-            b: read(new Uint8Array(size(b.dims)), b.data),
-            scales: read(new Float32Array(size(s.dims)), s.data),
-            zeroPoints: z ? read(new Uint8Array(size(z.dims)), z.data) : undefined,
-          });
-          api.copyIn(c, Float32Array.from(r));
-        },
-      });
-      ops.set(name, op);
-    }
-  }
+  // One op per dtype, zero points or not, and output widths (registered when first asked for: before the session is made).
+  const opFor = (dt: DType, zp: boolean, widths: readonly number[] | undefined): OpDef<object> => {
+    const name = `W4A16MatMul${zp ? 'Zp' : ''}_${dt}${widths ? `_w${widths.join('_')}` : ''}`;
+    let op = ops.get(name);
+    if (op) return op;
+    op = domain.add({
+      name,
+      inputs: zp ? [dt, 'uint8', dt, 'uint8'] : [dt, 'uint8', dt],
+      outputs: (widths ?? [0]).map(() => dt),
+      provider,
+      infer: ([a, b]) => (widths ?? [b.shape[0]]).map((w) => ({ dtype: dt, shape: [...a.shape.slice(0, -1), w] })),
+      compute: (ctx) => {
+        const [a, b, s, z] = ctx.inputs;
+        const [N, kBlocks, half] = b.dims;
+        const K = a.dims[a.dims.length - 1];
+        const lead = a.dims.slice(0, -1);
+        const ws = widths ?? [N];
+        const shape: W4A16Shape = { M: size(lead), N, K, kBlocks, blockSize: 2 * half, dtype: dt, widths: ws };
+        const c = ws.map((w, i) => ctx.output(i, [...lead, w]));
+        if (kernels) {
+          kernels.matmul(shape, { a: a.data, b: b.data, scales: s.data, zeroPoints: z ? z.data : 0n, c });
+          return;
+        }
+        if (shape.M === 0) return;
+        const read = <T extends Float32Array | Uint8Array>(arr: T, p: bigint) => {
+          api.copyOut(arr, p);
+          return arr;
+        };
+        const r = w4a16Reference(shape, {
+          a: read(new Float32Array(size(a.dims)), a.data),
+          b: read(new Uint8Array(size(b.dims)), b.data),
+          scales: read(new Float32Array(size(s.dims)), s.data),
+          zeroPoints: z ? read(new Uint8Array(size(z.dims)), z.data) : undefined,
+        });
+        let start = 0;
+        ws.forEach((w, i) => {
+          const part = new Float32Array(shape.M * w);
+          for (let m = 0; m < shape.M; m++) for (let n = 0; n < w; n++) part[m * w + n] = r[m * N + start + n];
+          api.copyIn(c[i], part);
+          start += w;
+        });
+      },
+    });
+    ops.set(name, op);
+    return op;
+  };
   const unsupported = (attrs: W4A16Attrs, dtype: DType): string | undefined => {
     if (attrs.bits !== 4) return `${attrs.bits} bits (the kernels take 4)`;
     if (!dtypes.includes(dtype)) return `dtype ${dtype} on ${provider} (takes ${dtypes.join(', ')})`;
     const shape: W4A16Shape = { M: 1, N: attrs.N, K: attrs.K, kBlocks: Math.ceil(attrs.K / attrs.blockSize), blockSize: attrs.blockSize, dtype: provider === 'cuda' ? dtype : 'bfloat16' };
     return w4a16Unsupported(shape);
   };
-  const matmul = (x: Tensor, b: Tensor, scales: Tensor, zeroPoints: Tensor | undefined, attrs: W4A16Attrs): Tensor => {
+  const apply = (x: Tensor, b: Tensor, scales: Tensor, zeroPoints: Tensor | undefined, attrs: W4A16Attrs, widths: readonly number[] | undefined): Tensor[] => {
     const why = unsupported(attrs, x.dtype);
     if (why) throw new Error(`w4a16Ops.matmul: the kernels do not take ${why}`);
     if (scales.dtype !== x.dtype) throw new Error(`w4a16Ops.matmul: scales must be ${x.dtype} (the activations' dtype), got ${scales.dtype}`);
     const kb = Math.ceil(attrs.K / attrs.blockSize);
     if (b.dtype !== 'uint8' || b.shape.join(',') !== [attrs.N, kb, attrs.blockSize / 2].join(',')) throw new Error(`w4a16Ops.matmul: B must be uint8[${attrs.N}, ${kb}, ${attrs.blockSize / 2}], got ${b.dtype}[${b.shape.join(', ')}]`);
     if (x.shape[x.shape.length - 1] !== attrs.K) throw new Error(`w4a16Ops.matmul: x's last dim must be K = ${attrs.K}, got [${x.shape.join(', ')}]`);
+    if (widths && (widths.length < 2 || widths.length > 3 || widths.some((w) => !Number.isInteger(w) || w < 1) || widths.reduce((p, w) => p + w, 0) !== attrs.N)) throw new Error(`w4a16Ops.matmulSplit: widths [${widths.join(', ')}] must be 2 or 3 positive widths summing to N = ${attrs.N}`);
     const s = scales.shape.length === 2 ? scales : L.reshape(scales, [attrs.N, kb]);
-    const op = ops.get(`W4A16MatMul${zeroPoints ? 'Zp' : ''}_${x.dtype}`)!;
-    return L.applyOp(op, zeroPoints ? [x, b, s, zeroPoints] : [x, b, s], {})[0];
+    return L.applyOp(opFor(x.dtype, !!zeroPoints, widths), zeroPoints ? [x, b, s, zeroPoints] : [x, b, s], {});
   };
-  return { domain, session: { customOpDomains: [domain.handle] }, matmul, unsupported, check: () => domain.check(), dispose: () => domain.dispose() };
+  return {
+    domain,
+    session: { customOpDomains: [domain.handle] },
+    matmul: (x, b, scales, zeroPoints, attrs) => apply(x, b, scales, zeroPoints, attrs, undefined)[0],
+    matmulSplit: (x, b, scales, zeroPoints, attrs, widths) => apply(x, b, scales, zeroPoints, attrs, widths),
+    unsupported,
+    check: () => domain.check(),
+    dispose: () => domain.dispose(),
+  };
 }

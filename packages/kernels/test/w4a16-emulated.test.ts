@@ -44,6 +44,8 @@ interface Case {
   K: number;
   blockSize: number;
   zeroPoints: boolean;
+  /** Output widths (default [N]): column ranges written to separate outputs. */
+  widths?: number[];
 }
 
 function run(c: Case): { got: Float32Array; want: Float64Array; warps: number; mt: number; gridY: number } {
@@ -61,10 +63,22 @@ function run(c: Case): { got: Float32Array; want: Float64Array; warps: number; m
   const output = join(dir, 'out.bin');
   writeFileSync(input, Buffer.concat([bytes(bits(a)), bytes(b), bytes(bits(scales)), ...(zeroPoints ? [bytes(zeroPoints)] : [])]));
   const plan = w4a16Plan(shape);
-  execFileSync(harness, [input, output, c.dtype === 'bfloat16' ? 'bf16' : 'fp16', c.M, c.N, c.K, kBlocks, Math.log2(c.blockSize), zeroPoints ? 1 : 0, plan.mt, plan.warps].map(String), { stdio: 'pipe' });
+  const widths = c.widths ?? [c.N];
+  const n1 = widths[0];
+  const n2 = n1 + (widths[1] ?? 0);
+  execFileSync(harness, [input, output, c.dtype === 'bfloat16' ? 'bf16' : 'fp16', c.M, c.N, n1, n2, c.K, kBlocks, Math.log2(c.blockSize), zeroPoints ? 1 : 0, plan.mt, plan.warps].map(String), { stdio: 'pipe' });
   const raw = readFileSync(output);
   const u16 = new Uint16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2);
-  const got = c.dtype === 'bfloat16' ? fromBfloat16Bits(u16) : fromFloat16Bits(u16);
+  const flat = c.dtype === 'bfloat16' ? fromBfloat16Bits(u16) : fromFloat16Bits(u16);
+  // the outputs [M, width] one after another, back to [M, N]
+  const got = new Float32Array(c.M * c.N);
+  let at = 0;
+  let col = 0;
+  for (const w of widths) {
+    for (let m = 0; m < c.M; m++) for (let n = 0; n < w; n++) got[m * c.N + col + n] = flat[at + m * w + n];
+    at += c.M * w;
+    col += w;
+  }
   return { got, want: w4a16Reference(shape, { a, b, scales, zeroPoints }), warps: plan.warps, mt: plan.mt, gridY: plan.grid[1] };
 }
 
@@ -91,6 +105,8 @@ test.each<[string, Case, { mt: number; warps: number; gridY: number }]>([
   ['37 rows (eight n8 tiles, the last ragged), bf16', { dtype: 'bfloat16', M: 37, N: 16, K: 256, blockSize: 64, zeroPoints: false }, { mt: 8, warps: 2, gridY: 1 }],
   ['70 rows: two grid rows of 64, fp16 with zero points', { dtype: 'float16', M: 70, N: 24, K: 128, blockSize: 32, zeroPoints: true }, { mt: 8, warps: 1, gridY: 2 }],
   ['K = 2560 (20 chunks): 20 warps of one chunk each, summed across warps', { dtype: 'bfloat16', M: 3, N: 16, K: 2560, blockSize: 128, zeroPoints: false }, { mt: 1, warps: 20, gridY: 1 }],
+  ['q/k/v in one launch: three outputs of 32, 16 and 16 columns (N = 64), fp16 with zero points', { dtype: 'float16', M: 4, N: 64, K: 256, blockSize: 64, zeroPoints: true, widths: [32, 16, 16] }, { mt: 1, warps: 2, gridY: 1 }],
+  ['gate/up in one launch: two outputs of 24 columns, each split inside a CTA\'s 16 columns, 12 rows', { dtype: 'bfloat16', M: 12, N: 48, K: 128, blockSize: 32, zeroPoints: false, widths: [24, 24] }, { mt: 2, warps: 1, gridY: 1 }],
   ['40 rows and K = 2560: 7 warps (the most for eight tiles is 8) over 20 chunks in 3 rounds, the next chunk prefetched', { dtype: 'float16', M: 40, N: 20, K: 2560, blockSize: 64, zeroPoints: true }, { mt: 8, warps: 7, gridY: 1 }],
 ])('%s', (_name, c, plan) => {
   const r = run(c);

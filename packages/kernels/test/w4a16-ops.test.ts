@@ -61,6 +61,35 @@ test.each([
   ops.dispose();
 });
 
+test('matmulSplit writes consecutive column ranges of one product to separate outputs (q/k/v in one node)', async () => {
+  const [M, K, blockSize] = [2, 64, 32];
+  const widths = [8, 4, 4];
+  const N = 16;
+  const kb = K / blockSize;
+  const x = Float32Array.from({ length: M * K }, (_, i) => Math.cos(0.3 * i));
+  const b = Uint8Array.from({ length: (N * kb * blockSize) / 2 }, (_, i) => (i * 29 + 3) % 256);
+  const scales = Float32Array.from({ length: N * kb }, (_, i) => 0.02 + 0.001 * i);
+  const ops = w4a16Ops('cpu');
+  const g = new L.Graph('w4a16_split');
+  const outs = ops.matmulSplit(g.input('x', 'float32', [M, 1, K]), g.input('b', 'uint8', [N, kb, blockSize / 2]), g.input('scales', 'float32', [N, kb]), undefined, { K, N, bits: 4, blockSize }, widths);
+  expect(outs.map((t) => t.shape)).toEqual(widths.map((w) => [M, 1, w]));
+  outs.forEach((t, i) => g.output(t, `y${i}`));
+  const other = new L.Graph('bad_widths');
+  expect(() => ops.matmulSplit(other.input('x', 'float32', [M, K]), other.input('b', 'uint8', [N, kb, blockSize / 2]), other.input('s', 'float32', [N, kb]), undefined, { K, N, bits: 4, blockSize }, [8, 4])).toThrow(/widths \[8, 4\] must be 2 or 3 positive widths summing to N = 16/);
+  const session = Device.cpu().compile(g, { ...ops.session });
+  const out = await session.run({ x: { data: x, dims: [M, 1, K] }, b: { data: b, dims: [N, kb, blockSize / 2] }, scales: { data: scales, dims: [N, kb] } });
+  ops.check();
+  const want = w4a16Reference({ M, N, K, kBlocks: kb, blockSize, dtype: 'float32' }, { a: x, b, scales });
+  let start = 0;
+  widths.forEach((w, i) => {
+    const y = out[`y${i}`].data as Float32Array;
+    for (let m = 0; m < M; m++) for (let n = 0; n < w; n++) expect(Math.abs(y[m * w + n] - want[m * N + start + n])).toBeLessThanOrEqual(1e-6 * Math.abs(want[m * N + start + n]) + 1e-7);
+    start += w;
+  });
+  session.dispose();
+  ops.dispose();
+});
+
 test('the reference dequantizes as MatMulNBits defines it: (q − zp) · scale, low nibble first', () => {
   // one row, K = 4 in one block of 32 (padding codes past K ignored): codes 1, 15, 0, 8 with zero point 3, scale 0.5
   const b = new Uint8Array(16);
