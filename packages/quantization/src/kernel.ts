@@ -12,6 +12,8 @@ import type { NBitsLayout } from './layout';
 export interface NBitsKernel {
   /** x [..., K] · dequant(B)ᵀ → [..., N]. */
   matmul(x: Tensor, b: Tensor, scales: Tensor, zeroPoints: Tensor | undefined, attrs: NBitsLayout['attrs']): Tensor;
+  /** The same product as one output per width (consecutive column ranges of N: projections stacked along N). */
+  matmulSplit(x: Tensor, b: Tensor, scales: Tensor, zeroPoints: Tensor | undefined, attrs: NBitsLayout['attrs'], widths: readonly number[]): Tensor[];
   /** Why a projection cannot take the kernel with activations in `dtype`, or undefined. */
   unsupported(attrs: NBitsLayout['attrs'], dtype: DType): string | undefined;
   /** Session options the graphs need (the op's custom-op domain). */

@@ -130,7 +130,10 @@ export class QuantizedModel {
    * generation (see {@link generation}); bind `deviceTensors(…, { quantizedWeights: 'initializers' })`.
    * `quantizedWeights: 'kernel'`: the kernel tensors are bound inputs as by default, and each INT4
    * projection whose rows are known and at most `kernelMaxRows` (default 16: decode steps) runs
-   * through `kernel` (Lathe's W4A16 op: `w4a16Ops` of @lathe/kernels) instead of MatMulNBits.
+   * through `kernel` (Lathe's W4A16 op: `w4a16Ops` of @lathe/kernels) instead of MatMulNBits;
+   * projections that share their input (q/k/v, gate/up: {@link FUSED_PROJECTIONS}) are held
+   * concatenated along N (inputs named after the fused weight, e.g. `….qkv_proj.weight.q`) and run as
+   * one node — the op writing each projection's output, or MatMulNBits and slices where the op does not apply.
    */
   graphWeights(
     g: Graph,
@@ -142,8 +145,18 @@ export class QuantizedModel {
     const inputs = new Map<string, Tensor>();
     const kernels = new Map<string, QuantizedLinearTensors>();
     const how: QuantizedLinearDeclaration = opts.inline ? { inline: true } : { scaleDtype: opts.dtype, initializer: opts.quantizedWeights === 'initializers' };
+    // 'kernel': projections sharing an input as one concatenated weight; member → (group tensors, output index)
+    const grouped = new Map<string, { group: FusedProjection; t: QuantizedLinearTensors; index: number }>();
+    if (own) {
+      for (const group of this.fusedProjections()) {
+        if (group.members.some((m) => opts.skip?.includes(m))) continue;
+        const t = declareQuantizedLinear(g, p + group.name, group.layout, how);
+        for (const x of [t.b, 'scales' in t ? t.scales : undefined, 'zeroPoints' in t ? t.zeroPoints : undefined]) if (x) inputs.set(x.name, x);
+        group.members.forEach((m, index) => grouped.set(m, { group, t, index }));
+      }
+    }
     for (const spec of paramSpecs(this.config)) {
-      if (opts.skip?.includes(spec.name)) continue;
+      if (opts.skip?.includes(spec.name) || grouped.has(spec.name)) continue;
       const q = this.layers.get(spec.name);
       if (q) {
         const t = declareQuantizedLinear(g, p + spec.name, kernelLayout(q), how);
@@ -162,7 +175,7 @@ export class QuantizedModel {
     }
     const cast = new Map<string, Tensor>();
     const weights: Weights = (name) => {
-      if (kernels.has(name)) throw new Error(`weight '${name}' is quantized (${this.scheme.format}): it is read through its kernel, not as a dense tensor`);
+      if (kernels.has(name) || grouped.has(name)) throw new Error(`weight '${name}' is quantized (${this.scheme.format}): it is read through its kernel, not as a dense tensor`);
       const t = inputs.get(p + name);
       if (!t) throw new Error(`weight '${name}' is not a parameter of this ${this.config.architecture}`);
       if (t.dtype === opts.dtype) return t;
@@ -174,9 +187,27 @@ export class QuantizedModel {
       if (own && t.op === 'MatMulNBits' && (opts.mode ?? 'kernel') === 'kernel' && takesKernel(own, x, t.attrs, opts.kernelMaxRows)) return own.matmul(x, t.b, t.scales, t.zeroPoints, t.attrs);
       return quantizedMatmul(x, t, opts.mode ?? 'kernel', opts.backward);
     };
+    // A group's outputs for the input they were computed from: the other members asked with the same x reuse them.
+    const fusedOut = new Map<FusedProjection, { x: Tensor; outs: Tensor[] }>();
+    const projectGroup = (x: Tensor, group: FusedProjection, t: QuantizedLinearTensors): Tensor[] => {
+      const hit = fusedOut.get(group);
+      if (hit && hit.x === x) return hit.outs;
+      let outs: Tensor[];
+      if (own && t.op === 'MatMulNBits' && (opts.mode ?? 'kernel') === 'kernel' && takesKernel(own, x, t.attrs, opts.kernelMaxRows)) outs = own.matmulSplit(x, t.b, t.scales, t.zeroPoints, t.attrs, group.widths);
+      else {
+        const y = quantizedMatmul(x, t, opts.mode ?? 'kernel', opts.backward);
+        const axis = y.rank - 1;
+        let start = 0;
+        outs = group.widths.map((w) => L.slice(y, [axis], [start], [(start += w)]));
+      }
+      fusedOut.set(group, { x, outs });
+      return outs;
+    };
     weights.matmul = (name, x) => {
       // The quantized head is asked for by the head's name (lmLogits); the dense one stays readable.
       if (head && name === head.name) return project(x, head.t);
+      const member = grouped.get(name);
+      if (member) return projectGroup(x, member.group, member.t)[member.index];
       const t = kernels.get(name);
       return t ? project(x, t) : undefined;
     };
@@ -190,6 +221,9 @@ export class QuantizedModel {
    */
   deviceTensors(device: Device, dtype: DType, prefix = '', opts: { quantizedWeights?: QuantizedWeightsAs } = {}): Map<string, DeviceTensor> {
     const kernelTensors = opts.quantizedWeights !== 'initializers';
+    // 'kernel': the fused projections' concatenated tensors in place of their members'
+    const groups = opts.quantizedWeights === 'kernel' ? this.fusedProjections() : [];
+    const grouped = new Set(groups.flatMap((gr) => gr.members));
     const out = new Map<string, DeviceTensor>();
     const upload = (name: string, data: Float32Array | Uint8Array, shape: number[], dt: DType) => {
       const host = data instanceof Uint8Array ? data : dt === 'bfloat16' ? toBfloat16Bits(data) : dt === 'float16' ? toFloat16Bits(data) : data;
@@ -199,8 +233,9 @@ export class QuantizedModel {
       for (const spec of paramSpecs(this.config)) {
         const q = this.layers.get(spec.name);
         if (!q) upload(spec.name, this.dense.get(spec.name)!, spec.shape, dtype);
-        else if (kernelTensors) for (const s of kernelTensorSpecs(spec.name, kernelLayout(q), dtype)) upload(s.name, s.data, s.shape, s.dtype);
+        else if (kernelTensors && !grouped.has(spec.name)) for (const s of kernelTensorSpecs(spec.name, kernelLayout(q), dtype)) upload(s.name, s.data, s.shape, s.dtype);
       }
+      for (const gr of groups) for (const s of kernelTensorSpecs(gr.name, gr.layout, dtype)) upload(s.name, s.data, s.shape, s.dtype);
       if (this.lmHead && kernelTensors) for (const s of kernelTensorSpecs(`${HEAD_PREFIX}${this.lmHead.name}`, kernelLayout(this.lmHead.matrix), dtype)) upload(s.name, s.data, s.shape, s.dtype);
     } catch (e) {
       for (const t of out.values()) t.dispose();
@@ -249,6 +284,32 @@ export class QuantizedModel {
     const fusedGemm = opts.fusedGemm ?? (fusable && quantizedWeights === 'initializers');
     if (fusedGemm && quantizedWeights !== 'initializers') throw new Error(`generation: the fused weight-only GEMM needs quantizedWeights 'initializers' (ONNX Runtime prepacks only initializers; bound inputs fail at the first run)`);
     return { quantizedWeights, fusedGemm, fusedLayers: fusedGemm ? eligible : 0 };
+  }
+
+  private fused?: FusedProjection[];
+
+  /**
+   * The projections `quantizedWeights: 'kernel'` runs as one (see {@link FUSED_PROJECTIONS}): every
+   * group whose members are all INT4 with the same K, block size and zero-point choice, its kernel
+   * layout the members' concatenated along N (computed once).
+   */
+  fusedProjections(): FusedProjection[] {
+    if (this.fused) return this.fused;
+    const groups: FusedProjection[] = [];
+    for (const [name] of this.layers) {
+      for (const f of FUSED_PROJECTIONS) {
+        if (!name.endsWith(`.${f.members[0]}`)) continue;
+        const stem = name.slice(0, name.length - f.members[0].length);
+        const members = f.members.map((m) => stem + m);
+        const mats = members.map((m) => this.layers.get(m));
+        if (mats.some((m) => !m || m.format !== 'int4')) continue;
+        const layouts = mats.map((m) => kernelLayout(m!) as NBitsLayout);
+        const [first] = layouts;
+        if (layouts.some((l) => l.attrs.K !== first.attrs.K || l.attrs.blockSize !== first.attrs.blockSize || !l.zeroPoints !== !first.zeroPoints)) continue;
+        groups.push({ name: stem + f.fused, members, widths: layouts.map((l) => l.attrs.N), layout: concatNBits(layouts) });
+      }
+    }
+    return (this.fused = groups);
   }
 
   /** The MatMulNBits layouts of the quantized layers and head (INT8, INT4). */
@@ -316,6 +377,47 @@ export interface QuantizedGeneration {
   fusedLayers: number;
   /** With `quantizedWeights: 'kernel'`: projections the kernel takes (in decode steps). */
   kernelLayers?: number;
+}
+
+/**
+ * Projections that read the same input, by their names after the layer's prefix: `quantizedWeights:
+ * 'kernel'` holds each group's INT4 weights concatenated along N under the `fused` name and runs them
+ * as one node (one kernel launch a group in decode steps instead of one a projection).
+ */
+export const FUSED_PROJECTIONS: readonly { fused: string; members: readonly string[] }[] = [
+  { fused: 'self_attn.qkv_proj.weight', members: ['self_attn.q_proj.weight', 'self_attn.k_proj.weight', 'self_attn.v_proj.weight'] },
+  { fused: 'mlp.gate_up_proj.weight', members: ['mlp.gate_proj.weight', 'mlp.up_proj.weight'] },
+];
+
+/** A group of {@link FUSED_PROJECTIONS} in one model: its fused name, members (HF names), their widths (N each) and the concatenated layout. */
+export interface FusedProjection {
+  name: string;
+  members: string[];
+  widths: number[];
+  layout: NBitsLayout;
+}
+
+/** MatMulNBits layouts of one K, block size and zero-point choice, stacked along N (rows are independent). */
+export function concatNBits(layouts: readonly NBitsLayout[]): NBitsLayout {
+  const [first] = layouts;
+  const cat = <T extends Uint8Array | Float32Array>(parts: T[], make: (n: number) => T): T => {
+    const out = make(parts.reduce((n, x) => n + x.length, 0));
+    let at = 0;
+    for (const x of parts) {
+      out.set(x, at);
+      at += x.length;
+    }
+    return out;
+  };
+  const N = layouts.reduce((n, l) => n + l.attrs.N, 0);
+  return {
+    op: 'MatMulNBits',
+    b: cat(layouts.map((l) => l.b), (n) => new Uint8Array(n)),
+    bShape: [N, first.bShape[1], first.bShape[2]],
+    scales: cat(layouts.map((l) => l.scales), (n) => new Float32Array(n)),
+    ...(first.zeroPoints ? { zeroPoints: cat(layouts.map((l) => l.zeroPoints!), (n) => new Uint8Array(n)) } : {}),
+    attrs: { ...first.attrs, N },
+  };
 }
 
 /** Graph-name prefix of the quantized LM head's kernel tensors (beside the dense head of the same HF name). */

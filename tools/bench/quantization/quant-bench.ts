@@ -11,8 +11,8 @@
  * on for the INT4/INT8 projections that can take it (QuantizedModel.generation); and
  * `initializers-plain`, initializers with the fused path off (what holding them alone changes).
  * `kernel`: bound kernel tensors, the decode steps' INT4 projections through Lathe's own W4A16 op
- * (`w4a16Ops` of @lathe/kernels, QuantizedModel.generation's `quantizedWeights: 'kernel'`; prefill
- * keeps MatMulNBits; INT4 only), with the device opened through `Kernels.withDevice` so the op's
+ * (`w4a16Ops` of @lathe/kernels, QuantizedModel.generation's `quantizedWeights: 'kernel'`: q/k/v and
+ * gate/up concatenated, one launch a group; prefill keeps MatMulNBits; INT4 only), with the device opened through `Kernels.withDevice` so the op's
  * launches share the sessions' stream. With `kernel` asked for, before the timings: a numerics
  * check of the op against MatMulNBits on the device for Qwen3's q/gate/down shapes at M = 1, 16
  * and 256 (max relative error printed; past 1e-2 the run ends with an error, after its numbers),
@@ -195,9 +195,11 @@ async function main(): Promise<void> {
         // the uploaded ones (so their gpu_used_mib also counts the unused bound kernel tensors: projection_bytes).
         const kernelMaxRows = maxRowsOf(weights);
         const generation = weights === 'bound' ? undefined : model.generationPlan(device.kind, dtype, { quantizedWeights: wm.as, fusedGemm: wm.fused, mode, kernel: kernelOps, kernelMaxRows });
+        // the kernel modes read q/k/v and gate/up concatenated: their own upload for the mode (beside `tensors`, in gpu_used_mib)
+        const own = generation?.quantizedWeights === 'kernel' ? model.deviceTensors(device, dtype, '', { quantizedWeights: 'kernel' }) : undefined;
         const plan = generation && {
           ...generation,
-          tensors: generation.quantizedWeights === 'kernel' ? tensors : new Map([...tensors].filter(([n]) => model.dense.has(n))),
+          tensors: own ?? new Map([...tensors].filter(([n]) => model.dense.has(n))),
           graphWeights: (g: L.Graph): Weights => model.graphWeights(g, { dtype, mode, quantizedWeights: generation.quantizedWeights, kernel: kernelOps, kernelMaxRows }).weights,
           session: generation.fusedGemm ? fusedGemmSession() : generation.quantizedWeights === 'kernel' ? { ...kernelOps!.session } : {},
         };
@@ -220,6 +222,8 @@ async function main(): Promise<void> {
           const line = { format: f, weights, error: (e as Error).message.slice(-800) };
           console.log(JSON.stringify(line));
           (row.decode as unknown[]).push(line);
+        } finally {
+          for (const t of own?.values() ?? []) t.dispose();
         }
       }
       row.gpu_used_mib = gpuUsedMiB();
