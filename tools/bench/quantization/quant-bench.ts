@@ -16,7 +16,8 @@
  * launches share the sessions' stream. With `kernel` asked for, before the timings: a numerics
  * check of the op against MatMulNBits on the device for Qwen3's q/gate/down shapes at M = 1, 16
  * and 256 (max relative error printed; past 1e-2 the run ends with an error, after its numbers),
- * and a microbenchmark of the kernel alone on one projection of each shape at M = 1 and 16 (GB/s of
+ * and a microbenchmark of the kernel alone on one projection of each shape (and the fused q/k/v and
+ * gate/up) at M = 1 and 16 (GB/s of
  * weight bytes, and the share of the HBM peak nvidia-smi's GPU name implies: H100 3.35 TB/s, H200
  * 4.8 TB/s). `kernel` sends projections of at most `--kernel-max-rows` rows (default 16, the
  * library's default) through the op and larger ones through MatMulNBits; `kernel-all` sends every
@@ -280,16 +281,19 @@ async function main(): Promise<void> {
   if (kernelCheck && !kernelCheck.ok) throw new Error(`kernel check failed: the W4A16 op's max relative error against MatMulNBits is ${kernelCheck.max_rel_err} (limit ${kernelCheck.limit})`);
 }
 
-/** Qwen3's q, gate and down projection shapes of `config` (N, K). */
-function projectionShapes(config: DecoderConfig): { name: string; N: number; K: number }[] {
+/** Qwen3's q, gate and down projection shapes of `config` (N, K); with `fused`, also q/k/v and gate/up stacked along N (as the kernel mode runs them). */
+function projectionShapes(config: DecoderConfig, fused = false): { name: string; N: number; K: number }[] {
   const q = paramSpecs(config).find((s) => /layers\.0\.self_attn\.q_proj\.weight$/.test(s.name));
   const gate = paramSpecs(config).find((s) => /layers\.0\.mlp\.gate_proj\.weight$/.test(s.name));
   const down = paramSpecs(config).find((s) => /layers\.0\.mlp\.down_proj\.weight$/.test(s.name));
-  return [
+  const kv = paramSpecs(config).find((s) => /layers\.0\.self_attn\.k_proj\.weight$/.test(s.name));
+  const shapes = [
     ['q_proj', q],
     ['gate_proj', gate],
     ['down_proj', down],
   ].flatMap(([name, s]) => (s && typeof s !== 'string' ? [{ name: name as string, N: s.shape[0], K: s.shape[1] }] : []));
+  if (fused && q && kv && gate) shapes.push({ name: 'qkv_proj', N: q.shape[0] + 2 * kv.shape[0], K: q.shape[1] }, { name: 'gate_up_proj', N: 2 * gate.shape[0], K: gate.shape[1] });
+  return shapes;
 }
 
 /**
@@ -369,7 +373,7 @@ function measureKernel(kernels: Kernels, w4: W4A16, device: Device, dtype: DType
   const half = (x: Float32Array) => (dtype === 'bfloat16' ? toBfloat16Bits(x) : toFloat16Bits(x));
   const peak = peakBandwidth();
   const rows: Record<string, unknown>[] = [];
-  for (const { name, N, K } of projectionShapes(config)) {
+  for (const { name, N, K } of projectionShapes(config, true)) {
     const kb = Math.ceil(K / blockSize);
     const codeBytes = (N * kb * blockSize) / 2;
     const weightBytes = codeBytes + N * kb * 2;
