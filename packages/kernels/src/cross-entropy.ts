@@ -187,6 +187,13 @@ export interface CrossEntropyOps {
   tokenLogprobs(logits: Tensor, targets: Tensor, opts?: CrossEntropyCallOptions): { logp: Tensor; lse: Tensor; entropy?: Tensor };
   /** logits [rows, vocab] → float32 [rows] log-sum-exp (and entropy), differentiable in the logits. */
   rowLogSumExp(logits: Tensor, opts?: CrossEntropyCallOptions): { lse: Tensor; entropy?: Tensor };
+  /**
+   * Why the ops cannot take logits of `dtype` over `vocab` ids, or undefined: the heads ask before
+   * using them and keep their composed ops where this gives a reason, which is counted in `fallbacks`.
+   */
+  unsupported(dtype: DType, vocab: number): string | undefined;
+  /** The reasons `unsupported` gave, with how many times each (graph builds that kept the composed ops). */
+  readonly fallbacks: ReadonlyMap<string, number>;
   /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */
   check(): void;
   dispose(): void;
@@ -315,8 +322,15 @@ export function crossEntropyOps(provider: DeviceKind, kernels?: CrossEntropyKern
     return t;
   };
 
+  const fallbacks = new Map<string, number>();
   return {
     domain,
+    fallbacks,
+    unsupported: (dtype, vocab) => {
+      const why = !dtypes.includes(dtype) ? `dtype ${dtype} (the ${provider} ops take ${dtypes.join(', ')})` : crossEntropyUnsupported({ rows: 1, vocab, dtype });
+      if (why) fallbacks.set(why, (fallbacks.get(why) ?? 0) + 1);
+      return why;
+    },
     tokenLogprobs: (logits, targets, opts = {}) => {
       const dt = check2d('tokenLogprobs', logits);
       if (targets.rank !== 1) throw new Error(`crossEntropyOps.tokenLogprobs: targets must be [rows], got ${targets}`);

@@ -19,6 +19,8 @@ interface Line {
   ignored_rows_nonzero?: number;
   vs_host_f64?: Record<string, { fused: { rel: number }; composed: { rel: number } }>;
   kernel_vs_composed?: Record<string, { rel: number; max_ref: number }>;
+  fused_nodes?: number;
+  ce_fallbacks?: Record<string, number>;
 }
 
 test('ce-check --cpu: every case, both heads and the SFT steps pass', () => {
@@ -44,10 +46,14 @@ test('ce-check --cpu: every case, both heads and the SFT steps pass', () => {
     }
   }
   for (const l of lines.filter((x) => x.phase === 'head')) {
+    // 512 ids in chunks of 128: four chunks, each through the op
+    expect(l.fused_nodes).toBe(4);
     for (const [name, d] of Object.entries(l.kernel_vs_composed!)) {
       expect([name, d.max_ref > 0, d.rel < 1e-5]).toEqual([name, true, true]);
     }
   }
   // SFT steps of a tiny Qwen3 through the trainer: the cross-entropy ops give the composed head's losses (float32)
-  expect(lines.find((l) => l.phase === 'sft')!.max_rel_loss_diff).toBeLessThan(1e-6);
+  const sft = lines.find((l) => l.phase === 'sft')!;
+  expect(sft.max_rel_loss_diff).toBeLessThan(1e-6);
+  expect(sft.ce_fallbacks).toEqual({});
 }, 120_000);

@@ -214,3 +214,18 @@ test('shapes and dtypes outside the kernels are named; CUDA ops need the compile
   expect(() => ops.rowLogSumExp(g.input('y', 'float32', [2, 8]), { temperature: 0 })).toThrow(/temperature must be a positive number, got 0/);
   ops.dispose();
 });
+
+test('logits the ops cannot take keep the composed head, counted: float16 logits on the CPU ops give the composed log-probs', () => {
+  const ops = crossEntropyOps('cpu');
+  const g = new L.Graph('fallback');
+  const logits = g.input('logits', 'float16', [2, 3, 5]);
+  const tg = g.input('targets', 'int64', [2, 3]);
+  const lp = targetLogprobs(logits, tg, 1, ops);
+  expect(g.nodes.some((n) => n.op.name.startsWith('FusedCrossEntropy'))).toBe(false);
+  expect(lp.dtype).toBe('float32');
+  expect([...ops.fallbacks]).toEqual([['dtype float16 (the cpu ops take float32)', 1]]);
+  expect(ops.unsupported('float32', 300_000)).toMatch(/vocabulary of 300000/);
+  expect(ops.unsupported('float32', 64)).toBeUndefined();
+  expect(ops.fallbacks.size).toBe(2);
+  ops.dispose();
+});

@@ -4,7 +4,7 @@
  * restricted-vocabulary head over a contiguous id range.
  */
 import * as L from '@lathe/onnx';
-import type { Tensor } from '@lathe/onnx';
+import type { DType, Tensor } from '@lathe/onnx';
 import type { DecoderConfig } from './config';
 import { linear, type Weights } from './decoder';
 import { accumulationDtype } from './precision';
@@ -25,6 +25,14 @@ export function lmLogits(cfg: DecoderConfig, w: Weights, hidden: Tensor): Tensor
 export interface LogprobKernel {
   tokenLogprobs(logits: Tensor, targets: Tensor, opts: { temperature: number; entropy: boolean }): { logp: Tensor; lse: Tensor; entropy?: Tensor };
   rowLogSumExp(logits: Tensor, opts: { temperature: number; entropy: boolean }): { lse: Tensor; entropy?: Tensor };
+  /** Why the kernel cannot take logits of `dtype` over `vocab` ids (the head then keeps its composed ops; the kernel counts it), or undefined. */
+  unsupported?(dtype: DType, vocab: number): string | undefined;
+}
+
+/** `kernel` where it takes `logits` [..., n] (n static), else undefined (the composed ops). */
+function kernelFor(kernel: LogprobKernel | undefined, logits: Tensor): LogprobKernel | undefined {
+  const n = logits.shape[logits.rank - 1];
+  return kernel && typeof n === 'number' && !kernel.unsupported?.(logits.dtype, n) ? kernel : undefined;
 }
 
 /**
@@ -33,10 +41,10 @@ export interface LogprobKernel {
  * the logits as they are (see {@link LogprobKernel}).
  */
 export function targetLogprobs(logits: Tensor, targets: Tensor, temperature = 1, kernel?: LogprobKernel): Tensor {
-  const V = logits.shape[logits.rank - 1];
-  if (kernel && typeof V === 'number') {
+  const k = kernelFor(kernel, logits);
+  if (k) {
     // the fused kernel reads the logits in their own dtype: no float32 copy, no LogSoftmax output
-    const { logp } = kernel.tokenLogprobs(L.reshape(logits, [-1, V]), L.reshape(targets, [-1]), { temperature, entropy: false });
+    const { logp } = k.tokenLogprobs(L.reshape(logits, [-1, logits.shape[logits.rank - 1] as number]), L.reshape(targets, [-1]), { temperature, entropy: false });
     return targets.shape.every((d) => typeof d === 'number') ? L.reshape(logp, targets.shape) : L.reshapeLike(logp, targets);
   }
   const l = L.cast(logits, accumulationDtype(logits.dtype));
@@ -111,7 +119,11 @@ export function chunkedTargetLogprobs(
   const kernel = opts.kernel;
   // Each chunk's log-partition in one LogSoftmax pass (rowLogSumExp), not max, subtract, exp, sum;
   // with a kernel, one read of the chunk's logits in the compute dtype (and one in the backward pass).
-  const partial = (Wk: Tensor) => (kernel ? L.unsqueeze(kernel.rowLogSumExp(head.rawLogits(Wk), { temperature: head.temperature, entropy: false }).lse, [1]) : L.rowLogSumExp(head.logits(Wk))); // [rows, 1]
+  const partial = (Wk: Tensor) => {
+    const raw = head.rawLogits(Wk);
+    const k = kernelFor(kernel, raw);
+    return k ? L.unsqueeze(k.rowLogSumExp(raw, { temperature: head.temperature, entropy: false }).lse, [1]) : L.rowLogSumExp(head.scaled(raw)); // [rows, 1]
+  };
   // With `recompute`, each chunk's logits are rebuilt in the backward pass (one chunk alive at a
   // time) instead of all chunks' logits being kept from the forward pass for it.
   const partials = head.parts.map((Wk) => (opts.recompute ? L.checkpoint([head.h], () => partial(Wk)) : partial(Wk)));
@@ -134,7 +146,7 @@ export function vocabularyChunks(vocabSize: number, chunk: number): number[] {
 
 /**
  * What the chunked heads share: hidden states as rows [B·T, D], the LM head split into vocabulary
- * chunks, each chunk's logits (float32, divided by the temperature), the targets' own logits [rows]
+ * chunks, each chunk's logits (raw, and float32 divided by the temperature), the targets' own logits [rows]
  * from their LM-head rows, and the reshape of a [rows] result back to the targets' shape.
  */
 function vocabularyHead(cfg: DecoderConfig, w: Weights, hidden: Tensor, targets: Tensor, opts: { chunk?: number; temperature?: number; like?: Tensor }) {
@@ -151,9 +163,10 @@ function vocabularyHead(cfg: DecoderConfig, w: Weights, hidden: Tensor, targets:
   return {
     h,
     parts: sizes.length === 1 ? [W] : L.split(W, sizes, 0),
-    logits: (Wk: Tensor) => scale(L.cast(linear(h, Wk), acc)),
     /** A chunk's logits [rows, chunk] as the matmul gives them (compute dtype, temperature not applied): a kernel's input. */
     rawLogits: (Wk: Tensor) => linear(h, Wk),
+    /** A chunk's raw logits in float32, divided by the temperature: the composed ops' input. */
+    scaled: (raw: Tensor) => scale(L.cast(raw, acc)),
     temperature,
     targetLogit: scale(L.reduceSum(L.mul(L.cast(h, acc), L.cast(rows, acc)), [1])),
     like: (t: Tensor) => (targets.shape.every((d) => typeof d === 'number') ? L.reshape(t, targets.shape) : L.reshapeLike(t, opts.like ?? targets)),
@@ -181,11 +194,13 @@ export function chunkedLogprobsAndEntropy(
   const kernel = opts.kernel;
   // [rows, 2] per chunk: its log-partition lse_k and its within-chunk entropy H_k.
   const perChunk = (Wk: Tensor) => {
-    if (kernel) {
-      const r = kernel.rowLogSumExp(head.rawLogits(Wk), { temperature: head.temperature, entropy: true });
+    const raw = head.rawLogits(Wk);
+    const k = kernelFor(kernel, raw);
+    if (k) {
+      const r = k.rowLogSumExp(raw, { temperature: head.temperature, entropy: true });
       return L.concat([L.unsqueeze(r.lse, [1]), L.unsqueeze(r.entropy!, [1])], 1);
     }
-    const l = head.logits(Wk);
+    const l = head.scaled(raw);
     const y = L.logSoftmax(l, -1);
     const first = (t: Tensor) => L.slice(t, [1], [0], [1]);
     const within = L.neg(L.reduceSum(L.mul(L.exp(y), y), [1], true));
