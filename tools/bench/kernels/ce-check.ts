@@ -215,7 +215,8 @@ function timePhase(kernels: Kernels, ce: CrossEntropyKernels, device: Device, op
   const logits = mkBind.get('logits');
   h.dispose();
   W.dispose();
-  const targets = device.upload({ data: targetsOf(rows, vocab), dims: [rows] });
+  // every row a real target: the composed path's GatherElements would read −100 as an index from the end
+  const targets = device.upload({ data: targetsOf(rows, vocab).map((t) => (t < 0n ? 0n : t)), dims: [rows] });
   const shape = { rows, vocab, dtype: 'bfloat16' as const };
   const f32 = () => device.empty('float32', [rows]);
   const [logp, lse, ent, ones] = [f32(), f32(), f32(), device.upload({ data: new Float32Array(rows).fill(1), dims: [rows] })];
