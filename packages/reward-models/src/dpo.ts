@@ -161,7 +161,7 @@ export function dpoLoss(cfg: DecoderConfig, opts: DpoLossOptions = {}): LossBuil
     const reference = g.input(PAIR_INPUTS.refLogp, 'float32', [dims[0]]);
     const pairCount = g.input(PAIR_INPUTS.pairCount, 'float32', []);
     const { w, trunk } = pairLossModel(g, params, ids, opts);
-    const policy = responseLogprobs(cfg, w, ids, mask, responseMask, { ...trunk, chunk: opts.chunk, reduction: dpoReduction(dpo) });
+    const policy = responseLogprobs(cfg, w, ids, mask, responseMask, { ...trunk, chunk: opts.chunk, reduction: dpoReduction(dpo), ...(opts.logprobKernel ? { logprobKernel: opts.logprobKernel } : {}) });
     return dpoObjective({ policy, reference, pairCount }, dpo);
   };
 }
