@@ -6,11 +6,10 @@
  * recipe switches to QLoRA by building its weights here from `loadQuantized(dir)` (or
  * `QuantizedModel.quantize`) instead of from the float32 master weights.
  */
-import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
-import { paramSpecs, SCORE_WEIGHT, type Weights } from '@lathe/models';
+import { SCORE_WEIGHT } from '@lathe/models';
 import { overQuantizedBase, QuantizedModel, type QuantScheme } from '@lathe/quantization';
-import { trainedWeights, type TrainedWeights } from '@lathe/reward-models';
+import { scoreHeadBesideLora, trainedWeights, withScoreHead, type TrainedWeights } from '@lathe/reward-models';
 import type { DecoderConfig } from '@lathe/models';
 import type { FrozenBase } from '@lathe/grpo';
 import { fullTrainableParams, initLora, loraAdapters, loraFromOptions, loraWeights, mergeLora, type LoraConfig, type LoraOptions, type TrainableParam } from '@lathe/train';
@@ -35,9 +34,8 @@ export function qloraTrainedWeights(q: QuantizedModel, opts: QloraOptions): Trai
   const compute = opts.compute ?? 'float32';
   const { config } = q;
   const adapters = loraAdapters(config, opts.lora);
-  if (adapters.some((a) => a.target === SCORE_WEIGHT)) throw new Error(`lora targets '${opts.lora.targets}' match ${SCORE_WEIGHT}, which trains in full in a reward model: leave it out of the targets`);
-  const scoreSpec = paramSpecs(config).find((s) => s.name === SCORE_WEIGHT);
-  const head: TrainableParam[] = scoreSpec ? [{ name: SCORE_WEIGHT, shape: scoreSpec.shape, decay: true }] : [];
+  const scoreSpec = scoreHeadBesideLora(config, adapters, opts.lora);
+  const head = scoreSpec ? [scoreSpec] : [];
   const init = initLora(adapters, opts.seed ?? 0);
   if (scoreSpec) init.set(SCORE_WEIGHT, q.dense.get(SCORE_WEIGHT)!);
   return {
@@ -57,12 +55,7 @@ export function qloraTrainedWeights(q: QuantizedModel, opts: QloraOptions): Trai
     weights: (g, params) => {
       const base = q.graphWeights(g, { dtype: compute, prefix: 'base/', backward: opts.backward, skip: scoreSpec ? [SCORE_WEIGHT] : [] });
       const w = overQuantizedBase(loraWeights((n) => base.weights(n), params, adapters, opts.lora, compute, { training: true }), base.weights);
-      if (!scoreSpec) return w;
-      const score = L.cast(params.get(SCORE_WEIGHT)!, compute);
-      const withHead: Weights = (name) => (name === SCORE_WEIGHT ? score : w(name));
-      withHead.branch = w.branch;
-      withHead.matmul = w.matmul;
-      return withHead;
+      return scoreSpec ? withScoreHead(w, params, compute) : w;
     },
     merged: (values) => {
       const base = q.dequantizedWeights();

@@ -65,9 +65,8 @@ export function trainedWeights(config: DecoderConfig, master: ReadonlyMap<string
     };
   }
   const adapters = loraAdapters(config, lora);
-  if (adapters.some((a) => a.target === SCORE_WEIGHT)) throw new Error(`lora targets '${lora.targets}' match ${SCORE_WEIGHT}, which trains in full in a reward model: leave it out of the targets`);
-  const scoreSpec = specs.find((s) => s.name === SCORE_WEIGHT);
-  const head: TrainableParam[] = scoreSpec ? [{ name: SCORE_WEIGHT, shape: scoreSpec.shape, decay: true }] : [];
+  const scoreSpec = scoreHeadBesideLora(config, adapters, lora);
+  const head = scoreSpec ? [scoreSpec] : [];
   const baseSpecs = specs.filter((s) => s.name !== SCORE_WEIGHT);
   const init = initLora(adapters, opts.seed ?? 0);
   if (scoreSpec) init.set(SCORE_WEIGHT, master.get(SCORE_WEIGHT)!);
@@ -81,11 +80,7 @@ export function trainedWeights(config: DecoderConfig, master: ReadonlyMap<string
     weights: (g, params) => {
       const base = new Map(baseSpecs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
       const w = loraWeights((name) => base.get(name)!, params, adapters, lora, compute, { training: true });
-      if (!scoreSpec) return w;
-      const score = L.cast(params.get(SCORE_WEIGHT)!, compute);
-      const withHead: Weights = (name) => (name === SCORE_WEIGHT ? score : w(name));
-      withHead.branch = w.branch;
-      return withHead;
+      return scoreSpec ? withScoreHead(w, params, compute) : w;
     },
     merged: (values) => {
       const base = new Map(baseSpecs.map((s) => [s.name, master.get(s.name)!]));
@@ -94,4 +89,23 @@ export function trainedWeights(config: DecoderConfig, master: ReadonlyMap<string
       return model;
     },
   };
+}
+
+/**
+ * A reward model's score head beside LoRA adapters: it trains in full (it starts random), so
+ * adapters targeting it are an error. Undefined for a causal LM, which has none.
+ */
+export function scoreHeadBesideLora(config: DecoderConfig, adapters: LoraAdapter[], lora: LoraConfig): TrainableParam | undefined {
+  if (adapters.some((a) => a.target === SCORE_WEIGHT)) throw new Error(`lora targets '${lora.targets}' match ${SCORE_WEIGHT}, which trains in full in a reward model: leave it out of the targets`);
+  const spec = paramSpecs(config).find((s) => s.name === SCORE_WEIGHT);
+  return spec && { name: SCORE_WEIGHT, shape: spec.shape, decay: true };
+}
+
+/** `w` with the score head read from the trained `params` in the `compute` dtype; `w`'s branch and matmul hooks kept. */
+export function withScoreHead(w: Weights, params: Map<string, Tensor>, compute: DType): Weights {
+  const score = L.cast(params.get(SCORE_WEIGHT)!, compute);
+  const withHead: Weights = (name) => (name === SCORE_WEIGHT ? score : w(name));
+  withHead.branch = w.branch;
+  withHead.matmul = w.matmul;
+  return withHead;
 }
