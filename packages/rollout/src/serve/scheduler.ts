@@ -122,7 +122,8 @@ interface Live {
 /** A queue and step loop over one engine; `submit` from anywhere on the event loop. */
 export class Scheduler {
   private readonly queue: Live[] = [];
-  private readonly owner = new Map<number, { live: Live; choice: number }>();
+  /** Each busy slot's request and sample, by slot (an array: a lookup per token). */
+  private readonly owner: ({ live: Live; choice: number } | undefined)[];
   private reserved = 0;
   private running = false;
   /** Set by {@link quiesce}: no admissions until {@link resume}. */
@@ -150,6 +151,7 @@ export class Scheduler {
     readonly engine: SlotEngine,
     private readonly opts: SchedulerOptions = {},
   ) {
+    this.owner = new Array<{ live: Live; choice: number } | undefined>(engine.slots).fill(undefined);
     this.maxQueue = opts.maxQueue ?? SCHEDULER_DEFAULTS.maxQueue;
     this.maxTokens = opts.maxTokens ?? engine.slots * engine.maxLength;
     this.maxPrefillTokens = opts.maxPrefillTokens ?? SCHEDULER_DEFAULTS.maxPrefillTokens;
@@ -265,7 +267,7 @@ export class Scheduler {
     const slot = live.slots[choice];
     if (slot >= 0) {
       this.engine.release(slot);
-      this.owner.delete(slot);
+      this.owner[slot] = undefined;
       this.reserved -= live.req.prompt.length + live.req.maxTokens;
       live.slots[choice] = -1;
     }
@@ -282,7 +284,7 @@ export class Scheduler {
 
   private take(tokens: SlotToken[]): void {
     for (const t of tokens) {
-      const o = this.owner.get(t.slot);
+      const o = this.owner[t.slot];
       if (!o) continue; // cancelled during the step
       const { live, choice } = o;
       live.produced[choice]++;
@@ -320,6 +322,11 @@ export class Scheduler {
     const full = out.length < this.queue.length || free === 0 || prefill >= this.maxPrefillTokens;
     if (out.length && !full && this.engine.busy > 0 && performance.now() - out[0].queuedAt < this.admitWaitMs) return [];
     return out;
+  }
+
+  /** The requests with a row in the engine. */
+  private admittedLives(): Live[] {
+    return this.owner.filter((o) => o !== undefined).map((o) => o.live);
   }
 
   private failAll(lives: Iterable<Live>, e: Error): void {
@@ -364,7 +371,7 @@ export class Scheduler {
         try {
           tokens = this.engine.collect();
         } catch (e) {
-          this.failAll([...this.owner.values()].map((o) => o.live), e as Error);
+          this.failAll(this.admittedLives(), e as Error);
         }
         this.counters.steps++;
         this.opts.onStep?.({ busy: this.engine.busy, queued: this.queue.length, steps: this.counters.steps });
@@ -392,7 +399,7 @@ export class Scheduler {
           live.req.onAdmit?.();
           r.slots.forEach((slot, c) => {
             live.slots[c] = slot;
-            this.owner.set(slot, { live, choice: c });
+            this.owner[slot] = { live, choice: c };
             this.reserved += live.req.prompt.length + live.req.maxTokens;
           });
         });
@@ -408,7 +415,7 @@ export class Scheduler {
         try {
           this.engine.launch();
         } catch (e) {
-          this.failAll([...this.owner.values()].map((o) => o.live), e as Error);
+          this.failAll(this.admittedLives(), e as Error);
         }
       }
       lap('launch');
