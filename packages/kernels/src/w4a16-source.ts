@@ -18,8 +18,9 @@
  * them into the mantissa of 128 (bf16) or 1024 (fp16); (q − zp) · scale is then one exact subtract
  * and one rounding multiply in T — the same values as dequantizing in float and rounding to T.
  *
- * Kernels `w4a16_<bf16|fp16>_m<8·MT>`: MT n8 tiles of A rows per CTA (M ≤ 8, 16, 32, 64); grid
- * (ceil(N / 16), ceil(M / (8·MT))); blockDim 32·warps; dynamic shared memory {@link w4a16Smem}; while a warp multiplies a chunk, its next chunk's weights are in flight.
+ * Kernels `w4a16_<bf16|fp16>_m<8·MT>[_n32]`: MT n8 tiles of A rows per CTA (M ≤ 8, 16, 32, 64) and NT
+ * column tiles of 16 per warp (`_n32`: two, the activations read once for both; each warp then owns 32
+ * columns); grid (ceil(N / (16·NT)), ceil(M / (8·MT))); blockDim 32·warps; dynamic shared memory {@link w4a16Smem}; while a warp multiplies a chunk, its next chunk's weights are in flight.
  * Arguments: A, B, scales, zero points (null: 8), C0, C1, C2, M, N, n1, n2, K, kBlocks, log2(blockSize):
  * output columns [0, n1) go to C0 [M, n1], [n1, n2) to C1 [M, n2 − n1], [n2, N) to C2 [M, N − n2] — one
  * launch for projections that share their input (q/k/v, gate/up) with their weights concatenated
@@ -31,28 +32,46 @@
 /** A rows per n8 tile count, by kernel: M ≤ 8·MT. */
 export const W4A16_TILES = [1, 2, 4, 8] as const;
 
+/** Column tiles of 16 per warp (and CTA): 2 halves the activations' reads from L2 for the same weights, with half the CTAs. */
+export const W4A16_COLUMN_TILES = [1, 2] as const;
+
+/**
+ * The builds: n8 tiles MT × column tiles NT, with the most warps a CTA runs — as many as the
+ * registers allow without spills (the launch bound caps them), so K up to 2,048–4,096 takes one
+ * chunk per warp and every load is in flight at once. Two column tiles are built for M ≤ 16.
+ */
+export const W4A16_VARIANTS: readonly { mt: (typeof W4A16_TILES)[number]; nt: (typeof W4A16_COLUMN_TILES)[number]; maxWarps: number }[] = [
+  { mt: 1, nt: 1, maxWarps: 32 },
+  { mt: 2, nt: 1, maxWarps: 24 },
+  { mt: 4, nt: 1, maxWarps: 16 },
+  { mt: 8, nt: 1, maxWarps: 8 },
+  { mt: 1, nt: 2, maxWarps: 16 },
+  { mt: 2, nt: 2, maxWarps: 16 },
+];
+
 /** Element types with a build, by dtype name, with their C type and kernel-name suffix. */
 export const W4A16_TYPES = { bfloat16: { c: '__nv_bfloat16', suffix: 'bf16' }, float16: { c: '__half', suffix: 'fp16' } } as const;
 
-/**
- * The most warps a CTA of MT tiles runs, as many as the registers allow without spills (the launch
- * bound caps them): 32 for one tile, 24 for two, so K up to 3,072 takes one chunk per warp and every
- * load is in flight at once; shared memory for the reduction stays at 32 KB.
- */
-export function w4a16MaxWarps(mt: number): number {
-  return mt === 1 ? 32 : mt === 2 ? 24 : mt === 4 ? 16 : 8;
+/** The most warps a CTA of MT n8 tiles and NT column tiles runs (see {@link W4A16_VARIANTS}); throws for a combination with no build. */
+export function w4a16MaxWarps(mt: number, nt = 1): number {
+  const v = W4A16_VARIANTS.find((x) => x.mt === mt && x.nt === nt);
+  if (!v) throw new Error(`W4A16 has no build of ${mt} n8 tiles × ${nt} column tiles (builds: ${W4A16_VARIANTS.map((x) => `${x.mt}×${x.nt}`).join(', ')})`);
+  return v.maxWarps;
 }
 
-
-/** Dynamic shared memory of a CTA (bytes): every warp's accumulators, for the cross-warp sum. */
-export function w4a16Smem(warps: number, mt: number): number {
-  return warps * mt * 128 * 4;
+/** Dynamic shared memory of a CTA (bytes): every warp's accumulators, for the cross-warp sum (32 KB at most). */
+export function w4a16Smem(warps: number, mt: number, nt = 1): number {
+  return warps * nt * mt * 128 * 4;
 }
 
-/** The kernel name for a dtype and tile count, e.g. `w4a16_bf16_m16`. */
-export function w4a16KernelName(dtype: keyof typeof W4A16_TYPES, mt: number): string {
-  return `w4a16_${W4A16_TYPES[dtype].suffix}_m${8 * mt}`;
+/** The kernel name for a dtype and tiles, e.g. `w4a16_bf16_m16`, `w4a16_bf16_m16_n32` (two column tiles). */
+export function w4a16KernelName(dtype: keyof typeof W4A16_TYPES, mt: number, nt = 1): string {
+  return `w4a16_${W4A16_TYPES[dtype].suffix}_m${8 * mt}${nt === 2 ? '_n32' : ''}`;
 }
+
+const kernelLines = (Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[])
+  .flatMap((d) => W4A16_VARIANTS.map((v) => `W4A16_KERNEL(${W4A16_TYPES[d].suffix}, ${W4A16_TYPES[d].c}, ${v.mt}, ${v.nt}, ${w4a16KernelName(d, v.mt, v.nt)}, ${v.maxWarps})`))
+  .join('\n');
 
 /** The whole source: every kernel for every element type and tile count. */
 export const w4a16Source = String.raw`
@@ -120,97 +139,110 @@ template <> __device__ __forceinline__ unsigned w4_dequant2<__half>(unsigned q, 
 }
 #endif
 
-template <typename T, int MT>
+template <typename T, int MT, int NT>
 __device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsigned char* __restrict__ B, const T* __restrict__ S, const unsigned char* __restrict__ Z, T* __restrict__ C0,
                                            T* __restrict__ C1, T* __restrict__ C2, int M, int N, int n1, int n2, int K, int kb, int bs_log2, float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.x * 16, m0 = blockIdx.y * (8 * MT);
+  const int n0 = blockIdx.x * (16 * NT), m0 = blockIdx.y * (8 * MT);
   const int Kp = kb << bs_log2;  // K padded to whole blocks
   const long long row_bytes = Kp >> 1;
   const int chunks = (Kp + 127) >> 7;
   const int zcols = (kb + 1) >> 1;
   const unsigned magic = W4Magic<T>::bits, magic2 = magic | (magic << 16);
-  float acc[MT][4];
+  float acc[NT][MT][4];
 #pragma unroll
-  for (int j = 0; j < MT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  for (int u = 0; u < NT; ++u)
+#pragma unroll
+    for (int j = 0; j < MT; ++j) acc[u][j][0] = acc[u][j][1] = acc[u][j][2] = acc[u][j][3] = 0.0f;
 
-  // rows n0 + g and n0 + g + 8 of chunk c: 16 bytes of codes, the block's scale and zero point (a missing
-  // row or chunk reads scale 0: its products are 0 and never written)
-  uint4 w[2];
-  unsigned s2[2], z2[2];
-  auto fetch = [&](int c, uint4 (&wo)[2], unsigned (&so)[2], unsigned (&zo)[2]) {
+  // rows n0 + 16u + g and + 8 of chunk c, for each of the NT column tiles: 16 bytes of codes, the block's
+  // scale and zero point (a missing row or chunk reads scale 0: its products are 0 and never written)
+  uint4 w[NT][2];
+  unsigned s2[NT][2], z2[NT][2];
+  auto fetch = [&](int c, uint4 (&wo)[NT][2], unsigned (&so)[NT][2], unsigned (&zo)[NT][2]) {
     const int k = (c << 7) + (t << 5);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int n = n0 + g + 8 * r;
-      const bool v = c < chunks && k < Kp && n < N;
-      wo[r] = v ? w4_ld_stream(B + (long long)n * row_bytes + (k >> 1)) : w4_zero4();
-      const int blk = k >> bs_log2;
-      unsigned sb = 0u, zp = 8u;
-      if (v) {
-        const T sv = S[(long long)n * kb + blk];
-        sb = *reinterpret_cast<const unsigned short*>(&sv);
-        if (Z) zp = (Z[(long long)n * zcols + (blk >> 1)] >> ((blk & 1) << 2)) & 15u;
+    for (int u = 0; u < NT; ++u)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int n = n0 + 16 * u + g + 8 * r;
+        const bool v = c < chunks && k < Kp && n < N;
+        wo[u][r] = v ? w4_ld_stream(B + (long long)n * row_bytes + (k >> 1)) : w4_zero4();
+        const int blk = k >> bs_log2;
+        unsigned sb = 0u, zp = 8u;
+        if (v) {
+          const T sv = S[(long long)n * kb + blk];
+          sb = *reinterpret_cast<const unsigned short*>(&sv);
+          if (Z) zp = (Z[(long long)n * zcols + (blk >> 1)] >> ((blk & 1) << 2)) & 15u;
+        }
+        so[u][r] = sb | (sb << 16);
+        zo[u][r] = (magic | zp) * 0x10001u;
       }
-      so[r] = sb | (sb << 16);
-      zo[r] = (magic | zp) * 0x10001u;
-    }
   };
   fetch(warp, w, s2, z2);
   for (int c = warp; c < chunks; c += warps) {
     const int k = (c << 7) + (t << 5);  // this lane's 32 codes of K
     // the warp's next chunk in flight while this one is multiplied
-    uint4 wn[2];
-    unsigned sn[2], zn[2];
+    uint4 wn[NT][2];
+    unsigned sn[NT][2], zn[NT][2];
     fetch(c + warps, wn, sn, zn);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      // activations k + 8i .. k + 8i + 7 of each tile's row m0 + 8j + g (0 past M or K): k-steps 2i and 2i + 1
+      // activations k + 8i .. k + 8i + 7 of each tile's row m0 + 8j + g (0 past M or K): k-steps 2i and 2i + 1,
+      // read once for the NT column tiles
       uint4 x[MT];
 #pragma unroll
       for (int j = 0; j < MT; ++j) {
         const int m = m0 + 8 * j + g, kk = k + 8 * i;
         x[j] = (m < M && kk < K) ? w4_ld(A + (long long)m * K + kk) : w4_zero4();
       }
-      const unsigned wq[2] = {i == 0 ? w[0].x : i == 1 ? w[0].y : i == 2 ? w[0].z : w[0].w, i == 0 ? w[1].x : i == 1 ? w[1].y : i == 2 ? w[1].z : w[1].w};
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        // k-step s = 2i + h: bytes 2s, 2s + 1 of the lane's 16 (codes 4s..4s + 3)
-        unsigned a[4];
+      for (int u = 0; u < NT; ++u) {
+        const unsigned wq[2] = {i == 0 ? w[u][0].x : i == 1 ? w[u][0].y : i == 2 ? w[u][0].z : w[u][0].w, i == 0 ? w[u][1].x : i == 1 ? w[u][1].y : i == 2 ? w[u][1].z : w[u][1].w};
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const unsigned bytes = __byte_perm(wq[r], 0u, h ? 0x4342u : 0x4140u);
-          const unsigned lo = (bytes & 0x000f000fu) | magic2, hi = ((bytes >> 4) & 0x000f000fu) | magic2;
-          a[r] = w4_dequant2<T>(lo, z2[r], s2[r]);      // slots 2t, 2t + 1: codes 4s, 4s + 2
-          a[r + 2] = w4_dequant2<T>(hi, z2[r], s2[r]);  // slots 2t + 8, 2t + 9: codes 4s + 1, 4s + 3
-        }
+        for (int h = 0; h < 2; ++h) {
+          // k-step s = 2i + h: bytes 2s, 2s + 1 of the lane's 16 (codes 4s..4s + 3)
+          unsigned a[4];
 #pragma unroll
-        for (int j = 0; j < MT; ++j) {
-          const unsigned p0 = h ? x[j].z : x[j].x, p1 = h ? x[j].w : x[j].y;  // activations 4s..4s + 3
-          mma16816<T>(acc[j], a, __byte_perm(p0, p1, 0x5410u), __byte_perm(p0, p1, 0x7632u));
+          for (int r = 0; r < 2; ++r) {
+            const unsigned bytes = __byte_perm(wq[r], 0u, h ? 0x4342u : 0x4140u);
+            const unsigned lo = (bytes & 0x000f000fu) | magic2, hi = ((bytes >> 4) & 0x000f000fu) | magic2;
+            a[r] = w4_dequant2<T>(lo, z2[u][r], s2[u][r]);      // slots 2t, 2t + 1: codes 4s, 4s + 2
+            a[r + 2] = w4_dequant2<T>(hi, z2[u][r], s2[u][r]);  // slots 2t + 8, 2t + 9: codes 4s + 1, 4s + 3
+          }
+#pragma unroll
+          for (int j = 0; j < MT; ++j) {
+            const unsigned p0 = h ? x[j].z : x[j].x, p1 = h ? x[j].w : x[j].y;  // activations 4s..4s + 3
+            mma16816<T>(acc[u][j], a, __byte_perm(p0, p1, 0x5410u), __byte_perm(p0, p1, 0x7632u));
+          }
         }
       }
     }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      w[r] = wn[r];
-      s2[r] = sn[r];
-      z2[r] = zn[r];
-    }
+    for (int u = 0; u < NT; ++u)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        w[u][r] = wn[u][r];
+        s2[u][r] = sn[u][r];
+        z2[u][r] = zn[u][r];
+      }
   }
 
   // every warp's accumulators to shared memory, summed in warp order by the whole CTA
+  constexpr int PER_WARP = NT * MT * 128;
 #pragma unroll
-  for (int j = 0; j < MT; ++j)
+  for (int u = 0; u < NT; ++u)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) red[((warp * MT + j) * 4 + e) * 32 + lane] = acc[j][e];
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[warp * PER_WARP + ((u * MT + j) * 4 + e) * 32 + lane] = acc[u][j][e];
   __syncthreads();
-  for (int idx = threadIdx.x; idx < MT * 128; idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < PER_WARP; idx += blockDim.x) {
     float sum = 0.0f;
-    for (int w2 = 0; w2 < warps; ++w2) sum += red[w2 * MT * 128 + idx];
-    const int j = idx >> 7, e = (idx >> 5) & 3, l = idx & 31;
-    const int n = n0 + (l >> 2) + (e >> 1) * 8, m = m0 + 8 * j + 2 * (l & 3) + (e & 1);
+    for (int w2 = 0; w2 < warps; ++w2) sum += red[w2 * PER_WARP + idx];
+    const int u = idx / (MT * 128), j = (idx >> 7) % MT, e = (idx >> 5) & 3, l = idx & 31;
+    const int n = n0 + 16 * u + (l >> 2) + (e >> 1) * 8, m = m0 + 8 * j + 2 * (l & 3) + (e & 1);
     if (n >= N || m >= M) continue;
     // columns [0, n1) to C0, [n1, n2) to C1, [n2, N) to C2, each [M, its width]
     if (n < n1) C0[(long long)m * n1 + n] = w4_from_f<T>(sum);
@@ -219,19 +251,11 @@ __device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsign
   }
 }
 
-#define W4A16_KERNEL(SUF, T, MT, MROWS)                                                                                              \
-  extern "C" __global__ void __launch_bounds__(32 * (MT == 1 ? 32 : MT == 2 ? 24 : MT == 4 ? 16 : 8)) w4a16_##SUF##_m##MROWS(const T* A, const unsigned char* B, const T* S,          \
-                                                                           const unsigned char* Z, T* C0, T* C1, T* C2, int M, int N, \
-                                                                           int n1, int n2, int K, int kb, int bs_log2) {              \
-    W4_SHARED(smem);                                                                                                                 \
-    w4a16_body<T, MT>(A, B, S, Z, C0, C1, C2, M, N, n1, n2, K, kb, bs_log2, reinterpret_cast<float*>(smem));                       \
+#define W4A16_KERNEL(SUF, T, MT, NT, NAME, WARPS)                                                                                      \
+  extern "C" __global__ void __launch_bounds__(32 * WARPS) NAME(const T* A, const unsigned char* B, const T* S, const unsigned char* Z, T* C0, \
+                                                                T* C1, T* C2, int M, int N, int n1, int n2, int K, int kb, int bs_log2) {      \
+    W4_SHARED(smem);                                                                                                                        \
+    w4a16_body<T, MT, NT>(A, B, S, Z, C0, C1, C2, M, N, n1, n2, K, kb, bs_log2, reinterpret_cast<float*>(smem));                          \
   }
-W4A16_KERNEL(bf16, __nv_bfloat16, 1, 8)
-W4A16_KERNEL(bf16, __nv_bfloat16, 2, 16)
-W4A16_KERNEL(bf16, __nv_bfloat16, 4, 32)
-W4A16_KERNEL(bf16, __nv_bfloat16, 8, 64)
-W4A16_KERNEL(fp16, __half, 1, 8)
-W4A16_KERNEL(fp16, __half, 2, 16)
-W4A16_KERNEL(fp16, __half, 4, 32)
-W4A16_KERNEL(fp16, __half, 8, 64)
+${kernelLines}
 `;

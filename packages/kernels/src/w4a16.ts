@@ -14,7 +14,7 @@ import { CustomOpDomain } from './custom-op';
 import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
 import { type Kernel, type Kernels } from './kernels';
-import { W4A16_TILES, W4A16_TYPES, w4a16KernelName, w4a16MaxWarps, w4a16Smem, w4a16Source } from './w4a16-source';
+import { W4A16_TILES, W4A16_TYPES, W4A16_VARIANTS, w4a16KernelName, w4a16MaxWarps, w4a16Smem, w4a16Source } from './w4a16-source';
 
 /** One W4A16 product: C [M, N] = A [M, K] · dequant(B)ᵀ, B in MatMulNBits' 4-bit layout. */
 export interface W4A16Shape {
@@ -55,6 +55,8 @@ export function w4a16Unsupported(shape: W4A16Shape): string | undefined {
 export interface W4A16Plan {
   /** A-row n8 tiles per CTA (the kernel `w4a16_<t>_m<8·mt>`). */
   mt: (typeof W4A16_TILES)[number];
+  /** Column tiles of 16 per warp (2: the `_n32` kernel). */
+  nt: 1 | 2;
   warps: number;
   grid: [number, number];
   sharedBytes: number;
@@ -63,16 +65,18 @@ export interface W4A16Plan {
 /**
  * How `shape` is launched: the fewest n8 tiles that hold M (at most 8: larger M runs CTAs over
  * slices of 64 rows, each streaming the weights, which then come from L2), and the warps that split
- * K's chunks of 128 in the fewest rounds (the fewest such warps: no idle ones).
+ * K's chunks of 128 in the fewest rounds (the fewest such warps: no idle ones). `columnTiles` 2 (M ≤ 16
+ * only; larger M keeps 1): each warp owns 32 columns, the activations read once for both tiles.
  */
-export function w4a16Plan(shape: Pick<W4A16Shape, 'M' | 'N' | 'kBlocks' | 'blockSize'>): W4A16Plan {
+export function w4a16Plan(shape: Pick<W4A16Shape, 'M' | 'N' | 'kBlocks' | 'blockSize'>, columnTiles: 1 | 2 = 1): W4A16Plan {
   const rows = Math.max(shape.M, 1);
   const mt = W4A16_TILES.find((t) => rows <= 8 * t) ?? 8;
+  const nt = columnTiles === 2 && W4A16_VARIANTS.some((v) => v.mt === mt && v.nt === 2) ? 2 : 1;
   const chunks = Math.ceil((shape.kBlocks * shape.blockSize) / 128);
-  const max = w4a16MaxWarps(mt);
+  const max = w4a16MaxWarps(mt, nt);
   const rounds = Math.ceil(chunks / Math.min(max, chunks));
   const warps = Math.ceil(chunks / rounds);
-  return { mt, warps, grid: [Math.ceil(shape.N / 16), Math.ceil(rows / (8 * mt))], sharedBytes: w4a16Smem(warps, mt) };
+  return { mt, nt, warps, grid: [Math.ceil(shape.N / (16 * nt)), Math.ceil(rows / (8 * mt))], sharedBytes: w4a16Smem(warps, mt, nt) };
 }
 
 type Ptr = ArgValue<'ptr'>;
@@ -100,24 +104,24 @@ export class W4A16 {
     private readonly variants: Map<string, Kernel<Sig>>,
   ) {}
 
-  /** Compiles (or loads from the cache) every variant — bf16/fp16 × M ≤ 8/16/32/64 — with the CUDA headers of `includeDir`. */
+  /** Compiles (or loads from the cache) every variant — bf16/fp16 × M ≤ 8/16/32/64 (and 32 columns a warp for M ≤ 16) — with the CUDA headers of `includeDir`. */
   static compile(kernels: Kernels, opts: { includeDir?: string } = {}): W4A16 {
     const include = opts.includeDir ?? cudaIncludeDir();
     const mod = kernels.compile(w4a16Source, { name: 'lathe_w4a16', options: [`-I${include}`, '--std=c++17'] });
     const variants = new Map<string, Kernel<Sig>>();
     for (const dtype of Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[]) {
-      for (const mt of W4A16_TILES) variants.set(`${dtype}/${mt}`, mod.kernel(w4a16KernelName(dtype, mt), SIG));
+      for (const v of W4A16_VARIANTS) variants.set(`${dtype}/${v.mt}/${v.nt}`, mod.kernel(w4a16KernelName(dtype, v.mt, v.nt), SIG));
     }
     return new W4A16(kernels, variants);
   }
 
-  /** Queues C = A · dequant(B)ᵀ on `stream` (default: the kernels' stream); nothing for M = 0. */
-  matmul(shape: W4A16Shape, a: W4A16Args, stream?: Handle): void {
+  /** Queues C = A · dequant(B)ᵀ on `stream` (default: the kernels' stream); nothing for M = 0. `columnTiles`: see {@link w4a16Plan}. */
+  matmul(shape: W4A16Shape, a: W4A16Args, stream?: Handle, columnTiles: 1 | 2 = 1): void {
     const why = w4a16Unsupported(shape);
     if (why) throw new Error(`W4A16 kernels do not support ${why}`);
     if (shape.M === 0) return;
-    const plan = w4a16Plan(shape);
-    const kernel = this.variants.get(`${shape.dtype}/${plan.mt}`)!;
+    const plan = w4a16Plan(shape, columnTiles);
+    const kernel = this.variants.get(`${shape.dtype}/${plan.mt}/${plan.nt}`)!;
     const widths = shape.widths ?? [shape.N];
     const c = Array.isArray(a.c) ? (a.c as readonly Ptr[]) : [a.c as Ptr];
     if (c.length !== widths.length) throw new Error(`W4A16.matmul: ${c.length} outputs for ${widths.length} widths`);
@@ -220,8 +224,9 @@ let domainCount = 0;
  * computes launch `kernels` (compiled on the kernels whose stream the device's sessions run on:
  * `Kernels.withDevice`), on the CPU they compute {@link w4a16Reference} on the host (float32).
  * Nodes `W4A16MatMul_<dtype>` (A, B, scales) and `W4A16MatMulZp_<dtype>` (A, B, scales, zero points) → C.
+ * `columnTiles` 2: launches of at most 16 rows use the kernels with 32 columns a warp (see {@link w4a16Plan}).
  */
-export function w4a16Ops(provider: DeviceKind, kernels?: W4A16): W4A16Ops {
+export function w4a16Ops(provider: DeviceKind, kernels?: W4A16, opts: { columnTiles?: 1 | 2 } = {}): W4A16Ops {
   if (provider === 'cuda' && !kernels) throw new Error('w4a16Ops: CUDA needs the compiled W4A16 kernels (W4A16.compile on the kernels of the device)');
   const domain = new CustomOpDomain(`lathe.w4a16_${domainCount++}`);
   const api = CApi.get();
@@ -248,7 +253,7 @@ export function w4a16Ops(provider: DeviceKind, kernels?: W4A16): W4A16Ops {
         const shape: W4A16Shape = { M: size(lead), N, K, kBlocks, blockSize: 2 * half, dtype: dt, widths: ws };
         const c = ws.map((w, i) => ctx.output(i, [...lead, w]));
         if (kernels) {
-          kernels.matmul(shape, { a: a.data, b: b.data, scales: s.data, zeroPoints: z ? z.data : 0n, c });
+          kernels.matmul(shape, { a: a.data, b: b.data, scales: s.data, zeroPoints: z ? z.data : 0n, c }, undefined, opts.columnTiles);
           return;
         }
         if (shape.M === 0) return;

@@ -46,9 +46,11 @@ interface Case {
   zeroPoints: boolean;
   /** Output widths (default [N]): column ranges written to separate outputs. */
   widths?: number[];
+  /** Column tiles of 16 per warp (default 1). */
+  columnTiles?: 1 | 2;
 }
 
-function run(c: Case): { got: Float32Array; want: Float64Array; warps: number; mt: number; gridY: number } {
+function run(c: Case): { got: Float32Array; want: Float64Array; warps: number; mt: number; nt: number; gridY: number } {
   const rnd = uniform(c.M * 7919 + c.N * 31 + c.K);
   const kBlocks = Math.ceil(c.K / c.blockSize);
   const shape: W4A16Shape = { M: c.M, N: c.N, K: c.K, kBlocks, blockSize: c.blockSize, dtype: c.dtype };
@@ -62,11 +64,11 @@ function run(c: Case): { got: Float32Array; want: Float64Array; warps: number; m
   const input = join(dir, 'in.bin');
   const output = join(dir, 'out.bin');
   writeFileSync(input, Buffer.concat([bytes(bits(a)), bytes(b), bytes(bits(scales)), ...(zeroPoints ? [bytes(zeroPoints)] : [])]));
-  const plan = w4a16Plan(shape);
+  const plan = w4a16Plan(shape, c.columnTiles);
   const widths = c.widths ?? [c.N];
   const n1 = widths[0];
   const n2 = n1 + (widths[1] ?? 0);
-  execFileSync(harness, [input, output, c.dtype === 'bfloat16' ? 'bf16' : 'fp16', c.M, c.N, n1, n2, c.K, kBlocks, Math.log2(c.blockSize), zeroPoints ? 1 : 0, plan.mt, plan.warps].map(String), { stdio: 'pipe' });
+  execFileSync(harness, [input, output, c.dtype === 'bfloat16' ? 'bf16' : 'fp16', c.M, c.N, n1, n2, c.K, kBlocks, Math.log2(c.blockSize), zeroPoints ? 1 : 0, plan.mt, plan.nt, plan.warps].map(String), { stdio: 'pipe' });
   const raw = readFileSync(output);
   const u16 = new Uint16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2);
   const flat = c.dtype === 'bfloat16' ? fromBfloat16Bits(u16) : fromFloat16Bits(u16);
@@ -79,7 +81,7 @@ function run(c: Case): { got: Float32Array; want: Float64Array; warps: number; m
     at += c.M * w;
     col += w;
   }
-  return { got, want: w4a16Reference(shape, { a, b, scales, zeroPoints }), warps: plan.warps, mt: plan.mt, gridY: plan.grid[1] };
+  return { got, want: w4a16Reference(shape, { a, b, scales, zeroPoints }), warps: plan.warps, mt: plan.mt, nt: plan.nt, gridY: plan.grid[1] };
 }
 
 // fp32 accumulation, one rounding of C to the dtype: half an ulp of each value (2⁻⁹ bf16, 2⁻¹² fp16), and a little
@@ -98,7 +100,7 @@ function expectClose(c: Case, r: ReturnType<typeof run>): void {
   expect(worst).toBeLessThanOrEqual(0);
 }
 
-test.each<[string, Case, { mt: number; warps: number; gridY: number }]>([
+test.each<[string, Case, { mt: number; warps: number; gridY: number; nt?: number }]>([
   ['decode row, bf16, block 64: every code and warp of one CTA per 16 columns', { dtype: 'bfloat16', M: 1, N: 48, K: 512, blockSize: 64, zeroPoints: false }, { mt: 1, warps: 4, gridY: 1 }],
   ['5 rows, fp16, block 32 with zero points, N = 40 and K = 200 (padded to 224: a half-empty chunk)', { dtype: 'float16', M: 5, N: 40, K: 200, blockSize: 32, zeroPoints: true }, { mt: 1, warps: 2, gridY: 1 }],
   ['16 rows (two n8 tiles), bf16, block 128 with zero points, 3 chunks over 3 warps', { dtype: 'bfloat16', M: 16, N: 32, K: 384, blockSize: 128, zeroPoints: true }, { mt: 2, warps: 3, gridY: 1 }],
@@ -107,9 +109,12 @@ test.each<[string, Case, { mt: number; warps: number; gridY: number }]>([
   ['K = 2560 (20 chunks): 20 warps of one chunk each, summed across warps', { dtype: 'bfloat16', M: 3, N: 16, K: 2560, blockSize: 128, zeroPoints: false }, { mt: 1, warps: 20, gridY: 1 }],
   ['q/k/v in one launch: three outputs of 32, 16 and 16 columns (N = 64), fp16 with zero points', { dtype: 'float16', M: 4, N: 64, K: 256, blockSize: 64, zeroPoints: true, widths: [32, 16, 16] }, { mt: 1, warps: 2, gridY: 1 }],
   ['gate/up in one launch: two outputs of 24 columns, each split inside a CTA\'s 16 columns, 12 rows', { dtype: 'bfloat16', M: 12, N: 48, K: 128, blockSize: 32, zeroPoints: false, widths: [24, 24] }, { mt: 2, warps: 1, gridY: 1 }],
+  ['32 columns a warp (two column tiles), 1 row, bf16: N = 40 leaves the second CTA half empty', { dtype: 'bfloat16', M: 1, N: 40, K: 256, blockSize: 64, zeroPoints: false, columnTiles: 2 }, { mt: 1, nt: 2, warps: 2, gridY: 1 }],
+  ['32 columns a warp, 13 rows, fp16 with zero points, q/k/v outputs of 24, 20 and 20, 20 chunks over 16 warps in 2 rounds', { dtype: 'float16', M: 13, N: 64, K: 2560, blockSize: 128, zeroPoints: true, widths: [24, 20, 20], columnTiles: 2 }, { mt: 2, nt: 2, warps: 10, gridY: 1 }],
+  ['two column tiles asked for 40 rows: no such build, one column tile', { dtype: 'bfloat16', M: 40, N: 16, K: 128, blockSize: 32, zeroPoints: false, columnTiles: 2 }, { mt: 8, nt: 1, warps: 1, gridY: 1 }],
   ['40 rows and K = 2560: 7 warps (the most for eight tiles is 8) over 20 chunks in 3 rounds, the next chunk prefetched', { dtype: 'float16', M: 40, N: 20, K: 2560, blockSize: 64, zeroPoints: true }, { mt: 8, warps: 7, gridY: 1 }],
 ])('%s', (_name, c, plan) => {
   const r = run(c);
-  expect({ mt: r.mt, warps: r.warps, gridY: r.gridY }).toEqual(plan);
+  expect({ mt: r.mt, warps: r.warps, gridY: r.gridY, nt: r.nt }).toEqual({ nt: 1, ...plan });
   expectClose(c, r);
 }, 60_000);

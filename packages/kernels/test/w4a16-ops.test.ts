@@ -105,11 +105,13 @@ test('the reference dequantizes as MatMulNBits defines it: (q − zp) · scale, 
 
 test('launch plans: decode rows take one n8 tile; K splits over warps in the fewest rounds; M past 64 adds grid rows', () => {
   // Qwen3-0.6B's projections at batch 1 and 16, block 64
-  expect(w4a16Plan({ M: 1, N: 2048, kBlocks: 16, blockSize: 64 })).toEqual({ mt: 1, warps: 8, grid: [128, 1], sharedBytes: 8 * 512 });
-  expect(w4a16Plan({ M: 16, N: 1024, kBlocks: 48, blockSize: 64 })).toEqual({ mt: 2, warps: 24, grid: [64, 1], sharedBytes: 24 * 2 * 512 });
-  expect(w4a16Plan({ M: 256, N: 3072, kBlocks: 16, blockSize: 64 })).toEqual({ mt: 8, warps: 8, grid: [192, 4], sharedBytes: 8 * 8 * 512 });
+  expect(w4a16Plan({ M: 1, N: 2048, kBlocks: 16, blockSize: 64 })).toEqual({ mt: 1, nt: 1, warps: 8, grid: [128, 1], sharedBytes: 8 * 512 });
+  expect(w4a16Plan({ M: 16, N: 1024, kBlocks: 48, blockSize: 64 })).toEqual({ mt: 2, nt: 1, warps: 24, grid: [64, 1], sharedBytes: 24 * 2 * 512 });
+  expect(w4a16Plan({ M: 256, N: 3072, kBlocks: 16, blockSize: 64 })).toEqual({ mt: 8, nt: 1, warps: 8, grid: [192, 4], sharedBytes: 8 * 8 * 512 });
   // 48 chunks over at most 32 warps: 2 rounds of 24
   expect(w4a16Plan({ M: 1, N: 2048, kBlocks: 96, blockSize: 64 }).warps).toBe(24);
+  // two column tiles at 16 rows: half the CTAs, at most 16 warps (the registers of 2 × 2 tiles)
+  expect(w4a16Plan({ M: 16, N: 1024, kBlocks: 48, blockSize: 64 }, 2)).toEqual({ mt: 2, nt: 2, warps: 12, grid: [32, 1], sharedBytes: 12 * 2 * 2 * 512 });
 });
 
 test('shapes outside the kernels are named (the caller keeps MatMulNBits)', () => {

@@ -21,7 +21,9 @@
  * weight bytes, and the share of the HBM peak nvidia-smi's GPU name implies: H100 3.35 TB/s, H200
  * 4.8 TB/s). `kernel` sends projections of at most `--kernel-max-rows` rows (default 16, the
  * library's default) through the op and larger ones through MatMulNBits; `kernel-all` sends every
- * decode batch through it (the kernel's own number at 256).
+ * decode batch through it (the kernel's own number at 256). `--kernel-column-tiles 2`: the op's launches
+ * of at most 16 rows use the kernels with 32 columns a warp (half the activation reads, half the CTAs);
+ * the microbenchmark times both.
  * `--weights` default: bound,initializers.
  * NF4 (MatMulBnb4 has no prepacked path) runs `bound` only. Before the timings a probe says whether
  * this ORT build's fused path is live: one MatMulNBits node with the path on over bound inputs must
@@ -33,7 +35,7 @@
  *          [--dtype bfloat16] [--formats dense,int8,int4,nf4,nf4dq] [--batches 1,16,256] [--prompt-len 64]
  *          [--new 128] [--repeat 2] [--int4-block 64] [--mode kernel|dequantize] [--fpa] [--no-cuda-graph]
  *          [--kl-prompts 16] [--kl-new 64] [--kl-batch 4] [--lm-head none|int8|int4|nf4] [--seed 0]
- *          [--weights bound,initializers,initializers-plain,kernel,kernel-all] [--kernel-max-rows 16] [--probe]
+ *          [--weights bound,initializers,initializers-plain,kernel,kernel-all] [--kernel-max-rows 16] [--kernel-column-tiles 1|2] [--probe]
  * --lm-head: the quantized formats also read the LM head (the tied embedding) through an extra
  * quantized copy (int4 with --int4-block); the dense model's head stays bf16.
  * Prints the probe's line, one JSON line per (format, weights, batch[, fpa]) decode measurement, one per format with its KL,
@@ -111,7 +113,9 @@ async function main(): Promise<void> {
   const opened = kind === 'cuda' && wantKernel ? Kernels.withDevice() : { device: Device.open(kind), kernels: undefined };
   const device = opened.device;
   const w4 = opened.kernels ? W4A16.compile(opened.kernels) : undefined;
-  const kernelOps = wantKernel ? w4a16Ops(device.kind, w4) : undefined;
+  const columnTiles = Number(arg('kernel-column-tiles', '1'));
+  if (columnTiles !== 1 && columnTiles !== 2) throw new Error(`--kernel-column-tiles: ${columnTiles} is not 1 or 2`);
+  const kernelOps = wantKernel ? w4a16Ops(device.kind, w4, { columnTiles }) : undefined;
   const kernelMaxRowsArg = Number(arg('kernel-max-rows', String(KERNEL_MAX_ROWS)));
   const maxRowsOf = (weights: string) => (weights === 'kernel-all' ? Number.MAX_SAFE_INTEGER : kernelMaxRowsArg);
   const dtype = arg('dtype', device.kind === 'cuda' ? 'bfloat16' : 'float32') as DType;
@@ -277,7 +281,7 @@ async function main(): Promise<void> {
         return [r.format, byKey];
       }),
   );
-  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_bandwidth: kernelBandwidth } : {}), lm_head: lmHeadArg, results, speedup_vs_dense: speedup }));
+  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, ...(wantKernel ? { kernel_max_rows: kernelMaxRowsArg, kernel_column_tiles: columnTiles } : {}), prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_bandwidth: kernelBandwidth } : {}), lm_head: lmHeadArg, results, speedup_vs_dense: speedup }));
   if (kernelCheck && !kernelCheck.ok) throw new Error(`kernel check failed: the W4A16 op's max relative error against MatMulNBits is ${kernelCheck.max_rel_err} (limit ${kernelCheck.limit})`);
 }
 
@@ -382,12 +386,12 @@ function measureKernel(kernels: Kernels, w4: W4A16, device: Device, dtype: DType
     const bs = Array.from({ length: copies }, () => device.upload({ data: new Uint8Array(codeBytes).fill(0x5a), dims: [N, kb, blockSize / 2] }, 'uint8'));
     const ss = Array.from({ length: copies }, () => device.upload({ data: half(new Float32Array(N * kb).fill(0.01)), dims: [N, kb] }, dtype));
     try {
-      for (const M of [1, 16]) {
+      for (const [M, nt] of [[1, 1], [1, 2], [16, 1], [16, 2]] as const) {
         const a = device.upload({ data: half(new Float32Array(M * K).fill(0.5)), dims: [M, K] }, dtype);
         const c = device.upload({ data: new Uint16Array(M * N), dims: [M, N] }, dtype);
         try {
           const shape = { M, N, K, kBlocks: kb, blockSize, dtype };
-          const call = (i: number) => w4.matmul(shape, { a, b: bs[i % copies], scales: ss[i % copies], zeroPoints: 0n, c });
+          const call = (i: number) => w4.matmul(shape, { a, b: bs[i % copies], scales: ss[i % copies], zeroPoints: 0n, c }, undefined, nt);
           for (let i = 0; i < 20; i++) call(i);
           // the launches recorded once as a CUDA graph, so the host's launch rate is not what is timed
           const iters = 200;
@@ -402,7 +406,7 @@ function measureKernel(kernels: Kernels, w4: W4A16, device: Device, dtype: DType
             graph.dispose();
           }
           const gbs = weightBytes / (ms / 1000) / 1e9;
-          rows.push({ shape: name, N, K, M, us_per_call: +(ms * 1000).toFixed(2), weight_bytes: weightBytes, weight_gb_s: +gbs.toFixed(1), ...(peak.peak_tb_s ? { share_of_peak: +(gbs / (peak.peak_tb_s * 1000)).toFixed(3) } : {}) });
+          rows.push({ shape: name, N, K, M, column_tiles: nt, us_per_call: +(ms * 1000).toFixed(2), weight_bytes: weightBytes, weight_gb_s: +gbs.toFixed(1), ...(peak.peak_tb_s ? { share_of_peak: +(gbs / (peak.peak_tb_s * 1000)).toFixed(3) } : {}) });
         } finally {
           a.dispose();
           c.dispose();

@@ -7,7 +7,8 @@
  * usage: npx tsx --conditions=lathe-source tools/bench/quantization/w4a16-nvrtc.ts [--nvrtc /path/libnvrtc.so.13] [--arch sm_90]
  *   (libnvrtc-builtins must be findable: LD_LIBRARY_PATH=<its folder>; the CUDA headers from cudaIncludeDir())
  */
-import { cudaIncludeDir, Nvrtc, W4A16_TILES, W4A16_TYPES, w4a16KernelName, w4a16Source } from '@lathe/kernels';
+import { cudaIncludeDir, Nvrtc, W4A16_TYPES, w4a16KernelName, w4a16Source } from '@lathe/kernels';
+import { W4A16_VARIANTS } from '../../../packages/kernels/src/w4a16-source';
 import { arg } from '../argv';
 
 const path = arg('nvrtc', '');
@@ -16,7 +17,7 @@ const arch = arg('arch', 'sm_90');
 const t0 = performance.now();
 const image = nvrtc.compile(w4a16Source, 'lathe_w4a16', [`--gpu-architecture=${arch}`, `-I${cudaIncludeDir()}`, '--std=c++17', '--ptxas-options=-v']);
 const text = Buffer.from(image.image).toString('latin1');
-const kernels = (Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[]).flatMap((d) => W4A16_TILES.map((mt) => w4a16KernelName(d, mt)));
+const kernels = (Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[]).flatMap((d) => W4A16_VARIANTS.map((v) => w4a16KernelName(d, v.mt, v.nt)));
 const missing = kernels.filter((k) => !text.includes(k));
 const perKernel = [...image.log.matchAll(/Compiling entry function '(\w+)'[\s\S]*?(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads[\s\S]*?Used (\d+) registers/g)].map((m) => ({ kernel: m[1], registers: +m[5], spill_stores: +m[3], spill_loads: +m[4], stack: +m[2] }));
 console.log(JSON.stringify({ nvrtc: nvrtc.version.join('.'), arch, kind: image.kind, bytes: image.image.length, compile_ms: Math.round(performance.now() - t0), kernels: kernels.length, missing, ptxas: perKernel }));
