@@ -30,12 +30,14 @@ declare -A entries=(
   [classmate-step]=tools/bench/classmate/classmate-step.ts
   [extract-bench]=tools/bench/extract/extract-bench.ts
   [kernel-check]=tools/bench/kernels/kernel-check.ts
+  [decode-check]=tools/bench/kernels/decode-check.ts
   [dp-check]=tools/bench/distributed/dp-check.ts
   [dp-launch]=tools/bench/distributed/launch.ts
   [nccl-order]=tools/bench/distributed/nccl-order.ts
   [grpo-dp]=tools/bench/distributed/grpo-dp.ts
   [sft-fused-check]=tools/bench/train/sft-fused-check.ts
   [sft-attention-check]=tools/bench/train/sft-attention-check.ts
+  [ce-check]=tools/bench/kernels/ce-check.ts
 )
 # Entries that load a Hugging Face tokenizer carry @huggingface/transformers inside the bundle (the
 # GPU machine has no copy of it), with its image library sharp stubbed out, and Qwen3's tokenizer

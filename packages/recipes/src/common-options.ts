@@ -50,7 +50,7 @@ export const attentionOption = { type: 'string', default: 'auto', choices: ['aut
 export const trainAttentionOption = {
   ...attentionOption,
   choices: [...attentionOption.choices, 'kernels'],
-  describe: `${attentionOption.describe}; 'kernels': Lathe's own flash-attention kernels, forward and backward (CUDA bfloat16; cpu float32 for tests): 1.2× a full SFT step over flash at 8 × 1024 on an H200 (not with --packing or --cuda_graph; the evaluation and scoring graphs are unchanged)`,
+  describe: `Attention in the train step: 'kernels' (Lathe's own flash-attention kernels, forward and backward; CUDA bfloat16, cpu float32 for tests; 1.19–1.23× a full SFT, reward-model or DPO step over flash at Qwen3-0.6B's shape on an H200; not with --packing or --cuda_graph), 'flash' (ONNX Runtime's GroupQueryAttention, its backward recomputing each layer's probabilities), 'composed' (MatMul/Softmax, keeps [B, heads, T, T] activations; the cpu's fastest) or 'auto': kernels on cuda with bfloat16 compute wherever they apply (not with --packing, --cuda_graph, --quantize_base, under lathe launch, or where NVRTC is missing), else flash on cuda with bfloat16, composed otherwise. The evaluation and scoring graphs are unchanged`,
 } as const;
 
 /** `--gradient_checkpointing`. */

@@ -22,6 +22,32 @@ export interface TrainAttentionConfig {
   packing?: boolean;
   /** `lathe sft --cuda_graph`. */
   cuda_graph?: boolean;
+  /** `--quantize_base`: `auto` keeps flash attention under a quantized base (the kernels are not measured with one). */
+  quantize_base?: string;
+}
+
+/** What `auto` weighs beyond the options: facts known only once the run starts. */
+export interface AutoAttentionFacts {
+  /** Why the model's heads are not ones the kernels take, or undefined when they are. */
+  unsupported?: string;
+  /** Lathe's CUDA kernels can run on this GPU (NVRTC and the driver found, the device opened through them). */
+  kernelsAvailable: boolean;
+  /** The run is one rank of a data-parallel job (the kernels are not yet measured under lathe launch). */
+  dataParallel: boolean;
+}
+
+/**
+ * The attention a run uses: an explicit choice as given; `auto` is Lathe's own kernels on cuda with
+ * half-precision compute wherever they apply — they beat GroupQueryAttention in same-call A/Bs of
+ * full SFT, reward-model and DPO steps (docs/benchmarks.md) — and otherwise what {@link useFlashAttention}
+ * picks (flash on cuda, composed on the cpu or with packed rows).
+ */
+export function resolveTrainAttention(cfg: TrainAttentionConfig, facts: AutoAttentionFacts): TrainAttentionChoice {
+  if (cfg.attention !== 'auto') return cfg.attention;
+  const half = cfg.compute_dtype !== 'float32';
+  const quantized = cfg.quantize_base !== undefined && cfg.quantize_base !== 'none';
+  const kernels = cfg.device === 'cuda' && half && !cfg.packing && !cfg.cuda_graph && !quantized && !facts.dataParallel && facts.unsupported === undefined && facts.kernelsAvailable;
+  return kernels ? 'kernels' : 'auto';
 }
 
 /**
@@ -39,6 +65,8 @@ export function checkTrainAttention(cfg: TrainAttentionConfig): void {
 
 /** A run's attention once its device is open: what the loss and the Trainer take, and the ops' lifetime. */
 export interface TrainAttention {
+  /** The attention the run resolved to (`auto` when it stayed with ONNX Runtime's choice). */
+  choice: TrainAttentionChoice;
   /** The loss attends as flash attention (right-padded rows; with symbolic shapes `total_sequence_length` fed). */
   flashAttention: boolean;
   /** Loss options beyond `flashAttention`: the kernel to attend through, with `kernels`. */
@@ -60,13 +88,21 @@ const compiled = new WeakMap<Kernels, FlashAttention>();
  * flash-attention kernels compiled (on the cpu their float32 host computation, for tests); the
  * model's heads checked against what the kernels take.
  */
-export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig, opts: { id?: number; kernels?: boolean } = {}): { device: Device; attention: TrainAttention } {
+export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig, opts: { id?: number; kernels?: boolean; dataParallel?: boolean } = {}): { device: Device; attention: TrainAttention } {
   checkTrainAttention(cfg);
   const id = opts.id ?? 0;
-  if (cfg.attention !== 'kernels') {
+  const choice =
+    cfg.attention === 'auto' && cfg.device === 'cuda'
+      ? resolveTrainAttention(cfg, {
+          unsupported: flashAttentionUnsupported({ batch: 1, seqLen: 1, numHeads: config.numHeads, numKvHeads: config.numKvHeads, headDim: config.headDim, dtype: cfg.compute_dtype }),
+          kernelsAvailable: opts.kernels !== false && (Device.isOpen('cuda', id) ? kernelsOfDevice(id) !== undefined : probeKernels().ok),
+          dataParallel: opts.dataParallel ?? false,
+        })
+      : cfg.attention;
+  if (choice !== 'kernels') {
     const device = openDevice(cfg.device, id, opts.kernels === undefined ? {} : { kernels: opts.kernels });
-    const flashAttention = useFlashAttention(cfg.attention, cfg.device, cfg.compute_dtype, { packing: cfg.packing });
-    return { device, attention: { flashAttention, loss: {}, trainer: {}, check: () => {}, dispose: () => {} } };
+    const flashAttention = useFlashAttention(choice, cfg.device, cfg.compute_dtype, { packing: cfg.packing });
+    return { device, attention: { choice, flashAttention, loss: {}, trainer: {}, check: () => {}, dispose: () => {} } };
   }
   let ops: FlashAttentionOps;
   let device: Device;
@@ -90,6 +126,7 @@ export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig
   return {
     device,
     attention: {
+      choice,
       flashAttention: true,
       loss: { attentionKernel: (x, heads) => ops.attend(x, heads, 'kernels') },
       trainer: { session: { customOpDomains: [ops.domain.handle] } },

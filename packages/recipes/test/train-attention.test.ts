@@ -7,7 +7,7 @@
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { defaults, dpoSchema, rmTrainSchema, runDpo, runRmTrain, runSft, sftSchema, type DpoRunConfig, type RmTrainConfig, type SftConfig } from '@lathe/recipes';
+import { defaults, dpoSchema, resolveTrainAttention, rmTrainSchema, runDpo, runRmTrain, runSft, sftSchema, type DpoRunConfig, type RmTrainConfig, type SftConfig } from '@lathe/recipes';
 import { writeAdditionTask } from './preference-task';
 
 const root = mkdtempSync(join(tmpdir(), 'lathe-train-attention-'));
@@ -65,4 +65,22 @@ test('--attention kernels is refused, naming the flags, with --packing, --cuda_g
   await expect(runSft(sftConfig({ attention: 'kernels', device: 'cuda', compute_dtype: 'float32' }))).rejects.toThrow(/--attention kernels on --device cuda needs --compute_dtype bfloat16/);
   await expect(runRmTrain(rmConfig({ attention: 'kernels', device: 'cuda', compute_dtype: 'float32' }))).rejects.toThrow(/--attention kernels on --device cuda needs --compute_dtype bfloat16/);
   await expect(runDpo(dpoConfig({ attention: 'kernels', device: 'cuda', compute_dtype: 'float32' }))).rejects.toThrow(/--attention kernels on --device cuda needs --compute_dtype bfloat16/);
+});
+
+test("--attention auto resolves to Lathe's kernels only on cuda with half-precision compute, where nothing rules them out", () => {
+  const cuda = { device: 'cuda', compute_dtype: 'bfloat16', attention: 'auto' } as const;
+  const facts = { kernelsAvailable: true, dataParallel: false };
+  expect(resolveTrainAttention(cuda, facts)).toBe('kernels');
+  // each condition alone keeps ONNX Runtime's choice ('auto': flash on cuda, composed on the cpu or with packing)
+  expect(resolveTrainAttention({ ...cuda, device: 'cpu' }, facts)).toBe('auto');
+  expect(resolveTrainAttention({ ...cuda, compute_dtype: 'float32' }, facts)).toBe('auto');
+  expect(resolveTrainAttention({ ...cuda, packing: true }, facts)).toBe('auto');
+  expect(resolveTrainAttention({ ...cuda, cuda_graph: true }, facts)).toBe('auto');
+  expect(resolveTrainAttention({ ...cuda, quantize_base: 'nf4' }, facts)).toBe('auto');
+  expect(resolveTrainAttention({ ...cuda, quantize_base: 'none' }, facts)).toBe('kernels');
+  expect(resolveTrainAttention(cuda, { ...facts, kernelsAvailable: false })).toBe('auto');
+  expect(resolveTrainAttention(cuda, { ...facts, dataParallel: true })).toBe('auto');
+  expect(resolveTrainAttention(cuda, { ...facts, unsupported: 'head size 96' })).toBe('auto');
+  // an explicit choice is kept as given
+  for (const attention of ['composed', 'flash', 'kernels'] as const) expect(resolveTrainAttention({ ...cuda, attention }, { ...facts, kernelsAvailable: false })).toBe(attention);
 });

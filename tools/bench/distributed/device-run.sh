@@ -22,7 +22,7 @@
 #                prompts' completions equal the 1-GPU run's (GRPO_ARGS adds grpo-dp options).
 #   order N    : NCCL's stream vs ORT's: an all-reduce read by the next ORT run, with the wait (0 wrong
 #                reads expected) and without it (wrong reads expected: what the wait prevents).
-# Every process gets NCCL_NVLS_ENABLE=0. Results go to $OUT (default /tmp/dp) as JSON lines. DP_ARGS adds dp-check
+# DDP_ARGS adds ddp_bench.py options (--shape 1.7b beside DP_ARGS="--shape 1.7b"). Every process gets NCCL_NVLS_ENABLE=0. Results go to $OUT (default /tmp/dp) as JSON lines. DP_ARGS adds dp-check
 # options (a CPU smoke test: DP_ARGS="--shape tiny --device cpu --seq 32" STEPS=3 bash tools/bench/distributed/device-run.sh parity 2).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -51,7 +51,7 @@ case "$mode" in
       node $B/dp-launch.js --gpus "$n" --master_port $((29600 + n)) -- node $B/dp-check.js ${DP_ARGS:-} --compute bfloat16 --flash-attention --steps ${STEPS:-8} --warmup 3 \
         --batch $((PER * n)) --seq 512 --out "$OUT/lathe-$n.json" > /dev/null
       node -e "const r=require('$OUT/lathe-$n.json'); console.log(JSON.stringify({impl:'lathe', world:r.world, tokens_per_s:r.tokens_per_s, step_ms:r.step_ms}))"
-      torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 | tee "$OUT/ddp-$n.json"
+      torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py ${DDP_ARGS:-} --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 | tee "$OUT/ddp-$n.json"
     done
     ;;
   comm)
@@ -74,9 +74,9 @@ case "$mode" in
           line "$OUT/comm-$n-$name.json" "$name"
         done
       fi
-      [ -n "${NO_DDP:-}" ] || torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 | tee "$OUT/comm-ddp-$n.json"
+      [ -n "${NO_DDP:-}" ] || torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py ${DDP_ARGS:-} --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 | tee "$OUT/comm-ddp-$n.json"
       # DDP's bf16_compress_hook, the trade --grad-reduce-dtype bfloat16 makes
-      [ -n "${NO_DDP:-}" ] || [ "$n" = 1 ] || torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 --bf16-compress | tee "$OUT/comm-ddp-bf16-$n.json"
+      [ -n "${NO_DDP:-}" ] || [ "$n" = 1 ] || torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py ${DDP_ARGS:-} --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 --bf16-compress | tee "$OUT/comm-ddp-bf16-$n.json"
     done
     ;;
   zero)
