@@ -56,10 +56,10 @@ async function alone(prompt: number[], maxNew: number): Promise<number[]> {
 test('concurrent greedy requests: each text is its prompt alone; every turn of the loop sends one batch, not one message per token', async () => {
   const batches: number[] = [];
   const send = Worker.prototype.postMessage;
-  const spy = jest.spyOn(Worker.prototype, 'postMessage').mockImplementation(function (this: Worker, m: unknown, transfer?: readonly ArrayBuffer[]) {
+  const spy = jest.spyOn(Worker.prototype, 'postMessage').mockImplementation(function (this: Worker, m: unknown, transfer?: Parameters<Worker['postMessage']>[1]) {
     const msg = m as { t: string; req?: Int32Array };
     if (msg.t === 'batch') batches.push(msg.req!.length);
-    send.call(this, m, transfer as never);
+    send.call(this, m, transfer);
   });
   const prompts = [[3, 9, 1], [20, 21], [5, 5, 5, 5], [40]];
   const steps = scheduler.counters.steps;
