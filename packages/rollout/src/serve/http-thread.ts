@@ -182,10 +182,15 @@ export async function startThreadedOpenAiServer(opts: ThreadedServerOptions): Pr
   bridge.log = opts.log;
   worker.removeAllListeners('exit');
   worker.removeAllListeners('error');
+  let closing = false;
   worker.on('error', (e) => opts.log?.(`the HTTP thread failed: ${e.message}`));
+  worker.on('exit', (code) => {
+    if (!closing) opts.log?.(`the HTTP thread exited (${code}): no requests are served`);
+  });
   return {
     port,
     close: async () => {
+      closing = true;
       for (const m of opts.models) m.scheduler.close();
       const closed = new Promise<void>((r) => (bridge.onClosed = r));
       bridge.send({ t: 'close' });
