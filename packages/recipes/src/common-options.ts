@@ -53,6 +53,13 @@ export const trainAttentionOption = {
   describe: `Attention in the train step: 'kernels' (Lathe's own flash-attention kernels, forward and backward; CUDA bfloat16, cpu float32 for tests; 1.19–1.23× a full SFT, reward-model or DPO step over flash at Qwen3-0.6B's shape on an H200; not with --packing or --cuda_graph), 'flash' (ONNX Runtime's GroupQueryAttention, its backward recomputing each layer's probabilities), 'composed' (MatMul/Softmax, keeps [B, heads, T, T] activations; the cpu's fastest) or 'auto': kernels on cuda with bfloat16 compute wherever they apply (not with --packing, --cuda_graph, --quantize_base, under lathe launch, or where NVRTC is missing), else flash on cuda with bfloat16, composed otherwise. The evaluation and scoring graphs are unchanged`,
 } as const;
 
+/** `--logprob_kernel` of the training commands whose attention can be Lathe's kernels. */
+export const logprobKernelOption = {
+  type: 'boolean',
+  default: false,
+  describe: "When the attention is Lathe's kernels (--attention kernels, or auto where it picks them): the LM head's per-token log-probs through Lathe's fused cross-entropy kernels too (each vocabulary chunk's logits read once forward and once backward in the compute dtype, no float32 copy) instead of ONNX Runtime's cast, LogSoftmax and their backward",
+} as const;
+
 /** `--gradient_checkpointing`. */
 export const gradientCheckpointingOption = { type: 'boolean', default: false, describe: "Recompute each decoder layer's activations in the train step's backward pass instead of keeping them: less memory, one more forward pass of the layers" } as const;
 

@@ -6,7 +6,7 @@
  */
 import type { DecoderConfig } from '@lathe/models';
 import { Device, type Ptr } from '@lathe/runtime';
-import { cudaIncludeDir, FlashAttention, flashAttentionOps, flashAttentionUnsupported, probeKernels, type FlashAttentionOps, type Kernels } from '@lathe/kernels';
+import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, flashAttentionUnsupported, probeKernels, type CrossEntropyOps, type FlashAttentionOps, type Kernels } from '@lathe/kernels';
 import { useFlashAttention, type AttentionChoice, type DecoderLossOptions } from '@lathe/train';
 import { kernelsOfDevice, openDevice } from './scaffold';
 
@@ -24,6 +24,8 @@ export interface TrainAttentionConfig {
   cuda_graph?: boolean;
   /** `--quantize_base`: `auto` keeps flash attention under a quantized base (the kernels are not measured with one). */
   quantize_base?: string;
+  /** `--logprob_kernel`: the LM head's log-partition through Lathe's fused cross-entropy kernels (with the attention kernels). */
+  logprob_kernel?: boolean;
 }
 
 /** What `auto` weighs beyond the options: facts known only once the run starts. */
@@ -69,8 +71,8 @@ export interface TrainAttention {
   choice: TrainAttentionChoice;
   /** The loss attends as flash attention (right-padded rows; with symbolic shapes `total_sequence_length` fed). */
   flashAttention: boolean;
-  /** Loss options beyond `flashAttention`: the kernel to attend through, with `kernels`. */
-  loss: Pick<DecoderLossOptions, 'attentionKernel'>;
+  /** Loss options beyond `flashAttention`: the kernel to attend through, with `kernels`; the fused log-prob kernel with `logprob_kernel`. */
+  loss: Pick<DecoderLossOptions, 'attentionKernel' | 'logprobKernel'>;
   /** Trainer options: the kernels' custom-op domain in the step's sessions, with `kernels`. */
   trainer: { session?: { customOpDomains: Ptr[] } };
   /** Rethrows an error the kernels' compute raised in the last run (computes cannot throw into ONNX Runtime). */
@@ -81,6 +83,7 @@ export interface TrainAttention {
 
 /** The kernels compiled once per set of device kernels. */
 const compiled = new WeakMap<Kernels, FlashAttention>();
+const compiledCe = new WeakMap<Kernels, CrossEntropyKernels>();
 
 /**
  * Opens a training run's device (GPU `id`; `kernels: false` keeps ONNX Runtime's own stream, see
@@ -100,15 +103,18 @@ export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig
         })
       : cfg.attention;
   if (choice !== 'kernels') {
+    if (cfg.logprob_kernel) throw new Error(`--logprob_kernel needs the attention kernels, and the run's attention is ${cfg.attention === 'auto' ? "'auto', which did not pick them here (see --attention's help for where it does not)" : `'${cfg.attention}'`}: use --attention kernels, or drop --logprob_kernel`);
     const device = openDevice(cfg.device, id, opts.kernels === undefined ? {} : { kernels: opts.kernels });
     const flashAttention = useFlashAttention(choice, cfg.device, cfg.compute_dtype, { packing: cfg.packing });
     return { device, attention: { choice, flashAttention, loss: {}, trainer: {}, check: () => {}, dispose: () => {} } };
   }
   let ops: FlashAttentionOps;
+  let ce: CrossEntropyOps | undefined;
   let device: Device;
   if (cfg.device === 'cpu') {
     device = Device.open('cpu');
     ops = flashAttentionOps('cpu');
+    if (cfg.logprob_kernel) ce = crossEntropyOps('cpu');
   } else {
     const unsupported = flashAttentionUnsupported({ batch: 1, seqLen: 1, numHeads: config.numHeads, numKvHeads: config.numKvHeads, headDim: config.headDim, dtype: cfg.compute_dtype });
     if (unsupported) throw new Error(`--attention kernels: the model's attention is not one the kernels take: ${unsupported}; use --attention flash`);
@@ -122,16 +128,27 @@ export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig
     let fa = compiled.get(kernels);
     if (!fa) compiled.set(kernels, (fa = FlashAttention.compile(kernels, { includeDir: cudaIncludeDir() })));
     ops = flashAttentionOps('cuda', fa);
+    if (cfg.logprob_kernel) {
+      let k = compiledCe.get(kernels);
+      if (!k) compiledCe.set(kernels, (k = CrossEntropyKernels.compile(kernels, { includeDir: cudaIncludeDir() })));
+      ce = crossEntropyOps('cuda', k);
+    }
   }
   return {
     device,
     attention: {
       choice,
       flashAttention: true,
-      loss: { attentionKernel: (x, heads) => ops.attend(x, heads, 'kernels') },
-      trainer: { session: { customOpDomains: [ops.domain.handle] } },
-      check: () => ops.check(),
-      dispose: () => ops.dispose(),
+      loss: { attentionKernel: (x, heads) => ops.attend(x, heads, 'kernels'), ...(ce ? { logprobKernel: ce } : {}) },
+      trainer: { session: { customOpDomains: [ops.domain.handle, ...(ce ? [ce.domain.handle] : [])] } },
+      check: () => {
+        ops.check();
+        ce?.check();
+      },
+      dispose: () => {
+        ops.dispose();
+        ce?.dispose();
+      },
     },
   };
 }

@@ -84,3 +84,11 @@ test("--attention auto resolves to Lathe's kernels only on cuda with half-precis
   // an explicit choice is kept as given
   for (const attention of ['composed', 'flash', 'kernels'] as const) expect(resolveTrainAttention({ ...cuda, attention }, { ...facts, kernelsAvailable: false })).toBe(attention);
 });
+
+test("lathe sft --logprob_kernel: the LM head's log-probs through the fused cross-entropy ops give composed attention's losses (cpu, float32); refused without the attention kernels", async () => {
+  const composed = await stepsOf((e) => runSft(sftConfig({ attention: 'composed' }), e));
+  const fused = await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', logprob_kernel: true }), e));
+  expectClose(fused, composed, 1e-4);
+  await expect(runSft(sftConfig({ attention: 'composed', logprob_kernel: true }))).rejects.toThrow(/--logprob_kernel needs the attention kernels.*'composed'/);
+  await expect(runSft(sftConfig({ logprob_kernel: true }))).rejects.toThrow(/--logprob_kernel needs the attention kernels.*'auto', which did not pick them/);
+}, 60_000);

@@ -5,11 +5,13 @@
  * (or `--layers N` of it; `--tiny` a 2-layer toy for the CPU) trained on digit strings through the
  * built-in character tokenizer, every row exactly `--seq` tokens, so each step is [batch, seq]
  * (rm/dpo: `--batch` pairs, each two rows).
+ * An attention written `kernels+ce` is `--attention kernels --logprob_kernel` (lathe sft only): the LM
+ * head's log-probs through the fused cross-entropy kernels too.
  * Prints one JSON line per attention (losses, step ms) and a summary: the median step time of the
  * steps after `--warmup`, the speedup of the last attention over the first, and the largest
  * relative loss difference.
  *
- * usage: node sft-attention-check.js [--attentions flash,kernels] [--device cuda] [--compute bfloat16]
+ * usage: node sft-attention-check.js [--attentions flash,kernels[,kernels+ce]] [--device cuda] [--compute bfloat16]
  *          [--batch 8] [--seq 1024] [--steps 8] [--warmup 2] [--layers 28] [--tiny] [--dir /tmp/sft-attn] [--command sft|rm|dpo]
  * CPU smoke run: --device cpu --compute float32 --attentions composed,kernels --tiny --batch 2 --seq 32 --steps 3 --warmup 0
  */
@@ -25,7 +27,7 @@ const TINY: HfConfig = { ...QWEN3_0_6B, vocab_size: 64, hidden_size: 64, interme
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
 async function main(): Promise<void> {
-  const attentions = arg('attentions', 'flash,kernels').split(',') as SftConfig['attention'][];
+  const attentions = arg('attentions', 'flash,kernels').split(',');
   const device = arg('device', 'cuda') as 'cpu' | 'cuda';
   const compute = arg('compute', device === 'cuda' ? 'bfloat16' : 'float32') as 'float32' | 'bfloat16';
   const [B, T, steps, warmup] = ['batch', 'seq', 'steps', 'warmup'].map((k, i) => Number(arg(k, ['8', '1024', '8', '2'][i])));
@@ -47,10 +49,12 @@ async function main(): Promise<void> {
   const runs: { attention: string; losses: number[]; step_ms: number[]; tokens: number[] }[] = [];
   for (const attention of attentions) {
     const r = { attention, losses: [] as number[], step_ms: [] as number[], tokens: [] as number[] };
-    const common = { model, tokenizer: 'builtin:addition', data, device, compute_dtype: compute, attention, steps, batch_size: B, max_length: T, eval_examples: 0, eval_every: 0, save_every: 0, keep_last: 1, warmup_steps: 0, lr: 1e-5, seed: 1, run_dir: join(dir, `${command}-${attention}`), overwrite: true };
+    const logprobKernel = attention.endsWith('+ce');
+    if (logprobKernel && command !== 'sft') throw new Error(`--attentions ${attention}: the cross-entropy kernel is lathe sft's --logprob_kernel only`);
+    const common = { model, tokenizer: 'builtin:addition', data, device, compute_dtype: compute, attention: attention.replace(/\+ce$/, '') as SftConfig['attention'], steps, batch_size: B, max_length: T, eval_examples: 0, eval_every: 0, save_every: 0, keep_last: 1, warmup_steps: 0, lr: 1e-5, seed: 1, run_dir: join(dir, `${command}-${attention}`), overwrite: true };
     const onStep = (m: { loss: number; host_ms: number; run_ms: number; tokens: number }) => (r.losses.push(m.loss), r.step_ms.push(+(m.host_ms + m.run_ms).toFixed(2)), r.tokens.push(m.tokens));
     // lathe sft has no --tokenizer flag, but its model loading reads one: the character tokenizer for the digit rows
-    const sft: SftConfig & { tokenizer: string } = { ...defaults(sftSchema), ...common, overlong: 'truncate' };
+    const sft: SftConfig & { tokenizer: string } = { ...defaults(sftSchema), ...common, overlong: 'truncate', logprob_kernel: logprobKernel };
     if (command === 'sft') await runSft(sft, { onStep });
     else if (command === 'rm') await runRmTrain({ ...defaults(rmTrainSchema), ...common }, { onStep });
     else await runDpo({ ...defaults(dpoSchema), ...common }, { onStep });
