@@ -5,3 +5,6 @@ export * from './tcp';
 export * from './data-parallel';
 export * from './nccl-library';
 export * from './nccl';
+export * from './overlap';
+export * from './overlap-threads';
+export * from './overlap-nccl';

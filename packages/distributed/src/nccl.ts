@@ -133,6 +133,11 @@ export class NcclCollectives implements Collectives {
     return this.aborted ?? this.host.failure;
   }
 
+  /** @internal The `ncclComm_t`, for collectives enqueued from inside a session run (overlap-nccl.ts). */
+  get communicator(): bigint {
+    return this.comm;
+  }
+
   /** Forms the NCCL communicator over `host` (every rank calls it): rank 0's unique id is shared through the host group. */
   static async create(host: Collectives, opts: NcclOptions): Promise<NcclCollectives> {
     const api = NcclApi.get();

@@ -11,7 +11,7 @@
  * run adds its gradients into the other buffer; `apply` then runs AdamW on the sum.
  */
 import * as L from '@lathe/onnx';
-import type { DType, Graph } from '@lathe/onnx';
+import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { Device, type Binding, type DeviceTensor, type HostTensor, type Session, type SessionOptions } from '@lathe/runtime';
 import { Kernels } from '@lathe/kernels';
 import { TOTAL_LENGTH_INPUT } from '@lathe/models';
@@ -78,6 +78,35 @@ export interface TrainerOptions {
    * reduce-scatter and back to float32 after it, halving the bytes sent. Default 'float32'.
    */
   gradReduceDtype?: GradReduceDtype;
+  /**
+   * Data-parallel gradients reduced inside the backward's run (@lathe/distributed's
+   * `gradientAllReduceInGraph`): its nodes are added to the accumulate graph after the gradients
+   * they read, so a bucket's all-reduce starts while the rest of the backward runs; `finish` waits
+   * for them after the run, before the apply run. float32, one micro-batch, no ZeRO; instead of
+   * `onGradients`. Steps go through `trainStepAsync`; the trainer disposes the hook with itself.
+   */
+  inGraphGradients?: InGraphGradients;
+}
+
+/**
+ * Nodes added to the accumulate graph after given gradients, and what runs after the run: how a
+ * data-parallel gradient reduction runs inside the backward (`TrainerOptions.inGraphGradients`).
+ */
+export interface InGraphGradients {
+  /** Custom-op domains the nodes use (added to the accumulate session's options). */
+  readonly customOpDomains: bigint[];
+  /**
+   * Adds the nodes to `g` after `grads` — the gradients the run writes into the bound buffers, in
+   * the order the backward completes them (last parameters first) — and returns tensors to make
+   * graph outputs (so the nodes are kept; the trainer binds them to small device buffers).
+   */
+  build(g: Graph, grads: readonly { name: string; grad: Tensor }[]): Tensor[];
+  /** The buffers (by parameter name) the run writes the gradients into: told once, before any run. */
+  attach(buffers: ReadonlyMap<string, DeviceTensor>): void;
+  /** After the run, before the update: completes the reduction and sums `[loss, ...metrics]` over the ranks in place. */
+  finish(sums: Float64Array): Promise<void>;
+  /** Frees what the nodes need (after the sessions that use them). */
+  dispose?(): void;
 }
 
 /** The trained tensors' values and their AdamW first and second moments, by parameter name: what a resume restores beside its step counts. */
@@ -149,6 +178,8 @@ interface TrainerParts {
   fused?: FusedAdamWNode;
   /** ZeRO-1's shards, collectives and runs (TrainerOptions.zero). */
   zero?: ZeroParts;
+  /** TrainerOptions.inGraphGradients, and the device buffers its nodes' outputs are bound to. */
+  inGraph?: { hook: InGraphGradients; outputs: DeviceTensor[] };
 }
 
 /** What a ZeRO-1 trainer keeps beside the full parameters. */
@@ -254,6 +285,7 @@ export class Trainer {
     if (staticInputs && opts.onGradients) throw new Error('Trainer: cudaGraph / staticInputs run the step as one run, which leaves no place for onGradients');
     if (opts.zero && staticInputs) throw new Error('Trainer: zero (ZeRO-1) runs collectives between the backward and the update: it does not combine with cudaGraph / staticInputs');
     if (opts.zero && opts.onGradients) throw new Error('Trainer: zero (ZeRO-1) reduce-scatters the gradients itself: give it instead of onGradients, not both');
+    if (opts.inGraphGradients) checkInGraphGradients(opts, microBatches, staticInputs);
     const lowReduce = (opts.gradReduceDtype ?? 'float32') === 'bfloat16';
     if (opts.gradReduceDtype !== undefined && opts.gradReduceDtype !== 'float32' && opts.gradReduceDtype !== 'bfloat16') throw new Error(`Trainer: gradReduceDtype must be 'float32' or 'bfloat16', got '${String(opts.gradReduceDtype)}'`);
     if (lowReduce && !opts.zero && !opts.onGradients) throw new Error("Trainer: gradReduceDtype 'bfloat16' is the dtype of a data-parallel gradient reduction: give onGradients or zero with it");
@@ -289,7 +321,7 @@ export class Trainer {
           for (const s of z.sessions) t.own(s);
           return t;
         }
-        if (microBatches === 1 && !opts.onGradients) {
+        if (microBatches === 1 && !opts.onGradients && !opts.inGraphGradients) {
           const session = device.compile(graphs.step, sessionOpts);
           const fixed: StaticBuffers | undefined = staticInputs
             ? {
@@ -318,7 +350,8 @@ export class Trainer {
           Map<string, DeviceTensor>,
           Map<string, DeviceTensor>,
         ];
-        const accumulate = device.compile(graphs.accumulate, sessionOpts);
+        const inGraph = opts.inGraphGradients ? addInGraphNodes(opts.inGraphGradients, graphs.accumulate, spec.params, device) : undefined;
+        const accumulate = device.compile(graphs.accumulate, inGraph ? { ...sessionOpts, customOpDomains: [...(sessionOpts.customOpDomains ?? []), ...inGraph.hook.customOpDomains] } : sessionOpts);
         const apply = device.compile(graphs.apply, sessionOpts);
         // Every step's first micro-batch adds into gradient buffer 0, so it is zeroed after each
         // apply by one run writing zeros to all of them, since a fill per tensor is a session run
@@ -340,9 +373,12 @@ export class Trainer {
             bindFrozen(b, frozen);
             b.output('loss', 'host');
             for (const m of graphs.metrics) b.output(m, 'host');
+            inGraph?.outputs.forEach((t, i) => b.output(inGraphOutput(i), t));
             return b;
           }),
         );
+        // one micro-batch: every step's run adds into buffer 0's zeros and writes buffer 1
+        inGraph?.hook.attach(grads[1]);
         const applyBindings = [0, 1].map((k) =>
           [0, 1].map((j) => {
             const b = apply.binding();
@@ -354,7 +390,7 @@ export class Trainer {
           }),
         );
         const reduceCast = lowReduce ? buildReduceCast(device, spec.params, grads, opts.session ?? {}) : undefined;
-        const t = new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients, reduceCast, fused })
+        const t = new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients, reduceCast, fused, inGraph })
           .own(accumulate)
           .own(apply)
           .own(zero);
@@ -404,6 +440,7 @@ export class Trainer {
     if (this.disposed) throw new Error('Trainer: disposed');
     if (batches.length !== this.microBatches) throw new Error(`trainStep: ${batches.length} micro-batches given, the trainer was built for ${this.microBatches}`);
     if (this.parts.onGradients) throw new Error('trainStep: this trainer has an onGradients hook, which is asynchronous: call trainStepAsync');
+    if (this.parts.inGraph) throw new Error('trainStep: this trainer reduces gradients in the run (inGraphGradients), which completes asynchronously: call trainStepAsync');
     if (this.parts.zero) throw new Error('trainStep: a ZeRO-1 trainer runs collectives, which are asynchronous: call trainStepAsync');
     const { bc1, bc2 } = biasCorrections(this.optimizerStep + 1);
     const k = this.current;
@@ -453,6 +490,7 @@ export class Trainer {
    */
   async trainStepAsync(batches: Record<string, BatchTensor>[], lr: number): Promise<TrainStepResult> {
     if (this.parts.zero) return this.zeroStep(batches, lr);
+    if (this.parts.inGraph) return this.inGraphStep(batches, lr);
     const hook = this.parts.onGradients;
     if (!hook) return this.trainStep(batches, lr);
     if (this.disposed) throw new Error('Trainer: disposed');
@@ -467,6 +505,19 @@ export class Trainer {
       await hook(cast.low, acc.sums);
       cast.up[acc.j].runSync();
     } else await hook(this.parts.grads![acc.j], acc.sums);
+    const hookMs = performance.now() - t0;
+    const applied = this.applyRun(k, acc.j, lr);
+    return this.adopt(k, { loss: acc.sums[0], gradNorm: applied.gradNorm, metrics: this.metricsOf(acc.sums), hostMs: acc.hostMs + applied.hostMs, runMs: acc.runMs + applied.runMs + hookMs });
+  }
+
+  /** A step whose gradients are reduced inside the accumulate run: the run, the hook's `finish`, the apply run. */
+  private async inGraphStep(batches: Record<string, BatchTensor>[], lr: number): Promise<TrainStepResult> {
+    if (this.disposed) throw new Error('Trainer: disposed');
+    if (batches.length !== this.microBatches) throw new Error(`trainStep: ${batches.length} micro-batches given, the trainer was built for ${this.microBatches}`);
+    const k = this.current;
+    const acc = this.accumulateRuns(batches, k);
+    const t0 = performance.now();
+    await this.parts.inGraph!.hook.finish(acc.sums);
     const hookMs = performance.now() - t0;
     const applied = this.applyRun(k, acc.j, lr);
     return this.adopt(k, { loss: acc.sums[0], gradNorm: applied.gradNorm, metrics: this.metricsOf(acc.sums), hostMs: acc.hostMs + applied.hostMs, runMs: acc.runMs + applied.runMs + hookMs });
@@ -712,7 +763,48 @@ export class Trainer {
     if (this.parts.fixed) for (const t of [...Object.values(this.parts.fixed.scalars), ...Object.values(this.parts.fixed.outputs), ...this.parts.fixed.batch.values()]) t.dispose();
     if (this.parts.zero) disposeZero(this.parts.zero);
     this.parts.fused?.dispose();
+    for (const t of this.parts.inGraph?.outputs ?? []) t.dispose();
+    this.parts.inGraph?.hook.dispose?.();
   }
+}
+
+/** The name of the in-graph hook's output `i` in the accumulate graph. */
+const inGraphOutput = (i: number) => `in_graph_gradients/${i}`;
+
+/** Refuses what the in-graph reduction does not cover, by option name. */
+function checkInGraphGradients(opts: TrainerOptions, microBatches: number, staticInputs: boolean): void {
+  const why = (what: string) => new Error(`Trainer: inGraphGradients (the all-reduce inside the backward's run) ${what}`);
+  if (opts.onGradients) throw why('replaces onGradients: give one of them');
+  if (opts.zero) throw why('does not do ZeRO (zero reduce-scatters after the run): give one of them');
+  if (staticInputs) throw why('does not combine with cudaGraph / staticInputs (collectives cannot be captured in the step\'s graph)');
+  if (microBatches !== 1) throw why(`needs microBatches 1 (got ${microBatches}): only the last micro-batch's run would reduce, and that graph is not built yet`);
+  if ((opts.gradReduceDtype ?? 'float32') !== 'float32') throw why(`sums float32 gradients; gradReduceDtype '${opts.gradReduceDtype}' is not supported with it`);
+}
+
+/**
+ * Adds the hook's nodes to the accumulate graph after the summed gradients (`next/grad/<p>`, in
+ * reverse parameter order: the backward completes the last layers first) and makes their tensors
+ * outputs, with a device buffer for each.
+ */
+function addInGraphNodes(hook: InGraphGradients, g: Graph, params: readonly TrainableParamLike[], device: Device): { hook: InGraphGradients; outputs: DeviceTensor[] } {
+  const byName = new Map(g.outputs.map((t) => [t.name, t]));
+  const grads = [...params].reverse().map((p) => {
+    const grad = byName.get(stateNames.next(stateNames.grad(p.name)));
+    if (!grad) throw new Error(`Trainer: inGraphGradients: the accumulate graph has no output for the gradient of '${p.name}'`);
+    return { name: p.name, grad };
+  });
+  const outs = hook.build(g, grads);
+  const outputs: DeviceTensor[] = [];
+  outs.forEach((t, i) => {
+    g.output(t, inGraphOutput(i));
+    outputs.push(device.empty(t.dtype, t.shape.map(Number)));
+  });
+  return { hook, outputs };
+}
+
+/** A parameter as far as its name goes. */
+interface TrainableParamLike {
+  name: string;
 }
 
 /**

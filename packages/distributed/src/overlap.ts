@@ -1,0 +1,166 @@
+/**
+ * The gradient all-reduce inside the backward's run: one custom-op node (`GradAllReduce`) per
+ * bucket, placed in the accumulate graph after the nodes that produce the bucket's gradients, whose
+ * compute starts the bucket's in-place sum over the ranks while ONNX Runtime goes on with the rest
+ * of the backward. On CUDA the compute enqueues the all-reduce on NCCL's stream behind an event of
+ * the compute stream and returns at once (overlap-nccl.ts); on the CPU it sums synchronously
+ * (overlap-threads.ts, ranks as worker threads). Pass `gradientAllReduceInGraph(...)` as
+ * `Trainer.create`'s `inGraphGradients`.
+ *
+ * Why the nodes run early: ONNX Runtime's default execution order is a depth-first walk back from
+ * the graph's leaves in node order, so a leaf is placed as soon as its ancestors are; each bucket's
+ * node is a leaf (its one-element output is a graph output nobody reads), and the buckets are added
+ * in the order the backward completes them (last parameters first), so bucket k's node runs before
+ * the backward of the layers below it. test/overlap.test.ts checks the order in an ORT profile.
+ */
+import { dtypeBytes, type DType, type Graph, type Tensor } from '@lathe/onnx';
+import type { Device, DeviceTensor } from '@lathe/runtime';
+import { CustomOpDomain } from '@lathe/kernels';
+import { buckets } from './data-parallel';
+
+/** One gradient buffer of a bucket, as the node's compute sees it. */
+export interface InRunBuffer {
+  /** Address of the first element (device memory on CUDA). */
+  data: bigint;
+  dtype: DType;
+  /** Elements. */
+  size: number;
+}
+
+/**
+ * Sums buffers over the ranks from inside a session run. Every rank calls `reduceInRun` for the same
+ * buckets in the same order (the ranks' graphs are the same).
+ */
+export interface InRunReducer {
+  readonly rank: number;
+  readonly worldSize: number;
+  /** 'nccl' or 'threads'. */
+  readonly backend: string;
+  /**
+   * Sums the bucket's buffers over the ranks in place. Called from a node's compute, inside the run:
+   * on CUDA it enqueues the sum after the work already on `stream` (the compute stream) and returns
+   * at once; on the CPU it returns with the sums done. Must not throw (ORT cannot take an exception):
+   * keep the error for `drain`.
+   */
+  reduceInRun(bucket: readonly InRunBuffer[], stream: bigint | undefined): void;
+  /** After the run: resolves when every sum enqueued in it is complete (rejects with a kept error). */
+  drain(): Promise<void>;
+  /** Sums a few host values over the ranks in place (the step's loss and metrics). */
+  allReduceHost(values: Float64Array, op?: 'sum' | 'avg'): Promise<void>;
+}
+
+/** What `Trainer`'s `inGraphGradients` option receives (structurally: @lathe/train imports nothing from here). */
+export interface InGraphGradientHook {
+  /** The custom-op domains the nodes use (added to the accumulate session's options). */
+  readonly customOpDomains: bigint[];
+  /**
+   * Adds the nodes to graph `g` after `grads` — the gradients the run writes into the bound buffers
+   * (`next/grad/<p>`), in the order the backward completes them (last parameters first) — and
+   * returns the tensors to make graph outputs (so the nodes are kept).
+   */
+  build(g: Graph, grads: readonly { name: string; grad: Tensor }[]): Tensor[];
+  /** Tells the hook the buffers the run writes the gradients into (bound outputs), once, before any run. */
+  attach(buffers: ReadonlyMap<string, DeviceTensor>): void;
+  /** After the run, before the update: waits for the sums started in it and sums `sums` ([loss, ...metrics]) over the ranks. */
+  finish(sums: Float64Array): Promise<void>;
+  /** Frees the domain (after the sessions that use it). */
+  dispose(): void;
+}
+
+/** Options of `gradientAllReduceInGraph`. */
+export interface InGraphAllReduceOptions {
+  /** Bytes of gradients per node (default 25 MiB, as PyTorch DDP's bucket_cap_mb). */
+  bucketBytes?: number;
+  /** Called with each bucket's index when its node's compute runs (tests record the order). */
+  onCompute?: (bucket: number) => void;
+}
+
+let domainCount = 0;
+
+/**
+ * Data-parallel gradients summed over the ranks inside the accumulate run, bucket by bucket as the
+ * backward completes them; the step's loss and metrics are summed after the run. On CUDA the
+ * device must run its sessions on Lathe's compute stream (`Kernels.withDevice`), the stream the
+ * nodes' computes order NCCL's stream behind. Gradients are summed, not averaged, as
+ * `gradientAllReduce` sums them.
+ */
+export function gradientAllReduceInGraph(reducer: InRunReducer, device: Device, opts: InGraphAllReduceOptions = {}): InGraphGradientHook {
+  if (device.kind === 'cuda' && device.computeStream === undefined) {
+    throw new Error(`gradientAllReduceInGraph: ${device.name} runs its sessions on a stream of ONNX Runtime's own, which the in-run all-reduce cannot order NCCL behind: open it with Kernels.withDevice() from @lathe/kernels`);
+  }
+  if (device.kind !== 'cuda' && device.kind !== 'cpu') throw new Error(`gradientAllReduceInGraph: ${device.kind} devices are not supported (cuda or cpu)`);
+  const bucketBytes = opts.bucketBytes ?? 25 * 1024 * 1024;
+  const domain = new CustomOpDomain(`lathe.overlap${domainCount++}`);
+  /** plan[k]: the names of bucket k's gradients, in input order. */
+  let plan: string[][] | undefined;
+  /** expected[k]: the bound buffers' addresses of bucket k (attach). */
+  let expected: bigint[][] | undefined;
+  /** Bucket nodes computed in the current run. */
+  let computes = 0;
+  // one op per bucket, so each compute knows its bucket whatever order ORT runs them in
+  const addOp = (k: number, n: number): string => {
+    const name = `GradAllReduce_${k}`;
+    domain.add({
+      name,
+      inputs: Array<DType>(n).fill('float32'),
+      outputs: ['float32'],
+      provider: device.kind,
+      infer: () => [{ dtype: 'float32', shape: [1] }],
+      compute: (ctx) => {
+        ctx.output(0, [1]);
+        computes++;
+        opts.onCompute?.(k);
+        const want = expected?.[k];
+        if (!want) throw new Error('GradAllReduce ran before the trainer attached its gradient buffers');
+        const ins = ctx.inputs;
+        for (let i = 0; i < ins.length; i++) {
+          // an ORT temporary copied into the bound buffer after the run would be read by NCCL while ORT reuses it
+          if (ins[i].data !== want[i]) throw new Error(`GradAllReduce: bucket ${k}'s gradient '${plan![k][i]}' is not the bound output buffer (ONNX Runtime computed it elsewhere), so it cannot be reduced in place`);
+        }
+        reducer.reduceInRun(ins.map((x) => ({ data: x.data, dtype: x.dtype, size: x.dims.reduce((a, b) => a * b, 1) })), device.computeStream);
+      },
+    });
+    return name;
+  };
+  return {
+    customOpDomains: [domain.handle],
+    build(g, grads) {
+      if (plan) throw new Error('gradientAllReduceInGraph: a hook serves one trainer (its nodes are built once)');
+      for (const x of grads) if (x.grad.dtype !== 'float32') throw new Error(`gradientAllReduceInGraph: gradient '${x.name}' is ${x.grad.dtype}; the in-run all-reduce sums float32 gradients`);
+      const sized = grads.map((x) => ({ ...x, byteLength: x.grad.shape.reduce<number>((a, b) => a * Number(b), 1) * dtypeBytes(x.grad.dtype) }));
+      const groups = buckets(sized, bucketBytes);
+      plan = groups.map((b) => b.map((x) => x.name));
+      // ORT's walk starts from the leaf of the highest node index: bucket 0's node is created last
+      const outs: Tensor[] = [];
+      for (let k = groups.length - 1; k >= 0; k--) outs[k] = g.scope(`grad_all_reduce_${k}`, () => domain.node(addOp(k, groups[k].length), groups[k].map((x) => x.grad))[0]);
+      return outs;
+    },
+    attach(buffers) {
+      if (!plan) throw new Error('gradientAllReduceInGraph: attach before build');
+      expected = plan.map((names) =>
+        names.map((n) => {
+          const t = buffers.get(n);
+          if (!t) throw new Error(`gradientAllReduceInGraph: no gradient buffer for '${n}'`);
+          return t.devicePointer();
+        }),
+      );
+    },
+    async finish(sums) {
+      const started = computes;
+      computes = 0;
+      try {
+        domain.check();
+      } catch (e) {
+        // a rank that fails here would leave the others waiting in their next collective
+        await reducer.drain().catch(() => undefined);
+        throw e;
+      }
+      if (plan && started !== plan.length) throw new Error(`gradientAllReduceInGraph: the run computed ${started} of ${plan.length} buckets' all-reduces`);
+      await reducer.drain();
+      if (reducer.worldSize > 1) await reducer.allReduceHost(sums, 'sum');
+    },
+    dispose() {
+      domain.dispose();
+    },
+  };
+}

@@ -1,0 +1,98 @@
+/**
+ * One rank of test/overlap.test.ts, in a worker thread: the tiny SFT model trained with its
+ * gradients all-reduced inside the accumulate run (`gradientAllReduceInGraph` over a
+ * `ThreadGroup`), reporting each step's loss, grad norm and summed gradients, the buckets' compute
+ * order, the final weights and (rank 0) the accumulate run's ORT profile.
+ */
+import { mkdtempSync, readdirSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parentPort, workerData } from 'node:worker_threads';
+import { Device, type DeviceTensor } from '@lathe/runtime';
+import { Trainer } from '@lathe/train';
+import { gradientAllReduceInGraph, ThreadGroup, type ThreadGroupShared } from '@lathe/distributed';
+import { rankBatches, sftRows, tinySftSpec } from './tiny-sft';
+
+/** What the test sends each rank. */
+export interface RankJob {
+  shared: ThreadGroupShared;
+  rank: number;
+  steps: number;
+  batch: number;
+  bucketBytes: number;
+}
+
+/** One executed node of the profile: its op and name. */
+export interface ProfiledNode {
+  op: string;
+  name: string;
+}
+
+/** What a rank sends back. */
+export interface RankResult {
+  losses: number[];
+  gradNorms: number[];
+  nll: number[];
+  /** grads[step]: the summed gradients the update read, by parameter. */
+  grads: Record<string, Float32Array>[];
+  /** order[step]: the buckets in the order their nodes computed. */
+  order: number[][];
+  finals: Record<string, Float32Array>;
+  /** Rank 0: the accumulate session's nodes in the order ORT ran them (first run). */
+  profile?: ProfiledNode[];
+}
+
+const rows = (step: number, n: number) => sftRows(1000 + step, n);
+const lr = (step: number) => 0.02 / (1 + step);
+
+async function main(job: RankJob): Promise<RankResult> {
+  const { weights, spec } = tinySftSpec({ seed: 3 });
+  const world = job.shared.worldSize;
+  const device = Device.cpu();
+  const order: number[][] = [];
+  const hook = gradientAllReduceInGraph(ThreadGroup.join(job.shared, job.rank, { timeoutMs: 30_000 }), device, { bucketBytes: job.bucketBytes, onCompute: (k) => order.at(-1)!.push(k) });
+  // read the reduced gradients the update is about to use
+  let buffers: ReadonlyMap<string, DeviceTensor> | undefined;
+  const grads: Record<string, Float32Array>[] = [];
+  const spy = {
+    ...hook,
+    attach: (b: ReadonlyMap<string, DeviceTensor>) => {
+      buffers = b;
+      hook.attach(b);
+    },
+    finish: async (sums: Float64Array) => {
+      await hook.finish(sums);
+      grads.push(Object.fromEntries([...buffers!].map(([n, t]) => [n, t.download().data as Float32Array])));
+    },
+  };
+  const dir = mkdtempSync(join(tmpdir(), 'lathe-overlap-'));
+  const trainer = Trainer.create(spec, { params: weights }, { device, inGraphGradients: spy, session: { intraOpThreads: 1, ...(job.rank === 0 ? { profilePrefix: join(dir, 'rank0') } : {}) } });
+  const out: RankResult = { losses: [], gradNorms: [], nll: [], grads, order, finals: {} };
+  for (let step = 0; step < job.steps; step++) {
+    order.push([]);
+    const r = await trainer.trainStepAsync(rankBatches(rows(step, job.batch), job.rank, world, 1), lr(step));
+    out.losses.push(r.loss);
+    out.gradNorms.push(r.gradNorm);
+    out.nll.push(r.metrics.token_nll_sum);
+  }
+  out.finals = Object.fromEntries(trainer.downloadParams());
+  trainer.dispose();
+  if (job.rank === 0) {
+    // each session writes its own profile when disposed: the accumulate run's is the one with the buckets' nodes
+    for (const f of readdirSync(dir)) {
+      const events = JSON.parse(readFileSync(join(dir, f), 'utf8')) as { cat: string; name: string; args?: { op_name?: string } }[];
+      const nodes = events.filter((e) => e.cat === 'Node' && e.name.endsWith('_kernel_time')).map((e) => ({ op: e.args?.op_name ?? '', name: e.name.replace(/_kernel_time$/, '') }));
+      if (nodes.some((n) => n.op.startsWith('GradAllReduce'))) {
+        // the first run's nodes only: every run lists the same sequence
+        const first = nodes.findIndex((n, i) => i > 0 && n.name === nodes[0].name);
+        out.profile = first > 0 ? nodes.slice(0, first) : nodes;
+      }
+    }
+  }
+  return out;
+}
+
+main(workerData as RankJob).then(
+  (r) => parentPort!.postMessage({ ok: r }),
+  (e: Error) => parentPort!.postMessage({ error: `${e.message}\n${e.stack ?? ''}` }),
+);

@@ -1,0 +1,159 @@
+/**
+ * The gradient all-reduce inside the backward's run (`gradientAllReduceInGraph`), on the CPU: ranks
+ * as worker threads, whose bucket nodes block inside ONNX Runtime's compute on a shared-memory sum
+ * (`ThreadGroup`), take the steps of one process on the whole batch — losses, grad norms, the
+ * summed gradients the update reads and the final weights — and their nodes run while the backward
+ * still has work left (ORT's profile of the accumulate run).
+ */
+import { join } from 'node:path';
+import { Worker } from 'node:worker_threads';
+import type { DeviceTensor } from '@lathe/runtime';
+import { Trainer, type TrainStepResult } from '@lathe/train';
+import { gradientAllReduce, gradientAllReduceInGraph, LocalGroup, ThreadGroup } from '@lathe/distributed';
+import { Device } from '@lathe/runtime';
+import type { RankJob, RankResult } from './overlap-rank';
+import { rankBatches, sftRows, tinySftSpec } from './tiny-sft';
+
+const STEPS = 3;
+const BATCH = 6;
+/** Small buckets, so the tiny model's gradients make several nodes. */
+const BUCKET_BYTES = 4096;
+const rows = (step: number, n: number) => sftRows(1000 + step, n);
+const lr = (step: number) => 0.02 / (1 + step);
+const { weights, spec } = tinySftSpec({ seed: 3 });
+
+/** One process on the whole batch, its summed gradients read through an onGradients hook that changes nothing. */
+async function singleProcess(): Promise<{ results: TrainStepResult[]; grads: Map<string, Float32Array>[]; final: Map<string, Float32Array> }> {
+  const grads: Map<string, Float32Array>[] = [];
+  const read = async (g: Map<string, DeviceTensor>) => void grads.push(new Map([...g].map(([n, t]) => [n.replace(/^grad\//, ''), t.download().data as Float32Array])));
+  const trainer = Trainer.create(spec, { params: weights }, { onGradients: read });
+  const results: TrainStepResult[] = [];
+  for (let step = 0; step < STEPS; step++) results.push(await trainer.trainStepAsync(rankBatches(rows(step, BATCH), 0, 1, 1), lr(step)));
+  const final = trainer.downloadParams();
+  trainer.dispose();
+  return { results, grads, final };
+}
+
+/** The post-run path (`gradientAllReduce` after the run, in-process ranks): each rank's summed gradients and results. */
+async function postRun(world: number): Promise<{ grads: Map<string, Float32Array>[][]; results: TrainStepResult[][] }> {
+  const group = LocalGroup.create(world);
+  const grads: Map<string, Float32Array>[][] = group.map(() => []);
+  const trainers = group.map((c, r) => {
+    const reduce = gradientAllReduce(c, { bucketBytes: BUCKET_BYTES });
+    const hook = async (g: Map<string, DeviceTensor>, sums: Float64Array) => {
+      await reduce(g, sums);
+      grads[r].push(new Map([...g].map(([n, t]) => [n.replace(/^grad\//, ''), t.download().data as Float32Array])));
+    };
+    return Trainer.create(spec, { params: weights }, { onGradients: hook });
+  });
+  const results: TrainStepResult[][] = group.map(() => []);
+  for (let step = 0; step < STEPS; step++) {
+    const out = await Promise.all(trainers.map((t, r) => t.trainStepAsync(rankBatches(rows(step, BATCH), r, world, 1), lr(step))));
+    out.forEach((o, r) => results[r].push(o));
+  }
+  for (const t of trainers) t.dispose();
+  return { grads, results };
+}
+
+/** `world` ranks as worker threads (the TypeScript source through tsx, as the serve thread starts). */
+function threads(world: number): Promise<RankResult[]> {
+  const shared = ThreadGroup.create(world, 1024);
+  const boot = `require(${JSON.stringify(require.resolve('tsx/cjs'))});require(${JSON.stringify(join(__dirname, 'overlap-rank.ts'))});`;
+  return Promise.all(
+    Array.from({ length: world }, (_, rank) => {
+      const job: RankJob = { shared, rank, steps: STEPS, batch: BATCH, bucketBytes: BUCKET_BYTES };
+      const w = new Worker(boot, { eval: true, workerData: job, execArgv: ['--conditions=lathe-source'] });
+      return new Promise<RankResult>((resolve, reject) => {
+        w.once('message', (m: { ok?: RankResult; error?: string }) => (m.ok ? resolve(m.ok) : reject(new Error(`rank ${rank}: ${m.error}`))));
+        w.once('error', reject);
+        w.once('exit', (code) => reject(new Error(`rank ${rank} exited with ${code} before reporting`)));
+      }).finally(() => void w.terminate());
+    }),
+  );
+}
+
+/** max |a − b| over max |b|: a gradient's error relative to its scale (elements near zero make per-element ratios meaningless). */
+function relError(a: Float32Array, b: Float32Array): number {
+  let diff = 0;
+  let scale = 0;
+  for (let i = 0; i < b.length; i++) {
+    diff = Math.max(diff, Math.abs(a[i] - b[i]));
+    scale = Math.max(scale, Math.abs(b[i]));
+  }
+  return diff / Math.max(scale, 1e-30);
+}
+
+const rel = (a: number, b: number) => Math.abs(a - b) / Math.max(Math.abs(b), 1e-12);
+
+let reference: Awaited<ReturnType<typeof singleProcess>>;
+beforeAll(async () => {
+  reference = await singleProcess();
+});
+
+test.each([2, 3])('%i ranks reducing inside the run take the steps of one process (loss, grad norm within 1e-6 relative; gradients bitwise those of the post-run all-reduce, within 1e-6 of one process; weights within 1e-6)', async (world) => {
+  const ranks = await threads(world);
+  const post = await postRun(world);
+  for (const [r, res] of ranks.entries()) {
+    for (let step = 0; step < STEPS; step++) {
+      const ref = reference.results[step];
+      expect(rel(res.losses[step], ref.loss)).toBeLessThanOrEqual(1e-6);
+      expect(res.losses[step]).toBe(post.results[r][step].loss);
+      expect(res.gradNorms[step]).toBe(post.results[r][step].gradNorm);
+      expect(rel(res.gradNorms[step], ref.gradNorm)).toBeLessThanOrEqual(1e-6);
+      expect(rel(res.nll[step], ref.metrics.token_nll_sum)).toBeLessThanOrEqual(1e-6);
+      for (const [name, g] of reference.grads[step]) {
+        // one process's gradients where the weights are still the same; later steps' weights carry AdamW's rounding (below)
+        if (step === 0) expect({ name, rank: r, err: relError(res.grads[step][name], g) <= 1e-6 }).toEqual({ name, rank: r, err: true });
+        // bitwise the sums of the post-run all-reduce (same rank-order additions), on every rank, every step
+        expect({ name, step, rank: r, same: res.grads[step][name].every((x, i) => Object.is(x, post.grads[r][step].get(name)![i])) }).toEqual({ name, step, rank: r, same: true });
+      }
+      // every bucket's node ran once a step, in the backward's order
+      expect(res.order[step]).toEqual(ranks[0].order[0].map((_, k) => k));
+    }
+    let worst = 0;
+    for (const [name, v] of reference.final) {
+      const mine = res.finals[name];
+      for (let i = 0; i < v.length; i++) worst = Math.max(worst, Math.abs(mine[i] - v[i]));
+    }
+    expect(worst).toBeLessThanOrEqual(1e-6);
+  }
+  // several buckets (else nothing could overlap), and the trajectory moved
+  expect(ranks[0].order[0].length).toBeGreaterThan(3);
+  expect(reference.results[STEPS - 1].loss).toBeLessThan(reference.results[0].loss);
+
+  // ORT's order: each bucket's node runs while backward nodes remain, bucket 0 (the head and the last layer) before most of them
+  const profile = ranks[0].profile!;
+  const at = (k: number) => profile.findIndex((n) => n.op === `GradAllReduce_${k}`);
+  const backward = profile.map((n, i) => (n.name.startsWith('grad/') ? i : -1)).filter((i) => i >= 0);
+  const buckets = ranks[0].order[0].length;
+  const positions = Array.from({ length: buckets }, (_, k) => at(k));
+  expect(positions.every((p, k) => p >= 0 && (k === 0 || p > positions[k - 1]))).toBe(true);
+  for (let k = 0; k < buckets - 1; k++) expect(backward.filter((i) => i > positions[k]).length).toBeGreaterThan(0);
+  expect(backward.filter((i) => i > positions[0]).length / backward.length).toBeGreaterThan(0.5);
+  // the embedding's gradient is the last to complete: its producer (the Gather's gradient) runs after every other bucket's node
+  const embedding = profile.findLastIndex((n) => n.name.startsWith('grad/') && n.op === 'ScatterND');
+  expect(positions.slice(0, -1).every((p) => p < embedding)).toBe(true);
+}, 120_000);
+
+test('the in-run reduction refuses what it does not cover, by option name', () => {
+  const device = Device.cpu();
+  const make = () => gradientAllReduceInGraph(ThreadGroup.join(ThreadGroup.create(1), 0), device);
+  const t = Trainer.create(spec, { params: weights }, { inGraphGradients: make() });
+  expect(() => t.trainStep(rankBatches(rows(0, 2), 0, 1, 1), 0.01)).toThrow(/inGraphGradients.*trainStepAsync/);
+  t.dispose();
+  expect(() => Trainer.create(spec, { params: weights }, { inGraphGradients: make(), microBatches: 2 })).toThrow(/inGraphGradients .*microBatches 1 \(got 2\)/);
+  expect(() => Trainer.create(spec, { params: weights }, { inGraphGradients: make(), onGradients: async () => undefined })).toThrow(/inGraphGradients .*replaces onGradients/);
+  expect(() => Trainer.create(spec, { params: weights }, { inGraphGradients: make(), staticInputs: true })).toThrow(/inGraphGradients .*cudaGraph \/ staticInputs/);
+  expect(() => Trainer.create(spec, { params: weights }, { inGraphGradients: make(), gradReduceDtype: 'bfloat16' })).toThrow(/inGraphGradients .*gradReduceDtype 'bfloat16'/);
+  expect(() => Trainer.create(spec, { params: weights }, { inGraphGradients: make(), zero: LocalGroup.create(1)[0] })).toThrow(/inGraphGradients .*ZeRO/);
+});
+
+test('a ThreadGroup rank left alone fails after its timeout, naming itself; the peer then fails naming it', async () => {
+  const shared = ThreadGroup.create(2, 16);
+  const r0 = ThreadGroup.join(shared, 0, { timeoutMs: 200 });
+  const t0 = Date.now();
+  await expect(r0.allReduceHost(Float64Array.of(1))).rejects.toThrow(/rank 0 waited 200 ms in allReduceHost/);
+  expect(Date.now() - t0).toBeLessThan(5000);
+  const r1 = ThreadGroup.join(shared, 1, { timeoutMs: 10_000 });
+  await expect(r1.allReduceHost(Float64Array.of(1))).rejects.toThrow(/rank 0 aborted/);
+});
