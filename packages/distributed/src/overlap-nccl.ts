@@ -61,9 +61,9 @@ export class NcclInRunReducer implements InRunReducer {
   static create(nccl: NcclCollectives): NcclInRunReducer {
     const api = NcclApi.get();
     const ev = eventApi(api);
-    const out = [0n as unknown];
+    const out: (bigint | null)[] = [null];
     api.checkCuda('cudaEventCreateWithFlags', ev.cudaEventCreateWithFlags(out, EVENT_DISABLE_TIMING));
-    return new NcclInRunReducer(nccl, api, ev, out[0] as bigint);
+    return new NcclInRunReducer(nccl, api, ev, out[0]!);
   }
 
   get rank(): number {

@@ -15,10 +15,15 @@
  *   gradients are already reduce-scattered into shard sums).
  * - --grad-reduce-dtype bfloat16: gradients summed over the ranks in bfloat16 (half the bytes of
  *   the all-reduce or reduce-scatter), cast in one run each way around it.
+ * - --overlap: the float32 all-reduce inside the backward's run (`gradientAllReduceInGraph`: a node
+ *   per --bucket-mb bucket enqueues NCCL behind the compute stream), on a device opened with Lathe's
+ *   compute stream (`Kernels.withDevice`, so the fused AdamW is the default too); --compute-stream
+ *   opens the device the same way without it, the A/B baseline. On the CPU --overlap runs alone
+ *   only (a one-rank `ThreadGroup`: the in-run path without peers); over TCP it is refused.
  *
  * usage (each rank): node .bundle/dp-check.js [--shape 0.6b|1.7b|4b|tiny] [--compute float32|bfloat16]
  *   [--device cuda|cpu] [--steps 20] [--batch 8] [--seq 512] [--micro 1] [--lr 1e-5] [--warmup 2]
- *   [--flash-attention] [--recompute] [--tf32] [--bucket-mb 25] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--reference ONE.json] [--tol X] [--out FILE]
+ *   [--flash-attention] [--recompute] [--tf32] [--bucket-mb 25] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap] [--compute-stream] [--reference ONE.json] [--tol X] [--out FILE]
  * run:  node .bundle/lathe.js launch --gpus 2 -- node .bundle/dp-check.js --compute float32 --out two.json
  * Prints one JSON line per rank (rank 0's first); --out writes rank 0's.
  */
@@ -26,7 +31,8 @@ import { writeFileSync, readFileSync } from 'node:fs';
 import { paramSpecs, parseConfig, randomWeight, totalLengthTensor, TOTAL_LENGTH_INPUT, type HfConfig } from '@lathe/models';
 import { Device, type HostTensor } from '@lathe/runtime';
 import { sftLoss, Trainer, type TrainableParam } from '@lathe/train';
-import { checkDataParallelBatch, checkSameConfig, gradientAllReduce, NcclCollectives, shardOf, TcpCollectives, worldFromEnv, type Collectives } from '@lathe/distributed';
+import { checkDataParallelBatch, checkSameConfig, gradientAllReduce, gradientAllReduceInGraph, NcclCollectives, NcclInRunReducer, shardOf, TcpCollectives, ThreadGroup, worldFromEnv, type Collectives } from '@lathe/distributed';
+import { Kernels } from '@lathe/kernels';
 import { arg, flag } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
 
@@ -62,17 +68,29 @@ async function main(): Promise<void> {
   if (zero !== 0 && zero !== 1 && zero !== 2) throw new Error(`--zero ${zero}: 0, 1 or 2`);
   const gradReduceDtype = arg('grad-reduce-dtype', 'float32') as 'float32' | 'bfloat16';
   if (gradReduceDtype !== 'float32' && gradReduceDtype !== 'bfloat16') throw new Error(`--grad-reduce-dtype ${String(gradReduceDtype)}: float32 or bfloat16`);
+  const overlap = flag('overlap');
+  const computeStream = overlap || flag('compute-stream');
   const world = worldFromEnv();
+  if (overlap && (zero !== 0 || gradReduceDtype !== 'float32' || micro !== 1)) throw new Error('--overlap: the in-run all-reduce is float32 with --zero 0 and --micro 1 (bfloat16, ZeRO and micro-batches are not done in the run yet)');
+  if (overlap && deviceKind !== 'cuda' && world.worldSize > 1) throw new Error('--overlap: on the CPU the in-run all-reduce needs ranks as threads of one process (ThreadGroup, the tests); processes over TCP cannot sum inside a run: use --device cuda, or run one rank');
   checkDataParallelBatch(rowsPerStep, micro, world.worldSize, { batch: '--batch', micro: '--micro' });
 
   // the group: TCP between processes, NCCL over it on CUDA (alone: no group at all)
   let group: Collectives | undefined;
   if (world.worldSize > 1) {
     const tcp = await TcpCollectives.connect({ rank: world.rank, worldSize: world.worldSize, addr: world.masterAddr, port: world.masterPort });
-    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, recompute: flag('recompute'), tf32: flag('tf32'), zero, gradReduceDtype });
+    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, recompute: flag('recompute'), tf32: flag('tf32'), zero, gradReduceDtype, overlap, computeStream });
     group = deviceKind === 'cuda' ? await NcclCollectives.create(tcp, { deviceId: world.localRank }) : tcp;
   }
-  const device = Device.open(deviceKind, { id: world.localRank, tf32: flag('tf32') });
+  // the in-run all-reduce orders NCCL behind the stream the sessions run on: Lathe's own
+  const device = computeStream && deviceKind === 'cuda' ? Kernels.withDevice({ deviceId: world.localRank, device: { tf32: flag('tf32') } }).device : Device.open(deviceKind, { id: world.localRank, tf32: flag('tf32') });
+  const bucketBytes = Number(arg('bucket-mb', '25')) * 2 ** 20;
+  const inRun = !overlap ? undefined : group instanceof NcclCollectives ? NcclInRunReducer.create(group) : !group && deviceKind === 'cpu' ? ThreadGroup.join(ThreadGroup.create(1), 0) : undefined;
+  const reduction = inRun
+    ? { inGraphGradients: gradientAllReduceInGraph(inRun, device, { bucketBytes }) }
+    : group
+      ? { gradReduceDtype, ...(zero >= 1 ? { zero: group } : { onGradients: gradientAllReduce(group, { bucketBytes }) }) }
+      : {};
   const config = parseConfig(hf, `--shape ${shape}`);
   const specs = paramSpecs(config);
   const sample = randomWeight({ seed: 1, std: 0.02 });
@@ -81,7 +99,7 @@ async function main(): Promise<void> {
   const trainer = Trainer.create(
     { params, loss: sftLoss(config, { compute, flashAttention: flash, recompute: flag('recompute') }), optimizer: { weightDecay: 0.01, maxGradNorm: 1 } },
     { params: init },
-    { device, microBatches: micro, ...(group ? { gradReduceDtype, ...(zero >= 1 ? { zero: group } : { onGradients: gradientAllReduce(group, { bucketBytes: Number(arg('bucket-mb', '25')) * 2 ** 20 }) }) } : {}) },
+    { device, microBatches: micro, ...reduction },
   );
   init.clear();
   const i64 = (rows: number[][]): HostTensor => ({ data: BigInt64Array.from(rows.flat().map(BigInt)), dims: [rows.length, rows[0].length] });
@@ -120,6 +138,8 @@ async function main(): Promise<void> {
     micro,
     zero,
     grad_reduce_dtype: gradReduceDtype,
+    overlap: Boolean(inRun),
+    compute_stream: computeStream,
     moment_bytes: trainer.momentBytes,
     state_bytes: trainer.stateBytes,
     losses,
@@ -136,6 +156,7 @@ async function main(): Promise<void> {
     result.parity = { reference_world: ref.world, max_rel_loss_diff: Math.max(...rel), tol, pass: Math.max(...rel) <= tol };
   }
   trainer.dispose();
+  if (inRun instanceof NcclInRunReducer) inRun.dispose();
   await group?.close();
   const line = JSON.stringify(result);
   if (world.rank === 0 && arg('out', '')) writeFileSync(arg('out', ''), line + '\n');
