@@ -73,6 +73,47 @@ const kernelLines = (Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[])
   .flatMap((d) => W4A16_VARIANTS.map((v) => `W4A16_KERNEL(${W4A16_TYPES[d].suffix}, ${W4A16_TYPES[d].c}, ${v.mt}, ${v.nt}, ${w4a16KernelName(d, v.mt, v.nt)}, ${v.maxWarps})`))
   .join('\n');
 
+/**
+ * The tiled kernels for more rows (`w4a16_<t>_tile_m<BM>_n<BN>`, the Marlin idea): a CTA of 2 × 2 warps owns
+ * an output tile of BM = 16·mt rows × BN = 32·nt columns (each warp 8·mt rows × 16·nt columns) and loops
+ * over K in chunks of 128, {@link W4A16_TILE_STAGES} chunks in flight: cp.async copies the chunk's
+ * activations [BM, 128] and packed weights [BN, 64 bytes] into shared memory while earlier chunks are
+ * multiplied, so each weight byte is read once per BM rows and each activation once per BN columns.
+ * Ordered largest first; a 64 × 128 tile (four column tiles a warp) needs more than 255 registers.
+ */
+export const W4A16_TILE_VARIANTS: readonly { mt: 2 | 4; nt: 1 | 2 }[] = [
+  { mt: 4, nt: 2 },
+  { mt: 2, nt: 2 },
+  { mt: 2, nt: 1 },
+];
+
+/** Chunks of K (128) in flight in the tiled kernels: one multiplied while the next two are copied. */
+export const W4A16_TILE_STAGES = 3;
+
+/** Threads of a tiled kernel's CTA (2 × 2 warps). */
+export const W4A16_TILE_THREADS = 128;
+
+/** Rows (BM) and columns (BN) of a tiled kernel's output tile. */
+export function w4a16TileDims(v: { mt: number; nt: number }): { bm: number; bn: number } {
+  return { bm: 16 * v.mt, bn: 32 * v.nt };
+}
+
+/** Dynamic shared memory of a tiled kernel (bytes): each stage's activations [BM][128] in 16 bits and weights [BN][64 bytes]. */
+export function w4a16TileSmem(v: { mt: number; nt: number }): number {
+  const { bm, bn } = w4a16TileDims(v);
+  return W4A16_TILE_STAGES * (bm * 256 + bn * 64);
+}
+
+/** The tiled kernel's name for a dtype and tile, e.g. `w4a16_bf16_tile_m64_n64`. */
+export function w4a16TileKernelName(dtype: keyof typeof W4A16_TYPES, v: { mt: number; nt: number }): string {
+  const { bm, bn } = w4a16TileDims(v);
+  return `w4a16_${W4A16_TYPES[dtype].suffix}_tile_m${bm}_n${bn}`;
+}
+
+const tileLines = (Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[])
+  .flatMap((d) => W4A16_TILE_VARIANTS.map((v) => `W4A16_TILE_KERNEL(${W4A16_TYPES[d].c}, ${v.mt}, ${v.nt}, ${w4a16TileKernelName(d, v)})`))
+  .join('\n');
+
 /** The whole source: every kernel for every element type and tile count. */
 export const w4a16Source = String.raw`
 #include <cuda_fp16.h>
@@ -137,6 +178,13 @@ template <> __device__ __forceinline__ unsigned w4_dequant2<__half>(unsigned q, 
   const __half2 r = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&q), *reinterpret_cast<const __half2*>(&z)), *reinterpret_cast<const __half2*>(&s));
   return *reinterpret_cast<const unsigned*>(&r);
 }
+// 16 bytes global → shared without a register round trip; pred false writes 16 zero bytes (src unread).
+__device__ __forceinline__ void w4_cp16(void* dst, const void* src, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void w4_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's committed copy groups are still in flight.
+template <int N> __device__ __forceinline__ void w4_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 #endif
 
 template <typename T, int MT, int NT>
@@ -258,4 +306,159 @@ __device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsign
     w4a16_body<T, MT, NT>(A, B, S, Z, C0, C1, C2, M, N, n1, n2, K, kb, bs_log2, reinterpret_cast<float*>(smem));                          \
   }
 ${kernelLines}
+
+// ---- The tiled kernels (16 < M): a CTA of 2 × 2 warps owns a [16·MT rows × 32·NT columns] tile of C. ----
+// Each warp owns 8·MT rows × 16·NT columns and multiplies as w4a16_body does (weights the mma's A operand,
+// lane (g, t) holding codes 32t..32t + 31 of each 128-chunk of its rows), but both operands come from
+// shared memory, copied in by cp.async W4T_STAGES chunks ahead. Activations: [BM][128] 16-bit values a
+// stage, 16-byte unit u of row r stored at unit u ^ ((u >> 3) << 1 | (r & 1)), so the 8 lanes of a
+// quarter warp (rows g, g + 1; units 4t + i) hit 8 distinct bank groups. Weights: [BN][64 bytes] a stage,
+// lane t reading bytes 16t..16t + 15 (a quarter warp: 128 contiguous bytes). Scales and zero points of the
+// next chunk are read into registers while a chunk is multiplied. No cross-warp sum: deterministic.
+#define W4T_STAGES ${W4A16_TILE_STAGES}
+template <typename T, int MT, int NT>
+__device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const unsigned char* __restrict__ B, const T* __restrict__ S, const unsigned char* __restrict__ Z, T* __restrict__ C0,
+                                                T* __restrict__ C1, T* __restrict__ C2, int M, int N, int n1, int n2, int K, int kb, int bs_log2, unsigned char* smem) {
+  constexpr int BM = 16 * MT, BN = 32 * NT, A_STAGE = BM * 256, B_STAGE = BN * 64;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int wn = warp & 1, wm = warp >> 1;  // the warp's column and row halves of the tile
+  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+  const int Kp = kb << bs_log2;
+  const long long row_bytes = Kp >> 1;
+  const int chunks = (Kp + 127) >> 7;
+  const int zcols = (kb + 1) >> 1;
+  const unsigned magic = W4Magic<T>::bits, magic2 = magic | (magic << 16);
+  unsigned char* As = smem;
+  unsigned char* Bs = smem + W4T_STAGES * A_STAGE;
+
+  // chunk c's activations and weights into stage st (rows past M or N, units past K or Kp: zeros)
+  auto load = [&](int st, int c) {
+    const int kc = c << 7;
+#pragma unroll
+    for (int i = 0; i < BM * 16 / 128; ++i) {
+      const int idx = tid + 128 * i, r = idx >> 4, u = idx & 15;
+      const int m = m0 + r, k = kc + 8 * u;
+      const bool v = m < M && k < K;
+      const int p = u ^ (((u >> 3) << 1) | (r & 1));
+      w4_cp16(As + st * A_STAGE + r * 256 + p * 16, v ? (const void*)(A + (long long)m * K + k) : (const void*)A, v);
+    }
+#pragma unroll
+    for (int i = 0; i < BN * 4 / 128; ++i) {
+      const int idx = tid + 128 * i, r = idx >> 2, u = idx & 3;
+      const int n = n0 + r, k = kc + 32 * u;
+      const bool v = n < N && k < Kp;
+      w4_cp16(Bs + st * B_STAGE + r * 64 + u * 16, v ? (const void*)(B + (long long)n * row_bytes + (k >> 1)) : (const void*)B, v);
+    }
+  };
+  // the scale and zero point of this lane's rows in chunk c (scale 0 past N or Kp: products 0, never written)
+  auto scales = [&](int c, unsigned (&so)[NT][2], unsigned (&zo)[NT][2]) {
+    const int k = (c << 7) + (t << 5), blk = k >> bs_log2;
+#pragma unroll
+    for (int u = 0; u < NT; ++u)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int n = n0 + wn * 16 * NT + 16 * u + g + 8 * r;
+        unsigned sb = 0u, zp = 8u;
+        if (c < chunks && k < Kp && n < N) {
+          const T sv = S[(long long)n * kb + blk];
+          sb = *reinterpret_cast<const unsigned short*>(&sv);
+          if (Z) zp = (Z[(long long)n * zcols + (blk >> 1)] >> ((blk & 1) << 2)) & 15u;
+        }
+        so[u][r] = sb | (sb << 16);
+        zo[u][r] = (magic | zp) * 0x10001u;
+      }
+  };
+
+  float acc[NT][MT][4];
+#pragma unroll
+  for (int u = 0; u < NT; ++u)
+#pragma unroll
+    for (int j = 0; j < MT; ++j) acc[u][j][0] = acc[u][j][1] = acc[u][j][2] = acc[u][j][3] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < W4T_STAGES - 1; ++s) {
+    if (s < chunks) load(s, s);
+    w4_cp_commit();
+  }
+  unsigned s2[NT][2], z2[NT][2];
+  scales(0, s2, z2);
+  for (int c = 0; c < chunks; ++c) {
+    // chunk c has landed (for every thread: the barrier); the stage chunk c − 1 used is free again
+    w4_cp_wait<W4T_STAGES - 2>();
+    __syncthreads();
+    if (c + W4T_STAGES - 1 < chunks) load((c + W4T_STAGES - 1) % W4T_STAGES, c + W4T_STAGES - 1);
+    w4_cp_commit();  // an empty group past the end keeps the wait's count right
+    unsigned sn[NT][2], zn[NT][2];
+    scales(c + 1, sn, zn);
+    const unsigned char* as = As + (c % W4T_STAGES) * A_STAGE;
+    const unsigned char* bs = Bs + (c % W4T_STAGES) * B_STAGE;
+    uint4 w[NT][2];
+#pragma unroll
+    for (int u = 0; u < NT; ++u)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) w[u][r] = *reinterpret_cast<const uint4*>(bs + (wn * 16 * NT + 16 * u + g + 8 * r) * 64 + 16 * t);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      // activations 32t + 8i .. + 7 of the chunk for row 8j + g of the warp's rows: k-steps 2i and 2i + 1
+      uint4 x[MT];
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        const int r = wm * 8 * MT + 8 * j + g, u = 4 * t + i;
+        x[j] = *reinterpret_cast<const uint4*>(as + r * 256 + (u ^ (((u >> 3) << 1) | (r & 1))) * 16);
+      }
+#pragma unroll
+      for (int u = 0; u < NT; ++u) {
+        const unsigned wq[2] = {i == 0 ? w[u][0].x : i == 1 ? w[u][0].y : i == 2 ? w[u][0].z : w[u][0].w, i == 0 ? w[u][1].x : i == 1 ? w[u][1].y : i == 2 ? w[u][1].z : w[u][1].w};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          unsigned a[4];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const unsigned bytes = __byte_perm(wq[r], 0u, h ? 0x4342u : 0x4140u);
+            const unsigned lo = (bytes & 0x000f000fu) | magic2, hi = ((bytes >> 4) & 0x000f000fu) | magic2;
+            a[r] = w4_dequant2<T>(lo, z2[u][r], s2[u][r]);
+            a[r + 2] = w4_dequant2<T>(hi, z2[u][r], s2[u][r]);
+          }
+#pragma unroll
+          for (int j = 0; j < MT; ++j) {
+            const unsigned p0 = h ? x[j].z : x[j].x, p1 = h ? x[j].w : x[j].y;
+            mma16816<T>(acc[u][j], a, __byte_perm(p0, p1, 0x5410u), __byte_perm(p0, p1, 0x7632u));
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < NT; ++u)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        s2[u][r] = sn[u][r];
+        z2[u][r] = zn[u][r];
+      }
+  }
+  w4_cp_wait<0>();
+
+  // each accumulator to its output: columns [0, n1) to C0, [n1, n2) to C1, [n2, N) to C2
+#pragma unroll
+  for (int u = 0; u < NT; ++u)
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int n = n0 + wn * 16 * NT + 16 * u + g + (e >> 1) * 8, m = m0 + wm * 8 * MT + 8 * j + 2 * t + (e & 1);
+        if (n >= N || m >= M) continue;
+        const T v = w4_from_f<T>(acc[u][j][e]);
+        if (n < n1) C0[(long long)m * n1 + n] = v;
+        else if (n < n2) C1[(long long)m * (n2 - n1) + (n - n1)] = v;
+        else C2[(long long)m * (N - n2) + (n - n2)] = v;
+      }
+}
+
+#define W4A16_TILE_KERNEL(T, MT, NT, NAME)                                                                                        \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const T* A, const unsigned char* B, const T* S, const unsigned char* Z, T* C0, T* C1, \
+                                                         T* C2, int M, int N, int n1, int n2, int K, int kb, int bs_log2) {                \
+    W4_SHARED(smem);                                                                                                                  \
+    w4a16_tile_body<T, MT, NT>(A, B, S, Z, C0, C1, C2, M, N, n1, n2, K, kb, bs_log2, smem);                                          \
+  }
+${tileLines}
 `;

@@ -14,7 +14,20 @@ import { CustomOpDomain } from './custom-op';
 import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
 import { type Kernel, type Kernels } from './kernels';
-import { W4A16_TILES, W4A16_TYPES, W4A16_VARIANTS, w4a16KernelName, w4a16MaxWarps, w4a16Smem, w4a16Source } from './w4a16-source';
+import {
+  W4A16_TILE_THREADS,
+  W4A16_TILE_VARIANTS,
+  W4A16_TILES,
+  W4A16_TYPES,
+  W4A16_VARIANTS,
+  w4a16KernelName,
+  w4a16MaxWarps,
+  w4a16Smem,
+  w4a16Source,
+  w4a16TileDims,
+  w4a16TileKernelName,
+  w4a16TileSmem,
+} from './w4a16-source';
 
 /** One W4A16 product: C [M, N] = A [M, K] · dequant(B)ᵀ, B in MatMulNBits' 4-bit layout. */
 export interface W4A16Shape {
@@ -79,6 +92,61 @@ export function w4a16Plan(shape: Pick<W4A16Shape, 'M' | 'N' | 'kBlocks' | 'block
   return { mt, nt, warps, grid: [Math.ceil(shape.N / (16 * nt)), Math.ceil(rows / (8 * mt))], sharedBytes: w4a16Smem(warps, mt, nt) };
 }
 
+/**
+ * Rows from which {@link W4A16.matmul} takes the tiled kernels by default: past 16 rows the split-K kernels
+ * (16 columns a CTA) re-read the activations once per 16 columns, the tiled ones once per 32–128.
+ */
+export const W4A16_TILE_FROM_ROWS = 17;
+
+/** SMs a tiled launch is sized for when the caller does not say (an H100 or H200 SXM). */
+export const W4A16_DEFAULT_SMS = 132;
+
+/** A tiled kernel's tile: mt → BM = 16·mt rows, nt → BN = 32·nt columns (see `W4A16_TILE_VARIANTS`). */
+export interface W4A16Tile {
+  mt: 2 | 4;
+  nt: 1 | 2;
+}
+
+/** The launch of a shape on a tiled kernel. */
+export interface W4A16TilePlan extends W4A16Tile {
+  bm: number;
+  bn: number;
+  grid: [number, number];
+  threads: number;
+  sharedBytes: number;
+}
+
+/**
+ * The tiled launch of `shape`: `tile` if given, else the largest tile (fewest re-reads of weights and
+ * activations) whose grid still gives every one of `sms` SMs two CTAs, else the smallest tile (the most CTAs).
+ */
+export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N'>, opts: { tile?: W4A16Tile; sms?: number } = {}): W4A16TilePlan {
+  const rows = Math.max(shape.M, 1);
+  const ctas = (v: W4A16Tile) => Math.ceil(shape.N / w4a16TileDims(v).bn) * Math.ceil(rows / w4a16TileDims(v).bm);
+  let v: W4A16Tile | undefined;
+  if (opts.tile) {
+    v = W4A16_TILE_VARIANTS.find((x) => x.mt === opts.tile!.mt && x.nt === opts.tile!.nt);
+    if (!v) throw new Error(`W4A16 has no tiled build of ${16 * opts.tile.mt} × ${32 * opts.tile.nt} (builds: ${W4A16_TILE_VARIANTS.map((x) => `${w4a16TileDims(x).bm} × ${w4a16TileDims(x).bn}`).join(', ')})`);
+  } else {
+    const sms = opts.sms ?? W4A16_DEFAULT_SMS;
+    v = W4A16_TILE_VARIANTS.find((x) => ctas(x) >= 2 * sms) ?? W4A16_TILE_VARIANTS[W4A16_TILE_VARIANTS.length - 1];
+  }
+  const { bm, bn } = w4a16TileDims(v);
+  return { mt: v.mt, nt: v.nt, bm, bn, grid: [Math.ceil(shape.N / bn), Math.ceil(rows / bm)], threads: W4A16_TILE_THREADS, sharedBytes: w4a16TileSmem(v) };
+}
+
+/** How {@link W4A16.matmul} picks its kernel. */
+export interface W4A16LaunchOptions {
+  /** Column tiles of the split-K kernels (see {@link w4a16Plan}). */
+  columnTiles?: 1 | 2;
+  /** Rows from which the tiled kernels run (default {@link W4A16_TILE_FROM_ROWS}; Infinity: never). */
+  tileFromRows?: number;
+  /** The tiled kernels' tile (default: {@link w4a16TilePlan}'s choice). */
+  tile?: W4A16Tile;
+  /** SMs the tiled grid is sized for (default {@link W4A16_DEFAULT_SMS}). */
+  sms?: number;
+}
+
 type Ptr = ArgValue<'ptr'>;
 type Sig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'i32', 'i32', 'i32', 'i32'];
 const SIG: Sig = ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'i32', 'i32', 'i32', 'i32'];
@@ -102,6 +170,7 @@ export class W4A16 {
   private constructor(
     readonly kernels: Kernels,
     private readonly variants: Map<string, Kernel<Sig>>,
+    private readonly tiles: Map<string, Kernel<Sig>>,
   ) {}
 
   /** Compiles (or loads from the cache) every variant — bf16/fp16 × M ≤ 8/16/32/64 (and 32 columns a warp for M ≤ 16) — with the CUDA headers of `includeDir`. */
@@ -112,22 +181,41 @@ export class W4A16 {
     for (const dtype of Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[]) {
       for (const v of W4A16_VARIANTS) variants.set(`${dtype}/${v.mt}/${v.nt}`, mod.kernel(w4a16KernelName(dtype, v.mt, v.nt), SIG));
     }
-    return new W4A16(kernels, variants);
+    const tiles = new Map<string, Kernel<Sig>>();
+    for (const dtype of Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[]) {
+      for (const v of W4A16_TILE_VARIANTS) {
+        const k = mod.kernel(w4a16TileKernelName(dtype, v), SIG);
+        // past 48 KB of dynamic shared memory a kernel must opt in
+        kernels.driver.setMaxDynamicSharedBytes(k.handle, w4a16TileSmem(v));
+        tiles.set(`${dtype}/${v.mt}/${v.nt}`, k);
+      }
+    }
+    return new W4A16(kernels, variants, tiles);
   }
 
-  /** Queues C = A · dequant(B)ᵀ on `stream` (default: the kernels' stream); nothing for M = 0. `columnTiles`: see {@link w4a16Plan}. */
-  matmul(shape: W4A16Shape, a: W4A16Args, stream?: Handle, columnTiles: 1 | 2 = 1): void {
+  /**
+   * Queues C = A · dequant(B)ᵀ on `stream` (default: the kernels' stream); nothing for M = 0. M below
+   * `tileFromRows` runs the split-K kernels ({@link w4a16Plan}, with `columnTiles`), larger M the tiled ones
+   * ({@link w4a16TilePlan}). `opts` as a number is the column tiles (the older signature).
+   */
+  matmul(shape: W4A16Shape, a: W4A16Args, stream?: Handle, opts: W4A16LaunchOptions | 1 | 2 = {}): void {
+    const o: W4A16LaunchOptions = typeof opts === 'number' ? { columnTiles: opts } : opts;
     const why = w4a16Unsupported(shape);
     if (why) throw new Error(`W4A16 kernels do not support ${why}`);
     if (shape.M === 0) return;
-    const plan = w4a16Plan(shape, columnTiles);
-    const kernel = this.variants.get(`${shape.dtype}/${plan.mt}/${plan.nt}`)!;
     const widths = shape.widths ?? [shape.N];
     const c = Array.isArray(a.c) ? (a.c as readonly Ptr[]) : [a.c as Ptr];
     if (c.length !== widths.length) throw new Error(`W4A16.matmul: ${c.length} outputs for ${widths.length} widths`);
     const n1 = widths[0];
     const n2 = n1 + (widths[1] ?? 0);
-    kernel.launch({ grid: plan.grid, block: 32 * plan.warps, sharedBytes: plan.sharedBytes, stream }, a.a, a.b, a.scales, a.zeroPoints, c[0], c[1] ?? 0n, c[2] ?? 0n, shape.M, shape.N, n1, n2, shape.K, shape.kBlocks, Math.log2(shape.blockSize));
+    const args = [a.a, a.b, a.scales, a.zeroPoints, c[0], c[1] ?? 0n, c[2] ?? 0n, shape.M, shape.N, n1, n2, shape.K, shape.kBlocks, Math.log2(shape.blockSize)] as const;
+    if (shape.M >= (o.tileFromRows ?? W4A16_TILE_FROM_ROWS)) {
+      const plan = w4a16TilePlan(shape, o);
+      this.tiles.get(`${shape.dtype}/${plan.mt}/${plan.nt}`)!.launch({ grid: plan.grid, block: plan.threads, sharedBytes: plan.sharedBytes, stream }, ...args);
+      return;
+    }
+    const plan = w4a16Plan(shape, o.columnTiles ?? 1);
+    this.variants.get(`${shape.dtype}/${plan.mt}/${plan.nt}`)!.launch({ grid: plan.grid, block: 32 * plan.warps, sharedBytes: plan.sharedBytes, stream }, ...args);
   }
 }
 
@@ -224,9 +312,11 @@ let domainCount = 0;
  * computes launch `kernels` (compiled on the kernels whose stream the device's sessions run on:
  * `Kernels.withDevice`), on the CPU they compute {@link w4a16Reference} on the host (float32).
  * Nodes `W4A16MatMul_<dtype>` (A, B, scales) and `W4A16MatMulZp_<dtype>` (A, B, scales, zero points) → C.
- * `columnTiles` 2: launches of at most 16 rows use the kernels with 32 columns a warp (see {@link w4a16Plan}).
+ * `opts` pick the kernels of each launch (see {@link W4A16.matmul}): `columnTiles` 2, launches of at most 16
+ * rows use the kernels with 32 columns a warp (see {@link w4a16Plan}); from `tileFromRows` rows (default 17)
+ * the tiled kernels ({@link w4a16TilePlan}).
  */
-export function w4a16Ops(provider: DeviceKind, kernels?: W4A16, opts: { columnTiles?: 1 | 2 } = {}): W4A16Ops {
+export function w4a16Ops(provider: DeviceKind, kernels?: W4A16, opts: W4A16LaunchOptions = {}): W4A16Ops {
   if (provider === 'cuda' && !kernels) throw new Error('w4a16Ops: CUDA needs the compiled W4A16 kernels (W4A16.compile on the kernels of the device)');
   const domain = new CustomOpDomain(`lathe.w4a16_${domainCount++}`);
   const api = CApi.get();
@@ -253,7 +343,7 @@ export function w4a16Ops(provider: DeviceKind, kernels?: W4A16, opts: { columnTi
         const shape: W4A16Shape = { M: size(lead), N, K, kBlocks, blockSize: 2 * half, dtype: dt, widths: ws };
         const c = ws.map((w, i) => ctx.output(i, [...lead, w]));
         if (kernels) {
-          kernels.matmul(shape, { a: a.data, b: b.data, scales: s.data, zeroPoints: z ? z.data : 0n, c }, undefined, opts.columnTiles);
+          kernels.matmul(shape, { a: a.data, b: b.data, scales: s.data, zeroPoints: z ? z.data : 0n, c }, undefined, opts);
           return;
         }
         if (shape.M === 0) return;

@@ -4,14 +4,16 @@
  * prmt's byte selection, half-precision rounding) against `w4a16Reference` (MatMulNBits'
  * dequantization, float64 sums): the operand permutation, nibble order, block scales and zero points,
  * ragged N, K padded to whole blocks, every n8-tile count, M past 64 rows (several grid rows), and the
- * cross-warp split of K — with the launch `w4a16Plan` gives. Needs g++ (C++20); the device check
+ * cross-warp split of K — with the launch `w4a16Plan` gives; and the tiled kernels for more rows (cp.async
+ * stages in shared memory, the activations' swizzle, tiles ragged in M and N, K padded, the stage ring
+ * wrapped several times, 2 and 3 outputs) with the launch `w4a16TilePlan` gives. Needs g++ (C++20); the device check
  * (tools/bench/quantization/quant-bench.ts, `--weights kernel`) tests the real build.
  */
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { roundToDtype, w4a16Plan, w4a16Reference, w4a16Source, type W4A16Shape } from '@lathe/kernels';
+import { roundToDtype, w4a16Plan, w4a16Reference, w4a16Source, w4a16TilePlan, type W4A16Shape, type W4A16Tile } from '@lathe/kernels';
 import { fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits } from '@lathe/runtime';
 
 const emulation = join(__dirname, 'emulation');
@@ -48,6 +50,8 @@ interface Case {
   widths?: number[];
   /** Column tiles of 16 per warp (default 1). */
   columnTiles?: 1 | 2;
+  /** The tiled kernels: this tile, or 'auto' for w4a16TilePlan's choice. */
+  tile?: W4A16Tile | 'auto';
 }
 
 function run(c: Case): { got: Float32Array; want: Float64Array; warps: number; mt: number; nt: number; gridY: number } {
@@ -64,11 +68,11 @@ function run(c: Case): { got: Float32Array; want: Float64Array; warps: number; m
   const input = join(dir, 'in.bin');
   const output = join(dir, 'out.bin');
   writeFileSync(input, Buffer.concat([bytes(bits(a)), bytes(b), bytes(bits(scales)), ...(zeroPoints ? [bytes(zeroPoints)] : [])]));
-  const plan = w4a16Plan(shape, c.columnTiles);
+  const plan = c.tile ? { ...w4a16TilePlan(shape, c.tile === 'auto' ? {} : { tile: c.tile }), warps: 4 } : w4a16Plan(shape, c.columnTiles);
   const widths = c.widths ?? [c.N];
   const n1 = widths[0];
   const n2 = n1 + (widths[1] ?? 0);
-  execFileSync(harness, [input, output, c.dtype === 'bfloat16' ? 'bf16' : 'fp16', c.M, c.N, n1, n2, c.K, kBlocks, Math.log2(c.blockSize), zeroPoints ? 1 : 0, plan.mt, plan.nt, plan.warps].map(String), { stdio: 'pipe' });
+  execFileSync(harness, [input, output, c.dtype === 'bfloat16' ? 'bf16' : 'fp16', c.M, c.N, n1, n2, c.K, kBlocks, Math.log2(c.blockSize), zeroPoints ? 1 : 0, plan.mt, plan.nt, plan.warps, ...(c.tile ? ['tile'] : [])].map(String), { stdio: 'pipe' });
   const raw = readFileSync(output);
   const u16 = new Uint16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2);
   const flat = c.dtype === 'bfloat16' ? fromBfloat16Bits(u16) : fromFloat16Bits(u16);
@@ -118,3 +122,16 @@ test.each<[string, Case, { mt: number; warps: number; gridY: number; nt?: number
   expect({ mt: r.mt, warps: r.warps, gridY: r.gridY, nt: r.nt }).toEqual({ nt: 1, ...plan });
   expectClose(c, r);
 }, 60_000);
+
+test.each<[string, Case, { mt: number; nt: number; gridX: number; gridY: number }]>([
+  ['tiled 64 × 64, bf16, block 64: M = 70 and N = 80 ragged (a tile of 6 rows, one of 16 columns), 3 chunks = the stages', { dtype: 'bfloat16', M: 70, N: 80, K: 384, blockSize: 64, zeroPoints: false, tile: { mt: 4, nt: 2 } }, { mt: 4, nt: 2, gridX: 2, gridY: 2 }],
+  ['tiled 32 × 64, fp16 with zero points, block 32: K = 200 padded to 224 (a half-empty chunk), 33 rows', { dtype: 'float16', M: 33, N: 72, K: 200, blockSize: 32, zeroPoints: true, tile: { mt: 2, nt: 2 } }, { mt: 2, nt: 2, gridX: 2, gridY: 2 }],
+  ['tiled 32 × 32, bf16 with zero points, block 128: K = 1280 (10 chunks: the 3-stage ring wraps), q/k/v outputs of 32, 16, 16', { dtype: 'bfloat16', M: 40, N: 64, K: 1280, blockSize: 128, zeroPoints: true, widths: [32, 16, 16], tile: { mt: 2, nt: 1 } }, { mt: 2, nt: 1, gridX: 2, gridY: 2 }],
+  ['tiled 64 × 64, fp16: 17 rows, gate/up outputs of 24 and 24 (split inside a warp’s 32 columns)', { dtype: 'float16', M: 17, N: 48, K: 256, blockSize: 64, zeroPoints: false, widths: [24, 24], tile: { mt: 4, nt: 2 } }, { mt: 4, nt: 2, gridX: 1, gridY: 1 }],
+  ['tiled, the plan’s choice for 256 rows and N = 96: no tile fills 264 CTAs, so the smallest (32 × 32)', { dtype: 'bfloat16', M: 256, N: 96, K: 128, blockSize: 32, zeroPoints: true, tile: 'auto' }, { mt: 2, nt: 1, gridX: 3, gridY: 8 }],
+])('%s', (_name, c, plan) => {
+  const r = run(c);
+  const p = w4a16TilePlan({ M: c.M, N: c.N }, c.tile === 'auto' ? {} : { tile: c.tile });
+  expect({ mt: p.mt, nt: p.nt, gridX: p.grid[0], gridY: p.grid[1] }).toEqual(plan);
+  expectClose(c, r);
+}, 120_000);

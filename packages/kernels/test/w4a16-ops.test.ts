@@ -7,7 +7,7 @@
 import * as L from '@lathe/onnx';
 import { attr, defineOp } from '@lathe/onnx';
 import { Device } from '@lathe/runtime';
-import { w4a16Ops, w4a16Plan, w4a16Reference, w4a16Unsupported } from '@lathe/kernels';
+import { w4a16Ops, w4a16Plan, w4a16Reference, w4a16TilePlan, w4a16Unsupported } from '@lathe/kernels';
 
 interface NBits {
   K: number;
@@ -112,6 +112,20 @@ test('launch plans: decode rows take one n8 tile; K splits over warps in the few
   expect(w4a16Plan({ M: 1, N: 2048, kBlocks: 96, blockSize: 64 }).warps).toBe(24);
   // two column tiles at 16 rows: half the CTAs, at most 16 warps (the registers of 2 × 2 tiles)
   expect(w4a16Plan({ M: 16, N: 1024, kBlocks: 48, blockSize: 64 }, 2)).toEqual({ mt: 2, nt: 2, warps: 12, grid: [32, 1], sharedBytes: 12 * 2 * 2 * 512 });
+});
+
+test('tiled launch plans: the largest tile that still gives each of 132 SMs two CTAs, else the smallest; a tile asked for is kept', () => {
+  // Qwen3-0.6B at 256 rows: q (N = 2048) needs 32 × 32 tiles for 512 CTAs (32 × 64 gives 256 < 264)
+  expect(w4a16TilePlan({ M: 256, N: 2048 })).toEqual({ mt: 2, nt: 1, bm: 32, bn: 32, grid: [64, 8], threads: 128, sharedBytes: 3 * (32 * 256 + 32 * 64) });
+  // fused q/k/v (N = 4096): 32 × 64 gives 512; gate/up (N = 6144): 64 × 64 gives 384
+  expect(w4a16TilePlan({ M: 256, N: 4096 })).toMatchObject({ bm: 32, bn: 64, grid: [64, 8] });
+  expect(w4a16TilePlan({ M: 256, N: 6144 })).toMatchObject({ bm: 64, bn: 64, grid: [96, 4], sharedBytes: 3 * (64 * 256 + 64 * 64) });
+  // down (N = 1024): no tile reaches 264 CTAs, the smallest has the most
+  expect(w4a16TilePlan({ M: 256, N: 1024 })).toMatchObject({ bm: 32, bn: 32, grid: [32, 8] });
+  // fewer SMs: the larger tile already fills them
+  expect(w4a16TilePlan({ M: 256, N: 2048 }, { sms: 64 })).toMatchObject({ bm: 64, bn: 64, grid: [32, 4] });
+  expect(w4a16TilePlan({ M: 100, N: 2048 }, { tile: { mt: 4, nt: 2 } })).toMatchObject({ bm: 64, bn: 64, grid: [32, 2] });
+  expect(() => w4a16TilePlan({ M: 100, N: 2048 }, { tile: { mt: 2, nt: 4 } as never })).toThrow(/no tiled build of 32 × 128/);
 });
 
 test('shapes outside the kernels are named (the caller keeps MatMulNBits)', () => {

@@ -14,7 +14,7 @@
  * (`w4a16Ops` of @lathe/kernels, QuantizedModel.generation's `quantizedWeights: 'kernel'`: q/k/v and
  * gate/up concatenated, one launch a group; prefill keeps MatMulNBits; INT4 only), with the device opened through `Kernels.withDevice` so the op's
  * launches share the sessions' stream. With `kernel` asked for, before the timings: a numerics
- * check of the op against MatMulNBits on the device for Qwen3's q/gate/down shapes at M = 1, 16
+ * check of the op against MatMulNBits on the device for Qwen3's q/gate/down shapes at M = 1, 16, 40, 64
  * and 256 (max relative error printed; past 1e-2 the run ends with an error, after its numbers),
  * and a microbenchmark of the kernel alone on one projection of each shape (and the fused q/k/v and
  * gate/up) at M = 1 and 16 (GB/s of
@@ -23,7 +23,14 @@
  * library's default) through the op and larger ones through MatMulNBits; `kernel-all` sends every
  * decode batch through it (the kernel's own number at 256). `--kernel-column-tiles 2`: the op's launches
  * of at most 16 rows use the kernels with 32 columns a warp (half the activation reads, half the CTAs);
- * the microbenchmark times both.
+ * the microbenchmark times both. Past 16 rows the op runs the tiled kernels (a CTA per [BM × BN] output tile,
+ * cp.async stages in shared memory; `--kernel-tile-from-rows` moves that bound, e.g. 100000 for the split-K
+ * kernels at every M; `--kernel-tile 64x64|32x64|32x32` fixes the tile, default the plan's), so
+ * `kernel --kernel-max-rows 256` or `kernel-all` times them at 256; the microbenchmark then also times
+ * them alone at M = `--kernel-micro-rows` (default 64,128,256) — the plan's tile, every tile, and the
+ * split-K kernels — with TFLOP/s and weight GB/s, beside ONNX Runtime's bf16 MatMul (cuBLAS) on the
+ * same [M, K] × [K, N] (a CUDA-graph session of back-to-back MatMuls over rotating weight copies; its
+ * per-call time includes a share of one run's launch and sync).
  * `--weights` default: bound,initializers.
  * NF4 (MatMulBnb4 has no prepacked path) runs `bound` only. Before the timings a probe says whether
  * this ORT build's fused path is live: one MatMulNBits node with the path on over bound inputs must
@@ -35,7 +42,8 @@
  *          [--dtype bfloat16] [--formats dense,int8,int4,nf4,nf4dq] [--batches 1,16,256] [--prompt-len 64]
  *          [--new 128] [--repeat 2] [--int4-block 64] [--mode kernel|dequantize] [--fpa] [--no-cuda-graph]
  *          [--kl-prompts 16] [--kl-new 64] [--kl-batch 4] [--lm-head none|int8|int4|nf4] [--seed 0]
- *          [--weights bound,initializers,initializers-plain,kernel,kernel-all] [--kernel-max-rows 16] [--kernel-column-tiles 1|2] [--probe]
+ *          [--weights bound,initializers,initializers-plain,kernel,kernel-all] [--kernel-max-rows 16] [--kernel-column-tiles 1|2]
+ *          [--kernel-tile-from-rows 17] [--kernel-tile auto|64x64|32x64|32x32] [--kernel-micro-rows 64,128,256] [--probe]
  * --lm-head: the quantized formats also read the LM head (the tied embedding) through an extra
  * quantized copy (int4 with --int4-block); the dense model's head stays bf16.
  * Prints the probe's line, one JSON line per (format, weights, batch[, fpa]) decode measurement, one per format with its KL,
@@ -62,7 +70,7 @@ import {
   type QuantizedWeightsAs,
   type ShiftSummary,
 } from '@lathe/quantization';
-import { Kernels, W4A16, w4a16Ops, type W4A16Ops } from '@lathe/kernels';
+import { Kernels, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, w4a16Ops, w4a16TileDims, w4a16TilePlan, type W4A16LaunchOptions, type W4A16Ops, type W4A16Tile } from '@lathe/kernels';
 import { KvCacheGenerator, type Completion } from '@lathe/rollout';
 import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor, type HostTensor, type SessionOptions } from '@lathe/runtime';
 import { arg, flag } from '../argv';
@@ -115,7 +123,11 @@ async function main(): Promise<void> {
   const w4 = opened.kernels ? W4A16.compile(opened.kernels) : undefined;
   const columnTiles = Number(arg('kernel-column-tiles', '1'));
   if (columnTiles !== 1 && columnTiles !== 2) throw new Error(`--kernel-column-tiles: ${columnTiles} is not 1 or 2`);
-  const kernelOps = wantKernel ? w4a16Ops(device.kind, w4, { columnTiles }) : undefined;
+  const tileFromRows = Number(arg('kernel-tile-from-rows', String(W4A16_TILE_FROM_ROWS)));
+  if (!(tileFromRows >= 1)) throw new Error(`--kernel-tile-from-rows: '${arg('kernel-tile-from-rows')}' is not a row count ≥ 1`);
+  const tile = parseTile(arg('kernel-tile', 'auto'));
+  const launch: W4A16LaunchOptions = { columnTiles, tileFromRows, ...(tile ? { tile } : {}) };
+  const kernelOps = wantKernel ? w4a16Ops(device.kind, w4, launch) : undefined;
   const kernelMaxRowsArg = Number(arg('kernel-max-rows', String(KERNEL_MAX_ROWS)));
   const maxRowsOf = (weights: string) => (weights === 'kernel-all' ? Number.MAX_SAFE_INTEGER : kernelMaxRowsArg);
   const dtype = arg('dtype', device.kind === 'cuda' ? 'bfloat16' : 'float32') as DType;
@@ -150,6 +162,14 @@ async function main(): Promise<void> {
   if (kernelCheck) console.log(JSON.stringify({ kernel_check: true, ...kernelCheck }));
   const kernelBandwidth = w4 && opened.kernels ? measureKernel(opened.kernels, w4, device, dtype, config, Number(arg('int4-block', '64'))) : undefined;
   if (kernelBandwidth) console.log(JSON.stringify({ kernel_bandwidth: true, ...kernelBandwidth }));
+  const microRows = arg('kernel-micro-rows', '64,128,256').split(',').map(Number);
+  if (microRows.some((m) => !Number.isInteger(m) || m < 1)) throw new Error(`--kernel-micro-rows: '${arg('kernel-micro-rows')}' is not a list of row counts`);
+  const kernelTiles = w4 && opened.kernels ? measureTiles(opened.kernels, w4, device, dtype, config, Number(arg('int4-block', '64')), microRows) : undefined;
+  if (kernelTiles) console.log(JSON.stringify({ kernel_tiles: true, ...kernelTiles }));
+  const cublas = w4 && opened.kernels ? measureDenseMatMul(device, dtype, config, microRows) : undefined;
+  if (cublas) console.log(JSON.stringify({ dense_matmul: true, ...cublas }));
+  const tileVsDense = kernelTiles && 'rows' in kernelTiles && cublas ? compareTiles(kernelTiles.rows, cublas.rows) : undefined;
+  if (tileVsDense) console.log(JSON.stringify({ tile_vs_dense: true, rows: tileVsDense }));
   console.error(`quant-bench: ${shape} weights ready in ${((performance.now() - t0) / 1000).toFixed(1)} s; ${device.kind} ${dtype}; formats ${formats.join(', ')}; batches ${batches.join(', ')}`);
 
   const next = tokens(seed + 1, config.vocabSize);
@@ -281,7 +301,7 @@ async function main(): Promise<void> {
         return [r.format, byKey];
       }),
   );
-  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, ...(wantKernel ? { kernel_max_rows: kernelMaxRowsArg, kernel_column_tiles: columnTiles } : {}), prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_bandwidth: kernelBandwidth } : {}), lm_head: lmHeadArg, results, speedup_vs_dense: speedup }));
+  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, ...(wantKernel ? { kernel_max_rows: kernelMaxRowsArg, kernel_column_tiles: columnTiles, kernel_tile_from_rows: tileFromRows, kernel_tile: arg('kernel-tile', 'auto') } : {}), prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_bandwidth: kernelBandwidth, kernel_tiles: kernelTiles, dense_matmul: cublas, tile_vs_dense: tileVsDense } : {}), lm_head: lmHeadArg, results, speedup_vs_dense: speedup }));
   if (kernelCheck && !kernelCheck.ok) throw new Error(`kernel check failed: the W4A16 op's max relative error against MatMulNBits is ${kernelCheck.max_rel_err} (limit ${kernelCheck.limit})`);
 }
 
@@ -301,7 +321,8 @@ function projectionShapes(config: DecoderConfig, fused = false): { name: string;
 }
 
 /**
- * The W4A16 op against MatMulNBits on the device: one graph per projection shape and M (1, 16, 256),
+ * The W4A16 op against MatMulNBits on the device: one graph per projection shape and M (1, 16, 40, 64, 256:
+ * the split-K kernels, then the tiled ones from 17 rows by default),
  * with and without zero points, both nodes over the same seeded inputs; the max relative error
  * (max |op − MatMulNBits| / max |MatMulNBits|) over all. Limit 1e-2 in 16 bits (both round C to it once
  * and dequantize alike; their fp32 sums differ in order), 1e-5 in float32.
@@ -314,7 +335,7 @@ async function checkKernel(device: Device, dtype: DType, ops: W4A16Ops, config: 
   const next = tokens(12345, 1 << 30);
   const uniform = () => next() / (1 << 30);
   for (const { name, N, K } of projectionShapes(config)) {
-    for (const M of device.kind === 'cuda' ? [1, 16, 256] : [1, 3]) {
+    for (const M of device.kind === 'cuda' ? [1, 16, 40, 64, 256] : [1, 3, 20]) {
       for (const zp of [false, true]) {
         const w = Float32Array.from({ length: N * K }, () => 0.04 * (2 * uniform() - 1));
         const q = quantizeInt4(w, N, K, { blockSize, zeroPoints: zp });
@@ -417,6 +438,148 @@ function measureKernel(kernels: Kernels, w4: W4A16, device: Device, dtype: DType
     }
   }
   return { ...peak, block_size: blockSize, rows };
+}
+
+/** `--kernel-tile`: 'auto' (undefined: the plan's choice) or BMxBN of a tiled build. */
+function parseTile(text: string): W4A16Tile | undefined {
+  if (text === 'auto') return undefined;
+  const v = W4A16_TILE_VARIANTS.find((x) => `${w4a16TileDims(x).bm}x${w4a16TileDims(x).bn}` === text);
+  if (!v) throw new Error(`--kernel-tile: '${text}' is not auto or one of ${W4A16_TILE_VARIANTS.map((x) => `${w4a16TileDims(x).bm}x${w4a16TileDims(x).bn}`).join(', ')}`);
+  return v;
+}
+
+/** Device milliseconds per launch of `call(i)` (i = 0, 1, …): events around a CUDA graph of `iters` launches, after a warm-up. */
+function timeLaunches(kernels: Kernels, call: (i: number) => void, iters = 200): number {
+  for (let i = 0; i < 20; i++) call(i);
+  const graph = kernels.driver.capture(kernels.stream, () => {
+    for (let i = 0; i < iters; i++) call(i);
+  });
+  try {
+    graph.replay(kernels.stream);
+    return kernels.time(() => graph.replay(kernels.stream)) / iters;
+  } finally {
+    graph.dispose();
+  }
+}
+
+/**
+ * The tiled kernels alone on each projection shape (and the fused q/k/v and gate/up) at each M of `rows`:
+ * the plan's tile, every tile, and the split-K kernels (`tileFromRows` past M) — device µs per call, TFLOP/s
+ * (2·M·N·K) and the weight bytes (codes and scales) per second, over weight copies that exceed L2 twice.
+ */
+function measureTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType, config: DecoderConfig, blockSize: number, rows: readonly number[]): { block_size: number; rows: Record<string, unknown>[] } | { skipped: string } {
+  if (dtype !== 'bfloat16' && dtype !== 'float16') return { skipped: `the kernels take bfloat16 or float16, not ${dtype}` };
+  const half = (x: Float32Array) => (dtype === 'bfloat16' ? toBfloat16Bits(x) : toFloat16Bits(x));
+  const out: Record<string, unknown>[] = [];
+  for (const { name, N, K } of projectionShapes(config, true)) {
+    const kb = Math.ceil(K / blockSize);
+    const codeBytes = (N * kb * blockSize) / 2;
+    const weightBytes = codeBytes + N * kb * 2;
+    const copies = Math.max(2, Math.ceil((2 * 60e6) / weightBytes));
+    const bs = Array.from({ length: copies }, () => device.upload({ data: new Uint8Array(codeBytes).fill(0x5a), dims: [N, kb, blockSize / 2] }, 'uint8'));
+    const ss = Array.from({ length: copies }, () => device.upload({ data: half(new Float32Array(N * kb).fill(0.01)), dims: [N, kb] }, dtype));
+    try {
+      for (const M of rows) {
+        const a = device.upload({ data: half(new Float32Array(M * K).fill(0.5)), dims: [M, K] }, dtype);
+        const c = device.upload({ data: new Uint16Array(M * N), dims: [M, N] }, dtype);
+        try {
+          const shape = { M, N, K, kBlocks: kb, blockSize, dtype };
+          const chosen = w4a16TilePlan(shape);
+          const runs: { kernel: string; opts: W4A16LaunchOptions }[] = [
+            { kernel: `tile plan (${chosen.bm}x${chosen.bn})`, opts: { tileFromRows: 1 } },
+            ...W4A16_TILE_VARIANTS.map((v) => ({ kernel: `tile ${w4a16TileDims(v).bm}x${w4a16TileDims(v).bn}`, opts: { tileFromRows: 1, tile: v } })),
+            { kernel: 'split-K', opts: { tileFromRows: Infinity } },
+          ];
+          for (const r of runs) {
+            const ms = timeLaunches(kernels, (i) => w4.matmul(shape, { a, b: bs[i % copies], scales: ss[i % copies], zeroPoints: 0n, c }, undefined, r.opts));
+            out.push({ shape: name, N, K, M, kernel: r.kernel, us_per_call: +(ms * 1000).toFixed(2), tflop_s: +((2 * M * N * K) / (ms / 1000) / 1e12).toFixed(1), weight_gb_s: +(weightBytes / (ms / 1000) / 1e9).toFixed(1) });
+          }
+        } finally {
+          a.dispose();
+          c.dispose();
+        }
+      }
+    } finally {
+      for (const t of [...bs, ...ss]) t.dispose();
+    }
+  }
+  return { block_size: blockSize, rows: out };
+}
+
+/**
+ * ONNX Runtime's dense MatMul (cuBLAS) in `dtype` on the same shapes: one session of R MatMuls x [M, K] ·
+ * W_i [K, N] over R weight copies that exceed L2 twice, run as a CUDA graph with every tensor bound; µs per
+ * MatMul is a run's wall time (best of 5 × 20 runs, each synchronized) over R, so it carries 1/R of a run's
+ * launch and sync. A session that fails to build or run is reported, not fatal.
+ */
+function measureDenseMatMul(device: Device, dtype: DType, config: DecoderConfig, rows: readonly number[]): { rows: Record<string, unknown>[] } {
+  const half = (x: Float32Array) => (dtype === 'bfloat16' ? toBfloat16Bits(x) : dtype === 'float16' ? toFloat16Bits(x) : x);
+  const out: Record<string, unknown>[] = [];
+  for (const { name, N, K } of projectionShapes(config, true)) {
+    const weightBytes = N * K * L.dtypeBytes(dtype);
+    const R = Math.max(4, Math.ceil((2 * 60e6) / weightBytes));
+    const ws = Array.from({ length: R }, () => device.upload({ data: half(new Float32Array(K * N).fill(0.001)), dims: [K, N] }, dtype));
+    try {
+      for (const M of rows) {
+        const g = new L.Graph(`dense_matmul_${name}_${M}`);
+        const x = g.input('x', dtype, [M, K]);
+        for (let i = 0; i < R; i++) g.output(L.matmul(x, g.input(`w${i}`, dtype, [K, N])), `y${i}`);
+        const xs = device.upload({ data: half(new Float32Array(M * K).fill(0.5)), dims: [M, K] }, dtype);
+        const ys = Array.from({ length: R }, () => device.upload({ data: new Uint16Array(M * N), dims: [M, N] }, dtype));
+        let session: ReturnType<Device['compile']> | undefined;
+        try {
+          session = device.compile(g, { name: g.name, cudaGraph: true });
+          const b = session.binding();
+          b.input('x', xs);
+          ws.forEach((w, i) => b.input(`w${i}`, w));
+          ys.forEach((y, i) => b.output(`y${i}`, y));
+          for (let i = 0; i < 3; i++) b.runSync();
+          let best = Infinity;
+          for (let rep = 0; rep < 5; rep++) {
+            const t0 = performance.now();
+            for (let i = 0; i < 20; i++) b.runSync();
+            best = Math.min(best, (performance.now() - t0) / 20);
+          }
+          b.dispose();
+          const ms = best / R;
+          out.push({ shape: name, N, K, M, kernel: `ort MatMul ${dtype}`, matmuls_per_run: R, us_per_call: +(ms * 1000).toFixed(2), tflop_s: +((2 * M * N * K) / (ms / 1000) / 1e12).toFixed(1), weight_gb_s: +(weightBytes / (ms / 1000) / 1e9).toFixed(1) });
+        } catch (e) {
+          out.push({ shape: name, N, K, M, kernel: `ort MatMul ${dtype}`, error: (e as Error).message.slice(0, 300) });
+        } finally {
+          session?.dispose();
+          xs.dispose();
+          for (const y of ys) y.dispose();
+        }
+      }
+    } finally {
+      for (const w of ws) w.dispose();
+    }
+  }
+  return { rows: out };
+}
+
+/** Per shape and M: the plan's tile, the best tile, split-K and the dense MatMul's µs, and dense µs / tile µs (≥ 1: the tile is at least as fast). */
+function compareTiles(tiles: Record<string, unknown>[], dense: Record<string, unknown>[]): Record<string, unknown>[] {
+  const key = (r: Record<string, unknown>) => `${String(r.shape)}/${String(r.M)}`;
+  return dense.map((d) => {
+    const mine = tiles.filter((t) => key(t) === key(d));
+    const plan = mine.find((t) => String(t.kernel).startsWith('tile plan'));
+    const best = mine.filter((t) => String(t.kernel).startsWith('tile ') && !String(t.kernel).startsWith('tile plan')).sort((p, q) => Number(p.us_per_call) - Number(q.us_per_call))[0];
+    const split = mine.find((t) => t.kernel === 'split-K');
+    const denseUs = typeof d.us_per_call === 'number' ? d.us_per_call : undefined;
+    return {
+      shape: d.shape,
+      M: d.M,
+      dense_us: denseUs ?? null,
+      plan_kernel: plan?.kernel ?? null,
+      plan_us: plan?.us_per_call ?? null,
+      best_tile: best?.kernel ?? null,
+      best_tile_us: best?.us_per_call ?? null,
+      split_k_us: split?.us_per_call ?? null,
+      dense_over_plan: ratio(denseUs, plan?.us_per_call as number | undefined),
+      dense_over_best_tile: ratio(denseUs, best?.us_per_call as number | undefined),
+    };
+  });
 }
 
 function ratio(a: number | undefined, b: number | undefined): number | null {

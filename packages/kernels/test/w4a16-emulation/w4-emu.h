@@ -9,6 +9,10 @@
 
 inline uint4 w4_ld_stream(const void* p) { uint4 r; std::memcpy(&r, p, 16); return r; }
 inline uint4 w4_ld(const void* p) { uint4 r; std::memcpy(&r, p, 16); return r; }
+// cp.async copies at once (pred false: 16 zero bytes); the waits have nothing to wait for.
+inline void w4_cp16(void* dst, const void* src, bool pred) { cp_async16(dst, src, pred); }
+inline void w4_cp_commit() {}
+template <int N> inline void w4_cp_wait() {}
 // prmt.b32 (default mode): byte i of the result is byte sel[4i..4i+3] of the 8 bytes {x, y}.
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned sel) {
   const uint64_t both = uint64_t(x) | (uint64_t(y) << 32);
