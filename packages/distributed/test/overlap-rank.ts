@@ -19,6 +19,7 @@ export interface RankJob {
   rank: number;
   steps: number;
   batch: number;
+  micro: number;
   bucketBytes: number;
 }
 
@@ -66,11 +67,11 @@ async function main(job: RankJob): Promise<RankResult> {
     },
   };
   const dir = mkdtempSync(join(tmpdir(), 'lathe-overlap-'));
-  const trainer = Trainer.create(spec, { params: weights }, { device, inGraphGradients: spy, session: { intraOpThreads: 1, ...(job.rank === 0 ? { profilePrefix: join(dir, 'rank0') } : {}) } });
+  const trainer = Trainer.create(spec, { params: weights }, { device, microBatches: job.micro, inGraphGradients: spy, session: { intraOpThreads: 1, ...(job.rank === 0 ? { profilePrefix: join(dir, 'rank0') } : {}) } });
   const out: RankResult = { losses: [], gradNorms: [], nll: [], grads, order, finals: {} };
   for (let step = 0; step < job.steps; step++) {
     order.push([]);
-    const r = await trainer.trainStepAsync(rankBatches(rows(step, job.batch), job.rank, world, 1), lr(step));
+    const r = await trainer.trainStepAsync(rankBatches(rows(step, job.batch), job.rank, world, job.micro), lr(step));
     out.losses.push(r.loss);
     out.gradNorms.push(r.gradNorm);
     out.nll.push(r.metrics.token_nll_sum);

@@ -82,8 +82,8 @@ export interface TrainerOptions {
    * Data-parallel gradients reduced inside the backward's run (@lathe/distributed's
    * `gradientAllReduceInGraph`): its nodes are added to the accumulate graph after the gradients
    * they read, so a bucket's all-reduce starts while the rest of the backward runs; `finish` waits
-   * for them after the run, before the apply run. float32, one micro-batch, no ZeRO; instead of
-   * `onGradients`. Steps go through `trainStepAsync`; the trainer disposes the hook with itself.
+   * for them after the run, before the apply run; with several micro-batches only the last one's
+   * run has the nodes. float32, no ZeRO; instead of `onGradients`. Steps go through `trainStepAsync`; the trainer disposes the hook with itself.
    */
   inGraphGradients?: InGraphGradients;
 }
@@ -180,6 +180,8 @@ interface TrainerParts {
   zero?: ZeroParts;
   /** TrainerOptions.inGraphGradients, and the device buffers its nodes' outputs are bound to. */
   inGraph?: { hook: InGraphGradients; outputs: DeviceTensor[] };
+  /** With inGraphGradients and several micro-batches: the last micro-batch's runs (lastAccumulate[k][j]), the only ones that reduce. */
+  lastAccumulate?: Binding[][];
 }
 
 /** What a ZeRO-1 trainer keeps beside the full parameters. */
@@ -350,6 +352,8 @@ export class Trainer {
           Map<string, DeviceTensor>,
           Map<string, DeviceTensor>,
         ];
+        // with several micro-batches only the last one's run reduces: the earlier ones run the graph without the nodes
+        const plain = opts.inGraphGradients && microBatches > 1 ? device.compile(graphs.accumulate, sessionOpts) : undefined;
         const inGraph = opts.inGraphGradients ? addInGraphNodes(opts.inGraphGradients, graphs.accumulate, spec.params, device) : undefined;
         const accumulate = device.compile(graphs.accumulate, inGraph ? { ...sessionOpts, customOpDomains: [...(sessionOpts.customOpDomains ?? []), ...inGraph.hook.customOpDomains] } : sessionOpts);
         const apply = device.compile(graphs.apply, sessionOpts);
@@ -362,9 +366,9 @@ export class Trainer {
         const zero = device.compile(zeroGraph, { ...opts.session, cudaGraph: false, optimization: 'disabled', name: 'train-zero-gradients' });
         const zeroBinding = zero.binding();
         for (const p of spec.params) zeroBinding.output(`zero/${p.name}`, grads[0].get(p.name)!);
-        const accumulateBindings = [0, 1].map((k) =>
+        const accumulateBindingsOf = (session: Session, nodes: boolean) => [0, 1].map((k) =>
           [0, 1].map((j) => {
-            const b = accumulate.binding();
+            const b = session.binding();
             for (const n of names) {
               b.input(n, sets[k].get(n)!.p);
               b.input(stateNames.grad(n), grads[j].get(n)!);
@@ -373,12 +377,14 @@ export class Trainer {
             bindFrozen(b, frozen);
             b.output('loss', 'host');
             for (const m of graphs.metrics) b.output(m, 'host');
-            inGraph?.outputs.forEach((t, i) => b.output(inGraphOutput(i), t));
+            if (nodes) inGraph?.outputs.forEach((t, i) => b.output(inGraphOutput(i), t));
             return b;
           }),
         );
-        // one micro-batch: every step's run adds into buffer 0's zeros and writes buffer 1
-        inGraph?.hook.attach(grads[1]);
+        const accumulateBindings = accumulateBindingsOf(plain ?? accumulate, !plain);
+        const lastAccumulate = plain ? accumulateBindingsOf(accumulate, true) : undefined;
+        // micro-batch i reads buffer i mod 2 and writes the other: the last one writes buffer 1 − (k − 1) mod 2
+        inGraph?.hook.attach(grads[1 - ((microBatches - 1) % 2)]);
         const applyBindings = [0, 1].map((k) =>
           [0, 1].map((j) => {
             const b = apply.binding();
@@ -390,11 +396,12 @@ export class Trainer {
           }),
         );
         const reduceCast = lowReduce ? buildReduceCast(device, spec.params, grads, opts.session ?? {}) : undefined;
-        const t = new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients, reduceCast, fused, inGraph })
+        const t = new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients, reduceCast, fused, inGraph, lastAccumulate })
           .own(accumulate)
           .own(apply)
           .own(zero);
         for (const x of reduceCast?.sessions ?? []) t.own(x);
+        if (plain) t.own(plain);
         return t;
       })();
       return trainer;
@@ -595,8 +602,9 @@ export class Trainer {
     let hostMs = 0;
     let runMs = 0;
     let j = 0;
-    for (const batch of batches) {
-      const b = this.parts.accumulateBindings![k][j];
+    for (const [n, batch] of batches.entries()) {
+      const last = this.parts.lastAccumulate && n === batches.length - 1;
+      const b = (last ? this.parts.lastAccumulate! : this.parts.accumulateBindings!)[k][j];
       const t0 = performance.now();
       bindBatch(b, batch, this.batchInputs);
       const t1 = performance.now();
@@ -777,7 +785,6 @@ function checkInGraphGradients(opts: TrainerOptions, microBatches: number, stati
   if (opts.onGradients) throw why('replaces onGradients: give one of them');
   if (opts.zero) throw why('does not do ZeRO (zero reduce-scatters after the run): give one of them');
   if (staticInputs) throw why('does not combine with cudaGraph / staticInputs (collectives cannot be captured in the step\'s graph)');
-  if (microBatches !== 1) throw why(`needs microBatches 1 (got ${microBatches}): only the last micro-batch's run would reduce, and that graph is not built yet`);
   if ((opts.gradReduceDtype ?? 'float32') !== 'float32') throw why(`sums float32 gradients; gradReduceDtype '${opts.gradReduceDtype}' is not supported with it`);
 }
 
