@@ -192,8 +192,9 @@ export class Scheduler {
     const why = this.refusal(req.prompt.length, req.n, req.maxTokens);
     if (why) throw new Error(why);
     this.engine.checkRow(this.rowOf(req, 0));
-    if (this.queue.length >= this.maxQueue) {
-      throw new ServerBusyError(`${this.queue.length} requests are waiting (max_queue ${this.maxQueue}); retry later`, 1);
+    const waiting = this.waitingForRows(req.n);
+    if (waiting > this.maxQueue) {
+      throw new ServerBusyError(`${waiting - 1} requests are waiting (max_queue ${this.maxQueue}); retry later`, 1);
     }
     let resolve!: () => void;
     let reject!: (e: Error) => void;
@@ -205,6 +206,23 @@ export class Scheduler {
     this.queue.push(live);
     this.kick();
     return { cancel: () => this.cancel(live), stop: (c) => live.slots[c] >= 0 && this.finish(live, c, 'stop'), done };
+  }
+
+  /**
+   * The queued requests, and one more of `n` samples behind them, that the free rows cannot take
+   * (FIFO): the ones that would wait. Requests that arrive together (e.g. one batch of messages from
+   * an HTTP thread) before the loop admits any are not counted against max_queue while rows are
+   * free for them.
+   */
+  private waitingForRows(n: number): number {
+    let free = this.engine.free;
+    let fit = 0;
+    for (const need of [...this.queue.map((l) => l.req.n), n]) {
+      if (need > free) break;
+      free -= need;
+      fit++;
+    }
+    return this.queue.length + 1 - fit;
   }
 
   /** Resolves once no request is queued or running. */
