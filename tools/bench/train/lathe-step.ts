@@ -7,7 +7,7 @@
  *
  * usage: node lathe-step.js --model DIR --batch batch.json [--device cuda|cpu] [--compute float32|bfloat16]
  *          [--path bound|plain] [--micro-batches 1] [--shared-arena] [--static-shape] [--cuda-graph] [--recompute] [--flash-attention]
- *          [--steps N] [--lr 1e-3] [--max-grad-norm 1]
+ *          [--kernels] [--attention-kernel] [--steps N] [--lr 1e-3] [--max-grad-norm 1]
  *          [--weight-decay 0.01] [--out updated.safetensors] [--profile PREFIX]
  *          [--lora-rank R [--lora-alpha 2R] [--lora-targets 'q_proj|k_proj|v_proj|o_proj'] [--seed 0]] [--freeze REGEX]
  * --lora-rank: LoRA as `lathe sft` trains it (packages/train/src/sft.ts): the base weights stay
@@ -19,6 +19,9 @@
  * A ~ U(±1/√in) (seeded by --seed), B = 0. Only `--path bound`; --out then holds the adapters.
  * --freeze: full fine-tuning with the weights whose names match frozen the same way (e.g.
  * `embed_tokens`, to see how far two runs part without the embedding's scatter-add gradient).
+ * --kernels opens the GPU through Lathe's kernels (the device `lathe sft` opens: its sessions on the
+ * kernels' stream, AdamW as the fused node); --attention-kernel also attends through Lathe's
+ * flash-attention kernels (what `lathe sft --attention auto` picks on cuda with bfloat16).
  * --profile writes ORT's profile of the step session when the trainer is disposed (run with
  * CUDA_LAUNCH_BLOCKING=1 so each node's time includes its GPU work).
  * batch.json: {"input_ids": [[...]], "attention_mask": [[...]], "loss_mask": [[...]]}
@@ -43,6 +46,7 @@ import {
   type SftLossOptions,
   type TrainableParam,
 } from '@lathe/train';
+import { cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels } from '@lathe/kernels';
 import { arg, flag } from '../argv';
 
 
@@ -86,11 +90,21 @@ async function main(): Promise<void> {
   let memory: unknown;
   if (path === 'bound') {
     const micro = Number(arg('micro-batches', '1'));
-    const dev = Device.open(device, { tf32: flag('tf32'), sharedArena: flag('shared-arena') });
+    const deviceOptions = { tf32: flag('tf32'), sharedArena: flag('shared-arena') };
+    const attentionKernel = device === 'cuda' && flag('attention-kernel');
+    const opened = device === 'cuda' && (flag('kernels') || attentionKernel) ? Kernels.withDevice({ device: deviceOptions }) : undefined;
+    const dev = opened ? opened.device : Device.open(device, deviceOptions);
+    const ops = attentionKernel ? flashAttentionOps('cuda', FlashAttention.compile(opened!.kernels, { includeDir: cudaIncludeDir() })) : undefined;
     const graphMode = flag('cuda-graph');
     const staticShape = graphMode || flag('static-shape');
-    const flash = flag('flash-attention'); // rows must be right-padded (step_speed.py's batches have no padding)
-    const lossOpts: SftLossOptions = { compute, recompute: flag('recompute'), flashAttention: flash, ...(staticShape ? { shape: [B / micro, T] as [number, number] } : {}) };
+    const flash = flag('flash-attention') || attentionKernel; // rows must be right-padded (step_speed.py's batches have no padding)
+    const lossOpts: SftLossOptions = {
+      compute,
+      recompute: flag('recompute'),
+      flashAttention: flash,
+      ...(ops ? { attentionKernel: (x, heads) => ops.attend(x, heads, 'kernels') } : {}),
+      ...(staticShape ? { shape: [B / micro, T] as [number, number] } : {}),
+    };
     const loss = lora
       ? sftLoss(config, {
           ...lossOpts,
@@ -111,7 +125,7 @@ async function main(): Promise<void> {
     const trainer = Trainer.create(
       { params, loss, optimizer },
       { params: init },
-      { device: dev, microBatches: micro, cudaGraph: graphMode, frozen, session: { allowCpuFallback: flag('allow-cpu-fallback'), ...(arg('profile', '') ? { profilePrefix: arg('profile', '') } : {}) } },
+      { device: dev, microBatches: micro, cudaGraph: graphMode, frozen, session: { allowCpuFallback: flag('allow-cpu-fallback'), ...(ops ? { customOpDomains: [ops.domain.handle] } : {}), ...(arg('profile', '') ? { profilePrefix: arg('profile', '') } : {}) } },
     );
     tSession = performance.now();
     const per = B / micro;
