@@ -315,6 +315,10 @@ ${kernelLines}
 // quarter warp (rows g, g + 1; units 4t + i) hit 8 distinct bank groups. Weights: [BN][64 bytes] a stage,
 // lane t reading bytes 16t..16t + 15 (a quarter warp: 128 contiguous bytes). Scales and zero points of the
 // next chunk are read into registers while a chunk is multiplied. No cross-warp sum: deterministic.
+// Unlike w4a16_body, a k-step's slots 2t, 2t + 1 take codes 4s, 4s + 1 (byte 2s's two nibbles) and 2t + 8,
+// 2t + 9 codes 4s + 2, 4s + 3 (byte 2s + 1), so the activations' 32-bit words are the B fragments as loaded
+// (no permutes, whose cost grows with the rows); a byte's nibbles reach the two halves of a register by one
+// byte permute of the word and the word shifted right by 4.
 #define W4T_STAGES ${W4A16_TILE_STAGES}
 template <typename T, int MT, int NT>
 __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const unsigned char* __restrict__ B, const T* __restrict__ S, const unsigned char* __restrict__ Z, T* __restrict__ C0,
@@ -410,21 +414,19 @@ __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const u
 #pragma unroll
       for (int u = 0; u < NT; ++u) {
         const unsigned wq[2] = {i == 0 ? w[u][0].x : i == 1 ? w[u][0].y : i == 2 ? w[u][0].z : w[u][0].w, i == 0 ? w[u][1].x : i == 1 ? w[u][1].y : i == 2 ? w[u][1].z : w[u][1].w};
+        const unsigned wq4[2] = {wq[0] >> 4, wq[1] >> 4};
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           unsigned a[4];
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
-            const unsigned bytes = __byte_perm(wq[r], 0u, h ? 0x4342u : 0x4140u);
-            const unsigned lo = (bytes & 0x000f000fu) | magic2, hi = ((bytes >> 4) & 0x000f000fu) | magic2;
-            a[r] = w4_dequant2<T>(lo, z2[u][r], s2[u][r]);
-            a[r + 2] = w4_dequant2<T>(hi, z2[u][r], s2[u][r]);
+            // byte b of the word in the low half, byte b of the word >> 4 in the high half: its two codes
+            const unsigned c0 = __byte_perm(wq[r], wq4[r], h ? 0x6622u : 0x4400u), c1 = __byte_perm(wq[r], wq4[r], h ? 0x7733u : 0x5511u);
+            a[r] = w4_dequant2<T>((c0 & 0x000f000fu) | magic2, z2[u][r], s2[u][r]);      // slots 2t, 2t + 1: codes 4s, 4s + 1
+            a[r + 2] = w4_dequant2<T>((c1 & 0x000f000fu) | magic2, z2[u][r], s2[u][r]);  // slots 2t + 8, 2t + 9: codes 4s + 2, 4s + 3
           }
 #pragma unroll
-          for (int j = 0; j < MT; ++j) {
-            const unsigned p0 = h ? x[j].z : x[j].x, p1 = h ? x[j].w : x[j].y;
-            mma16816<T>(acc[u][j], a, __byte_perm(p0, p1, 0x5410u), __byte_perm(p0, p1, 0x7632u));
-          }
+          for (int j = 0; j < MT; ++j) mma16816<T>(acc[u][j], a, h ? x[j].z : x[j].x, h ? x[j].w : x[j].y);
         }
       }
     }

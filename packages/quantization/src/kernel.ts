@@ -22,8 +22,10 @@ export interface NBitsKernel {
 
 /**
  * Rows the kernel takes at most by default: decode batches up to 16, where streaming the 4-bit weights
- * once is the whole cost. Past that its CTAs (16 output columns each) re-read the activations once per
- * 16 columns, and MatMulNBits' dequantize + GEMM is expected to do better; quant-bench measures both.
+ * once is the whole cost. Past 16 rows the op runs its tiled kernels (a CTA per output tile of 32–64 rows ×
+ * 32–64 columns, K streamed through shared memory); `kernelMaxRows: 256` sends decode batches up to 256
+ * through them instead of MatMulNBits' dequantize + GEMM — the default stays 16 until a device A/B
+ * (quant-bench `--weights kernel-all`, or `kernel --kernel-max-rows 256`) shows them at least as fast.
  */
 export const KERNEL_MAX_ROWS = 16;
 
