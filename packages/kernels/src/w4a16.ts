@@ -59,7 +59,7 @@ export function w4a16Unsupported(shape: W4A16Shape): string | undefined {
   if (M < 0 || N < 1) return `an empty product [${M}, ${N}]`;
   const widths = shape.widths ?? [N];
   if (widths.length < 1 || widths.length > 3 || widths.some((w) => !Number.isInteger(w) || w < 1) || widths.reduce((a, b) => a + b, 0) !== N) return `output widths [${widths.join(', ')}] (1 to 3 positive widths summing to N = ${N})`;
-  if (Math.ceil(M / 64) > 65535) return `M = ${M} past the grid's 65,535 tiles of 64 rows`;
+  if (Math.ceil(M / 32) > 65535) return `M = ${M} past the grid's 65,535 tiles of 32 rows (the tiled kernels' smallest)`;
   if (M * Math.max(K, N) >= 2 ** 31 || N * kBlocks * blockSize >= 2 ** 32) return `a product too large for 32-bit indices [${M}, ${N}, ${K}]`;
   return undefined;
 }

@@ -134,6 +134,8 @@ test('shapes outside the kernels are named (the caller keeps MatMulNBits)', () =
   expect(w4a16Unsupported({ ...shape, dtype: 'float32' })).toMatch(/dtype float32/);
   expect(w4a16Unsupported({ ...shape, blockSize: 16, kBlocks: 64 })).toMatch(/block size 16/);
   expect(w4a16Unsupported({ ...shape, K: 1020 })).toMatch(/K = 1020 is not a multiple of 8/);
+  expect(w4a16Unsupported({ ...shape, K: 8, kBlocks: 1, M: 32 * 65535 })).toBeUndefined();
+  expect(w4a16Unsupported({ ...shape, K: 8, kBlocks: 1, M: 32 * 65535 + 1 })).toMatch(/65,535 tiles of 32 rows/);
   const ops = w4a16Ops('cpu');
   expect(ops.unsupported({ K: 1024, N: 64, bits: 8, blockSize: 64 }, 'float32')).toMatch(/8 bits/);
   expect(ops.unsupported({ K: 1024, N: 64, bits: 4, blockSize: 64 }, 'float16')).toMatch(/dtype float16 on cpu/);
