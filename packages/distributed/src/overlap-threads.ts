@@ -5,7 +5,7 @@
  * where no promise can settle. Sums run in rank order on every rank (bitwise equal results, as
  * `HostCollectives` sums). For tests: every rank copies its bucket through the host.
  */
-import { CApi } from '@lathe/runtime';
+import { CApi, fromBfloat16Bits, toBfloat16Bits } from '@lathe/runtime';
 import type { InRunBuffer, InRunReducer } from './overlap';
 
 /** What every rank's thread gets (structured-clonable: pass it in `workerData`). */
@@ -93,13 +93,22 @@ export class ThreadReducer implements InRunReducer {
     Atomics.notify(this.control, GENERATION);
   }
 
+  /**
+   * Sums float32 buffers, or bfloat16 ones as NCCL sums them (each addition rounded to bfloat16, as
+   * `HostCollectives` models it), staging the values as float32.
+   */
   reduceInRun(bucket: readonly InRunBuffer[]): void {
     const api = CApi.get();
     const cap = this.shared.capacity;
     for (const b of bucket) {
-      if (b.dtype !== 'float32') throw new Error(`ThreadGroup: sums float32 buffers, got ${b.dtype}`);
+      if (b.dtype !== 'float32' && b.dtype !== 'bfloat16') throw new Error(`ThreadGroup: sums float32 or bfloat16 buffers, got ${b.dtype}`);
+      const bf16 = b.dtype === 'bfloat16';
+      const bits = bf16 ? new Uint16Array(b.size) : undefined;
       const values = new Float32Array(b.size);
-      api.copyOut(values, b.data);
+      if (bits) {
+        api.copyOut(bits, b.data);
+        fromBfloat16Bits(bits, values);
+      } else api.copyOut(values, b.data);
       for (let at = 0; at < b.size; at += cap) {
         const part = values.subarray(at, Math.min(at + cap, b.size));
         this.slots[this.rank].set(part);
@@ -109,11 +118,12 @@ export class ThreadReducer implements InRunReducer {
         for (let r = 1; r < this.worldSize; r++) {
           const v = this.slots[r];
           for (let i = 0; i < part.length; i++) sum[i] += v[i];
+          if (bf16) fromBfloat16Bits(toBfloat16Bits(sum), sum);
         }
         part.set(sum);
         this.barrier('reduceInRun (summed)');
       }
-      api.copyIn(b.data, values);
+      api.copyIn(b.data, bits ? toBfloat16Bits(values, bits) : values);
     }
   }
 

@@ -98,11 +98,11 @@ export function gradientAllReduceInGraph(reducer: InRunReducer, device: Device, 
   /** Bucket nodes computed in the current run. */
   let computes = 0;
   // one op per bucket, so each compute knows its bucket whatever order ORT runs them in
-  const addOp = (k: number, n: number): string => {
+  const addOp = (k: number, dtypes: DType[]): string => {
     const name = `GradAllReduce_${k}`;
     domain.add({
       name,
-      inputs: Array<DType>(n).fill('float32'),
+      inputs: dtypes,
       outputs: ['float32'],
       provider: device.kind,
       infer: () => [{ dtype: 'float32', shape: [1] }],
@@ -126,13 +126,13 @@ export function gradientAllReduceInGraph(reducer: InRunReducer, device: Device, 
     customOpDomains: [domain.handle],
     build(g, grads) {
       if (plan) throw new Error('gradientAllReduceInGraph: a hook serves one trainer (its nodes are built once)');
-      for (const x of grads) if (x.grad.dtype !== 'float32') throw new Error(`gradientAllReduceInGraph: gradient '${x.name}' is ${x.grad.dtype}; the in-run all-reduce sums float32 gradients`);
+      for (const x of grads) if (x.grad.dtype !== 'float32' && x.grad.dtype !== 'bfloat16') throw new Error(`gradientAllReduceInGraph: gradient '${x.name}' is ${x.grad.dtype}; the in-run all-reduce sums float32 or bfloat16 gradients`);
       const sized = grads.map((x) => ({ ...x, byteLength: x.grad.shape.reduce<number>((a, b) => a * Number(b), 1) * dtypeBytes(x.grad.dtype) }));
       const groups = buckets(sized, bucketBytes);
       plan = groups.map((b) => b.map((x) => x.name));
       // ORT's walk starts from the leaf of the highest node index: bucket 0's node is created last
       const outs: Tensor[] = [];
-      for (let k = groups.length - 1; k >= 0; k--) outs[k] = g.scope(`grad_all_reduce_${k}`, () => domain.node(addOp(k, groups[k].length), groups[k].map((x) => x.grad))[0]);
+      for (let k = groups.length - 1; k >= 0; k--) outs[k] = g.scope(`grad_all_reduce_${k}`, () => domain.node(addOp(k, groups[k].map((x) => x.grad.dtype)), groups[k].map((x) => x.grad))[0]);
       return outs;
     },
     attach(buffers) {

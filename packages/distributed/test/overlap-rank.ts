@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parentPort, workerData } from 'node:worker_threads';
 import { Device, type DeviceTensor } from '@lathe/runtime';
-import { Trainer } from '@lathe/train';
+import { Trainer, type GradReduceDtype } from '@lathe/train';
 import { gradientAllReduceInGraph, ThreadGroup, type ThreadGroupShared } from '@lathe/distributed';
 import { rankBatches, sftRows, tinySftSpec } from './tiny-sft';
 
@@ -20,6 +20,7 @@ export interface RankJob {
   steps: number;
   batch: number;
   micro: number;
+  gradReduceDtype: GradReduceDtype;
   bucketBytes: number;
 }
 
@@ -34,7 +35,7 @@ export interface RankResult {
   losses: number[];
   gradNorms: number[];
   nll: number[];
-  /** grads[step]: the summed gradients the update read, by parameter. */
+  /** grads[step]: the summed gradients (bfloat16: their bits) the update read, by parameter. */
   grads: Record<string, Float32Array>[];
   /** order[step]: the buckets in the order their nodes computed. */
   order: number[][];
@@ -67,7 +68,7 @@ async function main(job: RankJob): Promise<RankResult> {
     },
   };
   const dir = mkdtempSync(join(tmpdir(), 'lathe-overlap-'));
-  const trainer = Trainer.create(spec, { params: weights }, { device, microBatches: job.micro, inGraphGradients: spy, session: { intraOpThreads: 1, ...(job.rank === 0 ? { profilePrefix: join(dir, 'rank0') } : {}) } });
+  const trainer = Trainer.create(spec, { params: weights }, { device, microBatches: job.micro, gradReduceDtype: job.gradReduceDtype, inGraphGradients: spy, session: { intraOpThreads: 1, ...(job.rank === 0 ? { profilePrefix: join(dir, 'rank0') } : {}) } });
   const out: RankResult = { losses: [], gradNorms: [], nll: [], grads, order, finals: {} };
   for (let step = 0; step < job.steps; step++) {
     order.push([]);

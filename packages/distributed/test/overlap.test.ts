@@ -8,7 +8,7 @@
 import { join } from 'node:path';
 import { Worker } from 'node:worker_threads';
 import type { DeviceTensor } from '@lathe/runtime';
-import { Trainer, type TrainStepResult } from '@lathe/train';
+import { Trainer, type GradReduceDtype, type TrainStepResult } from '@lathe/train';
 import { gradientAllReduce, gradientAllReduceInGraph, LocalGroup, ThreadGroup } from '@lathe/distributed';
 import { Device } from '@lathe/runtime';
 import type { RankJob, RankResult } from './overlap-rank';
@@ -35,16 +35,16 @@ async function singleProcess(): Promise<{ results: TrainStepResult[]; grads: Map
 }
 
 /** The post-run path (`gradientAllReduce` after the run, in-process ranks): each rank's summed gradients and results. */
-async function postRun(world: number, micro: number): Promise<{ grads: Map<string, Float32Array>[][]; results: TrainStepResult[][]; finals: Map<string, Float32Array>[] }> {
+async function postRun(world: number, micro: number, gradReduceDtype: GradReduceDtype): Promise<{ grads: Map<string, Float32Array>[][]; results: TrainStepResult[][]; finals: Map<string, Float32Array>[] }> {
   const group = LocalGroup.create(world);
   const grads: Map<string, Float32Array>[][] = group.map(() => []);
   const trainers = group.map((c, r) => {
     const reduce = gradientAllReduce(c, { bucketBytes: BUCKET_BYTES });
     const hook = async (g: Map<string, DeviceTensor>, sums: Float64Array) => {
       await reduce(g, sums);
-      grads[r].push(new Map([...g].map(([n, t]) => [n.replace(/^grad\//, ''), t.download().data as Float32Array])));
+      grads[r].push(new Map([...g].map(([n, t]) => [n, t.download().data as Float32Array])));
     };
-    return Trainer.create(spec, { params: weights }, { onGradients: hook, microBatches: micro });
+    return Trainer.create(spec, { params: weights }, { onGradients: hook, microBatches: micro, gradReduceDtype });
   });
   const results: TrainStepResult[][] = group.map(() => []);
   for (let step = 0; step < STEPS; step++) {
@@ -57,12 +57,12 @@ async function postRun(world: number, micro: number): Promise<{ grads: Map<strin
 }
 
 /** `world` ranks as worker threads (the TypeScript source through tsx, as the serve thread starts). */
-function threads(world: number, micro: number): Promise<RankResult[]> {
+function threads(world: number, micro: number, gradReduceDtype: GradReduceDtype): Promise<RankResult[]> {
   const shared = ThreadGroup.create(world, 1024);
   const boot = `require(${JSON.stringify(require.resolve('tsx/cjs'))});require(${JSON.stringify(join(__dirname, 'overlap-rank.ts'))});`;
   return Promise.all(
     Array.from({ length: world }, (_, rank) => {
-      const job: RankJob = { shared, rank, steps: STEPS, batch: BATCH, micro, bucketBytes: BUCKET_BYTES };
+      const job: RankJob = { shared, rank, steps: STEPS, batch: BATCH, micro, gradReduceDtype, bucketBytes: gradReduceDtype === 'bfloat16' ? BUCKET_BYTES / 2 : BUCKET_BYTES };
       const w = new Worker(boot, { eval: true, workerData: job, execArgv: ['--conditions=lathe-source'] });
       return new Promise<RankResult>((resolve, reject) => {
         w.once('message', (m: { ok?: RankResult; error?: string }) => (m.ok ? resolve(m.ok) : reject(new Error(`rank ${rank}: ${m.error}`))));
@@ -91,24 +91,26 @@ beforeAll(async () => {
   reference = await singleProcess();
 });
 
-test.each([
-  [2, 1],
-  [3, 1],
-  [3, 2], // micro-batches: only the last one's run reduces (into the other gradient buffer than with one)
-])('%i ranks × %i micro-batches reducing inside the run take the steps of one process (loss, grad norm within 1e-6 relative; gradients bitwise those of the post-run all-reduce, within 1e-6 of one process; weights bitwise the post-run ones)', async (world, micro) => {
-  const ranks = await threads(world, micro);
-  const post = await postRun(world, micro);
+test.each<[number, number, GradReduceDtype]>([
+  [2, 1, 'float32'],
+  [3, 2, 'float32'], // micro-batches: only the last one's run reduces (into the other gradient buffer than with one)
+  [2, 1, 'bfloat16'], // bfloat16 copies reduced in the run, widened after it
+])('%i ranks × %i micro-batches reducing %s gradients inside the run take the steps of one process (float32: loss, grad norm and step-0 gradients within 1e-6 relative of one process; gradients and weights bitwise those of the post-run all-reduce)', async (world, micro, dtype) => {
+  const ranks = await threads(world, micro, dtype);
+  const post = await postRun(world, micro, dtype);
+  // bfloat16 sums are rounded: one process is matched within bf16 rounding, the post-run path bitwise
+  const tol = dtype === 'float32' ? 1e-6 : 1e-2;
   for (const [r, res] of ranks.entries()) {
     for (let step = 0; step < STEPS; step++) {
       const ref = reference.results[step];
-      expect(rel(res.losses[step], ref.loss)).toBeLessThanOrEqual(1e-6);
+      expect(rel(res.losses[step], ref.loss)).toBeLessThanOrEqual(tol);
       expect(res.losses[step]).toBe(post.results[r][step].loss);
       expect(res.gradNorms[step]).toBe(post.results[r][step].gradNorm);
-      expect(rel(res.gradNorms[step], ref.gradNorm)).toBeLessThanOrEqual(1e-6);
-      expect(rel(res.nll[step], ref.metrics.token_nll_sum)).toBeLessThanOrEqual(1e-6);
+      expect(rel(res.gradNorms[step], ref.gradNorm)).toBeLessThanOrEqual(tol);
+      expect(rel(res.nll[step], ref.metrics.token_nll_sum)).toBeLessThanOrEqual(tol);
       for (const [name, g] of reference.grads[step]) {
         // one process's gradients where the weights are still the same; later steps' weights carry AdamW's rounding (below)
-        if (step === 0) expect({ name, rank: r, err: relError(res.grads[step][name], g) <= 1e-6 }).toEqual({ name, rank: r, err: true });
+        if (step === 0 && dtype === 'float32') expect({ name, rank: r, err: relError(res.grads[step][name], g) <= 1e-6 }).toEqual({ name, rank: r, err: true });
         // bitwise the sums of the post-run all-reduce (same rank-order additions), on every rank, every step
         expect({ name, step, rank: r, same: res.grads[step][name].every((x, i) => Object.is(x, post.grads[r][step].get(name)![i])) }).toEqual({ name, step, rank: r, same: true });
       }
@@ -121,8 +123,9 @@ test.each([
       for (let i = 0; i < v.length; i++) worst = Math.max(worst, Math.abs(mine[i] - v[i]));
       expect({ name, rank: r, same: mine.every((x, i) => Object.is(x, post.finals[r].get(name)![i])) }).toEqual({ name, rank: r, same: true });
     }
-    // absolutely, as data-parallel.test's check; summing micro-batches adds a rounding of its own
-    expect(worst).toBeLessThanOrEqual(micro === 1 ? 1e-6 : 2e-6);
+    // absolutely, as data-parallel.test's check; summing micro-batches adds a rounding of its own (bfloat16
+    // gradients move AdamW's near-zero elements by up to lr: there the post-run path's weights are the truth)
+    if (dtype === 'float32') expect(worst).toBeLessThanOrEqual(micro === 1 ? 1e-6 : 2e-6);
   }
   // several buckets (else nothing could overlap), and the trajectory moved
   expect(ranks[0].order[0].length).toBeGreaterThan(3);
@@ -150,7 +153,6 @@ test('the in-run reduction refuses what it does not cover, by option name', () =
   t.dispose();
   expect(() => Trainer.create(spec, { params: weights }, { inGraphGradients: make(), onGradients: async () => undefined })).toThrow(/inGraphGradients .*replaces onGradients/);
   expect(() => Trainer.create(spec, { params: weights }, { inGraphGradients: make(), staticInputs: true })).toThrow(/inGraphGradients .*cudaGraph \/ staticInputs/);
-  expect(() => Trainer.create(spec, { params: weights }, { inGraphGradients: make(), gradReduceDtype: 'bfloat16' })).toThrow(/inGraphGradients .*gradReduceDtype 'bfloat16'/);
   expect(() => Trainer.create(spec, { params: weights }, { inGraphGradients: make(), zero: LocalGroup.create(1)[0] })).toThrow(/inGraphGradients .*ZeRO/);
 });
 

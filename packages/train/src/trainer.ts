@@ -83,7 +83,8 @@ export interface TrainerOptions {
    * `gradientAllReduceInGraph`): its nodes are added to the accumulate graph after the gradients
    * they read, so a bucket's all-reduce starts while the rest of the backward runs; `finish` waits
    * for them after the run, before the apply run; with several micro-batches only the last one's
-   * run has the nodes. float32, no ZeRO; instead of `onGradients`. Steps go through `trainStepAsync`; the trainer disposes the hook with itself.
+   * run has the nodes. float32, or bfloat16 copies with `gradReduceDtype` (widened after the run);
+   * no ZeRO; instead of `onGradients`. Steps go through `trainStepAsync`; the trainer disposes the hook with itself.
    */
   inGraphGradients?: InGraphGradients;
 }
@@ -179,7 +180,7 @@ interface TrainerParts {
   /** ZeRO-1's shards, collectives and runs (TrainerOptions.zero). */
   zero?: ZeroParts;
   /** TrainerOptions.inGraphGradients, and the device buffers its nodes' outputs are bound to. */
-  inGraph?: { hook: InGraphGradients; outputs: DeviceTensor[] };
+  inGraph?: { hook: InGraphGradients; outputs: DeviceTensor[]; low: boolean };
   /** With inGraphGradients and several micro-batches: the last micro-batch's runs (lastAccumulate[k][j]), the only ones that reduce. */
   lastAccumulate?: Binding[][];
 }
@@ -290,7 +291,7 @@ export class Trainer {
     if (opts.inGraphGradients) checkInGraphGradients(opts, microBatches, staticInputs);
     const lowReduce = (opts.gradReduceDtype ?? 'float32') === 'bfloat16';
     if (opts.gradReduceDtype !== undefined && opts.gradReduceDtype !== 'float32' && opts.gradReduceDtype !== 'bfloat16') throw new Error(`Trainer: gradReduceDtype must be 'float32' or 'bfloat16', got '${String(opts.gradReduceDtype)}'`);
-    if (lowReduce && !opts.zero && !opts.onGradients) throw new Error("Trainer: gradReduceDtype 'bfloat16' is the dtype of a data-parallel gradient reduction: give onGradients or zero with it");
+    if (lowReduce && !opts.zero && !opts.onGradients && !opts.inGraphGradients) throw new Error("Trainer: gradReduceDtype 'bfloat16' is the dtype of a data-parallel gradient reduction: give onGradients or zero with it");
     if (opts.cudaGraph && device.kind !== 'cuda') throw new Error(`Trainer: cudaGraph: CUDA graphs need a CUDA device, got ${device.kind}`);
     if (opts.cudaGraph) sessionOpts.cudaGraph = true;
     if (fused) sessionOpts.customOpDomains = [...(sessionOpts.customOpDomains ?? []), fused.domain.handle];
@@ -354,7 +355,7 @@ export class Trainer {
         ];
         // with several micro-batches only the last one's run reduces: the earlier ones run the graph without the nodes
         const plain = opts.inGraphGradients && microBatches > 1 ? device.compile(graphs.accumulate, sessionOpts) : undefined;
-        const inGraph = opts.inGraphGradients ? addInGraphNodes(opts.inGraphGradients, graphs.accumulate, spec.params, device) : undefined;
+        const inGraph = opts.inGraphGradients ? addInGraphNodes(opts.inGraphGradients, graphs.accumulate, spec.params, device, lowReduce) : undefined;
         const accumulate = device.compile(graphs.accumulate, inGraph ? { ...sessionOpts, customOpDomains: [...(sessionOpts.customOpDomains ?? []), ...inGraph.hook.customOpDomains] } : sessionOpts);
         const apply = device.compile(graphs.apply, sessionOpts);
         // Every step's first micro-batch adds into gradient buffer 0, so it is zeroed after each
@@ -366,6 +367,7 @@ export class Trainer {
         const zero = device.compile(zeroGraph, { ...opts.session, cudaGraph: false, optimization: 'disabled', name: 'train-zero-gradients' });
         const zeroBinding = zero.binding();
         for (const p of spec.params) zeroBinding.output(`zero/${p.name}`, grads[0].get(p.name)!);
+        const reduceCast = lowReduce ? buildReduceCast(device, spec.params, grads, opts.session ?? {}) : undefined;
         const accumulateBindingsOf = (session: Session, nodes: boolean) => [0, 1].map((k) =>
           [0, 1].map((j) => {
             const b = session.binding();
@@ -378,13 +380,15 @@ export class Trainer {
             b.output('loss', 'host');
             for (const m of graphs.metrics) b.output(m, 'host');
             if (nodes) inGraph?.outputs.forEach((t, i) => b.output(inGraphOutput(i), t));
+            // bfloat16: the run also writes the bfloat16 copies the nodes reduce
+            if (nodes && inGraph?.low) for (const n of names) b.output(inGraphLow(n), reduceCast!.low.get(n)!);
             return b;
           }),
         );
         const accumulateBindings = accumulateBindingsOf(plain ?? accumulate, !plain);
         const lastAccumulate = plain ? accumulateBindingsOf(accumulate, true) : undefined;
         // micro-batch i reads buffer i mod 2 and writes the other: the last one writes buffer 1 − (k − 1) mod 2
-        inGraph?.hook.attach(grads[1 - ((microBatches - 1) % 2)]);
+        inGraph?.hook.attach(inGraph.low ? reduceCast!.low : grads[1 - ((microBatches - 1) % 2)]);
         const applyBindings = [0, 1].map((k) =>
           [0, 1].map((j) => {
             const b = apply.binding();
@@ -395,7 +399,6 @@ export class Trainer {
             return b;
           }),
         );
-        const reduceCast = lowReduce ? buildReduceCast(device, spec.params, grads, opts.session ?? {}) : undefined;
         const t = new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients, reduceCast, fused, inGraph, lastAccumulate })
           .own(accumulate)
           .own(apply)
@@ -525,6 +528,8 @@ export class Trainer {
     const acc = this.accumulateRuns(batches, k);
     const t0 = performance.now();
     await this.parts.inGraph!.hook.finish(acc.sums);
+    // bfloat16: the reduced copies widened into the float32 buffer the update reads
+    if (this.parts.inGraph!.low) this.parts.reduceCast!.up[acc.j].runSync();
     const hookMs = performance.now() - t0;
     const applied = this.applyRun(k, acc.j, lr);
     return this.adopt(k, { loss: acc.sums[0], gradNorm: applied.gradNorm, metrics: this.metricsOf(acc.sums), hostMs: acc.hostMs + applied.hostMs, runMs: acc.runMs + applied.runMs + hookMs });
@@ -778,6 +783,8 @@ export class Trainer {
 
 /** The name of the in-graph hook's output `i` in the accumulate graph. */
 const inGraphOutput = (i: number) => `in_graph_gradients/${i}`;
+/** The accumulate graph's bfloat16 copy of parameter `p`'s gradient (gradReduceDtype 'bfloat16'). */
+const inGraphLow = (p: string) => `in_graph_low/${p}`;
 
 /** Refuses what the in-graph reduction does not cover, by option name. */
 function checkInGraphGradients(opts: TrainerOptions, microBatches: number, staticInputs: boolean): void {
@@ -785,7 +792,6 @@ function checkInGraphGradients(opts: TrainerOptions, microBatches: number, stati
   if (opts.onGradients) throw why('replaces onGradients: give one of them');
   if (opts.zero) throw why('does not do ZeRO (zero reduce-scatters after the run): give one of them');
   if (staticInputs) throw why('does not combine with cudaGraph / staticInputs (collectives cannot be captured in the step\'s graph)');
-  if ((opts.gradReduceDtype ?? 'float32') !== 'float32') throw why(`sums float32 gradients; gradReduceDtype '${opts.gradReduceDtype}' is not supported with it`);
 }
 
 /**
@@ -793,12 +799,13 @@ function checkInGraphGradients(opts: TrainerOptions, microBatches: number, stati
  * reverse parameter order: the backward completes the last layers first) and makes their tensors
  * outputs, with a device buffer for each.
  */
-function addInGraphNodes(hook: InGraphGradients, g: Graph, params: readonly TrainableParamLike[], device: Device): { hook: InGraphGradients; outputs: DeviceTensor[] } {
+function addInGraphNodes(hook: InGraphGradients, g: Graph, params: readonly TrainableParamLike[], device: Device, low: boolean): { hook: InGraphGradients; outputs: DeviceTensor[]; low: boolean } {
   const byName = new Map(g.outputs.map((t) => [t.name, t]));
   const grads = [...params].reverse().map((p) => {
     const grad = byName.get(stateNames.next(stateNames.grad(p.name)));
     if (!grad) throw new Error(`Trainer: inGraphGradients: the accumulate graph has no output for the gradient of '${p.name}'`);
-    return { name: p.name, grad };
+    // bfloat16: the nodes reduce a bfloat16 copy, itself a bound output (what gradCastGraph's cast computes)
+    return { name: p.name, grad: low ? g.output(L.cast(grad, 'bfloat16'), inGraphLow(p.name)) : grad };
   });
   const outs = hook.build(g, grads);
   const outputs: DeviceTensor[] = [];
@@ -806,7 +813,7 @@ function addInGraphNodes(hook: InGraphGradients, g: Graph, params: readonly Trai
     g.output(t, inGraphOutput(i));
     outputs.push(device.empty(t.dtype, t.shape.map(Number)));
   });
-  return { hook, outputs };
+  return { hook, outputs, low };
 }
 
 /** A parameter as far as its name goes. */
