@@ -118,7 +118,8 @@ export interface W4A16TilePlan extends W4A16Tile {
 
 /**
  * The tiled launch of `shape`: `tile` if given, else the largest tile (fewest re-reads of weights and
- * activations) whose grid still gives every one of `sms` SMs two CTAs, else the smallest tile (the most CTAs).
+ * activations from L2 and shared memory per product) whose grid gives each of `sms` SMs a CTA, else the
+ * smallest tile (the most CTAs).
  */
 export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N'>, opts: { tile?: W4A16Tile; sms?: number } = {}): W4A16TilePlan {
   const rows = Math.max(shape.M, 1);
@@ -129,7 +130,7 @@ export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N'>, opts: { tile?:
     if (!v) throw new Error(`W4A16 has no tiled build of ${16 * opts.tile.mt} × ${32 * opts.tile.nt} (builds: ${W4A16_TILE_VARIANTS.map((x) => `${w4a16TileDims(x).bm} × ${w4a16TileDims(x).bn}`).join(', ')})`);
   } else {
     const sms = opts.sms ?? W4A16_DEFAULT_SMS;
-    v = W4A16_TILE_VARIANTS.find((x) => ctas(x) >= 2 * sms) ?? W4A16_TILE_VARIANTS[W4A16_TILE_VARIANTS.length - 1];
+    v = W4A16_TILE_VARIANTS.find((x) => ctas(x) >= sms) ?? W4A16_TILE_VARIANTS[W4A16_TILE_VARIANTS.length - 1];
   }
   const { bm, bn } = w4a16TileDims(v);
   return { mt: v.mt, nt: v.nt, bm, bn, grid: [Math.ceil(shape.N / bn), Math.ceil(rows / bm)], threads: W4A16_TILE_THREADS, sharedBytes: w4a16TileSmem(v) };

@@ -128,7 +128,7 @@ test.each<[string, Case, { mt: number; nt: number; gridX: number; gridY: number 
   ['tiled 32 × 64, fp16 with zero points, block 32: K = 200 padded to 224 (a half-empty chunk), 33 rows', { dtype: 'float16', M: 33, N: 72, K: 200, blockSize: 32, zeroPoints: true, tile: { mt: 2, nt: 2 } }, { mt: 2, nt: 2, gridX: 2, gridY: 2 }],
   ['tiled 32 × 32, bf16 with zero points, block 128: K = 1280 (10 chunks: the 3-stage ring wraps), q/k/v outputs of 32, 16, 16', { dtype: 'bfloat16', M: 40, N: 64, K: 1280, blockSize: 128, zeroPoints: true, widths: [32, 16, 16], tile: { mt: 2, nt: 1 } }, { mt: 2, nt: 1, gridX: 2, gridY: 2 }],
   ['tiled 64 × 64, fp16: 17 rows, gate/up outputs of 24 and 24 (split inside a warp’s 32 columns)', { dtype: 'float16', M: 17, N: 48, K: 256, blockSize: 64, zeroPoints: false, widths: [24, 24], tile: { mt: 4, nt: 2 } }, { mt: 4, nt: 2, gridX: 1, gridY: 1 }],
-  ['tiled, the plan’s choice for 256 rows and N = 96: no tile fills 264 CTAs, so the smallest (32 × 32)', { dtype: 'bfloat16', M: 256, N: 96, K: 128, blockSize: 32, zeroPoints: true, tile: 'auto' }, { mt: 2, nt: 1, gridX: 3, gridY: 8 }],
+  ['tiled, the plan’s choice for 256 rows and N = 96: no tile gives 132 SMs a CTA, so the smallest (32 × 32)', { dtype: 'bfloat16', M: 256, N: 96, K: 128, blockSize: 32, zeroPoints: true, tile: 'auto' }, { mt: 2, nt: 1, gridX: 3, gridY: 8 }],
 ])('%s', (_name, c, plan) => {
   const r = run(c);
   const p = w4a16TilePlan({ M: c.M, N: c.N }, c.tile === 'auto' ? {} : { tile: c.tile });

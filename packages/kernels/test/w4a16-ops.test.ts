@@ -114,15 +114,16 @@ test('launch plans: decode rows take one n8 tile; K splits over warps in the few
   expect(w4a16Plan({ M: 16, N: 1024, kBlocks: 48, blockSize: 64 }, 2)).toEqual({ mt: 2, nt: 2, warps: 12, grid: [32, 1], sharedBytes: 12 * 2 * 2 * 512 });
 });
 
-test('tiled launch plans: the largest tile that still gives each of 132 SMs two CTAs, else the smallest; a tile asked for is kept', () => {
-  // Qwen3-0.6B at 256 rows: q (N = 2048) needs 32 × 32 tiles for 512 CTAs (32 × 64 gives 256 < 264)
-  expect(w4a16TilePlan({ M: 256, N: 2048 })).toEqual({ mt: 2, nt: 1, bm: 32, bn: 32, grid: [64, 8], threads: 128, sharedBytes: 3 * (32 * 256 + 32 * 64) });
-  // fused q/k/v (N = 4096): 32 × 64 gives 512; gate/up (N = 6144): 64 × 64 gives 384
-  expect(w4a16TilePlan({ M: 256, N: 4096 })).toMatchObject({ bm: 32, bn: 64, grid: [64, 8] });
+test('tiled launch plans: the largest tile whose grid gives each of 132 SMs a CTA, else the smallest; a tile asked for is kept', () => {
+  // Qwen3-0.6B at 256 rows: q (N = 2048) takes 32 × 64 tiles for 256 CTAs (64 × 64 gives 128 < 132)
+  expect(w4a16TilePlan({ M: 256, N: 2048 })).toEqual({ mt: 2, nt: 2, bm: 32, bn: 64, grid: [32, 8], threads: 128, sharedBytes: 3 * (32 * 256 + 64 * 64) });
+  // fused q/k/v (N = 4096) and gate/up (N = 6144): 64 × 64 gives 256 and 384
+  expect(w4a16TilePlan({ M: 256, N: 4096 })).toMatchObject({ bm: 64, bn: 64, grid: [64, 4] });
   expect(w4a16TilePlan({ M: 256, N: 6144 })).toMatchObject({ bm: 64, bn: 64, grid: [96, 4], sharedBytes: 3 * (64 * 256 + 64 * 64) });
-  // down (N = 1024): no tile reaches 264 CTAs, the smallest has the most
-  expect(w4a16TilePlan({ M: 256, N: 1024 })).toMatchObject({ bm: 32, bn: 32, grid: [32, 8] });
-  // fewer SMs: the larger tile already fills them
+  // o and down (N = 1024): 32 × 64 gives 128, so 32 × 32 (256); at 64 rows no tile reaches 132: the smallest
+  expect(w4a16TilePlan({ M: 256, N: 1024 })).toMatchObject({ bm: 32, bn: 32, grid: [32, 8], sharedBytes: 3 * (32 * 256 + 32 * 64) });
+  expect(w4a16TilePlan({ M: 64, N: 1024 })).toMatchObject({ bm: 32, bn: 32, grid: [32, 2] });
+  // fewer SMs: the larger tile already covers them
   expect(w4a16TilePlan({ M: 256, N: 2048 }, { sms: 64 })).toMatchObject({ bm: 64, bn: 64, grid: [32, 4] });
   expect(w4a16TilePlan({ M: 100, N: 2048 }, { tile: { mt: 4, nt: 2 } })).toMatchObject({ bm: 64, bn: 64, grid: [32, 2] });
   expect(() => w4a16TilePlan({ M: 100, N: 2048 }, { tile: { mt: 2, nt: 4 } as never })).toThrow(/no tiled build of 32 × 128/);
