@@ -85,9 +85,11 @@ async function main(): Promise<void> {
   // the in-run all-reduce orders NCCL behind the stream the sessions run on: Lathe's own
   const device = computeStream && deviceKind === 'cuda' ? Kernels.withDevice({ deviceId: world.localRank, device: { tf32: flag('tf32') } }).device : Device.open(deviceKind, { id: world.localRank, tf32: flag('tf32') });
   const bucketBytes = Number(arg('bucket-mb', '25')) * 2 ** 20;
+  // the order the buckets' nodes computed in (each step: 0, 1, …, the backward's order)
+  const bucketOrder: number[] = [];
   const inRun = !overlap ? undefined : group instanceof NcclCollectives ? NcclInRunReducer.create(group) : !group && deviceKind === 'cpu' ? ThreadGroup.join(ThreadGroup.create(1), 0) : undefined;
   const reduction = inRun
-    ? { gradReduceDtype, inGraphGradients: gradientAllReduceInGraph(inRun, device, { bucketBytes }) }
+    ? { gradReduceDtype, inGraphGradients: gradientAllReduceInGraph(inRun, device, { bucketBytes, onCompute: (k) => void (bucketOrder.length < 100_000 && bucketOrder.push(k)) }) }
     : group
       ? { gradReduceDtype, ...(zero >= 1 ? { zero: group } : { onGradients: gradientAllReduce(group, { bucketBytes }) }) }
       : {};
@@ -139,6 +141,7 @@ async function main(): Promise<void> {
     zero,
     grad_reduce_dtype: gradReduceDtype,
     overlap: Boolean(inRun),
+    ...(inRun ? { buckets: Math.max(...bucketOrder) + 1, bucket_order_ok: bucketOrder.every((k, i) => k === i % (Math.max(...bucketOrder) + 1)) } : {}),
     compute_stream: computeStream,
     moment_bytes: trainer.momentBytes,
     state_bytes: trainer.stateBytes,
