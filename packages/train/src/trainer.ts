@@ -84,7 +84,8 @@ export interface TrainerOptions {
    * they read, so a bucket's all-reduce starts while the rest of the backward runs; `finish` waits
    * for them after the run, before the apply run; with several micro-batches only the last one's
    * run has the nodes. float32, or bfloat16 copies with `gradReduceDtype` (widened after the run);
-   * no ZeRO; instead of `onGradients`. Steps go through `trainStepAsync`; the trainer disposes the hook with itself.
+   * no ZeRO; instead of `onGradients`. Steps go through `trainStepAsync`; the trainer disposes the
+   * hook with itself.
    */
   inGraphGradients?: InGraphGradients;
 }
@@ -288,7 +289,7 @@ export class Trainer {
     if (staticInputs && opts.onGradients) throw new Error('Trainer: cudaGraph / staticInputs run the step as one run, which leaves no place for onGradients');
     if (opts.zero && staticInputs) throw new Error('Trainer: zero (ZeRO-1) runs collectives between the backward and the update: it does not combine with cudaGraph / staticInputs');
     if (opts.zero && opts.onGradients) throw new Error('Trainer: zero (ZeRO-1) reduce-scatters the gradients itself: give it instead of onGradients, not both');
-    if (opts.inGraphGradients) checkInGraphGradients(opts, microBatches, staticInputs);
+    if (opts.inGraphGradients) checkInGraphGradients(opts, staticInputs);
     const lowReduce = (opts.gradReduceDtype ?? 'float32') === 'bfloat16';
     if (opts.gradReduceDtype !== undefined && opts.gradReduceDtype !== 'float32' && opts.gradReduceDtype !== 'bfloat16') throw new Error(`Trainer: gradReduceDtype must be 'float32' or 'bfloat16', got '${String(opts.gradReduceDtype)}'`);
     if (lowReduce && !opts.zero && !opts.onGradients && !opts.inGraphGradients) throw new Error("Trainer: gradReduceDtype 'bfloat16' is the dtype of a data-parallel gradient reduction: give onGradients or zero with it");
@@ -787,7 +788,7 @@ const inGraphOutput = (i: number) => `in_graph_gradients/${i}`;
 const inGraphLow = (p: string) => `in_graph_low/${p}`;
 
 /** Refuses what the in-graph reduction does not cover, by option name. */
-function checkInGraphGradients(opts: TrainerOptions, microBatches: number, staticInputs: boolean): void {
+function checkInGraphGradients(opts: TrainerOptions, staticInputs: boolean): void {
   const why = (what: string) => new Error(`Trainer: inGraphGradients (the all-reduce inside the backward's run) ${what}`);
   if (opts.onGradients) throw why('replaces onGradients: give one of them');
   if (opts.zero) throw why('does not do ZeRO (zero reduce-scatters after the run): give one of them');
