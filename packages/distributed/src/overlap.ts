@@ -8,10 +8,12 @@
  * `Trainer.create`'s `inGraphGradients`.
  *
  * Why the nodes run early: ONNX Runtime's default execution order is a depth-first walk back from
- * the graph's leaves in node order, so a leaf is placed as soon as its ancestors are; each bucket's
- * node is a leaf (its one-element output is a graph output nobody reads), and the buckets are added
- * in the order the backward completes them (last parameters first), so bucket k's node runs before
- * the backward of the layers below it. test/overlap.test.ts checks the order in an ORT profile.
+ * the graph's leaves, the leaf of the highest node index first, placing each node once its
+ * ancestors are placed. Each bucket's node is a leaf (its one-element output is a graph output
+ * nobody reads); buckets are cut in the order the backward completes the gradients (last
+ * parameters first) and created last bucket first, so bucket 0's node has the highest index and
+ * bucket k's node runs right after its gradients, before the backward of the layers below.
+ * test/overlap.test.ts checks the order in an ORT profile (and fails with the creation reversed).
  */
 import { dtypeBytes, type DType, type Graph, type Tensor } from '@lathe/onnx';
 import type { Device, DeviceTensor } from '@lathe/runtime';
@@ -39,8 +41,8 @@ export interface InRunReducer {
   /**
    * Sums the bucket's buffers over the ranks in place. Called from a node's compute, inside the run:
    * on CUDA it enqueues the sum after the work already on `stream` (the compute stream) and returns
-   * at once; on the CPU it returns with the sums done. Must not throw (ORT cannot take an exception):
-   * keep the error for `drain`.
+   * at once; on the CPU it returns with the sums done. An error it throws is kept by the node (ORT
+   * cannot take an exception) and rethrown by the hook's `finish` after the run.
    */
   reduceInRun(bucket: readonly InRunBuffer[], stream: bigint | undefined): void;
   /** After the run: resolves when every sum enqueued in it is complete (rejects with a kept error). */
