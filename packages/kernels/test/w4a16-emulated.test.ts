@@ -6,7 +6,7 @@
  * ragged N, K padded to whole blocks, every n8-tile count, M past 64 rows (several grid rows), and the
  * cross-warp split of K — with the launch `w4a16Plan` gives; and the tiled kernels for more rows (cp.async
  * stages in shared memory, the activations' swizzle, tiles ragged in M and N, K padded, the stage ring
- * wrapped several times, 2 and 3 outputs) with the launch `w4a16TilePlan` gives. Needs g++ (C++20); the device check
+ * wrapped several times, 2 and 3 outputs; every tile in both dtypes) with the launch `w4a16TilePlan` gives. Needs g++ (C++20); the device check
  * (tools/bench/quantization/quant-bench.ts, `--weights kernel`) tests the real build.
  */
 import { execFileSync } from 'node:child_process';
@@ -128,6 +128,8 @@ test.each<[string, Case, { mt: number; nt: number; gridX: number; gridY: number 
   ['tiled 32 × 64, fp16 with zero points, block 32: K = 200 padded to 224 (a half-empty chunk), 33 rows', { dtype: 'float16', M: 33, N: 72, K: 200, blockSize: 32, zeroPoints: true, tile: { mt: 2, nt: 2 } }, { mt: 2, nt: 2, gridX: 2, gridY: 2 }],
   ['tiled 32 × 32, bf16 with zero points, block 128: K = 1280 (10 chunks: the 3-stage ring wraps), q/k/v outputs of 32, 16, 16', { dtype: 'bfloat16', M: 40, N: 64, K: 1280, blockSize: 128, zeroPoints: true, widths: [32, 16, 16], tile: { mt: 2, nt: 1 } }, { mt: 2, nt: 1, gridX: 2, gridY: 2 }],
   ['tiled 64 × 64, fp16: 17 rows, gate/up outputs of 24 and 24 (split inside a warp’s 32 columns)', { dtype: 'float16', M: 17, N: 48, K: 256, blockSize: 64, zeroPoints: false, widths: [24, 24], tile: { mt: 4, nt: 2 } }, { mt: 4, nt: 2, gridX: 1, gridY: 1 }],
+  ['tiled 32 × 64, bf16 with zero points, block 64: 50 rows, N = 100 (the second tile’s last warp past N)', { dtype: 'bfloat16', M: 50, N: 100, K: 512, blockSize: 64, zeroPoints: true, tile: { mt: 2, nt: 2 } }, { mt: 2, nt: 2, gridX: 2, gridY: 2 }],
+  ['tiled 32 × 32, fp16, block 128: 20 rows, K = 640 (5 chunks), q/k/v outputs of 16, 8, 8', { dtype: 'float16', M: 20, N: 32, K: 640, blockSize: 128, zeroPoints: false, widths: [16, 8, 8], tile: { mt: 2, nt: 1 } }, { mt: 2, nt: 1, gridX: 1, gridY: 1 }],
   ['tiled, the plan’s choice for 256 rows and N = 96: no tile gives 132 SMs a CTA, so the smallest (32 × 32)', { dtype: 'bfloat16', M: 256, N: 96, K: 128, blockSize: 32, zeroPoints: true, tile: 'auto' }, { mt: 2, nt: 1, gridX: 3, gridY: 8 }],
 ])('%s', (_name, c, plan) => {
   const r = run(c);
