@@ -15,7 +15,7 @@ const layers = {
   critic: ['onnx', 'runtime', 'models', 'train', 'rollout', 'graders'],
   'policy-extraction': ['onnx', 'runtime', 'models', 'train', 'rollout', 'graders', 'critic'],
   quantization: ['onnx', 'runtime', 'models'],
-  distributed: ['onnx', 'runtime'],
+  distributed: ['onnx', 'runtime', 'kernels'],
   data: [],
   'openai-client': [],
   graders: ['openai-client'],
