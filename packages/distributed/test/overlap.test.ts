@@ -58,7 +58,8 @@ async function postRun(world: number, micro: number, gradReduceDtype: GradReduce
 
 /** `world` ranks as worker threads (the TypeScript source through tsx, as the serve thread starts). */
 function threads(world: number, micro: number, gradReduceDtype: GradReduceDtype): Promise<RankResult[]> {
-  const shared = ThreadGroup.create(world, 1024);
+  // a small staging area, so larger gradients go through it in several rounds
+  const shared = ThreadGroup.create(world, 256);
   const boot = `require(${JSON.stringify(require.resolve('tsx/cjs'))});require(${JSON.stringify(join(__dirname, 'overlap-rank.ts'))});`;
   return Promise.all(
     Array.from({ length: world }, (_, rank) => {
@@ -164,4 +165,19 @@ test('a ThreadGroup rank left alone fails after its timeout, naming itself; the 
   expect(Date.now() - t0).toBeLessThan(5000);
   const r1 = ThreadGroup.join(shared, 1, { timeoutMs: 10_000 });
   await expect(r1.allReduceHost(Float64Array.of(1))).rejects.toThrow(/rank 0 aborted/);
+});
+
+test('a node whose gradient is not the bound output buffer stops the step, naming the bucket and the gradient', async () => {
+  const device = Device.cpu();
+  const hook = gradientAllReduceInGraph(ThreadGroup.join(ThreadGroup.create(1), 0), device, { bucketBytes: BUCKET_BYTES });
+  const elsewhere: DeviceTensor[] = [];
+  // the trainer's buffers swapped for others of the same shapes: what an ORT temporary copied out later would look like
+  const wrong = { ...hook, attach: (b: ReadonlyMap<string, DeviceTensor>) => hook.attach(new Map([...b].map(([n, t]) => [n, (elsewhere.push(device.zeros('float32', t.dims)), elsewhere.at(-1)!)]))) };
+  const t = Trainer.create(spec, { params: weights }, { inGraphGradients: wrong });
+  const before = t.downloadParams();
+  await expect(t.trainStepAsync(rankBatches(rows(0, 2), 0, 1, 1), 0.01)).rejects.toThrow(/GradAllReduce: bucket 0's gradient 'lm_head.weight' is not the bound output buffer/);
+  // no update was applied
+  expect(t.downloadParams().get('lm_head.weight')).toEqual(before.get('lm_head.weight'));
+  t.dispose();
+  for (const x of elsewhere) x.dispose();
 });
