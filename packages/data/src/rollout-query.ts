@@ -5,7 +5,7 @@
 import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import type Database from 'libsql';
-import { tokenValueColumns, tokenValues } from './rollout-store';
+import { rolloutCounts, tokenValueColumns, tokenValues } from './rollout-store';
 
 /** Which table: training rollouts or evaluation rollouts. */
 export type RolloutTable = 'train' | 'eval';
@@ -212,11 +212,8 @@ export function rolloutById(file: string, table: RolloutTable, id: number): Roll
 /** Row counts and step range of a store, without SQLite's full integrity check (fast on any size). */
 export function countRollouts(file: string): { train: number; eval: number; lastStep: number | null; datasets: string[] } {
   return withStore(file, (db) => {
-    const one = (sql: string) => (db.prepare(sql).raw(true).get() as unknown[])[0];
     return {
-      train: one('SELECT count(*) FROM train_rollouts') as number,
-      eval: one('SELECT count(*) FROM eval_rollouts') as number,
-      lastStep: one('SELECT max(step) FROM train_rollouts') as number | null,
+      ...rolloutCounts(db),
       datasets: (db.prepare('SELECT DISTINCT dataset FROM eval_rollouts ORDER BY dataset').raw(true).all() as string[][]).map((r) => r[0]),
     };
   });

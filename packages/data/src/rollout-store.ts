@@ -434,17 +434,23 @@ export function deleteRolloutsAfter(file: string, step: number): { train: number
   }
 }
 
+/** The first column of a query's first row. */
+const firstValue = (db: Database.Database, sql: string) => (db.prepare(sql).raw(true).get() as unknown[])[0];
+
+/** An open store's training and evaluation row counts and its last training step. */
+export function rolloutCounts(db: Database.Database): { train: number; eval: number; lastStep: number | null } {
+  return {
+    train: firstValue(db, 'SELECT count(*) FROM train_rollouts') as number,
+    eval: firstValue(db, 'SELECT count(*) FROM eval_rollouts') as number,
+    lastStep: firstValue(db, 'SELECT max(step) FROM train_rollouts') as number | null,
+  };
+}
+
 /** Row counts and SQLite's own integrity verdict (`ok` when the file is sound). */
 export function inspectRolloutStore(file: string): { train: number; eval: number; lastStep: number | null; integrity: string } {
   const db = openStore(file);
   try {
-    const one = (sql: string) => (db.prepare(sql).raw(true).get() as unknown[])[0];
-    return {
-      train: one('SELECT count(*) FROM train_rollouts') as number,
-      eval: one('SELECT count(*) FROM eval_rollouts') as number,
-      lastStep: one('SELECT max(step) FROM train_rollouts') as number | null,
-      integrity: one('PRAGMA integrity_check') as string,
-    };
+    return { ...rolloutCounts(db), integrity: firstValue(db, 'PRAGMA integrity_check') as string };
   } finally {
     db.close();
   }

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import Database from 'libsql';
-import { inspectRolloutStore, readEvalRollouts, readTrainRollouts, rolloutById, rolloutGroup, ROLLOUT_SCHEMA_VERSION, RolloutStore, type TrainRollout } from '@lathe/data';
+import { countRollouts, inspectRolloutStore, readEvalRollouts, readTrainRollouts, rolloutById, rolloutGroup, ROLLOUT_SCHEMA_VERSION, RolloutStore, type TrainRollout } from '@lathe/data';
 
 const dir = mkdtempSync(path.join(tmpdir(), 'lathe-rollouts-'));
 
@@ -37,6 +37,7 @@ describe('RolloutStore', () => {
     const ev = readEvalRollouts(file, { dataset: 'gsm8k' });
     expect(ev.map(({ id: _id, created_at: _t, ...r }) => r)).toEqual([{ step: 3, dataset: 'gsm8k', prompt_index: 1, rollout_index: 2, prompt: 'q2', completion: 'a2', reward: null, correct: false, extra: { len: 5 } }]);
     expect(inspectRolloutStore(file)).toEqual({ train: 40, eval: 2, lastStep: 9, integrity: 'ok' });
+    expect(countRollouts(file)).toEqual({ train: 40, eval: 2, lastStep: 9, datasets: ['gsm8k', 'math500'] });
   });
 
   test('rows are written in batches: nothing is committed before a batch fills or flush() is called', async () => {
