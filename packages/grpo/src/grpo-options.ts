@@ -3,10 +3,10 @@
  * `resolveGrpoOptions` applies them (and checks the options), so the trainer, the `lathe grpo`
  * schema and a saved config read one set of values.
  */
-import type { CausalLM, Weights } from '@lathe/models';
+import type { CausalLM, TrunkOptions, Weights } from '@lathe/models';
 import type { DType, Graph } from '@lathe/onnx';
 import type { GenerationEngine, SamplingOptions } from '@lathe/rollout';
-import { Device, type DeviceKind, type DeviceTensor, type SessionOptions } from '@lathe/runtime';
+import { Device, type DeviceKind, type DeviceTensor, type Ptr, type SessionOptions } from '@lathe/runtime';
 import type { AdamWConfig, AttentionChoice, LoraConfig, OptimizerState, TrainerOptions } from '@lathe/train';
 import { builtinEstimator, type AdvantageFunction, type EstimatorName } from './estimators';
 import { DEFAULT_KL_ESTIMATOR, type KlEstimator, type KlMode } from './kl';
@@ -187,6 +187,13 @@ export interface GrpoTrainerOptions<M> {
    * right-padded, as 'flash' requires. Generation always uses GroupQueryAttention.
    */
   attention?: AttentionChoice;
+  /**
+   * Attend through this kernel (Lathe's flash-attention forward and backward) in the policy's train
+   * step, the value model's, and the scoring passes (policy, reference, values) instead of
+   * GroupQueryAttention: the graphs attend as 'flash' (right-padded rows), so `attention` must not
+   * be 'composed'. Generation keeps GroupQueryAttention.
+   */
+  attentionKernel?: GrpoAttentionKernel;
   /** Prompts per generation run (0, the default: all of a round). */
   promptsPerRun?: number;
   /**
@@ -222,6 +229,14 @@ export interface GrpoTrainerOptions<M> {
   dataParallel?: GrpoDataParallel;
 }
 
+/** A flash-attention kernel for the RL graphs ({@link GrpoTrainerOptions.attentionKernel}). */
+export interface GrpoAttentionKernel {
+  /** The decoder's attention through the kernel: `flashAttentionOps(...).attend` of @lathe/kernels (`TrunkOptions.attentionKernel`). */
+  attend: NonNullable<TrunkOptions['attentionKernel']>;
+  /** The custom-op domains the sessions that run it register (the kernels' `domain.handle`). */
+  customOpDomains: Ptr[];
+}
+
 /** A rank's place in a data-parallel RL job (structurally what @lathe/distributed and `joinDataParallel` give). */
 export interface GrpoDataParallel {
   rank: number;
@@ -236,7 +251,7 @@ export interface GrpoDataParallel {
  * The options that choose the algorithm and its schedule: everything but the policy, tokenizer,
  * stop ids, rewards, device, sessions and a resume (what a command's config maps to).
  */
-export type GrpoAlgorithmOptions = Omit<GrpoTrainerOptions<unknown>, 'model' | 'tokenizer' | 'stopIds' | 'rewards' | 'device' | 'session' | 'resume'>;
+export type GrpoAlgorithmOptions = Omit<GrpoTrainerOptions<unknown>, 'model' | 'tokenizer' | 'stopIds' | 'rewards' | 'device' | 'session' | 'resume' | 'attentionKernel'>;
 
 /** The options whose default is a plain value of the option's own type. */
 type PlainDefaultKey =
@@ -379,6 +394,7 @@ export function resolveGrpoOptions<M>(opts: GrpoTrainerOptions<M>): ResolvedGrpo
   const filtered = Boolean(sampling.topK) || (sampling.topP !== undefined && sampling.topP < 1) || Boolean(sampling.minP);
   check(!(filtered && oldLogprobs === 'generation'), "oldLogprobs 'generation' with top_k/top_p/min_p: generation's log-probs are of the filtered distribution, not the policy's; use 'rescore'");
   check(opts.attention === undefined || ['auto', 'composed', 'flash'].includes(opts.attention), `attention must be 'auto', 'composed' or 'flash', got ${String(opts.attention)}`);
+  check(!opts.attentionKernel || opts.attention !== 'composed', "attentionKernel with attention 'composed': the kernel replaces flash attention (right-padded rows); use attention 'flash' or 'auto'");
   const estimator = opts.estimator ?? d.estimator;
 
   const given = opts.kl ?? { coef: d.kl.coef };

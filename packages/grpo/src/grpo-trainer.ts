@@ -64,7 +64,7 @@ import { lossNormaliser, type PolicyLossConfig } from './policy-loss';
 import { ComputeWeights, frozenReference, GenerationRunner, KvGenerationRunner, ScoringRunner, type BoundWeights, type PolicyWeights, type RolloutGenerator, type WeightsGuard } from './policy-sessions';
 import type { ScoredBatch } from './rewards';
 import { rlLoss } from './rl-loss';
-import { explainedVariance, SHARED_VALUE_HEAD, valueLossBuilder, valueModelInit, valueModelParams, ValueScorer } from './value-model';
+import { explainedVariance, SHARED_VALUE_HEAD, valueLossBuilder, valueModelInit, valueModelParams, ValueScorer, type ValueGraphOptions } from './value-model';
 import { evenSplit, responseValues, selectRows, tokenBatch, tokenMasks, trainedValues, type SampledCompletion, type TokenBatch } from './rollout-batch';
 
 /** A prompt for the RL loop. */
@@ -197,7 +197,11 @@ export class GrpoTrainer<M = unknown> {
       : lora
         ? Object.fromEntries(paramSpecs(config).map((s) => [`base/${s.name}`, device.upload({ data: weights.get(s.name)!, dims: s.shape })]))
         : {};
-    const flashAttention = useFlashAttention(o.attention, device.kind, compute);
+    // Lathe's attention kernels replace flash attention in the step and scoring graphs, whose sessions register their custom ops
+    const kernel = o.attentionKernel;
+    const flashAttention = kernel !== undefined || useFlashAttention(o.attention, device.kind, compute);
+    const session = kernel ? { ...o.session, customOpDomains: [...(o.session?.customOpDomains ?? []), ...kernel.customOpDomains] } : o.session;
+    const attentionKernel = kernel ? { attentionKernel: kernel.attend } : {};
 
     // The train step with the RL loss over the same policy builder the scoring graph uses.
     const klInLoss = o.kl.coef > 0 && o.kl.mode === 'loss';
@@ -210,19 +214,19 @@ export class GrpoTrainer<M = unknown> {
     const shared = o.valueModel?.trunk === 'shared';
     const valueHead = shared ? SHARED_VALUE_HEAD : undefined;
     const loss = rlLoss(
-      decoderPolicy(config, { compute, chunk: o.chunk, temperature: o.sampling.temperature, entropy: entropyInStep, weights: policy.train, recompute: o.gradientCheckpointing, flashAttention, valueHead }),
+      decoderPolicy(config, { compute, chunk: o.chunk, temperature: o.sampling.temperature, entropy: entropyInStep, weights: policy.train, recompute: o.gradientCheckpointing, flashAttention, ...attentionKernel, valueHead }),
       custom ? custom.objective : { ...lossConfig, klCoef: klInLoss ? o.kl.coef : 0, klEstimator: o.kl.estimator, ...(o.offPolicy ? { offPolicy: { term: o.offPolicy.term, gamma: o.offPolicy.gamma, sftCoef: o.offPolicy.sftCoef } } : {}) },
       { reference: readsReference, offPolicy: Boolean(o.offPolicy), ...(shared ? { value: { coef: o.valueModel!.coef, clip: o.valueModel!.clip } } : {}) },
     );
     const head = { name: SHARED_VALUE_HEAD, shape: [1, config.hiddenSize], decay: true };
     const fresh = lora ? initLora(adapters, o.seed) : shared ? new Map([...weights, [head.name, new Float32Array(config.hiddenSize)]]) : weights;
     const init = o.resume ? { params: o.resume.params, m: o.resume.m, v: o.resume.v, step: o.resume.optimizerStep } : { params: fresh };
-    const trainer = Trainer.create({ params: [...policy.weights.trainable, ...(shared ? [head] : [])], loss, optimizer: o.optimizer }, init, { device, microBatches: o.microBatches, frozen, session: o.session, ...o.dataParallel?.trainerOptions });
+    const trainer = Trainer.create({ params: [...policy.weights.trainable, ...(shared ? [head] : [])], loss, optimizer: o.optimizer }, init, { device, microBatches: o.microBatches, frozen, session, ...o.dataParallel?.trainerOptions });
 
     // Generation and scoring sessions, fed the trainer's buffers by binding.
     const generation = generationRunners(o, engine, policy.weights);
     const owned = generation.owned;
-    const scoring = { temperature: o.sampling.temperature, compute, chunk: o.chunk, flashAttention, session: o.session };
+    const scoring = { temperature: o.sampling.temperature, compute, chunk: o.chunk, flashAttention, ...attentionKernel, session };
     let scorer: ScoringRunner | undefined;
     const policyScorer = () => {
       if (!scorer) owned.push((scorer = ScoringRunner.create(device, config, policy.weights, { ...scoring, entropy: o.entropy && !entropyInStep, valueHead })));
@@ -234,7 +238,7 @@ export class GrpoTrainer<M = unknown> {
     owned.push({ dispose: () => Object.values(frozen).forEach((t) => t.dispose()) });
 
     const estimate = typeof o.estimator === 'function' ? o.estimator : builtinEstimator(o.estimator, { gae: o.valueModel }).estimate;
-    const critic = o.valueModel && !shared ? criticOf(o, weights, flashAttention) : undefined;
+    const critic = o.valueModel && !shared ? criticOf({ ...o, session }, weights, { flashAttention, ...attentionKernel }) : undefined;
     if (critic) owned.push(critic.scorer, critic.trainer);
     const toMerged = () => {
       const snap = trainer.downloadParams();
@@ -987,14 +991,14 @@ function sharedCriticMetrics(u: UpdateTotals, lr: number): Record<`value/${strin
 }
 
 /** PPO's value model: a train step over its own weights (the policy's trunk, or `init`, and a zero head) and its scoring session. */
-function criticOf<M>(o: ResolvedGrpoOptions<M>, policyWeights: ReadonlyMap<string, Float32Array>, flashAttention: boolean): { trainer: Trainer; scorer: ValueScorer } {
+function criticOf<M>(o: ResolvedGrpoOptions<M>, policyWeights: ReadonlyMap<string, Float32Array>, attention: Pick<ValueGraphOptions, 'flashAttention' | 'attentionKernel'>): { trainer: Trainer; scorer: ValueScorer } {
   const v = o.valueModel!;
   const config = o.model.config;
-  const graph = { compute: o.compute, flashAttention, recompute: o.gradientCheckpointing };
+  const graph = { compute: o.compute, ...attention, recompute: o.gradientCheckpointing };
   const resume = o.resume?.valueModel;
   const init = resume ? { params: resume.params, m: resume.m, v: resume.v, step: resume.step } : { params: valueModelInit(config, policyWeights, v.init) };
   const trainer = Trainer.create({ params: valueModelParams(config), loss: valueLossBuilder(config, v.clip, graph), optimizer: o.optimizer }, init, { device: o.device, microBatches: o.microBatches, session: o.session, ...o.dataParallel?.trainerOptions });
-  return { trainer, scorer: ValueScorer.create(o.device, config, { compute: o.compute, flashAttention, session: o.session }) };
+  return { trainer, scorer: ValueScorer.create(o.device, config, { compute: o.compute, ...attention, session: o.session }) };
 }
 
 function hashSeed(seed: number, step: number, epoch: number): number {

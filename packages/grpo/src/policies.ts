@@ -6,7 +6,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { causalLmLogprobs, valuePerToken, type DecoderConfig, type LogprobKernel, type Weights } from '@lathe/models';
+import { causalLmLogprobs, valuePerToken, type DecoderConfig, type LogprobKernel, type TrunkOptions, type Weights } from '@lathe/models';
 import { castWeights } from '@lathe/train';
 
 /** What a policy gives the loss. */
@@ -47,6 +47,8 @@ export interface DecoderPolicyOptions {
    * reads `total_sequence_length` (int32 scalar T).
    */
   flashAttention?: boolean;
+  /** With `flashAttention`: attend through this kernel (Lathe's flash attention, `TrunkOptions.attentionKernel`) instead of GroupQueryAttention; the sessions then need its custom-op domain. */
+  attentionKernel?: TrunkOptions['attentionKernel'];
   /**
    * Also a value per position from a linear head on the same hidden states (PPO's critic sharing the
    * policy's trunk): the parameter of this name, [1, hidden], must be among the trained ones.
@@ -67,7 +69,7 @@ export function decoderPolicy(cfg: DecoderConfig, opts: DecoderPolicyOptions = {
     const ids = g.input('input_ids', 'int64', ['B', 'T']);
     const attention = g.input('attention_mask', 'int64', ['B', 'T']);
     const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
-    const { logp, entropy, hidden } = causalLmLogprobs(cfg, w, ids, attention, { chunk, temperature, recompute: opts.recompute, entropy: opts.entropy, attention: opts.flashAttention ? 'flash' : 'composed', ...(opts.logprobKernel ? { logprobKernel: opts.logprobKernel } : {}) });
+    const { logp, entropy, hidden } = causalLmLogprobs(cfg, w, ids, attention, { chunk, temperature, recompute: opts.recompute, entropy: opts.entropy, attention: opts.flashAttention ? 'flash' : 'composed', ...(opts.logprobKernel ? { logprobKernel: opts.logprobKernel } : {}), ...(opts.flashAttention && opts.attentionKernel ? { attentionKernel: opts.attentionKernel } : {}) });
     const values = opts.valueHead ? L.where(L.cast(attention, 'bool'), L.cast(valuePerToken(hidden, w(opts.valueHead)), 'float32'), 0) : undefined;
     return { logp, ...(entropy ? { entropy } : {}), ...(values ? { values } : {}) };
   };

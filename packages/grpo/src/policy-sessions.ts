@@ -28,7 +28,7 @@ import { checkSequenceLength, paramSpecs, TOTAL_LENGTH_INPUT, totalLengthTensor,
 import { addGeneration, KvCacheGenerator, kvCacheUnsupported, shrinkOnOutOfMemory, uniformNoise, validateSampling, type SamplingOptions } from '@lathe/rollout';
 import type { Binding, Device, DeviceTensor, HostTensor, Session, SessionOptions } from '@lathe/runtime';
 import { castWeights, type TrainableParam } from '@lathe/train';
-import { decoderPolicy } from './policies';
+import { decoderPolicy, type DecoderPolicyOptions } from './policies';
 import type { SampledCompletion } from './rollout-batch';
 
 /** How graphs read a policy's weights: trainable tensors by name, plus any frozen inputs the weight function declares. */
@@ -526,6 +526,8 @@ export interface ScoringRunnerOptions {
   entropy?: boolean;
   /** Attend through GroupQueryAttention (`decoderPolicy`'s `flashAttention`): the graph then reads `total_sequence_length`. */
   flashAttention?: boolean;
+  /** With `flashAttention`: attend through this kernel (Lathe's flash-attention forward) instead of GroupQueryAttention; `session` must register its custom-op domain. */
+  attentionKernel?: DecoderPolicyOptions['attentionKernel'];
   /** Also output `values` from a value head on the same trunk: the [1, hidden] input of this name (PPO's shared critic). */
   valueHead?: string;
   session?: SessionOptions;
@@ -538,7 +540,7 @@ export interface ScoringRunnerOptions {
  */
 export function scoringGraph(config: DecoderConfig, pw: PolicyWeights, opts: Omit<ScoringRunnerOptions, 'session'>): Graph {
   const g = new L.Graph('grpo_score');
-  const policy = decoderPolicy(config, { compute: opts.compute, chunk: opts.chunk, temperature: opts.temperature, entropy: opts.entropy, weights: pw.weights, flashAttention: opts.flashAttention, valueHead: opts.valueHead });
+  const policy = decoderPolicy(config, { compute: opts.compute, chunk: opts.chunk, temperature: opts.temperature, entropy: opts.entropy, weights: pw.weights, flashAttention: opts.flashAttention, attentionKernel: opts.attentionKernel, valueHead: opts.valueHead });
   const params = declareTrainable(g, pw);
   if (opts.valueHead) params.set(opts.valueHead, g.input(opts.valueHead, 'float32', [1, config.hiddenSize]));
   const out = policy(g, params);

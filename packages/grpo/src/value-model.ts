@@ -13,7 +13,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Tensor } from '@lathe/onnx';
-import { accumulationDtype, decoderHidden, paramSpecs, SCORE_WEIGHT, valuePerToken, type DecoderConfig } from '@lathe/models';
+import { accumulationDtype, decoderHidden, paramSpecs, SCORE_WEIGHT, valuePerToken, type DecoderConfig, type TrunkOptions } from '@lathe/models';
 import type { Binding, Device, HostTensor, Session, SessionOptions } from '@lathe/runtime';
 import { castWeights, fullTrainableParams, type LossBuilder, type TrainableParam } from '@lathe/train';
 import type { BoundWeights } from './policy-sessions';
@@ -56,6 +56,8 @@ export interface ValueGraphOptions {
   compute?: DType;
   /** Attend through GroupQueryAttention (right-padded rows; reads `total_sequence_length`). */
   flashAttention?: boolean;
+  /** With `flashAttention`: attend through this kernel (Lathe's flash attention) instead of GroupQueryAttention; the session then needs its custom-op domain. */
+  attentionKernel?: TrunkOptions['attentionKernel'];
   /** Recompute each layer in the backward pass. */
   recompute?: boolean;
 }
@@ -65,7 +67,7 @@ export function tokenValues(policy: DecoderConfig, g: L.Graph, params: Map<strin
   const ids = g.input('input_ids', 'int64', ['B', 'T']);
   const attention = g.input('attention_mask', 'int64', ['B', 'T']);
   const w = castWeights(params, opts.compute ?? 'float32');
-  const hidden = decoderHidden(valueModelConfig(policy), w, ids, attention, { attention: opts.flashAttention ? 'flash' : 'composed', recompute: opts.recompute });
+  const hidden = decoderHidden(valueModelConfig(policy), w, ids, attention, { attention: opts.flashAttention ? 'flash' : 'composed', recompute: opts.recompute, ...(opts.flashAttention && opts.attentionKernel ? { attentionKernel: opts.attentionKernel } : {}) });
   const values = L.cast(valuePerToken(hidden, w(SCORE_WEIGHT)), accumulationDtype(hidden.dtype));
   return L.where(L.cast(attention, 'bool'), L.cast(values, 'float32'), 0);
 }
