@@ -10,10 +10,9 @@ import { Worker } from 'node:worker_threads';
 import { createRequire } from 'node:module';
 import type Database from 'libsql';
 
-/** One training rollout: a sampled completion of a prompt at a step. */
-export interface TrainRollout {
+/** What every stored rollout holds: a sampled completion of a prompt at a step. */
+export interface StoredRollout {
   step: number;
-  epoch: number;
   /** Index of the prompt in the dataset. */
   prompt_index: number;
   /** Index of this sample among the prompt's group. */
@@ -21,30 +20,25 @@ export interface TrainRollout {
   prompt: string;
   completion: string;
   reward?: number | null;
-  advantage?: number | null;
   /** Anything else (per-source rewards, lengths, token ids…), stored as JSON. */
   extra?: Record<string, unknown> | null;
   /** Per completion token: the log-prob of the sampled token under the policy that sampled it (stored as base64 of float32). */
   logprobs?: ArrayLike<number> | null;
-  /** Per completion token: the entropy of that policy's next-token distribution, where the trainer computed it (stored as float32). */
+  /** Per completion token: the entropy of that policy's next-token distribution, where it was computed (stored as float32). */
   entropies?: ArrayLike<number> | null;
 }
 
+/** One training rollout. */
+export interface TrainRollout extends StoredRollout {
+  epoch: number;
+  advantage?: number | null;
+}
+
 /** One evaluation rollout. */
-export interface EvalRollout {
-  step: number;
+export interface EvalRollout extends StoredRollout {
   /** The evaluation set's name (e.g. `math500`). */
   dataset: string;
-  prompt_index: number;
-  rollout_index: number;
-  prompt: string;
-  completion: string;
-  reward?: number | null;
   correct?: boolean | null;
-  extra?: Record<string, unknown> | null;
-  /** Per completion token log-probs and entropies, as for training rollouts. */
-  logprobs?: ArrayLike<number> | null;
-  entropies?: ArrayLike<number> | null;
 }
 
 /** Options of {@link RolloutStore.open}. */
