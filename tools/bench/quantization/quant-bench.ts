@@ -518,7 +518,8 @@ function measureDenseMatMul(device: Device, dtype: DType, config: DecoderConfig,
   for (const { name, N, K } of projectionShapes(config, true)) {
     const weightBytes = N * K * L.dtypeBytes(dtype);
     const R = Math.max(4, Math.ceil((2 * 60e6) / weightBytes));
-    const ws = Array.from({ length: R }, () => device.upload({ data: half(new Float32Array(K * N).fill(0.001)), dims: [K, N] }, dtype));
+    const hostW = half(new Float32Array(K * N).fill(0.001));
+    const ws = Array.from({ length: R }, () => device.upload({ data: hostW, dims: [K, N] }, dtype));
     try {
       for (const M of rows) {
         const g = new L.Graph(`dense_matmul_${name}_${M}`);
