@@ -1,11 +1,14 @@
 /** `lathe grpo`'s options: defaults, flags, YAML keys and the config saved with every checkpoint. */
 import { ESTIMATOR_NAMES, GRPO_DEFAULTS, LOSS_AGGREGATIONS, POLICY_TERMS, type GrpoAlgorithmOptions } from '@lathe/grpo';
 import { BUILTIN_DATA, BUILTIN_TOKENIZER } from './demo-task';
-import { attentionOption, checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, gradReduceDtypeOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, quantizeBaseOption, reportOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainComputeDtypeOption } from './common-options';
+import { checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, gradReduceDtypeOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, quantizeBaseOption, reportOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainAttentionOption, trainComputeDtypeOption } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 import { TRAIN_EVAL_KEYS, trainEvalOptions } from './train-eval-config';
 import { classmateOptions, rolloutIsOption } from './classmate-config';
 import { serveTrainingOptions } from './serve-training-config';
+
+/** sft's `--attention` help with its last sentence for GRPO, whose RL-step passes take the kernels too. */
+const grpoAttentionHelp = `${trainAttentionOption.describe.replace(/\s*The evaluation and scoring graphs are unchanged\.?$/, '')} In lathe grpo the re-scoring, reference and value passes attend through the kernels too (forward only); generation and evaluation keep GroupQueryAttention`;
 
 /** Every option of a GRPO-family run; the trainer's defaults come from `GRPO_DEFAULTS`. */
 export const grpoSchema = {
@@ -21,7 +24,7 @@ export const grpoSchema = {
   device: { ...deviceOption, default: GRPO_DEFAULTS.device },
   compute_dtype: { ...trainComputeDtypeOption, default: GRPO_DEFAULTS.compute },
   ...resumableOptions({
-    attention: { ...attentionOption, default: GRPO_DEFAULTS.attention },
+    attention: { ...trainAttentionOption, default: GRPO_DEFAULTS.attention, describe: grpoAttentionHelp },
     gradient_checkpointing: { ...gradientCheckpointingOption, default: GRPO_DEFAULTS.gradientCheckpointing },
   }),
   // rewards
@@ -171,7 +174,8 @@ export function grpoTrainerOptions(cfg: GrpoConfig): GrpoAlgorithmOptions {
     dynamicSampling: cfg.dynamic_sampling ? { maxRounds: cfg.max_sampling_rounds } : undefined,
     compute: cfg.compute_dtype,
     gradientCheckpointing: cfg.gradient_checkpointing,
-    attention: cfg.attention,
+    // 'kernels' attends as flash attention through the kernel that runGrpo adds once the device is open
+    attention: cfg.attention === 'kernels' ? 'flash' : cfg.attention,
     promptsPerRun: cfg.prompts_per_run,
     generationEngine: cfg.generation_engine,
     seed: cfg.seed,

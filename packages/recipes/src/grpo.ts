@@ -13,11 +13,11 @@
 import { paramCount, readSafetensorsHeader, readTensorBytes, writeSafetensors } from '@lathe/models';
 import { existsSync } from 'node:fs';
 import { MathGrader, r1ZeroFormatReward } from '@lathe/graders';
-import { Device, sizeOf } from '@lathe/runtime';
+import { sizeOf } from '@lathe/runtime';
 import { basename, join, resolve } from 'node:path';
 import { readRecords, RolloutStore, runPaths } from '@lathe/data';
 import { loraFromOptions, type TrainerState } from '@lathe/train';
-import { combineRewards, GrpoTrainer, overlongReward, type GrpoResumeState, type GrpoStepMetrics, type OffPolicyTrace, type RlPrompt } from '@lathe/grpo';
+import { combineRewards, GrpoTrainer, overlongReward, type GrpoAttentionKernel, type GrpoResumeState, type GrpoStepMetrics, type OffPolicyTrace, type RlPrompt } from '@lathe/grpo';
 import { additionExamples, BUILTIN_DATA } from './demo-task';
 import { readPromptFile } from './generate';
 import { grpoTrainerOptions, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
@@ -27,6 +27,7 @@ import { serveTrainingPolicy, type TrainingServe } from './serve-training';
 import { combineRewardSources, loadRewardFunctions, parseRewardWeights, rewardModelSource, RewardSourceError, withRewardWeights, type AnyRewardSource } from './reward-sources';
 import { checkComputeDtype, EpochStream, loadRunModel, scheduledLr, splitHeldOut, stopRequested } from './scaffold';
 import { anyRankStopped, gatherRlStep, joinDataParallel, openRankRunDir } from './launch-dp';
+import { checkTrainAttention, openTrainDevice, type TrainAttention, type TrainAttentionConfig } from './train-attention';
 import { grpoBenchmarkSampler, TrainBenchmarks, type TrainBenchmarkResult } from './train-eval';
 
 /** A prompt with its reference answer. */
@@ -221,9 +222,22 @@ function loadCriticState(dir: string): NonNullable<GrpoResumeState['valueModel']
   return out;
 }
 
+/** What `--attention` of a GRPO run depends on (TrainAttentionConfig: GRPO has no packing or CUDA-graph step). */
+function grpoAttentionConfig(cfg: GrpoConfig): TrainAttentionConfig {
+  return { device: cfg.device as 'cpu' | 'cuda', compute_dtype: cfg.compute_dtype, attention: cfg.attention, quantize_base: cfg.quantize_base };
+}
+
+/** The GrpoTrainer's attention options once the device is open: with the kernels, flash attention through them. */
+function grpoAttention(attention: TrainAttention): { attention?: 'flash'; attentionKernel?: GrpoAttentionKernel } {
+  const attend = attention.loss.attentionKernel;
+  if (attention.choice !== 'kernels' || !attend) return {};
+  return { attention: 'flash', attentionKernel: { attend, customOpDomains: attention.trainer.session?.customOpDomains ?? [] } };
+}
+
 /** Runs GRPO as configured. `signal` interrupts the run after the current step, with a checkpoint. */
 export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?: AbortSignal): Promise<GrpoRunResult> {
   checkComputeDtype(cfg);
+  checkTrainAttention(grpoAttentionConfig(cfg));
   if (!(cfg.temperature > 0)) throw new Error(`--temperature ${cfg.temperature}: RL rollouts need a temperature > 0`);
   if (cfg.group_size < 2 && !['remax', 'reinforce_pp', 'gae'].includes(cfg.estimator)) throw new Error(`--group_size ${cfg.group_size}: --estimator ${cfg.estimator} needs groups of at least 2 (remax, reinforce_pp and gae work with 1)`);
   if (cfg.estimator === 'gae' && cfg.value_lr > 0 && !(cfg.lr > 0)) throw new Error(`--value_lr ${cfg.value_lr} with --lr ${cfg.lr}: the value model's rate is a ratio of --lr, which must be > 0 (a critic trained alone is not supported yet)`);
@@ -287,7 +301,8 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
 
   // Rewards: correctness, optional format and overlong shaping, your functions and a reward model,
   // weighted; per-sample failures are counted and logged, a reward model's refuses the step.
-  const device = Device.open(cfg.device as 'cpu' | 'cuda', { id: dp?.deviceId ?? 0 });
+  // with --attention kernels (or auto where it picks them) the GPU opens through Lathe's kernels, which the train step and scoring attend through
+  const { device, attention } = openTrainDevice(grpoAttentionConfig(cfg), model.config, { id: dp?.deviceId ?? 0, dataParallel: dp !== undefined, kernelsOnlyForAttention: true });
   const grader = cfg.reward === 'math' ? new MathGrader() : undefined;
   const correct = grader ? async (_p: string, c: string, m: AnswerMeta) => ((await grader.grade(c, m.answer)).correct ? 1 : 0) : (_p: string, c: string, m: AnswerMeta) => (c.trim() === m.answer.trim() ? 1 : 0);
   const sources: AnyRewardSource<AnswerMeta>[] = cfg.reward === 'none' ? [] : [{ name: 'correct', fn: correct }];
@@ -341,6 +356,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     stopIds,
     rewards: classmates.rewards,
     ...grpoTrainerOptions(cfg),
+    ...grpoAttention(attention),
     lora,
     // QLoRA: the adapters over the base quantized in memory (quantize-lora.ts)
     ...(cfg.quantize_base !== 'none' ? { frozenBase: quantizedFrozenBase(model.config, model.lm.float32Weights(), cfg.quantize_base, cfg.device) } : {}),
@@ -366,6 +382,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
       });
     } catch (e) {
       trainer.dispose();
+      attention.dispose();
       classmates.dispose();
       throw e;
     }
@@ -462,6 +479,8 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
         if (!(e instanceof RewardSourceError)) throw e;
         throw new Error(`step ${state.step + 1}: ${e.message}; the weights before this step are saved in ${await checkpoint()}`);
       });
+      // an error the attention kernels raised inside the step's runs
+      attention.check();
       // with data parallelism rank 0 logs every rank's rollouts and the ranks' mean metrics
       const { metrics, rollouts } = dp ? await gatherRlStep(dp, stepped) : stepped;
       // the served policy moves to the weights this step wrote
@@ -514,6 +533,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
     await serving?.close();
     await store.close();
     trainer.dispose();
+    attention.dispose();
     classmates.dispose();
     rewardModel?.dispose();
     await grader?.close();

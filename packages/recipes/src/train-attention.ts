@@ -89,9 +89,11 @@ const compiledCe = new WeakMap<Kernels, CrossEntropyKernels>();
  * Opens a training run's device (GPU `id`; `kernels: false` keeps ONNX Runtime's own stream, see
  * openDevice) and its attention: with `kernels`, the GPU through Lathe's kernels and the
  * flash-attention kernels compiled (on the cpu their float32 host computation, for tests); the
- * model's heads checked against what the kernels take.
+ * model's heads checked against what the kernels take. `kernelsOnlyForAttention`: the GPU goes
+ * through Lathe's kernels only when the attention is theirs, else ONNX Runtime's own stream (GRPO's
+ * generation, whose captured decode steps are measured there).
  */
-export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig, opts: { id?: number; kernels?: boolean; dataParallel?: boolean } = {}): { device: Device; attention: TrainAttention } {
+export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig, opts: { id?: number; kernels?: boolean; dataParallel?: boolean; kernelsOnlyForAttention?: boolean } = {}): { device: Device; attention: TrainAttention } {
   checkTrainAttention(cfg);
   const id = opts.id ?? 0;
   const choice =
@@ -104,7 +106,7 @@ export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig
       : cfg.attention;
   if (choice !== 'kernels') {
     if (cfg.logprob_kernel) throw new Error(`--logprob_kernel needs the attention kernels, and the run's attention is ${cfg.attention === 'auto' ? "'auto', which did not pick them here (see --attention's help for where it does not)" : `'${cfg.attention}'`}: use --attention kernels, or drop --logprob_kernel`);
-    const device = openDevice(cfg.device, id, opts.kernels === undefined ? {} : { kernels: opts.kernels });
+    const device = openDevice(cfg.device, id, opts.kernelsOnlyForAttention ? { kernels: false } : opts.kernels === undefined ? {} : { kernels: opts.kernels });
     const flashAttention = useFlashAttention(choice, cfg.device, cfg.compute_dtype, { packing: cfg.packing });
     return { device, attention: { choice, flashAttention, loss: {}, trainer: {}, check: () => {}, dispose: () => {} } };
   }
