@@ -87,7 +87,7 @@ test("--attention auto on a GRPO config: Lathe's kernels on cuda with bfloat16 w
   expect(resolveTrainAttention(cuda, facts)).toBe('kernels');
   expect(resolveTrainAttention({ ...cuda, device: 'cpu' }, facts)).toBe('auto');
   expect(resolveTrainAttention({ ...cuda, compute_dtype: 'float32' }, facts)).toBe('auto');
-  expect(resolveTrainAttention({ ...cuda, quantize_base: 'nf4', lora_rank: 8 }, facts)).toBe('auto');
+  expect(resolveTrainAttention({ ...cuda, quantize_base: 'nf4' }, facts)).toBe('auto');
   expect(resolveTrainAttention(cuda, { ...facts, dataParallel: true })).toBe('auto');
   expect(resolveTrainAttention(cuda, { ...facts, kernelsAvailable: false })).toBe('auto');
   expect(resolveTrainAttention({ ...cuda, attention: 'flash' }, facts)).toBe('flash');
