@@ -10,7 +10,7 @@ import * as koffi from 'koffi';
 import type { DType } from '@lathe/onnx';
 import { DistributedError } from './collectives';
 import { NcclApi, type NcclCollectives } from './nccl';
-import type { InRunBuffer, InRunReducer } from './overlap';
+import type { InRunBuffer, InRunReducer, InRunShardPair } from './overlap';
 
 type Fn = (...args: unknown[]) => unknown;
 
@@ -75,9 +75,20 @@ export class NcclInRunReducer implements InRunReducer {
   }
 
   reduceInRun(bucket: readonly InRunBuffer[], stream: bigint | undefined): void {
+    this.enqueue(stream, (api, comm, ncclStream) => {
+      for (const b of bucket) {
+        const type = NCCL_TYPES[b.dtype];
+        if (type === undefined) throw new Error(`the in-run all-reduce sums float32 or bfloat16 buffers, got ${b.dtype}`);
+        api.checkNccl('ncclAllReduce', api.fn.ncclAllReduce(b.data, b.data, b.size, type, NCCL_SUM, comm, ncclStream), comm);
+      }
+    });
+  }
+
+  /** Orders NCCL's stream after the compute stream's work so far and enqueues `calls` as one NCCL group. */
+  private enqueue(stream: bigint | undefined, calls: (api: NcclApi, comm: bigint, ncclStream: bigint) => void): void {
     if (this.error) return;
     try {
-      if (stream === undefined) throw new Error('the in-run all-reduce needs the compute stream (a device opened with Kernels.withDevice)');
+      if (stream === undefined) throw new Error('the in-run collectives need the compute stream (a device opened with Kernels.withDevice)');
       const { api, ev } = this;
       const ncclStream = this.nccl.stream;
       api.checkCuda('cudaEventRecord', ev.cudaEventRecord(this.event, stream));
@@ -85,20 +96,27 @@ export class NcclInRunReducer implements InRunReducer {
       const comm = this.nccl.communicator;
       api.checkNccl('ncclGroupStart', api.fn.ncclGroupStart());
       try {
-        for (const b of bucket) {
-          const type = NCCL_TYPES[b.dtype];
-          if (type === undefined) throw new Error(`the in-run all-reduce sums float32 or bfloat16 buffers, got ${b.dtype}`);
-          api.checkNccl('ncclAllReduce', api.fn.ncclAllReduce(b.data, b.data, b.size, type, NCCL_SUM, comm, ncclStream), comm);
-        }
+        calls(api, comm, ncclStream);
       } finally {
         api.checkNccl('ncclGroupEnd', api.fn.ncclGroupEnd(), comm);
       }
     } catch (e) {
       // the peers are inside the same collective: abort so they fail instead of hanging
       this.error = e instanceof Error ? e : new Error(String(e));
-      this.nccl.abort(`in-run all-reduce failed: ${this.error.message}`);
+      this.nccl.abort(`in-run collective failed: ${this.error.message}`);
       throw this.error;
     }
+  }
+
+  reduceScatterInRun(pairs: readonly InRunShardPair[], stream: bigint | undefined): void {
+    this.enqueue(stream, (api, comm, ncclStream) => {
+      for (const { input, output } of pairs) {
+        const type = NCCL_TYPES[input.dtype];
+        if (type === undefined) throw new Error(`the in-run reduce-scatter sums float32 or bfloat16 buffers, got ${input.dtype}`);
+        if (input.size % this.worldSize !== 0) throw new Error(`the in-run reduce-scatter of ${input.size} elements over ${this.worldSize} ranks`);
+        api.checkNccl('ncclReduceScatter', api.fn.ncclReduceScatter(input.data, output, input.size / this.worldSize, type, NCCL_SUM, comm, ncclStream), comm);
+      }
+    });
   }
 
   async drain(): Promise<void> {

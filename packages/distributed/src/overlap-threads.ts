@@ -6,7 +6,8 @@
  * `HostCollectives` sums). For tests: every rank copies its bucket through the host.
  */
 import { CApi, fromBfloat16Bits, toBfloat16Bits } from '@lathe/runtime';
-import type { InRunBuffer, InRunReducer } from './overlap';
+import type { DeviceTensor } from '@lathe/runtime';
+import type { InRunBuffer, InRunReducer, InRunShardPair } from './overlap';
 
 /** What every rank's thread gets (structured-clonable: pass it in `workerData`). */
 export interface ThreadGroupShared {
@@ -93,38 +94,88 @@ export class ThreadReducer implements InRunReducer {
     Atomics.notify(this.control, GENERATION);
   }
 
+  /** Sums `values` over the ranks in place, through the staging slots in rounds (rank order; bfloat16: each addition rounded). */
+  private sumRounds(values: Float32Array, bf16: boolean): void {
+    const cap = this.shared.capacity;
+    for (let at = 0; at < values.length; at += cap) {
+      const part = values.subarray(at, Math.min(at + cap, values.length));
+      this.slots[this.rank].set(part);
+      this.barrier('a sum (staged)');
+      // rank order, rounding each addition to float32, on every rank
+      const sum = Float32Array.from(this.slots[0].subarray(0, part.length));
+      for (let r = 1; r < this.worldSize; r++) {
+        const v = this.slots[r];
+        for (let i = 0; i < part.length; i++) sum[i] += v[i];
+        if (bf16) fromBfloat16Bits(toBfloat16Bits(sum), sum);
+      }
+      part.set(sum);
+      this.barrier('a sum (summed)');
+    }
+  }
+
+  /** A float32 or bfloat16 buffer's values as float32 (and its bits, for bfloat16). */
+  private read(b: InRunBuffer): { values: Float32Array<ArrayBuffer>; bits?: Uint16Array<ArrayBuffer> } {
+    if (b.dtype !== 'float32' && b.dtype !== 'bfloat16') throw new Error(`ThreadGroup: sums float32 or bfloat16 buffers, got ${b.dtype}`);
+    const api = CApi.get();
+    const values = new Float32Array(b.size);
+    if (b.dtype === 'float32') {
+      api.copyOut(values, b.data);
+      return { values };
+    }
+    const bits = new Uint16Array(b.size);
+    api.copyOut(bits, b.data);
+    fromBfloat16Bits(bits, values);
+    return { values, bits };
+  }
+
   /**
    * Sums float32 buffers, or bfloat16 ones as NCCL sums them (each addition rounded to bfloat16, as
    * `HostCollectives` models it), staging the values as float32.
    */
   reduceInRun(bucket: readonly InRunBuffer[]): void {
-    const api = CApi.get();
-    const cap = this.shared.capacity;
     for (const b of bucket) {
-      if (b.dtype !== 'float32' && b.dtype !== 'bfloat16') throw new Error(`ThreadGroup: sums float32 or bfloat16 buffers, got ${b.dtype}`);
-      const bf16 = b.dtype === 'bfloat16';
-      const bits = bf16 ? new Uint16Array(b.size) : undefined;
-      const values = new Float32Array(b.size);
-      if (bits) {
-        api.copyOut(bits, b.data);
-        fromBfloat16Bits(bits, values);
-      } else api.copyOut(values, b.data);
-      for (let at = 0; at < b.size; at += cap) {
-        const part = values.subarray(at, Math.min(at + cap, b.size));
-        this.slots[this.rank].set(part);
-        this.barrier('reduceInRun (staged)');
-        // rank order, rounding each addition to float32, on every rank
-        const sum = Float32Array.from(this.slots[0].subarray(0, part.length));
-        for (let r = 1; r < this.worldSize; r++) {
-          const v = this.slots[r];
-          for (let i = 0; i < part.length; i++) sum[i] += v[i];
-          if (bf16) fromBfloat16Bits(toBfloat16Bits(sum), sum);
-        }
-        part.set(sum);
-        this.barrier('reduceInRun (summed)');
-      }
-      api.copyIn(b.data, bits ? toBfloat16Bits(values, bits) : values);
+      const { values, bits } = this.read(b);
+      this.sumRounds(values, bits !== undefined);
+      CApi.get().copyIn(b.data, bits ? toBfloat16Bits(values, bits) : values);
     }
+  }
+
+  reduceScatterInRun(pairs: readonly InRunShardPair[]): void {
+    for (const { input, output } of pairs) {
+      if (input.size % this.worldSize !== 0) throw new Error(`ThreadGroup: a reduce-scatter of ${input.size} elements over ${this.worldSize} ranks`);
+      const { values, bits } = this.read(input);
+      this.sumRounds(values, bits !== undefined);
+      const n = input.size / this.worldSize;
+      const mine = values.subarray(this.rank * n, (this.rank + 1) * n);
+      CApi.get().copyIn(output, bits ? toBfloat16Bits(mine) : mine);
+    }
+  }
+
+  /** `reduceInRun`'s sum of a float32 tensor, this rank's chunk into `output` (ZeRO's `ShardCollectives`). */
+  async reduceScatter(input: DeviceTensor, output: DeviceTensor, op: 'sum' | 'avg' = 'sum'): Promise<void> {
+    if (input.dtype !== 'float32' || output.dtype !== 'float32' || input.size !== output.size * this.worldSize) throw new Error(`ThreadGroup: reduceScatter of ${input.describe()} into ${output.describe()}: float32, worldSize × the output's elements`);
+    const values = Float32Array.from(input.download().data as Float32Array);
+    this.sumRounds(values, false);
+    const mine = values.slice(this.rank * output.size, (this.rank + 1) * output.size);
+    if (op === 'avg') for (let i = 0; i < mine.length; i++) mine[i] /= this.worldSize;
+    output.upload(mine);
+  }
+
+  /** Every rank's float32 `input` in rank order into `output` (ZeRO's parameter gather). */
+  async allGather(input: DeviceTensor, output: DeviceTensor): Promise<void> {
+    if (input.dtype !== 'float32' || output.dtype !== 'float32' || output.size !== input.size * this.worldSize) throw new Error(`ThreadGroup: allGather of ${input.describe()} into ${output.describe()}: float32, worldSize × the input's elements`);
+    const mine = input.download().data as Float32Array;
+    const n = mine.length;
+    const out = new Float32Array(n * this.worldSize);
+    const cap = this.shared.capacity;
+    for (let at = 0; at < n; at += cap) {
+      const len = Math.min(cap, n - at);
+      this.slots[this.rank].set(mine.subarray(at, at + len));
+      this.barrier('allGather (staged)');
+      for (let r = 0; r < this.worldSize; r++) out.set(this.slots[r].subarray(0, len), r * n + at);
+      this.barrier('allGather (copied)');
+    }
+    output.upload(out);
   }
 
   async drain(): Promise<void> {}

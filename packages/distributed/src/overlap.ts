@@ -29,6 +29,12 @@ export interface InRunBuffer {
   size: number;
 }
 
+/** A reduce-scatter's input and the address of this rank's chunk of the sum. */
+export interface InRunShardPair {
+  input: InRunBuffer;
+  output: bigint;
+}
+
 /**
  * Sums buffers over the ranks from inside a session run. Every rank calls `reduceInRun` for the same
  * buckets in the same order (the ranks' graphs are the same).
@@ -45,6 +51,11 @@ export interface InRunReducer {
    * cannot take an exception) and rethrown by the hook's `finish` after the run.
    */
   reduceInRun(bucket: readonly InRunBuffer[], stream: bigint | undefined): void;
+  /**
+   * As `reduceInRun`, a reduce-scatter of each pair: `input` (worldSize × shard elements) summed over
+   * the ranks, this rank's chunk written to `output` (shard elements, same dtype).
+   */
+  reduceScatterInRun(pairs: readonly InRunShardPair[], stream: bigint | undefined): void;
   /** After the run: resolves when every sum enqueued in it is complete (rejects with a kept error). */
   drain(): Promise<void>;
   /** Sums a few host values over the ranks in place (the step's loss and metrics). */
@@ -79,26 +90,22 @@ export interface InGraphAllReduceOptions {
 
 let domainCount = 0;
 
-/**
- * Data-parallel gradients summed over the ranks inside the accumulate run, bucket by bucket as the
- * backward completes them; the step's loss and metrics are summed after the run. On CUDA the
- * device must run its sessions on Lathe's compute stream (`Kernels.withDevice`), the stream the
- * nodes' computes order NCCL's stream behind. Gradients are summed, not averaged, as
- * `gradientAllReduce` sums them.
- */
-export function gradientAllReduceInGraph(reducer: InRunReducer, device: Device, opts: InGraphAllReduceOptions = {}): InGraphGradientHook {
+/** The bucket nodes both hooks build: one op per bucket, its compute checking its inputs are the bound buffers. */
+function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions, enqueue: (k: number, ins: InRunBuffer[]) => void) {
   if (device.kind === 'cuda' && device.computeStream === undefined) {
-    throw new Error(`gradientAllReduceInGraph: ${device.name} runs its sessions on a stream of ONNX Runtime's own, which the in-run all-reduce cannot order NCCL behind: open it with Kernels.withDevice() from @lathe/kernels`);
+    throw new Error(`${what}: ${device.name} runs its sessions on a stream of ONNX Runtime's own, which the in-run collective cannot order NCCL behind: open it with Kernels.withDevice() from @lathe/kernels`);
   }
-  if (device.kind !== 'cuda' && device.kind !== 'cpu') throw new Error(`gradientAllReduceInGraph: ${device.kind} devices are not supported (cuda or cpu)`);
+  if (device.kind !== 'cuda' && device.kind !== 'cpu') throw new Error(`${what}: ${device.kind} devices are not supported (cuda or cpu)`);
   const bucketBytes = opts.bucketBytes ?? 25 * 1024 * 1024;
   const domain = new CustomOpDomain(`lathe.overlap${domainCount++}`);
-  /** plan[k]: the names of bucket k's gradients, in input order. */
-  let plan: string[][] | undefined;
-  /** expected[k]: the bound buffers' addresses of bucket k (attach). */
-  let expected: bigint[][] | undefined;
-  /** Bucket nodes computed in the current run. */
-  let computes = 0;
+  const state = {
+    /** plan[k]: the names of bucket k's gradients, in input order. */
+    plan: undefined as string[][] | undefined,
+    /** expected[k]: the bound buffers' addresses of bucket k (attach). */
+    expected: undefined as bigint[][] | undefined,
+    /** Bucket nodes computed since the last `finish`. */
+    computes: 0,
+  };
   // one op per bucket, so each compute knows its bucket whatever order ORT runs them in
   const addOp = (k: number, dtypes: DType[]): string => {
     const name = `GradAllReduce_${k}`;
@@ -110,46 +117,49 @@ export function gradientAllReduceInGraph(reducer: InRunReducer, device: Device, 
       infer: () => [{ dtype: 'float32', shape: [1] }],
       compute: (ctx) => {
         ctx.output(0, [1]);
-        computes++;
+        state.computes++;
         opts.onCompute?.(k);
-        const want = expected?.[k];
-        if (!want) throw new Error('GradAllReduce ran before the trainer attached its gradient buffers');
+        const want = state.expected?.[k];
+        if (!want) throw new Error(`${what}: a node ran before the trainer attached its gradient buffers`);
         const ins = ctx.inputs;
         for (let i = 0; i < ins.length; i++) {
           // an ORT temporary copied into the bound buffer after the run would be read by NCCL while ORT reuses it
-          if (ins[i].data !== want[i]) throw new Error(`GradAllReduce: bucket ${k}'s gradient '${plan![k][i]}' is not the bound output buffer (ONNX Runtime computed it elsewhere), so it cannot be reduced in place`);
+          if (ins[i].data !== want[i]) throw new Error(`GradAllReduce: bucket ${k}'s gradient '${state.plan![k][i]}' is not the bound output buffer (ONNX Runtime computed it elsewhere), so it cannot be reduced in place`);
         }
-        reducer.reduceInRun(ins.map((x) => ({ data: x.data, dtype: x.dtype, size: x.dims.reduce((a, b) => a * b, 1) })), device.computeStream);
+        enqueue(k, ins.map((x) => ({ data: x.data, dtype: x.dtype, size: x.dims.reduce((a, b) => a * b, 1) })));
       },
     });
     return name;
   };
   return {
-    customOpDomains: [domain.handle],
-    build(g, grads) {
-      if (plan) throw new Error('gradientAllReduceInGraph: a hook serves one trainer (its nodes are built once)');
-      for (const x of grads) if (x.grad.dtype !== 'float32' && x.grad.dtype !== 'bfloat16') throw new Error(`gradientAllReduceInGraph: gradient '${x.name}' is ${x.grad.dtype}; the in-run all-reduce sums float32 or bfloat16 gradients`);
+    domain,
+    state,
+    build(g: Graph, grads: readonly { name: string; grad: Tensor }[]): Tensor[] {
+      if (state.plan) throw new Error(`${what}: a hook serves one trainer (its nodes are built once)`);
+      for (const x of grads) if (x.grad.dtype !== 'float32' && x.grad.dtype !== 'bfloat16') throw new Error(`${what}: gradient '${x.name}' is ${x.grad.dtype}; the in-run collectives take float32 or bfloat16 gradients`);
       const sized = grads.map((x) => ({ ...x, byteLength: x.grad.shape.reduce<number>((a, b) => a * Number(b), 1) * dtypeBytes(x.grad.dtype) }));
       const groups = buckets(sized, bucketBytes);
-      plan = groups.map((b) => b.map((x) => x.name));
+      state.plan = groups.map((b) => b.map((x) => x.name));
       // ORT's walk starts from the leaf of the highest node index: bucket 0's node is created last
       const outs: Tensor[] = [];
       for (let k = groups.length - 1; k >= 0; k--) outs[k] = g.scope(`grad_all_reduce_${k}`, () => domain.node(addOp(k, groups[k].map((x) => x.grad.dtype)), groups[k].map((x) => x.grad))[0]);
       return outs;
     },
-    attach(buffers) {
-      if (!plan) throw new Error('gradientAllReduceInGraph: attach before build');
-      expected = plan.map((names) =>
+    /** The addresses of each bucket's input buffers, by name. */
+    attach(inputs: ReadonlyMap<string, DeviceTensor>): void {
+      if (!state.plan) throw new Error(`${what}: attach before build`);
+      state.expected = state.plan.map((names) =>
         names.map((n) => {
-          const t = buffers.get(n);
-          if (!t) throw new Error(`gradientAllReduceInGraph: no gradient buffer for '${n}'`);
+          const t = inputs.get(n);
+          if (!t) throw new Error(`${what}: no gradient buffer for '${n}'`);
           return t.devicePointer();
         }),
       );
     },
-    async finish(sums) {
-      const started = computes;
-      computes = 0;
+    /** Rethrows a node's error, checks every bucket computed, and waits for the collectives enqueued. */
+    async complete(reducer: InRunReducer): Promise<void> {
+      const started = state.computes;
+      state.computes = 0;
       try {
         domain.check();
       } catch (e) {
@@ -157,12 +167,81 @@ export function gradientAllReduceInGraph(reducer: InRunReducer, device: Device, 
         await reducer.drain().catch(() => undefined);
         throw e;
       }
-      if (plan && started !== plan.length) throw new Error(`gradientAllReduceInGraph: the run computed ${started} of ${plan.length} buckets' all-reduces`);
+      if (state.plan && started !== state.plan.length) throw new Error(`${what}: the run computed ${started} of ${state.plan.length} buckets' nodes`);
       await reducer.drain();
+    },
+  };
+}
+
+/**
+ * Data-parallel gradients summed over the ranks inside the accumulate run, bucket by bucket as the
+ * backward completes them; the step's loss and metrics are summed after the run. On CUDA the
+ * device must run its sessions on Lathe's compute stream (`Kernels.withDevice`), the stream the
+ * nodes' computes order NCCL's stream behind. Gradients are summed, not averaged, as
+ * `gradientAllReduce` sums them.
+ */
+export function gradientAllReduceInGraph(reducer: InRunReducer, device: Device, opts: InGraphAllReduceOptions = {}): InGraphGradientHook {
+  const nodes = bucketNodes('gradientAllReduceInGraph', device, opts, (_k, bucket) => reducer.reduceInRun(bucket, device.computeStream));
+  return {
+    customOpDomains: [nodes.domain.handle],
+    build: (g, grads) => nodes.build(g, grads),
+    attach: (buffers) => nodes.attach(buffers),
+    async finish(sums) {
+      await nodes.complete(reducer);
       if (reducer.worldSize > 1) await reducer.allReduceHost(sums, 'sum');
     },
-    dispose() {
-      domain.dispose();
+    dispose: () => nodes.domain.dispose(),
+  };
+}
+
+/** What `Trainer`'s ZeRO path takes as `inGraphShards` (structurally: @lathe/train imports nothing from here). */
+export interface InGraphShardHook {
+  /** The custom-op domains the nodes use. */
+  readonly customOpDomains: bigint[];
+  /** As `InGraphGradientHook.build`; each gradient holds worldSize × shard elements (padded where needed). */
+  build(g: Graph, grads: readonly { name: string; grad: Tensor }[]): Tensor[];
+  /** The bound buffers the run writes the gradients into, and the shard buffers each target receives into (by name). */
+  attach(inputs: ReadonlyMap<string, DeviceTensor>, targets: readonly ReadonlyMap<string, DeviceTensor>[]): void;
+  /** Which of the targets the next run's reduce-scatters write. */
+  target(t: number): void;
+  /** After the run: waits for its reduce-scatters. */
+  finish(): Promise<void>;
+  /** Frees the domain (after the sessions that use it). */
+  dispose(): void;
+}
+
+/**
+ * ZeRO's reduce-scatter inside the gradients run: each bucket's gradients, summed over the ranks,
+ * land as this rank's shards in the current target's buffers, while the backward goes on.
+ */
+export function gradientReduceScatterInGraph(reducer: InRunReducer, device: Device, opts: InGraphAllReduceOptions = {}): InGraphShardHook {
+  let targets: bigint[][][] | undefined;
+  let current = 0;
+  const nodes = bucketNodes('gradientReduceScatterInGraph', device, opts, (k, bucket) => {
+    const out = targets![current][k];
+    reducer.reduceScatterInRun(bucket.map((input, i) => ({ input, output: out[i] })), device.computeStream);
+  });
+  return {
+    customOpDomains: [nodes.domain.handle],
+    build: (g, grads) => nodes.build(g, grads),
+    attach(inputs, sets) {
+      nodes.attach(inputs);
+      targets = sets.map((set) =>
+        nodes.state.plan!.map((names) =>
+          names.map((n) => {
+            const t = set.get(n);
+            if (!t) throw new Error(`gradientReduceScatterInGraph: no shard buffer for '${n}'`);
+            if (t.size * reducer.worldSize !== inputs.get(n)!.size) throw new Error(`gradientReduceScatterInGraph: '${n}': the shard ${t.describe()} is not 1/${reducer.worldSize} of ${inputs.get(n)!.describe()}`);
+            return t.devicePointer();
+          }),
+        ),
+      );
     },
+    target(t) {
+      if (!targets || t < 0 || t >= targets.length) throw new Error(`gradientReduceScatterInGraph: no target ${t}`);
+      current = t;
+    },
+    finish: () => nodes.complete(reducer),
+    dispose: () => nodes.domain.dispose(),
   };
 }

@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { parentPort, workerData } from 'node:worker_threads';
 import { Device, type DeviceTensor } from '@lathe/runtime';
 import { Trainer, type GradReduceDtype } from '@lathe/train';
-import { gradientAllReduceInGraph, ThreadGroup, type ThreadGroupShared } from '@lathe/distributed';
+import { gradientAllReduceInGraph, gradientReduceScatterInGraph, ThreadGroup, type ThreadGroupShared } from '@lathe/distributed';
 import { rankBatches, sftRows, tinySftSpec } from './tiny-sft';
 
 /** What the test sends each rank. */
@@ -21,6 +21,8 @@ export interface RankJob {
   batch: number;
   micro: number;
   gradReduceDtype: GradReduceDtype;
+  /** ZeRO with the reduce-scatter in the run (gradients are not reported). */
+  zero: boolean;
   bucketBytes: number;
 }
 
@@ -52,7 +54,9 @@ async function main(job: RankJob): Promise<RankResult> {
   const world = job.shared.worldSize;
   const device = Device.cpu();
   const order: number[][] = [];
-  const hook = gradientAllReduceInGraph(ThreadGroup.join(job.shared, job.rank, { timeoutMs: 30_000 }), device, { bucketBytes: job.bucketBytes, onCompute: (k) => order.at(-1)!.push(k) });
+  const group = ThreadGroup.join(job.shared, job.rank, { timeoutMs: 30_000 });
+  const onCompute = (k: number) => order.at(-1)!.push(k);
+  const hook = gradientAllReduceInGraph(group, device, { bucketBytes: job.bucketBytes, onCompute });
   // read the reduced gradients the update is about to use
   let buffers: ReadonlyMap<string, DeviceTensor> | undefined;
   const grads: Record<string, Float32Array>[] = [];
@@ -68,7 +72,12 @@ async function main(job: RankJob): Promise<RankResult> {
     },
   };
   const dir = mkdtempSync(join(tmpdir(), 'lathe-overlap-'));
-  const trainer = Trainer.create(spec, { params: weights }, { device, microBatches: job.micro, gradReduceDtype: job.gradReduceDtype, inGraphGradients: spy, session: { intraOpThreads: 1, ...(job.rank === 0 ? { profilePrefix: join(dir, 'rank0') } : {}) } });
+  const session = { intraOpThreads: 1, ...(job.rank === 0 ? { profilePrefix: join(dir, 'rank0') } : {}) };
+  const reduction = job.zero
+    ? { zero: group, inGraphShards: gradientReduceScatterInGraph(group, device, { bucketBytes: job.bucketBytes, onCompute }) }
+    : { gradReduceDtype: job.gradReduceDtype, inGraphGradients: spy };
+  const trainer = Trainer.create(spec, { params: weights }, { device, microBatches: job.micro, session, ...reduction });
+  if (job.zero) hook.dispose();
   const out: RankResult = { losses: [], gradNorms: [], nll: [], grads, order, finals: {} };
   for (let step = 0; step < job.steps; step++) {
     order.push([]);

@@ -88,6 +88,29 @@ export interface TrainerOptions {
    * hook with itself.
    */
   inGraphGradients?: InGraphGradients;
+  /**
+   * With `zero`: the reduce-scatter inside the gradients run (@lathe/distributed's
+   * `gradientReduceScatterInGraph`): its nodes follow the gradients (padded in the run where
+   * needed) and write this rank's shards while the backward goes on; `finish` waits for them after
+   * each micro-batch's run. float32 only (not with gradReduceDtype 'bfloat16').
+   */
+  inGraphShards?: InGraphShards;
+}
+
+/** The ZeRO form of `InGraphGradients`: nodes that reduce-scatter the gradients into this rank's shards (`TrainerOptions.inGraphShards`). */
+export interface InGraphShards {
+  /** Custom-op domains the nodes use. */
+  readonly customOpDomains: bigint[];
+  /** As `InGraphGradients.build`; each gradient holds worldSize × shard elements (padded in the run where needed). */
+  build(g: Graph, grads: readonly { name: string; grad: Tensor }[]): Tensor[];
+  /** The bound buffers the run writes the gradients into, and the shard buffers of each target (0: the first micro-batch's, 1: later ones'). */
+  attach(inputs: ReadonlyMap<string, DeviceTensor>, targets: readonly ReadonlyMap<string, DeviceTensor>[]): void;
+  /** Which target the next run's reduce-scatters write. */
+  target(t: number): void;
+  /** After a run: waits for its reduce-scatters. */
+  finish(): Promise<void>;
+  /** Frees what the nodes need (after the sessions that use them). */
+  dispose?(): void;
 }
 
 /**
@@ -222,6 +245,8 @@ interface ZeroParts {
    * gradShards[0] (the first micro-batch), up[1] into `received` (later ones).
    */
   low?: { send: Map<string, DeviceTensor>; recv: Map<string, DeviceTensor>; down: Binding; up: Binding[] };
+  /** TrainerOptions.inGraphShards: the gradients run reduce-scatters; its nodes' outputs' buffers. */
+  inGraph?: { hook: InGraphShards; outputs: DeviceTensor[] };
 }
 
 /** Device-resident training state and the compiled step that updates it. */
@@ -290,6 +315,8 @@ export class Trainer {
     if (opts.zero && staticInputs) throw new Error('Trainer: zero (ZeRO-1) runs collectives between the backward and the update: it does not combine with cudaGraph / staticInputs');
     if (opts.zero && opts.onGradients) throw new Error('Trainer: zero (ZeRO-1) reduce-scatters the gradients itself: give it instead of onGradients, not both');
     if (opts.inGraphGradients) checkInGraphGradients(opts, staticInputs);
+    if (opts.inGraphShards && !opts.zero) throw new Error('Trainer: inGraphShards (the reduce-scatter inside the gradients run) is the ZeRO form: give zero with it, or inGraphGradients without ZeRO');
+    if (opts.inGraphShards && (opts.gradReduceDtype ?? 'float32') !== 'float32') throw new Error(`Trainer: inGraphShards reduce-scatters float32 gradients; gradReduceDtype '${opts.gradReduceDtype}' is not supported with it`);
     const lowReduce = (opts.gradReduceDtype ?? 'float32') === 'bfloat16';
     if (opts.gradReduceDtype !== undefined && opts.gradReduceDtype !== 'float32' && opts.gradReduceDtype !== 'bfloat16') throw new Error(`Trainer: gradReduceDtype must be 'float32' or 'bfloat16', got '${String(opts.gradReduceDtype)}'`);
     if (lowReduce && !opts.zero && !opts.onGradients && !opts.inGraphGradients) throw new Error("Trainer: gradReduceDtype 'bfloat16' is the dtype of a data-parallel gradient reduction: give onGradients or zero with it");
@@ -320,7 +347,7 @@ export class Trainer {
       }
       const trainer = (() => {
         if (opts.zero) {
-          const z = buildZero(opts.zero, spec, init, device, sets[0], frozen, microBatches, graphs.metrics, placeholder!, { ...opts.session, ...(fused ? { customOpDomains: sessionOpts.customOpDomains } : {}) }, fused, lowReduce);
+          const z = buildZero(opts.zero, spec, init, device, sets[0], frozen, microBatches, graphs.metrics, placeholder!, { ...opts.session, ...(fused ? { customOpDomains: sessionOpts.customOpDomains } : {}) }, fused, lowReduce, opts.inGraphShards);
           const t = new Trainer({ graphs, device, names, sets, microBatches, step: init.step ?? 0, batchInputs, fused, zero: z.parts });
           for (const s of z.sessions) t.own(s);
           return t;
@@ -553,12 +580,14 @@ export class Trainer {
       const t0 = performance.now();
       bindBatch(z.gradients, batch, this.batchInputs);
       const t1 = performance.now();
+      z.inGraph?.hook.target(i === 0 ? 0 : 1);
       z.gradients.runSync();
       sums[0] += z.gradients.scalar('loss');
       this.graphs.metrics.forEach((m, k) => (sums[k + 1] += z.gradients.scalar(m)));
       // the first micro-batch's shards land in the sum's buffer; later ones are added to it
       const into = i === 0 ? z.gradShards[0] : z.received!;
-      if (z.low) {
+      if (z.inGraph) await z.inGraph.hook.finish();
+      else if (z.low) {
         z.low.down.runSync();
         await reduceScatterAll(z.collectives, z.layout.map((s) => [z.low!.send.get(s.name)!, z.low!.recv.get(s.name)!] as const));
         z.low.up[i === 0 ? 0 : 1].runSync();
@@ -776,6 +805,7 @@ export class Trainer {
     for (const t of this.parts.reduceCast?.low.values() ?? []) t.dispose();
     if (this.parts.fixed) for (const t of [...Object.values(this.parts.fixed.scalars), ...Object.values(this.parts.fixed.outputs), ...this.parts.fixed.batch.values()]) t.dispose();
     if (this.parts.zero) disposeZero(this.parts.zero);
+    this.parts.zero?.inGraph?.hook.dispose?.();
     this.parts.fused?.dispose();
     for (const t of this.parts.inGraph?.outputs ?? []) t.dispose();
     this.parts.inGraph?.hook.dispose?.();
@@ -791,7 +821,7 @@ const inGraphLow = (p: string) => `in_graph_low/${p}`;
 function checkInGraphGradients(opts: TrainerOptions, staticInputs: boolean): void {
   const why = (what: string) => new Error(`Trainer: inGraphGradients (the all-reduce inside the backward's run) ${what}`);
   if (opts.onGradients) throw why('replaces onGradients: give one of them');
-  if (opts.zero) throw why('does not do ZeRO (zero reduce-scatters after the run): give one of them');
+  if (opts.zero) throw why('is the all-reduce form: with zero give inGraphShards (the reduce-scatter inside the run) instead');
   if (staticInputs) throw why('does not combine with cudaGraph / staticInputs (collectives cannot be captured in the step\'s graph)');
 }
 
@@ -951,6 +981,7 @@ function buildZero(
   session: SessionOptions,
   fused: FusedAdamWNode | undefined,
   lowReduce = false,
+  inGraph?: InGraphShards,
 ): { parts: ZeroParts; sessions: Session[] } {
   const { rank, worldSize } = collectives;
   const layout = shardLayout(spec.params, worldSize);
@@ -987,11 +1018,18 @@ function buildZero(
       sessions.push(x);
       return x;
     };
-    const gradients = compile(compileGradients(spec), 'zero-gradients', { ...session, cudaGraph: false }).binding();
+    const gradientsGraph = compileGradients(spec);
+    const nodes = inGraph ? addInGraphShardNodes(inGraph, gradientsGraph, layout, worldSize) : undefined;
+    const inGraphOutputs = (nodes?.outputs ?? []).map((t) => keep(device.empty(t.dtype, t.shape.map(Number))));
+    const gradients = compile(gradientsGraph, 'zero-gradients', { ...session, cudaGraph: false, ...(inGraph ? { customOpDomains: [...(session.customOpDomains ?? []), ...inGraph.customOpDomains] } : {}) }).binding();
     for (const n of names) gradients.input(n, params.get(n)!.p).output(stateNames.grad(n), grads.get(n)!);
     bindFrozen(gradients, frozen);
     gradients.output('loss', 'host');
     for (const m of metrics) gradients.output(m, 'host');
+    if (nodes) {
+      inGraphOutputs.forEach((t, i) => gradients.output(inGraphOutput(i), t));
+      for (const s of layout) if (s.padded) gradients.output(inGraphPadded(s.name), padded.get(s.name)!);
+    }
     let pad: Binding | undefined;
     let unpad: Binding | undefined;
     const paddedSlots = layout.filter((s) => s.padded);
@@ -1056,7 +1094,9 @@ function buildZero(
       });
       low = { send, recv, down, up };
     }
-    return { parts: { collectives, layout, shards, current: 0, grads, gradients, gradShards, received, add, padded, pad, unpad, norm, update, maxGradNorm: spec.optimizer?.maxGradNorm ?? 0, placeholder, low }, sessions };
+    // the reduce-scatters read the bound gradients (padded ones in their padded buffer) and write the first micro-batch's shards, or a later one's
+    inGraph?.attach(new Map(layout.map((s) => [s.name, s.padded ? padded.get(s.name)! : grads.get(s.name)!])), [gradShards[0], received ?? gradShards[0]]);
+    return { parts: { collectives, layout, shards, current: 0, grads, gradients, gradShards, received, add, padded, pad, unpad, norm, update, maxGradNorm: spec.optimizer?.maxGradNorm ?? 0, placeholder, low, inGraph: inGraph ? { hook: inGraph, outputs: inGraphOutputs } : undefined }, sessions };
   } catch (e) {
     for (const x of sessions) x.dispose();
     for (const t of tensors) t.dispose();
@@ -1064,7 +1104,29 @@ function buildZero(
   }
 }
 
+/**
+ * Adds the ZeRO hook's nodes to the gradients graph after `grad/<p>` (reverse parameter order), with
+ * each padded gradient padded in the run (a bound output, `in_graph_padded/<p>`), and returns the
+ * nodes' tensors after making them outputs.
+ */
+function addInGraphShardNodes(hook: InGraphShards, g: Graph, layout: readonly ShardSlot[], worldSize: number): { outputs: Tensor[] } {
+  const byName = new Map(g.outputs.map((t) => [t.name, t]));
+  const grads = [...layout].reverse().map((s) => {
+    const grad = byName.get(stateNames.grad(s.name));
+    if (!grad) throw new Error(`Trainer: inGraphShards: the gradients graph has no output for '${s.name}'`);
+    if (!s.padded) return { name: s.name, grad };
+    const flat = L.reshape(grad, [s.size]);
+    return { name: s.name, grad: g.output(L.concat([flat, L.expand(g.constant(0, 'float32', []), [s.shard * worldSize - s.size])], 0), inGraphPadded(s.name)) };
+  });
+  const outputs = hook.build(g, grads);
+  outputs.forEach((t, i) => g.output(t, inGraphOutput(i)));
+  return { outputs };
+}
+
+/** The gradients graph's padded copy of parameter `p`'s gradient (inGraphShards). */
+const inGraphPadded = (p: string) => `in_graph_padded/${p}`;
+
 function disposeZero(z: ZeroParts): void {
   for (const set of z.shards) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
-  for (const t of [...z.grads.values(), ...z.gradShards[0].values(), ...z.gradShards[1].values(), ...(z.received?.values() ?? []), ...z.padded.values(), ...(z.low?.send.values() ?? []), ...(z.low?.recv.values() ?? []), z.placeholder]) t.dispose();
+  for (const t of [...z.grads.values(), ...z.gradShards[0].values(), ...z.gradShards[1].values(), ...(z.received?.values() ?? []), ...z.padded.values(), ...(z.low?.send.values() ?? []), ...(z.low?.recv.values() ?? []), ...(z.inGraph?.outputs ?? []), z.placeholder]) t.dispose();
 }

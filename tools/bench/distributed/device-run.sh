@@ -66,7 +66,7 @@ case "$mode" in
       if [ "$n" = 1 ]; then line "$OUT/comm-1x$rows.json" single; fi
       if [ "$n" != 1 ]; then
         port=$((30000 + 10 * n))
-        for v in fp32:"--zero 0 --grad-reduce-dtype float32" bf16:"--zero 0 --grad-reduce-dtype bfloat16" bf16-1group:"--zero 0 --grad-reduce-dtype bfloat16 --bucket-mb 1000000" zero2:"--zero 2 --grad-reduce-dtype float32" zero2-bf16:"--zero 2 --grad-reduce-dtype bfloat16" fp32-ks:"--zero 0 --grad-reduce-dtype float32 --compute-stream" overlap:"--zero 0 --grad-reduce-dtype float32 --overlap" bf16-ks:"--zero 0 --grad-reduce-dtype bfloat16 --compute-stream" bf16-overlap:"--zero 0 --grad-reduce-dtype bfloat16 --overlap"; do
+        for v in fp32:"--zero 0 --grad-reduce-dtype float32" bf16:"--zero 0 --grad-reduce-dtype bfloat16" bf16-1group:"--zero 0 --grad-reduce-dtype bfloat16 --bucket-mb 1000000" zero2:"--zero 2 --grad-reduce-dtype float32" zero2-bf16:"--zero 2 --grad-reduce-dtype bfloat16" fp32-ks:"--zero 0 --grad-reduce-dtype float32 --compute-stream" overlap:"--zero 0 --grad-reduce-dtype float32 --overlap" bf16-ks:"--zero 0 --grad-reduce-dtype bfloat16 --compute-stream" bf16-overlap:"--zero 0 --grad-reduce-dtype bfloat16 --overlap" zero2-ks:"--zero 2 --grad-reduce-dtype float32 --compute-stream" zero2-overlap:"--zero 2 --grad-reduce-dtype float32 --overlap"; do
           name=${v%%:*}; opts=${v#*:}; port=$((port + 1))
           # VARIANTS picks some (default all), to keep one call under the device's 10 minutes
           case " ${VARIANTS:-fp32 bf16 bf16-1group zero2 zero2-bf16} " in *" $name "*) ;; *) continue ;; esac

@@ -15,7 +15,8 @@
  *   gradients are already reduce-scattered into shard sums).
  * - --grad-reduce-dtype bfloat16: gradients summed over the ranks in bfloat16 (half the bytes of
  *   the all-reduce or reduce-scatter), cast in one run each way around it.
- * - --overlap: the all-reduce inside the backward's run (float32, or bfloat16 copies with --grad-reduce-dtype) (`gradientAllReduceInGraph`: a node
+ * - --overlap: the all-reduce inside the backward's run (float32, or bfloat16 copies with --grad-reduce-dtype;
+ *   with --zero 1|2 the float32 reduce-scatter inside each micro-batch's run) (`gradientAllReduceInGraph`: a node
  *   per --bucket-mb bucket enqueues NCCL behind the compute stream), on a device opened with Lathe's
  *   compute stream (`Kernels.withDevice`, so the fused AdamW is the default too); --compute-stream
  *   opens the device the same way without it, the A/B baseline. On the CPU --overlap runs alone
@@ -31,7 +32,7 @@ import { writeFileSync, readFileSync } from 'node:fs';
 import { paramSpecs, parseConfig, randomWeight, totalLengthTensor, TOTAL_LENGTH_INPUT, type HfConfig } from '@lathe/models';
 import { Device, type HostTensor } from '@lathe/runtime';
 import { sftLoss, Trainer, type TrainableParam } from '@lathe/train';
-import { checkDataParallelBatch, checkSameConfig, gradientAllReduce, gradientAllReduceInGraph, NcclCollectives, NcclInRunReducer, shardOf, TcpCollectives, ThreadGroup, worldFromEnv, type Collectives } from '@lathe/distributed';
+import { checkDataParallelBatch, checkSameConfig, gradientAllReduce, gradientAllReduceInGraph, gradientReduceScatterInGraph, NcclCollectives, NcclInRunReducer, shardOf, TcpCollectives, ThreadGroup, worldFromEnv, type Collectives } from '@lathe/distributed';
 import { Kernels } from '@lathe/kernels';
 import { arg, flag } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
@@ -71,7 +72,7 @@ async function main(): Promise<void> {
   const overlap = flag('overlap');
   const computeStream = overlap || flag('compute-stream');
   const world = worldFromEnv();
-  if (overlap && zero !== 0) throw new Error('--overlap: the in-run all-reduce is not done with ZeRO yet: give --zero 0');
+  if (overlap && zero !== 0 && gradReduceDtype !== 'float32') throw new Error('--overlap with --zero: the in-run reduce-scatter is float32 (give --grad-reduce-dtype float32)');
   if (overlap && deviceKind !== 'cuda' && world.worldSize > 1) throw new Error('--overlap: on the CPU the in-run all-reduce needs ranks as threads of one process (ThreadGroup, the tests); processes over TCP cannot sum inside a run: use --device cuda, or run one rank');
   checkDataParallelBatch(rowsPerStep, micro, world.worldSize, { batch: '--batch', micro: '--micro' });
 
@@ -88,11 +89,13 @@ async function main(): Promise<void> {
   // the order the buckets' nodes computed in (each step: 0, 1, …, the backward's order)
   const bucketOrder: number[] = [];
   const inRun = !overlap ? undefined : group instanceof NcclCollectives ? NcclInRunReducer.create(group) : !group && deviceKind === 'cpu' ? ThreadGroup.join(ThreadGroup.create(1), 0) : undefined;
-  const reduction = inRun
-    ? { gradReduceDtype, inGraphGradients: gradientAllReduceInGraph(inRun, device, { bucketBytes, onCompute: (k) => void (bucketOrder.length < 100_000 && bucketOrder.push(k)) }) }
-    : group
-      ? { gradReduceDtype, ...(zero >= 1 ? { zero: group } : { onGradients: gradientAllReduce(group, { bucketBytes }) }) }
-      : {};
+  const onCompute = (k: number) => void (bucketOrder.length < 100_000 && bucketOrder.push(k));
+  const reduction = (() => {
+    if (inRun && zero >= 1 && group) return { zero: group, inGraphShards: gradientReduceScatterInGraph(inRun, device, { bucketBytes, onCompute }) };
+    if (inRun) return { gradReduceDtype, inGraphGradients: gradientAllReduceInGraph(inRun, device, { bucketBytes, onCompute }) };
+    if (!group) return {};
+    return { gradReduceDtype, ...(zero >= 1 ? { zero: group } : { onGradients: gradientAllReduce(group, { bucketBytes }) }) };
+  })();
   const config = parseConfig(hf, `--shape ${shape}`);
   const specs = paramSpecs(config);
   const sample = randomWeight({ seed: 1, std: 0.02 });
