@@ -36,6 +36,12 @@ export interface AutoAttentionFacts {
   kernelsAvailable: boolean;
   /** The run is one rank of a data-parallel job (the kernels are not yet measured under lathe launch). */
   dataParallel: boolean;
+  /**
+   * Whether this command's `auto` may pick the kernels at all: false where its step with them has not
+   * yet been measured on a GPU against flash (lathe grpo), so that `auto` keeps the measured path.
+   * Default true.
+   */
+  autoKernels?: boolean;
 }
 
 /**
@@ -48,7 +54,7 @@ export function resolveTrainAttention(cfg: TrainAttentionConfig, facts: AutoAtte
   if (cfg.attention !== 'auto') return cfg.attention;
   const half = cfg.compute_dtype !== 'float32';
   const quantized = cfg.quantize_base !== undefined && cfg.quantize_base !== 'none';
-  const kernels = cfg.device === 'cuda' && half && !cfg.packing && !cfg.cuda_graph && !quantized && !facts.dataParallel && facts.unsupported === undefined && facts.kernelsAvailable;
+  const kernels = facts.autoKernels !== false && cfg.device === 'cuda' && half && !cfg.packing && !cfg.cuda_graph && !quantized && !facts.dataParallel && facts.unsupported === undefined && facts.kernelsAvailable;
   return kernels ? 'kernels' : 'auto';
 }
 
@@ -91,9 +97,10 @@ const compiledCe = new WeakMap<Kernels, CrossEntropyKernels>();
  * flash-attention kernels compiled (on the cpu their float32 host computation, for tests); the
  * model's heads checked against what the kernels take. `kernelsOnlyForAttention`: the GPU goes
  * through Lathe's kernels only when the attention is theirs, else ONNX Runtime's own stream (GRPO's
- * generation, whose captured decode steps are measured there).
+ * generation, whose captured decode steps are measured there). `autoKernels: false`: `auto` keeps
+ * flash (see {@link AutoAttentionFacts.autoKernels}).
  */
-export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig, opts: { id?: number; kernels?: boolean; dataParallel?: boolean; kernelsOnlyForAttention?: boolean } = {}): { device: Device; attention: TrainAttention } {
+export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig, opts: { id?: number; kernels?: boolean; dataParallel?: boolean; kernelsOnlyForAttention?: boolean; autoKernels?: boolean } = {}): { device: Device; attention: TrainAttention } {
   checkTrainAttention(cfg);
   const id = opts.id ?? 0;
   const choice =
@@ -102,6 +109,7 @@ export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig
           unsupported: flashAttentionUnsupported({ batch: 1, seqLen: 1, numHeads: config.numHeads, numKvHeads: config.numKvHeads, headDim: config.headDim, dtype: cfg.compute_dtype }),
           kernelsAvailable: opts.kernels !== false && (Device.isOpen('cuda', id) ? kernelsOfDevice(id) !== undefined : probeKernels().ok),
           dataParallel: opts.dataParallel ?? false,
+          autoKernels: opts.autoKernels ?? true,
         })
       : cfg.attention;
   if (choice !== 'kernels') {

@@ -2,7 +2,7 @@
  * `lathe grpo --attention kernels` on the cpu, where the kernels' custom ops compute attention on
  * the host in float32: three GRPO steps, and three PPO steps with a separate value model, give the
  * losses, gradient norms and rewards of composed attention (MatMul/Softmax, an independent path);
- * the option is sft's (one choice list and help text); `auto` resolves for a GRPO config as for sft;
+ * the option is sft's (one choice list and help text); `auto` keeps flash for GRPO (its kernels step is not yet measured on a GPU);
  * kernels with float32 compute on cuda is refused before anything is loaded.
  */
 import { mkdtempSync, writeFileSync } from 'node:fs';
@@ -81,9 +81,10 @@ test("lathe grpo's --attention is sft's option (kernels among its choices, one h
   expect(defaults(grpoSchema).attention).toBe('auto');
 });
 
-test("--attention auto on a GRPO config: Lathe's kernels on cuda with bfloat16 where nothing rules them out, as sft's", () => {
+test("--attention auto on a GRPO config: flash, until the GRPO step with the kernels is measured on a GPU (lathe grpo passes autoKernels false); sft's rules otherwise", () => {
   const cuda: GrpoConfig = { ...defaults(grpoSchema), device: 'cuda', compute_dtype: 'bfloat16' };
   const facts = { kernelsAvailable: true, dataParallel: false };
+  expect(resolveTrainAttention(cuda, { ...facts, autoKernels: false })).toBe('auto');
   expect(resolveTrainAttention(cuda, facts)).toBe('kernels');
   expect(resolveTrainAttention({ ...cuda, device: 'cpu' }, facts)).toBe('auto');
   expect(resolveTrainAttention({ ...cuda, compute_dtype: 'float32' }, facts)).toBe('auto');
