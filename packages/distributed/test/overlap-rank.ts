@@ -74,7 +74,7 @@ async function main(job: RankJob): Promise<RankResult> {
   const dir = mkdtempSync(join(tmpdir(), 'lathe-overlap-'));
   const session = { intraOpThreads: 1, ...(job.rank === 0 ? { profilePrefix: join(dir, 'rank0') } : {}) };
   const reduction = job.zero
-    ? { zero: group, inGraphShards: gradientReduceScatterInGraph(group, device, { bucketBytes: job.bucketBytes, onCompute }) }
+    ? { zero: group, gradReduceDtype: job.gradReduceDtype, inGraphShards: gradientReduceScatterInGraph(group, device, { bucketBytes: job.bucketBytes, onCompute }) }
     : { gradReduceDtype: job.gradReduceDtype, inGraphGradients: spy };
   const trainer = Trainer.create(spec, { params: weights }, { device, microBatches: job.micro, session, ...reduction });
   if (job.zero) hook.dispose();

@@ -92,7 +92,7 @@ export interface TrainerOptions {
    * With `zero`: the reduce-scatter inside the gradients run (@lathe/distributed's
    * `gradientReduceScatterInGraph`): its nodes follow the gradients (padded in the run where
    * needed) and write this rank's shards while the backward goes on; `finish` waits for them after
-   * each micro-batch's run. float32 only (not with gradReduceDtype 'bfloat16').
+   * each micro-batch's run (with gradReduceDtype 'bfloat16' of bfloat16 copies cast in the run).
    */
   inGraphShards?: InGraphShards;
 }
@@ -316,7 +316,6 @@ export class Trainer {
     if (opts.zero && opts.onGradients) throw new Error('Trainer: zero (ZeRO-1) reduce-scatters the gradients itself: give it instead of onGradients, not both');
     if (opts.inGraphGradients) checkInGraphGradients(opts, staticInputs);
     if (opts.inGraphShards && !opts.zero) throw new Error('Trainer: inGraphShards (the reduce-scatter inside the gradients run) is the ZeRO form: give zero with it, or inGraphGradients without ZeRO');
-    if (opts.inGraphShards && (opts.gradReduceDtype ?? 'float32') !== 'float32') throw new Error(`Trainer: inGraphShards reduce-scatters float32 gradients; gradReduceDtype '${opts.gradReduceDtype}' is not supported with it`);
     const lowReduce = (opts.gradReduceDtype ?? 'float32') === 'bfloat16';
     if (opts.gradReduceDtype !== undefined && opts.gradReduceDtype !== 'float32' && opts.gradReduceDtype !== 'bfloat16') throw new Error(`Trainer: gradReduceDtype must be 'float32' or 'bfloat16', got '${String(opts.gradReduceDtype)}'`);
     if (lowReduce && !opts.zero && !opts.onGradients && !opts.inGraphGradients) throw new Error("Trainer: gradReduceDtype 'bfloat16' is the dtype of a data-parallel gradient reduction: give onGradients or zero with it");
@@ -586,8 +585,10 @@ export class Trainer {
       this.graphs.metrics.forEach((m, k) => (sums[k + 1] += z.gradients.scalar(m)));
       // the first micro-batch's shards land in the sum's buffer; later ones are added to it
       const into = i === 0 ? z.gradShards[0] : z.received!;
-      if (z.inGraph) await z.inGraph.hook.finish();
-      else if (z.low) {
+      if (z.inGraph) {
+        await z.inGraph.hook.finish();
+        z.low?.up[i === 0 ? 0 : 1].runSync();
+      } else if (z.low) {
         z.low.down.runSync();
         await reduceScatterAll(z.collectives, z.layout.map((s) => [z.low!.send.get(s.name)!, z.low!.recv.get(s.name)!] as const));
         z.low.up[i === 0 ? 0 : 1].runSync();
@@ -1019,17 +1020,14 @@ function buildZero(
       return x;
     };
     const gradientsGraph = compileGradients(spec);
-    const nodes = inGraph ? addInGraphShardNodes(inGraph, gradientsGraph, layout, worldSize) : undefined;
+    const nodes = inGraph ? addInGraphShardNodes(inGraph, gradientsGraph, layout, worldSize, lowReduce) : undefined;
     const inGraphOutputs = (nodes?.outputs ?? []).map((t) => keep(device.empty(t.dtype, t.shape.map(Number))));
     const gradients = compile(gradientsGraph, 'zero-gradients', { ...session, cudaGraph: false, ...(inGraph ? { customOpDomains: [...(session.customOpDomains ?? []), ...inGraph.customOpDomains] } : {}) }).binding();
     for (const n of names) gradients.input(n, params.get(n)!.p).output(stateNames.grad(n), grads.get(n)!);
     bindFrozen(gradients, frozen);
     gradients.output('loss', 'host');
     for (const m of metrics) gradients.output(m, 'host');
-    if (nodes) {
-      inGraphOutputs.forEach((t, i) => gradients.output(inGraphOutput(i), t));
-      for (const s of layout) if (s.padded) gradients.output(inGraphPadded(s.name), padded.get(s.name)!);
-    }
+    if (nodes) inGraphOutputs.forEach((t, i) => gradients.output(inGraphOutput(i), t));
     let pad: Binding | undefined;
     let unpad: Binding | undefined;
     const paddedSlots = layout.filter((s) => s.padded);
@@ -1094,8 +1092,15 @@ function buildZero(
       });
       low = { send, recv, down, up };
     }
-    // the reduce-scatters read the bound gradients (padded ones in their padded buffer) and write the first micro-batch's shards, or a later one's
-    inGraph?.attach(new Map(layout.map((s) => [s.name, s.padded ? padded.get(s.name)! : grads.get(s.name)!])), [gradShards[0], received ?? gradShards[0]]);
+    if (inGraph && low) {
+      // bfloat16: the run pads and casts into the buffers sent; the sums land in recv, widened after the run
+      for (const s of layout) gradients.output(inGraphPadded(s.name), low.send.get(s.name)!);
+      inGraph.attach(low.send, [low.recv, low.recv]);
+    } else if (inGraph) {
+      // the reduce-scatters read the bound gradients (padded ones in their padded buffer) and write the first micro-batch's shards, or a later one's
+      for (const s of layout) if (s.padded) gradients.output(inGraphPadded(s.name), padded.get(s.name)!);
+      inGraph.attach(new Map(layout.map((s) => [s.name, s.padded ? padded.get(s.name)! : grads.get(s.name)!])), [gradShards[0], received ?? gradShards[0]]);
+    }
     return { parts: { collectives, layout, shards, current: 0, grads, gradients, gradShards, received, add, padded, pad, unpad, norm, update, maxGradNorm: spec.optimizer?.maxGradNorm ?? 0, placeholder, low, inGraph: inGraph ? { hook: inGraph, outputs: inGraphOutputs } : undefined }, sessions };
   } catch (e) {
     for (const x of sessions) x.dispose();
@@ -1109,14 +1114,16 @@ function buildZero(
  * each padded gradient padded in the run (a bound output, `in_graph_padded/<p>`), and returns the
  * nodes' tensors after making them outputs.
  */
-function addInGraphShardNodes(hook: InGraphShards, g: Graph, layout: readonly ShardSlot[], worldSize: number): { outputs: Tensor[] } {
+function addInGraphShardNodes(hook: InGraphShards, g: Graph, layout: readonly ShardSlot[], worldSize: number, low: boolean): { outputs: Tensor[] } {
   const byName = new Map(g.outputs.map((t) => [t.name, t]));
   const grads = [...layout].reverse().map((s) => {
     const grad = byName.get(stateNames.grad(s.name));
     if (!grad) throw new Error(`Trainer: inGraphShards: the gradients graph has no output for '${s.name}'`);
-    if (!s.padded) return { name: s.name, grad };
-    const flat = L.reshape(grad, [s.size]);
-    return { name: s.name, grad: g.output(L.concat([flat, L.expand(g.constant(0, 'float32', []), [s.shard * worldSize - s.size])], 0), inGraphPadded(s.name)) };
+    if (!s.padded && !low) return { name: s.name, grad };
+    // padded and (bfloat16) cast in the run, as gradCastGraph does after it
+    let x = L.reshape(grad, [s.size]);
+    if (s.padded) x = L.concat([x, L.expand(g.constant(0, 'float32', []), [s.shard * worldSize - s.size])], 0);
+    return { name: s.name, grad: g.output(low ? L.cast(x, 'bfloat16') : x, inGraphPadded(s.name)) };
   });
   const outputs = hook.build(g, grads);
   outputs.forEach((t, i) => g.output(t, inGraphOutput(i)));

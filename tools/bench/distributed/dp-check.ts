@@ -16,7 +16,7 @@
  * - --grad-reduce-dtype bfloat16: gradients summed over the ranks in bfloat16 (half the bytes of
  *   the all-reduce or reduce-scatter), cast in one run each way around it.
  * - --overlap: the all-reduce inside the backward's run (float32, or bfloat16 copies with --grad-reduce-dtype;
- *   with --zero 1|2 the float32 reduce-scatter inside each micro-batch's run) (`gradientAllReduceInGraph`: a node
+ *   with --zero 1|2 the reduce-scatter inside each micro-batch's run) (`gradientAllReduceInGraph`: a node
  *   per --bucket-mb bucket enqueues NCCL behind the compute stream), on a device opened with Lathe's
  *   compute stream (`Kernels.withDevice`, so the fused AdamW is the default too); --compute-stream
  *   opens the device the same way without it, the A/B baseline. On the CPU --overlap runs alone
@@ -72,7 +72,6 @@ async function main(): Promise<void> {
   const overlap = flag('overlap');
   const computeStream = overlap || flag('compute-stream');
   const world = worldFromEnv();
-  if (overlap && zero !== 0 && gradReduceDtype !== 'float32') throw new Error('--overlap with --zero: the in-run reduce-scatter is float32 (give --grad-reduce-dtype float32)');
   if (overlap && deviceKind !== 'cuda' && world.worldSize > 1) throw new Error('--overlap: on the CPU the in-run all-reduce needs ranks as threads of one process (ThreadGroup, the tests); processes over TCP cannot sum inside a run: use --device cuda, or run one rank');
   checkDataParallelBatch(rowsPerStep, micro, world.worldSize, { batch: '--batch', micro: '--micro' });
 
@@ -91,7 +90,7 @@ async function main(): Promise<void> {
   const inRun = !overlap ? undefined : group instanceof NcclCollectives ? NcclInRunReducer.create(group) : !group && deviceKind === 'cpu' ? ThreadGroup.join(ThreadGroup.create(1), 0) : undefined;
   const onCompute = (k: number) => void (bucketOrder.length < 100_000 && bucketOrder.push(k));
   const reduction = (() => {
-    if (inRun && zero >= 1 && group) return { zero: group, inGraphShards: gradientReduceScatterInGraph(inRun, device, { bucketBytes, onCompute }) };
+    if (inRun && zero >= 1 && group) return { zero: group, gradReduceDtype, inGraphShards: gradientReduceScatterInGraph(inRun, device, { bucketBytes, onCompute }) };
     if (inRun) return { gradReduceDtype, inGraphGradients: gradientAllReduceInGraph(inRun, device, { bucketBytes, onCompute }) };
     if (!group) return {};
     return { gradReduceDtype, ...(zero >= 1 ? { zero: group } : { onGradients: gradientAllReduce(group, { bucketBytes }) }) };
