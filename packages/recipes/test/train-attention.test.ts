@@ -92,3 +92,11 @@ test("lathe sft --logprob_kernel: the LM head's log-probs through the fused cros
   await expect(runSft(sftConfig({ attention: 'composed', logprob_kernel: true }))).rejects.toThrow(/--logprob_kernel needs the attention kernels.*'composed'/);
   await expect(runSft(sftConfig({ logprob_kernel: true }))).rejects.toThrow(/--logprob_kernel needs the attention kernels.*'auto', which did not pick them/);
 }, 60_000);
+
+test('lathe sft --attention kernels with --gradient_checkpointing and --micro_batches 2: composed attention\'s losses (cpu, float32)', async () => {
+  const over = { gradient_checkpointing: true, micro_batches: 2 };
+  const composed = await stepsOf((e) => runSft(sftConfig({ attention: 'composed', ...over }), e));
+  const kernels = await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', ...over }), e));
+  expect(composed[2].loss).not.toBe(composed[0].loss);
+  expectClose(kernels, composed, 1e-4);
+}, 60_000);
