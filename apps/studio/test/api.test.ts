@@ -28,8 +28,8 @@ afterAll(() => studio?.close());
 
 /**
  * What "under a second" is checked against: twice the goal, because CI's two cores run two test
- * files at once (a first page measured 1.02 s there while another file trained); a lost index or a
- * scan per request costs several times more, which is what these bounds catch.
+ * files at once; a lost index or a scan per request costs several times more, which is what these
+ * bounds catch.
  */
 const LATENCY_BUDGET_MS = 2000;
 

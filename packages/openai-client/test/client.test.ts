@@ -63,8 +63,8 @@ test('a dropped connection and a timeout are retried; retries run out with the a
   const drop: Handler = (req) => req.socket.destroy();
   const hang: Handler = () => undefined;
   script = [drop, hang, json(200, reply)];
-  // long enough that the scripted answer after the hang never times out on a loaded machine (CI's
-  // two cores once took over 200 ms to answer it); the hang costs the test this long once
+  // long enough that the scripted answer after the hang never times out on a loaded machine; the
+  // hang costs the test this long once
   const client = new OpenAiClient({ baseUrl: base, timeoutMs: 1500, initialBackoffMs: 1 });
   expect((await client.chat(ask)).id).toBe('c1');
   expect(client.stats.retries).toBe(2);
