@@ -9,7 +9,10 @@ runtime sourced (/opt/device-rt/env.sh). Groups, each at the Qwen3-0.6B shape in
          against PyTorch's, and every graph-replay loss against the plain path's: LoRA within 2e-5
          over 20 steps; full fine-tuning, whose own plain runs part in the last bits from step 3
          or so, within 3e-4 over 8 steps (twice the largest gap seen between two plain runs); the
-         default path's losses within 1e-3 relative of the plain path's (their bf16 rounding differs).
+         default path's losses within 1e-3 relative of the plain path's (their bf16 rounding differs);
+         then that path with the fused log-prob kernel (`lathe sft --logprob_kernel`, kernels_ce), and
+         with --torch-compile, full fine-tuning's PyTorch step under torch.compile in the same call
+         (issue 37's target: the kernels path ≥ 1.0× of it).
   gen    `generate` at batch 256 and 64, on ragged left-padded prompts (128–256 tokens) and on
          unpadded 256-token prompts, 512 new tokens, greedy: Lathe's KV engine with CUDA graphs
          against transformers' fastest set-up for that workload (HF_FASTEST below; --hf-all times
@@ -24,7 +27,7 @@ Writes $OUT/suite.json and compares it with the baseline of the same GPU model
 or any parity check failing, is flagged, and the exit code is 1. --update-baseline writes
 $OUT/suite-baseline.json, the recorded file with this GPU's entry replaced, to copy over it.
 
-usage: python3 tools/bench/suite.py [--groups train,gen,rl] [--hf-all] [--rl-reference] [--update-baseline]
+usage: python3 tools/bench/suite.py [--groups train,gen,rl] [--hf-all] [--rl-reference] [--torch-compile] [--update-baseline]
 """
 import argparse
 import json
@@ -87,7 +90,7 @@ def lathe_step(extra, steps, label):
     return {"losses": info["losses"], "step_ms": round(min(totals[1:]), 1)}
 
 
-def train(results):
+def train(results, torch_compile):
     for kind, torch_extra, lathe_extra, steps in (("full", [], [], 8), ("lora", ["--lora", "16"], LORA, 20)):
         ref, err, _ = run([sys.executable, "tools/reference/train/step_speed.py", "--steps", str(steps), "--batch", "8", "--seq", "1024",
                            "--out", WORK, "--reuse-model", "--lathe-args=--shared-arena --flash-attention", *torch_extra], 420, f"train_{kind}_torch_and_plain")
@@ -132,6 +135,25 @@ def train(results):
             r["kernels_vs_plain_max_rel"] = max(abs(a - b) / abs(b) for a, b in zip(kern["losses"], plain))
             r["kernels_losses"] = kern["losses"]
             r["parity_kernels_vs_plain"] = len(kern["losses"]) == len(plain) and r["kernels_vs_plain_max_rel"] <= KERNELS_TOLERANCE
+        ce = lathe_step(["--attention-kernel", "--logprob-kernel", *lathe_extra], steps, f"train_{kind}_kernels_ce")
+        if "error" in ce:
+            r["kernels_ce_error"] = ce["error"]
+            r["parity_kernels_ce_vs_plain"] = False
+        else:
+            r["lathe_kernels_ce_step_ms"] = ce["step_ms"]
+            r["ratio_kernels_ce"] = round(torch_ms / ce["step_ms"], 3)
+            r["tokens_per_s_kernels_ce"] = round(8 * 1024 / ce["step_ms"] * 1000)
+            r["kernels_ce_vs_plain_max_rel"] = max(abs(a - b) / abs(b) for a, b in zip(ce["losses"], plain))
+            r["parity_kernels_ce_vs_plain"] = len(ce["losses"]) == len(plain) and r["kernels_ce_vs_plain_max_rel"] <= KERNELS_TOLERANCE
+        if torch_compile and kind == "full":
+            comp, cerr, _ = run([sys.executable, "tools/reference/train/step_speed.py", "--steps", str(steps), "--batch", "8", "--seq", "1024",
+                                 "--out", WORK, "--reuse-model", "--skip-lathe", "--torch-compile"], 420, "train_full_torch_compile")
+            if comp and "torch_step_s" in comp:
+                r["torch_compile_step_ms"] = round(comp["torch_step_s"] * 1000, 1)
+                best = min(v for v in (r.get("lathe_kernels_step_ms"), r.get("lathe_kernels_ce_step_ms")) if v)
+                r["ratio_best_vs_torch_compile"] = round(r["torch_compile_step_ms"] / best, 3)
+            else:
+                r["torch_compile_error"] = cerr
         results[f"train_{kind}"] = r
         print(json.dumps({f"train_{kind}": {k: v for k, v in r.items() if not k.endswith("losses")}}), flush=True)
 
@@ -227,6 +249,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--groups", default="train,gen,rl")
     ap.add_argument("--hf-all", action="store_true", help="time transformers' static and dynamic caches on every workload")
+    ap.add_argument("--torch-compile", action="store_true", help="also time full fine-tuning's PyTorch step under torch.compile (train group)")
     ap.add_argument("--rl-reference", action="store_true", help="also time the PyTorch + transformers RL step (~145 s)")
     ap.add_argument("--update-baseline", action="store_true", help="write $OUT/suite-baseline.json from this run")
     a = ap.parse_args()
@@ -237,7 +260,7 @@ def main():
     results = {"device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("LATHE_COMMIT", "")}
     groups = a.groups.split(",")
     # Each group's results are written as soon as it ends, so a call cut short keeps what ran.
-    for name, fn in (("train", lambda: train(results)), ("rl", lambda: rl(results, a.rl_reference)), ("gen", lambda: gen(results, a.hf_all))):
+    for name, fn in (("train", lambda: train(results, a.torch_compile)), ("rl", lambda: rl(results, a.rl_reference)), ("gen", lambda: gen(results, a.hf_all))):
         if name in groups:
             fn()
             results["suite_s"] = round(time.perf_counter() - t0, 1)
@@ -255,7 +278,8 @@ def main():
         json.dump(results, f, indent=1)
     if a.update_baseline:
         with open(os.path.join(OUT, "suite-baseline.json"), "w") as f:
-            json.dump({**recorded, results["device"]: {k: v for k, v in results.items() if k != "flags"}}, f, indent=1)
+            # groups not run this call keep their recorded entries
+            json.dump({**recorded, results["device"]: {**baseline, **{k: v for k, v in results.items() if k != "flags"}}}, f, indent=1)
     if not baseline:
         print(f"note: no baseline recorded for {results['device']} (only {', '.join(recorded) or 'none'}): speeds not compared", flush=True)
     print(f"suite: {results['suite_s']} s, {len(flags)} flag(s)" + "".join(f"\n  FLAG {n}: {d}" for n, d in flags), flush=True)

@@ -9,7 +9,7 @@
  *   dtype's roundings, from the same inputs). Relative errors (max abs / max |reference|) of the output,
  *   and of the new cache entry against GroupQueryAttention's. A native case passes when the op's error
  *   is at most max(2 × GroupQueryAttention's, 1e-2) and op vs GroupQueryAttention ≤ 2e-2; an e4m3 case
- *   when its output is within 5e-2 of the bf16 reference — else exit code 1.
+ *   when it matches its own e4m3-rounded reference as tightly and its output is within 1/8 of the bf16 reference — else exit code 1.
  * - time: batch 256, Qwen3-0.6B heads (16/8, 128), cache length 1024, every row at length 256/512/768:
  *   the kernels' device ms per layer (direct launches; events on the stream), achieved GB/s over the
  *   bytes the step must read (K and V of every row's positions, plus scales for e4m3), and
@@ -251,8 +251,10 @@ function checkCase(device: Device, ops: Record<CacheKind, DecodeAttentionOps>, c
   const gqaVsRef = relErr(gqaOut, refNative.out);
   const opVsGqa = relErr(opOut, gqaOut);
   const opVsBf16 = relErr(opOut, refNative.out);
+  // e4m3 keeps 3 mantissa bits (a value's rounding up to 1/16 of it): the output can move by that through V and again
+  // through the softmax weights Q·K sets, so 1/8 of the bf16 output's scale; the op's own exactness is opVsRef.
   const pass = fp8
-    ? opVsRef.finite && opVsRef.rel <= Math.max(2 * gqaVsRef.rel, 1e-2) && opVsBf16.rel <= 5e-2 && entryK.rel <= 1 / 16 && entryV.rel <= 1 / 16
+    ? opVsRef.finite && opVsRef.rel <= Math.max(2 * gqaVsRef.rel, 1e-2) && opVsBf16.rel <= 1 / 8 && entryK.rel <= 1 / 16 && entryV.rel <= 1 / 16
     : opVsRef.finite && opVsRef.rel <= Math.max(2 * gqaVsRef.rel, 1e-2) && opVsGqa.rel <= 2e-2 && entryK.rel <= 2e-2 && entryV.rel === 0;
   console.log(JSON.stringify({ phase: 'check', case: c.name, cache, chunks: decodeChunks(M), op_vs_reference: opVsRef, gqa_vs_reference: gqaVsRef, op_vs_gqa: opVsGqa, ...(fp8 ? { op_vs_bf16_reference: opVsBf16 } : {}), new_key_vs_gqa: entryK, new_value_vs_gqa: entryV, ok: pass }));
   b.dispose();

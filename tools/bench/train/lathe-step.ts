@@ -7,7 +7,7 @@
  *
  * usage: node lathe-step.js --model DIR --batch batch.json [--device cuda|cpu] [--compute float32|bfloat16]
  *          [--path bound|plain] [--micro-batches 1] [--shared-arena] [--static-shape] [--cuda-graph] [--recompute] [--flash-attention]
- *          [--kernels] [--attention-kernel] [--steps N] [--lr 1e-3] [--max-grad-norm 1]
+ *          [--kernels] [--attention-kernel [--logprob-kernel]] [--steps N] [--lr 1e-3] [--max-grad-norm 1]
  *          [--weight-decay 0.01] [--out updated.safetensors] [--profile PREFIX]
  *          [--lora-rank R [--lora-alpha 2R] [--lora-targets 'q_proj|k_proj|v_proj|o_proj'] [--seed 0]] [--freeze REGEX]
  * --lora-rank: LoRA as `lathe sft` trains it (packages/train/src/sft.ts): the base weights stay
@@ -21,7 +21,9 @@
  * `embed_tokens`, to see how far two runs part without the embedding's scatter-add gradient).
  * --kernels opens the GPU through Lathe's kernels (the device `lathe sft` opens: its sessions on the
  * kernels' stream, AdamW as the fused node); --attention-kernel also attends through Lathe's
- * flash-attention kernels (what `lathe sft --attention auto` picks on cuda with bfloat16).
+ * flash-attention kernels (what `lathe sft --attention auto` picks on cuda with bfloat16);
+ * --logprob-kernel, with it, takes the LM head's log-partition through the fused cross-entropy kernel
+ * (`lathe sft --logprob_kernel`).
  * --profile writes ORT's profile of the step session when the trainer is disposed (run with
  * CUDA_LAUNCH_BLOCKING=1 so each node's time includes its GPU work).
  * batch.json: {"input_ids": [[...]], "attention_mask": [[...]], "loss_mask": [[...]]}
@@ -46,7 +48,7 @@ import {
   type SftLossOptions,
   type TrainableParam,
 } from '@lathe/train';
-import { cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels } from '@lathe/kernels';
+import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels } from '@lathe/kernels';
 import { arg, flag } from '../argv';
 
 
@@ -95,6 +97,8 @@ async function main(): Promise<void> {
     const opened = device === 'cuda' && (flag('kernels') || attentionKernel) ? Kernels.withDevice({ device: deviceOptions }) : undefined;
     const dev = opened ? opened.device : Device.open(device, deviceOptions);
     const ops = attentionKernel ? flashAttentionOps('cuda', FlashAttention.compile(opened!.kernels, { includeDir: cudaIncludeDir() })) : undefined;
+    if (flag('logprob-kernel') && !attentionKernel) throw new Error('--logprob-kernel goes with --attention-kernel (on cuda)');
+    const ce = flag('logprob-kernel') ? crossEntropyOps('cuda', CrossEntropyKernels.compile(opened!.kernels, { includeDir: cudaIncludeDir() })) : undefined;
     const graphMode = flag('cuda-graph');
     const staticShape = graphMode || flag('static-shape');
     const flash = flag('flash-attention') || attentionKernel; // rows must be right-padded (step_speed.py's batches have no padding)
@@ -103,6 +107,7 @@ async function main(): Promise<void> {
       recompute: flag('recompute'),
       flashAttention: flash,
       ...(ops ? { attentionKernel: (x, heads) => ops.attend(x, heads, 'kernels') } : {}),
+      ...(ce ? { logprobKernel: ce } : {}),
       ...(staticShape ? { shape: [B / micro, T] as [number, number] } : {}),
     };
     const loss = lora
@@ -125,7 +130,7 @@ async function main(): Promise<void> {
     const trainer = Trainer.create(
       { params, loss, optimizer },
       { params: init },
-      { device: dev, microBatches: micro, cudaGraph: graphMode, frozen, session: { allowCpuFallback: flag('allow-cpu-fallback'), ...(ops ? { customOpDomains: [ops.domain.handle] } : {}), ...(arg('profile', '') ? { profilePrefix: arg('profile', '') } : {}) } },
+      { device: dev, microBatches: micro, cudaGraph: graphMode, frozen, session: { allowCpuFallback: flag('allow-cpu-fallback'), ...(ops ? { customOpDomains: [ops.domain.handle, ...(ce ? [ce.domain.handle] : [])] } : {}), ...(arg('profile', '') ? { profilePrefix: arg('profile', '') } : {}) } },
     );
     tSession = performance.now();
     const per = B / micro;
