@@ -13,7 +13,7 @@
 import * as koffi from 'koffi';
 import { dtypeFromOnnxCode, onnxTypeCode, type DType, type OpDef, type Tensor, type TensorType } from '@lathe/onnx';
 import * as L from '@lathe/onnx';
-import { CApi, type DeviceKind } from '@lathe/runtime';
+import { CApi, namedKoffiType, type DeviceKind } from '@lathe/runtime';
 
 /** One input of a custom op's compute. */
 export interface CustomOpInput {
@@ -53,11 +53,7 @@ const REQUIRED = 0;
 type Fn = (...args: unknown[]) => unknown;
 
 function proto(name: string, signature: string): koffi.TypeObject {
-  try {
-    return koffi.type(name);
-  } catch {
-    return koffi.proto(signature.replace('FN', name));
-  }
+  return namedKoffiType(name, () => koffi.proto(signature.replace('FN', name)));
 }
 
 /** A custom-op domain: its ops' tables and callbacks stay alive as long as this object. */
