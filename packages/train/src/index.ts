@@ -7,5 +7,6 @@ export * from './checkpoint';
 export * from './lora';
 export * from './dropout';
 export * from './trainer';
+export type { InGraphGradients, InGraphShards } from './in-run-reduce';
 export * from './fused-adamw';
 export * from './zero';

@@ -11,13 +11,14 @@
  * run adds its gradients into the other buffer; `apply` then runs AdamW on the sum.
  */
 import * as L from '@lathe/onnx';
-import type { DType, Graph, Tensor } from '@lathe/onnx';
+import type { DType, Graph } from '@lathe/onnx';
 import { Device, type Binding, type DeviceTensor, type HostTensor, type Session, type SessionOptions } from '@lathe/runtime';
 import { Kernels } from '@lathe/kernels';
 import { TOTAL_LENGTH_INPUT } from '@lathe/models';
 import { fusedAdamWNode, type FusedAdamWNode } from './fused-adamw';
 import { biasCorrections } from './schedule';
 import { compileApply, compileGradients, compileTrainStep, stateNames, type TrainStepGraphs, type TrainStepSpec } from './train-step';
+import { addInGraphNodes, addInGraphShardNodes, bindInGraphOutputs, checkInGraphGradients, inGraphOutput, inGraphPadded, type InGraphGradients, type InGraphParts, type InGraphShards } from './in-run-reduce';
 import { allGatherAll, buildReduceCast, gradCastGraph, reduceScatterAll, shardLayout, paramShard, type GradReduceDtype, type ReduceCast, type ShardCollectives, type ShardSlot } from './zero';
 
 /** A batch input: host data (copied at bind time) or a device tensor (bound by address). */
@@ -97,43 +98,6 @@ export interface TrainerOptions {
   inGraphShards?: InGraphShards;
 }
 
-/** The ZeRO form of `InGraphGradients`: nodes that reduce-scatter the gradients into this rank's shards (`TrainerOptions.inGraphShards`). */
-export interface InGraphShards {
-  /** Custom-op domains the nodes use. */
-  readonly customOpDomains: bigint[];
-  /** As `InGraphGradients.build`; each gradient holds worldSize × shard elements (padded in the run where needed). */
-  build(g: Graph, grads: readonly { name: string; grad: Tensor }[]): Tensor[];
-  /** The bound buffers the run writes the gradients into, and the shard buffers of each target (0: the first micro-batch's, 1: later ones'). */
-  attach(inputs: ReadonlyMap<string, DeviceTensor>, targets: readonly ReadonlyMap<string, DeviceTensor>[]): void;
-  /** Which target the next run's reduce-scatters write. */
-  target(t: number): void;
-  /** After a run: waits for its reduce-scatters. */
-  finish(): Promise<void>;
-  /** Frees what the nodes need (after the sessions that use them). */
-  dispose?(): void;
-}
-
-/**
- * Nodes added to the accumulate graph after given gradients, and what runs after the run: how a
- * data-parallel gradient reduction runs inside the backward (`TrainerOptions.inGraphGradients`).
- */
-export interface InGraphGradients {
-  /** Custom-op domains the nodes use (added to the accumulate session's options). */
-  readonly customOpDomains: bigint[];
-  /**
-   * Adds the nodes to `g` after `grads` — the gradients the run writes into the bound buffers, in
-   * the order the backward completes them (last parameters first) — and returns tensors to make
-   * graph outputs (so the nodes are kept; the trainer binds them to small device buffers).
-   */
-  build(g: Graph, grads: readonly { name: string; grad: Tensor }[]): Tensor[];
-  /** The buffers (by parameter name) the run writes the gradients into: told once, before any run. */
-  attach(buffers: ReadonlyMap<string, DeviceTensor>): void;
-  /** After the run, before the update: completes the reduction and sums `[loss, ...metrics]` over the ranks in place. */
-  finish(sums: Float64Array): Promise<void>;
-  /** Frees what the nodes need (after the sessions that use them). */
-  dispose?(): void;
-}
-
 /** The trained tensors' values and their AdamW first and second moments, by parameter name: what a resume restores beside its step counts. */
 export interface OptimizerState {
   params: Map<string, Float32Array>;
@@ -204,7 +168,7 @@ interface TrainerParts {
   /** ZeRO-1's shards, collectives and runs (TrainerOptions.zero). */
   zero?: ZeroParts;
   /** TrainerOptions.inGraphGradients, and the device buffers its nodes' outputs are bound to. */
-  inGraph?: { hook: InGraphGradients; outputs: DeviceTensor[]; low: boolean };
+  inGraph?: InGraphParts;
   /** With inGraphGradients and several micro-batches: the last micro-batch's runs (lastAccumulate[k][j]), the only ones that reduce. */
   lastAccumulate?: Binding[][];
 }
@@ -406,9 +370,8 @@ export class Trainer {
             bindFrozen(b, frozen);
             b.output('loss', 'host');
             for (const m of graphs.metrics) b.output(m, 'host');
-            if (nodes) inGraph?.outputs.forEach((t, i) => b.output(inGraphOutput(i), t));
             // bfloat16: the run also writes the bfloat16 copies the nodes reduce
-            if (nodes && inGraph?.low) for (const n of names) b.output(inGraphLow(n), reduceCast!.low.get(n)!);
+            if (nodes && inGraph) bindInGraphOutputs(b, inGraph, names, reduceCast?.low);
             return b;
           }),
         );
@@ -813,46 +776,6 @@ export class Trainer {
   }
 }
 
-/** The name of the in-graph hook's output `i` in the accumulate graph. */
-const inGraphOutput = (i: number) => `in_graph_gradients/${i}`;
-/** The accumulate graph's bfloat16 copy of parameter `p`'s gradient (gradReduceDtype 'bfloat16'). */
-const inGraphLow = (p: string) => `in_graph_low/${p}`;
-
-/** Refuses what the in-graph reduction does not cover, by option name. */
-function checkInGraphGradients(opts: TrainerOptions, staticInputs: boolean): void {
-  const why = (what: string) => new Error(`Trainer: inGraphGradients (the all-reduce inside the backward's run) ${what}`);
-  if (opts.onGradients) throw why('replaces onGradients: give one of them');
-  if (opts.zero) throw why('is the all-reduce form: with zero give inGraphShards (the reduce-scatter inside the run) instead');
-  if (staticInputs) throw why('does not combine with cudaGraph / staticInputs (collectives cannot be captured in the step\'s graph)');
-}
-
-/**
- * Adds the hook's nodes to the accumulate graph after the summed gradients (`next/grad/<p>`, in
- * reverse parameter order: the backward completes the last layers first) and makes their tensors
- * outputs, with a device buffer for each.
- */
-function addInGraphNodes(hook: InGraphGradients, g: Graph, params: readonly TrainableParamLike[], device: Device, low: boolean): { hook: InGraphGradients; outputs: DeviceTensor[]; low: boolean } {
-  const byName = new Map(g.outputs.map((t) => [t.name, t]));
-  const grads = [...params].reverse().map((p) => {
-    const grad = byName.get(stateNames.next(stateNames.grad(p.name)));
-    if (!grad) throw new Error(`Trainer: inGraphGradients: the accumulate graph has no output for the gradient of '${p.name}'`);
-    // bfloat16: the nodes reduce a bfloat16 copy, itself a bound output (what gradCastGraph's cast computes)
-    return { name: p.name, grad: low ? g.output(L.cast(grad, 'bfloat16'), inGraphLow(p.name)) : grad };
-  });
-  const outs = hook.build(g, grads);
-  const outputs: DeviceTensor[] = [];
-  outs.forEach((t, i) => {
-    g.output(t, inGraphOutput(i));
-    outputs.push(device.empty(t.dtype, t.shape.map(Number)));
-  });
-  return { hook, outputs, low };
-}
-
-/** A parameter as far as its name goes. */
-interface TrainableParamLike {
-  name: string;
-}
-
 /**
  * The fused update is the default where it runs — a CUDA device opened with Lathe's compute stream
  * (`openDevice` in @lathe/recipes, or `Kernels.withDevice`), without CUDA-graph capture — since it
@@ -1108,30 +1031,6 @@ function buildZero(
     throw e;
   }
 }
-
-/**
- * Adds the ZeRO hook's nodes to the gradients graph after `grad/<p>` (reverse parameter order), with
- * each padded gradient padded in the run (a bound output, `in_graph_padded/<p>`), and returns the
- * nodes' tensors after making them outputs.
- */
-function addInGraphShardNodes(hook: InGraphShards, g: Graph, layout: readonly ShardSlot[], worldSize: number, low: boolean): { outputs: Tensor[] } {
-  const byName = new Map(g.outputs.map((t) => [t.name, t]));
-  const grads = [...layout].reverse().map((s) => {
-    const grad = byName.get(stateNames.grad(s.name));
-    if (!grad) throw new Error(`Trainer: inGraphShards: the gradients graph has no output for '${s.name}'`);
-    if (!s.padded && !low) return { name: s.name, grad };
-    // padded and (bfloat16) cast in the run, as gradCastGraph does after it
-    let x = L.reshape(grad, [s.size]);
-    if (s.padded) x = L.concat([x, L.expand(g.constant(0, 'float32', []), [s.shard * worldSize - s.size])], 0);
-    return { name: s.name, grad: g.output(low ? L.cast(x, 'bfloat16') : x, inGraphPadded(s.name)) };
-  });
-  const outputs = hook.build(g, grads);
-  outputs.forEach((t, i) => g.output(t, inGraphOutput(i)));
-  return { outputs };
-}
-
-/** The gradients graph's padded copy of parameter `p`'s gradient (inGraphShards). */
-const inGraphPadded = (p: string) => `in_graph_padded/${p}`;
 
 function disposeZero(z: ZeroParts): void {
   for (const set of z.shards) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
