@@ -83,6 +83,18 @@ export const gradReduceDtypeOption = {
     "Under lathe launch: the dtype gradients are summed over the ranks in. bfloat16 sends half the bytes (PyTorch DDP's bf16_compress_hook): each rank's gradient is rounded to bfloat16, NCCL sums in bfloat16, and the sum is widened back to float32 for the update (and the ZeRO shards' sum over micro-batches). No effect on one process [may change on resume]",
 } as const;
 
+/**
+ * `--grad_overlap` of a data-parallel training command: the gradients summed inside the backward's
+ * run (@lathe/distributed's in-run all-reduce, or ZeRO's reduce-scatter) where the device allows it,
+ * else after the backward (launch-dp.ts's gradientReduction decides).
+ */
+export const gradOverlapOption = {
+  type: 'boolean',
+  default: true,
+  describe:
+    "Under lathe launch: sum the gradients over the ranks inside the backward's run, one NCCL all-reduce (with --zero_stage 1|2 a reduce-scatter) per 25 MiB bucket as soon as the backward has produced it, overlapping the rest of the backward; false sums them after the backward (the bucketed post-backward all-reduce). Needs --device cuda (NCCL) and Lathe's CUDA kernels' compute stream; where either is missing — on the cpu, whose ranks join over TCP, or without NVRTC — the gradients are summed after the backward whatever this says. The same updates either way. No effect on one process [may change on resume]",
+} as const;
+
 /** Where a training command runs and its train step: device, compute, attention, recomputation, steps and batch (`batch` describes what a batch counts). */
 export function trainStepOptions(d: { steps: number; batch_size: number; batch: string }) {
   return {

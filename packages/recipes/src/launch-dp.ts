@@ -2,16 +2,90 @@
  * A training command's place in a data-parallel job, for the recipes: the job's layout from the
  * environment (`lathe launch`, torchrun, srun), the group formed at the rendezvous (TCP on the CPU,
  * NCCL over it on CUDA), the checks every rank runs at start (the global batch splits evenly; every
- * rank has the same config), and what a training loop then needs: the gradient hook, its share of
- * each global batch, and whether it is the rank that writes the run directory.
+ * rank has the same config), and what a training loop then needs: the gradient reduction, its share
+ * of each global batch, and whether it is the rank that writes the run directory.
  */
 import { mkdirSync, mkdtempSync, rmSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, join, resolve } from 'node:path';
 import { listCheckpoints, type GradReduceDtype, type TrainerOptions } from '@lathe/train';
+import type { Device } from '@lathe/runtime';
 import { RunDir, type RunDirOptions } from './scaffold';
 import type { ReportOptions } from './reporting';
-import { checkDataParallelBatch, checkSameConfig, gradientAllReduce, NcclCollectives, shardOf, TcpCollectives, worldFromEnv, type Collectives, type GradientHook, type WorldInfo } from '@lathe/distributed';
+import {
+  checkDataParallelBatch,
+  checkSameConfig,
+  gradientAllReduce,
+  gradientAllReduceInGraph,
+  gradientReduceScatterInGraph,
+  NcclCollectives,
+  NcclInRunReducer,
+  shardOf,
+  TcpCollectives,
+  worldFromEnv,
+  type Collectives,
+  type GradientHook,
+  type InRunReducer,
+  type WorldInfo,
+} from '@lathe/distributed';
+
+/**
+ * How a data-parallel run sums its gradients over the ranks: `in-run-all-reduce` /
+ * `in-run-reduce-scatter` inside the backward's run (one node per bucket, overlapping the rest of
+ * the backward), `all-reduce` / `reduce-scatter` after it (the bucketed post-backward reduction);
+ * the `reduce-scatter` forms are ZeRO's; `none` alone.
+ */
+export type GradientReduction = 'none' | 'all-reduce' | 'reduce-scatter' | 'in-run-all-reduce' | 'in-run-reduce-scatter';
+
+/** What {@link gradientReduction} decides on. */
+export interface GradientReductionFacts {
+  device: 'cpu' | 'cuda';
+  worldSize: number;
+  /** `--zero_stage` (1 and 2 are one path). */
+  zeroStage: number;
+  /** `--grad_overlap`. */
+  gradOverlap: boolean;
+  /** The device runs its sessions on Lathe's compute stream (`Kernels.withDevice`), the stream the in-run nodes order NCCL behind. */
+  computeStream: boolean;
+}
+
+/**
+ * The reduction a rank gets: in the run wherever it can be (cuda, whose collectives are NCCL, on
+ * Lathe's compute stream, `--grad_overlap` on), else after the backward. The CPU's ranks are
+ * processes joined over TCP, which cannot sum inside a run, so there the default means post-backward.
+ */
+export function gradientReduction(f: GradientReductionFacts): GradientReduction {
+  if (f.worldSize <= 1) return 'none';
+  const inRun = f.gradOverlap && f.device === 'cuda' && f.computeStream;
+  if (f.zeroStage >= 1) return inRun ? 'in-run-reduce-scatter' : 'reduce-scatter';
+  return inRun ? 'in-run-all-reduce' : 'all-reduce';
+}
+
+/** The data-parallel options `Trainer.create` takes: one gradient reduction, and the dtype it sums in. */
+export type DataParallelTrainerOptions = Pick<TrainerOptions, 'onGradients' | 'zero' | 'gradReduceDtype' | 'inGraphGradients' | 'inGraphShards'>;
+
+/**
+ * The trainer options of `reduction`: the post-backward hook or ZeRO's collectives, or the in-run
+ * nodes built for `device` over `inRun()`'s reducer (called only for the in-run forms).
+ */
+export function reductionTrainerOptions(
+  reduction: GradientReduction,
+  parts: { collectives: Collectives; device: Device; gradReduceDtype: GradReduceDtype; inRun: () => InRunReducer; bucketBytes?: number },
+): DataParallelTrainerOptions {
+  const { collectives, device, gradReduceDtype, bucketBytes } = parts;
+  switch (reduction) {
+    case 'none':
+      return {};
+    case 'all-reduce':
+      return { onGradients: gradientAllReduce(collectives, { bucketBytes }), gradReduceDtype };
+    case 'reduce-scatter':
+      return { zero: collectives, gradReduceDtype };
+    case 'in-run-all-reduce':
+      return { inGraphGradients: gradientAllReduceInGraph(parts.inRun(), device, { bucketBytes }), gradReduceDtype };
+    case 'in-run-reduce-scatter':
+      return { zero: collectives, inGraphShards: gradientReduceScatterInGraph(parts.inRun(), device, { bucketBytes }), gradReduceDtype };
+  }
+}
 
 /** A rank of a data-parallel run. */
 export interface DataParallelRun {
@@ -21,8 +95,21 @@ export interface DataParallelRun {
   onGradients: GradientHook;
   /** 0, or 1 / 2 for ZeRO (`--zero_stage`; one path: see zeroStageOption). */
   zeroStage: number;
-  /** What `Trainer.create` takes for this job: `onGradients`, or with ZeRO `zero` (the collectives the shards are exchanged over), and `gradReduceDtype`. */
+  /** `--grad_overlap`: the gradients summed inside the backward's run where the device allows it (see {@link gradientReduction}). */
+  gradOverlap: boolean;
+  /**
+   * The post-backward reduction's trainer options, whatever `--grad_overlap` says: `onGradients`, or
+   * with ZeRO `zero` (the collectives the shards are exchanged over), and `gradReduceDtype`. For a
+   * caller whose hooks must serve several trainers (each in-run hook serves one).
+   */
   trainerOptions: Pick<TrainerOptions, 'onGradients' | 'zero' | 'gradReduceDtype'>;
+  /** The reduction a trainer on `device` gets (the in-run one needs the device's compute stream). */
+  reductionFor(device: Device): GradientReduction;
+  /**
+   * What `Trainer.create` takes for one trainer on `device` (the rank's GPU, opened): the reduction
+   * of {@link reductionFor}, its in-run nodes built for this trainer; the trainer frees them.
+   */
+  trainerOptionsFor(device: Device): DataParallelTrainerOptions;
   /** Rank 0: the one rank that writes the run directory (config, metrics, evaluations, checkpoints). */
   main: boolean;
   /** This rank's GPU (LOCAL_RANK): `Device.open(cfg.device, { id: deviceId })`. */
@@ -51,6 +138,8 @@ export interface DataParallelOptions {
   zeroStage?: number;
   /** `--grad_reduce_dtype`: the dtype gradients are summed over the ranks in. Default float32. */
   gradReduceDtype?: GradReduceDtype;
+  /** `--grad_overlap`: sum the gradients inside the backward's run where the device allows it. Default true. */
+  gradOverlap?: boolean;
 }
 
 /**
@@ -73,16 +162,37 @@ export async function joinDataParallel(opts: DataParallelOptions): Promise<DataP
   }
   const onGradients = gradientAllReduce(collectives);
   const zeroStage = opts.zeroStage ?? 0;
+  const gradOverlap = opts.gradOverlap ?? true;
+  const gradReduceDtype = opts.gradReduceDtype ?? 'float32';
+  // one reducer (a CUDA event on NCCL's stream) for every trainer of the run, freed with the group
+  let reducer: NcclInRunReducer | undefined;
+  const inRun = (): InRunReducer => {
+    if (!(collectives instanceof NcclCollectives)) throw new Error('the in-run gradient reduction needs NCCL collectives (--device cuda)');
+    return (reducer ??= NcclInRunReducer.create(collectives));
+  };
+  const reductionFor = (device: Device) => gradientReduction({ device: opts.device, worldSize: world.worldSize, zeroStage, gradOverlap, computeStream: device.kind === 'cuda' && device.computeStream !== undefined });
   return {
     world,
     collectives,
     onGradients,
     zeroStage,
-    trainerOptions: { ...(zeroStage >= 1 ? { zero: collectives } : { onGradients }), gradReduceDtype: opts.gradReduceDtype ?? 'float32' },
+    gradOverlap,
+    trainerOptions: { ...(zeroStage >= 1 ? { zero: collectives } : { onGradients }), gradReduceDtype },
+    reductionFor,
+    trainerOptionsFor(device) {
+      const reduction = reductionFor(device);
+      if (gradOverlap && opts.device === 'cuda' && !reduction.startsWith('in-run') && world.rank === 0) {
+        process.stderr.write(`note: --grad_overlap: ${device.name} runs its sessions on ONNX Runtime's own stream (Lathe's CUDA kernels are off), so the gradients are summed after the backward\n`);
+      }
+      return reductionTrainerOptions(reduction, { collectives, device, gradReduceDtype, inRun });
+    },
     main: world.rank === 0,
     deviceId: opts.device === 'cuda' ? world.localRank : 0,
     shard: (rows, flag) => shardOf(rows, world.rank, world.worldSize, flag),
-    close: () => collectives.close(),
+    close: async () => {
+      await collectives.close();
+      reducer?.dispose();
+    },
     abort: (reason) => collectives.abort(reason),
   };
 }

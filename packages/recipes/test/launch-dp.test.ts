@@ -1,0 +1,122 @@
+/**
+ * The gradient reduction a data-parallel rank gets (launch-dp.ts): the decision over device ×
+ * world × ZeRO × --grad_overlap × compute stream, the trainer options each reduction builds (the
+ * in-run ones over a one-rank ThreadGroup on the cpu, where the nodes can be built without NCCL),
+ * and two ranks joined over TCP on the cpu, where the default means the post-backward reduction.
+ */
+import { Device } from '@lathe/runtime';
+import { LocalGroup, ThreadGroup } from '@lathe/distributed';
+import { gradientReduction, joinDataParallel, reductionTrainerOptions, type GradientReduction, type GradientReductionFacts } from '../src/launch-dp';
+import { gradOverlapOption } from '../src/common-options';
+
+const cpu = Device.cpu();
+
+test('gradientReduction: in the run on cuda with the compute stream and --grad_overlap, else after the backward; ZeRO reduce-scatters', () => {
+  const cases: [Partial<GradientReductionFacts>, GradientReduction][] = [
+    [{ worldSize: 1 }, 'none'],
+    [{ worldSize: 1, device: 'cpu' }, 'none'],
+    [{}, 'in-run-all-reduce'],
+    [{ zeroStage: 1 }, 'in-run-reduce-scatter'],
+    [{ zeroStage: 2 }, 'in-run-reduce-scatter'],
+    [{ gradOverlap: false }, 'all-reduce'],
+    [{ gradOverlap: false, zeroStage: 1 }, 'reduce-scatter'],
+    // ONNX Runtime's own stream (no NVRTC, or a device opened without Lathe's kernels)
+    [{ computeStream: false }, 'all-reduce'],
+    [{ computeStream: false, zeroStage: 2 }, 'reduce-scatter'],
+    // the cpu's ranks are processes over TCP: the default means post-backward there
+    [{ device: 'cpu', computeStream: false }, 'all-reduce'],
+    [{ device: 'cpu', computeStream: false, zeroStage: 1 }, 'reduce-scatter'],
+    [{ device: 'cpu', computeStream: false, gradOverlap: false }, 'all-reduce'],
+    [{ worldSize: 8 }, 'in-run-all-reduce'],
+  ];
+  for (const [facts, want] of cases) {
+    const f: GradientReductionFacts = { device: 'cuda', worldSize: 2, zeroStage: 0, gradOverlap: true, computeStream: true, ...facts };
+    expect([f, gradientReduction(f)]).toEqual([f, want]);
+  }
+});
+
+test('--grad_overlap: a boolean on by default, its help naming what it needs and its fallback', () => {
+  expect(gradOverlapOption.type).toBe('boolean');
+  expect(gradOverlapOption.default).toBe(true);
+  expect(gradOverlapOption.describe).toMatch(/--device cuda \(NCCL\)/);
+  expect(gradOverlapOption.describe).toMatch(/false sums them after the backward/);
+  expect(gradOverlapOption.describe).toMatch(/on the cpu/);
+});
+
+test('reductionTrainerOptions: each reduction gives the trainer exactly its own options', () => {
+  const [collectives] = LocalGroup.create(1);
+  let reducers = 0;
+  const inRun = () => {
+    reducers++;
+    return ThreadGroup.join(ThreadGroup.create(1), 0);
+  };
+  const parts = { collectives, device: cpu, gradReduceDtype: 'bfloat16' as const, inRun };
+  expect(reductionTrainerOptions('none', parts)).toEqual({});
+  const post = reductionTrainerOptions('all-reduce', parts);
+  expect(Object.keys(post).sort()).toEqual(['gradReduceDtype', 'onGradients']);
+  expect(typeof post.onGradients).toBe('function');
+  expect(post.gradReduceDtype).toBe('bfloat16');
+  expect(reductionTrainerOptions('reduce-scatter', parts)).toEqual({ zero: collectives, gradReduceDtype: 'bfloat16' });
+  expect(reducers).toBe(0);
+
+  const inRunAll = reductionTrainerOptions('in-run-all-reduce', parts);
+  expect(Object.keys(inRunAll).sort()).toEqual(['gradReduceDtype', 'inGraphGradients']);
+  expect(inRunAll.inGraphGradients!.customOpDomains).toHaveLength(1);
+  const inRunShards = reductionTrainerOptions('in-run-reduce-scatter', parts);
+  expect(Object.keys(inRunShards).sort()).toEqual(['gradReduceDtype', 'inGraphShards', 'zero']);
+  expect(inRunShards.zero).toBe(collectives);
+  expect(reducers).toBe(2);
+  inRunAll.inGraphGradients!.dispose?.();
+  inRunShards.inGraphShards!.dispose?.();
+});
+
+/** Each of `configs.length` ranks joining over TCP in this process (each rank its own env): one promise per rank. */
+function rankJoins(port: number, configs: Record<string, unknown>[], opts: { zeroStage?: number; gradOverlap?: boolean } = {}) {
+  const n = configs.length;
+  return configs.map((config, rank) =>
+    joinDataParallel({
+      device: 'cpu',
+      config,
+      batch: { rows: 4, microBatches: 1 },
+      env: { RANK: String(rank), WORLD_SIZE: String(n), LOCAL_RANK: String(rank), LOCAL_WORLD_SIZE: String(n), MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port) },
+      timeoutMs: 10_000,
+      ...opts,
+    }),
+  );
+}
+
+test('joinDataParallel on the cpu: --grad_overlap on by default, the post-backward all-reduce (or ZeRO) all the same', async () => {
+  const ranks = await Promise.all(rankJoins(29671, [{ grad_overlap: true }, { grad_overlap: true }]));
+  try {
+    for (const dp of ranks) {
+      expect(dp!.gradOverlap).toBe(true);
+      expect(dp!.reductionFor(cpu)).toBe('all-reduce');
+      const opts = dp!.trainerOptionsFor(cpu);
+      expect(Object.keys(opts).sort()).toEqual(['gradReduceDtype', 'onGradients']);
+      expect(opts.gradReduceDtype).toBe('float32');
+    }
+  } finally {
+    await Promise.all(ranks.map((dp) => dp!.close()));
+  }
+  const zero = await Promise.all(rankJoins(29672, [{}, {}], { zeroStage: 1, gradOverlap: false }));
+  try {
+    for (const dp of zero) {
+      expect(dp!.reductionFor(cpu)).toBe('reduce-scatter');
+      expect(dp!.trainerOptionsFor(cpu)).toEqual({ zero: dp!.collectives, gradReduceDtype: 'float32' });
+    }
+  } finally {
+    await Promise.all(zero.map((dp) => dp!.close()));
+  }
+});
+
+test('joinDataParallel: ranks started with different --grad_overlap stop with the same message naming it', async () => {
+  const results = await Promise.allSettled(rankJoins(29673, [{ grad_overlap: true, lr: 1 }, { grad_overlap: false, lr: 1 }]));
+  for (const r of results) {
+    expect(r.status).toBe('rejected');
+    expect(String((r as PromiseRejectedResult).reason)).toMatch(/rank 1 differs from rank 0 in grad_overlap \(false vs true\)/);
+  }
+});
+
+test('joinDataParallel: alone (no launcher variables) there is no group', async () => {
+  await expect(joinDataParallel({ device: 'cpu', config: {}, batch: { rows: 4, microBatches: 1 }, env: {} })).resolves.toBeUndefined();
+});
