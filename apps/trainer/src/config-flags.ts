@@ -90,6 +90,11 @@ export function suggestName(given: string, names: readonly string[]): string | u
   return hit === undefined ? undefined : spellings.get(hit);
 }
 
+/** The value of a `true | false | auto` flag: bare or `true` is true, `false` (or `--no-flag`) false; anything else goes on to the schema's check. */
+function autoBooleanFlag(v: unknown): unknown {
+  return v === '' || v === 'true' ? true : v === 'false' ? false : v;
+}
+
 /**
  * Adds one flag per schema option (no yargs defaults: absence means "not given"), its other
  * spellings as hidden flags, and `--config` unless `config` is false.
@@ -102,8 +107,10 @@ export function addSchemaFlags<T>(y: Argv<T>, schema: OptionSchema, { config = t
     // a string or number flag with nothing after it is an error, not an empty value
     const o: Options = { type: spec.type, requiresArg: spec.type !== 'boolean', describe: `${spec.describe} [default: ${JSON.stringify(spec.default)}]${also}` };
     if (spec.type === 'string' && spec.choices) o.choices = [...spec.choices];
+    // a boolean that also takes `auto` parses as text so that `--flag auto` reaches the schema; bare `--flag` stays true
+    if (spec.type === 'boolean' && spec.default === 'auto') Object.assign(o, { type: 'string', requiresArg: false, coerce: autoBooleanFlag });
     out = out.option(name, o) as Argv<T>;
-    for (const alt of alternativeNames(name)) if (!(alt in schema)) out = out.option(alt, { type: o.type, requiresArg: o.requiresArg, choices: o.choices, hidden: true }) as Argv<T>;
+    for (const alt of alternativeNames(name)) if (!(alt in schema)) out = out.option(alt, { type: o.type, requiresArg: o.requiresArg, choices: o.choices, coerce: o.coerce, hidden: true }) as Argv<T>;
   }
   return out;
 }

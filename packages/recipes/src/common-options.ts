@@ -53,11 +53,12 @@ export const trainAttentionOption = {
   describe: `Attention in the train step: 'kernels' (Lathe's own flash-attention kernels, forward and backward; CUDA bfloat16, cpu float32 for tests; 1.19–1.23× a full SFT, reward-model or DPO step over flash at Qwen3-0.6B's shape on an H200; not with --packing or --cuda_graph), 'flash' (ONNX Runtime's GroupQueryAttention, its backward recomputing each layer's probabilities), 'composed' (MatMul/Softmax, keeps [B, heads, T, T] activations; the cpu's fastest) or 'auto': kernels on cuda with bfloat16 compute wherever they apply (not with --packing, --cuda_graph, --quantize_base, under lathe launch, or where NVRTC is missing), else flash on cuda with bfloat16, composed otherwise. The evaluation and scoring graphs are unchanged`,
 } as const;
 
-/** `--logprob_kernel` of the training commands whose attention can be Lathe's kernels. */
+/** `--logprob_kernel` of the training commands whose attention can be Lathe's kernels (resolved by train-attention.ts's resolveLogprobKernel). */
 export const logprobKernelOption = {
   type: 'boolean',
-  default: false,
-  describe: "When the attention is Lathe's kernels (--attention kernels, or auto where it picks them): the LM head's per-token log-probs through Lathe's fused cross-entropy kernels too (each vocabulary chunk's logits read once forward and once backward in the compute dtype, no float32 copy) instead of ONNX Runtime's cast, LogSoftmax and their backward",
+  default: 'auto',
+  describe:
+    "The LM head's per-token log-probs through Lathe's fused cross-entropy kernels (each vocabulary chunk's logits read once forward and once backward in the compute dtype, no float32 copy) instead of ONNX Runtime's cast, LogSoftmax and their backward; needs the attention kernels. 'auto': on exactly when the run's attention is Lathe's kernels (--attention kernels, or auto where it picks them) — 1.04× a full lathe sft step over the attention kernels alone at Qwen3-0.6B's shape on an H200, losses within 7e-5 relative — off otherwise; true: on, an error where the attention is not the kernels; false: off",
 } as const;
 
 /** `--gradient_checkpointing`. */

@@ -8,7 +8,7 @@ import { classmateOptions, rolloutIsOption } from './classmate-config';
 import { serveTrainingOptions } from './serve-training-config';
 
 /** sft's `--attention` help with its last sentence for GRPO, whose RL-step passes take the kernels too. */
-const grpoAttentionHelp = `${trainAttentionOption.describe.replace(/\s*The evaluation and scoring graphs are unchanged\.?$/, '')} In lathe grpo the re-scoring, reference and value passes attend through the kernels too (forward only); generation and evaluation keep GroupQueryAttention; and here 'auto' keeps flash on cuda (the GRPO step with the kernels is not yet measured on a GPU): ask for 'kernels' by name`;
+const grpoAttentionHelp = `${trainAttentionOption.describe.replace(/\s*The evaluation and scoring graphs are unchanged\.?$/, '')} In lathe grpo the re-scoring, reference and value passes attend through the kernels too (forward only); generation and evaluation keep GroupQueryAttention (one GRPO step, 64 prompts × 8 samples of 512 tokens at Qwen3-0.6B's shape on an H200: 29.0 s with the kernels against 30.8 s with flash)`;
 
 /** Every option of a GRPO-family run; the trainer's defaults come from `GRPO_DEFAULTS`. */
 export const grpoSchema = {

@@ -10,7 +10,7 @@ import { closest } from 'fastest-levenshtein';
 export type OptionSpec =
   | { type: 'string'; default: string; describe: string; choices?: readonly string[] }
   | { type: 'number'; default: number; describe: string; integer?: boolean; min?: number; max?: number; /** Exclusive upper bound. */ below?: number }
-  | { type: 'boolean'; default: boolean; describe: string };
+  | { type: 'boolean'; /** `'auto'`: the option also takes `auto`, which the command resolves when the run starts. */ default: boolean | 'auto'; describe: string };
 
 /** A command's options by name (snake_case, as in YAML files and `--flags`). */
 export type OptionSchema = Record<string, OptionSpec>;
@@ -23,7 +23,9 @@ export type ConfigOf<S extends OptionSchema> = {
       ? string
       : S[K] extends { type: 'number' }
         ? number
-        : boolean;
+        : S[K] extends { type: 'boolean'; default: 'auto' }
+          ? boolean | 'auto'
+          : boolean;
 };
 
 /** The schema's defaults. */
@@ -63,7 +65,8 @@ function checkValue(spec: OptionSpec, value: unknown, where: string): unknown {
     return v;
   }
   if (spec.type === 'boolean') {
-    if (typeof value !== 'boolean') throw new Error(`${where} must be true or false, got ${shown(value)}`);
+    if (value === 'auto' && spec.default === 'auto') return value;
+    if (typeof value !== 'boolean') throw new Error(`${where} must be true or false${spec.default === 'auto' ? " or 'auto'" : ''}, got ${shown(value)}`);
     return value;
   }
   if (typeof value !== 'string') throw new Error(`${where} must be a string, got ${shown(value)}`);
@@ -88,7 +91,7 @@ function tableCell(text: string): string {
 /** The values an option takes beyond its type, in words: its choices, or a number's kind and range. */
 function allowedValues(spec: OptionSpec): string {
   if (spec.type === 'string') return spec.choices ? spec.choices.map((c) => `\`${c}\``).join(', ').replace(/, ([^,]*)$/, ' or $1') : '';
-  if (spec.type === 'boolean') return '';
+  if (spec.type === 'boolean') return spec.default === 'auto' ? '`true`, `false` or `auto`' : '';
   const upper = spec.max !== undefined ? `${shownNumber(spec.max)}]` : spec.below !== undefined ? `${shownNumber(spec.below)})` : undefined;
   const range = spec.min !== undefined && upper ? `in [${shownNumber(spec.min)}, ${upper}` : spec.min !== undefined ? `≥ ${shownNumber(spec.min)}` : upper ? (spec.max !== undefined ? `≤ ${shownNumber(spec.max)}` : `< ${shownNumber(spec.below!)}`) : '';
   return [spec.integer ? 'integer' : range ? 'number' : '', range].filter(Boolean).join(' ');

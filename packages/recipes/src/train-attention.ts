@@ -24,8 +24,8 @@ export interface TrainAttentionConfig {
   cuda_graph?: boolean;
   /** `--quantize_base`: `auto` keeps flash attention under a quantized base (the kernels are not measured with one). */
   quantize_base?: string;
-  /** `--logprob_kernel`: the LM head's log-partition through Lathe's fused cross-entropy kernels (with the attention kernels). */
-  logprob_kernel?: boolean;
+  /** `--logprob_kernel`: the LM head's log-partition through Lathe's fused cross-entropy kernels (with the attention kernels); see {@link resolveLogprobKernel}. Absent: off. */
+  logprob_kernel?: boolean | 'auto';
 }
 
 /** What `auto` weighs beyond the options: facts known only once the run starts. */
@@ -37,8 +37,8 @@ export interface AutoAttentionFacts {
   /** The run is one rank of a data-parallel job (the kernels are not yet measured under lathe launch). */
   dataParallel: boolean;
   /**
-   * Whether this command's `auto` may pick the kernels at all: false where its step with them has not
-   * yet been measured on a GPU against flash (lathe grpo), so that `auto` keeps the measured path.
+   * Whether this command's `auto` may pick the kernels at all: false for a command whose step with
+   * them has not been measured on a GPU against flash, so that `auto` keeps the measured path.
    * Default true.
    */
   autoKernels?: boolean;
@@ -56,6 +56,19 @@ export function resolveTrainAttention(cfg: TrainAttentionConfig, facts: AutoAtte
   const quantized = cfg.quantize_base !== undefined && cfg.quantize_base !== 'none';
   const kernels = facts.autoKernels !== false && cfg.device === 'cuda' && half && !cfg.packing && !cfg.cuda_graph && !quantized && !facts.dataParallel && facts.unsupported === undefined && facts.kernelsAvailable;
   return kernels ? 'kernels' : 'auto';
+}
+
+/**
+ * Whether a run's LM head takes Lathe's fused log-prob kernel, given the attention it resolved to:
+ * `auto` (the option's default) exactly when that is the kernels — the fused kernel beat the attention
+ * kernels alone in a same-call A/B of the full SFT step (docs/benchmarks.md) — true likewise but an
+ * error otherwise, since the kernel joins the attention kernels' device and sessions; false or absent off.
+ */
+export function resolveLogprobKernel(cfg: Pick<TrainAttentionConfig, 'attention' | 'logprob_kernel'>, choice: TrainAttentionChoice): boolean {
+  if (cfg.logprob_kernel === 'auto') return choice === 'kernels';
+  if (cfg.logprob_kernel !== true) return false;
+  if (choice !== 'kernels') throw new Error(`--logprob_kernel needs the attention kernels, and the run's attention is ${cfg.attention === 'auto' ? "'auto', which did not pick them here (see --attention's help for where it does not)" : `'${cfg.attention}'`}: use --attention kernels, or drop --logprob_kernel (its default, auto, takes it wherever the attention is the kernels)`);
+  return true;
 }
 
 /**
@@ -77,7 +90,7 @@ export interface TrainAttention {
   choice: TrainAttentionChoice;
   /** The loss attends as flash attention (right-padded rows; with symbolic shapes `total_sequence_length` fed). */
   flashAttention: boolean;
-  /** Loss options beyond `flashAttention`: the kernel to attend through, with `kernels`; the fused log-prob kernel with `logprob_kernel`. */
+  /** Loss options beyond `flashAttention`: the kernel to attend through, with `kernels`; the fused log-prob kernel where {@link resolveLogprobKernel} takes it. */
   loss: Pick<DecoderLossOptions, 'attentionKernel' | 'logprobKernel'>;
   /** Trainer options: the kernels' custom-op domain in the step's sessions, with `kernels`. */
   trainer: { session?: { customOpDomains: Ptr[] } };
@@ -112,8 +125,8 @@ export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig
           autoKernels: opts.autoKernels ?? true,
         })
       : cfg.attention;
+  const logprobKernel = resolveLogprobKernel(cfg, choice);
   if (choice !== 'kernels') {
-    if (cfg.logprob_kernel) throw new Error(`--logprob_kernel needs the attention kernels, and the run's attention is ${cfg.attention === 'auto' ? "'auto', which did not pick them here (see --attention's help for where it does not)" : `'${cfg.attention}'`}: use --attention kernels, or drop --logprob_kernel`);
     const device = openDevice(cfg.device, id, opts.kernelsOnlyForAttention ? { kernels: false } : opts.kernels === undefined ? {} : { kernels: opts.kernels });
     const flashAttention = useFlashAttention(choice, cfg.device, cfg.compute_dtype, { packing: cfg.packing });
     return { device, attention: { choice, flashAttention, loss: {}, trainer: {}, check: () => {}, dispose: () => {} } };
@@ -124,7 +137,7 @@ export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig
   if (cfg.device === 'cpu') {
     device = Device.open('cpu');
     ops = flashAttentionOps('cpu');
-    if (cfg.logprob_kernel) ce = crossEntropyOps('cpu');
+    if (logprobKernel) ce = crossEntropyOps('cpu');
   } else {
     const unsupported = flashAttentionUnsupported({ batch: 1, seqLen: 1, numHeads: config.numHeads, numKvHeads: config.numKvHeads, headDim: config.headDim, dtype: cfg.compute_dtype });
     if (unsupported) throw new Error(`--attention kernels: the model's attention is not one the kernels take: ${unsupported}; use --attention flash`);
@@ -138,7 +151,7 @@ export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig
     let fa = compiled.get(kernels);
     if (!fa) compiled.set(kernels, (fa = FlashAttention.compile(kernels, { includeDir: cudaIncludeDir() })));
     ops = flashAttentionOps('cuda', fa);
-    if (cfg.logprob_kernel) {
+    if (logprobKernel) {
       let k = compiledCe.get(kernels);
       if (!k) compiledCe.set(kernels, (k = CrossEntropyKernels.compile(kernels, { includeDir: cudaIncludeDir() })));
       ce = crossEntropyOps('cuda', k);

@@ -81,11 +81,11 @@ test("lathe grpo's --attention is sft's option (kernels among its choices, one h
   expect(defaults(grpoSchema).attention).toBe('auto');
 });
 
-test("--attention auto on a GRPO config: flash, until the GRPO step with the kernels is measured on a GPU (lathe grpo passes autoKernels false); sft's rules otherwise", () => {
+test("--attention auto on a GRPO config: the kernels on cuda with bfloat16 compute, by sft's rules (not on the cpu, in float32, under a quantized base, under lathe launch or without NVRTC)", () => {
   const cuda: GrpoConfig = { ...defaults(grpoSchema), device: 'cuda', compute_dtype: 'bfloat16' };
   const facts = { kernelsAvailable: true, dataParallel: false };
-  expect(resolveTrainAttention(cuda, { ...facts, autoKernels: false })).toBe('auto');
   expect(resolveTrainAttention(cuda, facts)).toBe('kernels');
+  expect(grpoSchema.attention.describe).not.toMatch(/'auto' keeps flash/);
   expect(resolveTrainAttention({ ...cuda, device: 'cpu' }, facts)).toBe('auto');
   expect(resolveTrainAttention({ ...cuda, compute_dtype: 'float32' }, facts)).toBe('auto');
   expect(resolveTrainAttention({ ...cuda, quantize_base: 'nf4' }, facts)).toBe('auto');

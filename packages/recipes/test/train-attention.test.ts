@@ -7,7 +7,7 @@
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { defaults, dpoSchema, resolveTrainAttention, rmTrainSchema, runDpo, runRmTrain, runSft, sftSchema, type DpoRunConfig, type RmTrainConfig, type SftConfig } from '@lathe/recipes';
+import { defaults, dpoSchema, resolveConfig, resolveLogprobKernel, resolveTrainAttention, rmTrainSchema, runDpo, runRmTrain, runSft, sftSchema, type DpoRunConfig, type RmTrainConfig, type SftConfig } from '@lathe/recipes';
 import { writeAdditionTask } from './preference-task';
 
 const root = mkdtempSync(join(tmpdir(), 'lathe-train-attention-'));
@@ -37,7 +37,7 @@ function expectClose(got: StepLog[], want: StepLog[], rel: number) {
 
 test('lathe sft --attention kernels: 3 steps with the losses and gradient norms of composed attention (cpu, float32)', async () => {
   const composed = await stepsOf((e) => runSft(sftConfig({ attention: 'composed' }), e));
-  const kernels = await stepsOf((e) => runSft(sftConfig({ attention: 'kernels' }), e));
+  const kernels = await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', logprob_kernel: false }), e));
   expect(composed).toHaveLength(3);
   // the steps train: the loss moves, so equal losses are not three copies of the initial one
   expect(composed[2].loss).not.toBe(composed[0].loss);
@@ -85,10 +85,32 @@ test("--attention auto resolves to Lathe's kernels only on cuda with half-precis
   for (const attention of ['composed', 'flash', 'kernels'] as const) expect(resolveTrainAttention({ ...cuda, attention }, { ...facts, kernelsAvailable: false })).toBe(attention);
 });
 
-test("lathe sft --logprob_kernel: the LM head's log-probs through the fused cross-entropy ops give composed attention's losses (cpu, float32); refused without the attention kernels", async () => {
+test("--logprob_kernel auto (the default) takes the fused log-prob kernel exactly when the attention resolved to the kernels; true refuses any other attention; false is off", () => {
+  expect(defaults(sftSchema).logprob_kernel).toBe('auto');
+  expect(resolveLogprobKernel({ attention: 'auto', logprob_kernel: 'auto' }, 'kernels')).toBe(true);
+  expect(resolveLogprobKernel({ attention: 'kernels', logprob_kernel: 'auto' }, 'kernels')).toBe(true);
+  for (const choice of ['auto', 'flash', 'composed'] as const) {
+    expect(resolveLogprobKernel({ attention: 'auto', logprob_kernel: 'auto' }, choice)).toBe(false);
+    expect(resolveLogprobKernel({ attention: choice, logprob_kernel: false }, choice)).toBe(false);
+    // dpo and rm train have no --logprob_kernel: absent is off
+    expect(resolveLogprobKernel({ attention: choice }, choice)).toBe(false);
+  }
+  expect(resolveLogprobKernel({ attention: 'kernels', logprob_kernel: false }, 'kernels')).toBe(false);
+  expect(resolveLogprobKernel({ attention: 'kernels', logprob_kernel: true }, 'kernels')).toBe(true);
+  expect(resolveLogprobKernel({ attention: 'auto' }, 'kernels')).toBe(false);
+  expect(() => resolveLogprobKernel({ attention: 'flash', logprob_kernel: true }, 'flash')).toThrow(/--logprob_kernel needs the attention kernels.*'flash'/);
+  expect(() => resolveLogprobKernel({ attention: 'auto', logprob_kernel: true }, 'auto')).toThrow(/'auto', which did not pick them/);
+  // a config file or flag gives true, false or auto; nothing else
+  const given = (v: unknown) => resolveConfig(sftSchema, [{ name: 'sft.yaml', values: { logprob_kernel: v } }]).logprob_kernel;
+  expect([given(true), given(false), given('auto')]).toEqual([true, false, 'auto']);
+  expect(() => given('yes')).toThrow(/sft.yaml: option 'logprob_kernel' must be true or false or 'auto', got "yes"/);
+});
+
+test("lathe sft --logprob_kernel: the LM head's log-probs through the fused cross-entropy ops give composed attention's losses (cpu, float32), by default with --attention kernels; refused without the attention kernels", async () => {
   const composed = await stepsOf((e) => runSft(sftConfig({ attention: 'composed' }), e));
   const fused = await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', logprob_kernel: true }), e));
   expectClose(fused, composed, 1e-4);
+  expectClose(await stepsOf((e) => runSft(sftConfig({ attention: 'kernels' }), e)), fused, 0);
   await expect(runSft(sftConfig({ attention: 'composed', logprob_kernel: true }))).rejects.toThrow(/--logprob_kernel needs the attention kernels.*'composed'/);
   await expect(runSft(sftConfig({ logprob_kernel: true }))).rejects.toThrow(/--logprob_kernel needs the attention kernels.*'auto', which did not pick them/);
 }, 60_000);
