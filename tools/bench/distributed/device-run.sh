@@ -20,6 +20,10 @@
 #   grpo "1 2" : one GRPO step (64 prompts × 8, 512 new tokens, bf16, Qwen3-0.6B shape; STEPS 2, the second timed)
 #                on each GPU count: its time split (the slowest rank's phases), loss, mean reward, and how many
 #                prompts' completions equal the 1-GPU run's (GRPO_ARGS adds grpo-dp options).
+#   recipe N   : lathe sft's own data-parallel path (the recipe under the launcher: built-in demo task and model, float32,
+#                STEPS default 20; bundle sft-dp): 1 GPU, then N GPUs with the default in-run all-reduce (overlap), with
+#                --grad_overlap false (post), and ZeRO's in-run reduce-scatter (zero2-overlap); each prints the reduction
+#                the ranks' device allows and its losses' parity against 1 GPU. SFT_ARGS adds sft-dp options.
 #   order N    : NCCL's stream vs ORT's: an all-reduce read by the next ORT run, with the wait (0 wrong
 #                reads expected) and without it (wrong reads expected: what the wait prevents).
 # DDP_ARGS adds ddp_bench.py options (--shape 1.7b beside DP_ARGS="--shape 1.7b"). Every process gets NCCL_NVLS_ENABLE=0. Results go to $OUT (default /tmp/dp) as JSON lines. DP_ARGS adds dp-check
@@ -30,7 +34,7 @@ export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/dp}
 mkdir -p "$OUT"
 B=${BUNDLE:-.bundle}
-mode=${1:?parity N | scaling "1 2 4" | comm "1 2" | zero N | grpo "1 2" | order N}
+mode=${1:?parity N | scaling "1 2 4" | comm "1 2" | zero N | grpo "1 2" | recipe N | order N}
 case "$mode" in
   parity)
     N=${2:?parity N}
@@ -107,8 +111,19 @@ case "$mode" in
       "
     done
     ;;
+  recipe)
+    N=${2:?recipe N}
+    args="${SFT_ARGS:-} --steps ${STEPS:-20}"
+    node $B/sft-dp.js $args --out "$OUT/sft-one.json" > /dev/null
+    port=$((31000 + 10 * N))
+    for v in overlap:"--grad-overlap true" post:"--grad-overlap false" zero2-overlap:"--grad-overlap true --zero-stage 2"; do
+      name=${v%%:*}; opts=${v#*:}; port=$((port + 1))
+      node $B/dp-launch.js --gpus "$N" --master_port $port -- node $B/sft-dp.js $args $opts --reference "$OUT/sft-one.json" --out "$OUT/sft-$N-$name.json" > /dev/null
+      node -e "const r=require('$OUT/sft-$N-$name.json'); console.log(JSON.stringify({variant:'$name', world:r.world, reduction:r.reduction, parity:r.parity, seconds:r.seconds}))"
+    done
+    ;;
   order)
     node $B/dp-launch.js --gpus "${2:-2}" --master_port 29700 -- node $B/nccl-order.js --mb ${MB:-512} --trials ${TRIALS:-10}
     ;;
-  *) echo "usage: $0 parity N | scaling \"1 2 4\" | comm \"1 2\" | zero N | grpo \"1 2\" | order N" >&2; exit 2 ;;
+  *) echo "usage: $0 parity N | scaling \"1 2 4\" | comm \"1 2\" | zero N | grpo \"1 2\" | recipe N | order N" >&2; exit 2 ;;
 esac

@@ -1,0 +1,67 @@
+/**
+ * `lathe sft` through the recipe under `lathe launch` (or alone): the built-in demo task and model on
+ * cuda, one process per rank, so the recipe's own data-parallel path runs — joinDataParallel, the
+ * device opened through Lathe's kernels, and the gradient reduction it picks (`--grad_overlap`: the
+ * all-reduce inside the backward's run by default; `--zero-stage` 1|2 its reduce-scatter form).
+ * Every world size trains on the same global batches, so the losses of N ranks with either
+ * reduction must equal one process's: with --reference ONE.json rank 0 prints the largest relative
+ * loss difference and whether it is within --tol (default 1e-5, float32).
+ *
+ * usage (each rank): node .bundle/sft-dp.js [--steps 20] [--grad-overlap true|false] [--zero-stage 0|1|2]
+ *   [--compute float32|bfloat16] [--device cuda|cpu] [--reference ONE.json] [--tol X] [--out FILE] [--run-dir DIR]
+ * (--device cpu: a smoke test of the script over TCP, where every reduction is post-backward)
+ * run:  node .bundle/dp-launch.js --gpus 2 -- node .bundle/sft-dp.js --reference one.json --out two.json
+ * Prints one JSON line per rank (rank 0's first): the reduction the rank's device allows, the
+ * losses, seconds; --out writes rank 0's.
+ */
+import { readFileSync, writeFileSync } from 'node:fs';
+import { Device } from '@lathe/runtime';
+import { worldFromEnv } from '@lathe/distributed';
+import { defaults, gradientReduction, runSft, sftSchema } from '@lathe/recipes';
+import { arg } from '../argv';
+
+async function main(): Promise<void> {
+  const world = worldFromEnv();
+  const steps = Number(arg('steps', '20'));
+  const gradOverlap = arg('grad-overlap', 'true') !== 'false';
+  const zeroStage = Number(arg('zero-stage', '0'));
+  const compute = arg('compute', 'float32') as 'float32' | 'bfloat16';
+  const deviceKind = arg('device', 'cuda') as 'cuda' | 'cpu';
+  const losses: number[] = [];
+  const t0 = performance.now();
+  // built apart from the call: `grad_overlap` is the recipe's option (launch-dp.ts's DataParallelOptions.gradOverlap)
+  const cfg = {
+    ...defaults(sftSchema),
+    device: deviceKind,
+    compute_dtype: compute,
+    steps,
+    eval_examples: 0,
+    eval_every: 0,
+    save_every: 0,
+    log_every: steps,
+    zero_stage: zeroStage,
+    grad_overlap: gradOverlap,
+    // one run directory for every rank (the ranks check they have the same config), rewritten by each run
+    run_dir: arg('run-dir', `/tmp/sft-dp-${world.worldSize}-${world.masterPort}`),
+    overwrite: true,
+  };
+  await runSft(cfg, { onStep: (m) => losses.push(m.loss) });
+  const device = Device.open(deviceKind, { id: world.localRank });
+  const reduction = gradientReduction({ device: deviceKind, worldSize: world.worldSize, zeroStage, gradOverlap, computeStream: device.computeStream !== undefined });
+  const result: Record<string, unknown> = { rank: world.rank, world: world.worldSize, grad_overlap: gradOverlap, zero_stage: zeroStage, compute, reduction, steps, losses, seconds: +((performance.now() - t0) / 1000).toFixed(2) };
+  const reference = arg('reference', '');
+  if (reference && world.rank === 0) {
+    const ref = JSON.parse(readFileSync(reference, 'utf8')) as { losses: number[]; world: number };
+    const rel = losses.map((l, i) => Math.abs(l - ref.losses[i]) / Math.abs(ref.losses[i]));
+    const tol = Number(arg('tol', compute === 'float32' ? '1e-5' : '2e-2'));
+    result.parity = { reference_world: ref.world, max_rel_loss_diff: Math.max(...rel), tol, pass: Math.max(...rel) <= tol };
+  }
+  const line = JSON.stringify(result);
+  if (world.rank === 0 && arg('out', '')) writeFileSync(arg('out', ''), line + '\n');
+  console.log(line);
+}
+
+main().catch((e: Error) => {
+  process.stderr.write(`sft-dp rank ${process.env.RANK ?? 0}: ${e.stack ?? e.message}\n`);
+  process.exit(1);
+});
