@@ -15,16 +15,20 @@
  *   of q and k (Qwen3's q_norm/k_norm), RoPE at the row's position, the rotated queries to a float32
  *   scratch [R, H, D] (rounded to T first, as GroupQueryAttention keeps them), the key and value
  *   written (or quantized) into the cache at that position.
- * - `da_split_<c>_d<D>_g<G>`: a CTA of 128 threads per (chunk of DA_CHUNK positions, KV head, row):
+ * - `da_split_<c>_d<D>_g<G>` (split variant v1): a CTA of 128 threads per (chunk of DA_CHUNK positions, KV head, row):
  *   the scores of all G query heads of the KV head against the chunk's keys (each key read once),
  *   the chunk's softmax, and P·V; writes the chunk's normalized output and log-sum-exp. The grid
  *   covers the cache length M (a CUDA graph replays the launch); CTAs past the row's length exit.
- * - `da_combine_<t>_d<D>`: merges a row's chunks by their log-sum-exps into the output [R, 1, H·D].
+ * - `da_split2_<c>_d<D>_g<G>` (split variant v2): the same step with a plan per cache kind
+ *   ({@link decodeSplitPlan}): an e4m3 cache in 16-byte loads (16 elements a thread for G ≤ 4) over
+ *   chunks of 256 positions, the per-position scales applied in the softmax pass (coalesced, off the
+ *   streaming loops), and the P·V rows summed by warp shuffles before one [warps][G][D] exchange.
+ * - `da_combine_<t>_d<D>[_c<CHUNK>]`: merges a row's chunks by their log-sum-exps into the output [R, 1, H·D].
  * - `da_quantize_<t>_d<D>`: a [N, D] cache in T → e4m3 bytes and per-row scales (the prefill's).
  * - `da_copy32`: word copy, for a present buffer ORT did not alias to the past.
  */
 
-/** Cache positions per split CTA. */
+/** Cache positions per split CTA of v1 (and of v2 over a native cache). */
 export const DECODE_CHUNK = 128;
 /** Threads of a split (and quantize) CTA. */
 export const DECODE_THREADS = 128;
@@ -41,10 +45,45 @@ export const DECODE_TYPES = { bfloat16: { c: '__nv_bfloat16', suffix: 'bf16' }, 
 /** How the cache is held: in the compute dtype, or as e4m3 bytes with per-vector scales. */
 export type DecodeCacheKind = 'native' | 'float8e4m3';
 
-/** Dynamic shared memory of a split CTA (bytes): scores [G][CHUNK], max/sum per head, the P·V partials [rows per pass][G][D]. */
-export function decodeSplitSmem(headDim: number, group: number): number {
-  const rowsPerPass = DECODE_THREADS / (headDim / 8);
-  return 4 * (group * DECODE_CHUNK + 2 * group + rowsPerPass * group * headDim);
+/**
+ * Which split kernel a step launches: v1 (8 elements a thread, 128-position chunks for both cache
+ * kinds) or v2 (see {@link decodeSplitPlan}); both stay built so one process can compare them.
+ */
+export type DecodeSplitVariant = 'v1' | 'v2';
+/** The split variants with a build. */
+export const DECODE_SPLIT_VARIANTS = ['v1', 'v2'] as const;
+/** The split variant a step launches unless told. */
+export const DECODE_DEFAULT_SPLIT: DecodeSplitVariant = 'v1';
+
+/** v2's chunk per cache kind: an e4m3 CTA reads half a bf16 one's bytes, so twice the positions carry its fixed costs. */
+const SPLIT2_CHUNK: Record<DecodeCacheKind, number> = { native: 128, float8e4m3: 256 };
+/** v2 gives an e4m3 thread 16 elements (one 16-byte load) up to this group; past it the queries and accumulators (2·G·16 floats) would crowd the registers. */
+const SPLIT2_WIDE_MAX_GROUP = 4;
+
+/** A split kernel's shape: positions per CTA, cache elements per thread and load, P·V partial rows in shared memory. */
+export interface DecodeSplitPlan {
+  chunk: number;
+  elems: number;
+  /** Rows of [G][D] partials the CTA sums through shared memory (v1: a pass's rows; v2: its warps). */
+  partialRows: number;
+}
+
+/** The plan of the split kernel for `cache`, `group` query heads per KV head and `variant`. */
+export function decodeSplitPlan(headDim: number, group: number, cache: DecodeCacheKind = 'native', variant: DecodeSplitVariant = DECODE_DEFAULT_SPLIT): DecodeSplitPlan {
+  if (variant === 'v1') return { chunk: DECODE_CHUNK, elems: 8, partialRows: DECODE_THREADS / (headDim / 8) };
+  const elems = cache === 'float8e4m3' && group <= SPLIT2_WIDE_MAX_GROUP ? 16 : 8;
+  return { chunk: SPLIT2_CHUNK[cache], elems, partialRows: DECODE_THREADS / 32 };
+}
+
+/** Cache positions per split CTA of `cache` and `variant` (the chunk count and the combine follow it). */
+export function decodeSplitChunk(cache: DecodeCacheKind = 'native', variant: DecodeSplitVariant = DECODE_DEFAULT_SPLIT): number {
+  return variant === 'v1' ? DECODE_CHUNK : SPLIT2_CHUNK[cache];
+}
+
+/** Dynamic shared memory of a split CTA (bytes): scores [G][chunk], max/sum per head, the P·V partials [partial rows][G][D]. */
+export function decodeSplitSmem(headDim: number, group: number, cache: DecodeCacheKind = 'native', variant: DecodeSplitVariant = DECODE_DEFAULT_SPLIT): number {
+  const { chunk, partialRows } = decodeSplitPlan(headDim, group, cache, variant);
+  return 4 * (group * chunk + 2 * group + partialRows * group * headDim);
 }
 
 /** Dynamic shared memory of an append CTA (bytes): the RoPE partner exchange and the block reductions. */
@@ -54,14 +93,27 @@ export function decodeAppendSmem(headDim: number): number {
 
 type TypeName = keyof typeof DECODE_TYPES;
 
-/** Kernel names, e.g. `da_split_fp8_d128_g2`. */
+/** Kernel names, e.g. `da_split_fp8_d128_g2`, `da_split2_fp8_d128_g2`, `da_combine_bf16_d128_c256`. */
 export const decodeKernelName = {
   append: (t: TypeName, cache: DecodeCacheKind, d: number) => `da_append_${DECODE_TYPES[t].suffix}${cache === 'float8e4m3' ? '_fp8' : ''}_d${d}`,
-  split: (t: TypeName, cache: DecodeCacheKind, d: number, g: number) => `da_split_${cache === 'float8e4m3' ? 'fp8' : DECODE_TYPES[t].suffix}_d${d}_g${g}`,
-  combine: (t: TypeName, d: number) => `da_combine_${DECODE_TYPES[t].suffix}_d${d}`,
+  split: (t: TypeName, cache: DecodeCacheKind, d: number, g: number, variant: DecodeSplitVariant = DECODE_DEFAULT_SPLIT) =>
+    `da_split${variant === 'v1' ? '' : '2'}_${cache === 'float8e4m3' ? 'fp8' : DECODE_TYPES[t].suffix}_d${d}_g${g}`,
+  combine: (t: TypeName, d: number, chunk: number = DECODE_CHUNK) => `da_combine_${DECODE_TYPES[t].suffix}_d${d}${chunk === DECODE_CHUNK ? '' : `_c${chunk}`}`,
   quantize: (t: TypeName, d: number) => `da_quantize_${DECODE_TYPES[t].suffix}_d${d}`,
   copy: () => 'da_copy32',
 };
+
+/** Chunk sizes some split variant uses: a combine is built for each. */
+function combineChunks(): number[] {
+  const kinds: DecodeCacheKind[] = ['native', 'float8e4m3'];
+  return [...new Set(DECODE_SPLIT_VARIANTS.flatMap((v) => kinds.map((c) => decodeSplitChunk(c, v))))].sort((a, b) => a - b);
+}
+
+/** The v2 split's entry point, its chunk and elements a thread from {@link decodeSplitPlan}. */
+function split2Entry(t: TypeName, C: string, cache: DecodeCacheKind, D: number, G: number): string {
+  const { chunk, elems } = decodeSplitPlan(D, G, cache, 'v2');
+  return `extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.split(t, cache, D, G, 'v2')}(const float* q, const ${C}* cache_k, const ${C}* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, int M, int KV, int n_chunks, float scale) { da_split2<${C}, ${D}, ${G}, ${chunk}, ${elems}>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale); }`;
+}
 
 function entryPoints(): string {
   const out: string[] = [];
@@ -79,10 +131,15 @@ function entryPoints(): string {
       for (const G of DECODE_GROUPS) {
         out.push(
           `extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.split(t, 'native', D, G)}(const float* q, const ${T}* cache_k, const ${T}* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, int M, int KV, int n_chunks, float scale) { da_split<${T}, ${D}, ${G}>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale); }`,
+          split2Entry(t, T, 'native', D, G),
+        );
+      }
+      for (const chunk of combineChunks()) {
+        out.push(
+          `extern "C" __global__ void __launch_bounds__(${D}) ${decodeKernelName.combine(t, D, chunk)}(const float* o_part, const float* lse_part, const int* seqlens, ${T}* out, int M, int H, int n_chunks) { da_combine<${T}, ${D}, ${chunk}>(o_part, lse_part, seqlens, out, M, H, n_chunks); }`,
         );
       }
       out.push(
-        `extern "C" __global__ void __launch_bounds__(${D}) ${decodeKernelName.combine(t, D)}(const float* o_part, const float* lse_part, const int* seqlens, ${T}* out, int M, int H, int n_chunks) { da_combine<${T}, ${D}>(o_part, lse_part, seqlens, out, M, H, n_chunks); }`,
         `extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.quantize(t, D)}(const ${T}* x, unsigned char* y, float* scale, i64 rows) { da_quantize<${T}, ${D}>(x, y, scale, rows); }`,
       );
     }
@@ -92,6 +149,7 @@ function entryPoints(): string {
     for (const G of DECODE_GROUPS) {
       out.push(
         `extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.split('bfloat16', 'float8e4m3', D, G)}(const float* q, const unsigned char* cache_k, const unsigned char* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, int M, int KV, int n_chunks, float scale) { da_split<unsigned char, ${D}, ${G}>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale); }`,
+        split2Entry('bfloat16', fp8, 'float8e4m3', D, G),
       );
     }
   }
@@ -348,8 +406,166 @@ __device__ void da_split(const float* q, const C* cache_k, const C* cache_v, con
   }
 }
 
-// A CTA of D threads per (row, query head): the chunks' outputs weighted by exp(lse − max lse).
-template <typename T, int D>
+// E cache elements as one load (16 or 8 bytes), and unpacked to floats.
+template <int BYTES> struct RawBytes { typedef uint4 t; };
+template <> struct RawBytes<8> { typedef uint2 t; };
+template <typename C, int E>
+__device__ __forceinline__ void unpack_e(const typename RawBytes<E * sizeof(C)>::t& u, float (&f)[E]) {
+  if constexpr (sizeof(C) == 1) {
+    const unsigned short* e = reinterpret_cast<const unsigned short*>(&u);
+#pragma unroll
+    for (int i = 0; i < E / 2; ++i) {
+      const float2 p = fp8x2_to(e[i]);
+      f[2 * i] = p.x;
+      f[2 * i + 1] = p.y;
+    }
+  } else {
+    const C* e = reinterpret_cast<const C*>(&u);
+#pragma unroll
+    for (int i = 0; i < E; ++i) f[i] = da_f<C>(e[i]);
+  }
+}
+
+// Split variant v2: CHUNK positions a CTA, E elements a thread (one load), the e4m3 scales applied in
+// the softmax pass, and the P·V partial rows summed by shuffles within each warp first.
+template <typename C, int D, int G, int CHUNK, int E>
+__device__ void da_split2(const float* q, const C* cache_k, const C* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part,
+                          int M, int KV, int n_chunks, float scale) {
+  constexpr int TPR = D / E;               // threads per cache row
+  constexpr int RPI = DA_THREADS / TPR;    // cache rows per pass of the block
+  constexpr int W = DA_THREADS / 32;       // warps
+  constexpr int U = 4;                     // passes whose loads are issued together
+  constexpr bool FP8 = sizeof(C) == 1;
+  static_assert(TPR <= 32 && 32 % TPR == 0, "a cache row's threads lie in one warp");
+  typedef typename RawBytes<E * sizeof(C)>::t Raw;
+  DA_SHARED(smem);
+  float* sc = reinterpret_cast<float*>(smem);  // [G][CHUNK]: scores, then exp(score − max) (× the value scale)
+  float* ml = sc + G * CHUNK;                  // [G][2]: max, sum
+  float* red = ml + 2 * G;                     // [W][G][D]: each warp's P·V partials
+  const int c = blockIdx.x, h = blockIdx.y, r = blockIdx.z, tid = threadIdx.x;
+  const int len = min(seqlens[r] + 1, M);
+  const int start = c * CHUNK;
+  if (start >= len) return;
+  const int n = min(CHUNK, len - start);
+  const int sub = tid % TPR, row = tid / TPR, d0 = sub * E;
+  const int warp = tid / 32, lane = tid % 32;
+  const int H = KV * G;
+  float qr[G][E];
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int i = 0; i < E; ++i) qr[g][i] = q[((i64)r * H + h * G + g) * D + d0 + i] * scale;
+  const i64 base = ((i64)r * KV + h) * M + start;
+  const Raw* K = reinterpret_cast<const Raw*>(cache_k);
+  const Raw* V = reinterpret_cast<const Raw*>(cache_v);
+
+  // Scores (unscaled by the key scale): a row's TPR threads each take E elements, then sum across them.
+  for (int j0 = 0; j0 < n; j0 += RPI * U) {
+    Raw raw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u * RPI + row;
+      raw[u] = j < n ? K[(base + j) * TPR + sub] : Raw{};
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u * RPI + row;
+      float f[E];
+      unpack_e<C, E>(raw[u], f);
+      float p[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float a = 0.0f;
+#pragma unroll
+        for (int i = 0; i < E; ++i) a += qr[g][i] * f[i];
+        p[g] = a;
+      }
+#pragma unroll
+      for (int o = TPR / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int g = 0; g < G; ++g) p[g] += __shfl_xor_sync(0xffffffffu, p[g], o);
+      if (sub == 0 && j < n)
+#pragma unroll
+        for (int g = 0; g < G; ++g) sc[g * CHUNK + j] = p[g];
+    }
+  }
+  __syncthreads();
+
+  // The chunk's softmax, a warp per head; a lane reads the scales of its own positions (coalesced).
+  for (int g = warp; g < G; g += W) {
+    float m = da_neg_inf();
+    for (int j = lane; j < n; j += 32) {
+      const float s = FP8 ? sc[g * CHUNK + j] * k_scale[base + j] : sc[g * CHUNK + j];
+      sc[g * CHUNK + j] = s;
+      m = fmaxf(m, s);
+    }
+    m = warp_max(m);
+    float l = 0.0f;
+    for (int j = lane; j < n; j += 32) {
+      const float e = __expf(sc[g * CHUNK + j] - m);
+      sc[g * CHUNK + j] = FP8 ? e * v_scale[base + j] : e;
+      l += e;
+    }
+    l = warp_sum(l);
+    if (lane == 0) {
+      ml[2 * g] = m;
+      ml[2 * g + 1] = l;
+    }
+  }
+  __syncthreads();
+
+  // P·V: each thread its E columns over its rows; the rows of a warp summed by shuffles, the warps through shared memory.
+  float acc[G][E];
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int i = 0; i < E; ++i) acc[g][i] = 0.0f;
+  for (int j0 = 0; j0 < n; j0 += RPI * U) {
+    Raw raw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u * RPI + row;
+      raw[u] = j < n ? V[(base + j) * TPR + sub] : Raw{};
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u * RPI + row;
+      if (j >= n) continue;
+      float f[E];
+      unpack_e<C, E>(raw[u], f);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float p = sc[g * CHUNK + j];
+#pragma unroll
+        for (int i = 0; i < E; ++i) acc[g][i] += p * f[i];
+      }
+    }
+  }
+#pragma unroll
+  for (int o = TPR; o < 32; o <<= 1)
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int i = 0; i < E; ++i) acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], o);
+  if (lane < TPR)
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int i = 0; i < E; ++i) red[(warp * G + g) * D + d0 + i] = acc[g][i];
+  __syncthreads();
+  for (int e = tid; e < G * D; e += DA_THREADS) {
+    const int g = e / D, d = e % D;
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < W; ++w) o += red[(w * G + g) * D + d];
+    const i64 at = ((i64)r * H + h * G + g) * n_chunks + c;
+    o_part[at * D + d] = o / ml[2 * g + 1];
+    if (d == 0) lse_part[at] = ml[2 * g] + logf(ml[2 * g + 1]);
+  }
+}
+
+// A CTA of D threads per (row, query head): the chunks' (of CHUNK positions) outputs weighted by exp(lse − max lse).
+template <typename T, int D, int CHUNK>
 __device__ void da_combine(const float* o_part, const float* lse_part, const int* seqlens, T* out, int M, int H, int n_chunks) {
   const int rh = blockIdx.x, r = rh / H, d = threadIdx.x;
   const int len = min(seqlens[r] + 1, M);
@@ -357,7 +573,7 @@ __device__ void da_combine(const float* o_part, const float* lse_part, const int
     out[(i64)rh * D + d] = da_t<T>(0.0f);
     return;
   }
-  const int n = (len + DA_CHUNK - 1) / DA_CHUNK;
+  const int n = (len + CHUNK - 1) / CHUNK;
   const float* L = lse_part + (i64)rh * n_chunks;
   float mx = da_neg_inf();
   for (int c = 0; c < n; ++c) mx = fmaxf(mx, L[c]);

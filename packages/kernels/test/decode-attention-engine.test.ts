@@ -8,7 +8,7 @@
 import { CausalLM, type HfConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { KvCacheGenerator, type Completion, type KvDecodeAttention } from '@lathe/rollout';
-import { decodeAttentionOps } from '@lathe/kernels';
+import { decodeAttentionOps, decodeChunks } from '@lathe/kernels';
 import { tinyModel, tinyQwen3 } from '../../rollout/test/helpers';
 
 // GroupQueryAttention's rotary needs head_dim ≥ 16; 4 query heads over 2 KV heads.
@@ -71,6 +71,19 @@ test('an e4m3 cache: the quantized prefill and step stay within e4m3’s error o
   expect(maxDiff).toBeGreaterThan(0);
   expect(maxDiff).toBeLessThan(0.1);
   ops.dispose();
+}, 120_000);
+
+test('split v2 ops: the same host rule as v1, the scratch sized by its chunk (256 positions for e4m3)', async () => {
+  expect([decodeChunks(300), decodeChunks(300, 'float8e4m3', 'v2'), decodeChunks(300, 'native', 'v2'), decodeChunks(256, 'float8e4m3', 'v2')]).toEqual([3, 2, 3, 1]);
+  const v1 = decodeAttentionOps('cpu', undefined, { cache: 'float8e4m3', qkNormEpsilon: config.rmsNormEps });
+  const v2 = decodeAttentionOps('cpu', undefined, { cache: 'float8e4m3', qkNormEpsilon: config.rmsNormEps, split: 'v2' });
+  expect([v1.split, v2.split]).toEqual(['v1', 'v2']);
+  const a = await run({ decodeAttention: v1, kvCacheDtype: 'float8e4m3' });
+  const b = await run({ decodeAttention: v2, kvCacheDtype: 'float8e4m3' });
+  expect(b).toEqual(a);
+  expect(v2.stats.cacheCopies).toBe(0);
+  v1.dispose();
+  v2.dispose();
 }, 120_000);
 
 test('bad options are named', () => {

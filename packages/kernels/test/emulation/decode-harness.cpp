@@ -1,13 +1,16 @@
 // Runs Lathe's decode-attention kernels (da.cu, the TypeScript source's templates written out by the test)
 // on the CPU through emu.h — append (QK-norm, RoPE, cache write or e4m3 quantization), the split-KV pass
 // and the log-sum-exp merge — against the same step computed in double, and prints one JSON line.
-// usage: decode-harness R KV G D bf16|fp16 native|fp8 M qknorm(0|1) len0 len1 ...   (one length per row:
-// the row's length after this step, so the new token lands at position len − 1)
+// usage: decode-harness R KV G D bf16|fp16 native|fp8 M qknorm(0|1) split(v1|v2) chunk elems smem len0 len1 ...
+// (chunk, elems a thread and shared bytes of the split as the TypeScript plans them: the harness checks
+// chunk and elems against the templates it instantiates and launches with smem, so a short plan trips
+// the emulator's guard; one length per row: the row's length after this step, the new token at len − 1)
 #include "emu.h"
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <type_traits>
 
 #define DA_EMULATION 1
 #define DA_SHARED(name) unsigned char* name = emu::t_smem
@@ -53,10 +56,22 @@ static std::string js(const char* name, const Err& e) {
   return buf;
 }
 
+// The v2 split's template arguments for a cache element and group (the TypeScript decodeSplitPlan's rule).
+template <typename C, int G> constexpr int v2_chunk = sizeof(C) == 1 ? 256 : 128;
+template <typename C, int G> constexpr int v2_elems = sizeof(C) == 1 && G <= 4 ? 16 : 8;
+
+struct Split { bool v2; int chunk, elems; size_t smem; };
+
 template <typename T, typename C, int D, int G>
-static void run(int R, int KV, int M, bool qknorm, const std::vector<int>& lens) {
+static void run(int R, int KV, int M, bool qknorm, const Split& split, const std::vector<int>& lens) {
   constexpr bool FP8 = sizeof(C) == 1;
-  const int H = KV * G, HALF = D / 2, NC = (M + DA_CHUNK - 1) / DA_CHUNK;
+  constexpr int CH2 = v2_chunk<C, G>, E2 = v2_elems<C, G>;
+  const int chunk = split.v2 ? CH2 : DA_CHUNK, elems = split.v2 ? E2 : 8;
+  if (split.chunk != chunk || split.elems != elems) {
+    std::fprintf(stderr, "decode-harness: the plan says chunk %d, %d elements; the templates have %d, %d\n", split.chunk, split.elems, chunk, elems);
+    std::exit(2);
+  }
+  const int H = KV * G, HALF = D / 2, NC = (M + chunk - 1) / chunk;
   const float eps = 1e-6f, scale = 1.0f / std::sqrt(float(D));
   std::mt19937 rng(4321);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -110,11 +125,14 @@ static void run(int R, int KV, int M, bool qknorm, const std::vector<int>& lens)
   emu::launch({unsigned(R), unsigned(KV), 1}, D, 4 * (D + 32), [&] {
     da_append<T, C, D>(q.data(), k.data(), v.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), cosT.data(), sinT.data(), qknorm ? qn.data() : nullptr, qknorm ? kn.data() : nullptr, eps, qrot.data(), M, H, KV);
   });
-  const size_t smem = 4 * (G * DA_CHUNK + 2 * G + (DA_THREADS / (D / 8)) * G * D);
-  emu::launch({unsigned(NC), unsigned(KV), unsigned(R)}, DA_THREADS, smem, [&] {
-    da_split<C, D, G>(qrot.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), opart.data(), lsepart.data(), M, KV, NC, scale);
+  emu::launch({unsigned(NC), unsigned(KV), unsigned(R)}, DA_THREADS, split.smem, [&] {
+    if (split.v2) da_split2<C, D, G, CH2, E2>(qrot.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), opart.data(), lsepart.data(), M, KV, NC, scale);
+    else da_split<C, D, G>(qrot.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), opart.data(), lsepart.data(), M, KV, NC, scale);
   });
-  emu::launch({unsigned(R * H), 1, 1}, D, 0, [&] { da_combine<T, D>(opart.data(), lsepart.data(), seqlens.data(), out.data(), M, H, NC); });
+  emu::launch({unsigned(R * H), 1, 1}, D, 0, [&] {
+    if (chunk == DA_CHUNK) da_combine<T, D, DA_CHUNK>(opart.data(), lsepart.data(), seqlens.data(), out.data(), M, H, NC);
+    else da_combine<T, D, CH2>(opart.data(), lsepart.data(), seqlens.data(), out.data(), M, H, NC);
+  });
 
   // The same step in double, rounded to T where the kernels keep T values.
   Err eo, eq, ek, ev;
@@ -176,24 +194,33 @@ static void run(int R, int KV, int M, bool qknorm, const std::vector<int>& lens)
   std::printf("{%s,%s,%s,%s,\"untouched\":%s,\"quantize_equal\":%s,\"chunks\":%d}\n", js("out", eo).c_str(), js("q", eq).c_str(), js("k_new", ek).c_str(), js("v_new", ev).c_str(), untouched ? "true" : "false", quantize_equal ? "true" : "false", NC);
 }
 
+// bf16 has a build for every head size and group; fp16 for 128/2 and 64/4 (the types share the split's code).
 template <typename T, typename C>
-static void dispatch(int R, int KV, int G, int D, int M, bool qknorm, const std::vector<int>& lens) {
-  if (D == 128 && G == 2) return run<T, C, 128, 2>(R, KV, M, qknorm, lens);
-  if (D == 64 && G == 4) return run<T, C, 64, 4>(R, KV, M, qknorm, lens);
-  if (D == 128 && G == 1) return run<T, C, 128, 1>(R, KV, M, qknorm, lens);
-  std::fprintf(stderr, "decode-harness: no build for D %d, G %d (128/2, 64/4, 128/1)\n", D, G);
+static void dispatch(int R, int KV, int G, int D, int M, bool qknorm, const Split& split, const std::vector<int>& lens) {
+  if (D == 128 && G == 2) return run<T, C, 128, 2>(R, KV, M, qknorm, split, lens);
+  if (D == 64 && G == 4) return run<T, C, 64, 4>(R, KV, M, qknorm, split, lens);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (D == 128 && G == 1) return run<T, C, 128, 1>(R, KV, M, qknorm, split, lens);
+    if (D == 128 && G == 4) return run<T, C, 128, 4>(R, KV, M, qknorm, split, lens);
+    if (D == 128 && G == 8) return run<T, C, 128, 8>(R, KV, M, qknorm, split, lens);
+    if (D == 64 && G == 1) return run<T, C, 64, 1>(R, KV, M, qknorm, split, lens);
+    if (D == 64 && G == 2) return run<T, C, 64, 2>(R, KV, M, qknorm, split, lens);
+    if (D == 64 && G == 8) return run<T, C, 64, 8>(R, KV, M, qknorm, split, lens);
+  }
+  std::fprintf(stderr, "decode-harness: no build for D %d, G %d\n", D, G);
   std::exit(2);
 }
 
 int main(int argc, char** argv) {
-  if (argc < 10) { std::fprintf(stderr, "usage: decode-harness R KV G D bf16|fp16 native|fp8 M qknorm len...\n"); return 2; }
+  if (argc < 14) { std::fprintf(stderr, "usage: decode-harness R KV G D bf16|fp16 native|fp8 M qknorm v1|v2 chunk elems smem len...\n"); return 2; }
   const int R = std::atoi(argv[1]), KV = std::atoi(argv[2]), G = std::atoi(argv[3]), D = std::atoi(argv[4]), M = std::atoi(argv[7]);
   const std::string dt = argv[5], cache = argv[6];
   const bool qknorm = std::atoi(argv[8]) != 0;
+  const Split split{std::string(argv[9]) == "v2", std::atoi(argv[10]), std::atoi(argv[11]), size_t(std::atoll(argv[12]))};
   std::vector<int> lens;
-  for (int i = 9; i < argc; ++i) lens.push_back(std::atoi(argv[i]));
+  for (int i = 13; i < argc; ++i) lens.push_back(std::atoi(argv[i]));
   if (int(lens.size()) != R) { std::fprintf(stderr, "decode-harness: %zu lengths for %d rows\n", lens.size(), R); return 2; }
-  if (dt == "bf16") cache == "fp8" ? dispatch<__nv_bfloat16, unsigned char>(R, KV, G, D, M, qknorm, lens) : dispatch<__nv_bfloat16, __nv_bfloat16>(R, KV, G, D, M, qknorm, lens);
-  else cache == "fp8" ? dispatch<__half, unsigned char>(R, KV, G, D, M, qknorm, lens) : dispatch<__half, __half>(R, KV, G, D, M, qknorm, lens);
+  if (dt == "bf16") cache == "fp8" ? dispatch<__nv_bfloat16, unsigned char>(R, KV, G, D, M, qknorm, split, lens) : dispatch<__nv_bfloat16, __nv_bfloat16>(R, KV, G, D, M, qknorm, split, lens);
+  else cache == "fp8" ? dispatch<__half, unsigned char>(R, KV, G, D, M, qknorm, split, lens) : dispatch<__half, __half>(R, KV, G, D, M, qknorm, split, lens);
   return 0;
 }
