@@ -3,7 +3,7 @@
  * `resolveGrpoOptions` applies them (and checks the options), so the trainer, the `lathe grpo`
  * schema and a saved config read one set of values.
  */
-import type { CausalLM, TrunkOptions, Weights } from '@lathe/models';
+import type { CausalLM, LogprobKernel, TrunkOptions, Weights } from '@lathe/models';
 import type { DType, Graph } from '@lathe/onnx';
 import type { GenerationEngine, SamplingOptions } from '@lathe/rollout';
 import { Device, type DeviceKind, type DeviceTensor, type Ptr, type SessionOptions } from '@lathe/runtime';
@@ -233,8 +233,14 @@ export interface GrpoTrainerOptions<M> {
 export interface GrpoAttentionKernel {
   /** The decoder's attention through the kernel: `flashAttentionOps(...).attend` of @lathe/kernels (`TrunkOptions.attentionKernel`). */
   attend: NonNullable<TrunkOptions['attentionKernel']>;
-  /** The custom-op domains the sessions that run it register (the kernels' `domain.handle`). */
+  /** The custom-op domains the sessions that run it register (the kernels' `domain.handle`, and the log-prob kernel's with `logprobKernel`). */
   customOpDomains: Ptr[];
+  /**
+   * Also take the LM head's log-partition (and entropy) through this fused kernel (`crossEntropyOps`
+   * of @lathe/kernels) in the policy's train step and the scoring passes (policy and reference);
+   * the value model has no vocabulary head. Default: the composed head.
+   */
+  logprobKernel?: LogprobKernel;
 }
 
 /** A rank's place in a data-parallel RL job (structurally what @lathe/distributed and `joinDataParallel` give). */

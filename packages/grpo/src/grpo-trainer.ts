@@ -202,6 +202,7 @@ export class GrpoTrainer<M = unknown> {
     const flashAttention = kernel !== undefined || useFlashAttention(o.attention, device.kind, compute);
     const session = kernel ? { ...o.session, customOpDomains: [...(o.session?.customOpDomains ?? []), ...kernel.customOpDomains] } : o.session;
     const attentionKernel = kernel ? { attentionKernel: kernel.attend } : {};
+    const logprobKernel = kernel?.logprobKernel ? { logprobKernel: kernel.logprobKernel } : {};
 
     // The train step with the RL loss over the same policy builder the scoring graph uses.
     const klInLoss = o.kl.coef > 0 && o.kl.mode === 'loss';
@@ -214,7 +215,7 @@ export class GrpoTrainer<M = unknown> {
     const shared = o.valueModel?.trunk === 'shared';
     const valueHead = shared ? SHARED_VALUE_HEAD : undefined;
     const loss = rlLoss(
-      decoderPolicy(config, { compute, chunk: o.chunk, temperature: o.sampling.temperature, entropy: entropyInStep, weights: policy.train, recompute: o.gradientCheckpointing, flashAttention, ...attentionKernel, valueHead }),
+      decoderPolicy(config, { compute, chunk: o.chunk, temperature: o.sampling.temperature, entropy: entropyInStep, weights: policy.train, recompute: o.gradientCheckpointing, flashAttention, ...attentionKernel, ...logprobKernel, valueHead }),
       custom ? custom.objective : { ...lossConfig, klCoef: klInLoss ? o.kl.coef : 0, klEstimator: o.kl.estimator, ...(o.offPolicy ? { offPolicy: { term: o.offPolicy.term, gamma: o.offPolicy.gamma, sftCoef: o.offPolicy.sftCoef } } : {}) },
       { reference: readsReference, offPolicy: Boolean(o.offPolicy), ...(shared ? { value: { coef: o.valueModel!.coef, clip: o.valueModel!.clip } } : {}) },
     );
@@ -226,7 +227,7 @@ export class GrpoTrainer<M = unknown> {
     // Generation and scoring sessions, fed the trainer's buffers by binding.
     const generation = generationRunners(o, engine, policy.weights);
     const owned = generation.owned;
-    const scoring = { temperature: o.sampling.temperature, compute, chunk: o.chunk, flashAttention, ...attentionKernel, session };
+    const scoring = { temperature: o.sampling.temperature, compute, chunk: o.chunk, flashAttention, ...attentionKernel, ...logprobKernel, session };
     let scorer: ScoringRunner | undefined;
     const policyScorer = () => {
       if (!scorer) owned.push((scorer = ScoringRunner.create(device, config, policy.weights, { ...scoring, entropy: o.entropy && !entropyInStep, valueHead })));

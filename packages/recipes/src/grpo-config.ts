@@ -1,7 +1,7 @@
 /** `lathe grpo`'s options: defaults, flags, YAML keys and the config saved with every checkpoint. */
 import { ESTIMATOR_NAMES, GRPO_DEFAULTS, LOSS_AGGREGATIONS, POLICY_TERMS, type GrpoAlgorithmOptions } from '@lathe/grpo';
 import { BUILTIN_DATA, BUILTIN_TOKENIZER } from './demo-task';
-import { checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, gradReduceDtypeOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, quantizeBaseOption, reportOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainAttentionOption, trainComputeDtypeOption } from './common-options';
+import { checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, gradReduceDtypeOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, quantizeBaseOption, reportOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainAttentionOption, trainComputeDtypeOption, logprobKernelOption } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 import { TRAIN_EVAL_KEYS, trainEvalOptions } from './train-eval-config';
 import { classmateOptions, rolloutIsOption } from './classmate-config';
@@ -25,6 +25,13 @@ export const grpoSchema = {
   compute_dtype: { ...trainComputeDtypeOption, default: GRPO_DEFAULTS.compute },
   ...resumableOptions({
     attention: { ...trainAttentionOption, default: GRPO_DEFAULTS.attention, describe: grpoAttentionHelp },
+    // opt-in here until a same-call A/B of the GRPO step measures it (sft's default is auto)
+    logprob_kernel: {
+      ...logprobKernelOption,
+      default: false,
+      describe:
+        "With the attention kernels (--attention kernels, or auto where it picks them): the LM head's log-probs and entropy in the policy's train step and the re-scoring and reference passes through Lathe's fused cross-entropy kernels (each vocabulary chunk's logits read once forward and once backward in the compute dtype, no float32 copy) instead of ONNX Runtime's cast, LogSoftmax and their backward; an error with any other attention. Opt-in in lathe grpo until a same-call A/B of the GRPO step measures it (lathe sft takes it by default with the kernels)",
+    },
     gradient_checkpointing: { ...gradientCheckpointingOption, default: GRPO_DEFAULTS.gradientCheckpointing },
   }),
   // rewards
@@ -215,7 +222,7 @@ export function grpoPresetSource(preset: GrpoConfig['preset']): { name: string; 
  * Options that may change between a checkpoint and its resume without --force (they do not change
  * what is trained; the generation engine draws the same samples either way, up to rounding).
  */
-export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project', 'serve_port', 'serve_host', 'serve_max_rows', 'grad_reduce_dtype', ...TRAIN_EVAL_KEYS];
+export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention', 'logprob_kernel', 'report_to', 'wandb_project', 'serve_port', 'serve_host', 'serve_max_rows', 'grad_reduce_dtype', ...TRAIN_EVAL_KEYS];
 
 /**
  * `lathe demo`'s GRPO stage: the SFT stage's final checkpoint on the same task and held-out split,

@@ -2,8 +2,9 @@
  * `lathe grpo --attention kernels` on the cpu, where the kernels' custom ops compute attention on
  * the host in float32: three GRPO steps, and three PPO steps with a separate value model, give the
  * losses, gradient norms and rewards of composed attention (MatMul/Softmax, an independent path);
- * the option is sft's (one choice list and help text); `auto` keeps flash for GRPO (its kernels step is not yet measured on a GPU);
- * kernels with float32 compute on cuda is refused before anything is loaded.
+ * the option is sft's (one choice list and help text); `auto` picks the kernels by sft's rules;
+ * `--logprob_kernel` (opt-in here) gives the same steps through the fused log-prob ops; kernels with
+ * float32 compute on cuda is refused before anything is loaded.
  */
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -61,6 +62,16 @@ test('lathe grpo --attention kernels: 3 steps with the losses, gradient norms an
   expect(composed[2].loss).not.toBe(composed[0].loss);
   expect(composed.some((s) => s.advantage_abs_mean > 0)).toBe(true);
   expectClose(kernels, composed, 1e-4);
+}, 60_000);
+
+test("lathe grpo --attention kernels --logprob_kernel: the policy's step, re-scoring and KL reference through the fused log-prob ops, 3 steps within 1e-4 of composed attention (cpu, float32); opt-in, refused without the attention kernels", async () => {
+  expect(defaults(grpoSchema).logprob_kernel).toBe(false);
+  expect(grpoSchema.logprob_kernel.describe).toMatch(/Opt-in in lathe grpo until a same-call A\/B/);
+  const composed = await stepsOf(grpoConfig({ attention: 'composed' }));
+  const fused = await stepsOf(grpoConfig({ attention: 'kernels', logprob_kernel: true }));
+  expect(composed[2].loss).not.toBe(composed[0].loss);
+  expectClose(fused, composed, 1e-4);
+  await expect(runGrpo(grpoConfig({ attention: 'composed', logprob_kernel: true }))).rejects.toThrow(/--logprob_kernel needs the attention kernels.*'composed'/);
 }, 60_000);
 
 test("lathe grpo --estimator gae --attention kernels: PPO's value model trains through the kernels too, 3 steps within 1e-4 of composed attention (cpu, float32)", async () => {
