@@ -38,6 +38,7 @@ declare -A entries=(
   [kernel-check]=tools/bench/kernels/kernel-check.ts
   [decode-check]=tools/bench/kernels/decode-check.ts
   [dp-check]=tools/bench/distributed/dp-check.ts
+  [sft-dp]=tools/bench/distributed/sft-dp.ts
   [dp-launch]=tools/bench/distributed/launch.ts
   [nccl-order]=tools/bench/distributed/nccl-order.ts
   [grpo-dp]=tools/bench/distributed/grpo-dp.ts

@@ -18,7 +18,7 @@ import { openTrainDevice, checkTrainAttention, type TrainAttentionChoice } from 
 import { checkComputeDtype, EpochStream, scheduledLr, stepTiming, stopRequested, type RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
 /** Options `--resume` accepts with new values in a preference run (they change neither the weights nor the data order). */
-export const PAIR_RESUMABLE_KEYS: readonly string[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project', 'zero_stage', 'grad_reduce_dtype'];
+export const PAIR_RESUMABLE_KEYS: readonly string[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project', 'zero_stage', 'grad_reduce_dtype', 'grad_overlap'];
 
 /** The options of a preference training run that its setup and loop read. */
 export interface PairRunConfig extends LoraOptions {
@@ -118,7 +118,7 @@ export function startPairTraining(
   const trainer = Trainer.create(
     { params: tw.params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } },
     { ...init, step: state.step },
-    { device, microBatches: cfg.micro_batches, frozen, ...attention.trainer, ...(dp ? dp.trainerOptions : {}) },
+    { device, microBatches: cfg.micro_batches, frozen, ...attention.trainer, ...(dp ? dp.trainerOptionsFor(device) : {}) },
   );
   return {
     cfg,

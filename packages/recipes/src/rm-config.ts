@@ -5,6 +5,7 @@ import {
   deviceOption,
   evalExamplesOption,
   gradReduceDtypeOption,
+  gradOverlapOption,
   loraOptions,
   modelOption,
   optimizerOptions,
@@ -44,6 +45,7 @@ export const preferenceStepOptions = {
   max_length: preferenceMaxLengthOption,
   zero_stage: zeroStageOption,
   grad_reduce_dtype: gradReduceDtypeOption,
+  grad_overlap: gradOverlapOption,
 } as const satisfies OptionSchema;
 
 /** The held-out pairs of the preference training commands and how often they are scored. */

@@ -276,7 +276,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   checkTrainAttention(cfg);
   // Under lathe launch (or torchrun's or Slurm's variables): this rank's place in a data-parallel
   // job, which takes its share of each global batch; rank 0 alone writes the run directory.
-  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches }, zeroStage: cfg.zero_stage, gradReduceDtype: cfg.grad_reduce_dtype });
+  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches }, zeroStage: cfg.zero_stage, gradReduceDtype: cfg.grad_reduce_dtype, gradOverlap: cfg.grad_overlap });
   if (dp && staticShape) throw new Error('--cuda_graph runs the train step as one captured run, which leaves no place for the gradient all-reduce of a data-parallel job (lathe launch): drop --cuda_graph');
   const run = await openRankRunDir(cfg, dp);
   // the built-in model is written into this rank's own run directory (rank 0's may not hold it yet)
@@ -317,7 +317,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   const trainer = Trainer.create(
     { params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } },
     { ...init, step: state.step },
-    { device, microBatches: cfg.micro_batches, frozen: frozenBase, ...attention.trainer, ...(cudaGraph ? { cudaGraph: true } : staticShape ? { staticInputs: true } : {}), ...(dp ? dp.trainerOptions : {}) },
+    { device, microBatches: cfg.micro_batches, frozen: frozenBase, ...attention.trainer, ...(cudaGraph ? { cudaGraph: true } : staticShape ? { staticInputs: true } : {}), ...(dp ? dp.trainerOptionsFor(device) : {}) },
   );
   const dropoutKeyed = trainer.batchInputs.includes(LORA_DROPOUT_KEY);
   // Everything below holds device memory: released however the run ends (a non-finite loss
