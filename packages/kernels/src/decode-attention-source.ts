@@ -21,8 +21,9 @@
  *   covers the cache length M (a CUDA graph replays the launch); CTAs past the row's length exit.
  * - `da_split2_<c>_d<D>_g<G>` (split variant v2): the same step with a plan per cache kind
  *   ({@link decodeSplitPlan}): an e4m3 cache in 16-byte loads (16 elements a thread for G ≤ 4) over
- *   chunks of 256 positions, the per-position scales applied in the softmax pass (coalesced, off the
- *   streaming loops), and the P·V rows summed by warp shuffles before one [warps][G][D] exchange.
+ *   chunks of 256 positions, the per-position scales loaded at the start (coalesced, off the streaming
+ *   loops) and applied in the softmax pass, the value pass's first loads issued before the softmax,
+ *   and the P·V rows summed by warp shuffles before one [warps][G][D] exchange.
  * - `da_combine_<t>_d<D>[_c<CHUNK>]`: merges a row's chunks by their log-sum-exps into the output [R, 1, H·D].
  * - `da_quantize_<t>_d<D>`: a [N, D] cache in T → e4m3 bytes and per-row scales (the prefill's).
  * - `da_copy32`: word copy, for a present buffer ORT did not alias to the past.
@@ -80,10 +81,11 @@ export function decodeSplitChunk(cache: DecodeCacheKind = 'native', variant: Dec
   return variant === 'v1' ? DECODE_CHUNK : SPLIT2_CHUNK[cache];
 }
 
-/** Dynamic shared memory of a split CTA (bytes): scores [G][chunk], max/sum per head, the P·V partials [partial rows][G][D]. */
+/** Dynamic shared memory of a split CTA (bytes): scores [G][chunk], max/sum per head, the P·V partials [partial rows][G][D]; v2 over e4m3 adds the chunk's key and value scales [2][chunk]. */
 export function decodeSplitSmem(headDim: number, group: number, cache: DecodeCacheKind = 'native', variant: DecodeSplitVariant = DECODE_DEFAULT_SPLIT): number {
   const { chunk, partialRows } = decodeSplitPlan(headDim, group, cache, variant);
-  return 4 * (group * chunk + 2 * group + partialRows * group * headDim);
+  const scales = variant === 'v2' && cache === 'float8e4m3' ? 2 * chunk : 0;
+  return 4 * (group * chunk + 2 * group + partialRows * group * headDim + scales);
 }
 
 /** Dynamic shared memory of an append CTA (bytes): the RoPE partner exchange and the block reductions. */
@@ -442,6 +444,8 @@ __device__ void da_split2(const float* q, const C* cache_k, const C* cache_v, co
   float* sc = reinterpret_cast<float*>(smem);  // [G][CHUNK]: scores, then exp(score − max) (× the value scale)
   float* ml = sc + G * CHUNK;                  // [G][2]: max, sum
   float* red = ml + 2 * G;                     // [W][G][D]: each warp's P·V partials
+  float* ksh = red + W * G * D;                // e4m3 [2][CHUNK]: the chunk's key and value scales
+  float* vsh = ksh + CHUNK;
   const int c = blockIdx.x, h = blockIdx.y, r = blockIdx.z, tid = threadIdx.x;
   const int len = min(seqlens[r] + 1, M);
   const int start = c * CHUNK;
@@ -450,12 +454,23 @@ __device__ void da_split2(const float* q, const C* cache_k, const C* cache_v, co
   const int sub = tid % TPR, row = tid / TPR, d0 = sub * E;
   const int warp = tid / 32, lane = tid % 32;
   const int H = KV * G;
+  const i64 base = ((i64)r * KV + h) * M + start;
+  // The scales' loads go out first and land in shared memory after the key pass, off the softmax's path.
+  constexpr int SPT = FP8 ? (CHUNK + DA_THREADS - 1) / DA_THREADS : 1;
+  float ksr[SPT], vsr[SPT];
+  if constexpr (FP8) {
+#pragma unroll
+    for (int i = 0; i < SPT; ++i) {
+      const int j = tid + i * DA_THREADS;
+      ksr[i] = j < n ? k_scale[base + j] : 0.0f;
+      vsr[i] = j < n ? v_scale[base + j] : 0.0f;
+    }
+  }
   float qr[G][E];
 #pragma unroll
   for (int g = 0; g < G; ++g)
 #pragma unroll
     for (int i = 0; i < E; ++i) qr[g][i] = q[((i64)r * H + h * G + g) * D + d0 + i] * scale;
-  const i64 base = ((i64)r * KV + h) * M + start;
   const Raw* K = reinterpret_cast<const Raw*>(cache_k);
   const Raw* V = reinterpret_cast<const Raw*>(cache_v);
 
@@ -489,13 +504,30 @@ __device__ void da_split2(const float* q, const C* cache_k, const C* cache_v, co
         for (int g = 0; g < G; ++g) sc[g * CHUNK + j] = p[g];
     }
   }
+  if constexpr (FP8) {
+#pragma unroll
+    for (int i = 0; i < SPT; ++i) {
+      const int j = tid + i * DA_THREADS;
+      if (j < CHUNK) {
+        ksh[j] = ksr[i];
+        vsh[j] = vsr[i];
+      }
+    }
+  }
+  // The value pass's first loads go out before the softmax (they do not depend on it).
+  Raw raw_v[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int j = u * RPI + row;
+    raw_v[u] = j < n ? V[(base + j) * TPR + sub] : Raw{};
+  }
   __syncthreads();
 
-  // The chunk's softmax, a warp per head; a lane reads the scales of its own positions (coalesced).
+  // The chunk's softmax, a warp per head, with the key scales in and the value scales folded into the weights.
   for (int g = warp; g < G; g += W) {
     float m = da_neg_inf();
     for (int j = lane; j < n; j += 32) {
-      const float s = FP8 ? sc[g * CHUNK + j] * k_scale[base + j] : sc[g * CHUNK + j];
+      const float s = FP8 ? sc[g * CHUNK + j] * ksh[j] : sc[g * CHUNK + j];
       sc[g * CHUNK + j] = s;
       m = fmaxf(m, s);
     }
@@ -503,7 +535,7 @@ __device__ void da_split2(const float* q, const C* cache_k, const C* cache_v, co
     float l = 0.0f;
     for (int j = lane; j < n; j += 32) {
       const float e = __expf(sc[g * CHUNK + j] - m);
-      sc[g * CHUNK + j] = FP8 ? e * v_scale[base + j] : e;
+      sc[g * CHUNK + j] = FP8 ? e * vsh[j] : e;
       l += e;
     }
     l = warp_sum(l);
@@ -521,18 +553,18 @@ __device__ void da_split2(const float* q, const C* cache_k, const C* cache_v, co
 #pragma unroll
     for (int i = 0; i < E; ++i) acc[g][i] = 0.0f;
   for (int j0 = 0; j0 < n; j0 += RPI * U) {
-    Raw raw[U];
+    if (j0 > 0)
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = j0 + u * RPI + row;
-      raw[u] = j < n ? V[(base + j) * TPR + sub] : Raw{};
-    }
+      for (int u = 0; u < U; ++u) {
+        const int j = j0 + u * RPI + row;
+        raw_v[u] = j < n ? V[(base + j) * TPR + sub] : Raw{};
+      }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int j = j0 + u * RPI + row;
       if (j >= n) continue;
       float f[E];
-      unpack_e<C, E>(raw[u], f);
+      unpack_e<C, E>(raw_v[u], f);
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         const float p = sc[g * CHUNK + j];
