@@ -1,6 +1,6 @@
 /**
- * `--attention` of the training commands whose loss can attend through Lathe's own flash-attention
- * kernels (`lathe sft`, `lathe rm train`, `lathe dpo`): the choice refused where it cannot work, the
+ * `--attention` (and `--logprob_kernel`) of the training commands whose loss can attend through Lathe's
+ * own flash-attention kernels (`lathe sft`, `lathe rm train`, `lathe dpo`, `lathe grpo`): the choice refused where it cannot work, the
  * device opened through the kernels, the kernels compiled once per process, and what the loss and
  * the Trainer then take (the attention kernel, the custom-op domain in the step's sessions).
  */
@@ -36,25 +36,19 @@ export interface AutoAttentionFacts {
   kernelsAvailable: boolean;
   /** The run is one rank of a data-parallel job (the kernels are not yet measured under lathe launch). */
   dataParallel: boolean;
-  /**
-   * Whether this command's `auto` may pick the kernels at all: false for a command whose step with
-   * them has not been measured on a GPU against flash, so that `auto` keeps the measured path.
-   * Default true.
-   */
-  autoKernels?: boolean;
 }
 
 /**
  * The attention a run uses: an explicit choice as given; `auto` is Lathe's own kernels on cuda with
  * half-precision compute wherever they apply — they beat GroupQueryAttention in same-call A/Bs of
- * full SFT, reward-model and DPO steps (docs/benchmarks.md) — and otherwise what {@link useFlashAttention}
+ * full SFT, reward-model and DPO steps and a GRPO step (docs/benchmarks.md) — and otherwise what {@link useFlashAttention}
  * picks (flash on cuda, composed on the cpu or with packed rows).
  */
 export function resolveTrainAttention(cfg: TrainAttentionConfig, facts: AutoAttentionFacts): TrainAttentionChoice {
   if (cfg.attention !== 'auto') return cfg.attention;
   const half = cfg.compute_dtype !== 'float32';
   const quantized = cfg.quantize_base !== undefined && cfg.quantize_base !== 'none';
-  const kernels = facts.autoKernels !== false && cfg.device === 'cuda' && half && !cfg.packing && !cfg.cuda_graph && !quantized && !facts.dataParallel && facts.unsupported === undefined && facts.kernelsAvailable;
+  const kernels = cfg.device === 'cuda' && half && !cfg.packing && !cfg.cuda_graph && !quantized && !facts.dataParallel && facts.unsupported === undefined && facts.kernelsAvailable;
   return kernels ? 'kernels' : 'auto';
 }
 
@@ -110,10 +104,9 @@ const compiledCe = new WeakMap<Kernels, CrossEntropyKernels>();
  * flash-attention kernels compiled (on the cpu their float32 host computation, for tests); the
  * model's heads checked against what the kernels take. `kernelsOnlyForAttention`: the GPU goes
  * through Lathe's kernels only when the attention is theirs, else ONNX Runtime's own stream (GRPO's
- * generation, whose captured decode steps are measured there). `autoKernels: false`: `auto` keeps
- * flash (see {@link AutoAttentionFacts.autoKernels}).
+ * generation, whose captured decode steps are measured there).
  */
-export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig, opts: { id?: number; kernels?: boolean; dataParallel?: boolean; kernelsOnlyForAttention?: boolean; autoKernels?: boolean } = {}): { device: Device; attention: TrainAttention } {
+export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig, opts: { id?: number; kernels?: boolean; dataParallel?: boolean; kernelsOnlyForAttention?: boolean } = {}): { device: Device; attention: TrainAttention } {
   checkTrainAttention(cfg);
   const id = opts.id ?? 0;
   const choice =
@@ -122,7 +115,6 @@ export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig
           unsupported: flashAttentionUnsupported({ batch: 1, seqLen: 1, numHeads: config.numHeads, numKvHeads: config.numKvHeads, headDim: config.headDim, dtype: cfg.compute_dtype }),
           kernelsAvailable: opts.kernels !== false && (Device.isOpen('cuda', id) ? kernelsOfDevice(id) !== undefined : probeKernels().ok),
           dataParallel: opts.dataParallel ?? false,
-          autoKernels: opts.autoKernels ?? true,
         })
       : cfg.attention;
   const logprobKernel = resolveLogprobKernel(cfg, choice);
