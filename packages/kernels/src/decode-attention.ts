@@ -104,6 +104,10 @@ export interface DecodeStepArgs {
   lsePart: Ptr;
 }
 
+/** The kernels of a step, in launch order (a benchmark may time them apart). */
+export type DecodeStepPart = 'append' | 'split' | 'combine';
+const ALL_PARTS: readonly DecodeStepPart[] = ['append', 'split', 'combine'];
+
 /** The compiled decode-attention kernels of one device. */
 export class DecodeAttention {
   private readonly fns = new Map<string, Kernel<readonly ('ptr' | 'i32' | 'f32' | 'i64')[]>>();
@@ -128,8 +132,8 @@ export class DecodeAttention {
     return k as unknown as Kernel<S>;
   }
 
-  /** Queues append, split and combine on `stream` (default: the kernels' stream). */
-  step(shape: DecodeAttentionShape, a: DecodeStepArgs, stream?: Handle): void {
+  /** Queues append, split and combine (or only `parts` of them) on `stream` (default: the kernels' stream). */
+  step(shape: DecodeAttentionShape, a: DecodeStepArgs, stream?: Handle, parts: readonly DecodeStepPart[] = ALL_PARTS): void {
     const why = decodeAttentionUnsupported(shape);
     if (why) throw new Error(`decode attention kernels do not support ${why}`);
     const { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, cache } = shape;
@@ -143,9 +147,9 @@ export class DecodeAttention {
     const combine = this.fn(decodeKernelName.combine(t, D, decodeSplitChunk(cache, variant)), ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'] as CombineSig);
     const kS = a.kScale ?? 0n;
     const vS = a.vScale ?? 0n;
-    append.launch({ grid: [R, KV], block: D, sharedBytes: decodeAppendSmem(D), stream }, a.q, a.k, a.v, a.cacheK, a.cacheV, kS, vS, a.seqlens, a.cos, a.sin, a.qNorm ?? 0n, a.kNorm ?? 0n, a.epsilon ?? 1e-6, a.qRot, M, H, KV);
-    split.launch({ grid: [C, KV, R], block: DECODE_THREADS, sharedBytes: decodeSplitSmem(D, G, cache, variant), stream }, a.qRot, a.cacheK, a.cacheV, kS, vS, a.seqlens, a.oPart, a.lsePart, M, KV, C, 1 / Math.sqrt(D));
-    combine.launch({ grid: R * H, block: D, stream }, a.oPart, a.lsePart, a.seqlens, a.out, M, H, C);
+    if (parts.includes('append')) append.launch({ grid: [R, KV], block: D, sharedBytes: decodeAppendSmem(D), stream }, a.q, a.k, a.v, a.cacheK, a.cacheV, kS, vS, a.seqlens, a.cos, a.sin, a.qNorm ?? 0n, a.kNorm ?? 0n, a.epsilon ?? 1e-6, a.qRot, M, H, KV);
+    if (parts.includes('split')) split.launch({ grid: [C, KV, R], block: DECODE_THREADS, sharedBytes: decodeSplitSmem(D, G, cache, variant), stream }, a.qRot, a.cacheK, a.cacheV, kS, vS, a.seqlens, a.oPart, a.lsePart, M, KV, C, 1 / Math.sqrt(D));
+    if (parts.includes('combine')) combine.launch({ grid: R * H, block: D, stream }, a.oPart, a.lsePart, a.seqlens, a.out, M, H, C);
   }
 
   /** Queues the quantization of `rows` vectors of `headDim` T values into e4m3 bytes and per-vector scales. */

@@ -10,11 +10,12 @@
  *   and of the new cache entry against GroupQueryAttention's. A native case passes when the op's error
  *   is at most max(2 × GroupQueryAttention's, 1e-2) and op vs GroupQueryAttention ≤ 2e-2; an e4m3 case
  *   when it matches its own e4m3-rounded reference as tightly and its output is within 1/8 of the bf16 reference — else exit code 1.
- * - time: batch 256, Qwen3-0.6B heads (16/8, 128), cache length 1024, every row at length 256/512/768:
+ * - time: batch 256, Qwen3-0.6B heads (16/8, 128), cache length 1024, every row at each --lengths:
  *   the kernels' device ms per layer for each split variant (direct launches; events on the stream;
- *   every kernel warmed at every length before the first timing, then timed in one fixed order),
- *   achieved GB/s over the bytes the step must read (K and V of every row's positions, plus scales for
- *   e4m3), and GroupQueryAttention and the op (--split) as one-node sessions on the same stream.
+ *   every kernel warmed at every length before the first timing, then timed in one fixed order; the
+ *   split, append and combine also timed alone), achieved GB/s over the bytes the step must read (K and
+ *   V of every row's positions, plus scales for e4m3), and GroupQueryAttention and the op (--split) as
+ *   one-node sessions on the same stream. --lengths (default 1,256,512,768; 1 shows a step's fixed cost).
  * - generate: end-to-end KV-engine generation at --rows 256 ragged prompts of 128–256 tokens + --new
  *   512 (greedy, CUDA graphs), engines gqa | kernel | kernel+fp8 (the --split variant) or
  *   kernel:v1 | kernel:v2 | kernel+fp8:v1 | kernel+fp8:v2 in this one process: tok/s, decode step ms,
@@ -28,7 +29,7 @@
  * --cpu: a smoke test of this script on the CPU (float32, a tiny model and tiny cases, the ops' host
  * compute in place of the kernels, no time phase): it checks the script, not the kernels.
  *
- * usage: node .bundle/decode-check.js [--phases compile,check,time,generate,kl] [--reps 20] [--model DIR] [--split v1|v2]
+ * usage: node .bundle/decode-check.js [--phases compile,check,time,generate,kl] [--reps 20] [--lengths 1,256,512,768] [--model DIR] [--split v1|v2]
  *          [--rows 256] [--new 512] [--engines gqa,kernel,kernel+fp8,kernel+fp8:v2] [--kl-rows 32] [--kl-steps 128] [--cpu]
  */
 import * as L from '@lathe/onnx';
@@ -48,6 +49,7 @@ import {
   type DecodeAttentionOps,
   type DecodeAttentionShape,
   type DecodeSplitVariant,
+  type DecodeStepPart,
 } from '@lathe/kernels';
 import { Device, fromBfloat16Bits, fromFloat16Bits, hostTensor, toBfloat16Bits, toFloat16Bits, type DeviceTensor } from '@lathe/runtime';
 import { arg, flag } from '../argv';
@@ -343,13 +345,14 @@ function timePhase(kernels: Kernels, da: DecodeAttention, device: Device, ops: R
     }
   };
   const sessions = { gqa: session('gqa'), native: session('native'), float8e4m3: session('float8e4m3') };
-  const lengths = [256, 512, 768];
+  const lengths = arg('lengths', '1,256,512,768').split(',').map(Number);
+  for (const L0 of lengths) if (!(Number.isInteger(L0) && L0 >= 1 && L0 <= M)) throw new Error(`--lengths: ${L0} is not a length in 1..${M}`);
   const seqlensAt = new Map(lengths.map((L0) => [L0, device.upload({ data: new Int32Array(R).fill(L0 - 1), dims: [R] })]));
-  const step = (cache: CacheKind, split: DecodeSplitVariant, seqlens: DeviceTensor) => () => {
+  const step = (cache: CacheKind, split: DecodeSplitVariant, seqlens: DeviceTensor, parts?: readonly DecodeStepPart[]) => () => {
     const fp8 = cache === 'float8e4m3';
     const [ck, cv] = fp8 ? f8 : bf;
     const shape: DecodeAttentionShape = { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, dtype: dt, cache, split };
-    da.step(shape, { q, k, v, cacheK: ck, cacheV: cv, kScale: fp8 ? sc[0] : undefined, vScale: fp8 ? sc[1] : undefined, seqlens, cos, sin, qNorm: qn, kNorm: qn, epsilon: EPS, ...scratch });
+    da.step(shape, { q, k, v, cacheK: ck, cacheV: cv, kScale: fp8 ? sc[0] : undefined, vScale: fp8 ? sc[1] : undefined, seqlens, cos, sin, qNorm: qn, kNorm: qn, epsilon: EPS, ...scratch }, undefined, parts);
   };
   // Every kernel at every length once untimed first, so no timing pays a first launch (module load, clocks, the JIT of the launch path).
   for (const L0 of lengths) for (const cache of ['native', 'float8e4m3'] as const) for (const split of DECODE_SPLIT_VARIANTS) for (let r = 0; r < 10; r++) step(cache, split, seqlensAt.get(L0)!)();
@@ -363,7 +366,19 @@ function timePhase(kernels: Kernels, da: DecodeAttention, device: Device, ops: R
       const ms: Record<string, number> = {};
       for (const split of DECODE_SPLIT_VARIANTS) {
         ms[split] = time(step(cache, split, seqlens));
-        row[`kernel_${fp8 ? 'fp8' : 'bf16'}${split === 'v1' ? '' : `_${split}`}`] = { ms: +ms[split].toFixed(4), gb_per_s: Math.round(bytes / ms[split] / 1e6), bytes, chunks: decodeChunks(M, cache, split) };
+        // The step's kernels apart (the split alone is what reads the cache; append and combine are its fixed costs).
+        const part = (p: DecodeStepPart) => +time(step(cache, split, seqlens, [p])).toFixed(4);
+        const splitMs = part('split');
+        row[`kernel_${fp8 ? 'fp8' : 'bf16'}${split === 'v1' ? '' : `_${split}`}`] = {
+          ms: +ms[split].toFixed(4),
+          gb_per_s: Math.round(bytes / ms[split] / 1e6),
+          bytes,
+          chunks: decodeChunks(M, cache, split),
+          split_ms: splitMs,
+          split_gb_per_s: Math.round(bytes / splitMs / 1e6),
+          append_ms: part('append'),
+          combine_ms: part('combine'),
+        };
       }
       row[`kernel_${fp8 ? 'fp8' : 'bf16'}_v1_over_v2`] = +(ms.v1 / ms.v2).toFixed(3);
     }
