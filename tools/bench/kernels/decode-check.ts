@@ -10,7 +10,7 @@
  *   and of the new cache entry against GroupQueryAttention's. A native case passes when the op's error
  *   is at most max(2 × GroupQueryAttention's, 1e-2) and op vs GroupQueryAttention ≤ 2e-2; an e4m3 case
  *   when it matches its own e4m3-rounded reference as tightly and its output is within 1/8 of the bf16 reference — else exit code 1.
- * - time: batch 256, Qwen3-0.6B heads (16/8, 128), cache length 1024, every row at each --lengths:
+ * - time: batch 256, Qwen3-0.6B heads (16/8, 128; --heads H,KV for others), cache length 1024, every row at each --lengths:
  *   the kernels' device ms per layer for each split variant (direct launches; events on the stream;
  *   every kernel warmed at every length before the first timing, then timed in one fixed order; the
  *   split, append and combine also timed alone), achieved GB/s over the bytes the step must read (K and
@@ -29,7 +29,7 @@
  * --cpu: a smoke test of this script on the CPU (float32, a tiny model and tiny cases, the ops' host
  * compute in place of the kernels, no time phase): it checks the script, not the kernels.
  *
- * usage: node .bundle/decode-check.js [--phases compile,check,time,generate,kl] [--reps 20] [--lengths 1,256,512,768] [--model DIR] [--split v1|v2]
+ * usage: node .bundle/decode-check.js [--phases compile,check,time,generate,kl] [--reps 20] [--lengths 1,256,512,768] [--heads 16,8] [--model DIR] [--split v1|v2]
  *          [--rows 256] [--new 512] [--engines gqa,kernel,kernel+fp8,kernel+fp8:v2] [--kl-rows 32] [--kl-steps 128] [--cpu]
  */
 import * as L from '@lathe/onnx';
@@ -273,8 +273,9 @@ function checkCase(device: Device, ops: Record<CacheKind, DecodeAttentionOps>, c
 function timePhase(kernels: Kernels, da: DecodeAttention, device: Device, ops: Record<CacheKind, DecodeAttentionOps>): void {
   const reps = Number(arg('reps', '20'));
   const R = 256;
-  const H = 16;
-  const KV = 8;
+  // Qwen3-0.6B's heads by default; --heads 32,8 gives Qwen3-4B/8B's 4 query heads per KV head.
+  const [H, KV] = arg('heads', '16,8').split(',').map(Number);
+  if (!(H > 0 && KV > 0 && H % KV === 0)) throw new Error(`--heads: '${arg('heads', '16,8')}' is not H,KV with KV dividing H`);
   const D = 128;
   const M = 1024;
   const dt: Dt = 'bfloat16';
