@@ -74,6 +74,7 @@ const CASES: Case[] = [
   { name: 'r4_m300_ragged', rows: 4, numHeads: 16, numKvHeads: 8, headDim: 128, maxLength: 300, dtype: 'bfloat16', lens: [300, 129, 128, 1] },
   { name: 'r3_m1024', rows: 3, numHeads: 16, numKvHeads: 8, headDim: 128, maxLength: 1024, dtype: 'bfloat16', lens: [1024, 700, 513] },
   { name: 'r2_hd64_g4', rows: 2, numHeads: 8, numKvHeads: 2, headDim: 64, maxLength: 256, dtype: 'bfloat16', lens: [256, 77] },
+  { name: 'r4_m600_g4_256s', rows: 4, numHeads: 32, numKvHeads: 8, headDim: 128, maxLength: 600, dtype: 'bfloat16', lens: [600, 257, 256, 512] },
   { name: 'r2_fp16_g1', rows: 2, numHeads: 8, numKvHeads: 8, headDim: 128, maxLength: 200, dtype: 'float16', lens: [200, 3] },
 ];
 const CPU_CASES: Case[] = [{ name: 'cpu_tiny', rows: 3, numHeads: 4, numKvHeads: 2, headDim: 16, maxLength: 40, dtype: 'float32', lens: [40, 7, 1] }];
