@@ -21,3 +21,5 @@ export { decodeAttentionSource, decodeAttentionCore, decodeKernelName, decodeSpl
 export { DecodeAttention, decodeAttentionOps, decodeAttentionReference, decodeAttentionUnsupported, decodeChunks, e4m3Decode, e4m3Encode, quantizeE4m3Reference, type DecodeAttendInputs, type DecodeAttendOutputs, type DecodeAttentionOps, type DecodeAttentionShape, type DecodeReferenceInputs, type DecodeStepArgs, type DecodeStepPart } from './decode-attention';
 export { crossEntropySource, crossEntropyKernelName, CE_MAX_VOCAB, CE_THREADS, CE_TYPES } from './cross-entropy-source';
 export { CrossEntropyKernels, crossEntropyOps, crossEntropyReference, crossEntropyUnsupported, type CrossEntropyBackwardArgs, type CrossEntropyCallOptions, type CrossEntropyForwardArgs, type CrossEntropyOps, type CrossEntropyShape } from './cross-entropy';
+export { ropeSource, ropeKernelName, ROPE_THREADS, ROPE_TYPES } from './rope-source';
+export { RopeKernels, ropeOps, ropeReference, ropeUnsupported, type RopeArgs, type RopeOps, type RopeShape } from './rope';

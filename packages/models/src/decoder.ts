@@ -8,7 +8,7 @@ import * as L from '@lathe/onnx';
 import type { DType, Tensor } from '@lathe/onnx';
 import type { DecoderConfig } from './config';
 import { accumulationDtype } from './precision';
-import { rope, ropeCaches, type Rope } from './rope';
+import { rope, ropeCaches, type Rope, type RopeKernel } from './rope';
 
 /**
  * Looks up a weight by its Hugging Face name, already in the compute dtype. It may also carry a
@@ -80,6 +80,8 @@ export interface FlashAttentionInputs {
    * domain). Opt-in, CUDA bf16/fp16 only.
    */
   kernel?: (x: { query: Tensor; key: Tensor; value: Tensor; seqlensK: Tensor; totalSequenceLength: Tensor }, heads: { numHeads: number; kvNumHeads: number }) => Tensor;
+  /** Rotate queries and keys through this kernel instead of ONNX Runtime's RotaryEmbedding (see {@link RopeKernel}). */
+  ropeKernel?: RopeKernel;
 }
 
 /**
@@ -329,7 +331,7 @@ export function layerAttention(cfg: DecoderConfig, w: Weights, inputs: DecoderIn
   const flash = inputs.flashAttention;
   if (flash) {
     if (inputs.past) throw new Error('decoder: flashAttention takes no KV cache (it attends within the batch)');
-    const rotary = rope(cfg, inputs.positionIds, dtype, true);
+    const rotary = rope(cfg, inputs.positionIds, dtype, true, flash.ropeKernel);
     return (x, prefix) => flashAttention(cfg, w, prefix, x, rotary, flash);
   }
   const rotary = rope(cfg, inputs.positionIds, dtype, fused);

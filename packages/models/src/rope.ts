@@ -62,10 +62,23 @@ export function ropeInverseFrequencies(cfg: DecoderConfig): { inverse: number[];
 export type Rope = (x: Tensor) => Tensor;
 
 /**
- * RoPE at the given positions [B, T]: composed from primitives (cos/sin computed per position), or
- * fused (ONNX Runtime's RotaryEmbedding reading cos/sin tables precomputed for every position).
+ * A rotary-embedding kernel standing in for ONNX Runtime's RotaryEmbedding on [B, T, heads·headDim]:
+ * given x, position ids [B, T] and cos/sin caches [maxPositions, headDim/2] in x's dtype, returns
+ * the rotated x, differentiable in x (`ropeOps(...).rotate` of @lathe/kernels; the session then needs
+ * its custom-op domain).
  */
-export function rope(cfg: DecoderConfig, positionIds: Tensor, dtype: DType, fused = false): Rope {
+export type RopeKernel = (x: Tensor, positionIds: Tensor, cosCache: Tensor, sinCache: Tensor) => Tensor;
+
+/**
+ * RoPE at the given positions [B, T]: composed from primitives (cos/sin computed per position), or
+ * fused (ONNX Runtime's RotaryEmbedding reading cos/sin tables precomputed for every position, or
+ * `kernel` reading the same tables in its place; the kernel takes only [B, T, heads·headDim]).
+ */
+export function rope(cfg: DecoderConfig, positionIds: Tensor, dtype: DType, fused = false, kernel?: RopeKernel): Rope {
+  if (kernel) {
+    const { cos, sin } = ropeCaches(cfg, positionIds.graph, dtype);
+    return (x) => kernel(x, positionIds, cos, sin);
+  }
   if (!fused) {
     const { cos, sin } = ropeTables(cfg, positionIds, dtype);
     return (x) => applyRope(x, cos, sin, cfg.headDim);
