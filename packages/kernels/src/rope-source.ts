@@ -7,7 +7,7 @@
  * One pass: each thread reads one 16-byte vector of each half of a head (8 bf16/fp16 or 4 fp32
  * values) and the matching cos/sin vectors, computes in fp32, and writes both halves once.
  *
- * Kernels (names `rope_<bf16|fp16|fp32>`): one thread per (row, head, vector of the half-head);
+ * Kernels (names `rope_<bf16|fp16|fp32>`): one thread per (row, head, vector of the half-head), under 2³¹ threads;
  * positions outside [0, maxPositions) are clamped into it (ONNX Runtime leaves them undefined).
  */
 
@@ -29,7 +29,7 @@ export function ropeKernelName(dtype: keyof typeof ROPE_TYPES): string {
 const instantiate = Object.values(ROPE_TYPES)
   .map(
     ({ c, suffix }) => String.raw`
-extern "C" __global__ void __launch_bounds__(ROPE_THREADS) rope_${suffix}(const ${c}* x, const i64* pos, const ${c}* cos_cache, const ${c}* sin_cache, ${c}* y, i64 items, int heads, int half, int max_pos, float sgn) { rope_kernel<${c}>(x, pos, cos_cache, sin_cache, y, items, heads, half, max_pos, sgn); }`,
+extern "C" __global__ void __launch_bounds__(ROPE_THREADS) rope_${suffix}(const ${c}* x, const i64* pos, const ${c}* cos_cache, const ${c}* sin_cache, ${c}* y, int items, int heads, int half, int max_pos, float sgn) { rope_kernel<${c}>(x, pos, cos_cache, sin_cache, y, items, heads, half, max_pos, sgn); }`,
   )
   .join('\n');
 
@@ -60,19 +60,20 @@ __device__ __forceinline__ uint4 rope_ld_stream(const void* p) {
 __device__ __forceinline__ uint4 rope_ld_cache(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 #endif
 
-// items = rows · heads · (half / V): thread t rotates elements [j·V, j·V + V) of both halves of one head.
+// items = rows · heads · (half / V) < 2³¹: thread t rotates elements [j·V, j·V + V) of both halves of
+// one head; the index math is 32-bit (64-bit division is a long subroutine), the offsets 64-bit.
 template <typename T>
-__device__ __forceinline__ void rope_kernel(const T* __restrict__ x, const i64* __restrict__ pos, const T* __restrict__ cos_cache, const T* __restrict__ sin_cache, T* __restrict__ y, i64 items, int heads, int half, int max_pos, float sgn) {
+__device__ __forceinline__ void rope_kernel(const T* __restrict__ x, const i64* __restrict__ pos, const T* __restrict__ cos_cache, const T* __restrict__ sin_cache, T* __restrict__ y, int items, int heads, int half, int max_pos, float sgn) {
   constexpr int V = 16 / sizeof(T);
-  const i64 t = (i64)blockIdx.x * ROPE_THREADS + threadIdx.x;
-  if (t >= items) return;
-  const int per_head = half / V;
-  const i64 head_row = t / per_head;  // (row, head)
+  const unsigned t = blockIdx.x * ROPE_THREADS + threadIdx.x;
+  if (t >= (unsigned)items) return;
+  const unsigned per_head = (unsigned)half / V;
+  const unsigned head_row = t / per_head;  // (row, head)
   const int j = (int)(t - head_row * per_head) * V;
-  const i64 row = head_row / heads;
+  const unsigned row = head_row / (unsigned)heads;
   i64 p = pos[row];
   p = p < 0 ? 0 : (p >= max_pos ? max_pos - 1 : p);
-  const i64 base = head_row * (2 * half) + j;
+  const i64 base = (i64)head_row * (2 * half) + j;
   const uint4 a = rope_ld_stream(x + base), b = rope_ld_stream(x + base + half);
   const uint4 c = rope_ld_cache(cos_cache + p * half + j), s = rope_ld_cache(sin_cache + p * half + j);
   const T* av = reinterpret_cast<const T*>(&a);

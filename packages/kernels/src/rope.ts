@@ -30,13 +30,12 @@ export function ropeUnsupported(shape: RopeShape): string | undefined {
   if (!(shape.dtype in ROPE_TYPES)) return `dtype ${shape.dtype} (the kernel takes ${Object.keys(ROPE_TYPES).join(', ')})`;
   const vec = ROPE_TYPES[shape.dtype as keyof typeof ROPE_TYPES].vec;
   if (!Number.isInteger(shape.half) || shape.half < 1 || shape.half % vec !== 0) return `headDim ${2 * shape.half} (the ${shape.dtype} kernel needs headDim/2 a multiple of ${vec})`;
-  const blocks = Math.ceil((shape.rows * shape.heads * (shape.half / vec)) / ROPE_THREADS);
-  if (blocks > 2 ** 31 - 1) return `${shape.rows} rows of ${shape.heads} heads (over the grid's 2³¹ − 1 blocks)`;
+  if (shape.rows * shape.heads * (shape.half / vec) > 2 ** 31 - 1) return `${shape.rows} rows of ${shape.heads} heads (over the kernel's 2³¹ − 1 threads)`;
   return undefined;
 }
 
 type Ptr = ArgValue<'ptr'>;
-type Sig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i64', 'i32', 'i32', 'i32', 'f32'];
+type Sig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'i32', 'f32'];
 
 /** Addresses of one call. */
 export interface RopeArgs {
@@ -62,7 +61,7 @@ export class RopeKernels {
   static compile(kernels: Kernels, opts: { includeDir?: string } = {}): RopeKernels {
     const include = opts.includeDir ?? cudaIncludeDir();
     const mod = kernels.compile(ropeSource, { name: 'lathe_rope', options: [`-I${include}`, '--std=c++17'] });
-    const sig = ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i64', 'i32', 'i32', 'i32', 'f32'] as const;
+    const sig = ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'i32', 'f32'] as const;
     const variants = new Map<string, Kernel<Sig>>();
     for (const dtype of Object.keys(ROPE_TYPES) as (keyof typeof ROPE_TYPES)[]) variants.set(dtype, mod.kernel(ropeKernelName(dtype), sig));
     return new RopeKernels(kernels, variants);
@@ -74,7 +73,7 @@ export class RopeKernels {
     if (why) throw new Error(`rope kernel does not support ${why}`);
     const items = shape.rows * shape.heads * (shape.half / ROPE_TYPES[shape.dtype as keyof typeof ROPE_TYPES].vec);
     if (items === 0) return;
-    this.variants.get(shape.dtype)!.launch({ grid: Math.ceil(items / ROPE_THREADS), block: ROPE_THREADS, stream }, a.x, a.positionIds, a.cos, a.sin, a.y, BigInt(items), shape.heads, shape.half, shape.maxPositions, sign);
+    this.variants.get(shape.dtype)!.launch({ grid: Math.ceil(items / ROPE_THREADS), block: ROPE_THREADS, stream }, a.x, a.positionIds, a.cos, a.sin, a.y, items, shape.heads, shape.half, shape.maxPositions, sign);
   }
 }
 

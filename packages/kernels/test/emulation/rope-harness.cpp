@@ -38,7 +38,7 @@ static void run(int rows, int heads, int hd, int max_pos, float sgn) {
       sn[size_t(p) * half + i] = cvt<T>(float(std::sin(a)));
     }
   for (int r = 0; r < rows; ++r) pos[r] = (r * 5) % (max_pos + 4) - 2;
-  const long long items = (long long)rows * heads * (half / V);
+  const int items = rows * heads * (half / V);
   emu::launch({unsigned((items + ROPE_THREADS - 1) / ROPE_THREADS), 1, 1}, ROPE_THREADS, 0, [&] {
     rope_kernel<T>(x.data(), pos.data(), cs.data(), sn.data(), y.data(), items, heads, half, max_pos, sgn);
   });
@@ -57,7 +57,7 @@ static void run(int rows, int heads, int hd, int max_pos, float sgn) {
   }
   bool guard_ok = true;
   for (int i = 0; i < guard; ++i) guard_ok = guard_ok && tof(y[n + i]) == tof(cvt<T>(12345.f));
-  std::printf("{\"max_err\":%.6g,\"max_ref\":%.6g,\"items\":%lld,\"guard_ok\":%s}\n", max_err, max_ref, items, guard_ok ? "true" : "false");
+  std::printf("{\"max_err\":%.6g,\"max_ref\":%.6g,\"items\":%d,\"guard_ok\":%s}\n", max_err, max_ref, items, guard_ok ? "true" : "false");
 }
 
 int main(int argc, char** argv) {
