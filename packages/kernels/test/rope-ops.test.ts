@@ -2,14 +2,15 @@
  * The graph side of Lathe's RoPE kernel on the CPU (the ops' host compute, float32): the host rule
  * against a direct float64 rotation by angle, its inverse and its gradient (central differences);
  * the op's values and gradient against ONNX Runtime's RotaryEmbedding in one session; and a tiny
- * model's SFT loss with flash attention and the `ropeKernel` hook against the same loss without it.
+ * model's SFT loss with flash attention (GroupQueryAttention, recomputed layers, the attention kernel's
+ * ops) and the `ropeKernel` hook against the same loss without it.
  * The kernel itself is tested in rope-emulated.test.ts (CPU emulation).
  */
 import * as L from '@lathe/onnx';
 import { paramSpecs } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { sftLoss } from '@lathe/train';
-import { ropeOps, ropeReference } from '@lathe/kernels';
+import { flashAttentionOps, ropeOps, ropeReference } from '@lathe/kernels';
 import { tinyModel, tinyQwen3, weightFeeds } from '../../models/test/tiny';
 
 function maxRel(a: ArrayLike<number>, b: ArrayLike<number>): { err: number; scale: number } {
@@ -99,7 +100,11 @@ test('the op’s values and d(x) equal ONNX Runtime’s RotaryEmbedding on [B, S
   ops.dispose();
 });
 
-test('a tiny model’s SFT loss with flash attention: with the ropeKernel hook, the same loss and weight gradients as without', () => {
+test.each([
+  ['GroupQueryAttention', false, false],
+  ['GroupQueryAttention, recomputed layers', false, true],
+  ['the attention kernel’s ops (as lathe-step --attention-kernel --rope-kernel)', true, false],
+])('a tiny model’s SFT loss with flash attention through %s: with the ropeKernel hook, the same loss and weight gradients as without', (_, withAttentionKernel, recompute) => {
   const { dir, config } = tinyModel(tinyQwen3, 3);
   const B = 2;
   const T = 6;
@@ -114,24 +119,36 @@ test('a tiny model’s SFT loss with flash attention: with the ropeKernel hook, 
   const outs = ['loss', ...names.map((n) => `d/${n}`)];
   const run = (withKernel: boolean): Map<string, Float32Array> => {
     const ops = ropeOps('cpu');
+    const fa = withAttentionKernel ? flashAttentionOps('cpu') : undefined;
     const g = new L.Graph('sft_rope_hook');
     const params = new Map(paramSpecs(config).map((s) => [s.name, g.input(s.name, 'float32', s.shape)] as const));
-    const { loss } = sftLoss(config, { chunk: 16, flashAttention: true, shape: [B, T], ...(withKernel ? { ropeKernel: ops.rotate } : {}) })(g, params);
+    const { loss } = sftLoss(config, {
+      chunk: 16,
+      flashAttention: true,
+      recompute,
+      shape: [B, T],
+      ...(fa ? { attentionKernel: (x, heads) => fa.attend(x, heads) } : {}),
+      ...(withKernel ? { ropeKernel: ops.rotate } : {}),
+    })(g, params);
     g.output(loss, 'loss');
     L.grad(loss, names.map((n) => params.get(n)!)).forEach((d, i) => g.output(d!, `d/${names[i]}`));
     const count = (op: string) => g.nodes.filter((n) => n.op.name === op).length;
-    // q and k of every layer, forward and (as the gradient rule) inverse
-    expect([count('Rope_float32'), count('RopeInverse_float32'), count('RotaryEmbedding')]).toEqual(withKernel ? [2 * config.numLayers, 2 * config.numLayers, 0] : [0, 0, 4 * config.numLayers]);
-    const session = Device.cpu().compile(g, { customOpDomains: [ops.domain.handle] });
+    // q and k of every layer forward (again when recomputed) and, as the gradient rule, inverse
+    const fwd = (recompute ? 4 : 2) * config.numLayers;
+    const inv = 2 * config.numLayers;
+    expect([count('Rope_float32'), count('RopeInverse_float32'), count('RotaryEmbedding')]).toEqual(withKernel ? [fwd, inv, 0] : [0, 0, fwd + inv]);
+    const session = Device.cpu().compile(g, { customOpDomains: [ops.domain.handle, ...(fa ? [fa.domain.handle] : [])] });
     const bind = session.binding();
     for (const [name, t] of Object.entries(feeds)) if (g.inputs.some((i) => i.name === name)) bind.input(name, t);
     for (const n of outs) bind.output(n, 'host');
     bind.runSync();
     ops.check();
+    fa?.check();
     const r = new Map(outs.map((n) => [n, Float32Array.from(bind.fetch(n).data as Float32Array)] as const));
     bind.dispose();
     session.dispose();
     ops.dispose();
+    fa?.dispose();
     return r;
   };
   const plain = run(false);
