@@ -37,6 +37,7 @@ declare -A entries=(
   [extract-bench]=tools/bench/extract/extract-bench.ts
   [kernel-check]=tools/bench/kernels/kernel-check.ts
   [decode-check]=tools/bench/kernels/decode-check.ts
+  [rope-check]=tools/bench/kernels/rope-check.ts
   [dp-check]=tools/bench/distributed/dp-check.ts
   [sft-dp]=tools/bench/distributed/sft-dp.ts
   [dp-launch]=tools/bench/distributed/launch.ts

@@ -11,7 +11,8 @@ runtime sourced (/opt/device-rt/env.sh). Groups, each at the Qwen3-0.6B shape in
          or so, within 3e-4 over 8 steps (twice the largest gap seen between two plain runs); the
          default path's losses within 1e-3 relative of the plain path's (their bf16 rounding differs);
          then that path with the fused log-prob kernel (`lathe sft --logprob_kernel`, kernels_ce), that
-         path captured as a CUDA graph (kernels_ce_graph: an error is recorded, not flagged), and
+         with Lathe's RoPE kernel (kernels_ce_rope), that path captured as a CUDA graph
+         (kernels_ce_graph: an error is recorded, not flagged), and
          with --torch-compile, full fine-tuning's PyTorch step under torch.compile in the same call
          (issue 37's target: the kernels path ≥ 1.0× of it).
   gen    `generate` at batch 256 and 64, on ragged left-padded prompts (128–256 tokens) and on
@@ -146,6 +147,15 @@ def train(results, torch_compile):
             r["tokens_per_s_kernels_ce"] = round(8 * 1024 / ce["step_ms"] * 1000)
             r["kernels_ce_vs_plain_max_rel"] = max(abs(a - b) / abs(b) for a, b in zip(ce["losses"], plain))
             r["parity_kernels_ce_vs_plain"] = len(ce["losses"]) == len(plain) and r["kernels_ce_vs_plain_max_rel"] <= KERNELS_TOLERANCE
+        # and with Lathe's RoPE kernel in place of ONNX Runtime's RotaryEmbedding (lathe-step --rope-kernel; not yet a recipe option)
+        rp = lathe_step(["--attention-kernel", "--logprob-kernel", "--rope-kernel", *lathe_extra], steps, f"train_{kind}_kernels_ce_rope")
+        if "error" in rp:
+            r["kernels_ce_rope_error"] = rp["error"][-300:]
+        else:
+            r["lathe_kernels_ce_rope_step_ms"] = rp["step_ms"]
+            r["ratio_kernels_ce_rope"] = round(torch_ms / rp["step_ms"], 3)
+            r["kernels_ce_rope_vs_plain_max_rel"] = max(abs(a - b) / abs(b) for a, b in zip(rp["losses"], plain))
+            r["parity_kernels_ce_rope_vs_plain"] = len(rp["losses"]) == len(plain) and r["kernels_ce_rope_vs_plain_max_rel"] <= KERNELS_TOLERANCE
         # the kernels inside a captured step (not yet a recipe option: --cuda_graph refuses the kernels until this holds)
         cg = lathe_step(["--attention-kernel", "--logprob-kernel", "--cuda-graph", *lathe_extra], steps, f"train_{kind}_kernels_ce_graph")
         if "error" in cg:
@@ -160,7 +170,7 @@ def train(results, torch_compile):
                                  "--out", WORK, "--reuse-model", "--skip-lathe", "--torch-compile"], 420, "train_full_torch_compile")
             if comp and "torch_step_s" in comp:
                 r["torch_compile_step_ms"] = round(comp["torch_step_s"] * 1000, 1)
-                best = min(v for v in (r.get("lathe_kernels_step_ms"), r.get("lathe_kernels_ce_step_ms"), r.get("lathe_kernels_ce_graph_step_ms")) if v)
+                best = min(v for v in (r.get("lathe_kernels_step_ms"), r.get("lathe_kernels_ce_step_ms"), r.get("lathe_kernels_ce_rope_step_ms"), r.get("lathe_kernels_ce_graph_step_ms")) if v)
                 r["ratio_best_vs_torch_compile"] = round(r["torch_compile_step_ms"] / best, 3)
             else:
                 r["torch_compile_error"] = cerr
