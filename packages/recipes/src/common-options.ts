@@ -46,11 +46,15 @@ export const trainComputeDtypeOption = { type: 'string', default: 'float32', cho
 /** `--attention` of the train step (and of scoring). */
 export const attentionOption = { type: 'string', default: 'auto', choices: ['auto', 'composed', 'flash'], describe: "Attention in the train step and scoring: 'composed' (MatMul/Softmax, keeps [B, heads, T, T] activations), 'flash' (ONNX Runtime's GroupQueryAttention, the backward recomputing each layer's probabilities: faster and less memory on a GPU, use it with bfloat16 on cuda) or 'auto': flash on cuda with bfloat16 compute, composed otherwise (faster on cpu; GroupQueryAttention has no float32 CUDA kernel)" } as const;
 
+/** What `--attention` of the training commands chooses between (each command adds what its other graphs do). */
+export const trainAttentionChoicesHelp =
+  "Attention in the train step: 'kernels' (Lathe's own flash-attention kernels, forward and backward; CUDA bfloat16, cpu float32 for tests; not with --packing or --cuda_graph; measured in docs/guides/kernels.md), 'flash' (ONNX Runtime's GroupQueryAttention, its backward recomputing each layer's probabilities), 'composed' (MatMul/Softmax, keeps [B, heads, T, T] activations; the cpu's fastest) or 'auto': kernels on cuda with bfloat16 compute wherever they apply (not with --packing, --cuda_graph, --quantize_base, under lathe launch, or where NVRTC is missing), else flash on cuda with bfloat16, composed otherwise.";
+
 /** `--attention` of the commands whose train step can attend through Lathe's own kernels (sft, rm train, dpo): {@link attentionOption} and `kernels`. */
 export const trainAttentionOption = {
   ...attentionOption,
   choices: [...attentionOption.choices, 'kernels'],
-  describe: `Attention in the train step: 'kernels' (Lathe's own flash-attention kernels, forward and backward; CUDA bfloat16, cpu float32 for tests; 1.19–1.23× a full SFT, reward-model or DPO step over flash at Qwen3-0.6B's shape on an H200; not with --packing or --cuda_graph), 'flash' (ONNX Runtime's GroupQueryAttention, its backward recomputing each layer's probabilities), 'composed' (MatMul/Softmax, keeps [B, heads, T, T] activations; the cpu's fastest) or 'auto': kernels on cuda with bfloat16 compute wherever they apply (not with --packing, --cuda_graph, --quantize_base, under lathe launch, or where NVRTC is missing), else flash on cuda with bfloat16, composed otherwise. The evaluation and scoring graphs are unchanged`,
+  describe: `${trainAttentionChoicesHelp} The evaluation and scoring graphs are unchanged`,
 } as const;
 
 /** `--logprob_kernel` of the training commands whose attention can be Lathe's kernels (resolved by train-attention.ts's resolveLogprobKernel). */
@@ -58,7 +62,7 @@ export const logprobKernelOption = {
   type: 'boolean',
   default: 'auto',
   describe:
-    "The LM head's per-token log-probs through Lathe's fused cross-entropy kernels (each vocabulary chunk's logits read once forward and once backward in the compute dtype, no float32 copy) instead of ONNX Runtime's cast, LogSoftmax and their backward; needs the attention kernels. 'auto': on exactly when the run's attention is Lathe's kernels (--attention kernels, or auto where it picks them) — 1.04× a full lathe sft step over the attention kernels alone at Qwen3-0.6B's shape on an H200, losses within 7e-5 relative — off otherwise; true: on, an error where the attention is not the kernels; false: off",
+    "The LM head's per-token log-probs through Lathe's fused cross-entropy kernels (each vocabulary chunk's logits read once forward and once backward in the compute dtype, no float32 copy) instead of ONNX Runtime's cast, LogSoftmax and their backward; needs the attention kernels. 'auto': on exactly when the run's attention is Lathe's kernels (--attention kernels, or auto where it picks them; measured in docs/guides/kernels.md), off otherwise; true: on, an error where the attention is not the kernels; false: off",
 } as const;
 
 /** `--gradient_checkpointing`. */
