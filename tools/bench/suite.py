@@ -125,46 +125,27 @@ def train(results, torch_compile):
                 # plain runs part by ~1.5e-4 within 8 steps (docs/benchmarks.md), so replay must
                 # stay within twice that rather than match.
                 r["parity_graph_vs_plain"] = len(graph["losses"]) == len(plain) and r["graph_vs_plain_max_abs"] <= FULL_TOLERANCE
-        # the default training path on cuda: the fused AdamW node and Lathe's attention kernels
-        kern = lathe_step(["--attention-kernel", *lathe_extra], steps, f"train_{kind}_kernels")
-        if "error" in kern:
-            r["kernels_error"] = kern["error"]
-            r["parity_kernels_vs_plain"] = False
-        else:
-            r["lathe_kernels_step_ms"] = kern["step_ms"]
-            r["ratio_kernels"] = round(torch_ms / kern["step_ms"], 3)
-            r["tokens_per_s_kernels"] = round(8 * 1024 / kern["step_ms"] * 1000)
-            r["kernels_vs_plain_max_rel"] = max(abs(a - b) / abs(b) for a, b in zip(kern["losses"], plain))
-            r["kernels_losses"] = kern["losses"]
-            r["parity_kernels_vs_plain"] = len(kern["losses"]) == len(plain) and r["kernels_vs_plain_max_rel"] <= KERNELS_TOLERANCE
-        ce = lathe_step(["--attention-kernel", "--logprob-kernel", *lathe_extra], steps, f"train_{kind}_kernels_ce")
-        if "error" in ce:
-            r["kernels_ce_error"] = ce["error"]
-            r["parity_kernels_ce_vs_plain"] = False
-        else:
-            r["lathe_kernels_ce_step_ms"] = ce["step_ms"]
-            r["ratio_kernels_ce"] = round(torch_ms / ce["step_ms"], 3)
-            r["tokens_per_s_kernels_ce"] = round(8 * 1024 / ce["step_ms"] * 1000)
-            r["kernels_ce_vs_plain_max_rel"] = max(abs(a - b) / abs(b) for a, b in zip(ce["losses"], plain))
-            r["parity_kernels_ce_vs_plain"] = len(ce["losses"]) == len(plain) and r["kernels_ce_vs_plain_max_rel"] <= KERNELS_TOLERANCE
-        # and with Lathe's RoPE kernel in place of ONNX Runtime's RotaryEmbedding (lathe-step --rope-kernel; not yet a recipe option)
-        rp = lathe_step(["--attention-kernel", "--logprob-kernel", "--rope-kernel", *lathe_extra], steps, f"train_{kind}_kernels_ce_rope")
-        if "error" in rp:
-            r["kernels_ce_rope_error"] = rp["error"][-300:]
-        else:
-            r["lathe_kernels_ce_rope_step_ms"] = rp["step_ms"]
-            r["ratio_kernels_ce_rope"] = round(torch_ms / rp["step_ms"], 3)
-            r["kernels_ce_rope_vs_plain_max_rel"] = max(abs(a - b) / abs(b) for a, b in zip(rp["losses"], plain))
-            r["parity_kernels_ce_rope_vs_plain"] = len(rp["losses"]) == len(plain) and r["kernels_ce_rope_vs_plain_max_rel"] <= KERNELS_TOLERANCE
-        # the kernels inside a captured step (not yet a recipe option: --cuda_graph refuses the kernels until this holds)
-        cg = lathe_step(["--attention-kernel", "--logprob-kernel", "--cuda-graph", *lathe_extra], steps, f"train_{kind}_kernels_ce_graph")
-        if "error" in cg:
-            r["kernels_ce_graph_error"] = cg["error"][-300:]
-        else:
-            r["lathe_kernels_ce_graph_step_ms"] = cg["step_ms"]
-            r["ratio_kernels_ce_graph"] = round(torch_ms / cg["step_ms"], 3)
-            r["kernels_ce_graph_vs_plain_max_rel"] = max(abs(a - b) / abs(b) for a, b in zip(cg["losses"], plain))
-            r["parity_kernels_ce_graph_vs_plain"] = len(cg["losses"]) == len(plain) and r["kernels_ce_graph_vs_plain_max_rel"] <= KERNELS_TOLERANCE
+        def kernel_path(name, flags, default):
+            """One kernel path against the plain one: a default path's error fails its parity; an opt-in one's is only recorded."""
+            res = lathe_step([*flags, *lathe_extra], steps, f"train_{kind}_{name}")
+            if "error" in res:
+                r[f"{name}_error"] = res["error"][-300:]
+                if default:
+                    r[f"parity_{name}_vs_plain"] = False
+                return
+            r[f"lathe_{name}_step_ms"] = res["step_ms"]
+            r[f"ratio_{name}"] = round(torch_ms / res["step_ms"], 3)
+            r[f"tokens_per_s_{name}"] = round(8 * 1024 / res["step_ms"] * 1000)
+            r[f"{name}_vs_plain_max_rel"] = max(abs(a - b) / abs(b) for a, b in zip(res["losses"], plain))
+            r[f"{name}_losses"] = res["losses"]
+            r[f"parity_{name}_vs_plain"] = len(res["losses"]) == len(plain) and r[f"{name}_vs_plain_max_rel"] <= KERNELS_TOLERANCE
+
+        # the default training path on cuda: the fused AdamW node and Lathe's attention kernels, then with the fused log-prob kernel
+        kernel_path("kernels", ["--attention-kernel"], True)
+        kernel_path("kernels_ce", ["--attention-kernel", "--logprob-kernel"], True)
+        # opt-in, not yet recipe options: Lathe's RoPE kernel for RotaryEmbedding, and the kernels inside a captured step
+        kernel_path("kernels_ce_rope", ["--attention-kernel", "--logprob-kernel", "--rope-kernel"], False)
+        kernel_path("kernels_ce_graph", ["--attention-kernel", "--logprob-kernel", "--cuda-graph"], False)
         if torch_compile and kind == "full":
             comp, cerr, _ = run([sys.executable, "tools/reference/train/step_speed.py", "--steps", str(steps), "--batch", "8", "--seq", "1024",
                                  "--out", WORK, "--reuse-model", "--skip-lathe", "--torch-compile"], 420, "train_full_torch_compile")
