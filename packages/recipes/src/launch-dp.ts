@@ -12,6 +12,7 @@ import { listCheckpoints, type GradReduceDtype, type TrainerOptions } from '@lat
 import type { Device } from '@lathe/runtime';
 import { RunDir, type RunDirOptions } from './scaffold';
 import type { ReportOptions } from './reporting';
+import { gradOverlapOption, gradReduceDtypeOption } from './common-options';
 import {
   checkDataParallelBatch,
   checkSameConfig,
@@ -162,8 +163,9 @@ export async function joinDataParallel(opts: DataParallelOptions): Promise<DataP
   }
   const onGradients = gradientAllReduce(collectives);
   const zeroStage = opts.zeroStage ?? 0;
-  const gradOverlap = opts.gradOverlap ?? true;
-  const gradReduceDtype = opts.gradReduceDtype ?? 'float32';
+  // the commands' options are the one source of these defaults
+  const gradOverlap = opts.gradOverlap ?? gradOverlapOption.default;
+  const gradReduceDtype: GradReduceDtype = opts.gradReduceDtype ?? gradReduceDtypeOption.default;
   // one reducer (a CUDA event on NCCL's stream) for every trainer of the run, freed with the group
   let reducer: NcclInRunReducer | undefined;
   const inRun = (): InRunReducer => {
