@@ -65,6 +65,14 @@ export const logprobKernelOption = {
     "The LM head's per-token log-probs through Lathe's fused cross-entropy kernels (each vocabulary chunk's logits read once forward and once backward in the compute dtype, no float32 copy) instead of ONNX Runtime's cast, LogSoftmax and their backward; needs the attention kernels. 'auto': on exactly when the run's attention is Lathe's kernels (--attention kernels, or auto where it picks them; measured in docs/guides/kernels.md), off otherwise; true: on, an error where the attention is not the kernels; false: off",
 } as const;
 
+/** `--rope_kernel` of lathe sft (resolved by train-attention.ts's resolveRopeKernel). */
+export const ropeKernelOption = {
+  type: 'boolean',
+  default: 'auto',
+  describe:
+    "Rotate queries and keys (RoPE) through Lathe's kernel, in the compute dtype with the inverse rotation as its gradient, instead of ONNX Runtime's RotaryEmbedding and its composed backward; needs the attention kernels. 'auto': on exactly when the run's attention is Lathe's kernels and the model's head size is one the kernel takes (measured in docs/guides/kernels.md), off otherwise; true: on, an error where it cannot be; false: off",
+} as const;
+
 /** `--gradient_checkpointing`. */
 export const gradientCheckpointingOption = { type: 'boolean', default: false, describe: "Recompute each decoder layer's activations in the train step's backward pass instead of keeping them: less memory, one more forward pass of the layers" } as const;
 

@@ -25,12 +25,10 @@ export const grpoSchema = {
   compute_dtype: { ...trainComputeDtypeOption, default: GRPO_DEFAULTS.compute },
   ...resumableOptions({
     attention: { ...trainAttentionOption, default: GRPO_DEFAULTS.attention, describe: grpoAttentionHelp },
-    // opt-in here until a same-call A/B of the GRPO step measures it (sft's default is auto)
     logprob_kernel: {
       ...logprobKernelOption,
-      default: false,
       describe:
-        "With the attention kernels (--attention kernels, or auto where it picks them): the LM head's log-probs and entropy in the policy's train step and the re-scoring and reference passes through Lathe's fused cross-entropy kernels (each vocabulary chunk's logits read once forward and once backward in the compute dtype, no float32 copy) instead of ONNX Runtime's cast, LogSoftmax and their backward; an error with any other attention. Opt-in in lathe grpo until a same-call A/B of the GRPO step measures it (lathe sft takes it by default with the kernels)",
+        "The LM head's log-probs and entropy in the policy's train step and the re-scoring and reference passes through Lathe's fused cross-entropy kernels (each vocabulary chunk's logits read once forward and once backward in the compute dtype, no float32 copy) instead of ONNX Runtime's cast, LogSoftmax and their backward; needs the attention kernels. 'auto': on exactly when the run's attention is Lathe's kernels (--attention kernels, or auto where it picks them; measured in docs/guides/kernels.md), off otherwise; true: on, an error where the attention is not the kernels; false: off",
     },
     gradient_checkpointing: { ...gradientCheckpointingOption, default: GRPO_DEFAULTS.gradientCheckpointing },
   }),

@@ -1,12 +1,12 @@
 /**
- * `--attention` (and `--logprob_kernel`) of the training commands whose loss can attend through Lathe's
+ * `--attention` (and `--logprob_kernel`, `--rope_kernel`) of the training commands whose loss can attend through Lathe's
  * own flash-attention kernels (`lathe sft`, `lathe rm train`, `lathe dpo`, `lathe grpo`): the choice refused where it cannot work, the
  * device opened through the kernels, the kernels compiled once per process, and what the loss and
  * the Trainer then take (the attention kernel, the custom-op domain in the step's sessions).
  */
 import type { DecoderConfig } from '@lathe/models';
 import { Device, type Ptr } from '@lathe/runtime';
-import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, flashAttentionUnsupported, probeKernels, type CrossEntropyOps, type FlashAttentionOps, type Kernels } from '@lathe/kernels';
+import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, flashAttentionUnsupported, probeKernels, RopeKernels, ropeOps, ropeUnsupported, type CrossEntropyOps, type FlashAttentionOps, type Kernels, type RopeOps } from '@lathe/kernels';
 import { useFlashAttention, type AttentionChoice, type DecoderLossOptions } from '@lathe/train';
 import { kernelsOfDevice, openDevice } from './scaffold';
 
@@ -26,6 +26,8 @@ export interface TrainAttentionConfig {
   quantize_base?: string;
   /** `--logprob_kernel`: the LM head's log-partition through Lathe's fused cross-entropy kernels (with the attention kernels); see {@link resolveLogprobKernel}. Absent: off. */
   logprob_kernel?: boolean | 'auto';
+  /** `--rope_kernel` (lathe sft): queries and keys rotated by Lathe's RoPE kernel (with the attention kernels); see {@link resolveRopeKernel}. Absent: off. */
+  rope_kernel?: boolean | 'auto';
 }
 
 /** What `auto` weighs beyond the options: facts known only once the run starts. */
@@ -53,16 +55,37 @@ export function resolveTrainAttention(cfg: TrainAttentionConfig, facts: AutoAtte
 }
 
 /**
- * Whether a run's LM head takes Lathe's fused log-prob kernel, given the attention it resolved to:
- * `auto` (the option's default) exactly when that is the kernels — the fused kernel beat the attention
- * kernels alone in a same-call A/B of the full SFT step (docs/benchmarks.md) — true likewise but an
- * error otherwise, since the kernel joins the attention kernels' device and sessions; false or absent off.
+ * Whether a kernel that joins the attention kernels (`--logprob_kernel`, `--rope_kernel`) runs, given
+ * the attention the run resolved to: `auto` exactly when that is the kernels, true likewise but an
+ * error otherwise (the kernel shares the attention kernels' device and sessions), false or absent off.
+ */
+function resolveWithKernels(flag: string, value: boolean | 'auto' | undefined, attention: TrainAttentionChoice, choice: TrainAttentionChoice): boolean {
+  if (value === 'auto') return choice === 'kernels';
+  if (value !== true) return false;
+  if (choice !== 'kernels') throw new Error(`${flag} needs the attention kernels, and the run's attention is ${attention === 'auto' ? "'auto', which did not pick them here (see --attention's help for where it does not)" : `'${attention}'`}: use --attention kernels, or drop ${flag} (its default, auto, takes it wherever the attention is the kernels)`);
+  return true;
+}
+
+/**
+ * Whether a run's LM head takes Lathe's fused log-prob kernel ({@link resolveWithKernels}'s rule):
+ * the fused kernel beat the attention kernels alone in same-call A/Bs of the full SFT step and the
+ * GRPO step (docs/benchmarks.md), hence `auto` as the default.
  */
 export function resolveLogprobKernel(cfg: Pick<TrainAttentionConfig, 'attention' | 'logprob_kernel'>, choice: TrainAttentionChoice): boolean {
-  if (cfg.logprob_kernel === 'auto') return choice === 'kernels';
-  if (cfg.logprob_kernel !== true) return false;
-  if (choice !== 'kernels') throw new Error(`--logprob_kernel needs the attention kernels, and the run's attention is ${cfg.attention === 'auto' ? "'auto', which did not pick them here (see --attention's help for where it does not)" : `'${cfg.attention}'`}: use --attention kernels, or drop --logprob_kernel (its default, auto, takes it wherever the attention is the kernels)`);
-  return true;
+  return resolveWithKernels('--logprob_kernel', cfg.logprob_kernel, cfg.attention, choice);
+}
+
+/**
+ * Whether a run's queries and keys go through Lathe's RoPE kernel instead of ONNX Runtime's
+ * RotaryEmbedding ({@link resolveWithKernels}'s rule): it beat the attention and log-prob kernels
+ * without it in a same-call A/B of the full and LoRA SFT steps (docs/benchmarks.md). `auto` stays off
+ * where the model's head size is not one the kernel takes (`unsupported`).
+ */
+export function resolveRopeKernel(cfg: Pick<TrainAttentionConfig, 'attention' | 'rope_kernel'>, choice: TrainAttentionChoice, unsupported?: string): boolean {
+  if (cfg.rope_kernel === 'auto' && unsupported) return false;
+  const on = resolveWithKernels('--rope_kernel', cfg.rope_kernel, cfg.attention, choice);
+  if (on && unsupported) throw new Error(`--rope_kernel: the model's rotary embedding is not one the kernel takes: ${unsupported}; drop --rope_kernel`);
+  return on;
 }
 
 /**
@@ -84,8 +107,8 @@ export interface TrainAttention {
   choice: TrainAttentionChoice;
   /** The loss attends as flash attention (right-padded rows; with symbolic shapes `total_sequence_length` fed). */
   flashAttention: boolean;
-  /** Loss options beyond `flashAttention`: the kernel to attend through, with `kernels`; the fused log-prob kernel where {@link resolveLogprobKernel} takes it. */
-  loss: Pick<DecoderLossOptions, 'attentionKernel' | 'logprobKernel'>;
+  /** Loss options beyond `flashAttention`: the kernel to attend through, with `kernels`; the fused log-prob kernel and the RoPE kernel where {@link resolveLogprobKernel} and {@link resolveRopeKernel} take them. */
+  loss: Pick<DecoderLossOptions, 'attentionKernel' | 'logprobKernel' | 'ropeKernel'>;
   /** Trainer options: the kernels' custom-op domain in the step's sessions, with `kernels`. */
   trainer: { session?: { customOpDomains: Ptr[] } };
   /** Rethrows an error the kernels' compute raised in the last run (computes cannot throw into ONNX Runtime). */
@@ -97,6 +120,7 @@ export interface TrainAttention {
 /** The kernels compiled once per set of device kernels. */
 const compiled = new WeakMap<Kernels, FlashAttention>();
 const compiledCe = new WeakMap<Kernels, CrossEntropyKernels>();
+const compiledRope = new WeakMap<Kernels, RopeKernels>();
 
 /**
  * Opens a training run's device (GPU `id`; `kernels: false` keeps ONNX Runtime's own stream, see
@@ -118,6 +142,7 @@ export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig
         })
       : cfg.attention;
   const logprobKernel = resolveLogprobKernel(cfg, choice);
+  const ropeKernel = resolveRopeKernel(cfg, choice, ropeUnsupported({ rows: 1, heads: config.numHeads, half: config.headDim / 2, maxPositions: config.maxPositionEmbeddings, dtype: cfg.device === 'cpu' ? 'float32' : cfg.compute_dtype }));
   if (choice !== 'kernels') {
     const device = openDevice(cfg.device, id, opts.kernelsOnlyForAttention ? { kernels: false } : opts.kernels === undefined ? {} : { kernels: opts.kernels });
     const flashAttention = useFlashAttention(choice, cfg.device, cfg.compute_dtype, { packing: cfg.packing });
@@ -125,11 +150,13 @@ export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig
   }
   let ops: FlashAttentionOps;
   let ce: CrossEntropyOps | undefined;
+  let rope: RopeOps | undefined;
   let device: Device;
   if (cfg.device === 'cpu') {
     device = Device.open('cpu');
     ops = flashAttentionOps('cpu');
     if (logprobKernel) ce = crossEntropyOps('cpu');
+    if (ropeKernel) rope = ropeOps('cpu');
   } else {
     const unsupported = flashAttentionUnsupported({ batch: 1, seqLen: 1, numHeads: config.numHeads, numKvHeads: config.numKvHeads, headDim: config.headDim, dtype: cfg.compute_dtype });
     if (unsupported) throw new Error(`--attention kernels: the model's attention is not one the kernels take: ${unsupported}; use --attention flash`);
@@ -148,21 +175,28 @@ export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig
       if (!k) compiledCe.set(kernels, (k = CrossEntropyKernels.compile(kernels, { includeDir: cudaIncludeDir() })));
       ce = crossEntropyOps('cuda', k);
     }
+    if (ropeKernel) {
+      let k = compiledRope.get(kernels);
+      if (!k) compiledRope.set(kernels, (k = RopeKernels.compile(kernels, { includeDir: cudaIncludeDir() })));
+      rope = ropeOps('cuda', k);
+    }
   }
   return {
     device,
     attention: {
       choice,
       flashAttention: true,
-      loss: { attentionKernel: (x, heads) => ops.attend(x, heads, 'kernels'), ...(ce ? { logprobKernel: ce } : {}) },
-      trainer: { session: { customOpDomains: [ops.domain.handle, ...(ce ? [ce.domain.handle] : [])] } },
+      loss: { attentionKernel: (x, heads) => ops.attend(x, heads, 'kernels'), ...(ce ? { logprobKernel: ce } : {}), ...(rope ? { ropeKernel: rope.rotate } : {}) },
+      trainer: { session: { customOpDomains: [ops.domain.handle, ...(ce ? [ce.domain.handle] : []), ...(rope ? [rope.domain.handle] : [])] } },
       check: () => {
         ops.check();
         ce?.check();
+        rope?.check();
       },
       dispose: () => {
         ops.dispose();
         ce?.dispose();
+        rope?.dispose();
       },
     },
   };

@@ -3,7 +3,7 @@
  * the host in float32: three GRPO steps, and three PPO steps with a separate value model, give the
  * losses, gradient norms and rewards of composed attention (MatMul/Softmax, an independent path);
  * the option is sft's (one choice list and help text); `auto` picks the kernels by sft's rules;
- * `--logprob_kernel` (opt-in here) gives the same steps through the fused log-prob ops; kernels with
+ * `--logprob_kernel` (auto, the default, with the kernels) gives the same steps through the fused log-prob ops; kernels with
  * float32 compute on cuda is refused before anything is loaded.
  */
 import { mkdtempSync, writeFileSync } from 'node:fs';
@@ -56,7 +56,7 @@ function expectClose(got: StepLog[], want: StepLog[], rel: number) {
 
 test('lathe grpo --attention kernels: 3 steps with the losses, gradient norms and rewards of composed attention (cpu, float32)', async () => {
   const composed = await stepsOf(grpoConfig({ attention: 'composed' }));
-  const kernels = await stepsOf(grpoConfig({ attention: 'kernels' }));
+  const kernels = await stepsOf(grpoConfig({ attention: 'kernels', logprob_kernel: false }));
   expect(composed).toHaveLength(3);
   // the steps train: the loss moves and some group's rewards differ
   expect(composed[2].loss).not.toBe(composed[0].loss);
@@ -64,11 +64,10 @@ test('lathe grpo --attention kernels: 3 steps with the losses, gradient norms an
   expectClose(kernels, composed, 1e-4);
 }, 60_000);
 
-test("lathe grpo --attention kernels --logprob_kernel: the policy's step, re-scoring and KL reference through the fused log-prob ops, 3 steps within 1e-4 of composed attention (cpu, float32); opt-in, refused without the attention kernels", async () => {
-  expect(defaults(grpoSchema).logprob_kernel).toBe(false);
-  expect(grpoSchema.logprob_kernel.describe).toMatch(/Opt-in in lathe grpo until a same-call A\/B/);
+test("lathe grpo --attention kernels --logprob_kernel: the policy's step, re-scoring and KL reference through the fused log-prob ops, 3 steps within 1e-4 of composed attention (cpu, float32); auto by default, refused without the attention kernels", async () => {
+  expect(defaults(grpoSchema).logprob_kernel).toBe('auto');
   const composed = await stepsOf(grpoConfig({ attention: 'composed' }));
-  const fused = await stepsOf(grpoConfig({ attention: 'kernels', logprob_kernel: true }));
+  const fused = await stepsOf(grpoConfig({ attention: 'kernels' }));
   expect(composed[2].loss).not.toBe(composed[0].loss);
   expectClose(fused, composed, 1e-4);
   await expect(runGrpo(grpoConfig({ attention: 'composed', logprob_kernel: true }))).rejects.toThrow(/--logprob_kernel needs the attention kernels.*'composed'/);

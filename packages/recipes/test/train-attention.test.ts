@@ -7,7 +7,7 @@
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { defaults, dpoSchema, resolveConfig, resolveLogprobKernel, resolveTrainAttention, rmTrainSchema, runDpo, runRmTrain, runSft, sftSchema, type DpoRunConfig, type RmTrainConfig, type SftConfig } from '@lathe/recipes';
+import { defaults, dpoSchema, openTrainDevice, resolveConfig, resolveLogprobKernel, resolveRopeKernel, resolveTrainAttention, rmTrainSchema, runDpo, runRmTrain, runSft, sftSchema, type DpoRunConfig, type RmTrainConfig, type SftConfig } from '@lathe/recipes';
 import { writeAdditionTask } from './preference-task';
 
 const root = mkdtempSync(join(tmpdir(), 'lathe-train-attention-'));
@@ -37,7 +37,7 @@ function expectClose(got: StepLog[], want: StepLog[], rel: number) {
 
 test('lathe sft --attention kernels: 3 steps with the losses and gradient norms of composed attention (cpu, float32)', async () => {
   const composed = await stepsOf((e) => runSft(sftConfig({ attention: 'composed' }), e));
-  const kernels = await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', logprob_kernel: false }), e));
+  const kernels = await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', logprob_kernel: false, rope_kernel: false }), e));
   expect(composed).toHaveLength(3);
   // the steps train: the loss moves, so equal losses are not three copies of the initial one
   expect(composed[2].loss).not.toBe(composed[0].loss);
@@ -108,9 +108,9 @@ test("--logprob_kernel auto (the default) takes the fused log-prob kernel exactl
 
 test("lathe sft --logprob_kernel: the LM head's log-probs through the fused cross-entropy ops give composed attention's losses (cpu, float32), by default with --attention kernels; refused without the attention kernels", async () => {
   const composed = await stepsOf((e) => runSft(sftConfig({ attention: 'composed' }), e));
-  const fused = await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', logprob_kernel: true }), e));
+  const fused = await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', logprob_kernel: true, rope_kernel: false }), e));
   expectClose(fused, composed, 1e-4);
-  expectClose(await stepsOf((e) => runSft(sftConfig({ attention: 'kernels' }), e)), fused, 0);
+  expectClose(await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', rope_kernel: false }), e)), fused, 0);
   await expect(runSft(sftConfig({ attention: 'composed', logprob_kernel: true }))).rejects.toThrow(/--logprob_kernel needs the attention kernels.*'composed'/);
   await expect(runSft(sftConfig({ logprob_kernel: true }))).rejects.toThrow(/--logprob_kernel needs the attention kernels.*'auto', which did not pick them/);
 }, 60_000);
@@ -122,3 +122,38 @@ test('lathe sft --attention kernels with --gradient_checkpointing and --micro_ba
   expect(composed[2].loss).not.toBe(composed[0].loss);
   expectClose(kernels, composed, 1e-4);
 }, 60_000);
+
+test("--rope_kernel auto (the default) takes the RoPE kernel exactly when the attention resolved to the kernels and the model's heads fit it; true refuses otherwise; false is off", () => {
+  expect(defaults(sftSchema).rope_kernel).toBe('auto');
+  expect(resolveRopeKernel({ attention: 'auto', rope_kernel: 'auto' }, 'kernels')).toBe(true);
+  expect(resolveRopeKernel({ attention: 'auto', rope_kernel: 'auto' }, 'kernels', 'headDim 6')).toBe(false);
+  expect(() => resolveRopeKernel({ attention: 'kernels', rope_kernel: true }, 'kernels', 'headDim 6')).toThrow(/--rope_kernel: the model's rotary embedding is not one the kernel takes: headDim 6/);
+  for (const choice of ['auto', 'flash', 'composed'] as const) {
+    expect(resolveRopeKernel({ attention: 'auto', rope_kernel: 'auto' }, choice)).toBe(false);
+    // rm train, dpo and grpo have no --rope_kernel: absent is off
+    expect(resolveRopeKernel({ attention: choice }, choice)).toBe(false);
+  }
+  expect(resolveRopeKernel({ attention: 'kernels', rope_kernel: false }, 'kernels')).toBe(false);
+  expect(() => resolveRopeKernel({ attention: 'flash', rope_kernel: true }, 'flash')).toThrow(/--rope_kernel needs the attention kernels.*'flash'/);
+  // the resolved kernel reaches the loss and the sessions: its op and its custom-op domain beside the attention's
+  const config = { vocabSize: 64, hiddenSize: 32, intermediateSize: 48, numLayers: 1, numHeads: 4, numKvHeads: 2, headDim: 8, rmsNormEps: 1e-6, ropeTheta: 1e4, maxPositionEmbeddings: 64, tieWordEmbeddings: true } as unknown as Parameters<typeof openTrainDevice>[1];
+  const opened = (rope_kernel: boolean | 'auto') => openTrainDevice({ device: 'cpu', compute_dtype: 'float32', attention: 'kernels', logprob_kernel: false, rope_kernel }, config).attention;
+  const on = opened('auto');
+  expect(on.loss.ropeKernel).toBeDefined();
+  expect(on.trainer.session?.customOpDomains).toHaveLength(2);
+  on.dispose();
+  const off = opened(false);
+  expect(off.loss.ropeKernel).toBeUndefined();
+  expect(off.trainer.session?.customOpDomains).toHaveLength(1);
+  off.dispose();
+});
+
+test("lathe sft --rope_kernel: queries and keys rotated by the RoPE ops give composed attention's losses (cpu, float32), by default with --attention kernels; refused without the attention kernels", async () => {
+  const composed = await stepsOf((e) => runSft(sftConfig({ attention: 'composed' }), e));
+  const rope = await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', logprob_kernel: false, rope_kernel: true }), e));
+  expect(composed[2].loss).not.toBe(composed[0].loss);
+  expectClose(rope, composed, 1e-4);
+  // the defaults (auto, auto) with the kernels: both the log-prob and the RoPE kernels
+  expectClose(await stepsOf((e) => runSft(sftConfig({ attention: 'kernels' }), e)), await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', logprob_kernel: true, rope_kernel: true }), e)), 0);
+  await expect(runSft(sftConfig({ attention: 'composed', rope_kernel: true }))).rejects.toThrow(/--rope_kernel needs the attention kernels.*'composed'/);
+}, 90_000);
