@@ -20,10 +20,13 @@ runtime sourced (/opt/device-rt/env.sh). Groups, each at the Qwen3-0.6B shape in
          against transformers' fastest set-up for that workload (HF_FASTEST below; --hf-all times
          every set-up and takes the fastest); parity is the KV engine's log-probs against
          transformers' teacher-forced fp32 ones on a small model, beside transformers' own bf16 error.
-  rl     one GRPO step, 64 prompts × 8 samples, prompt 256, 512 new tokens (Lathe only: the
-         PyTorch + transformers step takes ~145 s; --rl-reference adds it); parity is the trainer's
-         log-prob parity between generation and re-scoring; then the same step with a reward model
-         as the reward (its share of the step, and the same parity with its session on the shared arena).
+  rl     one GRPO step, 64 prompts × 8 samples, prompt 256, 512 new tokens, as lathe grpo runs it by
+         default on cuda (all 512 completions in one generation run, the attention and log-prob
+         kernels in the policy's step; Lathe only: the PyTorch + transformers step takes ~125 s;
+         --rl-reference adds it); parity is the trainer's log-prob parity between generation and
+         re-scoring; then the same step with a reward model as the reward (its share of the step, and
+         the same parity with its session on the shared arena), then with flash attention (rl_step_flash:
+         the kernels' A/B).
 Writes $OUT/suite.json and compares it with the baseline of the same GPU model
 (docs/benchmarks/suite-baseline.json holds one per GPU model): any Lathe speed more than 5 % worse,
 or any parity check failing, is flagged, and the exit code is 1. --update-baseline writes
@@ -185,9 +188,12 @@ def gen(results, hf_all):
 
 
 def rl(results, reference):
+    # lathe grpo's defaults on cuda: every prompt's completions in one generation run, the attention
+    # and log-prob kernels in the policy's step (rl_step_flash: the same with flash attention)
     common = ["--device", "cuda", "--compute", "bfloat16", "--shape", "qwen3-0.6b", "--prompts", "64", "--group", "8", "--prompt-len", "256",
-              "--new-tokens", "512", "--prompts-per-run", "8"]
-    info, err, _ = run(["node", ".bundle/grpo-step.js", *common, "--steps", "2", "--micro-batches", "16", "--attention", "flash", "--shared-arena"], 420, "rl")
+              "--new-tokens", "512", "--prompts-per-run", "0", "--steps", "2", "--micro-batches", "16", "--shared-arena"]
+    kernels = ["--attention", "kernels", "--logprob-kernel"]
+    info, err, _ = run(["node", ".bundle/grpo-step.js", *common, *kernels], 420, "rl")
     if not info:
         results["rl_step"] = {"error": err}
         return
@@ -209,7 +215,7 @@ def rl(results, reference):
     # The same step with a reward model as the reward: a session that starts allocating after the
     # first generation phase, on the one shared arena (the case that once corrupted the CUDA-graph
     # decode step's working memory); its share of the step is recorded.
-    info, err, _ = run(["node", ".bundle/grpo-step.js", *common, "--steps", "2", "--micro-batches", "16", "--attention", "flash", "--shared-arena", "--reward-model"], 420, "rl_rm")
+    info, err, _ = run(["node", ".bundle/grpo-step.js", *common, *kernels, "--reward-model"], 420, "rl_rm")
     if not info:
         results["rl_step_reward_model"] = {"error": err}
         return
@@ -217,6 +223,15 @@ def rl(results, reference):
          "logp_parity": info["logp_parity_max"], "parity_logp": info["logp_parity_max"] < 1.02}
     results["rl_step_reward_model"] = r
     print(json.dumps({"rl_step_reward_model": r}), flush=True)
+    info, err, _ = run(["node", ".bundle/grpo-step.js", *common, "--attention", "flash"], 420, "rl_flash")
+    if not info:
+        results["rl_step_flash"] = {"error": err}
+        return
+    r = {"lathe_step_s": round(info["last_step_s"], 2), "generation_s": round(info["generation_s"], 2), "training_s": round(info["training_s"], 2),
+         "logp_parity": info["logp_parity_max"], "parity_logp": info["logp_parity_max"] < 1.02,
+         "kernels_speedup": round(info["last_step_s"] / results["rl_step"]["lathe_step_s"], 3)}
+    results["rl_step_flash"] = r
+    print(json.dumps({"rl_step_flash": r}), flush=True)
 
 
 def compare(results, baseline):
