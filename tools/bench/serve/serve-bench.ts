@@ -11,7 +11,7 @@
  * usage: node serve-bench.js [--shape qwen3-0.6b|tiny | --model DIR] [--tokenizer DIR] [--device cuda|cpu]
  *          [--dtype bfloat16] [--clients 1,16,64,256] [--rounds 2] [--prompt-len 256] [--max-new 512]
  *          [--rows 256] [--temperature 1] [--cuda-graph] [--client-threads 2] [--no-offline] [--offline-no-cuda-graph] [--direct]
- *          [--prefill-graphs N] [--admit-wait-ms N]   (lathe serve's --prefill_graphs and --admit_wait_ms)
+ *          [--prefill-graphs N] [--admit-wait-ms N] [--max-prefill-tokens N]   (lathe serve's --prefill_graphs, --admit_wait_ms and --max_prefill_tokens)
  *          [--warmup]   (lathe serve --warm_prefill at the prompt length: its prefill shapes planned and captured at start)
  *          [--http-thread true|false|both]   (lathe serve --http_thread; both: each client count timed with the HTTP
  *          layer on its own thread and on the decode loop's, one server per mode, in this one call; default true)
@@ -183,7 +183,7 @@ async function main(): Promise<void> {
   let prefillGraphsUsed = 0;
   for (const httpThread of modes) {
     const tStart = performance.now();
-    const running = await startServe({ ...defaults(serveSchema), model, port: 0, device, compute_dtype: dtype as 'bfloat16', max_rows: rows, max_model_len: maxModelLen, max_queue: 4 * Math.max(...levels), cuda_graph: cudaGraph, max_n: 1, http_thread: httpThread, ...(arg('prefill-graphs', '') ? { prefill_graphs: Number(arg('prefill-graphs', '')) } : {}), ...(arg('admit-wait-ms', '') ? { admit_wait_ms: Number(arg('admit-wait-ms', '')) } : {}), ...(flag('warmup') ? { warm_prefill: String(promptLen) } : {}) });
+    const running = await startServe({ ...defaults(serveSchema), model, port: 0, device, compute_dtype: dtype as 'bfloat16', max_rows: rows, max_model_len: maxModelLen, max_queue: 4 * Math.max(...levels), cuda_graph: cudaGraph, max_n: 1, http_thread: httpThread, ...(arg('prefill-graphs', '') ? { prefill_graphs: Number(arg('prefill-graphs', '')) } : {}), ...(arg('admit-wait-ms', '') ? { admit_wait_ms: Number(arg('admit-wait-ms', '')) } : {}), ...(arg('max-prefill-tokens', '') ? { max_prefill_tokens: Number(arg('max-prefill-tokens', '')) } : {}), ...(flag('warmup') ? { warm_prefill: String(promptLen) } : {}) });
     const scheduler = running.models[0].scheduler;
     const id = running.models[0].id;
     const client = new OpenAiClient({ baseUrl: running.url, timeoutMs: 3_600_000, maxRetries: 0 });
@@ -261,7 +261,7 @@ async function main(): Promise<void> {
     gen.dispose();
     lm.dispose();
   }
-  console.log(JSON.stringify({ bench: 'serve-summary', shape: arg('model', '') ? model : shape, device, dtype, rows, prompt_len: promptLen, max_new: maxNew, rounds, temperature, cuda_graph: cudaGraph, warmup: flag('warmup'), http_thread: modeArg, prefill_graphs: prefillGraphsUsed, startup_s: startup, levels: results }));
+  console.log(JSON.stringify({ bench: 'serve-summary', shape: arg('model', '') ? model : shape, device, dtype, rows, prompt_len: promptLen, max_new: maxNew, rounds, temperature, cuda_graph: cudaGraph, warmup: flag('warmup'), http_thread: modeArg, prefill_graphs: prefillGraphsUsed, max_prefill_tokens: Number(arg('max-prefill-tokens', String(defaults(serveSchema).max_prefill_tokens))), admit_wait_ms: Number(arg('admit-wait-ms', String(defaults(serveSchema).admit_wait_ms))), startup_s: startup, levels: results }));
 }
 
 // The threaded server's HTTP thread loads this bundle too: only the main thread runs the bench.
