@@ -15,22 +15,20 @@
  *   of q and k (Qwen3's q_norm/k_norm), RoPE at the row's position, the rotated queries to a float32
  *   scratch [R, H, D] (rounded to T first, as GroupQueryAttention keeps them), the key and value
  *   written (or quantized) into the cache at that position.
- * - `da_split_<c>_d<D>_g<G>` (split variant v1): a CTA of 128 threads per (chunk of DA_CHUNK positions, KV head, row):
- *   the scores of all G query heads of the KV head against the chunk's keys (each key read once),
- *   the chunk's softmax, and P·V; writes the chunk's normalized output and log-sum-exp. The grid
- *   covers the cache length M (a CUDA graph replays the launch); CTAs past the row's length exit.
- * - `da_split2_<c>_d<D>_g<G>` (split variant v2): the same step with a plan per cache kind
- *   ({@link decodeSplitPlan}): an e4m3 cache in 16-byte loads (16 elements a thread for G ≤ 4) over
- *   chunks of 256 positions, the per-position scales loaded at the start (coalesced, off the streaming
- *   loops) and applied in the softmax pass, the value pass's first loads issued before the softmax,
- *   and the P·V rows summed by warp shuffles before one [warps][G][D] exchange.
- * - `da_combine_<t>_d<D>[_c<CHUNK>]`: merges a row's chunks by their log-sum-exps into the output [R, 1, H·D].
+ * - `da_split_<c>_d<D>_g<G>`: a CTA of 128 threads per (chunk of positions, KV head, row), shaped by
+ *   {@link decodeSplitPlan}: the scores of all G query heads of the KV head against the chunk's keys
+ *   (each key read once, one load a thread: 16 bytes, or 8 for e4m3 past G 4), the chunk's softmax,
+ *   and P·V; writes the chunk's normalized output and log-sum-exp. An e4m3 cache goes in 16 elements
+ *   a thread (G ≤ 4) over chunks of 256 positions (a native one 8 over 128), its per-position scales
+ *   loaded at the start (coalesced, off the streaming loops) and applied in the softmax pass; the
+ *   value pass's first loads are issued before the softmax, and the P·V rows are summed by warp
+ *   shuffles before one [warps][G][D] exchange. The grid covers the cache length M (a CUDA graph
+ *   replays the launch); CTAs past the row's length exit.
+ * - `da_combine_<t>_d<D>_c<CHUNK>`: merges a row's chunks by their log-sum-exps into the output [R, 1, H·D].
  * - `da_quantize_<t>_d<D>`: a [N, D] cache in T → e4m3 bytes and per-row scales (the prefill's).
  * - `da_copy32`: word copy, for a present buffer ORT did not alias to the past.
  */
 
-/** Cache positions per split CTA of v1 (and of v2 over a native cache). */
-export const DECODE_CHUNK = 128;
 /** Threads of a split (and quantize) CTA. */
 export const DECODE_THREADS = 128;
 /** Head sizes with a build. */
@@ -46,46 +44,35 @@ export const DECODE_TYPES = { bfloat16: { c: '__nv_bfloat16', suffix: 'bf16' }, 
 /** How the cache is held: in the compute dtype, or as e4m3 bytes with per-vector scales. */
 export type DecodeCacheKind = 'native' | 'float8e4m3';
 
-/**
- * Which split kernel a step launches: v1 (8 elements a thread, 128-position chunks for both cache
- * kinds) or v2 (see {@link decodeSplitPlan}); both stay built so one process can compare them.
- */
-export type DecodeSplitVariant = 'v1' | 'v2';
-/** The split variants with a build. */
-export const DECODE_SPLIT_VARIANTS = ['v1', 'v2'] as const;
-/** The split variant a step launches unless told. */
-export const DECODE_DEFAULT_SPLIT: DecodeSplitVariant = 'v1';
+/** Positions per split CTA by cache kind: an e4m3 CTA reads half a bf16 one's bytes, so twice the positions carry its fixed costs. */
+const SPLIT_CHUNK: Record<DecodeCacheKind, number> = { native: 128, float8e4m3: 256 };
+/** An e4m3 thread takes 16 elements (one 16-byte load) up to this group; past it the queries and accumulators (2·G·16 floats) would crowd the registers. */
+const E4M3_WIDE_MAX_GROUP = 4;
 
-/** v2's chunk per cache kind: an e4m3 CTA reads half a bf16 one's bytes, so twice the positions carry its fixed costs. */
-const SPLIT2_CHUNK: Record<DecodeCacheKind, number> = { native: 128, float8e4m3: 256 };
-/** v2 gives an e4m3 thread 16 elements (one 16-byte load) up to this group; past it the queries and accumulators (2·G·16 floats) would crowd the registers. */
-const SPLIT2_WIDE_MAX_GROUP = 4;
-
-/** A split kernel's shape: positions per CTA, cache elements per thread and load, P·V partial rows in shared memory. */
+/** The split kernel's shape: positions per CTA, and cache elements per thread and load. */
 export interface DecodeSplitPlan {
+  /** Cache positions per CTA (the grid's x is the cache length over it). */
   chunk: number;
+  /** Cache elements a thread takes per position, in one load. */
   elems: number;
-  /** Rows of [G][D] partials the CTA sums through shared memory (v1: a pass's rows; v2: its warps). */
-  partialRows: number;
 }
 
-/** The plan of the split kernel for `cache`, `group` query heads per KV head and `variant`. */
-export function decodeSplitPlan(headDim: number, group: number, cache: DecodeCacheKind = 'native', variant: DecodeSplitVariant = DECODE_DEFAULT_SPLIT): DecodeSplitPlan {
-  if (variant === 'v1') return { chunk: DECODE_CHUNK, elems: 8, partialRows: DECODE_THREADS / (headDim / 8) };
-  const elems = cache === 'float8e4m3' && group <= SPLIT2_WIDE_MAX_GROUP ? 16 : 8;
-  return { chunk: SPLIT2_CHUNK[cache], elems, partialRows: DECODE_THREADS / 32 };
+/** The plan of the split kernel for `cache` and `group` query heads per KV head (the same for both head sizes). */
+export function decodeSplitPlan(group: number, cache: DecodeCacheKind = 'native'): DecodeSplitPlan {
+  const elems = cache === 'float8e4m3' && group <= E4M3_WIDE_MAX_GROUP ? 16 : 8;
+  return { chunk: SPLIT_CHUNK[cache], elems };
 }
 
-/** Cache positions per split CTA of `cache` and `variant` (the chunk count and the combine follow it). */
-export function decodeSplitChunk(cache: DecodeCacheKind = 'native', variant: DecodeSplitVariant = DECODE_DEFAULT_SPLIT): number {
-  return variant === 'v1' ? DECODE_CHUNK : SPLIT2_CHUNK[cache];
+/** Cache positions per split CTA of `cache` (the chunk count and the combine follow it). */
+export function decodeSplitChunk(cache: DecodeCacheKind = 'native'): number {
+  return SPLIT_CHUNK[cache];
 }
 
-/** Dynamic shared memory of a split CTA (bytes): scores [G][chunk], max/sum per head, the P·V partials [partial rows][G][D]; v2 over e4m3 adds the chunk's key and value scales [2][chunk]. */
-export function decodeSplitSmem(headDim: number, group: number, cache: DecodeCacheKind = 'native', variant: DecodeSplitVariant = DECODE_DEFAULT_SPLIT): number {
-  const { chunk, partialRows } = decodeSplitPlan(headDim, group, cache, variant);
-  const scales = variant === 'v2' && cache === 'float8e4m3' ? 2 * chunk : 0;
-  return 4 * (group * chunk + 2 * group + partialRows * group * headDim + scales);
+/** Dynamic shared memory of a split CTA (bytes): scores [G][chunk], max/sum per head, each warp's P·V partials [warps][G][D]; e4m3 adds the chunk's key and value scales [2][chunk]. */
+export function decodeSplitSmem(headDim: number, group: number, cache: DecodeCacheKind = 'native'): number {
+  const { chunk } = decodeSplitPlan(group, cache);
+  const scales = cache === 'float8e4m3' ? 2 * chunk : 0;
+  return 4 * (group * chunk + 2 * group + (DECODE_THREADS / 32) * group * headDim + scales);
 }
 
 /** Dynamic shared memory of an append CTA (bytes): the RoPE partner exchange and the block reductions. */
@@ -95,31 +82,26 @@ export function decodeAppendSmem(headDim: number): number {
 
 type TypeName = keyof typeof DECODE_TYPES;
 
-/** Kernel names, e.g. `da_split_fp8_d128_g2`, `da_split2_fp8_d128_g2`, `da_combine_bf16_d128_c256`. */
+/** Kernel names, e.g. `da_split_fp8_d128_g2`, `da_combine_bf16_d128_c256`. */
 export const decodeKernelName = {
   append: (t: TypeName, cache: DecodeCacheKind, d: number) => `da_append_${DECODE_TYPES[t].suffix}${cache === 'float8e4m3' ? '_fp8' : ''}_d${d}`,
-  split: (t: TypeName, cache: DecodeCacheKind, d: number, g: number, variant: DecodeSplitVariant = DECODE_DEFAULT_SPLIT) =>
-    `da_split${variant === 'v1' ? '' : '2'}_${cache === 'float8e4m3' ? 'fp8' : DECODE_TYPES[t].suffix}_d${d}_g${g}`,
-  combine: (t: TypeName, d: number, chunk: number = DECODE_CHUNK) => `da_combine_${DECODE_TYPES[t].suffix}_d${d}${chunk === DECODE_CHUNK ? '' : `_c${chunk}`}`,
+  split: (t: TypeName, cache: DecodeCacheKind, d: number, g: number) => `da_split_${cache === 'float8e4m3' ? 'fp8' : DECODE_TYPES[t].suffix}_d${d}_g${g}`,
+  combine: (t: TypeName, d: number, chunk: number) => `da_combine_${DECODE_TYPES[t].suffix}_d${d}_c${chunk}`,
   quantize: (t: TypeName, d: number) => `da_quantize_${DECODE_TYPES[t].suffix}_d${d}`,
   copy: () => 'da_copy32',
 };
 
-/** Chunk sizes some split variant uses: a combine is built for each. */
-function combineChunks(): number[] {
-  const kinds: DecodeCacheKind[] = ['native', 'float8e4m3'];
-  return [...new Set(DECODE_SPLIT_VARIANTS.flatMap((v) => kinds.map((c) => decodeSplitChunk(c, v))))].sort((a, b) => a - b);
-}
-
-/** The v2 split's entry point, its chunk and elements a thread from {@link decodeSplitPlan}. */
-function split2Entry(t: TypeName, C: string, cache: DecodeCacheKind, D: number, G: number): string {
-  const { chunk, elems } = decodeSplitPlan(D, G, cache, 'v2');
-  return `extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.split(t, cache, D, G, 'v2')}(const float* q, const ${C}* cache_k, const ${C}* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, int M, int KV, int n_chunks, float scale) { da_split2<${C}, ${D}, ${G}, ${chunk}, ${elems}>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale); }`;
+/** The split's entry point for cache element `C`, its chunk and elements a thread from {@link decodeSplitPlan}. */
+function splitEntry(t: TypeName, C: string, cache: DecodeCacheKind, D: number, G: number): string {
+  const { chunk, elems } = decodeSplitPlan(G, cache);
+  return `extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.split(t, cache, D, G)}(const float* q, const ${C}* cache_k, const ${C}* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, int M, int KV, int n_chunks, float scale) { da_split<${C}, ${D}, ${G}, ${chunk}, ${elems}>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale); }`;
 }
 
 function entryPoints(): string {
   const out: string[] = [];
   const fp8 = 'unsigned char';
+  // A combine for each chunk size a cache kind's split uses.
+  const chunks = [...new Set(Object.values(SPLIT_CHUNK))].sort((a, b) => a - b);
   for (const [t, { c: T }] of Object.entries(DECODE_TYPES) as [TypeName, (typeof DECODE_TYPES)[TypeName]][]) {
     for (const D of DECODE_HEAD_DIMS) {
       for (const [C, cache] of [
@@ -130,13 +112,8 @@ function entryPoints(): string {
           `extern "C" __global__ void __launch_bounds__(${D}) ${decodeKernelName.append(t, cache, D)}(const ${T}* q, const ${T}* k, const ${T}* v, ${C}* cache_k, ${C}* cache_v, float* k_scale, float* v_scale, const int* seqlens, const ${T}* cos_t, const ${T}* sin_t, const ${T}* q_norm, const ${T}* k_norm, float eps, float* q_out, int M, int H, int KV) { da_append<${T}, ${C}, ${D}>(q, k, v, cache_k, cache_v, k_scale, v_scale, seqlens, cos_t, sin_t, q_norm, k_norm, eps, q_out, M, H, KV); }`,
         );
       }
-      for (const G of DECODE_GROUPS) {
-        out.push(
-          `extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.split(t, 'native', D, G)}(const float* q, const ${T}* cache_k, const ${T}* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, int M, int KV, int n_chunks, float scale) { da_split<${T}, ${D}, ${G}>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale); }`,
-          split2Entry(t, T, 'native', D, G),
-        );
-      }
-      for (const chunk of combineChunks()) {
+      for (const G of DECODE_GROUPS) out.push(splitEntry(t, T, 'native', D, G));
+      for (const chunk of chunks) {
         out.push(
           `extern "C" __global__ void __launch_bounds__(${D}) ${decodeKernelName.combine(t, D, chunk)}(const float* o_part, const float* lse_part, const int* seqlens, ${T}* out, int M, int H, int n_chunks) { da_combine<${T}, ${D}, ${chunk}>(o_part, lse_part, seqlens, out, M, H, n_chunks); }`,
         );
@@ -147,14 +124,7 @@ function entryPoints(): string {
     }
   }
   // The fp8 split reads no T (its queries are float32): one build per head size and group.
-  for (const D of DECODE_HEAD_DIMS) {
-    for (const G of DECODE_GROUPS) {
-      out.push(
-        `extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.split('bfloat16', 'float8e4m3', D, G)}(const float* q, const unsigned char* cache_k, const unsigned char* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, int M, int KV, int n_chunks, float scale) { da_split<unsigned char, ${D}, ${G}>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale); }`,
-        split2Entry('bfloat16', fp8, 'float8e4m3', D, G),
-      );
-    }
-  }
+  for (const D of DECODE_HEAD_DIMS) for (const G of DECODE_GROUPS) out.push(splitEntry('bfloat16', fp8, 'float8e4m3', D, G));
   out.push(`extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.copy()}(const unsigned* src, unsigned* dst, i64 n) { for (i64 i = (i64)blockIdx.x * DA_THREADS + threadIdx.x; i < n; i += (i64)gridDim.x * DA_THREADS) dst[i] = src[i]; }`);
   return out.join('\n');
 }
@@ -172,7 +142,6 @@ export const decodeAttentionCore = String.raw`
 #endif
 
 #define DA_THREADS ${DECODE_THREADS}
-#define DA_CHUNK ${DECODE_CHUNK}
 #define DA_FP8_MAX ${FP8_E4M3_MAX}.0f
 
 typedef long long i64;
@@ -214,26 +183,6 @@ __device__ __forceinline__ float block_reduce(float x, float* scratch) {
   for (int w = 1; w < N / 32; ++w) y = MAX ? fmaxf(y, scratch[w]) : y + scratch[w];
   __syncthreads();
   return y;
-}
-
-// 8 cache elements as one load: 16 bytes of T, or 8 e4m3 bytes.
-template <typename C> struct Raw8 { typedef uint4 t; };
-template <> struct Raw8<unsigned char> { typedef uint2 t; };
-template <typename C>
-__device__ __forceinline__ void unpack8(const typename Raw8<C>::t& u, float (&f)[8]) {
-  if constexpr (sizeof(C) == 1) {
-    const unsigned short* e = reinterpret_cast<const unsigned short*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 p = fp8x2_to(e[i]);
-      f[2 * i] = p.x;
-      f[2 * i + 1] = p.y;
-    }
-  } else {
-    const C* e = reinterpret_cast<const C*>(&u);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) f[i] = da_f<C>(e[i]);
-  }
 }
 
 // Writes element d of a head vector (already rounded to T) at cache row 'at': as T, or quantized by
@@ -282,132 +231,6 @@ __device__ void da_append(const T* q, const T* k, const T* v, C* cache_k, C* cac
   da_store<T, C, D>(cache_v, v_scale, at, d, da_f<T>(v[((i64)r * KV + h) * D + d]), scratch);
 }
 
-template <typename C, int D, int G>
-__device__ void da_split(const float* q, const C* cache_k, const C* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part,
-                         int M, int KV, int n_chunks, float scale) {
-  constexpr int TPR = D / 8;               // threads per cache row (8 elements each)
-  constexpr int RPI = DA_THREADS / TPR;    // cache rows per pass of the block
-  constexpr int U = 4;                     // passes whose loads are issued together
-  constexpr bool FP8 = sizeof(C) == 1;
-  typedef typename Raw8<C>::t Raw;
-  DA_SHARED(smem);
-  float* sc = reinterpret_cast<float*>(smem);  // [G][DA_CHUNK]: scores, then exp(score − max)
-  float* ml = sc + G * DA_CHUNK;               // [G][2]: max, sum
-  float* red = ml + 2 * G;                     // [RPI][G][D]: P·V partials
-  const int c = blockIdx.x, h = blockIdx.y, r = blockIdx.z, tid = threadIdx.x;
-  const int len = min(seqlens[r] + 1, M);
-  const int start = c * DA_CHUNK;
-  if (start >= len) return;
-  const int n = min(DA_CHUNK, len - start);
-  const int sub = tid % TPR, row = tid / TPR, d0 = sub * 8;
-  const int H = KV * G;
-  float qr[G][8];
-#pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) qr[g][i] = q[((i64)r * H + h * G + g) * D + d0 + i] * scale;
-  const i64 base = ((i64)r * KV + h) * M + start;
-  const Raw* K = reinterpret_cast<const Raw*>(cache_k);
-  const Raw* V = reinterpret_cast<const Raw*>(cache_v);
-
-  // Scores: a row's TPR threads each take 8 elements, then sum across them.
-  for (int j0 = 0; j0 < n; j0 += RPI * U) {
-    Raw raw[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = j0 + u * RPI + row;
-      raw[u] = j < n ? K[(base + j) * TPR + sub] : Raw{};
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = j0 + u * RPI + row;
-      float f[8];
-      unpack8<C>(raw[u], f);
-      float p[G];
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float a = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) a += qr[g][i] * f[i];
-        p[g] = a;
-      }
-#pragma unroll
-      for (int o = TPR / 2; o > 0; o >>= 1)
-#pragma unroll
-        for (int g = 0; g < G; ++g) p[g] += __shfl_xor_sync(0xffffffffu, p[g], o);
-      if (sub == 0 && j < n) {
-        const float ks = FP8 ? k_scale[base + j] : 1.0f;
-#pragma unroll
-        for (int g = 0; g < G; ++g) sc[g * DA_CHUNK + j] = p[g] * ks;
-      }
-    }
-  }
-  __syncthreads();
-
-  // The chunk's softmax, a warp per head.
-  const int warp = tid / 32, lane = tid % 32;
-  for (int g = warp; g < G; g += DA_THREADS / 32) {
-    float m = da_neg_inf();
-    for (int j = lane; j < n; j += 32) m = fmaxf(m, sc[g * DA_CHUNK + j]);
-    m = warp_max(m);
-    float l = 0.0f;
-    for (int j = lane; j < n; j += 32) {
-      const float e = __expf(sc[g * DA_CHUNK + j] - m);
-      sc[g * DA_CHUNK + j] = e;
-      l += e;
-    }
-    l = warp_sum(l);
-    if (lane == 0) {
-      ml[2 * g] = m;
-      ml[2 * g + 1] = l;
-    }
-  }
-  __syncthreads();
-
-  // P·V: each thread its 8 columns over its rows, then the rows of a pass summed through shared memory.
-  float acc[G][8];
-#pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
-  for (int j0 = 0; j0 < n; j0 += RPI * U) {
-    Raw raw[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = j0 + u * RPI + row;
-      raw[u] = j < n ? V[(base + j) * TPR + sub] : Raw{};
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = j0 + u * RPI + row;
-      if (j >= n) continue;
-      float f[8];
-      unpack8<C>(raw[u], f);
-      const float vs = FP8 ? v_scale[base + j] : 1.0f;
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        const float p = sc[g * DA_CHUNK + j] * vs;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[g][i] += p * f[i];
-      }
-    }
-  }
-#pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) red[(row * G + g) * D + d0 + i] = acc[g][i];
-  __syncthreads();
-  for (int e = tid; e < G * D; e += DA_THREADS) {
-    const int g = e / D, d = e % D;
-    float o = 0.0f;
-#pragma unroll
-    for (int rr = 0; rr < RPI; ++rr) o += red[(rr * G + g) * D + d];
-    const i64 at = ((i64)r * H + h * G + g) * n_chunks + c;
-    o_part[at * D + d] = o / ml[2 * g + 1];
-    if (d == 0) lse_part[at] = ml[2 * g] + logf(ml[2 * g + 1]);
-  }
-}
-
 // E cache elements as one load (16 or 8 bytes), and unpacked to floats.
 template <int BYTES> struct RawBytes { typedef uint4 t; };
 template <> struct RawBytes<8> { typedef uint2 t; };
@@ -428,11 +251,11 @@ __device__ __forceinline__ void unpack_e(const typename RawBytes<E * sizeof(C)>:
   }
 }
 
-// Split variant v2: CHUNK positions a CTA, E elements a thread (one load), the e4m3 scales applied in
-// the softmax pass, and the P·V partial rows summed by shuffles within each warp first.
+// CHUNK positions a CTA, E elements a thread (one load), the e4m3 scales applied in the softmax pass,
+// and the P·V partial rows summed by shuffles within each warp first.
 template <typename C, int D, int G, int CHUNK, int E>
-__device__ void da_split2(const float* q, const C* cache_k, const C* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part,
-                          int M, int KV, int n_chunks, float scale) {
+__device__ void da_split(const float* q, const C* cache_k, const C* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part,
+                         int M, int KV, int n_chunks, float scale) {
   constexpr int TPR = D / E;               // threads per cache row
   constexpr int RPI = DA_THREADS / TPR;    // cache rows per pass of the block
   constexpr int W = DA_THREADS / 32;       // warps

@@ -18,7 +18,6 @@ import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
 import { type Kernel, type Kernels } from './kernels';
 import {
-  DECODE_DEFAULT_SPLIT,
   DECODE_GROUPS,
   DECODE_HEAD_DIMS,
   DECODE_THREADS,
@@ -30,7 +29,6 @@ import {
   decodeSplitChunk,
   decodeSplitSmem,
   type DecodeCacheKind,
-  type DecodeSplitVariant,
 } from './decode-attention-source';
 
 /** One decode step's attention: one query per row, the cache [rows, numKvHeads, maxLength, headDim]. */
@@ -43,13 +41,11 @@ export interface DecodeAttentionShape {
   /** q, k, v and the output (the cache too unless fp8). */
   dtype: DType;
   cache: DecodeCacheKind;
-  /** The split kernel (default {@link DECODE_DEFAULT_SPLIT}): its chunk sets the scratch's chunk count. */
-  split?: DecodeSplitVariant;
 }
 
-/** Chunks of a row's positions, each one split CTA of `cache` and `split` (the scratch's [R, H, chunks, ·]). */
-export function decodeChunks(maxLength: number, cache: DecodeCacheKind = 'native', split: DecodeSplitVariant = DECODE_DEFAULT_SPLIT): number {
-  return Math.ceil(maxLength / decodeSplitChunk(cache, split));
+/** Chunks of a row's positions, each one split CTA of `cache` (the scratch's [R, H, chunks, ·]). */
+export function decodeChunks(maxLength: number, cache: DecodeCacheKind = 'native'): number {
+  return Math.ceil(maxLength / decodeSplitChunk(cache));
 }
 
 /** Why the kernels cannot run `shape` on `provider` (the caller keeps GroupQueryAttention), or undefined. */
@@ -139,16 +135,15 @@ export class DecodeAttention {
     const { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, cache } = shape;
     const t = shape.dtype as keyof typeof DECODE_TYPES;
     const G = H / KV;
-    const variant = shape.split ?? DECODE_DEFAULT_SPLIT;
-    const C = decodeChunks(M, cache, variant);
+    const C = decodeChunks(M, cache);
     if (R > 65535) throw new Error(`decode attention: ${R} rows past the grid's 65,535`);
     const append = this.fn(decodeKernelName.append(t, cache, D), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'f32', 'ptr', 'i32', 'i32', 'i32'] as AppendSig);
-    const split = this.fn(decodeKernelName.split(t, cache, D, G, variant), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'] as SplitSig);
-    const combine = this.fn(decodeKernelName.combine(t, D, decodeSplitChunk(cache, variant)), ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'] as CombineSig);
+    const split = this.fn(decodeKernelName.split(t, cache, D, G), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'] as SplitSig);
+    const combine = this.fn(decodeKernelName.combine(t, D, decodeSplitChunk(cache)), ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'] as CombineSig);
     const kS = a.kScale ?? 0n;
     const vS = a.vScale ?? 0n;
     if (parts.includes('append')) append.launch({ grid: [R, KV], block: D, sharedBytes: decodeAppendSmem(D), stream }, a.q, a.k, a.v, a.cacheK, a.cacheV, kS, vS, a.seqlens, a.cos, a.sin, a.qNorm ?? 0n, a.kNorm ?? 0n, a.epsilon ?? 1e-6, a.qRot, M, H, KV);
-    if (parts.includes('split')) split.launch({ grid: [C, KV, R], block: DECODE_THREADS, sharedBytes: decodeSplitSmem(D, G, cache, variant), stream }, a.qRot, a.cacheK, a.cacheV, kS, vS, a.seqlens, a.oPart, a.lsePart, M, KV, C, 1 / Math.sqrt(D));
+    if (parts.includes('split')) split.launch({ grid: [C, KV, R], block: DECODE_THREADS, sharedBytes: decodeSplitSmem(D, G, cache), stream }, a.qRot, a.cacheK, a.cacheV, kS, vS, a.seqlens, a.oPart, a.lsePart, M, KV, C, 1 / Math.sqrt(D));
     if (parts.includes('combine')) combine.launch({ grid: R * H, block: D, stream }, a.oPart, a.lsePart, a.seqlens, a.out, M, H, C);
   }
 
@@ -353,8 +348,6 @@ export interface DecodeAttentionOps {
   domain: CustomOpDomain;
   /** How the cache is held. */
   cache: DecodeCacheKind;
-  /** The split kernel the computes launch. */
-  split: DecodeSplitVariant;
   /** The RMSNorm epsilon of the Q/K norm (nodes given `qkNorm`). */
   qkNormEpsilon: number;
   /** The cache tensors' element type: the compute dtype, or uint8 for e4m3. */
@@ -380,15 +373,13 @@ let domainCount = 0;
  * their computes launch `kernels` (which must be the kernels whose stream the device's sessions run
  * on), on the CPU they compute {@link decodeAttentionReference} on the host (float32). `cache`
  * `float8e4m3` holds the cache as e4m3 bytes with per-vector scales. `qkNormEpsilon`: the model's
- * RMSNorm epsilon for its Q/K norm (when `attend` gets `qkNorm`). `split`: the split kernel the
- * computes launch (default {@link DECODE_DEFAULT_SPLIT}; the host rule is the same for both).
+ * RMSNorm epsilon for its Q/K norm (when `attend` gets `qkNorm`).
  */
-export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttention, opts: { cache?: DecodeCacheKind; qkNormEpsilon?: number; split?: DecodeSplitVariant } = {}): DecodeAttentionOps {
+export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttention, opts: { cache?: DecodeCacheKind; qkNormEpsilon?: number } = {}): DecodeAttentionOps {
   if (provider === 'cuda' && !kernels) throw new Error('decodeAttentionOps: CUDA needs the compiled DecodeAttention kernels (DecodeAttention.compile on the kernels of the device)');
   const cache = opts.cache ?? 'native';
   const fp8 = cache === 'float8e4m3';
   const eps = opts.qkNormEpsilon ?? 1e-6;
-  const split = opts.split ?? DECODE_DEFAULT_SPLIT;
   const domain = new CustomOpDomain(`lathe.decode${domainCount++}`);
   const api = CApi.get();
   const dtypes: DType[] = provider === 'cuda' ? ['bfloat16', 'float16'] : ['float32'];
@@ -429,7 +420,7 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
           const [R, , W] = q.shape;
           const [, KV, M, D] = ck.shape;
           const H = typeof W === 'number' && typeof D === 'number' ? W / D : 'H';
-          const C = typeof M === 'number' ? decodeChunks(M, cache, split) : `decode_chunks_${decodeSplitChunk(cache, split)}`;
+          const C = typeof M === 'number' ? decodeChunks(M, cache) : `decode_chunks_${decodeSplitChunk(cache)}`;
           return [
             { dtype: dt, shape: [...q.shape] },
             { dtype: cacheDt, shape: [...ck.shape] },
@@ -446,8 +437,8 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
           const [qn, kn] = norm ? ctx.inputs.slice(fp8 ? 10 : 8) : [];
           const [R, KV, M, D] = ck.dims;
           const H = q.dims[2] / D;
-          const shape: DecodeAttentionShape = { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, dtype: dt, cache, split };
-          const C = decodeChunks(M, cache, split);
+          const shape: DecodeAttentionShape = { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, dtype: dt, cache };
+          const C = decodeChunks(M, cache);
           const out = ctx.output(0, q.dims);
           const pk = ctx.output(1, ck.dims);
           const pv = ctx.output(2, cv.dims);
@@ -549,5 +540,5 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
     const [data, scale] = L.applyOp(op, [x], {});
     return { data, scale };
   };
-  return { domain, cache, split, qkNormEpsilon: eps, stats, cacheDtype: (dt) => (fp8 ? 'uint8' : dt), attend, quantize, check: () => domain.check(), dispose: () => domain.dispose() };
+  return { domain, cache, qkNormEpsilon: eps, stats, cacheDtype: (dt) => (fp8 ? 'uint8' : dt), attend, quantize, check: () => domain.check(), dispose: () => domain.dispose() };
 }

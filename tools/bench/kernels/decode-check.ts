@@ -2,7 +2,7 @@
  * Lathe's decode-attention kernels checked and timed on the GPU (issue 37, item 4). Phases, one JSON
  * line each:
  * - compile: NVRTC build of the module (ms, cold or cached).
- * - check (per case × cache native | float8e4m3 × split variant v1 | v2): one decode step on random caches with ragged row
+ * - check (per case × cache native | float8e4m3): one decode step on random caches with ragged row
  *   lengths — the op (append with QK-norm and RoPE, split-KV, merge) and GroupQueryAttention (ORT, the
  *   KV engine's settings: in-kernel rotary and QK-norm on CUDA) in one session, each on its own copy of
  *   the cache bound in place — against attention on the host in float64 (the op's reference with the
@@ -11,16 +11,15 @@
  *   is at most max(2 × GroupQueryAttention's, 1e-2) and op vs GroupQueryAttention ≤ 2e-2; an e4m3 case
  *   when it matches its own e4m3-rounded reference as tightly and its output is within 1/8 of the bf16 reference — else exit code 1.
  * - time: batch 256, Qwen3-0.6B heads (16/8, 128; --heads H,KV for others), cache length 1024, every row at each --lengths:
- *   the kernels' device ms per layer for each split variant (direct launches; events on the stream;
+ *   the kernels' device ms per layer (kernel_bf16, kernel_fp8; direct launches; events on the stream;
  *   every kernel warmed at every length before the first timing, then timed in one fixed order; the
  *   split, append and combine also timed alone), achieved GB/s over the bytes the step must read (K and
- *   V of every row's positions, plus scales for e4m3), and GroupQueryAttention and the op (--split) as
- *   one-node sessions on the same stream. --lengths (default 1,256,512,768; 1 shows a step's fixed cost).
+ *   V of every row's positions, plus scales for e4m3), and GroupQueryAttention and the op as one-node
+ *   sessions on the same stream. --lengths (default 1,256,512,768; 1 shows a step's fixed cost).
  * - generate: end-to-end KV-engine generation at --rows 256 ragged prompts of 128–256 tokens + --new
- *   512 (greedy, CUDA graphs), engines gqa | kernel | kernel+fp8 (the --split variant) or
- *   kernel:v1 | kernel:v2 | kernel+fp8:v1 | kernel+fp8:v2 in this one process: tok/s, decode step ms,
- *   and agreement of each engine's tokens with gqa's (rows identical, mean first divergence).
- * - kl: the KL(bf16 cache ‖ e4m3 cache) of next-token distributions (the --split variant's ops): --kl-rows prompts prefilled once,
+ *   512 (greedy, CUDA graphs), engines gqa | kernel | kernel+fp8 in this one process: tok/s, decode
+ *   step ms, and agreement of each engine's tokens with gqa's (rows identical, mean first divergence).
+ * - kl: the KL(bf16 cache ‖ e4m3 cache) of next-token distributions: --kl-rows prompts prefilled once,
  *   both caches fed the bf16 path's greedy tokens for --kl-steps steps in one graph (two decoders over
  *   the two caches, the KL per row computed in the graph): mean, p99 and max KL (nats) and the top-1
  *   agreement. With random weights (no --model) the distributions are near-flat and the KL tiny: pass
@@ -29,8 +28,8 @@
  * --cpu: a smoke test of this script on the CPU (float32, a tiny model and tiny cases, the ops' host
  * compute in place of the kernels, no time phase): it checks the script, not the kernels.
  *
- * usage: node .bundle/decode-check.js [--phases compile,check,time,generate,kl] [--reps 20] [--lengths 1,256,512,768] [--heads 16,8] [--model DIR] [--split v1|v2]
- *          [--rows 256] [--new 512] [--engines gqa,kernel,kernel+fp8,kernel+fp8:v2] [--kl-rows 32] [--kl-steps 128] [--cpu]
+ * usage: node .bundle/decode-check.js [--phases compile,check,time,generate,kl] [--reps 20] [--lengths 1,256,512,768] [--heads 16,8] [--model DIR]
+ *          [--rows 256] [--new 512] [--engines gqa,kernel,kernel+fp8] [--kl-rows 32] [--kl-steps 128] [--cpu]
  */
 import * as L from '@lathe/onnx';
 import { type DType, type Tensor } from '@lathe/onnx';
@@ -42,13 +41,11 @@ import {
   decodeAttentionOps,
   decodeAttentionReference,
   decodeChunks,
-  DECODE_SPLIT_VARIANTS,
   e4m3Decode,
   Kernels,
   quantizeE4m3Reference,
   type DecodeAttentionOps,
   type DecodeAttentionShape,
-  type DecodeSplitVariant,
   type DecodeStepPart,
 } from '@lathe/kernels';
 import { Device, fromBfloat16Bits, fromFloat16Bits, hostTensor, toBfloat16Bits, toFloat16Bits, type DeviceTensor } from '@lathe/runtime';
@@ -263,7 +260,7 @@ function checkCase(device: Device, ops: Record<CacheKind, DecodeAttentionOps>, c
   const pass = fp8
     ? opVsRef.finite && opVsRef.rel <= Math.max(2 * gqaVsRef.rel, 1e-2) && opVsBf16.rel <= 1 / 8 && entryK.rel <= 1 / 16 && entryV.rel <= 1 / 16
     : opVsRef.finite && opVsRef.rel <= Math.max(2 * gqaVsRef.rel, 1e-2) && opVsGqa.rel <= 2e-2 && entryK.rel <= 2e-2 && entryV.rel === 0;
-  console.log(JSON.stringify({ phase: 'check', case: c.name, cache, split: ops[cache].split, chunks: decodeChunks(M, cache, ops[cache].split), op_vs_reference: opVsRef, gqa_vs_reference: gqaVsRef, op_vs_gqa: opVsGqa, ...(fp8 ? { op_vs_bf16_reference: opVsBf16 } : {}), new_key_vs_gqa: entryK, new_value_vs_gqa: entryV, ok: pass }));
+  console.log(JSON.stringify({ phase: 'check', case: c.name, cache, chunks: decodeChunks(M, cache), op_vs_reference: opVsRef, gqa_vs_reference: gqaVsRef, op_vs_gqa: opVsGqa, ...(fp8 ? { op_vs_bf16_reference: opVsBf16 } : {}), new_key_vs_gqa: entryK, new_value_vs_gqa: entryV, ok: pass }));
   b.dispose();
   session.dispose();
   for (const x of [t.gk, t.gv, t.ok, t.ov, t.ks, t.vs, t.out.gqa, t.out.op]) x?.dispose();
@@ -304,7 +301,7 @@ function timePhase(kernels: Kernels, da: DecodeAttention, device: Device, ops: R
   const bf = [0, 1].map(() => device.upload({ data: tiled((n) => new Uint16Array(n), () => 0x3c00 + Math.floor(rand() * 0x3ff)), dims: cacheShape }, dt));
   const f8 = [0, 1].map(() => device.upload({ data: tiled((n) => new Uint8Array(n), () => Math.floor(rand() * 0x7e)), dims: cacheShape }, 'uint8'));
   const sc = [0, 1].map(() => device.upload({ data: new Float32Array(R * KV * M).fill(1 / 64), dims: [R, KV, M] }));
-  const C = Math.max(...DECODE_SPLIT_VARIANTS.flatMap((v) => [decodeChunks(M, 'native', v), decodeChunks(M, 'float8e4m3', v)]));
+  const C = Math.max(decodeChunks(M, 'native'), decodeChunks(M, 'float8e4m3'));
   const scratch = { qRot: device.empty('float32', [R, H, D]), oPart: device.empty('float32', [R, H, C, D]), lsePart: device.empty('float32', [R, H, C]), out: device.empty(dt, [R, 1, H * D]) };
   const time = (fn: () => void) => {
     for (let r = 0; r < 10; r++) fn();
@@ -350,14 +347,14 @@ function timePhase(kernels: Kernels, da: DecodeAttention, device: Device, ops: R
   const lengths = arg('lengths', '1,256,512,768').split(',').map(Number);
   for (const L0 of lengths) if (!(Number.isInteger(L0) && L0 >= 1 && L0 <= M)) throw new Error(`--lengths: ${L0} is not a length in 1..${M}`);
   const seqlensAt = new Map(lengths.map((L0) => [L0, device.upload({ data: new Int32Array(R).fill(L0 - 1), dims: [R] })]));
-  const step = (cache: CacheKind, split: DecodeSplitVariant, seqlens: DeviceTensor, parts?: readonly DecodeStepPart[]) => () => {
+  const step = (cache: CacheKind, seqlens: DeviceTensor, parts?: readonly DecodeStepPart[]) => () => {
     const fp8 = cache === 'float8e4m3';
     const [ck, cv] = fp8 ? f8 : bf;
-    const shape: DecodeAttentionShape = { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, dtype: dt, cache, split };
+    const shape: DecodeAttentionShape = { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, dtype: dt, cache };
     da.step(shape, { q, k, v, cacheK: ck, cacheV: cv, kScale: fp8 ? sc[0] : undefined, vScale: fp8 ? sc[1] : undefined, seqlens, cos, sin, qNorm: qn, kNorm: qn, epsilon: EPS, ...scratch }, undefined, parts);
   };
   // Every kernel at every length once untimed first, so no timing pays a first launch (module load, clocks, the JIT of the launch path).
-  for (const L0 of lengths) for (const cache of ['native', 'float8e4m3'] as const) for (const split of DECODE_SPLIT_VARIANTS) for (let r = 0; r < 10; r++) step(cache, split, seqlensAt.get(L0)!)();
+  for (const L0 of lengths) for (const cache of ['native', 'float8e4m3'] as const) for (let r = 0; r < 10; r++) step(cache, seqlensAt.get(L0)!)();
   kernels.synchronize();
   for (const L0 of lengths) {
     const seqlens = seqlensAt.get(L0)!;
@@ -365,24 +362,20 @@ function timePhase(kernels: Kernels, da: DecodeAttention, device: Device, ops: R
     for (const cache of ['native', 'float8e4m3'] as const) {
       const fp8 = cache === 'float8e4m3';
       const bytes = R * KV * L0 * D * 2 * (fp8 ? 1 : 2) + (fp8 ? R * KV * L0 * 2 * 4 : 0);
-      const ms: Record<string, number> = {};
-      for (const split of DECODE_SPLIT_VARIANTS) {
-        ms[split] = time(step(cache, split, seqlens));
-        // The step's kernels apart (the split alone is what reads the cache; append and combine are its fixed costs).
-        const part = (p: DecodeStepPart) => +time(step(cache, split, seqlens, [p])).toFixed(4);
-        const splitMs = part('split');
-        row[`kernel_${fp8 ? 'fp8' : 'bf16'}${split === 'v1' ? '' : `_${split}`}`] = {
-          ms: +ms[split].toFixed(4),
-          gb_per_s: Math.round(bytes / ms[split] / 1e6),
-          bytes,
-          chunks: decodeChunks(M, cache, split),
-          split_ms: splitMs,
-          split_gb_per_s: Math.round(bytes / splitMs / 1e6),
-          append_ms: part('append'),
-          combine_ms: part('combine'),
-        };
-      }
-      row[`kernel_${fp8 ? 'fp8' : 'bf16'}_v1_over_v2`] = +(ms.v1 / ms.v2).toFixed(3);
+      const ms = time(step(cache, seqlens));
+      // The step's kernels apart (the split alone is what reads the cache; append and combine are its fixed costs).
+      const part = (p: DecodeStepPart) => +time(step(cache, seqlens, [p])).toFixed(4);
+      const splitMs = part('split');
+      row[`kernel_${fp8 ? 'fp8' : 'bf16'}`] = {
+        ms: +ms.toFixed(4),
+        gb_per_s: Math.round(bytes / ms / 1e6),
+        bytes,
+        chunks: decodeChunks(M, cache),
+        split_ms: splitMs,
+        split_gb_per_s: Math.round(bytes / splitMs / 1e6),
+        append_ms: part('append'),
+        combine_ms: part('combine'),
+      };
     }
     for (const which of ['gqa', 'native', 'float8e4m3'] as const) {
       const fp8 = which === 'float8e4m3';
@@ -411,24 +404,19 @@ function makePrompts(n: number, lo: number, hi: number, vocab: number, seed: num
   return Array.from({ length: n }, () => Array.from({ length: lo + Math.floor(rand() * (hi - lo + 1)) }, () => 1 + Math.floor(rand() * (vocab - 2))));
 }
 
-/** An engine: GroupQueryAttention, or the op over a bf16 / e4m3 cache with the --split variant or the one after the colon. */
-type Engine = 'gqa' | 'kernel' | 'kernel+fp8' | `${'kernel' | 'kernel+fp8'}:${DecodeSplitVariant}`;
-const ENGINES = ['gqa', 'kernel', 'kernel+fp8', ...DECODE_SPLIT_VARIANTS.flatMap((v) => [`kernel:${v}`, `kernel+fp8:${v}`])];
-
-/** The decode-attention ops of each split variant (made on first use). */
-type OpsBySplit = (split: DecodeSplitVariant) => Record<CacheKind, DecodeAttentionOps>;
+/** The engines: GroupQueryAttention, or the op over a bf16 / e4m3 cache. */
+const ENGINES = ['gqa', 'kernel', 'kernel+fp8'] as const;
+type Engine = (typeof ENGINES)[number];
 
 /** End-to-end generation through the KV engine, one engine at a time over the same model. */
-async function generatePhase(model: CausalLM, opsFor: OpsBySplit, o: { rows: number; newTokens: number; promptLen: [number, number]; cudaGraph: boolean; engines: Engine[]; split: DecodeSplitVariant }): Promise<boolean> {
+async function generatePhase(model: CausalLM, ops: Record<CacheKind, DecodeAttentionOps>, o: { rows: number; newTokens: number; promptLen: [number, number]; cudaGraph: boolean; engines: Engine[] }): Promise<boolean> {
   const prompts = makePrompts(o.rows, o.promptLen[0], o.promptLen[1], model.config.vocabSize, 5);
   const maxLength = o.promptLen[1] + o.newTokens;
   let reference: Completion[] | undefined;
   let ok = true;
   for (const engine of o.engines) {
-    const [base, variant] = engine.split(':') as ['gqa' | 'kernel' | 'kernel+fp8', DecodeSplitVariant | undefined];
-    const ops = opsFor(variant ?? o.split);
-    const extra = base === 'gqa' ? {} : base === 'kernel' ? { decodeAttention: ops.native } : { decodeAttention: ops.float8e4m3, kvCacheDtype: 'float8e4m3' as const };
-    const used = base === 'gqa' ? undefined : base === 'kernel' ? ops.native : ops.float8e4m3;
+    const extra = engine === 'gqa' ? {} : engine === 'kernel' ? { decodeAttention: ops.native } : { decodeAttention: ops.float8e4m3, kvCacheDtype: 'float8e4m3' as const };
+    const used = engine === 'gqa' ? undefined : engine === 'kernel' ? ops.native : ops.float8e4m3;
     const copies0 = used?.stats.cacheCopies ?? 0;
     const s0 = performance.now();
     const gen = KvCacheGenerator.create(model, { temperature: 0, rows: o.rows, maxLength, cudaGraph: o.cudaGraph, ...extra });
@@ -443,7 +431,7 @@ async function generatePhase(model: CausalLM, opsFor: OpsBySplit, o: { rows: num
     const t = gen.lastTimings;
     gen.dispose();
     const tokens = out.reduce((s, c) => s + c.tokens.length, 0);
-    reference ??= base === 'gqa' ? out : undefined;
+    reference ??= engine === 'gqa' ? out : undefined;
     const agree = reference
       ? (() => {
           const firstDiff = out.map((c, i) => {
@@ -461,7 +449,6 @@ async function generatePhase(model: CausalLM, opsFor: OpsBySplit, o: { rows: num
       JSON.stringify({
         phase: 'generate',
         engine,
-        ...(used ? { split: used.split } : {}),
         rows: o.rows,
         prompt_tokens: o.promptLen,
         new_tokens: o.newTokens,
@@ -585,7 +572,6 @@ function klPhase(model: CausalLM, dev: { device: Device; da?: DecodeAttention },
   console.log(
     JSON.stringify({
       phase: 'kl',
-      split: ops.float8e4m3.split,
       rows: R,
       steps: o.steps,
       prompt_tokens: o.promptLen,
@@ -610,9 +596,8 @@ async function main(): Promise<void> {
   for (const p of phases) if (!['compile', 'check', 'time', 'generate', 'kl'].includes(p)) throw new Error(`--phases: unknown phase '${p}' (compile, check, time, generate, kl)`);
   if (cpu && phases.some((p) => p === 'compile' || p === 'time')) throw new Error('--cpu runs the check, generate and kl phases only (no kernels to compile or time on the CPU)');
   const engines = arg('engines', 'gqa,kernel,kernel+fp8').split(',') as Engine[];
-  for (const e of engines) if (!ENGINES.includes(e)) throw new Error(`--engines: unknown engine '${e}' (${ENGINES.join(', ')})`);
-  const split = arg('split', 'v1') as DecodeSplitVariant;
-  if (!(DECODE_SPLIT_VARIANTS as readonly string[]).includes(split)) throw new Error(`--split: unknown variant '${split}' (${DECODE_SPLIT_VARIANTS.join(', ')})`);
+  for (const e of engines) if (!(ENGINES as readonly string[]).includes(e)) throw new Error(`--engines: unknown engine '${e}' (${ENGINES.join(', ')})`);
+  if (flag('split')) throw new Error('--split: the v1 split was removed; there is one split kernel (drop the flag)');
   let ok = true;
   let device: Device;
   let kernels: Kernels | undefined;
@@ -633,22 +618,13 @@ async function main(): Promise<void> {
       : CausalLM.random(cpu ? TINY : QWEN3_0_6B, { device, dtype: cpu ? 'float32' : 'bfloat16', seed: 3, std: cpu ? 0.5 : 0.02 })
     : undefined;
   const eps = model?.config.rmsNormEps ?? EPS;
-  const made = new Map<DecodeSplitVariant, Record<CacheKind, DecodeAttentionOps>>();
-  const opsFor: OpsBySplit = (v) => {
-    let o = made.get(v);
-    if (!o) {
-      o = { native: decodeAttentionOps(provider, da, { cache: 'native', qkNormEpsilon: eps, split: v }), float8e4m3: decodeAttentionOps(provider, da, { cache: 'float8e4m3', qkNormEpsilon: eps, split: v }) };
-      made.set(v, o);
-    }
-    return o;
-  };
-  const ops = opsFor(split);
-  if (phases.includes('check')) for (const v of DECODE_SPLIT_VARIANTS) for (const c of cpu ? CPU_CASES : CASES) for (const cache of ['native', 'float8e4m3'] as const) ok = checkCase(device, opsFor(v), c, cache) && ok;
+  const ops: Record<CacheKind, DecodeAttentionOps> = { native: decodeAttentionOps(provider, da, { cache: 'native', qkNormEpsilon: eps }), float8e4m3: decodeAttentionOps(provider, da, { cache: 'float8e4m3', qkNormEpsilon: eps }) };
+  if (phases.includes('check')) for (const c of cpu ? CPU_CASES : CASES) for (const cache of ['native', 'float8e4m3'] as const) ok = checkCase(device, ops, c, cache) && ok;
   if (phases.includes('time')) timePhase(kernels!, da!, device, ops);
   if (model && phases.includes('generate')) {
     const rows = Number(arg('rows', cpu ? '4' : '256'));
     const newTokens = Number(arg('new', cpu ? '6' : '512'));
-    ok = (await generatePhase(model, opsFor, { rows, newTokens, promptLen: cpu ? [3, 9] : [128, 256], cudaGraph: !cpu, engines, split })) && ok;
+    ok = (await generatePhase(model, ops, { rows, newTokens, promptLen: cpu ? [3, 9] : [128, 256], cudaGraph: !cpu, engines })) && ok;
   }
   if (model && phases.includes('kl')) {
     const rows = Number(arg('kl-rows', cpu ? '3' : '32'));
@@ -656,10 +632,8 @@ async function main(): Promise<void> {
     ok = klPhase(model, { device, da }, ops, { rows, steps, promptLen: cpu ? [3, 9] : [128, 256] }) && ok;
   }
   model?.dispose();
-  for (const o of made.values()) {
-    o.native.dispose();
-    o.float8e4m3.dispose();
-  }
+  ops.native.dispose();
+  ops.float8e4m3.dispose();
   kernels?.dispose();
   console.log(JSON.stringify({ phase: 'summary', ok }));
   if (!ok) process.exit(1);

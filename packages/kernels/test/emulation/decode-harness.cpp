@@ -1,7 +1,7 @@
 // Runs Lathe's decode-attention kernels (da.cu, the TypeScript source's templates written out by the test)
 // on the CPU through emu.h — append (QK-norm, RoPE, cache write or e4m3 quantization), the split-KV pass
 // and the log-sum-exp merge — against the same step computed in double, and prints one JSON line.
-// usage: decode-harness R KV G D bf16|fp16 native|fp8 M qknorm(0|1) split(v1|v2) chunk elems smem len0 len1 ...
+// usage: decode-harness R KV G D bf16|fp16 native|fp8 M qknorm(0|1) chunk elems smem len0 len1 ...
 // (chunk, elems a thread and shared bytes of the split as the TypeScript plans them: the harness checks
 // chunk and elems against the templates it instantiates and launches with smem, so a short plan trips
 // the emulator's guard; one length per row: the row's length after this step, the new token at len − 1)
@@ -56,22 +56,21 @@ static std::string js(const char* name, const Err& e) {
   return buf;
 }
 
-// The v2 split's template arguments for a cache element and group (the TypeScript decodeSplitPlan's rule).
-template <typename C, int G> constexpr int v2_chunk = sizeof(C) == 1 ? 256 : 128;
-template <typename C, int G> constexpr int v2_elems = sizeof(C) == 1 && G <= 4 ? 16 : 8;
+// The split's template arguments for a cache element and group (the TypeScript decodeSplitPlan's rule).
+template <typename C> constexpr int split_chunk = sizeof(C) == 1 ? 256 : 128;
+template <typename C, int G> constexpr int split_elems = sizeof(C) == 1 && G <= 4 ? 16 : 8;
 
-struct Split { bool v2; int chunk, elems; size_t smem; };
+struct Split { int chunk, elems; size_t smem; };
 
 template <typename T, typename C, int D, int G>
 static void run(int R, int KV, int M, bool qknorm, const Split& split, const std::vector<int>& lens) {
   constexpr bool FP8 = sizeof(C) == 1;
-  constexpr int CH2 = v2_chunk<C, G>, E2 = v2_elems<C, G>;
-  const int chunk = split.v2 ? CH2 : DA_CHUNK, elems = split.v2 ? E2 : 8;
-  if (split.chunk != chunk || split.elems != elems) {
-    std::fprintf(stderr, "decode-harness: the plan says chunk %d, %d elements; the templates have %d, %d\n", split.chunk, split.elems, chunk, elems);
+  constexpr int CHUNK = split_chunk<C>, E = split_elems<C, G>;
+  if (split.chunk != CHUNK || split.elems != E) {
+    std::fprintf(stderr, "decode-harness: the plan says chunk %d, %d elements; the templates have %d, %d\n", split.chunk, split.elems, CHUNK, E);
     std::exit(2);
   }
-  const int H = KV * G, HALF = D / 2, NC = (M + chunk - 1) / chunk;
+  const int H = KV * G, HALF = D / 2, NC = (M + CHUNK - 1) / CHUNK;
   const float eps = 1e-6f, scale = 1.0f / std::sqrt(float(D));
   std::mt19937 rng(4321);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -126,13 +125,9 @@ static void run(int R, int KV, int M, bool qknorm, const Split& split, const std
     da_append<T, C, D>(q.data(), k.data(), v.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), cosT.data(), sinT.data(), qknorm ? qn.data() : nullptr, qknorm ? kn.data() : nullptr, eps, qrot.data(), M, H, KV);
   });
   emu::launch({unsigned(NC), unsigned(KV), unsigned(R)}, DA_THREADS, split.smem, [&] {
-    if (split.v2) da_split2<C, D, G, CH2, E2>(qrot.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), opart.data(), lsepart.data(), M, KV, NC, scale);
-    else da_split<C, D, G>(qrot.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), opart.data(), lsepart.data(), M, KV, NC, scale);
+    da_split<C, D, G, CHUNK, E>(qrot.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), opart.data(), lsepart.data(), M, KV, NC, scale);
   });
-  emu::launch({unsigned(R * H), 1, 1}, D, 0, [&] {
-    if (chunk == DA_CHUNK) da_combine<T, D, DA_CHUNK>(opart.data(), lsepart.data(), seqlens.data(), out.data(), M, H, NC);
-    else da_combine<T, D, CH2>(opart.data(), lsepart.data(), seqlens.data(), out.data(), M, H, NC);
-  });
+  emu::launch({unsigned(R * H), 1, 1}, D, 0, [&] { da_combine<T, D, CHUNK>(opart.data(), lsepart.data(), seqlens.data(), out.data(), M, H, NC); });
 
   // The same step in double, rounded to T where the kernels keep T values.
   Err eo, eq, ek, ev;
@@ -212,13 +207,13 @@ static void dispatch(int R, int KV, int G, int D, int M, bool qknorm, const Spli
 }
 
 int main(int argc, char** argv) {
-  if (argc < 14) { std::fprintf(stderr, "usage: decode-harness R KV G D bf16|fp16 native|fp8 M qknorm v1|v2 chunk elems smem len...\n"); return 2; }
+  if (argc < 13) { std::fprintf(stderr, "usage: decode-harness R KV G D bf16|fp16 native|fp8 M qknorm chunk elems smem len...\n"); return 2; }
   const int R = std::atoi(argv[1]), KV = std::atoi(argv[2]), G = std::atoi(argv[3]), D = std::atoi(argv[4]), M = std::atoi(argv[7]);
   const std::string dt = argv[5], cache = argv[6];
   const bool qknorm = std::atoi(argv[8]) != 0;
-  const Split split{std::string(argv[9]) == "v2", std::atoi(argv[10]), std::atoi(argv[11]), size_t(std::atoll(argv[12]))};
+  const Split split{std::atoi(argv[9]), std::atoi(argv[10]), size_t(std::atoll(argv[11]))};
   std::vector<int> lens;
-  for (int i = 13; i < argc; ++i) lens.push_back(std::atoi(argv[i]));
+  for (int i = 12; i < argc; ++i) lens.push_back(std::atoi(argv[i]));
   if (int(lens.size()) != R) { std::fprintf(stderr, "decode-harness: %zu lengths for %d rows\n", lens.size(), R); return 2; }
   if (dt == "bf16") cache == "fp8" ? dispatch<__nv_bfloat16, unsigned char>(R, KV, G, D, M, qknorm, split, lens) : dispatch<__nv_bfloat16, __nv_bfloat16>(R, KV, G, D, M, qknorm, split, lens);
   else cache == "fp8" ? dispatch<__half, unsigned char>(R, KV, G, D, M, qknorm, split, lens) : dispatch<__half, __half>(R, KV, G, D, M, qknorm, split, lens);
