@@ -11,6 +11,14 @@
 #                reduce-scatters (zero2-bf16), each with its losses' parity against 1 GPU on the same global batch; then
 #                PyTorch DDP on the count, and on N also with its bf16_compress_hook (NO_DDP=1 skips DDP). One JSON line
 #                each. VARIANTS="fp32 bf16" runs only those Lathe variants.
+#   kernels "1 4" : Lathe's training kernels under data parallelism, for the A/B against comm's flash attention: comm's setup
+#                (bf16, PER_GPU rows of 512 per GPU, STEPS default 8, 3 warm-up) with dp-check's --attention-kernel --logprob-kernel
+#                --rope-kernel (KERNELS replaces those flags) instead of --flash-attention, the device opened through the kernels.
+#                For each count the 1-GPU run of the global batch (on 1 GPU printed as `single`), then on N the in-run float32
+#                all-reduce (overlap) and its bfloat16 form (bf16-overlap), each with its losses' parity against that 1-GPU run.
+#                comm's JSON line with kernels: true. VARIANTS="fp32 bf16" runs the post-backward all-reduces instead (the CPU
+#                smoke test over TCP, where --overlap is refused). The flash side, same call and same device path:
+#                DP_ARGS="--compute-stream" VARIANTS="overlap bf16-overlap" NO_DDP=1 device-run.sh comm "1 4".
 #   zero N     : ZeRO-1 on N GPUs against 1 GPU (fp32, composed attention, TF32 off; STEPS, default 5): the parity
 #                verdict (≤ 1e-5 relative), then each rank's AdamW moment bytes, trainer state bytes and device memory,
 #                with the unsharded numbers beside them, 1 GPU and N GPUs (SHAPE: 0.6b by default, 1.7b to show what
@@ -23,18 +31,22 @@
 #   recipe N   : lathe sft's own data-parallel path (the recipe under the launcher: built-in demo task and model, float32,
 #                STEPS default 20; bundle sft-dp): 1 GPU, then N GPUs with the default in-run all-reduce (overlap), with
 #                --grad_overlap false (post), and ZeRO's in-run reduce-scatter (zero2-overlap); each prints the reduction
-#                the ranks' device allows and its losses' parity against 1 GPU. SFT_ARGS adds sft-dp options.
+#                the ranks' device allows and its losses' parity against 1 GPU. SFT_ARGS adds sft-dp options (the kernels under
+#                launch, on a model whose head size they take: SFT_ARGS="--model tiny64 --attention kernels --compute bfloat16").
 #   order N    : NCCL's stream vs ORT's: an all-reduce read by the next ORT run, with the wait (0 wrong
 #                reads expected) and without it (wrong reads expected: what the wait prevents).
 # DDP_ARGS adds ddp_bench.py options (--shape 1.7b beside DP_ARGS="--shape 1.7b"). Every process gets NCCL_NVLS_ENABLE=0. Results go to $OUT (default /tmp/dp) as JSON lines. DP_ARGS adds dp-check
-# options (a CPU smoke test: DP_ARGS="--shape tiny --device cpu --seq 32" STEPS=3 bash tools/bench/distributed/device-run.sh parity 2).
+# options (a CPU smoke test: DP_ARGS="--shape tiny --device cpu --seq 32" STEPS=3 bash tools/bench/distributed/device-run.sh parity 2;
+# of kernels: DP_ARGS="--shape tiny --device cpu --compute float32 --seq 32" VARIANTS="fp32 bf16" STEPS=4 PER_GPU=2 ... kernels "1 2").
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/dp}
 mkdir -p "$OUT"
 B=${BUNDLE:-.bundle}
-mode=${1:?parity N | scaling "1 2 4" | comm "1 2" | zero N | grpo "1 2" | recipe N | order N}
+# comm's and kernels' line per run: the median step after the warm-up, the parity verdict against the 1-GPU run of the same global batch
+line() { node -e "const r=require('$1'); const t=r.step_ms.slice(3).sort((a,b)=>a-b); console.log(JSON.stringify({impl:'lathe', variant:'$2', ...(r.kernels?.length ? {kernels:true} : {}), world:r.world, zero:r.zero, grad_reduce_dtype:r.grad_reduce_dtype, tokens_per_s:r.tokens_per_s, step_ms:t[Math.floor(t.length/2)], parity:r.parity, state_bytes:r.state_bytes, memory:r.memory, ...(r.kernel_fallbacks ? {kernel_fallbacks:r.kernel_fallbacks} : {})}))"; }
+mode=${1:?parity N | scaling "1 2 4" | comm "1 2" | kernels "1 4" | zero N | grpo "1 2" | recipe N | order N}
 case "$mode" in
   parity)
     N=${2:?parity N}
@@ -62,8 +74,6 @@ case "$mode" in
     PER=${PER_GPU:-8}
     # FLASH="" and NO_DDP=1 for a CPU smoke test: DP_ARGS="--shape tiny --device cpu --compute float32 --seq 32" FLASH="" NO_DDP=1 STEPS=4
     common="${DP_ARGS:-} --compute bfloat16 ${FLASH---flash-attention} --steps ${STEPS:-8} --warmup 3 --seq 512"
-    # one line per run: the median step after the warm-up, the parity verdict against the 1-GPU run of the same global batch
-    line() { node -e "const r=require('$1'); const t=r.step_ms.slice(3).sort((a,b)=>a-b); console.log(JSON.stringify({impl:'lathe', variant:'$2', world:r.world, zero:r.zero, grad_reduce_dtype:r.grad_reduce_dtype, tokens_per_s:r.tokens_per_s, step_ms:t[Math.floor(t.length/2)], parity:r.parity, state_bytes:r.state_bytes, memory:r.memory}))"; }
     for n in ${2:-1 2}; do
       rows=$((PER * n))
       node $B/dp-check.js $common --batch $rows --out "$OUT/comm-1x$rows.json" > /dev/null
@@ -81,6 +91,22 @@ case "$mode" in
       [ -n "${NO_DDP:-}" ] || torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py ${DDP_ARGS:-} --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 | tee "$OUT/comm-ddp-$n.json"
       # DDP's bf16_compress_hook, the trade --grad-reduce-dtype bfloat16 makes
       [ -n "${NO_DDP:-}" ] || [ "$n" = 1 ] || torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py ${DDP_ARGS:-} --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 --bf16-compress | tee "$OUT/comm-ddp-bf16-$n.json"
+    done
+    ;;
+  kernels)
+    PER=${PER_GPU:-8}
+    common="${DP_ARGS:-} --compute bfloat16 ${KERNELS:---attention-kernel --logprob-kernel --rope-kernel} --steps ${STEPS:-8} --warmup 3 --seq 512"
+    for n in ${2:-1 4}; do
+      rows=$((PER * n))
+      node $B/dp-check.js $common --batch $rows --out "$OUT/kernels-1x$rows.json" > /dev/null
+      if [ "$n" = 1 ]; then line "$OUT/kernels-1x$rows.json" single; continue; fi
+      port=$((32000 + 10 * n))
+      for v in overlap:"--grad-reduce-dtype float32 --overlap" bf16-overlap:"--grad-reduce-dtype bfloat16 --overlap" fp32:"--grad-reduce-dtype float32" bf16:"--grad-reduce-dtype bfloat16"; do
+        name=${v%%:*}; opts=${v#*:}; port=$((port + 1))
+        case " ${VARIANTS:-overlap bf16-overlap} " in *" $name "*) ;; *) continue ;; esac
+        node $B/dp-launch.js --gpus "$n" --master_port $port -- node $B/dp-check.js $common --batch $rows $opts --reference "$OUT/kernels-1x$rows.json" --out "$OUT/kernels-$n-$name.json" > /dev/null
+        line "$OUT/kernels-$n-$name.json" "$name"
+      done
     done
     ;;
   zero)
@@ -119,11 +145,11 @@ case "$mode" in
     for v in overlap:"--grad-overlap true" post:"--grad-overlap false" zero2-overlap:"--grad-overlap true --zero-stage 2"; do
       name=${v%%:*}; opts=${v#*:}; port=$((port + 1))
       node $B/dp-launch.js --gpus "$N" --master_port $port -- node $B/sft-dp.js $args $opts --reference "$OUT/sft-one.json" --out "$OUT/sft-$N-$name.json" > /dev/null
-      node -e "const r=require('$OUT/sft-$N-$name.json'); console.log(JSON.stringify({variant:'$name', world:r.world, reduction:r.reduction, parity:r.parity, seconds:r.seconds}))"
+      node -e "const r=require('$OUT/sft-$N-$name.json'); console.log(JSON.stringify({variant:'$name', world:r.world, attention:r.attention, reduction:r.reduction, parity:r.parity, seconds:r.seconds}))"
     done
     ;;
   order)
     node $B/dp-launch.js --gpus "${2:-2}" --master_port 29700 -- node $B/nccl-order.js --mb ${MB:-512} --trials ${TRIALS:-10}
     ;;
-  *) echo "usage: $0 parity N | scaling \"1 2 4\" | comm \"1 2\" | zero N | grpo \"1 2\" | recipe N | order N" >&2; exit 2 ;;
+  *) echo "usage: $0 parity N | scaling \"1 2 4\" | comm \"1 2\" | kernels \"1 4\" | zero N | grpo \"1 2\" | recipe N | order N" >&2; exit 2 ;;
 esac

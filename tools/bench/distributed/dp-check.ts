@@ -21,19 +21,26 @@
  *   compute stream (`Kernels.withDevice`, so the fused AdamW is the default too); --compute-stream
  *   opens the device the same way without it, the A/B baseline. On the CPU --overlap runs alone
  *   only (a one-rank `ThreadGroup`: the in-run path without peers); over TCP it is refused.
+ * - --attention-kernel: attention through Lathe's flash-attention kernels, forward and backward (what
+ *   `lathe sft --attention kernels` trains with), on the device opened through the kernels (so it implies
+ *   --compute-stream, and rows right-padded as --flash-attention); with it --logprob-kernel takes the
+ *   LM head's log-partition through the fused cross-entropy kernels and --rope-kernel rotates queries
+ *   and keys through Lathe's RoPE kernel (tools/bench/train/lathe-step.ts's flags). CUDA needs
+ *   --compute bfloat16; on the CPU the ops' float32 host computes run (a smoke test). `kernels` in the
+ *   output lists those used.
  *
  * usage (each rank): node .bundle/dp-check.js [--shape 0.6b|1.7b|4b|tiny] [--compute float32|bfloat16]
  *   [--device cuda|cpu] [--steps 20] [--batch 8] [--seq 512] [--micro 1] [--lr 1e-5] [--warmup 2]
- *   [--flash-attention] [--recompute] [--tf32] [--bucket-mb 25] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap] [--compute-stream] [--reference ONE.json] [--tol X] [--out FILE]
+ *   [--flash-attention] [--attention-kernel [--logprob-kernel] [--rope-kernel]] [--recompute] [--tf32] [--bucket-mb 25] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap] [--compute-stream] [--reference ONE.json] [--tol X] [--out FILE]
  * run:  node .bundle/lathe.js launch --gpus 2 -- node .bundle/dp-check.js --compute float32 --out two.json
  * Prints one JSON line per rank (rank 0's first); --out writes rank 0's.
  */
 import { writeFileSync, readFileSync } from 'node:fs';
 import { paramSpecs, parseConfig, randomWeight, totalLengthTensor, TOTAL_LENGTH_INPUT, type HfConfig } from '@lathe/models';
-import { Device, type HostTensor } from '@lathe/runtime';
-import { sftLoss, Trainer, type TrainableParam } from '@lathe/train';
+import { Device, type HostTensor, type Ptr } from '@lathe/runtime';
+import { sftLoss, Trainer, type SftLossOptions, type TrainableParam } from '@lathe/train';
 import { checkDataParallelBatch, checkSameConfig, gradientAllReduce, gradientAllReduceInGraph, gradientReduceScatterInGraph, NcclCollectives, NcclInRunReducer, shardOf, TcpCollectives, ThreadGroup, worldFromEnv, type Collectives } from '@lathe/distributed';
-import { Kernels } from '@lathe/kernels';
+import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels, RopeKernels, ropeOps } from '@lathe/kernels';
 import { arg, flag } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
 
@@ -52,6 +59,44 @@ function globalBatch(step: number, rows: number, seq: number, vocab: number): { 
   return { ids, lossMask };
 }
 
+/** Lathe's training kernels as graph ops: what the loss attends (and takes log-probs, rotates) through, and the sessions' domains. */
+interface TrainKernels {
+  /** Which kernels run: `attention`, then `logprob` and `rope` where asked. */
+  used: string[];
+  /** sftLoss's options that attend (and take log-probs, rotate) through the kernels. */
+  loss: Pick<SftLossOptions, 'attentionKernel' | 'logprobKernel' | 'ropeKernel'>;
+  /** The ops' custom-op domains, for the Trainer's sessions. */
+  customOpDomains: Ptr[];
+  /** Why the log-prob kernel's heads kept their composed ops, with how many graph builds did (none expected). */
+  fallbacks(): Record<string, number>;
+  /** Rethrows an error a kernel's compute raised in the last run. */
+  check(): void;
+  dispose(): void;
+}
+
+/** The kernels compiled on the device's own `kernels` (cuda), or their float32 host computes (cpu: no kernels). */
+function trainKernels(kernels: Kernels | undefined, opts: { logprob: boolean; rope: boolean }): TrainKernels {
+  const attention = kernels ? flashAttentionOps('cuda', FlashAttention.compile(kernels, { includeDir: cudaIncludeDir() })) : flashAttentionOps('cpu');
+  const ce = !opts.logprob ? undefined : kernels ? crossEntropyOps('cuda', CrossEntropyKernels.compile(kernels, { includeDir: cudaIncludeDir() })) : crossEntropyOps('cpu');
+  const rope = !opts.rope ? undefined : kernels ? ropeOps('cuda', RopeKernels.compile(kernels, { includeDir: cudaIncludeDir() })) : ropeOps('cpu');
+  return {
+    used: ['attention', ...(ce ? ['logprob'] : []), ...(rope ? ['rope'] : [])],
+    loss: { attentionKernel: (x, heads) => attention.attend(x, heads, 'kernels'), ...(ce ? { logprobKernel: ce } : {}), ...(rope ? { ropeKernel: rope.rotate } : {}) },
+    customOpDomains: [attention.domain.handle, ...(ce ? [ce.domain.handle] : []), ...(rope ? [rope.domain.handle] : [])],
+    fallbacks: () => Object.fromEntries(ce?.fallbacks ?? []),
+    check: () => {
+      attention.check();
+      ce?.check();
+      rope?.check();
+    },
+    dispose: () => {
+      attention.dispose();
+      ce?.dispose();
+      rope?.dispose();
+    },
+  };
+}
+
 async function main(): Promise<void> {
   const shape = arg('shape', '0.6b');
   const hf = SHAPES[shape];
@@ -64,13 +109,20 @@ async function main(): Promise<void> {
   const micro = Number(arg('micro', '1'));
   const lr = Number(arg('lr', '1e-5'));
   const warmup = Number(arg('warmup', '2'));
-  const flash = flag('flash-attention');
+  const attentionKernel = flag('attention-kernel');
+  const logprobKernel = flag('logprob-kernel');
+  const ropeKernel = flag('rope-kernel');
+  if ((logprobKernel || ropeKernel) && !attentionKernel) throw new Error('--logprob-kernel and --rope-kernel go with --attention-kernel (they share its device and sessions)');
+  if (attentionKernel && deviceKind === 'cuda' && compute !== 'bfloat16') throw new Error(`--attention-kernel on --device cuda needs --compute bfloat16 (the kernels are bfloat16/float16 on the GPU; float32 only on the cpu), got --compute ${compute}`);
+  // the kernels attend over right-padded rows, fed like GroupQueryAttention's (total_sequence_length)
+  const flash = flag('flash-attention') || attentionKernel;
   const zero = Number(arg('zero', '0'));
   if (zero !== 0 && zero !== 1 && zero !== 2) throw new Error(`--zero ${zero}: 0, 1 or 2`);
   const gradReduceDtype = arg('grad-reduce-dtype', 'float32') as 'float32' | 'bfloat16';
   if (gradReduceDtype !== 'float32' && gradReduceDtype !== 'bfloat16') throw new Error(`--grad-reduce-dtype ${String(gradReduceDtype)}: float32 or bfloat16`);
   const overlap = flag('overlap');
-  const computeStream = overlap || flag('compute-stream');
+  // the kernels launch on the stream the device's sessions run on: Lathe's own
+  const computeStream = overlap || flag('compute-stream') || attentionKernel;
   const world = worldFromEnv();
   if (overlap && deviceKind !== 'cuda' && world.worldSize > 1) throw new Error('--overlap: on the CPU the in-run all-reduce needs ranks as threads of one process (ThreadGroup, the tests); processes over TCP cannot sum inside a run: use --device cuda, or run one rank');
   checkDataParallelBatch(rowsPerStep, micro, world.worldSize, { batch: '--batch', micro: '--micro' });
@@ -79,11 +131,13 @@ async function main(): Promise<void> {
   let group: Collectives | undefined;
   if (world.worldSize > 1) {
     const tcp = await TcpCollectives.connect({ rank: world.rank, worldSize: world.worldSize, addr: world.masterAddr, port: world.masterPort });
-    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, recompute: flag('recompute'), tf32: flag('tf32'), zero, gradReduceDtype, overlap, computeStream });
+    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, attentionKernel, logprobKernel, ropeKernel, recompute: flag('recompute'), tf32: flag('tf32'), zero, gradReduceDtype, overlap, computeStream });
     group = deviceKind === 'cuda' ? await NcclCollectives.create(tcp, { deviceId: world.localRank }) : tcp;
   }
   // the in-run all-reduce orders NCCL behind the stream the sessions run on: Lathe's own
-  const device = computeStream && deviceKind === 'cuda' ? Kernels.withDevice({ deviceId: world.localRank, device: { tf32: flag('tf32') } }).device : Device.open(deviceKind, { id: world.localRank, tf32: flag('tf32') });
+  const opened = computeStream && deviceKind === 'cuda' ? Kernels.withDevice({ deviceId: world.localRank, device: { tf32: flag('tf32') } }) : undefined;
+  const device = opened?.device ?? Device.open(deviceKind, { id: world.localRank, tf32: flag('tf32') });
+  const kernels = attentionKernel ? trainKernels(opened?.kernels, { logprob: logprobKernel, rope: ropeKernel }) : undefined;
   const bucketBytes = Number(arg('bucket-mb', '25')) * 2 ** 20;
   // the order the buckets' nodes computed in (each step: 0, 1, …, the backward's order)
   const bucketOrder: number[] = [];
@@ -101,9 +155,9 @@ async function main(): Promise<void> {
   const init = new Map(specs.map((s) => [s.name, sample(s)]));
   const params: TrainableParam[] = specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
   const trainer = Trainer.create(
-    { params, loss: sftLoss(config, { compute, flashAttention: flash, recompute: flag('recompute') }), optimizer: { weightDecay: 0.01, maxGradNorm: 1 } },
+    { params, loss: sftLoss(config, { compute, flashAttention: flash, recompute: flag('recompute'), ...kernels?.loss }), optimizer: { weightDecay: 0.01, maxGradNorm: 1 } },
     { params: init },
-    { device, microBatches: micro, ...reduction },
+    { device, microBatches: micro, ...reduction, ...(kernels ? { session: { customOpDomains: kernels.customOpDomains } } : {}) },
   );
   init.clear();
   const i64 = (rows: number[][]): HostTensor => ({ data: BigInt64Array.from(rows.flat().map(BigInt)), dims: [rows.length, rows[0].length] });
@@ -127,6 +181,7 @@ async function main(): Promise<void> {
     const t0 = performance.now();
     const r = await trainer.trainStepAsync(batches, lr);
     stepMs.push(performance.now() - t0);
+    kernels?.check();
     losses.push(r.loss);
     gradNorms.push(r.gradNorm);
   }
@@ -145,6 +200,8 @@ async function main(): Promise<void> {
     overlap: Boolean(inRun),
     ...(inRun ? { buckets: Math.max(...bucketOrder) + 1, bucket_order_ok: bucketOrder.every((k, i) => k === i % (Math.max(...bucketOrder) + 1)) } : {}),
     compute_stream: computeStream,
+    kernels: kernels?.used ?? [],
+    ...(kernels && Object.keys(kernels.fallbacks()).length ? { kernel_fallbacks: kernels.fallbacks() } : {}),
     moment_bytes: trainer.momentBytes,
     state_bytes: trainer.stateBytes,
     losses,
@@ -161,6 +218,7 @@ async function main(): Promise<void> {
     result.parity = { reference_world: ref.world, max_rel_loss_diff: Math.max(...rel), tol, pass: Math.max(...rel) <= tol };
   }
   trainer.dispose();
+  kernels?.dispose();
   if (inRun instanceof NcclInRunReducer) inRun.dispose();
   await group?.close();
   const line = JSON.stringify(result);
