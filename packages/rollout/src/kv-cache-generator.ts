@@ -112,9 +112,9 @@ export interface GenerationTimings {
  * query heads per KV head: with 2 of them (Qwen3-0.6B and 1.7B), the path ORT 1.29 takes without
  * its default XQA kernel (a cuDNN flash-attention kernel) decodes faster (docs/benchmarks.md). ORT
  * reads the switch (ORT_ENABLE_XQA) from the environment when it builds the kernel, so it is set
- * around the compile only, and never over a value the user set.
+ * around the compile only, and never over a value the user set. The slot engine's decode steps take it too.
  */
-function withDecodeKernelChoice<T>(config: DecoderConfig, compile: () => T): T {
+export function withDecodeKernelChoice<T>(config: DecoderConfig, compile: () => T): T {
   const KEY = 'ORT_ENABLE_XQA';
   if (process.env[KEY] !== undefined || config.numHeads / config.numKvHeads !== 2) return compile();
   process.env[KEY] = '0';

@@ -259,7 +259,8 @@ test('plain rows (temperature 1 or 0, no filter) run the cheaper sampling graph:
     { at: 1, prompt: [7, 2], rows: [{ sampling: { temperature: 0, minP }, seed: 0, key: 0 }], maxNew: 6 },
   ];
   const run = (minP: number) => {
-    const engine = SlotEngine.create(model, { slots: 4, maxLength: 32 });
+    // (the batch engine's graph for steps of temperature-1 rows alone is the next test's)
+    const engine = SlotEngine.create(model, { slots: 4, maxLength: 32, sampledGraph: false });
     const got = drive(engine, plan(minP));
     const compiled = engine.compiled.sort();
     engine.dispose();
@@ -281,6 +282,72 @@ test('plain rows (temperature 1 or 0, no filter) run the cheaper sampling graph:
       }),
     ),
   );
+});
+
+test('steps whose rows all sample at temperature 1 run the batch engine sampling graph: the same tokens and log-probs as the plain graph', () => {
+  const plan = [
+    { at: 0, prompt: [5, 9, 11, 3], rows: [{ sampling: { temperature: 1 }, seed: 2, key: 0 }, { sampling: {}, seed: 2, key: 1 }], maxNew: 6 },
+    { at: 2, prompt: [7, 2], rows: [{ sampling: { temperature: 0 }, seed: 0, key: 0 }], maxNew: 2 },
+    { at: 6, prompt: [30, 31], rows: [{ sampling: { temperature: 1 }, seed: 5, key: 3 }], maxNew: 5 },
+  ];
+  const run = (sampledGraph: boolean | undefined) => {
+    const engine = SlotEngine.create(model, { slots: 4, maxLength: 32, decodeBuckets: false, ...(sampledGraph === undefined ? {} : { sampledGraph }) });
+    const got = drive(engine, plan);
+    const compiled = engine.compiled.filter((n) => n.startsWith('slot-decode')).sort();
+    engine.dispose();
+    return { got, compiled };
+  };
+  const plain = run(false);
+  const sampled = run(undefined);
+  expect(plain.compiled).toEqual(['slot-decode-plain']);
+  // a greedy row in the step (step 2) needs the plain graph's argmax
+  expect(sampled.compiled).toEqual(['slot-decode-plain', 'slot-decode-sampled']);
+  expect(sampled.got.map((p) => p.map((r) => r.map((t) => t.token)))).toEqual(plain.got.map((p) => p.map((r) => r.map((t) => t.token))));
+  sampled.got.forEach((p, i) =>
+    p.forEach((r, j) =>
+      r.forEach((t, k) => {
+        expect(t.logprob).toBeCloseTo(plain.got[i][j][k].logprob, 6);
+        expect(t.rawLogprob).toBeCloseTo(plain.got[i][j][k].rawLogprob, 6);
+      }),
+    ),
+  );
+  // the environment's switch, for A/B runs of lathe serve
+  const before = process.env.LATHE_SLOT_SAMPLED_GRAPH;
+  try {
+    process.env.LATHE_SLOT_SAMPLED_GRAPH = '0';
+    expect(run(undefined).compiled).toEqual(['slot-decode-plain']);
+  } finally {
+    if (before === undefined) delete process.env.LATHE_SLOT_SAMPLED_GRAPH;
+    else process.env.LATHE_SLOT_SAMPLED_GRAPH = before;
+  }
+});
+
+test('decode steps compile with the batch engine decode kernel choice (ORT_ENABLE_XQA=0 at 2 query heads per KV head), prefills without it', () => {
+  const before = process.env.ORT_ENABLE_XQA;
+  const seen: [string, string | undefined][] = [];
+  const compile = device.compile.bind(device);
+  const spy = jest.spyOn(device, 'compile').mockImplementation((...args) => {
+    seen.push([args[1]?.name ?? '', process.env.ORT_ENABLE_XQA]);
+    return compile(...args);
+  });
+  try {
+    delete process.env.ORT_ENABLE_XQA;
+    const engine = SlotEngine.create(model, { slots: 2, maxLength: 16 });
+    engine.warm();
+    engine.dispose();
+    expect(seen).toEqual([
+      ['slot-prefill-plain', undefined],
+      ['slot-decode-plain', '0'],
+      ['slot-decode-sampled', '0'],
+      ['slot-prefill', undefined],
+      ['slot-decode', '0'],
+    ]);
+    expect(process.env.ORT_ENABLE_XQA).toBeUndefined();
+  } finally {
+    spy.mockRestore();
+    if (before === undefined) delete process.env.ORT_ENABLE_XQA;
+    else process.env.ORT_ENABLE_XQA = before;
+  }
 });
 
 test('decode steps over the leading slots that hold the busy rows (a power of two): the same tokens and log-probs as steps over every slot', () => {

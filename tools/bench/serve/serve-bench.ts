@@ -15,6 +15,9 @@
  *          [--warmup]   (lathe serve --warm_prefill at the prompt length: its prefill shapes planned and captured at start)
  *          [--http-thread true|false|both]   (lathe serve --http_thread; both: each client count timed with the HTTP
  *          layer on its own thread and on the decode loop's, one server per mode, in this one call; default true)
+ * A/B switches read from the environment (recorded in the summary): LATHE_SLOT_SAMPLED_GRAPH=0 (the slot
+ * engine's per-row sampling graph for steps of temperature-1 rows too), ORT_ENABLE_XQA=1 (ORT's XQA decode
+ * kernel, which both engines otherwise turn off at 2 query heads per KV head).
  * Prints one JSON line per client count and a summary line. `--direct` also submits each level's
  * requests straight to the server's scheduler (no HTTP, no detokenising): what the engine and the
  * scheduler alone sustain, so that the HTTP layer's share of the gap to offline shows.
@@ -261,7 +264,7 @@ async function main(): Promise<void> {
     gen.dispose();
     lm.dispose();
   }
-  console.log(JSON.stringify({ bench: 'serve-summary', shape: arg('model', '') ? model : shape, device, dtype, rows, prompt_len: promptLen, max_new: maxNew, rounds, temperature, cuda_graph: cudaGraph, warmup: flag('warmup'), http_thread: modeArg, prefill_graphs: prefillGraphsUsed, max_prefill_tokens: Number(arg('max-prefill-tokens', String(defaults(serveSchema).max_prefill_tokens))), admit_wait_ms: Number(arg('admit-wait-ms', String(defaults(serveSchema).admit_wait_ms))), startup_s: startup, levels: results }));
+  console.log(JSON.stringify({ bench: 'serve-summary', shape: arg('model', '') ? model : shape, device, dtype, rows, prompt_len: promptLen, max_new: maxNew, rounds, temperature, cuda_graph: cudaGraph, warmup: flag('warmup'), http_thread: modeArg, prefill_graphs: prefillGraphsUsed, max_prefill_tokens: Number(arg('max-prefill-tokens', String(defaults(serveSchema).max_prefill_tokens))), admit_wait_ms: Number(arg('admit-wait-ms', String(defaults(serveSchema).admit_wait_ms))), env: { LATHE_SLOT_SAMPLED_GRAPH: process.env.LATHE_SLOT_SAMPLED_GRAPH ?? null, ORT_ENABLE_XQA: process.env.ORT_ENABLE_XQA ?? null }, startup_s: startup, levels: results }));
 }
 
 // The threaded server's HTTP thread loads this bundle too: only the main thread runs the bench.

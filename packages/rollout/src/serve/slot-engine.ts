@@ -19,7 +19,7 @@ import type { DType } from '@lathe/onnx';
 import { CausalLM, paramSpecs, weightInputs, type DecoderConfig } from '@lathe/models';
 import { Device, DeviceTensor, hostTensor, type Binding, type HostTensor, type Session, type SessionOptions } from '@lathe/runtime';
 import { cacheName } from '../kv-cache-graphs';
-import type { KvCacheGeneratorOptions } from '../kv-cache-generator';
+import { withDecodeKernelChoice, type KvCacheGeneratorOptions } from '../kv-cache-generator';
 import { uniformAt } from '../rng';
 import { rowTopKCap, validateSampling, type RowFilterMode, type SamplingOptions } from '../sampling';
 import { addSlotDecodeStep, addSlotPrefill, STEP_ROWS, type SlotGraphOptions } from './slot-graphs';
@@ -60,6 +60,13 @@ export interface SlotEngineOptions extends Pick<KvCacheGeneratorOptions, 'maxLen
    * implied by `cudaGraph` with `prefillGraphs` > 0); on its own, a way to test that path on the CPU.
    */
   staticPrefill?: boolean;
+  /**
+   * Runs a decode step whose busy rows all sample at temperature 1 with no filter (none greedy) with
+   * the batch engine's sampling graph, which leaves out the per-row graph's argmax pass over the
+   * vocabulary: the same tokens and log-probs. Default true, unless the environment sets
+   * `LATHE_SLOT_SAMPLED_GRAPH=0` (an A/B switch for benchmarks of `lathe serve`).
+   */
+  sampledGraph?: boolean;
   /** Called before every prefill (with its prompts) and decode step (with the busy slots). Tests count runs with it. */
   beforeRun?: (phase: 'prefill' | 'decode', count: number) => void;
 }
@@ -134,6 +141,12 @@ interface StepInputs {
   topLogprobs: DeviceTensor | undefined;
   topIds: DeviceTensor | undefined;
 }
+
+/**
+ * Which sampling graph a run takes: the per-row one (`rows`), its plain form (temperature 1 or 0,
+ * no filter), or the batch engine's at temperature 1 (`sampled`, decode steps only).
+ */
+type Sampler = 'rows' | 'plain' | 'sampled';
 
 /** BigInts of small numbers, made once (the scatter index is built from them at every prefill). */
 const BIG = Array.from({ length: 4096 }, (_, i) => BigInt(i));
@@ -279,17 +292,19 @@ export class SlotEngine {
     if (!Number.isInteger(top) || top < 0 || top > this.opts.maxTopLogprobs) throw new Error(`top_logprobs must be an integer in [0, ${this.opts.maxTopLogprobs}], got ${row.topLogprobs}`);
   }
 
-  private graphOptions(filters: RowFilterMode, top: boolean, plain: boolean, rows: number): SlotGraphOptions {
-    return { slots: rows, filters, topLogprobs: top ? this.opts.maxTopLogprobs : 0, plain, qkNormInKernel: this.device.kind === 'cuda' };
+  private graphOptions(filters: RowFilterMode, top: boolean, sampler: Sampler, rows: number): SlotGraphOptions {
+    return { slots: rows, filters, topLogprobs: top ? this.opts.maxTopLogprobs : 0, plain: sampler === 'plain', sampled: sampler === 'sampled', qkNormInKernel: this.device.kind === 'cuda' };
   }
 
-  private compile(kind: 'prefill' | 'decode', filters: RowFilterMode, top: boolean, plain: boolean, rows: number): Session {
+  private compile(kind: 'prefill' | 'decode', filters: RowFilterMode, top: boolean, sampler: Sampler, rows: number): Session {
     const g = new L.Graph(`lathe_slot_${kind}`);
     const w = this.opts.graphWeights ? this.opts.graphWeights(g) : weightInputs(g, this.config, this.opts.dtype, this.opts.dtype).weights;
-    (kind === 'prefill' ? addSlotPrefill : addSlotDecodeStep)(g, this.config, w, this.opts.dtype, this.graphOptions(filters, top, plain, rows));
+    (kind === 'prefill' ? addSlotPrefill : addSlotDecodeStep)(g, this.config, w, this.opts.dtype, this.graphOptions(filters, top, sampler, rows));
     const session: SessionOptions = { ...this.opts.session, memoryPattern: this.opts.session?.memoryPattern ?? false };
-    const name = `slot-${kind}${plain ? '-plain' : ''}${filters === 'none' ? '' : `-${filters}`}${top ? '-top' : ''}${rows < this.opts.slots ? `-${rows}` : ''}`;
-    return this.device.compile(g, { ...session, name, cudaGraph: kind === 'decode' ? this.opts.cudaGraph : this.prefillCaptured() });
+    const name = `slot-${kind}${sampler === 'rows' ? '' : `-${sampler}`}${filters === 'none' ? '' : `-${filters}`}${top ? '-top' : ''}${rows < this.opts.slots ? `-${rows}` : ''}`;
+    if (kind === 'prefill') return this.device.compile(g, { ...session, name, cudaGraph: this.prefillCaptured() });
+    // the decode step's attention kernel as the batch engine chooses it (ORT_ENABLE_XQA, read at compile)
+    return withDecodeKernelChoice(this.config, () => this.device.compile(g, { ...session, name, cudaGraph: this.opts.cudaGraph }));
   }
 
   private prefillCaptured(): boolean {
@@ -371,12 +386,13 @@ export class SlotEngine {
     }
   }
 
-  private variant(kind: 'prefill' | 'decode', filters: RowFilterMode, top: boolean, plain = false, rows = this.opts.slots): Variant {
+  private variant(kind: 'prefill' | 'decode', filters: RowFilterMode, top: boolean, sampler: Sampler = 'rows', rows = this.opts.slots): Variant {
+    if (kind === 'prefill' && sampler === 'sampled') throw new Error('slot engine: the sampled graph is for decode steps');
     const map = kind === 'prefill' ? this.prefills : this.steps;
-    const id = `${filters}/${top}/${plain}/${rows}`;
+    const id = `${filters}/${top}/${sampler}/${rows}`;
     let v = map.get(id);
     if (!v) {
-      v = { session: this.compile(kind, filters, top, plain, rows), binding: undefined };
+      v = { session: this.compile(kind, filters, top, sampler, rows), binding: undefined };
       map.set(id, v);
     }
     if (!v.binding) {
@@ -406,10 +422,11 @@ export class SlotEngine {
   warm(opts: { filters?: boolean; top?: boolean } = {}): void {
     for (const filters of opts.filters ? (['none', 'capped', 'full'] as const) : (['none'] as const)) {
       for (const top of opts.top && this.opts.maxTopLogprobs > 0 ? [false, true] : [false]) {
-        for (const plain of filters === 'none' ? [true, false] : [false]) {
-          this.variant('prefill', filters, top, plain);
+        for (const sampler of filters === 'none' ? (['plain', 'rows'] as const) : (['rows'] as const)) {
+          this.variant('prefill', filters, top, sampler);
+          const decode: Sampler[] = sampler === 'plain' && this.sampledGraph ? ['plain', 'sampled'] : [sampler];
           // on a GPU every bucket, so that no step waits for a compile (and a CUDA-graph capture) mid-serving
-          for (const rows of this.device.kind === 'cuda' ? this.buckets() : [this.opts.slots]) this.variant('decode', filters, top, plain, rows);
+          for (const d of decode) for (const rows of this.device.kind === 'cuda' ? this.buckets() : [this.opts.slots]) this.variant('decode', filters, top, d, rows);
         }
       }
     }
@@ -457,6 +474,17 @@ export class SlotEngine {
   private plainRows(rows: readonly Pick<SlotState, 'k' | 'p' | 'minP' | 'row'>[]): boolean {
     const V = this.config.vocabSize;
     return rows.every((r) => r.k >= V && r.p >= 1 && r.minP === 0 && [0, 1].includes(r.row.sampling.temperature ?? 1));
+  }
+
+  /** Whether {@link SlotEngineOptions.sampledGraph} is on. */
+  private get sampledGraph(): boolean {
+    return this.opts.sampledGraph ?? process.env.LATHE_SLOT_SAMPLED_GRAPH !== '0';
+  }
+
+  /** The cheapest sampling graph these rows allow (`sampled` for decode steps only). */
+  private sampler(rows: readonly Pick<SlotState, 'k' | 'p' | 'minP' | 'row'>[], kind: 'prefill' | 'decode'): Sampler {
+    if (!this.plainRows(rows)) return 'rows';
+    return kind === 'decode' && this.sampledGraph && rows.every((r) => (r.row.sampling.temperature ?? 1) === 1) ? 'sampled' : 'plain';
   }
 
   /** The cheapest top-k/top-p graph these rows allow (see RowFilterMode). */
@@ -525,7 +553,7 @@ export class SlotEngine {
     const top = flat.some((r) => (r.row.topLogprobs ?? 0) > 0);
     let out: SlotToken[];
     try {
-      const b = this.prefillBinding(this.variant('prefill', filters, top, this.plainRows(flat)), top, [
+      const b = this.prefillBinding(this.variant('prefill', filters, top, this.sampler(flat, 'prefill')), top, [
         ['input_ids', { data: ids, dims: [Bp, P] }],
         ['seqlens', hostTensor('int32', [Bp], lengths.map((n) => n - 1))],
         ['last_index', hostTensor('int64', [Bp], lengths.map((n, i) => i * P + n - 1))],
@@ -623,7 +651,7 @@ export class SlotEngine {
     }
     this.leading(rows).step.upload(packed);
     const states = busy.map((i) => this.state[i]!);
-    const b = this.variant('decode', this.filterMode(states), top, this.plainRows(states), rows).binding!;
+    const b = this.variant('decode', this.filterMode(states), top, this.sampler(states, 'decode'), rows).binding!;
     this.opts.beforeRun?.('decode', busy.length);
     b.runSync({ synchronize: false });
     this.inFlight = { binding: b, busy, states, top };

@@ -36,7 +36,7 @@ import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { decoder, lmLogits, type DecoderConfig, type KvPair, type Weights } from '@lathe/models';
 import { cacheName } from '../kv-cache-graphs';
-import { sampleNextPerRow, type RowFilterMode, type RowSamplingInputs } from '../sampling';
+import { sampleNext, sampleNextPerRow, type RowFilterMode, type RowSamplingInputs } from '../sampling';
 
 /** How a slot graph is built beyond the model. */
 export interface SlotGraphOptions {
@@ -48,6 +48,12 @@ export interface SlotGraphOptions {
   topLogprobs: number;
   /** Every row has temperature 1 or 0 and no filter: the sampler's cheaper graph (see `sampleNextPerRow`). */
   plain?: boolean;
+  /**
+   * Every row samples at temperature 1 with no filter (none greedy): the batch engine's sampling
+   * graph (`sampleNext`), the same tokens and log-probs as the plain one without its argmax pass
+   * over the vocabulary. The per-row sampling inputs are then unread.
+   */
+  sampled?: boolean;
   /** Qwen3's Q/K norm inside GroupQueryAttention's kernel (CUDA only). */
   qkNormInKernel?: boolean;
 }
@@ -69,7 +75,8 @@ function emit(g: Graph, cfg: DecoderConfig, weights: Weights, hidden: Tensor, pa
   if (cfg.vocabSize >= 2 ** 24) throw new Error(`slot engine: vocab_size ${cfg.vocabSize} ≥ 2²⁴: token ids would not be exact in float32`);
   let logits = L.cast(L.squeeze(lmLogits(cfg, weights, hidden), [1]), 'float32'); // [N, V]
   if (expand) logits = L.gather(logits, expand, 0);
-  const s = sampleNextPerRow(logits, params, uniform, o.filters, o.plain ?? false);
+  if (o.sampled && o.filters !== 'none') throw new Error(`slot graphs: sampled rows take no top-k/top-p, got filters '${o.filters}'`);
+  const s = o.sampled ? sampleNext(logits, { temperature: 1 }, uniform) : sampleNextPerRow(logits, params, uniform, o.filters, o.plain ?? false);
   const column = (t: Tensor) => L.unsqueeze(t, [1]);
   g.output(L.concat([column(L.cast(s.tokens, 'float32')), column(s.logprobs), column(s.rawLogprobs)], 1), 'sampled');
   if (o.topLogprobs > 0) {
