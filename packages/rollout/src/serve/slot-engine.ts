@@ -171,6 +171,8 @@ export class SlotEngine {
   private inFlight: { binding: Binding; busy: number[]; states: SlotState[]; top: boolean } | undefined;
   /** Prefill shapes given a CUDA graph so far (ids 1…, across the prefill variants). */
   private prefillGraphCount = 0;
+  /** Whether {@link SlotEngineOptions.sampledGraph} is on (read once, at creation). */
+  private readonly sampledGraph: boolean;
 
   /** How many prefill shapes have been given a CUDA graph (at most `prefillGraphs`). */
   get prefillGraphsUsed(): number {
@@ -190,6 +192,7 @@ export class SlotEngine {
     private readonly inputs: StepInputs,
   ) {
     this.state = new Array<SlotState | undefined>(opts.slots).fill(undefined);
+    this.sampledGraph = opts.sampledGraph ?? process.env.LATHE_SLOT_SAMPLED_GRAPH !== '0';
     // Lowest slot first, so a lightly loaded engine reuses the same few rows.
     this.freeList = Array.from({ length: opts.slots }, (_, i) => opts.slots - 1 - i);
   }
@@ -474,11 +477,6 @@ export class SlotEngine {
   private plainRows(rows: readonly Pick<SlotState, 'k' | 'p' | 'minP' | 'row'>[]): boolean {
     const V = this.config.vocabSize;
     return rows.every((r) => r.k >= V && r.p >= 1 && r.minP === 0 && [0, 1].includes(r.row.sampling.temperature ?? 1));
-  }
-
-  /** Whether {@link SlotEngineOptions.sampledGraph} is on. */
-  private get sampledGraph(): boolean {
-    return this.opts.sampledGraph ?? process.env.LATHE_SLOT_SAMPLED_GRAPH !== '0';
   }
 
   /** The cheapest sampling graph these rows allow (`sampled` for decode steps only). */
