@@ -48,7 +48,7 @@ export const attentionOption = { type: 'string', default: 'auto', choices: ['aut
 
 /** What `--attention` of the training commands chooses between (each command adds what its other graphs do). */
 export const trainAttentionChoicesHelp =
-  "Attention in the train step: 'kernels' (Lathe's own flash-attention kernels, forward and backward; CUDA bfloat16, cpu float32 for tests; not with --packing or --cuda_graph; measured in docs/guides/kernels.md), 'flash' (ONNX Runtime's GroupQueryAttention, its backward recomputing each layer's probabilities), 'composed' (MatMul/Softmax, keeps [B, heads, T, T] activations; the cpu's fastest) or 'auto': kernels on cuda with bfloat16 compute wherever they apply (not with --packing, --cuda_graph, --quantize_base, under lathe launch, or where NVRTC is missing), else flash on cuda with bfloat16, composed otherwise.";
+  "Attention in the train step: 'kernels' (Lathe's own flash-attention kernels, forward and backward; CUDA bfloat16, cpu float32 for tests; not with --packing or --cuda_graph; measured in docs/guides/kernels.md), 'flash' (ONNX Runtime's GroupQueryAttention, its backward recomputing each layer's probabilities), 'composed' (MatMul/Softmax, keeps [B, heads, T, T] activations; the cpu's fastest) or 'auto': kernels on cuda with bfloat16 compute wherever they apply (not with --packing, --cuda_graph, --quantize_base, lathe grpo under lathe launch, or where NVRTC is missing), else flash on cuda with bfloat16, composed otherwise.";
 
 /** `--attention` of the commands whose train step can attend through Lathe's own kernels (sft, rm train, dpo): {@link attentionOption} and `kernels`. */
 export const trainAttentionOption = {

@@ -112,7 +112,7 @@ export function startPairTraining(
   const { state, init } = run.startFrom(tw.params, cfg, PAIR_RESUMABLE_KEYS, tw.init);
   run.saveConfig(cfg);
   // a data-parallel rank opens its own GPU (LOCAL_RANK); with --attention kernels, through the kernels
-  const { device, attention } = openTrainDevice(cfg, model.config, { id: dp?.deviceId ?? 0, dataParallel: dp !== undefined });
+  const { device, attention } = openTrainDevice(cfg, model.config, { id: dp?.deviceId ?? 0 });
   const loss = model.loss({ compute, weights: tw.weights, recompute: cfg.gradient_checkpointing, flashAttention: attention.flashAttention, ...attention.loss });
   const frozen: Record<string, DeviceTensor> = tw.frozenOn(device);
   const trainer = Trainer.create(

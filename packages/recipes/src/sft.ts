@@ -299,7 +299,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   // Flash attention needs right-padded rows, which padBatch makes, and each batch's width T (fed
   // as total_sequence_length, or with a static shape a constant in the graph).
   // The trainer holds parameters and AdamW state on the device (opened through the kernels with --attention kernels).
-  const { device, attention } = openTrainDevice(cfg, config, { id: dp?.deviceId ?? 0, kernels: !cudaGraph, dataParallel: dp !== undefined });
+  const { device, attention } = openTrainDevice(cfg, config, { id: dp?.deviceId ?? 0, kernels: !cudaGraph });
   const { flashAttention } = attention;
   const lora = loraFromOptions(cfg);
   // State: fresh from the model folder, or from the latest checkpoint.

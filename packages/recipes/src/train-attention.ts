@@ -36,7 +36,7 @@ export interface AutoAttentionFacts {
   unsupported?: string;
   /** Lathe's CUDA kernels can run on this GPU (NVRTC and the driver found, the device opened through them). */
   kernelsAvailable: boolean;
-  /** The run is one rank of a data-parallel job (the kernels are not yet measured under lathe launch). */
+  /** The run is one rank of a data-parallel `lathe grpo` job, whose kernels path is not measured under lathe launch (sft, rm train and dpo take the kernels there: a same-call A/B on 2 GPUs, docs/benchmarks.md). */
   dataParallel: boolean;
 }
 
