@@ -11,7 +11,7 @@ import { type DType, type OpDef, type Tensor } from '@lathe/onnx';
 import { CApi, type DeviceKind } from '@lathe/runtime';
 import { type ArgValue } from './args';
 import { CE_MAX_VOCAB, CE_THREADS, CE_TYPES, crossEntropyKernelName, crossEntropySource } from './cross-entropy-source';
-import { CustomOpDomain } from './custom-op';
+import { CustomOpDomain, readF32, readI64 } from './custom-op';
 import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
 import { type Kernel, type Kernels } from './kernels';
@@ -216,16 +216,6 @@ export function crossEntropyOps(provider: DeviceKind, kernels?: CrossEntropyKern
   const api = CApi.get();
   const dtypes: DType[] = provider === 'cuda' ? (Object.keys(CE_TYPES) as DType[]) : ['float32'];
   const ops = new Map<string, OpDef<object>>();
-  const readF32 = (p: bigint, n: number) => {
-    const a = new Float32Array(n);
-    api.copyOut(a, p);
-    return a;
-  };
-  const readI64 = (p: bigint, n: number) => {
-    const a = new BigInt64Array(n);
-    api.copyOut(a, p);
-    return a;
-  };
 
   const opFor = (dt: DType, withTargets: boolean, withEntropy: boolean, temperature: number): OpDef<object> => {
     const key = `${dt}/${withTargets}/${withEntropy}/${temperature}`;

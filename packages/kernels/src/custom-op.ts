@@ -15,6 +15,21 @@ import { dtypeFromOnnxCode, onnxTypeCode, type DType, type OpDef, type Tensor, t
 import * as L from '@lathe/onnx';
 import { CApi, namedKoffiType, type DeviceKind } from '@lathe/runtime';
 
+/** `n` elements of host memory at `p` (a CPU compute's input) as a typed array: the float32 host paths' reads. */
+function readHost<A extends Float32Array | Int32Array | BigInt64Array | Uint8Array>(make: new (n: number) => A, p: bigint, n: number): A {
+  const a = new make(n);
+  CApi.get().copyOut(a, p);
+  return a;
+}
+/** {@link readHost} of float32. */
+export const readF32 = (p: bigint, n: number): Float32Array => readHost(Float32Array, p, n);
+/** {@link readHost} of int32. */
+export const readI32 = (p: bigint, n: number): Int32Array => readHost(Int32Array, p, n);
+/** {@link readHost} of int64. */
+export const readI64 = (p: bigint, n: number): BigInt64Array => readHost(BigInt64Array, p, n);
+/** {@link readHost} of bytes. */
+export const readBytes = (p: bigint, n: number): Uint8Array => readHost(Uint8Array, p, n);
+
 /** One input of a custom op's compute. */
 export interface CustomOpInput {
   /** Address of the first element (device memory on CUDA). */

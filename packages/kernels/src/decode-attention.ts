@@ -13,7 +13,7 @@ import * as L from '@lathe/onnx';
 import { type DType, type OpDef, type Tensor, type TensorType } from '@lathe/onnx';
 import { CApi, type DeviceKind } from '@lathe/runtime';
 import { type ArgValue } from './args';
-import { CustomOpDomain } from './custom-op';
+import { CustomOpDomain, readBytes, readF32, readI32 } from './custom-op';
 import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
 import { type Kernel, type Kernels } from './kernels';
@@ -384,21 +384,6 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
   const api = CApi.get();
   const dtypes: DType[] = provider === 'cuda' ? ['bfloat16', 'float16'] : ['float32'];
   const count = (dims: readonly number[]) => dims.reduce((a, b) => a * b, 1);
-  const readF32 = (p: bigint, n: number) => {
-    const a = new Float32Array(n);
-    api.copyOut(a, p);
-    return a;
-  };
-  const readBytes = (p: bigint, n: number) => {
-    const a = new Uint8Array(n);
-    api.copyOut(a, p);
-    return a;
-  };
-  const readI32 = (p: bigint, n: number) => {
-    const a = new Int32Array(n);
-    api.copyOut(a, p);
-    return a;
-  };
   const stats = { cacheCopies: 0, computes: 0 };
   const ops = new Map<string, OpDef<object>>();
   const quantizeOps = new Map<DType, OpDef<object>>();

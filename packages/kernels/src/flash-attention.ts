@@ -12,7 +12,7 @@ import * as L from '@lathe/onnx';
 import { type DType, type OpDef, type Tensor } from '@lathe/onnx';
 import { CApi, type DeviceKind } from '@lathe/runtime';
 import { type ArgValue } from './args';
-import { CustomOpDomain } from './custom-op';
+import { CustomOpDomain, readF32, readI32 } from './custom-op';
 import { type Handle } from './driver';
 import { FLASH_BM, FLASH_BN, FLASH_HEAD_DIMS, FLASH_THREADS, FLASH_TYPES, flashAttentionSource, flashBackwardSmem, flashForwardSmem, flashKernelName } from './flash-attention-source';
 import { type Kernel, type Kernels } from './kernels';
@@ -295,16 +295,6 @@ export function flashAttentionOps(provider: DeviceKind, kernels?: FlashAttention
   const api = CApi.get();
   const dtypes: DType[] = provider === 'cuda' ? ['bfloat16', 'float16'] : ['float32'];
   const ops = new Map<DType, { fwd: OpDef<object>; bwd: OpDef<object>; bwdGqa: OpDef<object> }>();
-  const readF32 = (p: bigint, n: number) => {
-    const a = new Float32Array(n);
-    api.copyOut(a, p);
-    return a;
-  };
-  const readI32 = (p: bigint, n: number) => {
-    const a = new Int32Array(n);
-    api.copyOut(a, p);
-    return a;
-  };
   for (const dt of dtypes) {
     const fwdName = `FlashAttention_${dt}`;
     const bwdName = `FlashAttentionGrad_${dt}`;

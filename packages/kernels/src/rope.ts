@@ -9,7 +9,7 @@ import * as L from '@lathe/onnx';
 import { type DType, type OpDef, type Tensor } from '@lathe/onnx';
 import { CApi, type DeviceKind } from '@lathe/runtime';
 import { type ArgValue } from './args';
-import { CustomOpDomain } from './custom-op';
+import { CustomOpDomain, readF32, readI64 } from './custom-op';
 import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
 import { type Kernel, type Kernels } from './kernels';
@@ -162,11 +162,10 @@ export function ropeOps(provider: DeviceKind, kernels?: RopeKernels): RopeOps {
         }
         const n = shape.rows * shape.heads * 2 * shape.half;
         if (n === 0) return;
-        const read = <A extends Float32Array | BigInt64Array>(a: A, p: bigint): A => (api.copyOut(a, p), a);
         const tables = shape.maxPositions * shape.half;
         const r = ropeReference(
           shape,
-          { x: read(new Float32Array(n), x.data), positionIds: read(new BigInt64Array(shape.rows), pos.data), cos: read(new Float32Array(tables), cos.data), sin: read(new Float32Array(tables), sin.data) },
+          { x: readF32(x.data, n), positionIds: readI64(pos.data, shape.rows), cos: readF32(cos.data, tables), sin: readF32(sin.data, tables) },
           sign,
         );
         api.copyIn(y, r);
