@@ -17,6 +17,7 @@
  * Rows past 2³¹ elements are addressed in 64 bits. A row whose start is not 16-byte aligned (V not a
  * multiple of the vector) is read element by element.
  */
+import { floatConversions } from './cuda-snippets';
 
 /** Threads per CTA (one CTA per row). */
 export const CE_THREADS = 256;
@@ -55,14 +56,7 @@ export const crossEntropySource = String.raw`
 #define CE_WARPS (CE_THREADS / 32)
 typedef long long i64;
 
-template <typename T> __device__ __forceinline__ float ce_to_f(T x);
-template <> __device__ __forceinline__ float ce_to_f<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <> __device__ __forceinline__ float ce_to_f<__half>(__half x) { return __half2float(x); }
-template <> __device__ __forceinline__ float ce_to_f<float>(float x) { return x; }
-template <typename T> __device__ __forceinline__ T ce_from_f(float x);
-template <> __device__ __forceinline__ __nv_bfloat16 ce_from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <> __device__ __forceinline__ __half ce_from_f<__half>(float x) { return __float2half(x); }
-template <> __device__ __forceinline__ float ce_from_f<float>(float x) { return x; }
+${floatConversions('ce')}
 
 __device__ __forceinline__ float ce_neg_inf() { return __int_as_float(0xff800000); }
 

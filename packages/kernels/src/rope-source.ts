@@ -10,6 +10,7 @@
  * Kernels (names `rope_<bf16|fp16|fp32>`): one thread per (row, head, vector of the half-head), under 2³¹ threads;
  * positions outside [0, maxPositions) are clamped into it (ONNX Runtime leaves them undefined).
  */
+import { floatConversions } from './cuda-snippets';
 
 /** Threads per CTA. */
 export const ROPE_THREADS = 256;
@@ -41,14 +42,7 @@ export const ropeSource = String.raw`
 #define ROPE_THREADS ${ROPE_THREADS}
 typedef long long i64;
 
-template <typename T> __device__ __forceinline__ float rope_to_f(T x);
-template <> __device__ __forceinline__ float rope_to_f<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <> __device__ __forceinline__ float rope_to_f<__half>(__half x) { return __half2float(x); }
-template <> __device__ __forceinline__ float rope_to_f<float>(float x) { return x; }
-template <typename T> __device__ __forceinline__ T rope_from_f(float x);
-template <> __device__ __forceinline__ __nv_bfloat16 rope_from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <> __device__ __forceinline__ __half rope_from_f<__half>(float x) { return __float2half(x); }
-template <> __device__ __forceinline__ float rope_from_f<float>(float x) { return x; }
+${floatConversions('rope')}
 
 #ifndef ROPE_EMULATION
 // x is read once: non-coherent path, not kept in L1; the caches are small and shared across rows (default caching).

@@ -1,0 +1,23 @@
+/**
+ * CUDA C++ shared by the kernels' sources: text spliced into each source string, so that every
+ * source stays one self-contained NVRTC compilation (and one emulation build) with its own names.
+ */
+
+/**
+ * `<prefix>_to_f<T>(x)` and `<prefix>_from_f<T>(f)`: bf16, fp16 and float to and from float, the
+ * conversions every kernel's loads and stores go through (round to nearest even on the way back).
+ */
+export function floatConversions(prefix: string): string {
+  const to = `${prefix}_to_f`;
+  const from = `${prefix}_from_f`;
+  return [
+    `template <typename T> __device__ __forceinline__ float ${to}(T x);`,
+    `template <> __device__ __forceinline__ float ${to}<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }`,
+    `template <> __device__ __forceinline__ float ${to}<__half>(__half x) { return __half2float(x); }`,
+    `template <> __device__ __forceinline__ float ${to}<float>(float x) { return x; }`,
+    `template <typename T> __device__ __forceinline__ T ${from}(float x);`,
+    `template <> __device__ __forceinline__ __nv_bfloat16 ${from}<__nv_bfloat16>(float x) { return __float2bfloat16(x); }`,
+    `template <> __device__ __forceinline__ __half ${from}<__half>(float x) { return __float2half(x); }`,
+    `template <> __device__ __forceinline__ float ${from}<float>(float x) { return x; }`,
+  ].join('\n');
+}
