@@ -30,12 +30,12 @@ import * as L from '@lathe/onnx';
 import { CausalLM, chunkedLogprobsAndEntropy, chunkedTargetLogprobs, lmHeadName, parseConfig, TOTAL_LENGTH_INPUT, totalLengthTensor, type DecoderConfig, type HfConfig, type LogprobKernel, type Weights } from '@lathe/models';
 import { sftLoss, Trainer } from '@lathe/train';
 import { CrossEntropyKernels, crossEntropyOps, crossEntropyReference, cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels, type CrossEntropyOps, type FlashAttentionOps } from '@lathe/kernels';
-import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor } from '@lathe/runtime';
+import { Device, type DeviceTensor } from '@lathe/runtime';
 import { arg, flag } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
 import { trainedParams } from './plan';
+import { compare, download, fromBits, rng, toBits, type Dt } from './common';
 
-type Dt = 'bfloat16' | 'float16' | 'float32';
 
 interface Case {
   name: string;
@@ -60,46 +60,6 @@ const CPU_CASES: Case[] = [
 ];
 
 const TINY: HfConfig = { architectures: ['Qwen3ForCausalLM'], vocab_size: 512, hidden_size: 64, intermediate_size: 192, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 64, rms_norm_eps: 1e-6, rope_theta: 10000, max_position_embeddings: 1024, tie_word_embeddings: true };
-
-/** A seeded uniform generator in [-1, 1). */
-function rng(seed: number): () => number {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 2 ** 31 - 1;
-  };
-}
-
-const toBits = (dt: Dt, x: Float32Array) => (dt === 'bfloat16' ? toBfloat16Bits(x) : dt === 'float16' ? toFloat16Bits(x) : x);
-const fromBits = (dt: Dt, x: Uint16Array | Float32Array) => (x instanceof Float32Array ? x : dt === 'bfloat16' ? fromBfloat16Bits(x) : fromFloat16Bits(x));
-
-function download(t: DeviceTensor): Float32Array {
-  const h = t.download();
-  if (t.dtype === 'float32') return h.data as Float32Array;
-  return fromBits(t.dtype as Dt, h.data as Uint16Array | Float32Array);
-}
-
-interface Stat {
-  max_err: number;
-  max_ref: number;
-  rel: number;
-  finite: boolean;
-}
-
-function compare(got: Float32Array, ref: Float32Array): Stat {
-  let err = 0;
-  let mx = 0;
-  let finite = true;
-  for (let i = 0; i < ref.length; i++) {
-    if (!Number.isFinite(got[i])) finite = false;
-    err = Math.max(err, Math.abs(got[i] - ref[i]));
-    mx = Math.max(mx, Math.abs(ref[i]));
-  }
-  return { max_err: +err.toPrecision(4), max_ref: +mx.toPrecision(4), rel: +(err / (mx || 1)).toPrecision(4), finite };
-}
 
 /** Targets of a case: spread over the vocabulary, every fifth row ignored (−100). */
 function targetsOf(rows: number, vocab: number): BigInt64Array {

@@ -37,10 +37,11 @@ import * as L from '@lathe/onnx';
 import { CausalLM, chunkedTargetLogprobs, decoder, paddedCausalMask, positionsFromPadding, rightPaddedAttention, shiftLeft, totalLength, totalLengthTensor, TOTAL_LENGTH_INPUT, type DecoderConfig, type FlashAttentionInputs, type HfConfig } from '@lathe/models';
 import { castWeights, sftLoss, Trainer, type LossBuilder } from '@lathe/train';
 import { cudaIncludeDir, FlashAttention, flashAttentionOps, flashAttentionReference, Kernels, type FlashAttentionMode, type FlashAttentionOps, type FlashAttentionShape } from '@lathe/kernels';
-import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type Binding, type DeviceTensor, type Session } from '@lathe/runtime';
+import { Device, type Binding, type DeviceTensor, type Session } from '@lathe/runtime';
 import { arg, flag } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
 import { trainedParams } from './plan';
+import { compare, download, fromBits, rng, toBits } from './common';
 
 type Half = 'bfloat16' | 'float16' | 'float32';
 
@@ -143,52 +144,11 @@ function readF32(path: string): Float32Array {
   return new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength));
 }
 
-/** A seeded uniform generator in [-1, 1). */
-function rng(seed: number): () => number {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 2 ** 31 - 1;
-  };
-}
-
-const toBits = (dt: Half, x: Float32Array) => (dt === 'bfloat16' ? toBfloat16Bits(x) : dt === 'float16' ? toFloat16Bits(x) : x);
-const fromBits = (dt: Half, x: Uint16Array | Float32Array) => (x instanceof Float32Array ? x : dt === 'bfloat16' ? fromBfloat16Bits(x) : fromFloat16Bits(x));
-
 /** Random values rounded to the half type (the inputs every path sees), as bits and as floats. */
 function randomHalf(dt: Half, n: number, amp: number, seed: number): { bits: Uint16Array | Float32Array; values: Float32Array } {
   const r = rng(seed);
   const bits = toBits(dt, Float32Array.from({ length: n }, () => amp * r()));
   return { bits, values: fromBits(dt, bits) };
-}
-
-function download(t: DeviceTensor): Float32Array {
-  const h = t.download();
-  if (t.dtype === 'float32') return h.data as Float32Array;
-  return fromBits(t.dtype as Half, h.data as Uint16Array | Float32Array);
-}
-
-interface Stat {
-  max_err: number;
-  max_ref: number;
-  rel: number;
-  finite: boolean;
-}
-
-function compare(got: Float32Array, ref: Float32Array, keep: (i: number) => boolean): Stat {
-  let err = 0;
-  let mx = 0;
-  let finite = true;
-  for (let i = 0; i < ref.length; i++) {
-    if (!Number.isFinite(got[i])) finite = false;
-    if (!keep(i)) continue;
-    err = Math.max(err, Math.abs(got[i] - ref[i]));
-    mx = Math.max(mx, Math.abs(ref[i]));
-  }
-  return { max_err: +err.toPrecision(4), max_ref: +mx.toPrecision(4), rel: +(err / (mx || 1)).toPrecision(4), finite };
 }
 
 /** The composed path: GroupQueryAttention and its gradient rule, one session, outputs out, dq, dk, dv. */

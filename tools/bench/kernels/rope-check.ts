@@ -16,10 +16,10 @@
  */
 import * as L from '@lathe/onnx';
 import { cudaIncludeDir, Kernels, RopeKernels, ropeOps, ropeReference, type RopeOps } from '@lathe/kernels';
-import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor } from '@lathe/runtime';
+import { Device } from '@lathe/runtime';
 import { arg, flag } from '../argv';
+import { download, fromBits, rng, toBits, type Dt } from './common';
 
-type Dt = 'bfloat16' | 'float16' | 'float32';
 
 interface Case {
   name: string;
@@ -40,29 +40,10 @@ const CPU_CASES: Case[] = [{ name: 'cpu_fp32_hd8', batch: 2, seq: 5, heads: 3, h
 const MAX_POSITIONS = 2048;
 const ROUNDING: Record<Dt, number> = { bfloat16: 2 ** -8, float16: 2 ** -11, float32: 2e-6 };
 
-function rng(seed: number): () => number {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 2 ** 31 - 1;
-  };
-}
-
-const toBits = (dt: Dt, x: Float32Array) => (dt === 'bfloat16' ? toBfloat16Bits(x) : dt === 'float16' ? toFloat16Bits(x) : x);
-const fromBits = (dt: Dt, x: Uint16Array | Float32Array) => (x instanceof Float32Array ? x : dt === 'bfloat16' ? fromBfloat16Bits(x) : fromFloat16Bits(x));
-
 /** Random values rounded to the dtype: the bits to upload and the float32 values they hold. */
 function rounded(dt: Dt, x: Float32Array): { bits: Uint16Array | Float32Array; values: Float32Array } {
   const bits = toBits(dt, x);
   return { bits, values: fromBits(dt, bits) };
-}
-
-function download(t: DeviceTensor): Float32Array {
-  const h = t.download();
-  return t.dtype === 'float32' ? (h.data as Float32Array) : fromBits(t.dtype as Dt, h.data as Uint16Array | Float32Array);
 }
 
 /** Qwen3's tables (θ = 10⁶) for `headDim`, [MAX_POSITIONS, headDim/2] each. */
