@@ -35,12 +35,12 @@
  * run:  node .bundle/lathe.js launch --gpus 2 -- node .bundle/dp-check.js --compute float32 --out two.json
  * Prints one JSON line per rank (rank 0's first); --out writes rank 0's.
  */
-import { writeFileSync, readFileSync } from 'node:fs';
 import { paramSpecs, parseConfig, randomWeight, totalLengthTensor, TOTAL_LENGTH_INPUT, type HfConfig } from '@lathe/models';
 import { Device, type HostTensor, type Ptr } from '@lathe/runtime';
 import { sftLoss, Trainer, type SftLossOptions, type TrainableParam } from '@lathe/train';
 import { checkDataParallelBatch, checkSameConfig, gradientAllReduce, gradientAllReduceInGraph, gradientReduceScatterInGraph, NcclCollectives, NcclInRunReducer, shardOf, TcpCollectives, ThreadGroup, worldFromEnv, type Collectives } from '@lathe/distributed';
 import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels, RopeKernels, ropeOps } from '@lathe/kernels';
+import { lossParity, reportResult } from './report';
 import { arg, flag } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
 
@@ -210,20 +210,13 @@ async function main(): Promise<void> {
     tokens_per_s: Math.round((rowsPerStep * seq) / (median / 1000)),
     memory: device.memory(),
   };
-  const reference = arg('reference', '');
-  if (reference && world.rank === 0) {
-    const ref = JSON.parse(readFileSync(reference, 'utf8')) as { losses: number[]; world: number };
-    const rel = losses.map((l, i) => Math.abs(l - ref.losses[i]) / Math.abs(ref.losses[i]));
-    const tol = Number(arg('tol', compute === 'float32' ? '1e-5' : '2e-2'));
-    result.parity = { reference_world: ref.world, max_rel_loss_diff: Math.max(...rel), tol, pass: Math.max(...rel) <= tol };
-  }
+  const parity = lossParity(losses, world.rank, compute);
+  if (parity) result.parity = parity;
   trainer.dispose();
   kernels?.dispose();
   if (inRun instanceof NcclInRunReducer) inRun.dispose();
   await group?.close();
-  const line = JSON.stringify(result);
-  if (world.rank === 0 && arg('out', '')) writeFileSync(arg('out', ''), line + '\n');
-  console.log(line);
+  reportResult(result, world.rank);
 }
 
 main().catch((e: Error) => {

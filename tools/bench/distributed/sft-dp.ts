@@ -20,13 +20,14 @@
  * Prints one JSON line per rank (rank 0's first): the reduction the rank's device allows, the
  * losses, seconds; --out writes rank 0's.
  */
-import { existsSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, renameSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomModel, type HfConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { worldFromEnv } from '@lathe/distributed';
 import { defaults, gradientReduction, runSft, sftSchema, trainAttentionOption, type SftConfig, type TrainAttentionChoice } from '@lathe/recipes';
+import { lossParity, reportResult } from './report';
 import { arg } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
 
@@ -85,16 +86,9 @@ async function main(): Promise<void> {
   const device = Device.open(deviceKind, { id: world.localRank });
   const reduction = gradientReduction({ device: deviceKind, worldSize: world.worldSize, zeroStage, gradOverlap, computeStream: device.computeStream !== undefined });
   const result: Record<string, unknown> = { rank: world.rank, world: world.worldSize, grad_overlap: gradOverlap, zero_stage: zeroStage, compute, attention, model: modelArg, reduction, steps, losses, seconds: +((performance.now() - t0) / 1000).toFixed(2) };
-  const reference = arg('reference', '');
-  if (reference && world.rank === 0) {
-    const ref = JSON.parse(readFileSync(reference, 'utf8')) as { losses: number[]; world: number };
-    const rel = losses.map((l, i) => Math.abs(l - ref.losses[i]) / Math.abs(ref.losses[i]));
-    const tol = Number(arg('tol', compute === 'float32' ? '1e-5' : '2e-2'));
-    result.parity = { reference_world: ref.world, max_rel_loss_diff: Math.max(...rel), tol, pass: Math.max(...rel) <= tol };
-  }
-  const line = JSON.stringify(result);
-  if (world.rank === 0 && arg('out', '')) writeFileSync(arg('out', ''), line + '\n');
-  console.log(line);
+  const parity = lossParity(losses, world.rank, compute);
+  if (parity) result.parity = parity;
+  reportResult(result, world.rank);
 }
 
 main().catch((e: Error) => {
