@@ -3,7 +3,7 @@
  * `resolveGrpoOptions` applies them (and checks the options), so the trainer, the `lathe grpo`
  * schema and a saved config read one set of values.
  */
-import type { CausalLM, LogprobKernel, TrunkOptions, Weights } from '@lathe/models';
+import type { CausalLM, LogprobKernel, RopeKernel, TrunkOptions, Weights } from '@lathe/models';
 import type { DType, Graph } from '@lathe/onnx';
 import type { GenerationEngine, SamplingOptions } from '@lathe/rollout';
 import { Device, type DeviceKind, type DeviceTensor, type Ptr, type SessionOptions } from '@lathe/runtime';
@@ -233,7 +233,7 @@ export interface GrpoTrainerOptions<M> {
 export interface GrpoAttentionKernel {
   /** The decoder's attention through the kernel: `flashAttentionOps(...).attend` of @lathe/kernels (`TrunkOptions.attentionKernel`). */
   attend: NonNullable<TrunkOptions['attentionKernel']>;
-  /** The custom-op domains the sessions that run it register (the kernels' `domain.handle`, and the log-prob kernel's with `logprobKernel`). */
+  /** The custom-op domains the sessions that run it register (the kernels' `domain.handle`, and the log-prob and RoPE kernels' with `logprobKernel` / `ropeKernel`). */
   customOpDomains: Ptr[];
   /**
    * Also take the LM head's log-partition (and entropy) through this fused kernel (`crossEntropyOps`
@@ -241,6 +241,12 @@ export interface GrpoAttentionKernel {
    * the value model has no vocabulary head. Default: the composed head.
    */
   logprobKernel?: LogprobKernel;
+  /**
+   * Also rotate queries and keys through this kernel (`ropeOps(...).rotate` of @lathe/kernels,
+   * `TrunkOptions.ropeKernel`) instead of RotaryEmbedding, in every graph that attends through
+   * `attend`: the policy's train step, the scoring passes and the value model. Default: RotaryEmbedding.
+   */
+  ropeKernel?: RopeKernel;
 }
 
 /** A rank's place in a data-parallel RL job (structurally what @lathe/distributed and `joinDataParallel` give). */

@@ -49,6 +49,8 @@ export interface DecoderPolicyOptions {
   flashAttention?: boolean;
   /** With `flashAttention`: attend through this kernel (Lathe's flash attention, `TrunkOptions.attentionKernel`) instead of GroupQueryAttention; the sessions then need its custom-op domain. */
   attentionKernel?: TrunkOptions['attentionKernel'];
+  /** With `flashAttention`: rotate queries and keys through this kernel (Lathe's RoPE, `TrunkOptions.ropeKernel`) instead of RotaryEmbedding; the sessions then need its custom-op domain. */
+  ropeKernel?: TrunkOptions['ropeKernel'];
   /**
    * Also a value per position from a linear head on the same hidden states (PPO's critic sharing the
    * policy's trunk): the parameter of this name, [1, hidden], must be among the trained ones.
@@ -69,7 +71,7 @@ export function decoderPolicy(cfg: DecoderConfig, opts: DecoderPolicyOptions = {
     const ids = g.input('input_ids', 'int64', ['B', 'T']);
     const attention = g.input('attention_mask', 'int64', ['B', 'T']);
     const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
-    const { logp, entropy, hidden } = causalLmLogprobs(cfg, w, ids, attention, { chunk, temperature, recompute: opts.recompute, entropy: opts.entropy, attention: opts.flashAttention ? 'flash' : 'composed', ...(opts.logprobKernel ? { logprobKernel: opts.logprobKernel } : {}), ...(opts.flashAttention && opts.attentionKernel ? { attentionKernel: opts.attentionKernel } : {}) });
+    const { logp, entropy, hidden } = causalLmLogprobs(cfg, w, ids, attention, { chunk, temperature, recompute: opts.recompute, entropy: opts.entropy, attention: opts.flashAttention ? 'flash' : 'composed', ...(opts.logprobKernel ? { logprobKernel: opts.logprobKernel } : {}), ...(opts.flashAttention && opts.attentionKernel ? { attentionKernel: opts.attentionKernel } : {}), ...(opts.flashAttention && opts.ropeKernel ? { ropeKernel: opts.ropeKernel } : {}) });
     const values = opts.valueHead ? L.where(L.cast(attention, 'bool'), L.cast(valuePerToken(hidden, w(opts.valueHead)), 'float32'), 0) : undefined;
     return { logp, ...(entropy ? { entropy } : {}), ...(values ? { values } : {}) };
   };

@@ -58,6 +58,8 @@ export interface ValueGraphOptions {
   flashAttention?: boolean;
   /** With `flashAttention`: attend through this kernel (Lathe's flash attention) instead of GroupQueryAttention; the session then needs its custom-op domain. */
   attentionKernel?: TrunkOptions['attentionKernel'];
+  /** With `flashAttention`: rotate queries and keys through this kernel (Lathe's RoPE) instead of RotaryEmbedding; the session then needs its custom-op domain. */
+  ropeKernel?: TrunkOptions['ropeKernel'];
   /** Recompute each layer in the backward pass. */
   recompute?: boolean;
 }
@@ -67,7 +69,7 @@ export function tokenValues(policy: DecoderConfig, g: L.Graph, params: Map<strin
   const ids = g.input('input_ids', 'int64', ['B', 'T']);
   const attention = g.input('attention_mask', 'int64', ['B', 'T']);
   const w = castWeights(params, opts.compute ?? 'float32');
-  const hidden = decoderHidden(valueModelConfig(policy), w, ids, attention, { attention: opts.flashAttention ? 'flash' : 'composed', recompute: opts.recompute, ...(opts.flashAttention && opts.attentionKernel ? { attentionKernel: opts.attentionKernel } : {}) });
+  const hidden = decoderHidden(valueModelConfig(policy), w, ids, attention, { attention: opts.flashAttention ? 'flash' : 'composed', recompute: opts.recompute, ...(opts.flashAttention && opts.attentionKernel ? { attentionKernel: opts.attentionKernel } : {}), ...(opts.flashAttention && opts.ropeKernel ? { ropeKernel: opts.ropeKernel } : {}) });
   const values = L.cast(valuePerToken(hidden, w(SCORE_WEIGHT)), accumulationDtype(hidden.dtype));
   return L.where(L.cast(attention, 'bool'), L.cast(values, 'float32'), 0);
 }

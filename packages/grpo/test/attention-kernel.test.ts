@@ -3,8 +3,9 @@
  * model attend through Lathe's flash-attention kernels (on the cpu their float32 host computation)
  * and give the steps of composed attention (MatMul/Softmax, an independent path) within 1e-4;
  * the graphs that attend through the kernel are named; a kernel with composed attention is refused.
+ * `ropeKernel` beside it rotates q/k through Lathe's RoPE ops in the same graphs, with the same steps.
  */
-import { flashAttentionOps, type FlashAttentionOps } from '@lathe/kernels';
+import { flashAttentionOps, ropeOps, type FlashAttentionOps, type RopeOps } from '@lathe/kernels';
 import { combineRewards, GrpoTrainer, resolveGrpoOptions, type GrpoAttentionKernel, type GrpoStepMetrics, type GrpoTrainerOptions, type RlPrompt } from '@lathe/grpo';
 import { tinyModel } from './tiny-qwen3';
 
@@ -112,6 +113,53 @@ test("PPO (a separate value model) with attentionKernel: the critic's step and s
     // the value model's scoring graph, both layers
     expect(graphs.filter((n) => n === 'value_model')).toHaveLength(2);
   } finally {
+    ops.dispose();
+  }
+}, 60_000);
+
+/** The attention kernel with `ropeKernel` through `rope`, recording the name of each graph that rotates through it. */
+function withRope(kernel: GrpoAttentionKernel, rope: RopeOps): { kernel: GrpoAttentionKernel; graphs: string[] } {
+  const graphs: string[] = [];
+  const ropeKernel: GrpoAttentionKernel['ropeKernel'] = (x, positionIds, cos, sin) => {
+    graphs.push(x.graph.name);
+    return rope.rotate(x, positionIds, cos, sin);
+  };
+  return { kernel: { ...kernel, ropeKernel, customOpDomains: [...kernel.customOpDomains, rope.domain.handle] }, graphs };
+}
+
+test('GRPO with attentionKernel.ropeKernel: q and k of the policy step, re-scoring and reference rotate through the RoPE ops; 3 steps with composed attention\'s metrics within 1e-4 (cpu, float32)', async () => {
+  const composed = await steps({ attention: 'composed' });
+  const ops = flashAttentionOps('cpu');
+  const rope = ropeOps('cpu');
+  try {
+    const { kernel, graphs } = withRope(countingKernel(ops).kernel, rope);
+    const rotated = await steps({ attention: 'flash', attentionKernel: kernel });
+    ops.check();
+    rope.check();
+    expectClose(rotated, composed, COMPARED, 1e-4);
+    // the policy's scoring and the reference's, q and k of both layers, and the train step's graph
+    expect(graphs.filter((n) => n === 'grpo_score')).toHaveLength(8);
+    expect(graphs.filter((n) => n !== 'grpo_score').length).toBeGreaterThanOrEqual(4);
+  } finally {
+    rope.dispose();
+    ops.dispose();
+  }
+}, 60_000);
+
+test("PPO (a separate value model) with attentionKernel.ropeKernel: the critic's step and scoring rotate through it too; 3 steps with composed attention's metrics within 1e-4 (cpu, float32)", async () => {
+  const ppo: Partial<GrpoTrainerOptions<Meta>> = { estimator: 'gae', valueModel: { gamma: 1, lambda: 0.95, clip: 0.2 }, kl: { coef: 0 }, loss: { aggregation: 'token-mean', rolloutIsThreshold: 0 } };
+  const composed = await steps({ ...ppo, attention: 'composed' });
+  const ops = flashAttentionOps('cpu');
+  const rope = ropeOps('cpu');
+  try {
+    const { kernel, graphs } = withRope(countingKernel(ops).kernel, rope);
+    const rotated = await steps({ ...ppo, attention: 'flash', attentionKernel: kernel });
+    rope.check();
+    expectClose(rotated, composed, [...COMPARED.filter((k) => k !== 'kl_ref'), ...VALUE_COMPARED], 1e-4);
+    // the value model's scoring graph: q and k of both layers
+    expect(graphs.filter((n) => n === 'value_model')).toHaveLength(4);
+  } finally {
+    rope.dispose();
     ops.dispose();
   }
 }, 60_000);

@@ -1,7 +1,7 @@
 /** `lathe grpo`'s options: defaults, flags, YAML keys and the config saved with every checkpoint. */
 import { ESTIMATOR_NAMES, GRPO_DEFAULTS, LOSS_AGGREGATIONS, POLICY_TERMS, type GrpoAlgorithmOptions } from '@lathe/grpo';
 import { BUILTIN_DATA, BUILTIN_TOKENIZER } from './demo-task';
-import { checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, gradReduceDtypeOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, quantizeBaseOption, reportOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainAttentionChoicesHelp, trainAttentionOption, trainComputeDtypeOption, logprobKernelOption } from './common-options';
+import { checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, gradReduceDtypeOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, quantizeBaseOption, reportOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainAttentionChoicesHelp, trainAttentionOption, trainComputeDtypeOption, logprobKernelOption, ropeKernelOption } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 import { TRAIN_EVAL_KEYS, trainEvalOptions } from './train-eval-config';
 import { classmateOptions, rolloutIsOption } from './classmate-config';
@@ -29,6 +29,12 @@ export const grpoSchema = {
       ...logprobKernelOption,
       describe:
         "The LM head's log-probs and entropy in the policy's train step and the re-scoring and reference passes through Lathe's fused cross-entropy kernels (each vocabulary chunk's logits read once forward and once backward in the compute dtype, no float32 copy) instead of ONNX Runtime's cast, LogSoftmax and their backward; needs the attention kernels. 'auto': on exactly when the run's attention is Lathe's kernels (--attention kernels, or auto where it picks them; measured in docs/guides/kernels.md), off otherwise; true: on, an error where the attention is not the kernels; false: off",
+    },
+    rope_kernel: {
+      ...ropeKernelOption,
+      default: false,
+      describe:
+        "Rotate queries and keys (RoPE) in the policy's train step, the re-scoring and reference passes and the value model through Lathe's kernel, in the compute dtype with the inverse rotation as its gradient, instead of ONNX Runtime's RotaryEmbedding and its composed backward; needs the attention kernels. Opt-in in lathe grpo (default false) until a same-call A/B of the GRPO step measures it (lathe sft's default is auto); true: on, an error where the attention is not the kernels or the model's head size is not one the kernel takes; false: off",
     },
     gradient_checkpointing: { ...gradientCheckpointingOption, default: GRPO_DEFAULTS.gradientCheckpointing },
   }),
@@ -220,7 +226,7 @@ export function grpoPresetSource(preset: GrpoConfig['preset']): { name: string; 
  * Options that may change between a checkpoint and its resume without --force (they do not change
  * what is trained; the generation engine draws the same samples either way, up to rounding).
  */
-export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention', 'logprob_kernel', 'report_to', 'wandb_project', 'serve_port', 'serve_host', 'serve_max_rows', 'grad_reduce_dtype', ...TRAIN_EVAL_KEYS];
+export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention', 'logprob_kernel', 'rope_kernel', 'report_to', 'wandb_project', 'serve_port', 'serve_host', 'serve_max_rows', 'grad_reduce_dtype', ...TRAIN_EVAL_KEYS];
 
 /**
  * `lathe demo`'s GRPO stage: the SFT stage's final checkpoint on the same task and held-out split,

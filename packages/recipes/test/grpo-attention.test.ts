@@ -3,7 +3,8 @@
  * the host in float32: three GRPO steps, and three PPO steps with a separate value model, give the
  * losses, gradient norms and rewards of composed attention (MatMul/Softmax, an independent path);
  * the option is sft's (one choice list and help text); `auto` picks the kernels by sft's rules;
- * `--logprob_kernel` (auto, the default, with the kernels) gives the same steps through the fused log-prob ops; kernels with
+ * `--logprob_kernel` (auto, the default, with the kernels) gives the same steps through the fused log-prob ops, and
+ * `--rope_kernel true` (opt-in) through the RoPE ops, the value model's included; kernels with
  * float32 compute on cuda is refused before anything is loaded.
  */
 import { mkdtempSync, writeFileSync } from 'node:fs';
@@ -80,6 +81,24 @@ test("lathe grpo --estimator gae --attention kernels: PPO's value model trains t
   expect(composed.every((s) => Number.isFinite(s.value_loss))).toBe(true);
   expect(composed[2].value_loss).not.toBe(composed[0].value_loss);
   expectClose(kernels, composed, 1e-4);
+}, 60_000);
+
+test("lathe grpo --attention kernels --rope_kernel true: q/k of the policy's step, re-scoring and KL reference through the RoPE ops, 3 steps within 1e-4 of composed attention (cpu, float32); off by default, refused without the attention kernels", async () => {
+  expect(defaults(grpoSchema).rope_kernel).toBe(false);
+  expect(grpoSchema.rope_kernel.describe).toContain('same-call A/B of the GRPO step');
+  const composed = await stepsOf(grpoConfig({ attention: 'composed' }));
+  const rope = await stepsOf(grpoConfig({ attention: 'kernels', rope_kernel: true }));
+  expect(composed[2].loss).not.toBe(composed[0].loss);
+  expectClose(rope, composed, 1e-4);
+  await expect(runGrpo(grpoConfig({ attention: 'composed', rope_kernel: true }))).rejects.toThrow(/--rope_kernel needs the attention kernels.*'composed'/);
+}, 60_000);
+
+test("lathe grpo --estimator gae --attention kernels --rope_kernel true: PPO's value model rotates q/k through the RoPE ops too, 3 steps within 1e-4 of composed attention (cpu, float32)", async () => {
+  const ppo = { estimator: 'gae', group_size: 2, kl_coef: 0 } as const;
+  const composed = await stepsOf(grpoConfig({ ...ppo, attention: 'composed' }));
+  const rope = await stepsOf(grpoConfig({ ...ppo, attention: 'kernels', rope_kernel: true }));
+  expect(composed.every((s) => Number.isFinite(s.value_loss))).toBe(true);
+  expectClose(rope, composed, 1e-4);
 }, 60_000);
 
 test("lathe grpo's --attention is sft's option (kernels among its choices, one help text), default auto", () => {
