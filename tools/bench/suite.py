@@ -5,13 +5,13 @@ Runs on the GPU machine (PyTorch + transformers there; Lathe as .bundle/*.js, bu
 runtime sourced (/opt/device-rt/env.sh). Groups, each at the Qwen3-0.6B shape in bf16:
   train  full fine-tuning and LoRA r=16 (q/k/v/o) at 8 × 1024 against PyTorch eager (same batch,
          same initial weights): Lathe plain and with CUDA-graph replay (GroupQueryAttention, composed
-         AdamW), and the default path on cuda (the fused AdamW node, Lathe's attention kernels); parity is the first loss
+         AdamW), and the kernel paths (the fused AdamW node, Lathe's attention kernels, below); parity is the first loss
          against PyTorch's, and every graph-replay loss against the plain path's: LoRA within 2e-5
          over 20 steps; full fine-tuning, whose own plain runs part in the last bits from step 3
          or so, within 3e-4 over 8 steps (twice the largest gap seen between two plain runs); the
-         default path's losses within 1e-3 relative of the plain path's (their bf16 rounding differs);
-         then that path with the fused log-prob kernel (`lathe sft --logprob_kernel`, kernels_ce), that
-         with Lathe's RoPE kernel (kernels_ce_rope), that path captured as a CUDA graph
+         kernel paths' losses within 1e-3 relative of the plain path's (their bf16 rounding differs);
+         then that path with the fused log-prob kernel (kernels_ce), that with Lathe's RoPE kernel
+         (kernels_ce_rope: lathe sft's default path on cuda), that path captured as a CUDA graph
          (kernels_ce_graph: an error is recorded, not flagged), and
          with --torch-compile, full fine-tuning's PyTorch step under torch.compile in the same call
          (issue 37's target: the kernels path ≥ 1.0× of it).
@@ -143,11 +143,12 @@ def train(results, torch_compile):
             r[f"{name}_losses"] = res["losses"]
             r[f"parity_{name}_vs_plain"] = len(res["losses"]) == len(plain) and r[f"{name}_vs_plain_max_rel"] <= KERNELS_TOLERANCE
 
-        # the default training path on cuda: the fused AdamW node and Lathe's attention kernels, then with the fused log-prob kernel
+        # the fused AdamW node and Lathe's attention kernels, then with the fused log-prob kernel, then with
+        # the RoPE kernel too: lathe sft's default path on cuda (--attention, --logprob_kernel, --rope_kernel auto)
         kernel_path("kernels", ["--attention-kernel"], True)
         kernel_path("kernels_ce", ["--attention-kernel", "--logprob-kernel"], True)
-        # opt-in, not yet recipe options: Lathe's RoPE kernel for RotaryEmbedding, and the kernels inside a captured step
-        kernel_path("kernels_ce_rope", ["--attention-kernel", "--logprob-kernel", "--rope-kernel"], False)
+        kernel_path("kernels_ce_rope", ["--attention-kernel", "--logprob-kernel", "--rope-kernel"], True)
+        # not a recipe path (lathe sft refuses --cuda_graph with the kernels): recorded only
         kernel_path("kernels_ce_graph", ["--attention-kernel", "--logprob-kernel", "--cuda-graph"], False)
         if torch_compile and kind == "full":
             comp, cerr, _ = run([sys.executable, "tools/reference/train/step_speed.py", "--steps", str(steps), "--batch", "8", "--seq", "1024",
