@@ -29,12 +29,12 @@
 import * as L from '@lathe/onnx';
 import { CausalLM, chunkedLogprobsAndEntropy, chunkedTargetLogprobs, lmHeadName, parseConfig, TOTAL_LENGTH_INPUT, totalLengthTensor, type DecoderConfig, type HfConfig, type LogprobKernel, type Weights } from '@lathe/models';
 import { sftLoss, Trainer } from '@lathe/train';
-import { CrossEntropyKernels, crossEntropyOps, crossEntropyReference, cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels, type CrossEntropyOps, type FlashAttentionOps } from '@lathe/kernels';
+import { CrossEntropyKernels, crossEntropyOps, crossEntropyReference, FlashAttention, flashAttentionOps, Kernels, type CrossEntropyOps, type FlashAttentionOps } from '@lathe/kernels';
 import { Device, type DeviceTensor } from '@lathe/runtime';
 import { arg, flag } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
 import { trainedParams } from './plan';
-import { compare, download, fromBits, rng, toBits, type Dt } from './common';
+import { compare, compilePhase, download, fromBits, rng, runCheck, toBits, type Dt } from './common';
 
 
 interface Case {
@@ -355,7 +355,7 @@ function sftPhase(device: Device, hf: HfConfig, fa: FlashAttentionOps, ce: Cross
   return ok;
 }
 
-function main(): void {
+function main(): boolean {
   const cpu = flag('cpu');
   const all = ['compile', 'check', 'time', 'head', 'sft'];
   const phases = arg('phases', cpu ? 'check,head,sft' : all.join(',')).split(',');
@@ -379,11 +379,7 @@ function main(): void {
     ops.dispose();
   } else {
     const { kernels, device } = Kernels.withDevice();
-    const include = cudaIncludeDir();
-    const t0 = performance.now();
-    const ce = CrossEntropyKernels.compile(kernels, { includeDir: include });
-    const fa = phases.includes('sft') ? FlashAttention.compile(kernels, { includeDir: include }) : undefined;
-    console.log(JSON.stringify({ phase: 'compile', include, ms: +(performance.now() - t0).toFixed(1), compiled: kernels.counts.compiled, cached: kernels.counts.cached, target: kernels.target }));
+    const { ce, fa } = compilePhase(kernels, (includeDir) => ({ ce: CrossEntropyKernels.compile(kernels, { includeDir }), fa: phases.includes('sft') ? FlashAttention.compile(kernels, { includeDir }) : undefined }));
     const ops = crossEntropyOps('cuda', ce);
     if (phases.includes('check')) for (const c of cases.filter((x) => names.includes(x.name))) ok = checkCase(device, ops, c) && ok;
     if (phases.includes('time')) timePhase(kernels, ce, device, ops);
@@ -397,13 +393,7 @@ function main(): void {
     ops.dispose();
     kernels.dispose();
   }
-  console.log(JSON.stringify({ phase: 'summary', ok }));
-  if (!ok) process.exit(1);
+  return ok;
 }
 
-try {
-  main();
-} catch (e) {
-  console.error(e);
-  process.exit(1);
-}
+runCheck(main);

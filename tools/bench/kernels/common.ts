@@ -1,7 +1,9 @@
 /**
  * What the kernel checks (ce-check, flash-check, rope-check) share: the element types they test, a
- * seeded generator, dtype bit conversions for uploads and downloads, and the error statistic.
+ * seeded generator, dtype bit conversions for uploads and downloads, the error statistic, and how a
+ * check compiles, ends and reports a failure.
  */
+import { cudaIncludeDir, type Kernels } from '@lathe/kernels';
 import { fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor } from '@lathe/runtime';
 
 /** The element types a check runs in. */
@@ -50,4 +52,25 @@ export function compare(got: Float32Array, ref: Float32Array, keep: (i: number) 
     mx = Math.max(mx, Math.abs(ref[i]));
   }
   return { max_err: +err.toPrecision(4), max_ref: +mx.toPrecision(4), rel: +(err / (mx || 1)).toPrecision(4), finite };
+}
+
+/** Compiles a check's kernels with the CUDA headers' folder and prints the compile phase's line (time, compiled and cached modules, target). */
+export function compilePhase<T>(kernels: Kernels, compile: (includeDir: string) => T): T {
+  const include = cudaIncludeDir();
+  const t0 = performance.now();
+  const out = compile(include);
+  console.log(JSON.stringify({ phase: 'compile', include, ms: +(performance.now() - t0).toFixed(1), compiled: kernels.counts.compiled, cached: kernels.counts.cached, target: kernels.target }));
+  return out;
+}
+
+/** Runs a check's main: prints its summary line, and exits 1 where a check failed or it threw. */
+export function runCheck(main: () => boolean): void {
+  try {
+    const ok = main();
+    console.log(JSON.stringify({ phase: 'summary', ok }));
+    if (!ok) process.exit(1);
+  } catch (e) {
+    console.error(e);
+    process.exit(1);
+  }
 }

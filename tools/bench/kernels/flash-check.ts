@@ -36,12 +36,12 @@ import { join } from 'node:path';
 import * as L from '@lathe/onnx';
 import { CausalLM, chunkedTargetLogprobs, decoder, paddedCausalMask, positionsFromPadding, rightPaddedAttention, shiftLeft, totalLength, totalLengthTensor, TOTAL_LENGTH_INPUT, type DecoderConfig, type FlashAttentionInputs, type HfConfig } from '@lathe/models';
 import { castWeights, sftLoss, Trainer, type LossBuilder } from '@lathe/train';
-import { cudaIncludeDir, FlashAttention, flashAttentionOps, flashAttentionReference, Kernels, type FlashAttentionMode, type FlashAttentionOps, type FlashAttentionShape } from '@lathe/kernels';
+import { FlashAttention, flashAttentionOps, flashAttentionReference, Kernels, type FlashAttentionMode, type FlashAttentionOps, type FlashAttentionShape } from '@lathe/kernels';
 import { Device, type Binding, type DeviceTensor, type Session } from '@lathe/runtime';
 import { arg, flag } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
 import { trainedParams } from './plan';
-import { compare, download, fromBits, rng, toBits } from './common';
+import { compare, compilePhase, download, fromBits, rng, runCheck, toBits } from './common';
 
 type Half = 'bfloat16' | 'float16' | 'float32';
 
@@ -549,7 +549,7 @@ const CPU_CASES: Case[] = [
   { name: 'cpu_b3_t20_len1', batch: 3, seqLen: 20, numHeads: 4, numKvHeads: 1, headDim: 64, dtype: 'float32', lens: [1, 20, 9] },
 ];
 
-function main(): void {
+function main(): boolean {
   const cpu = flag('cpu');
   const phases = arg('phases', cpu ? 'check,op,sft' : 'compile,check,op,time,sft').split(',');
   for (const p of phases) if (!['compile', 'check', 'op', 'time', 'sft'].includes(p)) throw new Error(`--phases: unknown phase '${p}' (compile, check, op, time, sft)`);
@@ -570,10 +570,7 @@ function main(): void {
     side.dispose();
   } else {
     const { kernels, device } = Kernels.withDevice();
-    const include = cudaIncludeDir();
-    const t0 = performance.now();
-    const fa = FlashAttention.compile(kernels, { includeDir: include });
-    console.log(JSON.stringify({ phase: 'compile', include, ms: +(performance.now() - t0).toFixed(1), compiled: kernels.counts.compiled, cached: kernels.counts.cached, target: kernels.target }));
+    const fa = compilePhase(kernels, (includeDir) => FlashAttention.compile(kernels, { includeDir }));
     const side = gpuSide(kernels, fa);
     const python = pythonPath();
     const names = arg('cases', CASES.map((c) => c.name).join(',')).split(',');
@@ -591,13 +588,7 @@ function main(): void {
     }
     kernels.dispose();
   }
-  console.log(JSON.stringify({ phase: 'summary', ok }));
-  if (!ok) process.exit(1);
+  return ok;
 }
 
-try {
-  main();
-} catch (e) {
-  console.error(e);
-  process.exit(1);
-}
+runCheck(main);

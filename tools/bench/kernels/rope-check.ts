@@ -15,10 +15,10 @@
  * usage: node .bundle/rope-check.js [--phases compile,check,time] [--batch 8x1024] [--reps 20] [--cpu]
  */
 import * as L from '@lathe/onnx';
-import { cudaIncludeDir, Kernels, RopeKernels, ropeOps, ropeReference, type RopeOps } from '@lathe/kernels';
+import { Kernels, RopeKernels, ropeOps, ropeReference, type RopeOps } from '@lathe/kernels';
 import { Device } from '@lathe/runtime';
 import { arg, flag } from '../argv';
-import { download, fromBits, rng, toBits, type Dt } from './common';
+import { compilePhase, download, fromBits, rng, runCheck, toBits, type Dt } from './common';
 
 
 interface Case {
@@ -194,7 +194,7 @@ function timePhase(kernels: Kernels, rope: RopeKernels, device: Device, ops: Rop
   }
 }
 
-function main(): void {
+function main(): boolean {
   const cpu = flag('cpu');
   const all = ['compile', 'check', 'time'];
   const phases = arg('phases', cpu ? 'check' : all.join(',')).split(',');
@@ -207,22 +207,14 @@ function main(): void {
     ops.dispose();
   } else {
     const { kernels, device } = Kernels.withDevice();
-    const t0 = performance.now();
-    const rope = RopeKernels.compile(kernels, { includeDir: cudaIncludeDir() });
-    console.log(JSON.stringify({ phase: 'compile', ms: +(performance.now() - t0).toFixed(1), compiled: kernels.counts.compiled, cached: kernels.counts.cached, target: kernels.target }));
+    const rope = compilePhase(kernels, (includeDir) => RopeKernels.compile(kernels, { includeDir }));
     const ops = ropeOps('cuda', rope);
     if (phases.includes('check')) for (const c of CASES) ok = checkCase(device, ops, c) && ok;
     if (phases.includes('time')) timePhase(kernels, rope, device, ops);
     ops.dispose();
     kernels.dispose();
   }
-  console.log(JSON.stringify({ phase: 'summary', ok }));
-  if (!ok) process.exit(1);
+  return ok;
 }
 
-try {
-  main();
-} catch (e) {
-  console.error(e);
-  process.exit(1);
-}
+runCheck(main);
