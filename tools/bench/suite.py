@@ -21,7 +21,7 @@ runtime sourced (/opt/device-rt/env.sh). Groups, each at the Qwen3-0.6B shape in
          every set-up and takes the fastest); parity is the KV engine's log-probs against
          transformers' teacher-forced fp32 ones on a small model, beside transformers' own bf16 error.
   rl     one GRPO step, 64 prompts × 8 samples, prompt 256, 512 new tokens, as lathe grpo runs it by
-         default on cuda (all 512 completions in one generation run, the attention and log-prob
+         default on cuda (all 512 completions in one generation run, the attention, log-prob and RoPE
          kernels in the policy's step; Lathe only: the PyTorch + transformers step takes ~125 s;
          --rl-reference adds it); parity is the trainer's log-prob parity between generation and
          re-scoring; then the same step with a reward model as the reward (its share of the step, and
@@ -44,7 +44,8 @@ import time
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 OUT = os.environ.get("OUT", "/tmp")
 BASELINE = os.path.join(ROOT, "docs", "benchmarks", "suite-baseline.json")
-WORK = "/tmp/lathe-suite"
+# SUITE_WORK: a folder of its own for each suite run side by side on one host (device-lanes.sh)
+WORK = os.environ.get("SUITE_WORK", "/tmp/lathe-suite")
 # transformers' fastest set-up per workload (prompt kind, or kind@batch), as docs/benchmarks.md
 # records it (`--hf-all` times both caches everywhere to re-check): its static cache, compiled by
 # generate, on ragged prompts and on unpadded ones at batch 64; its dynamic cache on unpadded
@@ -189,11 +190,11 @@ def gen(results, hf_all):
 
 
 def rl(results, reference):
-    # lathe grpo's defaults on cuda: every prompt's completions in one generation run, the attention
-    # and log-prob kernels in the policy's step (rl_step_flash: the same with flash attention)
+    # lathe grpo's defaults on cuda: every prompt's completions in one generation run, the attention,
+    # log-prob and RoPE kernels in the policy's step (rl_step_flash: the same with flash attention)
     common = ["--device", "cuda", "--compute", "bfloat16", "--shape", "qwen3-0.6b", "--prompts", "64", "--group", "8", "--prompt-len", "256",
               "--new-tokens", "512", "--prompts-per-run", "0", "--steps", "2", "--micro-batches", "16", "--shared-arena"]
-    kernels = ["--attention", "kernels", "--logprob-kernel"]
+    kernels = ["--attention", "kernels", "--logprob-kernel", "--rope-kernel"]
     info, err, _ = run(["node", ".bundle/grpo-step.js", *common, *kernels], 420, "rl")
     if not info:
         results["rl_step"] = {"error": err}

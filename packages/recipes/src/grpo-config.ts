@@ -32,9 +32,8 @@ export const grpoSchema = {
     },
     rope_kernel: {
       ...ropeKernelOption,
-      default: false,
       describe:
-        "Rotate queries and keys (RoPE) in the policy's train step, the re-scoring and reference passes and the value model through Lathe's kernel, in the compute dtype with the inverse rotation as its gradient, instead of ONNX Runtime's RotaryEmbedding and its composed backward; needs the attention kernels. Opt-in in lathe grpo (default false) until a same-call A/B of the GRPO step measures it (lathe sft's default is auto); true: on, an error where the attention is not the kernels or the model's head size is not one the kernel takes; false: off",
+        "Rotate queries and keys (RoPE) in the policy's train step, the re-scoring and reference passes and the value model through Lathe's kernel, in the compute dtype with the inverse rotation as its gradient, instead of ONNX Runtime's RotaryEmbedding and its composed backward; needs the attention kernels. 'auto': on exactly when the run's attention is Lathe's kernels and the model's head size is one the kernel takes (the GRPO step's A/B in docs/guides/kernels.md), off otherwise; true: on, an error where it cannot be; false: off",
     },
     gradient_checkpointing: { ...gradientCheckpointingOption, default: GRPO_DEFAULTS.gradientCheckpointing },
   }),

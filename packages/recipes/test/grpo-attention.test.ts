@@ -4,7 +4,7 @@
  * losses, gradient norms and rewards of composed attention (MatMul/Softmax, an independent path);
  * the option is sft's (one choice list and help text); `auto` picks the kernels by sft's rules;
  * `--logprob_kernel` (auto, the default, with the kernels) gives the same steps through the fused log-prob ops, and
- * `--rope_kernel true` (opt-in) through the RoPE ops, the value model's included; kernels with
+ * `--rope_kernel` (auto, the default, with the kernels) through the RoPE ops, the value model's included; kernels with
  * float32 compute on cuda is refused before anything is loaded.
  */
 import { mkdtempSync, writeFileSync } from 'node:fs';
@@ -83,9 +83,9 @@ test("lathe grpo --estimator gae --attention kernels: PPO's value model trains t
   expectClose(kernels, composed, 1e-4);
 }, 60_000);
 
-test("lathe grpo --attention kernels --rope_kernel true: q/k of the policy's step, re-scoring and KL reference through the RoPE ops, 3 steps within 1e-4 of composed attention (cpu, float32); off by default, refused without the attention kernels", async () => {
-  expect(defaults(grpoSchema).rope_kernel).toBe(false);
-  expect(grpoSchema.rope_kernel.describe).toContain('same-call A/B of the GRPO step');
+test("lathe grpo --attention kernels --rope_kernel true: q/k of the policy's step, re-scoring and KL reference through the RoPE ops, 3 steps within 1e-4 of composed attention (cpu, float32); auto by default, refused without the attention kernels", async () => {
+  expect(defaults(grpoSchema).rope_kernel).toBe('auto');
+  expect(grpoSchema.rope_kernel.describe).toContain("the GRPO step's A/B");
   const composed = await stepsOf(grpoConfig({ attention: 'composed' }));
   const rope = await stepsOf(grpoConfig({ attention: 'kernels', rope_kernel: true }));
   expect(composed[2].loss).not.toBe(composed[0].loss);

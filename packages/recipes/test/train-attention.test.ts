@@ -130,7 +130,7 @@ test("--rope_kernel auto (the default) takes the RoPE kernel exactly when the at
   expect(() => resolveRopeKernel({ attention: 'kernels', rope_kernel: true }, 'kernels', 'headDim 6')).toThrow(/--rope_kernel: the model's rotary embedding is not one the kernel takes: headDim 6/);
   for (const choice of ['auto', 'flash', 'composed'] as const) {
     expect(resolveRopeKernel({ attention: 'auto', rope_kernel: 'auto' }, choice)).toBe(false);
-    // rm train, dpo and grpo have no --rope_kernel: absent is off
+    // rm train and dpo have no --rope_kernel: absent is off
     expect(resolveRopeKernel({ attention: choice }, choice)).toBe(false);
   }
   expect(resolveRopeKernel({ attention: 'kernels', rope_kernel: false }, 'kernels')).toBe(false);
