@@ -68,8 +68,8 @@ export function w4a16Unsupported(shape: W4A16Shape): string | undefined {
 export interface W4A16Plan {
   /** A-row n8 tiles per CTA (the kernel `w4a16_<t>_m<8·mt>`). */
   mt: (typeof W4A16_TILES)[number];
-  /** Column tiles of 16 per warp (2: the `_n32` kernel). */
-  nt: 1 | 2;
+  /** Column tiles of 16 per warp (2: the `_n32` kernel, 4: `_n64`). */
+  nt: 1 | 2 | 4;
   warps: number;
   grid: [number, number];
   sharedBytes: number;
@@ -78,17 +78,20 @@ export interface W4A16Plan {
 /**
  * How `shape` is launched: the fewest n8 tiles that hold M (at most 8: larger M runs CTAs over
  * slices of 64 rows, each streaming the weights, which then come from L2), and the warps that split
- * K's chunks of 128 in the fewest rounds (the fewest such warps: no idle ones). `columnTiles` 2 (M ≤ 16
- * only; larger M keeps 1): each warp owns 32 columns, the activations read once for both tiles.
+ * K's chunks of 128 in the fewest rounds (the fewest such warps: no idle ones). `columnTiles` 2 or 4 (M ≤ 16
+ * only; larger M keeps 1): each warp owns 32 or 64 columns, the activations read once for all its tiles.
+ * `rounds`: chunks a warp takes (at least; more where the build's warps cannot split K that finely) —
+ * fewer warps a CTA, so more CTAs resident at once, each warp's next chunk in flight while it multiplies.
  */
-export function w4a16Plan(shape: Pick<W4A16Shape, 'M' | 'N' | 'kBlocks' | 'blockSize'>, columnTiles: 1 | 2 = 1): W4A16Plan {
+export function w4a16Plan(shape: Pick<W4A16Shape, 'M' | 'N' | 'kBlocks' | 'blockSize'>, columnTiles: 1 | 2 | 4 = 1, rounds?: number): W4A16Plan {
   const rows = Math.max(shape.M, 1);
   const mt = W4A16_TILES.find((t) => rows <= 8 * t) ?? 8;
-  const nt = columnTiles === 2 && W4A16_VARIANTS.some((v) => v.mt === mt && v.nt === 2) ? 2 : 1;
+  const nt = columnTiles !== 1 && W4A16_VARIANTS.some((v) => v.mt === mt && v.nt === columnTiles) ? columnTiles : 1;
   const chunks = Math.ceil((shape.kBlocks * shape.blockSize) / 128);
   const max = w4a16MaxWarps(mt, nt);
-  const rounds = Math.ceil(chunks / Math.min(max, chunks));
-  const warps = Math.ceil(chunks / rounds);
+  if (rounds !== undefined && !(Number.isInteger(rounds) && rounds >= 1)) throw new Error(`w4a16Plan: rounds must be an integer ≥ 1, got ${rounds}`);
+  const fewest = Math.ceil(chunks / Math.min(max, chunks));
+  const warps = Math.ceil(chunks / Math.max(fewest, Math.min(rounds ?? 1, chunks)));
   return { mt, nt, warps, grid: [Math.ceil(shape.N / (16 * nt)), Math.ceil(rows / (8 * mt))], sharedBytes: w4a16Smem(warps, mt, nt) };
 }
 
@@ -136,10 +139,20 @@ export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N'>, opts: { tile?:
   return { mt: v.mt, nt: v.nt, bm, bn, grid: [Math.ceil(shape.N / bn), Math.ceil(rows / bm)], threads: W4A16_TILE_THREADS, sharedBytes: w4a16TileSmem(v) };
 }
 
+/** A split-K launch's choice for one shape (see {@link w4a16Plan}). */
+export interface W4A16SplitChoice {
+  columnTiles?: 1 | 2 | 4;
+  rounds?: number;
+}
+
 /** How {@link W4A16.matmul} picks its kernel. */
 export interface W4A16LaunchOptions {
   /** Column tiles of the split-K kernels (see {@link w4a16Plan}). */
-  columnTiles?: 1 | 2;
+  columnTiles?: 1 | 2 | 4;
+  /** Chunks of K a warp of the split-K kernels takes (see {@link w4a16Plan}; default the fewest). */
+  rounds?: number;
+  /** A choice per shape for the split-K kernels (e.g. a table measured on the device), over `columnTiles` and `rounds`; undefined keeps them. */
+  plan?: (shape: W4A16Shape) => W4A16SplitChoice | undefined;
   /** Rows from which the tiled kernels run (default {@link W4A16_TILE_FROM_ROWS}; Infinity: never). */
   tileFromRows?: number;
   /** The tiled kernels' tile (default: {@link w4a16TilePlan}'s choice). */
@@ -215,7 +228,8 @@ export class W4A16 {
       this.tiles.get(`${shape.dtype}/${plan.mt}/${plan.nt}`)!.launch({ grid: plan.grid, block: plan.threads, sharedBytes: plan.sharedBytes, stream }, ...args);
       return;
     }
-    const plan = w4a16Plan(shape, o.columnTiles ?? 1);
+    const choice = o.plan?.(shape);
+    const plan = w4a16Plan(shape, choice?.columnTiles ?? o.columnTiles ?? 1, choice?.rounds ?? o.rounds);
     this.variants.get(`${shape.dtype}/${plan.mt}/${plan.nt}`)!.launch({ grid: plan.grid, block: 32 * plan.warps, sharedBytes: plan.sharedBytes, stream }, ...args);
   }
 }

@@ -103,7 +103,7 @@ test('the reference dequantizes as MatMulNBits defines it: (q − zp) · scale, 
   expect(Array.from(w4a16Reference(shape, { a: [0, 0, 1, 0, 0, 0, 0, 0], b, scales: [0.5] }))).toEqual([-4, 0]); // (0 − 8) · 0.5
 });
 
-test('launch plans: decode rows take one n8 tile; K splits over warps in the fewest rounds; M past 64 adds grid rows', () => {
+test('launch plans: decode rows take one n8 tile; K splits over warps in the fewest rounds (or the rounds asked for); M past 64 adds grid rows', () => {
   // Qwen3-0.6B's projections at batch 1 and 16, block 64
   expect(w4a16Plan({ M: 1, N: 2048, kBlocks: 16, blockSize: 64 })).toEqual({ mt: 1, nt: 1, warps: 8, grid: [128, 1], sharedBytes: 8 * 512 });
   expect(w4a16Plan({ M: 16, N: 1024, kBlocks: 48, blockSize: 64 })).toEqual({ mt: 2, nt: 1, warps: 24, grid: [64, 1], sharedBytes: 24 * 2 * 512 });
@@ -112,6 +112,11 @@ test('launch plans: decode rows take one n8 tile; K splits over warps in the few
   expect(w4a16Plan({ M: 1, N: 2048, kBlocks: 96, blockSize: 64 }).warps).toBe(24);
   // two column tiles at 16 rows: half the CTAs, at most 16 warps (the registers of 2 × 2 tiles)
   expect(w4a16Plan({ M: 16, N: 1024, kBlocks: 48, blockSize: 64 }, 2)).toEqual({ mt: 2, nt: 2, warps: 12, grid: [32, 1], sharedBytes: 12 * 2 * 2 * 512 });
+  // rounds asked for: 16 chunks in 4 rounds of 4 warps; past what K allows, one warp; below what the build's warps allow, the fewest
+  expect(w4a16Plan({ M: 1, N: 6144, kBlocks: 32, blockSize: 64 }, 1, 4)).toEqual({ mt: 1, nt: 1, warps: 4, grid: [384, 1], sharedBytes: 4 * 512 });
+  expect(w4a16Plan({ M: 1, N: 6144, kBlocks: 32, blockSize: 64 }, 1, 64).warps).toBe(1);
+  expect(w4a16Plan({ M: 1, N: 2048, kBlocks: 96, blockSize: 64 }, 1, 1).warps).toBe(24);
+  expect(() => w4a16Plan({ M: 1, N: 2048, kBlocks: 32, blockSize: 64 }, 1, 0)).toThrow(/rounds must be an integer ≥ 1, got 0/);
 });
 
 test('tiled launch plans: the largest tile whose grid gives each of 132 SMs a CTA, else the smallest; a tile asked for is kept', () => {
