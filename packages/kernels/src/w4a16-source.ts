@@ -18,9 +18,9 @@
  * them into the mantissa of 128 (bf16) or 1024 (fp16); (q − zp) · scale is then one exact subtract
  * and one rounding multiply in T — the same values as dequantizing in float and rounding to T.
  *
- * Kernels `w4a16_<bf16|fp16>_m<8·MT>[_n32|_n64]`: MT n8 tiles of A rows per CTA (M ≤ 8, 16, 32, 64) and NT
- * column tiles of 16 per warp (`_n32`: two, `_n64`: four, the activations read once for all; each warp then owns
- * 16·NT columns); grid (ceil(N / (16·NT)), ceil(M / (8·MT))); blockDim 32·warps; dynamic shared memory {@link w4a16Smem}; while a warp multiplies a chunk, its next chunk's weights are in flight.
+ * Kernels `w4a16_<bf16|fp16>_m<8·MT>[_n32]`: MT n8 tiles of A rows per CTA (M ≤ 8, 16, 32, 64) and NT
+ * column tiles of 16 per warp (`_n32`: two, the activations read once for both; each warp then owns 32
+ * columns); grid (ceil(N / (16·NT)), ceil(M / (8·MT))); blockDim 32·warps; dynamic shared memory {@link w4a16Smem}; while a warp multiplies a chunk, its next chunk's weights are in flight.
  * Arguments: A, B, scales, zero points (null: 8), C0, C1, C2, M, N, n1, n2, K, kBlocks, log2(blockSize):
  * output columns [0, n1) go to C0 [M, n1], [n1, n2) to C1 [M, n2 − n1], [n2, N) to C2 [M, N − n2] — one
  * launch for projections that share their input (q/k/v, gate/up) with their weights concatenated
@@ -32,13 +32,13 @@
 /** A rows per n8 tile count, by kernel: M ≤ 8·MT. */
 export const W4A16_TILES = [1, 2, 4, 8] as const;
 
-/** Column tiles of 16 per warp (and CTA): 2 (4) halves (quarters) the activations' reads from L2 for the same weights, with half (a quarter of) the CTAs. */
-export const W4A16_COLUMN_TILES = [1, 2, 4] as const;
+/** Column tiles of 16 per warp (and CTA): 2 halves the activations' reads from L2 for the same weights, with half the CTAs (4 was slower at every decode shape measured: docs/benchmarks.md). */
+export const W4A16_COLUMN_TILES = [1, 2] as const;
 
 /**
  * The builds: n8 tiles MT × column tiles NT, with the most warps a CTA runs — as many as the
  * registers allow without spills (the launch bound caps them), so K up to 2,048–4,096 takes one
- * chunk per warp and every load is in flight at once. Two and four column tiles are built for M ≤ 16.
+ * chunk per warp and every load is in flight at once. Two column tiles are built for M ≤ 16.
  */
 export const W4A16_VARIANTS: readonly { mt: (typeof W4A16_TILES)[number]; nt: (typeof W4A16_COLUMN_TILES)[number]; maxWarps: number }[] = [
   { mt: 1, nt: 1, maxWarps: 32 },
@@ -47,8 +47,6 @@ export const W4A16_VARIANTS: readonly { mt: (typeof W4A16_TILES)[number]; nt: (t
   { mt: 8, nt: 1, maxWarps: 8 },
   { mt: 1, nt: 2, maxWarps: 16 },
   { mt: 2, nt: 2, maxWarps: 16 },
-  { mt: 1, nt: 4, maxWarps: 8 },
-  { mt: 2, nt: 4, maxWarps: 8 },
 ];
 
 /** Element types with a build, by dtype name, with their C type and kernel-name suffix. */
@@ -66,9 +64,9 @@ export function w4a16Smem(warps: number, mt: number, nt = 1): number {
   return warps * nt * mt * 128 * 4;
 }
 
-/** The kernel name for a dtype and tiles, e.g. `w4a16_bf16_m16`, `w4a16_bf16_m16_n32` (two column tiles), `_n64` (four). */
+/** The kernel name for a dtype and tiles, e.g. `w4a16_bf16_m16`, `w4a16_bf16_m16_n32` (two column tiles). */
 export function w4a16KernelName(dtype: keyof typeof W4A16_TYPES, mt: number, nt = 1): string {
-  return `w4a16_${W4A16_TYPES[dtype].suffix}_m${8 * mt}${nt > 1 ? `_n${16 * nt}` : ''}`;
+  return `w4a16_${W4A16_TYPES[dtype].suffix}_m${8 * mt}${nt === 2 ? '_n32' : ''}`;
 }
 
 const kernelLines = (Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[])

@@ -68,8 +68,8 @@ export function w4a16Unsupported(shape: W4A16Shape): string | undefined {
 export interface W4A16Plan {
   /** A-row n8 tiles per CTA (the kernel `w4a16_<t>_m<8·mt>`). */
   mt: (typeof W4A16_TILES)[number];
-  /** Column tiles of 16 per warp (2: the `_n32` kernel, 4: `_n64`). */
-  nt: 1 | 2 | 4;
+  /** Column tiles of 16 per warp (2: the `_n32` kernel). */
+  nt: 1 | 2;
   warps: number;
   grid: [number, number];
   sharedBytes: number;
@@ -78,15 +78,15 @@ export interface W4A16Plan {
 /**
  * How `shape` is launched: the fewest n8 tiles that hold M (at most 8: larger M runs CTAs over
  * slices of 64 rows, each streaming the weights, which then come from L2), and the warps that split
- * K's chunks of 128 in the fewest rounds (the fewest such warps: no idle ones). `columnTiles` 2 or 4 (M ≤ 16
- * only; larger M keeps 1): each warp owns 32 or 64 columns, the activations read once for all its tiles.
+ * K's chunks of 128 in the fewest rounds (the fewest such warps: no idle ones). `columnTiles` 2 (M ≤ 16
+ * only; larger M keeps 1): each warp owns 32 columns, the activations read once for both tiles.
  * `rounds`: chunks a warp takes (at least; more where the build's warps cannot split K that finely) —
  * fewer warps a CTA, so more CTAs resident at once, each warp's next chunk in flight while it multiplies.
  */
-export function w4a16Plan(shape: Pick<W4A16Shape, 'M' | 'N' | 'kBlocks' | 'blockSize'>, columnTiles: 1 | 2 | 4 = 1, rounds?: number): W4A16Plan {
+export function w4a16Plan(shape: Pick<W4A16Shape, 'M' | 'N' | 'kBlocks' | 'blockSize'>, columnTiles: 1 | 2 = 1, rounds?: number): W4A16Plan {
   const rows = Math.max(shape.M, 1);
   const mt = W4A16_TILES.find((t) => rows <= 8 * t) ?? 8;
-  const nt = columnTiles !== 1 && W4A16_VARIANTS.some((v) => v.mt === mt && v.nt === columnTiles) ? columnTiles : 1;
+  const nt = columnTiles === 2 && W4A16_VARIANTS.some((v) => v.mt === mt && v.nt === 2) ? 2 : 1;
   const chunks = Math.ceil((shape.kBlocks * shape.blockSize) / 128);
   const max = w4a16MaxWarps(mt, nt);
   if (rounds !== undefined && !(Number.isInteger(rounds) && rounds >= 1)) throw new Error(`w4a16Plan: rounds must be an integer ≥ 1, got ${rounds}`);
@@ -141,14 +141,14 @@ export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N'>, opts: { tile?:
 
 /** A split-K launch's choice for one shape (see {@link w4a16Plan}). */
 export interface W4A16SplitChoice {
-  columnTiles?: 1 | 2 | 4;
+  columnTiles?: 1 | 2;
   rounds?: number;
 }
 
 /** How {@link W4A16.matmul} picks its kernel. */
 export interface W4A16LaunchOptions {
   /** Column tiles of the split-K kernels (see {@link w4a16Plan}). */
-  columnTiles?: 1 | 2 | 4;
+  columnTiles?: 1 | 2;
   /** Chunks of K a warp of the split-K kernels takes (see {@link w4a16Plan}; default the fewest). */
   rounds?: number;
   /** A choice per shape for the split-K kernels (e.g. a table measured on the device), over `columnTiles` and `rounds`; undefined keeps them. */

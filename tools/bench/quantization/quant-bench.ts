@@ -33,7 +33,7 @@
  * same [M, K] × [K, N] (a CUDA-graph session of back-to-back MatMuls over rotating weight copies; its
  * per-call time includes a share of one run's launch and sync).
  * `--kernel-sweep` (CUDA): after the microbenchmarks, the split-K kernels alone at each M of `--kernel-sweep-rows`
- * (default 1,4,8,16) over column tiles 1, 2 and 4 and rounds 1–8 (chunks of K a warp takes: fewer warps a CTA, more
+ * (default 1,4,8,16) over column tiles 1 and 2 and rounds 1–8 (chunks of K a warp takes: fewer warps a CTA, more
  * CTAs resident), each launch's µs and per shape and M the fastest beside the default plan's; `--weights
  * kernel-tuned` then decodes as `kernel` does with each split-K launch taking the sweep's fastest choice for its
  * shape (the A/B of a plan against the default one in the same process).
@@ -48,7 +48,7 @@
  *          [--dtype bfloat16] [--formats dense,int8,int4,nf4,nf4dq] [--batches 1,16,256] [--prompt-len 64]
  *          [--new 128] [--repeat 2] [--int4-block 64] [--mode kernel|dequantize] [--fpa] [--no-cuda-graph]
  *          [--kl-prompts 16] [--kl-new 64] [--kl-batch 4] [--lm-head none|int8|int4|nf4] [--seed 0]
- *          [--weights bound,initializers,initializers-plain,kernel,kernel-all,kernel-tuned] [--kernel-max-rows 16] [--kernel-column-tiles 1|2|4]
+ *          [--weights bound,initializers,initializers-plain,kernel,kernel-all,kernel-tuned] [--kernel-max-rows 16] [--kernel-column-tiles 1|2]
  *          [--kernel-tile-from-rows 17] [--kernel-tile auto|64x64|32x64|32x32] [--kernel-micro-rows 64,128,256] [--probe]
  *          [--kernel-sweep [--kernel-sweep-rows 1,4,8,16]] (with --weights …,kernel-tuned)
  * --lm-head: the quantized formats also read the LM head (the tied embedding) through an extra
@@ -130,7 +130,7 @@ async function main(): Promise<void> {
   const device = opened.device;
   const w4 = opened.kernels ? W4A16.compile(opened.kernels) : undefined;
   const columnTiles = Number(arg('kernel-column-tiles', '1'));
-  if (columnTiles !== 1 && columnTiles !== 2 && columnTiles !== 4) throw new Error(`--kernel-column-tiles: ${columnTiles} is not 1, 2 or 4`);
+  if (columnTiles !== 1 && columnTiles !== 2) throw new Error(`--kernel-column-tiles: ${columnTiles} is not 1 or 2`);
   const tileFromRows = Number(arg('kernel-tile-from-rows', String(W4A16_TILE_FROM_ROWS)));
   if (!(tileFromRows >= 1)) throw new Error(`--kernel-tile-from-rows: '${arg('kernel-tile-from-rows')}' is not a row count ≥ 1`);
   const tile = parseTile(arg('kernel-tile', 'auto'));
@@ -487,7 +487,7 @@ interface SweepBest {
   N: number;
   K: number;
   M: number;
-  columnTiles: 1 | 2 | 4;
+  columnTiles: 1 | 2;
   rounds: number;
   warps: number;
   us: number;
@@ -496,14 +496,14 @@ interface SweepBest {
 }
 
 /** The sweep's choice for a launch: the entry of the same N and K at the fewest swept rows ≥ M (none: the default plan). */
-function lookupSweep(table: ReadonlyMap<string, SweepBest>, shape: W4A16Shape): { columnTiles: 1 | 2 | 4; rounds: number } | undefined {
+function lookupSweep(table: ReadonlyMap<string, SweepBest>, shape: W4A16Shape): { columnTiles: 1 | 2; rounds: number } | undefined {
   const rows = [...table.values()].filter((b) => b.N === shape.N && b.K === shape.K && b.M >= shape.M).sort((a, b) => a.M - b.M);
   return rows[0] && { columnTiles: rows[0].columnTiles, rounds: rows[0].rounds };
 }
 
 /**
  * `--kernel-sweep`: the split-K kernels alone on each projection shape (and the fused q/k/v and gate/up)
- * at each M of `rowsList`, over column tiles 1, 2 and 4 and rounds 1, 2, 3, 4, 6, 8 (distinct warp counts
+ * at each M of `rowsList`, over column tiles 1 and 2 and rounds 1, 2, 3, 4, 6, 8 (distinct warp counts
  * only), timed as measureKernel times them (a CUDA graph of 200 launches over weight copies that exceed
  * L2 twice): every launch's µs, and per shape and M the fastest against the default plan's. Their table
  * drives `--weights kernel-tuned`.
@@ -530,7 +530,7 @@ function sweepSplitK(kernels: Kernels, w4: W4A16, device: Device, dtype: DType, 
           const time = (o: W4A16LaunchOptions) => timeLaunches(kernels, (i) => w4.matmul(shape, { a, b: bs[i % copies], scales: ss[i % copies], zeroPoints: 0n, c }, undefined, o)) * 1000;
           const defaultUs = time({});
           let top: SweepBest | undefined;
-          for (const columnTiles of [1, 2, 4] as const) {
+          for (const columnTiles of [1, 2] as const) {
             const seen = new Set<number>();
             for (const rounds of [1, 2, 3, 4, 6, 8]) {
               const plan = w4a16Plan(shape, columnTiles, rounds);

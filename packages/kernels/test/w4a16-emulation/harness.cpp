@@ -54,9 +54,7 @@ int main(int argc, char** argv) {
   if (nt == 1 && mt == 4) RUN(SUF, T, w4a16_##SUF##_m32);             \
   if (nt == 1 && mt == 8) RUN(SUF, T, w4a16_##SUF##_m64);             \
   if (nt == 2 && mt == 1) RUN(SUF, T, w4a16_##SUF##_m8_n32);          \
-  if (nt == 2 && mt == 2) RUN(SUF, T, w4a16_##SUF##_m16_n32);          \
-  if (nt == 4 && mt == 1) RUN(SUF, T, w4a16_##SUF##_m8_n64);          \
-  if (nt == 4 && mt == 2) RUN(SUF, T, w4a16_##SUF##_m16_n64);
+  if (nt == 2 && mt == 2) RUN(SUF, T, w4a16_##SUF##_m16_n32);
   if (t == "bf16") { PICK(bf16, __nv_bfloat16) }
   else if (t == "fp16") { PICK(fp16, __half) }
 none:
