@@ -32,11 +32,11 @@
  * split-K kernels — with TFLOP/s and weight GB/s, beside ONNX Runtime's bf16 MatMul (cuBLAS) on the
  * same [M, K] × [K, N] (a CUDA-graph session of back-to-back MatMuls over rotating weight copies; its
  * per-call time includes a share of one run's launch and sync).
- * `--kernel-sweep` (CUDA): after the microbenchmarks, the split-K kernels alone at each M of `--kernel-sweep-rows`
- * (default 1,4,8,16) over column tiles 1 and 2 and rounds 1–8 (chunks of K a warp takes: fewer warps a CTA, more
- * CTAs resident), each launch's µs and per shape and M the fastest beside the default plan's; `--weights
- * kernel-tuned` then decodes as `kernel` does with each split-K launch taking the sweep's fastest choice for its
- * shape (the A/B of a plan against the default one in the same process).
+ * `--kernel-sweep` (CUDA): after the microbenchmarks, `tuneW4A16` of @lathe/kernels on the projection shapes (and
+ * the fused q/k/v and gate/up) at each M of `--kernel-sweep-rows` (default 1,4,8,16) over column tiles 1 and 2 and
+ * rounds 1–8 (chunks of K a warp takes: fewer warps a CTA, more CTAs resident): each launch's µs and per shape and M
+ * the fastest beside the default plan's; `--weights kernel-tuned` then decodes as `kernel` does with each split-K
+ * launch taking the table's plan for its shape (the A/B of the tuned plans against the default ones in one process).
  * `--weights` default: bound,initializers.
  * NF4 (MatMulBnb4 has no prepacked path) runs `bound` only. Before the timings a probe says whether
  * this ORT build's fused path is live: one MatMulNBits node with the path on over bound inputs must
@@ -77,7 +77,7 @@ import {
   type QuantizedWeightsAs,
   type ShiftSummary,
 } from '@lathe/quantization';
-import { Kernels, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, w4a16Ops, w4a16Plan, w4a16TileDims, w4a16TilePlan, type W4A16LaunchOptions, type W4A16Ops, type W4A16Shape, type W4A16Tile } from '@lathe/kernels';
+import { Kernels, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, tuneW4A16, w4a16Ops, w4a16TileDims, w4a16TilePlan, type W4A16LaunchOptions, type W4A16Ops, type W4A16PlanTable, type W4A16Tile } from '@lathe/kernels';
 import { KvCacheGenerator, type Completion } from '@lathe/rollout';
 import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor, type HostTensor, type SessionOptions } from '@lathe/runtime';
 import { arg, flag } from '../argv';
@@ -136,10 +136,10 @@ async function main(): Promise<void> {
   const tile = parseTile(arg('kernel-tile', 'auto'));
   const launch: W4A16LaunchOptions = { columnTiles, tileFromRows, ...(tile ? { tile } : {}) };
   const kernelOps = wantKernel ? w4a16Ops(device.kind, w4, launch) : undefined;
-  // kernel-tuned: the split-K launches take the sweep's fastest choice for their shape (filled below, before any decode)
-  const tuned = new Map<string, SweepBest>();
+  // kernel-tuned: the split-K launches take the sweep's table (tuneW4A16, filled below before any decode)
+  let tuned: W4A16PlanTable | undefined;
   if (weightModes.includes('kernel-tuned') && !flag('kernel-sweep')) throw new Error('--weights kernel-tuned needs --kernel-sweep (its table)');
-  const tunedOps = weightModes.includes('kernel-tuned') ? w4a16Ops(device.kind, w4, { ...launch, plan: (sh) => lookupSweep(tuned, sh) }) : undefined;
+  const tunedOps = weightModes.includes('kernel-tuned') ? w4a16Ops(device.kind, w4, { ...launch, plan: (sh) => tuned?.plan(sh) }) : undefined;
   const opsFor = (weights: string): W4A16Ops | undefined => (weights === 'kernel-tuned' ? tunedOps : kernelOps);
   const kernelMaxRowsArg = Number(arg('kernel-max-rows', String(KERNEL_MAX_ROWS)));
   const maxRowsOf = (weights: string) => (weights === 'kernel-all' ? Number.MAX_SAFE_INTEGER : kernelMaxRowsArg);
@@ -183,10 +183,17 @@ async function main(): Promise<void> {
   if (cublas) console.log(JSON.stringify({ dense_matmul: true, ...cublas }));
   const tileVsDense = kernelTiles && 'rows' in kernelTiles && cublas ? compareTiles(kernelTiles.rows, cublas.rows) : undefined;
   if (tileVsDense) console.log(JSON.stringify({ tile_vs_dense: true, rows: tileVsDense }));
-  const sweep = flag('kernel-sweep') && w4 && opened.kernels ? sweepSplitK(opened.kernels, w4, device, dtype, config, Number(arg('int4-block', '64')), arg('kernel-sweep-rows', '1,4,8,16').split(',').map(Number)) : undefined;
+  const sweepRows = arg('kernel-sweep-rows', '1,4,8,16').split(',').map(Number);
+  const sweepShapes = projectionShapes(config, true).map((p) => ({ ...p, blockSize: Number(arg('int4-block', '64')), dtype }));
+  const sweep = flag('kernel-sweep') && w4 ? tuneW4A16(w4, device, sweepShapes, { rows: sweepRows }) : undefined;
+  const round2 = (x: number) => +x.toFixed(2);
+  const sweepReport = sweep && {
+    rows: sweep.timings.map((t) => ({ shape: t.name, N: t.N, K: t.K, M: t.M, column_tiles: t.columnTiles, rounds: t.rounds, warps: t.warps, ctas: t.ctas, us: round2(t.us) })),
+    best: sweep.table.entries.map((e) => ({ shape: e.name, N: e.N, K: e.K, M: e.M, column_tiles: e.columnTiles, rounds: e.rounds, warps: e.warps, us: round2(e.us), default_us: round2(e.defaultUs), gain: +(e.defaultUs / e.us).toFixed(3) })),
+  };
   if (sweep) {
-    for (const b of sweep.best) tuned.set(`${b.N}/${b.K}/${b.M}`, b);
-    console.log(JSON.stringify({ kernel_sweep: true, ...sweep }));
+    tuned = sweep.table;
+    console.log(JSON.stringify({ kernel_sweep: true, ...sweepReport }));
   }
   console.error(`quant-bench: ${shape} weights ready in ${((performance.now() - t0) / 1000).toFixed(1)} s; ${device.kind} ${dtype}; formats ${formats.join(', ')}; batches ${batches.join(', ')}`);
 
@@ -320,7 +327,7 @@ async function main(): Promise<void> {
         return [r.format, byKey];
       }),
   );
-  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, ...(wantKernel ? { kernel_max_rows: kernelMaxRowsArg, kernel_column_tiles: columnTiles, kernel_tile_from_rows: tileFromRows, kernel_tile: arg('kernel-tile', 'auto') } : {}), prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_bandwidth: kernelBandwidth, kernel_tiles: kernelTiles, dense_matmul: cublas, tile_vs_dense: tileVsDense } : {}), ...(sweep ? { kernel_sweep_best: sweep.best } : {}), lm_head: lmHeadArg, results, speedup_vs_dense: speedup }));
+  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, ...(wantKernel ? { kernel_max_rows: kernelMaxRowsArg, kernel_column_tiles: columnTiles, kernel_tile_from_rows: tileFromRows, kernel_tile: arg('kernel-tile', 'auto') } : {}), prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_bandwidth: kernelBandwidth, kernel_tiles: kernelTiles, dense_matmul: cublas, tile_vs_dense: tileVsDense } : {}), ...(sweepReport ? { kernel_sweep_best: sweepReport.best } : {}), lm_head: lmHeadArg, results, speedup_vs_dense: speedup }));
   if (kernelCheck && !kernelCheck.ok) throw new Error(`kernel check failed: the W4A16 op's max relative error against the float64 reference is ${kernelCheck.max_rel_err} (limit ${kernelCheck.limit})`);
 }
 
@@ -479,79 +486,6 @@ function measureKernel(kernels: Kernels, w4: W4A16, device: Device, dtype: DType
     }
   }
   return { ...peak, block_size: blockSize, rows };
-}
-
-/** The sweep's fastest split-K launch for one shape and row count, beside the default plan's time. */
-interface SweepBest {
-  shape: string;
-  N: number;
-  K: number;
-  M: number;
-  columnTiles: 1 | 2;
-  rounds: number;
-  warps: number;
-  us: number;
-  default_us: number;
-  gain: number;
-}
-
-/** The sweep's choice for a launch: the entry of the same N and K at the fewest swept rows ≥ M (none: the default plan). */
-function lookupSweep(table: ReadonlyMap<string, SweepBest>, shape: W4A16Shape): { columnTiles: 1 | 2; rounds: number } | undefined {
-  const rows = [...table.values()].filter((b) => b.N === shape.N && b.K === shape.K && b.M >= shape.M).sort((a, b) => a.M - b.M);
-  return rows[0] && { columnTiles: rows[0].columnTiles, rounds: rows[0].rounds };
-}
-
-/**
- * `--kernel-sweep`: the split-K kernels alone on each projection shape (and the fused q/k/v and gate/up)
- * at each M of `rowsList`, over column tiles 1 and 2 and rounds 1, 2, 3, 4, 6, 8 (distinct warp counts
- * only), timed as measureKernel times them (a CUDA graph of 200 launches over weight copies that exceed
- * L2 twice): every launch's µs, and per shape and M the fastest against the default plan's. Their table
- * drives `--weights kernel-tuned`.
- */
-function sweepSplitK(kernels: Kernels, w4: W4A16, device: Device, dtype: DType, config: DecoderConfig, blockSize: number, rowsList: readonly number[]): { rows: Record<string, unknown>[]; best: SweepBest[] } {
-  if (dtype !== 'bfloat16' && dtype !== 'float16') throw new Error(`--kernel-sweep: the kernels take bfloat16 or float16, not ${dtype}`);
-  if (rowsList.some((m) => !Number.isInteger(m) || m < 1 || m > 16)) throw new Error(`--kernel-sweep-rows: '${rowsList.join(',')}' is not a list of row counts 1..16 (the split-K kernels' decode range)`);
-  const half = (x: Float32Array) => (dtype === 'bfloat16' ? toBfloat16Bits(x) : toFloat16Bits(x));
-  const rows: Record<string, unknown>[] = [];
-  const best: SweepBest[] = [];
-  for (const { name, N, K } of projectionShapes(config, true)) {
-    const kb = Math.ceil(K / blockSize);
-    const codeBytes = (N * kb * blockSize) / 2;
-    const weightBytes = codeBytes + N * kb * 2;
-    const copies = Math.max(2, Math.ceil((2 * 60e6) / weightBytes));
-    const bs = Array.from({ length: copies }, () => device.upload({ data: new Uint8Array(codeBytes).fill(0x5a), dims: [N, kb, blockSize / 2] }, 'uint8'));
-    const ss = Array.from({ length: copies }, () => device.upload({ data: half(new Float32Array(N * kb).fill(0.01)), dims: [N, kb] }, dtype));
-    try {
-      for (const M of rowsList) {
-        const a = device.upload({ data: half(new Float32Array(M * K).fill(0.5)), dims: [M, K] }, dtype);
-        const c = device.upload({ data: new Uint16Array(M * N), dims: [M, N] }, dtype);
-        try {
-          const shape: W4A16Shape = { M, N, K, kBlocks: kb, blockSize, dtype };
-          const time = (o: W4A16LaunchOptions) => timeLaunches(kernels, (i) => w4.matmul(shape, { a, b: bs[i % copies], scales: ss[i % copies], zeroPoints: 0n, c }, undefined, o)) * 1000;
-          const defaultUs = time({});
-          let top: SweepBest | undefined;
-          for (const columnTiles of [1, 2] as const) {
-            const seen = new Set<number>();
-            for (const rounds of [1, 2, 3, 4, 6, 8]) {
-              const plan = w4a16Plan(shape, columnTiles, rounds);
-              if (seen.has(plan.warps) || plan.nt !== columnTiles) continue;
-              seen.add(plan.warps);
-              const us = time({ columnTiles, rounds });
-              rows.push({ shape: name, N, K, M, column_tiles: columnTiles, rounds, warps: plan.warps, ctas: plan.grid[0] * plan.grid[1], us: +us.toFixed(2), weight_gb_s: +(weightBytes / us / 1e3).toFixed(1) });
-              if (!top || us < top.us) top = { shape: name, N, K, M, columnTiles, rounds, warps: plan.warps, us: +us.toFixed(2), default_us: +defaultUs.toFixed(2), gain: +(defaultUs / us).toFixed(3) };
-            }
-          }
-          if (top) best.push(top);
-        } finally {
-          a.dispose();
-          c.dispose();
-        }
-      }
-    } finally {
-      for (const t of [...bs, ...ss]) t.dispose();
-    }
-  }
-  return { rows, best };
 }
 
 /** `--kernel-tile`: 'auto' (undefined: the plan's choice) or BMxBN of a tiled build. */

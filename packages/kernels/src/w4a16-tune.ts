@@ -1,0 +1,178 @@
+/**
+ * Launch plans of the split-K W4A16 kernels measured on the device: `tuneW4A16` times each
+ * projection shape at a few decode row counts over column tiles and rounds (chunks of K a warp
+ * takes) and keeps the fastest per shape and row count; `W4A16PlanTable.plan` then answers
+ * {@link W4A16LaunchOptions.plan} for launches of those shapes (any other shape keeps the default
+ * plan). Which plan wins depends on N, K, the rows and the GPU (how many CTAs of a plan's size are
+ * resident at once), so the table is measured where it runs, once, before the sessions capture
+ * their graphs.
+ */
+import type { DType } from '@lathe/onnx';
+import { toBfloat16Bits, toFloat16Bits, type Device, type DeviceTensor } from '@lathe/runtime';
+import { W4A16, w4a16Plan, w4a16Unsupported, type W4A16LaunchOptions, type W4A16Shape, type W4A16SplitChoice } from './w4a16';
+
+/** One weight shape to tune: B [N, K] in blocks of `blockSize`, activations in `dtype`. */
+export interface W4A16TuneShape {
+  /** A label for reports (e.g. 'gate_up_proj'). */
+  name?: string;
+  N: number;
+  K: number;
+  blockSize: number;
+  dtype: DType;
+}
+
+/** What {@link tuneW4A16} tries. */
+export interface W4A16TuneOptions {
+  /** Row counts to time (each 1–16, the split-K kernels' decode range); a launch of M rows takes the entry of the fewest rows ≥ M. Default 1, 4, 8, 16. */
+  rows?: readonly number[];
+  /** Chunks of K a warp takes (see `w4a16Plan`; plans with the same warp count are timed once). Default 1, 2, 3, 4, 6, 8. */
+  rounds?: readonly number[];
+  /** Column tiles a warp. Default 1 and 2. */
+  columnTiles?: readonly (1 | 2)[];
+  /** Launches timed per plan (one CUDA graph of them, after a warm-up). Default 200. */
+  iters?: number;
+}
+
+/** The fastest plan found for one shape and row count, beside the default plan's time. */
+export interface W4A16TuneEntry extends W4A16TuneShape {
+  M: number;
+  columnTiles: 1 | 2;
+  rounds: number;
+  warps: number;
+  /** Device µs a launch with this plan. */
+  us: number;
+  /** Device µs a launch with the default plan. */
+  defaultUs: number;
+}
+
+/** Every plan timed (for reports). */
+export interface W4A16TuneTiming extends W4A16TuneShape {
+  M: number;
+  columnTiles: 1 | 2;
+  rounds: number;
+  warps: number;
+  ctas: number;
+  us: number;
+}
+
+const DEFAULT_ROWS = [1, 4, 8, 16] as const;
+const DEFAULT_ROUNDS = [1, 2, 3, 4, 6, 8] as const;
+
+/** Measured plans by shape and row count; `plan` is what {@link W4A16LaunchOptions.plan} takes. */
+export class W4A16PlanTable {
+  constructor(readonly entries: readonly W4A16TuneEntry[]) {}
+
+  /** The entry for `shape` — same N, K, block size and dtype, the fewest rows ≥ M — as a launch choice, or undefined (the default plan). */
+  plan(shape: W4A16Shape): W4A16SplitChoice | undefined {
+    let best: W4A16TuneEntry | undefined;
+    for (const e of this.entries) {
+      if (e.N !== shape.N || e.K !== shape.K || e.blockSize !== shape.blockSize || e.dtype !== shape.dtype || e.M < shape.M) continue;
+      if (!best || e.M < best.M) best = e;
+    }
+    return best && { columnTiles: best.columnTiles, rounds: best.rounds };
+  }
+
+  /** Launch options whose `plan` reads this table, over `base`. */
+  launchOptions(base: W4A16LaunchOptions = {}): W4A16LaunchOptions {
+    return { ...base, plan: (shape) => this.plan(shape) };
+  }
+
+  toJSON(): { entries: readonly W4A16TuneEntry[] } {
+    return { entries: this.entries };
+  }
+
+  /** A table saved with `JSON.stringify(table)`; throws naming the first malformed entry. */
+  static fromJSON(json: unknown): W4A16PlanTable {
+    const entries = (json as { entries?: unknown })?.entries;
+    if (!Array.isArray(entries)) throw new Error('W4A16PlanTable.fromJSON: expected { entries: [...] }');
+    entries.forEach((e, i) => {
+      const x = e as Partial<W4A16TuneEntry>;
+      const ints = [x.N, x.K, x.blockSize, x.M, x.rounds, x.warps];
+      if (!ints.every((v) => Number.isInteger(v) && (v as number) >= 1) || (x.columnTiles !== 1 && x.columnTiles !== 2) || typeof x.dtype !== 'string') {
+        throw new Error(`W4A16PlanTable.fromJSON: entry ${i} is not a plan (N, K, blockSize, M, rounds, warps ≥ 1; columnTiles 1 or 2; dtype): ${JSON.stringify(e)}`);
+      }
+    });
+    return new W4A16PlanTable(entries as W4A16TuneEntry[]);
+  }
+}
+
+/** Checks `opts` before any device work; returns the lists to try. */
+export function w4a16TuneCandidates(opts: W4A16TuneOptions = {}): { rows: readonly number[]; rounds: readonly number[]; columnTiles: readonly (1 | 2)[]; iters: number } {
+  const rows = opts.rows ?? DEFAULT_ROWS;
+  if (rows.length === 0 || rows.some((m) => !Number.isInteger(m) || m < 1 || m > 16)) throw new Error(`tuneW4A16: rows [${rows.join(', ')}] must be row counts 1–16 (the split-K kernels' decode range)`);
+  const rounds = opts.rounds ?? DEFAULT_ROUNDS;
+  if (rounds.length === 0 || rounds.some((r) => !Number.isInteger(r) || r < 1)) throw new Error(`tuneW4A16: rounds [${rounds.join(', ')}] must be integers ≥ 1`);
+  const columnTiles = opts.columnTiles ?? [1, 2];
+  if (columnTiles.length === 0 || columnTiles.some((c) => c !== 1 && c !== 2)) throw new Error(`tuneW4A16: columnTiles [${columnTiles.join(', ')}] must be 1 or 2`);
+  const iters = opts.iters ?? 200;
+  if (!Number.isInteger(iters) || iters < 1) throw new Error(`tuneW4A16: iters ${iters} must be an integer ≥ 1`);
+  return { rows, rounds, columnTiles, iters };
+}
+
+/**
+ * Times the split-K kernels on `device` (opened through `Kernels.withDevice`, the kernels `w4` was
+ * compiled on) for each shape at each row count over column tiles × rounds, and returns the fastest
+ * per shape and rows with every timing. The weights are constant codes over copies that together
+ * exceed 120 MB (twice an H100's or H200's L2), rotated per launch, so each launch reads HBM as a
+ * decode step's does. Must run outside any graph capture; a few seconds for a model's projections.
+ */
+export function tuneW4A16(w4: W4A16, device: Device, shapes: readonly W4A16TuneShape[], opts: W4A16TuneOptions = {}): { table: W4A16PlanTable; timings: W4A16TuneTiming[] } {
+  const { rows, rounds, columnTiles, iters } = w4a16TuneCandidates(opts);
+  if (device.kind !== 'cuda') throw new Error(`tuneW4A16: the W4A16 kernels run on cuda, not ${device.kind}`);
+  const kernels = w4.kernels;
+  const entries: W4A16TuneEntry[] = [];
+  const timings: W4A16TuneTiming[] = [];
+  for (const s of shapes) {
+    const kBlocks = Math.ceil(s.K / s.blockSize);
+    const why = w4a16Unsupported({ M: 1, N: s.N, K: s.K, kBlocks, blockSize: s.blockSize, dtype: s.dtype });
+    if (why) throw new Error(`tuneW4A16: shape ${s.name ?? `${s.N}×${s.K}`}: the kernels do not support ${why}`);
+    const half = (x: Float32Array) => (s.dtype === 'bfloat16' ? toBfloat16Bits(x) : toFloat16Bits(x));
+    const codeBytes = (s.N * kBlocks * s.blockSize) / 2;
+    const copies = Math.max(2, Math.ceil(120e6 / (codeBytes + 2 * s.N * kBlocks)));
+    const owned: DeviceTensor[] = [];
+    try {
+      const bs = Array.from({ length: copies }, () => device.upload({ data: new Uint8Array(codeBytes).fill(0x5a), dims: [s.N, kBlocks, s.blockSize / 2] }, 'uint8'));
+      owned.push(...bs);
+      const ss = Array.from({ length: copies }, () => device.upload({ data: half(new Float32Array(s.N * kBlocks).fill(0.01)), dims: [s.N, kBlocks] }, s.dtype));
+      owned.push(...ss);
+      for (const M of rows) {
+        const a = device.upload({ data: half(new Float32Array(M * s.K).fill(0.5)), dims: [M, s.K] }, s.dtype);
+        owned.push(a);
+        const c = device.upload({ data: new Uint16Array(M * s.N), dims: [M, s.N] }, s.dtype);
+        owned.push(c);
+        const shape: W4A16Shape = { M, N: s.N, K: s.K, kBlocks, blockSize: s.blockSize, dtype: s.dtype };
+        const time = (o: W4A16LaunchOptions) => {
+          const call = (i: number) => w4.matmul(shape, { a, b: bs[i % copies], scales: ss[i % copies], zeroPoints: 0n, c }, undefined, o);
+          for (let i = 0; i < 20; i++) call(i);
+          // recorded once as a CUDA graph, so the host's launch rate is not what is timed
+          const graph = kernels.driver.capture(kernels.stream, () => {
+            for (let i = 0; i < iters; i++) call(i);
+          });
+          try {
+            graph.replay(kernels.stream);
+            return (kernels.time(() => graph.replay(kernels.stream)) / iters) * 1000;
+          } finally {
+            graph.dispose();
+          }
+        };
+        const defaultUs = time({});
+        let top: W4A16TuneEntry | undefined;
+        for (const nt of columnTiles) {
+          const seen = new Set<number>();
+          for (const r of rounds) {
+            const plan = w4a16Plan(shape, nt, r);
+            if (plan.nt !== nt || seen.has(plan.warps)) continue;
+            seen.add(plan.warps);
+            const us = time({ columnTiles: nt, rounds: r });
+            timings.push({ ...s, M, columnTiles: nt, rounds: r, warps: plan.warps, ctas: plan.grid[0] * plan.grid[1], us });
+            if (!top || us < top.us) top = { ...s, M, columnTiles: nt, rounds: r, warps: plan.warps, us, defaultUs };
+          }
+        }
+        if (top) entries.push(top);
+      }
+    } finally {
+      for (const t of owned) t.dispose();
+    }
+  }
+  return { table: new W4A16PlanTable(entries), timings };
+}
