@@ -17,7 +17,7 @@ export { w4a16Source, w4a16KernelName, w4a16MaxWarps, w4a16Smem, W4A16_TILES, W4
 export { W4A16_TILE_STAGES, W4A16_TILE_THREADS, W4A16_TILE_VARIANTS, W4A16_VARIANTS, w4a16TileDims, w4a16TileKernelName, w4a16TileSmem } from './w4a16-source';
 export { W4A16, W4A16_BLOCK_SIZES, roundToDtype, w4a16Ops, w4a16Plan, w4a16Reference, w4a16Unsupported, type W4A16Args, type W4A16Attrs, type W4A16Ops, type W4A16Plan, type W4A16Shape } from './w4a16';
 export { W4A16_DEFAULT_SMS, W4A16_TILE_FROM_ROWS, w4a16TilePlan, type W4A16LaunchOptions, type W4A16SplitChoice, type W4A16Tile, type W4A16TilePlan } from './w4a16';
-export { W4A16PlanTable, tuneW4A16, w4a16TuneCandidates, type W4A16TuneEntry, type W4A16TuneOptions, type W4A16TuneShape, type W4A16TuneTiming } from './w4a16-tune';
+export { W4A16PlanTable, tuneW4A16, w4a16TimingWeights, w4a16TuneCandidates, type W4A16TuneEntry, type W4A16TuneOptions, type W4A16TuneShape, type W4A16TimingWeights, type W4A16TuneTiming } from './w4a16-tune';
 export { decodeAttentionSource, decodeAttentionCore, decodeKernelName, decodeSplitSmem, decodeSplitPlan, decodeSplitChunk, decodeAppendSmem, DECODE_THREADS, DECODE_HEAD_DIMS, DECODE_GROUPS, DECODE_TYPES, FP8_E4M3_MAX, type DecodeCacheKind, type DecodeSplitPlan } from './decode-attention-source';
 export { DecodeAttention, decodeAttentionOps, decodeAttentionReference, decodeAttentionUnsupported, decodeChunks, e4m3Decode, e4m3Encode, quantizeE4m3Reference, type DecodeAttendInputs, type DecodeAttendOutputs, type DecodeAttentionOps, type DecodeAttentionShape, type DecodeReferenceInputs, type DecodeStepArgs, type DecodeStepPart } from './decode-attention';
 export { crossEntropySource, crossEntropyKernelName, CE_MAX_VOCAB, CE_THREADS, CE_TYPES } from './cross-entropy-source';

@@ -96,6 +96,50 @@ export class W4A16PlanTable {
   }
 }
 
+/** Constant 4-bit weights of one shape in copies on the device, for timing launches the way a decode step reads weights. */
+export interface W4A16TimingWeights {
+  kBlocks: number;
+  /** Bytes of one copy (codes and scales). */
+  weightBytes: number;
+  copies: number;
+  /** uint8 [N, kBlocks, blockSize / 2] each: launch i reads copy i % copies. */
+  codes: DeviceTensor[];
+  /** [N, kBlocks] in the shape's dtype each. */
+  scales: DeviceTensor[];
+  dispose(): void;
+}
+
+/**
+ * Copies of constant weights of `s` that together exceed 120 MB (twice an H100's or H200's L2), so launches
+ * rotating over them read HBM, as a decode step does with the other layers' weights between.
+ */
+export function w4a16TimingWeights(device: Device, s: W4A16TuneShape): W4A16TimingWeights {
+  const kBlocks = Math.ceil(s.K / s.blockSize);
+  const codeBytes = (s.N * kBlocks * s.blockSize) / 2;
+  const weightBytes = codeBytes + s.N * kBlocks * 2;
+  const copies = Math.max(2, Math.ceil(120e6 / weightBytes));
+  const codes: DeviceTensor[] = [];
+  const scales: DeviceTensor[] = [];
+  const dispose = () => {
+    for (const t of [...codes, ...scales]) t.dispose();
+  };
+  try {
+    for (let i = 0; i < copies; i++) {
+      codes.push(device.upload({ data: new Uint8Array(codeBytes).fill(0x5a), dims: [s.N, kBlocks, s.blockSize / 2] }, 'uint8'));
+      scales.push(device.upload({ data: halfBits(s.dtype, new Float32Array(s.N * kBlocks).fill(0.01)), dims: [s.N, kBlocks] }, s.dtype));
+    }
+  } catch (e) {
+    dispose();
+    throw e;
+  }
+  return { kBlocks, weightBytes, copies, codes, scales, dispose };
+}
+
+/** The 16-bit bits of `x` in `dtype` (bfloat16 or float16). */
+function halfBits(dtype: DType, x: Float32Array): Uint16Array {
+  return dtype === 'bfloat16' ? toBfloat16Bits(x) : toFloat16Bits(x);
+}
+
 /** Checks `opts` before any device work; returns the lists to try. */
 export function w4a16TuneCandidates(opts: W4A16TuneOptions = {}): { rows: readonly number[]; rounds: readonly number[]; columnTiles: readonly (1 | 2)[]; iters: number } {
   const rows = opts.rows ?? DEFAULT_ROWS;
@@ -112,9 +156,7 @@ export function w4a16TuneCandidates(opts: W4A16TuneOptions = {}): { rows: readon
 /**
  * Times the split-K kernels on `device` (opened through `Kernels.withDevice`, the kernels `w4` was
  * compiled on) for each shape at each row count over column tiles × rounds, and returns the fastest
- * per shape and rows with every timing. The weights are constant codes over copies that together
- * exceed 120 MB (twice an H100's or H200's L2), rotated per launch, so each launch reads HBM as a
- * decode step's does. Must run outside any graph capture; a few seconds for a model's projections.
+ * per shape and rows with every timing, over {@link w4a16TimingWeights}. Must run outside any graph capture; a few seconds for a model's projections.
  */
 export function tuneW4A16(w4: W4A16, device: Device, shapes: readonly W4A16TuneShape[], opts: W4A16TuneOptions = {}): { table: W4A16PlanTable; timings: W4A16TuneTiming[] } {
   const { rows, rounds, columnTiles, iters } = w4a16TuneCandidates(opts);
@@ -126,17 +168,12 @@ export function tuneW4A16(w4: W4A16, device: Device, shapes: readonly W4A16TuneS
     const kBlocks = Math.ceil(s.K / s.blockSize);
     const why = w4a16Unsupported({ M: 1, N: s.N, K: s.K, kBlocks, blockSize: s.blockSize, dtype: s.dtype });
     if (why) throw new Error(`tuneW4A16: shape ${s.name ?? `${s.N}×${s.K}`}: the kernels do not support ${why}`);
-    const half = (x: Float32Array) => (s.dtype === 'bfloat16' ? toBfloat16Bits(x) : toFloat16Bits(x));
-    const codeBytes = (s.N * kBlocks * s.blockSize) / 2;
-    const copies = Math.max(2, Math.ceil(120e6 / (codeBytes + 2 * s.N * kBlocks)));
+    const weights = w4a16TimingWeights(device, s);
+    const { copies, codes: bs, scales: ss } = weights;
     const owned: DeviceTensor[] = [];
     try {
-      const bs = Array.from({ length: copies }, () => device.upload({ data: new Uint8Array(codeBytes).fill(0x5a), dims: [s.N, kBlocks, s.blockSize / 2] }, 'uint8'));
-      owned.push(...bs);
-      const ss = Array.from({ length: copies }, () => device.upload({ data: half(new Float32Array(s.N * kBlocks).fill(0.01)), dims: [s.N, kBlocks] }, s.dtype));
-      owned.push(...ss);
       for (const M of rows) {
-        const a = device.upload({ data: half(new Float32Array(M * s.K).fill(0.5)), dims: [M, s.K] }, s.dtype);
+        const a = device.upload({ data: halfBits(s.dtype, new Float32Array(M * s.K).fill(0.5)), dims: [M, s.K] }, s.dtype);
         owned.push(a);
         const c = device.upload({ data: new Uint16Array(M * s.N), dims: [M, s.N] }, s.dtype);
         owned.push(c);
@@ -172,6 +209,7 @@ export function tuneW4A16(w4: W4A16, device: Device, shapes: readonly W4A16TuneS
       }
     } finally {
       for (const t of owned) t.dispose();
+      weights.dispose();
     }
   }
   return { table: new W4A16PlanTable(entries), timings };

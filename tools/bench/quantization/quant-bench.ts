@@ -77,7 +77,7 @@ import {
   type QuantizedWeightsAs,
   type ShiftSummary,
 } from '@lathe/quantization';
-import { Kernels, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, tuneW4A16, w4a16Ops, w4a16TileDims, w4a16TilePlan, type W4A16LaunchOptions, type W4A16Ops, type W4A16PlanTable, type W4A16Tile } from '@lathe/kernels';
+import { Kernels, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, tuneW4A16, w4a16Ops, w4a16TimingWeights, w4a16TileDims, w4a16TilePlan, type W4A16LaunchOptions, type W4A16Ops, type W4A16PlanTable, type W4A16Tile } from '@lathe/kernels';
 import { KvCacheGenerator, type Completion } from '@lathe/rollout';
 import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor, type HostTensor, type SessionOptions } from '@lathe/runtime';
 import { arg, flag } from '../argv';
@@ -447,13 +447,9 @@ function measureKernel(kernels: Kernels, w4: W4A16, device: Device, dtype: DType
   const peak = peakBandwidth();
   const rows: Record<string, unknown>[] = [];
   for (const { name, N, K } of projectionShapes(config, true)) {
-    const kb = Math.ceil(K / blockSize);
-    const codeBytes = (N * kb * blockSize) / 2;
-    const weightBytes = codeBytes + N * kb * 2;
     // enough copies of the weights to exceed L2 twice over, so each call reads HBM
-    const copies = Math.max(2, Math.ceil((2 * 60e6) / weightBytes));
-    const bs = Array.from({ length: copies }, () => device.upload({ data: new Uint8Array(codeBytes).fill(0x5a), dims: [N, kb, blockSize / 2] }, 'uint8'));
-    const ss = Array.from({ length: copies }, () => device.upload({ data: half(new Float32Array(N * kb).fill(0.01)), dims: [N, kb] }, dtype));
+    const weights = w4a16TimingWeights(device, { N, K, blockSize, dtype });
+    const { kBlocks: kb, weightBytes, copies, codes: bs, scales: ss } = weights;
     try {
       for (const [M, nt] of [[1, 1], [1, 2], [16, 1], [16, 2]] as const) {
         const a = device.upload({ data: half(new Float32Array(M * K).fill(0.5)), dims: [M, K] }, dtype);
@@ -482,7 +478,7 @@ function measureKernel(kernels: Kernels, w4: W4A16, device: Device, dtype: DType
         }
       }
     } finally {
-      for (const t of [...bs, ...ss]) t.dispose();
+      weights.dispose();
     }
   }
   return { ...peak, block_size: blockSize, rows };
@@ -520,12 +516,8 @@ function measureTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType,
   const half = (x: Float32Array) => (dtype === 'bfloat16' ? toBfloat16Bits(x) : toFloat16Bits(x));
   const out: Record<string, unknown>[] = [];
   for (const { name, N, K } of projectionShapes(config, true)) {
-    const kb = Math.ceil(K / blockSize);
-    const codeBytes = (N * kb * blockSize) / 2;
-    const weightBytes = codeBytes + N * kb * 2;
-    const copies = Math.max(2, Math.ceil((2 * 60e6) / weightBytes));
-    const bs = Array.from({ length: copies }, () => device.upload({ data: new Uint8Array(codeBytes).fill(0x5a), dims: [N, kb, blockSize / 2] }, 'uint8'));
-    const ss = Array.from({ length: copies }, () => device.upload({ data: half(new Float32Array(N * kb).fill(0.01)), dims: [N, kb] }, dtype));
+    const weights = w4a16TimingWeights(device, { N, K, blockSize, dtype });
+    const { kBlocks: kb, weightBytes, copies, codes: bs, scales: ss } = weights;
     try {
       for (const M of rows) {
         const a = device.upload({ data: half(new Float32Array(M * K).fill(0.5)), dims: [M, K] }, dtype);
@@ -548,7 +540,7 @@ function measureTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType,
         }
       }
     } finally {
-      for (const t of [...bs, ...ss]) t.dispose();
+      weights.dispose();
     }
   }
   return { block_size: blockSize, rows: out };
