@@ -24,3 +24,5 @@ export { crossEntropySource, crossEntropyKernelName, CE_MAX_VOCAB, CE_THREADS, C
 export { CrossEntropyKernels, crossEntropyOps, crossEntropyReference, crossEntropyUnsupported, type CrossEntropyBackwardArgs, type CrossEntropyCallOptions, type CrossEntropyForwardArgs, type CrossEntropyOps, type CrossEntropyShape } from './cross-entropy';
 export { ropeSource, ropeKernelName, ROPE_THREADS, ROPE_TYPES } from './rope-source';
 export { RopeKernels, ropeOps, ropeReference, ropeUnsupported, type RopeArgs, type RopeOps, type RopeShape } from './rope';
+export { swigluSource, swigluKernelName, SWIGLU_THREADS, SWIGLU_TYPES } from './swiglu-source';
+export { SwigluKernels, swigluOps, swigluReference, swigluUnsupported, type SwigluBackwardArgs, type SwigluForwardArgs, type SwigluOps, type SwigluShape } from './swiglu';
