@@ -82,6 +82,8 @@ export interface FlashAttentionInputs {
   kernel?: (x: { query: Tensor; key: Tensor; value: Tensor; seqlensK: Tensor; totalSequenceLength: Tensor }, heads: { numHeads: number; kvNumHeads: number }) => Tensor;
   /** Rotate queries and keys through this kernel instead of ONNX Runtime's RotaryEmbedding (see {@link RopeKernel}). */
   ropeKernel?: RopeKernel;
+  /** Each MLP's silu(gate)·up through this kernel instead of QuickGelu and Mul (see {@link SwigluKernel}). */
+  swigluKernel?: SwigluKernel;
 }
 
 /**
@@ -302,13 +304,22 @@ export function gqaAttention(
 }
 
 /**
- * SwiGLU MLP: down(silu(gate(x)) · up(x)). `fused`: SiLU as ONNX Runtime's QuickGelu kernel (α = 1),
- * one pass where the composed x·σ(x) takes two, and two fewer in the backward pass.
+ * A SwiGLU activation kernel standing in for the MLP's SiLU and product: given gate and up of one
+ * shape and dtype, returns silu(gate)·up, differentiable in both (`swigluOps(...).apply` of
+ * @lathe/kernels; the session then needs its custom-op domain).
  */
-export function mlp(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor, fused = false): Tensor {
+export type SwigluKernel = (gate: Tensor, up: Tensor) => Tensor;
+
+/**
+ * SwiGLU MLP: down(silu(gate(x)) · up(x)). `fused`: SiLU as ONNX Runtime's QuickGelu kernel (α = 1),
+ * one pass where the composed x·σ(x) takes two, and two fewer in the backward pass; `kernel`: the
+ * whole activation in one pass (and its gradient in one) instead.
+ */
+export function mlp(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor, fused = false, kernel?: SwigluKernel): Tensor {
   const gate = project(w, `${prefix}.gate_proj`, x, cfg.mlpBias);
   const up = project(w, `${prefix}.up_proj`, x, cfg.mlpBias);
-  return project(w, `${prefix}.down_proj`, L.mul(fused ? L.quickGelu(gate, 1) : L.silu(gate), up), cfg.mlpBias);
+  const act = kernel ? kernel(gate, up) : L.mul(fused ? L.quickGelu(gate, 1) : L.silu(gate), up);
+  return project(w, `${prefix}.down_proj`, act, cfg.mlpBias);
 }
 
 /**
@@ -339,17 +350,17 @@ export function layerAttention(cfg: DecoderConfig, w: Weights, inputs: DecoderIn
 }
 
 /**
- * Layer `i`, a pre-norm block: h + attention(norm(h)), then + mlp(norm(·)). `x` is the float32
- * residual stream; each sub-block's output is cast into it. Scopes name the nodes (attn/…, mlp/…)
- * so profiles attribute time by block.
+ * Layer `i`, a pre-norm block: h + attention(norm(h)), then + mlp(norm(·)) (its activation through
+ * `swiglu` when given). `x` is the float32 residual stream; each sub-block's output is cast into it.
+ * Scopes name the nodes (attn/…, mlp/…) so profiles attribute time by block.
  */
-export function decoderLayer(cfg: DecoderConfig, w: Weights, i: number, x: Tensor, attend: LayerAttention, past?: KvPair, fused = false): { hidden: Tensor; present: KvPair } {
+export function decoderLayer(cfg: DecoderConfig, w: Weights, i: number, x: Tensor, attend: LayerAttention, past?: KvPair, fused = false, swiglu?: SwigluKernel): { hidden: Tensor; present: KvPair } {
   const g = x.graph;
   const p = `model.layers.${i}`;
   const norm = (t: Tensor, name: string) => rmsNormHf(t, w(name), cfg.rmsNormEps, fused);
   const a = g.scope('attn', () => attend(norm(x, `${p}.input_layernorm.weight`), `${p}.self_attn`, past));
   const mid = L.add(x, L.cast(a.out, x.dtype));
-  const hidden = L.add(mid, L.cast(g.scope('mlp', () => mlp(cfg, w, `${p}.mlp`, norm(mid, `${p}.post_attention_layernorm.weight`), fused)), x.dtype));
+  const hidden = L.add(mid, L.cast(g.scope('mlp', () => mlp(cfg, w, `${p}.mlp`, norm(mid, `${p}.post_attention_layernorm.weight`), fused, swiglu)), x.dtype));
   return { hidden, present: a.present };
 }
 
@@ -371,11 +382,12 @@ export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | 
   const fused = gqa ? true : (inputs.fused ?? Boolean(inputs.flashAttention));
   const recompute = !gqa && inputs.recompute;
   const attend = layerAttention(cfg, w, inputs, embedded.dtype, fused);
+  const swiglu = gqa ? undefined : inputs.flashAttention?.swigluKernel;
   const present: KvPair[] = [];
   for (let i = 0; i < cfg.numLayers; i++) {
     const input = h;
     const layer = () => {
-      const out = decoderLayer(cfg, w, i, input, attend, inputs.past?.[i], fused);
+      const out = decoderLayer(cfg, w, i, input, attend, inputs.past?.[i], fused, swiglu);
       present.push(out.present);
       return out.hidden;
     };

@@ -47,6 +47,8 @@ export interface TrunkOptions {
   attentionKernel?: FlashAttentionInputs['kernel'];
   /** With 'flash': rotate queries and keys through this kernel instead of ONNX Runtime's RotaryEmbedding (`ropeOps(...).rotate` of @lathe/kernels); the session then needs its custom-op domain. */
   ropeKernel?: FlashAttentionInputs['ropeKernel'];
+  /** With 'flash': each MLP's silu(gate)·up through this kernel instead of QuickGelu and Mul (`swigluOps(...).apply` of @lathe/kernels); the session then needs its custom-op domain. */
+  swigluKernel?: FlashAttentionInputs['swigluKernel'];
   /** Recompute each decoder layer (in causalLmLogprobs, each head chunk too) in the backward pass instead of keeping its activations. */
   recompute?: boolean;
   /** With 'composed': ONNX Runtime's fused RMSNorm/RoPE/SiLU kernels. Default off (the decoder's default). */
@@ -105,6 +107,6 @@ export function decoderHidden(cfg: DecoderConfig, w: Weights, ids: Tensor, atten
     attentionMask: paddedCausalMask(attentionMask),
     recompute: opts.recompute,
     ...(opts.fused === undefined ? {} : { fused: opts.fused }),
-    ...(attention === 'flash' ? { flashAttention: { ...rightPaddedAttention(attentionMask, width()), ...(opts.attentionKernel ? { kernel: opts.attentionKernel } : {}), ...(opts.ropeKernel ? { ropeKernel: opts.ropeKernel } : {}) } } : {}),
+    ...(attention === 'flash' ? { flashAttention: { ...rightPaddedAttention(attentionMask, width()), ...(opts.attentionKernel ? { kernel: opts.attentionKernel } : {}), ...(opts.ropeKernel ? { ropeKernel: opts.ropeKernel } : {}), ...(opts.swigluKernel ? { swigluKernel: opts.swigluKernel } : {}) } } : {}),
   }).hidden;
 }

@@ -73,6 +73,14 @@ export const ropeKernelOption = {
     "Rotate queries and keys (RoPE) through Lathe's kernel, in the compute dtype with the inverse rotation as its gradient, instead of ONNX Runtime's RotaryEmbedding and its composed backward; needs the attention kernels. 'auto': on exactly when the run's attention is Lathe's kernels and the model's head size is one the kernel takes (measured in docs/guides/kernels.md), off otherwise; true: on, an error where it cannot be; false: off",
 } as const;
 
+/** `--swiglu_kernel` of lathe sft (resolved by train-attention.ts's resolveSwigluKernel); opt-in until a same-call A/B of the full SFT step. */
+export const swigluKernelOption = {
+  type: 'boolean',
+  default: false,
+  describe:
+    "Each MLP's activation silu(gate)·up through Lathe's SwiGLU kernel (one pass forward and one backward, in the compute dtype) instead of ONNX Runtime's QuickGelu, Mul and their composed gradients; needs the attention kernels. Off by default until measured (docs/guides/kernels.md); true: on, an error where the attention is not the kernels",
+} as const;
+
 /** `--gradient_checkpointing`. */
 export const gradientCheckpointingOption = { type: 'boolean', default: false, describe: "Recompute each decoder layer's activations in the train step's backward pass instead of keeping them: less memory, one more forward pass of the layers" } as const;
 

@@ -134,7 +134,7 @@ export interface SftTestHooks {
 }
 
 /** What an SFT run trains: every weight, or LoRA adapters over a frozen base fed as `base/<name>` inputs; and the loss graph over them. */
-function trainedTensors(config: DecoderConfig, cfg: SftConfig, lora: LoraConfig | undefined, compile: { compute: 'float32' | 'bfloat16'; flashAttention: boolean; staticShape: boolean; attentionKernel?: DecoderLossOptions['attentionKernel']; logprobKernel?: DecoderLossOptions['logprobKernel']; ropeKernel?: DecoderLossOptions['ropeKernel'] }, qlora?: TrainedWeights) {
+function trainedTensors(config: DecoderConfig, cfg: SftConfig, lora: LoraConfig | undefined, compile: { compute: 'float32' | 'bfloat16'; flashAttention: boolean; staticShape: boolean; attentionKernel?: DecoderLossOptions['attentionKernel']; logprobKernel?: DecoderLossOptions['logprobKernel']; ropeKernel?: DecoderLossOptions['ropeKernel']; swigluKernel?: DecoderLossOptions['swigluKernel'] }, qlora?: TrainedWeights) {
   const packing = cfg.packing ? { packing: true } : {};
   const specs = paramSpecs(config);
   const adapters = qlora ? qlora.adapters : lora ? loraAdapters(config, lora) : [];
@@ -144,7 +144,7 @@ function trainedTensors(config: DecoderConfig, cfg: SftConfig, lora: LoraConfig 
       ? adapters.flatMap((a) => [a.a, a.b])
       : fullTrainableParams(config);
   const shape: { shape?: [number, number] } = compile.staticShape ? { shape: [cfg.batch_size, cfg.max_length] } : {};
-  const kernel = { ...(compile.attentionKernel ? { attentionKernel: compile.attentionKernel } : {}), ...(compile.logprobKernel ? { logprobKernel: compile.logprobKernel } : {}), ...(compile.ropeKernel ? { ropeKernel: compile.ropeKernel } : {}) };
+  const kernel = { ...(compile.attentionKernel ? { attentionKernel: compile.attentionKernel } : {}), ...(compile.logprobKernel ? { logprobKernel: compile.logprobKernel } : {}), ...(compile.ropeKernel ? { ropeKernel: compile.ropeKernel } : {}), ...(compile.swigluKernel ? { swigluKernel: compile.swigluKernel } : {}) };
   const loss = lora
     ? sftLoss(config, {
         weights: qlora

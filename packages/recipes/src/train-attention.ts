@@ -1,12 +1,12 @@
 /**
- * `--attention` (and `--logprob_kernel`, `--rope_kernel`) of the training commands whose loss can attend through Lathe's
+ * `--attention` (and `--logprob_kernel`, `--rope_kernel`, `--swiglu_kernel`) of the training commands whose loss can attend through Lathe's
  * own flash-attention kernels (`lathe sft`, `lathe rm train`, `lathe dpo`, `lathe grpo`): the choice refused where it cannot work, the
  * device opened through the kernels, the kernels compiled once per process, and what the loss and
  * the Trainer then take (the attention kernel, the custom-op domain in the step's sessions).
  */
 import type { DecoderConfig } from '@lathe/models';
 import { Device, type Ptr } from '@lathe/runtime';
-import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, flashAttentionUnsupported, probeKernels, RopeKernels, ropeOps, ropeUnsupported, type CrossEntropyOps, type FlashAttentionOps, type Kernels, type RopeOps } from '@lathe/kernels';
+import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, flashAttentionUnsupported, probeKernels, RopeKernels, ropeOps, ropeUnsupported, SwigluKernels, swigluOps, type CrossEntropyOps, type FlashAttentionOps, type Kernels, type RopeOps, type SwigluOps } from '@lathe/kernels';
 import { useFlashAttention, type AttentionChoice, type DecoderLossOptions } from '@lathe/train';
 import { kernelsOfDevice, openDevice } from './scaffold';
 
@@ -28,6 +28,8 @@ export interface TrainAttentionConfig {
   logprob_kernel?: boolean | 'auto';
   /** `--rope_kernel` (lathe sft): queries and keys rotated by Lathe's RoPE kernel (with the attention kernels); see {@link resolveRopeKernel}. Absent: off. */
   rope_kernel?: boolean | 'auto';
+  /** `--swiglu_kernel` (lathe sft): each MLP's activation through Lathe's SwiGLU kernel (with the attention kernels); see {@link resolveSwigluKernel}. Absent: off. */
+  swiglu_kernel?: boolean;
 }
 
 /** What `auto` weighs beyond the options: facts known only once the run starts. */
@@ -55,14 +57,18 @@ export function resolveTrainAttention(cfg: TrainAttentionConfig, facts: AutoAtte
 }
 
 /**
- * Whether a kernel that joins the attention kernels (`--logprob_kernel`, `--rope_kernel`) runs, given
- * the attention the run resolved to: `auto` exactly when that is the kernels, true likewise but an
- * error otherwise (the kernel shares the attention kernels' device and sessions), false or absent off.
+ * Whether a kernel that joins the attention kernels (`--logprob_kernel`, `--rope_kernel`,
+ * `--swiglu_kernel`) runs, given the attention the run resolved to: `auto` exactly when that is the
+ * kernels, true likewise but an error otherwise (the kernel shares the attention kernels' device and
+ * sessions), false or absent off. `defaultAuto`: the flag's default is `auto` (the error says so).
  */
-function resolveWithKernels(flag: string, value: boolean | 'auto' | undefined, attention: TrainAttentionChoice, choice: TrainAttentionChoice): boolean {
+function resolveWithKernels(flag: string, value: boolean | 'auto' | undefined, attention: TrainAttentionChoice, choice: TrainAttentionChoice, defaultAuto = true): boolean {
   if (value === 'auto') return choice === 'kernels';
   if (value !== true) return false;
-  if (choice !== 'kernels') throw new Error(`${flag} needs the attention kernels, and the run's attention is ${attention === 'auto' ? "'auto', which did not pick them here (see --attention's help for where it does not)" : `'${attention}'`}: use --attention kernels, or drop ${flag} (its default, auto, takes it wherever the attention is the kernels)`);
+  if (choice !== 'kernels') {
+    const drop = defaultAuto ? `drop ${flag} (its default, auto, takes it wherever the attention is the kernels)` : `drop ${flag}`;
+    throw new Error(`${flag} needs the attention kernels, and the run's attention is ${attention === 'auto' ? "'auto', which did not pick them here (see --attention's help for where it does not)" : `'${attention}'`}: use --attention kernels, or ${drop}`);
+  }
   return true;
 }
 
@@ -89,6 +95,15 @@ export function resolveRopeKernel(cfg: Pick<TrainAttentionConfig, 'attention' | 
 }
 
 /**
+ * Whether each MLP's activation goes through Lathe's SwiGLU kernel instead of QuickGelu and Mul
+ * ({@link resolveWithKernels}'s rule): off unless asked for, until a same-call A/B of the full SFT
+ * step measures it (docs/guides/kernels.md).
+ */
+export function resolveSwigluKernel(cfg: Pick<TrainAttentionConfig, 'attention' | 'swiglu_kernel'>, choice: TrainAttentionChoice): boolean {
+  return resolveWithKernels('--swiglu_kernel', cfg.swiglu_kernel, cfg.attention, choice, false);
+}
+
+/**
  * Refuses `--attention kernels` where it cannot work, naming the flags, before anything is loaded:
  * packed rows (the kernels take right-padded rows, no segment mask), `--cuda_graph` (replaying the
  * kernels' custom op inside a captured step is not verified yet), float32 compute on cuda (the
@@ -107,8 +122,8 @@ export interface TrainAttention {
   choice: TrainAttentionChoice;
   /** The loss attends as flash attention (right-padded rows; with symbolic shapes `total_sequence_length` fed). */
   flashAttention: boolean;
-  /** Loss options beyond `flashAttention`: the kernel to attend through, with `kernels`; the fused log-prob kernel and the RoPE kernel where {@link resolveLogprobKernel} and {@link resolveRopeKernel} take them. */
-  loss: Pick<DecoderLossOptions, 'attentionKernel' | 'logprobKernel' | 'ropeKernel'>;
+  /** Loss options beyond `flashAttention`: the kernel to attend through, with `kernels`; the fused log-prob, RoPE and SwiGLU kernels where {@link resolveLogprobKernel}, {@link resolveRopeKernel} and {@link resolveSwigluKernel} take them. */
+  loss: Pick<DecoderLossOptions, 'attentionKernel' | 'logprobKernel' | 'ropeKernel' | 'swigluKernel'>;
   /** Trainer options: the kernels' custom-op domain in the step's sessions, with `kernels`. */
   trainer: { session?: { customOpDomains: Ptr[] } };
   /** Rethrows an error the kernels' compute raised in the last run (computes cannot throw into ONNX Runtime). */
@@ -121,6 +136,7 @@ export interface TrainAttention {
 const compiled = new WeakMap<Kernels, FlashAttention>();
 const compiledCe = new WeakMap<Kernels, CrossEntropyKernels>();
 const compiledRope = new WeakMap<Kernels, RopeKernels>();
+const compiledSwiglu = new WeakMap<Kernels, SwigluKernels>();
 
 /**
  * Opens a training run's device (GPU `id`; `kernels: false` keeps ONNX Runtime's own stream, see
@@ -143,6 +159,7 @@ export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig
       : cfg.attention;
   const logprobKernel = resolveLogprobKernel(cfg, choice);
   const ropeKernel = resolveRopeKernel(cfg, choice, ropeUnsupported({ rows: 1, heads: config.numHeads, half: config.headDim / 2, maxPositions: config.maxPositionEmbeddings, dtype: cfg.device === 'cpu' ? 'float32' : cfg.compute_dtype }));
+  const swigluKernel = resolveSwigluKernel(cfg, choice);
   if (choice !== 'kernels') {
     const device = openDevice(cfg.device, id, opts.kernelsOnlyForAttention ? { kernels: false } : opts.kernels === undefined ? {} : { kernels: opts.kernels });
     const flashAttention = useFlashAttention(choice, cfg.device, cfg.compute_dtype, { packing: cfg.packing });
@@ -151,12 +168,14 @@ export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig
   let ops: FlashAttentionOps;
   let ce: CrossEntropyOps | undefined;
   let rope: RopeOps | undefined;
+  let swiglu: SwigluOps | undefined;
   let device: Device;
   if (cfg.device === 'cpu') {
     device = Device.open('cpu');
     ops = flashAttentionOps('cpu');
     if (logprobKernel) ce = crossEntropyOps('cpu');
     if (ropeKernel) rope = ropeOps('cpu');
+    if (swigluKernel) swiglu = swigluOps('cpu');
   } else {
     const unsupported = flashAttentionUnsupported({ batch: 1, seqLen: 1, numHeads: config.numHeads, numKvHeads: config.numKvHeads, headDim: config.headDim, dtype: cfg.compute_dtype });
     if (unsupported) throw new Error(`--attention kernels: the model's attention is not one the kernels take: ${unsupported}; use --attention flash`);
@@ -180,23 +199,30 @@ export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig
       if (!k) compiledRope.set(kernels, (k = RopeKernels.compile(kernels, { includeDir: cudaIncludeDir() })));
       rope = ropeOps('cuda', k);
     }
+    if (swigluKernel) {
+      let k = compiledSwiglu.get(kernels);
+      if (!k) compiledSwiglu.set(kernels, (k = SwigluKernels.compile(kernels, { includeDir: cudaIncludeDir() })));
+      swiglu = swigluOps('cuda', k);
+    }
   }
   return {
     device,
     attention: {
       choice,
       flashAttention: true,
-      loss: { attentionKernel: (x, heads) => ops.attend(x, heads, 'kernels'), ...(ce ? { logprobKernel: ce } : {}), ...(rope ? { ropeKernel: rope.rotate } : {}) },
-      trainer: { session: { customOpDomains: [ops.domain.handle, ...(ce ? [ce.domain.handle] : []), ...(rope ? [rope.domain.handle] : [])] } },
+      loss: { attentionKernel: (x, heads) => ops.attend(x, heads, 'kernels'), ...(ce ? { logprobKernel: ce } : {}), ...(rope ? { ropeKernel: rope.rotate } : {}), ...(swiglu ? { swigluKernel: swiglu.apply } : {}) },
+      trainer: { session: { customOpDomains: [ops.domain.handle, ...(ce ? [ce.domain.handle] : []), ...(rope ? [rope.domain.handle] : []), ...(swiglu ? [swiglu.domain.handle] : [])] } },
       check: () => {
         ops.check();
         ce?.check();
         rope?.check();
+        swiglu?.check();
       },
       dispose: () => {
         ops.dispose();
         ce?.dispose();
         rope?.dispose();
+        swiglu?.dispose();
       },
     },
   };

@@ -7,7 +7,7 @@
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { defaults, dpoSchema, openTrainDevice, resolveConfig, resolveLogprobKernel, resolveRopeKernel, resolveTrainAttention, rmTrainSchema, runDpo, runRmTrain, runSft, sftSchema, type DpoRunConfig, type RmTrainConfig, type SftConfig } from '@lathe/recipes';
+import { defaults, dpoSchema, openTrainDevice, resolveConfig, resolveLogprobKernel, resolveRopeKernel, resolveSwigluKernel, resolveTrainAttention, rmTrainSchema, runDpo, runRmTrain, runSft, sftSchema, type DpoRunConfig, type RmTrainConfig, type SftConfig } from '@lathe/recipes';
 import { writeAdditionTask } from './preference-task';
 
 const root = mkdtempSync(join(tmpdir(), 'lathe-train-attention-'));
@@ -156,4 +156,33 @@ test("lathe sft --rope_kernel: queries and keys rotated by the RoPE ops give com
   // the defaults (auto, auto) with the kernels: both the log-prob and the RoPE kernels
   expectClose(await stepsOf((e) => runSft(sftConfig({ attention: 'kernels' }), e)), await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', logprob_kernel: true, rope_kernel: true }), e)), 0);
   await expect(runSft(sftConfig({ attention: 'composed', rope_kernel: true }))).rejects.toThrow(/--rope_kernel needs the attention kernels.*'composed'/);
+}, 90_000);
+
+test('--swiglu_kernel (default false, opt-in) takes the SwiGLU kernel only with the attention kernels; true refuses any other attention, naming the flags', () => {
+  expect(defaults(sftSchema).swiglu_kernel).toBe(false);
+  expect(resolveSwigluKernel({ attention: 'kernels', swiglu_kernel: true }, 'kernels')).toBe(true);
+  expect(resolveSwigluKernel({ attention: 'kernels', swiglu_kernel: false }, 'kernels')).toBe(false);
+  // rm train, dpo and grpo have no --swiglu_kernel: absent is off
+  expect(resolveSwigluKernel({ attention: 'kernels' }, 'kernels')).toBe(false);
+  for (const choice of ['auto', 'flash', 'composed'] as const) expect(() => resolveSwigluKernel({ attention: choice, swiglu_kernel: true }, choice)).toThrow(/--swiglu_kernel needs the attention kernels.*use --attention kernels, or drop --swiglu_kernel$/);
+  // the resolved kernel reaches the loss and the sessions: its op and its custom-op domain beside the attention's
+  const config = { vocabSize: 64, hiddenSize: 32, intermediateSize: 48, numLayers: 1, numHeads: 4, numKvHeads: 2, headDim: 8, rmsNormEps: 1e-6, ropeTheta: 1e4, maxPositionEmbeddings: 64, tieWordEmbeddings: true } as unknown as Parameters<typeof openTrainDevice>[1];
+  const opened = (swiglu_kernel: boolean) => openTrainDevice({ device: 'cpu', compute_dtype: 'float32', attention: 'kernels', logprob_kernel: false, rope_kernel: false, swiglu_kernel }, config).attention;
+  const on = opened(true);
+  expect(on.loss.swigluKernel).toBeDefined();
+  expect(on.trainer.session?.customOpDomains).toHaveLength(2);
+  on.dispose();
+  const off = opened(false);
+  expect(off.loss.swigluKernel).toBeUndefined();
+  expect(off.trainer.session?.customOpDomains).toHaveLength(1);
+  off.dispose();
+});
+
+test("lathe sft --swiglu_kernel true: each MLP's activation through the SwiGLU ops gives composed attention's losses (cpu, float32), with the other kernels too; refused without the attention kernels", async () => {
+  const composed = await stepsOf((e) => runSft(sftConfig({ attention: 'composed' }), e));
+  const swiglu = await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', logprob_kernel: false, rope_kernel: false, swiglu_kernel: true }), e));
+  expect(composed[2].loss).not.toBe(composed[0].loss);
+  expectClose(swiglu, composed, 1e-4);
+  expectClose(await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', swiglu_kernel: true }), e)), composed, 1e-4);
+  await expect(runSft(sftConfig({ attention: 'composed', swiglu_kernel: true }))).rejects.toThrow(/--swiglu_kernel needs the attention kernels.*'composed'/);
 }, 90_000);

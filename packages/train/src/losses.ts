@@ -54,10 +54,10 @@ export function nextTokenLogprobs(
   w: Weights,
   ids: Tensor,
   attentionMask: Tensor,
-  opts: { temperature?: number; chunk?: number; recompute?: boolean; flashAttention?: Tensor; attentionKernel?: TrunkOptions['attentionKernel']; ropeKernel?: TrunkOptions['ropeKernel']; logprobKernel?: LogprobKernel } = {},
+  opts: { temperature?: number; chunk?: number; recompute?: boolean; flashAttention?: Tensor; attentionKernel?: TrunkOptions['attentionKernel']; ropeKernel?: TrunkOptions['ropeKernel']; swigluKernel?: TrunkOptions['swigluKernel']; logprobKernel?: LogprobKernel } = {},
 ): Tensor {
-  const { flashAttention, attentionKernel, ropeKernel, ...head } = opts;
-  return causalLmLogprobs(cfg, w, ids, attentionMask, { ...head, ...(flashAttention ? { attention: 'flash' as const, totalSequenceLength: flashAttention, attentionKernel, ropeKernel } : {}) }).logp;
+  const { flashAttention, attentionKernel, ropeKernel, swigluKernel, ...head } = opts;
+  return causalLmLogprobs(cfg, w, ids, attentionMask, { ...head, ...(flashAttention ? { attention: 'flash' as const, totalSequenceLength: flashAttention, attentionKernel, ropeKernel, swigluKernel } : {}) }).logp;
 }
 
 /** How a loss builds the decoder's forward pass: the options every decoder loss takes (SFT, the pair losses, the critic's). */
@@ -86,6 +86,8 @@ export interface DecoderLossOptions {
   attentionKernel?: TrunkOptions['attentionKernel'];
   /** With `flashAttention`: rotate queries and keys through this kernel instead of ONNX Runtime's RotaryEmbedding (see TrunkOptions.ropeKernel, @lathe/models). */
   ropeKernel?: TrunkOptions['ropeKernel'];
+  /** With `flashAttention`: each MLP's silu(gate)·up through this kernel instead of QuickGelu and Mul (see TrunkOptions.swigluKernel, @lathe/models). */
+  swigluKernel?: TrunkOptions['swigluKernel'];
   /**
    * The LM head's log-partition per vocabulary chunk through this fused kernel (Lathe's cross-entropy
    * kernels, `crossEntropyOps(...)` of @lathe/kernels) instead of composed ops: the session then needs
@@ -129,7 +131,7 @@ export function sftLoss(cfg: DecoderConfig, opts: SftLossOptions = {}): LossBuil
     const flashAttention = opts.flashAttention ? totalLength(g, ids) : undefined;
     const logp = packed
       ? packedNextTokenLogprobs(cfg, w, ids, packed.segments, packed.positions, { chunk: opts.chunk, recompute: opts.recompute, logprobKernel: opts.logprobKernel })
-      : nextTokenLogprobs(cfg, w, ids, attention!, { chunk: opts.chunk, recompute: opts.recompute, flashAttention, attentionKernel: opts.attentionKernel, ropeKernel: opts.ropeKernel, logprobKernel: opts.logprobKernel });
+      : nextTokenLogprobs(cfg, w, ids, attention!, { chunk: opts.chunk, recompute: opts.recompute, flashAttention, attentionKernel: opts.attentionKernel, ropeKernel: opts.ropeKernel, swigluKernel: opts.swigluKernel, logprobKernel: opts.logprobKernel });
     // Position t predicts token t+1: weight it by loss_mask[t+1]; the wrapped last column gets 0,
     // and in packed rows so does an example's last token (the next token begins another example).
     let predicted = L.mul(shiftLeft(lossMask), lastColumnZero(lossMask));
