@@ -38,6 +38,7 @@ declare -A entries=(
   [kernel-check]=tools/bench/kernels/kernel-check.ts
   [decode-check]=tools/bench/kernels/decode-check.ts
   [rope-check]=tools/bench/kernels/rope-check.ts
+  [swiglu-check]=tools/bench/kernels/swiglu-check.ts
   [dp-check]=tools/bench/distributed/dp-check.ts
   [sft-dp]=tools/bench/distributed/sft-dp.ts
   [dp-launch]=tools/bench/distributed/launch.ts

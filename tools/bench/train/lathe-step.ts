@@ -7,7 +7,7 @@
  *
  * usage: node lathe-step.js --model DIR --batch batch.json [--device cuda|cpu] [--compute float32|bfloat16]
  *          [--path bound|plain] [--micro-batches 1] [--shared-arena] [--static-shape] [--cuda-graph] [--recompute] [--flash-attention]
- *          [--kernels] [--attention-kernel [--logprob-kernel] [--rope-kernel]] [--steps N] [--lr 1e-3] [--max-grad-norm 1]
+ *          [--kernels] [--attention-kernel [--logprob-kernel] [--rope-kernel] [--swiglu-kernel]] [--steps N] [--lr 1e-3] [--max-grad-norm 1]
  *          [--weight-decay 0.01] [--out updated.safetensors] [--profile PREFIX]
  *          [--lora-rank R [--lora-alpha 2R] [--lora-targets 'q_proj|k_proj|v_proj|o_proj'] [--seed 0]] [--freeze REGEX]
  * --lora-rank: LoRA as `lathe sft` trains it (packages/train/src/sft.ts): the base weights stay
@@ -24,7 +24,8 @@
  * flash-attention kernels (what `lathe sft --attention auto` picks on cuda with bfloat16);
  * --logprob-kernel, with it, takes the LM head's log-partition through the fused cross-entropy kernel
  * (`lathe sft --logprob_kernel`); --rope-kernel, with it, rotates queries and keys through Lathe's RoPE
- * kernel instead of ONNX Runtime's RotaryEmbedding.
+ * kernel instead of ONNX Runtime's RotaryEmbedding; --swiglu-kernel, with it, takes each MLP's
+ * silu(gate)·up through Lathe's SwiGLU kernel instead of QuickGelu and Mul (`lathe sft --swiglu_kernel`).
  * --profile writes ORT's profile of the step session when the trainer is disposed (run with
  * CUDA_LAUNCH_BLOCKING=1 so each node's time includes its GPU work).
  * batch.json: {"input_ids": [[...]], "attention_mask": [[...]], "loss_mask": [[...]]}
@@ -49,7 +50,7 @@ import {
   type SftLossOptions,
   type TrainableParam,
 } from '@lathe/train';
-import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels, RopeKernels, ropeOps } from '@lathe/kernels';
+import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels, RopeKernels, ropeOps, SwigluKernels, swigluOps } from '@lathe/kernels';
 import { arg, flag } from '../argv';
 
 
@@ -102,6 +103,8 @@ async function main(): Promise<void> {
     const ce = flag('logprob-kernel') ? crossEntropyOps('cuda', CrossEntropyKernels.compile(opened!.kernels, { includeDir: cudaIncludeDir() })) : undefined;
     if (flag('rope-kernel') && !attentionKernel) throw new Error('--rope-kernel goes with --attention-kernel (on cuda)');
     const rope = flag('rope-kernel') ? ropeOps('cuda', RopeKernels.compile(opened!.kernels, { includeDir: cudaIncludeDir() })) : undefined;
+    if (flag('swiglu-kernel') && !attentionKernel) throw new Error('--swiglu-kernel goes with --attention-kernel (on cuda)');
+    const swiglu = flag('swiglu-kernel') ? swigluOps('cuda', SwigluKernels.compile(opened!.kernels, { includeDir: cudaIncludeDir() })) : undefined;
     const graphMode = flag('cuda-graph');
     const staticShape = graphMode || flag('static-shape');
     const flash = flag('flash-attention') || attentionKernel; // rows must be right-padded (step_speed.py's batches have no padding)
@@ -112,6 +115,7 @@ async function main(): Promise<void> {
       ...(ops ? { attentionKernel: (x, heads) => ops.attend(x, heads, 'kernels') } : {}),
       ...(ce ? { logprobKernel: ce } : {}),
       ...(rope ? { ropeKernel: rope.rotate } : {}),
+      ...(swiglu ? { swigluKernel: swiglu.apply } : {}),
       ...(staticShape ? { shape: [B / micro, T] as [number, number] } : {}),
     };
     const loss = lora
@@ -134,7 +138,7 @@ async function main(): Promise<void> {
     const trainer = Trainer.create(
       { params, loss, optimizer },
       { params: init },
-      { device: dev, microBatches: micro, cudaGraph: graphMode, frozen, session: { allowCpuFallback: flag('allow-cpu-fallback'), ...(ops ? { customOpDomains: [ops.domain.handle, ...(ce ? [ce.domain.handle] : []), ...(rope ? [rope.domain.handle] : [])] } : {}), ...(arg('profile', '') ? { profilePrefix: arg('profile', '') } : {}) } },
+      { device: dev, microBatches: micro, cudaGraph: graphMode, frozen, session: { allowCpuFallback: flag('allow-cpu-fallback'), ...(ops ? { customOpDomains: [ops.domain.handle, ...(ce ? [ce.domain.handle] : []), ...(rope ? [rope.domain.handle] : []), ...(swiglu ? [swiglu.domain.handle] : [])] } : {}), ...(arg('profile', '') ? { profilePrefix: arg('profile', '') } : {}) } },
     );
     tSession = performance.now();
     const per = B / micro;
@@ -153,6 +157,7 @@ async function main(): Promise<void> {
       const h0 = performance.now();
       const r = trainer.trainStep(parts, lr);
       rope?.check();
+      swiglu?.check();
       losses.push(r.loss);
       norms.push(r.gradNorm);
       runMs.push(r.runMs);
