@@ -11,7 +11,8 @@ runtime sourced (/opt/device-rt/env.sh). Groups, each at the Qwen3-0.6B shape in
          or so, within 3e-4 over 8 steps (twice the largest gap seen between two plain runs); the
          kernel paths' losses within 1e-3 relative of the plain path's (their bf16 rounding differs);
          then that path with the fused log-prob kernel (kernels_ce), that with Lathe's RoPE kernel
-         (kernels_ce_rope: lathe sft's default path on cuda), that path captured as a CUDA graph
+         (kernels_ce_rope: lathe sft's default path on cuda), that with the SwiGLU kernel (kernels_ce_rope_swiglu,
+         opt-in), that path captured as a CUDA graph
          (kernels_ce_graph: an error is recorded, not flagged), and
          with --torch-compile, full fine-tuning's PyTorch step under torch.compile in the same call
          (issue 37's target: the kernels path ≥ 1.0× of it).
@@ -149,6 +150,8 @@ def train(results, torch_compile):
         kernel_path("kernels", ["--attention-kernel"], True)
         kernel_path("kernels_ce", ["--attention-kernel", "--logprob-kernel"], True)
         kernel_path("kernels_ce_rope", ["--attention-kernel", "--logprob-kernel", "--rope-kernel"], True)
+        # opt-in (lathe sft --swiglu_kernel true) until this row's A/B: recorded, its error not flagged
+        kernel_path("kernels_ce_rope_swiglu", ["--attention-kernel", "--logprob-kernel", "--rope-kernel", "--swiglu-kernel"], False)
         # not a recipe path (lathe sft refuses --cuda_graph with the kernels): recorded only
         kernel_path("kernels_ce_graph", ["--attention-kernel", "--logprob-kernel", "--cuda-graph"], False)
         if torch_compile and kind == "full":
@@ -156,7 +159,7 @@ def train(results, torch_compile):
                                  "--out", WORK, "--reuse-model", "--skip-lathe", "--torch-compile"], 420, "train_full_torch_compile")
             if comp and "torch_step_s" in comp:
                 r["torch_compile_step_ms"] = round(comp["torch_step_s"] * 1000, 1)
-                best = min(v for v in (r.get("lathe_kernels_step_ms"), r.get("lathe_kernels_ce_step_ms"), r.get("lathe_kernels_ce_rope_step_ms"), r.get("lathe_kernels_ce_graph_step_ms")) if v)
+                best = min(v for v in (r.get("lathe_kernels_step_ms"), r.get("lathe_kernels_ce_step_ms"), r.get("lathe_kernels_ce_rope_step_ms"), r.get("lathe_kernels_ce_rope_swiglu_step_ms"), r.get("lathe_kernels_ce_graph_step_ms")) if v)
                 r["ratio_best_vs_torch_compile"] = round(r["torch_compile_step_ms"] / best, 3)
             else:
                 r["torch_compile_error"] = cerr
