@@ -7,21 +7,11 @@
  * The kernel itself is tested in rope-emulated.test.ts (CPU emulation).
  */
 import * as L from '@lathe/onnx';
-import { paramSpecs } from '@lathe/models';
 import { Device } from '@lathe/runtime';
-import { sftLoss } from '@lathe/train';
 import { flashAttentionOps, ropeOps, ropeReference } from '@lathe/kernels';
-import { tinyModel, tinyQwen3, weightFeeds } from '../../models/test/tiny';
+import { tinyModel, tinyQwen3 } from '../../models/test/tiny';
+import { expectSameOutputs, maxRel, sftLossWith } from './sft-hook';
 
-function maxRel(a: ArrayLike<number>, b: ArrayLike<number>): { err: number; scale: number } {
-  let err = 0;
-  let scale = 0;
-  for (let i = 0; i < a.length; i++) {
-    err = Math.max(err, Math.abs(a[i] - b[i]));
-    scale = Math.max(scale, Math.abs(b[i]));
-  }
-  return { err: err / scale, scale };
-}
 
 // 3 rows of 2 heads, headDim 8, caches of 16 positions from the angles p·θ_i.
 const shape = { rows: 3, heads: 2, half: 4, maxPositions: 16 };
@@ -105,56 +95,27 @@ test.each([
   ['GroupQueryAttention, recomputed layers', false, true],
   ['the attention kernel’s ops (as lathe-step --attention-kernel --rope-kernel)', true, false],
 ])('a tiny model’s SFT loss with flash attention through %s: with the ropeKernel hook, the same loss and weight gradients as without', (_, withAttentionKernel, recompute) => {
-  const { dir, config } = tinyModel(tinyQwen3, 3);
-  const B = 2;
-  const T = 6;
-  const names = paramSpecs(config).map((s) => s.name);
-  const feeds = {
-    ...weightFeeds(dir, config, 'float32'),
-    input_ids: { data: BigInt64Array.from([3, 14, 15, 9, 2, 6, 7, 1, 8, 0, 0, 0].map(BigInt)), dims: [B, T] },
-    attention_mask: { data: BigInt64Array.from([1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0].map(BigInt)), dims: [B, T] },
-    loss_mask: { data: BigInt64Array.from([0, 1, 1, 1, 1, 1, 0, 1, 1, 0, 0, 0].map(BigInt)), dims: [B, T] },
-    loss_tokens: { data: Float32Array.of(7), dims: [] },
-  };
-  const outs = ['loss', ...names.map((n) => `d/${n}`)];
-  const run = (withKernel: boolean): Map<string, Float32Array> => {
-    const ops = ropeOps('cpu');
-    const fa = withAttentionKernel ? flashAttentionOps('cpu') : undefined;
-    const g = new L.Graph('sft_rope_hook');
-    const params = new Map(paramSpecs(config).map((s) => [s.name, g.input(s.name, 'float32', s.shape)] as const));
-    const { loss } = sftLoss(config, {
-      chunk: 16,
-      flashAttention: true,
-      recompute,
-      shape: [B, T],
-      ...(fa ? { attentionKernel: (x, heads) => fa.attend(x, heads) } : {}),
-      ...(withKernel ? { ropeKernel: ops.rotate } : {}),
-    })(g, params);
-    g.output(loss, 'loss');
-    L.grad(loss, names.map((n) => params.get(n)!)).forEach((d, i) => g.output(d!, `d/${names[i]}`));
-    const count = (op: string) => g.nodes.filter((n) => n.op.name === op).length;
-    // q and k of every layer forward (again when recomputed) and, as the gradient rule, inverse
-    const fwd = (recompute ? 4 : 2) * config.numLayers;
-    const inv = 2 * config.numLayers;
-    expect([count('Rope_float32'), count('RopeInverse_float32'), count('RotaryEmbedding')]).toEqual(withKernel ? [fwd, inv, 0] : [0, 0, fwd + inv]);
-    const session = Device.cpu().compile(g, { customOpDomains: [ops.domain.handle, ...(fa ? [fa.domain.handle] : [])] });
-    const bind = session.binding();
-    for (const [name, t] of Object.entries(feeds)) if (g.inputs.some((i) => i.name === name)) bind.input(name, t);
-    for (const n of outs) bind.output(n, 'host');
-    bind.runSync();
-    ops.check();
-    fa?.check();
-    const r = new Map(outs.map((n) => [n, Float32Array.from(bind.fetch(n).data as Float32Array)] as const));
-    bind.dispose();
-    session.dispose();
-    ops.dispose();
-    fa?.dispose();
-    return r;
-  };
-  const plain = run(false);
-  const kernel = run(true);
-  for (const n of outs) {
-    const { err, scale } = maxRel(kernel.get(n)!, plain.get(n)!);
-    expect([n, scale > 0, err < 1e-5]).toEqual([n, true, true]);
-  }
+  const run = (withKernel: boolean) =>
+    sftLossWith(
+      () => {
+        const ops = ropeOps('cpu');
+        const fa = withAttentionKernel ? flashAttentionOps('cpu') : undefined;
+        return {
+          options: { ...(fa ? { attentionKernel: (x, heads) => fa.attend(x, heads) } : {}), ...(withKernel ? { ropeKernel: ops.rotate } : {}) },
+          ops: [ops, ...(fa ? [fa] : [])],
+        };
+      },
+      {
+        recompute,
+        inspect: (g) => {
+          const count = (op: string) => g.nodes.filter((n) => n.op.name === op).length;
+          const layers = tinyModel(tinyQwen3, 3).config.numLayers;
+          // q and k of every layer forward (again when recomputed) and, as the gradient rule, inverse
+          const fwd = (recompute ? 4 : 2) * layers;
+          const inv = 2 * layers;
+          expect([count('Rope_float32'), count('RopeInverse_float32'), count('RotaryEmbedding')]).toEqual(withKernel ? [fwd, inv, 0] : [0, 0, fwd + inv]);
+        },
+      },
+    );
+  expectSameOutputs(run(true), run(false));
 });

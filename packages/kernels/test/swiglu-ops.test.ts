@@ -6,21 +6,11 @@
  * same loss without it. The kernels themselves are tested in swiglu-emulated.test.ts (CPU emulation).
  */
 import * as L from '@lathe/onnx';
-import { paramSpecs } from '@lathe/models';
 import { Device } from '@lathe/runtime';
-import { sftLoss } from '@lathe/train';
 import { flashAttentionOps, ropeOps, swigluOps, swigluReference } from '@lathe/kernels';
-import { tinyModel, tinyQwen3, weightFeeds } from '../../models/test/tiny';
+import { tinyModel, tinyQwen3 } from '../../models/test/tiny';
+import { expectSameOutputs, maxRel, sftLossWith } from './sft-hook';
 
-function maxRel(a: ArrayLike<number>, b: ArrayLike<number>): { err: number; scale: number } {
-  let err = 0;
-  let scale = 0;
-  for (let i = 0; i < a.length; i++) {
-    err = Math.max(err, Math.abs(a[i] - b[i]));
-    scale = Math.max(scale, Math.abs(b[i]));
-  }
-  return { err: err / scale, scale };
-}
 
 const n = 24;
 // gates from −12 to 12 (σ near both ends), ups and upstream weights of both signs
@@ -109,59 +99,27 @@ test.each([
   ['GroupQueryAttention, recomputed layers', false, true],
   ['the attention and RoPE kernels’ ops (as lathe-step --attention-kernel --rope-kernel --swiglu-kernel)', true, false],
 ])('a tiny model’s SFT loss with flash attention through %s: with the swigluKernel hook, the same loss and weight gradients as without', (_, withKernels, recompute) => {
-  const { dir, config } = tinyModel(tinyQwen3, 3);
-  const B = 2;
-  const T = 6;
-  const names = paramSpecs(config).map((s) => s.name);
-  const feeds = {
-    ...weightFeeds(dir, config, 'float32'),
-    input_ids: { data: BigInt64Array.from([3, 14, 15, 9, 2, 6, 7, 1, 8, 0, 0, 0].map(BigInt)), dims: [B, T] },
-    attention_mask: { data: BigInt64Array.from([1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0].map(BigInt)), dims: [B, T] },
-    loss_mask: { data: BigInt64Array.from([0, 1, 1, 1, 1, 1, 0, 1, 1, 0, 0, 0].map(BigInt)), dims: [B, T] },
-    loss_tokens: { data: Float32Array.of(7), dims: [] },
-  };
-  const outs = ['loss', ...names.map((nm) => `d/${nm}`)];
-  const run = (withKernel: boolean): Map<string, Float32Array> => {
-    const ops = swigluOps('cpu');
-    const fa = withKernels ? flashAttentionOps('cpu') : undefined;
-    const rope = withKernels ? ropeOps('cpu') : undefined;
-    const g = new L.Graph('sft_swiglu_hook');
-    const params = new Map(paramSpecs(config).map((s) => [s.name, g.input(s.name, 'float32', s.shape)] as const));
-    const { loss } = sftLoss(config, {
-      chunk: 16,
-      flashAttention: true,
-      recompute,
-      shape: [B, T],
-      ...(fa ? { attentionKernel: (x, heads) => fa.attend(x, heads) } : {}),
-      ...(rope ? { ropeKernel: rope.rotate } : {}),
-      ...(withKernel ? { swigluKernel: ops.apply } : {}),
-    })(g, params);
-    g.output(loss, 'loss');
-    L.grad(loss, names.map((nm) => params.get(nm)!)).forEach((d, i) => g.output(d!, `d/${names[i]}`));
-    const count = (op: string) => g.nodes.filter((nd) => nd.op.name === op).length;
-    // every layer's MLP forward (again when recomputed), and its gradient op once
-    const fwd = (recompute ? 2 : 1) * config.numLayers;
-    expect([count('SwiGLU_float32'), count('SwiGLUGrad_float32'), count('QuickGelu')]).toEqual(withKernel ? [fwd, config.numLayers, 0] : [0, 0, fwd]);
-    const session = Device.cpu().compile(g, { customOpDomains: [ops.domain.handle, ...(fa ? [fa.domain.handle] : []), ...(rope ? [rope.domain.handle] : [])] });
-    const bind = session.binding();
-    for (const [name, t] of Object.entries(feeds)) if (g.inputs.some((i) => i.name === name)) bind.input(name, t);
-    for (const o of outs) bind.output(o, 'host');
-    bind.runSync();
-    ops.check();
-    fa?.check();
-    rope?.check();
-    const r = new Map(outs.map((o) => [o, Float32Array.from(bind.fetch(o).data as Float32Array)] as const));
-    bind.dispose();
-    session.dispose();
-    ops.dispose();
-    fa?.dispose();
-    rope?.dispose();
-    return r;
-  };
-  const plain = run(false);
-  const kernel = run(true);
-  for (const o of outs) {
-    const { err, scale } = maxRel(kernel.get(o)!, plain.get(o)!);
-    expect([o, scale > 0, err < 1e-5]).toEqual([o, true, true]);
-  }
+  const run = (withKernel: boolean) =>
+    sftLossWith(
+      () => {
+        const ops = swigluOps('cpu');
+        const fa = withKernels ? flashAttentionOps('cpu') : undefined;
+        const rope = withKernels ? ropeOps('cpu') : undefined;
+        return {
+          options: { ...(fa ? { attentionKernel: (x, heads) => fa.attend(x, heads) } : {}), ...(rope ? { ropeKernel: rope.rotate } : {}), ...(withKernel ? { swigluKernel: ops.apply } : {}) },
+          ops: [ops, ...(fa ? [fa] : []), ...(rope ? [rope] : [])],
+        };
+      },
+      {
+        recompute,
+        inspect: (g) => {
+          const count = (op: string) => g.nodes.filter((nd) => nd.op.name === op).length;
+          const layers = tinyModel(tinyQwen3, 3).config.numLayers;
+          // every layer's MLP forward (again when recomputed), and its gradient op once
+          const fwd = (recompute ? 2 : 1) * layers;
+          expect([count('SwiGLU_float32'), count('SwiGLUGrad_float32'), count('QuickGelu')]).toEqual(withKernel ? [fwd, layers, 0] : [0, 0, fwd]);
+        },
+      },
+    );
+  expectSameOutputs(run(true), run(false));
 });
