@@ -139,6 +139,18 @@ export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N'>, opts: { tile?:
   return { mt: v.mt, nt: v.nt, bm, bn, grid: [Math.ceil(shape.N / bn), Math.ceil(rows / bm)], threads: W4A16_TILE_THREADS, sharedBytes: w4a16TileSmem(v) };
 }
 
+/**
+ * The split-K plan of a launch whose options name none (no `plan`, `columnTiles` or `rounds`): past 8
+ * rows, products of at least 4,096 columns take two column tiles (each activation read once per 32
+ * columns, not 16) and from 8,192 columns four chunks a warp as well (more, smaller CTAs resident) —
+ * the fastest plans `tuneW4A16` found for fused q/k/v and gate/up at 16 rows (docs/benchmarks.md);
+ * up to 8 rows, where the sweep's gains were small, one column tile in the fewest rounds.
+ */
+export function w4a16DefaultChoice(shape: Pick<W4A16Shape, 'M' | 'N'>): W4A16SplitChoice {
+  if (shape.M <= 8 || shape.N < 4096) return { columnTiles: 1 };
+  return shape.N >= 8192 ? { columnTiles: 2, rounds: 4 } : { columnTiles: 2 };
+}
+
 /** A split-K launch's choice for one shape (see {@link w4a16Plan}). */
 export interface W4A16SplitChoice {
   columnTiles?: 1 | 2;
@@ -147,9 +159,9 @@ export interface W4A16SplitChoice {
 
 /** How {@link W4A16.matmul} picks its kernel. */
 export interface W4A16LaunchOptions {
-  /** Column tiles of the split-K kernels (see {@link w4a16Plan}). */
+  /** Column tiles of the split-K kernels (see {@link w4a16Plan}; with `rounds` absent too, {@link w4a16DefaultChoice} decides). */
   columnTiles?: 1 | 2;
-  /** Chunks of K a warp of the split-K kernels takes (see {@link w4a16Plan}; default the fewest). */
+  /** Chunks of K a warp of the split-K kernels takes (see {@link w4a16Plan}; default the fewest, or {@link w4a16DefaultChoice}'s). */
   rounds?: number;
   /** A choice per shape for the split-K kernels (e.g. a table measured on the device), over `columnTiles` and `rounds`; undefined keeps them. */
   plan?: (shape: W4A16Shape) => W4A16SplitChoice | undefined;
@@ -228,7 +240,7 @@ export class W4A16 {
       this.tiles.get(`${shape.dtype}/${plan.mt}/${plan.nt}`)!.launch({ grid: plan.grid, block: plan.threads, sharedBytes: plan.sharedBytes, stream }, ...args);
       return;
     }
-    const choice = o.plan?.(shape);
+    const choice = o.plan?.(shape) ?? (o.columnTiles === undefined && o.rounds === undefined ? w4a16DefaultChoice(shape) : undefined);
     const plan = w4a16Plan(shape, choice?.columnTiles ?? o.columnTiles ?? 1, choice?.rounds ?? o.rounds);
     this.variants.get(`${shape.dtype}/${plan.mt}/${plan.nt}`)!.launch({ grid: plan.grid, block: 32 * plan.warps, sharedBytes: plan.sharedBytes, stream }, ...args);
   }

@@ -7,7 +7,7 @@
 import * as L from '@lathe/onnx';
 import { attr, defineOp } from '@lathe/onnx';
 import { Device } from '@lathe/runtime';
-import { w4a16Ops, w4a16Plan, w4a16Reference, w4a16TilePlan, w4a16Unsupported } from '@lathe/kernels';
+import { w4a16DefaultChoice, w4a16Ops, w4a16Plan, w4a16Reference, w4a16TilePlan, w4a16Unsupported } from '@lathe/kernels';
 
 interface NBits {
   K: number;
@@ -117,6 +117,17 @@ test('launch plans: decode rows take one n8 tile; K splits over warps in the few
   expect(w4a16Plan({ M: 1, N: 6144, kBlocks: 32, blockSize: 64 }, 1, 64).warps).toBe(1);
   expect(w4a16Plan({ M: 1, N: 2048, kBlocks: 96, blockSize: 64 }, 1, 1).warps).toBe(24);
   expect(() => w4a16Plan({ M: 1, N: 2048, kBlocks: 32, blockSize: 64 }, 1, 0)).toThrow(/rounds must be an integer ≥ 1, got 0/);
+});
+
+test("default split-K plans: past 8 rows, two column tiles from 4,096 columns and four chunks a warp from 8,192; up to 8 rows or narrower products, one column tile in the fewest rounds", () => {
+  expect(w4a16DefaultChoice({ M: 16, N: 12288 })).toEqual({ columnTiles: 2, rounds: 4 });
+  expect(w4a16DefaultChoice({ M: 9, N: 8192 })).toEqual({ columnTiles: 2, rounds: 4 });
+  expect(w4a16DefaultChoice({ M: 16, N: 4096 })).toEqual({ columnTiles: 2 });
+  expect(w4a16DefaultChoice({ M: 16, N: 2048 })).toEqual({ columnTiles: 1 });
+  expect(w4a16DefaultChoice({ M: 8, N: 12288 })).toEqual({ columnTiles: 1 });
+  // the fused gate/up of Qwen3-1.7B at 16 rows: 16 chunks in 4 rounds of 4 warps, 32 columns a CTA
+  const c = w4a16DefaultChoice({ M: 16, N: 12288 });
+  expect(w4a16Plan({ M: 16, N: 12288, kBlocks: 32, blockSize: 64 }, c.columnTiles, c.rounds)).toMatchObject({ mt: 2, nt: 2, warps: 4, grid: [384, 1] });
 });
 
 test('tiled launch plans: the largest tile whose grid gives each of 132 SMs a CTA, else the smallest; a tile asked for is kept', () => {

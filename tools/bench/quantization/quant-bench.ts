@@ -22,9 +22,10 @@
  * weight bytes, and the share of the HBM peak nvidia-smi's GPU name implies: H100 3.35 TB/s, H200
  * 4.8 TB/s). `kernel` sends projections of at most `--kernel-max-rows` rows (default 16, the
  * library's default) through the op and larger ones through MatMulNBits; `kernel-all` sends every
- * decode batch through it (the kernel's own number at 256). `--kernel-column-tiles 2`: the op's launches
- * of at most 16 rows use the kernels with 32 columns a warp (half the activation reads, half the CTAs);
- * the microbenchmark times both. Past 16 rows the op runs the tiled kernels (a CTA per [BM × BN] output tile,
+ * decode batch through it (the kernel's own number at 256). The op's launches of at most 16 rows take the
+ * library's default split-K plans (`w4a16DefaultChoice`); `--kernel-column-tiles 1|2` fixes 16 or 32
+ * columns a warp for all of them instead (32: half the activation reads, half the CTAs); the
+ * microbenchmark times both. Past 16 rows the op runs the tiled kernels (a CTA per [BM × BN] output tile,
  * cp.async stages in shared memory; `--kernel-tile-from-rows` moves that bound, e.g. 100000 for the split-K
  * kernels at every M; `--kernel-tile 64x64|32x64|32x32` fixes the tile, default the plan's), so
  * `kernel --kernel-max-rows 256` or `kernel-all` times them at 256; the microbenchmark then also times
@@ -129,12 +130,13 @@ async function main(): Promise<void> {
   const opened = kind === 'cuda' && wantKernel ? Kernels.withDevice() : { device: Device.open(kind), kernels: undefined };
   const device = opened.device;
   const w4 = opened.kernels ? W4A16.compile(opened.kernels) : undefined;
-  const columnTiles = Number(arg('kernel-column-tiles', '1'));
-  if (columnTiles !== 1 && columnTiles !== 2) throw new Error(`--kernel-column-tiles: ${columnTiles} is not 1 or 2`);
+  // absent: the library's default plans (w4a16DefaultChoice)
+  const columnTiles = arg('kernel-column-tiles', '') === '' ? undefined : Number(arg('kernel-column-tiles', ''));
+  if (columnTiles !== undefined && columnTiles !== 1 && columnTiles !== 2) throw new Error(`--kernel-column-tiles: ${columnTiles} is not 1 or 2`);
   const tileFromRows = Number(arg('kernel-tile-from-rows', String(W4A16_TILE_FROM_ROWS)));
   if (!(tileFromRows >= 1)) throw new Error(`--kernel-tile-from-rows: '${arg('kernel-tile-from-rows')}' is not a row count ≥ 1`);
   const tile = parseTile(arg('kernel-tile', 'auto'));
-  const launch: W4A16LaunchOptions = { columnTiles, tileFromRows, ...(tile ? { tile } : {}) };
+  const launch: W4A16LaunchOptions = { ...(columnTiles ? { columnTiles } : {}), tileFromRows, ...(tile ? { tile } : {}) };
   const kernelOps = wantKernel ? w4a16Ops(device.kind, w4, launch) : undefined;
   // kernel-tuned: the split-K launches take the sweep's table (tuneW4A16, filled below before any decode)
   let tuned: W4A16PlanTable | undefined;
@@ -327,7 +329,7 @@ async function main(): Promise<void> {
         return [r.format, byKey];
       }),
   );
-  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, ...(wantKernel ? { kernel_max_rows: kernelMaxRowsArg, kernel_column_tiles: columnTiles, kernel_tile_from_rows: tileFromRows, kernel_tile: arg('kernel-tile', 'auto') } : {}), prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_bandwidth: kernelBandwidth, kernel_tiles: kernelTiles, dense_matmul: cublas, tile_vs_dense: tileVsDense } : {}), ...(sweepReport ? { kernel_sweep_best: sweepReport.best } : {}), lm_head: lmHeadArg, results, speedup_vs_dense: speedup }));
+  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, ...(wantKernel ? { kernel_max_rows: kernelMaxRowsArg, kernel_column_tiles: columnTiles ?? 'default', kernel_tile_from_rows: tileFromRows, kernel_tile: arg('kernel-tile', 'auto') } : {}), prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_bandwidth: kernelBandwidth, kernel_tiles: kernelTiles, dense_matmul: cublas, tile_vs_dense: tileVsDense } : {}), ...(sweepReport ? { kernel_sweep_best: sweepReport.best } : {}), lm_head: lmHeadArg, results, speedup_vs_dense: speedup }));
   if (kernelCheck && !kernelCheck.ok) throw new Error(`kernel check failed: the W4A16 op's max relative error against the float64 reference is ${kernelCheck.max_rel_err} (limit ${kernelCheck.limit})`);
 }
 
