@@ -11,22 +11,13 @@ import { causalLmLogprobs, chunkedTargetLogprobs, paramSpecs, targetLogprobs, we
 import { Device } from '@lathe/runtime';
 import { crossEntropyOps, crossEntropyReference, crossEntropyUnsupported } from '@lathe/kernels';
 import { tinyModel, tinyQwen3, weightFeeds } from '../../models/test/tiny';
+import { maxRel } from './sft-hook';
 
 const rows = 5;
 const V = 37;
 const logitsData = Float32Array.from({ length: rows * V }, (_, i) => 3 * Math.sin(0.7 * i + 0.3) + (i % 11 === 0 ? 4 : 0));
 const targets = [3, 36, -100, 0, 20]; // row 2 ignored
 const weightsOf = (seed: number) => Float32Array.from({ length: rows }, (_, i) => Math.cos(seed + 1.3 * i));
-
-function maxRel(a: ArrayLike<number>, b: ArrayLike<number>): { err: number; scale: number } {
-  let err = 0;
-  let scale = 0;
-  for (let i = 0; i < a.length; i++) {
-    err = Math.max(err, Math.abs(a[i] - b[i]));
-    scale = Math.max(scale, Math.abs(b[i]));
-  }
-  return { err: err / scale, scale };
-}
 
 test.each([
   [1, true],

@@ -31,10 +31,10 @@ import { CausalLM, chunkedLogprobsAndEntropy, chunkedTargetLogprobs, lmHeadName,
 import { sftLoss, Trainer } from '@lathe/train';
 import { CrossEntropyKernels, crossEntropyOps, crossEntropyReference, FlashAttention, flashAttentionOps, Kernels, type CrossEntropyOps, type FlashAttentionOps } from '@lathe/kernels';
 import { Device, type DeviceTensor } from '@lathe/runtime';
-import { arg, flag } from '../argv';
+import { arg } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
 import { trainedParams } from './plan';
-import { compare, compilePhase, download, fromBits, rng, runCheck, toBits, type Dt } from './common';
+import { compare, compilePhase, download, fromBits, phasesOf, rng, runCheck, toBits, type Dt } from './common';
 
 
 interface Case {
@@ -356,11 +356,7 @@ function sftPhase(device: Device, hf: HfConfig, fa: FlashAttentionOps, ce: Cross
 }
 
 function main(): boolean {
-  const cpu = flag('cpu');
-  const all = ['compile', 'check', 'time', 'head', 'sft'];
-  const phases = arg('phases', cpu ? 'check,head,sft' : all.join(',')).split(',');
-  for (const p of phases) if (!all.includes(p)) throw new Error(`--phases: unknown phase '${p}' (${all.join(', ')})`);
-  if (cpu && phases.some((p) => p === 'compile' || p === 'time')) throw new Error('--cpu runs the check, head and sft phases only (no kernels to compile or time on the CPU)');
+  const { cpu, phases } = phasesOf(['compile', 'check', 'time', 'head', 'sft'], ['check', 'head', 'sft']);
   const cases = cpu ? CPU_CASES : CASES;
   const names = arg('cases', cases.map((c) => c.name).join(',')).split(',');
   const unknown = names.filter((n) => !cases.some((c) => c.name === n));

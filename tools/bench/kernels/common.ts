@@ -1,10 +1,11 @@
 /**
- * What the kernel checks (ce-check, flash-check, rope-check) share: the element types they test, a
+ * What the kernel checks (ce-check, decode-check, flash-check, rope-check, swiglu-check) share: the element types they test, a
  * seeded generator, dtype bit conversions for uploads and downloads, the error statistic, and how a
  * check compiles, ends and reports a failure.
  */
-import { cudaIncludeDir, type Kernels } from '@lathe/kernels';
-import { fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor } from '@lathe/runtime';
+import { cudaIncludeDir, Kernels } from '@lathe/kernels';
+import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor } from '@lathe/runtime';
+import { arg, flag } from '../argv';
 
 /** The element types a check runs in. */
 export type Dt = 'bfloat16' | 'float16' | 'float32';
@@ -61,6 +62,52 @@ export function compilePhase<T>(kernels: Kernels, compile: (includeDir: string) 
   const out = compile(include);
   console.log(JSON.stringify({ phase: 'compile', include, ms: +(performance.now() - t0).toFixed(1), compiled: kernels.counts.compiled, cached: kernels.counts.cached, target: kernels.target }));
   return out;
+}
+
+/**
+ * `--phases` of a check (with `--cpu`: on the CPU, where there are no kernels to compile or time): the
+ * phases asked for, default `all` (on the CPU `cpuPhases`); an unknown phase, or one the CPU cannot
+ * run with `--cpu`, is an error naming it.
+ */
+export function phasesOf(all: readonly string[], cpuPhases: readonly string[]): { cpu: boolean; phases: string[] } {
+  const cpu = flag('cpu');
+  const phases = arg('phases', (cpu ? cpuPhases : all).join(',')).split(',');
+  for (const p of phases) if (!all.includes(p)) throw new Error(`--phases: unknown phase '${p}' (${all.join(', ')})`);
+  if (cpu && phases.some((p) => !cpuPhases.includes(p))) throw new Error(`--cpu runs the ${cpuPhases.join(', ')} phase(s) only (no kernels to compile or time on the CPU)`);
+  return { cpu, phases };
+}
+
+/**
+ * The main of a check of one kernel family's custom ops (rope-check, swiglu-check): phases compile,
+ * check and time; with `--cpu` the check phase over the host ops' cases.
+ */
+export function opsCheck<K, O extends { dispose(): void }, C>(spec: {
+  cpuOps: () => O;
+  compile: (kernels: Kernels, includeDir: string) => K;
+  cudaOps: (compiled: K) => O;
+  cases: readonly C[];
+  cpuCases: readonly C[];
+  check: (device: Device, ops: O, c: C) => boolean;
+  time: (kernels: Kernels, compiled: K, device: Device, ops: O) => void;
+}): () => boolean {
+  return () => {
+    const { cpu, phases } = phasesOf(['compile', 'check', 'time'], ['check']);
+    let ok = true;
+    if (cpu) {
+      const ops = spec.cpuOps();
+      for (const c of spec.cpuCases) ok = spec.check(Device.cpu(), ops, c) && ok;
+      ops.dispose();
+      return ok;
+    }
+    const { kernels, device } = Kernels.withDevice();
+    const compiled = compilePhase(kernels, (includeDir) => spec.compile(kernels, includeDir));
+    const ops = spec.cudaOps(compiled);
+    if (phases.includes('check')) for (const c of spec.cases) ok = spec.check(device, ops, c) && ok;
+    if (phases.includes('time')) spec.time(kernels, compiled, device, ops);
+    ops.dispose();
+    kernels.dispose();
+    return ok;
+  };
 }
 
 /** Runs a check's main: prints its summary line, and exits 1 where a check failed or it threw. */

@@ -50,6 +50,7 @@ import {
 } from '@lathe/kernels';
 import { Device, fromBfloat16Bits, fromFloat16Bits, hostTensor, toBfloat16Bits, toFloat16Bits, type DeviceTensor } from '@lathe/runtime';
 import { arg, flag } from '../argv';
+import { phasesOf } from './common';
 import { QWEN3_0_6B } from '../shapes';
 
 type Dt = 'bfloat16' | 'float16' | 'float32';
@@ -591,10 +592,7 @@ function klPhase(model: CausalLM, dev: { device: Device; da?: DecodeAttention },
 }
 
 async function main(): Promise<void> {
-  const cpu = flag('cpu');
-  const phases = arg('phases', cpu ? 'check,generate,kl' : 'compile,check,time,generate,kl').split(',');
-  for (const p of phases) if (!['compile', 'check', 'time', 'generate', 'kl'].includes(p)) throw new Error(`--phases: unknown phase '${p}' (compile, check, time, generate, kl)`);
-  if (cpu && phases.some((p) => p === 'compile' || p === 'time')) throw new Error('--cpu runs the check, generate and kl phases only (no kernels to compile or time on the CPU)');
+  const { cpu, phases } = phasesOf(['compile', 'check', 'time', 'generate', 'kl'], ['check', 'generate', 'kl']);
   const engines = arg('engines', 'gqa,kernel,kernel+fp8').split(',') as Engine[];
   for (const e of engines) if (!(ENGINES as readonly string[]).includes(e)) throw new Error(`--engines: unknown engine '${e}' (${ENGINES.join(', ')})`);
   if (flag('split')) throw new Error('--split: the v1 split was removed; there is one split kernel (drop the flag)');

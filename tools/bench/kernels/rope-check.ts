@@ -17,8 +17,8 @@
 import * as L from '@lathe/onnx';
 import { Kernels, RopeKernels, ropeOps, ropeReference, type RopeOps } from '@lathe/kernels';
 import { Device } from '@lathe/runtime';
-import { arg, flag } from '../argv';
-import { compilePhase, download, fromBits, rng, runCheck, toBits, type Dt } from './common';
+import { arg } from '../argv';
+import { download, fromBits, opsCheck, rng, runCheck, toBits, type Dt } from './common';
 
 
 interface Case {
@@ -194,27 +194,14 @@ function timePhase(kernels: Kernels, rope: RopeKernels, device: Device, ops: Rop
   }
 }
 
-function main(): boolean {
-  const cpu = flag('cpu');
-  const all = ['compile', 'check', 'time'];
-  const phases = arg('phases', cpu ? 'check' : all.join(',')).split(',');
-  for (const p of phases) if (!all.includes(p)) throw new Error(`--phases: unknown phase '${p}' (${all.join(', ')})`);
-  if (cpu && phases.some((p) => p !== 'check')) throw new Error('--cpu runs the check phase only');
-  let ok = true;
-  if (cpu) {
-    const ops = ropeOps('cpu');
-    for (const c of CPU_CASES) ok = checkCase(Device.cpu(), ops, c) && ok;
-    ops.dispose();
-  } else {
-    const { kernels, device } = Kernels.withDevice();
-    const rope = compilePhase(kernels, (includeDir) => RopeKernels.compile(kernels, { includeDir }));
-    const ops = ropeOps('cuda', rope);
-    if (phases.includes('check')) for (const c of CASES) ok = checkCase(device, ops, c) && ok;
-    if (phases.includes('time')) timePhase(kernels, rope, device, ops);
-    ops.dispose();
-    kernels.dispose();
-  }
-  return ok;
-}
-
-runCheck(main);
+runCheck(
+  opsCheck({
+    cpuOps: () => ropeOps('cpu'),
+    compile: (kernels, includeDir) => RopeKernels.compile(kernels, { includeDir }),
+    cudaOps: (k: RopeKernels) => ropeOps('cuda', k),
+    cases: CASES,
+    cpuCases: CPU_CASES,
+    check: checkCase,
+    time: timePhase,
+  }),
+);

@@ -18,8 +18,8 @@
 import * as L from '@lathe/onnx';
 import { Kernels, SwigluKernels, swigluOps, swigluReference, type SwigluOps } from '@lathe/kernels';
 import { Device } from '@lathe/runtime';
-import { arg, flag } from '../argv';
-import { compare, compilePhase, download, fromBits, rng, runCheck, toBits, type Dt } from './common';
+import { arg } from '../argv';
+import { compare, download, fromBits, opsCheck, rng, runCheck, toBits, type Dt } from './common';
 
 interface Case {
   name: string;
@@ -175,27 +175,14 @@ function timePhase(kernels: Kernels, swiglu: SwigluKernels, device: Device, ops:
   for (const d of [gate, up, dy, y, dGate, dUp]) d.dispose();
 }
 
-function main(): boolean {
-  const cpu = flag('cpu');
-  const all = ['compile', 'check', 'time'];
-  const phases = arg('phases', cpu ? 'check' : all.join(',')).split(',');
-  for (const p of phases) if (!all.includes(p)) throw new Error(`--phases: unknown phase '${p}' (${all.join(', ')})`);
-  if (cpu && phases.some((p) => p !== 'check')) throw new Error('--cpu runs the check phase only');
-  let ok = true;
-  if (cpu) {
-    const ops = swigluOps('cpu');
-    for (const c of CPU_CASES) ok = checkCase(Device.cpu(), ops, c) && ok;
-    ops.dispose();
-  } else {
-    const { kernels, device } = Kernels.withDevice();
-    const swiglu = compilePhase(kernels, (includeDir) => SwigluKernels.compile(kernels, { includeDir }));
-    const ops = swigluOps('cuda', swiglu);
-    if (phases.includes('check')) for (const c of CASES) ok = checkCase(device, ops, c) && ok;
-    if (phases.includes('time')) timePhase(kernels, swiglu, device, ops);
-    ops.dispose();
-    kernels.dispose();
-  }
-  return ok;
-}
-
-runCheck(main);
+runCheck(
+  opsCheck({
+    cpuOps: () => swigluOps('cpu'),
+    compile: (kernels, includeDir) => SwigluKernels.compile(kernels, { includeDir }),
+    cudaOps: (k: SwigluKernels) => swigluOps('cuda', k),
+    cases: CASES,
+    cpuCases: CPU_CASES,
+    check: checkCase,
+    time: timePhase,
+  }),
+);
