@@ -16,13 +16,6 @@ inline uint4 ce_ld(const void* p) { uint4 r; std::memcpy(&r, p, 16); return r; }
 
 #include "ce.cu"
 
-template <typename T> T cvt(float x);
-template <> __nv_bfloat16 cvt(float x) { return __float2bfloat16(x); }
-template <> __half cvt(float x) { return __float2half(x); }
-template <> float cvt(float x) { return x; }
-inline float tof(float x) { return x; }
-inline float tof(__nv_bfloat16 x) { return __bfloat162float(x); }
-inline float tof(__half x) { return __half2float(x); }
 
 // A row given as "x": when every row is, the kernels get no targets (null) and no g_logp.
 constexpr long long kNoTarget = -(1ll << 62);
@@ -40,11 +33,11 @@ static std::string js(const char* name, const Err& e) {
 template <typename T>
 static void run(bool ent, int V, float temp, bool neginf, const std::vector<long long>& targets) {
   const int R = int(targets.size());
-  std::vector<T> x(size_t(R) * V), dx(size_t(R) * V, cvt<T>(12345.f));
+  std::vector<T> x(size_t(R) * V), dx(size_t(R) * V, emu_from_float<T>(12345.f));
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.f, 3.f);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = cvt<T>(nd(rng) + (i % 97 == 0 ? 9.f : 0.f));
-  if (neginf) for (int j = 0; j < V; j += 7) x[j] = cvt<T>(-INFINITY);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = emu_from_float<T>(nd(rng) + (i % 97 == 0 ? 9.f : 0.f));
+  if (neginf) for (int j = 0; j < V; j += 7) x[j] = emu_from_float<T>(-INFINITY);
   std::vector<float> logp(R, -1.f), lse(R, -1.f), entropy(R, -1.f), g_logp(R), g_lse(R), g_ent(R);
   for (int r = 0; r < R; ++r) { g_logp[r] = nd(rng); g_lse[r] = nd(rng); g_ent[r] = nd(rng); }
   if (g_masked_rows) for (int r = 3; r < R; r += 4) g_logp[r] = g_lse[r] = g_ent[r] = 0.f;
@@ -66,10 +59,10 @@ static void run(bool ent, int V, float temp, bool neginf, const std::vector<long
   for (int r = 0; r < R; ++r) {
     const T* xr = x.data() + size_t(r) * V;
     double m = -INFINITY;
-    for (int j = 0; j < V; ++j) m = std::max(m, double(tof(xr[j])) / temp);
+    for (int j = 0; j < V; ++j) m = std::max(m, double(emu_to_float(xr[j])) / temp);
     double s = 0, pz = 0;
     for (int j = 0; j < V; ++j) {
-      const double z = double(tof(xr[j])) / temp, e = std::exp(z - m);
+      const double z = double(emu_to_float(xr[j])) / temp, e = std::exp(z - m);
       s += e;
       if (e > 0) pz += e * (z - m);
     }
@@ -78,15 +71,15 @@ static void run(bool ent, int V, float temp, bool neginf, const std::vector<long
     if (ent) note(e_ent, entropy[r], H);
     const long long t = none ? -1 : targets[r];
     const bool valid = t >= 0 && t < V;
-    if (valid) note(e_logp, logp[r], double(tof(xr[t])) / temp - L);
+    if (valid) note(e_logp, logp[r], double(emu_to_float(xr[t])) / temp - L);
     else if (!none) ignored_zero = ignored_zero && logp[r] == 0.f;
     else ignored_zero = ignored_zero && logp[r] == -1.f;  // never written without targets
     const double gp = valid ? g_logp[r] : 0.0, gl = g_lse[r], gh = ent ? g_ent[r] : 0.0;
     for (int j = 0; j < V; ++j) {
-      const double z = double(tof(xr[j])) / temp, p = std::exp(z - L);
+      const double z = double(emu_to_float(xr[j])) / temp, p = std::exp(z - L);
       // d/dz of g_lse·lse + g_logp·(z_t − lse) + g_H·H, with dH/dz_j = −p_j·(log p_j + H)
       double dz = gl * p + gp * ((j == t ? 1.0 : 0.0) - p) - (p > 0 ? gh * p * (z - L + H) : 0.0);
-      note(e_dx, tof(dx[size_t(r) * V + j]), dz / temp);
+      note(e_dx, emu_to_float(dx[size_t(r) * V + j]), dz / temp);
     }
   }
   std::printf("{%s,%s,%s,%s,\"ignored_zero\":%s}\n", js("lse", e_lse).c_str(), js("logp", e_logp).c_str(), js("entropy", e_ent).c_str(), js("dx", e_dx).c_str(), ignored_zero ? "true" : "false");

@@ -43,10 +43,7 @@ inline float2 fp8x2_to(unsigned short v) { return {e4m3_decode((unsigned char)(v
 
 #include "da.cu"
 
-template <typename T> T cvt(float x);
-template <> __nv_bfloat16 cvt(float x) { return __float2bfloat16(x); }
-template <> __half cvt(float x) { return __float2half(x); }
-template <typename T> double rnd(double x) { return emu_to_float(cvt<T>(float(x))); }
+template <typename T> double rnd(double x) { return emu_to_float(emu_from_float<T>(float(x))); }
 
 struct Err { double max_err = 0, max_ref = 0; };
 static void note(Err& e, double got, double ref) { e.max_err = std::max(e.max_err, std::abs(got - ref)); e.max_ref = std::max(e.max_ref, std::abs(ref)); }
@@ -74,7 +71,7 @@ static void run(int R, int KV, int M, bool qknorm, const Split& split, const std
   const float eps = 1e-6f, scale = 1.0f / std::sqrt(float(D));
   std::mt19937 rng(4321);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  auto fill = [&](std::vector<T>& x, size_t n, float amp, float off = 0) { x.resize(n); for (auto& e : x) e = cvt<T>(off + amp * u(rng)); };
+  auto fill = [&](std::vector<T>& x, size_t n, float amp, float off = 0) { x.resize(n); for (auto& e : x) e = emu_from_float<T>(off + amp * u(rng)); };
   std::vector<T> q, k, v, cosT, sinT, qn, kn;
   fill(q, size_t(R) * H * D, 2.0f);
   fill(k, size_t(R) * KV * D, 2.0f);
@@ -82,7 +79,7 @@ static void run(int R, int KV, int M, bool qknorm, const Split& split, const std
   fill(qn, D, 0.5f, 1.0f);
   fill(kn, D, 0.5f, 1.0f);
   cosT.resize(size_t(M) * HALF); sinT.resize(size_t(M) * HALF);
-  for (int p = 0; p < M; ++p) for (int i = 0; i < HALF; ++i) { const double a = p / std::pow(10000.0, 2.0 * i / D); cosT[p * HALF + i] = cvt<T>(float(std::cos(a))); sinT[p * HALF + i] = cvt<T>(float(std::sin(a))); }
+  for (int p = 0; p < M; ++p) for (int i = 0; i < HALF; ++i) { const double a = p / std::pow(10000.0, 2.0 * i / D); cosT[p * HALF + i] = emu_from_float<T>(float(std::cos(a))); sinT[p * HALF + i] = emu_from_float<T>(float(std::sin(a))); }
   // The cache: random past entries (a fp8 cache quantized per vector, as the kernels write it).
   const size_t vecs = size_t(R) * KV * M;
   std::vector<C> ck(vecs * D), cv(vecs * D);
@@ -93,13 +90,13 @@ static void run(int R, int KV, int M, bool qknorm, const Split& split, const std
       const float a = float(amax), inv = a > 0 ? 448.0f / a : 0.0f;
       for (int d = 0; d < D; ++d) out[d] = e4m3_encode(float(x[d]) * inv);
       *sc = a / 448.0f;
-    } else { for (int d = 0; d < D; ++d) out[d] = cvt<T>(float(x[d])); }
+    } else { for (int d = 0; d < D; ++d) out[d] = emu_from_float<T>(float(x[d])); }
   };
   auto dequant = [&](const C* x, float sc, int d) -> double { if constexpr (FP8) return double(e4m3_decode(x[d])) * sc; else return emu_to_float(x[d]); };
   std::vector<T> pastK(vecs * D);
   for (size_t i = 0; i < vecs; ++i) {
     std::vector<double> a(D), b(D);
-    for (int d = 0; d < D; ++d) { a[d] = rnd<T>(2.0f * u(rng)); b[d] = rnd<T>(u(rng)); pastK[i * D + d] = cvt<T>(float(a[d])); }
+    for (int d = 0; d < D; ++d) { a[d] = rnd<T>(2.0f * u(rng)); b[d] = rnd<T>(u(rng)); pastK[i * D + d] = emu_from_float<T>(float(a[d])); }
     quant(a, &ck[i * D], &ks[i]);
     quant(b, &cv[i * D], &vs[i]);
   }
@@ -119,7 +116,7 @@ static void run(int R, int KV, int M, bool qknorm, const Split& split, const std
   std::vector<int> seqlens(R);
   for (int r = 0; r < R; ++r) seqlens[r] = lens[r] - 1;
   std::vector<float> qrot(size_t(R) * H * D, -7.0f), opart(size_t(R) * H * NC * D, -7.0f), lsepart(size_t(R) * H * NC, -7.0f);
-  std::vector<T> out(size_t(R) * H * D, cvt<T>(-7.0f));
+  std::vector<T> out(size_t(R) * H * D, emu_from_float<T>(-7.0f));
 
   emu::launch({unsigned(R), unsigned(KV), 1}, D, 4 * (D + 32), [&] {
     da_append<T, C, D>(q.data(), k.data(), v.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), cosT.data(), sinT.data(), qknorm ? qn.data() : nullptr, qknorm ? kn.data() : nullptr, eps, qrot.data(), M, H, KV);

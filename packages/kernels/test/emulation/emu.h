@@ -62,6 +62,12 @@ inline float __half2float(__half x) { return float(x.v); }
 inline __half __float2half(float f) { return {_Float16(f)}; }
 inline float emu_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 inline float emu_to_float(__half x) { return __half2float(x); }
+inline float emu_to_float(float x) { return x; }
+// float → T rounded as the device's conversions round (the harnesses' inputs and references)
+template <typename T> T emu_from_float(float x);
+template <> inline __nv_bfloat16 emu_from_float(float x) { return __float2bfloat16(x); }
+template <> inline __half emu_from_float(float x) { return __float2half(x); }
+template <> inline float emu_from_float(float x) { return x; }
 
 
 // The forward's PTX primitives (see the kernel source's FA_EMULATION block), lane by lane.

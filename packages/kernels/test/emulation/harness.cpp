@@ -9,9 +9,6 @@
 #include "fa.cu"
 #include "fa_sizes.h"  // fa_fwd_smem(D), fa_bwd_smem(D): the launcher's sizes, written by the test
 
-template <typename T> T cvt(float x);
-template <> __nv_bfloat16 cvt(float x) { return __float2bfloat16(x); }
-template <> __half cvt(float x) { return __float2half(x); }
 
 struct Err { double max_err = 0, max_ref = 0; bool pad_zero = true; };
 static void note(Err& e, double got, double ref) { e.max_err = std::max(e.max_err, std::abs(got - ref)); e.max_ref = std::max(e.max_ref, std::abs(ref)); }
@@ -34,7 +31,7 @@ static void run(int B, int S, int H, int KV, const std::vector<int>& lens,
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   auto fill = [&](std::vector<T>& x, std::vector<double>& xd, size_t n, float amp) {
     x.resize(n); xd.resize(n);
-    for (size_t i = 0; i < n; ++i) { x[i] = cvt<T>(amp * u(rng)); xd[i] = emu_to_float(x[i]); }
+    for (size_t i = 0; i < n; ++i) { x[i] = emu_from_float<T>(amp * u(rng)); xd[i] = emu_to_float(x[i]); }
   };
   std::vector<T> q, k, v, dO; std::vector<double> qd, kd, vd, dOd;
   fill(q, qd, size_t(B) * S * H * D, 2.0f);
@@ -45,9 +42,9 @@ static void run(int B, int S, int H, int KV, const std::vector<int>& lens,
   for (int b = 0; b < B; ++b) seqlens[b] = lens[b] - 1;
   // the decoder zeroes outputs at padding, so their gradients are 0
   for (int b = 0; b < B; ++b) for (int i = lens[b]; i < S; ++i) for (int h = 0; h < H; ++h) for (int d = 0; d < D; ++d) {
-    size_t at = ((size_t(b) * S + i) * H + h) * D + d; dO[at] = cvt<T>(0.0f); dOd[at] = 0;
+    size_t at = ((size_t(b) * S + i) * H + h) * D + d; dO[at] = emu_from_float<T>(0.0f); dOd[at] = 0;
   }
-  std::vector<T> o(size_t(B) * S * H * D, cvt<T>(7.0f)), dq(q.size(), cvt<T>(7.0f)), dk(k.size(), cvt<T>(7.0f)), dv(v.size(), cvt<T>(7.0f));
+  std::vector<T> o(size_t(B) * S * H * D, emu_from_float<T>(7.0f)), dq(q.size(), emu_from_float<T>(7.0f)), dk(k.size(), emu_from_float<T>(7.0f)), dv(v.size(), emu_from_float<T>(7.0f));
   std::vector<float> lse(size_t(B) * H * S, 7.0f), delta(lse.size(), 7.0f), dq_acc(q.size(), 7.0f);
   emu::launch({unsigned((S + BM - 1) / BM), unsigned(H), unsigned(B)}, THREADS, fa_fwd_smem(D), [&] { fwd(q.data(), k.data(), v.data(), seqlens.data(), o.data(), lse.data(), S, H, KV, scale); });
   std::vector<float> lse_only(lse.size(), 7.0f);

@@ -14,28 +14,21 @@ inline uint4 rope_ld_cache(const void* p) { uint4 r; std::memcpy(&r, p, 16); ret
 
 #include "rope.cu"
 
-template <typename T> T cvt(float x);
-template <> __nv_bfloat16 cvt(float x) { return __float2bfloat16(x); }
-template <> __half cvt(float x) { return __float2half(x); }
-template <> float cvt(float x) { return x; }
-inline float tof(float x) { return x; }
-inline float tof(__nv_bfloat16 x) { return __bfloat162float(x); }
-inline float tof(__half x) { return __half2float(x); }
 
 template <typename T>
 static void run(int rows, int heads, int hd, int max_pos, float sgn) {
   const int half = hd / 2, V = 16 / int(sizeof(T)), guard = 64;
   const size_t n = size_t(rows) * heads * hd;
-  std::vector<T> x(n), y(n + guard, cvt<T>(12345.f)), cs(size_t(max_pos) * half), sn(size_t(max_pos) * half);
+  std::vector<T> x(n), y(n + guard, emu_from_float<T>(12345.f)), cs(size_t(max_pos) * half), sn(size_t(max_pos) * half);
   std::vector<long long> pos(rows);
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.f, 2.f);
-  for (auto& v : x) v = cvt<T>(nd(rng));
+  for (auto& v : x) v = emu_from_float<T>(nd(rng));
   for (int p = 0; p < max_pos; ++p)
     for (int i = 0; i < half; ++i) {
       const double a = p * std::pow(10000.0, -2.0 * i / hd);
-      cs[size_t(p) * half + i] = cvt<T>(float(std::cos(a)));
-      sn[size_t(p) * half + i] = cvt<T>(float(std::sin(a)));
+      cs[size_t(p) * half + i] = emu_from_float<T>(float(std::cos(a)));
+      sn[size_t(p) * half + i] = emu_from_float<T>(float(std::sin(a)));
     }
   for (int r = 0; r < rows; ++r) pos[r] = (r * 5) % (max_pos + 4) - 2;
   const int items = rows * heads * (half / V);
@@ -48,15 +41,15 @@ static void run(int rows, int heads, int hd, int max_pos, float sgn) {
     for (int h = 0; h < heads; ++h)
       for (int i = 0; i < half; ++i) {
         const size_t o = (size_t(r) * heads + h) * hd;
-        const double c = tof(cs[size_t(p) * half + i]), s = sgn * double(tof(sn[size_t(p) * half + i]));
-        const double x1 = tof(x[o + i]), x2 = tof(x[o + i + half]);
+        const double c = emu_to_float(cs[size_t(p) * half + i]), s = sgn * double(emu_to_float(sn[size_t(p) * half + i]));
+        const double x1 = emu_to_float(x[o + i]), x2 = emu_to_float(x[o + i + half]);
         const double r1 = x1 * c - x2 * s, r2 = x2 * c + x1 * s;
-        max_err = std::max({max_err, std::abs(tof(y[o + i]) - r1), std::abs(tof(y[o + i + half]) - r2)});
+        max_err = std::max({max_err, std::abs(emu_to_float(y[o + i]) - r1), std::abs(emu_to_float(y[o + i + half]) - r2)});
         max_ref = std::max({max_ref, std::abs(r1), std::abs(r2)});
       }
   }
   bool guard_ok = true;
-  for (int i = 0; i < guard; ++i) guard_ok = guard_ok && tof(y[n + i]) == tof(cvt<T>(12345.f));
+  for (int i = 0; i < guard; ++i) guard_ok = guard_ok && emu_to_float(y[n + i]) == emu_to_float(emu_from_float<T>(12345.f));
   std::printf("{\"max_err\":%.6g,\"max_ref\":%.6g,\"items\":%d,\"guard_ok\":%s}\n", max_err, max_ref, items, guard_ok ? "true" : "false");
 }
 

@@ -15,13 +15,6 @@ inline uint4 swiglu_ld(const void* p) { uint4 r; std::memcpy(&r, p, 16); return 
 
 #include "swiglu.cu"
 
-template <typename T> T cvt(float x);
-template <> __nv_bfloat16 cvt(float x) { return __float2bfloat16(x); }
-template <> __half cvt(float x) { return __float2half(x); }
-template <> float cvt(float x) { return x; }
-inline float tof(float x) { return x; }
-inline float tof(__nv_bfloat16 x) { return __bfloat162float(x); }
-inline float tof(__half x) { return __half2float(x); }
 
 struct Err {
   double max_err = 0, max_ref = 0, max_rel = 0;
@@ -37,8 +30,8 @@ static void compare(Err& e, const std::vector<T>& got, const std::vector<double>
   const double tiny = std::is_same_v<T, __half> ? 2 * 0x1p-14 : 2 * 0x1p-126;
   for (double r : ref) e.max_ref = std::max(e.max_ref, std::abs(r));
   for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = std::abs(double(tof(got[i])) - ref[i]);
-    if (!std::isfinite(tof(got[i]))) e.finite = false;
+    const double d = std::abs(double(emu_to_float(got[i])) - ref[i]);
+    if (!std::isfinite(emu_to_float(got[i]))) e.finite = false;
     e.max_err = std::max(e.max_err, d);
     e.max_rel = std::max(e.max_rel, d / std::max({std::abs(ref[i]), scale[i], 1e-6 * e.max_ref, tiny}));
   }
@@ -52,22 +45,22 @@ template <typename T>
 static void run(long n) {
   const int V = 16 / int(sizeof(T)), guard = 64;
   const int nvec = int(n / V), tail = int(n % V), items = nvec + tail;
-  const T poison = cvt<T>(12345.f);
+  const T poison = emu_from_float<T>(12345.f);
   std::vector<T> g(n), u(n), dy(n), y(n + guard, poison), dg(n + guard, poison), du(n + guard, poison);
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.f, 3.f);
   const float extremes[] = {30.f, -30.f, 100.f, -100.f};
   for (long i = 0; i < n; ++i) {
-    g[i] = cvt<T>(i % 97 == 5 ? extremes[(i / 97) % 4] : nd(rng));
-    u[i] = cvt<T>(nd(rng));
-    dy[i] = cvt<T>(nd(rng));
+    g[i] = emu_from_float<T>(i % 97 == 5 ? extremes[(i / 97) % 4] : nd(rng));
+    u[i] = emu_from_float<T>(nd(rng));
+    dy[i] = emu_from_float<T>(nd(rng));
   }
   const unsigned grid = unsigned((items + SWIGLU_THREADS - 1) / SWIGLU_THREADS);
   emu::launch({grid, 1, 1}, SWIGLU_THREADS, 0, [&] { swiglu_fwd<T>(g.data(), u.data(), y.data(), nvec, tail); });
   emu::launch({grid, 1, 1}, SWIGLU_THREADS, 0, [&] { swiglu_bwd<T>(dy.data(), g.data(), u.data(), dg.data(), du.data(), nvec, tail); });
   std::vector<double> ry(n), rg(n), ru(n), sg(n);
   for (long i = 0; i < n; ++i) {
-    const double x = tof(g[i]), z = tof(u[i]), d = tof(dy[i]);
+    const double x = emu_to_float(g[i]), z = emu_to_float(u[i]), d = emu_to_float(dy[i]);
     const double s = 1 / (1 + std::exp(-x));
     ry[i] = x * s * z;
     ru[i] = d * x * s;
@@ -80,7 +73,7 @@ static void run(long n) {
   compare(eu, du, ru, ru);
   bool guard_ok = true;
   for (int i = 0; i < guard; ++i)
-    for (auto* v : {&y, &dg, &du}) guard_ok = guard_ok && tof((*v)[n + i]) == tof(poison);
+    for (auto* v : {&y, &dg, &du}) guard_ok = guard_ok && emu_to_float((*v)[n + i]) == emu_to_float(poison);
   std::printf("{\"items\":%d,\"tail\":%d,", items, tail);
   print("y", ey, false);
   print("dg", eg, false);
