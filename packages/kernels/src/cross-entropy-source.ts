@@ -17,7 +17,7 @@
  * Rows past 2³¹ elements are addressed in 64 bits. A row whose start is not 16-byte aligned (V not a
  * multiple of the vector) is read element by element.
  */
-import { floatConversions } from './cuda-snippets';
+import { floatConversions, streamLoad } from './cuda-snippets';
 
 /** Threads per CTA (one CTA per row). */
 export const CE_THREADS = 256;
@@ -62,11 +62,7 @@ __device__ __forceinline__ float ce_neg_inf() { return __int_as_float(0xff800000
 
 #ifndef CE_EMULATION
 // 16 bytes read once: through the non-coherent path, not kept in L1 (each logit is read once per pass).
-__device__ __forceinline__ uint4 ce_ld(const void* p) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
+${streamLoad('ce_ld')}
 #endif
 
 // A thread's (or a merged group's) running statistics of z: max m, s = Σ e^(z−m), t = Σ e^(z−m)·(z−m).

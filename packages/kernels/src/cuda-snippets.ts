@@ -21,3 +21,17 @@ export function floatConversions(prefix: string): string {
     `template <> __device__ __forceinline__ float ${from}<float>(float x) { return x; }`,
   ].join('\n');
 }
+
+/**
+ * `__device__ uint4 <name>(const void* p)`: 16 bytes read once, through the non-coherent path and not
+ * kept in L1 (`ld.global.nc.L1::no_allocate`), the load of every streamed operand.
+ */
+export function streamLoad(name: string): string {
+  return [
+    `__device__ __forceinline__ uint4 ${name}(const void* p) {`,
+    '  uint4 r;',
+    '  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));',
+    '  return r;',
+    '}',
+  ].join('\n');
+}

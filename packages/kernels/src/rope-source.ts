@@ -10,7 +10,7 @@
  * Kernels (names `rope_<bf16|fp16|fp32>`): one thread per (row, head, vector of the half-head), under 2³¹ threads;
  * positions outside [0, maxPositions) are clamped into it (ONNX Runtime leaves them undefined).
  */
-import { floatConversions } from './cuda-snippets';
+import { floatConversions, streamLoad } from './cuda-snippets';
 
 /** Threads per CTA. */
 export const ROPE_THREADS = 256;
@@ -46,11 +46,7 @@ ${floatConversions('rope')}
 
 #ifndef ROPE_EMULATION
 // x is read once: non-coherent path, not kept in L1; the caches are small and shared across rows (default caching).
-__device__ __forceinline__ uint4 rope_ld_stream(const void* p) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
+${streamLoad('rope_ld_stream')}
 __device__ __forceinline__ uint4 rope_ld_cache(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 #endif
 

@@ -10,7 +10,7 @@
  * Kernels (names `swiglu_<fwd|bwd>_<bf16|fp16|fp32>`): threads [0, nvec) take a vector each, threads
  * [nvec, nvec + tail) one element each of the last n mod V; under 2³¹ threads; 16-byte aligned buffers.
  */
-import { floatConversions } from './cuda-snippets';
+import { floatConversions, streamLoad } from './cuda-snippets';
 
 /** Threads per CTA. */
 export const SWIGLU_THREADS = 256;
@@ -47,11 +47,7 @@ ${floatConversions('swiglu')}
 
 #ifndef SWIGLU_EMULATION
 // Every input is read once: non-coherent path, not kept in L1.
-__device__ __forceinline__ uint4 swiglu_ld(const void* p) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
+${streamLoad('swiglu_ld')}
 #endif
 
 // σ(g) in fp32; saturates to 0 or 1 (never NaN) for large |g|.

@@ -28,6 +28,7 @@
  * K apart and K must be a multiple of 8 (16-byte loads); weights past K (the last block's padding)
  * meet zero activations.
  */
+import { streamLoad } from './cuda-snippets';
 
 /** A rows per n8 tile count, by kernel: M ≤ 8·MT. */
 export const W4A16_TILES = [1, 2, 4, 8] as const;
@@ -143,11 +144,7 @@ template <> __device__ __forceinline__ __half w4_from_f<__half>(float x) { retur
 // The device primitives (test/w4a16-emulation/w4-emu.h gives CPU versions with the same results).
 #ifndef FA_EMULATION
 // 16 bytes read once: through the non-coherent path, not kept in L1.
-__device__ __forceinline__ uint4 w4_ld_stream(const void* p) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
+${streamLoad('w4_ld_stream')}
 // 16 bytes of activations (every CTA of the grid reads them: kept in the caches).
 __device__ __forceinline__ uint4 w4_ld(const void* p) {
   uint4 r;
