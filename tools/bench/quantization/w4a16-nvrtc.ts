@@ -3,7 +3,7 @@
  * alone), for sm_90 by default, and prints ptxas' registers and spills per kernel from NVRTC's log and
  * whether every kernel the launcher loads (split-K and tiled) is in the cubin, with the tiled kernels' shared
  * memory — the check that what nvcc accepts
- * (w4a16-ptxas.sh) NVRTC accepts too.
+ * (tools/bench/kernels/ptxas.sh w4a16) NVRTC accepts too.
  *
  * usage: npx tsx --conditions=lathe-source tools/bench/quantization/w4a16-nvrtc.ts [--nvrtc /path/libnvrtc.so.13] [--arch sm_90]
  *   (libnvrtc-builtins must be findable: LD_LIBRARY_PATH=<its folder>; the CUDA headers from cudaIncludeDir())
