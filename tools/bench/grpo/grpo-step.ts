@@ -23,9 +23,9 @@
  * re-scoring and the reference through Lathe's fused cross-entropy kernels (`lathe grpo
  * --logprob_kernel`); against plain `--attention kernels` it is that kernel's A/B.
  * --rope-kernel (with --attention kernels): q and k rotated by Lathe's RoPE kernel in every graph that
- * attends through the kernels, the value model's included (`lathe grpo --rope_kernel true`); against
- * the same command without it it is that kernel's A/B.
- * Measured on the H100 (docs/benchmarks.md, "RL step"); on CPU the tiny shape takes ~0.2 s per step.
+ * attends through the kernels, the value model's included (`lathe grpo`'s default, `--rope_kernel auto`,
+ * with the kernels); against the same command without it it is that kernel's A/B.
+ * Results: docs/benchmarks.md, "RL step".
  */
 import { CausalLM, type HfConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
