@@ -162,6 +162,23 @@ export class Kernels {
     }
   }
 
+  /**
+   * Device milliseconds per launch of `call(i)` (i = 0, 1, …): 20 warm-up calls, then `iters` calls recorded
+   * once as a CUDA graph and replayed between events, so the host's launch rate is not what is timed.
+   */
+  timeLaunches(call: (i: number) => void, iters = 200): number {
+    for (let i = 0; i < 20; i++) call(i);
+    const graph = this.driver.capture(this.stream, () => {
+      for (let i = 0; i < iters; i++) call(i);
+    });
+    try {
+      graph.replay(this.stream);
+      return this.time(() => graph.replay(this.stream)) / iters;
+    } finally {
+      graph.dispose();
+    }
+  }
+
   /** Unloads the modules (the stream stays: ORT sessions may still use it). */
   dispose(): void {
     for (const m of this.modules.splice(0)) this.driver.unloadModule(m);

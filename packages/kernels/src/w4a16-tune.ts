@@ -178,20 +178,7 @@ export function tuneW4A16(w4: W4A16, device: Device, shapes: readonly W4A16TuneS
         const c = device.upload({ data: new Uint16Array(M * s.N), dims: [M, s.N] }, s.dtype);
         owned.push(c);
         const shape: W4A16Shape = { M, N: s.N, K: s.K, kBlocks, blockSize: s.blockSize, dtype: s.dtype };
-        const time = (o: W4A16LaunchOptions) => {
-          const call = (i: number) => w4.matmul(shape, { a, b: bs[i % copies], scales: ss[i % copies], zeroPoints: 0n, c }, undefined, o);
-          for (let i = 0; i < 20; i++) call(i);
-          // recorded once as a CUDA graph, so the host's launch rate is not what is timed
-          const graph = kernels.driver.capture(kernels.stream, () => {
-            for (let i = 0; i < iters; i++) call(i);
-          });
-          try {
-            graph.replay(kernels.stream);
-            return (kernels.time(() => graph.replay(kernels.stream)) / iters) * 1000;
-          } finally {
-            graph.dispose();
-          }
-        };
+        const time = (o: W4A16LaunchOptions) => kernels.timeLaunches((i) => w4.matmul(shape, { a, b: bs[i % copies], scales: ss[i % copies], zeroPoints: 0n, c }, undefined, o), iters) * 1000;
         const defaultUs = time({});
         let top: W4A16TuneEntry | undefined;
         for (const nt of columnTiles) {

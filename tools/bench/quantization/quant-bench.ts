@@ -458,20 +458,7 @@ function measureKernel(kernels: Kernels, w4: W4A16, device: Device, dtype: DType
         const c = device.upload({ data: new Uint16Array(M * N), dims: [M, N] }, dtype);
         try {
           const shape = { M, N, K, kBlocks: kb, blockSize, dtype };
-          const call = (i: number) => w4.matmul(shape, { a, b: bs[i % copies], scales: ss[i % copies], zeroPoints: 0n, c }, undefined, nt);
-          for (let i = 0; i < 20; i++) call(i);
-          // the launches recorded once as a CUDA graph, so the host's launch rate is not what is timed
-          const iters = 200;
-          const graph = kernels.driver.capture(kernels.stream, () => {
-            for (let i = 0; i < iters; i++) call(i);
-          });
-          let ms: number;
-          try {
-            graph.replay(kernels.stream);
-            ms = kernels.time(() => graph.replay(kernels.stream)) / iters;
-          } finally {
-            graph.dispose();
-          }
+          const ms = kernels.timeLaunches((i) => w4.matmul(shape, { a, b: bs[i % copies], scales: ss[i % copies], zeroPoints: 0n, c }, undefined, nt));
           const gbs = weightBytes / (ms / 1000) / 1e9;
           rows.push({ shape: name, N, K, M, column_tiles: nt, us_per_call: +(ms * 1000).toFixed(2), weight_bytes: weightBytes, weight_gb_s: +gbs.toFixed(1), ...(peak.peak_tb_s ? { share_of_peak: +(gbs / (peak.peak_tb_s * 1000)).toFixed(3) } : {}) });
         } finally {
@@ -494,19 +481,6 @@ function parseTile(text: string): W4A16Tile | undefined {
   return v;
 }
 
-/** Device milliseconds per launch of `call(i)` (i = 0, 1, …): events around a CUDA graph of `iters` launches, after a warm-up. */
-function timeLaunches(kernels: Kernels, call: (i: number) => void, iters = 200): number {
-  for (let i = 0; i < 20; i++) call(i);
-  const graph = kernels.driver.capture(kernels.stream, () => {
-    for (let i = 0; i < iters; i++) call(i);
-  });
-  try {
-    graph.replay(kernels.stream);
-    return kernels.time(() => graph.replay(kernels.stream)) / iters;
-  } finally {
-    graph.dispose();
-  }
-}
 
 /**
  * The tiled kernels alone on each projection shape (and the fused q/k/v and gate/up) at each M of `rows`:
@@ -533,7 +507,7 @@ function measureTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType,
             { kernel: 'split-K', opts: { tileFromRows: Infinity } },
           ];
           for (const r of runs) {
-            const ms = timeLaunches(kernels, (i) => w4.matmul(shape, { a, b: bs[i % copies], scales: ss[i % copies], zeroPoints: 0n, c }, undefined, r.opts));
+            const ms = kernels.timeLaunches((i) => w4.matmul(shape, { a, b: bs[i % copies], scales: ss[i % copies], zeroPoints: 0n, c }, undefined, r.opts));
             out.push({ shape: name, N, K, M, kernel: r.kernel, us_per_call: +(ms * 1000).toFixed(2), tflop_s: +((2 * M * N * K) / (ms / 1000) / 1e12).toFixed(1), weight_gb_s: +(weightBytes / (ms / 1000) / 1e9).toFixed(1) });
           }
         } finally {
