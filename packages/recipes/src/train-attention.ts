@@ -8,6 +8,7 @@ import type { DecoderConfig } from '@lathe/models';
 import { Device, type Ptr } from '@lathe/runtime';
 import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, flashAttentionUnsupported, probeKernels, RopeKernels, ropeOps, ropeUnsupported, SwigluKernels, swigluOps, type CrossEntropyOps, type FlashAttentionOps, type Kernels, type RopeOps, type SwigluOps } from '@lathe/kernels';
 import { useFlashAttention, type AttentionChoice, type DecoderLossOptions } from '@lathe/train';
+import { logprobKernelOption, ropeKernelOption, swigluKernelOption } from './common-options';
 import { kernelsOfDevice, openDevice } from './scaffold';
 
 /** `--attention` of sft, rm train and dpo: GRPO's choices and `kernels`. */
@@ -60,13 +61,13 @@ export function resolveTrainAttention(cfg: TrainAttentionConfig, facts: AutoAtte
  * Whether a kernel that joins the attention kernels (`--logprob_kernel`, `--rope_kernel`,
  * `--swiglu_kernel`) runs, given the attention the run resolved to: `auto` exactly when that is the
  * kernels, true likewise but an error otherwise (the kernel shares the attention kernels' device and
- * sessions), false or absent off. `defaultAuto`: the flag's default is `auto` (the error says so).
+ * sessions), false or absent off. `defaultValue`: the option's default (its config's), which the refusal names.
  */
-function resolveWithKernels(flag: string, value: boolean | 'auto' | undefined, attention: TrainAttentionChoice, choice: TrainAttentionChoice, defaultAuto = true): boolean {
+function resolveWithKernels(flag: string, value: boolean | 'auto' | undefined, attention: TrainAttentionChoice, choice: TrainAttentionChoice, defaultValue: boolean | 'auto'): boolean {
   if (value === 'auto') return choice === 'kernels';
   if (value !== true) return false;
   if (choice !== 'kernels') {
-    const drop = defaultAuto ? `drop ${flag} (its default, auto, takes it wherever the attention is the kernels)` : `drop ${flag}`;
+    const drop = defaultValue === 'auto' ? `drop ${flag} (its default, auto, takes it wherever the attention is the kernels)` : `drop ${flag}`;
     throw new Error(`${flag} needs the attention kernels, and the run's attention is ${attention === 'auto' ? "'auto', which did not pick them here (see --attention's help for where it does not)" : `'${attention}'`}: use --attention kernels, or ${drop}`);
   }
   return true;
@@ -78,7 +79,7 @@ function resolveWithKernels(flag: string, value: boolean | 'auto' | undefined, a
  * GRPO step (docs/benchmarks.md), hence `auto` as the default.
  */
 export function resolveLogprobKernel(cfg: Pick<TrainAttentionConfig, 'attention' | 'logprob_kernel'>, choice: TrainAttentionChoice): boolean {
-  return resolveWithKernels('--logprob_kernel', cfg.logprob_kernel, cfg.attention, choice);
+  return resolveWithKernels('--logprob_kernel', cfg.logprob_kernel, cfg.attention, choice, logprobKernelOption.default);
 }
 
 /**
@@ -89,7 +90,7 @@ export function resolveLogprobKernel(cfg: Pick<TrainAttentionConfig, 'attention'
  */
 export function resolveRopeKernel(cfg: Pick<TrainAttentionConfig, 'attention' | 'rope_kernel'>, choice: TrainAttentionChoice, unsupported?: string): boolean {
   if (cfg.rope_kernel === 'auto' && unsupported) return false;
-  const on = resolveWithKernels('--rope_kernel', cfg.rope_kernel, cfg.attention, choice);
+  const on = resolveWithKernels('--rope_kernel', cfg.rope_kernel, cfg.attention, choice, ropeKernelOption.default);
   if (on && unsupported) throw new Error(`--rope_kernel: the model's rotary embedding is not one the kernel takes: ${unsupported}; drop --rope_kernel`);
   return on;
 }
@@ -100,7 +101,7 @@ export function resolveRopeKernel(cfg: Pick<TrainAttentionConfig, 'attention' | 
  * step measures it (docs/guides/kernels.md).
  */
 export function resolveSwigluKernel(cfg: Pick<TrainAttentionConfig, 'attention' | 'swiglu_kernel'>, choice: TrainAttentionChoice): boolean {
-  return resolveWithKernels('--swiglu_kernel', cfg.swiglu_kernel, cfg.attention, choice, false);
+  return resolveWithKernels('--swiglu_kernel', cfg.swiglu_kernel, cfg.attention, choice, swigluKernelOption.default);
 }
 
 /**
