@@ -58,9 +58,21 @@ export class TensorBoardWriter implements MetricSink {
 
   constructor(dir: string) {
     mkdirSync(dir, { recursive: true });
-    // TensorBoard reads every file named events.out.tfevents.* in a folder, in name order
-    this.file = join(dir, `events.out.tfevents.${Math.floor(Date.now() / 1000)}.${hostname()}.${process.pid}`);
-    writeFileSync(this.file, this.record({ wallTime: Date.now() / 1000, fileVersion: 'brain.Event:2' }));
+    // TensorBoard reads every file named events.out.tfevents.* in a folder, in name order; a second
+    // writer of this process within the same second (a resume) takes the next free `.N` suffix,
+    // created exclusively, rather than truncating the first one's file
+    const base = join(dir, `events.out.tfevents.${Math.floor(Date.now() / 1000)}.${hostname()}.${process.pid}`);
+    const header = this.record({ wallTime: Date.now() / 1000, fileVersion: 'brain.Event:2' });
+    for (let n = 0; ; n++) {
+      const file = n === 0 ? base : `${base}.${n}`;
+      try {
+        writeFileSync(file, header, { flag: 'wx' });
+        this.file = file;
+        break;
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+      }
+    }
   }
 
   /** Logs each finite number of `values` as the scalar `tag` at `step` (other values are left out). */

@@ -81,3 +81,19 @@ test('an event file holds the file version, then one event per step with its fin
   ]);
   for (const e of events) expect(Math.abs(e.wallTime! - Date.now() / 1000)).toBeLessThan(60);
 });
+
+test("writers of one process in one folder within the same second (a resume) each get their own file, later in name order; none truncates another's", () => {
+  const dir = join(mkdtempSync(join(tmpdir(), 'lathe-tb-')), 'tb');
+  const first = new TensorBoardWriter(dir);
+  first.log(1, { loss: 1 });
+  const second = new TensorBoardWriter(dir);
+  second.log(2, { loss: 2 });
+  const third = new TensorBoardWriter(dir);
+  expect(new Set([first.file, second.file, third.file]).size).toBe(3);
+  // when all three fell in one second, the `.N` suffixes keep them in creation order
+  const names = readdirSync(dir).sort();
+  expect(names).toHaveLength(3);
+  if (names.every((n) => n.split('.')[3] === names[0].split('.')[3])) expect(names.map((n) => join(dir, n))).toEqual([first.file, second.file, third.file]);
+  expect(readRecords(first.file).map(decodeEvent).at(-1)!.scalars).toEqual({ loss: 1 });
+  expect(readRecords(second.file).map(decodeEvent).at(-1)!.scalars).toEqual({ loss: 2 });
+});
