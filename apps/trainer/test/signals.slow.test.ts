@@ -58,7 +58,19 @@ function lathe(args: string[], where: 'terminal' | 'own group' | 'no wrapper'): 
   };
   child.stdout!.on('data', (d: Buffer) => take(d.toString(), true));
   child.stderr!.on('data', (d: Buffer) => take(d.toString(), false));
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null; at: number }>((resolve) => child.on('exit', (code, signal) => resolve({ code, signal, at: performance.now() })));
+  // 'exit' can come before the last of the output is read (a pty's summary line was lost so): the
+  // exit's time is taken at 'exit', the promise settles once the pipes close (or 5 s later, should
+  // something left behind hold them open; the tests then find it).
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null; at: number }>((resolve) =>
+    child.on('exit', (code, signal) => {
+      const done = { code, signal, at: performance.now() };
+      const timer = setTimeout(() => resolve(done), 5000);
+      child.on('close', () => {
+        clearTimeout(timer);
+        resolve(done);
+      });
+    }),
+  );
   return {
     process: child,
     output: () => all,

@@ -9,7 +9,7 @@
 #                all-reduced (fp32), --grad-reduce-dtype bfloat16 (bf16; bf16-1group: every gradient in one NCCL group
 #                instead of 25 MiB buckets each waited for), ZeRO --zero 2 (zero2) and ZeRO with bfloat16
 #                reduce-scatters (zero2-bf16), each with its losses' parity against 1 GPU on the same global batch; then
-#                PyTorch DDP on the count, and on N also with its bf16_compress_hook (NO_DDP=1 skips DDP). One JSON line
+#                PyTorch DDP on the count, and on N also with its bf16_compress_hook (NO_DDP=1 skips DDP, NO_DDP_BF16=1 the hook's run). One JSON line
 #                each. VARIANTS="fp32 bf16" runs only those Lathe variants.
 #   kernels "1 4" : Lathe's training kernels under data parallelism, for the A/B against comm's flash attention: comm's setup
 #                (bf16, PER_GPU rows of 512 per GPU, STEPS default 8, 3 warm-up) with dp-check's --attention-kernel --logprob-kernel
@@ -90,7 +90,7 @@ case "$mode" in
       fi
       [ -n "${NO_DDP:-}" ] || torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py ${DDP_ARGS:-} --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 | tee "$OUT/comm-ddp-$n.json"
       # DDP's bf16_compress_hook, the trade --grad-reduce-dtype bfloat16 makes
-      [ -n "${NO_DDP:-}" ] || [ "$n" = 1 ] || torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py ${DDP_ARGS:-} --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 --bf16-compress | tee "$OUT/comm-ddp-bf16-$n.json"
+      [ -n "${NO_DDP:-}" ] || [ "$n" = 1 ] || [ -n "${NO_DDP_BF16:-}" ] || torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py ${DDP_ARGS:-} --batch-per-gpu "$PER" --seq 512 --steps ${STEPS:-8} --warmup 3 --bf16-compress | tee "$OUT/comm-ddp-bf16-$n.json"
     done
     ;;
   kernels)
