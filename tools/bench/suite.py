@@ -11,8 +11,8 @@ runtime sourced (/opt/device-rt/env.sh). Groups, each at the Qwen3-0.6B shape in
          or so, within 3e-4 over 8 steps (twice the largest gap seen between two plain runs); the
          kernel paths' losses within 1e-3 relative of the plain path's (their bf16 rounding differs);
          then that path with the fused log-prob kernel (kernels_ce), that with Lathe's RoPE kernel
-         (kernels_ce_rope: lathe sft's default path on cuda), that with the SwiGLU kernel (kernels_ce_rope_swiglu,
-         opt-in), that path captured as a CUDA graph
+         (kernels_ce_rope), that with the SwiGLU kernel (kernels_ce_rope_swiglu:
+         lathe sft's default path on cuda), that path captured as a CUDA graph
          (kernels_ce_graph: an error is recorded, not flagged), and
          with --torch-compile, full fine-tuning's PyTorch step under torch.compile in the same call
          (issue 37's target: the kernels path ≥ 1.0× of it).
@@ -145,13 +145,13 @@ def train(results, torch_compile):
             r[f"{name}_losses"] = res["losses"]
             r[f"parity_{name}_vs_plain"] = len(res["losses"]) == len(plain) and r[f"{name}_vs_plain_max_rel"] <= KERNELS_TOLERANCE
 
-        # the fused AdamW node and Lathe's attention kernels, then with the fused log-prob kernel, then with
-        # the RoPE kernel too: lathe sft's default path on cuda (--attention, --logprob_kernel, --rope_kernel auto)
+        # the fused AdamW node and Lathe's attention kernels, then with the fused log-prob kernel, the RoPE
+        # kernel, the SwiGLU kernel: the last is lathe sft's default path on cuda (--attention, --logprob_kernel,
+        # --rope_kernel, --swiglu_kernel auto)
         kernel_path("kernels", ["--attention-kernel"], True)
         kernel_path("kernels_ce", ["--attention-kernel", "--logprob-kernel"], True)
         kernel_path("kernels_ce_rope", ["--attention-kernel", "--logprob-kernel", "--rope-kernel"], True)
-        # opt-in (lathe sft --swiglu_kernel true) until this row's A/B: recorded, its error not flagged
-        kernel_path("kernels_ce_rope_swiglu", ["--attention-kernel", "--logprob-kernel", "--rope-kernel", "--swiglu-kernel"], False)
+        kernel_path("kernels_ce_rope_swiglu", ["--attention-kernel", "--logprob-kernel", "--rope-kernel", "--swiglu-kernel"], True)
         # not a recipe path (lathe sft refuses --cuda_graph with the kernels): recorded only
         kernel_path("kernels_ce_graph", ["--attention-kernel", "--logprob-kernel", "--cuda-graph"], False)
         if torch_compile and kind == "full":

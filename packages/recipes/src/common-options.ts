@@ -73,12 +73,12 @@ export const ropeKernelOption = {
     "Rotate queries and keys (RoPE) through Lathe's kernel, in the compute dtype with the inverse rotation as its gradient, instead of ONNX Runtime's RotaryEmbedding and its composed backward; needs the attention kernels. 'auto': on exactly when the run's attention is Lathe's kernels and the model's head size is one the kernel takes (measured in docs/guides/kernels.md), off otherwise; true: on, an error where it cannot be; false: off",
 } as const;
 
-/** `--swiglu_kernel` of lathe sft (resolved by train-attention.ts's resolveSwigluKernel); opt-in until a same-call A/B of the full SFT step. */
+/** `--swiglu_kernel` of lathe sft (resolved by train-attention.ts's resolveSwigluKernel). */
 export const swigluKernelOption = {
   type: 'boolean',
-  default: false,
+  default: 'auto',
   describe:
-    "Each MLP's activation silu(gate)·up through Lathe's SwiGLU kernel (one pass forward and one backward, in the compute dtype) instead of ONNX Runtime's QuickGelu, Mul and their composed gradients; needs the attention kernels. Off by default until measured (docs/guides/kernels.md); true: on, an error where the attention is not the kernels",
+    "Each MLP's activation silu(gate)·up through Lathe's SwiGLU kernel (one pass forward and one backward, in the compute dtype) instead of ONNX Runtime's QuickGelu, Mul and their composed gradients; needs the attention kernels. 'auto': on exactly when the run's attention is Lathe's kernels (measured in docs/guides/kernels.md), off otherwise; true: on, an error where the attention is not the kernels; false: off",
 } as const;
 
 /** `--gradient_checkpointing`. */

@@ -30,7 +30,7 @@ export interface TrainAttentionConfig {
   /** `--rope_kernel` (lathe sft): queries and keys rotated by Lathe's RoPE kernel (with the attention kernels); see {@link resolveRopeKernel}. Absent: off. */
   rope_kernel?: boolean | 'auto';
   /** `--swiglu_kernel` (lathe sft): each MLP's activation through Lathe's SwiGLU kernel (with the attention kernels); see {@link resolveSwigluKernel}. Absent: off. */
-  swiglu_kernel?: boolean;
+  swiglu_kernel?: boolean | 'auto';
 }
 
 /** What `auto` weighs beyond the options: facts known only once the run starts. */
@@ -97,8 +97,8 @@ export function resolveRopeKernel(cfg: Pick<TrainAttentionConfig, 'attention' | 
 
 /**
  * Whether each MLP's activation goes through Lathe's SwiGLU kernel instead of QuickGelu and Mul
- * ({@link resolveWithKernels}'s rule): off unless asked for, until a same-call A/B of the full SFT
- * step measures it (docs/guides/kernels.md).
+ * ({@link resolveWithKernels}'s rule): it beat the attention, log-prob and RoPE kernels without it in a
+ * same-call A/B of the full SFT step (docs/benchmarks.md), hence `auto` as the default.
  */
 export function resolveSwigluKernel(cfg: Pick<TrainAttentionConfig, 'attention' | 'swiglu_kernel'>, choice: TrainAttentionChoice): boolean {
   return resolveWithKernels('--swiglu_kernel', cfg.swiglu_kernel, cfg.attention, choice, swigluKernelOption.default);

@@ -153,18 +153,20 @@ test("lathe sft --rope_kernel: queries and keys rotated by the RoPE ops give com
   const rope = await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', logprob_kernel: false, rope_kernel: true }), e));
   expect(composed[2].loss).not.toBe(composed[0].loss);
   expectClose(rope, composed, 1e-4);
-  // the defaults (auto, auto) with the kernels: both the log-prob and the RoPE kernels
-  expectClose(await stepsOf((e) => runSft(sftConfig({ attention: 'kernels' }), e)), await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', logprob_kernel: true, rope_kernel: true }), e)), 0);
+  // the defaults (auto) with the kernels: the log-prob, RoPE and SwiGLU kernels
+  expectClose(await stepsOf((e) => runSft(sftConfig({ attention: 'kernels' }), e)), await stepsOf((e) => runSft(sftConfig({ attention: 'kernels', logprob_kernel: true, rope_kernel: true, swiglu_kernel: true }), e)), 0);
   await expect(runSft(sftConfig({ attention: 'composed', rope_kernel: true }))).rejects.toThrow(/--rope_kernel needs the attention kernels.*'composed'/);
 }, 90_000);
 
-test('--swiglu_kernel (default false, opt-in) takes the SwiGLU kernel only with the attention kernels; true refuses any other attention, naming the flags', () => {
-  expect(defaults(sftSchema).swiglu_kernel).toBe(false);
+test('--swiglu_kernel auto (the default) takes the SwiGLU kernel exactly when the attention resolved to the kernels; true refuses any other attention, naming the flags; false is off', () => {
+  expect(defaults(sftSchema).swiglu_kernel).toBe('auto');
+  expect(resolveSwigluKernel({ attention: 'auto', swiglu_kernel: 'auto' }, 'kernels')).toBe(true);
+  for (const choice of ['flash', 'composed'] as const) expect(resolveSwigluKernel({ attention: 'auto', swiglu_kernel: 'auto' }, choice)).toBe(false);
   expect(resolveSwigluKernel({ attention: 'kernels', swiglu_kernel: true }, 'kernels')).toBe(true);
   expect(resolveSwigluKernel({ attention: 'kernels', swiglu_kernel: false }, 'kernels')).toBe(false);
   // rm train, dpo and grpo have no --swiglu_kernel: absent is off
   expect(resolveSwigluKernel({ attention: 'kernels' }, 'kernels')).toBe(false);
-  for (const choice of ['auto', 'flash', 'composed'] as const) expect(() => resolveSwigluKernel({ attention: choice, swiglu_kernel: true }, choice)).toThrow(/--swiglu_kernel needs the attention kernels.*use --attention kernels, or drop --swiglu_kernel$/);
+  for (const choice of ['auto', 'flash', 'composed'] as const) expect(() => resolveSwigluKernel({ attention: choice, swiglu_kernel: true }, choice)).toThrow(/--swiglu_kernel needs the attention kernels.*use --attention kernels, or drop --swiglu_kernel \(its default, auto/);
   // the resolved kernel reaches the loss and the sessions: its op and its custom-op domain beside the attention's
   const config = { vocabSize: 64, hiddenSize: 32, intermediateSize: 48, numLayers: 1, numHeads: 4, numKvHeads: 2, headDim: 8, rmsNormEps: 1e-6, ropeTheta: 1e4, maxPositionEmbeddings: 64, tieWordEmbeddings: true } as unknown as Parameters<typeof openTrainDevice>[1];
   const opened = (swiglu_kernel: boolean) => openTrainDevice({ device: 'cpu', compute_dtype: 'float32', attention: 'kernels', logprob_kernel: false, rope_kernel: false, swiglu_kernel }, config).attention;
