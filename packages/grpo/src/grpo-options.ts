@@ -233,7 +233,7 @@ export interface GrpoTrainerOptions<M> {
 export interface GrpoAttentionKernel {
   /** The decoder's attention through the kernel: `flashAttentionOps(...).attend` of @lathe/kernels (`TrunkOptions.attentionKernel`). */
   attend: NonNullable<TrunkOptions['attentionKernel']>;
-  /** The custom-op domains the sessions that run it register (the kernels' `domain.handle`, and the log-prob and RoPE kernels' with `logprobKernel` / `ropeKernel`). */
+  /** The custom-op domains the sessions that run it register (the kernels' `domain.handle`, and the log-prob, RoPE and SwiGLU kernels' with `logprobKernel` / `ropeKernel` / `swigluKernel`). */
   customOpDomains: Ptr[];
   /**
    * Also take the LM head's log-partition (and entropy) through this fused kernel (`crossEntropyOps`
@@ -247,6 +247,12 @@ export interface GrpoAttentionKernel {
    * `attend`: the policy's train step, the scoring passes and the value model. Default: RotaryEmbedding.
    */
   ropeKernel?: RopeKernel;
+  /**
+   * Also take each MLP's silu(gate)·up through this kernel (`swigluOps(...).apply` of @lathe/kernels,
+   * `TrunkOptions.swigluKernel`) instead of QuickGelu and Mul, in every graph that attends through
+   * `attend`: the policy's train step, the scoring passes and the value model. Default: QuickGelu·Mul.
+   */
+  swigluKernel?: TrunkOptions['swigluKernel'];
 }
 
 /** A rank's place in a data-parallel RL job (structurally what @lathe/distributed and `joinDataParallel` give). */

@@ -204,6 +204,7 @@ export class GrpoTrainer<M = unknown> {
     const attentionKernel = kernel ? { attentionKernel: kernel.attend } : {};
     const logprobKernel = kernel?.logprobKernel ? { logprobKernel: kernel.logprobKernel } : {};
     const ropeKernel = kernel?.ropeKernel ? { ropeKernel: kernel.ropeKernel } : {};
+    const swigluKernel = kernel?.swigluKernel ? { swigluKernel: kernel.swigluKernel } : {};
 
     // The train step with the RL loss over the same policy builder the scoring graph uses.
     const klInLoss = o.kl.coef > 0 && o.kl.mode === 'loss';
@@ -216,7 +217,7 @@ export class GrpoTrainer<M = unknown> {
     const shared = o.valueModel?.trunk === 'shared';
     const valueHead = shared ? SHARED_VALUE_HEAD : undefined;
     const loss = rlLoss(
-      decoderPolicy(config, { compute, chunk: o.chunk, temperature: o.sampling.temperature, entropy: entropyInStep, weights: policy.train, recompute: o.gradientCheckpointing, flashAttention, ...attentionKernel, ...logprobKernel, ...ropeKernel, valueHead }),
+      decoderPolicy(config, { compute, chunk: o.chunk, temperature: o.sampling.temperature, entropy: entropyInStep, weights: policy.train, recompute: o.gradientCheckpointing, flashAttention, ...attentionKernel, ...logprobKernel, ...ropeKernel, ...swigluKernel, valueHead }),
       custom ? custom.objective : { ...lossConfig, klCoef: klInLoss ? o.kl.coef : 0, klEstimator: o.kl.estimator, ...(o.offPolicy ? { offPolicy: { term: o.offPolicy.term, gamma: o.offPolicy.gamma, sftCoef: o.offPolicy.sftCoef } } : {}) },
       { reference: readsReference, offPolicy: Boolean(o.offPolicy), ...(shared ? { value: { coef: o.valueModel!.coef, clip: o.valueModel!.clip } } : {}) },
     );
@@ -228,7 +229,7 @@ export class GrpoTrainer<M = unknown> {
     // Generation and scoring sessions, fed the trainer's buffers by binding.
     const generation = generationRunners(o, engine, policy.weights);
     const owned = generation.owned;
-    const scoring = { temperature: o.sampling.temperature, compute, chunk: o.chunk, flashAttention, ...attentionKernel, ...logprobKernel, ...ropeKernel, session };
+    const scoring = { temperature: o.sampling.temperature, compute, chunk: o.chunk, flashAttention, ...attentionKernel, ...logprobKernel, ...ropeKernel, ...swigluKernel, session };
     let scorer: ScoringRunner | undefined;
     const policyScorer = () => {
       if (!scorer) owned.push((scorer = ScoringRunner.create(device, config, policy.weights, { ...scoring, entropy: o.entropy && !entropyInStep, valueHead })));
@@ -240,7 +241,7 @@ export class GrpoTrainer<M = unknown> {
     owned.push({ dispose: () => Object.values(frozen).forEach((t) => t.dispose()) });
 
     const estimate = typeof o.estimator === 'function' ? o.estimator : builtinEstimator(o.estimator, { gae: o.valueModel }).estimate;
-    const critic = o.valueModel && !shared ? criticOf({ ...o, session }, weights, { flashAttention, ...attentionKernel, ...ropeKernel }) : undefined;
+    const critic = o.valueModel && !shared ? criticOf({ ...o, session }, weights, { flashAttention, ...attentionKernel, ...ropeKernel, ...swigluKernel }) : undefined;
     if (critic) owned.push(critic.scorer, critic.trainer);
     const toMerged = () => {
       const snap = trainer.downloadParams();
@@ -993,7 +994,7 @@ function sharedCriticMetrics(u: UpdateTotals, lr: number): Record<`value/${strin
 }
 
 /** PPO's value model: a train step over its own weights (the policy's trunk, or `init`, and a zero head) and its scoring session. */
-function criticOf<M>(o: ResolvedGrpoOptions<M>, policyWeights: ReadonlyMap<string, Float32Array>, attention: Pick<ValueGraphOptions, 'flashAttention' | 'attentionKernel' | 'ropeKernel'>): { trainer: Trainer; scorer: ValueScorer } {
+function criticOf<M>(o: ResolvedGrpoOptions<M>, policyWeights: ReadonlyMap<string, Float32Array>, attention: Pick<ValueGraphOptions, 'flashAttention' | 'attentionKernel' | 'ropeKernel' | 'swigluKernel'>): { trainer: Trainer; scorer: ValueScorer } {
   const v = o.valueModel!;
   const config = o.model.config;
   const graph = { compute: o.compute, ...attention, recompute: o.gradientCheckpointing };

@@ -51,6 +51,8 @@ export interface DecoderPolicyOptions {
   attentionKernel?: TrunkOptions['attentionKernel'];
   /** With `flashAttention`: rotate queries and keys through this kernel (Lathe's RoPE, `TrunkOptions.ropeKernel`) instead of RotaryEmbedding; the sessions then need its custom-op domain. */
   ropeKernel?: TrunkOptions['ropeKernel'];
+  /** With `flashAttention`: each MLP's silu(gate)·up through this kernel (Lathe's SwiGLU, `TrunkOptions.swigluKernel`) instead of QuickGelu and Mul; the sessions then need its custom-op domain. */
+  swigluKernel?: TrunkOptions['swigluKernel'];
   /**
    * Also a value per position from a linear head on the same hidden states (PPO's critic sharing the
    * policy's trunk): the parameter of this name, [1, hidden], must be among the trained ones.
@@ -71,7 +73,7 @@ export function decoderPolicy(cfg: DecoderConfig, opts: DecoderPolicyOptions = {
     const ids = g.input('input_ids', 'int64', ['B', 'T']);
     const attention = g.input('attention_mask', 'int64', ['B', 'T']);
     const w = opts.weights ? opts.weights(g, params) : castWeights(params, opts.compute ?? 'float32');
-    const { logp, entropy, hidden } = causalLmLogprobs(cfg, w, ids, attention, { chunk, temperature, recompute: opts.recompute, entropy: opts.entropy, attention: opts.flashAttention ? 'flash' : 'composed', ...(opts.logprobKernel ? { logprobKernel: opts.logprobKernel } : {}), ...(opts.flashAttention && opts.attentionKernel ? { attentionKernel: opts.attentionKernel } : {}), ...(opts.flashAttention && opts.ropeKernel ? { ropeKernel: opts.ropeKernel } : {}) });
+    const { logp, entropy, hidden } = causalLmLogprobs(cfg, w, ids, attention, { chunk, temperature, recompute: opts.recompute, entropy: opts.entropy, attention: opts.flashAttention ? 'flash' : 'composed', ...(opts.logprobKernel ? { logprobKernel: opts.logprobKernel } : {}), ...(opts.flashAttention && opts.attentionKernel ? { attentionKernel: opts.attentionKernel } : {}), ...(opts.flashAttention && opts.ropeKernel ? { ropeKernel: opts.ropeKernel } : {}), ...(opts.flashAttention && opts.swigluKernel ? { swigluKernel: opts.swigluKernel } : {}) });
     const values = opts.valueHead ? L.where(L.cast(attention, 'bool'), L.cast(valuePerToken(hidden, w(opts.valueHead)), 'float32'), 0) : undefined;
     return { logp, ...(entropy ? { entropy } : {}), ...(values ? { values } : {}) };
   };

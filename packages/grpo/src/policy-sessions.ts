@@ -532,6 +532,8 @@ export interface ScoringRunnerOptions {
   logprobKernel?: DecoderPolicyOptions['logprobKernel'];
   /** With `flashAttention`: rotate queries and keys through this kernel (`decoderPolicy`'s `ropeKernel`); `session` must register its custom-op domain. */
   ropeKernel?: DecoderPolicyOptions['ropeKernel'];
+  /** With `flashAttention`: each MLP's activation through this kernel (`decoderPolicy`'s `swigluKernel`); `session` must register its custom-op domain. */
+  swigluKernel?: DecoderPolicyOptions['swigluKernel'];
   /** Also output `values` from a value head on the same trunk: the [1, hidden] input of this name (PPO's shared critic). */
   valueHead?: string;
   session?: SessionOptions;
@@ -544,7 +546,7 @@ export interface ScoringRunnerOptions {
  */
 export function scoringGraph(config: DecoderConfig, pw: PolicyWeights, opts: Omit<ScoringRunnerOptions, 'session'>): Graph {
   const g = new L.Graph('grpo_score');
-  const policy = decoderPolicy(config, { compute: opts.compute, chunk: opts.chunk, temperature: opts.temperature, entropy: opts.entropy, weights: pw.weights, flashAttention: opts.flashAttention, attentionKernel: opts.attentionKernel, ...(opts.logprobKernel ? { logprobKernel: opts.logprobKernel } : {}), ...(opts.ropeKernel ? { ropeKernel: opts.ropeKernel } : {}), valueHead: opts.valueHead });
+  const policy = decoderPolicy(config, { compute: opts.compute, chunk: opts.chunk, temperature: opts.temperature, entropy: opts.entropy, weights: pw.weights, flashAttention: opts.flashAttention, attentionKernel: opts.attentionKernel, ...(opts.logprobKernel ? { logprobKernel: opts.logprobKernel } : {}), ...(opts.ropeKernel ? { ropeKernel: opts.ropeKernel } : {}), ...(opts.swigluKernel ? { swigluKernel: opts.swigluKernel } : {}), valueHead: opts.valueHead });
   const params = declareTrainable(g, pw);
   if (opts.valueHead) params.set(opts.valueHead, g.input(opts.valueHead, 'float32', [1, config.hiddenSize]));
   const out = policy(g, params);

@@ -60,6 +60,8 @@ export interface ValueGraphOptions {
   attentionKernel?: TrunkOptions['attentionKernel'];
   /** With `flashAttention`: rotate queries and keys through this kernel (Lathe's RoPE) instead of RotaryEmbedding; the session then needs its custom-op domain. */
   ropeKernel?: TrunkOptions['ropeKernel'];
+  /** With `flashAttention`: each MLP's activation through this kernel (Lathe's SwiGLU) instead of QuickGelu and Mul; the session then needs its custom-op domain. */
+  swigluKernel?: TrunkOptions['swigluKernel'];
   /** Recompute each layer in the backward pass. */
   recompute?: boolean;
 }
@@ -69,7 +71,7 @@ export function tokenValues(policy: DecoderConfig, g: L.Graph, params: Map<strin
   const ids = g.input('input_ids', 'int64', ['B', 'T']);
   const attention = g.input('attention_mask', 'int64', ['B', 'T']);
   const w = castWeights(params, opts.compute ?? 'float32');
-  const hidden = decoderHidden(valueModelConfig(policy), w, ids, attention, { attention: opts.flashAttention ? 'flash' : 'composed', recompute: opts.recompute, ...(opts.flashAttention && opts.attentionKernel ? { attentionKernel: opts.attentionKernel } : {}), ...(opts.flashAttention && opts.ropeKernel ? { ropeKernel: opts.ropeKernel } : {}) });
+  const hidden = decoderHidden(valueModelConfig(policy), w, ids, attention, { attention: opts.flashAttention ? 'flash' : 'composed', recompute: opts.recompute, ...(opts.flashAttention && opts.attentionKernel ? { attentionKernel: opts.attentionKernel } : {}), ...(opts.flashAttention && opts.ropeKernel ? { ropeKernel: opts.ropeKernel } : {}), ...(opts.flashAttention && opts.swigluKernel ? { swigluKernel: opts.swigluKernel } : {}) });
   const values = L.cast(valuePerToken(hidden, w(SCORE_WEIGHT)), accumulationDtype(hidden.dtype));
   return L.where(L.cast(attention, 'bool'), L.cast(values, 'float32'), 0);
 }

@@ -3,9 +3,10 @@
  * model attend through Lathe's flash-attention kernels (on the cpu their float32 host computation)
  * and give the steps of composed attention (MatMul/Softmax, an independent path) within 1e-4;
  * the graphs that attend through the kernel are named; a kernel with composed attention is refused.
- * `ropeKernel` beside it rotates q/k through Lathe's RoPE ops in the same graphs, with the same steps.
+ * `ropeKernel` beside it rotates q/k through Lathe's RoPE ops in the same graphs, with the same steps;
+ * `swigluKernel` takes every MLP's activation through Lathe's SwiGLU ops, likewise.
  */
-import { flashAttentionOps, ropeOps, type FlashAttentionOps, type RopeOps } from '@lathe/kernels';
+import { flashAttentionOps, ropeOps, swigluOps, type FlashAttentionOps, type RopeOps, type SwigluOps } from '@lathe/kernels';
 import { combineRewards, GrpoTrainer, resolveGrpoOptions, type GrpoAttentionKernel, type GrpoStepMetrics, type GrpoTrainerOptions, type RlPrompt } from '@lathe/grpo';
 import { tinyModel } from './tiny-qwen3';
 
@@ -163,6 +164,37 @@ test("PPO (a separate value model) with attentionKernel.ropeKernel: the critic's
     ops.dispose();
   }
 }, 60_000);
+
+/** The attention kernel with `swigluKernel` through `swiglu`, recording the name of each graph whose MLP goes through it. */
+function withSwiglu(kernel: GrpoAttentionKernel, swiglu: SwigluOps): { kernel: GrpoAttentionKernel; graphs: string[] } {
+  const graphs: string[] = [];
+  const swigluKernel: GrpoAttentionKernel['swigluKernel'] = (gate, up) => {
+    graphs.push(gate.graph.name);
+    return swiglu.apply(gate, up);
+  };
+  return { kernel: { ...kernel, swigluKernel, customOpDomains: [...kernel.customOpDomains, swiglu.domain.handle] }, graphs };
+}
+
+test("GRPO and PPO with attentionKernel.swigluKernel: every MLP of the policy step, re-scoring, reference and the value model through the SwiGLU ops; 3 steps with composed attention's metrics within 1e-4 (cpu, float32)", async () => {
+  const ops = flashAttentionOps('cpu');
+  const swiglu = swigluOps('cpu');
+  try {
+    const { kernel, graphs } = withSwiglu(countingKernel(ops).kernel, swiglu);
+    expectClose(await steps({ attention: 'flash', attentionKernel: kernel }), await steps({ attention: 'composed' }), COMPARED, 1e-4);
+    // the policy's scoring and the reference's, both layers, and the train step's graph
+    expect(graphs.filter((n) => n === 'grpo_score')).toHaveLength(4);
+    expect(graphs.filter((n) => n !== 'grpo_score').length).toBeGreaterThanOrEqual(2);
+    const ppo: Partial<GrpoTrainerOptions<Meta>> = { estimator: 'gae', valueModel: { gamma: 1, lambda: 0.95, clip: 0.2 }, kl: { coef: 0 }, loss: { aggregation: 'token-mean', rolloutIsThreshold: 0 } };
+    graphs.length = 0;
+    expectClose(await steps({ ...ppo, attention: 'flash', attentionKernel: kernel }), await steps({ ...ppo, attention: 'composed' }), [...COMPARED.filter((k) => k !== 'kl_ref'), ...VALUE_COMPARED], 1e-4);
+    // the value model's scoring graph, both layers
+    expect(graphs.filter((n) => n === 'value_model')).toHaveLength(2);
+    swiglu.check();
+  } finally {
+    swiglu.dispose();
+    ops.dispose();
+  }
+}, 90_000);
 
 test("attentionKernel with attention 'composed' is refused, naming both", () => {
   const ops = flashAttentionOps('cpu');

@@ -1,7 +1,7 @@
 /** `lathe grpo`'s options: defaults, flags, YAML keys and the config saved with every checkpoint. */
 import { ESTIMATOR_NAMES, GRPO_DEFAULTS, LOSS_AGGREGATIONS, POLICY_TERMS, type GrpoAlgorithmOptions } from '@lathe/grpo';
 import { BUILTIN_DATA, BUILTIN_TOKENIZER } from './demo-task';
-import { checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, gradReduceDtypeOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, quantizeBaseOption, reportOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainAttentionChoicesHelp, trainAttentionOption, trainComputeDtypeOption, logprobKernelOption, ropeKernelOption } from './common-options';
+import { checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, gradReduceDtypeOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, quantizeBaseOption, reportOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainAttentionChoicesHelp, trainAttentionOption, trainComputeDtypeOption, logprobKernelOption, ropeKernelOption, swigluKernelOption } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 import { TRAIN_EVAL_KEYS, trainEvalOptions } from './train-eval-config';
 import { classmateOptions, rolloutIsOption } from './classmate-config';
@@ -34,6 +34,12 @@ export const grpoSchema = {
       ...ropeKernelOption,
       describe:
         "Rotate queries and keys (RoPE) in the policy's train step, the re-scoring and reference passes and the value model through Lathe's kernel, in the compute dtype with the inverse rotation as its gradient, instead of ONNX Runtime's RotaryEmbedding and its composed backward; needs the attention kernels. 'auto': on exactly when the run's attention is Lathe's kernels and the model's head size is one the kernel takes (the GRPO step's A/B in docs/guides/kernels.md), off otherwise; true: on, an error where it cannot be; false: off",
+    },
+    swiglu_kernel: {
+      ...swigluKernelOption,
+      default: false,
+      describe:
+        "Each MLP's silu(gate)·up in the policy's train step, the re-scoring and reference passes and the value model through Lathe's SwiGLU kernel (one pass forward and one backward, in the compute dtype) instead of ONNX Runtime's QuickGelu, Mul and their composed gradients; needs the attention kernels. Off by default until a same-call A/B of the GRPO step (docs/guides/kernels.md); 'auto': on exactly when the run's attention is Lathe's kernels; true: on, an error where the attention is not the kernels; false: off",
     },
     gradient_checkpointing: { ...gradientCheckpointingOption, default: GRPO_DEFAULTS.gradientCheckpointing },
   }),
@@ -225,7 +231,7 @@ export function grpoPresetSource(preset: GrpoConfig['preset']): { name: string; 
  * Options that may change between a checkpoint and its resume without --force (they do not change
  * what is trained; the generation engine draws the same samples either way, up to rounding).
  */
-export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention', 'logprob_kernel', 'rope_kernel', 'report_to', 'wandb_project', 'serve_port', 'serve_host', 'serve_max_rows', 'grad_reduce_dtype', ...TRAIN_EVAL_KEYS];
+export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention', 'logprob_kernel', 'rope_kernel', 'swiglu_kernel', 'report_to', 'wandb_project', 'serve_port', 'serve_host', 'serve_max_rows', 'grad_reduce_dtype', ...TRAIN_EVAL_KEYS];
 
 /**
  * `lathe demo`'s GRPO stage: the SFT stage's final checkpoint on the same task and held-out split,

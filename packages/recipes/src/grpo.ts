@@ -224,14 +224,14 @@ function loadCriticState(dir: string): NonNullable<GrpoResumeState['valueModel']
 
 /** What `--attention` of a GRPO run depends on (TrainAttentionConfig: GRPO has no packing or CUDA-graph step). */
 function grpoAttentionConfig(cfg: GrpoConfig): TrainAttentionConfig {
-  return { device: cfg.device as 'cpu' | 'cuda', compute_dtype: cfg.compute_dtype, attention: cfg.attention, quantize_base: cfg.quantize_base, logprob_kernel: cfg.logprob_kernel, rope_kernel: cfg.rope_kernel };
+  return { device: cfg.device as 'cpu' | 'cuda', compute_dtype: cfg.compute_dtype, attention: cfg.attention, quantize_base: cfg.quantize_base, logprob_kernel: cfg.logprob_kernel, rope_kernel: cfg.rope_kernel, swiglu_kernel: cfg.swiglu_kernel };
 }
 
-/** The GrpoTrainer's attention options once the device is open: with the kernels, flash attention through them (and the LM head through the log-prob kernel with --logprob_kernel, q/k through the RoPE kernel with --rope_kernel). */
+/** The GrpoTrainer's attention options once the device is open: with the kernels, flash attention through them (and the LM head through the log-prob kernel with --logprob_kernel, q/k through the RoPE kernel with --rope_kernel, each MLP's activation through the SwiGLU kernel with --swiglu_kernel). */
 function grpoAttention(attention: TrainAttention): { attention?: 'flash'; attentionKernel?: GrpoAttentionKernel } {
-  const { attentionKernel: attend, logprobKernel, ropeKernel } = attention.loss;
+  const { attentionKernel: attend, logprobKernel, ropeKernel, swigluKernel } = attention.loss;
   if (attention.choice !== 'kernels' || !attend) return {};
-  return { attention: 'flash', attentionKernel: { attend, customOpDomains: attention.trainer.session?.customOpDomains ?? [], ...(logprobKernel ? { logprobKernel } : {}), ...(ropeKernel ? { ropeKernel } : {}) } };
+  return { attention: 'flash', attentionKernel: { attend, customOpDomains: attention.trainer.session?.customOpDomains ?? [], ...(logprobKernel ? { logprobKernel } : {}), ...(ropeKernel ? { ropeKernel } : {}), ...(swigluKernel ? { swigluKernel } : {}) } };
 }
 
 /** Runs GRPO as configured. `signal` interrupts the run after the current step, with a checkpoint. */

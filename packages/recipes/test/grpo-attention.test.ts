@@ -4,7 +4,8 @@
  * losses, gradient norms and rewards of composed attention (MatMul/Softmax, an independent path);
  * the option is sft's (one choice list and help text); `auto` picks the kernels by sft's rules;
  * `--logprob_kernel` (auto, the default, with the kernels) gives the same steps through the fused log-prob ops, and
- * `--rope_kernel` (auto, the default, with the kernels) through the RoPE ops, the value model's included; kernels with
+ * `--rope_kernel` (auto, the default, with the kernels) through the RoPE ops, the value model's included, and
+ * `--swiglu_kernel true` through the SwiGLU ops; kernels with
  * float32 compute on cuda is refused before anything is loaded.
  */
 import { mkdtempSync, writeFileSync } from 'node:fs';
@@ -100,6 +101,16 @@ test("lathe grpo --estimator gae --attention kernels --rope_kernel true: PPO's v
   expect(composed.every((s) => Number.isFinite(s.value_loss))).toBe(true);
   expectClose(rope, composed, 1e-4);
 }, 60_000);
+
+test("lathe grpo --attention kernels --swiglu_kernel true: every MLP of the policy's step, re-scoring, KL reference and PPO's value model through the SwiGLU ops, 3 steps within 1e-4 of composed attention (cpu, float32); off by default, refused without the attention kernels", async () => {
+  expect(defaults(grpoSchema).swiglu_kernel).toBe(false);
+  const composed = await stepsOf(grpoConfig({ attention: 'composed' }));
+  expectClose(await stepsOf(grpoConfig({ attention: 'kernels', swiglu_kernel: true })), composed, 1e-4);
+  const ppo = { estimator: 'gae', group_size: 2, kl_coef: 0 } as const;
+  const ppoComposed = await stepsOf(grpoConfig({ ...ppo, attention: 'composed' }));
+  expectClose(await stepsOf(grpoConfig({ ...ppo, attention: 'kernels', swiglu_kernel: true })), ppoComposed, 1e-4);
+  await expect(runGrpo(grpoConfig({ attention: 'composed', swiglu_kernel: true }))).rejects.toThrow(/--swiglu_kernel needs the attention kernels.*'composed'/);
+}, 90_000);
 
 test("lathe grpo's --attention is sft's option (kernels among its choices, one help text), default auto", () => {
   expect(grpoSchema.attention.choices).toEqual(trainAttentionOption.choices);

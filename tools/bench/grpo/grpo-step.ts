@@ -6,7 +6,7 @@
  * usage: node grpo-step.js [--device cuda|cpu] [--compute float32|bfloat16] [--shape tiny|qwen3-0.6b]
  *          [--prompts 8] [--group 8] [--prompt-len 32] [--new-tokens 32] [--steps 3] [--minibatches 2]
  *          [--old-logprobs rescore|generation] [--lora 0] [--prompts-per-run 0] [--micro-batches 1]
- *          [--reward-model] [--generation-engine kv-cache|graph] [--no-cuda-graph] [--shared-arena] [--recompute] [--attention composed|flash|kernels [--logprob-kernel] [--rope-kernel]] [--kernels] [--release-generation-memory] [--memory-pattern on|off] [--allow-cpu-fallback] [--log-level 0..4]   (the last two: to see ORT's node placements)
+ *          [--reward-model] [--generation-engine kv-cache|graph] [--no-cuda-graph] [--shared-arena] [--recompute] [--attention composed|flash|kernels [--logprob-kernel] [--rope-kernel] [--swiglu-kernel]] [--kernels] [--release-generation-memory] [--memory-pattern on|off] [--allow-cpu-fallback] [--log-level 0..4]   (the last two: to see ORT's node placements)
  * On the GPU machine run it as a bundle (see ../shared/device/README.md):
  *   npx esbuild tools/bench/grpo/grpo-step.ts --bundle --platform=node --conditions=lathe-source \
  *     --external:onnxruntime-node --external:koffi --external:@huggingface/transformers --external:libsql \
@@ -25,11 +25,13 @@
  * --rope-kernel (with --attention kernels): q and k rotated by Lathe's RoPE kernel in every graph that
  * attends through the kernels, the value model's included (`lathe grpo`'s default, `--rope_kernel auto`,
  * with the kernels); against the same command without it it is that kernel's A/B.
+ * --swiglu-kernel (with --attention kernels): each MLP's silu(gate)·up through Lathe's SwiGLU kernel in
+ * the same graphs (`lathe grpo --swiglu_kernel`); against the same command without it it is that kernel's A/B.
  * Results: docs/benchmarks.md, "RL step".
  */
 import { CausalLM, type HfConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
-import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels, RopeKernels, ropeOps } from '@lathe/kernels';
+import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels, RopeKernels, ropeOps, SwigluKernels, swigluOps } from '@lathe/kernels';
 import { combineRewards, GrpoTrainer, type GrpoAttentionKernel, type GrpoStepMetrics, type RewardSample, type RewardScorer, type RlPrompt } from '@lathe/grpo';
 import { RewardModel } from '@lathe/reward-models';
 import { arg, flag } from '../argv';
@@ -75,11 +77,14 @@ async function main(): Promise<void> {
   const ce = flag('logprob-kernel') ? (opened ? crossEntropyOps('cuda', CrossEntropyKernels.compile(opened.kernels, { includeDir: cudaIncludeDir() })) : crossEntropyOps('cpu')) : undefined;
   if (flag('rope-kernel') && !useKernels) throw new Error('--rope-kernel goes with --attention kernels');
   const rope = flag('rope-kernel') ? (opened ? ropeOps('cuda', RopeKernels.compile(opened.kernels, { includeDir: cudaIncludeDir() })) : ropeOps('cpu')) : undefined;
+  if (flag('swiglu-kernel') && !useKernels) throw new Error('--swiglu-kernel goes with --attention kernels');
+  const swiglu = flag('swiglu-kernel') ? (opened ? swigluOps('cuda', SwigluKernels.compile(opened.kernels, { includeDir: cudaIncludeDir() })) : swigluOps('cpu')) : undefined;
   const attentionKernel: GrpoAttentionKernel | undefined = ops && {
     attend: (x, heads) => ops.attend(x, heads, 'kernels'),
-    customOpDomains: [ops.domain.handle, ...(ce ? [ce.domain.handle] : []), ...(rope ? [rope.domain.handle] : [])],
+    customOpDomains: [ops.domain.handle, ...(ce ? [ce.domain.handle] : []), ...(rope ? [rope.domain.handle] : []), ...(swiglu ? [swiglu.domain.handle] : [])],
     ...(ce ? { logprobKernel: ce } : {}),
     ...(rope ? { ropeKernel: rope.rotate } : {}),
+    ...(swiglu ? { swigluKernel: swiglu.apply } : {}),
   };
   const compute = arg('compute', 'float32') as 'float32' | 'bfloat16';
   const shape = arg('shape', 'tiny');
@@ -125,12 +130,13 @@ async function main(): Promise<void> {
     ops?.check();
     ce?.check();
     rope?.check();
+    swiglu?.check();
     lines.push(metrics);
     console.log(JSON.stringify({ step: s + 1, ...metrics }));
   }
   const last = lines.at(-1)!;
   console.log(JSON.stringify({
-    summary: true, device: device.name, compute, shape, attention, logprob_kernel: ce !== undefined, rope_kernel: rope !== undefined, ...(ce ? { ce_fallbacks: Object.fromEntries(ce.fallbacks) } : {}), kernels_stream: opened !== undefined, reward: rm ? 'reward-model' : 'even-ids', prompts: P, group: G, prompt_len: promptLen, new_tokens: maxNew, lora,
+    summary: true, device: device.name, compute, shape, attention, logprob_kernel: ce !== undefined, rope_kernel: rope !== undefined, swiglu_kernel: swiglu !== undefined, ...(ce ? { ce_fallbacks: Object.fromEntries(ce.fallbacks) } : {}), kernels_stream: opened !== undefined, reward: rm ? 'reward-model' : 'even-ids', prompts: P, group: G, prompt_len: promptLen, new_tokens: maxNew, lora,
     model_s: (tModel - t0) / 1000, create_s: (tCreate - tModel) / 1000,
     last_step_s: last.step_ms / 1000, generation_s: last.generation_ms / 1000, scoring_s: last.scoring_ms / 1000, training_s: last.training_ms / 1000, rewards_s: last.rewards_ms / 1000, host_s: last.host_ms / 1000,
     logp_parity_max: Math.max(...lines.map((l) => l.logp_parity)), logp_max_abs_diff: Math.max(...lines.map((l) => l.logp_max_abs_diff)), response_length_mean: last.response_length_mean,
@@ -141,6 +147,7 @@ async function main(): Promise<void> {
   ops?.dispose();
   ce?.dispose();
   rope?.dispose();
+  swiglu?.dispose();
 }
 
 main().catch((e: unknown) => {
