@@ -8,3 +8,4 @@ export * from './nccl';
 export * from './overlap';
 export * from './overlap-threads';
 export * from './overlap-nccl';
+export * from './overlap-profile';

@@ -4,13 +4,15 @@
  * bucket's gradients), makes NCCL's stream wait for it, enqueues the bucket's in-place
  * ncclAllReduce on NCCL's stream and returns, so ORT goes on with the backward while NCCL sums.
  * After the run (ORT has synchronised the compute stream) `drain` waits for NCCL's stream at host
- * level, as `NcclCollectives` does, so the apply run reads the sums.
+ * level, as `NcclCollectives` does, so the apply run reads the sums. With `timing` it also records
+ * timing events around each bucket, so a device run shows whether NCCL's work ran beside the
+ * backward or after it (`lastTimings`, `overlapSummary`).
  */
 import * as koffi from 'koffi';
 import type { DType } from '@lathe/onnx';
 import { DistributedError } from './collectives';
 import { NcclApi, type NcclCollectives } from './nccl';
-import type { InRunBuffer, InRunReducer, InRunShardPair } from './overlap';
+import type { InRunBuffer, InRunReducer, InRunShardPair, InRunTimings } from './overlap';
 
 type Fn = (...args: unknown[]) => unknown;
 
@@ -28,6 +30,8 @@ interface EventApi {
   cudaEventRecord: Fn;
   cudaStreamWaitEvent: Fn;
   cudaEventDestroy: Fn;
+  cudaEventSynchronize: Fn;
+  cudaEventElapsedTime: Fn;
 }
 
 let events: EventApi | undefined;
@@ -39,8 +43,26 @@ function eventApi(api: NcclApi): EventApi {
     cudaEventRecord: lib.func('int cudaEventRecord(void* event, void* stream)'),
     cudaStreamWaitEvent: lib.func('int cudaStreamWaitEvent(void* stream, void* event, unsigned int flags)'),
     cudaEventDestroy: lib.func('int cudaEventDestroy(void* event)'),
+    cudaEventSynchronize: lib.func('int cudaEventSynchronize(void* event)'),
+    cudaEventElapsedTime: lib.func('int cudaEventElapsedTime(_Out_ float* ms, void* start, void* end)'),
   };
   return events;
+}
+
+/** Options of `NcclInRunReducer.create`. */
+export interface NcclInRunReducerOptions {
+  /** Record timing events around each bucket's collectives and keep the last run's times (`lastTimings`). */
+  timing?: boolean;
+}
+
+/** The timing events of one bucket enqueued in a run. */
+interface BucketEvents {
+  /** On the compute stream when the node ran: its gradients are written when the device reaches it. */
+  ready: bigint;
+  /** On NCCL's stream after the wait: the device starts the bucket's collectives (after the earlier buckets'). */
+  start: bigint;
+  /** On NCCL's stream after the collectives. */
+  done: bigint;
 }
 
 /** The in-run all-reduce over an `NcclCollectives` group (its communicator and stream). */
@@ -48,6 +70,10 @@ export class NcclInRunReducer implements InRunReducer {
   readonly backend = 'nccl';
   private error: Error | undefined;
   private disposed = false;
+  /** Timing events, reused run after run; `used` of them belong to the current run. */
+  private readonly timed: BucketEvents[] = [];
+  private used = 0;
+  private timings: InRunTimings | undefined;
 
   private constructor(
     private readonly nccl: NcclCollectives,
@@ -55,15 +81,43 @@ export class NcclInRunReducer implements InRunReducer {
     private readonly ev: EventApi,
     /** One ordering event, re-recorded for each bucket (a wait takes the record current at the call). */
     private readonly event: bigint,
+    private readonly timing: boolean,
   ) {}
 
   /** A reducer on `nccl`'s communicator and stream. */
-  static create(nccl: NcclCollectives): NcclInRunReducer {
+  static create(nccl: NcclCollectives, opts: NcclInRunReducerOptions = {}): NcclInRunReducer {
     const api = NcclApi.get();
     const ev = eventApi(api);
     const out: (bigint | null)[] = [null];
     api.checkCuda('cudaEventCreateWithFlags', ev.cudaEventCreateWithFlags(out, EVENT_DISABLE_TIMING));
-    return new NcclInRunReducer(nccl, api, ev, out[0]!);
+    return new NcclInRunReducer(nccl, api, ev, out[0]!, opts.timing ?? false);
+  }
+
+  /** The device times of the last drained run's buckets (with `timing`), else undefined. */
+  get lastTimings(): InRunTimings | undefined {
+    return this.timings;
+  }
+
+  /** A timing event (timing enabled: flags 0). */
+  private timingEvent(): bigint {
+    const out: (bigint | null)[] = [null];
+    this.api.checkCuda('cudaEventCreateWithFlags', this.ev.cudaEventCreateWithFlags(out, 0));
+    return out[0]!;
+  }
+
+  /** The events of the run's next bucket, created on first use. */
+  private nextEvents(): BucketEvents {
+    if (this.used === this.timed.length) this.timed.push({ ready: this.timingEvent(), start: this.timingEvent(), done: this.timingEvent() });
+    return this.timed[this.used++];
+  }
+
+  /** Milliseconds from event `a` to event `b` (both complete after the drain). */
+  private elapsed(a: bigint, b: bigint): number {
+    const { api, ev } = this;
+    api.checkCuda('cudaEventSynchronize', ev.cudaEventSynchronize(b));
+    const ms = [0];
+    api.checkCuda('cudaEventElapsedTime', ev.cudaEventElapsedTime(ms, a, b));
+    return ms[0];
   }
 
   get rank(): number {
@@ -91,8 +145,11 @@ export class NcclInRunReducer implements InRunReducer {
       if (stream === undefined) throw new Error('the in-run collectives need the compute stream (a device opened with Kernels.withDevice)');
       const { api, ev } = this;
       const ncclStream = this.nccl.stream;
+      const timed = this.timing ? this.nextEvents() : undefined;
+      if (timed) api.checkCuda('cudaEventRecord', ev.cudaEventRecord(timed.ready, stream));
       api.checkCuda('cudaEventRecord', ev.cudaEventRecord(this.event, stream));
       api.checkCuda('cudaStreamWaitEvent', ev.cudaStreamWaitEvent(ncclStream, this.event, 0));
+      if (timed) api.checkCuda('cudaEventRecord', ev.cudaEventRecord(timed.start, ncclStream));
       const comm = this.nccl.communicator;
       api.checkNccl('ncclGroupStart', api.fn.ncclGroupStart());
       try {
@@ -100,6 +157,7 @@ export class NcclInRunReducer implements InRunReducer {
       } finally {
         api.checkNccl('ncclGroupEnd', api.fn.ncclGroupEnd(), comm);
       }
+      if (timed) api.checkCuda('cudaEventRecord', ev.cudaEventRecord(timed.done, ncclStream));
     } catch (e) {
       // the peers are inside the same collective: abort so they fail instead of hanging
       this.error = e instanceof Error ? e : new Error(String(e));
@@ -119,27 +177,46 @@ export class NcclInRunReducer implements InRunReducer {
     });
   }
 
-  async drain(): Promise<void> {
+  /**
+   * Waits for the run's collectives. `computeStream` (with `timing`): the stream the run computed
+   * on, where an event recorded now marks the run's return on the device's clock.
+   */
+  async drain(computeStream?: bigint): Promise<void> {
     const { api } = this;
     const stream = this.nccl.stream;
-    for (;;) {
-      if (this.error) {
-        const e = this.error;
-        this.error = undefined;
-        throw e;
+    const returned = this.timing && this.used > 0 && computeStream !== undefined ? this.timingEvent() : undefined;
+    if (returned !== undefined) api.checkCuda('cudaEventRecord', this.ev.cudaEventRecord(returned, computeStream));
+    try {
+      for (;;) {
+        if (this.error) {
+          const e = this.error;
+          this.error = undefined;
+          throw e;
+        }
+        const r = Number(api.fn.cudaStreamQuery(stream));
+        if (r === 0) break;
+        if (r !== CUDA_NOT_READY) api.checkCuda('in-run all-reduce: cudaStreamQuery', r);
+        const asyncError = [0];
+        api.fn.ncclCommGetAsyncError(this.nccl.communicator, asyncError);
+        if (asyncError[0] !== 0 && asyncError[0] !== NCCL_IN_PROGRESS) {
+          this.nccl.abort('in-run all-reduce failed');
+          api.checkNccl('in-run all-reduce', asyncError[0]);
+        }
+        const failure = this.nccl.failure;
+        if (failure) throw failure instanceof DistributedError ? failure : new DistributedError(failure.message);
+        await new Promise((r) => setImmediate(r));
       }
-      const r = Number(api.fn.cudaStreamQuery(stream));
-      if (r === 0) return;
-      if (r !== CUDA_NOT_READY) api.checkCuda('in-run all-reduce: cudaStreamQuery', r);
-      const asyncError = [0];
-      api.fn.ncclCommGetAsyncError(this.nccl.communicator, asyncError);
-      if (asyncError[0] !== 0 && asyncError[0] !== NCCL_IN_PROGRESS) {
-        this.nccl.abort('in-run all-reduce failed');
-        api.checkNccl('in-run all-reduce', asyncError[0]);
+      if (this.timing && this.used > 0) {
+        const first = this.timed[0].ready;
+        const at = (e: bigint) => +this.elapsed(first, e).toFixed(3);
+        this.timings = {
+          buckets: this.timed.slice(0, this.used).map((t) => ({ ready: at(t.ready), start: at(t.start), done: at(t.done) })),
+          ...(returned !== undefined ? { runReturned: at(returned) } : {}),
+        };
       }
-      const failure = this.nccl.failure;
-      if (failure) throw failure instanceof DistributedError ? failure : new DistributedError(failure.message);
-      await new Promise((r) => setImmediate(r));
+    } finally {
+      this.used = 0;
+      if (returned !== undefined) this.ev.cudaEventDestroy(returned);
     }
   }
 
@@ -152,5 +229,6 @@ export class NcclInRunReducer implements InRunReducer {
     if (this.disposed) return;
     this.disposed = true;
     this.ev.cudaEventDestroy(this.event);
+    for (const t of this.timed.splice(0)) for (const e of [t.ready, t.start, t.done]) this.ev.cudaEventDestroy(e);
   }
 }

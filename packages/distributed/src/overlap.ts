@@ -56,10 +56,63 @@ export interface InRunReducer {
    * the ranks, this rank's chunk written to `output` (shard elements, same dtype).
    */
   reduceScatterInRun(pairs: readonly InRunShardPair[], stream: bigint | undefined): void;
-  /** After the run: resolves when every sum enqueued in it is complete (rejects with a kept error). */
-  drain(): Promise<void>;
+  /**
+   * After the run: resolves when every sum enqueued in it is complete (rejects with a kept error).
+   * `computeStream`: the stream the run computed on (CUDA), for a reducer that times its buckets.
+   */
+  drain(computeStream?: bigint): Promise<void>;
   /** Sums a few host values over the ranks in place (the step's loss and metrics). */
   allReduceHost(values: Float64Array, op?: 'sum' | 'avg'): Promise<void>;
+}
+
+/** Device times of one bucket's collectives in a run, in ms from the first bucket's `ready`. */
+export interface InRunBucketTiming {
+  /** The compute stream reached the bucket's node: its gradients are written. */
+  ready: number;
+  /** The collective stream started the bucket's sums (after its ready and the earlier buckets'). */
+  start: number;
+  /** The collective stream finished them. */
+  done: number;
+}
+
+/** A run's bucket times, in the order the nodes ran. */
+export interface InRunTimings {
+  buckets: InRunBucketTiming[];
+  /** When the run had returned to the host (an event on the compute stream at `drain`): the backward ended before. */
+  runReturned?: number;
+}
+
+/** What a run's bucket times say about the overlap (ms). */
+export interface OverlapSummary {
+  /** From the first bucket's ready to the last's: the backward the sums can hide under. */
+  backwardMs: number;
+  /** The collective stream busy with the sums (Σ done − start). */
+  collectiveMs: number;
+  /** Of `collectiveMs`, the part before the last bucket's ready (hidden under the backward when the GPU runs both). */
+  hiddenMs: number;
+  /** From the last bucket's ready to the last sum's done: what the step waits for after the backward. */
+  tailMs: number;
+  /** Mean delay from a bucket's ready to its start: queueing behind earlier buckets' sums. */
+  meanQueueMs: number;
+}
+
+/**
+ * Reads a run's bucket times: sums that start at their bucket's ready and end before the last
+ * bucket's are hidden; sums that start only after the backward (serialized) show as a `tailMs`
+ * near `collectiveMs` and a `hiddenMs` near 0.
+ */
+export function overlapSummary(t: InRunTimings): OverlapSummary {
+  const b = t.buckets;
+  if (b.length === 0) return { backwardMs: 0, collectiveMs: 0, hiddenMs: 0, tailMs: 0, meanQueueMs: 0 };
+  const lastReady = Math.max(...b.map((x) => x.ready));
+  const round = (x: number) => +x.toFixed(3);
+  return {
+    backwardMs: round(lastReady - Math.min(...b.map((x) => x.ready))),
+    collectiveMs: round(b.reduce((s, x) => s + (x.done - x.start), 0)),
+    hiddenMs: round(b.reduce((s, x) => s + Math.max(0, Math.min(x.done, lastReady) - x.start), 0)),
+    tailMs: round(Math.max(0, Math.max(...b.map((x) => x.done)) - lastReady)),
+    meanQueueMs: round(b.reduce((s, x) => s + Math.max(0, x.start - x.ready), 0) / b.length),
+  };
 }
 
 /** What `Trainer`'s `inGraphGradients` option receives (structurally: @lathe/train imports nothing from here). */
@@ -168,7 +221,7 @@ function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions
         throw e;
       }
       if (state.plan && started !== state.plan.length) throw new Error(`${what}: the run computed ${started} of ${state.plan.length} buckets' nodes`);
-      await reducer.drain();
+      await reducer.drain(device.computeStream);
     },
   };
 }

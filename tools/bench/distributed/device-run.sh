@@ -45,7 +45,11 @@ OUT=${OUT:-/tmp/dp}
 mkdir -p "$OUT"
 B=${BUNDLE:-.bundle}
 # comm's and kernels' line per run: the median step after the warm-up, the parity verdict against the 1-GPU run of the same global batch
-line() { node -e "const r=require('$1'); const t=r.step_ms.slice(3).sort((a,b)=>a-b); console.log(JSON.stringify({impl:'lathe', variant:'$2', ...(r.kernels?.length ? {kernels:true} : {}), world:r.world, zero:r.zero, grad_reduce_dtype:r.grad_reduce_dtype, tokens_per_s:r.tokens_per_s, step_ms:t[Math.floor(t.length/2)], parity:r.parity, state_bytes:r.state_bytes, memory:r.memory, ...(r.kernel_fallbacks ? {kernel_fallbacks:r.kernel_fallbacks} : {})}))"; }
+line() { node -e "const r=require('$1'); const t=r.step_ms.slice(3).sort((a,b)=>a-b); console.log(JSON.stringify({impl:'lathe', variant:'$2', ...(r.kernels?.length ? {kernels:true} : {}), world:r.world, zero:r.zero, grad_reduce_dtype:r.grad_reduce_dtype, tokens_per_s:r.tokens_per_s, step_ms:t[Math.floor(t.length/2)], parity:r.parity, state_bytes:r.state_bytes, memory:r.memory, ...(r.kernel_fallbacks ? {kernel_fallbacks:r.kernel_fallbacks} : {}), ...(r.bucket_times?.summary ? {overlap:r.bucket_times.summary} : {}), ...(r.profile_order ? {backward_after_bucket0:r.profile_order.backward_after[0], backward:r.profile_order.backward} : {})}))"; }
+# BUCKET_TIMES=1: the overlap variants record each bucket's all-reduce on the device's clock (dp-check --bucket-times; the line's
+# `overlap`: tailMs near collectiveMs and hiddenMs near 0 = the all-reduce ran after the backward). PROFILE=1: each run writes
+# its ORT profiles under $OUT/prof-* (dp-check --profile; the line's backward nodes after bucket 0's node); not for timings.
+diag() { echo "${BUCKET_TIMES:+--bucket-times} ${PROFILE:+--profile $OUT/prof-$1}"; }
 mode=${1:?parity N | scaling "1 2 4" | comm "1 2" | kernels "1 4" | zero N | grpo "1 2" | recipe N | order N}
 case "$mode" in
   parity)
@@ -84,7 +88,7 @@ case "$mode" in
           name=${v%%:*}; opts=${v#*:}; port=$((port + 1))
           # VARIANTS picks some (default all), to keep one call under the device's 10 minutes
           case " ${VARIANTS:-fp32 bf16 bf16-1group zero2 zero2-bf16} " in *" $name "*) ;; *) continue ;; esac
-          node $B/dp-launch.js --gpus "$n" --master_port $port -- node $B/dp-check.js $common --batch $rows $opts --reference "$OUT/comm-1x$rows.json" --out "$OUT/comm-$n-$name.json" > /dev/null
+          node $B/dp-launch.js --gpus "$n" --master_port $port -- node $B/dp-check.js $common --batch $rows $opts $(diag "comm-$n-$name") --reference "$OUT/comm-1x$rows.json" --out "$OUT/comm-$n-$name.json" > /dev/null
           line "$OUT/comm-$n-$name.json" "$name"
         done
       fi
@@ -104,7 +108,7 @@ case "$mode" in
       for v in overlap:"--grad-reduce-dtype float32 --overlap" bf16-overlap:"--grad-reduce-dtype bfloat16 --overlap" fp32:"--grad-reduce-dtype float32" bf16:"--grad-reduce-dtype bfloat16"; do
         name=${v%%:*}; opts=${v#*:}; port=$((port + 1))
         case " ${VARIANTS:-overlap bf16-overlap} " in *" $name "*) ;; *) continue ;; esac
-        node $B/dp-launch.js --gpus "$n" --master_port $port -- node $B/dp-check.js $common --batch $rows $opts --reference "$OUT/kernels-1x$rows.json" --out "$OUT/kernels-$n-$name.json" > /dev/null
+        node $B/dp-launch.js --gpus "$n" --master_port $port -- node $B/dp-check.js $common --batch $rows $opts $(diag "kernels-$n-$name") --reference "$OUT/kernels-1x$rows.json" --out "$OUT/kernels-$n-$name.json" > /dev/null
         line "$OUT/kernels-$n-$name.json" "$name"
       done
     done

@@ -28,17 +28,22 @@
  *   and keys through Lathe's RoPE kernel (tools/bench/train/lathe-step.ts's flags). CUDA needs
  *   --compute bfloat16; on the CPU the ops' float32 host computes run (a smoke test). `kernels` in the
  *   output lists those used.
+ * - Overlap diagnostics (with --overlap): `bucket_times` holds the last step's host ms of each bucket
+ *   node's compute; --bucket-times adds the device's times of each bucket's all-reduce on CUDA (timing
+ *   events: when its gradients were written, when NCCL started and finished it) and their summary, so
+ *   one run tells whether the all-reduce ran beside the backward or after it. --profile PREFIX writes
+ *   each session's ORT profile (PREFIX-rankN_<time>.json; on CUDA the node order, not device times).
  *
  * usage (each rank): node .bundle/dp-check.js [--shape 0.6b|1.7b|4b|tiny] [--compute float32|bfloat16]
  *   [--device cuda|cpu] [--steps 20] [--batch 8] [--seq 512] [--micro 1] [--lr 1e-5] [--warmup 2]
- *   [--flash-attention] [--attention-kernel [--logprob-kernel] [--rope-kernel]] [--recompute] [--tf32] [--bucket-mb 25] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap] [--compute-stream] [--reference ONE.json] [--tol X] [--out FILE]
+ *   [--flash-attention] [--attention-kernel [--logprob-kernel] [--rope-kernel]] [--recompute] [--tf32] [--bucket-mb 25] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap [--bucket-times]] [--compute-stream] [--profile PREFIX] [--reference ONE.json] [--tol X] [--out FILE]
  * run:  node .bundle/lathe.js launch --gpus 2 -- node .bundle/dp-check.js --compute float32 --out two.json
  * Prints one JSON line per rank (rank 0's first); --out writes rank 0's.
  */
 import { paramSpecs, parseConfig, randomWeight, totalLengthTensor, TOTAL_LENGTH_INPUT, type HfConfig } from '@lathe/models';
 import { Device, type HostTensor, type Ptr } from '@lathe/runtime';
 import { sftLoss, Trainer, type SftLossOptions, type TrainableParam } from '@lathe/train';
-import { checkDataParallelBatch, checkSameConfig, gradientAllReduce, gradientAllReduceInGraph, gradientReduceScatterInGraph, NcclCollectives, NcclInRunReducer, shardOf, TcpCollectives, ThreadGroup, worldFromEnv, type Collectives } from '@lathe/distributed';
+import { bucketNodeOrderOfProfile, checkDataParallelBatch, checkSameConfig, gradientAllReduce, gradientAllReduceInGraph, gradientReduceScatterInGraph, NcclCollectives, NcclInRunReducer, overlapSummary, shardOf, TcpCollectives, ThreadGroup, worldFromEnv, type Collectives, type InRunTimings } from '@lathe/distributed';
 import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels, RopeKernels, ropeOps } from '@lathe/kernels';
 import { lossParity, reportResult } from './report';
 import { arg, flag } from '../argv';
@@ -97,6 +102,21 @@ function trainKernels(kernels: Kernels | undefined, opts: { logprob: boolean; ro
   };
 }
 
+/**
+ * The last step's bucket times: when each bucket node's compute ran on the host (ms from the step's
+ * start; the step took `step_ms`) and, with --bucket-times on CUDA, the device's times of each
+ * bucket (ready on the compute stream, NCCL's start and done, ms from the first ready) with what
+ * they say (`summary`: a serialized all-reduce shows `tailMs` near `collectiveMs`).
+ */
+function bucketTimes(hostMs: readonly number[], stepMs: number, device: InRunTimings | undefined): Record<string, unknown> {
+  const r = (x: number) => +x.toFixed(2);
+  return {
+    host_ms: hostMs.map(r),
+    step_ms: r(stepMs),
+    ...(device ? { device: { ready_start_done: device.buckets.map((b) => [r(b.ready), r(b.start), r(b.done)]), run_returned: device.runReturned === undefined ? null : r(device.runReturned) }, summary: overlapSummary(device) } : {}),
+  };
+}
+
 async function main(): Promise<void> {
   const shape = arg('shape', '0.6b');
   const hf = SHAPES[shape];
@@ -139,10 +159,17 @@ async function main(): Promise<void> {
   const device = opened?.device ?? Device.open(deviceKind, { id: world.localRank, tf32: flag('tf32') });
   const kernels = attentionKernel ? trainKernels(opened?.kernels, { logprob: logprobKernel, rope: ropeKernel }) : undefined;
   const bucketBytes = Number(arg('bucket-mb', '25')) * 2 ** 20;
+  const profile = arg('profile', '');
   // the order the buckets' nodes computed in (each step: 0, 1, …, the backward's order)
   const bucketOrder: number[] = [];
-  const inRun = !overlap ? undefined : group instanceof NcclCollectives ? NcclInRunReducer.create(group) : !group && deviceKind === 'cpu' ? ThreadGroup.join(ThreadGroup.create(1), 0) : undefined;
-  const onCompute = (k: number) => void (bucketOrder.length < 100_000 && bucketOrder.push(k));
+  const inRun = !overlap ? undefined : group instanceof NcclCollectives ? NcclInRunReducer.create(group, { timing: flag('bucket-times') }) : !group && deviceKind === 'cpu' ? ThreadGroup.join(ThreadGroup.create(1), 0) : undefined;
+  // host ms of each bucket node's compute in the current step, from the step's start
+  let stepStart = 0;
+  let bucketHostMs: number[] = [];
+  const onCompute = (k: number) => {
+    if (bucketOrder.length < 100_000) bucketOrder.push(k);
+    bucketHostMs.push(performance.now() - stepStart);
+  };
   const reduction = (() => {
     if (inRun && zero >= 1 && group) return { zero: group, gradReduceDtype, inGraphShards: gradientReduceScatterInGraph(inRun, device, { bucketBytes, onCompute }) };
     if (inRun) return { gradReduceDtype, inGraphGradients: gradientAllReduceInGraph(inRun, device, { bucketBytes, onCompute }) };
@@ -157,7 +184,7 @@ async function main(): Promise<void> {
   const trainer = Trainer.create(
     { params, loss: sftLoss(config, { compute, flashAttention: flash, recompute: flag('recompute'), ...kernels?.loss }), optimizer: { weightDecay: 0.01, maxGradNorm: 1 } },
     { params: init },
-    { device, microBatches: micro, ...reduction, ...(kernels ? { session: { customOpDomains: kernels.customOpDomains } } : {}) },
+    { device, microBatches: micro, ...reduction, session: { ...(kernels ? { customOpDomains: kernels.customOpDomains } : {}), ...(profile ? { profilePrefix: `${profile}-rank${world.rank}` } : {}) } },
   );
   init.clear();
   const i64 = (rows: number[][]): HostTensor => ({ data: BigInt64Array.from(rows.flat().map(BigInt)), dims: [rows.length, rows[0].length] });
@@ -179,6 +206,8 @@ async function main(): Promise<void> {
       ...(flash ? { [TOTAL_LENGTH_INPUT]: totalLengthTensor(seq) } : {}),
     }));
     const t0 = performance.now();
+    stepStart = t0;
+    bucketHostMs = [];
     const r = await trainer.trainStepAsync(batches, lr);
     stepMs.push(performance.now() - t0);
     kernels?.check();
@@ -199,6 +228,7 @@ async function main(): Promise<void> {
     grad_reduce_dtype: gradReduceDtype,
     overlap: Boolean(inRun),
     ...(inRun ? { buckets: Math.max(...bucketOrder) + 1, bucket_order_ok: bucketOrder.every((k, i) => k === i % (Math.max(...bucketOrder) + 1)) } : {}),
+    ...(inRun ? { bucket_times: bucketTimes(bucketHostMs, stepMs.at(-1)!, inRun instanceof NcclInRunReducer ? inRun.lastTimings : undefined) } : {}),
     compute_stream: computeStream,
     kernels: kernels?.used ?? [],
     ...(kernels && Object.keys(kernels.fallbacks()).length ? { kernel_fallbacks: kernels.fallbacks() } : {}),
@@ -213,6 +243,9 @@ async function main(): Promise<void> {
   const parity = lossParity(losses, world.rank, compute);
   if (parity) result.parity = parity;
   trainer.dispose();
+  // each session writes its profile when disposed
+  const order = profile ? bucketNodeOrderOfProfile(`${profile}-rank${world.rank}`) : undefined;
+  if (order) result.profile_order = { file: order.file, nodes: order.nodes, backward: order.backward, backward_after: order.backwardAfter };
   kernels?.dispose();
   if (inRun instanceof NcclInRunReducer) inRun.dispose();
   await group?.close();
