@@ -75,44 +75,87 @@ const kernelLines = (Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[])
   .join('\n');
 
 /**
- * The tiled kernels for more rows (`w4a16_<t>_tile_m<BM>_n<BN>`, the Marlin idea): a CTA of 2 × 2 warps owns
- * an output tile of BM = 16·mt rows × BN = 32·nt columns (each warp 8·mt rows × 16·nt columns) and loops
- * over K in chunks of 128, {@link W4A16_TILE_STAGES} chunks in flight: cp.async copies the chunk's
- * activations [BM, 128] and packed weights [BN, 64 bytes] into shared memory while earlier chunks are
- * multiplied, so each weight byte is read once per BM rows and each activation once per BN columns.
- * Ordered largest first; a 64 × 128 tile (four column tiles a warp) needs more than 255 registers.
+ * One tiled build (`w4a16_<t>_tile_m<BM>_n<BN>[_w<warps>][_k<wk>]`, the Marlin idea): a CTA of wm × wn × wk
+ * warps owns an output tile of BM = 8·mt·wm rows × BN = 16·nt·wn columns (each warp 8·mt rows × 16·nt
+ * columns) and loops over K in steps of wk chunks of 128, `stages` steps in flight: cp.async copies a step's
+ * activations [BM, 128] and packed weights [BN, 64 bytes] per chunk into shared memory while earlier steps are
+ * multiplied, so each weight byte is read from L2 once per BM rows and each activation once per BN columns.
+ * With wk > 1 the warps of k-group i take chunk i of each step and the groups' fp32 accumulators are summed
+ * through shared memory at the end in group order (deterministic): more warps, and more bytes in flight, for a
+ * tile whose grid alone would leave SMs idle. `auto`: a candidate of {@link w4a16TilePlan}'s default choice.
  */
-export const W4A16_TILE_VARIANTS: readonly { mt: 2 | 4; nt: 1 | 2 }[] = [
-  { mt: 4, nt: 2 },
-  { mt: 2, nt: 2 },
-  { mt: 2, nt: 1 },
+export interface W4A16TileVariant {
+  /** n8 tiles of rows a warp (8·mt rows). */
+  mt: 2 | 4 | 8;
+  /** Column tiles of 16 a warp (16·nt columns). */
+  nt: 1 | 2;
+  /** Warps along the rows, the columns and K. */
+  wm: 1 | 2;
+  wn: 2 | 4 | 8;
+  wk: 1 | 2 | 4;
+  stages: 3 | 4;
+  auto: boolean;
+}
+
+/**
+ * The tiled builds. The first three (2 × 2 warps, 3 stages: 64 × 64, 32 × 64, 32 × 32) are the original tiles, kept
+ * for the microbenchmark and `tile`; the 8-warp builds give each warp 32–64 rows × 32 columns, so each dequantized
+ * weight fragment feeds 4–8 mma.sync and each activation read from shared memory feeds 2, and their tiles are 2–8
+ * times the activation reuse (BN 64–256) — the default plan chooses among them.
+ * A 64 × 128 tile of 2 × 2 warps (four column tiles a warp) needs more than 255 registers.
+ */
+export const W4A16_TILE_VARIANTS: readonly W4A16TileVariant[] = [
+  { mt: 4, nt: 2, wm: 2, wn: 2, wk: 1, stages: 3, auto: false },
+  { mt: 2, nt: 2, wm: 2, wn: 2, wk: 1, stages: 3, auto: false },
+  { mt: 2, nt: 1, wm: 2, wn: 2, wk: 1, stages: 3, auto: false },
+  { mt: 8, nt: 2, wm: 1, wn: 8, wk: 1, stages: 4, auto: true },
+  { mt: 8, nt: 2, wm: 2, wn: 4, wk: 1, stages: 4, auto: true },
+  { mt: 8, nt: 2, wm: 1, wn: 4, wk: 2, stages: 3, auto: true },
+  { mt: 4, nt: 2, wm: 1, wn: 4, wk: 2, stages: 3, auto: true },
+  { mt: 4, nt: 2, wm: 1, wn: 2, wk: 4, stages: 3, auto: true },
 ];
 
-/** Chunks of K (128) in flight in the tiled kernels: one multiplied while the next two are copied. */
+/** Steps of K in flight in the original (2 × 2-warp) tiled kernels: one multiplied while the next two are copied. */
 export const W4A16_TILE_STAGES = 3;
 
-/** Threads of a tiled kernel's CTA (2 × 2 warps). */
+/** Threads of an original (2 × 2-warp) tiled kernel's CTA. */
 export const W4A16_TILE_THREADS = 128;
 
-/** Rows (BM) and columns (BN) of a tiled kernel's output tile. */
-export function w4a16TileDims(v: { mt: number; nt: number }): { bm: number; bn: number } {
-  return { bm: 16 * v.mt, bn: 32 * v.nt };
+type TileShape = Pick<W4A16TileVariant, 'mt' | 'nt'> & Partial<Pick<W4A16TileVariant, 'wm' | 'wn' | 'wk'>>;
+
+/** A tile's warp layout with the original tiles' defaults (2 × 2 warps, no split of K), and its build's stages. */
+function layout(v: TileShape): { wm: number; wn: number; wk: number; stages: number } {
+  const wm = v.wm ?? 2, wn = v.wn ?? 2, wk = v.wk ?? 1;
+  const build = W4A16_TILE_VARIANTS.find((x) => x.mt === v.mt && x.nt === v.nt && x.wm === wm && x.wn === wn && x.wk === wk);
+  return { wm, wn, wk, stages: build?.stages ?? W4A16_TILE_STAGES };
 }
 
-/** Dynamic shared memory of a tiled kernel (bytes): each stage's activations [BM][128] in 16 bits and weights [BN][64 bytes]. */
-export function w4a16TileSmem(v: { mt: number; nt: number }): number {
-  const { bm, bn } = w4a16TileDims(v);
-  return W4A16_TILE_STAGES * (bm * 256 + bn * 64);
+/**
+ * A tiled build's output tile (BM rows × BN columns), threads, and label: `BMxBN`, then `w<warps>` past 4 warps
+ * and `k<wk>` with K split over warps (e.g. `64x64`, `64x128w8k2`) — what quant-bench's `--kernel-tile` takes.
+ */
+export function w4a16TileDims(v: TileShape): { bm: number; bn: number; threads: number; label: string } {
+  const { wm, wn, wk } = layout(v);
+  const bm = 8 * v.mt * wm, bn = 16 * v.nt * wn, warps = wm * wn * wk;
+  return { bm, bn, threads: 32 * warps, label: `${bm}x${bn}${warps !== 4 ? `w${warps}` : ''}${wk > 1 ? `k${wk}` : ''}` };
 }
 
-/** The tiled kernel's name for a dtype and tile, e.g. `w4a16_bf16_tile_m64_n64`. */
-export function w4a16TileKernelName(dtype: keyof typeof W4A16_TYPES, v: { mt: number; nt: number }): string {
+/** Dynamic shared memory of a tiled kernel (bytes): each stage's wk chunks of activations [BM][128] in 16 bits and weights [BN][64 bytes] (the k-groups' sum at the end reuses them). */
+export function w4a16TileSmem(v: TileShape): number {
   const { bm, bn } = w4a16TileDims(v);
-  return `w4a16_${W4A16_TYPES[dtype].suffix}_tile_m${bm}_n${bn}`;
+  const { wk, stages } = layout(v);
+  return stages * wk * (bm * 256 + bn * 64);
+}
+
+/** The tiled kernel's name for a dtype and tile, e.g. `w4a16_bf16_tile_m64_n64`, `w4a16_bf16_tile_m64_n128_w8_k2`. */
+export function w4a16TileKernelName(dtype: keyof typeof W4A16_TYPES, v: TileShape): string {
+  const { bm, bn, threads } = w4a16TileDims(v);
+  const { wk } = layout(v);
+  return `w4a16_${W4A16_TYPES[dtype].suffix}_tile_m${bm}_n${bn}${threads !== 128 ? `_w${threads / 32}` : ''}${wk > 1 ? `_k${wk}` : ''}`;
 }
 
 const tileLines = (Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[])
-  .flatMap((d) => W4A16_TILE_VARIANTS.map((v) => `W4A16_TILE_KERNEL(${W4A16_TYPES[d].c}, ${v.mt}, ${v.nt}, ${w4a16TileKernelName(d, v)})`))
+  .flatMap((d) => W4A16_TILE_VARIANTS.map((v) => `W4A16_TILE_KERNEL(${W4A16_TYPES[d].c}, ${v.mt}, ${v.nt}, ${v.wm}, ${v.wn}, ${v.wk}, ${v.stages}, ${w4a16TileKernelName(d, v)})`))
   .join('\n');
 
 /** The whole source: every kernel for every element type and tile count. */
@@ -304,57 +347,62 @@ __device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsign
   }
 ${kernelLines}
 
-// ---- The tiled kernels (16 < M): a CTA of 2 × 2 warps owns a [16·MT rows × 32·NT columns] tile of C. ----
+// ---- The tiled kernels (16 < M): a CTA of WM × WN × WK warps owns a [8·MT·WM rows × 16·NT·WN columns] tile of C. ----
 // Each warp owns 8·MT rows × 16·NT columns and multiplies as w4a16_body does (weights the mma's A operand,
 // lane (g, t) holding codes 32t..32t + 31 of each 128-chunk of its rows), but both operands come from
-// shared memory, copied in by cp.async W4T_STAGES chunks ahead. Activations: [BM][128] 16-bit values a
-// stage, 16-byte unit u of row r stored at unit u ^ ((u >> 3) << 1 | (r & 1)), so the 8 lanes of a
-// quarter warp (rows g, g + 1; units 4t + i) hit 8 distinct bank groups. Weights: [BN][64 bytes] a stage,
-// lane t reading bytes 16t..16t + 15 (a quarter warp: 128 contiguous bytes). Scales and zero points of the
-// next chunk are read into registers while a chunk is multiplied. No cross-warp sum: deterministic.
+// shared memory, copied in by cp.async STAGES steps ahead; a step is WK chunks, k-group i of the warps taking
+// chunk i. Activations: [BM][128] 16-bit values a chunk, 16-byte unit u of row r stored at unit
+// u ^ ((u >> 3) << 1 | (r & 1)), so the 8 lanes of a quarter warp (rows g, g + 1; units 4t + i) hit 8 distinct
+// bank groups. Weights: [BN][64 bytes] a chunk, lane t reading bytes 16t..16t + 15 (a quarter warp: 128
+// contiguous bytes). Scales and zero points of the next step are read into registers while a step is
+// multiplied. The k-groups' accumulators are summed in group order at the end: deterministic.
 // Unlike w4a16_body, a k-step's slots 2t, 2t + 1 take codes 4s, 4s + 1 (byte 2s's two nibbles) and 2t + 8,
 // 2t + 9 codes 4s + 2, 4s + 3 (byte 2s + 1), so the activations' 32-bit words are the B fragments as loaded
 // (no permutes, whose cost grows with the rows); a byte's nibbles reach the two halves of a register by one
 // byte permute of the word and the word shifted right by 4.
-#define W4T_STAGES ${W4A16_TILE_STAGES}
-template <typename T, int MT, int NT>
+template <typename T, int MT, int NT, int WM, int WN, int WK, int STAGES>
 __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const unsigned char* __restrict__ B, const T* __restrict__ S, const unsigned char* __restrict__ Z, T* __restrict__ C0,
                                                 T* __restrict__ C1, T* __restrict__ C2, int M, int N, int n1, int n2, int K, int kb, int bs_log2, unsigned char* smem) {
-  constexpr int BM = 16 * MT, BN = 32 * NT, A_STAGE = BM * 256, B_STAGE = BN * 64;
+  constexpr int BM = 8 * MT * WM, BN = 16 * NT * WN, THREADS = 32 * WM * WN * WK;
+  constexpr int A_CHUNK = BM * 256, B_CHUNK = BN * 64, A_STAGE = WK * A_CHUNK, B_STAGE = WK * B_CHUNK;
+  constexpr int A_UNITS = BM * 16 * WK, B_UNITS = BN * 4 * WK;  // 16-byte copies a step
+  static_assert(A_UNITS % THREADS == 0 && B_UNITS % THREADS == 0, "a step's copies must split evenly over the threads");
+  constexpr int PER_WARP = NT * MT * 128;  // accumulators of a warp
+  static_assert((WK - 1) * WM * WN * PER_WARP * 4 <= STAGES * (A_STAGE + B_STAGE), "the k-groups' sum must fit in the stages' memory");
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int wn = warp & 1, wm = warp >> 1;  // the warp's column and row halves of the tile
+  // the warp's column and row slices of the tile and its k-group
+  const int wn = warp % WN, wm = (warp / WN) % WM, wk = warp / (WN * WM);
   const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
   const int Kp = kb << bs_log2;
   const long long row_bytes = Kp >> 1;
-  const int chunks = (Kp + 127) >> 7;
+  const int chunks = (Kp + 127) >> 7, steps = (chunks + WK - 1) / WK;
   const int zcols = (kb + 1) >> 1;
   const unsigned magic = W4Magic<T>::bits, magic2 = magic | (magic << 16);
   unsigned char* As = smem;
-  unsigned char* Bs = smem + W4T_STAGES * A_STAGE;
+  unsigned char* Bs = smem + STAGES * A_STAGE;
 
-  // chunk c's activations and weights into stage st (rows past M or N, units past K or Kp: zeros)
-  auto load = [&](int st, int c) {
-    const int kc = c << 7;
+  // step s's chunks of activations and weights into stage st (rows past M or N, units past K or Kp, chunks past the last: zeros)
+  auto load = [&](int st, int s) {
 #pragma unroll
-    for (int i = 0; i < BM * 16 / 128; ++i) {
-      const int idx = tid + 128 * i, r = idx >> 4, u = idx & 15;
-      const int m = m0 + r, k = kc + 8 * u;
+    for (int i = 0; i < A_UNITS / THREADS; ++i) {
+      const int idx = tid + THREADS * i, q = idx / (BM * 16), r = (idx >> 4) % BM, u = idx & 15;
+      const int m = m0 + r, k = ((s * WK + q) << 7) + 8 * u;
       const bool v = m < M && k < K;
       const int p = u ^ (((u >> 3) << 1) | (r & 1));
-      w4_cp16(As + st * A_STAGE + r * 256 + p * 16, v ? (const void*)(A + (long long)m * K + k) : (const void*)A, v);
+      w4_cp16(As + st * A_STAGE + q * A_CHUNK + r * 256 + p * 16, v ? (const void*)(A + (long long)m * K + k) : (const void*)A, v);
     }
 #pragma unroll
-    for (int i = 0; i < BN * 4 / 128; ++i) {
-      const int idx = tid + 128 * i, r = idx >> 2, u = idx & 3;
-      const int n = n0 + r, k = kc + 32 * u;
+    for (int i = 0; i < B_UNITS / THREADS; ++i) {
+      const int idx = tid + THREADS * i, q = idx / (BN * 4), r = (idx >> 2) % BN, u = idx & 3;
+      const int n = n0 + r, k = ((s * WK + q) << 7) + 32 * u;
       const bool v = n < N && k < Kp;
-      w4_cp16(Bs + st * B_STAGE + r * 64 + u * 16, v ? (const void*)(B + (long long)n * row_bytes + (k >> 1)) : (const void*)B, v);
+      w4_cp16(Bs + st * B_STAGE + q * B_CHUNK + r * 64 + u * 16, v ? (const void*)(B + (long long)n * row_bytes + (k >> 1)) : (const void*)B, v);
     }
   };
-  // the scale and zero point of this lane's rows in chunk c (scale 0 past N or Kp: products 0, never written)
-  auto scales = [&](int c, unsigned (&so)[NT][2], unsigned (&zo)[NT][2]) {
-    const int k = (c << 7) + (t << 5), blk = k >> bs_log2;
+  // the scale and zero point of this lane's rows in its k-group's chunk of step s (scale 0 past N or Kp: products 0, never written)
+  auto scales = [&](int s, unsigned (&so)[NT][2], unsigned (&zo)[NT][2]) {
+    const int c = s * WK + wk, k = (c << 7) + (t << 5), blk = k >> bs_log2;
 #pragma unroll
     for (int u = 0; u < NT; ++u)
 #pragma unroll
@@ -378,22 +426,22 @@ __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const u
     for (int j = 0; j < MT; ++j) acc[u][j][0] = acc[u][j][1] = acc[u][j][2] = acc[u][j][3] = 0.0f;
 
 #pragma unroll
-  for (int s = 0; s < W4T_STAGES - 1; ++s) {
-    if (s < chunks) load(s, s);
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < steps) load(s, s);
     w4_cp_commit();
   }
   unsigned s2[NT][2], z2[NT][2];
   scales(0, s2, z2);
-  for (int c = 0; c < chunks; ++c) {
-    // chunk c has landed (for every thread: the barrier); the stage chunk c − 1 used is free again
-    w4_cp_wait<W4T_STAGES - 2>();
+  for (int s = 0; s < steps; ++s) {
+    // step s has landed (for every thread: the barrier); the stage step s − 1 used is free again
+    w4_cp_wait<STAGES - 2>();
     __syncthreads();
-    if (c + W4T_STAGES - 1 < chunks) load((c + W4T_STAGES - 1) % W4T_STAGES, c + W4T_STAGES - 1);
+    if (s + STAGES - 1 < steps) load((s + STAGES - 1) % STAGES, s + STAGES - 1);
     w4_cp_commit();  // an empty group past the end keeps the wait's count right
     unsigned sn[NT][2], zn[NT][2];
-    scales(c + 1, sn, zn);
-    const unsigned char* as = As + (c % W4T_STAGES) * A_STAGE;
-    const unsigned char* bs = Bs + (c % W4T_STAGES) * B_STAGE;
+    scales(s + 1, sn, zn);
+    const unsigned char* as = As + (s % STAGES) * A_STAGE + wk * A_CHUNK;
+    const unsigned char* bs = Bs + (s % STAGES) * B_STAGE + wk * B_CHUNK;
     uint4 w[NT][2];
 #pragma unroll
     for (int u = 0; u < NT; ++u)
@@ -437,6 +485,31 @@ __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const u
   }
   w4_cp_wait<0>();
 
+  if constexpr (WK > 1) {
+    // k-groups 1.. leave their sums in the stages' memory (every warp is past its last read of it: the barrier);
+    // group 0 adds them in group order
+    float* red = reinterpret_cast<float*>(smem);
+    const int slot = warp % (WM * WN);
+    __syncthreads();
+    if (wk > 0) {
+#pragma unroll
+      for (int u = 0; u < NT; ++u)
+#pragma unroll
+        for (int j = 0; j < MT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) red[((wk - 1) * WM * WN + slot) * PER_WARP + ((u * MT + j) * 4 + e) * 32 + lane] = acc[u][j][e];
+    }
+    __syncthreads();
+    if (wk > 0) return;
+    for (int q = 0; q < WK - 1; ++q)
+#pragma unroll
+      for (int u = 0; u < NT; ++u)
+#pragma unroll
+        for (int j = 0; j < MT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[u][j][e] += red[(q * WM * WN + slot) * PER_WARP + ((u * MT + j) * 4 + e) * 32 + lane];
+  }
+
   // each accumulator to its output: columns [0, n1) to C0, [n1, n2) to C1, [n2, N) to C2
 #pragma unroll
   for (int u = 0; u < NT; ++u)
@@ -453,11 +526,11 @@ __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const u
       }
 }
 
-#define W4A16_TILE_KERNEL(T, MT, NT, NAME)                                                                                        \
-  extern "C" __global__ void __launch_bounds__(128) NAME(const T* A, const unsigned char* B, const T* S, const unsigned char* Z, T* C0, T* C1, \
-                                                         T* C2, int M, int N, int n1, int n2, int K, int kb, int bs_log2) {                \
-    W4_SHARED(smem);                                                                                                                  \
-    w4a16_tile_body<T, MT, NT>(A, B, S, Z, C0, C1, C2, M, N, n1, n2, K, kb, bs_log2, smem);                                          \
+#define W4A16_TILE_KERNEL(T, MT, NT, WM, WN, WK, STAGES, NAME)                                                                                      \
+  extern "C" __global__ void __launch_bounds__(32 * WM * WN * WK) NAME(const T* A, const unsigned char* B, const T* S, const unsigned char* Z, T* C0, T* C1, \
+                                                                     T* C2, int M, int N, int n1, int n2, int K, int kb, int bs_log2) {                \
+    W4_SHARED(smem);                                                                                                                                  \
+    w4a16_tile_body<T, MT, NT, WM, WN, WK, STAGES>(A, B, S, Z, C0, C1, C2, M, N, n1, n2, K, kb, bs_log2, smem);                                      \
   }
 ${tileLines}
 `;

@@ -15,7 +15,6 @@ import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
 import { type Kernel, type Kernels } from './kernels';
 import {
-  W4A16_TILE_THREADS,
   W4A16_TILE_VARIANTS,
   W4A16_TILES,
   W4A16_TYPES,
@@ -27,6 +26,7 @@ import {
   w4a16TileDims,
   w4a16TileKernelName,
   w4a16TileSmem,
+  type W4A16TileVariant,
 } from './w4a16-source';
 
 /** One W4A16 product: C [M, N] = A [M, K] · dequant(B)ᵀ, B in MatMulNBits' 4-bit layout. */
@@ -104,39 +104,70 @@ export const W4A16_TILE_FROM_ROWS = 17;
 /** SMs a tiled launch is sized for when the caller does not say (an H100 or H200 SXM). */
 export const W4A16_DEFAULT_SMS = 132;
 
-/** A tiled kernel's tile: mt → BM = 16·mt rows, nt → BN = 32·nt columns (see `W4A16_TILE_VARIANTS`). */
+/**
+ * A tiled kernel's build (see `W4A16_TILE_VARIANTS`): warps of 8·mt rows × 16·nt columns, wm × wn × wk of them
+ * (default 2 × 2 × 1: the original tiles 64 × 64, 32 × 64 and 32 × 32).
+ */
 export interface W4A16Tile {
-  mt: 2 | 4;
+  mt: 2 | 4 | 8;
   nt: 1 | 2;
+  wm?: 1 | 2;
+  wn?: 2 | 4 | 8;
+  wk?: 1 | 2 | 4;
 }
 
 /** The launch of a shape on a tiled kernel. */
-export interface W4A16TilePlan extends W4A16Tile {
+export interface W4A16TilePlan {
+  mt: W4A16Tile['mt'];
+  nt: W4A16Tile['nt'];
+  wm: NonNullable<W4A16Tile['wm']>;
+  wn: NonNullable<W4A16Tile['wn']>;
+  wk: NonNullable<W4A16Tile['wk']>;
   bm: number;
   bn: number;
+  /** The build's label (`w4a16TileDims`), e.g. `64x128w8k2`. */
+  label: string;
   grid: [number, number];
   threads: number;
   sharedBytes: number;
 }
 
+/** The build `tile` names (its warp layout defaulting to 2 × 2 × 1), or undefined. */
+function tileBuild(tile: W4A16Tile): W4A16TileVariant | undefined {
+  return W4A16_TILE_VARIANTS.find((x) => x.mt === tile.mt && x.nt === tile.nt && x.wm === (tile.wm ?? 2) && x.wn === (tile.wn ?? 2) && x.wk === (tile.wk ?? 1));
+}
+
 /**
- * The tiled launch of `shape`: `tile` if given, else the largest tile (fewest re-reads of weights and
- * activations from L2 and shared memory per product) whose grid gives each of `sms` SMs a CTA, else the
- * smallest tile (the most CTAs).
+ * The tiled launch of `shape`: `tile` if given, else, among the builds marked `auto`, the one of least
+ * estimated time — waves of CTAs over `sms` SMs (one CTA of 8 warps an SM) × a CTA's serial work (its warps'
+ * tile over its share of K: mt·nt / wk) — ties going to the least traffic from L2 (activations re-read once per
+ * BN columns, weights once per BM rows).
  */
 export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N'>, opts: { tile?: W4A16Tile; sms?: number } = {}): W4A16TilePlan {
   const rows = Math.max(shape.M, 1);
-  const ctas = (v: W4A16Tile) => Math.ceil(shape.N / w4a16TileDims(v).bn) * Math.ceil(rows / w4a16TileDims(v).bm);
-  let v: W4A16Tile | undefined;
+  const grid = (v: W4A16TileVariant): [number, number] => [Math.ceil(shape.N / w4a16TileDims(v).bn), Math.ceil(rows / w4a16TileDims(v).bm)];
+  let v: W4A16TileVariant | undefined;
   if (opts.tile) {
-    v = W4A16_TILE_VARIANTS.find((x) => x.mt === opts.tile!.mt && x.nt === opts.tile!.nt);
-    if (!v) throw new Error(`W4A16 has no tiled build of ${16 * opts.tile.mt} × ${32 * opts.tile.nt} (builds: ${W4A16_TILE_VARIANTS.map((x) => `${w4a16TileDims(x).bm} × ${w4a16TileDims(x).bn}`).join(', ')})`);
+    v = tileBuild(opts.tile);
+    if (!v) {
+      const { label } = w4a16TileDims(opts.tile);
+      throw new Error(`W4A16 has no tiled build ${label} (builds: ${W4A16_TILE_VARIANTS.map((x) => w4a16TileDims(x).label).join(', ')})`);
+    }
   } else {
     const sms = opts.sms ?? W4A16_DEFAULT_SMS;
-    v = W4A16_TILE_VARIANTS.find((x) => ctas(x) >= sms) ?? W4A16_TILE_VARIANTS[W4A16_TILE_VARIANTS.length - 1];
+    const cost = (x: W4A16TileVariant) => {
+      const [gx, gy] = grid(x);
+      return { time: Math.ceil((gx * gy) / sms) * ((x.mt * x.nt) / x.wk), traffic: 4 * gx * rows + gy * shape.N };
+    };
+    for (const x of W4A16_TILE_VARIANTS.filter((c) => c.auto)) {
+      if (!v) v = x;
+      const [a, b] = [cost(x), cost(v)];
+      if (a.time < b.time || (a.time === b.time && a.traffic < b.traffic)) v = x;
+    }
+    if (!v) throw new Error('W4A16 has no tiled build marked auto');
   }
-  const { bm, bn } = w4a16TileDims(v);
-  return { mt: v.mt, nt: v.nt, bm, bn, grid: [Math.ceil(shape.N / bn), Math.ceil(rows / bm)], threads: W4A16_TILE_THREADS, sharedBytes: w4a16TileSmem(v) };
+  const { bm, bn, threads, label } = w4a16TileDims(v);
+  return { mt: v.mt, nt: v.nt, wm: v.wm, wn: v.wn, wk: v.wk, bm, bn, label, grid: grid(v), threads, sharedBytes: w4a16TileSmem(v) };
 }
 
 /**
@@ -199,7 +230,7 @@ export class W4A16 {
     private readonly tiles: Map<string, Kernel<Sig>>,
   ) {}
 
-  /** Compiles (or loads from the cache) every variant — bf16/fp16 × M ≤ 8/16/32/64 (and 32 columns a warp for M ≤ 16) — with the CUDA headers of `includeDir`. */
+  /** Compiles (or loads from the cache) every variant — bf16/fp16 × M ≤ 8/16/32/64 (and 32 columns a warp for M ≤ 16), and every tiled build — with the CUDA headers of `includeDir`. */
   static compile(kernels: Kernels, opts: { includeDir?: string } = {}): W4A16 {
     const include = opts.includeDir ?? cudaIncludeDir();
     const mod = kernels.compile(w4a16Source, { name: 'lathe_w4a16', options: [`-I${include}`, '--std=c++17'] });
@@ -213,7 +244,7 @@ export class W4A16 {
         const k = mod.kernel(w4a16TileKernelName(dtype, v), SIG);
         // past 48 KB of dynamic shared memory a kernel must opt in
         kernels.driver.setMaxDynamicSharedBytes(k.handle, w4a16TileSmem(v));
-        tiles.set(`${dtype}/${v.mt}/${v.nt}`, k);
+        tiles.set(`${dtype}/${w4a16TileDims(v).label}`, k);
       }
     }
     return new W4A16(kernels, variants, tiles);
@@ -237,7 +268,7 @@ export class W4A16 {
     const args = [a.a, a.b, a.scales, a.zeroPoints, c[0], c[1] ?? 0n, c[2] ?? 0n, shape.M, shape.N, n1, n2, shape.K, shape.kBlocks, Math.log2(shape.blockSize)] as const;
     if (shape.M >= (o.tileFromRows ?? W4A16_TILE_FROM_ROWS)) {
       const plan = w4a16TilePlan(shape, o);
-      this.tiles.get(`${shape.dtype}/${plan.mt}/${plan.nt}`)!.launch({ grid: plan.grid, block: plan.threads, sharedBytes: plan.sharedBytes, stream }, ...args);
+      this.tiles.get(`${shape.dtype}/${plan.label}`)!.launch({ grid: plan.grid, block: plan.threads, sharedBytes: plan.sharedBytes, stream }, ...args);
       return;
     }
     const choice = o.plan?.(shape) ?? (o.columnTiles === undefined && o.rounds === undefined ? w4a16DefaultChoice(shape) : undefined);

@@ -6,14 +6,15 @@
  * ragged N, K padded to whole blocks, every n8-tile count, M past 64 rows (several grid rows), and the
  * cross-warp split of K — with the launch `w4a16Plan` gives; and the tiled kernels for more rows (cp.async
  * stages in shared memory, the activations' swizzle, tiles ragged in M and N, K padded, the stage ring
- * wrapped several times, 2 and 3 outputs; every tile in both dtypes) with the launch `w4a16TilePlan` gives. Needs g++ (C++20); the device check
+ * wrapped several times, 2 and 3 outputs; every build — the 2 × 2-warp tiles and the 8-warp ones, K split over
+ * warp groups summed in shared memory — in both dtypes) with the launch `w4a16TilePlan` gives. Needs g++ (C++20); the device check
  * (tools/bench/quantization/quant-bench.ts, `--weights kernel`) tests the real build.
  */
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { roundToDtype, w4a16Plan, w4a16Reference, w4a16Source, w4a16TilePlan, type W4A16Shape, type W4A16Tile } from '@lathe/kernels';
+import { W4A16_TILE_VARIANTS, W4A16_TYPES, roundToDtype, w4a16Plan, w4a16Reference, w4a16Source, w4a16TileKernelName, w4a16TilePlan, type W4A16Shape, type W4A16Tile } from '@lathe/kernels';
 import { fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits } from '@lathe/runtime';
 
 const emulation = join(__dirname, 'emulation');
@@ -24,6 +25,13 @@ let harness = '';
 beforeAll(() => {
   dir = mkdtempSync(join(tmpdir(), 'lathe-w4a16-'));
   writeFileSync(join(dir, 'w4.cu'), w4a16Source);
+  // every tiled build by name, for the harness to pick from
+  const table = (d: keyof typeof W4A16_TYPES) =>
+    `static const std::pair<const char*, W4TileKernel<${W4A16_TYPES[d].c}>> w4_tiles_${W4A16_TYPES[d].suffix}[] = {\n${W4A16_TILE_VARIANTS.map((v) => `  {"${w4a16TileKernelName(d, v)}", &${w4a16TileKernelName(d, v)}},`).join('\n')}\n};`;
+  writeFileSync(
+    join(dir, 'w4-tiles.h'),
+    ['#include <utility>', 'template <typename T> using W4TileKernel = void (*)(const T*, const unsigned char*, const T*, const unsigned char*, T*, T*, T*, int, int, int, int, int, int, int);', table('bfloat16'), table('float16'), ''].join('\n'),
+  );
   harness = join(dir, 'harness');
   execFileSync('g++', ['-std=c++20', '-O1', '-pthread', `-I${emulation}`, `-I${own}`, `-I${dir}`, '-o', harness, join(own, 'harness.cpp')], { stdio: 'pipe' });
 }, 120_000);
@@ -70,11 +78,13 @@ function run(c: Case): { got: Float32Array; want: Float64Array; warps: number; m
   const input = join(dir, 'in.bin');
   const output = join(dir, 'out.bin');
   writeFileSync(input, Buffer.concat([bytes(bits(a)), bytes(b), bytes(bits(scales)), ...(zeroPoints ? [bytes(zeroPoints)] : [])]));
-  const plan = c.tile ? { ...w4a16TilePlan(shape, c.tile === 'auto' ? {} : { tile: c.tile }), warps: 4 } : w4a16Plan(shape, c.columnTiles, c.rounds);
+  const tiled = c.tile ? w4a16TilePlan(shape, c.tile === 'auto' ? {} : { tile: c.tile }) : undefined;
+  const plan = tiled ? { ...tiled, warps: tiled.threads / 32 } : w4a16Plan(shape, c.columnTiles, c.rounds);
   const widths = c.widths ?? [c.N];
   const n1 = widths[0];
   const n2 = n1 + (widths[1] ?? 0);
-  execFileSync(harness, [input, output, c.dtype === 'bfloat16' ? 'bf16' : 'fp16', c.M, c.N, n1, n2, c.K, kBlocks, Math.log2(c.blockSize), zeroPoints ? 1 : 0, plan.mt, plan.nt, plan.warps, ...(c.tile ? ['tile'] : [])].map(String), { stdio: 'pipe' });
+  const kernel = tiled ? ['tile', w4a16TileKernelName(c.dtype, tiled), tiled.bm, tiled.bn, tiled.threads, tiled.sharedBytes] : [plan.mt, plan.nt, plan.warps];
+  execFileSync(harness, [input, output, c.dtype === 'bfloat16' ? 'bf16' : 'fp16', c.M, c.N, n1, n2, c.K, kBlocks, Math.log2(c.blockSize), zeroPoints ? 1 : 0, ...kernel].map(String), { stdio: 'pipe' });
   const raw = readFileSync(output);
   const u16 = new Uint16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2);
   const flat = c.dtype === 'bfloat16' ? fromBfloat16Bits(u16) : fromFloat16Bits(u16);
@@ -127,17 +137,23 @@ test.each<[string, Case, { mt: number; warps: number; gridY: number; nt?: number
   expectClose(c, r);
 }, 60_000);
 
-test.each<[string, Case, { mt: number; nt: number; gridX: number; gridY: number }]>([
-  ['tiled 64 × 64, bf16, block 64: M = 70 and N = 80 ragged (a tile of 6 rows, one of 16 columns), 3 chunks = the stages', { dtype: 'bfloat16', M: 70, N: 80, K: 384, blockSize: 64, zeroPoints: false, tile: { mt: 4, nt: 2 } }, { mt: 4, nt: 2, gridX: 2, gridY: 2 }],
-  ['tiled 32 × 64, fp16 with zero points, block 32: K = 200 padded to 224 (a half-empty chunk), 33 rows', { dtype: 'float16', M: 33, N: 72, K: 200, blockSize: 32, zeroPoints: true, tile: { mt: 2, nt: 2 } }, { mt: 2, nt: 2, gridX: 2, gridY: 2 }],
-  ['tiled 32 × 32, bf16 with zero points, block 128: K = 1280 (10 chunks: the 3-stage ring wraps), q/k/v outputs of 32, 16, 16', { dtype: 'bfloat16', M: 40, N: 64, K: 1280, blockSize: 128, zeroPoints: true, widths: [32, 16, 16], tile: { mt: 2, nt: 1 } }, { mt: 2, nt: 1, gridX: 2, gridY: 2 }],
-  ['tiled 64 × 64, fp16: 17 rows, gate/up outputs of 24 and 24 (split inside a warp’s 32 columns)', { dtype: 'float16', M: 17, N: 48, K: 256, blockSize: 64, zeroPoints: false, widths: [24, 24], tile: { mt: 4, nt: 2 } }, { mt: 4, nt: 2, gridX: 1, gridY: 1 }],
-  ['tiled 32 × 64, bf16 with zero points, block 64: 50 rows, N = 100 (the second tile’s last warp past N)', { dtype: 'bfloat16', M: 50, N: 100, K: 512, blockSize: 64, zeroPoints: true, tile: { mt: 2, nt: 2 } }, { mt: 2, nt: 2, gridX: 2, gridY: 2 }],
-  ['tiled 32 × 32, fp16, block 128: 20 rows, K = 640 (5 chunks), q/k/v outputs of 16, 8, 8', { dtype: 'float16', M: 20, N: 32, K: 640, blockSize: 128, zeroPoints: false, widths: [16, 8, 8], tile: { mt: 2, nt: 1 } }, { mt: 2, nt: 1, gridX: 1, gridY: 1 }],
-  ['tiled, the plan’s choice for 256 rows and N = 96: no tile gives 132 SMs a CTA, so the smallest (32 × 32)', { dtype: 'bfloat16', M: 256, N: 96, K: 128, blockSize: 32, zeroPoints: true, tile: 'auto' }, { mt: 2, nt: 1, gridX: 3, gridY: 8 }],
+test.each<[string, Case, { label: string; gridX: number; gridY: number }]>([
+  ['tiled 64 × 64, bf16, block 64: M = 70 and N = 80 ragged (a tile of 6 rows, one of 16 columns), 3 chunks = the stages', { dtype: 'bfloat16', M: 70, N: 80, K: 384, blockSize: 64, zeroPoints: false, tile: { mt: 4, nt: 2 } }, { label: '64x64', gridX: 2, gridY: 2 }],
+  ['tiled 32 × 64, fp16 with zero points, block 32: K = 200 padded to 224 (a half-empty chunk), 33 rows', { dtype: 'float16', M: 33, N: 72, K: 200, blockSize: 32, zeroPoints: true, tile: { mt: 2, nt: 2 } }, { label: '32x64', gridX: 2, gridY: 2 }],
+  ['tiled 32 × 32, bf16 with zero points, block 128: K = 1280 (10 chunks: the 3-stage ring wraps), q/k/v outputs of 32, 16, 16', { dtype: 'bfloat16', M: 40, N: 64, K: 1280, blockSize: 128, zeroPoints: true, widths: [32, 16, 16], tile: { mt: 2, nt: 1 } }, { label: '32x32', gridX: 2, gridY: 2 }],
+  ['tiled 64 × 64, fp16: 17 rows, gate/up outputs of 24 and 24 (split inside a warp’s 32 columns)', { dtype: 'float16', M: 17, N: 48, K: 256, blockSize: 64, zeroPoints: false, widths: [24, 24], tile: { mt: 4, nt: 2 } }, { label: '64x64', gridX: 1, gridY: 1 }],
+  ['tiled 32 × 64, bf16 with zero points, block 64: 50 rows, N = 100 (the second tile’s last warp past N)', { dtype: 'bfloat16', M: 50, N: 100, K: 512, blockSize: 64, zeroPoints: true, tile: { mt: 2, nt: 2 } }, { label: '32x64', gridX: 2, gridY: 2 }],
+  ['tiled 32 × 32, fp16, block 128: 20 rows, K = 640 (5 chunks), q/k/v outputs of 16, 8, 8', { dtype: 'float16', M: 20, N: 32, K: 640, blockSize: 128, zeroPoints: false, widths: [16, 8, 8], tile: { mt: 2, nt: 1 } }, { label: '32x32', gridX: 1, gridY: 1 }],
+  ['8 warps, 64 × 256 (one warp row, 8 warps along N), bf16, block 64: M = 70, N = 300 ragged, K = 1280 (10 chunks: the 4-stage ring wraps), gate/up outputs of 100 and 200', { dtype: 'bfloat16', M: 70, N: 300, K: 1280, blockSize: 64, zeroPoints: false, widths: [100, 200], tile: { mt: 8, nt: 2, wm: 1, wn: 8, wk: 1 } }, { label: '64x256w8', gridX: 2, gridY: 2 }],
+  ['8 warps, 128 × 128 (2 × 4 warps), fp16 with zero points, block 64: M = 130, N = 136, K = 576 (9 blocks: an odd zero-point nibble, a half chunk)', { dtype: 'float16', M: 130, N: 136, K: 576, blockSize: 64, zeroPoints: true, tile: { mt: 8, nt: 2, wm: 2, wn: 4, wk: 1 } }, { label: '128x128w8', gridX: 2, gridY: 2 }],
+  ['8 warps, 64 × 128 with K over 2 warp groups, bf16 with zero points, block 64: K = 1664 (13 chunks: the last step half past K), q/k/v outputs of 128, 64, 64', { dtype: 'bfloat16', M: 64, N: 256, K: 1664, blockSize: 64, zeroPoints: true, widths: [128, 64, 64], tile: { mt: 8, nt: 2, wm: 1, wn: 4, wk: 2 } }, { label: '64x128w8k2', gridX: 2, gridY: 1 }],
+  ['8 warps, 32 × 128 with K over 2 warp groups, fp16, block 32: M = 50, N = 140, K = 200 (padded to 224: one step, its second chunk half empty)', { dtype: 'float16', M: 50, N: 140, K: 200, blockSize: 32, zeroPoints: false, tile: { mt: 4, nt: 2, wm: 1, wn: 4, wk: 2 } }, { label: '32x128w8k2', gridX: 2, gridY: 2 }],
+  ['8 warps, 32 × 64 with K over 4 warp groups, bf16 with zero points, block 128: M = 33, N = 72, K = 1408 (11 chunks in 3 steps, one chunk past K; the 3-stage ring wraps)', { dtype: 'bfloat16', M: 33, N: 72, K: 1408, blockSize: 128, zeroPoints: true, tile: { mt: 4, nt: 2, wm: 1, wn: 2, wk: 4 } }, { label: '32x64w8k4', gridX: 2, gridY: 2 }],
+  ['8 warps, 64 × 128 with K over 2 warp groups, fp16 with zero points, block 64, 17 rows (one mostly empty tile row)', { dtype: 'float16', M: 17, N: 128, K: 512, blockSize: 64, zeroPoints: true, tile: { mt: 8, nt: 2, wm: 1, wn: 4, wk: 2 } }, { label: '64x128w8k2', gridX: 1, gridY: 1 }],
+  ['tiled, the plan’s choice for 256 rows and N = 96: the least waves × work a CTA, 32 × 64 with K over 4 warp groups (16 CTAs)', { dtype: 'bfloat16', M: 256, N: 96, K: 256, blockSize: 32, zeroPoints: true, tile: 'auto' }, { label: '32x64w8k4', gridX: 2, gridY: 8 }],
 ])('%s', (_name, c, plan) => {
   const r = run(c);
   const p = w4a16TilePlan({ M: c.M, N: c.N }, c.tile === 'auto' ? {} : { tile: c.tile });
-  expect({ mt: p.mt, nt: p.nt, gridX: p.grid[0], gridY: p.grid[1] }).toEqual(plan);
+  expect({ label: p.label, gridX: p.grid[0], gridY: p.grid[1] }).toEqual(plan);
   expectClose(c, r);
 }, 120_000);

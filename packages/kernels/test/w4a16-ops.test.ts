@@ -7,7 +7,7 @@
 import * as L from '@lathe/onnx';
 import { attr, defineOp } from '@lathe/onnx';
 import { Device } from '@lathe/runtime';
-import { w4a16DefaultChoice, w4a16Ops, w4a16Plan, w4a16Reference, w4a16TilePlan, w4a16Unsupported } from '@lathe/kernels';
+import { W4A16_TILE_VARIANTS, w4a16DefaultChoice, w4a16Ops, w4a16Plan, w4a16Reference, w4a16TileDims, w4a16TileKernelName, w4a16TilePlan, w4a16TileSmem, w4a16Unsupported } from '@lathe/kernels';
 
 interface NBits {
   K: number;
@@ -130,19 +130,30 @@ test("default split-K plans: past 8 rows, two column tiles from 4,096 columns an
   expect(w4a16Plan({ M: 16, N: 12288, kBlocks: 32, blockSize: 64 }, c.columnTiles, c.rounds)).toMatchObject({ mt: 2, nt: 2, warps: 4, grid: [384, 1] });
 });
 
-test('tiled launch plans: the largest tile whose grid gives each of 132 SMs a CTA, else the smallest; a tile asked for is kept', () => {
-  // Qwen3-0.6B at 256 rows: q (N = 2048) takes 32 × 64 tiles for 256 CTAs (64 × 64 gives 128 < 132)
-  expect(w4a16TilePlan({ M: 256, N: 2048 })).toEqual({ mt: 2, nt: 2, bm: 32, bn: 64, grid: [32, 8], threads: 128, sharedBytes: 3 * (32 * 256 + 64 * 64) });
-  // fused q/k/v (N = 4096) and gate/up (N = 6144): 64 × 64 gives 256 and 384
-  expect(w4a16TilePlan({ M: 256, N: 4096 })).toMatchObject({ bm: 64, bn: 64, grid: [64, 4] });
-  expect(w4a16TilePlan({ M: 256, N: 6144 })).toMatchObject({ bm: 64, bn: 64, grid: [96, 4], sharedBytes: 3 * (64 * 256 + 64 * 64) });
-  // o and down (N = 1024): 32 × 64 gives 128, so 32 × 32 (256); at 64 rows no tile reaches 132: the smallest
-  expect(w4a16TilePlan({ M: 256, N: 1024 })).toMatchObject({ bm: 32, bn: 32, grid: [32, 8], sharedBytes: 3 * (32 * 256 + 32 * 64) });
-  expect(w4a16TilePlan({ M: 64, N: 1024 })).toMatchObject({ bm: 32, bn: 32, grid: [32, 2] });
-  // fewer SMs: the larger tile already covers them
-  expect(w4a16TilePlan({ M: 256, N: 2048 }, { sms: 64 })).toMatchObject({ bm: 64, bn: 64, grid: [32, 4] });
-  expect(w4a16TilePlan({ M: 100, N: 2048 }, { tile: { mt: 4, nt: 2 } })).toMatchObject({ bm: 64, bn: 64, grid: [32, 2] });
-  expect(() => w4a16TilePlan({ M: 100, N: 2048 }, { tile: { mt: 2, nt: 4 } as never })).toThrow(/no tiled build of 32 × 128/);
+test('tiled launch plans: among the 8-warp builds, the least waves over 132 SMs × work a CTA, then the least L2 traffic; a tile asked for is kept', () => {
+  // q at 256 rows (N = 2048): 32 × 128 with K over 2 warp groups, 128 CTAs in one wave (ties 32 × 64 k4's two waves of half the work, with more traffic)
+  expect(w4a16TilePlan({ M: 256, N: 2048 })).toEqual({ mt: 4, nt: 2, wm: 1, wn: 4, wk: 2, bm: 32, bn: 128, label: '32x128w8k2', grid: [16, 8], threads: 256, sharedBytes: 3 * 2 * (32 * 256 + 128 * 64) });
+  // gate (N = 6144) and gate/up at 128 rows: the same tile; gate/up at 256 rows (N = 12288): 64 × 128 k2, 384 CTAs in 3 waves
+  expect(w4a16TilePlan({ M: 256, N: 6144 })).toMatchObject({ label: '32x128w8k2', grid: [48, 8] });
+  expect(w4a16TilePlan({ M: 128, N: 12288 })).toMatchObject({ label: '32x128w8k2', grid: [96, 4] });
+  expect(w4a16TilePlan({ M: 256, N: 12288 })).toMatchObject({ label: '64x128w8k2', grid: [96, 4], sharedBytes: 3 * 2 * (64 * 256 + 128 * 64) });
+  // o and down (N = 1024): 32 × 64 with K over 4 warp groups, the most CTAs
+  expect(w4a16TilePlan({ M: 256, N: 1024 })).toMatchObject({ label: '32x64w8k4', grid: [16, 8], threads: 256, sharedBytes: 3 * 4 * (32 * 256 + 64 * 64) });
+  expect(w4a16TilePlan({ M: 64, N: 1024 })).toMatchObject({ label: '32x64w8k4', grid: [16, 2] });
+  // fewer SMs: 64 CTAs of 64 × 128 k2 fill them in one wave
+  expect(w4a16TilePlan({ M: 256, N: 2048 }, { sms: 64 })).toMatchObject({ label: '64x128w8k2', grid: [16, 4] });
+  // the original 2 × 2-warp tiles when asked for
+  expect(w4a16TilePlan({ M: 100, N: 2048 }, { tile: { mt: 4, nt: 2 } })).toEqual({ mt: 4, nt: 2, wm: 2, wn: 2, wk: 1, bm: 64, bn: 64, label: '64x64', grid: [32, 2], threads: 128, sharedBytes: 3 * (64 * 256 + 64 * 64) });
+  expect(w4a16TilePlan({ M: 100, N: 2048 }, { tile: { mt: 8, nt: 2, wm: 1, wn: 8 } })).toMatchObject({ label: '64x256w8', grid: [8, 2], sharedBytes: 4 * (64 * 256 + 256 * 64) });
+  expect(() => w4a16TilePlan({ M: 100, N: 2048 }, { tile: { mt: 2, nt: 4 } as never })).toThrow(/no tiled build 32x128 \(builds: 64x64, 32x64, 32x32, 64x256w8,/);
+});
+
+test('every tiled build fits an H100’s 227 KB of shared memory, and its labels and kernel names are distinct', () => {
+  for (const v of W4A16_TILE_VARIANTS) expect(w4a16TileSmem(v)).toBeLessThanOrEqual(227 * 1024);
+  expect(new Set(W4A16_TILE_VARIANTS.map((v) => w4a16TileDims(v).label)).size).toBe(W4A16_TILE_VARIANTS.length);
+  expect(new Set(W4A16_TILE_VARIANTS.map((v) => w4a16TileKernelName('bfloat16', v))).size).toBe(W4A16_TILE_VARIANTS.length);
+  expect(w4a16TileKernelName('float16', { mt: 8, nt: 2, wm: 1, wn: 4, wk: 2 })).toBe('w4a16_fp16_tile_m64_n128_w8_k2');
+  expect(w4a16TileKernelName('bfloat16', { mt: 4, nt: 2 })).toBe('w4a16_bf16_tile_m64_n64');
 });
 
 test('shapes outside the kernels are named (the caller keeps MatMulNBits)', () => {

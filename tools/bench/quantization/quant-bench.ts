@@ -27,7 +27,8 @@
  * columns a warp for all of them instead (32: half the activation reads, half the CTAs); the
  * microbenchmark times both. Past 16 rows the op runs the tiled kernels (a CTA per [BM × BN] output tile,
  * cp.async stages in shared memory; `--kernel-tile-from-rows` moves that bound, e.g. 100000 for the split-K
- * kernels at every M; `--kernel-tile 64x64|32x64|32x32` fixes the tile, default the plan's), so
+ * kernels at every M; `--kernel-tile LABEL` fixes the build — the 8-warp 64x256w8, 128x128w8, 64x128w8k2, 32x128w8k2,
+ * 32x64w8k4 (k: K split over warp groups) or the original 64x64, 32x64, 32x32 — default the plan's), so
  * `kernel --kernel-max-rows 256` or `kernel-all` times them at 256; the microbenchmark then also times
  * them alone at M = `--kernel-micro-rows` (default 64,128,256) — the plan's tile, every tile, and the
  * split-K kernels — with TFLOP/s and weight GB/s, beside ONNX Runtime's bf16 MatMul (cuBLAS) on the
@@ -50,7 +51,7 @@
  *          [--new 128] [--repeat 2] [--int4-block 64] [--mode kernel|dequantize] [--fpa] [--no-cuda-graph]
  *          [--kl-prompts 16] [--kl-new 64] [--kl-batch 4] [--lm-head none|int8|int4|nf4] [--seed 0]
  *          [--weights bound,initializers,initializers-plain,kernel,kernel-all,kernel-tuned] [--kernel-max-rows 16] [--kernel-column-tiles 1|2]
- *          [--kernel-tile-from-rows 17] [--kernel-tile auto|64x64|32x64|32x32] [--kernel-micro-rows 64,128,256] [--probe]
+ *          [--kernel-tile-from-rows 17] [--kernel-tile auto|LABEL] [--kernel-micro-rows 64,128,256] [--probe]
  *          [--kernel-sweep [--kernel-sweep-rows 1,4,8,16]] (with --weights …,kernel-tuned)
  * --lm-head: the quantized formats also read the LM head (the tied embedding) through an extra
  * quantized copy (int4 with --int4-block); the dense model's head stays bf16.
@@ -473,14 +474,13 @@ function measureKernel(kernels: Kernels, w4: W4A16, device: Device, dtype: DType
   return { ...peak, block_size: blockSize, rows };
 }
 
-/** `--kernel-tile`: 'auto' (undefined: the plan's choice) or BMxBN of a tiled build. */
+/** `--kernel-tile`: 'auto' (undefined: the plan's choice) or the label of a tiled build (`w4a16TileDims`: 64x64, 64x128w8k2, …). */
 function parseTile(text: string): W4A16Tile | undefined {
   if (text === 'auto') return undefined;
-  const v = W4A16_TILE_VARIANTS.find((x) => `${w4a16TileDims(x).bm}x${w4a16TileDims(x).bn}` === text);
-  if (!v) throw new Error(`--kernel-tile: '${text}' is not auto or one of ${W4A16_TILE_VARIANTS.map((x) => `${w4a16TileDims(x).bm}x${w4a16TileDims(x).bn}`).join(', ')}`);
+  const v = W4A16_TILE_VARIANTS.find((x) => w4a16TileDims(x).label === text);
+  if (!v) throw new Error(`--kernel-tile: '${text}' is not auto or one of ${W4A16_TILE_VARIANTS.map((x) => w4a16TileDims(x).label).join(', ')}`);
   return v;
 }
-
 
 /**
  * The tiled kernels alone on each projection shape (and the fused q/k/v and gate/up) at each M of `rows`:
@@ -502,8 +502,8 @@ function measureTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType,
           const shape = { M, N, K, kBlocks: kb, blockSize, dtype };
           const chosen = w4a16TilePlan(shape);
           const runs: { kernel: string; opts: W4A16LaunchOptions }[] = [
-            { kernel: `tile plan (${chosen.bm}x${chosen.bn})`, opts: { tileFromRows: 1 } },
-            ...W4A16_TILE_VARIANTS.map((v) => ({ kernel: `tile ${w4a16TileDims(v).bm}x${w4a16TileDims(v).bn}`, opts: { tileFromRows: 1, tile: v } })),
+            { kernel: `tile plan (${chosen.label})`, opts: { tileFromRows: 1 } },
+            ...W4A16_TILE_VARIANTS.map((v) => ({ kernel: `tile ${w4a16TileDims(v).label}`, opts: { tileFromRows: 1, tile: v } })),
             { kernel: 'split-K', opts: { tileFromRows: Infinity } },
           ];
           for (const r of runs) {
