@@ -24,6 +24,13 @@ export interface Weights {
    * quantized kernel, @lathe/quantization), or undefined to read `w(hfName)` as usual.
    */
   matmul?: (hfName: string, x: Tensor) => Tensor | undefined;
+  /**
+   * The weight `hfName` in float32 where the graph holds such a copy without a per-run cast (a bound
+   * float32 copy, or a cast of an initializer that ONNX Runtime folds), or undefined. Inference graphs
+   * in 16-bit dtypes fuse each residual add and RMSNorm only with a float32 norm weight (the residual
+   * stream is float32); without one they keep Add + RMSNorm.
+   */
+  float32?: (hfName: string) => Tensor | undefined;
 }
 
 /** Keys and values of one layer: [B, numKvHeads, S, headDim]. */
@@ -140,6 +147,11 @@ export interface GqaDecoderInputs {
    * kernel refuses those inputs. No effect on models without a Q/K norm.
    */
   qkNormInKernel?: boolean;
+  /**
+   * Each residual add and the RMSNorm after it as one SkipSimplifiedLayerNormalization kernel (see
+   * {@link addRmsNorm}): two nodes fewer a layer. Default on; off gives the unfused graph (A/B checks).
+   */
+  fuseResidualNorm?: boolean;
 }
 
 /** What the decoder returns. */
@@ -159,6 +171,34 @@ export function rmsNormHf(x: Tensor, weight: Tensor, eps: number, fused = false)
   if (fused) return L.simplifiedLayerNorm(L.cast(x, weight.dtype), weight, eps);
   const y = L.rmsNorm(L.cast(x, accumulationDtype(x.dtype)), undefined, eps);
   return L.mul(L.cast(y, weight.dtype), weight);
+}
+
+/**
+ * The residual stream between the sub-blocks of an inference graph: the float32 sum so far and the
+ * last sub-block's output not yet added to it, which the next norm adds (see {@link addRmsNorm}).
+ */
+export interface ResidualStream {
+  sum: Tensor;
+  pending?: Tensor;
+}
+
+/**
+ * sum + pending, and RMSNorm of it by weight `name` (as {@link rmsNormHf} with the fused kernel): one
+ * SkipSimplifiedLayerNormalization (inference only, no gradient rule) where the weight is in the
+ * stream's dtype or `w.float32` has it, else Add + RMSNorm. Returns the normed value in the weight's
+ * dtype and the new sum. In 16-bit dtypes the fused norm rounds its float32 output once, where
+ * the unfused one normalizes the sum already rounded to the weight's dtype.
+ */
+export function addRmsNorm(w: Weights, name: string, stream: ResidualStream, eps: number, fuse = true): { normed: Tensor; sum: Tensor } {
+  const weight = w(name);
+  const { sum, pending } = stream;
+  const gamma = sum.dtype === weight.dtype ? weight : w.float32?.(name);
+  if (pending && fuse && gamma) {
+    const r = L.skipSimplifiedLayerNorm(sum, L.cast(pending, sum.dtype), gamma, eps);
+    return { normed: L.cast(r.output, weight.dtype), sum: r.sum };
+  }
+  const next = pending ? L.add(sum, L.cast(pending, sum.dtype)) : sum;
+  return { normed: rmsNormHf(next, weight, eps, true), sum: next };
 }
 
 const transposed = new WeakMap<Tensor, Tensor>();
@@ -365,6 +405,46 @@ export function decoderLayer(cfg: DecoderConfig, w: Weights, i: number, x: Tenso
 }
 
 /**
+ * Layer `i` of an inference graph: {@link decoderLayer}'s computation with each residual add left
+ * pending for the next norm, which fuses the two ({@link addRmsNorm}). Takes and returns the stream.
+ */
+export function inferenceLayer(cfg: DecoderConfig, w: Weights, i: number, x: ResidualStream, attend: LayerAttention, past?: KvPair, fuse = true, swiglu?: SwigluKernel): { stream: ResidualStream; present: KvPair } {
+  const g = x.sum.graph;
+  const p = `model.layers.${i}`;
+  const eps = cfg.rmsNormEps;
+  let mid: Tensor | undefined;
+  const a = g.scope('attn', () => {
+    const n = addRmsNorm(w, `${p}.input_layernorm.weight`, x, eps, fuse);
+    return { ...attend(n.normed, `${p}.self_attn`, past), sum: n.sum };
+  });
+  const out = g.scope('mlp', () => {
+    const n = addRmsNorm(w, `${p}.post_attention_layernorm.weight`, { sum: a.sum, pending: a.out }, eps, fuse);
+    mid = n.sum;
+    return mlp(cfg, w, `${p}.mlp`, n.normed, true, swiglu);
+  });
+  return { stream: { sum: mid!, pending: out }, present: a.present };
+}
+
+/**
+ * The layers and final norm of an inference graph over embeddings `h` (float32 residual stream):
+ * N {@link inferenceLayer}s, each in scope `layer{i}`, then the final norm fused with the last add.
+ */
+export function inferenceLayers(cfg: DecoderConfig, w: Weights, h: Tensor, attend: LayerAttention, past?: KvPair[], fuse = true, swiglu?: SwigluKernel): DecoderOutputs {
+  const g = h.graph;
+  let stream: ResidualStream = { sum: h };
+  const present: KvPair[] = [];
+  for (let i = 0; i < cfg.numLayers; i++) {
+    const x = stream;
+    stream = g.scope(`layer${i}`, () => {
+      const out = inferenceLayer(cfg, w, i, x, attend, past?.[i], fuse, swiglu);
+      present.push(out.present);
+      return out.stream;
+    });
+  }
+  return { hidden: addRmsNorm(w, 'model.norm.weight', stream, cfg.rmsNormEps, fuse).normed, present };
+}
+
+/**
  * The decoder: embeddings → N {@link decoderLayer} blocks → final norm. Attention is composed from
  * primitives (any mask; differentiable), differentiable flash attention, or, given
  * {@link GqaDecoderInputs}, ONNX Runtime's GroupQueryAttention (right-padded rows; inference only).
@@ -382,7 +462,9 @@ export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | 
   const fused = gqa ? true : (inputs.fused ?? Boolean(inputs.flashAttention));
   const recompute = !gqa && inputs.recompute;
   const attend = layerAttention(cfg, w, inputs, embedded.dtype, fused);
-  const swiglu = gqa ? undefined : inputs.flashAttention?.swigluKernel;
+  // GroupQueryAttention graphs are inference only: their residual adds fuse into the norms.
+  if (gqa) return inferenceLayers(cfg, w, h, attend, inputs.past, inputs.fuseResidualNorm ?? true);
+  const swiglu = inputs.flashAttention?.swigluKernel;
   const present: KvPair[] = [];
   for (let i = 0; i < cfg.numLayers; i++) {
     const input = h;

@@ -24,7 +24,7 @@ import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, paramSpecs, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
 import { Device, DeviceTensor, hostTensor, type Binding, type DeviceKind, type Session, type SessionOptions } from '@lathe/runtime';
-import { addKvDecodeStep, addKvPrefill, cacheName, cacheScaleName, SAMPLED_COLUMNS, type KvDecodeAttention } from './kv-cache-graphs';
+import { addKvDecodeStep, addKvPrefill, cacheName, cacheScaleName, float32NormName, float32Norms, residualNormWeights, SAMPLED_COLUMNS, type KvDecodeAttention } from './kv-cache-graphs';
 import { uniformNoise } from './rng';
 import { validateSampling, type SamplingOptions } from './sampling';
 import { isOutOfMemory, sampleKeysOf, splitOnOutOfMemory, type Completion, type GenerateCallOptions } from './generator';
@@ -96,6 +96,12 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
    * built for it.
    */
   kvCacheDtype?: 'model' | 'float8e4m3';
+  /**
+   * Each residual add and the RMSNorm after it as one SkipSimplifiedLayerNormalization kernel: two
+   * nodes fewer a layer in both graphs (in a 16-bit dtype the prefill also writes float32 copies of
+   * those norms' weights for the decode steps). Default on; off builds the unfused graphs (A/B checks).
+   */
+  fuseResidualNorm?: boolean;
 }
 
 /** Time spent per phase of the last `generate` call, in milliseconds. */
@@ -145,6 +151,8 @@ interface EngineBuffers {
   /** Zeros the prefill extends each prompt's cache with (one layer's cache in size). */
   tail: DeviceTensor;
   noise: DeviceTensor | undefined;
+  /** Float32 copies of the fused norms' weights by name, which each prefill writes and the decode steps read (16-bit dtypes). */
+  norms: Map<string, DeviceTensor>;
 }
 
 /**
@@ -175,6 +183,7 @@ function allocateBuffers(device: Device, config: DecoderConfig, opts: KvCacheGen
       pong: step(),
       tail: zeros(dtype, cacheDims),
       noise: (opts.temperature ?? 1) === 0 ? undefined : zeros('float32', [R, M]),
+      norms: new Map(float32Norms(dtype, opts.fuseResidualNorm) ? residualNormWeights(config).map((n) => [float32NormName(n), zeros('float32', [config.hiddenSize])]) : []),
     };
   } catch (e) {
     for (const t of made) t.dispose();
@@ -184,8 +193,8 @@ function allocateBuffers(device: Device, config: DecoderConfig, opts: KvCacheGen
   }
 }
 
-function disposeBuffers({ caches, scales, ping, pong, tail, noise }: EngineBuffers): void {
-  for (const t of [...caches, ...scales, tail, ...Object.values(ping), ...Object.values(pong), ...(noise ? [noise] : [])]) t.dispose();
+function disposeBuffers({ caches, scales, ping, pong, tail, noise, norms }: EngineBuffers): void {
+  for (const t of [...caches, ...scales, tail, ...Object.values(ping), ...Object.values(pong), ...(noise ? [noise] : []), ...norms.values()]) t.dispose();
 }
 
 /** A compiled prefill + decode-step pair over device-resident weights and caches. */
@@ -207,7 +216,7 @@ export class KvCacheGenerator {
     private readonly buffers: EngineBuffers,
   ) {
     const { maxLength: M } = opts;
-    const { caches, scales, ping, pong, tail, noise } = buffers;
+    const { caches, scales, ping, pong, tail, noise, norms } = buffers;
     this.n = opts.groupSize ?? 1;
 
     const bindWeights = (b: Binding) => {
@@ -225,10 +234,12 @@ export class KvCacheGenerator {
     bindOutputs(this.prefillBinding, ping);
     if (noise) this.prefillBinding.input('noise', noise);
     this.prefillBinding.input('cache_tail', tail);
+    for (const [name, t] of norms) this.prefillBinding.output(name, t);
 
     const decodeBinding = (from: StepBuffers, to: StepBuffers, graphId: number) => {
       const b = step.binding();
       bindWeights(b);
+      for (const [name, t] of norms) b.input(name, t);
       b.input('token', from.token).input('seqlens', from.seqlens).input('step', from.step).input('history', from.history).input('cache_length', hostTensor('int32', [], [M]));
       if (noise) b.input('noise', noise);
       for (let i = 0; i < config.numLayers; i++) {
@@ -301,7 +312,7 @@ export class KvCacheGenerator {
       return g;
     };
     // ONNX Runtime's CPU kernel has no in-kernel Q/K norm; on CUDA it saves two norm launches a layer.
-    const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda', rows: opts.rows, decodeAttention: da };
+    const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda', rows: opts.rows, decodeAttention: da, fuseResidualNorm: opts.fuseResidualNorm };
     // ORT's memory-pattern planning off unless asked for: the plan it applies from a shape's second
     // run on made that run's prefill slower, not faster (docs/benchmarks.md).
     const session: SessionOptions = {

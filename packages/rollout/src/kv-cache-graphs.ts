@@ -28,10 +28,11 @@
  *                 noise float32 [R, N] (when sampling)
  *            out: present.{i}.key / present.{i}.value [R, KV, M, hd], next_token int64 [R, 1],
  *                 next_seqlens int32 [R], next_step int64 [1], next_history float32 [R, K, 3]
- *                 (step 0's result in column 0, zeros elsewhere)
+ *                 (step 0's result in column 0, zeros elsewhere); in a 16-bit dtype also
+ *                 float32.<norm weight> float32 [hidden] (see residualNormWeights)
  *   decode   in:  token int64 [R, 1], seqlens int32 [R], step int64 [1], noise float32 [R, N],
  *                 history float32 [R, K, 3], cache_length int32 [] (= M, host), cache.{i}.key /
- *                 value (bound in place)
+ *                 value (bound in place); in a 16-bit dtype the prefill's float32.<norm weight>
  *            out: the same outputs as prefill, present.{i}.key / value bound to the cache buffers,
  *                 next_history = history with column (step mod K) replaced by this step's result
  *
@@ -42,7 +43,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { accumulationDtype, decoder, decoderLayer, lmLogits, project, rmsNormHf, ropeCaches, type DecoderConfig, type KvPair, type LayerAttention, type Weights } from '@lathe/models';
+import { accumulationDtype, decoder, inferenceLayers, lmLogits, project, ropeCaches, type DecoderConfig, type KvPair, type LayerAttention, type Weights } from '@lathe/models';
 import { sampleNext, type SamplingOptions } from './sampling';
 
 /** Name of layer i's key or value cache: `cache.*` as a decode input, `present.*` as an output. */
@@ -53,6 +54,36 @@ export function cacheName(i: number, which: 'key' | 'value', as: 'input' | 'outp
 /** Name of layer i's e4m3 key or value scales [R, KV, M] (an fp8 cache): `cache.*_scale` as a decode input, `present.*_scale` as an output. */
 export function cacheScaleName(i: number, which: 'key' | 'value', as: 'input' | 'output'): string {
   return `${cacheName(i, which, as)}_scale`;
+}
+
+/**
+ * Name of the float32 copy of an RMSNorm weight (see {@link residualNormWeights}) that the prefill
+ * writes and the decode step reads: `float32.<hfName>`.
+ */
+export function float32NormName(hfName: string): string {
+  return `float32.${hfName}`;
+}
+
+/**
+ * The RMSNorm weights a residual add fuses with (each norm after an add: all but the first layer's
+ * input norm), which SkipSimplifiedLayerNormalization reads in the float32 residual stream's dtype.
+ * In a 16-bit dtype the prefill casts them once per run into buffers the decode steps read, so no
+ * step casts them.
+ */
+export function residualNormWeights(cfg: DecoderConfig): string[] {
+  const names: string[] = [];
+  for (let i = 0; i < cfg.numLayers; i++) names.push(...(i > 0 ? [`model.layers.${i}.input_layernorm.weight`] : []), `model.layers.${i}.post_attention_layernorm.weight`);
+  return [...names, 'model.norm.weight'];
+}
+
+/** Whether the graphs carry float32 copies of the norm weights (a 16-bit dtype with the residual norms fused). */
+export function float32Norms(dtype: DType, fuseResidualNorm?: boolean): boolean {
+  return dtype !== 'float32' && fuseResidualNorm !== false;
+}
+
+/** `w` that also answers `float32` for the norm weights from `copies`. */
+function withFloat32(w: Weights, copies: Map<string, Tensor>): Weights {
+  return Object.assign((name: string) => w(name), w, { float32: (name: string) => copies.get(name) });
 }
 
 /**
@@ -127,10 +158,12 @@ export interface KvGraphOptions {
   rows?: number;
   /** The decode step's attention through this kernel rather than GroupQueryAttention (see {@link KvDecodeAttention}). */
   decodeAttention?: KvDecodeAttention;
+  /** Residual adds fused into the next RMSNorm (`fuseResidualNorm` of `GqaDecoderInputs`; default on). */
+  fuseResidualNorm?: boolean;
 }
 
 /** The prefill graph (see the module comment). */
-export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention }: KvGraphOptions): void {
+export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm }: KvGraphOptions): void {
   const R = rows ?? 'R';
   const ids = g.input('input_ids', 'int64', ['B', 'P']);
   const seqlens = g.input('seqlens', 'int32', ['B']);
@@ -140,8 +173,13 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
   const zeros = g.input('cache_tail', dtype, [R, cfg.numKvHeads, 'M', cfg.headDim]);
   const expand = g.input('expand_index', 'int64', [R]);
   const noise = sampling(opts) ? g.input('noise', 'float32', [R, 'N']) : undefined;
+  if (float32Norms(dtype, fuseResidualNorm)) {
+    const copies = new Map(residualNormWeights(cfg).map((n) => [n, L.cast(weights(n), 'float32')]));
+    for (const [n, t] of copies) g.output(t, float32NormName(n));
+    weights = withFloat32(weights, copies);
+  }
 
-  const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width, qkNormInKernel });
+  const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width, qkNormInKernel, fuseResidualNorm });
   const axis = g.constant([2], 'int64', [1]);
   const spec = { axes: [2], starts: ['P'], ends: [Number.MAX_SAFE_INTEGER], steps: [1] };
   const tail = L.applyOp(L.sliceOp, [zeros, cacheStart, g.constant([Number.MAX_SAFE_INTEGER], 'int64', [1]), axis, g.constant([1], 'int64', [1])], spec)[0];
@@ -165,7 +203,7 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
 }
 
 /** The decode-step graph (see the module comment). */
-export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention }: KvGraphOptions): void {
+export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm }: KvGraphOptions): void {
   const R = rows ?? 'R';
   const token = g.input('token', 'int64', [R, 1]);
   const seqlens = g.input('seqlens', 'int32', [R]);
@@ -175,13 +213,14 @@ export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, 
   const cacheLength = g.input('cache_length', 'int32', []);
   const past: KvPair[] = [];
   const cacheDtype = decodeAttention ? decodeAttention.cacheDtype(dtype) : dtype;
+  if (float32Norms(dtype, fuseResidualNorm)) weights = withFloat32(weights, new Map(residualNormWeights(cfg).map((n) => [n, g.input(float32NormName(n), 'float32', [cfg.hiddenSize])])));
   for (let i = 0; i < cfg.numLayers; i++) {
     const shape = [R, cfg.numKvHeads, 'M', cfg.headDim];
     past.push({ key: g.input(cacheName(i, 'key', 'input'), cacheDtype, shape), value: g.input(cacheName(i, 'value', 'input'), cacheDtype, shape) });
   }
   const out: { present: KvPair[]; hidden: Tensor; scales?: KvPair[] } = decodeAttention
-    ? kvKernelDecoder(g, cfg, weights, dtype, { token, seqlens, past, R }, decodeAttention)
-    : decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel });
+    ? kvKernelDecoder(g, cfg, weights, dtype, { token, seqlens, past, R, fuseResidualNorm }, decodeAttention)
+    : decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel, fuseResidualNorm });
   out.present.forEach((p, i) => {
     g.output(p.key, cacheName(i, 'key', 'output'));
     g.output(p.value, cacheName(i, 'value', 'output'));
@@ -197,8 +236,8 @@ export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, 
 }
 
 /**
- * The decoder of a decode step (one token per row) with `da`'s attention: embeddings, the layers of
- * `decoderLayer` (fused norms and MLP, as the GroupQueryAttention graph has them), the final norm. Each
+ * The decoder of a decode step (one token per row) with `da`'s attention: embeddings, then the
+ * layers and final norm of `inferenceLayers` (fused norms and MLP, as the GroupQueryAttention graph has them). Each
  * layer's node reads the projections before QK-norm and RoPE, the layer's cache (and, for e4m3, its
  * scale inputs `cache.{i}.*_scale`), and returns the cache (and scales) as its presents.
  */
@@ -207,7 +246,7 @@ export function kvKernelDecoder(
   cfg: DecoderConfig,
   w: Weights,
   dtype: DType,
-  x: { token: Tensor; seqlens: Tensor; past: KvPair[]; R: number | string },
+  x: { token: Tensor; seqlens: Tensor; past: KvPair[]; R: number | string; fuseResidualNorm?: boolean },
   da: KvDecodeAttention,
 ): { hidden: Tensor; present: KvPair[]; scales?: KvPair[] } {
   if (cfg.qkNorm && Math.abs(da.qkNormEpsilon - cfg.rmsNormEps) > 1e-12 * Math.max(1, cfg.rmsNormEps)) {
@@ -241,15 +280,7 @@ export function kvKernelDecoder(
     return { out: project(w, `${prefix}.o_proj`, r.output, cfg.outputBias), present: { key: r.presentKey, value: r.presentValue } };
   };
   const embedded = L.gather(w('model.embed_tokens.weight'), x.token, 0);
-  let h = L.cast(embedded, accumulationDtype(embedded.dtype));
-  const present: KvPair[] = [];
-  for (let i = 0; i < cfg.numLayers; i++) {
-    const input = h;
-    h = g.scope(`layer${i}`, () => {
-      const out = decoderLayer(cfg, w, i, input, attend, x.past[i], true);
-      present.push(out.present);
-      return out.hidden;
-    });
-  }
-  return { hidden: rmsNormHf(h, w('model.norm.weight'), cfg.rmsNormEps, true), present, ...(fp8 ? { scales } : {}) };
+  const h = L.cast(embedded, accumulationDtype(embedded.dtype));
+  const out = inferenceLayers(cfg, w, h, attend, x.past, x.fuseResidualNorm ?? true);
+  return { ...out, ...(fp8 ? { scales } : {}) };
 }

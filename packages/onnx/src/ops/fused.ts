@@ -3,7 +3,8 @@
  * node instead of the 6–10 primitives they replace, which matters most inside a decode loop whose
  * every node is a kernel launch per token. Each is tested against its primitive composition.
  * Each has a gradient rule composed from primitives (GroupQueryAttention's in the manner of flash
- * attention's backward pass), so training runs its forward through the fused kernels.
+ * attention's backward pass), so training runs its forward through the fused kernels; the one
+ * exception, SkipSimplifiedLayerNormalization, serves inference graphs only.
  */
 import { formatShape, shapeSize, type Dim } from '../dim';
 import { isFloat } from '../dtype';
@@ -59,6 +60,45 @@ function simplifiedLayerNormGrad({ inputs: [x, scale], dy: [dy], attrs }: GradCo
 /** RMSNorm over the last axis with a learned scale, as one ONNX Runtime kernel. */
 export function simplifiedLayerNorm(x: Tensor, scale: Tensor, epsilon: number): Tensor {
   return applyOp(simplifiedLayerNormOp, [x, scale], { epsilon })[0];
+}
+
+/**
+ * The residual add and the RMSNorm after it as one kernel (com.microsoft.SkipSimplifiedLayerNormalization;
+ * CPU and CUDA kernels for float32 and float16, CUDA for bfloat16 too): s = x + skip, y = s / √(mean(s²) + ε) · γ,
+ * statistics in float32. x and skip are [B, S, D] or [rows, D], γ [D], all one dtype. Outputs y and s
+ * (ONNX outputs 0 and 3; the training-only mean and inverse-std outputs 1 and 2 are emitted for the
+ * slots but left unread). Inference only: it has no gradient rule, so autodiff refuses a path through
+ * it (training graphs keep Add and {@link simplifiedLayerNormOp}, which have rules).
+ */
+export const skipSimplifiedLayerNormOp = defineOp<{ epsilon: number }>({
+  name: 'SkipSimplifiedLayerNormalization',
+  domain: 'com.microsoft',
+  infer: ([x, skip, gamma]) => {
+    if (!isFloat(x!.dtype) || x!.dtype === 'float64') throw new Error(`input must be float32, float16 or bfloat16, got ${x!.dtype}`);
+    if (x!.shape.length !== 3 && x!.shape.length !== 2) throw new Error(`input must be [B, S, hidden] or [rows, hidden], got ${formatShape(x!.shape)}`);
+    if (skip!.dtype !== x!.dtype || gamma!.dtype !== x!.dtype) throw new Error(`skip and gamma must be ${x!.dtype}, got ${skip!.dtype} and ${gamma!.dtype}`);
+    if (skip!.shape.length !== x!.shape.length || skip!.shape.some((d, i) => typeof d === 'number' && typeof x!.shape[i] === 'number' && d !== x!.shape[i])) {
+      throw new Error(`skip must have the input's shape ${formatShape(x!.shape)}, got ${formatShape(skip!.shape)}`);
+    }
+    const D = x!.shape[x!.shape.length - 1];
+    if (gamma!.shape.length !== 1 || (typeof D === 'number' && typeof gamma!.shape[0] === 'number' && gamma!.shape[0] !== D)) {
+      throw new Error(`gamma must be [${String(D)}], got ${formatShape(gamma!.shape)}`);
+    }
+    const stats = [...x!.shape.slice(0, -1), 1];
+    return [
+      { dtype: x!.dtype, shape: [...x!.shape] },
+      { dtype: 'float32', shape: stats },
+      { dtype: 'float32', shape: stats },
+      { dtype: x!.dtype, shape: [...x!.shape] },
+    ];
+  },
+  onnxAttrs: ({ epsilon }) => ({ epsilon: attr.float(epsilon) }),
+});
+
+/** RMSNorm of x + skip with a learned scale, and the sum itself, in one kernel; {@link skipSimplifiedLayerNormOp}. */
+export function skipSimplifiedLayerNorm(x: Tensor, skip: Tensor, gamma: Tensor, epsilon: number): { output: Tensor; sum: Tensor } {
+  const [output, , , sum] = applyOp(skipSimplifiedLayerNormOp, [x, skip, gamma], { epsilon });
+  return { output, sum };
 }
 
 /**
