@@ -65,6 +65,25 @@ export interface InRunReducer {
   allReduceHost(values: Float64Array, op?: 'sum' | 'avg'): Promise<void>;
 }
 
+/**
+ * The in-run reducer of a world of one, on any device: nothing to sum, so the bucket nodes run (their
+ * host cost and place in the run) without collectives, the A/B that tells the nodes' own cost from
+ * the collectives' in a device run. Reduce-scatters (ZeRO) need ranks and are refused.
+ */
+export function soloInRunReducer(): InRunReducer {
+  return {
+    rank: 0,
+    worldSize: 1,
+    backend: 'none',
+    reduceInRun: () => undefined,
+    reduceScatterInRun: () => {
+      throw new Error('soloInRunReducer: a reduce-scatter (ZeRO) needs ranks to scatter to');
+    },
+    drain: () => Promise.resolve(),
+    allReduceHost: () => Promise.resolve(),
+  };
+}
+
 /** Device times of one bucket's collectives in a run, in ms from the first bucket's `ready`. */
 export interface InRunBucketTiming {
   /** The compute stream reached the bucket's node: its gradients are written. */

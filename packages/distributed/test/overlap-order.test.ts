@@ -3,7 +3,8 @@
  * (flash attention, fused log-prob, RoPE as custom-op nodes, their float32 host computes on the
  * CPU) each bucket's node still runs right after its gradients, while the backward of the layers
  * below remains, as with the composed graph (ORT's profile of the accumulate run, one rank). The
- * device's bucket times: `overlapSummary` on hand-made timelines, hidden and serialized.
+ * device's bucket times: `overlapSummary` on hand-made timelines, hidden and serialized. The nodes
+ * alone (`soloInRunReducer`, a world of one) change nothing in the step.
  */
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -12,8 +13,8 @@ import { TOTAL_LENGTH_INPUT, totalLengthTensor } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { sftLoss, Trainer, type SftLossOptions } from '@lathe/train';
 import { crossEntropyOps, flashAttentionOps, ropeOps } from '@lathe/kernels';
-import { bucketNodeOrderOfProfile, gradientAllReduceInGraph, overlapSummary, profiledNodes, ThreadGroup, type BucketNodeOrder } from '@lathe/distributed';
-import { sftBatch, sftRows, tinySftSpec } from './tiny-sft';
+import { bucketNodeOrderOfProfile, gradientAllReduceInGraph, overlapSummary, profiledNodes, soloInRunReducer, ThreadGroup, type BucketNodeOrder } from '@lathe/distributed';
+import { rankBatches, sftBatch, sftRows, tinySftSpec } from './tiny-sft';
 
 /** Small buckets, so the tiny model's gradients make several nodes. */
 const BUCKET_BYTES = 4096;
@@ -72,4 +73,24 @@ test('overlapSummary: sums started at their ready are hidden but the last; sums 
   const serialized = overlapSummary({ buckets: [[0, 20], [10, 25], [20, 30]].map(([r, s]) => ({ ready: r, start: s, done: s + 5 })) });
   expect(serialized).toEqual({ backwardMs: 20, collectiveMs: 15, hiddenMs: 0, tailMs: 15, meanQueueMs: 15 });
   expect(overlapSummary({ buckets: [] })).toEqual({ backwardMs: 0, collectiveMs: 0, hiddenMs: 0, tailMs: 0, meanQueueMs: 0 });
+});
+
+test('soloInRunReducer: the bucket nodes without peers run every step and leave the steps those of a plain trainer, bitwise', async () => {
+  const { weights, spec } = tinySftSpec({ seed: 5 });
+  const device = Device.cpu();
+  const computed: number[] = [];
+  const solo = gradientAllReduceInGraph(soloInRunReducer(), device, { bucketBytes: BUCKET_BYTES, onCompute: (k) => computed.push(k) });
+  const withNodes = Trainer.create(spec, { params: weights }, { device, inGraphGradients: solo });
+  const plain = Trainer.create(spec, { params: weights }, { device });
+  for (let step = 0; step < 2; step++) {
+    const batch = rankBatches(sftRows(2000 + step, 4), 0, 1);
+    const [a, b] = [await withNodes.trainStepAsync(batch, 0.01), await plain.trainStepAsync(batch, 0.01)];
+    expect([a.loss, a.gradNorm]).toEqual([b.loss, b.gradNorm]);
+  }
+  const [fa, fb] = [withNodes.downloadParams(), plain.downloadParams()];
+  for (const [name, v] of fb) expect({ name, same: fa.get(name)!.every((x, i) => Object.is(x, v[i])) }).toEqual({ name, same: true });
+  expect(computed.length / 2).toBeGreaterThan(3);
+  withNodes.dispose();
+  plain.dispose();
+  solo.dispose();
 });

@@ -15,7 +15,8 @@
 #                (bf16, PER_GPU rows of 512 per GPU, STEPS default 8, 3 warm-up) with dp-check's --attention-kernel --logprob-kernel
 #                --rope-kernel (KERNELS replaces those flags) instead of --flash-attention, the device opened through the kernels.
 #                For each count the 1-GPU run of the global batch (on 1 GPU printed as `single`), then on N the in-run float32
-#                all-reduce (overlap) and its bfloat16 form (bf16-overlap), each with its losses' parity against that 1-GPU run.
+#                all-reduce (overlap) and its bfloat16 form (bf16-overlap), each with its losses' parity against that 1-GPU run;
+#                on 1 GPU also `solo`: --overlap's bucket nodes without peers (no NCCL), their own cost beside `single`.
 #                comm's JSON line with kernels: true. VARIANTS="fp32 bf16" runs the post-backward all-reduces instead (the CPU
 #                smoke test over TCP, where --overlap is refused). The flash side, same call and same device path:
 #                DP_ARGS="--compute-stream" VARIANTS="overlap bf16-overlap" NO_DDP=1 device-run.sh comm "1 4".
@@ -103,11 +104,18 @@ case "$mode" in
     for n in ${2:-1 4}; do
       rows=$((PER * n))
       node $B/dp-check.js $common --batch $rows --out "$OUT/kernels-1x$rows.json" > /dev/null
-      if [ "$n" = 1 ]; then line "$OUT/kernels-1x$rows.json" single; continue; fi
+      if [ "$n" = 1 ]; then
+        line "$OUT/kernels-1x$rows.json" single
+        # solo: the same GPU with --overlap's bucket nodes but no peers (no NCCL): what the nodes alone cost the step
+        case " ${VARIANTS:-overlap bf16-overlap solo} " in *" solo "*)
+          node $B/dp-check.js $common --batch $rows --overlap $(diag kernels-1-solo) --out "$OUT/kernels-1-solo.json" > /dev/null
+          line "$OUT/kernels-1-solo.json" solo ;; esac
+        continue
+      fi
       port=$((32000 + 10 * n))
       for v in overlap:"--grad-reduce-dtype float32 --overlap" bf16-overlap:"--grad-reduce-dtype bfloat16 --overlap" fp32:"--grad-reduce-dtype float32" bf16:"--grad-reduce-dtype bfloat16"; do
         name=${v%%:*}; opts=${v#*:}; port=$((port + 1))
-        case " ${VARIANTS:-overlap bf16-overlap} " in *" $name "*) ;; *) continue ;; esac
+        case " ${VARIANTS:-overlap bf16-overlap solo} " in *" $name "*) ;; *) continue ;; esac
         node $B/dp-launch.js --gpus "$n" --master_port $port -- node $B/dp-check.js $common --batch $rows $opts $(diag "kernels-$n-$name") --reference "$OUT/kernels-1x$rows.json" --out "$OUT/kernels-$n-$name.json" > /dev/null
         line "$OUT/kernels-$n-$name.json" "$name"
       done

@@ -20,7 +20,8 @@
  *   per --bucket-mb bucket enqueues NCCL behind the compute stream), on a device opened with Lathe's
  *   compute stream (`Kernels.withDevice`, so the fused AdamW is the default too); --compute-stream
  *   opens the device the same way without it, the A/B baseline. On the CPU --overlap runs alone
- *   only (a one-rank `ThreadGroup`: the in-run path without peers); over TCP it is refused.
+ *   only (a one-rank `ThreadGroup`: the in-run path without peers); over TCP it is refused. Alone on
+ *   CUDA the bucket nodes run without collectives (`soloInRunReducer`): the nodes' own cost.
  * - --attention-kernel: attention through Lathe's flash-attention kernels, forward and backward (what
  *   `lathe sft --attention kernels` trains with), on the device opened through the kernels (so it implies
  *   --compute-stream, and rows right-padded as --flash-attention); with it --logprob-kernel takes the
@@ -43,7 +44,7 @@
 import { paramSpecs, parseConfig, randomWeight, totalLengthTensor, TOTAL_LENGTH_INPUT, type HfConfig } from '@lathe/models';
 import { Device, type HostTensor, type Ptr } from '@lathe/runtime';
 import { sftLoss, Trainer, type SftLossOptions, type TrainableParam } from '@lathe/train';
-import { bucketNodeOrderOfProfile, checkDataParallelBatch, checkSameConfig, gradientAllReduce, gradientAllReduceInGraph, gradientReduceScatterInGraph, NcclCollectives, NcclInRunReducer, overlapSummary, shardOf, TcpCollectives, ThreadGroup, worldFromEnv, type Collectives, type InRunTimings } from '@lathe/distributed';
+import { bucketNodeOrderOfProfile, checkDataParallelBatch, checkSameConfig, gradientAllReduce, gradientAllReduceInGraph, gradientReduceScatterInGraph, NcclCollectives, NcclInRunReducer, overlapSummary, shardOf, soloInRunReducer, TcpCollectives, ThreadGroup, worldFromEnv, type Collectives, type InRunTimings } from '@lathe/distributed';
 import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels, RopeKernels, ropeOps } from '@lathe/kernels';
 import { lossParity, reportResult } from './report';
 import { arg, flag } from '../argv';
@@ -162,7 +163,8 @@ async function main(): Promise<void> {
   const profile = arg('profile', '');
   // the order the buckets' nodes computed in (each step: 0, 1, …, the backward's order)
   const bucketOrder: number[] = [];
-  const inRun = !overlap ? undefined : group instanceof NcclCollectives ? NcclInRunReducer.create(group, { timing: flag('bucket-times') }) : !group && deviceKind === 'cpu' ? ThreadGroup.join(ThreadGroup.create(1), 0) : undefined;
+  // alone on CUDA the nodes run without collectives: their own cost, against N ranks' overlap
+  const inRun = !overlap ? undefined : group instanceof NcclCollectives ? NcclInRunReducer.create(group, { timing: flag('bucket-times') }) : group ? undefined : deviceKind === 'cpu' ? ThreadGroup.join(ThreadGroup.create(1), 0) : soloInRunReducer();
   // host ms of each bucket node's compute in the current step, from the step's start
   let stepStart = 0;
   let bucketHostMs: number[] = [];
