@@ -152,6 +152,8 @@ export interface GqaDecoderInputs {
    * {@link addRmsNorm}): two nodes fewer a layer. Default on; off gives the unfused graph (A/B checks).
    */
   fuseResidualNorm?: boolean;
+  /** Each MLP's silu(gate)·up through this kernel instead of QuickGelu and Mul (see {@link SwigluKernel}). */
+  swigluKernel?: SwigluKernel;
 }
 
 /** What the decoder returns. */
@@ -463,7 +465,7 @@ export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | 
   const recompute = !gqa && inputs.recompute;
   const attend = layerAttention(cfg, w, inputs, embedded.dtype, fused);
   // GroupQueryAttention graphs are inference only: their residual adds fuse into the norms.
-  if (gqa) return inferenceLayers(cfg, w, h, attend, inputs.past, inputs.fuseResidualNorm ?? true);
+  if (gqa) return inferenceLayers(cfg, w, h, attend, inputs.past, inputs.fuseResidualNorm ?? true, inputs.swigluKernel);
   const swiglu = inputs.flashAttention?.swigluKernel;
   const present: KvPair[] = [];
   for (let i = 0; i < cfg.numLayers; i++) {

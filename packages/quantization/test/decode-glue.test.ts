@@ -1,13 +1,14 @@
 /**
- * The quantized generation path (`quantizedWeights: 'kernel'`, the W4A16 op's CPU path) with the
- * residual adds fused into the next RMSNorm: two nodes fewer a layer in the decode step, and the
- * greedy tokens and log-probs of the unfused graphs (CPU, float32).
+ * The quantized generation path (`quantizedWeights: 'kernel'`, the W4A16 op's CPU path) with fewer
+ * glue nodes a layer: the residual adds fused into the next RMSNorm (two nodes fewer) and, opted in,
+ * the SwiGLU kernel (`swigluOps`' CPU path) in place of QuickGelu·Mul (one fewer); each generates
+ * the greedy tokens and log-probs of the plain graphs (CPU, float32).
  */
 import * as L from '@lathe/onnx';
 import { CausalLM } from '@lathe/models';
 import { Device } from '@lathe/runtime';
-import { addKvDecodeStep, KvCacheGenerator, type Completion } from '@lathe/rollout';
-import { w4a16Ops } from '@lathe/kernels';
+import { addKvDecodeStep, addKvPrefill, KvCacheGenerator, type Completion, type KvCacheGeneratorOptions } from '@lathe/rollout';
+import { swigluOps, w4a16Ops } from '@lathe/kernels';
 import { QuantizedModel } from '@lathe/quantization';
 import { tinyQwen3 } from './data';
 
@@ -37,12 +38,35 @@ test('decode step over the kernel: two nodes fewer a layer, the projections stil
   }
 });
 
-test('greedy over the kernel: the fused graphs generate the unfused ones’ tokens, log-probs within 1e-4 (CPU, float32)', async () => {
+test('the SwiGLU kernel in the decode step: one node a layer in place of QuickGelu and Mul; the prefill keeps them', () => {
+  const ops = w4a16Ops('cpu');
+  const swiglu = swigluOps('cpu');
+  try {
+    const nodes = (withKernel: boolean, add = addKvDecodeStep) => {
+      const g = new L.Graph();
+      const w = q.graphWeights(g, { dtype: 'float32', quantizedWeights: 'kernel', kernel: ops }).weights;
+      add(g, config, w, 'float32', { temperature: 0 }, { K: 1, rows: 4, ...(withKernel ? { swiglu } : {}) });
+      return L.toModelProto(g).graph.node.map((n) => n.opType);
+    };
+    expect(nodes(true, addKvPrefill).filter((o) => o === 'QuickGelu')).toHaveLength(config.numLayers);
+    const plain = nodes(false);
+    const kernel = nodes(true);
+    expect(plain.length - kernel.length).toBe(config.numLayers);
+    expect(kernel.filter((o) => o === 'QuickGelu')).toEqual([]);
+    expect(kernel.filter((o) => o.startsWith('SwiGLU'))).toHaveLength(config.numLayers);
+  } finally {
+    ops.dispose();
+    swiglu.dispose();
+  }
+});
+
+test('greedy over the kernel: the fused graphs, and the SwiGLU kernel, generate the plain graphs’ tokens, log-probs within 1e-4 (CPU, float32)', async () => {
   const device = Device.cpu();
   const ops = w4a16Ops('cpu');
-  const run = async (fuseResidualNorm: boolean): Promise<Completion[]> => {
+  const swiglu = swigluOps('cpu');
+  const run = async (o: Pick<KvCacheGeneratorOptions, 'fuseResidualNorm' | 'swiglu'>): Promise<Completion[]> => {
     const plan = q.generation(device, 'float32', { quantizedWeights: 'kernel', kernel: ops });
-    const gen = KvCacheGenerator.create(device, config, plan.tensors, { temperature: 0, rows: 4, maxLength: 24, graphWeights: plan.graphWeights, session: plan.session, fuseResidualNorm });
+    const gen = KvCacheGenerator.create(device, config, plan.tensors, { temperature: 0, rows: 4, maxLength: 24, graphWeights: plan.graphWeights, session: plan.session, ...o });
     try {
       return await gen.generate(prompts, { maxNewTokens: 10 });
     } finally {
@@ -51,13 +75,16 @@ test('greedy over the kernel: the fused graphs generate the unfused ones’ toke
     }
   };
   try {
-    const plain = await run(false);
-    const fused = await run(true);
-    ops.check();
-    expect(fused.map((c) => c.tokens)).toEqual(plain.map((c) => c.tokens));
-    expect(fused.flatMap((c) => c.tokens)).toHaveLength(prompts.length * 10);
-    fused.forEach((c, k) => c.rawLogprobs.forEach((x, t) => expect(Math.abs(x - plain[k].rawLogprobs[t])).toBeLessThan(1e-4)));
+    const plain = await run({ fuseResidualNorm: false });
+    for (const fewer of [await run({}), await run({ swiglu })]) {
+      ops.check();
+      swiglu.check();
+      expect(fewer.map((c) => c.tokens)).toEqual(plain.map((c) => c.tokens));
+      expect(fewer.flatMap((c) => c.tokens)).toHaveLength(prompts.length * 10);
+      fewer.forEach((c, k) => c.rawLogprobs.forEach((x, t) => expect(Math.abs(x - plain[k].rawLogprobs[t])).toBeLessThan(1e-4)));
+    }
   } finally {
     ops.dispose();
+    swiglu.dispose();
   }
 });

@@ -24,7 +24,7 @@ import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, paramSpecs, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
 import { Device, DeviceTensor, hostTensor, type Binding, type DeviceKind, type Session, type SessionOptions } from '@lathe/runtime';
-import { addKvDecodeStep, addKvPrefill, cacheName, cacheScaleName, float32NormName, float32Norms, residualNormWeights, SAMPLED_COLUMNS, type KvDecodeAttention } from './kv-cache-graphs';
+import { addKvDecodeStep, addKvPrefill, cacheName, cacheScaleName, float32NormName, float32Norms, residualNormWeights, SAMPLED_COLUMNS, type KvDecodeAttention, type KvSwiglu } from './kv-cache-graphs';
 import { uniformNoise } from './rng';
 import { validateSampling, type SamplingOptions } from './sampling';
 import { isOutOfMemory, sampleKeysOf, splitOnOutOfMemory, type Completion, type GenerateCallOptions } from './generator';
@@ -102,6 +102,12 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
    * those norms' weights for the decode steps). Default on; off builds the unfused graphs (A/B checks).
    */
   fuseResidualNorm?: boolean;
+  /**
+   * The decode step's SwiGLU activations through a SwiGLU kernel (Lathe's: `swigluOps` of
+   * @lathe/kernels, built for this device — on CUDA from kernels on the sessions' stream) in place of
+   * QuickGelu and Mul: one node a layer fewer. Default: ONNX Runtime's kernels.
+   */
+  swiglu?: KvSwiglu;
 }
 
 /** Time spent per phase of the last `generate` call, in milliseconds. */
@@ -312,13 +318,14 @@ export class KvCacheGenerator {
       return g;
     };
     // ONNX Runtime's CPU kernel has no in-kernel Q/K norm; on CUDA it saves two norm launches a layer.
-    const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda', rows: opts.rows, decodeAttention: da, fuseResidualNorm: opts.fuseResidualNorm };
+    const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda', rows: opts.rows, decodeAttention: da, fuseResidualNorm: opts.fuseResidualNorm, swiglu: opts.swiglu };
     // ORT's memory-pattern planning off unless asked for: the plan it applies from a shape's second
     // run on made that run's prefill slower, not faster (docs/benchmarks.md).
+    const domains = [...(da ? [da.domain.handle] : []), ...(opts.swiglu ? [opts.swiglu.domain.handle] : [])];
     const session: SessionOptions = {
       ...opts.session,
       memoryPattern: opts.session?.memoryPattern ?? false,
-      ...(da ? { customOpDomains: [...(opts.session?.customOpDomains ?? []), da.domain.handle] } : {}),
+      ...(domains.length ? { customOpDomains: [...(opts.session?.customOpDomains ?? []), ...domains] } : {}),
     };
     const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts, graphOpts)), { ...session, name: 'kv-prefill', cudaGraph: false });
     let step: Session | undefined;
@@ -505,6 +512,7 @@ export class KvCacheGenerator {
       this.opts.beforeRun?.('decode', B);
       this.decode[s % 2 === 1 ? 0 : 1].runSync({ synchronize: false });
       this.opts.decodeAttention?.check();
+      this.opts.swiglu?.check();
       t.decodeSteps++;
       lap('decodeMs');
       if (readDue(s)) readThrough(s);

@@ -43,7 +43,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { accumulationDtype, decoder, inferenceLayers, lmLogits, project, ropeCaches, type DecoderConfig, type KvPair, type LayerAttention, type Weights } from '@lathe/models';
+import { accumulationDtype, decoder, inferenceLayers, lmLogits, project, ropeCaches, type DecoderConfig, type KvPair, type LayerAttention, type SwigluKernel, type Weights } from '@lathe/models';
 import { sampleNext, type SamplingOptions } from './sampling';
 
 /** Name of layer i's key or value cache: `cache.*` as a decode input, `present.*` as an output. */
@@ -123,6 +123,19 @@ export interface KvDecodeAttention {
   check(): void;
 }
 
+/**
+ * A SwiGLU kernel for the decode step's MLPs in place of QuickGelu and Mul (Lathe's: `swigluOps` of
+ * @lathe/kernels, which this layer does not import): one node a layer where ONNX Runtime runs two.
+ */
+export interface KvSwiglu {
+  /** silu(gate)·up for gate and up of one shape and dtype. */
+  apply: SwigluKernel;
+  /** The custom-op domain its nodes belong to (added to both sessions). */
+  domain: { handle: bigint };
+  /** Rethrows an error one of its nodes raised during the last run. */
+  check(): void;
+}
+
 /** Columns of a step's result in the history, per row. */
 export const SAMPLED_COLUMNS = ['token', 'logprob', 'raw_logprob'] as const;
 
@@ -160,6 +173,8 @@ export interface KvGraphOptions {
   decodeAttention?: KvDecodeAttention;
   /** Residual adds fused into the next RMSNorm (`fuseResidualNorm` of `GqaDecoderInputs`; default on). */
   fuseResidualNorm?: boolean;
+  /** The decode step's SwiGLU activations through this kernel rather than QuickGelu and Mul (see {@link KvSwiglu}). */
+  swiglu?: KvSwiglu;
 }
 
 /** The prefill graph (see the module comment). */
@@ -203,7 +218,7 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
 }
 
 /** The decode-step graph (see the module comment). */
-export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm }: KvGraphOptions): void {
+export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm, swiglu }: KvGraphOptions): void {
   const R = rows ?? 'R';
   const token = g.input('token', 'int64', [R, 1]);
   const seqlens = g.input('seqlens', 'int32', [R]);
@@ -219,8 +234,8 @@ export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, 
     past.push({ key: g.input(cacheName(i, 'key', 'input'), cacheDtype, shape), value: g.input(cacheName(i, 'value', 'input'), cacheDtype, shape) });
   }
   const out: { present: KvPair[]; hidden: Tensor; scales?: KvPair[] } = decodeAttention
-    ? kvKernelDecoder(g, cfg, weights, dtype, { token, seqlens, past, R, fuseResidualNorm }, decodeAttention)
-    : decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel, fuseResidualNorm });
+    ? kvKernelDecoder(g, cfg, weights, dtype, { token, seqlens, past, R, fuseResidualNorm, swigluKernel: swiglu?.apply }, decodeAttention)
+    : decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel, fuseResidualNorm, swigluKernel: swiglu?.apply });
   out.present.forEach((p, i) => {
     g.output(p.key, cacheName(i, 'key', 'output'));
     g.output(p.value, cacheName(i, 'value', 'output'));
@@ -246,7 +261,7 @@ export function kvKernelDecoder(
   cfg: DecoderConfig,
   w: Weights,
   dtype: DType,
-  x: { token: Tensor; seqlens: Tensor; past: KvPair[]; R: number | string; fuseResidualNorm?: boolean },
+  x: { token: Tensor; seqlens: Tensor; past: KvPair[]; R: number | string; fuseResidualNorm?: boolean; swigluKernel?: SwigluKernel },
   da: KvDecodeAttention,
 ): { hidden: Tensor; present: KvPair[]; scales?: KvPair[] } {
   if (cfg.qkNorm && Math.abs(da.qkNormEpsilon - cfg.rmsNormEps) > 1e-12 * Math.max(1, cfg.rmsNormEps)) {
@@ -281,6 +296,6 @@ export function kvKernelDecoder(
   };
   const embedded = L.gather(w('model.embed_tokens.weight'), x.token, 0);
   const h = L.cast(embedded, accumulationDtype(embedded.dtype));
-  const out = inferenceLayers(cfg, w, h, attend, x.past, x.fuseResidualNorm ?? true);
+  const out = inferenceLayers(cfg, w, h, attend, x.past, x.fuseResidualNorm ?? true, x.swigluKernel);
   return { ...out, ...(fp8 ? { scales } : {}) };
 }
