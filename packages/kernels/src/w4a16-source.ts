@@ -93,26 +93,29 @@ export interface W4A16TileVariant {
   wm: 1 | 2;
   wn: 2 | 4 | 8;
   wk: 1 | 2 | 4;
-  stages: 3 | 4;
+  stages: 2 | 3 | 4;
+  /** CTAs an SM holds at once (the launch bound's minimum: registers capped to fit, shared memory checked by a test). */
+  perSm: 1 | 2;
   auto: boolean;
 }
 
 /**
  * The tiled builds. The first three (2 × 2 warps, 3 stages: 64 × 64, 32 × 64, 32 × 32) are the original tiles, kept
  * for the microbenchmark and `tile`; the 8-warp builds give each warp 32–64 rows × 32 columns, so each dequantized
- * weight fragment feeds 4–8 mma.sync and each activation read from shared memory feeds 2, and their tiles are 2–8
- * times the activation reuse (BN 64–256) — the default plan chooses among them.
+ * weight fragment feeds 4–8 mma.sync and each activation read from shared memory feeds 2, and each activation
+ * read from L2 serves 64–256 columns (the original tiles: 32–64) — the default plan chooses among them.
  * A 64 × 128 tile of 2 × 2 warps (four column tiles a warp) needs more than 255 registers.
  */
 export const W4A16_TILE_VARIANTS: readonly W4A16TileVariant[] = [
-  { mt: 4, nt: 2, wm: 2, wn: 2, wk: 1, stages: 3, auto: false },
-  { mt: 2, nt: 2, wm: 2, wn: 2, wk: 1, stages: 3, auto: false },
-  { mt: 2, nt: 1, wm: 2, wn: 2, wk: 1, stages: 3, auto: false },
-  { mt: 8, nt: 2, wm: 1, wn: 8, wk: 1, stages: 4, auto: true },
-  { mt: 8, nt: 2, wm: 2, wn: 4, wk: 1, stages: 4, auto: true },
-  { mt: 8, nt: 2, wm: 1, wn: 4, wk: 2, stages: 3, auto: true },
-  { mt: 4, nt: 2, wm: 1, wn: 4, wk: 2, stages: 3, auto: true },
-  { mt: 4, nt: 2, wm: 1, wn: 2, wk: 4, stages: 3, auto: true },
+  { mt: 4, nt: 2, wm: 2, wn: 2, wk: 1, stages: 3, perSm: 1, auto: false },
+  { mt: 2, nt: 2, wm: 2, wn: 2, wk: 1, stages: 3, perSm: 1, auto: false },
+  { mt: 2, nt: 1, wm: 2, wn: 2, wk: 1, stages: 3, perSm: 1, auto: false },
+  { mt: 8, nt: 2, wm: 1, wn: 8, wk: 1, stages: 4, perSm: 1, auto: true },
+  { mt: 8, nt: 2, wm: 2, wn: 4, wk: 1, stages: 4, perSm: 1, auto: true },
+  { mt: 8, nt: 2, wm: 1, wn: 4, wk: 2, stages: 3, perSm: 1, auto: true },
+  { mt: 4, nt: 2, wm: 1, wn: 4, wk: 2, stages: 3, perSm: 2, auto: true },
+  { mt: 4, nt: 2, wm: 1, wn: 2, wk: 4, stages: 3, perSm: 1, auto: true },
+  { mt: 8, nt: 2, wm: 1, wn: 2, wk: 4, stages: 2, perSm: 1, auto: true },
 ];
 
 /** Steps of K in flight in the original (2 × 2-warp) tiled kernels: one multiplied while the next two are copied. */
@@ -155,7 +158,7 @@ export function w4a16TileKernelName(dtype: keyof typeof W4A16_TYPES, v: TileShap
 }
 
 const tileLines = (Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[])
-  .flatMap((d) => W4A16_TILE_VARIANTS.map((v) => `W4A16_TILE_KERNEL(${W4A16_TYPES[d].c}, ${v.mt}, ${v.nt}, ${v.wm}, ${v.wn}, ${v.wk}, ${v.stages}, ${w4a16TileKernelName(d, v)})`))
+  .flatMap((d) => W4A16_TILE_VARIANTS.map((v) => `W4A16_TILE_KERNEL(${W4A16_TYPES[d].c}, ${v.mt}, ${v.nt}, ${v.wm}, ${v.wn}, ${v.wk}, ${v.stages}, ${v.perSm}, ${w4a16TileKernelName(d, v)})`))
   .join('\n');
 
 /** The whole source: every kernel for every element type and tile count. */
@@ -526,8 +529,11 @@ __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const u
       }
 }
 
-#define W4A16_TILE_KERNEL(T, MT, NT, WM, WN, WK, STAGES, NAME)                                                                                      \
-  extern "C" __global__ void __launch_bounds__(32 * WM * WN * WK) NAME(const T* A, const unsigned char* B, const T* S, const unsigned char* Z, T* C0, T* C1, \
+// the launch bound: the block's threads, and for builds that two CTAs an SM should run, registers capped to fit them
+#define W4T_BOUNDS_1(THREADS) __launch_bounds__(THREADS)
+#define W4T_BOUNDS_2(THREADS) __launch_bounds__(THREADS, 2)
+#define W4A16_TILE_KERNEL(T, MT, NT, WM, WN, WK, STAGES, PER_SM, NAME)                                                                              \
+  extern "C" __global__ void W4T_BOUNDS_##PER_SM(32 * WM * WN * WK) NAME(const T* A, const unsigned char* B, const T* S, const unsigned char* Z, T* C0, T* C1, \
                                                                      T* C2, int M, int N, int n1, int n2, int K, int kb, int bs_log2) {                \
     W4_SHARED(smem);                                                                                                                                  \
     w4a16_tile_body<T, MT, NT, WM, WN, WK, STAGES>(A, B, S, Z, C0, C1, C2, M, N, n1, n2, K, kb, bs_log2, smem);                                      \

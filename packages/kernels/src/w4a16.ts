@@ -139,9 +139,9 @@ function tileBuild(tile: W4A16Tile): W4A16TileVariant | undefined {
 
 /**
  * The tiled launch of `shape`: `tile` if given, else, among the builds marked `auto`, the one of least
- * estimated time — waves of CTAs over `sms` SMs (one CTA of 8 warps an SM) × a CTA's serial work (its warps'
- * tile over its share of K: mt·nt / wk) — ties going to the least traffic from L2 (activations re-read once per
- * BN columns, weights once per BM rows).
+ * estimated time — waves of CTAs over `sms` SMs × a CTA's serial work (its warps' share of K, 1 / wk, × the
+ * work of a warp's k-step: mt·nt mma.sync and the dequantization of nt weight fragments, taken as 2 mma each) —
+ * ties going to the least traffic from L2 (activations re-read once per BN columns, weights once per BM rows).
  */
 export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N'>, opts: { tile?: W4A16Tile; sms?: number } = {}): W4A16TilePlan {
   const rows = Math.max(shape.M, 1);
@@ -157,7 +157,7 @@ export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N'>, opts: { tile?:
     const sms = opts.sms ?? W4A16_DEFAULT_SMS;
     const cost = (x: W4A16TileVariant) => {
       const [gx, gy] = grid(x);
-      return { time: Math.ceil((gx * gy) / sms) * ((x.mt * x.nt) / x.wk), traffic: 4 * gx * rows + gy * shape.N };
+      return { time: (Math.ceil((gx * gy) / sms) * x.nt * (x.mt + 2)) / x.wk, traffic: 4 * gx * rows + gy * shape.N };
     };
     for (const x of W4A16_TILE_VARIANTS.filter((c) => c.auto)) {
       if (!v) v = x;
