@@ -61,6 +61,8 @@ export class NcclApi {
       ncclGroupEnd: n.func('int ncclGroupEnd()'),
       cudaSetDevice: c.func('int cudaSetDevice(int device)'),
       cudaStreamCreateWithFlags: c.func('int cudaStreamCreateWithFlags(_Out_ void** stream, unsigned int flags)'),
+      cudaStreamCreateWithPriority: c.func('int cudaStreamCreateWithPriority(_Out_ void** stream, unsigned int flags, int priority)'),
+      cudaDeviceGetStreamPriorityRange: c.func('int cudaDeviceGetStreamPriorityRange(_Out_ int* least, _Out_ int* greatest)'),
       cudaStreamQuery: c.func('int cudaStreamQuery(void* stream)'),
       cudaStreamSynchronize: c.func('int cudaStreamSynchronize(void* stream)'),
       cudaStreamDestroy: c.func('int cudaStreamDestroy(void* stream)'),
@@ -101,6 +103,12 @@ export class NcclApi {
 export interface NcclOptions {
   /** The GPU of this rank (its LOCAL_RANK). */
   deviceId: number;
+  /**
+   * NCCL's stream priority: `high` (the device's greatest) lets the block scheduler place NCCL's
+   * blocks before queued compute blocks, so an all-reduce beside the backward is not starved of
+   * SMs by back-to-back compute kernels. Default `default`.
+   */
+  streamPriority?: 'default' | 'high';
 }
 
 /** Collectives on GPUs through NCCL; host values through the host group it was made over. */
@@ -140,13 +148,21 @@ export class NcclCollectives implements Collectives {
 
   /** Forms the NCCL communicator over `host` (every rank calls it): rank 0's unique id is shared through the host group. */
   static async create(host: Collectives, opts: NcclOptions): Promise<NcclCollectives> {
+    if (opts.streamPriority !== undefined && opts.streamPriority !== 'default' && opts.streamPriority !== 'high') throw new Error(`NcclCollectives.create: streamPriority '${String(opts.streamPriority)}': 'default' or 'high'`);
     const api = NcclApi.get();
     api.checkCuda(`cudaSetDevice(${opts.deviceId})`, api.fn.cudaSetDevice(opts.deviceId));
     const id = new Uint8Array(128);
     if (host.rank === 0) api.checkNccl('ncclGetUniqueId', api.fn.ncclGetUniqueId(id));
     const ids = await host.allGatherBytes(host.rank === 0 ? id : new Uint8Array(0));
     const s: (bigint | null)[] = [null];
-    api.checkCuda('cudaStreamCreateWithFlags', api.fn.cudaStreamCreateWithFlags(s, 1 /* cudaStreamNonBlocking */));
+    if (opts.streamPriority === 'high') {
+      const least = [0];
+      const greatest = [0];
+      api.checkCuda('cudaDeviceGetStreamPriorityRange', api.fn.cudaDeviceGetStreamPriorityRange(least, greatest));
+      api.checkCuda('cudaStreamCreateWithPriority', api.fn.cudaStreamCreateWithPriority(s, 1 /* cudaStreamNonBlocking */, greatest[0]));
+    } else {
+      api.checkCuda('cudaStreamCreateWithFlags', api.fn.cudaStreamCreateWithFlags(s, 1 /* cudaStreamNonBlocking */));
+    }
     const comm: (bigint | null)[] = [null];
     // blocks until every rank has called it: the ranks are separate processes, so this is fine
     api.checkNccl(`ncclCommInitRank(rank ${host.rank} of ${host.worldSize}, GPU ${opts.deviceId})`, api.fn.ncclCommInitRank(comm, host.worldSize, { internal: Array.from(ids[0]) }, host.rank));

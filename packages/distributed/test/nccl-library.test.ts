@@ -3,7 +3,7 @@ import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { diagnose } from '@lathe/runtime';
-import { cudartCandidates, loadFirst, NCCL_FIX, ncclCandidates, NcclLibraryError, ncclStatus } from '@lathe/distributed';
+import { cudartCandidates, LocalGroup, loadFirst, NCCL_FIX, ncclCandidates, NcclCollectives, NcclLibraryError, ncclStatus } from '@lathe/distributed';
 
 test('LATHE_NCCL_LIBRARY alone when set; else existing files on LD_LIBRARY_PATH and the toolkit, then the soname', () => {
   expect(ncclCandidates({ LATHE_NCCL_LIBRARY: '/opt/nccl/libnccl.so.2' })).toEqual(['/opt/nccl/libnccl.so.2']);
@@ -61,4 +61,9 @@ test("lathe doctor's NCCL line: the file LATHE_NCCL_LIBRARY names, or a missing 
   const missing = line(join(dir, 'absent.so'));
   expect(missing.ok).toBe(false);
   expect(missing.detail).toContain(`LATHE_NCCL_LIBRARY=${join(dir, 'absent.so')} does not exist — pip install nvidia-nccl-cu13`);
+});
+
+test('NcclCollectives.create refuses an unknown stream priority by name, before loading NCCL', async () => {
+  const [host] = LocalGroup.create(1);
+  await expect(NcclCollectives.create(host, { deviceId: 0, streamPriority: 'highest' as 'high' })).rejects.toThrow(/streamPriority 'highest': 'default' or 'high'/);
 });

@@ -17,6 +17,7 @@
 #                For each count the 1-GPU run of the global batch (on 1 GPU printed as `single`), then on N the in-run float32
 #                all-reduce (overlap) and its bfloat16 form (bf16-overlap), each with its losses' parity against that 1-GPU run;
 #                on 1 GPU also `solo`: --overlap's bucket nodes without peers (no NCCL), their own cost beside `single`.
+#                overlap-hp / bf16-overlap-hp (not by default): the same with NCCL's stream at high priority (--nccl-priority high).
 #                comm's JSON line with kernels: true. VARIANTS="fp32 bf16" runs the post-backward all-reduces instead (the CPU
 #                smoke test over TCP, where --overlap is refused). The flash side, same call and same device path:
 #                DP_ARGS="--compute-stream" VARIANTS="overlap bf16-overlap" NO_DDP=1 device-run.sh comm "1 4".
@@ -46,7 +47,7 @@ OUT=${OUT:-/tmp/dp}
 mkdir -p "$OUT"
 B=${BUNDLE:-.bundle}
 # comm's and kernels' line per run: the median step after the warm-up, the parity verdict against the 1-GPU run of the same global batch
-line() { node -e "const r=require('$1'); const t=r.step_ms.slice(3).sort((a,b)=>a-b); console.log(JSON.stringify({impl:'lathe', variant:'$2', ...(r.kernels?.length ? {kernels:true} : {}), world:r.world, zero:r.zero, grad_reduce_dtype:r.grad_reduce_dtype, tokens_per_s:r.tokens_per_s, step_ms:t[Math.floor(t.length/2)], parity:r.parity, state_bytes:r.state_bytes, memory:r.memory, ...(r.kernel_fallbacks ? {kernel_fallbacks:r.kernel_fallbacks} : {}), ...(r.bucket_times?.summary ? {overlap:r.bucket_times.summary} : {}), ...(r.profile_order ? {backward_after_bucket0:r.profile_order.backward_after[0], backward:r.profile_order.backward} : {})}))"; }
+line() { node -e "const r=require('$1'); const t=r.step_ms.slice(3).sort((a,b)=>a-b); console.log(JSON.stringify({impl:'lathe', variant:'$2', ...(r.kernels?.length ? {kernels:true} : {}), world:r.world, zero:r.zero, grad_reduce_dtype:r.grad_reduce_dtype, ...(r.nccl_priority ? {nccl_priority:r.nccl_priority} : {}), tokens_per_s:r.tokens_per_s, step_ms:t[Math.floor(t.length/2)], parity:r.parity, state_bytes:r.state_bytes, memory:r.memory, ...(r.kernel_fallbacks ? {kernel_fallbacks:r.kernel_fallbacks} : {}), ...(r.bucket_times?.summary ? {overlap:r.bucket_times.summary} : {}), ...(r.profile_order ? {backward_after_bucket0:r.profile_order.backward_after[0], backward:r.profile_order.backward} : {})}))"; }
 # BUCKET_TIMES=1: the overlap variants record each bucket's all-reduce on the device's clock (dp-check --bucket-times; the line's
 # `overlap`: tailMs near collectiveMs and hiddenMs near 0 = the all-reduce ran after the backward). PROFILE=1: each run writes
 # its ORT profiles under $OUT/prof-* (dp-check --profile; the line's backward nodes after bucket 0's node); not for timings.
@@ -113,7 +114,7 @@ case "$mode" in
         continue
       fi
       port=$((32000 + 10 * n))
-      for v in overlap:"--grad-reduce-dtype float32 --overlap" bf16-overlap:"--grad-reduce-dtype bfloat16 --overlap" fp32:"--grad-reduce-dtype float32" bf16:"--grad-reduce-dtype bfloat16"; do
+      for v in overlap:"--grad-reduce-dtype float32 --overlap" bf16-overlap:"--grad-reduce-dtype bfloat16 --overlap" overlap-hp:"--grad-reduce-dtype float32 --overlap --nccl-priority high" bf16-overlap-hp:"--grad-reduce-dtype bfloat16 --overlap --nccl-priority high" fp32:"--grad-reduce-dtype float32" bf16:"--grad-reduce-dtype bfloat16"; do
         name=${v%%:*}; opts=${v#*:}; port=$((port + 1))
         case " ${VARIANTS:-overlap bf16-overlap solo} " in *" $name "*) ;; *) continue ;; esac
         node $B/dp-launch.js --gpus "$n" --master_port $port -- node $B/dp-check.js $common --batch $rows $opts $(diag "kernels-$n-$name") --reference "$OUT/kernels-1x$rows.json" --out "$OUT/kernels-$n-$name.json" > /dev/null

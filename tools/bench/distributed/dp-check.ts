@@ -29,6 +29,8 @@
  *   and keys through Lathe's RoPE kernel (tools/bench/train/lathe-step.ts's flags). CUDA needs
  *   --compute bfloat16; on the CPU the ops' float32 host computes run (a smoke test). `kernels` in the
  *   output lists those used.
+ * - --nccl-priority high: NCCL's stream at the device's greatest priority, so the in-run all-reduce's
+ *   blocks are scheduled before queued compute blocks (the A/B against `default`).
  * - Overlap diagnostics (with --overlap): `bucket_times` holds the last step's host ms of each bucket
  *   node's compute; --bucket-times adds the device's times of each bucket's all-reduce on CUDA (timing
  *   events: when its gradients were written, when NCCL started and finished it) and their summary, so
@@ -37,7 +39,7 @@
  *
  * usage (each rank): node .bundle/dp-check.js [--shape 0.6b|1.7b|4b|tiny] [--compute float32|bfloat16]
  *   [--device cuda|cpu] [--steps 20] [--batch 8] [--seq 512] [--micro 1] [--lr 1e-5] [--warmup 2]
- *   [--flash-attention] [--attention-kernel [--logprob-kernel] [--rope-kernel]] [--recompute] [--tf32] [--bucket-mb 25] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap [--bucket-times]] [--compute-stream] [--profile PREFIX] [--reference ONE.json] [--tol X] [--out FILE]
+ *   [--flash-attention] [--attention-kernel [--logprob-kernel] [--rope-kernel]] [--recompute] [--tf32] [--bucket-mb 25] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap [--bucket-times]] [--nccl-priority default|high] [--compute-stream] [--profile PREFIX] [--reference ONE.json] [--tol X] [--out FILE]
  * run:  node .bundle/lathe.js launch --gpus 2 -- node .bundle/dp-check.js --compute float32 --out two.json
  * Prints one JSON line per rank (rank 0's first); --out writes rank 0's.
  */
@@ -142,6 +144,8 @@ async function main(): Promise<void> {
   const gradReduceDtype = arg('grad-reduce-dtype', 'float32') as 'float32' | 'bfloat16';
   if (gradReduceDtype !== 'float32' && gradReduceDtype !== 'bfloat16') throw new Error(`--grad-reduce-dtype ${String(gradReduceDtype)}: float32 or bfloat16`);
   const overlap = flag('overlap');
+  const ncclPriority = arg('nccl-priority', 'default') as 'default' | 'high';
+  if (ncclPriority !== 'default' && ncclPriority !== 'high') throw new Error(`--nccl-priority ${String(ncclPriority)}: default or high`);
   // the kernels launch on the stream the device's sessions run on: Lathe's own
   const computeStream = overlap || flag('compute-stream') || attentionKernel;
   const world = worldFromEnv();
@@ -152,8 +156,8 @@ async function main(): Promise<void> {
   let group: Collectives | undefined;
   if (world.worldSize > 1) {
     const tcp = await TcpCollectives.connect({ rank: world.rank, worldSize: world.worldSize, addr: world.masterAddr, port: world.masterPort });
-    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, attentionKernel, logprobKernel, ropeKernel, recompute: flag('recompute'), tf32: flag('tf32'), zero, gradReduceDtype, overlap, computeStream });
-    group = deviceKind === 'cuda' ? await NcclCollectives.create(tcp, { deviceId: world.localRank }) : tcp;
+    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, attentionKernel, logprobKernel, ropeKernel, recompute: flag('recompute'), tf32: flag('tf32'), zero, gradReduceDtype, overlap, computeStream, ncclPriority });
+    group = deviceKind === 'cuda' ? await NcclCollectives.create(tcp, { deviceId: world.localRank, streamPriority: ncclPriority }) : tcp;
   }
   // the in-run all-reduce orders NCCL behind the stream the sessions run on: Lathe's own
   const opened = computeStream && deviceKind === 'cuda' ? Kernels.withDevice({ deviceId: world.localRank, device: { tf32: flag('tf32') } }) : undefined;
@@ -228,6 +232,7 @@ async function main(): Promise<void> {
     micro,
     zero,
     grad_reduce_dtype: gradReduceDtype,
+    ...(ncclPriority !== 'default' ? { nccl_priority: ncclPriority } : {}),
     overlap: Boolean(inRun),
     ...(inRun ? { buckets: Math.max(...bucketOrder) + 1, bucket_order_ok: bucketOrder.every((k, i) => k === i % (Math.max(...bucketOrder) + 1)) } : {}),
     ...(inRun ? { bucket_times: bucketTimes(bucketHostMs, stepMs.at(-1)!, inRun instanceof NcclInRunReducer ? inRun.lastTimings : undefined) } : {}),
