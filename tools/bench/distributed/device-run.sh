@@ -17,7 +17,8 @@
 #                For each count the 1-GPU run of the global batch (on 1 GPU printed as `single`), then on N the in-run float32
 #                all-reduce (overlap) and its bfloat16 form (bf16-overlap), each with its losses' parity against that 1-GPU run;
 #                on 1 GPU also `solo`: --overlap's bucket nodes without peers (no NCCL), their own cost beside `single`.
-#                overlap-hp / bf16-overlap-hp (not by default): the same with NCCL's stream at high priority (--nccl-priority high).
+#                overlap-hp / bf16-overlap-hp (not by default): the same with NCCL's stream at high priority (--nccl-priority high);
+#                on N also `pair`: N `solo` runs at once, one per GPU (pair0, pair1, ...): the processes' cost to each other without NCCL.
 #                comm's JSON line with kernels: true. VARIANTS="fp32 bf16" runs the post-backward all-reduces instead (the CPU
 #                smoke test over TCP, where --overlap is refused). The flash side, same call and same device path:
 #                DP_ARGS="--compute-stream" VARIANTS="overlap bf16-overlap" NO_DDP=1 device-run.sh comm "1 4".
@@ -108,15 +109,20 @@ case "$mode" in
       if [ "$n" = 1 ]; then
         line "$OUT/kernels-1x$rows.json" single
         # solo: the same GPU with --overlap's bucket nodes but no peers (no NCCL): what the nodes alone cost the step
-        case " ${VARIANTS:-overlap bf16-overlap solo} " in *" solo "*)
+        case " ${VARIANTS:-overlap bf16-overlap solo pair} " in *" solo "*)
           node $B/dp-check.js $common --batch $rows --overlap $(diag kernels-1-solo) --out "$OUT/kernels-1-solo.json" > /dev/null
           line "$OUT/kernels-1-solo.json" solo ;; esac
         continue
       fi
       port=$((32000 + 10 * n))
+      # pair: n solo runs at once, one per GPU (no NCCL): what n processes side by side cost each other, apart from the all-reduce
+      case " ${VARIANTS:-overlap bf16-overlap solo pair} " in *" pair "*)
+        for i in $(seq 0 $((n - 1))); do CUDA_VISIBLE_DEVICES=$i node $B/dp-check.js $common --batch $PER --overlap --out "$OUT/kernels-$n-pair$i.json" > /dev/null & done
+        wait
+        for i in $(seq 0 $((n - 1))); do line "$OUT/kernels-$n-pair$i.json" "pair$i"; done ;; esac
       for v in overlap:"--grad-reduce-dtype float32 --overlap" bf16-overlap:"--grad-reduce-dtype bfloat16 --overlap" overlap-hp:"--grad-reduce-dtype float32 --overlap --nccl-priority high" bf16-overlap-hp:"--grad-reduce-dtype bfloat16 --overlap --nccl-priority high" fp32:"--grad-reduce-dtype float32" bf16:"--grad-reduce-dtype bfloat16"; do
         name=${v%%:*}; opts=${v#*:}; port=$((port + 1))
-        case " ${VARIANTS:-overlap bf16-overlap solo} " in *" $name "*) ;; *) continue ;; esac
+        case " ${VARIANTS:-overlap bf16-overlap solo pair} " in *" $name "*) ;; *) continue ;; esac
         node $B/dp-launch.js --gpus "$n" --master_port $port -- node $B/dp-check.js $common --batch $rows $opts $(diag "kernels-$n-$name") --reference "$OUT/kernels-1x$rows.json" --out "$OUT/kernels-$n-$name.json" > /dev/null
         line "$OUT/kernels-$n-$name.json" "$name"
       done
