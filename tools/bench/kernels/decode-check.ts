@@ -17,8 +17,10 @@
  *   V of every row's positions, plus scales for e4m3), and GroupQueryAttention and the op as one-node
  *   sessions on the same stream. --lengths (default 1,256,512,768; 1 shows a step's fixed cost).
  * - generate: end-to-end KV-engine generation at --rows 256 ragged prompts of 128–256 tokens + --new
- *   512 (greedy, CUDA graphs), engines gqa | kernel | kernel+fp8 in this one process: tok/s, decode
- *   step ms, and agreement of each engine's tokens with gqa's (rows identical, mean first divergence).
+ *   512 (greedy, CUDA graphs), engines gqa | kernel | kernel+fp8 in this one process (and the A/B
+ *   variants: gqa-unfused, kernel+fp8-unfused without the residual-norm fusion; gqa+swiglu,
+ *   kernel+fp8+swiglu with the SwiGLU kernel in the decode step): tok/s, decode step ms, and agreement
+ *   of each engine's tokens with gqa's (rows identical, mean first divergence).
  * - kl: the KL(bf16 cache ‖ e4m3 cache) of next-token distributions: --kl-rows prompts prefilled once,
  *   both caches fed the bf16 path's greedy tokens for --kl-steps steps in one graph (two decoders over
  *   the two caches, the KL per row computed in the graph): mean, p99 and max KL (nats) and the top-1
@@ -29,12 +31,12 @@
  * compute in place of the kernels, no time phase): it checks the script, not the kernels.
  *
  * usage: node .bundle/decode-check.js [--phases compile,check,time,generate,kl] [--reps 20] [--lengths 1,256,512,768] [--heads 16,8] [--model DIR]
- *          [--rows 256] [--new 512] [--engines gqa,kernel,kernel+fp8] [--kl-rows 32] [--kl-steps 128] [--cpu]
+ *          [--rows 256] [--new 512] [--engines gqa,kernel,kernel+fp8 (or any of gqa-unfused, gqa+swiglu, kernel+fp8-unfused, kernel+fp8+swiglu)] [--kl-rows 32] [--kl-steps 128] [--cpu]
  */
 import * as L from '@lathe/onnx';
 import { type DType, type Tensor } from '@lathe/onnx';
 import { CausalLM, lmLogits, weightInputs, type DecoderConfig, type HfConfig, type KvPair } from '@lathe/models';
-import { addKvPrefill, cacheName, KvCacheGenerator, kvKernelDecoder, type Completion } from '@lathe/rollout';
+import { addKvPrefill, cacheName, KvCacheGenerator, kvKernelDecoder, type Completion, type KvCacheGeneratorOptions } from '@lathe/rollout';
 import {
   cudaIncludeDir,
   DecodeAttention,
@@ -44,9 +46,12 @@ import {
   e4m3Decode,
   Kernels,
   quantizeE4m3Reference,
+  SwigluKernels,
+  swigluOps,
   type DecodeAttentionOps,
   type DecodeAttentionShape,
   type DecodeStepPart,
+  type SwigluOps,
 } from '@lathe/kernels';
 import { Device, fromBfloat16Bits, fromFloat16Bits, hostTensor, toBfloat16Bits, toFloat16Bits, type DeviceTensor } from '@lathe/runtime';
 import { arg, flag } from '../argv';
@@ -405,19 +410,37 @@ function makePrompts(n: number, lo: number, hi: number, vocab: number, seed: num
   return Array.from({ length: n }, () => Array.from({ length: lo + Math.floor(rand() * (hi - lo + 1)) }, () => 1 + Math.floor(rand() * (vocab - 2))));
 }
 
-/** The engines: GroupQueryAttention, or the op over a bf16 / e4m3 cache. */
-const ENGINES = ['gqa', 'kernel', 'kernel+fp8'] as const;
+/**
+ * The engines: GroupQueryAttention, or the op over a bf16 / e4m3 cache; `-unfused` keeps each residual
+ * Add and RMSNorm apart (`fuseResidualNorm: false`, the graphs before SkipSimplifiedLayerNormalization);
+ * `+swiglu` takes the decode step's SwiGLU through Lathe's kernel (the engine's `swiglu` option).
+ */
+const ENGINES = ['gqa', 'gqa-unfused', 'gqa+swiglu', 'kernel', 'kernel+fp8', 'kernel+fp8-unfused', 'kernel+fp8+swiglu'] as const;
 type Engine = (typeof ENGINES)[number];
 
+/** An engine's KvCacheGenerator options beyond the common ones, and the decode-attention op it uses. */
+function engineOptions(engine: Engine, ops: Record<CacheKind, DecodeAttentionOps>, swiglu: SwigluOps | undefined): { extra: Partial<KvCacheGeneratorOptions>; used?: DecodeAttentionOps } {
+  const used = engine.startsWith('kernel+fp8') ? ops.float8e4m3 : engine.startsWith('kernel') ? ops.native : undefined;
+  const extra: Partial<KvCacheGeneratorOptions> = {
+    ...(used ? { decodeAttention: used } : {}),
+    ...(used === ops.float8e4m3 ? { kvCacheDtype: 'float8e4m3' as const } : {}),
+    ...(engine.endsWith('-unfused') ? { fuseResidualNorm: false } : {}),
+  };
+  if (engine.endsWith('+swiglu')) {
+    if (!swiglu) throw new Error(`--engines ${engine}: the SwiGLU kernel needs the GPU (not --cpu)`);
+    extra.swiglu = swiglu;
+  }
+  return { extra, ...(used ? { used } : {}) };
+}
+
 /** End-to-end generation through the KV engine, one engine at a time over the same model. */
-async function generatePhase(model: CausalLM, ops: Record<CacheKind, DecodeAttentionOps>, o: { rows: number; newTokens: number; promptLen: [number, number]; cudaGraph: boolean; engines: Engine[] }): Promise<boolean> {
+async function generatePhase(model: CausalLM, ops: Record<CacheKind, DecodeAttentionOps>, swiglu: SwigluOps | undefined, o: { rows: number; newTokens: number; promptLen: [number, number]; cudaGraph: boolean; engines: Engine[] }): Promise<boolean> {
   const prompts = makePrompts(o.rows, o.promptLen[0], o.promptLen[1], model.config.vocabSize, 5);
   const maxLength = o.promptLen[1] + o.newTokens;
   let reference: Completion[] | undefined;
   let ok = true;
   for (const engine of o.engines) {
-    const extra = engine === 'gqa' ? {} : engine === 'kernel' ? { decodeAttention: ops.native } : { decodeAttention: ops.float8e4m3, kvCacheDtype: 'float8e4m3' as const };
-    const used = engine === 'gqa' ? undefined : engine === 'kernel' ? ops.native : ops.float8e4m3;
+    const { extra, used } = engineOptions(engine, ops, swiglu);
     const copies0 = used?.stats.cacheCopies ?? 0;
     const s0 = performance.now();
     const gen = KvCacheGenerator.create(model, { temperature: 0, rows: o.rows, maxLength, cudaGraph: o.cudaGraph, ...extra });
@@ -600,6 +623,7 @@ async function main(): Promise<void> {
   let device: Device;
   let kernels: Kernels | undefined;
   let da: DecodeAttention | undefined;
+  let swiglu: SwigluOps | undefined;
   if (cpu) device = Device.cpu();
   else {
     ({ kernels, device } = Kernels.withDevice());
@@ -622,7 +646,9 @@ async function main(): Promise<void> {
   if (model && phases.includes('generate')) {
     const rows = Number(arg('rows', cpu ? '4' : '256'));
     const newTokens = Number(arg('new', cpu ? '6' : '512'));
-    ok = (await generatePhase(model, ops, { rows, newTokens, promptLen: cpu ? [3, 9] : [128, 256], cudaGraph: !cpu, engines })) && ok;
+    // the SwiGLU kernel on the sessions' stream, for the +swiglu engines
+    swiglu = kernels && engines.some((e) => e.endsWith('+swiglu')) ? swigluOps('cuda', SwigluKernels.compile(kernels, { includeDir: cudaIncludeDir() })) : undefined;
+    ok = (await generatePhase(model, ops, swiglu, { rows, newTokens, promptLen: cpu ? [3, 9] : [128, 256], cudaGraph: !cpu, engines })) && ok;
   }
   if (model && phases.includes('kl')) {
     const rows = Number(arg('kl-rows', cpu ? '3' : '32'));
@@ -632,6 +658,7 @@ async function main(): Promise<void> {
   model?.dispose();
   ops.native.dispose();
   ops.float8e4m3.dispose();
+  swiglu?.dispose();
   kernels?.dispose();
   console.log(JSON.stringify({ phase: 'summary', ok }));
   if (!ok) process.exit(1);
