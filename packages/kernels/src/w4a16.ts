@@ -137,13 +137,32 @@ function tileBuild(tile: W4A16Tile): W4A16TileVariant | undefined {
   return W4A16_TILE_VARIANTS.find((x) => x.mt === tile.mt && x.nt === tile.nt && x.wm === (tile.wm ?? 2) && x.wn === (tile.wn ?? 2) && x.wk === (tile.wk ?? 1));
 }
 
+/** mma.sync m16n8k16 issue interval of an SM sub-partition, in clocks (about 620 dense TFLOP/s on an H100 SXM). */
+const MMA_CLOCKS = 6.4;
+/** Bytes a clock from L2 to all SMs (about 6 TB/s at 1.8 GHz) and to one SM. */
+const L2_BYTES_PER_CLOCK = 3300;
+const SM_BYTES_PER_CLOCK = 64;
+
 /**
- * The tiled launch of `shape`: `tile` if given, else, among the builds marked `auto`, the one of least
- * estimated time — waves of CTAs over `sms` SMs × a CTA's serial work (its warps' share of K, 1 / wk, × the
- * work of a warp's k-step: mt·nt mma.sync and the dequantization of nt weight fragments, taken as 2 mma each) —
- * ties going to the least traffic from L2 (activations re-read once per BN columns, weights once per BM rows).
+ * A tiled build's estimated clocks on `shape` — the larger of the tensor cores' time (waves of CTAs over `sms` SMs ×
+ * a CTA's mma.sync, each sub-partition running 2 of its 8 warps; the dequantization overlaps it) and L2's (activations
+ * re-read once per BN columns, weights once per BM rows, against L2's bandwidth and each SM's). For comparing builds,
+ * not a prediction.
  */
-export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N'>, opts: { tile?: W4A16Tile; sms?: number } = {}): W4A16TilePlan {
+export function w4a16TileEstimate(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, v: W4A16Tile, sms = W4A16_DEFAULT_SMS): number {
+  const rows = Math.max(shape.M, 1);
+  const { bm, bn, threads } = w4a16TileDims(v);
+  const gx = Math.ceil(shape.N / bn), gy = Math.ceil(rows / bm), waves = Math.ceil((gx * gy) / sms);
+  const chunks = Math.ceil(shape.K / 128), wk = v.wk ?? 1;
+  const warpsPerSubpartition = threads / 32 / 4;
+  const tensor = waves * Math.ceil(chunks / wk) * 8 * v.mt * v.nt * warpsPerSubpartition * MMA_CLOCKS;
+  const ctaBytes = (Math.min(bm, rows) * 2 + bn / 2) * shape.K;
+  const l2 = Math.max(((gx * rows * 2 + gy * shape.N / 2) * shape.K) / L2_BYTES_PER_CLOCK, (waves * ctaBytes) / SM_BYTES_PER_CLOCK);
+  return Math.max(tensor, l2);
+}
+
+/** The tiled launch of `shape`: `tile` if given, else the build marked `auto` of least {@link w4a16TileEstimate}. */
+export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, opts: { tile?: W4A16Tile; sms?: number } = {}): W4A16TilePlan {
   const rows = Math.max(shape.M, 1);
   const grid = (v: W4A16TileVariant): [number, number] => [Math.ceil(shape.N / w4a16TileDims(v).bn), Math.ceil(rows / w4a16TileDims(v).bm)];
   let v: W4A16TileVariant | undefined;
@@ -155,14 +174,10 @@ export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N'>, opts: { tile?:
     }
   } else {
     const sms = opts.sms ?? W4A16_DEFAULT_SMS;
-    const cost = (x: W4A16TileVariant) => {
-      const [gx, gy] = grid(x);
-      return { time: (Math.ceil((gx * gy) / sms) * x.nt * (x.mt + 2)) / x.wk, traffic: 4 * gx * rows + gy * shape.N };
-    };
+    let best = Infinity;
     for (const x of W4A16_TILE_VARIANTS.filter((c) => c.auto)) {
-      if (!v) v = x;
-      const [a, b] = [cost(x), cost(v)];
-      if (a.time < b.time || (a.time === b.time && a.traffic < b.traffic)) v = x;
+      const t = w4a16TileEstimate(shape, x, sms);
+      if (t < best) [v, best] = [x, t];
     }
     if (!v) throw new Error('W4A16 has no tiled build marked auto');
   }

@@ -152,10 +152,10 @@ test.each<[string, Case, { label: string; gridX: number; gridY: number }]>([
   ['8 warps, 64 × 128 with K over 2 warp groups, fp16 with zero points, block 64, 17 rows (one mostly empty tile row)', { dtype: 'float16', M: 17, N: 128, K: 512, blockSize: 64, zeroPoints: true, tile: { mt: 8, nt: 2, wm: 1, wn: 4, wk: 2 } }, { label: '64x128w8k2', gridX: 1, gridY: 1 }],
   ['8 warps, 64 × 64 with K over 4 warp groups (64-row warps, 2 stages), bf16 with zero points, block 64: M = 100, N = 72, K = 2944 (23 chunks in 6 steps, one chunk past K; the 2-stage ring wraps), gate/up outputs of 40 and 32', { dtype: 'bfloat16', M: 100, N: 72, K: 2944, blockSize: 64, zeroPoints: true, widths: [40, 32], tile: { mt: 8, nt: 2, wm: 1, wn: 2, wk: 4 } }, { label: '64x64w8k4', gridX: 2, gridY: 2 }],
   ['8 warps, 64 × 64 with K over 4 warp groups, fp16, block 128: M = 64, N = 64, K = 384 (3 chunks: one step, a k-group idle)', { dtype: 'float16', M: 64, N: 64, K: 384, blockSize: 128, zeroPoints: false, tile: { mt: 8, nt: 2, wm: 1, wn: 2, wk: 4 } }, { label: '64x64w8k4', gridX: 1, gridY: 1 }],
-  ['tiled, the plan’s choice for 256 rows and N = 96: the least waves × work a CTA, 32 × 64 with K over 4 warp groups (16 CTAs)', { dtype: 'bfloat16', M: 256, N: 96, K: 256, blockSize: 32, zeroPoints: true, tile: 'auto' }, { label: '32x64w8k4', gridX: 2, gridY: 8 }],
+  ['tiled, the plan’s choice for 256 rows, N = 96 and K = 256: 32 × 128 with K over 2 warp groups (8 CTAs, one column tile past N)', { dtype: 'bfloat16', M: 256, N: 96, K: 256, blockSize: 32, zeroPoints: true, tile: 'auto' }, { label: '32x128w8k2', gridX: 1, gridY: 8 }],
 ])('%s', (_name, c, plan) => {
   const r = run(c);
-  const p = w4a16TilePlan({ M: c.M, N: c.N }, c.tile === 'auto' ? {} : { tile: c.tile });
+  const p = w4a16TilePlan({ M: c.M, N: c.N, K: c.K }, c.tile === 'auto' ? {} : { tile: c.tile });
   expect({ label: p.label, gridX: p.grid[0], gridY: p.grid[1] }).toEqual(plan);
   expectClose(c, r);
 }, 120_000);
