@@ -13,7 +13,7 @@
 #                each. VARIANTS="fp32 bf16" runs only those Lathe variants.
 #   kernels "1 4" : Lathe's training kernels under data parallelism, for the A/B against comm's flash attention: comm's setup
 #                (bf16, PER_GPU rows of 512 per GPU, STEPS default 8, 3 warm-up) with dp-check's --attention-kernel --logprob-kernel
-#                --rope-kernel (KERNELS replaces those flags) instead of --flash-attention, the device opened through the kernels.
+#                --rope-kernel --swiglu-kernel (lathe sft's default; KERNELS replaces those flags) instead of --flash-attention, the device opened through the kernels.
 #                For each count the 1-GPU run of the global batch (on 1 GPU printed as `single`), then on N the in-run float32
 #                all-reduce (overlap) and its bfloat16 form (bf16-overlap), each with its losses' parity against that 1-GPU run;
 #                on 1 GPU also `solo`: --overlap's bucket nodes without peers (no NCCL), their own cost beside `single`.
@@ -102,7 +102,7 @@ case "$mode" in
     ;;
   kernels)
     PER=${PER_GPU:-8}
-    common="${DP_ARGS:-} --compute bfloat16 ${KERNELS:---attention-kernel --logprob-kernel --rope-kernel} --steps ${STEPS:-8} --warmup 3 --seq 512"
+    common="${DP_ARGS:-} --compute bfloat16 ${KERNELS:---attention-kernel --logprob-kernel --rope-kernel --swiglu-kernel} --steps ${STEPS:-8} --warmup 3 --seq 512"
     for n in ${2:-1 4}; do
       rows=$((PER * n))
       node $B/dp-check.js $common --batch $rows --out "$OUT/kernels-1x$rows.json" > /dev/null

@@ -25,8 +25,9 @@
  * - --attention-kernel: attention through Lathe's flash-attention kernels, forward and backward (what
  *   `lathe sft --attention kernels` trains with), on the device opened through the kernels (so it implies
  *   --compute-stream, and rows right-padded as --flash-attention); with it --logprob-kernel takes the
- *   LM head's log-partition through the fused cross-entropy kernels and --rope-kernel rotates queries
- *   and keys through Lathe's RoPE kernel (tools/bench/train/lathe-step.ts's flags). CUDA needs
+ *   LM head's log-partition through the fused cross-entropy kernels, --rope-kernel rotates queries
+ *   and keys through Lathe's RoPE kernel and --swiglu-kernel takes each MLP's activation through Lathe's
+ *   SwiGLU kernel (tools/bench/train/lathe-step.ts's flags; all four: lathe sft's default on cuda). CUDA needs
  *   --compute bfloat16; on the CPU the ops' float32 host computes run (a smoke test). `kernels` in the
  *   output lists those used.
  * - --nccl-priority high: NCCL's stream at the device's greatest priority, so the in-run all-reduce's
@@ -39,7 +40,7 @@
  *
  * usage (each rank): node .bundle/dp-check.js [--shape 0.6b|1.7b|4b|tiny] [--compute float32|bfloat16]
  *   [--device cuda|cpu] [--steps 20] [--batch 8] [--seq 512] [--micro 1] [--lr 1e-5] [--warmup 2]
- *   [--flash-attention] [--attention-kernel [--logprob-kernel] [--rope-kernel]] [--recompute] [--tf32] [--bucket-mb 25] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap [--bucket-times]] [--nccl-priority default|high] [--compute-stream] [--profile PREFIX] [--reference ONE.json] [--tol X] [--out FILE]
+ *   [--flash-attention] [--attention-kernel [--logprob-kernel] [--rope-kernel] [--swiglu-kernel]] [--recompute] [--tf32] [--bucket-mb 25] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap [--bucket-times]] [--nccl-priority default|high] [--compute-stream] [--profile PREFIX] [--reference ONE.json] [--tol X] [--out FILE]
  * run:  node .bundle/lathe.js launch --gpus 2 -- node .bundle/dp-check.js --compute float32 --out two.json
  * Prints one JSON line per rank (rank 0's first); --out writes rank 0's.
  */
@@ -47,7 +48,7 @@ import { paramSpecs, parseConfig, randomWeight, totalLengthTensor, TOTAL_LENGTH_
 import { Device, type HostTensor, type Ptr } from '@lathe/runtime';
 import { sftLoss, Trainer, type SftLossOptions, type TrainableParam } from '@lathe/train';
 import { bucketNodeOrderOfProfile, checkDataParallelBatch, checkSameConfig, gradientAllReduce, gradientAllReduceInGraph, gradientReduceScatterInGraph, NcclCollectives, NcclInRunReducer, overlapSummary, shardOf, soloInRunReducer, TcpCollectives, ThreadGroup, worldFromEnv, type Collectives, type InRunTimings } from '@lathe/distributed';
-import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels, RopeKernels, ropeOps } from '@lathe/kernels';
+import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels, RopeKernels, ropeOps, SwigluKernels, swigluOps } from '@lathe/kernels';
 import { lossParity, reportResult } from './report';
 import { arg, flag } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
@@ -72,7 +73,7 @@ interface TrainKernels {
   /** Which kernels run: `attention`, then `logprob` and `rope` where asked. */
   used: string[];
   /** sftLoss's options that attend (and take log-probs, rotate) through the kernels. */
-  loss: Pick<SftLossOptions, 'attentionKernel' | 'logprobKernel' | 'ropeKernel'>;
+  loss: Pick<SftLossOptions, 'attentionKernel' | 'logprobKernel' | 'ropeKernel' | 'swigluKernel'>;
   /** The ops' custom-op domains, for the Trainer's sessions. */
   customOpDomains: Ptr[];
   /** Why the log-prob kernel's heads kept their composed ops, with how many graph builds did (none expected). */
@@ -83,24 +84,27 @@ interface TrainKernels {
 }
 
 /** The kernels compiled on the device's own `kernels` (cuda), or their float32 host computes (cpu: no kernels). */
-function trainKernels(kernels: Kernels | undefined, opts: { logprob: boolean; rope: boolean }): TrainKernels {
+function trainKernels(kernels: Kernels | undefined, opts: { logprob: boolean; rope: boolean; swiglu: boolean }): TrainKernels {
   const attention = kernels ? flashAttentionOps('cuda', FlashAttention.compile(kernels, { includeDir: cudaIncludeDir() })) : flashAttentionOps('cpu');
   const ce = !opts.logprob ? undefined : kernels ? crossEntropyOps('cuda', CrossEntropyKernels.compile(kernels, { includeDir: cudaIncludeDir() })) : crossEntropyOps('cpu');
   const rope = !opts.rope ? undefined : kernels ? ropeOps('cuda', RopeKernels.compile(kernels, { includeDir: cudaIncludeDir() })) : ropeOps('cpu');
+  const swiglu = !opts.swiglu ? undefined : kernels ? swigluOps('cuda', SwigluKernels.compile(kernels, { includeDir: cudaIncludeDir() })) : swigluOps('cpu');
   return {
-    used: ['attention', ...(ce ? ['logprob'] : []), ...(rope ? ['rope'] : [])],
-    loss: { attentionKernel: (x, heads) => attention.attend(x, heads, 'kernels'), ...(ce ? { logprobKernel: ce } : {}), ...(rope ? { ropeKernel: rope.rotate } : {}) },
-    customOpDomains: [attention.domain.handle, ...(ce ? [ce.domain.handle] : []), ...(rope ? [rope.domain.handle] : [])],
+    used: ['attention', ...(ce ? ['logprob'] : []), ...(rope ? ['rope'] : []), ...(swiglu ? ['swiglu'] : [])],
+    loss: { attentionKernel: (x, heads) => attention.attend(x, heads, 'kernels'), ...(ce ? { logprobKernel: ce } : {}), ...(rope ? { ropeKernel: rope.rotate } : {}), ...(swiglu ? { swigluKernel: swiglu.apply } : {}) },
+    customOpDomains: [attention.domain.handle, ...(ce ? [ce.domain.handle] : []), ...(rope ? [rope.domain.handle] : []), ...(swiglu ? [swiglu.domain.handle] : [])],
     fallbacks: () => Object.fromEntries(ce?.fallbacks ?? []),
     check: () => {
       attention.check();
       ce?.check();
       rope?.check();
+      swiglu?.check();
     },
     dispose: () => {
       attention.dispose();
       ce?.dispose();
       rope?.dispose();
+      swiglu?.dispose();
     },
   };
 }
@@ -135,7 +139,8 @@ async function main(): Promise<void> {
   const attentionKernel = flag('attention-kernel');
   const logprobKernel = flag('logprob-kernel');
   const ropeKernel = flag('rope-kernel');
-  if ((logprobKernel || ropeKernel) && !attentionKernel) throw new Error('--logprob-kernel and --rope-kernel go with --attention-kernel (they share its device and sessions)');
+  const swigluKernel = flag('swiglu-kernel');
+  if ((logprobKernel || ropeKernel || swigluKernel) && !attentionKernel) throw new Error('--logprob-kernel, --rope-kernel and --swiglu-kernel go with --attention-kernel (they share its device and sessions)');
   if (attentionKernel && deviceKind === 'cuda' && compute !== 'bfloat16') throw new Error(`--attention-kernel on --device cuda needs --compute bfloat16 (the kernels are bfloat16/float16 on the GPU; float32 only on the cpu), got --compute ${compute}`);
   // the kernels attend over right-padded rows, fed like GroupQueryAttention's (total_sequence_length)
   const flash = flag('flash-attention') || attentionKernel;
@@ -156,13 +161,13 @@ async function main(): Promise<void> {
   let group: Collectives | undefined;
   if (world.worldSize > 1) {
     const tcp = await TcpCollectives.connect({ rank: world.rank, worldSize: world.worldSize, addr: world.masterAddr, port: world.masterPort });
-    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, attentionKernel, logprobKernel, ropeKernel, recompute: flag('recompute'), tf32: flag('tf32'), zero, gradReduceDtype, overlap, computeStream, ncclPriority });
+    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, attentionKernel, logprobKernel, ropeKernel, swigluKernel, recompute: flag('recompute'), tf32: flag('tf32'), zero, gradReduceDtype, overlap, computeStream, ncclPriority });
     group = deviceKind === 'cuda' ? await NcclCollectives.create(tcp, { deviceId: world.localRank, streamPriority: ncclPriority }) : tcp;
   }
   // the in-run all-reduce orders NCCL behind the stream the sessions run on: Lathe's own
   const opened = computeStream && deviceKind === 'cuda' ? Kernels.withDevice({ deviceId: world.localRank, device: { tf32: flag('tf32') } }) : undefined;
   const device = opened?.device ?? Device.open(deviceKind, { id: world.localRank, tf32: flag('tf32') });
-  const kernels = attentionKernel ? trainKernels(opened?.kernels, { logprob: logprobKernel, rope: ropeKernel }) : undefined;
+  const kernels = attentionKernel ? trainKernels(opened?.kernels, { logprob: logprobKernel, rope: ropeKernel, swiglu: swigluKernel }) : undefined;
   const bucketBytes = Number(arg('bucket-mb', '25')) * 2 ** 20;
   const profile = arg('profile', '');
   // the order the buckets' nodes computed in (each step: 0, 1, …, the backward's order)
