@@ -161,8 +161,21 @@ export function w4a16TileEstimate(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, v: W
   return Math.max(tensor, l2);
 }
 
-/** The tiled launch of `shape`: `tile` if given, else the build marked `auto` of least {@link w4a16TileEstimate}. */
-export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, opts: { tile?: W4A16Tile; sms?: number } = {}): W4A16TilePlan {
+/**
+ * Dynamic shared memory a CTA may opt into on a device of compute capability `arch` (90 for 9.0): 227 KB on
+ * sm_90 and sm_100, 163 KB on sm_80 and sm_87, 99 KB elsewhere (sm_86, sm_89, sm_120).
+ */
+export function w4a16MaxSharedBytes(arch: number): number {
+  if (arch === 90 || arch === 100 || arch === 103) return 227 * 1024;
+  if (arch === 80 || arch === 87) return 163 * 1024;
+  return 99 * 1024;
+}
+
+/**
+ * The tiled launch of `shape`: `tile` if given, else the build marked `auto` of least {@link w4a16TileEstimate}
+ * among those within `maxSharedBytes` (default no limit; none within it: the least of any build within it).
+ */
+export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, opts: { tile?: W4A16Tile; sms?: number; maxSharedBytes?: number } = {}): W4A16TilePlan {
   const rows = Math.max(shape.M, 1);
   const grid = (v: W4A16TileVariant): [number, number] => [Math.ceil(shape.N / w4a16TileDims(v).bn), Math.ceil(rows / w4a16TileDims(v).bm)];
   let v: W4A16TileVariant | undefined;
@@ -172,14 +185,17 @@ export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, opts: { 
       const { label } = w4a16TileDims(opts.tile);
       throw new Error(`W4A16 has no tiled build ${label} (builds: ${W4A16_TILE_VARIANTS.map((x) => w4a16TileDims(x).label).join(', ')})`);
     }
+    if (w4a16TileSmem(v) > (opts.maxSharedBytes ?? Infinity)) throw new Error(`W4A16 tiled build ${w4a16TileDims(v).label} needs ${w4a16TileSmem(v)} bytes of shared memory, past this device's ${opts.maxSharedBytes}`);
   } else {
     const sms = opts.sms ?? W4A16_DEFAULT_SMS;
+    const fits = W4A16_TILE_VARIANTS.filter((c) => w4a16TileSmem(c) <= (opts.maxSharedBytes ?? Infinity));
+    const auto = fits.filter((c) => c.auto);
     let best = Infinity;
-    for (const x of W4A16_TILE_VARIANTS.filter((c) => c.auto)) {
+    for (const x of auto.length > 0 ? auto : fits) {
       const t = w4a16TileEstimate(shape, x, sms);
       if (t < best) [v, best] = [x, t];
     }
-    if (!v) throw new Error('W4A16 has no tiled build marked auto');
+    if (!v) throw new Error(`W4A16 has no tiled build within ${opts.maxSharedBytes} bytes of shared memory`);
   }
   const { bm, bn, threads, label } = w4a16TileDims(v);
   return { mt: v.mt, nt: v.nt, wm: v.wm, wn: v.wn, wk: v.wk, bm, bn, label, grid: grid(v), threads, sharedBytes: w4a16TileSmem(v) };
@@ -215,7 +231,7 @@ export interface W4A16LaunchOptions {
   tileFromRows?: number;
   /** The tiled kernels' tile (default: {@link w4a16TilePlan}'s choice). */
   tile?: W4A16Tile;
-  /** SMs the tiled grid is sized for (default {@link W4A16_DEFAULT_SMS}). */
+  /** SMs the tiled plan is estimated for (default: the device's). */
   sms?: number;
 }
 
@@ -243,9 +259,11 @@ export class W4A16 {
     readonly kernels: Kernels,
     private readonly variants: Map<string, Kernel<Sig>>,
     private readonly tiles: Map<string, Kernel<Sig>>,
+    /** Dynamic shared memory a CTA may take on this device ({@link w4a16MaxSharedBytes}): tiled builds past it are not loaded. */
+    readonly maxSharedBytes: number,
   ) {}
 
-  /** Compiles (or loads from the cache) every variant — bf16/fp16 × M ≤ 8/16/32/64 (and 32 columns a warp for M ≤ 16), and every tiled build — with the CUDA headers of `includeDir`. */
+  /** Compiles (or loads from the cache) every variant — bf16/fp16 × M ≤ 8/16/32/64 (and 32 columns a warp for M ≤ 16), and every tiled build the device's shared memory holds — with the CUDA headers of `includeDir`. */
   static compile(kernels: Kernels, opts: { includeDir?: string } = {}): W4A16 {
     const include = opts.includeDir ?? cudaIncludeDir();
     const mod = kernels.compile(w4a16Source, { name: 'lathe_w4a16', options: [`-I${include}`, '--std=c++17'] });
@@ -254,15 +272,21 @@ export class W4A16 {
       for (const v of W4A16_VARIANTS) variants.set(`${dtype}/${v.mt}/${v.nt}`, mod.kernel(w4a16KernelName(dtype, v.mt, v.nt), SIG));
     }
     const tiles = new Map<string, Kernel<Sig>>();
+    const maxShared = w4a16MaxSharedBytes(kernels.arch);
     for (const dtype of Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[]) {
-      for (const v of W4A16_TILE_VARIANTS) {
+      for (const v of W4A16_TILE_VARIANTS.filter((x) => w4a16TileSmem(x) <= maxShared)) {
         const k = mod.kernel(w4a16TileKernelName(dtype, v), SIG);
         // past 48 KB of dynamic shared memory a kernel must opt in
         kernels.driver.setMaxDynamicSharedBytes(k.handle, w4a16TileSmem(v));
         tiles.set(`${dtype}/${w4a16TileDims(v).label}`, k);
       }
     }
-    return new W4A16(kernels, variants, tiles);
+    return new W4A16(kernels, variants, tiles, maxShared);
+  }
+
+  /** The tiled launch {@link matmul} makes of `shape` with `opts`: {@link w4a16TilePlan} over this device's SMs and shared memory. */
+  tilePlan(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, opts: Pick<W4A16LaunchOptions, 'tile' | 'sms'> = {}): W4A16TilePlan {
+    return w4a16TilePlan(shape, { tile: opts.tile, sms: opts.sms ?? this.kernels.smCount, maxSharedBytes: this.maxSharedBytes });
   }
 
   /**
@@ -282,7 +306,7 @@ export class W4A16 {
     const n2 = n1 + (widths[1] ?? 0);
     const args = [a.a, a.b, a.scales, a.zeroPoints, c[0], c[1] ?? 0n, c[2] ?? 0n, shape.M, shape.N, n1, n2, shape.K, shape.kBlocks, Math.log2(shape.blockSize)] as const;
     if (shape.M >= (o.tileFromRows ?? W4A16_TILE_FROM_ROWS)) {
-      const plan = w4a16TilePlan(shape, o);
+      const plan = this.tilePlan(shape, o);
       this.tiles.get(`${shape.dtype}/${plan.label}`)!.launch({ grid: plan.grid, block: plan.threads, sharedBytes: plan.sharedBytes, stream }, ...args);
       return;
     }

@@ -8,8 +8,8 @@ import * as L from '@lathe/onnx';
 import { attr, defineOp } from '@lathe/onnx';
 import { Device } from '@lathe/runtime';
 import { W4A16_TILE_VARIANTS, w4a16DefaultChoice, w4a16Ops, w4a16Plan, w4a16Reference, w4a16TileDims, w4a16TileKernelName, w4a16TilePlan, w4a16TileSmem, w4a16Unsupported } from '@lathe/kernels';
-// the plan's estimate is not part of the package's exports (yet): from its source
-import { w4a16TileEstimate } from '../src/w4a16';
+// the plan's estimate and the shared-memory limits are not part of the package's exports (yet): from their source
+import { w4a16MaxSharedBytes, w4a16TileEstimate } from '../src/w4a16';
 
 interface NBits {
   K: number;
@@ -151,6 +151,16 @@ test('tiled launch plans: the 8-warp build of least estimated time (tensor cores
   expect(w4a16TilePlan({ M: 100, N: 2048, K: 2048 }, { tile: { mt: 4, nt: 2 } })).toEqual({ mt: 4, nt: 2, wm: 2, wn: 2, wk: 1, bm: 64, bn: 64, label: '64x64', grid: [32, 2], threads: 128, sharedBytes: 3 * (64 * 256 + 64 * 64) });
   expect(w4a16TilePlan({ M: 100, N: 2048, K: 2048 }, { tile: { mt: 8, nt: 2, wm: 1, wn: 2, wk: 4 } })).toMatchObject({ label: '64x64w8k4', grid: [32, 2], sharedBytes: 2 * 4 * (64 * 256 + 64 * 64) });
   expect(() => w4a16TilePlan({ M: 100, N: 2048, K: 2048 }, { tile: { mt: 2, nt: 4 } as never })).toThrow(/no tiled build 32x128 \(builds: 64x64, 32x64, 32x32, 64x256w8,/);
+});
+
+test('a device with less shared memory a CTA plans among the builds it holds: sm_86/89 keep 32 × 128 k2 and the original tiles', () => {
+  expect([80, 86, 89, 90, 120].map(w4a16MaxSharedBytes)).toEqual([163 * 1024, 99 * 1024, 99 * 1024, 227 * 1024, 99 * 1024]);
+  const small = w4a16MaxSharedBytes(86);
+  expect(w4a16TilePlan({ M: 256, N: 6144, K: 2048 }, { maxSharedBytes: small })).toMatchObject({ label: '32x128w8k2', sharedBytes: 98304 });
+  expect(w4a16TilePlan({ M: 256, N: 6144, K: 2048 }, { maxSharedBytes: 163 * 1024 })).toMatchObject({ label: '64x256w8' });
+  // no 8-warp build within 64 KB: the original tiles
+  expect(w4a16TilePlan({ M: 256, N: 2048, K: 2048 }, { maxSharedBytes: 64 * 1024 }).threads).toBe(128);
+  expect(() => w4a16TilePlan({ M: 256, N: 2048, K: 2048 }, { tile: { mt: 8, nt: 2, wm: 1, wn: 8 }, maxSharedBytes: small })).toThrow(/64x256w8 needs 131072 bytes of shared memory, past this device's 101376/);
 });
 
 test('every tiled build fits an H100’s 227 KB of shared memory a CTA (228 KB an SM, 1 KB of it reserved a CTA, for the CTAs its launch bound asks to be resident), and its labels and kernel names are distinct', () => {

@@ -79,7 +79,7 @@ import {
   type QuantizedWeightsAs,
   type ShiftSummary,
 } from '@lathe/quantization';
-import { Kernels, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, tuneW4A16, w4a16Ops, w4a16TimingWeights, w4a16TileDims, w4a16TilePlan, type W4A16LaunchOptions, type W4A16Ops, type W4A16PlanTable, type W4A16Tile } from '@lathe/kernels';
+import { Kernels, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, tuneW4A16, w4a16Ops, w4a16TimingWeights, w4a16TileDims, w4a16TileSmem, type W4A16LaunchOptions, type W4A16Ops, type W4A16PlanTable, type W4A16Tile } from '@lathe/kernels';
 import { KvCacheGenerator, type Completion } from '@lathe/rollout';
 import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor, type HostTensor, type SessionOptions } from '@lathe/runtime';
 import { arg, flag } from '../argv';
@@ -500,10 +500,11 @@ function measureTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType,
         const c = device.upload({ data: new Uint16Array(M * N), dims: [M, N] }, dtype);
         try {
           const shape = { M, N, K, kBlocks: kb, blockSize, dtype };
-          const chosen = w4a16TilePlan(shape);
+          const chosen = w4.tilePlan(shape);
           const runs: { kernel: string; opts: W4A16LaunchOptions }[] = [
             { kernel: `tile plan (${chosen.label})`, opts: { tileFromRows: 1 } },
-            ...W4A16_TILE_VARIANTS.map((v) => ({ kernel: `tile ${w4a16TileDims(v).label}`, opts: { tileFromRows: 1, tile: v } })),
+            // every build this device's shared memory holds
+            ...W4A16_TILE_VARIANTS.filter((v) => w4a16TileSmem(v) <= w4.maxSharedBytes).map((v) => ({ kernel: `tile ${w4a16TileDims(v).label}`, opts: { tileFromRows: 1, tile: v } })),
             { kernel: 'split-K', opts: { tileFromRows: Infinity } },
           ];
           for (const r of runs) {
