@@ -94,6 +94,8 @@ export interface W4A16TileVariant {
   wn: 2 | 4 | 8;
   wk: 1 | 2 | 4;
   stages: 2 | 3 | 4;
+  /** CTAs of a thread-block cluster (grid z) splitting K, their sums added over distributed shared memory (1: none; more: sm_90 on). */
+  ck: 1 | 2 | 4;
   /** CTAs an SM holds at once (the launch bound's minimum: registers capped to fit, shared memory checked by a test). */
   perSm: 1 | 2;
   auto: boolean;
@@ -107,15 +109,18 @@ export interface W4A16TileVariant {
  * A 64 × 128 tile of 2 × 2 warps (four column tiles a warp) needs more than 255 registers.
  */
 export const W4A16_TILE_VARIANTS: readonly W4A16TileVariant[] = [
-  { mt: 4, nt: 2, wm: 2, wn: 2, wk: 1, stages: 3, perSm: 1, auto: false },
-  { mt: 2, nt: 2, wm: 2, wn: 2, wk: 1, stages: 3, perSm: 1, auto: false },
-  { mt: 2, nt: 1, wm: 2, wn: 2, wk: 1, stages: 3, perSm: 1, auto: false },
-  { mt: 8, nt: 2, wm: 1, wn: 8, wk: 1, stages: 4, perSm: 1, auto: true },
-  { mt: 8, nt: 2, wm: 2, wn: 4, wk: 1, stages: 4, perSm: 1, auto: true },
-  { mt: 8, nt: 2, wm: 1, wn: 4, wk: 2, stages: 3, perSm: 1, auto: true },
-  { mt: 4, nt: 2, wm: 1, wn: 4, wk: 2, stages: 3, perSm: 2, auto: true },
-  { mt: 4, nt: 2, wm: 1, wn: 2, wk: 4, stages: 3, perSm: 1, auto: true },
-  { mt: 8, nt: 2, wm: 1, wn: 2, wk: 4, stages: 2, perSm: 1, auto: true },
+  { mt: 4, nt: 2, wm: 2, wn: 2, wk: 1, stages: 3, ck: 1, perSm: 1, auto: false },
+  { mt: 2, nt: 2, wm: 2, wn: 2, wk: 1, stages: 3, ck: 1, perSm: 1, auto: false },
+  { mt: 2, nt: 1, wm: 2, wn: 2, wk: 1, stages: 3, ck: 1, perSm: 1, auto: false },
+  { mt: 8, nt: 2, wm: 1, wn: 8, wk: 1, stages: 4, ck: 1, perSm: 1, auto: true },
+  { mt: 8, nt: 2, wm: 2, wn: 4, wk: 1, stages: 4, ck: 1, perSm: 1, auto: true },
+  { mt: 8, nt: 2, wm: 1, wn: 4, wk: 2, stages: 3, ck: 1, perSm: 1, auto: true },
+  { mt: 4, nt: 2, wm: 1, wn: 4, wk: 2, stages: 3, ck: 1, perSm: 2, auto: true },
+  { mt: 4, nt: 2, wm: 1, wn: 2, wk: 4, stages: 3, ck: 1, perSm: 1, auto: true },
+  { mt: 8, nt: 2, wm: 1, wn: 2, wk: 4, stages: 2, ck: 1, perSm: 1, auto: true },
+  { mt: 8, nt: 2, wm: 1, wn: 8, wk: 1, stages: 4, ck: 2, perSm: 1, auto: true },
+  { mt: 8, nt: 2, wm: 1, wn: 8, wk: 1, stages: 4, ck: 4, perSm: 1, auto: true },
+  { mt: 8, nt: 2, wm: 1, wn: 4, wk: 2, stages: 3, ck: 2, perSm: 1, auto: true },
 ];
 
 /** Steps of K in flight in the original (2 × 2-warp) tiled kernels: one multiplied while the next two are copied. */
@@ -124,23 +129,24 @@ export const W4A16_TILE_STAGES = 3;
 /** Threads of an original (2 × 2-warp) tiled kernel's CTA. */
 export const W4A16_TILE_THREADS = 128;
 
-type TileShape = Pick<W4A16TileVariant, 'mt' | 'nt'> & Partial<Pick<W4A16TileVariant, 'wm' | 'wn' | 'wk'>>;
+type TileShape = Pick<W4A16TileVariant, 'mt' | 'nt'> & Partial<Pick<W4A16TileVariant, 'wm' | 'wn' | 'wk' | 'ck'>>;
 
-/** A tile's warp layout with the original tiles' defaults (2 × 2 warps, no split of K), and its build's stages. */
-function layout(v: TileShape): { wm: number; wn: number; wk: number; stages: number } {
-  const wm = v.wm ?? 2, wn = v.wn ?? 2, wk = v.wk ?? 1;
-  const build = W4A16_TILE_VARIANTS.find((x) => x.mt === v.mt && x.nt === v.nt && x.wm === wm && x.wn === wn && x.wk === wk);
-  return { wm, wn, wk, stages: build?.stages ?? W4A16_TILE_STAGES };
+/** A tile's warp layout with the original tiles' defaults (2 × 2 warps, no split of K, no cluster), and its build's stages. */
+function layout(v: TileShape): { wm: number; wn: number; wk: number; ck: number; stages: number } {
+  const wm = v.wm ?? 2, wn = v.wn ?? 2, wk = v.wk ?? 1, ck = v.ck ?? 1;
+  const build = W4A16_TILE_VARIANTS.find((x) => x.mt === v.mt && x.nt === v.nt && x.wm === wm && x.wn === wn && x.wk === wk && x.ck === ck);
+  return { wm, wn, wk, ck, stages: build?.stages ?? W4A16_TILE_STAGES };
 }
 
 /**
- * A tiled build's output tile (BM rows × BN columns), threads, and label: `BMxBN`, then `w<warps>` past 4 warps
- * and `k<wk>` with K split over warps (e.g. `64x64`, `64x128w8k2`) — what quant-bench's `--kernel-tile` takes.
+ * A tiled build's output tile (BM rows × BN columns), threads, and label: `BMxBN`, then `w<warps>` past 4 warps,
+ * `k<wk>` with K split over warps and `c<ck>` over a cluster's CTAs (e.g. `64x64`, `64x128w8k2`, `64x256w8c4`) —
+ * what quant-bench's `--kernel-tile` takes.
  */
 export function w4a16TileDims(v: TileShape): { bm: number; bn: number; threads: number; label: string } {
-  const { wm, wn, wk } = layout(v);
+  const { wm, wn, wk, ck } = layout(v);
   const bm = 8 * v.mt * wm, bn = 16 * v.nt * wn, warps = wm * wn * wk;
-  return { bm, bn, threads: 32 * warps, label: `${bm}x${bn}${warps !== 4 ? `w${warps}` : ''}${wk > 1 ? `k${wk}` : ''}` };
+  return { bm, bn, threads: 32 * warps, label: `${bm}x${bn}${warps !== 4 ? `w${warps}` : ''}${wk > 1 ? `k${wk}` : ''}${ck > 1 ? `c${ck}` : ''}` };
 }
 
 /** Dynamic shared memory of a tiled kernel (bytes): each stage's wk chunks of activations [BM][128] in 16 bits and weights [BN][64 bytes] (the k-groups' sum at the end reuses them). */
@@ -153,12 +159,18 @@ export function w4a16TileSmem(v: TileShape): number {
 /** The tiled kernel's name for a dtype and tile, e.g. `w4a16_bf16_tile_m64_n64`, `w4a16_bf16_tile_m64_n128_w8_k2`. */
 export function w4a16TileKernelName(dtype: keyof typeof W4A16_TYPES, v: TileShape): string {
   const { bm, bn, threads } = w4a16TileDims(v);
-  const { wk } = layout(v);
-  return `w4a16_${W4A16_TYPES[dtype].suffix}_tile_m${bm}_n${bn}${threads !== 128 ? `_w${threads / 32}` : ''}${wk > 1 ? `_k${wk}` : ''}`;
+  const { wk, ck } = layout(v);
+  return `w4a16_${W4A16_TYPES[dtype].suffix}_tile_m${bm}_n${bn}${threads !== 128 ? `_w${threads / 32}` : ''}${wk > 1 ? `_k${wk}` : ''}${ck > 1 ? `_c${ck}` : ''}`;
 }
 
 const tileLines = (Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[])
-  .flatMap((d) => W4A16_TILE_VARIANTS.map((v) => `W4A16_TILE_KERNEL(${W4A16_TYPES[d].c}, ${v.mt}, ${v.nt}, ${v.wm}, ${v.wn}, ${v.wk}, ${v.stages}, ${v.perSm}, ${w4a16TileKernelName(d, v)})`))
+  .flatMap((d) =>
+    W4A16_TILE_VARIANTS.map((v) =>
+      v.ck > 1
+        ? `W4A16_TILE_CLUSTER_KERNEL(${W4A16_TYPES[d].c}, ${v.mt}, ${v.nt}, ${v.wm}, ${v.wn}, ${v.wk}, ${v.stages}, ${v.perSm}, ${v.ck}, ${w4a16TileKernelName(d, v)})`
+        : `W4A16_TILE_KERNEL(${W4A16_TYPES[d].c}, ${v.mt}, ${v.nt}, ${v.wm}, ${v.wn}, ${v.wk}, ${v.stages}, ${v.perSm}, ${w4a16TileKernelName(d, v)})`,
+    ),
+  )
   .join('\n');
 
 /** The whole source: every kernel for every element type and tile count. */
@@ -228,6 +240,21 @@ __device__ __forceinline__ void w4_cp16(void* dst, const void* src, bool pred) {
 __device__ __forceinline__ void w4_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N of this thread's committed copy groups are still in flight.
 template <int N> __device__ __forceinline__ void w4_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+// Every thread of the cluster arrives and waits: shared-memory writes before it are visible to the cluster after it.
+__device__ __forceinline__ void w4_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The float at this CTA's shared address p in the shared memory of the cluster's CTA of that rank.
+__device__ __forceinline__ float w4_ld_cluster(const float* p, unsigned rank) {
+  unsigned remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+#endif
 #endif
 
 template <typename T, int MT, int NT>
@@ -363,7 +390,7 @@ ${kernelLines}
 // 2t + 9 codes 4s + 2, 4s + 3 (byte 2s + 1), so the activations' 32-bit words are the B fragments as loaded
 // (no permutes, whose cost grows with the rows); a byte's nibbles reach the two halves of a register by one
 // byte permute of the word and the word shifted right by 4.
-template <typename T, int MT, int NT, int WM, int WN, int WK, int STAGES>
+template <typename T, int MT, int NT, int WM, int WN, int WK, int STAGES, int CK>
 __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const unsigned char* __restrict__ B, const T* __restrict__ S, const unsigned char* __restrict__ Z, T* __restrict__ C0,
                                                 T* __restrict__ C1, T* __restrict__ C2, int M, int N, int n1, int n2, int K, int kb, int bs_log2, unsigned char* smem) {
   constexpr int BM = 8 * MT * WM, BN = 16 * NT * WN, THREADS = 32 * WM * WN * WK;
@@ -371,7 +398,7 @@ __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const u
   constexpr int A_UNITS = BM * 16 * WK, B_UNITS = BN * 4 * WK;  // 16-byte copies a step
   static_assert(A_UNITS % THREADS == 0 && B_UNITS % THREADS == 0, "a step's copies must split evenly over the threads");
   constexpr int PER_WARP = NT * MT * 128;  // accumulators of a warp
-  static_assert((WK - 1) * WM * WN * PER_WARP * 4 <= STAGES * (A_STAGE + B_STAGE), "the k-groups' sum must fit in the stages' memory");
+  static_assert((WK - 1 + (CK > 1)) * WM * WN * PER_WARP * 4 <= STAGES * (A_STAGE + B_STAGE), "the k-groups' and the cluster's sums must fit in the stages' memory");
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   // the warp's column and row slices of the tile and its k-group
@@ -379,14 +406,18 @@ __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const u
   const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
   const int Kp = kb << bs_log2;
   const long long row_bytes = Kp >> 1;
-  const int chunks = (Kp + 127) >> 7, steps = (chunks + WK - 1) / WK;
+  const int chunks = (Kp + 127) >> 7, all_steps = (chunks + WK - 1) / WK;
+  // a cluster of CK CTAs (grid z) splits the steps in consecutive ranges, rank r the r-th
+  const int rank = CK > 1 ? (int)blockIdx.z : 0, per_rank = (all_steps + CK - 1) / CK, s0 = rank * per_rank;
+  const int steps = all_steps - s0 < per_rank ? (all_steps - s0 > 0 ? all_steps - s0 : 0) : per_rank;
   const int zcols = (kb + 1) >> 1;
   const unsigned magic = W4Magic<T>::bits, magic2 = magic | (magic << 16);
   unsigned char* As = smem;
   unsigned char* Bs = smem + STAGES * A_STAGE;
 
-  // step s's chunks of activations and weights into stage st (rows past M or N, units past K or Kp, chunks past the last: zeros)
+  // this CTA's step s (the s0 + s-th) into stage st (rows past M or N, units past K or Kp, chunks past the last: zeros)
   auto load = [&](int st, int s) {
+    s += s0;
 #pragma unroll
     for (int i = 0; i < A_UNITS / THREADS; ++i) {
       const int idx = tid + THREADS * i, q = idx / (BM * 16), r = (idx >> 4) % BM, u = idx & 15;
@@ -405,7 +436,7 @@ __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const u
   };
   // the scale and zero point of this lane's rows in its k-group's chunk of step s (scale 0 past N or Kp: products 0, never written)
   auto scales = [&](int s, unsigned (&so)[NT][2], unsigned (&zo)[NT][2]) {
-    const int c = s * WK + wk, k = (c << 7) + (t << 5), blk = k >> bs_log2;
+    const int c = (s < steps ? s0 + s : all_steps) * WK + wk, k = (c << 7) + (t << 5), blk = k >> bs_log2;
 #pragma unroll
     for (int u = 0; u < NT; ++u)
 #pragma unroll
@@ -488,29 +519,57 @@ __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const u
   }
   w4_cp_wait<0>();
 
-  if constexpr (WK > 1) {
+  if constexpr (WK > 1 || CK > 1) {
     // k-groups 1.. leave their sums in the stages' memory (every warp is past its last read of it: the barrier);
     // group 0 adds them in group order
     float* red = reinterpret_cast<float*>(smem);
     const int slot = warp % (WM * WN);
     __syncthreads();
-    if (wk > 0) {
+    if constexpr (WK > 1) {
+      if (wk > 0) {
 #pragma unroll
-      for (int u = 0; u < NT; ++u)
+        for (int u = 0; u < NT; ++u)
 #pragma unroll
-        for (int j = 0; j < MT; ++j)
+          for (int j = 0; j < MT; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) red[((wk - 1) * WM * WN + slot) * PER_WARP + ((u * MT + j) * 4 + e) * 32 + lane] = acc[u][j][e];
+            for (int e = 0; e < 4; ++e) red[((wk - 1) * WM * WN + slot) * PER_WARP + ((u * MT + j) * 4 + e) * 32 + lane] = acc[u][j][e];
+      }
+      __syncthreads();
+      if (wk == 0)
+        for (int q = 0; q < WK - 1; ++q)
+#pragma unroll
+          for (int u = 0; u < NT; ++u)
+#pragma unroll
+            for (int j = 0; j < MT; ++j)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[u][j][e] += red[(q * WM * WN + slot) * PER_WARP + ((u * MT + j) * 4 + e) * 32 + lane];
     }
-    __syncthreads();
-    if (wk > 0) return;
-    for (int q = 0; q < WK - 1; ++q)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    if constexpr (CK > 1) {
+      // ranks 1.. leave their CTA's sums in their shared memory; rank 0 adds them in rank order over the cluster's
+      // shared memory, and the second barrier keeps every rank's memory until it has
+      float* part = red + (WK - 1) * WM * WN * PER_WARP + slot * PER_WARP;
+      if (wk == 0 && rank > 0) {
 #pragma unroll
-      for (int u = 0; u < NT; ++u)
+        for (int u = 0; u < NT; ++u)
 #pragma unroll
-        for (int j = 0; j < MT; ++j)
+          for (int j = 0; j < MT; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[u][j][e] += red[(q * WM * WN + slot) * PER_WARP + ((u * MT + j) * 4 + e) * 32 + lane];
+            for (int e = 0; e < 4; ++e) part[((u * MT + j) * 4 + e) * 32 + lane] = acc[u][j][e];
+      }
+      w4_cluster_sync();
+      if (wk == 0 && rank == 0)
+        for (int q = 1; q < CK; ++q)
+#pragma unroll
+          for (int u = 0; u < NT; ++u)
+#pragma unroll
+            for (int j = 0; j < MT; ++j)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[u][j][e] += w4_ld_cluster(part + ((u * MT + j) * 4 + e) * 32 + lane, q);
+      w4_cluster_sync();
+    }
+#endif
+    if (wk > 0 || rank > 0) return;
   }
 
   // each accumulator to its output: columns [0, n1) to C0, [n1, n2) to C1, [n2, N) to C2
@@ -536,7 +595,18 @@ __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const u
   extern "C" __global__ void W4T_BOUNDS_##PER_SM(32 * WM * WN * WK) NAME(const T* A, const unsigned char* B, const T* S, const unsigned char* Z, T* C0, T* C1, \
                                                                      T* C2, int M, int N, int n1, int n2, int K, int kb, int bs_log2) {                \
     W4_SHARED(smem);                                                                                                                                  \
-    w4a16_tile_body<T, MT, NT, WM, WN, WK, STAGES>(A, B, S, Z, C0, C1, C2, M, N, n1, n2, K, kb, bs_log2, smem);                                      \
+    w4a16_tile_body<T, MT, NT, WM, WN, WK, STAGES, 1>(A, B, S, Z, C0, C1, C2, M, N, n1, n2, K, kb, bs_log2, smem);                                   \
   }
+// a cluster of CK CTAs along the grid's z over one tile, K split between them (sm_90 on)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define W4A16_TILE_CLUSTER_KERNEL(T, MT, NT, WM, WN, WK, STAGES, PER_SM, CK, NAME)                                                                   \
+  extern "C" __global__ void W4T_BOUNDS_##PER_SM(32 * WM * WN * WK) __cluster_dims__(1, 1, CK) NAME(const T* A, const unsigned char* B, const T* S,         \
+                                                                     const unsigned char* Z, T* C0, T* C1, T* C2, int M, int N, int n1, int n2, int K, int kb, int bs_log2) { \
+    W4_SHARED(smem);                                                                                                                                  \
+    w4a16_tile_body<T, MT, NT, WM, WN, WK, STAGES, CK>(A, B, S, Z, C0, C1, C2, M, N, n1, n2, K, kb, bs_log2, smem);                                  \
+  }
+#else
+#define W4A16_TILE_CLUSTER_KERNEL(T, MT, NT, WM, WN, WK, STAGES, PER_SM, CK, NAME)
+#endif
 ${tileLines}
 `;

@@ -114,6 +114,8 @@ export interface W4A16Tile {
   wm?: 1 | 2;
   wn?: 2 | 4 | 8;
   wk?: 1 | 2 | 4;
+  /** CTAs of a cluster splitting K (default 1). */
+  ck?: 1 | 2 | 4;
 }
 
 /** The launch of a shape on a tiled kernel. */
@@ -123,6 +125,8 @@ export interface W4A16TilePlan {
   wm: NonNullable<W4A16Tile['wm']>;
   wn: NonNullable<W4A16Tile['wn']>;
   wk: NonNullable<W4A16Tile['wk']>;
+  /** CTAs of a cluster over each tile, K split between them: the launch's grid z. */
+  ck: NonNullable<W4A16Tile['ck']>;
   bm: number;
   bn: number;
   /** The build's label (`w4a16TileDims`), e.g. `64x128w8k2`. */
@@ -134,7 +138,7 @@ export interface W4A16TilePlan {
 
 /** The build `tile` names (its warp layout defaulting to 2 × 2 × 1), or undefined. */
 function tileBuild(tile: W4A16Tile): W4A16TileVariant | undefined {
-  return W4A16_TILE_VARIANTS.find((x) => x.mt === tile.mt && x.nt === tile.nt && x.wm === (tile.wm ?? 2) && x.wn === (tile.wn ?? 2) && x.wk === (tile.wk ?? 1));
+  return W4A16_TILE_VARIANTS.find((x) => x.mt === tile.mt && x.nt === tile.nt && x.wm === (tile.wm ?? 2) && x.wn === (tile.wn ?? 2) && x.wk === (tile.wk ?? 1) && x.ck === (tile.ck ?? 1));
 }
 
 /** mma.sync m16n8k16 issue interval of an SM sub-partition, in clocks (about 620 dense TFLOP/s on an H100 SXM). */
@@ -145,18 +149,19 @@ const SM_BYTES_PER_CLOCK = 64;
 
 /**
  * A tiled build's estimated clocks on `shape` — the larger of the tensor cores' time (waves of CTAs over `sms` SMs ×
- * a CTA's mma.sync, each sub-partition running 2 of its 8 warps; the dequantization overlaps it) and L2's (activations
- * re-read once per BN columns, weights once per BM rows, against L2's bandwidth and each SM's). For comparing builds,
- * not a prediction.
+ * a CTA's mma.sync over its share of K, each sub-partition running 2 of its 8 warps; the dequantization overlaps it)
+ * and L2's (activations re-read once per BN columns, weights once per BM rows, against L2's bandwidth and each SM's).
+ * For comparing builds, not a prediction.
  */
 export function w4a16TileEstimate(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, v: W4A16Tile, sms = W4A16_DEFAULT_SMS): number {
   const rows = Math.max(shape.M, 1);
   const { bm, bn, threads } = w4a16TileDims(v);
-  const gx = Math.ceil(shape.N / bn), gy = Math.ceil(rows / bm), waves = Math.ceil((gx * gy) / sms);
+  const ck = v.ck ?? 1;
+  const gx = Math.ceil(shape.N / bn), gy = Math.ceil(rows / bm), waves = Math.ceil((gx * gy * ck) / sms);
   const chunks = Math.ceil(shape.K / 128), wk = v.wk ?? 1;
   const warpsPerSubpartition = threads / 32 / 4;
-  const tensor = waves * Math.ceil(chunks / wk) * 8 * v.mt * v.nt * warpsPerSubpartition * MMA_CLOCKS;
-  const ctaBytes = (Math.min(bm, rows) * 2 + bn / 2) * shape.K;
+  const tensor = waves * Math.ceil(chunks / wk / ck) * 8 * v.mt * v.nt * warpsPerSubpartition * MMA_CLOCKS;
+  const ctaBytes = ((Math.min(bm, rows) * 2 + bn / 2) * shape.K) / ck;
   const l2 = Math.max(((gx * rows * 2 + gy * shape.N / 2) * shape.K) / L2_BYTES_PER_CLOCK, (waves * ctaBytes) / SM_BYTES_PER_CLOCK);
   return Math.max(tensor, l2);
 }
@@ -171,11 +176,21 @@ export function w4a16MaxSharedBytes(arch: number): number {
   return 99 * 1024;
 }
 
+/** Why a device of compute capability `arch` cannot run tiled build `v` (its shared memory, or clusters before sm_90), or undefined. */
+export function w4a16TileUnavailable(v: W4A16Tile, arch: number): string | undefined {
+  const { label } = w4a16TileDims(v);
+  if (w4a16TileSmem(v) > w4a16MaxSharedBytes(arch)) return `tiled build ${label} needs ${w4a16TileSmem(v)} bytes of shared memory, past the ${w4a16MaxSharedBytes(arch)} of sm_${arch}`;
+  if ((v.ck ?? 1) > 1 && arch < 90) return `tiled build ${label} runs as thread-block clusters (sm_90 on), not on sm_${arch}`;
+  return undefined;
+}
+
 /**
- * The tiled launch of `shape`: `tile` if given, else the build marked `auto` of least {@link w4a16TileEstimate}
- * among those within `maxSharedBytes` (default no limit; none within it: the least of any build within it).
+ * The tiled launch of `shape` on a device of compute capability `arch` (default 90: an H100 or H200): `tile` if
+ * given, else the build marked `auto` of least {@link w4a16TileEstimate} among those the device runs (none: the
+ * least of any build it runs).
  */
-export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, opts: { tile?: W4A16Tile; sms?: number; maxSharedBytes?: number } = {}): W4A16TilePlan {
+export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, opts: { tile?: W4A16Tile; sms?: number; arch?: number } = {}): W4A16TilePlan {
+  const arch = opts.arch ?? 90;
   const rows = Math.max(shape.M, 1);
   const grid = (v: W4A16TileVariant): [number, number] => [Math.ceil(shape.N / w4a16TileDims(v).bn), Math.ceil(rows / w4a16TileDims(v).bm)];
   let v: W4A16TileVariant | undefined;
@@ -185,20 +200,21 @@ export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, opts: { 
       const { label } = w4a16TileDims(opts.tile);
       throw new Error(`W4A16 has no tiled build ${label} (builds: ${W4A16_TILE_VARIANTS.map((x) => w4a16TileDims(x).label).join(', ')})`);
     }
-    if (w4a16TileSmem(v) > (opts.maxSharedBytes ?? Infinity)) throw new Error(`W4A16 tiled build ${w4a16TileDims(v).label} needs ${w4a16TileSmem(v)} bytes of shared memory, past this device's ${opts.maxSharedBytes}`);
+    const why = w4a16TileUnavailable(v, arch);
+    if (why) throw new Error(`W4A16: ${why}`);
   } else {
     const sms = opts.sms ?? W4A16_DEFAULT_SMS;
-    const fits = W4A16_TILE_VARIANTS.filter((c) => w4a16TileSmem(c) <= (opts.maxSharedBytes ?? Infinity));
+    const fits = W4A16_TILE_VARIANTS.filter((c) => !w4a16TileUnavailable(c, arch));
     const auto = fits.filter((c) => c.auto);
     let best = Infinity;
     for (const x of auto.length > 0 ? auto : fits) {
       const t = w4a16TileEstimate(shape, x, sms);
       if (t < best) [v, best] = [x, t];
     }
-    if (!v) throw new Error(`W4A16 has no tiled build within ${opts.maxSharedBytes} bytes of shared memory`);
+    if (!v) throw new Error(`W4A16 has no tiled build for sm_${arch}`);
   }
   const { bm, bn, threads, label } = w4a16TileDims(v);
-  return { mt: v.mt, nt: v.nt, wm: v.wm, wn: v.wn, wk: v.wk, bm, bn, label, grid: grid(v), threads, sharedBytes: w4a16TileSmem(v) };
+  return { mt: v.mt, nt: v.nt, wm: v.wm, wn: v.wn, wk: v.wk, ck: v.ck, bm, bn, label, grid: grid(v), threads, sharedBytes: w4a16TileSmem(v) };
 }
 
 /**
@@ -259,8 +275,6 @@ export class W4A16 {
     readonly kernels: Kernels,
     private readonly variants: Map<string, Kernel<Sig>>,
     private readonly tiles: Map<string, Kernel<Sig>>,
-    /** Dynamic shared memory a CTA may take on this device ({@link w4a16MaxSharedBytes}): tiled builds past it are not loaded. */
-    readonly maxSharedBytes: number,
   ) {}
 
   /** Compiles (or loads from the cache) every variant — bf16/fp16 × M ≤ 8/16/32/64 (and 32 columns a warp for M ≤ 16), and every tiled build the device's shared memory holds — with the CUDA headers of `includeDir`. */
@@ -272,21 +286,25 @@ export class W4A16 {
       for (const v of W4A16_VARIANTS) variants.set(`${dtype}/${v.mt}/${v.nt}`, mod.kernel(w4a16KernelName(dtype, v.mt, v.nt), SIG));
     }
     const tiles = new Map<string, Kernel<Sig>>();
-    const maxShared = w4a16MaxSharedBytes(kernels.arch);
     for (const dtype of Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[]) {
-      for (const v of W4A16_TILE_VARIANTS.filter((x) => w4a16TileSmem(x) <= maxShared)) {
+      for (const v of W4A16_TILE_VARIANTS.filter((x) => !w4a16TileUnavailable(x, kernels.arch))) {
         const k = mod.kernel(w4a16TileKernelName(dtype, v), SIG);
         // past 48 KB of dynamic shared memory a kernel must opt in
         kernels.driver.setMaxDynamicSharedBytes(k.handle, w4a16TileSmem(v));
         tiles.set(`${dtype}/${w4a16TileDims(v).label}`, k);
       }
     }
-    return new W4A16(kernels, variants, tiles, maxShared);
+    return new W4A16(kernels, variants, tiles);
   }
 
-  /** The tiled launch {@link matmul} makes of `shape` with `opts`: {@link w4a16TilePlan} over this device's SMs and shared memory. */
+  /** Whether this device runs tiled build `v` (its shared memory holds it; clusters from sm_90): builds it cannot are not loaded. */
+  runsTile(v: W4A16Tile): boolean {
+    return !w4a16TileUnavailable(v, this.kernels.arch);
+  }
+
+  /** The tiled launch {@link matmul} makes of `shape` with `opts`: {@link w4a16TilePlan} for this device's arch and SMs. */
   tilePlan(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, opts: Pick<W4A16LaunchOptions, 'tile' | 'sms'> = {}): W4A16TilePlan {
-    return w4a16TilePlan(shape, { tile: opts.tile, sms: opts.sms ?? this.kernels.smCount, maxSharedBytes: this.maxSharedBytes });
+    return w4a16TilePlan(shape, { tile: opts.tile, sms: opts.sms ?? this.kernels.smCount, arch: this.kernels.arch });
   }
 
   /**
@@ -307,7 +325,7 @@ export class W4A16 {
     const args = [a.a, a.b, a.scales, a.zeroPoints, c[0], c[1] ?? 0n, c[2] ?? 0n, shape.M, shape.N, n1, n2, shape.K, shape.kBlocks, Math.log2(shape.blockSize)] as const;
     if (shape.M >= (o.tileFromRows ?? W4A16_TILE_FROM_ROWS)) {
       const plan = this.tilePlan(shape, o);
-      this.tiles.get(`${shape.dtype}/${plan.label}`)!.launch({ grid: plan.grid, block: plan.threads, sharedBytes: plan.sharedBytes, stream }, ...args);
+      this.tiles.get(`${shape.dtype}/${plan.label}`)!.launch({ grid: [plan.grid[0], plan.grid[1], plan.ck], block: plan.threads, sharedBytes: plan.sharedBytes, stream }, ...args);
       return;
     }
     const choice = o.plan?.(shape) ?? (o.columnTiles === undefined && o.rounds === undefined ? w4a16DefaultChoice(shape) : undefined);

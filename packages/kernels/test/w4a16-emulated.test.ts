@@ -83,7 +83,7 @@ function run(c: Case): { got: Float32Array; want: Float64Array; warps: number; m
   const widths = c.widths ?? [c.N];
   const n1 = widths[0];
   const n2 = n1 + (widths[1] ?? 0);
-  const kernel = tiled ? ['tile', w4a16TileKernelName(c.dtype, tiled), tiled.bm, tiled.bn, tiled.threads, tiled.sharedBytes] : [plan.mt, plan.nt, plan.warps];
+  const kernel = tiled ? ['tile', w4a16TileKernelName(c.dtype, tiled), tiled.bm, tiled.bn, tiled.threads, tiled.sharedBytes, tiled.ck] : [plan.mt, plan.nt, plan.warps];
   execFileSync(harness, [input, output, c.dtype === 'bfloat16' ? 'bf16' : 'fp16', c.M, c.N, n1, n2, c.K, kBlocks, Math.log2(c.blockSize), zeroPoints ? 1 : 0, ...kernel].map(String), { stdio: 'pipe' });
   const raw = readFileSync(output);
   const u16 = new Uint16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2);
@@ -152,6 +152,10 @@ test.each<[string, Case, { label: string; gridX: number; gridY: number }]>([
   ['8 warps, 64 × 128 with K over 2 warp groups, fp16 with zero points, block 64, 17 rows (one mostly empty tile row)', { dtype: 'float16', M: 17, N: 128, K: 512, blockSize: 64, zeroPoints: true, tile: { mt: 8, nt: 2, wm: 1, wn: 4, wk: 2 } }, { label: '64x128w8k2', gridX: 1, gridY: 1 }],
   ['8 warps, 64 × 64 with K over 4 warp groups (64-row warps, 2 stages), bf16 with zero points, block 64: M = 100, N = 72, K = 2944 (23 chunks in 6 steps, one chunk past K; the 2-stage ring wraps), gate/up outputs of 40 and 32', { dtype: 'bfloat16', M: 100, N: 72, K: 2944, blockSize: 64, zeroPoints: true, widths: [40, 32], tile: { mt: 8, nt: 2, wm: 1, wn: 2, wk: 4 } }, { label: '64x64w8k4', gridX: 2, gridY: 2 }],
   ['8 warps, 64 × 64 with K over 4 warp groups, fp16, block 128: M = 64, N = 64, K = 384 (3 chunks: one step, a k-group idle)', { dtype: 'float16', M: 64, N: 64, K: 384, blockSize: 128, zeroPoints: false, tile: { mt: 8, nt: 2, wm: 1, wn: 2, wk: 4 } }, { label: '64x64w8k4', gridX: 1, gridY: 1 }],
+  ['a cluster of 2 CTAs over each 64 × 256 tile, K split between them (sums over distributed shared memory), bf16 with zero points, block 64: M = 70, N = 300, K = 1408 (11 chunks: 6 and 5), gate/up outputs of 100 and 200', { dtype: 'bfloat16', M: 70, N: 300, K: 1408, blockSize: 64, zeroPoints: true, widths: [100, 200], tile: { mt: 8, nt: 2, wm: 1, wn: 8, wk: 1, ck: 2 } }, { label: '64x256w8c2', gridX: 2, gridY: 2 }],
+  ['a cluster of 4 CTAs over a 64 × 256 tile, bf16, block 128: M = 40, N = 256, K = 896 (7 chunks: 2, 2, 2 and 1)', { dtype: 'bfloat16', M: 40, N: 256, K: 896, blockSize: 128, zeroPoints: false, tile: { mt: 8, nt: 2, wm: 1, wn: 8, wk: 1, ck: 4 } }, { label: '64x256w8c4', gridX: 1, gridY: 1 }],
+  ['a cluster of 4 CTAs over a 64 × 256 tile, fp16, block 128: M = 64, N = 256, K = 384 (3 chunks: rank 3 has none)', { dtype: 'float16', M: 64, N: 256, K: 384, blockSize: 128, zeroPoints: false, tile: { mt: 8, nt: 2, wm: 1, wn: 8, wk: 1, ck: 4 } }, { label: '64x256w8c4', gridX: 1, gridY: 1 }],
+  ['a cluster of 2 CTAs, each K over 2 warp groups, over 64 × 128 tiles, fp16 with zero points, block 32: M = 65, N = 136, K = 1000 (padded to 1024: 8 chunks, 2 steps a rank), q/k/v outputs of 64, 40, 32', { dtype: 'float16', M: 65, N: 136, K: 1000, blockSize: 32, zeroPoints: true, widths: [64, 40, 32], tile: { mt: 8, nt: 2, wm: 1, wn: 4, wk: 2, ck: 2 } }, { label: '64x128w8k2c2', gridX: 2, gridY: 2 }],
   ['tiled, the plan’s choice for 256 rows, N = 96 and K = 256: 32 × 128 with K over 2 warp groups (8 CTAs, one column tile past N)', { dtype: 'bfloat16', M: 256, N: 96, K: 256, blockSize: 32, zeroPoints: true, tile: 'auto' }, { label: '32x128w8k2', gridX: 1, gridY: 8 }],
 ])('%s', (_name, c, plan) => {
   const r = run(c);

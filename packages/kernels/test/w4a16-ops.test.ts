@@ -8,8 +8,8 @@ import * as L from '@lathe/onnx';
 import { attr, defineOp } from '@lathe/onnx';
 import { Device } from '@lathe/runtime';
 import { W4A16_TILE_VARIANTS, w4a16DefaultChoice, w4a16Ops, w4a16Plan, w4a16Reference, w4a16TileDims, w4a16TileKernelName, w4a16TilePlan, w4a16TileSmem, w4a16Unsupported } from '@lathe/kernels';
-// the plan's estimate and the shared-memory limits are not part of the package's exports (yet): from their source
-import { w4a16MaxSharedBytes, w4a16TileEstimate } from '../src/w4a16';
+// the plan's estimate and the devices' limits are not part of the package's exports (yet): from their source
+import { w4a16MaxSharedBytes, w4a16TileEstimate, w4a16TileUnavailable } from '../src/w4a16';
 
 interface NBits {
   K: number;
@@ -133,34 +133,32 @@ test("default split-K plans: past 8 rows, two column tiles from 4,096 columns an
 });
 
 test('tiled launch plans: the 8-warp build of least estimated time (tensor cores or L2, whichever is longer); a tile asked for is kept', () => {
-  // Qwen3-1.7B at 256 rows: q (N = 2048) and down (K = 6144) take 32 × 128 with K over 2 warp groups, 128 CTAs
-  expect(w4a16TilePlan({ M: 256, N: 2048, K: 2048 })).toEqual({ mt: 4, nt: 2, wm: 1, wn: 4, wk: 2, bm: 32, bn: 128, label: '32x128w8k2', grid: [16, 8], threads: 256, sharedBytes: 3 * 2 * (32 * 256 + 128 * 64) });
-  expect(w4a16TilePlan({ M: 256, N: 2048, K: 6144 })).toMatchObject({ label: '32x128w8k2', grid: [16, 8] });
-  // gate (N = 6144): 64 × 256, each activation read from L2 once per 256 columns; fused gate/up (N = 12288): 64 × 128 k2
-  expect(w4a16TilePlan({ M: 256, N: 6144, K: 2048 })).toMatchObject({ label: '64x256w8', grid: [24, 4], sharedBytes: 4 * (64 * 256 + 256 * 64) });
-  expect(w4a16TilePlan({ M: 256, N: 12288, K: 2048 })).toMatchObject({ label: '64x128w8k2', grid: [96, 4], sharedBytes: 3 * 2 * (64 * 256 + 128 * 64) });
-  expect(w4a16TilePlan({ M: 128, N: 12288, K: 2048 })).toMatchObject({ label: '64x256w8', grid: [48, 2] });
+  // Qwen3-1.7B at 256 rows: q (N = 2048), down (K = 6144) and gate (N = 6144) take 64 × 256 tiles, K split over clusters of
+  // 4 CTAs (128 and 384 CTAs; each activation read from L2 once per 256 columns); fused gate/up (N = 12288) clusters of 2
+  expect(w4a16TilePlan({ M: 256, N: 2048, K: 2048 })).toEqual({ mt: 8, nt: 2, wm: 1, wn: 8, wk: 1, ck: 4, bm: 64, bn: 256, label: '64x256w8c4', grid: [8, 4], threads: 256, sharedBytes: 4 * (64 * 256 + 256 * 64) });
+  expect(w4a16TilePlan({ M: 256, N: 2048, K: 6144 })).toMatchObject({ label: '64x256w8c4', grid: [8, 4] });
+  expect(w4a16TilePlan({ M: 256, N: 6144, K: 2048 })).toMatchObject({ label: '64x256w8c4', grid: [24, 4] });
+  expect(w4a16TilePlan({ M: 256, N: 12288, K: 2048 })).toMatchObject({ label: '64x256w8c2', grid: [48, 4], ck: 2 });
+  // Qwen3-0.6B's down (N = 1024, K = 3072) at 256 rows: 32 × 128 with K over 2 warp groups
+  expect(w4a16TilePlan({ M: 256, N: 1024, K: 3072 })).toMatchObject({ label: '32x128w8k2', grid: [8, 8], ck: 1, sharedBytes: 3 * 2 * (32 * 256 + 128 * 64) });
   // few rows and columns: 32 × 64 with K over 4 warp groups, the most CTAs
   expect(w4a16TilePlan({ M: 64, N: 1024, K: 3072 })).toMatchObject({ label: '32x64w8k4', grid: [16, 2], threads: 256, sharedBytes: 3 * 4 * (32 * 256 + 64 * 64) });
   expect(w4a16TilePlan({ M: 64, N: 2048, K: 2048 })).toMatchObject({ label: '32x64w8k4', grid: [32, 2] });
-  // fewer SMs: fewer, larger CTAs
-  expect(w4a16TilePlan({ M: 256, N: 2048, K: 2048 }, { sms: 32 })).toMatchObject({ label: '64x256w8', grid: [8, 4] });
   // the estimate: past the tensor cores' time, L2's — 32 × 64 k4 re-reads the activations twice as often as 32 × 128 k2
   expect(w4a16TileEstimate({ M: 256, N: 2048, K: 2048 }, { mt: 4, nt: 2, wm: 1, wn: 2, wk: 4 })).toBeGreaterThan(w4a16TileEstimate({ M: 256, N: 2048, K: 2048 }, { mt: 4, nt: 2, wm: 1, wn: 4, wk: 2 }));
   // the original 2 × 2-warp tiles when asked for
-  expect(w4a16TilePlan({ M: 100, N: 2048, K: 2048 }, { tile: { mt: 4, nt: 2 } })).toEqual({ mt: 4, nt: 2, wm: 2, wn: 2, wk: 1, bm: 64, bn: 64, label: '64x64', grid: [32, 2], threads: 128, sharedBytes: 3 * (64 * 256 + 64 * 64) });
+  expect(w4a16TilePlan({ M: 100, N: 2048, K: 2048 }, { tile: { mt: 4, nt: 2 } })).toEqual({ mt: 4, nt: 2, wm: 2, wn: 2, wk: 1, ck: 1, bm: 64, bn: 64, label: '64x64', grid: [32, 2], threads: 128, sharedBytes: 3 * (64 * 256 + 64 * 64) });
   expect(w4a16TilePlan({ M: 100, N: 2048, K: 2048 }, { tile: { mt: 8, nt: 2, wm: 1, wn: 2, wk: 4 } })).toMatchObject({ label: '64x64w8k4', grid: [32, 2], sharedBytes: 2 * 4 * (64 * 256 + 64 * 64) });
   expect(() => w4a16TilePlan({ M: 100, N: 2048, K: 2048 }, { tile: { mt: 2, nt: 4 } as never })).toThrow(/no tiled build 32x128 \(builds: 64x64, 32x64, 32x32, 64x256w8,/);
 });
 
-test('a device with less shared memory a CTA plans among the builds it holds: sm_86/89 keep 32 × 128 k2 and the original tiles', () => {
+test('a device plans among the builds it runs: sm_80 without clusters, sm_86/89 (99 KB a CTA) 32 × 128 k2 and the original tiles', () => {
   expect([80, 86, 89, 90, 120].map(w4a16MaxSharedBytes)).toEqual([163 * 1024, 99 * 1024, 99 * 1024, 227 * 1024, 99 * 1024]);
-  const small = w4a16MaxSharedBytes(86);
-  expect(w4a16TilePlan({ M: 256, N: 6144, K: 2048 }, { maxSharedBytes: small })).toMatchObject({ label: '32x128w8k2', sharedBytes: 98304 });
-  expect(w4a16TilePlan({ M: 256, N: 6144, K: 2048 }, { maxSharedBytes: 163 * 1024 })).toMatchObject({ label: '64x256w8' });
-  // no 8-warp build within 64 KB: the original tiles
-  expect(w4a16TilePlan({ M: 256, N: 2048, K: 2048 }, { maxSharedBytes: 64 * 1024 }).threads).toBe(128);
-  expect(() => w4a16TilePlan({ M: 256, N: 2048, K: 2048 }, { tile: { mt: 8, nt: 2, wm: 1, wn: 8 }, maxSharedBytes: small })).toThrow(/64x256w8 needs 131072 bytes of shared memory, past this device's 101376/);
+  expect(w4a16TilePlan({ M: 256, N: 6144, K: 2048 }, { arch: 86 })).toMatchObject({ label: '32x128w8k2', sharedBytes: 98304 });
+  expect(w4a16TilePlan({ M: 256, N: 6144, K: 2048 }, { arch: 80 })).toMatchObject({ label: '64x256w8', ck: 1 });
+  expect(w4a16TileUnavailable({ mt: 8, nt: 2, wm: 1, wn: 8, wk: 1, ck: 4 }, 90)).toBeUndefined();
+  expect(() => w4a16TilePlan({ M: 256, N: 2048, K: 2048 }, { tile: { mt: 8, nt: 2, wm: 1, wn: 8 }, arch: 86 })).toThrow(/64x256w8 needs 131072 bytes of shared memory, past the 101376 of sm_86/);
+  expect(() => w4a16TilePlan({ M: 256, N: 2048, K: 2048 }, { tile: { mt: 8, nt: 2, wm: 1, wn: 8, ck: 4 }, arch: 80 })).toThrow(/64x256w8c4 runs as thread-block clusters \(sm_90 on\), not on sm_80/);
 });
 
 test('every tiled build fits an H100’s 227 KB of shared memory a CTA (228 KB an SM, 1 KB of it reserved a CTA, for the CTAs its launch bound asks to be resident), and its labels and kernel names are distinct', () => {

@@ -28,7 +28,8 @@
  * microbenchmark times both. Past 16 rows the op runs the tiled kernels (a CTA per [BM × BN] output tile,
  * cp.async stages in shared memory; `--kernel-tile-from-rows` moves that bound, e.g. 100000 for the split-K
  * kernels at every M; `--kernel-tile LABEL` fixes the build — the 8-warp 64x256w8, 128x128w8, 64x128w8k2, 32x128w8k2,
- * 32x64w8k4 (k: K split over warp groups) or the original 64x64, 32x64, 32x32 — default the plan's), so
+ * 32x64w8k4, 64x64w8k4 (k: K split over warp groups), 64x256w8c2, 64x256w8c4, 64x128w8k2c2 (c: over a cluster's CTAs,
+ * sm_90 on) or the original 64x64, 32x64, 32x32 — default the plan's), so
  * `kernel --kernel-max-rows 256` or `kernel-all` times them at 256; the microbenchmark then also times
  * them alone at M = `--kernel-micro-rows` (default 64,128,256) — the plan's tile, every tile, and the
  * split-K kernels — with TFLOP/s and weight GB/s, beside ONNX Runtime's bf16 MatMul (cuBLAS) on the
@@ -79,7 +80,7 @@ import {
   type QuantizedWeightsAs,
   type ShiftSummary,
 } from '@lathe/quantization';
-import { Kernels, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, tuneW4A16, w4a16Ops, w4a16TimingWeights, w4a16TileDims, w4a16TileSmem, type W4A16LaunchOptions, type W4A16Ops, type W4A16PlanTable, type W4A16Tile } from '@lathe/kernels';
+import { Kernels, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, tuneW4A16, w4a16Ops, w4a16TimingWeights, w4a16TileDims, type W4A16LaunchOptions, type W4A16Ops, type W4A16PlanTable, type W4A16Tile } from '@lathe/kernels';
 import { KvCacheGenerator, type Completion } from '@lathe/rollout';
 import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor, type HostTensor, type SessionOptions } from '@lathe/runtime';
 import { arg, flag } from '../argv';
@@ -503,8 +504,8 @@ function measureTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType,
           const chosen = w4.tilePlan(shape);
           const runs: { kernel: string; opts: W4A16LaunchOptions }[] = [
             { kernel: `tile plan (${chosen.label})`, opts: { tileFromRows: 1 } },
-            // every build this device's shared memory holds
-            ...W4A16_TILE_VARIANTS.filter((v) => w4a16TileSmem(v) <= w4.maxSharedBytes).map((v) => ({ kernel: `tile ${w4a16TileDims(v).label}`, opts: { tileFromRows: 1, tile: v } })),
+            // every build this device runs
+            ...W4A16_TILE_VARIANTS.filter((v) => w4.runsTile(v)).map((v) => ({ kernel: `tile ${w4a16TileDims(v).label}`, opts: { tileFromRows: 1, tile: v } })),
             { kernel: 'split-K', opts: { tileFromRows: Infinity } },
           ];
           for (const r of runs) {

@@ -2,8 +2,9 @@
 // w4-emu.h. Reads the problem from a binary file and writes C's bits to another; the test compares them
 // with its float64 reference.
 // usage: harness IN OUT bf16|fp16 M N n1 n2 K kb bs_log2 has_zp mt nt warps
-//        harness IN OUT bf16|fp16 M N n1 n2 K kb bs_log2 has_zp tile NAME BM BN THREADS SMEM
-//   (the tiled kernel NAME — from w4-tiles.h, which the test writes from the builds' list — over [BM, BN] tiles of C)
+//        harness IN OUT bf16|fp16 M N n1 n2 K kb bs_log2 has_zp tile NAME BM BN THREADS SMEM CK
+//   (the tiled kernel NAME — from w4-tiles.h, which the test writes from the builds' list — over [BM, BN] tiles of C,
+//   in clusters of CK CTAs along z where CK > 1)
 // OUT: C0 [M, n1], C1 [M, n2 - n1], C2 [M, N - n2] (16-bit values), one after another
 // IN: A (M·K 16-bit values), B (N·kb·bs/2 bytes), scales (N·kb 16-bit values), zero points (N·ceil(kb/2) bytes, if has_zp)
 #include "w4-emu.h"
@@ -14,7 +15,7 @@
 
 template <typename T>
 static int run(const char* in, const char* out, int M, int N, int n1, int n2, int K, int kb, int bs_log2, bool has_zp, int bm, int bn, unsigned threads,
-               size_t smem, void (*kernel)(const T*, const unsigned char*, const T*, const unsigned char*, T*, T*, T*, int, int, int, int, int, int, int)) {
+               size_t smem, unsigned ck, void (*kernel)(const T*, const unsigned char*, const T*, const unsigned char*, T*, T*, T*, int, int, int, int, int, int, int)) {
   const size_t bs = size_t(1) << bs_log2;
   std::vector<T> A(size_t(M) * K), S(size_t(N) * kb), C(size_t(M) * N);
   T* C0 = C.data();
@@ -29,15 +30,17 @@ static int run(const char* in, const char* out, int M, int N, int n1, int n2, in
   if (!f) { std::fprintf(stderr, "short input file\n"); return 2; }
   for (auto& c : C) std::memset(&c, 0x7f, 2);  // rows and columns the kernel must not write keep this pattern
   const dim3 grid{unsigned((N + bn - 1) / bn), unsigned((M + bm - 1) / bm), 1};
-  emu::launch(grid, threads, smem, [&] { kernel(A.data(), B.data(), S.data(), has_zp ? Z.data() : nullptr, C0, n2 > n1 ? C1 : nullptr, N > n2 ? C2 : nullptr, M, N, n1, n2, K, kb, bs_log2); });
+  const auto body = [&] { kernel(A.data(), B.data(), S.data(), has_zp ? Z.data() : nullptr, C0, n2 > n1 ? C1 : nullptr, N > n2 ? C2 : nullptr, M, N, n1, n2, K, kb, bs_log2); };
+  if (ck > 1) w4emu::launch_clusters(grid, ck, threads, smem, body);
+  else emu::launch(grid, threads, smem, body);
   std::ofstream o(out, std::ios::binary);
   o.write(reinterpret_cast<const char*>(C.data()), C.size() * 2);
   return o ? 0 : 2;
 }
 
 int main(int argc, char** argv) {
-  const bool tile = argc == 18 && std::string(argv[12]) == "tile";
-  if (argc != 15 && !tile) { std::fprintf(stderr, "usage: harness IN OUT bf16|fp16 M N n1 n2 K kb bs_log2 has_zp (mt nt warps | tile NAME BM BN THREADS SMEM)\n"); return 2; }
+  const bool tile = argc == 19 && std::string(argv[12]) == "tile";
+  if (argc != 15 && !tile) { std::fprintf(stderr, "usage: harness IN OUT bf16|fp16 M N n1 n2 K kb bs_log2 has_zp (mt nt warps | tile NAME BM BN THREADS SMEM CK)\n"); return 2; }
   const std::string t = argv[3];
   const int M = std::atoi(argv[4]), N = std::atoi(argv[5]), n1 = std::atoi(argv[6]), n2 = std::atoi(argv[7]), K = std::atoi(argv[8]), kb = std::atoi(argv[9]), bs_log2 = std::atoi(argv[10]);
   const bool zp = std::atoi(argv[11]) != 0;
@@ -46,10 +49,11 @@ int main(int argc, char** argv) {
     const int bm = std::atoi(argv[14]), bn = std::atoi(argv[15]);
     const unsigned threads = unsigned(std::atoi(argv[16]));
     const size_t smem = size_t(std::atoll(argv[17]));
+    const unsigned ck = unsigned(std::atoi(argv[18]));
     if (t == "bf16")
-      for (const auto& [n, k] : w4_tiles_bf16) if (name == n) return run<__nv_bfloat16>(argv[1], argv[2], M, N, n1, n2, K, kb, bs_log2, zp, bm, bn, threads, smem, k);
+      for (const auto& [n, k] : w4_tiles_bf16) if (name == n) return run<__nv_bfloat16>(argv[1], argv[2], M, N, n1, n2, K, kb, bs_log2, zp, bm, bn, threads, smem, ck, k);
     if (t == "fp16")
-      for (const auto& [n, k] : w4_tiles_fp16) if (name == n) return run<__half>(argv[1], argv[2], M, N, n1, n2, K, kb, bs_log2, zp, bm, bn, threads, smem, k);
+      for (const auto& [n, k] : w4_tiles_fp16) if (name == n) return run<__half>(argv[1], argv[2], M, N, n1, n2, K, kb, bs_log2, zp, bm, bn, threads, smem, ck, k);
     std::fprintf(stderr, "no tiled build %s for %s\n", name.c_str(), t.c_str());
     return 2;
   }
@@ -57,7 +61,7 @@ int main(int argc, char** argv) {
   const int bm = 8 * mt, bn = 16 * nt;
   const unsigned threads = unsigned(32 * warps);
   const size_t smem = size_t(warps) * nt * mt * 128 * 4;
-#define RUN(SUF, T, NAME) return run<T>(argv[1], argv[2], M, N, n1, n2, K, kb, bs_log2, zp, bm, bn, threads, smem, NAME)
+#define RUN(SUF, T, NAME) return run<T>(argv[1], argv[2], M, N, n1, n2, K, kb, bs_log2, zp, bm, bn, threads, smem, 1u, NAME)
 #define PICK(SUF, T)                                                  \
   if (nt == 1 && mt == 1) RUN(SUF, T, w4a16_##SUF##_m8);              \
   if (nt == 1 && mt == 2) RUN(SUF, T, w4a16_##SUF##_m16);             \

@@ -32,3 +32,60 @@ template <typename T> unsigned w4_dequant2(unsigned q, unsigned z, unsigned s) {
   }
   return r;
 }
+
+// Thread-block clusters along the grid's z: a cluster's CTAs run at once (each its own shared memory, block and warp
+// barriers), with a barrier over all their threads and reads of another CTA's shared memory at the same offset.
+#define __cluster_dims__(...)
+namespace w4emu {
+inline thread_local std::barrier<>* t_cluster;
+inline thread_local unsigned char* const* t_bases;  // the cluster's CTAs' shared memory, by rank
+// Runs `kernel` over grid (x, y) × clusters of `ck` CTAs (z = rank), one cluster at a time.
+inline void launch_clusters(dim3 grid, unsigned ck, unsigned threads, size_t smem_bytes, const std::function<void()>& kernel) {
+  const size_t guard = 4096;
+  for (unsigned by = 0; by < grid.y; ++by)
+    for (unsigned bx = 0; bx < grid.x; ++bx) {
+      std::vector<std::vector<unsigned char>> mem(ck, std::vector<unsigned char>(smem_bytes + guard + 128, 0xcd));
+      std::vector<unsigned char*> bases(ck);
+      for (unsigned r = 0; r < ck; ++r) bases[r] = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(mem[r].data()) + 127) & ~uintptr_t(127));
+      std::barrier<> cluster(ck * threads);
+      std::vector<std::unique_ptr<std::barrier<>>> blocks, warps;
+      std::vector<float> exchange(size_t(ck) * threads);
+      std::vector<uint64_t> slots(size_t(ck) * threads * 8);
+      for (unsigned r = 0; r < ck; ++r) {
+        blocks.push_back(std::make_unique<std::barrier<>>(threads));
+        for (unsigned w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - 32 * w)));
+      }
+      const unsigned warps_per_block = (threads + 31) / 32;
+      std::vector<std::thread> pool;
+      for (unsigned r = 0; r < ck; ++r)
+        for (unsigned t = 0; t < threads; ++t)
+          pool.emplace_back([&, r, t] {
+            blockIdx = {bx, by, r};
+            threadIdx = {t, 0, 0};
+            blockDim = {threads, 1, 1};
+            gridDim = {grid.x, grid.y, ck};
+            emu::t_smem = bases[r];
+            emu::t_block = blocks[r].get();
+            emu::t_warp = warps[r * warps_per_block + t / 32].get();
+            emu::t_exchange = exchange.data() + size_t(r) * threads + (t / 32) * 32;
+            emu::t_slots = slots.data() + (size_t(r) * threads + (t / 32) * 32) * 8;
+            emu::t_lane = t % 32;
+            t_cluster = &cluster;
+            t_bases = bases.data();
+            kernel();
+          });
+      for (auto& th : pool) th.join();
+      for (unsigned r = 0; r < ck; ++r)
+        for (size_t i = 0; i < guard; ++i)
+          if (bases[r][smem_bytes + i] != 0xcd) { std::fprintf(stderr, "kernel wrote shared memory past the %zu bytes launched with\n", smem_bytes); std::exit(3); }
+    }
+}
+}  // namespace w4emu
+// barrier.cluster.arrive + wait, and ld.shared::cluster at mapa's address: the same offset in CTA `rank`'s memory.
+inline void w4_cluster_sync() { w4emu::t_cluster->arrive_and_wait(); }
+inline float w4_ld_cluster(const float* p, unsigned rank) {
+  const ptrdiff_t off = reinterpret_cast<const unsigned char*>(p) - emu::t_smem;
+  float v;
+  std::memcpy(&v, w4emu::t_bases[rank] + off, 4);
+  return v;
+}
