@@ -75,14 +75,17 @@ const kernelLines = (Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[])
   .join('\n');
 
 /**
- * One tiled build (`w4a16_<t>_tile_m<BM>_n<BN>[_w<warps>][_k<wk>]`, the Marlin idea): a CTA of wm × wn × wk
+ * One tiled build (`w4a16_<t>_tile_m<BM>_n<BN>[_w<warps>][_k<wk>][_c<ck>]`, the Marlin idea): a CTA of wm × wn × wk
  * warps owns an output tile of BM = 8·mt·wm rows × BN = 16·nt·wn columns (each warp 8·mt rows × 16·nt
  * columns) and loops over K in steps of wk chunks of 128, `stages` steps in flight: cp.async copies a step's
  * activations [BM, 128] and packed weights [BN, 64 bytes] per chunk into shared memory while earlier steps are
  * multiplied, so each weight byte is read from L2 once per BM rows and each activation once per BN columns.
  * With wk > 1 the warps of k-group i take chunk i of each step and the groups' fp32 accumulators are summed
  * through shared memory at the end in group order (deterministic): more warps, and more bytes in flight, for a
- * tile whose grid alone would leave SMs idle. `auto`: a candidate of {@link w4a16TilePlan}'s default choice.
+ * tile whose grid alone would leave SMs idle. With ck > 1 (sm_90 on) a thread-block cluster of ck CTAs (grid z)
+ * shares each tile, rank r taking the r-th range of K's steps, and rank 0 adds the others' fp32 sums in rank order
+ * over distributed shared memory: more CTAs for a large tile (few L2 re-reads) without a workspace.
+ * `auto`: a candidate of {@link w4a16TilePlan}'s default choice.
  */
 export interface W4A16TileVariant {
   /** n8 tiles of rows a warp (8·mt rows). */
@@ -105,7 +108,8 @@ export interface W4A16TileVariant {
  * The tiled builds. The first three (2 × 2 warps, 3 stages: 64 × 64, 32 × 64, 32 × 32) are the original tiles, kept
  * for the microbenchmark and `tile`; the 8-warp builds give each warp 32–64 rows × 32 columns, so each dequantized
  * weight fragment feeds 4–8 mma.sync and each activation read from shared memory feeds 2, and each activation
- * read from L2 serves 64–256 columns (the original tiles: 32–64) — the default plan chooses among them.
+ * read from L2 serves 64–256 columns (the original tiles: 32–64); the cluster builds (last three) split K across
+ * CTAs — the default plan chooses among the builds the device runs.
  * A 64 × 128 tile of 2 × 2 warps (four column tiles a warp) needs more than 255 registers.
  */
 export const W4A16_TILE_VARIANTS: readonly W4A16TileVariant[] = [
@@ -377,7 +381,7 @@ __device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsign
   }
 ${kernelLines}
 
-// ---- The tiled kernels (16 < M): a CTA of WM × WN × WK warps owns a [8·MT·WM rows × 16·NT·WN columns] tile of C. ----
+// ---- The tiled kernels (16 < M): a CTA of WM × WN × WK warps (CK CTAs of a cluster) owns a [8·MT·WM rows × 16·NT·WN columns] tile of C. ----
 // Each warp owns 8·MT rows × 16·NT columns and multiplies as w4a16_body does (weights the mma's A operand,
 // lane (g, t) holding codes 32t..32t + 31 of each 128-chunk of its rows), but both operands come from
 // shared memory, copied in by cp.async STAGES steps ahead; a step is WK chunks, k-group i of the warps taking
@@ -385,7 +389,8 @@ ${kernelLines}
 // u ^ ((u >> 3) << 1 | (r & 1)), so the 8 lanes of a quarter warp (rows g, g + 1; units 4t + i) hit 8 distinct
 // bank groups. Weights: [BN][64 bytes] a chunk, lane t reading bytes 16t..16t + 15 (a quarter warp: 128
 // contiguous bytes). Scales and zero points of the next step are read into registers while a step is
-// multiplied. The k-groups' accumulators are summed in group order at the end: deterministic.
+// multiplied. The k-groups' accumulators are summed in group order at the end, then the cluster ranks' in rank
+// order: deterministic.
 // Unlike w4a16_body, a k-step's slots 2t, 2t + 1 take codes 4s, 4s + 1 (byte 2s's two nibbles) and 2t + 8,
 // 2t + 9 codes 4s + 2, 4s + 3 (byte 2s + 1), so the activations' 32-bit words are the B fragments as loaded
 // (no permutes, whose cost grows with the rows); a byte's nibbles reach the two halves of a register by one
