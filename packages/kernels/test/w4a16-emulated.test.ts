@@ -8,7 +8,7 @@
  * stages in shared memory, the activations' swizzle, tiles ragged in M and N, K padded, the stage ring
  * wrapped several times, 2 and 3 outputs; every build — the 2 × 2-warp tiles and the 8-warp ones, K split over
  * warp groups summed in shared memory and over a cluster's CTAs summed over distributed shared memory (the
- * cluster's CTAs run at once, w4-emu.h) — in both dtypes) with the launch `w4a16TilePlan` gives. Needs g++ (C++20); the device check
+ * cluster's CTAs run at once, w4-emu.h), each dtype on several) with the launch `w4a16TilePlan` gives. Needs g++ (C++20); the device check
  * (tools/bench/quantization/quant-bench.ts, `--weights kernel`) tests the real build.
  */
 import { execFileSync } from 'node:child_process';

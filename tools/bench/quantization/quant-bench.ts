@@ -16,7 +16,9 @@
  * launches share the sessions' stream. With `kernel` asked for, before the timings: a numerics
  * check of the op against a float64 host product of the same rounded operands (MatMulNBits' error
  * against it beside) for Qwen3's q/gate/down shapes at M = 1, 16, 40, 64 and 256 (max relative error
- * printed; past 1e-2 the run ends with an error, after its numbers),
+ * printed; past 1e-2 the run ends with an error, after its numbers), then every tiled build the device runs
+ * launched directly on the q/gate/down shapes at M = 40 and 256 with zero points against the same kind of
+ * reference (`kernel_tile_check`, the same limit),
  * and a microbenchmark of the kernel alone on one projection of each shape (and the fused q/k/v and
  * gate/up) at M = 1 and 16 (GB/s of
  * weight bytes, and the share of the HBM peak nvidia-smi's GPU name implies: H100 3.35 TB/s, H200
@@ -177,6 +179,8 @@ async function main(): Promise<void> {
   // The kernel's numerics against a float64 reference and its bandwidth alone, before any timing of generation.
   const kernelCheck = kernelOps ? await checkKernel(device, dtype, kernelOps, config, Number(arg('int4-block', '64'))) : undefined;
   if (kernelCheck) console.log(JSON.stringify({ kernel_check: true, ...kernelCheck }));
+  const tileCheck = w4 && opened.kernels ? checkTiles(opened.kernels, w4, device, dtype, config, Number(arg('int4-block', '64'))) : undefined;
+  if (tileCheck) console.log(JSON.stringify({ kernel_tile_check: true, ...tileCheck }));
   const kernelBandwidth = w4 && opened.kernels ? measureKernel(opened.kernels, w4, device, dtype, config, Number(arg('int4-block', '64'))) : undefined;
   if (kernelBandwidth) console.log(JSON.stringify({ kernel_bandwidth: true, ...kernelBandwidth }));
   const microRows = arg('kernel-micro-rows', '64,128,256').split(',').map(Number);
@@ -331,8 +335,9 @@ async function main(): Promise<void> {
         return [r.format, byKey];
       }),
   );
-  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, ...(wantKernel ? { kernel_max_rows: kernelMaxRowsArg, kernel_column_tiles: columnTiles ?? 'default', kernel_tile_from_rows: tileFromRows, kernel_tile: arg('kernel-tile', 'auto') } : {}), prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_bandwidth: kernelBandwidth, kernel_tiles: kernelTiles, dense_matmul: cublas, tile_vs_dense: tileVsDense } : {}), ...(sweepReport ? { kernel_sweep_best: sweepReport.best } : {}), lm_head: lmHeadArg, results, speedup_vs_dense: speedup }));
+  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, ...(wantKernel ? { kernel_max_rows: kernelMaxRowsArg, kernel_column_tiles: columnTiles ?? 'default', kernel_tile_from_rows: tileFromRows, kernel_tile: arg('kernel-tile', 'auto') } : {}), prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_tile_check: tileCheck, kernel_bandwidth: kernelBandwidth, kernel_tiles: kernelTiles, dense_matmul: cublas, tile_vs_dense: tileVsDense } : {}), ...(sweepReport ? { kernel_sweep_best: sweepReport.best } : {}), lm_head: lmHeadArg, results, speedup_vs_dense: speedup }));
   if (kernelCheck && !kernelCheck.ok) throw new Error(`kernel check failed: the W4A16 op's max relative error against the float64 reference is ${kernelCheck.max_rel_err} (limit ${kernelCheck.limit})`);
+  if (tileCheck && 'ok' in tileCheck && !tileCheck.ok) throw new Error(`kernel tile check failed: a tiled W4A16 build's max relative error against the float64 reference is ${tileCheck.max_rel_err} (limit ${tileCheck.limit})`);
 }
 
 /** Qwen3's q, gate and down projection shapes of `config` (N, K); with `fused`, also q/k/v and gate/up stacked along N (as the kernel mode runs them). */
@@ -429,6 +434,77 @@ async function checkKernel(device: Device, dtype: DType, ops: W4A16Ops, config: 
   }
   const ok = worst <= limit;
   if (!ok) console.error(`quant-bench: KERNEL CHECK FAILED — the W4A16 op differs from the float64 reference by ${worst.toExponential(3)} relative (limit ${limit})`);
+  return { ok, max_rel_err: +worst.toExponential(3), limit, cases };
+}
+
+/**
+ * Every tiled build the device runs, launched directly (not only the plan's choices, which `checkKernel` covers
+ * through the op) on the q, gate and down shapes at M = 40 and 256 with zero points, against the float64 host
+ * product of the operands as the kernels see them on the first and last 8 rows; limit 1e-2 relative, as
+ * `checkKernel`'s. One reference per shape and M, every build compared with it.
+ */
+function checkTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType, config: DecoderConfig, blockSize: number): { ok: boolean; max_rel_err: number; limit: number; cases: Record<string, unknown>[] } | { skipped: string } {
+  if (dtype !== 'bfloat16' && dtype !== 'float16') return { skipped: `the kernels take bfloat16 or float16, not ${dtype}` };
+  const limit = 1e-2;
+  const bits = (a: Float32Array) => (dtype === 'bfloat16' ? toBfloat16Bits(a) : toFloat16Bits(a));
+  const value = (a: Uint16Array) => (dtype === 'bfloat16' ? fromBfloat16Bits(a) : fromFloat16Bits(a));
+  const rounded = (a: Float32Array) => value(bits(a));
+  const next = tokens(54321, 1 << 30);
+  const uniform = () => next() / (1 << 30);
+  const cases: Record<string, unknown>[] = [];
+  let worst = 0;
+  for (const { name, N, K } of projectionShapes(config)) {
+    const w = Float32Array.from({ length: N * K }, () => 0.04 * (2 * uniform() - 1));
+    const q = quantizeInt4(w, N, K, { blockSize, zeroPoints: true });
+    const l = kernelLayout(q) as NBitsLayout;
+    const kb = l.bShape[1];
+    const wr = rounded(dequantize({ ...q, scales: rounded(q.scales) }));
+    const owned: DeviceTensor[] = [];
+    try {
+      const b = device.upload({ data: l.b, dims: [...l.bShape] }, 'uint8');
+      owned.push(b);
+      const sc = device.upload({ data: bits(l.scales), dims: [N, kb] }, dtype);
+      owned.push(sc);
+      const zp = device.upload({ data: l.zeroPoints!, dims: [N, l.zeroPoints!.length / N] }, 'uint8');
+      owned.push(zp);
+      for (const M of [40, 256]) {
+        const xs = rounded(Float32Array.from({ length: M * K }, () => 2 * uniform() - 1));
+        const a = device.upload({ data: bits(xs), dims: [M, K] }, dtype);
+        owned.push(a);
+        const c = device.upload({ data: new Uint16Array(M * N), dims: [M, N] }, dtype);
+        owned.push(c);
+        const rows = [...new Set([...Array(Math.min(8, M)).keys(), ...Array.from({ length: Math.min(8, M) }, (_, i) => M - 1 - i)])];
+        const ref = new Float64Array(rows.length * N);
+        let scale = 0;
+        rows.forEach((m, i) => {
+          for (let n = 0; n < N; n++) {
+            let sum = 0;
+            for (let k = 0; k < K; k++) sum += xs[m * K + k] * wr[n * K + k];
+            ref[i * N + n] = sum;
+            scale = Math.max(scale, Math.abs(sum));
+          }
+        });
+        const shape = { M, N, K, kBlocks: kb, blockSize, dtype };
+        for (const v of W4A16_TILE_VARIANTS.filter((x) => w4.runsTile(x))) {
+          c.upload(new Uint16Array(M * N).fill(0x7fc0));
+          w4.matmul(shape, { a, b, scales: sc, zeroPoints: zp, c }, undefined, { tileFromRows: 1, tile: v });
+          kernels.synchronize();
+          const got = value(c.download().data as Uint16Array);
+          let err = 0;
+          rows.forEach((m, i) => {
+            for (let n = 0; n < N; n++) err = Math.max(err, Math.abs(got[m * N + n] - ref[i * N + n]));
+          });
+          const rel = err / Math.max(scale, 1e-30);
+          worst = Math.max(worst, Number.isNaN(rel) ? Infinity : rel);
+          cases.push({ shape: name, N, K, M, tile: w4a16TileDims(v).label, max_rel_err: Number.isNaN(rel) ? 'NaN' : +rel.toExponential(3) });
+        }
+      }
+    } finally {
+      for (const t of owned) t.dispose();
+    }
+  }
+  const ok = worst <= limit;
+  if (!ok) console.error(`quant-bench: KERNEL TILE CHECK FAILED — a tiled W4A16 build differs from the float64 reference by ${worst.toExponential(3)} relative (limit ${limit})`);
   return { ok, max_rel_err: +worst.toExponential(3), limit, cases };
 }
 
