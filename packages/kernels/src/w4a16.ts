@@ -302,6 +302,11 @@ export class W4A16 {
     return !w4a16TileUnavailable(v, this.kernels.arch);
   }
 
+  /** {@link w4a16TileEstimate} of build `v` on `shape` over this device's SMs (clocks; for comparing builds). */
+  tileEstimate(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, v: W4A16Tile): number {
+    return w4a16TileEstimate(shape, v, this.kernels.smCount);
+  }
+
   /** The tiled launch {@link matmul} makes of `shape` with `opts`: {@link w4a16TilePlan} for this device's arch and SMs. */
   tilePlan(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, opts: Pick<W4A16LaunchOptions, 'tile' | 'sms'> = {}): W4A16TilePlan {
     return w4a16TilePlan(shape, { tile: opts.tile, sms: opts.sms ?? this.kernels.smCount, arch: this.kernels.arch });

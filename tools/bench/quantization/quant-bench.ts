@@ -561,8 +561,9 @@ function parseTile(text: string): W4A16Tile | undefined {
 
 /**
  * The tiled kernels alone on each projection shape (and the fused q/k/v and gate/up) at each M of `rows`:
- * the plan's tile, every tile, and the split-K kernels (`tileFromRows` past M) — device µs per call, TFLOP/s
- * (2·M·N·K) and the weight bytes (codes and scales) per second, over weight copies that exceed L2 twice.
+ * the plan's tile, every tile the device runs (with the plan's estimate of it, `estimate_clocks`), and the split-K
+ * kernels (`tileFromRows` past M) — device µs per call, TFLOP/s (2·M·N·K) and the weight bytes (codes and scales) per
+ * second, over weight copies that exceed L2 twice.
  */
 function measureTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType, config: DecoderConfig, blockSize: number, rows: readonly number[]): { block_size: number; rows: Record<string, unknown>[] } | { skipped: string } {
   if (dtype !== 'bfloat16' && dtype !== 'float16') return { skipped: `the kernels take bfloat16 or float16, not ${dtype}` };
@@ -578,15 +579,15 @@ function measureTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType,
         try {
           const shape = { M, N, K, kBlocks: kb, blockSize, dtype };
           const chosen = w4.tilePlan(shape);
-          const runs: { kernel: string; opts: W4A16LaunchOptions }[] = [
+          const runs: { kernel: string; opts: W4A16LaunchOptions; estimate?: number }[] = [
             { kernel: `tile plan (${chosen.label})`, opts: { tileFromRows: 1 } },
-            // every build this device runs
-            ...W4A16_TILE_VARIANTS.filter((v) => w4.runsTile(v)).map((v) => ({ kernel: `tile ${w4a16TileDims(v).label}`, opts: { tileFromRows: 1, tile: v } })),
+            // every build this device runs, with the plan's estimate of it (clocks) to calibrate the estimate against
+            ...W4A16_TILE_VARIANTS.filter((v) => w4.runsTile(v)).map((v) => ({ kernel: `tile ${w4a16TileDims(v).label}`, opts: { tileFromRows: 1, tile: v }, estimate: w4.tileEstimate(shape, v) })),
             { kernel: 'split-K', opts: { tileFromRows: Infinity } },
           ];
           for (const r of runs) {
             const ms = kernels.timeLaunches((i) => w4.matmul(shape, { a, b: bs[i % copies], scales: ss[i % copies], zeroPoints: 0n, c }, undefined, r.opts));
-            out.push({ shape: name, N, K, M, kernel: r.kernel, us_per_call: +(ms * 1000).toFixed(2), tflop_s: +((2 * M * N * K) / (ms / 1000) / 1e12).toFixed(1), weight_gb_s: +(weightBytes / (ms / 1000) / 1e9).toFixed(1) });
+            out.push({ shape: name, N, K, M, kernel: r.kernel, us_per_call: +(ms * 1000).toFixed(2), tflop_s: +((2 * M * N * K) / (ms / 1000) / 1e12).toFixed(1), weight_gb_s: +(weightBytes / (ms / 1000) / 1e9).toFixed(1), ...(r.estimate !== undefined ? { estimate_clocks: Math.round(r.estimate) } : {}) });
           }
         } finally {
           a.dispose();
