@@ -18,9 +18,12 @@ const t0 = performance.now();
 const image = nvrtc.compile(w4a16Source, 'lathe_w4a16', [`--gpu-architecture=${arch}`, `-I${cudaIncludeDir()}`, '--std=c++17', '--ptxas-options=-v']);
 const text = Buffer.from(image.image).toString('latin1');
 const dtypes = Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[];
-const kernels = [...dtypes.flatMap((d) => W4A16_VARIANTS.map((v) => w4a16KernelName(d, v.mt, v.nt))), ...dtypes.flatMap((d) => W4A16_TILE_VARIANTS.map((v) => w4a16TileKernelName(d, v)))];
+// the cluster builds (ck > 1) are compiled in from sm_90 only, as the launcher loads them
+const sm = Number(/\d+/.exec(arch)?.[0] ?? 0);
+const tiles = W4A16_TILE_VARIANTS.filter((v) => v.ck === 1 || sm >= 90);
+const kernels = [...dtypes.flatMap((d) => W4A16_VARIANTS.map((v) => w4a16KernelName(d, v.mt, v.nt))), ...dtypes.flatMap((d) => tiles.map((v) => w4a16TileKernelName(d, v)))];
 // the tiled kernels' dynamic shared memory (a launch past 48 KB opts in)
-const tileSmem = Object.fromEntries(W4A16_TILE_VARIANTS.map((v) => [w4a16TileKernelName('bfloat16', v).replace('bf16_', ''), w4a16TileSmem(v)]));
+const tileSmem = Object.fromEntries(tiles.map((v) => [w4a16TileKernelName('bfloat16', v).replace('bf16_', ''), w4a16TileSmem(v)]));
 const missing = kernels.filter((k) => !text.includes(k));
 const perKernel = [...image.log.matchAll(/Compiling entry function '(\w+)'[\s\S]*?(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads[\s\S]*?Used (\d+) registers/g)].map((m) => ({ kernel: m[1], registers: +m[5], spill_stores: +m[3], spill_loads: +m[4], stack: +m[2] }));
 console.log(JSON.stringify({ nvrtc: nvrtc.version.join('.'), arch, kind: image.kind, bytes: image.image.length, compile_ms: Math.round(performance.now() - t0), kernels: kernels.length, missing, tile_smem_bytes: tileSmem, ptxas: perKernel }));
