@@ -83,8 +83,8 @@ const kernelLines = (Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[])
  * With wk > 1 the warps of k-group i take chunk i of each step and the groups' fp32 accumulators are summed
  * through shared memory at the end in group order (deterministic): more warps, and more bytes in flight, for a
  * tile whose grid alone would leave SMs idle. With ck > 1 (sm_90 on) a thread-block cluster of ck CTAs (grid z)
- * shares each tile, rank r taking the r-th range of K's steps, and rank 0 adds the others' fp32 sums in rank order
- * over distributed shared memory: more CTAs for a large tile (few L2 re-reads) without a workspace.
+ * shares each tile, rank r taking the r-th range of K's steps, then summing (in rank order, over distributed shared
+ * memory) and writing the r-th ck-th of the tile's rows: more CTAs for a large tile (few L2 re-reads) without a workspace.
  * `auto`: a candidate of {@link w4a16TilePlan}'s default choice.
  */
 export interface W4A16TileVariant {
@@ -390,7 +390,7 @@ ${kernelLines}
 // bank groups. Weights: [BN][64 bytes] a chunk, lane t reading bytes 16t..16t + 15 (a quarter warp: 128
 // contiguous bytes). Scales and zero points of the next step are read into registers while a step is
 // multiplied. The k-groups' accumulators are summed in group order at the end, then the cluster ranks' in rank
-// order: deterministic.
+// order (each rank a slice of the warp's n8 row tiles): deterministic.
 // Unlike w4a16_body, a k-step's slots 2t, 2t + 1 take codes 4s, 4s + 1 (byte 2s's two nibbles) and 2t + 8,
 // 2t + 9 codes 4s + 2, 4s + 3 (byte 2s + 1), so the activations' 32-bit words are the B fragments as loaded
 // (no permutes, whose cost grows with the rows); a byte's nibbles reach the two halves of a register by one
@@ -551,10 +551,12 @@ __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const u
     }
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
     if constexpr (CK > 1) {
-      // ranks 1.. leave their CTA's sums in their shared memory; rank 0 adds them in rank order over the cluster's
-      // shared memory, and the second barrier keeps every rank's memory until it has
+      // every rank leaves its CTA's sums in its shared memory; rank r adds n8 row tiles [r·MT/CK, (r + 1)·MT/CK) of all
+      // the ranks' sums in rank order over the cluster's shared memory and writes them (the sum spread over the ranks),
+      // and the second barrier keeps every rank's memory until all have read it
+      static_assert(MT % CK == 0, "a cluster rank sums MT / CK of a warp's n8 row tiles");
       float* part = red + (WK - 1) * WM * WN * PER_WARP + slot * PER_WARP;
-      if (wk == 0 && rank > 0) {
+      if (wk == 0) {
 #pragma unroll
         for (int u = 0; u < NT; ++u)
 #pragma unroll
@@ -563,18 +565,25 @@ __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const u
             for (int e = 0; e < 4; ++e) part[((u * MT + j) * 4 + e) * 32 + lane] = acc[u][j][e];
       }
       w4_cluster_sync();
-      if (wk == 0 && rank == 0)
-        for (int q = 1; q < CK; ++q)
+      if (wk == 0) {
 #pragma unroll
-          for (int u = 0; u < NT; ++u)
+        for (int u = 0; u < NT; ++u)
 #pragma unroll
-            for (int j = 0; j < MT; ++j)
+          for (int j = 0; j < MT; ++j) {
+            if (j / (MT / CK) != rank) continue;
 #pragma unroll
-              for (int e = 0; e < 4; ++e) acc[u][j][e] += w4_ld_cluster(part + ((u * MT + j) * 4 + e) * 32 + lane, q);
+            for (int e = 0; e < 4; ++e) {
+              const float* p = part + ((u * MT + j) * 4 + e) * 32 + lane;
+              float sum = w4_ld_cluster(p, 0);
+              for (int q = 1; q < CK; ++q) sum += w4_ld_cluster(p, q);
+              acc[u][j][e] = sum;
+            }
+          }
+      }
       w4_cluster_sync();
     }
 #endif
-    if (wk > 0 || rank > 0) return;
+    if (wk > 0) return;
   }
 
   // each accumulator to its output: columns [0, n1) to C0, [n1, n2) to C1, [n2, N) to C2
@@ -585,7 +594,7 @@ __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const u
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int n = n0 + wn * 16 * NT + 16 * u + g + (e >> 1) * 8, m = m0 + wm * 8 * MT + 8 * j + 2 * t + (e & 1);
-        if (n >= N || m >= M) continue;
+        if (n >= N || m >= M || (CK > 1 && j / (MT / CK) != rank)) continue;  // in a cluster, the rank's row tiles
         const T v = w4_from_f<T>(acc[u][j][e]);
         if (n < n1) C0[(long long)m * n1 + n] = v;
         else if (n < n2) C1[(long long)m * (n2 - n1) + (n - n1)] = v;
