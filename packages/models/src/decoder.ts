@@ -25,6 +25,12 @@ export interface Weights {
    */
   matmul?: (hfName: string, x: Tensor) => Tensor | undefined;
   /**
+   * Whether `matmul`'s output for `hfName` already includes the projection's bias (weights that add
+   * one concatenated bias before splitting a concatenated projection's output), so {@link project}
+   * does not add it again. Default: it does not.
+   */
+  biasInMatmul?: (hfName: string) => boolean;
+  /**
    * The weight `hfName` in float32 where the graph holds such a copy without a per-run cast (a bound
    * float32 copy, or a cast of an initializer that ONNX Runtime folds), or undefined. Inference graphs
    * in 16-bit dtypes fuse each residual add and RMSNorm only with a float32 norm weight (the residual
@@ -227,7 +233,7 @@ export function linear(x: Tensor, weight: Tensor, bias?: Tensor): Tensor {
 export function project(w: Weights, module: string, x: Tensor, bias = false): Tensor {
   const name = `${module}.weight`;
   const own = w.matmul?.(name, x);
-  const y = own ? (bias ? L.add(own, w(`${module}.bias`)) : own) : linear(x, w(name), bias ? w(`${module}.bias`) : undefined);
+  const y = own ? (bias && !w.biasInMatmul?.(name) ? L.add(own, w(`${module}.bias`)) : own) : linear(x, w(name), bias ? w(`${module}.bias`) : undefined);
   const side = w.branch?.(name, x);
   return side ? L.add(y, side) : y;
 }

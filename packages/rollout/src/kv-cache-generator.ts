@@ -24,7 +24,7 @@ import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, paramSpecs, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
 import { Device, DeviceTensor, hostTensor, type Binding, type DeviceKind, type Session, type SessionOptions } from '@lathe/runtime';
-import { addKvDecodeStep, addKvPrefill, cacheName, cacheScaleName, float32NormName, float32Norms, residualNormWeights, SAMPLED_COLUMNS, type KvDecodeAttention, type KvSwiglu } from './kv-cache-graphs';
+import { addKvDecodeStep, addKvPack, addKvPrefill, cacheName, cacheScaleName, concatTensors, float32NormName, float32Norms, residualNormWeights, SAMPLED_COLUMNS, type KvDecodeAttention, type KvSwiglu } from './kv-cache-graphs';
 import { uniformNoise } from './rng';
 import { validateSampling, type SamplingOptions } from './sampling';
 import { isOutOfMemory, sampleKeysOf, splitOnOutOfMemory, type Completion, type GenerateCallOptions } from './generator';
@@ -108,10 +108,23 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
    * QuickGelu and Mul: one node a layer fewer. Default: ONNX Runtime's kernels.
    */
   swiglu?: KvSwiglu;
+  /**
+   * Each layer's q/k/v as one MatMul and its gate/up as one (then a Split each) in both graphs, over
+   * weights concatenated along N: three MatMul nodes a layer fewer and larger GEMMs. A small pack run
+   * at the start of every `generate` call copies the weights into engine-owned buffers laid out for
+   * x·W (so weight updates between calls, `loadWeights` or the model's own tensors, are picked up,
+   * and a captured CUDA graph keeps its addresses). Memory: the engine holds those copies — the
+   * q/k/v and gate/up weights (and biases) again in the compute dtype, about two thirds of the
+   * decoder layers' weight bytes (Qwen3-0.6B: 0.59 GB in bfloat16, Qwen3-8B: 9.1 GB) — and the pack
+   * session's workspace one layer's gate/up concatenation before its transpose. Dense weights only
+   * (a quantized model's kernel path concatenates its own). Default off.
+   */
+  concatProjections?: boolean;
 }
 
 /** Time spent per phase of the last `generate` call, in milliseconds. */
 export interface GenerationTimings {
+  /** Prefill runs (and, with `concatProjections`, the call's pack run). */
   prefillMs: number;
   decodeMs: number;
   /** Host ↔ device copies of the per-step results and the per-run inputs. */
@@ -159,6 +172,8 @@ interface EngineBuffers {
   noise: DeviceTensor | undefined;
   /** Float32 copies of the fused norms' weights by name, which each prefill writes and the decode steps read (16-bit dtypes). */
   norms: Map<string, DeviceTensor>;
+  /** The concatenated projections by name (`concatProjections`), which each call's pack run writes and both graphs read. */
+  concat: Map<string, DeviceTensor>;
 }
 
 /**
@@ -190,6 +205,7 @@ function allocateBuffers(device: Device, config: DecoderConfig, opts: KvCacheGen
       tail: zeros(dtype, cacheDims),
       noise: (opts.temperature ?? 1) === 0 ? undefined : zeros('float32', [R, M]),
       norms: new Map(float32Norms(dtype, opts.fuseResidualNorm) ? residualNormWeights(config).map((n) => [float32NormName(n), zeros('float32', [config.hiddenSize])]) : []),
+      concat: new Map(opts.concatProjections ? concatTensors(config).map((t) => [t.name, zeros(dtype, t.shape)]) : []),
     };
   } catch (e) {
     for (const t of made) t.dispose();
@@ -199,8 +215,8 @@ function allocateBuffers(device: Device, config: DecoderConfig, opts: KvCacheGen
   }
 }
 
-function disposeBuffers({ caches, scales, ping, pong, tail, noise, norms }: EngineBuffers): void {
-  for (const t of [...caches, ...scales, tail, ...Object.values(ping), ...Object.values(pong), ...(noise ? [noise] : []), ...norms.values()]) t.dispose();
+function disposeBuffers({ caches, scales, ping, pong, tail, noise, norms, concat }: EngineBuffers): void {
+  for (const t of [...caches, ...scales, tail, ...Object.values(ping), ...Object.values(pong), ...(noise ? [noise] : []), ...norms.values(), ...concat.values()]) t.dispose();
 }
 
 /** A compiled prefill + decode-step pair over device-resident weights and caches. */
@@ -209,6 +225,8 @@ export class KvCacheGenerator {
   lastTimings: GenerationTimings = { prefillMs: 0, decodeMs: 0, transferMs: 0, decodeSteps: 0 };
   private readonly n: number;
   private readonly prefillBinding: Binding;
+  /** Writes the concatenated projections (`concatProjections`), once per call. */
+  private readonly packBinding: Binding | undefined;
   /** decode[0] reads ping and writes pong; decode[1] the reverse. */
   private readonly decode: [Binding, Binding];
 
@@ -218,11 +236,12 @@ export class KvCacheGenerator {
     private readonly opts: KvCacheGeneratorOptions & { dtype: DType; readEvery: number },
     private readonly prefill: Session,
     private readonly step: Session,
+    private readonly pack: Session | undefined,
     private readonly weights: ReadonlyMap<string, DeviceTensor> | undefined,
     private readonly buffers: EngineBuffers,
   ) {
     const { maxLength: M } = opts;
-    const { caches, scales, ping, pong, tail, noise, norms } = buffers;
+    const { caches, scales, ping, pong, tail, noise, norms, concat } = buffers;
     this.n = opts.groupSize ?? 1;
 
     const bindWeights = (b: Binding) => {
@@ -241,11 +260,18 @@ export class KvCacheGenerator {
     if (noise) this.prefillBinding.input('noise', noise);
     this.prefillBinding.input('cache_tail', tail);
     for (const [name, t] of norms) this.prefillBinding.output(name, t);
+    for (const [name, t] of concat) this.prefillBinding.input(name, t);
+    if (pack) {
+      this.packBinding = pack.binding();
+      bindWeights(this.packBinding);
+      for (const [name, t] of concat) this.packBinding.output(name, t);
+    }
 
     const decodeBinding = (from: StepBuffers, to: StepBuffers, graphId: number) => {
       const b = step.binding();
       bindWeights(b);
       for (const [name, t] of norms) b.input(name, t);
+      for (const [name, t] of concat) b.input(name, t);
       b.input('token', from.token).input('seqlens', from.seqlens).input('step', from.step).input('history', from.history).input('cache_length', hostTensor('int32', [], [M]));
       if (noise) b.input('noise', noise);
       for (let i = 0; i < config.numLayers; i++) {
@@ -318,7 +344,7 @@ export class KvCacheGenerator {
       return g;
     };
     // ONNX Runtime's CPU kernel has no in-kernel Q/K norm; on CUDA it saves two norm launches a layer.
-    const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda', rows: opts.rows, decodeAttention: da, fuseResidualNorm: opts.fuseResidualNorm, swiglu: opts.swiglu };
+    const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda', rows: opts.rows, decodeAttention: da, fuseResidualNorm: opts.fuseResidualNorm, swiglu: opts.swiglu, concatProjections: opts.concatProjections };
     // ORT's memory-pattern planning off unless asked for: the plan it applies from a shape's second
     // run on made that run's prefill slower, not faster (docs/benchmarks.md).
     const domains = [...(da ? [da.domain.handle] : []), ...(opts.swiglu ? [opts.swiglu.domain.handle] : [])];
@@ -329,14 +355,17 @@ export class KvCacheGenerator {
     };
     const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts, graphOpts)), { ...session, name: 'kv-prefill', cudaGraph: false });
     let step: Session | undefined;
+    let pack: Session | undefined;
     let buffers: EngineBuffers | undefined;
     try {
       const decodeGraph = build('lathe_kv_decode', (g, w) => addKvDecodeStep(g, config, w, dtype, opts, graphOpts));
       step = withDecodeKernelChoice(config, () => device.compile(decodeGraph, { ...session, name: 'kv-decode', cudaGraph: opts.cudaGraph }));
+      if (opts.concatProjections) pack = device.compile(build('lathe_kv_pack', (g, w) => addKvPack(g, config, w)), { ...session, name: 'kv-pack', cudaGraph: false });
       buffers = allocateBuffers(device, config, { ...opts, dtype, readEvery });
-      return new KvCacheGenerator(config, device, { ...opts, dtype, readEvery }, prefill, step, weights, buffers);
+      return new KvCacheGenerator(config, device, { ...opts, dtype, readEvery }, prefill, step, pack, weights, buffers);
     } catch (e) {
       if (buffers) disposeBuffers(buffers);
+      pack?.dispose();
       step?.dispose();
       prefill.dispose();
       throw e;
@@ -364,7 +393,7 @@ export class KvCacheGenerator {
    */
   bindWeights(...sets: Iterable<readonly [string, DeviceTensor]>[]): void {
     if (this.opts.cudaGraph) throw new Error('bindWeights: a CUDA-graph generator keeps its weight addresses; use loadWeights');
-    for (const b of [this.prefillBinding, ...this.decode]) for (const set of sets) for (const [name, t] of set) b.input(name, t);
+    for (const b of [this.prefillBinding, ...this.decode, ...(this.packBinding ? [this.packBinding] : [])]) for (const set of sets) for (const [name, t] of set) b.input(name, t);
   }
 
   /**
@@ -380,6 +409,12 @@ export class KvCacheGenerator {
     const stop = new Set(call.stopIds ?? []);
     // Longest prompts first, so each run's padding is small.
     const order = prompts.map((p, i) => ({ i, len: p.length })).sort((a, b) => b.len - a.len).map((o) => o.i);
+    if (this.packBinding) {
+      // the weights as they are now, concatenated for both graphs
+      const p0 = performance.now();
+      this.packBinding.runSync();
+      timings.prefillMs += performance.now() - p0;
+    }
     let perRun = Infinity; // prompts per run, lowered by an out-of-memory
     const results: Completion[] = [];
     let done = 0;
@@ -538,9 +573,10 @@ export class KvCacheGenerator {
 
   /** Releases the sessions and the engine's buffers (the weights belong to the model or the caller). */
   dispose(): void {
-    for (const b of [this.prefillBinding, ...this.decode]) b.dispose();
+    for (const b of [this.prefillBinding, ...this.decode, ...(this.packBinding ? [this.packBinding] : [])]) b.dispose();
     this.prefill.dispose();
     this.step.dispose();
+    this.pack?.dispose();
     disposeBuffers(this.buffers);
   }
 }

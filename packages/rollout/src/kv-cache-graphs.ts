@@ -33,8 +33,12 @@
  *   decode   in:  token int64 [R, 1], seqlens int32 [R], step int64 [1], noise float32 [R, N],
  *                 history float32 [R, K, 3], cache_length int32 [] (= M, host), cache.{i}.key /
  *                 value (bound in place); in a 16-bit dtype the prefill's float32.<norm weight>
+ *   both, with concatProjections: concat.<group>.weight [hidden, ΣN] (and concat.<group>.bias [ΣN]
+ *                 where the model has those biases), written by the pack graph (see concatGroups)
  *            out: the same outputs as prefill, present.{i}.key / value bound to the cache buffers,
  *                 next_history = history with column (step mod K) replaced by this step's result
+ *
+ *   pack     in:  the weights; out: concat.<group>.weight / bias (once per generate call)
  *
  * A step's result packs what the host reads into one row per sample, so a read costs one
  * device→host copy rather than one per result: the token id (exact in float32, as ids are below
@@ -84,6 +88,88 @@ export function float32Norms(dtype: DType, fuseResidualNorm?: boolean): boolean 
 /** `w` that also answers `float32` for the norm weights from `copies`. */
 function withFloat32(w: Weights, copies: Map<string, Tensor>): Weights {
   return Object.assign((name: string) => w(name), w, { float32: (name: string) => copies.get(name) });
+}
+
+/**
+ * Projections of one layer that read the same input, held concatenated along N under
+ * `concatProjections`: `name` the group's module (`….self_attn.qkv_proj`, `….mlp.gate_up_proj`),
+ * `members` its projections' modules in output order, `widths` their N, `bias` whether they have biases.
+ */
+export interface ConcatGroup {
+  name: string;
+  members: string[];
+  widths: number[];
+  bias: boolean;
+}
+
+/** The {@link ConcatGroup}s of every layer: q/k/v and gate/up. */
+export function concatGroups(cfg: DecoderConfig): ConcatGroup[] {
+  const groups: ConcatGroup[] = [];
+  const { headDim: hd, numHeads: H, numKvHeads: KV, intermediateSize: I } = cfg;
+  for (let i = 0; i < cfg.numLayers; i++) {
+    const a = `model.layers.${i}.self_attn`;
+    const m = `model.layers.${i}.mlp`;
+    groups.push({ name: `${a}.qkv_proj`, members: ['q_proj', 'k_proj', 'v_proj'].map((p) => `${a}.${p}`), widths: [H * hd, KV * hd, KV * hd], bias: cfg.attentionBias });
+    groups.push({ name: `${m}.gate_up_proj`, members: [`${m}.gate_proj`, `${m}.up_proj`], widths: [I, I], bias: cfg.mlpBias });
+  }
+  return groups;
+}
+
+/** Name of a concatenated group's weight [hidden, ΣN] (laid out for x·W, no transpose) or bias [ΣN]: `concat.<group>.weight` / `.bias`. */
+export function concatName(group: ConcatGroup, which: 'weight' | 'bias'): string {
+  return `concat.${group.name}.${which}`;
+}
+
+/** The tensors the pack graph writes and the other graphs read under `concatProjections`: name and shape. */
+export function concatTensors(cfg: DecoderConfig): { name: string; shape: number[] }[] {
+  return concatGroups(cfg).flatMap((gr) => {
+    const N = gr.widths.reduce((a, b) => a + b, 0);
+    return [{ name: concatName(gr, 'weight'), shape: [cfg.hiddenSize, N] }, ...(gr.bias ? [{ name: concatName(gr, 'bias'), shape: [N] }] : [])];
+  });
+}
+
+/**
+ * The pack graph: each {@link ConcatGroup}'s weights concatenated along N and transposed to
+ * [hidden, ΣN] (and its biases concatenated), as outputs the engine binds to its own buffers.
+ * Dense weights only: weights that compute their own projections (`matmul`, a quantized model)
+ * already concatenate theirs.
+ */
+export function addKvPack(g: Graph, cfg: DecoderConfig, weights: Weights): void {
+  if (weights.matmul) throw new Error('concatProjections: the weights compute their own projections (weights.matmul, e.g. a quantized model, whose kernel path concatenates them itself); it is for dense weights');
+  for (const gr of concatGroups(cfg)) {
+    g.output(L.transpose(L.concat(gr.members.map((m) => weights(`${m}.weight`)), 0), [1, 0]), concatName(gr, 'weight'));
+    if (gr.bias) g.output(L.concat(gr.members.map((m) => weights(`${m}.bias`)), 0), concatName(gr, 'bias'));
+  }
+}
+
+/**
+ * `w` whose `matmul` runs each {@link ConcatGroup} as one MatMul over its concatenated weight (plus
+ * its concatenated bias) and one Split, read from inputs `concat.*` in `dtype`: the members asked
+ * with the same input reuse the outputs. Other projections go to `w`'s own `matmul`, if any.
+ */
+export function withConcatProjections(g: Graph, cfg: DecoderConfig, w: Weights, dtype: DType): Weights {
+  if (w.matmul) throw new Error('concatProjections: the weights compute their own projections (weights.matmul, e.g. a quantized model, whose kernel path concatenates them itself); it is for dense weights');
+  const groups = concatGroups(cfg);
+  const shapes = new Map(concatTensors(cfg).map((t) => [t.name, t.shape]));
+  const read = (name: string) => g.input(name, dtype, shapes.get(name)!);
+  const member = new Map<string, { group: ConcatGroup; index: number; weight: Tensor; bias?: Tensor }>();
+  for (const gr of groups) {
+    const weight = read(concatName(gr, 'weight'));
+    const bias = gr.bias ? read(concatName(gr, 'bias')) : undefined;
+    gr.members.forEach((m, index) => member.set(`${m}.weight`, { group: gr, index, weight, ...(bias ? { bias } : {}) }));
+  }
+  const done = new Map<ConcatGroup, { x: Tensor; outs: Tensor[] }>();
+  const matmul = (name: string, x: Tensor): Tensor | undefined => {
+    const m = member.get(name);
+    if (!m) return undefined;
+    const hit = done.get(m.group);
+    if (hit && hit.x === x) return hit.outs[m.index];
+    const y = L.matmul(x, m.weight);
+    const outs = L.split(m.bias ? L.add(y, m.bias) : y, m.group.widths, -1);
+    done.set(m.group, { x, outs });
+    return outs[m.index];
+  };
+  return Object.assign((name: string) => w(name), w, { matmul, biasInMatmul: (name: string) => member.get(name)?.bias !== undefined });
 }
 
 /**
@@ -175,10 +261,12 @@ export interface KvGraphOptions {
   fuseResidualNorm?: boolean;
   /** The decode step's SwiGLU activations through this kernel rather than QuickGelu and Mul (see {@link KvSwiglu}). */
   swiglu?: KvSwiglu;
+  /** q/k/v and gate/up as one MatMul each over the pack graph's concatenated weights (inputs `concat.*`; see {@link concatGroups}). */
+  concatProjections?: boolean;
 }
 
 /** The prefill graph (see the module comment). */
-export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm }: KvGraphOptions): void {
+export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm, concatProjections }: KvGraphOptions): void {
   const R = rows ?? 'R';
   const ids = g.input('input_ids', 'int64', ['B', 'P']);
   const seqlens = g.input('seqlens', 'int32', ['B']);
@@ -193,6 +281,7 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
     for (const [n, t] of copies) g.output(t, float32NormName(n));
     weights = withFloat32(weights, copies);
   }
+  if (concatProjections) weights = withConcatProjections(g, cfg, weights, dtype);
 
   const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width, qkNormInKernel, fuseResidualNorm });
   const axis = g.constant([2], 'int64', [1]);
@@ -218,7 +307,7 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
 }
 
 /** The decode-step graph (see the module comment). */
-export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm, swiglu }: KvGraphOptions): void {
+export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm, swiglu, concatProjections }: KvGraphOptions): void {
   const R = rows ?? 'R';
   const token = g.input('token', 'int64', [R, 1]);
   const seqlens = g.input('seqlens', 'int32', [R]);
@@ -229,6 +318,7 @@ export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, 
   const past: KvPair[] = [];
   const cacheDtype = decodeAttention ? decodeAttention.cacheDtype(dtype) : dtype;
   if (float32Norms(dtype, fuseResidualNorm)) weights = withFloat32(weights, new Map(residualNormWeights(cfg).map((n) => [n, g.input(float32NormName(n), 'float32', [cfg.hiddenSize])])));
+  if (concatProjections) weights = withConcatProjections(g, cfg, weights, dtype);
   for (let i = 0; i < cfg.numLayers; i++) {
     const shape = [R, cfg.numKvHeads, 'M', cfg.headDim];
     past.push({ key: g.input(cacheName(i, 'key', 'input'), cacheDtype, shape), value: g.input(cacheName(i, 'value', 'input'), cacheDtype, shape) });
