@@ -7,9 +7,7 @@
 import * as L from '@lathe/onnx';
 import { attr, defineOp } from '@lathe/onnx';
 import { Device } from '@lathe/runtime';
-import { W4A16_TILE_VARIANTS, w4a16DefaultChoice, w4a16Ops, w4a16Plan, w4a16Reference, w4a16TileDims, w4a16TileKernelName, w4a16TilePlan, w4a16TileSmem, w4a16Unsupported } from '@lathe/kernels';
-// the plan's estimate and the devices' limits are not part of the package's exports (yet): from their source
-import { w4a16MaxSharedBytes, w4a16TileEstimate, w4a16TileUnavailable } from '../src/w4a16';
+import { W4A16_TILE_VARIANTS, w4a16DefaultChoice, w4a16MaxSharedBytes, w4a16Ops, w4a16Plan, w4a16Reference, w4a16TileDims, w4a16TileEstimate, w4a16TileKernelName, w4a16TilePlan, w4a16TileSmem, w4a16TileUnavailable, w4a16Unsupported } from '@lathe/kernels';
 
 interface NBits {
   K: number;
