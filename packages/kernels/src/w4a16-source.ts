@@ -109,7 +109,8 @@ export interface W4A16TileVariant {
  * for the microbenchmark and `tile`; the 8-warp builds give each warp 32–64 rows × 32 columns, so each dequantized
  * weight fragment feeds 4–8 mma.sync and each activation read from shared memory feeds 2, and each activation
  * read from L2 serves 64–256 columns (the original tiles: 32–64); the cluster builds (last three) split K across
- * CTAs — the default plan chooses among the builds the device runs.
+ * CTAs — the default plan chooses among the `auto` builds the device runs (128 × 128, 64 × 64 k4 and 64 × 256 c4 are
+ * never the fastest on an H200: 64 × 256, 64 × 128 k2 and 64 × 256 c2 beat them on every shape timed).
  * A 64 × 128 tile of 2 × 2 warps (four column tiles a warp) needs more than 255 registers.
  */
 export const W4A16_TILE_VARIANTS: readonly W4A16TileVariant[] = [
@@ -117,13 +118,13 @@ export const W4A16_TILE_VARIANTS: readonly W4A16TileVariant[] = [
   { mt: 2, nt: 2, wm: 2, wn: 2, wk: 1, stages: 3, ck: 1, perSm: 1, auto: false },
   { mt: 2, nt: 1, wm: 2, wn: 2, wk: 1, stages: 3, ck: 1, perSm: 1, auto: false },
   { mt: 8, nt: 2, wm: 1, wn: 8, wk: 1, stages: 4, ck: 1, perSm: 1, auto: true },
-  { mt: 8, nt: 2, wm: 2, wn: 4, wk: 1, stages: 4, ck: 1, perSm: 1, auto: true },
+  { mt: 8, nt: 2, wm: 2, wn: 4, wk: 1, stages: 4, ck: 1, perSm: 1, auto: false },
   { mt: 8, nt: 2, wm: 1, wn: 4, wk: 2, stages: 3, ck: 1, perSm: 1, auto: true },
   { mt: 4, nt: 2, wm: 1, wn: 4, wk: 2, stages: 3, ck: 1, perSm: 2, auto: true },
   { mt: 4, nt: 2, wm: 1, wn: 2, wk: 4, stages: 3, ck: 1, perSm: 1, auto: true },
-  { mt: 8, nt: 2, wm: 1, wn: 2, wk: 4, stages: 2, ck: 1, perSm: 1, auto: true },
+  { mt: 8, nt: 2, wm: 1, wn: 2, wk: 4, stages: 2, ck: 1, perSm: 1, auto: false },
   { mt: 8, nt: 2, wm: 1, wn: 8, wk: 1, stages: 4, ck: 2, perSm: 1, auto: true },
-  { mt: 8, nt: 2, wm: 1, wn: 8, wk: 1, stages: 4, ck: 4, perSm: 1, auto: true },
+  { mt: 8, nt: 2, wm: 1, wn: 8, wk: 1, stages: 4, ck: 4, perSm: 1, auto: false },
   { mt: 8, nt: 2, wm: 1, wn: 4, wk: 2, stages: 3, ck: 2, perSm: 1, auto: true },
 ];
 

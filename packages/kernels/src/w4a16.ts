@@ -141,29 +141,57 @@ function tileBuild(tile: W4A16Tile): W4A16TileVariant | undefined {
   return W4A16_TILE_VARIANTS.find((x) => x.mt === tile.mt && x.nt === tile.nt && x.wm === (tile.wm ?? 2) && x.wn === (tile.wn ?? 2) && x.wk === (tile.wk ?? 1) && x.ck === (tile.ck ?? 1));
 }
 
-/** mma.sync m16n8k16 issue interval of an SM sub-partition, in clocks (about 620 dense TFLOP/s on an H100 SXM). */
-const MMA_CLOCKS = 6.4;
-/** Bytes a clock from L2 to all SMs (about 6 TB/s at 1.8 GHz) and to one SM. */
-const L2_BYTES_PER_CLOCK = 3300;
-const SM_BYTES_PER_CLOCK = 64;
+/**
+ * A build's measured cost on an H200 (132 SMs): `ctaUs` a CTA's fixed time (prologue, cross-warp and cluster sums,
+ * stores), `stepUs` its time a step of K (wk·ck chunks of 128 split between its warp groups and cluster), and
+ * `overlap` the share of that time each of several CTAs resident on one SM adds (1: one CTA an SM, by shared memory).
+ */
+interface TileCost {
+  ctaUs: number;
+  stepUs: number;
+  overlap: number;
+}
+
+/** Each build's {@link TileCost} by label, fitted to quant-bench's kernel_tiles rows of Qwen3-0.6B's projections on an H200 (checked against Qwen3-1.7B's). */
+const TILE_COSTS: Readonly<Record<string, TileCost>> = {
+  '64x64': { ctaUs: 3.77, stepUs: 0.885, overlap: 0.69 },
+  '32x64': { ctaUs: 0.93, stepUs: 0.843, overlap: 0.69 },
+  '32x32': { ctaUs: 2.09, stepUs: 0.57, overlap: 0.42 },
+  '64x256w8': { ctaUs: 4.35, stepUs: 1.889, overlap: 1 },
+  '128x128w8': { ctaUs: 4.71, stepUs: 1.963, overlap: 1 },
+  '64x128w8k2': { ctaUs: 4.04, stepUs: 2.39, overlap: 1 },
+  '32x128w8k2': { ctaUs: 3.14, stepUs: 1.614, overlap: 0.75 },
+  '32x64w8k4': { ctaUs: 2.18, stepUs: 2.212, overlap: 1 },
+  '64x64w8k4': { ctaUs: 4.22, stepUs: 2.716, overlap: 1 },
+  '64x256w8c2': { ctaUs: 5.99, stepUs: 2.099, overlap: 1 },
+  '64x256w8c4': { ctaUs: 6.08, stepUs: 2.215, overlap: 1 },
+  '64x128w8k2c2': { ctaUs: 5.23, stepUs: 2.389, overlap: 1 },
+};
 
 /**
- * A tiled build's estimated clocks on `shape` — the larger of the tensor cores' time (waves of CTAs over `sms` SMs ×
- * a CTA's mma.sync over its share of K, each sub-partition running 2 of its 8 warps; the dequantization overlaps it)
- * and L2's (activations re-read once per BN columns, weights once per BM rows, against L2's bandwidth and each SM's).
- * For comparing builds, not a prediction.
+ * CTAs of clusters of `ck` resident at once over `sms` SMs: the GPCs' uneven sizes leave SMs no cluster of 4 can
+ * use (30 clusters of 4 on 132 SMs, not 33).
+ */
+function clusterSlots(ck: number, sms: number): number {
+  if (ck <= 1) return sms;
+  return ck === 2 ? 2 * Math.floor(sms / 2) : ck * Math.floor((10 * sms) / (11 * ck));
+}
+
+/**
+ * A tiled build's estimated time on `shape` (µs on an H200; for comparing builds): each SM's CTAs (waves of the
+ * CTAs over `sms` SMs, or over the cluster slots `clusterSlots`) times a CTA's fixed time plus its steps
+ * of K, co-resident CTAs adding `overlap` of a CTA's time each.
  */
 export function w4a16TileEstimate(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, v: W4A16Tile, sms = W4A16_DEFAULT_SMS): number {
   const rows = Math.max(shape.M, 1);
-  const { bm, bn, threads } = w4a16TileDims(v);
-  const ck = v.ck ?? 1;
-  const gx = Math.ceil(shape.N / bn), gy = Math.ceil(rows / bm), waves = Math.ceil((gx * gy * ck) / sms);
-  const chunks = Math.ceil(shape.K / 128), wk = v.wk ?? 1;
-  const warpsPerSubpartition = threads / 32 / 4;
-  const tensor = waves * Math.ceil(chunks / wk / ck) * 8 * v.mt * v.nt * warpsPerSubpartition * MMA_CLOCKS;
-  const ctaBytes = ((Math.min(bm, rows) * 2 + bn / 2) * shape.K) / ck;
-  const l2 = Math.max(((gx * rows * 2 + gy * shape.N / 2) * shape.K) / L2_BYTES_PER_CLOCK, (waves * ctaBytes) / SM_BYTES_PER_CLOCK);
-  return Math.max(tensor, l2);
+  const { bm, bn, label } = w4a16TileDims(v);
+  const cost = TILE_COSTS[label];
+  if (!cost) throw new Error(`W4A16 has no cost for tiled build ${label}`);
+  const ck = v.ck ?? 1, wk = v.wk ?? 1;
+  const ctas = Math.ceil(shape.N / bn) * Math.ceil(rows / bm) * ck;
+  const waves = Math.ceil(ctas / clusterSlots(ck, sms));
+  const load = cost.overlap < 1 ? Math.max(1, cost.overlap * waves) : waves;
+  return load * (cost.ctaUs + Math.ceil(shape.K / 128 / wk / ck) * cost.stepUs);
 }
 
 /**
@@ -302,7 +330,7 @@ export class W4A16 {
     return !w4a16TileUnavailable(v, this.kernels.arch);
   }
 
-  /** {@link w4a16TileEstimate} of build `v` on `shape` over this device's SMs (clocks; for comparing builds). */
+  /** {@link w4a16TileEstimate} of build `v` on `shape` over this device's SMs (µs as on an H200; for comparing builds). */
   tileEstimate(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, v: W4A16Tile): number {
     return w4a16TileEstimate(shape, v, this.kernels.smCount);
   }

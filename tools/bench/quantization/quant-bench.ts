@@ -561,7 +561,7 @@ function parseTile(text: string): W4A16Tile | undefined {
 
 /**
  * The tiled kernels alone on each projection shape (and the fused q/k/v and gate/up) at each M of `rows`:
- * the plan's tile, every tile the device runs (with the plan's estimate of it, `estimate_clocks`), and the split-K
+ * the plan's tile, every tile the device runs (with the plan's estimate of it in µs, `estimate_us`), and the split-K
  * kernels (`tileFromRows` past M) — device µs per call, TFLOP/s (2·M·N·K) and the weight bytes (codes and scales) per
  * second, over weight copies that exceed L2 twice.
  */
@@ -587,7 +587,7 @@ function measureTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType,
           ];
           for (const r of runs) {
             const ms = kernels.timeLaunches((i) => w4.matmul(shape, { a, b: bs[i % copies], scales: ss[i % copies], zeroPoints: 0n, c }, undefined, r.opts));
-            out.push({ shape: name, N, K, M, kernel: r.kernel, us_per_call: +(ms * 1000).toFixed(2), tflop_s: +((2 * M * N * K) / (ms / 1000) / 1e12).toFixed(1), weight_gb_s: +(weightBytes / (ms / 1000) / 1e9).toFixed(1), ...(r.estimate !== undefined ? { estimate_clocks: Math.round(r.estimate) } : {}) });
+            out.push({ shape: name, N, K, M, kernel: r.kernel, us_per_call: +(ms * 1000).toFixed(2), tflop_s: +((2 * M * N * K) / (ms / 1000) / 1e12).toFixed(1), weight_gb_s: +(weightBytes / (ms / 1000) / 1e9).toFixed(1), ...(r.estimate !== undefined ? { estimate_us: +r.estimate.toFixed(2) } : {}) });
           }
         } finally {
           a.dispose();
