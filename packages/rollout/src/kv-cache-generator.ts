@@ -109,8 +109,10 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
    */
   swiglu?: KvSwiglu;
   /**
-   * Each layer's q/k/v as one MatMul and its gate/up as one (then a Split each) in both graphs, over
-   * weights concatenated along N: three MatMul nodes a layer fewer and larger GEMMs. A small pack run
+   * Each layer's q/k/v as one MatMul and its gate/up as one in both graphs, over weights
+   * concatenated along N, their outputs split with CUDA-graph-safe ops (`replaySafeSplit`: gate/up
+   * one Split, q/k/v one Split into KV·headDim parts plus one Concat of the query's): three MatMul
+   * nodes a layer fewer and larger GEMMs. A small pack run
    * at the start of every `generate` call copies the weights into engine-owned buffers laid out for
    * x·W (so weight updates between calls, `loadWeights` or the model's own tensors, are picked up,
    * and a captured CUDA graph keeps its addresses). Memory: the engine holds those copies — the

@@ -143,9 +143,36 @@ export function addKvPack(g: Graph, cfg: DecoderConfig, weights: Weights): void 
 }
 
 /**
+ * `x` split along its last axis into parts of `widths` (static) with ops whose CUDA kernels take
+ * their tables in the launch's arguments, so a captured CUDA graph replays them safely (see
+ * `hostTableNodes` in @lathe/onnx): ONNX Runtime's Split and Concat pass up to 32 equal parts'
+ * addresses by value but copy tables from the host for unequal parts, and its Slice passes starts
+ * and strides by value. Equal widths are one Split; widths that are multiples of a common unit
+ * (q/k/v: H·hd, KV·hd, KV·hd with unit KV·hd) are one Split into equal units plus one Concat per
+ * part of several units (two kernels where three Slices would take three); others are one Slice
+ * each.
+ */
+export function replaySafeSplit(x: Tensor, widths: number[]): Tensor[] {
+  if (widths.length < 2) return [x];
+  const gcd = (a: number, b: number): number => (b === 0 ? a : gcd(b, a % b));
+  const unit = widths.reduce(gcd);
+  const units = widths.map((w) => w / unit);
+  const count = units.reduce((a, b) => a + b, 0);
+  if (count <= 32) {
+    const parts = L.split(x, count === widths.length ? widths : new Array<number>(count).fill(unit), -1);
+    if (count === widths.length) return parts;
+    let at = 0;
+    return units.map((n) => L.concat(parts.slice(at, (at += n)), -1));
+  }
+  let at = 0;
+  return widths.map((w) => L.slice(x, [-1], [at], [(at += w)]));
+}
+
+/**
  * `w` whose `matmul` runs each {@link ConcatGroup} as one MatMul over its concatenated weight (plus
- * its concatenated bias) and one Split, read from inputs `concat.*` in `dtype`: the members asked
- * with the same input reuse the outputs. Other projections go to `w`'s own `matmul`, if any.
+ * its concatenated bias) and one {@link replaySafeSplit}, read from inputs `concat.*` in `dtype`:
+ * the members asked with the same input reuse the outputs. Other projections go to `w`'s own
+ * `matmul`, if any.
  */
 export function withConcatProjections(g: Graph, cfg: DecoderConfig, w: Weights, dtype: DType): Weights {
   if (w.matmul) throw new Error('concatProjections: the weights compute their own projections (weights.matmul, e.g. a quantized model, whose kernel path concatenates them itself); it is for dense weights');
@@ -165,7 +192,7 @@ export function withConcatProjections(g: Graph, cfg: DecoderConfig, w: Weights, 
     const hit = done.get(m.group);
     if (hit && hit.x === x) return hit.outs[m.index];
     const y = L.matmul(x, m.weight);
-    const outs = L.split(m.bias ? L.add(y, m.bias) : y, m.group.widths, -1);
+    const outs = replaySafeSplit(m.bias ? L.add(y, m.bias) : y, m.group.widths);
     done.set(m.group, { x, outs });
     return outs[m.index];
   };

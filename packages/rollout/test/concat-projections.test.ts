@@ -2,13 +2,14 @@
  * The KV engine's concatProjections: q/k/v and gate/up as one MatMul each over weights a pack run
  * concatenates once per generate call. Three MatMul nodes a layer fewer in both graphs; on CPU in
  * float32 the same greedy tokens and log-probs as the engine without it (Qwen3, and Qwen2 with its
- * q/k/v biases concatenated too); a weight update between calls reaches the next call. Not covered
+ * q/k/v biases concatenated too); a weight update between calls reaches the next call; the decode
+ * step as the CUDA engines build it has no node that CUDA-graph replay would refuse. Not covered
  * here: CUDA-graph replay over the packed buffers and bfloat16 (CPU has neither; decode-check's
  * gqa+concat and kernel+fp8+concat engines run them on the device).
  */
 import * as L from '@lathe/onnx';
 import { Device } from '@lathe/runtime';
-import { addKvDecodeStep, addKvPack, addKvPrefill, concatGroups, concatName, concatTensors, KvCacheGenerator, type Completion } from '@lathe/rollout';
+import { addKvDecodeStep, addKvPack, addKvPrefill, concatGroups, concatName, concatTensors, KvCacheGenerator, replaySafeSplit, type Completion, type KvDecodeAttention, type KvGraphOptions } from '@lathe/rollout';
 import { CausalLM, weightInputs, type HfConfig } from '@lathe/models';
 import { tinyModel, tinyQwen3 } from './helpers';
 
@@ -20,9 +21,9 @@ const qwen2 = tinyModel(wideQwen2, 8);
 const prompts = [[5, 9, 11, 3], [7, 2], [30, 31, 32, 33, 34, 35], [1]];
 
 type Add = typeof addKvDecodeStep;
-function graph(add: Add, config: typeof qwen3.config, concatProjections: boolean): L.Graph {
+function graph(add: Add, config: typeof qwen3.config, concatProjections: boolean, extra: Partial<KvGraphOptions> = {}, dtype: L.DType = 'float32'): L.Graph {
   const g = new L.Graph();
-  add(g, config, weightInputs(g, config, 'float32', 'float32').weights, 'float32', { temperature: 0 }, { K: 2, rows: 4, concatProjections });
+  add(g, config, weightInputs(g, config, dtype, dtype).weights, dtype, { temperature: 0 }, { K: 2, rows: 4, concatProjections, ...extra });
   return g;
 }
 const ops = (g: L.Graph, scope = '') => L.toModelProto(g).graph.node.filter((n) => (n.name ?? '').startsWith(scope)).map((n) => n.opType);
@@ -33,11 +34,14 @@ test.each([
   ['qwen3', 'prefill', qwen3, addKvPrefill],
   ['qwen2', 'decode step', qwen2, addKvDecodeStep],
   ['qwen2', 'prefill', qwen2, addKvPrefill],
-] as const)('%s %s: 3 MatMuls a layer fewer, one Split per group, the concatenated tensors as inputs', (_model, _graph, { config }, add) => {
+] as const)('%s %s: 3 MatMuls a layer fewer, one Split per group (and the query’s Concat), the concatenated tensors as inputs', (_model, _graph, { config }, add) => {
   const plain = graph(add, config, false);
   const cat = graph(add, config, true);
   expect(count(plain, 'MatMul') - count(cat, 'MatMul')).toBe(3 * config.numLayers);
   expect(count(cat, 'Split') - count(plain, 'Split')).toBe(2 * config.numLayers);
+  // q/k/v split into four equal KV·headDim parts (H = 2·KV), the query's two joined again
+  expect(count(cat, 'Concat') - count(plain, 'Concat')).toBe(config.numLayers);
+  expect(count(cat, 'Slice')).toBe(count(plain, 'Slice'));
   // a middle layer: q/k/v/o and gate/up/down were seven MatMuls, now four
   expect(ops(plain, 'layer1/').filter((o) => o === 'MatMul')).toHaveLength(7);
   expect(ops(cat, 'layer1/').filter((o) => o === 'MatMul')).toHaveLength(4);
@@ -47,6 +51,64 @@ test.each([
   expect(cat.inputs.filter((t) => t.name.startsWith('concat.')).map((t) => [t.name, t.shape])).toEqual(concatTensors(config).map((t) => [t.name, t.shape]));
   // no transpose of a concatenated weight (stored as the MatMul reads it): the five members' are gone
   expect(count(plain, 'Transpose') - count(cat, 'Transpose')).toBe(5 * config.numLayers);
+});
+
+/** A stand-in for @lathe/kernels' decode attention (graph building only): presents are the cache inputs, the output the query. */
+function stubAttention(cache: KvDecodeAttention['cache'], qkNormEpsilon: number): KvDecodeAttention {
+  return {
+    cache,
+    cacheDtype: (dtype) => (cache === 'float8e4m3' ? 'uint8' : dtype),
+    qkNormEpsilon,
+    domain: { handle: 0n },
+    attend: (x) => ({ output: x.query, presentKey: x.cacheKey, presentValue: x.cacheValue, presentKeyScale: x.keyScale, presentValueScale: x.valueScale }),
+    quantize: (x) => ({ data: L.cast(x, 'uint8'), scale: L.cast(x, 'float32') }),
+    check: () => {},
+  };
+}
+
+test.each([
+  ['qwen3', qwen3],
+  ['qwen2', qwen2],
+] as const)('%s: the concatenated decode step, as the CUDA engines build it, has no node CUDA-graph replay refuses (hostTableNodes)', (_model, { config }) => {
+  // the gqa+concat and kernel+fp8+concat engines of decode-check: bfloat16, Q/K norm in the kernel
+  const cuda: [string, Partial<KvGraphOptions>][] = [
+    ['GroupQueryAttention', { qkNormInKernel: true }],
+    ['decode kernel, native cache', { qkNormInKernel: true, decodeAttention: stubAttention('native', config.rmsNormEps) }],
+    ['decode kernel, e4m3 cache', { qkNormInKernel: true, decodeAttention: stubAttention('float8e4m3', config.rmsNormEps) }],
+  ];
+  for (const [, extra] of cuda) {
+    const step = graph(addKvDecodeStep, config, true, extra, 'bfloat16');
+    expect(L.hostTableNodes(step).map((n) => n.name)).toEqual([]);
+    expect(step.nodes.filter((n) => n.op.name === 'MatMul').length).toBe(graph(addKvDecodeStep, config, false, extra, 'bfloat16').nodes.filter((n) => n.op.name === 'MatMul').length - 3 * config.numLayers);
+  }
+});
+
+test.each([
+  ['equal widths: one Split', [8, 8, 8], { Split: 1, Concat: 0, Slice: 0 }],
+  ['multiples of a unit (q/k/v, H = 4·KV): one Split into units, one Concat', [32, 8, 8], { Split: 1, Concat: 1, Slice: 0 }],
+  ['more than 32 units: one Slice each', [33, 2], { Split: 0, Concat: 0, Slice: 2 }],
+  ['one width: the tensor itself', [12], { Split: 0, Concat: 0, Slice: 0 }],
+] as const)('replaySafeSplit, %s; the parts are the columns, and no node copies host tables', async (_case, widths, nodes) => {
+  const g = new L.Graph();
+  const N = widths.reduce((a, b) => a + b, 0);
+  const x = g.input('x', 'float32', [2, 3, N]);
+  replaySafeSplit(x, [...widths]).forEach((t, i) => g.output(t, `part${i}`));
+  expect(L.hostTableNodes(g)).toEqual([]);
+  for (const [op, n] of Object.entries(nodes)) expect(g.nodes.filter((m) => m.op.name === op)).toHaveLength(n);
+  const data = Float32Array.from({ length: 6 * N }, (_, i) => i);
+  const session = Device.cpu().compile(g);
+  try {
+    const out = await session.run({ x: { data, dims: [2, 3, N] } });
+    let at = 0;
+    widths.forEach((w, i) => {
+      const want = Array.from({ length: 6 }, (_, r) => Array.from(data.slice(r * N + at, r * N + at + w))).flat();
+      expect(out[`part${i}`].dims).toEqual([2, 3, w]);
+      expect(Array.from(out[`part${i}`].data as Float32Array)).toEqual(want);
+      at += w;
+    });
+  } finally {
+    session.dispose();
+  }
 });
 
 test('the pack graph: each group concatenated along N and transposed to [hidden, ΣN], biases where the model has them', () => {
