@@ -42,6 +42,8 @@
  * rounds 1–8 (chunks of K a warp takes: fewer warps a CTA, more CTAs resident): each launch's µs and per shape and M
  * the fastest beside the default plan's; `--weights kernel-tuned` then decodes as `kernel` does with each split-K
  * launch taking the table's plan for its shape (the A/B of the tuned plans against the default ones in one process).
+ * `--swiglu-kernel`: every format's decode steps take the SwiGLU through Lathe's kernel (KvCacheGenerator's `swiglu`)
+ * instead of QuickGelu·Mul, one node a layer fewer; `--lm-head int4` quantizes the LM head too (its read bounds small batches).
  * `--weights` default: bound,initializers.
  * NF4 (MatMulBnb4 has no prepacked path) runs `bound` only. Before the timings a probe says whether
  * this ORT build's fused path is live: one MatMulNBits node with the path on over bound inputs must
@@ -82,8 +84,8 @@ import {
   type QuantizedWeightsAs,
   type ShiftSummary,
 } from '@lathe/quantization';
-import { Kernels, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, tuneW4A16, w4a16Ops, w4a16TimingWeights, w4a16TileDims, type W4A16LaunchOptions, type W4A16Ops, type W4A16PlanTable, type W4A16Tile } from '@lathe/kernels';
-import { KvCacheGenerator, type Completion } from '@lathe/rollout';
+import { cudaIncludeDir, Kernels, SwigluKernels, swigluOps, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, tuneW4A16, w4a16Ops, w4a16TimingWeights, w4a16TileDims, type W4A16LaunchOptions, type W4A16Ops, type W4A16PlanTable, type W4A16Tile } from '@lathe/kernels';
+import { KvCacheGenerator, type Completion, type KvCacheGeneratorOptions } from '@lathe/rollout';
 import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor, type HostTensor, type SessionOptions } from '@lathe/runtime';
 import { arg, flag } from '../argv';
 
@@ -131,9 +133,12 @@ async function main(): Promise<void> {
   if (kind !== 'cuda' && kind !== 'cpu') throw new Error(`--device: '${String(kind)}' is not cuda or cpu`);
   // Lathe's kernel launches on the stream the sessions run on: the device opened through Kernels.withDevice.
   const wantKernel = weightModes.some((w) => WEIGHT_MODES[w].as === 'kernel');
-  const opened = kind === 'cuda' && wantKernel ? Kernels.withDevice() : { device: Device.open(kind), kernels: undefined };
+  const swigluKernel = flag('swiglu-kernel');
+  const opened = kind === 'cuda' && (wantKernel || swigluKernel) ? Kernels.withDevice() : { device: Device.open(kind), kernels: undefined };
   const device = opened.device;
   const w4 = opened.kernels ? W4A16.compile(opened.kernels) : undefined;
+  // --swiglu-kernel: every format's decode steps take the SwiGLU through Lathe's kernel (the A/B of the glue it removes)
+  const swiglu = !swigluKernel ? undefined : opened.kernels ? swigluOps('cuda', SwigluKernels.compile(opened.kernels, { includeDir: cudaIncludeDir() })) : swigluOps('cpu');
   // absent: the library's default plans (w4a16DefaultChoice)
   const columnTiles = arg('kernel-column-tiles', '') === '' ? undefined : Number(arg('kernel-column-tiles', ''));
   if (columnTiles !== undefined && columnTiles !== 1 && columnTiles !== 2) throw new Error(`--kernel-column-tiles: ${columnTiles} is not 1 or 2`);
@@ -266,7 +271,7 @@ async function main(): Promise<void> {
           for (const fpa of weights === 'bound' && scheme && scheme.format !== 'nf4' && flag('fpa') ? [false, true] : [false]) {
             const session: SessionOptions = plan ? plan.session : fpa ? fusedGemmSession() : {};
             for (const B of batches) {
-              const { completions, ...m } = await decodeRate(device, config, plan?.tensors ?? tensors, plan?.graphWeights ?? graphWeights, decodePrompts.get(B)!, { dtype, newTokens, repeat, cudaGraph, session });
+              const { completions, ...m } = await decodeRate(device, config, plan?.tensors ?? tensors, plan?.graphWeights ?? graphWeights, decodePrompts.get(B)!, { dtype, newTokens, repeat, cudaGraph, session, ...(swiglu ? { swiglu } : {}) });
               if (wm.as === 'kernel') ops!.check();
               if (weights === 'bound' && !fpa) boundTokens.set(B, completions);
               const bound = boundTokens.get(B);
@@ -335,7 +340,7 @@ async function main(): Promise<void> {
         return [r.format, byKey];
       }),
   );
-  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, ...(wantKernel ? { kernel_max_rows: kernelMaxRowsArg, kernel_column_tiles: columnTiles ?? 'default', kernel_tile_from_rows: tileFromRows, kernel_tile: arg('kernel-tile', 'auto') } : {}), prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_tile_check: tileCheck, kernel_bandwidth: kernelBandwidth, kernel_tiles: kernelTiles, dense_matmul: cublas, tile_vs_dense: tileVsDense } : {}), ...(sweepReport ? { kernel_sweep_best: sweepReport.best } : {}), lm_head: lmHeadArg, results, speedup_vs_dense: speedup }));
+  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, ...(wantKernel ? { kernel_max_rows: kernelMaxRowsArg, kernel_column_tiles: columnTiles ?? 'default', kernel_tile_from_rows: tileFromRows, kernel_tile: arg('kernel-tile', 'auto') } : {}), prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_tile_check: tileCheck, kernel_bandwidth: kernelBandwidth, kernel_tiles: kernelTiles, dense_matmul: cublas, tile_vs_dense: tileVsDense } : {}), ...(sweepReport ? { kernel_sweep_best: sweepReport.best } : {}), lm_head: lmHeadArg, swiglu_kernel: swiglu !== undefined, results, speedup_vs_dense: speedup }));
   if (kernelCheck && !kernelCheck.ok) throw new Error(`kernel check failed: the W4A16 op's max relative error against the float64 reference is ${kernelCheck.max_rel_err} (limit ${kernelCheck.limit})`);
   if (tileCheck && 'ok' in tileCheck && !tileCheck.ok) throw new Error(`kernel tile check failed: a tiled W4A16 build's max relative error against the float64 reference is ${tileCheck.max_rel_err} (limit ${tileCheck.limit})`);
 }
@@ -755,12 +760,14 @@ interface DecodeOptions {
   repeat: number;
   cudaGraph: boolean;
   session: SessionOptions;
+  /** The decode steps' SwiGLU through this kernel (--swiglu-kernel). */
+  swiglu?: KvCacheGeneratorOptions['swiglu'];
 }
 
 /** Decode tokens/s of the KV-cache generator over `tensors` (bound by name) at the batch of `prompts`: the best of `repeat` timed calls after a warm-up. */
 async function decodeRate(device: Device, config: DecoderConfig, tensors: ReadonlyMap<string, DeviceTensor>, graphWeights: (g: L.Graph) => Weights, prompts: number[][], o: DecodeOptions) {
   const B = prompts.length;
-  const gen = KvCacheGenerator.create(device, config, tensors, { temperature: 0, rows: B, maxLength: prompts[0].length + o.newTokens, dtype: o.dtype, cudaGraph: o.cudaGraph, graphWeights, session: o.session });
+  const gen = KvCacheGenerator.create(device, config, tensors, { temperature: 0, rows: B, maxLength: prompts[0].length + o.newTokens, dtype: o.dtype, cudaGraph: o.cudaGraph, graphWeights, session: o.session, ...(o.swiglu ? { swiglu: o.swiglu } : {}) });
   try {
     const call = { maxNewTokens: o.newTokens, seed: 1 };
     let last = await gen.generate(prompts, call);
