@@ -90,6 +90,9 @@ test('soloInRunReducer: the bucket nodes without peers run every step and leave 
   const [fa, fb] = [withNodes.downloadParams(), plain.downloadParams()];
   for (const [name, v] of fb) expect({ name, same: fa.get(name)!.every((x, i) => Object.is(x, v[i])) }).toEqual({ name, same: true });
   expect(computed.length / 2).toBeGreaterThan(3);
+  // one micro-batch: the run writes the gradients (no running-sum input) into one set of buffers, all the in-run path keeps beyond the plain trainer's state
+  expect(withNodes.batchGraph.inputs.filter((t) => t.name.startsWith('grad/'))).toEqual([]);
+  expect(withNodes.stateBytes - plain.stateBytes).toBe([...fb.values()].reduce((n, v) => n + v.byteLength, 0));
   withNodes.dispose();
   plain.dispose();
   solo.dispose();

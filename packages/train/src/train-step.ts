@@ -5,8 +5,9 @@
  *
  * Three graphs come out:
  * - `step`: loss → grads → clip → AdamW, one run per optimizer step (no accumulation);
- * - `accumulate`: loss → grads added to gradient buffers (one run per micro-batch);
- * - `apply`: the AdamW update from accumulated gradients, scaled by 1/micro-batches.
+ * - `accumulate`: loss → grads added to gradient buffers (one run per micro-batch), or written as
+ *   they are (`sumGradients: false`: one micro-batch a step);
+ * - `apply`: the AdamW update from accumulated gradients, scaled by `grad_scale`.
  *
  * Names: a parameter `p` has inputs `p`, `adam_m/p`, `adam_v/p`, `grad/p` and outputs `next/p`,
  * `next/adam_m/p`, `next/adam_v/p`, `next/grad/p`; scalars `lr`, `bc1`, `bc2`, `grad_scale`; outputs
@@ -90,8 +91,18 @@ function scalars(g: Graph) {
   return { lr: g.input('lr', 'float32', []), bc1: g.input('bc1', 'float32', []), bc2: g.input('bc2', 'float32', []) };
 }
 
+/** Options of `compileTrainStep`. */
+export interface CompileTrainStepOptions {
+  /**
+   * The accumulate graph adds each gradient to its running sum, input `grad/<p>` (true, the
+   * default), or writes it as it is, with no such input (false): a step of one micro-batch then
+   * neither reads a zeroed buffer nor needs one zeroed again after the update.
+   */
+  sumGradients?: boolean;
+}
+
 /** Compiles the three train-step graphs for a loss. */
-export function compileTrainStep(spec: TrainStepSpec): TrainStepGraphs {
+export function compileTrainStep(spec: TrainStepSpec, opts: CompileTrainStepOptions = {}): TrainStepGraphs {
   // step: forward + backward + update in one run
   const step = new L.Graph('train_step');
   const fb = forwardBackward(spec, step);
@@ -117,14 +128,15 @@ export function compileTrainStep(spec: TrainStepSpec): TrainStepGraphs {
     step.output(updated.v[i], stateNames.next(stateNames.v(p.name)));
   });
 
-  // accumulate: forward + backward, gradients added to the running sums
+  // accumulate: forward + backward, gradients added to the running sums (or written)
+  const sum = opts.sumGradients ?? true;
   const accumulate = new L.Graph('train_accumulate');
   const fa = forwardBackward(spec, accumulate);
   accumulate.output(fa.loss, 'loss');
   for (const [k, t] of Object.entries(fa.metrics)) accumulate.output(t, k);
   spec.params.forEach((p, i) => {
-    const acc = accumulate.input(stateNames.grad(p.name), 'float32', p.shape);
-    accumulate.output(L.add(acc, fa.grads[i]), stateNames.next(stateNames.grad(p.name)));
+    const grad = sum ? L.add(accumulate.input(stateNames.grad(p.name), 'float32', p.shape), fa.grads[i]) : fa.grads[i];
+    accumulate.output(grad, stateNames.next(stateNames.grad(p.name)));
   });
 
   return { step, accumulate, apply: compileApply(spec.params, spec.optimizer, update), batchInputs: fb.batchInputs, metrics: Object.keys(fb.metrics) };
@@ -143,14 +155,18 @@ export function compileGradients(spec: TrainStepSpec): Graph {
   return g;
 }
 
-/** The `apply` graph alone: AdamW from accumulated gradients (scaled by `grad_scale`), no loss needed. */
-export function compileApply(params: TrainableParam[], optimizer?: AdamWConfig, update: AdamWUpdate = adamwUpdate): Graph {
+/**
+ * The `apply` graph alone: AdamW from accumulated gradients, no loss needed. `scaled` (default
+ * true): the gradients are multiplied by input `grad_scale` first; false reads them as they are,
+ * without a scaled copy of every gradient (a trainer whose scale is always 1).
+ */
+export function compileApply(params: TrainableParam[], optimizer?: AdamWConfig, update: AdamWUpdate = adamwUpdate, scaled = true): Graph {
   const apply = new L.Graph('train_apply');
   const s2 = scalars(apply);
-  const scale = apply.input('grad_scale', 'float32', []);
+  const scale = scaled ? apply.input('grad_scale', 'float32', []) : undefined;
   const slots = params.map((p) => ({
     param: apply.input(p.name, 'float32', p.shape),
-    grad: L.mul(apply.input(stateNames.grad(p.name), 'float32', p.shape), scale),
+    grad: ((g) => (scale ? L.mul(g, scale) : g))(apply.input(stateNames.grad(p.name), 'float32', p.shape)),
     m: apply.input(stateNames.m(p.name), 'float32', p.shape),
     v: apply.input(stateNames.v(p.name), 'float32', p.shape),
     decay: p.decay,

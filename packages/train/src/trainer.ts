@@ -17,7 +17,7 @@ import { Kernels } from '@lathe/kernels';
 import { TOTAL_LENGTH_INPUT } from '@lathe/models';
 import { fusedAdamWNode, type FusedAdamWNode } from './fused-adamw';
 import { biasCorrections } from './schedule';
-import { compileApply, compileGradients, compileTrainStep, stateNames, type TrainStepGraphs, type TrainStepSpec } from './train-step';
+import { compileApply, compileGradients, compileTrainStep, stateNames, type TrainableParam, type TrainStepGraphs, type TrainStepSpec } from './train-step';
 import { addInGraphNodes, addInGraphShardNodes, bindInGraphOutputs, checkInGraphGradients, inGraphOutput, inGraphPadded, type InGraphGradients, type InGraphParts, type InGraphShards } from './in-run-reduce';
 import { allGatherAll, buildReduceCast, gradCastGraph, reduceScatterAll, shardLayout, paramShard, type GradReduceDtype, type ReduceCast, type ShardCollectives, type ShardSlot } from './zero';
 
@@ -149,6 +149,7 @@ interface TrainerParts {
   accumulateBindings?: Binding[][];
   /** apply[k][j]: set k and gradients j → set 1 − k. */
   applyBindings?: Binding[][];
+  /** The gradient buffers: two for several micro-batches, one map in both slots for one. */
   grads?: [Map<string, DeviceTensor>, Map<string, DeviceTensor>];
   microBatches: number;
   /** Optimizer steps already taken. */
@@ -157,7 +158,7 @@ interface TrainerParts {
   batchInputs: string[];
   /** Fixed buffers for the batch, the scalars and the scalar outputs (staticInputs only). */
   fixed?: StaticBuffers;
-  /** Writes zeros to gradient buffer 0 in one run (accumulation only). */
+  /** Writes zeros to gradient buffer 0 in one run (several micro-batches only). */
   zeroGradients?: Binding;
   /** TrainerOptions.onGradients. */
   onGradients?: (grads: Map<string, DeviceTensor>, sums: Float64Array) => Promise<void>;
@@ -255,7 +256,8 @@ export class Trainer {
   }
 
   private static build(spec: TrainStepSpec, init: TrainerInit, opts: TrainerOptions, device: Device, microBatches: number, fused: FusedAdamWNode | undefined): Trainer {
-    const graphs = compileTrainStep(spec);
+    // one micro-batch a step: the accumulate run writes the gradients rather than adding them to a zeroed buffer
+    const graphs = compileTrainStep(spec, { sumGradients: microBatches > 1 });
     const names = spec.params.map((p) => p.name);
     for (const p of spec.params) {
       const v = init.params.get(p.name);
@@ -340,31 +342,30 @@ export class Trainer {
           });
           return new Trainer({ graphs, device, names, sets, stepBindings, microBatches: 1, step: init.step ?? 0, batchInputs, fixed, fused }).own(session);
         }
-        const grads: [Map<string, DeviceTensor>, Map<string, DeviceTensor>] = [0, 1].map(() => new Map(spec.params.map((p) => [p.name, device.zeros('float32', p.shape)]))) as [
-          Map<string, DeviceTensor>,
-          Map<string, DeviceTensor>,
-        ];
+        // Several micro-batches sum into two buffers in turn (buffer 0 zeroed after each update); one
+        // micro-batch writes its gradients into one buffer, both slots of `grads`, read by the update.
+        const summed = microBatches > 1;
+        const gradSet = () => new Map(spec.params.map((p) => [p.name, summed ? device.zeros('float32', p.shape) : device.empty('float32', p.shape)]));
+        const grads: [Map<string, DeviceTensor>, Map<string, DeviceTensor>] = summed ? [gradSet(), gradSet()] : ((g) => [g, g] as [typeof g, typeof g])(gradSet());
         // with several micro-batches only the last one's run reduces: the earlier ones run the graph without the nodes
         const plain = opts.inGraphGradients && microBatches > 1 ? device.compile(graphs.accumulate, sessionOpts) : undefined;
         const inGraph = opts.inGraphGradients ? addInGraphNodes(opts.inGraphGradients, graphs.accumulate, spec.params, device, lowReduce) : undefined;
         const accumulate = device.compile(graphs.accumulate, inGraph ? { ...sessionOpts, customOpDomains: [...(sessionOpts.customOpDomains ?? []), ...inGraph.hook.customOpDomains] } : sessionOpts);
-        const apply = device.compile(graphs.apply, sessionOpts);
+        // grad_scale is always 1 here: the update reads the gradients without a scaled copy of each
+        const apply = device.compile(compileApply(spec.params, spec.optimizer, spec.update, false), sessionOpts);
         // Every step's first micro-batch adds into gradient buffer 0, so it is zeroed after each
         // apply by one run writing zeros to all of them, since a fill per tensor is a session run
-        // each on CUDA. No graph optimization, or ORT would fold the zeros into weight-sized
-        // initializers.
-        const zeroGraph = new L.Graph('train_zero_gradients');
-        for (const p of spec.params) zeroGraph.output(L.expand(zeroGraph.constant(0, 'float32', []), p.shape), `zero/${p.name}`);
-        const zero = device.compile(zeroGraph, { ...opts.session, cudaGraph: false, optimization: 'disabled', name: 'train-zero-gradients' });
-        const zeroBinding = zero.binding();
-        for (const p of spec.params) zeroBinding.output(`zero/${p.name}`, grads[0].get(p.name)!);
+        // each on CUDA.
+        const zero = summed ? zeroGradientsSession(device, spec.params, opts.session) : undefined;
+        const zeroBinding = zero?.binding();
+        if (zeroBinding) for (const p of spec.params) zeroBinding.output(`zero/${p.name}`, grads[0].get(p.name)!);
         const reduceCast = lowReduce ? buildReduceCast(device, spec.params, grads, opts.session ?? {}) : undefined;
         const accumulateBindingsOf = (session: Session, nodes: boolean) => [0, 1].map((k) =>
           [0, 1].map((j) => {
             const b = session.binding();
             for (const n of names) {
               b.input(n, sets[k].get(n)!.p);
-              b.input(stateNames.grad(n), grads[j].get(n)!);
+              if (summed) b.input(stateNames.grad(n), grads[j].get(n)!);
               b.output(stateNames.next(stateNames.grad(n)), grads[1 - j].get(n)!);
             }
             bindFrozen(b, frozen);
@@ -384,15 +385,14 @@ export class Trainer {
             const b = apply.binding();
             bindState(b, sets[k], sets[1 - k], names);
             for (const n of names) b.input(stateNames.grad(n), grads[j].get(n)!);
-            b.input('grad_scale', f32(1));
             b.output('grad_norm', 'host');
             return b;
           }),
         );
         const t = new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients, reduceCast, fused, inGraph, lastAccumulate })
           .own(accumulate)
-          .own(apply)
-          .own(zero);
+          .own(apply);
+        if (zero) t.own(zero);
         for (const x of reduceCast?.sessions ?? []) t.own(x);
         if (plain) t.own(plain);
         return t;
@@ -626,8 +626,8 @@ export class Trainer {
     const t1 = performance.now();
     a.runSync();
     const gradNorm = a.scalar('grad_norm');
-    // every step's first micro-batch reads buffer 0: it must hold zeros again
-    this.parts.zeroGradients!.runSync();
+    // every step's first micro-batch reads buffer 0: it must hold zeros again (several micro-batches)
+    this.parts.zeroGradients?.runSync();
     return { gradNorm, hostMs: t1 - t0, runMs: performance.now() - t1 };
   }
 
@@ -754,7 +754,7 @@ export class Trainer {
       for (const set of z.shards) for (const b of set.values()) n += b.p.byteLength + b.m.byteLength + b.v.byteLength;
       for (const t of [...z.grads.values(), ...z.gradShards[0].values(), ...z.gradShards[1].values(), ...(z.received?.values() ?? []), ...z.padded.values(), ...(z.low?.send.values() ?? []), ...(z.low?.recv.values() ?? [])]) n += t.byteLength;
     } else for (const set of this.parts.sets) for (const b of set.values()) n += b.p.byteLength + b.m.byteLength + b.v.byteLength;
-    for (const g of this.parts.grads ?? []) for (const t of g.values()) n += t.byteLength;
+    for (const g of new Set(this.parts.grads)) for (const t of g.values()) n += t.byteLength;
     for (const t of this.parts.reduceCast?.low.values() ?? []) n += t.byteLength;
     return n;
   }
@@ -765,7 +765,7 @@ export class Trainer {
     this.disposed = true;
     for (const s of this.sessions) s.dispose();
     for (const set of this.parts.sets) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
-    for (const g of this.parts.grads ?? []) for (const t of g.values()) t.dispose();
+    for (const g of new Set(this.parts.grads)) for (const t of g.values()) t.dispose();
     for (const t of this.parts.reduceCast?.low.values() ?? []) t.dispose();
     if (this.parts.fixed) for (const t of [...Object.values(this.parts.fixed.scalars), ...Object.values(this.parts.fixed.outputs), ...this.parts.fixed.batch.values()]) t.dispose();
     if (this.parts.zero) disposeZero(this.parts.zero);
@@ -1035,4 +1035,11 @@ function buildZero(
 function disposeZero(z: ZeroParts): void {
   for (const set of z.shards) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
   for (const t of [...z.grads.values(), ...z.gradShards[0].values(), ...z.gradShards[1].values(), ...(z.received?.values() ?? []), ...z.padded.values(), ...(z.low?.send.values() ?? []), ...(z.low?.recv.values() ?? []), ...(z.inGraph?.outputs ?? []), z.placeholder]) t.dispose();
+}
+
+/** The session that writes zeros to every gradient buffer (bound to `zero/<p>`) in one run, unoptimized, or ORT would fold the zeros into weight-sized initializers. */
+function zeroGradientsSession(device: Device, params: readonly TrainableParam[], session: SessionOptions | undefined): Session {
+  const g = new L.Graph('train_zero_gradients');
+  for (const p of params) g.output(L.expand(g.constant(0, 'float32', []), p.shape), `zero/${p.name}`);
+  return device.compile(g, { ...session, cudaGraph: false, optimization: 'disabled', name: 'train-zero-gradients' });
 }

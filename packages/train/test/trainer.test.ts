@@ -1,5 +1,5 @@
 import * as L from '@lathe/onnx';
-import { Device, PlainSession, type HostTensor } from '@lathe/runtime';
+import { Device, PlainSession, type DeviceTensor, type HostTensor } from '@lathe/runtime';
 import { biasCorrections, captureError, compileTrainStep, stateNames, Trainer, type LossBuilder, type TrainableParam } from '@lathe/train';
 
 // A small regression problem: y = tanh(x W1) W2, loss = Σ (y − t)² / n_total (normalised by the
@@ -92,6 +92,27 @@ test('accumulating 4 micro-batches gives the update of one batch holding all of 
   }
   whole.dispose();
   parts.dispose();
+});
+
+test('one micro-batch through a gradients hook: the single-run steps bitwise, the gradients written into one set of buffers (no running sum, no zeroing)', async () => {
+  const plain = Trainer.create({ params, loss, optimizer }, { params: init() });
+  const seen: Map<string, DeviceTensor>[] = [];
+  const hooked = Trainer.create({ params, loss, optimizer }, { params: init() }, { onGradients: async (g) => void seen.push(g) });
+  expect(hooked.batchGraph.inputs.filter((t) => t.name.startsWith('grad/'))).toEqual([]);
+  const paramBytes = params.reduce((n, p) => n + 4 * p.shape.reduce((a, b) => a * b, 1), 0);
+  expect(hooked.stateBytes - plain.stateBytes).toBe(paramBytes);
+  for (let step = 0; step < 3; step++) {
+    const batch = batchOf(8, 300 + step, 8);
+    const a = plain.trainStep([batch], 0.03);
+    const b = await hooked.trainStepAsync([batch], 0.03);
+    expect([b.loss, b.gradNorm, b.metrics.abs_err]).toEqual([a.loss, a.gradNorm, a.metrics.abs_err]);
+  }
+  // the same buffers every step: nothing is zeroed or swapped between the run and the update
+  expect(seen.every((g) => g === seen[0])).toBe(true);
+  const [sa, sb] = [plain.snapshot(), hooked.snapshot()];
+  for (const p of params) for (const k of ['params', 'm', 'v'] as const) expect(Array.from(sb[k].get(p.name)!)).toEqual(Array.from(sa[k].get(p.name)!));
+  plain.dispose();
+  hooked.dispose();
 });
 
 test('a reader session bound to the parameter buffers sees each step with no copy (double buffering)', async () => {
