@@ -1,5 +1,5 @@
 import * as L from '@lathe/onnx';
-import { Device, PlainSession, type DeviceTensor, type HostTensor } from '@lathe/runtime';
+import { Binding, Device, PlainSession, type DeviceTensor, type HostTensor } from '@lathe/runtime';
 import { biasCorrections, captureError, compileTrainStep, stateNames, Trainer, type LossBuilder, type TrainableParam } from '@lathe/train';
 
 // A small regression problem: y = tanh(x W1) W2, loss = Σ (y − t)² / n_total (normalised by the
@@ -101,12 +101,22 @@ test('one micro-batch through a gradients hook: the single-run steps bitwise, th
   expect(hooked.batchGraph.inputs.filter((t) => t.name.startsWith('grad/'))).toEqual([]);
   const paramBytes = params.reduce((n, p) => n + 4 * p.shape.reduce((a, b) => a * b, 1), 0);
   expect(hooked.stateBytes - plain.stateBytes).toBe(paramBytes);
+  // the step's session runs: the accumulate run and the apply run, nothing to zero after them
+  let runs = 0;
+  const runSync = Binding.prototype.runSync;
+  const counting = jest.spyOn(Binding.prototype, 'runSync').mockImplementation(function (this: Binding, ...a) {
+    runs++;
+    return runSync.apply(this, a);
+  });
   for (let step = 0; step < 3; step++) {
     const batch = batchOf(8, 300 + step, 8);
     const a = plain.trainStep([batch], 0.03);
+    runs = 0;
     const b = await hooked.trainStepAsync([batch], 0.03);
+    expect(runs).toBe(2);
     expect([b.loss, b.gradNorm, b.metrics.abs_err]).toEqual([a.loss, a.gradNorm, a.metrics.abs_err]);
   }
+  counting.mockRestore();
   // the same buffers every step: nothing is zeroed or swapped between the run and the update
   expect(seen.every((g) => g === seen[0])).toBe(true);
   const [sa, sb] = [plain.snapshot(), hooked.snapshot()];
