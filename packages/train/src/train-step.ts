@@ -7,7 +7,7 @@
  * - `step`: loss → grads → clip → AdamW, one run per optimizer step (no accumulation);
  * - `accumulate`: loss → grads added to gradient buffers (one run per micro-batch), or written as
  *   they are (`sumGradients: false`: one micro-batch a step);
- * - `apply`: the AdamW update from accumulated gradients, scaled by `grad_scale`.
+ * - `apply`: the AdamW update from accumulated gradients, scaled by `grad_scale` (unless `gradScale: false`).
  *
  * Names: a parameter `p` has inputs `p`, `adam_m/p`, `adam_v/p`, `grad/p` and outputs `next/p`,
  * `next/adam_m/p`, `next/adam_v/p`, `next/grad/p`; scalars `lr`, `bc1`, `bc2`, `grad_scale`; outputs
@@ -99,6 +99,8 @@ export interface CompileTrainStepOptions {
    * neither reads a zeroed buffer nor needs one zeroed again after the update.
    */
   sumGradients?: boolean;
+  /** The apply graph multiplies the gradients by input `grad_scale` (true, the default) or reads them as they are (false: see `compileApply`). */
+  gradScale?: boolean;
 }
 
 /** Compiles the three train-step graphs for a loss. */
@@ -139,7 +141,7 @@ export function compileTrainStep(spec: TrainStepSpec, opts: CompileTrainStepOpti
     accumulate.output(grad, stateNames.next(stateNames.grad(p.name)));
   });
 
-  return { step, accumulate, apply: compileApply(spec.params, spec.optimizer, update), batchInputs: fb.batchInputs, metrics: Object.keys(fb.metrics) };
+  return { step, accumulate, apply: compileApply(spec.params, spec.optimizer, update, opts.gradScale ?? true), batchInputs: fb.batchInputs, metrics: Object.keys(fb.metrics) };
 }
 
 /**

@@ -256,8 +256,9 @@ export class Trainer {
   }
 
   private static build(spec: TrainStepSpec, init: TrainerInit, opts: TrainerOptions, device: Device, microBatches: number, fused: FusedAdamWNode | undefined): Trainer {
-    // one micro-batch a step: the accumulate run writes the gradients rather than adding them to a zeroed buffer
-    const graphs = compileTrainStep(spec, { sumGradients: microBatches > 1 });
+    // One micro-batch a step: the accumulate run writes the gradients rather than adding them to a
+    // zeroed buffer. The update's grad_scale would always be 1 here: it reads the gradients as they are.
+    const graphs = compileTrainStep(spec, { sumGradients: microBatches > 1, gradScale: false });
     const names = spec.params.map((p) => p.name);
     for (const p of spec.params) {
       const v = init.params.get(p.name);
@@ -351,8 +352,7 @@ export class Trainer {
         const plain = opts.inGraphGradients && microBatches > 1 ? device.compile(graphs.accumulate, sessionOpts) : undefined;
         const inGraph = opts.inGraphGradients ? addInGraphNodes(opts.inGraphGradients, graphs.accumulate, spec.params, device, lowReduce) : undefined;
         const accumulate = device.compile(graphs.accumulate, inGraph ? { ...sessionOpts, customOpDomains: [...(sessionOpts.customOpDomains ?? []), ...inGraph.hook.customOpDomains] } : sessionOpts);
-        // grad_scale is always 1 here: the update reads the gradients without a scaled copy of each
-        const apply = device.compile(compileApply(spec.params, spec.optimizer, spec.update, false), sessionOpts);
+        const apply = device.compile(graphs.apply, sessionOpts);
         // Every step's first micro-batch adds into gradient buffer 0, so it is zeroed after each
         // apply by one run writing zeros to all of them, since a fill per tensor is a session run
         // each on CUDA.
