@@ -4,10 +4,12 @@
  * (`plain`), by accumulate + apply runs through an `onGradients` hook that does nothing (`hook`), and
  * by the bucket nodes of `gradientAllReduceInGraph` over `soloInRunReducer` (`solo`). For each:
  * the median step (ms), session runs a step, the trainer's state bytes, the accumulate (or step)
- * graph's nodes and its gradient inputs, the bucket count, and whether the losses equal plain's
- * bitwise (`solo` − `hook`: the bucket nodes' own cost; `hook` − `plain`: the split into runs).
+ * graph's nodes and its gradient inputs, the last step's ms of each run, the bucket count, and
+ * whether the losses equal plain's bitwise (`solo` − `hook`: the bucket nodes' own cost; `hook` −
+ * `plain`: the split into runs). --losses prints them; --profile writes each session's ORT profile
+ * to /tmp/in-run-cost-<variant>_*.json (op-type times; not for step timings).
  *
- * usage: npx tsx --conditions=lathe-source tools/bench/distributed/in-run-cost.ts [--steps 8] [--hidden 256] [--layers 4] [--vocab 8192] [--rows 4] [--seq 64] [--bucket-mb 0.25]
+ * usage: npx tsx --conditions=lathe-source tools/bench/distributed/in-run-cost.ts [--steps 8] [--hidden 256] [--layers 4] [--vocab 8192] [--rows 4] [--seq 64] [--bucket-mb 0.25] [--losses] [--profile]
  */
 import { paramSpecs, randomWeight, parseConfig, type HfConfig } from '@lathe/models';
 import { Binding, Device, type HostTensor } from '@lathe/runtime';
