@@ -158,9 +158,22 @@ export interface GqaDecoderInputs {
    * {@link addRmsNorm}): two nodes fewer a layer. Default on; off gives the unfused graph (A/B checks).
    */
   fuseResidualNorm?: boolean;
+  /**
+   * The residual stream's dtype between the layers (see {@link ResidualDtype}). Default 'float32'.
+   */
+  residualDtype?: ResidualDtype;
   /** Each MLP's silu(gate)·up through this kernel instead of QuickGelu and Mul (see {@link SwigluKernel}). */
   swigluKernel?: SwigluKernel;
 }
+
+/**
+ * The dtype of an inference graph's residual stream: 'float32' (default) holds the running sum in
+ * float32 whatever the compute dtype, so each sub-block's output and each norm's input cross a Cast
+ * (and a fused norm reads a float32 copy of its weight); 'compute' keeps it in the compute dtype
+ * (the embeddings' dtype) as transformers does in bf16/fp16, each sum rounded once by the fused
+ * norm, with no Casts between the layers. The same graph in float32.
+ */
+export type ResidualDtype = 'float32' | 'compute';
 
 /** What the decoder returns. */
 export interface DecoderOutputs {
@@ -182,7 +195,8 @@ export function rmsNormHf(x: Tensor, weight: Tensor, eps: number, fused = false)
 }
 
 /**
- * The residual stream between the sub-blocks of an inference graph: the float32 sum so far and the
+ * The residual stream between the sub-blocks of an inference graph: the sum so far (float32, or the
+ * compute dtype with {@link ResidualDtype} 'compute') and the
  * last sub-block's output not yet added to it, which the next norm adds (see {@link addRmsNorm}).
  */
 export interface ResidualStream {
@@ -434,7 +448,7 @@ export function inferenceLayer(cfg: DecoderConfig, w: Weights, i: number, x: Res
 }
 
 /**
- * The layers and final norm of an inference graph over embeddings `h` (float32 residual stream):
+ * The layers and final norm of an inference graph over embeddings `h` (the residual stream, in h's dtype):
  * N {@link inferenceLayer}s, each in scope `layer{i}`, then the final norm fused with the last add.
  */
 export function inferenceLayers(cfg: DecoderConfig, w: Weights, h: Tensor, attend: LayerAttention, past?: KvPair[], fuse = true, swiglu?: SwigluKernel): DecoderOutputs {
@@ -460,11 +474,12 @@ export function inferenceLayers(cfg: DecoderConfig, w: Weights, h: Tensor, atten
 export function decoder(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | GqaDecoderInputs): DecoderOutputs {
   const g = inputs.inputIds.graph;
   const embedded = L.gather(w('model.embed_tokens.weight'), inputs.inputIds, 0);
-  // The residual stream is float32 whatever the compute dtype: in bf16/fp16 each layer's output is
-  // rounded once, as a matmul output, but the running sum is not rounded again after every add (as
-  // it is when transformers runs in bf16). The layers themselves compute in the weights' dtype.
-  let h = L.cast(embedded, accumulationDtype(embedded.dtype));
+  // The residual stream is float32 whatever the compute dtype (unless an inference graph asks for
+  // residualDtype 'compute'): in bf16/fp16 each layer's output is rounded once, as a matmul output,
+  // but the running sum is not rounded again after every add (as it is when transformers runs in
+  // bf16). The layers themselves compute in the weights' dtype.
   const gqa = 'seqlensK' in inputs;
+  let h = gqa && inputs.residualDtype === 'compute' ? embedded : L.cast(embedded, accumulationDtype(embedded.dtype));
   // ONNX Runtime's fused RMSNorm/RoPE/SiLU kernels: for GroupQueryAttention graphs, and by default with
   // flash attention (a kernel path already; their gradient rules make them trainable).
   const fused = gqa ? true : (inputs.fused ?? Boolean(inputs.flashAttention));

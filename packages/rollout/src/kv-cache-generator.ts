@@ -22,7 +22,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
-import { CausalLM, paramSpecs, weightInputs, type DecoderConfig, type Weights } from '@lathe/models';
+import { CausalLM, paramSpecs, weightInputs, type DecoderConfig, type ResidualDtype, type Weights } from '@lathe/models';
 import { Device, DeviceTensor, hostTensor, type Binding, type DeviceKind, type Session, type SessionOptions } from '@lathe/runtime';
 import { addKvDecodeStep, addKvPack, addKvPrefill, cacheName, cacheScaleName, concatTensors, float32NormName, float32Norms, residualNormWeights, SAMPLED_COLUMNS, type KvDecodeAttention, type KvSwiglu } from './kv-cache-graphs';
 import { uniformNoise } from './rng';
@@ -102,6 +102,13 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
    * those norms' weights for the decode steps). Default on; off builds the unfused graphs (A/B checks).
    */
   fuseResidualNorm?: boolean;
+  /**
+   * The residual stream's dtype in both graphs: 'float32' (default) or 'compute', which keeps it in
+   * the compute dtype as transformers does in bf16/fp16 (see `ResidualDtype` of @lathe/models): no
+   * Casts between the layers (four a layer fewer in bf16/fp16) and no float32 copies of the norm
+   * weights. In float32 both give the same graphs.
+   */
+  residualDtype?: ResidualDtype;
   /**
    * The decode step's SwiGLU activations through a SwiGLU kernel (Lathe's: `swigluOps` of
    * @lathe/kernels, built for this device — on CUDA from kernels on the sessions' stream) in place of
@@ -206,7 +213,7 @@ function allocateBuffers(device: Device, config: DecoderConfig, opts: KvCacheGen
       pong: step(),
       tail: zeros(dtype, cacheDims),
       noise: (opts.temperature ?? 1) === 0 ? undefined : zeros('float32', [R, M]),
-      norms: new Map(float32Norms(dtype, opts.fuseResidualNorm) ? residualNormWeights(config).map((n) => [float32NormName(n), zeros('float32', [config.hiddenSize])]) : []),
+      norms: new Map(float32Norms(dtype, opts.fuseResidualNorm, opts.residualDtype) ? residualNormWeights(config).map((n) => [float32NormName(n), zeros('float32', [config.hiddenSize])]) : []),
       concat: new Map(opts.concatProjections ? concatTensors(config).map((t) => [t.name, zeros(dtype, t.shape)]) : []),
     };
   } catch (e) {
@@ -346,7 +353,7 @@ export class KvCacheGenerator {
       return g;
     };
     // ONNX Runtime's CPU kernel has no in-kernel Q/K norm; on CUDA it saves two norm launches a layer.
-    const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda', rows: opts.rows, decodeAttention: da, fuseResidualNorm: opts.fuseResidualNorm, swiglu: opts.swiglu, concatProjections: opts.concatProjections };
+    const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda', rows: opts.rows, decodeAttention: da, fuseResidualNorm: opts.fuseResidualNorm, residualDtype: opts.residualDtype, swiglu: opts.swiglu, concatProjections: opts.concatProjections };
     // ORT's memory-pattern planning off unless asked for: the plan it applies from a shape's second
     // run on made that run's prefill slower, not faster (docs/benchmarks.md).
     const domains = [...(da ? [da.domain.handle] : []), ...(opts.swiglu ? [opts.swiglu.domain.handle] : [])];

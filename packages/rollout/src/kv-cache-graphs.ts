@@ -28,11 +28,13 @@
  *                 noise float32 [R, N] (when sampling)
  *            out: present.{i}.key / present.{i}.value [R, KV, M, hd], next_token int64 [R, 1],
  *                 next_seqlens int32 [R], next_step int64 [1], next_history float32 [R, K, 3]
- *                 (step 0's result in column 0, zeros elsewhere); in a 16-bit dtype also
+ *                 (step 0's result in column 0, zeros elsewhere); in a 16-bit dtype with a
+ *                 float32 residual stream also
  *                 float32.<norm weight> float32 [hidden] (see residualNormWeights)
  *   decode   in:  token int64 [R, 1], seqlens int32 [R], step int64 [1], noise float32 [R, N],
  *                 history float32 [R, K, 3], cache_length int32 [] (= M, host), cache.{i}.key /
- *                 value (bound in place); in a 16-bit dtype the prefill's float32.<norm weight>
+ *                 value (bound in place); in a 16-bit dtype with a float32 residual stream the
+ *                 prefill's float32.<norm weight>
  *   both, with concatProjections: concat.<group>.weight [hidden, ΣN] (and concat.<group>.bias [ΣN]
  *                 where the model has those biases), written by the pack graph (see concatGroups)
  *            out: the same outputs as prefill, present.{i}.key / value bound to the cache buffers,
@@ -47,7 +49,7 @@
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
-import { accumulationDtype, decoder, inferenceLayers, lmLogits, project, ropeCaches, type DecoderConfig, type KvPair, type LayerAttention, type SwigluKernel, type Weights } from '@lathe/models';
+import { accumulationDtype, decoder, inferenceLayers, lmLogits, project, ropeCaches, type DecoderConfig, type KvPair, type LayerAttention, type ResidualDtype, type SwigluKernel, type Weights } from '@lathe/models';
 import { sampleNext, type SamplingOptions } from './sampling';
 
 /** Name of layer i's key or value cache: `cache.*` as a decode input, `present.*` as an output. */
@@ -80,9 +82,12 @@ export function residualNormWeights(cfg: DecoderConfig): string[] {
   return [...names, 'model.norm.weight'];
 }
 
-/** Whether the graphs carry float32 copies of the norm weights (a 16-bit dtype with the residual norms fused). */
-export function float32Norms(dtype: DType, fuseResidualNorm?: boolean): boolean {
-  return dtype !== 'float32' && fuseResidualNorm !== false;
+/**
+ * Whether the graphs carry float32 copies of the norm weights: a 16-bit dtype with the residual norms
+ * fused over a float32 residual stream (with `residualDtype` 'compute' the norms read their own weights).
+ */
+export function float32Norms(dtype: DType, fuseResidualNorm?: boolean, residualDtype?: ResidualDtype): boolean {
+  return dtype !== 'float32' && fuseResidualNorm !== false && residualDtype !== 'compute';
 }
 
 /** `w` that also answers `float32` for the norm weights from `copies`. */
@@ -286,6 +291,8 @@ export interface KvGraphOptions {
   decodeAttention?: KvDecodeAttention;
   /** Residual adds fused into the next RMSNorm (`fuseResidualNorm` of `GqaDecoderInputs`; default on). */
   fuseResidualNorm?: boolean;
+  /** The residual stream's dtype (`residualDtype` of `GqaDecoderInputs`; default 'float32'). */
+  residualDtype?: ResidualDtype;
   /** The decode step's SwiGLU activations through this kernel rather than QuickGelu and Mul (see {@link KvSwiglu}). */
   swiglu?: KvSwiglu;
   /** q/k/v and gate/up as one MatMul each over the pack graph's concatenated weights (inputs `concat.*`; see {@link concatGroups}). */
@@ -293,7 +300,7 @@ export interface KvGraphOptions {
 }
 
 /** The prefill graph (see the module comment). */
-export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm, concatProjections }: KvGraphOptions): void {
+export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm, residualDtype, concatProjections }: KvGraphOptions): void {
   const R = rows ?? 'R';
   const ids = g.input('input_ids', 'int64', ['B', 'P']);
   const seqlens = g.input('seqlens', 'int32', ['B']);
@@ -303,14 +310,14 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
   const zeros = g.input('cache_tail', dtype, [R, cfg.numKvHeads, 'M', cfg.headDim]);
   const expand = g.input('expand_index', 'int64', [R]);
   const noise = sampling(opts) ? g.input('noise', 'float32', [R, 'N']) : undefined;
-  if (float32Norms(dtype, fuseResidualNorm)) {
+  if (float32Norms(dtype, fuseResidualNorm, residualDtype)) {
     const copies = new Map(residualNormWeights(cfg).map((n) => [n, L.cast(weights(n), 'float32')]));
     for (const [n, t] of copies) g.output(t, float32NormName(n));
     weights = withFloat32(weights, copies);
   }
   if (concatProjections) weights = withConcatProjections(g, cfg, weights, dtype);
 
-  const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width, qkNormInKernel, fuseResidualNorm });
+  const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width, qkNormInKernel, fuseResidualNorm, residualDtype });
   const axis = g.constant([2], 'int64', [1]);
   const spec = { axes: [2], starts: ['P'], ends: [Number.MAX_SAFE_INTEGER], steps: [1] };
   const tail = L.applyOp(L.sliceOp, [zeros, cacheStart, g.constant([Number.MAX_SAFE_INTEGER], 'int64', [1]), axis, g.constant([1], 'int64', [1])], spec)[0];
@@ -334,7 +341,7 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
 }
 
 /** The decode-step graph (see the module comment). */
-export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm, swiglu, concatProjections }: KvGraphOptions): void {
+export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm, residualDtype, swiglu, concatProjections }: KvGraphOptions): void {
   const R = rows ?? 'R';
   const token = g.input('token', 'int64', [R, 1]);
   const seqlens = g.input('seqlens', 'int32', [R]);
@@ -344,15 +351,15 @@ export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, 
   const cacheLength = g.input('cache_length', 'int32', []);
   const past: KvPair[] = [];
   const cacheDtype = decodeAttention ? decodeAttention.cacheDtype(dtype) : dtype;
-  if (float32Norms(dtype, fuseResidualNorm)) weights = withFloat32(weights, new Map(residualNormWeights(cfg).map((n) => [n, g.input(float32NormName(n), 'float32', [cfg.hiddenSize])])));
+  if (float32Norms(dtype, fuseResidualNorm, residualDtype)) weights = withFloat32(weights, new Map(residualNormWeights(cfg).map((n) => [n, g.input(float32NormName(n), 'float32', [cfg.hiddenSize])])));
   if (concatProjections) weights = withConcatProjections(g, cfg, weights, dtype);
   for (let i = 0; i < cfg.numLayers; i++) {
     const shape = [R, cfg.numKvHeads, 'M', cfg.headDim];
     past.push({ key: g.input(cacheName(i, 'key', 'input'), cacheDtype, shape), value: g.input(cacheName(i, 'value', 'input'), cacheDtype, shape) });
   }
   const out: { present: KvPair[]; hidden: Tensor; scales?: KvPair[] } = decodeAttention
-    ? kvKernelDecoder(g, cfg, weights, dtype, { token, seqlens, past, R, fuseResidualNorm, swigluKernel: swiglu?.apply }, decodeAttention)
-    : decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel, fuseResidualNorm, swigluKernel: swiglu?.apply });
+    ? kvKernelDecoder(g, cfg, weights, dtype, { token, seqlens, past, R, fuseResidualNorm, residualDtype, swigluKernel: swiglu?.apply }, decodeAttention)
+    : decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel, fuseResidualNorm, residualDtype, swigluKernel: swiglu?.apply });
   out.present.forEach((p, i) => {
     g.output(p.key, cacheName(i, 'key', 'output'));
     g.output(p.value, cacheName(i, 'value', 'output'));
@@ -378,7 +385,7 @@ export function kvKernelDecoder(
   cfg: DecoderConfig,
   w: Weights,
   dtype: DType,
-  x: { token: Tensor; seqlens: Tensor; past: KvPair[]; R: number | string; fuseResidualNorm?: boolean; swigluKernel?: SwigluKernel },
+  x: { token: Tensor; seqlens: Tensor; past: KvPair[]; R: number | string; fuseResidualNorm?: boolean; residualDtype?: ResidualDtype; swigluKernel?: SwigluKernel },
   da: KvDecodeAttention,
 ): { hidden: Tensor; present: KvPair[]; scales?: KvPair[] } {
   if (cfg.qkNorm && Math.abs(da.qkNormEpsilon - cfg.rmsNormEps) > 1e-12 * Math.max(1, cfg.rmsNormEps)) {
@@ -412,7 +419,7 @@ export function kvKernelDecoder(
     return { out: project(w, `${prefix}.o_proj`, r.output, cfg.outputBias), present: { key: r.presentKey, value: r.presentValue } };
   };
   const embedded = L.gather(w('model.embed_tokens.weight'), x.token, 0);
-  const h = L.cast(embedded, accumulationDtype(embedded.dtype));
+  const h = x.residualDtype === 'compute' ? embedded : L.cast(embedded, accumulationDtype(embedded.dtype));
   const out = inferenceLayers(cfg, w, h, attend, x.past, x.fuseResidualNorm ?? true, x.swigluKernel);
   return { ...out, ...(fp8 ? { scales } : {}) };
 }
