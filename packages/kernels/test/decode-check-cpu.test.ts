@@ -2,7 +2,8 @@
  * tools/bench/kernels/decode-check.ts's generate phase in its CPU mode (float32, a tiny model, the
  * decode-attention ops' host compute in place of the kernels): every engine of the device A/Bs —
  * GroupQueryAttention and the op over a native and an e4m3 cache, each with and without the
- * residual-norm fusion and with concatenated projections — builds, generates every token and, where
+ * residual-norm fusion, with concatenated projections and with the residual stream in the compute
+ * dtype — builds, generates every token and, where
  * the arithmetic is the same, agrees with GroupQueryAttention's tokens, so a device run fails only on
  * what the CPU cannot run (the kernels, CUDA graphs, bf16).
  */
@@ -12,7 +13,7 @@ import { join } from 'node:path';
 const root = join(__dirname, '../../..');
 
 test('decode-check --cpu --phases generate: every A/B engine generates, the native-cache engines token for token as GroupQueryAttention', () => {
-  const engines = ['gqa', 'gqa-unfused', 'gqa+concat', 'kernel', 'kernel+fp8', 'kernel+fp8-unfused', 'kernel+fp8+concat'];
+  const engines = ['gqa', 'gqa-unfused', 'gqa+concat', 'gqa+bf16res', 'kernel', 'kernel+fp8', 'kernel+fp8-unfused', 'kernel+fp8+concat', 'kernel+fp8+bf16res'];
   const out = execFileSync(join(root, 'node_modules/.bin/tsx'), ['--conditions=lathe-source', join(root, 'tools/bench/kernels/decode-check.ts'), '--cpu', '--phases', 'generate', '--engines', engines.join(',')], { cwd: root, encoding: 'utf8' });
   const lines = out
     .trim()

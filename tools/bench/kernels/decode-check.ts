@@ -20,7 +20,8 @@
  *   512 (greedy, CUDA graphs), engines gqa | kernel | kernel+fp8 in this one process (and the A/B
  *   variants: gqa-unfused, kernel+fp8-unfused without the residual-norm fusion; gqa+swiglu,
  *   kernel+fp8+swiglu with the SwiGLU kernel in the decode step; gqa+concat, kernel+fp8+concat with
- *   q/k/v and gate/up as one MatMul each): tok/s, decode step ms, and agreement
+ *   q/k/v and gate/up as one MatMul each; gqa+bf16res, kernel+fp8+bf16res with the residual stream in
+ *   bf16): tok/s, decode step ms, and agreement
  *   of each engine's tokens with gqa's (rows identical, mean first divergence).
  * - kl: the KL(bf16 cache ‖ e4m3 cache) of next-token distributions: --kl-rows prompts prefilled once,
  *   both caches fed the bf16 path's greedy tokens for --kl-steps steps in one graph (two decoders over
@@ -32,7 +33,7 @@
  * compute in place of the kernels, no time phase): it checks the script, not the kernels.
  *
  * usage: node .bundle/decode-check.js [--phases compile,check,time,generate,kl] [--reps 20] [--lengths 1,256,512,768] [--heads 16,8] [--model DIR]
- *          [--rows 256] [--new 512] [--engines gqa,kernel,kernel+fp8 (or any of gqa-unfused, gqa+swiglu, gqa+concat, kernel+fp8-unfused, kernel+fp8+swiglu, kernel+fp8+concat)] [--kl-rows 32] [--kl-steps 128] [--cpu]
+ *          [--rows 256] [--new 512] [--engines gqa,kernel,kernel+fp8 (or any of gqa-unfused, gqa+swiglu, gqa+concat, gqa+bf16res, kernel+fp8-unfused, kernel+fp8+swiglu, kernel+fp8+concat, kernel+fp8+bf16res)] [--kl-rows 32] [--kl-steps 128] [--cpu]
  */
 import * as L from '@lathe/onnx';
 import { type DType, type Tensor } from '@lathe/onnx';
@@ -415,9 +416,11 @@ function makePrompts(n: number, lo: number, hi: number, vocab: number, seed: num
  * The engines: GroupQueryAttention, or the op over a bf16 / e4m3 cache; `-unfused` keeps each residual
  * Add and RMSNorm apart (`fuseResidualNorm: false`, the graphs before SkipSimplifiedLayerNormalization);
  * `+swiglu` takes the decode step's SwiGLU through Lathe's kernel (the engine's `swiglu` option);
- * `+concat` runs q/k/v and gate/up as one MatMul each over concatenated weights (`concatProjections`).
+ * `+concat` runs q/k/v and gate/up as one MatMul each over concatenated weights (`concatProjections`);
+ * `+bf16res` keeps the residual stream in the compute dtype (`residualDtype: 'compute'`: no Casts between
+ * the layers, no float32 norm-weight copies).
  */
-const ENGINES = ['gqa', 'gqa-unfused', 'gqa+swiglu', 'gqa+concat', 'kernel', 'kernel+fp8', 'kernel+fp8-unfused', 'kernel+fp8+swiglu', 'kernel+fp8+concat'] as const;
+const ENGINES = ['gqa', 'gqa-unfused', 'gqa+swiglu', 'gqa+concat', 'gqa+bf16res', 'kernel', 'kernel+fp8', 'kernel+fp8-unfused', 'kernel+fp8+swiglu', 'kernel+fp8+concat', 'kernel+fp8+bf16res'] as const;
 type Engine = (typeof ENGINES)[number];
 
 /** An engine's KvCacheGenerator options beyond the common ones, and the decode-attention op it uses. */
@@ -428,6 +431,7 @@ function engineOptions(engine: Engine, ops: Record<CacheKind, DecodeAttentionOps
     ...(used === ops.float8e4m3 ? { kvCacheDtype: 'float8e4m3' as const } : {}),
     ...(engine.endsWith('-unfused') ? { fuseResidualNorm: false } : {}),
     ...(engine.endsWith('+concat') ? { concatProjections: true } : {}),
+    ...(engine.endsWith('+bf16res') ? { residualDtype: 'compute' as const } : {}),
   };
   if (engine.endsWith('+swiglu')) {
     if (!swiglu) throw new Error(`--engines ${engine}: the SwiGLU kernel needs the GPU (not --cpu)`);

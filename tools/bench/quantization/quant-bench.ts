@@ -43,7 +43,9 @@
  * the fastest beside the default plan's; `--weights kernel-tuned` then decodes as `kernel` does with each split-K
  * launch taking the table's plan for its shape (the A/B of the tuned plans against the default ones in one process).
  * `--swiglu-kernel`: every format's decode steps take the SwiGLU through Lathe's kernel (KvCacheGenerator's `swiglu`)
- * instead of QuickGelu·Mul, one node a layer fewer; `--lm-head int4` quantizes the LM head too (its read bounds small batches).
+ * instead of QuickGelu·Mul, one node a layer fewer; `--residual-dtype compute`: every format's generator keeps the
+ * residual stream in the compute dtype (KvCacheGenerator's `residualDtype`: four Casts a layer fewer in bf16, no
+ * float32 norm-weight copies; default float32); `--lm-head int4` quantizes the LM head too (its read bounds small batches).
  * `--weights` default: bound,initializers.
  * NF4 (MatMulBnb4 has no prepacked path) runs `bound` only. Before the timings a probe says whether
  * this ORT build's fused path is live: one MatMulNBits node with the path on over bound inputs must
@@ -58,6 +60,7 @@
  *          [--weights bound,initializers,initializers-plain,kernel,kernel-all,kernel-tuned] [--kernel-max-rows 16] [--kernel-column-tiles 1|2]
  *          [--kernel-tile-from-rows 17] [--kernel-tile auto|LABEL] [--kernel-micro-rows 64,128,256] [--probe]
  *          [--kernel-sweep [--kernel-sweep-rows 1,4,8,16]] (with --weights …,kernel-tuned)
+ *          [--swiglu-kernel] [--residual-dtype float32|compute]
  * --lm-head: the quantized formats also read the LM head (the tied embedding) through an extra
  * quantized copy (int4 with --int4-block); the dense model's head stays bf16.
  * Prints the probe's line, one JSON line per (format, weights, batch[, fpa]) decode measurement, one per format with its KL,
@@ -67,7 +70,7 @@ import { spawnSync } from 'node:child_process';
 import { resolve } from 'node:path';
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
-import { CausalLM, MODEL_PRESETS, paramSpecs, type DecoderConfig, type Weights } from '@lathe/models';
+import { CausalLM, MODEL_PRESETS, paramSpecs, type DecoderConfig, type ResidualDtype, type Weights } from '@lathe/models';
 import {
   addDistributionShift,
   fusedGemmSession,
@@ -139,6 +142,8 @@ async function main(): Promise<void> {
   const w4 = opened.kernels ? W4A16.compile(opened.kernels) : undefined;
   // --swiglu-kernel: every format's decode steps take the SwiGLU through Lathe's kernel (the A/B of the glue it removes)
   const swiglu = !swigluKernel ? undefined : opened.kernels ? swigluOps('cuda', SwigluKernels.compile(opened.kernels, { includeDir: cudaIncludeDir() })) : swigluOps('cpu');
+  const residualDtype = arg('residual-dtype', 'float32') as ResidualDtype;
+  if (residualDtype !== 'float32' && residualDtype !== 'compute') throw new Error(`--residual-dtype: '${String(residualDtype)}' is not float32 or compute`);
   // absent: the library's default plans (w4a16DefaultChoice)
   const columnTiles = arg('kernel-column-tiles', '') === '' ? undefined : Number(arg('kernel-column-tiles', ''));
   if (columnTiles !== undefined && columnTiles !== 1 && columnTiles !== 2) throw new Error(`--kernel-column-tiles: ${columnTiles} is not 1 or 2`);
@@ -271,7 +276,7 @@ async function main(): Promise<void> {
           for (const fpa of weights === 'bound' && scheme && scheme.format !== 'nf4' && flag('fpa') ? [false, true] : [false]) {
             const session: SessionOptions = plan ? plan.session : fpa ? fusedGemmSession() : {};
             for (const B of batches) {
-              const { completions, ...m } = await decodeRate(device, config, plan?.tensors ?? tensors, plan?.graphWeights ?? graphWeights, decodePrompts.get(B)!, { dtype, newTokens, repeat, cudaGraph, session, ...(swiglu ? { swiglu } : {}) });
+              const { completions, ...m } = await decodeRate(device, config, plan?.tensors ?? tensors, plan?.graphWeights ?? graphWeights, decodePrompts.get(B)!, { dtype, newTokens, repeat, cudaGraph, session, residualDtype, ...(swiglu ? { swiglu } : {}) });
               if (wm.as === 'kernel') ops!.check();
               if (weights === 'bound' && !fpa) boundTokens.set(B, completions);
               const bound = boundTokens.get(B);
@@ -340,7 +345,7 @@ async function main(): Promise<void> {
         return [r.format, byKey];
       }),
   );
-  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, ...(wantKernel ? { kernel_max_rows: kernelMaxRowsArg, kernel_column_tiles: columnTiles ?? 'default', kernel_tile_from_rows: tileFromRows, kernel_tile: arg('kernel-tile', 'auto') } : {}), prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_tile_check: tileCheck, kernel_bandwidth: kernelBandwidth, kernel_tiles: kernelTiles, dense_matmul: cublas, tile_vs_dense: tileVsDense } : {}), ...(sweepReport ? { kernel_sweep_best: sweepReport.best } : {}), lm_head: lmHeadArg, swiglu_kernel: swiglu !== undefined, results, speedup_vs_dense: speedup }));
+  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, ...(wantKernel ? { kernel_max_rows: kernelMaxRowsArg, kernel_column_tiles: columnTiles ?? 'default', kernel_tile_from_rows: tileFromRows, kernel_tile: arg('kernel-tile', 'auto') } : {}), prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_tile_check: tileCheck, kernel_bandwidth: kernelBandwidth, kernel_tiles: kernelTiles, dense_matmul: cublas, tile_vs_dense: tileVsDense } : {}), ...(sweepReport ? { kernel_sweep_best: sweepReport.best } : {}), lm_head: lmHeadArg, swiglu_kernel: swiglu !== undefined, residual_dtype: residualDtype, results, speedup_vs_dense: speedup }));
   if (kernelCheck && !kernelCheck.ok) throw new Error(`kernel check failed: the W4A16 op's max relative error against the float64 reference is ${kernelCheck.max_rel_err} (limit ${kernelCheck.limit})`);
   if (tileCheck && 'ok' in tileCheck && !tileCheck.ok) throw new Error(`kernel tile check failed: a tiled W4A16 build's max relative error against the float64 reference is ${tileCheck.max_rel_err} (limit ${tileCheck.limit})`);
 }
@@ -762,12 +767,14 @@ interface DecodeOptions {
   session: SessionOptions;
   /** The decode steps' SwiGLU through this kernel (--swiglu-kernel). */
   swiglu?: KvCacheGeneratorOptions['swiglu'];
+  /** The residual stream's dtype in the decode graphs (--residual-dtype). */
+  residualDtype: ResidualDtype;
 }
 
 /** Decode tokens/s of the KV-cache generator over `tensors` (bound by name) at the batch of `prompts`: the best of `repeat` timed calls after a warm-up. */
 async function decodeRate(device: Device, config: DecoderConfig, tensors: ReadonlyMap<string, DeviceTensor>, graphWeights: (g: L.Graph) => Weights, prompts: number[][], o: DecodeOptions) {
   const B = prompts.length;
-  const gen = KvCacheGenerator.create(device, config, tensors, { temperature: 0, rows: B, maxLength: prompts[0].length + o.newTokens, dtype: o.dtype, cudaGraph: o.cudaGraph, graphWeights, session: o.session, ...(o.swiglu ? { swiglu: o.swiglu } : {}) });
+  const gen = KvCacheGenerator.create(device, config, tensors, { temperature: 0, rows: B, maxLength: prompts[0].length + o.newTokens, dtype: o.dtype, cudaGraph: o.cudaGraph, graphWeights, session: o.session, residualDtype: o.residualDtype, ...(o.swiglu ? { swiglu: o.swiglu } : {}) });
   try {
     const call = { maxNewTokens: o.newTokens, seed: 1 };
     let last = await gen.generate(prompts, call);
