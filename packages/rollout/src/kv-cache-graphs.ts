@@ -133,6 +133,11 @@ export function concatTensors(cfg: DecoderConfig): { name: string; shape: number
   });
 }
 
+/** concatProjections is for dense weights: weights that compute their own projections (`matmul`, a quantized model) already concatenate theirs. */
+function refuseOwnProjections(w: Weights): void {
+  if (w.matmul) throw new Error('concatProjections: the weights compute their own projections (weights.matmul, e.g. a quantized model, whose kernel path concatenates them itself); it is for dense weights');
+}
+
 /**
  * The pack graph: each {@link ConcatGroup}'s weights concatenated along N and transposed to
  * [hidden, ΣN] (and its biases concatenated), as outputs the engine binds to its own buffers.
@@ -140,7 +145,7 @@ export function concatTensors(cfg: DecoderConfig): { name: string; shape: number
  * already concatenate theirs.
  */
 export function addKvPack(g: Graph, cfg: DecoderConfig, weights: Weights): void {
-  if (weights.matmul) throw new Error('concatProjections: the weights compute their own projections (weights.matmul, e.g. a quantized model, whose kernel path concatenates them itself); it is for dense weights');
+  refuseOwnProjections(weights);
   for (const gr of concatGroups(cfg)) {
     g.output(L.transpose(L.concat(gr.members.map((m) => weights(`${m}.weight`)), 0), [1, 0]), concatName(gr, 'weight'));
     if (gr.bias) g.output(L.concat(gr.members.map((m) => weights(`${m}.bias`)), 0), concatName(gr, 'bias'));
@@ -180,7 +185,7 @@ export function replaySafeSplit(x: Tensor, widths: number[]): Tensor[] {
  * `matmul`, if any.
  */
 export function withConcatProjections(g: Graph, cfg: DecoderConfig, w: Weights, dtype: DType): Weights {
-  if (w.matmul) throw new Error('concatProjections: the weights compute their own projections (weights.matmul, e.g. a quantized model, whose kernel path concatenates them itself); it is for dense weights');
+  refuseOwnProjections(w);
   const groups = concatGroups(cfg);
   const shapes = new Map(concatTensors(cfg).map((t) => [t.name, t.shape]));
   const read = (name: string) => g.input(name, dtype, shapes.get(name)!);
