@@ -33,7 +33,7 @@
  * compute in place of the kernels, no time phase): it checks the script, not the kernels.
  *
  * usage: node .bundle/decode-check.js [--phases compile,check,time,generate,kl] [--reps 20] [--lengths 1,256,512,768] [--heads 16,8] [--model DIR]
- *          [--rows 256] [--new 512] [--engines gqa,kernel,kernel+fp8 (or any of gqa-unfused, gqa+swiglu, gqa+concat, gqa+bf16res, kernel+fp8-unfused, kernel+fp8+swiglu, kernel+fp8+concat, kernel+fp8+bf16res)] [--kl-rows 32] [--kl-steps 128] [--cpu]
+ *          [--rows 256] [--new 512] [--engines gqa,kernel,kernel+fp8 (a base gqa | gqa-unfused | kernel | kernel+fp8 | kernel+fp8-unfused, then any of +swiglu +concat +bf16res +all)] [--kl-rows 32] [--kl-steps 128] [--cpu]
  */
 import * as L from '@lathe/onnx';
 import { type DType, type Tensor } from '@lathe/onnx';
@@ -418,22 +418,36 @@ function makePrompts(n: number, lo: number, hi: number, vocab: number, seed: num
  * `+swiglu` takes the decode step's SwiGLU through Lathe's kernel (the engine's `swiglu` option);
  * `+concat` runs q/k/v and gate/up as one MatMul each over concatenated weights (`concatProjections`);
  * `+bf16res` keeps the residual stream in the compute dtype (`residualDtype: 'compute'`: no Casts between
- * the layers, no float32 norm-weight copies).
+ * the layers, no float32 norm-weight copies); `+all` is `+concat+swiglu+bf16res`. Modifiers compose:
+ * `kernel+fp8+concat+bf16res`.
  */
-const ENGINES = ['gqa', 'gqa-unfused', 'gqa+swiglu', 'gqa+concat', 'gqa+bf16res', 'kernel', 'kernel+fp8', 'kernel+fp8-unfused', 'kernel+fp8+swiglu', 'kernel+fp8+concat', 'kernel+fp8+bf16res'] as const;
-type Engine = (typeof ENGINES)[number];
+const BASES = ['gqa', 'gqa-unfused', 'kernel', 'kernel+fp8', 'kernel+fp8-unfused'] as const;
+const MODIFIERS = ['swiglu', 'concat', 'bf16res', 'all'] as const;
+type Engine = string;
+
+/** The engine's base and its modifiers, or an error naming the flag's accepted forms. */
+function parseEngine(engine: string): { base: (typeof BASES)[number]; mods: Set<string> } {
+  const base = [...BASES].sort((a, b) => b.length - a.length).find((b) => engine === b || engine.startsWith(`${b}+`));
+  const mods = base ? engine.slice(base.length).split('+').filter(Boolean) : [];
+  const bad = mods.find((m) => !(MODIFIERS as readonly string[]).includes(m));
+  if (!base || bad !== undefined || (base.endsWith('-unfused') && mods.length))
+    throw new Error(`--engines: unknown engine '${engine}' (a base ${BASES.join(' | ')}, then any of +${MODIFIERS.join(' +')}; -unfused takes none)`);
+  const set = new Set(mods.includes('all') ? ['swiglu', 'concat', 'bf16res'] : mods);
+  return { base, mods: set };
+}
 
 /** An engine's KvCacheGenerator options beyond the common ones, and the decode-attention op it uses. */
 function engineOptions(engine: Engine, ops: Record<CacheKind, DecodeAttentionOps>, swiglu: SwigluOps | undefined): { extra: Partial<KvCacheGeneratorOptions>; used?: DecodeAttentionOps } {
-  const used = engine.startsWith('kernel+fp8') ? ops.float8e4m3 : engine.startsWith('kernel') ? ops.native : undefined;
+  const { base, mods } = parseEngine(engine);
+  const used = base.startsWith('kernel+fp8') ? ops.float8e4m3 : base.startsWith('kernel') ? ops.native : undefined;
   const extra: Partial<KvCacheGeneratorOptions> = {
     ...(used ? { decodeAttention: used } : {}),
     ...(used === ops.float8e4m3 ? { kvCacheDtype: 'float8e4m3' as const } : {}),
-    ...(engine.endsWith('-unfused') ? { fuseResidualNorm: false } : {}),
-    ...(engine.endsWith('+concat') ? { concatProjections: true } : {}),
-    ...(engine.endsWith('+bf16res') ? { residualDtype: 'compute' as const } : {}),
+    ...(base.endsWith('-unfused') ? { fuseResidualNorm: false } : {}),
+    ...(mods.has('concat') ? { concatProjections: true } : {}),
+    ...(mods.has('bf16res') ? { residualDtype: 'compute' as const } : {}),
   };
-  if (engine.endsWith('+swiglu')) {
+  if (mods.has('swiglu')) {
     if (!swiglu) throw new Error(`--engines ${engine}: the SwiGLU kernel needs the GPU (not --cpu)`);
     extra.swiglu = swiglu;
   }
@@ -624,7 +638,7 @@ function klPhase(model: CausalLM, dev: { device: Device; da?: DecodeAttention },
 async function main(): Promise<void> {
   const { cpu, phases } = phasesOf(['compile', 'check', 'time', 'generate', 'kl'], ['check', 'generate', 'kl']);
   const engines = arg('engines', 'gqa,kernel,kernel+fp8').split(',') as Engine[];
-  for (const e of engines) if (!(ENGINES as readonly string[]).includes(e)) throw new Error(`--engines: unknown engine '${e}' (${ENGINES.join(', ')})`);
+  for (const e of engines) parseEngine(e);
   if (flag('split')) throw new Error('--split: the v1 split was removed; there is one split kernel (drop the flag)');
   let ok = true;
   let device: Device;
@@ -654,7 +668,7 @@ async function main(): Promise<void> {
     const rows = Number(arg('rows', cpu ? '4' : '256'));
     const newTokens = Number(arg('new', cpu ? '6' : '512'));
     // the SwiGLU kernel on the sessions' stream, for the +swiglu engines
-    swiglu = kernels && engines.some((e) => e.endsWith('+swiglu')) ? swigluOps('cuda', SwigluKernels.compile(kernels, { includeDir: cudaIncludeDir() })) : undefined;
+    swiglu = kernels && engines.some((e) => parseEngine(e).mods.has('swiglu')) ? swigluOps('cuda', SwigluKernels.compile(kernels, { includeDir: cudaIncludeDir() })) : undefined;
     ok = (await generatePhase(model, ops, swiglu, { rows, newTokens, promptLen: cpu ? [3, 9] : [128, 256], cudaGraph: !cpu, engines })) && ok;
   }
   if (model && phases.includes('kl')) {
