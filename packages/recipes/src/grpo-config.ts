@@ -37,9 +37,8 @@ export const grpoSchema = {
     },
     swiglu_kernel: {
       ...swigluKernelOption,
-      default: false,
       describe:
-        "Each MLP's silu(gate)·up in the policy's train step, the re-scoring and reference passes and the value model through Lathe's SwiGLU kernel (one pass forward and one backward, in the compute dtype) instead of ONNX Runtime's QuickGelu, Mul and their composed gradients; needs the attention kernels. Off by default until a same-call A/B of the GRPO step (docs/guides/kernels.md); 'auto': on exactly when the run's attention is Lathe's kernels; true: on, an error where the attention is not the kernels; false: off",
+        "Each MLP's silu(gate)·up in the policy's train step, the re-scoring and reference passes and the value model through Lathe's SwiGLU kernel (one pass forward and one backward, in the compute dtype) instead of ONNX Runtime's QuickGelu, Mul and their composed gradients; needs the attention kernels. 'auto': on exactly when the run's attention is Lathe's kernels (the GRPO step's A/B in docs/guides/kernels.md), off otherwise; true: on, an error where the attention is not the kernels; false: off",
     },
     gradient_checkpointing: { ...gradientCheckpointingOption, default: GRPO_DEFAULTS.gradientCheckpointing },
   }),

@@ -302,7 +302,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   // Rewards: correctness, optional format and overlong shaping, your functions and a reward model,
   // weighted; per-sample failures are counted and logged, a reward model's refuses the step.
   // with --attention kernels (or auto where it picks them) the GPU opens through Lathe's kernels, which the train step and scoring attend through; otherwise generation keeps ONNX Runtime's own stream
-  const { device, attention } = openTrainDevice(grpoAttentionConfig(cfg), model.config, { id: dp?.deviceId ?? 0, dataParallel: dp !== undefined, kernelsOnlyForAttention: true, swigluKernelDefault: grpoSchema.swiglu_kernel.default });
+  const { device, attention } = openTrainDevice(grpoAttentionConfig(cfg), model.config, { id: dp?.deviceId ?? 0, dataParallel: dp !== undefined, kernelsOnlyForAttention: true });
   const grader = cfg.reward === 'math' ? new MathGrader() : undefined;
   const correct = grader ? async (_p: string, c: string, m: AnswerMeta) => ((await grader.grade(c, m.answer)).correct ? 1 : 0) : (_p: string, c: string, m: AnswerMeta) => (c.trim() === m.answer.trim() ? 1 : 0);
   const sources: AnyRewardSource<AnswerMeta>[] = cfg.reward === 'none' ? [] : [{ name: 'correct', fn: correct }];

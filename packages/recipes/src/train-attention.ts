@@ -100,8 +100,8 @@ export function resolveRopeKernel(cfg: Pick<TrainAttentionConfig, 'attention' | 
  * ({@link resolveWithKernels}'s rule): it beat the attention, log-prob and RoPE kernels without it in a
  * same-call A/B of the full SFT step (docs/benchmarks.md), hence `auto` as the default.
  */
-export function resolveSwigluKernel(cfg: Pick<TrainAttentionConfig, 'attention' | 'swiglu_kernel'>, choice: TrainAttentionChoice, defaultValue: boolean | 'auto' = swigluKernelOption.default): boolean {
-  return resolveWithKernels('--swiglu_kernel', cfg.swiglu_kernel, cfg.attention, choice, defaultValue);
+export function resolveSwigluKernel(cfg: Pick<TrainAttentionConfig, 'attention' | 'swiglu_kernel'>, choice: TrainAttentionChoice): boolean {
+  return resolveWithKernels('--swiglu_kernel', cfg.swiglu_kernel, cfg.attention, choice, swigluKernelOption.default);
 }
 
 /**
@@ -145,10 +145,9 @@ const compiledSwiglu = new WeakMap<Kernels, SwigluKernels>();
  * flash-attention kernels compiled (on the cpu their float32 host computation, for tests); the
  * model's heads checked against what the kernels take. `kernelsOnlyForAttention`: the GPU goes
  * through Lathe's kernels only when the attention is theirs, else ONNX Runtime's own stream (GRPO's
- * generation, whose captured decode steps are measured there). `swigluKernelDefault`: the command's
- * `--swiglu_kernel` default where it is not sft's (named by the refusal).
+ * generation, whose captured decode steps are measured there).
  */
-export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig, opts: { id?: number; kernels?: boolean; dataParallel?: boolean; kernelsOnlyForAttention?: boolean; swigluKernelDefault?: boolean | 'auto' } = {}): { device: Device; attention: TrainAttention } {
+export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig, opts: { id?: number; kernels?: boolean; dataParallel?: boolean; kernelsOnlyForAttention?: boolean } = {}): { device: Device; attention: TrainAttention } {
   checkTrainAttention(cfg);
   const id = opts.id ?? 0;
   const choice =
@@ -161,7 +160,7 @@ export function openTrainDevice(cfg: TrainAttentionConfig, config: DecoderConfig
       : cfg.attention;
   const logprobKernel = resolveLogprobKernel(cfg, choice);
   const ropeKernel = resolveRopeKernel(cfg, choice, ropeUnsupported({ rows: 1, heads: config.numHeads, half: config.headDim / 2, maxPositions: config.maxPositionEmbeddings, dtype: cfg.device === 'cpu' ? 'float32' : cfg.compute_dtype }));
-  const swigluKernel = resolveSwigluKernel(cfg, choice, opts.swigluKernelDefault);
+  const swigluKernel = resolveSwigluKernel(cfg, choice);
   if (choice !== 'kernels') {
     const device = openDevice(cfg.device, id, opts.kernelsOnlyForAttention ? { kernels: false } : opts.kernels === undefined ? {} : { kernels: opts.kernels });
     const flashAttention = useFlashAttention(choice, cfg.device, cfg.compute_dtype, { packing: cfg.packing });

@@ -5,7 +5,7 @@
  * the option is sft's (one choice list and help text); `auto` picks the kernels by sft's rules;
  * `--logprob_kernel` (auto, the default, with the kernels) gives the same steps through the fused log-prob ops, and
  * `--rope_kernel` (auto, the default, with the kernels) through the RoPE ops, the value model's included, and
- * `--swiglu_kernel true` through the SwiGLU ops; kernels with
+ * `--swiglu_kernel` (auto, the default, with the kernels) through the SwiGLU ops; kernels with
  * float32 compute on cuda is refused before anything is loaded.
  */
 import { mkdtempSync, writeFileSync } from 'node:fs';
@@ -102,15 +102,15 @@ test("lathe grpo --estimator gae --attention kernels --rope_kernel true: PPO's v
   expectClose(rope, composed, 1e-4);
 }, 60_000);
 
-test("lathe grpo --attention kernels --swiglu_kernel true: every MLP of the policy's step, re-scoring, KL reference and PPO's value model through the SwiGLU ops, 3 steps within 1e-4 of composed attention (cpu, float32); off by default, refused without the attention kernels", async () => {
-  expect(defaults(grpoSchema).swiglu_kernel).toBe(false);
+test("lathe grpo --attention kernels --swiglu_kernel true: every MLP of the policy's step, re-scoring, KL reference and PPO's value model through the SwiGLU ops, 3 steps within 1e-4 of composed attention (cpu, float32); auto by default, refused without the attention kernels", async () => {
+  expect(defaults(grpoSchema).swiglu_kernel).toBe('auto');
   const composed = await stepsOf(grpoConfig({ attention: 'composed' }));
   expectClose(await stepsOf(grpoConfig({ attention: 'kernels', swiglu_kernel: true })), composed, 1e-4);
+  expectClose(await stepsOf(grpoConfig({ attention: 'kernels' })), composed, 1e-4);
   const ppo = { estimator: 'gae', group_size: 2, kl_coef: 0 } as const;
   const ppoComposed = await stepsOf(grpoConfig({ ...ppo, attention: 'composed' }));
   expectClose(await stepsOf(grpoConfig({ ...ppo, attention: 'kernels', swiglu_kernel: true })), ppoComposed, 1e-4);
-  // grpo's own default (false) in the refusal, not sft's (auto)
-  await expect(runGrpo(grpoConfig({ attention: 'composed', swiglu_kernel: true }))).rejects.toThrow(/--swiglu_kernel needs the attention kernels.*'composed': use --attention kernels, or drop --swiglu_kernel$/);
+  await expect(runGrpo(grpoConfig({ attention: 'composed', swiglu_kernel: true }))).rejects.toThrow(/--swiglu_kernel needs the attention kernels.*'composed': use --attention kernels, or drop --swiglu_kernel \(its default, auto/);
 }, 90_000);
 
 test("lathe grpo's --attention is sft's option (kernels among its choices, one help text), default auto", () => {
