@@ -126,6 +126,12 @@ export interface TrainStepResult {
   hostMs: number;
   /** Milliseconds spent in runs (including reading the scalar outputs back). */
   runMs: number;
+  /**
+   * Of `runMs`, the milliseconds the host waited after the gradients' runs for the data-parallel
+   * reduction to complete (the `onGradients` hook, or the in-run collectives' finish): where a
+   * data-parallel step's time beyond one GPU's goes. Absent without a reduction.
+   */
+  reduceMs?: number;
 }
 
 interface Buffers {
@@ -507,7 +513,7 @@ export class Trainer {
     } else await hook(this.parts.grads![acc.j], acc.sums);
     const hookMs = performance.now() - t0;
     const applied = this.applyRun(k, acc.j, lr);
-    return this.adopt(k, { loss: acc.sums[0], gradNorm: applied.gradNorm, metrics: this.metricsOf(acc.sums), hostMs: acc.hostMs + applied.hostMs, runMs: acc.runMs + applied.runMs + hookMs });
+    return this.adopt(k, { loss: acc.sums[0], gradNorm: applied.gradNorm, metrics: this.metricsOf(acc.sums), hostMs: acc.hostMs + applied.hostMs, runMs: acc.runMs + applied.runMs + hookMs, reduceMs: hookMs });
   }
 
   /** A step whose gradients are reduced inside the accumulate run: the run, the hook's `finish`, the apply run. */
@@ -522,7 +528,7 @@ export class Trainer {
     if (this.parts.inGraph!.low) this.parts.reduceCast!.up[acc.j].runSync();
     const hookMs = performance.now() - t0;
     const applied = this.applyRun(k, acc.j, lr);
-    return this.adopt(k, { loss: acc.sums[0], gradNorm: applied.gradNorm, metrics: this.metricsOf(acc.sums), hostMs: acc.hostMs + applied.hostMs, runMs: acc.runMs + applied.runMs + hookMs });
+    return this.adopt(k, { loss: acc.sums[0], gradNorm: applied.gradNorm, metrics: this.metricsOf(acc.sums), hostMs: acc.hostMs + applied.hostMs, runMs: acc.runMs + applied.runMs + hookMs, reduceMs: hookMs });
   }
 
   /**

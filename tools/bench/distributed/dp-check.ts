@@ -201,6 +201,7 @@ async function main(): Promise<void> {
   const i64 = (rows: number[][]): HostTensor => ({ data: BigInt64Array.from(rows.flat().map(BigInt)), dims: [rows.length, rows[0].length] });
   const losses: number[] = [];
   const stepMs: number[] = [];
+  const phases: { run: number; reduce: number; host: number }[] = [];
   const gradNorms: number[] = [];
   for (let step = 0; step < steps; step++) {
     const g = globalBatch(step, rowsPerStep, seq, Number(hf.vocab_size));
@@ -221,6 +222,7 @@ async function main(): Promise<void> {
     bucketHostMs = [];
     const r = await trainer.trainStepAsync(batches, lr);
     stepMs.push(performance.now() - t0);
+    phases.push({ run: r.runMs - (r.reduceMs ?? 0), reduce: r.reduceMs ?? 0, host: r.hostMs });
     kernels?.check();
     losses.push(r.loss);
     gradNorms.push(r.gradNorm);
@@ -249,6 +251,8 @@ async function main(): Promise<void> {
     losses,
     grad_norms: gradNorms,
     step_ms: stepMs.map((x) => +x.toFixed(1)),
+    // each step's time in the session runs, waiting on the reduction after them, and binding inputs (the rest: the script's own host work)
+    phase_ms: { run: phases.map((p) => +p.run.toFixed(1)), reduce: phases.map((p) => +p.reduce.toFixed(1)), host: phases.map((p) => +p.host.toFixed(1)) },
     tokens_per_s: Math.round((rowsPerStep * seq) / (median / 1000)),
     memory: device.memory(),
   };
