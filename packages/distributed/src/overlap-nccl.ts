@@ -74,6 +74,8 @@ export class NcclInRunReducer implements InRunReducer {
   private readonly timed: BucketEvents[] = [];
   private used = 0;
   private timings: InRunTimings | undefined;
+  /** The event `markStepStart` recorded for the current run, if any. */
+  private stepStart: bigint | undefined;
 
   private constructor(
     private readonly nccl: NcclCollectives,
@@ -96,6 +98,17 @@ export class NcclInRunReducer implements InRunReducer {
   /** The device times of the last drained run's buckets (with `timing`), else undefined. */
   get lastTimings(): InRunTimings | undefined {
     return this.timings;
+  }
+
+  /**
+   * With `timing`: records on `computeStream` when the step begins on the device (call it before
+   * the step's first run), so the run's timings say how long the forward and the backward's first
+   * layers took before the first bucket (`stepStarted`). No-op without `timing`.
+   */
+  markStepStart(computeStream: bigint): void {
+    if (!this.timing) return;
+    this.stepStart ??= this.timingEvent();
+    this.api.checkCuda('cudaEventRecord', this.ev.cudaEventRecord(this.stepStart, computeStream));
   }
 
   /** A timing event (timing enabled: flags 0). */
@@ -212,6 +225,7 @@ export class NcclInRunReducer implements InRunReducer {
         this.timings = {
           buckets: this.timed.slice(0, this.used).map((t) => ({ ready: at(t.ready), start: at(t.start), done: at(t.done) })),
           ...(returned !== undefined ? { runReturned: at(returned) } : {}),
+          ...(this.stepStart !== undefined ? { stepStarted: -this.elapsed(this.stepStart, first) } : {}),
         };
       }
     } finally {
@@ -230,5 +244,6 @@ export class NcclInRunReducer implements InRunReducer {
     this.disposed = true;
     this.ev.cudaEventDestroy(this.event);
     for (const t of this.timed.splice(0)) for (const e of [t.ready, t.start, t.done]) this.ev.cudaEventDestroy(e);
+    if (this.stepStart !== undefined) this.ev.cudaEventDestroy(this.stepStart);
   }
 }

@@ -99,6 +99,8 @@ export interface InRunTimings {
   buckets: InRunBucketTiming[];
   /** When the run had returned to the host (an event on the compute stream at `drain`): the backward ended before. */
   runReturned?: number;
+  /** When the step began on the device (`NcclInRunReducer.markStepStart`; negative: before the first bucket), if marked. */
+  stepStarted?: number;
 }
 
 /** What a run's bucket times say about the overlap (ms). */

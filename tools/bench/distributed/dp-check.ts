@@ -112,7 +112,7 @@ function trainKernels(kernels: Kernels | undefined, opts: { logprob: boolean; ro
 /**
  * The last step's bucket times: when each bucket node's compute ran on the host (ms from the step's
  * start; the step took `step_ms`) and, with --bucket-times on CUDA, the device's times of each
- * bucket (ready on the compute stream, NCCL's start and done, ms from the first ready) with what
+ * bucket (ready on the compute stream, NCCL's start and done, ms from the first ready; the step's start, negative) with what
  * they say (`summary`: a serialized all-reduce shows `tailMs` near `collectiveMs`).
  */
 function bucketTimes(hostMs: readonly number[], stepMs: number, device: InRunTimings | undefined): Record<string, unknown> {
@@ -120,7 +120,7 @@ function bucketTimes(hostMs: readonly number[], stepMs: number, device: InRunTim
   return {
     host_ms: hostMs.map(r),
     step_ms: r(stepMs),
-    ...(device ? { device: { ready_start_done: device.buckets.map((b) => [r(b.ready), r(b.start), r(b.done)]), run_returned: device.runReturned === undefined ? null : r(device.runReturned) }, summary: overlapSummary(device) } : {}),
+    ...(device ? { device: { ready_start_done: device.buckets.map((b) => [r(b.ready), r(b.start), r(b.done)]), run_returned: device.runReturned === undefined ? null : r(device.runReturned), step_started: device.stepStarted === undefined ? null : r(device.stepStarted) }, summary: overlapSummary(device) } : {}),
   };
 }
 
@@ -220,6 +220,7 @@ async function main(): Promise<void> {
     const t0 = performance.now();
     stepStart = t0;
     bucketHostMs = [];
+    if (inRun instanceof NcclInRunReducer && device.computeStream !== undefined) inRun.markStepStart(device.computeStream);
     const r = await trainer.trainStepAsync(batches, lr);
     stepMs.push(performance.now() - t0);
     phases.push({ run: r.runMs - (r.reduceMs ?? 0), reduce: r.reduceMs ?? 0, host: r.hostMs });
