@@ -26,3 +26,5 @@ export { ropeSource, ropeKernelName, ROPE_THREADS, ROPE_TYPES } from './rope-sou
 export { RopeKernels, ropeOps, ropeReference, ropeUnsupported, type RopeArgs, type RopeOps, type RopeShape } from './rope';
 export { swigluSource, swigluKernelName, SWIGLU_THREADS, SWIGLU_TYPES } from './swiglu-source';
 export { SwigluKernels, swigluOps, swigluReference, swigluUnsupported, type SwigluBackwardArgs, type SwigluForwardArgs, type SwigluOps, type SwigluShape } from './swiglu';
+export { greedyPickSource, greedyPickKernelName, GREEDY_PICK_THREADS, GREEDY_PICK_TYPES } from './greedy-pick-source';
+export { GreedyPickKernels, greedyPickOps, greedyPickReference, greedyPickUnsupported, type GreedyPickArgs, type GreedyPickOps, type GreedyPickShape } from './greedy-pick';

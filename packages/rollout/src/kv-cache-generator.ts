@@ -24,7 +24,7 @@ import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, paramSpecs, weightInputs, type DecoderConfig, type ResidualDtype, type Weights } from '@lathe/models';
 import { Device, DeviceTensor, hostTensor, type Binding, type DeviceKind, type Session, type SessionOptions } from '@lathe/runtime';
-import { addKvDecodeStep, addKvPack, addKvPrefill, cacheName, cacheScaleName, concatTensors, float32NormName, float32Norms, residualNormWeights, SAMPLED_COLUMNS, type KvDecodeAttention, type KvSwiglu } from './kv-cache-graphs';
+import { addKvDecodeStep, addKvPack, addKvPrefill, cacheName, cacheScaleName, concatTensors, float32NormName, float32Norms, residualNormWeights, SAMPLED_COLUMNS, type KvDecodeAttention, type KvGreedyPick, type KvSwiglu } from './kv-cache-graphs';
 import { uniformNoise } from './rng';
 import { validateSampling, type SamplingOptions } from './sampling';
 import { isOutOfMemory, sampleKeysOf, splitOnOutOfMemory, type Completion, type GenerateCallOptions } from './generator';
@@ -115,6 +115,14 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
    * QuickGelu and Mul: one node a layer fewer. Default: ONNX Runtime's kernels.
    */
   swiglu?: KvSwiglu;
+  /**
+   * Greedy generation's token pick (temperature 0) through a fused op (Lathe's: `greedyPickOps` of
+   * @lathe/kernels, built for this device — on CUDA from kernels on the sessions' stream) reading the
+   * LM head's logits once in their own dtype, in place of the float32 Cast, argmax, LogSoftmax and
+   * gather: the same tokens, and one log-prob for both `logprobs` and `rawLogprobs`. An engine that
+   * samples (temperature > 0) ignores it. Default: the composed graph.
+   */
+  greedyPick?: KvGreedyPick;
   /**
    * Each layer's q/k/v as one MatMul and its gate/up as one in both graphs, over weights
    * concatenated along N, their outputs split with CUDA-graph-safe ops (`replaySafeSplit`: gate/up
@@ -353,10 +361,10 @@ export class KvCacheGenerator {
       return g;
     };
     // ONNX Runtime's CPU kernel has no in-kernel Q/K norm; on CUDA it saves two norm launches a layer.
-    const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda', rows: opts.rows, decodeAttention: da, fuseResidualNorm: opts.fuseResidualNorm, residualDtype: opts.residualDtype, swiglu: opts.swiglu, concatProjections: opts.concatProjections };
+    const graphOpts = { K: readEvery, qkNormInKernel: device.kind === 'cuda', rows: opts.rows, decodeAttention: da, fuseResidualNorm: opts.fuseResidualNorm, residualDtype: opts.residualDtype, swiglu: opts.swiglu, concatProjections: opts.concatProjections, greedyPick: opts.greedyPick };
     // ORT's memory-pattern planning off unless asked for: the plan it applies from a shape's second
     // run on made that run's prefill slower, not faster (docs/benchmarks.md).
-    const domains = [...(da ? [da.domain.handle] : []), ...(opts.swiglu ? [opts.swiglu.domain.handle] : [])];
+    const domains = [...(da ? [da.domain.handle] : []), ...(opts.swiglu ? [opts.swiglu.domain.handle] : []), ...(opts.greedyPick ? [opts.greedyPick.domain.handle] : [])];
     const session: SessionOptions = {
       ...opts.session,
       memoryPattern: opts.session?.memoryPattern ?? false,
@@ -514,6 +522,7 @@ export class KvCacheGenerator {
     this.opts.beforeRun?.('prefill', B);
     pb.runSync();
     this.opts.decodeAttention?.check();
+    this.opts.greedyPick?.check();
     lap('prefillMs');
 
     const tokens: number[][] = Array.from({ length: live }, () => []);
@@ -557,6 +566,7 @@ export class KvCacheGenerator {
       this.decode[s % 2 === 1 ? 0 : 1].runSync({ synchronize: false });
       this.opts.decodeAttention?.check();
       this.opts.swiglu?.check();
+      this.opts.greedyPick?.check();
       t.decodeSteps++;
       lap('decodeMs');
       if (readDue(s)) readThrough(s);

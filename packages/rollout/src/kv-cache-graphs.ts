@@ -50,7 +50,7 @@
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { accumulationDtype, decoder, inferenceLayers, lmLogits, project, ropeCaches, type DecoderConfig, type KvPair, type LayerAttention, type ResidualDtype, type SwigluKernel, type Weights } from '@lathe/models';
-import { sampleNext, type SamplingOptions } from './sampling';
+import { sampleNext, type SampledTokens, type SamplingOptions } from './sampling';
 
 /** Name of layer i's key or value cache: `cache.*` as a decode input, `present.*` as an output. */
 export function cacheName(i: number, which: 'key' | 'value', as: 'input' | 'output'): string {
@@ -259,6 +259,21 @@ export interface KvSwiglu {
   check(): void;
 }
 
+/**
+ * A fused greedy pick for both graphs' token choice at temperature 0 (Lathe's: `greedyPickOps` of
+ * @lathe/kernels, which this layer does not import): the LM head's logits in their own dtype in, each
+ * row's first-argmax token and its log-probability out, in place of the float32 Cast, `firstArgMax`,
+ * LogSoftmax and gather of `sampleNext`'s greedy path. Graphs that sample (temperature > 0) ignore it.
+ */
+export interface KvGreedyPick {
+  /** Logits [R, V] → tokens int64 [R] (the first maximum of each row) and their log-probabilities float32 [R]. */
+  apply(logits: Tensor): { tokens: Tensor; logprobs: Tensor };
+  /** The custom-op domain its nodes belong to (added to both sessions). */
+  domain: { handle: bigint };
+  /** Rethrows an error one of its nodes raised during the last run. */
+  check(): void;
+}
+
 /** Columns of a step's result in the history, per row. */
 export const SAMPLED_COLUMNS = ['token', 'logprob', 'raw_logprob'] as const;
 
@@ -266,11 +281,13 @@ export const SAMPLED_COLUMNS = ['token', 'logprob', 'raw_logprob'] as const;
  * Samples the next token and writes `next_token` and `next_history`: `history` [R, K, 3] (zeros
  * when absent) with column (step mod K) replaced by this step's [token, logprob, raw_logprob].
  */
-function emitStep(g: Graph, cfg: DecoderConfig, weights: Weights, lastHidden: Tensor, noiseColumn: Tensor | undefined, opts: SamplingOptions, at: { step: Tensor; history?: Tensor; K: number }, expand?: Tensor): void {
+function emitStep(g: Graph, cfg: DecoderConfig, weights: Weights, lastHidden: Tensor, noiseColumn: Tensor | undefined, opts: SamplingOptions, at: { step: Tensor; history?: Tensor; K: number }, expand?: Tensor, pick?: KvGreedyPick): void {
   if (cfg.vocabSize >= 2 ** 24) throw new Error(`KV-cache generation: vocab_size ${cfg.vocabSize} ≥ 2²⁴: token ids would not be exact in the float32 history`);
-  let logits = L.cast(L.squeeze(lmLogits(cfg, weights, lastHidden), [1]), 'float32'); // [rows, V]
+  const fused = pick && !sampling(opts) ? pick : undefined;
+  let logits = L.squeeze(lmLogits(cfg, weights, lastHidden), [1]); // [rows, V]
+  if (!fused) logits = L.cast(logits, 'float32'); // the fused pick reads the LM head's own dtype
   if (expand) logits = L.gather(logits, expand, 0);
-  const s = sampleNext(logits, opts, noiseColumn);
+  const s = fused ? pickedGreedily(fused, logits) : sampleNext(logits, opts, noiseColumn);
   g.output(L.unsqueeze(s.tokens, [1]), 'next_token');
   const column = (t: Tensor) => L.unsqueeze(t, [1]);
   const result = L.unsqueeze(L.concat([column(L.cast(s.tokens, 'float32')), column(s.logprobs), column(s.rawLogprobs)], 1), [1]); // [R, 1, 3]
@@ -280,6 +297,15 @@ function emitStep(g: Graph, cfg: DecoderConfig, weights: Weights, lastHidden: Te
 }
 
 const sampling = (o: SamplingOptions) => (o.temperature ?? 1) !== 0;
+
+/**
+ * `sampleNext`'s greedy result from a fused pick: at temperature 0 no filter changes the scores, so
+ * the sampled and the raw log-prob are one value.
+ */
+function pickedGreedily(pick: KvGreedyPick, logits: Tensor): SampledTokens {
+  const { tokens, logprobs } = pick.apply(logits);
+  return { tokens, logprobs, rawLogprobs: logprobs };
+}
 
 /** How the two graphs are built beyond the model and sampling. */
 export interface KvGraphOptions {
@@ -302,10 +328,12 @@ export interface KvGraphOptions {
   swiglu?: KvSwiglu;
   /** q/k/v and gate/up as one MatMul each over the pack graph's concatenated weights (inputs `concat.*`; see {@link concatGroups}). */
   concatProjections?: boolean;
+  /** Greedy graphs' token pick through this op rather than `sampleNext` (see {@link KvGreedyPick}); sampling graphs ignore it. */
+  greedyPick?: KvGreedyPick;
 }
 
 /** The prefill graph (see the module comment). */
-export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm, residualDtype, concatProjections }: KvGraphOptions): void {
+export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm, residualDtype, concatProjections, greedyPick }: KvGraphOptions): void {
   const R = rows ?? 'R';
   const ids = g.input('input_ids', 'int64', ['B', 'P']);
   const seqlens = g.input('seqlens', 'int32', ['B']);
@@ -340,13 +368,13 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
     }
   });
   const last = L.unsqueeze(L.gather(L.reshape(out.hidden, [-1, cfg.hiddenSize]), lastIndex, 0), [1]); // [B, 1, D]
-  emitStep(g, cfg, weights, last, noise && L.squeeze(L.slice(noise, [1], [0], [1]), [1]), opts, { step: g.constant([0], 'int64', [1]), K }, expand);
+  emitStep(g, cfg, weights, last, noise && L.squeeze(L.slice(noise, [1], [0], [1]), [1]), opts, { step: g.constant([0], 'int64', [1]), K }, expand, greedyPick);
   g.output(L.add(L.gather(seqlens, expand, 0), g.constant(1, 'int32', [])), 'next_seqlens');
   g.output(g.constant([1], 'int64', [1]), 'next_step');
 }
 
 /** The decode-step graph (see the module comment). */
-export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm, residualDtype, swiglu, concatProjections }: KvGraphOptions): void {
+export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm, residualDtype, swiglu, concatProjections, greedyPick }: KvGraphOptions): void {
   const R = rows ?? 'R';
   const token = g.input('token', 'int64', [R, 1]);
   const seqlens = g.input('seqlens', 'int32', [R]);
@@ -374,7 +402,7 @@ export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, 
       g.output(sc.value, cacheScaleName(i, 'value', 'output'));
     }
   });
-  emitStep(g, cfg, weights, out.hidden, noise && L.squeeze(L.gather(noise, step, 1), [1]), opts, { step, history, K });
+  emitStep(g, cfg, weights, out.hidden, noise && L.squeeze(L.gather(noise, step, 1), [1]), opts, { step, history, K }, undefined, greedyPick);
   g.output(L.add(seqlens, g.constant(1, 'int32', [])), 'next_seqlens');
   g.output(L.add(step, g.constant(1, 'int64', [])), 'next_step');
 }
