@@ -21,8 +21,14 @@
  *   variants: gqa-unfused, kernel+fp8-unfused without the residual-norm fusion; gqa+swiglu,
  *   kernel+fp8+swiglu with the SwiGLU kernel in the decode step; gqa+concat, kernel+fp8+concat with
  *   q/k/v and gate/up as one MatMul each; gqa+bf16res, kernel+fp8+bf16res with the residual stream in
- *   bf16): tok/s, decode step ms, and agreement
- *   of each engine's tokens with gqa's (rows identical, mean first divergence).
+ *   bf16; gqa+pick, kernel+fp8+all+pick with the greedy-pick kernel choosing the tokens): tok/s, decode
+ *   step ms, and agreement of each engine's tokens with gqa's (rows identical, mean first divergence),
+ *   and of a +pick engine's with the same engine without +pick when that one ran earlier in the list.
+ * - pick: the greedy-pick kernel against the composed greedy path it replaces (sampleNext at
+ *   temperature 0: Cast, firstArgMax, LogSoftmax, gather) on random bf16 logits [256, 151936] with
+ *   ties (injected maxima at several places a row, an all-equal row, and bf16's own ties), and both
+ *   against the host's float64 rule: tokens equal, log-prob max abs difference (fails over 1e-4), and
+ *   µs a call of the kernel (direct launches), the op as a one-node session and the composed session.
  * - kl: the KL(bf16 cache ‖ e4m3 cache) of next-token distributions: --kl-rows prompts prefilled once,
  *   both caches fed the bf16 path's greedy tokens for --kl-steps steps in one graph (two decoders over
  *   the two caches, the KL per row computed in the graph): mean, p99 and max KL (nats) and the top-1
@@ -33,12 +39,13 @@
  * compute in place of the kernels, no time phase): it checks the script, not the kernels.
  *
  * usage: node .bundle/decode-check.js [--phases compile,check,time,generate,kl] [--reps 20] [--lengths 1,256,512,768] [--heads 16,8] [--model DIR]
- *          [--rows 256] [--new 512] [--engines gqa,kernel,kernel+fp8 (a base gqa | gqa-unfused | kernel | kernel+fp8 | kernel+fp8-unfused, then any of +swiglu +concat +bf16res +all)] [--kl-rows 32] [--kl-steps 128] [--cpu]
+ *          [--rows 256] [--new 512] [--engines gqa,kernel,kernel+fp8 (a base gqa | gqa-unfused | kernel | kernel+fp8 | kernel+fp8-unfused, then any of +swiglu +concat +bf16res +all +pick)] [--kl-rows 32] [--kl-steps 128] [--cpu]
+ *        (phases also: pick)
  */
 import * as L from '@lathe/onnx';
 import { type DType, type Tensor } from '@lathe/onnx';
 import { CausalLM, lmLogits, weightInputs, type DecoderConfig, type HfConfig, type KvPair } from '@lathe/models';
-import { addKvPrefill, cacheName, KvCacheGenerator, kvKernelDecoder, type Completion, type KvCacheGeneratorOptions } from '@lathe/rollout';
+import { addKvPrefill, cacheName, KvCacheGenerator, kvKernelDecoder, sampleNext, type Completion, type KvCacheGeneratorOptions } from '@lathe/rollout';
 import {
   cudaIncludeDir,
   DecodeAttention,
@@ -46,6 +53,9 @@ import {
   decodeAttentionReference,
   decodeChunks,
   e4m3Decode,
+  GreedyPickKernels,
+  greedyPickOps,
+  greedyPickReference,
   Kernels,
   quantizeE4m3Reference,
   SwigluKernels,
@@ -53,6 +63,7 @@ import {
   type DecodeAttentionOps,
   type DecodeAttentionShape,
   type DecodeStepPart,
+  type GreedyPickOps,
   type SwigluOps,
 } from '@lathe/kernels';
 import { Device, fromBfloat16Bits, fromFloat16Bits, hostTensor, toBfloat16Bits, toFloat16Bits, type DeviceTensor } from '@lathe/runtime';
@@ -418,11 +429,12 @@ function makePrompts(n: number, lo: number, hi: number, vocab: number, seed: num
  * `+swiglu` takes the decode step's SwiGLU through Lathe's kernel (the engine's `swiglu` option);
  * `+concat` runs q/k/v and gate/up as one MatMul each over concatenated weights (`concatProjections`);
  * `+bf16res` keeps the residual stream in the compute dtype (`residualDtype: 'compute'`: no Casts between
- * the layers, no float32 norm-weight copies); `+all` is `+concat+swiglu+bf16res`. Modifiers compose:
- * `kernel+fp8+concat+bf16res`.
+ * the layers, no float32 norm-weight copies); `+all` is `+concat+swiglu+bf16res`; `+pick` takes the
+ * greedy token pick through Lathe's kernel (the engine's `greedyPick` option; not part of `+all`).
+ * Modifiers compose: `kernel+fp8+concat+bf16res`, `kernel+fp8+all+pick`.
  */
 const BASES = ['gqa', 'gqa-unfused', 'kernel', 'kernel+fp8', 'kernel+fp8-unfused'] as const;
-const MODIFIERS = ['swiglu', 'concat', 'bf16res', 'all'] as const;
+const MODIFIERS = ['swiglu', 'concat', 'bf16res', 'all', 'pick'] as const;
 type Engine = string;
 
 /** The engine's base and its modifiers, or an error naming the flag's accepted forms. */
@@ -432,12 +444,18 @@ function parseEngine(engine: string): { base: (typeof BASES)[number]; mods: Set<
   const bad = mods.find((m) => !(MODIFIERS as readonly string[]).includes(m));
   if (!base || bad !== undefined || (base.endsWith('-unfused') && mods.length))
     throw new Error(`--engines: unknown engine '${engine}' (a base ${BASES.join(' | ')}, then any of +${MODIFIERS.join(' +')}; -unfused takes none)`);
-  const set = new Set(mods.includes('all') ? ['swiglu', 'concat', 'bf16res'] : mods);
+  const set = new Set(mods.flatMap((m) => (m === 'all' ? ['swiglu', 'concat', 'bf16res'] : [m])));
   return { base, mods: set };
 }
 
+/** The kernels' ops an engine's modifiers may ask for (undefined where this run has none). */
+interface ModifierOps {
+  swiglu?: SwigluOps;
+  pick?: GreedyPickOps;
+}
+
 /** An engine's KvCacheGenerator options beyond the common ones, and the decode-attention op it uses. */
-function engineOptions(engine: Engine, ops: Record<CacheKind, DecodeAttentionOps>, swiglu: SwigluOps | undefined): { extra: Partial<KvCacheGeneratorOptions>; used?: DecodeAttentionOps } {
+function engineOptions(engine: Engine, ops: Record<CacheKind, DecodeAttentionOps>, { swiglu, pick }: ModifierOps): { extra: Partial<KvCacheGeneratorOptions>; used?: DecodeAttentionOps } {
   const { base, mods } = parseEngine(engine);
   const used = base.startsWith('kernel+fp8') ? ops.float8e4m3 : base.startsWith('kernel') ? ops.native : undefined;
   const extra: Partial<KvCacheGeneratorOptions> = {
@@ -451,17 +469,31 @@ function engineOptions(engine: Engine, ops: Record<CacheKind, DecodeAttentionOps
     if (!swiglu) throw new Error(`--engines ${engine}: the SwiGLU kernel needs the GPU (not --cpu)`);
     extra.swiglu = swiglu;
   }
+  if (mods.has('pick')) {
+    if (!pick) throw new Error(`--engines ${engine}: no greedy-pick ops were built`);
+    extra.greedyPick = pick;
+  }
   return { extra, ...(used ? { used } : {}) };
 }
 
+/** The share of rows whose tokens all equal the reference's, and the mean index of the first difference. */
+function agreement(out: Completion[], reference: Completion[]): { rows_identical: number; mean_first_divergence: number } {
+  const firstDiff = out.map((c, i) => {
+    const j = c.tokens.findIndex((x, k) => x !== reference[i].tokens[k]);
+    return j < 0 ? c.tokens.length : j;
+  });
+  return { rows_identical: +(firstDiff.filter((d, i) => d === out[i].tokens.length).length / out.length).toFixed(3), mean_first_divergence: +(firstDiff.reduce((a, b) => a + b, 0) / out.length).toFixed(1) };
+}
+
 /** End-to-end generation through the KV engine, one engine at a time over the same model. */
-async function generatePhase(model: CausalLM, ops: Record<CacheKind, DecodeAttentionOps>, swiglu: SwigluOps | undefined, o: { rows: number; newTokens: number; promptLen: [number, number]; cudaGraph: boolean; engines: Engine[] }): Promise<boolean> {
+async function generatePhase(model: CausalLM, ops: Record<CacheKind, DecodeAttentionOps>, modOps: ModifierOps, o: { rows: number; newTokens: number; promptLen: [number, number]; cudaGraph: boolean; engines: Engine[] }): Promise<boolean> {
   const prompts = makePrompts(o.rows, o.promptLen[0], o.promptLen[1], model.config.vocabSize, 5);
   const maxLength = o.promptLen[1] + o.newTokens;
   let reference: Completion[] | undefined;
+  const byEngine = new Map<Engine, Completion[]>();
   let ok = true;
   for (const engine of o.engines) {
-    const { extra, used } = engineOptions(engine, ops, swiglu);
+    const { extra, used } = engineOptions(engine, ops, modOps);
     const copies0 = used?.stats.cacheCopies ?? 0;
     const s0 = performance.now();
     const gen = KvCacheGenerator.create(model, { temperature: 0, rows: o.rows, maxLength, cudaGraph: o.cudaGraph, ...extra });
@@ -477,15 +509,10 @@ async function generatePhase(model: CausalLM, ops: Record<CacheKind, DecodeAtten
     gen.dispose();
     const tokens = out.reduce((s, c) => s + c.tokens.length, 0);
     reference ??= engine === 'gqa' ? out : undefined;
-    const agree = reference
-      ? (() => {
-          const firstDiff = out.map((c, i) => {
-            const j = c.tokens.findIndex((x, k) => x !== reference![i].tokens[k]);
-            return j < 0 ? c.tokens.length : j;
-          });
-          return { rows_identical: +(firstDiff.filter((d, i) => d === out[i].tokens.length).length / out.length).toFixed(3), mean_first_divergence: +(firstDiff.reduce((a, b) => a + b, 0) / out.length).toFixed(1) };
-        })()
-      : undefined;
+    const agree = reference && agreement(out, reference);
+    // a +pick engine against the same engine without it, when that ran first: the same logits, so the same first maxima are expected
+    byEngine.set(engine, out);
+    const unpicked = parseEngine(engine).mods.has('pick') ? byEngine.get(engine.replace('+pick', '')) : undefined;
     if (!out.every((c) => c.tokens.length === o.newTokens)) ok = false;
     // A compute whose present was not its past copied a whole cache first: the engine binds them to one buffer, so none is expected.
     const cacheCopies = (used?.stats.cacheCopies ?? 0) - copies0;
@@ -506,6 +533,7 @@ async function generatePhase(model: CausalLM, ops: Record<CacheKind, DecodeAtten
         decode_step_ms: +(t.decodeMs / Math.max(1, t.decodeSteps)).toFixed(3),
         new_tokens_per_s: Math.round(tokens / (ms / 1000)),
         ...(agree ? { vs_gqa: agree } : {}),
+        ...(unpicked ? { vs_without_pick: agreement(out, unpicked) } : {}),
         ...(used ? { cache_copies: cacheCopies } : {}),
       }),
     );
@@ -635,8 +663,99 @@ function klPhase(model: CausalLM, dev: { device: Device; da?: DecodeAttention },
   return finite;
 }
 
+/**
+ * The greedy-pick kernel against the composed greedy path (sampleNext at temperature 0 on the logits
+ * cast to float32) on random logits with ties, both against the host's float64 rule, and their times.
+ * Rows: 0 all equal; every other row uniform in [−4, 4) (bf16 rounds ~300 values a row into the top
+ * bin: ties everywhere) with 12 injected at r mod 4 random places, and −∞ every 1000th element in every
+ * 6th row. --cpu: float32 [4, 640] and the ops' host rule, no times.
+ */
+function pickPhase(device: Device, pick: GreedyPickOps, gpu?: { kernels: Kernels; compiled: GreedyPickKernels }): boolean {
+  const R = gpu ? 256 : 4;
+  const V = gpu ? Number(QWEN3_0_6B.vocab_size) : 640;
+  const dt: Dt = gpu ? 'bfloat16' : 'float32';
+  const h = half(dt);
+  const rand = rng(17);
+  const values = new Float32Array(R * V);
+  for (let r = 0; r < R; r++) {
+    const row = values.subarray(r * V, (r + 1) * V);
+    if (r === 0) {
+      row.fill(0.5);
+      continue;
+    }
+    for (let j = 0; j < V; j++) row[j] = r % 6 === 3 && j % 1000 === 7 ? -Infinity : 8 * rand() - 4;
+    for (let k = 0; k < r % 4; k++) row[Math.floor(rand() * V)] = 12;
+  }
+  const rounded = h.round(values);
+  const logits = device.upload({ data: h.bits(rounded), dims: [R, V] }, dt);
+  const ref = greedyPickReference(rounded, R, V);
+
+  const graph = (name: string, build: (x: Tensor) => { tokens: Tensor; logprobs: Tensor }) => {
+    const g = new L.Graph(name);
+    const r = build(g.input('logits', dt, [R, V]));
+    g.output(r.tokens, 'tokens');
+    g.output(r.logprobs, 'logprobs');
+    return device.compile(g, { customOpDomains: [pick.domain.handle] });
+  };
+  const sessions = {
+    op: graph('pick_op', (x) => pick.apply(x)),
+    composed: graph('pick_composed', (x) => sampleNext(L.cast(x, 'float32'), { temperature: 0 })),
+  };
+  const outs = (Object.keys(sessions) as (keyof typeof sessions)[]).map((k) => ({ k, tokens: device.zeros('int64', [R]), logprobs: device.zeros('float32', [R]) }));
+  const bindings = outs.map((o) => sessions[o.k].binding().input('logits', logits).output('tokens', o.tokens).output('logprobs', o.logprobs));
+  const direct = gpu ? { tokens: device.zeros('int64', [R]), logprobs: device.zeros('float32', [R]) } : undefined;
+  const launch = () => gpu!.compiled.run({ rows: R, vocab: V, dtype: dt }, { logits, tokens: direct!.tokens, logprobs: direct!.logprobs });
+  for (const b of bindings) b.runSync();
+  pick.check();
+  if (gpu) {
+    launch();
+    gpu.kernels.synchronize();
+  }
+  const read = (t: { tokens: DeviceTensor; logprobs: DeviceTensor }) => ({ tokens: Array.from(t.tokens.download().data as BigInt64Array, Number), logprobs: t.logprobs.download().data as Float32Array });
+  const got = { op: read(outs[0]), composed: read(outs[1]), ...(direct ? { kernel: read(direct) } : {}) };
+  const want = { tokens: Array.from(ref.tokens, Number), logprobs: ref.logprobs };
+  const rowsDiffering = (a: number[], b: number[]) => a.filter((t, i) => t !== b[i]).length;
+  const maxDiff = (a: Float32Array, b: Float32Array) => a.reduce((m, x, i) => Math.max(m, Number.isNaN(x) && Number.isNaN(b[i]) ? 0 : Number.isNaN(x - b[i]) ? Infinity : Math.abs(x - b[i])), 0);
+  const fused = got.kernel ?? got.op;
+  const row: Record<string, unknown> = {
+    phase: 'pick',
+    rows: R,
+    vocab: V,
+    dtype: dt,
+    kernel_vs_composed: { rows_differing: rowsDiffering(fused.tokens, got.composed.tokens), logprob_max_abs_diff: +maxDiff(fused.logprobs, got.composed.logprobs).toExponential(3) },
+    op_vs_composed: { rows_differing: rowsDiffering(got.op.tokens, got.composed.tokens), logprob_max_abs_diff: +maxDiff(got.op.logprobs, got.composed.logprobs).toExponential(3) },
+    kernel_vs_reference: { rows_differing: rowsDiffering(fused.tokens, want.tokens), logprob_max_abs_diff: +maxDiff(fused.logprobs, want.logprobs).toExponential(3) },
+    composed_vs_reference: { rows_differing: rowsDiffering(got.composed.tokens, want.tokens), logprob_max_abs_diff: +maxDiff(got.composed.logprobs, want.logprobs).toExponential(3) },
+  };
+  if (gpu) {
+    const reps = Number(arg('reps', '20'));
+    const time = (fn: () => void) => {
+      for (let r = 0; r < 10; r++) fn();
+      gpu.kernels.synchronize();
+      return (gpu.kernels.time(() => {
+        for (let r = 0; r < reps; r++) fn();
+      }) / reps) * 1000;
+    };
+    const kernelUs = time(launch);
+    row.kernel_us = +kernelUs.toFixed(2);
+    row.kernel_gb_per_s = Math.round((R * V * 2) / kernelUs / 1e3);
+    row.op_session_us = +time(() => bindings[0].runSync({ synchronize: false })).toFixed(2);
+    row.composed_session_us = +time(() => bindings[1].runSync({ synchronize: false })).toFixed(2);
+    pick.check();
+  }
+  const pass = [row.kernel_vs_composed, row.op_vs_composed].every((x) => {
+    const d = x as { rows_differing: number; logprob_max_abs_diff: number };
+    return d.rows_differing === 0 && d.logprob_max_abs_diff <= 1e-4;
+  });
+  console.log(JSON.stringify({ ...row, ok: pass }));
+  for (const b of bindings) b.dispose();
+  for (const s of Object.values(sessions)) s.dispose();
+  for (const t of [logits, ...outs.flatMap((o) => [o.tokens, o.logprobs]), ...(direct ? [direct.tokens, direct.logprobs] : [])]) t.dispose();
+  return pass;
+}
+
 async function main(): Promise<void> {
-  const { cpu, phases } = phasesOf(['compile', 'check', 'time', 'generate', 'kl'], ['check', 'generate', 'kl']);
+  const { cpu, phases } = phasesOf(['compile', 'check', 'time', 'generate', 'kl', 'pick'], ['check', 'generate', 'kl', 'pick']);
   const engines = arg('engines', 'gqa,kernel,kernel+fp8').split(',') as Engine[];
   for (const e of engines) parseEngine(e);
   if (flag('split')) throw new Error('--split: the v1 split was removed; there is one split kernel (drop the flag)');
@@ -645,6 +764,8 @@ async function main(): Promise<void> {
   let kernels: Kernels | undefined;
   let da: DecodeAttention | undefined;
   let swiglu: SwigluOps | undefined;
+  let pick: GreedyPickOps | undefined;
+  let pickKernels: GreedyPickKernels | undefined;
   if (cpu) device = Device.cpu();
   else {
     ({ kernels, device } = Kernels.withDevice());
@@ -664,12 +785,18 @@ async function main(): Promise<void> {
   const ops: Record<CacheKind, DecodeAttentionOps> = { native: decodeAttentionOps(provider, da, { cache: 'native', qkNormEpsilon: eps }), float8e4m3: decodeAttentionOps(provider, da, { cache: 'float8e4m3', qkNormEpsilon: eps }) };
   if (phases.includes('check')) for (const c of cpu ? CPU_CASES : CASES) for (const cache of ['native', 'float8e4m3'] as const) ok = checkCase(device, ops, c, cache) && ok;
   if (phases.includes('time')) timePhase(kernels!, da!, device, ops);
+  // the greedy-pick kernel on the sessions' stream (the ops' host rule with --cpu), for the pick phase and the +pick engines
+  if (phases.includes('pick') || engines.some((e) => parseEngine(e).mods.has('pick'))) {
+    pickKernels = kernels && GreedyPickKernels.compile(kernels, { includeDir: cudaIncludeDir() });
+    pick = greedyPickOps(provider, pickKernels);
+  }
+  if (pick && phases.includes('pick')) ok = pickPhase(device, pick, cpu ? undefined : { kernels: kernels!, compiled: pickKernels! }) && ok;
   if (model && phases.includes('generate')) {
     const rows = Number(arg('rows', cpu ? '4' : '256'));
     const newTokens = Number(arg('new', cpu ? '6' : '512'));
     // the SwiGLU kernel on the sessions' stream, for the +swiglu engines
     swiglu = kernels && engines.some((e) => parseEngine(e).mods.has('swiglu')) ? swigluOps('cuda', SwigluKernels.compile(kernels, { includeDir: cudaIncludeDir() })) : undefined;
-    ok = (await generatePhase(model, ops, swiglu, { rows, newTokens, promptLen: cpu ? [3, 9] : [128, 256], cudaGraph: !cpu, engines })) && ok;
+    ok = (await generatePhase(model, ops, { swiglu, pick }, { rows, newTokens, promptLen: cpu ? [3, 9] : [128, 256], cudaGraph: !cpu, engines })) && ok;
   }
   if (model && phases.includes('kl')) {
     const rows = Number(arg('kl-rows', cpu ? '3' : '32'));
@@ -680,6 +807,7 @@ async function main(): Promise<void> {
   ops.native.dispose();
   ops.float8e4m3.dispose();
   swiglu?.dispose();
+  pick?.dispose();
   kernels?.dispose();
   console.log(JSON.stringify({ phase: 'summary', ok }));
   if (!ok) process.exit(1);
