@@ -3,7 +3,8 @@
  * thread, the warp shuffles and the block's fixed merge order) against the first argmax and
  * −log Σ e^(x − max) computed in double from the same rounded logits: bf16, fp16 and fp32; V with a
  * ragged tail and rows starting off a 16-byte boundary (the scalar head); maxima tied at several places
- * (the first wins), an all-equal row, ±1e4 with −∞ entries, an all −∞ row, NaN and +∞; CTAs of
+ * (the first wins), an all-equal row, ±1e4 with −∞ entries, values near the type's largest (differences
+ * overflowing to −∞), an all −∞ row, NaN and +∞; CTAs of
  * 128 threads (several warps, several vectors a thread) and of the kernel's own 512. Needs g++
  * (C++20); decode-check's pick phase tests the real build.
  */

@@ -10,6 +10,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 
 #define GP_EMULATION 1
 #define __shared__ static  // blocks run one at a time, so a static local is the block's shared memory
@@ -18,14 +19,15 @@ inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 
 #include "greedy-pick.cu"
 
-constexpr int kRows = 8;
+constexpr int kRows = 9;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // Row r's logits (float, rounded to T by the caller):
 // 0 random with the max tied at four places spread over head, vectors and tail; 1 all equal;
 // 2 ±1e4 with −∞ every 5th and the max tied twice; 3 all −∞; 4 random with a NaN before the max;
-// 5 +∞ twice; 6 random, the max only in the last element; 7 random (accidental ties in 16-bit types).
-static void fill(int r, std::vector<float>& x, std::mt19937& rng) {
+// 5 +∞ twice; 6 random, the max only in the last element; 7 random (accidental ties in 16-bit types);
+// 8 ±`huge` (near the type's largest finite value: differences overflow to −∞), the max tied twice.
+static void fill(int r, std::vector<float>& x, std::mt19937& rng, float huge) {
   const int V = int(x.size());
   std::normal_distribution<float> nd(0.f, 3.f);
   std::uniform_real_distribution<float> big(-1e4f, 1e4f);
@@ -42,6 +44,11 @@ static void fill(int r, std::vector<float>& x, std::mt19937& rng) {
     case 4: x[V / 4] = std::nanf(""); x[V / 2] = 50.f; break;
     case 5: x[V / 3] = kInf; x[V / 5] = kInf; break;
     case 6: x[V - 1] = 30.f; break;
+    case 8:
+      for (int j = 0; j < V; ++j) x[j] = j % 2 ? -huge : huge * 0.5f;
+      x[V / 2] = huge;
+      x[V - 1] = huge;
+      break;
     default: break;
   }
 }
@@ -75,7 +82,7 @@ static void run(int V, int offset) {
   std::vector<std::vector<double>> rows(kRows);
   for (int r = 0; r < kRows; ++r) {
     std::vector<float> f(V);
-    fill(r, f, rng);
+    fill(r, f, rng, std::is_same_v<T, __half> ? 6e4f : 3e38f);
     for (int j = 0; j < V; ++j) {
       x[size_t(r) * V + j] = emu_from_float<T>(f[j]);
       rows[r].push_back(emu_to_float(x[size_t(r) * V + j]));
