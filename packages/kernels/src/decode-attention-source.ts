@@ -5,7 +5,8 @@
  * Layouts are the KV engine's: the cache [R, KV, M, D] (row r's position p of KV head h at
  * ((r·KV + h)·M + p)·D), bound as both the past and the present of each layer so the new key/value
  * land in place; seqlens int32 [R] holds each row's new position (GroupQueryAttention's seqlens_k);
- * q [R, 1, H·D], k/v [R, 1, KV·D]; cos/sin [maxPositions, D/2] (non-interleaved RoPE, as the engine's
+ * q [R, 1, H·D], k/v [R, 1, KV·D] (or one packed qkv [R, 1, (H + 2·KV)·D]: q, k and v its column
+ * ranges, read through row strides); cos/sin [maxPositions, D/2] (non-interleaved RoPE, as the engine's
  * GroupQueryAttention). An fp8 cache holds e4m3 bytes and one float32 scale per (row, KV head,
  * position) for keys and for values ([R, KV, M]): amax/448 of that head's vector.
  *
@@ -109,7 +110,7 @@ function entryPoints(): string {
         [fp8, 'float8e4m3'],
       ] as const) {
         out.push(
-          `extern "C" __global__ void __launch_bounds__(${D}) ${decodeKernelName.append(t, cache, D)}(const ${T}* q, const ${T}* k, const ${T}* v, ${C}* cache_k, ${C}* cache_v, float* k_scale, float* v_scale, const int* seqlens, const ${T}* cos_t, const ${T}* sin_t, const ${T}* q_norm, const ${T}* k_norm, float eps, float* q_out, int M, int H, int KV) { da_append<${T}, ${C}, ${D}>(q, k, v, cache_k, cache_v, k_scale, v_scale, seqlens, cos_t, sin_t, q_norm, k_norm, eps, q_out, M, H, KV); }`,
+          `extern "C" __global__ void __launch_bounds__(${D}) ${decodeKernelName.append(t, cache, D)}(const ${T}* q, const ${T}* k, const ${T}* v, ${C}* cache_k, ${C}* cache_v, float* k_scale, float* v_scale, const int* seqlens, const ${T}* cos_t, const ${T}* sin_t, const ${T}* q_norm, const ${T}* k_norm, float eps, float* q_out, int M, int H, int KV, int q_stride, int kv_stride) { da_append<${T}, ${C}, ${D}>(q, k, v, cache_k, cache_v, k_scale, v_scale, seqlens, cos_t, sin_t, q_norm, k_norm, eps, q_out, M, H, KV, q_stride, kv_stride); }`,
         );
       }
       for (const G of DECODE_GROUPS) out.push(splitEntry(t, T, 'native', D, G));
@@ -199,9 +200,11 @@ __device__ __forceinline__ void da_store(C* cache, float* scale, i64 at, int d, 
   }
 }
 
+// q_stride and kv_stride: elements between rows of q and of k/v (H·D and KV·D for separate tensors;
+// (H + 2·KV)·D when q, k and v are column ranges of one packed [R, 1, (H + 2·KV)·D] projection).
 template <typename T, typename C, int D>
 __device__ void da_append(const T* q, const T* k, const T* v, C* cache_k, C* cache_v, float* k_scale, float* v_scale, const int* seqlens, const T* cos_t, const T* sin_t,
-                          const T* q_norm, const T* k_norm, float eps, float* q_out, int M, int H, int KV) {
+                          const T* q_norm, const T* k_norm, float eps, float* q_out, int M, int H, int KV, int q_stride, int kv_stride) {
   DA_SHARED(smem);
   float* part = reinterpret_cast<float*>(smem);  // [D]: the RoPE partner exchange
   float* scratch = part + D;                     // [32]: block reductions
@@ -215,7 +218,7 @@ __device__ void da_append(const T* q, const T* k, const T* v, C* cache_k, C* cac
   for (int g = 0; g <= G; ++g) {
     const bool key = g == G;
     const T* w = key ? k_norm : q_norm;
-    float x = da_f<T>(key ? k[((i64)r * KV + h) * D + d] : q[((i64)r * H + h * G + g) * D + d]);
+    float x = da_f<T>(key ? k[(i64)r * kv_stride + h * D + d] : q[(i64)r * q_stride + (h * G + g) * D + d]);
     if (w) {
       const float ss = block_reduce<D, false>(x * x, scratch);
       x = da_round<T>(x * rsqrtf(ss / D + eps) * da_f<T>(w[d]));
@@ -228,7 +231,7 @@ __device__ void da_append(const T* q, const T* k, const T* v, C* cache_k, C* cac
     if (key) da_store<T, C, D>(cache_k, k_scale, at, d, y, scratch);
     else q_out[((i64)r * H + h * G + g) * D + d] = y;
   }
-  da_store<T, C, D>(cache_v, v_scale, at, d, da_f<T>(v[((i64)r * KV + h) * D + d]), scratch);
+  da_store<T, C, D>(cache_v, v_scale, at, d, da_f<T>(v[(i64)r * kv_stride + h * D + d]), scratch);
 }
 
 // E cache elements as one load (16 or 8 bytes), and unpacked to floats.

@@ -6,8 +6,10 @@
  * chunks merged — so a KV engine's decode step stays one session that ORT can capture as a CUDA
  * graph: every launch reads lengths from device memory and covers the cache length, so a replay is
  * right for any lengths. An fp8 (e4m3) cache adds per-vector scales and a quantize op for the
- * prefill's presents. On the CPU the ops compute the same step on the host (float32, float64
- * arithmetic) — the reference the tests compare with.
+ * prefill's presents. A packed form of the op (`attendPacked`) reads q, k and v as column ranges of
+ * one projection (q/k/v as one MatMul over concatenated weights) through the append's row strides.
+ * On the CPU the ops compute the same step on the host (float32, float64 arithmetic) — the
+ * reference the tests compare with.
  */
 import * as L from '@lathe/onnx';
 import { type DType, type OpDef, type Tensor, type TensorType } from '@lathe/onnx';
@@ -62,7 +64,7 @@ export function decodeAttentionUnsupported(shape: Omit<DecodeAttentionShape, 'ro
 }
 
 type Ptr = ArgValue<'ptr'>;
-type AppendSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'f32', 'ptr', 'i32', 'i32', 'i32'];
+type AppendSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'f32', 'ptr', 'i32', 'i32', 'i32', 'i32', 'i32'];
 type SplitSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'];
 type CombineSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'];
 type QuantizeSig = readonly ['ptr', 'ptr', 'ptr', 'i64'];
@@ -70,12 +72,18 @@ type CopySig = readonly ['ptr', 'ptr', 'i64'];
 
 /** Addresses (or device tensors) of one step. */
 export interface DecodeStepArgs {
-  /** [R, 1, H·D], before QK-norm and RoPE. */
+  /** [R, 1, H·D], before QK-norm and RoPE (rows `qStride` elements apart). */
   q: Ptr;
-  /** [R, 1, KV·D], before QK-norm and RoPE. */
+  /** [R, 1, KV·D], before QK-norm and RoPE (rows `kvStride` elements apart). */
   k: Ptr;
-  /** [R, 1, KV·D]. */
+  /** [R, 1, KV·D] (rows `kvStride` elements apart). */
   v: Ptr;
+  /**
+   * Elements between rows of q (default H·D) and of k and v (default KV·D): (H + 2·KV)·D for each
+   * when q, k and v are column ranges of one packed projection (see {@link packedQkvArgs}).
+   */
+  qStride?: number;
+  kvStride?: number;
   /** The cache [R, KV, M, D] (T, or e4m3 bytes): the new entry is written at each row's seqlens. */
   cacheK: Ptr;
   cacheV: Ptr;
@@ -137,12 +145,12 @@ export class DecodeAttention {
     const G = H / KV;
     const C = decodeChunks(M, cache);
     if (R > 65535) throw new Error(`decode attention: ${R} rows past the grid's 65,535`);
-    const append = this.fn(decodeKernelName.append(t, cache, D), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'f32', 'ptr', 'i32', 'i32', 'i32'] as AppendSig);
+    const append = this.fn(decodeKernelName.append(t, cache, D), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'f32', 'ptr', 'i32', 'i32', 'i32', 'i32', 'i32'] as AppendSig);
     const split = this.fn(decodeKernelName.split(t, cache, D, G), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'] as SplitSig);
     const combine = this.fn(decodeKernelName.combine(t, D, decodeSplitChunk(cache)), ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'] as CombineSig);
     const kS = a.kScale ?? 0n;
     const vS = a.vScale ?? 0n;
-    if (parts.includes('append')) append.launch({ grid: [R, KV], block: D, sharedBytes: decodeAppendSmem(D), stream }, a.q, a.k, a.v, a.cacheK, a.cacheV, kS, vS, a.seqlens, a.cos, a.sin, a.qNorm ?? 0n, a.kNorm ?? 0n, a.epsilon ?? 1e-6, a.qRot, M, H, KV);
+    if (parts.includes('append')) append.launch({ grid: [R, KV], block: D, sharedBytes: decodeAppendSmem(D), stream }, a.q, a.k, a.v, a.cacheK, a.cacheV, kS, vS, a.seqlens, a.cos, a.sin, a.qNorm ?? 0n, a.kNorm ?? 0n, a.epsilon ?? 1e-6, a.qRot, M, H, KV, a.qStride ?? H * D, a.kvStride ?? KV * D);
     if (parts.includes('split')) split.launch({ grid: [C, KV, R], block: DECODE_THREADS, sharedBytes: decodeSplitSmem(D, G, cache), stream }, a.qRot, a.cacheK, a.cacheV, kS, vS, a.seqlens, a.oPart, a.lsePart, M, KV, C, 1 / Math.sqrt(D));
     if (parts.includes('combine')) combine.launch({ grid: R * H, block: D, stream }, a.oPart, a.lsePart, a.seqlens, a.out, M, H, C);
   }
@@ -164,7 +172,36 @@ export class DecodeAttention {
   }
 }
 
+/**
+ * The q, k and v arguments of a step that reads them from one packed projection at `qkv`
+ * ([R, 1, (H + 2·KV)·D]: q its first H·D columns, then k, then v, as the concatenated q/k/v weight
+ * orders them): k and v by byte offset, every row (H + 2·KV)·D elements apart.
+ */
+export function packedQkvArgs(qkv: bigint, shape: Pick<DecodeAttentionShape, 'numHeads' | 'numKvHeads' | 'headDim' | 'dtype'>): Pick<DecodeStepArgs, 'q' | 'k' | 'v' | 'qStride' | 'kvStride'> {
+  const { numHeads: H, numKvHeads: KV, headDim: D } = shape;
+  const head = BigInt(L.dtypeBytes(shape.dtype) * D);
+  const stride = (H + 2 * KV) * D;
+  return { q: qkv, k: qkv + BigInt(H) * head, v: qkv + BigInt(H + KV) * head, qStride: stride, kvStride: stride };
+}
+
 // ---- the host rule ------------------------------------------------------------------------------
+
+/** q [R, H·D], k and v [R, KV·D] copied out of a packed qkv [R, (H + 2·KV)·D] (the packed op's host rule reads it so). */
+export function unpackQkv(qkv: Float32Array, shape: Pick<DecodeAttentionShape, 'rows' | 'numHeads' | 'numKvHeads' | 'headDim'>): { q: Float32Array; k: Float32Array; v: Float32Array } {
+  const { rows: R, numHeads: H, numKvHeads: KV, headDim: D } = shape;
+  const W = (H + 2 * KV) * D;
+  if (qkv.length !== R * W) throw new Error(`unpackQkv: ${qkv.length} values for ${R} rows of (${H} + 2·${KV})·${D}`);
+  const q = new Float32Array(R * H * D);
+  const k = new Float32Array(R * KV * D);
+  const v = new Float32Array(R * KV * D);
+  for (let r = 0; r < R; r++) {
+    q.set(qkv.subarray(r * W, r * W + H * D), r * H * D);
+    k.set(qkv.subarray(r * W + H * D, r * W + (H + KV) * D), r * KV * D);
+    v.set(qkv.subarray(r * W + (H + KV) * D, (r + 1) * W), r * KV * D);
+  }
+  return { q, k, v };
+}
+
 
 /** e4m3 (bias 7, no infinities, ±448 largest): round to nearest even, saturating — `__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)`. */
 export function e4m3Encode(x: number): number {
@@ -312,13 +349,26 @@ export function quantizeE4m3Reference(x: Float32Array, headDim: number): { data:
 // ---- the graph side -----------------------------------------------------------------------------
 
 /** A decode step's attention inputs, as a KV engine's decode graph has them. */
-export interface DecodeAttendInputs {
+export interface DecodeAttendInputs extends DecodeAttendCommon {
   /** [R, 1, H·D], before QK-norm and RoPE. */
   query: Tensor;
   /** [R, 1, KV·D], before QK-norm and RoPE. */
   key: Tensor;
   /** [R, 1, KV·D]. */
   value: Tensor;
+}
+
+/**
+ * A decode step's attention inputs with q, k and v as one packed projection: the output of the
+ * layer's q/k/v as one MatMul over their concatenated weights, read in place (no Split).
+ */
+export interface DecodePackedAttendInputs extends DecodeAttendCommon {
+  /** [R, 1, (H + 2·KV)·D] before QK-norm and RoPE: q in columns [0, H·D), k in [H·D, (H + KV)·D), v after. */
+  qkv: Tensor;
+}
+
+/** The inputs of a decode step's attention besides q, k and v. */
+export interface DecodeAttendCommon {
   /** The layer's cache [R, KV, M, D] (the compute dtype, or uint8 e4m3 bytes), bound in place. */
   cacheKey: Tensor;
   cacheValue: Tensor;
@@ -354,6 +404,8 @@ export interface DecodeAttentionOps {
   cacheDtype(dtype: DType): DType;
   /** A decode step's attention over the layer's cache (see {@link DecodeAttendInputs}). */
   attend(x: DecodeAttendInputs, heads: { numHeads: number; kvNumHeads: number }): DecodeAttendOutputs;
+  /** {@link attend} reading q, k and v from one packed projection (op `DecodeAttentionPacked_*`: the append's row strides skip the other parts). */
+  attendPacked(x: DecodePackedAttendInputs, heads: { numHeads: number; kvNumHeads: number }): DecodeAttendOutputs;
   /** e4m3 bytes (uint8, x's shape) and float32 scales (x's shape without the last dim) of a cache in the compute dtype. */
   quantize(x: Tensor): { data: Tensor; scale: Tensor };
   /**
@@ -389,10 +441,11 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
   const quantizeOps = new Map<DType, OpDef<object>>();
   for (const dt of dtypes) {
     const cacheDt: DType = fp8 ? 'uint8' : dt;
-    for (const norm of [false, true]) {
-      const name = `DecodeAttention_${dt}_${norm ? 'qknorm' : 'plain'}`;
-      // q, k, v, seqlens, cos, sin, cacheK, cacheV, [kScale, vScale], [qNorm, kNorm]
-      const inputs: DType[] = [dt, dt, dt, 'int32', dt, dt, cacheDt, cacheDt, ...(fp8 ? (['float32', 'float32'] as DType[]) : []), ...(norm ? [dt, dt] : [])];
+    for (const [norm, packed] of [false, true].flatMap((n) => [false, true].map((p) => [n, p] as const))) {
+      const name = `DecodeAttention${packed ? 'Packed' : ''}_${dt}_${norm ? 'qknorm' : 'plain'}`;
+      // q, k, v (or qkv), seqlens, cos, sin, cacheK, cacheV, [kScale, vScale], [qNorm, kNorm]
+      const qkvIns = packed ? 1 : 3;
+      const inputs: DType[] = [...new Array<DType>(qkvIns).fill(dt), 'int32', dt, dt, cacheDt, cacheDt, ...(fp8 ? (['float32', 'float32'] as DType[]) : []), ...(norm ? [dt, dt] : [])];
       // out, presentK, presentV, [presentKScale, presentVScale], qRot, oPart, lsePart
       const outputs: DType[] = [dt, cacheDt, cacheDt, ...(fp8 ? (['float32', 'float32'] as DType[]) : []), 'float32', 'float32', 'float32'];
       const op = domain.add({
@@ -401,13 +454,15 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
         outputs,
         provider,
         infer: (ins: TensorType[]) => {
-          const [q, , , , , , ck] = ins;
+          const q = ins[0];
+          const ck = ins[qkvIns + 3];
           const [R, , W] = q.shape;
           const [, KV, M, D] = ck.shape;
-          const H = typeof W === 'number' && typeof D === 'number' ? W / D : 'H';
+          const known = typeof W === 'number' && typeof D === 'number' && typeof KV === 'number';
+          const H = known ? W / D - (packed ? 2 * KV : 0) : 'H';
           const C = typeof M === 'number' ? decodeChunks(M, cache) : `decode_chunks_${decodeSplitChunk(cache)}`;
           return [
-            { dtype: dt, shape: [...q.shape] },
+            { dtype: dt, shape: packed ? [R, 1, typeof H === 'number' && typeof D === 'number' ? H * D : 'HD'] : [...q.shape] },
             { dtype: cacheDt, shape: [...ck.shape] },
             { dtype: cacheDt, shape: [...ck.shape] },
             ...(fp8 ? [0, 1].map(() => ({ dtype: 'float32' as DType, shape: [R, KV, M] })) : []),
@@ -417,14 +472,15 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
           ];
         },
         compute: (ctx) => {
-          const [q, k, v, seqlens, cos, sin, ck, cv] = ctx.inputs;
-          const [kS, vS] = fp8 ? ctx.inputs.slice(8, 10) : [];
-          const [qn, kn] = norm ? ctx.inputs.slice(fp8 ? 10 : 8) : [];
+          const qkv = ctx.inputs.slice(0, qkvIns);
+          const [seqlens, cos, sin, ck, cv] = ctx.inputs.slice(qkvIns, qkvIns + 5);
+          const [kS, vS] = fp8 ? ctx.inputs.slice(qkvIns + 5, qkvIns + 7) : [];
+          const [qn, kn] = norm ? ctx.inputs.slice(qkvIns + (fp8 ? 7 : 5)) : [];
           const [R, KV, M, D] = ck.dims;
-          const H = q.dims[2] / D;
+          const H = qkv[0].dims[2] / D - (packed ? 2 * KV : 0);
           const shape: DecodeAttentionShape = { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, dtype: dt, cache };
           const C = decodeChunks(M, cache);
-          const out = ctx.output(0, q.dims);
+          const out = ctx.output(0, [R, 1, H * D]);
           const pk = ctx.output(1, ck.dims);
           const pv = ctx.output(2, cv.dims);
           const pks = fp8 ? ctx.output(3, [R, KV, M]) : 0n;
@@ -442,14 +498,14 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
             if (pv !== cv.data) kernels.copy(cv.data, pv, cacheBytes);
             if (fp8 && pks !== kS.data) kernels.copy(kS.data, pks, R * KV * M * 4);
             if (fp8 && pvs !== vS.data) kernels.copy(vS.data, pvs, R * KV * M * 4);
-            kernels.step(shape, { q: q.data, k: k.data, v: v.data, cacheK: pk, cacheV: pv, kScale: pks, vScale: pvs, seqlens: seqlens.data, cos: cos.data, sin: sin.data, qNorm: qn?.data, kNorm: kn?.data, epsilon: eps, out, qRot, oPart, lsePart });
+            const qkvArgs = packed ? packedQkvArgs(qkv[0].data, shape) : { q: qkv[0].data, k: qkv[1].data, v: qkv[2].data };
+            kernels.step(shape, { ...qkvArgs, cacheK: pk, cacheV: pv, kScale: pks, vScale: pvs, seqlens: seqlens.data, cos: cos.data, sin: sin.data, qNorm: qn?.data, kNorm: kn?.data, epsilon: eps, out, qRot, oPart, lsePart });
             return;
           }
           const host = (t: typeof ck) => (fp8 ? readBytes(t.data, count(t.dims)) : readF32(t.data, count(t.dims)));
+          const qkvHost = packed ? unpackQkv(readF32(qkv[0].data, count(qkv[0].dims)), shape) : { q: readF32(qkv[0].data, count(qkv[0].dims)), k: readF32(qkv[1].data, count(qkv[1].dims)), v: readF32(qkv[2].data, count(qkv[2].dims)) };
           const x: DecodeReferenceInputs = {
-            q: readF32(q.data, count(q.dims)),
-            k: readF32(k.data, count(k.dims)),
-            v: readF32(v.data, count(v.dims)),
+            ...qkvHost,
             cacheK: host(ck),
             cacheV: host(cv),
             kScale: kS && readF32(kS.data, R * KV * M),
@@ -474,7 +530,7 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
           api.copyIn(lsePart, new Float32Array(R * H * C));
         },
       });
-      ops.set(`${dt}/${norm}`, op);
+      ops.set(`${dt}/${norm}/${packed}`, op);
     }
     quantizeOps.set(
       dt,
@@ -504,9 +560,9 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
       }),
     );
   }
-  const attend = (x: DecodeAttendInputs, heads: { numHeads: number; kvNumHeads: number }): DecodeAttendOutputs => {
-    const dt = x.query.dtype;
-    const op = ops.get(`${dt}/${!!x.qkNorm}`);
+  // The op of x's dtype and norm, after checking the shape and cache the node will get.
+  const opFor = (x: DecodeAttendCommon, dt: DType, heads: { numHeads: number; kvNumHeads: number }, packed: boolean): OpDef<object> => {
+    const op = ops.get(`${dt}/${!!x.qkNorm}/${packed}`);
     if (!op) throw new Error(`decodeAttentionOps (${provider}): no kernel for dtype ${dt} (takes ${dtypes.join(', ')})`);
     const D = x.cacheKey.shape[3];
     if (typeof D === 'number') {
@@ -515,9 +571,19 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
     }
     if (fp8 && (!x.keyScale || !x.valueScale)) throw new Error('decodeAttentionOps: an fp8 cache needs keyScale and valueScale');
     if (x.cacheKey.dtype !== (fp8 ? 'uint8' : dt)) throw new Error(`decodeAttentionOps: the cache is ${x.cacheKey.dtype}, expected ${fp8 ? 'uint8 (e4m3)' : dt}`);
-    const ins = [x.query, x.key, x.value, x.seqlens, x.rotary.cos, x.rotary.sin, x.cacheKey, x.cacheValue, ...(fp8 ? [x.keyScale!, x.valueScale!] : []), ...(x.qkNorm ? [x.qkNorm.q, x.qkNorm.k] : [])];
+    return op;
+  };
+  const apply = (op: OpDef<object>, qkv: Tensor[], x: DecodeAttendCommon): DecodeAttendOutputs => {
+    const ins = [...qkv, x.seqlens, x.rotary.cos, x.rotary.sin, x.cacheKey, x.cacheValue, ...(fp8 ? [x.keyScale!, x.valueScale!] : []), ...(x.qkNorm ? [x.qkNorm.q, x.qkNorm.k] : [])];
     const outs = L.applyOp(op, ins, {});
     return { output: outs[0], presentKey: outs[1], presentValue: outs[2], ...(fp8 ? { presentKeyScale: outs[3], presentValueScale: outs[4] } : {}) };
+  };
+  const attend = (x: DecodeAttendInputs, heads: { numHeads: number; kvNumHeads: number }): DecodeAttendOutputs => apply(opFor(x, x.query.dtype, heads, false), [x.query, x.key, x.value], x);
+  const attendPacked = (x: DecodePackedAttendInputs, heads: { numHeads: number; kvNumHeads: number }): DecodeAttendOutputs => {
+    const { numHeads: H, kvNumHeads: KV } = heads;
+    const [W, D] = [x.qkv.shape[2], x.cacheKey.shape[3]];
+    if (x.qkv.rank !== 3 || (typeof W === 'number' && typeof D === 'number' && W !== (H + 2 * KV) * D)) throw new Error(`decodeAttentionOps.attendPacked: qkv ${x.qkv} is not [R, 1, (${H} + 2·${KV})·${D}] (q, k, v of ${H} query and ${KV} KV heads)`);
+    return apply(opFor(x, x.qkv.dtype, heads, true), [x.qkv], x);
   };
   const quantize = (x: Tensor) => {
     const op = quantizeOps.get(x.dtype);
@@ -525,5 +591,5 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
     const [data, scale] = L.applyOp(op, [x], {});
     return { data, scale };
   };
-  return { domain, cache, qkNormEpsilon: eps, stats, cacheDtype: (dt) => (fp8 ? 'uint8' : dt), attend, quantize, check: () => domain.check(), dispose: () => domain.dispose() };
+  return { domain, cache, qkNormEpsilon: eps, stats, cacheDtype: (dt) => (fp8 ? 'uint8' : dt), attend, attendPacked, quantize, check: () => domain.check(), dispose: () => domain.dispose() };
 }

@@ -9,6 +9,12 @@
  *
  * Kernels (names `swiglu_<fwd|bwd>_<bf16|fp16|fp32>`): threads [0, nvec) take a vector each, threads
  * [nvec, nvec + tail) one element each of the last n mod V; under 2³¹ threads; 16-byte aligned buffers.
+ *
+ * `swiglu_packed_<t>` (inference): the forward on one packed gu [rows, 2·I] — a MatMul over the
+ * concatenated gate/up weight, gate in columns [0, I) and up in [I, 2·I) of each row — into y
+ * [rows, I], read in place (no Split). A thread takes one 16-byte vector of gate and of up when I is
+ * a multiple of V (every row's halves then start 16-byte aligned), else one element (the scalar
+ * path); y is the forward's, value for value.
  */
 import { floatConversions, streamLoad } from './cuda-snippets';
 
@@ -22,8 +28,8 @@ export const SWIGLU_TYPES = {
   float32: { c: 'float', suffix: 'fp32', vec: 4 },
 } as const;
 
-/** The kernel name for a pass and dtype, e.g. `swiglu_fwd_bf16`. */
-export function swigluKernelName(pass: 'fwd' | 'bwd', dtype: keyof typeof SWIGLU_TYPES): string {
+/** The kernel name for a pass and dtype, e.g. `swiglu_fwd_bf16`, `swiglu_packed_bf16`. */
+export function swigluKernelName(pass: 'fwd' | 'bwd' | 'packed', dtype: keyof typeof SWIGLU_TYPES): string {
   return `swiglu_${pass}_${SWIGLU_TYPES[dtype].suffix}`;
 }
 
@@ -31,7 +37,8 @@ const instantiate = Object.values(SWIGLU_TYPES)
   .map(
     ({ c, suffix }) => String.raw`
 extern "C" __global__ void __launch_bounds__(SWIGLU_THREADS) swiglu_fwd_${suffix}(const ${c}* g, const ${c}* u, ${c}* y, int nvec, int tail) { swiglu_fwd<${c}>(g, u, y, nvec, tail); }
-extern "C" __global__ void __launch_bounds__(SWIGLU_THREADS) swiglu_bwd_${suffix}(const ${c}* dy, const ${c}* g, const ${c}* u, ${c}* dg, ${c}* du, int nvec, int tail) { swiglu_bwd<${c}>(dy, g, u, dg, du, nvec, tail); }`,
+extern "C" __global__ void __launch_bounds__(SWIGLU_THREADS) swiglu_bwd_${suffix}(const ${c}* dy, const ${c}* g, const ${c}* u, ${c}* dg, ${c}* du, int nvec, int tail) { swiglu_bwd<${c}>(dy, g, u, dg, du, nvec, tail); }
+extern "C" __global__ void __launch_bounds__(SWIGLU_THREADS) swiglu_packed_${suffix}(const ${c}* gu, ${c}* y, int rows, int I, int vec) { swiglu_packed<${c}>(gu, y, rows, I, vec); }`,
   )
   .join('\n');
 
@@ -109,6 +116,31 @@ __device__ __forceinline__ void swiglu_bwd(const T* __restrict__ dy, const T* __
     swiglu_grad(swiglu_to_f(dy[o]), swiglu_to_f(g[o]), swiglu_to_f(u[o]), x, z);
     dg[o] = swiglu_from_f<T>(x);
     du[o] = swiglu_from_f<T>(z);
+  }
+}
+
+// gu [rows, 2·I] → y [rows, I]; vec: a 16-byte vector a thread (I a multiple of V), else one element.
+template <typename T>
+__device__ __forceinline__ void swiglu_packed(const T* __restrict__ gu, T* __restrict__ y, int rows, int I, int vec) {
+  constexpr int V = 16 / sizeof(T);
+  const int per_row = vec ? I / V : I;
+  const unsigned t = blockIdx.x * SWIGLU_THREADS + threadIdx.x;
+  if (t >= (unsigned)rows * (unsigned)per_row) return;
+  const unsigned row = t / (unsigned)per_row, c = t % (unsigned)per_row;
+  const T* g = gu + (i64)row * 2 * I;
+  T* out = y + (i64)row * I;
+  if (vec) {
+    const i64 o = (i64)c * V;
+    const uint4 a = swiglu_ld(g + o), b = swiglu_ld(g + I + o);
+    const T* av = reinterpret_cast<const T*>(&a);
+    const T* bv = reinterpret_cast<const T*>(&b);
+    uint4 r;
+    T* rv = reinterpret_cast<T*>(&r);
+#pragma unroll
+    for (int k = 0; k < V; k++) rv[k] = swiglu_from_f<T>(swiglu_y(swiglu_to_f(av[k]), swiglu_to_f(bv[k])));
+    *reinterpret_cast<uint4*>(out + o) = r;
+  } else {
+    out[c] = swiglu_from_f<T>(swiglu_y(swiglu_to_f(g[c]), swiglu_to_f(g[I + c])));
   }
 }
 ${instantiate}

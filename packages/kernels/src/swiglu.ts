@@ -2,8 +2,9 @@
  * The SwiGLU activation of a decoder MLP on Lathe's kernel layer: `SwigluKernels` compiles the
  * kernels of swiglu-source.ts and launches them on the kernels' stream; `swigluOps` puts them in a
  * graph as a custom op y = silu(g)·u whose gradient rule is the backward kernel (dy, g, u → dg, du),
- * in place of ONNX Runtime's QuickGelu, Mul and their composed gradients. On the CPU the ops compute
- * {@link swigluReference} on the host (float32; for tests of the wiring).
+ * in place of ONNX Runtime's QuickGelu, Mul and their composed gradients; and, for inference, a packed
+ * op reading gate and up from one concatenated gate/up projection (no Split before it). On the CPU the
+ * ops compute {@link swigluReference} on the host (float32; for tests of the wiring).
  */
 import * as L from '@lathe/onnx';
 import { type DType, type OpDef, type Tensor } from '@lathe/onnx';
@@ -30,9 +31,33 @@ export function swigluUnsupported(shape: SwigluShape): string | undefined {
   return undefined;
 }
 
+/** The shape of a packed call: gu [rows, 2·intermediate] (gate then up in each row) → y [rows, intermediate]. */
+export interface SwigluPackedShape {
+  rows: number;
+  intermediate: number;
+  dtype: DType;
+}
+
+/** Why the packed kernel cannot run `shape`, or undefined (I not a multiple of the 16-byte vector takes the scalar path, not a refusal). */
+export function swigluPackedUnsupported(shape: SwigluPackedShape): string | undefined {
+  if (!(shape.dtype in SWIGLU_TYPES)) return `dtype ${shape.dtype} (the kernels take ${Object.keys(SWIGLU_TYPES).join(', ')})`;
+  const { rows, intermediate: I } = shape;
+  if (!Number.isSafeInteger(rows) || rows < 0 || !Number.isSafeInteger(I) || I < 0) return `${rows} rows of ${I}`;
+  if (2 * I > 2 ** 31 - 1) return `intermediate size ${I} (2·I over int32)`;
+  if (rows * packedPerRow(shape) > 2 ** 31 - 1) return `${rows} rows of ${I} (over the kernel's 2³¹ − 1 threads)`;
+  return undefined;
+}
+
+/** Threads a row of the packed kernel: one a 16-byte vector when I is a multiple of its width, else one an element. */
+function packedPerRow(shape: SwigluPackedShape): number {
+  const vec = SWIGLU_TYPES[shape.dtype as keyof typeof SWIGLU_TYPES].vec;
+  return shape.intermediate % vec === 0 ? shape.intermediate / vec : shape.intermediate;
+}
+
 type Ptr = ArgValue<'ptr'>;
 type FwdSig = readonly ['ptr', 'ptr', 'ptr', 'i32', 'i32'];
 type BwdSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32'];
+type PackedSig = readonly ['ptr', 'ptr', 'i32', 'i32', 'i32'];
 
 /** Addresses of a forward call: every buffer n elements, 16-byte aligned; y must not alias an input. */
 export interface SwigluForwardArgs {
@@ -50,12 +75,19 @@ export interface SwigluBackwardArgs {
   dUp: Ptr;
 }
 
+/** Addresses of a packed call: gu [rows, 2·I] and y [rows, I], 16-byte aligned; y must not alias gu. */
+export interface SwigluPackedArgs {
+  gu: Ptr;
+  y: Ptr;
+}
+
 /** The compiled SwiGLU kernels of one device. */
 export class SwigluKernels {
   private constructor(
     readonly kernels: Kernels,
     private readonly fwd: Map<string, Kernel<FwdSig>>,
     private readonly bwd: Map<string, Kernel<BwdSig>>,
+    private readonly packedFwd: Map<string, Kernel<PackedSig>>,
   ) {}
 
   /** Compiles (or loads from the cache) every variant, with the CUDA headers of `includeDir` (default: `cudaIncludeDir()`). */
@@ -64,17 +96,28 @@ export class SwigluKernels {
     const mod = kernels.compile(swigluSource, { name: 'lathe_swiglu', options: [`-I${include}`, '--std=c++17'] });
     const fwd = new Map<string, Kernel<FwdSig>>();
     const bwd = new Map<string, Kernel<BwdSig>>();
+    const packed = new Map<string, Kernel<PackedSig>>();
     for (const dtype of Object.keys(SWIGLU_TYPES) as (keyof typeof SWIGLU_TYPES)[]) {
       fwd.set(dtype, mod.kernel(swigluKernelName('fwd', dtype), ['ptr', 'ptr', 'ptr', 'i32', 'i32'] as const));
       bwd.set(dtype, mod.kernel(swigluKernelName('bwd', dtype), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32'] as const));
+      packed.set(dtype, mod.kernel(swigluKernelName('packed', dtype), ['ptr', 'ptr', 'i32', 'i32', 'i32'] as const));
     }
-    return new SwigluKernels(kernels, fwd, bwd);
+    return new SwigluKernels(kernels, fwd, bwd, packed);
   }
 
   /** Queues y = silu(gate)·up on `stream` (default: the kernels' stream). */
   forward(shape: SwigluShape, a: SwigluForwardArgs, stream?: Handle): void {
     const p = launchPlan(shape);
     if (p) this.fwd.get(shape.dtype)!.launch({ grid: p.grid, block: SWIGLU_THREADS, stream }, a.gate, a.up, a.y, p.nvec, p.tail);
+  }
+
+  /** Queues y = silu(gate)·up over one packed gu (gate columns [0, I), up [I, 2·I) of each row) on `stream` (default: the kernels' stream). */
+  forwardPacked(shape: SwigluPackedShape, a: SwigluPackedArgs, stream?: Handle): void {
+    const why = swigluPackedUnsupported(shape);
+    if (why) throw new Error(`swiglu packed kernel does not support ${why}`);
+    const threads = shape.rows * packedPerRow(shape);
+    const vec = SWIGLU_TYPES[shape.dtype as keyof typeof SWIGLU_TYPES].vec;
+    if (threads > 0) this.packedFwd.get(shape.dtype)!.launch({ grid: Math.ceil(threads / SWIGLU_THREADS), block: SWIGLU_THREADS, stream }, a.gu, a.y, shape.rows, shape.intermediate, shape.intermediate % vec === 0 ? 1 : 0);
   }
 
   /** Queues dGate = dy·up·σ(gate)·(1 + gate·(1 − σ(gate))) and dUp = dy·silu(gate) on `stream` (default: the kernels' stream). */
@@ -115,12 +158,35 @@ export function swigluReference(gate: ArrayLike<number>, up: ArrayLike<number>, 
   return { dGate, dUp };
 }
 
+/** {@link swigluReference}'s forward on a packed gu [rows, 2·I] (gate then up in each row): y [rows, I]. */
+export function swigluPackedReference(gu: ArrayLike<number>, intermediate: number): Float32Array {
+  const I = intermediate;
+  const rows = I > 0 ? gu.length / (2 * I) : 0;
+  if (!Number.isInteger(rows)) throw new Error(`swigluPackedReference: ${gu.length} values are not rows of 2·${I}`);
+  const y = new Float32Array(rows * I);
+  for (let r = 0; r < rows; r++) for (let i = 0; i < I; i++) y[r * I + i] = (gu[r * 2 * I + i] / (1 + Math.exp(-gu[r * 2 * I + i]))) * gu[r * 2 * I + I + i];
+  return y;
+}
+
+/** {@link SwigluOps.apply}: silu(gate)·up, carrying the packed form (a `SwigluKernel` of @lathe/models with `packed`). */
+export interface SwigluApply {
+  (gate: Tensor, up: Tensor): Tensor;
+  /** silu(gate)·up of a packed gu [.., 2·I] (gate the first I columns, up the last) → [.., I]; inference only. */
+  packed(gu: Tensor): Tensor;
+}
+
 /** The graph side of the kernels: build nodes, and the domain to pass to the session. */
 export interface SwigluOps {
   /** The custom-op domain: pass `domain.handle` in the session's `customOpDomains`. */
   domain: CustomOpDomain;
-  /** silu(gate)·up for two tensors of one shape and dtype; differentiable in both (the backward kernel). */
-  apply(gate: Tensor, up: Tensor): Tensor;
+  /** silu(gate)·up for two tensors of one shape and dtype; differentiable in both (the backward kernel). Its `packed` is {@link SwigluOps.packed}. */
+  apply: SwigluApply;
+  /**
+   * silu(gate)·up of one packed gu [.., 2·I] (the output of gate/up as one MatMul over their
+   * concatenated weights: gate the first I columns, up the last I) → y [.., I], read in place (op
+   * `SwiGLUPacked`). Inference only: its gradient rule throws.
+   */
+  packed(gu: Tensor): Tensor;
   /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */
   check(): void;
   dispose(): void;
@@ -132,8 +198,9 @@ let domainCount = 0;
  * SwiGLU as custom ops of a new domain, for graphs run on `provider`: on CUDA their computes launch
  * `kernels` (bf16, fp16 or fp32), on the CPU they compute {@link swigluReference} on the host
  * (float32). Each dtype gets a forward op `SwiGLU` (g, u → y) and a backward op `SwiGLUGrad`
- * (dy, g, u → dg, du), the forward's gradient rule. Build every graph before the session that runs
- * it is created: ops are added as nodes need them.
+ * (dy, g, u → dg, du), the forward's gradient rule, and an inference-only op `SwiGLUPacked`
+ * (gu → y, see {@link SwigluOps.packed}). Build every graph before the session that runs it is
+ * created: ops are added as nodes need them.
  */
 export function swigluOps(provider: DeviceKind, kernels?: SwigluKernels): SwigluOps {
   if (provider === 'cuda' && !kernels) throw new Error('swigluOps: CUDA needs the compiled SwigluKernels (SwigluKernels.compile on the kernels of the device)');
@@ -194,14 +261,57 @@ export function swigluOps(provider: DeviceKind, kernels?: SwigluKernels): Swiglu
     return f;
   };
 
+  const packedOps = new Map<DType, OpDef<object>>();
+  const packedFor = (dt: DType): OpDef<object> => {
+    const known = packedOps.get(dt);
+    if (known) return known;
+    const name = `SwiGLUPacked_${dt}`;
+    const op = domain.add({
+      name,
+      inputs: [dt],
+      outputs: [dt],
+      provider,
+      infer: ([gu]) => [{ dtype: dt, shape: [...gu.shape.slice(0, -1), (gu.shape[gu.shape.length - 1] as number) / 2] }],
+      compute: (ctx) => {
+        const [gu] = ctx.inputs;
+        const I = gu.dims[gu.dims.length - 1] / 2;
+        const dims = [...gu.dims.slice(0, -1), I];
+        const y = ctx.output(0, dims);
+        const n = sizeOf(dims);
+        if (kernels) return kernels.forwardPacked({ rows: I > 0 ? n / I : 0, intermediate: I, dtype: dt }, { gu: gu.data, y });
+        if (n > 0) api.copyIn(y, swigluPackedReference(readF32(gu.data, 2 * n), I));
+      },
+    });
+    const f: OpDef<object> = {
+      ...op,
+      grad: () => {
+        throw new Error(`${name} is inference only (no gradient): train with swigluOps.apply on separate gate and up`);
+      },
+    };
+    packedOps.set(dt, f);
+    return f;
+  };
+  const packed = (gu: Tensor): Tensor => {
+    if (!dtypes.includes(gu.dtype)) throw new Error(`swigluOps (${provider}): no kernel for dtype ${gu.dtype} (takes ${dtypes.join(', ')})`);
+    const W = gu.shape[gu.rank - 1];
+    if (gu.rank < 1 || typeof W !== 'number' || W % 2 !== 0) throw new Error(`swigluOps.packed: gu ${gu} needs a static, even last dim (2·intermediate: gate then up)`);
+    if (provider === 'cuda') {
+      const why = swigluPackedUnsupported({ rows: 0, intermediate: W / 2, dtype: gu.dtype });
+      if (why) throw new Error(`swigluOps.packed: unsupported ${why}`);
+    }
+    return L.applyOp(packedFor(gu.dtype), [gu], {})[0];
+  };
+
+  const apply = (gate: Tensor, up: Tensor): Tensor => {
+    if (!dtypes.includes(gate.dtype)) throw new Error(`swigluOps (${provider}): no kernel for dtype ${gate.dtype} (takes ${dtypes.join(', ')})`);
+    if (up.dtype !== gate.dtype) throw new Error(`swigluOps.apply: gate is ${gate.dtype} and up ${up.dtype}; they must match`);
+    if (gate.rank !== up.rank || gate.shape.some((d, i) => typeof d === 'number' && typeof up.shape[i] === 'number' && d !== up.shape[i])) throw new Error(`swigluOps.apply: gate ${gate} and up ${up} must have one shape`);
+    return L.applyOp(opsFor(gate.dtype), [gate, up], {})[0];
+  };
   return {
     domain,
-    apply: (gate, up) => {
-      if (!dtypes.includes(gate.dtype)) throw new Error(`swigluOps (${provider}): no kernel for dtype ${gate.dtype} (takes ${dtypes.join(', ')})`);
-      if (up.dtype !== gate.dtype) throw new Error(`swigluOps.apply: gate is ${gate.dtype} and up ${up.dtype}; they must match`);
-      if (gate.rank !== up.rank || gate.shape.some((d, i) => typeof d === 'number' && typeof up.shape[i] === 'number' && d !== up.shape[i])) throw new Error(`swigluOps.apply: gate ${gate} and up ${up} must have one shape`);
-      return L.applyOp(opsFor(gate.dtype), [gate, up], {})[0];
-    },
+    apply: Object.assign(apply, { packed }),
+    packed,
     check: () => domain.check(),
     dispose: () => domain.dispose(),
   };

@@ -6,7 +6,8 @@
  * chunks (128 positions native, 256 e4m3) with rows ending mid-chunk, past and on a chunk boundary,
  * at length 1 and at the cache length, and the log-sum-exp merge; for e4m3 caches the prefill's
  * quantize kernel against the same per-vector rule. Every head size and group for both cache kinds,
- * launched with the TypeScript plan's chunk, elements a thread and shared bytes. Needs g++ (C++20);
+ * launched with the TypeScript plan's chunk, elements a thread and shared bytes; the append on q/k/v
+ * packed in one projection (row strides) equal to the plain one bit for bit. Needs g++ (C++20);
  * the device check (tools/bench/kernels/decode-check.ts) tests the real build.
  */
 import { execFileSync } from 'node:child_process';
@@ -29,7 +30,7 @@ interface Err {
   max_err: number;
   max_ref: number;
 }
-type Result = Record<'out' | 'q' | 'k_new' | 'v_new', Err> & { untouched: boolean; quantize_equal: boolean; chunks: number };
+type Result = Record<'out' | 'q' | 'k_new' | 'v_new', Err> & { untouched: boolean; quantize_equal: boolean; packed_equal: boolean; chunks: number };
 type Cache = 'native' | 'fp8';
 const kindOf = (cache: Cache): DecodeCacheKind => (cache === 'fp8' ? 'float8e4m3' : 'native');
 
@@ -54,6 +55,8 @@ function expectClose(r: Result, dtype: 'bf16' | 'fp16', cache: Cache): void {
   expect(r.untouched).toBe(true);
   // the prefill's quantize kernel writes the bytes and scales of the append's rule (true for native caches: nothing to check)
   expect(r.quantize_equal).toBe(true);
+  // the append on q/k/v packed in one [R, (H + 2·KV)·D] buffer (DecodeAttentionPacked) writes the same cache, scales and queries, bit for bit
+  expect(r.packed_equal).toBe(true);
 }
 
 describe.each(['native', 'fp8'] as const)('bf16, %s cache, QK-norm, cache length 300', (cache) => {

@@ -3,7 +3,8 @@
  * against y = silu(g)·u and its gradients computed in double from the same rounded inputs: bf16,
  * fp16 and fp32 (8 and 4 values a 16-byte vector), sizes with a ragged tail (n not a multiple of the
  * vector) and several blocks with a partial last one, σ saturated both ways, and nothing written
- * past any output. Needs g++ (C++20).
+ * past any output; the packed forward (one gu [rows, 2·I]) equal to the forward bit for bit, by
+ * vectors where I allows and by elements where it does not. Needs g++ (C++20).
  */
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
@@ -59,5 +60,31 @@ test.each([
     expect(out.max_ref).toBeGreaterThan(0.1);
     expect(out.max_rel).toBeLessThanOrEqual(tolerance[dtype]);
   }
+  expect(r.guard_ok).toBe(true);
+}, 60_000);
+
+interface PackedResult {
+  vec: boolean;
+  threads: number;
+  equal: boolean;
+  max_ref: number;
+  guard_ok: boolean;
+}
+
+// The packed forward (gu [rows, 2·I], gate then up) against the forward on the same values held apart.
+test.each([
+  ['bf16', 5, 64, true],
+  ['bf16', 3, 8 * 37, true],
+  ['bf16', 4, 8 * 9 + 3, false],
+  ['fp16', 7, 40, true],
+  ['fp16', 2, 13, false],
+  ['fp32', 6, 4 * 33, true],
+  ['fp32', 3, 4 * 25 + 2, false],
+] as const)('packed %s, %i rows of I = %i: y equals the forward’s bit for bit (16-byte vectors: %s), nothing past y', (dtype, rows, I, vec) => {
+  const r = JSON.parse(execFileSync(harness, ['packed', dtype, String(rows), String(I)], { encoding: 'utf8' })) as PackedResult;
+  expect(r.vec).toBe(vec);
+  expect(r.threads).toBe(rows * (vec ? I / (dtype === 'fp32' ? 4 : 8) : I));
+  expect(r.max_ref).toBeGreaterThan(0.1);
+  expect(r.equal).toBe(true);
   expect(r.guard_ok).toBe(true);
 }, 60_000);

@@ -1,6 +1,7 @@
 // Runs Lathe's decode-attention kernels (da.cu, the TypeScript source's templates written out by the test)
 // on the CPU through emu.h — append (QK-norm, RoPE, cache write or e4m3 quantization), the split-KV pass
-// and the log-sum-exp merge — against the same step computed in double, and prints one JSON line.
+// and the log-sum-exp merge — against the same step computed in double, and the append again on q/k/v
+// packed in one buffer (row strides (H + 2·KV)·D) against the first, byte for byte; prints one JSON line.
 // usage: decode-harness R KV G D bf16|fp16 native|fp8 M qknorm(0|1) chunk elems smem len0 len1 ...
 // (chunk, elems a thread and shared bytes of the split as the TypeScript plans them: the harness checks
 // chunk and elems against the templates it instantiates and launches with smem, so a short plan trips
@@ -113,14 +114,34 @@ static void run(int R, int KV, int M, bool qknorm, const Split& split, const std
     }
   }
   const std::vector<C> ck0 = ck, cv0 = cv;
+  const std::vector<float> ks0 = ks, vs0 = vs;
   std::vector<int> seqlens(R);
   for (int r = 0; r < R; ++r) seqlens[r] = lens[r] - 1;
   std::vector<float> qrot(size_t(R) * H * D, -7.0f), opart(size_t(R) * H * NC * D, -7.0f), lsepart(size_t(R) * H * NC, -7.0f);
   std::vector<T> out(size_t(R) * H * D, emu_from_float<T>(-7.0f));
 
   emu::launch({unsigned(R), unsigned(KV), 1}, D, 4 * (D + 32), [&] {
-    da_append<T, C, D>(q.data(), k.data(), v.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), cosT.data(), sinT.data(), qknorm ? qn.data() : nullptr, qknorm ? kn.data() : nullptr, eps, qrot.data(), M, H, KV);
+    da_append<T, C, D>(q.data(), k.data(), v.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), cosT.data(), sinT.data(), qknorm ? qn.data() : nullptr, qknorm ? kn.data() : nullptr, eps, qrot.data(), M, H, KV, H * D, KV * D);
   });
+  // The same append reading q, k and v as column ranges of one packed [R, (H + 2·KV)·D] projection
+  // through its row strides: the same cache bytes, scales and rotated queries, bit for bit.
+  bool packed_equal = true;
+  {
+    const int W = (H + 2 * KV) * D;
+    std::vector<T> qkv(size_t(R) * W);
+    for (int r = 0; r < R; ++r) {
+      std::copy_n(&q[size_t(r) * H * D], H * D, &qkv[size_t(r) * W]);
+      std::copy_n(&k[size_t(r) * KV * D], KV * D, &qkv[size_t(r) * W + H * D]);
+      std::copy_n(&v[size_t(r) * KV * D], KV * D, &qkv[size_t(r) * W + (H + KV) * D]);
+    }
+    std::vector<C> pk = ck0, pv = cv0;
+    std::vector<float> pks = ks0, pvs = vs0, pq(qrot.size(), -7.0f);
+    emu::launch({unsigned(R), unsigned(KV), 1}, D, 4 * (D + 32), [&] {
+      da_append<T, C, D>(qkv.data(), qkv.data() + H * D, qkv.data() + (H + KV) * D, pk.data(), pv.data(), pks.data(), pvs.data(), seqlens.data(), cosT.data(), sinT.data(), qknorm ? qn.data() : nullptr, qknorm ? kn.data() : nullptr, eps, pq.data(), M, H, KV, W, W);
+    });
+    auto same = [](const auto& a, const auto& b) { return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0; };
+    packed_equal = same(pk, ck) && same(pv, cv) && same(pks, ks) && same(pvs, vs) && same(pq, qrot);
+  }
   emu::launch({unsigned(NC), unsigned(KV), unsigned(R)}, DA_THREADS, split.smem, [&] {
     da_split<C, D, G, CHUNK, E>(qrot.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), opart.data(), lsepart.data(), M, KV, NC, scale);
   });
@@ -183,7 +204,7 @@ static void run(int R, int KV, int M, bool qknorm, const Split& split, const std
       }
     }
   }
-  std::printf("{%s,%s,%s,%s,\"untouched\":%s,\"quantize_equal\":%s,\"chunks\":%d}\n", js("out", eo).c_str(), js("q", eq).c_str(), js("k_new", ek).c_str(), js("v_new", ev).c_str(), untouched ? "true" : "false", quantize_equal ? "true" : "false", NC);
+  std::printf("{%s,%s,%s,%s,\"untouched\":%s,\"quantize_equal\":%s,\"packed_equal\":%s,\"chunks\":%d}\n", js("out", eo).c_str(), js("q", eq).c_str(), js("k_new", ek).c_str(), js("v_new", ev).c_str(), untouched ? "true" : "false", quantize_equal ? "true" : "false", packed_equal ? "true" : "false", NC);
 }
 
 // bf16 has a build for every head size and group; fp16 for 128/2 and 64/4 (the types share the split's code).

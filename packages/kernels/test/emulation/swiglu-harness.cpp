@@ -2,6 +2,8 @@
 // through emu.h against y = silu(g)·u and its gradients computed in double from the same rounded
 // inputs, and prints one JSON line.
 // usage: swiglu-harness bf16|fp16|fp32 n
+//        swiglu-harness packed bf16|fp16|fp32 rows I
+// (packed: swiglu_packed on gu [rows, 2·I] against swiglu_fwd on the same gate and up held apart, byte for byte)
 // (inputs ~ N(0, 3) with ±30 and ±100 mixed in, so σ saturates both ways; guards past every output must stay untouched)
 #include "emu.h"
 #include <cstdio>
@@ -81,8 +83,45 @@ static void run(long n) {
   std::printf("\"guard_ok\":%s}\n", guard_ok ? "true" : "false");
 }
 
+// The packed forward (vectors when I is a multiple of V, else elements) against the forward on the same
+// values: y identical, nothing written past y.
+template <typename T>
+static void run_packed(int rows, int I) {
+  const int V = 16 / int(sizeof(T)), guard = 64;
+  const long n = long(rows) * I;
+  const bool vec = I % V == 0;
+  const T poison = emu_from_float<T>(12345.f);
+  std::vector<T> g(n), u(n), gu(2 * n), y(n + guard, poison), yp(n + guard, poison);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  for (long i = 0; i < n; ++i) {
+    g[i] = emu_from_float<T>(i % 89 == 3 ? (i % 2 ? 40.f : -40.f) : nd(rng));
+    u[i] = emu_from_float<T>(nd(rng));
+    gu[(i / I) * 2 * I + i % I] = g[i];
+    gu[(i / I) * 2 * I + I + i % I] = u[i];
+  }
+  const int nvec = int(n / V), tail = int(n % V);
+  emu::launch({unsigned((nvec + tail + SWIGLU_THREADS - 1) / SWIGLU_THREADS), 1, 1}, SWIGLU_THREADS, 0, [&] { swiglu_fwd<T>(g.data(), u.data(), y.data(), nvec, tail); });
+  const long threads = long(rows) * (vec ? I / V : I);
+  emu::launch({unsigned((threads + SWIGLU_THREADS - 1) / SWIGLU_THREADS), 1, 1}, SWIGLU_THREADS, 0, [&] { swiglu_packed<T>(gu.data(), yp.data(), rows, I, vec ? 1 : 0); });
+  double max_ref = 0;
+  for (long i = 0; i < n; ++i) max_ref = std::max(max_ref, double(std::abs(emu_to_float(y[i]))));
+  const bool equal = std::memcmp(y.data(), yp.data(), n * sizeof(T)) == 0;
+  bool guard_ok = true;
+  for (int i = 0; i < guard; ++i) guard_ok = guard_ok && emu_to_float(yp[n + i]) == emu_to_float(poison);
+  std::printf("{\"vec\":%s,\"threads\":%ld,\"equal\":%s,\"max_ref\":%.6g,\"guard_ok\":%s}\n", vec ? "true" : "false", threads, equal ? "true" : "false", max_ref, guard_ok ? "true" : "false");
+}
+
 int main(int argc, char** argv) {
-  if (argc < 3) { std::fprintf(stderr, "usage: %s bf16|fp16|fp32 n\n", argv[0]); return 2; }
+  if (argc >= 5 && std::string(argv[1]) == "packed") {
+    const std::string dt = argv[2];
+    const int rows = std::atoi(argv[3]), I = std::atoi(argv[4]);
+    if (dt == "bf16") run_packed<__nv_bfloat16>(rows, I);
+    else if (dt == "fp16") run_packed<__half>(rows, I);
+    else run_packed<float>(rows, I);
+    return 0;
+  }
+  if (argc < 3) { std::fprintf(stderr, "usage: %s bf16|fp16|fp32 n | packed bf16|fp16|fp32 rows I\n", argv[0]); return 2; }
   const std::string dt = argv[1];
   const long n = std::atol(argv[2]);
   if (dt == "bf16") run<__nv_bfloat16>(n);
