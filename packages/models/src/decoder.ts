@@ -37,6 +37,13 @@ export interface Weights {
    * stream is float32); without one they keep Add + RMSNorm.
    */
   float32?: (hfName: string) => Tensor | undefined;
+  /**
+   * The output of a layer's projection group as one tensor, for kernels that read it in place:
+   * 'qkv' of the `self_attn` module `prefix` ([.., (H + 2·KV)·headDim]: q, k, v) or 'gate_up' of the
+   * `mlp` module `prefix` ([.., 2·intermediate]: gate, up), each member's bias added — or undefined
+   * where the weights do not hold the group concatenated (then read the members through {@link project}).
+   */
+  packed?: (group: 'qkv' | 'gate_up', prefix: string, x: Tensor) => Tensor | undefined;
 }
 
 /** Keys and values of one layer: [B, numKvHeads, S, headDim]. */
@@ -370,14 +377,22 @@ export function gqaAttention(
  * shape and dtype, returns silu(gate)·up, differentiable in both (`swigluOps(...).apply` of
  * @lathe/kernels; the session then needs its custom-op domain).
  */
-export type SwigluKernel = (gate: Tensor, up: Tensor) => Tensor;
+export interface SwigluKernel {
+  (gate: Tensor, up: Tensor): Tensor;
+  /** silu(gate)·up of one packed gu [.., 2·I] (gate, then up: `Weights.packed`'s 'gate_up') → [.., I]; inference only. */
+  packed?: (gu: Tensor) => Tensor;
+}
 
 /**
  * SwiGLU MLP: down(silu(gate(x)) · up(x)). `fused`: SiLU as ONNX Runtime's QuickGelu kernel (α = 1),
  * one pass where the composed x·σ(x) takes two, and two fewer in the backward pass; `kernel`: the
- * whole activation in one pass (and its gradient in one) instead.
+ * whole activation in one pass (and its gradient in one) instead; a kernel with `packed` reads the
+ * weights' packed gate/up (`Weights.packed`) where they have it.
  */
 export function mlp(cfg: DecoderConfig, w: Weights, prefix: string, x: Tensor, fused = false, kernel?: SwigluKernel): Tensor {
+  // A kernel that reads gate/up packed takes the weights' concatenated projection as it is (no Split).
+  const gu = kernel?.packed ? w.packed?.('gate_up', prefix, x) : undefined;
+  if (gu && kernel?.packed) return project(w, `${prefix}.down_proj`, kernel.packed(gu), cfg.mlpBias);
   const gate = project(w, `${prefix}.gate_proj`, x, cfg.mlpBias);
   const up = project(w, `${prefix}.up_proj`, x, cfg.mlpBias);
   const act = kernel ? kernel(gate, up) : L.mul(fused ? L.quickGelu(gate, 1) : L.silu(gate), up);

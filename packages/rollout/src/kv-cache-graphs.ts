@@ -181,32 +181,68 @@ export function replaySafeSplit(x: Tensor, widths: number[]): Tensor[] {
 /**
  * `w` whose `matmul` runs each {@link ConcatGroup} as one MatMul over its concatenated weight (plus
  * its concatenated bias) and one {@link replaySafeSplit}, read from inputs `concat.*` in `dtype`:
- * the members asked with the same input reuse the outputs. Other projections go to `w`'s own
- * `matmul`, if any.
+ * the members asked with the same input reuse the outputs. Its `packed` returns a group's MatMul
+ * output itself, for kernels that read the parts in place: the split is built only when a member is
+ * asked through `matmul`, so a graph whose consumers all take the packed output has no Split or
+ * Concat. Other projections go to `w`'s own `matmul`, if any.
  */
 export function withConcatProjections(g: Graph, cfg: DecoderConfig, w: Weights, dtype: DType): Weights {
   refuseOwnProjections(w);
-  const groups = concatGroups(cfg);
   const shapes = new Map(concatTensors(cfg).map((t) => [t.name, t.shape]));
   const read = (name: string) => g.input(name, dtype, shapes.get(name)!);
-  const member = new Map<string, { group: ConcatGroup; index: number; weight: Tensor; bias?: Tensor }>();
-  for (const gr of groups) {
-    const weight = read(concatName(gr, 'weight'));
-    const bias = gr.bias ? read(concatName(gr, 'bias')) : undefined;
-    gr.members.forEach((m, index) => member.set(`${m}.weight`, { group: gr, index, weight, ...(bias ? { bias } : {}) }));
+  const tensors = new Map<ConcatGroup, { weight: Tensor; bias?: Tensor }>();
+  const byName = new Map<string, ConcatGroup>();
+  const member = new Map<string, { group: ConcatGroup; index: number }>();
+  for (const gr of concatGroups(cfg)) {
+    tensors.set(gr, { weight: read(concatName(gr, 'weight')), ...(gr.bias ? { bias: read(concatName(gr, 'bias')) } : {}) });
+    byName.set(gr.name, gr);
+    gr.members.forEach((m, index) => member.set(`${m}.weight`, { group: gr, index }));
   }
-  const done = new Map<ConcatGroup, { x: Tensor; outs: Tensor[] }>();
+  // Each group's last MatMul (+ bias) and, once a member asked for it, its split.
+  type Projected = { x: Tensor; y: Tensor; outs?: Tensor[] };
+  const done = new Map<ConcatGroup, Projected>();
+  const projectGroup = (gr: ConcatGroup, x: Tensor): Projected => {
+    const hit = done.get(gr);
+    if (hit && hit.x === x) return hit;
+    const { weight, bias } = tensors.get(gr)!;
+    const y = L.matmul(x, weight);
+    const entry: Projected = { x, y: bias ? L.add(y, bias) : y };
+    done.set(gr, entry);
+    return entry;
+  };
   const matmul = (name: string, x: Tensor): Tensor | undefined => {
     const m = member.get(name);
     if (!m) return undefined;
-    const hit = done.get(m.group);
-    if (hit && hit.x === x) return hit.outs[m.index];
-    const y = L.matmul(x, m.weight);
-    const outs = replaySafeSplit(m.bias ? L.add(y, m.bias) : y, m.group.widths);
-    done.set(m.group, { x, outs });
-    return outs[m.index];
+    const entry = projectGroup(m.group, x);
+    entry.outs ??= replaySafeSplit(entry.y, m.group.widths);
+    return entry.outs[m.index];
   };
-  return Object.assign((name: string) => w(name), w, { matmul, biasInMatmul: (name: string) => member.get(name)?.bias !== undefined });
+  // A side branch (LoRA) adds a term to each member's output, which the packed output would miss.
+  const packed = (group: 'qkv' | 'gate_up', prefix: string, x: Tensor): Tensor | undefined => {
+    const gr = w.branch ? undefined : byName.get(`${prefix}.${group === 'qkv' ? 'qkv_proj' : 'gate_up_proj'}`);
+    return gr && projectGroup(gr, x).y;
+  };
+  return Object.assign((name: string) => w(name), w, { matmul, packed, biasInMatmul: (name: string) => member.get(name)?.group.bias === true });
+}
+
+/** A decode-attention node's inputs besides the projections: the layer's cache (and e4m3 scales), lengths, RoPE tables and Q/K norm. */
+export interface KvAttendInputs {
+  cacheKey: Tensor;
+  cacheValue: Tensor;
+  keyScale?: Tensor;
+  valueScale?: Tensor;
+  seqlens: Tensor;
+  rotary: { cos: Tensor; sin: Tensor };
+  qkNorm?: { q: Tensor; k: Tensor };
+}
+
+/** A decode-attention node's outputs: the attention and the layer's cache (and e4m3 scales) as presents. */
+export interface KvAttendOutputs {
+  output: Tensor;
+  presentKey: Tensor;
+  presentValue: Tensor;
+  presentKeyScale?: Tensor;
+  presentValueScale?: Tensor;
 }
 
 /**
@@ -225,21 +261,13 @@ export interface KvDecodeAttention {
   qkNormEpsilon: number;
   /** The custom-op domain its nodes belong to (added to both sessions). */
   domain: { handle: bigint };
-  attend(
-    x: {
-      query: Tensor;
-      key: Tensor;
-      value: Tensor;
-      cacheKey: Tensor;
-      cacheValue: Tensor;
-      keyScale?: Tensor;
-      valueScale?: Tensor;
-      seqlens: Tensor;
-      rotary: { cos: Tensor; sin: Tensor };
-      qkNorm?: { q: Tensor; k: Tensor };
-    },
-    heads: { numHeads: number; kvNumHeads: number },
-  ): { output: Tensor; presentKey: Tensor; presentValue: Tensor; presentKeyScale?: Tensor; presentValueScale?: Tensor };
+  attend(x: KvAttendInputs & { query: Tensor; key: Tensor; value: Tensor }, heads: { numHeads: number; kvNumHeads: number }): KvAttendOutputs;
+  /**
+   * {@link attend} on one packed qkv [R, 1, (H + 2·KV)·headDim] (q, k, v in that order: the layer's
+   * q/k/v as one MatMul under `concatProjections`), read in place; the decode step uses it where the
+   * weights have the packed projection.
+   */
+  attendPacked?(x: KvAttendInputs & { qkv: Tensor }, heads: { numHeads: number; kvNumHeads: number }): KvAttendOutputs;
   /** e4m3 bytes and scales of a cache in the compute dtype (the prefill's presents). */
   quantize(x: Tensor): { data: Tensor; scale: Tensor };
   /** Rethrows an error one of its nodes raised during the last run. */
@@ -410,8 +438,9 @@ export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, 
 /**
  * The decoder of a decode step (one token per row) with `da`'s attention: embeddings, then the
  * layers and final norm of `inferenceLayers` (fused norms and MLP, as the GroupQueryAttention graph has them). Each
- * layer's node reads the projections before QK-norm and RoPE, the layer's cache (and, for e4m3, its
- * scale inputs `cache.{i}.*_scale`), and returns the cache (and scales) as its presents.
+ * layer's node reads the projections before QK-norm and RoPE (the packed q/k/v through `attendPacked`
+ * where the weights have it), the layer's cache (and, for e4m3, its scale inputs `cache.{i}.*_scale`),
+ * and returns the cache (and scales) as its presents.
  */
 export function kvKernelDecoder(
   g: Graph,
@@ -433,21 +462,21 @@ export function kvKernelDecoder(
   const attend: LayerAttention = (h, prefix, past) => {
     const i = layer++;
     const scale = fp8 ? { key: g.input(cacheScaleName(i, 'key', 'input'), 'float32', scaleShape), value: g.input(cacheScaleName(i, 'value', 'input'), 'float32', scaleShape) } : undefined;
-    const r = da.attend(
-      {
-        query: project(w, `${prefix}.q_proj`, h, cfg.attentionBias),
-        key: project(w, `${prefix}.k_proj`, h, cfg.attentionBias),
-        value: project(w, `${prefix}.v_proj`, h, cfg.attentionBias),
-        cacheKey: past!.key,
-        cacheValue: past!.value,
-        keyScale: scale?.key,
-        valueScale: scale?.value,
-        seqlens: x.seqlens,
-        rotary,
-        qkNorm: cfg.qkNorm ? { q: w(`${prefix}.q_norm.weight`), k: w(`${prefix}.k_norm.weight`) } : undefined,
-      },
-      heads,
-    );
+    const rest: KvAttendInputs = {
+      cacheKey: past!.key,
+      cacheValue: past!.value,
+      keyScale: scale?.key,
+      valueScale: scale?.value,
+      seqlens: x.seqlens,
+      rotary,
+      qkNorm: cfg.qkNorm ? { q: w(`${prefix}.q_norm.weight`), k: w(`${prefix}.k_norm.weight`) } : undefined,
+    };
+    // The packed q/k/v (concatProjections) goes to the kernel as it is, with no Split.
+    const qkv = da.attendPacked ? w.packed?.('qkv', prefix, h) : undefined;
+    const r =
+      qkv && da.attendPacked
+        ? da.attendPacked({ ...rest, qkv }, heads)
+        : da.attend({ ...rest, query: project(w, `${prefix}.q_proj`, h, cfg.attentionBias), key: project(w, `${prefix}.k_proj`, h, cfg.attentionBias), value: project(w, `${prefix}.v_proj`, h, cfg.attentionBias) }, heads);
     if (fp8) scales.push({ key: r.presentKeyScale!, value: r.presentValueScale! });
     return { out: project(w, `${prefix}.o_proj`, r.output, cfg.outputBias), present: { key: r.presentKey, value: r.presentValue } };
   };
