@@ -23,7 +23,9 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, checkSequenceLength, readConfig, type DecoderConfig } from '@lathe/models';
-import { Device, type DeviceKind } from '@lathe/runtime';
+import type { DeviceKind } from '@lathe/runtime';
+import { cudaIncludeDir, GreedyPickKernels, greedyPickOps } from '@lathe/kernels';
+import { kernelsOfDevice, openDevice } from './scaffold';
 import { HfTokenizer, splitThinking } from '@lathe/tokenizer';
 import { MathGrader } from '@lathe/graders';
 import type { Trajectory } from '@lathe/data';
@@ -209,7 +211,11 @@ interface KvEngineEvents {
  * alone, so the rows come out the same.
  */
 function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dtype: DType; rows: number; sampling: SamplingOptions; padId: number; maxLength: number; cudaGraph: boolean }, events: KvEngineEvents): Engine {
-  const device = Device.open(o.kind);
+  // on cuda through Lathe's kernels where NVRTC is present, so a greedy engine picks its tokens with
+  // the fused greedy-pick kernel on the sessions' stream (same tokens, ~0.57 ms a step less at 256 rows)
+  const device = openDevice(o.kind === 'cuda' ? 'cuda' : 'cpu');
+  const kernels = o.kind === 'cuda' ? kernelsOfDevice(0) : undefined;
+  const greedyPick = kernels && (o.sampling.temperature ?? 1) === 0 ? greedyPickOps('cuda', GreedyPickKernels.compile(kernels, { includeDir: cudaIncludeDir() })) : undefined;
   const model = CausalLM.fromPretrainedSync(dir, { device, dtype: o.dtype });
   let built: { gen: KvCacheGenerator; maxLength: number; rows: number } | undefined;
   let rows = o.rows;
@@ -223,7 +229,7 @@ function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dty
       if (phase === 'prefill') events.onRun(prompts);
     };
     // No groupSize: every call passes sampleKeys, one list per (prompt, mode) group of its run.
-    built = { gen: KvCacheGenerator.create(model, { ...o.sampling, rows: size, maxLength, dtype: o.dtype, padTokenId: o.padId, cudaGraph: o.cudaGraph, beforeRun }), maxLength, rows: size };
+    built = { gen: KvCacheGenerator.create(model, { ...o.sampling, rows: size, maxLength, dtype: o.dtype, padTokenId: o.padId, cudaGraph: o.cudaGraph, beforeRun, ...(greedyPick ? { greedyPick } : {}) }), maxLength, rows: size };
     return built.gen;
   };
   return {
