@@ -19,7 +19,10 @@ runtime sourced (/opt/device-rt/env.sh). Groups, each at the Qwen3-0.6B shape in
   gen    `generate` at batch 256 and 64, on ragged left-padded prompts (128–256 tokens) and on
          unpadded 256-token prompts, 512 new tokens, greedy: Lathe's KV engine with CUDA graphs
          against transformers' fastest set-up for that workload (HF_FASTEST below; --hf-all times
-         every set-up and takes the fastest); parity is the KV engine's log-probs against
+         every set-up and takes the fastest), then with the engine's opt-in kernels and options
+         together (`lathe_fast_tokens_per_s`: lathe-kv-generate.js --fast, Lathe's decode attention
+         over an e4m3 cache, packed projections, SwiGLU kernel, bf16 residual, greedy pick; it
+         changes outputs, so it has no parity row); parity is the KV engine's log-probs against
          transformers' teacher-forced fp32 ones on a small model, beside transformers' own bf16 error.
   rl     one GRPO step, 64 prompts × 8 samples, prompt 256, 512 new tokens, as lathe grpo runs it by
          default on cuda (all 512 completions in one generation run, the attention, log-prob and RoPE
@@ -170,7 +173,7 @@ def train(results, torch_compile):
 def gen(results, hf_all):
     caches = "ragged=static;dynamic,unpadded=static;dynamic" if hf_all else ",".join(f"{k}={v}" for k, v in HF_FASTEST.items())
     cmd = [sys.executable, "tools/reference/rollout/generate_bench.py", "--engine", "kv", "--prompt", "256", "--new", "512", "--repeat", "1",
-           "--workloads", "256:ragged,256:unpadded,64:ragged,64:unpadded", "--hf-cache-for", caches, "--lathe-modes", "cuda_graph", "--out", f"{WORK}/gen"]
+           "--workloads", "256:ragged,256:unpadded,64:ragged,64:unpadded", "--hf-cache-for", caches, "--lathe-modes", "cuda_graph,cuda_graph_fast", "--out", f"{WORK}/gen"]
     _, err, _ = run(cmd, 540, "gen")
     try:
         with open(f"{WORK}/gen/generate-kv-suite.json") as f:
@@ -186,8 +189,10 @@ def gen(results, hf_all):
     for tp in rep["workloads"]:
         lathe = tp.get("cuda_graph", {})
         name = f"gen_{tp['prompt_kind']}_{tp['batch']}"
+        fast = tp.get("cuda_graph_fast", {})
         r = {"hf_fastest": max(tp["hf"], key=lambda c: tp["hf"][c]["new_tokens_per_s"]), "hf_tokens_per_s": tp["hf_new_tokens_per_s"],
-             "hf": tp["hf"], "lathe_tokens_per_s": lathe.get("lathe_new_tokens_per_s"), "ratio": lathe.get("ratio"), "error": lathe.get("error")}
+             "hf": tp["hf"], "lathe_tokens_per_s": lathe.get("lathe_new_tokens_per_s"), "ratio": lathe.get("ratio"), "error": lathe.get("error"),
+             "lathe_fast_tokens_per_s": fast.get("lathe_new_tokens_per_s"), "ratio_fast": fast.get("ratio"), "fast_error": fast.get("error")}
         results[name] = {k: v for k, v in r.items() if v is not None}
         print(json.dumps({name: results[name]}), flush=True)
 

@@ -7,17 +7,23 @@
  * usage: node lathe-kv-generate.js --model DIR --prompts prompts.json[,more.json] --max-new N
  *          [--dtype bfloat16] [--group N] [--temperature T] [--top-k K] [--top-p P] [--repeat N] [--cuda-graph] [--memory-pattern]
  *          [--out samples.json[,more-samples.json]] [--device cuda|cpu] [--profile PREFIX]
+ *          [--fast | --decode-attention gqa|kernel [--kv-cache-dtype float8e4m3] --swiglu-kernel --greedy-pick --concat-projections --residual-dtype float32|compute]
  * With no stop ids every row runs to --max-new, so the token count is exact. Prints one JSON line
  * per prompt file, in order; several prompt files share one process and one weight upload (and
  * one generator while their row count and length agree). --out writes each row's tokens and their
  * raw log-probs ({ tokens, raw }[]) for agreement checks, one file per prompt file.
+ * The engine's opt-in kernels (CUDA; the device is then opened through Lathe's kernels, whose stream
+ * the sessions share): --decode-attention kernel (Lathe's decode attention in place of
+ * GroupQueryAttention) [--kv-cache-dtype float8e4m3], --swiglu-kernel, --greedy-pick, and the graph
+ * options --concat-projections and --residual-dtype compute; --fast is all of them with the e4m3 cache.
  */
 import { readFileSync, writeFileSync } from 'node:fs';
 import { basename, resolve } from 'node:path';
 import type { DType } from '@lathe/onnx';
 import { CausalLM } from '@lathe/models';
 import { Device, DeviceTensor } from '@lathe/runtime';
-import { KvCacheGenerator } from '@lathe/rollout';
+import { KvCacheGenerator, type KvCacheGeneratorOptions } from '@lathe/rollout';
+import { cudaIncludeDir, DecodeAttention, decodeAttentionOps, GreedyPickKernels, greedyPickOps, Kernels, SwigluKernels, swigluOps } from '@lathe/kernels';
 import { arg, flag } from '../argv';
 
 
@@ -35,11 +41,38 @@ async function main(): Promise<void> {
   const outPaths = arg('out', '') ? arg('out', '').split(',') : [];
   if (outPaths.length && outPaths.length !== promptFiles.length) throw new Error(`--out names ${outPaths.length} files for ${promptFiles.length} --prompts files`);
   const sets = promptFiles.map((f) => JSON.parse(readFileSync(f, 'utf8')) as number[][]);
-  const device = Device.open(arg('device', 'cuda') as 'cuda' | 'cpu');
+  const fast = flag('fast');
+  const decodeKernel = fast || arg('decode-attention', 'gqa') === 'kernel';
+  const kvCacheDtype = fast ? 'float8e4m3' : arg('kv-cache-dtype', '');
+  if (kvCacheDtype && kvCacheDtype !== 'float8e4m3') throw new Error(`--kv-cache-dtype ${kvCacheDtype}: float8e4m3 (or leave it out)`);
+  if (kvCacheDtype && !decodeKernel) throw new Error('--kv-cache-dtype float8e4m3 needs --decode-attention kernel');
+  const useSwiglu = fast || flag('swiglu-kernel');
+  const usePick = fast || flag('greedy-pick');
+  const withKernels = decodeKernel || useSwiglu || usePick;
+  const kind = arg('device', 'cuda') as 'cuda' | 'cpu';
+  if (withKernels && kind !== 'cuda') throw new Error('--decode-attention kernel, --swiglu-kernel, --greedy-pick and --fast need --device cuda');
+  const opened = withKernels ? Kernels.withDevice() : undefined;
+  const device = opened?.device ?? Device.open(kind);
+  const include = { includeDir: cudaIncludeDir() };
+  const kernelOpts = (eps: number): Partial<KvCacheGeneratorOptions> => {
+    if (!opened) return {};
+    const k = opened.kernels;
+    return {
+      ...(decodeKernel ? { decodeAttention: decodeAttentionOps('cuda', DecodeAttention.compile(k, include), { cache: kvCacheDtype ? 'float8e4m3' : 'native', qkNormEpsilon: eps }) } : {}),
+      ...(kvCacheDtype ? { kvCacheDtype: 'float8e4m3' as const } : {}),
+      ...(useSwiglu ? { swiglu: swigluOps('cuda', SwigluKernels.compile(k, include)) } : {}),
+      ...(usePick ? { greedyPick: greedyPickOps('cuda', GreedyPickKernels.compile(k, include)) } : {}),
+    };
+  };
+  const graphOpts: Partial<KvCacheGeneratorOptions> = {
+    ...(fast || flag('concat-projections') ? { concatProjections: true } : {}),
+    ...((fast ? 'compute' : arg('residual-dtype', 'float32')) === 'compute' ? { residualDtype: 'compute' as const } : {}),
+  };
 
   const t0 = performance.now();
   const model = await CausalLM.fromPretrained(dir, { device, dtype });
   const weights = model.weights;
+  const extra = { ...kernelOpts(model.config.rmsNormEps), ...graphOpts };
   const tUpload = performance.now();
   const profile = arg('profile', '');
   // --memory-pattern: ORT's memory-pattern planning back on in both sessions (the engine turns it
@@ -58,7 +91,7 @@ async function main(): Promise<void> {
     let cpuFallback = false;
     if (!gen || genRows !== rows) {
       gen?.dispose();
-      const genOpts = { temperature, topK, topP, groupSize: group, rows, maxLength: maxLengthFor(rows), dtype, cudaGraph, session };
+      const genOpts = { temperature, topK, topP, groupSize: group, rows, maxLength: maxLengthFor(rows), dtype, cudaGraph, session, ...extra };
       try {
         gen = KvCacheGenerator.create(model, genOpts);
       } catch (e) {
@@ -82,6 +115,7 @@ async function main(): Promise<void> {
         rows,
         new_tokens: maxNew,
         cuda_graph: cudaGraph,
+        ...(Object.keys(extra).length ? { options: Object.keys(extra).sort() } : {}),
         cpu_fallback: cpuFallback,
         upload_ms: k === 0 ? +(tUpload - t0).toFixed(1) : 0,
         session_ms: +(tSession - s0).toFixed(1),

@@ -14,7 +14,7 @@ Runs on the GPU machine (PyTorch + transformers, no hub access).
    static cache includes the compile). The ratio is against the fastest transformers set-up.
 
 usage: python3 tools/reference/rollout/generate_bench.py [--out DIR] [--batch 32] [--prompt 128] [--prompt-kind ragged|unpadded] [--new 128]
-         [--engine kv|graph] [--prev] [--hf-cache dynamic,static,static_eager] [--lathe-modes plain,cuda_graph]
+         [--engine kv|graph] [--prev] [--hf-cache dynamic,static,static_eager] [--lathe-modes plain,cuda_graph,cuda_graph_fast]
          [--workloads 256:ragged,64:unpadded] [--hf-cache-for ragged=static,unpadded=dynamic]
 Needs .bundle/lathe-generate.js or .bundle/lathe-kv-generate.js (tools/bench/build-device-bundles.sh);
 --prev also times .bundle/lathe-kv-generate-prev.js (an earlier build, one that takes several prompt
@@ -179,7 +179,7 @@ def main():
     ap.add_argument("--hf-cache-for", default="", help="transformers set-ups per prompt kind, or kind@batch, e.g. ragged=static,unpadded=dynamic,unpadded@64=static;dynamic (else --hf-cache)")
     ap.add_argument("--hf-cache", default="dynamic",
                     help="comma-separated transformers set-ups to time: " + ", ".join(HF_CACHES) + "; the ratio is against the fastest")
-    ap.add_argument("--lathe-modes", default="plain,cuda_graph", help="kv: plain and/or cuda_graph")
+    ap.add_argument("--lathe-modes", default="plain,cuda_graph", help="kv: plain, cuda_graph and/or cuda_graph_fast (the opt-in kernels: lathe-kv-generate.js --fast)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -236,7 +236,9 @@ def main():
                                         "hf": hf, "hf_new_tokens_per_s": hf_tps, "engine": a.engine})
         # Lathe after transformers, each mode in one process over every workload (one weight upload;
         # one generator per batch size).
-        kv_modes = {"plain": ("plain", (), None), "cuda_graph": ("cuda_graph", ("--cuda-graph",), None)}
+        # cuda_graph_fast: the KV engine's opt-in kernels and options together (lathe-kv-generate.js --fast:
+        # Lathe's decode attention over an e4m3 cache, packed projections, SwiGLU kernel, bf16 residual, greedy pick)
+        kv_modes = {"plain": ("plain", (), None), "cuda_graph": ("cuda_graph", ("--cuda-graph",), None), "cuda_graph_fast": ("cuda_graph_fast", ("--cuda-graph", "--fast"), None)}
         modes = [kv_modes[m] for m in a.lathe_modes.split(",")] if a.engine == "kv" else [("graph", (), None)]
         if a.engine == "kv" and a.prev:
             modes.append(("cuda_graph_prev", ("--cuda-graph",), KV_PREV_SCRIPT))
