@@ -20,7 +20,7 @@ import { loraFromOptions, type TrainerState } from '@lathe/train';
 import { combineRewards, GrpoTrainer, overlongReward, type GrpoAttentionKernel, type GrpoResumeState, type GrpoStepMetrics, type OffPolicyTrace, type RlPrompt } from '@lathe/grpo';
 import { additionExamples, BUILTIN_DATA } from './demo-task';
 import { readPromptFile } from './generate';
-import { grpoSchema, grpoTrainerOptions, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
+import { grpoTrainerOptions, RESUMABLE_KEYS, type GrpoConfig } from './grpo-config';
 import { judgeSource, policyPromptRenderer, withClassmates } from './classmate-config';
 import { quantizedFrozenBase } from './quantize-lora';
 import { serveTrainingPolicy, type TrainingServe } from './serve-training';
