@@ -52,8 +52,8 @@ describe.each([
     const apart = await run(model, cache, false);
     const packed = await run(model, cache, true);
     expect([apart.packedAttention, apart.packedSwiglu]).toEqual([0, 0]);
-    // every layer's decode node reads the packed q/k/v and gate/up, and every step ran them
-    expect([packed.packedAttention, packed.packedSwiglu]).toEqual([config.numLayers, config.numLayers]);
+    // every layer's decode node reads the packed q/k/v, the prefill's and the decode step's MLPs the packed gate/up, and every step ran them
+    expect([packed.packedAttention, packed.packedSwiglu]).toEqual([config.numLayers, 2 * config.numLayers]);
     expect(packed.computes).toBe(apart.computes);
     expect(packed.computes).toBeGreaterThan(0);
     expect(packed.out.map((c) => c.tokens)).toEqual(apart.out.map((c) => c.tokens));

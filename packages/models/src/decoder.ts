@@ -161,6 +161,12 @@ export interface GqaDecoderInputs {
    */
   qkNormInKernel?: boolean;
   /**
+   * Weights with a concatenated q/k/v projection (`Weights.packed`) hand GroupQueryAttention its
+   * output packed, [B, S, (H + 2·KV)·hd] (no Split), where no Q/K norm outside the kernel needs q and
+   * k apart. Default on; off keeps the split q, k and v (an A/B or a fallback).
+   */
+  packedQkv?: boolean;
+  /**
    * Each residual add and the RMSNorm after it as one SkipSimplifiedLayerNormalization kernel (see
    * {@link addRmsNorm}): two nodes fewer a layer. Default on; off gives the unfused graph (A/B checks).
    */
@@ -357,17 +363,23 @@ export function gqaAttention(
   w: Weights,
   prefix: string,
   x: Tensor,
-  kv: { seqlensK: Tensor; totalSequenceLength: Tensor; rotary: { cos: Tensor; sin: Tensor }; qkNormInKernel?: boolean },
+  kv: { seqlensK: Tensor; totalSequenceLength: Tensor; rotary: { cos: Tensor; sin: Tensor }; qkNormInKernel?: boolean; packedQkv?: boolean },
   past?: KvPair,
 ): { out: Tensor; present: KvPair } {
   const { numHeads: H, numKvHeads: KV, headDim: hd } = cfg;
   const [B, T] = x.shape;
   const inKernel = cfg.qkNorm && kv.qkNormInKernel;
-  const p = projectQkv(cfg, w, prefix, x, true, !inKernel);
-  const q = L.reshape(p.q, [B, T, H * hd]);
-  const k = L.reshape(p.k, [B, T, KV * hd]);
   const qkNorm = inKernel ? { q: w(`${prefix}.q_norm.weight`), k: w(`${prefix}.k_norm.weight`), epsilon: cfg.rmsNormEps } : undefined;
-  const r = L.groupQueryAttention({ query: q, key: k, value: p.v, past, seqlensK: kv.seqlensK, totalSequenceLength: kv.totalSequenceLength, rotary: kv.rotary, qkNorm }, { numHeads: H, kvNumHeads: KV });
+  const common = { past, seqlensK: kv.seqlensK, totalSequenceLength: kv.totalSequenceLength, rotary: kv.rotary, qkNorm };
+  // Weights with a concatenated q/k/v projection hand it over packed (no Split), where no norm
+  // outside the kernel needs q and k apart.
+  const packed = kv.packedQkv !== false && (!cfg.qkNorm || inKernel) ? w.packed?.('qkv', prefix, x) : undefined;
+  let r: ReturnType<typeof L.groupQueryAttention>;
+  if (packed) r = L.groupQueryAttention({ query: packed, ...common }, { numHeads: H, kvNumHeads: KV });
+  else {
+    const p = projectQkv(cfg, w, prefix, x, true, !inKernel);
+    r = L.groupQueryAttention({ query: L.reshape(p.q, [B, T, H * hd]), key: L.reshape(p.k, [B, T, KV * hd]), value: p.v, ...common }, { numHeads: H, kvNumHeads: KV });
+  }
   const out = project(w, `${prefix}.o_proj`, r.output, cfg.outputBias);
   return { out, present: { key: r.presentKey, value: r.presentValue } };
 }
@@ -413,7 +425,7 @@ export type LayerAttention = (x: Tensor, prefix: string, past?: KvPair) => { out
  */
 export function layerAttention(cfg: DecoderConfig, w: Weights, inputs: DecoderInputs | GqaDecoderInputs, dtype: DType, fused: boolean): LayerAttention {
   if ('seqlensK' in inputs) {
-    const kv = { seqlensK: inputs.seqlensK, totalSequenceLength: inputs.totalSequenceLength, rotary: ropeCaches(cfg, inputs.inputIds.graph, dtype), qkNormInKernel: inputs.qkNormInKernel };
+    const kv = { seqlensK: inputs.seqlensK, totalSequenceLength: inputs.totalSequenceLength, rotary: ropeCaches(cfg, inputs.inputIds.graph, dtype), qkNormInKernel: inputs.qkNormInKernel, packedQkv: inputs.packedQkv };
     return (x, prefix, past) => gqaAttention(cfg, w, prefix, x, kv, past);
   }
   const flash = inputs.flashAttention;

@@ -51,3 +51,19 @@ test('refuses the norm without the in-kernel rotary, and weights of the wrong sh
   expect(() => L.groupQueryAttention({ ...x, rotary: cs, qkNorm: { q: w, k: wide, epsilon: 1e-6 } }, heads)).toThrow(/bfloat16 \[16\]/);
   expect(() => L.groupQueryAttention({ ...x, rotary: cs, qkNorm: { q: f32, k: w, epsilon: 1e-6 } }, heads)).toThrow(/bfloat16 \[16\]/);
 });
+
+test('a packed query (key and value omitted): inputs 1 and 2 left empty, the output H·hd wide; refused when only one of key and value is given or the packed width is not (H + 2·KV)·hd', () => {
+  const g = new L.Graph();
+  const x = attentionInputs(g);
+  const packed = g.input('qkv', 'bfloat16', ['B', 1, (4 + 2 * 2) * 16]);
+  const r = L.groupQueryAttention({ query: packed, seqlensK: x.seqlensK, totalSequenceLength: x.totalSequenceLength, rotary: rotary(g) }, { numHeads: 4, kvNumHeads: 2 });
+  expect(r.output.shape).toEqual(['B', 1, 4 * 16]);
+  expect(r.presentKey.shape).toEqual(['B', 2, 1, 16]);
+  g.output(r.output, 'out');
+  const node = L.toModelProto(g).graph.node.find((n) => n.opType === 'GroupQueryAttention')!;
+  expect(node.input.slice(0, 3)).toEqual(['qkv', '', '']);
+  const heads = { numHeads: 4, kvNumHeads: 2 };
+  expect(() => L.groupQueryAttention({ ...x, value: undefined }, heads)).toThrow(/both be given, or both omitted/);
+  const odd = g.input('odd', 'bfloat16', ['B', 1, 100]);
+  expect(() => L.groupQueryAttention({ query: odd, seqlensK: x.seqlensK, totalSequenceLength: x.totalSequenceLength }, heads)).toThrow(/packed query.*multiple of 8/);
+});

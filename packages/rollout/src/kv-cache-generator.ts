@@ -110,9 +110,10 @@ export interface KvCacheGeneratorOptions extends SamplingOptions {
    */
   residualDtype?: ResidualDtype;
   /**
-   * The decode step's SwiGLU activations through a SwiGLU kernel (Lathe's: `swigluOps` of
-   * @lathe/kernels, built for this device — on CUDA from kernels on the sessions' stream) in place of
-   * QuickGelu and Mul: one node a layer fewer. Default: ONNX Runtime's kernels.
+   * The prefill's and the decode step's SwiGLU activations through a SwiGLU kernel (Lathe's:
+   * `swigluOps` of @lathe/kernels, built for this device — on CUDA from kernels on the sessions'
+   * stream) in place of QuickGelu and Mul: one node a layer fewer (and, with `concatProjections` and a
+   * kernel that reads gate/up packed, no Split). Default: ONNX Runtime's kernels.
    */
   swiglu?: KvSwiglu;
   /**
@@ -522,6 +523,7 @@ export class KvCacheGenerator {
     this.opts.beforeRun?.('prefill', B);
     pb.runSync();
     this.opts.decodeAttention?.check();
+    this.opts.swiglu?.check();
     this.opts.greedyPick?.check();
     lap('prefillMs');
 

@@ -335,6 +335,13 @@ function pickedGreedily(pick: KvGreedyPick, logits: Tensor): SampledTokens {
   return { tokens, logprobs, rawLogprobs: logprobs };
 }
 
+/**
+ * Whether GroupQueryAttention takes the concatenated q/k/v packed (`packedQkv` of the decoder inputs):
+ * on unless LATHE_GQA_PACKED_QKV=0, the way back to split q, k and v should a build of ONNX Runtime
+ * refuse the packed form with the in-kernel Q/K norm.
+ */
+const gqaPackedQkv = (): boolean => process.env.LATHE_GQA_PACKED_QKV !== '0';
+
 /** How the two graphs are built beyond the model and sampling. */
 export interface KvGraphOptions {
   /** The history's width: steps per host read. */
@@ -352,7 +359,7 @@ export interface KvGraphOptions {
   fuseResidualNorm?: boolean;
   /** The residual stream's dtype (`residualDtype` of `GqaDecoderInputs`; default 'float32'). */
   residualDtype?: ResidualDtype;
-  /** The decode step's SwiGLU activations through this kernel rather than QuickGelu and Mul (see {@link KvSwiglu}). */
+  /** The prefill's and the decode step's SwiGLU activations through this kernel rather than QuickGelu and Mul (see {@link KvSwiglu}). */
   swiglu?: KvSwiglu;
   /** q/k/v and gate/up as one MatMul each over the pack graph's concatenated weights (inputs `concat.*`; see {@link concatGroups}). */
   concatProjections?: boolean;
@@ -361,7 +368,7 @@ export interface KvGraphOptions {
 }
 
 /** The prefill graph (see the module comment). */
-export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm, residualDtype, concatProjections, greedyPick }: KvGraphOptions): void {
+export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, opts: SamplingOptions, { K, qkNormInKernel, rows, decodeAttention, fuseResidualNorm, residualDtype, swiglu, concatProjections, greedyPick }: KvGraphOptions): void {
   const R = rows ?? 'R';
   const ids = g.input('input_ids', 'int64', ['B', 'P']);
   const seqlens = g.input('seqlens', 'int32', ['B']);
@@ -378,7 +385,7 @@ export function addKvPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, dty
   }
   if (concatProjections) weights = withConcatProjections(g, cfg, weights, dtype);
 
-  const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width, qkNormInKernel, fuseResidualNorm, residualDtype });
+  const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width, qkNormInKernel, packedQkv: gqaPackedQkv(), fuseResidualNorm, residualDtype, swigluKernel: swiglu?.apply });
   const axis = g.constant([2], 'int64', [1]);
   const spec = { axes: [2], starts: ['P'], ends: [Number.MAX_SAFE_INTEGER], steps: [1] };
   const tail = L.applyOp(L.sliceOp, [zeros, cacheStart, g.constant([Number.MAX_SAFE_INTEGER], 'int64', [1]), axis, g.constant([1], 'int64', [1])], spec)[0];
@@ -420,7 +427,7 @@ export function addKvDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights, 
   }
   const out: { present: KvPair[]; hidden: Tensor; scales?: KvPair[] } = decodeAttention
     ? kvKernelDecoder(g, cfg, weights, dtype, { token, seqlens, past, R, fuseResidualNorm, residualDtype, swigluKernel: swiglu?.apply }, decodeAttention)
-    : decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel, fuseResidualNorm, residualDtype, swigluKernel: swiglu?.apply });
+    : decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel, packedQkv: gqaPackedQkv(), fuseResidualNorm, residualDtype, swigluKernel: swiglu?.apply });
   out.present.forEach((p, i) => {
     g.output(p.key, cacheName(i, 'key', 'output'));
     g.output(p.value, cacheName(i, 'value', 'output'));

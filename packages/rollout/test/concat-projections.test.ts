@@ -34,13 +34,15 @@ test.each([
   ['qwen3', 'prefill', qwen3, addKvPrefill],
   ['qwen2', 'decode step', qwen2, addKvDecodeStep],
   ['qwen2', 'prefill', qwen2, addKvPrefill],
-] as const)('%s %s: 3 MatMuls a layer fewer, one Split per group (and the query’s Concat), the concatenated tensors as inputs', (_model, _graph, { config }, add) => {
+] as const)('%s %s: 3 MatMuls a layer fewer, one Split per group that is not taken packed (and the query’s Concat), the concatenated tensors as inputs', (_model, _graph, { config }, add) => {
   const plain = graph(add, config, false);
   const cat = graph(add, config, true);
   expect(count(plain, 'MatMul') - count(cat, 'MatMul')).toBe(3 * config.numLayers);
-  expect(count(cat, 'Split') - count(plain, 'Split')).toBe(2 * config.numLayers);
-  // q/k/v split into four equal KV·headDim parts (H = 2·KV), the query's two joined again
-  expect(count(cat, 'Concat') - count(plain, 'Concat')).toBe(config.numLayers);
+  // Qwen3 (its Q/K norm outside the kernel here): q/k/v split into four equal KV·headDim parts (H = 2·KV),
+  // the query's two joined again; Qwen2 (no Q/K norm): GroupQueryAttention takes q/k/v packed, no Split
+  const qkvSplits = config.qkNorm ? 1 : 0;
+  expect(count(cat, 'Split') - count(plain, 'Split')).toBe((1 + qkvSplits) * config.numLayers);
+  expect(count(cat, 'Concat') - count(plain, 'Concat')).toBe(qkvSplits * config.numLayers);
   expect(count(cat, 'Slice')).toBe(count(plain, 'Slice'));
   // a middle layer: q/k/v/o and gate/up/down were seven MatMuls, now four
   expect(ops(plain, 'layer1/').filter((o) => o === 'MatMul')).toHaveLength(7);

@@ -94,10 +94,22 @@ test('kernels without the packed forms, or concatProjections off: the step keeps
   expect([packed.widths.qkv, packed.widths.gateUp]).toEqual([[], []]);
 });
 
-test('the prefill (GroupQueryAttention, no SwiGLU kernel) still splits under concatProjections', () => {
+test('the prefill under concatProjections: GroupQueryAttention takes q/k/v packed (Q/K norm in its kernel); gate/up split without a SwiGLU kernel, packed with one; LATHE_GQA_PACKED_QKV=0 splits q/k/v again', () => {
   const cfg = qwen3.config;
+  const count = (g: L.Graph, op: string) => layerOps(g, 1).filter((o) => o === op).length;
   const prefill = graph(addKvPrefill, cfg, { concatProjections: true });
-  expect(layerOps(prefill, 1).filter((o) => o === 'Split')).toHaveLength(2);
+  expect([count(prefill, 'Split'), count(prefill, 'Concat')]).toEqual([1, 0]);
+  const gqa = L.toModelProto(prefill).graph.node.find((n) => n.opType === 'GroupQueryAttention' && (n.name ?? '').startsWith('layer1/'))!;
+  expect(gqa.input.slice(1, 3)).toEqual(['', '']);
+  const withKernel = graph(addKvPrefill, cfg, { concatProjections: true, swiglu: stubs(cfg, 'native', true).swiglu });
+  expect([count(withKernel, 'Split'), count(withKernel, 'Concat')]).toEqual([0, 0]);
+  process.env.LATHE_GQA_PACKED_QKV = '0';
+  try {
+    const split = graph(addKvPrefill, cfg, { concatProjections: true });
+    expect([count(split, 'Split'), count(split, 'Concat')]).toEqual([2, 1]);
+  } finally {
+    delete process.env.LATHE_GQA_PACKED_QKV;
+  }
 });
 
 test('withConcatProjections’ packed: the group’s one MatMul, shared with the members asked with the same input; undefined for other prefixes and for weights with a side branch', () => {

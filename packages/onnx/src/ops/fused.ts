@@ -190,16 +190,19 @@ export const groupQueryAttentionOp = defineOp<GroupQueryAttentionAttrs>({
   name: 'GroupQueryAttention',
   domain: 'com.microsoft',
   infer: ([q, k, v, pastK, pastV, seqlens, total, cos, sin, , , , , , qNorm, kNorm], { numHeads, kvNumHeads, doRotary, qkNormEpsilon }) => {
-    if (q!.shape.length !== 3 || k!.shape.length !== 3 || v!.shape.length !== 3) {
-      throw new Error(`query/key/value must be [B, S, heads·headDim], got ${formatShape(q!.shape)}, ${formatShape(k!.shape)}, ${formatShape(v!.shape)}`);
+    if (!k !== !v) throw new Error('key and value must both be given, or both omitted (query then holds q, k and v packed)');
+    if (q!.shape.length !== 3 || (k && (k.shape.length !== 3 || v!.shape.length !== 3))) {
+      throw new Error(`query/key/value must be [B, S, heads·headDim], got ${[q, k, v].filter((t) => t).map((t) => formatShape(t!.shape)).join(', ')}`);
     }
-    if (k!.dtype !== q!.dtype || v!.dtype !== q!.dtype) throw new Error(`query, key and value must share a dtype, got ${q!.dtype}, ${k!.dtype}, ${v!.dtype}`);
+    if (k && (k.dtype !== q!.dtype || v!.dtype !== q!.dtype)) throw new Error(`query, key and value must share a dtype, got ${q!.dtype}, ${k.dtype}, ${v!.dtype}`);
     if (numHeads % kvNumHeads !== 0) throw new Error(`numHeads (${numHeads}) must be a multiple of kvNumHeads (${kvNumHeads})`);
-    const width = q!.shape[2];
-    if (typeof width !== 'number') throw new Error('the query width must be static');
-    const hd = width / numHeads;
-    if (!Number.isInteger(hd) || hd % 8 !== 0) throw new Error(`head size ${width}/${numHeads} must be a multiple of 8`);
-    if (k!.shape[2] !== kvNumHeads * hd) throw new Error(`key width must be ${kvNumHeads * hd}, got ${k!.shape[2]}`);
+    const packedWidth = q!.shape[2];
+    if (typeof packedWidth !== 'number') throw new Error('the query width must be static');
+    // packed: [B, S, (H + 2·KV)·hd], q then k then v
+    const hd = k ? packedWidth / numHeads : packedWidth / (numHeads + 2 * kvNumHeads);
+    const width = numHeads * hd;
+    if (!Number.isInteger(hd) || hd % 8 !== 0) throw new Error(`head size ${k ? `${packedWidth}/${numHeads}` : `${packedWidth}/(${numHeads} + 2·${kvNumHeads}) of the packed query`} must be a multiple of 8`);
+    if (k && k.shape[2] !== kvNumHeads * hd) throw new Error(`key width must be ${kvNumHeads * hd}, got ${k.shape[2]}`);
     if (seqlens!.dtype !== 'int32' || seqlens!.shape.length !== 1) throw new Error(`seqlens_k must be int32 [B], got ${seqlens!.dtype} ${formatShape(seqlens!.shape)}`);
     if (total!.dtype !== 'int32' || total!.shape.length !== 0) throw new Error(`total_sequence_length must be an int32 scalar, got ${total!.dtype} ${formatShape(total!.shape)}`);
     if (!pastK !== !pastV) throw new Error('past key and value must both be given or both omitted');
@@ -259,6 +262,7 @@ export const groupQueryAttentionOp = defineOp<GroupQueryAttentionAttrs>({
  */
 function groupQueryAttentionGrad({ inputs, outputs, dy, attrs }: GradContext<GroupQueryAttentionAttrs>): (Tensor | null)[] {
   const [q, k, v, pastKey, , seqlens, , cos] = inputs;
+  if (!k) throw new GraphError('GroupQueryAttention: the gradient rule takes separate query, key and value (not a packed query)');
   if (pastKey || cos || attrs.doRotary) {
     throw new GraphError('GroupQueryAttention: the gradient rule covers calls without a KV cache and without in-kernel rotary only (apply RoPE before the op)');
   }
@@ -372,9 +376,10 @@ function causalBias(like: Tensor, masked: number): Tensor {
 
 /** Inputs of {@link groupQueryAttention}. */
 export interface GroupQueryAttentionInputs {
+  /** [B, S, H·hd]; or, with key and value omitted, q, k and v packed: [B, S, (H + 2·KV)·hd]. */
   query: Tensor;
-  key: Tensor;
-  value: Tensor;
+  key?: Tensor;
+  value?: Tensor;
   past?: { key: Tensor; value: Tensor };
   seqlensK: Tensor;
   totalSequenceLength: Tensor;
@@ -391,7 +396,7 @@ export function groupQueryAttention(
   const [output, presentKey, presentValue] = applyOp(
     groupQueryAttentionOp,
     [
-      x.query, x.key, x.value, x.past?.key ?? null, x.past?.value ?? null, x.seqlensK, x.totalSequenceLength, x.rotary?.cos ?? null, x.rotary?.sin ?? null,
+      x.query, x.key ?? null, x.value ?? null, x.past?.key ?? null, x.past?.value ?? null, x.seqlensK, x.totalSequenceLength, x.rotary?.cos ?? null, x.rotary?.sin ?? null,
       ...(x.qkNorm ? [null, null, null, null, null, x.qkNorm.q, x.qkNorm.k] : []),
     ],
     { ...heads, doRotary: !!x.rotary, ...(x.qkNorm ? { qkNormEpsilon: x.qkNorm.epsilon } : {}) },
