@@ -76,6 +76,8 @@ export class NcclInRunReducer implements InRunReducer {
   private timings: InRunTimings | undefined;
   /** The event `markStepStart` recorded for the current run, if any. */
   private stepStart: bigint | undefined;
+  /** With `timing`: host ms spent in `enqueue` during the current run. */
+  private enqueueMs = 0;
 
   private constructor(
     private readonly nccl: NcclCollectives,
@@ -154,6 +156,7 @@ export class NcclInRunReducer implements InRunReducer {
   /** Orders NCCL's stream after the compute stream's work so far and enqueues `calls` as one NCCL group. */
   private enqueue(stream: bigint | undefined, calls: (api: NcclApi, comm: bigint, ncclStream: bigint) => void): void {
     if (this.error) return;
+    const t0 = this.timing ? performance.now() : 0;
     try {
       if (stream === undefined) throw new Error('the in-run collectives need the compute stream (a device opened with Kernels.withDevice)');
       const { api, ev } = this;
@@ -171,6 +174,7 @@ export class NcclInRunReducer implements InRunReducer {
         api.checkNccl('ncclGroupEnd', api.fn.ncclGroupEnd(), comm);
       }
       if (timed) api.checkCuda('cudaEventRecord', ev.cudaEventRecord(timed.done, ncclStream));
+      if (this.timing) this.enqueueMs += performance.now() - t0;
     } catch (e) {
       // the peers are inside the same collective: abort so they fail instead of hanging
       this.error = e instanceof Error ? e : new Error(String(e));
@@ -226,10 +230,12 @@ export class NcclInRunReducer implements InRunReducer {
           buckets: this.timed.slice(0, this.used).map((t) => ({ ready: at(t.ready), start: at(t.start), done: at(t.done) })),
           ...(returned !== undefined ? { runReturned: at(returned) } : {}),
           ...(this.stepStart !== undefined ? { stepStarted: -this.elapsed(this.stepStart, first) } : {}),
+          enqueueHostMs: +this.enqueueMs.toFixed(3),
         };
       }
     } finally {
       this.used = 0;
+      this.enqueueMs = 0;
       if (returned !== undefined) this.ev.cudaEventDestroy(returned);
     }
   }

@@ -101,6 +101,8 @@ export interface InRunTimings {
   runReturned?: number;
   /** When the step began on the device (`NcclInRunReducer.markStepStart`; negative: before the first bucket), if marked. */
   stepStarted?: number;
+  /** Host milliseconds the run's bucket nodes spent enqueuing (events, waits and NCCL calls): time the host did not spend launching the backward. */
+  enqueueHostMs?: number;
 }
 
 /** What a run's bucket times say about the overlap (ms). */

@@ -120,7 +120,7 @@ function bucketTimes(hostMs: readonly number[], stepMs: number, device: InRunTim
   return {
     host_ms: hostMs.map(r),
     step_ms: r(stepMs),
-    ...(device ? { device: { ready_start_done: device.buckets.map((b) => [r(b.ready), r(b.start), r(b.done)]), run_returned: device.runReturned === undefined ? null : r(device.runReturned), step_started: device.stepStarted === undefined ? null : r(device.stepStarted) }, summary: overlapSummary(device) } : {}),
+    ...(device ? { device: { ready_start_done: device.buckets.map((b) => [r(b.ready), r(b.start), r(b.done)]), run_returned: device.runReturned === undefined ? null : r(device.runReturned), step_started: device.stepStarted === undefined ? null : r(device.stepStarted), enqueue_host_ms: device.enqueueHostMs === undefined ? null : r(device.enqueueHostMs) }, summary: overlapSummary(device) } : {}),
   };
 }
 
