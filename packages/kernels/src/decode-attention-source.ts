@@ -26,6 +26,11 @@
  *   shuffles before one [warps][G][D] exchange. The grid covers the cache length M (a CUDA graph
  *   replays the launch); CTAs past the row's length exit.
  * - `da_combine_<t>_d<D>_c<CHUNK>`: merges a row's chunks by their log-sum-exps into the output [R, 1, H·D].
+ * - `da_splitc_<c>[_<t>]_d<D>_g<G>`: the split with the combine folded in ("last CTA done"): each CTA
+ *   that does not exit counts itself done on an int32 counter per (row, KV head) after its partials
+ *   are fenced; the one that completes its row's count resets the counter to 0 and merges the G query
+ *   heads' chunks into the output exactly as the combine does (bit-identical), so a step is two
+ *   launches. An e4m3 cache's build names T (its output), as `da_splitc_fp8_bf16_d128_g2`.
  * - `da_quantize_<t>_d<D>`: a [N, D] cache in T → e4m3 bytes and per-row scales (the prefill's).
  * - `da_copy32`: word copy, for a present buffer ORT did not alias to the past.
  */
@@ -88,6 +93,7 @@ export const decodeKernelName = {
   append: (t: TypeName, cache: DecodeCacheKind, d: number) => `da_append_${DECODE_TYPES[t].suffix}${cache === 'float8e4m3' ? '_fp8' : ''}_d${d}`,
   split: (t: TypeName, cache: DecodeCacheKind, d: number, g: number) => `da_split_${cache === 'float8e4m3' ? 'fp8' : DECODE_TYPES[t].suffix}_d${d}_g${g}`,
   combine: (t: TypeName, d: number, chunk: number) => `da_combine_${DECODE_TYPES[t].suffix}_d${d}_c${chunk}`,
+  splitFused: (t: TypeName, cache: DecodeCacheKind, d: number, g: number) => `da_splitc_${cache === 'float8e4m3' ? `fp8_${DECODE_TYPES[t].suffix}` : DECODE_TYPES[t].suffix}_d${d}_g${g}`,
   quantize: (t: TypeName, d: number) => `da_quantize_${DECODE_TYPES[t].suffix}_d${d}`,
   copy: () => 'da_copy32',
 };
@@ -96,6 +102,13 @@ export const decodeKernelName = {
 function splitEntry(t: TypeName, C: string, cache: DecodeCacheKind, D: number, G: number): string {
   const { chunk, elems } = decodeSplitPlan(G, cache);
   return `extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.split(t, cache, D, G)}(const float* q, const ${C}* cache_k, const ${C}* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, int M, int KV, int n_chunks, float scale) { da_split<${C}, ${D}, ${G}, ${chunk}, ${elems}>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale); }`;
+}
+
+/** The split with the combine folded in: `out` [R, 1, H·D] in T and `counters` int32 [R·KV] (zero between launches) besides the split's arguments. */
+function splitFusedEntry(t: TypeName, C: string, cache: DecodeCacheKind, D: number, G: number): string {
+  const { chunk, elems } = decodeSplitPlan(G, cache);
+  const T = DECODE_TYPES[t].c;
+  return `extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.splitFused(t, cache, D, G)}(const float* q, const ${C}* cache_k, const ${C}* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, ${T}* out, int* counters, int M, int KV, int n_chunks, float scale) { da_split<${C}, ${D}, ${G}, ${chunk}, ${elems}, ${T}, true>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale, out, counters); }`;
 }
 
 function entryPoints(): string {
@@ -114,6 +127,7 @@ function entryPoints(): string {
         );
       }
       for (const G of DECODE_GROUPS) out.push(splitEntry(t, T, 'native', D, G));
+      for (const G of DECODE_GROUPS) out.push(splitFusedEntry(t, T, 'native', D, G), splitFusedEntry(t, fp8, 'float8e4m3', D, G));
       for (const chunk of chunks) {
         out.push(
           `extern "C" __global__ void __launch_bounds__(${D}) ${decodeKernelName.combine(t, D, chunk)}(const float* o_part, const float* lse_part, const int* seqlens, ${T}* out, int M, int H, int n_chunks) { da_combine<${T}, ${D}, ${chunk}>(o_part, lse_part, seqlens, out, M, H, n_chunks); }`,
@@ -166,6 +180,11 @@ __device__ __forceinline__ float2 fp8x2_to(unsigned short v) {
 #endif
 
 __device__ __forceinline__ float da_neg_inf() { return __int_as_float(0xff800000); }
+// A float of another CTA's writes: through L2 (L1 is not coherent across SMs) when CG.
+template <bool CG> __device__ __forceinline__ float da_ld(const float* p) {
+  if constexpr (CG) return __ldcg(p);
+  else return *p;
+}
 __device__ __forceinline__ float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
@@ -256,9 +275,13 @@ __device__ __forceinline__ void unpack_e(const typename RawBytes<E * sizeof(C)>:
 
 // CHUNK positions a CTA, E elements a thread (one load), the e4m3 scales applied in the softmax pass,
 // and the P·V partial rows summed by shuffles within each warp first.
-template <typename C, int D, int G, int CHUNK, int E>
+// FUSED: the combine folded in — the CTA that completes its (row, KV head)'s count of done chunks
+// merges them into out (T) and resets the counter; a row of length 0 gets zeros from its chunk 0.
+template <int D, int CHUNK, bool CG>
+__device__ __forceinline__ float da_merge(const float* o_part, const float* lse_part, i64 rh, int len, int n_chunks, int d);
+template <typename C, int D, int G, int CHUNK, int E, typename T = float, bool FUSED = false>
 __device__ void da_split(const float* q, const C* cache_k, const C* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part,
-                         int M, int KV, int n_chunks, float scale) {
+                         int M, int KV, int n_chunks, float scale, T* out = nullptr, int* counters = nullptr) {
   constexpr int TPR = D / E;               // threads per cache row
   constexpr int RPI = DA_THREADS / TPR;    // cache rows per pass of the block
   constexpr int W = DA_THREADS / 32;       // warps
@@ -275,7 +298,12 @@ __device__ void da_split(const float* q, const C* cache_k, const C* cache_v, con
   const int c = blockIdx.x, h = blockIdx.y, r = blockIdx.z, tid = threadIdx.x;
   const int len = min(seqlens[r] + 1, M);
   const int start = c * CHUNK;
-  if (start >= len) return;
+  if (start >= len) {
+    if constexpr (FUSED)
+      if (len <= 0 && c == 0)
+        for (int e = tid; e < G * D; e += DA_THREADS) out[((i64)r * KV * G + h * G) * D + e] = da_t<T>(0.0f);
+    return;
+  }
   const int n = min(CHUNK, len - start);
   const int sub = tid % TPR, row = tid / TPR, d0 = sub * E;
   const int warp = tid / 32, lane = tid % 32;
@@ -420,9 +448,47 @@ __device__ void da_split(const float* q, const C* cache_k, const C* cache_v, con
     o_part[at * D + d] = o / ml[2 * g + 1];
     if (d == 0) lse_part[at] = ml[2 * g] + logf(ml[2 * g + 1]);
   }
+  if constexpr (FUSED) {
+    // Every thread's partials visible device-wide before thread 0 counts the CTA done.
+    __threadfence();
+    __syncthreads();
+    int* last = reinterpret_cast<int*>(sc);  // the scores are no longer read
+    if (tid == 0) {
+      int* counter = counters + (i64)r * KV + h;
+      const int done = atomicAdd(counter, 1);
+      const bool is_last = done == (len + CHUNK - 1) / CHUNK - 1;
+      // Every other CTA of the row has counted: the next layer and the next graph replay find 0.
+      if (is_last) *counter = 0;
+      __threadfence();
+      *last = is_last;
+    }
+    __syncthreads();
+    if (!*last) return;
+    for (int e = tid; e < G * D; e += DA_THREADS) {
+      const int g = e / D, d = e % D;
+      const i64 rh = (i64)r * H + h * G + g;
+      out[rh * D + d] = da_t<T>(da_merge<D, CHUNK, true>(o_part, lse_part, rh, len, n_chunks, d));
+    }
+  }
 }
 
-// A CTA of D threads per (row, query head): the chunks' (of CHUNK positions) outputs weighted by exp(lse − max lse).
+// Element d of query head rh (r·H + head) merged over the ceil(len / CHUNK) chunks of its row: the chunks' outputs weighted by exp(lse − max lse).
+template <int D, int CHUNK, bool CG>
+__device__ __forceinline__ float da_merge(const float* o_part, const float* lse_part, i64 rh, int len, int n_chunks, int d) {
+  const int n = (len + CHUNK - 1) / CHUNK;
+  const float* L = lse_part + rh * n_chunks;
+  float mx = da_neg_inf();
+  for (int c = 0; c < n; ++c) mx = fmaxf(mx, da_ld<CG>(L + c));
+  float num = 0.0f, den = 0.0f;
+  for (int c = 0; c < n; ++c) {
+    const float w = __expf(da_ld<CG>(L + c) - mx);
+    den += w;
+    num += w * da_ld<CG>(o_part + (rh * n_chunks + c) * D + d);
+  }
+  return num / den;
+}
+
+// A CTA of D threads per (row, query head).
 template <typename T, int D, int CHUNK>
 __device__ void da_combine(const float* o_part, const float* lse_part, const int* seqlens, T* out, int M, int H, int n_chunks) {
   const int rh = blockIdx.x, r = rh / H, d = threadIdx.x;
@@ -431,17 +497,7 @@ __device__ void da_combine(const float* o_part, const float* lse_part, const int
     out[(i64)rh * D + d] = da_t<T>(0.0f);
     return;
   }
-  const int n = (len + CHUNK - 1) / CHUNK;
-  const float* L = lse_part + (i64)rh * n_chunks;
-  float mx = da_neg_inf();
-  for (int c = 0; c < n; ++c) mx = fmaxf(mx, L[c]);
-  float num = 0.0f, den = 0.0f;
-  for (int c = 0; c < n; ++c) {
-    const float w = __expf(L[c] - mx);
-    den += w;
-    num += w * o_part[((i64)rh * n_chunks + c) * D + d];
-  }
-  out[(i64)rh * D + d] = da_t<T>(num / den);
+  out[(i64)rh * D + d] = da_t<T>(da_merge<D, CHUNK, false>(o_part, lse_part, rh, len, n_chunks, d));
 }
 
 // A warp per cache row of D elements: e4m3 bytes scaled by the row's amax, and the scale (amax/448).

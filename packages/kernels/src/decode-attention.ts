@@ -67,6 +67,7 @@ type Ptr = ArgValue<'ptr'>;
 type AppendSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'f32', 'ptr', 'i32', 'i32', 'i32', 'i32', 'i32'];
 type SplitSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'];
 type CombineSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'];
+type SplitFusedSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'];
 type QuantizeSig = readonly ['ptr', 'ptr', 'ptr', 'i64'];
 type CopySig = readonly ['ptr', 'ptr', 'i64'];
 
@@ -112,9 +113,26 @@ export interface DecodeStepArgs {
 export type DecodeStepPart = 'append' | 'split' | 'combine';
 const ALL_PARTS: readonly DecodeStepPart[] = ['append', 'split', 'combine'];
 
+/**
+ * How a step merges a row's chunks: `separate` launches the combine kernel after the split; `fused`
+ * folds it into the split (the last CTA of each row and KV head merges, counted on a persistent
+ * int32 counter buffer), one launch fewer with the same output bit for bit.
+ */
+export type DecodeCombine = 'separate' | 'fused';
+
+/** Options of {@link DecodeAttention.step}. */
+export interface DecodeStepOptions {
+  /** Default `separate`. With `fused` the `split` part launches the fused kernel and `combine` launches nothing. */
+  combine?: DecodeCombine;
+}
+
 /** The compiled decode-attention kernels of one device. */
 export class DecodeAttention {
   private readonly fns = new Map<string, Kernel<readonly ('ptr' | 'i32' | 'f32' | 'i64')[]>>();
+  /** The fused combine's counters (int32, zero between launches) and how many words they hold. */
+  private counters: { ptr: Handle; words: number } | undefined;
+  /** Smaller counter buffers a larger step replaced: kept until dispose, since a captured graph may still replay with one. */
+  private readonly retired: Handle[] = [];
 
   private constructor(
     readonly kernels: Kernels,
@@ -136,8 +154,32 @@ export class DecodeAttention {
     return k as unknown as Kernel<S>;
   }
 
-  /** Queues append, split and combine (or only `parts` of them) on `stream` (default: the kernels' stream). */
-  step(shape: DecodeAttentionShape, a: DecodeStepArgs, stream?: Handle, parts: readonly DecodeStepPart[] = ALL_PARTS): void {
+  /**
+   * The fused combine's counters for `words` (rows × KV heads), allocated zeroed (the memset queued
+   * on `stream`) or grown outside a capture: a graph keeps the address it captured, so a capture
+   * that needs more than exist is refused.
+   */
+  private countersFor(words: number, stream: Handle): Handle {
+    if (this.counters && this.counters.words >= words) return this.counters.ptr;
+    const driver = this.kernels.driver;
+    if (driver.isCapturing(stream)) {
+      throw new Error(
+        `decode attention: the fused combine needs ${words} counters (rows × KV heads) but ${this.counters?.words ?? 0} exist, and the stream is capturing a CUDA graph (which cannot allocate); run a step of the largest batch before capturing`,
+      );
+    }
+    const ptr = driver.alloc(words * 4);
+    driver.memsetD32(ptr, 0, words, stream);
+    if (this.counters) this.retired.push(this.counters.ptr);
+    this.counters = { ptr, words };
+    return ptr;
+  }
+
+  /**
+   * Queues append, split and combine (or only `parts` of them) on `stream` (default: the kernels'
+   * stream); `opts.combine` `fused` merges in the split (see {@link DecodeCombine}). Fused steps
+   * share one counter buffer, so they must run in order on one stream.
+   */
+  step(shape: DecodeAttentionShape, a: DecodeStepArgs, stream?: Handle, parts: readonly DecodeStepPart[] = ALL_PARTS, opts: DecodeStepOptions = {}): void {
     const why = decodeAttentionUnsupported(shape);
     if (why) throw new Error(`decode attention kernels do not support ${why}`);
     const { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, cache } = shape;
@@ -150,7 +192,16 @@ export class DecodeAttention {
     const combine = this.fn(decodeKernelName.combine(t, D, decodeSplitChunk(cache)), ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'] as CombineSig);
     const kS = a.kScale ?? 0n;
     const vS = a.vScale ?? 0n;
+    const fused = opts.combine === 'fused';
     if (parts.includes('append')) append.launch({ grid: [R, KV], block: D, sharedBytes: decodeAppendSmem(D), stream }, a.q, a.k, a.v, a.cacheK, a.cacheV, kS, vS, a.seqlens, a.cos, a.sin, a.qNorm ?? 0n, a.kNorm ?? 0n, a.epsilon ?? 1e-6, a.qRot, M, H, KV, a.qStride ?? H * D, a.kvStride ?? KV * D);
+    if (fused) {
+      if (!parts.includes('split')) return;
+      const on = stream ?? this.kernels.stream;
+      const splitFused = this.fn(decodeKernelName.splitFused(t, cache, D, G), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'] as SplitFusedSig);
+      const counters = this.countersFor(R * KV, on);
+      splitFused.launch({ grid: [C, KV, R], block: DECODE_THREADS, sharedBytes: decodeSplitSmem(D, G, cache), stream: on }, a.qRot, a.cacheK, a.cacheV, kS, vS, a.seqlens, a.oPart, a.lsePart, a.out, counters, M, KV, C, 1 / Math.sqrt(D));
+      return;
+    }
     if (parts.includes('split')) split.launch({ grid: [C, KV, R], block: DECODE_THREADS, sharedBytes: decodeSplitSmem(D, G, cache), stream }, a.qRot, a.cacheK, a.cacheV, kS, vS, a.seqlens, a.oPart, a.lsePart, M, KV, C, 1 / Math.sqrt(D));
     if (parts.includes('combine')) combine.launch({ grid: R * H, block: D, stream }, a.oPart, a.lsePart, a.seqlens, a.out, M, H, C);
   }
@@ -161,6 +212,13 @@ export class DecodeAttention {
     const warps = DECODE_THREADS / 32;
     const k = this.fn(decodeKernelName.quantize(dtype as keyof typeof DECODE_TYPES, headDim), ['ptr', 'ptr', 'ptr', 'i64'] as QuantizeSig);
     if (a.rows > 0) k.launch({ grid: Math.ceil(a.rows / warps), block: DECODE_THREADS, stream }, a.x, a.y, a.scale, a.rows);
+  }
+
+  /** Frees the fused combine's counters (after the work using them is done; the compiled module stays with the kernels). */
+  dispose(): void {
+    for (const p of this.retired.splice(0)) this.kernels.driver.free(p);
+    if (this.counters) this.kernels.driver.free(this.counters.ptr);
+    this.counters = undefined;
   }
 
   /** Queues a device copy of `bytes` (a multiple of 4). */
@@ -398,6 +456,8 @@ export interface DecodeAttentionOps {
   domain: CustomOpDomain;
   /** How the cache is held. */
   cache: DecodeCacheKind;
+  /** How the CUDA computes merge a row's chunks (the CPU form computes the host reference either way). */
+  combine: DecodeCombine;
   /** The RMSNorm epsilon of the Q/K norm (nodes given `qkNorm`). */
   qkNormEpsilon: number;
   /** The cache tensors' element type: the compute dtype, or uint8 for e4m3. */
@@ -425,13 +485,17 @@ let domainCount = 0;
  * their computes launch `kernels` (which must be the kernels whose stream the device's sessions run
  * on), on the CPU they compute {@link decodeAttentionReference} on the host (float32). `cache`
  * `float8e4m3` holds the cache as e4m3 bytes with per-vector scales. `qkNormEpsilon`: the model's
- * RMSNorm epsilon for its Q/K norm (when `attend` gets `qkNorm`).
+ * RMSNorm epsilon for its Q/K norm (when `attend` gets `qkNorm`). `combine` `fused` (default
+ * `separate`): the CUDA computes merge the chunks inside the split kernel (see {@link DecodeCombine});
+ * the counters it needs are allocated by the first compute, so run one regular step of the largest
+ * batch before a CUDA graph captures.
  */
-export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttention, opts: { cache?: DecodeCacheKind; qkNormEpsilon?: number } = {}): DecodeAttentionOps {
+export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttention, opts: { cache?: DecodeCacheKind; qkNormEpsilon?: number; combine?: DecodeCombine } = {}): DecodeAttentionOps {
   if (provider === 'cuda' && !kernels) throw new Error('decodeAttentionOps: CUDA needs the compiled DecodeAttention kernels (DecodeAttention.compile on the kernels of the device)');
   const cache = opts.cache ?? 'native';
   const fp8 = cache === 'float8e4m3';
   const eps = opts.qkNormEpsilon ?? 1e-6;
+  const combine = opts.combine ?? 'separate';
   const domain = new CustomOpDomain(`lathe.decode${domainCount++}`);
   const api = CApi.get();
   const dtypes: DType[] = provider === 'cuda' ? ['bfloat16', 'float16'] : ['float32'];
@@ -499,7 +563,7 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
             if (fp8 && pks !== kS.data) kernels.copy(kS.data, pks, R * KV * M * 4);
             if (fp8 && pvs !== vS.data) kernels.copy(vS.data, pvs, R * KV * M * 4);
             const qkvArgs = packed ? packedQkvArgs(qkv[0].data, shape) : { q: qkv[0].data, k: qkv[1].data, v: qkv[2].data };
-            kernels.step(shape, { ...qkvArgs, cacheK: pk, cacheV: pv, kScale: pks, vScale: pvs, seqlens: seqlens.data, cos: cos.data, sin: sin.data, qNorm: qn?.data, kNorm: kn?.data, epsilon: eps, out, qRot, oPart, lsePart });
+            kernels.step(shape, { ...qkvArgs, cacheK: pk, cacheV: pv, kScale: pks, vScale: pvs, seqlens: seqlens.data, cos: cos.data, sin: sin.data, qNorm: qn?.data, kNorm: kn?.data, epsilon: eps, out, qRot, oPart, lsePart }, undefined, undefined, { combine });
             return;
           }
           const host = (t: typeof ck) => (fp8 ? readBytes(t.data, count(t.dims)) : readF32(t.data, count(t.dims)));
@@ -591,5 +655,5 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
     const [data, scale] = L.applyOp(op, [x], {});
     return { data, scale };
   };
-  return { domain, cache, qkNormEpsilon: eps, stats, cacheDtype: (dt) => (fp8 ? 'uint8' : dt), attend, attendPacked, quantize, check: () => domain.check(), dispose: () => domain.dispose() };
+  return { domain, cache, combine, qkNormEpsilon: eps, stats, cacheDtype: (dt) => (fp8 ? 'uint8' : dt), attend, attendPacked, quantize, check: () => domain.check(), dispose: () => domain.dispose() };
 }

@@ -100,6 +100,10 @@ export class CudaDriver {
       graphLaunch: decl('int cuGraphLaunch(void* exec, void* stream)'),
       graphExecDestroy: decl('int cuGraphExecDestroy(void* exec)'),
       graphDestroy: decl('int cuGraphDestroy(void* graph)'),
+      memAlloc: either('int cuMemAlloc_v2(_Out_ uint64_t* dptr, size_t n)', 'int cuMemAlloc(_Out_ uint64_t* dptr, size_t n)'),
+      memFree: either('int cuMemFree_v2(uint64_t dptr)', 'int cuMemFree(uint64_t dptr)'),
+      memsetD32: decl('int cuMemsetD32Async(uint64_t dst, unsigned int value, size_t n, void* stream)'),
+      isCapturing: decl('int cuStreamIsCapturing(void* stream, _Out_ int* status)'),
     };
     this.errName = decl('int cuGetErrorName(int code, _Out_ const char** name)');
     this.errString = decl('int cuGetErrorString(int code, _Out_ const char** text)');
@@ -249,6 +253,30 @@ export class CudaDriver {
     if (dst.byteLength === 0) return;
     this.check('cuMemcpyDtoHAsync', this.f.memcpyDtoH(dst, src, dst.byteLength, stream));
     this.synchronize(stream);
+  }
+
+  /** Allocates `bytes` of device memory in the current context (not allowed while a stream captures in global mode). */
+  alloc(bytes: number): Handle {
+    const out: (number | bigint)[] = [0];
+    this.check('cuMemAlloc', this.f.memAlloc(out, bytes));
+    return BigInt(out[0]);
+  }
+
+  /** Frees memory from {@link alloc}. */
+  free(ptr: Handle): void {
+    this.check('cuMemFree', this.f.memFree(ptr));
+  }
+
+  /** Queues setting `count` 32-bit words at `dst` to `value` on `stream`. */
+  memsetD32(dst: Handle, value: number, count: number, stream: Handle): void {
+    if (count > 0) this.check('cuMemsetD32Async', this.f.memsetD32(dst, value >>> 0, count, stream));
+  }
+
+  /** Whether `stream` is being captured into a CUDA graph (an invalidated capture counts). */
+  isCapturing(stream: Handle): boolean {
+    const status = [0];
+    this.check('cuStreamIsCapturing', this.f.isCapturing(stream, status));
+    return status[0] !== 0;
   }
 
   /**

@@ -7,7 +7,10 @@
  * at length 1 and at the cache length, and the log-sum-exp merge; for e4m3 caches the prefill's
  * quantize kernel against the same per-vector rule. Every head size and group for both cache kinds,
  * launched with the TypeScript plan's chunk, elements a thread and shared bytes; the append on q/k/v
- * packed in one projection (row strides) equal to the plain one bit for bit. Needs g++ (C++20);
+ * packed in one projection (row strides) equal to the plain one bit for bit; the split with the combine
+ * folded in (the last CTA of a row merges) equal to split + combine bit for bit, its counters back to 0
+ * after each of two launches (the second in reverse block order, four CTAs at a time), one merging CTA
+ * per (row, KV head). Needs g++ (C++20);
  * the device check (tools/bench/kernels/decode-check.ts) tests the real build.
  */
 import { execFileSync } from 'node:child_process';
@@ -30,7 +33,7 @@ interface Err {
   max_err: number;
   max_ref: number;
 }
-type Result = Record<'out' | 'q' | 'k_new' | 'v_new', Err> & { untouched: boolean; quantize_equal: boolean; packed_equal: boolean; chunks: number };
+type Result = Record<'out' | 'q' | 'k_new' | 'v_new', Err> & { untouched: boolean; quantize_equal: boolean; packed_equal: boolean; fused_equal: boolean; counters_zero: boolean; counts_exact: boolean; chunks: number };
 type Cache = 'native' | 'fp8';
 const kindOf = (cache: Cache): DecodeCacheKind => (cache === 'fp8' ? 'float8e4m3' : 'native');
 
@@ -57,6 +60,11 @@ function expectClose(r: Result, dtype: 'bf16' | 'fp16', cache: Cache): void {
   expect(r.quantize_equal).toBe(true);
   // the append on q/k/v packed in one [R, (H + 2·KV)·D] buffer (DecodeAttentionPacked) writes the same cache, scales and queries, bit for bit
   expect(r.packed_equal).toBe(true);
+  // the split with the combine folded in (run twice on the same counters, the second in reverse block order, 4 CTAs at a time) writes split + combine's output bit for bit and leaves every counter 0
+  expect(r.fused_equal).toBe(true);
+  expect(r.counters_zero).toBe(true);
+  // each (row, KV head)'s counter returned 0 … chunks − 1 once each: exactly one CTA merged
+  expect(r.counts_exact).toBe(true);
 }
 
 describe.each(['native', 'fp8'] as const)('bf16, %s cache, QK-norm, cache length 300', (cache) => {
@@ -85,6 +93,17 @@ test('fp16, head size 128, G 2, QK-norm, native and e4m3', () => {
   expectClose(run(3, 2, 2, 128, 'fp16', 'fp8', 260, true, [260, 257, 1]), 'fp16', 'fp8');
 }, 60_000);
 
+test('the fused combine: a row of length 0 gets zeros, rows of one chunk, several and the maximum, both cache kinds', () => {
+  for (const cache of ['native', 'fp8'] as const) {
+    const chunk = decodeSplitChunk(kindOf(cache));
+    const r = run(4, 2, 2, 128, 'bf16', cache, 2 * chunk + 10, false, [0, chunk, 2 * chunk + 10, chunk + 5]);
+    expect(r.chunks).toBe(3);
+    expect(r.fused_equal).toBe(true);
+    expect(r.counters_zero).toBe(true);
+    expect(r.counts_exact).toBe(true);
+  }
+}, 60_000);
+
 test('the plan: e4m3 16 elements a thread up to G 4, 8 past it, chunks of 256; native 8 over 128', () => {
   expect(decodeSplitPlan(4, 'float8e4m3')).toEqual({ chunk: 256, elems: 16 });
   expect(decodeSplitPlan(8, 'float8e4m3')).toEqual({ chunk: 256, elems: 8 });
@@ -102,7 +121,10 @@ test('the source has an entry point for exactly the kernels a step, quantize and
       for (const cache of ['native', 'float8e4m3'] as const) {
         want.add(decodeKernelName.append(t, cache, D));
         want.add(decodeKernelName.combine(t, D, decodeSplitChunk(cache)));
-        for (const G of DECODE_GROUPS) want.add(decodeKernelName.split(t, cache, D, G));
+        for (const G of DECODE_GROUPS) {
+          want.add(decodeKernelName.split(t, cache, D, G));
+          want.add(decodeKernelName.splitFused(t, cache, D, G));
+        }
       }
     }
   }

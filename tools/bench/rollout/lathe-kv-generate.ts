@@ -7,14 +7,15 @@
  * usage: node lathe-kv-generate.js --model DIR --prompts prompts.json[,more.json] --max-new N
  *          [--dtype bfloat16] [--group N] [--temperature T] [--top-k K] [--top-p P] [--repeat N] [--cuda-graph] [--memory-pattern]
  *          [--out samples.json[,more-samples.json]] [--device cuda|cpu] [--profile PREFIX]
- *          [--fast | --decode-attention gqa|kernel [--kv-cache-dtype float8e4m3] --swiglu-kernel --greedy-pick --concat-projections --residual-dtype float32|compute]
+ *          [--fast | --decode-attention gqa|kernel [--kv-cache-dtype float8e4m3] [--fused-combine] --swiglu-kernel --greedy-pick --concat-projections --residual-dtype float32|compute]
  * With no stop ids every row runs to --max-new, so the token count is exact. Prints one JSON line
  * per prompt file, in order; several prompt files share one process and one weight upload (and
  * one generator while their row count and length agree). --out writes each row's tokens and their
  * raw log-probs ({ tokens, raw }[]) for agreement checks, one file per prompt file.
  * The engine's opt-in kernels (CUDA; the device is then opened through Lathe's kernels, whose stream
  * the sessions share): --decode-attention kernel (Lathe's decode attention in place of
- * GroupQueryAttention) [--kv-cache-dtype float8e4m3], --swiglu-kernel, --greedy-pick, and the graph
+ * GroupQueryAttention) [--kv-cache-dtype float8e4m3] [--fused-combine: its chunks merged inside the split
+ * kernel, one launch fewer a layer; not part of --fast], --swiglu-kernel, --greedy-pick, and the graph
  * options --concat-projections and --residual-dtype compute; --fast is all of them with the e4m3 cache.
  */
 import { readFileSync, writeFileSync } from 'node:fs';
@@ -46,6 +47,8 @@ async function main(): Promise<void> {
   const kvCacheDtype = fast ? 'float8e4m3' : arg('kv-cache-dtype', '');
   if (kvCacheDtype && kvCacheDtype !== 'float8e4m3') throw new Error(`--kv-cache-dtype ${kvCacheDtype}: float8e4m3 (or leave it out)`);
   if (kvCacheDtype && !decodeKernel) throw new Error('--kv-cache-dtype float8e4m3 needs --decode-attention kernel');
+  const combine = flag('fused-combine') ? 'fused' : 'separate';
+  if (combine === 'fused' && !decodeKernel) throw new Error('--fused-combine needs --decode-attention kernel (or --fast)');
   const useSwiglu = fast || flag('swiglu-kernel');
   const usePick = fast || flag('greedy-pick');
   const withKernels = decodeKernel || useSwiglu || usePick;
@@ -58,7 +61,7 @@ async function main(): Promise<void> {
     if (!opened) return {};
     const k = opened.kernels;
     return {
-      ...(decodeKernel ? { decodeAttention: decodeAttentionOps('cuda', DecodeAttention.compile(k, include), { cache: kvCacheDtype ? 'float8e4m3' : 'native', qkNormEpsilon: eps }) } : {}),
+      ...(decodeKernel ? { decodeAttention: decodeAttentionOps('cuda', DecodeAttention.compile(k, include), { cache: kvCacheDtype ? 'float8e4m3' : 'native', qkNormEpsilon: eps, combine }) } : {}),
       ...(kvCacheDtype ? { kvCacheDtype: 'float8e4m3' as const } : {}),
       ...(useSwiglu ? { swiglu: swigluOps('cuda', SwigluKernels.compile(k, include)) } : {}),
       ...(usePick ? { greedyPick: greedyPickOps('cuda', GreedyPickKernels.compile(k, include)) } : {}),

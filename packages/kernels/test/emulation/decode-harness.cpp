@@ -1,7 +1,8 @@
 // Runs Lathe's decode-attention kernels (da.cu, the TypeScript source's templates written out by the test)
 // on the CPU through emu.h — append (QK-norm, RoPE, cache write or e4m3 quantization), the split-KV pass
-// and the log-sum-exp merge — against the same step computed in double, and the append again on q/k/v
-// packed in one buffer (row strides (H + 2·KV)·D) against the first, byte for byte; prints one JSON line.
+// and the log-sum-exp merge — against the same step computed in double, the append again on q/k/v
+// packed in one buffer (row strides (H + 2·KV)·D) against the first, byte for byte, and the split with the
+// combine folded in against split + combine, byte for byte; prints one JSON line.
 // usage: decode-harness R KV G D bf16|fp16 native|fp8 M qknorm(0|1) chunk elems smem len0 len1 ...
 // (chunk, elems a thread and shared bytes of the split as the TypeScript plans them: the harness checks
 // chunk and elems against the templates it instantiates and launches with smem, so a short plan trips
@@ -147,11 +148,40 @@ static void run(int R, int KV, int M, bool qknorm, const Split& split, const std
   });
   emu::launch({unsigned(R * H), 1, 1}, D, 0, [&] { da_combine<T, D, CHUNK>(opart.data(), lsepart.data(), seqlens.data(), out.data(), M, H, NC); });
 
+  // The split with the combine folded in, twice on the same counters (in launch order, then in reverse
+  // with four CTAs at a time): the separate kernels' output bit for bit, every counter back to 0, and
+  // each (row, KV head)'s adds returning 0, 1, …, chunks − 1 once each (exactly one CTA sees itself last).
+  bool fused_equal = true, counters_zero = true, counts_exact = true;
+  {
+    std::vector<int> counters(size_t(R) * KV, 0);
+    for (int pass = 0; pass < 2; ++pass) {
+      std::vector<float> op(opart.size(), -7.0f), lp(lsepart.size(), -7.0f);
+      std::vector<T> fo(out.size(), emu_from_float<T>(-7.0f));
+      emu::atomic_log.clear();
+      auto kernel = [&] { da_split<C, D, G, CHUNK, E, T, true>(qrot.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), op.data(), lp.data(), M, KV, NC, scale, fo.data(), counters.data()); };
+      if (pass == 0) emu::launch({unsigned(NC), unsigned(KV), unsigned(R)}, DA_THREADS, split.smem, kernel);
+      else emu::launch_concurrent({unsigned(NC), unsigned(KV), unsigned(R)}, DA_THREADS, split.smem, 4, kernel);
+      fused_equal = fused_equal && std::memcmp(fo.data(), out.data(), out.size() * sizeof(T)) == 0;
+      for (int c : counters) counters_zero = counters_zero && c == 0;
+      std::vector<std::vector<int>> seen(counters.size());
+      for (const auto& [p, old] : emu::atomic_log) seen[p - counters.data()].push_back(old);
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < KV; ++h) {
+          std::vector<int>& got = seen[size_t(r) * KV + h];
+          std::sort(got.begin(), got.end());
+          const int want = (std::max(0, std::min(lens[r], M)) + CHUNK - 1) / CHUNK;
+          counts_exact = counts_exact && int(got.size()) == want;
+          for (int i = 0; i < int(got.size()); ++i) counts_exact = counts_exact && got[i] == i;
+        }
+    }
+  }
+
   // The same step in double, rounded to T where the kernels keep T values.
   Err eo, eq, ek, ev;
   bool untouched = true;
   for (int r = 0; r < R; ++r) {
     const int pos = seqlens[r];
+    if (pos < 0) continue;  // a row of length 0: nothing appended, its output 0 (the fused check compares it)
     for (int h = 0; h < KV; ++h) {
       auto prep = [&](const T* x, const T* w) {
         std::vector<double> y(D), z(D);
@@ -204,7 +234,7 @@ static void run(int R, int KV, int M, bool qknorm, const Split& split, const std
       }
     }
   }
-  std::printf("{%s,%s,%s,%s,\"untouched\":%s,\"quantize_equal\":%s,\"packed_equal\":%s,\"chunks\":%d}\n", js("out", eo).c_str(), js("q", eq).c_str(), js("k_new", ek).c_str(), js("v_new", ev).c_str(), untouched ? "true" : "false", quantize_equal ? "true" : "false", packed_equal ? "true" : "false", NC);
+  std::printf("{%s,%s,%s,%s,\"untouched\":%s,\"quantize_equal\":%s,\"packed_equal\":%s,\"fused_equal\":%s,\"counters_zero\":%s,\"counts_exact\":%s,\"chunks\":%d}\n", js("out", eo).c_str(), js("q", eq).c_str(), js("k_new", ek).c_str(), js("v_new", ev).c_str(), untouched ? "true" : "false", quantize_equal ? "true" : "false", packed_equal ? "true" : "false", fused_equal ? "true" : "false", counters_zero ? "true" : "false", counts_exact ? "true" : "false", NC);
 }
 
 // bf16 has a build for every head size and group; fp16 for 128/2 and 64/4 (the types share the split's code).

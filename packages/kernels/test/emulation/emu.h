@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -170,5 +171,75 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::fu
         for (size_t i = 0; i < guard; ++i)
           if (base[smem_bytes + i] != 0xcd) { std::fprintf(stderr, "kernel wrote shared memory past the %zu bytes launched with\n", smem_bytes); std::exit(3); }
       }
+}
+}  // namespace emu
+
+// Device-wide atomics and fences for the "last CTA done" pattern: a std::atomic_ref add, a full fence,
+// and an L2 load (a plain load: the host has no incoherent L1).
+namespace emu {
+// Every int atomicAdd's address and the value it returned, for a harness to check a counting protocol.
+inline std::mutex atomic_log_lock;
+inline std::vector<std::pair<const int*, int>> atomic_log;
+}  // namespace emu
+inline int atomicAdd(int* p, int v) {
+  const int old = std::atomic_ref<int>(*p).fetch_add(v);
+  std::lock_guard<std::mutex> hold(emu::atomic_log_lock);
+  emu::atomic_log.emplace_back(p, old);
+  return old;
+}
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline float __ldcg(const float* p) { return std::atomic_ref<const float>(*p).load(std::memory_order_relaxed); }
+
+namespace emu {
+// Runs `kernel` over a grid in reverse block order, `concurrent` blocks at a time (each its own shared
+// memory and barriers), so code that counts blocks done meets neither launch order nor one block alone.
+inline void launch_concurrent(dim3 grid, unsigned threads, size_t smem_bytes, unsigned concurrent, const std::function<void()>& kernel) {
+  const size_t guard = 4096;
+  std::vector<dim3> blocks;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) blocks.push_back({bx, by, bz});
+  std::reverse(blocks.begin(), blocks.end());
+  for (size_t first = 0; first < blocks.size(); first += concurrent) {
+    const size_t n = std::min<size_t>(concurrent, blocks.size() - first);
+    struct Block {
+      std::vector<unsigned char> smem;
+      unsigned char* base;
+      std::unique_ptr<std::barrier<>> block;
+      std::vector<std::unique_ptr<std::barrier<>>> warps;
+      std::vector<float> exchange;
+      std::vector<uint64_t> slots;
+    };
+    std::vector<Block> bs(n);
+    for (auto& b : bs) {
+      b.smem.assign(smem_bytes + guard + 128, 0xcd);
+      b.base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(b.smem.data()) + 127) & ~uintptr_t(127));
+      b.block = std::make_unique<std::barrier<>>(threads);
+      for (unsigned w = 0; w < (threads + 31) / 32; ++w) b.warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - 32 * w)));
+      b.exchange.resize(threads);
+      b.slots.resize(size_t(threads) * 8);
+    }
+    std::vector<std::thread> pool;
+    for (size_t i = 0; i < n; ++i)
+      for (unsigned t = 0; t < threads; ++t)
+        pool.emplace_back([&, i, t] {
+          Block& b = bs[i];
+          blockIdx = blocks[first + i];
+          threadIdx = {t, 0, 0};
+          blockDim = {threads, 1, 1};
+          gridDim = grid;
+          t_smem = b.base;
+          t_block = b.block.get();
+          t_warp = b.warps[t / 32].get();
+          t_exchange = b.exchange.data() + (t / 32) * 32;
+          t_slots = b.slots.data() + (t / 32) * 32 * 8;
+          t_lane = t % 32;
+          kernel();
+        });
+    for (auto& th : pool) th.join();
+    for (auto& b : bs)
+      for (size_t i = 0; i < guard; ++i)
+        if (b.base[smem_bytes + i] != 0xcd) { std::fprintf(stderr, "kernel wrote shared memory past the %zu bytes launched with\n", smem_bytes); std::exit(3); }
+  }
 }
 }  // namespace emu

@@ -1,0 +1,86 @@
+/**
+ * DecodeAttention.step's host side with the combine folded into the split (`combine: 'fused'`), on a
+ * stand-in for the kernels and driver that records launches and allocations: append + the fused split
+ * (no combine launch) with the counter buffer as its argument; the buffer allocated zeroed on the
+ * step's stream, reused for smaller batches, grown (the old one kept for graphs that captured it)
+ * outside a capture and refused during one; dispose frees them all. The kernels themselves are tested
+ * in decode-attention-emulated.test.ts and on the device by tools/bench/kernels/decode-check.ts.
+ */
+import { DecodeAttention, decodeKernelName, type DecodeAttentionShape, type DecodeStepArgs, type Kernels } from '@lathe/kernels';
+
+interface Launch {
+  name: string;
+  grid: unknown;
+  args: unknown[];
+}
+
+function fake(): { kernels: Kernels; launches: Launch[]; allocs: { ptr: bigint; bytes: number }[]; memsets: unknown[][]; freed: bigint[]; capturing: { on: boolean } } {
+  const launches: Launch[] = [];
+  const allocs: { ptr: bigint; bytes: number }[] = [];
+  const memsets: unknown[][] = [];
+  const freed: bigint[] = [];
+  const capturing = { on: false };
+  let next = 0x1000n;
+  const driver = {
+    alloc: (bytes: number) => {
+      const ptr = next;
+      next += 0x1000n;
+      allocs.push({ ptr, bytes });
+      return ptr;
+    },
+    free: (ptr: bigint) => void freed.push(ptr),
+    memsetD32: (...a: unknown[]) => void memsets.push(a),
+    isCapturing: () => capturing.on,
+  };
+  const kernels = {
+    stream: 77n,
+    driver,
+    compile: () => ({ kernel: (name: string) => ({ launch: (cfg: { grid: unknown }, ...args: unknown[]) => void launches.push({ name, grid: cfg.grid, args }) }) }),
+  };
+  return { kernels: kernels as unknown as Kernels, launches, allocs, memsets, freed, capturing };
+}
+
+const shape = (rows: number): DecodeAttentionShape => ({ rows, numHeads: 16, numKvHeads: 8, headDim: 128, maxLength: 1024, dtype: 'bfloat16', cache: 'native' });
+const args: DecodeStepArgs = { q: 1n, k: 2n, v: 3n, cacheK: 4n, cacheV: 5n, seqlens: 6n, cos: 7n, sin: 8n, out: 9n, qRot: 10n, oPart: 11n, lsePart: 12n };
+
+test('separate: append, split and combine; fused: append and the fused split with the counters, no combine', () => {
+  const f = fake();
+  const da = DecodeAttention.compile(f.kernels, { includeDir: '/nowhere' });
+  da.step(shape(4), args);
+  expect(f.launches.map((l) => l.name)).toEqual([decodeKernelName.append('bfloat16', 'native', 128), decodeKernelName.split('bfloat16', 'native', 128, 2), decodeKernelName.combine('bfloat16', 128, 128)]);
+  expect(f.allocs).toEqual([]);
+  f.launches.length = 0;
+  da.step(shape(4), args, undefined, undefined, { combine: 'fused' });
+  expect(f.launches.map((l) => l.name)).toEqual([decodeKernelName.append('bfloat16', 'native', 128), 'da_splitc_bf16_d128_g2']);
+  const split = f.launches[1];
+  expect(split.grid).toEqual([8, 8, 4]);
+  // q, cache k/v, scales, seqlens, o_part, lse_part, out, counters, M, KV, chunks, scale
+  expect(split.args.slice(8, 13)).toEqual([9n, f.allocs[0].ptr, 1024, 8, 8]);
+  expect(f.allocs).toEqual([{ ptr: f.allocs[0].ptr, bytes: 4 * 4 * 8 }]);
+  expect(f.memsets).toEqual([[f.allocs[0].ptr, 0, 32, 77n]]);
+  // only the split part: the fused split; only the combine: nothing
+  f.launches.length = 0;
+  da.step(shape(4), args, 5n, ['split'], { combine: 'fused' });
+  da.step(shape(4), args, 5n, ['combine'], { combine: 'fused' });
+  expect(f.launches.map((l) => l.name)).toEqual(['da_splitc_bf16_d128_g2']);
+});
+
+test('the counters: reused for a smaller batch, grown outside a capture (the old kept), refused during one, all freed by dispose', () => {
+  const f = fake();
+  const da = DecodeAttention.compile(f.kernels, { includeDir: '/nowhere' });
+  const fused = { combine: 'fused' as const };
+  da.step({ ...shape(8), cache: 'float8e4m3' }, args, undefined, undefined, fused);
+  expect(f.launches.at(-1)!.name).toBe(decodeKernelName.splitFused('bfloat16', 'float8e4m3', 128, 2));
+  expect(f.launches.at(-1)!.name).toBe('da_splitc_fp8_bf16_d128_g2');
+  f.capturing.on = true;
+  da.step(shape(2), args, undefined, undefined, fused);
+  expect(f.allocs.length).toBe(1);
+  expect(() => da.step(shape(9), args, undefined, undefined, fused)).toThrow(/72 counters .* 64 exist, and the stream is capturing/);
+  f.capturing.on = false;
+  da.step(shape(9), args, undefined, undefined, fused);
+  expect(f.allocs.map((a) => a.bytes)).toEqual([4 * 64, 4 * 72]);
+  expect(f.launches.at(-1)!.args[9]).toBe(f.allocs[1].ptr);
+  expect(f.freed).toEqual([]);
+  da.dispose();
+  expect(new Set(f.freed)).toEqual(new Set(f.allocs.map((a) => a.ptr)));
+});
