@@ -13,7 +13,7 @@ import { join } from 'node:path';
 const root = join(__dirname, '../../..');
 
 test('decode-check --cpu --phases generate: every A/B engine generates, the native-cache engines token for token as GroupQueryAttention', () => {
-  const engines = ['gqa', 'gqa-unfused', 'gqa+concat', 'gqa+bf16res', 'kernel', 'kernel+fp8', 'kernel+fp8-unfused', 'kernel+fp8+concat', 'kernel+fp8+bf16res'];
+  const engines = ['gqa', 'gqa-unfused', 'gqa+concat', 'gqa+bf16res', 'kernel', 'kernel+fp8', 'kernel+fp8-unfused', 'kernel+fp8+concat', 'kernel+fp8+bf16res', 'kernel+fc', 'kernel+fp8+concat+pick+fc'];
   const out = execFileSync(join(root, 'node_modules/.bin/tsx'), ['--conditions=lathe-source', join(root, 'tools/bench/kernels/decode-check.ts'), '--cpu', '--phases', 'generate', '--engines', engines.join(',')], { cwd: root, encoding: 'utf8' });
   const lines = out
     .trim()
