@@ -38,7 +38,7 @@ test('decode step over the kernel: two nodes fewer a layer, the projections stil
   }
 });
 
-test('the SwiGLU kernel in the decode step: one node a layer in place of QuickGelu and Mul; the prefill keeps them', () => {
+test('the SwiGLU kernel in the decode step and the prefill: one node a layer in place of QuickGelu and Mul', () => {
   const ops = w4a16Ops('cpu');
   const swiglu = swigluOps('cpu');
   try {
@@ -48,7 +48,10 @@ test('the SwiGLU kernel in the decode step: one node a layer in place of QuickGe
       add(g, config, w, 'float32', { temperature: 0 }, { K: 1, rows: 4, ...(withKernel ? { swiglu } : {}) });
       return L.toModelProto(g).graph.node.map((n) => n.opType);
     };
-    expect(nodes(true, addKvPrefill).filter((o) => o === 'QuickGelu')).toHaveLength(config.numLayers);
+    const prefill = nodes(true, addKvPrefill);
+    expect(prefill.filter((o) => o === 'QuickGelu')).toEqual([]);
+    expect(prefill.filter((o) => o.startsWith('SwiGLU'))).toHaveLength(config.numLayers);
+    expect(nodes(false, addKvPrefill).length - prefill.length).toBe(config.numLayers);
     const plain = nodes(false);
     const kernel = nodes(true);
     expect(plain.length - kernel.length).toBe(config.numLayers);
