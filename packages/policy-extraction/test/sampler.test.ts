@@ -151,13 +151,16 @@ test('compiled step models: min-p candidates of the reference and Q of prefix + 
     const prompts = [[5, 6, 7], [10, 12], [3]];
     const keys = [11, 12, 13];
     const ours = await qWeightedSample(prompts.map((prompt, i) => ({ prompt, key: keys[i] })), models, { tau: Infinity, maxTokens: 6, seed: 21, stopIds: [] });
-    const engine = KvCacheGenerator.create(CausalLM.fromPretrainedSync(reference.dir, { device }), { rows: 3, maxLength: 16, minP: 0.2, dtype: 'float32' });
+    // the model disposed with the engine: its weights left to the GC would leave the device's tensor count under a later test's feet
+    const model = CausalLM.fromPretrainedSync(reference.dir, { device });
+    const engine = KvCacheGenerator.create(model, { rows: 3, maxLength: 16, minP: 0.2, dtype: 'float32' });
     try {
       const theirs = await engine.generate(prompts, { maxNewTokens: 6, seed: 21, sampleKeys: keys.map((k) => [k]) });
       expect(ours.map((s) => s.output)).toEqual(theirs.map((c) => c.tokens));
       expect(new Set(ours.flatMap((s) => s.output)).size).toBeGreaterThan(4); // real draws, not one token repeated
     } finally {
       engine.dispose();
+      model.dispose();
     }
   } finally {
     models.dispose();
