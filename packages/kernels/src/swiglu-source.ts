@@ -68,20 +68,27 @@ __device__ __forceinline__ void swiglu_grad(float dy, float g, float u, float& d
   dg = dy * u * s * (1.f + g * (1.f - s));
 }
 
+// One 16-byte vector of gate and of up (16-byte aligned) → one of y: the forward's arithmetic, shared by both layouts.
+template <typename T>
+__device__ __forceinline__ void swiglu_fwd_vec(const T* g, const T* u, T* y) {
+  constexpr int V = 16 / sizeof(T);
+  const uint4 a = swiglu_ld(g), b = swiglu_ld(u);
+  const T* av = reinterpret_cast<const T*>(&a);
+  const T* bv = reinterpret_cast<const T*>(&b);
+  uint4 r;
+  T* rv = reinterpret_cast<T*>(&r);
+#pragma unroll
+  for (int k = 0; k < V; k++) rv[k] = swiglu_from_f<T>(swiglu_y(swiglu_to_f(av[k]), swiglu_to_f(bv[k])));
+  *reinterpret_cast<uint4*>(y) = r;
+}
+
 template <typename T>
 __device__ __forceinline__ void swiglu_fwd(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ y, int nvec, int tail) {
   constexpr int V = 16 / sizeof(T);
   const unsigned t = blockIdx.x * SWIGLU_THREADS + threadIdx.x;
   if (t < (unsigned)nvec) {
     const i64 o = (i64)t * V;
-    const uint4 a = swiglu_ld(g + o), b = swiglu_ld(u + o);
-    const T* av = reinterpret_cast<const T*>(&a);
-    const T* bv = reinterpret_cast<const T*>(&b);
-    uint4 r;
-    T* rv = reinterpret_cast<T*>(&r);
-#pragma unroll
-    for (int k = 0; k < V; k++) rv[k] = swiglu_from_f<T>(swiglu_y(swiglu_to_f(av[k]), swiglu_to_f(bv[k])));
-    *reinterpret_cast<uint4*>(y + o) = r;
+    swiglu_fwd_vec<T>(g + o, u + o, y + o);
   } else if (t < (unsigned)nvec + (unsigned)tail) {
     const i64 o = (i64)nvec * V + (t - (unsigned)nvec);
     y[o] = swiglu_from_f<T>(swiglu_y(swiglu_to_f(g[o]), swiglu_to_f(u[o])));
@@ -131,14 +138,7 @@ __device__ __forceinline__ void swiglu_packed(const T* __restrict__ gu, T* __res
   T* out = y + (i64)row * I;
   if (vec) {
     const i64 o = (i64)c * V;
-    const uint4 a = swiglu_ld(g + o), b = swiglu_ld(g + I + o);
-    const T* av = reinterpret_cast<const T*>(&a);
-    const T* bv = reinterpret_cast<const T*>(&b);
-    uint4 r;
-    T* rv = reinterpret_cast<T*>(&r);
-#pragma unroll
-    for (int k = 0; k < V; k++) rv[k] = swiglu_from_f<T>(swiglu_y(swiglu_to_f(av[k]), swiglu_to_f(bv[k])));
-    *reinterpret_cast<uint4*>(out + o) = r;
+    swiglu_fwd_vec<T>(g + o, g + I + o, out + o);
   } else {
     out[c] = swiglu_from_f<T>(swiglu_y(swiglu_to_f(g[c]), swiglu_to_f(g[I + c])));
   }

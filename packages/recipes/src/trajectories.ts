@@ -212,8 +212,8 @@ interface KvEngineEvents {
  */
 function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dtype: DType; rows: number; sampling: SamplingOptions; padId: number; maxLength: number; cudaGraph: boolean }, events: KvEngineEvents): Engine {
   // on cuda through Lathe's kernels where NVRTC is present, so a greedy engine picks its tokens with
-  // the fused greedy-pick kernel on the sessions' stream (same tokens, ~0.57 ms a step less at 256 rows)
-  const device = openDevice(o.kind === 'cuda' ? 'cuda' : 'cpu');
+  // the fused greedy-pick kernel on the sessions' stream (the same tokens; docs/guides/kernels.md)
+  const device = openDevice(o.kind);
   const kernels = o.kind === 'cuda' ? kernelsOfDevice(0) : undefined;
   const greedyPick = kernels && (o.sampling.temperature ?? 1) === 0 ? greedyPickOps('cuda', GreedyPickKernels.compile(kernels, { includeDir: cudaIncludeDir() })) : undefined;
   const model = CausalLM.fromPretrainedSync(dir, { device, dtype: o.dtype });
@@ -250,6 +250,7 @@ function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dty
     },
     dispose: async () => {
       built?.gen.dispose();
+      greedyPick?.dispose();
       model.dispose();
     },
   };

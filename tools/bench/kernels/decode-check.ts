@@ -236,23 +236,17 @@ function checkCase(device: Device, ops: Record<CacheKind, DecodeAttentionOps>, f
     { query: inp.q, key: inp.k, value: inp.v, cacheKey: inp.fk, cacheValue: inp.fv, keyScale: inp.fks, valueScale: inp.fvs, seqlens: inp.seqlens, rotary: { cos: inp.cos, sin: inp.sin }, qkNorm: { q: inp.qn, k: inp.kn } },
     heads,
   );
-  g.output(fc.output, 'fc_out');
-  g.output(fc.presentKey, 'fc_pk');
-  g.output(fc.presentValue, 'fc_pv');
-  if (fp8) {
-    g.output(fc.presentKeyScale!, 'fc_pks');
-    g.output(fc.presentValueScale!, 'fc_pvs');
-  }
-  g.output(gqa.output, 'gqa_out');
-  g.output(gqa.presentKey, 'gqa_pk');
-  g.output(gqa.presentValue, 'gqa_pv');
-  g.output(op.output, 'op_out');
-  g.output(op.presentKey, 'op_pk');
-  g.output(op.presentValue, 'op_pv');
-  if (fp8) {
-    g.output(op.presentKeyScale!, 'op_pks');
-    g.output(op.presentValueScale!, 'op_pvs');
-  }
+  // each attention's output and presents as `<name>_out`, `_pk`, `_pv` (and the e4m3 scales `_pks`, `_pvs`)
+  const outputs = (name: string, r: { output: Tensor; presentKey: Tensor; presentValue: Tensor; presentKeyScale?: Tensor; presentValueScale?: Tensor }) => {
+    g.output(r.output, `${name}_out`);
+    g.output(r.presentKey, `${name}_pk`);
+    g.output(r.presentValue, `${name}_pv`);
+    if (r.presentKeyScale) g.output(r.presentKeyScale, `${name}_pks`);
+    if (r.presentValueScale) g.output(r.presentValueScale, `${name}_pvs`);
+  };
+  outputs('fc', fc);
+  outputs('gqa', gqa);
+  outputs('op', op);
   const session = device.compile(g, { customOpDomains: [ops.native.domain.handle, ops.float8e4m3.domain.handle, fused.native.domain.handle, fused.float8e4m3.domain.handle] });
   const up = (x: Float32Array, dims: number[]) => device.upload({ data: h.bits(x), dims }, dt);
   const t = {
