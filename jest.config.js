@@ -5,4 +5,7 @@ module.exports = {
   // A project's own testTimeout is not applied in a multi-project run: without this, any test past
   // jest's default 5 s fails on a busy machine.
   testTimeout: 60000,
+  // scratch files go under one folder per run, removed when it ends (tools/jest/temp-root.js)
+  globalSetup: '<rootDir>/tools/jest/global-setup.js',
+  globalTeardown: '<rootDir>/tools/jest/global-teardown.js',
 };
