@@ -26,6 +26,8 @@ async function setup() {
     if (Number.isInteger(pid) && !alive(pid)) fs.rmSync(path.join(base, name), { recursive: true, force: true });
   }
   const root = fs.mkdtempSync(path.join(base, `${PREFIX}${process.pid}-`));
+  // the same mode as /tmp: the code sandbox's other user must reach the folders made inside it
+  fs.chmodSync(root, 0o1777);
   process.env.LATHE_TEST_TEMP_ROOT = root;
   process.env.TMPDIR = root;
 }
