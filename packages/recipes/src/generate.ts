@@ -10,7 +10,7 @@ import { parquetInfo, readParquetBatches, readParquetSchema, readRecords, writeA
 import { validateSampling, type GenerationEngine } from '@lathe/rollout';
 import { GENERATE_RESUMABLE_KEYS, type GenerateConfig } from './generate-config';
 import { configChanges, modelConfig } from './scaffold';
-import { TrajectoryGenerator, type GeneratedTrajectory, type TrajectoryProgress, type TrajectoryPrompt } from './trajectories';
+import { TrajectoryGenerator, type DecodeOptionsConfig, type GeneratedTrajectory, type ResolvedDecodeOptions, type TrajectoryProgress, type TrajectoryPrompt } from './trajectories';
 
 /** Callbacks for progress display. */
 export interface GenerateEvents {
@@ -133,9 +133,11 @@ function prepareOutput(cfg: GenerateConfig, paths: ReturnType<typeof generatePat
 }
 
 /** The generation settings stored in the output's footer (what determines the samples, nothing else). */
-function footerMetadata(cfg: GenerateConfig, engine: GenerationEngine): Record<string, string> {
+function footerMetadata(cfg: GenerateConfig, engine: GenerationEngine, d: ResolvedDecodeOptions): Record<string, string> {
   const keys = ['model', 'prompt_format', 'samples_thinking', 'samples_non_thinking', 'max_new_tokens', 'temperature', 'top_k', 'top_p', 'min_p', 'seed', 'grader', 'device', 'compute_dtype'] as const;
-  return { 'lathe:generate': JSON.stringify({ ...Object.fromEntries(keys.map((k) => [k, cfg[k]])), sample_key: '(prompt_idx*2 + (thinking===false ? 1 : 0))*65536 + sample_idx', engine }) };
+  // the decode options as resolved ('auto' made definite), since they change the samples too
+  const decode = { kv_cache_dtype: d.kvCacheDtype, decode_attention: d.decodeAttention, swiglu_kernel: d.swiglu, residual_dtype: d.residualDtype };
+  return { 'lathe:generate': JSON.stringify({ ...Object.fromEntries(keys.map((k) => [k, cfg[k]])), sample_key: '(prompt_idx*2 + (thinking===false ? 1 : 0))*65536 + sample_idx', engine, decode }) };
 }
 
 /**
@@ -192,7 +194,7 @@ export async function runGenerate(cfg: GenerateConfig, events: GenerateEvents = 
     async function* batches() {
       for (let i = 0; i < shards.length; i++) yield* readParquetBatches(partFile(paths.parts, i));
     }
-    result.rows = (await writeParquet(paths.output, batches(), { metadata: footerMetadata(cfg, gen.engine.engine) })).rows;
+    result.rows = (await writeParquet(paths.output, batches(), { metadata: footerMetadata(cfg, gen.engine.engine, gen.decode) })).rows;
     result.correctMean = await correctMean(paths.output);
     rmSync(paths.parts, { recursive: true, force: true });
     return result;
@@ -203,7 +205,7 @@ export async function runGenerate(cfg: GenerateConfig, events: GenerateEvents = 
 
 /** The generator a config describes; the library's errors are given the flag they concern. */
 /** The sampling and engine options of a `TrajectoryGenerator` from a command's options of the same names (lathe generate, lathe eval). */
-export function samplingEngineOptions(cfg: Pick<GenerateConfig, 'max_new_tokens' | 'temperature' | 'top_k' | 'top_p' | 'min_p' | 'seed' | 'device' | 'compute_dtype' | 'generation_engine'>) {
+export function samplingEngineOptions(cfg: Pick<GenerateConfig, 'max_new_tokens' | 'temperature' | 'top_k' | 'top_p' | 'min_p' | 'seed' | 'device' | 'compute_dtype' | 'generation_engine' | keyof DecodeOptionsConfig>) {
   return {
     maxNewTokens: cfg.max_new_tokens,
     temperature: cfg.temperature,
@@ -214,6 +216,7 @@ export function samplingEngineOptions(cfg: Pick<GenerateConfig, 'max_new_tokens'
     device: cfg.device,
     dtype: cfg.compute_dtype === 'auto' ? undefined : cfg.compute_dtype,
     engine: cfg.generation_engine,
+    decode: { kv_cache_dtype: cfg.kv_cache_dtype, decode_attention: cfg.decode_attention, swiglu_kernel: cfg.swiglu_kernel, residual_dtype: cfg.residual_dtype },
   };
 }
 

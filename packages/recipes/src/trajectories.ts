@@ -23,13 +23,17 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, checkSequenceLength, readConfig, type DecoderConfig } from '@lathe/models';
-import type { DeviceKind } from '@lathe/runtime';
-import { cudaIncludeDir, GreedyPickKernels, greedyPickOps } from '@lathe/kernels';
+import { Device, type DeviceKind } from '@lathe/runtime';
+import { cudaIncludeDir, decodeAttentionUnsupported, GreedyPickKernels, greedyPickOps, probeKernels } from '@lathe/kernels';
 import { kernelsOfDevice, openDevice } from './scaffold';
+import { decodeEngineOptions, resolveDecodeOptions, type DecodeOptionsConfig, type ResolvedDecodeOptions } from './decode-options';
 import { HfTokenizer, splitThinking } from '@lathe/tokenizer';
 import { MathGrader } from '@lathe/graders';
 import type { Trajectory } from '@lathe/data';
 import { chooseGenerationEngine, Generator, KvCacheGenerator, shrinkOnOutOfMemory, validateSampling, type Completion, type EngineChoice, type GenerateCallOptions, type GenerationEngineRequest, type SamplingOptions } from '@lathe/rollout';
+
+// The decode options' resolver is part of this API (lathe generate, lathe eval and the benchmarks use it).
+export { decodeEngineOptions, resolveDecodeOptions, type DecodeEngineOptions, type DecodeFacts, type DecodeOptionsConfig, type ResolvedDecodeOptions } from './decode-options';
 
 // ---------------------------------------------------------------------------------------------
 // Prompts, rows and options
@@ -108,6 +112,13 @@ export interface TrajectoryOptions extends SamplingOptions {
    * true on CUDA; false turns it off (plain runs). CUDA only; the in-graph engine ignores it.
    */
   cudaGraph?: boolean;
+  /**
+   * The KV-cache engine's decode options, as the `lathe generate` flags of the same names (missing
+   * keys take their defaults: an e4m3 cache, Lathe's decode attention kernel and the residual
+   * stream in the compute dtype are opt-in; the SwiGLU kernel is on where it runs). Resolved by
+   * {@link resolveDecodeOptions} at `create`, whose errors name the flags.
+   */
+  decode?: Partial<DecodeOptionsConfig>;
   /** How rows are graded: 'math' (default: the math grader, for prompts with an answer), 'none', or a function. */
   grade?: 'math' | 'none' | TrajectoryGrader;
   /**
@@ -210,12 +221,14 @@ interface KvEngineEvents {
  * largest group, whose samples share one run — and retries the call. Samples depend on their keys
  * alone, so the rows come out the same.
  */
-function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dtype: DType; rows: number; sampling: SamplingOptions; padId: number; maxLength: number; cudaGraph: boolean }, events: KvEngineEvents): Engine {
+function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dtype: DType; rows: number; sampling: SamplingOptions; padId: number; maxLength: number; cudaGraph: boolean; decode: ResolvedDecodeOptions }, events: KvEngineEvents): Engine {
   // on cuda through Lathe's kernels where NVRTC is present, so a greedy engine picks its tokens with
-  // the fused greedy-pick kernel on the sessions' stream (the same tokens; docs/guides/kernels.md)
+  // the fused greedy-pick kernel on the sessions' stream (the same tokens; docs/guides/kernels.md),
+  // and the decode options' kernels join the same stream
   const device = openDevice(o.kind);
   const kernels = o.kind === 'cuda' ? kernelsOfDevice(0) : undefined;
   const greedyPick = kernels && (o.sampling.temperature ?? 1) === 0 ? greedyPickOps('cuda', GreedyPickKernels.compile(kernels, { includeDir: cudaIncludeDir() })) : undefined;
+  const decode = decodeEngineOptions(o.decode, kernels, config);
   const model = CausalLM.fromPretrainedSync(dir, { device, dtype: o.dtype });
   let built: { gen: KvCacheGenerator; maxLength: number; rows: number } | undefined;
   let rows = o.rows;
@@ -229,7 +242,7 @@ function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dty
       if (phase === 'prefill') events.onRun(prompts);
     };
     // No groupSize: every call passes sampleKeys, one list per (prompt, mode) group of its run.
-    built = { gen: KvCacheGenerator.create(model, { ...o.sampling, rows: size, maxLength, dtype: o.dtype, padTokenId: o.padId, cudaGraph: o.cudaGraph, beforeRun, ...(greedyPick ? { greedyPick } : {}) }), maxLength, rows: size };
+    built = { gen: KvCacheGenerator.create(model, { ...o.sampling, rows: size, maxLength, dtype: o.dtype, padTokenId: o.padId, cudaGraph: o.cudaGraph, beforeRun, ...decode.options, ...(greedyPick ? { greedyPick } : {}) }), maxLength, rows: size };
     return built.gen;
   };
   return {
@@ -251,6 +264,7 @@ function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dty
     dispose: async () => {
       built?.gen.dispose();
       greedyPick?.dispose();
+      decode.dispose();
       model.dispose();
     },
   };
@@ -296,6 +310,18 @@ export function groupsOf(run: readonly PlannedSample[]): PlannedSample[][] {
 }
 
 /**
+ * What the decode options are resolved against on cuda: whether Lathe's kernels can run (the GPU
+ * already opened through them, or NVRTC and the driver found) and whether the decode attention
+ * kernel takes the model's heads in `dtype`.
+ */
+function cudaDecodeFacts(config: DecoderConfig, dtype: DType, decode: Partial<DecodeOptionsConfig>): { kernelsUnavailable?: string; attentionUnsupported?: string } {
+  const probe = Device.isOpen('cuda', 0) ? (kernelsOfDevice(0) ? { ok: true as const } : { ok: false as const, reason: "cuda:0 was opened in this process without them; run the command in a fresh process" }) : probeKernels();
+  const cache = decode.kv_cache_dtype === 'float8e4m3' ? 'float8e4m3' : 'native';
+  const attentionUnsupported = decodeAttentionUnsupported({ numHeads: config.numHeads, numKvHeads: config.numKvHeads, headDim: config.headDim, dtype, cache });
+  return { ...(probe.ok ? {} : { kernelsUnavailable: probe.reason }), ...(attentionUnsupported ? { attentionUnsupported } : {}) };
+}
+
+/**
  * Renders, samples and grades trajectories for one model and one set of options. The tokenizer
  * and model config load at `create`; the engine compiles on the first `generate` (so `plan` can
  * check every prompt before any heavy work). Call `dispose()` when done.
@@ -303,6 +329,8 @@ export function groupsOf(run: readonly PlannedSample[]): PlannedSample[][] {
 export class TrajectoryGenerator {
   /** The engine in use and, when 'auto' fell back to the graph, why. */
   readonly engine: EngineChoice;
+  /** The KV-cache engine's decode options as resolved for this device and engine ({@link TrajectoryOptions.decode}). */
+  readonly decode: ResolvedDecodeOptions;
   private running: Engine | undefined;
   private grader: MathGrader | undefined;
   private readonly stopIds: number[];
@@ -323,9 +351,11 @@ export class TrajectoryGenerator {
     readonly config: DecoderConfig,
     /** The tokenizer, e.g. to decode `output_token_ids`. */
     readonly tokenizer: HfTokenizer,
-    private readonly o: Required<Omit<TrajectoryOptions, 'tokenizer' | 'stopIds' | 'beforeEngineRun' | 'onEngineShrink' | 'standInEngine' | keyof SamplingOptions>> & Pick<TrajectoryOptions, 'stopIds' | 'beforeEngineRun' | 'onEngineShrink' | 'standInEngine'> & { sampling: SamplingOptions },
+    private readonly o: Required<Omit<TrajectoryOptions, 'tokenizer' | 'stopIds' | 'beforeEngineRun' | 'onEngineShrink' | 'standInEngine' | 'decode' | keyof SamplingOptions>> & Pick<TrajectoryOptions, 'stopIds' | 'beforeEngineRun' | 'onEngineShrink' | 'standInEngine' | 'decode'> & { sampling: SamplingOptions },
   ) {
     this.engine = chooseGenerationEngine(o.engine, config, o.device, o.dtype);
+    this.decode = resolveDecodeOptions(o.decode ?? {}, { device: o.device, engine: this.engine.engine, engineWhy: this.engine.why, ...(o.device === 'cuda' && this.engine.engine === 'kv-cache' ? cudaDecodeFacts(config, o.dtype, o.decode ?? {}) : {}) });
+    if (this.decode.note) process.stderr.write(`${this.decode.note}\n`);
     const eos = config.eosTokenId;
     this.stopIds = o.stopIds ? [...o.stopIds] : [...new Set([tokenizer.eosId, ...(eos === undefined ? [] : Array.isArray(eos) ? eos : [eos])])];
     this.modes =
@@ -360,6 +390,7 @@ export class TrajectoryGenerator {
       beforeEngineRun: options.beforeEngineRun,
       onEngineShrink: options.onEngineShrink,
       standInEngine: options.standInEngine,
+      decode: options.decode,
     } as const;
     const count = (name: string, v: number) => {
       if (!Number.isInteger(v) || v < 0 || v >= MAX_SAMPLES_PER_MODE) throw new Error(`${name} must be an integer in [0, ${MAX_SAMPLES_PER_MODE}), got ${v}`);
@@ -551,7 +582,7 @@ export class TrajectoryGenerator {
         this.work.engineRows = to;
         o.onEngineShrink?.(from, to);
       };
-      this.running = kvEngine(this.dir, this.config, { kind: o.device, dtype: o.dtype, rows: o.batchSize, sampling: o.sampling, padId, maxLength: longest + o.maxNewTokens, cudaGraph: o.cudaGraph }, { onRun, onShrink, beforeRun: o.beforeEngineRun });
+      this.running = kvEngine(this.dir, this.config, { kind: o.device, dtype: o.dtype, rows: o.batchSize, sampling: o.sampling, padId, maxLength: longest + o.maxNewTokens, cudaGraph: o.cudaGraph, decode: this.decode }, { onRun, onShrink, beforeRun: o.beforeEngineRun });
     } else {
       // A call's groups hold at most batchSize samples in all, so maxPromptsPerRun = batchSize never
       // cuts a run; the KV budget still may (samples unchanged: they depend on their keys alone).

@@ -11,19 +11,26 @@
  *          [--device cuda|cpu] [--dtype bfloat16|float32] [--temperature 0.6] [--top-p 0.95]
  *          [--top-k 0] [--seed 0] [--stop-at-eos] [--grade-workers 4] [--grade-references]
  *          [--prompts-out FILE] [--out rows.json]
+ *          [--fast | --kv-cache-dtype float8e4m3 --decode-attention gqa|kernel --swiglu-kernel|--no-swiglu-kernel --residual-dtype float32|compute]
  * --data-dir: the datasets in the public layout (fixtures/eval holds 8–14 rows of each set; carry a
  * copy of ../shared/datasets for the full sets). Without --model a random model of --shape is
  * written to a temporary folder (not timed). No stop tokens unless --stop-at-eos, so every sample
  * runs to --max-new (the same work as transformers with min_new_tokens). --prompts-out writes the
  * rendered prompt ids and sample counts, for tools/reference/eval/hf_generate_eval.py. One warm-up
  * call (one problem, one sample) compiles the engine before the timed call. Prints one JSON line.
+ * The KV-cache engine's decode options go to TrajectoryGenerator as `lathe eval`'s flags of the same
+ * names (their defaults unless given: the SwiGLU kernel is then on where NVRTC is, so an A/B against
+ * it passes --no-swiglu-kernel); --fast is all of them: the e4m3 cache read by Lathe's decode
+ * attention kernel, the SwiGLU kernel and the residual stream in the compute dtype (with
+ * --temperature 0 the engine also picks greedily through its fused kernel). The JSON line has the
+ * resolved options under `decode`.
  */
 import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { randomModel, type HfConfig } from '@lathe/models';
 import { MathGrader } from '@lathe/graders';
-import { BENCHMARKS, evaluateBenchmarks, gradeCompletion, loadBenchmark, parseBenchmarkList, renderEvalTemplate, trajectorySampler, TrajectoryGenerator, type BenchmarkProblem } from '@lathe/recipes';
+import { BENCHMARKS, evaluateBenchmarks, gradeCompletion, loadBenchmark, parseBenchmarkList, renderEvalTemplate, trajectorySampler, TrajectoryGenerator, type BenchmarkProblem, type DecodeOptionsConfig } from '@lathe/recipes';
 import { arg, flag } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
 
@@ -67,6 +74,13 @@ async function main(): Promise<void> {
   const problems: BenchmarkProblem[] = [];
   for (const b of benchmarks) problems.push(...(await loadBenchmark(b, { dir: dataDir, limit })));
   const stopAtEos = flag('stop-at-eos');
+  const fast = flag('fast');
+  const decode = {
+    kv_cache_dtype: (fast ? 'float8e4m3' : arg('kv-cache-dtype', 'auto')) as DecodeOptionsConfig['kv_cache_dtype'],
+    decode_attention: (fast ? 'kernel' : arg('decode-attention', 'auto')) as DecodeOptionsConfig['decode_attention'],
+    swiglu_kernel: fast || flag('swiglu-kernel') ? true : flag('no-swiglu-kernel') ? false : ('auto' as const),
+    residual_dtype: (fast ? 'compute' : arg('residual-dtype', 'float32')) as DecodeOptionsConfig['residual_dtype'],
+  };
   const gen = await TrajectoryGenerator.create(model, {
     format: 'chat',
     samplesThinking: 1,
@@ -82,6 +96,7 @@ async function main(): Promise<void> {
     batchSize: Math.min(batch, problems.length * n),
     tokenizer,
     grade: 'none',
+    decode,
     ...(stopAtEos ? {} : { stopIds: [] }),
   });
   const promptIds = problems.map((p) => gen.encode(renderEvalTemplate('qwen-boxed', p.problem), true));
@@ -112,6 +127,7 @@ async function main(): Promise<void> {
     max_new: maxNew,
     batch: Math.min(batch, problems.length * n),
     stop_ids: stopAtEos ? 'eos' : 'none',
+    decode: gen.decode,
     model_s: +((tModel - t0) / 1000).toFixed(1),
     warmup_s: +((tStart - tWarm) / 1000).toFixed(1),
     wall_s: +(wall / 1000).toFixed(2),
