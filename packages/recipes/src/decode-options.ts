@@ -91,6 +91,17 @@ export function resolveDecodeOptions(given: Partial<DecodeOptionsConfig>, facts:
   return { decodeAttention: kernel ? 'kernel' : 'gqa', kvCacheDtype: fp8 ? 'float8e4m3' : 'model', swiglu: c.swiglu_kernel !== false, residualDtype: c.residual_dtype, concatProjections: kernel };
 }
 
+/** What `d` changes from ONNX Runtime's path, in words for a progress line ('' when nothing), e.g. `decode attention kernel, e4m3 KV cache`. */
+export function describeDecode(d: ResolvedDecodeOptions): string {
+  const parts = [
+    ...(d.decodeAttention === 'kernel' ? ["Lathe's decode attention over packed projections"] : []),
+    ...(d.kvCacheDtype === 'float8e4m3' ? ['an e4m3 KV cache'] : []),
+    ...(d.swiglu ? ['the SwiGLU kernel'] : []),
+    ...(d.residualDtype === 'compute' ? ['the residual stream in the compute dtype'] : []),
+  ];
+  return parts.join(', ');
+}
+
 /** The `KvCacheGenerator` options of resolved decode options, and the kernel ops' lifetime. */
 export interface DecodeEngineOptions {
   options: Pick<KvCacheGeneratorOptions, 'decodeAttention' | 'kvCacheDtype' | 'swiglu' | 'residualDtype' | 'concatProjections'>;

@@ -23,7 +23,7 @@ import { samplingEngineOptions } from './generate';
 import { benchmarkMetrics, type BenchmarkMetrics, type GradedSample } from './eval-metrics';
 import { rewardModelSource } from './reward-sources';
 import { modelConfig } from './scaffold';
-import { finalResponse, TrajectoryGenerator, type TrajectoryEngineRunner, type TrajectoryPrompt } from './trajectories';
+import { finalResponse, TrajectoryGenerator, type ResolvedDecodeOptions, type TrajectoryEngineRunner, type TrajectoryPrompt } from './trajectories';
 
 // ---------------------------------------------------------------------------------------------
 // The loop over any sampler
@@ -274,7 +274,7 @@ export interface EvalRunResult {
 
 /** Callbacks for progress display. */
 export interface EvalRunEvents {
-  onModelStart?(info: { model: string; label: string; problems: number; samples: number; engine: GenerationEngine; why?: string }): void;
+  onModelStart?(info: { model: string; label: string; problems: number; samples: number; engine: GenerationEngine; why?: string; /** The KV-cache engine's decode options as resolved. */ decode: ResolvedDecodeOptions }): void;
   onProgress?(p: { samples: number; total: number; tokens: number; graded: number }): void;
   onModelDone?(r: EvalModelResult): void;
 }
@@ -487,7 +487,7 @@ export async function runEval(cfg: EvalConfig, events: EvalRunEvents = {}, signa
       throw new Error(`--model ${model}: ${msg}${/chat_template/.test(msg) ? ' (use --raw_template with a template of your own, or --prompt_template r1-zero)' : ''}`);
     }
     try {
-      events.onModelStart?.({ model, label: labels[i], problems: problems.length, samples, engine: gen.engine.engine, why: gen.engine.why });
+      events.onModelStart?.({ model, label: labels[i], problems: problems.length, samples, engine: gen.engine.engine, why: gen.engine.why, decode: gen.decode });
       const r = await evaluateBenchmarks(problems, trajectorySampler(gen, thinking), {
         samples: (b) => samplesFor(b, cfg),
         template: cfg.prompt_template,

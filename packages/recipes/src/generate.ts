@@ -14,7 +14,7 @@ import { TrajectoryGenerator, type DecodeOptionsConfig, type GeneratedTrajectory
 
 /** Callbacks for progress display. */
 export interface GenerateEvents {
-  onStart?(info: { prompts: number; samples: number; parts: number; partsDone: number; samplesDone: number; engine: GenerationEngine; why?: string }): void;
+  onStart?(info: { prompts: number; samples: number; parts: number; partsDone: number; samplesDone: number; engine: GenerationEngine; why?: string; /** The KV-cache engine's decode options as resolved. */ decode: ResolvedDecodeOptions }): void;
   /** After every generation run: samples done of the whole file (resumed parts included). */
   onProgress?(p: TrajectoryProgress): void;
   onPart?(info: { file: string; index: number; rows: number }): void;
@@ -169,7 +169,7 @@ export async function runGenerate(cfg: GenerateConfig, events: GenerateEvents = 
     const done = await completeParts(paths.parts, shards.map((s) => s.length * perPrompt));
     result.partsResumed = done.size;
     let samples = [...done].reduce((n, i) => n + shards[i].length * perPrompt, 0);
-    events.onStart?.({ prompts: prompts.length, samples: plan.length, parts: shards.length, partsDone: done.size, samplesDone: samples, engine: gen.engine.engine, why: gen.engine.why });
+    events.onStart?.({ prompts: prompts.length, samples: plan.length, parts: shards.length, partsDone: done.size, samplesDone: samples, engine: gen.engine.engine, why: gen.engine.why, decode: gen.decode });
     // Columns every part writes, even where a part has no value, so that the parts share one schema.
     const columns = ['sample_idx', 'finish_reason', ...(cfg.prompt_format === 'raw' ? [] : ['thinking']), ...(cfg.grader !== 'none' && prompts.some((p) => p.answer !== undefined) ? ['correct'] : [])];
     for (let i = 0; i < shards.length; i++) {

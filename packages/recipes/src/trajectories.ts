@@ -33,7 +33,7 @@ import type { Trajectory } from '@lathe/data';
 import { chooseGenerationEngine, Generator, KvCacheGenerator, shrinkOnOutOfMemory, validateSampling, type Completion, type EngineChoice, type GenerateCallOptions, type GenerationEngineRequest, type SamplingOptions } from '@lathe/rollout';
 
 // The decode options' resolver is part of this API (lathe generate, lathe eval and the benchmarks use it).
-export { decodeEngineOptions, resolveDecodeOptions, type DecodeEngineOptions, type DecodeFacts, type DecodeOptionsConfig, type ResolvedDecodeOptions } from './decode-options';
+export { decodeEngineOptions, describeDecode, resolveDecodeOptions, type DecodeEngineOptions, type DecodeFacts, type DecodeOptionsConfig, type ResolvedDecodeOptions } from './decode-options';
 
 // ---------------------------------------------------------------------------------------------
 // Prompts, rows and options

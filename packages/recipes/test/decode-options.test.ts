@@ -16,6 +16,7 @@ import {
   configChanges,
   decodeOptions,
   defaults,
+  describeDecode,
   evalSchema,
   GENERATE_RESUMABLE_KEYS,
   generateSchema,
@@ -28,7 +29,9 @@ import {
   type DecodeFacts,
   type DecodeOptionsConfig,
   type GenerateConfig,
+  type ResolvedDecodeOptions,
 } from '@lathe/recipes';
+import { parquetInfo } from '@lathe/data';
 
 const root = mkdtempSync(join(tmpdir(), 'lathe-decode-options-'));
 const model = join(root, 'tiny');
@@ -193,6 +196,17 @@ describe('through the recipes on the cpu', () => {
     await expect(runGenerate(generateConfig({ swiglu_kernel: true }))).rejects.toThrow('--swiglu_kernel true needs --device cuda');
     expect(existsSync(join(root, 'gen'))).toBe(false);
   });
+
+  test("lathe generate: the resolved options reach onStart and the output's footer", async () => {
+    const cfg = generateConfig({ output: join(root, 'footer', 'out.parquet'), residual_dtype: 'compute' });
+    let started: ResolvedDecodeOptions | undefined;
+    await runGenerate(cfg, { onStart: (i) => (started = i.decode) });
+    const resolved = { decodeAttention: 'gqa', kvCacheDtype: 'model', swiglu: false, residualDtype: 'compute', concatProjections: false };
+    expect(started).toEqual(resolved);
+    expect(describeDecode(started!)).toBe('the residual stream in the compute dtype');
+    const footer = JSON.parse((await parquetInfo(cfg.output)).metadata['lathe:generate']) as Record<string, unknown>;
+    expect(footer.decode).toEqual({ kv_cache_dtype: 'model', decode_attention: 'gqa', swiglu_kernel: false, residual_dtype: 'compute' });
+  }, 120_000);
 
   test('lathe generate --resume with another --residual_dtype than the saved run is refused', async () => {
     const cfg = generateConfig({ output: join(root, 'resume', 'out.parquet') });

@@ -1,6 +1,6 @@
 import type { CommandModule } from 'yargs';
 import { SingleBar, Presets } from 'cli-progress';
-import { generatePaths, generateSchema, runGenerate, type GenerateConfig, type GenerateEvents, type GenerateResult } from '@lathe/recipes';
+import { describeDecode, generatePaths, generateSchema, runGenerate, type GenerateConfig, type GenerateEvents, type GenerateResult } from '@lathe/recipes';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
 import { runInterruptible, stopExitCode, type StopSignal } from '../interrupt';
 
@@ -16,9 +16,10 @@ export function generateReporter(cfg: GenerateConfig): { events: GenerateEvents;
   const events: GenerateEvents = {
     onStart: (i) => {
       const fallback = i.why ? ` (the kv-cache engine cannot run: ${i.why})` : '';
+      const decode = describeDecode(i.decode);
       process.stderr.write(
         `generate: ${i.prompts} prompts × ${cfg.samples_thinking + cfg.samples_non_thinking} samples = ${i.samples} rows in ${i.parts} part${i.parts === 1 ? '' : 's'}` +
-          `${i.partsDone ? ` (${i.partsDone} done before)` : ''}; ${i.engine} engine on ${cfg.device}${fallback}\n`,
+          `${i.partsDone ? ` (${i.partsDone} done before)` : ''}; ${i.engine} engine on ${cfg.device}${fallback}${decode ? ` with ${decode}` : ''}\n`,
       );
       started = performance.now();
       parts = `${i.partsDone}/${i.parts}`;
