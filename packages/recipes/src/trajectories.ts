@@ -309,13 +309,16 @@ export function groupsOf(run: readonly PlannedSample[]): PlannedSample[][] {
   return groups;
 }
 
+/** The decode options' notes written to stderr in this process: each once (lathe eval makes a generator per model). */
+const notesWritten = new Set<string>();
+
 /**
  * What the decode options are resolved against on cuda: whether Lathe's kernels can run (the GPU
  * already opened through them, or NVRTC and the driver found) and whether the decode attention
  * kernel takes the model's heads in `dtype`.
  */
 function cudaDecodeFacts(config: DecoderConfig, dtype: DType, decode: Partial<DecodeOptionsConfig>): { kernelsUnavailable?: string; attentionUnsupported?: string } {
-  const probe = Device.isOpen('cuda', 0) ? (kernelsOfDevice(0) ? { ok: true as const } : { ok: false as const, reason: "cuda:0 was opened in this process without them; run the command in a fresh process" }) : probeKernels();
+  const probe = Device.isOpen('cuda', 0) ? (kernelsOfDevice(0) ? { ok: true as const } : { ok: false as const, reason: "cuda:0 was opened in this process without them" }) : probeKernels();
   const cache = decode.kv_cache_dtype === 'float8e4m3' ? 'float8e4m3' : 'native';
   const attentionUnsupported = decodeAttentionUnsupported({ numHeads: config.numHeads, numKvHeads: config.numKvHeads, headDim: config.headDim, dtype, cache });
   return { ...(probe.ok ? {} : { kernelsUnavailable: probe.reason }), ...(attentionUnsupported ? { attentionUnsupported } : {}) };
@@ -355,7 +358,10 @@ export class TrajectoryGenerator {
   ) {
     this.engine = chooseGenerationEngine(o.engine, config, o.device, o.dtype);
     this.decode = resolveDecodeOptions(o.decode ?? {}, { device: o.device, engine: this.engine.engine, engineWhy: this.engine.why, ...(o.device === 'cuda' && this.engine.engine === 'kv-cache' ? cudaDecodeFacts(config, o.dtype, o.decode ?? {}) : {}) });
-    if (this.decode.note) process.stderr.write(`${this.decode.note}\n`);
+    if (this.decode.note && !notesWritten.has(this.decode.note)) {
+      notesWritten.add(this.decode.note);
+      process.stderr.write(`${this.decode.note}\n`);
+    }
     const eos = config.eosTokenId;
     this.stopIds = o.stopIds ? [...o.stopIds] : [...new Set([tokenizer.eosId, ...(eos === undefined ? [] : Array.isArray(eos) ? eos : [eos])])];
     this.modes =
