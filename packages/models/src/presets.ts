@@ -35,7 +35,16 @@ const QWEN3_SMALL_DEPTH = {
   max_position_embeddings: 40960,
 } as const;
 
-/** The presets by name (Qwen3-0.6B and Qwen3-1.7B as in their published config.json files). */
+/** The depth, heads and context Qwen3-4B and Qwen3-8B share: the two differ in width and in whether the LM head is tied. */
+const QWEN3_LARGE_DEPTH = {
+  num_hidden_layers: 36,
+  num_attention_heads: 32,
+  num_key_value_heads: 8,
+  head_dim: 128,
+  max_position_embeddings: 40960,
+} as const;
+
+/** The presets by name (Qwen3-0.6B, -1.7B, -4B and -8B as in their published config.json files). */
 export const MODEL_PRESETS = {
   'tiny-qwen3': {
     config: {
@@ -60,6 +69,16 @@ export const MODEL_PRESETS = {
     config: { ...QWEN3_COMMON, hidden_size: 2048, intermediate_size: 6144, ...QWEN3_SMALL_DEPTH },
     dtype: 'bfloat16',
     describe: "Qwen3-1.7B's shape (1.7B parameters; large: 3.4 GB in bfloat16, for benchmarks)",
+  },
+  'qwen3-4b': {
+    config: { ...QWEN3_COMMON, hidden_size: 2560, intermediate_size: 9728, ...QWEN3_LARGE_DEPTH },
+    dtype: 'bfloat16',
+    describe: "Qwen3-4B's shape (4.02B parameters; large: 8.0 GB in bfloat16, for benchmarks)",
+  },
+  'qwen3-8b': {
+    config: { ...QWEN3_COMMON, hidden_size: 4096, intermediate_size: 12288, ...QWEN3_LARGE_DEPTH, tie_word_embeddings: false },
+    dtype: 'bfloat16',
+    describe: "Qwen3-8B's shape (8.19B parameters, its own LM head; large: 16.4 GB in bfloat16, for benchmarks)",
   },
 } as const satisfies Record<string, ModelPreset>;
 

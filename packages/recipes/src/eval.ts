@@ -23,7 +23,8 @@ import { samplingEngineOptions } from './generate';
 import { benchmarkMetrics, type BenchmarkMetrics, type GradedSample } from './eval-metrics';
 import { rewardModelSource } from './reward-sources';
 import { modelConfig } from './scaffold';
-import { finalResponse, TrajectoryGenerator, type ResolvedDecodeOptions, type TrajectoryEngineRunner, type TrajectoryPrompt } from './trajectories';
+import type { ResolvedDecodeOptions } from './decode-options';
+import { finalResponse, TrajectoryGenerator, type TrajectoryEngineRunner, type TrajectoryPrompt } from './trajectories';
 
 // ---------------------------------------------------------------------------------------------
 // The loop over any sampler

@@ -10,7 +10,8 @@ import { parquetInfo, readParquetBatches, readParquetSchema, readRecords, writeA
 import { validateSampling, type GenerationEngine } from '@lathe/rollout';
 import { GENERATE_RESUMABLE_KEYS, type GenerateConfig } from './generate-config';
 import { configChanges, modelConfig } from './scaffold';
-import { TrajectoryGenerator, type DecodeOptionsConfig, type GeneratedTrajectory, type ResolvedDecodeOptions, type TrajectoryProgress, type TrajectoryPrompt } from './trajectories';
+import type { DecodeOptionsConfig, ResolvedDecodeOptions } from './decode-options';
+import { TrajectoryGenerator, type GeneratedTrajectory, type TrajectoryProgress, type TrajectoryPrompt } from './trajectories';
 
 /** Callbacks for progress display. */
 export interface GenerateEvents {

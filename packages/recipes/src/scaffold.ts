@@ -204,11 +204,12 @@ export function scheduledLr(cfg: { lr: number; schedule: 'constant' | 'linear' |
 
 /**
  * The options whose values differ between a saved config (YAML) and `cfg`, leaving out `resumable`
- * ones (those a resume may change); each as its key and `key: old → new`.
+ * ones (those a resume may change) and options the saved config does not have (the run predates
+ * them, so a release that adds an option still resumes it); each as its key and `key: old → new`.
  */
 export function configChanges(savedFile: string, cfg: object, resumable: readonly string[]): { key: string; text: string }[] {
   const saved = parseYaml(readFileSync(savedFile, 'utf8')) as Record<string, unknown>;
-  const relevant = (c: Record<string, unknown>) => Object.fromEntries(Object.entries(c).filter(([k]) => !resumable.includes(k)));
+  const relevant = (c: Record<string, unknown>) => Object.fromEntries(Object.entries(c).filter(([k]) => !resumable.includes(k) && k in saved));
   return diffConfigs(relevant(saved), relevant(cfg as Record<string, unknown>)).map((d) => ({ key: d.key, text: `${d.key}: ${JSON.stringify(d.a)} → ${JSON.stringify(d.b)}` }));
 }
 

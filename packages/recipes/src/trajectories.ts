@@ -32,9 +32,6 @@ import { MathGrader } from '@lathe/graders';
 import type { Trajectory } from '@lathe/data';
 import { chooseGenerationEngine, Generator, KvCacheGenerator, shrinkOnOutOfMemory, validateSampling, type Completion, type EngineChoice, type GenerateCallOptions, type GenerationEngineRequest, type SamplingOptions } from '@lathe/rollout';
 
-// The decode options' resolver is part of this API (lathe generate, lathe eval and the benchmarks use it).
-export { decodeEngineOptions, describeDecode, resolveDecodeOptions, type DecodeEngineOptions, type DecodeFacts, type DecodeOptionsConfig, type ResolvedDecodeOptions } from './decode-options';
-
 // ---------------------------------------------------------------------------------------------
 // Prompts, rows and options
 

@@ -73,4 +73,6 @@ test('RunDir: a resume needs a checkpoint; evaluation files read back as written
   const saved = join(dir, 'saved.yaml');
   writeFileSync(saved, toYaml({ lr: 0.1, steps: 3, log_every: 1 }));
   expect(configChanges(saved, { lr: 0.2, steps: 3, log_every: 5 }, ['log_every'])).toEqual([{ key: 'lr', text: 'lr: 0.1 → 0.2' }]);
+  // an option the saved run predates is not a change (a release that adds one still resumes old runs)
+  expect(configChanges(saved, { lr: 0.1, steps: 3, log_every: 1, residual_dtype: 'compute' }, [])).toEqual([]);
 });

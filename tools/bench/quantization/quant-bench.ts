@@ -46,6 +46,20 @@
  * instead of QuickGelu·Mul, one node a layer fewer; `--residual-dtype compute`: every format's generator keeps the
  * residual stream in the compute dtype (KvCacheGenerator's `residualDtype`: four Casts a layer fewer in bf16, no
  * float32 norm-weight copies; default float32); `--lm-head int4` quantizes the LM head too (its read bounds small batches).
+ * `--decode-attention kernel` (CUDA): every format's decode steps attend through Lathe's decode attention kernel over
+ * the native cache (KvCacheGenerator's `decodeAttention`; the dense model then reads q/k/v and gate/up packed,
+ * `concatProjections`; a quantized model keeps its own projections — the `kernel` mode's one W4A16 launch writes
+ * q, k and v to separate outputs, which the attention takes as they are — since packing is for dense weights);
+ * `--greedy-pick` (CUDA): the fused greedy pick (`greedyPick`; the bench decodes greedily); `--fast-decode`: both,
+ * `--swiglu-kernel` and `--residual-dtype compute` — not the e4m3 cache, which would add a second lossy change to
+ * the KL. Each decode line says what a step must read — `weight_bytes_per_step` (every weight as the format
+ * stores it; of an embedding that is not the head, the rows gathered), `kv_bytes_per_step` (the cache, mean over
+ * the steps) — and the ms each takes at the HBM peak (`weights_ms_at_peak`, `kv_ms_at_peak`) beside the measured
+ * `ms_per_step` (`weights_share_of_step`: how weight-bound the step is); the summary's `weight_bound` lists them.
+ * `--kernel-checks all|numerics|none` (default all): with a kernel weights mode, `numerics` keeps the float64 checks
+ * and skips the microbenchmarks, `none` skips both (the Qwen3-8B shapes' checks take minutes of host time).
+ * The host model: a preset's random weights are `CausalLM.random`'s values, sampled (with their 16-bit bits for the
+ * upload) and quantized in chunks on `--threads` worker threads (default the cores less one, at most 32).
  * `--weights` default: bound,initializers.
  * NF4 (MatMulBnb4 has no prepacked path) runs `bound` only. Before the timings a probe says whether
  * this ORT build's fused path is live: one MatMulNBits node with the path on over bound inputs must
@@ -53,14 +67,18 @@
  * Run with ORT_FPA_INTB_DEBUG=1 for ORT to print each fused call's kernel (GEMV or CUTLASS) where
  * the build has that switch (`--probe` runs the probe on the CPU too). `--fpa` (older) repeats the bound timings with the fused path asked for.
  *
- * usage: node quant-bench.js [--preset qwen3-0.6b|qwen3-1.7b|tiny-qwen3 | --model DIR] [--device cuda|cpu]
+ * usage: node quant-bench.js [--preset qwen3-0.6b|qwen3-1.7b|qwen3-4b|qwen3-8b|tiny-qwen3 | --model DIR] [--device cuda|cpu] [--threads N]
  *          [--dtype bfloat16] [--formats dense,int8,int4,nf4,nf4dq] [--batches 1,16,256] [--prompt-len 64]
  *          [--new 128] [--repeat 2] [--int4-block 64] [--mode kernel|dequantize] [--fpa] [--no-cuda-graph]
  *          [--kl-prompts 16] [--kl-new 64] [--kl-batch 4] [--lm-head none|int8|int4|nf4] [--seed 0]
  *          [--weights bound,initializers,initializers-plain,kernel,kernel-all,kernel-tuned] [--kernel-max-rows 16] [--kernel-column-tiles 1|2]
  *          [--kernel-tile-from-rows 17] [--kernel-tile auto|LABEL] [--kernel-micro-rows 64,128,256] [--probe]
  *          [--kernel-sweep [--kernel-sweep-rows 1,4,8,16]] (with --weights …,kernel-tuned)
- *          [--swiglu-kernel] [--residual-dtype float32|compute]
+ *          [--swiglu-kernel] [--residual-dtype float32|compute] [--decode-attention gqa|kernel] [--greedy-pick] [--fast-decode]
+ *          [--kernel-checks all|numerics|none]
+ * Qwen3-8B within one device call (~6 min on an H100 or H200: ~1 min host build on 16 cores, ~2 min float64 checks):
+ *   node .bundle/quant-bench.js --preset qwen3-8b --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel
+ *     --fast-decode --kernel-checks numerics --kl-prompts 8
  * --lm-head: the quantized formats also read the LM head (the tied embedding) through an extra
  * quantized copy (int4 with --int4-block); the dense model's head stays bf16.
  * Prints the probe's line, one JSON line per (format, weights, batch[, fpa]) decode measurement, one per format with its KL,
@@ -68,9 +86,10 @@
  */
 import { spawnSync } from 'node:child_process';
 import { resolve } from 'node:path';
+import { isMainThread } from 'node:worker_threads';
 import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
-import { CausalLM, MODEL_PRESETS, paramSpecs, type DecoderConfig, type ResidualDtype, type Weights } from '@lathe/models';
+import { CausalLM, MODEL_PRESETS, paramSpecs, parseConfig, type DecoderConfig, type HfConfig, type ResidualDtype, type Weights } from '@lathe/models';
 import {
   addDistributionShift,
   fusedGemmSession,
@@ -87,10 +106,12 @@ import {
   type QuantizedWeightsAs,
   type ShiftSummary,
 } from '@lathe/quantization';
-import { cudaIncludeDir, Kernels, SwigluKernels, swigluOps, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, tuneW4A16, w4a16Ops, w4a16TimingWeights, w4a16TileDims, type W4A16LaunchOptions, type W4A16Ops, type W4A16PlanTable, type W4A16Tile } from '@lathe/kernels';
+import { cudaIncludeDir, DecodeAttention, decodeAttentionOps, GreedyPickKernels, greedyPickOps, Kernels, SwigluKernels, swigluOps, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, tuneW4A16, w4a16Ops, w4a16TimingWeights, w4a16TileDims, type W4A16LaunchOptions, type W4A16Ops, type W4A16PlanTable, type W4A16Tile } from '@lathe/kernels';
 import { KvCacheGenerator, type Completion, type KvCacheGeneratorOptions } from '@lathe/rollout';
 import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor, type HostTensor, type SessionOptions } from '@lathe/runtime';
 import { arg, flag } from '../argv';
+import { defaultThreads, quantizeOnThreads, randomHostWeights, type HostWeights } from './host-model';
+import { msAtPeak, stepCacheBytes, stepWeightBytes } from './step-bytes';
 
 const SCHEMES: Record<string, QuantScheme | undefined> = {
   dense: undefined,
@@ -136,14 +157,28 @@ async function main(): Promise<void> {
   if (kind !== 'cuda' && kind !== 'cpu') throw new Error(`--device: '${String(kind)}' is not cuda or cpu`);
   // Lathe's kernel launches on the stream the sessions run on: the device opened through Kernels.withDevice.
   const wantKernel = weightModes.some((w) => WEIGHT_MODES[w].as === 'kernel');
-  const swigluKernel = flag('swiglu-kernel');
-  const opened = kind === 'cuda' && (wantKernel || swigluKernel) ? Kernels.withDevice() : { device: Device.open(kind), kernels: undefined };
+  // --fast-decode: the decode attention kernel, the greedy pick, the SwiGLU kernel and the bf16 residual stream (not the e4m3 cache: a second lossy change in the KL)
+  const fastDecode = flag('fast-decode');
+  const decodeAttentionArg = fastDecode ? 'kernel' : arg('decode-attention', 'gqa');
+  if (decodeAttentionArg !== 'gqa' && decodeAttentionArg !== 'kernel') throw new Error(`--decode-attention: '${decodeAttentionArg}' is not gqa or kernel`);
+  const decodeKernel = decodeAttentionArg === 'kernel';
+  const greedyPickOn = fastDecode || flag('greedy-pick');
+  if ((decodeKernel || greedyPickOn) && kind !== 'cuda') throw new Error(`${fastDecode ? '--fast-decode' : decodeKernel ? '--decode-attention kernel' : '--greedy-pick'} needs --device cuda (Lathe's CUDA kernels; this run asked for --device ${kind})`);
+  const swigluKernel = fastDecode || flag('swiglu-kernel');
+  const opened = kind === 'cuda' && (wantKernel || swigluKernel || decodeKernel || greedyPickOn) ? Kernels.withDevice() : { device: Device.open(kind), kernels: undefined };
   const device = opened.device;
-  const w4 = opened.kernels ? W4A16.compile(opened.kernels) : undefined;
+  // the W4A16 op, its checks and microbenchmarks only where a weights mode runs it (the device may be open for the other kernels alone)
+  const w4 = opened.kernels && wantKernel ? W4A16.compile(opened.kernels) : undefined;
+  const kernelChecks = arg('kernel-checks', 'all');
+  if (kernelChecks !== 'all' && kernelChecks !== 'numerics' && kernelChecks !== 'none') throw new Error(`--kernel-checks: '${kernelChecks}' is not all, numerics or none`);
+  const numerics = kernelChecks !== 'none';
+  const micro = kernelChecks === 'all';
   // --swiglu-kernel: every format's decode steps take the SwiGLU through Lathe's kernel (the A/B of the glue it removes)
   const swiglu = !swigluKernel ? undefined : opened.kernels ? swigluOps('cuda', SwigluKernels.compile(opened.kernels, { includeDir: cudaIncludeDir() })) : swigluOps('cpu');
-  const residualDtype = arg('residual-dtype', 'float32') as ResidualDtype;
+  if (fastDecode && arg('residual-dtype', 'compute') !== 'compute') throw new Error('--fast-decode keeps the residual stream in the compute dtype: leave --residual-dtype out');
+  const residualDtype = (fastDecode ? 'compute' : arg('residual-dtype', 'float32')) as ResidualDtype;
   if (residualDtype !== 'float32' && residualDtype !== 'compute') throw new Error(`--residual-dtype: '${String(residualDtype)}' is not float32 or compute`);
+  const greedyPick = greedyPickOn && opened.kernels ? greedyPickOps('cuda', GreedyPickKernels.compile(opened.kernels, { includeDir: cudaIncludeDir() })) : undefined;
   // absent: the library's default plans (w4a16DefaultChoice)
   const columnTiles = arg('kernel-column-tiles', '') === '' ? undefined : Number(arg('kernel-column-tiles', ''));
   if (columnTiles !== undefined && columnTiles !== 1 && columnTiles !== 2) throw new Error(`--kernel-column-tiles: ${columnTiles} is not 1 or 2`);
@@ -177,27 +212,43 @@ async function main(): Promise<void> {
   if (!['none', 'int8', 'int4', 'nf4'].includes(lmHeadArg)) throw new Error(`--lm-head: '${lmHeadArg}' is not none, int8, int4 or nf4`);
   const lmHead: QuantScheme | undefined = lmHeadArg === 'none' ? undefined : { format: lmHeadArg as QuantScheme['format'], ...(lmHeadArg === 'int4' ? { blockSize: Number(arg('int4-block', '64')) } : {}) };
 
+  const threads = Number(arg('threads', String(defaultThreads())));
+  if (!Number.isInteger(threads) || threads < 1) throw new Error(`--threads: '${arg('threads')}' is not a thread count ≥ 1`);
   const t0 = performance.now();
-  const source = arg('model', '')
-    ? CausalLM.fromPretrainedSync(resolve(arg('model')))
-    : CausalLM.random(MODEL_PRESETS[arg('preset', 'qwen3-0.6b') as keyof typeof MODEL_PRESETS].config, { seed, std: 0.02 });
-  const config = source.config;
-  const host = source.float32Weights();
-  const shape = arg('model', '') || arg('preset', 'qwen3-0.6b');
+  // A preset's random weights (CausalLM.random's values) and their 16-bit bits, sampled on worker threads
+  const presetName = arg('preset', 'qwen3-0.6b');
+  if (!arg('model', '') && !(presetName in MODEL_PRESETS)) throw new Error(`--preset: unknown preset '${presetName}' (${Object.keys(MODEL_PRESETS).join(', ')})`);
+  const built: { config: DecoderConfig } & HostWeights = arg('model', '')
+    ? (() => {
+        const source = CausalLM.fromPretrainedSync(resolve(arg('model')));
+        return { config: source.config, weights: source.float32Weights() };
+      })()
+    : await (async () => {
+        const cfg = parseConfig(MODEL_PRESETS[presetName as keyof typeof MODEL_PRESETS].config as HfConfig);
+        return { config: cfg, ...(await randomHostWeights(cfg, { seed, std: 0.02, bits: dtype === 'bfloat16' || dtype === 'float16' ? dtype : undefined, threads })) };
+      })();
+  const config = built.config;
+  const host = built.weights;
+  const hostBuildS = (performance.now() - t0) / 1000;
+  const parameters = paramSpecs(config).reduce((n, sp) => n + sp.shape.reduce((a, b) => a * b, 1), 0);
+  console.error(`quant-bench: ${(parameters / 1e9).toFixed(2)}B parameters on the host in ${hostBuildS.toFixed(1)} s (${threads} thread${threads > 1 ? 's' : ''})`);
+  const shape = arg('model', '') || presetName;
+  const decodeAttention = decodeKernel && opened.kernels ? decodeAttentionOps('cuda', DecodeAttention.compile(opened.kernels, { includeDir: cudaIncludeDir() }), { cache: 'native', qkNormEpsilon: config.rmsNormEps }) : undefined;
+  const { gpu, peak_tb_s: peakTbS } = device.kind === 'cuda' ? peakBandwidth() : { gpu: undefined, peak_tb_s: undefined };
   const probe = device.kind === 'cuda' || flag('probe') ? await probeFusedPath(device, dtype) : { fused_path: 'not probed (CUDA only; --probe runs it here)' };
   console.log(JSON.stringify({ probe: true, ...probe }));
   // The kernel's numerics against a float64 reference and its bandwidth alone, before any timing of generation.
-  const kernelCheck = kernelOps ? await checkKernel(device, dtype, kernelOps, config, Number(arg('int4-block', '64'))) : undefined;
+  const kernelCheck = kernelOps && numerics ? await checkKernel(device, dtype, kernelOps, config, Number(arg('int4-block', '64'))) : undefined;
   if (kernelCheck) console.log(JSON.stringify({ kernel_check: true, ...kernelCheck }));
-  const tileCheck = w4 && opened.kernels ? checkTiles(opened.kernels, w4, device, dtype, config, Number(arg('int4-block', '64'))) : undefined;
+  const tileCheck = w4 && opened.kernels && numerics ? checkTiles(opened.kernels, w4, device, dtype, config, Number(arg('int4-block', '64'))) : undefined;
   if (tileCheck) console.log(JSON.stringify({ kernel_tile_check: true, ...tileCheck }));
-  const kernelBandwidth = w4 && opened.kernels ? measureKernel(opened.kernels, w4, device, dtype, config, Number(arg('int4-block', '64'))) : undefined;
+  const kernelBandwidth = w4 && opened.kernels && micro ? measureKernel(opened.kernels, w4, device, dtype, config, Number(arg('int4-block', '64'))) : undefined;
   if (kernelBandwidth) console.log(JSON.stringify({ kernel_bandwidth: true, ...kernelBandwidth }));
   const microRows = arg('kernel-micro-rows', '64,128,256').split(',').map(Number);
   if (microRows.some((m) => !Number.isInteger(m) || m < 1)) throw new Error(`--kernel-micro-rows: '${arg('kernel-micro-rows')}' is not a list of row counts`);
-  const kernelTiles = w4 && opened.kernels ? measureTiles(opened.kernels, w4, device, dtype, config, Number(arg('int4-block', '64')), microRows) : undefined;
+  const kernelTiles = w4 && opened.kernels && micro ? measureTiles(opened.kernels, w4, device, dtype, config, Number(arg('int4-block', '64')), microRows) : undefined;
   if (kernelTiles) console.log(JSON.stringify({ kernel_tiles: true, ...kernelTiles }));
-  const cublas = w4 && opened.kernels ? measureDenseMatMul(device, dtype, config, microRows) : undefined;
+  const cublas = w4 && opened.kernels && micro ? measureDenseMatMul(device, dtype, config, microRows) : undefined;
   if (cublas) console.log(JSON.stringify({ dense_matmul: true, ...cublas }));
   const tileVsDense = kernelTiles && 'rows' in kernelTiles && cublas ? compareTiles(kernelTiles.rows, cublas.rows) : undefined;
   if (tileVsDense) console.log(JSON.stringify({ tile_vs_dense: true, rows: tileVsDense }));
@@ -223,8 +274,10 @@ async function main(): Promise<void> {
   // The dense weights also serve as the KL's reference, under their own names: uploaded only for
   // the KL, so the decode runs' memory is the format's alone.
   const dense = QuantizedModel.fromParts(config, { format: 'int8' }, host, new Map());
+  // The dense weights on the device by HF name after `prefix`: from the build's 16-bit bits where it made them (no second rounding pass over 8B parameters)
+  const uploadDense = (prefix: string): Map<string, DeviceTensor> => (built.bits?.dtype === dtype ? uploadBits(device, config, built.bits.tensors, dtype, prefix) : dense.deviceTensors(device, dtype, prefix));
   const withReference = async <T>(fn: (reference: ReadonlyMap<string, DeviceTensor>) => Promise<T>): Promise<T> => {
-    const reference = dense.deviceTensors(device, dtype, 'original/');
+    const reference = uploadDense('original/');
     try {
       return await fn(reference);
     } finally {
@@ -236,9 +289,11 @@ async function main(): Promise<void> {
   for (const f of formats) {
     const scheme = SCHEMES[f];
     const q0 = performance.now();
-    const model = scheme ? QuantizedModel.quantize(config, host, { ...scheme, ...(scheme.format === 'int4' ? { blockSize: int4Block } : {}), lmHead }) : dense;
+    const model = scheme ? await quantizeOnThreads(config, host, { ...scheme, ...(scheme.format === 'int4' ? { blockSize: int4Block } : {}) }, { threads, lmHead }) : dense;
     const quantizeS = (performance.now() - q0) / 1000;
-    const tensors = model.deviceTensors(device, dtype);
+    const tensors = scheme ? model.deviceTensors(device, dtype) : uploadDense('');
+    // What a decode step reads: every weight (as this format stores it) but the embedding rows it does not gather, and the KV cache
+    const stepBytes = (B: number) => stepWeightBytes(tensors, { embedding: 'model.embed_tokens.weight', embeddingIsHead: config.tieWordEmbeddings && !model.lmHead, rows: B });
     const graphWeights = (g: L.Graph): Weights => model.graphWeights(g, { dtype, mode }).weights;
     // the kernel takes INT4 only; NF4 has no prepacked path
     const modes = scheme && scheme.format !== 'nf4' ? weightModes.filter((w) => WEIGHT_MODES[w].as !== 'kernel' || scheme.format === 'int4') : ['bound'];
@@ -276,12 +331,20 @@ async function main(): Promise<void> {
           for (const fpa of weights === 'bound' && scheme && scheme.format !== 'nf4' && flag('fpa') ? [false, true] : [false]) {
             const session: SessionOptions = plan ? plan.session : fpa ? fusedGemmSession() : {};
             for (const B of batches) {
-              const { completions, ...m } = await decodeRate(device, config, plan?.tensors ?? tensors, plan?.graphWeights ?? graphWeights, decodePrompts.get(B)!, { dtype, newTokens, repeat, cudaGraph, session, residualDtype, ...(swiglu ? { swiglu } : {}) });
+              // The dense model under the decode attention kernel reads its q/k/v and gate/up packed (concatProjections over HF-named weights); a quantized one's kernel path concatenates them itself
+              const packed = !scheme && decodeAttention !== undefined;
+              const fast = { ...(decodeAttention ? { decodeAttention } : {}), ...(greedyPick ? { greedyPick } : {}), ...(packed ? { concatProjections: true } : {}) };
+              const { completions, ...m } = await decodeRate(device, config, plan?.tensors ?? tensors, packed ? undefined : (plan?.graphWeights ?? graphWeights), decodePrompts.get(B)!, { dtype, newTokens, repeat, cudaGraph, session, residualDtype, ...(swiglu ? { swiglu } : {}), ...fast });
+              decodeAttention?.check();
+              greedyPick?.check();
+              const weightBytes = stepBytes(B);
+              const kvBytes = stepCacheBytes(config, { rows: B, promptLen, steps: m.decode_steps, bytesPerElement: L.dtypeBytes(dtype) });
+              const reads = { weight_bytes_per_step: weightBytes, weights_ms_at_peak: round3(msAtPeak(weightBytes, peakTbS)), kv_bytes_per_step: Math.round(kvBytes), kv_ms_at_peak: round3(msAtPeak(kvBytes, peakTbS)), weights_share_of_step: round3(ratioOf(msAtPeak(weightBytes, peakTbS), m.ms_per_step)) };
               if (wm.as === 'kernel') ops!.check();
               if (weights === 'bound' && !fpa) boundTokens.set(B, completions);
               const bound = boundTokens.get(B);
               const agreement = weights !== 'bound' && bound ? agreementWith(bound, completions) : undefined;
-              const line = { format: f, weights, batch: B, fpa: fpa || Boolean(plan?.fusedGemm), fused_layers: plan?.fusedLayers ?? 0, ...(plan?.kernelLayers !== undefined ? { kernel_layers: plan.kernelLayers, kernel_at_this_batch: B <= kernelMaxRows } : {}), ...m, ...(agreement ? { agreement_with_bound: agreement } : {}) };
+              const line = { format: f, weights, batch: B, fpa: fpa || Boolean(plan?.fusedGemm), fused_layers: plan?.fusedLayers ?? 0, ...(plan?.kernelLayers !== undefined ? { kernel_layers: plan.kernelLayers, kernel_at_this_batch: B <= kernelMaxRows } : {}), ...m, ...reads, ...(agreement ? { agreement_with_bound: agreement } : {}) };
               console.log(JSON.stringify(line));
               (row.decode as unknown[]).push(line);
             }
@@ -345,7 +408,10 @@ async function main(): Promise<void> {
         return [r.format, byKey];
       }),
   );
-  console.log(JSON.stringify({ summary: true, shape, device: device.kind, dtype, mode, cuda_graph: cudaGraph, ...(wantKernel ? { kernel_max_rows: kernelMaxRowsArg, kernel_column_tiles: columnTiles ?? 'default', kernel_tile_from_rows: tileFromRows, kernel_tile: arg('kernel-tile', 'auto') } : {}), prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_tile_check: tileCheck, kernel_bandwidth: kernelBandwidth, kernel_tiles: kernelTiles, dense_matmul: cublas, tile_vs_dense: tileVsDense } : {}), ...(sweepReport ? { kernel_sweep_best: sweepReport.best } : {}), lm_head: lmHeadArg, swiglu_kernel: swiglu !== undefined, residual_dtype: residualDtype, results, speedup_vs_dense: speedup }));
+  // Per format, weights mode and batch: the measured step beside the time its weight and cache reads take at the HBM peak
+  type BoundLine = DecodeLine & { format: string; ms_per_step: number; weights_ms_at_peak?: number; kv_ms_at_peak?: number; weights_share_of_step?: number };
+  const weightBound = results.flatMap((r) => ((r.decode as BoundLine[] | undefined) ?? []).filter((d) => d.ms_per_step !== undefined).map((d) => ({ format: d.format, weights: d.weights, batch: d.batch, ms_per_step: d.ms_per_step, weights_ms_at_peak: d.weights_ms_at_peak ?? null, kv_ms_at_peak: d.kv_ms_at_peak ?? null, weights_share_of_step: d.weights_share_of_step ?? null })));
+  console.log(JSON.stringify({ summary: true, shape, parameters, host_build_s: +hostBuildS.toFixed(1), threads, device: device.kind, gpu: gpu ?? null, peak_tb_s: peakTbS ?? null, dtype, mode, cuda_graph: cudaGraph, decode_attention: decodeAttentionArg, greedy_pick: greedyPick !== undefined, fast_decode: fastDecode, ...(wantKernel ? { kernel_checks: kernelChecks, kernel_max_rows: kernelMaxRowsArg, kernel_column_tiles: columnTiles ?? 'default', kernel_tile_from_rows: tileFromRows, kernel_tile: arg('kernel-tile', 'auto') } : {}), prompt_len: promptLen, new_tokens: newTokens, int4_block: int4Block, weights: weightModes, fpa_env: process.env.ORT_FPA_INTB_GEMM ?? null, probe, ...(kernelCheck ? { kernel_check: kernelCheck, kernel_tile_check: tileCheck, kernel_bandwidth: kernelBandwidth, kernel_tiles: kernelTiles, dense_matmul: cublas, tile_vs_dense: tileVsDense } : {}), ...(sweepReport ? { kernel_sweep_best: sweepReport.best } : {}), lm_head: lmHeadArg, swiglu_kernel: swiglu !== undefined, residual_dtype: residualDtype, results, speedup_vs_dense: speedup, weight_bound: weightBound }));
   if (kernelCheck && !kernelCheck.ok) throw new Error(`kernel check failed: the W4A16 op's max relative error against the float64 reference is ${kernelCheck.max_rel_err} (limit ${kernelCheck.limit})`);
   if (tileCheck && 'ok' in tileCheck && !tileCheck.ok) throw new Error(`kernel tile check failed: a tiled W4A16 build's max relative error against the float64 reference is ${tileCheck.max_rel_err} (limit ${tileCheck.limit})`);
 }
@@ -385,12 +451,14 @@ async function checkKernel(device: Device, dtype: DType, ops: W4A16Ops, config: 
   const next = tokens(12345, 1 << 30);
   const uniform = () => next() / (1 << 30);
   for (const { name, N, K } of projectionShapes(config)) {
-    for (const M of device.kind === 'cuda' ? [1, 16, 40, 64, 256] : [1, 3, 20]) {
-      for (const zp of [false, true]) {
-        const w = Float32Array.from({ length: N * K }, () => 0.04 * (2 * uniform() - 1));
-        const q = quantizeInt4(w, N, K, { blockSize, zeroPoints: zp });
-        const l = kernelLayout(q) as NBitsLayout;
-        const kb = l.bShape[1];
+    for (const zp of [false, true]) {
+      // one weight a shape and zero-point choice, every M over it (at Qwen3-8B's shapes its making and rounding dominate the host work)
+      const w = randomWeights(N * K, uniform);
+      const q = quantizeInt4(w, N, K, { blockSize, zeroPoints: zp });
+      const l = kernelLayout(q) as NBitsLayout;
+      const kb = l.bShape[1];
+      const wr = rounded(dequantize({ ...q, scales: rounded(q.scales) }));
+      for (const M of device.kind === 'cuda' ? [1, 16, 40, 64, 256] : [1, 3, 20]) {
         const g = new L.Graph(`w4a16_check_${name}_${M}_${zp}`);
         const x = g.input('x', dtype, [M, K]);
         const b = g.input('b', 'uint8', [...l.bShape]);
@@ -413,7 +481,6 @@ async function checkKernel(device: Device, dtype: DType, ops: W4A16Ops, config: 
           const ort = out.ort.data as Float32Array;
           // The independent truth: the same rounded operands multiplied in float64 on the host, for the
           // first and last 8 rows (every row kernel and tile position is among them; all rows is minutes at 1.7B).
-          const wr = rounded(dequantize({ ...q, scales: rounded(q.scales) }));
           const xr = rounded(xs);
           const rows = [...new Set([...Array(Math.min(8, M)).keys(), ...Array.from({ length: Math.min(8, M) }, (_, i) => M - 1 - i)])];
           const err = { ours: 0, ort: 0 };
@@ -464,7 +531,7 @@ function checkTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType, c
   const cases: Record<string, unknown>[] = [];
   let worst = 0;
   for (const { name, N, K } of projectionShapes(config)) {
-    const w = Float32Array.from({ length: N * K }, () => 0.04 * (2 * uniform() - 1));
+    const w = randomWeights(N * K, uniform);
     const q = quantizeInt4(w, N, K, { blockSize, zeroPoints: true });
     const l = kernelLayout(q) as NBitsLayout;
     const kb = l.bShape[1];
@@ -692,6 +759,35 @@ function ratio(a: number | undefined, b: number | undefined): number | null {
   return a && b ? +(a / b).toFixed(3) : null;
 }
 
+/** `n` weights uniform in ±0.04 from `uniform` (a plain loop: Float32Array.from's callback is slow at 50M elements). */
+function randomWeights(n: number, uniform: () => number): Float32Array {
+  const w = new Float32Array(n);
+  for (let i = 0; i < n; i++) w[i] = 0.04 * (2 * uniform() - 1);
+  return w;
+}
+
+/** a / b, or undefined where either is missing. */
+function ratioOf(a: number | undefined, b: number | undefined): number | undefined {
+  return a !== undefined && b ? a / b : undefined;
+}
+
+/** `x` to three decimals (undefined stays undefined). */
+function round3(x: number | undefined): number | undefined {
+  return x === undefined ? undefined : +x.toFixed(3);
+}
+
+/** The dense weights on the device from their 16-bit bits (HF names after `prefix`), freed again if an upload fails. */
+function uploadBits(device: Device, config: DecoderConfig, bits: ReadonlyMap<string, Uint16Array>, dtype: DType, prefix: string): Map<string, DeviceTensor> {
+  const out = new Map<string, DeviceTensor>();
+  try {
+    for (const spec of paramSpecs(config)) out.set(prefix + spec.name, device.upload({ data: bits.get(spec.name)!, dims: spec.shape }, dtype));
+  } catch (e) {
+    for (const t of out.values()) t.dispose();
+    throw e;
+  }
+  return out;
+}
+
 /**
  * Whether this ORT build's fused weight-only GEMM is live: one MatMulNBits node (INT4, N = K = 512,
  * block 64, M = 16) with the path asked for, over bound inputs (the fused path refuses: nothing was
@@ -769,12 +865,19 @@ interface DecodeOptions {
   swiglu?: KvCacheGeneratorOptions['swiglu'];
   /** The residual stream's dtype in the decode graphs (--residual-dtype). */
   residualDtype: ResidualDtype;
+  /** The decode step's attention through Lathe's kernel (--decode-attention kernel). */
+  decodeAttention?: KvCacheGeneratorOptions['decodeAttention'];
+  /** The greedy token pick through Lathe's fused op (--greedy-pick). */
+  greedyPick?: KvCacheGeneratorOptions['greedyPick'];
+  /** q/k/v and gate/up as one packed matmul each (dense weights only). */
+  concatProjections?: boolean;
 }
 
 /** Decode tokens/s of the KV-cache generator over `tensors` (bound by name) at the batch of `prompts`: the best of `repeat` timed calls after a warm-up. */
-async function decodeRate(device: Device, config: DecoderConfig, tensors: ReadonlyMap<string, DeviceTensor>, graphWeights: (g: L.Graph) => Weights, prompts: number[][], o: DecodeOptions) {
+async function decodeRate(device: Device, config: DecoderConfig, tensors: ReadonlyMap<string, DeviceTensor>, graphWeights: ((g: L.Graph) => Weights) | undefined, prompts: number[][], o: DecodeOptions) {
   const B = prompts.length;
-  const gen = KvCacheGenerator.create(device, config, tensors, { temperature: 0, rows: B, maxLength: prompts[0].length + o.newTokens, dtype: o.dtype, cudaGraph: o.cudaGraph, graphWeights, session: o.session, residualDtype: o.residualDtype, ...(o.swiglu ? { swiglu: o.swiglu } : {}) });
+  const fast = { ...(o.decodeAttention ? { decodeAttention: o.decodeAttention } : {}), ...(o.greedyPick ? { greedyPick: o.greedyPick } : {}), ...(o.concatProjections ? { concatProjections: true } : {}) };
+  const gen = KvCacheGenerator.create(device, config, tensors, { temperature: 0, rows: B, maxLength: prompts[0].length + o.newTokens, dtype: o.dtype, cudaGraph: o.cudaGraph, ...(graphWeights ? { graphWeights } : {}), session: o.session, residualDtype: o.residualDtype, ...(o.swiglu ? { swiglu: o.swiglu } : {}), ...fast });
   try {
     const call = { maxNewTokens: o.newTokens, seed: 1 };
     let last = await gen.generate(prompts, call);
@@ -790,6 +893,7 @@ async function decodeRate(device: Device, config: DecoderConfig, tensors: Readon
       gpu_used_mib: gpuUsedMiB(),
       decode_tok_s: +((B * best.decodeSteps) / (best.decodeMs / 1000)).toFixed(1),
       ms_per_step: +(best.decodeMs / best.decodeSteps).toFixed(3),
+      decode_steps: best.decodeSteps,
       prefill_ms: +best.prefillMs.toFixed(1),
       total_ms: +best.totalMs.toFixed(1),
       completions: last,
@@ -874,7 +978,10 @@ async function shift(
   return acc.summary();
 }
 
-main().catch((e) => {
-  console.error(e);
-  process.exit(1);
-});
+// the host build's worker threads load this file too (host-model.ts): only the main thread runs the bench
+if (isMainThread) {
+  main().catch((e) => {
+    console.error(e);
+    process.exit(1);
+  });
+}
