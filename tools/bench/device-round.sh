@@ -26,10 +26,12 @@ case "${1:?lanes | quant | dp}" in
     for g in gen train rl; do grep -h '"flags"' "$OUT/$g/suite.json" 2> /dev/null | cut -c1-400; done
     ;;
   quant)
+    # 4B and 8B: shapes whose decode at 1-16 rows is bound by reading the weights (each line says how
+    # much: weights_share_of_step); --fast-decode shrinks the other kernels both formats share
     q="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel"
     lanes \
-      "$q --preset qwen3-8b --swiglu-kernel --residual-dtype compute --kernel-checks numerics --kl-prompts 8" \
-      "$q --preset qwen3-8b --fast-decode --kernel-checks none --kl-prompts 8" \
+      "$q --preset qwen3-8b --fast-decode --kernel-checks numerics --kl-prompts 8" \
+      "$q --preset qwen3-8b --swiglu-kernel --residual-dtype compute --kernel-checks none --kl-prompts 8" \
       "$q --preset qwen3-4b --fast-decode --kernel-checks none --kl-prompts 8; $q --preset qwen3-4b --swiglu-kernel --residual-dtype compute --kernel-checks none --kl-prompts 8" \
       "$q --preset qwen3-0.6b --fast-decode --kernel-checks none; $q --preset qwen3-1.7b --fast-decode --kernel-checks none"
     grep -E '"summary":true' "$OUT/lanes/lanes.log" | cut -c1-1200
