@@ -1,7 +1,7 @@
 /**
- * Data-parallel SFT steps on a random Qwen3 (the 0.6B or 1.7B shape; `tiny` for a CPU check), one
- * process per rank under `lathe launch` (or alone): the loss trajectory and tokens/s, for the
- * issue's two device checks in one script.
+ * Data-parallel SFT steps on a random Qwen3 (the 0.6B, 1.7B, 4B or 8B shape of @lathe/models' presets;
+ * `tiny` for a CPU check), one process per rank under `lathe launch` (or alone): the loss trajectory
+ * and tokens/s, for the issue's two device checks in one script.
  *
  * - Parity: every world size trains on the same global batches (--batch rows of --seq tokens,
  *   seeded), so the losses of N ranks must equal one process's: with --reference ONE.json (rank 0's
@@ -30,6 +30,16 @@
  *   SwiGLU kernel (tools/bench/train/lathe-step.ts's flags; all four: lathe sft's default on cuda). CUDA needs
  *   --compute bfloat16; on the CPU the ops' float32 host computes run (a smoke test). `kernels` in the
  *   output lists those used.
+ * - --lora RANK [--lora-alpha 2·RANK] [--lora-targets 'q_proj|k_proj|v_proj|o_proj']: LoRA adapters
+ *   trained over a frozen base, as `lathe sft --lora_rank` builds the step (loraWeights; no dropout),
+ *   except that the base is bound in the compute dtype (bfloat16: the 8B base is 16.4 GB a GPU, where
+ *   lathe sft binds it in float32). Only the adapters are the Trainer's parameters, so only they get
+ *   float32 master copies, gradients, AdamW moments (`moment_bytes`) and the all-reduce or, with
+ *   --zero, the sharding; the base's bytes are `frozen_bytes`. Parity and the rest as for full
+ *   fine-tuning.
+ * - --init tiled: each weight matrix copied from a window of one pool of seeded normals instead of
+ *   sampled element by element (dp-model.ts), for the 4B and 8B shapes whose sampling takes minutes a
+ *   rank; every rank builds the same weights either way, so parity holds within either.
  * - --nccl-priority high: NCCL's stream at the device's greatest priority, so the in-run all-reduce's
  *   blocks are scheduled before queued compute blocks (the A/B against `default`).
  * - Overlap diagnostics (with --overlap): `bucket_times` holds the last step's host ms of each bucket
@@ -38,26 +48,21 @@
  *   one run tells whether the all-reduce ran beside the backward or after it. --profile PREFIX writes
  *   each session's ORT profile (PREFIX-rankN_<time>.json; on CUDA the node order, not device times).
  *
- * usage (each rank): node .bundle/dp-check.js [--shape 0.6b|1.7b|4b|tiny] [--compute float32|bfloat16]
+ * usage (each rank): node .bundle/dp-check.js [--shape 0.6b|1.7b|4b|8b|tiny] [--compute float32|bfloat16]
+ *   [--lora RANK [--lora-alpha A] [--lora-targets REGEX]] [--init sampled|tiled]
  *   [--device cuda|cpu] [--steps 20] [--batch 8] [--seq 512] [--micro 1] [--lr 1e-5] [--warmup 2]
  *   [--flash-attention] [--attention-kernel [--logprob-kernel] [--rope-kernel] [--swiglu-kernel]] [--recompute] [--tf32] [--bucket-mb 25] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap [--bucket-times]] [--nccl-priority default|high] [--compute-stream] [--profile PREFIX] [--reference ONE.json] [--tol X] [--out FILE]
  * run:  node .bundle/lathe.js launch --gpus 2 -- node .bundle/dp-check.js --compute float32 --out two.json
  * Prints one JSON line per rank (rank 0's first); --out writes rank 0's.
  */
-import { paramSpecs, parseConfig, randomWeight, totalLengthTensor, TOTAL_LENGTH_INPUT, type HfConfig } from '@lathe/models';
+import { parseConfig, totalLengthTensor, TOTAL_LENGTH_INPUT } from '@lathe/models';
 import { Device, type HostTensor, type Ptr } from '@lathe/runtime';
-import { sftLoss, Trainer, type SftLossOptions, type TrainableParam } from '@lathe/train';
+import { sftLoss, Trainer, type LoraConfig, type SftLossOptions } from '@lathe/train';
 import { bucketNodeOrderOfProfile, checkDataParallelBatch, checkSameConfig, gradientAllReduce, gradientAllReduceInGraph, gradientReduceScatterInGraph, NcclCollectives, NcclInRunReducer, overlapSummary, shardOf, soloInRunReducer, TcpCollectives, ThreadGroup, worldFromEnv, type Collectives, type InRunTimings } from '@lathe/distributed';
 import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels, RopeKernels, ropeOps, SwigluKernels, swigluOps } from '@lathe/kernels';
 import { lossParity, reportResult } from './report';
+import { dpModel, DP_SHAPES, type InitKind } from './dp-model';
 import { arg, flag } from '../argv';
-import { QWEN3_0_6B } from '../shapes';
-
-const QWEN3_1_7B: HfConfig = { ...QWEN3_0_6B, hidden_size: 2048, intermediate_size: 6144, num_attention_heads: 16, num_key_value_heads: 8 };
-const TINY: HfConfig = { ...QWEN3_0_6B, vocab_size: 512, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16 };
-// Qwen3-4B's shape (config.json of Qwen/Qwen3-4B): the issue's full fine-tuning with sharded optimizer state on 4 GPUs
-const QWEN3_4B: HfConfig = { ...QWEN3_0_6B, hidden_size: 2560, intermediate_size: 9728, num_hidden_layers: 36, num_attention_heads: 32, num_key_value_heads: 8 };
-const SHAPES: Record<string, HfConfig> = { '0.6b': QWEN3_0_6B, '1.7b': QWEN3_1_7B, '4b': QWEN3_4B, tiny: TINY };
 
 /** The global batch of a step: --batch rows of --seq seeded tokens, the first quarter of each a prompt (no loss). */
 function globalBatch(step: number, rows: number, seq: number, vocab: number): { ids: number[][]; lossMask: number[][] } {
@@ -126,8 +131,8 @@ function bucketTimes(hostMs: readonly number[], stepMs: number, device: InRunTim
 
 async function main(): Promise<void> {
   const shape = arg('shape', '0.6b');
-  const hf = SHAPES[shape];
-  if (!hf) throw new Error(`--shape ${shape}: one of ${Object.keys(SHAPES).join(', ')}`);
+  const hf = DP_SHAPES[shape];
+  if (!hf) throw new Error(`--shape ${shape}: one of ${Object.keys(DP_SHAPES).join(', ')}`);
   const compute = arg('compute', 'float32') as 'float32' | 'bfloat16';
   const deviceKind = arg('device', 'cuda') as 'cuda' | 'cpu';
   const steps = Number(arg('steps', '20'));
@@ -144,6 +149,10 @@ async function main(): Promise<void> {
   if (attentionKernel && deviceKind === 'cuda' && compute !== 'bfloat16') throw new Error(`--attention-kernel on --device cuda needs --compute bfloat16 (the kernels are bfloat16/float16 on the GPU; float32 only on the cpu), got --compute ${compute}`);
   // the kernels attend over right-padded rows, fed like GroupQueryAttention's (total_sequence_length)
   const flash = flag('flash-attention') || attentionKernel;
+  const loraRank = Number(arg('lora', '0'));
+  if (!Number.isInteger(loraRank) || loraRank < 0) throw new Error(`--lora ${arg('lora', '0')}: the adapters' rank, a positive integer (0: every weight trains)`);
+  const lora: LoraConfig | undefined = loraRank > 0 ? { rank: loraRank, alpha: Number(arg('lora-alpha', String(2 * loraRank))), targets: arg('lora-targets', 'q_proj|k_proj|v_proj|o_proj') } : undefined;
+  const init = arg('init', 'sampled') as InitKind;
   const zero = Number(arg('zero', '0'));
   if (zero !== 0 && zero !== 1 && zero !== 2) throw new Error(`--zero ${zero}: 0, 1 or 2`);
   const gradReduceDtype = arg('grad-reduce-dtype', 'float32') as 'float32' | 'bfloat16';
@@ -161,7 +170,7 @@ async function main(): Promise<void> {
   let group: Collectives | undefined;
   if (world.worldSize > 1) {
     const tcp = await TcpCollectives.connect({ rank: world.rank, worldSize: world.worldSize, addr: world.masterAddr, port: world.masterPort });
-    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, attentionKernel, logprobKernel, ropeKernel, swigluKernel, recompute: flag('recompute'), tf32: flag('tf32'), zero, gradReduceDtype, overlap, computeStream, ncclPriority });
+    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, attentionKernel, logprobKernel, ropeKernel, swigluKernel, recompute: flag('recompute'), tf32: flag('tf32'), zero, gradReduceDtype, overlap, computeStream, ncclPriority, lora: lora ?? null, init });
     group = deviceKind === 'cuda' ? await NcclCollectives.create(tcp, { deviceId: world.localRank, streamPriority: ncclPriority }) : tcp;
   }
   // the in-run all-reduce orders NCCL behind the stream the sessions run on: Lathe's own
@@ -188,16 +197,13 @@ async function main(): Promise<void> {
     return { gradReduceDtype, ...(zero >= 1 ? { zero: group } : { onGradients: gradientAllReduce(group, { bucketBytes }) }) };
   })();
   const config = parseConfig(hf, `--shape ${shape}`);
-  const specs = paramSpecs(config);
-  const sample = randomWeight({ seed: 1, std: 0.02 });
-  const init = new Map(specs.map((s) => [s.name, sample(s)]));
-  const params: TrainableParam[] = specs.map((s) => ({ name: s.name, shape: s.shape, decay: s.kind === 'matrix' || s.kind === 'embedding' }));
+  const model = dpModel(config, device, { compute, init, ...(lora ? { lora } : {}) });
   const trainer = Trainer.create(
-    { params, loss: sftLoss(config, { compute, flashAttention: flash, recompute: flag('recompute'), ...kernels?.loss }), optimizer: { weightDecay: 0.01, maxGradNorm: 1 } },
-    { params: init },
-    { device, microBatches: micro, ...reduction, session: { ...(kernels ? { customOpDomains: kernels.customOpDomains } : {}), ...(profile ? { profilePrefix: `${profile}-rank${world.rank}` } : {}) } },
+    { params: model.params, loss: sftLoss(config, { compute, flashAttention: flash, recompute: flag('recompute'), ...kernels?.loss, ...(model.weights ? { weights: model.weights } : {}) }), optimizer: { weightDecay: 0.01, maxGradNorm: 1 } },
+    { params: model.init },
+    { device, microBatches: micro, ...reduction, frozen: model.frozen, session: { ...(kernels ? { customOpDomains: kernels.customOpDomains } : {}), ...(profile ? { profilePrefix: `${profile}-rank${world.rank}` } : {}) } },
   );
-  init.clear();
+  model.init.clear();
   const i64 = (rows: number[][]): HostTensor => ({ data: BigInt64Array.from(rows.flat().map(BigInt)), dims: [rows.length, rows[0].length] });
   const losses: number[] = [];
   const stepMs: number[] = [];
@@ -239,6 +245,10 @@ async function main(): Promise<void> {
     batch: [rowsPerStep, seq],
     micro,
     zero,
+    lora: lora ? { ...lora, adapters: model.adapters } : null,
+    init,
+    trainable_params: model.trainableParams,
+    frozen_bytes: model.frozenBytes,
     grad_reduce_dtype: gradReduceDtype,
     ...(ncclPriority !== 'default' ? { nccl_priority: ncclPriority } : {}),
     overlap: Boolean(inRun),
@@ -260,6 +270,7 @@ async function main(): Promise<void> {
   const parity = lossParity(losses, world.rank, compute);
   if (parity) result.parity = parity;
   trainer.dispose();
+  for (const t of Object.values(model.frozen)) t.dispose();
   // each session writes its profile when disposed
   const order = profile ? bucketNodeOrderOfProfile(`${profile}-rank${world.rank}`) : undefined;
   if (order) result.profile_order = { file: order.file, nodes: order.nodes, backward: order.backward, backward_after: order.backwardAfter };
