@@ -8,10 +8,10 @@
  */
 import * as L from '@lathe/onnx';
 import { type DType, type OpDef, type Tensor } from '@lathe/onnx';
-import { CApi, type DeviceKind } from '@lathe/runtime';
+import { type DeviceKind } from '@lathe/runtime';
 import { type ArgValue } from './args';
 import { CE_MAX_VOCAB, CE_THREADS, CE_TYPES, crossEntropyKernelName, crossEntropySource } from './cross-entropy-source';
-import { CustomOpDomain, readF32, readI64 } from './custom-op';
+import { opFamily, readF32, readI64, writeHost, type CustomOps } from './custom-op';
 import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
 import { type Kernel, type Kernels } from './kernels';
@@ -176,9 +176,7 @@ export interface CrossEntropyCallOptions {
 }
 
 /** The graph side of the kernels: build nodes, and the domain to pass to the session. */
-export interface CrossEntropyOps {
-  /** The custom-op domain: pass `domain.handle` in the session's `customOpDomains`. */
-  domain: CustomOpDomain;
+export interface CrossEntropyOps extends CustomOps {
   /**
    * logits [rows, vocab] (static vocab) and int64 targets [rows] → float32 [rows] log p(target) (0 for
    * a target outside [0, vocab): ignored rows, no gradient through it), the log-sum-exp, and with
@@ -194,12 +192,7 @@ export interface CrossEntropyOps {
   unsupported(dtype: DType, vocab: number): string | undefined;
   /** The reasons `unsupported` gave, with how many times each (graph builds that kept the composed ops). */
   readonly fallbacks: ReadonlyMap<string, number>;
-  /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */
-  check(): void;
-  dispose(): void;
 }
-
-let domainCount = 0;
 
 /**
  * The fused log-prob / log-sum-exp / entropy as custom ops of a new domain, for graphs run on
@@ -212,96 +205,89 @@ let domainCount = 0;
  */
 export function crossEntropyOps(provider: DeviceKind, kernels?: CrossEntropyKernels): CrossEntropyOps {
   if (provider === 'cuda' && !kernels) throw new Error('crossEntropyOps: CUDA needs the compiled CrossEntropyKernels (CrossEntropyKernels.compile on the kernels of the device)');
-  const domain = new CustomOpDomain(`lathe.ce${domainCount++}`);
-  const api = CApi.get();
-  const dtypes: DType[] = provider === 'cuda' ? (Object.keys(CE_TYPES) as DType[]) : ['float32'];
-  const ops = new Map<string, OpDef<object>>();
+  const family = opFamily({ name: 'crossEntropyOps', domainPrefix: 'lathe.ce', provider, cudaDtypes: Object.keys(CE_TYPES) as DType[] });
 
-  const opFor = (dt: DType, withTargets: boolean, withEntropy: boolean, temperature: number): OpDef<object> => {
-    const key = `${dt}/${withTargets}/${withEntropy}/${temperature}`;
-    const known = ops.get(key);
-    if (known) return known;
-    const tag = `${dt}_${withTargets ? 'logp' : 'lse'}${withEntropy ? '_ent' : ''}_${ops.size}`;
-    const shapeOf = (x: { dims: readonly number[]; dtype: DType }): CrossEntropyShape => ({ rows: x.dims[0], vocab: x.dims[1], dtype: x.dtype });
-    const nOut = (withTargets ? 2 : 1) + (withEntropy ? 1 : 0);
-    const fwd = domain.add({
-      name: `FusedCrossEntropy_${tag}`,
-      inputs: withTargets ? [dt, 'int64'] : [dt],
-      outputs: new Array<DType>(nOut).fill('float32'),
-      provider,
-      infer: ([x]) => new Array(nOut).fill(0).map(() => ({ dtype: 'float32' as DType, shape: [x.shape[0]] })),
-      compute: (ctx) => {
-        const [x, targets] = ctx.inputs;
-        const shape = shapeOf(x);
-        const outs = new Array(nOut).fill(0).map((_, i) => ctx.output(i, [shape.rows]));
-        const [logp, lse, ent] = withTargets ? outs : [0n, ...outs];
-        if (kernels) {
-          kernels.forward(shape, { logits: x.data, targets: withTargets ? targets.data : 0n, logp, lse, entropy: withEntropy ? ent : 0n }, temperature);
-          return;
-        }
-        const r = crossEntropyReference({ ...shape, temperature }, { logits: readF32(x.data, shape.rows * shape.vocab), ...(withTargets ? { targets: readI64(targets.data, shape.rows) } : {}) });
-        if (withTargets) api.copyIn(logp, r.logp!);
-        api.copyIn(lse, r.lse);
-        if (withEntropy) api.copyIn(ent, r.entropy);
-      },
+  const opFor = (dt: DType, withTargets: boolean, withEntropy: boolean, temperature: number): OpDef<object> =>
+    family.op(`${dt}/${withTargets}/${withEntropy}/${temperature}`, () => {
+      const tag = `${dt}_${withTargets ? 'logp' : 'lse'}${withEntropy ? '_ent' : ''}_${family.size}`;
+      const shapeOf = (x: { dims: readonly number[]; dtype: DType }): CrossEntropyShape => ({ rows: x.dims[0], vocab: x.dims[1], dtype: x.dtype });
+      const nOut = (withTargets ? 2 : 1) + (withEntropy ? 1 : 0);
+      const fwd = family.domain.add({
+        name: `FusedCrossEntropy_${tag}`,
+        inputs: withTargets ? [dt, 'int64'] : [dt],
+        outputs: new Array<DType>(nOut).fill('float32'),
+        provider,
+        infer: ([x]) => new Array(nOut).fill(0).map(() => ({ dtype: 'float32' as DType, shape: [x.shape[0]] })),
+        compute: (ctx) => {
+          const [x, targets] = ctx.inputs;
+          const shape = shapeOf(x);
+          const outs = new Array(nOut).fill(0).map((_, i) => ctx.output(i, [shape.rows]));
+          const [logp, lse, ent] = withTargets ? outs : [0n, ...outs];
+          if (kernels) {
+            kernels.forward(shape, { logits: x.data, targets: withTargets ? targets.data : 0n, logp, lse, entropy: withEntropy ? ent : 0n }, temperature);
+            return;
+          }
+          const r = crossEntropyReference({ ...shape, temperature }, { logits: readF32(x.data, shape.rows * shape.vocab), ...(withTargets ? { targets: readI64(targets.data, shape.rows) } : {}) });
+          if (withTargets) writeHost(logp, r.logp!);
+          writeHost(lse, r.lse);
+          if (withEntropy) writeHost(ent, r.entropy);
+        },
+      });
+      // inputs: logits, [targets], lse, [entropy], [g_logp], g_lse, [g_entropy]
+      const bwdInputs: DType[] = [dt, ...(withTargets ? ['int64' as DType] : []), 'float32', ...(withEntropy ? ['float32' as DType] : []), ...(withTargets ? ['float32' as DType] : []), 'float32', ...(withEntropy ? ['float32' as DType] : [])];
+      const bwd = family.domain.add({
+        name: `FusedCrossEntropyGrad_${tag}`,
+        inputs: bwdInputs,
+        outputs: [dt],
+        provider,
+        infer: ([x]) => [{ dtype: dt, shape: [...x.shape] }],
+        compute: (ctx) => {
+          const ins = [...ctx.inputs];
+          const x = ins.shift()!;
+          const targets = withTargets ? ins.shift()! : undefined;
+          const lse = ins.shift()!;
+          const ent = withEntropy ? ins.shift()! : undefined;
+          const gLogp = withTargets ? ins.shift()! : undefined;
+          const gLse = ins.shift()!;
+          const gEnt = withEntropy ? ins.shift()! : undefined;
+          const shape = shapeOf(x);
+          const dx = ctx.output(0, x.dims);
+          if (kernels) {
+            kernels.backward(shape, { logits: x.data, targets: targets?.data ?? 0n, lse: lse.data, entropy: ent?.data ?? 0n, gLogp: gLogp?.data ?? 0n, gLse: gLse.data, gEntropy: gEnt?.data ?? 0n, dLogits: dx }, temperature);
+            return;
+          }
+          const n = shape.rows;
+          const r = crossEntropyReference(
+            { ...shape, temperature },
+            {
+              logits: readF32(x.data, n * shape.vocab),
+              ...(targets ? { targets: readI64(targets.data, n) } : {}),
+              gLse: readF32(gLse.data, n),
+              ...(gLogp ? { gLogp: readF32(gLogp.data, n) } : {}),
+              ...(gEnt ? { gEntropy: readF32(gEnt.data, n) } : {}),
+            },
+          );
+          writeHost(dx, r.dLogits!);
+        },
+      });
+      return {
+        ...fwd,
+        nonDiffInputs: withTargets ? [1] : [],
+        grad: ({ inputs, outputs, dy }) => {
+          if (dy.every((d) => !d)) return inputs.map(() => null);
+          const zero = (i: number) => dy[i] ?? L.mul(outputs[i]!, 0);
+          const iLse = withTargets ? 1 : 0;
+          const iEnt = iLse + 1;
+          const bwdIn: Tensor[] = [inputs[0]!, ...(withTargets ? [inputs[1]!] : []), outputs[iLse]!, ...(withEntropy ? [outputs[iEnt]!] : []), ...(withTargets ? [zero(0)] : []), zero(iLse), ...(withEntropy ? [zero(iEnt)] : [])];
+          const [dx] = L.applyOp(bwd, bwdIn, {});
+          return withTargets ? [dx, null] : [dx];
+        },
+      };
     });
-    // inputs: logits, [targets], lse, [entropy], [g_logp], g_lse, [g_entropy]
-    const bwdInputs: DType[] = [dt, ...(withTargets ? ['int64' as DType] : []), 'float32', ...(withEntropy ? ['float32' as DType] : []), ...(withTargets ? ['float32' as DType] : []), 'float32', ...(withEntropy ? ['float32' as DType] : [])];
-    const bwd = domain.add({
-      name: `FusedCrossEntropyGrad_${tag}`,
-      inputs: bwdInputs,
-      outputs: [dt],
-      provider,
-      infer: ([x]) => [{ dtype: dt, shape: [...x.shape] }],
-      compute: (ctx) => {
-        const ins = [...ctx.inputs];
-        const x = ins.shift()!;
-        const targets = withTargets ? ins.shift()! : undefined;
-        const lse = ins.shift()!;
-        const ent = withEntropy ? ins.shift()! : undefined;
-        const gLogp = withTargets ? ins.shift()! : undefined;
-        const gLse = ins.shift()!;
-        const gEnt = withEntropy ? ins.shift()! : undefined;
-        const shape = shapeOf(x);
-        const dx = ctx.output(0, x.dims);
-        if (kernels) {
-          kernels.backward(shape, { logits: x.data, targets: targets?.data ?? 0n, lse: lse.data, entropy: ent?.data ?? 0n, gLogp: gLogp?.data ?? 0n, gLse: gLse.data, gEntropy: gEnt?.data ?? 0n, dLogits: dx }, temperature);
-          return;
-        }
-        const n = shape.rows;
-        const r = crossEntropyReference(
-          { ...shape, temperature },
-          {
-            logits: readF32(x.data, n * shape.vocab),
-            ...(targets ? { targets: readI64(targets.data, n) } : {}),
-            gLse: readF32(gLse.data, n),
-            ...(gLogp ? { gLogp: readF32(gLogp.data, n) } : {}),
-            ...(gEnt ? { gEntropy: readF32(gEnt.data, n) } : {}),
-          },
-        );
-        api.copyIn(dx, r.dLogits!);
-      },
-    });
-    const withGrad: OpDef<object> = {
-      ...fwd,
-      nonDiffInputs: withTargets ? [1] : [],
-      grad: ({ inputs, outputs, dy }) => {
-        if (dy.every((d) => !d)) return inputs.map(() => null);
-        const zero = (i: number) => dy[i] ?? L.mul(outputs[i]!, 0);
-        const iLse = withTargets ? 1 : 0;
-        const iEnt = iLse + 1;
-        const bwdIn: Tensor[] = [inputs[0]!, ...(withTargets ? [inputs[1]!] : []), outputs[iLse]!, ...(withEntropy ? [outputs[iEnt]!] : []), ...(withTargets ? [zero(0)] : []), zero(iLse), ...(withEntropy ? [zero(iEnt)] : [])];
-        const [dx] = L.applyOp(bwd, bwdIn, {});
-        return withTargets ? [dx, null] : [dx];
-      },
-    };
-    ops.set(key, withGrad);
-    return withGrad;
-  };
 
   const check2d = (what: string, logits: Tensor): DType => {
     if (logits.rank !== 2 || typeof logits.shape[1] !== 'number') throw new Error(`crossEntropyOps.${what}: logits must be [rows, vocab] with a static vocab, got ${logits}`);
-    if (!dtypes.includes(logits.dtype)) throw new Error(`crossEntropyOps (${provider}): no kernel for dtype ${logits.dtype} (takes ${dtypes.join(', ')})`);
+    family.supports(logits.dtype);
     const why = crossEntropyUnsupported({ rows: 1, vocab: logits.shape[1], dtype: logits.dtype });
     if (why) throw new Error(`crossEntropyOps.${what}: the kernels do not support ${why}`);
     return logits.dtype;
@@ -314,10 +300,10 @@ export function crossEntropyOps(provider: DeviceKind, kernels?: CrossEntropyKern
 
   const fallbacks = new Map<string, number>();
   return {
-    domain,
+    domain: family.domain,
     fallbacks,
     unsupported: (dtype, vocab) => {
-      const why = !dtypes.includes(dtype) ? `dtype ${dtype} (the ${provider} ops take ${dtypes.join(', ')})` : crossEntropyUnsupported({ rows: 1, vocab, dtype });
+      const why = !family.dtypes.includes(dtype) ? `dtype ${dtype} (the ${provider} ops take ${family.dtypes.join(', ')})` : crossEntropyUnsupported({ rows: 1, vocab, dtype });
       if (why) fallbacks.set(why, (fallbacks.get(why) ?? 0) + 1);
       return why;
     },
@@ -334,7 +320,7 @@ export function crossEntropyOps(provider: DeviceKind, kernels?: CrossEntropyKern
       const [lse, entropy] = L.applyOp(op, [logits], {});
       return { lse, ...(opts.entropy ? { entropy } : {}) };
     },
-    check: () => domain.check(),
-    dispose: () => domain.dispose(),
+    check: family.check,
+    dispose: family.dispose,
   };
 }

@@ -183,3 +183,62 @@ export class CustomOpDomain {
     for (const cb of this.callbacks.splice(0)) koffi.unregister(cb);
   }
 }
+
+/** Copies `values` to the memory at `p` (a CPU compute's output): the host paths' writes, beside {@link readF32}. */
+export const writeHost = (p: bigint, values: ArrayBufferView): void => CApi.get().copyIn(p, values);
+
+/** A kernel's custom ops as a session sees them: the domain to register, the error check and the release. */
+export interface CustomOps {
+  /** The custom-op domain: pass `domain.handle` in the session's `customOpDomains`. */
+  domain: CustomOpDomain;
+  /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */
+  check(): void;
+  /** Releases the domain (after every session using it is disposed). */
+  dispose(): void;
+}
+
+/** What a kernel's op builder shares with the others: a fresh domain, the dtypes it takes, and its ops memoized by key. */
+export interface OpFamily extends CustomOps {
+  /** The dtypes the ops take: the kernels' on CUDA, float32 on the CPU (where computes run the host reference). */
+  readonly dtypes: readonly DType[];
+  /** How many ops {@link op} holds (before `define` adds one, while it runs). */
+  readonly size: number;
+  /** The op kept under `key`, made by `define` (which adds it to the domain) the first time it is asked for. */
+  op(key: string, define: () => OpDef<object>): OpDef<object>;
+  /** Throws `<name> (<provider>): no kernel for dtype <dtype> (takes …)` unless {@link dtypes} holds `dtype`. */
+  supports(dtype: DType): void;
+}
+
+/** Domains made so far by prefix, so each builder's domains are `<prefix>0`, `<prefix>1`, … */
+const domainCounts = new Map<string, number>();
+
+/**
+ * A new op family for graphs run on `provider`: its domain is `<domainPrefix><n>`, its dtypes
+ * `cudaDtypes` on CUDA and float32 on the CPU, and `name` (the builder, e.g. `ropeOps`) leads its errors.
+ */
+export function opFamily(opts: { name: string; domainPrefix: string; provider: DeviceKind; cudaDtypes: readonly DType[] }): OpFamily {
+  const n = domainCounts.get(opts.domainPrefix) ?? 0;
+  domainCounts.set(opts.domainPrefix, n + 1);
+  const domain = new CustomOpDomain(`${opts.domainPrefix}${n}`);
+  const dtypes: readonly DType[] = opts.provider === 'cuda' ? [...opts.cudaDtypes] : ['float32'];
+  const ops = new Map<string, OpDef<object>>();
+  return {
+    domain,
+    dtypes,
+    get size() {
+      return ops.size;
+    },
+    op: (key, define) => {
+      const known = ops.get(key);
+      if (known) return known;
+      const op = define();
+      ops.set(key, op);
+      return op;
+    },
+    supports: (dtype) => {
+      if (!dtypes.includes(dtype)) throw new Error(`${opts.name} (${opts.provider}): no kernel for dtype ${dtype} (takes ${dtypes.join(', ')})`);
+    },
+    check: () => domain.check(),
+    dispose: () => domain.dispose(),
+  };
+}

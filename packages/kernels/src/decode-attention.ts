@@ -13,9 +13,9 @@
  */
 import * as L from '@lathe/onnx';
 import { type DType, type OpDef, type Tensor, type TensorType } from '@lathe/onnx';
-import { CApi, type DeviceKind } from '@lathe/runtime';
+import { type DeviceKind } from '@lathe/runtime';
 import { type ArgValue } from './args';
-import { CustomOpDomain, readBytes, readF32, readI32 } from './custom-op';
+import { opFamily, readBytes, readF32, readI32, writeHost, type CustomOps } from './custom-op';
 import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
 import { type Kernel, type Kernels } from './kernels';
@@ -451,9 +451,7 @@ export interface DecodeAttendOutputs {
 }
 
 /** The graph side of the kernels: decode-attention and quantize nodes, and the domain to pass to sessions. */
-export interface DecodeAttentionOps {
-  /** The custom-op domain: pass `domain.handle` in the sessions' `customOpDomains`. */
-  domain: CustomOpDomain;
+export interface DecodeAttentionOps extends CustomOps {
   /** How the cache is held. */
   cache: DecodeCacheKind;
   /** How the CUDA computes merge a row's chunks (the CPU form computes the host reference either way). */
@@ -473,12 +471,7 @@ export interface DecodeAttentionOps {
    * layer, so a bound engine should see 0), and computes in all.
    */
   stats: { cacheCopies: number; computes: number };
-  /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */
-  check(): void;
-  dispose(): void;
 }
-
-let domainCount = 0;
 
 /**
  * The decode step's attention as custom ops of a new domain, for graphs run on `provider`: on CUDA
@@ -496,14 +489,12 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
   const fp8 = cache === 'float8e4m3';
   const eps = opts.qkNormEpsilon ?? 1e-6;
   const combine = opts.combine ?? 'separate';
-  const domain = new CustomOpDomain(`lathe.decode${domainCount++}`);
-  const api = CApi.get();
-  const dtypes: DType[] = provider === 'cuda' ? ['bfloat16', 'float16'] : ['float32'];
+  const family = opFamily({ name: 'decodeAttentionOps', domainPrefix: 'lathe.decode', provider, cudaDtypes: ['bfloat16', 'float16'] });
   const count = (dims: readonly number[]) => dims.reduce((a, b) => a * b, 1);
   const stats = { cacheCopies: 0, computes: 0 };
   const ops = new Map<string, OpDef<object>>();
   const quantizeOps = new Map<DType, OpDef<object>>();
-  for (const dt of dtypes) {
+  for (const dt of family.dtypes) {
     const cacheDt: DType = fp8 ? 'uint8' : dt;
     for (const [norm, packed] of [false, true].flatMap((n) => [false, true].map((p) => [n, p] as const))) {
       const name = `DecodeAttention${packed ? 'Packed' : ''}_${dt}_${norm ? 'qknorm' : 'plain'}`;
@@ -512,7 +503,7 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
       const inputs: DType[] = [...new Array<DType>(qkvIns).fill(dt), 'int32', dt, dt, cacheDt, cacheDt, ...(fp8 ? (['float32', 'float32'] as DType[]) : []), ...(norm ? [dt, dt] : [])];
       // out, presentK, presentV, [presentKScale, presentVScale], qRot, oPart, lsePart
       const outputs: DType[] = [dt, cacheDt, cacheDt, ...(fp8 ? (['float32', 'float32'] as DType[]) : []), 'float32', 'float32', 'float32'];
-      const op = domain.add({
+      const op = family.domain.add({
         name,
         inputs,
         outputs,
@@ -582,23 +573,23 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
             epsilon: eps,
           };
           const r = decodeAttentionReference(shape, x);
-          api.copyIn(out, r.out);
-          api.copyIn(pk, x.cacheK);
-          api.copyIn(pv, x.cacheV);
+          writeHost(out, r.out);
+          writeHost(pk, x.cacheK);
+          writeHost(pv, x.cacheV);
           if (fp8) {
-            api.copyIn(pks, x.kScale!);
-            api.copyIn(pvs, x.vScale!);
+            writeHost(pks, x.kScale!);
+            writeHost(pvs, x.vScale!);
           }
-          api.copyIn(qRot, r.qRot);
-          api.copyIn(oPart, new Float32Array(R * H * C * D));
-          api.copyIn(lsePart, new Float32Array(R * H * C));
+          writeHost(qRot, r.qRot);
+          writeHost(oPart, new Float32Array(R * H * C * D));
+          writeHost(lsePart, new Float32Array(R * H * C));
         },
       });
       ops.set(`${dt}/${norm}/${packed}`, op);
     }
     quantizeOps.set(
       dt,
-      domain.add({
+      family.domain.add({
         name: `QuantizeE4m3_${dt}`,
         inputs: [dt],
         outputs: ['uint8', 'float32'],
@@ -618,16 +609,16 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
             return;
           }
           const r = quantizeE4m3Reference(readF32(x.data, count(x.dims)), D);
-          api.copyIn(y, r.data);
-          api.copyIn(scale, r.scale);
+          writeHost(y, r.data);
+          writeHost(scale, r.scale);
         },
       }),
     );
   }
   // The op of x's dtype and norm, after checking the shape and cache the node will get.
   const opFor = (x: DecodeAttendCommon, dt: DType, heads: { numHeads: number; kvNumHeads: number }, packed: boolean): OpDef<object> => {
-    const op = ops.get(`${dt}/${!!x.qkNorm}/${packed}`);
-    if (!op) throw new Error(`decodeAttentionOps (${provider}): no kernel for dtype ${dt} (takes ${dtypes.join(', ')})`);
+    family.supports(dt);
+    const op = ops.get(`${dt}/${!!x.qkNorm}/${packed}`)!;
     const D = x.cacheKey.shape[3];
     if (typeof D === 'number') {
       const why = decodeAttentionUnsupported({ dtype: dt, headDim: D, numHeads: heads.numHeads, numKvHeads: heads.kvNumHeads, cache }, provider);
@@ -655,5 +646,5 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
     const [data, scale] = L.applyOp(op, [x], {});
     return { data, scale };
   };
-  return { domain, cache, combine, qkNormEpsilon: eps, stats, cacheDtype: (dt) => (fp8 ? 'uint8' : dt), attend, attendPacked, quantize, check: () => domain.check(), dispose: () => domain.dispose() };
+  return { domain: family.domain, cache, combine, qkNormEpsilon: eps, stats, cacheDtype: (dt) => (fp8 ? 'uint8' : dt), attend, attendPacked, quantize, check: family.check, dispose: family.dispose };
 }

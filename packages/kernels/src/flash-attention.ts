@@ -10,9 +10,9 @@ import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import * as L from '@lathe/onnx';
 import { type DType, type OpDef, type Tensor } from '@lathe/onnx';
-import { CApi, type DeviceKind } from '@lathe/runtime';
+import { type DeviceKind } from '@lathe/runtime';
 import { type ArgValue } from './args';
-import { CustomOpDomain, readF32, readI32 } from './custom-op';
+import { opFamily, readF32, readI32, writeHost, type CustomOps } from './custom-op';
 import { type Handle } from './driver';
 import { FLASH_BM, FLASH_BN, FLASH_HEAD_DIMS, FLASH_THREADS, FLASH_TYPES, flashAttentionSource, flashBackwardSmem, flashForwardSmem, flashKernelName } from './flash-attention-source';
 import { type Kernel, type Kernels } from './kernels';
@@ -261,9 +261,7 @@ export interface FlashAttendInputs {
 }
 
 /** The graph side of the kernels: build attention nodes, and the domain to pass to the session. */
-export interface FlashAttentionOps {
-  /** The custom-op domain: pass `domain.handle` in the session's `customOpDomains`. */
-  domain: CustomOpDomain;
+export interface FlashAttentionOps extends CustomOps {
   /**
    * Causal attention of right-padded rows, output [B, S, H·D] (0 at padding rows), differentiable
    * in query, key and value. `mode` `kernels`: the kernels' forward and backward. `backward`:
@@ -271,15 +269,10 @@ export interface FlashAttentionOps {
    * recomputes the log-sum-exp (the forward's loop without V) since that forward keeps none.
    */
   attend(x: FlashAttendInputs, heads: { numHeads: number; kvNumHeads: number }, mode?: FlashAttentionMode): Tensor;
-  /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */
-  check(): void;
-  dispose(): void;
 }
 
 /** Which side of attention the kernels take: both, or the backward after GroupQueryAttention's forward. */
 export type FlashAttentionMode = 'kernels' | 'backward';
-
-let domainCount = 0;
 
 /**
  * Flash attention as two custom ops of a new domain, for graphs run on `provider`: on CUDA their
@@ -291,14 +284,12 @@ let domainCount = 0;
  */
 export function flashAttentionOps(provider: DeviceKind, kernels?: FlashAttention): FlashAttentionOps {
   if (provider === 'cuda' && !kernels) throw new Error('flashAttentionOps: CUDA needs the compiled FlashAttention kernels (FlashAttention.compile on the kernels of the device)');
-  const domain = new CustomOpDomain(`lathe.flash${domainCount++}`);
-  const api = CApi.get();
-  const dtypes: DType[] = provider === 'cuda' ? ['bfloat16', 'float16'] : ['float32'];
+  const family = opFamily({ name: 'flashAttentionOps', domainPrefix: 'lathe.flash', provider, cudaDtypes: ['bfloat16', 'float16'] });
   const ops = new Map<DType, { fwd: OpDef<object>; bwd: OpDef<object>; bwdGqa: OpDef<object> }>();
-  for (const dt of dtypes) {
+  for (const dt of family.dtypes) {
     const fwdName = `FlashAttention_${dt}`;
     const bwdName = `FlashAttentionGrad_${dt}`;
-    const fwd = domain.add({
+    const fwd = family.domain.add({
       name: fwdName,
       inputs: [dt, dt, dt, 'int32'],
       outputs: [dt, 'float32'],
@@ -322,11 +313,11 @@ export function flashAttentionOps(provider: DeviceKind, kernels?: FlashAttention
         }
         const n = (t: typeof q) => t.dims.reduce((a, b) => a * b, 1);
         const r = flashAttentionReference(shape, { q: readF32(q.data, n(q)), k: readF32(k.data, n(k)), v: readF32(v.data, n(v)), seqlensK: readI32(seqlens.data, B) });
-        api.copyIn(out, r.out);
-        api.copyIn(lse, r.lse);
+        writeHost(out, r.out);
+        writeHost(lse, r.lse);
       },
     });
-    const bwd = domain.add({
+    const bwd = family.domain.add({
       name: bwdName,
       inputs: [dt, dt, dt, 'int32', dt, 'float32', dt],
       outputs: [dt, dt, dt, 'float32', 'float32'],
@@ -356,15 +347,15 @@ export function flashAttentionOps(provider: DeviceKind, kernels?: FlashAttention
         }
         const n = (t: typeof q) => t.dims.reduce((a, b) => a * b, 1);
         const r = flashAttentionReference(shape, { q: readF32(q.data, n(q)), k: readF32(k.data, n(k)), v: readF32(v.data, n(v)), seqlensK: readI32(seqlens.data, B), dOut: readF32(dOut.data, n(dOut)) });
-        api.copyIn(dq, r.dq!);
-        api.copyIn(dk, r.dk!);
-        api.copyIn(dv, r.dv!);
-        api.copyIn(delta, new Float32Array(B * H * S));
-        api.copyIn(dqAcc, r.dq!);
+        writeHost(dq, r.dq!);
+        writeHost(dk, r.dk!);
+        writeHost(dv, r.dv!);
+        writeHost(delta, new Float32Array(B * H * S));
+        writeHost(dqAcc, r.dq!);
       },
     });
     // The backward after GroupQueryAttention's forward: the log-sum-exp first, then the same backward.
-    const bwdGqa = domain.add({
+    const bwdGqa = family.domain.add({
       name: `FlashAttentionGradAfterGqa_${dt}`,
       inputs: [dt, dt, dt, 'int32', dt, dt],
       outputs: [dt, dt, dt, 'float32', 'float32', 'float32'],
@@ -397,20 +388,20 @@ export function flashAttentionOps(provider: DeviceKind, kernels?: FlashAttention
         }
         const n = (t: typeof q) => t.dims.reduce((a, b) => a * b, 1);
         const r = flashAttentionReference(shape, { q: readF32(q.data, n(q)), k: readF32(k.data, n(k)), v: readF32(v.data, n(v)), seqlensK: readI32(seqlens.data, B), dOut: readF32(dOut.data, n(dOut)) });
-        api.copyIn(dq, r.dq!);
-        api.copyIn(dk, r.dk!);
-        api.copyIn(dv, r.dv!);
-        api.copyIn(lse, r.lse);
-        api.copyIn(delta, new Float32Array(B * H * S));
-        api.copyIn(dqAcc, r.dq!);
+        writeHost(dq, r.dq!);
+        writeHost(dk, r.dk!);
+        writeHost(dv, r.dv!);
+        writeHost(lse, r.lse);
+        writeHost(delta, new Float32Array(B * H * S));
+        writeHost(dqAcc, r.dq!);
       },
     });
     ops.set(dt, { fwd, bwd, bwdGqa });
   }
   const attend = (x: FlashAttendInputs, heads: { numHeads: number; kvNumHeads: number }, mode: FlashAttentionMode = 'kernels'): Tensor => {
     const { query, key, value, seqlensK } = x;
-    const set = ops.get(query.dtype);
-    if (!set) throw new Error(`flashAttentionOps (${provider}): no kernel for dtype ${query.dtype} (takes ${dtypes.join(', ')})`);
+    family.supports(query.dtype);
+    const set = ops.get(query.dtype)!;
     const [B, S, W] = query.shape;
     if (query.shape.length !== 3 || key.shape.length !== 3 || value.shape.length !== 3 || typeof W !== 'number') throw new Error('flashAttentionOps.attend: query, key and value must be [B, S, heads·headDim] with a static width');
     const { numHeads: H, kvNumHeads: KV } = heads;
@@ -444,5 +435,5 @@ export function flashAttentionOps(provider: DeviceKind, kernels?: FlashAttention
     const [out] = L.applyOp(gqa, [query, key, value, null, null, seqlensK, x.totalSequenceLength, null, null], { numHeads: H, kvNumHeads: KV, doRotary: false });
     return out;
   };
-  return { domain, attend, check: () => domain.check(), dispose: () => domain.dispose() };
+  return { domain: family.domain, attend, check: family.check, dispose: family.dispose };
 }

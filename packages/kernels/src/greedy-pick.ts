@@ -8,9 +8,9 @@
  */
 import * as L from '@lathe/onnx';
 import { type DType, type OpDef, type Tensor } from '@lathe/onnx';
-import { CApi, type DeviceKind } from '@lathe/runtime';
+import { type DeviceKind } from '@lathe/runtime';
 import { type ArgValue } from './args';
-import { CustomOpDomain, readF32 } from './custom-op';
+import { opFamily, readF32, writeHost, type CustomOps } from './custom-op';
 import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
 import { type Kernel, type Kernels } from './kernels';
@@ -102,17 +102,10 @@ export function greedyPickReference(logits: ArrayLike<number>, rows: number, voc
 }
 
 /** The graph side of the kernels: build nodes, and the domain to pass to the session. */
-export interface GreedyPickOps {
-  /** The custom-op domain: pass `domain.handle` in the session's `customOpDomains`. */
-  domain: CustomOpDomain;
+export interface GreedyPickOps extends CustomOps {
   /** Logits [R, V] → each row's first-argmax token (int64 [R]) and its log-probability (float32 [R]); not differentiable. */
   apply(logits: Tensor): { tokens: Tensor; logprobs: Tensor };
-  /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */
-  check(): void;
-  dispose(): void;
 }
-
-let domainCount = 0;
 
 /**
  * The greedy pick as a custom op of a new domain, for graphs run on `provider`: on CUDA its compute
@@ -122,49 +115,42 @@ let domainCount = 0;
  */
 export function greedyPickOps(provider: DeviceKind, kernels?: GreedyPickKernels): GreedyPickOps {
   if (provider === 'cuda' && !kernels) throw new Error('greedyPickOps: CUDA needs the compiled GreedyPickKernels (GreedyPickKernels.compile on the kernels of the device)');
-  const domain = new CustomOpDomain(`lathe.greedy_pick${domainCount++}`);
-  const api = CApi.get();
-  const dtypes: DType[] = provider === 'cuda' ? (Object.keys(GREEDY_PICK_TYPES) as DType[]) : ['float32'];
-  const ops = new Map<string, OpDef<object>>();
-
-  const opFor = (dt: DType): OpDef<object> => {
-    const known = ops.get(dt);
-    if (known) return known;
-    const op = domain.add({
-      name: `GreedyPick_${dt}`,
-      inputs: [dt],
-      outputs: ['int64', 'float32'],
-      provider,
-      infer: ([x]) => [
-        { dtype: 'int64', shape: [x.shape[0]] },
-        { dtype: 'float32', shape: [x.shape[0]] },
-      ],
-      compute: (ctx) => {
-        const [x] = ctx.inputs;
-        if (x.dims.length !== 2) throw new Error(`GreedyPick: logits must be [rows, vocab], got [${x.dims.join(', ')}]`);
-        const [rows, vocab] = x.dims;
-        const tokens = ctx.output(0, [rows]);
-        const logprobs = ctx.output(1, [rows]);
-        if (kernels) return kernels.run({ rows, vocab, dtype: dt }, { logits: x.data, tokens, logprobs });
-        if (rows === 0) return;
-        const r = greedyPickReference(readF32(x.data, rows * vocab), rows, vocab);
-        api.copyIn(tokens, r.tokens);
-        api.copyIn(logprobs, r.logprobs);
-      },
-    });
-    ops.set(dt, op);
-    return op;
-  };
+  const family = opFamily({ name: 'greedyPickOps', domainPrefix: 'lathe.greedy_pick', provider, cudaDtypes: Object.keys(GREEDY_PICK_TYPES) as DType[] });
+  const opFor = (dt: DType): OpDef<object> =>
+    family.op(dt, () =>
+      family.domain.add({
+        name: `GreedyPick_${dt}`,
+        inputs: [dt],
+        outputs: ['int64', 'float32'],
+        provider,
+        infer: ([x]) => [
+          { dtype: 'int64', shape: [x.shape[0]] },
+          { dtype: 'float32', shape: [x.shape[0]] },
+        ],
+        compute: (ctx) => {
+          const [x] = ctx.inputs;
+          if (x.dims.length !== 2) throw new Error(`GreedyPick: logits must be [rows, vocab], got [${x.dims.join(', ')}]`);
+          const [rows, vocab] = x.dims;
+          const tokens = ctx.output(0, [rows]);
+          const logprobs = ctx.output(1, [rows]);
+          if (kernels) return kernels.run({ rows, vocab, dtype: dt }, { logits: x.data, tokens, logprobs });
+          if (rows === 0) return;
+          const r = greedyPickReference(readF32(x.data, rows * vocab), rows, vocab);
+          writeHost(tokens, r.tokens);
+          writeHost(logprobs, r.logprobs);
+        },
+      }),
+    );
 
   return {
-    domain,
+    domain: family.domain,
     apply: (logits) => {
-      if (!dtypes.includes(logits.dtype)) throw new Error(`greedyPickOps (${provider}): no kernel for dtype ${logits.dtype} (takes ${dtypes.join(', ')})`);
+      family.supports(logits.dtype);
       if (logits.rank !== 2) throw new Error(`greedyPickOps.apply: logits must be [rows, vocab], got ${logits}`);
       const [tokens, logprobs] = L.applyOp(opFor(logits.dtype), [logits], {});
       return { tokens, logprobs };
     },
-    check: () => domain.check(),
-    dispose: () => domain.dispose(),
+    check: family.check,
+    dispose: family.dispose,
   };
 }

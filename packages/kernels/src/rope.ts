@@ -7,9 +7,9 @@
  */
 import * as L from '@lathe/onnx';
 import { type DType, type OpDef, type Tensor } from '@lathe/onnx';
-import { CApi, type DeviceKind } from '@lathe/runtime';
+import { type DeviceKind } from '@lathe/runtime';
 import { type ArgValue } from './args';
-import { CustomOpDomain, readF32, readI64 } from './custom-op';
+import { opFamily, readF32, readI64, writeHost, type CustomOps } from './custom-op';
 import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
 import { type Kernel, type Kernels } from './kernels';
@@ -108,21 +108,14 @@ export function ropeReference(
 }
 
 /** The graph side of the kernel: build nodes, and the domain to pass to the session. */
-export interface RopeOps {
-  /** The custom-op domain: pass `domain.handle` in the session's `customOpDomains`. */
-  domain: CustomOpDomain;
+export interface RopeOps extends CustomOps {
   /**
    * RoPE of x [B, S, heads·headDim] at position ids [B, S] (any integer type; cast to int64) with
    * caches [maxPositions, headDim/2] in x's dtype — com.microsoft.RotaryEmbedding's non-interleaved
    * rule on its 3-D layout; differentiable in x (the gradient is the inverse rotation of dy).
    */
   rotate(x: Tensor, positionIds: Tensor, cosCache: Tensor, sinCache: Tensor): Tensor;
-  /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */
-  check(): void;
-  dispose(): void;
 }
-
-let domainCount = 0;
 
 /**
  * RoPE as custom ops of a new domain, for graphs run on `provider`: on CUDA their computes launch
@@ -132,10 +125,7 @@ let domainCount = 0;
  */
 export function ropeOps(provider: DeviceKind, kernels?: RopeKernels): RopeOps {
   if (provider === 'cuda' && !kernels) throw new Error('ropeOps: CUDA needs the compiled RopeKernels (RopeKernels.compile on the kernels of the device)');
-  const domain = new CustomOpDomain(`lathe.rope${domainCount++}`);
-  const api = CApi.get();
-  const dtypes: DType[] = provider === 'cuda' ? (Object.keys(ROPE_TYPES) as DType[]) : ['float32'];
-  const ops = new Map<string, OpDef<object>>();
+  const family = opFamily({ name: 'ropeOps', domainPrefix: 'lathe.rope', provider, cudaDtypes: Object.keys(ROPE_TYPES) as DType[] });
 
   const shapeOf = (x: { dims: readonly number[]; dtype: DType }, cos: { dims: readonly number[] }): RopeShape => {
     const half = cos.dims[1];
@@ -145,7 +135,7 @@ export function ropeOps(provider: DeviceKind, kernels?: RopeKernels): RopeOps {
   };
 
   const add = (dt: DType, sign: 1 | -1): OpDef<object> =>
-    domain.add({
+    family.domain.add({
       name: `${sign === 1 ? 'Rope' : 'RopeInverse'}_${dt}`,
       inputs: [dt, 'int64', dt, dt],
       outputs: [dt],
@@ -168,30 +158,28 @@ export function ropeOps(provider: DeviceKind, kernels?: RopeKernels): RopeOps {
           { x: readF32(x.data, n), positionIds: readI64(pos.data, shape.rows), cos: readF32(cos.data, tables), sin: readF32(sin.data, tables) },
           sign,
         );
-        api.copyIn(y, r);
+        writeHost(y, r);
       },
     });
 
-  const opsFor = (dt: DType): OpDef<object> => {
-    const known = ops.get(dt);
-    if (known) return known;
-    const fwd = add(dt, 1);
-    const inv = add(dt, -1);
-    const withGrad = (op: OpDef<object>, other: () => OpDef<object>): OpDef<object> => ({
-      ...op,
-      nonDiffInputs: [1, 2, 3],
-      grad: ({ inputs: [, pos, cos, sin], dy: [dy] }) => [dy ? L.applyOp(other(), [dy, pos!, cos!, sin!], {})[0] : null, null, null, null],
+  const opsFor = (dt: DType): OpDef<object> =>
+    family.op(dt, () => {
+      const fwd = add(dt, 1);
+      const inv = add(dt, -1);
+      const withGrad = (op: OpDef<object>, other: () => OpDef<object>): OpDef<object> => ({
+        ...op,
+        nonDiffInputs: [1, 2, 3],
+        grad: ({ inputs: [, pos, cos, sin], dy: [dy] }) => [dy ? L.applyOp(other(), [dy, pos!, cos!, sin!], {})[0] : null, null, null, null],
+      });
+      const f: OpDef<object> = withGrad(fwd, () => b);
+      const b: OpDef<object> = withGrad(inv, () => f);
+      return f;
     });
-    const f: OpDef<object> = withGrad(fwd, () => b);
-    const b: OpDef<object> = withGrad(inv, () => f);
-    ops.set(dt, f);
-    return f;
-  };
 
   return {
-    domain,
+    domain: family.domain,
     rotate: (x, positionIds, cosCache, sinCache) => {
-      if (!dtypes.includes(x.dtype)) throw new Error(`ropeOps (${provider}): no kernel for dtype ${x.dtype} (takes ${dtypes.join(', ')})`);
+      family.supports(x.dtype);
       if (x.rank !== 3) throw new Error(`ropeOps.rotate: x must be [B, S, heads·headDim], got ${x}`);
       for (const c of [cosCache, sinCache]) {
         if (c.dtype !== x.dtype || c.rank !== 2 || typeof c.shape[1] !== 'number') throw new Error(`ropeOps.rotate: caches must be [maxPositions, headDim/2] of ${x.dtype}, got ${c}`);
@@ -205,7 +193,7 @@ export function ropeOps(provider: DeviceKind, kernels?: RopeKernels): RopeOps {
       }
       return L.applyOp(opsFor(x.dtype), [x, L.cast(positionIds, 'int64'), cosCache, sinCache], {})[0];
     },
-    check: () => domain.check(),
-    dispose: () => domain.dispose(),
+    check: family.check,
+    dispose: family.dispose,
   };
 }

@@ -8,9 +8,9 @@
  */
 import * as L from '@lathe/onnx';
 import { type DType, type OpDef, type Tensor } from '@lathe/onnx';
-import { CApi, type DeviceKind } from '@lathe/runtime';
+import { type DeviceKind } from '@lathe/runtime';
 import { type ArgValue } from './args';
-import { CustomOpDomain, readF32 } from './custom-op';
+import { opFamily, readF32, writeHost, type CustomOps } from './custom-op';
 import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
 import { type Kernel, type Kernels } from './kernels';
@@ -176,9 +176,7 @@ export interface SwigluApply {
 }
 
 /** The graph side of the kernels: build nodes, and the domain to pass to the session. */
-export interface SwigluOps {
-  /** The custom-op domain: pass `domain.handle` in the session's `customOpDomains`. */
-  domain: CustomOpDomain;
+export interface SwigluOps extends CustomOps {
   /** silu(gate)·up for two tensors of one shape and dtype; differentiable in both (the backward kernel). Its `packed` is {@link SwigluOps.packed}. */
   apply: SwigluApply;
   /**
@@ -187,12 +185,7 @@ export interface SwigluOps {
    * `SwiGLUPacked`). Inference only: its gradient rule throws.
    */
   packed(gu: Tensor): Tensor;
-  /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */
-  check(): void;
-  dispose(): void;
 }
-
-let domainCount = 0;
 
 /**
  * SwiGLU as custom ops of a new domain, for graphs run on `provider`: on CUDA their computes launch
@@ -204,95 +197,82 @@ let domainCount = 0;
  */
 export function swigluOps(provider: DeviceKind, kernels?: SwigluKernels): SwigluOps {
   if (provider === 'cuda' && !kernels) throw new Error('swigluOps: CUDA needs the compiled SwigluKernels (SwigluKernels.compile on the kernels of the device)');
-  const domain = new CustomOpDomain(`lathe.swiglu${domainCount++}`);
-  const api = CApi.get();
-  const dtypes: DType[] = provider === 'cuda' ? (Object.keys(SWIGLU_TYPES) as DType[]) : ['float32'];
-  const ops = new Map<string, OpDef<object>>();
+  const family = opFamily({ name: 'swigluOps', domainPrefix: 'lathe.swiglu', provider, cudaDtypes: Object.keys(SWIGLU_TYPES) as DType[] });
   const sizeOf = (dims: readonly number[]) => dims.reduce((a, b) => a * b, 1);
   const sameDims = (op: string, dims: readonly number[][]) => {
     if (dims.some((d) => d.length !== dims[0].length || d.some((v, i) => v !== dims[0][i]))) throw new Error(`${op}: inputs of different shapes ${dims.map((d) => d.join('×')).join(', ')}`);
   };
 
-  const opsFor = (dt: DType): OpDef<object> => {
-    const known = ops.get(dt);
-    if (known) return known;
-    const fwd = domain.add({
-      name: `SwiGLU_${dt}`,
-      inputs: [dt, dt],
-      outputs: [dt],
-      provider,
-      infer: ([g]) => [{ dtype: dt, shape: [...g.shape] }],
-      compute: (ctx) => {
-        const [g, u] = ctx.inputs;
-        sameDims('SwiGLU', [g.dims, u.dims]);
-        const n = sizeOf(g.dims);
-        const y = ctx.output(0, g.dims);
-        if (kernels) return kernels.forward({ n, dtype: dt }, { gate: g.data, up: u.data, y });
-        if (n > 0) api.copyIn(y, swigluReference(readF32(g.data, n), readF32(u.data, n)));
-      },
+  const opsFor = (dt: DType): OpDef<object> =>
+    family.op(dt, () => {
+      const fwd = family.domain.add({
+        name: `SwiGLU_${dt}`,
+        inputs: [dt, dt],
+        outputs: [dt],
+        provider,
+        infer: ([g]) => [{ dtype: dt, shape: [...g.shape] }],
+        compute: (ctx) => {
+          const [g, u] = ctx.inputs;
+          sameDims('SwiGLU', [g.dims, u.dims]);
+          const n = sizeOf(g.dims);
+          const y = ctx.output(0, g.dims);
+          if (kernels) return kernels.forward({ n, dtype: dt }, { gate: g.data, up: u.data, y });
+          if (n > 0) writeHost(y, swigluReference(readF32(g.data, n), readF32(u.data, n)));
+        },
+      });
+      const bwd = family.domain.add({
+        name: `SwiGLUGrad_${dt}`,
+        inputs: [dt, dt, dt],
+        outputs: [dt, dt],
+        provider,
+        infer: ([, g]) => [
+          { dtype: dt, shape: [...g.shape] },
+          { dtype: dt, shape: [...g.shape] },
+        ],
+        compute: (ctx) => {
+          const [dy, g, u] = ctx.inputs;
+          sameDims('SwiGLUGrad', [dy.dims, g.dims, u.dims]);
+          const n = sizeOf(g.dims);
+          const dGate = ctx.output(0, g.dims);
+          const dUp = ctx.output(1, g.dims);
+          if (kernels) return kernels.backward({ n, dtype: dt }, { dy: dy.data, gate: g.data, up: u.data, dGate, dUp });
+          if (n === 0) return;
+          const r = swigluReference(readF32(g.data, n), readF32(u.data, n), readF32(dy.data, n));
+          writeHost(dGate, r.dGate);
+          writeHost(dUp, r.dUp);
+        },
+      });
+      return { ...fwd, grad: ({ inputs: [g, u], dy: [dy] }) => (dy ? L.applyOp(bwd, [dy, g!, u!], {}) : [null, null]) };
     });
-    const bwd = domain.add({
-      name: `SwiGLUGrad_${dt}`,
-      inputs: [dt, dt, dt],
-      outputs: [dt, dt],
-      provider,
-      infer: ([, g]) => [
-        { dtype: dt, shape: [...g.shape] },
-        { dtype: dt, shape: [...g.shape] },
-      ],
-      compute: (ctx) => {
-        const [dy, g, u] = ctx.inputs;
-        sameDims('SwiGLUGrad', [dy.dims, g.dims, u.dims]);
-        const n = sizeOf(g.dims);
-        const dGate = ctx.output(0, g.dims);
-        const dUp = ctx.output(1, g.dims);
-        if (kernels) return kernels.backward({ n, dtype: dt }, { dy: dy.data, gate: g.data, up: u.data, dGate, dUp });
-        if (n === 0) return;
-        const r = swigluReference(readF32(g.data, n), readF32(u.data, n), readF32(dy.data, n));
-        api.copyIn(dGate, r.dGate);
-        api.copyIn(dUp, r.dUp);
-      },
-    });
-    const f: OpDef<object> = {
-      ...fwd,
-      grad: ({ inputs: [g, u], dy: [dy] }) => (dy ? L.applyOp(bwd, [dy, g!, u!], {}) : [null, null]),
-    };
-    ops.set(dt, f);
-    return f;
-  };
 
-  const packedOps = new Map<DType, OpDef<object>>();
-  const packedFor = (dt: DType): OpDef<object> => {
-    const known = packedOps.get(dt);
-    if (known) return known;
-    const name = `SwiGLUPacked_${dt}`;
-    const op = domain.add({
-      name,
-      inputs: [dt],
-      outputs: [dt],
-      provider,
-      infer: ([gu]) => [{ dtype: dt, shape: [...gu.shape.slice(0, -1), (gu.shape[gu.shape.length - 1] as number) / 2] }],
-      compute: (ctx) => {
-        const [gu] = ctx.inputs;
-        const I = gu.dims[gu.dims.length - 1] / 2;
-        const dims = [...gu.dims.slice(0, -1), I];
-        const y = ctx.output(0, dims);
-        const n = sizeOf(dims);
-        if (kernels) return kernels.forwardPacked({ rows: I > 0 ? n / I : 0, intermediate: I, dtype: dt }, { gu: gu.data, y });
-        if (n > 0) api.copyIn(y, swigluPackedReference(readF32(gu.data, 2 * n), I));
-      },
+  const packedFor = (dt: DType): OpDef<object> =>
+    family.op(`packed/${dt}`, () => {
+      const name = `SwiGLUPacked_${dt}`;
+      const op = family.domain.add({
+        name,
+        inputs: [dt],
+        outputs: [dt],
+        provider,
+        infer: ([gu]) => [{ dtype: dt, shape: [...gu.shape.slice(0, -1), (gu.shape[gu.shape.length - 1] as number) / 2] }],
+        compute: (ctx) => {
+          const [gu] = ctx.inputs;
+          const I = gu.dims[gu.dims.length - 1] / 2;
+          const dims = [...gu.dims.slice(0, -1), I];
+          const y = ctx.output(0, dims);
+          const n = sizeOf(dims);
+          if (kernels) return kernels.forwardPacked({ rows: I > 0 ? n / I : 0, intermediate: I, dtype: dt }, { gu: gu.data, y });
+          if (n > 0) writeHost(y, swigluPackedReference(readF32(gu.data, 2 * n), I));
+        },
+      });
+      return {
+        ...op,
+        grad: () => {
+          throw new Error(`${name} is inference only (no gradient): train with swigluOps.apply on separate gate and up`);
+        },
+      };
     });
-    const f: OpDef<object> = {
-      ...op,
-      grad: () => {
-        throw new Error(`${name} is inference only (no gradient): train with swigluOps.apply on separate gate and up`);
-      },
-    };
-    packedOps.set(dt, f);
-    return f;
-  };
   const packed = (gu: Tensor): Tensor => {
-    if (!dtypes.includes(gu.dtype)) throw new Error(`swigluOps (${provider}): no kernel for dtype ${gu.dtype} (takes ${dtypes.join(', ')})`);
+    family.supports(gu.dtype);
     const W = gu.shape[gu.rank - 1];
     if (gu.rank < 1 || typeof W !== 'number' || W % 2 !== 0) throw new Error(`swigluOps.packed: gu ${gu} needs a static, even last dim (2·intermediate: gate then up)`);
     if (provider === 'cuda') {
@@ -303,16 +283,16 @@ export function swigluOps(provider: DeviceKind, kernels?: SwigluKernels): Swiglu
   };
 
   const apply = (gate: Tensor, up: Tensor): Tensor => {
-    if (!dtypes.includes(gate.dtype)) throw new Error(`swigluOps (${provider}): no kernel for dtype ${gate.dtype} (takes ${dtypes.join(', ')})`);
+    family.supports(gate.dtype);
     if (up.dtype !== gate.dtype) throw new Error(`swigluOps.apply: gate is ${gate.dtype} and up ${up.dtype}; they must match`);
     if (gate.rank !== up.rank || gate.shape.some((d, i) => typeof d === 'number' && typeof up.shape[i] === 'number' && d !== up.shape[i])) throw new Error(`swigluOps.apply: gate ${gate} and up ${up} must have one shape`);
     return L.applyOp(opsFor(gate.dtype), [gate, up], {})[0];
   };
   return {
-    domain,
+    domain: family.domain,
     apply: Object.assign(apply, { packed }),
     packed,
-    check: () => domain.check(),
-    dispose: () => domain.dispose(),
+    check: family.check,
+    dispose: family.dispose,
   };
 }

@@ -8,9 +8,9 @@
  */
 import * as L from '@lathe/onnx';
 import { type DType, type OpDef, type Tensor } from '@lathe/onnx';
-import { CApi, type DeviceKind, type SessionOptions } from '@lathe/runtime';
+import { type DeviceKind, type SessionOptions } from '@lathe/runtime';
 import { type ArgValue } from './args';
-import { CustomOpDomain } from './custom-op';
+import { opFamily, readBytes, readF32, writeHost, type CustomOps } from './custom-op';
 import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
 import { type Kernel, type Kernels } from './kernels';
@@ -431,10 +431,8 @@ export interface W4A16Attrs {
 }
 
 /** The graph side of the kernels: W4A16 nodes, and the domain to pass to the session. */
-export interface W4A16Ops {
-  /** The custom-op domain: pass `domain.handle` in the session's `customOpDomains` (or spread {@link session}). */
-  domain: CustomOpDomain;
-  /** Session options that register the domain. */
+export interface W4A16Ops extends CustomOps {
+  /** Session options that register the domain (to spread into the session's). */
   session: Pick<SessionOptions, 'customOpDomains'>;
   /**
    * x [..., K] · dequant(B)ᵀ → [..., N] through the kernels, from MatMulNBits' inputs (scales in x's
@@ -448,12 +446,7 @@ export interface W4A16Ops {
   matmulSplit(x: Tensor, b: Tensor, scales: Tensor, zeroPoints: Tensor | undefined, attrs: W4A16Attrs, widths: readonly number[]): Tensor[];
   /** Why a projection cannot take the kernels with activations in `dtype` (bits, dtype, block size, K), or undefined. */
   unsupported(attrs: W4A16Attrs, dtype: DType): string | undefined;
-  /** Rethrows an error a compute raised (computes cannot throw into ONNX Runtime). */
-  check(): void;
-  dispose(): void;
 }
-
-let domainCount = 0;
 
 /**
  * The W4A16 product as custom ops of a new domain, for graphs run on `provider`: on CUDA their
@@ -466,60 +459,51 @@ let domainCount = 0;
  */
 export function w4a16Ops(provider: DeviceKind, kernels?: W4A16, opts: W4A16LaunchOptions = {}): W4A16Ops {
   if (provider === 'cuda' && !kernels) throw new Error('w4a16Ops: CUDA needs the compiled W4A16 kernels (W4A16.compile on the kernels of the device)');
-  const domain = new CustomOpDomain(`lathe.w4a16_${domainCount++}`);
-  const api = CApi.get();
-  const dtypes: DType[] = provider === 'cuda' ? ['bfloat16', 'float16'] : ['float32'];
-  const ops = new Map<string, OpDef<object>>();
+  const family = opFamily({ name: 'w4a16Ops', domainPrefix: 'lathe.w4a16_', provider, cudaDtypes: ['bfloat16', 'float16'] });
   const size = (dims: readonly number[]) => dims.reduce((p, d) => p * d, 1);
   // One op per dtype, zero points or not, and output widths (registered when first asked for: before the session is made).
   const opFor = (dt: DType, zp: boolean, widths: readonly number[] | undefined): OpDef<object> => {
     const name = `W4A16MatMul${zp ? 'Zp' : ''}_${dt}${widths ? `_w${widths.join('_')}` : ''}`;
-    let op = ops.get(name);
-    if (op) return op;
-    op = domain.add({
-      name,
-      inputs: zp ? [dt, 'uint8', dt, 'uint8'] : [dt, 'uint8', dt],
-      outputs: (widths ?? [0]).map(() => dt),
-      provider,
-      infer: ([a, b]) => (widths ?? [b.shape[0]]).map((w) => ({ dtype: dt, shape: [...a.shape.slice(0, -1), w] })),
-      compute: (ctx) => {
-        const [a, b, s, z] = ctx.inputs;
-        const [N, kBlocks, half] = b.dims;
-        const K = a.dims[a.dims.length - 1];
-        const lead = a.dims.slice(0, -1);
-        const ws = widths ?? [N];
-        const shape: W4A16Shape = { M: size(lead), N, K, kBlocks, blockSize: 2 * half, dtype: dt, widths: ws };
-        const c = ws.map((w, i) => ctx.output(i, [...lead, w]));
-        if (kernels) {
-          kernels.matmul(shape, { a: a.data, b: b.data, scales: s.data, zeroPoints: z ? z.data : 0n, c }, undefined, opts);
-          return;
-        }
-        if (shape.M === 0) return;
-        const read = <T extends Float32Array | Uint8Array>(arr: T, p: bigint) => {
-          api.copyOut(arr, p);
-          return arr;
-        };
-        const r = w4a16Reference(shape, {
-          a: read(new Float32Array(size(a.dims)), a.data),
-          b: read(new Uint8Array(size(b.dims)), b.data),
-          scales: read(new Float32Array(size(s.dims)), s.data),
-          zeroPoints: z ? read(new Uint8Array(size(z.dims)), z.data) : undefined,
-        });
-        let start = 0;
-        ws.forEach((w, i) => {
-          const part = new Float32Array(shape.M * w);
-          for (let m = 0; m < shape.M; m++) for (let n = 0; n < w; n++) part[m * w + n] = r[m * N + start + n];
-          api.copyIn(c[i], part);
-          start += w;
-        });
-      },
-    });
-    ops.set(name, op);
-    return op;
+    return family.op(name, () =>
+      family.domain.add({
+        name,
+        inputs: zp ? [dt, 'uint8', dt, 'uint8'] : [dt, 'uint8', dt],
+        outputs: (widths ?? [0]).map(() => dt),
+        provider,
+        infer: ([a, b]) => (widths ?? [b.shape[0]]).map((w) => ({ dtype: dt, shape: [...a.shape.slice(0, -1), w] })),
+        compute: (ctx) => {
+          const [a, b, s, z] = ctx.inputs;
+          const [N, kBlocks, half] = b.dims;
+          const K = a.dims[a.dims.length - 1];
+          const lead = a.dims.slice(0, -1);
+          const ws = widths ?? [N];
+          const shape: W4A16Shape = { M: size(lead), N, K, kBlocks, blockSize: 2 * half, dtype: dt, widths: ws };
+          const c = ws.map((w, i) => ctx.output(i, [...lead, w]));
+          if (kernels) {
+            kernels.matmul(shape, { a: a.data, b: b.data, scales: s.data, zeroPoints: z ? z.data : 0n, c }, undefined, opts);
+            return;
+          }
+          if (shape.M === 0) return;
+          const r = w4a16Reference(shape, {
+            a: readF32(a.data, size(a.dims)),
+            b: readBytes(b.data, size(b.dims)),
+            scales: readF32(s.data, size(s.dims)),
+            zeroPoints: z ? readBytes(z.data, size(z.dims)) : undefined,
+          });
+          let start = 0;
+          ws.forEach((w, i) => {
+            const part = new Float32Array(shape.M * w);
+            for (let m = 0; m < shape.M; m++) for (let n = 0; n < w; n++) part[m * w + n] = r[m * N + start + n];
+            writeHost(c[i], part);
+            start += w;
+          });
+        },
+      }),
+    );
   };
   const unsupported = (attrs: W4A16Attrs, dtype: DType): string | undefined => {
     if (attrs.bits !== 4) return `${attrs.bits} bits (the kernels take 4)`;
-    if (!dtypes.includes(dtype)) return `dtype ${dtype} on ${provider} (takes ${dtypes.join(', ')})`;
+    if (!family.dtypes.includes(dtype)) return `dtype ${dtype} on ${provider} (takes ${family.dtypes.join(', ')})`;
     const shape: W4A16Shape = { M: 1, N: attrs.N, K: attrs.K, kBlocks: Math.ceil(attrs.K / attrs.blockSize), blockSize: attrs.blockSize, dtype: provider === 'cuda' ? dtype : 'bfloat16' };
     return w4a16Unsupported(shape);
   };
@@ -535,12 +519,12 @@ export function w4a16Ops(provider: DeviceKind, kernels?: W4A16, opts: W4A16Launc
     return L.applyOp(opFor(x.dtype, !!zeroPoints, widths), zeroPoints ? [x, b, s, zeroPoints] : [x, b, s], {});
   };
   return {
-    domain,
-    session: { customOpDomains: [domain.handle] },
+    domain: family.domain,
+    session: { customOpDomains: [family.domain.handle] },
     matmul: (x, b, scales, zeroPoints, attrs) => apply(x, b, scales, zeroPoints, attrs, undefined)[0],
     matmulSplit: (x, b, scales, zeroPoints, attrs, widths) => apply(x, b, scales, zeroPoints, attrs, widths),
     unsupported,
-    check: () => domain.check(),
-    dispose: () => domain.dispose(),
+    check: family.check,
+    dispose: family.dispose,
   };
 }
