@@ -1,7 +1,7 @@
 import * as koffi from 'koffi';
 import * as L from '@lathe/onnx';
 import { Device } from '@lathe/runtime';
-import { CustomOpDomain } from '@lathe/kernels';
+import { CustomOpDomain, opFamily } from '@lathe/kernels';
 
 test('a custom op whose compute is a JavaScript callback runs as a node of an ORT session (CPU)', () => {
   const domain = new CustomOpDomain('lathe.test');
@@ -62,4 +62,28 @@ test("a compute that throws does not cross into ORT: the error comes back from c
   b.dispose();
   s.dispose();
   domain.dispose();
+});
+
+test('opFamily: domains numbered per prefix, float32 only on the CPU, each op made once per key, the shared dtype error', () => {
+  const a = opFamily({ name: 'fooOps', domainPrefix: 'lathe.test_family_', provider: 'cpu', cudaDtypes: ['bfloat16', 'float16'] });
+  const b = opFamily({ name: 'fooOps', domainPrefix: 'lathe.test_family_', provider: 'cuda', cudaDtypes: ['bfloat16', 'float16'] });
+  try {
+    expect(Number(b.domain.domain.slice('lathe.test_family_'.length))).toBe(Number(a.domain.domain.slice('lathe.test_family_'.length)) + 1);
+    expect(a.dtypes).toEqual(['float32']);
+    expect(b.dtypes).toEqual(['bfloat16', 'float16']);
+    let made = 0;
+    const define = () => {
+      made++;
+      return a.domain.add({ name: `Op${a.size}`, inputs: ['float32'], outputs: ['float32'], provider: 'cpu', compute: () => undefined });
+    };
+    const first = a.op('float32', define);
+    expect(a.op('float32', define)).toBe(first);
+    a.op('packed/float32', define);
+    expect([made, a.size]).toEqual([2, 2]);
+    expect(() => a.supports('float32')).not.toThrow();
+    expect(() => a.supports('bfloat16')).toThrow('fooOps (cpu): no kernel for dtype bfloat16 (takes float32)');
+  } finally {
+    a.dispose();
+    b.dispose();
+  }
 });
