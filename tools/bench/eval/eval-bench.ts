@@ -25,7 +25,7 @@
  * --temperature 0 the engine also picks greedily through its fused kernel). The JSON line has the
  * resolved options under `decode`.
  */
-import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { randomModel, type HfConfig } from '@lathe/models';
@@ -66,6 +66,9 @@ async function main(): Promise<void> {
   let model = arg('model', '');
   if (!model) {
     model = mkdtempSync(join(tmpdir(), 'lathe-eval-bench-'));
+    // the random model (1.2 GB at the 0.6B shape) goes when the process does, however it ends
+    const dir = model;
+    process.on('exit', () => rmSync(dir, { recursive: true, force: true }));
     randomModel(model, SHAPES[shape], { seed: 1, std: 0.02 });
     for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(tokenizer, f), join(model, f));
   }
