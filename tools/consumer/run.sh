@@ -41,6 +41,8 @@ step "npm install the tarballs" npm install --prefer-offline --no-audit --no-fun
 step "npm ls: every dependency present and valid" npm ls --all
 step "each package declares what its code imports" node "$root/tools/consumer/check-imports.mjs" node_modules/@lathe
 step "tsc --strict" npx tsc -p tsconfig.json --strict
-step "run" node dist/main.js
+# the run's scratch folders (a model, a data set, a run folder) inside the work folder, which the caller removes
+mkdir -p "$work/tmp"
+step "run" env TMPDIR="$work/tmp" node dist/main.js
 grep '^consumer: .*: done in' "$log"
 echo "consumer: passed, $(grep -B1 '^consumer: run: done in' "$log" | head -n 1)"
