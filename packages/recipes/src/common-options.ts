@@ -216,7 +216,7 @@ export const generationEngineOption = { type: 'string', default: 'auto', choices
 /**
  * `--kv_cache_dtype`, `--decode_attention`, `--swiglu_kernel` and `--residual_dtype` of the commands
  * that generate through the KV-cache engine: its opt-in kernels and graph options, each one's
- * numerics and measured speed in its help (H200, Qwen3-0.6B shape, batch 256, 2026-11-27).
+ * numerics in its help; their measured speeds are in docs/guides/generate.md.
  */
 export const decodeOptions = {
   kv_cache_dtype: {
@@ -224,7 +224,7 @@ export const decodeOptions = {
     default: 'auto',
     choices: ['auto', 'float8e4m3'],
     describe:
-      "How the KV-cache engine holds its keys and values: auto (the compute dtype) or float8e4m3 (e4m3 bytes with a float32 scale per row, head and position, read by Lathe's decode attention kernel: half the bytes a decode step reads; lossy: KL(bf16 cache ‖ e4m3 cache) 8.2e-5 on the Qwen3-0.6B shape; ~1.19× faster decoding at batch 256). float8e4m3 needs --device cuda, NVRTC and the kv-cache engine",
+      "How the KV-cache engine holds its keys and values: auto (the compute dtype) or float8e4m3 (e4m3 bytes with a float32 scale per row, head and position, read by Lathe's decode attention kernel: half the bytes a decode step reads; lossy: a small KL against the bf16 cache, faster decoding at large batches; docs/guides/generate.md). float8e4m3 needs --device cuda, NVRTC and the kv-cache engine",
   },
   decode_attention: {
     type: 'string',
@@ -236,13 +236,13 @@ export const decodeOptions = {
   swiglu_kernel: {
     ...swigluKernelOption,
     describe:
-      "Each MLP's activation silu(gate)·up through Lathe's SwiGLU kernel in the prefill and the decode step, instead of ONNX Runtime's QuickGelu and Mul (rounding changes on ties only; +3.1 % at batch 256, 38,828 → 40,031 tok/s in a same-call A/B). auto: on with --device cuda where NVRTC is present and the kv-cache engine runs, else off; true: on, an error where it cannot be; false: off",
+      "Each MLP's activation silu(gate)·up through Lathe's SwiGLU kernel in the prefill and the decode step, instead of ONNX Runtime's QuickGelu and Mul (faster; rounding changes on ties only). auto: on with --device cuda where NVRTC is present and the kv-cache engine runs, else off; true: on, an error where it cannot be; false: off",
   },
   residual_dtype: {
     type: 'string',
     default: 'float32',
     choices: ['float32', 'compute'],
     describe:
-      "The KV-cache engine's residual stream: float32 (it accumulates in float32) or compute (it stays in the compute dtype, as transformers does in bf16: no Casts between layers; +4.8 % at batch 256; greedy outputs change on ties). The same graphs with float32 compute; needs the kv-cache engine",
+      "The KV-cache engine's residual stream: float32 (it accumulates in float32) or compute (it stays in the compute dtype, as transformers does in bf16: no Casts between layers; faster; greedy outputs change on ties). The same graphs with float32 compute; needs the kv-cache engine",
   },
 } as const satisfies OptionSchema;

@@ -71,9 +71,9 @@ describe('one definition', () => {
     const d = defaults(generateSchema);
     expect([d.kv_cache_dtype, d.decode_attention, d.swiglu_kernel, d.residual_dtype]).toEqual(['auto', 'auto', 'auto', 'float32']);
     // the measured facts are in the help
-    expect(decodeOptions.kv_cache_dtype.describe).toContain('KL(bf16 cache ‖ e4m3 cache) 8.2e-5 on the Qwen3-0.6B shape; ~1.19× faster decoding at batch 256');
-    expect(decodeOptions.swiglu_kernel.describe).toContain('38,828 → 40,031 tok/s');
-    expect(decodeOptions.residual_dtype.describe).toContain('+4.8 % at batch 256');
+    expect(decodeOptions.kv_cache_dtype.describe).toContain('lossy');
+    expect(decodeOptions.swiglu_kernel.describe).toContain('rounding changes on ties only');
+    expect(decodeOptions.residual_dtype.describe).toContain('greedy outputs change on ties');
   });
 
   test('none of them may change on resume: they change the samples', () => {
