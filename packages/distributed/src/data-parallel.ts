@@ -28,9 +28,17 @@ export function shardOf<T>(rows: readonly T[], rank: number, worldSize: number, 
 /** What `Trainer`'s `onGradients` option receives (structurally: @lathe/train imports nothing from here). */
 export type GradientHook = (grads: Map<string, DeviceTensor>, sums: Float64Array) => Promise<void>;
 
+/**
+ * Bytes of gradients per bucket, both reductions' default (`--grad_bucket_mb` of the training
+ * commands): four times PyTorch DDP's 25 MiB, because each bucket is one NCCL launch the host
+ * enqueues and waits behind, and on four GPUs 25 MiB buckets left the in-run reduction queued past
+ * the backward (docs/guides/launch.md).
+ */
+export const DEFAULT_BUCKET_BYTES = 100 * 2 ** 20;
+
 /** Options of `gradientAllReduce`. */
 export interface GradientAllReduceOptions {
-  /** Bytes of gradients per all-reduce (default 25 MiB, as PyTorch DDP's bucket_cap_mb). */
+  /** Bytes of gradients per all-reduce (default {@link DEFAULT_BUCKET_BYTES}). */
   bucketBytes?: number;
 }
 
@@ -59,7 +67,7 @@ export function buckets<T extends { byteLength: number }>(tensors: readonly T[],
  * global batch's count.
  */
 export function gradientAllReduce(collectives: Collectives, opts: GradientAllReduceOptions = {}): GradientHook {
-  const bucketBytes = opts.bucketBytes ?? 25 * 1024 * 1024;
+  const bucketBytes = opts.bucketBytes ?? DEFAULT_BUCKET_BYTES;
   return async (grads, sums) => {
     if (collectives.worldSize === 1) return;
     for (const bucket of buckets([...grads.values()], bucketBytes)) await collectives.allReduce(bucket, 'sum');

@@ -18,7 +18,7 @@
 import { dtypeBytes, type DType, type Graph, type Tensor } from '@lathe/onnx';
 import type { Device, DeviceTensor } from '@lathe/runtime';
 import { CustomOpDomain } from '@lathe/kernels';
-import { buckets } from './data-parallel';
+import { buckets, DEFAULT_BUCKET_BYTES } from './data-parallel';
 
 /** One gradient buffer of a bucket, as the node's compute sees it. */
 export interface InRunBuffer {
@@ -158,7 +158,7 @@ export interface InGraphGradientHook {
 
 /** Options of `gradientAllReduceInGraph`. */
 export interface InGraphAllReduceOptions {
-  /** Bytes of gradients per node (default 25 MiB, as PyTorch DDP's bucket_cap_mb). */
+  /** Bytes of gradients per node (default {@link DEFAULT_BUCKET_BYTES}). */
   bucketBytes?: number;
   /** Called with each bucket's index when its node's compute runs (tests record the order). */
   onCompute?: (bucket: number) => void;
@@ -172,7 +172,7 @@ function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions
     throw new Error(`${what}: ${device.name} runs its sessions on a stream of ONNX Runtime's own, which the in-run collective cannot order NCCL behind: open it with Kernels.withDevice() from @lathe/kernels`);
   }
   if (device.kind !== 'cuda' && device.kind !== 'cpu') throw new Error(`${what}: ${device.kind} devices are not supported (cuda or cpu)`);
-  const bucketBytes = opts.bucketBytes ?? 25 * 1024 * 1024;
+  const bucketBytes = opts.bucketBytes ?? DEFAULT_BUCKET_BYTES;
   const domain = new CustomOpDomain(`lathe.overlap${domainCount++}`);
   const state = {
     /** plan[k]: the names of bucket k's gradients, in input order. */

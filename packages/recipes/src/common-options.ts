@@ -4,6 +4,7 @@
  * LoRA, the run directory with its checkpoints and resume, and sampling filters. A command that
  * gives a shared option another default overrides that one field (`{ ...deviceOption, default }`).
  */
+import { DEFAULT_BUCKET_BYTES } from '@lathe/distributed';
 import { BUILTIN_MODEL, BUILTIN_TOKENIZER } from './demo-task';
 import type { OptionSchema } from './options';
 
@@ -113,7 +114,19 @@ export const gradOverlapOption = {
   type: 'boolean',
   default: true,
   describe:
-    "Under lathe launch: sum the gradients over the ranks inside the backward's run, one NCCL all-reduce (with --zero_stage 1|2 a reduce-scatter) per 25 MiB bucket as soon as the backward has produced it, overlapping the rest of the backward; false sums them after the backward (the bucketed post-backward all-reduce). Needs --device cuda (NCCL) and Lathe's CUDA kernels' compute stream; where either is missing — on the cpu, whose ranks join over TCP, or without NVRTC — the gradients are summed after the backward whatever this says. The same updates either way. No effect on one process [may change on resume]",
+    "Under lathe launch: sum the gradients over the ranks inside the backward's run, one NCCL all-reduce (with --zero_stage 1|2 a reduce-scatter) per --grad_bucket_mb bucket as soon as the backward has produced it, overlapping the rest of the backward; false sums them after the backward (the bucketed post-backward all-reduce). Needs --device cuda (NCCL) and Lathe's CUDA kernels' compute stream; where either is missing — on the cpu, whose ranks join over TCP, or without NVRTC — the gradients are summed after the backward whatever this says. The same updates either way. No effect on one process [may change on resume]",
+} as const;
+
+/**
+ * `--grad_bucket_mb` of a data-parallel training command: the gradients' bucket size of both
+ * reductions (@lathe/distributed's `DEFAULT_BUCKET_BYTES` is its default).
+ */
+export const gradBucketMbOption = {
+  type: 'number',
+  default: DEFAULT_BUCKET_BYTES / 2 ** 20,
+  min: 1,
+  describe:
+    'Under lathe launch: MiB of gradients per bucket, each bucket one NCCL all-reduce (or reduce-scatter) — in the backward\'s run with --grad_overlap, after it otherwise. Larger buckets mean fewer launches to enqueue and wait behind; smaller ones start summing earlier in the backward (PyTorch DDP\'s bucket_cap_mb, 25 by default there). The same updates whatever the size. No effect on one process [may change on resume]',
 } as const;
 
 /** Where a training command runs and its train step: device, compute, attention, recomputation, steps and batch (`batch` describes what a batch counts). */

@@ -1,7 +1,7 @@
 /** `lathe grpo`'s options: defaults, flags, YAML keys and the config saved with every checkpoint. */
 import { ESTIMATOR_NAMES, GRPO_DEFAULTS, LOSS_AGGREGATIONS, POLICY_TERMS, type GrpoAlgorithmOptions } from '@lathe/grpo';
 import { BUILTIN_DATA, BUILTIN_TOKENIZER } from './demo-task';
-import { checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, gradReduceDtypeOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, quantizeBaseOption, reportOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainAttentionChoicesHelp, trainAttentionOption, trainComputeDtypeOption, logprobKernelOption, ropeKernelOption, swigluKernelOption } from './common-options';
+import { checkpointOptions, deviceOption, evalExamplesOption, generationEngineOption, gradientCheckpointingOption, gradReduceDtypeOption, gradBucketMbOption, loraOptions, microBatchesOption, modelOption, optimizerOptions, promptFormatOptions, quantizeBaseOption, reportOptions, resumableOptions, resumeOptions, runDirOption, samplingFilterOptions, seedOption, trainAttentionChoicesHelp, trainAttentionOption, trainComputeDtypeOption, logprobKernelOption, ropeKernelOption, swigluKernelOption } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 import { TRAIN_EVAL_KEYS, trainEvalOptions } from './train-eval-config';
 import { classmateOptions, rolloutIsOption } from './classmate-config';
@@ -125,6 +125,7 @@ export const grpoSchema = {
   n_minibatches: { type: 'number', default: GRPO_DEFAULTS.minibatches, integer: true, min: 1, describe: 'Optimizer steps per epoch: the batch (prompts_per_step × group_size completions) is shuffled and split into this many minibatches' },
   micro_batches: { ...microBatchesOption, default: GRPO_DEFAULTS.microBatches },
   grad_reduce_dtype: gradReduceDtypeOption,
+  grad_bucket_mb: gradBucketMbOption,
   // optimizer
   ...optimizerOptions({ lr: 1e-6, schedule: 'constant', warmup_steps: 0, weight_decay: GRPO_DEFAULTS.optimizer.weightDecay, max_grad_norm: GRPO_DEFAULTS.optimizer.maxGradNorm }),
   ...loraOptions,
@@ -230,7 +231,7 @@ export function grpoPresetSource(preset: GrpoConfig['preset']): { name: string; 
  * Options that may change between a checkpoint and its resume without --force (they do not change
  * what is trained; the generation engine draws the same samples either way, up to rounding).
  */
-export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention', 'logprob_kernel', 'rope_kernel', 'swiglu_kernel', 'report_to', 'wandb_project', 'serve_port', 'serve_host', 'serve_max_rows', 'grad_reduce_dtype', ...TRAIN_EVAL_KEYS];
+export const RESUMABLE_KEYS: readonly (keyof GrpoConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'eval_sampled', 'save_every', 'keep_last', 'log_every', 'generation_engine', 'gradient_checkpointing', 'attention', 'logprob_kernel', 'rope_kernel', 'swiglu_kernel', 'report_to', 'wandb_project', 'serve_port', 'serve_host', 'serve_max_rows', 'grad_reduce_dtype', 'grad_bucket_mb', ...TRAIN_EVAL_KEYS];
 
 /**
  * `lathe demo`'s GRPO stage: the SFT stage's final checkpoint on the same task and held-out split,

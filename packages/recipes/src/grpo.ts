@@ -256,7 +256,7 @@ export async function runGrpo(cfg: GrpoConfig, events: GrpoEvents = {}, signal?:
   const rows = cfg.prompts_per_step * cfg.group_size;
   if (rows < cfg.n_minibatches * cfg.micro_batches) throw new Error(`--prompts_per_step ${cfg.prompts_per_step} × --group_size ${cfg.group_size} = ${rows} completions cannot fill --n_minibatches ${cfg.n_minibatches} × --micro_batches ${cfg.micro_batches}`);
   // data parallelism (lathe launch): each rank samples, scores and trains on an equal share of each step's prompts
-  const dp = await joinDataParallel({ device: cfg.device as 'cpu' | 'cuda', config: cfg, batch: { rows: cfg.prompts_per_step, microBatches: 1, flags: { batch: '--prompts_per_step', micro: '--micro_batches' } }, gradReduceDtype: cfg.grad_reduce_dtype });
+  const dp = await joinDataParallel({ device: cfg.device as 'cpu' | 'cuda', config: cfg, batch: { rows: cfg.prompts_per_step, microBatches: 1, flags: { batch: '--prompts_per_step', micro: '--micro_batches' } }, gradReduceDtype: cfg.grad_reduce_dtype, gradBucketMb: cfg.grad_bucket_mb });
   if (dp && cfg.serve_port > 0) throw new Error(`--serve_port ${cfg.serve_port} under lathe launch: serving the policy from a data-parallel run is not supported yet`);
   const split = await loadPromptSplit(cfg);
   const train = split.train;

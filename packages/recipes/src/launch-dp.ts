@@ -12,7 +12,7 @@ import { listCheckpoints, type GradReduceDtype, type TrainerOptions } from '@lat
 import type { Device } from '@lathe/runtime';
 import { RunDir, type RunDirOptions } from './scaffold';
 import type { ReportOptions } from './reporting';
-import { gradOverlapOption, gradReduceDtypeOption } from './common-options';
+import { gradBucketMbOption, gradOverlapOption, gradReduceDtypeOption } from './common-options';
 import {
   checkDataParallelBatch,
   checkSameConfig,
@@ -98,6 +98,8 @@ export interface DataParallelRun {
   zeroStage: number;
   /** `--grad_overlap`: the gradients summed inside the backward's run where the device allows it (see {@link gradientReduction}). */
   gradOverlap: boolean;
+  /** `--grad_bucket_mb` in bytes: the gradients per NCCL launch of either reduction. */
+  bucketBytes: number;
   /**
    * The post-backward reduction's trainer options, whatever `--grad_overlap` says: `onGradients`, or
    * with ZeRO `zero` (the collectives the shards are exchanged over), and `gradReduceDtype`. For a
@@ -141,6 +143,8 @@ export interface DataParallelOptions {
   gradReduceDtype?: GradReduceDtype;
   /** `--grad_overlap`: sum the gradients inside the backward's run where the device allows it. Default true. */
   gradOverlap?: boolean;
+  /** `--grad_bucket_mb`: MiB of gradients per bucket of either reduction. */
+  gradBucketMb?: number;
 }
 
 /**
@@ -161,9 +165,10 @@ export async function joinDataParallel(opts: DataParallelOptions): Promise<DataP
     await tcp.close();
     throw e;
   }
-  const onGradients = gradientAllReduce(collectives);
   const zeroStage = opts.zeroStage ?? 0;
   // the commands' options are the one source of these defaults
+  const bucketBytes = (opts.gradBucketMb ?? gradBucketMbOption.default) * 2 ** 20;
+  const onGradients = gradientAllReduce(collectives, { bucketBytes });
   const gradOverlap = opts.gradOverlap ?? gradOverlapOption.default;
   const gradReduceDtype: GradReduceDtype = opts.gradReduceDtype ?? gradReduceDtypeOption.default;
   // one reducer (a CUDA event on NCCL's stream) for every trainer of the run, freed with the group
@@ -179,6 +184,7 @@ export async function joinDataParallel(opts: DataParallelOptions): Promise<DataP
     onGradients,
     zeroStage,
     gradOverlap,
+    bucketBytes,
     trainerOptions: { ...(zeroStage >= 1 ? { zero: collectives } : { onGradients }), gradReduceDtype },
     reductionFor,
     trainerOptionsFor(device) {
@@ -186,7 +192,7 @@ export async function joinDataParallel(opts: DataParallelOptions): Promise<DataP
       if (gradOverlap && opts.device === 'cuda' && !reduction.startsWith('in-run') && world.rank === 0) {
         process.stderr.write(`note: --grad_overlap: ${device.name} runs its sessions on ONNX Runtime's own stream (Lathe's CUDA kernels are off), so the gradients are summed after the backward\n`);
       }
-      return reductionTrainerOptions(reduction, { collectives, device, gradReduceDtype, inRun });
+      return reductionTrainerOptions(reduction, { collectives, device, gradReduceDtype, inRun, bucketBytes });
     },
     main: world.rank === 0,
     deviceId: opts.device === 'cuda' ? world.localRank : 0,

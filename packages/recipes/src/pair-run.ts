@@ -18,7 +18,7 @@ import { openTrainDevice, checkTrainAttention, type TrainAttentionChoice } from 
 import { checkComputeDtype, EpochStream, scheduledLr, stepTiming, stopRequested, type RunDir, type TrainRunEvents, type TrainRunResult } from './scaffold';
 
 /** Options `--resume` accepts with new values in a preference run (they change neither the weights nor the data order). */
-export const PAIR_RESUMABLE_KEYS: readonly string[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project', 'zero_stage', 'grad_reduce_dtype', 'grad_overlap'];
+export const PAIR_RESUMABLE_KEYS: readonly string[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'report_to', 'wandb_project', 'zero_stage', 'grad_reduce_dtype', 'grad_overlap', 'grad_bucket_mb'];
 
 /** The options of a preference training run that its setup and loop read. */
 export interface PairRunConfig extends LoraOptions {

@@ -11,7 +11,7 @@ import type { ReportOptions } from './reporting';
 import { loadRunModel, type ModelOptions, type RunDir, type RunDirOptions, type RunModel } from './scaffold';
 
 /** The options a preference session reads: the pair run's, where the run lives, the model, `--zero_stage` and `--grad_reduce_dtype` (float32 where the command has no such option). */
-export type PairSessionConfig = PairRunConfig & RunDirOptions & Partial<ReportOptions> & ModelOptions & { zero_stage: number; grad_reduce_dtype?: GradReduceDtype; grad_overlap?: boolean };
+export type PairSessionConfig = PairRunConfig & RunDirOptions & Partial<ReportOptions> & ModelOptions & { zero_stage: number; grad_reduce_dtype?: GradReduceDtype; grad_overlap?: boolean; grad_bucket_mb?: number };
 
 /** What a preference session gives the recipe's training. */
 export interface PairSession {
@@ -26,7 +26,7 @@ export interface PairSession {
 /** Opens a preference session, runs `train` in it and closes it (see the module comment); returns what `train` returns. */
 export async function inPairSession<T>(cfg: PairSessionConfig & Record<string, unknown>, train: (session: PairSession) => Promise<T>): Promise<T> {
   // under lathe launch: this rank's share of a data-parallel job; rank 0 alone writes the run directory
-  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches }, zeroStage: cfg.zero_stage, gradReduceDtype: cfg.grad_reduce_dtype, gradOverlap: cfg.grad_overlap });
+  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches }, zeroStage: cfg.zero_stage, gradReduceDtype: cfg.grad_reduce_dtype, gradOverlap: cfg.grad_overlap, gradBucketMb: cfg.grad_bucket_mb });
   const run = await openRankRunDir(cfg, dp);
   const held: { dispose(): void }[] = [];
   try {

@@ -4,7 +4,7 @@ import { BUILTIN_DATA } from './demo-task';
 import {
   deviceOption,
   evalExamplesOption,
-  gradReduceDtypeOption,
+  gradReduceDtypeOption, gradBucketMbOption,
   gradOverlapOption,
   loraOptions,
   modelOption,
@@ -46,6 +46,7 @@ export const preferenceStepOptions = {
   zero_stage: zeroStageOption,
   grad_reduce_dtype: gradReduceDtypeOption,
   grad_overlap: gradOverlapOption,
+  grad_bucket_mb: gradBucketMbOption,
 } as const satisfies OptionSchema;
 
 /** The held-out pairs of the preference training commands and how often they are scored. */

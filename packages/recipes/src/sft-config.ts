@@ -1,6 +1,6 @@
 /** `lathe sft`'s options: defaults, flags, YAML keys and the config saved with checkpoints. */
 import { BUILTIN_DATA, BUILTIN_MODEL } from './demo-task';
-import { evalExamplesOption, loraOptions, modelOption, quantizeBaseOption, optimizerOptions, promptFormatOptions, resumableOptions, runDirOption, seedOption, trainRunOptions, trainStepOptions, trainAttentionOption, logprobKernelOption, ropeKernelOption, swigluKernelOption, zeroStageOption, gradReduceDtypeOption, gradOverlapOption } from './common-options';
+import { evalExamplesOption, loraOptions, modelOption, quantizeBaseOption, optimizerOptions, promptFormatOptions, resumableOptions, runDirOption, seedOption, trainRunOptions, trainStepOptions, trainAttentionOption, logprobKernelOption, ropeKernelOption, swigluKernelOption, zeroStageOption, gradReduceDtypeOption, gradBucketMbOption, gradOverlapOption } from './common-options';
 import { serveTrainingOptions } from './serve-training-config';
 import type { ConfigOf, OptionSchema } from './options';
 import { sftBenchmarkSamplingOptions, TRAIN_EVAL_KEYS, trainEvalOptions } from './train-eval-config';
@@ -34,6 +34,7 @@ export const sftSchema = {
   zero_stage: zeroStageOption,
   grad_reduce_dtype: gradReduceDtypeOption,
   grad_overlap: gradOverlapOption,
+  grad_bucket_mb: gradBucketMbOption,
   cuda_graph: {
     type: 'boolean',
     default: false,
@@ -63,7 +64,7 @@ export const sftSchema = {
 } as const satisfies OptionSchema;
 
 /** Options `--resume` accepts with new values in an SFT run (they change neither the weights nor the data order). */
-export const SFT_RESUMABLE_KEYS: readonly (keyof SftConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'cuda_graph', 'max_new_tokens', 'report_to', 'wandb_project', ...TRAIN_EVAL_KEYS, 'eval_temperature', 'eval_top_p', 'serve_port', 'serve_host', 'serve_max_rows', 'zero_stage', 'grad_reduce_dtype', 'grad_overlap', 'logprob_kernel', 'rope_kernel', 'swiglu_kernel'];
+export const SFT_RESUMABLE_KEYS: readonly (keyof SftConfig)[] = ['resume', 'force', 'overwrite', 'eval_every', 'save_every', 'keep_last', 'log_every', 'gradient_checkpointing', 'attention', 'cuda_graph', 'max_new_tokens', 'report_to', 'wandb_project', ...TRAIN_EVAL_KEYS, 'eval_temperature', 'eval_top_p', 'serve_port', 'serve_host', 'serve_max_rows', 'zero_stage', 'grad_reduce_dtype', 'grad_overlap', 'grad_bucket_mb', 'logprob_kernel', 'rope_kernel', 'swiglu_kernel'];
 
 /** A resolved SFT config. */
 export type SftConfig = ConfigOf<typeof sftSchema>;

@@ -285,7 +285,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   checkTrainAttention(cfg);
   // Under lathe launch (or torchrun's or Slurm's variables): this rank's place in a data-parallel
   // job, which takes its share of each global batch; rank 0 alone writes the run directory.
-  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches }, zeroStage: cfg.zero_stage, gradReduceDtype: cfg.grad_reduce_dtype, gradOverlap: cfg.grad_overlap });
+  const dp = await joinDataParallel({ device: cfg.device, config: cfg, batch: { rows: cfg.batch_size, microBatches: cfg.micro_batches }, zeroStage: cfg.zero_stage, gradReduceDtype: cfg.grad_reduce_dtype, gradOverlap: cfg.grad_overlap, gradBucketMb: cfg.grad_bucket_mb });
   if (dp && staticShape) throw new Error('--cuda_graph runs the train step as one captured run, which leaves no place for the gradient all-reduce of a data-parallel job (lathe launch): drop --cuda_graph');
   const run = await openRankRunDir(cfg, dp);
   // the built-in model is written into this rank's own run directory (rank 0's may not hold it yet)

@@ -7,7 +7,8 @@
 import { Device } from '@lathe/runtime';
 import { LocalGroup, ThreadGroup } from '@lathe/distributed';
 import { gradientReduction, joinDataParallel, reductionTrainerOptions, type GradientReduction, type GradientReductionFacts } from '../src/launch-dp';
-import { gradOverlapOption } from '../src/common-options';
+import { gradBucketMbOption, gradOverlapOption } from '../src/common-options';
+import { DEFAULT_BUCKET_BYTES, type Collectives } from '@lathe/distributed';
 
 const cpu = Device.cpu();
 
@@ -71,7 +72,7 @@ test('reductionTrainerOptions: each reduction gives the trainer exactly its own 
 });
 
 /** Each of `configs.length` ranks joining over TCP in this process (each rank its own env): one promise per rank. */
-function rankJoins(port: number, configs: Record<string, unknown>[], opts: { zeroStage?: number; gradOverlap?: boolean } = {}) {
+function rankJoins(port: number, configs: Record<string, unknown>[], opts: { zeroStage?: number; gradOverlap?: boolean; gradBucketMb?: number } = {}) {
   const n = configs.length;
   return configs.map((config, rank) =>
     joinDataParallel({
@@ -119,4 +120,32 @@ test('joinDataParallel: ranks started with different --grad_overlap stop with th
 
 test('joinDataParallel: alone (no launcher variables) there is no group', async () => {
   await expect(joinDataParallel({ device: 'cpu', config: {}, batch: { rows: 4, microBatches: 1 }, env: {} })).resolves.toBeUndefined();
+});
+
+test('--grad_bucket_mb: 100 MiB by default (the library\'s DEFAULT_BUCKET_BYTES), and the post-backward all-reduce launches one NCCL call per bucket of that size', async () => {
+  expect(gradBucketMbOption.default).toBe(100);
+  expect(DEFAULT_BUCKET_BYTES).toBe(100 * 2 ** 20);
+  const calls: number[][] = [];
+  // two ranks as far as the hook can tell; the sums themselves are not what is checked here
+  const recording = { worldSize: 2, rank: 0, allReduce: async (ts: { byteLength: number }[]) => void calls.push(ts.map((t) => t.byteLength)), allReduceHost: async () => undefined } as unknown as Collectives;
+  const grads = new Map([0, 1, 2].map((i) => [`w${i}`, cpu.zeros('float32', [2 ** 18])] as const));
+  for (const [bucketBytes, want] of [[undefined, [[2 ** 20, 2 ** 20, 2 ** 20]]], [2 ** 21, [[2 ** 20, 2 ** 20], [2 ** 20]]], [2 ** 20, [[2 ** 20], [2 ** 20], [2 ** 20]]]] as const) {
+    calls.length = 0;
+    const opts = reductionTrainerOptions('all-reduce', { collectives: recording, device: cpu, gradReduceDtype: 'float32', inRun: () => { throw new Error('not in the run'); }, ...(bucketBytes ? { bucketBytes } : {}) });
+    await opts.onGradients!(grads, new Float64Array(1));
+    expect(calls).toEqual(want);
+  }
+  for (const g of grads.values()) g.dispose();
+  const ranks = await Promise.all(rankJoins(29674, [{}, {}], { gradBucketMb: 25 }));
+  try {
+    for (const dp of ranks) expect(dp!.bucketBytes).toBe(25 * 2 ** 20);
+  } finally {
+    await Promise.all(ranks.map((dp) => dp!.close()));
+  }
+  const byDefault = await Promise.all(rankJoins(29675, [{}, {}]));
+  try {
+    for (const dp of byDefault) expect(dp!.bucketBytes).toBe(DEFAULT_BUCKET_BYTES);
+  } finally {
+    await Promise.all(byDefault.map((dp) => dp!.close()));
+  }
 });

@@ -7,7 +7,7 @@
 #   comm "1 2" : what the gradient communication costs, on each GPU count (scaling's setup: bf16, flash attention, PER_GPU rows
 #                of 512 per GPU, STEPS default 8, 3 warm-up): on 1 GPU the plain step; on N, Lathe with float32 gradients
 #                all-reduced (fp32), --grad-reduce-dtype bfloat16 (bf16; bf16-1group: every gradient in one NCCL group
-#                instead of 25 MiB buckets each waited for), ZeRO --zero 2 (zero2) and ZeRO with bfloat16
+#                instead of the 100 MiB buckets each waited for), ZeRO --zero 2 (zero2) and ZeRO with bfloat16
 #                reduce-scatters (zero2-bf16), each with its losses' parity against 1 GPU on the same global batch; then
 #                PyTorch DDP on the count, and on N also with its bf16_compress_hook (NO_DDP=1 skips DDP, NO_DDP_BF16=1 the hook's run). One JSON line
 #                each. VARIANTS="fp32 bf16" runs only those Lathe variants.

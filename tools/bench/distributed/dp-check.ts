@@ -51,14 +51,14 @@
  * usage (each rank): node .bundle/dp-check.js [--shape 0.6b|1.7b|4b|8b|tiny] [--compute float32|bfloat16]
  *   [--lora RANK [--lora-alpha A] [--lora-targets REGEX]] [--init sampled|tiled]
  *   [--device cuda|cpu] [--steps 20] [--batch 8] [--seq 512] [--micro 1] [--lr 1e-5] [--warmup 2]
- *   [--flash-attention] [--attention-kernel [--logprob-kernel] [--rope-kernel] [--swiglu-kernel]] [--recompute] [--tf32] [--bucket-mb 25] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap [--bucket-times]] [--nccl-priority default|high] [--compute-stream] [--profile PREFIX] [--reference ONE.json] [--tol X] [--out FILE]
+ *   [--flash-attention] [--attention-kernel [--logprob-kernel] [--rope-kernel] [--swiglu-kernel]] [--recompute] [--tf32] [--bucket-mb 100] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap [--bucket-times]] [--nccl-priority default|high] [--compute-stream] [--profile PREFIX] [--reference ONE.json] [--tol X] [--out FILE]
  * run:  node .bundle/lathe.js launch --gpus 2 -- node .bundle/dp-check.js --compute float32 --out two.json
  * Prints one JSON line per rank (rank 0's first); --out writes rank 0's.
  */
 import { parseConfig, totalLengthTensor, TOTAL_LENGTH_INPUT } from '@lathe/models';
 import { Device, type HostTensor, type Ptr } from '@lathe/runtime';
 import { sftLoss, Trainer, type LoraConfig, type SftLossOptions } from '@lathe/train';
-import { bucketNodeOrderOfProfile, checkDataParallelBatch, checkSameConfig, gradientAllReduce, gradientAllReduceInGraph, gradientReduceScatterInGraph, NcclCollectives, NcclInRunReducer, overlapSummary, shardOf, soloInRunReducer, TcpCollectives, ThreadGroup, worldFromEnv, type Collectives, type InRunTimings } from '@lathe/distributed';
+import { bucketNodeOrderOfProfile, checkDataParallelBatch, checkSameConfig, DEFAULT_BUCKET_BYTES, gradientAllReduce, gradientAllReduceInGraph, gradientReduceScatterInGraph, NcclCollectives, NcclInRunReducer, overlapSummary, shardOf, soloInRunReducer, TcpCollectives, ThreadGroup, worldFromEnv, type Collectives, type InRunTimings } from '@lathe/distributed';
 import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels, RopeKernels, ropeOps, SwigluKernels, swigluOps } from '@lathe/kernels';
 import { lossParity, reportResult } from './report';
 import { dpModel, DP_SHAPES, type InitKind } from './dp-model';
@@ -177,7 +177,7 @@ async function main(): Promise<void> {
   const opened = computeStream && deviceKind === 'cuda' ? Kernels.withDevice({ deviceId: world.localRank, device: { tf32: flag('tf32') } }) : undefined;
   const device = opened?.device ?? Device.open(deviceKind, { id: world.localRank, tf32: flag('tf32') });
   const kernels = attentionKernel ? trainKernels(opened?.kernels, { logprob: logprobKernel, rope: ropeKernel, swiglu: swigluKernel }) : undefined;
-  const bucketBytes = Number(arg('bucket-mb', '25')) * 2 ** 20;
+  const bucketBytes = Number(arg('bucket-mb', String(DEFAULT_BUCKET_BYTES / 2 ** 20))) * 2 ** 20;
   const profile = arg('profile', '');
   // the order the buckets' nodes computed in (each step: 0, 1, …, the backward's order)
   const bucketOrder: number[] = [];
