@@ -67,6 +67,10 @@ for n in "${names[@]}"; do
     npx esbuild "${entries[$n]}" --bundle --platform=node --conditions=lathe-source \
       --external:onnxruntime-node --external:koffi --external:@huggingface/transformers --external:libsql --log-level=warning --outfile=".bundle/$n.js"
   fi
+  # the math grader's CAS runs on worker threads, which load cas-worker.js beside the bundle
+  if [ "$n" = eval-bench ]; then
+    npx esbuild packages/graders/src/math/cas-worker.ts --bundle --platform=node --conditions=lathe-source --log-level=warning --outfile=.bundle/cas-worker.js
+  fi
 done
 rm -rf .bundle/node_modules/koffi .bundle/node_modules/@koromix/koffi-linux-x64
 cp -rL node_modules/koffi .bundle/node_modules/koffi

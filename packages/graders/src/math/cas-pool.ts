@@ -2,6 +2,8 @@
  * Runs CAS checks on worker threads with a hard wall-clock bound: a check that overruns is
  * answered "timeout" and its worker is terminated and replaced, so no input can hang the caller.
  */
+import { existsSync } from 'node:fs';
+import { basename, dirname, join } from 'node:path';
 import { Worker } from 'node:worker_threads';
 import type { CasRequest, CasVerdict } from './cas';
 import type { CasWorkerReply, CasWorkerRequest } from './cas-worker';
@@ -38,9 +40,17 @@ interface Slot {
   ready: boolean;
 }
 
-/** The code a worker starts with: the compiled entry, or the TypeScript source through tsx. */
-function workerBootstrap(): string {
-  const entry = __filename.replace(/cas-pool\.(ts|js)$/, 'cas-worker.$1');
+/**
+ * The code a worker starts with: the compiled entry, or the TypeScript source through tsx. Inside a
+ * bundle (this file is not cas-pool.*) the worker is `cas-worker.js` beside the bundle: requiring the
+ * bundle itself would run its entry point again on the worker thread.
+ */
+export function casWorkerBootstrap(filename: string = __filename): string {
+  const base = basename(filename);
+  const entry = /^cas-pool\.(ts|js)$/.test(base) ? join(dirname(filename), base.replace('cas-pool', 'cas-worker')) : join(dirname(filename), 'cas-worker.js');
+  if (!/^cas-pool\./.test(base) && !existsSync(entry)) {
+    throw new Error(`the CAS grader's worker is missing: ${filename} is a bundle, and ${entry} does not exist; bundle packages/graders/src/math/cas-worker.ts to that file (esbuild --bundle --platform=node), or pass CasPool's workerCode`);
+  }
   // resolved here: an eval'd worker resolves bare names from the process's working directory, which may lie outside the repository
   const register = entry.endsWith('.ts') ? `require(${JSON.stringify(require.resolve('tsx/cjs'))});` : '';
   return `${register}require(${JSON.stringify(entry)});`;
@@ -119,7 +129,7 @@ export class CasPool {
   }
 
   private spawn(): Slot {
-    const worker = new Worker(this.options.workerCode ?? workerBootstrap(), { eval: true });
+    const worker = new Worker(this.options.workerCode ?? casWorkerBootstrap(), { eval: true });
     const slot: Slot = { worker, job: null, timer: null, ready: false };
     worker.on('message', (reply: CasWorkerReply) => {
       if (reply.id === 0) {
