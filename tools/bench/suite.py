@@ -47,6 +47,7 @@ import time
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 OUT = os.environ.get("OUT", "/tmp")
+os.makedirs(OUT, exist_ok=True)
 BASELINE = os.path.join(ROOT, "docs", "benchmarks", "suite-baseline.json")
 # SUITE_WORK: a folder of its own for each suite run side by side on one host (device-lanes.sh)
 WORK = os.environ.get("SUITE_WORK", "/tmp/lathe-suite")

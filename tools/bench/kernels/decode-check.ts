@@ -263,9 +263,9 @@ function checkCase(device: Device, ops: Record<CacheKind, DecodeAttentionOps>, f
     out: { gqa: device.empty(dt, [R, 1, H * D]), op: device.empty(dt, [R, 1, H * D]), fc: device.empty(dt, [R, 1, H * D]) },
   };
   const b = session.binding();
-  b.input('q', up(q, [R, 1, H * D])).input('k', up(k, [R, 1, KV * D])).input('v', up(v, [R, 1, KV * D]));
-  b.input('seqlens', device.upload({ data: seqlens, dims: [R] })).input('total', hostTensor('int32', [], [M]));
-  b.input('cos', up(cos, [M, D / 2])).input('sin', up(sin, [M, D / 2])).input('qn', up(qn, [D])).input('kn', up(kn, [D]));
+  const ins = { q: up(q, [R, 1, H * D]), k: up(k, [R, 1, KV * D]), v: up(v, [R, 1, KV * D]), seqlens: device.upload({ data: seqlens, dims: [R] }), cos: up(cos, [M, D / 2]), sin: up(sin, [M, D / 2]), qn: up(qn, [D]), kn: up(kn, [D]) };
+  for (const [name, x] of Object.entries(ins)) b.input(name, x);
+  b.input('total', hostTensor('int32', [], [M]));
   b.input('gqa_k', t.gk).input('gqa_v', t.gv).input('op_k', t.ok).input('op_v', t.ov);
   b.output('gqa_pk', t.gk).output('gqa_pv', t.gv).output('op_pk', t.ok).output('op_pv', t.ov).output('gqa_out', t.out.gqa).output('op_out', t.out.op);
   if (fp8) b.input('op_ks', t.ks!).input('op_vs', t.vs!).output('op_pks', t.ks!).output('op_pvs', t.vs!);
@@ -307,7 +307,7 @@ function checkCase(device: Device, ops: Record<CacheKind, DecodeAttentionOps>, f
   console.log(JSON.stringify({ phase: 'check', case: c.name, cache, chunks: decodeChunks(M, cache), op_vs_reference: opVsRef, gqa_vs_reference: gqaVsRef, op_vs_gqa: opVsGqa, ...(fp8 ? { op_vs_bf16_reference: opVsBf16 } : {}), new_key_vs_gqa: entryK, new_value_vs_gqa: entryV, fused_vs_reference: fcVsRef, fused_vs_op_differing: fcDiffering, ok: pass }));
   b.dispose();
   session.dispose();
-  for (const x of [t.gk, t.gv, t.ok, t.ov, t.ks, t.vs, t.fk, t.fv, t.fks, t.fvs, t.out.gqa, t.out.op, t.out.fc]) x?.dispose();
+  for (const x of [t.gk, t.gv, t.ok, t.ov, t.ks, t.vs, t.fk, t.fv, t.fks, t.fvs, t.out.gqa, t.out.op, t.out.fc, ...Object.values(ins)]) x?.dispose();
   return pass;
 }
 
