@@ -93,11 +93,11 @@ test('--help lists the presets and says the real shapes are large; an unknown pr
   const help = lathe('model', 'init', '--help');
   expect(help.status).toBe(0);
   const text = help.stdout.replace(/\s+/g, ' ');
-  for (const p of ['tiny-qwen3', 'qwen3-0.6b', 'qwen3-1.7b', 'qwen3-4b', 'qwen3-8b']) expect(text).toContain(p);
+  for (const p of ['tiny-qwen3', 'qwen3-0.6b', 'qwen3-1.7b', 'qwen3-4b', 'qwen3-8b', 'qwen3-14b']) expect(text).toContain(p);
   expect(text).toMatch(/qwen3-0\.6b.*large/);
   const bad = lathe('model', 'init', '--preset', 'tiny-qwen', '--out', join(root, 'x'));
   expect(bad.status).toBe(2);
-  expect(bad.stderr).toMatch(/^lathe model init: --preset must be one of tiny-qwen3, qwen3-0\.6b, qwen3-1\.7b, qwen3-4b, qwen3-8b, got 'tiny-qwen' \(did you mean 'tiny-qwen3'\?\)$/m);
+  expect(bad.stderr).toMatch(/^lathe model init: --preset must be one of tiny-qwen3, qwen3-0\.6b, qwen3-1\.7b, qwen3-4b, qwen3-8b, qwen3-14b, got 'tiny-qwen' \(did you mean 'tiny-qwen3'\?\)$/m);
 }, 60_000);
 
 test('lathe generate takes the folder as --model and samples a few tokens per prompt', async () => {

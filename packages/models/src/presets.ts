@@ -44,7 +44,16 @@ const QWEN3_LARGE_DEPTH = {
   max_position_embeddings: 40960,
 } as const;
 
-/** The presets by name (Qwen3-0.6B, -1.7B, -4B and -8B as in their published config.json files). */
+/** Qwen3-14B's depth and heads: 40 layers of 40 query heads, its own LM head. */
+const QWEN3_14B_DEPTH = {
+  num_hidden_layers: 40,
+  num_attention_heads: 40,
+  num_key_value_heads: 8,
+  head_dim: 128,
+  max_position_embeddings: 40960,
+} as const;
+
+/** The presets by name (Qwen3-0.6B, -1.7B, -4B, -8B and -14B as in their published config.json files). */
 export const MODEL_PRESETS = {
   'tiny-qwen3': {
     config: {
@@ -79,6 +88,11 @@ export const MODEL_PRESETS = {
     config: { ...QWEN3_COMMON, hidden_size: 4096, intermediate_size: 12288, ...QWEN3_LARGE_DEPTH, tie_word_embeddings: false },
     dtype: 'bfloat16',
     describe: "Qwen3-8B's shape (8.19B parameters, its own LM head; large: 16.4 GB in bfloat16, for benchmarks)",
+  },
+  'qwen3-14b': {
+    config: { ...QWEN3_COMMON, hidden_size: 5120, intermediate_size: 17408, ...QWEN3_14B_DEPTH, tie_word_embeddings: false },
+    dtype: 'bfloat16',
+    describe: "Qwen3-14B's shape (14.8B parameters, its own LM head; large: 29.5 GB in bfloat16, for benchmarks)",
   },
 } as const satisfies Record<string, ModelPreset>;
 

@@ -67,7 +67,7 @@
  * Run with ORT_FPA_INTB_DEBUG=1 for ORT to print each fused call's kernel (GEMV or CUTLASS) where
  * the build has that switch (`--probe` runs the probe on the CPU too). `--fpa` (older) repeats the bound timings with the fused path asked for.
  *
- * usage: node quant-bench.js [--preset qwen3-0.6b|qwen3-1.7b|qwen3-4b|qwen3-8b|tiny-qwen3 | --model DIR] [--device cuda|cpu] [--threads N]
+ * usage: node quant-bench.js [--preset qwen3-0.6b|qwen3-1.7b|qwen3-4b|qwen3-8b|qwen3-14b|tiny-qwen3 | --model DIR] [--device cuda|cpu] [--threads N]
  *          [--dtype bfloat16] [--formats dense,int8,int4,nf4,nf4dq] [--batches 1,16,256] [--prompt-len 64]
  *          [--new 128] [--repeat 2] [--int4-block 64] [--mode kernel|dequantize] [--fpa] [--no-cuda-graph]
  *          [--kl-prompts 16] [--kl-new 64] [--kl-batch 4] [--lm-head none|int8|int4|nf4] [--seed 0]
