@@ -10,6 +10,10 @@
 #   dp   : data parallelism on the kernels path, 1 and 4 GPUs, with the reduction's timings (issue 35)
 #   b    : quant-bench at 4B, 0.6B and 1.7B with the fast decode options; the suite's train and rl groups
 #   lora : Qwen3-8B LoRA under data parallelism on 4 GPUs (issue 35's "8B with LoRA")
+#   scale: issue 35's scaling table on lathe sft's path with the 100 MiB buckets: 0.6B and 1.7B shapes on 1, 2
+#          and 4 GPUs against PyTorch DDP in the same call (device-run.sh eight scaling "1 2 4")
+#   q14  : quant-bench at the Qwen3-14B shape (dense vs INT4, both option sets; ~100 GB of host memory a
+#          lane: two lanes at most on a 4-GPU host) beside the suite's gen group (issue 37's 10x)
 # Each lane runs on its own GPU beside the others (device-lanes.sh): they share the host's CPUs, so say
 # so beside any figure. Results under $OUT; the last lines printed are the ones to read.
 set -uo pipefail
@@ -23,7 +27,7 @@ lanes() { OUT=$OUT/lanes LANE_TIMEOUT=${LANE_TIMEOUT:-570} bash tools/bench/devi
 # weight-bound its step is (weights_share_of_step)
 q="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel --threads 16"
 summaries() { grep -E '"summary":true' "$OUT/lanes/lanes.log" | cut -c1-1500; }
-case "${1:?a | dp | b | lora}" in
+case "${1:?a | dp | b | lora | scale | q14}" in
   a)
     eval_bench="node .bundle/eval-bench.js --tokenizer .bundle/qwen3-tokenizer --data-dir fixtures/eval --benchmarks math500,gsm8k --n 32 --max-new 512 --batch 256 --temperature 0"
     lanes \
@@ -53,5 +57,16 @@ case "${1:?a | dp | b | lora}" in
   lora)
     OUT=$OUT/lora timeout -k 5 570 bash tools/bench/distributed/device-run.sh lora 4 2>&1 | grep -E '^\{' | cut -c1-900
     ;;
-  *) echo "device-round.sh: a | dp | b | lora" >&2; exit 2 ;;
+  scale)
+    SHAPES="0.6b 1.7b" RUN_LIMIT=120 OUT=$OUT/scale timeout -k 5 575 bash tools/bench/distributed/device-run.sh eight scaling "1 2 4" 2>&1 | grep -E '^\{' | cut -c1-600
+    ;;
+  q14)
+    lanes \
+      "$q --preset qwen3-14b --fast-decode --kernel-checks none --kl-prompts 8" \
+      "$q --preset qwen3-14b --swiglu-kernel --residual-dtype compute --kernel-checks none --kl-prompts 8" \
+      "OUT=$OUT/gen SUITE_WORK=/tmp/s0 python3 tools/bench/suite.py --groups gen --update-baseline"
+    summaries
+    grep -h '"flags"' "$OUT/gen/suite.json" 2> /dev/null | cut -c1-400
+    ;;
+  *) echo "device-round.sh: a | dp | b | lora | scale | q14" >&2; exit 2 ;;
 esac
