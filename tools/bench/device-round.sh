@@ -13,7 +13,8 @@
 #   scale: issue 35's scaling table on lathe sft's path with the 100 MiB buckets: 0.6B and 1.7B shapes on 1, 2
 #          and 4 GPUs against PyTorch DDP in the same call (device-run.sh eight scaling "1 2 4")
 #   q14  : quant-bench at the Qwen3-14B shape (dense vs INT4, both option sets; ~100 GB of host memory a
-#          lane: two lanes at most on a 4-GPU host) beside the suite's gen group (issue 37's 10x)
+#          lane: two lanes at most on a 4-GPU host), the W4A16 kernel's per-shape bandwidth and tuned split-K plans
+#          at the Qwen3-8B shapes (M 1-16, with the A/B of the tuned plans), beside the suite's gen group (issue 37)
 # Each lane runs on its own GPU beside the others (device-lanes.sh): they share the host's CPUs, so say
 # so beside any figure. Results under $OUT; the last lines printed are the ones to read.
 set -uo pipefail
@@ -64,6 +65,7 @@ case "${1:?a | dp | b | lora | scale | q14}" in
     lanes \
       "$q --preset qwen3-14b --fast-decode --kernel-checks none --kl-prompts 8" \
       "$q --preset qwen3-14b --swiglu-kernel --residual-dtype compute --kernel-checks none --kl-prompts 8" \
+      "node .bundle/quant-bench.js --device cuda --preset qwen3-8b --formats dense,int4 --batches 1,16 --weights kernel,kernel-tuned --threads 16 --fast-decode --kernel-checks all --kernel-sweep" \
       "OUT=$OUT/gen SUITE_WORK=/tmp/s0 python3 tools/bench/suite.py --groups gen --update-baseline"
     summaries
     grep -h '"flags"' "$OUT/gen/suite.json" 2> /dev/null | cut -c1-400
