@@ -12,12 +12,12 @@
  *          [--new-tokens 64] [--rank 16] [--warmup 1] [--steps 2] [--attention composed|flash]
  * Prints one JSON line per base and a summary line with each base's step time relative to lora.
  */
-import { spawnSync } from 'node:child_process';
 import { CausalLM, type HfConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
 import { combineRewards, GrpoTrainer, type GrpoStepMetrics, type RlPrompt } from '@lathe/grpo';
 import { quantizedFrozenBase } from '@lathe/recipes';
 import { arg } from '../argv';
+import { gpuUsedMiB } from '../gpu-memory';
 import { QWEN3_0_6B } from '../shapes';
 
 const SHAPES: Record<string, HfConfig> = {
@@ -25,11 +25,6 @@ const SHAPES: Record<string, HfConfig> = {
   'qwen3-0.6b': QWEN3_0_6B,
 };
 const BASES = ['lora', 'nf4', 'int4', 'int8'];
-
-function gpuUsedMiB(): number | undefined {
-  const r = spawnSync('nvidia-smi', ['--query-gpu=memory.used', '--format=csv,noheader,nounits'], { encoding: 'utf8' });
-  return r.status === 0 ? Number(r.stdout.trim().split('\n')[0]) : undefined;
-}
 
 async function main(): Promise<void> {
   const device = Device.open(arg('device', 'cuda') as 'cuda' | 'cpu');

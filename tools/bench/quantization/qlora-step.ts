@@ -11,7 +11,6 @@
  *          [--targets 'q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj'] [--no-flash] [--seed 0]
  * Prints one JSON line per base and a summary with tokens/s and base memory relative to dense.
  */
-import { spawnSync } from 'node:child_process';
 import type * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, MODEL_PRESETS, TOTAL_LENGTH_INPUT, totalLengthTensor, type Weights } from '@lathe/models';
@@ -19,13 +18,9 @@ import { overQuantizedBase, QuantizedModel, type QuantScheme } from '@lathe/quan
 import { Device } from '@lathe/runtime';
 import { initLora, loraAdapters, loraWeights, sftLoss, Trainer, type LoraConfig } from '@lathe/train';
 import { arg, flag } from '../argv';
+import { gpuUsedMiB } from '../gpu-memory';
 
 const BASES: Record<string, QuantScheme | undefined> = { dense: undefined, nf4: { format: 'nf4', doubleQuant: true }, int4: { format: 'int4', blockSize: 64 }, int8: { format: 'int8' } };
-
-function gpuUsedMiB(): number | undefined {
-  const r = spawnSync('nvidia-smi', ['--query-gpu=memory.used', '--format=csv,noheader,nounits'], { encoding: 'utf8' });
-  return r.status === 0 ? Number(r.stdout.trim().split('\n')[0]) : undefined;
-}
 
 async function main(): Promise<void> {
   const device = Device.open(arg('device', 'cuda') as 'cuda' | 'cpu');

@@ -110,6 +110,7 @@ import { cudaIncludeDir, DecodeAttention, decodeAttentionOps, GreedyPickKernels,
 import { KvCacheGenerator, type Completion, type KvCacheGeneratorOptions } from '@lathe/rollout';
 import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor, type HostTensor, type SessionOptions } from '@lathe/runtime';
 import { arg, flag } from '../argv';
+import { gpuUsedMiB } from '../gpu-memory';
 import { defaultThreads, quantizeOnThreads, randomHostWeights, type HostWeights } from './host-model';
 import { msAtPeak, stepCacheBytes, stepWeightBytes } from './step-bytes';
 
@@ -130,12 +131,6 @@ function tokens(seed: number, V: number): () => number {
     t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
     return ((t ^ (t >>> 14)) >>> 0) % V;
   };
-}
-
-/** GPU memory in use (MiB) as nvidia-smi reports it, or undefined where there is none. */
-function gpuUsedMiB(): number | undefined {
-  const r = spawnSync('nvidia-smi', ['--query-gpu=memory.used', '--format=csv,noheader,nounits'], { encoding: 'utf8' });
-  return r.status === 0 ? Number(r.stdout.trim().split('\n')[0]) : undefined;
 }
 
 /** How a decode run reads the quantized kernel tensors (see the header). */
