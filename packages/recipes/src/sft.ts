@@ -6,7 +6,7 @@
  */
 import { basename, resolve } from 'node:path';
 import * as L from '@lathe/onnx';
-import { isProjectionWeight, paramSpecs, TOTAL_LENGTH_INPUT, totalLengthTensor, weightInputs, type DecoderConfig } from '@lathe/models';
+import { paramSpecs, TOTAL_LENGTH_INPUT, totalLengthTensor, weightInputs, type DecoderConfig } from '@lathe/models';
 import { MathGrader } from '@lathe/graders';
 import { addGeneration } from '@lathe/rollout';
 import { sizeOf, type Device, type DeviceTensor, type HostTensor, type Session } from '@lathe/runtime';
@@ -16,12 +16,14 @@ import {
   initLora,
   LORA_DROPOUT_KEY,
   loraAdapters,
+  loraBaseDtype,
   loraDropoutKey,
   loraFromOptions,
   loraWeights,
   mergeLora,
   sftLoss,
   Trainer,
+  uploadLoraBase,
   type DecoderLossOptions,
   type LoraConfig,
   type TrainableParam,
@@ -131,15 +133,6 @@ export interface SftTestHooks {
    * check is then skipped); --micro_batches must still be 1.
    */
   staticShapeWithoutCudaGraph?: boolean;
-}
-
-/**
- * The dtype a LoRA base tensor is bound in: the compute dtype, which the graph casts it to anyway
- * (in bfloat16 half the bytes: an 8B base 16.4 GB a GPU instead of 32.8), except a target LoRA
- * merges as base + B·A (an LM head, not a projection), whose sum is formed in float32.
- */
-function loraBaseDtype(name: string, adapters: readonly { target: string }[], compute: 'float32' | 'bfloat16'): 'float32' | 'bfloat16' {
-  return compute !== 'float32' && !adapters.some((a) => a.target === name && !isProjectionWeight(name)) ? compute : 'float32';
 }
 
 /** What an SFT run trains: every weight, or LoRA adapters over a frozen base fed as `base/<name>` inputs; and the loss graph over them. */
@@ -322,7 +315,7 @@ export async function runSft(cfg: SftConfig, events: SftEvents = {}, signal?: Ab
   const { init } = start;
 
   // a LoRA base is bound once, read-only
-  const frozenBase = qlora ? qlora.frozenOn(device) : lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, device.upload({ data: base.get(s.name)!, dims: s.shape }, loraBaseDtype(s.name, adapters, compute))])) : {};
+  const frozenBase = qlora ? qlora.frozenOn(device) : lora ? Object.fromEntries(specs.map((s) => [`base/${s.name}`, uploadLoraBase(device, s.name, { data: base.get(s.name)!, dims: s.shape }, adapters, compute)])) : {};
   const trainer = Trainer.create(
     { params, loss, optimizer: { weightDecay: cfg.weight_decay, maxGradNorm: cfg.max_grad_norm } },
     { ...init, step: state.step },

@@ -19,6 +19,7 @@ import type { DType, Tensor } from '@lathe/onnx';
 import { isProjectionWeight, linear, paramSpecs, type DecoderConfig, type Weights } from '@lathe/models';
 import { droppedElements, streamKey } from './dropout';
 import { seededRandom } from '@lathe/models';
+import { toBfloat16Bits, toFloat16Bits, type Device, type DeviceTensor } from '@lathe/runtime';
 import type { TrainableParam } from './train-step';
 
 /** LoRA settings. */
@@ -181,9 +182,10 @@ function sharedInputGroup(hfName: string): string | undefined {
 
 /**
  * Weights for the decoder with LoRA merged: targeted matrices become base + scale · B·A (computed
- * in float32, then cast to `compute`), the rest are the base weights cast to `compute`. For graphs
- * that read whole weights (generation: merged once per run, outside the decode loop); training
- * uses {@link loraWeights}, which never forms an [out, in] gradient.
+ * in float32, a base bound in a narrower dtype widened first, then cast to `compute`), the rest
+ * are the base weights cast to `compute`. For graphs that read whole weights (generation: merged
+ * once per run, outside the decode loop); training uses {@link loraWeights}, which never forms an
+ * [out, in] gradient.
  */
 export function mergedLoraWeights(base: (name: string) => Tensor, trainable: Map<string, Tensor>, adapters: LoraAdapter[], lora: LoraConfig, compute: DType): Weights {
   const byTarget = new Map(adapters.map((a) => [a.target, a]));
@@ -191,9 +193,32 @@ export function mergedLoraWeights(base: (name: string) => Tensor, trainable: Map
   return memo((name: string) => {
     const ad = byTarget.get(name);
     let w = base(name);
-    if (ad) w = L.add(w, L.mul(L.matmul(trainable.get(ad.b.name)!, trainable.get(ad.a.name)!), scale));
+    if (ad) w = L.add(L.cast(w, 'float32'), L.mul(L.matmul(trainable.get(ad.b.name)!, trainable.get(ad.a.name)!), scale));
     return L.cast(w, compute);
   });
+}
+
+/**
+ * The dtype a LoRA run binds frozen base tensor `name` in: `compute`, since every graph casts the
+ * base to it anyway (in bfloat16 half the bytes: an 8B base 16.4 GB instead of 32.8), except with
+ * float32 compute or for a target {@link loraWeights} merges as base + B·A (an LM head, not a
+ * projection), whose sum is formed in float32.
+ */
+export function loraBaseDtype<C extends DType>(name: string, adapters: readonly { target: string }[], compute: C): C | 'float32' {
+  return compute !== 'float32' && !adapters.some((a) => a.target === name && !isProjectionWeight(name)) ? compute : 'float32';
+}
+
+/**
+ * Frozen base tensor `name` uploaded to `device` in its {@link loraBaseDtype} from its float32
+ * values: a 16-bit dtype is rounded to nearest even on the host, one tensor at a time, since the
+ * device takes half-precision data only as bit patterns.
+ */
+export function uploadLoraBase(device: Device, name: string, base: { data: Float32Array; dims: readonly number[] }, adapters: readonly { target: string }[], compute: DType): DeviceTensor {
+  const dtype = loraBaseDtype(name, adapters, compute);
+  if (dtype === 'float32') return device.upload(base, 'float32');
+  if (dtype === 'bfloat16') return device.upload({ data: toBfloat16Bits(base.data), dims: base.dims }, dtype);
+  if (dtype === 'float16') return device.upload({ data: toFloat16Bits(base.data), dims: base.dims }, dtype);
+  throw new Error(`uploadLoraBase: compute dtype ${compute} is not a LoRA base dtype (float32, bfloat16, float16)`);
 }
 
 /** base + scale · B·A for every adapter, on the host (for export and evaluation). */
