@@ -148,10 +148,11 @@ export interface GrpoTrainerOptions<M> {
    */
   lora?: LoraConfig;
   /**
-   * With `lora`: the frozen base the adapters train over, instead of the model's float32 weights —
-   * QLoRA's quantized base (`@lathe/recipes`' `quantizedFrozenBase`). The train step, scoring, the
-   * KL reference and generation (either engine: the quantized projections plus the adapters' side
-   * branches) all read it; checkpoints merge the adapters into its dense weights.
+   * With `lora`: the frozen base the adapters train over, instead of the model's own weights (bound
+   * in the compute dtype, `loraBaseDtype`) — QLoRA's quantized base (`@lathe/recipes`'
+   * `quantizedFrozenBase`). The train step, scoring, the KL reference and generation (either
+   * engine: the quantized projections plus the adapters' side branches) all read it; checkpoints
+   * merge the adapters into its dense weights.
    */
   frozenBase?: FrozenBase;
   /** PPO's value model: required by, and only used with, `estimator: 'gae'`. */
@@ -293,7 +294,7 @@ type PlainDefaultKey =
 type PlainDefaults = Required<Pick<GrpoTrainerOptions<unknown>, PlainDefaultKey>>;
 
 /**
- * A frozen base for LoRA other than the model's float32 weights (QLoRA: a quantized base), as the
+ * A frozen base for LoRA other than the model's own weights (QLoRA: a quantized base), as the
  * graphs read it: its inputs are named `base/<…>`, quantized projections read through the
  * weights' `matmul` hook.
  */

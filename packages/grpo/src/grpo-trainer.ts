@@ -41,11 +41,13 @@ import {
   initLora,
   LORA_DROPOUT_KEY,
   loraAdapters,
+  loraBaseDtype,
   loraDropoutKey,
   loraWeights,
   mergedLoraWeights,
   mergeLora,
   Trainer,
+  uploadLoraBase,
   useFlashAttention,
   type LoraConfig,
   type TrainableParam,
@@ -159,7 +161,13 @@ interface GrpoTrainerParts<M> {
   computeWeights?: ComputeWeights;
 }
 
-/** The GRPO-family RL loop over a decoder policy on one device. */
+/**
+ * The GRPO-family RL loop over a decoder policy on one device. With LoRA the frozen base is on the
+ * device once, in the compute dtype (`loraBaseDtype`: with bfloat16 2 bytes a weight, an 8B base
+ * 16.4 GB instead of 32.8 in float32; a merged LM-head target stays float32), and the train step,
+ * scoring, the KL reference and generation's merge all read that one copy; only the adapters carry
+ * float32 master weights and AdamW state.
+ */
 export class GrpoTrainer<M = unknown> {
   /** The compiled train step and the device-resident parameters and AdamW state. */
   readonly trainer: Trainer;
@@ -192,10 +200,11 @@ export class GrpoTrainer<M = unknown> {
     const weights = o.frozenBase ? new Map<string, Float32Array>() : model.float32Weights();
     const adapters = lora ? loraAdapters(config, lora) : [];
     const policy = policyWeightsOf(config, lora, compute, o.frozenBase);
+    // a dense LoRA base in each tensor's loraBaseDtype, as every graph declares it (policyWeightsOf, frozenReferenceOf)
     const frozen: Record<string, DeviceTensor> = o.frozenBase
       ? o.frozenBase.upload(device, compute)
       : lora
-        ? Object.fromEntries(paramSpecs(config).map((s) => [`base/${s.name}`, device.upload({ data: weights.get(s.name)!, dims: s.shape })]))
+        ? Object.fromEntries(paramSpecs(config).map((s) => [`base/${s.name}`, uploadLoraBase(device, s.name, { data: weights.get(s.name)!, dims: s.shape }, adapters, compute)]))
         : {};
     // Lathe's attention kernels replace flash attention in the step and scoring graphs, whose sessions register their custom ops
     const kernel = o.attentionKernel;
@@ -798,9 +807,9 @@ export class GrpoTrainer<M = unknown> {
   }
 
   /**
-   * The frozen reference's device tensors by HF name — in the compute dtype, or with LoRA the
-   * float32 base shared with the train step — for memory accounting and tests; undefined without a
-   * reference.
+   * The frozen reference's device tensors by HF name — in the compute dtype, or with LoRA the base
+   * shared with the train step (in each tensor's `loraBaseDtype`) — for memory accounting and tests;
+   * undefined without a reference.
    */
   get referenceWeights(): ReadonlyMap<string, DeviceTensor> | undefined {
     return this.parts.reference && new Map(this.parts.reference);
@@ -870,7 +879,7 @@ function policyWeightsOf(config: DecoderConfig, lora: LoraConfig | undefined, co
     return { weights: { trainable, weights: (g, t) => over(g, t, false) }, train: (g, t) => over(g, t, true) };
   }
   const baseInputs = (g: Graph) => {
-    const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
+    const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, loraBaseDtype(s.name, adapters, compute), s.shape)]));
     return (n: string) => base.get(n)!;
   };
   return {
@@ -927,8 +936,8 @@ function generationRunners<M>(o: ResolvedGrpoOptions<M>, engine: GenerationEngin
 
 /**
  * The frozen reference: the initial weights, stored once in the compute dtype (it is never trained,
- * so a float32 copy would only be cast on every scoring run); with LoRA, the float32 base itself —
- * no copy, cast when scored, as the train step reads it.
+ * so a float32 copy would only be cast on every scoring run); with LoRA, the base itself — no copy,
+ * bound by HF name in the dtypes the train step reads it in (`loraBaseDtype`).
  */
 function frozenReferenceOf<M>(o: ResolvedGrpoOptions<M>, trainer: Trainer, frozen: Record<string, DeviceTensor>, owned: { dispose(): void }[]): { policy: PolicyWeights; weights: BoundWeights } {
   const { model, compute } = o;
@@ -938,10 +947,9 @@ function frozenReferenceOf<M>(o: ResolvedGrpoOptions<M>, trainer: Trainer, froze
     return { policy: { trainable: [], weights: (g) => base.weights(g, compute) }, weights: Object.entries(frozen) };
   }
   if (o.lora) {
-    return {
-      policy: { trainable: specs.map((s) => ({ name: s.name, shape: s.shape, decay: false })), weights: (_g, t) => castWeights(t, compute) },
-      weights: specs.map((s) => [s.name, frozen[`base/${s.name}`]] as const),
-    };
+    const adapters = loraAdapters(model.config, o.lora);
+    const weights = (g: Graph) => castWeights(new Map(specs.map((s) => [s.name, g.input(s.name, loraBaseDtype(s.name, adapters, compute), s.shape)] as const)), compute);
+    return { policy: { trainable: [], weights }, weights: specs.map((s) => [s.name, frozen[`base/${s.name}`]] as const) };
   }
   // before any update (no resume) the trainer's parameters are these weights, already on the device
   const onDevice = trainer.params();
