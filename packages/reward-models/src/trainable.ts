@@ -7,7 +7,7 @@ import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { paramSpecs, SCORE_WEIGHT, type DecoderConfig, type Weights } from '@lathe/models';
 import type { Device, DeviceTensor } from '@lathe/runtime';
-import { castWeights, fullTrainableParams, initLora, loraAdapters, loraWeights, mergeLora, type LoraAdapter, type LoraConfig, type TrainableParam } from '@lathe/train';
+import { castWeights, fullTrainableParams, initLora, loraAdapters, loraBaseDtype, loraWeights, mergeLora, uploadLoraBase, type LoraAdapter, type LoraConfig, type TrainableParam } from '@lathe/train';
 
 /** LoRA's default targets for reward models and DPO: the attention projections q, k, v, o. */
 export const REWARD_LORA_TARGETS = 'q_proj|k_proj|v_proj|o_proj';
@@ -28,11 +28,13 @@ export interface TrainedWeights {
   params: TrainableParam[];
   /** Initial values of `params` by name. */
   init: Map<string, Float32Array>;
-  /** Inputs that stay fixed for the run (the LoRA base as `base/<name>`; empty in full fine-tuning), in host memory. */
+  /** Inputs that stay fixed for the run (the LoRA base as `base/<name>`; empty in full fine-tuning), as float32 in host memory. */
   frozen: Map<string, { data: Float32Array; dims: number[] }>;
   /**
    * The Trainer's `frozen`: `frozen` uploaded to `device` once (a host tensor bound to a CUDA
-   * session would be copied on every run). The caller disposes them after the Trainer.
+   * session would be copied on every run), each tensor in the dtype `weights` declares it in
+   * (`loraBaseDtype`: the compute dtype, bfloat16 halving the base). The caller disposes them after
+   * the Trainer.
    */
   frozenOn: (device: Device) => Record<string, DeviceTensor>;
   /** The LoRA adapters (empty in full fine-tuning). */
@@ -75,10 +77,10 @@ export function trainedWeights(config: DecoderConfig, master: ReadonlyMap<string
     params: [...adapters.flatMap((a) => [a.a, a.b]), ...head],
     init,
     frozen,
-    frozenOn: (device) => Object.fromEntries([...frozen].map(([name, t]) => [name, device.upload(t)])),
+    frozenOn: (device) => Object.fromEntries(baseSpecs.map((s) => [`base/${s.name}`, uploadLoraBase(device, s.name, frozen.get(`base/${s.name}`)!, adapters, compute)])),
     adapters,
     weights: (g, params) => {
-      const base = new Map(baseSpecs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
+      const base = new Map(baseSpecs.map((s) => [s.name, g.input(`base/${s.name}`, loraBaseDtype(s.name, adapters, compute), s.shape)]));
       const w = loraWeights((name) => base.get(name)!, params, adapters, lora, compute, { training: true });
       return scoreSpec ? withScoreHead(w, params, compute) : w;
     },
