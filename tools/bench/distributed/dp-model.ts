@@ -1,11 +1,12 @@
 /**
  * What dp-check trains: a Qwen3 shape (@lathe/models' presets, or a CPU-sized one), its initial
  * weights, and either every weight (full fine-tuning) or LoRA adapters over a frozen base, the base
- * bound once on the device in the compute dtype with no optimizer state.
+ * bound once on the device with no optimizer state, each tensor in its `loraBaseDtype` (the compute
+ * dtype; a merged LM-head target float32).
  */
-import { isProjectionWeight, MODEL_PRESETS, paramSpecs, randomWeight, seededNormal, type DecoderConfig, type HfConfig, type ParamSpec } from '@lathe/models';
+import { MODEL_PRESETS, paramSpecs, randomWeight, seededNormal, type DecoderConfig, type HfConfig, type ParamSpec } from '@lathe/models';
 import { toBfloat16Bits, type Device, type DeviceTensor } from '@lathe/runtime';
-import { initLora, loraAdapters, loraWeights, type LoraConfig, type SftLossOptions, type TrainableParam } from '@lathe/train';
+import { initLora, loraAdapters, loraBaseDtype, loraWeights, type LoraConfig, type SftLossOptions, type TrainableParam } from '@lathe/train';
 
 const preset = (name: keyof typeof MODEL_PRESETS): HfConfig => MODEL_PRESETS[name].config as HfConfig;
 
@@ -31,7 +32,7 @@ const POOL_SIZE = 16_777_259;
 
 /** Options of {@link dpModel}. */
 export interface DpModelOptions {
-  /** The dtype the step computes in; a LoRA base is bound in it (bfloat16: 2 bytes a weight). */
+  /** The dtype the step computes in; a LoRA base is bound in it (bfloat16: 2 bytes a weight), a merged LM-head target in float32. */
   compute: 'float32' | 'bfloat16';
   init: InitKind;
   /** LoRA adapters over a frozen base instead of every weight trained. */
@@ -45,7 +46,7 @@ export interface DpModel {
   params: TrainableParam[];
   /** The trained parameters' initial float32 values (the Trainer keeps their master copies and AdamW state). */
   init: Map<string, Float32Array>;
-  /** sftLoss's `weights` with LoRA: the base declared as `base/<name>` inputs in the compute dtype, the adapters as side branches. */
+  /** sftLoss's `weights` with LoRA: the base declared as `base/<name>` inputs in their `loraBaseDtype`, the adapters as side branches. */
   weights?: SftLossOptions['weights'];
   /** The LoRA base on the device as the Trainer's `frozen` inputs (empty for full fine-tuning); dispose after the trainer. */
   frozen: Record<string, DeviceTensor>;
@@ -71,25 +72,22 @@ export function dpModel(config: DecoderConfig, device: Device, o: DpModelOptions
   }
   const lora = o.lora;
   const adapters = loraAdapters(config, lora);
-  const merged = adapters.filter((a) => !isProjectionWeight(a.target)).map((a) => a.target);
-  // loraWeights merges a non-projection target (an LM head) as base + B·A, an addition of a float32 product to the base
-  if (merged.length && o.compute !== 'float32') throw new Error(`--lora-targets '${lora.targets}' matches ${merged.join(', ')}, which LoRA merges into a float32 base: with --compute ${o.compute} the base is bound in ${o.compute}, so target projections only (q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)`);
   const params = adapters.flatMap((a) => [a.a, a.b]);
   const frozen: Record<string, DeviceTensor> = {};
   let frozenBytes = 0;
   try {
     // one tensor on the host at a time: the 8B base is 16.4 GB in bfloat16
     for (const s of specs) {
-      const t = o.compute === 'bfloat16' ? device.upload({ data: draw.bfloat16(s), dims: s.shape }, 'bfloat16') : device.upload({ data: draw.float32(s), dims: s.shape }, 'float32');
+      const t = loraBaseDtype(s.name, adapters, o.compute) === 'bfloat16' ? device.upload({ data: draw.bfloat16(s), dims: s.shape }, 'bfloat16') : device.upload({ data: draw.float32(s), dims: s.shape }, 'float32');
       frozen[`base/${s.name}`] = t;
-      frozenBytes += t.size * (o.compute === 'bfloat16' ? 2 : 4);
+      frozenBytes += t.byteLength;
     }
   } catch (e) {
     for (const t of Object.values(frozen)) t.dispose();
     throw e;
   }
   const weights: SftLossOptions['weights'] = (g, trainable) => {
-    const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, o.compute, s.shape)]));
+    const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, loraBaseDtype(s.name, adapters, o.compute), s.shape)]));
     return loraWeights((name) => base.get(name)!, trainable, adapters, lora, o.compute);
   };
   return { params, init: initLora(adapters, 0), weights, frozen, trainableParams: count(params), frozenBytes, adapters: adapters.length };
