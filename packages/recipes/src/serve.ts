@@ -8,11 +8,14 @@ import { basename, extname, join, resolve } from 'node:path';
 import type { AddressInfo } from 'node:net';
 import type { Server } from 'node:http';
 import type { DType } from '@lathe/onnx';
-import { CausalLM, readConfig } from '@lathe/models';
+import { CausalLM, readConfig, type DecoderConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
+import { decodeAttentionUnsupported, probeKernels } from '@lathe/kernels';
 import { HfTokenizer } from '@lathe/tokenizer';
 import { createOpenAiServer, kvCacheUnsupported, registerServeTokenizerLoader, Scheduler, SlotEngine, startThreadedOpenAiServer, type ServedModel, type TokenizerSource } from '@lathe/rollout';
 import type { ServeConfig } from './serve-config';
+import { decodeEngineOptions, resolveDecodeOptions, type DecodeEngineOptions, type DecodeFacts, type DecodeOptionsConfig, type ResolvedDecodeOptions } from './decode-options';
+import { kernelsOfDevice, openDevice } from './scaffold';
 import { isAdapterFolder, loadAdapterMerged, readAdapterConfig } from './serve-adapter';
 import { loadServeTokenizer } from './serve-tokenizer';
 
@@ -61,8 +64,8 @@ export function parseServeModels(spec: string | readonly string[]): ServeModelSp
 
 /** Callbacks for progress. */
 export interface ServeEvents {
-  /** A model is loading (before its weights are read). */
-  onLoad?(info: { id: string; dir: string; rows: number; maxModelLen: number; dtype: DType }): void;
+  /** A model is loading (before its weights are read), with its slot engine's decode options as resolved (`describeDecode` words them). */
+  onLoad?(info: { id: string; dir: string; rows: number; maxModelLen: number; dtype: DType; decode: ResolvedDecodeOptions }): void;
   /** One line per finished HTTP request. */
   onRequest?(line: string): void;
 }
@@ -95,6 +98,24 @@ export async function listenOn(server: Server, host: string, port: number): Prom
   }
 }
 
+/**
+ * The decode options of a served model: `lathe generate`'s resolution (errors name the flags), on
+ * the slot engine — a KV-cache engine — with what cuda adds: whether Lathe's kernels can run (the
+ * GPU already opened through them, or NVRTC and the driver found) and whether the decode attention
+ * kernel takes the model's heads in `dtype`.
+ */
+export function resolveServeDecode(cfg: Pick<ServeConfig, 'device' | keyof DecodeOptionsConfig>, config: DecoderConfig, dtype: DType): ResolvedDecodeOptions {
+  const facts: DecodeFacts = { device: cfg.device, engine: 'kv-cache' };
+  if (cfg.device === 'cuda') {
+    const probe = Device.isOpen('cuda', 0) ? (kernelsOfDevice(0) ? { ok: true as const } : { ok: false as const, reason: 'cuda:0 was opened in this process without them' }) : probeKernels();
+    if (!probe.ok) facts.kernelsUnavailable = probe.reason;
+    const why = decodeAttentionUnsupported({ numHeads: config.numHeads, numKvHeads: config.numKvHeads, headDim: config.headDim, dtype, cache: cfg.kv_cache_dtype === 'float8e4m3' ? 'float8e4m3' : 'native' });
+    if (why) facts.attentionUnsupported = why;
+  }
+  const { kv_cache_dtype, decode_attention, swiglu_kernel, residual_dtype } = cfg;
+  return resolveDecodeOptions({ kv_cache_dtype, decode_attention, swiglu_kernel, residual_dtype }, facts);
+}
+
 /** Loads every model, starts the server and resolves once it listens. */
 export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Promise<RunningServe> {
   const specs = parseServeModels(cfg.model);
@@ -125,30 +146,44 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
       if (tokenizer.vocabSize > config.vocabSize) throw new Error(`--model ${s.dir}: the tokenizer has ${tokenizer.vocabSize} ids, the model's vocab_size is ${config.vocabSize}`);
       const eos = config.eosTokenId;
       const stopIds = [...new Set([tokenizer.eosId, ...(eos === undefined ? [] : Array.isArray(eos) ? eos : [eos])])];
-      return { ...s, config, maxModelLen, tokenizer, tokDir, stopIds };
+      return { ...s, config, maxModelLen, tokenizer, tokDir, stopIds, decode: resolveServeDecode(cfg, config, dtype) };
     }),
   );
-  const device = Device.open(cfg.device);
-  const loaded: { model: CausalLM; engine: SlotEngine }[] = [];
+  for (const note of new Set(plans.flatMap((p) => (p.decode.note ? [p.decode.note] : [])))) process.stderr.write(`${note}\n`);
+  // on cuda through Lathe's kernels where NVRTC is present, so the decode options' kernels run on the sessions' stream
+  const device = openDevice(cfg.device);
+  const loaded: { model: CausalLM; engine?: SlotEngine; ops: DecodeEngineOptions }[] = [];
   const free = () => {
     for (const l of loaded) {
-      l.engine.dispose();
+      l.engine?.dispose();
+      l.ops.dispose();
       l.model.dispose();
     }
   };
   const models: (ServedModel & { tokenizerSource: TokenizerSource })[] = [];
   try {
     for (const p of plans) {
-      events.onLoad?.({ id: p.id, dir: p.dir, rows: cfg.max_rows, maxModelLen: p.maxModelLen, dtype });
+      events.onLoad?.({ id: p.id, dir: p.dir, rows: cfg.max_rows, maxModelLen: p.maxModelLen, dtype, decode: p.decode });
       const model = p.base ? loadAdapterMerged(p.dir, { device, dtype }) : CausalLM.fromPretrainedSync(p.dir, { device, dtype });
-      let engine: SlotEngine;
+      let ops: DecodeEngineOptions;
       try {
-        engine = SlotEngine.create(model, { slots: cfg.max_rows, maxLength: p.maxModelLen, padTokenId: p.tokenizer.padId < p.config.vocabSize ? p.tokenizer.padId : 0, maxTopLogprobs: cfg.max_logprobs, cudaGraph: cfg.cuda_graph, prefillGraphs: cfg.prefill_graphs });
+        ops = decodeEngineOptions(p.decode, cfg.device === 'cuda' ? kernelsOfDevice(0) : undefined, p.config);
       } catch (e) {
         model.dispose();
         throw e;
       }
-      loaded.push({ model, engine });
+      const l: (typeof loaded)[number] = { model, ops };
+      loaded.push(l);
+      const engine = SlotEngine.create(model, {
+        slots: cfg.max_rows,
+        maxLength: p.maxModelLen,
+        padTokenId: p.tokenizer.padId < p.config.vocabSize ? p.tokenizer.padId : 0,
+        maxTopLogprobs: cfg.max_logprobs,
+        cudaGraph: cfg.cuda_graph,
+        prefillGraphs: cfg.prefill_graphs,
+        ...ops.options,
+      });
+      l.engine = engine;
       engine.warm();
       try {
         if (warmLengths.length) engine.warmPrefills(warmLengths, cfg.max_prefill_tokens);

@@ -13,6 +13,10 @@
  *          [--rows 256] [--temperature 1] [--cuda-graph] [--client-threads 2] [--no-offline] [--offline-no-cuda-graph] [--direct]
  *          [--prefill-graphs N] [--admit-wait-ms N] [--max-prefill-tokens N]   (lathe serve's --prefill_graphs, --admit_wait_ms and --max_prefill_tokens)
  *          [--warmup]   (lathe serve --warm_prefill at the prompt length: its prefill shapes planned and captured at start)
+ *          [--kv-cache-dtype auto|float8e4m3] [--decode-attention auto|gqa|kernel] [--swiglu-kernel auto|true|false]
+ *          [--residual-dtype float32|compute]   (lathe serve's decode options, which the offline reference takes too; the summary records them as resolved)
+ *          [--check-decode]   (first, greedy tokens of the slot engine under those options against the batch engine's
+ *          under the same options, with both engines' defaults as the baseline: slot-decode-check.ts)
  *          [--http-thread true|false|both]   (lathe serve --http_thread; both: each client count timed with the HTTP
  *          layer on its own thread and on the decode loop's, one server per mode, in this one call; default true)
  * A/B switches read from the environment (recorded in the summary): LATHE_SLOT_SAMPLED_GRAPH=0 (the slot
@@ -30,11 +34,12 @@ import { dirname, join, resolve } from 'node:path';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, randomModel, type HfConfig } from '@lathe/models';
 import { KvCacheGenerator, type Scheduler } from '@lathe/rollout';
-import { defaults, serveSchema, startServe } from '@lathe/recipes';
+import { decodeEngineOptions, defaults, kernelsOfDevice, resolveServeDecode, serveSchema, startServe, type ResolvedDecodeOptions, type ServeConfig } from '@lathe/recipes';
 import { OpenAiClient } from '@lathe/openai-client';
 import { Device } from '@lathe/runtime';
 import { arg, flag } from '../argv';
 import { QWEN3_0_6B } from '../shapes';
+import { checkSlotDecode } from './slot-decode-check';
 
 const SHAPES: Record<string, HfConfig> = {
   tiny: { architectures: ['Qwen3ForCausalLM'], vocab_size: 151936, hidden_size: 64, intermediate_size: 64, num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, rms_norm_eps: 1e-6, rope_theta: 1e6, max_position_embeddings: 2048, tie_word_embeddings: true },
@@ -184,9 +189,25 @@ async function main(): Promise<void> {
   const results: Record<string, unknown>[] = [];
   const startup: Record<string, number> = {};
   let prefillGraphsUsed = 0;
+  // lathe serve's decode options, for A/B runs; unset ones keep serve's defaults
+  const swiglu = arg('swiglu-kernel', '');
+  const decodeFlags: Partial<ServeConfig> = {
+    ...(arg('kv-cache-dtype', '') ? { kv_cache_dtype: arg('kv-cache-dtype', '') as ServeConfig['kv_cache_dtype'] } : {}),
+    ...(arg('decode-attention', '') ? { decode_attention: arg('decode-attention', '') as ServeConfig['decode_attention'] } : {}),
+    ...(swiglu ? { swiglu_kernel: swiglu === 'auto' ? 'auto' : swiglu === 'true' } : {}),
+    ...(arg('residual-dtype', '') ? { residual_dtype: arg('residual-dtype', '') as ServeConfig['residual_dtype'] } : {}),
+  };
+  let decode: ResolvedDecodeOptions | undefined;
+  if (flag('check-decode')) {
+    const { config } = CausalLM.fromPretrainedSync(model);
+    const resolved = resolveServeDecode({ ...defaults(serveSchema), device, ...decodeFlags }, config, dtype);
+    // ragged prompts, three times the slots, so that rows join and leave and slots are reused
+    const prompts = Array.from({ length: 24 }, (_, i) => makePrompts(1, 16 + 9 * i, 500 + i)[0]);
+    console.log(JSON.stringify({ ...(await checkSlotDecode({ model, device, dtype, decode: resolved, prompts, maxNew: Math.min(maxNew, 64), slots: 8 })), decode: resolved }));
+  }
   for (const httpThread of modes) {
     const tStart = performance.now();
-    const running = await startServe({ ...defaults(serveSchema), model, port: 0, device, compute_dtype: dtype as 'bfloat16', max_rows: rows, max_model_len: maxModelLen, max_queue: 4 * Math.max(...levels), cuda_graph: cudaGraph, max_n: 1, http_thread: httpThread, ...(arg('prefill-graphs', '') ? { prefill_graphs: Number(arg('prefill-graphs', '')) } : {}), ...(arg('admit-wait-ms', '') ? { admit_wait_ms: Number(arg('admit-wait-ms', '')) } : {}), ...(arg('max-prefill-tokens', '') ? { max_prefill_tokens: Number(arg('max-prefill-tokens', '')) } : {}), ...(flag('warmup') ? { warm_prefill: String(promptLen) } : {}) });
+    const running = await startServe({ ...defaults(serveSchema), model, port: 0, device, compute_dtype: dtype as 'bfloat16', max_rows: rows, max_model_len: maxModelLen, max_queue: 4 * Math.max(...levels), cuda_graph: cudaGraph, max_n: 1, http_thread: httpThread, ...(arg('prefill-graphs', '') ? { prefill_graphs: Number(arg('prefill-graphs', '')) } : {}), ...(arg('admit-wait-ms', '') ? { admit_wait_ms: Number(arg('admit-wait-ms', '')) } : {}), ...(arg('max-prefill-tokens', '') ? { max_prefill_tokens: Number(arg('max-prefill-tokens', '')) } : {}), ...(flag('warmup') ? { warm_prefill: String(promptLen) } : {}), ...decodeFlags }, { onLoad: (m) => (decode = m.decode) });
     const scheduler = running.models[0].scheduler;
     const id = running.models[0].id;
     const client = new OpenAiClient({ baseUrl: running.url, timeoutMs: 3_600_000, maxRetries: 0 });
@@ -244,7 +265,9 @@ async function main(): Promise<void> {
     const lm = CausalLM.fromPretrainedSync(model, { device: Device.open(device), dtype });
     // As lathe generate runs it: a CUDA graph on CUDA unless --offline-no-cuda-graph.
     const offlineGraph = device === 'cuda' && !flag('offline-no-cuda-graph');
-    const gen = KvCacheGenerator.create(lm, { temperature, rows, maxLength: maxModelLen, dtype, cudaGraph: offlineGraph });
+    // with the decode options serve resolved, so the ratio compares like with like
+    const ops = decodeEngineOptions(decode ?? resolveServeDecode({ ...defaults(serveSchema), device, ...decodeFlags }, lm.config, dtype), device === 'cuda' ? kernelsOfDevice(0) : undefined, lm.config);
+    const gen = KvCacheGenerator.create(lm, { temperature, rows, maxLength: maxModelLen, dtype, cudaGraph: offlineGraph, ...ops.options });
     await gen.generate(makePrompts(1, promptLen, 999), { maxNewTokens: 4 });
     for (const clients of levels) {
       const prompts = makePrompts(clients * rounds, promptLen, clients);
@@ -262,9 +285,10 @@ async function main(): Promise<void> {
       console.log(JSON.stringify({ bench: 'offline', clients, requests: prompts.length, cuda_graph: offlineGraph, tokens_per_s: +offline.toFixed(1), serve_vs_offline: vs }));
     }
     gen.dispose();
+    ops.dispose();
     lm.dispose();
   }
-  console.log(JSON.stringify({ bench: 'serve-summary', shape: arg('model', '') ? model : shape, device, dtype, rows, prompt_len: promptLen, max_new: maxNew, rounds, temperature, cuda_graph: cudaGraph, warmup: flag('warmup'), http_thread: modeArg, prefill_graphs: prefillGraphsUsed, max_prefill_tokens: Number(arg('max-prefill-tokens', String(defaults(serveSchema).max_prefill_tokens))), admit_wait_ms: Number(arg('admit-wait-ms', String(defaults(serveSchema).admit_wait_ms))), env: { LATHE_SLOT_SAMPLED_GRAPH: process.env.LATHE_SLOT_SAMPLED_GRAPH ?? null, ORT_ENABLE_XQA: process.env.ORT_ENABLE_XQA ?? null }, startup_s: startup, levels: results }));
+  console.log(JSON.stringify({ bench: 'serve-summary', shape: arg('model', '') ? model : shape, device, dtype, rows, prompt_len: promptLen, max_new: maxNew, rounds, temperature, cuda_graph: cudaGraph, warmup: flag('warmup'), http_thread: modeArg, decode: decode && { kv_cache_dtype: decode.kvCacheDtype, decode_attention: decode.decodeAttention, swiglu_kernel: decode.swiglu, residual_dtype: decode.residualDtype }, prefill_graphs: prefillGraphsUsed, max_prefill_tokens: Number(arg('max-prefill-tokens', String(defaults(serveSchema).max_prefill_tokens))), admit_wait_ms: Number(arg('admit-wait-ms', String(defaults(serveSchema).admit_wait_ms))), env: { LATHE_SLOT_SAMPLED_GRAPH: process.env.LATHE_SLOT_SAMPLED_GRAPH ?? null, ORT_ENABLE_XQA: process.env.ORT_ENABLE_XQA ?? null }, startup_s: startup, levels: results }));
 }
 
 // The threaded server's HTTP thread loads this bundle too: only the main thread runs the bench.

@@ -18,18 +18,21 @@ import * as L from '@lathe/onnx';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, paramSpecs, weightInputs, type DecoderConfig } from '@lathe/models';
 import { Device, DeviceTensor, hostTensor, type Binding, type HostTensor, type Session, type SessionOptions } from '@lathe/runtime';
-import { cacheName } from '../kv-cache-graphs';
+import { addKvPack, cacheName, cacheScaleName, concatTensors } from '../kv-cache-graphs';
 import { withDecodeKernelChoice, type KvCacheGeneratorOptions } from '../kv-cache-generator';
 import { uniformAt } from '../rng';
 import { rowTopKCap, validateSampling, type RowFilterMode, type SamplingOptions } from '../sampling';
 import { addSlotDecodeStep, addSlotPrefill, STEP_ROWS, type SlotGraphOptions } from './slot-graphs';
 
-/** How a slot engine is built. */
 /**
  * How a slot engine is built: the batch engine's options for the cache (`maxLength`), dtype, padding,
- * CUDA graph, sessions and weights, with `slots` for its rows.
+ * CUDA graph, sessions and weights, and its decode options (`decodeAttention`, `kvCacheDtype`,
+ * `swiglu`, `residualDtype`, `concatProjections`: the same meaning and checks as there), with `slots`
+ * for its rows. With `concatProjections` the engine packs the weights once, at creation (so not with
+ * `graphWeights`, whose weights may change under it).
  */
-export interface SlotEngineOptions extends Pick<KvCacheGeneratorOptions, 'maxLength' | 'dtype' | 'padTokenId' | 'cudaGraph' | 'session' | 'graphWeights'> {
+export interface SlotEngineOptions
+  extends Pick<KvCacheGeneratorOptions, 'maxLength' | 'dtype' | 'padTokenId' | 'cudaGraph' | 'session' | 'graphWeights' | 'decodeAttention' | 'kvCacheDtype' | 'swiglu' | 'residualDtype' | 'concatProjections'> {
   /** Cache rows: the most sequences decoding at once. */
   slots: number;
   /** The most alternatives a row may ask for with `topLogprobs`. Default 20 (OpenAI's limit). */
@@ -163,8 +166,8 @@ export class SlotEngine {
   private readonly freeList: number[];
   private readonly prefills = new Map<string, Variant>();
   private readonly steps = new Map<string, Variant>();
-  /** Views of the caches and step buffers over the leading `rows` slots, by row count (the full count is the buffers themselves). */
-  private readonly leadingViews = new Map<number, { caches: DeviceTensor[]; step: DeviceTensor; sampled: DeviceTensor; topLogprobs: DeviceTensor | undefined; topIds: DeviceTensor | undefined }>();
+  /** Views of the caches (and e4m3 scales) and step buffers over the leading `rows` slots, by row count (the full count is the buffers themselves). */
+  private readonly leadingViews = new Map<number, { caches: DeviceTensor[]; scales: DeviceTensor[]; step: DeviceTensor; sampled: DeviceTensor; topLogprobs: DeviceTensor | undefined; topIds: DeviceTensor | undefined }>();
   /** Weights bound by {@link bindWeights}, by graph input name (a later binding of a name replaces the earlier). */
   private readonly extraWeights = new Map<string, DeviceTensor>();
   /** The launched decode step awaiting `collect`: its binding, busy slots and their states then. */
@@ -189,6 +192,10 @@ export class SlotEngine {
     private readonly opts: SlotEngineOptions & { dtype: DType; maxTopLogprobs: number; padTokenId: number },
     private readonly weights: ReadonlyMap<string, DeviceTensor> | undefined,
     private readonly caches: DeviceTensor[],
+    /** Each layer's e4m3 key and value scales [S, KV, M], in the caches' order (none for a cache in the compute dtype). */
+    private readonly scales: DeviceTensor[],
+    /** The packed projections (`concatProjections`) by graph input name, written once by {@link pack}. */
+    private readonly packed: ReadonlyMap<string, DeviceTensor>,
     private readonly inputs: StepInputs,
   ) {
     this.state = new Array<SlotState | undefined>(opts.slots).fill(undefined);
@@ -224,6 +231,12 @@ export class SlotEngine {
     if (!Number.isInteger(maxTop) || maxTop < 0 || maxTop > config.vocabSize) throw new Error(`maxTopLogprobs must be an integer in [0, ${config.vocabSize}], got ${opts.maxTopLogprobs}`);
     if (opts.cudaGraph && device.kind !== 'cuda') throw new Error('cudaGraph needs a CUDA device');
     if (!weights && !opts.graphWeights) throw new Error('weights: give device tensors, or graphWeights and bind them with bindWeights');
+    const da = opts.decodeAttention;
+    const kvCacheDtype = opts.kvCacheDtype ?? 'model';
+    if (kvCacheDtype !== 'model' && kvCacheDtype !== 'float8e4m3') throw new Error(`kvCacheDtype must be 'model' or 'float8e4m3', got '${String(kvCacheDtype)}'`);
+    if (kvCacheDtype === 'float8e4m3' && da?.cache !== 'float8e4m3') throw new Error("kvCacheDtype 'float8e4m3' needs decodeAttention built for an e4m3 cache (decodeAttentionOps(..., { cache: 'float8e4m3' }))");
+    if (da?.cache === 'float8e4m3' && kvCacheDtype !== 'float8e4m3') throw new Error("decodeAttention holds an e4m3 cache: set kvCacheDtype 'float8e4m3'");
+    if (opts.concatProjections && opts.graphWeights) throw new Error('concatProjections: the slot engine packs the weights once, at creation, and graphWeights binds weights that may change later; drop one of them');
     for (const spec of opts.graphWeights ? [] : paramSpecs(config)) {
       const t = weights!.get(spec.name);
       if (!t) throw new Error(`weights: missing '${spec.name}'`);
@@ -237,14 +250,20 @@ export class SlotEngine {
     };
     try {
       const caches: DeviceTensor[] = [];
-      for (let i = 0; i < 2 * config.numLayers; i++) caches.push(zeros(dtype, [S, config.numKvHeads, opts.maxLength, config.headDim]));
+      const scales: DeviceTensor[] = [];
+      const cacheDtype = da ? da.cacheDtype(dtype) : dtype;
+      for (let i = 0; i < 2 * config.numLayers; i++) caches.push(zeros(cacheDtype, [S, config.numKvHeads, opts.maxLength, config.headDim]));
+      if (kvCacheDtype === 'float8e4m3') for (let i = 0; i < 2 * config.numLayers; i++) scales.push(zeros('float32', [S, config.numKvHeads, opts.maxLength]));
+      const packed = new Map(opts.concatProjections ? concatTensors(config).map((t) => [t.name, zeros(dtype, t.shape)] as const) : []);
       const inputs: StepInputs = {
         step: zeros('float32', [S, STEP_ROWS.length]),
         sampled: zeros('float32', [S, 3]),
         topLogprobs: maxTop > 0 ? zeros('float32', [S, maxTop]) : undefined,
         topIds: maxTop > 0 ? zeros('int64', [S, maxTop]) : undefined,
       };
-      return new SlotEngine(config, device, { ...opts, dtype, maxTopLogprobs: maxTop, padTokenId: pad }, weights, caches, inputs);
+      const engine = new SlotEngine(config, device, { ...opts, dtype, maxTopLogprobs: maxTop, padTokenId: pad }, weights, caches, scales, packed, inputs);
+      if (opts.concatProjections) engine.pack();
+      return engine;
     } catch (e) {
       for (const t of made) t.dispose();
       throw e;
@@ -296,14 +315,50 @@ export class SlotEngine {
   }
 
   private graphOptions(filters: RowFilterMode, top: boolean, sampler: Sampler, rows: number): SlotGraphOptions {
-    return { slots: rows, filters, topLogprobs: top ? this.opts.maxTopLogprobs : 0, plain: sampler === 'plain', sampled: sampler === 'sampled', qkNormInKernel: this.device.kind === 'cuda' };
+    const { decodeAttention, residualDtype, swiglu, concatProjections } = this.opts;
+    return { slots: rows, filters, topLogprobs: top ? this.opts.maxTopLogprobs : 0, plain: sampler === 'plain', sampled: sampler === 'sampled', qkNormInKernel: this.device.kind === 'cuda', decodeAttention, residualDtype, swiglu, concatProjections };
+  }
+
+  /** The sessions' options: ORT's memory-pattern planning off unless asked for (as the batch engine), and the kernel ops' domains. */
+  private sessionOptions(): SessionOptions {
+    const domains = [this.opts.decodeAttention, this.opts.swiglu].flatMap((k) => (k ? [k.domain.handle] : []));
+    return {
+      ...this.opts.session,
+      memoryPattern: this.opts.session?.memoryPattern ?? false,
+      ...(domains.length ? { customOpDomains: [...(this.opts.session?.customOpDomains ?? []), ...domains] } : {}),
+    };
+  }
+
+  /** Rethrows an error a kernel op raised during the last run. */
+  private checkKernels(): void {
+    this.opts.decodeAttention?.check();
+    this.opts.swiglu?.check();
+  }
+
+  /** Writes the packed projections (`concatProjections`) from the weights: once, at creation. */
+  private pack(): void {
+    const g = new L.Graph('lathe_slot_pack');
+    addKvPack(g, this.config, weightInputs(g, this.config, this.opts.dtype, this.opts.dtype).weights);
+    const session = this.device.compile(g, { ...this.sessionOptions(), name: 'slot-pack', cudaGraph: false });
+    try {
+      const b = session.binding();
+      try {
+        for (const [name, t] of this.weights ?? []) b.input(name, t);
+        for (const [name, t] of this.packed) b.output(name, t);
+        b.runSync();
+      } finally {
+        b.dispose();
+      }
+    } finally {
+      session.dispose();
+    }
   }
 
   private compile(kind: 'prefill' | 'decode', filters: RowFilterMode, top: boolean, sampler: Sampler, rows: number): Session {
     const g = new L.Graph(`lathe_slot_${kind}`);
     const w = this.opts.graphWeights ? this.opts.graphWeights(g) : weightInputs(g, this.config, this.opts.dtype, this.opts.dtype).weights;
     (kind === 'prefill' ? addSlotPrefill : addSlotDecodeStep)(g, this.config, w, this.opts.dtype, this.graphOptions(filters, top, sampler, rows));
-    const session: SessionOptions = { ...this.opts.session, memoryPattern: this.opts.session?.memoryPattern ?? false };
+    const session = this.sessionOptions();
     const name = `slot-${kind}${sampler === 'rows' ? '' : `-${sampler}`}${filters === 'none' ? '' : `-${filters}`}${top ? '-top' : ''}${rows < this.opts.slots ? `-${rows}` : ''}`;
     if (kind === 'prefill') return this.device.compile(g, { ...session, name, cudaGraph: this.prefillCaptured() });
     // the decode step's attention kernel as the batch engine chooses it (ORT_ENABLE_XQA, read at compile)
@@ -369,22 +424,25 @@ export class SlotEngine {
   /** The caches and step buffers over the leading `rows` slots (views, made once per count). */
   private leading(rows: number) {
     const x = this.inputs;
-    if (rows === this.opts.slots) return { caches: this.caches, step: x.step, sampled: x.sampled, topLogprobs: x.topLogprobs, topIds: x.topIds };
+    if (rows === this.opts.slots) return { caches: this.caches, scales: this.scales, step: x.step, sampled: x.sampled, topLogprobs: x.topLogprobs, topIds: x.topIds };
     let v = this.leadingViews.get(rows);
     if (!v) {
-      v = { caches: this.caches.map((c) => c.leading(rows)), step: x.step.leading(rows), sampled: x.sampled.leading(rows), topLogprobs: x.topLogprobs?.leading(rows), topIds: x.topIds?.leading(rows) };
+      v = { caches: this.caches.map((c) => c.leading(rows)), scales: this.scales.map((c) => c.leading(rows)), step: x.step.leading(rows), sampled: x.sampled.leading(rows), topLogprobs: x.topLogprobs?.leading(rows), topIds: x.topIds?.leading(rows) };
       this.leadingViews.set(rows, v);
     }
     return v;
   }
 
-  private bindCommon(b: Binding, caches: readonly DeviceTensor[] = this.caches): void {
+  private bindCommon(b: Binding, x: { caches: readonly DeviceTensor[]; scales: readonly DeviceTensor[] } = { caches: this.caches, scales: this.scales }): void {
     for (const [name, t] of this.weights ?? []) b.input(name, t);
     for (const [name, t] of this.extraWeights) b.input(name, t);
+    for (const [name, t] of this.packed) b.input(name, t);
     for (let i = 0; i < this.config.numLayers; i++) {
       for (const [j, which] of (['key', 'value'] as const).entries()) {
-        const cache = caches[2 * i + j];
+        const cache = x.caches[2 * i + j];
         b.input(cacheName(i, which, 'input'), cache).output(cacheName(i, which, 'output'), cache);
+        const scale = x.scales[2 * i + j];
+        if (scale) b.input(cacheScaleName(i, which, 'input'), scale).output(cacheScaleName(i, which, 'output'), scale);
       }
     }
   }
@@ -402,7 +460,7 @@ export class SlotEngine {
       const b = v.session.binding();
       if (kind === 'decode') {
         const x = this.leading(rows);
-        this.bindCommon(b, x.caches);
+        this.bindCommon(b, x);
         b.input('step', x.step).input('cache_length', hostTensor('int32', [], [this.opts.maxLength]));
         b.output('sampled', x.sampled);
         if (top) b.output('top_logprobs', x.topLogprobs!).output('top_ids', x.topIds!);
@@ -567,6 +625,7 @@ export class SlotEngine {
       this.opts.beforeRun?.('prefill', B);
       const run = performance.now();
       b.runSync();
+      this.checkKernels();
       this.counters.prefills++;
       this.counters.prefilledPrompts += B;
       out = this.read(b, flat.map((r) => r.slot), flat.map((r) => r.row.topLogprobs ?? 0), top ? this.opts.maxTopLogprobs : 0, (i) => i);
@@ -667,6 +726,7 @@ export class SlotEngine {
     if (!f) throw new Error('collect: no step in flight (launch one first)');
     this.inFlight = undefined;
     f.binding.synchronize();
+    this.checkKernels();
     this.counters.steps++;
     const out = this.read(f.binding, f.busy, f.states.map((s) => s.row.topLogprobs ?? 0), f.top ? this.opts.maxTopLogprobs : 0, (i) => f.busy[i]);
     // A slot released since the launch (and perhaps given to another sequence) keeps its new state.
@@ -695,6 +755,7 @@ export class SlotEngine {
    */
   bindWeights(...sets: Iterable<readonly [string, DeviceTensor]>[]): void {
     if (this.opts.cudaGraph) throw new Error('bindWeights: a CUDA-graph engine keeps its weight addresses');
+    if (this.opts.concatProjections) throw new Error('bindWeights: a concatProjections engine reads the weights it packed at creation');
     const copies = sets.map((s) => [...s]);
     for (const set of copies) for (const [name, t] of set) this.extraWeights.set(name, t);
     for (const v of [...this.prefills.values(), ...this.steps.values()]) for (const set of copies) for (const [name, t] of set) v.binding?.input(name, t);
@@ -714,8 +775,8 @@ export class SlotEngine {
     }
     this.prefills.clear();
     this.steps.clear();
-    for (const v of this.leadingViews.values()) for (const t of [...v.caches, v.step, v.sampled, v.topLogprobs, v.topIds]) t?.dispose();
+    for (const v of this.leadingViews.values()) for (const t of [...v.caches, ...v.scales, v.step, v.sampled, v.topLogprobs, v.topIds]) t?.dispose();
     this.leadingViews.clear();
-    for (const t of [...this.caches, ...Object.values(this.inputs)]) t?.dispose();
+    for (const t of [...this.caches, ...this.scales, ...this.packed.values(), ...Object.values(this.inputs)]) t?.dispose();
   }
 }

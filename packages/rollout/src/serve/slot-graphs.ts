@@ -31,15 +31,28 @@
  *                while the GPU waits; ids, positions and top_k are exact in float32 below 2²⁴),
  *                cache_length int32 [] (= M), cache.{i}.key / value
  *          out: as prefill, over [S]
+ *   both, with concatProjections: concat.<group>.weight / bias (the pack graph's, kv-cache-graphs.ts)
+ *   both, with an e4m3 cache (`decodeAttention` built for float8e4m3): the caches are uint8 and each
+ *                layer's scales cache.{i}.key_scale / value_scale float32 [S, KV, M] come in and go
+ *                out as present.{i}.*_scale; the prefill quantizes its keys/values (`quantize`) and
+ *                scatters bytes and scales with the same index.
+ *
+ * The decode step's layers are the batch engine's: GroupQueryAttention through `decoder`, or Lathe's
+ * decode attention kernel through `kvKernelDecoder`, with the same residual dtype, SwiGLU kernel and
+ * packed projections; each slot is a cache row whose `seqlens` is its own position, which is the
+ * kernel's contract for ragged rows.
  */
 import * as L from '@lathe/onnx';
 import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { decoder, lmLogits, type DecoderConfig, type KvPair, type Weights } from '@lathe/models';
-import { cacheName } from '../kv-cache-graphs';
+import { cacheName, cacheScaleName, kvKernelDecoder, withConcatProjections, type KvGraphOptions } from '../kv-cache-graphs';
 import { sampleNext, sampleNextPerRow, type RowFilterMode, type RowSamplingInputs } from '../sampling';
 
-/** How a slot graph is built beyond the model. */
-export interface SlotGraphOptions {
+/**
+ * How a slot graph is built beyond the model: with the batch engine's decode options
+ * (`decodeAttention`, `residualDtype`, `swiglu`, `concatProjections`; see {@link KvGraphOptions}).
+ */
+export interface SlotGraphOptions extends Pick<KvGraphOptions, 'decodeAttention' | 'residualDtype' | 'swiglu' | 'concatProjections'> {
   /** The slot count S of a decode step (static, so its shapes never change; the engine may run a step over its leading slots). */
   slots: number;
   /** How top-k and top-p are applied ({@link RowFilterMode}: none, among the capped largest values, or by a full sort). */
@@ -86,13 +99,23 @@ function emit(g: Graph, cfg: DecoderConfig, weights: Weights, hidden: Tensor, pa
   }
 }
 
-function cacheInputs(g: Graph, cfg: DecoderConfig, dtype: DType, slots: number): KvPair[] {
+/** Each layer's cache inputs [S, KV, M, hd] in the cache's dtype (uint8 for e4m3). */
+function cacheInputs(g: Graph, cfg: DecoderConfig, dtype: DType, o: SlotGraphOptions): KvPair[] {
+  const cacheDtype = o.decodeAttention ? o.decodeAttention.cacheDtype(dtype) : dtype;
   const past: KvPair[] = [];
   for (let i = 0; i < cfg.numLayers; i++) {
-    const shape = [slots, cfg.numKvHeads, 'M', cfg.headDim];
-    past.push({ key: g.input(cacheName(i, 'key', 'input'), dtype, shape), value: g.input(cacheName(i, 'value', 'input'), dtype, shape) });
+    const shape = [o.slots, cfg.numKvHeads, 'M', cfg.headDim];
+    past.push({ key: g.input(cacheName(i, 'key', 'input'), cacheDtype, shape), value: g.input(cacheName(i, 'value', 'input'), cacheDtype, shape) });
   }
   return past;
+}
+
+/** Whether the slot graphs hold an e4m3 cache (uint8 bytes with per-vector scales). */
+const e4m3 = (o: SlotGraphOptions): boolean => o.decodeAttention?.cache === 'float8e4m3';
+
+/** `weights` reading the pack graph's concatenated projections under `concatProjections`. */
+function slotWeights(g: Graph, cfg: DecoderConfig, weights: Weights, dtype: DType, o: SlotGraphOptions): Weights {
+  return o.concatProjections ? withConcatProjections(g, cfg, weights, dtype) : weights;
 }
 
 /** The slot prefill graph (see the module comment). */
@@ -104,11 +127,21 @@ export function addSlotPrefill(g: Graph, cfg: DecoderConfig, weights: Weights, d
   const expand = g.input('expand_index', 'int64', ['E']);
   const scatter = g.input('scatter_index', 'int64', ['E', cfg.numKvHeads, 'P', 3]);
   const { params, uniform } = samplingInputs(g, 'E');
-  const caches = cacheInputs(g, cfg, dtype, o.slots);
-  const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width, qkNormInKernel: o.qkNormInKernel });
+  const caches = cacheInputs(g, cfg, dtype, o);
+  weights = slotWeights(g, cfg, weights, dtype, o);
+  const out = decoder(cfg, weights, { inputIds: ids, seqlensK: seqlens, totalSequenceLength: width, qkNormInKernel: o.qkNormInKernel, residualDtype: o.residualDtype, swigluKernel: o.swiglu?.apply });
+  const scaleShape = [o.slots, cfg.numKvHeads, 'M'];
   out.present.forEach((p, i) => {
     for (const which of ['key', 'value'] as const) {
-      g.output(L.scatterND(caches[i][which], scatter, L.gather(p[which], expand, 0)), cacheName(i, which, 'output'));
+      const written = L.gather(p[which], expand, 0); // [E, KV, P, hd]
+      if (!e4m3(o)) {
+        g.output(L.scatterND(caches[i][which], scatter, written), cacheName(i, which, 'output'));
+        continue;
+      }
+      // bytes [E, KV, P, hd] and scales [E, KV, P]: the same (slot, head, position) index addresses both
+      const q = o.decodeAttention!.quantize(written);
+      g.output(L.scatterND(caches[i][which], scatter, q.data), cacheName(i, which, 'output'));
+      g.output(L.scatterND(g.input(cacheScaleName(i, which, 'input'), 'float32', scaleShape), scatter, q.scale), cacheScaleName(i, which, 'output'));
     }
   });
   const last = L.unsqueeze(L.gather(L.reshape(out.hidden, [-1, cfg.hiddenSize]), lastIndex, 0), [1]); // [B, 1, D]
@@ -128,11 +161,20 @@ export function addSlotDecodeStep(g: Graph, cfg: DecoderConfig, weights: Weights
   const cacheLength = g.input('cache_length', 'int32', []);
   const params: RowSamplingInputs = { temperature: row('temperature'), topK: L.cast(row('top_k'), 'int64'), topP: row('top_p'), minP: row('min_p') };
   const uniform = row('uniform');
-  const past = cacheInputs(g, cfg, dtype, S);
-  const out = decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel: o.qkNormInKernel });
+  const past = cacheInputs(g, cfg, dtype, o);
+  weights = slotWeights(g, cfg, weights, dtype, o);
+  const layers = { residualDtype: o.residualDtype, swigluKernel: o.swiglu?.apply };
+  const out: { present: KvPair[]; hidden: Tensor; scales?: KvPair[] } = o.decodeAttention
+    ? kvKernelDecoder(g, cfg, weights, dtype, { token, seqlens, past, R: S, ...layers }, o.decodeAttention)
+    : decoder(cfg, weights, { inputIds: token, seqlensK: seqlens, totalSequenceLength: cacheLength, past, qkNormInKernel: o.qkNormInKernel, ...layers });
   out.present.forEach((p, i) => {
     g.output(p.key, cacheName(i, 'key', 'output'));
     g.output(p.value, cacheName(i, 'value', 'output'));
+    const sc = out.scales?.[i];
+    if (sc) {
+      g.output(sc.key, cacheScaleName(i, 'key', 'output'));
+      g.output(sc.value, cacheScaleName(i, 'value', 'output'));
+    }
   });
   emit(g, cfg, weights, out.hidden, params, uniform, o);
 }
