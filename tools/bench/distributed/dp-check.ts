@@ -32,8 +32,8 @@
  *   output lists those used.
  * - --lora RANK [--lora-alpha 2·RANK] [--lora-targets 'q_proj|k_proj|v_proj|o_proj']: LoRA adapters
  *   trained over a frozen base, as `lathe sft --lora_rank` builds the step (loraWeights; no dropout),
- *   except that the base is bound in the compute dtype (bfloat16: the 8B base is 16.4 GB a GPU, where
- *   lathe sft binds it in float32). Only the adapters are the Trainer's parameters, so only they get
+ *   the base bound in the compute dtype as lathe sft binds it (`loraBaseDtype`: bfloat16, the 8B base
+ *   16.4 GB a GPU; an lm_head target stays float32). Only the adapters are the Trainer's parameters, so only they get
  *   float32 master copies, gradients, AdamW moments (`moment_bytes`) and the all-reduce or, with
  *   --zero, the sharding; the base's bytes are `frozen_bytes`. Parity and the rest as for full
  *   fine-tuning.

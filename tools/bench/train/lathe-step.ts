@@ -42,6 +42,7 @@ import {
   compileTrainStep,
   initLora,
   loraAdapters,
+  loraBaseDtype,
   loraWeights,
   sftLoss,
   stateNames,
@@ -49,6 +50,7 @@ import {
   type LoraConfig,
   type SftLossOptions,
   type TrainableParam,
+  uploadLoraBase,
 } from '@lathe/train';
 import { CrossEntropyKernels, crossEntropyOps, cudaIncludeDir, FlashAttention, flashAttentionOps, Kernels, RopeKernels, ropeOps, SwigluKernels, swigluOps } from '@lathe/kernels';
 import { arg, flag } from '../argv';
@@ -122,7 +124,7 @@ async function main(): Promise<void> {
       ? sftLoss(config, {
           ...lossOpts,
           weights: (g, trainable) => {
-            const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)]));
+            const base = new Map(specs.map((s) => [s.name, g.input(`base/${s.name}`, loraBaseDtype(s.name, adapters, compute), s.shape)]));
             return loraWeights((name) => base.get(name)!, trainable, adapters, lora, compute);
           },
         })
@@ -132,8 +134,10 @@ async function main(): Promise<void> {
             weights: (g, trainable) => castWeights(new Map([...trainable, ...frozenSpecs.map((s) => [s.name, g.input(`base/${s.name}`, 'float32', s.shape)] as const)]), compute),
           })
         : sftLoss(config, lossOpts);
-    // A LoRA base (or the --freeze weights) is bound once, read-only, for every step.
-    const frozen: Record<string, DeviceTensor> = Object.fromEntries(frozenSpecs.map((s) => [`base/${s.name}`, dev.upload({ data: weights.get(s.name)!, dims: s.shape })]));
+    // A LoRA base (in the compute dtype, as lathe sft binds it) or the --freeze weights (float32) are bound once, read-only, for every step.
+    const frozen: Record<string, DeviceTensor> = Object.fromEntries(
+      frozenSpecs.map((s) => [`base/${s.name}`, lora ? uploadLoraBase(dev, s.name, { data: weights.get(s.name)!, dims: s.shape }, adapters, compute) : dev.upload({ data: weights.get(s.name)!, dims: s.shape })]),
+    );
     const init = lora ? initLora(adapters, Number(arg('seed', '0'))) : weights;
     const trainer = Trainer.create(
       { params, loss, optimizer },
