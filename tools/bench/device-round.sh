@@ -3,7 +3,7 @@
 # (nvidia-h100-x4 or nvidia-h200-x4), after the two boot calls of ../shared/device/README.md, in the
 # order of what they decide (a session's ~30 minutes fit the first three):
 #   bash tools/bench/build-device-bundles.sh --pack lathe-step lathe-kv-generate grpo-step decode-check \
-#     dp-check dp-launch eval-bench quant-bench
+#     dp-check dp-launch eval-bench quant-bench sft-dp
 #   a    : suite gen group (Lathe's --fast engine against transformers in the same call: issue 37's 10×),
 #          quant-bench at the Qwen3-8B shape (issue 30 where decoding is weight-bound), decode checks
 #          (the fused combine), lathe eval's path with the decode options
@@ -14,7 +14,8 @@
 #          and 4 GPUs against PyTorch DDP in the same call (device-run.sh eight scaling "1 2 4")
 #   q14  : quant-bench at the Qwen3-14B shape (dense vs INT4, both option sets; ~100 GB of host memory a
 #          lane: two lanes at most on a 4-GPU host), the W4A16 kernel's per-shape bandwidth and tuned split-K plans
-#          at the Qwen3-8B shapes (M 1-16, with the A/B of the tuned plans), beside the suite's gen group (issue 37)
+#          at the Qwen3-8B shapes (M 1-16, with the A/B of the tuned plans) after lathe sft --lora_rank in bf16 on
+#          the recipe's path (sft-dp.js), beside the suite's gen group (issue 37)
 # Each lane runs on its own GPU beside the others (device-lanes.sh): they share the host's CPUs, so say
 # so beside any figure. Results under $OUT; the last lines printed are the ones to read.
 set -uo pipefail
@@ -65,7 +66,8 @@ case "${1:?a | dp | b | lora | scale | q14}" in
     lanes \
       "$q --preset qwen3-14b --fast-decode --kernel-checks none --kl-prompts 8" \
       "$q --preset qwen3-14b --swiglu-kernel --residual-dtype compute --kernel-checks none --kl-prompts 8" \
-      "node .bundle/quant-bench.js --device cuda --preset qwen3-8b --formats dense,int4 --batches 1,16 --weights kernel,kernel-tuned --threads 16 --fast-decode --kernel-checks all --kernel-sweep" \
+      "timeout -k 5 120 node .bundle/sft-dp.js --model tiny64 --compute bfloat16 --lora-rank 8 --steps 5 --run-dir /tmp/sft-lora-bf16
+       node .bundle/quant-bench.js --device cuda --preset qwen3-8b --formats dense,int4 --batches 1,16 --weights kernel,kernel-tuned --threads 16 --fast-decode --kernel-checks all --kernel-sweep" \
       "OUT=$OUT/gen SUITE_WORK=/tmp/s0 python3 tools/bench/suite.py --groups gen --update-baseline"
     summaries
     grep -h '"flags"' "$OUT/gen/suite.json" 2> /dev/null | cut -c1-400

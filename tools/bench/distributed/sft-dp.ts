@@ -12,7 +12,10 @@
  * (16) is not one the CUDA kernels take, so `--model tiny64` trains a random 2-layer Qwen3 with head
  * size 64 on the built-in task instead (any other --model is the recipe's: a model folder).
  *
- * usage (each rank): node .bundle/sft-dp.js [--steps 20] [--grad-overlap true|false] [--zero-stage 0|1|2]
+ * --lora-rank R: the recipe's LoRA (`--lora_rank`; with --compute bfloat16 its base bound in bfloat16).
+ * --grad-bucket-mb: the recipe's `--grad_bucket_mb`.
+ *
+ * usage (each rank): node .bundle/sft-dp.js [--steps 20] [--grad-overlap true|false] [--zero-stage 0|1|2] [--lora-rank 0] [--grad-bucket-mb 100]
  *   [--attention auto|kernels|flash|composed] [--model builtin:tiny|tiny64|DIR]
  *   [--compute float32|bfloat16] [--device cuda|cpu] [--reference ONE.json] [--tol X] [--out FILE] [--run-dir DIR]
  * (--device cpu: a smoke test of the script over TCP, where every reduction is post-backward)
@@ -54,6 +57,8 @@ async function main(): Promise<void> {
   const steps = Number(arg('steps', '20'));
   const gradOverlap = arg('grad-overlap', 'true') !== 'false';
   const zeroStage = Number(arg('zero-stage', '0'));
+  const loraRank = Number(arg('lora-rank', String(defaults(sftSchema).lora_rank)));
+  const gradBucketMb = Number(arg('grad-bucket-mb', String(defaults(sftSchema).grad_bucket_mb)));
   const compute = arg('compute', 'float32') as 'float32' | 'bfloat16';
   const deviceKind = arg('device', 'cuda') as 'cuda' | 'cpu';
   const attention = arg('attention', defaults(sftSchema).attention) as TrainAttentionChoice;
@@ -78,6 +83,8 @@ async function main(): Promise<void> {
     log_every: steps,
     zero_stage: zeroStage,
     grad_overlap: gradOverlap,
+    grad_bucket_mb: gradBucketMb,
+    lora_rank: loraRank,
     // one run directory for every rank (the ranks check they have the same config), rewritten by each run
     run_dir: arg('run-dir', `/tmp/sft-dp-${world.worldSize}-${world.masterPort}`),
     overwrite: true,
@@ -85,7 +92,7 @@ async function main(): Promise<void> {
   await runSft(cfg, { onStep: (m) => losses.push(m.loss) });
   const device = Device.open(deviceKind, { id: world.localRank });
   const reduction = gradientReduction({ device: deviceKind, worldSize: world.worldSize, zeroStage, gradOverlap, computeStream: device.computeStream !== undefined });
-  const result: Record<string, unknown> = { rank: world.rank, world: world.worldSize, grad_overlap: gradOverlap, zero_stage: zeroStage, compute, attention, model: modelArg, reduction, steps, losses, seconds: +((performance.now() - t0) / 1000).toFixed(2) };
+  const result: Record<string, unknown> = { rank: world.rank, world: world.worldSize, grad_overlap: gradOverlap, grad_bucket_mb: gradBucketMb, lora_rank: loraRank, zero_stage: zeroStage, compute, attention, model: modelArg, reduction, steps, losses, seconds: +((performance.now() - t0) / 1000).toFixed(2) };
   const parity = lossParity(losses, world.rank, compute);
   if (parity) result.parity = parity;
   reportResult(result, world.rank);
