@@ -116,6 +116,9 @@ export function resolveServeDecode(cfg: Pick<ServeConfig, 'device' | keyof Decod
   return resolveDecodeOptions({ kv_cache_dtype, decode_attention, swiglu_kernel, residual_dtype }, facts);
 }
 
+/** The decode options' notes written to stderr in this process: each once (a process may start several servers, as lathe studio does). */
+const notesWritten = new Set<string>();
+
 /** Loads every model, starts the server and resolves once it listens. */
 export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Promise<RunningServe> {
   const specs = parseServeModels(cfg.model);
@@ -149,7 +152,12 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
       return { ...s, config, maxModelLen, tokenizer, tokDir, stopIds, decode: resolveServeDecode(cfg, config, dtype) };
     }),
   );
-  for (const note of new Set(plans.flatMap((p) => (p.decode.note ? [p.decode.note] : [])))) process.stderr.write(`${note}\n`);
+  for (const p of plans) {
+    if (p.decode.note && !notesWritten.has(p.decode.note)) {
+      notesWritten.add(p.decode.note);
+      process.stderr.write(`${p.decode.note}\n`);
+    }
+  }
   // on cuda through Lathe's kernels where NVRTC is present, so the decode options' kernels run on the sessions' stream
   const device = openDevice(cfg.device);
   const loaded: { model: CausalLM; engine?: SlotEngine; ops: DecodeEngineOptions }[] = [];
