@@ -11,7 +11,7 @@
  * position) for keys and for values ([R, KV, M]): amax/448 of that head's vector.
  *
  * Kernels (T = bf16 or fp16 — q, k, v and the output; C = the cache element, T or fp8; D = 64 or 128;
- * G = query heads per KV head, 1/2/4/8):
+ * G = query heads per KV head, 1 to 8: nothing in the kernels assumes a power of two):
  * - `da_append_<t>[_fp8]_d<D>`: a CTA of D threads per (row, KV head): the optional per-head RMSNorm
  *   of q and k (Qwen3's q_norm/k_norm), RoPE at the row's position, the rotated queries to a float32
  *   scratch [R, H, D] (rounded to T first, as GroupQueryAttention keeps them), the key and value
@@ -39,8 +39,10 @@
 export const DECODE_THREADS = 128;
 /** Head sizes with a build. */
 export const DECODE_HEAD_DIMS = [64, 128] as const;
-/** Query heads per KV head with a build. */
-export const DECODE_GROUPS = [1, 2, 4, 8] as const;
+/** Query heads per KV head with a build (Qwen2.5-7B has 7, Qwen3-14B and Qwen2.5-14B/32B 5). */
+export const DECODE_GROUPS = [1, 2, 3, 4, 5, 6, 7, 8] as const;
+/** Passes of a split CTA whose cache loads are issued together (`da_split`'s U) in the builds a step launches. */
+export const DECODE_SPLIT_UNROLL = 4;
 /** Largest finite e4m3 value: a vector's amax maps to it. */
 export const FP8_E4M3_MAX = 448;
 
@@ -63,6 +65,21 @@ export interface DecodeSplitPlan {
   elems: number;
 }
 
+/** Which groups a module builds (see {@link decodeAttentionSourceFor}). */
+export interface DecodeSourceOptions {
+  /** Query heads per KV head to build splits for (default: every one of {@link DECODE_GROUPS}). */
+  groups?: readonly number[];
+}
+
+/** `groups` checked against {@link DECODE_GROUPS}, sorted and without repeats (every group when undefined). */
+export function decodeGroupsOf(groups?: readonly number[]): number[] {
+  if (groups === undefined) return [...DECODE_GROUPS];
+  const bad = groups.filter((g) => !(DECODE_GROUPS as readonly number[]).includes(g));
+  if (bad.length > 0) throw new Error(`decode attention: no build for ${bad.join(', ')} query heads per KV head (the kernels take ${DECODE_GROUPS.join(', ')})`);
+  if (groups.length === 0) throw new Error('decode attention: groups is empty (name at least one of ' + DECODE_GROUPS.join(', ') + ')');
+  return [...new Set(groups)].sort((a, b) => a - b);
+}
+
 /** The plan of the split kernel for `cache` and `group` query heads per KV head (the same for both head sizes). */
 export function decodeSplitPlan(group: number, cache: DecodeCacheKind = 'native'): DecodeSplitPlan {
   const elems = cache === 'float8e4m3' && group <= E4M3_WIDE_MAX_GROUP ? 16 : 8;
@@ -74,9 +91,12 @@ export function decodeSplitChunk(cache: DecodeCacheKind = 'native'): number {
   return SPLIT_CHUNK[cache];
 }
 
-/** Dynamic shared memory of a split CTA (bytes): scores [G][chunk], max/sum per head, each warp's P·V partials [warps][G][D]; e4m3 adds the chunk's key and value scales [2][chunk]. */
-export function decodeSplitSmem(headDim: number, group: number, cache: DecodeCacheKind = 'native'): number {
-  const { chunk } = decodeSplitPlan(group, cache);
+/**
+ * Dynamic shared memory of a split CTA (bytes): scores [G][chunk], max/sum per head, each warp's P·V
+ * partials [warps][G][D]; e4m3 adds the chunk's key and value scales [2][chunk]. `chunk` defaults to
+ * the plan's (a sweep variant passes its own).
+ */
+export function decodeSplitSmem(headDim: number, group: number, cache: DecodeCacheKind = 'native', chunk: number = decodeSplitPlan(group, cache).chunk): number {
   const scales = cache === 'float8e4m3' ? 2 * chunk : 0;
   return 4 * (group * chunk + 2 * group + (DECODE_THREADS / 32) * group * headDim + scales);
 }
@@ -111,7 +131,7 @@ function splitFusedEntry(t: TypeName, C: string, cache: DecodeCacheKind, D: numb
   return `extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.splitFused(t, cache, D, G)}(const float* q, const ${C}* cache_k, const ${C}* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, ${T}* out, int* counters, int M, int KV, int n_chunks, float scale) { da_split<${C}, ${D}, ${G}, ${chunk}, ${elems}, ${T}, true>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale, out, counters); }`;
 }
 
-function entryPoints(): string {
+function entryPoints(groups: readonly number[]): string {
   const out: string[] = [];
   const fp8 = 'unsigned char';
   // A combine for each chunk size a cache kind's split uses.
@@ -126,8 +146,8 @@ function entryPoints(): string {
           `extern "C" __global__ void __launch_bounds__(${D}) ${decodeKernelName.append(t, cache, D)}(const ${T}* q, const ${T}* k, const ${T}* v, ${C}* cache_k, ${C}* cache_v, float* k_scale, float* v_scale, const int* seqlens, const ${T}* cos_t, const ${T}* sin_t, const ${T}* q_norm, const ${T}* k_norm, float eps, float* q_out, int M, int H, int KV, int q_stride, int kv_stride) { da_append<${T}, ${C}, ${D}>(q, k, v, cache_k, cache_v, k_scale, v_scale, seqlens, cos_t, sin_t, q_norm, k_norm, eps, q_out, M, H, KV, q_stride, kv_stride); }`,
         );
       }
-      for (const G of DECODE_GROUPS) out.push(splitEntry(t, T, 'native', D, G));
-      for (const G of DECODE_GROUPS) out.push(splitFusedEntry(t, T, 'native', D, G), splitFusedEntry(t, fp8, 'float8e4m3', D, G));
+      for (const G of groups) out.push(splitEntry(t, T, 'native', D, G));
+      for (const G of groups) out.push(splitFusedEntry(t, T, 'native', D, G), splitFusedEntry(t, fp8, 'float8e4m3', D, G));
       for (const chunk of chunks) {
         out.push(
           `extern "C" __global__ void __launch_bounds__(${D}) ${decodeKernelName.combine(t, D, chunk)}(const float* o_part, const float* lse_part, const int* seqlens, ${T}* out, int M, int H, int n_chunks) { da_combine<${T}, ${D}, ${chunk}>(o_part, lse_part, seqlens, out, M, H, n_chunks); }`,
@@ -139,7 +159,7 @@ function entryPoints(): string {
     }
   }
   // The fp8 split reads no T (its queries are float32): one build per head size and group.
-  for (const D of DECODE_HEAD_DIMS) for (const G of DECODE_GROUPS) out.push(splitEntry('bfloat16', fp8, 'float8e4m3', D, G));
+  for (const D of DECODE_HEAD_DIMS) for (const G of groups) out.push(splitEntry('bfloat16', fp8, 'float8e4m3', D, G));
   out.push(`extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.copy()}(const unsigned* src, unsigned* dst, i64 n) { for (i64 i = (i64)blockIdx.x * DA_THREADS + threadIdx.x; i < n; i += (i64)gridDim.x * DA_THREADS) dst[i] = src[i]; }`);
   return out.join('\n');
 }
@@ -279,13 +299,13 @@ __device__ __forceinline__ void unpack_e(const typename RawBytes<E * sizeof(C)>:
 // merges them into out (T) and resets the counter; a row of length 0 gets zeros from its chunk 0.
 template <int D, int CHUNK, bool CG>
 __device__ __forceinline__ float da_merge(const float* o_part, const float* lse_part, i64 rh, int len, int n_chunks, int d);
-template <typename C, int D, int G, int CHUNK, int E, typename T = float, bool FUSED = false>
+// U: passes whose loads are issued together (the builds a step launches take DECODE_SPLIT_UNROLL; the sweep varies it).
+template <typename C, int D, int G, int CHUNK, int E, typename T = float, bool FUSED = false, int U = ${DECODE_SPLIT_UNROLL}>
 __device__ void da_split(const float* q, const C* cache_k, const C* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part,
                          int M, int KV, int n_chunks, float scale, T* out = nullptr, int* counters = nullptr) {
   constexpr int TPR = D / E;               // threads per cache row
   constexpr int RPI = DA_THREADS / TPR;    // cache rows per pass of the block
   constexpr int W = DA_THREADS / 32;       // warps
-  constexpr int U = 4;                     // passes whose loads are issued together
   constexpr bool FP8 = sizeof(C) == 1;
   static_assert(TPR <= 32 && 32 % TPR == 0, "a cache row's threads lie in one warp");
   typedef typename RawBytes<E * sizeof(C)>::t Raw;
@@ -522,5 +542,120 @@ __device__ void da_quantize(const T* x, unsigned char* y, float* scale, i64 rows
 }
 `;
 
+/**
+ * The source of a module: every kernel for every element type, cache kind and head size, with the
+ * splits of `opts.groups` only (default: every group of {@link DECODE_GROUPS}).
+ */
+export function decodeAttentionSourceFor(opts: DecodeSourceOptions = {}): string {
+  return `${decodeAttentionCore}\n${entryPoints(decodeGroupsOf(opts.groups))}\n`;
+}
+
 /** The whole source: every kernel for every element type, cache kind, head size and group. */
-export const decodeAttentionSource = `${decodeAttentionCore}\n${entryPoints()}\n`;
+export const decodeAttentionSource = decodeAttentionSourceFor();
+
+// ---- the split's tuning sweep (decode-check --phases sweep) ------------------------------------
+
+/** One build of `da_split` for the tuning sweep: the template's parameters and the entry's `__launch_bounds__` minimum. */
+export interface DecodeSplitVariant {
+  cache: DecodeCacheKind;
+  /** The element type of a native cache (an e4m3 split reads no T; its variants name bfloat16). */
+  dtype: TypeName;
+  headDim: number;
+  group: number;
+  /** Cache positions per CTA. */
+  chunk: number;
+  /** Cache elements a thread takes per position, in one load (8 or 16 bytes). */
+  elems: number;
+  /** Passes whose loads are issued together (`da_split`'s U). */
+  unroll: number;
+  /** `__launch_bounds__`'s minimum resident CTAs an SM, or 0 for none. */
+  minBlocks: number;
+}
+
+/** The values the sweep crosses: chunk and elements a thread by cache kind, then loads issued together and the CTAs-an-SM bound. */
+export const DECODE_SWEEP_SPACE = {
+  float8e4m3: { chunk: [128, 256, 512], elems: [8, 16] },
+  native: { chunk: [64, 128, 256], elems: [8] },
+  unroll: [2, 4, 8],
+  minBlocks: [0, 4, 8],
+} as const;
+
+/** The variant a step launches today for `cache`, `group` and `headDim` (the plan, {@link DECODE_SPLIT_UNROLL}, no CTA bound). */
+export function decodeSplitDefaultVariant(cache: DecodeCacheKind, group: number, headDim: number, dtype: TypeName = 'bfloat16'): DecodeSplitVariant {
+  const { chunk, elems } = decodeSplitPlan(group, cache);
+  return { cache, dtype, headDim, group, chunk, elems, unroll: DECODE_SPLIT_UNROLL, minBlocks: 0 };
+}
+
+/** Whether two variants are the same build. */
+export function sameDecodeSplitVariant(a: DecodeSplitVariant, b: DecodeSplitVariant): boolean {
+  return a.cache === b.cache && a.dtype === b.dtype && a.headDim === b.headDim && a.group === b.group && a.chunk === b.chunk && a.elems === b.elems && a.unroll === b.unroll && a.minBlocks === b.minBlocks;
+}
+
+/** Every variant of {@link DECODE_SWEEP_SPACE} for `cache`, `group` and `headDim`, the default first. */
+export function decodeSplitSweepVariants(cache: DecodeCacheKind, group: number, headDim: number, dtype: TypeName = 'bfloat16'): DecodeSplitVariant[] {
+  const def = decodeSplitDefaultVariant(cache, group, headDim, dtype);
+  const out = [def];
+  const { chunk: chunks, elems: elemsList } = DECODE_SWEEP_SPACE[cache];
+  for (const chunk of chunks)
+    for (const elems of elemsList)
+      for (const unroll of DECODE_SWEEP_SPACE.unroll)
+        for (const minBlocks of DECODE_SWEEP_SPACE.minBlocks) {
+          const v: DecodeSplitVariant = { cache, dtype, headDim, group, chunk, elems, unroll, minBlocks };
+          if (!sameDecodeSplitVariant(v, def)) out.push(v);
+        }
+  return out;
+}
+
+/** A sweep variant's entry point, e.g. `da_sweep_fp8_d128_g2_c256_e16_u4_b0`. */
+export function decodeSweepKernelName(v: DecodeSplitVariant): string {
+  const c = v.cache === 'float8e4m3' ? 'fp8' : DECODE_TYPES[v.dtype].suffix;
+  return `da_sweep_${c}_d${v.headDim}_g${v.group}_c${v.chunk}_e${v.elems}_u${v.unroll}_b${v.minBlocks}`;
+}
+
+/** The sweep's combine into float32 (so variants compare without T's rounding), e.g. `da_sweep_combine_f32_d128_c256`. */
+export function decodeSweepCombineName(headDim: number, chunk: number): string {
+  return `da_sweep_combine_f32_d${headDim}_c${chunk}`;
+}
+
+/** Why `v` cannot be built (a thread's load is not 8 or 16 bytes, or a cache row's threads do not tile a warp), or undefined. */
+export function decodeSplitVariantInvalid(v: DecodeSplitVariant): string | undefined {
+  const bytes = v.elems * (v.cache === 'float8e4m3' ? 1 : 2);
+  if (bytes !== 8 && bytes !== 16) return `${v.elems} elements a thread are ${bytes} bytes (a load takes 8 or 16)`;
+  const tpr = v.headDim / v.elems;
+  if (!Number.isInteger(tpr) || tpr > 32 || 32 % tpr !== 0) return `${v.headDim / v.elems} threads a cache row (must divide 32)`;
+  if (v.unroll < 1 || v.chunk < 1 || v.minBlocks < 0) return `unroll ${v.unroll}, chunk ${v.chunk}, min blocks ${v.minBlocks}`;
+  if (!(DECODE_GROUPS as readonly number[]).includes(v.group)) return `group ${v.group}`;
+  return undefined;
+}
+
+/**
+ * A module of the sweep's `variants` (the split's arguments, as {@link decodeKernelName}'s split) from
+ * the same `da_split` template the step's builds instantiate, and a float32 combine for each of their
+ * (head size, chunk). Its own module, so a variant that fails to compile leaves the step's kernels alone.
+ */
+export function decodeSplitSweepSource(variants: readonly DecodeSplitVariant[]): string {
+  const out: string[] = [];
+  const names = new Set<string>();
+  const combines = new Map<string, [number, number]>();
+  for (const v of variants) {
+    const why = decodeSplitVariantInvalid(v);
+    if (why) throw new Error(`decodeSplitSweepSource: ${decodeSweepKernelName(v)}: ${why}`);
+    const name = decodeSweepKernelName(v);
+    if (names.has(name)) continue;
+    names.add(name);
+    const C = v.cache === 'float8e4m3' ? 'unsigned char' : DECODE_TYPES[v.dtype].c;
+    const bounds = v.minBlocks > 0 ? `DA_THREADS, ${v.minBlocks}` : 'DA_THREADS';
+    out.push(
+      `extern "C" __global__ void __launch_bounds__(${bounds}) ${name}(const float* q, const ${C}* cache_k, const ${C}* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, int M, int KV, int n_chunks, float scale) { da_split<${C}, ${v.headDim}, ${v.group}, ${v.chunk}, ${v.elems}, float, false, ${v.unroll}>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale); }`,
+    );
+    combines.set(`${v.headDim}/${v.chunk}`, [v.headDim, v.chunk]);
+  }
+  for (const [D, chunk] of combines.values()) {
+    out.push(
+      `extern "C" __global__ void __launch_bounds__(${D}) ${decodeSweepCombineName(D, chunk)}(const float* o_part, const float* lse_part, const int* seqlens, float* out, int M, int H, int n_chunks) { da_combine<float, ${D}, ${chunk}>(o_part, lse_part, seqlens, out, M, H, n_chunks); }`,
+    );
+  }
+  // float as a combine's output type: the merge written as it is computed.
+  const floatOut = 'template <> __device__ __forceinline__ float da_f<float>(float x) { return x; }\ntemplate <> __device__ __forceinline__ float da_t<float>(float x) { return x; }';
+  return `${decodeAttentionCore}\n${floatOut}\n${out.join('\n')}\n`;
+}

@@ -26,7 +26,8 @@ import {
   DECODE_TYPES,
   FP8_E4M3_MAX,
   decodeAppendSmem,
-  decodeAttentionSource,
+  decodeAttentionSourceFor,
+  decodeGroupsOf,
   decodeKernelName,
   decodeSplitChunk,
   decodeSplitSmem,
@@ -59,7 +60,7 @@ export function decodeAttentionUnsupported(shape: Omit<DecodeAttentionShape, 'ro
   if (!(dtype in DECODE_TYPES)) return `dtype ${dtype} (the kernels take bfloat16 or float16)`;
   if (!(DECODE_HEAD_DIMS as readonly number[]).includes(headDim)) return `head size ${headDim} (the kernels take ${DECODE_HEAD_DIMS.join(' or ')})`;
   const G = numHeads / numKvHeads;
-  if (!(DECODE_GROUPS as readonly number[]).includes(G)) return `${G} query heads per KV head (the kernels take ${DECODE_GROUPS.join(', ')})`;
+  if (!(DECODE_GROUPS as readonly number[]).includes(G)) return `${G} query heads per KV head (${numHeads}/${numKvHeads}; the kernels take ${DECODE_GROUPS[0]} to ${DECODE_GROUPS[DECODE_GROUPS.length - 1]})`;
   return undefined;
 }
 
@@ -126,6 +127,18 @@ export interface DecodeStepOptions {
   combine?: DecodeCombine;
 }
 
+/** Options of {@link DecodeAttention.compile}. */
+export interface DecodeCompileOptions {
+  /** The CUDA headers' folder (default: `cudaIncludeDir()`). */
+  includeDir?: string;
+  /**
+   * Query heads per KV head whose splits the module builds (default: every group of DECODE_GROUPS,
+   * 1 to 8). A model needs one: `[numHeads / numKvHeads]` compiles an eighth of the splits, and the
+   * compile cache keys on the source, so each set is its own cached image.
+   */
+  groups?: readonly number[];
+}
+
 /** The compiled decode-attention kernels of one device. */
 export class DecodeAttention {
   private readonly fns = new Map<string, Kernel<readonly ('ptr' | 'i32' | 'f32' | 'i64')[]>>();
@@ -137,12 +150,19 @@ export class DecodeAttention {
   private constructor(
     readonly kernels: Kernels,
     private readonly mod: ReturnType<Kernels['compile']>,
+    /** The query heads per KV head the module has splits for, ascending. */
+    readonly groups: readonly number[],
   ) {}
 
-  /** Compiles (or loads from the cache) the module, with the CUDA headers of `includeDir` (default: `cudaIncludeDir()`). */
-  static compile(kernels: Kernels, opts: { includeDir?: string } = {}): DecodeAttention {
+  /**
+   * Compiles (or loads from the cache) the module, with the CUDA headers of `opts.includeDir` and the
+   * splits of `opts.groups` (default every group; see {@link DecodeCompileOptions}).
+   */
+  static compile(kernels: Kernels, opts: DecodeCompileOptions = {}): DecodeAttention {
     const include = opts.includeDir ?? cudaIncludeDir();
-    return new DecodeAttention(kernels, kernels.compile(decodeAttentionSource, { name: 'lathe_decode_attention', options: [`-I${include}`, '--std=c++17'] }));
+    const groups = decodeGroupsOf(opts.groups);
+    const source = decodeAttentionSourceFor({ groups });
+    return new DecodeAttention(kernels, kernels.compile(source, { name: 'lathe_decode_attention', options: [`-I${include}`, '--std=c++17'] }), groups);
   }
 
   private fn<S extends readonly ('ptr' | 'i32' | 'f32' | 'i64')[]>(name: string, sig: S): Kernel<S> {
@@ -185,6 +205,7 @@ export class DecodeAttention {
     const { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, cache } = shape;
     const t = shape.dtype as keyof typeof DECODE_TYPES;
     const G = H / KV;
+    if (!this.groups.includes(G)) throw new Error(`decode attention: this module was compiled for ${this.groups.join(', ')} query heads per KV head, not ${G} (${H}/${KV}); DecodeAttention.compile(kernels, { groups: [${G}] }) or without groups for all`);
     const C = decodeChunks(M, cache);
     if (R > 65535) throw new Error(`decode attention: ${R} rows past the grid's 65,535`);
     const append = this.fn(decodeKernelName.append(t, cache, D), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'f32', 'ptr', 'i32', 'i32', 'i32', 'i32', 'i32'] as AppendSig);

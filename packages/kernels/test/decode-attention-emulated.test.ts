@@ -5,7 +5,8 @@
  * key/value written or quantized in place, every other position untouched), the split over its
  * chunks (128 positions native, 256 e4m3) with rows ending mid-chunk, past and on a chunk boundary,
  * at length 1 and at the cache length, and the log-sum-exp merge; for e4m3 caches the prefill's
- * quantize kernel against the same per-vector rule. Every head size and group for both cache kinds,
+ * quantize kernel against the same per-vector rule. Every head size and power-of-two group for both cache kinds
+ * (and G 3, 5, 6, 7 at head size 128, 3 and 6 at 64: groups that are not a power of two),
  * launched with the TypeScript plan's chunk, elements a thread and shared bytes; the append on q/k/v
  * packed in one projection (row strides) equal to the plain one bit for bit; the split with the combine
  * folded in (the last CTA of a row merges) equal to split + combine bit for bit, its counters back to 0
@@ -17,7 +18,7 @@ import { execFileSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { DECODE_GROUPS, DECODE_HEAD_DIMS, DECODE_TYPES, decodeAttentionCore, decodeAttentionSource, decodeKernelName, decodeSplitChunk, decodeSplitPlan, decodeSplitSmem, type DecodeCacheKind } from '@lathe/kernels';
+import { DECODE_GROUPS, DECODE_HEAD_DIMS, DECODE_TYPES, decodeAttentionCore, decodeAttentionSource, decodeAttentionSourceFor, decodeKernelName, decodeSplitChunk, decodeSplitPlan, decodeSplitSmem, type DecodeCacheKind } from '@lathe/kernels';
 
 const here = join(__dirname, 'emulation');
 let harness = '';
@@ -27,7 +28,7 @@ beforeAll(() => {
   writeFileSync(join(dir, 'da.cu'), decodeAttentionCore);
   harness = join(dir, 'decode-harness');
   execFileSync('g++', ['-std=c++20', '-O1', '-pthread', `-I${here}`, `-I${dir}`, '-o', harness, join(here, 'decode-harness.cpp')], { stdio: 'pipe' });
-}, 120_000);
+}, 300_000);
 
 interface Err {
   max_err: number;
@@ -69,10 +70,12 @@ function expectClose(r: Result, dtype: 'bf16' | 'fp16', cache: Cache): void {
 
 describe.each(['native', 'fp8'] as const)('bf16, %s cache, QK-norm, cache length 300', (cache) => {
   const chunk = decodeSplitChunk(kindOf(cache));
+  // the harness's builds: powers of two at both head sizes, the others at 128 and either side of the e4m3 plan's switch at 64
+  const groupsAt: Record<number, number[]> = { 128: [...DECODE_GROUPS], 64: [1, 2, 3, 4, 6, 8] };
   for (const D of DECODE_HEAD_DIMS) {
-    for (const G of DECODE_GROUPS) {
+    for (const G of groupsAt[D]) {
       test(`head size ${D}, G ${G}: rows at the cache length, one past and on the ${chunk} boundary, at 1, mid-chunk`, () => {
-        const KV = G <= 2 ? 2 : 1;
+        const KV = G <= 2 || G === 5 ? 2 : 1;
         const r = run(5, KV, G, D, 'bf16', cache, 300, true, [300, chunk + 1, chunk, 1, 77]);
         expect(r.chunks).toBe(Math.ceil(300 / chunk));
         expectClose(r, 'bf16', cache);
@@ -106,7 +109,11 @@ test('the fused combine: a row of length 0 gets zeros, rows of one chunk, severa
 
 test('the plan: e4m3 16 elements a thread up to G 4, 8 past it, chunks of 256; native 8 over 128', () => {
   expect(decodeSplitPlan(4, 'float8e4m3')).toEqual({ chunk: 256, elems: 16 });
-  expect(decodeSplitPlan(8, 'float8e4m3')).toEqual({ chunk: 256, elems: 8 });
+  expect(decodeSplitPlan(3, 'float8e4m3')).toEqual({ chunk: 256, elems: 16 });
+  for (const G of [5, 6, 7, 8]) expect(decodeSplitPlan(G, 'float8e4m3')).toEqual({ chunk: 256, elems: 8 });
+  expect(decodeSplitPlan(7, 'native')).toEqual({ chunk: 128, elems: 8 });
+  // G 5 at 128: nothing rounds up to a power of two
+  expect(decodeSplitSmem(128, 5, 'float8e4m3')).toBe(4 * (5 * 256 + 10 + 4 * 5 * 128 + 2 * 256));
   expect(decodeSplitPlan(2, 'native')).toEqual({ chunk: 128, elems: 8 });
   // scores [G][chunk], max/sum [G][2], 4 warps' partials [4][G][D], e4m3 scales [2][chunk]
   expect(decodeSplitSmem(128, 2, 'float8e4m3')).toBe(4 * (2 * 256 + 4 + 4 * 2 * 128 + 2 * 256));
@@ -128,7 +135,26 @@ test('the source has an entry point for exactly the kernels a step, quantize and
       }
     }
   }
-  const have = [...decodeAttentionSource.matchAll(/extern "C" __global__ void __launch_bounds__\([^)]*\) (\w+)\(/g)].map((m) => m[1]);
+  const have = entries(decodeAttentionSource);
   expect(have.length).toBe(new Set(have).size);
   expect(new Set(have)).toEqual(want);
+  // G 5 (Qwen3-14B's 40/8) among them, for both cache kinds
+  for (const name of ['da_split_bf16_d128_g5', 'da_split_fp8_d128_g5', 'da_splitc_bf16_d128_g5', 'da_splitc_fp8_bf16_d128_g5', 'da_splitc_fp16_d64_g5']) expect(have).toContain(name);
+  expect(DECODE_GROUPS).toEqual([1, 2, 3, 4, 5, 6, 7, 8]);
+});
+
+const entries = (source: string) => [...source.matchAll(/extern "C" __global__ void __launch_bounds__\([^)]*\) (\w+)\(/g)].map((m) => m[1]);
+
+test('a module of some groups has their splits and every other kernel; groups outside 1..8 are refused', () => {
+  const all = entries(decodeAttentionSource);
+  const g5 = entries(decodeAttentionSourceFor({ groups: [5] }));
+  const isSplit = (n: string) => /^da_splitc?_/.test(n);
+  expect(g5.filter((n) => !isSplit(n))).toEqual(all.filter((n) => !isSplit(n)));
+  expect(g5.filter(isSplit).every((n) => n.endsWith('_g5'))).toBe(true);
+  // per type and head size: native split, native fused, e4m3 fused; e4m3 split per head size
+  expect(g5.filter(isSplit).length).toBe(2 * 2 * 3 + 2);
+  expect(decodeAttentionSourceFor({ groups: [5, 2, 5] })).toBe(decodeAttentionSourceFor({ groups: [2, 5] }));
+  expect(decodeAttentionSourceFor()).toBe(decodeAttentionSource);
+  expect(() => decodeAttentionSourceFor({ groups: [9] })).toThrow(/no build for 9 query heads per KV head \(the kernels take 1, 2, 3, 4, 5, 6, 7, 8\)/);
+  expect(() => decodeAttentionSourceFor({ groups: [] })).toThrow(/groups is empty/);
 });

@@ -3,7 +3,8 @@
  * RoPE on the host, the new key/value appended into the bound cache in place, attention over each
  * row's length) against the same engine on ONNX Runtime's GroupQueryAttention (CPU, float32): the
  * same greedy tokens and log-probs; with an e4m3 cache (prefill's presents quantized by the quantize
- * op, the step reading bytes and scales) log-probs within e4m3's error and not equal (the op is in the path).
+ * op, the step reading bytes and scales) log-probs within e4m3's error and not equal (the op is in the path);
+ * at groups that are not a power of two (G 5: 10 query heads over 2 KV heads; G 7: 7 over 1) the same.
  */
 import { CausalLM, type HfConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
@@ -85,4 +86,43 @@ test('bad options are named', () => {
   expect(() => KvCacheGenerator.create(model, { temperature: 0, rows: 2, maxLength: 20, decodeAttention: wrongEps })).toThrow(/epsilon 0.001 is not the model's rms_norm_eps/);
   ops.dispose();
   wrongEps.dispose();
+});
+
+describe.each([
+  [5, 10, 2],
+  [7, 7, 1],
+])('G %i (%i query heads over %i KV heads)', (G, H, KV) => {
+  const { dir: gDir } = tinyModel({ ...wideQwen3, hidden_size: 48, num_attention_heads: H, num_key_value_heads: KV }, 11 + G);
+  const gModel = CausalLM.fromPretrainedSync(gDir, { device });
+  afterAll(() => gModel.dispose());
+  const gRun = async (opts: { decodeAttention?: KvDecodeAttention; kvCacheDtype?: 'model' | 'float8e4m3' }): Promise<Completion[]> => {
+    const kv = KvCacheGenerator.create(gModel, { temperature: 0, rows: 2, maxLength: 16, ...opts });
+    try {
+      return await kv.generate(prompts.slice(0, 3), { maxNewTokens: 6 });
+    } finally {
+      kv.dispose();
+    }
+  };
+
+  test('the op gives GroupQueryAttention’s tokens and log-probs; an e4m3 cache its first cache-reading token', async () => {
+    expect(gModel.config.numHeads / gModel.config.numKvHeads).toBe(G);
+    const want = await gRun({});
+    const native = decodeAttentionOps('cpu', undefined, { qkNormEpsilon: gModel.config.rmsNormEps });
+    const got = await gRun({ decodeAttention: native });
+    expect(native.stats.computes).toBeGreaterThan(0);
+    expect(got.map((c) => c.tokens)).toEqual(want.map((c) => c.tokens));
+    got.forEach((c, k) => c.logprobs.forEach((x, t) => expect(Math.abs(x - want[k].logprobs[t])).toBeLessThan(2e-4)));
+    const fp8 = decodeAttentionOps('cpu', undefined, { cache: 'float8e4m3', qkNormEpsilon: gModel.config.rmsNormEps });
+    const q = await gRun({ decodeAttention: fp8, kvCacheDtype: 'float8e4m3' });
+    // the prefill's token exact; the first cache-reading step's log-prob moved by e4m3's rounding only (the op-level bound is decode-check-cpu's check phase)
+    let maxDiff = 0;
+    q.forEach((c, k) => {
+      expect(c.tokens[0]).toBe(want[k].tokens[0]);
+      maxDiff = Math.max(maxDiff, Math.abs(c.rawLogprobs[1] - want[k].rawLogprobs[1]));
+    });
+    expect(maxDiff).toBeGreaterThan(0);
+    expect(maxDiff).toBeLessThan(0.25);
+    native.dispose();
+    fp8.dispose();
+  }, 120_000);
 });

@@ -1,7 +1,7 @@
 /**
  * The host rule of the decode-attention ops: e4m3 encoding (`__nv_cvt_float_to_fp8`'s round to
  * nearest even with saturation) against hand-worked values, per-vector quantization within half an
- * e4m3 step, and the unsupported shapes named.
+ * e4m3 step, and the unsupported shapes named (groups past 8 among them).
  */
 import { decodeAttentionUnsupported, e4m3Decode, e4m3Encode, quantizeE4m3Reference } from '@lathe/kernels';
 
@@ -50,7 +50,10 @@ test('shapes the kernels do not take are named', () => {
   const base = { dtype: 'bfloat16' as const, headDim: 128, numHeads: 16, numKvHeads: 8, cache: 'native' as const };
   expect(decodeAttentionUnsupported(base)).toBeUndefined();
   expect(decodeAttentionUnsupported({ ...base, headDim: 96 })).toMatch(/head size 96/);
-  expect(decodeAttentionUnsupported({ ...base, numHeads: 40 })).toMatch(/5 query heads per KV head/);
+  // every group 1..8 has a build (Qwen3-14B's 40/8, Qwen2.5-7B's 28/4); past 8 it is named
+  for (const [H, KV] of [[8, 8], [24, 8], [40, 8], [48, 8], [28, 4], [64, 8]]) expect(decodeAttentionUnsupported({ ...base, numHeads: H, numKvHeads: KV })).toBeUndefined();
+  expect(decodeAttentionUnsupported({ ...base, numHeads: 72 })).toBe('9 query heads per KV head (72/8; the kernels take 1 to 8)');
+  expect(decodeAttentionUnsupported({ ...base, numHeads: 128, cache: 'float8e4m3' })).toMatch(/16 query heads per KV head/);
   expect(decodeAttentionUnsupported({ ...base, numHeads: 12 })).toMatch(/must divide/);
   expect(decodeAttentionUnsupported({ ...base, dtype: 'float32' })).toMatch(/bfloat16 or float16/);
   expect(decodeAttentionUnsupported({ ...base, dtype: 'float32', headDim: 16, numHeads: 4, numKvHeads: 2 }, 'cpu')).toBeUndefined();

@@ -38,10 +38,18 @@
  *   agreement. With random weights (no --model) the distributions are near-flat and the KL tiny: pass
  *   --model DIR (a Qwen3 folder) for a meaningful number.
  *
+ * - sweep: the split kernel's tuning sweep (see sweepPhase): variants over loads issued together (2, 4,
+ *   8), chunk (e4m3 128/256/512, bf16 64/128/256), elements a thread (e4m3 8, 16; bf16 8) and a
+ *   `__launch_bounds__` minimum of CTAs an SM (none, 4, 8), built in modules of their own, at 256 rows,
+ *   heads 16/8 and 32/8 of 128, --lengths (default 256,512,768,2048 here) over a cache of 2048: one
+ *   line a variant (ms, GB/s, vs_default, its float32 output against the default variant's ≤ 1e-3),
+ *   then sweep_best per (cache, G, length). CUDA only. --sweep-groups 2,4 and --sweep-caches
+ *   native,float8e4m3 (the defaults) narrow it.
+ *
  * --cpu: a smoke test of this script on the CPU (float32, a tiny model and tiny cases, the ops' host
  * compute in place of the kernels, no time phase): it checks the script, not the kernels.
  *
- * usage: node .bundle/decode-check.js [--phases compile,check,time,generate,kl] [--reps 20] [--lengths 1,256,512,768] [--heads 16,8] [--model DIR]
+ * usage: node .bundle/decode-check.js [--phases compile,check,time,generate,kl,sweep] [--reps 20] [--lengths 1,256,512,768] [--heads 16,8] [--model DIR]
  *          [--rows 256] [--new 512] [--engines gqa,kernel,kernel+fp8 (a base gqa | gqa-unfused | kernel | kernel+fp8 | kernel+fp8-unfused, then any of +swiglu +concat +bf16res +all +pick +fc)] [--kl-rows 32] [--kl-steps 128] [--cpu]
  *        (phases also: pick)
  */
@@ -55,7 +63,17 @@ import {
   decodeAttentionOps,
   decodeAttentionReference,
   decodeChunks,
+  decodeSplitDefaultVariant,
+  decodeSplitSmem,
+  decodeSplitSweepSource,
+  decodeSplitSweepVariants,
+  decodeSweepCombineName,
+  decodeSweepKernelName,
+  DECODE_GROUPS,
+  DECODE_SWEEP_SPACE,
+  DECODE_THREADS,
   e4m3Decode,
+  sameDecodeSplitVariant,
   GreedyPickKernels,
   greedyPickOps,
   greedyPickReference,
@@ -67,7 +85,9 @@ import {
   type DecodeAttentionShape,
   type DecodeCombine,
   type DecodeStepPart,
+  type DecodeSplitVariant,
   type GreedyPickOps,
+  type KernelModule,
   type SwigluOps,
 } from '@lathe/kernels';
 import { Device, fromBfloat16Bits, fromFloat16Bits, hostTensor, toBfloat16Bits, toFloat16Bits, type DeviceTensor } from '@lathe/runtime';
@@ -96,8 +116,18 @@ const CASES: Case[] = [
   { name: 'r2_hd64_g4', rows: 2, numHeads: 8, numKvHeads: 2, headDim: 64, maxLength: 256, dtype: 'bfloat16', lens: [256, 77] },
   { name: 'r4_m600_g4_256s', rows: 4, numHeads: 32, numKvHeads: 8, headDim: 128, maxLength: 600, dtype: 'bfloat16', lens: [600, 257, 256, 512] },
   { name: 'r2_fp16_g1', rows: 2, numHeads: 8, numKvHeads: 8, headDim: 128, maxLength: 200, dtype: 'float16', lens: [200, 3] },
+  // groups that are not a power of two: Qwen3-14B's 40/8 (G 5), Qwen2.5-7B's 28/4 (G 7), G 3 and G 6 (the e4m3 plan's 8 elements a thread past G 4)
+  { name: 'r3_m600_g5_40x8', rows: 3, numHeads: 40, numKvHeads: 8, headDim: 128, maxLength: 600, dtype: 'bfloat16', lens: [600, 257, 1] },
+  { name: 'r3_m300_g7_28x4', rows: 3, numHeads: 28, numKvHeads: 4, headDim: 128, maxLength: 300, dtype: 'bfloat16', lens: [300, 128, 77] },
+  { name: 'r2_m300_g3_12x4', rows: 2, numHeads: 12, numKvHeads: 4, headDim: 128, maxLength: 300, dtype: 'bfloat16', lens: [300, 129] },
+  { name: 'r2_hd64_g6_fp16', rows: 2, numHeads: 12, numKvHeads: 2, headDim: 64, maxLength: 256, dtype: 'float16', lens: [256, 5] },
 ];
-const CPU_CASES: Case[] = [{ name: 'cpu_tiny', rows: 3, numHeads: 4, numKvHeads: 2, headDim: 16, maxLength: 40, dtype: 'float32', lens: [40, 7, 1] }];
+const CPU_CASES: Case[] = [
+  { name: 'cpu_tiny', rows: 3, numHeads: 4, numKvHeads: 2, headDim: 16, maxLength: 40, dtype: 'float32', lens: [40, 7, 1] },
+  { name: 'cpu_g3', rows: 2, numHeads: 3, numKvHeads: 1, headDim: 16, maxLength: 40, dtype: 'float32', lens: [33, 1] },
+  { name: 'cpu_g5', rows: 2, numHeads: 10, numKvHeads: 2, headDim: 16, maxLength: 40, dtype: 'float32', lens: [40, 3] },
+  { name: 'cpu_g7', rows: 2, numHeads: 7, numKvHeads: 1, headDim: 16, maxLength: 40, dtype: 'float32', lens: [40, 17] },
+];
 
 /** A tiny Qwen3 for --cpu (GroupQueryAttention's rotary needs head_dim ≥ 16). */
 const TINY: HfConfig = { ...QWEN3_0_6B, vocab_size: 64, hidden_size: 64, intermediate_size: 96, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, max_position_embeddings: 256 };
@@ -311,6 +341,36 @@ function checkCase(device: Device, ops: Record<CacheKind, DecodeAttentionOps>, f
   return pass;
 }
 
+/**
+ * Random bf16 and e4m3 caches of `cacheShape` [R, KV, M, D] (two each, K and V) and e4m3 scales of 1/64:
+ * the kernels' time does not depend on the values. bf16 from random bits of a small range, e4m3 from
+ * random bytes; a random block tiled over the cache (filling 268 M elements one by one would take seconds).
+ */
+function randomCaches(device: Device, cacheShape: number[], rand: () => number): { bf: DeviceTensor[]; f8: DeviceTensor[]; sc: DeviceTensor[] } {
+  const [R, KV, M, D] = cacheShape;
+  const tiled = <A extends Uint16Array | Uint8Array>(make: (n: number) => A, value: () => number): A => {
+    const n = R * KV * M * D;
+    const out = make(n);
+    const block = 1 << 16;
+    for (let i = 0; i < block; i++) out[i] = value();
+    for (let at = block; at < n; at += block) out.copyWithin(at, 0, Math.min(block, n - at));
+    return out;
+  };
+  const bf = [0, 1].map(() => device.upload({ data: tiled((n) => new Uint16Array(n), () => 0x3c00 + Math.floor(rand() * 0x3ff)), dims: cacheShape }, 'bfloat16'));
+  const f8 = [0, 1].map(() => device.upload({ data: tiled((n) => new Uint8Array(n), () => Math.floor(rand() * 0x7e)), dims: cacheShape }, 'uint8'));
+  const sc = [0, 1].map(() => device.upload({ data: new Float32Array(R * KV * M).fill(1 / 64), dims: [R, KV, M] }));
+  return { bf, f8, sc };
+}
+
+/** Device ms of one `fn` (direct launches): 10 untimed, then `reps` between events on the kernels' stream. */
+function timeLaunches(kernels: Kernels, reps: number, fn: () => void): number {
+  for (let r = 0; r < 10; r++) fn();
+  kernels.synchronize();
+  return kernels.time(() => {
+    for (let r = 0; r < reps; r++) fn();
+  }) / reps;
+}
+
 /** The kernels' device time per layer at batch 256 and the Qwen3-0.6B heads, beside GroupQueryAttention and the op as sessions. */
 function timePhase(kernels: Kernels, da: DecodeAttention, device: Device, ops: Record<CacheKind, DecodeAttentionOps>): void {
   const reps = Number(arg('reps', '20'));
@@ -332,28 +392,10 @@ function timePhase(kernels: Kernels, da: DecodeAttention, device: Device, ops: R
   const rope = ropeTables(M, D);
   const cos = device.upload({ data: h.bits(rope.cos), dims: [M, D / 2] }, dt);
   const sin = device.upload({ data: h.bits(rope.sin), dims: [M, D / 2] }, dt);
-  // Random caches (the kernels' time does not depend on the values): bf16 from random bits of a small range, e4m3 bytes from random bytes.
-  // A random block tiled over the cache (filling 268 M elements one by one would take seconds).
-  const tiled = <A extends Uint16Array | Uint8Array>(make: (n: number) => A, value: () => number): A => {
-    const n = R * KV * M * D;
-    const out = make(n);
-    const block = 1 << 16;
-    for (let i = 0; i < block; i++) out[i] = value();
-    for (let at = block; at < n; at += block) out.copyWithin(at, 0, Math.min(block, n - at));
-    return out;
-  };
-  const bf = [0, 1].map(() => device.upload({ data: tiled((n) => new Uint16Array(n), () => 0x3c00 + Math.floor(rand() * 0x3ff)), dims: cacheShape }, dt));
-  const f8 = [0, 1].map(() => device.upload({ data: tiled((n) => new Uint8Array(n), () => Math.floor(rand() * 0x7e)), dims: cacheShape }, 'uint8'));
-  const sc = [0, 1].map(() => device.upload({ data: new Float32Array(R * KV * M).fill(1 / 64), dims: [R, KV, M] }));
+  const { bf, f8, sc } = randomCaches(device, cacheShape, rand);
   const C = Math.max(decodeChunks(M, 'native'), decodeChunks(M, 'float8e4m3'));
   const scratch = { qRot: device.empty('float32', [R, H, D]), oPart: device.empty('float32', [R, H, C, D]), lsePart: device.empty('float32', [R, H, C]), out: device.empty(dt, [R, 1, H * D]) };
-  const time = (fn: () => void) => {
-    for (let r = 0; r < 10; r++) fn();
-    kernels.synchronize();
-    return kernels.time(() => {
-      for (let r = 0; r < reps; r++) fn();
-    }) / reps;
-  };
+  const time = (fn: () => void) => timeLaunches(kernels, reps, fn);
   // One-node sessions on the kernels' stream: GroupQueryAttention as the engine compiles it (ORT_ENABLE_XQA=0 for 2 query heads per KV head), and the op.
   const session = (which: 'gqa' | CacheKind) => {
     const g = new L.Graph(`decode_time_${which}`);
@@ -443,6 +485,156 @@ function timePhase(kernels: Kernels, da: DecodeAttention, device: Device, ops: R
   for (const x of seqlensAt.values()) x.dispose();
   for (const s of Object.values(sessions)) s.dispose();
   for (const x of [q, k, v, qn, cos, sin, ...bf, ...f8, ...sc, ...Object.values(scratch)]) x.dispose();
+}
+
+/** The sweep's groups (--sweep-groups, default 2,4): heads 8·G over 8 KV heads of 128 — Qwen3-0.6B's 16/8, Qwen3-4B/8B's 32/8. */
+function sweepGroups(): number[] {
+  const groups = arg('sweep-groups', '2,4').split(',').map(Number);
+  for (const G of groups) if (!(DECODE_GROUPS as readonly number[]).includes(G)) throw new Error(`--sweep-groups: ${G} is not one of ${DECODE_GROUPS.join(', ')}`);
+  return groups;
+}
+/** The largest relative difference (max abs / max |default|) of a variant's float32 output from the default variant's. */
+const SWEEP_TOLERANCE = 1e-3;
+
+type SplitArgs = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'];
+type CombineArgs = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'];
+const SPLIT_ARGS: SplitArgs = ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'];
+const COMBINE_ARGS: CombineArgs = ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'];
+
+/** The sweep's variants of (cache, G) compiled: one module, or, when it fails, each variant alone (the failures named). */
+function compileSweep(kernels: Kernels, cache: CacheKind, G: number, variants: DecodeSplitVariant[]): { built: { v: DecodeSplitVariant; mod: KernelModule }[]; failed: { v: DecodeSplitVariant; error: string }[]; ms: number } {
+  const options = [`-I${cudaIncludeDir()}`, '--std=c++17'];
+  const t0 = performance.now();
+  const name = `lathe_decode_sweep_${cache}_g${G}`;
+  try {
+    const mod = kernels.compile(decodeSplitSweepSource(variants), { name, options });
+    return { built: variants.map((v) => ({ v, mod })), failed: [], ms: performance.now() - t0 };
+  } catch {
+    const built: { v: DecodeSplitVariant; mod: KernelModule }[] = [];
+    const failed: { v: DecodeSplitVariant; error: string }[] = [];
+    for (const v of variants) {
+      try {
+        built.push({ v, mod: kernels.compile(decodeSplitSweepSource([v]), { name: `${name}_${decodeSweepKernelName(v)}`, options }) });
+      } catch (e) {
+        failed.push({ v, error: (e instanceof Error ? e.message : String(e)).slice(0, 2000) });
+      }
+    }
+    return { built, failed, ms: performance.now() - t0 };
+  }
+}
+
+/**
+ * The split kernel's tuning sweep (CUDA only): for each cache kind and {@link SWEEP_HEADS} shape, every
+ * variant of `decodeSplitSweepVariants` (loads issued together, chunk, elements a thread, the
+ * `__launch_bounds__` minimum of CTAs an SM) built in its own module from the step's `da_split`
+ * template, timed alone at 256 rows and each length as the time phase times `split_ms`, its output
+ * (split + a float32 combine) checked against the default variant's; one JSON line a variant, then
+ * the fastest correct variant per (cache, G, length). --sweep-groups and --sweep-caches narrow it
+ * (to split it over device calls). The default variant is also timed through the
+ * step's own module (`main_split_ms`: the same build, so the two should agree).
+ */
+function sweepPhase(kernels: Kernels, da: DecodeAttention, device: Device): boolean {
+  const reps = Number(arg('reps', '20'));
+  const R = 256;
+  const D = 128;
+  const lengths = arg('lengths', '256,512,768,2048').split(',').map(Number);
+  const M = Math.max(2048, Math.ceil(Math.max(...lengths) / 512) * 512);
+  for (const L0 of lengths) if (!(Number.isInteger(L0) && L0 >= 1 && L0 <= M)) throw new Error(`--lengths: ${L0} is not a length in 1..${M}`);
+  const rand = rng(13);
+  const heads = sweepGroups().map((G) => [8 * G, 8] as const);
+  const caches = arg('sweep-caches', 'native,float8e4m3').split(',') as CacheKind[];
+  for (const c of caches) if (c !== 'native' && c !== 'float8e4m3') throw new Error(`--sweep-caches: '${c}' is not native or float8e4m3`);
+  const Hmax = Math.max(...heads.map(([h]) => h));
+  const maxChunks = Math.ceil(M / Math.min(...DECODE_SWEEP_SPACE.native.chunk, ...DECODE_SWEEP_SPACE.float8e4m3.chunk));
+  const seqlensAt = new Map(lengths.map((L0) => [L0, device.upload({ data: new Int32Array(R).fill(L0 - 1), dims: [R] })]));
+  const scratch = { oPart: device.empty('float32', [R, Hmax, maxChunks, D]), lsePart: device.empty('float32', [R, Hmax, maxChunks]), out: device.empty('float32', [R, 1, Hmax * D]) };
+  const outBf16 = device.empty('bfloat16', [R, 1, Hmax * D]);
+  let ok = true;
+  for (const [H, KV] of heads) {
+    const G = H / KV;
+    const cacheShape = [R, KV, M, D];
+    const { bf, f8, sc } = randomCaches(device, cacheShape, rand);
+    const q = device.upload({ data: Float32Array.from({ length: R * H * D }, () => 2 * rand() - 1), dims: [R, H, D] });
+    for (const cache of caches) {
+      const fp8 = cache === 'float8e4m3';
+      const [ck, cv] = fp8 ? f8 : bf;
+      const [ks, vs] = fp8 ? sc : [0n, 0n];
+      const variants = decodeSplitSweepVariants(cache, G, D);
+      const { built, failed, ms: compileMs } = compileSweep(kernels, cache, G, variants);
+      console.log(JSON.stringify({ phase: 'sweep_compile', cache, group: G, variants: variants.length, built: built.length, ms: +compileMs.toFixed(1) }));
+      for (const f of failed) {
+        ok = false;
+        console.log(JSON.stringify({ phase: 'sweep', cache, group: G, variant: decodeSweepKernelName(f.v), compile_error: f.error, ok: false }));
+      }
+      const def = decodeSplitDefaultVariant(cache, G, D);
+      const runVariant = (v: DecodeSplitVariant, mod: KernelModule) => {
+        const split = mod.kernel(decodeSweepKernelName(v), SPLIT_ARGS);
+        const combine = mod.kernel(decodeSweepCombineName(D, v.chunk), COMBINE_ARGS);
+        const C = Math.ceil(M / v.chunk);
+        const smem = decodeSplitSmem(D, G, cache, v.chunk);
+        return {
+          split: (seqlens: DeviceTensor) => () => split.launch({ grid: [C, KV, R], block: DECODE_THREADS, sharedBytes: smem }, q, ck, cv, ks, vs, seqlens, scratch.oPart, scratch.lsePart, M, KV, C, 1 / Math.sqrt(D)),
+          combine: (seqlens: DeviceTensor) => combine.launch({ grid: R * H, block: D }, scratch.oPart, scratch.lsePart, seqlens, scratch.out, M, H, C),
+        };
+      };
+      // The default variant's output and time at each length: what every other variant is held to.
+      const defBuilt = built.find((b) => sameDecodeSplitVariant(b.v, def));
+      if (!defBuilt) {
+        ok = false;
+        continue;
+      }
+      const reference = new Map<number, { out: Float32Array; ms: number }>();
+      const outOf = (launch: ReturnType<typeof runVariant>, seqlens: DeviceTensor) => {
+        launch.split(seqlens)();
+        launch.combine(seqlens);
+        kernels.synchronize();
+        return (scratch.out.download().data as Float32Array).slice(0, R * H * D);
+      };
+      const bytesAt = (L0: number) => R * KV * L0 * D * 2 * (fp8 ? 1 : 2) + (fp8 ? R * KV * L0 * 2 * 4 : 0);
+      const results: { v: DecodeSplitVariant; by: Map<number, { ms: number; rel: number }> }[] = [];
+      for (const { v, mod } of [defBuilt, ...built.filter((b) => b !== defBuilt)]) {
+        const launch = runVariant(v, mod);
+        const isDefault = v === defBuilt.v;
+        const by = new Map<number, { ms: number; rel: number }>();
+        const perLength: Record<string, unknown>[] = [];
+        let variantOk = true;
+        for (const L0 of lengths) {
+          const seqlens = seqlensAt.get(L0)!;
+          const out = outOf(launch, seqlens);
+          const ms = timeLaunches(kernels, reps, launch.split(seqlens));
+          if (isDefault) reference.set(L0, { out, ms });
+          const ref = reference.get(L0)!;
+          const stat = isDefault ? { rel: 0, finite: out.every(Number.isFinite) } : relErr(out, ref.out);
+          const good = stat.finite && stat.rel <= SWEEP_TOLERANCE;
+          variantOk &&= good;
+          by.set(L0, { ms, rel: good ? stat.rel : Infinity });
+          const row: Record<string, unknown> = { length: L0, ms: +ms.toFixed(4), gb_per_s: Math.round(bytesAt(L0) / ms / 1e6), vs_default: +(ref.ms / ms).toFixed(3), rel_vs_default: stat.rel, ok: good };
+          if (isDefault) {
+            // the same build through the step's module: its split part, as the time phase's split_ms
+            const shape: DecodeAttentionShape = { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, dtype: 'bfloat16', cache };
+            const args = { q: 0n, k: 0n, v: 0n, cacheK: ck, cacheV: cv, kScale: ks, vScale: vs, seqlens, cos: 0n, sin: 0n, out: outBf16, qRot: q, oPart: scratch.oPart, lsePart: scratch.lsePart };
+            row.main_split_ms = +timeLaunches(kernels, reps, () => da.step(shape, args, undefined, ['split'])).toFixed(4);
+          }
+          perLength.push(row);
+        }
+        ok &&= variantOk;
+        results.push({ v, by });
+        console.log(JSON.stringify({ phase: 'sweep', cache, heads: [H, KV, D], group: G, rows: R, cache_length: M, variant: decodeSweepKernelName(v), default: isDefault, chunk: v.chunk, elems: v.elems, unroll: v.unroll, min_blocks: v.minBlocks, by_length: perLength, ok: variantOk }));
+      }
+      for (const L0 of lengths) {
+        const ranked = results.filter((r) => Number.isFinite(r.by.get(L0)!.rel)).sort((a, b) => a.by.get(L0)!.ms - b.by.get(L0)!.ms);
+        const best = ranked[0];
+        if (!best) continue;
+        const ms = best.by.get(L0)!.ms;
+        console.log(
+          JSON.stringify({ phase: 'sweep_best', cache, group: G, length: L0, variant: decodeSweepKernelName(best.v), chunk: best.v.chunk, elems: best.v.elems, unroll: best.v.unroll, min_blocks: best.v.minBlocks, ms: +ms.toFixed(4), gb_per_s: Math.round(bytesAt(L0) / ms / 1e6), vs_default: +(reference.get(L0)!.ms / ms).toFixed(3) }),
+        );
+      }
+    }
+    for (const x of [q, ...bf, ...f8, ...sc]) x.dispose();
+  }
+  for (const x of [...seqlensAt.values(), ...Object.values(scratch), outBf16]) x.dispose();
+  return ok;
 }
 
 /** Ragged prompts of lo..hi tokens (seeded). */
@@ -790,7 +982,8 @@ function pickPhase(device: Device, pick: GreedyPickOps, gpu?: { kernels: Kernels
 }
 
 async function main(): Promise<void> {
-  const { cpu, phases } = phasesOf(['compile', 'check', 'time', 'generate', 'kl', 'pick'], ['check', 'generate', 'kl', 'pick']);
+  if (flag('cpu') && arg('phases', '').split(',').includes('sweep')) throw new Error('--phases sweep builds and times CUDA variants of the split kernel: it has no CPU form (drop --cpu, or run --cpu with the check, generate, kl or pick phases)');
+  const { cpu, phases } = phasesOf(['compile', 'check', 'time', 'generate', 'kl', 'pick', 'sweep'], ['check', 'generate', 'kl', 'pick']);
   const engines = arg('engines', 'gqa,kernel,kernel+fp8').split(',') as Engine[];
   for (const e of engines) parseEngine(e);
   if (flag('split')) throw new Error('--split: the v1 split was removed; there is one split kernel (drop the flag)');
@@ -805,8 +998,18 @@ async function main(): Promise<void> {
   else {
     ({ kernels, device } = Kernels.withDevice());
     const t0 = performance.now();
-    da = DecodeAttention.compile(kernels, { includeDir: cudaIncludeDir() });
-    if (phases.includes('compile')) console.log(JSON.stringify({ phase: 'compile', ms: +(performance.now() - t0).toFixed(1), compiled: kernels.counts.compiled, cached: kernels.counts.cached, target: kernels.target }));
+    // every group for the phases that run models and cases of several; the time and sweep phases only their own
+    const [tH, tKV] = arg('heads', '16,8').split(',').map(Number);
+    const own = [...(phases.includes('time') ? [tH / tKV] : []), ...(phases.includes('sweep') ? sweepGroups() : [])];
+    const allGroups = phases.some((p) => ['compile', 'check', 'generate', 'kl'].includes(p)) || own.some((g) => !(DECODE_GROUPS as readonly number[]).includes(g));
+    da = DecodeAttention.compile(kernels, { includeDir: cudaIncludeDir(), ...(allGroups || own.length === 0 ? {} : { groups: own }) });
+    if (phases.includes('compile')) {
+      const ms = +(performance.now() - t0).toFixed(1);
+      // a module of one group (what a model needs: Qwen3-0.6B's 2), beside the one of every group
+      const t1 = performance.now();
+      DecodeAttention.compile(kernels, { includeDir: cudaIncludeDir(), groups: [2] });
+      console.log(JSON.stringify({ phase: 'compile', ms, groups: da.groups.length, one_group_ms: +(performance.now() - t1).toFixed(1), compiled: kernels.counts.compiled, cached: kernels.counts.cached, target: kernels.target }));
+    }
   }
   const provider = cpu ? 'cpu' : 'cuda';
   const modelDir = arg('model', '');
@@ -826,6 +1029,7 @@ async function main(): Promise<void> {
   const fused = opsOf('fused');
   if (phases.includes('check')) for (const c of cpu ? CPU_CASES : CASES) for (const cache of ['native', 'float8e4m3'] as const) ok = checkCase(device, ops, fused, c, cache) && ok;
   if (phases.includes('time')) timePhase(kernels!, da!, device, ops);
+  if (phases.includes('sweep')) ok = sweepPhase(kernels!, da!, device) && ok;
   // the greedy-pick kernel on the sessions' stream (the ops' host rule with --cpu), for the pick phase and the +pick engines
   if (phases.includes('pick') || engines.some((e) => parseEngine(e).mods.has('pick'))) {
     pickKernels = kernels && GreedyPickKernels.compile(kernels, { includeDir: cudaIncludeDir() });

@@ -237,7 +237,7 @@ static void run(int R, int KV, int M, bool qknorm, const Split& split, const std
   std::printf("{%s,%s,%s,%s,\"untouched\":%s,\"quantize_equal\":%s,\"packed_equal\":%s,\"fused_equal\":%s,\"counters_zero\":%s,\"counts_exact\":%s,\"chunks\":%d}\n", js("out", eo).c_str(), js("q", eq).c_str(), js("k_new", ek).c_str(), js("v_new", ev).c_str(), untouched ? "true" : "false", quantize_equal ? "true" : "false", packed_equal ? "true" : "false", fused_equal ? "true" : "false", counters_zero ? "true" : "false", counts_exact ? "true" : "false", NC);
 }
 
-// bf16 has a build for every head size and group; fp16 for 128/2 and 64/4 (the types share the split's code).
+// bf16 has a build for every head size and power-of-two group, and 128/3, 5, 6, 7 and 64/3, 6; fp16 for 128/2 and 64/4 (the types share the split's code).
 template <typename T, typename C>
 static void dispatch(int R, int KV, int G, int D, int M, bool qknorm, const Split& split, const std::vector<int>& lens) {
   if (D == 128 && G == 2) return run<T, C, 128, 2>(R, KV, M, qknorm, split, lens);
@@ -249,6 +249,13 @@ static void dispatch(int R, int KV, int G, int D, int M, bool qknorm, const Spli
     if (D == 64 && G == 1) return run<T, C, 64, 1>(R, KV, M, qknorm, split, lens);
     if (D == 64 && G == 2) return run<T, C, 64, 2>(R, KV, M, qknorm, split, lens);
     if (D == 64 && G == 8) return run<T, C, 64, 8>(R, KV, M, qknorm, split, lens);
+    // groups that are not a power of two: every one at 128, one a side of the e4m3 plan's G 4 switch at 64
+    if (D == 128 && G == 3) return run<T, C, 128, 3>(R, KV, M, qknorm, split, lens);
+    if (D == 128 && G == 5) return run<T, C, 128, 5>(R, KV, M, qknorm, split, lens);
+    if (D == 128 && G == 6) return run<T, C, 128, 6>(R, KV, M, qknorm, split, lens);
+    if (D == 128 && G == 7) return run<T, C, 128, 7>(R, KV, M, qknorm, split, lens);
+    if (D == 64 && G == 3) return run<T, C, 64, 3>(R, KV, M, qknorm, split, lens);
+    if (D == 64 && G == 6) return run<T, C, 64, 6>(R, KV, M, qknorm, split, lens);
   }
   std::fprintf(stderr, "decode-harness: no build for D %d, G %d\n", D, G);
   std::exit(2);
