@@ -4,11 +4,13 @@
  * {@link resolveDecodeOptions}, then built into the `KvCacheGenerator` options they name by
  * {@link decodeEngineOptions} — the same options tools/bench/rollout/lathe-kv-generate.ts's `--fast` passes.
  */
+import type { DType } from '@lathe/onnx';
 import type { DecoderConfig } from '@lathe/models';
-import type { DeviceKind } from '@lathe/runtime';
+import { Device, type DeviceKind } from '@lathe/runtime';
 import type { GenerationEngine, KvCacheGeneratorOptions } from '@lathe/rollout';
-import { cudaIncludeDir, DecodeAttention, decodeAttentionOps, SwigluKernels, swigluOps, type DecodeAttentionOps, type Kernels, type SwigluOps } from '@lathe/kernels';
+import { cudaIncludeDir, DecodeAttention, decodeAttentionOps, decodeAttentionUnsupported, probeKernels, SwigluKernels, swigluOps, type DecodeAttentionOps, type Kernels, type SwigluOps } from '@lathe/kernels';
 import { decodeOptions } from './common-options';
+import { kernelsOfDevice } from './scaffold';
 import type { ConfigOf } from './options';
 
 /** `--kv_cache_dtype`, `--decode_attention`, `--swiglu_kernel` and `--residual_dtype` as a command's config holds them. */
@@ -25,6 +27,17 @@ export interface DecodeFacts {
   kernelsUnavailable?: string;
   /** Why Lathe's decode attention kernel cannot take the model's heads in the compute dtype (`decodeAttentionUnsupported`); absent when it can. Read on cuda only. */
   attentionUnsupported?: string;
+}
+
+/**
+ * The cuda facts {@link resolveDecodeOptions} reads for a model in `dtype`: whether Lathe's kernels can run
+ * in this process (NVRTC and the driver, and cuda:0 not already opened without them) and whether the decode
+ * attention kernel takes the model's heads with the cache `kv_cache_dtype` asks for.
+ */
+export function cudaDecodeFacts(config: DecoderConfig, dtype: DType, kvCacheDtype: DecodeOptionsConfig['kv_cache_dtype'] | undefined): Pick<DecodeFacts, 'kernelsUnavailable' | 'attentionUnsupported'> {
+  const probe = Device.isOpen('cuda', 0) ? (kernelsOfDevice(0) ? { ok: true as const } : { ok: false as const, reason: 'cuda:0 was opened in this process without them' }) : probeKernels();
+  const attentionUnsupported = decodeAttentionUnsupported({ numHeads: config.numHeads, numKvHeads: config.numKvHeads, headDim: config.headDim, dtype, cache: kvCacheDtype === 'float8e4m3' ? 'float8e4m3' : 'native' });
+  return { ...(probe.ok ? {} : { kernelsUnavailable: probe.reason }), ...(attentionUnsupported ? { attentionUnsupported } : {}) };
 }
 
 /** The decode options a run uses: what {@link decodeEngineOptions} builds. */

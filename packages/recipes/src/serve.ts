@@ -9,12 +9,10 @@ import type { AddressInfo } from 'node:net';
 import type { Server } from 'node:http';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, readConfig, type DecoderConfig } from '@lathe/models';
-import { Device } from '@lathe/runtime';
-import { decodeAttentionUnsupported, probeKernels } from '@lathe/kernels';
 import { HfTokenizer } from '@lathe/tokenizer';
 import { createOpenAiServer, kvCacheUnsupported, registerServeTokenizerLoader, Scheduler, SlotEngine, startThreadedOpenAiServer, type ServedModel, type TokenizerSource } from '@lathe/rollout';
 import type { ServeConfig } from './serve-config';
-import { decodeEngineOptions, resolveDecodeOptions, type DecodeEngineOptions, type DecodeFacts, type DecodeOptionsConfig, type ResolvedDecodeOptions } from './decode-options';
+import { cudaDecodeFacts, decodeEngineOptions, resolveDecodeOptions, type DecodeEngineOptions, type DecodeFacts, type DecodeOptionsConfig, type ResolvedDecodeOptions } from './decode-options';
 import { kernelsOfDevice, openDevice } from './scaffold';
 import { isAdapterFolder, loadAdapterMerged, readAdapterConfig } from './serve-adapter';
 import { loadServeTokenizer } from './serve-tokenizer';
@@ -105,13 +103,7 @@ export async function listenOn(server: Server, host: string, port: number): Prom
  * kernel takes the model's heads in `dtype`.
  */
 export function resolveServeDecode(cfg: Pick<ServeConfig, 'device' | keyof DecodeOptionsConfig>, config: DecoderConfig, dtype: DType): ResolvedDecodeOptions {
-  const facts: DecodeFacts = { device: cfg.device, engine: 'kv-cache' };
-  if (cfg.device === 'cuda') {
-    const probe = Device.isOpen('cuda', 0) ? (kernelsOfDevice(0) ? { ok: true as const } : { ok: false as const, reason: 'cuda:0 was opened in this process without them' }) : probeKernels();
-    if (!probe.ok) facts.kernelsUnavailable = probe.reason;
-    const why = decodeAttentionUnsupported({ numHeads: config.numHeads, numKvHeads: config.numKvHeads, headDim: config.headDim, dtype, cache: cfg.kv_cache_dtype === 'float8e4m3' ? 'float8e4m3' : 'native' });
-    if (why) facts.attentionUnsupported = why;
-  }
+  const facts: DecodeFacts = { device: cfg.device, engine: 'kv-cache', ...(cfg.device === 'cuda' ? cudaDecodeFacts(config, dtype, cfg.kv_cache_dtype) : {}) };
   const { kv_cache_dtype, decode_attention, swiglu_kernel, residual_dtype } = cfg;
   return resolveDecodeOptions({ kv_cache_dtype, decode_attention, swiglu_kernel, residual_dtype }, facts);
 }

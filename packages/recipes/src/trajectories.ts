@@ -23,10 +23,10 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, checkSequenceLength, readConfig, type DecoderConfig } from '@lathe/models';
-import { Device, type DeviceKind } from '@lathe/runtime';
-import { cudaIncludeDir, decodeAttentionUnsupported, GreedyPickKernels, greedyPickOps, probeKernels } from '@lathe/kernels';
+import type { DeviceKind } from '@lathe/runtime';
+import { cudaIncludeDir, GreedyPickKernels, greedyPickOps } from '@lathe/kernels';
 import { kernelsOfDevice, openDevice } from './scaffold';
-import { decodeEngineOptions, resolveDecodeOptions, type DecodeOptionsConfig, type ResolvedDecodeOptions } from './decode-options';
+import { cudaDecodeFacts, decodeEngineOptions, resolveDecodeOptions, type DecodeOptionsConfig, type ResolvedDecodeOptions } from './decode-options';
 import { HfTokenizer, splitThinking } from '@lathe/tokenizer';
 import { MathGrader } from '@lathe/graders';
 import type { Trajectory } from '@lathe/data';
@@ -310,18 +310,6 @@ export function groupsOf(run: readonly PlannedSample[]): PlannedSample[][] {
 const notesWritten = new Set<string>();
 
 /**
- * What the decode options are resolved against on cuda: whether Lathe's kernels can run (the GPU
- * already opened through them, or NVRTC and the driver found) and whether the decode attention
- * kernel takes the model's heads in `dtype`.
- */
-function cudaDecodeFacts(config: DecoderConfig, dtype: DType, decode: Partial<DecodeOptionsConfig>): { kernelsUnavailable?: string; attentionUnsupported?: string } {
-  const probe = Device.isOpen('cuda', 0) ? (kernelsOfDevice(0) ? { ok: true as const } : { ok: false as const, reason: "cuda:0 was opened in this process without them" }) : probeKernels();
-  const cache = decode.kv_cache_dtype === 'float8e4m3' ? 'float8e4m3' : 'native';
-  const attentionUnsupported = decodeAttentionUnsupported({ numHeads: config.numHeads, numKvHeads: config.numKvHeads, headDim: config.headDim, dtype, cache });
-  return { ...(probe.ok ? {} : { kernelsUnavailable: probe.reason }), ...(attentionUnsupported ? { attentionUnsupported } : {}) };
-}
-
-/**
  * Renders, samples and grades trajectories for one model and one set of options. The tokenizer
  * and model config load at `create`; the engine compiles on the first `generate` (so `plan` can
  * check every prompt before any heavy work). Call `dispose()` when done.
@@ -354,7 +342,7 @@ export class TrajectoryGenerator {
     private readonly o: Required<Omit<TrajectoryOptions, 'tokenizer' | 'stopIds' | 'beforeEngineRun' | 'onEngineShrink' | 'standInEngine' | 'decode' | keyof SamplingOptions>> & Pick<TrajectoryOptions, 'stopIds' | 'beforeEngineRun' | 'onEngineShrink' | 'standInEngine' | 'decode'> & { sampling: SamplingOptions },
   ) {
     this.engine = chooseGenerationEngine(o.engine, config, o.device, o.dtype);
-    this.decode = resolveDecodeOptions(o.decode ?? {}, { device: o.device, engine: this.engine.engine, engineWhy: this.engine.why, ...(o.device === 'cuda' && this.engine.engine === 'kv-cache' ? cudaDecodeFacts(config, o.dtype, o.decode ?? {}) : {}) });
+    this.decode = resolveDecodeOptions(o.decode ?? {}, { device: o.device, engine: this.engine.engine, engineWhy: this.engine.why, ...(o.device === 'cuda' && this.engine.engine === 'kv-cache' ? cudaDecodeFacts(config, o.dtype, o.decode?.kv_cache_dtype) : {}) });
     if (this.decode.note && !notesWritten.has(this.decode.note)) {
       notesWritten.add(this.decode.note);
       process.stderr.write(`${this.decode.note}\n`);

@@ -1,5 +1,5 @@
 import type { CommandModule } from 'yargs';
-import { serveSchema, startServe, type ServeConfig } from '@lathe/recipes';
+import { describeDecode, serveSchema, startServe, type ServeConfig } from '@lathe/recipes';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
 import { runInterruptible, stopExitCode } from '../interrupt';
 
@@ -10,7 +10,10 @@ import { runInterruptible, stopExitCode } from '../interrupt';
 export async function serveMain(cfg: ServeConfig): Promise<void> {
   const { stoppedBy } = await runInterruptible(async (signal) => {
     const running = await startServe(cfg, {
-      onLoad: (m) => process.stderr.write(`serve: loading ${m.id} from ${m.dir} (${m.rows} rows × ${m.maxModelLen} positions, ${m.dtype} on ${cfg.device})\n`),
+      onLoad: (m) => {
+        const decode = describeDecode(m.decode);
+        process.stderr.write(`serve: loading ${m.id} from ${m.dir} (${m.rows} rows × ${m.maxModelLen} positions, ${m.dtype} on ${cfg.device}${decode ? ` with ${decode}` : ''})\n`);
+      },
       onRequest: (line) => process.stderr.write(`${line}\n`),
     });
     console.log(JSON.stringify({ url: running.url, models: running.models.map((m) => m.id) }));
