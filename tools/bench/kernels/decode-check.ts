@@ -549,11 +549,11 @@ function sweepPhase(kernels: Kernels, da: DecodeAttention, device: Device): bool
   const seqlensAt = new Map(lengths.map((L0) => [L0, device.upload({ data: new Int32Array(R).fill(L0 - 1), dims: [R] })]));
   const scratch = { oPart: device.empty('float32', [R, Hmax, maxChunks, D]), lsePart: device.empty('float32', [R, Hmax, maxChunks]), out: device.empty('float32', [R, 1, Hmax * D]) };
   const outBf16 = device.empty('bfloat16', [R, 1, Hmax * D]);
+  // every shape has 8 KV heads: one set of caches
+  const { bf, f8, sc } = randomCaches(device, [R, 8, M, D], rand);
   let ok = true;
   for (const [H, KV] of heads) {
     const G = H / KV;
-    const cacheShape = [R, KV, M, D];
-    const { bf, f8, sc } = randomCaches(device, cacheShape, rand);
     const q = device.upload({ data: Float32Array.from({ length: R * H * D }, () => 2 * rand() - 1), dims: [R, H, D] });
     for (const cache of caches) {
       const fp8 = cache === 'float8e4m3';
@@ -631,9 +631,9 @@ function sweepPhase(kernels: Kernels, da: DecodeAttention, device: Device): bool
         );
       }
     }
-    for (const x of [q, ...bf, ...f8, ...sc]) x.dispose();
+    q.dispose();
   }
-  for (const x of [...seqlensAt.values(), ...Object.values(scratch), outBf16]) x.dispose();
+  for (const x of [...seqlensAt.values(), ...Object.values(scratch), outBf16, ...bf, ...f8, ...sc]) x.dispose();
   return ok;
 }
 
