@@ -122,8 +122,8 @@ export interface DecodeEngineOptions {
   dispose(): void;
 }
 
-/** The kernels compiled once per set of device kernels (each eval model builds its engine anew). */
-const compiledDecode = new WeakMap<Kernels, DecodeAttention>();
+/** The kernels compiled once per set of device kernels (each eval model builds its engine anew); the decode kernel for each query-heads-per-KV-head group a model needs. */
+const compiledDecode = new WeakMap<Kernels, Map<number, DecodeAttention>>();
 const compiledSwiglu = new WeakMap<Kernels, SwigluKernels>();
 
 /**
@@ -131,15 +131,19 @@ const compiledSwiglu = new WeakMap<Kernels, SwigluKernels>();
  * whose stream the engine's sessions run on; needed exactly when `decode` uses a kernel). The decode
  * kernel merges its chunks in a separate launch (`combine` separate), as `--fast` does.
  */
-export function decodeEngineOptions(decode: ResolvedDecodeOptions, kernels: Kernels | undefined, config: Pick<DecoderConfig, 'rmsNormEps'>): DecodeEngineOptions {
+export function decodeEngineOptions(decode: ResolvedDecodeOptions, kernels: Kernels | undefined, config: Pick<DecoderConfig, 'rmsNormEps' | 'numHeads' | 'numKvHeads'>): DecodeEngineOptions {
   const needs = decode.decodeAttention === 'kernel' || decode.swiglu;
   if (needs && !kernels) throw new Error("the decode options ask for Lathe's CUDA kernels, but cuda:0 was opened in this process without them (its sessions run on ONNX Runtime's own stream); run the command in a fresh process");
   const include = { includeDir: cudaIncludeDir() };
   let attention: DecodeAttentionOps | undefined;
   let swiglu: SwigluOps | undefined;
   if (kernels && decode.decodeAttention === 'kernel') {
-    let k = compiledDecode.get(kernels);
-    if (!k) compiledDecode.set(kernels, (k = DecodeAttention.compile(kernels, include)));
+    // only the model's group is compiled: every group is twice the split kernels to compile on a cold cache
+    const group = config.numHeads / config.numKvHeads;
+    let byGroup = compiledDecode.get(kernels);
+    if (!byGroup) compiledDecode.set(kernels, (byGroup = new Map()));
+    let k = byGroup.get(group);
+    if (!k) byGroup.set(group, (k = DecodeAttention.compile(kernels, { ...include, groups: [group] })));
     attention = decodeAttentionOps('cuda', k, { cache: decode.kvCacheDtype === 'float8e4m3' ? 'float8e4m3' : 'native', qkNormEpsilon: config.rmsNormEps, combine: 'separate' });
   }
   if (kernels && decode.swiglu) {
