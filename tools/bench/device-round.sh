@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The open issues' device measurements as calls of at most 10 minutes on one 4-GPU host
-# (nvidia-h100-x4 or nvidia-h200-x4), after the two boot calls of ../shared/device/README.md, in the
-# order of what they decide (a session's ~30 minutes fit the first three):
+# (nvidia-h100-x4 or nvidia-h200-x4), after the two boot calls of ../shared/device/README.md. a, dp, b and
+# lora ran on 2026-11-28 (docs/benchmarks.md); the next session's order: q14, scale, sweep, serve (a
+# session's ~30 minutes fit about three):
 #   bash tools/bench/build-device-bundles.sh --pack lathe-step lathe-kv-generate grpo-step decode-check \
-#     dp-check dp-launch eval-bench quant-bench sft-dp
+#     dp-check dp-launch eval-bench quant-bench sft-dp serve-bench
 #   a    : suite gen group (Lathe's --fast engine against transformers in the same call: issue 37's 10×),
 #          quant-bench at the Qwen3-8B shape (issue 30 where decoding is weight-bound), decode checks
 #          (the fused combine), lathe eval's path with the decode options
@@ -16,6 +17,10 @@
 #          lane: two lanes at most on a 4-GPU host), the W4A16 kernel's per-shape bandwidth and tuned split-K plans
 #          at the Qwen3-8B shapes (M 1-16, with the A/B of the tuned plans) after lathe sft --lora_rank in bf16 on
 #          the recipe's path (sft-dp.js), beside the suite's gen group (issue 37)
+#   sweep: the decode split kernel's variants (decode-check --phases sweep, e4m3 and bf16 at G 2 on lane 0, G 4 on
+#          lane 1) and G 5's split bandwidth (Qwen3-14B's 40/8 heads), for the next tuning round of issue 37
+#   serve: lathe serve's decode options against offline at 256 clients (the old default, the new SwiGLU
+#          default, the bf16 residual, the e4m3 cache), one lane each
 # Each lane runs on its own GPU beside the others (device-lanes.sh): they share the host's CPUs, so say
 # so beside any figure. Results under $OUT; the last lines printed are the ones to read.
 set -uo pipefail
@@ -29,7 +34,7 @@ lanes() { OUT=$OUT/lanes LANE_TIMEOUT=${LANE_TIMEOUT:-570} bash tools/bench/devi
 # weight-bound its step is (weights_share_of_step)
 q="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel --threads 16"
 summaries() { grep -E '"summary":true' "$OUT/lanes/lanes.log" | cut -c1-1500; }
-case "${1:?a | dp | b | lora | scale | q14}" in
+case "${1:?a | dp | b | lora | scale | q14 | sweep | serve}" in
   a)
     eval_bench="node .bundle/eval-bench.js --tokenizer .bundle/qwen3-tokenizer --data-dir fixtures/eval --benchmarks math500,gsm8k --n 32 --max-new 512 --batch 256 --temperature 0"
     lanes \
@@ -72,5 +77,17 @@ case "${1:?a | dp | b | lora | scale | q14}" in
     summaries
     grep -h '"flags"' "$OUT/gen/suite.json" 2> /dev/null | cut -c1-400
     ;;
-  *) echo "device-round.sh: a | dp | b | lora | scale | q14" >&2; exit 2 ;;
+  sweep)
+    lanes \
+      "node .bundle/decode-check.js --phases sweep --sweep-groups 2" \
+      "node .bundle/decode-check.js --phases sweep --sweep-groups 4" \
+      "node .bundle/decode-check.js --phases compile,time --heads 40,8; node .bundle/decode-check.js --phases time --heads 28,4"
+    grep -hE '"sweep_best"|"phase":"time"|"phase":"compile"' "$OUT/lanes/lanes.log" | cut -c1-600
+    ;;
+  serve)
+    s="node .bundle/serve-bench.js --shape qwen3-0.6b --device cuda --cuda-graph --rows 256 --client-threads 4 --http-thread true --warmup --clients 256 --direct"
+    lanes "$s --swiglu-kernel false" "$s" "$s --residual-dtype compute" "$s --kv-cache-dtype float8e4m3 --residual-dtype compute"
+    grep -hE '"summary"|"clients":256' "$OUT/lanes/lanes.log" | cut -c1-900
+    ;;
+  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve" >&2; exit 2 ;;
 esac
