@@ -14,6 +14,7 @@ import { addSlotDecodeStep, addSlotPrefill, KvCacheGenerator, SlotEngine, type S
 import { decodeAttentionOps, swigluOps } from '@lathe/kernels';
 import { decodeOptions, defaults, describeDecode, generateSchema, resolveConfig, resolveServeDecode, serveSchema, startServe, type ResolvedDecodeOptions, type ServeConfig, type ServeEvents } from '@lathe/recipes';
 import { tinyServeModel } from './serve-helpers';
+import { slotGreedy } from '../../../tools/bench/serve/slot-decode-check';
 
 const dir = tinyServeModel('decode-options');
 const serve = (over: Partial<ServeConfig>, events?: ServeEvents) => startServe({ ...defaults(serveSchema), port: 0, ...over }, events);
@@ -120,26 +121,7 @@ describe('the slot engine with each decode option (CPU, float32)', () => {
   function slots(o: Options & Pick<SlotEngineOptions, 'staticPrefill'>): SlotToken[][] {
     const engine = SlotEngine.create(model, { slots: 3, maxLength: 32, ...o });
     try {
-      const got = prompts.map(() => [] as SlotToken[]);
-      const owner = new Map<number, number>();
-      const take = (ts: SlotToken[]) => {
-        for (const t of ts) {
-          const i = owner.get(t.slot)!;
-          got[i].push(t);
-          if (got[i].length === maxNew[i]) {
-            engine.release(t.slot);
-            owner.delete(t.slot);
-          }
-        }
-      };
-      for (let next = 0; next < prompts.length || owner.size; ) {
-        if (next < prompts.length && engine.free > 0) {
-          const [a] = engine.admit([{ prompt: prompts[next], rows: [{ sampling: { temperature: 0 }, seed: 0, key: 0 }] }]);
-          owner.set(a.slots[0], next++);
-          take(a.tokens);
-        }
-        take(engine.step());
-      }
+      const got = slotGreedy(engine, prompts, maxNew);
       expect(engine.free).toBe(3);
       return got;
     } finally {

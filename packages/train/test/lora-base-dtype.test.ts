@@ -11,22 +11,11 @@ import { join } from 'node:path';
 import * as L from '@lathe/onnx';
 import { CausalLM, paramSpecs, randomModel } from '@lathe/models';
 import { Device, fromBfloat16Bits, toBfloat16Bits, toFloat16Bits } from '@lathe/runtime';
+import { tinyQwen3 } from '../../models/test/tiny';
 import { initLora, loraAdapters, loraBaseDtype, mergedLoraWeights, mergeLora, uploadLoraBase, type LoraConfig } from '@lathe/train';
 
-const hf = {
-  architectures: ['Qwen3ForCausalLM'],
-  vocab_size: 40,
-  hidden_size: 16,
-  intermediate_size: 24,
-  num_hidden_layers: 1,
-  num_attention_heads: 2,
-  num_key_value_heads: 1,
-  head_dim: 8,
-  rms_norm_eps: 1e-6,
-  rope_theta: 10000,
-  max_position_embeddings: 64,
-  tie_word_embeddings: false,
-};
+// one layer, untied: the LM head is its own matrix, so a LoRA target can merge into it
+const hf = { ...tinyQwen3, num_hidden_layers: 1, tie_word_embeddings: false };
 const dir = mkdtempSync(join(tmpdir(), 'lathe-lora-dtype-'));
 const config = randomModel(dir, hf, { seed: 5, std: 0.3 });
 const base = CausalLM.fromPretrainedSync(dir).float32Weights();

@@ -7,19 +7,23 @@
  */
 import type { DType } from '@lathe/onnx';
 import { CausalLM } from '@lathe/models';
-import { KvCacheGenerator, SlotEngine } from '@lathe/rollout';
+import { KvCacheGenerator, SlotEngine, type SlotToken } from '@lathe/rollout';
 import { decodeEngineOptions, kernelsOfDevice, openDevice, type DecodeEngineOptions, type ResolvedDecodeOptions } from '@lathe/recipes';
 
-/** Greedy tokens and raw log-probs of each prompt through a slot engine of `slots` rows, one admission per step while a slot is free. */
-function slotTokens(engine: SlotEngine, prompts: number[][], maxNew: number): { tokens: number[]; logprobs: number[] }[] {
-  const out = prompts.map(() => ({ tokens: [] as number[], logprobs: [] as number[] }));
+/**
+ * Each prompt's greedy tokens through `engine`, one admission per step while a slot is free (so with
+ * more prompts than slots, later prompts reuse freed slots); `maxNew` tokens each (or the prompt's own
+ * count), after which its slot is released.
+ */
+export function slotGreedy(engine: SlotEngine, prompts: readonly number[][], maxNew: number | readonly number[]): SlotToken[][] {
+  const out = prompts.map(() => [] as SlotToken[]);
+  const limit = (i: number) => (typeof maxNew === 'number' ? maxNew : maxNew[i]);
   const owner = new Map<number, number>();
-  const take = (ts: { slot: number; token: number; rawLogprob: number }[]) => {
+  const take = (ts: readonly SlotToken[]) => {
     for (const t of ts) {
       const i = owner.get(t.slot)!;
-      out[i].tokens.push(t.token);
-      out[i].logprobs.push(t.rawLogprob);
-      if (out[i].tokens.length === maxNew) {
+      out[i].push(t);
+      if (out[i].length === limit(i)) {
         engine.release(t.slot);
         owner.delete(t.slot);
       }
@@ -60,7 +64,7 @@ export async function checkSlotDecode(o: { model: string; device: 'cuda' | 'cpu'
   const runSlots = (extra: DecodeEngineOptions['options']) => {
     const engine = SlotEngine.create(lm, { slots: o.slots, maxLength, ...extra });
     try {
-      return slotTokens(engine, o.prompts, o.maxNew);
+      return slotGreedy(engine, o.prompts, o.maxNew).map((ts) => ({ tokens: ts.map((t) => t.token), logprobs: ts.map((t) => t.rawLogprob) }));
     } finally {
       engine.dispose();
     }
