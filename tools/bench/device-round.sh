@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The open issues' device measurements as calls of at most 10 minutes on one 4-GPU host
-# (nvidia-h100-x4 or nvidia-h200-x4), after the two boot calls of ../shared/device/README.md. a, dp, b and
-# lora ran on 2026-11-28 (docs/benchmarks.md); the next session's order: q14, scale, sweep, serve (a
-# session's ~30 minutes fit about three):
+# (nvidia-h100-x4 or nvidia-h200-x4), after the two boot calls of ../shared/device/README.md; what each
+# part decides is below, their results are in docs/benchmarks.md (a session's ~30 minutes fit about three):
 #   bash tools/bench/build-device-bundles.sh --pack lathe-step lathe-kv-generate grpo-step decode-check \
 #     dp-check dp-launch eval-bench quant-bench sft-dp serve-bench
 #   a    : suite gen group (Lathe's --fast engine against transformers in the same call: issue 37's 10×),

@@ -10,8 +10,8 @@ import { tinyServeModel } from '../../../packages/recipes/test/serve-helpers';
 const bin = join(__dirname, '..', 'bin', 'lathe.cjs');
 const dir = tinyServeModel('tiny-qwen3');
 
-test('--model twice, a JSON line with the URL, both models answer, SIGTERM exits 143', async () => {
-  const p = spawn(process.execPath, [bin, 'serve', '--model', `a=${dir}`, '--model', `b=${dir}`, '--port', '0', '--max_rows', '2', '--max_model_len', '64'], { stdio: ['ignore', 'pipe', 'pipe'] });
+test('--model twice, a JSON line with the URL, both models answer, the load line names the decode options, SIGTERM exits 143', async () => {
+  const p = spawn(process.execPath, [bin, 'serve', '--model', `a=${dir}`, '--model', `b=${dir}`, '--port', '0', '--max_rows', '2', '--max_model_len', '64', '--residual_dtype', 'compute'], { stdio: ['ignore', 'pipe', 'pipe'] });
   let stdout = '';
   let stderr = '';
   p.stdout.on('data', (d) => (stdout += d));
@@ -29,7 +29,7 @@ test('--model twice, a JSON line with the URL, both models answer, SIGTERM exits
       const r = (await (await fetch(`${url}/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model, prompt: 'hi', max_tokens: 3, temperature: 0 }) })).json()) as { model: string; usage: { completion_tokens: number } };
       expect([r.model, r.usage.completion_tokens]).toEqual([model, 3]);
     }
-    expect(stderr).toMatch(/serve: loading a from .* \(2 rows × 64 positions, float32 on cpu\)/);
+    expect(stderr).toMatch(/serve: loading a from .* \(2 rows × 64 positions, float32 on cpu with the residual stream in the compute dtype\)/);
     expect(stderr).toMatch(/POST \/v1\/completions 200 \d+ms/);
   } finally {
     p.kill('SIGTERM');
