@@ -312,6 +312,28 @@ export class QuantizedModel {
     return (this.fused = groups);
   }
 
+  /**
+   * The distinct INT4 weight shapes the `quantizedWeights: 'kernel'` graphs can send through the
+   * kernel: each fused group's concatenated [N, K] ({@link fusedProjections}), every other INT4
+   * layer's, and an INT4 head's, labelled by the first name after the layer prefix — the shapes
+   * `tuneW4A16` of @lathe/kernels measures launch plans for.
+   */
+  kernelShapes(): { name: string; N: number; K: number; blockSize: number }[] {
+    const grouped = new Set(this.fusedProjections().flatMap((g) => g.members));
+    const found = [
+      ...this.fusedProjections().map((g) => ({ name: g.name, layout: g.layout })),
+      ...[...this.layers].filter(([name, m]) => m.format === 'int4' && !grouped.has(name)).map(([name, m]) => ({ name, layout: kernelLayout(m) as NBitsLayout })),
+      ...(this.lmHead?.matrix.format === 'int4' ? [{ name: this.lmHead.name, layout: kernelLayout(this.lmHead.matrix) as NBitsLayout }] : []),
+    ];
+    const out = new Map<string, { name: string; N: number; K: number; blockSize: number }>();
+    for (const { name, layout } of found) {
+      const { N, K, blockSize } = layout.attrs;
+      const key = `${N}x${K}/${blockSize}`;
+      if (!out.has(key)) out.set(key, { name: name.replace(/^model\.layers\.\d+\./, '').replace(/\.weight$/, ''), N, K, blockSize });
+    }
+    return [...out.values()];
+  }
+
   /** The MatMulNBits layouts of the quantized layers and head (INT8, INT4). */
   private nbitsLayouts(): NBitsLayout[] {
     const all = [...this.layers.values(), ...(this.lmHead ? [this.lmHead.matrix] : [])].map(kernelLayout);

@@ -223,6 +223,18 @@ export function samplingFilterOptions(needs = '') {
 /** `--generation_engine`. */
 export const generationEngineOption = { type: 'string', default: 'auto', choices: ['auto', 'kv-cache', 'graph'], describe: 'How completions are generated: kv-cache (prefill, then bound decode-step runs over GroupQueryAttention with in-place KV caches; the fast one on a GPU; needs head_dim a multiple of 16 and, on cuda, bfloat16 or float16 compute), graph (the in-graph generation loop; any model and dtype), or auto (kv-cache where it runs, else graph); the same samples either way up to rounding' } as const;
 
+/**
+ * `--quantized_weights` of the commands that generate from model folders (lathe generate, lathe
+ * eval): how a quantized folder (`lathe quantize`) runs; dense folders are unaffected.
+ */
+export const quantizedWeightsOption = {
+  type: 'string',
+  default: 'auto',
+  choices: ['auto', 'dequantize'],
+  describe:
+    "How a quantized model folder (lathe quantize; config.json has quantization_config) runs. auto: through its quantized kernels in the kv-cache engine — the GPU holds the quantized bytes (4-bit projections about a quarter of their bf16 size, int8 half) and decode steps read them: int4 on cuda with bfloat16/float16 through Lathe's W4A16 kernel in decode steps of up to 16 rows (its launch plans tuned on the GPU at load, a few seconds; MatMulNBits otherwise), int8 and nf4 (and int4 on cpu) through ONNX Runtime's MatMulNBits / MatMulBnb4; needs the kv-cache engine. dequantize: the weights dequantized to dense at load (the dense model's memory and speed, any engine; the projections' values are the same). Dense folders run the same either way",
+} as const;
+
 // ---------------------------------------------------------------------------------------------
 // The KV-cache engine's decode options (lathe generate, lathe eval; resolved by decode-options.ts)
 

@@ -1,5 +1,5 @@
 /** `lathe eval`'s options: defaults, flags, YAML keys and the config saved in the run directory. */
-import { decodeOptions, deviceOption, generationEngineOption, samplingFilterOptions } from './common-options';
+import { decodeOptions, deviceOption, generationEngineOption, quantizedWeightsOption, samplingFilterOptions } from './common-options';
 import { BENCHMARKS } from './eval-benchmarks';
 import type { ConfigOf, OptionSchema } from './options';
 
@@ -48,6 +48,7 @@ export const evalSchema = {
   compute_dtype: { type: 'string', default: 'auto', choices: ['auto', 'float32', 'bfloat16', 'float16'], describe: 'Compute dtype (auto: float32 on cpu, bfloat16 on cuda; bfloat16/float16 need --device cuda)' },
   generation_engine: generationEngineOption,
   ...decodeOptions,
+  quantized_weights: quantizedWeightsOption,
   batch_size: { type: 'number', default: 256, integer: true, min: 1, describe: 'Samples per generation run (the KV-cache rows); all problems × samples are queued, this many in flight' },
 } as const satisfies OptionSchema;
 

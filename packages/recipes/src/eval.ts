@@ -24,7 +24,7 @@ import { benchmarkMetrics, type BenchmarkMetrics, type GradedSample } from './ev
 import { rewardModelSource } from './reward-sources';
 import { modelConfig } from './scaffold';
 import type { ResolvedDecodeOptions } from './decode-options';
-import { finalResponse, TrajectoryGenerator, type TrajectoryEngineRunner, type TrajectoryPrompt } from './trajectories';
+import { finalResponse, TrajectoryGenerator, type ModelWeights, type TrajectoryEngineRunner, type TrajectoryPrompt } from './trajectories';
 
 // ---------------------------------------------------------------------------------------------
 // The loop over any sampler
@@ -275,7 +275,18 @@ export interface EvalRunResult {
 
 /** Callbacks for progress display. */
 export interface EvalRunEvents {
-  onModelStart?(info: { model: string; label: string; problems: number; samples: number; engine: GenerationEngine; why?: string; /** The KV-cache engine's decode options as resolved. */ decode: ResolvedDecodeOptions }): void;
+  onModelStart?(info: {
+    model: string;
+    label: string;
+    problems: number;
+    samples: number;
+    engine: GenerationEngine;
+    why?: string;
+    /** The KV-cache engine's decode options as resolved. */
+    decode: ResolvedDecodeOptions;
+    /** How the model's weights run, loaded (`describeWeights` words it: '' for a dense folder). */
+    weights: ModelWeights;
+  }): void;
   onProgress?(p: { samples: number; total: number; tokens: number; graded: number }): void;
   onModelDone?(r: EvalModelResult): void;
 }
@@ -488,7 +499,9 @@ export async function runEval(cfg: EvalConfig, events: EvalRunEvents = {}, signa
       throw new Error(`--model ${model}: ${msg}${/chat_template/.test(msg) ? ' (use --raw_template with a template of your own, or --prompt_template r1-zero)' : ''}`);
     }
     try {
-      events.onModelStart?.({ model, label: labels[i], problems: problems.length, samples, engine: gen.engine.engine, why: gen.engine.why, decode: gen.decode });
+      // the weights on the device before the start line, which reports how they run
+      const weights = await gen.load();
+      events.onModelStart?.({ model, label: labels[i], problems: problems.length, samples, engine: gen.engine.engine, why: gen.engine.why, decode: gen.decode, weights });
       const r = await evaluateBenchmarks(problems, trajectorySampler(gen, thinking), {
         samples: (b) => samplesFor(b, cfg),
         template: cfg.prompt_template,

@@ -1,5 +1,5 @@
 /** `lathe generate`'s options: defaults, flags, YAML keys and the config saved beside the output. */
-import { decodeOptions, deviceOption, generationEngineOption, resumableOptions, samplingFilterOptions } from './common-options';
+import { decodeOptions, deviceOption, generationEngineOption, quantizedWeightsOption, resumableOptions, samplingFilterOptions } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 import { MAX_SAMPLES_PER_MODE } from './trajectories';
 
@@ -31,6 +31,7 @@ export const generateSchema = {
   device: deviceOption,
   compute_dtype: { type: 'string', default: 'auto', choices: ['auto', 'float32', 'bfloat16', 'float16'], describe: 'Compute dtype (auto: float32 on cpu, bfloat16 on cuda; bfloat16/float16 need --device cuda)' },
   ...decodeOptions,
+  quantized_weights: quantizedWeightsOption,
   ...resumableOptions({
     generation_engine: generationEngineOption,
     batch_size: { type: 'number', default: 64, integer: true, min: 1, describe: 'Samples per generation run (the KV-cache rows): speed and memory, not the samples' },

@@ -11,11 +11,23 @@ import { validateSampling, type GenerationEngine } from '@lathe/rollout';
 import { GENERATE_RESUMABLE_KEYS, type GenerateConfig } from './generate-config';
 import { configChanges, modelConfig } from './scaffold';
 import type { DecodeOptionsConfig, ResolvedDecodeOptions } from './decode-options';
-import { TrajectoryGenerator, type GeneratedTrajectory, type TrajectoryProgress, type TrajectoryPrompt } from './trajectories';
+import { TrajectoryGenerator, type GeneratedTrajectory, type ModelWeights, type TrajectoryProgress, type TrajectoryPrompt } from './trajectories';
 
 /** Callbacks for progress display. */
 export interface GenerateEvents {
-  onStart?(info: { prompts: number; samples: number; parts: number; partsDone: number; samplesDone: number; engine: GenerationEngine; why?: string; /** The KV-cache engine's decode options as resolved. */ decode: ResolvedDecodeOptions }): void;
+  onStart?(info: {
+    prompts: number;
+    samples: number;
+    parts: number;
+    partsDone: number;
+    samplesDone: number;
+    engine: GenerationEngine;
+    why?: string;
+    /** The KV-cache engine's decode options as resolved. */
+    decode: ResolvedDecodeOptions;
+    /** How the weights run, loaded when a part is left to generate (`describeWeights` words it: '' for a dense folder). */
+    weights: ModelWeights;
+  }): void;
   /** After every generation run: samples done of the whole file (resumed parts included). */
   onProgress?(p: TrajectoryProgress): void;
   onPart?(info: { file: string; index: number; rows: number }): void;
@@ -134,11 +146,11 @@ function prepareOutput(cfg: GenerateConfig, paths: ReturnType<typeof generatePat
 }
 
 /** The generation settings stored in the output's footer (what determines the samples, nothing else). */
-function footerMetadata(cfg: GenerateConfig, engine: GenerationEngine, d: ResolvedDecodeOptions): Record<string, string> {
+function footerMetadata(cfg: GenerateConfig, engine: GenerationEngine, d: ResolvedDecodeOptions, w: ModelWeights): Record<string, string> {
   const keys = ['model', 'prompt_format', 'samples_thinking', 'samples_non_thinking', 'max_new_tokens', 'temperature', 'top_k', 'top_p', 'min_p', 'seed', 'grader', 'device', 'compute_dtype'] as const;
   // the decode options as resolved ('auto' made definite), since they change the samples too
   const decode = { kv_cache_dtype: d.kvCacheDtype, decode_attention: d.decodeAttention, swiglu_kernel: d.swiglu, residual_dtype: d.residualDtype };
-  return { 'lathe:generate': JSON.stringify({ ...Object.fromEntries(keys.map((k) => [k, cfg[k]])), sample_key: '(prompt_idx*2 + (thinking===false ? 1 : 0))*65536 + sample_idx', engine, decode }) };
+  return { 'lathe:generate': JSON.stringify({ ...Object.fromEntries(keys.map((k) => [k, cfg[k]])), sample_key: '(prompt_idx*2 + (thinking===false ? 1 : 0))*65536 + sample_idx', engine, decode, weights: w.runs }) };
 }
 
 /**
@@ -170,7 +182,9 @@ export async function runGenerate(cfg: GenerateConfig, events: GenerateEvents = 
     const done = await completeParts(paths.parts, shards.map((s) => s.length * perPrompt));
     result.partsResumed = done.size;
     let samples = [...done].reduce((n, i) => n + shards[i].length * perPrompt, 0);
-    events.onStart?.({ prompts: prompts.length, samples: plan.length, parts: shards.length, partsDone: done.size, samplesDone: samples, engine: gen.engine.engine, why: gen.engine.why, decode: gen.decode });
+    // the weights on the device before the start line, which reports how they run (and the W4A16 plans' tuning time)
+    const weights = done.size < shards.length ? await gen.load() : gen.weights;
+    events.onStart?.({ prompts: prompts.length, samples: plan.length, parts: shards.length, partsDone: done.size, samplesDone: samples, engine: gen.engine.engine, why: gen.engine.why, decode: gen.decode, weights });
     // Columns every part writes, even where a part has no value, so that the parts share one schema.
     const columns = ['sample_idx', 'finish_reason', ...(cfg.prompt_format === 'raw' ? [] : ['thinking']), ...(cfg.grader !== 'none' && prompts.some((p) => p.answer !== undefined) ? ['correct'] : [])];
     for (let i = 0; i < shards.length; i++) {
@@ -195,7 +209,7 @@ export async function runGenerate(cfg: GenerateConfig, events: GenerateEvents = 
     async function* batches() {
       for (let i = 0; i < shards.length; i++) yield* readParquetBatches(partFile(paths.parts, i));
     }
-    result.rows = (await writeParquet(paths.output, batches(), { metadata: footerMetadata(cfg, gen.engine.engine, gen.decode) })).rows;
+    result.rows = (await writeParquet(paths.output, batches(), { metadata: footerMetadata(cfg, gen.engine.engine, gen.decode, gen.weights) })).rows;
     result.correctMean = await correctMean(paths.output);
     rmSync(paths.parts, { recursive: true, force: true });
     return result;
@@ -206,7 +220,7 @@ export async function runGenerate(cfg: GenerateConfig, events: GenerateEvents = 
 
 /** The generator a config describes; the library's errors are given the flag they concern. */
 /** The sampling and engine options of a `TrajectoryGenerator` from a command's options of the same names (lathe generate, lathe eval). */
-export function samplingEngineOptions(cfg: Pick<GenerateConfig, 'max_new_tokens' | 'temperature' | 'top_k' | 'top_p' | 'min_p' | 'seed' | 'device' | 'compute_dtype' | 'generation_engine' | keyof DecodeOptionsConfig>) {
+export function samplingEngineOptions(cfg: Pick<GenerateConfig, 'max_new_tokens' | 'temperature' | 'top_k' | 'top_p' | 'min_p' | 'seed' | 'device' | 'compute_dtype' | 'generation_engine' | 'quantized_weights' | keyof DecodeOptionsConfig>) {
   return {
     maxNewTokens: cfg.max_new_tokens,
     temperature: cfg.temperature,
@@ -218,6 +232,7 @@ export function samplingEngineOptions(cfg: Pick<GenerateConfig, 'max_new_tokens'
     dtype: cfg.compute_dtype === 'auto' ? undefined : cfg.compute_dtype,
     engine: cfg.generation_engine,
     decode: { kv_cache_dtype: cfg.kv_cache_dtype, decode_attention: cfg.decode_attention, swiglu_kernel: cfg.swiglu_kernel, residual_dtype: cfg.residual_dtype },
+    quantizedWeights: cfg.quantized_weights,
   };
 }
 

@@ -23,14 +23,15 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import type { DType } from '@lathe/onnx';
 import { CausalLM, checkSequenceLength, readConfig, type DecoderConfig } from '@lathe/models';
-import type { DeviceKind } from '@lathe/runtime';
-import { cudaIncludeDir, GreedyPickKernels, greedyPickOps } from '@lathe/kernels';
+import type { Device, DeviceKind, DeviceTensor } from '@lathe/runtime';
+import { cudaIncludeDir, GreedyPickKernels, greedyPickOps, tuneW4A16, W4A16, w4a16Ops, w4a16Unsupported, type Kernels, type W4A16Ops } from '@lathe/kernels';
+import { isQuantizedConfig, KERNEL_MAX_ROWS, loadQuantized, schemeFromConfig, type QuantFormat, type QuantScheme } from '@lathe/quantization';
 import { kernelsOfDevice, openDevice } from './scaffold';
 import { cudaDecodeFacts, decodeEngineOptions, resolveDecodeOptions, type DecodeOptionsConfig, type ResolvedDecodeOptions } from './decode-options';
 import { HfTokenizer, splitThinking } from '@lathe/tokenizer';
 import { MathGrader } from '@lathe/graders';
 import type { Trajectory } from '@lathe/data';
-import { chooseGenerationEngine, Generator, KvCacheGenerator, shrinkOnOutOfMemory, validateSampling, type Completion, type EngineChoice, type GenerateCallOptions, type GenerationEngineRequest, type SamplingOptions } from '@lathe/rollout';
+import { chooseGenerationEngine, Generator, KvCacheGenerator, shrinkOnOutOfMemory, validateSampling, type Completion, type EngineChoice, type GenerateCallOptions, type GenerationEngineRequest, type KvCacheGeneratorOptions, type SamplingOptions } from '@lathe/rollout';
 
 // ---------------------------------------------------------------------------------------------
 // Prompts, rows and options
@@ -116,6 +117,12 @@ export interface TrajectoryOptions extends SamplingOptions {
    * {@link resolveDecodeOptions} at `create`, whose errors name the flags.
    */
   decode?: Partial<DecodeOptionsConfig>;
+  /**
+   * How a quantized model folder (config.json has `quantization_config`) runs, as `--quantized_weights`:
+   * 'auto' (default) through its quantized kernels in the KV-cache engine (see {@link planModelWeights}),
+   * 'dequantize' dequantized to dense at load. Dense folders ignore it.
+   */
+  quantizedWeights?: QuantizedWeightsRequest;
   /** How rows are graded: 'math' (default: the math grader, for prompts with an answer), 'none', or a function. */
   grade?: 'math' | 'none' | TrajectoryGrader;
   /**
@@ -192,8 +199,147 @@ export function finalResponse(response: string, promptOpensThink: boolean): stri
   return splitThinking(promptOpensThink ? `<think>${response}` : response).answer;
 }
 
-/** What both engines offer (the KV-cache one sized on demand). */
-type Engine = Required<TrajectoryEngineRunner>;
+// ---------------------------------------------------------------------------------------------
+// How the model's weights run
+
+/** `--quantized_weights`: a quantized folder through its kernels ('auto'), or dequantized to dense at load. */
+export type QuantizedWeightsRequest = 'auto' | 'dequantize';
+
+/** How a generator's weights run ({@link TrajectoryGenerator.weights}); {@link describeWeights} words it. */
+export interface ModelWeights {
+  /** The folder's format: 'dense' when its config.json has no `quantization_config`. */
+  format: 'dense' | QuantFormat;
+  /** A quantized folder's scheme. */
+  scheme?: QuantScheme;
+  /** The compute dtype (dense parameters, scales and activations). */
+  dtype: DType;
+  /**
+   * How the projections run: 'dense' (a dense folder), 'dequantized' (a quantized folder dequantized at
+   * load), 'w4a16' (Lathe's W4A16 kernel in decode steps of up to `KERNEL_MAX_ROWS` rows, MatMulNBits
+   * in the prefill and larger batches), or ONNX Runtime's
+   * 'MatMulNBits' (INT8, INT4) / 'MatMulBnb4' (NF4) over the quantized bytes.
+   */
+  runs: 'dense' | 'dequantized' | 'w4a16' | 'MatMulNBits' | 'MatMulBnb4';
+  /** Why INT4 on cuda runs MatMulNBits rather than the W4A16 kernel (Lathe's kernels are not available). */
+  note?: string;
+  /** Once loaded (the KV-cache engine): seconds the W4A16 launch plans took to tune on the GPU. */
+  tuneSeconds?: number;
+  /** Once loaded (the KV-cache engine): bytes of weights on the device. */
+  deviceBytes?: number;
+  /** Once loaded (the KV-cache engine): the uint8 tensors of quantized codes the graphs read (0 for dense weights). */
+  codeTensors?: number;
+}
+
+/** Row counts the W4A16 launch plans are tuned at: decode batches of the split-K kernels (a launch takes the entry of the fewest rows ≥ its own). */
+export const W4A16_TUNE_ROWS: readonly number[] = [1, 4, 8, 16];
+
+/**
+ * How a model runs, from its folder's quantization scheme (undefined: dense) and the run: with
+ * `request` 'auto' a quantized folder runs through its kernels in the KV-cache engine — INT4 on cuda
+ * in bfloat16/float16 through Lathe's W4A16 kernel (unless `kernelsUnavailable` says why not), INT8
+ * and INT4 otherwise through MatMulNBits, NF4 through MatMulBnb4 — and the graph engine, which reads
+ * dense weights only, is an error naming `--generation_engine` and `--quantized_weights dequantize`.
+ */
+export function planModelWeights(scheme: QuantScheme | undefined, o: { request: QuantizedWeightsRequest; device: DeviceKind; dtype: DType; engine: EngineChoice; kernelsUnavailable?: string }): ModelWeights {
+  if (o.request !== 'auto' && o.request !== 'dequantize') throw new Error(`--quantized_weights must be 'auto' or 'dequantize', got '${String(o.request)}'`);
+  if (!scheme) return { format: 'dense', dtype: o.dtype, runs: 'dense' };
+  const base = { format: scheme.format, scheme, dtype: o.dtype };
+  if (o.request === 'dequantize') return { ...base, runs: 'dequantized' };
+  if (o.engine.engine !== 'kv-cache') {
+    const why = o.engine.why ? `the kv-cache engine cannot run: ${o.engine.why}` : '--generation_engine graph';
+    throw new Error(`--quantized_weights auto: a quantized model (${scheme.format}) runs through its kernels in the kv-cache generation engine only, and this run generates with the graph engine (${why}); use --generation_engine kv-cache where it runs, or --quantized_weights dequantize (the weights dequantized to dense at load: the dense model's memory)`);
+  }
+  if (scheme.format === 'nf4') return { ...base, runs: 'MatMulBnb4' };
+  if (scheme.format === 'int4' && o.device === 'cuda' && (o.dtype === 'bfloat16' || o.dtype === 'float16')) {
+    return o.kernelsUnavailable === undefined ? { ...base, runs: 'w4a16' } : { ...base, runs: 'MatMulNBits', note: `Lathe's W4A16 kernel is not available: ${o.kernelsUnavailable}` };
+  }
+  return { ...base, runs: 'MatMulNBits' };
+}
+
+/** `w` in words for a start line, e.g. `int4 blocks of 64: Lathe's W4A16 kernel in decode steps of up to 16 rows (plans tuned in 2.1 s), MatMulNBits otherwise; 5.52 GiB of weights on the device`; '' for a dense folder. */
+export function describeWeights(w: ModelWeights): string {
+  if (w.format === 'dense' || !w.scheme) return '';
+  const s = w.scheme;
+  const scheme =
+    s.format === 'int8' ? 'int8 per output channel' : s.format === 'int4' ? `int4 blocks of ${s.blockSize ?? 64}${s.zeroPoints ? ' with zero points' : ''}` : `nf4 blocks of ${s.blockSize ?? 64}${s.doubleQuant ? ', double quantization' : ''}`;
+  const how =
+    w.runs === 'dequantized'
+      ? `dequantized to ${w.dtype} at load (--quantized_weights dequantize)`
+      : w.runs === 'w4a16'
+        ? `Lathe's W4A16 kernel in decode steps of up to ${KERNEL_MAX_ROWS} rows${w.tuneSeconds === undefined ? '' : ` (plans tuned in ${w.tuneSeconds.toFixed(1)} s)`}, MatMulNBits otherwise`
+        : `ONNX Runtime's ${w.runs}${w.note ? ` (${w.note})` : ''}`;
+  const bytes = w.deviceBytes === undefined ? '' : `; ${(w.deviceBytes / 2 ** 30).toFixed(w.deviceBytes < 2 ** 30 ? 3 : 2)} GiB of weights on the device`;
+  return `${scheme}: ${how}${bytes}`;
+}
+
+/** The KV-cache engine's weights on the device: how to build a generator over them, what they hold, and their lifetime. */
+export interface EngineWeights {
+  /** A KV-cache generator over these weights with `opts` (graph weights and session options added for quantized ones). */
+  create(opts: KvCacheGeneratorOptions): KvCacheGenerator;
+  /** What the load measured (see {@link ModelWeights}). */
+  loaded: Pick<ModelWeights, 'tuneSeconds' | 'deviceBytes' | 'codeTensors'>;
+  /** Rethrows an error a kernel op raised in a run (their computes cannot throw into ONNX Runtime). */
+  check(): void;
+  /** After every generator over them. */
+  dispose(): void;
+}
+
+/** The W4A16 kernels compiled once per set of device kernels (lathe eval builds an engine per model). */
+const compiledW4A16 = new WeakMap<Kernels, W4A16>();
+
+const byteSum = (ts: Iterable<DeviceTensor>) => [...ts].reduce((n, t) => n + t.byteLength, 0);
+
+/**
+ * A model folder's weights on `device` as `runs` says ({@link planModelWeights}): dense ones (a dense
+ * folder, or a quantized one dequantized) as a `CausalLM`; quantized ones as `loadQuantized(dir)`'s
+ * `generation(…)` — bound kernel tensors, with `w4a16` the decode steps' INT4 projections through
+ * Lathe's W4A16 op (q/k/v and gate/up one launch each), its launch plans tuned on the GPU first
+ * (`tuneW4A16` over the model's distinct projection shapes: the fastest split per shape and decode
+ * rows; `kernels` are those the device was opened through). On the CPU `w4a16` runs the op's host
+ * reference untuned (tests of the wiring; the planner never picks it there).
+ */
+export function engineWeights(dir: string, device: Device, dtype: DType, runs: ModelWeights['runs'], kernels: Kernels | undefined): EngineWeights {
+  if (runs === 'dense' || runs === 'dequantized') {
+    const model = CausalLM.fromPretrainedSync(dir, { device, dtype });
+    return { create: (opts) => KvCacheGenerator.create(model, opts), loaded: { deviceBytes: byteSum(model.weights.values()), codeTensors: 0 }, check: () => {}, dispose: () => model.dispose() };
+  }
+  const q = loadQuantized(dir);
+  let ops: W4A16Ops | undefined;
+  let tuneSeconds: number | undefined;
+  if (runs === 'w4a16') {
+    if (device.kind === 'cuda') {
+      if (!kernels) throw new Error("the W4A16 kernel needs Lathe's CUDA kernels, but cuda:0 was opened in this process without them; run the command in a fresh process, or --quantized_weights dequantize");
+      let w4 = compiledW4A16.get(kernels);
+      if (!w4) compiledW4A16.set(kernels, (w4 = W4A16.compile(kernels, { includeDir: cudaIncludeDir() })));
+      // the shapes the kernel takes (the others keep MatMulNBits), tuned before any session captures a graph
+      const shapes = q.kernelShapes().filter((s) => !w4a16Unsupported({ M: 1, N: s.N, K: s.K, kBlocks: Math.ceil(s.K / s.blockSize), blockSize: s.blockSize, dtype }));
+      const t0 = performance.now();
+      const { table } = tuneW4A16(w4, device, shapes.map((s) => ({ ...s, dtype })), { rows: W4A16_TUNE_ROWS });
+      tuneSeconds = (performance.now() - t0) / 1000;
+      ops = w4a16Ops('cuda', w4, table.launchOptions());
+    } else ops = w4a16Ops(device.kind);
+  }
+  let plan;
+  try {
+    plan = q.generation(device, dtype, ops ? { quantizedWeights: 'kernel', kernel: ops } : {});
+  } catch (e) {
+    ops?.dispose();
+    throw e;
+  }
+  const { tensors, graphWeights, session } = plan;
+  return {
+    create: (opts) => KvCacheGenerator.create(device, q.config, tensors, { ...opts, graphWeights, session: { ...opts.session, ...session, customOpDomains: [...(opts.session?.customOpDomains ?? []), ...(session.customOpDomains ?? [])] } }),
+    loaded: { deviceBytes: byteSum(tensors.values()), codeTensors: [...tensors.values()].filter((t) => t.dtype === 'uint8').length, ...(tuneSeconds === undefined ? {} : { tuneSeconds }) },
+    check: () => ops?.check(),
+    dispose: () => {
+      for (const t of tensors.values()) t.dispose();
+      ops?.dispose();
+    },
+  };
+}
+
+/** What both engines offer (the KV-cache one sized on demand), and what loading the weights measured. */
+type Engine = Required<TrajectoryEngineRunner> & { loaded?: EngineWeights['loaded'] };
 
 /** Called before each generation run with the prompts it prefills. */
 type OnRun = (prompts: number) => void;
@@ -218,7 +364,7 @@ interface KvEngineEvents {
  * largest group, whose samples share one run — and retries the call. Samples depend on their keys
  * alone, so the rows come out the same.
  */
-function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dtype: DType; rows: number; sampling: SamplingOptions; padId: number; maxLength: number; cudaGraph: boolean; decode: ResolvedDecodeOptions }, events: KvEngineEvents): Engine {
+function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dtype: DType; rows: number; sampling: SamplingOptions; padId: number; maxLength: number; cudaGraph: boolean; decode: ResolvedDecodeOptions; weights: ModelWeights['runs'] }, events: KvEngineEvents): Engine {
   // on cuda through Lathe's kernels where NVRTC is present, so a greedy engine picks its tokens with
   // the fused greedy-pick kernel on the sessions' stream (the same tokens; docs/guides/kernels.md),
   // and the decode options' kernels join the same stream
@@ -226,7 +372,14 @@ function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dty
   const kernels = o.kind === 'cuda' ? kernelsOfDevice(0) : undefined;
   const greedyPick = kernels && (o.sampling.temperature ?? 1) === 0 ? greedyPickOps('cuda', GreedyPickKernels.compile(kernels, { includeDir: cudaIncludeDir() })) : undefined;
   const decode = decodeEngineOptions(o.decode, kernels, config);
-  const model = CausalLM.fromPretrainedSync(dir, { device, dtype: o.dtype });
+  let weights: EngineWeights;
+  try {
+    weights = engineWeights(dir, device, o.dtype, o.weights, kernels);
+  } catch (e) {
+    greedyPick?.dispose();
+    decode.dispose();
+    throw e;
+  }
   let built: { gen: KvCacheGenerator; maxLength: number; rows: number } | undefined;
   let rows = o.rows;
   const lengthFor = (n: number) => Math.min(config.maxPositionEmbeddings, Math.ceil(n / LENGTH_QUANTUM) * LENGTH_QUANTUM);
@@ -239,7 +392,7 @@ function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dty
       if (phase === 'prefill') events.onRun(prompts);
     };
     // No groupSize: every call passes sampleKeys, one list per (prompt, mode) group of its run.
-    built = { gen: KvCacheGenerator.create(model, { ...o.sampling, rows: size, maxLength, dtype: o.dtype, padTokenId: o.padId, cudaGraph: o.cudaGraph, beforeRun, ...decode.options, ...(greedyPick ? { greedyPick } : {}) }), maxLength, rows: size };
+    built = { gen: weights.create({ ...o.sampling, rows: size, maxLength, dtype: o.dtype, padTokenId: o.padId, cudaGraph: o.cudaGraph, beforeRun, ...decode.options, ...(greedyPick ? { greedyPick } : {}) }), maxLength, rows: size };
     return built.gen;
   };
   return {
@@ -253,16 +406,19 @@ function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dty
         rows = to;
         events.onShrink(from, to);
       };
-      return shrinkOnOutOfMemory(rows, { minRows, onShrink }, (size) => {
+      return shrinkOnOutOfMemory(rows, { minRows, onShrink }, async (size) => {
         const gen = built && built.maxLength >= need && built.rows === size ? built.gen : build(Math.max(need, built?.maxLength ?? 0));
-        return gen.generate(prompts, call);
+        const out = await gen.generate(prompts, call);
+        weights.check();
+        return out;
       });
     },
+    loaded: weights.loaded,
     dispose: async () => {
       built?.gen.dispose();
       greedyPick?.dispose();
       decode.dispose();
-      model.dispose();
+      weights.dispose();
     },
   };
 }
@@ -319,6 +475,7 @@ export class TrajectoryGenerator {
   readonly engine: EngineChoice;
   /** The KV-cache engine's decode options as resolved for this device and engine ({@link TrajectoryOptions.decode}). */
   readonly decode: ResolvedDecodeOptions;
+  private readonly weightsPlan: ModelWeights;
   private running: Engine | undefined;
   private grader: MathGrader | undefined;
   private readonly stopIds: number[];
@@ -340,9 +497,16 @@ export class TrajectoryGenerator {
     /** The tokenizer, e.g. to decode `output_token_ids`. */
     readonly tokenizer: HfTokenizer,
     private readonly o: Required<Omit<TrajectoryOptions, 'tokenizer' | 'stopIds' | 'beforeEngineRun' | 'onEngineShrink' | 'standInEngine' | 'decode' | keyof SamplingOptions>> & Pick<TrajectoryOptions, 'stopIds' | 'beforeEngineRun' | 'onEngineShrink' | 'standInEngine' | 'decode'> & { sampling: SamplingOptions },
+    /** The folder's quantization scheme (undefined: dense). */
+    scheme: QuantScheme | undefined,
   ) {
     this.engine = chooseGenerationEngine(o.engine, config, o.device, o.dtype);
-    this.decode = resolveDecodeOptions(o.decode ?? {}, { device: o.device, engine: this.engine.engine, engineWhy: this.engine.why, ...(o.device === 'cuda' && this.engine.engine === 'kv-cache' ? cudaDecodeFacts(config, o.dtype, o.decode?.kv_cache_dtype) : {}) });
+    const facts = o.device === 'cuda' && this.engine.engine === 'kv-cache' ? cudaDecodeFacts(config, o.dtype, o.decode?.kv_cache_dtype) : {};
+    this.weightsPlan = planModelWeights(scheme, { request: o.quantizedWeights, device: o.device, dtype: o.dtype, engine: this.engine, kernelsUnavailable: facts.kernelsUnavailable });
+    const decode = resolveDecodeOptions(o.decode ?? {}, { device: o.device, engine: this.engine.engine, engineWhy: this.engine.why, ...facts });
+    // packing q/k/v and gate/up is for dense weights: a quantized model's kernel path concatenates its own, and the decode kernel takes them apart
+    const quantized = this.weightsPlan.runs !== 'dense' && this.weightsPlan.runs !== 'dequantized';
+    this.decode = quantized ? { ...decode, concatProjections: false } : decode;
     if (this.decode.note && !notesWritten.has(this.decode.note)) {
       notesWritten.add(this.decode.note);
       process.stderr.write(`${this.decode.note}\n`);
@@ -361,7 +525,8 @@ export class TrajectoryGenerator {
   /** Loads the model's config and tokenizer and checks the options (errors name the option). */
   static async create(model: string, options: TrajectoryOptions): Promise<TrajectoryGenerator> {
     if (!existsSync(join(model, 'config.json'))) throw new Error(`model folder ${model}: no config.json (expected a Hugging Face model folder)`);
-    const { config } = readConfig(model);
+    const { config, raw } = readConfig(model);
+    const scheme = isQuantizedConfig(raw) ? schemeFromConfig(raw, join(model, 'config.json')) : undefined;
     const format = options.format ?? 'chat';
     const device = options.device ?? 'cpu';
     const o = {
@@ -382,6 +547,7 @@ export class TrajectoryGenerator {
       onEngineShrink: options.onEngineShrink,
       standInEngine: options.standInEngine,
       decode: options.decode,
+      quantizedWeights: options.quantizedWeights ?? 'auto',
     } as const;
     const count = (name: string, v: number) => {
       if (!Number.isInteger(v) || v < 0 || v >= MAX_SAMPLES_PER_MODE) throw new Error(`${name} must be an integer in [0, ${MAX_SAMPLES_PER_MODE}), got ${v}`);
@@ -408,7 +574,25 @@ export class TrajectoryGenerator {
         throw new Error(`format chat: ${tokenizer.dir}'s chat template ignores enable_thinking, so thinking and non-thinking samples would be the same prompt; sample one mode only (samplesNonThinking 0)`);
       }
     }
-    return new TrajectoryGenerator(model, config, tokenizer, o);
+    return new TrajectoryGenerator(model, config, tokenizer, o, scheme);
+  }
+
+  /**
+   * How the model's weights run ({@link planModelWeights}); after {@link load} (or the first
+   * `generate`) with what the KV-cache engine's load measured: bytes on the device, code tensors,
+   * the W4A16 plans' tuning time. {@link describeWeights} words it.
+   */
+  get weights(): ModelWeights {
+    return { ...this.weightsPlan, ...this.running?.loaded };
+  }
+
+  /**
+   * Reads the weights onto the device now (the first `generate` does otherwise) — with INT4 on cuda
+   * after tuning the W4A16 kernel's launch plans — so that a start line can report {@link weights}.
+   */
+  async load(): Promise<ModelWeights> {
+    await this.engineFor([]);
+    return this.weights;
   }
 
   /**
@@ -573,7 +757,7 @@ export class TrajectoryGenerator {
         this.work.engineRows = to;
         o.onEngineShrink?.(from, to);
       };
-      this.running = kvEngine(this.dir, this.config, { kind: o.device, dtype: o.dtype, rows: o.batchSize, sampling: o.sampling, padId, maxLength: longest + o.maxNewTokens, cudaGraph: o.cudaGraph, decode: this.decode }, { onRun, onShrink, beforeRun: o.beforeEngineRun });
+      this.running = kvEngine(this.dir, this.config, { kind: o.device, dtype: o.dtype, rows: o.batchSize, sampling: o.sampling, padId, maxLength: longest + o.maxNewTokens, cudaGraph: o.cudaGraph, decode: this.decode, weights: this.weightsPlan.runs }, { onRun, onShrink, beforeRun: o.beforeEngineRun });
     } else {
       // A call's groups hold at most batchSize samples in all, so maxPromptsPerRun = batchSize never
       // cuts a run; the KV budget still may (samples unchanged: they depend on their keys alone).
