@@ -18,9 +18,9 @@
  *   written (or quantized) into the cache at that position.
  * - `da_split_<c>_d<D>_g<G>`: a CTA of 128 threads per (chunk of positions, KV head, row), shaped by
  *   {@link decodeSplitPlan}: the scores of all G query heads of the KV head against the chunk's keys
- *   (each key read once, one load a thread: 16 bytes, or 8 for e4m3 past G 4), the chunk's softmax,
- *   and P·V; writes the chunk's normalized output and log-sum-exp. An e4m3 cache goes in 16 elements
- *   a thread (G ≤ 4) over chunks of 256 positions (a native one 8 over 128), its per-position scales
+ *   (each key read once, one load a thread: 16 bytes native, 8 e4m3), the chunk's softmax, and P·V;
+ *   writes the chunk's normalized output and log-sum-exp. An e4m3 cache goes in chunks of 512
+ *   positions up to G 4 (256 past it; a native one 256, 128 past G 4), its per-position scales
  *   loaded at the start (coalesced, off the streaming loops) and applied in the softmax pass; the
  *   value pass's first loads are issued before the softmax, and the P·V rows are summed by warp
  *   shuffles before one [warps][G][D] exchange. The grid covers the cache length M (a CUDA graph
@@ -41,7 +41,7 @@ export const DECODE_THREADS = 128;
 export const DECODE_HEAD_DIMS = [64, 128] as const;
 /** Query heads per KV head with a build (Qwen2.5-7B has 7, Qwen3-14B and Qwen2.5-14B/32B 5). */
 export const DECODE_GROUPS = [1, 2, 3, 4, 5, 6, 7, 8] as const;
-/** Passes of a split CTA whose cache loads are issued together (`da_split`'s U) in the builds a step launches. */
+/** Passes of a split CTA whose cache loads are issued together (`da_split`'s U) where no plan names its own. */
 export const DECODE_SPLIT_UNROLL = 4;
 /** Largest finite e4m3 value: a vector's amax maps to it. */
 export const FP8_E4M3_MAX = 448;
@@ -52,17 +52,16 @@ export const DECODE_TYPES = { bfloat16: { c: '__nv_bfloat16', suffix: 'bf16' }, 
 /** How the cache is held: in the compute dtype, or as e4m3 bytes with per-vector scales. */
 export type DecodeCacheKind = 'native' | 'float8e4m3';
 
-/** Positions per split CTA by cache kind: an e4m3 CTA reads half a bf16 one's bytes, so twice the positions carry its fixed costs. */
-const SPLIT_CHUNK: Record<DecodeCacheKind, number> = { native: 128, float8e4m3: 256 };
-/** An e4m3 thread takes 16 elements (one 16-byte load) up to this group; past it the queries and accumulators (2·G·16 floats) would crowd the registers. */
-const E4M3_WIDE_MAX_GROUP = 4;
-
-/** The split kernel's shape: positions per CTA, and cache elements per thread and load. */
+/** The split kernel's build: positions per CTA, cache elements per thread and load, loads in flight, and its CTA bound. */
 export interface DecodeSplitPlan {
   /** Cache positions per CTA (the grid's x is the cache length over it). */
   chunk: number;
   /** Cache elements a thread takes per position, in one load. */
   elems: number;
+  /** Passes whose cache loads are issued together (`da_split`'s U). */
+  unroll: number;
+  /** `__launch_bounds__`' minimum resident CTAs an SM (registers capped to fit), or 0 for none. */
+  minBlocks: number;
 }
 
 /** Which groups a module builds (see {@link decodeAttentionSourceFor}). */
@@ -80,15 +79,27 @@ export function decodeGroupsOf(groups?: readonly number[]): number[] {
   return [...new Set(groups)].sort((a, b) => a - b);
 }
 
-/** The plan of the split kernel for `cache` and `group` query heads per KV head (the same for both head sizes). */
+/**
+ * The plan of the split kernel for `cache` and `group` query heads per KV head (the same for both head
+ * sizes): up to G 4 the fastest variants of `decode-check --phases sweep` at G 2 and G 4 (docs/guides/kernels.md) —
+ * an e4m3 cache 512 positions a CTA, 8 bytes a load, 8 passes in flight (G ≤ 2 also bounded to 8 CTAs an SM), a
+ * native one 256 positions, 16-byte loads, 4 passes, 8 CTAs an SM; G 1 and 3 take their neighbours'. Past G 4 (not
+ * swept) the earlier plan: 256 e4m3 and 128 native positions, 8 elements a thread, 4 passes, no bound.
+ */
 export function decodeSplitPlan(group: number, cache: DecodeCacheKind = 'native'): DecodeSplitPlan {
-  const elems = cache === 'float8e4m3' && group <= E4M3_WIDE_MAX_GROUP ? 16 : 8;
-  return { chunk: SPLIT_CHUNK[cache], elems };
+  if (cache === 'float8e4m3') return group <= 4 ? { chunk: 512, elems: 8, unroll: 8, minBlocks: group <= 2 ? 8 : 0 } : { chunk: 256, elems: 8, unroll: DECODE_SPLIT_UNROLL, minBlocks: 0 };
+  return group <= 4 ? { chunk: 256, elems: 8, unroll: 4, minBlocks: 8 } : { chunk: 128, elems: 8, unroll: DECODE_SPLIT_UNROLL, minBlocks: 0 };
 }
 
-/** Cache positions per split CTA of `cache` (the chunk count and the combine follow it). */
-export function decodeSplitChunk(cache: DecodeCacheKind = 'native'): number {
-  return SPLIT_CHUNK[cache];
+/** Cache positions per split CTA of `cache` at `group` (the chunk count and the combine follow it). */
+export function decodeSplitChunk(cache: DecodeCacheKind, group: number): number {
+  return decodeSplitPlan(group, cache).chunk;
+}
+
+/** Every chunk size a plan of {@link DECODE_GROUPS} uses, ascending (one combine build each). */
+export function decodeSplitChunks(): number[] {
+  const all = DECODE_GROUPS.flatMap((g) => (['native', 'float8e4m3'] as const).map((c) => decodeSplitChunk(c, g)));
+  return [...new Set(all)].sort((a, b) => a - b);
 }
 
 /**
@@ -118,24 +129,29 @@ export const decodeKernelName = {
   copy: () => 'da_copy32',
 };
 
-/** The split's entry point for cache element `C`, its chunk and elements a thread from {@link decodeSplitPlan}. */
+/** A split build's `__launch_bounds__` arguments: the CTA's threads, and the plan's minimum CTAs an SM when it has one. */
+function splitBounds(minBlocks: number): string {
+  return minBlocks > 0 ? `DA_THREADS, ${minBlocks}` : 'DA_THREADS';
+}
+
+/** The split's entry point for cache element `C`, built as {@link decodeSplitPlan} says. */
 function splitEntry(t: TypeName, C: string, cache: DecodeCacheKind, D: number, G: number): string {
-  const { chunk, elems } = decodeSplitPlan(G, cache);
-  return `extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.split(t, cache, D, G)}(const float* q, const ${C}* cache_k, const ${C}* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, int M, int KV, int n_chunks, float scale) { da_split<${C}, ${D}, ${G}, ${chunk}, ${elems}>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale); }`;
+  const { chunk, elems, unroll, minBlocks } = decodeSplitPlan(G, cache);
+  return `extern "C" __global__ void __launch_bounds__(${splitBounds(minBlocks)}) ${decodeKernelName.split(t, cache, D, G)}(const float* q, const ${C}* cache_k, const ${C}* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, int M, int KV, int n_chunks, float scale) { da_split<${C}, ${D}, ${G}, ${chunk}, ${elems}, float, false, ${unroll}>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale); }`;
 }
 
 /** The split with the combine folded in: `out` [R, 1, H·D] in T and `counters` int32 [R·KV] (zero between launches) besides the split's arguments. */
 function splitFusedEntry(t: TypeName, C: string, cache: DecodeCacheKind, D: number, G: number): string {
-  const { chunk, elems } = decodeSplitPlan(G, cache);
+  const { chunk, elems, unroll, minBlocks } = decodeSplitPlan(G, cache);
   const T = DECODE_TYPES[t].c;
-  return `extern "C" __global__ void __launch_bounds__(DA_THREADS) ${decodeKernelName.splitFused(t, cache, D, G)}(const float* q, const ${C}* cache_k, const ${C}* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, ${T}* out, int* counters, int M, int KV, int n_chunks, float scale) { da_split<${C}, ${D}, ${G}, ${chunk}, ${elems}, ${T}, true>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale, out, counters); }`;
+  return `extern "C" __global__ void __launch_bounds__(${splitBounds(minBlocks)}) ${decodeKernelName.splitFused(t, cache, D, G)}(const float* q, const ${C}* cache_k, const ${C}* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, ${T}* out, int* counters, int M, int KV, int n_chunks, float scale) { da_split<${C}, ${D}, ${G}, ${chunk}, ${elems}, ${T}, true, ${unroll}>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale, out, counters); }`;
 }
 
 function entryPoints(groups: readonly number[]): string {
   const out: string[] = [];
   const fp8 = 'unsigned char';
   // A combine for each chunk size a cache kind's split uses.
-  const chunks = [...new Set(Object.values(SPLIT_CHUNK))].sort((a, b) => a - b);
+  const chunks = decodeSplitChunks();
   for (const [t, { c: T }] of Object.entries(DECODE_TYPES) as [TypeName, (typeof DECODE_TYPES)[TypeName]][]) {
     for (const D of DECODE_HEAD_DIMS) {
       for (const [C, cache] of [
@@ -299,7 +315,7 @@ __device__ __forceinline__ void unpack_e(const typename RawBytes<E * sizeof(C)>:
 // merges them into out (T) and resets the counter; a row of length 0 gets zeros from its chunk 0.
 template <int D, int CHUNK, bool CG>
 __device__ __forceinline__ float da_merge(const float* o_part, const float* lse_part, i64 rh, int len, int n_chunks, int d);
-// U: passes whose loads are issued together (the builds a step launches take DECODE_SPLIT_UNROLL; the sweep varies it).
+// U: passes whose loads are issued together (the builds a step launches take their plan's; the sweep varies it).
 template <typename C, int D, int G, int CHUNK, int E, typename T = float, bool FUSED = false, int U = ${DECODE_SPLIT_UNROLL}>
 __device__ void da_split(const float* q, const C* cache_k, const C* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part,
                          int M, int KV, int n_chunks, float scale, T* out = nullptr, int* counters = nullptr) {
@@ -580,10 +596,9 @@ export const DECODE_SWEEP_SPACE = {
   minBlocks: [0, 4, 8],
 } as const;
 
-/** The variant a step launches today for `cache`, `group` and `headDim` (the plan, {@link DECODE_SPLIT_UNROLL}, no CTA bound). */
+/** The variant a step launches today for `cache`, `group` and `headDim` ({@link decodeSplitPlan}'s build). */
 export function decodeSplitDefaultVariant(cache: DecodeCacheKind, group: number, headDim: number, dtype: TypeName = 'bfloat16'): DecodeSplitVariant {
-  const { chunk, elems } = decodeSplitPlan(group, cache);
-  return { cache, dtype, headDim, group, chunk, elems, unroll: DECODE_SPLIT_UNROLL, minBlocks: 0 };
+  return { cache, dtype, headDim, group, ...decodeSplitPlan(group, cache) };
 }
 
 /** Whether two variants are the same build. */
@@ -644,7 +659,7 @@ export function decodeSplitSweepSource(variants: readonly DecodeSplitVariant[]):
     if (names.has(name)) continue;
     names.add(name);
     const C = v.cache === 'float8e4m3' ? 'unsigned char' : DECODE_TYPES[v.dtype].c;
-    const bounds = v.minBlocks > 0 ? `DA_THREADS, ${v.minBlocks}` : 'DA_THREADS';
+    const bounds = splitBounds(v.minBlocks);
     out.push(
       `extern "C" __global__ void __launch_bounds__(${bounds}) ${name}(const float* q, const ${C}* cache_k, const ${C}* cache_v, const float* k_scale, const float* v_scale, const int* seqlens, float* o_part, float* lse_part, int M, int KV, int n_chunks, float scale) { da_split<${C}, ${v.headDim}, ${v.group}, ${v.chunk}, ${v.elems}, float, false, ${v.unroll}>(q, cache_k, cache_v, k_scale, v_scale, seqlens, o_part, lse_part, M, KV, n_chunks, scale); }`,
     );

@@ -46,9 +46,9 @@ export interface DecodeAttentionShape {
   cache: DecodeCacheKind;
 }
 
-/** Chunks of a row's positions, each one split CTA of `cache` (the scratch's [R, H, chunks, ·]). */
-export function decodeChunks(maxLength: number, cache: DecodeCacheKind = 'native'): number {
-  return Math.ceil(maxLength / decodeSplitChunk(cache));
+/** Chunks of a row's positions, each one split CTA of `cache` at `group` query heads per KV head (the scratch's [R, H, chunks, ·]). */
+export function decodeChunks(maxLength: number, cache: DecodeCacheKind, group: number): number {
+  return Math.ceil(maxLength / decodeSplitChunk(cache, group));
 }
 
 /** Why the kernels cannot run `shape` on `provider` (the caller keeps GroupQueryAttention), or undefined. */
@@ -206,11 +206,11 @@ export class DecodeAttention {
     const t = shape.dtype as keyof typeof DECODE_TYPES;
     const G = H / KV;
     if (!this.groups.includes(G)) throw new Error(`decode attention: this module was compiled for ${this.groups.join(', ')} query heads per KV head, not ${G} (${H}/${KV}); DecodeAttention.compile(kernels, { groups: [${G}] }) or without groups for all`);
-    const C = decodeChunks(M, cache);
+    const C = decodeChunks(M, cache, G);
     if (R > 65535) throw new Error(`decode attention: ${R} rows past the grid's 65,535`);
     const append = this.fn(decodeKernelName.append(t, cache, D), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'f32', 'ptr', 'i32', 'i32', 'i32', 'i32', 'i32'] as AppendSig);
     const split = this.fn(decodeKernelName.split(t, cache, D, G), ['ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'f32'] as SplitSig);
-    const combine = this.fn(decodeKernelName.combine(t, D, decodeSplitChunk(cache)), ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'] as CombineSig);
+    const combine = this.fn(decodeKernelName.combine(t, D, decodeSplitChunk(cache, G)), ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32'] as CombineSig);
     const kS = a.kScale ?? 0n;
     const vS = a.vScale ?? 0n;
     const fused = opts.combine === 'fused';
@@ -536,7 +536,8 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
           const [, KV, M, D] = ck.shape;
           const known = typeof W === 'number' && typeof D === 'number' && typeof KV === 'number';
           const H = known ? W / D - (packed ? 2 * KV : 0) : 'H';
-          const C = typeof M === 'number' ? decodeChunks(M, cache) : `decode_chunks_${decodeSplitChunk(cache)}`;
+          const G = typeof H === 'number' && typeof KV === 'number' ? H / KV : undefined;
+          const C = typeof M === 'number' && G !== undefined ? decodeChunks(M, cache, G) : `decode_chunks_${cache}_${G ?? 'g'}`;
           return [
             { dtype: dt, shape: packed ? [R, 1, typeof H === 'number' && typeof D === 'number' ? H * D : 'HD'] : [...q.shape] },
             { dtype: cacheDt, shape: [...ck.shape] },
@@ -555,7 +556,7 @@ export function decodeAttentionOps(provider: DeviceKind, kernels?: DecodeAttenti
           const [R, KV, M, D] = ck.dims;
           const H = qkv[0].dims[2] / D - (packed ? 2 * KV : 0);
           const shape: DecodeAttentionShape = { rows: R, numHeads: H, numKvHeads: KV, headDim: D, maxLength: M, dtype: dt, cache };
-          const C = decodeChunks(M, cache);
+          const C = decodeChunks(M, cache, H / KV);
           const out = ctx.output(0, [R, 1, H * D]);
           const pk = ctx.output(1, ck.dims);
           const pv = ctx.output(2, cv.dims);

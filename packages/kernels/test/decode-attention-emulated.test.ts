@@ -3,11 +3,11 @@
  * thread, barriers, warp shuffles; test/emulation/decode-harness.cpp adds e4m3 by bit arithmetic)
  * against the step computed in double: the append (QK-norm, RoPE at each row's position, the new
  * key/value written or quantized in place, every other position untouched), the split over its
- * chunks (128 positions native, 256 e4m3) with rows ending mid-chunk, past and on a chunk boundary,
+ * chunks (the plan's: 256 positions native and 512 e4m3 up to G 4, 128 and 256 past it) with rows ending mid-chunk, past and on a chunk boundary,
  * at length 1 and at the cache length, and the log-sum-exp merge; for e4m3 caches the prefill's
  * quantize kernel against the same per-vector rule. Every head size and power-of-two group for both cache kinds
  * (and G 3, 5, 6, 7 at head size 128, 3 and 6 at 64: groups that are not a power of two),
- * launched with the TypeScript plan's chunk, elements a thread and shared bytes; the append on q/k/v
+ * launched with the TypeScript plan's chunk, elements a thread, passes in flight and shared bytes; the append on q/k/v
  * packed in one projection (row strides) equal to the plain one bit for bit; the split with the combine
  * folded in (the last CTA of a row merges) equal to split + combine bit for bit, its counters back to 0
  * after each of two launches (the second in reverse block order, four CTAs at a time), one merging CTA
@@ -18,7 +18,7 @@ import { execFileSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { DECODE_GROUPS, DECODE_HEAD_DIMS, DECODE_TYPES, decodeAttentionCore, decodeAttentionSource, decodeAttentionSourceFor, decodeKernelName, decodeSplitChunk, decodeSplitPlan, decodeSplitSmem, type DecodeCacheKind } from '@lathe/kernels';
+import { DECODE_GROUPS, DECODE_HEAD_DIMS, DECODE_TYPES, decodeAttentionCore, decodeAttentionSource, decodeAttentionSourceFor, decodeKernelName, decodeSplitChunk, decodeSplitChunks, decodeSplitPlan, decodeSplitSmem, type DecodeCacheKind } from '@lathe/kernels';
 
 const here = join(__dirname, 'emulation');
 let harness = '';
@@ -41,7 +41,7 @@ const kindOf = (cache: Cache): DecodeCacheKind => (cache === 'fp8' ? 'float8e4m3
 function run(R: number, KV: number, G: number, D: number, dtype: 'bf16' | 'fp16', cache: Cache, M: number, qkNorm: boolean, lens: number[]): Result {
   const kind = kindOf(cache);
   const plan = decodeSplitPlan(G, kind);
-  const args = [R, KV, G, D, dtype, cache, M, qkNorm ? 1 : 0, plan.chunk, plan.elems, decodeSplitSmem(D, G, kind), ...lens];
+  const args = [R, KV, G, D, dtype, cache, M, qkNorm ? 1 : 0, plan.chunk, plan.elems, plan.unroll, decodeSplitSmem(D, G, kind), ...lens];
   return JSON.parse(execFileSync(harness, args.map(String), { encoding: 'utf8' })) as Result;
 }
 
@@ -68,16 +68,17 @@ function expectClose(r: Result, dtype: 'bf16' | 'fp16', cache: Cache): void {
   expect(r.counts_exact).toBe(true);
 }
 
-describe.each(['native', 'fp8'] as const)('bf16, %s cache, QK-norm, cache length 300', (cache) => {
-  const chunk = decodeSplitChunk(kindOf(cache));
-  // the harness's builds: powers of two at both head sizes, the others at 128 and either side of the e4m3 plan's switch at 64
+describe.each(['native', 'fp8'] as const)('bf16, %s cache, QK-norm, cache length one chunk and 172', (cache) => {
+  // the harness's builds: powers of two at both head sizes, the others at 128 and either side of the plans' switch at 64
   const groupsAt: Record<number, number[]> = { 128: [...DECODE_GROUPS], 64: [1, 2, 3, 4, 6, 8] };
   for (const D of DECODE_HEAD_DIMS) {
     for (const G of groupsAt[D]) {
-      test(`head size ${D}, G ${G}: rows at the cache length, one past and on the ${chunk} boundary, at 1, mid-chunk`, () => {
+      const chunk = decodeSplitChunk(kindOf(cache), G);
+      const M = chunk + 172;
+      test(`head size ${D}, G ${G}: rows at the cache length ${M}, one past and on the ${chunk} boundary, at 1, mid-chunk`, () => {
         const KV = G <= 2 || G === 5 ? 2 : 1;
-        const r = run(5, KV, G, D, 'bf16', cache, 300, true, [300, chunk + 1, chunk, 1, 77]);
-        expect(r.chunks).toBe(Math.ceil(300 / chunk));
+        const r = run(5, KV, G, D, 'bf16', cache, M, true, [M, chunk + 1, chunk, 1, 77]);
+        expect(r.chunks).toBe(Math.ceil(M / chunk));
         expectClose(r, 'bf16', cache);
       }, 60_000);
     }
@@ -98,7 +99,7 @@ test('fp16, head size 128, G 2, QK-norm, native and e4m3', () => {
 
 test('the fused combine: a row of length 0 gets zeros, rows of one chunk, several and the maximum, both cache kinds', () => {
   for (const cache of ['native', 'fp8'] as const) {
-    const chunk = decodeSplitChunk(kindOf(cache));
+    const chunk = decodeSplitChunk(kindOf(cache), 2);
     const r = run(4, 2, 2, 128, 'bf16', cache, 2 * chunk + 10, false, [0, chunk, 2 * chunk + 10, chunk + 5]);
     expect(r.chunks).toBe(3);
     expect(r.fused_equal).toBe(true);
@@ -107,17 +108,20 @@ test('the fused combine: a row of length 0 gets zeros, rows of one chunk, severa
   }
 }, 60_000);
 
-test('the plan: e4m3 16 elements a thread up to G 4, 8 past it, chunks of 256; native 8 over 128', () => {
-  expect(decodeSplitPlan(4, 'float8e4m3')).toEqual({ chunk: 256, elems: 16 });
-  expect(decodeSplitPlan(3, 'float8e4m3')).toEqual({ chunk: 256, elems: 16 });
-  for (const G of [5, 6, 7, 8]) expect(decodeSplitPlan(G, 'float8e4m3')).toEqual({ chunk: 256, elems: 8 });
-  expect(decodeSplitPlan(7, 'native')).toEqual({ chunk: 128, elems: 8 });
+test('the plan: up to G 4 the sweep winners (e4m3 512 positions, 8 passes; native 256, 4 passes, 8 CTAs an SM), past it 256 / 128 positions', () => {
+  for (const G of [1, 2]) expect(decodeSplitPlan(G, 'float8e4m3')).toEqual({ chunk: 512, elems: 8, unroll: 8, minBlocks: 8 });
+  for (const G of [3, 4]) expect(decodeSplitPlan(G, 'float8e4m3')).toEqual({ chunk: 512, elems: 8, unroll: 8, minBlocks: 0 });
+  for (const G of [5, 6, 7, 8]) expect(decodeSplitPlan(G, 'float8e4m3')).toEqual({ chunk: 256, elems: 8, unroll: 4, minBlocks: 0 });
+  for (const G of [1, 2, 3, 4]) expect(decodeSplitPlan(G, 'native')).toEqual({ chunk: 256, elems: 8, unroll: 4, minBlocks: 8 });
+  expect(decodeSplitPlan(7, 'native')).toEqual({ chunk: 128, elems: 8, unroll: 4, minBlocks: 0 });
+  expect(decodeSplitChunks()).toEqual([128, 256, 512]);
   // G 5 at 128: nothing rounds up to a power of two
   expect(decodeSplitSmem(128, 5, 'float8e4m3')).toBe(4 * (5 * 256 + 10 + 4 * 5 * 128 + 2 * 256));
-  expect(decodeSplitPlan(2, 'native')).toEqual({ chunk: 128, elems: 8 });
   // scores [G][chunk], max/sum [G][2], 4 warps' partials [4][G][D], e4m3 scales [2][chunk]
-  expect(decodeSplitSmem(128, 2, 'float8e4m3')).toBe(4 * (2 * 256 + 4 + 4 * 2 * 128 + 2 * 256));
+  expect(decodeSplitSmem(128, 2, 'float8e4m3')).toBe(4 * (2 * 512 + 4 + 4 * 2 * 128 + 2 * 512));
   expect(decodeSplitSmem(64, 8, 'native')).toBe(4 * (8 * 128 + 16 + 4 * 8 * 64));
+  // every build fits the 48 KB a kernel takes without opting in
+  for (const G of DECODE_GROUPS) for (const D of DECODE_HEAD_DIMS) for (const c of ['native', 'float8e4m3'] as const) expect(decodeSplitSmem(D, G, c)).toBeLessThanOrEqual(48 * 1024);
 });
 
 test('the source has an entry point for exactly the kernels a step, quantize and copy launch', () => {
@@ -127,7 +131,7 @@ test('the source has an entry point for exactly the kernels a step, quantize and
       want.add(decodeKernelName.quantize(t, D));
       for (const cache of ['native', 'float8e4m3'] as const) {
         want.add(decodeKernelName.append(t, cache, D));
-        want.add(decodeKernelName.combine(t, D, decodeSplitChunk(cache)));
+        for (const chunk of decodeSplitChunks()) want.add(decodeKernelName.combine(t, D, chunk));
         for (const G of DECODE_GROUPS) {
           want.add(decodeKernelName.split(t, cache, D, G));
           want.add(decodeKernelName.splitFused(t, cache, D, G));

@@ -74,8 +74,9 @@ test('an e4m3 cache: the quantized prefill and step stay within e4m3’s error o
   ops.dispose();
 }, 120_000);
 
-test('the scratch is sized by the split chunk of the cache kind (128 positions native, 256 e4m3)', () => {
-  expect([decodeChunks(300), decodeChunks(128), decodeChunks(129), decodeChunks(300, 'float8e4m3'), decodeChunks(256, 'float8e4m3'), decodeChunks(257, 'float8e4m3')]).toEqual([3, 1, 2, 2, 1, 2]);
+test('the scratch is sized by the split chunk of the cache kind and group (native 256 up to G 4, 128 past; e4m3 512 and 256)', () => {
+  expect([decodeChunks(300, 'native', 8), decodeChunks(128, 'native', 8), decodeChunks(129, 'native', 8), decodeChunks(300, 'native', 2), decodeChunks(256, 'native', 2), decodeChunks(257, 'native', 2)]).toEqual([3, 1, 2, 2, 1, 2]);
+  expect([decodeChunks(300, 'float8e4m3', 5), decodeChunks(256, 'float8e4m3', 5), decodeChunks(257, 'float8e4m3', 5), decodeChunks(512, 'float8e4m3', 2), decodeChunks(513, 'float8e4m3', 4)]).toEqual([2, 1, 2, 1, 2]);
 });
 
 test('bad options are named', () => {

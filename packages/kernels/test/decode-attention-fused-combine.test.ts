@@ -49,15 +49,16 @@ test('separate: append, split and combine; fused: append and the fused split wit
   const f = fake();
   const da = DecodeAttention.compile(f.kernels, { includeDir: '/nowhere' });
   da.step(shape(4), args);
-  expect(f.launches.map((l) => l.name)).toEqual([decodeKernelName.append('bfloat16', 'native', 128), decodeKernelName.split('bfloat16', 'native', 128, 2), decodeKernelName.combine('bfloat16', 128, 128)]);
+  expect(f.launches.map((l) => l.name)).toEqual([decodeKernelName.append('bfloat16', 'native', 128), decodeKernelName.split('bfloat16', 'native', 128, 2), decodeKernelName.combine('bfloat16', 128, 256)]);
   expect(f.allocs).toEqual([]);
   f.launches.length = 0;
   da.step(shape(4), args, undefined, undefined, { combine: 'fused' });
   expect(f.launches.map((l) => l.name)).toEqual([decodeKernelName.append('bfloat16', 'native', 128), 'da_splitc_bf16_d128_g2']);
   const split = f.launches[1];
-  expect(split.grid).toEqual([8, 8, 4]);
+  // 1,024 positions in chunks of 256 (the native plan at 2 query heads per KV head)
+  expect(split.grid).toEqual([4, 8, 4]);
   // q, cache k/v, scales, seqlens, o_part, lse_part, out, counters, M, KV, chunks, scale
-  expect(split.args.slice(8, 13)).toEqual([9n, f.allocs[0].ptr, 1024, 8, 8]);
+  expect(split.args.slice(8, 13)).toEqual([9n, f.allocs[0].ptr, 1024, 8, 4]);
   expect(f.allocs).toEqual([{ ptr: f.allocs[0].ptr, bytes: 4 * 4 * 8 }]);
   expect(f.memsets).toEqual([[f.allocs[0].ptr, 0, 32, 77n]]);
   // only the split part: the fused split; only the combine: nothing

@@ -1,7 +1,7 @@
 /**
  * The split kernel's tuning sweep as source (tools/bench/kernels/decode-check.ts --phases sweep builds
  * and times it on the device): one entry per variant of the space, names unique, the default variant
- * (today's plan, U 4, no CTA bound) the same `da_split` instantiation a step's build launches, a
+ * (today's plan) the same `da_split` instantiation and bound a step's build launches, a
  * float32 combine per chunk; variants that cannot be built are named. Needs g++ for the syntax check.
  */
 import { execFileSync } from 'node:child_process';
@@ -9,7 +9,6 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
-  DECODE_SPLIT_UNROLL,
   DECODE_SWEEP_SPACE,
   decodeAttentionSourceFor,
   decodeKernelName,
@@ -29,7 +28,7 @@ test('the space: e4m3 3 chunks × 2 widths × 3 unrolls × 3 bounds, bf16 3 × 1
   const bf16 = decodeSplitSweepVariants('native', 4, 128);
   expect(fp8.length).toBe(3 * 2 * 3 * 3);
   expect(bf16.length).toBe(3 * 1 * 3 * 3);
-  expect(fp8[0]).toEqual({ cache: 'float8e4m3', dtype: 'bfloat16', headDim: 128, group: 2, chunk: 256, elems: 16, unroll: DECODE_SPLIT_UNROLL, minBlocks: 0 });
+  expect(fp8[0]).toEqual({ cache: 'float8e4m3', dtype: 'bfloat16', headDim: 128, group: 2, chunk: 512, elems: 8, unroll: 8, minBlocks: 8 });
   expect(bf16[0]).toEqual(decodeSplitDefaultVariant('native', 4, 128));
   expect(new Set(fp8.map(decodeSweepKernelName)).size).toBe(fp8.length);
   expect(new Set(bf16.map(decodeSweepKernelName)).size).toBe(bf16.length);
@@ -59,8 +58,7 @@ test('the sweep source: an entry per variant with its template arguments and bou
     const step = main.find((e) => e.name === decodeKernelName.split('bfloat16', cache, 128, 2))!;
     expect(def.bounds).toBe(step.bounds);
     expect(def.params).toBe(step.params);
-    // the step's build names no U (its default) where the sweep spells it out
-    expect(def.body.replace(`, float, false, ${DECODE_SPLIT_UNROLL}>`, '>')).toBe(step.body);
+    expect(def.body).toBe(step.body);
   }
   expect(source).toContain('template <> __device__ __forceinline__ float da_t<float>(float x) { return x; }');
   // its shared memory follows the variant's chunk
@@ -73,7 +71,7 @@ test('variants that cannot be built are named', () => {
   expect(decodeSplitVariantInvalid({ ...def, elems: 16 })).toMatch(/32 bytes/);
   expect(decodeSplitVariantInvalid({ ...def, cache: 'float8e4m3', elems: 4 })).toMatch(/4 bytes/);
   expect(decodeSplitVariantInvalid({ ...def, group: 9 })).toMatch(/group 9/);
-  expect(() => decodeSplitSweepSource([{ ...def, elems: 16 }])).toThrow(/da_sweep_bf16_d128_g2_c128_e16_u4_b0: 16 elements a thread are 32 bytes/);
+  expect(() => decodeSplitSweepSource([{ ...def, elems: 16 }])).toThrow(/da_sweep_bf16_d128_g2_c256_e16_u4_b8: 16 elements a thread are 32 bytes/);
 });
 
 test('the sweep source compiles as C++ (g++ over the emulation headers, every variant instantiated)', () => {

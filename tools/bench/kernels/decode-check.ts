@@ -334,7 +334,7 @@ function checkCase(device: Device, ops: Record<CacheKind, DecodeAttentionOps>, f
   const pass = fcDiffering === 0 && (fp8
     ? opVsRef.finite && opVsRef.rel <= Math.max(2 * gqaVsRef.rel, 1e-2) && opVsBf16.rel <= 1 / 8 && entryK.rel <= 1 / 16 && entryV.rel <= 1 / 16
     : opVsRef.finite && opVsRef.rel <= Math.max(2 * gqaVsRef.rel, 1e-2) && opVsGqa.rel <= 2e-2 && entryK.rel <= 2e-2 && entryV.rel === 0);
-  console.log(JSON.stringify({ phase: 'check', case: c.name, cache, chunks: decodeChunks(M, cache), op_vs_reference: opVsRef, gqa_vs_reference: gqaVsRef, op_vs_gqa: opVsGqa, ...(fp8 ? { op_vs_bf16_reference: opVsBf16 } : {}), new_key_vs_gqa: entryK, new_value_vs_gqa: entryV, fused_vs_reference: fcVsRef, fused_vs_op_differing: fcDiffering, ok: pass }));
+  console.log(JSON.stringify({ phase: 'check', case: c.name, cache, chunks: decodeChunks(M, cache, H / KV), op_vs_reference: opVsRef, gqa_vs_reference: gqaVsRef, op_vs_gqa: opVsGqa, ...(fp8 ? { op_vs_bf16_reference: opVsBf16 } : {}), new_key_vs_gqa: entryK, new_value_vs_gqa: entryV, fused_vs_reference: fcVsRef, fused_vs_op_differing: fcDiffering, ok: pass }));
   b.dispose();
   session.dispose();
   for (const x of [t.gk, t.gv, t.ok, t.ov, t.ks, t.vs, t.fk, t.fv, t.fks, t.fvs, t.out.gqa, t.out.op, t.out.fc, ...Object.values(ins)]) x?.dispose();
@@ -393,7 +393,7 @@ function timePhase(kernels: Kernels, da: DecodeAttention, device: Device, ops: R
   const cos = device.upload({ data: h.bits(rope.cos), dims: [M, D / 2] }, dt);
   const sin = device.upload({ data: h.bits(rope.sin), dims: [M, D / 2] }, dt);
   const { bf, f8, sc } = randomCaches(device, cacheShape, rand);
-  const C = Math.max(decodeChunks(M, 'native'), decodeChunks(M, 'float8e4m3'));
+  const C = Math.max(decodeChunks(M, 'native', H / KV), decodeChunks(M, 'float8e4m3', H / KV));
   const scratch = { qRot: device.empty('float32', [R, H, D]), oPart: device.empty('float32', [R, H, C, D]), lsePart: device.empty('float32', [R, H, C]), out: device.empty(dt, [R, 1, H * D]) };
   const time = (fn: () => void) => timeLaunches(kernels, reps, fn);
   // One-node sessions on the kernels' stream: GroupQueryAttention as the engine compiles it (ORT_ENABLE_XQA=0 for 2 query heads per KV head), and the op.
@@ -456,7 +456,7 @@ function timePhase(kernels: Kernels, da: DecodeAttention, device: Device, ops: R
         ms: +ms.toFixed(4),
         gb_per_s: Math.round(bytes / ms / 1e6),
         bytes,
-        chunks: decodeChunks(M, cache),
+        chunks: decodeChunks(M, cache, H / KV),
         split_ms: splitMs,
         split_gb_per_s: Math.round(bytes / splitMs / 1e6),
         append_ms: part('append'),

@@ -3,9 +3,9 @@
 // and the log-sum-exp merge — against the same step computed in double, the append again on q/k/v
 // packed in one buffer (row strides (H + 2·KV)·D) against the first, byte for byte, and the split with the
 // combine folded in against split + combine, byte for byte; prints one JSON line.
-// usage: decode-harness R KV G D bf16|fp16 native|fp8 M qknorm(0|1) chunk elems smem len0 len1 ...
-// (chunk, elems a thread and shared bytes of the split as the TypeScript plans them: the harness checks
-// chunk and elems against the templates it instantiates and launches with smem, so a short plan trips
+// usage: decode-harness R KV G D bf16|fp16 native|fp8 M qknorm(0|1) chunk elems unroll smem len0 len1 ...
+// (chunk, elems a thread, passes in flight and shared bytes of the split as the TypeScript plans them: the harness
+// checks chunk, elems and unroll against the templates it instantiates and launches with smem, so a short plan trips
 // the emulator's guard; one length per row: the row's length after this step, the new token at len − 1)
 #include "emu.h"
 #include <cstdio>
@@ -56,17 +56,18 @@ static std::string js(const char* name, const Err& e) {
 }
 
 // The split's template arguments for a cache element and group (the TypeScript decodeSplitPlan's rule).
-template <typename C> constexpr int split_chunk = sizeof(C) == 1 ? 256 : 128;
-template <typename C, int G> constexpr int split_elems = sizeof(C) == 1 && G <= 4 ? 16 : 8;
+template <typename C, int G> constexpr int split_chunk = sizeof(C) == 1 ? (G <= 4 ? 512 : 256) : (G <= 4 ? 256 : 128);
+template <typename C, int G> constexpr int split_elems = 8;
+template <typename C, int G> constexpr int split_unroll = sizeof(C) == 1 && G <= 4 ? 8 : 4;
 
-struct Split { int chunk, elems; size_t smem; };
+struct Split { int chunk, elems, unroll; size_t smem; };
 
 template <typename T, typename C, int D, int G>
 static void run(int R, int KV, int M, bool qknorm, const Split& split, const std::vector<int>& lens) {
   constexpr bool FP8 = sizeof(C) == 1;
-  constexpr int CHUNK = split_chunk<C>, E = split_elems<C, G>;
-  if (split.chunk != CHUNK || split.elems != E) {
-    std::fprintf(stderr, "decode-harness: the plan says chunk %d, %d elements; the templates have %d, %d\n", split.chunk, split.elems, CHUNK, E);
+  constexpr int CHUNK = split_chunk<C, G>, E = split_elems<C, G>, U = split_unroll<C, G>;
+  if (split.chunk != CHUNK || split.elems != E || split.unroll != U) {
+    std::fprintf(stderr, "decode-harness: the plan says chunk %d, %d elements, unroll %d; the templates have %d, %d, %d\n", split.chunk, split.elems, split.unroll, CHUNK, E, U);
     std::exit(2);
   }
   const int H = KV * G, HALF = D / 2, NC = (M + CHUNK - 1) / CHUNK;
@@ -144,7 +145,7 @@ static void run(int R, int KV, int M, bool qknorm, const Split& split, const std
     packed_equal = same(pk, ck) && same(pv, cv) && same(pks, ks) && same(pvs, vs) && same(pq, qrot);
   }
   emu::launch({unsigned(NC), unsigned(KV), unsigned(R)}, DA_THREADS, split.smem, [&] {
-    da_split<C, D, G, CHUNK, E>(qrot.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), opart.data(), lsepart.data(), M, KV, NC, scale);
+    da_split<C, D, G, CHUNK, E, float, false, U>(qrot.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), opart.data(), lsepart.data(), M, KV, NC, scale);
   });
   emu::launch({unsigned(R * H), 1, 1}, D, 0, [&] { da_combine<T, D, CHUNK>(opart.data(), lsepart.data(), seqlens.data(), out.data(), M, H, NC); });
 
@@ -158,7 +159,7 @@ static void run(int R, int KV, int M, bool qknorm, const Split& split, const std
       std::vector<float> op(opart.size(), -7.0f), lp(lsepart.size(), -7.0f);
       std::vector<T> fo(out.size(), emu_from_float<T>(-7.0f));
       emu::atomic_log.clear();
-      auto kernel = [&] { da_split<C, D, G, CHUNK, E, T, true>(qrot.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), op.data(), lp.data(), M, KV, NC, scale, fo.data(), counters.data()); };
+      auto kernel = [&] { da_split<C, D, G, CHUNK, E, T, true, U>(qrot.data(), ck.data(), cv.data(), ks.data(), vs.data(), seqlens.data(), op.data(), lp.data(), M, KV, NC, scale, fo.data(), counters.data()); };
       if (pass == 0) emu::launch({unsigned(NC), unsigned(KV), unsigned(R)}, DA_THREADS, split.smem, kernel);
       else emu::launch_concurrent({unsigned(NC), unsigned(KV), unsigned(R)}, DA_THREADS, split.smem, 4, kernel);
       fused_equal = fused_equal && std::memcmp(fo.data(), out.data(), out.size() * sizeof(T)) == 0;
@@ -262,13 +263,13 @@ static void dispatch(int R, int KV, int G, int D, int M, bool qknorm, const Spli
 }
 
 int main(int argc, char** argv) {
-  if (argc < 13) { std::fprintf(stderr, "usage: decode-harness R KV G D bf16|fp16 native|fp8 M qknorm chunk elems smem len...\n"); return 2; }
+  if (argc < 14) { std::fprintf(stderr, "usage: decode-harness R KV G D bf16|fp16 native|fp8 M qknorm chunk elems unroll smem len...\n"); return 2; }
   const int R = std::atoi(argv[1]), KV = std::atoi(argv[2]), G = std::atoi(argv[3]), D = std::atoi(argv[4]), M = std::atoi(argv[7]);
   const std::string dt = argv[5], cache = argv[6];
   const bool qknorm = std::atoi(argv[8]) != 0;
-  const Split split{std::atoi(argv[9]), std::atoi(argv[10]), size_t(std::atoll(argv[11]))};
+  const Split split{std::atoi(argv[9]), std::atoi(argv[10]), std::atoi(argv[11]), size_t(std::atoll(argv[12]))};
   std::vector<int> lens;
-  for (int i = 12; i < argc; ++i) lens.push_back(std::atoi(argv[i]));
+  for (int i = 13; i < argc; ++i) lens.push_back(std::atoi(argv[i]));
   if (int(lens.size()) != R) { std::fprintf(stderr, "decode-harness: %zu lengths for %d rows\n", lens.size(), R); return 2; }
   if (dt == "bf16") cache == "fp8" ? dispatch<__nv_bfloat16, unsigned char>(R, KV, G, D, M, qknorm, split, lens) : dispatch<__nv_bfloat16, __nv_bfloat16>(R, KV, G, D, M, qknorm, split, lens);
   else cache == "fp8" ? dispatch<__half, unsigned char>(R, KV, G, D, M, qknorm, split, lens) : dispatch<__half, __half>(R, KV, G, D, M, qknorm, split, lens);
