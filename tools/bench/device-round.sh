@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The open issues' device measurements as calls of at most 10 minutes on one 4-GPU host
-# (nvidia-h100-x4 or nvidia-h200-x4), after the two boot calls of ../shared/device/README.md; what each
+# (nvidia-h100-x4 or nvidia-h200-x4; on a 2-GPU host device-lanes.sh runs lane i after lane i − 2 on the same
+# GPU, so give LANE_TIMEOUT room), after the two boot calls of ../shared/device/README.md; what each
 # part decides is below, their results are in docs/benchmarks.md (a session's ~30 minutes fit about three):
 #   bash tools/bench/build-device-bundles.sh --pack lathe-step lathe-kv-generate grpo-step decode-check \
 #     dp-check dp-launch eval-bench quant-bench sft-dp serve-bench
