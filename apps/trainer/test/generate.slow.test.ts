@@ -8,10 +8,12 @@ import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdir
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { parse as parseYaml } from 'yaml';
-import { randomModel } from '@lathe/models';
+import { CausalLM, randomModel } from '@lathe/models';
+import { QuantizedModel, saveQuantized } from '@lathe/quantization';
 import { batchOf, parquetInfo, readParquetSchema, readTrajectories, scalarData, writeParquet, type Trajectory } from '@lathe/data';
 import { defaults, generate, generatePaths, generateSchema, runGenerate, type GenerateConfig } from '@lathe/recipes';
 import { configFromArgv } from '../src/config-flags';
+import { generateReporter } from '../src/commands/generate';
 
 const root = mkdtempSync(join(tmpdir(), 'lathe-generate-'));
 const model = join(root, 'model');
@@ -146,3 +148,24 @@ test('each bad input gets an error naming the file, field or flag', async () => 
   await expect(runGenerate(config('e/dir.parquet'))).rejects.toThrow(`--output ${join(root, 'e/dir.parquet')} is a folder`);
   await expect(runGenerate(config('e/b.parquet', { resume: true }))).rejects.toThrow(`--resume: no earlier run of --output ${join(root, 'e/b.parquet')}`);
 }, 60_000);
+
+test('a quantized folder: the CLI names how its weights run, and the rows match the dequantized run', async () => {
+  const source = CausalLM.fromPretrainedSync(model);
+  const dir = join(root, 'model-int4');
+  saveQuantized(dir, QuantizedModel.quantize(source.config, source.float32Weights(), { format: 'int4', blockSize: 64 }), { denseDtype: 'float32', tokenizerFrom: model });
+  source.dispose();
+  const lines: string[] = [];
+  const write = jest.spyOn(process.stderr, 'write').mockImplementation((s: string | Uint8Array) => (lines.push(String(s)), true));
+  try {
+    const cfg = config('q/int4.parquet', { model: dir, temperature: 0, samples_thinking: 1, samples_non_thinking: 0 });
+    const { events, stop } = generateReporter(cfg);
+    await runGenerate(cfg, events);
+    stop();
+  } finally {
+    write.mockRestore();
+  }
+  expect(lines.join('')).toMatch(/ {2}weights: int4 blocks of 64: ONNX Runtime's MatMulNBits; [\d.]+ GiB of weights on the device\n/);
+  await runGenerate(config('q/deq.parquet', { model: dir, temperature: 0, samples_thinking: 1, samples_non_thinking: 0, quantized_weights: 'dequantize' }));
+  const rows = async (f: string) => plain(await readTrajectories(join(root, f))).map((t) => t.output_token_ids);
+  expect(await rows('q/int4.parquet')).toEqual(await rows('q/deq.parquet'));
+}, 120_000);

@@ -10,6 +10,12 @@
  *          [--prompts 64] [--samples-thinking 8] [--samples-non-thinking 0] [--prompt-words 230]
  *          [--max-new 512] [--batch 256] [--device cuda|cpu] [--dtype bfloat16|float32]
  *          [--temperature 1] [--seed 0] [--compare] [--stop-at-eos] [--no-cuda-graph] [--out rows.json]
+ *          [--quantize none|int8|int4|nf4] [--quantized-weights auto|dequantize]
+ * --quantize: the model (random or --model) quantized on the host (int4: blocks of 64; nf4: double
+ * quantization) and saved as `lathe quantize` saves it, then generated from as `lathe generate`
+ * does with --quantized_weights (auto: through its kernels, INT4 on cuda through Lathe's W4A16 op
+ * with plans tuned at load; dequantize: dense). The line reports how the weights ran, their bytes
+ * on the device, the tuning time and the GPU memory in use after the timed call.
  * --tokenizer: a folder with tokenizer.json and tokenizer_config.json (build-device-bundles.sh
  * copies Qwen3's into .bundle/qwen3-tokenizer). Without --model a random model of --shape is
  * written to a temporary folder first (not timed). No stop tokens (`stopIds: []`), so every
@@ -27,9 +33,11 @@ import { copyFileSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { CausalLM, randomModel, type HfConfig } from '@lathe/models';
+import { QuantizedModel, saveQuantized, type QuantFormat } from '@lathe/quantization';
 import { KvCacheGenerator } from '@lathe/rollout';
-import { groupsOf, TrajectoryGenerator, type GeneratedTrajectory, type TrajectoryPrompt } from '@lathe/recipes';
+import { describeWeights, groupsOf, TrajectoryGenerator, type GeneratedTrajectory, type QuantizedWeightsRequest, type TrajectoryPrompt } from '@lathe/recipes';
 import { arg, flag } from '../argv';
+import { gpuUsedMiB } from '../gpu-memory';
 import { QWEN3_0_6B } from '../shapes';
 
 const SHAPES: Record<string, HfConfig> = {
@@ -66,12 +74,24 @@ async function main(): Promise<void> {
     randomModel(model, SHAPES[shape], { seed: 1, std: 0.02 });
     for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(tokenizer, f), join(model, f));
   }
+  const quantize = arg('quantize', 'none');
+  if (quantize !== 'none') {
+    if (!['int8', 'int4', 'nf4'].includes(quantize)) throw new Error(`--quantize: '${quantize}' is not none, int8, int4 or nf4`);
+    const format = quantize as QuantFormat;
+    const source = CausalLM.fromPretrainedSync(model);
+    const out = mkdtempSync(join(tmpdir(), `lathe-traj-bench-${format}-`));
+    const q = QuantizedModel.quantize(source.config, source.float32Weights(), { format, ...(format === 'int4' ? { blockSize: 64 } : {}), ...(format === 'nf4' ? { doubleQuant: true } : {}) });
+    saveQuantized(out, q, { denseDtype: 'bfloat16', tokenizerFrom: model });
+    source.dispose();
+    model = out;
+  }
+  const quantizedWeights = arg('quantized-weights', 'auto') as QuantizedWeightsRequest;
   const tModel = performance.now();
 
   const prompts = makePrompts(nPrompts, Number(arg('prompt-words', '230')));
   const stopAtEos = flag('stop-at-eos');
   const cudaGraph = device === 'cuda' && !flag('no-cuda-graph');
-  const options = { maxNewTokens: maxNew, samplesThinking, samplesNonThinking, temperature, seed, device, dtype, batchSize: batch, tokenizer, grade: 'none' as const, engine: 'kv-cache' as const, cudaGraph, ...(stopAtEos ? {} : { stopIds: [] }) };
+  const options = { maxNewTokens: maxNew, samplesThinking, samplesNonThinking, temperature, seed, device, dtype, batchSize: batch, tokenizer, grade: 'none' as const, engine: 'kv-cache' as const, cudaGraph, quantizedWeights, ...(stopAtEos ? {} : { stopIds: [] }) };
   const gen = await TrajectoryGenerator.create(model, options);
   const plan = gen.plan(prompts);
   gen.reserve(plan.reduce((m, s) => Math.max(m, s.ids.length), 0)); // caches sized once, as lathe generate does
@@ -86,6 +106,8 @@ async function main(): Promise<void> {
   for await (const row of gen.generate(prompts)) rows.push(row);
   const ms = performance.now() - tStart;
   const counters = gen.counters;
+  const weights = gen.weights;
+  const gpuMiB = device === 'cuda' ? gpuUsedMiB() : undefined;
   await gen.dispose();
   const newTokens = rows.reduce((n, r) => n + r.output_token_ids.length, 0);
   if (arg('out', '')) writeFileSync(arg('out', ''), JSON.stringify(rows.map((r) => [r.prompt_idx, r.thinking, r.sample_idx, r.output_token_ids])));
@@ -111,6 +133,13 @@ async function main(): Promise<void> {
     new_tokens_per_s: Math.round(newTokens / (ms / 1000)),
     runs: counters.runs - warm.runs,
     prefilled_prompts: counters.prefilledPrompts - warm.prefilledPrompts,
+    quantize,
+    quantized_weights: quantizedWeights,
+    weights: weights.runs,
+    weights_line: describeWeights(weights),
+    weight_bytes: weights.deviceBytes ?? null,
+    tune_s: weights.tuneSeconds === undefined ? null : +weights.tuneSeconds.toFixed(2),
+    gpu_used_mib: gpuMiB ?? null,
   };
 
   if (flag('compare')) {

@@ -1,6 +1,6 @@
 import type { CommandModule } from 'yargs';
 import { SingleBar, Presets } from 'cli-progress';
-import { describeDecode, evalSchema, runEval, type EvalConfig, type EvalRunEvents, type EvalRunResult } from '@lathe/recipes';
+import { describeDecode, describeWeights, evalSchema, runEval, type EvalConfig, type EvalRunEvents, type EvalRunResult } from '@lathe/recipes';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
 import { runInterruptible, stopExitCode, type StopSignal } from '../interrupt';
 
@@ -21,6 +21,8 @@ function evalReporter(cfg: EvalConfig): { events: EvalRunEvents; stop(): void } 
       const fallback = i.why ? ` (the kv-cache engine cannot run: ${i.why})` : '';
       const decode = describeDecode(i.decode);
       process.stderr.write(`eval ${i.label}: ${i.problems} problems, ${i.samples} samples; ${i.engine} engine on ${cfg.device}${fallback}${decode ? ` with ${decode}` : ''}\n`);
+      const weights = describeWeights(i.weights);
+      if (weights) process.stderr.write(`  weights: ${weights}\n`);
       started = performance.now();
       if (tty) {
         bar.start(i.samples, 0, { label, graded: 0, tps: '-' });

@@ -1,6 +1,6 @@
 import type { CommandModule } from 'yargs';
 import { SingleBar, Presets } from 'cli-progress';
-import { describeDecode, generatePaths, generateSchema, runGenerate, type GenerateConfig, type GenerateEvents, type GenerateResult } from '@lathe/recipes';
+import { describeDecode, describeWeights, generatePaths, generateSchema, runGenerate, type GenerateConfig, type GenerateEvents, type GenerateResult } from '@lathe/recipes';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
 import { runInterruptible, stopExitCode, type StopSignal } from '../interrupt';
 
@@ -21,6 +21,8 @@ export function generateReporter(cfg: GenerateConfig): { events: GenerateEvents;
         `generate: ${i.prompts} prompts × ${cfg.samples_thinking + cfg.samples_non_thinking} samples = ${i.samples} rows in ${i.parts} part${i.parts === 1 ? '' : 's'}` +
           `${i.partsDone ? ` (${i.partsDone} done before)` : ''}; ${i.engine} engine on ${cfg.device}${fallback}${decode ? ` with ${decode}` : ''}\n`,
       );
+      const weights = describeWeights(i.weights);
+      if (weights) process.stderr.write(`  weights: ${weights}\n`);
       started = performance.now();
       parts = `${i.partsDone}/${i.parts}`;
       if (tty) {
