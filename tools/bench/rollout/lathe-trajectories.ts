@@ -33,7 +33,7 @@ import { copyFileSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { CausalLM, randomModel, type HfConfig } from '@lathe/models';
-import { QuantizedModel, saveQuantized, type QuantFormat } from '@lathe/quantization';
+import { quantizedFolder } from '../quantization/quantized-folder';
 import { KvCacheGenerator } from '@lathe/rollout';
 import { describeWeights, groupsOf, TrajectoryGenerator, type GeneratedTrajectory, type QuantizedWeightsRequest, type TrajectoryPrompt } from '@lathe/recipes';
 import { arg, flag } from '../argv';
@@ -75,16 +75,7 @@ async function main(): Promise<void> {
     for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(tokenizer, f), join(model, f));
   }
   const quantize = arg('quantize', 'none');
-  if (quantize !== 'none') {
-    if (!['int8', 'int4', 'nf4'].includes(quantize)) throw new Error(`--quantize: '${quantize}' is not none, int8, int4 or nf4`);
-    const format = quantize as QuantFormat;
-    const source = CausalLM.fromPretrainedSync(model);
-    const out = mkdtempSync(join(tmpdir(), `lathe-traj-bench-${format}-`));
-    const q = QuantizedModel.quantize(source.config, source.float32Weights(), { format, ...(format === 'int4' ? { blockSize: 64 } : {}), ...(format === 'nf4' ? { doubleQuant: true } : {}) });
-    saveQuantized(out, q, { denseDtype: 'bfloat16', tokenizerFrom: model });
-    source.dispose();
-    model = out;
-  }
+  model = quantizedFolder(model, quantize);
   const quantizedWeights = arg('quantized-weights', 'auto') as QuantizedWeightsRequest;
   const tModel = performance.now();
 
