@@ -21,6 +21,11 @@
 #          lane 1) and G 5's split bandwidth (Qwen3-14B's 40/8 heads), for the next tuning round of issue 37
 #   serve: lathe serve's decode options against offline at 256 clients (the old default, the new SwiGLU
 #          default, the bf16 residual, the e4m3 cache), one lane each
+#   qgen : issue 30 through lathe generate's own path (lathe-trajectories.js --quantize): a quantized folder of the
+#          0.6B shape at batch 1 and 16, dense / INT4 (W4A16, plans tuned at load) / INT8 / NF4 / INT4 dequantized, one
+#          batch size a lane; then the Qwen3-14B shape with the tuned plans (quant-bench --weights kernel,kernel-tuned)
+#   scale2: the 2-GPU scaling of lathe sft's kernels path again with the bfloat16 reduce beside float32
+#          (0.88 / 0.85 of linear at 0.6B / 1.7B with float32 on 2026-11-28: where does the 2-GPU step lose its time)
 # Each lane runs on its own GPU beside the others (device-lanes.sh): they share the host's CPUs, so say
 # so beside any figure. Results under $OUT; the last lines printed are the ones to read.
 set -uo pipefail
@@ -34,7 +39,7 @@ lanes() { OUT=$OUT/lanes LANE_TIMEOUT=${LANE_TIMEOUT:-570} bash tools/bench/devi
 # weight-bound its step is (weights_share_of_step)
 q="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel --threads 16"
 summaries() { grep -E '"summary":true' "$OUT/lanes/lanes.log" | cut -c1-1500; }
-case "${1:?a | dp | b | lora | scale | q14 | sweep | serve}" in
+case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | scale2}" in
   a)
     eval_bench="node .bundle/eval-bench.js --tokenizer .bundle/qwen3-tokenizer --data-dir fixtures/eval --benchmarks math500,gsm8k --n 32 --max-new 512 --batch 256 --temperature 0"
     lanes \
@@ -89,5 +94,20 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve}" in
     lanes "$s --swiglu-kernel false" "$s" "$s --residual-dtype compute" "$s --kv-cache-dtype float8e4m3 --residual-dtype compute"
     grep -hE '"summary"|"clients":256' "$OUT/lanes/lanes.log" | cut -c1-900
     ;;
-  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve" >&2; exit 2 ;;
+  qgen)
+    t="node .bundle/lathe-trajectories.js --tokenizer .bundle/qwen3-tokenizer --shape qwen3-0.6b --device cuda --prompts 16 --samples-thinking 1 --max-new 256 --temperature 0"
+    each() { for q in none int4 int8 nf4; do timeout -k 5 150 $t --batch "$1" --quantize $q 2>&1 | grep -E '^\{"bench"'; done; timeout -k 5 150 $t --batch "$1" --quantize int4 --quantized-weights dequantize 2>&1 | grep -E '^\{"bench"'; }
+    export -f each; export t
+    lanes "each 1" "each 16
+      node .bundle/quant-bench.js --device cuda --preset qwen3-14b --formats dense,int4 --batches 1,16 --weights kernel,kernel-tuned --threads 16 --fast-decode --kernel-checks none"
+    grep -hE '"bench":"lathe-trajectories"' "$OUT/lanes/lanes.log" | cut -c1-900
+    summaries
+    ;;
+  scale2)
+    # the step's own timings beside each (BUCKET_TIMES: each bucket's all-reduce on the device); DDP once
+    for v in "" "--grad-reduce-dtype bfloat16"; do
+      DP_ARGS="$v --bucket-times" NO_DDP=${v:+1} PARITY_SHAPES=none SHAPES="0.6b 1.7b" RUN_LIMIT=120 OUT=$OUT/scale2${v:+-bf16} timeout -k 5 280 bash tools/bench/distributed/device-run.sh eight scaling "1 2" 2>&1 | grep -E '^\{"(run|scaling)"' | cut -c1-900
+    done
+    ;;
+  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | scale2" >&2; exit 2 ;;
 esac
