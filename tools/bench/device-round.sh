@@ -24,6 +24,9 @@
 #   qgen : issue 30 through lathe generate's own path (lathe-trajectories.js --quantize): a quantized folder of the
 #          0.6B shape at batch 1 and 16, dense / INT4 (W4A16, plans tuned at load) / INT8 / NF4 / INT4 dequantized, one
 #          batch size a lane; then the Qwen3-14B shape with the tuned plans (quant-bench --weights kernel,kernel-tuned)
+#   q16  : issue 30's 16 rows at the Qwen3-8B shape: the split-K kernel re-reads the activations from L2 for every 16–32
+#          columns, the tiled one once per 64–256; decode at 16 rows with the tiled kernels from 9 rows against the
+#          default (split-K up to 16), and both kernels alone at 16 and 32 rows (--kernel-micro-rows), one lane each
 #   scale2: the 2-GPU scaling of lathe sft's kernels path again with the bfloat16 reduce beside float32
 #          (0.88 / 0.85 of linear at 0.6B / 1.7B with float32 on 2026-11-28: where does the 2-GPU step lose its time)
 # Each lane runs on its own GPU beside the others (device-lanes.sh): they share the host's CPUs, so say
@@ -39,7 +42,7 @@ lanes() { OUT=$OUT/lanes LANE_TIMEOUT=${LANE_TIMEOUT:-570} bash tools/bench/devi
 # weight-bound its step is (weights_share_of_step)
 q="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel --threads 16"
 summaries() { grep -E '"summary":true' "$OUT/lanes/lanes.log" | cut -c1-1500; }
-case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | scale2}" in
+case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | q16 | scale2}" in
   a)
     eval_bench="node .bundle/eval-bench.js --tokenizer .bundle/qwen3-tokenizer --data-dir fixtures/eval --benchmarks math500,gsm8k --n 32 --max-new 512 --batch 256 --temperature 0"
     lanes \
@@ -103,11 +106,16 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | scale2}" in
     grep -hE '"bench":"lathe-trajectories"' "$OUT/lanes/lanes.log" | cut -c1-900
     summaries
     ;;
+  q16)
+    m="node .bundle/quant-bench.js --device cuda --preset qwen3-8b --formats dense,int4 --batches 8,16 --weights kernel --threads 16 --fast-decode --kernel-checks none --kernel-micro-rows 16,32"
+    lanes "$m" "$m --kernel-tile-from-rows 9"
+    summaries
+    ;;
   scale2)
     # the step's own timings beside each (BUCKET_TIMES: each bucket's all-reduce on the device); DDP once
     for v in "" "--grad-reduce-dtype bfloat16"; do
       DP_ARGS="$v --bucket-times" NO_DDP=${v:+1} PARITY_SHAPES=none SHAPES="0.6b 1.7b" RUN_LIMIT=120 OUT=$OUT/scale2${v:+-bf16} timeout -k 5 280 bash tools/bench/distributed/device-run.sh eight scaling "1 2" 2>&1 | grep -E '^\{"(run|scaling)"' | cut -c1-900
     done
     ;;
-  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | scale2" >&2; exit 2 ;;
+  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | q16 | scale2" >&2; exit 2 ;;
 esac
