@@ -24,7 +24,8 @@ import { benchmarkMetrics, type BenchmarkMetrics, type GradedSample } from './ev
 import { rewardModelSource } from './reward-sources';
 import { modelConfig } from './scaffold';
 import type { ResolvedDecodeOptions } from './decode-options';
-import { finalResponse, TrajectoryGenerator, type ModelWeights, type TrajectoryEngineRunner, type TrajectoryPrompt } from './trajectories';
+import { finalResponse, TrajectoryGenerator, type TrajectoryEngineRunner, type TrajectoryPrompt } from './trajectories';
+import type { ModelWeights } from './model-weights';
 
 // ---------------------------------------------------------------------------------------------
 // The loop over any sampler

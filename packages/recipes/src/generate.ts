@@ -11,7 +11,8 @@ import { validateSampling, type GenerationEngine } from '@lathe/rollout';
 import { GENERATE_RESUMABLE_KEYS, type GenerateConfig } from './generate-config';
 import { configChanges, modelConfig } from './scaffold';
 import type { DecodeOptionsConfig, ResolvedDecodeOptions } from './decode-options';
-import { TrajectoryGenerator, type GeneratedTrajectory, type ModelWeights, type TrajectoryProgress, type TrajectoryPrompt } from './trajectories';
+import { TrajectoryGenerator, type GeneratedTrajectory, type TrajectoryProgress, type TrajectoryPrompt } from './trajectories';
+import type { ModelWeights } from './model-weights';
 
 /** Callbacks for progress display. */
 export interface GenerateEvents {

@@ -19,6 +19,7 @@ export * from './grpo-config';
 export * from './classmate-config';
 export * from './grpo';
 export * from './trajectories';
+export * from './model-weights';
 export * from './decode-options';
 export * from './generate-config';
 export * from './generate';

@@ -1,6 +1,6 @@
 /** `lathe serve`'s options: defaults, flags and YAML keys. */
 import { SCHEDULER_DEFAULTS, SLOT_ENGINE_DEFAULTS } from '@lathe/rollout';
-import { decodeOptions, deviceOption } from './common-options';
+import { decodeOptions, deviceOption, quantizedWeightsOption } from './common-options';
 import type { ConfigOf, OptionSchema } from './options';
 
 /** Every option of `lathe serve`. */
@@ -43,6 +43,7 @@ export const serveSchema = {
     describe: 'With --cuda_graph: how many prefill shapes (prompts × width) are captured as CUDA graphs, each at its second use; a plain prefill pays a fixed launch cost per layer (0: none)',
   },
   // the KV-cache engine's decode options, as lathe generate and lathe eval take them (the slot engine is a KV-cache engine)
+  quantized_weights: quantizedWeightsOption,
   ...decodeOptions,
 } as const satisfies OptionSchema;
 

@@ -8,12 +8,14 @@ import { basename, extname, join, resolve } from 'node:path';
 import type { AddressInfo } from 'node:net';
 import type { Server } from 'node:http';
 import type { DType } from '@lathe/onnx';
-import { CausalLM, readConfig, type DecoderConfig } from '@lathe/models';
+import { readConfig, type DecoderConfig } from '@lathe/models';
+import { isQuantizedConfig, schemeFromConfig } from '@lathe/quantization';
 import { HfTokenizer } from '@lathe/tokenizer';
 import { createOpenAiServer, kvCacheUnsupported, registerServeTokenizerLoader, Scheduler, SlotEngine, startThreadedOpenAiServer, type ServedModel, type TokenizerSource } from '@lathe/rollout';
 import type { ServeConfig } from './serve-config';
 import { cudaDecodeFacts, decodeEngineOptions, resolveDecodeOptions, type DecodeEngineOptions, type DecodeFacts, type DecodeOptionsConfig, type ResolvedDecodeOptions } from './decode-options';
 import { kernelsOfDevice, openDevice } from './scaffold';
+import { denseEngineWeights, engineWeights, planModelWeights, type EngineWeights, type ModelWeights } from './model-weights';
 import { isAdapterFolder, loadAdapterMerged, readAdapterConfig } from './serve-adapter';
 import { loadServeTokenizer } from './serve-tokenizer';
 
@@ -62,8 +64,13 @@ export function parseServeModels(spec: string | readonly string[]): ServeModelSp
 
 /** Callbacks for progress. */
 export interface ServeEvents {
-  /** A model is loading (before its weights are read), with its slot engine's decode options as resolved (`describeDecode` words them). */
-  onLoad?(info: { id: string; dir: string; rows: number; maxModelLen: number; dtype: DType; decode: ResolvedDecodeOptions }): void;
+  /**
+   * A model is loading (before its weights are read), with its slot engine's decode options as resolved
+   * (`describeDecode` words them) and how its weights will run (`describeWeights` words them).
+   */
+  onLoad?(info: { id: string; dir: string; rows: number; maxModelLen: number; dtype: DType; decode: ResolvedDecodeOptions; weights: ModelWeights }): void;
+  /** A model's weights are on the device: how they run, with what the load measured (bytes, uint8 code tensors, the W4A16 plans' tuning time). */
+  onLoaded?(info: { id: string; weights: ModelWeights }): void;
   /** One line per finished HTTP request. */
   onRequest?(line: string): void;
 }
@@ -123,7 +130,11 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
   // Everything checked before any weights are read.
   const plans = await Promise.all(
     specs.map(async (s) => {
-      const { config } = readConfig(s.base ?? s.dir);
+      const { config, raw } = readConfig(s.base ?? s.dir);
+      const scheme = isQuantizedConfig(raw) ? schemeFromConfig(raw, join(s.base ?? s.dir, 'config.json')) : undefined;
+      if (scheme && s.base && cfg.quantized_weights === 'auto') {
+        throw new Error(`--model ${s.dir}: a LoRA adapter over a quantized base (${s.base}, ${scheme.format}) is served merged into the dequantized base; pass --quantized_weights dequantize`);
+      }
       const why = kvCacheUnsupported(config, cfg.device, dtype);
       if (why) throw new Error(`--model ${s.dir}: the serving engine cannot run this model: ${why}`);
       const maxModelLen = cfg.max_model_len || Math.min(config.maxPositionEmbeddings, 4096);
@@ -141,7 +152,12 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
       if (tokenizer.vocabSize > config.vocabSize) throw new Error(`--model ${s.dir}: the tokenizer has ${tokenizer.vocabSize} ids, the model's vocab_size is ${config.vocabSize}`);
       const eos = config.eosTokenId;
       const stopIds = [...new Set([tokenizer.eosId, ...(eos === undefined ? [] : Array.isArray(eos) ? eos : [eos])])];
-      return { ...s, config, maxModelLen, tokenizer, tokDir, stopIds, decode: resolveServeDecode(cfg, config, dtype) };
+      const facts = cfg.device === 'cuda' ? cudaDecodeFacts(config, dtype, cfg.kv_cache_dtype) : {};
+      const weights = planModelWeights(scheme, { request: cfg.quantized_weights as 'auto' | 'dequantize', device: cfg.device, dtype, engine: { engine: 'kv-cache' }, kernelsUnavailable: facts.kernelsUnavailable });
+      const decode = resolveServeDecode(cfg, config, dtype);
+      // packing q/k/v and gate/up is for dense weights: a quantized model's kernel path concatenates its own
+      const quantized = weights.runs !== 'dense' && weights.runs !== 'dequantized';
+      return { ...s, config, maxModelLen, tokenizer, tokDir, stopIds, weights, decode: quantized ? { ...decode, concatProjections: false } : decode };
     }),
   );
   for (const p of plans) {
@@ -152,29 +168,31 @@ export async function startServe(cfg: ServeConfig, events: ServeEvents = {}): Pr
   }
   // on cuda through Lathe's kernels where NVRTC is present, so the decode options' kernels run on the sessions' stream
   const device = openDevice(cfg.device);
-  const loaded: { model: CausalLM; engine?: SlotEngine; ops: DecodeEngineOptions }[] = [];
+  const loaded: { weights: EngineWeights; engine?: SlotEngine; ops: DecodeEngineOptions }[] = [];
   const free = () => {
     for (const l of loaded) {
       l.engine?.dispose();
       l.ops.dispose();
-      l.model.dispose();
+      l.weights.dispose();
     }
   };
   const models: (ServedModel & { tokenizerSource: TokenizerSource })[] = [];
   try {
     for (const p of plans) {
-      events.onLoad?.({ id: p.id, dir: p.dir, rows: cfg.max_rows, maxModelLen: p.maxModelLen, dtype, decode: p.decode });
-      const model = p.base ? loadAdapterMerged(p.dir, { device, dtype }) : CausalLM.fromPretrainedSync(p.dir, { device, dtype });
+      events.onLoad?.({ id: p.id, dir: p.dir, rows: cfg.max_rows, maxModelLen: p.maxModelLen, dtype, decode: p.decode, weights: p.weights });
+      const kernels = cfg.device === 'cuda' ? kernelsOfDevice(0) : undefined;
+      const weights = p.base ? denseEngineWeights(loadAdapterMerged(p.dir, { device, dtype })) : engineWeights(p.dir, device, dtype, p.weights.runs, kernels);
       let ops: DecodeEngineOptions;
       try {
-        ops = decodeEngineOptions(p.decode, cfg.device === 'cuda' ? kernelsOfDevice(0) : undefined, p.config);
+        ops = decodeEngineOptions(p.decode, kernels, p.config);
       } catch (e) {
-        model.dispose();
+        weights.dispose();
         throw e;
       }
-      const l: (typeof loaded)[number] = { model, ops };
+      const l: (typeof loaded)[number] = { weights, ops };
       loaded.push(l);
-      const engine = SlotEngine.create(model, {
+      events.onLoaded?.({ id: p.id, weights: { ...p.weights, ...weights.loaded } });
+      const engine = weights.createSlots({
         slots: cfg.max_rows,
         maxLength: p.maxModelLen,
         padTokenId: p.tokenizer.padId < p.config.vocabSize ? p.tokenizer.padId : 0,

@@ -1,5 +1,5 @@
 import type { CommandModule } from 'yargs';
-import { describeDecode, serveSchema, startServe, type ServeConfig } from '@lathe/recipes';
+import { describeDecode, describeWeights, serveSchema, startServe, type ServeConfig } from '@lathe/recipes';
 import { addSchemaFlags, configFromArgv } from '../config-flags';
 import { runInterruptible, stopExitCode } from '../interrupt';
 
@@ -13,6 +13,10 @@ export async function serveMain(cfg: ServeConfig): Promise<void> {
       onLoad: (m) => {
         const decode = describeDecode(m.decode);
         process.stderr.write(`serve: loading ${m.id} from ${m.dir} (${m.rows} rows × ${m.maxModelLen} positions, ${m.dtype} on ${cfg.device}${decode ? ` with ${decode}` : ''})\n`);
+      },
+      onLoaded: (m) => {
+        const weights = describeWeights(m.weights);
+        if (weights) process.stderr.write(`  weights: ${weights}\n`);
       },
       onRequest: (line) => process.stderr.write(`${line}\n`),
     });

@@ -72,6 +72,8 @@ export interface SlotEngineOptions
   sampledGraph?: boolean;
   /** Called before every prefill (with its prompts) and decode step (with the busy slots). Tests count runs with it. */
   beforeRun?: (phase: 'prefill' | 'decode', count: number) => void;
+  /** Rethrows an error a kernel op inside `graphWeights` raised (its compute cannot throw into ONNX Runtime); called after every run with the decode options' own checks. */
+  checkWeights?: () => void;
 }
 
 /** One row's sampling parameters; `temperature` 0 is greedy. */
@@ -333,6 +335,7 @@ export class SlotEngine {
   private checkKernels(): void {
     this.opts.decodeAttention?.check();
     this.opts.swiglu?.check();
+    this.opts.checkWeights?.();
   }
 
   /** Writes the packed projections (`concatProjections`) from the weights: once, at creation. */
