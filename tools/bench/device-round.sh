@@ -23,7 +23,8 @@
 #          default, the bf16 residual, the e4m3 cache), one lane each
 #   qgen : issue 30 through lathe generate's own path (lathe-trajectories.js --quantize): a quantized folder of the
 #          0.6B shape at batch 1 and 16, dense / INT4 (W4A16, plans tuned at load) / INT8 / NF4 / INT4 dequantized, one
-#          batch size a lane; then the Qwen3-14B shape with the tuned plans (quant-bench --weights kernel,kernel-tuned)
+#          batch size a lane; lathe serve over the INT4 folder against offline over it; then the Qwen3-14B shape
+#          with the tuned plans (quant-bench --weights kernel,kernel-tuned)
 #   q16  : issue 30's 16 rows at the Qwen3-8B shape: the split-K kernel re-reads the activations from L2 for every 16–32
 #          columns, the tiled one once per 64–256; decode at 16 rows with the tiled kernels from 9 rows against the
 #          default (split-K up to 16), and both kernels alone at 16 and 32 rows (--kernel-micro-rows), one lane each
@@ -101,9 +102,10 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | q16 | scale2
     t="node .bundle/lathe-trajectories.js --tokenizer .bundle/qwen3-tokenizer --shape qwen3-0.6b --device cuda --prompts 16 --samples-thinking 1 --max-new 256 --temperature 0"
     each() { for q in none int4 int8 nf4; do timeout -k 5 150 $t --batch "$1" --quantize $q 2>&1 | grep -E '^\{"bench"'; done; timeout -k 5 150 $t --batch "$1" --quantize int4 --quantized-weights dequantize 2>&1 | grep -E '^\{"bench"'; }
     export -f each; export t
-    lanes "each 1" "each 16
+    lanes "each 1
+      timeout -k 5 200 node .bundle/serve-bench.js --shape qwen3-0.6b --device cuda --cuda-graph --rows 256 --client-threads 4 --http-thread true --warmup --clients 16,256 --quantize int4" "each 16
       node .bundle/quant-bench.js --device cuda --preset qwen3-14b --formats dense,int4 --batches 1,16 --weights kernel,kernel-tuned --threads 16 --fast-decode --kernel-checks none"
-    grep -hE '"bench":"lathe-trajectories"' "$OUT/lanes/lanes.log" | cut -c1-900
+    grep -hE '"bench":"(lathe-trajectories|offline)"|"clients":(16|256),' "$OUT/lanes/lanes.log" | cut -c1-900
     summaries
     ;;
   q16)

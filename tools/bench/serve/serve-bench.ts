@@ -14,6 +14,7 @@
  *          [--prefill-graphs N] [--admit-wait-ms N] [--max-prefill-tokens N]   (lathe serve's --prefill_graphs, --admit_wait_ms and --max_prefill_tokens)
  *          [--warmup]   (lathe serve --warm_prefill at the prompt length: its prefill shapes planned and captured at start)
  *          [--kv-cache-dtype auto|float8e4m3] [--decode-attention auto|gqa|kernel] [--swiglu-kernel auto|true|false]
+ *          [--quantize none|int8|int4|nf4]   (the folder quantized as lathe quantize writes it; served and run offline through its kernels)
  *          [--residual-dtype float32|compute]   (lathe serve's decode options, which the offline reference takes too; the summary records them as resolved)
  *          [--check-decode]   (first, greedy tokens of the slot engine under those options against the batch engine's
  *          under the same options, with both engines' defaults as the baseline: slot-decode-check.ts)
@@ -32,9 +33,10 @@ import { tmpdir } from 'node:os';
 import { isMainThread, Worker } from 'node:worker_threads';
 import { dirname, join, resolve } from 'node:path';
 import type { DType } from '@lathe/onnx';
-import { CausalLM, randomModel, type HfConfig } from '@lathe/models';
-import { KvCacheGenerator, type Scheduler } from '@lathe/rollout';
-import { decodeEngineOptions, defaults, kernelsOfDevice, resolveServeDecode, serveSchema, startServe, type ResolvedDecodeOptions, type ServeConfig } from '@lathe/recipes';
+import { CausalLM, randomModel, readConfig, type HfConfig } from '@lathe/models';
+import type { Scheduler } from '@lathe/rollout';
+import { decodeEngineOptions, defaults, describeWeights, engineWeights, kernelsOfDevice, resolveServeDecode, serveSchema, startServe, type ModelWeights, type ResolvedDecodeOptions, type ServeConfig } from '@lathe/recipes';
+import { quantizedFolder } from '../quantization/quantized-folder';
 import { OpenAiClient } from '@lathe/openai-client';
 import { Device } from '@lathe/runtime';
 import { arg, flag } from '../argv';
@@ -181,6 +183,10 @@ async function main(): Promise<void> {
     const tok = tokenizerDir();
     for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(tok, f), join(model, f));
   }
+  // --quantize: the folder as lathe quantize writes it, served (and run offline) through its quantized kernels
+  const quantize = arg('quantize', 'none');
+  model = quantizedFolder(model, quantize);
+  if (quantize !== 'none' && flag('check-decode')) throw new Error('--check-decode compares dense engines: drop --quantize');
   const maxModelLen = promptLen + maxNew;
   const modeArg = arg('http-thread', 'true');
   if (!['true', 'false', 'both'].includes(modeArg)) throw new Error(`--http-thread must be true, false or both, got '${modeArg}'`);
@@ -198,6 +204,7 @@ async function main(): Promise<void> {
     ...(arg('residual-dtype', '') ? { residual_dtype: arg('residual-dtype', '') as ServeConfig['residual_dtype'] } : {}),
   };
   let decode: ResolvedDecodeOptions | undefined;
+  let weights: ModelWeights | undefined;
   if (flag('check-decode')) {
     const { config } = CausalLM.fromPretrainedSync(model);
     const resolved = resolveServeDecode({ ...defaults(serveSchema), device, ...decodeFlags }, config, dtype);
@@ -207,7 +214,7 @@ async function main(): Promise<void> {
   }
   for (const httpThread of modes) {
     const tStart = performance.now();
-    const running = await startServe({ ...defaults(serveSchema), model, port: 0, device, compute_dtype: dtype as 'bfloat16', max_rows: rows, max_model_len: maxModelLen, max_queue: 4 * Math.max(...levels), cuda_graph: cudaGraph, max_n: 1, http_thread: httpThread, ...(arg('prefill-graphs', '') ? { prefill_graphs: Number(arg('prefill-graphs', '')) } : {}), ...(arg('admit-wait-ms', '') ? { admit_wait_ms: Number(arg('admit-wait-ms', '')) } : {}), ...(arg('max-prefill-tokens', '') ? { max_prefill_tokens: Number(arg('max-prefill-tokens', '')) } : {}), ...(flag('warmup') ? { warm_prefill: String(promptLen) } : {}), ...decodeFlags }, { onLoad: (m) => (decode = m.decode) });
+    const running = await startServe({ ...defaults(serveSchema), model, port: 0, device, compute_dtype: dtype as 'bfloat16', max_rows: rows, max_model_len: maxModelLen, max_queue: 4 * Math.max(...levels), cuda_graph: cudaGraph, max_n: 1, http_thread: httpThread, ...(arg('prefill-graphs', '') ? { prefill_graphs: Number(arg('prefill-graphs', '')) } : {}), ...(arg('admit-wait-ms', '') ? { admit_wait_ms: Number(arg('admit-wait-ms', '')) } : {}), ...(arg('max-prefill-tokens', '') ? { max_prefill_tokens: Number(arg('max-prefill-tokens', '')) } : {}), ...(flag('warmup') ? { warm_prefill: String(promptLen) } : {}), ...decodeFlags }, { onLoad: (m) => (decode = m.decode), onLoaded: (m) => (weights = m.weights) });
     const scheduler = running.models[0].scheduler;
     const id = running.models[0].id;
     const client = new OpenAiClient({ baseUrl: running.url, timeoutMs: 3_600_000, maxRetries: 0 });
@@ -262,12 +269,15 @@ async function main(): Promise<void> {
 
   if (!flag('no-offline')) {
     // The same prompts through the batch engine, all of a level's requests at once in runs of `rows`.
-    const lm = CausalLM.fromPretrainedSync(model, { device: Device.open(device), dtype });
+    // the weights as the server ran them (a quantized folder through the same kernels)
+    const { config } = readConfig(model);
+    const kernels = device === 'cuda' ? kernelsOfDevice(0) : undefined;
+    const lm = engineWeights(model, Device.open(device), dtype, weights?.runs ?? 'dense', kernels);
     // As lathe generate runs it: a CUDA graph on CUDA unless --offline-no-cuda-graph.
     const offlineGraph = device === 'cuda' && !flag('offline-no-cuda-graph');
     // with the decode options serve resolved, so the ratio compares like with like
-    const ops = decodeEngineOptions(decode ?? resolveServeDecode({ ...defaults(serveSchema), device, ...decodeFlags }, lm.config, dtype), device === 'cuda' ? kernelsOfDevice(0) : undefined, lm.config);
-    const gen = KvCacheGenerator.create(lm, { temperature, rows, maxLength: maxModelLen, dtype, cudaGraph: offlineGraph, ...ops.options });
+    const ops = decodeEngineOptions(decode ?? resolveServeDecode({ ...defaults(serveSchema), device, ...decodeFlags }, config, dtype), kernels, config);
+    const gen = lm.create({ temperature, rows, maxLength: maxModelLen, dtype, cudaGraph: offlineGraph, ...ops.options });
     await gen.generate(makePrompts(1, promptLen, 999), { maxNewTokens: 4 });
     for (const clients of levels) {
       const prompts = makePrompts(clients * rounds, promptLen, clients);
@@ -288,7 +298,7 @@ async function main(): Promise<void> {
     ops.dispose();
     lm.dispose();
   }
-  console.log(JSON.stringify({ bench: 'serve-summary', shape: arg('model', '') ? model : shape, device, dtype, rows, prompt_len: promptLen, max_new: maxNew, rounds, temperature, cuda_graph: cudaGraph, warmup: flag('warmup'), http_thread: modeArg, decode: decode && { kv_cache_dtype: decode.kvCacheDtype, decode_attention: decode.decodeAttention, swiglu_kernel: decode.swiglu, residual_dtype: decode.residualDtype }, prefill_graphs: prefillGraphsUsed, max_prefill_tokens: Number(arg('max-prefill-tokens', String(defaults(serveSchema).max_prefill_tokens))), admit_wait_ms: Number(arg('admit-wait-ms', String(defaults(serveSchema).admit_wait_ms))), env: { LATHE_SLOT_SAMPLED_GRAPH: process.env.LATHE_SLOT_SAMPLED_GRAPH ?? null, ORT_ENABLE_XQA: process.env.ORT_ENABLE_XQA ?? null }, startup_s: startup, levels: results }));
+  console.log(JSON.stringify({ bench: 'serve-summary', shape: arg('model', '') ? model : shape, quantize, weights: weights ? describeWeights(weights) || 'dense' : null, device, dtype, rows, prompt_len: promptLen, max_new: maxNew, rounds, temperature, cuda_graph: cudaGraph, warmup: flag('warmup'), http_thread: modeArg, decode: decode && { kv_cache_dtype: decode.kvCacheDtype, decode_attention: decode.decodeAttention, swiglu_kernel: decode.swiglu, residual_dtype: decode.residualDtype }, prefill_graphs: prefillGraphsUsed, max_prefill_tokens: Number(arg('max-prefill-tokens', String(defaults(serveSchema).max_prefill_tokens))), admit_wait_ms: Number(arg('admit-wait-ms', String(defaults(serveSchema).admit_wait_ms))), env: { LATHE_SLOT_SAMPLED_GRAPH: process.env.LATHE_SLOT_SAMPLED_GRAPH ?? null, ORT_ENABLE_XQA: process.env.ORT_ENABLE_XQA ?? null }, startup_s: startup, levels: results }));
 }
 
 // The threaded server's HTTP thread loads this bundle too: only the main thread runs the bench.
