@@ -26,6 +26,7 @@ declare -A entries=(
   [rm-bench]=tools/bench/reward-models/rm-bench.ts
   [quant-bench]=tools/bench/quantization/quant-bench.ts
   [qlora-step]=tools/bench/quantization/qlora-step.ts
+  [prefill-shapes]=tools/bench/quantization/prefill-shapes.ts
   [luffy-ppo-step]=tools/bench/grpo/luffy-ppo-step.ts
   [serve-bench]=tools/bench/serve/serve-bench.ts
   [sft-serve-check]=tools/bench/serve/sft-serve-check.ts

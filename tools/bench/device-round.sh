@@ -25,6 +25,10 @@
 #          0.6B shape at batch 1 and 16, dense / INT4 (W4A16, plans tuned at load) / INT8 / NF4 / INT4 dequantized, one
 #          batch size a lane; lathe serve over the INT4 folder against offline over it; then the Qwen3-14B shape
 #          with the tuned plans (quant-bench --weights kernel,kernel-tuned)
+#   q06  : issue 30's own shapes (Qwen3-0.6B, 1.7B) with the split-K plans tuned at load beside the default ones
+#          (--weights kernel,kernel-tuned), batches 1, 16, 256 with the fast decode options, one shape a lane
+#   qgen16: lathe generate's path at batch 16 with each call's prefill / decode split (two calls), beside q06
+#   prefill: the first run of each new prefill shape with Lathe's prefill attention choice against ORT's cuDNN one
 #   q16  : issue 30's 16 rows at the Qwen3-8B shape: the split-K kernel re-reads the activations from L2 for every 16–32
 #          columns, the tiled one once per 64–256; decode at 16 rows with the tiled kernels from 9 rows against the
 #          default (split-K up to 16), and both kernels alone at 16 and 32 rows (--kernel-micro-rows), one lane each
@@ -43,7 +47,7 @@ lanes() { OUT=$OUT/lanes LANE_TIMEOUT=${LANE_TIMEOUT:-570} bash tools/bench/devi
 # weight-bound its step is (weights_share_of_step)
 q="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel --threads 16"
 summaries() { grep -E '"summary":true' "$OUT/lanes/lanes.log" | cut -c1-1500; }
-case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | q16 | scale2}" in
+case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | prefill | q06 | q16 | scale2}" in
   a)
     eval_bench="node .bundle/eval-bench.js --tokenizer .bundle/qwen3-tokenizer --data-dir fixtures/eval --benchmarks math500,gsm8k --n 32 --max-new 512 --batch 256 --temperature 0"
     lanes \
@@ -104,8 +108,39 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | q16 | scale2
     export -f each; export t
     lanes "each 1
       timeout -k 5 200 node .bundle/serve-bench.js --shape qwen3-0.6b --device cuda --cuda-graph --rows 256 --client-threads 4 --http-thread true --warmup --clients 16,256 --quantize int4" "each 16
-      node .bundle/quant-bench.js --device cuda --preset qwen3-14b --formats dense,int4 --batches 1,16 --weights kernel,kernel-tuned --threads 16 --fast-decode --kernel-checks none"
+      node .bundle/quant-bench.js --device cuda --preset qwen3-14b --formats dense,int4 --batches 1,16 --weights kernel,kernel-tuned --kernel-sweep --threads 16 --fast-decode --kernel-checks none"
     grep -hE '"bench":"(lathe-trajectories|offline)"|"clients":(16|256),' "$OUT/lanes/lanes.log" | cut -c1-900
+    summaries
+    ;;
+  qgen16)
+    # lathe generate's path at batch 16 with each call's prefill / decode split (the first call of qgen ran
+    # INT4 at 0.46x of bf16 end to end, where quant-bench's decode alone runs it at 1.36-1.45x); then q06 on lane 1
+    t="node .bundle/lathe-trajectories.js --tokenizer .bundle/qwen3-tokenizer --shape qwen3-0.6b --device cuda --prompts 16 --samples-thinking 1 --max-new 256 --temperature 0 --batch 16 --repeat 2"
+    m="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel,kernel-tuned --kernel-sweep --threads 16 --fast-decode --kernel-checks none"
+    lanes "$t --quantize none
+      $t --quantize int4
+      $t --quantize int8" "$m --preset qwen3-0.6b
+      $m --preset qwen3-1.7b"
+    grep -hE '"bench":"lathe-trajectories"' "$OUT/lanes/lanes.log" | cut -c1-1500
+    summaries
+    ;;
+  prefill)
+    # each new prefill shape's first run: ORT's GroupQueryAttention on sm_90 prefers cuDNN's SDPA, which builds a cuDNN
+    # graph per shape and node (0.2-2 s a new shape at Qwen3-0.6B, 2026-11-28 profile); Lathe's prefills compile with
+    # ORT_ENABLE_CUDNN_FLASH_ATTENTION=0 since then: lane 0 as Lathe runs now, lane 1 with ORT's cuDNN choice (=1),
+    # then lathe generate's path at batch 16 (two calls each: the first pays the new shapes)
+    p="node .bundle/prefill-shapes.js --rows 64 --graph on --prefill MatMulNBits --formats none,int4 --calls 1x243,16x243,16x243,16x128,16x128,8x200,64x256,64x256"
+    t="node .bundle/lathe-trajectories.js --tokenizer .bundle/qwen3-tokenizer --shape qwen3-0.6b --device cuda --prompts 16 --samples-thinking 1 --max-new 256 --temperature 0 --batch 16 --repeat 2"
+    lanes "$p
+      $t --quantize none
+      $t --quantize int4" "ORT_ENABLE_CUDNN_FLASH_ATTENTION=1 $p
+      ORT_ENABLE_CUDNN_FLASH_ATTENTION=1 $t --quantize none
+      ORT_ENABLE_CUDNN_FLASH_ATTENTION=1 $t --quantize int4"
+    grep -hE '"bench":"(prefill-shapes|lathe-trajectories)"' "$OUT/lanes/lanes.log" | cut -c1-1500
+    ;;
+  q06)
+    m="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel,kernel-tuned --kernel-sweep --threads 16 --fast-decode --kernel-checks none"
+    lanes "$m --preset qwen3-0.6b" "$m --preset qwen3-1.7b"
     summaries
     ;;
   q16)
@@ -119,5 +154,5 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | q16 | scale2
       DP_ARGS="$v --bucket-times" NO_DDP=${v:+1} PARITY_SHAPES=none SHAPES="0.6b 1.7b" RUN_LIMIT=120 OUT=$OUT/scale2${v:+-bf16} timeout -k 5 280 bash tools/bench/distributed/device-run.sh eight scaling "1 2" 2>&1 | grep -E '^\{"(run|scaling)"' | cut -c1-900
     done
     ;;
-  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | q16 | scale2" >&2; exit 2 ;;
+  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | prefill | q06 | q16 | scale2" >&2; exit 2 ;;
 esac

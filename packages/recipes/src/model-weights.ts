@@ -105,6 +105,12 @@ export function denseEngineWeights(model: CausalLM): EngineWeights {
   return { create: (opts) => KvCacheGenerator.create(model, opts), createSlots: (opts) => SlotEngine.create(model, opts), loaded: { deviceBytes: byteSum(model.weights.values()), codeTensors: 0 }, check: () => {}, dispose: () => model.dispose() };
 }
 
+/** How {@link engineWeights} runs what `runs` leaves open. */
+export interface EngineWeightsOptions {
+  /** With `runs: 'w4a16'`: the prefill's INT4 projections through the W4A16 op's tiled kernels ('kernel') or MatMulNBits (default). */
+  prefill?: 'kernel' | 'MatMulNBits';
+}
+
 /**
  * A model folder's weights on `device` as `runs` says ({@link planModelWeights}): dense ones (a dense
  * folder, or a quantized one dequantized) as a `CausalLM`; quantized ones as `loadQuantized(dir)`'s
@@ -114,7 +120,7 @@ export function denseEngineWeights(model: CausalLM): EngineWeights {
  * rows; `kernels` are those the device was opened through). On the CPU `w4a16` runs the op's host
  * reference untuned (tests of the wiring; the planner never picks it there).
  */
-export function engineWeights(dir: string, device: Device, dtype: DType, runs: ModelWeights['runs'], kernels: Kernels | undefined): EngineWeights {
+export function engineWeights(dir: string, device: Device, dtype: DType, runs: ModelWeights['runs'], kernels: Kernels | undefined, opts: EngineWeightsOptions = {}): EngineWeights {
   if (runs === 'dense' || runs === 'dequantized') {
     return denseEngineWeights(CausalLM.fromPretrainedSync(dir, { device, dtype }));
   }
@@ -136,7 +142,7 @@ export function engineWeights(dir: string, device: Device, dtype: DType, runs: M
   }
   let plan;
   try {
-    plan = q.generation(device, dtype, ops ? { quantizedWeights: 'kernel', kernel: ops } : {});
+    plan = q.generation(device, dtype, ops ? { quantizedWeights: 'kernel', kernel: ops, kernelPrefill: opts.prefill === 'kernel' } : {});
   } catch (e) {
     ops?.dispose();
     throw e;

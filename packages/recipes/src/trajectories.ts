@@ -32,7 +32,7 @@ import { cudaDecodeFacts, decodeEngineOptions, resolveDecodeOptions, type Decode
 import { HfTokenizer, splitThinking } from '@lathe/tokenizer';
 import { MathGrader } from '@lathe/graders';
 import type { Trajectory } from '@lathe/data';
-import { chooseGenerationEngine, Generator, KvCacheGenerator, shrinkOnOutOfMemory, validateSampling, type Completion, type EngineChoice, type GenerateCallOptions, type GenerationEngineRequest, type SamplingOptions } from '@lathe/rollout';
+import { chooseGenerationEngine, Generator, KvCacheGenerator, shrinkOnOutOfMemory, validateSampling, type Completion, type EngineChoice, type GenerateCallOptions, type GenerationEngineRequest, type GenerationTimings, type SamplingOptions } from '@lathe/rollout';
 
 // ---------------------------------------------------------------------------------------------
 // Prompts, rows and options
@@ -215,6 +215,8 @@ interface KvEngineEvents {
   /** The engine was rebuilt with fewer rows after running out of memory. */
   onShrink: (from: number, to: number) => void;
   beforeRun?: TrajectoryOptions['beforeEngineRun'];
+  /** Each run's phase times (the engine's `lastTimings`). */
+  onTimings?: (t: GenerationTimings) => void;
 }
 
 /**
@@ -272,6 +274,7 @@ function kvEngine(dir: string, config: DecoderConfig, o: { kind: DeviceKind; dty
         const gen = built && built.maxLength >= need && built.rows === size ? built.gen : build(Math.max(need, built?.maxLength ?? 0));
         const out = await gen.generate(prompts, call);
         weights.check();
+        events.onTimings?.(gen.lastTimings);
         return out;
       });
     },
@@ -345,6 +348,7 @@ export class TrajectoryGenerator {
   /** The longest prompt (tokens) the KV caches are sized for. */
   private promptTokens = 0;
   private readonly work: TrajectoryCounters = { runs: 0, prefilledPrompts: 0, samples: 0, engineShrinks: 0, engineRows: 0 };
+  private readonly phases: GenerationTimings = { prefillMs: 0, decodeMs: 0, transferMs: 0, decodeSteps: 0 };
   /**
    * Each given prompt object's encoding per thinking mode, for as long as the caller holds the
    * object (and while its text is unchanged), so that `plan()` then `generate()` renders and
@@ -531,6 +535,11 @@ export class TrajectoryGenerator {
     return { ...this.work };
   }
 
+  /** The KV-cache engine's time in each phase over all calls so far (ms; zeros with the other engines), e.g. to tell a slow prefill from a slow decode. */
+  get engineTimings(): Readonly<GenerationTimings> {
+    return { ...this.phases };
+  }
+
   /**
    * Samples and grades every sample of `prompts`, yielding rows in output order as each run of
    * `batchSize` samples finishes; the samples of one prompt and thinking mode in a run share one
@@ -619,7 +628,14 @@ export class TrajectoryGenerator {
         this.work.engineRows = to;
         o.onEngineShrink?.(from, to);
       };
-      this.running = kvEngine(this.dir, this.config, { kind: o.device, dtype: o.dtype, rows: o.batchSize, sampling: o.sampling, padId, maxLength: longest + o.maxNewTokens, cudaGraph: o.cudaGraph, decode: this.decode, weights: this.weightsPlan.runs }, { onRun, onShrink, beforeRun: o.beforeEngineRun });
+      this.running = kvEngine(this.dir, this.config, { kind: o.device, dtype: o.dtype, rows: o.batchSize, sampling: o.sampling, padId, maxLength: longest + o.maxNewTokens, cudaGraph: o.cudaGraph, decode: this.decode, weights: this.weightsPlan.runs }, {
+        onRun,
+        onShrink,
+        beforeRun: o.beforeEngineRun,
+        onTimings: (t) => {
+          for (const k of Object.keys(this.phases) as (keyof GenerationTimings)[]) this.phases[k] += t[k];
+        },
+      });
     } else {
       // A call's groups hold at most batchSize samples in all, so maxPromptsPerRun = batchSize never
       // cuts a run; the KV budget still may (samples unchanged: they depend on their keys alone).

@@ -168,6 +168,26 @@ export function withDecodeKernelChoice<T>(config: DecoderConfig, compile: () => 
   }
 }
 
+/**
+ * Runs `compile` (a prefill graph, whose [B, P] changes from run to run) with ONNX Runtime's cuDNN
+ * attention switched off for GroupQueryAttention: on sm_90 ORT prefers cuDNN's SDPA, which builds a
+ * cuDNN graph for each new shape in each attention node — 0.2–2 s on the first run of every new
+ * prefill shape of Qwen3-0.6B (28 nodes), where the run itself takes 10–70 ms (ORT's profile puts it all in
+ * GroupQueryAttention; docs/benchmarks.md) — while its flash-attention kernel, taken instead, has no
+ * per-shape setup. ORT reads the switch (ORT_ENABLE_CUDNN_FLASH_ATTENTION) when the session builds its
+ * kernels, so it is set around the compile only, and never over a value the user set.
+ */
+export function withPrefillKernelChoice<T>(compile: () => T): T {
+  const KEY = 'ORT_ENABLE_CUDNN_FLASH_ATTENTION';
+  if (process.env[KEY] !== undefined) return compile();
+  process.env[KEY] = '0';
+  try {
+    return compile();
+  } finally {
+    delete process.env[KEY];
+  }
+}
+
 /** Buffers one decode binding reads (`from`) and writes (`to`). */
 interface StepBuffers {
   token: DeviceTensor;
@@ -371,7 +391,7 @@ export class KvCacheGenerator {
       memoryPattern: opts.session?.memoryPattern ?? false,
       ...(domains.length ? { customOpDomains: [...(opts.session?.customOpDomains ?? []), ...domains] } : {}),
     };
-    const prefill = device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts, graphOpts)), { ...session, name: 'kv-prefill', cudaGraph: false });
+    const prefill = withPrefillKernelChoice(() => device.compile(build('lathe_kv_prefill', (g, w) => addKvPrefill(g, config, w, dtype, opts, graphOpts)), { ...session, name: 'kv-prefill', cudaGraph: false }));
     let step: Session | undefined;
     let pack: Session | undefined;
     let buffers: EngineBuffers | undefined;

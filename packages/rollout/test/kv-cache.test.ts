@@ -192,6 +192,30 @@ test('the decode kernel switch (ORT_ENABLE_XQA) is set only while the decode ses
   }
 });
 
+test('the prefill attention switch (ORT_ENABLE_CUDNN_FLASH_ATTENTION=0) is set only while the prefill session compiles, and never over a user value', () => {
+  const before = process.env.ORT_ENABLE_CUDNN_FLASH_ATTENTION;
+  const compile = device.compile.bind(device);
+  const seen: (string | undefined)[] = [];
+  const spy = jest.spyOn(device, 'compile').mockImplementation((...args) => {
+    seen.push(process.env.ORT_ENABLE_CUDNN_FLASH_ATTENTION);
+    return compile(...args);
+  });
+  try {
+    delete process.env.ORT_ENABLE_CUDNN_FLASH_ATTENTION;
+    KvCacheGenerator.create(model, { temperature: 0, rows: 2, maxLength: 8 }).dispose();
+    expect(seen).toEqual(['0', undefined]); // the prefill (a new [B, P] each run), then the decode step (fixed shapes) as ORT chooses
+    expect(process.env.ORT_ENABLE_CUDNN_FLASH_ATTENTION).toBeUndefined();
+    seen.length = 0;
+    process.env.ORT_ENABLE_CUDNN_FLASH_ATTENTION = '1';
+    KvCacheGenerator.create(model, { temperature: 0, rows: 2, maxLength: 8 }).dispose();
+    expect(seen).toEqual(['1', '1']);
+  } finally {
+    spy.mockRestore();
+    if (before === undefined) delete process.env.ORT_ENABLE_CUDNN_FLASH_ATTENTION;
+    else process.env.ORT_ENABLE_CUDNN_FLASH_ATTENTION = before;
+  }
+});
+
 test('both sessions compile with ORT memory-pattern planning off, unless the caller turns it on', () => {
   const compile = device.compile.bind(device);
   const patterns: (boolean | undefined)[] = [];

@@ -322,31 +322,34 @@ test('steps whose rows all sample at temperature 1 run the batch engine sampling
   }
 });
 
-test('decode steps compile with the batch engine decode kernel choice (ORT_ENABLE_XQA=0 at 2 query heads per KV head), prefills without it', () => {
-  const before = process.env.ORT_ENABLE_XQA;
-  const seen: [string, string | undefined][] = [];
+test('decode steps compile with the batch engine decode kernel choice (ORT_ENABLE_XQA=0 at 2 query heads per KV head), prefills with its prefill choice (ORT_ENABLE_CUDNN_FLASH_ATTENTION=0)', () => {
+  const keys = ['ORT_ENABLE_XQA', 'ORT_ENABLE_CUDNN_FLASH_ATTENTION'] as const;
+  const before = keys.map((k) => process.env[k]);
+  const seen: [string, string | undefined, string | undefined][] = [];
   const compile = device.compile.bind(device);
   const spy = jest.spyOn(device, 'compile').mockImplementation((...args) => {
-    seen.push([args[1]?.name ?? '', process.env.ORT_ENABLE_XQA]);
+    seen.push([args[1]?.name ?? '', process.env.ORT_ENABLE_XQA, process.env.ORT_ENABLE_CUDNN_FLASH_ATTENTION]);
     return compile(...args);
   });
   try {
-    delete process.env.ORT_ENABLE_XQA;
+    for (const k of keys) delete process.env[k];
     const engine = SlotEngine.create(model, { slots: 2, maxLength: 16 });
     engine.warm();
     engine.dispose();
     expect(seen).toEqual([
-      ['slot-prefill-plain', undefined],
-      ['slot-decode-plain', '0'],
-      ['slot-decode-sampled', '0'],
-      ['slot-prefill', undefined],
-      ['slot-decode', '0'],
+      ['slot-prefill-plain', undefined, '0'],
+      ['slot-decode-plain', '0', undefined],
+      ['slot-decode-sampled', '0', undefined],
+      ['slot-prefill', undefined, '0'],
+      ['slot-decode', '0', undefined],
     ]);
-    expect(process.env.ORT_ENABLE_XQA).toBeUndefined();
+    for (const k of keys) expect(process.env[k]).toBeUndefined();
   } finally {
     spy.mockRestore();
-    if (before === undefined) delete process.env.ORT_ENABLE_XQA;
-    else process.env.ORT_ENABLE_XQA = before;
+    keys.forEach((k, i) => {
+      if (before[i] === undefined) delete process.env[k];
+      else process.env[k] = before[i];
+    });
   }
 });
 

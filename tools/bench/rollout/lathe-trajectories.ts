@@ -9,7 +9,7 @@
  * usage: node lathe-trajectories.js --tokenizer DIR [--model DIR] [--shape qwen3-0.6b|tiny]
  *          [--prompts 64] [--samples-thinking 8] [--samples-non-thinking 0] [--prompt-words 230]
  *          [--max-new 512] [--batch 256] [--device cuda|cpu] [--dtype bfloat16|float32]
- *          [--temperature 1] [--seed 0] [--compare] [--stop-at-eos] [--no-cuda-graph] [--out rows.json]
+ *          [--temperature 1] [--seed 0] [--repeat 1] [--compare] [--stop-at-eos] [--no-cuda-graph] [--out rows.json]
  *          [--quantize none|int8|int4|nf4] [--quantized-weights auto|dequantize]
  * --quantize: the model (random or --model) quantized on the host (int4: blocks of 64; nf4: double
  * quantization) and saved as `lathe quantize` saves it, then generated from as `lathe generate`
@@ -27,7 +27,8 @@
  * live), so fewer tokens read as fewer tokens/s. --no-cuda-graph:
  * the generator's KV engine in plain runs (its only mode before 2026-11-24; the comparison's engine
  * always replays CUDA graphs). One warm-up call (one prompt) compiles the engine before the timed
- * call. Prints one JSON line.
+ * call; --repeat N times N calls of all the prompts (`calls`: each one's tokens/s and the engine's
+ * prefill / decode seconds; new_tokens_per_s is the first's). Prints one JSON line.
  */
 import { copyFileSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -63,6 +64,8 @@ async function main(): Promise<void> {
   const samplesNonThinking = Number(arg('samples-non-thinking', '0'));
   const maxNew = Number(arg('max-new', '512'));
   const batch = Number(arg('batch', '256'));
+  const repeat = Number(arg('repeat', '1'));
+  if (!Number.isInteger(repeat) || repeat < 1) throw new Error(`--repeat: '${arg('repeat', '1')}' is not an integer ≥ 1`);
   const temperature = Number(arg('temperature', '1'));
   const seed = Number(arg('seed', '0'));
   const shape = arg('shape', 'qwen3-0.6b');
@@ -93,10 +96,22 @@ async function main(): Promise<void> {
   for await (const row of gen.generate(prompts.slice(0, 1).map((p) => ({ ...p, prompt_idx: nPrompts })))) void row;
   const warm = gen.counters;
   const tStart = performance.now();
-  const rows: GeneratedTrajectory[] = [];
-  for await (const row of gen.generate(prompts)) rows.push(row);
-  const ms = performance.now() - tStart;
-  const counters = gen.counters;
+  // each timed call with the engine's prefill / decode split (the first call's is new_tokens_per_s)
+  const calls: { s: number; new_tokens_per_s: number; prefill_s: number; decode_s: number; decode_steps: number }[] = [];
+  let rows: GeneratedTrajectory[] = [];
+  let ms = 0;
+  let counters = gen.counters;
+  for (let r = 0; r < repeat; r++) {
+    const before = gen.engineTimings;
+    const t = performance.now();
+    const got: GeneratedTrajectory[] = [];
+    for await (const row of gen.generate(prompts)) got.push(row);
+    const callMs = performance.now() - t;
+    const after = gen.engineTimings;
+    const n = got.reduce((k, x) => k + x.output_token_ids.length, 0);
+    calls.push({ s: +(callMs / 1000).toFixed(2), new_tokens_per_s: Math.round(n / (callMs / 1000)), prefill_s: +((after.prefillMs - before.prefillMs) / 1000).toFixed(3), decode_s: +((after.decodeMs - before.decodeMs) / 1000).toFixed(3), decode_steps: after.decodeSteps - before.decodeSteps });
+    if (r === 0) [rows, ms, counters] = [got, callMs, gen.counters];
+  }
   const weights = gen.weights;
   const gpuMiB = device === 'cuda' ? gpuUsedMiB() : undefined;
   await gen.dispose();
@@ -131,6 +146,7 @@ async function main(): Promise<void> {
     weight_bytes: weights.deviceBytes ?? null,
     tune_s: weights.tuneSeconds === undefined ? null : +weights.tuneSeconds.toFixed(2),
     gpu_used_mib: gpuMiB ?? null,
+    calls,
   };
 
   if (flag('compare')) {

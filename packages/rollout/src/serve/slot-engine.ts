@@ -19,7 +19,7 @@ import type { DType } from '@lathe/onnx';
 import { CausalLM, paramSpecs, weightInputs, type DecoderConfig } from '@lathe/models';
 import { Device, DeviceTensor, hostTensor, type Binding, type HostTensor, type Session, type SessionOptions } from '@lathe/runtime';
 import { addKvPack, cacheName, cacheScaleName, concatTensors } from '../kv-cache-graphs';
-import { withDecodeKernelChoice, type KvCacheGeneratorOptions } from '../kv-cache-generator';
+import { withDecodeKernelChoice, withPrefillKernelChoice, type KvCacheGeneratorOptions } from '../kv-cache-generator';
 import { uniformAt } from '../rng';
 import { rowTopKCap, validateSampling, type RowFilterMode, type SamplingOptions } from '../sampling';
 import { addSlotDecodeStep, addSlotPrefill, STEP_ROWS, type SlotGraphOptions } from './slot-graphs';
@@ -363,7 +363,7 @@ export class SlotEngine {
     (kind === 'prefill' ? addSlotPrefill : addSlotDecodeStep)(g, this.config, w, this.opts.dtype, this.graphOptions(filters, top, sampler, rows));
     const session = this.sessionOptions();
     const name = `slot-${kind}${sampler === 'rows' ? '' : `-${sampler}`}${filters === 'none' ? '' : `-${filters}`}${top ? '-top' : ''}${rows < this.opts.slots ? `-${rows}` : ''}`;
-    if (kind === 'prefill') return this.device.compile(g, { ...session, name, cudaGraph: this.prefillCaptured() });
+    if (kind === 'prefill') return withPrefillKernelChoice(() => this.device.compile(g, { ...session, name, cudaGraph: this.prefillCaptured() }));
     // the decode step's attention kernel as the batch engine chooses it (ORT_ENABLE_XQA, read at compile)
     return withDecodeKernelChoice(this.config, () => this.device.compile(g, { ...session, name, cudaGraph: this.opts.cudaGraph }));
   }
