@@ -50,6 +50,8 @@ export interface GenerateResult {
   /** Mean `correct` of the graded rows (null when none was graded). */
   correctMean: number | null;
   interrupted: boolean;
+  /** Seconds the KV-cache engine spent in prefill and decode runs in this call (zeros with the graph engine): a first run of each new prompt shape shows in `prefill`. */
+  engineSeconds: { prefill: number; decode: number };
 }
 
 /** Where a run keeps its files: the output, the config beside it and the parts folder. */
@@ -174,7 +176,11 @@ export async function runGenerate(cfg: GenerateConfig, events: GenerateEvents = 
 
     // 2. The output's files: refuse to clobber, check a resume, save the config.
     const paths = generatePaths(cfg.output);
-    const result: GenerateResult = { output: paths.output, rows: 0, prompts: prompts.length, partsGenerated: 0, partsResumed: 0, tokens: 0, correctMean: null, interrupted: false };
+    const result: GenerateResult = { output: paths.output, rows: 0, prompts: prompts.length, partsGenerated: 0, partsResumed: 0, tokens: 0, correctMean: null, interrupted: false, engineSeconds: { prefill: 0, decode: 0 } };
+    const engineSeconds = () => {
+      const t = gen.engineTimings;
+      return { prefill: +(t.prefillMs / 1000).toFixed(3), decode: +(t.decodeMs / 1000).toFixed(3) };
+    };
     if (prepareOutput(cfg, paths)) return { ...result, rows: (await parquetInfo(paths.output)).rows, correctMean: await correctMean(paths.output) };
 
     // 3. Parts: the complete ones of an earlier run are kept, the rest generated, each written atomically.
@@ -198,6 +204,7 @@ export async function runGenerate(cfg: GenerateConfig, events: GenerateEvents = 
       };
       for await (const row of gen.generate(shards[i], { signal, onProgress })) rows.push(row);
       result.tokens += tokens;
+      result.engineSeconds = engineSeconds();
       if (rows.length < shards[i].length * perPrompt) return { ...result, interrupted: true }; // stopped mid-part: the part is dropped
       await writeTrajectories(partFile(paths.parts, i), rows, { columns });
       result.partsGenerated++;

@@ -161,8 +161,11 @@ describe('through the recipes', () => {
   test('lathe generate: the start line gets the loaded weights, the footer how they ran; --generation_engine graph is refused with the way out', async () => {
     const cfg = generateConfig({});
     let started: ModelWeights | undefined;
-    await runGenerate(cfg, { onStart: (i) => (started = i.weights) });
+    const result = await runGenerate(cfg, { onStart: (i) => (started = i.weights) });
     expect(started).toMatchObject({ format: 'int4', runs: 'MatMulNBits', codeTensors: PROJECTIONS });
+    // the kv-cache engine's own clocks: both phases ran
+    expect(result.engineSeconds.prefill).toBeGreaterThan(0);
+    expect(result.engineSeconds.decode).toBeGreaterThan(0);
     const footer = JSON.parse((await parquetInfo(cfg.output)).metadata['lathe:generate']) as Record<string, unknown>;
     expect(footer.weights).toBe('MatMulNBits');
     await expect(runGenerate(generateConfig({ generation_engine: 'graph', output: join(root, 'graph', 'out.parquet') }))).rejects.toThrow('--quantized_weights auto: a quantized model (int4) runs through its kernels in the kv-cache generation engine only');

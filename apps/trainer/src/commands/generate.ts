@@ -73,6 +73,8 @@ export async function generateMain(cfg: GenerateConfig): Promise<GenerateResult>
       new_tokens: result.tokens,
       correct_mean: result.correctMean,
       interrupted: result.interrupted,
+      prefill_s: result.engineSeconds.prefill,
+      decode_s: result.engineSeconds.decode,
     }),
   );
   if (result.interrupted) {
