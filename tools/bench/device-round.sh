@@ -27,6 +27,7 @@
 #          with the tuned plans (quant-bench --weights kernel,kernel-tuned)
 #   q06  : issue 30's own shapes (Qwen3-0.6B, 1.7B) with the split-K plans tuned at load beside the default ones
 #          (--weights kernel,kernel-tuned), batches 1, 16, 256 with the fast decode options, one shape a lane
+#   gen  : the suite's gen group alone on one GPU (issue 37's 10x, for an H100 host when one is lent)
 #   qgen16: lathe generate's path at batch 16 with each call's prefill / decode split (two calls), beside q06
 #   prefill: the first run of each new prefill shape with Lathe's prefill attention choice against ORT's cuDNN one
 #   q16  : issue 30's 16 rows at the Qwen3-8B shape: the split-K kernel re-reads the activations from L2 for every 16–32
@@ -47,7 +48,7 @@ lanes() { OUT=$OUT/lanes LANE_TIMEOUT=${LANE_TIMEOUT:-570} bash tools/bench/devi
 # weight-bound its step is (weights_share_of_step)
 q="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel --threads 16"
 summaries() { grep -E '"summary":true' "$OUT/lanes/lanes.log" | cut -c1-1500; }
-case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | prefill | q06 | q16 | scale2}" in
+case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q16 | scale2}" in
   a)
     eval_bench="node .bundle/eval-bench.js --tokenizer .bundle/qwen3-tokenizer --data-dir fixtures/eval --benchmarks math500,gsm8k --n 32 --max-new 512 --batch 256 --temperature 0"
     lanes \
@@ -124,6 +125,11 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | pre
     grep -hE '"bench":"lathe-trajectories"' "$OUT/lanes/lanes.log" | cut -c1-1500
     summaries
     ;;
+  gen)
+    # issue 37's 10x on the card it names: the suite's gen group alone (one GPU; run it on nvidia-h100-x1 when lent)
+    OUT=$OUT/gen SUITE_WORK=/tmp/s0 timeout -k 5 580 python3 tools/bench/suite.py --groups gen --update-baseline 2>&1 | tail -n 30
+    grep -h '"flags"' "$OUT/gen/suite.json" 2> /dev/null | cut -c1-400
+    ;;
   prefill)
     # each new prefill shape's first run: ORT's GroupQueryAttention on sm_90 prefers cuDNN's SDPA, which builds a cuDNN
     # graph per shape and node (0.2-2 s a new shape at Qwen3-0.6B, 2026-11-28 profile); Lathe's prefills compile with
@@ -154,5 +160,5 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | pre
       DP_ARGS="$v --bucket-times" NO_DDP=${v:+1} PARITY_SHAPES=none SHAPES="0.6b 1.7b" RUN_LIMIT=120 OUT=$OUT/scale2${v:+-bf16} timeout -k 5 280 bash tools/bench/distributed/device-run.sh eight scaling "1 2" 2>&1 | grep -E '^\{"(run|scaling)"' | cut -c1-900
     done
     ;;
-  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | prefill | q06 | q16 | scale2" >&2; exit 2 ;;
+  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q16 | scale2" >&2; exit 2 ;;
 esac
