@@ -30,6 +30,7 @@
 #   gen  : the suite's gen group alone on one GPU (issue 37's 10x, for an H100 host when one is lent)
 #   qgen16: lathe generate's path at batch 16 with each call's prefill / decode split (two calls), beside q06
 #   prefill: the first run of each new prefill shape with Lathe's prefill attention choice against ORT's cuDNN one
+#   q64  : decode batches of 32-128 rows through the tiled kernels against MatMulNBits (8B and 0.6B), to set KERNEL_MAX_ROWS
 #   q16  : issue 30's 16 rows at the Qwen3-8B shape: the split-K kernel re-reads the activations from L2 for every 16–32
 #          columns, the tiled one once per 64–256; decode at 16 rows with the tiled kernels from 9 rows against the
 #          default (split-K up to 16), and both kernels alone at 16 and 32 rows (--kernel-micro-rows), one lane each
@@ -48,7 +49,7 @@ lanes() { OUT=$OUT/lanes LANE_TIMEOUT=${LANE_TIMEOUT:-570} bash tools/bench/devi
 # weight-bound its step is (weights_share_of_step)
 q="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel --threads 16"
 summaries() { grep -E '"summary":true' "$OUT/lanes/lanes.log" | cut -c1-1500; }
-case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q16 | scale2}" in
+case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | q16 | scale2}" in
   a)
     eval_bench="node .bundle/eval-bench.js --tokenizer .bundle/qwen3-tokenizer --data-dir fixtures/eval --benchmarks math500,gsm8k --n 32 --max-new 512 --batch 256 --temperature 0"
     lanes \
@@ -149,6 +150,13 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
     lanes "$m --preset qwen3-0.6b" "$m --preset qwen3-1.7b"
     summaries
     ;;
+  q64)
+    # where the tiled kernels beat MatMulNBits' dequantize + GEMM (KERNEL_MAX_ROWS is 16 until measured): decode batches
+    # of 32-128 rows with both (kernel: MatMulNBits past 16 rows; kernel-all: the tiled kernels), 8B on lane 0, 0.6B on lane 1
+    m="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 32,64,128 --weights kernel,kernel-all --threads 16 --fast-decode --kernel-checks none"
+    lanes "$m --preset qwen3-8b" "$m --preset qwen3-0.6b"
+    summaries
+    ;;
   q16)
     m="node .bundle/quant-bench.js --device cuda --preset qwen3-8b --formats dense,int4 --batches 8,16 --weights kernel --threads 16 --fast-decode --kernel-checks none --kernel-micro-rows 16,32"
     lanes "$m" "$m --kernel-tile-from-rows 9"
@@ -160,5 +168,5 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
       DP_ARGS="$v --bucket-times" NO_DDP=${v:+1} PARITY_SHAPES=none SHAPES="0.6b 1.7b" RUN_LIMIT=120 OUT=$OUT/scale2${v:+-bf16} timeout -k 5 280 bash tools/bench/distributed/device-run.sh eight scaling "1 2" 2>&1 | grep -E '^\{"(run|scaling)"' | cut -c1-900
     done
     ;;
-  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q16 | scale2" >&2; exit 2 ;;
+  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | q16 | scale2" >&2; exit 2 ;;
 esac
