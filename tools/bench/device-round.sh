@@ -153,7 +153,8 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
   q64)
     # where the tiled kernels beat MatMulNBits' dequantize + GEMM (KERNEL_MAX_ROWS is 16 until measured): decode batches
     # of 32-128 rows with both (kernel: MatMulNBits past 16 rows; kernel-all: the tiled kernels), 8B on lane 0, 0.6B on lane 1
-    m="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 32,64,128 --weights kernel,kernel-all --threads 16 --fast-decode --kernel-checks none"
+    # (kernel-tuned-all: the table tuned at load over split-K plans and tiled builds, every row through the op)
+    m="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 32,64,128 --weights kernel,kernel-all,kernel-tuned-all --kernel-sweep --kernel-sweep-rows 16,32,64,128 --kernel-sweep-tiles --threads 16 --fast-decode --kernel-checks none"
     lanes "$m --preset qwen3-8b" "$m --preset qwen3-0.6b"
     summaries
     ;;

@@ -9,7 +9,8 @@
  */
 import type { DType } from '@lathe/onnx';
 import { toBfloat16Bits, toFloat16Bits, type Device, type DeviceTensor } from '@lathe/runtime';
-import { W4A16, w4a16Plan, w4a16Unsupported, type W4A16LaunchOptions, type W4A16Shape, type W4A16SplitChoice } from './w4a16';
+import { W4A16, w4a16Plan, w4a16Unsupported, type W4A16LaunchOptions, type W4A16Shape, type W4A16SplitChoice, type W4A16Tile } from './w4a16';
+import { W4A16_TILE_VARIANTS, w4a16TileDims } from './w4a16-source';
 
 /** One weight shape to tune: B [N, K] in blocks of `blockSize`, activations in `dtype`. */
 export interface W4A16TuneShape {
@@ -23,8 +24,13 @@ export interface W4A16TuneShape {
 
 /** What {@link tuneW4A16} tries. */
 export interface W4A16TuneOptions {
-  /** Row counts to time (each 1–16, the split-K kernels' decode range); a launch of M rows takes the entry of the fewest rows ≥ M. Default 1, 4, 8, 16. */
+  /**
+   * Row counts to time (1–16 for the split-K kernels alone; up to 256 with `tiles`); a launch of M rows takes
+   * the entry of the fewest rows ≥ M. Default 1, 4, 8, 16.
+   */
   rows?: readonly number[];
+  /** Time every tiled build the device runs too (at every row count), so a shape's entry may be a tiled build. Default false. */
+  tiles?: boolean;
   /** Chunks of K a warp takes (see `w4a16Plan`; plans with the same warp count are timed once). Default 1, 2, 3, 4, 6, 8. */
   rounds?: readonly number[];
   /** Column tiles a warp. Default 1 and 2. */
@@ -36,9 +42,13 @@ export interface W4A16TuneOptions {
 /** The fastest plan found for one shape and row count, beside the default plan's time. */
 export interface W4A16TuneEntry extends W4A16TuneShape {
   M: number;
+  /** A split-K plan's column tiles and rounds (a tiled entry: its build's column tiles, rounds 1). */
   columnTiles: 1 | 2;
   rounds: number;
+  /** Warps a CTA. */
   warps: number;
+  /** The tiled build that won, where one did (the entry's launch is then that build's). */
+  tile?: W4A16Tile;
   /** Device µs a launch with this plan. */
   us: number;
   /** Device µs a launch with the default plan. */
@@ -51,6 +61,8 @@ export interface W4A16TuneTiming extends W4A16TuneShape {
   columnTiles: 1 | 2;
   rounds: number;
   warps: number;
+  /** A tiled build's label (`w4a16TileDims`), for a tiled timing. */
+  tile?: string;
   ctas: number;
   us: number;
 }
@@ -69,7 +81,8 @@ export class W4A16PlanTable {
       if (e.N !== shape.N || e.K !== shape.K || e.blockSize !== shape.blockSize || e.dtype !== shape.dtype || e.M < shape.M) continue;
       if (!best || e.M < best.M) best = e;
     }
-    return best && { columnTiles: best.columnTiles, rounds: best.rounds };
+    if (!best) return undefined;
+    return best.tile ? { tile: best.tile } : { columnTiles: best.columnTiles, rounds: best.rounds };
   }
 
   /** Launch options whose `plan` reads this table, over `base`. */
@@ -88,12 +101,18 @@ export class W4A16PlanTable {
     entries.forEach((e, i) => {
       const x = e as Partial<W4A16TuneEntry>;
       const ints = [x.N, x.K, x.blockSize, x.M, x.rounds, x.warps];
-      if (!ints.every((v) => Number.isInteger(v) && (v as number) >= 1) || (x.columnTiles !== 1 && x.columnTiles !== 2) || typeof x.dtype !== 'string') {
-        throw new Error(`W4A16PlanTable.fromJSON: entry ${i} is not a plan (N, K, blockSize, M, rounds, warps ≥ 1; columnTiles 1 or 2; dtype): ${JSON.stringify(e)}`);
+      if (!ints.every((v) => Number.isInteger(v) && (v as number) >= 1) || (x.columnTiles !== 1 && x.columnTiles !== 2) || typeof x.dtype !== 'string' || (x.tile !== undefined && !isTileBuild(x.tile))) {
+        throw new Error(`W4A16PlanTable.fromJSON: entry ${i} is not a plan (N, K, blockSize, M, rounds, warps ≥ 1; columnTiles 1 or 2; dtype; tile, where present, a tiled build): ${JSON.stringify(e)}`);
       }
     });
     return new W4A16PlanTable(entries as W4A16TuneEntry[]);
   }
+}
+
+/** Whether `t` names one of {@link W4A16_TILE_VARIANTS} (its warp layout spelled out, as the tuner records it). */
+function isTileBuild(t: unknown): t is W4A16Tile {
+  const x = t as Partial<W4A16Tile> | null;
+  return typeof x === 'object' && x !== null && W4A16_TILE_VARIANTS.some((v) => v.mt === x.mt && v.nt === x.nt && v.wm === x.wm && v.wn === x.wn && v.wk === x.wk && v.ck === x.ck);
 }
 
 /** Constant 4-bit weights of one shape in copies on the device, for timing launches the way a decode step reads weights. */
@@ -141,25 +160,30 @@ function halfBits(dtype: DType, x: Float32Array): Uint16Array {
 }
 
 /** Checks `opts` before any device work; returns the lists to try. */
-export function w4a16TuneCandidates(opts: W4A16TuneOptions = {}): { rows: readonly number[]; rounds: readonly number[]; columnTiles: readonly (1 | 2)[]; iters: number } {
+export function w4a16TuneCandidates(opts: W4A16TuneOptions = {}): { rows: readonly number[]; rounds: readonly number[]; columnTiles: readonly (1 | 2)[]; iters: number; tiles: boolean } {
   const rows = opts.rows ?? DEFAULT_ROWS;
-  if (rows.length === 0 || rows.some((m) => !Number.isInteger(m) || m < 1 || m > 16)) throw new Error(`tuneW4A16: rows [${rows.join(', ')}] must be row counts 1–16 (the split-K kernels' decode range)`);
+  const tiles = opts.tiles ?? false;
+  const most = tiles ? 256 : 16;
+  if (rows.length === 0 || rows.some((m) => !Number.isInteger(m) || m < 1 || m > most)) {
+    throw new Error(`tuneW4A16: rows [${rows.join(', ')}] must be row counts 1–${most} (${tiles ? 'decode batches' : "the split-K kernels' decode range; up to 256 with tiles: true"})`);
+  }
   const rounds = opts.rounds ?? DEFAULT_ROUNDS;
   if (rounds.length === 0 || rounds.some((r) => !Number.isInteger(r) || r < 1)) throw new Error(`tuneW4A16: rounds [${rounds.join(', ')}] must be integers ≥ 1`);
   const columnTiles = opts.columnTiles ?? [1, 2];
   if (columnTiles.length === 0 || columnTiles.some((c) => c !== 1 && c !== 2)) throw new Error(`tuneW4A16: columnTiles [${columnTiles.join(', ')}] must be 1 or 2`);
   const iters = opts.iters ?? 200;
   if (!Number.isInteger(iters) || iters < 1) throw new Error(`tuneW4A16: iters ${iters} must be an integer ≥ 1`);
-  return { rows, rounds, columnTiles, iters };
+  return { rows, rounds, columnTiles, iters, tiles };
 }
 
 /**
  * Times the split-K kernels on `device` (opened through `Kernels.withDevice`, the kernels `w4` was
- * compiled on) for each shape at each row count over column tiles × rounds, and returns the fastest
- * per shape and rows with every timing, over {@link w4a16TimingWeights}. Must run outside any graph capture; a few seconds for a model's projections.
+ * compiled on) for each shape at each row count over column tiles × rounds — and with `tiles` every
+ * tiled build the device runs — and returns the fastest per shape and rows with every timing, over
+ * {@link w4a16TimingWeights}. Must run outside any graph capture; a few seconds for a model's projections.
  */
 export function tuneW4A16(w4: W4A16, device: Device, shapes: readonly W4A16TuneShape[], opts: W4A16TuneOptions = {}): { table: W4A16PlanTable; timings: W4A16TuneTiming[] } {
-  const { rows, rounds, columnTiles, iters } = w4a16TuneCandidates(opts);
+  const { rows, rounds, columnTiles, iters, tiles } = w4a16TuneCandidates(opts);
   if (device.kind !== 'cuda') throw new Error(`tuneW4A16: the W4A16 kernels run on cuda, not ${device.kind}`);
   const kernels = w4.kernels;
   const entries: W4A16TuneEntry[] = [];
@@ -187,9 +211,20 @@ export function tuneW4A16(w4: W4A16, device: Device, shapes: readonly W4A16TuneS
             const plan = w4a16Plan(shape, nt, r);
             if (plan.nt !== nt || seen.has(plan.warps)) continue;
             seen.add(plan.warps);
-            const us = time({ columnTiles: nt, rounds: r });
+            const us = time({ columnTiles: nt, rounds: r, tileFromRows: Infinity }); // the split-K kernels at any M
             timings.push({ ...s, M, columnTiles: nt, rounds: r, warps: plan.warps, ctas: plan.grid[0] * plan.grid[1], us });
             if (!top || us < top.us) top = { ...s, M, columnTiles: nt, rounds: r, warps: plan.warps, us, defaultUs };
+          }
+        }
+        if (tiles) {
+          for (const v of W4A16_TILE_VARIANTS) {
+            const tile: W4A16Tile = { mt: v.mt, nt: v.nt, wm: v.wm, wn: v.wn, wk: v.wk, ck: v.ck };
+            if (!w4.runsTile(tile)) continue;
+            const { label, threads } = w4a16TileDims(tile);
+            const plan = w4.tilePlan(shape, { tile });
+            const us = time({ tile, tileFromRows: 1 });
+            timings.push({ ...s, M, columnTiles: v.nt, rounds: 1, warps: threads / 32, ctas: plan.grid[0] * plan.grid[1] * plan.ck, us, tile: label });
+            if (!top || us < top.us) top = { ...s, M, columnTiles: v.nt, rounds: 1, warps: threads / 32, tile, us, defaultUs };
           }
         }
         if (top) entries.push(top);

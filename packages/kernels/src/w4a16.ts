@@ -257,10 +257,12 @@ export function w4a16DefaultChoice(shape: Pick<W4A16Shape, 'M' | 'N'>): W4A16Spl
   return shape.N >= 8192 ? { columnTiles: 2, rounds: 4 } : { columnTiles: 2 };
 }
 
-/** A split-K launch's choice for one shape (see {@link w4a16Plan}). */
+/** A launch's choice for one shape: a split-K plan (see {@link w4a16Plan}), or with `tile` a tiled build instead. */
 export interface W4A16SplitChoice {
   columnTiles?: 1 | 2;
   rounds?: number;
+  /** Run the tiled build `tile` (at any M), not the split-K kernels. */
+  tile?: W4A16Tile;
 }
 
 /** How {@link W4A16.matmul} picks its kernel. */
@@ -269,7 +271,10 @@ export interface W4A16LaunchOptions {
   columnTiles?: 1 | 2;
   /** Chunks of K a warp of the split-K kernels takes (see {@link w4a16Plan}; default the fewest, or {@link w4a16DefaultChoice}'s). */
   rounds?: number;
-  /** A choice per shape for the split-K kernels (e.g. a table measured on the device), over `columnTiles` and `rounds`; undefined keeps them. */
+  /**
+   * A choice per shape (e.g. a table measured on the device) over the other options: a split-K plan — taken at
+   * any M, `tileFromRows` aside — or a tiled build; undefined keeps the options.
+   */
   plan?: (shape: W4A16Shape) => W4A16SplitChoice | undefined;
   /** Rows from which the tiled kernels run (default {@link W4A16_TILE_FROM_ROWS}; Infinity: never). */
   tileFromRows?: number;
@@ -356,12 +361,13 @@ export class W4A16 {
     const n1 = widths[0];
     const n2 = n1 + (widths[1] ?? 0);
     const args = [a.a, a.b, a.scales, a.zeroPoints, c[0], c[1] ?? 0n, c[2] ?? 0n, shape.M, shape.N, n1, n2, shape.K, shape.kBlocks, Math.log2(shape.blockSize)] as const;
-    if (shape.M >= (o.tileFromRows ?? W4A16_TILE_FROM_ROWS)) {
-      const plan = this.tilePlan(shape, o);
+    const planned = o.plan?.(shape);
+    if (planned?.tile || (!planned && shape.M >= (o.tileFromRows ?? W4A16_TILE_FROM_ROWS))) {
+      const plan = this.tilePlan(shape, { ...o, tile: planned?.tile ?? o.tile });
       this.tiles.get(`${shape.dtype}/${plan.label}`)!.launch({ grid: [plan.grid[0], plan.grid[1], plan.ck], block: plan.threads, sharedBytes: plan.sharedBytes, stream }, ...args);
       return;
     }
-    const choice = o.plan?.(shape) ?? (o.columnTiles === undefined && o.rounds === undefined ? w4a16DefaultChoice(shape) : undefined);
+    const choice = planned ?? (o.columnTiles === undefined && o.rounds === undefined ? w4a16DefaultChoice(shape) : undefined);
     const plan = w4a16Plan(shape, choice?.columnTiles ?? o.columnTiles ?? 1, choice?.rounds ?? o.rounds);
     this.variants.get(`${shape.dtype}/${plan.mt}/${plan.nt}`)!.launch({ grid: plan.grid, block: 32 * plan.warps, sharedBytes: plan.sharedBytes, stream }, ...args);
   }

@@ -42,6 +42,8 @@
  * rounds 1–8 (chunks of K a warp takes: fewer warps a CTA, more CTAs resident): each launch's µs and per shape and M
  * the fastest beside the default plan's; `--weights kernel-tuned` then decodes as `kernel` does with each split-K
  * launch taking the table's plan for its shape (the A/B of the tuned plans against the default ones in one process).
+ * `--kernel-sweep-tiles` times every tiled build too (rows up to 256), so an entry may be a tiled build, and
+ * `--weights kernel-tuned-all` sends every decode batch through the op with the table's plans (as kernel-all does with the defaults).
  * `--swiglu-kernel`: every format's decode steps take the SwiGLU through Lathe's kernel (KvCacheGenerator's `swiglu`)
  * instead of QuickGelu·Mul, one node a layer fewer; `--residual-dtype compute`: every format's generator keeps the
  * residual stream in the compute dtype (KvCacheGenerator's `residualDtype`: four Casts a layer fewer in bf16, no
@@ -71,9 +73,9 @@
  *          [--dtype bfloat16] [--formats dense,int8,int4,nf4,nf4dq] [--batches 1,16,256] [--prompt-len 64]
  *          [--new 128] [--repeat 2] [--int4-block 64] [--mode kernel|dequantize] [--fpa] [--no-cuda-graph]
  *          [--kl-prompts 16] [--kl-new 64] [--kl-batch 4] [--lm-head none|int8|int4|nf4] [--seed 0]
- *          [--weights bound,initializers,initializers-plain,kernel,kernel-all,kernel-tuned] [--kernel-max-rows 16] [--kernel-column-tiles 1|2]
+ *          [--weights bound,initializers,initializers-plain,kernel,kernel-all,kernel-tuned,kernel-tuned-all] [--kernel-max-rows 16] [--kernel-column-tiles 1|2]
  *          [--kernel-tile-from-rows 17] [--kernel-tile auto|LABEL] [--kernel-micro-rows 64,128,256] [--probe]
- *          [--kernel-sweep [--kernel-sweep-rows 1,4,8,16]] (with --weights …,kernel-tuned)
+ *          [--kernel-sweep [--kernel-sweep-rows 1,4,8,16] [--kernel-sweep-tiles]] (with --weights …,kernel-tuned)
  *          [--swiglu-kernel] [--residual-dtype float32|compute] [--decode-attention gqa|kernel] [--greedy-pick] [--fast-decode]
  *          [--kernel-checks all|numerics|none]
  * Qwen3-8B within one device call (~6 min on an H100 or H200: ~1 min host build on 16 cores, ~2 min float64 checks):
@@ -141,6 +143,7 @@ const WEIGHT_MODES: Record<string, { as: QuantizedWeightsAs; fused: boolean }> =
   kernel: { as: 'kernel', fused: false },
   'kernel-all': { as: 'kernel', fused: false },
   'kernel-tuned': { as: 'kernel', fused: false },
+  'kernel-tuned-all': { as: 'kernel', fused: false },
 };
 
 const bytesOf = (ts: Iterable<DeviceTensor>) => [...ts].reduce((n, t) => n + t.byteLength, 0);
@@ -184,11 +187,12 @@ async function main(): Promise<void> {
   const kernelOps = wantKernel ? w4a16Ops(device.kind, w4, launch) : undefined;
   // kernel-tuned: the split-K launches take the sweep's table (tuneW4A16, filled below before any decode)
   let tuned: W4A16PlanTable | undefined;
-  if (weightModes.includes('kernel-tuned') && !flag('kernel-sweep')) throw new Error('--weights kernel-tuned needs --kernel-sweep (its table)');
-  const tunedOps = weightModes.includes('kernel-tuned') ? w4a16Ops(device.kind, w4, { ...launch, plan: (sh) => tuned?.plan(sh) }) : undefined;
-  const opsFor = (weights: string): W4A16Ops | undefined => (weights === 'kernel-tuned' ? tunedOps : kernelOps);
+  const wantsTuned = weightModes.some((w) => w.startsWith('kernel-tuned'));
+  if (wantsTuned && !flag('kernel-sweep')) throw new Error('--weights kernel-tuned(-all) needs --kernel-sweep (its table)');
+  const tunedOps = wantsTuned ? w4a16Ops(device.kind, w4, { ...launch, plan: (sh) => tuned?.plan(sh) }) : undefined;
+  const opsFor = (weights: string): W4A16Ops | undefined => (weights.startsWith('kernel-tuned') ? tunedOps : kernelOps);
   const kernelMaxRowsArg = Number(arg('kernel-max-rows', String(KERNEL_MAX_ROWS)));
-  const maxRowsOf = (weights: string) => (weights === 'kernel-all' ? Number.MAX_SAFE_INTEGER : kernelMaxRowsArg);
+  const maxRowsOf = (weights: string) => (weights.endsWith('-all') ? Number.MAX_SAFE_INTEGER : kernelMaxRowsArg);
   const dtype = arg('dtype', device.kind === 'cuda' ? 'bfloat16' : 'float32') as DType;
   const formats = arg('formats', 'dense,int8,int4,nf4').split(',');
   for (const f of formats) if (!(f in SCHEMES)) throw new Error(`--formats: unknown format '${f}' (${Object.keys(SCHEMES).join(', ')})`);
@@ -249,11 +253,11 @@ async function main(): Promise<void> {
   if (tileVsDense) console.log(JSON.stringify({ tile_vs_dense: true, rows: tileVsDense }));
   const sweepRows = arg('kernel-sweep-rows', '1,4,8,16').split(',').map(Number);
   const sweepShapes = projectionShapes(config, true).map((p) => ({ ...p, blockSize: Number(arg('int4-block', '64')), dtype }));
-  const sweep = flag('kernel-sweep') && w4 ? tuneW4A16(w4, device, sweepShapes, { rows: sweepRows }) : undefined;
+  const sweep = flag('kernel-sweep') && w4 ? tuneW4A16(w4, device, sweepShapes, { rows: sweepRows, tiles: flag('kernel-sweep-tiles') }) : undefined;
   const round2 = (x: number) => +x.toFixed(2);
   const sweepReport = sweep && {
-    rows: sweep.timings.map((t) => ({ shape: t.name, N: t.N, K: t.K, M: t.M, column_tiles: t.columnTiles, rounds: t.rounds, warps: t.warps, ctas: t.ctas, us: round2(t.us) })),
-    best: sweep.table.entries.map((e) => ({ shape: e.name, N: e.N, K: e.K, M: e.M, column_tiles: e.columnTiles, rounds: e.rounds, warps: e.warps, us: round2(e.us), default_us: round2(e.defaultUs), gain: +(e.defaultUs / e.us).toFixed(3) })),
+    rows: sweep.timings.map((t) => ({ shape: t.name, N: t.N, K: t.K, M: t.M, ...(t.tile ? { tile: t.tile } : { column_tiles: t.columnTiles, rounds: t.rounds }), warps: t.warps, ctas: t.ctas, us: round2(t.us) })),
+    best: sweep.table.entries.map((e) => ({ shape: e.name, N: e.N, K: e.K, M: e.M, ...(e.tile ? { tile: w4a16TileDims(e.tile).label } : { column_tiles: e.columnTiles, rounds: e.rounds }), warps: e.warps, us: round2(e.us), default_us: round2(e.defaultUs), gain: +(e.defaultUs / e.us).toFixed(3) })),
   };
   if (sweep) {
     tuned = sweep.table;
