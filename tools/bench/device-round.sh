@@ -30,7 +30,8 @@
 #   gen  : the suite's gen group alone on one GPU (issue 37's 10x, for an H100 host when one is lent)
 #   qgen16: lathe generate's path at batch 16 with each call's prefill / decode split (two calls), beside q06
 #   prefill: the first run of each new prefill shape with Lathe's prefill attention choice against ORT's cuDNN one
-#   q64  : decode batches of 32-128 rows through the tiled kernels against MatMulNBits (8B and 0.6B), to set KERNEL_MAX_ROWS
+#   q64  : decode batches of 16-128 rows: the tiled kernels and a table tuned over split-K plans and tiled builds against
+#          MatMulNBits (8B and 0.6B), to set KERNEL_MAX_ROWS and whether load-time tuning should time the tiles
 #   q16  : issue 30's 16 rows at the Qwen3-8B shape: the split-K kernel re-reads the activations from L2 for every 16–32
 #          columns, the tiled one once per 64–256; decode at 16 rows with the tiled kernels from 9 rows against the
 #          default (split-K up to 16), and both kernels alone at 16 and 32 rows (--kernel-micro-rows), one lane each
@@ -152,9 +153,9 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
     ;;
   q64)
     # where the tiled kernels beat MatMulNBits' dequantize + GEMM (KERNEL_MAX_ROWS is 16 until measured): decode batches
-    # of 32-128 rows with both (kernel: MatMulNBits past 16 rows; kernel-all: the tiled kernels), 8B on lane 0, 0.6B on lane 1
+    # of 16-128 rows (kernel: MatMulNBits past 16 rows; kernel-all: the tiled kernels), 8B on lane 0, 0.6B on lane 1
     # (kernel-tuned-all: the table tuned at load over split-K plans and tiled builds, every row through the op)
-    m="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 32,64,128 --weights kernel,kernel-all,kernel-tuned-all --kernel-sweep --kernel-sweep-rows 16,32,64,128 --kernel-sweep-tiles --threads 16 --fast-decode --kernel-checks none"
+    m="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 16,64,128 --weights kernel,kernel-all,kernel-tuned-all --kernel-sweep --kernel-sweep-rows 16,64,128 --kernel-sweep-tiles --threads 16 --fast-decode --kernel-checks none"
     lanes "$m --preset qwen3-8b" "$m --preset qwen3-0.6b"
     summaries
     ;;
