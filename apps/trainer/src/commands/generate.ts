@@ -72,9 +72,9 @@ export async function generateMain(cfg: GenerateConfig): Promise<GenerateResult>
       parts_resumed: result.partsResumed,
       new_tokens: result.tokens,
       correct_mean: result.correctMean,
-      interrupted: result.interrupted,
       prefill_s: result.engineSeconds.prefill,
       decode_s: result.engineSeconds.decode,
+      interrupted: result.interrupted,
     }),
   );
   if (result.interrupted) {
