@@ -153,38 +153,34 @@ export interface GenerationTimings {
 /**
  * Runs `compile` with ONNX Runtime's decode kernel for GroupQueryAttention chosen for the model's
  * query heads per KV head: with 2 of them (Qwen3-0.6B and 1.7B), the path ORT 1.29 takes without
- * its default XQA kernel (a cuDNN flash-attention kernel) decodes faster (docs/benchmarks.md). ORT
- * reads the switch (ORT_ENABLE_XQA) from the environment when it builds the kernel, so it is set
- * around the compile only, and never over a value the user set. The slot engine's decode steps take it too.
+ * its default XQA kernel (a cuDNN flash-attention kernel) decodes faster (docs/benchmarks.md), so
+ * ORT_ENABLE_XQA=0 is set around the compile ({@link withOrtSwitch}). The slot engine's decode steps take it too.
  */
 export function withDecodeKernelChoice<T>(config: DecoderConfig, compile: () => T): T {
-  const KEY = 'ORT_ENABLE_XQA';
-  if (process.env[KEY] !== undefined || config.numHeads / config.numKvHeads !== 2) return compile();
-  process.env[KEY] = '0';
-  try {
-    return compile();
-  } finally {
-    delete process.env[KEY];
-  }
+  return config.numHeads / config.numKvHeads === 2 ? withOrtSwitch('ORT_ENABLE_XQA', '0', compile) : compile();
 }
 
 /**
  * Runs `compile` (a prefill graph, whose [B, P] changes from run to run) with ONNX Runtime's cuDNN
- * attention switched off for GroupQueryAttention: on sm_90 ORT prefers cuDNN's SDPA, which builds a
- * cuDNN graph for each new shape in each attention node — 0.2–2 s on the first run of every new
- * prefill shape of Qwen3-0.6B (28 nodes), where the run itself takes 10–70 ms (ORT's profile puts it all in
- * GroupQueryAttention; docs/benchmarks.md) — while its flash-attention kernel, taken instead, has no
- * per-shape setup. ORT reads the switch (ORT_ENABLE_CUDNN_FLASH_ATTENTION) when the session builds its
- * kernels, so it is set around the compile only, and never over a value the user set.
+ * attention off for GroupQueryAttention: on sm_90 ORT prefers cuDNN's SDPA, which sets up a cuDNN graph
+ * for each new shape in each attention node, and the first run of every new prefill shape waited on
+ * that setup (docs/benchmarks.md, the quantization row); ORT's flash kernel is taken instead.
  */
 export function withPrefillKernelChoice<T>(compile: () => T): T {
-  const KEY = 'ORT_ENABLE_CUDNN_FLASH_ATTENTION';
-  if (process.env[KEY] !== undefined) return compile();
-  process.env[KEY] = '0';
+  return withOrtSwitch('ORT_ENABLE_CUDNN_FLASH_ATTENTION', '0', compile);
+}
+
+/**
+ * Runs `compile` with environment variable `key` set to `value`: ORT reads its kernel switches when a
+ * session builds its kernels, so one is set around a compile only, and never over a value the user set.
+ */
+function withOrtSwitch<T>(key: string, value: string, compile: () => T): T {
+  if (process.env[key] !== undefined) return compile();
+  process.env[key] = value;
   try {
     return compile();
   } finally {
-    delete process.env[KEY];
+    delete process.env[key];
   }
 }
 
