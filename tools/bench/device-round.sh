@@ -133,11 +133,11 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
     grep -h '"flags"' "$OUT/gen/suite.json" 2> /dev/null | cut -c1-400
     ;;
   prefill)
-    # each new prefill shape's first run: ORT's GroupQueryAttention on sm_90 prefers cuDNN's SDPA, which builds a cuDNN
-    # graph per shape and node (0.2-2 s a new shape at Qwen3-0.6B, 2026-11-28 profile); Lathe's prefills compile with
-    # ORT_ENABLE_CUDNN_FLASH_ATTENTION=0 since then: lane 0 as Lathe runs now, lane 1 with ORT's cuDNN choice (=1),
-    # then lathe generate's path at batch 16 (two calls each: the first pays the new shapes)
-    p="node .bundle/prefill-shapes.js --rows 64 --graph on --prefill MatMulNBits --formats none,int4 --calls 1x243,16x243,16x243,16x128,16x128,8x200,64x256,64x256"
+    # each new prefill shape's first run: Lathe's prefills compile with ORT_ENABLE_CUDNN_FLASH_ATTENTION=0 (ORT's cuDNN
+    # attention sets up a graph per new shape and node): lane 0 as Lathe runs, lane 1 with ORT's cuDNN choice (=1),
+    # then lathe generate's path at batch 16 (two calls each: the first pays the new shapes; the decode split shows
+    # whether the switch moved decode too)
+    p="node .bundle/prefill-shapes.js --rows 64 --graph on --formats none,int4 --calls 1x243,16x243,16x243,16x128,16x128,8x200,64x256,64x256"
     t="node .bundle/lathe-trajectories.js --tokenizer .bundle/qwen3-tokenizer --shape qwen3-0.6b --device cuda --prompts 16 --samples-thinking 1 --max-new 256 --temperature 0 --batch 16 --repeat 2"
     lanes "$p
       $t --quantize none

@@ -31,14 +31,13 @@ export const KERNEL_MAX_ROWS = 16;
 
 /**
  * Whether x · Wᵀ goes through `kernel`: a 4-bit projection it supports, with x's rows (the product of
- * its leading dims) known when the graph is built and at most `maxRows` — a decode step's — or, with
- * `unknownRows`, rows unknown until run time (prefill's [B, P]: the op's tiled kernels, sized at run
- * time). Without it those keep MatMulNBits, whose dequantize + GEMM is faster per call but pays
- * seconds of ONNX Runtime's own work at each new prefill shape (docs/benchmarks.md).
+ * its leading dims) known when the graph is built and at most `maxRows` — a decode step's. Rows
+ * unknown until run time (prefill's [B, P]) keep MatMulNBits, whose dequantize + GEMM ran those
+ * faster than the op's tiled kernels (docs/benchmarks.md, the quantization row).
  */
-export function takesKernel(kernel: NBitsKernel, x: Tensor, attrs: NBitsLayout['attrs'], maxRows = KERNEL_MAX_ROWS, unknownRows = false): boolean {
-  if (kernel.unsupported(attrs, x.dtype) !== undefined) return false;
+export function takesKernel(kernel: NBitsKernel, x: Tensor, attrs: NBitsLayout['attrs'], maxRows = KERNEL_MAX_ROWS): boolean {
   const lead = x.shape.slice(0, -1);
-  if (!lead.every((d): d is number => typeof d === 'number')) return unknownRows;
-  return lead.reduce((p, d) => p * d, 1) <= maxRows;
+  if (!lead.every((d): d is number => typeof d === 'number')) return false;
+  const rows = lead.reduce((p, d) => p * d, 1);
+  return rows <= maxRows && kernel.unsupported(attrs, x.dtype) === undefined;
 }

@@ -129,15 +129,15 @@ export class QuantizedModel {
    * (scales in `dtype`) instead of inputs, so ONNX Runtime prepacks them — frozen weights for
    * generation (see {@link generation}); bind `deviceTensors(…, { quantizedWeights: 'initializers' })`.
    * `quantizedWeights: 'kernel'`: the kernel tensors are bound inputs as by default, and each INT4
-   * projection whose rows are known and at most `kernelMaxRows` (default 16: decode steps) — and with
-   * `kernelPrefill` every one whose rows are unknown until run time (the prefill) — runs through `kernel` (Lathe's W4A16 op: `w4a16Ops` of @lathe/kernels) instead of MatMulNBits;
+   * projection whose rows are known and at most `kernelMaxRows` (default 16: decode steps) runs
+   * through `kernel` (Lathe's W4A16 op: `w4a16Ops` of @lathe/kernels) instead of MatMulNBits;
    * projections that share their input (q/k/v, gate/up: {@link FUSED_PROJECTIONS}) are held
    * concatenated along N (inputs named after the fused weight, e.g. `….qkv_proj.weight.q`) and run as
    * one node — the op writing each projection's output, or MatMulNBits and slices where the op does not apply.
    */
   graphWeights(
     g: Graph,
-    opts: { dtype: DType; mode?: QuantizedMatmulMode; inline?: boolean; prefix?: string; backward?: 'kernel' | 'dequantize'; skip?: readonly string[]; quantizedWeights?: QuantizedWeightsAs; kernel?: NBitsKernel; kernelMaxRows?: number; kernelPrefill?: boolean },
+    opts: { dtype: DType; mode?: QuantizedMatmulMode; inline?: boolean; prefix?: string; backward?: 'kernel' | 'dequantize'; skip?: readonly string[]; quantizedWeights?: QuantizedWeightsAs; kernel?: NBitsKernel; kernelMaxRows?: number },
   ): { weights: Weights; inputs: Map<string, Tensor> } {
     const p = opts.prefix ?? '';
     const own = opts.quantizedWeights === 'kernel' ? opts.kernel : undefined;
@@ -184,7 +184,7 @@ export class QuantizedModel {
       return c;
     };
     const project = (x: Tensor, t: QuantizedLinearTensors): Tensor => {
-      if (own && t.op === 'MatMulNBits' && (opts.mode ?? 'kernel') === 'kernel' && takesKernel(own, x, t.attrs, opts.kernelMaxRows, opts.kernelPrefill)) return own.matmul(x, t.b, t.scales, t.zeroPoints, t.attrs);
+      if (own && t.op === 'MatMulNBits' && (opts.mode ?? 'kernel') === 'kernel' && takesKernel(own, x, t.attrs, opts.kernelMaxRows)) return own.matmul(x, t.b, t.scales, t.zeroPoints, t.attrs);
       return quantizedMatmul(x, t, opts.mode ?? 'kernel', opts.backward);
     };
     // A group's outputs for the input they were computed from: the other members asked with the same x reuse them.
@@ -193,7 +193,7 @@ export class QuantizedModel {
       const hit = fusedOut.get(group);
       if (hit && hit.x === x) return hit.outs;
       let outs: Tensor[];
-      if (own && t.op === 'MatMulNBits' && (opts.mode ?? 'kernel') === 'kernel' && takesKernel(own, x, t.attrs, opts.kernelMaxRows, opts.kernelPrefill)) outs = own.matmulSplit(x, t.b, t.scales, t.zeroPoints, t.attrs, group.widths);
+      if (own && t.op === 'MatMulNBits' && (opts.mode ?? 'kernel') === 'kernel' && takesKernel(own, x, t.attrs, opts.kernelMaxRows)) outs = own.matmulSplit(x, t.b, t.scales, t.zeroPoints, t.attrs, group.widths);
       else {
         const y = quantizedMatmul(x, t, opts.mode ?? 'kernel', opts.backward);
         const axis = y.rank - 1;
@@ -263,7 +263,7 @@ export class QuantizedModel {
     return {
       ...plan,
       tensors: this.deviceTensors(device, dtype, '', { quantizedWeights: plan.quantizedWeights }),
-      graphWeights: (g) => this.graphWeights(g, { dtype, mode, quantizedWeights: plan.quantizedWeights, kernel: opts.kernel, kernelMaxRows: opts.kernelMaxRows, kernelPrefill: opts.kernelPrefill }).weights,
+      graphWeights: (g) => this.graphWeights(g, { dtype, mode, quantizedWeights: plan.quantizedWeights, kernel: opts.kernel, kernelMaxRows: opts.kernelMaxRows }).weights,
       session: plan.fusedGemm ? fusedGemmSession() : plan.quantizedWeights === 'kernel' ? { ...opts.kernel!.session } : {},
     };
   }
@@ -383,8 +383,6 @@ export interface GenerationOptions {
   kernel?: NBitsKernel;
   /** With `quantizedWeights: 'kernel'`: the most rows a projection sends through the kernel (default {@link KERNEL_MAX_ROWS}: 16). */
   kernelMaxRows?: number;
-  /** With `quantizedWeights: 'kernel'`: projections whose rows are unknown when the graph is built (the prefill's) run through the kernel too (default: MatMulNBits). */
-  kernelPrefill?: boolean;
 }
 
 /** See {@link QuantizedModel.generation}. */

@@ -61,9 +61,9 @@ test('graphWeights routes INT4 projections with known rows ≤ kernelMaxRows thr
   const int4 = QuantizedModel.quantize(config, weights, { format: 'int4', blockSize: 32 });
   const int8 = QuantizedModel.quantize(config, weights, { format: 'int8' });
   const ops = w4a16Ops('cpu');
-  const route = (model: QuantizedModel, shape: (number | string)[], maxRows?: number, kernelPrefill?: boolean) => {
+  const route = (model: QuantizedModel, shape: (number | string)[], maxRows?: number) => {
     const g = new L.Graph('route');
-    const w = model.graphWeights(g, { dtype: 'float32', quantizedWeights: 'kernel', kernel: ops, kernelMaxRows: maxRows, kernelPrefill }).weights;
+    const w = model.graphWeights(g, { dtype: 'float32', quantizedWeights: 'kernel', kernel: ops, kernelMaxRows: maxRows }).weights;
     const x = g.input('x', 'float32', shape);
     const nodeOf = (name: string, input = x) => {
       const y = w.matmul!(`model.layers.0.${name}`, input)!;
@@ -89,11 +89,6 @@ test('graphWeights routes INT4 projections with known rows ≤ kernelMaxRows thr
     expect(kq.op).toBe('Slice');
     expect(r.g.nodes.find((n) => n.outputs.includes(kq.node.inputs[0]!))!.op.name).toBe('MatMulNBits');
   }
-  // kernelPrefill: the prefill's rows take the op (sized at run time); known rows past kernelMaxRows still do not
-  const prefill = route(int4, ['B', 'P', 64], undefined, true);
-  expect(prefill.nodeOf('self_attn.k_proj.weight')).toMatchObject({ op: 'W4A16MatMul_float32_w64_32_32', output: 1, shape: ['B', 'P', 32] });
-  expect(route(int4, [4, 1, 64], 2, true).nodeOf('self_attn.o_proj.weight').op).toBe('MatMulNBits');
-  expect(route(int8, ['B', 'P', 64], undefined, true).nodeOf('self_attn.q_proj.weight').op).toBe('MatMulNBits');
   expect(route(int8, [4, 1, 64]).nodeOf('self_attn.q_proj.weight').op).toBe('MatMulNBits'); // 8 bits: not the kernel's
   expect(() => int4.graphWeights(new L.Graph('none'), { dtype: 'float32', quantizedWeights: 'kernel' })).toThrow(/needs the kernel/);
   expect(() => int4.generationPlan('cpu', 'float32', { quantizedWeights: 'kernel' })).toThrow(/needs the kernel/);

@@ -105,12 +105,6 @@ export function denseEngineWeights(model: CausalLM): EngineWeights {
   return { create: (opts) => KvCacheGenerator.create(model, opts), createSlots: (opts) => SlotEngine.create(model, opts), loaded: { deviceBytes: byteSum(model.weights.values()), codeTensors: 0 }, check: () => {}, dispose: () => model.dispose() };
 }
 
-/** How {@link engineWeights} runs what `runs` leaves open. */
-export interface EngineWeightsOptions {
-  /** With `runs: 'w4a16'`: the prefill's INT4 projections through the W4A16 op's tiled kernels ('kernel') or MatMulNBits (default). */
-  prefill?: 'kernel' | 'MatMulNBits';
-}
-
 /**
  * A model folder's weights on `device` as `runs` says ({@link planModelWeights}): dense ones (a dense
  * folder, or a quantized one dequantized) as a `CausalLM`; quantized ones as `loadQuantized(dir)`'s
@@ -120,7 +114,7 @@ export interface EngineWeightsOptions {
  * rows; `kernels` are those the device was opened through). On the CPU `w4a16` runs the op's host
  * reference untuned (tests of the wiring; the planner never picks it there).
  */
-export function engineWeights(dir: string, device: Device, dtype: DType, runs: ModelWeights['runs'], kernels: Kernels | undefined, opts: EngineWeightsOptions = {}): EngineWeights {
+export function engineWeights(dir: string, device: Device, dtype: DType, runs: ModelWeights['runs'], kernels: Kernels | undefined): EngineWeights {
   if (runs === 'dense' || runs === 'dequantized') {
     return denseEngineWeights(CausalLM.fromPretrainedSync(dir, { device, dtype }));
   }
@@ -142,7 +136,7 @@ export function engineWeights(dir: string, device: Device, dtype: DType, runs: M
   }
   let plan;
   try {
-    plan = q.generation(device, dtype, ops ? { quantizedWeights: 'kernel', kernel: ops, kernelPrefill: opts.prefill === 'kernel' } : {});
+    plan = q.generation(device, dtype, ops ? { quantizedWeights: 'kernel', kernel: ops } : {});
   } catch (e) {
     ops?.dispose();
     throw e;
