@@ -9,7 +9,7 @@
  */
 import type { DType } from '@lathe/onnx';
 import { toBfloat16Bits, toFloat16Bits, type Device, type DeviceTensor } from '@lathe/runtime';
-import { W4A16, w4a16Plan, w4a16Unsupported, type W4A16LaunchOptions, type W4A16Shape, type W4A16SplitChoice, type W4A16Tile } from './w4a16';
+import { W4A16, w4a16Plan, w4a16TileBuild, w4a16Unsupported, type W4A16LaunchOptions, type W4A16Shape, type W4A16SplitChoice, type W4A16Tile } from './w4a16';
 import { W4A16_TILE_VARIANTS, w4a16TileDims } from './w4a16-source';
 
 /** One weight shape to tune: B [N, K] in blocks of `blockSize`, activations in `dtype`. */
@@ -101,18 +101,12 @@ export class W4A16PlanTable {
     entries.forEach((e, i) => {
       const x = e as Partial<W4A16TuneEntry>;
       const ints = [x.N, x.K, x.blockSize, x.M, x.rounds, x.warps];
-      if (!ints.every((v) => Number.isInteger(v) && (v as number) >= 1) || (x.columnTiles !== 1 && x.columnTiles !== 2) || typeof x.dtype !== 'string' || (x.tile !== undefined && !isTileBuild(x.tile))) {
+      if (!ints.every((v) => Number.isInteger(v) && (v as number) >= 1) || (x.columnTiles !== 1 && x.columnTiles !== 2) || typeof x.dtype !== 'string' || (x.tile !== undefined && (typeof x.tile !== 'object' || x.tile === null || !w4a16TileBuild(x.tile)))) {
         throw new Error(`W4A16PlanTable.fromJSON: entry ${i} is not a plan (N, K, blockSize, M, rounds, warps ≥ 1; columnTiles 1 or 2; dtype; tile, where present, a tiled build): ${JSON.stringify(e)}`);
       }
     });
     return new W4A16PlanTable(entries as W4A16TuneEntry[]);
   }
-}
-
-/** Whether `t` names one of {@link W4A16_TILE_VARIANTS} (its warp layout spelled out, as the tuner records it). */
-function isTileBuild(t: unknown): t is W4A16Tile {
-  const x = t as Partial<W4A16Tile> | null;
-  return typeof x === 'object' && x !== null && W4A16_TILE_VARIANTS.some((v) => v.mt === x.mt && v.nt === x.nt && v.wm === x.wm && v.wn === x.wn && v.wk === x.wk && v.ck === x.ck);
 }
 
 /** Constant 4-bit weights of one shape in copies on the device, for timing launches the way a decode step reads weights. */

@@ -137,7 +137,7 @@ export interface W4A16TilePlan {
 }
 
 /** The build `tile` names (its warp layout defaulting to 2 × 2 × 1), or undefined. */
-function tileBuild(tile: W4A16Tile): W4A16TileVariant | undefined {
+export function w4a16TileBuild(tile: W4A16Tile): W4A16TileVariant | undefined {
   return W4A16_TILE_VARIANTS.find((x) => x.mt === tile.mt && x.nt === tile.nt && x.wm === (tile.wm ?? 2) && x.wn === (tile.wn ?? 2) && x.wk === (tile.wk ?? 1) && x.ck === (tile.ck ?? 1));
 }
 
@@ -223,7 +223,7 @@ export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, opts: { 
   const grid = (v: W4A16TileVariant): [number, number] => [Math.ceil(shape.N / w4a16TileDims(v).bn), Math.ceil(rows / w4a16TileDims(v).bm)];
   let v: W4A16TileVariant | undefined;
   if (opts.tile) {
-    v = tileBuild(opts.tile);
+    v = w4a16TileBuild(opts.tile);
     if (!v) {
       const { label } = w4a16TileDims(opts.tile);
       throw new Error(`W4A16 has no tiled build ${label} (builds: ${W4A16_TILE_VARIANTS.map((x) => w4a16TileDims(x).label).join(', ')})`);
