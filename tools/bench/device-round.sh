@@ -116,8 +116,8 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
     summaries
     ;;
   qgen16)
-    # lathe generate's path at batch 16 with each call's prefill / decode split (the first call of qgen ran
-    # INT4 at 0.46x of bf16 end to end, where quant-bench's decode alone runs it at 1.36-1.45x); then q06 on lane 1
+    # lathe generate's path at batch 16 with each call's prefill / decode split (two calls: the first pays each new
+    # prefill shape); q06 on lane 1
     t="node .bundle/lathe-trajectories.js --tokenizer .bundle/qwen3-tokenizer --shape qwen3-0.6b --device cuda --prompts 16 --samples-thinking 1 --max-new 256 --temperature 0 --batch 16 --repeat 2"
     m="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel,kernel-tuned --kernel-sweep --threads 16 --fast-decode --kernel-checks none"
     lanes "$t --quantize none
