@@ -50,7 +50,7 @@ lanes() { OUT=$OUT/lanes LANE_TIMEOUT=${LANE_TIMEOUT:-570} bash tools/bench/devi
 # weight-bound its step is (weights_share_of_step)
 q="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel --threads 16"
 summaries() { grep -E '"summary":true' "$OUT/lanes/lanes.log" | cut -c1-1500; }
-case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | q16 | scale2}" in
+case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wg | q16 | scale2}" in
   a)
     eval_bench="node .bundle/eval-bench.js --tokenizer .bundle/qwen3-tokenizer --data-dir fixtures/eval --benchmarks math500,gsm8k --n 32 --max-new 512 --batch 256 --temperature 0"
     lanes \
@@ -159,6 +159,15 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
     lanes "$m --preset qwen3-8b" "$m --preset qwen3-0.6b"
     summaries
     ;;
+  wg)
+    # the wgmma kernels (sm_90a) against cuBLAS' dense bf16 and the tiled kernels: the tile check over every build at 40
+    # and 256 rows, the microbenchmark at 128 and 256 rows (8B), then decode at 16-256 rows with every launch past 16
+    # rows on the tiled kernels (kernel-all) or on wgmma (kernel-wgmma-all), against MatMulNBits past 16 (kernel)
+    m="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 16,64,128,256 --weights kernel,kernel-all,kernel-wgmma-all --threads 16 --fast-decode"
+    lanes "$m --preset qwen3-0.6b --kernel-checks numerics" "$m --preset qwen3-8b --kernel-checks all --kernel-micro-rows 128,256"
+    summaries
+    grep -hoE '"(kernel_tile_check|wgmma_unavailable)":[^]]{0,2000}' "$OUT/lanes/lanes.log" | cut -c1-2500
+    ;;
   q16)
     m="node .bundle/quant-bench.js --device cuda --preset qwen3-8b --formats dense,int4 --batches 8,16 --weights kernel --threads 16 --fast-decode --kernel-checks none --kernel-micro-rows 16,32"
     lanes "$m" "$m --kernel-tile-from-rows 9"
@@ -170,5 +179,5 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
       DP_ARGS="$v --bucket-times" NO_DDP=${v:+1} PARITY_SHAPES=none SHAPES="0.6b 1.7b" RUN_LIMIT=120 OUT=$OUT/scale2${v:+-bf16} timeout -k 5 280 bash tools/bench/distributed/device-run.sh eight scaling "1 2" 2>&1 | grep -E '^\{"(run|scaling)"' | cut -c1-900
     done
     ;;
-  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | q16 | scale2" >&2; exit 2 ;;
+  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wg | q16 | scale2" >&2; exit 2 ;;
 esac

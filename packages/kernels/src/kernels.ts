@@ -30,6 +30,8 @@ export interface CompileOptions {
   name?: string;
   /** Extra NVRTC options (the target architecture is added). */
   options?: string[];
+  /** The target instead of the device's (e.g. `sm_90a` for code using sm_90's architecture-specific instructions). */
+  target?: string;
 }
 
 /**
@@ -119,7 +121,7 @@ export class Kernels {
 
   /** Compiles (or finds in the cache) and loads `source`. A compile error carries NVRTC's log. */
   compile(source: string, opts: CompileOptions = {}): KernelModule {
-    const key: CompileKey = { source, name: opts.name ?? 'kernel', target: this.target, options: opts.options ?? [], compiler: this.nvrtc.version.join('.') };
+    const key: CompileKey = { source, name: opts.name ?? 'kernel', target: opts.target ?? this.target, options: opts.options ?? [], compiler: this.nvrtc.version.join('.') };
     this.driver.useDevice(this.deviceId);
     const cached = this.cache?.get(key);
     if (cached) {

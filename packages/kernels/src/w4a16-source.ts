@@ -178,8 +178,8 @@ const tileLines = (Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[])
   )
   .join('\n');
 
-/** The whole source: every kernel for every element type and tile count. */
-export const w4a16Source = String.raw`
+/** The types, loads, mma and dequantization every W4A16 kernel shares (the wgmma builds' source starts with it too). */
+export const w4a16Preamble = String.raw`
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
@@ -261,7 +261,10 @@ __device__ __forceinline__ float w4_ld_cluster(const float* p, unsigned rank) {
 }
 #endif
 #endif
+`;
 
+/** The whole source: every kernel for every element type and tile count. */
+export const w4a16Source = w4a16Preamble + String.raw`
 template <typename T, int MT, int NT>
 __device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsigned char* __restrict__ B, const T* __restrict__ S, const unsigned char* __restrict__ Z, T* __restrict__ C0,
                                            T* __restrict__ C1, T* __restrict__ C2, int M, int N, int n1, int n2, int K, int kb, int bs_log2, float* red) {

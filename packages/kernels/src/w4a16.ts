@@ -28,6 +28,7 @@ import {
   w4a16TileSmem,
   type W4A16TileVariant,
 } from './w4a16-source';
+import { W4A16_WG_BUILDS, w4a16WgDims, w4a16WgKernelName, w4a16WgLabel, w4a16WgSmem, w4a16WgSource, type W4A16WgBuild } from './w4a16-wgmma-source';
 
 /** One W4A16 product: C [M, N] = A [M, K] · dequant(B)ᵀ, B in MatMulNBits' 4-bit layout. */
 export interface W4A16Shape {
@@ -282,6 +283,20 @@ export interface W4A16LaunchOptions {
   tile?: W4A16Tile;
   /** SMs the tiled plan is estimated for (default: the device's). */
   sms?: number;
+  /** Rows from which the wgmma kernels run (sm_90 only; default Infinity: never, until a device A/B makes them a default). */
+  wgmmaFromRows?: number;
+  /** The wgmma build (default {@link w4a16WgChoice}'s); with `wgmmaFromRows` absent, it runs at every M. */
+  wgmma?: W4A16WgBuild;
+}
+
+/**
+ * The wgmma build for `shape` over `sms` SMs: 64 rows a CTA up to 64 rows, else 128; two warpgroups (128 columns a
+ * CTA: activations read from L2 half as often) where that grid still gives every SM a CTA, else one.
+ */
+export function w4a16WgChoice(shape: Pick<W4A16Shape, 'M' | 'N'>, sms = W4A16_DEFAULT_SMS): W4A16WgBuild {
+  const bm = shape.M <= 64 ? 64 : 128;
+  const ctas = Math.ceil(shape.N / 128) * Math.ceil(shape.M / bm);
+  return { bm, wg: ctas >= sms ? 2 : 1 };
 }
 
 type Ptr = ArgValue<'ptr'>;
@@ -308,6 +323,9 @@ export class W4A16 {
     readonly kernels: Kernels,
     private readonly variants: Map<string, Kernel<Sig>>,
     private readonly tiles: Map<string, Kernel<Sig>>,
+    private readonly wgmma: Map<string, Kernel<Sig>>,
+    /** Why this device has no wgmma kernels (not sm_90, or NVRTC could not build sm_90a), or undefined. */
+    readonly wgmmaUnavailable: string | undefined,
   ) {}
 
   /** Compiles (or loads from the cache) every variant — bf16/fp16 × M ≤ 8/16/32/64 (and 32 columns a warp for M ≤ 16), and every tiled build the device's shared memory holds — with the CUDA headers of `includeDir`. */
@@ -327,7 +345,25 @@ export class W4A16 {
         tiles.set(`${dtype}/${w4a16TileDims(v).label}`, k);
       }
     }
-    return new W4A16(kernels, variants, tiles);
+    // the wgmma builds need sm_90a (architecture-specific instructions): a module of their own, for H100/H200 only
+    const wgmma = new Map<string, Kernel<Sig>>();
+    let wgmmaUnavailable: string | undefined;
+    if (kernels.arch !== 90) wgmmaUnavailable = `wgmma is sm_90's (this device is sm_${kernels.arch})`;
+    else {
+      try {
+        const wm = kernels.compile(w4a16WgSource, { name: 'lathe_w4a16_wgmma', options: [`-I${include}`, '--std=c++17'], target: 'sm_90a' });
+        for (const dtype of Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[]) {
+          for (const v of W4A16_WG_BUILDS) {
+            const k = wm.kernel(w4a16WgKernelName(dtype, v), SIG);
+            kernels.driver.setMaxDynamicSharedBytes(k.handle, w4a16WgSmem(v));
+            wgmma.set(`${dtype}/${w4a16WgLabel(v)}`, k);
+          }
+        }
+      } catch (e) {
+        wgmmaUnavailable = `the wgmma kernels did not build for sm_90a: ${(e as Error).message}`;
+      }
+    }
+    return new W4A16(kernels, variants, tiles, wgmma, wgmmaUnavailable);
   }
 
   /** Whether this device runs tiled build `v` (its shared memory holds it; clusters from sm_90): builds it cannot are not loaded. */
@@ -348,7 +384,8 @@ export class W4A16 {
   /**
    * Queues C = A · dequant(B)ᵀ on `stream` (default: the kernels' stream); nothing for M = 0. M below
    * `tileFromRows` runs the split-K kernels ({@link w4a16Plan}, with `columnTiles`), larger M the tiled ones
-   * ({@link w4a16TilePlan}). `opts` as a number is the column tiles (the older signature).
+   * ({@link w4a16TilePlan}); from `wgmmaFromRows` rows, or with `wgmma`, the wgmma kernels (sm_90; throws with
+   * {@link wgmmaUnavailable} elsewhere). `opts` as a number is the column tiles (the older signature).
    */
   matmul(shape: W4A16Shape, a: W4A16Args, stream?: Handle, opts: W4A16LaunchOptions | 1 | 2 = {}): void {
     const o: W4A16LaunchOptions = typeof opts === 'number' ? { columnTiles: opts } : opts;
@@ -361,6 +398,13 @@ export class W4A16 {
     const n1 = widths[0];
     const n2 = n1 + (widths[1] ?? 0);
     const args = [a.a, a.b, a.scales, a.zeroPoints, c[0], c[1] ?? 0n, c[2] ?? 0n, shape.M, shape.N, n1, n2, shape.K, shape.kBlocks, Math.log2(shape.blockSize)] as const;
+    if (o.wgmma || shape.M >= (o.wgmmaFromRows ?? Infinity)) {
+      if (this.wgmmaUnavailable) throw new Error(`W4A16.matmul: ${this.wgmmaUnavailable}`);
+      const v = o.wgmma ?? w4a16WgChoice(shape, o.sms ?? this.kernels.smCount);
+      const { bm, bn, threads } = w4a16WgDims(v);
+      this.wgmma.get(`${shape.dtype}/${w4a16WgLabel(v)}`)!.launch({ grid: [Math.ceil(shape.N / bn), Math.ceil(shape.M / bm), 1], block: threads, sharedBytes: w4a16WgSmem(v), stream }, ...args);
+      return;
+    }
     const planned = o.plan?.(shape);
     if (planned?.tile || (!planned && shape.M >= (o.tileFromRows ?? W4A16_TILE_FROM_ROWS))) {
       const plan = this.tilePlan(shape, { ...o, tile: planned?.tile ?? o.tile });

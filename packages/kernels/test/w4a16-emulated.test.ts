@@ -15,7 +15,7 @@ import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { W4A16_TILE_VARIANTS, W4A16_TYPES, roundToDtype, w4a16Plan, w4a16Reference, w4a16Source, w4a16TileKernelName, w4a16TilePlan, type W4A16Shape, type W4A16Tile } from '@lathe/kernels';
+import { W4A16_TILE_VARIANTS, W4A16_TYPES, W4A16_WG_BUILDS, roundToDtype, w4a16Plan, w4a16Reference, w4a16Source, w4a16TileKernelName, w4a16TilePlan, w4a16WgDims, w4a16WgKernelName, w4a16WgKernels, w4a16WgSmem, type W4A16Shape, type W4A16Tile, type W4A16WgBuild } from '@lathe/kernels';
 import { fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits } from '@lathe/runtime';
 
 const emulation = join(__dirname, 'emulation');
@@ -26,9 +26,11 @@ let harness = '';
 beforeAll(() => {
   dir = mkdtempSync(join(tmpdir(), 'lathe-w4a16-'));
   writeFileSync(join(dir, 'w4.cu'), w4a16Source);
-  // every tiled build by name, for the harness to pick from
+  writeFileSync(join(dir, 'w4-wg.cu'), w4a16WgKernels);
+  // every tiled and wgmma build by name, for the harness to pick from
+  const names = (d: keyof typeof W4A16_TYPES) => [...W4A16_TILE_VARIANTS.map((v) => w4a16TileKernelName(d, v)), ...W4A16_WG_BUILDS.map((v) => w4a16WgKernelName(d, v))];
   const table = (d: keyof typeof W4A16_TYPES) =>
-    `static const std::pair<const char*, W4TileKernel<${W4A16_TYPES[d].c}>> w4_tiles_${W4A16_TYPES[d].suffix}[] = {\n${W4A16_TILE_VARIANTS.map((v) => `  {"${w4a16TileKernelName(d, v)}", &${w4a16TileKernelName(d, v)}},`).join('\n')}\n};`;
+    `static const std::pair<const char*, W4TileKernel<${W4A16_TYPES[d].c}>> w4_tiles_${W4A16_TYPES[d].suffix}[] = {\n${names(d).map((n) => `  {"${n}", &${n}},`).join('\n')}\n};`;
   writeFileSync(
     join(dir, 'w4-tiles.h'),
     ['#include <utility>', 'template <typename T> using W4TileKernel = void (*)(const T*, const unsigned char*, const T*, const unsigned char*, T*, T*, T*, int, int, int, int, int, int, int);', table('bfloat16'), table('float16'), ''].join('\n'),
@@ -63,6 +65,8 @@ interface Case {
   rounds?: number;
   /** The tiled kernels: this tile, or 'auto' for w4a16TilePlan's choice. */
   tile?: W4A16Tile | 'auto';
+  /** A wgmma build (over the tile). */
+  wg?: W4A16WgBuild;
 }
 
 function run(c: Case): { got: Float32Array; want: Float64Array; warps: number; mt: number; nt: number; gridY: number } {
@@ -84,7 +88,12 @@ function run(c: Case): { got: Float32Array; want: Float64Array; warps: number; m
   const widths = c.widths ?? [c.N];
   const n1 = widths[0];
   const n2 = n1 + (widths[1] ?? 0);
-  const kernel = tiled ? ['tile', w4a16TileKernelName(c.dtype, tiled), tiled.bm, tiled.bn, tiled.threads, tiled.sharedBytes, tiled.ck] : [plan.mt, plan.nt, plan.warps];
+  const wg = c.wg ? w4a16WgDims(c.wg) : undefined;
+  const kernel = c.wg && wg
+    ? ['tile', w4a16WgKernelName(c.dtype, c.wg), wg.bm, wg.bn, wg.threads, w4a16WgSmem(c.wg), 1]
+    : tiled
+      ? ['tile', w4a16TileKernelName(c.dtype, tiled), tiled.bm, tiled.bn, tiled.threads, tiled.sharedBytes, tiled.ck]
+      : [plan.mt, plan.nt, plan.warps];
   execFileSync(harness, [input, output, c.dtype === 'bfloat16' ? 'bf16' : 'fp16', c.M, c.N, n1, n2, c.K, kBlocks, Math.log2(c.blockSize), zeroPoints ? 1 : 0, ...kernel].map(String), { stdio: 'pipe' });
   const raw = readFileSync(output);
   const u16 = new Uint16Array(raw.buffer, raw.byteOffset, raw.byteLength / 2);
@@ -164,3 +173,13 @@ test.each<[string, Case, { label: string; gridX: number; gridY: number }]>([
   expect({ label: p.label, gridX: p.grid[0], gridY: p.grid[1] }).toEqual(plan);
   expectClose(c, r);
 }, 120_000);
+
+test.each<[string, Case]>([
+  ['wgmma 64 × 64 (one warpgroup), bf16, block 64: M = 70 and N = 80 ragged (two row tiles, the second of 6 rows; a column tile of 16), K = 384 (3 chunks)', { dtype: 'bfloat16', M: 70, N: 80, K: 384, blockSize: 64, zeroPoints: false, wg: { bm: 64, wg: 1 } }],
+  ['wgmma 64 × 128 (two warpgroups), fp16 with zero points, block 32: K = 200 padded to 224 (a chunk past K, half past Kp), 33 rows, q/k/v outputs of 64, 40, 32', { dtype: 'float16', M: 33, N: 136, K: 200, blockSize: 32, zeroPoints: true, widths: [64, 40, 32], wg: { bm: 64, wg: 2 } }],
+  ['wgmma 128 × 64, bf16 with zero points, block 128: K = 1280 (10 chunks: the activation and weight stages wrap), M = 130', { dtype: 'bfloat16', M: 130, N: 64, K: 1280, blockSize: 128, zeroPoints: true, wg: { bm: 128, wg: 1 } }],
+  ['wgmma 128 × 128, fp16, block 64: M = 100, N = 200 (the second CTA past N from its second warpgroup), K = 576 (9 blocks: an odd zero-point nibble), gate/up outputs of 100 and 100', { dtype: 'float16', M: 100, N: 200, K: 576, blockSize: 64, zeroPoints: true, widths: [100, 100], wg: { bm: 128, wg: 2 } }],
+  ['wgmma 128 × 128, bf16, block 64: one chunk (K = 128), 128 rows', { dtype: 'bfloat16', M: 128, N: 128, K: 128, blockSize: 64, zeroPoints: false, wg: { bm: 128, wg: 2 } }],
+])('%s', (_name, c) => {
+  expectClose(c, run(c));
+}, 240_000);

@@ -7,7 +7,7 @@
 import * as L from '@lathe/onnx';
 import { attr, defineOp } from '@lathe/onnx';
 import { Device } from '@lathe/runtime';
-import { W4A16_TILE_VARIANTS, w4a16DefaultChoice, w4a16MaxSharedBytes, w4a16Ops, w4a16Plan, w4a16Reference, w4a16TileDims, w4a16TileEstimate, w4a16TileKernelName, w4a16TilePlan, w4a16TileSmem, w4a16TileUnavailable, w4a16Unsupported } from '@lathe/kernels';
+import { W4A16_TILE_VARIANTS, W4A16_WG_BUILDS, w4a16WgBuild, w4a16WgChoice, w4a16WgDims, w4a16WgKernelName, w4a16WgLabel, w4a16WgSmem, w4a16WgSource, w4a16DefaultChoice, w4a16MaxSharedBytes, w4a16Ops, w4a16Plan, w4a16Reference, w4a16TileDims, w4a16TileEstimate, w4a16TileKernelName, w4a16TilePlan, w4a16TileSmem, w4a16TileUnavailable, w4a16Unsupported } from '@lathe/kernels';
 
 interface NBits {
   K: number;
@@ -211,4 +211,27 @@ test('shapes outside the kernels are named (the caller keeps MatMulNBits)', () =
   expect(ops.unsupported({ K: 1024, N: 64, bits: 4, blockSize: 64 }, 'float16')).toMatch(/dtype float16 on cpu/);
   expect(() => w4a16Ops('cuda')).toThrow(/CUDA needs the compiled W4A16 kernels/);
   ops.dispose();
+});
+
+test('the wgmma builds: 64 rows a CTA up to 64 rows, two warpgroups where the grid still fills the SMs; names, labels and shared memory', () => {
+  // Qwen3-8B's q_proj (N = 4096): 32 CTAs of 128 columns a row tile — one warpgroup until 5 row tiles of 128
+  expect(w4a16WgChoice({ M: 64, N: 4096 })).toEqual({ bm: 64, wg: 1 });
+  expect(w4a16WgChoice({ M: 256, N: 4096 })).toEqual({ bm: 128, wg: 1 });
+  expect(w4a16WgChoice({ M: 640, N: 4096 }, 132)).toEqual({ bm: 128, wg: 2 });
+  // the fused gate/up (N = 24,576): 192 CTAs of 128 columns
+  expect(w4a16WgChoice({ M: 65, N: 24576 })).toEqual({ bm: 128, wg: 2 });
+  expect(w4a16WgChoice({ M: 65, N: 24576 }, 264)).toEqual({ bm: 128, wg: 1 });
+  for (const v of W4A16_WG_BUILDS) {
+    expect(w4a16WgBuild(w4a16WgLabel(v))).toEqual(v);
+    expect(w4a16WgDims(v)).toEqual({ bm: v.bm, bn: 64 * v.wg, threads: 128 * v.wg });
+    // four stages of activations [bm][128] and weights [64·wg][64 bytes], 1 KB to align: under sm_90's 227 KB
+    expect(w4a16WgSmem(v)).toBe(4 * (v.bm * 256 + v.wg * 4096) + 1024);
+    expect(w4a16WgSmem(v)).toBeLessThanOrEqual(w4a16MaxSharedBytes(90));
+    for (const d of ['bfloat16', 'float16'] as const) expect(w4a16WgSource).toContain(`, ${w4a16WgKernelName(d, v)})`);
+  }
+  expect(w4a16WgLabel({ bm: 128, wg: 2 })).toBe('wg128x128');
+  expect(w4a16WgBuild('wg256x64')).toBeUndefined();
+  // each wgmma shape the builds use, in both types, and the kernels only where sm_90a's features are on
+  for (const n of [64, 128]) for (const t of ['bf16', 'f16']) expect(w4a16WgSource).toContain(`wgmma.mma_async.sync.aligned.m64n${n}k16.f32.${t}.${t}`);
+  expect(w4a16WgSource).toContain('__CUDA_ARCH_FEAT_SM90_ALL');
 });

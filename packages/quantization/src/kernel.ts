@@ -21,13 +21,13 @@ export interface NBitsKernel {
 }
 
 /**
- * Rows the kernel takes at most by default: decode batches up to 16, where streaming the 4-bit weights
- * once is the whole cost. Past 16 rows the op runs its tiled kernels (a CTA per output tile of 32–64 rows ×
- * 32–64 columns, K streamed through shared memory); `kernelMaxRows: 256` sends decode batches up to 256
- * through them instead of MatMulNBits' dequantize + GEMM — the default stays 16 until a device A/B
- * (quant-bench `--weights kernel-all`, or `kernel --kernel-max-rows 256`) shows them at least as fast.
+ * Rows the kernel takes at most by default: decode batches up to 64. Up to 16 rows the op streams the
+ * 4-bit weights once (split-K kernels); past 16 it runs its tiled kernels (a CTA per output tile, K
+ * streamed through shared memory), which on an H200 decoded Qwen3-8B's batch of 64 in 7.75 ms a step
+ * against 10.85 through MatMulNBits' dequantize + GEMM, and Qwen3-0.6B's at the same speed; at 128 rows
+ * they were 1.05× and 0.97× of it, so larger decode batches keep MatMulNBits (docs/benchmarks.md).
  */
-export const KERNEL_MAX_ROWS = 16;
+export const KERNEL_MAX_ROWS = 64;
 
 /**
  * Whether x · Wᵀ goes through `kernel`: a 4-bit projection it supports, with x's rows (the product of

@@ -129,7 +129,7 @@ export class QuantizedModel {
    * (scales in `dtype`) instead of inputs, so ONNX Runtime prepacks them — frozen weights for
    * generation (see {@link generation}); bind `deviceTensors(…, { quantizedWeights: 'initializers' })`.
    * `quantizedWeights: 'kernel'`: the kernel tensors are bound inputs as by default, and each INT4
-   * projection whose rows are known and at most `kernelMaxRows` (default 16: decode steps) runs
+   * projection whose rows are known and at most `kernelMaxRows` (default 64: decode steps) runs
    * through `kernel` (Lathe's W4A16 op: `w4a16Ops` of @lathe/kernels) instead of MatMulNBits;
    * projections that share their input (q/k/v, gate/up: {@link FUSED_PROJECTIONS}) are held
    * concatenated along N (inputs named after the fused weight, e.g. `….qkv_proj.weight.q`) and run as
@@ -381,7 +381,7 @@ export interface GenerationOptions {
   mode?: QuantizedMatmulMode;
   /** With `quantizedWeights: 'kernel'`: the kernel (`w4a16Ops(device.kind, W4A16.compile(kernels))` of @lathe/kernels). */
   kernel?: NBitsKernel;
-  /** With `quantizedWeights: 'kernel'`: the most rows a projection sends through the kernel (default {@link KERNEL_MAX_ROWS}: 16). */
+  /** With `quantizedWeights: 'kernel'`: the most rows a projection sends through the kernel (default {@link KERNEL_MAX_ROWS}: 64). */
   kernelMaxRows?: number;
 }
 

@@ -65,7 +65,7 @@ export function planModelWeights(scheme: QuantScheme | undefined, o: { request: 
   return { ...base, runs: 'MatMulNBits' };
 }
 
-/** `w` in words for a start line, e.g. `int4 blocks of 64: Lathe's W4A16 kernel in decode steps of up to 16 rows (plans tuned in x.x s), MatMulNBits otherwise; x.xx GiB of weights on the device`; '' for a dense folder. */
+/** `w` in words for a start line, e.g. `int4 blocks of 64: Lathe's W4A16 kernel in decode steps of up to 64 rows (plans tuned in x.x s), MatMulNBits otherwise; x.xx GiB of weights on the device`; '' for a dense folder. */
 export function describeWeights(w: ModelWeights): string {
   if (w.format === 'dense' || !w.scheme) return '';
   const s = w.scheme;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compiles one of Lathe's kernel sources with nvcc (no GPU needed) and prints each kernel's registers,
 # spills and stack from ptxas: the check to run after editing its packages/kernels/src/<name>-source.ts.
-# usage: bash tools/bench/kernels/ptxas.sh flash|decode|ce|rope|swiglu|w4a16 [sm_90]   (NVCC=/path/to/nvcc to pick the compiler)
+# usage: bash tools/bench/kernels/ptxas.sh flash|decode|ce|rope|swiglu|w4a16|w4a16wg [sm_90]   (NVCC=/path/to/nvcc to pick the compiler)
 set -euo pipefail
 case "${1:-}" in
   flash) file=flash-attention-source export=flashAttentionSource ;;
@@ -10,9 +10,10 @@ case "${1:-}" in
   rope) file=rope-source export=ropeSource ;;
   swiglu) file=swiglu-source export=swigluSource ;;
   w4a16) file=w4a16-source export=w4a16Source ;;
-  *) echo "usage: ptxas.sh flash|decode|ce|rope|swiglu|w4a16 [sm_90]" >&2; exit 2 ;;
+  w4a16wg) file=w4a16-wgmma-source export=w4a16WgSource default_arch=sm_90a ;;
+  *) echo "usage: ptxas.sh flash|decode|ce|rope|swiglu|w4a16|w4a16wg [sm_90]" >&2; exit 2 ;;
 esac
-arch="${2:-sm_90}"
+arch="${2:-${default_arch:-sm_90}}"
 nvcc="${NVCC:-$(command -v nvcc || ls -d /usr/local/cuda*/bin/nvcc 2>/dev/null | sort -V | tail -1)}"
 [ -x "$nvcc" ] || { echo "ptxas.sh: no nvcc found (install the CUDA toolkit or set NVCC)" >&2; exit 2; }
 dir="$(mktemp -d)"

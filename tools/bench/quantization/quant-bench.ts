@@ -22,7 +22,7 @@
  * and a microbenchmark of the kernel alone on one projection of each shape (and the fused q/k/v and
  * gate/up) at M = 1 and 16 (GB/s of
  * weight bytes, and the share of the HBM peak nvidia-smi's GPU name implies: H100 3.35 TB/s, H200
- * 4.8 TB/s). `kernel` sends projections of at most `--kernel-max-rows` rows (default 16, the
+ * 4.8 TB/s). `kernel` sends projections of at most `--kernel-max-rows` rows (default 64, the
  * library's default) through the op and larger ones through MatMulNBits; `kernel-all` sends every
  * decode batch through it (the kernel's own number at 256). The op's launches of at most 16 rows take the
  * library's default split-K plans (`w4a16DefaultChoice`); `--kernel-column-tiles 1|2` fixes 16 or 32
@@ -44,6 +44,9 @@
  * launch taking the table's plan for its shape (the A/B of the tuned plans against the default ones in one process).
  * `--kernel-sweep-tiles` times every tiled build too (rows up to 256), so an entry may be a tiled build, and
  * `--weights kernel-tuned-all` sends every decode batch through the op with the table's plans (as kernel-all does with the defaults).
+ * `--weights kernel-wgmma-all` sends every decode batch through the op with launches of at least `--kernel-wgmma-from-rows`
+ * rows (default 17) on the wgmma kernels (sm_90a: Hopper's warpgroup MMA, the weights dequantized in registers as wgmma's
+ * A operand); the tile check and the microbenchmark cover every wgmma build beside the tiled ones.
  * `--swiglu-kernel`: every format's decode steps take the SwiGLU through Lathe's kernel (KvCacheGenerator's `swiglu`)
  * instead of QuickGelu·Mul, one node a layer fewer; `--residual-dtype compute`: every format's generator keeps the
  * residual stream in the compute dtype (KvCacheGenerator's `residualDtype`: four Casts a layer fewer in bf16, no
@@ -73,7 +76,7 @@
  *          [--dtype bfloat16] [--formats dense,int8,int4,nf4,nf4dq] [--batches 1,16,256] [--prompt-len 64]
  *          [--new 128] [--repeat 2] [--int4-block 64] [--mode kernel|dequantize] [--fpa] [--no-cuda-graph]
  *          [--kl-prompts 16] [--kl-new 64] [--kl-batch 4] [--lm-head none|int8|int4|nf4] [--seed 0]
- *          [--weights bound,initializers,initializers-plain,kernel,kernel-all,kernel-tuned,kernel-tuned-all] [--kernel-max-rows 16] [--kernel-column-tiles 1|2]
+ *          [--weights bound,initializers,initializers-plain,kernel,kernel-all,kernel-tuned,kernel-tuned-all,kernel-wgmma-all] [--kernel-wgmma-from-rows 17] [--kernel-max-rows 64] [--kernel-column-tiles 1|2]
  *          [--kernel-tile-from-rows 17] [--kernel-tile auto|LABEL] [--kernel-micro-rows 64,128,256] [--probe]
  *          [--kernel-sweep [--kernel-sweep-rows 1,4,8,16] [--kernel-sweep-tiles]] (with --weights …,kernel-tuned)
  *          [--swiglu-kernel] [--residual-dtype float32|compute] [--decode-attention gqa|kernel] [--greedy-pick] [--fast-decode]
@@ -108,7 +111,7 @@ import {
   type QuantizedWeightsAs,
   type ShiftSummary,
 } from '@lathe/quantization';
-import { cudaIncludeDir, DecodeAttention, decodeAttentionOps, GreedyPickKernels, greedyPickOps, Kernels, SwigluKernels, swigluOps, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, tuneW4A16, w4a16Ops, w4a16TimingWeights, w4a16TileDims, type W4A16LaunchOptions, type W4A16Ops, type W4A16PlanTable, type W4A16Tile } from '@lathe/kernels';
+import { cudaIncludeDir, DecodeAttention, decodeAttentionOps, GreedyPickKernels, greedyPickOps, Kernels, SwigluKernels, swigluOps, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, W4A16_WG_BUILDS, tuneW4A16, w4a16WgChoice, w4a16WgLabel, w4a16Ops, w4a16TimingWeights, w4a16TileDims, type W4A16LaunchOptions, type W4A16Ops, type W4A16PlanTable, type W4A16Tile } from '@lathe/kernels';
 import { KvCacheGenerator, type Completion, type KvCacheGeneratorOptions } from '@lathe/rollout';
 import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor, type HostTensor, type SessionOptions } from '@lathe/runtime';
 import { arg, flag } from '../argv';
@@ -144,6 +147,7 @@ const WEIGHT_MODES: Record<string, { as: QuantizedWeightsAs; fused: boolean }> =
   'kernel-all': { as: 'kernel', fused: false },
   'kernel-tuned': { as: 'kernel', fused: false },
   'kernel-tuned-all': { as: 'kernel', fused: false },
+  'kernel-wgmma-all': { as: 'kernel', fused: false },
 };
 
 const bytesOf = (ts: Iterable<DeviceTensor>) => [...ts].reduce((n, t) => n + t.byteLength, 0);
@@ -190,7 +194,11 @@ async function main(): Promise<void> {
   const wantsTuned = weightModes.some((w) => w.startsWith('kernel-tuned'));
   if (wantsTuned && !flag('kernel-sweep')) throw new Error('--weights kernel-tuned(-all) needs --kernel-sweep (its table)');
   const tunedOps = wantsTuned ? w4a16Ops(device.kind, w4, { ...launch, plan: (sh) => tuned?.plan(sh) }) : undefined;
-  const opsFor = (weights: string): W4A16Ops | undefined => (weights.startsWith('kernel-tuned') ? tunedOps : kernelOps);
+  // kernel-wgmma-all: every decode batch through the op, from --kernel-wgmma-from-rows rows (default 17) on the wgmma kernels
+  const wgmmaFromRows = Number(arg('kernel-wgmma-from-rows', '17'));
+  if (!(wgmmaFromRows >= 1)) throw new Error(`--kernel-wgmma-from-rows: '${arg('kernel-wgmma-from-rows')}' is not a row count ≥ 1`);
+  const wgmmaOps = weightModes.includes('kernel-wgmma-all') ? w4a16Ops(device.kind, w4, { ...launch, wgmmaFromRows }) : undefined;
+  const opsFor = (weights: string): W4A16Ops | undefined => (weights.startsWith('kernel-tuned') ? tunedOps : weights === 'kernel-wgmma-all' ? wgmmaOps : kernelOps);
   const kernelMaxRowsArg = Number(arg('kernel-max-rows', String(KERNEL_MAX_ROWS)));
   const maxRowsOf = (weights: string) => (weights.endsWith('-all') ? Number.MAX_SAFE_INTEGER : kernelMaxRowsArg);
   const dtype = arg('dtype', device.kind === 'cuda' ? 'bfloat16' : 'float32') as DType;
@@ -574,6 +582,20 @@ function checkTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType, c
           worst = Math.max(worst, Number.isNaN(rel) ? Infinity : rel);
           cases.push({ shape: name, N, K, M, tile: w4a16TileDims(v).label, max_rel_err: Number.isNaN(rel) ? 'NaN' : +rel.toExponential(3) });
         }
+        // the wgmma builds (sm_90): the same product, the same limit
+        for (const v of w4.wgmmaUnavailable ? [] : W4A16_WG_BUILDS) {
+          c.upload(new Uint16Array(M * N).fill(0x7fc0));
+          w4.matmul(shape, { a, b, scales: sc, zeroPoints: zp, c }, undefined, { wgmma: v });
+          kernels.synchronize();
+          const got = value(c.download().data as Uint16Array);
+          let err = 0;
+          rows.forEach((m, i) => {
+            for (let n = 0; n < N; n++) err = Math.max(err, Math.abs(got[m * N + n] - ref[i * N + n]));
+          });
+          const rel = err / Math.max(scale, 1e-30);
+          worst = Math.max(worst, Number.isNaN(rel) ? Infinity : rel);
+          cases.push({ shape: name, N, K, M, tile: w4a16WgLabel(v), max_rel_err: Number.isNaN(rel) ? 'NaN' : +rel.toExponential(3) });
+        }
       }
     } finally {
       for (const t of owned) t.dispose();
@@ -581,7 +603,7 @@ function checkTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType, c
   }
   const ok = worst <= limit;
   if (!ok) console.error(`quant-bench: KERNEL TILE CHECK FAILED — a tiled W4A16 build differs from the float64 reference by ${worst.toExponential(3)} relative (limit ${limit})`);
-  return { ok, max_rel_err: +worst.toExponential(3), limit, cases };
+  return { ok, max_rel_err: +worst.toExponential(3), limit, ...(w4.wgmmaUnavailable ? { wgmma_unavailable: w4.wgmmaUnavailable } : {}), cases };
 }
 
 /** HBM bandwidth (bytes/s) of the GPU nvidia-smi names: H200 4.8 TB/s, H100 3.35 TB/s, else undefined. */
@@ -660,6 +682,8 @@ function measureTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType,
             // every build this device runs, with the plan's estimate of it (clocks) to calibrate the estimate against
             ...W4A16_TILE_VARIANTS.filter((v) => w4.runsTile(v)).map((v) => ({ kernel: `tile ${w4a16TileDims(v).label}`, opts: { tileFromRows: 1, tile: v }, estimate: w4.tileEstimate(shape, v) })),
             { kernel: 'split-K', opts: { tileFromRows: Infinity } },
+            // the wgmma builds (sm_90): the default choice, then each
+            ...(w4.wgmmaUnavailable ? [] : [{ kernel: `wgmma choice (${w4a16WgLabel(w4a16WgChoice(shape, kernels.smCount))})`, opts: { wgmmaFromRows: 1 } }, ...W4A16_WG_BUILDS.map((v) => ({ kernel: `wgmma ${w4a16WgLabel(v)}`, opts: { wgmma: v } }))]),
           ];
           for (const r of runs) {
             const ms = kernels.timeLaunches((i) => w4.matmul(shape, { a, b: bs[i % copies], scales: ss[i % copies], zeroPoints: 0n, c }, undefined, r.opts));

@@ -3,7 +3,7 @@
 // with its float64 reference.
 // usage: harness IN OUT bf16|fp16 M N n1 n2 K kb bs_log2 has_zp mt nt warps
 //        harness IN OUT bf16|fp16 M N n1 n2 K kb bs_log2 has_zp tile NAME BM BN THREADS SMEM CK
-//   (the tiled kernel NAME — from w4-tiles.h, which the test writes from the builds' list — over [BM, BN] tiles of C,
+//   (the tiled or wgmma kernel NAME — from w4-tiles.h, which the test writes from the builds' lists — over [BM, BN] tiles of C,
 //   in clusters of CK CTAs along z where CK > 1)
 // OUT: C0 [M, n1], C1 [M, n2 - n1], C2 [M, N - n2] (16-bit values), one after another
 // IN: A (M·K 16-bit values), B (N·kb·bs/2 bytes), scales (N·kb 16-bit values), zero points (N·ceil(kb/2) bytes, if has_zp)
@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 #include "w4.cu"
+#include "w4-wg.cu"
 #include "w4-tiles.h"
 
 template <typename T>
@@ -31,7 +32,8 @@ static int run(const char* in, const char* out, int M, int N, int n1, int n2, in
   for (auto& c : C) std::memset(&c, 0x7f, 2);  // rows and columns the kernel must not write keep this pattern
   const dim3 grid{unsigned((N + bn - 1) / bn), unsigned((M + bm - 1) / bm), 1};
   const auto body = [&] { kernel(A.data(), B.data(), S.data(), has_zp ? Z.data() : nullptr, C0, n2 > n1 ? C1 : nullptr, N > n2 ? C2 : nullptr, M, N, n1, n2, K, kb, bs_log2); };
-  if (ck > 1) w4emu::launch_clusters(grid, ck, threads, smem, body);
+  // tiled and wgmma builds: clusters of ck CTAs (1: each alone), with warpgroups for wgmma
+  if (ck > 0) w4emu::launch_clusters(grid, ck, threads, smem, body);
   else emu::launch(grid, threads, smem, body);
   std::ofstream o(out, std::ios::binary);
   o.write(reinterpret_cast<const char*>(C.data()), C.size() * 2);
@@ -61,7 +63,7 @@ int main(int argc, char** argv) {
   const int bm = 8 * mt, bn = 16 * nt;
   const unsigned threads = unsigned(32 * warps);
   const size_t smem = size_t(warps) * nt * mt * 128 * 4;
-#define RUN(SUF, T, NAME) return run<T>(argv[1], argv[2], M, N, n1, n2, K, kb, bs_log2, zp, bm, bn, threads, smem, 1u, NAME)
+#define RUN(SUF, T, NAME) return run<T>(argv[1], argv[2], M, N, n1, n2, K, kb, bs_log2, zp, bm, bn, threads, smem, 0u, NAME)
 #define PICK(SUF, T)                                                  \
   if (nt == 1 && mt == 1) RUN(SUF, T, w4a16_##SUF##_m8);              \
   if (nt == 1 && mt == 2) RUN(SUF, T, w4a16_##SUF##_m16);             \

@@ -3,6 +3,8 @@
 // and the dequantization subtracts exactly and rounds the product to T once, as __hsub2/__hmul2 do.
 #pragma once
 #include "emu.h"
+#include <type_traits>
+#include <vector>
 
 #define __restrict__
 #define W4_SHARED(name) unsigned char* name = emu::t_smem
@@ -39,6 +41,8 @@ template <typename T> unsigned w4_dequant2(unsigned q, unsigned z, unsigned s) {
 namespace w4emu {
 inline thread_local std::barrier<>* t_cluster;
 inline thread_local unsigned char* const* t_bases;  // the cluster's CTAs' shared memory, by rank
+inline thread_local std::barrier<>* t_wg;           // the thread's warpgroup (128 threads)
+inline thread_local uint64_t* t_wg_slots;           // the warpgroup's 128 × 4 A-fragment slots
 // Runs `kernel` over grid (x, y) × clusters of `ck` CTAs (z = rank), one cluster at a time.
 inline void launch_clusters(dim3 grid, unsigned ck, unsigned threads, size_t smem_bytes, const std::function<void()>& kernel) {
   const size_t guard = 4096;
@@ -48,12 +52,15 @@ inline void launch_clusters(dim3 grid, unsigned ck, unsigned threads, size_t sme
       std::vector<unsigned char*> bases(ck);
       for (unsigned r = 0; r < ck; ++r) bases[r] = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(mem[r].data()) + 127) & ~uintptr_t(127));
       std::barrier<> cluster(ck * threads);
-      std::vector<std::unique_ptr<std::barrier<>>> blocks, warps;
+      std::vector<std::unique_ptr<std::barrier<>>> blocks, warps, groups;
+      const unsigned wgs = (threads + 127) / 128;
+      std::vector<uint64_t> wg_slots(size_t(ck) * wgs * 128 * 4);
       std::vector<float> exchange(size_t(ck) * threads);
       std::vector<uint64_t> slots(size_t(ck) * threads * 8);
       for (unsigned r = 0; r < ck; ++r) {
         blocks.push_back(std::make_unique<std::barrier<>>(threads));
         for (unsigned w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - 32 * w)));
+        for (unsigned w = 0; w < wgs; ++w) groups.push_back(std::make_unique<std::barrier<>>(std::min(128u, threads - 128 * w)));
       }
       const unsigned warps_per_block = (threads + 31) / 32;
       std::vector<std::thread> pool;
@@ -71,6 +78,8 @@ inline void launch_clusters(dim3 grid, unsigned ck, unsigned threads, size_t sme
             emu::t_slots = slots.data() + (size_t(r) * threads + (t / 32) * 32) * 8;
             emu::t_lane = t % 32;
             t_cluster = &cluster;
+            t_wg = groups[r * wgs + t / 128].get();
+            t_wg_slots = wg_slots.data() + (size_t(r) * wgs + t / 128) * 128 * 4;
             t_bases = bases.data();
             kernel();
           });
@@ -88,4 +97,71 @@ inline float w4_ld_cluster(const float* p, unsigned rank) {
   float v;
   std::memcpy(&v, w4emu::t_bases[rank] + off, 4);
   return v;
+}
+
+// wgmma.mma_async with A in registers and B (K-major, 128-byte swizzle) in shared memory, run when the thread waits
+// for its group, not when it is issued: the A registers and B's shared memory are read then, so a kernel that
+// overwrites either before waiting computes the wrong product here, as it could on the device.
+namespace w4emu {
+struct WgOp {
+  float* d;
+  int regs;
+  const unsigned* a;
+  unsigned long long desc;
+  bool bf16;
+};
+inline thread_local std::vector<std::vector<WgOp>> t_wg_groups;  // committed groups, oldest first
+inline thread_local std::vector<WgOp> t_wg_open;                 // issued since the last commit
+// B's element (k, n) of the operand at descriptor `desc`: the start address's low 18 bits name a byte of this CTA's
+// shared memory (under 256 KB), rows 128 bytes apart in groups of 8 at the descriptor's stride, bits 4-6 of the
+// address XOR-ed with bits 7-9.
+inline uint16_t wg_b(unsigned long long desc, int k, int n) {
+  const unsigned swizzle = unsigned(desc >> 62) & 3u, sbo = unsigned((desc >> 32) & 0x3fffu) << 4, start = unsigned(desc & 0x3fffu) << 4;
+  if (swizzle != 1u) { std::fprintf(stderr, "wgmma emulation: swizzle mode %u (only 1, 128 bytes)\n", swizzle); std::exit(3); }
+  const uintptr_t base = reinterpret_cast<uintptr_t>(emu::t_smem);
+  const uintptr_t full = base + ((uintptr_t(start) - (base & 0x3ffffu)) & 0x3ffffu);
+  uintptr_t addr = full + uintptr_t(n & 7) * 128 + uintptr_t(n >> 3) * sbo + uintptr_t(k) * 2;
+  addr ^= ((addr >> 7) & 7u) << 4;
+  uint16_t v;
+  std::memcpy(&v, reinterpret_cast<const void*>(addr), 2);
+  return v;
+}
+template <typename T>
+inline void wg_run(const WgOp& op) {
+  const unsigned me = threadIdx.x % 128;
+  for (int i = 0; i < 4; ++i) t_wg_slots[me * 4 + i] = op.a[i];
+  t_wg->arrive_and_wait();
+  const unsigned w = me / 32, g = (me % 32) / 4, t = me % 4;
+  const int cols = op.regs * 2;  // wgmma's N
+  for (int j = 0; j < cols / 8; ++j)
+    for (int e = 0; e < 4; ++e) {
+      const unsigned row = 16 * w + g + 8 * (e >> 1);
+      const int col = 8 * j + 2 * int(t) + (e & 1);
+      float s = op.d[4 * j + e];
+      for (int k = 0; k < 16; ++k) {
+        // A (row, k): lane (row % 8, (k % 8) / 2) of warp row / 16, register (row % 16) / 8 + 2 (k / 8), half k % 2
+        const unsigned lane = (row % 8) * 4 + (k % 8) / 2, reg = (row % 16) / 8 + 2 * (k / 8);
+        const unsigned word = unsigned(t_wg_slots[((row / 16) * 32 + lane) * 4 + reg]);
+        s += emu_bits_to_float<T>(uint16_t(word >> (16 * (k % 2)))) * emu_bits_to_float<T>(wg_b(op.desc, k, col));
+      }
+      op.d[4 * j + e] = s;
+    }
+  t_wg->arrive_and_wait();
+}
+}  // namespace w4emu
+inline void wg_fence() {}
+inline void wg_fence_proxy() {}
+template <int R> inline void wg_fence_acc(float (&)[R]) {}
+inline void wg_commit() {
+  w4emu::t_wg_groups.push_back(std::move(w4emu::t_wg_open));
+  w4emu::t_wg_open.clear();
+}
+template <int N> inline void wg_wait() {
+  while (w4emu::t_wg_groups.size() > size_t(N)) {
+    for (const auto& op : w4emu::t_wg_groups.front()) op.bf16 ? w4emu::wg_run<__nv_bfloat16>(op) : w4emu::wg_run<__half>(op);
+    w4emu::t_wg_groups.erase(w4emu::t_wg_groups.begin());
+  }
+}
+template <typename T, int BM> inline void wg_mma(float (&d)[BM / 2], const unsigned (&a)[4], unsigned long long desc) {
+  w4emu::t_wg_open.push_back({d, BM / 2, a, desc, std::is_same_v<T, __nv_bfloat16>});
 }
