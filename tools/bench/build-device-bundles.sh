@@ -37,6 +37,7 @@ declare -A entries=(
   [classmate-step]=tools/bench/classmate/classmate-step.ts
   [extract-bench]=tools/bench/extract/extract-bench.ts
   [kernel-check]=tools/bench/kernels/kernel-check.ts
+  [w4a16-wg-micro]=tools/bench/quantization/w4a16-wg-micro.ts
   [decode-check]=tools/bench/kernels/decode-check.ts
   [rope-check]=tools/bench/kernels/rope-check.ts
   [swiglu-check]=tools/bench/kernels/swiglu-check.ts

@@ -50,7 +50,7 @@ lanes() { OUT=$OUT/lanes LANE_TIMEOUT=${LANE_TIMEOUT:-570} bash tools/bench/devi
 # weight-bound its step is (weights_share_of_step)
 q="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel --threads 16"
 summaries() { grep -E '"summary":true' "$OUT/lanes/lanes.log" | cut -c1-1500; }
-case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wg | q16 | scale2}" in
+case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | wg | q16 | scale2}" in
   a)
     eval_bench="node .bundle/eval-bench.js --tokenizer .bundle/qwen3-tokenizer --data-dir fixtures/eval --benchmarks math500,gsm8k --n 32 --max-new 512 --batch 256 --temperature 0"
     lanes \
@@ -159,6 +159,13 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
     lanes "$m --preset qwen3-8b" "$m --preset qwen3-0.6b"
     summaries
     ;;
+  wgmicro)
+    # the wgmma builds alone against the tiled plan (outputs compared, then µs a call) on 8B's and 0.6B's shapes, and
+    # policy extraction's default loss on CUDA against SFT
+    timeout -k 5 200 node .bundle/w4a16-wg-micro.js --shapes 8b 2>&1 | cut -c1-1500
+    timeout -k 5 100 node .bundle/w4a16-wg-micro.js --shapes 0.6b 2>&1 | cut -c1-1500
+    timeout -k 5 240 node .bundle/extract-bench.js --preset qwen3-0.6b --device cuda --compute bfloat16 --batches 64,256 --no-recompute 2>&1 | grep -E '^\{' | cut -c1-1500
+    ;;
   wg)
     # the wgmma kernels (sm_90a) against cuBLAS' dense bf16 and the tiled kernels: the tile check over every build at 40
     # and 256 rows, the microbenchmark at 128 and 256 rows (8B), then decode at 16-256 rows with every launch past 16
@@ -179,5 +186,5 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
       DP_ARGS="$v --bucket-times" NO_DDP=${v:+1} PARITY_SHAPES=none SHAPES="0.6b 1.7b" RUN_LIMIT=120 OUT=$OUT/scale2${v:+-bf16} timeout -k 5 280 bash tools/bench/distributed/device-run.sh eight scaling "1 2" 2>&1 | grep -E '^\{"(run|scaling)"' | cut -c1-900
     done
     ;;
-  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wg | q16 | scale2" >&2; exit 2 ;;
+  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | wg | q16 | scale2" >&2; exit 2 ;;
 esac

@@ -290,13 +290,15 @@ export interface W4A16LaunchOptions {
 }
 
 /**
- * The wgmma build for `shape` over `sms` SMs: 64 rows a CTA up to 64 rows, else 128; two warpgroups (128 columns a
- * CTA: activations read from L2 half as often) where that grid still gives every SM a CTA, else one.
+ * The wgmma build for `shape` over `sms` SMs: the largest tile (128 rows before 64, then two warpgroups before one:
+ * fewer reads of the activations and weights from L2) whose grid still gives every SM a CTA, else the one with the
+ * most CTAs (64 rows × 64 columns); never 128 rows a CTA for 64 rows or fewer.
  */
 export function w4a16WgChoice(shape: Pick<W4A16Shape, 'M' | 'N'>, sms = W4A16_DEFAULT_SMS): W4A16WgBuild {
-  const bm = shape.M <= 64 ? 64 : 128;
-  const ctas = Math.ceil(shape.N / 128) * Math.ceil(shape.M / bm);
-  return { bm, wg: ctas >= sms ? 2 : 1 };
+  const order: W4A16WgBuild[] = [{ bm: 128, wg: 2 }, { bm: 128, wg: 1 }, { bm: 64, wg: 2 }, { bm: 64, wg: 1 }];
+  const ctas = (v: W4A16WgBuild) => Math.ceil(shape.N / (64 * v.wg)) * Math.ceil(shape.M / v.bm);
+  const fits = order.filter((v) => shape.M > 64 || v.bm === 64);
+  return fits.find((v) => ctas(v) >= sms) ?? fits[fits.length - 1];
 }
 
 type Ptr = ArgValue<'ptr'>;

@@ -177,7 +177,7 @@ test.each<[string, Case, { label: string; gridX: number; gridY: number }]>([
 test.each<[string, Case]>([
   ['wgmma 64 × 64 (one warpgroup), bf16, block 64: M = 70 and N = 80 ragged (two row tiles, the second of 6 rows; a column tile of 16), K = 384 (3 chunks)', { dtype: 'bfloat16', M: 70, N: 80, K: 384, blockSize: 64, zeroPoints: false, wg: { bm: 64, wg: 1 } }],
   ['wgmma 64 × 128 (two warpgroups), fp16 with zero points, block 32: K = 200 padded to 224 (a chunk past K, half past Kp), 33 rows, q/k/v outputs of 64, 40, 32', { dtype: 'float16', M: 33, N: 136, K: 200, blockSize: 32, zeroPoints: true, widths: [64, 40, 32], wg: { bm: 64, wg: 2 } }],
-  ['wgmma 128 × 64, bf16 with zero points, block 128: K = 1280 (10 chunks: the activation and weight stages wrap), M = 130', { dtype: 'bfloat16', M: 130, N: 64, K: 1280, blockSize: 128, zeroPoints: true, wg: { bm: 128, wg: 1 } }],
+  ['wgmma 128 × 64, bf16 with zero points, block 128: K = 1280 (10 chunks: the 4-stage ring wraps), M = 130 (two row tiles)', { dtype: 'bfloat16', M: 130, N: 64, K: 1280, blockSize: 128, zeroPoints: true, wg: { bm: 128, wg: 1 } }],
   ['wgmma 128 × 128, fp16, block 64: M = 100, N = 200 (the second CTA past N from its second warpgroup), K = 576 (9 blocks: an odd zero-point nibble), gate/up outputs of 100 and 100', { dtype: 'float16', M: 100, N: 200, K: 576, blockSize: 64, zeroPoints: true, widths: [100, 100], wg: { bm: 128, wg: 2 } }],
   ['wgmma 128 × 128, bf16, block 64: one chunk (K = 128), 128 rows', { dtype: 'bfloat16', M: 128, N: 128, K: 128, blockSize: 64, zeroPoints: false, wg: { bm: 128, wg: 2 } }],
 ])('%s', (_name, c) => {

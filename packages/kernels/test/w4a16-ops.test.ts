@@ -213,14 +213,16 @@ test('shapes outside the kernels are named (the caller keeps MatMulNBits)', () =
   ops.dispose();
 });
 
-test('the wgmma builds: 64 rows a CTA up to 64 rows, two warpgroups where the grid still fills the SMs; names, labels and shared memory', () => {
-  // Qwen3-8B's q_proj (N = 4096): 32 CTAs of 128 columns a row tile — one warpgroup until 5 row tiles of 128
-  expect(w4a16WgChoice({ M: 64, N: 4096 })).toEqual({ bm: 64, wg: 1 });
-  expect(w4a16WgChoice({ M: 256, N: 4096 })).toEqual({ bm: 128, wg: 1 });
-  expect(w4a16WgChoice({ M: 640, N: 4096 }, 132)).toEqual({ bm: 128, wg: 2 });
-  // the fused gate/up (N = 24,576): 192 CTAs of 128 columns
+test('the wgmma builds: the largest tile whose grid fills the SMs, else the most CTAs; names, labels and shared memory', () => {
+  // Qwen3-8B's q_proj (N = 4096): 64 column tiles of 64, 32 of 128
+  expect(w4a16WgChoice({ M: 64, N: 4096 })).toEqual({ bm: 64, wg: 1 }); // 64 CTAs at most: the most
+  expect(w4a16WgChoice({ M: 256, N: 4096 })).toEqual({ bm: 64, wg: 1 }); // 128 rows a CTA gives 64 or 128 CTAs, short of 132: 64 × 64 gives 256
+  expect(w4a16WgChoice({ M: 256, N: 4096 }, 128)).toEqual({ bm: 128, wg: 1 });
+  expect(w4a16WgChoice({ M: 640, N: 4096 })).toEqual({ bm: 128, wg: 2 }); // 5 × 32 = 160 CTAs
+  // the fused gate/up (N = 24,576): 192 CTAs of 128 × 128
   expect(w4a16WgChoice({ M: 65, N: 24576 })).toEqual({ bm: 128, wg: 2 });
   expect(w4a16WgChoice({ M: 65, N: 24576 }, 264)).toEqual({ bm: 128, wg: 1 });
+  expect(w4a16WgChoice({ M: 48, N: 24576 })).toEqual({ bm: 64, wg: 2 });
   for (const v of W4A16_WG_BUILDS) {
     expect(w4a16WgBuild(w4a16WgLabel(v))).toEqual(v);
     expect(w4a16WgDims(v)).toEqual({ bm: v.bm, bn: 64 * v.wg, threads: 128 * v.wg });
