@@ -569,9 +569,14 @@ function checkTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType, c
           }
         });
         const shape = { M, N, K, kBlocks: kb, blockSize, dtype };
-        for (const v of W4A16_TILE_VARIANTS.filter((x) => w4.runsTile(x))) {
+        // every tiled build, then the wgmma builds (sm_90): the same product, the same limit
+        const builds: { label: string; opts: W4A16LaunchOptions }[] = [
+          ...W4A16_TILE_VARIANTS.filter((x) => w4.runsTile(x)).map((v) => ({ label: w4a16TileDims(v).label, opts: { tileFromRows: 1, tile: v } })),
+          ...(w4.wgmmaUnavailable ? [] : W4A16_WG_BUILDS).map((v) => ({ label: w4a16WgLabel(v), opts: { wgmma: v } })),
+        ];
+        for (const { label, opts } of builds) {
           c.upload(new Uint16Array(M * N).fill(0x7fc0));
-          w4.matmul(shape, { a, b, scales: sc, zeroPoints: zp, c }, undefined, { tileFromRows: 1, tile: v });
+          w4.matmul(shape, { a, b, scales: sc, zeroPoints: zp, c }, undefined, opts);
           kernels.synchronize();
           const got = value(c.download().data as Uint16Array);
           let err = 0;
@@ -580,21 +585,7 @@ function checkTiles(kernels: Kernels, w4: W4A16, device: Device, dtype: DType, c
           });
           const rel = err / Math.max(scale, 1e-30);
           worst = Math.max(worst, Number.isNaN(rel) ? Infinity : rel);
-          cases.push({ shape: name, N, K, M, tile: w4a16TileDims(v).label, max_rel_err: Number.isNaN(rel) ? 'NaN' : +rel.toExponential(3) });
-        }
-        // the wgmma builds (sm_90): the same product, the same limit
-        for (const v of w4.wgmmaUnavailable ? [] : W4A16_WG_BUILDS) {
-          c.upload(new Uint16Array(M * N).fill(0x7fc0));
-          w4.matmul(shape, { a, b, scales: sc, zeroPoints: zp, c }, undefined, { wgmma: v });
-          kernels.synchronize();
-          const got = value(c.download().data as Uint16Array);
-          let err = 0;
-          rows.forEach((m, i) => {
-            for (let n = 0; n < N; n++) err = Math.max(err, Math.abs(got[m * N + n] - ref[i * N + n]));
-          });
-          const rel = err / Math.max(scale, 1e-30);
-          worst = Math.max(worst, Number.isNaN(rel) ? Infinity : rel);
-          cases.push({ shape: name, N, K, M, tile: w4a16WgLabel(v), max_rel_err: Number.isNaN(rel) ? 'NaN' : +rel.toExponential(3) });
+          cases.push({ shape: name, N, K, M, tile: label, max_rel_err: Number.isNaN(rel) ? 'NaN' : +rel.toExponential(3) });
         }
       }
     } finally {
