@@ -38,6 +38,7 @@ declare -A entries=(
   [extract-bench]=tools/bench/extract/extract-bench.ts
   [kernel-check]=tools/bench/kernels/kernel-check.ts
   [w4a16-wg-micro]=tools/bench/quantization/w4a16-wg-micro.ts
+  [w4a16-stream-probe]=tools/bench/quantization/w4a16-stream-probe.ts
   [decode-check]=tools/bench/kernels/decode-check.ts
   [rope-check]=tools/bench/kernels/rope-check.ts
   [swiglu-check]=tools/bench/kernels/swiglu-check.ts

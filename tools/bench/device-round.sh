@@ -160,10 +160,13 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
     summaries
     ;;
   wgmicro)
-    # the wgmma builds alone against the tiled plan (outputs compared, then µs a call) on 8B's and 0.6B's shapes, and
-    # policy extraction's default loss on CUDA against SFT
+    # the wgmma builds alone against the tiled plan (outputs compared, then µs a call) on 8B's and 0.6B's shapes, the
+    # split-K kernels' bandwidth taken apart, and policy extraction's default loss on CUDA against SFT
     timeout -k 5 200 node .bundle/w4a16-wg-micro.js --shapes 8b 2>&1 | cut -c1-1500
     timeout -k 5 100 node .bundle/w4a16-wg-micro.js --shapes 0.6b 2>&1 | cut -c1-1500
+    # where the split-K kernels' bandwidth goes at 1 and 16 rows: the access pattern, the cross-warp sum, the rest
+    timeout -k 5 90 node .bundle/w4a16-stream-probe.js --n 24576 --k 4096 2>&1 | cut -c1-400
+    timeout -k 5 60 node .bundle/w4a16-stream-probe.js --n 4096 --k 12288 2>&1 | cut -c1-400
     timeout -k 5 240 node .bundle/extract-bench.js --preset qwen3-0.6b --device cuda --compute bfloat16 --batches 64,256 --no-recompute 2>&1 | grep -E '^\{' | cut -c1-1500
     ;;
   wg)
