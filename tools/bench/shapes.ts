@@ -19,19 +19,3 @@ export const QWEN3_0_6B: HfConfig = {
   max_position_embeddings: 40960,
   tie_word_embeddings: true,
 };
-
-/** A two-layer Qwen3 of a 512-token vocabulary: a benchmark's CPU smoke run. */
-export const TINY_QWEN3: HfConfig = {
-  architectures: ['Qwen3ForCausalLM'],
-  vocab_size: 512,
-  hidden_size: 64,
-  intermediate_size: 128,
-  num_hidden_layers: 2,
-  num_attention_heads: 4,
-  num_key_value_heads: 2,
-  head_dim: 16,
-  rms_norm_eps: 1e-6,
-  rope_theta: 1000000,
-  max_position_embeddings: 2048,
-  tie_word_embeddings: true,
-};

@@ -14,14 +14,14 @@
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { randomModel, readConfig, type HfConfig } from '@lathe/models';
+import { MODEL_PRESETS, randomModel, readConfig, type HfConfig } from '@lathe/models';
 import { isQuantizedConfig, schemeFromConfig } from '@lathe/quantization';
 import { cudaDecodeFacts, engineWeights, kernelsOfDevice, openDevice, planModelWeights } from '@lathe/recipes';
 import { arg } from '../argv';
-import { QWEN3_0_6B, TINY_QWEN3 } from '../shapes';
+import { QWEN3_0_6B } from '../shapes';
 import { quantizedFolder } from './quantized-folder';
 
-const SHAPES: Record<string, HfConfig> = { tiny: TINY_QWEN3, 'qwen3-0.6b': QWEN3_0_6B };
+const SHAPES: Record<string, HfConfig> = { tiny: MODEL_PRESETS['tiny-qwen3'].config, 'qwen3-0.6b': QWEN3_0_6B };
 
 async function main(): Promise<void> {
   const shape = arg('shape', 'qwen3-0.6b');
