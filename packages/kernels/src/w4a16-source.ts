@@ -261,6 +261,21 @@ __device__ __forceinline__ float w4_ld_cluster(const float* p, unsigned rank) {
 }
 #endif
 #endif
+
+// Row n's scale at code k in both halves of so, and its zero point (default 8) as magic + zp in both halves of zo, for
+// w4_dequant2; where !valid (past N, Kp or the last chunk) scale 0, so the products are 0.
+template <typename T>
+__device__ __forceinline__ void w4_scale_zero(const T* __restrict__ S, const unsigned char* __restrict__ Z, long long n, int k, int kb, int zcols, int bs_log2, bool valid, unsigned& so, unsigned& zo) {
+  unsigned sb = 0u, zp = 8u;
+  if (valid) {
+    const int blk = k >> bs_log2;
+    const T sv = S[n * kb + blk];
+    sb = *reinterpret_cast<const unsigned short*>(&sv);
+    if (Z) zp = (Z[n * zcols + (blk >> 1)] >> ((blk & 1) << 2)) & 15u;
+  }
+  so = sb | (sb << 16);
+  zo = (W4Magic<T>::bits | zp) * 0x10001u;
+}
 `;
 
 /** The whole source: every kernel for every element type and tile count. */
@@ -295,15 +310,7 @@ __device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsign
         const int n = n0 + 16 * u + g + 8 * r;
         const bool v = c < chunks && k < Kp && n < N;
         wo[u][r] = v ? w4_ld_stream(B + (long long)n * row_bytes + (k >> 1)) : w4_zero4();
-        const int blk = k >> bs_log2;
-        unsigned sb = 0u, zp = 8u;
-        if (v) {
-          const T sv = S[(long long)n * kb + blk];
-          sb = *reinterpret_cast<const unsigned short*>(&sv);
-          if (Z) zp = (Z[(long long)n * zcols + (blk >> 1)] >> ((blk & 1) << 2)) & 15u;
-        }
-        so[u][r] = sb | (sb << 16);
-        zo[u][r] = (magic | zp) * 0x10001u;
+        w4_scale_zero<T>(S, Z, n, k, kb, zcols, bs_log2, v, so[u][r], zo[u][r]);
       }
   };
   fetch(warp, w, s2, z2);
@@ -445,20 +452,13 @@ __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const u
   };
   // the scale and zero point of this lane's rows in its k-group's chunk of step s (scale 0 past N or Kp: products 0, never written)
   auto scales = [&](int s, unsigned (&so)[NT][2], unsigned (&zo)[NT][2]) {
-    const int c = (s < steps ? s0 + s : all_steps) * WK + wk, k = (c << 7) + (t << 5), blk = k >> bs_log2;
+    const int c = (s < steps ? s0 + s : all_steps) * WK + wk, k = (c << 7) + (t << 5);
 #pragma unroll
     for (int u = 0; u < NT; ++u)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int n = n0 + wn * 16 * NT + 16 * u + g + 8 * r;
-        unsigned sb = 0u, zp = 8u;
-        if (c < chunks && k < Kp && n < N) {
-          const T sv = S[(long long)n * kb + blk];
-          sb = *reinterpret_cast<const unsigned short*>(&sv);
-          if (Z) zp = (Z[(long long)n * zcols + (blk >> 1)] >> ((blk & 1) << 2)) & 15u;
-        }
-        so[u][r] = sb | (sb << 16);
-        zo[u][r] = (magic | zp) * 0x10001u;
+        w4_scale_zero<T>(S, Z, n, k, kb, zcols, bs_log2, c < chunks && k < Kp && n < N, so[u][r], zo[u][r]);
       }
   };
 

@@ -160,15 +160,8 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
       const int n = n0 + 64 * wg + 16 * wq + g + 8 * r;
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const int k = (c << 7) + 32 * q, blk = k >> bs_log2;
-        unsigned sb = 0u, zp = 8u;
-        if (c < chunks && k < Kp && n < N) {
-          const T sv = S[(long long)n * kb + blk];
-          sb = *reinterpret_cast<const unsigned short*>(&sv);
-          if (Z) zp = (Z[(long long)n * zcols + (blk >> 1)] >> ((blk & 1) << 2)) & 15u;
-        }
-        so[r][q] = sb | (sb << 16);
-        zo[r][q] = (magic | zp) * 0x10001u;
+        const int k = (c << 7) + 32 * q;
+        w4_scale_zero<T>(S, Z, n, k, kb, zcols, bs_log2, c < chunks && k < Kp && n < N, so[r][q], zo[r][q]);
       }
     }
   };
