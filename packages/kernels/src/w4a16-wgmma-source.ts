@@ -1,6 +1,6 @@
 /**
- * W4A16 on Hopper's warpgroup MMA (`wgmma.mma_async`, sm_90a): for decode batches and prefills of 64 rows
- * and more, where the mma.sync tiled kernels run at a third of cuBLAS' dense rate. The weights are
+ * W4A16 on Hopper's warpgroup MMA (`wgmma.mma_async`, sm_90a): for products of 64 rows and more, where
+ * the mma.sync tiled kernels fall well short of cuBLAS' dense rate (docs/guides/kernels.md). The weights are
  * wgmma's A operand, dequantized in registers exactly as the tiled kernels do it (so both families share
  * one fragment layout and one rounding); the activations are its B operand, read by the tensor cores
  * from shared memory through a matrix descriptor (128-byte swizzle, K-major). Both operands arrive by

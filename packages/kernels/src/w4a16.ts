@@ -326,12 +326,16 @@ export class W4A16 {
     private readonly variants: Map<string, Kernel<Sig>>,
     private readonly tiles: Map<string, Kernel<Sig>>,
     private readonly wgmma: Map<string, Kernel<Sig>>,
-    /** Why this device has no wgmma kernels (not sm_90, or NVRTC could not build sm_90a), or undefined. */
+    /** Why there are no wgmma kernels (not asked for, not sm_90, or NVRTC could not build sm_90a), or undefined. */
     readonly wgmmaUnavailable: string | undefined,
   ) {}
 
-  /** Compiles (or loads from the cache) every variant — bf16/fp16 × M ≤ 8/16/32/64 (and 32 columns a warp for M ≤ 16), and every tiled build the device's shared memory holds — with the CUDA headers of `includeDir`. */
-  static compile(kernels: Kernels, opts: { includeDir?: string } = {}): W4A16 {
+  /**
+   * Compiles (or loads from the cache) every variant — bf16/fp16 × M ≤ 8/16/32/64 (and 32 columns a warp for M ≤ 16), and
+   * every tiled build the device's shared memory holds — with the CUDA headers of `includeDir`; with `wgmma` the wgmma
+   * builds too (sm_90 only: a module of their own, so a caller that never launches them does not compile them).
+   */
+  static compile(kernels: Kernels, opts: { includeDir?: string; wgmma?: boolean } = {}): W4A16 {
     const include = opts.includeDir ?? cudaIncludeDir();
     const mod = kernels.compile(w4a16Source, { name: 'lathe_w4a16', options: [`-I${include}`, '--std=c++17'] });
     const variants = new Map<string, Kernel<Sig>>();
@@ -350,7 +354,8 @@ export class W4A16 {
     // the wgmma builds need sm_90a (architecture-specific instructions): a module of their own, for H100/H200 only
     const wgmma = new Map<string, Kernel<Sig>>();
     let wgmmaUnavailable: string | undefined;
-    if (kernels.arch !== 90) wgmmaUnavailable = `wgmma is sm_90's (this device is sm_${kernels.arch})`;
+    if (!opts.wgmma) wgmmaUnavailable = "the wgmma kernels were not compiled (W4A16.compile's `wgmma` option)";
+    else if (kernels.arch !== 90) wgmmaUnavailable = `wgmma is sm_90's (this device is sm_${kernels.arch})`;
     else {
       try {
         const wm = kernels.compile(w4a16WgSource, { name: 'lathe_w4a16_wgmma', options: [`-I${include}`, '--std=c++17'], target: 'sm_90a' });

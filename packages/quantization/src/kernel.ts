@@ -21,11 +21,9 @@ export interface NBitsKernel {
 }
 
 /**
- * Rows the kernel takes at most by default: decode batches up to 64. Up to 16 rows the op streams the
- * 4-bit weights once (split-K kernels); past 16 it runs its tiled kernels (a CTA per output tile, K
- * streamed through shared memory), which on an H200 decoded Qwen3-8B's batch of 64 in 7.75 ms a step
- * against 10.85 through MatMulNBits' dequantize + GEMM, and Qwen3-0.6B's at the same speed; at 128 rows
- * they were 1.05× and 0.97× of it, so larger decode batches keep MatMulNBits (docs/benchmarks.md).
+ * Rows the kernel takes at most by default: decode batches up to 64 (split-K kernels to 16 rows, tiled
+ * ones past that), the range where the op was at least as fast as MatMulNBits' dequantize + GEMM on the
+ * device; larger batches keep MatMulNBits (docs/benchmarks.md, the quantization row).
  */
 export const KERNEL_MAX_ROWS = 64;
 

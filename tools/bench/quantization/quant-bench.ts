@@ -170,7 +170,7 @@ async function main(): Promise<void> {
   const opened = kind === 'cuda' && (wantKernel || swigluKernel || decodeKernel || greedyPickOn) ? Kernels.withDevice() : { device: Device.open(kind), kernels: undefined };
   const device = opened.device;
   // the W4A16 op, its checks and microbenchmarks only where a weights mode runs it (the device may be open for the other kernels alone)
-  const w4 = opened.kernels && wantKernel ? W4A16.compile(opened.kernels) : undefined;
+  const w4 = opened.kernels && wantKernel ? W4A16.compile(opened.kernels, { wgmma: true }) : undefined;
   const kernelChecks = arg('kernel-checks', 'all');
   if (kernelChecks !== 'all' && kernelChecks !== 'numerics' && kernelChecks !== 'none') throw new Error(`--kernel-checks: '${kernelChecks}' is not all, numerics or none`);
   const numerics = kernelChecks !== 'none';

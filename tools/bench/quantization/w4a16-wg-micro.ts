@@ -32,7 +32,7 @@ function main(): void {
   const blockSize = Number(arg('block', '64'));
   const { kernels, device } = Kernels.withDevice();
   const t0 = performance.now();
-  const w4 = W4A16.compile(kernels, { includeDir: cudaIncludeDir() });
+  const w4 = W4A16.compile(kernels, { includeDir: cudaIncludeDir(), wgmma: true });
   console.log(JSON.stringify({ compile_s: +((performance.now() - t0) / 1000).toFixed(1), wgmma_unavailable: w4.wgmmaUnavailable ?? null }));
   if (w4.wgmmaUnavailable) process.exit(1);
   let seed = 12345;
