@@ -32,6 +32,8 @@
 #   prefill: the first run of each new prefill shape with Lathe's prefill attention choice against ORT's cuDNN one
 #   q64  : decode batches of 16-128 rows: the tiled kernels and a table tuned over split-K plans and tiled builds against
 #          MatMulNBits (8B and 0.6B), to set KERNEL_MAX_ROWS and whether load-time tuning should time the tiles
+#   split: the split-K kernels' default plan against a sweep of column tiles and rounds (8B, 1.7B, 0.6B projections), and
+#          clock64 stamps of a wgmma CTA's phases a chunk (w4a16-wg-trace.js)
 #   q16  : issue 30's 16 rows at the Qwen3-8B shape: the split-K kernel re-reads the activations from L2 for every 16–32
 #          columns, the tiled one once per 64–256; decode at 16 rows with the tiled kernels from 9 rows against the
 #          default (split-K up to 16), and both kernels alone at 16 and 32 rows (--kernel-micro-rows), one lane each
@@ -50,7 +52,7 @@ lanes() { OUT=$OUT/lanes LANE_TIMEOUT=${LANE_TIMEOUT:-570} bash tools/bench/devi
 # weight-bound its step is (weights_share_of_step)
 q="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel --threads 16"
 summaries() { grep -E '"summary":true' "$OUT/lanes/lanes.log" | cut -c1-1500; }
-case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | wg | q16 | scale2}" in
+case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | split | wg | q16 | scale2}" in
   a)
     eval_bench="node .bundle/eval-bench.js --tokenizer .bundle/qwen3-tokenizer --data-dir fixtures/eval --benchmarks math500,gsm8k --n 32 --max-new 512 --batch 256 --temperature 0"
     lanes \
@@ -160,14 +162,22 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
     summaries
     ;;
   wgmicro)
-    # the wgmma builds alone against the tiled plan (outputs compared, then µs a call) on 8B's and 0.6B's shapes, the
-    # split-K kernels' bandwidth taken apart, and policy extraction's default loss on CUDA against SFT
+    # the wgmma builds alone against the tiled plan (outputs compared, then µs a call) on 8B's and 0.6B's shapes, and the
+    # split-K kernels' bandwidth taken apart (with their register depth and rounds swept)
     timeout -k 5 200 node .bundle/w4a16-wg-micro.js --shapes 8b 2>&1 | cut -c1-1500
     timeout -k 5 100 node .bundle/w4a16-wg-micro.js --shapes 0.6b 2>&1 | cut -c1-1500
     # where the split-K kernels' bandwidth goes at 1 and 16 rows: the access pattern, the cross-warp sum, the rest
-    timeout -k 5 90 node .bundle/w4a16-stream-probe.js --n 24576 --k 4096 2>&1 | cut -c1-400
-    timeout -k 5 60 node .bundle/w4a16-stream-probe.js --n 4096 --k 12288 2>&1 | cut -c1-400
-    timeout -k 5 240 node .bundle/extract-bench.js --preset qwen3-0.6b --device cuda --compute bfloat16 --batches 64,256 --no-recompute 2>&1 | grep -E '^\{' | cut -c1-1500
+    timeout -k 5 150 node .bundle/w4a16-stream-probe.js --n 24576 --k 4096 2>&1 | cut -c1-400
+    timeout -k 5 120 node .bundle/w4a16-stream-probe.js --n 4096 --k 12288 2>&1 | cut -c1-400
+    ;;
+  split)
+    # the split-K kernels' default plan (w4a16DefaultChoice) against 1-2 column tiles x 1-8 rounds at 1 and 16 rows, on
+    # the fused projections of Qwen3-8B, 1.7B and 0.6B; then where a wgmma CTA's chunk of K goes (clock64 stamps)
+    for s in 24576x4096 6144x4096 4096x4096 4096x12288 12288x2048 4096x2048 2048x2048 2048x6144 6144x1024 4096x1024 1024x2048 1024x3072; do
+      timeout -k 5 60 node .bundle/w4a16-stream-probe.js --n "${s%x*}" --k "${s#*x}" 2>&1 | grep '"w4a16"' | cut -c1-400
+    done
+    timeout -k 5 90 node .bundle/w4a16-wg-trace.js --n 4096 --k 4096 --m 64 2>&1 | cut -c1-600
+    timeout -k 5 60 node .bundle/w4a16-wg-trace.js --n 24576 --k 4096 --m 256 2>&1 | cut -c1-600
     ;;
   wg)
     # the wgmma kernels (sm_90a) against cuBLAS' dense bf16 and the tiled kernels: the tile check over every build at 40
@@ -189,5 +199,5 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
       DP_ARGS="$v --bucket-times" NO_DDP=${v:+1} PARITY_SHAPES=none SHAPES="0.6b 1.7b" RUN_LIMIT=120 OUT=$OUT/scale2${v:+-bf16} timeout -k 5 280 bash tools/bench/distributed/device-run.sh eight scaling "1 2" 2>&1 | grep -E '^\{"(run|scaling)"' | cut -c1-900
     done
     ;;
-  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | wg | q16 | scale2" >&2; exit 2 ;;
+  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | split | wg | q16 | scale2" >&2; exit 2 ;;
 esac

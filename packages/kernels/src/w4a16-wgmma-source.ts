@@ -113,6 +113,14 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
 // group's registers are rewritten only after the wait that leaves one group in flight has retired the group before
 // last. The stage chunk c − 1 used is refilled after the first group of chunk c is issued and every warpgroup has
 // waited chunk c − 1's MMAs out (the barrier). The scales and zero points of a chunk are read a chunk ahead.
+// W4_TRACE (a compile definition, for tools/bench/quantization/w4a16-wg-trace.ts): thread 0 of CTA (0, 0) stamps clock64 at
+// 8 points of each of the first 16 chunks and writes the stamps over the start of C0 at the end; otherwise nothing.
+#ifdef W4_TRACE
+#define W4_MARK(c, i) \
+  if (trace && (c) < 16) stamps[(c) * 8 + (i)] = clock64();
+#else
+#define W4_MARK(c, i)
+#endif
 template <typename T, int BM, int WG>
 __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const unsigned char* __restrict__ B, const T* __restrict__ S, const unsigned char* __restrict__ Z, T* __restrict__ C0,
                                               T* __restrict__ C1, T* __restrict__ C2, int M, int N, int n1, int n2, int K, int kb, int bs_log2, unsigned char* smem_raw) {
@@ -178,11 +186,18 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
   unsigned s2[2][4], z2[2][4];
   scales(0, s2, z2);
   unsigned frag[2][4][4];
+#ifdef W4_TRACE
+  const bool trace = tid == 0 && blockIdx.x == 0 && blockIdx.y == 0;
+  long long stamps[128];
+#endif
   for (int c = 0; c < chunks; ++c) {
+    W4_MARK(c, 0)
     // chunk c has landed, for every thread (each one's proxy fence, then the barrier): wgmma reads it through the async proxy
     w4_cp_wait<ST - 2>();
+    W4_MARK(c, 1)
     wg_fence_proxy();
     __syncthreads();
+    W4_MARK(c, 2)
     unsigned sn[2][4], zn[2][4];
     scales(c + 1, sn, zn);
     const unsigned char* bs = Bs + (c % ST) * B_STAGE;
@@ -206,6 +221,7 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
           frag[half][s][r + 2] = w4_dequant2<T>((c1 & 0x000f000fu) | magic2, z2[r][q], s2[r][q]);
         }
       }
+      W4_MARK(c, 3 + 2 * half)
       wg_fence();
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
@@ -214,6 +230,7 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
       }
       wg_commit();
       wg_wait<1>();
+      W4_MARK(c, 4 + 2 * half)
       if (half == 0) {
         // every warpgroup has retired chunk c − 1's MMAs (this wait, then the barrier): its stage takes chunk c + ST − 1
         __syncthreads();
@@ -245,6 +262,12 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
       else if (n < n2) C1[(long long)m * (n2 - n1) + (n - n1)] = v;
       else C2[(long long)m * (N - n2) + (n - n2)] = v;
     }
+#ifdef W4_TRACE
+  __syncthreads();
+  long long* out = reinterpret_cast<long long*>(C0);
+  if (trace)
+    for (int i = 0; i < 128; ++i) out[i] = i < 8 * (chunks < 16 ? chunks : 16) ? stamps[i] : 0;
+#endif
 }
 
 #define W4A16_WG_KERNEL(T, BM, WG, NAME)                                                                                                            \

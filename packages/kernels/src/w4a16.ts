@@ -247,14 +247,31 @@ export function w4a16TilePlan(shape: Pick<W4A16Shape, 'M' | 'N' | 'K'>, opts: { 
 }
 
 /**
+ * Up to 8 rows, {@link w4a16DefaultChoice} trades warps a CTA for rounds only where the fewest-rounds plan asks more than
+ * `over` warps a SM, and then keeps at least `keep` a SM.
+ */
+export const W4A16_ROUNDS_WARPS_PER_SM = { over: 48, keep: 16 } as const;
+
+/**
  * The split-K plan of a launch whose options name none (no `plan`, `columnTiles` or `rounds`): past 8
  * rows, products of at least 4,096 columns take two column tiles (each activation read once per 32
  * columns, not 16) and from 8,192 columns four chunks a warp as well (more, smaller CTAs resident) —
- * the fastest plans `tuneW4A16` found for fused q/k/v and gate/up at 16 rows (docs/benchmarks.md);
- * up to 8 rows, where the sweep's gains were small, one column tile in the fewest rounds.
+ * the fastest plans `tuneW4A16` found for fused q/k/v and gate/up at 16 rows (docs/benchmarks.md).
+ * Up to 8 rows, one column tile; where the fewest-rounds plan would ask more warps of each of `sms` SMs than
+ * {@link W4A16_ROUNDS_WARPS_PER_SM}'s `over` (CTAs queued for later waves: Qwen3-8B's projections), about eight chunks a
+ * warp instead (at least 4 warps a CTA, and `keep` warps a SM), so a warp's next chunk is in flight while it
+ * multiplies; elsewhere the fewest rounds (docs/benchmarks.md).
  */
-export function w4a16DefaultChoice(shape: Pick<W4A16Shape, 'M' | 'N'>): W4A16SplitChoice {
-  if (shape.M <= 8 || shape.N < 4096) return { columnTiles: 1 };
+export function w4a16DefaultChoice(shape: Pick<W4A16Shape, 'M' | 'N' | 'kBlocks' | 'blockSize'>, sms = W4A16_DEFAULT_SMS): W4A16SplitChoice {
+  if (shape.M <= 8) {
+    const chunks = Math.ceil((shape.kBlocks * shape.blockSize) / 128);
+    const ctas = Math.ceil(shape.N / 16);
+    const fewest = Math.min(chunks, w4a16MaxWarps(W4A16_TILES.find((t) => Math.max(shape.M, 1) <= 8 * t)!));
+    if (ctas * fewest <= W4A16_ROUNDS_WARPS_PER_SM.over * sms) return { columnTiles: 1 };
+    const warps = Math.min(fewest, Math.max(4, Math.ceil(chunks / 8), Math.ceil((W4A16_ROUNDS_WARPS_PER_SM.keep * sms) / ctas)));
+    return { columnTiles: 1, rounds: Math.ceil(chunks / warps) };
+  }
+  if (shape.N < 4096) return { columnTiles: 1 };
   return shape.N >= 8192 ? { columnTiles: 2, rounds: 4 } : { columnTiles: 2 };
 }
 

@@ -119,14 +119,30 @@ test('launch plans: decode rows take one n8 tile; K splits over warps in the few
   expect(() => w4a16Plan({ M: 1, N: 2048, kBlocks: 32, blockSize: 64 }, 1, 0)).toThrow(/rounds must be an integer ≥ 1, got 0/);
 });
 
-test("default split-K plans: past 8 rows, two column tiles from 4,096 columns and four chunks a warp from 8,192; up to 8 rows or narrower products, one column tile in the fewest rounds", () => {
-  expect(w4a16DefaultChoice({ M: 16, N: 12288 })).toEqual({ columnTiles: 2, rounds: 4 });
-  expect(w4a16DefaultChoice({ M: 9, N: 8192 })).toEqual({ columnTiles: 2, rounds: 4 });
-  expect(w4a16DefaultChoice({ M: 16, N: 4096 })).toEqual({ columnTiles: 2 });
-  expect(w4a16DefaultChoice({ M: 16, N: 2048 })).toEqual({ columnTiles: 1 });
-  expect(w4a16DefaultChoice({ M: 8, N: 12288 })).toEqual({ columnTiles: 1 });
-  // the fused gate/up of Qwen3-1.7B at 16 rows: 16 chunks in 4 rounds of 4 warps, 32 columns a CTA
-  const c = w4a16DefaultChoice({ M: 16, N: 12288 });
+test("default split-K plans: past 8 rows, two column tiles from 4,096 columns and four chunks a warp from 8,192 (one column tile in the fewest rounds for narrower products); up to 8 rows, one column tile in the fewest rounds unless those would queue CTAs, then about 8 chunks a warp", () => {
+  const k = (K: number) => ({ kBlocks: K / 64, blockSize: 64 });
+  expect(w4a16DefaultChoice({ M: 16, N: 12288, ...k(2048) })).toEqual({ columnTiles: 2, rounds: 4 });
+  expect(w4a16DefaultChoice({ M: 9, N: 8192, ...k(2048) })).toEqual({ columnTiles: 2, rounds: 4 });
+  expect(w4a16DefaultChoice({ M: 16, N: 4096, ...k(2048) })).toEqual({ columnTiles: 2 });
+  expect(w4a16DefaultChoice({ M: 16, N: 2048, ...k(2048) })).toEqual({ columnTiles: 1 });
+  // up to 8 rows, where the fewest rounds would queue CTAs (more than 48 warps a SM on 132 SMs): Qwen3-8B's gate/up (32
+  // chunks, 1,536 CTAs of 32 warps) in 8 rounds of 4 warps, its down projection (96 chunks, 256 CTAs) 8 rounds of 12
+  // warps, its o projection (32 chunks, 256 CTAs) 4 rounds of 8 warps (9 asked: 16 warps a SM)
+  const plan = (M: number, N: number, K: number, sms?: number) => {
+    const c = w4a16DefaultChoice({ M, N, ...k(K) }, sms);
+    return { ...c, warps: w4a16Plan({ M, N, ...k(K) }, c.columnTiles, c.rounds).warps };
+  };
+  expect(plan(1, 24576, 4096)).toEqual({ columnTiles: 1, rounds: 8, warps: 4 });
+  expect(plan(8, 24576, 4096)).toEqual({ columnTiles: 1, rounds: 8, warps: 4 });
+  expect(plan(1, 4096, 12288)).toEqual({ columnTiles: 1, rounds: 8, warps: 12 });
+  expect(plan(1, 4096, 4096)).toEqual({ columnTiles: 1, rounds: 4, warps: 8 });
+  // Qwen3-1.7B's and 0.6B's (at most 31 warps a SM): the fewest rounds
+  expect(plan(1, 4096, 2048)).toEqual({ columnTiles: 1, warps: 16 });
+  expect(plan(1, 2048, 6144)).toEqual({ columnTiles: 1, warps: 24 });
+  expect(plan(1, 6144, 1024)).toEqual({ columnTiles: 1, warps: 8 });
+  // on 16 SMs, 1.7B's q/k/v queues too: 4 warps of 4 rounds
+  expect(plan(1, 4096, 2048, 16)).toEqual({ columnTiles: 1, rounds: 4, warps: 4 });
+  const c = w4a16DefaultChoice({ M: 16, N: 12288, ...k(2048) });
   expect(w4a16Plan({ M: 16, N: 12288, kBlocks: 32, blockSize: 64 }, c.columnTiles, c.rounds)).toMatchObject({ mt: 2, nt: 2, warps: 4, grid: [384, 1] });
 });
 

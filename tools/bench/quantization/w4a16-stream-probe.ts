@@ -5,12 +5,13 @@
  *   rows      — the split-K kernels' access pattern and CTA shape alone (16 rows a CTA, a warp a chunk of 128
  *               codes, lane (g, t) 16 bytes of rows g and g + 8), the bytes XOR-ed, nothing else;
  *   rows+sum  — the same plus the kernels' epilogue: every warp's 128 floats to shared memory, summed in warp order;
- *   w4a16     — the W4A16 op's own launch at 1 and 16 rows (its default plan, then 2 column tiles).
+ *   w4a16     — the W4A16 op's own launch at 1 and 16 rows: its default plan (w4a16DefaultChoice), then 1 and 2 column
+ *               tiles at 1–8 chunks of K a warp (rounds).
  * The gaps between the lines say what costs: the pattern, the cross-warp sum, or the dequantize-and-multiply.
  *
  * usage: node .bundle/w4a16-stream-probe.js [--n 24576] [--k 4096] [--block 64]
  */
-import { cudaIncludeDir, Kernels, W4A16, w4a16Plan, w4a16TimingWeights, type W4A16Shape } from '@lathe/kernels';
+import { cudaIncludeDir, Kernels, W4A16, w4a16DefaultChoice, w4a16Plan, w4a16TimingWeights, type W4A16Shape } from '@lathe/kernels';
 import { toBfloat16Bits } from '@lathe/runtime';
 import { arg } from '../argv';
 
@@ -79,7 +80,6 @@ function main(): void {
   const flat = mod.kernel('probe_flat', ['ptr', 'i64', 'ptr'] as const);
   const rows = mod.kernel('probe_rows', ['ptr', 'i64', 'i32', 'ptr'] as const);
   const rowsSum = mod.kernel('probe_rows_sum', ['ptr', 'i64', 'i32', 'ptr'] as const);
-  const w4 = W4A16.compile(kernels, { includeDir: cudaIncludeDir() });
   const weights = w4a16TimingWeights(device, { N, K, blockSize, dtype: 'bfloat16' });
   const out = device.upload({ data: new Uint32Array(4), dims: [4] }, 'uint32');
   const codeBytes = (N * K) / 2;
@@ -94,15 +94,20 @@ function main(): void {
       report('rows', kernels.timeLaunches((i) => rows.launch(cfg, b(i), BigInt(K / 2), chunks, out)), { warps, ctas: N / 16 });
       report('rows+sum', kernels.timeLaunches((i) => rowsSum.launch({ ...cfg, sharedBytes: warps * 512 }, b(i), BigInt(K / 2), chunks, out)), { warps, ctas: N / 16 });
     }
+    // the op at 1 and 16 rows: column tiles and rounds (chunks of K a warp), the default plan's choice first
+    const w4 = W4A16.compile(kernels, { includeDir: cudaIncludeDir() });
     for (const M of [1, 16]) {
       const a = device.upload({ data: toBfloat16Bits(new Float32Array(M * K).fill(0.5)), dims: [M, K] }, 'bfloat16');
       const c = device.upload({ data: new Uint16Array(M * N), dims: [M, N] }, 'bfloat16');
       try {
         const shape: W4A16Shape = { M, N, K, kBlocks: weights.kBlocks, blockSize, dtype: 'bfloat16' };
-        for (const columnTiles of [1, 2] as const) {
-          const plan = w4a16Plan(shape, columnTiles);
-          const ms = kernels.timeLaunches((i) => w4.matmul(shape, { a, b: b(i), scales: weights.scales[i % weights.copies], zeroPoints: 0n, c }, undefined, { columnTiles, tileFromRows: Infinity }));
-          report('w4a16', ms, { M, column_tiles: columnTiles, warps: plan.warps, ctas: plan.grid[0] * plan.grid[1], weight_gb_s: +(weights.weightBytes / (ms / 1000) / 1e9).toFixed(1) });
+        const choice = w4a16DefaultChoice(shape);
+        const runs: { columnTiles: 1 | 2; rounds?: number; label: string }[] = [{ columnTiles: choice.columnTiles ?? 1, rounds: choice.rounds, label: 'default' }];
+        for (const columnTiles of [1, 2] as const) for (const rounds of [1, 2, 4, 8]) runs.push({ columnTiles, rounds, label: 'sweep' });
+        for (const { columnTiles, rounds, label } of runs) {
+          const plan = w4a16Plan(shape, columnTiles, rounds);
+          const ms = kernels.timeLaunches((i) => w4.matmul(shape, { a, b: b(i), scales: weights.scales[i % weights.copies], zeroPoints: 0n, c }, undefined, { columnTiles, rounds, tileFromRows: Infinity }));
+          report('w4a16', ms, { M, plan: label, column_tiles: columnTiles, rounds: rounds ?? 1, warps: plan.warps, ctas: plan.grid[0] * plan.grid[1], weight_gb_s: +(weights.weightBytes / (ms / 1000) / 1e9).toFixed(1) });
         }
       } finally {
         a.dispose();
