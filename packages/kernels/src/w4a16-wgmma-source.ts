@@ -114,7 +114,7 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
 // last. The stage chunk c − 1 used is refilled after the first group of chunk c is issued and every warpgroup has
 // waited chunk c − 1's MMAs out (the barrier). The scales and zero points of a chunk are read a chunk ahead.
 // W4_TRACE (a compile definition, for tools/bench/quantization/w4a16-wg-trace.ts): thread 0 of CTA (0, 0) stamps clock64 at
-// 8 points of each of the first 16 chunks and writes the stamps over the start of C0 at the end; otherwise nothing.
+// 7 points of each of its first 16 chunks (8 slots a chunk) and writes the stamps over the start of C0 at the end.
 #ifdef W4_TRACE
 #define W4_MARK(c, i) \
   if (trace && (c) < 16) stamps[(c) * 8 + (i)] = clock64();

@@ -298,7 +298,7 @@ export interface W4A16LaunchOptions {
   tileFromRows?: number;
   /** The tiled kernels' tile (default: {@link w4a16TilePlan}'s choice). */
   tile?: W4A16Tile;
-  /** SMs the tiled plan is estimated for (default: the device's). */
+  /** SMs the tiled plan is estimated for and the split-K default plan sized for (default: the device's). */
   sms?: number;
   /** Rows from which the wgmma kernels run (sm_90 only; default Infinity: never, until a device A/B makes them a default). */
   wgmmaFromRows?: number;
@@ -435,7 +435,7 @@ export class W4A16 {
       this.tiles.get(`${shape.dtype}/${plan.label}`)!.launch({ grid: [plan.grid[0], plan.grid[1], plan.ck], block: plan.threads, sharedBytes: plan.sharedBytes, stream }, ...args);
       return;
     }
-    const choice = planned ?? (o.columnTiles === undefined && o.rounds === undefined ? w4a16DefaultChoice(shape) : undefined);
+    const choice = planned ?? (o.columnTiles === undefined && o.rounds === undefined ? w4a16DefaultChoice(shape, o.sms ?? this.kernels.smCount) : undefined);
     const plan = w4a16Plan(shape, choice?.columnTiles ?? o.columnTiles ?? 1, choice?.rounds ?? o.rounds);
     this.variants.get(`${shape.dtype}/${plan.mt}/${plan.nt}`)!.launch({ grid: plan.grid, block: 32 * plan.warps, sharedBytes: plan.sharedBytes, stream }, ...args);
   }
