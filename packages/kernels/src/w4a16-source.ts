@@ -262,19 +262,20 @@ __device__ __forceinline__ float w4_ld_cluster(const float* p, unsigned rank) {
 #endif
 #endif
 
-// Row n's scale at code k in both halves of so, and its zero point (default 8) as magic + zp in both halves of zo, for
-// w4_dequant2; where !valid (past N, Kp or the last chunk) scale 0, so the products are 0.
+// Row n's scale bits at code k in so and its zero-point byte in zo (0x88 without zero points: 8 in both nibbles), read
+// and not used: w4_scale_zero_use makes them w4_dequant2's operands where they are needed, a chunk later, so the loads
+// of the next chunk's scales do not wait here; where !valid (past N, Kp or the last chunk) scale 0, so the products are 0.
 template <typename T>
 __device__ __forceinline__ void w4_scale_zero(const T* __restrict__ S, const unsigned char* __restrict__ Z, long long n, int k, int kb, int zcols, int bs_log2, bool valid, unsigned& so, unsigned& zo) {
-  unsigned sb = 0u, zp = 8u;
-  if (valid) {
-    const int blk = k >> bs_log2;
-    const T sv = S[n * kb + blk];
-    sb = *reinterpret_cast<const unsigned short*>(&sv);
-    if (Z) zp = (Z[n * zcols + (blk >> 1)] >> ((blk & 1) << 2)) & 15u;
-  }
-  so = sb | (sb << 16);
-  zo = (W4Magic<T>::bits | zp) * 0x10001u;
+  const int blk = k >> bs_log2;
+  so = valid ? unsigned(reinterpret_cast<const unsigned short*>(S)[n * kb + blk]) : 0u;
+  zo = valid && Z ? unsigned(Z[n * zcols + (blk >> 1)]) : 0x88u;
+}
+// w4_scale_zero's values for code k as w4_dequant2 takes them: the scale in both halves of so, magic + zero point in both of zo.
+template <typename T>
+__device__ __forceinline__ void w4_scale_zero_use(int k, int bs_log2, unsigned& so, unsigned& zo) {
+  so |= so << 16;
+  zo = (W4Magic<T>::bits | ((zo >> (((k >> bs_log2) & 1) << 2)) & 15u)) * 0x10001u;
 }
 `;
 
@@ -320,6 +321,10 @@ __device__ __forceinline__ void w4a16_body(const T* __restrict__ A, const unsign
     uint4 wn[NT][2];
     unsigned sn[NT][2], zn[NT][2];
     fetch(c + warps, wn, sn, zn);
+#pragma unroll
+    for (int u = 0; u < NT; ++u)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) w4_scale_zero_use<T>(k, bs_log2, s2[u][r], z2[u][r]);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       // activations k + 8i .. k + 8i + 7 of each tile's row m0 + 8j + g (0 past M or K): k-steps 2i and 2i + 1,
@@ -483,6 +488,10 @@ __device__ __forceinline__ void w4a16_tile_body(const T* __restrict__ A, const u
     w4_cp_commit();  // an empty group past the end keeps the wait's count right
     unsigned sn[NT][2], zn[NT][2];
     scales(s + 1, sn, zn);
+#pragma unroll
+    for (int u = 0; u < NT; ++u)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) w4_scale_zero_use<T>((((s0 + s) * WK + wk) << 7) + (t << 5), bs_log2, s2[u][r], z2[u][r]);
     const unsigned char* as = As + (s % STAGES) * A_STAGE + wk * A_CHUNK;
     const unsigned char* bs = Bs + (s % STAGES) * B_STAGE + wk * B_CHUNK;
     uint4 w[NT][2];

@@ -114,12 +114,19 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
 // last. The stage chunk c − 1 used is refilled after the first group of chunk c is issued and every warpgroup has
 // waited chunk c − 1's MMAs out (the barrier). The scales and zero points of a chunk are read a chunk ahead.
 // W4_TRACE (a compile definition, for tools/bench/quantization/w4a16-wg-trace.ts): thread 0 of CTA (0, 0) stamps clock64 at
-// 7 points of each of its first 16 chunks (8 slots a chunk) and writes the stamps over the start of C0 at the end.
+// 11 points of each of its first 16 chunks (12 slots a chunk), each after the values named in W4_USE have arrived (a move
+// that waits for them), and writes the stamps over the start of C0 at the end.
 #ifdef W4_TRACE
 #define W4_MARK(c, i) \
-  if (trace && (c) < 16) stamps[(c) * 8 + (i)] = clock64();
+  if (trace && (c) < 16) stamps[(c) * 12 + (i)] = clock64();
+#define W4_USE(x)                                              \
+  {                                                            \
+    unsigned u_;                                               \
+    asm volatile("mov.b32 %0, %1;\n" : "=r"(u_) : "r"(x));     \
+  }
 #else
 #define W4_MARK(c, i)
+#define W4_USE(x)
 #endif
 template <typename T, int BM, int WG>
 __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const unsigned char* __restrict__ B, const T* __restrict__ S, const unsigned char* __restrict__ Z, T* __restrict__ C0,
@@ -188,7 +195,7 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
   unsigned frag[2][4][4];
 #ifdef W4_TRACE
   const bool trace = tid == 0 && blockIdx.x == 0 && blockIdx.y == 0;
-  long long stamps[128];
+  long long stamps[192];
 #endif
   for (int c = 0; c < chunks; ++c) {
     W4_MARK(c, 0)
@@ -200,6 +207,11 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
     W4_MARK(c, 2)
     unsigned sn[2][4], zn[2][4];
     scales(c + 1, sn, zn);
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) w4_scale_zero_use<T>((c << 7) + 32 * q, bs_log2, s2[r][q], z2[r][q]);
+    W4_MARK(c, 3)
     const unsigned char* bs = Bs + (c % ST) * B_STAGE;
     const unsigned a_base = (unsigned)__cvta_generic_to_shared(As + (c % ST) * A_STAGE);
 #pragma unroll
@@ -210,6 +222,8 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
       for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int j = 0; j < 2; ++j) w[r][j] = *reinterpret_cast<const uint4*>(bs + (64 * wg + 16 * wq + g + 8 * r) * 64 + 32 * half + 16 * j);
+      W4_USE(w[1][1].w)
+      W4_MARK(c, 4 + 4 * half)
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         const int q = 2 * half + (s >> 1);
@@ -221,7 +235,8 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
           frag[half][s][r + 2] = w4_dequant2<T>((c1 & 0x000f000fu) | magic2, z2[r][q], s2[r][q]);
         }
       }
-      W4_MARK(c, 3 + 2 * half)
+      W4_USE(frag[half][3][3])
+      W4_MARK(c, 5 + 4 * half)
       wg_fence();
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
@@ -230,12 +245,13 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
       }
       wg_commit();
       wg_wait<1>();
-      W4_MARK(c, 4 + 2 * half)
+      W4_MARK(c, 6 + 4 * half)
       if (half == 0) {
         // every warpgroup has retired chunk c − 1's MMAs (this wait, then the barrier): its stage takes chunk c + ST − 1
         __syncthreads();
         load((c + ST - 1) % ST, c + ST - 1);
         w4_cp_commit();
+        W4_MARK(c, 7)
       }
     }
 #pragma unroll
@@ -266,7 +282,7 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
   __syncthreads();
   long long* out = reinterpret_cast<long long*>(C0);
   if (trace)
-    for (int i = 0; i < 128; ++i) out[i] = i < 8 * (chunks < 16 ? chunks : 16) ? stamps[i] : 0;
+    for (int i = 0; i < 192; ++i) out[i] = i < 12 * (chunks < 16 ? chunks : 16) ? stamps[i] : 0;
 #endif
 }
 

@@ -3,8 +3,9 @@
  * thread 0 of CTA (0, 0) stamps clock64 at each phase of its first 16 chunks, launched alone (after a warm-up) on
  * one shape; prints, per build, the median SM cycles of each phase over chunks 3–15 and the launch's µs in a graph
  * of back-to-back launches (the untraced module's, as w4a16-wg-micro times it). Phases: wait (cp.async of the chunk's
- * stage), barrier, dequantize (first half), mma (its issue and the wait that retires the group before), refill
- * (barrier, next stage's cp.async and the second half's dequantize), mma2, next (scales and the loop).
+ * stage), barrier, scales (the next chunk's loads issued, this chunk's made ready), then for each half of the chunk's k-steps: loads
+ * (its codes from shared memory), dequantize, mma (issue, and the wait that retires the group before); refill (after
+ * the first half: a barrier and the next stage's cp.async); next (the loop back).
  *
  * usage: node .bundle/w4a16-wg-trace.js [--n 4096] [--k 4096] [--m 64] [--block 64]
  */
@@ -12,7 +13,8 @@ import { cudaIncludeDir, Kernels, W4A16, W4A16_WG_BUILDS, w4a16TimingWeights, w4
 import { toBfloat16Bits } from '@lathe/runtime';
 import { arg } from '../argv';
 
-const PHASES = ['wait', 'barrier', 'dequantize', 'mma', 'refill', 'mma2', 'next'] as const;
+const PHASES = ['wait', 'barrier', 'scales', 'loads', 'dequantize', 'mma', 'refill', 'loads2', 'dequantize2', 'mma2', 'next'] as const;
+const SLOTS = 12;
 
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);
@@ -28,7 +30,7 @@ function main(): void {
   if (w4.wgmmaUnavailable) throw new Error(w4.wgmmaUnavailable);
   const weights = w4a16TimingWeights(device, { N, K, blockSize, dtype: 'bfloat16' });
   const a = device.upload({ data: toBfloat16Bits(new Float32Array(M * K).fill(0.25)), dims: [M, K] }, 'bfloat16');
-  const c = device.upload({ data: new Uint16Array(Math.max(M * N, 512)), dims: [Math.max(M * N, 512)] }, 'bfloat16');
+  const c = device.upload({ data: new Uint16Array(Math.max(M * N, 4 * 16 * SLOTS)), dims: [Math.max(M * N, 4 * 16 * SLOTS)] }, 'bfloat16');
   const kb = weights.kBlocks;
   const shape: W4A16Shape = { M, N, K, kBlocks: kb, blockSize, dtype: 'bfloat16' };
   try {
@@ -40,19 +42,19 @@ function main(): void {
       launch();
       launch();
       kernels.synchronize();
-      const bits = (c.download().data as Uint16Array).slice(0, 512);
+      const bits = (c.download().data as Uint16Array).slice(0, 4 * 16 * SLOTS);
       const stamps = new BigInt64Array(bits.buffer);
       const chunks = Math.min(16, Math.ceil((kb * blockSize) / 128));
       const phases: Record<string, number> = {};
       for (let p = 0; p < PHASES.length; p++) {
         const ds: number[] = [];
         for (let ch = 3; ch < chunks - (p === PHASES.length - 1 ? 1 : 0); ch++) {
-          const from = stamps[ch * 8 + p]!, to = p === PHASES.length - 1 ? stamps[(ch + 1) * 8]! : stamps[ch * 8 + p + 1]!;
+          const from = stamps[ch * SLOTS + p]!, to = p === PHASES.length - 1 ? stamps[(ch + 1) * SLOTS]! : stamps[ch * SLOTS + p + 1]!;
           ds.push(Number(to - from));
         }
         phases[PHASES[p]!] = median(ds);
       }
-      const perChunk = median(Array.from({ length: Math.max(chunks - 4, 1) }, (_, i) => Number(stamps[(i + 4) * 8]! - stamps[(i + 3) * 8]!)));
+      const perChunk = median(Array.from({ length: Math.max(chunks - 4, 1) }, (_, i) => Number(stamps[(i + 4) * SLOTS]! - stamps[(i + 3) * SLOTS]!)));
       const ms = kernels.timeLaunches((i) => w4.matmul(shape, { a, b: weights.codes[i % weights.copies]!, scales: weights.scales[i % weights.copies]!, zeroPoints: 0n, c }, undefined, { wgmma: v }));
       console.log(JSON.stringify({ build: w4a16WgLabel(v), N, K, M, us: +(ms * 1000).toFixed(2), cycles_per_chunk: perChunk, phases }));
     }
