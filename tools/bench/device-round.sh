@@ -163,7 +163,7 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
     ;;
   wgmicro)
     # the wgmma builds alone against the tiled plan (outputs compared, then µs a call) on 8B's and 0.6B's shapes, and the
-    # split-K kernels' bandwidth taken apart (with their register depth and rounds swept)
+    # split-K kernels' bandwidth taken apart (column tiles and rounds swept)
     timeout -k 5 200 node .bundle/w4a16-wg-micro.js --shapes 8b 2>&1 | cut -c1-1500
     timeout -k 5 100 node .bundle/w4a16-wg-micro.js --shapes 0.6b 2>&1 | cut -c1-1500
     # where the split-K kernels' bandwidth goes at 1 and 16 rows: the access pattern, the cross-warp sum, the rest
