@@ -25,7 +25,7 @@ export const W4A16_WG_BUILDS: readonly W4A16WgBuild[] = [
   { bm: 128, wg: 2 },
 ];
 
-/** Chunks of 128 K in shared memory (cp.async stages of activations and packed weights): the one multiplied and the next two in flight. */
+/** Chunks of 128 K in shared memory (cp.async stages of activations and packed weights): the one multiplied, the next two in flight, and the one whose MMAs may still be retiring. */
 export const W4A16_WG_STAGES = 4;
 
 /** A build's label, e.g. `wg128x128` (output rows × columns a CTA). */
@@ -107,14 +107,15 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
 // Each warp of a warpgroup owns 16 of its 64 weight rows; lane (g, t) holds wgmma's A fragments for rows g and g + 8
 // of them in the canonical order (k-step slots 2t, 2t + 1 and 2t + 8, 2t + 9: byte t and byte t + 4 of the step's 8
 // bytes of codes, each byte's two nibbles the two halves of a register), dequantized from the chunk's codes in shared
-// memory. Both operands come in by cp.async, STAGES chunks of 128 K in flight: activations [BM][128] as two 64-wide
+// memory. Both operands come in by cp.async into STAGES stages of 128 K, two chunks in flight: activations [BM][128] as two 64-wide
 // atoms of 128-byte rows, the 16-byte unit u of row r at u ^ (r & 7) (the 128-byte swizzle wgmma's descriptor names),
 // weights [64·WG][64 bytes]. A chunk's 8 k-steps go as two wgmma groups of 4, their fragments double-buffered: a
 // group's registers are rewritten only after the wait that leaves one group in flight has retired the group before
-// last. The stage chunk c − 1 used is refilled after the first group of chunk c is issued and every warpgroup has
-// waited chunk c − 1's MMAs out (the barrier). The scales and zero points of a chunk are read a chunk ahead.
+// last. Chunk c's one barrier (after its stage landed) also follows every warpgroup's wait that retired chunk c − 2's
+// MMAs, so the stage chunk c − 2 used is refilled right after it. The scales and zero points of a chunk are read a
+// chunk ahead.
 // W4_TRACE (a compile definition, for tools/bench/quantization/w4a16-wg-trace.ts): thread 0 of CTA (0, 0) stamps clock64 at
-// 11 points of each of its first 16 chunks (12 slots a chunk), each after the values named in W4_USE have arrived (a move
+// 10 points of each of its first 16 chunks (12 slots a chunk), each after the values named in W4_USE have arrived (a move
 // that waits for them), and writes the stamps over the start of C0 at the end.
 #ifdef W4_TRACE
 #define W4_MARK(c, i) \
@@ -186,7 +187,7 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
   for (int i = 0; i < BM / 2; ++i) d[i] = 0.0f;
   wg_fence_acc(d);
 #pragma unroll
-  for (int s = 0; s < ST - 1; ++s) {
+  for (int s = 0; s < ST - 2; ++s) {
     load(s, s);
     w4_cp_commit();
   }
@@ -200,10 +201,14 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
   for (int c = 0; c < chunks; ++c) {
     W4_MARK(c, 0)
     // chunk c has landed, for every thread (each one's proxy fence, then the barrier): wgmma reads it through the async proxy
-    w4_cp_wait<ST - 2>();
+    w4_cp_wait<ST - 3>();
     W4_MARK(c, 1)
     wg_fence_proxy();
     __syncthreads();
+    // the same barrier says every warpgroup retired chunk c − 2's MMAs (the wait of chunk c − 1's first half): its
+    // stage takes chunk c + ST − 2, so a chunk needs one barrier
+    load((c + ST - 2) % ST, c + ST - 2);
+    w4_cp_commit();
     W4_MARK(c, 2)
     unsigned sn[2][4], zn[2][4];
     scales(c + 1, sn, zn);
@@ -223,7 +228,7 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
 #pragma unroll
         for (int j = 0; j < 2; ++j) w[r][j] = *reinterpret_cast<const uint4*>(bs + (64 * wg + 16 * wq + g + 8 * r) * 64 + 32 * half + 16 * j);
       W4_USE(w[1][1].w)
-      W4_MARK(c, 4 + 4 * half)
+      W4_MARK(c, 4 + 3 * half)
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         const int q = 2 * half + (s >> 1);
@@ -236,7 +241,7 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
         }
       }
       W4_USE(frag[half][3][3])
-      W4_MARK(c, 5 + 4 * half)
+      W4_MARK(c, 5 + 3 * half)
       wg_fence();
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
@@ -245,14 +250,7 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
       }
       wg_commit();
       wg_wait<1>();
-      W4_MARK(c, 6 + 4 * half)
-      if (half == 0) {
-        // every warpgroup has retired chunk c − 1's MMAs (this wait, then the barrier): its stage takes chunk c + ST − 1
-        __syncthreads();
-        load((c + ST - 1) % ST, c + ST - 1);
-        w4_cp_commit();
-        W4_MARK(c, 7)
-      }
+      W4_MARK(c, 6 + 3 * half)
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r)

@@ -3,9 +3,9 @@
  * thread 0 of CTA (0, 0) stamps clock64 at each phase of its first 16 chunks, launched alone (after a warm-up) on
  * one shape; prints, per build, the median SM cycles of each phase over chunks 3–15 and the launch's µs in a graph
  * of back-to-back launches (the untraced module's, as w4a16-wg-micro times it). Phases: wait (cp.async of the chunk's
- * stage), barrier, scales (the next chunk's loads issued, this chunk's made ready), then for each half of the chunk's k-steps: loads
- * (its codes from shared memory), dequantize, mma (issue, and the wait that retires the group before); refill (after
- * the first half: a barrier and the next stage's cp.async); next (the loop back).
+ * stage), barrier (and the refill: the cp.async issue of the chunk two ahead), scales (the next chunk's loads issued,
+ * this chunk's made ready), then for each half of the chunk's k-steps: loads (its codes from shared memory), dequantize,
+ * mma (issue, and the wait that retires the group before); next (the loop back).
  *
  * usage: node .bundle/w4a16-wg-trace.js [--n 4096] [--k 4096] [--m 64] [--block 64]
  */
@@ -13,7 +13,7 @@ import { cudaIncludeDir, Kernels, W4A16, W4A16_WG_BUILDS, w4a16TimingWeights, w4
 import { toBfloat16Bits } from '@lathe/runtime';
 import { arg } from '../argv';
 
-const PHASES = ['wait', 'barrier', 'scales', 'loads', 'dequantize', 'mma', 'refill', 'loads2', 'dequantize2', 'mma2', 'next'] as const;
+const PHASES = ['wait', 'barrier', 'scales', 'loads', 'dequantize', 'mma', 'loads2', 'dequantize2', 'mma2', 'next'] as const;
 const SLOTS = 12;
 
 function median(xs: number[]): number {
