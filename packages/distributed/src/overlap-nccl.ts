@@ -4,7 +4,10 @@
  * bucket's gradients), makes NCCL's stream wait for it, enqueues the bucket's in-place
  * ncclAllReduce on NCCL's stream and returns, so ORT goes on with the backward while NCCL sums.
  * After the run (ORT has synchronised the compute stream) `drain` waits for NCCL's stream at host
- * level, as `NcclCollectives` does, so the apply run reads the sums. With `timing` it also records
+ * level, as `NcclCollectives` does, so the apply run reads the sums. With the update in the same
+ * run, the buckets sum out of place (`reduceInRunInto`) and the join node's compute (`joinInRun`)
+ * records an event on NCCL's stream and makes the compute stream wait for it, so the update's
+ * kernels, enqueued after it, read finished sums. With `timing` it also records
  * timing events around each bucket, so a device run shows whether NCCL's work ran beside the
  * backward or after it (`lastTimings`, `overlapSummary`).
  */
@@ -12,7 +15,7 @@ import * as koffi from 'koffi';
 import type { DType } from '@lathe/onnx';
 import { DistributedError } from './collectives';
 import { NcclApi, type NcclCollectives } from './nccl';
-import type { InRunBuffer, InRunReducer, InRunShardPair, InRunTimings } from './overlap';
+import type { InRunBuffer, InRunReducer, InRunShardPair, InRunSumPair, InRunTimings } from './overlap';
 
 type Fn = (...args: unknown[]) => unknown;
 
@@ -151,6 +154,32 @@ export class NcclInRunReducer implements InRunReducer {
         api.checkNccl('ncclAllReduce', api.fn.ncclAllReduce(b.data, b.data, b.size, type, NCCL_SUM, comm, ncclStream), comm);
       }
     });
+  }
+
+  reduceInRunInto(pairs: readonly InRunSumPair[], stream: bigint | undefined): void {
+    this.enqueue(stream, (api, comm, ncclStream) => {
+      for (const { input, output } of pairs) {
+        const type = NCCL_TYPES[input.dtype];
+        if (type === undefined) throw new Error(`the in-run all-reduce sums float32 or bfloat16 buffers, got ${input.dtype}`);
+        api.checkNccl('ncclAllReduce', api.fn.ncclAllReduce(input.data, output, input.size, type, NCCL_SUM, comm, ncclStream), comm);
+      }
+    });
+  }
+
+  /** The compute stream waits for NCCL's stream as it is now (every bucket's sums enqueued in the run). */
+  joinInRun(stream: bigint | undefined): void {
+    if (this.error) return;
+    try {
+      if (stream === undefined) throw new Error('the in-run collectives need the compute stream (a device opened with Kernels.withDevice)');
+      const { api, ev } = this;
+      // the wait takes the event's record as it is at the call: the same event serves the buckets' waits the other way
+      api.checkCuda('cudaEventRecord', ev.cudaEventRecord(this.event, this.nccl.stream));
+      api.checkCuda('cudaStreamWaitEvent', ev.cudaStreamWaitEvent(stream, this.event, 0));
+    } catch (e) {
+      this.error = e instanceof Error ? e : new Error(String(e));
+      this.nccl.abort(`in-run join failed: ${this.error.message}`);
+      throw this.error;
+    }
   }
 
   /** Orders NCCL's stream after the compute stream's work so far and enqueues `calls` as one NCCL group. */

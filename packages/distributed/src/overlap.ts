@@ -14,10 +14,20 @@
  * parameters first) and created last bucket first, so bucket 0's node has the highest index and
  * bucket k's node runs right after its gradients, before the backward of the layers below.
  * test/overlap.test.ts checks the order in an ORT profile (and fails with the creation reversed).
+ *
+ * With the update in the same run (`Trainer`'s `inGraphUpdate`, `InGraphGradientHook.buildReduced`)
+ * each bucket node sums out of place instead, into new tensors (its outputs: an ORT custom op
+ * cannot alias an output to an input), and a join node (`GradAllReduceJoin`) takes every one of
+ * them: its compute makes the compute stream wait for the collective stream, and its output, a
+ * boolean scalar, is an input of every reader of the sums (the update). The update then reaches the
+ * backward only through the join and the bucket nodes, so ORT's walk back from it meets the join
+ * first (the highest index among the update's producers, whatever nodes ORT's own fusions add to
+ * the backward) and places bucket 0's node, then bucket 1's, …, each after its gradients: the same
+ * order as the leaves give.
  */
 import { dtypeBytes, type DType, type Graph, type Tensor } from '@lathe/onnx';
-import type { Device, DeviceTensor } from '@lathe/runtime';
-import { CustomOpDomain } from '@lathe/kernels';
+import { CApi, type Device, type DeviceTensor } from '@lathe/runtime';
+import { CudaDriver, CustomOpDomain } from '@lathe/kernels';
 import { buckets, DEFAULT_BUCKET_BYTES } from './data-parallel';
 
 /** One gradient buffer of a bucket, as the node's compute sees it. */
@@ -31,6 +41,12 @@ export interface InRunBuffer {
 
 /** A reduce-scatter's input and the address of this rank's chunk of the sum. */
 export interface InRunShardPair {
+  input: InRunBuffer;
+  output: bigint;
+}
+
+/** An out-of-place all-reduce's input and the address its sum goes to (same dtype and size, another buffer). */
+export interface InRunSumPair {
   input: InRunBuffer;
   output: bigint;
 }
@@ -52,6 +68,19 @@ export interface InRunReducer {
    */
   reduceInRun(bucket: readonly InRunBuffer[], stream: bigint | undefined): void;
   /**
+   * As `reduceInRun`, out of place: each pair's `input` summed over the ranks into its `output`
+   * (the input is left as it is). The update-in-the-run form (`buildReduced`), whose bucket nodes
+   * write the sums to their own outputs.
+   */
+  reduceInRunInto(pairs: readonly InRunSumPair[], stream: bigint | undefined): void;
+  /**
+   * Called from the join node's compute, inside the run, after every bucket's node: orders the work
+   * `stream` (the compute stream) takes after this call behind every sum enqueued in the run so far
+   * (on CUDA a wait on an event recorded on the collective stream; on the CPU the sums are done
+   * already). After a kept error it does nothing: the run's results are dropped at `drain`.
+   */
+  joinInRun(stream: bigint | undefined): void;
+  /**
    * As `reduceInRun`, a reduce-scatter of each pair: `input` (worldSize × shard elements) summed over
    * the ranks, this rank's chunk written to `output` (shard elements, same dtype).
    */
@@ -66,9 +95,28 @@ export interface InRunReducer {
 }
 
 /**
+ * Copies `bytes` from `src` to `dst` inside a run: on CUDA (a `stream`) in order on it, through the
+ * driver (the device's primary context is the calling thread's, as for Lathe's kernels); on the CPU
+ * through the host.
+ */
+function copyInRun(dst: bigint, src: bigint, bytes: number, stream: bigint | undefined): void {
+  if (bytes === 0) return;
+  if (stream !== undefined) {
+    CudaDriver.get().copyOnDevice(dst, src, bytes, stream);
+    return;
+  }
+  const api = CApi.get();
+  const staged = new Uint8Array(bytes);
+  api.copyOut(staged, src);
+  api.copyIn(dst, staged);
+}
+
+/**
  * The in-run reducer of a world of one, on any device: nothing to sum, so the bucket nodes run (their
  * host cost and place in the run) without collectives, the A/B that tells the nodes' own cost from
- * the collectives' in a device run. Reduce-scatters (ZeRO) need ranks and are refused.
+ * the collectives' in a device run. Out of place (`reduceInRunInto`) the sum of one rank is a copy,
+ * made on the compute stream as the collective would write it. Reduce-scatters (ZeRO) need ranks
+ * and are refused.
  */
 export function soloInRunReducer(): InRunReducer {
   return {
@@ -76,6 +124,10 @@ export function soloInRunReducer(): InRunReducer {
     worldSize: 1,
     backend: 'none',
     reduceInRun: () => undefined,
+    reduceInRunInto: (pairs, stream) => {
+      for (const { input, output } of pairs) copyInRun(output, input.data, input.size * dtypeBytes(input.dtype), stream);
+    },
+    joinInRun: () => undefined,
     reduceScatterInRun: () => {
       throw new Error('soloInRunReducer: a reduce-scatter (ZeRO) needs ranks to scatter to');
     },
@@ -148,6 +200,14 @@ export interface InGraphGradientHook {
    * returns the tensors to make graph outputs (so the nodes are kept).
    */
   build(g: Graph, grads: readonly { name: string; grad: Tensor }[]): Tensor[];
+  /**
+   * `build`'s form for the update in the same run (`Trainer`'s `inGraphUpdate`): the bucket nodes
+   * sum `grads` out of place into their outputs, `reduced` (in `grads` order), and a join node after
+   * them all outputs `joined`, a boolean scalar (its value means nothing) that every reader of
+   * `reduced` must take as an input, since on CUDA the sums are still in flight on the collective
+   * stream until the join. Call either this or `build`, once.
+   */
+  buildReduced(g: Graph, grads: readonly { name: string; grad: Tensor }[]): { reduced: Tensor[]; joined: Tensor };
   /** Tells the hook the buffers the run writes the gradients into (bound outputs), once, before any run. */
   attach(buffers: ReadonlyMap<string, DeviceTensor>): void;
   /** After the run, before the update: waits for the sums started in it and sums `sums` ([loss, ...metrics]) over the ranks. */
@@ -166,8 +226,24 @@ export interface InGraphAllReduceOptions {
 
 let domainCount = 0;
 
-/** The bucket nodes both hooks build: one op per bucket, its compute checking its inputs are the bound buffers. */
-function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions, enqueue: (k: number, ins: InRunBuffer[]) => void) {
+/** What a bucket node's compute hands its hook: the bucket's gradients and, out of place, the addresses its sums go to. */
+type Enqueue = (k: number, ins: InRunBuffer[], outs: bigint[] | undefined) => void;
+
+/**
+ * Writes `true` to the bool scalar at `token` inside a run: on CUDA a one-byte memset on `stream`
+ * (after the join's wait), on the CPU through the host.
+ */
+function writeToken(token: bigint, stream: bigint | undefined): void {
+  if (stream !== undefined) CudaDriver.get().memsetD8(token, 1, 1, stream);
+  else CApi.get().copyIn(token, Uint8Array.of(1));
+}
+
+/**
+ * The bucket nodes both hooks build: one op per bucket, its compute checking its inputs are the
+ * bound buffers; out of place (`build`'s `into`), each writes its sums to outputs shaped as its
+ * inputs, and a join node (`join` its compute) follows them all.
+ */
+function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions, enqueue: Enqueue, join?: () => void) {
   if (device.kind === 'cuda' && device.computeStream === undefined) {
     throw new Error(`${what}: ${device.name} runs its sessions on a stream of ONNX Runtime's own, which the in-run collective cannot order NCCL behind: open it with Kernels.withDevice() from @lathe/kernels`);
   }
@@ -181,45 +257,87 @@ function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions
     expected: undefined as bigint[][] | undefined,
     /** Bucket nodes computed since the last `finish`. */
     computes: 0,
+    /** Whether the graph has a join node (out of place), and the join computes since the last `finish`. */
+    joined: false,
+    joins: 0,
   };
   // one op per bucket, so each compute knows its bucket whatever order ORT runs them in
-  const addOp = (k: number, dtypes: DType[]): string => {
+  const addOp = (k: number, dtypes: DType[], into: boolean): string => {
     const name = `GradAllReduce_${k}`;
     domain.add({
       name,
       inputs: dtypes,
-      outputs: ['float32'],
+      // out of place: the sums, shaped as the gradients; in place: a one-element placeholder
+      outputs: into ? dtypes : ['float32'],
       provider: device.kind,
-      infer: () => [{ dtype: 'float32', shape: [1] }],
+      infer: (inputs) => (into ? inputs.map((t) => ({ dtype: t.dtype, shape: [...t.shape] })) : [{ dtype: 'float32', shape: [1] }]),
       compute: (ctx) => {
-        ctx.output(0, [1]);
+        const ins = ctx.inputs;
+        const outs = into ? ins.map((x, i) => ctx.output(i, x.dims)) : (ctx.output(0, [1]), undefined);
         state.computes++;
         opts.onCompute?.(k);
         const want = state.expected?.[k];
         if (!want) throw new Error(`${what}: a node ran before the trainer attached its gradient buffers`);
-        const ins = ctx.inputs;
         for (let i = 0; i < ins.length; i++) {
-          // an ORT temporary copied into the bound buffer after the run would be read by NCCL while ORT reuses it
-          if (ins[i].data !== want[i]) throw new Error(`GradAllReduce: bucket ${k}'s gradient '${state.plan![k][i]}' is not the bound output buffer (ONNX Runtime computed it elsewhere), so it cannot be reduced in place`);
+          // in place, an ORT temporary copied into the bound buffer after the run would be read by NCCL while ORT reuses it;
+          // out of place, the collective stream reads the input after the compute returns: it must be a buffer ORT never reuses
+          if (ins[i].data !== want[i]) throw new Error(`GradAllReduce: bucket ${k}'s gradient '${state.plan![k][i]}' is not the bound output buffer (ONNX Runtime computed it elsewhere), so it cannot be reduced ${into ? 'from it while the run goes on' : 'in place'}`);
         }
-        enqueue(k, ins.map((x) => ({ data: x.data, dtype: x.dtype, size: x.dims.reduce((a, b) => a * b, 1) })));
+        enqueue(k, ins.map((x) => ({ data: x.data, dtype: x.dtype, size: x.dims.reduce((a, b) => a * b, 1) })), outs);
       },
     });
     return name;
+  };
+  const addJoin = (dtypes: DType[]): string => {
+    const name = 'GradAllReduceJoin';
+    domain.add({
+      name,
+      inputs: dtypes,
+      outputs: ['bool'],
+      provider: device.kind,
+      infer: () => [{ dtype: 'bool', shape: [] }],
+      compute: (ctx) => {
+        const token = ctx.output(0, []);
+        state.joins++;
+        join!();
+        writeToken(token, device.computeStream);
+      },
+    });
+    return name;
+  };
+  /** The buckets of `grads` (in order, at most bucketBytes each), checked and planned once. */
+  const plan = (grads: readonly { name: string; grad: Tensor }[]) => {
+    if (state.plan) throw new Error(`${what}: a hook serves one trainer (its nodes are built once)`);
+    for (const x of grads) if (x.grad.dtype !== 'float32' && x.grad.dtype !== 'bfloat16') throw new Error(`${what}: gradient '${x.name}' is ${x.grad.dtype}; the in-run collectives take float32 or bfloat16 gradients`);
+    const sized = grads.map((x) => ({ ...x, byteLength: x.grad.shape.reduce<number>((a, b) => a * Number(b), 1) * dtypeBytes(x.grad.dtype) }));
+    const groups = buckets(sized, bucketBytes);
+    state.plan = groups.map((b) => b.map((x) => x.name));
+    return groups;
   };
   return {
     domain,
     state,
     build(g: Graph, grads: readonly { name: string; grad: Tensor }[]): Tensor[] {
-      if (state.plan) throw new Error(`${what}: a hook serves one trainer (its nodes are built once)`);
-      for (const x of grads) if (x.grad.dtype !== 'float32' && x.grad.dtype !== 'bfloat16') throw new Error(`${what}: gradient '${x.name}' is ${x.grad.dtype}; the in-run collectives take float32 or bfloat16 gradients`);
-      const sized = grads.map((x) => ({ ...x, byteLength: x.grad.shape.reduce<number>((a, b) => a * Number(b), 1) * dtypeBytes(x.grad.dtype) }));
-      const groups = buckets(sized, bucketBytes);
-      state.plan = groups.map((b) => b.map((x) => x.name));
+      const groups = plan(grads);
       // ORT's walk starts from the leaf of the highest node index: bucket 0's node is created last
       const outs: Tensor[] = [];
-      for (let k = groups.length - 1; k >= 0; k--) outs[k] = g.scope(`grad_all_reduce_${k}`, () => domain.node(addOp(k, groups[k].map((x) => x.grad.dtype)), groups[k].map((x) => x.grad))[0]);
+      for (let k = groups.length - 1; k >= 0; k--) outs[k] = g.scope(`grad_all_reduce_${k}`, () => domain.node(addOp(k, groups[k].map((x) => x.grad.dtype), false), groups[k].map((x) => x.grad))[0]);
       return outs;
+    },
+    /** Out of place: the sums by gradient (in `grads` order) and the join's output. */
+    buildReduced(g: Graph, grads: readonly { name: string; grad: Tensor }[]): { reduced: Tensor[]; joined: Tensor } {
+      if (!join) throw new Error(`${what}: this hook has no out-of-place form`);
+      const groups = plan(grads);
+      // the join reaches the buckets' nodes from the highest index down: bucket 0's node is created last, as for `build`
+      const sums = new Map<string, Tensor>();
+      for (let k = groups.length - 1; k >= 0; k--) {
+        const outs = g.scope(`grad_all_reduce_${k}`, () => domain.node(addOp(k, groups[k].map((x) => x.grad.dtype), true), groups[k].map((x) => x.grad)));
+        groups[k].forEach((x, i) => sums.set(x.name, outs[i]));
+      }
+      const reduced = grads.map((x) => sums.get(x.name)!);
+      state.joined = true;
+      const joined = g.scope('grad_all_reduce_join', () => domain.node(addJoin(reduced.map((t) => t.dtype)), reduced)[0]);
+      return { reduced, joined };
     },
     /** The addresses of each bucket's input buffers, by name. */
     attach(inputs: ReadonlyMap<string, DeviceTensor>): void {
@@ -232,10 +350,12 @@ function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions
         }),
       );
     },
-    /** Rethrows a node's error, checks every bucket computed, and waits for the collectives enqueued. */
+    /** Rethrows a node's error, checks every bucket (and the join) computed, and waits for the collectives enqueued. */
     async complete(reducer: InRunReducer): Promise<void> {
       const started = state.computes;
+      const joins = state.joins;
       state.computes = 0;
+      state.joins = 0;
       try {
         domain.check();
       } catch (e) {
@@ -244,6 +364,7 @@ function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions
         throw e;
       }
       if (state.plan && started !== state.plan.length) throw new Error(`${what}: the run computed ${started} of ${state.plan.length} buckets' nodes`);
+      if (state.joined && joins !== 1) throw new Error(`${what}: the run computed the join node ${joins} times, expected once`);
       await reducer.drain(device.computeStream);
     },
   };
@@ -254,13 +375,22 @@ function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions
  * backward completes them; the step's loss and metrics are summed after the run. On CUDA the
  * device must run its sessions on Lathe's compute stream (`Kernels.withDevice`), the stream the
  * nodes' computes order NCCL's stream behind. Gradients are summed, not averaged, as
- * `gradientAllReduce` sums them.
+ * `gradientAllReduce` sums them. `buildReduced` is the form whose sums the same run's update reads
+ * (`Trainer`'s `inGraphUpdate`).
  */
 export function gradientAllReduceInGraph(reducer: InRunReducer, device: Device, opts: InGraphAllReduceOptions = {}): InGraphGradientHook {
-  const nodes = bucketNodes('gradientAllReduceInGraph', device, opts, (_k, bucket) => reducer.reduceInRun(bucket, device.computeStream));
+  const stream = device.computeStream;
+  const nodes = bucketNodes(
+    'gradientAllReduceInGraph',
+    device,
+    opts,
+    (_k, bucket, outs) => (outs ? reducer.reduceInRunInto(bucket.map((input, i) => ({ input, output: outs[i] })), stream) : reducer.reduceInRun(bucket, stream)),
+    () => reducer.joinInRun(stream),
+  );
   return {
     customOpDomains: [nodes.domain.handle],
     build: (g, grads) => nodes.build(g, grads),
+    buildReduced: (g, grads) => nodes.buildReduced(g, grads),
     attach: (buffers) => nodes.attach(buffers),
     async finish(sums) {
       await nodes.complete(reducer);

@@ -1,8 +1,9 @@
 /**
- * One rank of test/overlap.test.ts, in a worker thread: the tiny SFT model trained with its
- * gradients all-reduced inside the accumulate run (`gradientAllReduceInGraph` over a
- * `ThreadGroup`), reporting each step's loss, grad norm and summed gradients, the buckets' compute
- * order, the final weights and (rank 0) the accumulate run's ORT profile.
+ * One rank of test/overlap.test.ts (and in-graph-update.test.ts), in a worker thread: the tiny SFT
+ * model trained with its gradients all-reduced inside the accumulate run (`gradientAllReduceInGraph`
+ * over a `ThreadGroup`), or inside the step's one run with the update (`inGraphUpdate`), reporting
+ * each step's loss, grad norm and summed gradients, the buckets' compute order, the final weights
+ * and (rank 0) the ORT profile of the run with the bucket nodes.
  */
 import { mkdtempSync, readdirSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -24,6 +25,12 @@ export interface RankJob {
   /** ZeRO with the reduce-scatter in the run (gradients are not reported). */
   zero: boolean;
   bucketBytes: number;
+  /** TrainerOptions.inGraphUpdate (gradients are not reported: the bound buffers hold this rank's own). */
+  inGraphUpdate?: boolean;
+  /** TrainerOptions.fusedAdamW (on the CPU the fused node's host compute). */
+  fusedAdamW?: boolean;
+  /** At step `step`, rank `rank` feeds a batch whose loss-token count is 0: its loss and gradients are not finite. */
+  nonFinite?: { step: number; rank: number };
 }
 
 /** One executed node of the profile: its op and name. */
@@ -44,6 +51,8 @@ export interface RankResult {
   finals: Record<string, Float32Array>;
   /** Rank 0: the accumulate session's nodes in the order ORT ran them (first run). */
   profile?: ProfiledNode[];
+  /** With `nonFinite`: whether that step left this rank's parameters and step count as they were. */
+  nonFiniteKept?: boolean;
 }
 
 const rows = (step: number, n: number) => sftRows(1000 + step, n);
@@ -68,7 +77,7 @@ async function main(job: RankJob): Promise<RankResult> {
     },
     finish: async (sums: Float64Array) => {
       await hook.finish(sums);
-      grads.push(Object.fromEntries([...buffers!].map(([n, t]) => [n, t.download().data as Float32Array])));
+      if (!job.inGraphUpdate) grads.push(Object.fromEntries([...buffers!].map(([n, t]) => [n, t.download().data as Float32Array])));
     },
   };
   const dir = mkdtempSync(join(tmpdir(), 'lathe-overlap-'));
@@ -76,12 +85,20 @@ async function main(job: RankJob): Promise<RankResult> {
   const reduction = job.zero
     ? { zero: group, gradReduceDtype: job.gradReduceDtype, inGraphShards: gradientReduceScatterInGraph(group, device, { bucketBytes: job.bucketBytes, onCompute }) }
     : { gradReduceDtype: job.gradReduceDtype, inGraphGradients: spy };
-  const trainer = Trainer.create(spec, { params: weights }, { device, microBatches: job.micro, session, ...reduction });
+  const trainer = Trainer.create(spec, { params: weights }, { device, microBatches: job.micro, session, ...reduction, ...(job.inGraphUpdate ? { inGraphUpdate: true } : {}), ...(job.fusedAdamW ? { fusedAdamW: true } : {}) });
   if (job.zero) hook.dispose();
   const out: RankResult = { losses: [], gradNorms: [], nll: [], grads, order, finals: {} };
   for (let step = 0; step < job.steps; step++) {
     order.push([]);
-    const r = await trainer.trainStepAsync(rankBatches(rows(step, job.batch), job.rank, world, job.micro), lr(step));
+    const batches = rankBatches(rows(step, job.batch), job.rank, world, job.micro);
+    const poisoned = job.nonFinite?.step === step;
+    if (poisoned && job.nonFinite!.rank === job.rank) for (const b of batches) b.loss_tokens = { data: Float32Array.of(0), dims: [] };
+    const before = poisoned ? { params: trainer.downloadParams(), step: trainer.step } : undefined;
+    const r = await trainer.trainStepAsync(batches, lr(step));
+    if (before) {
+      const after = trainer.downloadParams();
+      out.nonFiniteKept = trainer.step === before.step && [...before.params].every(([n, v]) => after.get(n)!.every((x, i) => Object.is(x, v[i])));
+    }
     out.losses.push(r.loss);
     out.gradNorms.push(r.gradNorm);
     out.nll.push(r.metrics.token_nll_sum);

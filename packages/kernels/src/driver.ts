@@ -103,6 +103,8 @@ export class CudaDriver {
       memAlloc: either('int cuMemAlloc_v2(_Out_ uint64_t* dptr, size_t n)', 'int cuMemAlloc(_Out_ uint64_t* dptr, size_t n)'),
       memFree: either('int cuMemFree_v2(uint64_t dptr)', 'int cuMemFree(uint64_t dptr)'),
       memsetD32: decl('int cuMemsetD32Async(uint64_t dst, unsigned int value, size_t n, void* stream)'),
+      memsetD8: decl('int cuMemsetD8Async(uint64_t dst, unsigned char value, size_t n, void* stream)'),
+      memcpyDtoD: either('int cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, size_t n, void* stream)', 'int cuMemcpyDtoDAsync(uint64_t dst, uint64_t src, size_t n, void* stream)'),
       isCapturing: decl('int cuStreamIsCapturing(void* stream, _Out_ int* status)'),
     };
     this.errName = decl('int cuGetErrorName(int code, _Out_ const char** name)');
@@ -270,6 +272,16 @@ export class CudaDriver {
   /** Queues setting `count` 32-bit words at `dst` to `value` on `stream`. */
   memsetD32(dst: Handle, value: number, count: number, stream: Handle): void {
     if (count > 0) this.check('cuMemsetD32Async', this.f.memsetD32(dst, value >>> 0, count, stream));
+  }
+
+  /** Queues setting `count` bytes at `dst` to `value` on `stream`. */
+  memsetD8(dst: Handle, value: number, count: number, stream: Handle): void {
+    if (count > 0) this.check('cuMemsetD8Async', this.f.memsetD8(dst, value & 0xff, count, stream));
+  }
+
+  /** Queues a copy of `bytes` from device address `src` to device address `dst` on `stream`. */
+  copyOnDevice(dst: Handle, src: Handle, bytes: number, stream: Handle): void {
+    if (bytes > 0) this.check('cuMemcpyDtoDAsync', this.f.memcpyDtoD(dst, src, bytes, stream));
   }
 
   /** Whether `stream` is being captured into a CUDA graph (an invalidated capture counts). */

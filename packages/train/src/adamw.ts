@@ -36,6 +36,13 @@ export interface AdamWScalars {
   bc1: Tensor;
   /** 1 − β₂ᵗ. */
   bc2: Tensor;
+  /**
+   * A boolean scalar the update must read the gradients after, whatever it holds: the join of a
+   * data-parallel all-reduce in the same run (`TrainerOptions.inGraphUpdate`), whose sums are still
+   * in flight on another stream until it. `adamwUpdate` reads each gradient through
+   * `where(after, g, g)` (g bit for bit, a copy); the fused node takes it as one more input.
+   */
+  after?: Tensor;
 }
 
 /** Result of an update. */
@@ -109,6 +116,9 @@ function staticSize(t: Tensor): number {
  * them one by one.
  */
 export function adamwUpdate(slots: AdamWSlot[], s: AdamWScalars, cfg: AdamWConfig = {}): AdamWResult {
+  // every reader of a gradient (the norm, the moments) must follow `after`: each reads the copy
+  const after = s.after;
+  if (after) slots = slots.map((x) => ({ ...x, grad: L.where(after, x.grad, x.grad) }));
   const [b1, b2] = cfg.betas ?? [0.9, 0.999];
   const eps = cfg.eps ?? 1e-8;
   const wd = cfg.weightDecay ?? 0.01;

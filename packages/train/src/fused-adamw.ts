@@ -12,7 +12,7 @@
  */
 import type { DType } from '@lathe/onnx';
 import { CApi, type Device, type DeviceTensor } from '@lathe/runtime';
-import { CustomOpDomain, type Kernel, type Kernels } from '@lathe/kernels';
+import { CustomOpDomain, type CustomOpContext, type Kernel, type Kernels } from '@lathe/kernels';
 import type { AdamWConfig } from './adamw';
 import type { AdamWUpdate } from './train-step';
 
@@ -358,7 +358,9 @@ export interface FusedAdamWNode {
 let nodeCount = 0;
 
 /**
- * The fused update as a custom op: inputs p…, g…, m…, v… (in `params` order) and lr, bc1, bc2;
+ * The fused update as a custom op: inputs p…, g…, m…, v… (in `params` order) and lr, bc1, bc2 —
+ * and, when the scalars carry `after` (`AdamWScalars.after`), that boolean as a last input, read by
+ * nothing: it orders the node after its producer (op `FusedAdamWAfter`);
  * outputs p'…, m'…, v'… and the gradient norm. On CUDA its compute launches the fused kernels on
  * the kernels' stream — the sessions' own, so the update stays inside one run (and the train step
  * one session); on the CPU it computes `fusedAdamWReference` on the host (for tests: as exact, and
@@ -371,38 +373,44 @@ export function fusedAdamWNode(device: Device, params: readonly FusedAdamWParam[
   const fused = device.kind === 'cuda' ? FusedAdamW.create(kernels!, device, params, cfg) : undefined;
   const api = CApi.get();
   const name = 'FusedAdamW';
-  domain.add({
-    name,
-    inputs: Array<DType>(4 * N + 3).fill('float32'),
-    outputs: Array<DType>(3 * N + 1).fill('float32'),
-    provider: device.kind,
-    infer: (inputs) => [...[0, 1, 2].flatMap(() => inputs.slice(0, N).map((t) => ({ dtype: t.dtype, shape: [...t.shape] }))), { dtype: 'float32', shape: [] }],
-    compute: (ctx) => {
-      const ins = ctx.inputs;
-      if (fused) {
-        const outs = [0, 1, 2].map((k) => params.map((_, i) => ctx.output(k * N + i, ins[i].dims)));
-        const table = fused.tableFor(params.map((_, i) => [ins[i].data, ins[2 * N + i].data, ins[3 * N + i].data, ins[N + i].data, outs[0][i], outs[1][i], outs[2][i]]));
-        fused.stepFromDevice(table, { lr: ins[4 * N].data, bc1: ins[4 * N + 1].data, bc2: ins[4 * N + 2].data }, ctx.output(3 * N, []));
-        return;
-      }
-      const read = (k: number) => {
-        const a = new Float32Array(ins[k].dims.reduce((x, y) => x * y, 1));
-        api.copyOut(a, ins[k].data);
-        return a;
-      };
-      const scalar = (k: number) => read(k)[0];
-      const r = fusedAdamWReference(
-        params.map((p, i) => ({ p: read(i), g: read(N + i), m: read(2 * N + i), v: read(3 * N + i), decay: p.decay })),
-        { lr: scalar(4 * N), bc1: scalar(4 * N + 1), bc2: scalar(4 * N + 2) },
-        cfg,
-      );
-      [r.p, r.m, r.v].forEach((values, k) => values.forEach((a, i) => api.copyIn(ctx.output(k * N + i, ins[i].dims), a)));
-      api.copyIn(ctx.output(3 * N, []), Float32Array.of(r.norm));
-    },
-  });
+  const afterName = 'FusedAdamWAfter';
+  const compute = (ctx: CustomOpContext) => {
+    const ins = ctx.inputs;
+    if (fused) {
+      const outs = [0, 1, 2].map((k) => params.map((_, i) => ctx.output(k * N + i, ins[i].dims)));
+      const table = fused.tableFor(params.map((_, i) => [ins[i].data, ins[2 * N + i].data, ins[3 * N + i].data, ins[N + i].data, outs[0][i], outs[1][i], outs[2][i]]));
+      fused.stepFromDevice(table, { lr: ins[4 * N].data, bc1: ins[4 * N + 1].data, bc2: ins[4 * N + 2].data }, ctx.output(3 * N, []));
+      return;
+    }
+    const read = (k: number) => {
+      const a = new Float32Array(ins[k].dims.reduce((x, y) => x * y, 1));
+      api.copyOut(a, ins[k].data);
+      return a;
+    };
+    const scalar = (k: number) => read(k)[0];
+    const r = fusedAdamWReference(
+      params.map((p, i) => ({ p: read(i), g: read(N + i), m: read(2 * N + i), v: read(3 * N + i), decay: p.decay })),
+      { lr: scalar(4 * N), bc1: scalar(4 * N + 1), bc2: scalar(4 * N + 2) },
+      cfg,
+    );
+    [r.p, r.m, r.v].forEach((values, k) => values.forEach((a, i) => api.copyIn(ctx.output(k * N + i, ins[i].dims), a)));
+    api.copyIn(ctx.output(3 * N, []), Float32Array.of(r.norm));
+  };
+  for (const [op, extra] of [[name, []], [afterName, ['bool']]] as const) {
+    domain.add({
+      name: op,
+      inputs: [...Array<DType>(4 * N + 3).fill('float32'), ...extra],
+      outputs: Array<DType>(3 * N + 1).fill('float32'),
+      provider: device.kind,
+      infer: (inputs) => [...[0, 1, 2].flatMap(() => inputs.slice(0, N).map((t) => ({ dtype: t.dtype, shape: [...t.shape] }))), { dtype: 'float32', shape: [] }],
+      compute,
+    });
+  }
   const update: AdamWUpdate = (slots, s) => {
     if (slots.length !== N) throw new Error(`fusedAdamWNode: built for ${N} parameters, the step has ${slots.length}`);
-    const outs = domain.node(name, [...slots.map((x) => x.param), ...slots.map((x) => x.grad), ...slots.map((x) => x.m), ...slots.map((x) => x.v), s.lr, s.bc1, s.bc2]);
+    const inputs = [...slots.map((x) => x.param), ...slots.map((x) => x.grad), ...slots.map((x) => x.m), ...slots.map((x) => x.v), s.lr, s.bc1, s.bc2];
+    if (s.after && s.after.dtype !== 'bool') throw new Error(`fusedAdamWNode: the update's 'after' must be a bool tensor, got ${s.after.dtype}`);
+    const outs = s.after ? domain.node(afterName, [...inputs, s.after]) : domain.node(name, inputs);
     return { params: outs.slice(0, N), m: outs.slice(N, 2 * N), v: outs.slice(2 * N, 3 * N), gradNorm: outs[3 * N] };
   };
   return {

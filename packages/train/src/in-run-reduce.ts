@@ -8,7 +8,7 @@
 import * as L from '@lathe/onnx';
 import type { Graph, Tensor } from '@lathe/onnx';
 import type { Binding, Device, DeviceTensor } from '@lathe/runtime';
-import { stateNames } from './train-step';
+import { stateNames, type BeforeUpdate } from './train-step';
 import type { ShardSlot } from './zero';
 
 /** The ZeRO form of `InGraphGradients`: nodes that reduce-scatter the gradients into this rank's shards (`TrainerOptions.inGraphShards`). */
@@ -40,6 +40,14 @@ export interface InGraphGradients {
    * graph outputs (so the nodes are kept; the trainer binds them to small device buffers).
    */
   build(g: Graph, grads: readonly { name: string; grad: Tensor }[]): Tensor[];
+  /**
+   * `build`'s form for `TrainerOptions.inGraphUpdate` (the update in the same run): the nodes sum
+   * `grads` out of place, into new tensors (`reduced`, in `grads` order), and a join after them all
+   * outputs `joined`, a boolean scalar every reader of `reduced` must take as an input (on CUDA the
+   * sums are in flight on another stream until the join). Optional: a hook without it cannot serve
+   * inGraphUpdate. A hook builds once, by this or by `build`.
+   */
+  buildReduced?(g: Graph, grads: readonly { name: string; grad: Tensor }[]): { reduced: Tensor[]; joined: Tensor };
   /** The buffers (by parameter name) the run writes the gradients into: told once, before any run. */
   attach(buffers: ReadonlyMap<string, DeviceTensor>): void;
   /** After the run, before the update: completes the reduction and sums `[loss, ...metrics]` over the ranks in place. */
@@ -68,6 +76,35 @@ export function checkInGraphGradients(opts: { onGradients?: unknown; zero?: unkn
   if (opts.onGradients) throw why('replaces onGradients: give one of them');
   if (opts.zero) throw why('is the all-reduce form: with zero give inGraphShards (the reduce-scatter inside the run) instead');
   if (staticInputs) throw why('does not combine with cudaGraph / staticInputs (collectives cannot be captured in the step\'s graph)');
+}
+
+/** Refuses `inGraphUpdate` where it does not apply, by option name. */
+export function checkInGraphUpdate(opts: { inGraphGradients?: InGraphGradients; inGraphUpdate?: unknown; gradReduceDtype?: unknown; zero?: unknown }, microBatches: number): void {
+  if (opts.inGraphUpdate !== undefined && typeof opts.inGraphUpdate !== 'boolean') throw new Error(`Trainer: inGraphUpdate must be true or false, got ${String(opts.inGraphUpdate)}`);
+  if (!opts.inGraphUpdate) return;
+  const why = (what: string) => new Error(`Trainer: inGraphUpdate (the update in the run that all-reduces the gradients) ${what}`);
+  if (opts.zero) throw why('does not combine with zero (ZeRO-1 updates its shards between a reduce-scatter and an all-gather)');
+  if (!opts.inGraphGradients) throw why("needs inGraphGradients (the all-reduce inside the backward's run) to follow");
+  if (microBatches !== 1) throw why(`needs microBatches = 1 (one run a step), got ${microBatches}: with several, only the last micro-batch's run reduces and the update stays a run of its own`);
+  if (!opts.inGraphGradients.buildReduced) throw why("needs a hook with buildReduced (its nodes summing out of place, then a join): @lathe/distributed's gradientAllReduceInGraph has it");
+  // the widening cast would read the bfloat16 sums, and nothing exact orders it after the join on every device (ORT's CPU Where has no bfloat16 kernel)
+  if ((opts.gradReduceDtype ?? 'float32') !== 'float32') throw why(`reduces float32 gradients only, got gradReduceDtype '${String(opts.gradReduceDtype)}'`);
+}
+
+/**
+ * The nodes `TrainerOptions.inGraphUpdate` puts between the step graph's backward and its update:
+ * each gradient made a bound output (`next/grad/<p>`, the name the accumulate graph gives it: the
+ * buffers the bucket nodes read, which ORT never reuses within the run, while the collective stream
+ * may still read them), the hook's bucket nodes summing them out of place (reverse parameter order,
+ * as `addInGraphNodes`) and its join, whose output the update takes as `after`.
+ */
+export function inGraphUpdateNodes(hook: InGraphGradients): BeforeUpdate {
+  return (g, grads) => {
+    const bound = grads.map(({ name, grad }) => ({ name, grad: g.output(grad, stateNames.next(stateNames.grad(name))) }));
+    const { reduced, joined } = hook.buildReduced!(g, [...bound].reverse());
+    if (reduced.length !== grads.length) throw new Error(`Trainer: inGraphUpdate: the hook's buildReduced returned ${reduced.length} sums for ${grads.length} gradients`);
+    return { grads: [...reduced].reverse(), after: joined };
+  };
 }
 
 /**

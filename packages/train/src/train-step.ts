@@ -91,8 +91,18 @@ function scalars(g: Graph) {
   return { lr: g.input('lr', 'float32', []), bc1: g.input('bc1', 'float32', []), bc2: g.input('bc2', 'float32', []) };
 }
 
+/**
+ * Nodes between the `step` graph's backward and its update (`CompileTrainStepOptions.beforeUpdate`):
+ * given the graph and each parameter's gradient (in parameter order), returns the gradients the
+ * update reads instead and, optionally, a boolean scalar it must read them after
+ * (`AdamWScalars.after`). A data-parallel all-reduce inside the step's run is one (in-run-reduce.ts).
+ */
+export type BeforeUpdate = (g: Graph, grads: readonly { name: string; grad: Tensor }[]) => { grads: Tensor[]; after?: Tensor };
+
 /** Options of `compileTrainStep`. */
 export interface CompileTrainStepOptions {
+  /** Nodes the `step` graph's gradients pass through before its update (default: none, the update reads the backward's gradients). */
+  beforeUpdate?: BeforeUpdate;
   /**
    * The accumulate graph adds each gradient to its running sum, input `grad/<p>` (true, the
    * default), or writes it as it is, with no such input (false): a step of one micro-batch then
@@ -108,12 +118,15 @@ export function compileTrainStep(spec: TrainStepSpec, opts: CompileTrainStepOpti
   // step: forward + backward + update in one run
   const step = new L.Graph('train_step');
   const fb = forwardBackward(spec, step);
-  const s1 = scalars(step);
+  const between = opts.beforeUpdate?.(step, spec.params.map((p, i) => ({ name: p.name, grad: fb.grads[i] })));
+  if (between && between.grads.length !== spec.params.length) throw new Error(`train step: beforeUpdate returned ${between.grads.length} gradients for ${spec.params.length} parameters`);
+  const grads = between?.grads ?? fb.grads;
+  const s1 = { ...scalars(step), ...(between?.after ? { after: between.after } : {}) };
   const update = spec.update ?? adamwUpdate;
   const updated = step.scope('optimizer', () => update(
     spec.params.map((p, i) => ({
       param: fb.params.get(p.name)!,
-      grad: fb.grads[i],
+      grad: grads[i],
       m: step.input(stateNames.m(p.name), 'float32', p.shape),
       v: step.input(stateNames.v(p.name), 'float32', p.shape),
       decay: p.decay,

@@ -18,7 +18,7 @@ import { TOTAL_LENGTH_INPUT } from '@lathe/models';
 import { fusedAdamWNode, type FusedAdamWNode } from './fused-adamw';
 import { biasCorrections } from './schedule';
 import { compileApply, compileGradients, compileTrainStep, stateNames, type TrainableParam, type TrainStepGraphs, type TrainStepSpec } from './train-step';
-import { addInGraphNodes, addInGraphShardNodes, bindInGraphOutputs, checkInGraphGradients, inGraphOutput, inGraphPadded, type InGraphGradients, type InGraphParts, type InGraphShards } from './in-run-reduce';
+import { addInGraphNodes, addInGraphShardNodes, bindInGraphOutputs, checkInGraphGradients, checkInGraphUpdate, inGraphOutput, inGraphPadded, inGraphUpdateNodes, type InGraphGradients, type InGraphParts, type InGraphShards } from './in-run-reduce';
 import { allGatherAll, buildReduceCast, gradCastGraph, reduceScatterAll, shardLayout, paramShard, type GradReduceDtype, type ReduceCast, type ShardCollectives, type ShardSlot } from './zero';
 
 /** A batch input: host data (copied at bind time) or a device tensor (bound by address). */
@@ -89,6 +89,20 @@ export interface TrainerOptions {
    * hook with itself.
    */
   inGraphGradients?: InGraphGradients;
+  /**
+   * With `inGraphGradients` and one micro-batch: the update in the same run as the backward and the
+   * all-reduce, so a data-parallel step is one run as a one-GPU step is (forward, backward, clip and
+   * AdamW: the `step` graph), not an accumulate run and an apply run, whose split costs a step more
+   * than the all-reduce left exposed does. The bucket nodes sum out of place into tensors the update
+   * reads, and a join node after them all — on CUDA, the compute stream's wait for the collective
+   * stream — orders every reader of the sums after it (the hook's `buildReduced`; in-run-reduce.ts).
+   * After the run the trainer only waits for the hook's `finish` (the loss and metrics summed over
+   * the ranks) and adopts the new parameters when the summed loss is finite: the update wrote the
+   * other buffer set, so a non-finite loss on any rank leaves every rank's parameters as they were.
+   * It keeps one more set of gradient-sized tensors alive within the run (the sums beside the
+   * gradients). float32 reductions only; off by default: not yet measured on a GPU.
+   */
+  inGraphUpdate?: boolean;
   /**
    * With `zero`: the reduce-scatter inside the gradients run (@lathe/distributed's
    * `gradientReduceScatterInGraph`): its nodes follow the gradients (padded in the run where
@@ -262,9 +276,13 @@ export class Trainer {
   }
 
   private static build(spec: TrainStepSpec, init: TrainerInit, opts: TrainerOptions, device: Device, microBatches: number, fused: FusedAdamWNode | undefined): Trainer {
+    // the in-run reduction's options are checked before its hook builds nodes into the graphs
+    if (opts.inGraphGradients) checkInGraphGradients(opts, Boolean(opts.staticInputs || opts.cudaGraph));
+    checkInGraphUpdate(opts, microBatches);
     // One micro-batch a step: the accumulate run writes the gradients rather than adding them to a
     // zeroed buffer. The update's grad_scale would always be 1 here: it reads the gradients as they are.
-    const graphs = compileTrainStep(spec, { sumGradients: microBatches > 1, gradScale: false });
+    // inGraphUpdate: the step graph's gradients go through the hook's bucket nodes and join before the update.
+    const graphs = compileTrainStep(spec, { sumGradients: microBatches > 1, gradScale: false, ...(opts.inGraphUpdate ? { beforeUpdate: inGraphUpdateNodes(opts.inGraphGradients!) } : {}) });
     const names = spec.params.map((p) => p.name);
     for (const p of spec.params) {
       const v = init.params.get(p.name);
@@ -287,7 +305,6 @@ export class Trainer {
     if (staticInputs && opts.onGradients) throw new Error('Trainer: cudaGraph / staticInputs run the step as one run, which leaves no place for onGradients');
     if (opts.zero && staticInputs) throw new Error('Trainer: zero (ZeRO-1) runs collectives between the backward and the update: it does not combine with cudaGraph / staticInputs');
     if (opts.zero && opts.onGradients) throw new Error('Trainer: zero (ZeRO-1) reduce-scatters the gradients itself: give it instead of onGradients, not both');
-    if (opts.inGraphGradients) checkInGraphGradients(opts, staticInputs);
     if (opts.inGraphShards && !opts.zero) throw new Error('Trainer: inGraphShards (the reduce-scatter inside the gradients run) is the ZeRO form: give zero with it, or inGraphGradients without ZeRO');
     const lowReduce = (opts.gradReduceDtype ?? 'float32') === 'bfloat16';
     if (opts.gradReduceDtype !== undefined && opts.gradReduceDtype !== 'float32' && opts.gradReduceDtype !== 'bfloat16') throw new Error(`Trainer: gradReduceDtype must be 'float32' or 'bfloat16', got '${String(opts.gradReduceDtype)}'`);
@@ -323,6 +340,23 @@ export class Trainer {
           const t = new Trainer({ graphs, device, names, sets, microBatches, step: init.step ?? 0, batchInputs, fused, zero: z.parts });
           for (const s of z.sessions) t.own(s);
           return t;
+        }
+        if (opts.inGraphUpdate) {
+          // one run a step: the step graph with the bucket nodes and their join before the update
+          const hook = opts.inGraphGradients!;
+          const session = device.compile(graphs.step, { ...sessionOpts, customOpDomains: [...(sessionOpts.customOpDomains ?? []), ...hook.customOpDomains] });
+          // the gradients the bucket nodes read: bound, so ORT never reuses them while the collective stream may read them
+          const grads = new Map(spec.params.map((p) => [p.name, device.empty('float32', p.shape)]));
+          const stepBindings = [0, 1].map((k) => {
+            const b = session.binding();
+            bindState(b, sets[k], sets[1 - k], names);
+            bindFrozen(b, frozen);
+            bindScalarOutputs(b, graphs);
+            for (const n of names) b.output(stateNames.next(stateNames.grad(n)), grads.get(n)!);
+            return b;
+          });
+          hook.attach(grads);
+          return new Trainer({ graphs, device, names, sets, stepBindings, grads: [grads, grads], microBatches: 1, step: init.step ?? 0, batchInputs, fused, inGraph: { hook, outputs: [], low: false } }).own(session);
         }
         if (microBatches === 1 && !opts.onGradients && !opts.inGraphGradients) {
           const session = device.compile(graphs.step, sessionOpts);
@@ -516,10 +550,14 @@ export class Trainer {
     return this.adopt(k, { loss: acc.sums[0], gradNorm: applied.gradNorm, metrics: this.metricsOf(acc.sums), hostMs: acc.hostMs + applied.hostMs, runMs: acc.runMs + applied.runMs + hookMs, reduceMs: hookMs });
   }
 
-  /** A step whose gradients are reduced inside the accumulate run: the run, the hook's `finish`, the apply run. */
+  /**
+   * A step whose gradients are reduced inside the accumulate run: the run, the hook's `finish`, the
+   * apply run; with `inGraphUpdate`, the one run that also updates, then `finish`.
+   */
   private async inGraphStep(batches: Record<string, BatchTensor>[], lr: number): Promise<TrainStepResult> {
     if (this.disposed) throw new Error('Trainer: disposed');
     if (batches.length !== this.microBatches) throw new Error(`trainStep: ${batches.length} micro-batches given, the trainer was built for ${this.microBatches}`);
+    if (this.parts.stepBindings) return this.reducedStep(batches[0], lr);
     const k = this.current;
     const acc = this.accumulateRuns(batches, k);
     const t0 = performance.now();
@@ -529,6 +567,29 @@ export class Trainer {
     const hookMs = performance.now() - t0;
     const applied = this.applyRun(k, acc.j, lr);
     return this.adopt(k, { loss: acc.sums[0], gradNorm: applied.gradNorm, metrics: this.metricsOf(acc.sums), hostMs: acc.hostMs + applied.hostMs, runMs: acc.runMs + applied.runMs + hookMs, reduceMs: hookMs });
+  }
+
+  /**
+   * `inGraphUpdate`'s step: one run (forward, backward, the all-reduce's nodes, their join, the
+   * update into the other buffer set), then the hook's `finish` (the collectives complete, the loss
+   * and metrics summed over the ranks), then `adopt`, which keeps the old set if the summed loss is
+   * not finite. An error the hook rethrows leaves the parameters as they were, the same way.
+   */
+  private async reducedStep(batch: Record<string, BatchTensor>, lr: number): Promise<TrainStepResult> {
+    const { bc1, bc2 } = biasCorrections(this.optimizerStep + 1);
+    const k = this.current;
+    const b = this.parts.stepBindings![k];
+    const t0 = performance.now();
+    bindBatch(b, batch, this.batchInputs);
+    b.input('lr', f32(lr)).input('bc1', f32(bc1)).input('bc2', f32(bc2));
+    const t1 = performance.now();
+    b.runSync();
+    const sums = Float64Array.from([b.scalar('loss'), ...this.graphs.metrics.map((m) => b.scalar(m))]);
+    const gradNorm = b.scalar('grad_norm');
+    const t2 = performance.now();
+    await this.parts.inGraph!.hook.finish(sums);
+    const t3 = performance.now();
+    return this.adopt(k, { loss: sums[0], gradNorm, metrics: this.metricsOf(sums), hostMs: t1 - t0, runMs: t3 - t1, reduceMs: t3 - t2 });
   }
 
   /**

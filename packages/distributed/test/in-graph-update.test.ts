@@ -1,0 +1,140 @@
+/**
+ * The update in the all-reduce's run (`TrainerOptions.inGraphUpdate`), on the CPU: ranks as worker
+ * threads whose bucket nodes sum out of place through shared memory (`ThreadGroup`) and whose join
+ * orders the update after them, one run a step. Its steps are the split path's (accumulate run with
+ * the in-place bucket nodes, `finish`, apply run) bit for bit — the same rank-order float32 sums go
+ * into the same update ops — and one process's on the whole batch within float32 rounding; a
+ * non-finite loss on one rank leaves every rank where it was; the bucket nodes still run while
+ * backward work remains; the option refuses what it does not cover, by name.
+ */
+import { join } from 'node:path';
+import { Worker } from 'node:worker_threads';
+import { Device } from '@lathe/runtime';
+import { Trainer, type TrainStepResult } from '@lathe/train';
+import { gradientAllReduceInGraph, gradientReduceScatterInGraph, LocalGroup, ThreadGroup } from '@lathe/distributed';
+import type { RankJob, RankResult } from './overlap-rank';
+import { rankBatches, sftRows, tinySftSpec } from './tiny-sft';
+
+const STEPS = 4;
+const BATCH = 6;
+/** Small buckets, so the tiny model's gradients make several nodes. */
+const BUCKET_BYTES = 4096;
+const rows = (step: number, n: number) => sftRows(1000 + step, n);
+const lr = (step: number) => 0.02 / (1 + step);
+const { weights, spec } = tinySftSpec({ seed: 3 });
+
+/** `world` ranks as worker threads (overlap-rank.ts through tsx), one micro-batch, float32 sums in the run. */
+function threads(world: number, opts: Pick<RankJob, 'inGraphUpdate' | 'fusedAdamW' | 'nonFinite'>): Promise<RankResult[]> {
+  // a small staging area, so larger gradients go through it in several rounds
+  const shared = ThreadGroup.create(world, 256);
+  const boot = `require(${JSON.stringify(require.resolve('tsx/cjs'))});require(${JSON.stringify(join(__dirname, 'overlap-rank.ts'))});`;
+  return Promise.all(
+    Array.from({ length: world }, (_, rank) => {
+      const job: RankJob = { shared, rank, steps: STEPS, batch: BATCH, micro: 1, gradReduceDtype: 'float32', zero: false, bucketBytes: BUCKET_BYTES, ...opts };
+      const w = new Worker(boot, { eval: true, workerData: job, execArgv: ['--conditions=lathe-source'] });
+      return new Promise<RankResult>((resolve, reject) => {
+        w.once('message', (m: { ok?: RankResult; error?: string }) => (m.ok ? resolve(m.ok) : reject(new Error(`rank ${rank}: ${m.error}`))));
+        w.once('error', reject);
+        w.once('exit', (code) => reject(new Error(`rank ${rank} exited with ${code} before reporting`)));
+      }).finally(() => void w.terminate());
+    }),
+  );
+}
+
+/** One process on the whole batch, the plain one-run step. */
+async function singleProcess(): Promise<{ results: TrainStepResult[]; final: Map<string, Float32Array> }> {
+  const trainer = Trainer.create(spec, { params: weights });
+  const results: TrainStepResult[] = [];
+  for (let step = 0; step < STEPS; step++) results.push(await trainer.trainStepAsync(rankBatches(rows(step, BATCH), 0, 1, 1), lr(step)));
+  const final = trainer.downloadParams();
+  trainer.dispose();
+  return { results, final };
+}
+
+const rel = (a: number, b: number) => Math.abs(a - b) / Math.max(Math.abs(b), 1e-12);
+const sameBits = (a: Float32Array, b: Float32Array) => a.length === b.length && a.every((x, i) => Object.is(x, b[i]));
+
+let reference: Awaited<ReturnType<typeof singleProcess>>;
+beforeAll(async () => {
+  reference = await singleProcess();
+});
+
+test.each<[number, boolean]>([
+  [2, false],
+  [3, false],
+  [2, true], // the fused AdamW node (its host compute on the CPU) with the join as its extra input
+])('%i ranks (fusedAdamW: %s): the update in the all-reduce\'s run takes the split path\'s steps bit for bit, one process\'s within float32 rounding, and keeps the buckets\' overlap', async (world, fusedAdamW) => {
+  const fused = await threads(world, { inGraphUpdate: true, fusedAdamW });
+  const split = await threads(world, { inGraphUpdate: false, fusedAdamW });
+  for (const [r, res] of fused.entries()) {
+    for (let step = 0; step < STEPS; step++) {
+      // bitwise: the same rank-order float32 sums reach the same update ops (the join's where(t, g, g) copies g exactly)
+      expect({ rank: r, step, loss: res.losses[step], gradNorm: res.gradNorms[step] }).toEqual({ rank: r, step, loss: split[r].losses[step], gradNorm: split[r].gradNorms[step] });
+      // one process: the loss and norm of the whole batch, within float32 rounding of the sums' order
+      expect(rel(res.losses[step], reference.results[step].loss)).toBeLessThanOrEqual(1e-6);
+      expect(rel(res.gradNorms[step], reference.results[step].gradNorm)).toBeLessThanOrEqual(1e-6);
+      // every bucket's node ran once a step, in the backward's order
+      expect(res.order[step]).toEqual(split[r].order[step]);
+    }
+    let worst = 0;
+    for (const [name, v] of reference.final) {
+      const mine = res.finals[name];
+      expect({ name, rank: r, same: sameBits(mine, split[r].finals[name]) }).toEqual({ name, rank: r, same: true });
+      for (let i = 0; i < v.length; i++) worst = Math.max(worst, Math.abs(mine[i] - v[i]));
+    }
+    // absolutely, as overlap.test's check of the split path against one process
+    expect(worst).toBeLessThanOrEqual(1e-6);
+  }
+  // the trajectory moved, through several buckets
+  expect(reference.results[STEPS - 1].loss).toBeLessThan(reference.results[0].loss);
+  const buckets = fused[0].order[0].length;
+  expect(buckets).toBeGreaterThan(3);
+
+  // ORT's order in the one run: each bucket's node while backward nodes remain, bucket 0 before most of
+  // them; the join after every bucket, and the update's readers of the sums after the join
+  const profile = fused[0].profile!;
+  const at = (op: string) => profile.findIndex((n) => n.op === op);
+  const positions = Array.from({ length: buckets }, (_, k) => at(`GradAllReduce_${k}`));
+  const backward = profile.map((n, i) => (n.name.startsWith('grad/') ? i : -1)).filter((i) => i >= 0);
+  expect(positions.every((p, k) => p >= 0 && (k === 0 || p > positions[k - 1]))).toBe(true);
+  for (let k = 0; k < buckets - 1; k++) expect(backward.filter((i) => i > positions[k]).length).toBeGreaterThan(0);
+  expect(backward.filter((i) => i > positions[0]).length / backward.length).toBeGreaterThan(0.5);
+  const joinAt = at('GradAllReduceJoin');
+  expect(joinAt).toBeGreaterThan(positions[buckets - 1]);
+  const update = fusedAdamW ? [at('FusedAdamWAfter')] : profile.map((n, i) => (n.op === 'Where' && n.name.startsWith('optimizer/') ? i : -1)).filter((i) => i >= 0);
+  expect(update.length).toBeGreaterThan(0);
+  expect(update.every((i) => i > joinAt)).toBe(true);
+}, 180_000);
+
+test('a non-finite loss on one rank leaves every rank\'s parameters and step count as they were; the steps after it are the split path\'s', async () => {
+  const nonFinite = { step: 1, rank: 1 };
+  const fused = await threads(2, { inGraphUpdate: true, nonFinite });
+  const split = await threads(2, { inGraphUpdate: false, nonFinite });
+  for (const [r, res] of fused.entries()) {
+    // the loss is summed over the ranks before the trainer decides: every rank skips
+    expect(Number.isFinite(res.losses[nonFinite.step])).toBe(false);
+    expect(res.nonFiniteKept).toBe(true);
+    expect(split[r].nonFiniteKept).toBe(true);
+    expect(res.losses.filter((_, s) => s !== nonFinite.step).every(Number.isFinite)).toBe(true);
+    for (const [name, v] of Object.entries(split[r].finals)) expect({ name, rank: r, same: sameBits(res.finals[name], v) }).toEqual({ name, rank: r, same: true });
+  }
+}, 120_000);
+
+test('inGraphUpdate refuses what it does not cover, naming the option', () => {
+  const device = Device.cpu();
+  const hook = () => gradientAllReduceInGraph(ThreadGroup.join(ThreadGroup.create(1), 0), device, { bucketBytes: BUCKET_BYTES });
+  const create = (opts: Parameters<typeof Trainer.create>[2]) => () => Trainer.create(spec, { params: weights }, opts);
+  expect(create({ inGraphUpdate: true })).toThrow(/inGraphUpdate .*needs inGraphGradients/);
+  expect(create({ inGraphUpdate: true, inGraphGradients: hook(), microBatches: 2 })).toThrow(/inGraphUpdate .*needs microBatches = 1 .*got 2/);
+  expect(create({ inGraphUpdate: true, inGraphGradients: hook(), microBatches: 0 })).toThrow(/microBatches must be a positive integer, got 0/);
+  expect(create({ inGraphUpdate: true, zero: LocalGroup.create(1)[0], inGraphShards: gradientReduceScatterInGraph(ThreadGroup.join(ThreadGroup.create(1), 0), device) })).toThrow(/inGraphUpdate .*does not combine with zero/);
+  expect(create({ inGraphUpdate: true, inGraphGradients: hook(), gradReduceDtype: 'bfloat16' })).toThrow(/inGraphUpdate .*float32 gradients only, got gradReduceDtype 'bfloat16'/);
+  expect(create({ inGraphUpdate: 1 as unknown as boolean, inGraphGradients: hook() })).toThrow(/inGraphUpdate must be true or false, got 1/);
+  // a hook without the out-of-place form (an older or hand-written one)
+  const { buildReduced: _, ...inPlaceOnly } = hook();
+  expect(create({ inGraphUpdate: true, inGraphGradients: inPlaceOnly })).toThrow(/inGraphUpdate .*needs a hook with buildReduced/);
+  // the synchronous step is refused, as for inGraphGradients alone
+  const t = Trainer.create(spec, { params: weights }, { inGraphUpdate: true, inGraphGradients: hook() });
+  expect(() => t.trainStep(rankBatches(rows(0, 2), 0, 1, 1), 0.01)).toThrow(/inGraphGradients.*trainStepAsync/);
+  t.dispose();
+});
