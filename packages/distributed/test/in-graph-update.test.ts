@@ -5,13 +5,14 @@
  * the in-place bucket nodes, `finish`, apply run) bit for bit — the same rank-order float32 sums go
  * into the same update ops — and one process's on the whole batch within float32 rounding; a
  * non-finite loss on one rank leaves every rank where it was; the bucket nodes still run while
- * backward work remains; the option refuses what it does not cover, by name.
+ * backward work remains; alone (`soloInRunReducer`, whose out-of-place "sum" is a copy) it is the
+ * split path's step; the option refuses what it does not cover, by name.
  */
 import { join } from 'node:path';
 import { Worker } from 'node:worker_threads';
 import { Device } from '@lathe/runtime';
 import { Trainer, type TrainStepResult } from '@lathe/train';
-import { gradientAllReduceInGraph, gradientReduceScatterInGraph, LocalGroup, ThreadGroup } from '@lathe/distributed';
+import { gradientAllReduceInGraph, gradientReduceScatterInGraph, LocalGroup, soloInRunReducer, ThreadGroup } from '@lathe/distributed';
 import type { RankJob, RankResult } from './overlap-rank';
 import { rankBatches, sftRows, tinySftSpec } from './tiny-sft';
 
@@ -119,6 +120,39 @@ test('a non-finite loss on one rank leaves every rank\'s parameters and step cou
     for (const [name, v] of Object.entries(split[r].finals)) expect({ name, rank: r, same: sameBits(res.finals[name], v) }).toEqual({ name, rank: r, same: true });
   }
 }, 120_000);
+
+test('alone (soloInRunReducer: each bucket\'s "sum" a copy), the one-run step with the nodes is the split path\'s bit for bit and the plain step\'s within float32 rounding', async () => {
+  const device = Device.cpu();
+  const computed: number[] = [];
+  const solo = (onCompute?: (k: number) => void) => gradientAllReduceInGraph(soloInRunReducer(), device, { bucketBytes: BUCKET_BYTES, onCompute });
+  const withNodes = Trainer.create(spec, { params: weights }, { device, inGraphGradients: solo((k) => computed.push(k)), inGraphUpdate: true });
+  const split = Trainer.create(spec, { params: weights }, { device, inGraphGradients: solo() });
+  // the plain step graph keeps its gradients inside the run, where ORT may round them otherwise than as outputs (by an ulp here)
+  const plain = Trainer.create(spec, { params: weights }, { device });
+  for (let step = 0; step < 3; step++) {
+    const batch = rankBatches(sftRows(2000 + step, 4), 0, 1);
+    const [a, b, c] = [await withNodes.trainStepAsync(batch, lr(step)), await split.trainStepAsync(batch, lr(step)), await plain.trainStepAsync(batch, lr(step))];
+    expect([a.loss, a.gradNorm, a.metrics]).toEqual([b.loss, b.gradNorm, b.metrics]);
+    expect(rel(a.loss, c.loss)).toBeLessThanOrEqual(1e-6);
+    expect(rel(a.gradNorm, c.gradNorm)).toBeLessThanOrEqual(1e-6);
+    expect(a.reduceMs).toBeGreaterThanOrEqual(0);
+  }
+  const [fa, fb, fc] = [withNodes.downloadParams(), split.downloadParams(), plain.downloadParams()];
+  let worst = 0;
+  for (const [name, v] of fb) {
+    expect({ name, same: sameBits(fa.get(name)!, v) }).toEqual({ name, same: true });
+    fc.get(name)!.forEach((x, i) => (worst = Math.max(worst, Math.abs(x - v[i]))));
+  }
+  expect(worst).toBeLessThanOrEqual(1e-6);
+  const buckets = computed.length / 3;
+  expect(buckets).toBeGreaterThan(3);
+  expect(computed).toEqual([0, 1, 2].flatMap(() => Array.from({ length: buckets }, (_, k) => k)));
+  // one run a step, from the step graph (no running-sum input); its gradient buffers are all it keeps beyond the plain trainer's state
+  expect(withNodes.batchGraph).toBe(withNodes.graphs.step);
+  expect(withNodes.batchGraph.inputs.filter((t) => t.name.startsWith('grad/'))).toEqual([]);
+  expect(withNodes.stateBytes - plain.stateBytes).toBe([...fb.values()].reduce((n, v) => n + v.byteLength, 0));
+  for (const t of [withNodes, split, plain]) t.dispose();
+});
 
 test('inGraphUpdate refuses what it does not cover, naming the option', () => {
   const device = Device.cpu();

@@ -106,6 +106,72 @@ test('small parameters updated together (stacked, one set of passes, split back)
   });
 });
 
+test('an update after a boolean (AdamWScalars.after, the data-parallel join): every reader of a gradient goes through where(after, g, g), and the result is bitwise the update without it, signed zeros included', async () => {
+  const r = rng(11);
+  const shapes = [[3, 4], [4], [4], [2, 5]];
+  const decay = [true, false, false, true];
+  const cfg = { maxGradNorm: 0.5, weightDecay: 0.1 };
+  const build = (gate: boolean) => {
+    const { g, slots, sc } = adamwInputs(shapes, decay);
+    const after = gate ? g.input('after', 'bool', []) : undefined;
+    const out = adamwUpdate(slots, { ...sc, ...(after ? { after } : {}) }, cfg);
+    shapes.forEach((_s, k) => {
+      g.output(out.params[k], `np${k}`);
+      g.output(out.m[k], `nm${k}`);
+      g.output(out.v[k], `nv${k}`);
+    });
+    g.output(out.gradNorm, 'norm');
+    return { g, slots, after };
+  };
+  const gated = build(true);
+  // structurally: the gradients' only readers are the gates, one each, conditioned on `after`
+  const gradNames = new Set(gated.slots.map((x) => x.grad.name));
+  const readers = gated.g.nodes.filter((n) => n.inputs.some((t) => t !== null && gradNames.has(t.name)));
+  expect(readers).toHaveLength(shapes.length);
+  expect(readers.every((n) => n.op.name === 'Where' && n.inputs[0] === gated.after)).toBe(true);
+  const feeds: Record<string, HostTensor> = { lr: scalar(0.02), ...Object.fromEntries(Object.entries(biasCorrections(2)).map(([k, x]) => [k, scalar(x)])) };
+  shapes.forEach((sh, k) => {
+    const n = sh.reduce((a, b) => a * b, 1);
+    const vals = (f: (i: number) => number) => f32(Array.from({ length: n }, (_, i) => f(i)), sh);
+    // some gradients and moments exactly ±0, where a gate that added zero would turn −0 into +0
+    Object.assign(feeds, { [`p${k}`]: vals(() => r() - 0.5), [`g${k}`]: vals((i) => (i % 3 === 0 ? -0 : i % 3 === 1 ? 0 : r() * 2 - 1)), [`m${k}`]: vals((i) => (i % 2 ? -0 : (r() - 0.5) * 0.1)), [`v${k}`]: vals(() => r() * 0.01) });
+  });
+  // the condition's value does not matter: both branches are the gradient
+  const withGate = await (await compile(gated.g))({ ...feeds, after: { data: Uint8Array.of(0), dims: [] } });
+  const without = await (await compile(build(false).g))(feeds);
+  const bits = (t: HostTensor) => Array.from(t.data as Float32Array, (x) => (Object.is(x, -0) ? '-0' : String(x)));
+  for (const name of Object.keys(without)) expect({ name, bits: bits(withGate[name]) }).toEqual({ name, bits: bits(without[name]) });
+  expect(Object.keys(without)).toHaveLength(3 * shapes.length + 1);
+});
+
+test('compileTrainStep beforeUpdate: the step graph\'s update reads the gradients it returns (in parameter order, named), after its boolean', () => {
+  const params: TrainableParam[] = [
+    { name: 'w', shape: [2, 3], decay: true },
+    { name: 'b', shape: [3], decay: false },
+  ];
+  const loss: LossBuilder = (g, p) => ({ loss: L.reduceSum(L.add(L.matmul(g.input('x', 'float32', [4, 2]), p.get('w')!), p.get('b')!)) });
+  const seen: string[] = [];
+  let after: L.Tensor | undefined;
+  const graphs = compileTrainStep(
+    { params, loss },
+    {
+      beforeUpdate: (g, grads) => {
+        seen.push(...grads.map((x) => x.name));
+        after = g.input('after', 'bool', []);
+        return { grads: grads.map((x) => L.mul(x.grad, 2)), after };
+      },
+    },
+  );
+  expect(seen).toEqual(['w', 'b']);
+  // the composed update gates what beforeUpdate returned (the doubled gradients), not the backward's
+  const gates = graphs.step.nodes.filter((n) => n.op.name === 'Where' && n.inputs[0] === after);
+  expect(gates).toHaveLength(2);
+  expect(gates.every((n) => n.inputs[1]!.node?.op.name === 'Mul')).toBe(true);
+  // the accumulate graph is untouched
+  expect(graphs.accumulate.inputs.map((t) => t.name)).not.toContain('after');
+  expect(() => compileTrainStep({ params, loss }, { beforeUpdate: (_g, grads) => ({ grads: grads.slice(1).map((x) => x.grad) }) })).toThrow(/beforeUpdate returned 1 gradients for 2 parameters/);
+});
+
 test('learning-rate schedules', () => {
   expect(learningRate({ lr: 1, warmupSteps: 4 }, 0)).toBe(0.25);
   expect(learningRate({ lr: 1, warmupSteps: 4 }, 10)).toBe(1);

@@ -22,6 +22,11 @@
  *   opens the device the same way without it, the A/B baseline. On the CPU --overlap runs alone
  *   only (a one-rank `ThreadGroup`: the in-run path without peers); over TCP it is refused. Alone on
  *   CUDA the bucket nodes run without collectives (`soloInRunReducer`): the nodes' own cost.
+ * - --in-graph-update (with --overlap, --micro 1, float32 reductions, no --zero): the update in the same run
+ *   as the backward and the all-reduce (`TrainerOptions.inGraphUpdate`): one run a step, the bucket
+ *   nodes summing out of place and a join ordering the update after NCCL, instead of the accumulate
+ *   run and the apply run. The A/B: `--overlap` against `--overlap --in-graph-update`, on 1 GPU
+ *   (solo: the out-of-place "sum" is a device copy per bucket) and on 2. `in_graph_update` in the output.
  * - --attention-kernel: attention through Lathe's flash-attention kernels, forward and backward (what
  *   `lathe sft --attention kernels` trains with), on the device opened through the kernels (so it implies
  *   --compute-stream, and rows right-padded as --flash-attention); with it --logprob-kernel takes the
@@ -51,7 +56,7 @@
  * usage (each rank): node .bundle/dp-check.js [--shape 0.6b|1.7b|4b|8b|tiny] [--compute float32|bfloat16]
  *   [--lora RANK [--lora-alpha A] [--lora-targets REGEX]] [--init sampled|tiled]
  *   [--device cuda|cpu] [--steps 20] [--batch 8] [--seq 512] [--micro 1] [--lr 1e-5] [--warmup 2]
- *   [--flash-attention] [--attention-kernel [--logprob-kernel] [--rope-kernel] [--swiglu-kernel]] [--recompute] [--tf32] [--bucket-mb 100] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap [--bucket-times]] [--nccl-priority default|high] [--compute-stream] [--profile PREFIX] [--reference ONE.json] [--tol X] [--out FILE]
+ *   [--flash-attention] [--attention-kernel [--logprob-kernel] [--rope-kernel] [--swiglu-kernel]] [--recompute] [--tf32] [--bucket-mb 100] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap [--bucket-times] [--in-graph-update]] [--nccl-priority default|high] [--compute-stream] [--profile PREFIX] [--reference ONE.json] [--tol X] [--out FILE]
  * run:  node .bundle/lathe.js launch --gpus 2 -- node .bundle/dp-check.js --compute float32 --out two.json
  * Prints one JSON line per rank (rank 0's first); --out writes rank 0's.
  */
@@ -158,6 +163,9 @@ async function main(): Promise<void> {
   const gradReduceDtype = arg('grad-reduce-dtype', 'float32') as 'float32' | 'bfloat16';
   if (gradReduceDtype !== 'float32' && gradReduceDtype !== 'bfloat16') throw new Error(`--grad-reduce-dtype ${String(gradReduceDtype)}: float32 or bfloat16`);
   const overlap = flag('overlap');
+  const inGraphUpdate = flag('in-graph-update');
+  if (inGraphUpdate && !overlap) throw new Error('--in-graph-update puts the update in the run of the in-run all-reduce: give it with --overlap');
+  if (inGraphUpdate && (zero !== 0 || micro !== 1 || gradReduceDtype !== 'float32')) throw new Error(`--in-graph-update needs --micro 1, --zero 0 and --grad-reduce-dtype float32 (got --micro ${micro} --zero ${zero} --grad-reduce-dtype ${gradReduceDtype})`);
   const ncclPriority = arg('nccl-priority', 'default') as 'default' | 'high';
   if (ncclPriority !== 'default' && ncclPriority !== 'high') throw new Error(`--nccl-priority ${String(ncclPriority)}: default or high`);
   // the kernels launch on the stream the device's sessions run on: Lathe's own
@@ -170,7 +178,7 @@ async function main(): Promise<void> {
   let group: Collectives | undefined;
   if (world.worldSize > 1) {
     const tcp = await TcpCollectives.connect({ rank: world.rank, worldSize: world.worldSize, addr: world.masterAddr, port: world.masterPort });
-    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, attentionKernel, logprobKernel, ropeKernel, swigluKernel, recompute: flag('recompute'), tf32: flag('tf32'), zero, gradReduceDtype, overlap, computeStream, ncclPriority, lora: lora ?? null, init });
+    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, attentionKernel, logprobKernel, ropeKernel, swigluKernel, recompute: flag('recompute'), tf32: flag('tf32'), zero, gradReduceDtype, overlap, inGraphUpdate, computeStream, ncclPriority, lora: lora ?? null, init });
     group = deviceKind === 'cuda' ? await NcclCollectives.create(tcp, { deviceId: world.localRank, streamPriority: ncclPriority }) : tcp;
   }
   // the in-run all-reduce orders NCCL behind the stream the sessions run on: Lathe's own
@@ -192,7 +200,7 @@ async function main(): Promise<void> {
   };
   const reduction = (() => {
     if (inRun && zero >= 1 && group) return { zero: group, gradReduceDtype, inGraphShards: gradientReduceScatterInGraph(inRun, device, { bucketBytes, onCompute }) };
-    if (inRun) return { gradReduceDtype, inGraphGradients: gradientAllReduceInGraph(inRun, device, { bucketBytes, onCompute }) };
+    if (inRun) return { gradReduceDtype, inGraphGradients: gradientAllReduceInGraph(inRun, device, { bucketBytes, onCompute }), inGraphUpdate };
     if (!group) return {};
     return { gradReduceDtype, ...(zero >= 1 ? { zero: group } : { onGradients: gradientAllReduce(group, { bucketBytes }) }) };
   })();
@@ -252,6 +260,7 @@ async function main(): Promise<void> {
     grad_reduce_dtype: gradReduceDtype,
     ...(ncclPriority !== 'default' ? { nccl_priority: ncclPriority } : {}),
     overlap: Boolean(inRun),
+    in_graph_update: inGraphUpdate,
     ...(inRun ? { buckets: Math.max(...bucketOrder) + 1, bucket_order_ok: bucketOrder.every((k, i) => k === i % (Math.max(...bucketOrder) + 1)) } : {}),
     ...(inRun ? { bucket_times: bucketTimes(bucketHostMs, stepMs.at(-1)!, inRun instanceof NcclInRunReducer ? inRun.lastTimings : undefined) } : {}),
     compute_stream: computeStream,
