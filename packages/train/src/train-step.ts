@@ -4,7 +4,8 @@
  * outputs, so the runtime can keep them in device buffers and swap them after each run.
  *
  * Three graphs come out:
- * - `step`: loss → grads → clip → AdamW, one run per optimizer step (no accumulation);
+ * - `step`: loss → grads → clip → AdamW, one run per optimizer step (no accumulation); with
+ *   `beforeUpdate`, the gradients pass through its nodes first (a data-parallel all-reduce in the run);
  * - `accumulate`: loss → grads added to gradient buffers (one run per micro-batch), or written as
  *   they are (`sumGradients: false`: one micro-batch a step);
  * - `apply`: the AdamW update from accumulated gradients, scaled by `grad_scale` (unless `gradScale: false`).

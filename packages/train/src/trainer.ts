@@ -86,7 +86,7 @@ export interface TrainerOptions {
    * for them after the run, before the apply run; with several micro-batches only the last one's
    * run has the nodes. float32, or bfloat16 copies with `gradReduceDtype` (widened after the run);
    * no ZeRO; instead of `onGradients`. Steps go through `trainStepAsync`; the trainer disposes the
-   * hook with itself.
+   * hook with itself. With `inGraphUpdate` the update joins the same run.
    */
   inGraphGradients?: InGraphGradients;
   /**
