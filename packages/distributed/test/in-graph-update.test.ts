@@ -6,11 +6,12 @@
  * into the same update ops — and one process's on the whole batch within float32 rounding; a
  * non-finite loss on one rank leaves every rank where it was; the bucket nodes still run while
  * backward work remains; alone (`soloInRunReducer`, whose out-of-place "sum" is a copy) it is the
- * split path's step; the option refuses what it does not cover, by name.
+ * split path's step; a failing bucket node stops the step with the parameters as they were; the
+ * option refuses what it does not cover, by name.
  */
 import { join } from 'node:path';
 import { Worker } from 'node:worker_threads';
-import { Device } from '@lathe/runtime';
+import { Device, type DeviceTensor } from '@lathe/runtime';
 import { Trainer, type TrainStepResult } from '@lathe/train';
 import { gradientAllReduceInGraph, gradientReduceScatterInGraph, LocalGroup, soloInRunReducer, ThreadGroup } from '@lathe/distributed';
 import type { RankJob, RankResult } from './overlap-rank';
@@ -152,6 +153,23 @@ test('alone (soloInRunReducer: each bucket\'s "sum" a copy), the one-run step wi
   expect(withNodes.batchGraph.inputs.filter((t) => t.name.startsWith('grad/'))).toEqual([]);
   expect(withNodes.stateBytes - plain.stateBytes).toBe([...fb.values()].reduce((n, v) => n + v.byteLength, 0));
   for (const t of [withNodes, split, plain]) t.dispose();
+});
+
+test('a bucket node that fails (its gradient not the bound buffer) stops the one-run step, naming the bucket, and leaves the parameters as they were', async () => {
+  const device = Device.cpu();
+  const hook = gradientAllReduceInGraph(ThreadGroup.join(ThreadGroup.create(1), 0), device, { bucketBytes: BUCKET_BYTES });
+  const elsewhere: DeviceTensor[] = [];
+  // the trainer's buffers swapped for others of the same shapes: what an ORT temporary would look like
+  const wrong = { ...hook, attach: (b: ReadonlyMap<string, DeviceTensor>) => hook.attach(new Map([...b].map(([n, t]) => [n, (elsewhere.push(device.zeros('float32', t.dims)), elsewhere.at(-1)!)]))) };
+  const t = Trainer.create(spec, { params: weights }, { inGraphGradients: wrong, inGraphUpdate: true });
+  const before = t.downloadParams();
+  // the update ran in the same run on sums never written: the other buffer set, which is not adopted
+  await expect(t.trainStepAsync(rankBatches(rows(0, 2), 0, 1, 1), 0.01)).rejects.toThrow(/GradAllReduce: bucket 0's gradient 'lm_head.weight' is not the bound output buffer .*while the run goes on/);
+  const after = t.downloadParams();
+  for (const [name, v] of before) expect({ name, same: sameBits(after.get(name)!, v) }).toEqual({ name, same: true });
+  expect(t.step).toBe(0);
+  t.dispose();
+  for (const x of elsewhere) x.dispose();
 });
 
 test('inGraphUpdate refuses what it does not cover, naming the option', () => {
