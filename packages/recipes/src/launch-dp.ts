@@ -63,15 +63,17 @@ export function gradientReduction(f: GradientReductionFacts): GradientReduction 
 }
 
 /** The data-parallel options `Trainer.create` takes: one gradient reduction, and the dtype it sums in. */
-export type DataParallelTrainerOptions = Pick<TrainerOptions, 'onGradients' | 'zero' | 'gradReduceDtype' | 'inGraphGradients' | 'inGraphShards'>;
+export type DataParallelTrainerOptions = Pick<TrainerOptions, 'onGradients' | 'zero' | 'gradReduceDtype' | 'inGraphGradients' | 'inGraphShards' | 'inGraphUpdate'>;
 
 /**
  * The trainer options of `reduction`: the post-backward hook or ZeRO's collectives, or the in-run
- * nodes built for `device` over `inRun()`'s reducer (called only for the in-run forms).
+ * nodes built for `device` over `inRun()`'s reducer (called only for the in-run forms). The in-run
+ * all-reduce of float32 gradients with one micro-batch a step also takes the update into its run
+ * (`inGraphUpdate`): one run a step, as on one GPU, instead of an accumulate run and an apply run.
  */
 export function reductionTrainerOptions(
   reduction: GradientReduction,
-  parts: { collectives: Collectives; device: Device; gradReduceDtype: GradReduceDtype; inRun: () => InRunReducer; bucketBytes?: number },
+  parts: { collectives: Collectives; device: Device; gradReduceDtype: GradReduceDtype; inRun: () => InRunReducer; bucketBytes?: number; microBatches: number },
 ): DataParallelTrainerOptions {
   const { collectives, device, gradReduceDtype, bucketBytes } = parts;
   switch (reduction) {
@@ -82,7 +84,7 @@ export function reductionTrainerOptions(
     case 'reduce-scatter':
       return { zero: collectives, gradReduceDtype };
     case 'in-run-all-reduce':
-      return { inGraphGradients: gradientAllReduceInGraph(parts.inRun(), device, { bucketBytes }), gradReduceDtype };
+      return { inGraphGradients: gradientAllReduceInGraph(parts.inRun(), device, { bucketBytes }), gradReduceDtype, ...(parts.microBatches === 1 && gradReduceDtype === 'float32' ? { inGraphUpdate: true } : {}) };
     case 'in-run-reduce-scatter':
       return { zero: collectives, inGraphShards: gradientReduceScatterInGraph(parts.inRun(), device, { bucketBytes }), gradReduceDtype };
   }
@@ -192,7 +194,7 @@ export async function joinDataParallel(opts: DataParallelOptions): Promise<DataP
       if (gradOverlap && opts.device === 'cuda' && !reduction.startsWith('in-run') && world.rank === 0) {
         process.stderr.write(`note: --grad_overlap: ${device.name} runs its sessions on ONNX Runtime's own stream (Lathe's CUDA kernels are off), so the gradients are summed after the backward\n`);
       }
-      return reductionTrainerOptions(reduction, { collectives, device, gradReduceDtype, inRun, bucketBytes });
+      return reductionTrainerOptions(reduction, { collectives, device, gradReduceDtype, inRun, bucketBytes, microBatches: opts.batch.microBatches });
     },
     main: world.rank === 0,
     deviceId: opts.device === 'cuda' ? world.localRank : 0,

@@ -51,7 +51,7 @@ test('reductionTrainerOptions: each reduction gives the trainer exactly its own 
     reducers++;
     return ThreadGroup.join(ThreadGroup.create(1), 0);
   };
-  const parts = { collectives, device: cpu, gradReduceDtype: 'bfloat16' as const, inRun };
+  const parts = { collectives, device: cpu, gradReduceDtype: 'bfloat16' as const, inRun, microBatches: 1 };
   expect(reductionTrainerOptions('none', parts)).toEqual({});
   const post = reductionTrainerOptions('all-reduce', parts);
   expect(Object.keys(post).sort()).toEqual(['gradReduceDtype', 'onGradients']);
@@ -69,6 +69,17 @@ test('reductionTrainerOptions: each reduction gives the trainer exactly its own 
   expect(reducers).toBe(2);
   inRunAll.inGraphGradients!.dispose?.();
   inRunShards.inGraphShards!.dispose?.();
+
+  // float32 sums with one micro-batch a step: the update joins the all-reduce's run; otherwise it stays a run of its own
+  const oneRun = reductionTrainerOptions('in-run-all-reduce', { ...parts, gradReduceDtype: 'float32' });
+  expect(Object.keys(oneRun).sort()).toEqual(['gradReduceDtype', 'inGraphGradients', 'inGraphUpdate']);
+  expect(oneRun.inGraphUpdate).toBe(true);
+  const twoMicro = reductionTrainerOptions('in-run-all-reduce', { ...parts, gradReduceDtype: 'float32', microBatches: 2 });
+  expect(twoMicro.inGraphUpdate).toBeUndefined();
+  const shards = reductionTrainerOptions('in-run-reduce-scatter', { ...parts, gradReduceDtype: 'float32' });
+  expect(shards.inGraphUpdate).toBeUndefined();
+  for (const o of [oneRun, twoMicro]) o.inGraphGradients!.dispose?.();
+  shards.inGraphShards!.dispose?.();
 });
 
 /** Each of `configs.length` ranks joining over TCP in this process (each rank its own env): one promise per rank. */
@@ -131,7 +142,7 @@ test('--grad_bucket_mb: 100 MiB by default (the library\'s DEFAULT_BUCKET_BYTES)
   const grads = new Map([0, 1, 2].map((i) => [`w${i}`, cpu.zeros('float32', [2 ** 18])] as const));
   for (const [bucketBytes, want] of [[undefined, [[2 ** 20, 2 ** 20, 2 ** 20]]], [2 ** 21, [[2 ** 20, 2 ** 20], [2 ** 20]]], [2 ** 20, [[2 ** 20], [2 ** 20], [2 ** 20]]]] as const) {
     calls.length = 0;
-    const opts = reductionTrainerOptions('all-reduce', { collectives: recording, device: cpu, gradReduceDtype: 'float32', inRun: () => { throw new Error('not in the run'); }, ...(bucketBytes ? { bucketBytes } : {}) });
+    const opts = reductionTrainerOptions('all-reduce', { collectives: recording, device: cpu, gradReduceDtype: 'float32', microBatches: 1, inRun: () => { throw new Error('not in the run'); }, ...(bucketBytes ? { bucketBytes } : {}) });
     await opts.onGradients!(grads, new Float64Array(1));
     expect(calls).toEqual(want);
   }

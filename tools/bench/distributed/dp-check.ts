@@ -27,6 +27,8 @@
  *   nodes summing out of place and a join ordering the update after NCCL, instead of the accumulate
  *   run and the apply run. The A/B: `--overlap` against `--overlap --in-graph-update`, on 1 GPU
  *   (solo: the out-of-place "sum" is a device copy per bucket) and on 2. `in_graph_update` in the output.
+ * - --nccl-alone (one process, cuda): a one-rank NCCL group, so one GPU runs the NCCL reducer's bucket
+ *   nodes and join (their order against the update; its losses against a run without it), not its scaling.
  * - --attention-kernel: attention through Lathe's flash-attention kernels, forward and backward (what
  *   `lathe sft --attention kernels` trains with), on the device opened through the kernels (so it implies
  *   --compute-stream, and rows right-padded as --flash-attention); with it --logprob-kernel takes the
@@ -56,7 +58,7 @@
  * usage (each rank): node .bundle/dp-check.js [--shape 0.6b|1.7b|4b|8b|tiny] [--compute float32|bfloat16]
  *   [--lora RANK [--lora-alpha A] [--lora-targets REGEX]] [--init sampled|tiled]
  *   [--device cuda|cpu] [--steps 20] [--batch 8] [--seq 512] [--micro 1] [--lr 1e-5] [--warmup 2]
- *   [--flash-attention] [--attention-kernel [--logprob-kernel] [--rope-kernel] [--swiglu-kernel]] [--recompute] [--tf32] [--bucket-mb 100] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap [--bucket-times] [--in-graph-update]] [--nccl-priority default|high] [--compute-stream] [--profile PREFIX] [--reference ONE.json] [--tol X] [--out FILE]
+ *   [--flash-attention] [--attention-kernel [--logprob-kernel] [--rope-kernel] [--swiglu-kernel]] [--recompute] [--tf32] [--bucket-mb 100] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap [--bucket-times] [--in-graph-update]] [--nccl-alone] [--nccl-priority default|high] [--compute-stream] [--profile PREFIX] [--reference ONE.json] [--tol X] [--out FILE]
  * run:  node .bundle/lathe.js launch --gpus 2 -- node .bundle/dp-check.js --compute float32 --out two.json
  * Prints one JSON line per rank (rank 0's first); --out writes rank 0's.
  */
@@ -176,6 +178,10 @@ async function main(): Promise<void> {
 
   // the group: TCP between processes, NCCL over it on CUDA (alone: no group at all)
   let group: Collectives | undefined;
+  // --nccl-alone: a one-rank NCCL group, so one GPU runs the NCCL reducer's nodes and join (their ordering, not their scaling)
+  const ncclAlone = flag('nccl-alone');
+  if (ncclAlone && (world.worldSize > 1 || deviceKind !== 'cuda')) throw new Error('--nccl-alone is a one-process check on cuda: run it without dp-launch, with --device cuda');
+  if (ncclAlone) group = await NcclCollectives.create(await TcpCollectives.connect({ rank: 0, worldSize: 1, addr: world.masterAddr, port: world.masterPort }), { deviceId: world.localRank, streamPriority: ncclPriority });
   if (world.worldSize > 1) {
     const tcp = await TcpCollectives.connect({ rank: world.rank, worldSize: world.worldSize, addr: world.masterAddr, port: world.masterPort });
     await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, attentionKernel, logprobKernel, ropeKernel, swigluKernel, recompute: flag('recompute'), tf32: flag('tf32'), zero, gradReduceDtype, overlap, inGraphUpdate, computeStream, ncclPriority, lora: lora ?? null, init });
