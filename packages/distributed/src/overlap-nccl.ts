@@ -5,7 +5,7 @@
  * ncclAllReduce on NCCL's stream and returns, so ORT goes on with the backward while NCCL sums.
  * After the run (ORT has synchronised the compute stream) `drain` waits for NCCL's stream at host
  * level, as `NcclCollectives` does, so the apply run reads the sums. With the update in the same
- * run, the buckets sum out of place (`reduceInRunInto`) and the join node's compute (`joinInRun`)
+ * run, the join node's compute (`joinInRun`), after every bucket's,
  * records an event on NCCL's stream and makes the compute stream wait for it, so the update's
  * kernels, enqueued after it, read finished sums. With `timing` it also records
  * timing events around each bucket, so a device run shows whether NCCL's work ran beside the
@@ -15,7 +15,7 @@ import * as koffi from 'koffi';
 import type { DType } from '@lathe/onnx';
 import { DistributedError } from './collectives';
 import { NcclApi, type NcclCollectives } from './nccl';
-import type { InRunBuffer, InRunReducer, InRunShardPair, InRunSumPair, InRunTimings } from './overlap';
+import type { InRunBuffer, InRunReducer, InRunShardPair, InRunTimings } from './overlap';
 
 type Fn = (...args: unknown[]) => unknown;
 
@@ -152,16 +152,6 @@ export class NcclInRunReducer implements InRunReducer {
         const type = NCCL_TYPES[b.dtype];
         if (type === undefined) throw new Error(`the in-run all-reduce sums float32 or bfloat16 buffers, got ${b.dtype}`);
         api.checkNccl('ncclAllReduce', api.fn.ncclAllReduce(b.data, b.data, b.size, type, NCCL_SUM, comm, ncclStream), comm);
-      }
-    });
-  }
-
-  reduceInRunInto(pairs: readonly InRunSumPair[], stream: bigint | undefined): void {
-    this.enqueue(stream, (api, comm, ncclStream) => {
-      for (const { input, output } of pairs) {
-        const type = NCCL_TYPES[input.dtype];
-        if (type === undefined) throw new Error(`the in-run all-reduce sums float32 or bfloat16 buffers, got ${input.dtype}`);
-        api.checkNccl('ncclAllReduce', api.fn.ncclAllReduce(input.data, output, input.size, type, NCCL_SUM, comm, ncclStream), comm);
       }
     });
   }

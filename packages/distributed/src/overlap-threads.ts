@@ -7,7 +7,7 @@
  */
 import { CApi, fromBfloat16Bits, toBfloat16Bits } from '@lathe/runtime';
 import type { DeviceTensor } from '@lathe/runtime';
-import type { InRunBuffer, InRunReducer, InRunShardPair, InRunSumPair } from './overlap';
+import type { InRunBuffer, InRunReducer, InRunShardPair } from './overlap';
 
 /** What every rank's thread gets (structured-clonable: pass it in `workerData`). */
 export interface ThreadGroupShared {
@@ -140,16 +140,7 @@ export class ThreadReducer implements InRunReducer {
     }
   }
 
-  /** `reduceInRun`'s sums written to each pair's output, the input left as it was. */
-  reduceInRunInto(pairs: readonly InRunSumPair[]): void {
-    for (const { input, output } of pairs) {
-      const { values, bits } = this.read(input);
-      this.sumRounds(values, bits !== undefined);
-      CApi.get().copyIn(output, bits ? toBfloat16Bits(values, bits) : values);
-    }
-  }
-
-  /** The sums are done when `reduceInRun(Into)` returns: nothing to wait for. */
+  /** The sums are done when `reduceInRun` returns: nothing to wait for. */
   joinInRun(): void {}
 
   reduceScatterInRun(pairs: readonly InRunShardPair[]): void {

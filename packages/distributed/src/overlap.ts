@@ -16,14 +16,13 @@
  * test/overlap.test.ts checks the order in an ORT profile (and fails with the creation reversed).
  *
  * With the update in the same run (`Trainer`'s `inGraphUpdate`, `InGraphGradientHook.buildReduced`)
- * each bucket node sums out of place instead, into new tensors (its outputs: an ORT custom op
- * cannot alias an output to an input), and a join node (`GradAllReduceJoin`) takes every one of
- * them: its compute makes the compute stream wait for the collective stream, and its output, a
- * boolean scalar, is an input of every reader of the sums (the update). The update then reaches the
- * backward only through the join and the bucket nodes, so ORT's walk back from it meets the join
- * first (the highest index among the update's producers, whatever nodes ORT's own fusions add to
- * the backward) and places bucket 0's node, then bucket 1's, …, each after its gradients: the same
- * order as the leaves give.
+ * the bucket nodes sum in place as well, and a join node (`GradAllReduceJoin`) takes their
+ * placeholders: its compute makes the compute stream wait for the collective stream, and its
+ * output, a boolean scalar, is an input of every reader of the gradients (the update), which read
+ * the bound buffers the sums were written into. The gradients' one other reader is the bucket node,
+ * so no extra gradient-sized tensor exists in the run. ORT's walk back from the update meets the
+ * join (the highest index among the update's producers) and places bucket 0's node, then bucket
+ * 1's, …, each after its gradients: the same order as the leaves give.
  */
 import { dtypeBytes, type DType, type Graph, type Tensor } from '@lathe/onnx';
 import { CApi, type Device, type DeviceTensor } from '@lathe/runtime';
@@ -45,12 +44,6 @@ export interface InRunShardPair {
   output: bigint;
 }
 
-/** An out-of-place all-reduce's input and the address its sum goes to (same dtype and size, another buffer). */
-export interface InRunSumPair {
-  input: InRunBuffer;
-  output: bigint;
-}
-
 /**
  * Sums buffers over the ranks from inside a session run. Every rank calls `reduceInRun` for the same
  * buckets in the same order (the ranks' graphs are the same).
@@ -67,12 +60,6 @@ export interface InRunReducer {
    * cannot take an exception) and rethrown by the hook's `finish` after the run.
    */
   reduceInRun(bucket: readonly InRunBuffer[], stream: bigint | undefined): void;
-  /**
-   * As `reduceInRun`, out of place: each pair's `input` summed over the ranks into its `output`
-   * (the input is left as it is). The update-in-the-run form (`buildReduced`), whose bucket nodes
-   * write the sums to their own outputs.
-   */
-  reduceInRunInto(pairs: readonly InRunSumPair[], stream: bigint | undefined): void;
   /**
    * Called from the join node's compute, inside the run, after every bucket's node: orders the work
    * `stream` (the compute stream) takes after this call behind every sum enqueued in the run so far
@@ -95,28 +82,9 @@ export interface InRunReducer {
 }
 
 /**
- * Copies `bytes` from `src` to `dst` inside a run: on CUDA (a `stream`) in order on it, through the
- * driver (the device's primary context is the calling thread's, as for Lathe's kernels); on the CPU
- * through the host.
- */
-function copyInRun(dst: bigint, src: bigint, bytes: number, stream: bigint | undefined): void {
-  if (bytes === 0) return;
-  if (stream !== undefined) {
-    CudaDriver.get().copyOnDevice(dst, src, bytes, stream);
-    return;
-  }
-  const api = CApi.get();
-  const staged = new Uint8Array(bytes);
-  api.copyOut(staged, src);
-  api.copyIn(dst, staged);
-}
-
-/**
  * The in-run reducer of a world of one, on any device: nothing to sum, so the bucket nodes run (their
  * host cost and place in the run) without collectives, the A/B that tells the nodes' own cost from
- * the collectives' in a device run. Out of place (`reduceInRunInto`) the sum of one rank is a copy,
- * made on the compute stream as the collective would write it. Reduce-scatters (ZeRO) need ranks
- * and are refused.
+ * the collectives' in a device run. Reduce-scatters (ZeRO) need ranks and are refused.
  */
 export function soloInRunReducer(): InRunReducer {
   return {
@@ -124,9 +92,6 @@ export function soloInRunReducer(): InRunReducer {
     worldSize: 1,
     backend: 'none',
     reduceInRun: () => undefined,
-    reduceInRunInto: (pairs, stream) => {
-      for (const { input, output } of pairs) copyInRun(output, input.data, input.size * dtypeBytes(input.dtype), stream);
-    },
     joinInRun: () => undefined,
     reduceScatterInRun: () => {
       throw new Error('soloInRunReducer: a reduce-scatter (ZeRO) needs ranks to scatter to');
@@ -202,10 +167,11 @@ export interface InGraphGradientHook {
   build(g: Graph, grads: readonly { name: string; grad: Tensor }[]): Tensor[];
   /**
    * `build`'s form for the update in the same run (`Trainer`'s `inGraphUpdate`): the bucket nodes
-   * sum `grads` out of place into their outputs, `reduced` (in `grads` order), and a join node after
-   * them all outputs `joined`, a boolean scalar (its value means nothing) that every reader of
-   * `reduced` must take as an input, since on CUDA the sums are still in flight on the collective
-   * stream until the join. Call either this or `build`, once.
+   * sum `grads` in place (bound outputs, as for `build`), and a join node after them all outputs
+   * `joined`, a boolean scalar (its value means nothing) that every reader of the gradients must
+   * take as an input, since on CUDA the sums are still in flight on the collective stream until the
+   * join. `reduced` is `grads`' tensors, in order: what the update reads. Call either this or
+   * `build`, once.
    */
   buildReduced(g: Graph, grads: readonly { name: string; grad: Tensor }[]): { reduced: Tensor[]; joined: Tensor };
   /** Tells the hook the buffers the run writes the gradients into (bound outputs), once, before any run. */
@@ -226,8 +192,8 @@ export interface InGraphAllReduceOptions {
 
 let domainCount = 0;
 
-/** What a bucket node's compute hands its hook: the bucket's gradients and, out of place, the addresses its sums go to. */
-type Enqueue = (k: number, ins: InRunBuffer[], outs: bigint[] | undefined) => void;
+/** What a bucket node's compute hands its hook: the bucket's gradients, to sum in place. */
+type Enqueue = (k: number, ins: InRunBuffer[]) => void;
 
 /**
  * Writes `true` to the bool scalar at `token` inside a run: on CUDA a one-byte memset on `stream`
@@ -240,8 +206,8 @@ function writeToken(token: bigint, stream: bigint | undefined): void {
 
 /**
  * The bucket nodes both hooks build: one op per bucket, its compute checking its inputs are the
- * bound buffers; out of place (`build`'s `into`), each writes its sums to outputs shaped as its
- * inputs, and a join node (`join` its compute) follows them all.
+ * bound buffers, its output a one-element placeholder; for the update in the run (`buildReduced`)
+ * a join node (`join` its compute) follows them all.
  */
 function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions, enqueue: Enqueue, join?: () => void) {
   if (device.kind === 'cuda' && device.computeStream === undefined) {
@@ -257,33 +223,31 @@ function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions
     expected: undefined as bigint[][] | undefined,
     /** Bucket nodes computed since the last `finish`. */
     computes: 0,
-    /** Whether the graph has a join node (out of place), and the join computes since the last `finish`. */
+    /** Whether the graph has a join node (`buildReduced`), and the join computes since the last `finish`. */
     joined: false,
     joins: 0,
   };
   // one op per bucket, so each compute knows its bucket whatever order ORT runs them in
-  const addOp = (k: number, dtypes: DType[], into: boolean): string => {
+  const addOp = (k: number, dtypes: DType[]): string => {
     const name = `GradAllReduce_${k}`;
     domain.add({
       name,
       inputs: dtypes,
-      // out of place: the sums, shaped as the gradients; in place: a one-element placeholder
-      outputs: into ? dtypes : ['float32'],
+      outputs: ['float32'],
       provider: device.kind,
-      infer: (inputs) => (into ? inputs.map((t) => ({ dtype: t.dtype, shape: [...t.shape] })) : [{ dtype: 'float32', shape: [1] }]),
+      infer: () => [{ dtype: 'float32', shape: [1] }],
       compute: (ctx) => {
         const ins = ctx.inputs;
-        const outs = into ? ins.map((x, i) => ctx.output(i, x.dims)) : (ctx.output(0, [1]), undefined);
+        ctx.output(0, [1]);
         state.computes++;
         opts.onCompute?.(k);
         const want = state.expected?.[k];
         if (!want) throw new Error(`${what}: a node ran before the trainer attached its gradient buffers`);
         for (let i = 0; i < ins.length; i++) {
-          // in place, an ORT temporary copied into the bound buffer after the run would be read by NCCL while ORT reuses it;
-          // out of place, the collective stream reads the input after the compute returns: it must be a buffer ORT never reuses
-          if (ins[i].data !== want[i]) throw new Error(`GradAllReduce: bucket ${k}'s gradient '${state.plan![k][i]}' is not the bound output buffer (ONNX Runtime computed it elsewhere), so it cannot be reduced ${into ? 'from it while the run goes on' : 'in place'}`);
+          // an ORT temporary copied into the bound buffer after the run would be read by NCCL while ORT reuses it
+          if (ins[i].data !== want[i]) throw new Error(`GradAllReduce: bucket ${k}'s gradient '${state.plan![k][i]}' is not the bound output buffer (ONNX Runtime computed it elsewhere), so it cannot be reduced in place`);
         }
-        enqueue(k, ins.map((x) => ({ data: x.data, dtype: x.dtype, size: x.dims.reduce((a, b) => a * b, 1) })), outs);
+        enqueue(k, ins.map((x) => ({ data: x.data, dtype: x.dtype, size: x.dims.reduce((a, b) => a * b, 1) })));
       },
     });
     return name;
@@ -321,23 +285,19 @@ function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions
       const groups = plan(grads);
       // ORT's walk starts from the leaf of the highest node index: bucket 0's node is created last
       const outs: Tensor[] = [];
-      for (let k = groups.length - 1; k >= 0; k--) outs[k] = g.scope(`grad_all_reduce_${k}`, () => domain.node(addOp(k, groups[k].map((x) => x.grad.dtype), false), groups[k].map((x) => x.grad))[0]);
+      for (let k = groups.length - 1; k >= 0; k--) outs[k] = g.scope(`grad_all_reduce_${k}`, () => domain.node(addOp(k, groups[k].map((x) => x.grad.dtype)), groups[k].map((x) => x.grad))[0]);
       return outs;
     },
-    /** Out of place: the sums by gradient (in `grads` order) and the join's output. */
+    /** The bucket nodes (in place) and their join: the gradients (in `grads` order) and the join's output. */
     buildReduced(g: Graph, grads: readonly { name: string; grad: Tensor }[]): { reduced: Tensor[]; joined: Tensor } {
-      if (!join) throw new Error(`${what}: this hook has no out-of-place form`);
+      if (!join) throw new Error(`${what}: this hook has no join (the update in the run)`);
       const groups = plan(grads);
       // the join reaches the buckets' nodes from the highest index down: bucket 0's node is created last, as for `build`
-      const sums = new Map<string, Tensor>();
-      for (let k = groups.length - 1; k >= 0; k--) {
-        const outs = g.scope(`grad_all_reduce_${k}`, () => domain.node(addOp(k, groups[k].map((x) => x.grad.dtype), true), groups[k].map((x) => x.grad)));
-        groups[k].forEach((x, i) => sums.set(x.name, outs[i]));
-      }
-      const reduced = grads.map((x) => sums.get(x.name)!);
+      const placeholders: Tensor[] = [];
+      for (let k = groups.length - 1; k >= 0; k--) placeholders[k] = g.scope(`grad_all_reduce_${k}`, () => domain.node(addOp(k, groups[k].map((x) => x.grad.dtype)), groups[k].map((x) => x.grad))[0]);
       state.joined = true;
-      const joined = g.scope('grad_all_reduce_join', () => domain.node(addJoin(reduced.map((t) => t.dtype)), reduced)[0]);
-      return { reduced, joined };
+      const joined = g.scope('grad_all_reduce_join', () => domain.node(addJoin(placeholders.map((t) => t.dtype)), placeholders)[0]);
+      return { reduced: grads.map((x) => x.grad), joined };
     },
     /** The addresses of each bucket's input buffers, by name. */
     attach(inputs: ReadonlyMap<string, DeviceTensor>): void {
@@ -384,7 +344,7 @@ export function gradientAllReduceInGraph(reducer: InRunReducer, device: Device, 
     'gradientAllReduceInGraph',
     device,
     opts,
-    (_k, bucket, outs) => (outs ? reducer.reduceInRunInto(bucket.map((input, i) => ({ input, output: outs[i] })), stream) : reducer.reduceInRun(bucket, stream)),
+    (_k, bucket) => reducer.reduceInRun(bucket, stream),
     () => reducer.joinInRun(stream),
   );
   return {

@@ -1,11 +1,11 @@
 /**
  * The update in the all-reduce's run (`TrainerOptions.inGraphUpdate`), on the CPU: ranks as worker
- * threads whose bucket nodes sum out of place through shared memory (`ThreadGroup`) and whose join
+ * threads whose bucket nodes sum in place through shared memory (`ThreadGroup`) and whose join
  * orders the update after them, one run a step. Its steps are the split path's (accumulate run with
  * the in-place bucket nodes, `finish`, apply run) bit for bit — the same rank-order float32 sums go
  * into the same update ops — and one process's on the whole batch within float32 rounding; a
  * non-finite loss on one rank leaves every rank where it was; the bucket nodes still run while
- * backward work remains; alone (`soloInRunReducer`, whose out-of-place "sum" is a copy) it is the
+ * backward work remains; alone (`soloInRunReducer`: nothing to sum) it is the
  * split path's step; a failing bucket node stops the step with the parameters as they were; the
  * option refuses what it does not cover, by name.
  */
@@ -122,7 +122,7 @@ test('a non-finite loss on one rank leaves every rank\'s parameters and step cou
   }
 }, 120_000);
 
-test('alone (soloInRunReducer: each bucket\'s "sum" a copy), the one-run step with the nodes is the split path\'s bit for bit and the plain step\'s within float32 rounding', async () => {
+test('alone (soloInRunReducer: nothing to sum), the one-run step with the nodes is the split path\'s bit for bit and the plain step\'s within float32 rounding', async () => {
   const device = Device.cpu();
   const computed: number[] = [];
   const solo = (onCompute?: (k: number) => void) => gradientAllReduceInGraph(soloInRunReducer(), device, { bucketBytes: BUCKET_BYTES, onCompute });
@@ -163,8 +163,8 @@ test('a bucket node that fails (its gradient not the bound buffer) stops the one
   const wrong = { ...hook, attach: (b: ReadonlyMap<string, DeviceTensor>) => hook.attach(new Map([...b].map(([n, t]) => [n, (elsewhere.push(device.zeros('float32', t.dims)), elsewhere.at(-1)!)]))) };
   const t = Trainer.create(spec, { params: weights }, { inGraphGradients: wrong, inGraphUpdate: true });
   const before = t.downloadParams();
-  // the update ran in the same run on sums never written: the other buffer set, which is not adopted
-  await expect(t.trainStepAsync(rankBatches(rows(0, 2), 0, 1, 1), 0.01)).rejects.toThrow(/GradAllReduce: bucket 0's gradient 'lm_head.weight' is not the bound output buffer .*while the run goes on/);
+  // the update ran in the same run on gradients never summed: the other buffer set, which is not adopted
+  await expect(t.trainStepAsync(rankBatches(rows(0, 2), 0, 1, 1), 0.01)).rejects.toThrow(/GradAllReduce: bucket 0's gradient 'lm_head.weight' is not the bound output buffer .*cannot be reduced in place/);
   const after = t.downloadParams();
   for (const [name, v] of before) expect({ name, same: sameBits(after.get(name)!, v) }).toEqual({ name, same: true });
   expect(t.step).toBe(0);
@@ -182,7 +182,7 @@ test('inGraphUpdate refuses what it does not cover, naming the option', () => {
   expect(create({ inGraphUpdate: true, zero: LocalGroup.create(1)[0], inGraphShards: gradientReduceScatterInGraph(ThreadGroup.join(ThreadGroup.create(1), 0), device) })).toThrow(/inGraphUpdate .*does not combine with zero/);
   expect(create({ inGraphUpdate: true, inGraphGradients: hook(), gradReduceDtype: 'bfloat16' })).toThrow(/inGraphUpdate .*float32 gradients only, got gradReduceDtype 'bfloat16'/);
   expect(create({ inGraphUpdate: 1 as unknown as boolean, inGraphGradients: hook() })).toThrow(/inGraphUpdate must be true or false, got 1/);
-  // a hook without the out-of-place form (an older or hand-written one)
+  // a hook without the join (an older or hand-written one)
   const { buildReduced: _, ...inPlaceOnly } = hook();
   expect(create({ inGraphUpdate: true, inGraphGradients: inPlaceOnly })).toThrow(/inGraphUpdate .*needs a hook with buildReduced/);
   // the synchronous step is refused, as for inGraphGradients alone

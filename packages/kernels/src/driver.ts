@@ -104,7 +104,6 @@ export class CudaDriver {
       memFree: either('int cuMemFree_v2(uint64_t dptr)', 'int cuMemFree(uint64_t dptr)'),
       memsetD32: decl('int cuMemsetD32Async(uint64_t dst, unsigned int value, size_t n, void* stream)'),
       memsetD8: decl('int cuMemsetD8Async(uint64_t dst, unsigned char value, size_t n, void* stream)'),
-      memcpyDtoD: either('int cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, size_t n, void* stream)', 'int cuMemcpyDtoDAsync(uint64_t dst, uint64_t src, size_t n, void* stream)'),
       isCapturing: decl('int cuStreamIsCapturing(void* stream, _Out_ int* status)'),
     };
     this.errName = decl('int cuGetErrorName(int code, _Out_ const char** name)');
@@ -277,11 +276,6 @@ export class CudaDriver {
   /** Queues setting `count` bytes at `dst` to `value` on `stream`. */
   memsetD8(dst: Handle, value: number, count: number, stream: Handle): void {
     if (count > 0) this.check('cuMemsetD8Async', this.f.memsetD8(dst, value & 0xff, count, stream));
-  }
-
-  /** Queues a copy of `bytes` from device address `src` to device address `dst` on `stream`. */
-  copyOnDevice(dst: Handle, src: Handle, bytes: number, stream: Handle): void {
-    if (bytes > 0) this.check('cuMemcpyDtoDAsync', this.f.memcpyDtoD(dst, src, bytes, stream));
   }
 
   /** Whether `stream` is being captured into a CUDA graph (an invalidated capture counts). */

@@ -42,9 +42,9 @@ export interface InGraphGradients {
   build(g: Graph, grads: readonly { name: string; grad: Tensor }[]): Tensor[];
   /**
    * `build`'s form for `TrainerOptions.inGraphUpdate` (the update in the same run): the nodes sum
-   * `grads` out of place, into new tensors (`reduced`, in `grads` order), and a join after them all
-   * outputs `joined`, a boolean scalar every reader of `reduced` must take as an input (on CUDA the
-   * sums are in flight on another stream until the join). Optional: a hook without it cannot serve
+   * `grads` in place, a join after them all outputs `joined`, a boolean scalar every reader of the
+   * gradients must take as an input (on CUDA the sums are in flight on another stream until the
+   * join), and `reduced` is what the update reads (the gradients' tensors, in `grads` order). Optional: a hook without it cannot serve
    * inGraphUpdate. A hook builds once, by this or by `build`.
    */
   buildReduced?(g: Graph, grads: readonly { name: string; grad: Tensor }[]): { reduced: Tensor[]; joined: Tensor };
@@ -86,7 +86,7 @@ export function checkInGraphUpdate(opts: { inGraphGradients?: InGraphGradients; 
   if (opts.zero) throw why('does not combine with zero (ZeRO-1 updates its shards between a reduce-scatter and an all-gather)');
   if (!opts.inGraphGradients) throw why("needs inGraphGradients (the all-reduce inside the backward's run) to follow");
   if (microBatches !== 1) throw why(`needs microBatches = 1 (one run a step), got ${microBatches}: with several, only the last micro-batch's run reduces and the update stays a run of its own`);
-  if (!opts.inGraphGradients.buildReduced) throw why("needs a hook with buildReduced (its nodes summing out of place, then a join): @lathe/distributed's gradientAllReduceInGraph has it");
+  if (!opts.inGraphGradients.buildReduced) throw why("needs a hook with buildReduced (its bucket nodes, then a join the update reads after): @lathe/distributed's gradientAllReduceInGraph has it");
   // the widening cast would read the bfloat16 sums, and nothing exact orders it after the join on every device (ORT's CPU Where has no bfloat16 kernel)
   if ((opts.gradReduceDtype ?? 'float32') !== 'float32') throw why(`reduces float32 gradients only, got gradReduceDtype '${String(opts.gradReduceDtype)}'`);
 }
@@ -95,7 +95,7 @@ export function checkInGraphUpdate(opts: { inGraphGradients?: InGraphGradients; 
  * The nodes `TrainerOptions.inGraphUpdate` puts between the step graph's backward and its update:
  * each gradient made a bound output (`next/grad/<p>`, the name the accumulate graph gives it: the
  * buffers the bucket nodes read, which ORT never reuses within the run, while the collective stream
- * may still read them), the hook's bucket nodes summing them out of place (reverse parameter order,
+ * may still write them), the hook's bucket nodes summing them in place (reverse parameter order,
  * as `addInGraphNodes`) and its join, whose output the update takes as `after`.
  */
 export function inGraphUpdateNodes(hook: InGraphGradients): BeforeUpdate {

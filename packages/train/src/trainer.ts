@@ -93,14 +93,14 @@ export interface TrainerOptions {
    * With `inGraphGradients` and one micro-batch: the update in the same run as the backward and the
    * all-reduce, so a data-parallel step is one run as a one-GPU step is (forward, backward, clip and
    * AdamW: the `step` graph), not an accumulate run and an apply run, whose split costs a step more
-   * than the all-reduce left exposed does. The bucket nodes sum out of place into tensors the update
-   * reads, and a join node after them all — on CUDA, the compute stream's wait for the collective
-   * stream — orders every reader of the sums after it (the hook's `buildReduced`; in-run-reduce.ts).
+   * than the all-reduce left exposed does. The bucket nodes sum the bound gradient buffers in place,
+   * and a join node after them all — on CUDA, the compute stream's wait for the collective stream —
+   * orders the update's reads of them after it (the hook's `buildReduced`; in-run-reduce.ts).
    * After the run the trainer only waits for the hook's `finish` (the loss and metrics summed over
    * the ranks) and adopts the new parameters when the summed loss is finite: the update wrote the
    * other buffer set, so a non-finite loss on any rank leaves every rank's parameters as they were.
-   * It keeps one more set of gradient-sized tensors alive within the run (the sums beside the
-   * gradients). float32 reductions only; off by default: not yet measured on a GPU.
+   * float32 reductions only; off by default here (@lathe/recipes' data-parallel
+   * commands turn it on wherever it applies).
    */
   inGraphUpdate?: boolean;
   /**

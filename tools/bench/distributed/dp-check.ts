@@ -24,9 +24,9 @@
  *   CUDA the bucket nodes run without collectives (`soloInRunReducer`): the nodes' own cost.
  * - --in-graph-update (with --overlap, --micro 1, float32 reductions, no --zero): the update in the same run
  *   as the backward and the all-reduce (`TrainerOptions.inGraphUpdate`): one run a step, the bucket
- *   nodes summing out of place and a join ordering the update after NCCL, instead of the accumulate
+ *   nodes summing in place and a join ordering the update after NCCL, instead of the accumulate
  *   run and the apply run. The A/B: `--overlap` against `--overlap --in-graph-update`, on 1 GPU
- *   (solo: the out-of-place "sum" is a device copy per bucket) and on 2. `in_graph_update` in the output.
+ *   (solo, or a one-rank NCCL group with --nccl-alone) and on 2. `in_graph_update` in the output.
  * - --nccl-alone (one process, cuda): a one-rank NCCL group, so one GPU runs the NCCL reducer's bucket
  *   nodes and join (their order against the update; its losses against a run without it), not its scaling.
  * - --attention-kernel: attention through Lathe's flash-attention kernels, forward and backward (what
