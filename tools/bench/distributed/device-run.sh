@@ -53,7 +53,8 @@
 #                0.28 s at 4B) plus a guess of ~30-40 s to start a 0.6B/1.7B process (graph, session, kernels, NCCL) and
 #                ~2 min for 4B/8B; each run has a time limit, and every line carries its `secs` to correct them.
 #     scaling  : SFT tokens/s on each count at SHAPES (default "0.6b 1.7b"), lathe sft's path under lathe launch on cuda
-#                (bf16, the kernels, 8 × 512 a GPU; the in-run float32 all-reduce on N > 1), then PyTorch DDP (torchrun,
+#                (bf16, the kernels, 8 × 512 a GPU; on N > 1 the in-run float32 all-reduce with the update in its run,
+#                OVERLAP="--overlap" for the two runs a step), then PyTorch DDP (torchrun,
 #                sdpa) on the same count; then the largest count's 0.6B losses against 1 GPU on the same global batch
 #                (micro-batches). ~4.5 min a shape (8 runs) + 1 min parity: SHAPES="0.6b" in one call, SHAPES="1.7b" in the next.
 #     grpo     : one GRPO step (64 prompts × 8, 512 new tokens, 0.6B shape) on 1 and the largest count: ~2.5 min (fits beside
@@ -273,7 +274,7 @@ case "$mode" in
           for n in $counts; do
             # 14 steps: on 2 GPUs the step was still settling through step 7 (benchmarks.md, data parallel)
             flags="${DP_ARGS:-} $SFT_KERNELS --shape $shape --init tiled --steps ${STEPS:-14} --warmup 3 --seq ${SEQ:-512} --batch $((per * n))"
-            [ "$n" = 1 ] || flags="$flags ${OVERLAP---overlap}"
+            [ "$n" = 1 ] || flags="$flags ${OVERLAP---overlap --in-graph-update}"
             if attempt "eight-$shape-$n" "${RUN_LIMIT:-150}" node $B/dp-launch.js --gpus "$n" --master_port $((33000 + n)) -- node $B/dp-check.js $flags --out "$OUT/eight-$shape-$n.json"; then summary "eight-$shape-$n"; fi
             [ -z "${NO_DDP:-}" ] || continue
             if attempt "eight-ddp-$shape-$n" "${RUN_LIMIT:-150}" torchrun --standalone --nproc_per_node "$n" tools/reference/distributed/ddp_bench.py ${DDP_ARGS:-} --shape "$shape" --batch-per-gpu "$per" --seq ${SEQ:-512} --steps ${STEPS:-8} --warmup 3; then
