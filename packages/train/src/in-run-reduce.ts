@@ -122,10 +122,16 @@ export function addInGraphNodes(hook: InGraphGradients, g: Graph, params: readon
   });
   const outs = hook.build(g, grads);
   const outputs: DeviceTensor[] = [];
-  outs.forEach((t, i) => {
-    g.output(t, inGraphOutput(i));
-    outputs.push(device.empty(t.dtype, t.shape.map(Number)));
-  });
+  try {
+    outs.forEach((t, i) => {
+      g.output(t, inGraphOutput(i));
+      outputs.push(device.empty(t.dtype, t.shape.map(Number)));
+    });
+  } catch (e) {
+    // the caller frees the outputs only once it has them
+    for (const t of outputs) t.dispose();
+    throw e;
+  }
   return { hook, outputs, low };
 }
 

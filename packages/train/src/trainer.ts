@@ -312,15 +312,21 @@ export class Trainer {
     if (opts.cudaGraph && device.kind !== 'cuda') throw new Error(`Trainer: cudaGraph: CUDA graphs need a CUDA device, got ${device.kind}`);
     if (opts.cudaGraph) sessionOpts.cudaGraph = true;
     if (fused) sessionOpts.customOpDomains = [...(sessionOpts.customOpDomains ?? []), fused.domain.handle];
-    const alloc = (): Map<string, Buffers> =>
-      new Map(spec.params.map((p) => [p.name, { p: device.empty('float32', p.shape), m: device.empty('float32', p.shape), v: device.empty('float32', p.shape) }]));
-    // ZeRO-1 keeps the full parameters once and no full moments (the placeholder fills their slots)
-    const placeholder = opts.zero ? device.zeros('float32', [1]) : undefined;
-    const zeroSet = (): Map<string, Buffers> => new Map(spec.params.map((p) => [p.name, { p: device.empty('float32', p.shape), m: placeholder!, v: placeholder! }]));
-    const sets: [Map<string, Buffers>, Map<string, Buffers>] = placeholder ? ((s) => [s, s])(zeroSet()) : [alloc(), alloc()];
-    // A failure after this point (a session ORT refuses) frees the state buffers instead of leaving
-    // them to the garbage collector.
+    // What build compiles and allocates is listed as it is made, so a failure part-way (a session ORT
+    // refuses, a binding that throws, memory running out) frees it all instead of leaving it to the
+    // garbage collector; on success the trainer owns the sessions and its parts hold the tensors.
+    const sessions: Session[] = [];
+    const tensors: DeviceTensor[] = [];
+    const keepSession = (x: Session): Session => (sessions.push(x), x);
+    const compile = (g: Graph, o: SessionOptions): Session => keepSession(device.compile(g, o));
+    const keep = (t: DeviceTensor): DeviceTensor => (tensors.push(t), t);
     try {
+      const alloc = (): Map<string, Buffers> =>
+        new Map(spec.params.map((p) => [p.name, { p: keep(device.empty('float32', p.shape)), m: keep(device.empty('float32', p.shape)), v: keep(device.empty('float32', p.shape)) }]));
+      // ZeRO-1 keeps the full parameters once and no full moments (the placeholder fills their slots)
+      const placeholder = opts.zero ? keep(device.zeros('float32', [1])) : undefined;
+      const zeroSet = (): Map<string, Buffers> => new Map(spec.params.map((p) => [p.name, { p: keep(device.empty('float32', p.shape)), m: placeholder!, v: placeholder! }]));
+      const sets: [Map<string, Buffers>, Map<string, Buffers>] = placeholder ? ((s) => [s, s])(zeroSet()) : [alloc(), alloc()];
       for (const p of spec.params) {
         const b = sets[0].get(p.name)!;
         const v = init.params.get(p.name)!;
@@ -337,16 +343,15 @@ export class Trainer {
       const trainer = (() => {
         if (opts.zero) {
           const z = buildZero(opts.zero, spec, init, device, sets[0], frozen, microBatches, graphs.metrics, placeholder!, { ...opts.session, ...(fused ? { customOpDomains: sessionOpts.customOpDomains } : {}) }, fused, lowReduce, opts.inGraphShards);
-          const t = new Trainer({ graphs, device, names, sets, microBatches, step: init.step ?? 0, batchInputs, fused, zero: z.parts });
-          for (const s of z.sessions) t.own(s);
-          return t;
+          z.sessions.forEach(keepSession);
+          return new Trainer({ graphs, device, names, sets, microBatches, step: init.step ?? 0, batchInputs, fused, zero: z.parts });
         }
         if (opts.inGraphUpdate) {
           // one run a step: the step graph with the bucket nodes and their join before the update
           const hook = opts.inGraphGradients!;
-          const session = device.compile(graphs.step, { ...sessionOpts, customOpDomains: [...(sessionOpts.customOpDomains ?? []), ...hook.customOpDomains] });
+          const session = compile(graphs.step, { ...sessionOpts, customOpDomains: [...(sessionOpts.customOpDomains ?? []), ...hook.customOpDomains] });
           // the gradients the bucket nodes read: bound, so ORT never reuses them while the collective stream may read them
-          const grads = new Map(spec.params.map((p) => [p.name, device.empty('float32', p.shape)]));
+          const grads = new Map(spec.params.map((p) => [p.name, keep(device.empty('float32', p.shape))]));
           const stepBindings = [0, 1].map((k) => {
             const b = session.binding();
             bindState(b, sets[k], sets[1 - k], names);
@@ -356,14 +361,14 @@ export class Trainer {
             return b;
           });
           hook.attach(grads);
-          return new Trainer({ graphs, device, names, sets, stepBindings, grads: [grads, grads], microBatches: 1, step: init.step ?? 0, batchInputs, fused, inGraph: { hook, outputs: [], low: false } }).own(session);
+          return new Trainer({ graphs, device, names, sets, stepBindings, grads: [grads, grads], microBatches: 1, step: init.step ?? 0, batchInputs, fused, inGraph: { hook, outputs: [], low: false } });
         }
         if (microBatches === 1 && !opts.onGradients && !opts.inGraphGradients) {
-          const session = device.compile(graphs.step, sessionOpts);
+          const session = compile(graphs.step, sessionOpts);
           const fixed: StaticBuffers | undefined = staticInputs
             ? {
-                scalars: { lr: device.empty('float32', []), bc1: device.empty('float32', []), bc2: device.empty('float32', []) },
-                outputs: Object.fromEntries(['loss', 'grad_norm', ...graphs.metrics].map((n) => [n, device.empty('float32', [])])),
+                scalars: { lr: keep(device.empty('float32', [])), bc1: keep(device.empty('float32', [])), bc2: keep(device.empty('float32', [])) },
+                outputs: Object.fromEntries(['loss', 'grad_norm', ...graphs.metrics].map((n) => [n, keep(device.empty('float32', []))])),
                 batch: new Map(),
                 dtypes: new Map(session.inputs.map((i) => [i.name, i.dtype])),
                 sessionOptions: { ...opts.session, cudaGraph: false, optimization: 'disabled', name: 'train-stage-batch' },
@@ -381,25 +386,29 @@ export class Trainer {
             } else bindScalarOutputs(b, graphs);
             return b;
           });
-          return new Trainer({ graphs, device, names, sets, stepBindings, microBatches: 1, step: init.step ?? 0, batchInputs, fixed, fused }).own(session);
+          return new Trainer({ graphs, device, names, sets, stepBindings, microBatches: 1, step: init.step ?? 0, batchInputs, fixed, fused });
         }
         // Several micro-batches sum into two buffers in turn (buffer 0 zeroed after each update); one
         // micro-batch writes its gradients into one buffer, both slots of `grads`, read by the update.
         const summed = microBatches > 1;
-        const gradSet = () => new Map(spec.params.map((p) => [p.name, summed ? device.zeros('float32', p.shape) : device.empty('float32', p.shape)]));
+        const gradSet = () => new Map(spec.params.map((p) => [p.name, keep(summed ? device.zeros('float32', p.shape) : device.empty('float32', p.shape))]));
         const grads: [Map<string, DeviceTensor>, Map<string, DeviceTensor>] = summed ? [gradSet(), gradSet()] : ((g) => [g, g] as [typeof g, typeof g])(gradSet());
         // with several micro-batches only the last one's run reduces: the earlier ones run the graph without the nodes
-        const plain = opts.inGraphGradients && microBatches > 1 ? device.compile(graphs.accumulate, sessionOpts) : undefined;
+        const plain = opts.inGraphGradients && microBatches > 1 ? compile(graphs.accumulate, sessionOpts) : undefined;
         const inGraph = opts.inGraphGradients ? addInGraphNodes(opts.inGraphGradients, graphs.accumulate, spec.params, device, lowReduce) : undefined;
-        const accumulate = device.compile(graphs.accumulate, inGraph ? { ...sessionOpts, customOpDomains: [...(sessionOpts.customOpDomains ?? []), ...inGraph.hook.customOpDomains] } : sessionOpts);
-        const apply = device.compile(graphs.apply, sessionOpts);
+        tensors.push(...(inGraph?.outputs ?? []));
+        const accumulate = compile(graphs.accumulate, inGraph ? { ...sessionOpts, customOpDomains: [...(sessionOpts.customOpDomains ?? []), ...inGraph.hook.customOpDomains] } : sessionOpts);
+        const apply = compile(graphs.apply, sessionOpts);
         // Every step's first micro-batch adds into gradient buffer 0, so it is zeroed after each
         // apply by one run writing zeros to all of them, since a fill per tensor is a session run
         // each on CUDA.
-        const zero = summed ? zeroGradientsSession(device, spec.params, opts.session) : undefined;
-        const zeroBinding = zero?.binding();
+        const zeroBinding = summed ? keepSession(zeroGradientsSession(device, spec.params, opts.session)).binding() : undefined;
         if (zeroBinding) for (const p of spec.params) zeroBinding.output(`zero/${p.name}`, grads[0].get(p.name)!);
         const reduceCast = lowReduce ? buildReduceCast(device, spec.params, grads, opts.session ?? {}) : undefined;
+        if (reduceCast) {
+          reduceCast.sessions.forEach(keepSession);
+          tensors.push(...reduceCast.low.values());
+        }
         const accumulateBindingsOf = (session: Session, nodes: boolean) => [0, 1].map((k) =>
           [0, 1].map((j) => {
             const b = session.binding();
@@ -429,18 +438,13 @@ export class Trainer {
             return b;
           }),
         );
-        const t = new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients, reduceCast, fused, inGraph, lastAccumulate })
-          .own(accumulate)
-          .own(apply);
-        if (zero) t.own(zero);
-        for (const x of reduceCast?.sessions ?? []) t.own(x);
-        if (plain) t.own(plain);
-        return t;
+        return new Trainer({ graphs, device, names, sets, accumulateBindings, applyBindings, grads, microBatches, step: init.step ?? 0, batchInputs, zeroGradients: zeroBinding, onGradients: opts.onGradients, reduceCast, fused, inGraph, lastAccumulate });
       })();
+      sessions.forEach((x) => trainer.own(x));
       return trainer;
     } catch (e) {
-      for (const set of sets) for (const b of set.values()) for (const t of [b.p, b.m, b.v]) t.dispose();
-      placeholder?.dispose();
+      for (const x of sessions) x.dispose();
+      for (const t of tensors) t.dispose();
       throw e;
     }
   }
