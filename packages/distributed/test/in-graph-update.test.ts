@@ -9,38 +9,23 @@
  * split path's step; a failing bucket node stops the step with the parameters as they were; the
  * option refuses what it does not cover, by name.
  */
-import { join } from 'node:path';
-import { Worker } from 'node:worker_threads';
 import { Device, type DeviceTensor } from '@lathe/runtime';
 import { Trainer, type TrainStepResult } from '@lathe/train';
 import { gradientAllReduceInGraph, gradientReduceScatterInGraph, LocalGroup, soloInRunReducer, ThreadGroup } from '@lathe/distributed';
 import type { RankJob, RankResult } from './overlap-rank';
-import { rankBatches, sftRows, tinySftSpec } from './tiny-sft';
+import { rankThreads } from './rank-threads';
+import { OVERLAP_BATCH, OVERLAP_BUCKET_BYTES, overlapLr, overlapRows, rankBatches, sftRows, tinySftSpec } from './tiny-sft';
 
 const STEPS = 4;
-const BATCH = 6;
-/** Small buckets, so the tiny model's gradients make several nodes. */
-const BUCKET_BYTES = 4096;
-const rows = (step: number, n: number) => sftRows(1000 + step, n);
-const lr = (step: number) => 0.02 / (1 + step);
+const BATCH = OVERLAP_BATCH;
+const BUCKET_BYTES = OVERLAP_BUCKET_BYTES;
+const rows = overlapRows;
+const lr = overlapLr;
 const { weights, spec } = tinySftSpec({ seed: 3 });
 
 /** `world` ranks as worker threads (overlap-rank.ts through tsx), one micro-batch, float32 sums in the run. */
 function threads(world: number, opts: Pick<RankJob, 'inGraphUpdate' | 'fusedAdamW' | 'nonFinite'>): Promise<RankResult[]> {
-  // a small staging area, so larger gradients go through it in several rounds
-  const shared = ThreadGroup.create(world, 256);
-  const boot = `require(${JSON.stringify(require.resolve('tsx/cjs'))});require(${JSON.stringify(join(__dirname, 'overlap-rank.ts'))});`;
-  return Promise.all(
-    Array.from({ length: world }, (_, rank) => {
-      const job: RankJob = { shared, rank, steps: STEPS, batch: BATCH, micro: 1, gradReduceDtype: 'float32', zero: false, bucketBytes: BUCKET_BYTES, ...opts };
-      const w = new Worker(boot, { eval: true, workerData: job, execArgv: ['--conditions=lathe-source'] });
-      return new Promise<RankResult>((resolve, reject) => {
-        w.once('message', (m: { ok?: RankResult; error?: string }) => (m.ok ? resolve(m.ok) : reject(new Error(`rank ${rank}: ${m.error}`))));
-        w.once('error', reject);
-        w.once('exit', (code) => reject(new Error(`rank ${rank} exited with ${code} before reporting`)));
-      }).finally(() => void w.terminate());
-    }),
-  );
+  return rankThreads(world, { steps: STEPS, batch: BATCH, micro: 1, gradReduceDtype: 'float32', zero: false, bucketBytes: BUCKET_BYTES, ...opts });
 }
 
 /** One process on the whole batch, the plain one-run step. */

@@ -12,7 +12,7 @@ import { parentPort, workerData } from 'node:worker_threads';
 import { Device, type DeviceTensor } from '@lathe/runtime';
 import { Trainer, type GradReduceDtype } from '@lathe/train';
 import { gradientAllReduceInGraph, gradientReduceScatterInGraph, ThreadGroup, type ThreadGroupShared } from '@lathe/distributed';
-import { rankBatches, sftRows, tinySftSpec } from './tiny-sft';
+import { overlapLr, overlapRows, rankBatches, tinySftSpec } from './tiny-sft';
 
 /** What the test sends each rank. */
 export interface RankJob {
@@ -55,8 +55,8 @@ export interface RankResult {
   nonFiniteKept?: boolean;
 }
 
-const rows = (step: number, n: number) => sftRows(1000 + step, n);
-const lr = (step: number) => 0.02 / (1 + step);
+const rows = overlapRows;
+const lr = overlapLr;
 
 async function main(job: RankJob): Promise<RankResult> {
   const { weights, spec } = tinySftSpec({ seed: 3 });

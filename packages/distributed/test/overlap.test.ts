@@ -5,21 +5,19 @@
  * summed gradients the update reads and the final weights — and their nodes run while the backward
  * still has work left (ORT's profile of the accumulate run).
  */
-import { join } from 'node:path';
-import { Worker } from 'node:worker_threads';
 import type { DeviceTensor } from '@lathe/runtime';
 import { Trainer, type GradReduceDtype, type TrainStepResult } from '@lathe/train';
 import { gradientAllReduce, gradientAllReduceInGraph, gradientReduceScatterInGraph, LocalGroup, ThreadGroup } from '@lathe/distributed';
 import { Device } from '@lathe/runtime';
-import type { RankJob, RankResult } from './overlap-rank';
-import { rankBatches, sftRows, tinySftSpec } from './tiny-sft';
+import type { RankResult } from './overlap-rank';
+import { rankThreads } from './rank-threads';
+import { OVERLAP_BATCH, OVERLAP_BUCKET_BYTES, overlapLr, overlapRows, rankBatches, tinySftSpec } from './tiny-sft';
 
 const STEPS = 3;
-const BATCH = 6;
-/** Small buckets, so the tiny model's gradients make several nodes. */
-const BUCKET_BYTES = 4096;
-const rows = (step: number, n: number) => sftRows(1000 + step, n);
-const lr = (step: number) => 0.02 / (1 + step);
+const BATCH = OVERLAP_BATCH;
+const BUCKET_BYTES = OVERLAP_BUCKET_BYTES;
+const rows = overlapRows;
+const lr = overlapLr;
 const { weights, spec } = tinySftSpec({ seed: 3 });
 
 /** One process on the whole batch, its summed gradients read through an onGradients hook that changes nothing. */
@@ -56,22 +54,9 @@ async function postRun(world: number, micro: number, gradReduceDtype: GradReduce
   return { grads, results, finals };
 }
 
-/** `world` ranks as worker threads (the TypeScript source through tsx, as the serve thread starts). */
+/** `world` ranks as worker threads, each with this micro-batch count, reduction dtype and ZeRO choice. */
 function threads(world: number, micro: number, gradReduceDtype: GradReduceDtype, zero: boolean): Promise<RankResult[]> {
-  // a small staging area, so larger gradients go through it in several rounds
-  const shared = ThreadGroup.create(world, 256);
-  const boot = `require(${JSON.stringify(require.resolve('tsx/cjs'))});require(${JSON.stringify(join(__dirname, 'overlap-rank.ts'))});`;
-  return Promise.all(
-    Array.from({ length: world }, (_, rank) => {
-      const job: RankJob = { shared, rank, steps: STEPS, batch: BATCH, micro, gradReduceDtype, zero, bucketBytes: gradReduceDtype === 'bfloat16' ? BUCKET_BYTES / 2 : BUCKET_BYTES };
-      const w = new Worker(boot, { eval: true, workerData: job, execArgv: ['--conditions=lathe-source'] });
-      return new Promise<RankResult>((resolve, reject) => {
-        w.once('message', (m: { ok?: RankResult; error?: string }) => (m.ok ? resolve(m.ok) : reject(new Error(`rank ${rank}: ${m.error}`))));
-        w.once('error', reject);
-        w.once('exit', (code) => reject(new Error(`rank ${rank} exited with ${code} before reporting`)));
-      }).finally(() => void w.terminate());
-    }),
-  );
+  return rankThreads(world, { steps: STEPS, batch: BATCH, micro, gradReduceDtype, zero, bucketBytes: gradReduceDtype === 'bfloat16' ? BUCKET_BYTES / 2 : BUCKET_BYTES });
 }
 
 /** max |a − b| over max |b|: a gradient's error relative to its scale (elements near zero make per-element ratios meaningless). */

@@ -95,3 +95,12 @@ export function rankBatches(global: SftRow[], rank: number, world: number, micro
 
 /** Expects `a` within relative `tol` of `b`. */
 export const relClose = (a: number, b: number, tol = 1e-5) => expect(Math.abs(a - b) / Math.max(Math.abs(b), 1e-12)).toBeLessThanOrEqual(tol);
+
+/** The in-run all-reduce tests' optimizer batch: 6 rows, split over 1, 2 or 3 ranks. */
+export const OVERLAP_BATCH = 6;
+/** Small buckets, so the tiny model's gradients make several bucket nodes. */
+export const OVERLAP_BUCKET_BYTES = 4096;
+/** Step `step`'s `n` rows in the in-run all-reduce tests. */
+export const overlapRows = (step: number, n: number) => sftRows(1000 + step, n);
+/** Step `step`'s learning rate in the in-run all-reduce tests (changes each step, so a stale one shows). */
+export const overlapLr = (step: number) => 0.02 / (1 + step);

@@ -5,21 +5,10 @@
  */
 import * as L from '@lathe/onnx';
 import { Device, Session } from '@lathe/runtime';
-import { Trainer, type InGraphGradients, type LossBuilder, type ShardCollectives, type TrainableParam, type TrainerOptions } from '@lathe/train';
+import { Trainer, type InGraphGradients, type ShardCollectives, type TrainerOptions } from '@lathe/train';
+import { init, loss, params } from './tiny-regression';
 
-const params: TrainableParam[] = [
-  { name: 'w1', shape: [6, 8], decay: true },
-  { name: 'w2', shape: [8, 3], decay: true },
-  { name: 'b', shape: [3], decay: false },
-];
-const loss: LossBuilder = (g, p) => {
-  const x = g.input('x', 'float32', ['B', 6]);
-  const t = g.input('t', 'float32', ['B', 3]);
-  const err = L.sub(L.add(L.matmul(L.matmul(x, p.get('w1')!).tanh(), p.get('w2')!), p.get('b')!), t);
-  return { loss: L.mul(err, err).sum(), metrics: {} };
-};
 const spec = { params, loss, optimizer: { weightDecay: 0.1, maxGradNorm: 0.5 } };
-const init = () => new Map(params.map((p) => [p.name, new Float32Array(p.shape.reduce((a, b) => a * b, 1)).fill(0.1)]));
 
 /** An in-run reduction hook without peers: one node output (so the trainer allocates its buffer), and a join for inGraphUpdate. */
 const hook = (): InGraphGradients => ({

@@ -1,33 +1,9 @@
 import * as L from '@lathe/onnx';
 import { Binding, Device, PlainSession, type DeviceTensor, type HostTensor } from '@lathe/runtime';
-import { biasCorrections, captureError, compileTrainStep, stateNames, Trainer, type LossBuilder, type TrainableParam } from '@lathe/train';
+import { biasCorrections, captureError, compileTrainStep, stateNames, Trainer, type LossBuilder } from '@lathe/train';
+import { batchOf, init, loss, params } from './tiny-regression';
 
-// A small regression problem: y = tanh(x W1) W2, loss = Σ (y − t)² / n_total (normalised by the
-// whole optimizer batch, so accumulation is exact).
-const params: TrainableParam[] = [
-  { name: 'w1', shape: [6, 8], decay: true },
-  { name: 'w2', shape: [8, 3], decay: true },
-  { name: 'b', shape: [3], decay: false },
-];
-const loss: LossBuilder = (g, p) => {
-  const x = g.input('x', 'float32', ['B', 6]);
-  const t = g.input('t', 'float32', ['B', 3]);
-  const n = g.input('n_total', 'float32', []);
-  const y = L.add(L.matmul(L.matmul(x, p.get('w1')!).tanh(), p.get('w2')!), p.get('b')!);
-  const err = L.sub(y, t);
-  return { loss: L.div(L.mul(err, err).sum(), n), metrics: { abs_err: L.div(err.abs().sum(), n) } };
-};
-
-function rand(n: number, seed: number): Float32Array {
-  let s = seed >>> 0;
-  return Float32Array.from({ length: n }, () => ((s = (Math.imul(s, 1664525) + 1013904223) >>> 0) / 2 ** 32) * 2 - 1);
-}
-const init = () => new Map(params.map((p, i) => [p.name, rand(p.shape.reduce((a, b) => a * b, 1), 10 + i)]));
-const batchOf = (rows: number, seed: number, total: number): Record<string, HostTensor> => ({
-  x: { data: rand(rows * 6, seed), dims: [rows, 6] },
-  t: { data: rand(rows * 3, seed + 1), dims: [rows, 3] },
-  n_total: { data: Float32Array.from([total]), dims: [] },
-});
+// The small regression problem of tiny-regression.ts.
 const optimizer = { weightDecay: 0.1, maxGradNorm: 0.5 };
 
 test('device-resident steps equal the same steps with state passed through the host each run', async () => {
