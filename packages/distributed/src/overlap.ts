@@ -192,8 +192,13 @@ export interface InGraphAllReduceOptions {
 
 let domainCount = 0;
 
-/** What a bucket node's compute hands its hook: the bucket's gradients, to sum in place. */
-type Enqueue = (k: number, ins: InRunBuffer[]) => void;
+/** What the bucket nodes' computes call: the hook's collective for each bucket, and its join where the update runs in the same run. */
+interface BucketCollective {
+  /** Enqueues bucket `k`'s collective over its gradients (the bound buffers), on the compute stream's order. */
+  enqueue(k: number, ins: InRunBuffer[]): void;
+  /** Orders the compute stream after every collective enqueued (the join node's compute); absent: the hook has no `buildReduced`. */
+  join?(): void;
+}
 
 /**
  * Writes `true` to the bool scalar at `token` inside a run: on CUDA a one-byte memset on `stream`
@@ -207,9 +212,9 @@ function writeToken(token: bigint, stream: bigint | undefined): void {
 /**
  * The bucket nodes both hooks build: one op per bucket, its compute checking its inputs are the
  * bound buffers, its output a one-element placeholder; for the update in the run (`buildReduced`)
- * a join node (`join` its compute) follows them all.
+ * a join node (`collective.join` its compute) follows them all.
  */
-function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions, enqueue: Enqueue, join?: () => void) {
+function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions, collective: BucketCollective) {
   if (device.kind === 'cuda' && device.computeStream === undefined) {
     throw new Error(`${what}: ${device.name} runs its sessions on a stream of ONNX Runtime's own, which the in-run collective cannot order NCCL behind: open it with Kernels.withDevice() from @lathe/kernels`);
   }
@@ -247,7 +252,7 @@ function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions
           // an ORT temporary copied into the bound buffer after the run would be read by NCCL while ORT reuses it
           if (ins[i].data !== want[i]) throw new Error(`GradAllReduce: bucket ${k}'s gradient '${state.plan![k][i]}' is not the bound output buffer (ONNX Runtime computed it elsewhere), so it cannot be reduced in place`);
         }
-        enqueue(k, ins.map((x) => ({ data: x.data, dtype: x.dtype, size: x.dims.reduce((a, b) => a * b, 1) })));
+        collective.enqueue(k, ins.map((x) => ({ data: x.data, dtype: x.dtype, size: x.dims.reduce((a, b) => a * b, 1) })));
       },
     });
     return name;
@@ -263,7 +268,7 @@ function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions
       compute: (ctx) => {
         const token = ctx.output(0, []);
         state.joins++;
-        join!();
+        collective.join!();
         writeToken(token, device.computeStream);
       },
     });
@@ -290,7 +295,7 @@ function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions
     },
     /** The bucket nodes (in place) and their join: the gradients (in `grads` order) and the join's output. */
     buildReduced(g: Graph, grads: readonly { name: string; grad: Tensor }[]): { reduced: Tensor[]; joined: Tensor } {
-      if (!join) throw new Error(`${what}: this hook has no join (the update in the run)`);
+      if (!collective.join) throw new Error(`${what}: this hook has no join (the update in the run)`);
       const groups = plan(grads);
       // the join reaches the buckets' nodes from the highest index down: bucket 0's node is created last, as for `build`
       const placeholders: Tensor[] = [];
@@ -340,13 +345,10 @@ function bucketNodes(what: string, device: Device, opts: InGraphAllReduceOptions
  */
 export function gradientAllReduceInGraph(reducer: InRunReducer, device: Device, opts: InGraphAllReduceOptions = {}): InGraphGradientHook {
   const stream = device.computeStream;
-  const nodes = bucketNodes(
-    'gradientAllReduceInGraph',
-    device,
-    opts,
-    (_k, bucket) => reducer.reduceInRun(bucket, stream),
-    () => reducer.joinInRun(stream),
-  );
+  const nodes = bucketNodes('gradientAllReduceInGraph', device, opts, {
+    enqueue: (_k, bucket) => reducer.reduceInRun(bucket, stream),
+    join: () => reducer.joinInRun(stream),
+  });
   return {
     customOpDomains: [nodes.domain.handle],
     build: (g, grads) => nodes.build(g, grads),
@@ -383,9 +385,11 @@ export interface InGraphShardHook {
 export function gradientReduceScatterInGraph(reducer: InRunReducer, device: Device, opts: InGraphAllReduceOptions = {}): InGraphShardHook {
   let targets: bigint[][][] | undefined;
   let current = 0;
-  const nodes = bucketNodes('gradientReduceScatterInGraph', device, opts, (k, bucket) => {
-    const out = targets![current][k];
-    reducer.reduceScatterInRun(bucket.map((input, i) => ({ input, output: out[i] })), device.computeStream);
+  const nodes = bucketNodes('gradientReduceScatterInGraph', device, opts, {
+    enqueue(k, bucket) {
+      const out = targets![current][k];
+      reducer.reduceScatterInRun(bucket.map((input, i) => ({ input, output: out[i] })), device.computeStream);
+    },
   });
   return {
     customOpDomains: [nodes.domain.handle],
