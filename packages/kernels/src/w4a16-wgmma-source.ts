@@ -11,8 +11,8 @@ import { w4a16Preamble, W4A16_TYPES } from './w4a16-source';
 
 /** One wgmma build: a CTA of `wg` warpgroups, each owning 64 output columns (weight rows) × `bm` output rows. */
 export interface W4A16WgBuild {
-  /** Output rows a CTA (activation rows; wgmma's N). */
-  bm: 64 | 128;
+  /** Output rows a CTA (activation rows; wgmma's N): 256 dequantizes each weight fragment once for twice the MMAs of 128. */
+  bm: 64 | 128 | 256;
   /** Warpgroups a CTA (64·wg output columns). */
   wg: 1 | 2;
 }
@@ -23,10 +23,18 @@ export const W4A16_WG_BUILDS: readonly W4A16WgBuild[] = [
   { bm: 64, wg: 2 },
   { bm: 128, wg: 1 },
   { bm: 128, wg: 2 },
+  { bm: 256, wg: 1 },
+  { bm: 256, wg: 2 },
 ];
 
-/** Chunks of 128 K in shared memory (cp.async stages of activations and packed weights): the one multiplied, the next two in flight, and the one whose MMAs may still be retiring. */
-export const W4A16_WG_STAGES = 4;
+/**
+ * Chunks of 128 K in shared memory (cp.async stages of activations and packed weights): the one
+ * multiplied, the one whose MMAs may still be retiring, and the rest in flight — two for builds of 64
+ * and 128 rows, one for 256 rows (four of their 64 KB activation stages do not fit in 227 KB).
+ */
+export function w4a16WgStages(v: W4A16WgBuild): number {
+  return v.bm === 256 ? 3 : 4;
+}
 
 /** A build's label, e.g. `wg128x128` (output rows × columns a CTA). */
 export function w4a16WgLabel(v: W4A16WgBuild): string {
@@ -45,7 +53,7 @@ export function w4a16WgDims(v: W4A16WgBuild): { bm: number; bn: number; threads:
 
 /** Dynamic shared memory of a build (bytes): each stage's activations [bm][128] in 16 bits and weights [64·wg][64 bytes], and up to 1 KB to align the swizzled atoms. */
 export function w4a16WgSmem(v: W4A16WgBuild): number {
-  return W4A16_WG_STAGES * (v.bm * 256 + 64 * v.wg * 64) + 1024;
+  return w4a16WgStages(v) * (v.bm * 256 + 64 * v.wg * 64) + 1024;
 }
 
 /** The kernel's name, e.g. `w4a16_bf16_wg_m128_n128`. */
@@ -73,7 +81,7 @@ function mmaWrapper(dtype: keyof typeof W4A16_TYPES, bm: number): string {
 const wrappers = (Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[]).flatMap((d) => [...new Set(W4A16_WG_BUILDS.map((v) => v.bm))].map((bm) => mmaWrapper(d, bm))).join('\n');
 
 const kernelLines = (Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[])
-  .flatMap((d) => W4A16_WG_BUILDS.map((v) => `W4A16_WG_KERNEL(${W4A16_TYPES[d].c}, ${v.bm}, ${v.wg}, ${w4a16WgKernelName(d, v)})`))
+  .flatMap((d) => W4A16_WG_BUILDS.map((v) => `W4A16_WG_KERNEL(${W4A16_TYPES[d].c}, ${v.bm}, ${v.wg}, ${w4a16WgStages(v)}, ${w4a16WgKernelName(d, v)})`))
   .join('\n');
 
 /**
@@ -107,7 +115,7 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
 // Each warp of a warpgroup owns 16 of its 64 weight rows; lane (g, t) holds wgmma's A fragments for rows g and g + 8
 // of them in the canonical order (k-step slots 2t, 2t + 1 and 2t + 8, 2t + 9: byte t and byte t + 4 of the step's 8
 // bytes of codes, each byte's two nibbles the two halves of a register), dequantized from the chunk's codes in shared
-// memory. Both operands come in by cp.async into STAGES stages of 128 K, two chunks in flight: activations [BM][128] as two 64-wide
+// memory. Both operands come in by cp.async into ST stages of 128 K, ST − 2 chunks in flight: activations [BM][128] as two 64-wide
 // atoms of 128-byte rows, the 16-byte unit u of row r at u ^ (r & 7) (the 128-byte swizzle wgmma's descriptor names),
 // weights [64·WG][64 bytes]. A chunk's 8 k-steps go as two wgmma groups of 4, their fragments double-buffered: a
 // group's registers are rewritten only after the wait that leaves one group in flight has retired the group before
@@ -129,10 +137,11 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
 #define W4_MARK(c, i)
 #define W4_USE(x)
 #endif
-template <typename T, int BM, int WG>
+template <typename T, int BM, int WG, int ST>
 __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const unsigned char* __restrict__ B, const T* __restrict__ S, const unsigned char* __restrict__ Z, T* __restrict__ C0,
                                               T* __restrict__ C1, T* __restrict__ C2, int M, int N, int n1, int n2, int K, int kb, int bs_log2, unsigned char* smem_raw) {
-  constexpr int BN = 64 * WG, THREADS = 128 * WG, ST = ${W4A16_WG_STAGES};
+  constexpr int BN = 64 * WG, THREADS = 128 * WG;
+  static_assert(ST >= 3, "a stage multiplied, one retiring and at least one in flight");
   constexpr int A_ATOM = BM * 128, A_STAGE = 2 * A_ATOM, B_STAGE = BN * 64;
   constexpr int A_PER = BM * 16 / THREADS, B_PER = BN * 4 / THREADS;  // a thread's 16-byte copies a chunk
   static_assert(A_PER * THREADS == BM * 16 && B_PER * THREADS == BN * 4, "a chunk's copies must split evenly over the threads");
@@ -284,11 +293,11 @@ __device__ __forceinline__ void w4a16_wg_body(const T* __restrict__ A, const uns
 #endif
 }
 
-#define W4A16_WG_KERNEL(T, BM, WG, NAME)                                                                                                            \
+#define W4A16_WG_KERNEL(T, BM, WG, ST, NAME)                                                                                                          \
   extern "C" __global__ void __launch_bounds__(128 * WG) NAME(const T* A, const unsigned char* B, const T* S, const unsigned char* Z, T* C0, T* C1, T* C2, \
                                                               int M, int N, int n1, int n2, int K, int kb, int bs_log2) {                          \
     W4_SHARED(smem);                                                                                                                              \
-    w4a16_wg_body<T, BM, WG>(A, B, S, Z, C0, C1, C2, M, N, n1, n2, K, kb, bs_log2, smem);                                                         \
+    w4a16_wg_body<T, BM, WG, ST>(A, B, S, Z, C0, C1, C2, M, N, n1, n2, K, kb, bs_log2, smem);                                                       \
   }
 ${kernelLines}
 #endif

@@ -306,16 +306,21 @@ export interface W4A16LaunchOptions {
   wgmma?: W4A16WgBuild;
 }
 
+/** The share of the SMs a wgmma grid must give a CTA for its tile to be chosen over a smaller one. */
+export const W4A16_WG_FILL = 0.7;
+
 /**
- * The wgmma build for `shape` over `sms` SMs: the largest tile (128 rows before 64, then two warpgroups before one:
- * fewer reads of the activations and weights from L2) whose grid still gives every SM a CTA, else the one with the
- * most CTAs (64 rows × 64 columns); never 128 rows a CTA for 64 rows or fewer.
+ * The wgmma build for `shape` over `sms` SMs: the largest tile (256 rows from 512 rows, then 128 rows before 64, two
+ * warpgroups before one: fewer reads of the activations and weights from L2, and each dequantized weight fragment
+ * feeding more MMAs) whose grid gives at least {@link W4A16_WG_FILL} of the SMs a CTA — one wave at that share
+ * still beats twice the CTAs of half the tile — else the one with the most CTAs (64 rows × 64 columns); never 128
+ * rows a CTA for 64 rows or fewer. 256 rows × 64 columns is never chosen (as slow as 64 × 128 where it fills the SMs).
  */
 export function w4a16WgChoice(shape: Pick<W4A16Shape, 'M' | 'N'>, sms = W4A16_DEFAULT_SMS): W4A16WgBuild {
-  const order: W4A16WgBuild[] = [{ bm: 128, wg: 2 }, { bm: 128, wg: 1 }, { bm: 64, wg: 2 }, { bm: 64, wg: 1 }];
+  const order: W4A16WgBuild[] = [{ bm: 256, wg: 2 }, { bm: 128, wg: 2 }, { bm: 128, wg: 1 }, { bm: 64, wg: 2 }, { bm: 64, wg: 1 }];
   const ctas = (v: W4A16WgBuild) => Math.ceil(shape.N / (64 * v.wg)) * Math.ceil(shape.M / v.bm);
-  const fits = order.filter((v) => shape.M > 64 || v.bm === 64);
-  return fits.find((v) => ctas(v) >= sms) ?? fits[fits.length - 1];
+  const fits = order.filter((v) => (v.bm === 256 ? shape.M >= 512 : shape.M > 64 || v.bm === 64));
+  return fits.find((v) => ctas(v) >= W4A16_WG_FILL * sms) ?? fits[fits.length - 1];
 }
 
 type Ptr = ArgValue<'ptr'>;

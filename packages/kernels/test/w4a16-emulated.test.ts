@@ -182,6 +182,8 @@ test.each<[string, Case]>([
   ['wgmma 128 × 64, bf16 with zero points, block 128: K = 1280 (10 chunks: the 4-stage ring wraps), M = 130 (two row tiles)', { dtype: 'bfloat16', M: 130, N: 64, K: 1280, blockSize: 128, zeroPoints: true, wg: { bm: 128, wg: 1 } }],
   ['wgmma 128 × 128, fp16, block 64: M = 100, N = 200 (the second CTA past N from its second warpgroup), K = 576 (9 blocks: an odd zero-point nibble), gate/up outputs of 100 and 100', { dtype: 'float16', M: 100, N: 200, K: 576, blockSize: 64, zeroPoints: true, widths: [100, 100], wg: { bm: 128, wg: 2 } }],
   ['wgmma 128 × 128, bf16, block 64: one chunk (K = 128), 128 rows', { dtype: 'bfloat16', M: 128, N: 128, K: 128, blockSize: 64, zeroPoints: false, wg: { bm: 128, wg: 2 } }],
+  ['wgmma 256 × 64 (three stages, one chunk in flight), bf16 with zero points, block 64: M = 260 (two row tiles, the second of 4 rows), K = 640 (5 chunks: the 3-stage ring wraps)', { dtype: 'bfloat16', M: 260, N: 64, K: 640, blockSize: 64, zeroPoints: true, wg: { bm: 256, wg: 1 } }],
+  ['wgmma 256 × 128, fp16, block 32: M = 200, N = 120 (the second warpgroup past N for 8 of its rows), K = 448 (4 chunks, the last half past K)', { dtype: 'float16', M: 200, N: 120, K: 448, blockSize: 32, zeroPoints: false, wg: { bm: 256, wg: 2 } }],
 ])('%s', (_name, c) => {
   expectClose(c, run(c));
 }, 240_000);

@@ -7,7 +7,7 @@
 import * as L from '@lathe/onnx';
 import { attr, defineOp } from '@lathe/onnx';
 import { Device } from '@lathe/runtime';
-import { W4A16_TILE_VARIANTS, W4A16_WG_BUILDS, w4a16WgBuild, w4a16WgChoice, w4a16WgDims, w4a16WgKernelName, w4a16WgLabel, w4a16WgSmem, w4a16WgSource, w4a16DefaultChoice, w4a16MaxSharedBytes, w4a16Ops, w4a16Plan, w4a16Reference, w4a16TileDims, w4a16TileEstimate, w4a16TileKernelName, w4a16TilePlan, w4a16TileSmem, w4a16TileUnavailable, w4a16Unsupported } from '@lathe/kernels';
+import { W4A16_TILE_VARIANTS, W4A16_WG_BUILDS, w4a16WgBuild, w4a16WgChoice, w4a16WgDims, w4a16WgKernelName, w4a16WgLabel, w4a16WgSmem, w4a16WgSource, w4a16WgStages, w4a16DefaultChoice, w4a16MaxSharedBytes, w4a16Ops, w4a16Plan, w4a16Reference, w4a16TileDims, w4a16TileEstimate, w4a16TileKernelName, w4a16TilePlan, w4a16TileSmem, w4a16TileUnavailable, w4a16Unsupported } from '@lathe/kernels';
 
 interface NBits {
   K: number;
@@ -229,27 +229,35 @@ test('shapes outside the kernels are named (the caller keeps MatMulNBits)', () =
   ops.dispose();
 });
 
-test('the wgmma builds: the largest tile whose grid fills the SMs, else the most CTAs; names, labels and shared memory', () => {
-  // Qwen3-8B's q_proj (N = 4096): 64 column tiles of 64, 32 of 128
+test('the wgmma builds: the largest tile whose grid gives 0.7 of the SMs a CTA, else the most CTAs; names, labels and shared memory', () => {
+  // Qwen3-8B's q_proj (N = 4096): 64 column tiles of 64, 32 of 128; 0.7 of 132 SMs is 92.4 CTAs
   expect(w4a16WgChoice({ M: 64, N: 4096 })).toEqual({ bm: 64, wg: 1 }); // 64 CTAs at most: the most
-  expect(w4a16WgChoice({ M: 256, N: 4096 })).toEqual({ bm: 64, wg: 1 }); // 128 rows a CTA gives 64 or 128 CTAs, short of 132: 64 × 64 gives 256
-  expect(w4a16WgChoice({ M: 256, N: 4096 }, 128)).toEqual({ bm: 128, wg: 1 });
-  expect(w4a16WgChoice({ M: 640, N: 4096 })).toEqual({ bm: 128, wg: 2 }); // 5 × 32 = 160 CTAs
-  // the fused gate/up (N = 24,576): 192 CTAs of 128 × 128
+  expect(w4a16WgChoice({ M: 256, N: 4096 })).toEqual({ bm: 128, wg: 1 }); // 128 × 128 gives 64 CTAs, 128 × 64 gives 128
+  expect(w4a16WgChoice({ M: 256, N: 4096 }, 64)).toEqual({ bm: 128, wg: 2 }); // 64 CTAs fill 64 SMs
+  expect(w4a16WgChoice({ M: 512, N: 4096 })).toEqual({ bm: 128, wg: 2 }); // 256 rows gives 32 CTAs; 128 × 128 gives 128
+  expect(w4a16WgChoice({ M: 640, N: 4096 })).toEqual({ bm: 256, wg: 2 }); // 3 × 32 = 96 CTAs of 256 × 128
+  // the fused gate/up (N = 24,576): 192 CTAs of 128 × 128 at 65-128 rows; 256 rows a CTA only from 512 rows
   expect(w4a16WgChoice({ M: 65, N: 24576 })).toEqual({ bm: 128, wg: 2 });
-  expect(w4a16WgChoice({ M: 65, N: 24576 }, 264)).toEqual({ bm: 128, wg: 1 });
+  expect(w4a16WgChoice({ M: 65, N: 24576 }, 300)).toEqual({ bm: 128, wg: 1 });
+  expect(w4a16WgChoice({ M: 256, N: 24576 })).toEqual({ bm: 128, wg: 2 });
+  expect(w4a16WgChoice({ M: 512, N: 24576 })).toEqual({ bm: 256, wg: 2 });
   expect(w4a16WgChoice({ M: 48, N: 24576 })).toEqual({ bm: 64, wg: 2 });
+  // Qwen3-0.6B's gate/up (N = 6,144): 96 CTAs of 128 × 128 at 256 rows, 96 of 256 × 128 at 512
+  expect(w4a16WgChoice({ M: 256, N: 6144 })).toEqual({ bm: 128, wg: 2 });
+  expect(w4a16WgChoice({ M: 512, N: 6144 })).toEqual({ bm: 256, wg: 2 });
   for (const v of W4A16_WG_BUILDS) {
     expect(w4a16WgBuild(w4a16WgLabel(v))).toEqual(v);
     expect(w4a16WgDims(v)).toEqual({ bm: v.bm, bn: 64 * v.wg, threads: 128 * v.wg });
-    // four stages of activations [bm][128] and weights [64·wg][64 bytes], 1 KB to align: under sm_90's 227 KB
-    expect(w4a16WgSmem(v)).toBe(4 * (v.bm * 256 + v.wg * 4096) + 1024);
+    // four stages (three at 256 rows) of activations [bm][128] and weights [64·wg][64 bytes], 1 KB to align: under sm_90's 227 KB
+    expect(w4a16WgStages(v)).toBe(v.bm === 256 ? 3 : 4);
+    expect(w4a16WgSmem(v)).toBe(w4a16WgStages(v) * (v.bm * 256 + v.wg * 4096) + 1024);
     expect(w4a16WgSmem(v)).toBeLessThanOrEqual(w4a16MaxSharedBytes(90));
     for (const d of ['bfloat16', 'float16'] as const) expect(w4a16WgSource).toContain(`, ${w4a16WgKernelName(d, v)})`);
   }
   expect(w4a16WgLabel({ bm: 128, wg: 2 })).toBe('wg128x128');
-  expect(w4a16WgBuild('wg256x64')).toBeUndefined();
+  expect(w4a16WgLabel({ bm: 256, wg: 1 })).toBe('wg256x64');
+  expect(w4a16WgBuild('wg512x64')).toBeUndefined();
   // each wgmma shape the builds use, in both types, and the kernels only where sm_90a's features are on
-  for (const n of [64, 128]) for (const t of ['bf16', 'f16']) expect(w4a16WgSource).toContain(`wgmma.mma_async.sync.aligned.m64n${n}k16.f32.${t}.${t}`);
+  for (const n of [64, 128, 256]) for (const t of ['bf16', 'f16']) expect(w4a16WgSource).toContain(`wgmma.mma_async.sync.aligned.m64n${n}k16.f32.${t}.${t}`);
   expect(w4a16WgSource).toContain('__CUDA_ARCH_FEAT_SM90_ALL');
 });

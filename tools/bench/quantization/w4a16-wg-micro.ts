@@ -3,11 +3,12 @@
  * projection shapes at each of `--rows`. First each build's output against the tiled plan's on random codes,
  * scales and activations (max difference over the tiled output's largest magnitude; fails past 1e-2: the tiled
  * kernels pass quant-bench's float64 check), then µs per call (a CUDA graph of back-to-back launches over
- * weight copies that exceed L2, as quant-bench's microbenchmark) and TFLOP/s. One JSON line a shape and row count.
+ * weight copies that exceed L2, as quant-bench's microbenchmark) and TFLOP/s, and the default build's (`w4a16WgChoice`)
+ * time against the fastest build's. One JSON line a shape and row count.
  *
  * usage: node .bundle/w4a16-wg-micro.js [--shapes 8b|0.6b] [--rows 64,128,256] [--block 64]
  */
-import { cudaIncludeDir, Kernels, W4A16, W4A16_WG_BUILDS, w4a16TimingWeights, w4a16WgLabel, type W4A16LaunchOptions, type W4A16Shape } from '@lathe/kernels';
+import { cudaIncludeDir, Kernels, W4A16, W4A16_WG_BUILDS, w4a16TimingWeights, w4a16WgChoice, w4a16WgLabel, type W4A16LaunchOptions, type W4A16Shape } from '@lathe/kernels';
 import { fromBfloat16Bits, toBfloat16Bits, type DeviceTensor } from '@lathe/runtime';
 import { arg } from '../argv';
 
@@ -75,7 +76,10 @@ function main(): void {
           const ms = time({ wgmma: v });
           runs.push({ kernel: w4a16WgLabel(v), us: +(ms * 1000).toFixed(2), tflop_s: +(flops / (ms / 1000) / 1e12).toFixed(1), vs_tiled_max_rel: +rel.toExponential(2) });
         }
-        console.log(JSON.stringify({ shape: name, N, K, M, runs }));
+        // the default build (w4a16WgChoice) beside the best one timed
+        const choice = w4a16WgLabel(w4a16WgChoice(shape, kernels.smCount));
+        const best = runs.slice(1).reduce((a, b) => ((b.us as number) < (a.us as number) ? b : a));
+        console.log(JSON.stringify({ shape: name, N, K, M, choice, choice_vs_best: +((best.us as number) / (runs.find((r) => r.kernel === choice)!.us as number)).toFixed(3), runs }));
       }
     } finally {
       for (const t of owned) t.dispose();
