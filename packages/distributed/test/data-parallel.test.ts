@@ -6,15 +6,12 @@
  */
 import { Trainer, type TrainStepResult } from '@lathe/train';
 import { buckets, checkDataParallelBatch, checkSameConfig, gatherRows, gradientAllReduce, LocalGroup, shardOf, type Collectives } from '@lathe/distributed';
-import { rankBatches, relClose, sftRows, tinySftSpec } from './tiny-sft';
+import { rankBatches, relClose, stepLr as lr, stepRows as rows, tinySftSpec } from './tiny-sft';
 
 const { weights, spec } = tinySftSpec({ seed: 3 });
-/** Step `step`'s global batch: `n` rows of varying length (so ranks' shards pad to different widths). */
-const rows = (step: number, n: number) => sftRows(1000 + step, n);
 
 const STEPS = 4;
 const BATCH = 8;
-const lr = (step: number) => 0.02 / (1 + step);
 
 function singleProcess(): { results: TrainStepResult[]; final: Map<string, Float32Array> } {
   const trainer = Trainer.create(spec, { params: weights });

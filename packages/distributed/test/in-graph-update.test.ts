@@ -14,13 +14,9 @@ import { Trainer, type TrainStepResult } from '@lathe/train';
 import { gradientAllReduceInGraph, gradientReduceScatterInGraph, LocalGroup, soloInRunReducer, ThreadGroup } from '@lathe/distributed';
 import type { RankJob, RankResult } from './overlap-rank';
 import { rankThreads } from './rank-threads';
-import { OVERLAP_BATCH, OVERLAP_BUCKET_BYTES, overlapLr, overlapRows, rankBatches, sftRows, tinySftSpec } from './tiny-sft';
+import { OVERLAP_BATCH as BATCH, OVERLAP_BUCKET_BYTES as BUCKET_BYTES, stepLr as lr, stepRows as rows, rankBatches, sftRows, tinySftSpec } from './tiny-sft';
 
 const STEPS = 4;
-const BATCH = OVERLAP_BATCH;
-const BUCKET_BYTES = OVERLAP_BUCKET_BYTES;
-const rows = overlapRows;
-const lr = overlapLr;
 const { weights, spec } = tinySftSpec({ seed: 3 });
 
 /** `world` ranks as worker threads (overlap-rank.ts through tsx), one micro-batch, float32 sums in the run. */

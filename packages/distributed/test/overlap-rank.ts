@@ -12,7 +12,7 @@ import { parentPort, workerData } from 'node:worker_threads';
 import { Device, type DeviceTensor } from '@lathe/runtime';
 import { Trainer, type GradReduceDtype } from '@lathe/train';
 import { gradientAllReduceInGraph, gradientReduceScatterInGraph, ThreadGroup, type ThreadGroupShared } from '@lathe/distributed';
-import { overlapLr, overlapRows, rankBatches, tinySftSpec } from './tiny-sft';
+import { stepLr as lr, stepRows as rows, rankBatches, tinySftSpec } from './tiny-sft';
 
 /** What the test sends each rank. */
 export interface RankJob {
@@ -54,9 +54,6 @@ export interface RankResult {
   /** With `nonFinite`: whether that step left this rank's parameters and step count as they were. */
   nonFiniteKept?: boolean;
 }
-
-const rows = overlapRows;
-const lr = overlapLr;
 
 async function main(job: RankJob): Promise<RankResult> {
   const { weights, spec } = tinySftSpec({ seed: 3 });

@@ -11,13 +11,9 @@ import { gradientAllReduce, gradientAllReduceInGraph, gradientReduceScatterInGra
 import { Device } from '@lathe/runtime';
 import type { RankResult } from './overlap-rank';
 import { rankThreads } from './rank-threads';
-import { OVERLAP_BATCH, OVERLAP_BUCKET_BYTES, overlapLr, overlapRows, rankBatches, tinySftSpec } from './tiny-sft';
+import { OVERLAP_BATCH as BATCH, OVERLAP_BUCKET_BYTES as BUCKET_BYTES, stepLr as lr, stepRows as rows, rankBatches, tinySftSpec } from './tiny-sft';
 
 const STEPS = 3;
-const BATCH = OVERLAP_BATCH;
-const BUCKET_BYTES = OVERLAP_BUCKET_BYTES;
-const rows = overlapRows;
-const lr = overlapLr;
 const { weights, spec } = tinySftSpec({ seed: 3 });
 
 /** One process on the whole batch, its summed gradients read through an onGradients hook that changes nothing. */

@@ -100,7 +100,7 @@ export const relClose = (a: number, b: number, tol = 1e-5) => expect(Math.abs(a 
 export const OVERLAP_BATCH = 6;
 /** Small buckets, so the tiny model's gradients make several bucket nodes. */
 export const OVERLAP_BUCKET_BYTES = 4096;
-/** Step `step`'s `n` rows in the in-run all-reduce tests. */
-export const overlapRows = (step: number, n: number) => sftRows(1000 + step, n);
-/** Step `step`'s learning rate in the in-run all-reduce tests (changes each step, so a stale one shows). */
-export const overlapLr = (step: number) => 0.02 / (1 + step);
+/** Step `step`'s global batch: `n` rows of varying length (so ranks' shards pad to different widths). */
+export const stepRows = (step: number, n: number) => sftRows(1000 + step, n);
+/** Step `step`'s learning rate (changes each step, so a stale one shows). */
+export const stepLr = (step: number) => 0.02 / (1 + step);

@@ -6,7 +6,7 @@
  */
 import { shardLayout, Trainer, type OptimizerState, type TrainStepResult } from '@lathe/train';
 import { gradientAllReduce, LocalGroup } from '@lathe/distributed';
-import { rankBatches, relClose, sftRows, tinySftSpec } from './tiny-sft';
+import { rankBatches, relClose, sftRows, stepLr as lr, tinySftSpec } from './tiny-sft';
 
 const { weights, params, spec } = tinySftSpec({ seed: 5 });
 /** Rank `rank`'s share of step `step`'s global batch (rows of varying length), as `micro` micro-batches. */
@@ -16,7 +16,6 @@ const STEPS = 5;
 /** Bytes of the float32 parameters: unsharded data parallelism keeps 2 sets of (weights, m, v) and 2 gradient buffers, 8 × P. */
 const P = params.reduce((s, p) => s + 4 * p.shape.reduce((a, b) => a * b, 1), 0);
 const BATCH = 6;
-const lr = (step: number) => 0.02 / (1 + step);
 
 const reference = (() => {
   const trainer = Trainer.create(spec, { params: weights });
