@@ -745,7 +745,7 @@ function measureDenseMatMul(device: Device, dtype: DType, config: DecoderConfig,
   return { rows: out };
 }
 
-/** Per shape and M: the plan's tile, the best tile, split-K and the dense MatMul's µs, and dense µs / tile µs (≥ 1: the tile is at least as fast). */
+/** Per shape and M: the plan's tile, the best tile, split-K, the wgmma choice (sm_90) and the dense MatMul's µs, and dense µs / kernel µs (≥ 1: the kernel is at least as fast). */
 function compareTiles(tiles: Record<string, unknown>[], dense: Record<string, unknown>[]): Record<string, unknown>[] {
   const key = (r: Record<string, unknown>) => `${String(r.shape)}/${String(r.M)}`;
   return dense.map((d) => {
@@ -753,6 +753,7 @@ function compareTiles(tiles: Record<string, unknown>[], dense: Record<string, un
     const plan = mine.find((t) => String(t.kernel).startsWith('tile plan'));
     const best = mine.filter((t) => String(t.kernel).startsWith('tile ') && !String(t.kernel).startsWith('tile plan')).sort((p, q) => Number(p.us_per_call) - Number(q.us_per_call))[0];
     const split = mine.find((t) => t.kernel === 'split-K');
+    const wgmma = mine.find((t) => String(t.kernel).startsWith('wgmma choice'));
     const denseUs = typeof d.us_per_call === 'number' ? d.us_per_call : undefined;
     return {
       shape: d.shape,
@@ -765,6 +766,7 @@ function compareTiles(tiles: Record<string, unknown>[], dense: Record<string, un
       split_k_us: split?.us_per_call ?? null,
       dense_over_plan: ratio(denseUs, plan?.us_per_call as number | undefined),
       dense_over_best_tile: ratio(denseUs, best?.us_per_call as number | undefined),
+      ...(wgmma ? { wgmma_kernel: wgmma.kernel, wgmma_us: wgmma.us_per_call, dense_over_wgmma: ratio(denseUs, wgmma.us_per_call as number | undefined) } : {}),
     };
   });
 }
