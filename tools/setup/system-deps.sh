@@ -2,7 +2,7 @@
 # Installs the Debian packages Lathe's tests need: the code sandbox's OS isolation (bubblewrap for
 # namespaces, prlimit from util-linux for resource limits) and python3 as a sandboxed language, at
 # the absolute paths the sandbox runs them from (packages/graders/src/code/sandbox.ts), and
-# Chromium, in which the studio's pages are tested (apps/studio/test/browser.test.ts). Idempotent:
+# Chromium, in which the studio's pages are tested (apps/studio/test/browser.slow.test.ts). Idempotent:
 # does nothing when everything is present. As root with apt-get it installs what is missing;
 # otherwise, or with --check, it exits 1 with the one command that fixes it.
 # usage: bash tools/setup/system-deps.sh [--check]

@@ -5,7 +5,7 @@
  * step's stream, reused for smaller batches, grown (the old one kept for graphs that captured it)
  * outside a capture and refused during one; dispose frees them all. A module of some groups (the
  * `groups` compile option): its source has those splits, its steps launch them, other groups are refused. The kernels themselves are tested
- * in decode-attention-emulated.test.ts and on the device by tools/bench/kernels/decode-check.ts.
+ * in decode-attention-emulated.slow.test.ts and on the device by tools/bench/kernels/decode-check.ts.
  */
 import { DecodeAttention, decodeAttentionSource, decodeAttentionSourceFor, decodeKernelName, type DecodeAttentionShape, type DecodeStepArgs, type Kernels } from '@lathe/kernels';
 

@@ -3,7 +3,7 @@
  * gradient rule that emits the backward op, placed in the decoder through `FlashAttentionInputs.kernel`,
  * against the decoder's GroupQueryAttention path with its composed gradient rule (ORT's CPU
  * kernels, float32): the same log-probs at every token of a right-padded batch and the same
- * gradient for every weight. The kernels themselves are tested in flash-attention-emulated.test.ts
+ * gradient for every weight. The kernels themselves are tested in flash-attention-emulated.slow.test.ts
  * (CPU emulation) and on the GPU by tools/bench/kernels/flash-check.ts.
  */
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';

@@ -2,7 +2,7 @@
  * The graph side of the W4A16 kernels on the CPU: the custom op (host compute, float32) in a session
  * beside ONNX Runtime's own MatMulNBits on the same inputs, and both against `w4a16Reference` — with
  * and without zero points, leading dims kept, K padded to whole blocks. The kernels themselves are
- * tested in w4a16-emulated.test.ts (CPU emulation) and on the GPU by quant-bench's numerics check.
+ * tested in w4a16-emulated.slow.test.ts (CPU emulation) and on the GPU by quant-bench's numerics check.
  */
 import * as L from '@lathe/onnx';
 import { attr, defineOp } from '@lathe/onnx';
