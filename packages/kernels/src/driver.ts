@@ -90,6 +90,7 @@ export class CudaDriver {
       eventCreate: decl('int cuEventCreate(_Out_ void** event, unsigned int flags)'),
       eventRecord: decl('int cuEventRecord(void* event, void* stream)'),
       eventSync: decl('int cuEventSynchronize(void* event)'),
+      streamWaitEvent: decl('int cuStreamWaitEvent(void* stream, void* event, unsigned int flags)'),
       eventElapsed: either('int cuEventElapsedTime_v2(_Out_ float* ms, void* start, void* end)', 'int cuEventElapsedTime(_Out_ float* ms, void* start, void* end)'),
       eventDestroy: either('int cuEventDestroy_v2(void* event)', 'int cuEventDestroy(void* event)'),
       memcpyHtoD: either('int cuMemcpyHtoDAsync_v2(uint64_t dst, const void* src, size_t n, void* stream)', 'int cuMemcpyHtoDAsync(uint64_t dst, const void* src, size_t n, void* stream)'),
@@ -219,11 +220,16 @@ export class CudaDriver {
     this.check('cuStreamSynchronize', this.f.streamSync(stream));
   }
 
-  /** A new event (default flags: timing enabled). */
-  createEvent(): Handle {
+  /** A new event (timing enabled; `timing: false` makes `CU_EVENT_DISABLE_TIMING` events, cheaper to record and wait on). */
+  createEvent(timing = true): Handle {
     const out: (Handle | null)[] = [null];
-    this.check('cuEventCreate', this.f.eventCreate(out, 0));
+    this.check('cuEventCreate', this.f.eventCreate(out, timing ? 0 : 2));
     return out[0]!;
+  }
+
+  /** Makes the work queued on `stream` after this call wait for `event`'s last record (a fork or join between streams; legal in a capture). */
+  waitEvent(stream: Handle, event: Handle): void {
+    this.check('cuStreamWaitEvent', this.f.streamWaitEvent(stream, event, 0));
   }
 
   /** Records `event` on `stream`. */

@@ -39,3 +39,30 @@ export function takesKernel(kernel: NBitsKernel, x: Tensor, attrs: NBitsLayout['
   const rows = lead.reduce((p, d) => p * d, 1);
   return rows <= maxRows && kernel.unsupported(attrs, x.dtype) === undefined;
 }
+
+/** One INT4 projection of a {@link NBitsPipeline}, as its pipeline reads it. */
+export interface NBitsPipelineProjection {
+  /** The weight's name, or a fused group's ({@link FusedProjection}'s `name`). */
+  key: string;
+  b: Tensor;
+  scales: Tensor;
+  zeroPoints?: Tensor;
+  attrs: NBitsLayout['attrs'];
+  /** Outputs' widths for a fused group; absent: one output. */
+  widths?: readonly number[];
+}
+
+/**
+ * INT4 products of many rows as dequantize + GEMM with each dequantize queued ahead of its product
+ * (what `w4a16GemmOps(provider, W4A16Gemm.create(kernels))` of @lathe/kernels returns): projections the
+ * kernel does not take (more than `kernelMaxRows` rows, or rows unknown at build) go through it instead
+ * of MatMulNBits, in the order the model reads them.
+ */
+export interface NBitsPipeline {
+  /** A pipeline over `projections` for one graph: call it for each in order, `(key, x)` → its outputs (`packed`: a group's as one). */
+  pipeline(projections: readonly NBitsPipelineProjection[]): (key: string, x: Tensor, packed?: boolean) => Tensor[];
+  /** Why a projection cannot go through it with activations in `dtype`, or undefined. */
+  unsupported(attrs: NBitsLayout['attrs'], dtype: DType): string | undefined;
+  /** Session options the graphs need (its custom-op domain). */
+  session: Pick<SessionOptions, 'customOpDomains'>;
+}

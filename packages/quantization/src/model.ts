@@ -12,7 +12,7 @@ import type { DType, Graph, Tensor } from '@lathe/onnx';
 import { CausalLM, isProjectionWeight, lmHeadName, paramSpecs, type CausalLMOptions, type DecoderConfig, type Weights } from '@lathe/models';
 import { toBfloat16Bits, toFloat16Bits, type Device, type DeviceKind, type DeviceTensor, type SessionOptions } from '@lathe/runtime';
 import { fusedGemmIneligibility, fusedGemmSession } from './fused';
-import { takesKernel, type NBitsKernel } from './kernel';
+import { takesKernel, type NBitsKernel, type NBitsPipeline, type NBitsPipelineProjection } from './kernel';
 import { declareQuantizedLinear, kernelTensorSpecs, quantizedMatmul, type QuantizedLinearDeclaration, type QuantizedLinearTensors, type QuantizedMatmulMode } from './linear';
 import { kernelLayout, type Bnb4Layout, type NBitsLayout } from './layout';
 import { dequantize, kBlocks, QUANT_FORMATS, storedBytes, type QuantFormat, type QuantizedMatrix } from './matrix';
@@ -134,10 +134,13 @@ export class QuantizedModel {
    * projections that share their input (q/k/v, gate/up: {@link FUSED_PROJECTIONS}) are held
    * concatenated along N (inputs named after the fused weight, e.g. `….qkv_proj.weight.q`) and run as
    * one node — the op writing each projection's output, or MatMulNBits and slices where the op does not apply.
+   * `pipeline` (with `quantizedWeights: 'kernel'`): the INT4 projections the kernel does not take (more rows
+   * than `kernelMaxRows`, or rows unknown at build: prefill) go through it — each dequantized ahead of its
+   * product, in the order the model reads them (`w4a16GemmOps` of @lathe/kernels) — instead of MatMulNBits.
    */
   graphWeights(
     g: Graph,
-    opts: { dtype: DType; mode?: QuantizedMatmulMode; inline?: boolean; prefix?: string; backward?: 'kernel' | 'dequantize'; skip?: readonly string[]; quantizedWeights?: QuantizedWeightsAs; kernel?: NBitsKernel; kernelMaxRows?: number },
+    opts: { dtype: DType; mode?: QuantizedMatmulMode; inline?: boolean; prefix?: string; backward?: 'kernel' | 'dequantize'; skip?: readonly string[]; quantizedWeights?: QuantizedWeightsAs; kernel?: NBitsKernel; kernelMaxRows?: number; pipeline?: NBitsPipeline },
   ): { weights: Weights; inputs: Map<string, Tensor> } {
     const p = opts.prefix ?? '';
     const own = opts.quantizedWeights === 'kernel' ? opts.kernel : undefined;
@@ -183,8 +186,27 @@ export class QuantizedModel {
       if (!c) cast.set(name, (c = L.Graph.build(t.graph, () => L.cast(t, opts.dtype))));
       return c;
     };
-    const project = (x: Tensor, t: QuantizedLinearTensors): Tensor => {
+    // The pipeline's projections: every INT4 one it takes, fused groups as one, in paramSpecs' order (the model's reading order).
+    const piped = new Map<string, NBitsPipelineProjection>();
+    if (own && opts.pipeline && (opts.mode ?? 'kernel') === 'kernel') {
+      for (const spec of paramSpecs(this.config)) {
+        const member = grouped.get(spec.name);
+        const key = member ? member.group.name : spec.name;
+        const t = member ? member.t : kernels.get(spec.name);
+        if (piped.has(key) || !t || t.op !== 'MatMulNBits' || opts.pipeline.unsupported(t.attrs, opts.dtype) !== undefined) continue;
+        piped.set(key, { key, b: t.b, scales: t.scales, zeroPoints: t.zeroPoints, attrs: t.attrs, ...(member ? { widths: member.group.widths } : {}) });
+      }
+    }
+    let pipe: ((key: string, x: Tensor, packed?: boolean) => Tensor[]) | undefined;
+    const viaPipeline = (key: string | undefined, x: Tensor, t: QuantizedLinearTensors, packed = false): Tensor[] | undefined => {
+      if (key === undefined || !piped.has(key) || t.op !== 'MatMulNBits' || takesKernel(own!, x, t.attrs, opts.kernelMaxRows)) return undefined;
+      pipe ??= opts.pipeline!.pipeline([...piped.values()]);
+      return pipe(key, x, packed);
+    };
+    const project = (x: Tensor, t: QuantizedLinearTensors, key?: string): Tensor => {
       if (own && t.op === 'MatMulNBits' && (opts.mode ?? 'kernel') === 'kernel' && takesKernel(own, x, t.attrs, opts.kernelMaxRows)) return own.matmul(x, t.b, t.scales, t.zeroPoints, t.attrs);
+      const p = viaPipeline(key, x, t);
+      if (p) return p[0];
       return quantizedMatmul(x, t, opts.mode ?? 'kernel', opts.backward);
     };
     // A group's outputs for the input they were computed from: the other members asked with the same x reuse them.
@@ -193,7 +215,10 @@ export class QuantizedModel {
       const hit = fusedOut.get(group);
       if (hit && hit.x === x) return hit.outs;
       let outs: Tensor[];
-      if (own && t.op === 'MatMulNBits' && (opts.mode ?? 'kernel') === 'kernel' && takesKernel(own, x, t.attrs, opts.kernelMaxRows)) outs = own.matmulSplit(x, t.b, t.scales, t.zeroPoints, t.attrs, group.widths);
+      const kernelTakes = own && t.op === 'MatMulNBits' && (opts.mode ?? 'kernel') === 'kernel' && takesKernel(own, x, t.attrs, opts.kernelMaxRows);
+      const p = kernelTakes ? undefined : viaPipeline(group.name, x, t);
+      if (kernelTakes && own && t.op === 'MatMulNBits') outs = own.matmulSplit(x, t.b, t.scales, t.zeroPoints, t.attrs, group.widths);
+      else if (p) outs = p;
       else {
         const y = quantizedMatmul(x, t, opts.mode ?? 'kernel', opts.backward);
         const axis = y.rank - 1;
@@ -203,13 +228,19 @@ export class QuantizedModel {
       fusedOut.set(group, { x, outs });
       return outs;
     };
+    // A group through the pipeline hands its product over packed (one GEMM) to consumers that read it so (Weights.packed).
+    weights.packed = (group, prefix, x) => {
+      const key = `${prefix}.${group === 'qkv' ? 'qkv_proj' : 'gate_up_proj'}.weight`;
+      const member = [...grouped.values()].find((m) => m.group.name === key);
+      return member ? viaPipeline(key, x, member.t, true)?.[0] : undefined;
+    };
     weights.matmul = (name, x) => {
       // The quantized head is asked for by the head's name (lmLogits); the dense one stays readable.
       if (head && name === head.name) return project(x, head.t);
       const member = grouped.get(name);
       if (member) return projectGroup(x, member.group, member.t)[member.index];
       const t = kernels.get(name);
-      return t ? project(x, t) : undefined;
+      return t ? project(x, t, name) : undefined;
     };
     return { weights, inputs };
   }
@@ -263,14 +294,15 @@ export class QuantizedModel {
     return {
       ...plan,
       tensors: this.deviceTensors(device, dtype, '', { quantizedWeights: plan.quantizedWeights }),
-      graphWeights: (g) => this.graphWeights(g, { dtype, mode, quantizedWeights: plan.quantizedWeights, kernel: opts.kernel, kernelMaxRows: opts.kernelMaxRows }).weights,
-      session: plan.fusedGemm ? fusedGemmSession() : plan.quantizedWeights === 'kernel' ? { ...opts.kernel!.session } : {},
+      graphWeights: (g) => this.graphWeights(g, { dtype, mode, quantizedWeights: plan.quantizedWeights, kernel: opts.kernel, kernelMaxRows: opts.kernelMaxRows, pipeline: opts.pipeline }).weights,
+      session: plan.fusedGemm ? fusedGemmSession() : plan.quantizedWeights === 'kernel' ? kernelSession(opts.kernel!, opts.pipeline) : {},
     };
   }
 
   /** How {@link generation} reads the weights on a device of `kind` in `dtype` (its defaults, or `opts` checked). */
   generationPlan(kind: DeviceKind, dtype: DType, opts: GenerationOptions = {}): Pick<QuantizedGeneration, 'quantizedWeights' | 'fusedGemm' | 'fusedLayers' | 'kernelLayers'> {
     const nbits = this.nbitsLayouts();
+    if (opts.pipeline && opts.quantizedWeights !== 'kernel') throw new Error(`generation: the INT4 pipeline (opts.pipeline) needs quantizedWeights 'kernel', got '${opts.quantizedWeights ?? 'inputs'}'`);
     if (opts.quantizedWeights === 'kernel') {
       if (!opts.kernel) throw new Error(`generation: quantizedWeights 'kernel' needs the kernel (w4a16Ops of @lathe/kernels, on the device's kernels) as opts.kernel`);
       if (opts.fusedGemm) throw new Error(`generation: the fused weight-only GEMM needs quantizedWeights 'initializers', not 'kernel'`);
@@ -383,6 +415,16 @@ export interface GenerationOptions {
   kernel?: NBitsKernel;
   /** With `quantizedWeights: 'kernel'`: the most rows a projection sends through the kernel (default {@link KERNEL_MAX_ROWS}: 64). */
   kernelMaxRows?: number;
+  /**
+   * With `quantizedWeights: 'kernel'`: INT4 products of more rows than that (and prefill's) through this pipeline
+   * (`w4a16GemmOps(device.kind, W4A16Gemm.create(kernels))` of @lathe/kernels) instead of MatMulNBits.
+   */
+  pipeline?: NBitsPipeline;
+}
+
+/** The session options of a generation through Lathe's kernel (and pipeline): both custom-op domains. */
+function kernelSession(kernel: NBitsKernel, pipeline: NBitsPipeline | undefined): SessionOptions {
+  return { ...kernel.session, customOpDomains: [...(kernel.session.customOpDomains ?? []), ...(pipeline?.session.customOpDomains ?? [])] };
 }
 
 /** See {@link QuantizedModel.generation}. */

@@ -232,7 +232,7 @@ export const quantizedWeightsOption = {
   default: 'auto',
   choices: ['auto', 'dequantize'],
   describe:
-    "How a quantized model folder (lathe quantize; config.json has quantization_config) runs. auto: through its quantized kernels in the kv-cache engine — the GPU holds the quantized bytes (4-bit projections about a quarter of their bf16 size, int8 half) and decode steps read them: int4 on cuda with bfloat16/float16 through Lathe's W4A16 kernel in decode steps of up to 16 rows (its launch plans tuned on the GPU at load, a few seconds; MatMulNBits otherwise), int8 and nf4 (and int4 on cpu) through ONNX Runtime's MatMulNBits / MatMulBnb4; needs the kv-cache engine. dequantize: the weights dequantized to dense at load (the dense model's memory and speed, any engine; the projections' values are the same). Dense folders run the same either way",
+    "How a quantized model folder (lathe quantize; config.json has quantization_config) runs. auto: through its quantized kernels in the kv-cache engine — the GPU holds the quantized bytes (4-bit projections about a quarter of their bf16 size, int8 half) and decode steps read them: int4 on cuda with bfloat16/float16 through Lathe's W4A16 kernel in decode steps of up to 64 rows (its launch plans tuned on the GPU at load, a few seconds) and Lathe's dequantize + cuBLAS in prefill and larger batches, int8 and nf4 (and int4 on cpu) through ONNX Runtime's MatMulNBits / MatMulBnb4; needs the kv-cache engine. dequantize: the weights dequantized to dense at load (the dense model's memory and speed, any engine; the projections' values are the same). Dense folders run the same either way",
 } as const;
 
 // ---------------------------------------------------------------------------------------------

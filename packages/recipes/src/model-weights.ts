@@ -7,7 +7,7 @@
 import type { DType } from '@lathe/onnx';
 import { CausalLM } from '@lathe/models';
 import type { Device, DeviceKind, DeviceTensor } from '@lathe/runtime';
-import { cudaIncludeDir, tuneW4A16, W4A16, w4a16Ops, w4a16Unsupported, type Kernels, type W4A16Ops } from '@lathe/kernels';
+import { cudaIncludeDir, KernelLibraryError, tuneW4A16, W4A16, W4A16Gemm, w4a16GemmOps, w4a16Ops, w4a16Unsupported, type Kernels, type W4A16GemmOps, type W4A16Ops } from '@lathe/kernels';
 import { KERNEL_MAX_ROWS, loadQuantized, type QuantFormat, type QuantScheme } from '@lathe/quantization';
 import { KvCacheGenerator, SlotEngine, type EngineChoice, type KvCacheGeneratorOptions, type SlotEngineOptions } from '@lathe/rollout';
 
@@ -65,7 +65,7 @@ export function planModelWeights(scheme: QuantScheme | undefined, o: { request: 
   return { ...base, runs: 'MatMulNBits' };
 }
 
-/** `w` in words for a start line, e.g. `int4 blocks of 64: Lathe's W4A16 kernel in decode steps of up to 64 rows (plans tuned in x.x s), MatMulNBits otherwise; x.xx GiB of weights on the device`; '' for a dense folder. */
+/** `w` in words for a start line, e.g. `int4 blocks of 64: Lathe's W4A16 kernel in decode steps of up to 64 rows (plans tuned in x.x s), its dequantize + cuBLAS otherwise; x.xx GiB of weights on the device`; '' for a dense folder. */
 export function describeWeights(w: ModelWeights): string {
   if (w.format === 'dense' || !w.scheme) return '';
   const s = w.scheme;
@@ -75,7 +75,7 @@ export function describeWeights(w: ModelWeights): string {
     w.runs === 'dequantized'
       ? `dequantized to ${w.dtype} at load (--quantized_weights dequantize)`
       : w.runs === 'w4a16'
-        ? `Lathe's W4A16 kernel in decode steps of up to ${KERNEL_MAX_ROWS} rows${w.tuneSeconds === undefined ? '' : ` (plans tuned in ${w.tuneSeconds.toFixed(1)} s)`}, MatMulNBits otherwise`
+        ? `Lathe's W4A16 kernel in decode steps of up to ${KERNEL_MAX_ROWS} rows${w.tuneSeconds === undefined ? '' : ` (plans tuned in ${w.tuneSeconds.toFixed(1)} s)`}, its dequantize + cuBLAS otherwise`
         : `ONNX Runtime's ${w.runs}${w.note ? ` (${w.note})` : ''}`;
   const bytes = w.deviceBytes === undefined ? '' : `; ${(w.deviceBytes / 2 ** 30).toFixed(w.deviceBytes < 2 ** 30 ? 3 : 2)} GiB of weights on the device`;
   return `${scheme}: ${how}${bytes}`;
@@ -97,6 +97,8 @@ export interface EngineWeights {
 
 /** The W4A16 kernels compiled once per set of device kernels (lathe eval builds an engine per model). */
 const compiledW4A16 = new WeakMap<Kernels, W4A16>();
+/** The pipeline's dequantize kernels, cuBLAS handle and scratch, once per set of device kernels. */
+const compiledGemm = new WeakMap<Kernels, W4A16Gemm>();
 
 const byteSum = (ts: Iterable<DeviceTensor>) => [...ts].reduce((n, t) => n + t.byteLength, 0);
 
@@ -109,7 +111,8 @@ export function denseEngineWeights(model: CausalLM): EngineWeights {
  * A model folder's weights on `device` as `runs` says ({@link planModelWeights}): dense ones (a dense
  * folder, or a quantized one dequantized) as a `CausalLM`; quantized ones as `loadQuantized(dir)`'s
  * `generation(…)` — bound kernel tensors, with `w4a16` the decode steps' INT4 projections through
- * Lathe's W4A16 op (q/k/v and gate/up one launch each), its launch plans tuned on the GPU first
+ * Lathe's W4A16 op (q/k/v and gate/up one launch each) and those of more rows (decode batches past 64,
+ * prefill) through its dequantize + cuBLAS (`w4a16GemmOps`), its launch plans tuned on the GPU first
  * (`tuneW4A16` over the model's distinct projection shapes: the fastest split per shape and decode
  * rows; `kernels` are those the device was opened through). On the CPU `w4a16` runs the op's host
  * reference untuned (tests of the wiring; the planner never picks it there).
@@ -120,6 +123,8 @@ export function engineWeights(dir: string, device: Device, dtype: DType, runs: M
   }
   const q = loadQuantized(dir);
   let ops: W4A16Ops | undefined;
+  // INT4 products past the kernel's rows (decode batches over 64, prefill): Lathe's dequantize + cuBLAS, one GEMM a fused group
+  let pipeline: W4A16GemmOps | undefined;
   let tuneSeconds: number | undefined;
   if (runs === 'w4a16') {
     if (device.kind === 'cuda') {
@@ -132,13 +137,26 @@ export function engineWeights(dir: string, device: Device, dtype: DType, runs: M
       const { table } = tuneW4A16(w4, device, shapes.map((s) => ({ ...s, dtype })), { rows: W4A16_TUNE_ROWS });
       tuneSeconds = (performance.now() - t0) / 1000;
       ops = w4a16Ops('cuda', w4, table.launchOptions());
-    } else ops = w4a16Ops(device.kind);
+      let gemm = compiledGemm.get(kernels);
+      try {
+        if (!gemm) compiledGemm.set(kernels, (gemm = W4A16Gemm.create(kernels, { includeDir: cudaIncludeDir() })));
+      } catch (e) {
+        // ONNX Runtime's CUDA provider runs on cuBLAS, so this is a library under an unexpected name: MatMulNBits takes those products
+        if (!(e instanceof KernelLibraryError)) throw e;
+        process.emitWarning(`INT4 products past ${KERNEL_MAX_ROWS} rows and prefill stay on MatMulNBits: ${e.message}`);
+      }
+      pipeline = gemm && w4a16GemmOps('cuda', gemm);
+    } else {
+      ops = w4a16Ops(device.kind);
+      pipeline = w4a16GemmOps(device.kind);
+    }
   }
   let plan;
   try {
-    plan = q.generation(device, dtype, ops ? { quantizedWeights: 'kernel', kernel: ops } : {});
+    plan = q.generation(device, dtype, ops ? { quantizedWeights: 'kernel', kernel: ops, pipeline } : {});
   } catch (e) {
     ops?.dispose();
+    pipeline?.dispose();
     throw e;
   }
   const { tensors, graphWeights, session } = plan;
@@ -146,12 +164,16 @@ export function engineWeights(dir: string, device: Device, dtype: DType, runs: M
   const withSession = <O extends { session?: KvCacheGeneratorOptions['session'] }>(opts: O): O => ({ ...opts, graphWeights, session: { ...opts.session, ...session, customOpDomains: [...(opts.session?.customOpDomains ?? []), ...(session.customOpDomains ?? [])] } });
   return {
     create: (opts) => KvCacheGenerator.create(device, q.config, tensors, withSession(opts)),
-    createSlots: (opts) => SlotEngine.create(device, q.config, tensors, { ...withSession(opts), ...(ops ? { checkWeights: () => ops.check() } : {}) }),
+    createSlots: (opts) => SlotEngine.create(device, q.config, tensors, { ...withSession(opts), ...(ops ? { checkWeights: () => (ops.check(), pipeline?.check()) } : {}) }),
     loaded: { deviceBytes: byteSum(tensors.values()), codeTensors: [...tensors.values()].filter((t) => t.dtype === 'uint8').length, ...(tuneSeconds === undefined ? {} : { tuneSeconds }) },
-    check: () => ops?.check(),
+    check: () => {
+      ops?.check();
+      pipeline?.check();
+    },
     dispose: () => {
       for (const t of tensors.values()) t.dispose();
       ops?.dispose();
+      pipeline?.dispose();
     },
   };
 }

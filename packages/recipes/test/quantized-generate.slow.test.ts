@@ -121,7 +121,7 @@ describe('planModelWeights', () => {
     expect(plan({ format: 'nf4', blockSize: 64 }, 'cuda', 'bfloat16').runs).toBe('MatMulBnb4');
     expect(plan(undefined, 'cuda', 'bfloat16')).toEqual({ format: 'dense', dtype: 'bfloat16', runs: 'dense' });
     expect(describeWeights({ ...plan(int4, 'cuda', 'bfloat16'), tuneSeconds: 2.14, deviceBytes: 5.5 * 2 ** 30 })).toBe(
-      "int4 blocks of 64: Lathe's W4A16 kernel in decode steps of up to 64 rows (plans tuned in 2.1 s), MatMulNBits otherwise; 5.50 GiB of weights on the device",
+      "int4 blocks of 64: Lathe's W4A16 kernel in decode steps of up to 64 rows (plans tuned in 2.1 s), its dequantize + cuBLAS otherwise; 5.50 GiB of weights on the device",
     );
     expect(describeWeights(plan(undefined, 'cpu', 'float32'))).toBe('');
   });

@@ -47,6 +47,10 @@
  * `--weights kernel-wgmma-all` sends every decode batch through the op with launches of at least `--kernel-wgmma-from-rows`
  * rows (default 17) on the wgmma kernels (sm_90a: Hopper's warpgroup MMA, the weights dequantized in registers as wgmma's
  * A operand); the tile check and the microbenchmark cover every wgmma build beside the tiled ones.
+ * `--weights kernel-pipe<S>` (S = 0–4) decodes as `kernel` does, and sends the INT4 products of more rows (and every
+ * prefill's) through the pipeline of @lathe/kernels (`w4a16GemmOps`: Lathe's dequantize into one of S scratch slots on a
+ * side stream, the S − 1 products before it running meanwhile, then cuBLAS; S = 0 dequantizes in line) instead of
+ * MatMulNBits; its agreement with `bound` adds the chosen tokens' log-prob differences over the shared prefixes.
  * `--swiglu-kernel`: every format's decode steps take the SwiGLU through Lathe's kernel (KvCacheGenerator's `swiglu`)
  * instead of QuickGelu·Mul, one node a layer fewer; `--residual-dtype compute`: every format's generator keeps the
  * residual stream in the compute dtype (KvCacheGenerator's `residualDtype`: four Casts a layer fewer in bf16, no
@@ -75,8 +79,8 @@
  * usage: node quant-bench.js [--preset qwen3-0.6b|qwen3-1.7b|qwen3-4b|qwen3-8b|qwen3-14b|tiny-qwen3 | --model DIR] [--device cuda|cpu] [--threads N]
  *          [--dtype bfloat16] [--formats dense,int8,int4,nf4,nf4dq] [--batches 1,16,256] [--prompt-len 64]
  *          [--new 128] [--repeat 2] [--int4-block 64] [--mode kernel|dequantize] [--fpa] [--no-cuda-graph]
- *          [--kl-prompts 16] [--kl-new 64] [--kl-batch 4] [--lm-head none|int8|int4|nf4] [--seed 0]
- *          [--weights bound,initializers,initializers-plain,kernel,kernel-all,kernel-tuned,kernel-tuned-all,kernel-wgmma-all] [--kernel-wgmma-from-rows 17] [--kernel-max-rows 64] [--kernel-column-tiles 1|2]
+ *          [--kl-prompts 16 | --no-kl] [--kl-new 64] [--kl-batch 4] [--lm-head none|int8|int4|nf4] [--seed 0]
+ *          [--weights bound,initializers,initializers-plain,kernel,kernel-all,kernel-tuned,kernel-tuned-all,kernel-wgmma-all,kernel-pipe0..4] [--kernel-wgmma-from-rows 17] [--kernel-max-rows 64] [--kernel-column-tiles 1|2]
  *          [--kernel-tile-from-rows 17] [--kernel-tile auto|LABEL] [--kernel-micro-rows 64,128,256] [--probe]
  *          [--kernel-sweep [--kernel-sweep-rows 1,4,8,16] [--kernel-sweep-tiles]] (with --weights …,kernel-tuned)
  *          [--swiglu-kernel] [--residual-dtype float32|compute] [--decode-attention gqa|kernel] [--greedy-pick] [--fast-decode]
@@ -111,7 +115,7 @@ import {
   type QuantizedWeightsAs,
   type ShiftSummary,
 } from '@lathe/quantization';
-import { cudaIncludeDir, DecodeAttention, decodeAttentionOps, GreedyPickKernels, greedyPickOps, Kernels, SwigluKernels, swigluOps, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, W4A16_WG_BUILDS, tuneW4A16, w4a16WgChoice, w4a16WgLabel, w4a16Ops, w4a16TimingWeights, w4a16TileDims, type W4A16LaunchOptions, type W4A16Ops, type W4A16PlanTable, type W4A16Tile } from '@lathe/kernels';
+import { cudaIncludeDir, DecodeAttention, decodeAttentionOps, GreedyPickKernels, greedyPickOps, Kernels, SwigluKernels, swigluOps, W4A16, W4A16_TILE_FROM_ROWS, W4A16_TILE_VARIANTS, W4A16_WG_BUILDS, tuneW4A16, W4A16Gemm, w4a16GemmOps, w4a16WgChoice, w4a16WgLabel, w4a16Ops, w4a16TimingWeights, w4a16TileDims, type W4A16LaunchOptions, type W4A16Ops, type W4A16PlanTable, type W4A16Tile } from '@lathe/kernels';
 import { KvCacheGenerator, type Completion, type KvCacheGeneratorOptions } from '@lathe/rollout';
 import { Device, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits, type DeviceTensor, type HostTensor, type SessionOptions } from '@lathe/runtime';
 import { arg, flag } from '../argv';
@@ -148,6 +152,12 @@ const WEIGHT_MODES: Record<string, { as: QuantizedWeightsAs; fused: boolean }> =
   'kernel-tuned': { as: 'kernel', fused: false },
   'kernel-tuned-all': { as: 'kernel', fused: false },
   'kernel-wgmma-all': { as: 'kernel', fused: false },
+  // kernel-pipe<S>: as kernel, and past --kernel-max-rows (and in prefill) the INT4 pipeline with S slots (w4a16GemmOps) instead of MatMulNBits
+  'kernel-pipe0': { as: 'kernel', fused: false },
+  'kernel-pipe1': { as: 'kernel', fused: false },
+  'kernel-pipe2': { as: 'kernel', fused: false },
+  'kernel-pipe3': { as: 'kernel', fused: false },
+  'kernel-pipe4': { as: 'kernel', fused: false },
 };
 
 const bytesOf = (ts: Iterable<DeviceTensor>) => [...ts].reduce((n, t) => n + t.byteLength, 0);
@@ -198,6 +208,9 @@ async function main(): Promise<void> {
   const wgmmaFromRows = Number(arg('kernel-wgmma-from-rows', '17'));
   if (!(wgmmaFromRows >= 1)) throw new Error(`--kernel-wgmma-from-rows: '${arg('kernel-wgmma-from-rows')}' is not a row count ≥ 1`);
   const wgmmaOps = weightModes.includes('kernel-wgmma-all') ? w4a16Ops(device.kind, w4, { ...launch, wgmmaFromRows }) : undefined;
+  const pipeSlots = (weights: string) => (/^kernel-pipe\d$/.test(weights) ? Number(weights.slice(-1)) : undefined);
+  const gemm = opened.kernels && weightModes.some((w) => pipeSlots(w) !== undefined) ? W4A16Gemm.create(opened.kernels, { includeDir: cudaIncludeDir() }) : undefined;
+  const pipelines = new Map(weightModes.filter((w) => pipeSlots(w) !== undefined).map((w) => [w, w4a16GemmOps(device.kind, gemm, { slots: pipeSlots(w) })] as const));
   const opsFor = (weights: string): W4A16Ops | undefined => (weights.startsWith('kernel-tuned') ? tunedOps : weights === 'kernel-wgmma-all' ? wgmmaOps : kernelOps);
   const kernelMaxRowsArg = Number(arg('kernel-max-rows', String(KERNEL_MAX_ROWS)));
   const maxRowsOf = (weights: string) => (weights.endsWith('-all') ? Number.MAX_SAFE_INTEGER : kernelMaxRowsArg);
@@ -325,14 +338,15 @@ async function main(): Promise<void> {
         // the uploaded ones (so their gpu_used_mib also counts the unused bound kernel tensors: projection_bytes).
         const kernelMaxRows = maxRowsOf(weights);
         const ops = opsFor(weights);
-        const generation = weights === 'bound' ? undefined : model.generationPlan(device.kind, dtype, { quantizedWeights: wm.as, fusedGemm: wm.fused, mode, kernel: ops, kernelMaxRows });
+        const pipeline = pipelines.get(weights);
+        const generation = weights === 'bound' ? undefined : model.generationPlan(device.kind, dtype, { quantizedWeights: wm.as, fusedGemm: wm.fused, mode, kernel: ops, kernelMaxRows, pipeline });
         // the kernel modes read q/k/v and gate/up concatenated: their own upload for the mode (beside `tensors`, in gpu_used_mib)
         const own = generation?.quantizedWeights === 'kernel' ? model.deviceTensors(device, dtype, '', { quantizedWeights: 'kernel' }) : undefined;
         const plan = generation && {
           ...generation,
           tensors: own ?? new Map([...tensors].filter(([n]) => model.dense.has(n))),
-          graphWeights: (g: L.Graph): Weights => model.graphWeights(g, { dtype, mode, quantizedWeights: generation.quantizedWeights, kernel: ops, kernelMaxRows }).weights,
-          session: generation.fusedGemm ? fusedGemmSession() : generation.quantizedWeights === 'kernel' ? { ...ops!.session } : {},
+          graphWeights: (g: L.Graph): Weights => model.graphWeights(g, { dtype, mode, quantizedWeights: generation.quantizedWeights, kernel: ops, kernelMaxRows, pipeline }).weights,
+          session: generation.fusedGemm ? fusedGemmSession() : generation.quantizedWeights === 'kernel' ? { customOpDomains: [...(ops!.session.customOpDomains ?? []), ...(pipeline?.session.customOpDomains ?? [])] } : {},
         };
         try {
           for (const fpa of weights === 'bound' && scheme && scheme.format !== 'nf4' && flag('fpa') ? [false, true] : [false]) {
@@ -348,6 +362,7 @@ async function main(): Promise<void> {
               const kvBytes = stepCacheBytes(config, { rows: B, promptLen, steps: m.decode_steps, bytesPerElement: L.dtypeBytes(dtype) });
               const reads = { weight_bytes_per_step: weightBytes, weights_ms_at_peak: round3(msAtPeak(weightBytes, peakTbS)), kv_bytes_per_step: Math.round(kvBytes), kv_ms_at_peak: round3(msAtPeak(kvBytes, peakTbS)), weights_share_of_step: round3(ratioOf(msAtPeak(weightBytes, peakTbS), m.ms_per_step)) };
               if (wm.as === 'kernel') ops!.check();
+              pipeline?.check();
               if (weights === 'bound' && !fpa) boundTokens.set(B, completions);
               const bound = boundTokens.get(B);
               const agreement = weights !== 'bound' && bound ? agreementWith(bound, completions) : undefined;
@@ -366,8 +381,8 @@ async function main(): Promise<void> {
         }
       }
       row.gpu_used_mib = gpuUsedMiB();
-      if (!referenceTokens) referenceTokens = await withReference((reference) => greedy(device, config, reference, (g) => dense.graphWeights(g, { dtype, prefix: 'original/' }).weights, klSet, { dtype, newTokens: klNew, cudaGraph }));
-      if (scheme) {
+      if (!referenceTokens && !flag('no-kl')) referenceTokens = await withReference((reference) => greedy(device, config, reference, (g) => dense.graphWeights(g, { dtype, prefix: 'original/' }).weights, klSet, { dtype, newTokens: klNew, cudaGraph }));
+      if (scheme && referenceTokens) {
         const tokens = referenceTokens;
         const kl = await withReference((reference) => shift(device, config, dense, model, reference, tensors, klSet, tokens, { dtype, mode, batch: klBatch }));
         row.kl = kl;
@@ -920,19 +935,27 @@ async function decodeRate(device: Device, config: DecoderConfig, tensors: Readon
 }
 
 /** How far `got`'s greedy tokens follow `want`'s: the share of rows whose first token agrees, and the mean agreeing prefix as a share of the tokens. */
-function agreementWith(want: Completion[], got: Completion[]): { first_token: number; prefix: number } {
+function agreementWith(want: Completion[], got: Completion[]): { first_token: number; prefix: number; logprob_mean_abs_diff: number; logprob_max_abs_diff: number } {
   let first = 0;
   let prefix = 0;
   let total = 0;
+  // the chosen tokens' log-probs over each shared prefix: how far the two numerics drift before the paths part
+  let diffSum = 0;
+  let diffMax = 0;
   want.forEach((w, i) => {
     const g = got[i]?.tokens ?? [];
     let n = 0;
-    while (n < w.tokens.length && n < g.length && g[n] === w.tokens[n]) n++;
+    while (n < w.tokens.length && n < g.length && g[n] === w.tokens[n]) {
+      const d = Math.abs(w.rawLogprobs[n] - got[i].rawLogprobs[n]);
+      diffSum += d;
+      diffMax = Math.max(diffMax, d);
+      n++;
+    }
     if (n > 0) first++;
     prefix += n;
     total += w.tokens.length;
   });
-  return { first_token: +(first / want.length).toFixed(3), prefix: +(prefix / Math.max(total, 1)).toFixed(3) };
+  return { first_token: +(first / want.length).toFixed(3), prefix: +(prefix / Math.max(total, 1)).toFixed(3), logprob_mean_abs_diff: +(diffSum / Math.max(prefix, 1)).toExponential(2), logprob_max_abs_diff: +diffMax.toExponential(2) };
 }
 
 /** The dense model's greedy continuations of `prompts` (the tokens the KL is measured on). */

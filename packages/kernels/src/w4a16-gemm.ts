@@ -1,0 +1,431 @@
+/**
+ * INT4 products of many rows (decode batches past the W4A16 kernels' rows, prefill) as Lathe's
+ * dequantize into a scratch, then cuBLAS.
+ *
+ * At 256 rows and more a weight-only kernel competes with cuBLAS' dense GEMM, not with the weights'
+ * bytes, and at Qwen3-0.6B/1.7B sizes both W4A16 kernel families run at 0.27–0.60 of it
+ * (docs/guides/kernels.md). MatMulNBits dequantizes too, but holds q/k/v and gate/up apart: seven
+ * GEMMs a layer where dense bf16 runs four. Here a node takes a fused group's concatenated weights,
+ * dequantizes them on the compute stream (the default, `slots` 0) and runs one cuBLAS call per
+ * output, or one for the group read packed (`Weights.packed` of @lathe/models).
+ *
+ * With `slots` ≥ 1 each projection is instead dequantized ahead, into one of `slots` scratch buffers
+ * on a side stream, while the compute stream runs the products before it; the product then waits for
+ * its buffer's event. On an H200 this measured slower (the side stream's dequantizes contend with
+ * the products for the SMs), so it is opt-in.
+ *
+ * With slots, the graph side (`w4a16GemmOps().pipeline`) makes the order explicit with data edges, since ONNX
+ * Runtime runs a graph's nodes in one fixed order on one stream:
+ *  - `Prefetch(j)` (dequantize projection j into slot j mod S) reads product j − S's output (the last
+ *    reader of that slot), so it is enqueued after it;
+ *  - `Gemm(j)` reads the tokens of `Prefetch(j)` (its weights) and `Prefetch(j + S − 1)` (so that one is
+ *    enqueued before product j: ORT's order puts it just before, after the attention or norm between).
+ * So each dequantize runs on the side stream over the S − 1 products before its own (and what lies
+ * between them), and is joined just before its own product; events order the streams, in a CUDA-graph
+ * capture as well. test/w4a16-pipeline.test.ts (quantization) checks that order in ORT's profile.
+ * On the CPU the nodes compute the product on the host (float32) for tests of the wiring.
+ */
+import * as L from '@lathe/onnx';
+import { type DType, type OpDef, type Tensor } from '@lathe/onnx';
+import { type DeviceKind, type SessionOptions } from '@lathe/runtime';
+import { opFamily, readBytes, readF32, writeHost, type CustomOps } from './custom-op';
+import { type Handle } from './driver';
+import { cudaIncludeDir } from './flash-attention';
+import { type Kernel, type Kernels } from './kernels';
+import { loadLibrary } from './library';
+import { w4a16Reference, type W4A16Attrs, type W4A16Shape } from './w4a16';
+import { W4A16_TYPES } from './w4a16-source';
+
+/**
+ * The dequantize kernel: B (MatMulNBits' 4-bit layout) → W [N, K] in T. Each 32-bit word of codes is 8 weights of one
+ * block (16 bytes out); a warp takes 4 × 32 consecutive words a step, lane l words l, l + 32, l + 64 and l + 96, so each
+ * load (4 bytes a lane) and store (16) of the warp is contiguous and a lane has four loads in flight.
+ */
+export const w4a16DequantSource = String.raw`
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+template <typename T> __device__ __forceinline__ T w4d_from_f(float x);
+template <> __device__ __forceinline__ __nv_bfloat16 w4d_from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ __half w4d_from_f<__half>(float x) { return __float2half(x); }
+__device__ __forceinline__ float w4d_to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float w4d_to_f(__half x) { return __half2float(x); }
+#define W4D_WORDS 4
+template <typename T>
+__device__ __forceinline__ void w4a16_dequant_body(const unsigned* __restrict__ B, const T* __restrict__ S, const unsigned char* __restrict__ Z, T* __restrict__ W,
+                                                   int N, int K, int kb, int bs_log2) {
+  const int per_row = K >> 3;                  // words of codes a row of W
+  const int row_words = (kb << bs_log2) >> 3;  // B's rows are padded to whole blocks
+  const int zcols = (kb + 1) >> 1;
+  const long long words = (long long)N * per_row;
+  const int lane = threadIdx.x & 31;
+  const long long warp = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5, warps = ((long long)gridDim.x * blockDim.x) >> 5;
+  for (long long base = warp * 32 * W4D_WORDS; base < words; base += warps * 32 * W4D_WORDS) {
+    unsigned q[W4D_WORDS];
+    int n[W4D_WORDS], c[W4D_WORDS];
+#pragma unroll
+    for (int u = 0; u < W4D_WORDS; ++u) {
+      const long long w = base + lane + 32 * u;
+      n[u] = w < words ? (int)(w / per_row) : 0;
+      c[u] = w < words ? (int)(w - (long long)n[u] * per_row) : 0;
+      q[u] = w < words ? __ldg(B + (long long)n[u] * row_words + c[u]) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < W4D_WORDS; ++u) {
+      if (base + lane + 32 * u >= words) break;
+      const int blk = (c[u] << 3) >> bs_log2;
+      const float s = w4d_to_f(S[(long long)n[u] * kb + blk]);
+      const int zp = Z ? (Z[(long long)n[u] * zcols + (blk >> 1)] >> ((blk & 1) << 2)) & 15 : 8;
+      alignas(16) T out[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) out[j] = w4d_from_f<T>((float)((int)((q[u] >> (4 * j)) & 15u) - zp) * s);  // exact product, one rounding
+      *reinterpret_cast<uint4*>(W + (long long)n[u] * K + ((long long)c[u] << 3)) = *reinterpret_cast<const uint4*>(out);
+    }
+  }
+}
+extern "C" __global__ void w4a16_dequant_bf16(const unsigned* B, const __nv_bfloat16* S, const unsigned char* Z, __nv_bfloat16* W, int N, int K, int kb, int bs_log2) {
+  w4a16_dequant_body<__nv_bfloat16>(B, S, Z, W, N, K, kb, bs_log2);
+}
+extern "C" __global__ void w4a16_dequant_fp16(const unsigned* B, const __half* S, const unsigned char* Z, __half* W, int N, int K, int kb, int bs_log2) {
+  w4a16_dequant_body<__half>(B, S, Z, W, N, K, kb, bs_log2);
+}
+`;
+
+type DequantSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'i32'];
+const DEQUANT_SIG: DequantSig = ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'i32'];
+const DEQUANT_THREADS = 256;
+
+/** cuBLAS' `cudaDataType` of each 16-bit dtype, and the enums of the one call made. */
+const CUDA_R: Record<string, number> = { bfloat16: 14, float16: 2 };
+const CUBLAS_OP_N = 0;
+const CUBLAS_OP_T = 1;
+const CUBLAS_COMPUTE_32F = 68;
+const CUBLAS_GEMM_DEFAULT = -1;
+/** cuBLAS' workspace, set once so a call never allocates (a CUDA-graph capture cannot). */
+const CUBLAS_WORKSPACE_BYTES = 32 << 20;
+
+type CublasFn = (...args: unknown[]) => number;
+
+/** The four cuBLAS entry points used, bound to one handle whose workspace Lathe owns. */
+class Cublas {
+  private readonly f: Record<'create' | 'destroy' | 'setStream' | 'setWorkspace' | 'gemm', CublasFn>;
+  readonly handle: Handle;
+  private stream: Handle | undefined;
+  private readonly one = new Float32Array([1]);
+  private readonly zero = new Float32Array([0]);
+
+  constructor(
+    path: string | undefined,
+    private readonly workspace: Handle,
+  ) {
+    const { lib } = loadLibrary('cublas', path ? [path] : undefined);
+    const decl = (sig: string) => lib.func(sig) as CublasFn;
+    this.f = {
+      create: decl('int cublasCreate_v2(_Out_ void** handle)'),
+      destroy: decl('int cublasDestroy_v2(void* handle)'),
+      setStream: decl('int cublasSetStream_v2(void* handle, void* stream)'),
+      setWorkspace: decl('int cublasSetWorkspace_v2(void* handle, uint64_t workspace, size_t bytes)'),
+      gemm: decl(
+        'int cublasGemmEx(void* handle, int transa, int transb, int m, int n, int k, const void* alpha, uint64_t A, int Atype, int lda, uint64_t B, int Btype, int ldb, const void* beta, uint64_t C, int Ctype, int ldc, int computeType, int algo)',
+      ),
+    };
+    const out: (Handle | null)[] = [null];
+    this.check('cublasCreate', this.f.create(out));
+    this.handle = out[0]!;
+    this.check('cublasSetWorkspace', this.f.setWorkspace(this.handle, this.workspace, CUBLAS_WORKSPACE_BYTES));
+  }
+
+  private check(fn: string, status: number): void {
+    if (status !== 0) throw new Error(`${fn} failed with cublasStatus ${status}`);
+  }
+
+  /** C [M, w] (row-major) = x [M, K] · W[rows, :]ᵀ on `stream`, W [*, K] row-major: cuBLAS' column-major TN product. */
+  gemm(dtype: DType, M: number, w: number, K: number, x: Handle, weights: Handle, c: Handle, stream: Handle): void {
+    if (this.stream !== stream) {
+      this.check('cublasSetStream', this.f.setStream(this.handle, stream));
+      this.stream = stream;
+    }
+    const t = CUDA_R[dtype];
+    this.check('cublasGemmEx', this.f.gemm(this.handle, CUBLAS_OP_T, CUBLAS_OP_N, w, M, K, this.one, weights, t, K, x, t, K, this.zero, c, t, w, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  dispose(): void {
+    this.check('cublasDestroy', this.f.destroy(this.handle));
+  }
+}
+
+/** Weights of one product as {@link W4A16Gemm.dequantize} reads them. */
+export interface W4A16DequantArgs {
+  /** uint8 [N, kBlocks, blockSize / 2]. */
+  b: Handle;
+  /** [N, kBlocks] in the shape's dtype. */
+  scales: Handle;
+  /** uint8 [N, ceil(kBlocks / 2)], or 0n for the default zero point 8. */
+  zeroPoints: Handle;
+}
+
+/**
+ * The CUDA side of the pipeline on one device: the dequantize kernels, a cuBLAS handle, the side
+ * stream with one event a slot, and the slot buffers (grown as graphs ask; a buffer replaced stays
+ * allocated until {@link dispose}, since a captured CUDA graph may still hold its address).
+ */
+export class W4A16Gemm {
+  /** The stream dequantizes are forked onto. */
+  readonly side: Handle;
+  private readonly fork: Handle;
+  private readonly ready: Handle[] = [];
+  private readonly slotBuffers: { ptr: Handle; bytes: number }[] = [];
+  private readonly retired: Handle[] = [];
+
+  private constructor(
+    readonly kernels: Kernels,
+    private readonly dequantKernels: Map<string, Kernel<DequantSig>>,
+    private readonly cublas: Cublas,
+    private readonly workspace: Handle,
+  ) {
+    this.side = kernels.driver.createStream(1); // non-blocking: it never waits on the legacy stream
+    this.fork = kernels.driver.createEvent(false);
+  }
+
+  /** Compiles the dequantize kernels and opens cuBLAS (`cublasPath`, else the usual places: a `KernelLibraryError` naming the fix). */
+  static create(kernels: Kernels, opts: { includeDir?: string; cublasPath?: string } = {}): W4A16Gemm {
+    const mod = kernels.compile(w4a16DequantSource, { name: 'lathe_w4a16_dequant', options: [`-I${opts.includeDir ?? cudaIncludeDir()}`, '--std=c++17'] });
+    const dq = new Map<string, Kernel<DequantSig>>();
+    for (const dtype of Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[]) dq.set(dtype, mod.kernel(`w4a16_dequant_${W4A16_TYPES[dtype].suffix}`, DEQUANT_SIG));
+    const workspace = kernels.driver.alloc(CUBLAS_WORKSPACE_BYTES);
+    try {
+      return new W4A16Gemm(kernels, dq, new Cublas(opts.cublasPath, workspace), workspace);
+    } catch (e) {
+      kernels.driver.free(workspace);
+      throw e;
+    }
+  }
+
+  /** Slot `i`'s buffer, at least `bytes` long (grown now: call while building graphs, never inside a capture). */
+  reserve(i: number, bytes: number): void {
+    while (this.ready.length <= i) this.ready.push(this.kernels.driver.createEvent(false));
+    const cur = this.slotBuffers[i];
+    if (cur && cur.bytes >= bytes) return;
+    if (cur) this.retired.push(cur.ptr);
+    this.slotBuffers[i] = { ptr: this.kernels.driver.alloc(bytes), bytes };
+  }
+
+  /** Slot `i`'s buffer address ({@link reserve} first). */
+  slot(i: number): Handle {
+    const s = this.slotBuffers[i];
+    if (!s) throw new Error(`W4A16Gemm: slot ${i} was never reserved`);
+    return s.ptr;
+  }
+
+  /** Queues W [N, K] = dequant(B) into `w` on `stream`. */
+  dequantize(shape: Omit<W4A16Shape, 'M' | 'widths'>, a: W4A16DequantArgs, w: Handle, stream: Handle): void {
+    const words = (shape.N * shape.K) / 8;
+    if (words === 0) return;
+    // 4 words a thread a step; at most 8 CTAs an SM, the rest by the grid-stride loop
+    const grid = Math.min(Math.ceil(words / (4 * DEQUANT_THREADS)), this.kernels.smCount * 8);
+    this.dequantKernels.get(shape.dtype)!.launch({ grid, block: DEQUANT_THREADS, stream }, a.b, a.scales, a.zeroPoints, w, shape.N, shape.K, shape.kBlocks, Math.log2(shape.blockSize));
+  }
+
+  /** Queues slot `i`'s dequantize on the side stream, after everything queued on `stream` so far, and records the slot's event. */
+  prefetch(i: number, shape: Omit<W4A16Shape, 'M' | 'widths'>, a: W4A16DequantArgs, stream: Handle): void {
+    const d = this.kernels.driver;
+    d.record(this.fork, stream);
+    d.waitEvent(this.side, this.fork);
+    this.dequantize(shape, a, this.slot(i), this.side);
+    d.record(this.ready[i], this.side);
+  }
+
+  /** Makes `stream` wait for slot `i`'s last prefetch. */
+  join(i: number, stream: Handle): void {
+    this.kernels.driver.waitEvent(stream, this.ready[i]);
+  }
+
+  /** Queues the outputs c[i] [M, widths[i]] = x [M, K] · W[rows of width i]ᵀ (W [N, K] at `w`) on `stream`: one cuBLAS call per output. */
+  gemm(dtype: DType, M: number, K: number, widths: readonly number[], x: Handle, w: Handle, c: readonly Handle[], stream: Handle): void {
+    if (M === 0) return;
+    const bytes = BigInt(dtype === 'float32' ? 4 : 2);
+    let start = 0;
+    widths.forEach((width, i) => {
+      this.cublas.gemm(dtype, M, width, K, x, w + BigInt(start) * BigInt(K) * bytes, c[i], stream);
+      start += width;
+    });
+  }
+
+  /** Frees the buffers, events, stream and cuBLAS handle (after every session using them). */
+  dispose(): void {
+    const d = this.kernels.driver;
+    d.synchronize(this.side);
+    this.cublas.dispose();
+    for (const p of [...this.retired, ...this.slotBuffers.map((s) => s.ptr), this.workspace]) d.free(p);
+    for (const e of [...this.ready, this.fork]) d.destroyEvent(e);
+    d.destroyStream(this.side);
+  }
+}
+
+/** One INT4 projection of a pipeline, in the order the graph reads them. */
+export interface W4A16GemmProjection {
+  /** Names the projection (the weight, or a fused group's name) in errors and node names. */
+  key: string;
+  b: Tensor;
+  scales: Tensor;
+  zeroPoints?: Tensor;
+  attrs: W4A16Attrs;
+  /** Outputs' widths (2 or 3) for projections whose weights are concatenated along N; absent: one output. */
+  widths?: readonly number[];
+}
+
+/**
+ * Reads each projection of the list through the pipeline, in order: `project(key, x)` → its outputs (one per width);
+ * `packed`: a fused group's product as one output [.., N] (one GEMM, for consumers that read it packed).
+ */
+export type W4A16GemmPipeline = (key: string, x: Tensor, packed?: boolean) => Tensor[];
+
+/** The graph side of {@link W4A16Gemm}. */
+export interface W4A16GemmOps extends CustomOps {
+  /** Session options that register the domain (to spread into the session's). */
+  session: Pick<SessionOptions, 'customOpDomains'>;
+  /** Scratch slots (0: each product dequantizes on the compute stream itself). */
+  readonly slots: number;
+  /**
+   * A pipeline over `projections` for one graph: with slots, call it for each in that order (anything else throws,
+   * naming the projection expected); without, for any of them in any order. Reserves the slots' buffers now.
+   */
+  pipeline(projections: readonly W4A16GemmProjection[]): W4A16GemmPipeline;
+  /** Why a projection cannot go through the pipeline with activations in `dtype`, or undefined. */
+  unsupported(attrs: W4A16Attrs, dtype: DType): string | undefined;
+}
+
+/**
+ * Slots a pipeline takes by default: none, each product dequantizing on the compute stream (H200, Qwen3-0.6B and 1.7B
+ * at 256 rows: 0.836× / 0.734× bf16's decode against 0.821× / 0.711× with 3 slots, the side stream's dequantizes
+ * contending with the products for the SMs; docs/benchmarks.md, the quantization row).
+ */
+export const W4A16_GEMM_SLOTS = 0;
+
+/**
+ * The pipeline's custom ops for graphs on `provider` (CUDA needs `gemm`, made on the kernels whose stream the
+ * device's sessions run on). `slots` ({@link W4A16_GEMM_SLOTS} by default): scratch buffers, each dequantize running on
+ * the side stream beside the `slots − 1` products before its own (1: none, the streams only alternate); 0 dequantizes
+ * inside each product on the compute stream (MatMulNBits' order, with Lathe's dequantize kernel).
+ */
+export function w4a16GemmOps(provider: DeviceKind, gemm?: W4A16Gemm, opts: { slots?: number } = {}): W4A16GemmOps {
+  if (provider === 'cuda' && !gemm) throw new Error('w4a16GemmOps: CUDA needs a W4A16Gemm (W4A16Gemm.create on the kernels of the device)');
+  const slots = opts.slots ?? W4A16_GEMM_SLOTS;
+  if (!Number.isInteger(slots) || slots < 0 || slots > 8) throw new Error(`w4a16GemmOps: slots must be an integer from 0 to 8, got ${slots}`);
+  const family = opFamily({ name: 'w4a16GemmOps', domainPrefix: 'lathe.w4a16_gemm_', provider, cudaDtypes: ['bfloat16', 'float16'] });
+  const size = (dims: readonly number[]) => dims.reduce((p, d) => p * d, 1);
+  const stream = () => gemm!.kernels.stream;
+  const weightShape = (dt: DType, b: { dims: number[] }, K: number) => ({ N: b.dims[0], K, kBlocks: b.dims[1], blockSize: 2 * b.dims[2], dtype: dt });
+  // Prefetch into slot s: (after?, B, scales, zero points?) → a one-byte token nobody reads.
+  const prefetchOp = (dt: DType, zp: boolean, s: number, after: boolean, K: number): OpDef<object> => {
+    const name = `W4A16Prefetch${zp ? 'Zp' : ''}_${dt}_s${s}_k${K}${after ? '_after' : ''}`;
+    return family.op(name, () =>
+      family.domain.add({
+        name,
+        inputs: [...(after ? [dt] : []), 'uint8', dt, ...(zp ? ['uint8' as DType] : [])],
+        outputs: ['uint8'],
+        provider,
+        infer: () => [{ dtype: 'uint8', shape: [1] }],
+        compute: (ctx) => {
+          ctx.output(0, [1]);
+          if (!gemm) return;
+          const [b, sc, z] = ctx.inputs.slice(after ? 1 : 0);
+          gemm.prefetch(s, weightShape(dt, b, K), { b: b.data, scales: sc.data, zeroPoints: z ? z.data : 0n }, stream());
+        },
+      }),
+    );
+  };
+  // The product: (x, B, scales, zero points?, tokens…) → its outputs; `slot` undefined dequantizes inline into slot 0.
+  const gemmOp = (dt: DType, zp: boolean, widths: readonly number[] | undefined, slot: number | undefined, tokens: number): OpDef<object> => {
+    const name = `W4A16Gemm${zp ? 'Zp' : ''}_${dt}${widths ? `_w${widths.join('_')}` : ''}_${slot === undefined ? 'inline' : `s${slot}`}_t${tokens}`;
+    return family.op(name, () =>
+      family.domain.add({
+        name,
+        inputs: [dt, 'uint8', dt, ...(zp ? ['uint8' as DType] : []), ...Array.from({ length: tokens }, () => 'uint8' as DType)],
+        outputs: (widths ?? [0]).map(() => dt),
+        provider,
+        infer: ([a, b]) => (widths ?? [b.shape[0]]).map((w) => ({ dtype: dt, shape: [...a.shape.slice(0, -1), w] })),
+        compute: (ctx) => {
+          const [a, b, s] = ctx.inputs;
+          const z = zp ? ctx.inputs[3] : undefined;
+          const K = a.dims[a.dims.length - 1];
+          const lead = a.dims.slice(0, -1);
+          const ws = widths ?? [b.dims[0]];
+          const c = ws.map((w, i) => ctx.output(i, [...lead, w]));
+          const M = size(lead);
+          const shape = weightShape(dt, b, K);
+          if (gemm) {
+            const st = stream();
+            if (slot === undefined) gemm.dequantize(shape, { b: b.data, scales: s.data, zeroPoints: z ? z.data : 0n }, gemm.slot(0), st);
+            else gemm.join(slot, st);
+            gemm.gemm(dt, M, K, ws, a.data, gemm.slot(slot ?? 0), c, st);
+            return;
+          }
+          if (M === 0) return;
+          const r = w4a16Reference({ ...shape, M }, { a: readF32(a.data, size(a.dims)), b: readBytes(b.data, size(b.dims)), scales: readF32(s.data, size(s.dims)), zeroPoints: z ? readBytes(z.data, size(z.dims)) : undefined });
+          let start = 0;
+          ws.forEach((w, i) => {
+            const part = new Float32Array(M * w);
+            for (let m = 0; m < M; m++) for (let n = 0; n < w; n++) part[m * w + n] = r[m * shape.N + start + n];
+            writeHost(c[i], part);
+            start += w;
+          });
+        },
+      }),
+    );
+  };
+  const unsupported = (attrs: W4A16Attrs, dtype: DType): string | undefined => {
+    if (attrs.bits !== 4) return `${attrs.bits} bits (the pipeline takes 4)`;
+    if (!family.dtypes.includes(dtype)) return `dtype ${dtype} on ${provider} (takes ${family.dtypes.join(', ')})`;
+    if (![32, 64, 128].includes(attrs.blockSize)) return `block size ${attrs.blockSize} (32, 64 or 128)`;
+    if (attrs.K % 8 !== 0) return `K = ${attrs.K} is not a multiple of 8 (eight weights a dequantize step)`;
+    return undefined;
+  };
+  const pipeline = (projections: readonly W4A16GemmProjection[]): W4A16GemmPipeline => {
+    projections.forEach((p, j) => {
+      const why = unsupported(p.attrs, p.scales.dtype);
+      if (why) throw new Error(`w4a16GemmOps.pipeline: projection ${j} ('${p.key}') cannot go through the pipeline: ${why}`);
+      const kb = Math.ceil(p.attrs.K / p.attrs.blockSize);
+      if (p.b.dtype !== 'uint8' || p.b.shape.join(',') !== [p.attrs.N, kb, p.attrs.blockSize / 2].join(',')) throw new Error(`w4a16GemmOps.pipeline: '${p.key}': B must be uint8[${p.attrs.N}, ${kb}, ${p.attrs.blockSize / 2}], got ${p.b.dtype}[${p.b.shape.join(', ')}]`);
+      if (gemm) gemm.reserve(slots === 0 ? 0 : j % slots, p.attrs.N * p.attrs.K * 2);
+    });
+    const tokens: Tensor[] = [];
+    const outputs: Tensor[][] = [];
+    const prefetch = (j: number) => {
+      const p = projections[j];
+      const after = j >= slots ? outputs[j - slots][0] : undefined;
+      const s = p.scales.shape.length === 2 ? p.scales : L.reshape(p.scales, [p.attrs.N, Math.ceil(p.attrs.K / p.attrs.blockSize)]);
+      const ins = [...(after ? [after] : []), p.b, s, ...(p.zeroPoints ? [p.zeroPoints] : [])];
+      tokens[j] = L.applyOp(prefetchOp(p.scales.dtype, !!p.zeroPoints, j % slots, !!after, p.attrs.K), ins, {})[0];
+    };
+    let next = 0;
+    const byKey = new Map(projections.map((p, j) => [p.key, j] as const));
+    return (key, x, packed = false) => {
+      // without slots every product dequantizes on the compute stream itself: any order, any number of times
+      const j = slots === 0 ? (byKey.get(key) ?? -1) : next;
+      const p = projections[j];
+      if (slots === 0 && !p) throw new Error(`w4a16GemmOps.pipeline: projection '${key}' is not one of the ${projections.length} the pipeline was made with`);
+      if (!p || p.key !== key) throw new Error(`w4a16GemmOps.pipeline: projection '${key}' was asked for where ${p ? `'${p.key}' (${j} of ${projections.length})` : `none (all ${projections.length} were read)`} comes next: read them in the order the pipeline was made with`);
+      if (x.dtype !== p.scales.dtype) throw new Error(`w4a16GemmOps.pipeline: '${key}': x is ${x.dtype}, its scales ${p.scales.dtype} (they must match)`);
+      if (x.shape[x.shape.length - 1] !== p.attrs.K) throw new Error(`w4a16GemmOps.pipeline: '${key}': x's last dim must be K = ${p.attrs.K}, got [${x.shape.join(', ')}]`);
+      if (slots > 0 && j === 0) for (let i = 0; i < Math.min(slots, projections.length); i++) prefetch(i);
+      const s = p.scales.shape.length === 2 ? p.scales : L.reshape(p.scales, [p.attrs.N, Math.ceil(p.attrs.K / p.attrs.blockSize)]);
+      const waits = slots === 0 ? [] : [...new Set([tokens[j], tokens[j + slots - 1]].filter((t): t is Tensor => t !== undefined))];
+      const op = gemmOp(x.dtype, !!p.zeroPoints, packed ? undefined : p.widths, slots === 0 ? undefined : j % slots, waits.length);
+      const outs = L.applyOp(op, [x, p.b, s, ...(p.zeroPoints ? [p.zeroPoints] : []), ...waits], {});
+      if (slots === 0) return outs;
+      outputs[j] = outs;
+      next++;
+      if (slots > 0 && j + slots < projections.length) prefetch(j + slots);
+      return outs;
+    };
+  };
+  return {
+    domain: family.domain,
+    session: { customOpDomains: [family.domain.handle] },
+    slots,
+    pipeline,
+    unsupported,
+    check: family.check,
+    dispose: family.dispose,
+  };
+}
