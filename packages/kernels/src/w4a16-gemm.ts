@@ -28,12 +28,12 @@
 import * as L from '@lathe/onnx';
 import { type DType, type OpDef, type Tensor } from '@lathe/onnx';
 import { type DeviceKind, type SessionOptions } from '@lathe/runtime';
-import { opFamily, readBytes, readF32, writeHost, type CustomOps } from './custom-op';
+import { opFamily, type CustomOps } from './custom-op';
 import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
 import { type Kernel, type Kernels } from './kernels';
 import { loadLibrary } from './library';
-import { w4a16Reference, type W4A16Attrs, type W4A16Shape } from './w4a16';
+import { w4a16HostProduct, type W4A16Attrs, type W4A16Shape } from './w4a16';
 import { W4A16_TYPES } from './w4a16-source';
 
 /**
@@ -360,15 +360,7 @@ export function w4a16GemmOps(provider: DeviceKind, gemm?: W4A16Gemm, opts: { slo
             gemm.gemm(dt, M, K, ws, a.data, gemm.slot(slot ?? 0), c, st);
             return;
           }
-          if (M === 0) return;
-          const r = w4a16Reference({ ...shape, M }, { a: readF32(a.data, size(a.dims)), b: readBytes(b.data, size(b.dims)), scales: readF32(s.data, size(s.dims)), zeroPoints: z ? readBytes(z.data, size(z.dims)) : undefined });
-          let start = 0;
-          ws.forEach((w, i) => {
-            const part = new Float32Array(M * w);
-            for (let m = 0; m < M; m++) for (let n = 0; n < w; n++) part[m * w + n] = r[m * shape.N + start + n];
-            writeHost(c[i], part);
-            start += w;
-          });
+          w4a16HostProduct({ ...shape, M, widths: ws }, { a, b, scales: s, zeroPoints: z }, c);
         },
       }),
     );

@@ -10,7 +10,7 @@ import * as L from '@lathe/onnx';
 import { type DType, type OpDef, type Tensor } from '@lathe/onnx';
 import { type DeviceKind, type SessionOptions } from '@lathe/runtime';
 import { type ArgValue } from './args';
-import { opFamily, readBytes, readF32, writeHost, type CustomOps } from './custom-op';
+import { opFamily, readBytes, readF32, writeHost, type CustomOpInput, type CustomOps } from './custom-op';
 import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
 import { type Kernel, type Kernels } from './kernels';
@@ -501,6 +501,28 @@ export function w4a16Reference(shape: W4A16Shape, x: { a: ArrayLike<number>; b: 
   return c;
 }
 
+/**
+ * The ops' CPU compute: {@link w4a16Reference} of host tensors (float32 activations and scales), each width's
+ * columns written to its output; nothing for M = 0.
+ */
+export function w4a16HostProduct(shape: W4A16Shape, x: { a: CustomOpInput; b: CustomOpInput; scales: CustomOpInput; zeroPoints?: CustomOpInput }, c: readonly bigint[]): void {
+  if (shape.M === 0) return;
+  const size = (dims: readonly number[]) => dims.reduce((p, d) => p * d, 1);
+  const r = w4a16Reference(shape, {
+    a: readF32(x.a.data, size(x.a.dims)),
+    b: readBytes(x.b.data, size(x.b.dims)),
+    scales: readF32(x.scales.data, size(x.scales.dims)),
+    zeroPoints: x.zeroPoints ? readBytes(x.zeroPoints.data, size(x.zeroPoints.dims)) : undefined,
+  });
+  let start = 0;
+  (shape.widths ?? [shape.N]).forEach((w, i) => {
+    const part = new Float32Array(shape.M * w);
+    for (let m = 0; m < shape.M; m++) for (let n = 0; n < w; n++) part[m * w + n] = r[m * shape.N + start + n];
+    writeHost(c[i], part);
+    start += w;
+  });
+}
+
 /** MatMulNBits' attributes as the graph side reads them. */
 export interface W4A16Attrs {
   K: number;
@@ -562,20 +584,7 @@ export function w4a16Ops(provider: DeviceKind, kernels?: W4A16, opts: W4A16Launc
             kernels.matmul(shape, { a: a.data, b: b.data, scales: s.data, zeroPoints: z ? z.data : 0n, c }, undefined, opts);
             return;
           }
-          if (shape.M === 0) return;
-          const r = w4a16Reference(shape, {
-            a: readF32(a.data, size(a.dims)),
-            b: readBytes(b.data, size(b.dims)),
-            scales: readF32(s.data, size(s.dims)),
-            zeroPoints: z ? readBytes(z.data, size(z.dims)) : undefined,
-          });
-          let start = 0;
-          ws.forEach((w, i) => {
-            const part = new Float32Array(shape.M * w);
-            for (let m = 0; m < shape.M; m++) for (let n = 0; n < w; n++) part[m * w + n] = r[m * N + start + n];
-            writeHost(c[i], part);
-            start += w;
-          });
+          w4a16HostProduct(shape, { a, b, scales: s, zeroPoints: z }, c);
         },
       }),
     );
