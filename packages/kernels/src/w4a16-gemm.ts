@@ -3,7 +3,7 @@
  * dequantize into a scratch, then cuBLAS.
  *
  * At 256 rows and more a weight-only kernel competes with cuBLAS' dense GEMM, not with the weights'
- * bytes, and at Qwen3-0.6B/1.7B sizes both W4A16 kernel families run at 0.27–0.60 of it
+ * bytes, and at Qwen3-0.6B/1.7B sizes neither W4A16 kernel family comes near it
  * (docs/guides/kernels.md). MatMulNBits dequantizes too, but holds q/k/v and gate/up apart: seven
  * GEMMs a layer where dense bf16 runs four. Here a node takes a fused group's concatenated weights,
  * dequantizes them on the compute stream (the default, `slots` 0) and runs one cuBLAS call per
@@ -295,9 +295,8 @@ export interface W4A16GemmOps extends CustomOps {
 }
 
 /**
- * Slots a pipeline takes by default: none, each product dequantizing on the compute stream (H200, Qwen3-0.6B and 1.7B
- * at 256 rows: 0.836× / 0.734× bf16's decode against 0.821× / 0.711× with 3 slots, the side stream's dequantizes
- * contending with the products for the SMs; docs/benchmarks.md, the quantization row).
+ * Slots a pipeline takes by default: none, each product dequantizing on the compute stream — on an H200 the side
+ * stream's dequantizes contended with the products for the SMs and decoded slower (docs/benchmarks.md, quantization).
  */
 export const W4A16_GEMM_SLOTS = 0;
 

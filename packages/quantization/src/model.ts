@@ -135,8 +135,9 @@ export class QuantizedModel {
    * concatenated along N (inputs named after the fused weight, e.g. `….qkv_proj.weight.q`) and run as
    * one node — the op writing each projection's output, or MatMulNBits and slices where the op does not apply.
    * `pipeline` (with `quantizedWeights: 'kernel'`): the INT4 projections the kernel does not take (more rows
-   * than `kernelMaxRows`, or rows unknown at build: prefill) go through it — each dequantized ahead of its
-   * product, in the order the model reads them (`w4a16GemmOps` of @lathe/kernels) — instead of MatMulNBits.
+   * than `kernelMaxRows`, or rows unknown at build: prefill) go through it — Lathe's dequantize + cuBLAS, one
+   * GEMM a fused group, `weights.packed` handing a group over as one tensor (`w4a16GemmOps` of @lathe/kernels;
+   * with slots, in the order the model reads them) — instead of MatMulNBits.
    */
   graphWeights(
     g: Graph,
