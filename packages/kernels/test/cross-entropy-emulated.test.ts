@@ -7,19 +7,13 @@
  * (tools/bench/kernels/ce-check.ts) tests the real build.
  */
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { crossEntropySource } from '@lathe/kernels';
+import { buildHarness } from './emulation/build';
 
-const here = join(__dirname, 'emulation');
 let harness = '';
 
 beforeAll(() => {
-  const dir = mkdtempSync(join(tmpdir(), 'lathe-ce-'));
-  writeFileSync(join(dir, 'ce.cu'), crossEntropySource);
-  harness = join(dir, 'harness');
-  execFileSync('g++', ['-std=c++20', '-O1', '-pthread', `-I${here}`, `-I${dir}`, '-o', harness, join(here, 'cross-entropy-harness.cpp')], { stdio: 'pipe' });
+  harness = buildHarness('ce', { 'ce.cu': crossEntropySource }, 'cross-entropy-harness.cpp');
 }, 120_000);
 
 interface Err {

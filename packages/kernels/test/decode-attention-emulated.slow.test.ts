@@ -15,19 +15,13 @@
  * the device check (tools/bench/kernels/decode-check.ts) tests the real build.
  */
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { DECODE_GROUPS, DECODE_HEAD_DIMS, DECODE_TYPES, decodeAttentionCore, decodeAttentionSource, decodeAttentionSourceFor, decodeKernelName, decodeSplitChunk, decodeSplitChunks, decodeSplitPlan, decodeSplitSmem, type DecodeCacheKind } from '@lathe/kernels';
+import { buildHarness } from './emulation/build';
 
-const here = join(__dirname, 'emulation');
 let harness = '';
 
 beforeAll(() => {
-  const dir = mkdtempSync(join(tmpdir(), 'lathe-decode-'));
-  writeFileSync(join(dir, 'da.cu'), decodeAttentionCore);
-  harness = join(dir, 'decode-harness');
-  execFileSync('g++', ['-std=c++20', '-O1', '-pthread', `-I${here}`, `-I${dir}`, '-o', harness, join(here, 'decode-harness.cpp')], { stdio: 'pipe' });
+  harness = buildHarness('decode', { 'da.cu': decodeAttentionCore }, 'decode-harness.cpp');
 }, 300_000);
 
 interface Err {

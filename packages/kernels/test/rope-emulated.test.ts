@@ -6,19 +6,13 @@
  * and nothing written past the output. Needs g++ (C++20).
  */
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { ropeSource } from '@lathe/kernels';
+import { buildHarness } from './emulation/build';
 
-const here = join(__dirname, 'emulation');
 let harness = '';
 
 beforeAll(() => {
-  const dir = mkdtempSync(join(tmpdir(), 'lathe-rope-'));
-  writeFileSync(join(dir, 'rope.cu'), ropeSource);
-  harness = join(dir, 'harness');
-  execFileSync('g++', ['-std=c++20', '-O1', '-pthread', `-I${here}`, `-I${dir}`, '-o', harness, join(here, 'rope-harness.cpp')], { stdio: 'pipe' });
+  harness = buildHarness('rope', { 'rope.cu': ropeSource }, 'rope-harness.cpp');
 }, 120_000);
 
 interface Result {

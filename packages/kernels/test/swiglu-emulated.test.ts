@@ -7,19 +7,13 @@
  * vectors where I allows and by elements where it does not. Needs g++ (C++20).
  */
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { swigluSource } from '@lathe/kernels';
+import { buildHarness } from './emulation/build';
 
-const here = join(__dirname, 'emulation');
 let harness = '';
 
 beforeAll(() => {
-  const dir = mkdtempSync(join(tmpdir(), 'lathe-swiglu-'));
-  writeFileSync(join(dir, 'swiglu.cu'), swigluSource);
-  harness = join(dir, 'harness');
-  execFileSync('g++', ['-std=c++20', '-O1', '-pthread', `-I${here}`, `-I${dir}`, '-o', harness, join(here, 'swiglu-harness.cpp')], { stdio: 'pipe' });
+  harness = buildHarness('swiglu', { 'swiglu.cu': swigluSource }, 'swiglu-harness.cpp');
 }, 120_000);
 
 interface Err {

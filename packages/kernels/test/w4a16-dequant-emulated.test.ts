@@ -6,19 +6,13 @@
  * (the grid-stride loop), and nothing written past W. Needs g++ (C++20).
  */
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { w4a16DequantSource } from '@lathe/kernels';
+import { buildHarness } from './emulation/build';
 
-const here = join(__dirname, 'emulation');
 let harness = '';
 
 beforeAll(() => {
-  const dir = mkdtempSync(join(tmpdir(), 'lathe-w4d-'));
-  writeFileSync(join(dir, 'w4a16-dequant.cu'), w4a16DequantSource);
-  harness = join(dir, 'harness');
-  execFileSync('g++', ['-std=c++20', '-O1', '-pthread', `-I${here}`, `-I${dir}`, '-o', harness, join(here, 'w4a16-dequant-harness.cpp')], { stdio: 'pipe' });
+  harness = buildHarness('w4d', { 'w4a16-dequant.cu': w4a16DequantSource }, 'w4a16-dequant-harness.cpp');
 }, 120_000);
 
 test.each([
