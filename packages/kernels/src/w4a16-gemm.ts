@@ -34,51 +34,54 @@ import { cudaIncludeDir } from './flash-attention';
 import { type Kernel, type Kernels } from './kernels';
 import { loadLibrary } from './library';
 import { w4a16HostProduct, type W4A16Attrs, type W4A16Shape } from './w4a16';
-import { W4A16_TYPES } from './w4a16-source';
+import { w4a16Preamble, W4A16_TYPES } from './w4a16-source';
 
 /**
- * The dequantize kernel: B (MatMulNBits' 4-bit layout) → W [N, K] in T. Each 32-bit word of codes is 8 weights of one
- * block (16 bytes out); a warp takes 4 × 32 consecutive words a step, lane l words l, l + 32, l + 64 and l + 96, so each
- * load (4 bytes a lane) and store (16) of the warp is contiguous and a lane has four loads in flight.
+ * The dequantize kernel: B (MatMulNBits' 4-bit layout) → W [N, K] in T, after {@link w4a16Preamble} (its magic-number
+ * conversion and w4a16Preamble's `w4_dequant2`, so every weight equals the matmul kernels' and MatMulNBits' bit for
+ * bit). A warp takes 128 consecutive words of one row of codes a step (each word 8 weights of one block, 16 bytes
+ * out), lane l words l, l + 32, l + 64 and l + 96: each load (4 bytes a lane) and store (16) of the warp is contiguous,
+ * a lane has four loads in flight, and the row is found by one division a step rather than one a word.
  */
-export const w4a16DequantSource = String.raw`
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-template <typename T> __device__ __forceinline__ T w4d_from_f(float x);
-template <> __device__ __forceinline__ __nv_bfloat16 w4d_from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <> __device__ __forceinline__ __half w4d_from_f<__half>(float x) { return __float2half(x); }
-__device__ __forceinline__ float w4d_to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float w4d_to_f(__half x) { return __half2float(x); }
+export const w4a16DequantSource =
+  w4a16Preamble +
+  String.raw`
 #define W4D_WORDS 4
 template <typename T>
 __device__ __forceinline__ void w4a16_dequant_body(const unsigned* __restrict__ B, const T* __restrict__ S, const unsigned char* __restrict__ Z, T* __restrict__ W,
                                                    int N, int K, int kb, int bs_log2) {
-  const int per_row = K >> 3;                  // words of codes a row of W
-  const int row_words = (kb << bs_log2) >> 3;  // B's rows are padded to whole blocks
-  const int zcols = (kb + 1) >> 1;
-  const long long words = (long long)N * per_row;
-  const int lane = threadIdx.x & 31;
-  const long long warp = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5, warps = ((long long)gridDim.x * blockDim.x) >> 5;
-  for (long long base = warp * 32 * W4D_WORDS; base < words; base += warps * 32 * W4D_WORDS) {
-    unsigned q[W4D_WORDS];
-    int n[W4D_WORDS], c[W4D_WORDS];
+  const unsigned per_row = unsigned(K) >> 3;                // words of codes a row of W
+  const unsigned row_words = unsigned(kb << bs_log2) >> 3;  // B's rows are padded to whole blocks
+  const unsigned steps = (per_row + 32 * W4D_WORDS - 1) / (32 * W4D_WORDS), items = unsigned(N) * steps;
+  const unsigned zcols = unsigned(kb + 1) >> 1;
+  const unsigned lane = threadIdx.x & 31, warps = (gridDim.x * blockDim.x) >> 5;
+  const unsigned magic2 = W4Magic<T>::bits * 0x10001u;
+  for (unsigned item = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; item < items; item += warps) {
+    const unsigned n = item / steps, c0 = (item - n * steps) * (32 * W4D_WORDS) + lane;
+    unsigned q[W4D_WORDS], so[W4D_WORDS], zo[W4D_WORDS];
 #pragma unroll
     for (int u = 0; u < W4D_WORDS; ++u) {
-      const long long w = base + lane + 32 * u;
-      n[u] = w < words ? (int)(w / per_row) : 0;
-      c[u] = w < words ? (int)(w - (long long)n[u] * per_row) : 0;
-      q[u] = w < words ? __ldg(B + (long long)n[u] * row_words + c[u]) : 0u;
+      const unsigned c = c0 + 32 * u;
+      const bool valid = c < per_row;
+      const unsigned blk = (c << 3) >> bs_log2;
+      q[u] = valid ? __ldg(B + (size_t)n * row_words + c) : 0u;
+      so[u] = valid ? unsigned(__ldg(reinterpret_cast<const unsigned short*>(S) + (size_t)n * kb + blk)) : 0u;
+      zo[u] = valid && Z ? unsigned(__ldg(Z + (size_t)n * zcols + (blk >> 1))) >> ((blk & 1) << 2) : 8u;
     }
 #pragma unroll
     for (int u = 0; u < W4D_WORDS; ++u) {
-      if (base + lane + 32 * u >= words) break;
-      const int blk = (c[u] << 3) >> bs_log2;
-      const float s = w4d_to_f(S[(long long)n[u] * kb + blk]);
-      const int zp = Z ? (Z[(long long)n[u] * zcols + (blk >> 1)] >> ((blk & 1) << 2)) & 15 : 8;
-      alignas(16) T out[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) out[j] = w4d_from_f<T>((float)((int)((q[u] >> (4 * j)) & 15u) - zp) * s);  // exact product, one rounding
-      *reinterpret_cast<uint4*>(W + (long long)n[u] * K + ((long long)c[u] << 3)) = *reinterpret_cast<const uint4*>(out);
+      const unsigned c = c0 + 32 * u;
+      if (c >= per_row) break;
+      const unsigned s2 = so[u] * 0x10001u, z2 = (W4Magic<T>::bits | (zo[u] & 15u)) * 0x10001u;
+      // codes j and j + 4 share a pair: (magic + q) in each half, the subtraction exact, the product rounded once
+      const unsigned d0 = w4_dequant2<T>((q[u] & 0x000f000fu) | magic2, z2, s2), d1 = w4_dequant2<T>(((q[u] >> 4) & 0x000f000fu) | magic2, z2, s2);
+      const unsigned d2 = w4_dequant2<T>(((q[u] >> 8) & 0x000f000fu) | magic2, z2, s2), d3 = w4_dequant2<T>(((q[u] >> 12) & 0x000f000fu) | magic2, z2, s2);
+      uint4 out;
+      out.x = __byte_perm(d0, d1, 0x5410u);
+      out.y = __byte_perm(d2, d3, 0x5410u);
+      out.z = __byte_perm(d0, d1, 0x7632u);
+      out.w = __byte_perm(d2, d3, 0x7632u);
+      *reinterpret_cast<uint4*>(W + (size_t)n * K + ((size_t)c << 3)) = out;
     }
   }
 }
@@ -218,10 +221,10 @@ export class W4A16Gemm {
 
   /** Queues W [N, K] = dequant(B) into `w` on `stream`. */
   dequantize(shape: Omit<W4A16Shape, 'M' | 'widths'>, a: W4A16DequantArgs, w: Handle, stream: Handle): void {
-    const words = (shape.N * shape.K) / 8;
-    if (words === 0) return;
-    // 4 words a thread a step; at most 8 CTAs an SM, the rest by the grid-stride loop
-    const grid = Math.min(Math.ceil(words / (4 * DEQUANT_THREADS)), this.kernels.smCount * 8);
+    // a warp step: 128 words of one row; at most 8 CTAs an SM, the rest by the grid-stride loop
+    const items = shape.N * Math.ceil(shape.K / 8 / 128);
+    if (items === 0) return;
+    const grid = Math.min(Math.ceil(items / (DEQUANT_THREADS / 32)), this.kernels.smCount * 8);
     this.dequantKernels.get(shape.dtype)!.launch({ grid, block: DEQUANT_THREADS, stream }, a.b, a.scales, a.zeroPoints, w, shape.N, shape.K, shape.kBlocks, Math.log2(shape.blockSize));
   }
 

@@ -2,8 +2,8 @@
  * Lathe's W4A16 dequantize kernels (the INT4 pipeline's, `w4a16DequantSource`) run on the CPU
  * (test/emulation/emu.h) against a per-element decode of MatMulNBits' layout: every weight equal bit
  * for bit, for bf16 and fp16, block sizes 32/64/128, zero points or the default 8, K padded to whole
- * blocks, words that end mid-step (N·K/8 not a multiple of a warp's 128), a grid smaller than the work
- * (the grid-stride loop), and nothing written past W. Needs g++ (C++20).
+ * blocks, rows that end mid-step (K/8 not a multiple of a warp's 128 words) or take several steps, a grid
+ * smaller than the work (the grid-stride loop), and nothing written past W. Needs g++ (C++20).
  */
 import { execFileSync } from 'node:child_process';
 import { w4a16DequantSource } from '@lathe/kernels';
@@ -21,6 +21,8 @@ test.each([
   ['fp16', 9, 256, 64, 1, 1],
   ['bf16', 5, 40, 32, 1, 4],
   ['fp16', 130, 64, 32, 0, 2],
+  ['bf16', 6, 2112, 64, 1, 3],
+  ['fp16', 3, 1024, 128, 0, 1],
 ] as const)('%s: N %i, K %i, block %i, zero points %i, grid %i', (dtype, N, K, bs, zp, grid) => {
   const r = JSON.parse(execFileSync(harness, [dtype, String(N), String(K), String(bs), String(zp), String(grid)], { encoding: 'utf8' })) as { weights: number; bad: number; largest: number; guard_ok: boolean };
   expect(r.weights).toBe(N * K);

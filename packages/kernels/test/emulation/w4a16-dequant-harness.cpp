@@ -1,9 +1,9 @@
 // Runs Lathe's W4A16 dequantize kernels (w4a16-dequant.cu, written out by the test) on the CPU through
-// emu.h against a per-element decode of MatMulNBits' layout (byte k / 2 of the row, the low nibble for
+// emu.h and the W4A16 primitives of w4-emu.h against a per-element decode of MatMulNBits' layout (byte k / 2 of the row, the low nibble for
 // even k; the block's scale and zero point, or 8), and prints one JSON line: the weights that differ bit
 // for bit from it, the largest |weight| seen, and whether the guard past W stayed untouched.
 // usage: w4a16-dequant-harness bf16|fp16 N K blockSize zp(0|1) grid
-#include "emu.h"
+#include "../w4a16-emulation/w4-emu.h"
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
