@@ -47,42 +47,73 @@ export const w4a16DequantSource =
   w4a16Preamble +
   String.raw`
 #define W4D_WORDS 4
+// One warp step: words [step·128, step·128 + 128) of row n's codes → W's row n.
+template <typename T>
+__device__ __forceinline__ void w4d_step(const unsigned* __restrict__ B, const T* __restrict__ S, const unsigned char* __restrict__ Z, T* __restrict__ W, int K, int kb, int bs_log2,
+                                         unsigned n, unsigned step, unsigned lane) {
+  const unsigned per_row = unsigned(K) >> 3;                // words of codes a row of W
+  const unsigned row_words = unsigned(kb << bs_log2) >> 3;  // B's rows are padded to whole blocks
+  const unsigned zcols = unsigned(kb + 1) >> 1;
+  const unsigned magic2 = W4Magic<T>::bits * 0x10001u;
+  const unsigned c0 = step * (32 * W4D_WORDS) + lane;
+  unsigned q[W4D_WORDS], so[W4D_WORDS], zo[W4D_WORDS];
+#pragma unroll
+  for (int u = 0; u < W4D_WORDS; ++u) {
+    const unsigned c = c0 + 32 * u;
+    const bool valid = c < per_row;
+    const unsigned blk = (c << 3) >> bs_log2;
+    q[u] = valid ? __ldg(B + (size_t)n * row_words + c) : 0u;
+    so[u] = valid ? unsigned(__ldg(reinterpret_cast<const unsigned short*>(S) + (size_t)n * kb + blk)) : 0u;
+    zo[u] = valid && Z ? unsigned(__ldg(Z + (size_t)n * zcols + (blk >> 1))) >> ((blk & 1) << 2) : 8u;
+  }
+#pragma unroll
+  for (int u = 0; u < W4D_WORDS; ++u) {
+    const unsigned c = c0 + 32 * u;
+    if (c >= per_row) break;
+    const unsigned s2 = so[u] * 0x10001u, z2 = (W4Magic<T>::bits | (zo[u] & 15u)) * 0x10001u;
+    // codes j and j + 4 share a pair: (magic + q) in each half, the subtraction exact, the product rounded once
+    const unsigned d0 = w4_dequant2<T>((q[u] & 0x000f000fu) | magic2, z2, s2), d1 = w4_dequant2<T>(((q[u] >> 4) & 0x000f000fu) | magic2, z2, s2);
+    const unsigned d2 = w4_dequant2<T>(((q[u] >> 8) & 0x000f000fu) | magic2, z2, s2), d3 = w4_dequant2<T>(((q[u] >> 12) & 0x000f000fu) | magic2, z2, s2);
+    uint4 out;
+    out.x = __byte_perm(d0, d1, 0x5410u);
+    out.y = __byte_perm(d2, d3, 0x5410u);
+    out.z = __byte_perm(d0, d1, 0x7632u);
+    out.w = __byte_perm(d2, d3, 0x7632u);
+    *reinterpret_cast<uint4*>(W + (size_t)n * K + ((size_t)c << 3)) = out;
+  }
+}
+__device__ __forceinline__ unsigned w4d_steps(int K) { return (unsigned(K) / 8 + 32 * W4D_WORDS - 1) / (32 * W4D_WORDS); }
 template <typename T>
 __device__ __forceinline__ void w4a16_dequant_body(const unsigned* __restrict__ B, const T* __restrict__ S, const unsigned char* __restrict__ Z, T* __restrict__ W,
                                                    int N, int K, int kb, int bs_log2) {
-  const unsigned per_row = unsigned(K) >> 3;                // words of codes a row of W
-  const unsigned row_words = unsigned(kb << bs_log2) >> 3;  // B's rows are padded to whole blocks
-  const unsigned steps = (per_row + 32 * W4D_WORDS - 1) / (32 * W4D_WORDS), items = unsigned(N) * steps;
-  const unsigned zcols = unsigned(kb + 1) >> 1;
+  const unsigned steps = w4d_steps(K), items = unsigned(N) * steps;
   const unsigned lane = threadIdx.x & 31, warps = (gridDim.x * blockDim.x) >> 5;
-  const unsigned magic2 = W4Magic<T>::bits * 0x10001u;
   for (unsigned item = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; item < items; item += warps) {
-    const unsigned n = item / steps, c0 = (item - n * steps) * (32 * W4D_WORDS) + lane;
-    unsigned q[W4D_WORDS], so[W4D_WORDS], zo[W4D_WORDS];
-#pragma unroll
-    for (int u = 0; u < W4D_WORDS; ++u) {
-      const unsigned c = c0 + 32 * u;
-      const bool valid = c < per_row;
-      const unsigned blk = (c << 3) >> bs_log2;
-      q[u] = valid ? __ldg(B + (size_t)n * row_words + c) : 0u;
-      so[u] = valid ? unsigned(__ldg(reinterpret_cast<const unsigned short*>(S) + (size_t)n * kb + blk)) : 0u;
-      zo[u] = valid && Z ? unsigned(__ldg(Z + (size_t)n * zcols + (blk >> 1))) >> ((blk & 1) << 2) : 8u;
-    }
-#pragma unroll
-    for (int u = 0; u < W4D_WORDS; ++u) {
-      const unsigned c = c0 + 32 * u;
-      if (c >= per_row) break;
-      const unsigned s2 = so[u] * 0x10001u, z2 = (W4Magic<T>::bits | (zo[u] & 15u)) * 0x10001u;
-      // codes j and j + 4 share a pair: (magic + q) in each half, the subtraction exact, the product rounded once
-      const unsigned d0 = w4_dequant2<T>((q[u] & 0x000f000fu) | magic2, z2, s2), d1 = w4_dequant2<T>(((q[u] >> 4) & 0x000f000fu) | magic2, z2, s2);
-      const unsigned d2 = w4_dequant2<T>(((q[u] >> 8) & 0x000f000fu) | magic2, z2, s2), d3 = w4_dequant2<T>(((q[u] >> 12) & 0x000f000fu) | magic2, z2, s2);
-      uint4 out;
-      out.x = __byte_perm(d0, d1, 0x5410u);
-      out.y = __byte_perm(d2, d3, 0x5410u);
-      out.z = __byte_perm(d0, d1, 0x7632u);
-      out.w = __byte_perm(d2, d3, 0x7632u);
-      *reinterpret_cast<uint4*>(W + (size_t)n * K + ((size_t)c << 3)) = out;
-    }
+    const unsigned n = item / steps;
+    w4d_step<T>(B, S, Z, W, K, kb, bs_log2, n, item - n * steps, lane);
+  }
+}
+// Up to four weights in one launch (N = 0: none): the grid-stride loop runs over their steps one after the other.
+#define W4D_JOB(T, i) const unsigned *B##i, const T *S##i, const unsigned char *Z##i, T *W##i, int N##i, int K##i, int kb##i, int bs##i
+#define W4D_RUN(i)                                                                       \
+  if (item < items##i) {                                                                 \
+    const unsigned n = item / steps##i;                                                  \
+    w4d_step<T>(B##i, S##i, Z##i, W##i, K##i, kb##i, bs##i, n, item - n * steps##i, lane); \
+    continue;                                                                            \
+  }                                                                                      \
+  item -= items##i;
+template <typename T>
+__device__ __forceinline__ void w4a16_dequant4_body(W4D_JOB(T, 0), W4D_JOB(T, 1), W4D_JOB(T, 2), W4D_JOB(T, 3)) {
+  const unsigned steps0 = w4d_steps(K0), steps1 = w4d_steps(K1), steps2 = w4d_steps(K2), steps3 = w4d_steps(K3);
+  const unsigned items0 = unsigned(N0) * steps0, items1 = unsigned(N1) * steps1, items2 = unsigned(N2) * steps2, items3 = unsigned(N3) * steps3;
+  const unsigned total = items0 + items1 + items2 + items3;
+  const unsigned lane = threadIdx.x & 31, warps = (gridDim.x * blockDim.x) >> 5;
+  for (unsigned it = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; it < total; it += warps) {
+    unsigned item = it;
+    W4D_RUN(0)
+    W4D_RUN(1)
+    W4D_RUN(2)
+    W4D_RUN(3)
   }
 }
 extern "C" __global__ void w4a16_dequant_bf16(const unsigned* B, const __nv_bfloat16* S, const unsigned char* Z, __nv_bfloat16* W, int N, int K, int kb, int bs_log2) {
@@ -91,10 +122,21 @@ extern "C" __global__ void w4a16_dequant_bf16(const unsigned* B, const __nv_bflo
 extern "C" __global__ void w4a16_dequant_fp16(const unsigned* B, const __half* S, const unsigned char* Z, __half* W, int N, int K, int kb, int bs_log2) {
   w4a16_dequant_body<__half>(B, S, Z, W, N, K, kb, bs_log2);
 }
+#define W4D_ARGS(i) B##i, S##i, Z##i, W##i, N##i, K##i, kb##i, bs##i
+extern "C" __global__ void w4a16_dequant4_bf16(W4D_JOB(__nv_bfloat16, 0), W4D_JOB(__nv_bfloat16, 1), W4D_JOB(__nv_bfloat16, 2), W4D_JOB(__nv_bfloat16, 3)) {
+  w4a16_dequant4_body<__nv_bfloat16>(W4D_ARGS(0), W4D_ARGS(1), W4D_ARGS(2), W4D_ARGS(3));
+}
+extern "C" __global__ void w4a16_dequant4_fp16(W4D_JOB(__half, 0), W4D_JOB(__half, 1), W4D_JOB(__half, 2), W4D_JOB(__half, 3)) {
+  w4a16_dequant4_body<__half>(W4D_ARGS(0), W4D_ARGS(1), W4D_ARGS(2), W4D_ARGS(3));
+}
 `;
 
-type DequantSig = readonly ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'i32'];
-const DEQUANT_SIG: DequantSig = ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'i32'];
+const DEQUANT_SIG = ['ptr', 'ptr', 'ptr', 'ptr', 'i32', 'i32', 'i32', 'i32'] as const;
+type DequantSig = typeof DEQUANT_SIG;
+const DEQUANT4_SIG = [...DEQUANT_SIG, ...DEQUANT_SIG, ...DEQUANT_SIG, ...DEQUANT_SIG] as const;
+type Dequant4Sig = typeof DEQUANT4_SIG;
+/** Weights one group launch dequantizes at most (`w4a16_dequant4_*`). */
+export const W4A16_GEMM_MAX_GROUP = 4;
 const DEQUANT_THREADS = 256;
 
 /** cuBLAS' `cudaDataType` of each 16-bit dtype, and the enums of the one call made. */
@@ -182,6 +224,7 @@ export class W4A16Gemm {
   private constructor(
     readonly kernels: Kernels,
     private readonly dequantKernels: Map<string, Kernel<DequantSig>>,
+    private readonly dequant4Kernels: Map<string, Kernel<Dequant4Sig>>,
     private readonly cublas: Cublas,
     private readonly workspace: Handle,
   ) {
@@ -193,10 +236,14 @@ export class W4A16Gemm {
   static create(kernels: Kernels, opts: { includeDir?: string; cublasPath?: string } = {}): W4A16Gemm {
     const mod = kernels.compile(w4a16DequantSource, { name: 'lathe_w4a16_dequant', options: [`-I${opts.includeDir ?? cudaIncludeDir()}`, '--std=c++17'] });
     const dq = new Map<string, Kernel<DequantSig>>();
-    for (const dtype of Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[]) dq.set(dtype, mod.kernel(`w4a16_dequant_${W4A16_TYPES[dtype].suffix}`, DEQUANT_SIG));
+    const dq4 = new Map<string, Kernel<Dequant4Sig>>();
+    for (const dtype of Object.keys(W4A16_TYPES) as (keyof typeof W4A16_TYPES)[]) {
+      dq.set(dtype, mod.kernel(`w4a16_dequant_${W4A16_TYPES[dtype].suffix}`, DEQUANT_SIG));
+      dq4.set(dtype, mod.kernel(`w4a16_dequant4_${W4A16_TYPES[dtype].suffix}`, DEQUANT4_SIG));
+    }
     const workspace = kernels.driver.alloc(CUBLAS_WORKSPACE_BYTES);
     try {
-      return new W4A16Gemm(kernels, dq, new Cublas(opts.cublasPath, workspace), workspace);
+      return new W4A16Gemm(kernels, dq, dq4, new Cublas(opts.cublasPath, workspace), workspace);
     } catch (e) {
       kernels.driver.free(workspace);
       throw e;
@@ -226,6 +273,22 @@ export class W4A16Gemm {
     if (items === 0) return;
     const grid = Math.min(Math.ceil(items / (DEQUANT_THREADS / 32)), this.kernels.smCount * 8);
     this.dequantKernels.get(shape.dtype)!.launch({ grid, block: DEQUANT_THREADS, stream }, a.b, a.scales, a.zeroPoints, w, shape.N, shape.K, shape.kBlocks, Math.log2(shape.blockSize));
+  }
+
+  /**
+   * Queues the weights of up to {@link W4A16_GEMM_MAX_GROUP} products (one dtype) in one launch, each into W [N, K] at
+   * its own address `w` (one launch's tail instead of one a product).
+   */
+  dequantizeGroup(dtype: DType, jobs: readonly { shape: Omit<W4A16Shape, 'M' | 'widths' | 'dtype'>; args: W4A16DequantArgs; w: Handle }[], stream: Handle): void {
+    if (jobs.length === 0 || jobs.length > W4A16_GEMM_MAX_GROUP) throw new Error(`W4A16Gemm.dequantizeGroup: 1 to ${W4A16_GEMM_MAX_GROUP} weights a launch, got ${jobs.length}`);
+    const items = jobs.reduce((n, j) => n + j.shape.N * Math.ceil(j.shape.K / 8 / 128), 0);
+    if (items === 0) return;
+    const grid = Math.min(Math.ceil(items / (DEQUANT_THREADS / 32)), this.kernels.smCount * 8);
+    const args = Array.from({ length: W4A16_GEMM_MAX_GROUP }, (_, i) => {
+      const j = jobs[i];
+      return j ? [j.args.b, j.args.scales, j.args.zeroPoints, j.w, j.shape.N, j.shape.K, j.shape.kBlocks, Math.log2(j.shape.blockSize)] : [0n, 0n, 0n, 0n, 0, 8, 1, 5];
+    }).flat() as unknown as Parameters<Kernel<Dequant4Sig>['launch']> extends [unknown, ...infer A] ? A : never;
+    this.dequant4Kernels.get(dtype)!.launch({ grid, block: DEQUANT_THREADS, stream }, ...args);
   }
 
   /** Queues slot `i`'s dequantize on the side stream, after everything queued on `stream` so far, and records the slot's event. */
@@ -288,8 +351,10 @@ export interface W4A16GemmOps extends CustomOps {
   session: Pick<SessionOptions, 'customOpDomains'>;
   /** Scratch slots (0: each product dequantizes on the compute stream itself). */
   readonly slots: number;
+  /** Consecutive products whose weights one dequantize launch covers (1: each its own). */
+  readonly group: number;
   /**
-   * A pipeline over `projections` for one graph: with slots, call it for each in that order (anything else throws,
+   * A pipeline over `projections` for one graph: with slots or groups, call it for each in that order (anything else throws,
    * naming the projection expected); without, for any of them in any order. Reserves the slots' buffers now.
    */
   pipeline(projections: readonly W4A16GemmProjection[]): W4A16GemmPipeline;
@@ -303,16 +368,24 @@ export interface W4A16GemmOps extends CustomOps {
  */
 export const W4A16_GEMM_SLOTS = 0;
 
+/** Products whose weights one dequantize launch covers by default (1: each its own). */
+export const W4A16_GEMM_GROUP = 1;
+
 /**
  * The pipeline's custom ops for graphs on `provider` (CUDA needs `gemm`, made on the kernels whose stream the
  * device's sessions run on). `slots` ({@link W4A16_GEMM_SLOTS} by default): scratch buffers, each dequantize running on
  * the side stream beside the `slots − 1` products before its own (1: none, the streams only alternate); 0 dequantizes
- * inside each product on the compute stream (MatMulNBits' order, with Lathe's dequantize kernel).
+ * inside each product on the compute stream (MatMulNBits' order, with Lathe's dequantize kernel). `group`
+ * ({@link W4A16_GEMM_GROUP} by default, at most {@link W4A16_GEMM_MAX_GROUP}; slots 0 only): the first product of each
+ * run of `group` consecutive projections dequantizes all of theirs in one launch, and the others read the scratch.
  */
-export function w4a16GemmOps(provider: DeviceKind, gemm?: W4A16Gemm, opts: { slots?: number } = {}): W4A16GemmOps {
+export function w4a16GemmOps(provider: DeviceKind, gemm?: W4A16Gemm, opts: { slots?: number; group?: number } = {}): W4A16GemmOps {
   if (provider === 'cuda' && !gemm) throw new Error('w4a16GemmOps: CUDA needs a W4A16Gemm (W4A16Gemm.create on the kernels of the device)');
   const slots = opts.slots ?? W4A16_GEMM_SLOTS;
   if (!Number.isInteger(slots) || slots < 0 || slots > 8) throw new Error(`w4a16GemmOps: slots must be an integer from 0 to 8, got ${slots}`);
+  const group = opts.group ?? W4A16_GEMM_GROUP;
+  if (!Number.isInteger(group) || group < 1 || group > W4A16_GEMM_MAX_GROUP) throw new Error(`w4a16GemmOps: group must be an integer from 1 to ${W4A16_GEMM_MAX_GROUP}, got ${group}`);
+  if (group > 1 && slots > 0) throw new Error(`w4a16GemmOps: group ${group} dequantizes on the compute stream and takes no slots (got slots ${slots})`);
   const family = opFamily({ name: 'w4a16GemmOps', domainPrefix: 'lathe.w4a16_gemm_', provider, cudaDtypes: ['bfloat16', 'float16'] });
   const size = (dims: readonly number[]) => dims.reduce((p, d) => p * d, 1);
   const stream = () => gemm!.kernels.stream;
@@ -367,6 +440,77 @@ export function w4a16GemmOps(provider: DeviceKind, gemm?: W4A16Gemm, opts: { slo
       }),
     );
   };
+  // A group's first product: (x, then B, scales, zero points? of each member, after?) → its outputs; first dequantizes
+  // every member (K, zero points or not, by `members`) into slot 0, one after the other, in one launch. `after`: the
+  // previous group's last output, read by nothing (it orders this launch after that product).
+  const groupFirstOp = (dt: DType, members: readonly { zp: boolean; K: number }[], widths: readonly number[] | undefined, after: boolean): OpDef<object> => {
+    const name = `W4A16GemmGroup_${dt}_${members.map((m) => `${m.zp ? 'z' : 'k'}${m.K}`).join('_')}${widths ? `_w${widths.join('_')}` : ''}${after ? '_after' : ''}`;
+    return family.op(name, () =>
+      family.domain.add({
+        name,
+        inputs: [dt, ...members.flatMap((m) => ['uint8', dt, ...(m.zp ? ['uint8'] : [])] as DType[]), ...(after ? [dt] : [])],
+        outputs: (widths ?? [0]).map(() => dt),
+        provider,
+        infer: ([a, b]) => (widths ?? [b.shape[0]]).map((w) => ({ dtype: dt, shape: [...a.shape.slice(0, -1), w] })),
+        compute: (ctx) => {
+          let i = 1;
+          const weights = members.map((m) => {
+            const [b, sc, z] = [ctx.inputs[i], ctx.inputs[i + 1], m.zp ? ctx.inputs[i + 2] : undefined];
+            i += m.zp ? 3 : 2;
+            return { b, sc, z, shape: weightShape(dt, b, m.K) };
+          });
+          const a = ctx.inputs[0];
+          const { b, sc, z, shape } = weights[0];
+          const K = a.dims[a.dims.length - 1];
+          const lead = a.dims.slice(0, -1);
+          const ws = widths ?? [b.dims[0]];
+          const c = ws.map((w, k) => ctx.output(k, [...lead, w]));
+          const M = size(lead);
+          if (gemm) {
+            const st = stream();
+            let at = 0n;
+            const jobs = weights.map((m) => {
+              const job = { shape: m.shape, args: { b: m.b.data, scales: m.sc.data, zeroPoints: m.z ? m.z.data : 0n }, w: gemm.slot(0) + at };
+              at += BigInt(m.shape.N * m.shape.K * 2);
+              return job;
+            });
+            gemm.dequantizeGroup(dt, jobs, st);
+            gemm.gemm(dt, M, K, ws, a.data, gemm.slot(0), c, st);
+            return;
+          }
+          w4a16HostProduct({ ...shape, M, widths: ws }, { a, b, scales: sc, zeroPoints: z }, c);
+        },
+      }),
+    );
+  };
+  // A later product of a group: (x, B, scales, zero points?, the group's first output) → its outputs, from slot 0 at
+  // `offset` bytes (where the group's launch put its weights); the first output is read by nothing (it orders this after).
+  const groupMemberOp = (dt: DType, zp: boolean, widths: readonly number[] | undefined, offset: number): OpDef<object> => {
+    const name = `W4A16GemmMember${zp ? 'Zp' : ''}_${dt}${widths ? `_w${widths.join('_')}` : ''}_at${offset}`;
+    return family.op(name, () =>
+      family.domain.add({
+        name,
+        inputs: [dt, 'uint8', dt, ...(zp ? ['uint8' as DType] : []), dt],
+        outputs: (widths ?? [0]).map(() => dt),
+        provider,
+        infer: ([a, b]) => (widths ?? [b.shape[0]]).map((w) => ({ dtype: dt, shape: [...a.shape.slice(0, -1), w] })),
+        compute: (ctx) => {
+          const [a, b, s] = ctx.inputs;
+          const z = zp ? ctx.inputs[3] : undefined;
+          const K = a.dims[a.dims.length - 1];
+          const lead = a.dims.slice(0, -1);
+          const ws = widths ?? [b.dims[0]];
+          const c = ws.map((w, k) => ctx.output(k, [...lead, w]));
+          const M = size(lead);
+          if (gemm) {
+            gemm.gemm(dt, M, K, ws, a.data, gemm.slot(0) + BigInt(offset), c, stream());
+            return;
+          }
+          w4a16HostProduct({ ...weightShape(dt, b, K), M, widths: ws }, { a, b, scales: s, zeroPoints: z }, c);
+        },
+      }),
+    );
+  };
   const unsupported = (attrs: W4A16Attrs, dtype: DType): string | undefined => {
     if (attrs.bits !== 4) return `${attrs.bits} bits (the pipeline takes 4)`;
     if (!family.dtypes.includes(dtype)) return `dtype ${dtype} on ${provider} (takes ${family.dtypes.join(', ')})`;
@@ -380,8 +524,11 @@ export function w4a16GemmOps(provider: DeviceKind, gemm?: W4A16Gemm, opts: { slo
       if (why) throw new Error(`w4a16GemmOps.pipeline: projection ${j} ('${p.key}') cannot go through the pipeline: ${why}`);
       const kb = Math.ceil(p.attrs.K / p.attrs.blockSize);
       if (p.b.dtype !== 'uint8' || p.b.shape.join(',') !== [p.attrs.N, kb, p.attrs.blockSize / 2].join(',')) throw new Error(`w4a16GemmOps.pipeline: '${p.key}': B must be uint8[${p.attrs.N}, ${kb}, ${p.attrs.blockSize / 2}], got ${p.b.dtype}[${p.b.shape.join(', ')}]`);
-      if (gemm) gemm.reserve(slots === 0 ? 0 : j % slots, p.attrs.N * p.attrs.K * 2);
+      if (gemm && group === 1) gemm.reserve(slots === 0 ? 0 : j % slots, p.attrs.N * p.attrs.K * 2);
     });
+    const bytesOf = (p: W4A16GemmProjection) => p.attrs.N * p.attrs.K * 2;
+    if (gemm && group > 1) for (let g = 0; g < projections.length; g += group) gemm.reserve(0, projections.slice(g, g + group).reduce((n, p) => n + bytesOf(p), 0));
+    const scales2d = (p: W4A16GemmProjection) => (p.scales.shape.length === 2 ? p.scales : L.reshape(p.scales, [p.attrs.N, Math.ceil(p.attrs.K / p.attrs.blockSize)]));
     const tokens: Tensor[] = [];
     const outputs: Tensor[][] = [];
     const prefetch = (j: number) => {
@@ -393,18 +540,38 @@ export function w4a16GemmOps(provider: DeviceKind, gemm?: W4A16Gemm, opts: { slo
     };
     let next = 0;
     const byKey = new Map(projections.map((p, j) => [p.key, j] as const));
+    const ordered = slots > 0 || group > 1;
     return (key, x, packed = false) => {
-      // without slots every product dequantizes on the compute stream itself: any order, any number of times
-      const j = slots === 0 ? (byKey.get(key) ?? -1) : next;
+      // without slots or groups every product dequantizes on the compute stream itself: any order, any number of times
+      const j = ordered ? next : (byKey.get(key) ?? -1);
       const p = projections[j];
-      if (slots === 0 && !p) throw new Error(`w4a16GemmOps.pipeline: projection '${key}' is not one of the ${projections.length} the pipeline was made with`);
+      if (!ordered && !p) throw new Error(`w4a16GemmOps.pipeline: projection '${key}' is not one of the ${projections.length} the pipeline was made with`);
       if (!p || p.key !== key) throw new Error(`w4a16GemmOps.pipeline: projection '${key}' was asked for where ${p ? `'${p.key}' (${j} of ${projections.length})` : `none (all ${projections.length} were read)`} comes next: read them in the order the pipeline was made with`);
       if (x.dtype !== p.scales.dtype) throw new Error(`w4a16GemmOps.pipeline: '${key}': x is ${x.dtype}, its scales ${p.scales.dtype} (they must match)`);
       if (x.shape[x.shape.length - 1] !== p.attrs.K) throw new Error(`w4a16GemmOps.pipeline: '${key}': x's last dim must be K = ${p.attrs.K}, got [${x.shape.join(', ')}]`);
+      const widths = packed ? undefined : p.widths;
+      if (group > 1) {
+        const g0 = j - (j % group);
+        let outs: Tensor[];
+        if (j === g0) {
+          const members = projections.slice(g0, g0 + group);
+          const odd = members.find((m) => m.scales.dtype !== x.dtype);
+          if (odd) throw new Error(`w4a16GemmOps.pipeline: '${odd.key}' has ${odd.scales.dtype} scales and shares a launch with '${key}', whose x is ${x.dtype}`);
+          const after = j > 0 ? outputs[j - 1][0] : undefined;
+          const ins = [x, ...members.flatMap((m) => [m.b, scales2d(m), ...(m.zeroPoints ? [m.zeroPoints] : [])]), ...(after ? [after] : [])];
+          outs = L.applyOp(groupFirstOp(x.dtype, members.map((m) => ({ zp: !!m.zeroPoints, K: m.attrs.K })), widths, !!after), ins, {});
+        } else {
+          const offset = projections.slice(g0, j).reduce((n, m) => n + bytesOf(m), 0);
+          outs = L.applyOp(groupMemberOp(x.dtype, !!p.zeroPoints, widths, offset), [x, p.b, scales2d(p), ...(p.zeroPoints ? [p.zeroPoints] : []), outputs[g0][0]], {});
+        }
+        outputs[j] = outs;
+        next++;
+        return outs;
+      }
       if (slots > 0 && j === 0) for (let i = 0; i < Math.min(slots, projections.length); i++) prefetch(i);
-      const s = p.scales.shape.length === 2 ? p.scales : L.reshape(p.scales, [p.attrs.N, Math.ceil(p.attrs.K / p.attrs.blockSize)]);
+      const s = scales2d(p);
       const waits = slots === 0 ? [] : [...new Set([tokens[j], tokens[j + slots - 1]].filter((t): t is Tensor => t !== undefined))];
-      const op = gemmOp(x.dtype, !!p.zeroPoints, packed ? undefined : p.widths, slots === 0 ? undefined : j % slots, waits.length);
+      const op = gemmOp(x.dtype, !!p.zeroPoints, widths, slots === 0 ? undefined : j % slots, waits.length);
       const outs = L.applyOp(op, [x, p.b, s, ...(p.zeroPoints ? [p.zeroPoints] : []), ...waits], {});
       if (slots === 0) return outs;
       outputs[j] = outs;
@@ -417,6 +584,7 @@ export function w4a16GemmOps(provider: DeviceKind, gemm?: W4A16Gemm, opts: { slo
     domain: family.domain,
     session: { customOpDomains: [family.domain.handle] },
     slots,
+    group,
     pipeline,
     unsupported,
     check: family.check,

@@ -30,3 +30,15 @@ test.each([
   expect(r.bad).toBe(0);
   expect(r.guard_ok).toBe(true);
 });
+
+test.each([
+  ['bf16', 3, [[24, 64, 32, 1], [8, 64, 32, 1], [40, 64, 64, 0], [16, 1088, 64, 1]]],
+  ['fp16', 2, [[6, 200, 128, 1], [9, 40, 32, 0]]],
+  ['bf16', 1, [[5, 96, 32, 0]]],
+] as const)('one launch for several weights (w4a16_dequant4, %s, grid %i): each written at its own place in one buffer, bit for bit', (dtype, grid, specs) => {
+  const r = JSON.parse(execFileSync(harness, ['group', dtype, String(grid), ...specs.flat().map(String)], { encoding: 'utf8' })) as { weights: number; bad: number; largest: number; guard_ok: boolean };
+  expect(r.weights).toBe(specs.reduce((n, [N, K]) => n + N * K, 0));
+  expect(r.largest).toBeGreaterThan(0.01);
+  expect(r.bad).toBe(0);
+  expect(r.guard_ok).toBe(true);
+});

@@ -137,3 +137,48 @@ test.each([1, 2, 3, 0])('a KV-cache generator with the pipeline (%i slots) gener
     gemm.dispose();
   }
 });
+
+test('with group 4 each layer dequantizes in one launch: the first product takes the four weights and the previous layer output, the others read the first output; the generator generates what bound MatMulNBits does (CPU)', async () => {
+  const kernel = w4a16Ops('cpu');
+  const gemm = w4a16GemmOps('cpu', undefined, { group: 4 });
+  expect([gemm.slots, gemm.group]).toEqual([0, 4]);
+  const g = new L.Graph('group');
+  const w = int4.graphWeights(g, { dtype: 'float32', quantizedWeights: 'kernel', kernel, pipeline: gemm, kernelMaxRows: 0 }).weights;
+  const x = g.input('x', 'float32', ['B', 'P', 64]);
+  const node = (t: L.Tensor) => g.nodes.find((n) => n.outputs.includes(t))!;
+  const layer = (i: number, h: L.Tensor) => {
+    const p = `model.layers.${i}`;
+    const q = w.matmul!(`${p}.self_attn.q_proj.weight`, h)!;
+    const o = w.matmul!(`${p}.self_attn.o_proj.weight`, q)!;
+    const gate = w.matmul!(`${p}.mlp.gate_proj.weight`, o)!;
+    const down = w.matmul!(`${p}.mlp.down_proj.weight`, g.input(`m${i}`, 'float32', ['B', 'P', 96]))!;
+    return { q, o, gate, down };
+  };
+  const l0 = layer(0, x);
+  const l1 = layer(1, l0.down);
+  // the first product: x, then B, scales and zero points of q/k/v, o, gate/up and down (K 64, 64, 64, 96)
+  expect([node(l0.q).op.name, node(l0.q).inputs.length]).toEqual(['W4A16GemmGroup_float32_z64_z64_z64_z96_w64_32_32', 13]);
+  // the others at their byte offsets in the scratch (q/k/v 128 × 64, o 64 × 64, gate/up 192 × 64, 2 bytes each), after the first
+  expect([l0.o, l0.gate, l0.down].map((t) => [node(t).op.name, node(t).inputs.at(-1) === l0.q])).toEqual([
+    ['W4A16GemmMemberZp_float32_at16384', true],
+    ['W4A16GemmMemberZp_float32_w96_96_at24576', true],
+    ['W4A16GemmMemberZp_float32_at49152', true],
+  ]);
+  // the next layer's launch waits for this layer's last product
+  expect([node(l1.q).op.name, node(l1.q).inputs.at(-1) === l0.down]).toEqual(['W4A16GemmGroup_float32_z64_z64_z64_z96_w64_32_32_after', true]);
+  expect(() => w.matmul!('model.layers.0.mlp.down_proj.weight', l1.q)).toThrow(/was asked for where none \(all 8 were read\) comes next/);
+  expect(() => w4a16GemmOps('cpu', undefined, { group: 5 })).toThrow(/group must be an integer from 1 to 4, got 5/);
+  expect(() => w4a16GemmOps('cpu', undefined, { group: 2, slots: 2 })).toThrow(/group 2 dequantizes on the compute stream and takes no slots/);
+  gemm.dispose();
+  const run = w4a16GemmOps('cpu', undefined, { group: 4 });
+  try {
+    const bound = await generate(int4);
+    const grouped = await generate(int4, { kernel, pipeline: run });
+    run.check();
+    expect(grouped.completions.map((c) => c.tokens)).toEqual(bound.completions.map((c) => c.tokens));
+    grouped.completions.forEach((c, k) => c.rawLogprobs.forEach((v, t) => expect(Math.abs(v - bound.completions[k].rawLogprobs[t])).toBeLessThan(1e-4)));
+  } finally {
+    kernel.dispose();
+    run.dispose();
+  }
+});

@@ -50,7 +50,7 @@
  * `--weights kernel-pipe<S>` (S = 0–4) decodes as `kernel` does, and sends the INT4 products of more rows (and every
  * prefill's) through the pipeline of @lathe/kernels (`w4a16GemmOps`: Lathe's dequantize into one of S scratch slots on a
  * side stream, the S − 1 products before it running meanwhile, then cuBLAS; S = 0 dequantizes in line) instead of
- * MatMulNBits; its agreement with `bound` adds the chosen tokens' log-prob differences over the shared prefixes.
+ * MatMulNBits (`kernel-pipeg<G>`, G = 2 or 4: in line, one dequantize launch for each G consecutive products); its agreement with `bound` adds the chosen tokens' log-prob differences over the shared prefixes.
  * `--swiglu-kernel`: every format's decode steps take the SwiGLU through Lathe's kernel (KvCacheGenerator's `swiglu`)
  * instead of QuickGelu·Mul, one node a layer fewer; `--residual-dtype compute`: every format's generator keeps the
  * residual stream in the compute dtype (KvCacheGenerator's `residualDtype`: four Casts a layer fewer in bf16, no
@@ -80,7 +80,7 @@
  *          [--dtype bfloat16] [--formats dense,int8,int4,nf4,nf4dq] [--batches 1,16,256] [--prompt-len 64]
  *          [--new 128] [--repeat 2] [--int4-block 64] [--mode kernel|dequantize] [--fpa] [--no-cuda-graph]
  *          [--kl-prompts 16 | --no-kl] [--kl-new 64] [--kl-batch 4] [--lm-head none|int8|int4|nf4] [--seed 0]
- *          [--weights bound,initializers,initializers-plain,kernel,kernel-all,kernel-tuned,kernel-tuned-all,kernel-wgmma-all,kernel-pipe0..4] [--kernel-wgmma-from-rows 17] [--kernel-max-rows 64] [--kernel-column-tiles 1|2]
+ *          [--weights bound,initializers,initializers-plain,kernel,kernel-all,kernel-tuned,kernel-tuned-all,kernel-wgmma-all,kernel-pipe0..4,kernel-pipeg2,kernel-pipeg4] [--kernel-wgmma-from-rows 17] [--kernel-max-rows 64] [--kernel-column-tiles 1|2]
  *          [--kernel-tile-from-rows 17] [--kernel-tile auto|LABEL] [--kernel-micro-rows 64,128,256] [--probe]
  *          [--kernel-sweep [--kernel-sweep-rows 1,4,8,16] [--kernel-sweep-tiles]] (with --weights …,kernel-tuned)
  *          [--swiglu-kernel] [--residual-dtype float32|compute] [--decode-attention gqa|kernel] [--greedy-pick] [--fast-decode]
@@ -158,6 +158,9 @@ const WEIGHT_MODES: Record<string, { as: QuantizedWeightsAs; fused: boolean }> =
   'kernel-pipe2': { as: 'kernel', fused: false },
   'kernel-pipe3': { as: 'kernel', fused: false },
   'kernel-pipe4': { as: 'kernel', fused: false },
+  // kernel-pipeg<G>: as kernel-pipe0, one dequantize launch for each run of G consecutive products (a layer's four: G = 4)
+  'kernel-pipeg2': { as: 'kernel', fused: false },
+  'kernel-pipeg4': { as: 'kernel', fused: false },
 };
 
 const bytesOf = (ts: Iterable<DeviceTensor>) => [...ts].reduce((n, t) => n + t.byteLength, 0);
@@ -208,9 +211,9 @@ async function main(): Promise<void> {
   const wgmmaFromRows = Number(arg('kernel-wgmma-from-rows', '17'));
   if (!(wgmmaFromRows >= 1)) throw new Error(`--kernel-wgmma-from-rows: '${arg('kernel-wgmma-from-rows')}' is not a row count ≥ 1`);
   const wgmmaOps = weightModes.includes('kernel-wgmma-all') ? w4a16Ops(device.kind, w4, { ...launch, wgmmaFromRows }) : undefined;
-  const pipeSlots = (weights: string) => (/^kernel-pipe\d$/.test(weights) ? Number(weights.slice(-1)) : undefined);
-  const gemm = opened.kernels && weightModes.some((w) => pipeSlots(w) !== undefined) ? W4A16Gemm.create(opened.kernels, { includeDir: cudaIncludeDir() }) : undefined;
-  const pipelines = new Map(weightModes.filter((w) => pipeSlots(w) !== undefined).map((w) => [w, w4a16GemmOps(device.kind, gemm, { slots: pipeSlots(w) })] as const));
+  const pipeOptions = (weights: string) => (/^kernel-pipe\d$/.test(weights) ? { slots: Number(weights.slice(-1)) } : /^kernel-pipeg\d$/.test(weights) ? { slots: 0, group: Number(weights.slice(-1)) } : undefined);
+  const gemm = opened.kernels && weightModes.some((w) => pipeOptions(w) !== undefined) ? W4A16Gemm.create(opened.kernels, { includeDir: cudaIncludeDir() }) : undefined;
+  const pipelines = new Map(weightModes.filter((w) => pipeOptions(w) !== undefined).map((w) => [w, w4a16GemmOps(device.kind, gemm, pipeOptions(w))] as const));
   const opsFor = (weights: string): W4A16Ops | undefined => (weights.startsWith('kernel-tuned') ? tunedOps : weights === 'kernel-wgmma-all' ? wgmmaOps : kernelOps);
   const kernelMaxRowsArg = Number(arg('kernel-max-rows', String(KERNEL_MAX_ROWS)));
   const maxRowsOf = (weights: string) => (weights.endsWith('-all') ? Number.MAX_SAFE_INTEGER : kernelMaxRowsArg);
