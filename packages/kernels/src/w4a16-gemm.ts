@@ -6,8 +6,15 @@
  * bytes, and at Qwen3-0.6B/1.7B sizes neither W4A16 kernel family comes near it
  * (docs/guides/kernels.md). MatMulNBits dequantizes too, but holds q/k/v and gate/up apart: seven
  * GEMMs a layer where dense bf16 runs four. Here a node takes a fused group's concatenated weights,
- * dequantizes them on the compute stream (the default, `slots` 0) and runs one cuBLAS call per
- * output, or one for the group read packed (`Weights.packed` of @lathe/models).
+ * dequantizes them on the compute stream (`slots` 0) and runs one cuBLAS call per output, or one for
+ * the group read packed (`Weights.packed` of @lathe/models).
+ *
+ * With `group` 4 the first product of each run of four — a decoder layer's q/k/v, o, gate/up and
+ * down — dequantizes all four weights in one launch into one scratch, and the other three read their
+ * part of it: a launch's ramp and tail a layer instead of four. The order is a data edge: each later
+ * product of the run reads the first one's output, and the next run's first product the last one's,
+ * so the pipeline then takes its products in the order it was made with (a graph reading them in
+ * another order is refused at build, naming the projection expected).
  *
  * With `slots` ≥ 1 each projection is instead dequantized ahead, into one of `slots` scratch buffers
  * on a side stream, while the compute stream runs the products before it; the product then waits for
@@ -31,6 +38,7 @@ import { type DeviceKind, type SessionOptions } from '@lathe/runtime';
 import { opFamily, type CustomOps } from './custom-op';
 import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
+import { type ArgValues } from './args';
 import { type Kernel, type Kernels } from './kernels';
 import { loadLibrary } from './library';
 import { w4a16HostProduct, type W4A16Attrs, type W4A16Shape } from './w4a16';
@@ -284,11 +292,10 @@ export class W4A16Gemm {
     const items = jobs.reduce((n, j) => n + j.shape.N * Math.ceil(j.shape.K / 8 / 128), 0);
     if (items === 0) return;
     const grid = Math.min(Math.ceil(items / (DEQUANT_THREADS / 32)), this.kernels.smCount * 8);
-    const args = Array.from({ length: W4A16_GEMM_MAX_GROUP }, (_, i) => {
-      const j = jobs[i];
-      return j ? [j.args.b, j.args.scales, j.args.zeroPoints, j.w, j.shape.N, j.shape.K, j.shape.kBlocks, Math.log2(j.shape.blockSize)] : [0n, 0n, 0n, 0n, 0, 8, 1, 5];
-    }).flat() as unknown as Parameters<Kernel<Dequant4Sig>['launch']> extends [unknown, ...infer A] ? A : never;
-    this.dequant4Kernels.get(dtype)!.launch({ grid, block: DEQUANT_THREADS, stream }, ...args);
+    // an unused job has no rows (N 0): the kernel runs none of its steps
+    const job = (j: (typeof jobs)[number] | undefined): ArgValues<DequantSig> =>
+      j ? [j.args.b, j.args.scales, j.args.zeroPoints, j.w, j.shape.N, j.shape.K, j.shape.kBlocks, Math.log2(j.shape.blockSize)] : [0n, 0n, 0n, 0n, 0, 8, 1, 5];
+    this.dequant4Kernels.get(dtype)!.launch({ grid, block: DEQUANT_THREADS, stream }, ...job(jobs[0]), ...job(jobs[1]), ...job(jobs[2]), ...job(jobs[3]));
   }
 
   /** Queues slot `i`'s dequantize on the side stream, after everything queued on `stream` so far, and records the slot's event. */
@@ -368,22 +375,27 @@ export interface W4A16GemmOps extends CustomOps {
  */
 export const W4A16_GEMM_SLOTS = 0;
 
-/** Products whose weights one dequantize launch covers by default (1: each its own). */
+/**
+ * Products whose weights one dequantize launch covers by default: each its own. A decoder layer's four in one launch
+ * (`group` 4) decoded faster on an H200, but `lathe generate`'s warm-up over it took 34 s against 7 in one unexplained
+ * run (docs/benchmarks.md, quantization), so it stays opt-in until that is measured again.
+ */
 export const W4A16_GEMM_GROUP = 1;
 
 /**
  * The pipeline's custom ops for graphs on `provider` (CUDA needs `gemm`, made on the kernels whose stream the
  * device's sessions run on). `slots` ({@link W4A16_GEMM_SLOTS} by default): scratch buffers, each dequantize running on
  * the side stream beside the `slots − 1` products before its own (1: none, the streams only alternate); 0 dequantizes
- * inside each product on the compute stream (MatMulNBits' order, with Lathe's dequantize kernel). `group`
- * ({@link W4A16_GEMM_GROUP} by default, at most {@link W4A16_GEMM_MAX_GROUP}; slots 0 only): the first product of each
- * run of `group` consecutive projections dequantizes all of theirs in one launch, and the others read the scratch.
+ * on the compute stream. `group` (with slots 0 only; {@link W4A16_GEMM_GROUP} then by default, at most
+ * {@link W4A16_GEMM_MAX_GROUP}): the first product of each run of `group` consecutive projections dequantizes all of
+ * theirs in one launch and the others read the scratch; 1: each product dequantizes its own (MatMulNBits' order, with
+ * Lathe's dequantize kernel).
  */
 export function w4a16GemmOps(provider: DeviceKind, gemm?: W4A16Gemm, opts: { slots?: number; group?: number } = {}): W4A16GemmOps {
   if (provider === 'cuda' && !gemm) throw new Error('w4a16GemmOps: CUDA needs a W4A16Gemm (W4A16Gemm.create on the kernels of the device)');
   const slots = opts.slots ?? W4A16_GEMM_SLOTS;
   if (!Number.isInteger(slots) || slots < 0 || slots > 8) throw new Error(`w4a16GemmOps: slots must be an integer from 0 to 8, got ${slots}`);
-  const group = opts.group ?? W4A16_GEMM_GROUP;
+  const group = opts.group ?? (slots > 0 ? 1 : W4A16_GEMM_GROUP);
   if (!Number.isInteger(group) || group < 1 || group > W4A16_GEMM_MAX_GROUP) throw new Error(`w4a16GemmOps: group must be an integer from 1 to ${W4A16_GEMM_MAX_GROUP}, got ${group}`);
   if (group > 1 && slots > 0) throw new Error(`w4a16GemmOps: group ${group} dequantizes on the compute stream and takes no slots (got slots ${slots})`);
   const family = opFamily({ name: 'w4a16GemmOps', domainPrefix: 'lathe.w4a16_gemm_', provider, cudaDtypes: ['bfloat16', 'float16'] });

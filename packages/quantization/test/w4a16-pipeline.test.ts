@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import * as L from '@lathe/onnx';
 import { CausalLM, type DecoderConfig } from '@lathe/models';
 import { Device } from '@lathe/runtime';
-import { KvCacheGenerator, type Completion } from '@lathe/rollout';
+import { KvCacheGenerator, SlotEngine, type Completion, type SlotToken } from '@lathe/rollout';
 import { w4a16GemmOps, w4a16Ops, type W4A16GemmOps } from '@lathe/kernels';
 import { QuantizedModel, type NBitsPipeline } from '@lathe/quantization';
 import { tinyQwen3 } from './data';
@@ -79,8 +79,8 @@ test('graphWeights sends products of unknown or many rows through the pipeline i
   expect(big.g.nodes.find((n) => n.outputs.includes(ob))!.op.name).toBe('W4A16GemmZp_float32_w64_32_32_s0_t2');
   // the pipeline's list: 2 layers × (q/k/v, o, gate/up, down)
   expect(pipe.keys.filter((k) => k.length > 0).map((k) => k[0])).toEqual(['model.layers.0.self_attn.qkv_proj.weight', 'model.layers.0.self_attn.qkv_proj.weight', 'model.layers.0.self_attn.qkv_proj.weight']);
-  // without slots (the default) the products are independent: any order, and again
-  const free = w4a16GemmOps('cpu');
+  // without slots or groups the products are independent: any order, and again
+  const free = w4a16GemmOps('cpu', undefined, { group: 1 });
   const anyOrder = int4.graphWeights(new L.Graph('free'), { dtype: 'float32', quantizedWeights: 'kernel', kernel, pipeline: free, kernelMaxRows: 0 });
   const fx = [...anyOrder.inputs.values()][0].graph.input('x', 'float32', ['B', 'P', 96]);
   const down = () => anyOrder.weights.matmul!('model.layers.1.mlp.down_proj.weight', fx)!;
@@ -88,6 +88,7 @@ test('graphWeights sends products of unknown or many rows through the pipeline i
   free.dispose();
   expect(() => int4.generationPlan('cpu', 'float32', { pipeline: pipe })).toThrow(/pipeline .*needs quantizedWeights 'kernel', got 'inputs'/);
   expect(() => w4a16GemmOps('cpu', undefined, { slots: 9 })).toThrow(/slots must be an integer from 0 to 8, got 9/);
+  expect([gemm.group, w4a16GemmOps('cpu').group, w4a16GemmOps('cpu', undefined, { group: 4 }).slots]).toEqual([1, 1, 0]);
   expect(() => w4a16GemmOps('cuda')).toThrow(/CUDA needs a W4A16Gemm/);
   for (const o of [kernel, gemm]) o.dispose();
 });
@@ -180,5 +181,35 @@ test('with group 4 each layer dequantizes in one launch: the first product takes
   } finally {
     kernel.dispose();
     run.dispose();
+  }
+});
+
+test('the slot engine (lathe serve) over the group-4 pipeline, prefill and decode steps through it: the greedy tokens of bound MatMulNBits (CPU)', async () => {
+  const device = Device.cpu();
+  const kernel = w4a16Ops('cpu');
+  const gemm = w4a16GemmOps('cpu', undefined, { group: 4 });
+  const pipe = recording(gemm);
+  const plan = int4.generation(device, 'float32', { quantizedWeights: 'kernel', kernel, pipeline: pipe, kernelMaxRows: 0 });
+  const engine = SlotEngine.create(device, config, plan.tensors, { slots: 3, maxLength: 24, graphWeights: plan.graphWeights, session: plan.session });
+  const boundPlan = int4.generation(device, 'float32');
+  const boundGen = KvCacheGenerator.create(device, config, boundPlan.tensors, { temperature: 0, rows: 4, maxLength: 24, graphWeights: boundPlan.graphWeights, session: boundPlan.session });
+  try {
+    const admitted = engine.admit(prompts.map((prompt) => ({ prompt, rows: [{ sampling: { temperature: 0 }, seed: 0, key: 0 }] })));
+    const got = new Map<number, number[]>(admitted.map((a) => [a.slots[0], a.tokens.map((t: SlotToken) => t.token)]));
+    for (let step = 0; step < 5; step++) for (const t of engine.step()) got.get(t.slot)!.push(t.token);
+    gemm.check();
+    kernel.check();
+    const bound = await boundGen.generate(prompts, { maxNewTokens: 6 });
+    expect(admitted.map((a) => got.get(a.slots[0]))).toEqual(bound.map((c) => c.tokens));
+    // every graph the engine built (prefill, decode) read all 8 products through the pipeline, in order
+    const read = pipe.keys.filter((k) => k.length > 0);
+    expect(read.length).toBeGreaterThanOrEqual(2);
+    expect(read.every((k) => k.length === 8)).toBe(true);
+  } finally {
+    engine.dispose();
+    boundGen.dispose();
+    for (const t of [...plan.tensors.values(), ...boundPlan.tensors.values()]) t.dispose();
+    kernel.dispose();
+    gemm.dispose();
   }
 });

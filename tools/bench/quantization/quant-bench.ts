@@ -211,7 +211,7 @@ async function main(): Promise<void> {
   const wgmmaFromRows = Number(arg('kernel-wgmma-from-rows', '17'));
   if (!(wgmmaFromRows >= 1)) throw new Error(`--kernel-wgmma-from-rows: '${arg('kernel-wgmma-from-rows')}' is not a row count ≥ 1`);
   const wgmmaOps = weightModes.includes('kernel-wgmma-all') ? w4a16Ops(device.kind, w4, { ...launch, wgmmaFromRows }) : undefined;
-  const pipeOptions = (weights: string) => (/^kernel-pipe\d$/.test(weights) ? { slots: Number(weights.slice(-1)) } : /^kernel-pipeg\d$/.test(weights) ? { slots: 0, group: Number(weights.slice(-1)) } : undefined);
+  const pipeOptions = (weights: string) => (/^kernel-pipe\d$/.test(weights) ? { slots: Number(weights.slice(-1)), group: 1 } : /^kernel-pipeg\d$/.test(weights) ? { slots: 0, group: Number(weights.slice(-1)) } : undefined);
   const gemm = opened.kernels && weightModes.some((w) => pipeOptions(w) !== undefined) ? W4A16Gemm.create(opened.kernels, { includeDir: cudaIncludeDir() }) : undefined;
   const pipelines = new Map(weightModes.filter((w) => pipeOptions(w) !== undefined).map((w) => [w, w4a16GemmOps(device.kind, gemm, pipeOptions(w))] as const));
   const opsFor = (weights: string): W4A16Ops | undefined => (weights.startsWith('kernel-tuned') ? tunedOps : weights === 'kernel-wgmma-all' ? wgmmaOps : kernelOps);
