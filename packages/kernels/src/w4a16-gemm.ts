@@ -35,7 +35,7 @@
 import * as L from '@lathe/onnx';
 import { type DType, type OpDef, type Tensor } from '@lathe/onnx';
 import { type DeviceKind, type SessionOptions } from '@lathe/runtime';
-import { opFamily, type CustomOps } from './custom-op';
+import { opFamily, type CustomOpInput, type CustomOps } from './custom-op';
 import { type Handle } from './driver';
 import { cudaIncludeDir } from './flash-attention';
 import { type ArgValues } from './args';
@@ -421,13 +421,14 @@ export function w4a16GemmOps(provider: DeviceKind, gemm?: W4A16Gemm, opts: { slo
       }),
     );
   };
-  // The product: (x, B, scales, zero points?, tokens…) → its outputs; `slot` undefined dequantizes inline into slot 0.
-  const gemmOp = (dt: DType, zp: boolean, widths: readonly number[] | undefined, slot: number | undefined, tokens: number): OpDef<object> => {
-    const name = `W4A16Gemm${zp ? 'Zp' : ''}_${dt}${widths ? `_w${widths.join('_')}` : ''}_${slot === undefined ? 'inline' : `s${slot}`}_t${tokens}`;
-    return family.op(name, () =>
+  // A product node: x [.., K] and its weights (B, scales, zero points if `zp`) first, then `more` inputs; its outputs
+  // [.., w] for each of `widths` (or one [.., N]). On CUDA `device` queues the work; on the CPU the host product runs.
+  type Product = { a: CustomOpInput; b: CustomOpInput; s: CustomOpInput; z?: CustomOpInput; M: number; K: number; widths: number[]; c: bigint[]; shape: ReturnType<typeof weightShape> };
+  const productOp = (name: string, dt: DType, zp: boolean, more: readonly DType[], widths: readonly number[] | undefined, device: (p: Product, inputs: readonly CustomOpInput[]) => void): OpDef<object> =>
+    family.op(name, () =>
       family.domain.add({
         name,
-        inputs: [dt, 'uint8', dt, ...(zp ? ['uint8' as DType] : []), ...Array.from({ length: tokens }, () => 'uint8' as DType)],
+        inputs: [dt, 'uint8', dt, ...(zp ? ['uint8' as DType] : []), ...more],
         outputs: (widths ?? [0]).map(() => dt),
         provider,
         infer: ([a, b]) => (widths ?? [b.shape[0]]).map((w) => ({ dtype: dt, shape: [...a.shape.slice(0, -1), w] })),
@@ -436,93 +437,50 @@ export function w4a16GemmOps(provider: DeviceKind, gemm?: W4A16Gemm, opts: { slo
           const z = zp ? ctx.inputs[3] : undefined;
           const K = a.dims[a.dims.length - 1];
           const lead = a.dims.slice(0, -1);
-          const ws = widths ?? [b.dims[0]];
+          const ws = widths ? [...widths] : [b.dims[0]];
           const c = ws.map((w, i) => ctx.output(i, [...lead, w]));
-          const M = size(lead);
-          const shape = weightShape(dt, b, K);
-          if (gemm) {
-            const st = stream();
-            if (slot === undefined) gemm.dequantize(shape, { b: b.data, scales: s.data, zeroPoints: z ? z.data : 0n }, gemm.slot(0), st);
-            else gemm.join(slot, st);
-            gemm.gemm(dt, M, K, ws, a.data, gemm.slot(slot ?? 0), c, st);
-            return;
-          }
-          w4a16HostProduct({ ...shape, M, widths: ws }, { a, b, scales: s, zeroPoints: z }, c);
+          const p = { a, b, s, z, M: size(lead), K, widths: ws, c, shape: weightShape(dt, b, K) };
+          if (gemm) device(p, ctx.inputs);
+          else w4a16HostProduct({ ...p.shape, M: p.M, widths: ws }, { a, b, scales: s, zeroPoints: z }, c);
         },
       }),
     );
-  };
-  // A group's first product: (x, then B, scales, zero points? of each member, after?) → its outputs; first dequantizes
-  // every member (K, zero points or not, by `members`) into slot 0, one after the other, in one launch. `after`: the
-  // previous group's last output, read by nothing (it orders this launch after that product).
+  const dequantArgs = (b: CustomOpInput, s: CustomOpInput, z: CustomOpInput | undefined): W4A16DequantArgs => ({ b: b.data, scales: s.data, zeroPoints: z ? z.data : 0n });
+  // The product with its own weights (then `tokens` one-byte ordering inputs); `slot` undefined dequantizes inline into slot 0.
+  const gemmOp = (dt: DType, zp: boolean, widths: readonly number[] | undefined, slot: number | undefined, tokens: number): OpDef<object> =>
+    productOp(`W4A16Gemm${zp ? 'Zp' : ''}_${dt}${widths ? `_w${widths.join('_')}` : ''}_${slot === undefined ? 'inline' : `s${slot}`}_t${tokens}`, dt, zp, Array.from({ length: tokens }, () => 'uint8' as DType), widths, (p) => {
+      const st = stream();
+      if (slot === undefined) gemm!.dequantize(p.shape, dequantArgs(p.b, p.s, p.z), gemm!.slot(0), st);
+      else gemm!.join(slot, st);
+      gemm!.gemm(dt, p.M, p.K, p.widths, p.a.data, gemm!.slot(slot ?? 0), p.c, st);
+    });
+  // A group's first product: its own weights (the first member's), then B, scales, zero points? of the other members,
+  // then `after`; first dequantizes every member (K, zero points or not, by `members`) into slot 0, one after the other,
+  // in one launch. `after`: the previous group's last output, read by nothing (it orders this launch after that product).
   const groupFirstOp = (dt: DType, members: readonly { zp: boolean; K: number }[], widths: readonly number[] | undefined, after: boolean): OpDef<object> => {
     const name = `W4A16GemmGroup_${dt}_${members.map((m) => `${m.zp ? 'z' : 'k'}${m.K}`).join('_')}${widths ? `_w${widths.join('_')}` : ''}${after ? '_after' : ''}`;
-    return family.op(name, () =>
-      family.domain.add({
-        name,
-        inputs: [dt, ...members.flatMap((m) => ['uint8', dt, ...(m.zp ? ['uint8'] : [])] as DType[]), ...(after ? [dt] : [])],
-        outputs: (widths ?? [0]).map(() => dt),
-        provider,
-        infer: ([a, b]) => (widths ?? [b.shape[0]]).map((w) => ({ dtype: dt, shape: [...a.shape.slice(0, -1), w] })),
-        compute: (ctx) => {
-          let i = 1;
-          const weights = members.map((m) => {
-            const [b, sc, z] = [ctx.inputs[i], ctx.inputs[i + 1], m.zp ? ctx.inputs[i + 2] : undefined];
-            i += m.zp ? 3 : 2;
-            return { b, sc, z, shape: weightShape(dt, b, m.K) };
-          });
-          const a = ctx.inputs[0];
-          const { b, sc, z, shape } = weights[0];
-          const K = a.dims[a.dims.length - 1];
-          const lead = a.dims.slice(0, -1);
-          const ws = widths ?? [b.dims[0]];
-          const c = ws.map((w, k) => ctx.output(k, [...lead, w]));
-          const M = size(lead);
-          if (gemm) {
-            const st = stream();
-            let at = 0n;
-            const jobs = weights.map((m) => {
-              const job = { shape: m.shape, args: { b: m.b.data, scales: m.sc.data, zeroPoints: m.z ? m.z.data : 0n }, w: gemm.slot(0) + at };
-              at += BigInt(m.shape.N * m.shape.K * 2);
-              return job;
-            });
-            gemm.dequantizeGroup(dt, jobs, st);
-            gemm.gemm(dt, M, K, ws, a.data, gemm.slot(0), c, st);
-            return;
-          }
-          w4a16HostProduct({ ...shape, M, widths: ws }, { a, b, scales: sc, zeroPoints: z }, c);
-        },
-      }),
-    );
+    const more = [...members.slice(1).flatMap((m) => ['uint8', dt, ...(m.zp ? ['uint8'] : [])] as DType[]), ...(after ? [dt] : [])];
+    return productOp(name, dt, members[0].zp, more, widths, (p, inputs) => {
+      let i = 1;
+      let at = 0n;
+      const jobs = members.map((m) => {
+        const [b, s, z] = [inputs[i], inputs[i + 1], m.zp ? inputs[i + 2] : undefined];
+        const job = { shape: weightShape(dt, b, m.K), args: dequantArgs(b, s, z), w: gemm!.slot(0) + at };
+        i += m.zp ? 3 : 2;
+        at += BigInt(job.shape.N * job.shape.K * 2);
+        return job;
+      });
+      const st = stream();
+      gemm!.dequantizeGroup(dt, jobs, st);
+      gemm!.gemm(dt, p.M, p.K, p.widths, p.a.data, gemm!.slot(0), p.c, st);
+    });
   };
-  // A later product of a group: (x, B, scales, zero points?, the group's first output) → its outputs, from slot 0 at
-  // `offset` bytes (where the group's launch put its weights); the first output is read by nothing (it orders this after).
-  const groupMemberOp = (dt: DType, zp: boolean, widths: readonly number[] | undefined, offset: number): OpDef<object> => {
-    const name = `W4A16GemmMember${zp ? 'Zp' : ''}_${dt}${widths ? `_w${widths.join('_')}` : ''}_at${offset}`;
-    return family.op(name, () =>
-      family.domain.add({
-        name,
-        inputs: [dt, 'uint8', dt, ...(zp ? ['uint8' as DType] : []), dt],
-        outputs: (widths ?? [0]).map(() => dt),
-        provider,
-        infer: ([a, b]) => (widths ?? [b.shape[0]]).map((w) => ({ dtype: dt, shape: [...a.shape.slice(0, -1), w] })),
-        compute: (ctx) => {
-          const [a, b, s] = ctx.inputs;
-          const z = zp ? ctx.inputs[3] : undefined;
-          const K = a.dims[a.dims.length - 1];
-          const lead = a.dims.slice(0, -1);
-          const ws = widths ?? [b.dims[0]];
-          const c = ws.map((w, k) => ctx.output(k, [...lead, w]));
-          const M = size(lead);
-          if (gemm) {
-            gemm.gemm(dt, M, K, ws, a.data, gemm.slot(0) + BigInt(offset), c, stream());
-            return;
-          }
-          w4a16HostProduct({ ...weightShape(dt, b, K), M, widths: ws }, { a, b, scales: s, zeroPoints: z }, c);
-        },
-      }),
-    );
-  };
+  // A later product of a group: its weights, then the group's first output (read by nothing: it orders this after);
+  // multiplies from slot 0 at `offset` bytes, where the group's launch put its weights.
+  const groupMemberOp = (dt: DType, zp: boolean, widths: readonly number[] | undefined, offset: number): OpDef<object> =>
+    productOp(`W4A16GemmMember${zp ? 'Zp' : ''}_${dt}${widths ? `_w${widths.join('_')}` : ''}_at${offset}`, dt, zp, [dt], widths, (p) => {
+      gemm!.gemm(dt, p.M, p.K, p.widths, p.a.data, gemm!.slot(0) + BigInt(offset), p.c, stream());
+    });
   const unsupported = (attrs: W4A16Attrs, dtype: DType): string | undefined => {
     if (attrs.bits !== 4) return `${attrs.bits} bits (the pipeline takes 4)`;
     if (!family.dtypes.includes(dtype)) return `dtype ${dtype} on ${provider} (takes ${family.dtypes.join(', ')})`;

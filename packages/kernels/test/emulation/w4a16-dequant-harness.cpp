@@ -1,59 +1,24 @@
-// Runs Lathe's W4A16 dequantize kernels (w4a16-dequant.cu, written out by the test) on the CPU through
-// emu.h and the W4A16 primitives of w4-emu.h against a per-element decode of MatMulNBits' layout (byte k / 2 of the row, the low nibble for
-// even k; the block's scale and zero point, or 8), and prints one JSON line: the weights that differ bit
-// for bit from it, the largest |weight| seen, and whether the guard past W stayed untouched.
+// Runs Lathe's W4A16 dequantize kernels (w4a16-dequant.cu, written out by the test) on the CPU through emu.h and
+// the W4A16 primitives of w4-emu.h against a per-element decode of MatMulNBits' layout (byte k / 2 of the row, the
+// low nibble for even k; the block's scale and zero point, or 8), and prints one JSON line: the weights that differ
+// bit for bit from it, the largest |weight| seen, and whether the guard past W stayed untouched.
 // usage: w4a16-dequant-harness bf16|fp16 N K blockSize zp(0|1) grid
 //        w4a16-dequant-harness group bf16|fp16 grid (N K blockSize zp){1..4}   (w4a16_dequant4: one launch, one buffer)
 #include "../w4a16-emulation/w4-emu.h"
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
-#include <array>
 #include <vector>
 
 #define __ldg(p) (*(p))
 #include "w4a16-dequant.cu"
 
 
-template <typename T>
-static void run(int N, int K, int bs, bool zp, unsigned grid, void (*kern)(const unsigned*, const T*, const unsigned char*, T*, int, int, int, int)) {
-  const int kb = (K + bs - 1) / bs, row_bytes = kb * bs / 2, zcols = (kb + 1) / 2, guard = 64;
-  int bs_log2 = 0;
-  while ((1 << bs_log2) < bs) ++bs_log2;
-  std::mt19937 rng(11);
-  std::vector<unsigned> Bw(size_t(N) * row_bytes / 4);
-  for (auto& w : Bw) w = rng();
-  const unsigned char* B = reinterpret_cast<const unsigned char*>(Bw.data());
-  std::normal_distribution<float> nd(0.f, 0.02f);
-  std::vector<T> S(size_t(N) * kb);
-  for (auto& s : S) s = emu_from_float<T>(nd(rng));
-  std::vector<unsigned char> Z(size_t(N) * zcols);
-  for (auto& z : Z) z = (unsigned char)(rng() & 0xff);
-  std::vector<T> ref(size_t(N) * K);
-  double largest = 0;
-  for (int n = 0; n < N; ++n)
-    for (int k = 0; k < K; ++k) {
-      const unsigned char byte = B[size_t(n) * row_bytes + k / 2];
-      const int q = k % 2 ? byte >> 4 : byte & 15;
-      const int blk = k / bs;
-      const int z = zp ? (blk % 2 ? Z[size_t(n) * zcols + blk / 2] >> 4 : Z[size_t(n) * zcols + blk / 2] & 15) : 8;
-      ref[size_t(n) * K + k] = emu_from_float<T>(float(q - z) * emu_to_float(S[size_t(n) * kb + blk]));
-      largest = std::max(largest, double(std::abs(emu_to_float(ref[size_t(n) * K + k]))));
-    }
-  const T poison = emu_from_float<T>(12345.f);
-  std::vector<T> W(size_t(N) * K + guard, poison);
-  emu::launch({grid, 1, 1}, 64, 0, [&] { kern(Bw.data(), S.data(), zp ? Z.data() : nullptr, W.data(), N, K, kb, bs_log2); });
-  long bad = 0;
-  for (size_t i = 0; i < ref.size(); ++i) bad += std::memcmp(&W[i], &ref[i], sizeof(T)) != 0;
-  bool guard_ok = true;
-  for (int i = 0; i < guard; ++i) guard_ok = guard_ok && std::memcmp(&W[ref.size() + i], &poison, sizeof(T)) == 0;
-  std::printf("{\"weights\":%zu,\"bad\":%ld,\"largest\":%.6g,\"guard_ok\":%s}\n", ref.size(), bad, largest, guard_ok ? "true" : "false");
-}
-
-
-// One weight of the group mode: codes, scales and zero points like run()'s, and its reference.
+// One weight: random codes, scales and zero points in MatMulNBits' layout, and its per-element reference.
 template <typename T>
 struct Weight {
   int N, K, bs, kb, bs_log2 = 0;
@@ -83,40 +48,22 @@ struct Weight {
         ref[size_t(r) * K + k] = emu_from_float<T>(float(q - zv) * emu_to_float(S[size_t(r) * kb + blk]));
       }
   }
+  const unsigned char* zeros() const { return zp ? Z.data() : nullptr; }
 };
 
-// Group mode: up to four weights in one w4a16_dequant4 launch, written one after the other into one buffer.
+// Runs `launch` into a poisoned buffer holding the weights one after the other (and a guard past them), then prints
+// the weights that differ bit for bit from their references, the largest |weight|, and whether the guard is intact.
 template <typename T>
-static void run_group(unsigned grid, const std::vector<std::array<int, 4>>& specs,
-                      void (*kern)(const unsigned*, const T*, const unsigned char*, T*, int, int, int, int, const unsigned*, const T*, const unsigned char*, T*, int, int, int, int,
-                                   const unsigned*, const T*, const unsigned char*, T*, int, int, int, int, const unsigned*, const T*, const unsigned char*, T*, int, int, int, int)) {
-  std::vector<Weight<T>> ws;
+static void check(const std::vector<Weight<T>>& ws, const std::function<void(T*)>& launch) {
   size_t total = 0;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    ws.emplace_back(specs[i][0], specs[i][1], specs[i][2], specs[i][3] != 0, unsigned(11 + i));
-    total += ws.back().ref.size();
-  }
+  for (const auto& w : ws) total += w.ref.size();
   const int guard = 64;
   const T poison = emu_from_float<T>(12345.f);
   std::vector<T> W(total + guard, poison);
-  const unsigned* B[4] = {};
-  const T* S[4] = {};
-  const unsigned char* Z[4] = {};
-  T* D[4] = {};
-  int N[4] = {0, 0, 0, 0}, K[4] = {8, 8, 8, 8}, KB[4] = {1, 1, 1, 1}, BS[4] = {5, 5, 5, 5};
-  size_t at = 0;
-  for (size_t i = 0; i < ws.size(); ++i) {
-    B[i] = ws[i].Bw.data(), S[i] = ws[i].S.data(), Z[i] = ws[i].zp ? ws[i].Z.data() : nullptr, D[i] = W.data() + at;
-    N[i] = ws[i].N, K[i] = ws[i].K, KB[i] = ws[i].kb, BS[i] = ws[i].bs_log2;
-    at += ws[i].ref.size();
-  }
-  emu::launch({grid, 1, 1}, 64, 0, [&] {
-    kern(B[0], S[0], Z[0], D[0], N[0], K[0], KB[0], BS[0], B[1], S[1], Z[1], D[1], N[1], K[1], KB[1], BS[1], B[2], S[2], Z[2], D[2], N[2], K[2], KB[2], BS[2], B[3], S[3], Z[3], D[3], N[3], K[3],
-         KB[3], BS[3]);
-  });
+  launch(W.data());
   long bad = 0;
   double largest = 0;
-  at = 0;
+  size_t at = 0;
   for (const auto& w : ws) {
     for (size_t i = 0; i < w.ref.size(); ++i) {
       bad += std::memcmp(&W[at + i], &w.ref[i], sizeof(T)) != 0;
@@ -127,6 +74,40 @@ static void run_group(unsigned grid, const std::vector<std::array<int, 4>>& spec
   bool guard_ok = true;
   for (int i = 0; i < guard; ++i) guard_ok = guard_ok && std::memcmp(&W[total + i], &poison, sizeof(T)) == 0;
   std::printf("{\"weights\":%zu,\"bad\":%ld,\"largest\":%.6g,\"guard_ok\":%s}\n", total, bad, largest, guard_ok ? "true" : "false");
+}
+
+template <typename T>
+static void run(int N, int K, int bs, bool zp, unsigned grid, void (*kern)(const unsigned*, const T*, const unsigned char*, T*, int, int, int, int)) {
+  const std::vector<Weight<T>> ws{Weight<T>(N, K, bs, zp, 11)};
+  const Weight<T>& w = ws[0];
+  check<T>(ws, [&](T* W) { emu::launch({grid, 1, 1}, 64, 0, [&] { kern(w.Bw.data(), w.S.data(), w.zeros(), W, N, K, w.kb, w.bs_log2); }); });
+}
+
+// Group mode: up to four weights in one w4a16_dequant4 launch (the rest N = 0), written one after the other.
+template <typename T>
+using Dequant4 = void (*)(const unsigned*, const T*, const unsigned char*, T*, int, int, int, int, const unsigned*, const T*, const unsigned char*, T*, int, int, int, int, const unsigned*,
+                          const T*, const unsigned char*, T*, int, int, int, int, const unsigned*, const T*, const unsigned char*, T*, int, int, int, int);
+template <typename T>
+static void run_group(unsigned grid, const std::vector<std::array<int, 4>>& specs, Dequant4<T> kern) {
+  std::vector<Weight<T>> ws;
+  for (size_t i = 0; i < specs.size(); ++i) ws.emplace_back(specs[i][0], specs[i][1], specs[i][2], specs[i][3] != 0, unsigned(11 + i));
+  check<T>(ws, [&](T* W) {
+    const unsigned* B[4] = {};
+    const T* S[4] = {};
+    const unsigned char* Z[4] = {};
+    T* D[4] = {};
+    int N[4] = {0, 0, 0, 0}, K[4] = {8, 8, 8, 8}, KB[4] = {1, 1, 1, 1}, BS[4] = {5, 5, 5, 5};
+    size_t at = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      B[i] = ws[i].Bw.data(), S[i] = ws[i].S.data(), Z[i] = ws[i].zeros(), D[i] = W + at;
+      N[i] = ws[i].N, K[i] = ws[i].K, KB[i] = ws[i].kb, BS[i] = ws[i].bs_log2;
+      at += ws[i].ref.size();
+    }
+    emu::launch({grid, 1, 1}, 64, 0, [&] {
+      kern(B[0], S[0], Z[0], D[0], N[0], K[0], KB[0], BS[0], B[1], S[1], Z[1], D[1], N[1], K[1], KB[1], BS[1], B[2], S[2], Z[2], D[2], N[2], K[2], KB[2], BS[2], B[3], S[3], Z[3], D[3], N[3],
+           K[3], KB[3], BS[3]);
+    });
+  });
 }
 
 int main(int argc, char** argv) {
