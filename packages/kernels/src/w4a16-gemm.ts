@@ -377,8 +377,8 @@ export const W4A16_GEMM_SLOTS = 0;
 
 /**
  * Products whose weights one dequantize launch covers by default: each its own. A decoder layer's four in one launch
- * (`group` 4) decoded faster on an H200, but `lathe generate`'s warm-up over it took 34 s against 7 in one unexplained
- * run (docs/benchmarks.md, quantization), so it stays opt-in until that is measured again.
+ * (`group` 4) decoded faster on an H200 but stays opt-in until a slow `lathe generate` warm-up seen once over it is
+ * explained (docs/benchmarks.md, quantization).
  */
 export const W4A16_GEMM_GROUP = 1;
 
@@ -504,8 +504,7 @@ export function w4a16GemmOps(provider: DeviceKind, gemm?: W4A16Gemm, opts: { slo
     const prefetch = (j: number) => {
       const p = projections[j];
       const after = j >= slots ? outputs[j - slots][0] : undefined;
-      const s = p.scales.shape.length === 2 ? p.scales : L.reshape(p.scales, [p.attrs.N, Math.ceil(p.attrs.K / p.attrs.blockSize)]);
-      const ins = [...(after ? [after] : []), p.b, s, ...(p.zeroPoints ? [p.zeroPoints] : [])];
+      const ins = [...(after ? [after] : []), p.b, scales2d(p), ...(p.zeroPoints ? [p.zeroPoints] : [])];
       tokens[j] = L.applyOp(prefetchOp(p.scales.dtype, !!p.zeroPoints, j % slots, !!after, p.attrs.K), ins, {})[0];
     };
     let next = 0;
