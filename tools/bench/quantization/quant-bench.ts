@@ -50,7 +50,8 @@
  * `--weights kernel-pipe<S>` (S = 0–4) decodes as `kernel` does, and sends the INT4 products of more rows (and every
  * prefill's) through the pipeline of @lathe/kernels (`w4a16GemmOps`: Lathe's dequantize into one of S scratch slots on a
  * side stream, the S − 1 products before it running meanwhile, then cuBLAS; S = 0 dequantizes in line) instead of
- * MatMulNBits (`kernel-pipeg<G>`, G = 2 or 4: in line, one dequantize launch for each G consecutive products); its agreement with `bound` adds the chosen tokens' log-prob differences over the shared prefixes.
+ * MatMulNBits (`kernel-pipeg<G>`, G = 2 or 4: in line, one dequantize launch for each G consecutive products); its
+ * agreement with `bound` adds the chosen tokens' log-prob differences over the shared prefixes.
  * `--swiglu-kernel`: every format's decode steps take the SwiGLU through Lathe's kernel (KvCacheGenerator's `swiglu`)
  * instead of QuickGelu·Mul, one node a layer fewer; `--residual-dtype compute`: every format's generator keeps the
  * residual stream in the compute dtype (KvCacheGenerator's `residualDtype`: four Casts a layer fewer in bf16, no
