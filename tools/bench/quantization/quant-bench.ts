@@ -66,6 +66,7 @@
  * stores it; of an embedding that is not the head, the rows gathered), `kv_bytes_per_step` (the cache, mean over
  * the steps) — and the ms each takes at the HBM peak (`weights_ms_at_peak`, `kv_ms_at_peak`) beside the measured
  * `ms_per_step` (`weights_share_of_step`: how weight-bound the step is); the summary's `weight_bound` lists them.
+ * `first_call_ms`: the generator's creation and first call (sessions compiled, CUDA graphs captured), per mode.
  * `--kernel-checks all|numerics|none` (default all): with a kernel weights mode, `numerics` keeps the float64 checks
  * and skips the microbenchmarks, `none` skips both (the Qwen3-8B shapes' checks take minutes of host time).
  * The host model: a preset's random weights are `CausalLM.random`'s values, sampled (with their 16-bit bits for the
@@ -911,11 +912,14 @@ interface DecodeOptions {
 /** Decode tokens/s of the KV-cache generator over `tensors` (bound by name) at the batch of `prompts`: the best of `repeat` timed calls after a warm-up. */
 async function decodeRate(device: Device, config: DecoderConfig, tensors: ReadonlyMap<string, DeviceTensor>, graphWeights: ((g: L.Graph) => Weights) | undefined, prompts: number[][], o: DecodeOptions) {
   const B = prompts.length;
+  const t0 = performance.now();
   const fast = { ...(o.decodeAttention ? { decodeAttention: o.decodeAttention } : {}), ...(o.greedyPick ? { greedyPick: o.greedyPick } : {}), ...(o.concatProjections ? { concatProjections: true } : {}) };
   const gen = KvCacheGenerator.create(device, config, tensors, { temperature: 0, rows: B, maxLength: prompts[0].length + o.newTokens, dtype: o.dtype, cudaGraph: o.cudaGraph, ...(graphWeights ? { graphWeights } : {}), session: o.session, residualDtype: o.residualDtype, ...(o.swiglu ? { swiglu: o.swiglu } : {}), ...fast });
   try {
     const call = { maxNewTokens: o.newTokens, seed: 1 };
     let last = await gen.generate(prompts, call);
+    // the generator's creation and first call: its sessions compiled, its CUDA graphs captured
+    const firstMs = performance.now() - t0;
     let best = { decodeMs: Infinity, decodeSteps: 0, prefillMs: 0, totalMs: 0 };
     for (let i = 0; i < o.repeat; i++) {
       const s = performance.now();
@@ -931,6 +935,7 @@ async function decodeRate(device: Device, config: DecoderConfig, tensors: Readon
       decode_steps: best.decodeSteps,
       prefill_ms: +best.prefillMs.toFixed(1),
       total_ms: +best.totalMs.toFixed(1),
+      first_call_ms: +firstMs.toFixed(1),
       completions: last,
     };
   } finally {
