@@ -39,6 +39,8 @@
 #          default (split-K up to 16), and both kernels alone at 16 and 32 rows (--kernel-micro-rows), one lane each
 #   scale2: the 2-GPU scaling of lathe sft's kernels path again with the bfloat16 reduce beside float32
 #          (0.88 / 0.85 of linear at 0.6B / 1.7B with float32 on 2026-11-28: where does the 2-GPU step lose its time)
+#   qgroup: the INT4 pipeline at batch 256 with one dequantize launch a product or a layer (group 4, opt-in): decode,
+#          prefill and each mode's first_call_ms in one process, both orders (is group 4's slow start-up real?)
 # Each lane runs on its own GPU beside the others (device-lanes.sh): they share the host's CPUs, so say
 # so beside any figure. Results under $OUT; the last lines printed are the ones to read.
 set -uo pipefail
@@ -52,7 +54,7 @@ lanes() { OUT=$OUT/lanes LANE_TIMEOUT=${LANE_TIMEOUT:-570} bash tools/bench/devi
 # weight-bound its step is (weights_share_of_step)
 q="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel --threads 16"
 summaries() { grep -E '"summary":true' "$OUT/lanes/lanes.log" | cut -c1-1500; }
-case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | split | wg | q16 | scale2}" in
+case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | split | wg | q16 | scale2 | qgroup}" in
   a)
     eval_bench="node .bundle/eval-bench.js --tokenizer .bundle/qwen3-tokenizer --data-dir fixtures/eval --benchmarks math500,gsm8k --n 32 --max-new 512 --batch 256 --temperature 0"
     lanes \
@@ -199,5 +201,16 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
       DP_ARGS="$v --bucket-times" NO_DDP=${v:+1} PARITY_SHAPES=none SHAPES="0.6b 1.7b" RUN_LIMIT=120 OUT=$OUT/scale2${v:+-bf16} timeout -k 5 280 bash tools/bench/distributed/device-run.sh eight scaling "1 2" 2>&1 | grep -E '^\{"(run|scaling)"' | cut -c1-900
     done
     ;;
-  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | split | wg | q16 | scale2" >&2; exit 2 ;;
+  qgroup)
+    # the INT4 pipeline at batch 256 with one dequantize launch a product (kernel-pipe0) or a layer (kernel-pipeg4):
+    # decode rate, prefill and each mode's first_call_ms (creation + first call) in one process, twice in each order
+    m="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 256 --threads 16 --fast-decode --kernel-checks none --repeat 3 --no-kl"
+    for w in bound,kernel-pipe0,kernel-pipeg4 bound,kernel-pipeg4,kernel-pipe0; do
+      for p in qwen3-0.6b qwen3-1.7b; do
+        timeout -k 5 200 $m --preset $p --weights $w > "$OUT/qgroup-$p-$w.log" 2>&1
+        echo "$p $w"; grep -hoE '"(format|weights)":"[a-z0-9-]*","(weights|batch)"[^}]*"first_call_ms":[0-9.]+' "$OUT/qgroup-$p-$w.log" | cut -c1-400
+      done
+    done
+    ;;
+  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | split | wg | q16 | scale2 | qgroup" >&2; exit 2 ;;
 esac
