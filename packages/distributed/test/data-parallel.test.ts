@@ -6,7 +6,7 @@
  */
 import { Trainer, type TrainStepResult } from '@lathe/train';
 import { buckets, checkDataParallelBatch, checkSameConfig, gatherRows, gradientAllReduce, LocalGroup, shardOf, type Collectives } from '@lathe/distributed';
-import { rankBatches, relClose, stepLr as lr, stepRows as rows, tinySftSpec } from './tiny-sft';
+import { rankBatches, relClose, stepLr as lr, stepRows as rows, STEPS_TOL, tinySftSpec } from './tiny-sft';
 
 const { weights, spec } = tinySftSpec({ seed: 3 });
 
@@ -42,7 +42,7 @@ test.each([
   [2, 1, undefined],
   [4, 1, undefined],
   [2, 2, 2048], // micro-batches on each rank; small buckets (several all-reduces per step)
-])('%i ranks × %i micro-batches (buckets of %s bytes) take the steps of one process on the whole batch (loss, grad norm, metrics, weights within 1e-6)', async (world, micro, bucketBytes) => {
+])('%i ranks × %i micro-batches (buckets of %s bytes) take the steps of one process on the whole batch (loss, grad norm and metrics within 1e-6, weights within the rounding of the sums order)', async (world, micro, bucketBytes) => {
   const { results, finals } = await dataParallel(world, micro, bucketBytes);
   for (let r = 0; r < world; r++) {
     results[r].forEach((res, step) => {
@@ -60,7 +60,7 @@ test.each([
       const mine = finals[r].get(name)!;
       for (let i = 0; i < v.length; i++) worst = Math.max(worst, Math.abs(mine[i] - v[i]));
     }
-    expect(worst).toBeLessThanOrEqual(1e-6);
+    expect(worst).toBeLessThanOrEqual(STEPS_TOL);
   }
   // the trajectory moved: the check is not of untouched weights
   expect(reference.results[STEPS - 1].loss).toBeLessThan(reference.results[0].loss);

@@ -14,7 +14,7 @@ import { Trainer, type TrainStepResult } from '@lathe/train';
 import { gradientAllReduceInGraph, gradientReduceScatterInGraph, LocalGroup, soloInRunReducer, ThreadGroup } from '@lathe/distributed';
 import type { RankJob, RankResult } from './overlap-rank';
 import { rankThreads } from './rank-threads';
-import { OVERLAP_BATCH as BATCH, OVERLAP_BUCKET_BYTES as BUCKET_BYTES, stepLr as lr, stepRows as rows, rankBatches, sftRows, tinySftSpec } from './tiny-sft';
+import { OVERLAP_BATCH as BATCH, OVERLAP_BUCKET_BYTES as BUCKET_BYTES, stepLr as lr, stepRows as rows, rankBatches, sftRows, STEPS_TOL, tinySftSpec } from './tiny-sft';
 
 const STEPS = 4;
 const { weights, spec } = tinySftSpec({ seed: 3 });
@@ -66,7 +66,7 @@ test.each<[number, boolean]>([
       for (let i = 0; i < v.length; i++) worst = Math.max(worst, Math.abs(mine[i] - v[i]));
     }
     // absolutely, as overlap.test's check of the split path against one process
-    expect(worst).toBeLessThanOrEqual(1e-6);
+    expect(worst).toBeLessThanOrEqual(STEPS_TOL);
   }
   // the trajectory moved, through several buckets
   expect(reference.results[STEPS - 1].loss).toBeLessThan(reference.results[0].loss);
@@ -125,7 +125,7 @@ test('alone (soloInRunReducer: nothing to sum), the one-run step with the nodes 
     expect({ name, same: sameBits(fa.get(name)!, v) }).toEqual({ name, same: true });
     fc.get(name)!.forEach((x, i) => (worst = Math.max(worst, Math.abs(x - v[i]))));
   }
-  expect(worst).toBeLessThanOrEqual(1e-6);
+  expect(worst).toBeLessThanOrEqual(STEPS_TOL);
   const buckets = computed.length / 3;
   expect(buckets).toBeGreaterThan(3);
   expect(computed).toEqual([0, 1, 2].flatMap(() => Array.from({ length: buckets }, (_, k) => k)));

@@ -7,7 +7,7 @@
 import { paramSpecs } from '@lathe/models';
 import { initLora, loraAdapters, loraWeights, sftLoss, Trainer, type LoraConfig, type TrainerOptions, type TrainStepResult, type TrainStepSpec } from '@lathe/train';
 import { gradientAllReduce, LocalGroup, type HostCollectives } from '@lathe/distributed';
-import { rankBatches, relClose, sftRows, tinySftSpec } from './tiny-sft';
+import { rankBatches, relClose, sftRows, STEPS_TOL, tinySftSpec } from './tiny-sft';
 
 const { config, weights } = tinySftSpec({ seed: 11 });
 const lora: LoraConfig = { rank: 4, alpha: 8, targets: 'q_proj|k_proj|v_proj|o_proj' };
@@ -68,7 +68,7 @@ function expectSameSteps(dp: Run, ref: Run): void {
     });
     for (const [name, v] of ref.finals[0]) {
       const mine = dp.finals[r].get(name)!;
-      for (let i = 0; i < v.length; i++) expect(Math.abs(mine[i] - v[i])).toBeLessThanOrEqual(1e-6);
+      for (let i = 0; i < v.length; i++) expect(Math.abs(mine[i] - v[i])).toBeLessThanOrEqual(STEPS_TOL);
     }
   });
 }

@@ -96,6 +96,14 @@ export function rankBatches(global: SftRow[], rank: number, world: number, micro
 /** Expects `a` within relative `tol` of `b`. */
 export const relClose = (a: number, b: number, tol = 1e-5) => expect(Math.abs(a - b) / Math.max(Math.abs(b), 1e-12)).toBeLessThanOrEqual(tol);
 
+/**
+ * How far float32 weights and AdamW moments after a few steps may sit (absolutely) from one process's when the
+ * gradients were summed in another order (over ranks, micro-batches or shards): the CPU's GEMM kernels (ONNX Runtime's
+ * AVX2 or AVX-512 code) set the order inside each sum, and AdamW turns a rounding in a near-zero gradient into a step
+ * of its own. Far below how far the steps move the weights (more than 1e-2).
+ */
+export const STEPS_TOL = 1e-5;
+
 /** The in-run all-reduce tests' optimizer batch: 6 rows, split over 1, 2 or 3 ranks. */
 export const OVERLAP_BATCH = 6;
 /** Small buckets, so the tiny model's gradients make several bucket nodes. */

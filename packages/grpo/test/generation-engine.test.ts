@@ -81,8 +81,9 @@ test("'kv-cache' and 'graph' rollouts: the same tokens, metrics and updates from
   const ps = prompts(3, 4);
   const [ga, gb] = [await kv.generateGreedy(ps), await graph.generateGreedy(ps)];
   expect(ga.map(({ tokens, text, stopped }) => ({ tokens, text, stopped }))).toEqual(gb.map(({ tokens, text, stopped }) => ({ tokens, text, stopped })));
-  // the log-probs come from two different graphs: equal up to float32 rounding
-  ga.forEach((c, i) => c.logprobs!.forEach((x, t) => expect(Math.abs(x - gb[i].logprobs![t])).toBeLessThan(1e-5)));
+  // the log-probs come from two different graphs: equal up to float32 rounding, whose size the CPU's kernels
+  // (ONNX Runtime's AVX2 or AVX-512 code) set; a wrong position or mask moves them by far more
+  ga.forEach((c, i) => c.logprobs!.forEach((x, t) => expect(Math.abs(x - gb[i].logprobs![t])).toBeLessThan(1e-4)));
   kv.dispose();
   graph.dispose();
 });
