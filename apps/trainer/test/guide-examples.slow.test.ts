@@ -3,7 +3,8 @@
  * `npm start` is run here with bash, in a temporary folder that stands for the repository root
  * (`apps/` is linked into it, so `node apps/trainer/bin/lathe.cjs …` works verbatim and every
  * run directory is temporary), or carries `<!-- not run in tests: why -->` on the line above it.
- * A block's `# stdout: …` and `# stderr: …` comments are lines its output must hold.
+ * A block's `# stdout: …` and `# stderr: …` comments are lines its output must hold (a JSON line's numbers
+ * within 1 %: float32 results differ in their last digits from one CPU to another).
  */
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync, symlinkSync } from 'node:fs';
@@ -51,6 +52,31 @@ const runsLathe = (code: string) =>
 /** The lines a block's `# stdout: …` / `# stderr: …` comments promise. */
 const promised = (code: string, stream: 'stdout' | 'stderr') => [...code.matchAll(new RegExp(`^# ${stream}: (.*)$`, 'gm'))].map((m) => m[1].trim());
 
+/** Whether JSON values agree: the same keys, strings and structure, numbers within 1 % (float32 sums differ by CPU). */
+function close(a: unknown, b: unknown): boolean {
+  if (typeof a === 'number' && typeof b === 'number') return Math.abs(a - b) <= 1e-2 * Math.max(Math.abs(a), Math.abs(b), 1e-12);
+  if (Array.isArray(a) && Array.isArray(b)) return a.length === b.length && a.every((x, i) => close(x, b[i]));
+  if (a && b && typeof a === 'object' && typeof b === 'object' && !Array.isArray(a) && !Array.isArray(b)) {
+    const [ka, kb] = [Object.keys(a), Object.keys(b)];
+    return ka.length === kb.length && ka.every((k) => k in b && close((a as Record<string, unknown>)[k], (b as Record<string, unknown>)[k]));
+  }
+  return a === b;
+}
+
+/** An output line that holds the promised one: the same text, or for a JSON line the same JSON up to {@link close}. */
+function holds(lines: readonly string[], want: string): boolean {
+  if (lines.includes(want)) return true;
+  const json = (l: string): unknown => {
+    try {
+      return JSON.parse(l);
+    } catch {
+      return undefined;
+    }
+  };
+  const w = json(want);
+  return w !== undefined && typeof w === 'object' && lines.some((l) => close(json(l), w));
+}
+
 const found = DOCS.map(bashBlocks);
 const examples = found.flatMap((f) => f.blocks).filter((b) => runsLathe(b.code));
 const toRun = examples.filter((b) => b.notRun === undefined);
@@ -70,6 +96,6 @@ test.each(toRun.map((b) => [b.where, b] as const))('%s runs as written', (_where
   if (r.status !== 0) throw new Error(`exit ${r.status ?? r.signal} from\n${block.code}\n--- stderr ---\n${r.stderr.slice(-3000)}`);
   for (const stream of ['stdout', 'stderr'] as const) {
     const lines = r[stream].split('\n').map((l) => l.trim());
-    for (const line of promised(block.code, stream)) expect(lines).toContain(line);
+    for (const line of promised(block.code, stream)) expect({ line, held: holds(lines, line) }).toEqual({ line, held: true });
   }
 }, 120_000);
