@@ -376,11 +376,11 @@ export interface W4A16GemmOps extends CustomOps {
 export const W4A16_GEMM_SLOTS = 0;
 
 /**
- * Products whose weights one dequantize launch covers by default: each its own. A decoder layer's four in one launch
- * (`group` 4) decoded faster on an H200 but stays opt-in until a slow `lathe generate` warm-up seen once over it is
- * explained (docs/benchmarks.md, quantization).
+ * Products whose weights one dequantize launch covers by default: a decoder layer's four (q/k/v, o, gate/up, down).
+ * The per-product launches are bound by their count, not their arithmetic, and one a layer decoded faster on an H200
+ * with the same start-up (docs/benchmarks.md, quantization).
  */
-export const W4A16_GEMM_GROUP = 1;
+export const W4A16_GEMM_GROUP = 4;
 
 /**
  * The pipeline's custom ops for graphs on `provider` (CUDA needs `gemm`, made on the kernels whose stream the

@@ -88,7 +88,7 @@ test('graphWeights sends products of unknown or many rows through the pipeline i
   free.dispose();
   expect(() => int4.generationPlan('cpu', 'float32', { pipeline: pipe })).toThrow(/pipeline .*needs quantizedWeights 'kernel', got 'inputs'/);
   expect(() => w4a16GemmOps('cpu', undefined, { slots: 9 })).toThrow(/slots must be an integer from 0 to 8, got 9/);
-  expect([gemm.group, w4a16GemmOps('cpu').group, w4a16GemmOps('cpu', undefined, { group: 4 }).slots]).toEqual([1, 1, 0]);
+  expect([gemm.group, w4a16GemmOps('cpu').group, w4a16GemmOps('cpu', undefined, { group: 4 }).slots]).toEqual([1, 4, 0]);
   expect(() => w4a16GemmOps('cuda')).toThrow(/CUDA needs a W4A16Gemm/);
   for (const o of [kernel, gemm]) o.dispose();
 });
