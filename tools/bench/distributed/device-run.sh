@@ -124,8 +124,8 @@ summary() {
 against() {
   node -e "
     const r=require('$OUT/$1.json'); const one=require('$OUT/$2.json');
-    const rel=Math.max(...r.losses.map((l,i)=>Math.abs(l-one.losses[i])/Math.abs(one.losses[i]))); const tol=r.compute==='float32'?1e-5:2e-2;
-    console.log(JSON.stringify({run:'$1', against:'$2', world:r.world, max_rel_loss_diff:rel, tol, parity:rel<=tol, tok_s:r.tokens_per_s, tok_s_1:one.tokens_per_s, of_linear:+(r.tokens_per_s/(r.world*one.tokens_per_s)).toFixed(3)}));
+    const n=Math.min(r.losses.length, one.losses.length); const rel=Math.max(...r.losses.slice(0, n).map((l,i)=>Math.abs(l-one.losses[i])/Math.abs(one.losses[i]))); const tol=r.compute==='float32'?1e-5:2e-2;
+    console.log(JSON.stringify({run:'$1', against:'$2', world:r.world, steps:n, max_rel_loss_diff:rel, tol, parity:rel<=tol, tok_s:r.tokens_per_s, tok_s_1:one.tokens_per_s, of_linear:+(r.tokens_per_s/(r.world*one.tokens_per_s)).toFixed(3)}));
   "
 }
 # lora_runs N: `lora`'s runs (and `eight big`'s first two)
@@ -291,7 +291,7 @@ case "$mode" in
           # the largest count's losses against 1 GPU on its global batch (as many micro-batches as GPUs): at 0.6B only (PARITY_SHAPES)
           case " ${PARITY_SHAPES:-0.6b} " in *" $shape "*)
             if [ "$top" != 1 ] && [ -f "$OUT/eight-$shape-$top.json" ]; then
-              if attempt "eight-$shape-1x$top" "${RUN_LIMIT:-150}" node $B/dp-check.js ${DP_ARGS:-} $SFT_KERNELS --shape $shape --init tiled --steps ${STEPS:-8} --warmup 3 --seq ${SEQ:-512} --batch $((per * top)) --micro "$top" --out "$OUT/eight-$shape-1x$top.json"; then
+              if attempt "eight-$shape-1x$top" "${RUN_LIMIT:-150}" node $B/dp-check.js ${DP_ARGS:-} $SFT_KERNELS --shape $shape --init tiled --steps ${STEPS:-14} --warmup 3 --seq ${SEQ:-512} --batch $((per * top)) --micro "$top" --out "$OUT/eight-$shape-1x$top.json"; then
                 summary "eight-$shape-1x$top"; against "eight-$shape-$top" "eight-$shape-1x$top"
               fi
             fi ;;
