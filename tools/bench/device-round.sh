@@ -41,6 +41,11 @@
 #          (0.88 / 0.85 of linear at 0.6B / 1.7B with float32 on 2026-11-28: where does the 2-GPU step lose its time)
 #   qgroup: the INT4 pipeline at batch 256 with one dequantize launch a product or a layer (group 4, opt-in): decode,
 #          prefill and each mode's first_call_ms in one process, both orders (is group 4's slow start-up real?)
+#   scale4 SHAPE: issue 35's table for one shape (0.6b or 1.7b) on 1, 2 and 4 GPUs with the update in the run, against
+#          PyTorch DDP in the same call (a 4-GPU host; one call a shape)
+#   grpo4: one GRPO step (64 prompts x 8, 512 new tokens, 0.6B shape) on 1, 2 and 4 GPUs with today's defaults
+#   stepk: ncu's kernel times of one Qwen3-1.7B training step on the kernels path (the embedding's gradient: 10.9 ms
+#          between the last two buckets on 2026-11-29), beside the same step's wall time
 # Each lane runs on its own GPU beside the others (device-lanes.sh): they share the host's CPUs, so say
 # so beside any figure. Results under $OUT; the last lines printed are the ones to read.
 set -uo pipefail
@@ -54,7 +59,7 @@ lanes() { OUT=$OUT/lanes LANE_TIMEOUT=${LANE_TIMEOUT:-570} bash tools/bench/devi
 # weight-bound its step is (weights_share_of_step)
 q="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel --threads 16"
 summaries() { grep -E '"summary":true' "$OUT/lanes/lanes.log" | cut -c1-1500; }
-case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | split | wg | q16 | scale2 | qgroup}" in
+case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | split | wg | q16 | scale2 | qgroup | scale4 | grpo4 | stepk}" in
   a)
     eval_bench="node .bundle/eval-bench.js --tokenizer .bundle/qwen3-tokenizer --data-dir fixtures/eval --benchmarks math500,gsm8k --n 32 --max-new 512 --batch 256 --temperature 0"
     lanes \
@@ -212,5 +217,19 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
       done
     done
     ;;
-  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | split | wg | q16 | scale2 | qgroup" >&2; exit 2 ;;
+  scale4)
+    shape=${2:?scale4 0.6b|1.7b}
+    SHAPES=$shape PARITY_SHAPES=0.6b RUN_LIMIT=120 OUT=$OUT/scale4 timeout -k 5 430 bash tools/bench/distributed/device-run.sh eight scaling "1 2 4" 2>&1 | grep -E '^\{"(run|scaling|against)' | cut -c1-700
+    ;;
+  grpo4)
+    OUT=$OUT/grpo4 timeout -k 5 570 bash tools/bench/distributed/device-run.sh grpo "1 2 4" 2>&1 | grep -E '^\{' | cut -c1-700
+    ;;
+  stepk)
+    flags="--compute bfloat16 --attention-kernel --logprob-kernel --rope-kernel --swiglu-kernel --shape 1.7b --init tiled --seq 512 --batch 8"
+    node .bundle/dp-check.js $flags --steps 8 --warmup 3 --out "$OUT/stepk-wall.json" > /dev/null 2>&1
+    node -e "const r=require('$OUT/stepk-wall.json'); console.log(JSON.stringify({wall_step_ms:r.step_ms.slice(3)}))"
+    OUT=$OUT timeout -k 5 400 bash tools/bench/kernel-times.sh stepk 0 100000 "$(command -v node)" .bundle/dp-check.js $flags --steps 3 --warmup 0 --out "$OUT/stepk.json" > /dev/null
+    python3 tools/bench/kernel_summary.py "$OUT/stepk.csv" --last-period --top 40
+    ;;
+  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | split | wg | q16 | scale2 | qgroup | scale4 | grpo4 | stepk" >&2; exit 2 ;;
 esac
