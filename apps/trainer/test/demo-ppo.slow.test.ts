@@ -4,9 +4,14 @@
  * (`npm run test:slow`): ~1.5 min on 2 idle cores (SFT ~20 s, PPO ~70 s), 5.5 min sharing them with
  * another run.
  *
- * The SFT stage is cut to 400 of the demo's 1000 steps so that the policy leaves room to improve;
+ * The SFT stage is cut to 300 of the demo's 1000 steps so that the policy leaves room to improve;
  * PPO then runs 150 steps of 64 prompts × 4 samples at lr 3e-4, the critic at 1e-3 after 10
- * warm-up steps with the policy frozen. Measured with seed 0 (2026-11-26): greedy held-out accuracy
+ * warm-up steps with the policy frozen. Measured with seed 0 (2026-11-29): greedy held-out accuracy
+ * 0.234 after SFT → 0.328 after PPO, sampled 0.137 → 0.219, reward over the first and last 10
+ * steps 0.101 → 0.191. The SFT stage learns addition through a sudden transition whose timing moves
+ * with float32 rounding (README): until the gradient of a gathered table was summed in another order
+ * (2026-11-29) this test took 400 SFT steps, after it 400 steps reached 0.688 greedy. With 400
+ * steps, seed 0 (2026-11-26): greedy held-out accuracy
  * 0.359 after SFT → 0.719 after PPO, sampled (mean@4, temperature 1) 0.207 → 0.422, reward over
  * the first and last 10 steps 0.249 ± 0.011 → 0.376 ± 0.014 (standard errors of the means over the
  * steps, so the difference's is ~0.018), explained variance above 0 in 131 of the 140 post-warm-up
@@ -34,6 +39,9 @@ const median = (xs: number[]): number => {
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 };
 
+/** SFT steps before PPO: few enough that the policy leaves room (see above). */
+const SFT_STEPS = 300;
+
 test('PPO with GAE from a short SFT checkpoint of the demo: reward and held-out accuracy rise, the critic explains the returns', async () => {
   const root = mkdtempSync(join(tmpdir(), 'lathe-demo-ppo-'));
   const grpoYaml = join(root, 'ppo.yaml');
@@ -41,15 +49,15 @@ test('PPO with GAE from a short SFT checkpoint of the demo: reward and held-out 
     grpoYaml,
     ['estimator: gae', 'value_trunk: separate', 'lr: 3.0e-4', 'value_lr: 1.0e-3', 'value_warmup_steps: 10', 'prompts_per_step: 64', 'group_size: 4', 'steps: 150', 'eval_every: 0', 'save_every: 0', ''].join('\n'),
   );
-  const { summary: s } = await runDemo({ run_dir: join(root, 'demo'), steps: 400, eval_every: 0, save_every: 0, grpo_config: grpoYaml });
+  const { summary: s } = await runDemo({ run_dir: join(root, 'demo'), steps: SFT_STEPS, eval_every: 0, save_every: 0, grpo_config: grpoYaml });
   console.log(JSON.stringify(s));
-  expect(s).toMatchObject({ steps: 400, grpo_steps: 150, interrupted: false });
-  // the SFT checkpoint leaves room: measured 0.359 greedy, 0.207 sampled
+  expect(s).toMatchObject({ steps: SFT_STEPS, grpo_steps: 150, interrupted: false });
+  // the SFT checkpoint leaves room: measured 0.234 greedy, 0.137 sampled
   expect(s.acc_after_sft as number).toBeLessThan(0.6);
   expect(s.sampled_acc_after_sft as number).toBeLessThan(0.4);
-  // reward: measured +0.127; 0.06 is ~3.3 standard errors of the difference of the two means
+  // reward: measured +0.090 (+0.127 from 400 steps before); 0.06 is ~3.3 standard errors of the difference of the two means
   expect(s.reward_last_10_steps as number).toBeGreaterThan((s.reward_first_10_steps as number) + 0.06);
-  // held-out accuracy: sampled +0.215 measured (+0.086 for seed 1; 256 samples a side, the
+  // held-out accuracy: sampled +0.082 measured (+0.215 from 400 SFT steps before, +0.086 for seed 1; 256 samples a side, the
   // difference's standard error below ~0.04 as the prompts are the same); greedy must not fall
   // (+0.36 measured, +0.03 for seed 1: 64 problems a side move it by ±0.06)
   expect(s.sampled_acc_after_grpo as number).toBeGreaterThan((s.sampled_acc_after_sft as number) + 0.05);

@@ -9,6 +9,7 @@ import { isFloat } from './dtype';
 import { applyOp, GraphError, type Node, type Tensor } from './graph';
 import { add, cast, mul, onesLike, zerosLike } from './ops/elementwise';
 import { reshape, slice } from './ops/shape-ops';
+import { scatterAddOf } from './sparse-grad';
 
 /** A recomputation region: the nodes `fn` built, and the inputs it recomputes from. */
 interface Region {
@@ -141,9 +142,10 @@ export function grad(loss: Tensor, wrt: Tensor[], opts: GradOptions = {}): Tenso
   }
 
   const grads = new Map<Tensor, Tensor>();
+  // a gather's gradient (rows scatter-added into zeros) is added into the other contribution instead
   const accumulate = (t: Tensor, g: Tensor) => {
     const prev = grads.get(t);
-    grads.set(t, prev ? add(prev, g) : g);
+    grads.set(t, !prev ? g : (scatterAddOf(g)?.into(prev) ?? scatterAddOf(prev)?.into(g) ?? add(prev, g)));
   };
   // Recomputed copies per checkpoint region, made when the backward pass first reaches it: by then
   // every consumer outside the region has been differentiated (regions are contiguous in node

@@ -80,6 +80,12 @@ const cases: GradCase[] = [
   { name: 'trilu upper k=1', inputs: [{ shape: [2, 3, 4] }], build: ([a]) => L.trilu(a, true, 1) },
   // indexing
   { name: 'gather axis 0 (embedding)', inputs: [{ shape: [4, 3] }, { shape: [2, 3], dtype: 'int64', fill: { ints: [0, 2, 2, 3, 0, 1] } }], build: ([t, i]) => L.gather(t, i, 0) },
+  {
+    // an embedding tied to the LM head: the two gathers' rows are scatter-added into the matmuls' dense gradient
+    name: 'a table gathered twice and multiplied by its transpose (a tied embedding)',
+    inputs: [{ shape: [4, 3] }, { shape: [2], dtype: 'int64', fill: { ints: [1, 1] } }, { shape: [3], dtype: 'int64', fill: { ints: [3, 0, 3] } }, { shape: [2, 3] }],
+    build: ([t, i, j, h]) => L.concat([L.matmul(L.add(L.gather(t, i, 0), h), L.transpose(t, [1, 0])), L.matmul(L.gather(t, j, 0), L.transpose(t, [1, 0]))], 0),
+  },
   { name: 'gather axis 1', inputs: [{ shape: [2, 4, 3] }, { shape: [5], dtype: 'int64', fill: { ints: [3, 1, 1, 0, 3] } }], build: ([t, i]) => L.gather(t, i, 1) },
   {
     name: 'gatherElements',
@@ -243,4 +249,37 @@ test('the gradient of a bfloat16 slice is padded in float32 (ONNX Runtime has no
   expect(pads(g)).toEqual(['float32']);
   const out = await (await compile(g))({ x: { data: new Float32Array(24), dims: [6, 4] }, w: { data: Float32Array.from({ length: 8 }, (_, i) => i + 1), dims: [2, 4] } });
   expect(Array.from(out.dx.data as Float32Array)).toEqual([0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0, 0]);
+});
+
+/** The live nodes of a graph (what serialization emits): op type, output dtype and shape. */
+function liveNodes(g: L.Graph): { op: string; out: L.Tensor }[] {
+  const byName = new Map(g.nodes.flatMap((n) => n.outputs.map((o) => [o.name, o] as const)));
+  return L.toModelProto(g).graph.node.map((n) => ({ op: n.opType, out: byName.get(n.output[0])! }));
+}
+
+test('a tied table gets one table-sized gradient: the gathers scatter their rows into the dense part (no zeros, no sums), and in bfloat16 it widens to the float32 master once', () => {
+  const [V, H] = [64, 8];
+  const table = (n: { out: L.Tensor }) => n.out.shape.length === 2 && n.out.shape[0] === V && n.out.shape[1] === H;
+  for (const compute of ['float32', 'bfloat16'] as const) {
+    const g = new L.Graph();
+    const master = g.input('w', 'float32', [V, H]);
+    const ids = g.input('ids', 'int64', [5]);
+    const targets = g.input('targets', 'int64', [5]);
+    const w = compute === 'float32' ? master : L.cast(master, compute);
+    const hidden = L.gather(w, ids, 0);
+    // the LM head's logits and the targets' rows (as the chunked log-prob gathers them)
+    const logits = L.matmul(hidden, L.transpose(w, [1, 0]));
+    const picked = L.reduceSum(L.mul(hidden, L.gather(w, targets, 0)), [1], false);
+    const loss = L.cast(L.add(L.reduceSum(logits, [0, 1], false), L.reduceSum(picked, [0], false)), 'float32');
+    const [dw] = L.grad(loss, [master]);
+    g.output(dw, 'dw');
+    // (the transposes are the dense part's: the logits' weight gradient comes out [H, V])
+    const big = liveNodes(g).filter((n) => table(n) && n.op !== 'Transpose');
+    expect({ compute, ops: big.map((n) => `${n.op}:${n.out.dtype}`) }).toEqual({
+      compute,
+      ops: compute === 'float32'
+        ? ['ScatterND:float32', 'ScatterND:float32']
+        : ['Cast:bfloat16', 'Cast:float32', 'ScatterND:float32', 'ScatterND:float32'],
+    });
+  }
 });

@@ -10,6 +10,7 @@
 import { broadcastShapes, canonicalDim, dimAdd, dimCoefficient, dimEquals, formatShape, isAnonymousDim, isStaticDim, type Dim, type Shape } from '../dim';
 import { isFloat, onnxTypeCode, type DType } from '../dtype';
 import { applyOp, encodeValues, GraphError, Tensor, type Graph, type TensorLike } from '../graph';
+import { wideOf } from '../sparse-grad';
 import { attr, defineOp, type OpDef, type TensorType } from '../op';
 import { binary, normAxis, sameShape } from './helpers';
 
@@ -25,7 +26,8 @@ export const castOp = defineOp<{ to: DType }>({
   name: 'Cast',
   infer: ([x], a) => [{ dtype: a.to, shape: x!.shape }],
   onnxAttrs: (a) => ({ to: { kind: 'int', value: onnxTypeCode(a.to) } }),
-  grad: ({ inputs: [x], dy: [g] }) => [isFloat(x!.dtype) ? cast(g!, x!.dtype) : null],
+  // a half-precision gradient summed in float32 (sparse-grad's markWide) widens to float32 without the rounding
+  grad: ({ inputs: [x], dy: [g] }) => [!isFloat(x!.dtype) ? null : x!.dtype === 'float32' && wideOf(g!) ? wideOf(g!)! : cast(g!, x!.dtype)],
 });
 
 export const mulOp = binary('Mul', ({ inputs: [a, b], dy: [g] }) => binaryGrads([a, b], () => mul(g!, b!), () => mul(g!, a!)));

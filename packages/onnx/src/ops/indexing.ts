@@ -6,6 +6,7 @@ import { dimEquals, formatShape, isAnonymousDim, type Dim } from '../dim';
 import { isInteger, type DType } from '../dtype';
 import { applyOp, type Tensor } from '../graph';
 import { attr, defineOp, type TensorType } from '../op';
+import { markScatterAdd, markWide, wideOf } from '../sparse-grad';
 import { cast, constant, dimTensor, expand, unsqueeze } from './core';
 import { zerosLike } from './elementwise';
 import { normAxis } from './helpers';
@@ -30,12 +31,24 @@ export const gatherOp = defineOp<{ axis: number }>({
 /**
  * A scatter-add of `updates` into zeros shaped like `like`. Half-precision gradients accumulate in
  * float32 (summing many rows in bfloat16 loses bits, and ONNX Runtime's CUDA ScatterND has no
- * bfloat16 kernel), then are cast back.
+ * bfloat16 kernel), then are cast back. The result is marked so that `grad`'s accumulation adds
+ * the rows into the tensor's other gradient instead (`into`; an embedding tied to the LM head then
+ * gets one table-sized buffer, not three), and a half-precision result keeps its float32 sum.
  */
 function scatterAddZeros(like: Tensor, scatter: (zeros: Tensor, updates: Tensor) => Tensor, updates: Tensor): Tensor {
-  if (like.dtype !== 'bfloat16' && like.dtype !== 'float16') return scatter(zerosLike(like), updates);
-  const zeros = like.rank === 0 ? constant(like.graph, 0, 'float32', []) : expand(constant(like.graph, 0, 'float32', []), like.shape, like);
-  return cast(scatter(zeros, cast(updates, 'float32')), like.dtype);
+  const half = like.dtype === 'bfloat16' || like.dtype === 'float16';
+  const wideUpdates = half ? cast(updates, 'float32') : updates;
+  const into = (base: Tensor): Tensor => {
+    if (!half) return scatter(base, updates);
+    const wide = scatter(wideOf(base) ?? cast(base, 'float32'), wideUpdates);
+    const out = cast(wide, like.dtype);
+    markWide(out, wide);
+    return out;
+  };
+  const zeros = !half ? zerosLike(like) : like.rank === 0 ? constant(like.graph, 0, 'float32', []) : expand(constant(like.graph, 0, 'float32', []), like.shape, like);
+  const out = half ? into(zeros) : scatter(zeros, updates);
+  markScatterAdd(out, { into });
+  return out;
 }
 
 /**
