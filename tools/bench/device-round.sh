@@ -44,8 +44,8 @@
 #   scale4 SHAPE: issue 35's table for one shape (0.6b or 1.7b) on 1, 2 and 4 GPUs with the update in the run, against
 #          PyTorch DDP in the same call (a 4-GPU host; one call a shape)
 #   grpo4: one GRPO step (64 prompts x 8, 512 new tokens, 0.6B shape) on 1, 2 and 4 GPUs with today's defaults
-#   stepk: ncu's kernel times of one Qwen3-1.7B training step on the kernels path (the embedding's gradient: 10.9 ms
-#          between the last two buckets on 2026-11-29), beside the same step's wall time
+#   stepk: ncu's kernel times of one Qwen3-1.7B training step on the kernels path (the tied embedding's gradient, the
+#          longest gap between buckets in docs/benchmarks.md's data-parallel row), beside the same step's wall time
 # Each lane runs on its own GPU beside the others (device-lanes.sh): they share the host's CPUs, so say
 # so beside any figure. Results under $OUT; the last lines printed are the ones to read.
 set -uo pipefail

@@ -100,10 +100,10 @@ const halfPoints = combineRewards<Meta & { completionTokens: number; stopped: bo
 const prompts = (step: number): RlPrompt<Meta>[] => ANSWERS.map((answer, p) => ({ ids: [p], text: String(p), meta: { answer }, key: step * ANSWERS.length + p, index: p }));
 
 /**
- * The tiny policy's seed. These 80-step runs are chaotic and some seeds stop on a plateau (a prompt's second token
- * never found): with seed 4 the reward reached 1.00 by step 55 or sat at 0.75 depending only on the order a tied
- * embedding's gradient rows were summed in, 9 reached 0.95 or sat at 0.875 the same way, 5, 6 and 10 sit at 0.875.
- * With 11 the reward passes 0.9 by step 31 and the explained variance's median stays above 0 in both orders.
+ * The tiny policy's seed. These runs are chaotic and some seeds stop on a plateau (docs/guides/ppo.md): 5, 6 and 10
+ * always did; 4 and 9 did or did not depending only on the order a tied embedding's gradient rows were summed in;
+ * 11 passes 0.9 in both orders and keeps the explained variance's median above 0 (7 and 8 pass 0.9 too; 7's median
+ * fell below 0).
  */
 const MODEL_SEED = 11;
 

@@ -283,3 +283,21 @@ test('a tied table gets one table-sized gradient: the gathers scatter their rows
     });
   }
 });
+
+test('a bfloat16 table gathered from a float32 master: the master receives the float32 sum of the rows, not its bfloat16 rounding', async () => {
+  const g = new L.Graph();
+  const master = g.input('w', 'float32', [4, 2]);
+  const ids = g.input('ids', 'int64', [3]);
+  const scale = g.input('s', 'float32', [3, 2]);
+  const rows = L.cast(L.gather(L.cast(master, 'bfloat16'), ids, 0), 'float32');
+  const [dw] = L.grad(L.reduceSum(L.mul(rows, scale), [0, 1], false), [master]);
+  g.output(dw, 'dw');
+  // each scale is a bfloat16 (the rows' gradient is bfloat16, as the forward's rows), but row 1's sums 1 + 2^-9 are not
+  const e = 2 ** -9;
+  const out = await (await compile(g))({
+    w: { data: new Float32Array(8), dims: [4, 2] },
+    ids: { data: BigInt64Array.from([1n, 3n, 1n]), dims: [3] },
+    s: { data: Float32Array.from([1, e, 1, 2, e, 1]), dims: [3, 2] },
+  });
+  expect(Array.from(out.dw.data as Float32Array)).toEqual([0, 0, 1 + e, 1 + e, 0, 0, 1, 2]);
+});
