@@ -20,7 +20,7 @@ const STEPS = 4;
 const { weights, spec } = tinySftSpec({ seed: 3 });
 
 /** `world` ranks as worker threads (overlap-rank.ts through tsx), one micro-batch, float32 sums in the run. */
-function threads(world: number, opts: Pick<RankJob, 'inGraphUpdate' | 'fusedAdamW' | 'nonFinite'>): Promise<RankResult[]> {
+function threads(world: number, opts: Pick<RankJob, 'inGraphUpdate' | 'fusedAdamW' | 'nonFinite'> & Partial<Pick<RankJob, 'gradReduceDtype'>>): Promise<RankResult[]> {
   return rankThreads(world, { steps: STEPS, batch: BATCH, micro: 1, gradReduceDtype: 'float32', zero: false, bucketBytes: BUCKET_BYTES, ...opts });
 }
 
@@ -87,6 +87,27 @@ test.each<[number, boolean]>([
   const update = fusedAdamW ? [at('FusedAdamWAfter')] : profile.map((n, i) => (n.op === 'Where' && n.name.startsWith('optimizer/') ? i : -1)).filter((i) => i >= 0);
   expect(update.length).toBeGreaterThan(0);
   expect(update.every((i) => i > joinAt)).toBe(true);
+}, 180_000);
+
+test('bfloat16 sums with the fused node: the update in the run reads the bfloat16 sums and takes the split path\'s steps bit for bit (there they are widened after the run)', async () => {
+  const inRun = await threads(2, { inGraphUpdate: true, fusedAdamW: true, gradReduceDtype: 'bfloat16' });
+  const split = await threads(2, { inGraphUpdate: false, fusedAdamW: true, gradReduceDtype: 'bfloat16' });
+  const float32 = await threads(2, { inGraphUpdate: true, fusedAdamW: true });
+  for (const [r, res] of inRun.entries()) {
+    for (let step = 0; step < STEPS; step++) {
+      // the same bfloat16 sums (cast in the run, summed as NCCL sums them), widened exactly by the node or by the cast after the split path's run
+      expect({ rank: r, step, loss: res.losses[step], gradNorm: res.gradNorms[step] }).toEqual({ rank: r, step, loss: split[r].losses[step], gradNorm: split[r].gradNorms[step] });
+      // and within bfloat16 rounding of the float32 sums' norm
+      expect(rel(res.gradNorms[step], float32[r].gradNorms[step])).toBeLessThan(2 ** -7);
+    }
+    for (const [name, v] of Object.entries(res.finals)) expect({ name, rank: r, same: sameBits(v, split[r].finals[name]) }).toEqual({ name, rank: r, same: true });
+  }
+  // the node read bfloat16 gradients, after the join
+  const profile = inRun[0].profile!;
+  const update = profile.findIndex((n) => n.op.startsWith('FusedAdamWAfter_'));
+  expect(update).toBeGreaterThan(profile.findIndex((n) => n.op === 'GradAllReduceJoin'));
+  // and the bfloat16 sums moved the weights off the float32 path's
+  expect(Object.entries(inRun[0].finals).some(([n, v]) => !sameBits(v, float32[0].finals[n]))).toBe(true);
 }, 180_000);
 
 test('a non-finite loss on one rank leaves every rank\'s parameters and step count as they were; the steps after it are the split path\'s', async () => {
@@ -161,7 +182,7 @@ test('inGraphUpdate refuses what it does not cover, naming the option', () => {
   expect(create({ inGraphUpdate: true, inGraphGradients: hook(), microBatches: 2 })).toThrow(/inGraphUpdate .*needs microBatches = 1 .*got 2/);
   expect(create({ inGraphUpdate: true, inGraphGradients: hook(), microBatches: 0 })).toThrow(/microBatches must be a positive integer, got 0/);
   expect(create({ inGraphUpdate: true, zero: LocalGroup.create(1)[0], inGraphShards: gradientReduceScatterInGraph(ThreadGroup.join(ThreadGroup.create(1), 0), device) })).toThrow(/inGraphUpdate .*does not combine with zero/);
-  expect(create({ inGraphUpdate: true, inGraphGradients: hook(), gradReduceDtype: 'bfloat16' })).toThrow(/inGraphUpdate .*float32 gradients only, got gradReduceDtype 'bfloat16'/);
+  expect(create({ inGraphUpdate: true, inGraphGradients: hook(), gradReduceDtype: 'bfloat16' })).toThrow(/inGraphUpdate .*reduces float32 gradients, or bfloat16 ones with fusedAdamW .*got gradReduceDtype 'bfloat16' without fusedAdamW/);
   expect(create({ inGraphUpdate: 1 as unknown as boolean, inGraphGradients: hook() })).toThrow(/inGraphUpdate must be true or false, got 1/);
   // a hook without the join (an older or hand-written one)
   const { buildReduced: _, ...inPlaceOnly } = hook();

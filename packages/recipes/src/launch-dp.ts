@@ -8,7 +8,7 @@
 import { mkdirSync, mkdtempSync, rmSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, join, resolve } from 'node:path';
-import { listCheckpoints, type GradReduceDtype, type TrainerOptions } from '@lathe/train';
+import { fusedAdamWByDefault, listCheckpoints, type GradReduceDtype, type TrainerOptions } from '@lathe/train';
 import type { Device } from '@lathe/runtime';
 import { RunDir, type RunDirOptions } from './scaffold';
 import type { ReportOptions } from './reporting';
@@ -68,8 +68,9 @@ export type DataParallelTrainerOptions = Pick<TrainerOptions, 'onGradients' | 'z
 /**
  * The trainer options of `reduction`: the post-backward hook or ZeRO's collectives, or the in-run
  * nodes built for `device` over `inRun()`'s reducer (called only for the in-run forms). The in-run
- * all-reduce of float32 gradients with one micro-batch a step also takes the update into its run
- * (`inGraphUpdate`): one run a step, as on one GPU, instead of an accumulate run and an apply run.
+ * all-reduce with one micro-batch a step also takes the update into its run (`inGraphUpdate`): one
+ * run a step, as on one GPU, instead of an accumulate run and an apply run — for float32 sums, and
+ * for bfloat16 ones where the trainer's update is the fused node (which reads them as they are).
  */
 export function reductionTrainerOptions(
   reduction: GradientReduction,
@@ -84,7 +85,7 @@ export function reductionTrainerOptions(
     case 'reduce-scatter':
       return { zero: collectives, gradReduceDtype };
     case 'in-run-all-reduce':
-      return { inGraphGradients: gradientAllReduceInGraph(parts.inRun(), device, { bucketBytes }), gradReduceDtype, ...(parts.microBatches === 1 && gradReduceDtype === 'float32' ? { inGraphUpdate: true } : {}) };
+      return { inGraphGradients: gradientAllReduceInGraph(parts.inRun(), device, { bucketBytes }), gradReduceDtype, ...(parts.microBatches === 1 && (gradReduceDtype === 'float32' || fusedAdamWByDefault(device)) ? { inGraphUpdate: true } : {}) };
     case 'in-run-reduce-scatter':
       return { zero: collectives, inGraphShards: gradientReduceScatterInGraph(parts.inRun(), device, { bucketBytes }), gradReduceDtype };
   }

@@ -63,6 +63,8 @@ test('reductionTrainerOptions: each reduction gives the trainer exactly its own 
   const inRunAll = reductionTrainerOptions('in-run-all-reduce', parts);
   expect(Object.keys(inRunAll).sort()).toEqual(['gradReduceDtype', 'inGraphGradients']);
   expect(inRunAll.inGraphGradients!.customOpDomains).toHaveLength(1);
+  // bfloat16 sums join the update's run only where the trainer's update is the fused node (CUDA with Lathe's stream), not on the CPU
+  expect(inRunAll.inGraphUpdate).toBeUndefined();
   const inRunShards = reductionTrainerOptions('in-run-reduce-scatter', parts);
   expect(Object.keys(inRunShards).sort()).toEqual(['gradReduceDtype', 'inGraphShards', 'zero']);
   expect(inRunShards.zero).toBe(collectives);

@@ -20,8 +20,8 @@ import type { AdamWUpdate } from './train-step';
 export const FUSED_ADAMW_CHUNK = 65536;
 /** Threads per block of the chunk kernels. */
 const BLOCK = 256;
-/** 64-bit words per tensor in the slot table: p, m, v, g, p_out, m_out, v_out addresses, size, decay. */
-export const SLOT_WORDS = 9;
+/** 64-bit words per tensor in the slot table: p, m, v, g, p_out, m_out, v_out addresses, size, decay, g's dtype (0 float32, 1 bfloat16). */
+export const SLOT_WORDS = 10;
 
 /** The CUDA source of the three kernels (extern "C", so their names need no mangling). */
 export const fusedAdamWSource = String.raw`
@@ -38,15 +38,19 @@ __device__ float block_sum(float x) {
   return x;
 }
 
+// a gradient element, float32 or (slot word 9) bfloat16 widened exactly: a bfloat16 is a float32's high half
+__device__ __forceinline__ float load_g(const u64* __restrict__ s, i64 i) {
+  return s[9] ? __uint_as_float(((unsigned)((const unsigned short*)s[3])[i]) << 16) : ((const float*)s[3])[i];
+}
+
 // partial[c] = sum over chunk c of (g * scale)^2
 extern "C" __global__ void lathe_adamw_sumsq(const u64* __restrict__ slots, const i64* __restrict__ chunks, i64 chunk, float scale, float* __restrict__ partial) {
   const u64* s = slots + ${SLOT_WORDS} * chunks[2 * blockIdx.x];
-  const float* g = (const float*)s[3];
   const i64 start = chunks[2 * blockIdx.x + 1];
   const i64 end = min(start + chunk, (i64)s[7]);
   float acc = 0.0f;
   for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) {
-    const float x = __fmul_rn(g[i], scale);
+    const float x = __fmul_rn(load_g(s, i), scale);
     acc = __fadd_rn(acc, __fmul_rn(x, x));
   }
   acc = block_sum(acc);
@@ -78,7 +82,6 @@ __device__ void adamw_chunk(const u64* __restrict__ slots, const i64* __restrict
   const float* p_in = (const float*)s[0];
   const float* m_in = (const float*)s[1];
   const float* v_in = (const float*)s[2];
-  const float* g_in = (const float*)s[3];
   float* p_out = (float*)s[4];
   float* m_out = (float*)s[5];
   float* v_out = (float*)s[6];
@@ -86,7 +89,7 @@ __device__ void adamw_chunk(const u64* __restrict__ slots, const i64* __restrict
   const i64 start = chunks[2 * blockIdx.x + 1];
   const i64 end = min(start + chunk, (i64)s[7]);
   for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) {
-    const float g = __fmul_rn(g_in[i], scale);
+    const float g = __fmul_rn(load_g(s, i), scale);
     const float m = __fadd_rn(__fmul_rn(m_in[i], b1), __fmul_rn(g, g_scale));
     const float v = __fadd_rn(__fmul_rn(v_in[i], b2), __fmul_rn(__fmul_rn(g, g), g2_scale));
     const float p = decay ? __fmul_rn(p_in[i], keep) : p_in[i];
@@ -142,12 +145,15 @@ export function planChunks(sizes: readonly number[], chunk = FUSED_ADAMW_CHUNK):
   return BigInt64Array.from(out);
 }
 
-/** The slot table: {@link SLOT_WORDS} words per tensor (seven addresses, the size, the decay flag). */
-export function slotTable(slots: readonly { pointers: readonly bigint[]; size: number; decay: boolean }[]): BigInt64Array {
+/** The dtypes a gradient may have: float32, or bfloat16 (read and widened exactly by the kernels). */
+export type FusedAdamWGradDtype = 'float32' | 'bfloat16';
+
+/** The slot table: {@link SLOT_WORDS} words per tensor (seven addresses, the size, the decay flag, whether g is bfloat16). */
+export function slotTable(slots: readonly { pointers: readonly bigint[]; size: number; decay: boolean; grad?: FusedAdamWGradDtype }[]): BigInt64Array {
   const out = new BigInt64Array(slots.length * SLOT_WORDS);
   slots.forEach((s, i) => {
     if (s.pointers.length !== 7) throw new Error(`fused AdamW: slot ${i} has ${s.pointers.length} addresses, expected 7 (p, m, v, g, p_out, m_out, v_out)`);
-    out.set([...s.pointers, BigInt(s.size), s.decay ? 1n : 0n], i * SLOT_WORDS);
+    out.set([...s.pointers, BigInt(s.size), s.decay ? 1n : 0n, s.grad === 'bfloat16' ? 1n : 0n], i * SLOT_WORDS);
   });
   return out;
 }
@@ -282,9 +288,10 @@ export class FusedAdamW {
       buffers.map((b, i) => {
         const p = this.params[i];
         for (const [k, t] of Object.entries(b) as [string, DeviceTensor][]) {
-          if (t.dtype !== 'float32' || t.size !== p.size) throw new Error(`fused AdamW: '${p.name}' ${k} is ${t.describe()}, expected float32 of ${p.size} elements`);
+          const ok = t.dtype === 'float32' || (k === 'g' && t.dtype === 'bfloat16');
+          if (!ok || t.size !== p.size) throw new Error(`fused AdamW: '${p.name}' ${k} is ${t.describe()}, expected float32${k === 'g' ? ' or bfloat16' : ''} of ${p.size} elements`);
         }
-        return { pointers: [b.p, b.m, b.v, b.g, b.pOut, b.mOut, b.vOut].map((t) => t.devicePointer()), size: p.size, decay: p.decay };
+        return { pointers: [b.p, b.m, b.v, b.g, b.pOut, b.mOut, b.vOut].map((t) => t.devicePointer()), size: p.size, decay: p.decay, grad: b.g.dtype as FusedAdamWGradDtype };
       }),
     );
     const slots = this.device.upload({ data: table, dims: [table.length] }, 'int64');
@@ -293,15 +300,16 @@ export class FusedAdamW {
   }
 
   /**
-   * A slot table for raw addresses (p, m, v, g, p_out, m_out, v_out per parameter), kept on the
-   * device and reused while the addresses stay the same; a new set is copied on the kernels' stream,
-   * after the work queued before it, into one of a few tables in turn.
+   * A slot table for raw addresses (p, m, v, g, p_out, m_out, v_out per parameter; `grads`: each
+   * g's dtype, float32 where omitted), kept on the device and reused while the addresses stay the
+   * same; a new set is copied on the kernels' stream, after the work queued before it, into one of a
+   * few tables in turn.
    */
-  tableFor(pointers: readonly (readonly bigint[])[]): bigint {
-    const key = pointers.map((p) => p.join(',')).join(';');
+  tableFor(pointers: readonly (readonly bigint[])[], grads?: readonly FusedAdamWGradDtype[]): bigint {
+    const key = `${pointers.map((p) => p.join(',')).join(';')}|${grads?.join(',') ?? ''}`;
     const hit = this.addressTables.find((t) => t.key === key);
     if (hit) return hit.table.devicePointer();
-    const data = slotTable(pointers.map((p, i) => ({ pointers: p, size: this.params[i].size, decay: this.params[i].decay })));
+    const data = slotTable(pointers.map((p, i) => ({ pointers: p, size: this.params[i].size, decay: this.params[i].decay, grad: grads?.[i] })));
     let entry = this.addressTables.length < NODE_TABLES ? undefined : this.addressTables[this.nextTable++ % NODE_TABLES];
     if (!entry) {
       entry = { key, table: this.device.empty('int64', [data.length]) };
@@ -361,10 +369,12 @@ let nodeCount = 0;
  * The fused update as a custom op: inputs p…, g…, m…, v… (in `params` order) and lr, bc1, bc2 —
  * and, when the scalars carry `after` (`AdamWScalars.after`), that boolean as a last input, read by
  * nothing: it orders the node after its producer (op `FusedAdamWAfter`);
- * outputs p'…, m'…, v'… and the gradient norm. On CUDA its compute launches the fused kernels on
- * the kernels' stream — the sessions' own, so the update stays inside one run (and the train step
- * one session); on the CPU it computes `fusedAdamWReference` on the host (for tests: as exact, and
- * far slower than ORT's composed kernels).
+ * outputs p'…, m'…, v'… and the gradient norm. A gradient may be bfloat16 (ops `FusedAdamW_<dtypes>`,
+ * added as the graphs ask for them): the kernels widen it exactly, so a bfloat16 gradient a Cast
+ * would widen gives the update the Cast's float32 value would, without the float32 copy. On CUDA its
+ * compute launches the fused kernels on the kernels' stream — the sessions' own, so the update stays
+ * inside one run (and the train step one session); on the CPU it computes `fusedAdamWReference` on
+ * the host (for tests: as exact, and far slower than ORT's composed kernels).
  */
 export function fusedAdamWNode(device: Device, params: readonly FusedAdamWParam[], cfg: AdamWConfig = {}, kernels?: Kernels): FusedAdamWNode {
   if (device.kind === 'cuda' && !kernels) throw new Error('fusedAdamWNode: CUDA needs the Kernels whose stream the device\'s sessions run on (Kernels.withDevice)');
@@ -372,20 +382,32 @@ export function fusedAdamWNode(device: Device, params: readonly FusedAdamWParam[
   const domain = new CustomOpDomain(`lathe.adamw${nodeCount++}`);
   const fused = device.kind === 'cuda' ? FusedAdamW.create(kernels!, device, params, cfg) : undefined;
   const api = CApi.get();
-  const name = 'FusedAdamW';
-  const afterName = 'FusedAdamWAfter';
+  const gradDtype = (d: DType, i: number): FusedAdamWGradDtype => {
+    if (d !== 'float32' && d !== 'bfloat16') throw new Error(`fused AdamW: the gradient of '${params[i].name}' is ${d}, expected float32 or bfloat16`);
+    return d;
+  };
   const compute = (ctx: CustomOpContext) => {
     const ins = ctx.inputs;
+    const grads = params.map((_, i) => gradDtype(ins[N + i].dtype, i));
     if (fused) {
       const outs = [0, 1, 2].map((k) => params.map((_, i) => ctx.output(k * N + i, ins[i].dims)));
-      const table = fused.tableFor(params.map((_, i) => [ins[i].data, ins[2 * N + i].data, ins[3 * N + i].data, ins[N + i].data, outs[0][i], outs[1][i], outs[2][i]]));
+      const table = fused.tableFor(params.map((_, i) => [ins[i].data, ins[2 * N + i].data, ins[3 * N + i].data, ins[N + i].data, outs[0][i], outs[1][i], outs[2][i]]), grads);
       fused.stepFromDevice(table, { lr: ins[4 * N].data, bc1: ins[4 * N + 1].data, bc2: ins[4 * N + 2].data }, ctx.output(3 * N, []));
       return;
     }
     const read = (k: number) => {
-      const a = new Float32Array(ins[k].dims.reduce((x, y) => x * y, 1));
-      api.copyOut(a, ins[k].data);
-      return a;
+      const n = ins[k].dims.reduce((x, y) => x * y, 1);
+      if (ins[k].dtype === 'float32') {
+        const a = new Float32Array(n);
+        api.copyOut(a, ins[k].data);
+        return a;
+      }
+      // bfloat16: each value's bits are a float32's high half
+      const half = new Uint16Array(n);
+      api.copyOut(half, ins[k].data);
+      const wide = new Uint32Array(n);
+      for (let i = 0; i < n; i++) wide[i] = half[i] << 16;
+      return new Float32Array(wide.buffer);
     };
     const scalar = (k: number) => read(k)[0];
     const r = fusedAdamWReference(
@@ -396,21 +418,30 @@ export function fusedAdamWNode(device: Device, params: readonly FusedAdamWParam[
     [r.p, r.m, r.v].forEach((values, k) => values.forEach((a, i) => api.copyIn(ctx.output(k * N + i, ins[i].dims), a)));
     api.copyIn(ctx.output(3 * N, []), Float32Array.of(r.norm));
   };
-  for (const [op, extra] of [[name, []], [afterName, ['bool']]] as const) {
-    domain.add({
-      name: op,
-      inputs: [...Array<DType>(4 * N + 3).fill('float32'), ...extra],
-      outputs: Array<DType>(3 * N + 1).fill('float32'),
-      provider: device.kind,
-      infer: (inputs) => [...[0, 1, 2].flatMap(() => inputs.slice(0, N).map((t) => ({ dtype: t.dtype, shape: [...t.shape] }))), { dtype: 'float32', shape: [] }],
-      compute,
-    });
-  }
+  // one op a gradient-dtype signature and form (with or without `after`), added the first time a graph asks for it
+  const ops = new Set<string>();
+  const opFor = (grads: readonly FusedAdamWGradDtype[], after: boolean): string => {
+    const half = grads.some((d) => d === 'bfloat16');
+    const name = `FusedAdamW${after ? 'After' : ''}${half ? `_${grads.map((d) => (d === 'bfloat16' ? 'h' : 'f')).join('')}` : ''}`;
+    if (!ops.has(name)) {
+      domain.add({
+        name,
+        inputs: [...Array<DType>(N).fill('float32'), ...grads, ...Array<DType>(2 * N + 3).fill('float32'), ...(after ? ['bool' as const] : [])],
+        outputs: Array<DType>(3 * N + 1).fill('float32'),
+        provider: device.kind,
+        infer: (inputs) => [...[0, 1, 2].flatMap(() => inputs.slice(0, N).map((t) => ({ dtype: t.dtype, shape: [...t.shape] }))), { dtype: 'float32', shape: [] }],
+        compute,
+      });
+      ops.add(name);
+    }
+    return name;
+  };
   const update: AdamWUpdate = (slots, s) => {
     if (slots.length !== N) throw new Error(`fusedAdamWNode: built for ${N} parameters, the step has ${slots.length}`);
     const inputs = [...slots.map((x) => x.param), ...slots.map((x) => x.grad), ...slots.map((x) => x.m), ...slots.map((x) => x.v), s.lr, s.bc1, s.bc2];
     if (s.after && s.after.dtype !== 'bool') throw new Error(`fusedAdamWNode: the update's 'after' must be a bool tensor, got ${s.after.dtype}`);
-    const outs = s.after ? domain.node(afterName, [...inputs, s.after]) : domain.node(name, inputs);
+    const op = opFor(slots.map((x, i) => gradDtype(x.grad.dtype, i)), Boolean(s.after));
+    const outs = domain.node(op, s.after ? [...inputs, s.after] : inputs);
     return { params: outs.slice(0, N), m: outs.slice(N, 2 * N), v: outs.slice(2 * N, 3 * N), gradNorm: outs[3 * N] };
   };
   return {

@@ -8,7 +8,7 @@
 import * as L from '@lathe/onnx';
 import type { Graph, Tensor } from '@lathe/onnx';
 import type { Binding, Device, DeviceTensor } from '@lathe/runtime';
-import { stateNames, type BeforeUpdate } from './train-step';
+import { stateNames, widenedBfloat16, type BeforeUpdate } from './train-step';
 import type { ShardSlot } from './zero';
 
 /** The ZeRO form of `InGraphGradients`: nodes that reduce-scatter the gradients into this rank's shards (`TrainerOptions.inGraphShards`). */
@@ -78,8 +78,8 @@ export function checkInGraphGradients(opts: { onGradients?: unknown; zero?: unkn
   if (staticInputs) throw why('does not combine with cudaGraph / staticInputs (collectives cannot be captured in the step\'s graph)');
 }
 
-/** Refuses `inGraphUpdate` where it does not apply, by option name. */
-export function checkInGraphUpdate(opts: { inGraphGradients?: InGraphGradients; inGraphUpdate?: unknown; gradReduceDtype?: unknown; zero?: unknown }, microBatches: number): void {
+/** Refuses `inGraphUpdate` where it does not apply, by option name (`fusedUpdate`: the update is the fused AdamW node). */
+export function checkInGraphUpdate(opts: { inGraphGradients?: InGraphGradients; inGraphUpdate?: unknown; gradReduceDtype?: unknown; zero?: unknown }, microBatches: number, fusedUpdate: boolean): void {
   if (opts.inGraphUpdate !== undefined && typeof opts.inGraphUpdate !== 'boolean') throw new Error(`Trainer: inGraphUpdate must be true or false, got ${String(opts.inGraphUpdate)}`);
   if (!opts.inGraphUpdate) return;
   const why = (what: string) => new Error(`Trainer: inGraphUpdate (the update in the run that all-reduces the gradients) ${what}`);
@@ -87,8 +87,12 @@ export function checkInGraphUpdate(opts: { inGraphGradients?: InGraphGradients; 
   if (!opts.inGraphGradients) throw why("needs inGraphGradients (the all-reduce inside the backward's run) to follow");
   if (microBatches !== 1) throw why(`needs microBatches = 1 (one run a step), got ${microBatches}: with several, only the last micro-batch's run reduces and the update stays a run of its own`);
   if (!opts.inGraphGradients.buildReduced) throw why("needs a hook with buildReduced (its bucket nodes, then a join the update reads after): @lathe/distributed's gradientAllReduceInGraph has it");
-  // the widening cast would read the bfloat16 sums, and nothing exact orders it after the join on every device (ORT's CPU Where has no bfloat16 kernel)
-  if ((opts.gradReduceDtype ?? 'float32') !== 'float32') throw why(`reduces float32 gradients only, got gradReduceDtype '${String(opts.gradReduceDtype)}'`);
+  // the composed update would widen the bfloat16 sums, and nothing exact orders that Cast after the join on every device
+  // (ORT's CPU Where has no bfloat16 kernel); the fused node reads them as they are, after the join
+  const dtype = opts.gradReduceDtype ?? 'float32';
+  if (dtype !== 'float32' && !(dtype === 'bfloat16' && fusedUpdate)) {
+    throw why(`reduces float32 gradients, or bfloat16 ones with fusedAdamW (whose node reads them as they are), got gradReduceDtype '${String(opts.gradReduceDtype)}'${fusedUpdate ? '' : ' without fusedAdamW'}`);
+  }
 }
 
 /**
@@ -96,11 +100,16 @@ export function checkInGraphUpdate(opts: { inGraphGradients?: InGraphGradients; 
  * each gradient made a bound output (`next/grad/<p>`, the name the accumulate graph gives it: the
  * buffers the bucket nodes read, which ORT never reuses within the run, while the collective stream
  * may still write them), the hook's bucket nodes summing them in place (reverse parameter order,
- * as `addInGraphNodes`) and its join, whose output the update takes as `after`.
+ * as `addInGraphNodes`) and its join, whose output the update takes as `after`. `low`: the
+ * gradients are summed in bfloat16 — a bfloat16 gradient a Cast would widen as it is (no copy),
+ * any other cast in the run — and the update (the fused node) reads the bfloat16 sums.
  */
-export function inGraphUpdateNodes(hook: InGraphGradients): BeforeUpdate {
+export function inGraphUpdateNodes(hook: InGraphGradients, low = false): BeforeUpdate {
   return (g, grads) => {
-    const bound = grads.map(({ name, grad }) => ({ name, grad: g.output(grad, stateNames.next(stateNames.grad(name))) }));
+    const bound = grads.map(({ name, grad }) => {
+      const sent = low ? (widenedBfloat16(grad) ?? L.cast(grad, 'bfloat16')) : grad;
+      return { name, grad: g.output(sent, stateNames.next(stateNames.grad(name))) };
+    });
     const { reduced, joined } = hook.buildReduced!(g, [...bound].reverse());
     if (reduced.length !== grads.length) throw new Error(`Trainer: inGraphUpdate: the hook's buildReduced returned ${reduced.length} sums for ${grads.length} gradients`);
     return { grads: [...reduced].reverse(), after: joined };

@@ -112,6 +112,20 @@ export interface CompileTrainStepOptions {
   sumGradients?: boolean;
   /** The apply graph multiplies the gradients by input `grad_scale` (true, the default) or reads them as they are (false: see `compileApply`). */
   gradScale?: boolean;
+  /**
+   * The `step` graph's update reads a gradient that is a bfloat16 value widened by a Cast (a
+   * float32 master weight's, cast to bfloat16 for the forward) as that bfloat16 value: for an
+   * update that widens it itself, exactly (the fused AdamW node), sparing the float32 copy. Not
+   * for gradients `beforeUpdate` replaces.
+   */
+  halfGradients?: boolean;
+}
+
+/** The bfloat16 tensor `t` is an exact widening of (a Cast to float32 of it), if it is one. */
+export function widenedBfloat16(t: Tensor): Tensor | undefined {
+  const n = t.node;
+  const src = n?.inputs[0];
+  return n && n.op.name === 'Cast' && !n.op.domain && t.dtype === 'float32' && src?.dtype === 'bfloat16' ? src : undefined;
 }
 
 /** Compiles the three train-step graphs for a loss. */
@@ -121,7 +135,7 @@ export function compileTrainStep(spec: TrainStepSpec, opts: CompileTrainStepOpti
   const fb = forwardBackward(spec, step);
   const between = opts.beforeUpdate?.(step, spec.params.map((p, i) => ({ name: p.name, grad: fb.grads[i] })));
   if (between && between.grads.length !== spec.params.length) throw new Error(`train step: beforeUpdate returned ${between.grads.length} gradients for ${spec.params.length} parameters`);
-  const grads = between?.grads ?? fb.grads;
+  const grads = between?.grads ?? (opts.halfGradients ? fb.grads.map((t) => widenedBfloat16(t) ?? t) : fb.grads);
   const s1 = { ...scalars(step), ...(between?.after ? { after: between.after } : {}) };
   const update = spec.update ?? adamwUpdate;
   const updated = step.scope('optimizer', () => update(

@@ -66,6 +66,14 @@ export interface TrainerOptions {
    */
   fusedAdamW?: boolean;
   /**
+   * With `fusedAdamW`, one micro-batch a step: the update reads each gradient that is a bfloat16
+   * value widened to its float32 master weight (bf16 compute) as that bfloat16 value, and the fused
+   * kernels widen it themselves — the same update bit for bit, without the float32 copy of the
+   * gradients (a write and two reads of 4 bytes a parameter become two reads of 2). Default true;
+   * false keeps the float32 copies (the A/B).
+   */
+  halfGradients?: boolean;
+  /**
    * ZeRO stage 1 over these ranks (zero.ts): each rank keeps 1/N of the AdamW moments and of an
    * fp32 master copy of the parameters; gradients are reduce-scattered (summed, as
    * `gradientAllReduce` sums them), each rank updates its shards, and the parameters are
@@ -99,8 +107,9 @@ export interface TrainerOptions {
    * After the run the trainer only waits for the hook's `finish` (the loss and metrics summed over
    * the ranks) and adopts the new parameters when the summed loss is finite: the update wrote the
    * other buffer set, so a non-finite loss on any rank leaves every rank's parameters as they were.
-   * float32 reductions only; off by default here (@lathe/recipes' data-parallel
-   * commands turn it on wherever it applies).
+   * float32 reductions, or bfloat16 with `fusedAdamW` (the bfloat16 gradients themselves are
+   * summed where the backward made them, the rest cast in the run, and the fused node reads the
+   * sums); off by default here (@lathe/recipes' data-parallel commands turn it on wherever it applies).
    */
   inGraphUpdate?: boolean;
   /**
@@ -278,11 +287,17 @@ export class Trainer {
   private static build(spec: TrainStepSpec, init: TrainerInit, opts: TrainerOptions, device: Device, microBatches: number, fused: FusedAdamWNode | undefined): Trainer {
     // the in-run reduction's options are checked before its hook builds nodes into the graphs
     if (opts.inGraphGradients) checkInGraphGradients(opts, Boolean(opts.staticInputs || opts.cudaGraph));
-    checkInGraphUpdate(opts, microBatches);
+    checkInGraphUpdate(opts, microBatches, Boolean(fused));
+    if (opts.halfGradients !== undefined && typeof opts.halfGradients !== 'boolean') throw new Error(`Trainer: halfGradients must be true or false, got ${String(opts.halfGradients)}`);
     // One micro-batch a step: the accumulate run writes the gradients rather than adding them to a
     // zeroed buffer. The update's grad_scale would always be 1 here: it reads the gradients as they are.
     // inGraphUpdate: the step graph's gradients go through the hook's bucket nodes and join before the update.
-    const graphs = compileTrainStep(spec, { sumGradients: microBatches > 1, gradScale: false, ...(opts.inGraphUpdate ? { beforeUpdate: inGraphUpdateNodes(opts.inGraphGradients!) } : {}) });
+    const graphs = compileTrainStep(spec, {
+      sumGradients: microBatches > 1,
+      gradScale: false,
+      halfGradients: Boolean(fused) && (opts.halfGradients ?? true),
+      ...(opts.inGraphUpdate ? { beforeUpdate: inGraphUpdateNodes(opts.inGraphGradients!, opts.gradReduceDtype === 'bfloat16') } : {}),
+    });
     const names = spec.params.map((p) => p.name);
     for (const p of spec.params) {
       const v = init.params.get(p.name);
@@ -351,7 +366,9 @@ export class Trainer {
           const hook = opts.inGraphGradients!;
           const session = compile(graphs.step, { ...sessionOpts, customOpDomains: [...(sessionOpts.customOpDomains ?? []), ...hook.customOpDomains] });
           // the gradients the bucket nodes read: bound, so ORT never reuses them while the collective stream may read them
-          const grads = new Map(spec.params.map((p) => [p.name, keep(device.empty('float32', p.shape))]));
+          // (bfloat16 ones where the gradients are summed in bfloat16)
+          const dtypes = new Map(graphs.step.outputs.map((t) => [t.name, t.dtype]));
+          const grads = new Map(spec.params.map((p) => [p.name, keep(device.empty(dtypes.get(stateNames.next(stateNames.grad(p.name)))!, p.shape))]));
           const stepBindings = [0, 1].map((k) => {
             const b = session.binding();
             bindState(b, sets[k], sets[1 - k], names);
@@ -848,12 +865,12 @@ export class Trainer {
 }
 
 /**
- * The fused update is the default where it runs — a CUDA device opened with Lathe's compute stream
- * (`openDevice` in @lathe/recipes, or `Kernels.withDevice`), without CUDA-graph capture — since it
- * beat the composed update in a same-call A/B (docs/benchmarks.md); LATHE_FUSED_ADAMW=0 turns the
- * default off.
+ * Whether `Trainer.create` runs the fused update when `fusedAdamW` is not given. It is the default
+ * where it runs — a CUDA device opened with Lathe's compute stream (`openDevice` in @lathe/recipes,
+ * or `Kernels.withDevice`), without CUDA-graph capture — since it beat the composed update in a
+ * same-call A/B (docs/benchmarks.md); LATHE_FUSED_ADAMW=0 turns the default off.
  */
-function fusedAdamWByDefault(device: Device, opts: TrainerOptions): boolean {
+export function fusedAdamWByDefault(device: Device, opts: Pick<TrainerOptions, 'staticInputs' | 'cudaGraph'> = {}): boolean {
   return device.kind === 'cuda' && device.computeStream !== undefined && !opts.staticInputs && !opts.cudaGraph && process.env.LATHE_FUSED_ADAMW !== '0';
 }
 

@@ -26,13 +26,13 @@ test('chunks: every element of every tensor is in exactly one chunk (Qwen3-0.6B 
   expect(plan.length / 2).toBe(sizes.reduce((a, n) => a + Math.ceil(n / FUSED_ADAMW_CHUNK), 0));
 });
 
-test('slot table: seven addresses, the size and the decay flag per tensor', () => {
+test('slot table: seven addresses, the size, the decay flag and whether the gradient is bfloat16, per tensor', () => {
   const t = slotTable([
     { pointers: [1n, 2n, 3n, 4n, 5n, 6n, 7n], size: 10, decay: true },
-    { pointers: [11n, 12n, 13n, 14n, 15n, 16n, 17n], size: 3, decay: false },
+    { pointers: [11n, 12n, 13n, 14n, 15n, 16n, 17n], size: 3, decay: false, grad: 'bfloat16' },
   ]);
-  expect(SLOT_WORDS).toBe(9);
-  expect(Array.from(t, Number)).toEqual([1, 2, 3, 4, 5, 6, 7, 10, 1, 11, 12, 13, 14, 15, 16, 17, 3, 0]);
+  expect(SLOT_WORDS).toBe(10);
+  expect(Array.from(t, Number)).toEqual([1, 2, 3, 4, 5, 6, 7, 10, 1, 0, 11, 12, 13, 14, 15, 16, 17, 3, 0, 1]);
   expect(() => slotTable([{ pointers: [1n], size: 1, decay: false }])).toThrow(/slot 0 has 1 addresses, expected 7/);
 });
 
@@ -169,4 +169,49 @@ test('Trainer fusedAdamW with staticInputs (the fixed buffers of the CUDA-graph 
     }
   }
   fused.norms.forEach((x, i) => expect(Math.abs(x - composed.norms[i]) / composed.norms[i]).toBeLessThan(1e-5));
+});
+
+/**
+ * A trainer whose weight `w` is a float32 master cast to bfloat16 for the forward (and widened back,
+ * so the CPU provider computes in float32): its gradient is a bfloat16 value widened by a Cast, the
+ * pattern `halfGradients` hands to the fused node as the bfloat16 value; `b` stays float32.
+ */
+function trainHalf(halfGradients: boolean | undefined, fusedAdamW = true) {
+  const params: TrainableParam[] = [
+    { name: 'w', shape: [6, 4], decay: true },
+    { name: 'b', shape: [4], decay: false },
+  ];
+  const loss = (g: L.Graph, ps: Map<string, L.Tensor>) => {
+    const x = g.input('x', 'float32', ['R', 6]);
+    const y = g.input('y', 'float32', ['R', 4]);
+    const w = L.cast(L.cast(ps.get('w')!, 'bfloat16'), 'float32');
+    const err = L.sub(L.add(L.matmul(x, w), ps.get('b')!), y);
+    return { loss: L.div(L.reduceSum(L.mul(err, err), [0, 1], false), 8) };
+  };
+  const r = rng(7);
+  const rand = (n: number) => Float32Array.from({ length: n }, () => r() * 2 - 1);
+  const trainer = Trainer.create({ params, loss, optimizer: { weightDecay: 0.1, maxGradNorm: 0.5 } }, { params: new Map([['w', rand(24)], ['b', rand(4)]]) }, { fusedAdamW, ...(halfGradients === undefined ? {} : { halfGradients }) });
+  const node = trainer.graphs.step.nodes.find((n) => n.op.name.startsWith('FusedAdamW'))!;
+  const batch = [{ x: { data: rand(48), dims: [8, 6] }, y: { data: rand(32), dims: [8, 4] } }];
+  const norms: number[] = [];
+  for (let t = 0; t < 3; t++) norms.push(trainer.trainStep(batch, 0.05).gradNorm);
+  const state = trainer.snapshot();
+  trainer.dispose();
+  return { state, norms, op: node?.op.name, gradDtypes: node?.inputs.slice(2, 4).map((t) => t!.dtype) };
+}
+
+test('halfGradients (the default with fusedAdamW): the node reads a widened bfloat16 gradient as bfloat16, and the update is bit for bit the float32 copy\'s', () => {
+  const half = trainHalf(undefined);
+  const wide = trainHalf(false);
+  // the node's gradient inputs (w, b): the bfloat16 value the Cast widened, and b's float32 gradient as it was
+  expect([half.op, half.gradDtypes]).toEqual(['FusedAdamW_hf', ['bfloat16', 'float32']]);
+  expect([wide.op, wide.gradDtypes]).toEqual(['FusedAdamW', ['float32', 'float32']]);
+  for (const k of ['params', 'm', 'v'] as const) for (const n of ['w', 'b']) expect(maxUlps(half.state[k].get(n)!, wide.state[k].get(n)!)).toBe(0);
+  expect(half.norms).toEqual(wide.norms);
+  // the clip bit: the norm is above 0.5 at the first step
+  expect(half.norms[0]).toBeGreaterThan(0.5);
+  // the composed update (no fused node) is not given bfloat16 gradients: it trains as before
+  const composed = trainHalf(true, false);
+  expect(composed.op).toBeUndefined();
+  expect(maxUlps(composed.state.params.get('w')!, wide.state.params.get('w')!)).toBeLessThan(4);
 });

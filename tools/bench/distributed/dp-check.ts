@@ -22,7 +22,8 @@
  *   opens the device the same way without it, the A/B baseline. On the CPU --overlap runs alone
  *   only (a one-rank `ThreadGroup`: the in-run path without peers); over TCP it is refused. Alone on
  *   CUDA the bucket nodes run without collectives (`soloInRunReducer`): the nodes' own cost.
- * - --in-graph-update (with --overlap, --micro 1, float32 reductions, no --zero): the update in the same run
+ * - --in-graph-update (with --overlap, --micro 1, no --zero; bfloat16 reductions need the fused AdamW, the
+ *   default here on cuda): the update in the same run
  *   as the backward and the all-reduce (`TrainerOptions.inGraphUpdate`): one run a step, the bucket
  *   nodes summing in place and a join ordering the update after NCCL, instead of the accumulate
  *   run and the apply run. The A/B: `--overlap` against `--overlap --in-graph-update`, on 1 GPU
@@ -58,7 +59,7 @@
  * usage (each rank): node .bundle/dp-check.js [--shape 0.6b|1.7b|4b|8b|tiny] [--compute float32|bfloat16]
  *   [--lora RANK [--lora-alpha A] [--lora-targets REGEX]] [--init sampled|tiled]
  *   [--device cuda|cpu] [--steps 20] [--batch 8] [--seq 512] [--micro 1] [--lr 1e-5] [--warmup 2]
- *   [--flash-attention] [--attention-kernel [--logprob-kernel] [--rope-kernel] [--swiglu-kernel]] [--recompute] [--tf32] [--bucket-mb 100] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap [--bucket-times] [--in-graph-update]] [--nccl-alone] [--nccl-priority default|high] [--compute-stream] [--profile PREFIX] [--reference ONE.json] [--tol X] [--out FILE]
+ *   [--flash-attention] [--attention-kernel [--logprob-kernel] [--rope-kernel] [--swiglu-kernel]] [--recompute] [--tf32] [--bucket-mb 100] [--zero 0|1|2] [--grad-reduce-dtype float32|bfloat16] [--overlap [--bucket-times] [--in-graph-update]] [--no-half-gradients] [--nccl-alone] [--nccl-priority default|high] [--compute-stream] [--profile PREFIX] [--reference ONE.json] [--tol X] [--out FILE]
  * run:  node .bundle/lathe.js launch --gpus 2 -- node .bundle/dp-check.js --compute float32 --out two.json
  * Prints one JSON line per rank (rank 0's first); --out writes rank 0's.
  */
@@ -167,7 +168,9 @@ async function main(): Promise<void> {
   const overlap = flag('overlap');
   const inGraphUpdate = flag('in-graph-update');
   if (inGraphUpdate && !overlap) throw new Error('--in-graph-update puts the update in the run of the in-run all-reduce: give it with --overlap');
-  if (inGraphUpdate && (zero !== 0 || micro !== 1 || gradReduceDtype !== 'float32')) throw new Error(`--in-graph-update needs --micro 1, --zero 0 and --grad-reduce-dtype float32 (got --micro ${micro} --zero ${zero} --grad-reduce-dtype ${gradReduceDtype})`);
+  if (inGraphUpdate && (zero !== 0 || micro !== 1)) throw new Error(`--in-graph-update needs --micro 1 and --zero 0 (got --micro ${micro} --zero ${zero})`);
+  // --no-half-gradients: the fused update reads float32 copies of the bfloat16 gradients (the A/B of TrainerOptions.halfGradients)
+  const halfGradients = !flag('no-half-gradients');
   const ncclPriority = arg('nccl-priority', 'default') as 'default' | 'high';
   if (ncclPriority !== 'default' && ncclPriority !== 'high') throw new Error(`--nccl-priority ${String(ncclPriority)}: default or high`);
   // the kernels launch on the stream the device's sessions run on: Lathe's own
@@ -184,7 +187,7 @@ async function main(): Promise<void> {
   if (ncclAlone) group = await NcclCollectives.create(await TcpCollectives.connect({ rank: 0, worldSize: 1, addr: world.masterAddr, port: world.masterPort }), { deviceId: world.localRank, streamPriority: ncclPriority });
   if (world.worldSize > 1) {
     const tcp = await TcpCollectives.connect({ rank: world.rank, worldSize: world.worldSize, addr: world.masterAddr, port: world.masterPort });
-    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, attentionKernel, logprobKernel, ropeKernel, swigluKernel, recompute: flag('recompute'), tf32: flag('tf32'), zero, gradReduceDtype, overlap, inGraphUpdate, computeStream, ncclPriority, lora: lora ?? null, init });
+    await checkSameConfig(tcp, { shape, compute, steps, rowsPerStep, seq, micro, lr, flash, attentionKernel, logprobKernel, ropeKernel, swigluKernel, recompute: flag('recompute'), tf32: flag('tf32'), zero, gradReduceDtype, overlap, inGraphUpdate, halfGradients, computeStream, ncclPriority, lora: lora ?? null, init });
     group = deviceKind === 'cuda' ? await NcclCollectives.create(tcp, { deviceId: world.localRank, streamPriority: ncclPriority }) : tcp;
   }
   // the in-run all-reduce orders NCCL behind the stream the sessions run on: Lathe's own
@@ -215,7 +218,7 @@ async function main(): Promise<void> {
   const trainer = Trainer.create(
     { params: model.params, loss: sftLoss(config, { compute, flashAttention: flash, recompute: flag('recompute'), ...kernels?.loss, ...(model.weights ? { weights: model.weights } : {}) }), optimizer: { weightDecay: 0.01, maxGradNorm: 1 } },
     { params: model.init },
-    { device, microBatches: micro, ...reduction, frozen: model.frozen, session: { ...(kernels ? { customOpDomains: kernels.customOpDomains } : {}), ...(profile ? { profilePrefix: `${profile}-rank${world.rank}` } : {}) } },
+    { device, microBatches: micro, ...reduction, halfGradients, frozen: model.frozen, session: { ...(kernels ? { customOpDomains: kernels.customOpDomains } : {}), ...(profile ? { profilePrefix: `${profile}-rank${world.rank}` } : {}) } },
   );
   model.init.clear();
   const i64 = (rows: number[][]): HostTensor => ({ data: BigInt64Array.from(rows.flat().map(BigInt)), dims: [rows.length, rows[0].length] });
@@ -267,6 +270,7 @@ async function main(): Promise<void> {
     ...(ncclPriority !== 'default' ? { nccl_priority: ncclPriority } : {}),
     overlap: Boolean(inRun),
     in_graph_update: inGraphUpdate,
+    half_gradients: halfGradients,
     ...(inRun ? { buckets: Math.max(...bucketOrder) + 1, bucket_order_ok: bucketOrder.every((k, i) => k === i % (Math.max(...bucketOrder) + 1)) } : {}),
     ...(inRun ? { bucket_times: bucketTimes(bucketHostMs, stepMs.at(-1)!, inRun instanceof NcclInRunReducer ? inRun.lastTimings : undefined) } : {}),
     compute_stream: computeStream,

@@ -8,7 +8,8 @@
  * - adamw: the fused AdamW against the composed `apply` graph on the parameters of --shape, from
  *   the same state, with and without clipping: mismatching elements, max ulps and max abs diff of
  *   p, m and v, both grad norms, and device ms per update (events on the stream); `node`: the same
- *   for the apply graph with the FusedAdamW node (the trainer's fusedAdamW path).
+ *   for the apply graph with the FusedAdamW node (the trainer's fusedAdamW path); `bfloat16-gradients`:
+ *   the kernels on bfloat16 gradients against their float32 widening (must be bit for bit, `wrong` 0).
  * - sft (with --sft): full SFT steps of the trainer at --batch B×T with and without fusedAdamW
  *   (same random init and batch): losses and tok/s of each.
  * --dry-run prints the plan (parameters, chunks, bytes per update) without a device.
@@ -297,6 +298,41 @@ async function adamwPhase(kernels: Kernels, device: Device, h: Helpers, shape: H
     bind.dispose();
     session.dispose();
     gradNorm.dispose();
+  }
+  // bfloat16 gradients (TrainerOptions.halfGradients): the kernels widen them as the float32 copy holds them, so the
+  // update from G rounded to bfloat16 equals the one from that rounding widened back to float32, bit for bit
+  {
+    const cfg: AdamWConfig = { weightDecay: 0.01, maxGradNorm: 1e-3 };
+    const round = new L.Graph('round-bf16');
+    for (const p of params) {
+      const half = L.cast(round.input(p.name, 'float32', p.shape), 'bfloat16');
+      round.output(half, `half/${p.name}`);
+      round.output(L.cast(half, 'float32'), `wide/${p.name}`);
+    }
+    const half = new Map(params.map((p) => [p.name, device.empty('bfloat16', p.shape)]));
+    const wide = make();
+    const rs = device.compile(round, { name: 'round-bf16' });
+    const rb = rs.binding();
+    for (const p of params) rb.input(p.name, G.get(p.name)!).output(`half/${p.name}`, half.get(p.name)!).output(`wide/${p.name}`, wide.get(p.name)!);
+    rb.runSync();
+    const fused = FusedAdamW.create(kernels, device, params, cfg);
+    const run = (g: Map<string, DeviceTensor>, to: Map<string, DeviceTensor>[]) => {
+      const tables = fused.bind(params.map((p) => ({ p: P.get(p.name)!, m: M.get(p.name)!, v: V.get(p.name)!, g: g.get(p.name)!, pOut: to[0].get(p.name)!, mOut: to[1].get(p.name)!, vOut: to[2].get(p.name)! })));
+      fused.step(tables, { lr, bc1, bc2 });
+      kernels.synchronize();
+      const norm = fused.readGradNorm();
+      const ms = kernels.time(() => {
+        for (let r = 0; r < reps; r++) fused.step(tables, { lr, bc1, bc2 });
+      }) / reps;
+      return { norm, ms };
+    };
+    const w = run(wide, out.composed);
+    const hh = run(half, out.fused);
+    console.log(JSON.stringify({ phase: 'adamw', config: 'bfloat16-gradients', grad_norm: { float32_copy: w.norm, bfloat16: hh.norm }, p: diff(out.composed[0], out.fused[0]), m: diff(out.composed[1], out.fused[1]), v: diff(out.composed[2], out.fused[2]), ms_per_update: { float32_copy: +w.ms.toFixed(3), bfloat16: +hh.ms.toFixed(3) } }));
+    fused.dispose();
+    rb.dispose();
+    rs.dispose();
+    for (const t of [...half.values(), ...wide.values()]) t.dispose();
   }
   counts.dispose();
   for (const m of [P, M, V, G, ...out.composed, ...out.fused]) for (const t of m.values()) t.dispose();
