@@ -4,6 +4,7 @@
  * tiny decoder whose norm and head sizes do not divide by 3, so the padded path runs), keep 1/N
  * of the moment bytes, and resume from a state gathered on 2 ranks on 3 ranks.
  */
+import * as L from '@lathe/onnx';
 import { shardLayout, Trainer, type OptimizerState, type TrainStepResult } from '@lathe/train';
 import { gradientAllReduce, LocalGroup } from '@lathe/distributed';
 import { rankBatches, relClose, sftRows, stepLr as lr, STEPS_TOL, tinySftSpec } from './tiny-sft';
@@ -153,6 +154,31 @@ test('the fused AdamW node updates a shard (the CPU reference of the kernel) on 
   for (let step = 0; step < 2; step++) ref.trainStep(batchFor(step, 0, 1), lr(step));
   expect(worst(states[1], ref.snapshot()).params).toBeLessThanOrEqual(1e-6);
   ref.dispose();
+});
+
+test('with bfloat16-widened gradients the ZeRO step graph keeps the composed update float32 (halfGradients is the fused step node\'s only)', async () => {
+  // w is read through bfloat16, so its gradient is a bfloat16 value widened by a Cast
+  const half = {
+    params: [{ name: 'w', shape: [5, 3], decay: true }],
+    loss: (g: L.Graph, ps: Map<string, L.Tensor>) => {
+      const x = g.input('x', 'float32', ['R', 5]);
+      const y = L.matmul(x, L.cast(L.cast(ps.get('w')!, 'bfloat16'), 'float32'));
+      return { loss: L.reduceSum(L.mul(y, y), [0, 1], false) };
+    },
+  };
+  const w = Float32Array.from({ length: 15 }, (_, i) => Math.sin(i + 1));
+  const batch = (r: number) => [{ x: { data: Float32Array.from({ length: 10 }, (_, i) => Math.cos(i + 7 * r)), dims: [2, 5] } }];
+  const group = LocalGroup.create(2);
+  const trainers = group.map((c) => Trainer.create(half, { params: new Map([['w', w]]) }, { zero: c, fusedAdamW: true }));
+  await Promise.all(trainers.map((t, r) => t.trainStepAsync(batch(r), 0.01)));
+  const sharded = (await Promise.all(trainers.map((t) => t.snapshotAsync())))[0].params.get('w')!;
+  for (const t of trainers) t.dispose();
+  const one = Trainer.create(half, { params: new Map([['w', w]]) }, { fusedAdamW: true });
+  one.trainStep([{ x: { data: Float32Array.from([...batch(0)[0].x.data, ...batch(1)[0].x.data]), dims: [4, 5] } }], 0.01);
+  const whole = one.snapshot().params.get('w')!;
+  one.dispose();
+  sharded.forEach((v, i) => expect(Math.abs(v - whole[i])).toBeLessThanOrEqual(1e-6));
+  expect(sharded.some((v, i) => v !== w[i])).toBe(true);
 });
 
 test('a ZeRO trainer refuses the synchronous step and snapshot, and an onGradients hook beside it', () => {

@@ -295,7 +295,8 @@ export class Trainer {
     const graphs = compileTrainStep(spec, {
       sumGradients: microBatches > 1,
       gradScale: false,
-      halfGradients: Boolean(fused) && (opts.halfGradients ?? true),
+      // only where the step graph's update is the fused node (with ZeRO it updates shards in a graph of its own)
+      halfGradients: fused !== undefined && spec.update === fused.update && (opts.halfGradients ?? true),
       ...(opts.inGraphUpdate ? { beforeUpdate: inGraphUpdateNodes(opts.inGraphGradients!, opts.gradReduceDtype === 'bfloat16') } : {}),
     });
     const names = spec.params.map((p) => p.name);
