@@ -42,8 +42,10 @@
 #   qgroup: the INT4 pipeline at batch 256 with one dequantize launch a product or a layer (group 4, opt-in): decode,
 #          prefill and each mode's first_call_ms in one process, both orders (is group 4's slow start-up real?)
 #   scale4 SHAPE: issue 35's table for one shape (0.6b or 1.7b) on 1, 2 and 4 GPUs with the update in the run, against
-#          PyTorch DDP in the same call (a 4-GPU host; one call a shape)
+#          PyTorch DDP in the same call, then 2 and 4 GPUs with bfloat16 sums (a 4-GPU host; one call a shape)
 #   grpo4: one GRPO step (64 prompts x 8, 512 new tokens, 0.6B shape) on 1, 2 and 4 GPUs with today's defaults
+#   adamwh: kernel-check's fused AdamW phase at the Qwen3-0.6B shape, with its bfloat16-gradient case (bit for bit the
+#          float32 widening's update: halfGradients' device check)
 #   stepk: ncu's kernel times of one Qwen3-1.7B training step on the kernels path (the tied embedding's gradient, the
 #          longest gap between buckets in docs/benchmarks.md's data-parallel row), beside the same step's wall time
 # Each lane runs on its own GPU beside the others (device-lanes.sh): they share the host's CPUs, so say
@@ -59,7 +61,7 @@ lanes() { OUT=$OUT/lanes LANE_TIMEOUT=${LANE_TIMEOUT:-570} bash tools/bench/devi
 # weight-bound its step is (weights_share_of_step)
 q="node .bundle/quant-bench.js --device cuda --formats dense,int4 --batches 1,16,256 --weights kernel --threads 16"
 summaries() { grep -E '"summary":true' "$OUT/lanes/lanes.log" | cut -c1-1500; }
-case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | split | wg | q16 | scale2 | qgroup | scale4 | grpo4 | stepk}" in
+case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | split | wg | q16 | scale2 | qgroup | scale4 | grpo4 | stepk | adamwh}" in
   a)
     eval_bench="node .bundle/eval-bench.js --tokenizer .bundle/qwen3-tokenizer --data-dir fixtures/eval --benchmarks math500,gsm8k --n 32 --max-new 512 --batch 256 --temperature 0"
     lanes \
@@ -219,7 +221,9 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
     ;;
   scale4)
     shape=${2:?scale4 0.6b|1.7b}
-    SHAPES=$shape PARITY_SHAPES=0.6b RUN_LIMIT=120 OUT=$OUT/scale4 timeout -k 5 430 bash tools/bench/distributed/device-run.sh eight scaling "1 2 4" 2>&1 | grep -E '^\{"(run|scaling|against)' | cut -c1-700
+    SHAPES=$shape PARITY_SHAPES=0.6b RUN_LIMIT=120 OUT=$OUT/scale4 timeout -k 5 400 bash tools/bench/distributed/device-run.sh eight scaling "1 2 4" 2>&1 | grep -E '^\{"(run|scaling|against)' | cut -c1-700
+    # the same counts with bfloat16 sums in the run (0.91 against 0.86 of linear at 1.7B on 2 GPUs, 2026-11-29)
+    DP_ARGS="--grad-reduce-dtype bfloat16" NO_DDP=1 PARITY_SHAPES=none SHAPES=$shape RUN_LIMIT=100 OUT=$OUT/scale4-bf16 timeout -k 5 160 bash tools/bench/distributed/device-run.sh eight scaling "2 4" 2>&1 | grep -E '^\{"run' | cut -c1-400
     ;;
   grpo4)
     OUT=$OUT/grpo4 timeout -k 5 570 bash tools/bench/distributed/device-run.sh grpo "1 2 4" 2>&1 | grep -E '^\{' | cut -c1-700
@@ -231,5 +235,9 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
     OUT=$OUT timeout -k 5 400 bash tools/bench/kernel-times.sh stepk 0 100000 "$(command -v node)" .bundle/dp-check.js $flags --steps 3 --warmup 0 --out "$OUT/stepk.json" > /dev/null
     python3 tools/bench/kernel_summary.py "$OUT/stepk.csv" --last-period --top 40
     ;;
-  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | split | wg | q16 | scale2 | qgroup | scale4 | grpo4 | stepk" >&2; exit 2 ;;
+  adamwh)
+    # the fused AdamW on bfloat16 gradients against their float32 widening: `bfloat16-gradients` must show wrong 0 for p, m and v
+    timeout -k 5 200 node .bundle/kernel-check.js --phases adamw --shape qwen3-0.6b 2>&1 | grep -E '"phase"' | cut -c1-900
+    ;;
+  *) echo "device-round.sh: a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen | prefill | q06 | q64 | wgmicro | split | wg | q16 | scale2 | qgroup | scale4 | grpo4 | stepk | adamwh" >&2; exit 2 ;;
 esac
