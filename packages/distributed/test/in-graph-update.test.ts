@@ -9,6 +9,7 @@
  * split path's step; a failing bucket node stops the step with the parameters as they were; the
  * option refuses what it does not cover, by name.
  */
+import * as L from '@lathe/onnx';
 import { Device, type DeviceTensor } from '@lathe/runtime';
 import { Trainer, type TrainStepResult } from '@lathe/train';
 import { gradientAllReduceInGraph, gradientReduceScatterInGraph, LocalGroup, soloInRunReducer, ThreadGroup } from '@lathe/distributed';
@@ -110,6 +111,39 @@ test('bfloat16 sums with the fused node: the update in the run reads the bfloat1
   expect(Object.entries(inRun[0].finals).some(([n, v]) => !sameBits(v, float32[0].finals[n]))).toBe(true);
 }, 180_000);
 
+test('bfloat16 sums in the run take a gradient the backward made in bfloat16 as it is (no cast around it), and train as the split path does', async () => {
+  const device = Device.cpu();
+  // w is read through bfloat16 (widened again, so the CPU provider computes in float32): its gradient is a bfloat16 value a Cast widens
+  const half = {
+    params: [{ name: 'w', shape: [6, 4], decay: true }, { name: 'b', shape: [4], decay: false }],
+    loss: (g: L.Graph, ps: Map<string, L.Tensor>) => {
+      const x = g.input('x', 'float32', ['R', 6]);
+      const y = g.input('y', 'float32', ['R', 4]);
+      const err = L.sub(L.add(L.matmul(x, L.cast(L.cast(ps.get('w')!, 'bfloat16'), 'float32')), ps.get('b')!), y);
+      return { loss: L.div(L.reduceSum(L.mul(err, err), [0, 1], false), 8) };
+    },
+  };
+  const init = new Map([['w', Float32Array.from({ length: 24 }, (_, i) => Math.sin(i + 1))], ['b', Float32Array.from({ length: 4 }, (_, i) => Math.cos(i))]]);
+  const batch = [{ x: { data: Float32Array.from({ length: 48 }, (_, i) => Math.sin(3 * i)), dims: [8, 6] }, y: { data: Float32Array.from({ length: 32 }, (_, i) => Math.cos(5 * i)), dims: [8, 4] } }];
+  const train = async (inGraphUpdate: boolean) => {
+    const hook = gradientAllReduceInGraph(ThreadGroup.join(ThreadGroup.create(1), 0), device, { bucketBytes: BUCKET_BYTES });
+    const t = Trainer.create(half, { params: init }, { device, fusedAdamW: true, gradReduceDtype: 'bfloat16', inGraphGradients: hook, ...(inGraphUpdate ? { inGraphUpdate: true } : {}) });
+    if (inGraphUpdate) {
+      const bound = (p: string) => t.graphs.step.outputs.find((o) => o.name === `next/grad/${p}`)!;
+      // w's: the bfloat16 tensor the widening Cast reads; b's: a cast of its float32 gradient
+      expect(t.graphs.step.nodes.some((n) => n.op.name === 'Cast' && n.inputs[0] === bound('w') && n.outputs[0].dtype === 'float32')).toBe(true);
+      expect([bound('w').dtype, bound('b').dtype, bound('b').node?.op.name, bound('b').node?.inputs[0]?.dtype]).toEqual(['bfloat16', 'bfloat16', 'Cast', 'float32']);
+    }
+    for (let step = 0; step < 3; step++) await t.trainStepAsync(batch, 0.05);
+    const out = t.downloadParams();
+    t.dispose();
+    return out;
+  };
+  const [inRun, split] = [await train(true), await train(false)];
+  for (const [n, v] of split) expect({ n, same: sameBits(inRun.get(n)!, v) }).toEqual({ n, same: true });
+  expect(sameBits(inRun.get('w')!, init.get('w')!)).toBe(false);
+});
+
 test('a non-finite loss on one rank leaves every rank\'s parameters and step count as they were; the steps after it are the split path\'s', async () => {
   const nonFinite = { step: 1, rank: 1 };
   const fused = await threads(2, { inGraphUpdate: true, nonFinite });
@@ -187,6 +221,25 @@ test('inGraphUpdate refuses what it does not cover, naming the option', () => {
   // a hook without the join (an older or hand-written one)
   const { buildReduced: _, ...inPlaceOnly } = hook();
   expect(create({ inGraphUpdate: true, inGraphGradients: inPlaceOnly })).toThrow(/inGraphUpdate .*needs a hook with buildReduced/);
+  // a gradient summed in place that the backward reads again, or that two parameters share, would race with that read
+  const passthrough = (shared: boolean) => () =>
+    Trainer.create(
+      {
+        params: [{ name: 'a', shape: [4, 3], decay: false }, { name: 'b', shape: [4, 3], decay: false }, { name: 'u', shape: [4, 2], decay: false }, { name: 'v', shape: [2, 3], decay: false }],
+        loss: (g, ps) => {
+          const x = g.input('x', 'float32', ['R', 4]);
+          // Add hands its output's gradient to both inputs as it is: a's gradient is the one u's and v's are
+          // computed from, or (shared) b's as well
+          const [a, b, uv] = [ps.get('a')!, ps.get('b')!, L.matmul(ps.get('u')!, ps.get('v')!)];
+          const y = shared ? L.add(L.matmul(x, L.add(a, b)), L.matmul(x, uv)) : L.matmul(x, L.add(L.add(a, uv), L.mul(b, 2)));
+          return { loss: L.reduceSum(L.mul(y, y), [0, 1], false) };
+        },
+      },
+      { params: new Map([['a', new Float32Array(12).fill(0.1)], ['b', new Float32Array(12).fill(0.1)], ['u', new Float32Array(8).fill(0.2)], ['v', new Float32Array(6).fill(0.3)]]) },
+      { inGraphUpdate: true, inGraphGradients: hook() },
+    );
+  expect(passthrough(false)).toThrow(/inGraphUpdate: the gradient of 'a' is a tensor the backward reads again.*reduce after the backward instead/);
+  expect(passthrough(true)).toThrow(/inGraphUpdate: the gradient of 'b' is also the gradient of 'a'/);
   // the synchronous step is refused, as for inGraphGradients alone
   const t = Trainer.create(spec, { params: weights }, { inGraphUpdate: true, inGraphGradients: hook() });
   expect(() => t.trainStep(rankBatches(rows(0, 2), 0, 1, 1), 0.01)).toThrow(/inGraphGradients.*trainStepAsync/);

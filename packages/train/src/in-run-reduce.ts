@@ -106,8 +106,38 @@ export function checkInGraphUpdate(opts: { inGraphGradients?: InGraphGradients; 
  */
 export function inGraphUpdateNodes(hook: InGraphGradients, low = false): BeforeUpdate {
   return (g, grads) => {
+    // readers among the nodes the gradients and outputs need (autodiff leaves dead nodes, pruned at export)
+    const needed = new Set<Tensor>([...g.outputs, ...grads.map((x) => x.grad)]);
+    const readers = new Map<Tensor, number>();
+    for (let k = g.nodes.length - 1; k >= 0; k--) {
+      const n = g.nodes[k];
+      if (!n.outputs.some((o) => needed.has(o))) continue;
+      for (const t of n.inputs) {
+        if (!t) continue;
+        needed.add(t);
+        readers.set(t, (readers.get(t) ?? 0) + 1);
+      }
+    }
+    const taken = new Map<Tensor, string>();
+    // A tensor summed in place must be read by nothing else: the backward may read it after its bucket
+    // node, while the collective stream writes it. An Add hands its output's gradient to both inputs as
+    // it is, and a copy made here could be folded away by ONNX Runtime (Identity and Cast-chain
+    // elimination), so such a gradient is refused by name rather than raced on.
+    const own = (name: string, t: Tensor, readBy: number): Tensor => {
+      const other = taken.get(t);
+      if (other !== undefined || (readers.get(t) ?? 0) > readBy) {
+        throw new Error(
+          `Trainer: inGraphUpdate: the gradient of '${name}' is ${other !== undefined ? `also the gradient of '${other}'` : 'a tensor the backward reads again'}, and the run sums it in place while the backward goes on: ` +
+            'reduce after the backward instead (onGradients; --grad_overlap false in the commands)',
+        );
+      }
+      taken.set(t, name);
+      return t;
+    };
     const bound = grads.map(({ name, grad }) => {
-      const sent = low ? (widenedBfloat16(grad) ?? L.cast(grad, 'bfloat16')) : grad;
+      const half = low ? widenedBfloat16(grad) : undefined;
+      // bfloat16 sums: the widened bfloat16 value itself (read by the widening Cast only), or a cast of a float32 gradient (a tensor of its own)
+      const sent = half ? own(name, half, 1) : low ? L.cast(grad, 'bfloat16') : own(name, grad, 0);
       return { name, grad: g.output(sent, stateNames.next(stateNames.grad(name))) };
     });
     const { reduced, joined } = hook.buildReduced!(g, [...bound].reverse());

@@ -70,7 +70,8 @@ export interface TrainerOptions {
    * value widened to its float32 master weight (bf16 compute) as that bfloat16 value, and the fused
    * kernels widen it themselves — the same update bit for bit, without the float32 copy of the
    * gradients (a write and two reads of 4 bytes a parameter become two reads of 2). Default true;
-   * false keeps the float32 copies (the A/B).
+   * false keeps the float32 copies (the A/B). `inGraphUpdate` with bfloat16 sums takes the bfloat16
+   * gradients as they are whatever this says (their sums are what the node reads).
    */
   halfGradients?: boolean;
   /**

@@ -169,7 +169,8 @@ async function main(): Promise<void> {
   const inGraphUpdate = flag('in-graph-update');
   if (inGraphUpdate && !overlap) throw new Error('--in-graph-update puts the update in the run of the in-run all-reduce: give it with --overlap');
   if (inGraphUpdate && (zero !== 0 || micro !== 1)) throw new Error(`--in-graph-update needs --micro 1 and --zero 0 (got --micro ${micro} --zero ${zero})`);
-  // --no-half-gradients: the fused update reads float32 copies of the bfloat16 gradients (the A/B of TrainerOptions.halfGradients)
+  // --no-half-gradients: the fused update reads float32 copies of the bfloat16 gradients (the A/B of TrainerOptions.halfGradients;
+  // no effect with --in-graph-update --grad-reduce-dtype bfloat16, whose sums are bfloat16 either way)
   const halfGradients = !flag('no-half-gradients');
   const ncclPriority = arg('nccl-priority', 'default') as 'default' | 'high';
   if (ncclPriority !== 'default' && ncclPriority !== 'high') throw new Error(`--nccl-priority ${String(ncclPriority)}: default or high`);
