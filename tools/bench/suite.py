@@ -200,10 +200,10 @@ def gen(results, hf_all):
 
 def rl(results, reference):
     # lathe grpo's defaults on cuda: every prompt's completions in one generation run, the attention,
-    # log-prob and RoPE kernels in the policy's step (rl_step_flash: the same with flash attention)
+    # log-prob, RoPE and SwiGLU kernels in the policy's step (rl_step_flash: the same with flash attention)
     common = ["--device", "cuda", "--compute", "bfloat16", "--shape", "qwen3-0.6b", "--prompts", "64", "--group", "8", "--prompt-len", "256",
               "--new-tokens", "512", "--prompts-per-run", "0", "--steps", "2", "--micro-batches", "16", "--shared-arena"]
-    kernels = ["--attention", "kernels", "--logprob-kernel", "--rope-kernel"]
+    kernels = ["--attention", "kernels", "--logprob-kernel", "--rope-kernel", "--swiglu-kernel"]
     info, err, _ = run(["node", ".bundle/grpo-step.js", *common, *kernels], 420, "rl")
     if not info:
         results["rl_step"] = {"error": err}
