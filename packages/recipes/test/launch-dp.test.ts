@@ -63,8 +63,6 @@ test('reductionTrainerOptions: each reduction gives the trainer exactly its own 
   const inRunAll = reductionTrainerOptions('in-run-all-reduce', parts);
   expect(Object.keys(inRunAll).sort()).toEqual(['gradReduceDtype', 'inGraphGradients']);
   expect(inRunAll.inGraphGradients!.customOpDomains).toHaveLength(1);
-  // bfloat16 sums join the update's run only where the trainer's update is the fused node (CUDA with Lathe's stream), not on the CPU
-  expect(inRunAll.inGraphUpdate).toBeUndefined();
   const inRunShards = reductionTrainerOptions('in-run-reduce-scatter', parts);
   expect(Object.keys(inRunShards).sort()).toEqual(['gradReduceDtype', 'inGraphShards', 'zero']);
   expect(inRunShards.zero).toBe(collectives);
@@ -82,6 +80,29 @@ test('reductionTrainerOptions: each reduction gives the trainer exactly its own 
   expect(shards.inGraphUpdate).toBeUndefined();
   for (const o of [oneRun, twoMicro]) o.inGraphGradients!.dispose?.();
   shards.inGraphShards!.dispose?.();
+});
+
+test('reductionTrainerOptions: bfloat16 sums join the update run where the fused AdamW is the default (CUDA on Lathe stream), not with LATHE_FUSED_ADAMW=0 or two micro-batches', () => {
+  const [collectives] = LocalGroup.create(1);
+  const inRun = () => ThreadGroup.join(ThreadGroup.create(1), 0);
+  // the decision reads the device's kind and stream only (no GPU is touched building the hook's nodes)
+  const cuda = { kind: 'cuda', name: 'cuda:0', computeStream: 1n } as unknown as Device;
+  const parts = { collectives, device: cuda, gradReduceDtype: 'bfloat16' as const, inRun, microBatches: 1 };
+  const fused = reductionTrainerOptions('in-run-all-reduce', parts);
+  expect(fused.inGraphUpdate).toBe(true);
+  const twoMicro = reductionTrainerOptions('in-run-all-reduce', { ...parts, microBatches: 2 });
+  expect(twoMicro.inGraphUpdate).toBeUndefined();
+  const before = process.env.LATHE_FUSED_ADAMW;
+  process.env.LATHE_FUSED_ADAMW = '0';
+  try {
+    const composed = reductionTrainerOptions('in-run-all-reduce', parts);
+    expect(composed.inGraphUpdate).toBeUndefined();
+    composed.inGraphGradients!.dispose?.();
+  } finally {
+    if (before === undefined) delete process.env.LATHE_FUSED_ADAMW;
+    else process.env.LATHE_FUSED_ADAMW = before;
+  }
+  for (const o of [fused, twoMicro]) o.inGraphGradients!.dispose?.();
 });
 
 /** Each of `configs.length` ranks joining over TCP in this process (each rank its own env): one promise per rank. */
