@@ -222,7 +222,7 @@ case "${1:?a | dp | b | lora | scale | q14 | sweep | serve | qgen | qgen16 | gen
   scale4)
     shape=${2:?scale4 0.6b|1.7b}
     SHAPES=$shape PARITY_SHAPES=0.6b RUN_LIMIT=120 OUT=$OUT/scale4 timeout -k 5 400 bash tools/bench/distributed/device-run.sh eight scaling "1 2 4" 2>&1 | grep -E '^\{"(run|scaling|against)' | cut -c1-700
-    # the same counts with bfloat16 sums in the run (0.91 against 0.86 of linear at 1.7B on 2 GPUs, 2026-11-29)
+    # the same counts with bfloat16 sums in the run (docs/benchmarks.md's data-parallel row)
     DP_ARGS="--grad-reduce-dtype bfloat16" NO_DDP=1 PARITY_SHAPES=none SHAPES=$shape RUN_LIMIT=100 OUT=$OUT/scale4-bf16 timeout -k 5 160 bash tools/bench/distributed/device-run.sh eight scaling "2 4" 2>&1 | grep -E '^\{"run' | cut -c1-400
     ;;
   grpo4)

@@ -18,7 +18,7 @@ export * from './ops/control';
 export * from './ops/fused';
 export * from './nn';
 export { checkpoint, customGradient, grad, type CustomGradientContext, type GradOptions } from './autodiff';
-export { toModelProto, toModelBytes, OPSET, IR_VERSION, type SerializeOptions } from './serialize';
+export { toModelProto, toModelBytes, liveNodes, OPSET, IR_VERSION, type SerializeOptions } from './serialize';
 export * from './proto';
 export { hostTableNodes, noCudaKernelNodes, runtimeShapeNodes, NO_CUDA_KERNEL } from './lint';
 export { cpuPlacedNodes, describeCpuPlacement, CUDA_CPU_INPUTS, CUDA_CPU_OUTPUTS, SMALL_INITIALIZER_ELEMENTS, type CpuPlacedNode, type CpuPlacementOptions, type CpuPlacementReason } from './cpu-placement';

@@ -73,12 +73,13 @@ function outerReads(body: Graph): Tensor[] {
 }
 
 /**
- * The nodes the graph's outputs depend on, in order. Autodiff rules build every input's gradient
- * and drop the ones nothing needs (a scalar constant's, say), and ONNX Runtime runs such dead
- * nodes anyway — last, keeping whatever they read alive for the whole backward pass.
+ * The nodes the graph's outputs (or `roots`) depend on, in order: what export keeps. Autodiff rules
+ * build every input's gradient and drop the ones nothing needs (a scalar constant's, say), and ONNX
+ * Runtime runs such dead nodes anyway — last, keeping whatever they read alive for the whole
+ * backward pass.
  */
-function liveNodes(graph: Graph): Node[] {
-  const needed = new Set<Tensor>(graph.outputs);
+export function liveNodes(graph: Graph, roots: readonly Tensor[] = graph.outputs): Node[] {
+  const needed = new Set<Tensor>(roots);
   const live: Node[] = [];
   for (let k = graph.nodes.length - 1; k >= 0; k--) {
     const n = graph.nodes[k];

@@ -11,7 +11,7 @@
  * summed in another order than ORT's reductions, which may move the clip coefficient by an ulp.
  */
 import type { DType } from '@lathe/onnx';
-import { CApi, type Device, type DeviceTensor } from '@lathe/runtime';
+import { CApi, fromBfloat16Bits, type Device, type DeviceTensor } from '@lathe/runtime';
 import { CustomOpDomain, type CustomOpContext, type Kernel, type Kernels } from '@lathe/kernels';
 import type { AdamWConfig } from './adamw';
 import type { AdamWUpdate } from './train-step';
@@ -402,12 +402,9 @@ export function fusedAdamWNode(device: Device, params: readonly FusedAdamWParam[
         api.copyOut(a, ins[k].data);
         return a;
       }
-      // bfloat16: each value's bits are a float32's high half
       const half = new Uint16Array(n);
       api.copyOut(half, ins[k].data);
-      const wide = new Uint32Array(n);
-      for (let i = 0; i < n; i++) wide[i] = half[i] << 16;
-      return new Float32Array(wide.buffer);
+      return fromBfloat16Bits(half);
     };
     const scalar = (k: number) => read(k)[0];
     const r = fusedAdamWReference(

@@ -107,17 +107,8 @@ export function checkInGraphUpdate(opts: { inGraphGradients?: InGraphGradients; 
 export function inGraphUpdateNodes(hook: InGraphGradients, low = false): BeforeUpdate {
   return (g, grads) => {
     // readers among the nodes the gradients and outputs need (autodiff leaves dead nodes, pruned at export)
-    const needed = new Set<Tensor>([...g.outputs, ...grads.map((x) => x.grad)]);
     const readers = new Map<Tensor, number>();
-    for (let k = g.nodes.length - 1; k >= 0; k--) {
-      const n = g.nodes[k];
-      if (!n.outputs.some((o) => needed.has(o))) continue;
-      for (const t of n.inputs) {
-        if (!t) continue;
-        needed.add(t);
-        readers.set(t, (readers.get(t) ?? 0) + 1);
-      }
-    }
+    for (const n of L.liveNodes(g, [...g.outputs, ...grads.map((x) => x.grad)])) for (const t of n.inputs) if (t) readers.set(t, (readers.get(t) ?? 0) + 1);
     const taken = new Map<Tensor, string>();
     // A tensor summed in place must be read by nothing else: the backward may read it after its bucket
     // node, while the collective stream writes it. An Add hands its output's gradient to both inputs as

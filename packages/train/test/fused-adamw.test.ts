@@ -107,8 +107,13 @@ test('with clipping that bites, the update is bitwise the composed one given the
   expect(Math.abs(own.norm - norm) / norm).toBeLessThan(1e-5);
 });
 
-/** A small model's trainer state after `steps` steps, with the composed update or the fused node. */
-function trainWith(fusedAdamW: boolean, optimizer: AdamWConfig, microBatches: number, steps = 3, staticInputs = false) {
+/**
+ * A small model's trainer state after `steps` steps, with the composed update or the fused node.
+ * `castW`: `w` is read through bfloat16 (widened back, so the CPU provider computes in float32), so
+ * its gradient is a bfloat16 value widened by a Cast — the pattern `halfGradients` hands to the
+ * fused node as the bfloat16 value; `b` stays float32.
+ */
+function trainWith(fusedAdamW: boolean, optimizer: AdamWConfig, microBatches: number, steps = 3, staticInputs = false, opts: { castW?: boolean; halfGradients?: boolean } = {}) {
   const params: TrainableParam[] = [
     { name: 'w', shape: [6, 4], decay: true },
     { name: 'b', shape: [4], decay: false },
@@ -117,15 +122,18 @@ function trainWith(fusedAdamW: boolean, optimizer: AdamWConfig, microBatches: nu
   const loss = (g: L.Graph, ps: Map<string, L.Tensor>) => {
     const x = g.input('x', 'float32', ['R', 6]);
     const y = g.input('y', 'float32', ['R', 4]);
-    const err = L.sub(L.add(L.matmul(x, ps.get('w')!), ps.get('b')!), y);
+    const w = opts.castW ? L.cast(L.cast(ps.get('w')!, 'bfloat16'), 'float32') : ps.get('w')!;
+    const err = L.sub(L.add(L.matmul(x, w), ps.get('b')!), y);
     return { loss: L.div(L.reduceSum(L.mul(err, err), [0, 1], false), 8) };
   };
   const r = rng(5);
   const rand = (n: number) => Float32Array.from({ length: n }, () => r() * 2 - 1);
-  const trainer = Trainer.create({ params, loss, optimizer }, { params: new Map([['w', rand(24)], ['b', rand(4)]]) }, { fusedAdamW, microBatches, staticInputs });
+  const half = opts.halfGradients === undefined ? {} : { halfGradients: opts.halfGradients };
+  const trainer = Trainer.create({ params, loss, optimizer }, { params: new Map([['w', rand(24)], ['b', rand(4)]]) }, { fusedAdamW, microBatches, staticInputs, ...half });
   // the update really is the node (and only the node) when asked for
   const graph = microBatches === 1 ? trainer.graphs.step : trainer.graphs.apply;
-  expect(graph.nodes.some((n) => n.op.name === 'FusedAdamW')).toBe(fusedAdamW);
+  const node = graph.nodes.find((n) => n.op.name.startsWith('FusedAdamW'));
+  expect(node !== undefined).toBe(fusedAdamW);
   expect(graph.nodes.some((n) => n.op.name === 'Sqrt')).toBe(!fusedAdamW);
   const rows = 8 / microBatches;
   const batches = Array.from({ length: microBatches }, () => ({ x: { data: rand(rows * 6), dims: [rows, 6] }, y: { data: rand(rows * 4), dims: [rows, 4] } }));
@@ -133,7 +141,7 @@ function trainWith(fusedAdamW: boolean, optimizer: AdamWConfig, microBatches: nu
   for (let t = 0; t < steps; t++) norms.push(trainer.trainStep(batches, 0.05).gradNorm);
   const state = trainer.snapshot();
   trainer.dispose();
-  return { state, norms };
+  return { state, norms, op: node?.op.name, gradDtypes: node?.inputs.slice(2, 4).map((t) => t!.dtype) };
 }
 
 test('Trainer fusedAdamW (CPU node): three steps bitwise equal to the composed update, one micro-batch and two', () => {
@@ -171,38 +179,10 @@ test('Trainer fusedAdamW with staticInputs (the fixed buffers of the CUDA-graph 
   fused.norms.forEach((x, i) => expect(Math.abs(x - composed.norms[i]) / composed.norms[i]).toBeLessThan(1e-5));
 });
 
-/**
- * A trainer whose weight `w` is a float32 master cast to bfloat16 for the forward (and widened back,
- * so the CPU provider computes in float32): its gradient is a bfloat16 value widened by a Cast, the
- * pattern `halfGradients` hands to the fused node as the bfloat16 value; `b` stays float32.
- */
-function trainHalf(halfGradients: boolean | undefined, fusedAdamW = true) {
-  const params: TrainableParam[] = [
-    { name: 'w', shape: [6, 4], decay: true },
-    { name: 'b', shape: [4], decay: false },
-  ];
-  const loss = (g: L.Graph, ps: Map<string, L.Tensor>) => {
-    const x = g.input('x', 'float32', ['R', 6]);
-    const y = g.input('y', 'float32', ['R', 4]);
-    const w = L.cast(L.cast(ps.get('w')!, 'bfloat16'), 'float32');
-    const err = L.sub(L.add(L.matmul(x, w), ps.get('b')!), y);
-    return { loss: L.div(L.reduceSum(L.mul(err, err), [0, 1], false), 8) };
-  };
-  const r = rng(7);
-  const rand = (n: number) => Float32Array.from({ length: n }, () => r() * 2 - 1);
-  const trainer = Trainer.create({ params, loss, optimizer: { weightDecay: 0.1, maxGradNorm: 0.5 } }, { params: new Map([['w', rand(24)], ['b', rand(4)]]) }, { fusedAdamW, ...(halfGradients === undefined ? {} : { halfGradients }) });
-  const node = trainer.graphs.step.nodes.find((n) => n.op.name.startsWith('FusedAdamW'))!;
-  const batch = [{ x: { data: rand(48), dims: [8, 6] }, y: { data: rand(32), dims: [8, 4] } }];
-  const norms: number[] = [];
-  for (let t = 0; t < 3; t++) norms.push(trainer.trainStep(batch, 0.05).gradNorm);
-  const state = trainer.snapshot();
-  trainer.dispose();
-  return { state, norms, op: node?.op.name, gradDtypes: node?.inputs.slice(2, 4).map((t) => t!.dtype) };
-}
-
 test('halfGradients (the default with fusedAdamW): the node reads a widened bfloat16 gradient as bfloat16, and the update is bit for bit the float32 copy\'s', () => {
-  const half = trainHalf(undefined);
-  const wide = trainHalf(false);
+  const clip = { weightDecay: 0.1, maxGradNorm: 0.5 };
+  const half = trainWith(true, clip, 1, 3, false, { castW: true });
+  const wide = trainWith(true, clip, 1, 3, false, { castW: true, halfGradients: false });
   // the node's gradient inputs (w, b): the bfloat16 value the Cast widened, and b's float32 gradient as it was
   expect([half.op, half.gradDtypes]).toEqual(['FusedAdamW_hf', ['bfloat16', 'float32']]);
   expect([wide.op, wide.gradDtypes]).toEqual(['FusedAdamW', ['float32', 'float32']]);
@@ -211,7 +191,7 @@ test('halfGradients (the default with fusedAdamW): the node reads a widened bflo
   // the clip bit: the norm is above 0.5 at the first step
   expect(half.norms[0]).toBeGreaterThan(0.5);
   // the composed update (no fused node) is not given bfloat16 gradients: it trains as before
-  const composed = trainHalf(true, false);
+  const composed = trainWith(false, clip, 1, 3, false, { castW: true, halfGradients: true });
   expect(composed.op).toBeUndefined();
   expect(maxUlps(composed.state.params.get('w')!, wide.state.params.get('w')!)).toBeLessThan(4);
 });
